@@ -1,0 +1,37 @@
+# The two commands a user needs on a fresh Debian machine (as root):
+#   make demo   install what is missing, build, train the Fashion-MNIST CNN
+#   make test   install what is missing, build, run the whole test suite
+BUILD  ?= build
+PREFIX ?= /usr/local
+JOBS   ?= $(shell nproc)
+CMAKE_FLAGS ?=
+ifdef CI
+CMAKE_FLAGS += -DDTRAIN_WERROR=ON
+endif
+
+.PHONY: all deps build demo test install bench fuzz clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/dtrain train configs/fashion-cnn.ini --run-dir runs/demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+bench: build
+	@scripts/install-deps.sh --bench
+	/usr/bin/python3 bench/train.py --dtrain $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

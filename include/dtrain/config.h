@@ -1,0 +1,77 @@
+/*
+ * dtrain/config.h - run configuration: INI files with validated fields.
+ *
+ *   [model]                      ; either a preset or a list of layers
+ *   input = 1x28x28              ; CxHxW, or a feature count
+ *   layer = conv2d out=32 kernel=5 pad=2
+ *   layer = relu
+ *   ...
+ *   [data]    dataset, dir, mean, std, shuffle, prefetch, drop_last
+ *   [optim]   name (sgd|adamw), lr, momentum, nesterov, weight_decay,
+ *             beta1, beta2, eps, clip_norm
+ *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
+ *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every
+ *
+ * docs/config.md lists every key with its default. Every key is checked: an
+ * unknown section or key, or a value of the wrong form, fails with
+ * DT_ERR_CONFIG and a message "FILE:LINE: [section] key: expected ...".
+ */
+#ifndef DTRAIN_CONFIG_H
+#define DTRAIN_CONFIG_H
+
+#include "dtrain/core.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_MAX_LAYERS 64
+
+typedef struct {
+    char name[64];                 /* run name (default: config file stem) */
+    /* [model] */
+    char preset[32];               /* "mlp", "cnn", or "" for explicit layers */
+    int input[3];                  /* C, H, W */
+    int nlayers;
+    dt_layer_spec layers[DT_MAX_LAYERS];
+    /* [data] */
+    char dataset[32];              /* "fashion-mnist" */
+    char data_dir[512];
+    float mean, std;               /* normalisation after scaling to [0,1] */
+    int shuffle, prefetch, drop_last;
+    /* [optim] and [schedule] */
+    dt_optim_params optim;
+    dt_sched_kind sched;
+    int64_t warmup_steps;
+    float min_lr;
+    /* [train] */
+    int batch, eval_batch;
+    int epochs;
+    int64_t max_steps;             /* 0 = no bound beyond epochs */
+    uint64_t seed;
+    int threads;                   /* 0 = all cores */
+    int log_every;                 /* steps between plain progress lines */
+} dt_config;
+
+/* Defaults for every field (the values docs/config.md lists). */
+DT_API void dt_config_defaults(dt_config *c);
+
+/* Loads `path` over the defaults, then applies overrides given as
+ * "section.key=value" strings (the CLI's --set), then validates the whole.
+ * Errors name the file and line (or "--set") and the field. */
+DT_API dt_status dt_config_load(dt_config *c, const char *path, const char *const *overrides,
+                                int noverrides);
+/* The same from text in memory; `what` names it in errors. */
+DT_API dt_status dt_config_parse(dt_config *c, const char *text, const char *what,
+                                 const char *const *overrides, int noverrides);
+
+/* Writes the resolved config (every field, presets expanded) as INI text
+ * that dt_config_load reads back to the same struct. */
+DT_API dt_status dt_config_write(const dt_config *c, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,111 @@
+/*
+ * dtrain/core.h - status codes, errors, logging, random numbers, threads.
+ *
+ * Every public dtrain call that can fail returns a dt_status. On failure the
+ * library also records a human-readable message for the calling thread,
+ * naming what failed and where (file, line, field, rank, op); fetch it with
+ * dt_last_error(). The library never calls exit() and never prints errors on
+ * its own: the caller decides what to tell the user.
+ */
+#ifndef DTRAIN_CORE_H
+#define DTRAIN_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DT_API __attribute__((visibility("default")))
+#define DT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DT_API
+#define DT_PRINTF(a, b)
+#endif
+
+typedef enum {
+    DT_OK = 0,
+    DT_ERR_ARG,      /* a caller passed an invalid argument */
+    DT_ERR_IO,       /* a file could not be opened, read or written */
+    DT_ERR_FORMAT,   /* a file's content is malformed (magic, size, header) */
+    DT_ERR_CONFIG,   /* a config field is unknown or has a bad value */
+    DT_ERR_NOMEM,    /* an allocation failed */
+    DT_ERR_NUMERIC,  /* a NaN or Inf appeared (loss, gradients) */
+    DT_ERR_COMM,     /* a communication peer failed or disagreed */
+    DT_ERR_TIMEOUT,  /* a wait ran out of time */
+    DT_ERR_INTERNAL, /* a bug in dtrain */
+} dt_status;
+
+/* Element types of tensors and communication buffers. */
+typedef enum { DT_F32 = 0, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8 } dt_dtype;
+DT_API size_t dt_dtype_size(dt_dtype t);
+DT_API const char *dt_dtype_name(dt_dtype t); /* safetensors spelling: "F32", ... */
+
+/* A short constant name for a status ("io error", ...). */
+DT_API const char *dt_status_string(dt_status s);
+
+/* The message recorded by the last failing call on this thread, or "" if
+ * none. The pointer stays valid until the next failing call on the thread. */
+DT_API const char *dt_last_error(void);
+
+/* Records a message for dt_last_error() and returns s, so that library code
+ * can write `return dt_error(DT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+DT_API dt_status dt_error(dt_status s, const char *fmt, ...) DT_PRINTF(2, 3);
+
+/* Version string "MAJOR.MINOR.PATCH". */
+DT_API const char *dt_version(void);
+
+/* ---- logging ------------------------------------------------------------ */
+
+typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
+
+/* Messages at or below `level` go to stderr (default DT_LOG_INFO, or the
+ * DTRAIN_LOG environment variable: error|warn|info|debug). */
+DT_API void dt_log_set_level(dt_log_level level);
+DT_API dt_log_level dt_log_get_level(void);
+DT_API void dt_log(dt_log_level level, const char *fmt, ...) DT_PRINTF(2, 3);
+
+/* ---- random numbers ------------------------------------------------------ */
+
+/* A small, fast, seedable generator (xoshiro256**). Its whole state is this
+ * struct, so it can be copied, saved and restored bit-exactly. */
+typedef struct { uint64_t s[4]; } dt_rng;
+
+DT_API void dt_rng_seed(dt_rng *r, uint64_t seed);
+DT_API uint64_t dt_rng_u64(dt_rng *r);
+/* Uniform in [0, n). */
+DT_API uint32_t dt_rng_below(dt_rng *r, uint32_t n);
+/* Uniform float in [0, 1). */
+DT_API float dt_rng_uniform(dt_rng *r);
+/* Standard normal (Box-Muller). */
+DT_API float dt_rng_normal(dt_rng *r);
+/* Fisher-Yates shuffle of idx[0..n). */
+DT_API void dt_rng_shuffle(dt_rng *r, uint32_t *idx, size_t n);
+
+/* ---- threads and time ------------------------------------------------------ */
+
+/* Sets the number of compute threads used by dtrain's kernels (OpenMP and
+ * the GEMM library). n <= 0 means all available cores. */
+DT_API void dt_set_threads(int n);
+DT_API int dt_get_threads(void);
+
+/* Monotonic time in seconds. */
+DT_API double dt_now(void);
+
+/* 64-byte aligned allocation of n bytes (zeroed); free with dt_free. Returns
+ * NULL and records DT_ERR_NOMEM on failure. */
+DT_API void *dt_alloc(size_t n);
+DT_API void dt_free(void *p);
+
+/* Writes n parts to `path` atomically: a temporary file beside it, fsync,
+ * rename over path, fsync of the directory. Readers see the old file or the
+ * whole new one, never a torn write. */
+DT_API dt_status dt_write_atomic(const char *path, const void *const *parts,
+                                 const size_t *sizes, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

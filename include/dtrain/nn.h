@@ -1,0 +1,167 @@
+/*
+ * dtrain/nn.h - layers as forward/backward pairs, and sequential models.
+ *
+ * Layer kernels follow one convention (outputs first, then saved state, then
+ * inputs, then parameters, then sizes):
+ *
+ *   dt_linear_forward(out, inp, w, b, B, C, OC);
+ *   dt_linear_backward(dinp, dw, db, dout, inp, w, B, C, OC);
+ *
+ * Forward saves what backward needs (pool argmax, im2col columns, layernorm
+ * mean/rstd, dropout mask). Backward ACCUMULATES (+=) into every gradient it
+ * writes, parameter and input gradients alike, so the caller zeroes them.
+ * All tensors are dense row-major fp32; images are NCHW. NULL may be passed
+ * for a gradient the caller does not want (dinp of the first layer, db when
+ * there is no bias).
+ *
+ * A dt_model is a sequence of such layers ending in a softmax cross-entropy
+ * loss, with ONE contiguous parameter block and ONE gradient block of the same
+ * layout (tensor i of layer l sits at a fixed offset), so that data-parallel
+ * training is one allreduce over a flat buffer and sharding is an offset and
+ * a length.
+ */
+#ifndef DTRAIN_NN_H
+#define DTRAIN_NN_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- layer kernels ------------------------------------------------------- */
+
+/* out[B,OC] = inp[B,C] @ w[OC,C]^T + b[OC] (b may be NULL) */
+DT_API void dt_linear_forward(float *out, const float *inp, const float *w, const float *b,
+                              int B, int C, int OC);
+DT_API void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, int B, int C, int OC);
+
+/* 2-D convolution, square kernel K, stride S, zero padding P.
+ * inp[B,IC,H,W], w[OC,IC,K,K], b[OC], out[B,OC,OH,OW] with
+ * OH = (H + 2P - K)/S + 1. col[B*OH*OW, IC*K*K] is scratch written by forward
+ * (the im2col matrix) and read by backward; dt_conv2d_col_size() gives its
+ * length in floats. */
+DT_API size_t dt_conv2d_col_size(int B, int IC, int H, int W, int K, int S, int P);
+DT_API void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w,
+                              const float *b, int B, int IC, int H, int W, int OC,
+                              int K, int S, int P);
+/* dcol is scratch of the same size as col. */
+DT_API void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol,
+                               const float *dout, const float *col, const float *w,
+                               int B, int IC, int H, int W, int OC, int K, int S, int P);
+
+/* Max pooling, window K, stride S, no padding: inp[B,C,H,W] -> out[B,C,OH,OW];
+ * argmax[B,C,OH,OW] holds the flat input index of each maximum. */
+DT_API void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp,
+                               int B, int C, int H, int W, int K, int S);
+DT_API void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax,
+                                int B, int C, int H, int W, int K, int S);
+
+/* Element-wise, N elements. */
+DT_API void dt_relu_forward(float *out, const float *inp, size_t N);
+DT_API void dt_relu_backward(float *dinp, const float *dout, const float *inp, size_t N);
+/* GELU, tanh approximation (as GPT-2 and PyTorch's approximate='tanh'). */
+DT_API void dt_gelu_forward(float *out, const float *inp, size_t N);
+DT_API void dt_gelu_backward(float *dinp, const float *dout, const float *inp, size_t N);
+
+/* Layer normalisation over the last dimension C of inp[N,C];
+ * mean[N] and rstd[N] are saved for backward. */
+DT_API void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                 const float *w, const float *b, int N, int C, float eps);
+DT_API void dt_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                  const float *inp, const float *w, const float *mean,
+                                  const float *rstd, int N, int C);
+
+/* Inverted dropout: mask[i] = 0 or 1/(1-p), drawn from rng; out = inp*mask. */
+DT_API void dt_dropout_forward(float *out, float *mask, const float *inp, size_t N, float p,
+                               dt_rng *rng);
+DT_API void dt_dropout_backward(float *dinp, const float *dout, const float *mask, size_t N);
+
+/* Softmax cross-entropy over logits[B,V] with integer targets[B].
+ * probs[B,V] is written; returns the mean loss over the batch.
+ * backward: dlogits += (probs - onehot(target)) * dloss / B. */
+DT_API float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *targets,
+                                     int B, int V);
+DT_API void dt_crossentropy_backward(float *dlogits, const float *probs,
+                                     const int32_t *targets, int B, int V, float dloss);
+
+/* ---- sequential models --------------------------------------------------- */
+
+typedef enum {
+    DT_LAYER_LINEAR,
+    DT_LAYER_CONV2D,
+    DT_LAYER_MAXPOOL,
+    DT_LAYER_RELU,
+    DT_LAYER_GELU,
+    DT_LAYER_LAYERNORM,
+    DT_LAYER_DROPOUT,
+    DT_LAYER_FLATTEN,
+} dt_layer_kind;
+
+/* One layer of a sequential model. Fields a kind does not use are ignored. */
+typedef struct {
+    dt_layer_kind kind;
+    int out;      /* linear: output features; conv2d: output channels */
+    int kernel;   /* conv2d, maxpool: window size */
+    int stride;   /* conv2d (default 1), maxpool (default = kernel); 0 = default */
+    int pad;      /* conv2d: zero padding on each side */
+    float p;      /* dropout: probability of zeroing */
+    float eps;    /* layernorm: epsilon (0 = 1e-5) */
+} dt_layer_spec;
+
+/* Name of a layer kind as used in configs ("linear", "conv2d", ...). */
+DT_API const char *dt_layer_kind_name(dt_layer_kind k);
+
+typedef struct dt_model dt_model;
+
+/* Builds a model for inputs of shape in_shape = {C, H, W} (an MLP input is
+ * {features, 1, 1}) and batches of up to max_batch samples. The last layer's
+ * output size is the number of classes. Parameters are zero until
+ * dt_model_init(). Fails with DT_ERR_ARG, naming the layer, when shapes do
+ * not fit. The caller owns *out and frees it with dt_model_free(). */
+DT_API dt_status dt_model_create(dt_model **out, const int in_shape[3],
+                                 const dt_layer_spec *layers, int nlayers, int max_batch);
+DT_API void dt_model_free(dt_model *m);
+
+/* Initialises parameters as PyTorch does by default (weights and biases
+ * uniform in +-1/sqrt(fan_in); layernorm 1 and 0) from `seed`, and seeds the
+ * dropout generator. */
+DT_API void dt_model_init(dt_model *m, uint64_t seed);
+
+DT_API size_t dt_model_num_params(const dt_model *m);
+DT_API float *dt_model_params(dt_model *m);  /* the flat parameter block */
+DT_API float *dt_model_grads(dt_model *m);   /* the flat gradient block */
+DT_API int dt_model_num_classes(const dt_model *m);
+DT_API int dt_model_input_size(const dt_model *m); /* floats per sample */
+DT_API dt_rng *dt_model_rng(dt_model *m);       /* dropout generator */
+
+/* Named parameter tensors, in block order: "0.weight", "0.bias", "3.weight"
+ * (the number is the layer index, as in a PyTorch nn.Sequential). */
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    size_t offset;   /* in floats, into the parameter and gradient blocks */
+    size_t numel;
+} dt_tensor_info;
+DT_API int dt_model_num_tensors(const dt_model *m);
+DT_API const dt_tensor_info *dt_model_tensor(const dt_model *m, int i);
+
+/* Forward pass over x[B, input_size]. With targets, computes the mean
+ * softmax cross-entropy into *loss (may be NULL otherwise). `train` enables
+ * dropout. B must be <= max_batch. */
+DT_API dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, int B,
+                                  int train, float *loss);
+/* Logits [B, classes] and probabilities of the last forward pass. */
+DT_API const float *dt_model_logits(const dt_model *m);
+DT_API const float *dt_model_probs(const dt_model *m);
+/* Backward pass of the last forward (which must have had targets):
+ * ACCUMULATES parameter gradients into the gradient block. */
+DT_API dt_status dt_model_backward(dt_model *m);
+DT_API void dt_model_zero_grad(dt_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

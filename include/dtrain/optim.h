@@ -1,0 +1,80 @@
+/*
+ * dtrain/optim.h - optimizers, learning-rate schedules, gradient clipping.
+ *
+ * Optimizers update a flat parameter array from a flat gradient array of the
+ * same length, so the same code serves a whole model, a ZeRO shard (an offset
+ * and a length) or a single tensor. Weight decay applies to every element,
+ * as PyTorch does for model.parameters() without parameter groups.
+ */
+#ifndef DTRAIN_OPTIM_H
+#define DTRAIN_OPTIM_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAMW } dt_optim_kind;
+
+typedef struct {
+    dt_optim_kind kind;
+    float lr;            /* base learning rate (schedules scale it) */
+    float weight_decay;  /* SGD: L2 added to the gradient; AdamW: decoupled */
+    float momentum;      /* SGD */
+    int nesterov;        /* SGD */
+    float beta1, beta2;  /* AdamW */
+    float eps;           /* AdamW */
+    float clip_norm;     /* clip gradients to this global L2 norm; 0 = off */
+} dt_optim_params;
+
+/* Defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas 0.9/0.999,
+ * eps 1e-8, weight decay 0.01 (PyTorch's defaults). */
+DT_API dt_optim_params dt_optim_default_params(dt_optim_kind kind);
+DT_API const char *dt_optim_kind_name(dt_optim_kind kind);
+
+typedef struct dt_optim dt_optim;
+
+/* An optimizer for n parameters; allocates its state (momentum, or Adam's
+ * m and v), zeroed. Free with dt_optim_free(). */
+DT_API dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n);
+DT_API void dt_optim_free(dt_optim *o);
+
+/* One update of params[n] from grads[n] with learning rate lr; each gradient
+ * is multiplied by grad_scale first (1 normally; the clipping factor from
+ * dt_clip_scale; 1/world for an un-averaged sum). */
+DT_API void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr,
+                          float grad_scale);
+
+/* Optimizer state for checkpoints: the number of steps taken and up to two
+ * state arrays of n floats (SGD: momentum buffer; AdamW: m, v). */
+DT_API int64_t *dt_optim_step_count(dt_optim *o);
+DT_API int dt_optim_num_states(const dt_optim *o);
+DT_API float *dt_optim_state(dt_optim *o, int i);
+
+/* Sum of squares of g[n], accumulated in double. */
+DT_API double dt_sum_squares(const float *g, size_t n);
+/* The factor that brings a gradient of global norm `norm` down to
+ * `clip_norm` (1 if it is already within, or clip_norm <= 0). */
+DT_API float dt_clip_scale(double norm, float clip_norm);
+
+/* ---- learning-rate schedules ---------------------------------------------- */
+
+typedef enum { DT_SCHED_CONSTANT, DT_SCHED_COSINE, DT_SCHED_LINEAR } dt_sched_kind;
+
+typedef struct {
+    dt_sched_kind kind;
+    float lr;              /* peak learning rate */
+    float min_lr;          /* reached at total_steps (cosine, linear) */
+    int64_t warmup_steps;  /* linear ramp from lr/warmup_steps up to lr */
+    int64_t total_steps;
+} dt_schedule;
+
+DT_API const char *dt_sched_kind_name(dt_sched_kind kind);
+/* Learning rate for step `step` (0-based). */
+DT_API float dt_schedule_lr(const dt_schedule *s, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,64 @@
+/*
+ * dtrain/train.h - training and evaluation runs.
+ *
+ * dt_train() builds the model, data and optimizer a dt_config describes and
+ * trains it, writing into the run directory:
+ *   config.ini          the resolved config
+ *   model.safetensors   final weights
+ *   summary.json        steps, losses, evaluation metrics, time, throughput
+ */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include "dtrain/config.h"
+#include "dtrain/data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a progress callback sees, once per step. */
+typedef struct {
+    int64_t step, total_steps;   /* step counts from 1 */
+    int epoch, epochs;
+    float loss;                  /* this step's training loss */
+    float lr;
+    double samples_per_sec;      /* over the recent window */
+    double eta_seconds;
+    int is_eval;                 /* 1: an evaluation just ended (eval_* set) */
+    float eval_loss, eval_accuracy;
+} dt_progress;
+
+typedef void (*dt_progress_fn)(const dt_progress *p, void *user);
+
+typedef struct {
+    int64_t steps;
+    int epochs;                  /* epochs started */
+    float final_train_loss;      /* mean over the last epoch's (or run's last) steps */
+    float test_loss, test_accuracy;
+    double wall_seconds;         /* whole run including data loading and evaluation */
+    double train_seconds;        /* training steps only */
+    double samples_per_sec;      /* training samples / train_seconds */
+} dt_train_result;
+
+/* Trains as c says. run_dir (created if missing, may be NULL for no files).
+ * progress may be NULL. */
+DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
+                          void *user, dt_train_result *res);
+
+/* Mean loss and accuracy of m over ds, in batches of `batch`. */
+DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss,
+                             float *accuracy);
+
+/* Loads the test split named by c, the weights in `weights`, and evaluates. */
+DT_API dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *loss,
+                                    float *accuracy, int *n);
+
+/* Formats a progress line into buf: "step 120/2340 | epoch 1/10 | loss 0.4312
+ * | lr 1.0e-03 | 5123 samples/s | ETA 1m02s". */
+DT_API void dt_progress_format(const dt_progress *p, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

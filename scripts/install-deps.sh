@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what dtrain needs to build, test and run its demo, from Debian's
+# package archive. Idempotent: asks apt-get only for packages that are missing,
+# and does nothing at all when everything is present.
+#
+#   scripts/install-deps.sh          build + test + demo dependencies
+#   scripts/install-deps.sh --bench  also what bench/ compares against (PyTorch)
+set -euo pipefail
+
+pkgs=(build-essential cmake clang libomp-dev pkg-config
+      zlib1g-dev libinih-dev libcjson-dev libdnnl-dev
+      dataset-fashion-mnist)
+if [ "${1:-}" = "--bench" ]; then
+    pkgs+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists once if they are empty or older than a day.
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
+    $SUDO apt-get update -qq
+fi
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

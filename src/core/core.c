@@ -1,0 +1,225 @@
+/* Status codes, per-thread error messages, logging, rng, threads, time,
+ * aligned allocation and atomic file writes. */
+#include "dtrain/core.h"
+#include "version.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *dt_version(void) { return DT_VERSION_STRING; }
+
+// ----------------------------------------------------------------------------
+// status and errors
+
+const char *dt_status_string(dt_status s) {
+    switch (s) {
+    case DT_OK: return "ok";
+    case DT_ERR_ARG: return "invalid argument";
+    case DT_ERR_IO: return "i/o error";
+    case DT_ERR_FORMAT: return "bad file format";
+    case DT_ERR_CONFIG: return "config error";
+    case DT_ERR_NOMEM: return "out of memory";
+    case DT_ERR_NUMERIC: return "numeric error";
+    case DT_ERR_COMM: return "communication error";
+    case DT_ERR_TIMEOUT: return "timeout";
+    case DT_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+static _Thread_local char last_error[1024];
+
+const char *dt_last_error(void) { return last_error; }
+
+dt_status dt_error(dt_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+size_t dt_dtype_size(dt_dtype t) {
+    static const size_t sz[] = {4, 2, 2, 4, 8, 1};
+    return (unsigned)t < sizeof sz / sizeof sz[0] ? sz[t] : 0;
+}
+
+const char *dt_dtype_name(dt_dtype t) {
+    static const char *nm[] = {"F32", "F16", "BF16", "I32", "I64", "U8"};
+    return (unsigned)t < sizeof nm / sizeof nm[0] ? nm[t] : "?";
+}
+
+// ----------------------------------------------------------------------------
+// logging
+
+static int log_level = -1;
+
+dt_log_level dt_log_get_level(void) {
+    if (log_level < 0) {
+        const char *e = getenv("DTRAIN_LOG");
+        log_level = DT_LOG_INFO;
+        if (e) {
+            if (!strcmp(e, "error")) log_level = DT_LOG_ERROR;
+            else if (!strcmp(e, "warn")) log_level = DT_LOG_WARN;
+            else if (!strcmp(e, "debug")) log_level = DT_LOG_DEBUG;
+        }
+    }
+    return (dt_log_level)log_level;
+}
+
+void dt_log_set_level(dt_log_level level) { log_level = level; }
+
+void dt_log(dt_log_level level, const char *fmt, ...) {
+    if (level > dt_log_get_level()) return;
+    static const char *tag[] = {"error", "warning", "info", "debug"};
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "dtrain: %s: %s\n", tag[level], msg);
+}
+
+// ----------------------------------------------------------------------------
+// rng: xoshiro256** seeded through splitmix64
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void dt_rng_seed(dt_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t dt_rng_u64(dt_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+uint32_t dt_rng_below(dt_rng *r, uint32_t n) {
+    // Lemire's multiply-shift with rejection: unbiased.
+    uint64_t m = (uint64_t)(uint32_t)(dt_rng_u64(r) >> 32) * n;
+    uint32_t lo = (uint32_t)m;
+    if (lo < n) {
+        uint32_t t = -n % n;
+        while (lo < t) {
+            m = (uint64_t)(uint32_t)(dt_rng_u64(r) >> 32) * n;
+            lo = (uint32_t)m;
+        }
+    }
+    return (uint32_t)(m >> 32);
+}
+
+float dt_rng_uniform(dt_rng *r) { return (float)(dt_rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+
+float dt_rng_normal(dt_rng *r) {
+    double u1 = ((dt_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (dt_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+void dt_rng_shuffle(dt_rng *r, uint32_t *idx, size_t n) {
+    for (size_t i = n; i > 1; i--) {
+        uint32_t j = dt_rng_below(r, (uint32_t)i);
+        uint32_t t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// threads, time, memory
+
+void dt_set_threads(int n) {
+    if (n <= 0) n = omp_get_num_procs();
+    omp_set_num_threads(n);
+}
+
+int dt_get_threads(void) { return omp_get_max_threads(); }
+
+double dt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void *dt_alloc(size_t n) {
+    void *p = NULL;
+    size_t sz = (n + 63) & ~(size_t)63;
+    if (sz == 0) sz = 64;
+    if (posix_memalign(&p, 64, sz) != 0) {
+        dt_error(DT_ERR_NOMEM, "out of memory allocating %zu bytes", n);
+        return NULL;
+    }
+    memset(p, 0, sz);
+    return p;
+}
+
+void dt_free(void *p) { free(p); }
+
+// ----------------------------------------------------------------------------
+// atomic file writes: temp file, fsync, rename, fsync the directory
+
+dt_status dt_write_atomic(const char *path, const void *const *parts, const size_t *sizes,
+                          int n) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return dt_error(DT_ERR_ARG, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    for (int i = 0; i < n; i++) {
+        const char *p = parts[i];
+        size_t left = sizes[i];
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                int e = errno;
+                close(fd);
+                unlink(tmp);
+                return dt_error(DT_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
+            }
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return dt_error(DT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return dt_error(DT_ERR_IO, "%s: rename failed: %s", path, strerror(e));
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return DT_OK;
+}

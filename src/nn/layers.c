@@ -1,0 +1,359 @@
+/* Layer kernels: forward/backward pairs. See dtrain/nn.h for the
+ * conventions (outputs first, backward accumulates with +=). Loops over
+ * samples or rows are split across OpenMP threads with a static schedule, and
+ * every reduction runs in a fixed order, so results depend only on the
+ * thread count. */
+#include "dtrain/nn.h"
+#include "kernels/kernels.h"
+
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// linear
+
+void dt_linear_forward(float *out, const float *inp, const float *w, const float *b, int B,
+                       int C, int OC) {
+    // out[B,OC] = inp[B,C] @ w[OC,C]^T (+ b): the bias is written first and
+    // the GEMM accumulates onto it.
+    if (b) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < B; i++) memcpy(out + (size_t)i * OC, b, sizeof(float) * OC);
+    }
+    dt_sgemm(0, 1, B, OC, C, 1.0f, inp, C, w, C, b ? 1.0f : 0.0f, out, OC);
+}
+
+void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, int B, int C, int OC) {
+    if (dinp) dt_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);   // dout @ w
+    if (dw) dt_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dw, C);     // dout^T @ inp
+    if (db) {
+#pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int i = 0; i < B; i++) s += dout[(size_t)i * OC + o];
+            db[o] += s;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// conv2d as im2col + GEMM, one sample per thread at a time.
+// col for sample b is [KK, P] with KK = IC*K*K and P = OH*OW, so that
+// out_b[OC,P] = w[OC,KK] @ col_b[KK,P] needs no transpose.
+
+static inline int conv_out(int H, int K, int S, int P) { return (H + 2 * P - K) / S + 1; }
+
+size_t dt_conv2d_col_size(int B, int IC, int H, int W, int K, int S, int P) {
+    return (size_t)B * IC * K * K * conv_out(H, K, S, P) * conv_out(W, K, S, P);
+}
+
+static void im2col(float *col, const float *img, int IC, int H, int W, int K, int S, int P,
+                   int OH, int OW) {
+    for (int c = 0; c < IC; c++)
+        for (int kh = 0; kh < K; kh++)
+            for (int kw = 0; kw < K; kw++) {
+                float *row = col + ((size_t)(c * K + kh) * K + kw) * OH * OW;
+                const float *ch = img + (size_t)c * H * W;
+                for (int oh = 0; oh < OH; oh++) {
+                    int ih = oh * S - P + kh;
+                    float *r = row + oh * OW;
+                    if (ih < 0 || ih >= H) {
+                        memset(r, 0, sizeof(float) * OW);
+                        continue;
+                    }
+                    const float *src = ch + (size_t)ih * W;
+                    for (int ow = 0; ow < OW; ow++) {
+                        int iw = ow * S - P + kw;
+                        r[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+                    }
+                }
+            }
+}
+
+static void col2im(float *img, const float *col, int IC, int H, int W, int K, int S, int P,
+                   int OH, int OW) {
+    for (int c = 0; c < IC; c++)
+        for (int kh = 0; kh < K; kh++)
+            for (int kw = 0; kw < K; kw++) {
+                const float *row = col + ((size_t)(c * K + kh) * K + kw) * OH * OW;
+                float *ch = img + (size_t)c * H * W;
+                for (int oh = 0; oh < OH; oh++) {
+                    int ih = oh * S - P + kh;
+                    if (ih < 0 || ih >= H) continue;
+                    float *dst = ch + (size_t)ih * W;
+                    const float *r = row + oh * OW;
+                    for (int ow = 0; ow < OW; ow++) {
+                        int iw = ow * S - P + kw;
+                        if (iw >= 0 && iw < W) dst[iw] += r[ow];
+                    }
+                }
+            }
+}
+
+void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w, const float *b,
+                       int B, int IC, int H, int W, int OC, int K, int S, int P) {
+    int OH = conv_out(H, K, S, P), OW = conv_out(W, K, S, P);
+    int KK = IC * K * K, NP = OH * OW;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B; i++) {
+        float *col_b = col + (size_t)i * KK * NP;
+        float *out_b = out + (size_t)i * OC * NP;
+        im2col(col_b, inp + (size_t)i * IC * H * W, IC, H, W, K, S, P, OH, OW);
+        if (b)
+            for (int o = 0; o < OC; o++)
+                for (int p = 0; p < NP; p++) out_b[(size_t)o * NP + p] = b[o];
+        dt_sgemm(0, 0, OC, NP, KK, 1.0f, w, KK, col_b, NP, b ? 1.0f : 0.0f, out_b, NP);
+    }
+}
+
+void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,
+                        const float *col, const float *w, int B, int IC, int H, int W, int OC,
+                        int K, int S, int P) {
+    int OH = conv_out(H, K, S, P), OW = conv_out(W, K, S, P);
+    int KK = IC * K * K, NP = OH * OW;
+    int nt = omp_get_max_threads();
+    if (nt > B) nt = B > 0 ? B : 1;
+    // Each thread sums the weight gradient of its own (static) run of samples
+    // into a private buffer; the buffers are then added in thread order.
+    float *dwp = dw ? calloc((size_t)nt * OC * KK, sizeof(float)) : NULL;
+    int use_partial = dwp != NULL;
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        int lo = (int)((long)B * t / T), hi = (int)((long)B * (t + 1) / T);
+        for (int i = lo; i < hi; i++) {
+            const float *dout_b = dout + (size_t)i * OC * NP;
+            const float *col_b = col + (size_t)i * KK * NP;
+            if (dw) {
+                float *acc = use_partial ? dwp + (size_t)t * OC * KK : NULL;
+                if (acc) dt_sgemm(0, 1, OC, KK, NP, 1.0f, dout_b, NP, col_b, NP, 1.0f, acc, KK);
+            }
+            if (dinp) {
+                float *dcol_b = dcol + (size_t)i * KK * NP;
+                dt_sgemm(1, 0, KK, NP, OC, 1.0f, w, KK, dout_b, NP, 0.0f, dcol_b, NP);
+                col2im(dinp + (size_t)i * IC * H * W, dcol_b, IC, H, W, K, S, P, OH, OW);
+            }
+        }
+    }
+    if (dw && use_partial) {
+        size_t n = (size_t)OC * KK;
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int t = 0; t < nt; t++) s += dwp[(size_t)t * n + j];
+            dw[j] += s;
+        }
+    } else if (dw) {
+        // Allocation failed: fall back to a serial sum straight into dw.
+        for (int i = 0; i < B; i++)
+            dt_sgemm(0, 1, OC, KK, NP, 1.0f, dout + (size_t)i * OC * NP, NP,
+                     col + (size_t)i * KK * NP, NP, 1.0f, dw, KK);
+    }
+    free(dwp);
+    if (db) {
+#pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int i = 0; i < B; i++) {
+                const float *d = dout + ((size_t)i * OC + o) * NP;
+                for (int p = 0; p < NP; p++) s += d[p];
+            }
+            db[o] += s;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// max pooling
+
+void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                        int W, int K, int S) {
+    int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+#pragma omp parallel for schedule(static)
+    for (int bc = 0; bc < B * C; bc++) {
+        const float *x = inp + (size_t)bc * H * W;
+        float *o = out + (size_t)bc * OH * OW;
+        int32_t *a = argmax + (size_t)bc * OH * OW;
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                float m = -FLT_MAX;
+                int mi = (oh * S) * W + ow * S;
+                for (int kh = 0; kh < K; kh++)
+                    for (int kw = 0; kw < K; kw++) {
+                        int idx = (oh * S + kh) * W + ow * S + kw;
+                        if (x[idx] > m) {
+                            m = x[idx];
+                            mi = idx;
+                        }
+                    }
+                o[oh * OW + ow] = m;
+                a[oh * OW + ow] = (int32_t)mi;
+            }
+    }
+}
+
+void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                         int H, int W, int K, int S) {
+    int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+#pragma omp parallel for schedule(static)
+    for (int bc = 0; bc < B * C; bc++) {
+        float *dx = dinp + (size_t)bc * H * W;
+        const float *d = dout + (size_t)bc * OH * OW;
+        const int32_t *a = argmax + (size_t)bc * OH * OW;
+        for (int j = 0; j < OH * OW; j++) dx[a[j]] += d[j];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// activations
+
+void dt_relu_forward(float *out, const float *inp, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+void dt_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+#define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)
+
+void dt_gelu_forward(float *out, const float *inp, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void dt_gelu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float t = tanhf(u);
+        float sech2 = 1.0f - t * t;
+        float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += g * dout[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// layernorm
+
+void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                          const float *b, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        float s = 1.0f / sqrtf(v + eps);
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+void dt_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, int N, int C) {
+    if (dinp) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C, *d = dout + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s, dn = w[c] * d[c];
+                dnorm_mean += dn;
+                dnorm_norm_mean += dn * norm;
+            }
+            dnorm_mean /= C;
+            dnorm_norm_mean /= C;
+            float *dx = dinp + (size_t)i * C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s, dn = w[c] * d[c];
+                dx[c] += (dn - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
+        }
+    }
+    // Parameter gradients: parallel over channels, each summing rows in order.
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int i = 0; i < N; i++) {
+            float d = dout[(size_t)i * C + c];
+            sw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * d;
+            sb += d;
+        }
+        if (dw) dw[c] += sw;
+        if (db) db[c] += sb;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// dropout
+
+void dt_dropout_forward(float *out, float *mask, const float *inp, size_t N, float p,
+                        dt_rng *rng) {
+    float keep = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < N; i++) mask[i] = dt_rng_uniform(rng) < p ? 0.0f : keep;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) out[i] = inp[i] * mask[i];
+}
+
+void dt_dropout_backward(float *dinp, const float *dout, const float *mask, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) dinp[i] += dout[i] * mask[i];
+}
+
+// ----------------------------------------------------------------------------
+// softmax cross-entropy
+
+float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *targets, int B,
+                              int V) {
+    // Each row's loss is logsumexp(l) - l[target], kept per row and summed in
+    // order afterwards so the result does not depend on the thread count.
+    double *row_loss = malloc(sizeof(double) * (B > 0 ? B : 1));
+    if (!row_loss) return NAN;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B; i++) {
+        const float *l = logits + (size_t)i * V;
+        float *p = probs + (size_t)i * V;
+        float mx = -FLT_MAX;
+        for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+        double s = 0.0;
+        for (int v = 0; v < V; v++) {
+            p[v] = expf(l[v] - mx);
+            s += p[v];
+        }
+        float inv = (float)(1.0 / s);
+        for (int v = 0; v < V; v++) p[v] *= inv;
+        row_loss[i] = (double)mx + log(s) - l[targets[i]];
+    }
+    double loss = 0.0;
+    for (int i = 0; i < B; i++) loss += row_loss[i];
+    free(row_loss);
+    return B > 0 ? (float)(loss / B) : 0.0f;
+}
+
+void dt_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, int B,
+                              int V, float dloss) {
+    float scale = dloss / B;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B; i++) {
+        float *d = dlogits + (size_t)i * V;
+        const float *p = probs + (size_t)i * V;
+        for (int v = 0; v < V; v++) d[v] += (p[v] - (v == targets[i] ? 1.0f : 0.0f)) * scale;
+    }
+}

@@ -1,0 +1,32 @@
+/* A minimal test harness: CHECK-style assertions that count and report, and
+ * a closing "N passed, N failed" line; main returns non-zero on failure. */
+#ifndef DT_TESTLIB_H
+#define DT_TESTLIB_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+extern int tl_passed, tl_failed;
+
+void tl_check(int ok, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Relative difference |a-b| / max(|a|,|b|,floor). */
+double tl_rel(double a, double b, double floor);
+/* Largest relative difference over n elements. */
+double tl_max_rel(const float *a, const float *b, size_t n, double floor);
+/* Runs a shell command, captures stdout+stderr into out (NUL-terminated),
+ * returns the exit status (or -1). */
+int tl_run(const char *cmd, char *out, size_t n);
+/* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
+const char *tl_dtrain(void);
+int tl_finish(void);
+
+#define CHECK(cond, ...) tl_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
+#define CHECK_NEAR(a, b, tol, what)                                                    \
+    do {                                                                               \
+        double _a = (a), _b = (b), _r = tl_rel(_a, _b, 1e-6);                          \
+        tl_check(_r <= (tol), __FILE__, __LINE__, "%s: %.9g vs %.9g (rel %.2e > %.1e)", \
+                 what, _a, _b, _r, (double)(tol));                                     \
+    } while (0)
+
+#endif

@@ -1,0 +1,56 @@
+/* dtrain: entry point and subcommand dispatch. */
+#include "cli.h"
+#include "dtrain/dtrain.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dtrain: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} commands[] = {
+    {"train", cmd_train, "train a model described by a config file"},
+    {"eval", cmd_eval, "evaluate saved weights on the test set"},
+};
+#define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dtrain COMMAND [ARGS]...\n"
+            "       dtrain --help | --version\n\n"
+            "Distributed training of neural networks on CPUs.\n\n"
+            "commands:\n");
+    for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'dtrain COMMAND --help' describes a command. Exit status: 0 success,\n"
+               "1 runtime error, 2 usage error.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dtrain %s\n", dt_version());
+        return 0;
+    }
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (see 'dtrain --help')", argv[1]);
+    return EXIT_USAGE;
+}
