@@ -1,0 +1,305 @@
+/* safetensors read/write, and model weights in that format. */
+#include "dtrain/ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dt_st_file {
+    uint8_t *buf;        // the whole file
+    size_t len;
+    int n;
+    dt_st_tensor *t;
+    char **names;
+    cJSON *meta;         // the "__metadata__" object (owned by root)
+    cJSON *root;
+};
+
+static int dtype_from_name(const char *s) {
+    for (int t = DT_F32; t <= DT_U8; t++)
+        if (!strcmp(s, dt_dtype_name((dt_dtype)t))) return t;
+    return -1;
+}
+
+dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta,
+                      int nmeta) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    if (nmeta > 0) {
+        cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
+        for (int i = 0; i < nmeta; i++) cJSON_AddStringToObject(m, meta[i].key, meta[i].value);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const dt_st_tensor *t = &tensors[i];
+        if (cJSON_GetObjectItemCaseSensitive(root, t->name)) {
+            cJSON_Delete(root);
+            return dt_error(DT_ERR_ARG, "%s: tensor name '%s' used twice", path, t->name);
+        }
+        size_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) numel *= (size_t)t->shape[d];
+        if (numel * dt_dtype_size(t->dtype) != t->nbytes) {
+            cJSON_Delete(root);
+            return dt_error(DT_ERR_ARG, "%s: tensor '%s' has %zu bytes, its shape needs %zu", path,
+                            t->name, t->nbytes, numel * dt_dtype_size(t->dtype));
+        }
+        cJSON *o = cJSON_AddObjectToObject(root, t->name);
+        cJSON_AddStringToObject(o, "dtype", dt_dtype_name(t->dtype));
+        cJSON *sh = cJSON_AddArrayToObject(o, "shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON *r = cJSON_AddArrayToObject(o, "data_offsets");
+        cJSON_AddItemToArray(r, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToArray(r, cJSON_CreateNumber((double)(off + t->nbytes)));
+        off += t->nbytes;
+    }
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!json) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    // Pad the header with spaces so the data starts 8-byte aligned.
+    size_t hl = strlen(json), padded = (hl + 7) & ~(size_t)7;
+    char *hdr = malloc(8 + padded);
+    const void **parts = malloc(sizeof(void *) * (n + 1));
+    size_t *sizes = malloc(sizeof(size_t) * (n + 1));
+    if (!hdr || !parts || !sizes) {
+        free(json), free(hdr), free(parts), free(sizes);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    uint64_t le = padded;
+    for (int i = 0; i < 8; i++) hdr[i] = (char)(le >> (8 * i));
+    memcpy(hdr + 8, json, hl);
+    memset(hdr + 8 + hl, ' ', padded - hl);
+    free(json);
+    parts[0] = hdr;
+    sizes[0] = 8 + padded;
+    for (int i = 0; i < n; i++) {
+        parts[i + 1] = tensors[i].data;
+        sizes[i + 1] = tensors[i].nbytes;
+    }
+    dt_status st = dt_write_atomic(path, parts, sizes, n + 1);
+    free(hdr), free(parts), free(sizes);
+    return st;
+}
+
+void dt_st_close(dt_st_file *f) {
+    if (!f) return;
+    free(f->buf);
+    free(f->t);
+    cJSON_Delete(f->root);
+    free(f);
+}
+
+static int cmp_begin(const void *a, const void *b) {
+    const dt_st_tensor *x = a, *y = b;
+    const uint8_t *p = x->data, *q = y->data;
+    return p < q ? -1 : p > q;
+}
+
+// Takes ownership of buf.
+static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const char *what) {
+    *out = NULL;
+    dt_st_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        free(buf);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", what);
+    }
+    f->buf = buf;
+    f->len = len;
+    dt_status st = DT_OK;
+    if (len < 8) {
+        st = dt_error(DT_ERR_FORMAT, "%s: not a safetensors file (%zu bytes, shorter than the 8-byte header length)", what, len);
+        goto fail;
+    }
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
+    if (hl == 0 || hl > len - 8 || hl > (100u << 20)) {
+        st = dt_error(DT_ERR_FORMAT, "%s: safetensors header length %llu does not fit a %zu-byte file (truncated or not safetensors)",
+                      what, (unsigned long long)hl, len);
+        goto fail;
+    }
+    f->root = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hl);
+    if (!f->root || !cJSON_IsObject(f->root)) {
+        st = dt_error(DT_ERR_FORMAT, "%s: safetensors header is not a JSON object", what);
+        goto fail;
+    }
+    size_t data_len = len - 8 - hl;
+    const uint8_t *data = buf + 8 + hl;
+    int count = cJSON_GetArraySize(f->root);
+    f->t = calloc(count > 0 ? count : 1, sizeof *f->t);
+    if (!f->t) {
+        st = dt_error(DT_ERR_NOMEM, "%s: out of memory", what);
+        goto fail;
+    }
+    cJSON *it;
+    cJSON_ArrayForEach(it, f->root) {
+        if (!strcmp(it->string, "__metadata__")) {
+            cJSON *v;
+            if (!cJSON_IsObject(it)) goto bad_meta;
+            cJSON_ArrayForEach(v, it) if (!cJSON_IsString(v)) goto bad_meta;
+            f->meta = it;
+            continue;
+        bad_meta:
+            st = dt_error(DT_ERR_FORMAT, "%s: __metadata__ must map strings to strings", what);
+            goto fail;
+        }
+        dt_st_tensor *t = &f->t[f->n];
+        t->name = it->string;
+        cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+        cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
+        cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+        int dti = cJSON_IsString(dt) ? dtype_from_name(dt->valuestring) : -1;
+        if (!cJSON_IsObject(it) || dti < 0 || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+            cJSON_GetArraySize(off) != 2 || cJSON_GetArraySize(sh) > 8) {
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': needs a known dtype, a shape of at most 8 dims and data_offsets [begin, end]",
+                          what, it->string);
+            goto fail;
+        }
+        t->dtype = (dt_dtype)dti;
+        size_t numel = 1;
+        cJSON *d;
+        cJSON_ArrayForEach(d, sh) {
+            if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e15 ||
+                d->valuedouble != (double)(int64_t)d->valuedouble) {
+                st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': bad shape entry", what, t->name);
+                goto fail;
+            }
+            t->shape[t->ndim++] = (int64_t)d->valuedouble;
+            numel *= (size_t)d->valuedouble;
+            if (numel > ((size_t)1 << 48)) {
+                st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': shape too large", what, t->name);
+                goto fail;
+            }
+        }
+        double b = cJSON_GetArrayItem(off, 0)->valuedouble, e = cJSON_GetArrayItem(off, 1)->valuedouble;
+        if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) ||
+            b < 0 || e < b || e > (double)data_len) {
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': data_offsets [%.0f, %.0f] outside the %zu data bytes (truncated?)",
+                          what, t->name, b, e, data_len);
+            goto fail;
+        }
+        t->nbytes = (size_t)e - (size_t)b;
+        if (t->nbytes != numel * dt_dtype_size(t->dtype)) {
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': %zu bytes do not match its shape (%zu elements of %s)",
+                          what, t->name, t->nbytes, numel, dt_dtype_name(t->dtype));
+            goto fail;
+        }
+        t->data = data + (size_t)b;
+        f->n++;
+    }
+    // Byte ranges must not overlap.
+    if (f->n > 1) {
+        dt_st_tensor *s = malloc(sizeof *s * f->n);
+        if (!s) {
+            st = dt_error(DT_ERR_NOMEM, "%s: out of memory", what);
+            goto fail;
+        }
+        memcpy(s, f->t, sizeof *s * f->n);
+        qsort(s, f->n, sizeof *s, cmp_begin);
+        for (int i = 1; i < f->n; i++)
+            if ((const uint8_t *)s[i].data < (const uint8_t *)s[i - 1].data + s[i - 1].nbytes) {
+                st = dt_error(DT_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", what, s[i - 1].name, s[i].name);
+                free(s);
+                goto fail;
+            }
+        free(s);
+    }
+    *out = f;
+    return DT_OK;
+fail:
+    dt_st_close(f);
+    return st;
+}
+
+dt_status dt_st_parse(dt_st_file **out, const uint8_t *buf, size_t len, const char *what) {
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!copy) return dt_error(DT_ERR_NOMEM, "%s: out of memory", what);
+    memcpy(copy, buf, len);
+    return parse_owned(out, copy, len, what);
+}
+
+dt_status dt_st_open(dt_st_file **out, const char *path) {
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(fp, 0, SEEK_END) != 0) {
+        fclose(fp);
+        return dt_error(DT_ERR_IO, "%s: cannot seek", path);
+    }
+    long sz = ftell(fp);
+    rewind(fp);
+    uint8_t *buf = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+    if (!buf) {
+        fclose(fp);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(buf, 1, (size_t)sz, fp);
+    fclose(fp);
+    if (got != (size_t)sz) {
+        free(buf);
+        return dt_error(DT_ERR_IO, "%s: read %zu of %ld bytes", path, got, sz);
+    }
+    return parse_owned(out, buf, (size_t)sz, path);
+}
+
+int dt_st_count(const dt_st_file *f) { return f->n; }
+const dt_st_tensor *dt_st_get(const dt_st_file *f, int i) { return i >= 0 && i < f->n ? &f->t[i] : NULL; }
+
+const dt_st_tensor *dt_st_find(const dt_st_file *f, const char *name) {
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->t[i].name, name)) return &f->t[i];
+    return NULL;
+}
+
+const char *dt_st_meta_get(const dt_st_file *f, const char *key) {
+    if (!f->meta) return NULL;
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(f->meta, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+// ----------------------------------------------------------------------------
+// model weights
+
+dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, int nmeta) {
+    int n = dt_model_num_tensors(m);
+    dt_st_tensor *t = calloc(n > 0 ? n : 1, sizeof *t);
+    if (!t) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    const float *p = dt_model_params(m);
+    for (int i = 0; i < n; i++) {
+        const dt_tensor_info *ti = dt_model_tensor(m, i);
+        t[i].name = ti->name;
+        t[i].dtype = DT_F32;
+        t[i].ndim = ti->ndim;
+        memcpy(t[i].shape, ti->shape, sizeof ti->shape);
+        t[i].data = p + ti->offset;
+        t[i].nbytes = ti->numel * sizeof(float);
+    }
+    dt_status st = dt_st_write(path, t, n, meta, nmeta);
+    free(t);
+    return st;
+}
+
+dt_status dt_model_load(dt_model *m, const char *path) {
+    dt_st_file *f;
+    dt_status st = dt_st_open(&f, path);
+    if (st != DT_OK) return st;
+    float *p = dt_model_params(m);
+    for (int i = 0; i < dt_model_num_tensors(m); i++) {
+        const dt_tensor_info *ti = dt_model_tensor(m, i);
+        const dt_st_tensor *t = dt_st_find(f, ti->name);
+        if (!t) {
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' missing (weights of a different model?)", path, ti->name);
+            break;
+        }
+        int same = t->dtype == DT_F32 && t->ndim == ti->ndim;
+        for (int d = 0; same && d < ti->ndim; d++) same = t->shape[d] == ti->shape[d];
+        if (!same) {
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has dtype %s and a shape that differs from the model's (weights of a different model?)",
+                          path, ti->name, dt_dtype_name(t->dtype));
+            break;
+        }
+        memcpy(p + ti->offset, t->data, t->nbytes);
+    }
+    dt_st_close(f);
+    return st;
+}

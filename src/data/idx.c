@@ -1,0 +1,157 @@
+/* IDX files (the MNIST family's format): big-endian header
+ *   0x00 0x00 <type> <ndim>, then ndim uint32 dimensions, then the data.
+ * dtrain reads unsigned-byte arrays (type 0x08), plain or gzip-compressed. */
+#include "dtrain/data.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    gzFile f = gzopen(path, "rb");  // reads plain files as they are, too
+    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
+    size_t cap = 1 << 20, n = 0;
+    uint8_t *b = malloc(cap);
+    if (!b) {
+        gzclose(f);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    for (;;) {
+        if (n == cap) {
+            uint8_t *nb = cap < ((size_t)1 << 34) ? realloc(b, cap * 2) : NULL;
+            if (!nb) {
+                free(b);
+                gzclose(f);
+                return dt_error(DT_ERR_NOMEM, "%s: out of memory (file larger than %zu bytes)", path, cap);
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t want = cap - n;
+        if (want > (1u << 30)) want = 1u << 30;
+        int r = gzread(f, b + n, (unsigned)want);
+        if (r < 0) {
+            int e;
+            const char *msg = gzerror(f, &e);
+            dt_status st = dt_error(DT_ERR_FORMAT, "%s: corrupt or truncated gzip data (%s)", path, msg);
+            free(b);
+            gzclose(f);
+            return st;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    // zlib reports a gzip stream cut short only as a clean end of file;
+    // gzclose_r then returns Z_BUF_ERROR.
+    int rc = gzclose(f);
+    if (rc != Z_OK) {
+        free(b);
+        return dt_error(DT_ERR_FORMAT, "%s: truncated gzip data (stream ended early)", path);
+    }
+    *buf = b;
+    *len = n;
+    return DT_OK;
+}
+
+static uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out) {
+    memset(out, 0, sizeof *out);
+    if (len < 4)
+        return dt_error(DT_ERR_FORMAT, "%s: not an IDX file (%zu bytes, shorter than the 4-byte magic)", what, len);
+    if (buf[0] != 0 || buf[1] != 0)
+        return dt_error(DT_ERR_FORMAT, "%s: not an IDX file (magic %02x %02x %02x %02x, expected 00 00 08 0N)",
+                        what, buf[0], buf[1], buf[2], buf[3]);
+    if (buf[2] != 0x08)
+        return dt_error(DT_ERR_FORMAT, "%s: IDX element type 0x%02x, expected 0x08 (unsigned byte)", what, buf[2]);
+    int nd = buf[3];
+    if (nd < 1 || nd > 4)
+        return dt_error(DT_ERR_FORMAT, "%s: IDX with %d dimensions, expected 1 to 4", what, nd);
+    size_t hdr = 4 + 4 * (size_t)nd;
+    if (len < hdr)
+        return dt_error(DT_ERR_FORMAT, "%s: truncated IDX header (%zu bytes, need %zu)", what, len, hdr);
+    size_t count = 1;
+    for (int i = 0; i < nd; i++) {
+        uint32_t d = be32(buf + 4 + 4 * i);
+        if (d == 0 || d > 0x7fffffff)
+            return dt_error(DT_ERR_FORMAT, "%s: IDX dimension %d is %u", what, i, d);
+        out->dims[i] = (int32_t)d;
+        if (count > ((size_t)1 << 40) / d)
+            return dt_error(DT_ERR_FORMAT, "%s: IDX dimensions too large", what);
+        count *= d;
+    }
+    if (len - hdr != count)
+        return dt_error(DT_ERR_FORMAT, "%s: IDX header announces %zu bytes of data, file has %zu (%s)", what,
+                        count, len - hdr, len - hdr < count ? "truncated" : "trailing bytes");
+    out->ndim = nd;
+    out->data = buf + hdr;
+    out->count = count;
+    return DT_OK;
+}
+
+void dt_dataset_free(dt_dataset *ds) {
+    dt_free(ds->x);
+    free(ds->y);
+    memset(ds, 0, sizeof *ds);
+}
+
+size_t dt_dataset_sample_size(const dt_dataset *ds) {
+    return (size_t)ds->shape[0] * ds->shape[1] * ds->shape[2];
+}
+
+dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images, const char *labels, int classes,
+                              float mean, float std) {
+    memset(ds, 0, sizeof *ds);
+    if (!(std > 0.0f)) return dt_error(DT_ERR_ARG, "dataset: std must be > 0");
+    uint8_t *ib = NULL, *lb = NULL;
+    size_t il, ll;
+    dt_idx ii, li;
+    dt_status st = dt_read_file_gz(images, &ib, &il);
+    if (st == DT_OK) st = dt_idx_parse(ib, il, images, &ii);
+    if (st == DT_OK) st = dt_read_file_gz(labels, &lb, &ll);
+    if (st == DT_OK) st = dt_idx_parse(lb, ll, labels, &li);
+    if (st != DT_OK) goto done;
+    if (ii.ndim != 3) {
+        st = dt_error(DT_ERR_FORMAT, "%s: images must be a 3-D IDX array (count, rows, cols), got %d-D", images, ii.ndim);
+        goto done;
+    }
+    if (li.ndim != 1) {
+        st = dt_error(DT_ERR_FORMAT, "%s: labels must be a 1-D IDX array, got %d-D", labels, li.ndim);
+        goto done;
+    }
+    if (li.dims[0] != ii.dims[0]) {
+        st = dt_error(DT_ERR_FORMAT, "%s has %d labels but %s has %d images", labels, li.dims[0], images,
+                      ii.dims[0]);
+        goto done;
+    }
+    for (size_t i = 0; i < li.count; i++)
+        if (li.data[i] >= classes) {
+            st = dt_error(DT_ERR_FORMAT, "%s: label %d of sample %zu is outside 0..%d", labels, li.data[i], i,
+                          classes - 1);
+            goto done;
+        }
+    ds->n = ii.dims[0];
+    ds->shape[0] = 1;
+    ds->shape[1] = ii.dims[1];
+    ds->shape[2] = ii.dims[2];
+    ds->classes = classes;
+    ds->x = dt_alloc(sizeof(float) * ii.count);
+    ds->y = malloc(sizeof(int32_t) * ds->n);
+    if (!ds->x || !ds->y) {
+        dt_dataset_free(ds);
+        st = dt_error(DT_ERR_NOMEM, "%s: out of memory", images);
+        goto done;
+    }
+    float a = 1.0f / (255.0f * std), c = -mean / std;
+    for (size_t i = 0; i < ii.count; i++) ds->x[i] = ii.data[i] * a + c;
+    for (int i = 0; i < ds->n; i++) ds->y[i] = li.data[i];
+done:
+    free(ib);
+    free(lb);
+    return st;
+}

@@ -1,0 +1,238 @@
+/* Single-process training runs: data -> model -> optimizer, the loop, the
+ * evaluation, and the files of the run directory. */
+#include "dtrain/ckpt.h"
+#include "dtrain/train.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+// mkdir -p
+static dt_status make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || !*p) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return dt_error(DT_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+            if (!c) break;
+            *p = c;
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
+    char img[1024], lab[1024];
+    const char *pre = !strcmp(split, "train") ? "train" : "t10k";
+    snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte.gz", c->data_dir, pre);
+    snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", c->data_dir, pre);
+    dt_status st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std);
+    if (st != DT_OK) return st;
+    int want = c->input[0] * c->input[1] * c->input[2];
+    if ((int)dt_dataset_sample_size(ds) != want) {
+        st = dt_error(DT_ERR_CONFIG, "[model] input is %dx%dx%d (%d values) but %s samples have %zu",
+                      c->input[0], c->input[1], c->input[2], want, img, dt_dataset_sample_size(ds));
+        dt_dataset_free(ds);
+        return st;
+    }
+    // The dataset's own shape wins for images; an MLP input stays flat.
+    memcpy(ds->shape, c->input, sizeof ds->shape);
+    return DT_OK;
+}
+
+dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *accuracy) {
+    size_t ss = dt_dataset_sample_size(ds);
+    int V = dt_model_num_classes(m);
+    double sum_loss = 0;
+    long correct = 0;
+    for (int i = 0; i < ds->n; i += batch) {
+        int B = ds->n - i < batch ? ds->n - i : batch;
+        float l;
+        dt_status st = dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
+        if (st != DT_OK) return st;
+        sum_loss += (double)l * B;
+        const float *p = dt_model_probs(m);
+        for (int b = 0; b < B; b++) {
+            int arg = 0;
+            for (int v = 1; v < V; v++)
+                if (p[(size_t)b * V + v] > p[(size_t)b * V + arg]) arg = v;
+            correct += arg == ds->y[i + b];
+        }
+    }
+    if (loss) *loss = ds->n ? (float)(sum_loss / ds->n) : 0.0f;
+    if (accuracy) *accuracy = ds->n ? (float)correct / ds->n : 0.0f;
+    return DT_OK;
+}
+
+static dt_status write_summary(const char *path, const dt_config *c, const dt_train_result *r, size_t nparams) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+    cJSON_AddNumberToObject(o, "params", (double)nparams);
+    cJSON_AddNumberToObject(o, "threads", dt_get_threads());
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(o, "epochs", r->epochs);
+    cJSON_AddNumberToObject(o, "batch", c->batch);
+    cJSON_AddNumberToObject(o, "final_train_loss", r->final_train_loss);
+    cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
+    cJSON_AddNumberToObject(o, "wall_seconds", r->wall_seconds);
+    cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
+    cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!s) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    size_t n = strlen(s);
+    s[n] = '\n';  // cJSON_Print leaves room: replace the NUL, write n+1
+    const void *parts[] = {s};
+    size_t sizes[] = {n + 1};
+    dt_status st = dt_write_atomic(path, parts, sizes, 1);
+    free(s);
+    return st;
+}
+
+dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
+                   dt_train_result *res) {
+    double t_start = dt_now();
+    memset(res, 0, sizeof *res);
+    dt_set_threads(c->threads);
+    dt_dataset train = {0}, test = {0};
+    dt_model *m = NULL;
+    dt_optim *opt = NULL;
+    dt_loader *loader = NULL;
+    char path[4096];
+    dt_status st = DT_OK;
+
+    if (run_dir) {
+        if ((st = make_dirs(run_dir)) != DT_OK) return st;
+        snprintf(path, sizeof path, "%s/config.ini", run_dir);
+        if ((st = dt_config_write(c, path)) != DT_OK) return st;
+    }
+    if ((st = load_split(c, "train", &train)) != DT_OK) goto done;
+    if ((st = load_split(c, "test", &test)) != DT_OK) goto done;
+    int max_batch = c->batch > c->eval_batch ? c->batch : c->eval_batch;
+    if ((st = dt_model_create(&m, c->input, c->layers, c->nlayers, max_batch)) != DT_OK) goto done;
+    if (dt_model_num_classes(m) != train.classes) {
+        st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
+                      dt_model_num_classes(m), train.classes);
+        goto done;
+    }
+    dt_model_init(m, c->seed);
+    if ((st = dt_optim_create(&opt, &c->optim, dt_model_num_params(m))) != DT_OK) goto done;
+    dt_loader_params lp = dt_loader_default_params();
+    lp.batch = c->batch;
+    lp.shuffle = c->shuffle;
+    lp.drop_last = c->drop_last;
+    lp.prefetch = c->prefetch;
+    lp.seed = c->seed;
+    if ((st = dt_loader_create(&loader, &train, &lp)) != DT_OK) goto done;
+
+    int64_t spe = dt_loader_steps_per_epoch(loader);
+    int64_t total = c->epochs > 0 ? (int64_t)c->epochs * spe : c->max_steps;
+    if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
+    int epochs = (int)((total + spe - 1) / spe);
+    dt_schedule sched = {c->sched, c->optim.lr, c->min_lr, c->warmup_steps, total};
+    float *params = dt_model_params(m), *grads = dt_model_grads(m);
+    size_t np = dt_model_num_params(m);
+    dt_log(DT_LOG_INFO, "%s: %zu parameters, %d train / %d test samples, %lld steps (%d epochs of %lld), %d threads",
+           c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, dt_get_threads());
+
+    int64_t step = 0;
+    double t_train = 0, win_t = dt_now();
+    int64_t win_samples = 0, samples = 0;
+    double rate = 0;
+    double epoch_loss = 0;
+    int64_t epoch_steps = 0;
+    for (int e = 0; e < epochs && step < total; e++) {
+        dt_loader_start_epoch(loader, e, 0);
+        epoch_loss = 0;
+        epoch_steps = 0;
+        double t0 = dt_now();
+        dt_batch b;
+        for (dt_loader_next(loader, &b); b.B > 0 && step < total; dt_loader_next(loader, &b)) {
+            float loss;
+            dt_model_zero_grad(m);
+            if ((st = dt_model_forward(m, b.x, b.y, b.B, 1, &loss)) != DT_OK) {
+                dt_error(st, "step %lld (epoch %d): %s", (long long)step + 1, e + 1, dt_last_error());
+                goto done;
+            }
+            dt_model_backward(m);
+            float scale = 1.0f;
+            if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+            float lr = dt_schedule_lr(&sched, step);
+            dt_optim_step(opt, params, grads, lr, scale);
+            step++;
+            epoch_loss += loss;
+            epoch_steps++;
+            win_samples += b.B;
+            samples += b.B;
+            double now = dt_now();
+            if (now - win_t >= 0.5 || rate == 0) {
+                rate = win_samples / (now - win_t);
+                win_t = now;
+                win_samples = 0;
+            }
+            if (progress) {
+                dt_progress p = {step, total, e + 1, epochs, loss, lr, rate, 0, 0, 0, 0};
+                p.eta_seconds = rate > 0 ? (double)(total - step) * c->batch / rate : 0;
+                progress(&p, user);
+            }
+        }
+        t_train += dt_now() - t0;
+        // Evaluate at the end of each epoch (and of the run).
+        float tl, ta;
+        if ((st = dt_evaluate(m, &test, c->eval_batch, &tl, &ta)) != DT_OK) goto done;
+        res->test_loss = tl;
+        res->test_accuracy = ta;
+        res->epochs = e + 1;
+        if (progress) {
+            dt_progress p = {step, total, e + 1, epochs, (float)(epoch_loss / (epoch_steps ? epoch_steps : 1)),
+                             dt_schedule_lr(&sched, step > 0 ? step - 1 : 0), rate, 0, 1, tl, ta};
+            progress(&p, user);
+        }
+    }
+    res->steps = step;
+    res->final_train_loss = epoch_steps ? (float)(epoch_loss / epoch_steps) : 0.0f;
+    res->train_seconds = t_train;
+    res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
+    if (run_dir) {
+        char ver[32];
+        snprintf(ver, sizeof ver, "%s", dt_version());
+        dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", ver}, {"name", c->name}};
+        snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
+        if ((st = dt_model_save(m, path, meta, 3)) != DT_OK) goto done;
+    }
+    res->wall_seconds = dt_now() - t_start;
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/summary.json", run_dir);
+        st = write_summary(path, c, res, np);
+    }
+done:
+    dt_loader_free(loader);
+    dt_optim_free(opt);
+    dt_model_free(m);
+    dt_dataset_free(&train);
+    dt_dataset_free(&test);
+    return st;
+}
+
+dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
+    dt_set_threads(c->threads);
+    dt_dataset test = {0};
+    dt_model *m = NULL;
+    dt_status st = load_split(c, "test", &test);
+    if (st == DT_OK) st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
+    if (st == DT_OK) st = dt_model_load(m, weights);
+    if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
+    if (n) *n = test.n;
+    dt_model_free(m);
+    dt_dataset_free(&test);
+    return st;
+}

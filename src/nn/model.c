@@ -1,0 +1,373 @@
+/* Sequential models: a list of layers over one flat parameter block and one
+ * flat gradient block, with activation buffers sized for max_batch. */
+#include "dtrain/nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    dt_layer_spec spec;
+    int in[3], out[3];     // per-sample shapes {C,H,W}
+    size_t w_off, b_off;   // offsets into the blocks (b_off == w_off if no bias)
+    size_t w_n, b_n;
+    float *act;            // output activations [max_batch, out]
+    float *dact;           // gradient w.r.t. act
+    float *aux;            // conv: im2col columns; layernorm: mean,rstd; dropout: mask
+    float *aux2;           // conv: dcol scratch
+    int32_t *argmax;       // maxpool
+} layer_t;
+
+struct dt_model {
+    int nlayers, max_batch, in_shape[3];
+    layer_t *L;
+    size_t nparams;
+    float *params, *grads;
+    float *probs;          // [max_batch, classes]
+    const float *input;    // last forward's input
+    const int32_t *targets;
+    int last_B, last_train;
+    int ntensors;
+    dt_tensor_info *tensors;
+    char (*names)[32];
+    dt_rng rng;
+};
+
+const char *dt_layer_kind_name(dt_layer_kind k) {
+    static const char *n[] = {"linear", "conv2d", "maxpool", "relu", "gelu",
+                              "layernorm", "dropout", "flatten"};
+    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "?";
+}
+
+static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
+
+// Works out a layer's output shape and parameter count; fails on shapes that
+// do not fit, naming the layer.
+static dt_status plan_layer(layer_t *l, int idx) {
+    const dt_layer_spec *s = &l->spec;
+    const char *kn = dt_layer_kind_name(s->kind);
+    memcpy(l->out, l->in, sizeof l->out);
+    l->w_n = l->b_n = 0;
+    switch (s->kind) {
+    case DT_LAYER_LINEAR: {
+        if (s->out <= 0) return dt_error(DT_ERR_ARG, "layer %d (%s): out must be > 0", idx, kn);
+        size_t inf = numel3(l->in);
+        if (l->in[1] != 1 || l->in[2] != 1)
+            return dt_error(DT_ERR_ARG,
+                            "layer %d (%s): input is %dx%dx%d; add a flatten layer before it",
+                            idx, kn, l->in[0], l->in[1], l->in[2]);
+        l->w_n = (size_t)s->out * inf;
+        l->b_n = s->out;
+        l->out[0] = s->out;
+        break;
+    }
+    case DT_LAYER_CONV2D: {
+        int K = s->kernel, S = s->stride ? s->stride : 1, P = s->pad;
+        if (s->out <= 0 || K <= 0 || S <= 0 || P < 0)
+            return dt_error(DT_ERR_ARG, "layer %d (%s): need out > 0, kernel > 0, stride > 0, pad >= 0",
+                            idx, kn);
+        int OH = (l->in[1] + 2 * P - K) / S + 1, OW = (l->in[2] + 2 * P - K) / S + 1;
+        if (l->in[1] + 2 * P < K || l->in[2] + 2 * P < K)
+            return dt_error(DT_ERR_ARG, "layer %d (%s): kernel %d larger than padded input %dx%d",
+                            idx, kn, K, l->in[1], l->in[2]);
+        l->w_n = (size_t)s->out * l->in[0] * K * K;
+        l->b_n = s->out;
+        l->out[0] = s->out;
+        l->out[1] = OH;
+        l->out[2] = OW;
+        break;
+    }
+    case DT_LAYER_MAXPOOL: {
+        int K = s->kernel, S = s->stride ? s->stride : s->kernel;
+        if (K <= 0 || S <= 0 || l->in[1] < K || l->in[2] < K)
+            return dt_error(DT_ERR_ARG, "layer %d (%s): window %d does not fit input %dx%d", idx,
+                            kn, K, l->in[1], l->in[2]);
+        l->out[1] = (l->in[1] - K) / S + 1;
+        l->out[2] = (l->in[2] - K) / S + 1;
+        break;
+    }
+    case DT_LAYER_LAYERNORM:
+        if (l->in[1] != 1 || l->in[2] != 1)
+            return dt_error(DT_ERR_ARG, "layer %d (%s): needs a flat input (add flatten)", idx, kn);
+        l->w_n = l->b_n = l->in[0];
+        break;
+    case DT_LAYER_DROPOUT:
+        if (!(s->p >= 0.0f && s->p < 1.0f))
+            return dt_error(DT_ERR_ARG, "layer %d (%s): p must be in [0, 1)", idx, kn);
+        break;
+    case DT_LAYER_FLATTEN:
+        l->out[0] = (int)numel3(l->in);
+        l->out[1] = l->out[2] = 1;
+        break;
+    case DT_LAYER_RELU:
+    case DT_LAYER_GELU:
+        break;
+    default:
+        return dt_error(DT_ERR_ARG, "layer %d: unknown kind %d", idx, (int)s->kind);
+    }
+    return DT_OK;
+}
+
+void dt_model_free(dt_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->nlayers; i++) {
+        layer_t *l = &m->L[i];
+        dt_free(l->act);
+        dt_free(l->dact);
+        dt_free(l->aux);
+        dt_free(l->aux2);
+        dt_free(l->argmax);
+    }
+    free(m->L);
+    dt_free(m->params);
+    dt_free(m->grads);
+    dt_free(m->probs);
+    free(m->tensors);
+    free(m->names);
+    free(m);
+}
+
+dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
+                          int nlayers, int max_batch) {
+    *out = NULL;
+    if (nlayers <= 0 || max_batch <= 0)
+        return dt_error(DT_ERR_ARG, "model: need at least one layer and max_batch > 0");
+    if (in_shape[0] <= 0 || in_shape[1] <= 0 || in_shape[2] <= 0)
+        return dt_error(DT_ERR_ARG, "model: input shape must be positive");
+    dt_model *m = calloc(1, sizeof *m);
+    if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    m->nlayers = nlayers;
+    m->max_batch = max_batch;
+    memcpy(m->in_shape, in_shape, sizeof m->in_shape);
+    m->L = calloc(nlayers, sizeof *m->L);
+    m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
+    m->names = calloc(2 * nlayers, sizeof *m->names);
+    if (!m->L || !m->tensors || !m->names) goto nomem;
+
+    size_t off = 0;
+    const int *in = in_shape;
+    for (int i = 0; i < nlayers; i++) {
+        layer_t *l = &m->L[i];
+        l->spec = layers[i];
+        memcpy(l->in, in, sizeof l->in);
+        dt_status st = plan_layer(l, i);
+        if (st != DT_OK) {
+            dt_model_free(m);
+            return st;
+        }
+        l->w_off = off;
+        off += l->w_n;
+        l->b_off = off;
+        off += l->b_n;
+        in = l->out;
+    }
+    const layer_t *last = &m->L[nlayers - 1];
+    if (last->out[1] != 1 || last->out[2] != 1)
+        return dt_model_free(m), dt_error(DT_ERR_ARG, "model: last layer must produce a flat vector of class scores (end with linear)");
+    m->nparams = off;
+    m->params = dt_alloc(sizeof(float) * off);
+    m->grads = dt_alloc(sizeof(float) * off);
+    m->probs = dt_alloc(sizeof(float) * max_batch * last->out[0]);
+    if (!m->params || !m->grads || !m->probs) goto nomem;
+
+    for (int i = 0; i < nlayers; i++) {
+        layer_t *l = &m->L[i];
+        const dt_layer_spec *s = &l->spec;
+        size_t n_out = (size_t)max_batch * numel3(l->out);
+        l->act = dt_alloc(sizeof(float) * n_out);
+        l->dact = dt_alloc(sizeof(float) * n_out);
+        if (!l->act || !l->dact) goto nomem;
+        if (s->kind == DT_LAYER_CONV2D) {
+            size_t nc = dt_conv2d_col_size(max_batch, l->in[0], l->in[1], l->in[2], s->kernel,
+                                           s->stride ? s->stride : 1, s->pad);
+            l->aux = dt_alloc(sizeof(float) * nc);
+            l->aux2 = dt_alloc(sizeof(float) * nc);
+            if (!l->aux || !l->aux2) goto nomem;
+        } else if (s->kind == DT_LAYER_LAYERNORM) {
+            if (!(l->aux = dt_alloc(sizeof(float) * 2 * max_batch))) goto nomem;
+        } else if (s->kind == DT_LAYER_DROPOUT) {
+            if (!(l->aux = dt_alloc(sizeof(float) * n_out))) goto nomem;
+        } else if (s->kind == DT_LAYER_MAXPOOL) {
+            if (!(l->argmax = dt_alloc(sizeof(int32_t) * n_out))) goto nomem;
+        }
+        // Named tensors, PyTorch nn.Sequential style: "<index>.weight".
+        if (l->w_n) {
+            dt_tensor_info *t = &m->tensors[m->ntensors];
+            snprintf(m->names[m->ntensors], 32, "%d.weight", i);
+            t->name = m->names[m->ntensors++];
+            t->offset = l->w_off;
+            t->numel = l->w_n;
+            if (s->kind == DT_LAYER_CONV2D) {
+                t->ndim = 4;
+                t->shape[0] = s->out;
+                t->shape[1] = l->in[0];
+                t->shape[2] = t->shape[3] = s->kernel;
+            } else if (s->kind == DT_LAYER_LINEAR) {
+                t->ndim = 2;
+                t->shape[0] = s->out;
+                t->shape[1] = l->in[0];
+            } else {
+                t->ndim = 1;
+                t->shape[0] = (int64_t)l->w_n;
+            }
+        }
+        if (l->b_n) {
+            dt_tensor_info *t = &m->tensors[m->ntensors];
+            snprintf(m->names[m->ntensors], 32, "%d.bias", i);
+            t->name = m->names[m->ntensors++];
+            t->offset = l->b_off;
+            t->numel = l->b_n;
+            t->ndim = 1;
+            t->shape[0] = (int64_t)l->b_n;
+        }
+    }
+    *out = m;
+    return DT_OK;
+nomem:
+    dt_model_free(m);
+    return dt_error(DT_ERR_NOMEM, "model: out of memory allocating parameters and activations for batch %d",
+                    max_batch);
+}
+
+void dt_model_init(dt_model *m, uint64_t seed) {
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    for (int i = 0; i < m->nlayers; i++) {
+        layer_t *l = &m->L[i];
+        float *w = m->params + l->w_off, *b = m->params + l->b_off;
+        if (l->spec.kind == DT_LAYER_LAYERNORM) {
+            for (size_t j = 0; j < l->w_n; j++) w[j] = 1.0f;
+            for (size_t j = 0; j < l->b_n; j++) b[j] = 0.0f;
+        } else if (l->w_n) {
+            size_t fan_in = l->w_n / (size_t)l->spec.out;
+            float bound = 1.0f / sqrtf((float)fan_in);
+            for (size_t j = 0; j < l->w_n; j++) w[j] = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound;
+            for (size_t j = 0; j < l->b_n; j++) b[j] = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound;
+        }
+    }
+    dt_rng_seed(&m->rng, seed ^ 0x5eed0d120f0a11ULL);
+}
+
+size_t dt_model_num_params(const dt_model *m) { return m->nparams; }
+float *dt_model_params(dt_model *m) { return m->params; }
+float *dt_model_grads(dt_model *m) { return m->grads; }
+int dt_model_num_classes(const dt_model *m) { return m->L[m->nlayers - 1].out[0]; }
+int dt_model_input_size(const dt_model *m) { return (int)numel3(m->in_shape); }
+dt_rng *dt_model_rng(dt_model *m) { return &m->rng; }
+int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
+const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
+    return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
+}
+const float *dt_model_logits(const dt_model *m) { return m->L[m->nlayers - 1].act; }
+const float *dt_model_probs(const dt_model *m) { return m->probs; }
+
+void dt_model_zero_grad(dt_model *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
+
+dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, int B, int train,
+                           float *loss) {
+    if (B <= 0 || B > m->max_batch)
+        return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, m->max_batch);
+    const float *in = x;
+    for (int i = 0; i < m->nlayers; i++) {
+        layer_t *l = &m->L[i];
+        const dt_layer_spec *s = &l->spec;
+        const float *w = m->params + l->w_off, *b = m->params + l->b_off;
+        size_t n = (size_t)B * numel3(l->out);
+        switch (s->kind) {
+        case DT_LAYER_LINEAR:
+            dt_linear_forward(l->act, in, w, b, B, l->in[0], l->out[0]);
+            break;
+        case DT_LAYER_CONV2D:
+            dt_conv2d_forward(l->act, l->aux, in, w, b, B, l->in[0], l->in[1], l->in[2],
+                              l->out[0], s->kernel, s->stride ? s->stride : 1, s->pad);
+            break;
+        case DT_LAYER_MAXPOOL:
+            dt_maxpool_forward(l->act, l->argmax, in, B, l->in[0], l->in[1], l->in[2], s->kernel,
+                               s->stride ? s->stride : s->kernel);
+            break;
+        case DT_LAYER_RELU: dt_relu_forward(l->act, in, n); break;
+        case DT_LAYER_GELU: dt_gelu_forward(l->act, in, n); break;
+        case DT_LAYER_LAYERNORM:
+            dt_layernorm_forward(l->act, l->aux, l->aux + m->max_batch, in, w, b, B, l->in[0],
+                                 s->eps > 0 ? s->eps : 1e-5f);
+            break;
+        case DT_LAYER_DROPOUT:
+            if (train && s->p > 0.0f) dt_dropout_forward(l->act, l->aux, in, n, s->p, &m->rng);
+            else memcpy(l->act, in, sizeof(float) * n);
+            break;
+        case DT_LAYER_FLATTEN: memcpy(l->act, in, sizeof(float) * n); break;
+        }
+        in = l->act;
+    }
+    m->input = x;
+    m->targets = targets;
+    m->last_B = B;
+    m->last_train = train;
+    if (targets) {
+        int V = dt_model_num_classes(m);
+        for (int i = 0; i < B; i++)
+            if (targets[i] < 0 || targets[i] >= V)
+                return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d",
+                                (int)targets[i], i, V - 1);
+        float l = dt_crossentropy_forward(m->probs, in, targets, B, V);
+        if (loss) *loss = l;
+        if (!isfinite(l))
+            return dt_error(DT_ERR_NUMERIC, "model: loss is %s (diverged: lower the learning rate or clip gradients)",
+                            isnan(l) ? "NaN" : "Inf");
+    }
+    return DT_OK;
+}
+
+dt_status dt_model_backward(dt_model *m) {
+    if (!m->targets) return dt_error(DT_ERR_ARG, "model: backward needs a forward with targets");
+    int B = m->last_B;
+    for (int i = 0; i < m->nlayers; i++)
+        memset(m->L[i].dact, 0, sizeof(float) * B * numel3(m->L[i].out));
+    layer_t *last = &m->L[m->nlayers - 1];
+    dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], 1.0f);
+    for (int i = m->nlayers - 1; i >= 0; i--) {
+        layer_t *l = &m->L[i];
+        const dt_layer_spec *s = &l->spec;
+        const float *in = i > 0 ? m->L[i - 1].act : m->input;
+        float *din = i > 0 ? m->L[i - 1].dact : NULL;
+        const float *w = m->params + l->w_off;
+        float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
+        size_t n = (size_t)B * numel3(l->out);
+        switch (s->kind) {
+        case DT_LAYER_LINEAR:
+            dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
+            break;
+        case DT_LAYER_CONV2D:
+            dt_conv2d_backward(din, dw, db, l->aux2, l->dact, l->aux, w, B, l->in[0], l->in[1],
+                               l->in[2], l->out[0], s->kernel, s->stride ? s->stride : 1, s->pad);
+            break;
+        case DT_LAYER_MAXPOOL:
+            if (din)
+                dt_maxpool_backward(din, l->dact, l->argmax, B, l->in[0], l->in[1], l->in[2],
+                                    s->kernel, s->stride ? s->stride : s->kernel);
+            break;
+        case DT_LAYER_RELU:
+            if (din) dt_relu_backward(din, l->dact, in, n);
+            break;
+        case DT_LAYER_GELU:
+            if (din) dt_gelu_backward(din, l->dact, in, n);
+            break;
+        case DT_LAYER_LAYERNORM:
+            dt_layernorm_backward(din, dw, db, l->dact, in, w, l->aux, l->aux + m->max_batch, B,
+                                  l->in[0]);
+            break;
+        case DT_LAYER_DROPOUT:
+            if (!din) break;
+            if (m->last_train && s->p > 0.0f) dt_dropout_backward(din, l->dact, l->aux, n);
+            else
+                for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
+            break;
+        case DT_LAYER_FLATTEN:
+            if (din)
+                for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
+            break;
+        }
+    }
+    return DT_OK;
+}

@@ -1,0 +1,150 @@
+/* SGD (momentum, Nesterov, weight decay) and AdamW over flat arrays, with
+ * the update rules of torch.optim.SGD and torch.optim.AdamW; global-norm
+ * clipping; learning-rate schedules. */
+#include "dtrain/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+struct dt_optim {
+    dt_optim_params p;
+    size_t n;
+    int64_t t;        // steps taken
+    float *s0, *s1;   // SGD: momentum; AdamW: m, v
+};
+
+dt_optim_params dt_optim_default_params(dt_optim_kind kind) {
+    dt_optim_params p = {0};
+    p.kind = kind;
+    p.beta1 = 0.9f;
+    p.beta2 = 0.999f;
+    p.eps = 1e-8f;
+    if (kind == DT_OPTIM_ADAMW) {
+        p.lr = 1e-3f;
+        p.weight_decay = 0.01f;
+    } else {
+        p.lr = 0.01f;
+    }
+    return p;
+}
+
+const char *dt_optim_kind_name(dt_optim_kind kind) {
+    return kind == DT_OPTIM_ADAMW ? "adamw" : "sgd";
+}
+
+dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n) {
+    *out = NULL;
+    dt_optim *o = calloc(1, sizeof *o);
+    if (!o) return dt_error(DT_ERR_NOMEM, "optimizer: out of memory");
+    o->p = *p;
+    o->n = n;
+    int nstate = dt_optim_num_states(o);
+    if (nstate >= 1 && !(o->s0 = dt_alloc(sizeof(float) * n))) goto nomem;
+    if (nstate >= 2 && !(o->s1 = dt_alloc(sizeof(float) * n))) goto nomem;
+    *out = o;
+    return DT_OK;
+nomem:
+    dt_optim_free(o);
+    return dt_error(DT_ERR_NOMEM, "optimizer: out of memory for state of %zu parameters", n);
+}
+
+void dt_optim_free(dt_optim *o) {
+    if (!o) return;
+    dt_free(o->s0);
+    dt_free(o->s1);
+    free(o);
+}
+
+int64_t *dt_optim_step_count(dt_optim *o) { return &o->t; }
+
+int dt_optim_num_states(const dt_optim *o) {
+    if (o->p.kind == DT_OPTIM_ADAMW) return 2;
+    return o->p.momentum != 0.0f ? 1 : 0;
+}
+
+float *dt_optim_state(dt_optim *o, int i) { return i == 0 ? o->s0 : i == 1 ? o->s1 : NULL; }
+
+void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale) {
+    const dt_optim_params *p = &o->p;
+    size_t n = o->n;
+    o->t++;
+    if (p->kind == DT_OPTIM_ADAMW) {
+        float b1 = p->beta1, b2 = p->beta2, eps = p->eps, wd = p->weight_decay;
+        float bc1 = 1.0f - powf(b1, (float)o->t), bc2 = 1.0f - powf(b2, (float)o->t);
+        float step = lr / bc1, rbc2 = 1.0f / sqrtf(bc2);
+        float *m = o->s0, *v = o->s1;
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            float g = grads[i] * grad_scale;
+            m[i] = b1 * m[i] + (1.0f - b1) * g;
+            v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+            float w = params[i] * (1.0f - lr * wd);
+            params[i] = w - step * m[i] / (sqrtf(v[i]) * rbc2 + eps);
+        }
+        return;
+    }
+    float mu = p->momentum, wd = p->weight_decay;
+    float *buf = o->s0;
+    int first = o->t == 1, nesterov = p->nesterov;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale + wd * params[i];
+        if (buf) {
+            buf[i] = first ? g : mu * buf[i] + g;
+            g = nesterov ? g + mu * buf[i] : buf[i];
+        }
+        params[i] -= lr * g;
+    }
+}
+
+double dt_sum_squares(const float *g, size_t n) {
+    // Fixed-size blocks summed in order: the result does not depend on the
+    // thread count.
+    enum { BLK = 4096 };
+    size_t nb = (n + BLK - 1) / BLK;
+    double *part = malloc(sizeof(double) * (nb ? nb : 1));
+    if (!part) {
+        double s = 0;
+        for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+        return s;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * BLK, hi = lo + BLK < n ? lo + BLK : n;
+        double s = 0;
+        for (size_t i = lo; i < hi; i++) s += (double)g[i] * g[i];
+        part[b] = s;
+    }
+    double s = 0;
+    for (size_t b = 0; b < nb; b++) s += part[b];
+    free(part);
+    return s;
+}
+
+float dt_clip_scale(double norm, float clip_norm) {
+    if (clip_norm <= 0.0f || !(norm > clip_norm)) return 1.0f;
+    return (float)(clip_norm / (norm + 1e-6));
+}
+
+// ----------------------------------------------------------------------------
+// schedules
+
+const char *dt_sched_kind_name(dt_sched_kind kind) {
+    switch (kind) {
+    case DT_SCHED_COSINE: return "cosine";
+    case DT_SCHED_LINEAR: return "linear";
+    default: return "constant";
+    }
+}
+
+float dt_schedule_lr(const dt_schedule *s, int64_t step) {
+    if (s->warmup_steps > 0 && step < s->warmup_steps)
+        return s->lr * (float)(step + 1) / (float)s->warmup_steps;
+    if (s->kind == DT_SCHED_CONSTANT) return s->lr;
+    int64_t span = s->total_steps - s->warmup_steps;
+    if (span <= 0) return s->lr;
+    double frac = (double)(step - s->warmup_steps) / (double)span;
+    if (frac > 1.0) frac = 1.0;
+    double k = s->kind == DT_SCHED_COSINE ? 0.5 * (1.0 + cos(M_PI * frac)) : 1.0 - frac;
+    return (float)(s->min_lr + (s->lr - s->min_lr) * k);
+}

@@ -1,0 +1,452 @@
+/* Run configs: INI text read with libinih, every key looked up in one field
+ * table that also drives validation, defaults and dt_config_write(). */
+#include "dtrain/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// the field table
+
+typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_BOOL, F_STR, F_ENUM } ftype;
+
+typedef struct {
+    const char *sec, *key;
+    ftype type;
+    size_t off, size;        // size: for F_STR, the buffer length
+    double lo, hi;           // inclusive range for numbers
+    const char *const *choices;  // F_ENUM: NULL-terminated names, stored as int index
+} field;
+
+static const char *const optim_names[] = {"sgd", "adamw", NULL};
+static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
+static const char *const dataset_names[] = {"fashion-mnist", NULL};
+
+#define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
+static const field fields[] = {
+    {"run", "name", F_STR, O(name), 0, 0, NULL},
+    {"model", "preset", F_STR, O(preset), 0, 0, NULL},
+    {"data", "dataset", F_ENUM, O(dataset), 0, 0, dataset_names},
+    {"data", "dir", F_STR, O(data_dir), 0, 0, NULL},
+    {"data", "mean", F_FLOAT, O(mean), -1e6, 1e6, NULL},
+    {"data", "std", F_FLOAT, O(std), 1e-9, 1e6, NULL},
+    {"data", "shuffle", F_BOOL, O(shuffle), 0, 1, NULL},
+    {"data", "prefetch", F_BOOL, O(prefetch), 0, 1, NULL},
+    {"data", "drop_last", F_BOOL, O(drop_last), 0, 1, NULL},
+    {"optim", "name", F_ENUM, O(optim.kind), 0, 0, optim_names},
+    {"optim", "lr", F_FLOAT, O(optim.lr), 1e-12, 1e3, NULL},
+    {"optim", "momentum", F_FLOAT, O(optim.momentum), 0, 0.999999, NULL},
+    {"optim", "nesterov", F_BOOL, O(optim.nesterov), 0, 1, NULL},
+    {"optim", "weight_decay", F_FLOAT, O(optim.weight_decay), 0, 10, NULL},
+    {"optim", "beta1", F_FLOAT, O(optim.beta1), 0, 0.999999, NULL},
+    {"optim", "beta2", F_FLOAT, O(optim.beta2), 0, 0.999999999, NULL},
+    {"optim", "eps", F_FLOAT, O(optim.eps), 1e-30, 1, NULL},
+    {"optim", "clip_norm", F_FLOAT, O(optim.clip_norm), 0, 1e9, NULL},
+    {"schedule", "name", F_ENUM, O(sched), 0, 0, sched_names},
+    {"schedule", "warmup_steps", F_I64, O(warmup_steps), 0, 1e15, NULL},
+    {"schedule", "min_lr", F_FLOAT, O(min_lr), 0, 1e3, NULL},
+    {"train", "batch", F_INT, O(batch), 1, 1 << 20, NULL},
+    {"train", "eval_batch", F_INT, O(eval_batch), 1, 1 << 20, NULL},
+    {"train", "epochs", F_INT, O(epochs), 0, 1e6, NULL},
+    {"train", "max_steps", F_I64, O(max_steps), 0, 1e15, NULL},
+    {"train", "seed", F_U64, O(seed), 0, 1.8e19, NULL},
+    {"train", "threads", F_INT, O(threads), 0, 4096, NULL},
+    {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
+};
+#undef O
+#define NFIELDS (int)(sizeof fields / sizeof fields[0])
+
+void dt_config_defaults(dt_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "run");
+    c->input[0] = 1;
+    c->input[1] = 28;
+    c->input[2] = 28;
+    snprintf(c->dataset, sizeof c->dataset, "fashion-mnist");
+    snprintf(c->data_dir, sizeof c->data_dir, "/usr/share/datasets/fashion-mnist");
+    // Fashion-MNIST's training-set pixel mean and standard deviation.
+    c->mean = 0.2860f;
+    c->std = 0.3530f;
+    c->shuffle = 1;
+    c->prefetch = 1;
+    c->optim = dt_optim_default_params(DT_OPTIM_SGD);
+    c->sched = DT_SCHED_CONSTANT;
+    c->batch = 64;
+    c->eval_batch = 1000;
+    c->epochs = 1;
+    c->seed = 1;
+    c->log_every = 100;
+}
+
+// ----------------------------------------------------------------------------
+// layers and presets
+
+static const char *const preset_mlp[] = {"flatten", "linear out=1024", "relu", "linear out=1024",
+                                         "relu", "linear out=10", NULL};
+static const char *const preset_cnn[] = {
+    "conv2d out=32 kernel=5 pad=2", "relu", "maxpool kernel=2", "conv2d out=64 kernel=5 pad=2",
+    "relu", "maxpool kernel=2", "flatten", "linear out=1024", "relu", "dropout p=0.4",
+    "linear out=10", NULL};
+
+static const struct {
+    const char *name;
+    const char *const *layers;
+} presets[] = {{"mlp", preset_mlp}, {"cnn", preset_cnn}};
+
+// Parses "conv2d out=32 kernel=5 pad=2" into *s; on error writes why to err.
+static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t errn) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    memset(s, 0, sizeof *s);
+    char *save = NULL, *tok = strtok_r(buf, " \t", &save);
+    if (!tok) return snprintf(err, errn, "empty layer"), -1;
+    int k;
+    for (k = DT_LAYER_LINEAR; k <= DT_LAYER_FLATTEN; k++)
+        if (!strcmp(tok, dt_layer_kind_name((dt_layer_kind)k))) break;
+    if (k > DT_LAYER_FLATTEN)
+        return snprintf(err, errn, "unknown layer '%s' (expected linear, conv2d, maxpool, relu, gelu, layernorm, dropout or flatten)", tok), -1;
+    s->kind = (dt_layer_kind)k;
+    // Which parameters each kind takes.
+    const char *allowed = s->kind == DT_LAYER_LINEAR    ? "out"
+                          : s->kind == DT_LAYER_CONV2D  ? "out kernel stride pad"
+                          : s->kind == DT_LAYER_MAXPOOL ? "kernel stride"
+                          : s->kind == DT_LAYER_DROPOUT ? "p"
+                          : s->kind == DT_LAYER_LAYERNORM ? "eps" : "";
+    while ((tok = strtok_r(NULL, " \t", &save))) {
+        char *eq = strchr(tok, '=');
+        if (!eq) return snprintf(err, errn, "'%s': expected name=value", tok), -1;
+        *eq = 0;
+        const char *name = tok, *val = eq + 1;
+        char pat[40];
+        snprintf(pat, sizeof pat, " %s ", name);
+        char al[64];
+        snprintf(al, sizeof al, " %s ", allowed);
+        if (!strstr(al, pat))
+            return snprintf(err, errn, "%s takes no parameter '%s' (it takes: %s)",
+                            dt_layer_kind_name(s->kind), name, *allowed ? allowed : "none"), -1;
+        char *end;
+        errno = 0;
+        double v = strtod(val, &end);
+        if (end == val || *end || errno || !isfinite(v))
+            return snprintf(err, errn, "%s=%s: expected a number", name, val), -1;
+        int is_int = strcmp(name, "p") && strcmp(name, "eps");
+        if (is_int && (v != floor(v) || v < 0 || v > 1e6))
+            return snprintf(err, errn, "%s=%s: expected a whole number from 0 to 1000000", name, val), -1;
+        if (!strcmp(name, "out")) s->out = (int)v;
+        else if (!strcmp(name, "kernel")) s->kernel = (int)v;
+        else if (!strcmp(name, "stride")) s->stride = (int)v;
+        else if (!strcmp(name, "pad")) s->pad = (int)v;
+        else if (!strcmp(name, "p")) {
+            if (!(v >= 0 && v < 1)) return snprintf(err, errn, "p=%s: expected a probability in [0, 1)", val), -1;
+            s->p = (float)v;
+        } else if (!strcmp(name, "eps")) {
+            if (!(v > 0 && v < 1)) return snprintf(err, errn, "eps=%s: expected a number in (0, 1)", val), -1;
+            s->eps = (float)v;
+        }
+    }
+    if ((s->kind == DT_LAYER_LINEAR || s->kind == DT_LAYER_CONV2D) && s->out <= 0)
+        return snprintf(err, errn, "%s needs out=N (N > 0)", dt_layer_kind_name(s->kind)), -1;
+    if ((s->kind == DT_LAYER_CONV2D || s->kind == DT_LAYER_MAXPOOL) && s->kernel <= 0)
+        return snprintf(err, errn, "%s needs kernel=N (N > 0)", dt_layer_kind_name(s->kind)), -1;
+    return 0;
+}
+
+// Formats a layer back into config text.
+static void format_layer(const dt_layer_spec *s, char *buf, size_t n) {
+    int w = snprintf(buf, n, "%s", dt_layer_kind_name(s->kind));
+    switch (s->kind) {
+    case DT_LAYER_LINEAR: snprintf(buf + w, n - w, " out=%d", s->out); break;
+    case DT_LAYER_CONV2D:
+        snprintf(buf + w, n - w, " out=%d kernel=%d stride=%d pad=%d", s->out, s->kernel,
+                 s->stride ? s->stride : 1, s->pad);
+        break;
+    case DT_LAYER_MAXPOOL:
+        snprintf(buf + w, n - w, " kernel=%d stride=%d", s->kernel, s->stride ? s->stride : s->kernel);
+        break;
+    case DT_LAYER_DROPOUT: snprintf(buf + w, n - w, " p=%g", s->p); break;
+    case DT_LAYER_LAYERNORM: snprintf(buf + w, n - w, " eps=%g", s->eps > 0 ? s->eps : 1e-5); break;
+    default: break;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// parsing
+
+typedef struct {
+    dt_config *c;
+    const char *what;   // file name, or "--set"
+    int line;           // current line (counted by the reader)
+    int failed;
+    int file_layers;    // layer lines seen
+    int preset_line;
+    // the stream being read
+    const char *text;
+    size_t pos;
+} parser;
+
+static int fail(parser *p, const char *sec, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(parser *p, const char *sec, const char *key, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (p->line > 0) dt_error(DT_ERR_CONFIG, "%s:%d: [%s] %s: %s", p->what, p->line, sec, key, msg);
+    else dt_error(DT_ERR_CONFIG, "%s: [%s] %s: %s", p->what, sec, key, msg);
+    p->failed = 1;
+    return 0;
+}
+
+static int set_field(parser *p, const field *f, const char *val) {
+    char *dst = (char *)p->c + f->off;
+    char *end;
+    errno = 0;
+    switch (f->type) {
+    case F_STR:
+        if (strlen(val) >= f->size)
+            return fail(p, f->sec, f->key, "value longer than %zu characters", f->size - 1);
+        snprintf(dst, f->size, "%s", val);
+        return 1;
+    case F_BOOL:
+        if (!strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "1") || !strcmp(val, "on")) *(int *)dst = 1;
+        else if (!strcmp(val, "false") || !strcmp(val, "no") || !strcmp(val, "0") || !strcmp(val, "off")) *(int *)dst = 0;
+        else return fail(p, f->sec, f->key, "expected true or false, got '%s'", val);
+        return 1;
+    case F_ENUM: {
+        for (int i = 0; f->choices[i]; i++)
+            if (!strcmp(val, f->choices[i])) {
+                if (f->size == sizeof(int)) *(int *)dst = i;
+                else snprintf(dst, f->size, "%s", val);
+                return 1;
+            }
+        char list[200] = "";
+        for (int i = 0; f->choices[i]; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", f->choices[i]);
+        return fail(p, f->sec, f->key, "expected one of %s, got '%s'", list, val);
+    }
+    default: break;
+    }
+    double v = strtod(val, &end);
+    if (end == val || *end || errno == ERANGE || !isfinite(v))
+        return fail(p, f->sec, f->key, "expected a number, got '%s'", val);
+    int integral = f->type == F_INT || f->type == F_I64 || f->type == F_U64;
+    if (integral && v != floor(v))
+        return fail(p, f->sec, f->key, "expected a whole number, got '%s'", val);
+    if (v < f->lo || v > f->hi)
+        return fail(p, f->sec, f->key, "expected a value from %g to %g, got '%s'", f->lo, f->hi, val);
+    switch (f->type) {
+    case F_INT: *(int *)dst = (int)v; break;
+    case F_I64: *(int64_t *)dst = (int64_t)v; break;
+    case F_U64: *(uint64_t *)dst = strtoull(val, NULL, 10); break;
+    case F_FLOAT: *(float *)dst = (float)v; break;
+    default: break;
+    }
+    return 1;
+}
+
+static int set_input(parser *p, const char *val) {
+    int d[3] = {0, 1, 1}, n = 0;
+    const char *s = val;
+    while (n < 3) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x <= 0 || x > 1 << 20) break;
+        d[n++] = (int)x;
+        s = end;
+        if (*s == 'x') s++;
+        else break;
+    }
+    if (n == 0 || *s) return fail(p, "model", "input", "expected CxHxW or a feature count (e.g. 1x28x28 or 784), got '%s'", val);
+    memcpy(p->c->input, d, sizeof d);
+    return 1;
+}
+
+static int handle(void *user, const char *sec, const char *key, const char *val) {
+    parser *p = user;
+    if (p->failed) return 0;
+    if (!strcmp(sec, "model") && !strcmp(key, "layer")) {
+        dt_config *c = p->c;
+        if (c->nlayers >= DT_MAX_LAYERS) return fail(p, sec, key, "more than %d layers", DT_MAX_LAYERS);
+        char err[300];
+        if (parse_layer(val, &c->layers[c->nlayers], err, sizeof err) != 0) return fail(p, sec, key, "%s", err);
+        c->nlayers++;
+        p->file_layers++;
+        return 1;
+    }
+    if (!strcmp(sec, "model") && !strcmp(key, "input")) return set_input(p, val);
+    for (int i = 0; i < NFIELDS; i++)
+        if (!strcmp(fields[i].sec, sec) && !strcmp(fields[i].key, key)) {
+            if (!strcmp(sec, "model") && !strcmp(key, "preset")) p->preset_line = p->line ? p->line : -1;
+            return set_field(p, &fields[i], val);
+        }
+    int known_sec = !strcmp(sec, "model");
+    for (int i = 0; i < NFIELDS && !known_sec; i++) known_sec = !strcmp(fields[i].sec, sec);
+    if (!known_sec)
+        return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule or train)", sec);
+    char keys[400] = "";
+    if (!strcmp(sec, "model")) snprintf(keys, sizeof keys, "preset, input, layer");
+    for (int i = 0; i < NFIELDS; i++)
+        if (!strcmp(fields[i].sec, sec) && strcmp(fields[i].key, "preset"))
+            snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s%s", *keys ? ", " : "", fields[i].key);
+    return fail(p, sec, key, "unknown key (keys of [%s]: %s)", sec, keys);
+}
+
+// ini_reader over a string that counts lines.
+static char *read_line(char *str, int num, void *stream) {
+    parser *p = stream;
+    const char *s = p->text + p->pos;
+    if (!*s) return NULL;
+    int i = 0;
+    while (s[i] && s[i] != '\n' && i < num - 1) {
+        str[i] = s[i];
+        i++;
+    }
+    size_t adv = i;
+    if (s[i] == '\n') {
+        if (i < num - 1) str[i++] = '\n';
+        adv++;
+    } else if (s[i]) {
+        // Line longer than the buffer: skip the rest of it.
+        while (s[adv] && s[adv] != '\n') adv++;
+        if (s[adv] == '\n') adv++;
+    }
+    str[i] = 0;
+    p->pos += adv;
+    p->line++;
+    return str;
+}
+
+static dt_status finish(dt_config *c, const char *what) {
+    if (c->preset[0]) {
+        int found = -1;
+        for (int i = 0; i < (int)(sizeof presets / sizeof presets[0]); i++)
+            if (!strcmp(c->preset, presets[i].name)) found = i;
+        if (found < 0) return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected mlp or cnn, got '%s'", what, c->preset);
+        c->nlayers = 0;
+        for (const char *const *l = presets[found].layers; *l; l++) {
+            char err[300];
+            if (parse_layer(*l, &c->layers[c->nlayers++], err, sizeof err) != 0)
+                return dt_error(DT_ERR_INTERNAL, "preset %s: %s", c->preset, err);
+        }
+    }
+    if (c->nlayers == 0)
+        return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
+    if (c->epochs == 0 && c->max_steps == 0)
+        return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
+    if (c->min_lr > c->optim.lr)
+        return dt_error(DT_ERR_CONFIG, "%s: [schedule] min_lr (%g) is above [optim] lr (%g)", what, c->min_lr, c->optim.lr);
+    return DT_OK;
+}
+
+dt_status dt_config_parse(dt_config *c, const char *text, const char *what, const char *const *overrides,
+                          int noverrides) {
+    dt_config_defaults(c);
+    // The run name defaults to the file's stem.
+    const char *base = strrchr(what, '/');
+    base = base ? base + 1 : what;
+    snprintf(c->name, sizeof c->name, "%.*s", (int)strcspn(base, "."), base);
+    parser p = {.c = c, .what = what, .text = text};
+    int rc = ini_parse_stream(read_line, &p, handle, &p);
+    if (p.failed) return DT_ERR_CONFIG;
+    if (rc != 0)
+        return dt_error(DT_ERR_CONFIG, "%s:%d: syntax error (expected '[section]', 'key = value' or a ';' comment)",
+                        what, rc > 0 ? rc : 0);
+    if (p.preset_line && p.file_layers)
+        return dt_error(DT_ERR_CONFIG, "%s: [model]: give either 'preset' or 'layer' lines, not both", what);
+    // --set section.key=value overrides, applied in order.
+    parser q = {.c = c, .what = "--set"};
+    for (int i = 0; i < noverrides; i++) {
+        const char *o = overrides[i], *dot = strchr(o, '.'), *eq = strchr(o, '=');
+        if (!dot || !eq || dot > eq || dot == o || eq == dot + 1)
+            return dt_error(DT_ERR_CONFIG, "--set '%s': expected section.key=value", o);
+        char sec[64], key[64];
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - o), o);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+        if (!strcmp(sec, "model") && !strcmp(key, "layer"))
+            return dt_error(DT_ERR_CONFIG, "--set '%s': layers cannot be overridden; use --set model.preset=NAME or edit the file", o);
+        if (!strcmp(sec, "model") && !strcmp(key, "preset")) c->nlayers = 0;
+        handle(&q, sec, key, eq + 1);
+        if (q.failed) return DT_ERR_CONFIG;
+    }
+    return finish(c, what);
+}
+
+dt_status dt_config_load(dt_config *c, const char *path, const char *const *overrides, int noverrides) {
+    uint8_t *buf;
+    size_t len;
+    FILE *f = fopen(path, "rb");
+    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open config: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    rewind(f);
+    if (sz < 0 || sz > (16 << 20)) {
+        fclose(f);
+        return dt_error(DT_ERR_CONFIG, "%s: not a config file (size %ld)", path, sz);
+    }
+    buf = malloc((size_t)sz + 1);
+    len = buf ? fread(buf, 1, (size_t)sz, f) : 0;
+    fclose(f);
+    if (!buf) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    buf[len] = 0;
+    if (memchr(buf, 0, len)) {
+        free(buf);
+        return dt_error(DT_ERR_CONFIG, "%s: not a text file (contains NUL bytes)", path);
+    }
+    dt_status st = dt_config_parse(c, (const char *)buf, path, overrides, noverrides);
+    free(buf);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// writing
+
+dt_status dt_config_write(const dt_config *c, const char *path) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (!m) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    fprintf(m, "; resolved dtrain config (every field, presets expanded)\n");
+    const char *sec = "";
+    for (int i = 0; i < NFIELDS; i++) {
+        const field *f = &fields[i];
+        if (strcmp(sec, f->sec)) {
+            sec = f->sec;
+            fprintf(m, "\n[%s]\n", sec);
+            if (!strcmp(sec, "model")) {
+                fprintf(m, "input = %dx%dx%d\n", c->input[0], c->input[1], c->input[2]);
+                for (int l = 0; l < c->nlayers; l++) {
+                    char b[128];
+                    format_layer(&c->layers[l], b, sizeof b);
+                    fprintf(m, "layer = %s\n", b);
+                }
+            }
+        }
+        if (!strcmp(f->key, "preset")) continue;  // written out as layers above
+        const char *src = (const char *)c + f->off;
+        switch (f->type) {
+        case F_STR: fprintf(m, "%s = %s\n", f->key, src); break;
+        case F_BOOL: fprintf(m, "%s = %s\n", f->key, *(const int *)src ? "true" : "false"); break;
+        case F_ENUM:
+            fprintf(m, "%s = %s\n", f->key, f->size == sizeof(int) ? f->choices[*(const int *)src] : src);
+            break;
+        case F_INT: fprintf(m, "%s = %d\n", f->key, *(const int *)src); break;
+        case F_I64: fprintf(m, "%s = %lld\n", f->key, (long long)*(const int64_t *)src); break;
+        case F_U64: fprintf(m, "%s = %llu\n", f->key, (unsigned long long)*(const uint64_t *)src); break;
+        case F_FLOAT: fprintf(m, "%s = %.9g\n", f->key, *(const float *)src); break;
+        }
+    }
+    fclose(m);
+    const void *parts[] = {text};
+    size_t sizes[] = {len};
+    dt_status st = dt_write_atomic(path, parts, sizes, 1);
+    free(text);
+    return st;
+}
