@@ -11,7 +11,9 @@ pkgs=(build-essential cmake clang libomp-dev pkg-config
       zlib1g-dev libinih-dev libcjson-dev libdnnl-dev
       dataset-fashion-mnist)
 if [ "${1:-}" = "--bench" ]; then
-    pkgs+=(python3-torch python3-numpy)
+    # PyTorch, and an optimised BLAS for it (Debian's torch otherwise runs on
+    # the reference BLAS): the peer must be measured at its best.
+    pkgs+=(python3-torch python3-numpy libopenblas0-openmp)
 fi
 
 missing=()

@@ -39,14 +39,13 @@ DT_API void dt_linear_backward(float *dinp, float *dw, float *db, const float *d
 
 /* 2-D convolution, square kernel K, stride S, zero padding P.
  * inp[B,IC,H,W], w[OC,IC,K,K], b[OC], out[B,OC,OH,OW] with
- * OH = (H + 2P - K)/S + 1. col[B*OH*OW, IC*K*K] is scratch written by forward
- * (the im2col matrix) and read by backward; dt_conv2d_col_size() gives its
- * length in floats. */
-DT_API size_t dt_conv2d_col_size(int B, int IC, int H, int W, int K, int S, int P);
+ * OH = (H + 2P - K)/S + 1. col is scratch of dt_conv2d_col_size() floats,
+ * written by forward (the im2col matrix of the whole batch) and read by
+ * backward; dcol is scratch of the same size for backward. */
+DT_API size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P);
 DT_API void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w,
                               const float *b, int B, int IC, int H, int W, int OC,
                               int K, int S, int P);
-/* dcol is scratch of the same size as col. */
 DT_API void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol,
                                const float *dout, const float *col, const float *w,
                                int B, int IC, int H, int W, int OC, int K, int S, int P);

@@ -41,23 +41,39 @@ void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, co
 }
 
 // ----------------------------------------------------------------------------
-// conv2d as im2col + GEMM, one sample per thread at a time.
-// col for sample b is [KK, P] with KK = IC*K*K and P = OH*OW, so that
-// out_b[OC,P] = w[OC,KK] @ col_b[KK,P] needs no transpose.
+// conv2d as im2col + one GEMM over the whole batch.
+// With KK = IC*K*K, P = OH*OW and N = B*P, the scratch `col` holds
+//   cols[KK, N]   column block b*P.. of sample b (the im2col matrix)
+//   stage[OC, N]  the GEMM's output before it is transposed to NCHW
+// so out = W[OC,KK] @ cols is a single large GEMM, which runs far closer to
+// peak than B small ones and splits evenly across threads at any batch size.
 
 static inline int conv_out(int H, int K, int S, int P) { return (H + 2 * P - K) / S + 1; }
 
-size_t dt_conv2d_col_size(int B, int IC, int H, int W, int K, int S, int P) {
-    return (size_t)B * IC * K * K * conv_out(H, K, S, P) * conv_out(W, K, S, P);
+size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P) {
+    return (size_t)B * (IC * K * K + OC) * conv_out(H, K, S, P) * conv_out(W, K, S, P);
 }
 
-static void im2col(float *col, const float *img, int IC, int H, int W, int K, int S, int P,
-                   int OH, int OW) {
+// The output columns ow whose input column ow*S-P+kw falls inside [0, W).
+static inline void valid_cols(int W, int S, int P, int kw, int OW, int *lo, int *hi) {
+    int l = P - kw > 0 ? (P - kw + S - 1) / S : 0;          // first ow with iw >= 0
+    int h = (W - 1 + P - kw) >= 0 ? (W - 1 + P - kw) / S + 1 : 0; // one past last iw < W
+    if (h > OW) h = OW;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+// Writes sample img's im2col matrix [KK, OH*OW] into col with row stride ld.
+static void im2col(float *col, size_t ld, const float *img, int IC, int H, int W, int K, int S,
+                   int P, int OH, int OW) {
     for (int c = 0; c < IC; c++)
         for (int kh = 0; kh < K; kh++)
             for (int kw = 0; kw < K; kw++) {
-                float *row = col + ((size_t)(c * K + kh) * K + kw) * OH * OW;
+                float *row = col + ((size_t)(c * K + kh) * K + kw) * ld;
                 const float *ch = img + (size_t)c * H * W;
+                int lo, hi;
+                valid_cols(W, S, P, kw, OW, &lo, &hi);
                 for (int oh = 0; oh < OH; oh++) {
                     int ih = oh * S - P + kh;
                     float *r = row + oh * OW;
@@ -65,30 +81,36 @@ static void im2col(float *col, const float *img, int IC, int H, int W, int K, in
                         memset(r, 0, sizeof(float) * OW);
                         continue;
                     }
-                    const float *src = ch + (size_t)ih * W;
-                    for (int ow = 0; ow < OW; ow++) {
-                        int iw = ow * S - P + kw;
-                        r[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
-                    }
+                    const float *src = ch + (size_t)ih * W - P + kw;
+                    for (int ow = 0; ow < lo; ow++) r[ow] = 0.0f;
+                    if (S == 1) memcpy(r + lo, src + lo, sizeof(float) * (hi - lo));
+                    else
+                        for (int ow = lo; ow < hi; ow++) r[ow] = src[ow * S];
+                    for (int ow = hi; ow < OW; ow++) r[ow] = 0.0f;
                 }
             }
 }
 
-static void col2im(float *img, const float *col, int IC, int H, int W, int K, int S, int P,
-                   int OH, int OW) {
+// Adds the im2col-shaped gradient col [KK, OH*OW] (row stride ld) into img.
+static void col2im(float *img, const float *col, size_t ld, int IC, int H, int W, int K, int S,
+                   int P, int OH, int OW) {
     for (int c = 0; c < IC; c++)
         for (int kh = 0; kh < K; kh++)
             for (int kw = 0; kw < K; kw++) {
-                const float *row = col + ((size_t)(c * K + kh) * K + kw) * OH * OW;
+                const float *row = col + ((size_t)(c * K + kh) * K + kw) * ld;
                 float *ch = img + (size_t)c * H * W;
+                int lo, hi;
+                valid_cols(W, S, P, kw, OW, &lo, &hi);
                 for (int oh = 0; oh < OH; oh++) {
                     int ih = oh * S - P + kh;
                     if (ih < 0 || ih >= H) continue;
-                    float *dst = ch + (size_t)ih * W;
+                    float *dst = ch + (size_t)ih * W - P + kw;
                     const float *r = row + oh * OW;
-                    for (int ow = 0; ow < OW; ow++) {
-                        int iw = ow * S - P + kw;
-                        if (iw >= 0 && iw < W) dst[iw] += r[ow];
+                    if (S == 1) {
+#pragma omp simd
+                        for (int ow = lo; ow < hi; ow++) dst[ow] += r[ow];
+                    } else {
+                        for (int ow = lo; ow < hi; ow++) dst[ow * S] += r[ow];
                     }
                 }
             }
@@ -98,16 +120,21 @@ void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w,
                        int B, int IC, int H, int W, int OC, int K, int S, int P) {
     int OH = conv_out(H, K, S, P), OW = conv_out(W, K, S, P);
     int KK = IC * K * K, NP = OH * OW;
+    size_t N = (size_t)B * NP;
+    float *stage = col + (size_t)KK * N;
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < B; i++) {
-        float *col_b = col + (size_t)i * KK * NP;
-        float *out_b = out + (size_t)i * OC * NP;
-        im2col(col_b, inp + (size_t)i * IC * H * W, IC, H, W, K, S, P, OH, OW);
-        if (b)
-            for (int o = 0; o < OC; o++)
-                for (int p = 0; p < NP; p++) out_b[(size_t)o * NP + p] = b[o];
-        dt_sgemm(0, 0, OC, NP, KK, 1.0f, w, KK, col_b, NP, b ? 1.0f : 0.0f, out_b, NP);
-    }
+    for (int i = 0; i < B; i++)
+        im2col(col + (size_t)i * NP, N, inp + (size_t)i * IC * H * W, IC, H, W, K, S, P, OH, OW);
+    dt_sgemm(0, 0, OC, (int)N, KK, 1.0f, w, KK, col, (int)N, 0.0f, stage, (int)N);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int i = 0; i < B; i++)
+        for (int o = 0; o < OC; o++) {
+            const float *src = stage + (size_t)o * N + (size_t)i * NP;
+            float *dst = out + ((size_t)i * OC + o) * NP;
+            float bias = b ? b[o] : 0.0f;
+#pragma omp simd
+            for (int p = 0; p < NP; p++) dst[p] = src[p] + bias;
+        }
 }
 
 void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,
@@ -115,55 +142,29 @@ void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const fl
                         int K, int S, int P) {
     int OH = conv_out(H, K, S, P), OW = conv_out(W, K, S, P);
     int KK = IC * K * K, NP = OH * OW;
-    int nt = omp_get_max_threads();
-    if (nt > B) nt = B > 0 ? B : 1;
-    // Each thread sums the weight gradient of its own (static) run of samples
-    // into a private buffer; the buffers are then added in thread order.
-    float *dwp = dw ? calloc((size_t)nt * OC * KK, sizeof(float)) : NULL;
-    int use_partial = dwp != NULL;
-#pragma omp parallel num_threads(nt)
-    {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        int lo = (int)((long)B * t / T), hi = (int)((long)B * (t + 1) / T);
-        for (int i = lo; i < hi; i++) {
-            const float *dout_b = dout + (size_t)i * OC * NP;
-            const float *col_b = col + (size_t)i * KK * NP;
-            if (dw) {
-                float *acc = use_partial ? dwp + (size_t)t * OC * KK : NULL;
-                if (acc) dt_sgemm(0, 1, OC, KK, NP, 1.0f, dout_b, NP, col_b, NP, 1.0f, acc, KK);
-            }
-            if (dinp) {
-                float *dcol_b = dcol + (size_t)i * KK * NP;
-                dt_sgemm(1, 0, KK, NP, OC, 1.0f, w, KK, dout_b, NP, 0.0f, dcol_b, NP);
-                col2im(dinp + (size_t)i * IC * H * W, dcol_b, IC, H, W, K, S, P, OH, OW);
-            }
-        }
-    }
-    if (dw && use_partial) {
-        size_t n = (size_t)OC * KK;
-#pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < n; j++) {
-            float s = 0.0f;
-            for (int t = 0; t < nt; t++) s += dwp[(size_t)t * n + j];
-            dw[j] += s;
-        }
-    } else if (dw) {
-        // Allocation failed: fall back to a serial sum straight into dw.
-        for (int i = 0; i < B; i++)
-            dt_sgemm(0, 1, OC, KK, NP, 1.0f, dout + (size_t)i * OC * NP, NP,
-                     col + (size_t)i * KK * NP, NP, 1.0f, dw, KK);
-    }
-    free(dwp);
+    size_t N = (size_t)B * NP;
+    // dout (NCHW) -> dstage[OC, N], the layout of the forward GEMM's output.
+    float *dstage = dcol + (size_t)KK * N;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int i = 0; i < B; i++)
+        for (int o = 0; o < OC; o++)
+            memcpy(dstage + (size_t)o * N + (size_t)i * NP, dout + ((size_t)i * OC + o) * NP,
+                   sizeof(float) * NP);
+    if (dw) dt_sgemm(0, 1, OC, KK, (int)N, 1.0f, dstage, (int)N, col, (int)N, 1.0f, dw, KK);
     if (db) {
 #pragma omp parallel for schedule(static)
         for (int o = 0; o < OC; o++) {
+            const float *d = dstage + (size_t)o * N;
             float s = 0.0f;
-            for (int i = 0; i < B; i++) {
-                const float *d = dout + ((size_t)i * OC + o) * NP;
-                for (int p = 0; p < NP; p++) s += d[p];
-            }
+            for (size_t j = 0; j < N; j++) s += d[j];
             db[o] += s;
         }
+    }
+    if (dinp) {
+        dt_sgemm(1, 0, KK, (int)N, OC, 1.0f, w, KK, dstage, (int)N, 0.0f, dcol, (int)N);
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < B; i++)
+            col2im(dinp + (size_t)i * IC * H * W, dcol + (size_t)i * NP, N, IC, H, W, K, S, P, OH, OW);
     }
 }
 
@@ -178,14 +179,30 @@ void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, in
         const float *x = inp + (size_t)bc * H * W;
         float *o = out + (size_t)bc * OH * OW;
         int32_t *a = argmax + (size_t)bc * OH * OW;
+        if (K == 2 && S == 2) {  // the common case, without the window loops
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    int i0 = 2 * oh * W + 2 * ow, idx[4] = {i0, i0 + 1, i0 + W, i0 + W + 1};
+                    int mi = i0;
+                    float m = x[i0];
+                    for (int j = 1; j < 4; j++) {
+                        float v = x[idx[j]];
+                        if (v > m || (isnan(v) && !isnan(m))) m = v, mi = idx[j];
+                    }
+                    o[oh * OW + ow] = m;
+                    a[oh * OW + ow] = (int32_t)mi;
+                }
+            continue;
+        }
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
-                float m = -FLT_MAX;
                 int mi = (oh * S) * W + ow * S;
+                float m = x[mi];
                 for (int kh = 0; kh < K; kh++)
                     for (int kw = 0; kw < K; kw++) {
                         int idx = (oh * S + kh) * W + ow * S + kw;
-                        if (x[idx] > m) {
+                        // The first maximum wins; NaN propagates, as in PyTorch.
+                        if (x[idx] > m || (isnan(x[idx]) && !isnan(m))) {
                             m = x[idx];
                             mi = idx;
                         }

@@ -179,7 +179,7 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
         l->dact = dt_alloc(sizeof(float) * n_out);
         if (!l->act || !l->dact) goto nomem;
         if (s->kind == DT_LAYER_CONV2D) {
-            size_t nc = dt_conv2d_col_size(max_batch, l->in[0], l->in[1], l->in[2], s->kernel,
+            size_t nc = dt_conv2d_col_size(max_batch, l->in[0], l->in[1], l->in[2], s->out, s->kernel,
                                            s->stride ? s->stride : 1, s->pad);
             l->aux = dt_alloc(sizeof(float) * nc);
             l->aux2 = dt_alloc(sizeof(float) * nc);
