@@ -1,0 +1,85 @@
+/* fp32 GEMM candidates on this machine: oneDNN's dnnl_sgemm (what dtrain
+ * uses, through dt_sgemm) against OpenBLAS's cblas_sgemm, loaded at run time
+ * if present (Debian's libopenblas0), in the same run. Run OpenBLAS's rows
+ * again with OPENBLAS_CORETYPE=SkylakeX to see what a hand-set core type
+ * gives; dtrain's choice must not need such settings.
+ *
+ *   bench_gemm [--threads T] [--json]
+ *
+ * Shapes: square 1024, and the MLP/CNN training GEMMs (batch 256 / 64). */
+#include "dtrain/core.h"
+#include "kernels/kernels.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *,
+                               int, float, float *, int);
+enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
+
+static double time_gemm(int which, cblas_sgemm_fn ob, int ta, int tb, int M, int N, int K, const float *A,
+                        const float *B, float *C) {
+    int lda = ta ? M : K, ldb = tb ? K : N;
+    int reps = 0;
+    double t0 = dt_now(), t = 0;
+    for (int warm = 1; warm >= 0; warm--) {
+        reps = 0;
+        t0 = dt_now();
+        do {
+            if (which == 0) dt_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+            else ob(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+            reps++;
+            t = dt_now() - t0;
+        } while (t < (warm ? 0.1 : 0.5));
+    }
+    return 2.0 * M * N * K * reps / t / 1e9;
+}
+
+int main(int argc, char **argv) {
+    int threads = 1, json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else {
+            fprintf(stderr, "usage: bench_gemm [--threads T] [--json]\n");
+            return 2;
+        }
+    }
+    dt_set_threads(threads);
+    void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    cblas_sgemm_fn ob = h ? (cblas_sgemm_fn)dlsym(h, "cblas_sgemm") : NULL;
+    if (h) {
+        void (*set)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
+        if (set) set(threads);
+    }
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    static const struct { const char *name; int ta, tb, M, N, K; } shapes[] = {
+        {"square-1024", 0, 0, 1024, 1024, 1024},
+        {"mlp-fwd 256x1024x1024", 0, 1, 256, 1024, 1024},
+        {"mlp-dw 1024x1024x256", 1, 0, 1024, 1024, 256},
+        {"cnn-conv2-fwd 64x12544x800", 0, 0, 64, 12544, 800},
+        {"cnn-conv2-dcol 800x12544x64", 1, 0, 800, 12544, 64},
+    };
+    size_t maxn = 800u * 12544u;
+    float *A = malloc(sizeof(float) * maxn), *B = malloc(sizeof(float) * maxn), *C = malloc(sizeof(float) * maxn);
+    dt_rng r;
+    dt_rng_seed(&r, 1);
+    for (size_t i = 0; i < maxn; i++) A[i] = dt_rng_uniform(&r), B[i] = dt_rng_uniform(&r);
+    if (!json) printf("%-30s %8s %14s\n", "shape (MxNxK)", "oneDNN", ob ? "OpenBLAS" : "(no OpenBLAS)");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        double g0 = time_gemm(0, NULL, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C);
+        double g1 = ob ? time_gemm(1, ob, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C) : 0;
+        if (json) {
+            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"gflops\": %.1f}\n", shapes[s].name, threads, g0);
+            if (ob)
+                printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"openblas\", \"coretype\": \"%s\", \"gflops\": %.1f}\n",
+                       shapes[s].name, threads, core ? core : "auto", g1);
+        } else {
+            printf("%-30s %8.1f %14.1f\n", shapes[s].name, g0, g1);
+        }
+    }
+    free(A), free(B), free(C);
+    return 0;
+}
