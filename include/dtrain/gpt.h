@@ -1,0 +1,187 @@
+/*
+ * dtrain/gpt.h - a GPT-2 style language model, its layers, token files and
+ * llm.c-compatible weights.
+ *
+ * The model is GPT-2's decoder: token + position embedding, L blocks of
+ *
+ *   x = x + attn(layernorm1(x))      causal multi-head self-attention
+ *   x = x + mlp(layernorm2(x))       C -> 4C, GELU (tanh), 4C -> C
+ *
+ * a final layernorm, and an output head tied to the token embedding
+ * (logits = x @ wte^T). All parameters live in ONE contiguous block in
+ * llm.c's order (wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w,
+ * ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb), each per-layer tensor
+ * stacked over the L layers, so the block is byte for byte the payload of an
+ * llm.c checkpoint. The token embedding has padded_vocab_size rows (llm.c
+ * pads 50257 to 50304 for faster GEMMs); rows past vocab_size are never
+ * read by the head and get no gradient.
+ *
+ *   dt_gpt_config cfg;
+ *   dt_gpt_preset("gpt-tiny", &cfg);         // L2 C64 H4, vocab 256
+ *   dt_gpt *m;
+ *   dt_gpt_create(&m, &cfg, B, T);            // activations for B x T tokens
+ *   dt_gpt_init(m, seed);
+ *   dt_gpt_zero_grad(m);
+ *   dt_gpt_forward(m, inputs, targets, B, T, &loss);   // int32 [B,T] each
+ *   dt_gpt_backward(m);                        // grads into dt_gpt_grads(m)
+ *
+ * Layer kernels follow dtrain/nn.h's convention (outputs first; backward
+ * accumulates with +=; shapes in brackets, row-major fp32).
+ */
+#ifndef DTRAIN_GPT_H
+#define DTRAIN_GPT_H
+
+#include "dtrain/core.h"
+#include "dtrain/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- layer kernels ------------------------------------------------------- */
+
+/* out[B,T,C] = wte[inp[b,t]] + wpe[t]. inp values must be valid rows of wte
+ * (the model checks them; the kernel does not). */
+DT_API void dt_encoder_forward(float *out, const int32_t *inp, const float *wte,
+                               const float *wpe, int B, int T, int C);
+/* dwte[inp[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]. */
+DT_API void dt_encoder_backward(float *dwte, float *dwpe, const float *dout,
+                                const int32_t *inp, int B, int T, int C);
+
+/* out[N] = a[N] + b[N];  backward: da += dout, db += dout. */
+DT_API void dt_residual_forward(float *out, const float *a, const float *b, size_t N);
+DT_API void dt_residual_backward(float *da, float *db, const float *dout, size_t N);
+
+/* Causal multi-head self-attention over qkv[B,T,3C] (the query, key and
+ * value projections side by side, head h at channels h*hs..(h+1)*hs of each
+ * third, hs = C/NH): out[B,T,C] = softmax(q k^T / sqrt(hs), causal) v.
+ * The softmax is computed in place on the score matrix and saved as
+ * att[B,NH,T,T] (row t holds the probabilities over positions 0..t, zeros
+ * after); backward needs it and nothing else. Each (batch, head) pair is two
+ * GEMMs and a fused row softmax, spread over the threads. */
+DT_API void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                 int C, int NH);
+/* dqkv[B,T,3C] += gradient of the attention; datt[B,NH,T,T] is scratch. */
+DT_API void dt_attention_backward(float *dqkv, float *datt, const float *dout,
+                                  const float *qkv, const float *att, int B, int T, int C,
+                                  int NH);
+
+/* ---- the model ------------------------------------------------------------- */
+
+typedef struct {
+    int n_layer;            /* L */
+    int n_head;             /* NH; n_embd must be a multiple of it */
+    int n_embd;             /* C */
+    int block_size;         /* maxT: the longest context (rows of wpe) */
+    int vocab_size;         /* V */
+    int padded_vocab_size;  /* Vp >= V: rows of wte */
+} dt_gpt_config;
+
+/* Fills *c from a preset name: "gpt-tiny" (L2 C64 H4 T256 V256),
+ * "gpt-small" (L6 C384 H6 T256 V256), "gpt2-124m" (L12 C768 H12 T1024
+ * V50257 Vp50304). DT_ERR_ARG for another name. */
+DT_API dt_status dt_gpt_preset(const char *name, dt_gpt_config *c);
+/* Vocabulary padded as llm.c does: up to a multiple of 128. */
+DT_API int dt_gpt_pad_vocab(int V);
+/* Checks the sizes (all positive, C % NH == 0, Vp >= V, ...); `what` names
+ * the source in the message. */
+DT_API dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what);
+
+typedef struct dt_gpt dt_gpt;
+
+/* Builds a model with activation buffers for batches of up to B sequences of
+ * up to T tokens (T <= block_size). Parameters are zero until dt_gpt_init or
+ * a load. The caller frees *out with dt_gpt_free(). */
+DT_API dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T);
+DT_API void dt_gpt_free(dt_gpt *m);
+DT_API const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
+
+/* GPT-2's initialisation from `seed`: weights normal(0, 0.02), the two
+ * residual projections (attprojw, fcprojw) normal(0, 0.02/sqrt(2L)), biases
+ * 0, layernorm weights 1; wte's padding rows 0. */
+DT_API void dt_gpt_init(dt_gpt *m, uint64_t seed);
+
+DT_API size_t dt_gpt_num_params(const dt_gpt *m);
+DT_API float *dt_gpt_params(dt_gpt *m);
+DT_API float *dt_gpt_grads(dt_gpt *m);
+DT_API void dt_gpt_zero_grad(dt_gpt *m);
+/* The 16 parameter tensors in block order, named as in llm.c ("wte",
+ * "qkvw", ...); per-layer tensors have a leading dimension L. */
+DT_API int dt_gpt_num_tensors(const dt_gpt *m);
+DT_API const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i);
+
+/* Forward pass over inputs[B,T]. With targets[B,T] also computes the mean
+ * cross-entropy into *loss (targets may be NULL, then loss is not touched).
+ * Fails with DT_ERR_ARG when B or T exceed what the model was created for,
+ * T exceeds block_size, or a token id is outside [0, vocab_size). */
+DT_API dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets,
+                                int B, int T, float *loss);
+/* Logits [B,T,V] of the last forward; valid until the next backward. */
+DT_API const float *dt_gpt_logits(const dt_gpt *m);
+/* Backward of the last forward (which must have had targets): ACCUMULATES
+ * into the gradient block. */
+DT_API dt_status dt_gpt_backward(dt_gpt *m);
+
+/* ---- weights ------------------------------------------------------------ */
+
+/* safetensors with the 16 llm.c-named tensors and the sizes as metadata
+ * (n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab_size). */
+DT_API dt_status dt_gpt_save(const dt_gpt *m, const char *path);
+/* Loads weights saved by dt_gpt_save, or an llm.c checkpoint (told apart by
+ * its magic number); their sizes must equal the model's. */
+DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
+/* Reads only the sizes of a weights file (safetensors or llm.c). */
+DT_API dt_status dt_gpt_read_config(const char *path, dt_gpt_config *c);
+
+/* llm.c's checkpoint format (gpt2_124M.bin and what its trainer writes): a
+ * header of 256 int32 {20240326, 3, maxT, V, L, NH, C, Vp, 0...} then the
+ * fp32 parameter block. Parses `len` bytes (`what` names them in errors);
+ * on success *params points INTO buf. Checks magic, version, sizes and that
+ * the length is exactly header + parameters. */
+#define DT_LLMC_MAGIC 20240326
+#define DT_LLMC_VERSION 3
+DT_API dt_status dt_llmc_parse(const uint8_t *buf, size_t len, const char *what,
+                               dt_gpt_config *c, const float **params);
+/* Writes an llm.c checkpoint atomically. */
+DT_API dt_status dt_llmc_write(const char *path, const dt_gpt_config *c, const float *params);
+/* Number of floats in the parameter block of a config. */
+DT_API size_t dt_gpt_config_num_params(const dt_gpt_config *c);
+
+/* ---- token files --------------------------------------------------------- */
+
+/* llm.c's token format: a header of 256 int32 {20240520, 1, ntok, 0...} and
+ * ntok little-endian uint16 tokens. */
+#define DT_TOKENS_MAGIC 20240520
+#define DT_TOKENS_VERSION 1
+
+typedef struct {
+    const uint16_t *tokens;
+    size_t n;
+    void *map;          /* internal: the mapping */
+    size_t map_len;
+} dt_tokens;
+
+/* Checks a token-file buffer (magic, version, length = header + 2*ntok and
+ * every id < vocab). `what` names it in errors. On success *tokens points
+ * into buf. */
+DT_API dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int vocab,
+                                 const uint16_t **tokens, size_t *n);
+/* Memory-maps and checks a token file (as dt_tokens_parse). */
+DT_API dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab);
+DT_API void dt_tokens_close(dt_tokens *t);
+/* Writes tokens to path atomically in the format above. */
+DT_API dt_status dt_tokens_write(const char *path, const uint16_t *tokens, size_t n);
+/* B random windows of T+1 tokens: inputs[b,t] = tok[s_b + t],
+ * targets[b,t] = tok[s_b + t + 1], starts s_b drawn from rng. The file must
+ * hold at least T+1 tokens (DT_ERR_ARG otherwise). */
+DT_API dt_status dt_tokens_sample(const dt_tokens *t, dt_rng *rng, int B, int T,
+                                  int32_t *inputs, int32_t *targets);
+/* Batch i of consecutive windows (for validation): window j = i*B + b starts
+ * at j*T, wrapping at the end of the file. */
+DT_API dt_status dt_tokens_window(const dt_tokens *t, int64_t i, int B, int T, int32_t *inputs,
+                                  int32_t *targets);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

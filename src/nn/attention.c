@@ -1,0 +1,145 @@
+/* The GPT layer kernels that dtrain/nn.h does not already have: token +
+ * position embedding, residual add, and causal multi-head self-attention.
+ * Layernorm, GELU, linear and cross-entropy come from layers.c. */
+#include "dtrain/gpt.h"
+#include "kernels/kernels.h"
+
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// encoder: token + position embedding
+
+void dt_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                        int T, int C) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            const float *e = wte + (size_t)inp[b * T + t] * C, *p = wpe + (size_t)t * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+        }
+}
+
+void dt_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                         int T, int C) {
+    // Two positions may hold the same token, so the scatter into dwte is
+    // split over channels, not positions: each thread owns a slice of every
+    // row and visits positions in order (deterministic for any thread count).
+    if (dwte) {
+#pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            int lo = (int)((long)C * id / nt), hi = (int)((long)C * (id + 1) / nt);
+            for (int i = 0; i < B * T; i++) {
+                float *d = dwte + (size_t)inp[i] * C;
+                const float *g = dout + (size_t)i * C;
+                for (int c = lo; c < hi; c++) d[c] += g[c];
+            }
+        }
+    }
+    if (dwpe) {
+#pragma omp parallel for schedule(static)
+        for (int t = 0; t < T; t++)
+            for (int b = 0; b < B; b++) {
+                float *d = dwpe + (size_t)t * C;
+                const float *g = dout + ((size_t)b * T + t) * C;
+#pragma omp simd
+                for (int c = 0; c < C; c++) d[c] += g[c];
+            }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// residual
+
+void dt_residual_forward(float *out, const float *a, const float *b, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+void dt_residual_backward(float *da, float *db, const float *dout, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        if (da) da[i] += dout[i];
+        if (db) db[i] += dout[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// causal multi-head self-attention
+//
+// For one (batch b, head h) with q, k, v the [T, hs] slices of qkv (row
+// stride 3C):
+//   forward   S = q k^T / sqrt(hs)          GEMM  [T,hs] x [hs,T]
+//             A = causal_softmax(S)         row t over columns 0..t, in place
+//             y = A v                       GEMM  [T,T] x [T,hs] -> out (stride C)
+//   backward  dA = dy v^T                   GEMM
+//             dv += A^T dy                  GEMM
+//             dS = A * (dA - rowsum(dA*A)) / sqrt(hs)   (softmax backward)
+//             dq += dS k,  dk += dS^T q     GEMMs
+// Only A (the att buffer) is kept for backward. The (b, h) pairs are spread
+// over the threads; each GEMM then runs on one thread (dt_sgemm does so
+// inside a parallel region), which for T and hs of 64..1024 is the better
+// split than threading each small GEMM.
+//
+// The GEMMs compute the full T x T square although only the lower triangle
+// is used; the waste is the upper half of the two score-sized GEMMs, small
+// next to the model's linear layers at GPT-2 shapes.
+
+void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+            float *A = att + ((size_t)b * NH + h) * T * T;
+            dt_sgemm(0, 1, T, T, hs, scale, q, C3, k, C3, 0.0f, A, T);
+            for (int t = 0; t < T; t++) {
+                float *r = A + (size_t)t * T;
+                float mx = -FLT_MAX;
+                for (int j = 0; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+                float s = 0.0f;
+                for (int j = 0; j <= t; j++) {
+                    r[j] = expf(r[j] - mx);
+                    s += r[j];
+                }
+                float inv = 1.0f / s;
+                for (int j = 0; j <= t; j++) r[j] *= inv;
+                for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+            }
+            dt_sgemm(0, 0, T, hs, T, 1.0f, A, T, v, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);
+        }
+}
+
+void dt_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            size_t qo = (size_t)b * T * C3 + h * hs;
+            const float *q = qkv + qo, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + qo, *dk = dq + C, *dv = dq + 2 * C;
+            const float *A = att + ((size_t)b * NH + h) * T * T;
+            float *D = datt + ((size_t)b * NH + h) * T * T;
+            const float *dy = dout + (size_t)b * T * C + h * hs;
+            dt_sgemm(0, 1, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, D, T);
+            dt_sgemm(1, 0, T, hs, T, 1.0f, A, T, dy, C, 1.0f, dv, C3);
+            for (int t = 0; t < T; t++) {
+                float *d = D + (size_t)t * T;
+                const float *a = A + (size_t)t * T;
+                float s = 0.0f;
+                for (int j = 0; j <= t; j++) s += d[j] * a[j];
+                for (int j = 0; j <= t; j++) d[j] = a[j] * (d[j] - s) * scale;
+                for (int j = t + 1; j < T; j++) d[j] = 0.0f;
+            }
+            dt_sgemm(0, 0, T, hs, T, 1.0f, D, T, k, C3, 1.0f, dq, C3);
+            dt_sgemm(1, 0, T, hs, T, 1.0f, D, T, q, C3, 1.0f, dk, C3);
+        }
+}

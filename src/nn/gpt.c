@@ -1,0 +1,320 @@
+/* The GPT-2 model: parameters in llm.c's layout, forward, backward. The
+ * structure follows llm.c's train_gpt2.c (one parameter block, one block of
+ * saved activations), with the layer kernels of layers.c and attention.c. */
+#include "dtrain/gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NPT 16  // parameter tensors
+
+static const char *const param_names[NPT] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW,
+       FCPROJB, LNFW, LNFB };
+
+struct dt_gpt {
+    dt_gpt_config c;
+    int maxB, maxT;
+    size_t nparams;
+    dt_tensor_info tensors[NPT];
+    float *params, *grads;
+    float *p[NPT], *g[NPT];   // tensor views into the blocks
+
+    // Saved activations (llm.c's ActivationTensors), sized for maxB x maxT.
+    // Per-layer ones are [L, B, T, ...].
+    float *encoded;                  // [B,T,C]
+    float *ln1, *ln1_mean, *ln1_rstd; // [L,B,T,C], [L,B,T]
+    float *qkv;                      // [L,B,T,3C]
+    float *atty;                     // [L,B,T,C]
+    float *att;                      // [L,B,NH,T,T]
+    float *attproj;                  // [L,B,T,C]
+    float *residual2;                // [L,B,T,C]
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;           // [L,B,T,4C]
+    float *fcproj;                   // [L,B,T,C]
+    float *residual3;                // [L,B,T,C]
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits, *probs;           // [B,T,V]
+
+    // Backward scratch, one layer's worth, reused layer after layer.
+    float *dresidual, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *datt;
+
+    int32_t *inputs, *targets;       // copies of the last forward's [B,T]
+    int B, T, have_targets;
+};
+
+// ----------------------------------------------------------------------------
+// configuration
+
+int dt_gpt_pad_vocab(int V) { return (V + 127) / 128 * 128; }
+
+dt_status dt_gpt_preset(const char *name, dt_gpt_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!strcmp(name, "gpt-tiny")) *c = (dt_gpt_config){2, 4, 64, 256, 256, 256};
+    else if (!strcmp(name, "gpt-small")) *c = (dt_gpt_config){6, 6, 384, 256, 256, 256};
+    else if (!strcmp(name, "gpt2-124m")) *c = (dt_gpt_config){12, 12, 768, 1024, 50257, 50304};
+    else return dt_error(DT_ERR_ARG, "unknown GPT preset '%s' (expected gpt-tiny, gpt-small or gpt2-124m)", name);
+    return DT_OK;
+}
+
+dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what) {
+    const struct { const char *name; int v, lo, hi; } f[] = {
+        {"n_layer", c->n_layer, 1, 1024},      {"n_head", c->n_head, 1, 1024},
+        {"n_embd", c->n_embd, 1, 65536},       {"block_size", c->block_size, 1, 1 << 20},
+        {"vocab_size", c->vocab_size, 1, 65536}, {"padded_vocab_size", c->padded_vocab_size, 1, 1 << 20}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < f[i].lo || f[i].v > f[i].hi)
+            return dt_error(DT_ERR_ARG, "%s: %s = %d: expected a value from %d to %d", what, f[i].name,
+                            f[i].v, f[i].lo, f[i].hi);
+    if (c->n_embd % c->n_head)
+        return dt_error(DT_ERR_ARG, "%s: n_embd (%d) is not a multiple of n_head (%d)", what, c->n_embd, c->n_head);
+    if (c->padded_vocab_size < c->vocab_size)
+        return dt_error(DT_ERR_ARG, "%s: padded_vocab_size (%d) is below vocab_size (%d)", what,
+                        c->padded_vocab_size, c->vocab_size);
+    // Token files hold uint16 ids: a larger vocabulary could not be fed.
+    if (c->vocab_size > 65536) return dt_error(DT_ERR_ARG, "%s: vocab_size %d exceeds 65536", what, c->vocab_size);
+    return DT_OK;
+}
+
+// Element counts of the 16 tensors and their shapes.
+static void param_shapes(const dt_gpt_config *c, dt_tensor_info *t) {
+    int64_t L = c->n_layer, C = c->n_embd, Vp = c->padded_vocab_size, maxT = c->block_size;
+    const int64_t sh[NPT][3] = {{Vp, C}, {maxT, C}, {L, C}, {L, C}, {L, 3 * C, C}, {L, 3 * C},
+                                {L, C, C}, {L, C}, {L, C}, {L, C}, {L, 4 * C, C}, {L, 4 * C},
+                                {L, C, 4 * C}, {L, C}, {C}, {C}};
+    size_t off = 0;
+    for (int i = 0; i < NPT; i++) {
+        t[i].name = param_names[i];
+        t[i].ndim = (i == LNFW || i == LNFB) ? 1 : (i == QKVW || i == ATTPROJW || i == FCW || i == FCPROJW) ? 3 : 2;
+        size_t n = 1;
+        for (int d = 0; d < 4; d++) t[i].shape[d] = d < t[i].ndim ? sh[i][d] : 0;
+        for (int d = 0; d < t[i].ndim; d++) n *= (size_t)sh[i][d];
+        t[i].numel = n;
+        t[i].offset = off;
+        off += n;
+    }
+}
+
+size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
+    dt_tensor_info t[NPT];
+    param_shapes(c, t);
+    return t[NPT - 1].offset + t[NPT - 1].numel;
+}
+
+// ----------------------------------------------------------------------------
+// create / free
+
+void dt_gpt_free(dt_gpt *m) {
+    if (!m) return;
+    float **bufs[] = {&m->params, &m->grads, &m->encoded, &m->ln1, &m->ln1_mean, &m->ln1_rstd,
+                      &m->qkv, &m->atty, &m->att, &m->attproj, &m->residual2, &m->ln2,
+                      &m->ln2_mean, &m->ln2_rstd, &m->fch, &m->fch_gelu, &m->fcproj,
+                      &m->residual3, &m->lnf, &m->lnf_mean, &m->lnf_rstd, &m->logits, &m->probs,
+                      &m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu,
+                      &m->datt};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_free(*bufs[i]);
+    dt_free(m->inputs);
+    dt_free(m->targets);
+    free(m);
+}
+
+dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
+    *out = NULL;
+    dt_status st = dt_gpt_config_check(c, "gpt");
+    if (st != DT_OK) return st;
+    if (B < 1 || T < 1 || T > c->block_size)
+        return dt_error(DT_ERR_ARG, "gpt: batch %d x context %d: expected B >= 1 and 1 <= T <= block_size (%d)",
+                        B, T, c->block_size);
+    dt_gpt *m = calloc(1, sizeof *m);
+    if (!m) return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
+    m->c = *c;
+    m->maxB = B;
+    m->maxT = T;
+    param_shapes(c, m->tensors);
+    m->nparams = dt_gpt_config_num_params(c);
+    size_t L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size;
+    size_t BT = (size_t)B * T, att = (size_t)B * NH * T * T;
+    struct { float **p; size_t n; } want[] = {
+        {&m->params, m->nparams}, {&m->grads, m->nparams},
+        {&m->encoded, BT * C}, {&m->ln1, L * BT * C}, {&m->ln1_mean, L * BT}, {&m->ln1_rstd, L * BT},
+        {&m->qkv, L * BT * 3 * C}, {&m->atty, L * BT * C}, {&m->att, L * att},
+        {&m->attproj, L * BT * C}, {&m->residual2, L * BT * C}, {&m->ln2, L * BT * C},
+        {&m->ln2_mean, L * BT}, {&m->ln2_rstd, L * BT}, {&m->fch, L * BT * 4 * C},
+        {&m->fch_gelu, L * BT * 4 * C}, {&m->fcproj, L * BT * C}, {&m->residual3, L * BT * C},
+        {&m->lnf, BT * C}, {&m->lnf_mean, BT}, {&m->lnf_rstd, BT}, {&m->logits, BT * V},
+        {&m->probs, BT * V}, {&m->dresidual, BT * C}, {&m->dln, BT * C}, {&m->datty, BT * C},
+        {&m->dqkv, BT * 3 * C}, {&m->dfch, BT * 4 * C}, {&m->dfch_gelu, BT * 4 * C}, {&m->datt, att}};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        total += want[i].n;
+        if (!(*want[i].p = dt_alloc(sizeof(float) * want[i].n))) {
+            dt_gpt_free(m);
+            return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and activations for B=%d T=%d)",
+                            total * 4 >> 20, B, T);
+        }
+    }
+    m->inputs = dt_alloc(sizeof(int32_t) * BT);
+    m->targets = dt_alloc(sizeof(int32_t) * BT);
+    if (!m->inputs || !m->targets) {
+        dt_gpt_free(m);
+        return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
+    }
+    for (int i = 0; i < NPT; i++) {
+        m->p[i] = m->params + m->tensors[i].offset;
+        m->g[i] = m->grads + m->tensors[i].offset;
+    }
+    *out = m;
+    return DT_OK;
+}
+
+const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m) { return &m->c; }
+size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }
+float *dt_gpt_params(dt_gpt *m) { return m->params; }
+float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
+void dt_gpt_zero_grad(dt_gpt *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
+int dt_gpt_num_tensors(const dt_gpt *m) { (void)m; return NPT; }
+const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i) {
+    return i >= 0 && i < NPT ? &m->tensors[i] : NULL;
+}
+const float *dt_gpt_logits(const dt_gpt *m) { return m->logits; }
+
+void dt_gpt_init(dt_gpt *m, uint64_t seed) {
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    const dt_gpt_config *c = &m->c;
+    float resid_std = 0.02f / sqrtf(2.0f * c->n_layer);
+    memset(m->params, 0, sizeof(float) * m->nparams);
+    for (int i = 0; i < NPT; i++) {
+        float *p = m->p[i];
+        size_t n = m->tensors[i].numel;
+        if (i == WTE) n = (size_t)c->vocab_size * c->n_embd;  // padding rows stay 0
+        if (i == LN1W || i == LN2W || i == LNFW) {
+            for (size_t j = 0; j < n; j++) p[j] = 1.0f;
+        } else if (i == WTE || i == WPE || i == QKVW || i == FCW || i == ATTPROJW || i == FCPROJW) {
+            float sd = (i == ATTPROJW || i == FCPROJW) ? resid_std : 0.02f;
+            for (size_t j = 0; j < n; j++) p[j] = sd * dt_rng_normal(&r);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                         float *loss) {
+    const dt_gpt_config *c = &m->c;
+    if (B < 1 || B > m->maxB || T < 1 || T > m->maxT)
+        return dt_error(DT_ERR_ARG, "gpt forward: batch %d x context %d exceeds the %d x %d the model was built for (block_size %d)",
+                        B, T, m->maxB, m->maxT, c->block_size);
+    int V = c->vocab_size;
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            return dt_error(DT_ERR_ARG, "gpt forward: input token %d at position %d is outside the vocabulary [0, %d)",
+                            inputs[i], i, V);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return dt_error(DT_ERR_ARG, "gpt forward: target token %d at position %d is outside the vocabulary [0, %d)",
+                            targets[i], i, V);
+    }
+    int L = c->n_layer, C = c->n_embd, NH = c->n_head, BT = B * T;
+    m->B = B;
+    m->T = T;
+    memcpy(m->inputs, inputs, sizeof(int32_t) * BT);
+    m->have_targets = targets != NULL;
+    if (targets) memcpy(m->targets, targets, sizeof(int32_t) * BT);
+
+    dt_encoder_forward(m->encoded, inputs, m->p[WTE], m->p[WPE], B, T, C);
+    size_t sC = (size_t)BT * C, s1 = BT, satt = (size_t)B * NH * T * T;
+    for (int l = 0; l < L; l++) {
+        const float *residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * sC;
+        float *ln1 = m->ln1 + l * sC, *qkv = m->qkv + l * 3 * sC, *atty = m->atty + l * sC;
+        float *attproj = m->attproj + l * sC, *res2 = m->residual2 + l * sC, *ln2 = m->ln2 + l * sC;
+        float *fch = m->fch + l * 4 * sC, *fchg = m->fch_gelu + l * 4 * sC;
+        float *fcproj = m->fcproj + l * sC, *res3 = m->residual3 + l * sC;
+        size_t lC = (size_t)l * C;
+        dt_layernorm_forward(ln1, m->ln1_mean + l * s1, m->ln1_rstd + l * s1, residual,
+                             m->p[LN1W] + lC, m->p[LN1B] + lC, BT, C, 1e-5f);
+        dt_linear_forward(qkv, ln1, m->p[QKVW] + lC * 3 * C, m->p[QKVB] + 3 * lC, BT, C, 3 * C);
+        dt_attention_forward(atty, m->att + l * satt, qkv, B, T, C, NH);
+        dt_linear_forward(attproj, atty, m->p[ATTPROJW] + lC * C, m->p[ATTPROJB] + lC, BT, C, C);
+        dt_residual_forward(res2, residual, attproj, sC);
+        dt_layernorm_forward(ln2, m->ln2_mean + l * s1, m->ln2_rstd + l * s1, res2,
+                             m->p[LN2W] + lC, m->p[LN2B] + lC, BT, C, 1e-5f);
+        dt_linear_forward(fch, ln2, m->p[FCW] + lC * 4 * C, m->p[FCB] + 4 * lC, BT, C, 4 * C);
+        dt_gelu_forward(fchg, fch, 4 * sC);
+        dt_linear_forward(fcproj, fchg, m->p[FCPROJW] + lC * 4 * C, m->p[FCPROJB] + lC, BT, 4 * C, C);
+        dt_residual_forward(res3, res2, fcproj, sC);
+    }
+    dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * sC, m->p[LNFW],
+                         m->p[LNFB], BT, C, 1e-5f);
+    // Tied head: the first V rows of wte are the output projection.
+    dt_linear_forward(m->logits, m->lnf, m->p[WTE], NULL, BT, C, V);
+    if (targets) {
+        float l = dt_crossentropy_forward(m->probs, m->logits, targets, BT, V);
+        if (!isfinite(l)) return dt_error(DT_ERR_NUMERIC, "gpt forward: loss is %g", l);
+        if (loss) *loss = l;
+    }
+    return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// backward
+
+dt_status dt_gpt_backward(dt_gpt *m) {
+    if (!m->have_targets)
+        return dt_error(DT_ERR_ARG, "gpt backward: the last forward had no targets");
+    const dt_gpt_config *c = &m->c;
+    int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size;
+    int BT = B * T;
+    size_t sC = (size_t)BT * C, s1 = BT, satt = (size_t)B * NH * T * T;
+
+    // dlogits overwrites the logits (no longer needed).
+    float *dlogits = m->logits;
+    memset(dlogits, 0, sizeof(float) * BT * V);
+    dt_crossentropy_backward(dlogits, m->probs, m->targets, BT, V, 1.0f);
+    memset(m->dln, 0, sizeof(float) * sC);
+    dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, m->lnf, m->p[WTE], BT, C, V);
+    memset(m->dresidual, 0, sizeof(float) * sC);
+    dt_layernorm_backward(m->dresidual, m->g[LNFW], m->g[LNFB], m->dln, m->residual3 + (L - 1) * sC,
+                          m->p[LNFW], m->lnf_mean, m->lnf_rstd, BT, C);
+
+    // dresidual carries the gradient of the residual stream down the layers:
+    // a residual add passes it through unchanged to both of its inputs, so
+    // it is both d(fcproj) and, after the MLP branch adds in, d(residual2).
+    for (int l = L - 1; l >= 0; l--) {
+        const float *residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * sC;
+        size_t lC = (size_t)l * C;
+        const float *ln1 = m->ln1 + l * sC, *qkv = m->qkv + l * 3 * sC, *atty = m->atty + l * sC;
+        const float *res2 = m->residual2 + l * sC, *ln2 = m->ln2 + l * sC;
+        const float *fch = m->fch + l * 4 * sC, *fchg = m->fch_gelu + l * 4 * sC;
+
+        memset(m->dfch_gelu, 0, sizeof(float) * 4 * sC);
+        dt_linear_backward(m->dfch_gelu, m->g[FCPROJW] + lC * 4 * C, m->g[FCPROJB] + lC, m->dresidual,
+                           fchg, m->p[FCPROJW] + lC * 4 * C, BT, 4 * C, C);
+        memset(m->dfch, 0, sizeof(float) * 4 * sC);
+        dt_gelu_backward(m->dfch, m->dfch_gelu, fch, 4 * sC);
+        memset(m->dln, 0, sizeof(float) * sC);
+        dt_linear_backward(m->dln, m->g[FCW] + lC * 4 * C, m->g[FCB] + 4 * lC, m->dfch, ln2,
+                           m->p[FCW] + lC * 4 * C, BT, C, 4 * C);
+        dt_layernorm_backward(m->dresidual, m->g[LN2W] + lC, m->g[LN2B] + lC, m->dln, res2,
+                              m->p[LN2W] + lC, m->ln2_mean + l * s1, m->ln2_rstd + l * s1, BT, C);
+
+        memset(m->datty, 0, sizeof(float) * sC);
+        dt_linear_backward(m->datty, m->g[ATTPROJW] + lC * C, m->g[ATTPROJB] + lC, m->dresidual, atty,
+                           m->p[ATTPROJW] + lC * C, BT, C, C);
+        memset(m->dqkv, 0, sizeof(float) * 3 * sC);
+        dt_attention_backward(m->dqkv, m->datt, m->datty, qkv, m->att + l * satt, B, T, C, NH);
+        memset(m->dln, 0, sizeof(float) * sC);
+        dt_linear_backward(m->dln, m->g[QKVW] + lC * 3 * C, m->g[QKVB] + 3 * lC, m->dqkv, ln1,
+                           m->p[QKVW] + lC * 3 * C, BT, C, 3 * C);
+        dt_layernorm_backward(m->dresidual, m->g[LN1W] + lC, m->g[LN1B] + lC, m->dln, residual,
+                              m->p[LN1W] + lC, m->ln1_mean + l * s1, m->ln1_rstd + l * s1, BT, C);
+    }
+    dt_encoder_backward(m->g[WTE], m->g[WPE], m->dresidual, m->inputs, B, T, C);
+    m->have_targets = 0;  // the logits are gone: a second backward would be wrong
+    return DT_OK;
+}

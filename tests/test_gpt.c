@@ -1,0 +1,276 @@
+/* GPT layers and model against finite differences and naive references.
+ *
+ * Layers are checked with a scalar loss L = sum(out * R) for a fixed random R
+ * (so dout = R), comparing backward's gradients with central differences.
+ * The whole model is checked the same way on its real loss, for a sample of
+ * elements of every parameter tensor. Then: attention is causal (a change at
+ * position t never reaches outputs before t) and equals a naive double
+ * reference; padding rows of wte get no gradient; bad token ids and too-long
+ * contexts fail with clear errors; results are bitwise reproducible. */
+#include "dtrain/gpt.h"
+#include "testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static dt_rng g_rng;
+
+static float *randn(size_t n, float scale) {
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) p[i] = scale * dt_rng_normal(&g_rng);
+    return p;
+}
+static float *zeros(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+/* |num - ana| <= rtol * max(|num|, |ana|) + atol */
+static int close_enough(double num, double ana, double rtol, double atol) {
+    return fabs(num - ana) <= rtol * fmax(fabs(num), fabs(ana)) + atol;
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+enum { AB = 2, AT = 5, AC = 8, ANH = 2 };
+
+static double att_loss(const float *qkv, const float *R) {
+    float out[AB * AT * AC], att[AB * ANH * AT * AT];
+    dt_attention_forward(out, att, qkv, AB, AT, AC, ANH);
+    double s = 0;
+    for (int i = 0; i < AB * AT * AC; i++) s += (double)out[i] * R[i];
+    return s;
+}
+
+// Naive double-precision attention for one output element set.
+static void att_reference(double *out, const float *qkv) {
+    int hs = AC / ANH;
+    for (int b = 0; b < AB; b++)
+        for (int h = 0; h < ANH; h++)
+            for (int t = 0; t < AT; t++) {
+                const float *q = qkv + ((size_t)b * AT + t) * 3 * AC + h * hs;
+                double w[AT], mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + ((size_t)b * AT + j) * 3 * AC + AC + h * hs;
+                    double d = 0;
+                    for (int i = 0; i < hs; i++) d += (double)q[i] * k[i];
+                    w[j] = d / sqrt((double)hs);
+                    mx = fmax(mx, w[j]);
+                }
+                for (int j = 0; j <= t; j++) sum += (w[j] = exp(w[j] - mx));
+                for (int i = 0; i < hs; i++) {
+                    double y = 0;
+                    for (int j = 0; j <= t; j++)
+                        y += w[j] / sum * qkv[((size_t)b * AT + j) * 3 * AC + 2 * AC + h * hs + i];
+                    out[((size_t)b * AT + t) * AC + h * hs + i] = y;
+                }
+            }
+}
+
+static void test_attention(void) {
+    size_t nq = AB * AT * 3 * AC, no = AB * AT * AC;
+    float *qkv = randn(nq, 1.0f), *R = randn(no, 1.0f);
+    float out[AB * AT * AC], att[AB * ANH * AT * AT], datt[AB * ANH * AT * AT];
+    dt_attention_forward(out, att, qkv, AB, AT, AC, ANH);
+    double ref[AB * AT * AC];
+    att_reference(ref, qkv);
+    double worst = 0;
+    for (size_t i = 0; i < no; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
+    CHECK(worst < 1e-5, "attention forward vs double reference: max abs diff %.2e", worst);
+    // Saved probabilities: rows sum to 1, zeros above the diagonal.
+    int rows_ok = 1;
+    for (int r = 0; r < AB * ANH * AT; r++) {
+        int t = r % AT;
+        double s = 0;
+        for (int j = 0; j < AT; j++) {
+            s += att[r * AT + j];
+            if (j > t && att[r * AT + j] != 0.0f) rows_ok = 0;
+        }
+        if (fabs(s - 1) > 1e-5) rows_ok = 0;
+    }
+    CHECK(rows_ok, "attention probabilities: rows sum to 1 and are causal");
+
+    // Backward against central differences, and accumulation (+=).
+    float *dqkv = zeros(nq);
+    for (size_t i = 0; i < nq; i++) dqkv[i] = 0.5f;
+    dt_attention_backward(dqkv, datt, R, qkv, att, AB, AT, AC, ANH);
+    int bad = 0;
+    double eps = 1e-2;
+    for (size_t i = 0; i < nq; i++) {
+        float x0 = qkv[i];
+        qkv[i] = x0 + (float)eps;
+        double lp = att_loss(qkv, R);
+        qkv[i] = x0 - (float)eps;
+        double lm = att_loss(qkv, R);
+        qkv[i] = x0;
+        double num = (lp - lm) / (2 * eps), ana = dqkv[i] - 0.5;
+        if (!close_enough(num, ana, 1e-2, 1e-3)) {
+            if (bad++ < 5) fprintf(stderr, "  dqkv[%zu]: numeric %.6f backward %.6f\n", i, num, ana);
+        }
+    }
+    CHECK(bad == 0, "attention backward vs finite differences: %d of %zu elements differ", bad, nq);
+
+    // Causality: perturbing position 3 of batch 0 changes nothing before it.
+    float out2[AB * AT * AC];
+    for (int c = 0; c < 3 * AC; c++) qkv[3 * 3 * AC + c] += 1.0f;
+    dt_attention_forward(out2, att, qkv, AB, AT, AC, ANH);
+    CHECK(memcmp(out, out2, sizeof(float) * 3 * AC) == 0, "attention: outputs before t unaffected by t");
+    CHECK(memcmp(out, out2, sizeof(float) * 4 * AC) != 0, "attention: output at t depends on t");
+    free(qkv);
+    free(R);
+    free(dqkv);
+}
+
+// ----------------------------------------------------------------------------
+// encoder and residual (linear: their gradients are exact sums)
+
+static void test_encoder_residual(void) {
+    enum { B = 2, T = 4, C = 3, V = 5 };
+    int32_t inp[B * T] = {1, 3, 1, 4, 0, 1, 2, 1};  // repeated tokens
+    float *wte = randn(V * C, 1), *wpe = randn(T * C, 1), *R = randn(B * T * C, 1);
+    float out[B * T * C];
+    dt_encoder_forward(out, inp, wte, wpe, B, T, C);
+    int ok = 1;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++)
+            ok &= out[i * C + c] == wte[inp[i] * C + c] + wpe[(i % T) * C + c];
+    CHECK(ok, "encoder forward = wte[token] + wpe[position]");
+    float *dwte = zeros(V * C), *dwpe = zeros(T * C);
+    double ewte[V * C] = {0}, ewpe[T * C] = {0};
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++) {
+            ewte[inp[i] * C + c] += R[i * C + c];
+            ewpe[(i % T) * C + c] += R[i * C + c];
+        }
+    dt_encoder_backward(dwte, dwpe, R, inp, B, T, C);
+    dt_encoder_backward(dwte, dwpe, R, inp, B, T, C);  // accumulates
+    double worst = 0;
+    for (int i = 0; i < V * C; i++) worst = fmax(worst, fabs(dwte[i] - 2 * ewte[i]));
+    for (int i = 0; i < T * C; i++) worst = fmax(worst, fabs(dwpe[i] - 2 * ewpe[i]));
+    CHECK(worst < 1e-5, "encoder backward (twice, accumulating): max abs diff %.2e", worst);
+
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {6, 5, 4, 3, 2, 1}, o[6], da[6] = {1, 1, 1, 1, 1, 1}, db[6] = {0};
+    dt_residual_forward(o, a, b, 6);
+    dt_residual_backward(da, db, a, 6);
+    CHECK(o[0] == 7 && o[5] == 7 && da[2] == 4 && db[2] == 3, "residual forward/backward");
+    free(wte);
+    free(wpe);
+    free(R);
+    free(dwte);
+    free(dwpe);
+}
+
+// ----------------------------------------------------------------------------
+// the whole model
+
+static void test_model(void) {
+    dt_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 30,
+                       .padded_vocab_size = 32};
+    enum { B = 2, T = 6 };
+    dt_gpt *m;
+    CHECK(dt_gpt_create(&m, &c, B, T) == DT_OK, "create: %s", dt_last_error());
+    dt_gpt_init(m, 7);
+    // Larger weights than GPT-2's init so that every path carries signal.
+    float *p = dt_gpt_params(m);
+    size_t np = dt_gpt_num_params(m);
+    CHECK(np == dt_gpt_config_num_params(&c), "parameter count");
+    for (int i = 0; i < dt_gpt_num_tensors(m); i++) {
+        const dt_tensor_info *ti = dt_gpt_tensor(m, i);
+        int is_lnw = !strcmp(ti->name, "ln1w") || !strcmp(ti->name, "ln2w") || !strcmp(ti->name, "lnfw");
+        size_t n = !strcmp(ti->name, "wte") ? (size_t)c.vocab_size * c.n_embd : ti->numel;
+        for (size_t j = 0; j < n; j++)
+            p[ti->offset + j] = (is_lnw ? 1.0f : 0.0f) + 0.3f * dt_rng_normal(&g_rng);
+    }
+    int32_t x[B * T], y[B * T];
+    for (int i = 0; i < B * T; i++) x[i] = (int32_t)dt_rng_below(&g_rng, c.vocab_size), y[i] = (int32_t)dt_rng_below(&g_rng, c.vocab_size);
+    float loss;
+    dt_gpt_zero_grad(m);
+    CHECK(dt_gpt_forward(m, x, y, B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
+    CHECK(dt_gpt_backward(m) == DT_OK, "backward");
+    float *g = malloc(sizeof(float) * np);
+    memcpy(g, dt_gpt_grads(m), sizeof(float) * np);
+
+    // Padding rows of wte: never read, so no gradient.
+    const dt_tensor_info *wte = dt_gpt_tensor(m, 0);
+    int pad_zero = 1;
+    for (size_t j = (size_t)c.vocab_size * c.n_embd; j < wte->numel; j++) pad_zero &= g[j] == 0.0f;
+    CHECK(pad_zero, "wte padding rows get no gradient");
+
+    // Finite differences on a sample of every tensor.
+    double eps = 1e-2;
+    for (int i = 0; i < dt_gpt_num_tensors(m); i++) {
+        const dt_tensor_info *ti = dt_gpt_tensor(m, i);
+        int bad = 0, tried = 0;
+        for (int s = 0; s < 12; s++) {
+            size_t j = ti->offset + dt_rng_below(&g_rng, (uint32_t)ti->numel);
+            float x0 = p[j];
+            float lp, lm;
+            p[j] = x0 + (float)eps;
+            dt_gpt_forward(m, x, y, B, T, &lp);
+            p[j] = x0 - (float)eps;
+            dt_gpt_forward(m, x, y, B, T, &lm);
+            p[j] = x0;
+            double num = ((double)lp - lm) / (2 * eps);
+            tried++;
+            if (!close_enough(num, g[j], 3e-2, 2e-4)) {
+                if (bad++ < 3) fprintf(stderr, "  %s[%zu]: numeric %.6f backward %.6f\n", ti->name, j - ti->offset, num, g[j]);
+            }
+        }
+        CHECK(bad == 0, "model gradient of %s vs finite differences: %d of %d differ", ti->name, bad, tried);
+    }
+
+    // Reproducible: the same forward + backward gives bitwise the same.
+    dt_gpt_zero_grad(m);
+    float loss2;
+    dt_gpt_forward(m, x, y, B, T, &loss2);
+    dt_gpt_backward(m);
+    CHECK(loss2 == loss && memcmp(g, dt_gpt_grads(m), sizeof(float) * np) == 0, "bitwise reproducible");
+
+    // Shorter batches than the model was built for work, and give the same
+    // result for the first sequence as a batch of one.
+    float l1;
+    CHECK(dt_gpt_forward(m, x, y, 1, T - 2, &l1) == DT_OK, "smaller B and T");
+
+    // Bad input.
+    x[3] = c.vocab_size;
+    CHECK(dt_gpt_forward(m, x, y, B, T, &loss) == DT_ERR_ARG && strstr(dt_last_error(), "outside the vocabulary"),
+          "token id >= V rejected: %s", dt_last_error());
+    x[3] = -1;
+    CHECK(dt_gpt_forward(m, x, NULL, B, T, NULL) == DT_ERR_ARG, "negative token id rejected");
+    x[3] = 0;
+    CHECK(dt_gpt_forward(m, x, y, B, T + 1, &loss) == DT_ERR_ARG && strstr(dt_last_error(), "context"),
+          "context longer than built for rejected: %s", dt_last_error());
+    dt_gpt *m2;
+    CHECK(dt_gpt_create(&m2, &c, 1, c.block_size + 1) == DT_ERR_ARG && strstr(dt_last_error(), "block_size"),
+          "context longer than block_size rejected: %s", dt_last_error());
+    dt_gpt_config bad = c;
+    bad.n_head = 3;
+    CHECK(dt_gpt_create(&m2, &bad, 1, 4) == DT_ERR_ARG && strstr(dt_last_error(), "multiple of n_head"),
+          "n_embd %% n_head checked: %s", dt_last_error());
+    CHECK(dt_gpt_forward(m, x, NULL, B, T, NULL) == DT_OK && dt_gpt_backward(m) == DT_ERR_ARG,
+          "backward without targets rejected");
+    free(g);
+    dt_gpt_free(m);
+}
+
+static void test_presets(void) {
+    dt_gpt_config c;
+    CHECK(dt_gpt_preset("gpt2-124m", &c) == DT_OK && c.padded_vocab_size == 50304, "gpt2-124m preset");
+    // GPT-2 small has 124,475,904 parameters with wte padded to 50304 rows
+    // (124,439,808 unpadded), as llm.c reports.
+    CHECK(dt_gpt_config_num_params(&c) == 124475904, "gpt2-124m parameter count %zu", dt_gpt_config_num_params(&c));
+    CHECK(dt_gpt_preset("gpt-tiny", &c) == DT_OK && c.n_layer == 2 && c.n_embd == 64 && c.n_head == 4, "gpt-tiny");
+    CHECK(dt_gpt_preset("gpt-small", &c) == DT_OK && c.n_layer == 6 && c.n_embd == 384 && c.n_head == 6, "gpt-small");
+    CHECK(dt_gpt_preset("gpt-huge", &c) == DT_ERR_ARG, "unknown preset rejected");
+    CHECK(dt_gpt_pad_vocab(50257) == 50304 && dt_gpt_pad_vocab(256) == 256, "vocab padding");
+}
+
+int main(void) {
+    dt_rng_seed(&g_rng, 42);
+    dt_set_threads(2);
+    test_attention();
+    test_encoder_residual();
+    test_model();
+    test_presets();
+    return tl_finish();
+}
