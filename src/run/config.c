@@ -1,6 +1,7 @@
 /* Run configs: INI text read with libinih, every key looked up in one field
  * table that also drives validation, defaults and dt_config_write(). */
 #include "dtrain/config.h"
+#include "dtrain/gpt.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -27,7 +28,7 @@ typedef struct {
 
 static const char *const optim_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
-static const char *const dataset_names[] = {"fashion-mnist", NULL};
+static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -59,9 +60,24 @@ static const field fields[] = {
     {"train", "seed", F_U64, O(seed), 0, 1.8e19, NULL},
     {"train", "threads", F_INT, O(threads), 0, 4096, NULL},
     {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
+    // ---- GPT fields (docs/gpt.md) ----
+    {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
+    {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
+    {"model", "n_embd", F_INT, O(n_embd), 0, 65536, NULL},
+    {"model", "block_size", F_INT, O(block_size), 0, 1 << 20, NULL},
+    {"model", "vocab_size", F_INT, O(vocab_size), 0, 65536, NULL},
+    {"model", "padded_vocab_size", F_INT, O(padded_vocab_size), 0, 1 << 20, NULL},
+    {"data", "train_file", F_STR, O(train_file), 0, 0, NULL},
+    {"data", "val_file", F_STR, O(val_file), 0, 0, NULL},
+    {"train", "seq_len", F_INT, O(seq_len), 0, 1 << 20, NULL},
+    {"train", "eval_every", F_INT, O(eval_every), 0, 1e9, NULL},
+    {"train", "eval_batches", F_INT, O(eval_batches), 0, 1e6, NULL},
+    // ---- end of GPT fields ----
 };
 #undef O
 #define NFIELDS (int)(sizeof fields / sizeof fields[0])
+#define NGPT_FIELDS 11  // the GPT block at the end of the table
+static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
 
 void dt_config_defaults(dt_config *c) {
     memset(c, 0, sizeof *c);
@@ -324,7 +340,40 @@ static char *read_line(char *str, int num, void *stream) {
     return str;
 }
 
+// ---- GPT models (docs/gpt.md) ----
+// A preset naming a GPT resolves the sizes (fields left 0 take the preset's
+// value) and checks the GPT-only fields.
+static dt_status finish_gpt(dt_config *c, const char *what) {
+    dt_gpt_config g = {0};
+    if (strcmp(c->preset, "gpt") && dt_gpt_preset(c->preset, &g) != DT_OK)
+        return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected mlp, cnn, gpt-tiny, gpt-small, gpt2-124m or gpt, got '%s'", what, c->preset);
+    int *f[] = {&c->n_layer, &c->n_head, &c->n_embd, &c->block_size, &c->vocab_size, &c->padded_vocab_size};
+    int *d[] = {&g.n_layer, &g.n_head, &g.n_embd, &g.block_size, &g.vocab_size, &g.padded_vocab_size};
+    const char *names[] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size"};
+    int vocab_given = c->vocab_size != 0;
+    for (int i = 0; i < 6; i++) {
+        if (*f[i] == 0 && i == 5) *f[i] = vocab_given && !c->padded_vocab_size ? dt_gpt_pad_vocab(c->vocab_size) : *d[i];
+        if (*f[i] == 0) *f[i] = *d[i];
+        if (*f[i] == 0) return dt_error(DT_ERR_CONFIG, "%s: [model] %s: preset 'gpt' needs it set", what, names[i]);
+    }
+    dt_gpt_config r = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    if (dt_gpt_config_check(&r, "[model]") != DT_OK) return dt_error(DT_ERR_CONFIG, "%s: %s", what, dt_last_error());
+    if (c->seq_len == 0) c->seq_len = c->block_size;
+    if (c->seq_len > c->block_size)
+        return dt_error(DT_ERR_CONFIG, "%s: [train] seq_len: %d is longer than the model's context ([model] block_size = %d)", what, c->seq_len, c->block_size);
+    if (strcmp(c->dataset, "tokens"))
+        return dt_error(DT_ERR_CONFIG, "%s: [data] dataset: a GPT trains on 'tokens' (llm.c token files), got '%s'", what, c->dataset);
+    if (!c->train_file[0]) return dt_error(DT_ERR_CONFIG, "%s: [data] train_file: expected the path of a token file", what);
+    if (c->max_steps == 0) return dt_error(DT_ERR_CONFIG, "%s: [train] max_steps: a GPT run needs max_steps > 0", what);
+    if (c->eval_batches == 0) c->eval_batches = 10;
+    c->gpt = 1;
+    c->nlayers = 0;
+    return DT_OK;
+}
+// ---- end of GPT models ----
+
 static dt_status finish(dt_config *c, const char *what) {
+    if (!strncmp(c->preset, "gpt", 3)) return finish_gpt(c, what);
     if (c->preset[0]) {
         int found = -1;
         for (int i = 0; i < (int)(sizeof presets / sizeof presets[0]); i++)
@@ -414,33 +463,41 @@ dt_status dt_config_write(const dt_config *c, const char *path) {
     FILE *m = open_memstream(&text, &len);
     if (!m) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     fprintf(m, "; resolved dtrain config (every field, presets expanded)\n");
-    const char *sec = "";
+    // Fields grouped by section, sections in the table's order.
+    const char *secs[16];
+    int ns = 0;
     for (int i = 0; i < NFIELDS; i++) {
-        const field *f = &fields[i];
-        if (strcmp(sec, f->sec)) {
-            sec = f->sec;
-            fprintf(m, "\n[%s]\n", sec);
-            if (!strcmp(sec, "model")) {
-                fprintf(m, "input = %dx%dx%d\n", c->input[0], c->input[1], c->input[2]);
-                for (int l = 0; l < c->nlayers; l++) {
-                    char b[128];
-                    format_layer(&c->layers[l], b, sizeof b);
-                    fprintf(m, "layer = %s\n", b);
-                }
+        int seen = 0;
+        for (int k = 0; k < ns; k++) seen |= !strcmp(secs[k], fields[i].sec);
+        if (!seen && ns < 16) secs[ns++] = fields[i].sec;
+    }
+    for (int k = 0; k < ns; k++) {
+        fprintf(m, "\n[%s]\n", secs[k]);
+        if (!strcmp(secs[k], "model") && !c->gpt) {
+            fprintf(m, "input = %dx%dx%d\n", c->input[0], c->input[1], c->input[2]);
+            for (int l = 0; l < c->nlayers; l++) {
+                char b[128];
+                format_layer(&c->layers[l], b, sizeof b);
+                fprintf(m, "layer = %s\n", b);
             }
         }
-        if (!strcmp(f->key, "preset")) continue;  // written out as layers above
-        const char *src = (const char *)c + f->off;
-        switch (f->type) {
-        case F_STR: fprintf(m, "%s = %s\n", f->key, src); break;
-        case F_BOOL: fprintf(m, "%s = %s\n", f->key, *(const int *)src ? "true" : "false"); break;
-        case F_ENUM:
-            fprintf(m, "%s = %s\n", f->key, f->size == sizeof(int) ? f->choices[*(const int *)src] : src);
-            break;
-        case F_INT: fprintf(m, "%s = %d\n", f->key, *(const int *)src); break;
-        case F_I64: fprintf(m, "%s = %lld\n", f->key, (long long)*(const int64_t *)src); break;
-        case F_U64: fprintf(m, "%s = %llu\n", f->key, (unsigned long long)*(const uint64_t *)src); break;
-        case F_FLOAT: fprintf(m, "%s = %.9g\n", f->key, *(const float *)src); break;
+        for (int i = 0; i < NFIELDS; i++) {
+            const field *f = &fields[i];
+            if (strcmp(f->sec, secs[k])) continue;
+            if (!c->gpt && f >= gpt_fields) continue;  // GPT fields only for GPTs
+            if (!strcmp(f->key, "preset") && !c->gpt) continue;  // written out as layers above
+            const char *src = (const char *)c + f->off;
+            switch (f->type) {
+            case F_STR: fprintf(m, "%s = %s\n", f->key, src); break;
+            case F_BOOL: fprintf(m, "%s = %s\n", f->key, *(const int *)src ? "true" : "false"); break;
+            case F_ENUM:
+                fprintf(m, "%s = %s\n", f->key, f->size == sizeof(int) ? f->choices[*(const int *)src] : src);
+                break;
+            case F_INT: fprintf(m, "%s = %d\n", f->key, *(const int *)src); break;
+            case F_I64: fprintf(m, "%s = %lld\n", f->key, (long long)*(const int64_t *)src); break;
+            case F_U64: fprintf(m, "%s = %llu\n", f->key, (unsigned long long)*(const uint64_t *)src); break;
+            case F_FLOAT: fprintf(m, "%s = %.9g\n", f->key, *(const float *)src); break;
+            }
         }
     }
     fclose(m);

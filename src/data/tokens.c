@@ -1,0 +1,118 @@
+/* llm.c token files: a 1 KiB header of 256 little-endian int32
+ * {20240520, 1, ntok, 0, ...} followed by ntok uint16 token ids. The file
+ * is memory-mapped (a GPT-2 corpus can be gigabytes; the pages a batch
+ * touches are all that is read) and checked once when opened. */
+#include "dtrain/gpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HEADER_INTS 256
+#define HEADER_BYTES (HEADER_INTS * 4)
+
+static int32_t rd32(const uint8_t *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int vocab,
+                          const uint16_t **tokens, size_t *n) {
+    if (len < HEADER_BYTES)
+        return dt_error(DT_ERR_FORMAT, "%s: %zu bytes is shorter than the %d-byte header of a token file (truncated?)",
+                        what, len, HEADER_BYTES);
+    int32_t magic = rd32(buf), version = rd32(buf + 4), count = rd32(buf + 8);
+    if (magic != DT_TOKENS_MAGIC)
+        return dt_error(DT_ERR_FORMAT, "%s: magic number %d, expected %d (not an llm.c token file)", what, magic,
+                        DT_TOKENS_MAGIC);
+    if (version != DT_TOKENS_VERSION)
+        return dt_error(DT_ERR_FORMAT, "%s: version %d, expected %d", what, version, DT_TOKENS_VERSION);
+    if (count < 0) return dt_error(DT_ERR_FORMAT, "%s: negative token count %d in the header", what, count);
+    size_t want = HEADER_BYTES + 2 * (size_t)count;
+    if (len != want)
+        return dt_error(DT_ERR_FORMAT, "%s: header says %d tokens (%zu bytes) but the file has %zu bytes (%s)", what,
+                        count, want, len, len < want ? "truncated" : "trailing data");
+    const uint16_t *t = (const uint16_t *)(buf + HEADER_BYTES);
+    for (size_t i = 0; i < (size_t)count; i++)
+        if (t[i] >= vocab)
+            return dt_error(DT_ERR_FORMAT, "%s: token %zu is %u, not below the model's vocab_size %d", what, i,
+                            (unsigned)t[i], vocab);
+    *tokens = t;
+    *n = (size_t)count;
+    return DT_OK;
+}
+
+dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab) {
+    memset(t, 0, sizeof *t);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot open token file: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return dt_error(DT_ERR_IO, "%s: not a regular file", path);
+    }
+    size_t len = (size_t)sb.st_size;
+    if (len < HEADER_BYTES) {
+        close(fd);
+        return dt_error(DT_ERR_FORMAT, "%s: %zu bytes is shorter than the %d-byte header of a token file (truncated?)",
+                        path, len, HEADER_BYTES);
+    }
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return dt_error(DT_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+    dt_status st = dt_tokens_parse(map, len, path, vocab, &t->tokens, &t->n);
+    if (st != DT_OK) {
+        munmap(map, len);
+        return st;
+    }
+    t->map = map;
+    t->map_len = len;
+    return DT_OK;
+}
+
+void dt_tokens_close(dt_tokens *t) {
+    if (t->map) munmap(t->map, t->map_len);
+    memset(t, 0, sizeof *t);
+}
+
+dt_status dt_tokens_write(const char *path, const uint16_t *tokens, size_t n) {
+    if (n > INT32_MAX) return dt_error(DT_ERR_ARG, "%s: %zu tokens exceed the format's int32 count", path, n);
+    int32_t header[HEADER_INTS] = {DT_TOKENS_MAGIC, DT_TOKENS_VERSION, (int32_t)n};
+    const void *parts[] = {header, tokens};
+    size_t sizes[] = {sizeof header, 2 * n};
+    return dt_write_atomic(path, parts, sizes, 2);
+}
+
+dt_status dt_tokens_sample(const dt_tokens *t, dt_rng *rng, int B, int T, int32_t *inputs,
+                           int32_t *targets) {
+    if (t->n < (size_t)T + 1)
+        return dt_error(DT_ERR_ARG, "token file of %zu tokens is too short for windows of %d+1 tokens", t->n, T);
+    size_t span = t->n - (size_t)T;  // window starts 0 .. n-T-1
+    for (int b = 0; b < B; b++) {
+        size_t s = span > UINT32_MAX ? (size_t)(dt_rng_u64(rng) % span) : dt_rng_below(rng, (uint32_t)span);
+        const uint16_t *w = t->tokens + s;
+        for (int i = 0; i < T; i++) {
+            inputs[(size_t)b * T + i] = w[i];
+            targets[(size_t)b * T + i] = w[i + 1];
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_tokens_window(const dt_tokens *t, int64_t i, int B, int T, int32_t *inputs,
+                           int32_t *targets) {
+    if (t->n < (size_t)T + 1)
+        return dt_error(DT_ERR_ARG, "token file of %zu tokens is too short for windows of %d+1 tokens", t->n, T);
+    size_t nwin = (t->n - 1) / (size_t)T;  // whole windows with a next token
+    for (int b = 0; b < B; b++) {
+        size_t s = ((size_t)i * B + b) % nwin * T;
+        for (int k = 0; k < T; k++) {
+            inputs[(size_t)b * T + k] = t->tokens[s + k];
+            targets[(size_t)b * T + k] = t->tokens[s + k + 1];
+        }
+    }
+    return DT_OK;
+}
