@@ -173,8 +173,8 @@ dt_status dt_gpt_load(dt_gpt *m, const char *path) {
     dt_gpt_config fc;
     dt_status st;
     if (is_llmc(path)) {
-        uint8_t *buf;
-        size_t len;
+        uint8_t *buf = NULL;
+        size_t len = 0;
         const float *p;
         if ((st = read_all(path, &buf, &len)) != DT_OK) return st;
         st = dt_llmc_parse(buf, len, path, &fc, &p);
