@@ -27,6 +27,7 @@
  *   ckpt.h    safetensors read/write, model weights
  *   config.h  INI run configs
  *   train.h   whole training and evaluation runs
+ *   gpt.h     GPT-2 language models, token files, llm.c weights
  *
  * Link with pkg-config --libs dtrain, or find_package(dtrain) in CMake.
  */
@@ -40,5 +41,6 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/config.h"
 #include "dtrain/train.h"
+#include "dtrain/gpt.h"
 
 #endif

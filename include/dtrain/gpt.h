@@ -130,6 +130,12 @@ DT_API dt_status dt_gpt_save(const dt_gpt *m, const char *path);
 /* Loads weights saved by dt_gpt_save, or an llm.c checkpoint (told apart by
  * its magic number); their sizes must equal the model's. */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
+/* The same without a model: writes a parameter block of config c, and reads
+ * one (either format) into *params (dt_alloc'ed; free with dt_free) and *c. */
+DT_API dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *c, const float *params);
+DT_API dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params);
+/* Shapes and block offsets of the 16 tensors of a config (names as above). */
+DT_API void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[16]);
 /* Reads only the sizes of a weights file (safetensors or llm.c). */
 DT_API dt_status dt_gpt_read_config(const char *path, dt_gpt_config *c);
 

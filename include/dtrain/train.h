@@ -26,7 +26,7 @@ typedef struct {
     double samples_per_sec;      /* over the recent window */
     double eta_seconds;
     int is_eval;                 /* 1: an evaluation just ended (eval_* set) */
-    float eval_loss, eval_accuracy;
+    float eval_loss, eval_accuracy; /* eval_accuracy < 0: none (language models) */
 } dt_progress;
 
 typedef void (*dt_progress_fn)(const dt_progress *p, void *user);
@@ -45,6 +45,16 @@ typedef struct {
  * progress may be NULL. */
 DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                           void *user, dt_train_result *res);
+
+/* The GPT training loop (c->gpt set; dt_train calls it for such configs):
+ * random windows of seq_len+1 tokens from [data] train_file, the optimizer
+ * and schedule, the validation loss over [data] val_file every eval_every
+ * steps and at the end. Writes config.ini, model.safetensors (dt_gpt_save)
+ * and summary.json (val_loss, val_history, tokens_per_sec, ...) into run_dir.
+ * In res, test_loss is the final validation loss and test_accuracy -1;
+ * progress reports sequences as samples. */
+DT_API dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
+                              void *user, dt_train_result *res);
 
 /* Mean loss and accuracy of m over ds, in batches of `batch`. */
 DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss,

@@ -67,8 +67,10 @@ static int *cfg_field(dt_gpt_config *c, int i) {
     return f[i];
 }
 
-dt_status dt_gpt_save(const dt_gpt *m, const char *path) {
-    dt_gpt_config c = *dt_gpt_get_config(m);
+dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *cfg, const float *p) {
+    dt_status st = dt_gpt_config_check(cfg, path);
+    if (st != DT_OK) return st;
+    dt_gpt_config c = *cfg;
     char vals[6][16];
     dt_st_meta meta[8];
     for (int i = 0; i < 6; i++) {
@@ -77,16 +79,19 @@ dt_status dt_gpt_save(const dt_gpt *m, const char *path) {
     }
     meta[6] = (dt_st_meta){"format", "dtrain-gpt"};
     meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
+    dt_tensor_info ti[16];
+    dt_gpt_param_shapes(&c, ti);
     dt_st_tensor t[16];
-    const float *p = dt_gpt_params((dt_gpt *)m);
-    int n = dt_gpt_num_tensors(m);
-    for (int i = 0; i < n; i++) {
-        const dt_tensor_info *ti = dt_gpt_tensor(m, i);
-        t[i] = (dt_st_tensor){.name = ti->name, .dtype = DT_F32, .ndim = ti->ndim, .data = p + ti->offset,
-                              .nbytes = ti->numel * sizeof(float)};
-        for (int d = 0; d < ti->ndim; d++) t[i].shape[d] = ti->shape[d];
+    for (int i = 0; i < 16; i++) {
+        t[i] = (dt_st_tensor){.name = ti[i].name, .dtype = DT_F32, .ndim = ti[i].ndim, .data = p + ti[i].offset,
+                              .nbytes = ti[i].numel * sizeof(float)};
+        for (int d = 0; d < ti[i].ndim; d++) t[i].shape[d] = ti[i].shape[d];
     }
-    return dt_st_write(path, t, n, meta, 8);
+    return dt_st_write(path, t, 16, meta, 8);
+}
+
+dt_status dt_gpt_save(const dt_gpt *m, const char *path) {
+    return dt_gpt_weights_save(path, dt_gpt_get_config(m), dt_gpt_params((dt_gpt *)m));
 }
 
 static dt_status read_all(const char *path, uint8_t **buf, size_t *len) {
@@ -143,9 +148,9 @@ dt_status dt_gpt_read_config(const char *path, dt_gpt_config *c) {
         uint8_t h[HEADER_BYTES];
         size_t n = f ? fread(h, 1, sizeof h, f) : 0;
         if (f) fclose(f);
-        int32_t *hi = (int32_t *)h;
         if (n < sizeof h) return dt_error(DT_ERR_FORMAT, "%s: truncated llm.c header", path);
-        *c = (dt_gpt_config){hi[4], hi[5], hi[6], hi[2], hi[3], hi[7]};
+        *c = (dt_gpt_config){.block_size = rd32(h + 8), .vocab_size = rd32(h + 12), .n_layer = rd32(h + 16),
+                             .n_head = rd32(h + 20), .n_embd = rd32(h + 24), .padded_vocab_size = rd32(h + 28)};
         return dt_gpt_config_check(c, path) == DT_OK ? DT_OK : DT_ERR_FORMAT;
     }
     dt_st_file *f;
@@ -168,41 +173,62 @@ static dt_status mismatch(const char *path, const dt_gpt_config *f, const dt_gpt
                     m->n_layer, m->n_head, m->n_embd, m->block_size, m->vocab_size, m->padded_vocab_size);
 }
 
-dt_status dt_gpt_load(dt_gpt *m, const char *path) {
-    const dt_gpt_config *mc = dt_gpt_get_config(m);
-    dt_gpt_config fc;
+// Copies the 16 tensors of f (a GPT safetensors file of config c) into p.
+static dt_status st_params(const dt_st_file *f, const char *path, const dt_gpt_config *c, float *p) {
+    dt_tensor_info ti[16];
+    dt_gpt_param_shapes(c, ti);
+    for (int i = 0; i < 16; i++) {
+        const dt_st_tensor *t = dt_st_find(f, ti[i].name);
+        if (!t) return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' missing", path, ti[i].name);
+        int same = t->dtype == DT_F32 && t->ndim == ti[i].ndim;
+        for (int d = 0; same && d < ti[i].ndim; d++) same = t->shape[d] == ti[i].shape[d];
+        if (!same)
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has dtype %s or a shape that differs from the metadata's sizes",
+                            path, ti[i].name, dt_dtype_name(t->dtype));
+        memcpy(p + ti[i].offset, t->data, t->nbytes);
+    }
+    return DT_OK;
+}
+
+dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params) {
+    *params = NULL;
     dt_status st;
     if (is_llmc(path)) {
         uint8_t *buf = NULL;
         size_t len = 0;
         const float *p;
         if ((st = read_all(path, &buf, &len)) != DT_OK) return st;
-        st = dt_llmc_parse(buf, len, path, &fc, &p);
-        if (st == DT_OK && !same_config(&fc, mc)) st = mismatch(path, &fc, mc);
-        if (st == DT_OK) memcpy(dt_gpt_params(m), p, dt_gpt_num_params(m) * sizeof(float));
+        st = dt_llmc_parse(buf, len, path, c, &p);
+        if (st == DT_OK) {
+            size_t n = dt_gpt_config_num_params(c);
+            if (!(*params = dt_alloc(n * sizeof(float)))) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+            else memcpy(*params, p, n * sizeof(float));
+        }
         free(buf);
         return st;
     }
     dt_st_file *f;
     if ((st = dt_st_open(&f, path)) != DT_OK) return st;
-    if ((st = st_config(f, path, &fc)) == DT_OK && !same_config(&fc, mc)) st = mismatch(path, &fc, mc);
-    float *p = dt_gpt_params(m);
-    for (int i = 0; st == DT_OK && i < dt_gpt_num_tensors(m); i++) {
-        const dt_tensor_info *ti = dt_gpt_tensor(m, i);
-        const dt_st_tensor *t = dt_st_find(f, ti->name);
-        if (!t) {
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' missing", path, ti->name);
-            break;
+    if ((st = st_config(f, path, c)) == DT_OK) {
+        if (!(*params = dt_alloc(dt_gpt_config_num_params(c) * sizeof(float))))
+            st = dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+        else if ((st = st_params(f, path, c, *params)) != DT_OK) {
+            dt_free(*params);
+            *params = NULL;
         }
-        int same = t->dtype == DT_F32 && t->ndim == ti->ndim;
-        for (int d = 0; same && d < ti->ndim; d++) same = t->shape[d] == ti->shape[d];
-        if (!same) {
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has dtype %s or a shape that differs from the model's",
-                          path, ti->name, dt_dtype_name(t->dtype));
-            break;
-        }
-        memcpy(p + ti->offset, t->data, t->nbytes);
     }
     dt_st_close(f);
+    return st;
+}
+
+dt_status dt_gpt_load(dt_gpt *m, const char *path) {
+    const dt_gpt_config *mc = dt_gpt_get_config(m);
+    dt_gpt_config fc;
+    float *p;
+    dt_status st = dt_gpt_weights_load(path, &fc, &p);
+    if (st != DT_OK) return st;
+    if (!same_config(&fc, mc)) st = mismatch(path, &fc, mc);
+    else memcpy(dt_gpt_params(m), p, dt_gpt_num_params(m) * sizeof(float));
+    dt_free(p);
     return st;
 }

@@ -100,6 +100,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
 
 dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
                    dt_train_result *res) {
+    if (c->gpt) return dt_gpt_train(c, run_dir, progress, user, res);
     double t_start = dt_now();
     memset(res, 0, sizeof *res);
     dt_set_threads(c->threads);

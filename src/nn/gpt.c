@@ -82,7 +82,7 @@ dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what) {
 }
 
 // Element counts of the 16 tensors and their shapes.
-static void param_shapes(const dt_gpt_config *c, dt_tensor_info *t) {
+void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[NPT]) {
     int64_t L = c->n_layer, C = c->n_embd, Vp = c->padded_vocab_size, maxT = c->block_size;
     const int64_t sh[NPT][3] = {{Vp, C}, {maxT, C}, {L, C}, {L, C}, {L, 3 * C, C}, {L, 3 * C},
                                 {L, C, C}, {L, C}, {L, C}, {L, C}, {L, 4 * C, C}, {L, 4 * C},
@@ -102,7 +102,7 @@ static void param_shapes(const dt_gpt_config *c, dt_tensor_info *t) {
 
 size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
     dt_tensor_info t[NPT];
-    param_shapes(c, t);
+    dt_gpt_param_shapes(c, t);
     return t[NPT - 1].offset + t[NPT - 1].numel;
 }
 
@@ -135,7 +135,7 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     m->c = *c;
     m->maxB = B;
     m->maxT = T;
-    param_shapes(c, m->tensors);
+    dt_gpt_param_shapes(c, m->tensors);
     m->nparams = dt_gpt_config_num_params(c);
     size_t L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size;
     size_t BT = (size_t)B * T, att = (size_t)B * NH * T * T;

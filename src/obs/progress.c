@@ -11,6 +11,11 @@ static void fmt_duration(double s, char *buf, size_t n) {
 }
 
 void dt_progress_format(const dt_progress *p, char *buf, size_t n) {
+    if (p->is_eval && p->eval_accuracy < 0) {  // a language model: no accuracy
+        snprintf(buf, n, "step %lld/%lld | train loss %.4f | val loss %.4f", (long long)p->step,
+                 (long long)p->total_steps, p->loss, p->eval_loss);
+        return;
+    }
     if (p->is_eval) {
         snprintf(buf, n, "epoch %d/%d done | train loss %.4f | test loss %.4f | test accuracy %.2f%%",
                  p->epoch, p->epochs, p->loss, p->eval_loss, 100.0 * p->eval_accuracy);

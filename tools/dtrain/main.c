@@ -22,6 +22,9 @@ static const struct {
 } commands[] = {
     {"train", cmd_train, "train a model described by a config file"},
     {"eval", cmd_eval, "evaluate saved weights on the test set"},
+    {"prepare-text", cmd_prepare_text, "text files -> byte-level GPT token files"},
+    {"convert", cmd_convert, "GPT weights between llm.c and safetensors"},
+    {"sample", cmd_sample, "generate text with a trained GPT"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -31,7 +34,7 @@ static void usage(FILE *f) {
             "       dtrain --help | --version\n\n"
             "Distributed training of neural networks on CPUs.\n\n"
             "commands:\n");
-    for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'dtrain COMMAND --help' describes a command. Exit status: 0 success,\n"
                "1 runtime error, 2 usage error.\n");
 }

@@ -147,6 +147,11 @@ int cmd_train(int argc, char **argv) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }
+    if (c.gpt) {
+        printf("trained %lld steps in %.1f s (%.0f tokens/s): val loss %.4f\nrun directory: %s\n", (long long)r.steps,
+               r.wall_seconds, r.samples_per_sec * c.seq_len, r.test_loss, a.run_dir);
+        return 0;
+    }
     printf("trained %lld steps in %.1f s (%.0f samples/s): test accuracy %.4f, test loss %.4f\n"
            "run directory: %s\n",
            (long long)r.steps, r.wall_seconds, r.samples_per_sec, r.test_accuracy, r.test_loss, a.run_dir);

@@ -1,0 +1,208 @@
+/* GPT training runs: token windows -> model -> optimizer, the validation
+ * loss, and the files of the run directory (the same three as dt_train:
+ * config.ini, model.safetensors, summary.json). */
+#include "dtrain/ckpt.h"
+#include "dtrain/gpt.h"
+#include "dtrain/train.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static dt_status make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || !*p) {
+            char ch = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return dt_error(DT_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+            if (!ch) break;
+            *p = ch;
+        }
+    }
+    return DT_OK;
+}
+
+// Mean loss over `batches` consecutive windows of the validation file.
+static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int batches, int B, int T, int32_t *x,
+                          int32_t *y, float *out) {
+    double s = 0;
+    for (int i = 0; i < batches; i++) {
+        float l;
+        dt_status st = dt_tokens_window(val, i, B, T, x, y);
+        if (st == DT_OK) st = dt_gpt_forward(m, x, y, B, T, &l);
+        if (st != DT_OK) return st;
+        s += l;
+    }
+    *out = (float)(s / batches);
+    return DT_OK;
+}
+
+static dt_status write_summary(const char *path, const dt_config *c, const dt_train_result *r,
+                               size_t nparams, double tokens_per_sec, cJSON *history) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+    cJSON_AddStringToObject(o, "model", c->preset);
+    cJSON_AddNumberToObject(o, "params", (double)nparams);
+    cJSON_AddNumberToObject(o, "threads", dt_get_threads());
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(o, "batch", c->batch);
+    cJSON_AddNumberToObject(o, "seq_len", c->seq_len);
+    cJSON_AddNumberToObject(o, "final_train_loss", r->final_train_loss);
+    if (r->test_loss >= 0) cJSON_AddNumberToObject(o, "val_loss", r->test_loss);
+    else cJSON_AddNullToObject(o, "val_loss");
+    cJSON_AddItemReferenceToObject(o, "val_history", history);
+    cJSON_AddNumberToObject(o, "wall_seconds", r->wall_seconds);
+    cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
+    cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
+    cJSON_AddNumberToObject(o, "tokens_per_sec", tokens_per_sec);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!s) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    size_t n = strlen(s);
+    s[n] = '\n';  // cJSON_Print leaves room: replace the NUL, write n+1
+    const void *parts[] = {s};
+    size_t sizes[] = {n + 1};
+    dt_status st = dt_write_atomic(path, parts, sizes, 1);
+    free(s);
+    return st;
+}
+
+dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
+                       dt_train_result *res) {
+    double t_start = dt_now();
+    memset(res, 0, sizeof *res);
+    res->test_loss = -1;
+    res->test_accuracy = -1;
+    if (!c->gpt) return dt_error(DT_ERR_ARG, "dt_gpt_train: the config's model is not a GPT");
+    dt_set_threads(c->threads);
+    dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    int B = c->batch, T = c->seq_len;
+    dt_tokens train = {0}, val = {0};
+    dt_gpt *m = NULL;
+    dt_optim *opt = NULL;
+    int32_t *x = NULL, *y = NULL;
+    cJSON *history = cJSON_CreateArray();
+    char path[4096];
+    dt_status st = DT_OK;
+
+    if (run_dir) {
+        if ((st = make_dirs(run_dir)) != DT_OK) goto done;
+        snprintf(path, sizeof path, "%s/config.ini", run_dir);
+        if ((st = dt_config_write(c, path)) != DT_OK) goto done;
+    }
+    if ((st = dt_tokens_open(&train, c->train_file, c->vocab_size)) != DT_OK) goto done;
+    if (train.n < (size_t)T + 1) {
+        st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d",
+                      c->train_file, train.n, T + 1);
+        goto done;
+    }
+    if (c->val_file[0]) {
+        if ((st = dt_tokens_open(&val, c->val_file, c->vocab_size)) != DT_OK) goto done;
+        if (val.n < (size_t)T + 1) {
+            st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d",
+                          c->val_file, val.n, T + 1);
+            goto done;
+        }
+    }
+    if ((st = dt_gpt_create(&m, &gc, B, T)) != DT_OK) goto done;
+    dt_gpt_init(m, c->seed);
+    size_t np = dt_gpt_num_params(m);
+    if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
+    x = malloc(sizeof(int32_t) * B * T);
+    y = malloc(sizeof(int32_t) * B * T);
+    if (!x || !y) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int64_t total = c->max_steps;
+    dt_schedule sched = {c->sched, c->optim.lr, c->min_lr, c->warmup_steps, total};
+    float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
+    dt_rng rng;
+    dt_rng_seed(&rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
+    dt_log(DT_LOG_INFO, "%s: GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d, %lld steps, %d threads",
+           c->name, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, np, train.n, val.n, B, T,
+           (long long)total, dt_get_threads());
+
+    double t_train = 0, win_t = dt_now(), rate = 0, loss_sum = 0;
+    int64_t win_samples = 0, loss_n = 0;
+    for (int64_t step = 0; step < total; step++) {
+        double t0 = dt_now();
+        float loss;
+        if ((st = dt_tokens_sample(&train, &rng, B, T, x, y)) != DT_OK) goto done;
+        dt_gpt_zero_grad(m);
+        if ((st = dt_gpt_forward(m, x, y, B, T, &loss)) != DT_OK) {
+            dt_error(st, "step %lld: %s", (long long)step + 1, dt_last_error());
+            goto done;
+        }
+        dt_gpt_backward(m);
+        float scale = 1.0f;
+        if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+        float lr = dt_schedule_lr(&sched, step);
+        dt_optim_step(opt, params, grads, lr, scale);
+        double now = dt_now();
+        t_train += now - t0;
+        res->steps = step + 1;
+        loss_sum += loss;
+        loss_n++;
+        win_samples += B;
+        if (now - win_t >= 0.5 || rate == 0) {
+            rate = win_samples / (now - win_t);
+            win_t = now;
+            win_samples = 0;
+        }
+        if (progress) {
+            dt_progress p = {step + 1, total, 1, 1, loss, lr, rate, 0, 0, 0, 0};
+            p.eta_seconds = rate > 0 ? (double)(total - step - 1) * B / rate : 0;
+            progress(&p, user);
+        }
+        int last = step + 1 == total;
+        if (val.tokens && (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0))) {
+            float vl;
+            if ((st = val_loss(m, &val, c->eval_batches, B, T, x, y, &vl)) != DT_OK) goto done;
+            res->test_loss = vl;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "step", (double)(step + 1));
+            cJSON_AddNumberToObject(e, "train_loss", loss_sum / loss_n);
+            cJSON_AddNumberToObject(e, "val_loss", vl);
+            cJSON_AddItemToArray(history, e);
+            if (progress) {
+                dt_progress p = {step + 1, total, 1, 1, (float)(loss_sum / loss_n), lr, rate, 0, 1, vl, -1};
+                progress(&p, user);
+            }
+        }
+        if (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0)) {
+            res->final_train_loss = (float)(loss_sum / loss_n);
+            loss_sum = 0;
+            loss_n = 0;
+        }
+    }
+    res->epochs = 1;
+    res->train_seconds = t_train;
+    res->samples_per_sec = t_train > 0 ? (double)res->steps * B / t_train : 0;
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
+        if ((st = dt_gpt_save(m, path)) != DT_OK) goto done;
+    }
+    res->wall_seconds = dt_now() - t_start;
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/summary.json", run_dir);
+        st = write_summary(path, c, res, np, res->samples_per_sec * T, history);
+    }
+done:
+    cJSON_Delete(history);
+    free(x);
+    free(y);
+    dt_optim_free(opt);
+    dt_gpt_free(m);
+    dt_tokens_close(&train);
+    dt_tokens_close(&val);
+    return st;
+}

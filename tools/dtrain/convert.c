@@ -1,0 +1,68 @@
+/* dtrain convert: GPT weights between llm.c checkpoints and safetensors. */
+#include "cli.h"
+#include "dtrain/dtrain.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char help[] =
+    "usage: dtrain convert --from FORMAT IN --to OUT\n"
+    "\n"
+    "Converts GPT-2 weights between llm.c's checkpoint (FORMAT llmc: the\n"
+    "gpt2_124M.bin that llm.c's scripts write and its trainer reads) and\n"
+    "dtrain's safetensors (FORMAT safetensors: the model.safetensors of a GPT\n"
+    "run). OUT gets the other format. The parameters are copied bit for bit,\n"
+    "so llmc -> safetensors -> llmc reproduces the original file byte for byte.\n"
+    "\n"
+    "examples:\n"
+    "  dtrain convert --from llmc gpt2_124M.bin --to gpt2.safetensors\n"
+    "  dtrain convert --from safetensors runs/x/model.safetensors --to model.bin\n";
+
+int cmd_convert(int argc, char **argv) {
+    const char *from = NULL, *in = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(help, stdout);
+            return 0;
+        } else if (!strcmp(s, "--from")) {
+            if (i + 2 >= argc) return cli_error("--from needs FORMAT and IN"), EXIT_USAGE;
+            from = argv[++i];
+            in = argv[++i];
+        } else if (!strcmp(s, "--to")) {
+            if (i + 1 >= argc) return cli_error("--to needs OUT"), EXIT_USAGE;
+            out = argv[++i];
+        } else {
+            return cli_error("unexpected argument '%s' (see 'dtrain convert --help')", s), EXIT_USAGE;
+        }
+    }
+    if (!from || !out) return cli_error("need --from FORMAT IN and --to OUT (see 'dtrain convert --help')"), EXIT_USAGE;
+    int to_llmc;
+    if (!strcmp(from, "llmc")) to_llmc = 0;
+    else if (!strcmp(from, "safetensors")) to_llmc = 1;
+    else return cli_error("--from '%s': expected llmc or safetensors", from), EXIT_USAGE;
+
+    // The reader tells the two formats apart by content; check that IN is
+    // what the user said, so that a mix-up is reported, not converted.
+    FILE *f = fopen(in, "rb");
+    unsigned char h[4] = {0};
+    if (f) {
+        if (fread(h, 1, 4, f) != 4) h[0] = h[1] = h[2] = h[3] = 0;
+        fclose(f);
+    }
+    int is_llmc = (h[0] | h[1] << 8 | h[2] << 16 | (unsigned)h[3] << 24) == DT_LLMC_MAGIC;
+    if (f && is_llmc != !to_llmc)
+        return cli_error("%s: this is %s an llm.c checkpoint, but --from says %s", in, is_llmc ? "" : "not", from),
+               EXIT_RUNTIME;
+
+    dt_gpt_config c;
+    float *p;
+    if (dt_gpt_weights_load(in, &c, &p) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    dt_status st = to_llmc ? dt_llmc_write(out, &c, p) : dt_gpt_weights_save(out, &c, p);
+    dt_free(p);
+    if (st != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    printf("%s -> %s (%s): L%d H%d C%d block_size %d vocab %d (padded %d), %zu parameters\n", in, out,
+           to_llmc ? "llmc" : "safetensors", c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size,
+           c.padded_vocab_size, dt_gpt_config_num_params(&c));
+    return 0;
+}

@@ -1,0 +1,163 @@
+/* dtrain sample: text from a byte-level GPT. */
+#include "cli.h"
+#include "dtrain/dtrain.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char help[] =
+    "usage: dtrain sample CONFIG --checkpoint WEIGHTS [--prompt TEXT] [-n N]\n"
+    "                    [--temperature T] [--top-k K] [--seed S] [--set S.K=V]...\n"
+    "\n"
+    "Generates N (default 200) tokens after TEXT with the GPT that CONFIG\n"
+    "describes and WEIGHTS holds (a run's model.safetensors, or an llm.c\n"
+    "checkpoint of the same sizes), and prints the prompt and the sample.\n"
+    "Tokens are bytes, so the model must be byte-level (vocab_size 256, as\n"
+    "'dtrain prepare-text' makes). Each next token is drawn from\n"
+    "softmax(logits / T) (T 0 = always the most likely; default 0.8),\n"
+    "restricted to the K most likely when --top-k is given, with a generator\n"
+    "seeded by S (default 1): the same arguments give the same text. When the\n"
+    "text outgrows the model's context (block_size), the last block_size\n"
+    "tokens are the context; a prompt longer than that is an error.\n";
+
+static int parse_num(const char *flag, const char *v, double lo, double hi, double *out) {
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end || !(x >= lo && x <= hi)) {
+        cli_error("%s '%s': expected a number from %g to %g", flag, v ? v : "", lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cmd_sample(int argc, char **argv) {
+    const char *config = NULL, *ckpt = NULL, *prompt = "", *sets[256];
+    int nsets = 0;
+    double n = 200, temp = 0.8, topk = 0, seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(help, stdout);
+            return 0;
+        } else if (!strcmp(s, "--checkpoint")) {
+            if (!v) return cli_error("--checkpoint needs a file"), EXIT_USAGE;
+            ckpt = argv[++i];
+        } else if (!strcmp(s, "--prompt")) {
+            if (!v) return cli_error("--prompt needs text"), EXIT_USAGE;
+            prompt = argv[++i];
+        } else if (!strcmp(s, "-n")) {
+            if (parse_num(s, v, 0, 1e7, &n)) return EXIT_USAGE;
+            i++;
+        } else if (!strcmp(s, "--temperature")) {
+            if (parse_num(s, v, 0, 100, &temp)) return EXIT_USAGE;
+            i++;
+        } else if (!strcmp(s, "--top-k")) {
+            if (parse_num(s, v, 0, 65536, &topk)) return EXIT_USAGE;
+            i++;
+        } else if (!strcmp(s, "--seed")) {
+            if (parse_num(s, v, 0, 1.8e19, &seed)) return EXIT_USAGE;
+            i++;
+        } else if (!strcmp(s, "--set")) {
+            if (!v || nsets == 256) return cli_error("--set needs SECTION.KEY=VALUE"), EXIT_USAGE;
+            sets[nsets++] = argv[++i];
+        } else if (s[0] == '-' && s[1]) {
+            return cli_error("unknown option '%s' (see 'dtrain sample --help')", s), EXIT_USAGE;
+        } else if (!config) {
+            config = s;
+        } else {
+            return cli_error("unexpected argument '%s' (one CONFIG only)", s), EXIT_USAGE;
+        }
+    }
+    if (!config || !ckpt) return cli_error("need CONFIG and --checkpoint WEIGHTS (see 'dtrain sample --help')"), EXIT_USAGE;
+    dt_config c;
+    if (dt_config_load(&c, config, sets, nsets) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    if (!c.gpt) return cli_error("%s: [model] is not a GPT (preset gpt-tiny, gpt-small, gpt2-124m or gpt)", config), EXIT_RUNTIME;
+    if (c.vocab_size > 256)
+        return cli_error("%s: vocab_size %d: sample reads and prints bytes, so it needs a byte-level model (vocab_size <= 256)",
+                         config, c.vocab_size), EXIT_RUNTIME;
+    int T = c.block_size, V = c.vocab_size;
+    size_t plen = strlen(prompt);
+    if ((int64_t)plen > T)
+        return cli_error("--prompt is %zu tokens, longer than the model's context (block_size %d)", plen, T), EXIT_USAGE;
+    for (size_t i = 0; i < plen; i++)
+        if ((unsigned char)prompt[i] >= V)
+            return cli_error("--prompt byte %zu (%u) is outside the vocabulary [0, %d)", i, (unsigned char)prompt[i], V), EXIT_USAGE;
+    dt_set_threads(c.threads);
+    dt_gpt_config gc = {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.padded_vocab_size};
+    dt_gpt *m;
+    if (dt_gpt_create(&m, &gc, 1, T) != DT_OK || dt_gpt_load(m, ckpt) != DT_OK) {
+        cli_error("%s", dt_last_error());
+        return EXIT_RUNTIME;
+    }
+    size_t total = plen + (size_t)n;
+    int32_t *tok = malloc(sizeof(int32_t) * (total + 1));
+    float *prob = malloc(sizeof(float) * V);
+    int *order = malloc(sizeof(int) * V);
+    if (!tok || !prob || !order) {
+        dt_gpt_free(m);
+        return cli_error("out of memory"), EXIT_RUNTIME;
+    }
+    // An empty prompt starts from a newline: the model needs one token.
+    size_t len = 0;
+    if (plen == 0) tok[len++] = '\n' < V ? '\n' : 0;
+    for (size_t i = 0; i < plen; i++) tok[len++] = (unsigned char)prompt[i];
+    fwrite(prompt, 1, plen, stdout);
+    dt_rng rng;
+    dt_rng_seed(&rng, (uint64_t)seed);
+    int rc = 0;
+    for (size_t k = 0; k < (size_t)n; k++) {
+        size_t ctx = len > (size_t)T ? (size_t)T : len;
+        const int32_t *w = tok + len - ctx;
+        if (dt_gpt_forward(m, w, NULL, 1, (int)ctx, NULL) != DT_OK) {
+            cli_error("%s", dt_last_error());
+            rc = EXIT_RUNTIME;
+            break;
+        }
+        const float *lg = dt_gpt_logits(m) + (ctx - 1) * V;
+        int next = 0;
+        if (temp == 0) {
+            for (int v = 1; v < V; v++)
+                if (lg[v] > lg[next]) next = v;
+        } else {
+            float mx = lg[0];
+            for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+            // Top-k: the k-th largest logit is the cut (ties kept).
+            float cut = -INFINITY;
+            if (topk > 0 && topk < V) {
+                for (int v = 0; v < V; v++) prob[v] = lg[v];
+                for (int j = 0; j < (int)topk; j++) {  // partial selection
+                    int best = j;
+                    for (int v = j + 1; v < V; v++)
+                        if (prob[v] > prob[best]) best = v;
+                    float t = prob[j];
+                    prob[j] = prob[best];
+                    prob[best] = t;
+                }
+                cut = prob[(int)topk - 1];
+            }
+            double sum = 0;
+            for (int v = 0; v < V; v++) sum += prob[v] = lg[v] >= cut ? expf((float)((lg[v] - mx) / temp)) : 0.0f;
+            double u = dt_rng_uniform(&rng) * sum, acc = 0;
+            next = V - 1;
+            for (int v = 0; v < V; v++) {
+                acc += prob[v];
+                if (u < acc) {
+                    next = v;
+                    break;
+                }
+            }
+        }
+        tok[len++] = next;
+        putchar(next);
+        fflush(stdout);
+    }
+    putchar('\n');
+    free(tok);
+    free(prob);
+    free(order);
+    dt_gpt_free(m);
+    return rc;
+}
