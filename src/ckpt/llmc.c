@@ -36,7 +36,11 @@ dt_status dt_llmc_parse(const uint8_t *buf, size_t len, const char *what, dt_gpt
                         what, version, DT_LLMC_VERSION);
     dt_gpt_config g = {.block_size = rd32(buf + 8), .vocab_size = rd32(buf + 12), .n_layer = rd32(buf + 16),
                        .n_head = rd32(buf + 20), .n_embd = rd32(buf + 24), .padded_vocab_size = rd32(buf + 28)};
-    if (dt_gpt_config_check(&g, what) != DT_OK) return dt_error(DT_ERR_FORMAT, "%s (in the header)", dt_last_error());
+    if (dt_gpt_config_check(&g, what) != DT_OK) {
+        char msg[512];  // dt_error overwrites the message it would read
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        return dt_error(DT_ERR_FORMAT, "%s (in the header)", msg);
+    }
     size_t np = dt_gpt_config_num_params(&g), want = HEADER_BYTES + np * sizeof(float);
     if (len != want)
         return dt_error(DT_ERR_FORMAT, "%s: header describes %zu parameters (%zu bytes) but the file has %zu bytes (%s)",

@@ -357,7 +357,9 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
         if (*f[i] == 0) return dt_error(DT_ERR_CONFIG, "%s: [model] %s: preset 'gpt' needs it set", what, names[i]);
     }
     dt_gpt_config r = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
-    if (dt_gpt_config_check(&r, "[model]") != DT_OK) return dt_error(DT_ERR_CONFIG, "%s: %s", what, dt_last_error());
+    char msg[512];
+    if (dt_gpt_config_check(&r, "[model]") != DT_OK)
+        return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
     if (c->seq_len == 0) c->seq_len = c->block_size;
     if (c->seq_len > c->block_size)
         return dt_error(DT_ERR_CONFIG, "%s: [train] seq_len: %d is longer than the model's context ([model] block_size = %d)", what, c->seq_len, c->block_size);

@@ -52,7 +52,7 @@ int cmd_convert(int argc, char **argv) {
     }
     int is_llmc = (h[0] | h[1] << 8 | h[2] << 16 | (unsigned)h[3] << 24) == DT_LLMC_MAGIC;
     if (f && is_llmc != !to_llmc)
-        return cli_error("%s: this is %s an llm.c checkpoint, but --from says %s", in, is_llmc ? "" : "not", from),
+        return cli_error("%s: this %s an llm.c checkpoint, but --from says %s", in, is_llmc ? "is" : "is not", from),
                EXIT_RUNTIME;
 
     dt_gpt_config c;

@@ -1,0 +1,304 @@
+/* GPT files and commands: llm.c token files, llm.c checkpoints, GPT
+ * safetensors, the GPT config fields, and the prepare-text / train / convert
+ * / sample commands end to end on a tiny model. Bad input of every kind
+ * (wrong magic or version, truncated or padded files, token ids >= vocab,
+ * contexts longer than the model's) must fail with a message that names
+ * the file and the problem. */
+#include "dtrain/dtrain.h"
+#include "testlib.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[256];
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+static uint8_t *read_bytes(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    uint8_t *b = malloc(*n + 1);
+    if (fread(b, 1, *n, f) != *n) *n = 0;
+    fclose(f);
+    return b;
+}
+
+// ----------------------------------------------------------------------------
+// token files
+
+static void test_tokens(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.bin", g_dir);
+    uint16_t tok[1000];
+    for (int i = 0; i < 1000; i++) tok[i] = (uint16_t)(i % 97);
+    CHECK(dt_tokens_write(path, tok, 1000) == DT_OK, "write token file: %s", dt_last_error());
+    size_t n;
+    uint8_t *buf = read_bytes(path, &n);
+    CHECK(n == 1024 + 2000, "token file size %zu", n);
+    int32_t h[3];
+    memcpy(h, buf, sizeof h);
+    CHECK(h[0] == 20240520 && h[1] == 1 && h[2] == 1000, "token header magic/version/count");
+
+    dt_tokens t;
+    CHECK(dt_tokens_open(&t, path, 97) == DT_OK && t.n == 1000 && t.tokens[5] == 5, "open (mmap)");
+    // Random windows: inside the file, targets shifted by one, seeded.
+    int32_t x[4 * 16], y[4 * 16], x2[4 * 16], y2[4 * 16];
+    dt_rng r1, r2;
+    dt_rng_seed(&r1, 3);
+    dt_rng_seed(&r2, 3);
+    dt_tokens_sample(&t, &r1, 4, 16, x, y);
+    dt_tokens_sample(&t, &r2, 4, 16, x2, y2);
+    int ok = memcmp(x, x2, sizeof x) == 0 && memcmp(y, y2, sizeof y) == 0;
+    for (int i = 0; i < 4 * 16; i++) ok &= y[i] == (x[i] + 1) % 97;
+    CHECK(ok, "sampled windows: reproducible, targets = next tokens");
+    dt_tokens_window(&t, 0, 2, 16, x, y);
+    CHECK(x[0] == 0 && x[16] == 16 && y[15] == 16, "validation windows are consecutive");
+    CHECK(dt_tokens_sample(&t, &r1, 1, 1000, x, y) == DT_ERR_ARG && strstr(dt_last_error(), "too short"),
+          "window longer than the file rejected: %s", dt_last_error());
+    dt_tokens_close(&t);
+
+    // Ids >= vocab.
+    CHECK(dt_tokens_open(&t, path, 96) == DT_ERR_FORMAT && strstr(dt_last_error(), "token 96 is 96") &&
+              strstr(dt_last_error(), path),
+          "id >= vocab: %s", dt_last_error());
+    // Header and length damage, through the buffer parser.
+    const uint16_t *tp;
+    size_t tn;
+    uint8_t *bad = malloc(n + 2);
+    memcpy(bad, buf, n);
+    bad[0] ^= 1;
+    CHECK(dt_tokens_parse(bad, n, "x.bin", 97, &tp, &tn) == DT_ERR_FORMAT && strstr(dt_last_error(), "magic"),
+          "wrong magic: %s", dt_last_error());
+    memcpy(bad, buf, n);
+    bad[4] = 2;
+    CHECK(dt_tokens_parse(bad, n, "x.bin", 97, &tp, &tn) == DT_ERR_FORMAT && strstr(dt_last_error(), "version 2"),
+          "wrong version: %s", dt_last_error());
+    memcpy(bad, buf, n);
+    CHECK(dt_tokens_parse(bad, n - 1, "x.bin", 97, &tp, &tn) == DT_ERR_FORMAT && strstr(dt_last_error(), "truncated"),
+          "truncated: %s", dt_last_error());
+    CHECK(dt_tokens_parse(bad, n + 2, "x.bin", 97, &tp, &tn) == DT_ERR_FORMAT && strstr(dt_last_error(), "trailing"),
+          "trailing bytes: %s", dt_last_error());
+    CHECK(dt_tokens_parse(bad, 100, "x.bin", 97, &tp, &tn) == DT_ERR_FORMAT && strstr(dt_last_error(), "header"),
+          "shorter than the header: %s", dt_last_error());
+    bad[8] = 0xff, bad[9] = 0xff, bad[10] = 0xff, bad[11] = 0xff;
+    CHECK(dt_tokens_parse(bad, n, "x.bin", 97, &tp, &tn) == DT_ERR_FORMAT, "negative count: %s", dt_last_error());
+    CHECK(dt_tokens_open(&t, "/nonexistent/t.bin", 97) == DT_ERR_IO && strstr(dt_last_error(), "/nonexistent/t.bin"),
+          "missing file: %s", dt_last_error());
+    free(bad);
+    free(buf);
+}
+
+// ----------------------------------------------------------------------------
+// llm.c checkpoints and safetensors
+
+static void test_weights(void) {
+    dt_gpt_config c = {2, 2, 16, 8, 30, 32};
+    dt_gpt *m;
+    CHECK(dt_gpt_create(&m, &c, 1, 8) == DT_OK, "create");
+    dt_gpt_init(m, 5);
+    char bin[512], st[512], bin2[512];
+    snprintf(bin, sizeof bin, "%s/m.bin", g_dir);
+    snprintf(st, sizeof st, "%s/m.safetensors", g_dir);
+    snprintf(bin2, sizeof bin2, "%s/m2.bin", g_dir);
+    CHECK(dt_llmc_write(bin, &c, dt_gpt_params(m)) == DT_OK, "llmc write: %s", dt_last_error());
+    size_t n;
+    uint8_t *buf = read_bytes(bin, &n);
+    int32_t h[8];
+    memcpy(h, buf, sizeof h);
+    CHECK(n == 1024 + 4 * dt_gpt_num_params(m) && h[0] == 20240326 && h[1] == 3 && h[2] == 8 && h[3] == 30 &&
+              h[4] == 2 && h[5] == 2 && h[6] == 16 && h[7] == 32,
+          "llm.c header {magic, 3, maxT, V, L, NH, C, Vp}");
+    CHECK(memcmp(buf + 1024, dt_gpt_params(m), 4 * dt_gpt_num_params(m)) == 0, "llm.c payload = parameter block");
+
+    // Round trip through the CLI: llmc -> safetensors -> llmc, byte-exact.
+    char cmd[8192], out[8192];
+    snprintf(cmd, sizeof cmd, "%s convert --from llmc %s --to %s && %s convert --from safetensors %s --to %s",
+             tl_dtrain(), bin, st, tl_dtrain(), st, bin2);
+    int rc = tl_run(cmd, out, sizeof out);
+    CHECK(rc == 0, "convert both ways: %s", out);
+    size_t n2;
+    uint8_t *buf2 = read_bytes(bin2, &n2);
+    CHECK(buf2 && n2 == n && memcmp(buf, buf2, n) == 0, "llmc -> safetensors -> llmc is byte-exact");
+    free(buf2);
+    snprintf(cmd, sizeof cmd, "%s convert --from safetensors %s --to %s", tl_dtrain(), bin, st);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "is an llm.c checkpoint"), "--from mismatch: %s", out);
+
+    // Loading either format into a model.
+    dt_gpt *m2;
+    dt_gpt_create(&m2, &c, 1, 8);
+    CHECK(dt_gpt_load(m2, st) == DT_OK && memcmp(dt_gpt_params(m2), dt_gpt_params(m), 4 * dt_gpt_num_params(m)) == 0,
+          "load safetensors: %s", dt_last_error());
+    memset(dt_gpt_params(m2), 0, 4 * dt_gpt_num_params(m2));
+    CHECK(dt_gpt_load(m2, bin) == DT_OK && memcmp(dt_gpt_params(m2), dt_gpt_params(m), 4 * dt_gpt_num_params(m)) == 0,
+          "load llm.c: %s", dt_last_error());
+    dt_gpt_config rc2;
+    CHECK(dt_gpt_read_config(bin, &rc2) == DT_OK && rc2.padded_vocab_size == 32 && rc2.n_embd == 16, "read config llmc");
+    CHECK(dt_gpt_read_config(st, &rc2) == DT_OK && rc2.padded_vocab_size == 32 && rc2.n_layer == 2, "read config st");
+    dt_gpt_free(m2);
+    dt_gpt_config other = c;
+    other.n_layer = 3;
+    dt_gpt_create(&m2, &other, 1, 8);
+    CHECK(dt_gpt_load(m2, bin) == DT_ERR_FORMAT && strstr(dt_last_error(), "weights are for L2"),
+          "size mismatch: %s", dt_last_error());
+    CHECK(dt_gpt_load(m2, st) == DT_ERR_FORMAT && strstr(dt_last_error(), "weights are for L2"),
+          "size mismatch (safetensors): %s", dt_last_error());
+    dt_gpt_free(m2);
+
+    // Damage.
+    dt_gpt_config pc;
+    const float *pp;
+    uint8_t *bad = malloc(n + 4);
+    memcpy(bad, buf, n);
+    bad[0] ^= 1;
+    CHECK(dt_llmc_parse(bad, n, "m.bin", &pc, &pp) == DT_ERR_FORMAT && strstr(dt_last_error(), "magic"),
+          "llmc wrong magic: %s", dt_last_error());
+    memcpy(bad, buf, n);
+    bad[4] = 5;
+    CHECK(dt_llmc_parse(bad, n, "m.bin", &pc, &pp) == DT_ERR_FORMAT && strstr(dt_last_error(), "version 5"),
+          "llmc wrong version: %s", dt_last_error());
+    memcpy(bad, buf, n);
+    CHECK(dt_llmc_parse(bad, n - 4, "m.bin", &pc, &pp) == DT_ERR_FORMAT && strstr(dt_last_error(), "truncated"),
+          "llmc truncated: %s", dt_last_error());
+    CHECK(dt_llmc_parse(bad, n + 4, "m.bin", &pc, &pp) == DT_ERR_FORMAT && strstr(dt_last_error(), "trailing"),
+          "llmc trailing: %s", dt_last_error());
+    bad[24] = 15;  // C = 15, not a multiple of NH = 2
+    CHECK(dt_llmc_parse(bad, n, "m.bin", &pc, &pp) == DT_ERR_FORMAT && strstr(dt_last_error(), "multiple of n_head"),
+          "llmc inconsistent sizes: %s", dt_last_error());
+    memcpy(bad, buf, n);
+    bad[28] = 20;  // Vp < V
+    CHECK(dt_llmc_parse(bad, n, "m.bin", &pc, &pp) == DT_ERR_FORMAT && strstr(dt_last_error(), "padded_vocab_size"),
+          "llmc Vp < V: %s", dt_last_error());
+    write_bytes(bin2, buf, n / 2);
+    CHECK(dt_gpt_load(m, bin2) == DT_ERR_FORMAT && strstr(dt_last_error(), bin2), "truncated file named: %s", dt_last_error());
+    free(bad);
+    free(buf);
+    dt_gpt_free(m);
+}
+
+// ----------------------------------------------------------------------------
+// config
+
+static void test_config(void) {
+    dt_config c;
+    const char *base = "[model]\npreset = gpt-tiny\n[data]\ndataset = tokens\ntrain_file = a.bin\n[train]\nmax_steps = 5\n";
+    CHECK(dt_config_parse(&c, base, "g.ini", NULL, 0) == DT_OK, "gpt-tiny config: %s", dt_last_error());
+    CHECK(c.gpt && c.n_layer == 2 && c.n_embd == 64 && c.n_head == 4 && c.vocab_size == 256 && c.seq_len == c.block_size,
+          "preset resolved");
+    const char *sets[] = {"model.n_layer=3", "model.vocab_size=1000"};
+    CHECK(dt_config_parse(&c, base, "g.ini", sets, 2) == DT_OK && c.n_layer == 3 && c.vocab_size == 1000 &&
+              c.padded_vocab_size == 1024,
+          "overrides; padded vocab follows vocab_size");
+    char path[512];
+    snprintf(path, sizeof path, "%s/w.ini", g_dir);
+    dt_config c2;
+    CHECK(dt_config_write(&c, path) == DT_OK && dt_config_load(&c2, path, NULL, 0) == DT_OK, "write + reload: %s",
+          dt_last_error());
+    CHECK(c2.gpt && c2.n_layer == 3 && c2.padded_vocab_size == 1024 && !strcmp(c2.train_file, "a.bin") &&
+              c2.max_steps == 5,
+          "reloaded config equals");
+    const char *longer[] = {"train.seq_len=300"};
+    CHECK(dt_config_parse(&c, base, "g.ini", longer, 1) == DT_ERR_CONFIG && strstr(dt_last_error(), "block_size = 256"),
+          "seq_len > block_size: %s", dt_last_error());
+    const char *heads[] = {"model.n_head=5"};
+    CHECK(dt_config_parse(&c, base, "g.ini", heads, 1) == DT_ERR_CONFIG && strstr(dt_last_error(), "n_head"),
+          "n_embd %% n_head: %s", dt_last_error());
+    const char *ds[] = {"data.dataset=fashion-mnist"};
+    CHECK(dt_config_parse(&c, base, "g.ini", ds, 1) == DT_ERR_CONFIG && strstr(dt_last_error(), "tokens"),
+          "GPT needs dataset = tokens: %s", dt_last_error());
+    CHECK(dt_config_parse(&c, "[model]\npreset = gpt\nn_layer = 2\n[data]\ndataset = tokens\ntrain_file = a\n[train]\nmax_steps = 1\n",
+                          "g.ini", NULL, 0) == DT_ERR_CONFIG && strstr(dt_last_error(), "n_head"),
+          "preset gpt needs every size: %s", dt_last_error());
+    CHECK(dt_config_parse(&c, "[model]\npreset = gpt-mega\n", "g.ini", NULL, 0) == DT_ERR_CONFIG &&
+              strstr(dt_last_error(), "gpt-mega"),
+          "unknown GPT preset: %s", dt_last_error());
+    // Classifier configs are untouched by the GPT fields.
+    CHECK(dt_config_parse(&c, "[model]\npreset = mlp\n", "m.ini", NULL, 0) == DT_OK && !c.gpt && c.nlayers == 6,
+          "classifier config still parses");
+}
+
+// ----------------------------------------------------------------------------
+// commands end to end
+
+static void test_cli(void) {
+    char cmd[8192], out[16384], txt[512], prefix[512], ini[512], run[512];
+    snprintf(txt, sizeof txt, "%s/corpus.txt", g_dir);
+    FILE *f = fopen(txt, "w");
+    for (int i = 0; i < 400; i++) fprintf(f, "the cat sat on the mat. %d\n", i % 10);
+    fclose(f);
+    snprintf(prefix, sizeof prefix, "%s/corpus", g_dir);
+    snprintf(cmd, sizeof cmd, "%s prepare-text %s -o %s", tl_dtrain(), txt, prefix);
+    CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "vocab 256"), "prepare-text: %s", out);
+
+    snprintf(ini, sizeof ini, "%s/tiny.ini", g_dir);
+    f = fopen(ini, "w");
+    fprintf(f,
+            "[model]\npreset = gpt\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nvocab_size = 256\n"
+            "[data]\ndataset = tokens\ntrain_file = %s_train.bin\nval_file = %s_val.bin\n"
+            "[optim]\nname = adamw\nlr = 0.01\n[train]\nbatch = 4\nseq_len = 32\nmax_steps = 30\neval_every = 10\n"
+            "eval_batches = 2\nthreads = 1\n",
+            prefix, prefix);
+    fclose(f);
+    snprintf(run, sizeof run, "%s/run", g_dir);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s -q", tl_dtrain(), ini, run);
+    CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "val loss"), "train GPT: %s", out);
+    char p[600];
+    size_t n;
+    snprintf(p, sizeof p, "%s/summary.json", run);
+    char *sum = (char *)read_bytes(p, &n);
+    if (sum) sum[n] = 0;
+    CHECK(sum && strstr(sum, "\"val_loss\"") && strstr(sum, "\"val_history\"") && strstr(sum, "tokens_per_sec"),
+          "summary.json has val_loss, val_history, tokens_per_sec");
+    free(sum);
+    snprintf(p, sizeof p, "%s/config.ini", run);
+    CHECK(access(p, R_OK) == 0, "config.ini written");
+
+    // Sampling: reproducible for a seed, the prompt comes first.
+    char out2[16384];
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/model.safetensors --prompt 'the ' -n 40 --temperature 0.8 --seed 3",
+             tl_dtrain(), ini, run);
+    int rc1 = tl_run(cmd, out, sizeof out), rc2 = tl_run(cmd, out2, sizeof out2);
+    CHECK(rc1 == 0 && rc2 == 0 && !strcmp(out, out2) && !strncmp(out, "the ", 4) && strlen(out) == 4 + 40 + 1,
+          "sample is reproducible and starts with the prompt: '%s'", out);
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/model.safetensors --prompt 'the ' -n 60 --temperature 0 --top-k 5",
+             tl_dtrain(), ini, run);
+    CHECK(tl_run(cmd, out, sizeof out) == 0, "greedy sample beyond block_size (sliding context): %s", out);
+    char longp[100];
+    memset(longp, 'a', 40);
+    longp[40] = 0;
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/model.safetensors --prompt %s", tl_dtrain(), ini, run, longp);
+    CHECK(tl_run(cmd, out, sizeof out) == 2 && strstr(out, "longer than the model's context"), "prompt too long: %s", out);
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/model.safetensors --set model.n_layer=2", tl_dtrain(), ini, run);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "weights are for L1"), "checkpoint of another model: %s", out);
+
+    // Bad data: a token file whose ids exceed the config's vocab.
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set model.vocab_size=100", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "not below the model's vocab_size 100") && strstr(out, "_train.bin"),
+          "token ids >= vocab_size: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set train.seq_len=64", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "longer than the model's context"), "seq_len > block_size: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set data.train_file=%s", tl_dtrain(), ini, g_dir, txt);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "magic"), "text file as token file: %s", out);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-gpt-io-XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    dt_set_threads(1);
+    test_tokens();
+    test_weights();
+    test_config();
+    test_cli();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (tl_failed == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    return tl_finish();
+}
