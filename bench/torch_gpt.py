@@ -1,0 +1,103 @@
+#!/usr/bin/python3
+"""PyTorch side of bench/gpt.py: the same GPT-2 (pre-LN, GELU tanh, tied
+head, no dropout, no bias-free variants), sizes, batch, threads and AdamW
+step as bench_gpt, on random tokens. Prints one JSON object.
+
+gpt.py runs it under the environments that make PyTorch fastest here
+(OPENBLAS_CORETYPE=SkylakeX for Debian's OpenBLAS, OMP_WAIT_POLICY=passive).
+"""
+import argparse, json, math, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {  # L, NH, C, block_size, vocab
+    "gpt-tiny": (2, 4, 64, 256, 256),
+    "gpt-small": (6, 6, 384, 256, 256),
+    "gpt2-124m": (12, 12, 768, 1024, 50257),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.nh = NH
+        self.ln_1 = nn.LayerNorm(C)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+
+    def attn(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.nh, C // self.nh).transpose(1, 2) for t in (q, k, v))
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, L, NH, C, maxT, V):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(maxT, C)
+        self.h = nn.ModuleList(Block(C, NH) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.h:
+            x = b(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="gpt-small")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    a = ap.parse_args()
+    L, NH, C, maxT, V = PRESETS[a.preset]
+    V = a.vocab or V
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    m = GPT(L, NH, C, maxT, V)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1)
+    x = torch.randint(0, V, (a.batch, a.seq))
+    y = torch.randint(0, V, (a.batch, a.seq))
+    for s in range(a.warmup + a.steps):
+        if s == a.warmup:
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = m(x, y)
+        loss.backward()
+        opt.step()
+    dt = time.perf_counter() - t0
+    print(json.dumps({"impl": "pytorch", "version": torch.__version__, "preset": a.preset,
+                      "batch": a.batch, "seq": a.seq, "vocab": V, "threads": a.threads,
+                      "steps": a.steps, "params": sum(p.numel() for p in m.parameters()),
+                      "loss": round(loss.item(), 4),
+                      "tokens_per_sec": round(a.steps * a.batch * a.seq / dt, 1),
+                      "ms_per_step": round(1e3 * dt / a.steps, 2)}))
+
+
+if __name__ == "__main__":
+    main()
