@@ -279,6 +279,21 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/model.safetensors --set model.n_layer=2", tl_dtrain(), ini, run);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "weights are for L1"), "checkpoint of another model: %s", out);
 
+    snprintf(cmd, sizeof cmd, "%s eval %s --checkpoint %s/model.safetensors", tl_dtrain(), ini, run);
+    CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "validation tokens 256: next-token accuracy"),
+          "eval of a GPT checkpoint: %s", out);
+
+    // init_from: one more step from the trained weights keeps the val loss
+    // near the trained one, far below a fresh model's ~ln(256) = 5.5.
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run3 -q --set model.init_from=%s/model.safetensors "
+             "--set train.max_steps=1 --set optim.lr=1e-5", tl_dtrain(), ini, g_dir, run);
+    char *vl = NULL;
+    CHECK(tl_run(cmd, out, sizeof out) == 0 && (vl = strstr(out, "val loss ")) && atof(vl + 9) < 4.0,
+          "init_from continues from saved weights: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run3 -q --set model.init_from=%s/nothing.bin", tl_dtrain(), ini,
+             g_dir, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "nothing.bin"), "init_from missing file: %s", out);
+
     // Bad data: a token file whose ids exceed the config's vocab.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set model.vocab_size=100", tl_dtrain(), ini, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "not below the model's vocab_size 100") && strstr(out, "_train.bin"),

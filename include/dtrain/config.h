@@ -56,11 +56,13 @@ typedef struct {
     /* ---- GPT language models (docs/gpt.md) ----
      * [model] preset = gpt-tiny | gpt-small | gpt2-124m | gpt, with n_layer,
      * n_head, n_embd, block_size, vocab_size, padded_vocab_size overriding
-     * the preset (0 = the preset's; preset "gpt" needs them all);
+     * the preset (0 = the preset's; preset "gpt" needs them all), and
+     * init_from (weights to start from: safetensors or an llm.c checkpoint);
      * [data] dataset = tokens, train_file, val_file (llm.c token files);
      * [train] seq_len (0 = block_size), eval_every, eval_batches. */
     int gpt;                       /* set by validation: the model is a GPT */
     int n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab_size;
+    char init_from[512];
     char train_file[512], val_file[512];
     int seq_len;                   /* tokens per training sequence */
     int eval_every;                /* steps between validation losses (0 = end only) */

@@ -29,19 +29,54 @@ static dt_status make_dirs(const char *path) {
     return DT_OK;
 }
 
-// Mean loss over `batches` consecutive windows of the validation file.
+// Mean loss (and next-token accuracy when acc is not NULL) over `batches`
+// consecutive windows of the validation file.
 static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int batches, int B, int T, int32_t *x,
-                          int32_t *y, float *out) {
+                          int32_t *y, float *out, float *acc) {
     double s = 0;
+    long correct = 0;
+    int V = dt_gpt_get_config(m)->vocab_size;
     for (int i = 0; i < batches; i++) {
         float l;
         dt_status st = dt_tokens_window(val, i, B, T, x, y);
         if (st == DT_OK) st = dt_gpt_forward(m, x, y, B, T, &l);
         if (st != DT_OK) return st;
         s += l;
+        if (acc) {
+            const float *lg = dt_gpt_logits(m);
+            for (int r = 0; r < B * T; r++) {
+                int arg = 0;
+                for (int v = 1; v < V; v++)
+                    if (lg[(size_t)r * V + v] > lg[(size_t)r * V + arg]) arg = v;
+                correct += arg == y[r];
+            }
+        }
     }
     *out = (float)(s / batches);
+    if (acc) *acc = (float)correct / ((float)batches * B * T);
     return DT_OK;
+}
+
+dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy,
+                                 int *n) {
+    dt_set_threads(c->threads);
+    const char *file = c->val_file[0] ? c->val_file : c->train_file;
+    dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    int B = c->batch, T = c->seq_len;
+    dt_tokens val = {0};
+    dt_gpt *m = NULL;
+    int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
+    dt_status st = x && y ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
+    if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
+    if (st == DT_OK) st = dt_gpt_load(m, weights);
+    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches, B, T, x, y, loss, accuracy);
+    if (n) *n = c->eval_batches * B * T;
+    dt_gpt_free(m);
+    dt_tokens_close(&val);
+    free(x);
+    free(y);
+    return st;
 }
 
 static dt_status write_summary(const char *path, const dt_config *c, const dt_train_result *r,
@@ -114,6 +149,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     }
     if ((st = dt_gpt_create(&m, &gc, B, T)) != DT_OK) goto done;
     dt_gpt_init(m, c->seed);
+    if (c->init_from[0] && (st = dt_gpt_load(m, c->init_from)) != DT_OK) goto done;
     size_t np = dt_gpt_num_params(m);
     if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
     x = malloc(sizeof(int32_t) * B * T);
@@ -166,7 +202,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         int last = step + 1 == total;
         if (val.tokens && (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0))) {
             float vl;
-            if ((st = val_loss(m, &val, c->eval_batches, B, T, x, y, &vl)) != DT_OK) goto done;
+            if ((st = val_loss(m, &val, c->eval_batches, B, T, x, y, &vl, NULL)) != DT_OK) goto done;
             res->test_loss = vl;
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "step", (double)(step + 1));

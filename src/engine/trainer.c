@@ -225,6 +225,7 @@ done:
 }
 
 dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
+    if (c->gpt) return dt_gpt_eval_checkpoint(c, weights, loss, accuracy, n);
     dt_set_threads(c->threads);
     dt_dataset test = {0};
     dt_model *m = NULL;

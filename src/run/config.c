@@ -72,11 +72,12 @@ static const field fields[] = {
     {"train", "seq_len", F_INT, O(seq_len), 0, 1 << 20, NULL},
     {"train", "eval_every", F_INT, O(eval_every), 0, 1e9, NULL},
     {"train", "eval_batches", F_INT, O(eval_batches), 0, 1e6, NULL},
+    {"model", "init_from", F_STR, O(init_from), 0, 0, NULL},
     // ---- end of GPT fields ----
 };
 #undef O
 #define NFIELDS (int)(sizeof fields / sizeof fields[0])
-#define NGPT_FIELDS 11  // the GPT block at the end of the table
+#define NGPT_FIELDS 12  // the GPT block at the end of the table
 static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
 
 void dt_config_defaults(dt_config *c) {

@@ -170,6 +170,7 @@ int cmd_eval(int argc, char **argv) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }
-    printf("test samples %d: accuracy %.4f, loss %.4f\n", n, acc, loss);
+    if (c.gpt) printf("validation tokens %d: next-token accuracy %.4f, loss %.4f\n", n, acc, loss);
+    else printf("test samples %d: accuracy %.4f, loss %.4f\n", n, acc, loss);
     return 0;
 }
