@@ -121,6 +121,82 @@ static void test_attention(void) {
     free(dqkv);
 }
 
+// Longer sequences than attention.c's row block (64), with a partial last
+// block: forward vs a naive double reference, backward vs finite
+// differences on a sample of elements.
+static void att_ref_general(double *out, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    double *w = malloc(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+                    double d = 0;
+                    for (int i = 0; i < hs; i++) d += (double)q[i] * k[i];
+                    w[j] = d / sqrt((double)hs);
+                    mx = fmax(mx, w[j]);
+                }
+                for (int j = 0; j <= t; j++) sum += (w[j] = exp(w[j] - mx));
+                for (int i = 0; i < hs; i++) {
+                    double y = 0;
+                    for (int j = 0; j <= t; j++) y += w[j] / sum * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + i];
+                    out[((size_t)b * T + t) * C + h * hs + i] = y;
+                }
+            }
+    free(w);
+}
+
+static double att_loss_general(const float *qkv, const float *R, float *out, float *att, int B, int T, int C, int NH) {
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    double s = 0;
+    for (size_t i = 0; i < (size_t)B * T * C; i++) s += (double)out[i] * R[i];
+    return s;
+}
+
+static void test_attention_blocks(void) {
+    int B = 2, T = 150, C = 16, NH = 2;
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float *qkv = randn(nq, 1.0f), *R = randn(no, 1.0f), *out = zeros(no), *att = zeros(na), *datt = zeros(na);
+    double *ref = malloc(sizeof(double) * no);
+    att_ref_general(ref, qkv, B, T, C, NH);
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    double worst = 0;
+    for (size_t i = 0; i < no; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
+    CHECK(worst < 1e-5, "attention forward T=%d (3 row blocks) vs double reference: %.2e", T, worst);
+    int causal = 1;
+    for (int r = 0; r < B * NH * T; r++)
+        for (int j = r % T + 1; j < T; j++) causal &= att[(size_t)r * T + j] == 0.0f;
+    CHECK(causal, "attention T=%d: probabilities zero right of the diagonal", T);
+    float *dqkv = zeros(nq);
+    dt_attention_backward(dqkv, datt, R, qkv, att, B, T, C, NH);
+    int bad = 0, tried = 0;
+    double eps = 1e-2;
+    for (int s = 0; s < 150; s++) {
+        size_t i = dt_rng_below(&g_rng, (uint32_t)nq);
+        float x0 = qkv[i];
+        qkv[i] = x0 + (float)eps;
+        double lp = att_loss_general(qkv, R, out, att, B, T, C, NH);
+        qkv[i] = x0 - (float)eps;
+        double lm = att_loss_general(qkv, R, out, att, B, T, C, NH);
+        qkv[i] = x0;
+        double num = (lp - lm) / (2 * eps);
+        tried++;
+        if (!close_enough(num, dqkv[i], 1e-2, 2e-3) && bad++ < 5)
+            fprintf(stderr, "  dqkv[%zu]: numeric %.6f backward %.6f\n", i, num, dqkv[i]);
+    }
+    CHECK(bad == 0, "attention backward T=%d vs finite differences: %d of %d differ", T, bad, tried);
+    free(qkv);
+    free(R);
+    free(out);
+    free(att);
+    free(datt);
+    free(ref);
+    free(dqkv);
+}
+
 // ----------------------------------------------------------------------------
 // encoder and residual (linear: their gradients are exact sums)
 
@@ -269,6 +345,7 @@ int main(void) {
     dt_rng_seed(&g_rng, 42);
     dt_set_threads(2);
     test_attention();
+    test_attention_blocks();
     test_encoder_residual();
     test_model();
     test_presets();

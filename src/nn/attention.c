@@ -86,9 +86,13 @@ void dt_residual_backward(float *da, float *db, const float *dout, size_t N) {
 // inside a parallel region), which for T and hs of 64..1024 is the better
 // split than threading each small GEMM.
 //
-// The GEMMs compute the full T x T square although only the lower triangle
-// is used; the waste is the upper half of the two score-sized GEMMs, small
-// next to the model's linear layers at GPT-2 shapes.
+// Causality is also used to skip work: rows are taken in blocks of ATT_BLOCK
+// and block i only multiplies against the first (i+1)*ATT_BLOCK keys and
+// values, so the score-sized GEMMs do a little over half of the T x T
+// square (5/8 of it at T = 256). Entries of A right of the diagonal are
+// stored as zeros.
+
+#define ATT_BLOCK 64
 
 void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C;
@@ -98,21 +102,26 @@ void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
             float *A = att + ((size_t)b * NH + h) * T * T;
-            dt_sgemm(0, 1, T, T, hs, scale, q, C3, k, C3, 0.0f, A, T);
-            for (int t = 0; t < T; t++) {
-                float *r = A + (size_t)t * T;
-                float mx = -FLT_MAX;
-                for (int j = 0; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
-                float s = 0.0f;
-                for (int j = 0; j <= t; j++) {
-                    r[j] = expf(r[j] - mx);
-                    s += r[j];
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int nr = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, nk = r0 + nr;  // rows, keys
+                float *Ab = A + (size_t)r0 * T;
+                dt_sgemm(0, 1, nr, nk, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, Ab, T);
+                for (int t = r0; t < r0 + nr; t++) {
+                    float *r = A + (size_t)t * T;
+                    float mx = -FLT_MAX;
+                    for (int j = 0; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+                    float s = 0.0f;
+                    for (int j = 0; j <= t; j++) {
+                        r[j] = expf(r[j] - mx);
+                        s += r[j];
+                    }
+                    float inv = 1.0f / s;
+                    for (int j = 0; j <= t; j++) r[j] *= inv;
+                    for (int j = t + 1; j < T; j++) r[j] = 0.0f;
                 }
-                float inv = 1.0f / s;
-                for (int j = 0; j <= t; j++) r[j] *= inv;
-                for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+                dt_sgemm(0, 0, nr, hs, nk, 1.0f, Ab, T, v, C3, 0.0f,
+                         out + ((size_t)b * T + r0) * C + h * hs, C);
             }
-            dt_sgemm(0, 0, T, hs, T, 1.0f, A, T, v, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);
         }
 }
 
@@ -129,17 +138,22 @@ void dt_attention_backward(float *dqkv, float *datt, const float *dout, const fl
             const float *A = att + ((size_t)b * NH + h) * T * T;
             float *D = datt + ((size_t)b * NH + h) * T * T;
             const float *dy = dout + (size_t)b * T * C + h * hs;
-            dt_sgemm(0, 1, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, D, T);
-            dt_sgemm(1, 0, T, hs, T, 1.0f, A, T, dy, C, 1.0f, dv, C3);
-            for (int t = 0; t < T; t++) {
-                float *d = D + (size_t)t * T;
-                const float *a = A + (size_t)t * T;
-                float s = 0.0f;
-                for (int j = 0; j <= t; j++) s += d[j] * a[j];
-                for (int j = 0; j <= t; j++) d[j] = a[j] * (d[j] - s) * scale;
-                for (int j = t + 1; j < T; j++) d[j] = 0.0f;
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int nr = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, nk = r0 + nr;
+                const float *Ab = A + (size_t)r0 * T, *dyb = dy + (size_t)r0 * C;
+                float *Db = D + (size_t)r0 * T;
+                dt_sgemm(0, 1, nr, nk, hs, 1.0f, dyb, C, v, C3, 0.0f, Db, T);     // dA = dy v^T
+                dt_sgemm(1, 0, nk, hs, nr, 1.0f, Ab, T, dyb, C, 1.0f, dv, C3);    // dv += A^T dy
+                for (int t = r0; t < r0 + nr; t++) {
+                    float *d = D + (size_t)t * T;
+                    const float *a = A + (size_t)t * T;
+                    float s = 0.0f;
+                    for (int j = 0; j <= t; j++) s += d[j] * a[j];
+                    for (int j = 0; j <= t; j++) d[j] = a[j] * (d[j] - s) * scale;
+                    for (int j = t + 1; j < nk; j++) d[j] = 0.0f;
+                }
+                dt_sgemm(0, 0, nr, hs, nk, 1.0f, Db, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);  // dq += dS k
+                dt_sgemm(1, 0, nk, hs, nr, 1.0f, Db, T, q + (size_t)r0 * C3, C3, 1.0f, dk, C3);  // dk += dS^T q
             }
-            dt_sgemm(0, 0, T, hs, T, 1.0f, D, T, k, C3, 1.0f, dq, C3);
-            dt_sgemm(1, 0, T, hs, T, 1.0f, D, T, q, C3, 1.0f, dk, C3);
         }
 }

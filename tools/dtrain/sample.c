@@ -95,8 +95,7 @@ int cmd_sample(int argc, char **argv) {
     size_t total = plen + (size_t)n;
     int32_t *tok = malloc(sizeof(int32_t) * (total + 1));
     float *prob = malloc(sizeof(float) * V);
-    int *order = malloc(sizeof(int) * V);
-    if (!tok || !prob || !order) {
+    if (!tok || !prob) {
         dt_gpt_free(m);
         return cli_error("out of memory"), EXIT_RUNTIME;
     }
@@ -157,7 +156,6 @@ int cmd_sample(int argc, char **argv) {
     putchar('\n');
     free(tok);
     free(prob);
-    free(order);
     dt_gpt_free(m);
     return rc;
 }
