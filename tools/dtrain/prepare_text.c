@@ -155,6 +155,28 @@ int cmd_prepare_text(int argc, char **argv) {
         nv = k;
         nt -= k;
     }
+    // Create OUT_PREFIX's directory (mkdir -p), as 'train' does for runs.
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", out);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = 0;
+        for (char *p = dir + 1;; p++) {
+            if (*p == '/' || !*p) {
+                char ch = *p;
+                *p = 0;
+                if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+                    cli_error("%s: cannot create directory: %s", dir, strerror(errno));
+                    free(b.data);
+                    free(train);
+                    free(val);
+                    return EXIT_RUNTIME;
+                }
+                if (!ch) break;
+                *p = ch;
+            }
+        }
+    }
     char tp[4096], vp[4096];
     snprintf(tp, sizeof tp, "%s_train.bin", out);
     snprintf(vp, sizeof vp, "%s_val.bin", out);
