@@ -168,6 +168,8 @@ DT_HIDDEN void dt_shm_mark_rank(void *base, int rank, int state, int detail);
 DT_HIDDEN dt_status dt_shm_create_named(dt_comm_t c, const char *name, int creator);
 DT_HIDDEN dt_status dt_shm_attach_named(dt_comm_t c, const char *name);
 DT_HIDDEN void dt_shm_unlink_named(const char *name);
+/* How many ranks share this host (decides whether waits may spin). */
+DT_HIDDEN void dt_shm_set_host_ranks(int n);
 
 #ifdef DTRAIN_HAVE_MPI
 DT_HIDDEN extern const struct dt_comm_ops dt_mpi_ops;

@@ -129,7 +129,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
         pids[r] = pid;
         alive[r] = 1;
         nalive++;
-        if (p->verbose) dt_log(DT_LOG_INFO, "dtrain run: rank %d is pid %d", r, (int)pid);
+        if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d is pid %d", r, (int)pid);
     }
 
     // ---- supervise -------------------------------------------------------------
@@ -147,7 +147,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             if (code == 0) {
                 dt_shm_mark_rank(base, r, 1, 0);
-                if (p->verbose) dt_log(DT_LOG_INFO, "dtrain run: rank %d exited", r);
+                if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited", r);
                 continue;
             }
             dt_shm_mark_rank(base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
@@ -155,11 +155,11 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
                 first_fail = r;
                 *exit_code = code;
                 if (WIFSIGNALED(st))
-                    dt_log(DT_LOG_ERROR, "dtrain run: rank %d (pid %d) killed by signal %d (%s)%s",
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) killed by signal %d (%s)%s",
                            r, (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)),
                            nalive ? "; stopping the other ranks" : "");
                 else
-                    dt_log(DT_LOG_ERROR, "dtrain run: rank %d (pid %d) exited with status %d%s", r,
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) exited with status %d%s", r,
                            (int)pid, code, nalive ? "; stopping the other ranks" : "");
                 term_at = dt_now() + p->grace;
             }
@@ -171,7 +171,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
         if (g_signal && !forwarded) {
             forwarded = 1;
             if (first_fail < 0) *exit_code = 128 + g_signal;
-            dt_log(DT_LOG_WARN, "dtrain run: %s, stopping %d ranks", strsignal(g_signal), nalive);
+            dt_log(DT_LOG_WARN, "run: %s, stopping %d ranks", strsignal(g_signal), nalive);
             signal_all(pids, alive, n, SIGTERM);
             kill_at = now + p->term_grace;
             term_at = 0;

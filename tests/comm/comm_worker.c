@@ -636,8 +636,8 @@ int main(int argc, char **argv) {
     }
     if (!rc) {
         if (g_rank == 0)
-            printf("comm_worker %s: backend %s, %d ranks: %d checks, %d failed\n", mode,
-                   dt_comm_backend(W), g_size, g_checks, g_failed);
+            printf("comm_worker %s: backend %s, %d ranks on %d node(s): %d checks, %d failed\n",
+                   mode, dt_comm_backend(W), g_size, dt_comm_nnodes(W), g_checks, g_failed);
         rc = g_failed ? 1 : 0;
     }
     fflush(NULL);

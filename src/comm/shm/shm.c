@@ -317,6 +317,10 @@ dt_status dt_shm_attach_named(dt_comm_t c, const char *name) {
 
 void dt_shm_unlink_named(const char *name) { shm_unlink(name); }
 
+void dt_shm_set_host_ranks(int n) {
+    if (n > g_host_ranks) g_host_ranks = n;
+}
+
 // ----------------------------------------------------------------------------
 // waiting for peers
 
@@ -404,7 +408,7 @@ static dt_status wait_ge(dt_comm_t c, const dt_coll_args *a, const char *phase,
                             phase, c->rank, why, missing);
         if (dt_waiter_expired(&w))
             return dt_error(DT_ERR_TIMEOUT,
-                            "%s, %s on rank %d: timed out after %.0f s; ranks not arrived: %s",
+                            "%s, %s on rank %d: timed out after %.3g s; ranks not arrived: %s",
                             what, phase, c->rank, c->timeout, missing);
     }
 #undef FLAG
