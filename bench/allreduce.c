@@ -136,20 +136,18 @@ int main(int argc, char **argv) {
     int first = 1;
     for (size_t bytes = minb; bytes <= maxb; bytes *= 2) {
         size_t count = bytes / es;
-        /* warm-up, and an iteration count for ~0.25 s */
+        /* warm-up (a fixed count on every rank), then an iteration count
+         * for ~0.25 s from the slowest rank's warm-up time */
         int iters = iters_fixed;
         barrier(&b);
         double t0 = dt_now();
-        int w = 0;
-        do {
-            run_op(&b, buf, count, t);
-            w++;
-        } while (w < 3 || (dt_now() - t0 < 0.02 && w < 1000));
+        int w = bytes <= (1u << 20) ? 20 : 3;
+        for (int i = 0; i < w; i++) run_op(&b, buf, count, t);
+        double per = max_over_ranks(&b, (dt_now() - t0) / w);
         if (!iters) {
-            double per = max_over_ranks(&b, (dt_now() - t0) / w);
             iters = (int)(0.25 / (per > 1e-7 ? per : 1e-7));
             if (iters < 5) iters = 5;
-            if (iters > 20000) iters = 20000;
+            if (iters > 50000) iters = 50000;
         }
         barrier(&b);
         t0 = dt_now();
