@@ -138,7 +138,7 @@ DT_HIDDEN void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
 typedef struct {
     double start, deadline, next_check;
     unsigned iters;
-    int spin_limit;
+    int spin_limit; /* 1 while still in the spinning phase */
 } dt_waiter;
 
 DT_HIDDEN void dt_waiter_init(dt_waiter *w, double timeout, int nranks_on_host);

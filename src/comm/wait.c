@@ -5,8 +5,8 @@
  * fewer cores than ranks (or with compute threads beside the ranks) a
  * spinning rank burns the very core its peer needs to make progress. So a
  * wait goes through three phases:
- *   1. spin with a pause instruction, for a few microseconds, and only when
- *      every rank on this host can have a core of its own;
+ *   1. spin with a pause instruction for up to 50 us, and only when every
+ *      rank on this host can have a core of its own;
  *   2. sched_yield(), for about a millisecond;
  *   3. sleep, 20 us growing to 1 ms.
  * The caller polls its flag between steps and, when dt_waiter_step() says
@@ -41,20 +41,24 @@ void dt_waiter_init(dt_waiter *w, double timeout, int nranks_on_host) {
     w->deadline = w->start + timeout;
     w->next_check = w->start + 0.01;
     w->iters = 0;
-    w->spin_limit = nranks_on_host <= online_cpus() ? 20000 : 0;
+    w->spin_limit = nranks_on_host <= online_cpus() ? 1 : 0;
 }
+
+#define SPIN_SECONDS 50e-6  /* a peer on its own core answers well within this */
+#define YIELD_SECONDS 2e-3
 
 int dt_waiter_step(dt_waiter *w) {
     unsigned i = w->iters++;
-    if ((int)i < w->spin_limit) {
+    if (w->spin_limit) {
         cpu_relax();
-        if ((i & 1023) != 1023) return 0;
+        if ((i & 63) != 63) return 0;
+        if (dt_now() - w->start < SPIN_SECONDS) return 0;
+        w->spin_limit = 0;
     } else {
-        double t = dt_now();
-        if (t - w->start < 0.002) {
+        double el = dt_now() - w->start;
+        if (el < YIELD_SECONDS) {
             sched_yield();
         } else {
-            double el = t - w->start;
             long ns = el < 0.05 ? 20000 : el < 1.0 ? 200000 : 1000000;
             struct timespec ts = {0, ns};
             nanosleep(&ts, NULL);
