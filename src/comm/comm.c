@@ -285,7 +285,11 @@ static dt_status execute(dt_comm_t c, const dt_coll_args *a) {
     }
     if (rc == DT_OK) return DT_OK;
 err:
-    if (rc == DT_ERR_COMM || rc == DT_ERR_TIMEOUT) dt_comm_fail(c, rc, dt_last_error());
+    if (rc == DT_ERR_COMM || rc == DT_ERR_TIMEOUT) {
+        /* tell the peers, so that they fail now rather than at their timeout */
+        if (atomic_load(&c->err) == DT_OK && c->ops->abort) c->ops->abort(c, dt_last_error());
+        dt_comm_fail(c, rc, dt_last_error());
+    }
     return rc;
 }
 

@@ -17,6 +17,8 @@
  *             the others must fail with DT_ERR_COMM (exit 3)
  *   mismatch  rank 1 passes a different count (check mode on); every rank
  *             must fail with a mismatch error (exit 4)
+ *   mismatch_fast, mismatch_dtype
+ *             the same with check mode off (the shm backend's own check)
  *   hang      the last rank sleeps; the others must time out (exit 5)
  *   abort     rank 0 aborts the communicator; the others must fail (exit 6)
  * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
@@ -592,6 +594,22 @@ static int mode_mismatch(void) {
     return expect_failure(dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W), 4, "mismatch");
 }
 
+/* Check mode off: the shm backend's always-on check must still catch a
+ * mismatch, here one that also sends the ranks down different paths (small
+ * and pipelined), and a dtype mismatch. */
+static int mode_mismatch_fast(const char *what) {
+    dt_comm_set_check(W, 0);
+    size_t n = 1 << 16;
+    float *buf = calloc(n, 4);
+    OK(dt_allreduce(buf, buf, 100, DT_F32, DT_SUM, W));
+    dt_status s;
+    if (!strcmp(what, "dtype"))
+        s = dt_allreduce(buf, buf, 100, g_rank == 1 ? DT_I32 : DT_F32, DT_SUM, W);
+    else
+        s = dt_allreduce(buf, buf, g_rank == 1 ? 8200 : 8191, DT_F32, DT_SUM, W);
+    return expect_failure(s, 4, "mismatch without check mode");
+}
+
 static int mode_hang(void) {
     dt_comm_set_timeout(W, 0.5);
     float x = 1;
@@ -629,6 +647,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "big")) mode_big();
     else if (!strcmp(mode, "kill")) rc = mode_kill();
     else if (!strcmp(mode, "mismatch")) rc = mode_mismatch();
+    else if (!strcmp(mode, "mismatch_fast")) rc = mode_mismatch_fast("count");
+    else if (!strcmp(mode, "mismatch_dtype")) rc = mode_mismatch_fast("dtype");
     else if (!strcmp(mode, "hang")) rc = mode_hang();
     else if (!strcmp(mode, "abort")) rc = mode_abort();
     else {

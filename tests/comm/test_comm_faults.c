@@ -64,6 +64,18 @@ static void test_mismatch(void) {
           "mismatch: message does not name both counts and the seq\n%s", out);
 }
 
+/* Check mode off: caught by the shm backend's always-on argument check. */
+static void test_mismatch_fast(const char *mode, const char *needle) {
+    char a[512];
+    double t;
+    snprintf(a, sizeof a, "-n 3 -- %s %s", worker, mode);
+    int st = run(a, &t);
+    CHECK(st == 4, "%s: exit status %d, expected 4\n%s", mode, st, out);
+    CHECK(count_lines("got expected error") == 3, "%s: not every rank reported it\n%s", mode, out);
+    CHECK(strstr(out, needle) != NULL, "%s: no '%s' in the messages\n%s", mode, needle, out);
+    CHECK(t < 10.0, "%s: took %.1f s", mode, t);
+}
+
 static void test_hang(void) {
     char a[512];
     double t;
@@ -126,6 +138,8 @@ int main(int argc, char **argv) {
     test_kill(2);
     test_kill(4);
     test_mismatch();
+    test_mismatch_fast("mismatch_fast", "count=8200");
+    test_mismatch_fast("mismatch_dtype", "dtype=I32");
     test_hang();
     test_abort();
     test_launcher();

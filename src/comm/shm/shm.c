@@ -84,11 +84,12 @@ typedef struct {
     uint64_t size;
     _Atomic uint32_t abort_flag;
     int32_t abort_rank;
-    char abort_reason[200];
+    char abort_reason[480];
 } seg_header;
 
 typedef struct {
     _Alignas(CACHELINE) _Atomic uint64_t arrive; /* direct path: op counter */
+    uint64_t desc[4][4];                         /* op S's arguments, slot S & 3 */
     _Alignas(CACHELINE) _Atomic uint64_t ready;  /* rsag: my input pieces are in place */
     _Alignas(CACHELINE) _Atomic uint64_t reduced;/* rsag: my reduced piece is in place */
     _Alignas(CACHELINE) _Atomic uint64_t done;   /* rsag: my reads of the step are over */
@@ -396,16 +397,16 @@ static dt_status wait_ge(dt_comm_t c, const dt_coll_args *a, const char *phase,
         }
         if (!nmiss) continue;
         describe(what, sizeof what, a);
-        if (atomic_load(&s->hdr->abort_flag)) {
-            return dt_error(DT_ERR_COMM, "%s, %s: rank %d aborted the communicator: %s", what,
-                            phase, s->hdr->abort_rank, s->hdr->abort_reason);
-        }
-        if (atomic_load(&c->err) != DT_OK)
-            return dt_error((dt_status)atomic_load(&c->err), "%s, %s: communicator failed: %s",
-                            what, phase, c->err_msg);
+        /* an abort carries the first failing rank's reason: report it first */
+        if (atomic_load(&s->hdr->abort_flag) == 1)
+            return dt_error(DT_ERR_COMM, "%s, %s on rank %d: rank %d aborted the communicator: %s",
+                            what, phase, c->rank, s->hdr->abort_rank, s->hdr->abort_reason);
         if (why[0])
             return dt_error(DT_ERR_COMM, "%s, %s on rank %d: %s; ranks not arrived: %s", what,
                             phase, c->rank, why, missing);
+        if (atomic_load(&c->err) != DT_OK)
+            return dt_error((dt_status)atomic_load(&c->err), "%s, %s: communicator failed: %s",
+                            what, phase, c->err_msg);
         if (dt_waiter_expired(&w))
             return dt_error(DT_ERR_TIMEOUT,
                             "%s, %s on rank %d: timed out after %.3g s; ranks not arrived: %s",
@@ -436,17 +437,84 @@ static void log_choice(dt_comm_t c, const dt_coll_args *a, const char *algo) {
                dt_coll_name(a->kind), (unsigned long long)a->seq, a->count, algo);
 }
 
-/* Starts a backend op: the direct path's op counter must advance on every
- * rank for every collective, whatever path it takes. Returns the op number. */
-static uint64_t begin_op(shm_state *s) {
-    uint64_t op = ++s->opseq;
+// ----------------------------------------------------------------------------
+// the always-on argument check
+//
+// Every op publishes its arguments (op number, kind, dtype, op, count, root)
+// next to its arrive counter, in slot op & 3, before it raises any flag for
+// that op, and only once every peer has started op-3 (so it is done
+// verifying op-4, the slot's previous user). Once a rank has seen a peer's
+// first flag for op S, the peer's slot S & 3 therefore holds op S. (A rank
+// can run more than one op ahead: a broadcast does not wait for all ranks.)
+// Comparing costs a cache line the waiter touches anyway, so unlike
+// the full check mode (comm.c) it is always on; it catches mismatched
+// counts, dtypes and roots, and ranks that called different collectives.
+
+static void publish_desc(shm_state *s, const dt_coll_args *a, uint64_t op) {
+    uint64_t *d = s->ctl[s->me].desc[op & 3];
+    d[0] = op;
+    d[1] = (uint64_t)a->kind | (uint64_t)a->dtype << 8 |
+           (uint64_t)(a->kind == DT_COLL_ALLREDUCE || a->kind == DT_COLL_REDUCE ||
+                              a->kind == DT_COLL_REDUCE_SCATTER
+                          ? a->op
+                          : 0)
+               << 16;
+    d[2] = a->count;
+    d[3] = (a->kind == DT_COLL_BROADCAST || a->kind == DT_COLL_REDUCE) ? (uint64_t)a->root : 0;
+}
+
+/* Compares the peers' (or only `only`'s) published arguments for op with
+ * mine; on a mismatch returns DT_ERR_COMM naming both sides. */
+static dt_status verify_desc(dt_comm_t c, const dt_coll_args *a, uint64_t op, int only) {
+    shm_state *s = ST(c);
+    const uint64_t *m = s->ctl[s->me].desc[op & 3];
+    int lo = only >= 0 ? only : 0, hi = only >= 0 ? only + 1 : s->n;
+    for (int p = lo; p < hi; p++) {
+        if (p == s->me) continue;
+        const uint64_t *d = s->ctl[p].desc[op & 3];
+        uint64_t pc = d[2], mc = m[2];
+        int same = d[0] == m[0] && d[1] == m[1] && d[3] == m[3];
+        if (a->kind == DT_COLL_ALLGATHERV) same = same && pc == a->counts[p];
+        else same = same && pc == mc;
+        if (same) continue;
+        if (d[0] != m[0])
+            return dt_error(DT_ERR_COMM,
+                            "%s seq %llu on rank %d: rank %d is at another collective (ranks "
+                            "called different sequences of collectives)",
+                            dt_coll_name(a->kind), (unsigned long long)a->seq, c->rank, p);
+        return dt_error(DT_ERR_COMM,
+                        "%s seq %llu: argument mismatch across ranks: rank %d: %s count=%llu "
+                        "dtype=%s op=%s root=%llu vs rank %d: %s count=%llu dtype=%s op=%s "
+                        "root=%llu",
+                        dt_coll_name(a->kind), (unsigned long long)a->seq, c->rank,
+                        dt_coll_name((dt_coll)(m[1] & 0xff)), (unsigned long long)mc,
+                        dt_dtype_name((dt_dtype)((m[1] >> 8) & 0xff)),
+                        dt_redop_name((dt_redop)((m[1] >> 16) & 0xff)), (unsigned long long)m[3], p,
+                        dt_coll_name((dt_coll)(d[1] & 0xff)), (unsigned long long)pc,
+                        dt_dtype_name((dt_dtype)((d[1] >> 8) & 0xff)),
+                        dt_redop_name((dt_redop)((d[1] >> 16) & 0xff)), (unsigned long long)d[3]);
+    }
+    return DT_OK;
+}
+
+/* Starts a pipelined op: the direct path's op counter must advance on
+ * every rank for every collective, whatever path it takes. */
+static dt_status begin_op(dt_comm_t c, const dt_coll_args *a) {
+    shm_state *s = ST(c);
+    uint64_t op = s->opseq + 1;
+    if (op > 3) {
+        dt_status rc = CTL_WAIT(c, a, "waiting for peers to catch up", arrive, op - 3, -1);
+        if (rc != DT_OK) return rc;
+    }
+    s->opseq = op;
+    publish_desc(s, a, op);
     post(&s->ctl[s->me].arrive, op);
-    return op;
+    return DT_OK;
 }
 
 /* Direct path: before writing my small buffer of op `op`, every peer must
  * have started op-1 (so it finished reading op-2, same parity); then
- * publish. */
+ * publish, wait for everyone, check the arguments. */
 static dt_status direct_publish(dt_comm_t c, const dt_coll_args *a, const void *src,
                                 size_t bytes, uint64_t *op_out) {
     shm_state *s = ST(c);
@@ -455,9 +523,12 @@ static dt_status direct_publish(dt_comm_t c, const dt_coll_args *a, const void *
     if (rc != DT_OK) return rc;
     if (bytes) memcpy(small_buf(s, s->me, op), src, bytes);
     s->opseq = op;
+    publish_desc(s, a, op);
     post(&s->ctl[s->me].arrive, op);
     *op_out = op;
-    return CTL_WAIT(c, a, "waiting for peers' data", arrive, op, -1);
+    rc = CTL_WAIT(c, a, "waiting for peers' data", arrive, op, -1);
+    if (rc != DT_OK) return rc;
+    return verify_desc(c, a, op, -1);
 }
 
 // ----------------------------------------------------------------------------
@@ -523,6 +594,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
         if (P->reduce) {
             /* 2. reduce my piece of my slice, in rank order */
             if ((rc = CTL_WAIT(c, a, "waiting for peers' pieces", ready, g, -1)) != DT_OK) goto out;
+            if (st == 0 && (rc = verify_desc(c, a, s->opseq, -1)) != DT_OK) goto out;
             size_t m = PIECE_LEN(me);
             if (m) {
                 for (int p = 0; p < n; p++)
@@ -549,11 +621,13 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                 int r = P->bcast_root;
                 if (r != me) {
                     if ((rc = CTL_WAIT(c, a, "waiting for the root's data", ready, g, r)) != DT_OK) goto out;
+                    if (st == 0 && (rc = verify_desc(c, a, s->opseq, r)) != DT_OK) goto out;
                     size_t m = PIECE_LEN(r);
                     if (m) memcpy(P->out + (P->out_off[r] + e0) * es, big_buf(s, r, g), m * es);
                 }
             } else {
                 if ((rc = CTL_WAIT(c, a, "waiting for peers' blocks", ready, g, -1)) != DT_OK) goto out;
+                if (st == 0 && (rc = verify_desc(c, a, s->opseq, -1)) != DT_OK) goto out;
                 for (int p = 0; p < n; p++) {
                     size_t m = PIECE_LEN(p);
                     if (p != me && m) memcpy(P->out + (P->out_off[p] + e0) * es, big_buf(s, p, g), m * es);
@@ -621,7 +695,8 @@ static dt_status shm_allreduce_impl(dt_comm_t c, const dt_coll_args *a, int root
         return DT_OK;
     }
     log_choice(c, a, "rsag");
-    begin_op(s);
+    dt_status rc0 = begin_op(c, a);
+    if (rc0 != DT_OK) return rc0;
     slices sl;
     if (slices_init(&sl, s->n)) return dt_error(DT_ERR_NOMEM, "shm: out of memory");
     partition(a->count, s->n, sl.off, sl.len);
@@ -659,7 +734,8 @@ static dt_status shm_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
         return DT_OK;
     }
     log_choice(c, a, "rsag");
-    begin_op(s);
+    dt_status rc0 = begin_op(c, a);
+    if (rc0 != DT_OK) return rc0;
     slices sl;
     if (slices_init(&sl, s->n)) return dt_error(DT_ERR_NOMEM, "shm: out of memory");
     for (int j = 0; j < s->n; j++) {
@@ -693,7 +769,8 @@ static dt_status shm_allgatherv(dt_comm_t c, const dt_coll_args *a) {
         return DT_OK;
     }
     log_choice(c, a, "pipelined");
-    begin_op(s);
+    dt_status rc0 = begin_op(c, a);
+    if (rc0 != DT_OK) return rc0;
     slices sl;
     if (slices_init(&sl, s->n)) return dt_error(DT_ERR_NOMEM, "shm: out of memory");
     for (int j = 0; j < s->n; j++) {
@@ -721,7 +798,8 @@ static dt_status shm_broadcast(dt_comm_t c, const dt_coll_args *a) {
         return DT_OK;
     }
     log_choice(c, a, "pipelined");
-    begin_op(s);
+    dt_status rc0 = begin_op(c, a);
+    if (rc0 != DT_OK) return rc0;
     slices sl;
     if (slices_init(&sl, s->n)) return dt_error(DT_ERR_NOMEM, "shm: out of memory");
     for (int j = 0; j < s->n; j++) {
