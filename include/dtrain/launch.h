@@ -7,7 +7,8 @@
  * each child gets DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK,
  * DTRAIN_LOCAL_SIZE and DTRAIN_SHM_NAME, and dt_comm_init_env() picks them
  * up. The launcher owns the shared-memory segment (created before the
- * first fork, unlinked after the last child is reaped) and supervises:
+ * first fork; its name is unlinked as soon as every rank has mapped it, or
+ * after the last child is reaped) and supervises:
  *
  *   - a rank that dies or exits non-zero is marked dead in the segment, so
  *     its peers' collectives fail within milliseconds with an error naming

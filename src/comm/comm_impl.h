@@ -161,6 +161,8 @@ DT_HIDDEN size_t dt_shm_segment_size(int n);
  * gone (state 1 = exited, 2 = died) so its peers stop waiting for it. */
 DT_HIDDEN void dt_shm_segment_init(void *base, int n);
 DT_HIDDEN void dt_shm_mark_rank(void *base, int rank, int state, int detail);
+/* 1 once every rank has attached to the segment (the name can then go). */
+DT_HIDDEN int dt_shm_all_attached(void *base);
 
 /* Shared-memory communicator over an arbitrary group, rendezvous done by
  * the caller: the creator (rank 0) makes the segment called `name`,

@@ -133,7 +133,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     }
 
     // ---- supervise -------------------------------------------------------------
-    int first_fail = -1, forwarded = 0;
+    int first_fail = -1, forwarded = 0, unlinked = 0;
     double term_at = 0, kill_at = 0;
     while (nalive > 0) {
         int st;
@@ -167,6 +167,12 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
         }
         if (pid < 0 && errno != EINTR) break; /* no children left */
 
+        /* once every rank has mapped the segment its name is not needed:
+         * unlink it now, so that nothing is left even if we are killed */
+        if (!unlinked && dt_shm_all_attached(base)) {
+            shm_unlink(name);
+            unlinked = 1;
+        }
         double now = dt_now();
         if (g_signal && !forwarded) {
             forwarded = 1;
@@ -193,7 +199,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGHUP, &old_hup, NULL);
     munmap(base, size);
-    shm_unlink(name);
+    if (!unlinked) shm_unlink(name);
     free(pids);
     free(alive);
     return rc;

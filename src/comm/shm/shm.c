@@ -142,6 +142,14 @@ void dt_shm_mark_rank(void *base, int rank, int state, int detail) {
     atomic_store(&ctl[rank].state, state);
 }
 
+int dt_shm_all_attached(void *base) {
+    seg_header *h = base;
+    rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
+    for (int r = 0; r < h->nranks; r++)
+        if (!atomic_load(&ctl[r].pid)) return 0;
+    return 1;
+}
+
 // ----------------------------------------------------------------------------
 // per-communicator state
 
