@@ -126,6 +126,11 @@ DT_HIDDEN dt_comm_t dt_comm_alloc(void);
 DT_HIDDEN void dt_reduce_kernel(void *dst, const void *const *src, int nsrc, size_t n,
                                 dt_dtype t, dt_redop op, int avg_div);
 
+/* The same, also storing the result to dst2 (may be NULL) in the same pass:
+ * dst and dst2 must not overlap each other except exactly. */
+DT_HIDDEN void dt_reduce_kernel2(void *dst, void *dst2, const void *const *src, int nsrc,
+                                 size_t n, dt_dtype t, dt_redop op, int avg_div);
+
 /* fp16/bf16 <-> fp32 conversions (round to nearest even). */
 DT_HIDDEN void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
 DT_HIDDEN void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);

@@ -100,8 +100,8 @@ void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
 #define BLOCK 1024 /* elements per L1-resident block */
 
 #define DEFINE_REDUCE(NAME, T, DIV)                                                      \
-    static void NAME(T *dst, const void *const *src, int nsrc, size_t n, dt_redop op,    \
-                     int avg_div) {                                                      \
+    static void NAME(T *dst, T *dst2, const void *const *src, int nsrc, size_t n,        \
+                     dt_redop op, int avg_div) {                                         \
         T acc[BLOCK];                                                                    \
         for (size_t b = 0; b < n; b += BLOCK) {                                          \
             size_t m = n - b < BLOCK ? n - b : BLOCK;                                    \
@@ -127,6 +127,7 @@ void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
                 for (size_t i = 0; i < m; i++) acc[i] = DIV;                             \
             }                                                                            \
             memcpy(dst + b, acc, m * sizeof(T));                                         \
+            if (dst2) memcpy(dst2 + b, acc, m * sizeof(T));                              \
         }                                                                                \
     }
 
@@ -136,18 +137,26 @@ DEFINE_REDUCE(reduce_u8, uint8_t, (uint8_t)(acc[i] / d))
 DEFINE_REDUCE(reduce_f32_blocked, float, acc[i] / d)
 
 /* The common case, two fp32 sources summed: one fused pass, no block copy. */
-static void reduce_f32(float *dst, const void *const *src, int nsrc, size_t n, dt_redop op,
-                       int avg_div) {
+static void reduce_f32(float *dst, float *dst2, const void *const *src, int nsrc, size_t n,
+                       dt_redop op, int avg_div) {
     if (nsrc == 2 && op == DT_SUM) {
         const float *a = src[0], *b = src[1];
-        for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+        if (dst2) {
+            for (size_t i = 0; i < n; i++) {
+                float v = a[i] + b[i];
+                dst[i] = v;
+                dst2[i] = v;
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+        }
         return;
     }
-    reduce_f32_blocked(dst, src, nsrc, n, op, avg_div);
+    reduce_f32_blocked(dst, dst2, src, nsrc, n, op, avg_div);
 }
 
-static void reduce_half(void *dst, const void *const *src, int nsrc, size_t n, dt_dtype t,
-                        dt_redop op, int avg_div) {
+static void reduce_half(void *dst, void *dst2, const void *const *src, int nsrc, size_t n,
+                        dt_dtype t, dt_redop op, int avg_div) {
     float acc[BLOCK], tmp[BLOCK];
     for (size_t b = 0; b < n; b += BLOCK) {
         size_t m = n - b < BLOCK ? n - b : BLOCK;
@@ -170,22 +179,30 @@ static void reduce_half(void *dst, const void *const *src, int nsrc, size_t n, d
         if (op == DT_AVG)
             for (size_t i = 0; i < m; i++) acc[i] /= (float)avg_div;
         dt_from_f32((uint16_t *)dst + b, acc, m, t);
+        if (dst2) memcpy((uint16_t *)dst2 + b, (uint16_t *)dst + b, m * 2);
+    }
+}
+
+void dt_reduce_kernel2(void *dst, void *dst2, const void *const *src, int nsrc, size_t n,
+                       dt_dtype t, dt_redop op, int avg_div) {
+    if (n == 0) return;
+    if (nsrc == 1 && op != DT_AVG) {
+        size_t bytes = n * dt_dtype_size(t);
+        if (dst != src[0]) memmove(dst, src[0], bytes);
+        if (dst2 && dst2 != dst) memmove(dst2, dst, bytes);
+        return;
+    }
+    switch (t) {
+    case DT_F32: reduce_f32(dst, dst2, src, nsrc, n, op, avg_div); break;
+    case DT_F16:
+    case DT_BF16: reduce_half(dst, dst2, src, nsrc, n, t, op, avg_div); break;
+    case DT_I32: reduce_i32(dst, dst2, src, nsrc, n, op, avg_div); break;
+    case DT_I64: reduce_i64(dst, dst2, src, nsrc, n, op, avg_div); break;
+    case DT_U8: reduce_u8(dst, dst2, src, nsrc, n, op, avg_div); break;
     }
 }
 
 void dt_reduce_kernel(void *dst, const void *const *src, int nsrc, size_t n, dt_dtype t,
                       dt_redop op, int avg_div) {
-    if (n == 0) return;
-    if (nsrc == 1 && op != DT_AVG) {
-        if (dst != src[0]) memmove(dst, src[0], n * dt_dtype_size(t));
-        return;
-    }
-    switch (t) {
-    case DT_F32: reduce_f32(dst, src, nsrc, n, op, avg_div); break;
-    case DT_F16:
-    case DT_BF16: reduce_half(dst, src, nsrc, n, t, op, avg_div); break;
-    case DT_I32: reduce_i32(dst, src, nsrc, n, op, avg_div); break;
-    case DT_I64: reduce_i64(dst, src, nsrc, n, op, avg_div); break;
-    case DT_U8: reduce_u8(dst, src, nsrc, n, op, avg_div); break;
-    }
+    dt_reduce_kernel2(dst, NULL, src, nsrc, n, t, op, avg_div);
 }

@@ -168,6 +168,7 @@ typedef struct {
     uint64_t step;    /* rsag/pipeline steps run so far */
     int *world;       /* world rank of each member, for the launcher's states */
     shm_algo algo;
+    size_t chunk; /* DTRAIN_SHM_CHUNK: bytes per piece, 0 = whole buffer */
 } shm_state;
 
 /* The world segment, where the launcher records dead ranks; sub-
@@ -226,6 +227,8 @@ static shm_state *state_new(int n) {
         return NULL;
     }
     s->algo = algo_from_env();
+    const char *ch = getenv("DTRAIN_SHM_CHUNK");
+    if (ch && *ch) s->chunk = (size_t)strtoull(ch, NULL, 10) / CACHELINE * CACHELINE;
     return s;
 }
 
@@ -564,6 +567,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
     size_t es = dt_dtype_size(a->dtype);
     /* Reduction splits the buffer into n pieces; gathers use it whole. */
     size_t piece = P->reduce ? (BIG_BYTES / (size_t)n) / CACHELINE * CACHELINE : BIG_BYTES;
+    if (s->chunk && s->chunk < piece) piece = s->chunk;
     size_t pe = piece / es;
     size_t maxlen = 0;
     for (int j = 0; j < n; j++)
@@ -608,10 +612,15 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                 for (int p = 0; p < n; p++)
                     sp[p] = p == me ? (const void *)(P->in + (P->in_off[me] + e0) * es)
                                     : (const void *)(big_buf(s, p, g) + (size_t)me * piece);
-                char *dst = mine + (size_t)me * piece;
-                dt_reduce_kernel(dst, sp, n, m, a->dtype, a->op, n);
+                char *dst = mine + (size_t)me * piece, *dst2 = NULL;
                 if (P->out && (P->gather || P->gather_root < 0 || P->gather_root == me))
-                    memcpy(P->out + (P->out_off[me] + e0) * es, dst, m * es);
+                    dst2 = P->out + (P->out_off[me] + e0) * es;
+                /* reduce-scatter keeps no copy in shm: nobody gathers it */
+                if (!P->gather && P->gather_root < 0 && dst2) {
+                    dst = dst2;
+                    dst2 = NULL;
+                }
+                dt_reduce_kernel2(dst, dst2, sp, n, m, a->dtype, a->op, n);
             }
             post(&s->ctl[me].reduced, g);
         }
