@@ -230,7 +230,8 @@ static dt_status check_args(dt_comm_t c, const dt_coll_args *a) {
         cnt[n + p] = (size_t)p * w;
     }
     dt_coll_args g = {.kind = DT_COLL_ALLGATHERV, .send = &me, .recv = all, .count = w,
-                      .dtype = DT_I64, .counts = cnt, .displs = cnt + n, .seq = a->seq};
+                      .dtype = DT_I64, .counts = cnt, .displs = cnt + n, .seq = a->seq,
+                      .check_of = (int)a->kind + 1};
     dt_status rc = c->ops->allgatherv(c, &g);
     if (rc == DT_OK) {
         int bad = -1;

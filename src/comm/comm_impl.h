@@ -50,6 +50,8 @@ typedef struct {
     const size_t *counts;  /* allgatherv only: size entries */
     const size_t *displs;  /* allgatherv only: size entries */
     uint64_t seq;          /* 1, 2, ... per communicator (user-visible ops) */
+    int check_of;          /* internal allgather of check mode: kind + 1 of the
+                              collective being checked, for error messages */
 } dt_coll_args;
 
 DT_HIDDEN const char *dt_coll_name(dt_coll k);

@@ -363,7 +363,10 @@ static const char *peer_gone(shm_state *s, int p, char *buf, size_t n) {
 }
 
 static void describe(char *buf, size_t n, const dt_coll_args *a) {
-    if (a->kind == DT_COLL_BARRIER)
+    if (a->check_of)
+        snprintf(buf, n, "%s (seq %llu, argument check)", dt_coll_name((dt_coll)(a->check_of - 1)),
+                 (unsigned long long)a->seq);
+    else if (a->kind == DT_COLL_BARRIER)
         snprintf(buf, n, "barrier (seq %llu)", (unsigned long long)a->seq);
     else if (a->kind == DT_COLL_SEND || a->kind == DT_COLL_RECV)
         snprintf(buf, n, "%s (%zu x %s, peer %d)", dt_coll_name(a->kind), a->count,
@@ -375,8 +378,29 @@ static void describe(char *buf, size_t n, const dt_coll_args *a) {
 
 /* Waits until the counter of every rank (or only rank `only` if >= 0),
  * found at flag0 + p * stride bytes, is >= target. */
+static double g_wait_time, g_wait_start;
+static long g_wait_slow;
+static int g_profile = -1;
+
+static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *phase,
+                              _Atomic uint64_t *flag0, size_t stride, uint64_t target, int only);
+
+/* DTRAIN_SHM_PROFILE=1: total time spent waiting, printed at destroy. */
 static dt_status wait_ge(dt_comm_t c, const dt_coll_args *a, const char *phase,
                          _Atomic uint64_t *flag0, size_t stride, uint64_t target, int only) {
+    if (g_profile < 0) g_profile = getenv("DTRAIN_SHM_PROFILE") != NULL;
+    if (!g_profile) return wait_ge_impl(c, a, phase, flag0, stride, target, only);
+    double t0 = dt_now();
+    if (!g_wait_start) g_wait_start = t0;
+    dt_status rc = wait_ge_impl(c, a, phase, flag0, stride, target, only);
+    double el = dt_now() - t0;
+    g_wait_time += el;
+    if (el > 50e-6) g_wait_slow++;
+    return rc;
+}
+
+static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *phase,
+                              _Atomic uint64_t *flag0, size_t stride, uint64_t target, int only) {
     shm_state *s = ST(c);
     int lo = only >= 0 ? only : 0, hi = only >= 0 ? only + 1 : s->n;
 #define FLAG(p) ((_Atomic uint64_t *)((char *)flag0 + (size_t)(p) * stride))
@@ -924,6 +948,9 @@ static void shm_abort(dt_comm_t c, const char *reason) {
 static void shm_destroy(dt_comm_t c) {
     shm_state *s = ST(c);
     if (!s) return;
+    if (g_profile > 0 && g_wait_start)
+        dt_log(DT_LOG_INFO, "shm rank %d: %.3f s of %.3f s waiting, %ld waits > 50 us", c->rank,
+               g_wait_time, dt_now() - g_wait_start, g_wait_slow);
     if (s->hdr == g_world_hdr) {
         g_world_hdr = NULL;
         g_world_ctl = NULL;
