@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--min", default="4096")
     ap.add_argument("--max", default=str(256 << 20))
     ap.add_argument("--skip", default="", help="comma list of peers to skip: mpi,gloo")
+    ap.add_argument("--repeat", type=int, default=3, help="best of R timed runs per size")
     ap.add_argument("--json", help="also write all results to this file")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -49,7 +50,7 @@ def main():
         prefix = [dtrun]
     else:
         prefix = [dtrun, "run"]
-    sz = ["--min", args.min, "--max", args.max, "--json"]
+    sz = ["--min", args.min, "--max", args.max, "--repeat", str(args.repeat), "--json"]
     res = {}
     res["dtrain"] = run_json(prefix + ["-n", str(args.ranks), "--", bench] + sz)
     if "mpi" not in skip and shutil.which("mpirun"):
@@ -57,7 +58,8 @@ def main():
                                str(args.ranks), bench, "--impl", "mpi"] + sz)
     if "gloo" not in skip:
         res["gloo"] = run_json([sys.executable, os.path.join(HERE, "allreduce_gloo.py"),
-                                "--ranks", str(args.ranks), "--min", args.min, "--max", args.max])
+                                "--ranks", str(args.ranks), "--min", args.min, "--max", args.max,
+                                "--repeat", str(args.repeat)])
     res = {k: v for k, v in res.items() if v}
     if "dtrain" not in res:
         sys.exit(1)
@@ -66,7 +68,8 @@ def main():
     hdr = "%10s  %10s %8s" % ("bytes", "dtrain us", "busbw")
     for p in peers:
         hdr += "  %10s %8s %7s" % (p + " us", "busbw", "ratio")
-    print("# allreduce f32 sum in place, %d ranks; ratio = peer time / dtrain time" % args.ranks)
+    print("# allreduce f32 sum in place, %d ranks, best of %d runs; ratio = peer time / dtrain time"
+          % (args.ranks, args.repeat))
     print(hdr)
     for nbytes, d in sorted(by["dtrain"].items()):
         line = "%10d  %10.2f %8.2f" % (nbytes, d["time_us"], d["busbw"])

@@ -5,7 +5,7 @@
  * fewer cores than ranks (or with compute threads beside the ranks) a
  * spinning rank burns the very core its peer needs to make progress. So a
  * wait goes through three phases:
- *   1. spin with a pause instruction for up to 50 us, and only when every
+ *   1. spin with a pause instruction for up to 10 us, and only when every
  *      rank on this host can have a core of its own;
  *   2. sched_yield(), for about a millisecond;
  *   3. sleep, 20 us growing to 1 ms.
@@ -44,7 +44,7 @@ void dt_waiter_init(dt_waiter *w, double timeout, int nranks_on_host) {
     w->spin_limit = nranks_on_host <= online_cpus() ? 1 : 0;
 }
 
-#define SPIN_SECONDS 50e-6  /* a peer on its own core answers well within this */
+#define SPIN_SECONDS 10e-6  /* a peer that has a core of its own answers well within this */
 #define YIELD_SECONDS 2e-3
 
 int dt_waiter_step(dt_waiter *w) {
