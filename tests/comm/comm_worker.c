@@ -508,6 +508,11 @@ static void mode_all(void) {
     check_sendrecv(100003, salt++);
     check_split();
     check_determinism();
+    /* destroy and create the world again: the same segment, the same ranks */
+    dt_comm_destroy(W);
+    OK(dt_comm_init_env(&W));
+    check_allreduce(DT_F32, DT_SUM, 262147, salt++, 0, 0);
+    check_allreduce(DT_F32, DT_SUM, 5, salt++, 0, 0);
 }
 
 /* 64 MiB: inputs whose sums are exact in fp32, so the reference is a formula. */

@@ -28,7 +28,7 @@
 // ----------------------------------------------------------------------------
 // MPI library state
 
-static int g_we_initialized, g_thread_level, g_world_refs;
+static int g_thread_level;
 static pthread_mutex_t g_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Without MPI_THREAD_MULTIPLE, calls from the progress threads and the user
@@ -59,6 +59,14 @@ static dt_status mpi_err(const char *what, int code) {
     return dt_error(DT_ERR_COMM, "%s: MPI error: %s", what, s);
 }
 
+/* MPI cannot be initialised twice, so a world communicator destroyed and
+ * created again keeps MPI up; it is finalised when the process exits. */
+static void finalize_at_exit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
 dt_status dt_mpi_library_init(void) {
     int inited = 0;
     MPI_Initialized(&inited);
@@ -66,8 +74,8 @@ dt_status dt_mpi_library_init(void) {
         int provided = 0;
         int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (rc != MPI_SUCCESS) return dt_error(DT_ERR_COMM, "MPI_Init_thread failed (%d)", rc);
-        g_we_initialized = 1;
         g_thread_level = provided;
+        atexit(finalize_at_exit);
     } else {
         MPI_Query_thread(&g_thread_level);
     }
@@ -430,7 +438,6 @@ dt_status dt_mpi_init_world(dt_comm_t c) {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank);
     ((mpi_state *)c->be)->world = 1;
-    g_world_refs++;
     return DT_OK;
 }
 
@@ -461,7 +468,7 @@ static void mpi_destroy(dt_comm_t c) {
     if (!fin) {
         if (s->node_comm != MPI_COMM_NULL) MPI_Comm_free(&s->node_comm);
         MPI_Comm_free(&s->comm);
-        if (s->world && --g_world_refs == 0 && g_we_initialized) MPI_Finalize();
+
     }
     free(s);
     c->be = NULL;

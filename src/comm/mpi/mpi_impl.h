@@ -9,7 +9,7 @@
 typedef struct {
     MPI_Comm comm;      /* owned duplicate */
     MPI_Comm node_comm; /* the ranks sharing this host (or fake node) */
-    int world;          /* created by dt_comm_init_env: finalizes MPI */
+    int world;          /* created by dt_comm_init_env */
 } mpi_state;
 
 /* MPI_Init_thread unless the program already initialised MPI. */

@@ -206,6 +206,10 @@ static dt_status map_segment(shm_state *s, void *base, size_t size, int n, int m
     s->n = n;
     s->me = me;
     atomic_store(&s->ctl[me].pid, (int32_t)getpid());
+    /* continue from the segment's counters, so that a communicator can be
+     * destroyed and created again over the same segment (all ranks alike) */
+    s->opseq = atomic_load(&s->ctl[me].arrive);
+    s->step = atomic_load(&s->ctl[me].done);
     return DT_OK;
 }
 
@@ -232,9 +236,16 @@ static shm_state *state_new(int n) {
     return s;
 }
 
+/* The world segment stays mapped for the life of the process: its name is
+ * unlinked once every rank attached, and a world communicator destroyed and
+ * created again must find it. */
+static void *g_world_map;
+static size_t g_world_map_size;
+static char g_world_map_name[200];
+
 static void state_free(shm_state *s) {
     if (!s) return;
-    if (s->base) munmap(s->base, s->size);
+    if (s->base && s->base != g_world_map) munmap(s->base, s->size);
     free(s->world);
     free(s);
 }
@@ -264,8 +275,16 @@ dt_status dt_shm_init_world(dt_comm_t c, const char *name) {
     shm_state *s = state_new(c->size);
     if (!s) return dt_error(DT_ERR_NOMEM, "shm backend: out of memory");
     dt_status rc;
-    if (name) {
+    if (name && g_world_map && !strcmp(name, g_world_map_name)) {
+        snprintf(s->name, sizeof s->name, "%s", name);
+        rc = map_segment(s, g_world_map, g_world_map_size, c->size, c->rank);
+    } else if (name) {
         rc = open_and_map(s, name, c->size, c->rank);
+        if (rc == DT_OK && !g_world_map) {
+            g_world_map = s->base;
+            g_world_map_size = s->size;
+            snprintf(g_world_map_name, sizeof g_world_map_name, "%s", name);
+        }
     } else {
         size_t size = dt_shm_segment_size(1);
         void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
