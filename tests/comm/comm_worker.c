@@ -21,6 +21,7 @@
  *             the same with check mode off (the shm backend's own check)
  *   hang      the last rank sleeps; the others must time out (exit 5)
  *   abort     rank 0 aborts the communicator; the others must fail (exit 6)
+ * A second argument names the backend the ranks must have picked.
  * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
  */
 #include "dtrain/comm.h"
@@ -647,6 +648,10 @@ int main(int argc, char **argv) {
     g_rank = dt_comm_rank(W);
     g_size = dt_comm_size(W);
     g_exact = !strcmp(dt_comm_backend(W), "shm");
+    if (argc > 2 && strcmp(argv[2], dt_comm_backend(W))) {
+        fprintf(stderr, "comm_worker: backend %s, expected %s\n", dt_comm_backend(W), argv[2]);
+        return 1;
+    }
     int rc = 0;
     if (!strcmp(mode, "all")) mode_all();
     else if (!strcmp(mode, "big")) mode_big();
