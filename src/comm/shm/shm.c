@@ -10,7 +10,7 @@
  *   ctl[n]      per-rank flags, each on its own cache line (so a rank's
  *               writes never invalidate the line another rank polls)
  *   small[n][2] per-rank buffers for small messages, by op parity
- *   big[n][2]   per-rank pipeline buffers for large messages, by step parity
+ *   big[n][8]   per-rank pipeline slots for large messages, by step mod 8
  *   chan[n][n]  point-to-point mailboxes, sender x receiver
  *
  * Every flag is a 64-bit counter that only grows, written by its owner
@@ -28,7 +28,7 @@
  *
  * rsag (large messages): reduce-scatter + allgather, pipelined in steps.
  *   The vector is cut into n slices; rank j owns slice j. Each step moves
- *   one piece of every slice (piece = big buffer / n bytes):
+ *   one piece of every slice (piece = 256 KiB slot / n):
  *     1. copy my pieces of the slices I do not own into my big buffer,
  *        set ready = step;
  *     2. wait for all ready, reduce my own piece from my input and the
@@ -38,9 +38,10 @@
  *        set done = step.
  *   Every rank reduces a different slice at the same time, so the n cores
  *   share the arithmetic and the memory traffic; the pieces are small
- *   enough to stay in cache between the writer and the readers. The big
- *   buffer of step s (parity s & 1) is rewritten at step s+2 only after
- *   every peer is done with step s. Reduce-scatter is steps 1-2, allgather
+ *   enough to stay in L2 between the writer and the readers. The slot of
+ *   step s (s mod 8) is rewritten at step s+8 only after every peer is done
+ *   with step s, so a rank can run up to 8 steps ahead of the slowest one,
+ *   which absorbs scheduling jitter. Reduce-scatter is steps 1-2, allgather
  *   and broadcast are steps 1 and 3, reduce is rsag gathering at the root.
  *
  * Because each element is reduced exactly once, by its owner, in rank
@@ -70,7 +71,8 @@
 #define SHM_MAGIC 0x6474726e73686d31ull /* "dtrnshm1" */
 #define CACHELINE 64
 #define SMALL_BYTES (32u << 10) /* per rank, per parity */
-#define BIG_BYTES (1u << 20)    /* per rank, per parity */
+#define BIG_SLOT (256u << 10)   /* one pipeline step's buffer, per rank */
+#define BIG_NSLOTS 8            /* steps a rank may run ahead of the slowest */
 #define P2P_SLOT (64u << 10)
 #define P2P_NSLOTS 4
 #define MAX_RANKS 4096
@@ -118,7 +120,7 @@ static seg_layout layout_for(int n) {
     l.ctl = 4096;
     l.small = align_up(l.ctl + (size_t)n * sizeof(rank_ctl), 4096);
     l.big = align_up(l.small + (size_t)n * 2 * SMALL_BYTES, 4096);
-    l.chan = align_up(l.big + (size_t)n * 2 * BIG_BYTES, 4096);
+    l.chan = align_up(l.big + (size_t)n * BIG_NSLOTS * BIG_SLOT, 4096);
     l.total = align_up(l.chan + (size_t)n * n * sizeof(p2p_chan), 4096);
     return l;
 }
@@ -182,7 +184,7 @@ static inline char *small_buf(shm_state *s, int r, uint64_t op) {
     return s->small + ((size_t)r * 2 + (op & 1)) * SMALL_BYTES;
 }
 static inline char *big_buf(shm_state *s, int r, uint64_t step) {
-    return s->big + ((size_t)r * 2 + (step & 1)) * BIG_BYTES;
+    return s->big + ((size_t)r * BIG_NSLOTS + step % BIG_NSLOTS) * BIG_SLOT;
 }
 static inline p2p_chan *chan_of(shm_state *s, int src, int dst) {
     return s->chan + (size_t)src * s->n + dst;
@@ -609,7 +611,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
     int n = s->n, me = s->me;
     size_t es = dt_dtype_size(a->dtype);
     /* Reduction splits the buffer into n pieces; gathers use it whole. */
-    size_t piece = P->reduce ? (BIG_BYTES / (size_t)n) / CACHELINE * CACHELINE : BIG_BYTES;
+    size_t piece = P->reduce ? (BIG_SLOT / (size_t)n) / CACHELINE * CACHELINE : BIG_SLOT;
     if (s->chunk && s->chunk < piece) piece = s->chunk;
     size_t pe = piece / es;
     size_t maxlen = 0;
@@ -628,8 +630,10 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
         char *mine = big_buf(s, me, g);
 #define PIECE_LEN(j) (P->len[j] > e0 ? (P->len[j] - e0 < pe ? P->len[j] - e0 : pe) : 0)
 
-        /* 1. my buffer of parity g is free once every peer is done with g-2 */
-        if (g > 2 && (rc = CTL_WAIT(c, a, "waiting to reuse buffers", done, g - 2, -1)) != DT_OK)
+        /* 1. my slot for step g is free once every peer is done with the
+         *    step that used it last, g - BIG_NSLOTS */
+        if (g > BIG_NSLOTS &&
+            (rc = CTL_WAIT(c, a, "waiting to reuse buffers", done, g - BIG_NSLOTS, -1)) != DT_OK)
             goto out;
         if (P->reduce) {
             for (int j = 0; j < n; j++) {
