@@ -165,9 +165,106 @@ static dt_status mpi_allreduce_chunk(dt_comm_t c, const dt_coll_args *a, const v
     return wait_req(c, &rq, a);
 }
 
-/* Runs `fn` over chunks of at most INT_MAX/2 elements; fp16/bf16 go through
- * fp32 buffers. */
+// ----------------------------------------------------------------------------
+// ring allreduce over MPI point to point (DTRAIN_COMM_ALGO=ring)
+//
+// The bandwidth-optimal textbook ring: n-1 reduce-scatter steps, in which
+// each rank sends one chunk to its right neighbour and adds the chunk that
+// arrives from its left, then n-1 allgather steps that pass the finished
+// chunks around. Every rank sends 2(n-1)/n of the vector, whatever n. fp16
+// and bf16 run the ring in fp32 (one conversion in, one out).
+
+static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a) {
+    dt_status rc = wait_req(c, &rq[0], a);
+    if (rc != DT_OK) return rc;
+    return wait_req(c, &rq[1], a);
+}
+
+#define RING_TAG 7302
+
+static dt_status ring_allreduce(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    int n = c->size, r = c->rank;
+    dt_dtype t = is_half(a->dtype) ? DT_F32 : a->dtype;
+    size_t es = dt_dtype_size(t), N = a->count;
+    char *work = a->recv;
+    float *fbuf = NULL;
+    if (t != a->dtype) {
+        fbuf = malloc(N * sizeof(float) + 4);
+        if (!fbuf) return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
+        dt_to_f32(fbuf, a->send, N, a->dtype);
+        work = (char *)fbuf;
+    } else if (a->send != a->recv) {
+        memcpy(a->recv, a->send, N * es);
+    }
+    size_t per = (N + (size_t)n - 1) / (size_t)n;
+    char *tmp = malloc(per * es + 4);
+    if (!tmp) {
+        free(fbuf);
+        return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
+    }
+#define CH_OFF(k) ((size_t)(k) * per < N ? (size_t)(k) * per : N)
+#define CH_LEN(k) (CH_OFF((k) + 1) - CH_OFF(k))
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    dt_status rc = DT_OK;
+    dt_redop op = a->op == DT_AVG ? DT_SUM : a->op;
+    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
+        int sc = ((r - k) % n + n) % n, rcv = ((r - k - 1) % n + n) % n;
+        MPI_Request rq[2];
+        MPI_LOCK();
+        MPI_Irecv(tmp, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG, s->comm, &rq[0]);
+        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
+                  s->comm, &rq[1]);
+        MPI_UNLOCK();
+        rc = wait_two(c, rq, a);
+        if (rc == DT_OK) {
+            char *dst = work + CH_OFF(rcv) * es;
+            const void *src[2] = {dst, tmp};
+            dt_reduce_kernel(dst, src, 2, CH_LEN(rcv), t, op, 1);
+        }
+    }
+    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
+        int sc = ((r + 1 - k) % n + n) % n, rcv = ((r - k) % n + n) % n;
+        MPI_Request rq[2];
+        MPI_LOCK();
+        MPI_Irecv(work + CH_OFF(rcv) * es, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG,
+                  s->comm, &rq[0]);
+        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
+                  s->comm, &rq[1]);
+        MPI_UNLOCK();
+        rc = wait_two(c, rq, a);
+    }
+#undef CH_OFF
+#undef CH_LEN
+    if (rc == DT_OK) {
+        finish_avg(work, N, t, a->op, n);
+        if (fbuf) dt_from_f32(a->recv, fbuf, N, a->dtype);
+    }
+    free(tmp);
+    free(fbuf);
+    return rc;
+}
+
+static int use_ring(dt_comm_t c, const dt_coll_args *a) {
+    static int algo = -1; /* 0 auto, 1 MPI's own, 2 ring */
+    if (algo < 0) {
+        const char *e = getenv("DTRAIN_COMM_ALGO");
+        algo = e && !strcmp(e, "ring") ? 2 : e && !strcmp(e, "mpi") ? 1 : 0;
+    }
+    size_t per = a->count / (size_t)(c->size > 0 ? c->size : 1) + 1;
+    if (c->size < 2 || per * dt_dtype_size(a->dtype) * 2 > INT_MAX / 2) return 0;
+    return algo == 2;
+}
+
+/* Runs MPI_Iallreduce over chunks of at most INT_MAX/2 elements; fp16/bf16
+ * go through fp32 buffers. */
 static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
+    if (use_ring(c, a)) {
+        if (dt_log_get_level() >= DT_LOG_DEBUG)
+            dt_log(DT_LOG_DEBUG, "comm mpi rank %d: allreduce seq %llu count %zu -> ring", c->rank,
+                   (unsigned long long)a->seq, a->count);
+        return ring_allreduce(c, a);
+    }
     size_t es = dt_dtype_size(a->dtype), step = INT_MAX / 2;
     if (is_half(a->dtype)) step = 1u << 22; /* bounded fp32 scratch */
     float *tmp = NULL;
