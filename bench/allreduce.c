@@ -7,7 +7,8 @@
  *
  * options: --min BYTES (4096) --max BYTES (256M) --dtype f32|bf16|f16
  *          --iters N (auto: ~0.25 s per size) --repeat R (report the best of
- *          R timed runs; for noisy machines) --json --check
+ *          R timed runs; for noisy machines) --hugepages (transparent huge
+ *          pages for the buffer) --json --check
  *
  * For each size: warm-up, then N in-place allreduces (sum) timed on every
  * rank; the reported time is the slowest rank's mean. Like nccl-tests:
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #ifdef DTRAIN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -78,7 +80,7 @@ static size_t parse_size(const char *s) {
 
 int main(int argc, char **argv) {
     size_t minb = 4096, maxb = 256u << 20;
-    int json = 0, iters_fixed = 0, check = 0, repeat = 1;
+    int json = 0, iters_fixed = 0, check = 0, repeat = 1, huge = 0;
     dt_dtype t = DT_F32;
     bench b = {0};
     const char *impl = "dtrain";
@@ -88,6 +90,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters_fixed = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--hugepages")) huge = 1;
         else if (!strcmp(argv[i], "--check")) check = 1;
         else if (!strcmp(argv[i], "--impl") && i + 1 < argc) impl = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
@@ -95,7 +98,8 @@ int main(int argc, char **argv) {
             t = !strcmp(d, "bf16") ? DT_BF16 : !strcmp(d, "f16") ? DT_F16 : DT_F32;
         } else {
             fprintf(stderr, "usage: allreduce_bench [--impl dtrain|mpi] [--min B] [--max B] "
-                            "[--iters N] [--repeat R] [--dtype f32|bf16|f16] [--json] [--check]\n");
+                            "[--iters N] [--repeat R] [--dtype f32|bf16|f16] [--hugepages] [--json] "
+                            "[--check]\n");
             return 2;
         }
     }
@@ -121,15 +125,24 @@ int main(int argc, char **argv) {
     }
     const char *backend = b.mpi_raw ? "MPI_Allreduce" : dt_comm_backend(b.comm);
     size_t es = dt_dtype_size(t);
-    char *buf = dt_alloc(maxb);
+    /* --hugepages: back the buffer with transparent huge pages, as a
+     * training job's gradient block can be; fewer TLB misses on big sweeps */
+    char *buf = NULL;
+    if (huge) {
+        size_t len = (maxb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        if (posix_memalign((void **)&buf, 2u << 20, len) == 0) madvise(buf, len, MADV_HUGEPAGE);
+        else buf = NULL;
+    } else {
+        buf = dt_alloc(maxb);
+    }
     if (!buf) return 1;
     memset(buf, 0, maxb);
     if (repeat < 1) repeat = 1;
     if (b.rank == 0) {
         if (json)
             printf("{\"impl\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, \"dtype\": \"%s\", "
-                   "\"results\": [\n",
-                   impl, backend, b.size, dt_dtype_name(t));
+                   "\"hugepages\": %d, \"results\": [\n",
+                   impl, backend, b.size, dt_dtype_name(t), huge);
         else
             printf("# allreduce, %s (%s), %d ranks, %s, in place, sum\n"
                    "# %12s %10s %10s %10s %8s\n",
@@ -174,7 +187,8 @@ int main(int argc, char **argv) {
         first = 0;
     }
     if (b.rank == 0 && json) printf("\n]}\n");
-    dt_free(buf);
+    if (huge) free(buf);
+    else dt_free(buf);
     if (b.mpi_raw) {
 #ifdef DTRAIN_HAVE_MPI
         MPI_Finalize();

@@ -71,8 +71,8 @@
 #define SHM_MAGIC 0x6474726e73686d31ull /* "dtrnshm1" */
 #define CACHELINE 64
 #define SMALL_BYTES (32u << 10) /* per rank, per parity */
-#define BIG_SLOT (256u << 10)   /* one pipeline step's buffer, per rank */
-#define BIG_NSLOTS 8            /* steps a rank may run ahead of the slowest */
+#define BIG_BYTES (2u << 20)    /* pipeline buffer per rank, cut into slots */
+#define BIG_NSLOTS 8            /* default slots: steps a rank may run ahead */
 #define P2P_SLOT (64u << 10)
 #define P2P_NSLOTS 4
 #define MAX_RANKS 4096
@@ -120,7 +120,7 @@ static seg_layout layout_for(int n) {
     l.ctl = 4096;
     l.small = align_up(l.ctl + (size_t)n * sizeof(rank_ctl), 4096);
     l.big = align_up(l.small + (size_t)n * 2 * SMALL_BYTES, 4096);
-    l.chan = align_up(l.big + (size_t)n * BIG_NSLOTS * BIG_SLOT, 4096);
+    l.chan = align_up(l.big + (size_t)n * BIG_BYTES, 4096);
     l.total = align_up(l.chan + (size_t)n * n * sizeof(p2p_chan), 4096);
     return l;
 }
@@ -170,7 +170,9 @@ typedef struct {
     uint64_t step;    /* rsag/pipeline steps run so far */
     int *world;       /* world rank of each member, for the launcher's states */
     shm_algo algo;
-    size_t chunk; /* DTRAIN_SHM_CHUNK: bytes per piece, 0 = whole buffer */
+    size_t chunk; /* DTRAIN_SHM_CHUNK: bytes per piece, 0 = whole slot */
+    int nslots;   /* DTRAIN_SHM_SLOTS (2..64, same on every rank) */
+    size_t slot;  /* BIG_BYTES / nslots */
 } shm_state;
 
 /* The world segment, where the launcher records dead ranks; sub-
@@ -184,7 +186,7 @@ static inline char *small_buf(shm_state *s, int r, uint64_t op) {
     return s->small + ((size_t)r * 2 + (op & 1)) * SMALL_BYTES;
 }
 static inline char *big_buf(shm_state *s, int r, uint64_t step) {
-    return s->big + ((size_t)r * BIG_NSLOTS + step % BIG_NSLOTS) * BIG_SLOT;
+    return s->big + (size_t)r * BIG_BYTES + (size_t)(step % (uint64_t)s->nslots) * s->slot;
 }
 static inline p2p_chan *chan_of(shm_state *s, int src, int dst) {
     return s->chan + (size_t)src * s->n + dst;
@@ -233,6 +235,9 @@ static shm_state *state_new(int n) {
         return NULL;
     }
     s->algo = algo_from_env();
+    const char *ns = getenv("DTRAIN_SHM_SLOTS");
+    s->nslots = ns && atoi(ns) >= 2 && atoi(ns) <= 64 ? atoi(ns) : BIG_NSLOTS;
+    s->slot = BIG_BYTES / (size_t)s->nslots / 4096 * 4096;
     const char *ch = getenv("DTRAIN_SHM_CHUNK");
     if (ch && *ch) s->chunk = (size_t)strtoull(ch, NULL, 10) / CACHELINE * CACHELINE;
     return s;
@@ -611,7 +616,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
     int n = s->n, me = s->me;
     size_t es = dt_dtype_size(a->dtype);
     /* Reduction splits the buffer into n pieces; gathers use it whole. */
-    size_t piece = P->reduce ? (BIG_SLOT / (size_t)n) / CACHELINE * CACHELINE : BIG_SLOT;
+    size_t piece = P->reduce ? (s->slot / (size_t)n) / CACHELINE * CACHELINE : s->slot;
     if (s->chunk && s->chunk < piece) piece = s->chunk;
     size_t pe = piece / es;
     size_t maxlen = 0;
@@ -631,9 +636,9 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
 #define PIECE_LEN(j) (P->len[j] > e0 ? (P->len[j] - e0 < pe ? P->len[j] - e0 : pe) : 0)
 
         /* 1. my slot for step g is free once every peer is done with the
-         *    step that used it last, g - BIG_NSLOTS */
-        if (g > BIG_NSLOTS &&
-            (rc = CTL_WAIT(c, a, "waiting to reuse buffers", done, g - BIG_NSLOTS, -1)) != DT_OK)
+         *    step that used it last, g - nslots */
+        if (g > (uint64_t)s->nslots &&
+            (rc = CTL_WAIT(c, a, "waiting to reuse buffers", done, g - (uint64_t)s->nslots, -1)) != DT_OK)
             goto out;
         if (P->reduce) {
             for (int j = 0; j < n; j++) {
