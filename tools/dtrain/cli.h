@@ -9,6 +9,7 @@
 
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 
 /* Prints "dtrain: error: ..." to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
