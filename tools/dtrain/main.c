@@ -22,6 +22,7 @@ static const struct {
 } commands[] = {
     {"train", cmd_train, "train a model described by a config file"},
     {"eval", cmd_eval, "evaluate saved weights on the test set"},
+    {"run", cmd_run, "start N local ranks of a program (dtrain run -n N -- PROG ARGS)"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 
