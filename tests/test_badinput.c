@@ -16,7 +16,9 @@
  *   4. The CLI: exit 2 for usage errors, 1 for runtime errors, 0 for --help
  *      and --version, never a signal; messages name the file or the step.
  *
- * Everything is written under a fresh temporary directory. */
+ * Everything is written under a fresh temporary directory, removed at the
+ * end unless a check failed or KEEP is set in the environment. CLI runs use
+ * a 1000-sample copy of the data so that the whole test takes seconds. */
 #include "dtrain/ckpt.h"
 #include "dtrain/config.h"
 #include "dtrain/data.h"
@@ -248,6 +250,11 @@ static void test_config(void) {
     char longline[700];
     snprintf(longline, sizeof longline, BASE "[data]\ndir = /%0400d\n", 7);
     cfg_err(longline, NULL, 0, "bad.ini:4:", "line longer", NULL);
+    // ... and so is a --set value too long for dt_config_write to write back.
+    char longset[400];
+    snprintf(longset, sizeof longset, "data.dir=/%0300d", 7);
+    const char *s_long[] = {longset};
+    cfg_err(BASE, s_long, 1, "--set", "[data] dir", "value longer than");
 
     // String values that dt_config_write could not write back unchanged.
     cfg_err(BASE "[data]\ndir =; /data\n", NULL, 0, "bad.ini:4:", "[data] dir", "comment");
@@ -418,11 +425,44 @@ static int cli(int want_rc, const char *args, const char *n1, const char *n2) {
     return rc;
 }
 
+// A small copy of Fashion-MNIST in dir: the first n test samples as both
+// the train and the test split, written as plain IDX under the .gz names
+// (dt_read_file_gz reads plain files too). Keeps the CLI runs fast.
+static int make_small_data(const char *dir, int n) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+    if (tl_run(cmd, NULL, 0) != 0) return -1;
+    const char *src[2] = {FMNIST "/t10k-images-idx3-ubyte.gz", FMNIST "/t10k-labels-idx1-ubyte.gz"};
+    const char *dst[2][2] = {{"train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"},
+                             {"train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}};
+    for (int k = 0; k < 2; k++) {
+        uint8_t *buf;
+        size_t len;
+        dt_idx idx;
+        if (dt_read_file_gz(src[k], &buf, &len) != DT_OK) return -1;
+        if (dt_idx_parse(buf, len, src[k], &idx) != DT_OK || idx.dims[0] < n) {
+            free(buf);
+            return -1;
+        }
+        size_t hdr = (size_t)(idx.data - buf), per = idx.count / (size_t)idx.dims[0];
+        buf[4] = (uint8_t)(n >> 24), buf[5] = (uint8_t)(n >> 16), buf[6] = (uint8_t)(n >> 8), buf[7] = (uint8_t)n;
+        for (int d = 0; d < 2; d++) {
+            char path[600];
+            snprintf(path, sizeof path, "%s/%s", dir, dst[k][d]);
+            write_file(path, buf, hdr + per * (size_t)n);
+        }
+        free(buf);
+    }
+    return 0;
+}
+
 static void test_cli(void) {
     char args[2048], want[1024];
     // Small eval batches: a CNN with the default eval_batch=1000 allocates
     // (and zeroes) ~1 GB of buffers before it gets to the weights.
-    const char *Q = "--set train.threads=2 --set train.eval_batch=50 -q";
+    // One thread: on a shared 2-core machine two spinning threads can take
+    // several times longer.
+    const char *Q = "--set train.threads=1 --set train.eval_batch=50 -q";
 
     cli(2, "", "usage", NULL);
     cli(2, "frobnicate", "unknown command 'frobnicate'", NULL);
@@ -463,9 +503,12 @@ static void test_cli(void) {
              dd, Q, tmp_path("run-data"));
     snprintf(want, sizeof want, "%s/train-images-idx3-ubyte.gz", dd);
     cli(1, args, want, "truncated");
-    // ... and labels that do not match the images in count.
-    snprintf(cmd, sizeof cmd, "cp " FMNIST "/train-images-idx3-ubyte.gz %s/ && cp " FMNIST
-             "/t10k-labels-idx1-ubyte.gz %s/train-labels-idx1-ubyte.gz", dd, dd);
+    // ... and labels that do not match the images in count (1000 images of
+    // the small set, 10000 real labels).
+    const char *small = tmp_path("small");
+    CHECK(make_small_data(small, 1000) == 0, "small data set in %s: %s", small, dt_last_error());
+    snprintf(cmd, sizeof cmd, "cp %s/train-images-idx3-ubyte.gz %s/ && cp " FMNIST
+             "/t10k-labels-idx1-ubyte.gz %s/train-labels-idx1-ubyte.gz", small, dd, dd);
     CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "set up %s: %s", dd, g_out);
     snprintf(want, sizeof want, "%s/train-labels-idx1-ubyte.gz", dd);
     cli(1, args, want, "10000 labels");
@@ -476,24 +519,28 @@ static void test_cli(void) {
     // Divergence: a huge constant learning rate makes the loss NaN/Inf in a
     // few steps; the run stops with exit 1 naming the step.
     snprintf(args, sizeof args,
-             "train configs/fashion-mlp.ini --set optim.lr=1000 --set schedule.name=constant "
+             "train configs/fashion-mlp.ini --set data.dir=%s --set optim.lr=1000 --set schedule.name=constant "
              "--set schedule.warmup_steps=0 --set train.max_steps=50 %s --run-dir %s",
-             Q, tmp_path("run-nan"));
+             small, Q, tmp_path("run-nan"));
     cli(1, args, "step ", NULL);
     CHECK(contains(g_out, "NaN") || contains(g_out, "Inf"), "diverged run: message lacks NaN/Inf\n%s", g_out);
 
     // eval with the weights of the other model.
     const char *mlp_dir = tmp_path("run-mlp");
-    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set train.max_steps=2 %s --run-dir %s", Q, mlp_dir);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s --run-dir %s",
+             small, Q, mlp_dir);
     if (cli(0, args, NULL, NULL) == 0) {
-        snprintf(args, sizeof args, "eval configs/fashion-cnn.ini --checkpoint %s/model.safetensors %s", mlp_dir, Q);
+        snprintf(args, sizeof args, "eval configs/fashion-cnn.ini --checkpoint %s/model.safetensors --set data.dir=%s %s",
+                 mlp_dir, small, Q);
         cli(1, args, "model.safetensors", "tensor '0.weight'");
-        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s/model.safetensors --set model.preset=cnn %s",
-                 mlp_dir, Q);
+        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s/model.safetensors --set model.preset=cnn "
+                 "--set data.dir=%s %s", mlp_dir, small, Q);
         cli(1, args, "tensor '", NULL);
-        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s %s", tmp_path("truncated.st"), Q);
+        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s --set data.dir=%s %s",
+                 tmp_path("truncated.st"), small, Q);
         cli(1, args, tmp_path("truncated.st"), NULL);
-        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s %s", tmp_path("nope.st"), Q);
+        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s --set data.dir=%s %s",
+                 tmp_path("nope.st"), small, Q);
         cli(1, args, tmp_path("nope.st"), NULL);
     }
 }
@@ -511,7 +558,7 @@ int main(void) {
     test_cli();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-    if (!tl_failed) tl_run(cmd, NULL, 0);
+    if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);
     else fprintf(stderr, "files kept in %s\n", g_tmp);
     for (int i = 0; i < g_npaths; i++) free(g_paths[i]);
     return tl_finish();

@@ -15,6 +15,10 @@
 // ----------------------------------------------------------------------------
 // the field table
 
+// The longest line inih reads (its buffer also holds "\r\n\0"). String
+// values are limited so that dt_config_write's "key = value" fits too.
+#define MAX_LINE_CHARS (INI_MAX_LINE - 3)
+
 typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_BOOL, F_STR, F_ENUM } ftype;
 
 typedef struct {
@@ -213,8 +217,11 @@ static int set_field(parser *p, const field *f, const char *val) {
     errno = 0;
     switch (f->type) {
     case F_STR:
-        if (strlen(val) >= f->size)
-            return fail(p, f->sec, f->key, "value longer than %zu characters", f->size - 1);
+        if (strlen(val) >= f->size || strlen(f->key) + 3 + strlen(val) > MAX_LINE_CHARS) {
+            size_t max = MAX_LINE_CHARS - 3 - strlen(f->key);
+            return fail(p, f->sec, f->key, "value longer than %zu characters",
+                        f->size - 1 < max ? f->size - 1 : max);
+        }
         // Only values that dt_config_write can write back unchanged: no
         // control characters, no surrounding blanks, and no ';' where it
         // would start a comment.
@@ -329,27 +336,22 @@ static char *read_line(char *str, int num, void *stream) {
     parser *p = stream;
     const char *s = p->text + p->pos;
     if (!*s) return NULL;
-    int i = 0;
-    while (s[i] && s[i] != '\n' && i < num - 1) {
-        str[i] = s[i];
-        i++;
-    }
-    size_t adv = i;
-    if (s[i] == '\n') {
-        if (i < num - 1) str[i++] = '\n';
-        adv++;
-    } else if (s[i]) {
-        // A line longer than inih's buffer would be cut silently (a data dir
-        // cut short, say): fail instead, and end the stream here.
-        p->line++;
-        dt_error(DT_ERR_CONFIG, "%s:%d: line longer than %d characters", p->what, p->line, num - 2);
+    size_t len = strcspn(s, "\n");
+    size_t chars = len && s[len - 1] == '\r' ? len - 1 : len;
+    size_t limit = num - 3 < MAX_LINE_CHARS ? (size_t)(num - 3) : MAX_LINE_CHARS;
+    p->line++;
+    if (chars > limit) {
+        // inih would cut the line silently (a data dir cut short, say):
+        // fail instead, and end the stream here.
+        dt_error(DT_ERR_CONFIG, "%s:%d: line longer than %zu characters", p->what, p->line, limit);
         p->failed = 1;
         p->fail_line = p->line;
         return NULL;
     }
-    str[i] = 0;
-    p->pos += adv;
-    p->line++;
+    memcpy(str, s, len);
+    if (s[len] == '\n') str[len++] = '\n';
+    str[len] = 0;
+    p->pos += len;
     return str;
 }
 

@@ -129,4 +129,7 @@ write("config", "override-layer.ini", "[model]\npreset = mlp\n\0model.layer=relu
 write("config", "input-trailing-x.ini", "[model]\ninput = 1x28x28x\npreset = mlp\n")
 write("config", "input-huge.ini", "[model]\ninput = 1048576x1048576x1048576\npreset = mlp\n")
 write("config", "seed-float.ini", "[model]\npreset = mlp\n[train]\nseed = 1.5e3\n")
+write("config", "roundtrip.ini", "[model]\ninput = 784\nlayer = dropout p=0.418447137\nlayer = linear out=10\n"
+      "layer = layernorm eps=3.3333e-7\n[data]\ndir = /a;b c\n[train]\nseed = 12345678901234567890\n")
+write("config", "comment-value.ini", "[model]\npreset = mlp\n[data]\ndir =; /data\n")
 write("config", "min-lr.ini", "[model]\npreset = mlp\n[schedule]\nmin_lr = 5\n")
