@@ -9,6 +9,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake clang libomp-dev pkg-config
       zlib1g-dev libinih-dev libcjson-dev libdnnl-dev
+      libopenmpi-dev openmpi-bin
       dataset-fashion-mnist fortunes)
 if [ "${1:-}" = "--bench" ]; then
     # PyTorch, and an optimised BLAS for it (Debian's torch otherwise runs on

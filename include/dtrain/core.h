@@ -51,7 +51,8 @@ DT_API const char *dt_status_string(dt_status s);
 DT_API const char *dt_last_error(void);
 
 /* Records a message for dt_last_error() and returns s, so that library code
- * can write `return dt_error(DT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+ * can write `return dt_error(DT_ERR_IO, "%s: %s", path, strerror(errno));`.
+ * dt_last_error() may be an argument, to add context to an earlier message. */
 DT_API dt_status dt_error(dt_status s, const char *fmt, ...) DT_PRINTF(2, 3);
 
 /* Version string "MAJOR.MINOR.PATCH". */

@@ -3,9 +3,11 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct dt_st_file {
     uint8_t *buf;        // the whole file
@@ -96,6 +98,10 @@ static int cmp_begin(const void *a, const void *b) {
     return p < q ? -1 : p > q;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const dt_st_tensor *)a)->name, ((const dt_st_tensor *)b)->name);
+}
+
 // Takes ownership of buf.
 static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const char *what) {
     *out = NULL;
@@ -164,17 +170,19 @@ static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const c
                 st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': bad shape entry", what, t->name);
                 goto fail;
             }
-            t->shape[t->ndim++] = (int64_t)d->valuedouble;
-            numel *= (size_t)d->valuedouble;
-            if (numel > ((size_t)1 << 48)) {
+            size_t dim = (size_t)d->valuedouble;
+            t->shape[t->ndim++] = (int64_t)dim;
+            // Checked before multiplying: numel * dim must not wrap around.
+            if (dim && numel > ((size_t)1 << 48) / dim) {
                 st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': shape too large", what, t->name);
                 goto fail;
             }
+            numel *= dim;
         }
         double b = cJSON_GetArrayItem(off, 0)->valuedouble, e = cJSON_GetArrayItem(off, 1)->valuedouble;
         if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) ||
-            b < 0 || e < b || e > (double)data_len) {
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': data_offsets [%.0f, %.0f] outside the %zu data bytes (truncated?)",
+            b < 0 || e < b || e > (double)data_len || b != floor(b) || e != floor(e)) {
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s': data_offsets [%.17g, %.17g] are not whole numbers with begin <= end <= %zu, the data size (truncated?)",
                           what, t->name, b, e, data_len);
             goto fail;
         }
@@ -187,7 +195,8 @@ static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const c
         t->data = data + (size_t)b;
         f->n++;
     }
-    // Byte ranges must not overlap.
+    // Names must be unique (JSON parsers differ on which duplicate wins) and
+    // byte ranges must not overlap.
     if (f->n > 1) {
         dt_st_tensor *s = malloc(sizeof *s * f->n);
         if (!s) {
@@ -195,6 +204,13 @@ static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const c
             goto fail;
         }
         memcpy(s, f->t, sizeof *s * f->n);
+        qsort(s, f->n, sizeof *s, cmp_name);
+        for (int i = 1; i < f->n; i++)
+            if (!strcmp(s[i].name, s[i - 1].name)) {
+                st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", what, s[i].name);
+                free(s);
+                goto fail;
+            }
         qsort(s, f->n, sizeof *s, cmp_begin);
         for (int i = 1; i < f->n; i++)
             if ((const uint8_t *)s[i].data < (const uint8_t *)s[i - 1].data + s[i - 1].nbytes) {
@@ -222,6 +238,11 @@ dt_status dt_st_open(dt_st_file **out, const char *path) {
     *out = NULL;
     FILE *fp = fopen(path, "rb");
     if (!fp) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(fp);
+        return dt_error(DT_ERR_IO, "%s: not a regular file", path);
+    }
     if (fseek(fp, 0, SEEK_END) != 0) {
         fclose(fp);
         return dt_error(DT_ERR_IO, "%s: cannot seek", path);
@@ -279,6 +300,14 @@ dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, i
     return st;
 }
 
+// "[1024, 784]"
+static void format_shape(char *buf, size_t n, const int64_t *shape, int ndim) {
+    size_t w = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && w < n; d++)
+        w += (size_t)snprintf(buf + w, n - w, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (w < n) snprintf(buf + w, n - w, "]");
+}
+
 dt_status dt_model_load(dt_model *m, const char *path) {
     dt_st_file *f;
     dt_status st = dt_st_open(&f, path);
@@ -294,8 +323,11 @@ dt_status dt_model_load(dt_model *m, const char *path) {
         int same = t->dtype == DT_F32 && t->ndim == ti->ndim;
         for (int d = 0; same && d < ti->ndim; d++) same = t->shape[d] == ti->shape[d];
         if (!same) {
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has dtype %s and a shape that differs from the model's (weights of a different model?)",
-                          path, ti->name, dt_dtype_name(t->dtype));
+            char got[160], want[160];
+            format_shape(got, sizeof got, t->shape, t->ndim);
+            format_shape(want, sizeof want, ti->shape, ti->ndim);
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s %s, the model needs F32 %s (weights of a different model?)",
+                          path, ti->name, dt_dtype_name(t->dtype), got, want);
             break;
         }
         memcpy(p + ti->offset, t->data, t->nbytes);

@@ -41,10 +41,14 @@ static _Thread_local char last_error[1024];
 const char *dt_last_error(void) { return last_error; }
 
 dt_status dt_error(dt_status s, const char *fmt, ...) {
+    // Formatted into a local buffer first, so that callers may add context
+    // to the previous message: dt_error(st, "step %d: %s", n, dt_last_error()).
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return s;
 }
 

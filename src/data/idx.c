@@ -36,7 +36,11 @@ dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
         if (r < 0) {
             int e;
             const char *msg = gzerror(f, &e);
-            dt_status st = dt_error(DT_ERR_FORMAT, "%s: corrupt or truncated gzip data (%s)", path, msg);
+            // Z_ERRNO: the read itself failed (a directory, an I/O error),
+            // not the data.
+            dt_status st = e == Z_ERRNO
+                               ? dt_error(DT_ERR_IO, "%s: cannot read: %s", path, strerror(errno))
+                               : dt_error(DT_ERR_FORMAT, "%s: corrupt or truncated gzip data (%s)", path, msg);
             free(b);
             gzclose(f);
             return st;

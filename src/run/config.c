@@ -16,6 +16,10 @@
 // ----------------------------------------------------------------------------
 // the field table
 
+// The longest line inih reads (its buffer also holds "\r\n\0"). String
+// values are limited so that dt_config_write's "key = value" fits too.
+#define MAX_LINE_CHARS (INI_MAX_LINE - 3)
+
 typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_BOOL, F_STR, F_ENUM } ftype;
 
 typedef struct {
@@ -187,8 +191,8 @@ static void format_layer(const dt_layer_spec *s, char *buf, size_t n) {
     case DT_LAYER_MAXPOOL:
         snprintf(buf + w, n - w, " kernel=%d stride=%d", s->kernel, s->stride ? s->stride : s->kernel);
         break;
-    case DT_LAYER_DROPOUT: snprintf(buf + w, n - w, " p=%g", s->p); break;
-    case DT_LAYER_LAYERNORM: snprintf(buf + w, n - w, " eps=%g", s->eps > 0 ? s->eps : 1e-5); break;
+    case DT_LAYER_DROPOUT: snprintf(buf + w, n - w, " p=%.9g", s->p); break;
+    case DT_LAYER_LAYERNORM: snprintf(buf + w, n - w, " eps=%.9g", s->eps > 0 ? s->eps : 1e-5); break;
     default: break;
     }
 }
@@ -201,6 +205,7 @@ typedef struct {
     const char *what;   // file name, or "--set"
     int line;           // current line (counted by the reader)
     int failed;
+    int fail_line;      // line of the first failure
     int file_layers;    // layer lines seen
     int preset_line;
     // the stream being read
@@ -219,6 +224,7 @@ static int fail(parser *p, const char *sec, const char *key, const char *fmt, ..
     if (p->line > 0) dt_error(DT_ERR_CONFIG, "%s:%d: [%s] %s: %s", p->what, p->line, sec, key, msg);
     else dt_error(DT_ERR_CONFIG, "%s: [%s] %s: %s", p->what, sec, key, msg);
     p->failed = 1;
+    p->fail_line = p->line;
     return 0;
 }
 
@@ -228,8 +234,22 @@ static int set_field(parser *p, const field *f, const char *val) {
     errno = 0;
     switch (f->type) {
     case F_STR:
-        if (strlen(val) >= f->size)
-            return fail(p, f->sec, f->key, "value longer than %zu characters", f->size - 1);
+        if (strlen(val) >= f->size || strlen(f->key) + 3 + strlen(val) > MAX_LINE_CHARS) {
+            size_t max = MAX_LINE_CHARS - 3 - strlen(f->key);
+            return fail(p, f->sec, f->key, "value longer than %zu characters",
+                        f->size - 1 < max ? f->size - 1 : max);
+        }
+        // Only values that dt_config_write can write back unchanged: no
+        // control characters, no surrounding blanks, and no ';' where it
+        // would start a comment.
+        for (const char *q = val; *q; q++) {
+            if ((unsigned char)*q < 0x20 || *q == 0x7f)
+                return fail(p, f->sec, f->key, "control character in value");
+            if (*q == ';' && (q == val || q[-1] == ' ' || q[-1] == '\t'))
+                return fail(p, f->sec, f->key, "';' at the start of a value or after a blank starts a comment, got '%s'", val);
+        }
+        if (*val && (isspace((unsigned char)val[0]) || isspace((unsigned char)val[strlen(val) - 1])))
+            return fail(p, f->sec, f->key, "value with leading or trailing blanks: '%s'", val);
         snprintf(dst, f->size, "%s", val);
         return 1;
     case F_BOOL:
@@ -262,7 +282,14 @@ static int set_field(parser *p, const field *f, const char *val) {
     switch (f->type) {
     case F_INT: *(int *)dst = (int)v; break;
     case F_I64: *(int64_t *)dst = (int64_t)v; break;
-    case F_U64: *(uint64_t *)dst = strtoull(val, NULL, 10); break;
+    case F_U64: {
+        // Exact for plain digits beyond 2^53; other forms (1e3) via the double.
+        char *e2;
+        errno = 0;
+        unsigned long long u = strtoull(val, &e2, 10);
+        *(uint64_t *)dst = *e2 || errno || val[0] == '-' ? (uint64_t)v : (uint64_t)u;
+        break;
+    }
     case F_FLOAT: *(float *)dst = (float)v; break;
     default: break;
     }
@@ -274,14 +301,18 @@ static int set_input(parser *p, const char *val) {
     const char *s = val;
     while (n < 3) {
         char *end;
+        if (*s < '0' || *s > '9') break;
         long x = strtol(s, &end, 10);
         if (end == s || x <= 0 || x > 1 << 20) break;
         d[n++] = (int)x;
         s = end;
-        if (*s == 'x') s++;
-        else break;
+        if (*s != 'x' || n == 3) break;
+        s++;
     }
     if (n == 0 || *s) return fail(p, "model", "input", "expected CxHxW or a feature count (e.g. 1x28x28 or 784), got '%s'", val);
+    if ((int64_t)d[0] * d[1] * d[2] > 1 << 28)
+        return fail(p, "model", "input", "%s is %lld values per sample, more than %d", val,
+                    (long long)d[0] * d[1] * d[2], 1 << 28);
     memcpy(p->c->input, d, sizeof d);
     return 1;
 }
@@ -306,6 +337,7 @@ static int handle(void *user, const char *sec, const char *key, const char *val)
         }
     int known_sec = !strcmp(sec, "model");
     for (int i = 0; i < NFIELDS && !known_sec; i++) known_sec = !strcmp(fields[i].sec, sec);
+    if (!*sec) return fail(p, sec, key, "key before any [section] header");
     if (!known_sec)
         return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule or train)", sec);
     char keys[400] = "";
@@ -321,23 +353,22 @@ static char *read_line(char *str, int num, void *stream) {
     parser *p = stream;
     const char *s = p->text + p->pos;
     if (!*s) return NULL;
-    int i = 0;
-    while (s[i] && s[i] != '\n' && i < num - 1) {
-        str[i] = s[i];
-        i++;
-    }
-    size_t adv = i;
-    if (s[i] == '\n') {
-        if (i < num - 1) str[i++] = '\n';
-        adv++;
-    } else if (s[i]) {
-        // Line longer than the buffer: skip the rest of it.
-        while (s[adv] && s[adv] != '\n') adv++;
-        if (s[adv] == '\n') adv++;
-    }
-    str[i] = 0;
-    p->pos += adv;
+    size_t len = strcspn(s, "\n");
+    size_t chars = len && s[len - 1] == '\r' ? len - 1 : len;
+    size_t limit = num - 3 < MAX_LINE_CHARS ? (size_t)(num - 3) : MAX_LINE_CHARS;
     p->line++;
+    if (chars > limit) {
+        // inih would cut the line silently (a data dir cut short, say):
+        // fail instead, and end the stream here.
+        dt_error(DT_ERR_CONFIG, "%s:%d: line longer than %zu characters", p->what, p->line, limit);
+        p->failed = 1;
+        p->fail_line = p->line;
+        return NULL;
+    }
+    memcpy(str, s, len);
+    if (s[len] == '\n') str[len++] = '\n';
+    str[len] = 0;
+    p->pos += len;
     return str;
 }
 
@@ -407,7 +438,9 @@ dt_status dt_config_parse(dt_config *c, const char *text, const char *what, cons
     snprintf(c->name, sizeof c->name, "%.*s", (int)strcspn(base, "."), base);
     parser p = {.c = c, .what = what, .text = text};
     int rc = ini_parse_stream(read_line, &p, handle, &p);
-    if (p.failed) return DT_ERR_CONFIG;
+    // inih returns the first bad line; report a syntax error there rather
+    // than a later field error it caused (a key after a broken [section]).
+    if (p.failed && !(rc > 0 && rc < p.fail_line)) return DT_ERR_CONFIG;
     if (rc != 0)
         return dt_error(DT_ERR_CONFIG, "%s:%d: syntax error (expected '[section]', 'key = value' or a ';' comment)",
                         what, rc > 0 ? rc : 0);

@@ -1,10 +1,13 @@
-/* Fuzz target: llm.c checkpoints (dt_llmc_parse). Any input must either be
+/* libFuzzer target: llm.c checkpoints (dt_llmc_parse). Any input must either be
  * rejected with a message, or describe a consistent model whose parameter
  * block fills the rest of the buffer exactly. */
 #include "dtrain/gpt.h"
-#include "fuzz_replay.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static volatile float g_sink;
 

@@ -1,10 +1,13 @@
-/* Fuzz target: llm.c token files (dt_tokens_parse). Any input must either
+/* libFuzzer target: llm.c token files (dt_tokens_parse). Any input must either
  * be rejected with a status and message, or yield tokens that all lie in
  * the buffer and below the vocabulary. */
 #include "dtrain/gpt.h"
-#include "fuzz_replay.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // The parser reads the header as int32 and tokens as uint16 in place:

@@ -9,6 +9,7 @@
 
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 int cmd_prepare_text(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_sample(int argc, char **argv);

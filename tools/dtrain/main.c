@@ -22,6 +22,7 @@ static const struct {
 } commands[] = {
     {"train", cmd_train, "train a model described by a config file"},
     {"eval", cmd_eval, "evaluate saved weights on the test set"},
+    {"run", cmd_run, "start N local ranks of a program (dtrain run -n N -- PROG ARGS)"},
     {"prepare-text", cmd_prepare_text, "text files -> byte-level GPT token files"},
     {"convert", cmd_convert, "GPT weights between llm.c and safetensors"},
     {"sample", cmd_sample, "generate text with a trained GPT"},

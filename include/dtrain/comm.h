@@ -1,0 +1,200 @@
+/*
+ * dtrain/comm.h - communicators and collectives (shaped like NCCL and MPI).
+ *
+ * A communicator is a group of ranks that take part in collectives together.
+ * Every training strategy talks to its peers through this header, so it is
+ * small and strict:
+ *
+ *   dt_comm_t world;
+ *   if (dt_comm_init_env(&world) != DT_OK) { puts(dt_last_error()); return 1; }
+ *   int rank = dt_comm_rank(world), size = dt_comm_size(world);
+ *
+ *   // sum gradients in place, then divide by the number of ranks
+ *   dt_allreduce(grad, grad, n, DT_F32, DT_AVG, world);
+ *
+ *   // start an allreduce, compute, then wait for it
+ *   dt_request_t req;
+ *   dt_iallreduce(bucket, bucket, m, DT_BF16, DT_SUM, world, &req);
+ *   backward_next_layer();
+ *   dt_wait(&req);
+ *
+ *   dt_comm_destroy(world);
+ *
+ * Where the ranks come from. dt_comm_init_env() reads the environment:
+ *   - `dtrain run -n N -- prog` (the built-in launcher) sets DTRAIN_RANK,
+ *     DTRAIN_WORLD_SIZE and DTRAIN_SHM_NAME; the ranks then talk through one
+ *     POSIX shared-memory segment (the "shm" backend);
+ *   - mpirun / srun set OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK; the
+ *     ranks then use MPI (the "mpi" backend), or shared memory inside each
+ *     host plus MPI between hosts ("hier") when several ranks share a host;
+ *   - nothing set: the process is rank 0 of a world of 1. This is not a
+ *     special case: every collective works and simply copies.
+ *   DTRAIN_COMM_BACKEND=shm|mpi|hier forces a backend.
+ *
+ * Semantics shared by all collectives:
+ *   - Buffers are (send, recv, count, dtype). send == recv means in place.
+ *   - All ranks of a communicator call the same collectives in the same
+ *     order with matching count, dtype, op and root. The check mode (on by
+ *     default in debug builds; DTRAIN_COMM_CHECK=1 or dt_comm_set_check())
+ *     verifies this before every collective and reports a mismatch as
+ *     DT_ERR_COMM naming each rank's arguments.
+ *   - fp16 and bf16 reductions accumulate in fp32 and round once.
+ *   - Results are bitwise identical on every rank and from run to run (the
+ *     shm backend sums in rank order 0, 1, ..., n-1).
+ *   - Nothing waits forever. Every blocking wait has a timeout (300 s by
+ *     default; DTRAIN_COMM_TIMEOUT=seconds or dt_comm_set_timeout()). When
+ *     a peer dies or times out the call returns DT_ERR_COMM or
+ *     DT_ERR_TIMEOUT, and dt_last_error() names the op, its sequence number
+ *     and the ranks that did not arrive. After such an error the
+ *     communicator is broken: later calls fail at once with the same status
+ *     (see dt_comm_get_async_error()); destroy it.
+ *   - A communicator is used by one thread at a time (like NCCL). The
+ *     non-blocking calls run on the communicator's own progress thread, in
+ *     the order they were issued, before any later blocking call.
+ */
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_comm *dt_comm_t;
+typedef struct dt_request *dt_request_t;
+
+/* Reduction operators. DT_AVG is a sum divided by the number of ranks
+ * (integer division for integer types). */
+typedef enum { DT_SUM = 0, DT_AVG, DT_MAX, DT_MIN } dt_redop;
+
+/* Color for dt_comm_split() meaning "this rank joins no sub-communicator". */
+#define DT_COMM_UNDEFINED (-1)
+
+/* ---- creation and queries ---------------------------------------------- */
+
+/* Creates the world communicator from the environment (see the top of this
+ * file). On success *out is a new communicator that the caller frees with
+ * dt_comm_destroy(). Returns DT_ERR_COMM if the launcher's shared memory
+ * cannot be attached or MPI cannot be initialised, DT_ERR_CONFIG for a bad
+ * DTRAIN_* variable. */
+DT_API dt_status dt_comm_init_env(dt_comm_t *out);
+
+/* Splits `c` into sub-communicators: ranks passing the same `color` end up
+ * in one new communicator, ordered by `key` (ties by rank in c). Collective
+ * over c. A rank passing DT_COMM_UNDEFINED gets *out == NULL. The caller
+ * frees *out with dt_comm_destroy(), before destroying c. */
+DT_API dt_status dt_comm_split(dt_comm_t c, int color, int key, dt_comm_t *out);
+
+/* Waits for pending non-blocking operations, then releases everything the
+ * communicator holds. Not collective; NULL is ignored. */
+DT_API void dt_comm_destroy(dt_comm_t c);
+
+/* Marks the communicator as failed on this rank and tells the peers: their
+ * pending and later collectives return DT_ERR_COMM naming this rank and
+ * `reason` (may be NULL). Queued requests fail. Still call
+ * dt_comm_destroy(). Returns DT_OK. */
+DT_API dt_status dt_comm_abort(dt_comm_t c, const char *reason);
+
+/* DT_OK while the communicator is healthy; otherwise the status of the error
+ * that broke it (peer death, timeout, mismatch, abort), and dt_last_error()
+ * is set to its message. Never blocks. */
+DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
+
+DT_API int dt_comm_rank(dt_comm_t c);
+DT_API int dt_comm_size(dt_comm_t c);
+/* Rank among the ranks on this host, how many share it, the host's index
+ * and the number of hosts. For the shm backend: rank, size, 0, 1. */
+DT_API int dt_comm_local_rank(dt_comm_t c);
+DT_API int dt_comm_local_size(dt_comm_t c);
+DT_API int dt_comm_node(dt_comm_t c);
+DT_API int dt_comm_nnodes(dt_comm_t c);
+/* "shm", "mpi" or "hier". The string is static. */
+DT_API const char *dt_comm_backend(dt_comm_t c);
+
+/* Timeout of every blocking wait on this communicator, in seconds (> 0). */
+DT_API void dt_comm_set_timeout(dt_comm_t c, double seconds);
+/* Turns the argument check on (1) or off (0). Every rank must use the same
+ * setting, because the check is itself a small collective. */
+DT_API void dt_comm_set_check(dt_comm_t c, int on);
+
+/* ---- collectives --------------------------------------------------------
+ * All return DT_OK, DT_ERR_ARG (bad pointer, dtype, op, root or peer; the
+ * call did nothing and the communicator stays usable), DT_ERR_COMM or
+ * DT_ERR_TIMEOUT (the communicator is now broken). Buffers stay owned by
+ * the caller. */
+
+/* recv[i] = op over ranks of send[i], for i < count, on every rank. */
+DT_API dt_status dt_allreduce(const void *send, void *recv, size_t count, dt_dtype dtype,
+                              dt_redop op, dt_comm_t c);
+
+/* send holds size*recvcount elements; rank r receives block r of the
+ * reduction in recv[0..recvcount). In place when recv == send (the result
+ * then sits at the start of the buffer, as in NCCL's "recv = send" case
+ * with offset 0). */
+DT_API dt_status dt_reduce_scatter(const void *send, void *recv, size_t recvcount,
+                                   dt_dtype dtype, dt_redop op, dt_comm_t c);
+
+/* recv (size*sendcount elements) gets every rank's send block in rank
+ * order. In place when send == recv + rank*sendcount (element units). */
+DT_API dt_status dt_allgather(const void *send, void *recv, size_t sendcount, dt_dtype dtype,
+                              dt_comm_t c);
+
+/* Allgather with a different count per rank: rank p's block goes to
+ * recv + displs[p] and has counts[p] elements. counts and displs (size
+ * entries each, identical on all ranks) stay owned by the caller and may be
+ * freed when the call returns (also for the non-blocking form). */
+DT_API dt_status dt_allgatherv(const void *send, size_t sendcount, void *recv,
+                               const size_t *counts, const size_t *displs, dt_dtype dtype,
+                               dt_comm_t c);
+
+/* Copies root's send[0..count) into every rank's recv (NCCL style: send is
+ * read only on root; pass send == recv for MPI_Bcast behaviour). */
+DT_API dt_status dt_broadcast(const void *send, void *recv, size_t count, dt_dtype dtype,
+                              int root, dt_comm_t c);
+
+/* Like dt_allreduce, but only root's recv is written (recv may be NULL
+ * elsewhere). */
+DT_API dt_status dt_reduce(const void *send, void *recv, size_t count, dt_dtype dtype,
+                           dt_redop op, int root, dt_comm_t c);
+
+/* Returns once every rank has entered the barrier. */
+DT_API dt_status dt_barrier(dt_comm_t c);
+
+/* Point to point: a dt_send must be matched by a dt_recv of the same count
+ * and dtype on `peer`; messages between one pair arrive in order. */
+DT_API dt_status dt_send(const void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c);
+DT_API dt_status dt_recv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c);
+
+/* ---- non-blocking twins -------------------------------------------------
+ * Same arguments plus a request out-parameter. They queue the operation on
+ * the communicator's progress thread and return at once; the buffers must
+ * stay valid and untouched until dt_wait()/dt_test() report completion.
+ * Argument errors are returned immediately (and *req is NULL). */
+
+DT_API dt_status dt_iallreduce(const void *send, void *recv, size_t count, dt_dtype dtype,
+                               dt_redop op, dt_comm_t c, dt_request_t *req);
+DT_API dt_status dt_ireduce_scatter(const void *send, void *recv, size_t recvcount,
+                                    dt_dtype dtype, dt_redop op, dt_comm_t c,
+                                    dt_request_t *req);
+DT_API dt_status dt_iallgather(const void *send, void *recv, size_t sendcount, dt_dtype dtype,
+                               dt_comm_t c, dt_request_t *req);
+DT_API dt_status dt_ibroadcast(const void *send, void *recv, size_t count, dt_dtype dtype,
+                               int root, dt_comm_t c, dt_request_t *req);
+
+/* Waits for the request, frees it, sets *req to NULL and returns the
+ * operation's status (with dt_last_error() set on failure). *req == NULL
+ * returns DT_OK. */
+DT_API dt_status dt_wait(dt_request_t *req);
+
+/* Never blocks. If the operation is still running: *done = 0, returns
+ * DT_OK. Otherwise *done = 1 and it behaves like dt_wait(). */
+DT_API dt_status dt_test(dt_request_t *req, int *done);
+
+/* Short name of an operator ("sum", "avg", "max", "min"). */
+DT_API const char *dt_redop_name(dt_redop op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

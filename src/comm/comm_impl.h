@@ -1,0 +1,191 @@
+/*
+ * comm_impl.h - what the communicator front end (comm.c) shares with its
+ * backends (shm/, mpi/, hier.c).
+ *
+ * The front end owns everything that is the same for every transport:
+ * argument validation, sequence numbers, the argument check, sticky errors,
+ * the progress thread of the non-blocking calls, and splitting. A backend
+ * fills in one `struct dt_comm_ops` table (like a ggml backend or Redis's
+ * ae_epoll.c) and keeps its own state behind `c->be`.
+ *
+ * Backend functions run with the collective already validated and numbered
+ * (args->seq). They return DT_OK or an error set with dt_error(); on
+ * DT_ERR_COMM / DT_ERR_TIMEOUT the front end marks the communicator broken.
+ */
+#ifndef DT_COMM_IMPL_H
+#define DT_COMM_IMPL_H
+
+#include "dtrain/comm.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define DT_HIDDEN __attribute__((visibility("hidden")))
+
+// ----------------------------------------------------------------------------
+// one collective call, as the backends see it
+
+typedef enum {
+    DT_COLL_ALLREDUCE = 0,
+    DT_COLL_REDUCE_SCATTER,
+    DT_COLL_ALLGATHERV, /* dt_allgather is allgatherv with equal counts */
+    DT_COLL_BROADCAST,
+    DT_COLL_REDUCE,
+    DT_COLL_BARRIER,
+    DT_COLL_SEND,
+    DT_COLL_RECV,
+    DT_COLL_COUNT_
+} dt_coll;
+
+typedef struct {
+    dt_coll kind;
+    const void *send;
+    void *recv;
+    size_t count;          /* allreduce/reduce/bcast: elements; reduce_scatter:
+                              recvcount; allgatherv: this rank's sendcount */
+    dt_dtype dtype;
+    dt_redop op;
+    int root;              /* broadcast/reduce root; send/recv peer */
+    const size_t *counts;  /* allgatherv only: size entries */
+    const size_t *displs;  /* allgatherv only: size entries */
+    uint64_t seq;          /* 1, 2, ... per communicator (user-visible ops) */
+    int check_of;          /* internal allgather of check mode: kind + 1 of the
+                              collective being checked, for error messages */
+} dt_coll_args;
+
+DT_HIDDEN const char *dt_coll_name(dt_coll k);
+
+// ----------------------------------------------------------------------------
+// the ops table
+
+struct dt_comm_ops {
+    const char *name;
+    dt_status (*allreduce)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*reduce_scatter)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*allgatherv)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*broadcast)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*reduce)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*barrier)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*send)(dt_comm_t c, const dt_coll_args *a);
+    dt_status (*recv)(dt_comm_t c, const dt_coll_args *a);
+    /* Builds the backend state of `child` (rank/size already set) for the
+     * ranks `members` (parent ranks, in child rank order). Collective over
+     * the parent: every parent rank calls it, those with no group with
+     * child == NULL. */
+    dt_status (*split)(dt_comm_t parent, dt_comm_t child, const int *members, int nmembers,
+                       int color, int ncolors_before);
+    /* Tells the peers that this rank gave up (best effort, never blocks). */
+    void (*abort)(dt_comm_t c, const char *reason);
+    void (*destroy)(dt_comm_t c);
+};
+
+// ----------------------------------------------------------------------------
+// the communicator
+
+struct dt_comm {
+    const struct dt_comm_ops *ops;
+    void *be; /* backend state */
+
+    int rank, size;
+    int local_rank, local_size, node, nnodes;
+    int world_rank; /* this process's rank in the world communicator */
+
+    uint64_t seq;    /* user-visible collectives issued so far */
+    double timeout;  /* seconds, every blocking wait */
+    int check;       /* compare arguments across ranks before each collective */
+    int nsplits;     /* splits made from this communicator (names segments) */
+
+    /* Sticky error: once set, every call fails with it. */
+    _Atomic int err;
+    char err_msg[512];
+    pthread_mutex_t err_lock;
+
+    /* Non-blocking operations: a FIFO served by one progress thread. */
+    pthread_mutex_t q_lock;
+    pthread_cond_t q_cond;      /* signalled on enqueue and on completion */
+    struct dt_request *q_head, *q_tail;
+    int q_pending;              /* queued or running */
+    int q_stop, thread_started;
+    pthread_t thread;
+};
+
+/* Records a communicator-breaking error (first one wins) and returns it. */
+DT_HIDDEN dt_status dt_comm_fail(dt_comm_t c, dt_status s, const char *msg);
+
+/* Default timeout and check mode from DTRAIN_COMM_TIMEOUT / DTRAIN_COMM_CHECK. */
+DT_HIDDEN void dt_comm_defaults(dt_comm_t c);
+
+/* Allocates a communicator with the front-end fields initialised. */
+DT_HIDDEN dt_comm_t dt_comm_alloc(void);
+
+// ----------------------------------------------------------------------------
+// reduction kernels (reduce.c)
+
+/* dst[i] = op(src[0][i], src[1][i], ..., src[nsrc-1][i]) combined in that
+ * order; DT_AVG divides the sum by `avg_div`. fp16/bf16 accumulate in fp32
+ * and round once. dst may alias any src. */
+DT_HIDDEN void dt_reduce_kernel(void *dst, const void *const *src, int nsrc, size_t n,
+                                dt_dtype t, dt_redop op, int avg_div);
+
+/* The same, also storing the result to dst2 (may be NULL) in the same pass:
+ * dst and dst2 must not overlap each other except exactly. */
+DT_HIDDEN void dt_reduce_kernel2(void *dst, void *dst2, const void *const *src, int nsrc,
+                                 size_t n, dt_dtype t, dt_redop op, int avg_div);
+
+/* fp16/bf16 <-> fp32 conversions (round to nearest even). */
+DT_HIDDEN void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
+DT_HIDDEN void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+
+// ----------------------------------------------------------------------------
+// waiting without burning a shared core (wait.c)
+
+/* A waiter spins briefly (only when the ranks have a core each), then
+ * yields, then sleeps in growing steps up to 1 ms. */
+typedef struct {
+    double start, deadline, next_check;
+    unsigned iters;
+    int spin_limit; /* 1 while still in the spinning phase */
+} dt_waiter;
+
+DT_HIDDEN void dt_waiter_init(dt_waiter *w, double timeout, int nranks_on_host);
+/* One pause/yield/sleep step. Returns 1 when it is time for the slow checks
+ * (peer liveness, deadline), at most every ~50 ms once sleeping. */
+DT_HIDDEN int dt_waiter_step(dt_waiter *w);
+DT_HIDDEN int dt_waiter_expired(const dt_waiter *w);
+
+// ----------------------------------------------------------------------------
+// backends
+
+DT_HIDDEN extern const struct dt_comm_ops dt_shm_ops;
+
+/* Shared memory: attach to the launcher's segment, or create a private one
+ * for a world of 1 (name == NULL). */
+DT_HIDDEN dt_status dt_shm_init_world(dt_comm_t c, const char *name);
+/* Bytes of the segment for n ranks (the launcher creates it). */
+DT_HIDDEN size_t dt_shm_segment_size(int n);
+/* Launcher side: initialise a fresh segment and mark a rank's process as
+ * gone (state 1 = exited, 2 = died) so its peers stop waiting for it. */
+DT_HIDDEN void dt_shm_segment_init(void *base, int n);
+DT_HIDDEN void dt_shm_mark_rank(void *base, int rank, int state, int detail);
+/* 1 once every rank has attached to the segment (the name can then go). */
+DT_HIDDEN int dt_shm_all_attached(void *base);
+
+/* Shared-memory communicator over an arbitrary group, rendezvous done by
+ * the caller: the creator (rank 0) makes the segment called `name`,
+ * everyone attaches after `sync` (a barrier on some other communicator). */
+DT_HIDDEN dt_status dt_shm_create_named(dt_comm_t c, const char *name, int creator);
+DT_HIDDEN dt_status dt_shm_attach_named(dt_comm_t c, const char *name);
+DT_HIDDEN void dt_shm_unlink_named(const char *name);
+/* How many ranks share this host (decides whether waits may spin). */
+DT_HIDDEN void dt_shm_set_host_ranks(int n);
+
+#ifdef DTRAIN_HAVE_MPI
+DT_HIDDEN extern const struct dt_comm_ops dt_mpi_ops;
+DT_HIDDEN extern const struct dt_comm_ops dt_hier_ops;
+DT_HIDDEN dt_status dt_mpi_init_world(dt_comm_t c);
+DT_HIDDEN dt_status dt_hier_init_world(dt_comm_t c);
+DT_HIDDEN int dt_mpi_env_present(void);
+#endif
+
+#endif

@@ -1,0 +1,587 @@
+/*
+ * mpi.c - the MPI backend: Open MPI or MPICH, selected when the process was
+ * started by mpirun / srun (or DTRAIN_COMM_BACKEND=mpi).
+ *
+ * MPI's own collectives are used where they do the job (allreduce,
+ * reduce_scatter_block, allgatherv, bcast, reduce, barrier), but always in
+ * their non-blocking form (MPI_Iallreduce, ...) followed by a polling wait:
+ * that is how a blocking dtrain call gets a timeout, which MPI itself does
+ * not offer. The wait spins briefly, then yields and sleeps (wait.c), so a
+ * rank blocked in a collective leaves its core to the compute threads.
+ *
+ * What MPI does not do the way dtrain promises is done here:
+ *   - fp16/bf16: converted to fp32, reduced in fp32, rounded once;
+ *   - DT_AVG: a sum, then a division;
+ *   - counts above INT_MAX: split into chunks (allreduce, bcast, reduce).
+ *
+ * A dead peer: Open MPI and MPICH normally take the whole job down; if they
+ * do not, the wait times out with DT_ERR_TIMEOUT. MPI cannot say which
+ * ranks did not arrive, so those messages say so.
+ */
+#include "comm/mpi/mpi_impl.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// MPI library state
+
+static int g_thread_level;
+static pthread_mutex_t g_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Without MPI_THREAD_MULTIPLE, calls from the progress threads and the user
+ * thread are serialised by one lock. */
+#define MPI_LOCK()                                                              \
+    do {                                                                        \
+        if (g_thread_level < MPI_THREAD_MULTIPLE) pthread_mutex_lock(&g_mpi_lock); \
+    } while (0)
+#define MPI_UNLOCK()                                                              \
+    do {                                                                          \
+        if (g_thread_level < MPI_THREAD_MULTIPLE) pthread_mutex_unlock(&g_mpi_lock); \
+    } while (0)
+
+int dt_mpi_env_present(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                 "MPI_LOCALRANKID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return 1;
+    }
+    return 0;
+}
+
+static dt_status mpi_err(const char *what, int code) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, s, &len);
+    return dt_error(DT_ERR_COMM, "%s: MPI error: %s", what, s);
+}
+
+/* MPI cannot be initialised twice, so a world communicator destroyed and
+ * created again keeps MPI up; it is finalised when the process exits. */
+static void finalize_at_exit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+dt_status dt_mpi_library_init(void) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) return dt_error(DT_ERR_COMM, "MPI_Init_thread failed (%d)", rc);
+        g_thread_level = provided;
+        atexit(finalize_at_exit);
+    } else {
+        MPI_Query_thread(&g_thread_level);
+    }
+    return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// waiting for a request with a deadline
+
+static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
+    dt_waiter w;
+    dt_waiter_init(&w, c->timeout, c->local_size);
+    for (;;) {
+        int done = 0;
+        MPI_LOCK();
+        int rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+        MPI_UNLOCK();
+        if (rc != MPI_SUCCESS) {
+            char what[96];
+            snprintf(what, sizeof what, "%s (seq %llu)", dt_coll_name(a->kind),
+                     (unsigned long long)a->seq);
+            return mpi_err(what, rc);
+        }
+        if (done) return DT_OK;
+        if (dt_waiter_step(&w)) {
+            if (atomic_load(&c->err) != DT_OK)
+                return dt_error((dt_status)atomic_load(&c->err), "%s (seq %llu): %s",
+                                dt_coll_name(a->kind), (unsigned long long)a->seq, c->err_msg);
+            if (dt_waiter_expired(&w))
+                return dt_error(DT_ERR_TIMEOUT,
+                                "%s (seq %llu, %zu x %s) on rank %d: timed out after %.3g s "
+                                "(MPI backend: the ranks that did not arrive are unknown)",
+                                dt_coll_name(a->kind), (unsigned long long)a->seq, a->count,
+                                dt_dtype_name(a->dtype), c->rank, c->timeout);
+        }
+    }
+}
+
+#define CALL(expr, a)                                                  \
+    do {                                                               \
+        MPI_LOCK();                                                    \
+        int rc_ = (expr);                                              \
+        MPI_UNLOCK();                                                  \
+        if (rc_ != MPI_SUCCESS) return mpi_err(dt_coll_name((a)->kind), rc_); \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+// types
+
+static MPI_Datatype mpi_type(dt_dtype t) {
+    switch (t) {
+    case DT_F32: return MPI_FLOAT;
+    case DT_I32: return MPI_INT32_T;
+    case DT_I64: return MPI_INT64_T;
+    case DT_U8: return MPI_UINT8_T;
+    default: return MPI_FLOAT; /* fp16/bf16 travel as fp32 */
+    }
+}
+
+static MPI_Op mpi_op(dt_redop op) {
+    switch (op) {
+    case DT_MAX: return MPI_MAX;
+    case DT_MIN: return MPI_MIN;
+    default: return MPI_SUM;
+    }
+}
+
+static int is_half(dt_dtype t) { return t == DT_F16 || t == DT_BF16; }
+
+/* For DT_AVG: divide n elements in place by the rank count. */
+static void finish_avg(void *buf, size_t n, dt_dtype t, dt_redop op, int size) {
+    if (op != DT_AVG || !n) return;
+    const void *src[1] = {buf};
+    dt_reduce_kernel(buf, src, 1, n, t, DT_AVG, size);
+}
+
+// ----------------------------------------------------------------------------
+// collectives
+
+static dt_status mpi_allreduce_chunk(dt_comm_t c, const dt_coll_args *a, const void *send,
+                                     void *recv, size_t n) {
+    mpi_state *s = c->be;
+    MPI_Request rq;
+    CALL(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, mpi_type(a->dtype),
+                        mpi_op(a->op), s->comm, &rq),
+         a);
+    return wait_req(c, &rq, a);
+}
+
+// ----------------------------------------------------------------------------
+// ring allreduce over MPI point to point (DTRAIN_COMM_ALGO=ring)
+//
+// The bandwidth-optimal textbook ring: n-1 reduce-scatter steps, in which
+// each rank sends one chunk to its right neighbour and adds the chunk that
+// arrives from its left, then n-1 allgather steps that pass the finished
+// chunks around. Every rank sends 2(n-1)/n of the vector, whatever n. fp16
+// and bf16 run the ring in fp32 (one conversion in, one out).
+
+static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a) {
+    dt_status rc = wait_req(c, &rq[0], a);
+    if (rc != DT_OK) return rc;
+    return wait_req(c, &rq[1], a);
+}
+
+#define RING_TAG 7302
+
+static dt_status ring_allreduce(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    int n = c->size, r = c->rank;
+    dt_dtype t = is_half(a->dtype) ? DT_F32 : a->dtype;
+    size_t es = dt_dtype_size(t), N = a->count;
+    char *work = a->recv;
+    float *fbuf = NULL;
+    if (t != a->dtype) {
+        fbuf = malloc(N * sizeof(float) + 4);
+        if (!fbuf) return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
+        dt_to_f32(fbuf, a->send, N, a->dtype);
+        work = (char *)fbuf;
+    } else if (a->send != a->recv) {
+        memcpy(a->recv, a->send, N * es);
+    }
+    size_t per = (N + (size_t)n - 1) / (size_t)n;
+    char *tmp = malloc(per * es + 4);
+    if (!tmp) {
+        free(fbuf);
+        return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
+    }
+#define CH_OFF(k) ((size_t)(k) * per < N ? (size_t)(k) * per : N)
+#define CH_LEN(k) (CH_OFF((k) + 1) - CH_OFF(k))
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    dt_status rc = DT_OK;
+    dt_redop op = a->op == DT_AVG ? DT_SUM : a->op;
+    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
+        int sc = ((r - k) % n + n) % n, rcv = ((r - k - 1) % n + n) % n;
+        MPI_Request rq[2];
+        MPI_LOCK();
+        MPI_Irecv(tmp, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG, s->comm, &rq[0]);
+        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
+                  s->comm, &rq[1]);
+        MPI_UNLOCK();
+        rc = wait_two(c, rq, a);
+        if (rc == DT_OK) {
+            char *dst = work + CH_OFF(rcv) * es;
+            const void *src[2] = {dst, tmp};
+            dt_reduce_kernel(dst, src, 2, CH_LEN(rcv), t, op, 1);
+        }
+    }
+    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
+        int sc = ((r + 1 - k) % n + n) % n, rcv = ((r - k) % n + n) % n;
+        MPI_Request rq[2];
+        MPI_LOCK();
+        MPI_Irecv(work + CH_OFF(rcv) * es, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG,
+                  s->comm, &rq[0]);
+        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
+                  s->comm, &rq[1]);
+        MPI_UNLOCK();
+        rc = wait_two(c, rq, a);
+    }
+#undef CH_OFF
+#undef CH_LEN
+    if (rc == DT_OK) {
+        finish_avg(work, N, t, a->op, n);
+        if (fbuf) dt_from_f32(a->recv, fbuf, N, a->dtype);
+    }
+    free(tmp);
+    free(fbuf);
+    return rc;
+}
+
+static int use_ring(dt_comm_t c, const dt_coll_args *a) {
+    static int algo = -1; /* 0 auto, 1 MPI's own, 2 ring */
+    if (algo < 0) {
+        const char *e = getenv("DTRAIN_COMM_ALGO");
+        algo = e && !strcmp(e, "ring") ? 2 : e && !strcmp(e, "mpi") ? 1 : 0;
+    }
+    size_t per = a->count / (size_t)(c->size > 0 ? c->size : 1) + 1;
+    if (c->size < 2 || per * dt_dtype_size(a->dtype) * 2 > INT_MAX / 2) return 0;
+    return algo == 2;
+}
+
+/* Runs MPI_Iallreduce over chunks of at most INT_MAX/2 elements; fp16/bf16
+ * go through fp32 buffers. */
+static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
+    if (use_ring(c, a)) {
+        if (dt_log_get_level() >= DT_LOG_DEBUG)
+            dt_log(DT_LOG_DEBUG, "comm mpi rank %d: allreduce seq %llu count %zu -> ring", c->rank,
+                   (unsigned long long)a->seq, a->count);
+        return ring_allreduce(c, a);
+    }
+    size_t es = dt_dtype_size(a->dtype), step = INT_MAX / 2;
+    if (is_half(a->dtype)) step = 1u << 22; /* bounded fp32 scratch */
+    float *tmp = NULL;
+    if (is_half(a->dtype) && a->count) {
+        tmp = malloc((a->count < step ? a->count : step) * sizeof(float));
+        if (!tmp) return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
+    }
+    dt_status rc = DT_OK;
+    for (size_t off = 0; off < a->count && rc == DT_OK; off += step) {
+        size_t n = a->count - off < step ? a->count - off : step;
+        const char *snd = (const char *)a->send + off * es;
+        char *rcv = (char *)a->recv + off * es;
+        if (tmp) {
+            dt_to_f32(tmp, snd, n, a->dtype);
+            rc = mpi_allreduce_chunk(c, a, tmp, tmp, n);
+            if (a->op == DT_AVG)
+                for (size_t i = 0; i < n; i++) tmp[i] /= (float)c->size;
+            dt_from_f32(rcv, tmp, n, a->dtype);
+        } else {
+            rc = mpi_allreduce_chunk(c, a, snd, rcv, n);
+            if (rc == DT_OK) finish_avg(rcv, n, a->dtype, a->op, c->size);
+        }
+    }
+    free(tmp);
+    return rc;
+}
+
+static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    size_t es = dt_dtype_size(a->dtype), step = is_half(a->dtype) ? 1u << 22 : INT_MAX / 2;
+    int root = c->rank == a->root;
+    float *tin = NULL, *tout = NULL;
+    if (is_half(a->dtype) && a->count) {
+        size_t m = a->count < step ? a->count : step;
+        tin = malloc(m * sizeof(float));
+        tout = malloc(m * sizeof(float));
+        if (!tin || !tout) {
+            free(tin);
+            free(tout);
+            return dt_error(DT_ERR_NOMEM, "reduce: out of memory");
+        }
+    }
+    dt_status rc = DT_OK;
+    for (size_t off = 0; off < a->count && rc == DT_OK; off += step) {
+        size_t n = a->count - off < step ? a->count - off : step;
+        const void *snd = (const char *)a->send + off * es;
+        void *rcv = root ? (char *)a->recv + off * es : NULL;
+        if (tin) {
+            dt_to_f32(tin, snd, n, a->dtype);
+            snd = tin;
+            rcv = tout;
+        }
+        const void *sb = root && snd == rcv ? MPI_IN_PLACE : snd;
+        MPI_Request rq;
+        CALL(MPI_Ireduce(sb, rcv, (int)n, mpi_type(a->dtype), mpi_op(a->op), a->root, s->comm,
+                         &rq),
+             a);
+        rc = wait_req(c, &rq, a);
+        if (rc == DT_OK && root) {
+            if (tin) {
+                if (a->op == DT_AVG)
+                    for (size_t i = 0; i < n; i++) tout[i] /= (float)c->size;
+                dt_from_f32((char *)a->recv + off * es, tout, n, a->dtype);
+            } else {
+                finish_avg(rcv, n, a->dtype, a->op, c->size);
+            }
+        }
+    }
+    free(tin);
+    free(tout);
+    return rc;
+}
+
+static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    size_t es = dt_dtype_size(a->dtype), rcnt = a->count, total = rcnt * (size_t)c->size;
+    if (total > INT_MAX)
+        return dt_error(DT_ERR_ARG, "reduce_scatter (seq %llu): %zu elements exceed MPI's int counts",
+                        (unsigned long long)a->seq, total);
+    const void *snd = a->send;
+    void *rcv = a->recv;
+    float *tin = NULL, *tout = NULL;
+    void *scratch = NULL;
+    if (is_half(a->dtype)) {
+        tin = malloc(total * sizeof(float) + 4);
+        tout = malloc(rcnt * sizeof(float) + 4);
+        if (!tin || !tout) {
+            free(tin);
+            free(tout);
+            return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        }
+        dt_to_f32(tin, snd, total, a->dtype);
+        snd = tin;
+        rcv = tout;
+    } else if (rcv != snd && (char *)rcv < (const char *)snd + total * es &&
+               (char *)rcv + rcnt * es > (const char *)snd) {
+        /* overlapping but not MPI_IN_PLACE-shaped: go through scratch */
+        scratch = malloc(rcnt * es + 1);
+        if (!scratch) return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        rcv = scratch;
+    }
+    MPI_Request rq;
+    dt_status rc;
+    MPI_LOCK();
+    int e = MPI_Ireduce_scatter_block(snd == rcv ? MPI_IN_PLACE : snd, (void *)(snd == rcv ? snd : rcv),
+                                      (int)rcnt, mpi_type(a->dtype), mpi_op(a->op), s->comm, &rq);
+    MPI_UNLOCK();
+    rc = e == MPI_SUCCESS ? wait_req(c, &rq, a) : mpi_err("reduce_scatter", e);
+    if (rc == DT_OK) {
+        if (tin) {
+            if (a->op == DT_AVG)
+                for (size_t i = 0; i < rcnt; i++) tout[i] /= (float)c->size;
+            dt_from_f32(a->recv, tout, rcnt, a->dtype);
+        } else {
+            if (scratch) memcpy(a->recv, scratch, rcnt * es);
+            finish_avg(a->recv, rcnt, a->dtype, a->op, c->size);
+        }
+    }
+    free(tin);
+    free(tout);
+    free(scratch);
+    return rc;
+}
+
+static dt_status mpi_allgatherv(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    size_t es = dt_dtype_size(a->dtype);
+    int n = c->size;
+    int *ic = malloc((size_t)n * 2 * sizeof(int));
+    if (!ic) return dt_error(DT_ERR_NOMEM, "allgather: out of memory");
+    for (int p = 0; p < n; p++) {
+        size_t bytes = a->counts[p] * es, disp = a->displs[p] * es;
+        if (bytes > INT_MAX || disp > INT_MAX) {
+            free(ic);
+            return dt_error(DT_ERR_ARG, "allgather (seq %llu): block of rank %d exceeds MPI's int counts",
+                            (unsigned long long)a->seq, p);
+        }
+        ic[p] = (int)bytes;
+        ic[n + p] = (int)disp;
+    }
+    const void *snd = a->send;
+    if ((const char *)snd == (const char *)a->recv + a->displs[c->rank] * es) snd = MPI_IN_PLACE;
+    MPI_Request rq;
+    MPI_LOCK();
+    int e = MPI_Iallgatherv(snd, (int)(a->count * es), MPI_BYTE, a->recv, ic, ic + n, MPI_BYTE,
+                            s->comm, &rq);
+    MPI_UNLOCK();
+    dt_status rc = e == MPI_SUCCESS ? wait_req(c, &rq, a) : mpi_err("allgather", e);
+    free(ic);
+    return rc;
+}
+
+static dt_status mpi_broadcast(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    size_t es = dt_dtype_size(a->dtype), bytes = a->count * es, step = INT_MAX / 2;
+    if (c->rank == a->root && a->send != a->recv && bytes) memmove(a->recv, a->send, bytes);
+    for (size_t off = 0; off < bytes; off += step) {
+        size_t m = bytes - off < step ? bytes - off : step;
+        MPI_Request rq;
+        CALL(MPI_Ibcast((char *)a->recv + off, (int)m, MPI_BYTE, a->root, s->comm, &rq), a);
+        dt_status rc = wait_req(c, &rq, a);
+        if (rc != DT_OK) return rc;
+    }
+    return DT_OK;
+}
+
+static dt_status mpi_barrier(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    MPI_Request rq;
+    CALL(MPI_Ibarrier(s->comm, &rq), a);
+    return wait_req(c, &rq, a);
+}
+
+#define P2P_TAG 7301
+
+static dt_status mpi_send(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "send: %zu bytes exceed MPI's int counts", bytes);
+    MPI_Request rq;
+    CALL(MPI_Isend(a->send, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, &rq), a);
+    return wait_req(c, &rq, a);
+}
+
+static dt_status mpi_recv(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "recv: %zu bytes exceed MPI's int counts", bytes);
+    /* probe first, so that a size mismatch is an error, not a truncation */
+    dt_waiter w;
+    dt_waiter_init(&w, c->timeout, c->local_size);
+    MPI_Status st;
+    for (;;) {
+        int flag = 0;
+        MPI_LOCK();
+        MPI_Iprobe(a->root, P2P_TAG, s->comm, &flag, &st);
+        MPI_UNLOCK();
+        if (flag) break;
+        if (dt_waiter_step(&w) && dt_waiter_expired(&w))
+            return dt_error(DT_ERR_TIMEOUT, "recv on rank %d from rank %d: timed out after %.3g s",
+                            c->rank, a->root, c->timeout);
+    }
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if ((size_t)got != bytes)
+        return dt_error(DT_ERR_COMM, "recv on rank %d from rank %d: message of %d bytes, expected %zu (%zu x %s)",
+                        c->rank, a->root, got, bytes, a->count, dt_dtype_name(a->dtype));
+    MPI_Request rq;
+    CALL(MPI_Irecv(a->recv, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, &rq), a);
+    return wait_req(c, &rq, a);
+}
+
+// ----------------------------------------------------------------------------
+// creation, split, destroy
+
+/* Fills rank, size and the host layout of c from an MPI communicator (which
+ * c then owns). DTRAIN_FAKE_NODES=k pretends the ranks are spread over k
+ * hosts in contiguous blocks, to test the hierarchical path on one host. */
+dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
+    mpi_state *s = calloc(1, sizeof *s);
+    if (!s) return dt_error(DT_ERR_NOMEM, "mpi backend: out of memory");
+    s->comm = comm;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &c->rank);
+    MPI_Comm_size(comm, &c->size);
+    const char *fake = getenv("DTRAIN_FAKE_NODES");
+    int k = fake ? atoi(fake) : 0;
+    int rc;
+    if (k > 1) {
+        if (k > c->size) k = c->size;
+        int per = (c->size + k - 1) / k;
+        rc = MPI_Comm_split(comm, c->rank / per, c->rank, &s->node_comm);
+    } else {
+        rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &s->node_comm);
+    }
+    if (rc != MPI_SUCCESS) {
+        free(s);
+        return mpi_err("splitting ranks by host", rc);
+    }
+    MPI_Comm_rank(s->node_comm, &c->local_rank);
+    MPI_Comm_size(s->node_comm, &c->local_size);
+    /* node index = rank of the host's first rank among the hosts' first ranks */
+    MPI_Comm lead;
+    MPI_Comm_split(comm, c->local_rank == 0 ? 0 : MPI_UNDEFINED, c->rank, &lead);
+    int ids[2] = {0, 0};
+    if (lead != MPI_COMM_NULL) {
+        MPI_Comm_rank(lead, &ids[0]);
+        MPI_Comm_size(lead, &ids[1]);
+        MPI_Comm_free(&lead);
+    }
+    MPI_Bcast(ids, 2, MPI_INT, 0, s->node_comm);
+    c->node = ids[0];
+    c->nnodes = ids[1];
+    c->be = s;
+    c->ops = &dt_mpi_ops;
+    return DT_OK;
+}
+
+dt_status dt_mpi_init_world(dt_comm_t c) {
+    dt_status rc = dt_mpi_library_init();
+    if (rc != DT_OK) return rc;
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    rc = dt_mpi_attach(c, dup);
+    if (rc != DT_OK) {
+        MPI_Comm_free(&dup);
+        return rc;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank);
+    ((mpi_state *)c->be)->world = 1;
+    return DT_OK;
+}
+
+static dt_status mpi_split(dt_comm_t parent, dt_comm_t child, const int *members, int nmembers,
+                           int color, int color_index) {
+    (void)members;
+    (void)nmembers;
+    (void)color_index;
+    mpi_state *ps = parent->be;
+    MPI_Comm out;
+    int key = child ? child->rank : 0;
+    int rc = MPI_Comm_split(ps->comm, child ? color : MPI_UNDEFINED, key, &out);
+    if (rc != MPI_SUCCESS) return mpi_err("dt_comm_split", rc);
+    if (!child) return DT_OK;
+    return dt_mpi_attach(child, out);
+}
+
+static void mpi_abort(dt_comm_t c, const char *reason) {
+    (void)c;
+    (void)reason; /* MPI has no way to fail peers without MPI_Abort; they time out */
+}
+
+static void mpi_destroy(dt_comm_t c) {
+    mpi_state *s = c->be;
+    if (!s) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) {
+        if (s->node_comm != MPI_COMM_NULL) MPI_Comm_free(&s->node_comm);
+        MPI_Comm_free(&s->comm);
+
+    }
+    free(s);
+    c->be = NULL;
+}
+
+const struct dt_comm_ops dt_mpi_ops = {
+    .name = "mpi",
+    .allreduce = mpi_allreduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .allgatherv = mpi_allgatherv,
+    .broadcast = mpi_broadcast,
+    .reduce = mpi_reduce,
+    .barrier = mpi_barrier,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .split = mpi_split,
+    .abort = mpi_abort,
+    .destroy = mpi_destroy,
+};

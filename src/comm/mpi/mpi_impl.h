@@ -1,0 +1,20 @@
+/* mpi_impl.h - what mpi.c shares with hier.c (compiled only with MPI). */
+#ifndef DT_MPI_IMPL_H
+#define DT_MPI_IMPL_H
+
+#include "comm/comm_impl.h"
+
+#include <mpi.h>
+
+typedef struct {
+    MPI_Comm comm;      /* owned duplicate */
+    MPI_Comm node_comm; /* the ranks sharing this host (or fake node) */
+    int world;          /* created by dt_comm_init_env */
+} mpi_state;
+
+/* MPI_Init_thread unless the program already initialised MPI. */
+DT_HIDDEN dt_status dt_mpi_library_init(void);
+/* Makes c an mpi-backend communicator over `comm` (which c then owns). */
+DT_HIDDEN dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm);
+
+#endif

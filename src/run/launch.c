@@ -1,0 +1,206 @@
+/*
+ * launch.c - start N local ranks, supervise them, stop them together.
+ *
+ * The supervisor is a polling loop (waitpid(WNOHANG) every 5 ms) rather than
+ * a SIGCHLD handler: it keeps the signal handlers trivial (they only set a
+ * flag) and makes the escalation timers easy to read.
+ */
+#include "dtrain/launch.h"
+#include "comm/comm_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) { g_signal = sig; }
+
+dt_launch_params dt_launch_default_params(void) {
+    dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0};
+    return p;
+}
+
+static void set_env_int(const char *k, int v) {
+    char b[32];
+    snprintf(b, sizeof b, "%d", v);
+    setenv(k, b, 1);
+}
+
+/* In the child, after fork: environment, default signals, exec. */
+static void child_exec(char *const argv[], int rank, int n, const char *shm_name, pid_t parent) {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    /* die with the launcher, even if it is killed with SIGKILL */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    set_env_int("DTRAIN_RANK", rank);
+    set_env_int("DTRAIN_WORLD_SIZE", n);
+    set_env_int("DTRAIN_LOCAL_RANK", rank);
+    set_env_int("DTRAIN_LOCAL_SIZE", n);
+    setenv("DTRAIN_SHM_NAME", shm_name, 1);
+    execvp(argv[0], argv);
+    fprintf(stderr, "dtrain run: rank %d: cannot execute '%s': %s\n", rank, argv[0],
+            strerror(errno));
+    _exit(127);
+}
+
+static void signal_all(const pid_t *pids, const int *alive, int n, int sig) {
+    for (int r = 0; r < n; r++)
+        if (alive[r]) kill(pids[r], sig);
+}
+
+dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_code) {
+    if (!p || !argv || !argv[0] || !exit_code)
+        return dt_error(DT_ERR_ARG, "dt_launch: missing program or parameters");
+    int n = p->nranks;
+    if (n < 1 || n > 4096) return dt_error(DT_ERR_ARG, "dt_launch: %d ranks (expected 1..4096)", n);
+    *exit_code = 0;
+
+    // ---- the shared-memory segment -----------------------------------------
+    char name[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(name, sizeof name, "/dtrain-%d-%lx", (int)getpid(), (unsigned long)ts.tv_nsec);
+    size_t size = dt_shm_segment_size(n);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return dt_error(DT_ERR_COMM, "dtrain run: cannot create shared memory '%s': %s", name,
+                        strerror(errno));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(name);
+        return dt_error(DT_ERR_COMM, "dtrain run: cannot size shared memory to %zu bytes: %s",
+                        size, strerror(e));
+    }
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        shm_unlink(name);
+        return dt_error(DT_ERR_COMM, "dtrain run: mmap of shared memory failed: %s",
+                        strerror(errno));
+    }
+    dt_shm_segment_init(base, n);
+
+    pid_t *pids = calloc((size_t)n, sizeof *pids);
+    int *alive = calloc((size_t)n, sizeof *alive);
+    if (!pids || !alive) {
+        free(pids);
+        free(alive);
+        munmap(base, size);
+        shm_unlink(name);
+        return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
+    }
+
+    // ---- signals and fork ----------------------------------------------------
+    struct sigaction sa, old_int, old_term, old_hup;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    g_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup);
+    fflush(NULL);
+
+    dt_status rc = DT_OK;
+    pid_t self = getpid();
+    int nalive = 0;
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid == 0) child_exec(argv, r, n, name, self);
+        if (pid < 0) {
+            rc = dt_error(DT_ERR_INTERNAL, "dtrain run: fork of rank %d failed: %s", r,
+                          strerror(errno));
+            g_signal = SIGTERM; /* stop the ranks already started */
+            break;
+        }
+        pids[r] = pid;
+        alive[r] = 1;
+        nalive++;
+        if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d is pid %d", r, (int)pid);
+    }
+
+    // ---- supervise -------------------------------------------------------------
+    int first_fail = -1, forwarded = 0, unlinked = 0;
+    double term_at = 0, kill_at = 0;
+    while (nalive > 0) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            int r = 0;
+            while (r < n && pids[r] != pid) r++;
+            if (r == n) continue;
+            alive[r] = 0;
+            nalive--;
+            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (code == 0) {
+                dt_shm_mark_rank(base, r, 1, 0);
+                if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited", r);
+                continue;
+            }
+            dt_shm_mark_rank(base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
+            if (first_fail < 0 && !forwarded) {
+                first_fail = r;
+                *exit_code = code;
+                if (WIFSIGNALED(st))
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) killed by signal %d (%s)%s",
+                           r, (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)),
+                           nalive ? "; stopping the other ranks" : "");
+                else
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) exited with status %d%s", r,
+                           (int)pid, code, nalive ? "; stopping the other ranks" : "");
+                term_at = dt_now() + p->grace;
+            }
+            continue;
+        }
+        if (pid < 0 && errno != EINTR) break; /* no children left */
+
+        /* once every rank has mapped the segment its name is not needed:
+         * unlink it now, so that nothing is left even if we are killed */
+        if (!unlinked && dt_shm_all_attached(base)) {
+            shm_unlink(name);
+            unlinked = 1;
+        }
+        double now = dt_now();
+        if (g_signal && !forwarded) {
+            forwarded = 1;
+            if (first_fail < 0) *exit_code = 128 + g_signal;
+            dt_log(DT_LOG_WARN, "run: %s, stopping %d ranks", strsignal(g_signal), nalive);
+            signal_all(pids, alive, n, SIGTERM);
+            kill_at = now + p->term_grace;
+            term_at = 0;
+        }
+        if (term_at && now >= term_at) {
+            signal_all(pids, alive, n, SIGTERM);
+            term_at = 0;
+            kill_at = now + p->term_grace;
+        }
+        if (kill_at && now >= kill_at) {
+            signal_all(pids, alive, n, SIGKILL);
+            kill_at = 0;
+        }
+        struct timespec nap = {0, 5000000};
+        nanosleep(&nap, NULL);
+    }
+
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGHUP, &old_hup, NULL);
+    munmap(base, size);
+    if (!unlinked) shm_unlink(name);
+    free(pids);
+    free(alive);
+    return rc;
+}

@@ -1,0 +1,678 @@
+/*
+ * comm_worker.c - one rank of the communication tests. Started N times by
+ * `dtrun -n N -- comm_worker MODE` (the launcher behind `dtrain run`) or by
+ * `mpirun -np N comm_worker MODE`.
+ *
+ * Every rank generates every rank's input from (rank, case, index), so it can
+ * compute the serial reference itself: the reduction in rank order 0..n-1,
+ * fp16/bf16 accumulated in fp32 and rounded once. On the shm backend the
+ * result must match the reference bit for bit; on MPI (whose reduction
+ * order is its own) floats must match to a tolerance scaled by sum |x|.
+ *
+ * Modes:
+ *   all       every collective x dtype x op x count, in and out of place,
+ *             non-blocking twins, split, send/recv, determinism
+ *   big       64 MiB allreduce / reduce_scatter / allgather
+ *   kill      the last rank SIGKILLs itself during a stream of allreduces;
+ *             the others must fail with DT_ERR_COMM (exit 3)
+ *   mismatch  rank 1 passes a different count (check mode on); every rank
+ *             must fail with a mismatch error (exit 4)
+ *   mismatch_fast, mismatch_dtype
+ *             the same with check mode off (the shm backend's own check)
+ *   hang      the last rank sleeps; the others must time out (exit 5)
+ *   abort     rank 0 aborts the communicator; the others must fail (exit 6)
+ * A second argument names the backend the ranks must have picked.
+ * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
+ */
+#include "dtrain/comm.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int g_rank, g_size, g_exact, g_failed, g_checks;
+static dt_comm_t W;
+
+#define FAILF(...)                                                                   \
+    do {                                                                             \
+        g_failed++;                                                                  \
+        fprintf(stderr, "rank %d: FAIL %s:%d: ", g_rank, __FILE__, __LINE__);        \
+        fprintf(stderr, __VA_ARGS__);                                                \
+        fputc('\n', stderr);                                                         \
+    } while (0)
+
+#define OK(call)                                                                     \
+    do {                                                                             \
+        dt_status s_ = (call);                                                       \
+        if (s_ != DT_OK) {                                                           \
+            fprintf(stderr, "rank %d: %s:%d: %s failed: %s: %s\n", g_rank, __FILE__, \
+                    __LINE__, #call, dt_status_string(s_), dt_last_error());          \
+            exit(1);                                                                 \
+        }                                                                            \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+// inputs and conversions
+
+static uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static float bf16_f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint16_t f_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float f16_f(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+static uint16_t f_f16(float f) {
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+
+/* Element i of rank r's input for case `salt`, as a double. */
+static double gen(int r, uint64_t salt, size_t i) {
+    uint64_t h = mix(salt * 0x100000001b3ull ^ ((uint64_t)r << 40) ^ i);
+    double v = (double)(int64_t)(h % 2001) - 1000.0;
+    return v / (double)(1u << (h >> 60)); /* mixed magnitudes */
+}
+
+static void fill(void *buf, dt_dtype t, int r, uint64_t salt, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double v = gen(r, salt, i);
+        switch (t) {
+        case DT_F32: ((float *)buf)[i] = (float)v; break;
+        case DT_F16: ((uint16_t *)buf)[i] = f_f16((float)v); break;
+        case DT_BF16: ((uint16_t *)buf)[i] = f_bf16((float)v); break;
+        case DT_I32: ((int32_t *)buf)[i] = (int32_t)(v * 16); break;
+        case DT_I64: ((int64_t *)buf)[i] = (int64_t)(v * 16) * 1000000007ll; break;
+        default: break;
+        }
+    }
+}
+
+static double get(const void *buf, dt_dtype t, size_t i) {
+    switch (t) {
+    case DT_F32: return ((const float *)buf)[i];
+    case DT_F16: return f16_f(((const uint16_t *)buf)[i]);
+    case DT_BF16: return bf16_f(((const uint16_t *)buf)[i]);
+    case DT_I32: return ((const int32_t *)buf)[i];
+    case DT_I64: return (double)((const int64_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+/* Serial reference of an elementwise reduction over ranks 0..n-1 of the
+ * inputs for `salt`, elements [first, first+n). abssum gets sum |x| for the
+ * tolerance of non-exact backends. */
+static void reference(void *out, double *abssum, dt_dtype t, dt_redop op, int nranks,
+                      uint64_t salt, size_t first, size_t n) {
+    size_t es = dt_dtype_size(t);
+    void *tmp = malloc((first + n) * es + 1);
+    for (size_t i = 0; i < n; i++) abssum[i] = 0;
+    float *af = malloc(n * sizeof(float) + 1);
+    int64_t *ai = malloc(n * sizeof(int64_t) + 1);
+    for (int r = 0; r < nranks; r++) {
+        fill(tmp, t, r, salt, first + n);
+        for (size_t i = 0; i < n; i++) {
+            double v = get(tmp, t, first + i);
+            abssum[i] += fabs(v);
+            if (t == DT_I32 || t == DT_I64) {
+                int64_t x = t == DT_I32 ? ((int32_t *)tmp)[first + i] : ((int64_t *)tmp)[first + i];
+                if (r == 0) ai[i] = x;
+                else if (op == DT_SUM || op == DT_AVG) ai[i] += x;
+                else if (op == DT_MAX) ai[i] = x > ai[i] ? x : ai[i];
+                else ai[i] = x < ai[i] ? x : ai[i];
+            } else {
+                float x = (float)v;
+                if (r == 0) af[i] = x;
+                else if (op == DT_SUM || op == DT_AVG) af[i] += x;
+                else if (op == DT_MAX) af[i] = x > af[i] ? x : af[i];
+                else af[i] = x < af[i] ? x : af[i];
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (op == DT_AVG) {
+            if (t == DT_I32 || t == DT_I64) ai[i] /= nranks;
+            else af[i] /= (float)nranks;
+        }
+        switch (t) {
+        case DT_F32: ((float *)out)[i] = af[i]; break;
+        case DT_F16: ((uint16_t *)out)[i] = f_f16(af[i]); break;
+        case DT_BF16: ((uint16_t *)out)[i] = f_bf16(af[i]); break;
+        case DT_I32: ((int32_t *)out)[i] = (int32_t)ai[i]; break;
+        case DT_I64: ((int64_t *)out)[i] = ai[i]; break;
+        default: break;
+        }
+    }
+    free(tmp);
+    free(af);
+    free(ai);
+}
+
+/* Compares n elements; exact unless the backend reduces in its own order. */
+static void compare(const char *what, const void *got, const void *want, const double *abssum,
+                    dt_dtype t, size_t n, int exact) {
+    g_checks++;
+    size_t es = dt_dtype_size(t);
+    if (exact || t == DT_I32 || t == DT_I64 || !abssum) {
+        if (n && memcmp(got, want, n * es)) {
+            size_t i = 0;
+            for (; i < n; i++)
+                if (memcmp((const char *)got + i * es, (const char *)want + i * es, es)) break;
+            FAILF("%s: element %zu of %zu is %.9g, expected %.9g", what, i, n, get(got, t, i),
+                  get(want, t, i));
+        }
+        return;
+    }
+    double tol = t == DT_F32 ? 1e-6 : 1e-2;
+    for (size_t i = 0; i < n; i++) {
+        double g = get(got, t, i), w = get(want, t, i);
+        if (fabs(g - w) > tol * (abssum[i] + fabs(w)) + 1e-30) {
+            FAILF("%s: element %zu of %zu is %.9g, expected %.9g (tolerance)", what, i, n, g, w);
+            return;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the collectives, one checker each
+
+static const dt_dtype DTYPES[] = {DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64};
+static const char *const DTN[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
+static const dt_redop OPS[] = {DT_SUM, DT_AVG, DT_MAX, DT_MIN};
+
+static void check_allreduce(dt_dtype t, dt_redop op, size_t n, uint64_t salt, int inplace,
+                            int nonblocking) {
+    size_t es = dt_dtype_size(t);
+    char *in = malloc(n * es + 1), *out = malloc(n * es + 1), *ref = malloc(n * es + 1);
+    double *abs_ = malloc(n * sizeof(double) + 1);
+    fill(in, t, g_rank, salt, n);
+    void *dst = inplace ? in : out;
+    if (nonblocking) {
+        dt_request_t rq;
+        OK(dt_iallreduce(in, dst, n, t, op, W, &rq));
+        OK(dt_wait(&rq));
+    } else {
+        OK(dt_allreduce(in, dst, n, t, op, W));
+    }
+    reference(ref, abs_, t, op, g_size, salt, 0, n);
+    char what[128];
+    snprintf(what, sizeof what, "allreduce %s %s n=%zu%s%s", DTN[t], dt_redop_name(op), n,
+             inplace ? " in-place" : "", nonblocking ? " nonblocking" : "");
+    compare(what, dst, ref, abs_, t, n, g_exact);
+    free(in);
+    free(out);
+    free(ref);
+    free(abs_);
+}
+
+static void check_reduce(dt_dtype t, dt_redop op, size_t n, uint64_t salt, int root) {
+    size_t es = dt_dtype_size(t);
+    char *in = malloc(n * es + 1), *out = malloc(n * es + 1), *ref = malloc(n * es + 1);
+    double *abs_ = malloc(n * sizeof(double) + 1);
+    fill(in, t, g_rank, salt, n);
+    memset(out, 0x5a, n * es);
+    OK(dt_reduce(in, g_rank == root ? out : NULL, n, t, op, root, W));
+    if (g_rank == root) {
+        reference(ref, abs_, t, op, g_size, salt, 0, n);
+        char what[128];
+        snprintf(what, sizeof what, "reduce %s %s n=%zu root=%d", DTN[t], dt_redop_name(op), n,
+                 root);
+        compare(what, out, ref, abs_, t, n, g_exact);
+    }
+    free(in);
+    free(out);
+    free(ref);
+    free(abs_);
+}
+
+static void check_reduce_scatter(dt_dtype t, dt_redop op, size_t rc, uint64_t salt, int inplace,
+                                 int nonblocking) {
+    size_t es = dt_dtype_size(t), n = rc * (size_t)g_size;
+    char *in = malloc(n * es + 1), *out = malloc(rc * es + 1), *ref = malloc(rc * es + 1);
+    double *abs_ = malloc(rc * sizeof(double) + 1);
+    fill(in, t, g_rank, salt, n);
+    void *dst = inplace ? in : out;
+    if (nonblocking) {
+        dt_request_t rq;
+        OK(dt_ireduce_scatter(in, dst, rc, t, op, W, &rq));
+        OK(dt_wait(&rq));
+    } else {
+        OK(dt_reduce_scatter(in, dst, rc, t, op, W));
+    }
+    reference(ref, abs_, t, op, g_size, salt, (size_t)g_rank * rc, rc);
+    char what[128];
+    snprintf(what, sizeof what, "reduce_scatter %s %s recvcount=%zu%s%s", DTN[t],
+             dt_redop_name(op), rc, inplace ? " in-place" : "", nonblocking ? " nonblocking" : "");
+    compare(what, dst, ref, abs_, t, rc, g_exact);
+    free(in);
+    free(out);
+    free(ref);
+    free(abs_);
+}
+
+/* counts[p] = c + p*skew (uneven when skew != 0); zero_odd makes odd ranks
+ * contribute nothing. */
+static void check_allgather(dt_dtype t, size_t c, uint64_t salt, int skew, int zero_odd,
+                            int inplace, int nonblocking) {
+    size_t es = dt_dtype_size(t);
+    size_t *counts = malloc((size_t)g_size * sizeof(size_t));
+    size_t *displs = malloc((size_t)g_size * sizeof(size_t));
+    size_t tot = 0;
+    for (int p = 0; p < g_size; p++) {
+        counts[p] = (zero_odd && (p & 1)) ? 0 : c + (size_t)p * (size_t)skew;
+        displs[p] = tot + (size_t)p; /* a gap of p elements: displs are honoured */
+        tot += counts[p];
+    }
+    tot += (size_t)g_size;
+    char *out = malloc(tot * es + 1), *ref = malloc(tot * es + 1), *in = malloc(counts[g_rank] * es + 1);
+    memset(out, 0x33, tot * es);
+    memset(ref, 0x33, tot * es);
+    for (int p = 0; p < g_size; p++) fill(ref + displs[p] * es, t, p, salt, counts[p]);
+    fill(in, t, g_rank, salt, counts[g_rank]);
+    const void *src = in;
+    if (inplace) {
+        memcpy(out + displs[g_rank] * es, in, counts[g_rank] * es);
+        src = out + displs[g_rank] * es;
+    }
+    int equal = !skew && !zero_odd;
+    if (nonblocking && equal) {
+        /* equal counts with gaps cannot be expressed by allgather; use plain layout */
+        free(out);
+        free(ref);
+        out = malloc(c * (size_t)g_size * es + 1);
+        ref = malloc(c * (size_t)g_size * es + 1);
+        for (int p = 0; p < g_size; p++) fill(ref + (size_t)p * c * es, t, p, salt, c);
+        dt_request_t rq;
+        OK(dt_iallgather(in, out, c, t, W, &rq));
+        OK(dt_wait(&rq));
+        tot = c * (size_t)g_size;
+    } else if (equal && !inplace) {
+        free(out);
+        free(ref);
+        out = malloc(c * (size_t)g_size * es + 1);
+        ref = malloc(c * (size_t)g_size * es + 1);
+        for (int p = 0; p < g_size; p++) fill(ref + (size_t)p * c * es, t, p, salt, c);
+        OK(dt_allgather(in, out, c, t, W));
+        tot = c * (size_t)g_size;
+    } else {
+        OK(dt_allgatherv(src, counts[g_rank], out, counts, displs, t, W));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "allgather%s %s count=%zu skew=%d%s%s", equal ? "" : "v",
+             DTN[t], c, skew, inplace ? " in-place" : "", nonblocking ? " nonblocking" : "");
+    compare(what, out, ref, NULL, t, tot, 1);
+    free(out);
+    free(ref);
+    free(in);
+    free(counts);
+    free(displs);
+}
+
+static void check_broadcast(dt_dtype t, size_t n, uint64_t salt, int root, int inplace,
+                            int nonblocking) {
+    size_t es = dt_dtype_size(t);
+    char *buf = malloc(n * es + 1), *out = malloc(n * es + 1), *ref = malloc(n * es + 1);
+    fill(ref, t, root, salt, n);
+    if (g_rank == root) fill(buf, t, root, salt, n);
+    else memset(buf, 0x11, n * es);
+    void *dst = inplace ? buf : out;
+    if (nonblocking) {
+        dt_request_t rq;
+        OK(dt_ibroadcast(buf, dst, n, t, root, W, &rq));
+        OK(dt_wait(&rq));
+    } else {
+        OK(dt_broadcast(buf, dst, n, t, root, W));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "broadcast %s n=%zu root=%d%s", DTN[t], n, root,
+             inplace ? " in-place" : "");
+    compare(what, dst, ref, NULL, t, n, 1);
+    free(buf);
+    free(out);
+    free(ref);
+}
+
+static void check_sendrecv(size_t n, uint64_t salt) {
+    if (g_size < 2) return;
+    float *out = malloc(n * 4 + 4), *in = malloc(n * 4 + 4), *ref = malloc(n * 4 + 4);
+    int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+    fill(out, DT_F32, g_rank, salt, n);
+    fill(ref, DT_F32, prev, salt, n);
+    if (g_rank % 2 == 0) {
+        OK(dt_send(out, n, DT_F32, next, W));
+        OK(dt_recv(in, n, DT_F32, prev, W));
+    } else {
+        OK(dt_recv(in, n, DT_F32, prev, W));
+        OK(dt_send(out, n, DT_F32, next, W));
+    }
+    char what[64];
+    snprintf(what, sizeof what, "send/recv ring n=%zu", n);
+    compare(what, in, ref, NULL, DT_F32, n, 1);
+    free(out);
+    free(in);
+    free(ref);
+}
+
+/* Several non-blocking ops in flight, then a blocking one: results and
+ * order must be right. */
+static void check_overlap(void) {
+    size_t n = 300007;
+    float *a = malloc(n * 4), *b = malloc(n * 4 * (size_t)g_size), *c = malloc(n * 4);
+    float *ra = malloc(n * 4), *rb = malloc(n * 4 * (size_t)g_size), *rc = malloc(n * 4);
+    double *abs_ = malloc(n * sizeof(double));
+    fill(a, DT_F32, g_rank, 901, n);
+    fill(c, DT_F32, g_rank, 903, n);
+    dt_request_t q1, q2, q3;
+    OK(dt_iallreduce(a, a, n, DT_F32, DT_SUM, W, &q1));
+    OK(dt_iallgather(c, b, n, DT_F32, W, &q2));
+    OK(dt_ibroadcast(c, c, 1000, DT_F32, g_size - 1, W, &q3));
+    int done = 0;
+    OK(dt_test(&q1, &done)); /* either answer is fine; must not block */
+    float x = 1;
+    OK(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W));
+    OK(dt_wait(&q3));
+    OK(dt_wait(&q2));
+    OK(dt_wait(&q1));
+    OK(dt_wait(&q1)); /* NULL request: no-op */
+    reference(ra, abs_, DT_F32, DT_SUM, g_size, 901, 0, n);
+    compare("overlap iallreduce", a, ra, abs_, DT_F32, n, g_exact);
+    for (int p = 0; p < g_size; p++) fill(rb + (size_t)p * n, DT_F32, p, 903, n);
+    compare("overlap iallgather", b, rb, NULL, DT_F32, n * (size_t)g_size, 1);
+    fill(rc, DT_F32, g_size - 1, 903, 1000);
+    compare("overlap ibroadcast", c, rc, NULL, DT_F32, 1000, 1);
+    g_checks++;
+    if (x != (float)g_size) FAILF("overlap: blocking allreduce gave %g, expected %d", x, g_size);
+    free(a); free(b); free(c); free(ra); free(rb); free(rc); free(abs_);
+}
+
+/* Sub-communicators: by parity, and one that leaves rank 0 out. */
+static void check_split(void) {
+    dt_comm_t sub;
+    OK(dt_comm_split(W, g_rank % 2, -g_rank, &sub));
+    int members = (g_size + 1 - g_rank % 2) / 2;
+    g_checks++;
+    if (!sub || dt_comm_size(sub) != members) {
+        FAILF("split: size %d, expected %d", sub ? dt_comm_size(sub) : -1, members);
+        return;
+    }
+    /* key = -rank: the highest world rank of each color is sub rank 0 */
+    int expect_rank = (g_size - 1 - g_rank) / 2;
+    if (dt_comm_rank(sub) != expect_rank)
+        FAILF("split: rank %d, expected %d", dt_comm_rank(sub), expect_rank);
+    int64_t v = g_rank + 1, sum = 0;
+    OK(dt_allreduce(&v, &sum, 1, DT_I64, DT_SUM, sub));
+    int64_t want = 0;
+    for (int p = g_rank % 2; p < g_size; p += 2) want += p + 1;
+    if (sum != want) FAILF("split allreduce: %lld, expected %lld", (long long)sum, (long long)want);
+    /* a large one through the sub-communicator's own segment */
+    size_t n = 200003;
+    float *buf = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i % 97);
+    OK(dt_allreduce(buf, buf, n, DT_F32, DT_SUM, sub));
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(i % 97) * (float)members) {
+            FAILF("split: large allreduce element %zu = %g", i, buf[i]);
+            break;
+        }
+    free(buf);
+    dt_comm_t sub2;
+    OK(dt_comm_split(W, g_rank == 0 ? DT_COMM_UNDEFINED : 7, 0, &sub2));
+    if ((g_rank == 0) != (sub2 == NULL)) FAILF("split with DT_COMM_UNDEFINED: wrong membership");
+    if (sub2) {
+        OK(dt_barrier(sub2));
+        if (dt_comm_size(sub2) != g_size - 1) FAILF("split: sub2 size %d", dt_comm_size(sub2));
+    }
+    dt_comm_destroy(sub2);
+    dt_comm_destroy(sub);
+}
+
+/* Same inputs twice, in and out of place: identical bits, and identical on
+ * every rank (compared through an allgather of a hash). */
+static void check_determinism(void) {
+    size_t n = 1000003;
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    fill(a, DT_F32, g_rank, 77, n);
+    fill(b, DT_F32, g_rank, 77, n);
+    float *o = malloc(n * 4);
+    OK(dt_allreduce(a, o, n, DT_F32, DT_SUM, W));
+    OK(dt_allreduce(b, b, n, DT_F32, DT_SUM, W));
+    g_checks++;
+    if (memcmp(o, b, n * 4)) FAILF("determinism: in-place and out-of-place results differ");
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)o;
+    for (size_t i = 0; i < n * 4; i++) h = (h ^ p[i]) * 1099511628211ull;
+    uint64_t *all = malloc((size_t)g_size * 8);
+    OK(dt_allgather(&h, all, 1, DT_I64, W));
+    for (int r = 0; r < g_size; r++)
+        if (all[r] != h) FAILF("determinism: rank %d's result differs from rank %d's", r, g_rank);
+    free(a); free(b); free(o); free(all);
+}
+
+static void mode_all(void) {
+    static const size_t counts[] = {0, 1, 2, 7, 13, 127, 1031, 4099, 8191, 8200, 65537, 262147};
+    const int NC = (int)(sizeof counts / sizeof counts[0]);
+    uint64_t salt = 1;
+    for (int ti = 0; ti < 5; ti++) {
+        dt_dtype t = DTYPES[ti];
+        for (int oi = 0; oi < 4; oi++)
+            for (int ci = 0; ci < NC; ci++) {
+                size_t n = counts[ci];
+                int bigc = n > 10000;
+                if (n > 100000 && g_size > 4) continue; /* O(n^2) reference: keep it quick */
+                if (bigc && !(oi == 0 || (oi == 2 && ti == 3) || (oi == 1 && ti == 2))) continue;
+                check_allreduce(t, OPS[oi], n, salt++, ci % 2, 0);
+                int root = (int)(salt % (uint64_t)g_size);
+                if (!bigc || ti == 0) check_reduce(t, OPS[oi], n, salt++, root);
+                size_t rc = n / (size_t)(g_size > 1 ? g_size : 1) + (n % 3);
+                if (rc * (size_t)g_size < 400000) check_reduce_scatter(t, OPS[oi], rc, salt++, ci % 2, 0);
+            }
+        for (int ci = 0; ci < NC; ci++) {
+            size_t n = counts[ci];
+            if (n > 70000 && ti) continue;
+            check_allgather(t, n, salt++, 0, 0, 0, 0);
+            check_allgather(t, n, salt++, 3, 0, ci % 2, 0);
+            check_allgather(t, n, salt++, 0, 1, 0, 0);
+            check_broadcast(t, n, salt++, ci % g_size, ci % 2, 0);
+        }
+    }
+    /* non-blocking twins */
+    check_allreduce(DT_F32, DT_SUM, 100003, salt++, 0, 1);
+    check_allreduce(DT_BF16, DT_AVG, 5, salt++, 1, 1);
+    check_reduce_scatter(DT_F32, DT_SUM, 50021, salt++, 0, 1);
+    check_allgather(DT_F32, 70001, salt++, 0, 0, 0, 1);
+    check_broadcast(DT_I32, 300001, salt++, 0, 0, 1);
+    check_overlap();
+    for (int i = 0; i < 5; i++) OK(dt_barrier(W));
+    check_sendrecv(0, salt++);
+    check_sendrecv(1, salt++);
+    check_sendrecv(100003, salt++);
+    check_split();
+    check_determinism();
+    /* destroy and create the world again: the same segment, the same ranks */
+    dt_comm_destroy(W);
+    OK(dt_comm_init_env(&W));
+    check_allreduce(DT_F32, DT_SUM, 262147, salt++, 0, 0);
+    check_allreduce(DT_F32, DT_SUM, 5, salt++, 0, 0);
+}
+
+/* 64 MiB: inputs whose sums are exact in fp32, so the reference is a formula. */
+static void mode_big(void) {
+    size_t n = (64u << 20) / 4;
+    float *buf = malloc(n * 4);
+    if (!buf) exit(2);
+    for (size_t i = 0; i < n; i++) buf[i] = (float)((i % 1024) + (size_t)g_rank) * 0.5f;
+    OK(dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W));
+    g_checks++;
+    double tri = (double)g_size * (g_size - 1) / 2;
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(((double)(i % 1024) * g_size + tri) * 0.5)) {
+            FAILF("big allreduce: element %zu = %g", i, buf[i]);
+            break;
+        }
+    /* reduce_scatter of the same 64 MiB: rank r keeps block r */
+    size_t rc = n / (size_t)g_size;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)((i % 1024) + (size_t)g_rank) * 0.5f;
+    OK(dt_reduce_scatter(buf, buf, rc, DT_F32, DT_SUM, W));
+    g_checks++;
+    for (size_t i = 0; i < rc; i++) {
+        size_t gi = (size_t)g_rank * rc + i;
+        if (buf[i] != (float)(((double)(gi % 1024) * g_size + tri) * 0.5)) {
+            FAILF("big reduce_scatter: element %zu = %g", i, buf[i]);
+            break;
+        }
+    }
+    /* allgather back to 64 MiB, in place */
+    for (size_t i = 0; i < rc; i++) buf[(size_t)g_rank * rc + i] = (float)(g_rank * 3 + (int)(i % 5));
+    OK(dt_allgather(buf + (size_t)g_rank * rc, buf, rc, DT_F32, W));
+    g_checks++;
+    for (size_t i = 0; i < rc * (size_t)g_size; i++)
+        if (buf[i] != (float)((int)(i / rc) * 3 + (int)((i % rc) % 5))) {
+            FAILF("big allgather: element %zu = %g", i, buf[i]);
+            break;
+        }
+    free(buf);
+}
+
+// ----------------------------------------------------------------------------
+// failure modes
+
+static int expect_failure(dt_status s, int code, const char *what) {
+    if (s == DT_OK) {
+        fprintf(stderr, "rank %d: %s: expected an error, got DT_OK\n", g_rank, what);
+        return 1;
+    }
+    fprintf(stderr, "rank %d: got expected error: %s: %s\n", g_rank, dt_status_string(s),
+            dt_last_error());
+    /* the communicator stays broken */
+    float x = 0;
+    if (dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W) == DT_OK) {
+        fprintf(stderr, "rank %d: collective after the error succeeded\n", g_rank);
+        return 1;
+    }
+    if (dt_comm_get_async_error(W) == DT_OK) {
+        fprintf(stderr, "rank %d: dt_comm_get_async_error says healthy\n", g_rank);
+        return 1;
+    }
+    return code;
+}
+
+static int mode_kill(void) {
+    size_t n = (16u << 20) / 4;
+    float *buf = calloc(n, 4);
+    for (int it = 0; it < 1000000; it++) {
+        if (g_rank == g_size - 1 && it == 3) {
+            /* die while the others are inside the collective */
+            usleep(100000);
+            kill(getpid(), SIGKILL);
+        }
+        dt_status s = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W);
+        if (s != DT_OK) return expect_failure(s, 3, "kill");
+    }
+    return 1;
+}
+
+static int mode_mismatch(void) {
+    dt_comm_set_check(W, 1);
+    float buf[16] = {0};
+    OK(dt_allreduce(buf, buf, 16, DT_F32, DT_SUM, W));
+    size_t n = g_rank == 1 ? 9 : 8;
+    return expect_failure(dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W), 4, "mismatch");
+}
+
+/* Check mode off: the shm backend's always-on check must still catch a
+ * mismatch, here one that also sends the ranks down different paths (small
+ * and pipelined), and a dtype mismatch. */
+static int mode_mismatch_fast(const char *what) {
+    dt_comm_set_check(W, 0);
+    size_t n = 1 << 16;
+    float *buf = calloc(n, 4);
+    OK(dt_allreduce(buf, buf, 100, DT_F32, DT_SUM, W));
+    dt_status s;
+    if (!strcmp(what, "dtype"))
+        s = dt_allreduce(buf, buf, 100, g_rank == 1 ? DT_I32 : DT_F32, DT_SUM, W);
+    else
+        s = dt_allreduce(buf, buf, g_rank == 1 ? 8200 : 8191, DT_F32, DT_SUM, W);
+    return expect_failure(s, 4, "mismatch without check mode");
+}
+
+static int mode_hang(void) {
+    dt_comm_set_timeout(W, 0.5);
+    float x = 1;
+    OK(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W));
+    if (g_rank == g_size - 1) {
+        sleep(3);
+        return 5;
+    }
+    return expect_failure(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W), 5, "hang");
+}
+
+static int mode_abort(void) {
+    float x = 1;
+    OK(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W));
+    if (g_rank == 0) {
+        dt_comm_abort(W, "test abort");
+        return expect_failure(dt_barrier(W), 6, "abort (self)");
+    }
+    size_t n = 1 << 20;
+    float *buf = calloc(n, 4);
+    return expect_failure(dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W), 6, "abort");
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "all";
+    if (dt_comm_init_env(&W) != DT_OK) {
+        fprintf(stderr, "comm_worker: %s\n", dt_last_error());
+        return 2;
+    }
+    g_rank = dt_comm_rank(W);
+    g_size = dt_comm_size(W);
+    g_exact = !strcmp(dt_comm_backend(W), "shm");
+    if (argc > 2 && strcmp(argv[2], dt_comm_backend(W))) {
+        fprintf(stderr, "comm_worker: backend %s, expected %s\n", dt_comm_backend(W), argv[2]);
+        return 1;
+    }
+    int rc = 0;
+    if (!strcmp(mode, "all")) mode_all();
+    else if (!strcmp(mode, "big")) mode_big();
+    else if (!strcmp(mode, "kill")) rc = mode_kill();
+    else if (!strcmp(mode, "mismatch")) rc = mode_mismatch();
+    else if (!strcmp(mode, "mismatch_fast")) rc = mode_mismatch_fast("count");
+    else if (!strcmp(mode, "mismatch_dtype")) rc = mode_mismatch_fast("dtype");
+    else if (!strcmp(mode, "hang")) rc = mode_hang();
+    else if (!strcmp(mode, "abort")) rc = mode_abort();
+    else {
+        fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode);
+        rc = 2;
+    }
+    if (!rc) {
+        if (g_rank == 0)
+            printf("comm_worker %s: backend %s, %d ranks on %d node(s): %d checks, %d failed\n",
+                   mode, dt_comm_backend(W), g_size, dt_comm_nnodes(W), g_checks, g_failed);
+        rc = g_failed ? 1 : 0;
+    }
+    fflush(NULL);
+    /* after a failure the peers may be gone: skip the collective teardown */
+    dt_comm_destroy(W);
+    return rc;
+}

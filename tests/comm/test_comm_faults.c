@@ -1,0 +1,147 @@
+/*
+ * test_comm_faults.c - failure behaviour of the communicator and the
+ * launcher, end to end: a killed rank, mismatched arguments, a hung rank,
+ * an abort, exit-status propagation, Ctrl-C, a missing program.
+ *
+ * usage: test_comm_faults DTRUN COMM_WORKER
+ */
+#include "../testlib.h"
+#include "dtrain/core.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *dtrun, *worker;
+static char out[1 << 16];
+
+static int run(const char *args, double *secs) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s", dtrun, args);
+    double t0 = dt_now();
+    int st = tl_run(cmd, out, sizeof out);
+    if (secs) *secs = dt_now() - t0;
+    return st;
+}
+
+/* Number of lines of out containing s. */
+static int count_lines(const char *s) {
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, s)); p += strlen(s)) n++;
+    return n;
+}
+
+static void test_kill(int n) {
+    char a[512];
+    double t;
+    snprintf(a, sizeof a, "-n %d -- %s kill", n, worker);
+    int st = run(a, &t);
+    CHECK(st == 128 + SIGKILL, "kill n=%d: exit status %d, expected %d (first failing rank)\n%s",
+          n, st, 128 + SIGKILL, out);
+    CHECK(t < 10.0, "kill n=%d: took %.1f s, expected the others to fail within 10 s", n, t);
+    /* every survivor reports the dead rank, naming the op and sequence */
+    CHECK(count_lines("got expected error: communication error") == n - 1,
+          "kill n=%d: %d survivors reported the error, expected %d\n%s", n,
+          count_lines("got expected error"), n - 1, out);
+    char died[64];
+    snprintf(died, sizeof died, "rank %d died", n - 1);
+    CHECK(strstr(out, died) && strstr(out, "allreduce (seq"),
+          "kill n=%d: message does not name the op/seq and the dead rank\n%s", n, out);
+}
+
+static void test_mismatch(void) {
+    char a[512];
+    snprintf(a, sizeof a, "-n 3 -- %s mismatch", worker);
+    int st = run(a, NULL);
+    CHECK(st == 4, "mismatch: exit status %d, expected 4\n%s", st, out);
+    CHECK(count_lines("got expected error") == 3, "mismatch: not every rank reported it\n%s", out);
+    CHECK(strstr(out, "argument mismatch") && strstr(out, "count=9") && strstr(out, "count=8") &&
+              strstr(out, "seq 2"),
+          "mismatch: message does not name both counts and the seq\n%s", out);
+}
+
+/* Check mode off: caught by the shm backend's always-on argument check. */
+static void test_mismatch_fast(const char *mode, const char *needle) {
+    char a[512];
+    double t;
+    snprintf(a, sizeof a, "-n 3 -- %s %s", worker, mode);
+    int st = run(a, &t);
+    CHECK(st == 4, "%s: exit status %d, expected 4\n%s", mode, st, out);
+    CHECK(count_lines("got expected error") == 3, "%s: not every rank reported it\n%s", mode, out);
+    CHECK(strstr(out, needle) != NULL, "%s: no '%s' in the messages\n%s", mode, needle, out);
+    CHECK(t < 10.0, "%s: took %.1f s", mode, t);
+}
+
+static void test_hang(void) {
+    char a[512];
+    double t;
+    snprintf(a, sizeof a, "-n 3 -- %s hang", worker);
+    int st = run(a, &t);
+    CHECK(st == 5, "hang: exit status %d, expected 5\n%s", st, out);
+    CHECK(strstr(out, "timed out") && strstr(out, "ranks not arrived: 2"),
+          "hang: message does not say timed out / which rank\n%s", out);
+    CHECK(count_lines("got expected error") == 2, "hang: not every waiting rank reported\n%s", out);
+}
+
+static void test_abort(void) {
+    char a[512];
+    snprintf(a, sizeof a, "-n 3 -- %s abort", worker);
+    int st = run(a, NULL);
+    CHECK(st == 6, "abort: exit status %d, expected 6\n%s", st, out);
+    CHECK(count_lines("aborted") >= 3 && strstr(out, "test abort"),
+          "abort: ranks did not report the abort with its reason\n%s", out);
+}
+
+static void test_launcher(void) {
+    int st = run("-n 4 -- sh -c 'exit $(( DTRAIN_RANK == 2 ? 7 : 0 ))'", NULL);
+    CHECK(st == 7, "launcher: exit status %d, expected 7 from rank 2\n%s", st, out);
+    st = run("-n 3 -- sh -c 'echo rank=$DTRAIN_RANK size=$DTRAIN_WORLD_SIZE shm=${DTRAIN_SHM_NAME:+yes}'", NULL);
+    CHECK(st == 0 && strstr(out, "rank=0 size=3 shm=yes") && strstr(out, "rank=2 size=3 shm=yes"),
+          "launcher: environment not passed\n%s", out);
+    st = run("-n 2 -- /nonexistent/program", NULL);
+    CHECK(st == 127 && strstr(out, "cannot execute"), "launcher: missing program gave %d\n%s", st, out);
+    st = run("-n 0 -- true", NULL);
+    CHECK(st == 2 && strstr(out, "-n"), "launcher: -n 0 gave %d\n%s", st, out);
+    st = run("-n 2", NULL);
+    CHECK(st == 2 && strstr(out, "no program"), "launcher: no program gave %d\n%s", st, out);
+
+    /* Ctrl-C: SIGINT to the launcher stops every rank */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", 1);
+        dup2(fd, 2);
+        execl(dtrun, dtrun, "-n", "3", "--", "sleep", "100", (char *)NULL);
+        _exit(99);
+    }
+    usleep(300000);
+    double t0 = dt_now();
+    kill(pid, SIGINT);
+    int ws;
+    waitpid(pid, &ws, 0);
+    double t = dt_now() - t0;
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 128 + SIGINT,
+          "launcher: after SIGINT exit status %d, expected %d", WEXITSTATUS(ws), 128 + SIGINT);
+    CHECK(t < 5.0, "launcher: SIGINT took %.1f s to stop the ranks", t);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_comm_faults DTRUN COMM_WORKER\n");
+        return 2;
+    }
+    dtrun = argv[1];
+    worker = argv[2];
+    test_kill(2);
+    test_kill(4);
+    test_mismatch();
+    test_mismatch_fast("mismatch_fast", "count=8200");
+    test_mismatch_fast("mismatch_dtype", "dtype=I32");
+    test_hang();
+    test_abort();
+    test_launcher();
+    return tl_finish();
+}
