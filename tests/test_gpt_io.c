@@ -294,6 +294,10 @@ static void test_cli(void) {
              g_dir, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "nothing.bin"), "init_from missing file: %s", out);
 
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run4 -q --set data.val_file= --set train.max_steps=2", tl_dtrain(),
+             ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "no val_file"), "training without a val file: %s", out);
+
     // Bad data: a token file whose ids exceed the config's vocab.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set model.vocab_size=100", tl_dtrain(), ini, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "not below the model's vocab_size 100") && strstr(out, "_train.bin"),

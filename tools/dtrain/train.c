@@ -148,8 +148,10 @@ int cmd_train(int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     if (c.gpt) {
-        printf("trained %lld steps in %.1f s (%.0f tokens/s): val loss %.4f\nrun directory: %s\n", (long long)r.steps,
-               r.wall_seconds, r.samples_per_sec * c.seq_len, r.test_loss, a.run_dir);
+        char val[64] = "no val_file";
+        if (r.test_loss >= 0) snprintf(val, sizeof val, "val loss %.4f", r.test_loss);
+        printf("trained %lld steps in %.1f s (%.0f tokens/s): %s\nrun directory: %s\n", (long long)r.steps,
+               r.wall_seconds, r.samples_per_sec * c.seq_len, val, a.run_dir);
         return 0;
     }
     printf("trained %lld steps in %.1f s (%.0f samples/s): test accuracy %.4f, test loss %.4f\n"
