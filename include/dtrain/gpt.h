@@ -57,8 +57,9 @@ DT_API void dt_residual_backward(float *da, float *db, const float *dout, size_t
  * third, hs = C/NH): out[B,T,C] = softmax(q k^T / sqrt(hs), causal) v.
  * The softmax is computed in place on the score matrix and saved as
  * att[B,NH,T,T] (row t holds the probabilities over positions 0..t, zeros
- * after); backward needs it and nothing else. Each (batch, head) pair is two
- * GEMMs and a fused row softmax, spread over the threads. */
+ * after); backward needs it and nothing else. The (batch, head) pairs are
+ * spread over the threads; each is GEMMs over row blocks that skip the
+ * masked upper triangle, with a fused row softmax between them. */
 DT_API void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                  int C, int NH);
 /* dqkv[B,T,3C] += gradient of the attention; datt[B,NH,T,T] is scratch. */
