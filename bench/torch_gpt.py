@@ -55,6 +55,14 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(C)
         self.lm_head = nn.Linear(C, V, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        # GPT-2's initialisation, as dt_gpt_init: normal(0, 0.02), residual
+        # projections 0.02/sqrt(2L), biases 0 (layernorm keeps 1/0).
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * L) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
 
     def forward(self, idx, targets):
         T = idx.size(1)

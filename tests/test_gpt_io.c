@@ -220,6 +220,8 @@ static void test_config(void) {
     CHECK(dt_config_parse(&c, "[model]\npreset = gpt-mega\n", "g.ini", NULL, 0) == DT_ERR_CONFIG &&
               strstr(dt_last_error(), "gpt-mega"),
           "unknown GPT preset: %s", dt_last_error());
+    CHECK(dt_config_load(&c, "configs/gpt-fortunes.ini", NULL, 0) == DT_OK && c.gpt && c.seq_len == 128,
+          "configs/gpt-fortunes.ini loads: %s", dt_last_error());
     // Classifier configs are untouched by the GPT fields.
     CHECK(dt_config_parse(&c, "[model]\npreset = mlp\n", "m.ini", NULL, 0) == DT_OK && !c.gpt && c.nlayers == 6,
           "classifier config still parses");
