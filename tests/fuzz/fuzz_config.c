@@ -7,6 +7,7 @@
  * fixed valid override is used. A config that parses must be one the rest
  * of dtrain can use: layers, input, batch and ranges checked here. */
 #include "dtrain/config.h"
+#include "dtrain/gpt.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,7 +16,14 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check(const dt_config *c) {
-    if (c->nlayers < 1 || c->nlayers > DT_MAX_LAYERS) abort();
+    if (c->gpt) {  // a GPT: sizes consistent, a context that fits, a bounded run
+        dt_gpt_config g = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+        if (dt_gpt_config_check(&g, "fuzz") != DT_OK || c->nlayers != 0) abort();
+        if (c->seq_len < 1 || c->seq_len > c->block_size || c->max_steps < 1 || !c->train_file[0]) abort();
+        if (!memchr(c->train_file, 0, sizeof c->train_file) || !memchr(c->val_file, 0, sizeof c->val_file) ||
+            !memchr(c->init_from, 0, sizeof c->init_from))
+            abort();
+    } else if (c->nlayers < 1 || c->nlayers > DT_MAX_LAYERS) abort();
     for (int i = 0; i < 3; i++)
         if (c->input[i] < 1) abort();
     if (c->batch < 1 || c->eval_batch < 1 || c->log_every < 1) abort();
