@@ -164,6 +164,20 @@ int main(void) {
     double d = compare("det-1", "cnn-1", &bw);
     CHECK(d >= 0 && d < 1e-3, "deterministic run close to the normal one (%.3g)", d);
 
+    // The same under mpirun (one worker per MPI rank), when MPI is installed.
+    if (access("/usr/bin/mpirun", X_OK) == 0) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd,
+                 "mpirun --allow-run-as-root --oversubscribe -np 3 %s train %s/mlp-1.ini --quiet --run-dir %s/mlp-mpi",
+                 tl_dtrain(), g_tmp, g_tmp);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 0, "mpirun -np 3: exit %d\n%s", rc, g_out);
+        double dm = compare("mlp-1", "mlp-mpi", &bw);
+        CHECK(dm >= 0 && dm <= 1e-4, "mpirun -np 3 vs 1 worker: max relative difference %.3g", dm);
+    } else {
+        printf("mpirun not installed: MPI data-parallel case not run\n");
+    }
+
     // 3. a failing worker stops everyone, named in the error, no hang.
     setenv("DTRAIN_FAULT_STEP", "2:7", 1);
     double t0 = dt_now();
