@@ -30,6 +30,7 @@ def run(cmd, env=None):
 
 
 def best(cmd, envs, repeat):
+    """The fastest of `repeat` runs of cmd under each environment in envs."""
     results = []
     for env in envs:
         for _ in range(repeat):

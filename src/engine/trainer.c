@@ -399,9 +399,10 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
     dt_set_threads(c->threads);
     dt_dataset test = {0};
     dt_model *m = NULL;
-    dt_status st = load_split(c, "test", &test);
-    if (st == DT_OK) st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
+    // The weights first: a wrong file is reported before the data loads.
+    dt_status st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
     if (st == DT_OK) st = dt_model_load(m, weights);
+    if (st == DT_OK) st = load_split(c, "test", &test);
     if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
     if (n) *n = test.n;
     dt_model_free(m);
