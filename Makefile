@@ -1,5 +1,6 @@
 # The two commands a user needs on a fresh Debian machine (as root):
-#   make demo   install what is missing, build, train the Fashion-MNIST CNN
+#   make demo   install what is missing, build, train the Fashion-MNIST CNN on
+#               2 local workers
 #   make test   install what is missing, build, run the whole test suite
 BUILD  ?= build
 PREFIX ?= /usr/local
@@ -21,7 +22,7 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	$(BUILD)/dtrain train configs/fashion-cnn.ini --run-dir runs/demo
+	$(BUILD)/dtrain train configs/fashion-cnn.ini --workers 2 --run-dir runs/demo
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600

@@ -101,6 +101,10 @@ DT_API dt_status dt_comm_abort(dt_comm_t c, const char *reason);
  * is set to its message. Never blocks. */
 DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
 
+/* 1 if the environment makes this process one rank of a group (the
+ * variables of `dtrain run`, mpirun or srun), else 0. */
+DT_API int dt_comm_env_launched(void);
+
 DT_API int dt_comm_rank(dt_comm_t c);
 DT_API int dt_comm_size(dt_comm_t c);
 /* Rank among the ranks on this host, how many share it, the host's index

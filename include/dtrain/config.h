@@ -8,9 +8,11 @@
  *   ...
  *   [data]    dataset, dir, mean, std, shuffle, prefetch, drop_last
  *   [optim]   name (sgd|adamw), lr, momentum, nesterov, weight_decay,
- *             beta1, beta2, eps, clip_norm
+ *             beta1, beta2, eps, clip_norm, lr_scaling, base_batch
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
- *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every
+ *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
+ *             grad_accum
+ *   [parallel] bucket_kb, deterministic, micro_shards
  *
  * docs/config.md lists every key with its default. Every key is checked: an
  * unknown section or key, or a value of the wrong form, fails with
@@ -53,6 +55,13 @@ typedef struct {
     uint64_t seed;
     int threads;                   /* 0 = all cores */
     int log_every;                 /* steps between plain progress lines */
+    int grad_accum;                /* micro-steps per step (divides batch) */
+    int lr_scaling;                /* 0 none, 1 linear: lr x batch / base_batch */
+    int base_batch;
+    /* [parallel] (data-parallel workers) */
+    int bucket_kb;                 /* gradient bucket size for the allreduce */
+    int deterministic;             /* bitwise identical results for any worker count */
+    int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
     /* ---- GPT language models (docs/gpt.md) ----
      * [model] preset = gpt-tiny | gpt-small | gpt2-124m | gpt, with n_layer,
      * n_head, n_embd, block_size, vocab_size, padded_vocab_size overriding

@@ -26,8 +26,10 @@ typedef struct {
  * `what` names the source in error messages. */
 DT_API dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out);
 
-/* Reads a whole file, gunzipping it when it is gzip-compressed. On success
- * *buf is malloc'ed (caller frees) and *len its size. */
+/* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
+ * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the
+ * machine's memory). On success *buf is malloc'ed (caller frees) and *len
+ * its size. */
 DT_API dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len);
 
 /* ---- in-memory datasets ------------------------------------------------------ */
@@ -66,7 +68,10 @@ typedef struct dt_loader dt_loader;
 typedef struct {
     const float *x;     /* B * sample_size floats, valid until the next call */
     const int32_t *y;   /* B labels */
-    int B;              /* this rank's samples; 0 at the end of the epoch */
+    int B;              /* this rank's samples (0 when a short last global
+                           batch has fewer samples than there are ranks) */
+    int global_B;       /* samples in the whole global batch */
+    int first;          /* position of this rank's first sample in it */
 } dt_batch;
 
 /* The loader keeps a pointer to ds, which must outlive it. */
@@ -78,8 +83,9 @@ DT_API int64_t dt_loader_steps_per_epoch(const dt_loader *l);
 /* Starts epoch `epoch` at global batch `start` (0 normally; a later batch
  * when resuming mid-epoch). */
 DT_API void dt_loader_start_epoch(dt_loader *l, int64_t epoch, int64_t start);
-/* The next batch of this epoch (B == 0 when it is over). */
-DT_API void dt_loader_next(dt_loader *l, dt_batch *b);
+/* Fetches the next global batch's share for this rank into *b. Returns 1,
+ * or 0 when the epoch is over. */
+DT_API int dt_loader_next(dt_loader *l, dt_batch *b);
 /* Seconds the caller spent waiting in dt_loader_next since the last call to
  * this function (the part of data loading that prefetch did not hide). */
 DT_API double dt_loader_wait_seconds(dt_loader *l);

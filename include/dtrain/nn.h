@@ -124,8 +124,8 @@ DT_API dt_status dt_model_create(dt_model **out, const int in_shape[3],
 DT_API void dt_model_free(dt_model *m);
 
 /* Initialises parameters as PyTorch does by default (weights and biases
- * uniform in +-1/sqrt(fan_in); layernorm 1 and 0) from `seed`, and seeds the
- * dropout generator. */
+ * uniform in +-1/sqrt(fan_in); layernorm 1 and 0) from `seed`, which also
+ * keys the dropout masks. */
 DT_API void dt_model_init(dt_model *m, uint64_t seed);
 
 DT_API size_t dt_model_num_params(const dt_model *m);
@@ -133,7 +133,24 @@ DT_API float *dt_model_params(dt_model *m);  /* the flat parameter block */
 DT_API float *dt_model_grads(dt_model *m);   /* the flat gradient block */
 DT_API int dt_model_num_classes(const dt_model *m);
 DT_API int dt_model_input_size(const dt_model *m); /* floats per sample */
-DT_API dt_rng *dt_model_rng(dt_model *m);       /* dropout generator */
+
+/* Dropout masks are a function of (seed, step, sample, layer) alone: sample
+ * i of the next forward pass is sample first+i of global step `step`. So a
+ * global batch split across ranks or micro-batches draws the same masks as
+ * when it is processed whole. Default: step 0, first 0. */
+DT_API void dt_model_set_dropout_key(dt_model *m, uint64_t step, int64_t first);
+
+/* dt_model_backward() computes the gradient of s x loss (default s = 1).
+ * A data-parallel engine sets s = local samples / global batch, so that the
+ * sum of every rank's gradients is the global batch's mean gradient. */
+DT_API void dt_model_set_loss_scale(dt_model *m, float s);
+
+/* Called during dt_model_backward() each time a layer with parameters has
+ * finished: gradients at offsets >= `offset` of the gradient block are final
+ * for this pass (layers run last to first, so the final region grows from
+ * the end of the block). Data-parallel engines start communicating there. */
+typedef void (*dt_grad_ready_fn)(size_t offset, void *user);
+DT_API void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user);
 
 /* Named parameter tensors, in block order: "0.weight", "0.bias", "3.weight"
  * (the number is the layer index, as in a PyTorch nn.Sequential). */

@@ -39,10 +39,20 @@ typedef struct {
     double wall_seconds;         /* whole run including data loading and evaluation */
     double train_seconds;        /* training steps only */
     double samples_per_sec;      /* training samples / train_seconds */
+    int rank, workers, threads;  /* this worker, data-parallel workers, threads each */
+    double comm_seconds;         /* gradient allreduce windows (first bucket
+                                    started to last done), summed over steps */
+    double comm_exposed_seconds; /* the part of them after backward had ended */
 } dt_train_result;
 
 /* Trains as c says. run_dir (created if missing, may be NULL for no files).
- * progress may be NULL. */
+ * progress may be NULL.
+ *
+ * Data parallel: when the process is one rank of several (started by
+ * `dtrain run`, `dtrain train --workers N`, mpirun or srun; see comm.h), each
+ * rank trains on its share of every global batch of c->batch samples and
+ * the gradients are averaged, so the run gives the model one process would
+ * (docs/data-parallel.md). Only rank 0 writes run_dir and calls progress. */
 DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                           void *user, dt_train_result *res);
 

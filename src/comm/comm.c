@@ -164,6 +164,15 @@ fail:
     return rc;
 }
 
+int dt_comm_env_launched(void) {
+    const char *shm_name = getenv("DTRAIN_SHM_NAME");
+    if (shm_name && *shm_name) return 1;
+#ifdef DTRAIN_HAVE_MPI
+    if (dt_mpi_env_present()) return 1;
+#endif
+    return 0;
+}
+
 int dt_comm_rank(dt_comm_t c) { return c ? c->rank : -1; }
 int dt_comm_size(dt_comm_t c) { return c ? c->size : 0; }
 int dt_comm_local_rank(dt_comm_t c) { return c ? c->local_rank : -1; }

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#define DT_MAX_FILE_BYTES ((size_t)1 << 32)  // 4 GiB
+
 dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
@@ -21,7 +23,14 @@ dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
     }
     for (;;) {
         if (n == cap) {
-            uint8_t *nb = cap < ((size_t)1 << 34) ? realloc(b, cap * 2) : NULL;
+            // A bound on what a small compressed file may expand to.
+            if (cap >= DT_MAX_FILE_BYTES) {
+                free(b);
+                gzclose(f);
+                return dt_error(DT_ERR_FORMAT, "%s: more than %zu bytes once uncompressed (the limit for a data file)",
+                                path, (size_t)DT_MAX_FILE_BYTES);
+            }
+            uint8_t *nb = realloc(b, cap * 2);
             if (!nb) {
                 free(b);
                 gzclose(f);

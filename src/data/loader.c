@@ -16,7 +16,7 @@ struct dt_loader {
     int64_t steps, epoch, next;
     float *x[2];
     int32_t *y[2];
-    int B[2];
+    int B[2], GB[2], first[2];
     int64_t slot_batch[2];     // batch index held by each slot, -1 if none
     // prefetch thread
     pthread_t thread;
@@ -51,6 +51,8 @@ static void fill(dt_loader *l, int64_t k, int s) {
         l->y[s][i - lo] = l->ds->y[j];
     }
     l->B[s] = (int)(hi - lo);
+    l->GB[s] = (int)gb;
+    l->first[s] = (int)(lo - g0);
 }
 
 static void *prefetch_main(void *arg) {
@@ -167,24 +169,21 @@ void dt_loader_start_epoch(dt_loader *l, int64_t epoch, int64_t start) {
     if (l->has_thread) request(l, l->next);
 }
 
-void dt_loader_next(dt_loader *l, dt_batch *b) {
+int dt_loader_next(dt_loader *l, dt_batch *b) {
     int64_t k = l->next;
     if (k >= l->steps) {
-        b->x = NULL;
-        b->y = NULL;
-        b->B = 0;
-        return;
+        memset(b, 0, sizeof *b);
+        return 0;
     }
     int s = (int)(k & 1);
+    double t0 = dt_now();
     if (l->has_thread) {
-        double t0 = dt_now();
         pthread_mutex_lock(&l->mu);
         while (l->slot_batch[s] != k) pthread_cond_wait(&l->cv, &l->mu);
         pthread_mutex_unlock(&l->mu);
         l->wait += dt_now() - t0;
         request(l, k + 1);  // into the other slot, which held batch k-1
     } else {
-        double t0 = dt_now();
         fill(l, k, s);
         l->slot_batch[s] = k;
         l->wait += dt_now() - t0;
@@ -193,6 +192,9 @@ void dt_loader_next(dt_loader *l, dt_batch *b) {
     b->x = l->x[s];
     b->y = l->y[s];
     b->B = l->B[s];
+    b->global_B = l->GB[s];
+    b->first = l->first[s];
+    return 1;
 }
 
 double dt_loader_wait_seconds(dt_loader *l) {

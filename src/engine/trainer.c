@@ -1,7 +1,9 @@
 /* Single-process training runs: data -> model -> optimizer, the loop, the
  * evaluation, and the files of the run directory. */
 #include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
 #include "dtrain/train.h"
+#include "engine/dp.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -47,27 +49,54 @@ static dt_status load_split(const dt_config *c, const char *split, dt_dataset *d
     return DT_OK;
 }
 
-dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *accuracy) {
+// Sums the loss and counts correct predictions over samples [lo, hi).
+static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, int batch, double *loss_sum,
+                            long *correct) {
     size_t ss = dt_dataset_sample_size(ds);
     int V = dt_model_num_classes(m);
-    double sum_loss = 0;
-    long correct = 0;
-    for (int i = 0; i < ds->n; i += batch) {
-        int B = ds->n - i < batch ? ds->n - i : batch;
+    *loss_sum = 0;
+    *correct = 0;
+    for (int i = lo; i < hi; i += batch) {
+        int B = hi - i < batch ? hi - i : batch;
         float l;
         dt_status st = dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
         if (st != DT_OK) return st;
-        sum_loss += (double)l * B;
+        *loss_sum += (double)l * B;
         const float *p = dt_model_probs(m);
         for (int b = 0; b < B; b++) {
             int arg = 0;
             for (int v = 1; v < V; v++)
                 if (p[(size_t)b * V + v] > p[(size_t)b * V + arg]) arg = v;
-            correct += arg == ds->y[i + b];
+            *correct += arg == ds->y[i + b];
         }
     }
-    if (loss) *loss = ds->n ? (float)(sum_loss / ds->n) : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *accuracy) {
+    double sum;
+    long correct;
+    dt_status st = eval_range(m, ds, 0, ds->n, batch, &sum, &correct);
+    if (st != DT_OK) return st;
+    if (loss) *loss = ds->n ? (float)(sum / ds->n) : 0.0f;
     if (accuracy) *accuracy = ds->n ? (float)correct / ds->n : 0.0f;
+    return DT_OK;
+}
+
+// Evaluation sharded across the ranks of comm and reduced.
+static dt_status evaluate_sharded(dt_model *m, const dt_dataset *ds, int batch, dt_comm_t comm, float *loss,
+                                  float *accuracy) {
+    int r = dt_comm_rank(comm), W = dt_comm_size(comm);
+    int lo = (int)((long)ds->n * r / W), hi = (int)((long)ds->n * (r + 1) / W);
+    double sum;
+    long correct;
+    dt_status st = eval_range(m, ds, lo, hi, batch, &sum, &correct);
+    if (st != DT_OK) return st;
+    float v[2] = {(float)sum, (float)correct};
+    if ((st = dt_allreduce(v, v, 2, DT_F32, DT_SUM, comm)) != DT_OK)
+        return dt_error(st, "evaluation: %s", dt_last_error());
+    *loss = ds->n ? v[0] / ds->n : 0.0f;
+    *accuracy = ds->n ? v[1] / ds->n : 0.0f;
     return DT_OK;
 }
 
@@ -76,7 +105,6 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
     cJSON_AddNumberToObject(o, "params", (double)nparams);
-    cJSON_AddNumberToObject(o, "threads", dt_get_threads());
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     cJSON_AddNumberToObject(o, "epochs", r->epochs);
     cJSON_AddNumberToObject(o, "batch", c->batch);
@@ -86,6 +114,10 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "wall_seconds", r->wall_seconds);
     cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
+    cJSON_AddNumberToObject(o, "workers", r->workers);
+    cJSON_AddNumberToObject(o, "threads_per_worker", r->threads);
+    cJSON_AddNumberToObject(o, "comm_seconds", r->comm_seconds);
+    cJSON_AddNumberToObject(o, "comm_exposed_seconds", r->comm_exposed_seconds);
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     if (!s) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
@@ -98,27 +130,95 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     return st;
 }
 
+// A step of this rank: the micro-batches [off, off+n) of its share of the
+// global batch, in order. Deterministic mode cuts the global batch into
+// micro_shards fixed shards (the same cut for every worker count); otherwise
+// the share is cut into grad_accum parts.
+static int plan_micro(const dt_config *c, const dt_batch *b, int *off, int *len) {
+    int k = 0;
+    if (c->deterministic) {
+        int M = c->micro_shards, gb = b->global_B;
+        for (int j = 0; j < M; j++) {
+            int lo = (int)((long)gb * j / M), hi = (int)((long)gb * (j + 1) / M);
+            if (lo >= b->first && hi <= b->first + b->B && hi > lo) {
+                off[k] = lo - b->first;
+                len[k++] = hi - lo;
+            }
+        }
+        return k;
+    }
+    int A = c->grad_accum;
+    for (int a = 0; a < A; a++) {
+        int lo = (int)((long)b->B * a / A), hi = (int)((long)b->B * (a + 1) / A);
+        if (hi > lo) {
+            off[k] = lo;
+            len[k++] = hi - lo;
+        }
+    }
+    return k;
+}
+
+// DTRAIN_FAULT_STEP=R:S makes rank R fail at step S (a testing aid: it shows
+// how a failing worker stops the others).
+static int fault_now(int rank, int64_t step) {
+    const char *f = getenv("DTRAIN_FAULT_STEP");
+    int r;
+    long long s;
+    return f && sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank && s == step;
+}
+
 dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
                    dt_train_result *res) {
     if (c->gpt) return dt_gpt_train(c, run_dir, progress, user, res);
     double t_start = dt_now();
     memset(res, 0, sizeof *res);
-    dt_set_threads(c->threads);
     dt_dataset train = {0}, test = {0};
     dt_model *m = NULL;
     dt_optim *opt = NULL;
     dt_loader *loader = NULL;
+    dt_comm_t comm = NULL;
+    dt_dp *dp = NULL;
+    int64_t *acc = NULL;
+    int *moff = NULL, *mlen = NULL;
     char path[4096];
-    dt_status st = DT_OK;
+    dt_status st = dt_comm_init_env(&comm);
+    if (st != DT_OK) return st;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    if (rank != 0) {  // only rank 0 writes files and reports progress
+        run_dir = NULL;
+        progress = NULL;
+    }
+    // Threads: as configured, else the cores shared among this host's
+    // workers (deterministic mode: 1, so that results do not depend on it).
+    int threads = c->threads;
+    if (threads <= 0 && c->deterministic) threads = 1;
+    if (threads <= 0) {
+        dt_set_threads(0);
+        threads = dt_get_threads() / dt_comm_local_size(comm);
+        if (threads < 1) threads = 1;
+    }
+    dt_set_threads(threads);
 
     if (run_dir) {
-        if ((st = make_dirs(run_dir)) != DT_OK) return st;
+        if ((st = make_dirs(run_dir)) != DT_OK) goto done;
         snprintf(path, sizeof path, "%s/config.ini", run_dir);
-        if ((st = dt_config_write(c, path)) != DT_OK) return st;
+        if ((st = dt_config_write(c, path)) != DT_OK) goto done;
+    }
+    if (c->batch < W) {
+        st = dt_error(DT_ERR_CONFIG, "[train] batch %d is smaller than the %d workers", c->batch, W);
+        goto done;
+    }
+    if (c->deterministic && c->micro_shards % W) {
+        st = dt_error(DT_ERR_CONFIG, "[parallel] micro_shards (%d) must be a multiple of the %d workers in deterministic mode",
+                      c->micro_shards, W);
+        goto done;
     }
     if ((st = load_split(c, "train", &train)) != DT_OK) goto done;
     if ((st = load_split(c, "test", &test)) != DT_OK) goto done;
-    int max_batch = c->batch > c->eval_batch ? c->batch : c->eval_batch;
+    int share = (c->batch + W - 1) / W;
+    int max_micro = c->deterministic ? (c->batch + c->micro_shards - 1) / c->micro_shards
+                                     : (share + c->grad_accum - 1) / c->grad_accum;
+    int max_batch = max_micro > c->eval_batch ? max_micro : c->eval_batch;
     if ((st = dt_model_create(&m, c->input, c->layers, c->nlayers, max_batch)) != DT_OK) goto done;
     if (dt_model_num_classes(m) != train.classes) {
         st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
@@ -126,45 +226,105 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         goto done;
     }
     dt_model_init(m, c->seed);
-    if ((st = dt_optim_create(&opt, &c->optim, dt_model_num_params(m))) != DT_OK) goto done;
+    float *params = dt_model_params(m), *grads = dt_model_grads(m);
+    size_t np = dt_model_num_params(m);
+    // Every rank starts from rank 0's parameters.
+    if ((st = dt_broadcast(params, params, np, DT_F32, 0, comm)) != DT_OK) {
+        st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+        goto done;
+    }
+    if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
     dt_loader_params lp = dt_loader_default_params();
     lp.batch = c->batch;
     lp.shuffle = c->shuffle;
     lp.drop_last = c->drop_last;
     lp.prefetch = c->prefetch;
     lp.seed = c->seed;
+    lp.rank = rank;
+    lp.world = W;
     if ((st = dt_loader_create(&loader, &train, &lp)) != DT_OK) goto done;
+    int nmicro_max = c->deterministic ? c->micro_shards : c->grad_accum;
+    moff = malloc(sizeof(int) * nmicro_max);
+    mlen = malloc(sizeof(int) * nmicro_max);
+    if (!moff || !mlen) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (c->deterministic) {
+        if (!(acc = dt_alloc(sizeof(int64_t) * np))) {
+            st = DT_ERR_NOMEM;
+            goto done;
+        }
+    } else if (W > 1) {
+        if ((st = dt_dp_create(&dp, comm, grads, np, (size_t)c->bucket_kb * 1024 / sizeof(float))) != DT_OK)
+            goto done;
+    }
 
     int64_t spe = dt_loader_steps_per_epoch(loader);
     int64_t total = c->epochs > 0 ? (int64_t)c->epochs * spe : c->max_steps;
     if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
     int epochs = (int)((total + spe - 1) / spe);
-    dt_schedule sched = {c->sched, c->optim.lr, c->min_lr, c->warmup_steps, total};
-    float *params = dt_model_params(m), *grads = dt_model_grads(m);
-    size_t np = dt_model_num_params(m);
-    dt_log(DT_LOG_INFO, "%s: %zu parameters, %d train / %d test samples, %lld steps (%d epochs of %lld), %d threads",
-           c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, dt_get_threads());
+    // Linear scaling (Goyal et al.): the peak rate grows with the batch; the
+    // warmup ramps up to it.
+    float peak = c->lr_scaling ? c->optim.lr * (float)c->batch / (float)c->base_batch : c->optim.lr;
+    dt_schedule sched = {c->sched, peak, c->min_lr, c->warmup_steps, total};
+    if (rank == 0)
+        dt_log(DT_LOG_INFO, "%s: %zu parameters, %d train / %d test samples, %lld steps (%d epochs of %lld), %d worker%s x %d thread%s%s",
+               c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, W, W > 1 ? "s" : "", threads,
+               threads > 1 ? "s" : "", c->deterministic ? ", deterministic" : "");
 
-    int64_t step = 0;
-    double t_train = 0, win_t = dt_now();
-    int64_t win_samples = 0, samples = 0;
-    double rate = 0;
-    double epoch_loss = 0;
-    int64_t epoch_steps = 0;
+    int64_t step = 0, win_samples = 0, samples = 0, epoch_steps = 0;
+    double t_train = 0, win_t = dt_now(), rate = 0, epoch_loss = 0;
     for (int e = 0; e < epochs && step < total; e++) {
         dt_loader_start_epoch(loader, e, 0);
         epoch_loss = 0;
         epoch_steps = 0;
         double t0 = dt_now();
         dt_batch b;
-        for (dt_loader_next(loader, &b); b.B > 0 && step < total; dt_loader_next(loader, &b)) {
-            float loss;
+        while (step < total && dt_loader_next(loader, &b)) {
             dt_model_zero_grad(m);
-            if ((st = dt_model_forward(m, b.x, b.y, b.B, 1, &loss)) != DT_OK) {
-                dt_error(st, "step %lld (epoch %d): %s", (long long)step + 1, e + 1, dt_last_error());
+            int nm = plan_micro(c, &b, moff, mlen);
+            double loss_sum = 0;
+            if (dp) dt_dp_begin(dp);
+            for (int k = 0; k < nm; k++) {
+                float loss;
+                size_t ss = dt_dataset_sample_size(&train);
+                dt_model_set_dropout_key(m, (uint64_t)step, (int64_t)b.first + moff[k]);
+                dt_model_set_loss_scale(m, (float)mlen[k] / (float)b.global_B);
+                st = dt_model_forward(m, b.x + (size_t)moff[k] * ss, b.y + moff[k], mlen[k], 1, &loss);
+                if (st == DT_OK && fault_now(rank, step + 1))
+                    st = dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
+                if (st != DT_OK) {
+                    st = dt_error(st, "rank %d, step %lld (epoch %d): %s", rank, (long long)step + 1, e + 1,
+                                  dt_last_error());
+                    goto done;
+                }
+                loss_sum += (double)loss * mlen[k];
+                dt_model_set_grad_hook(m, dp && k == nm - 1 ? dt_dp_ready : NULL, dp);
+                dt_model_backward(m);
+                if (acc) {
+                    dt_dp_fixed_add(acc, grads, np);
+                    dt_model_zero_grad(m);
+                }
+            }
+            if (acc) {
+                st = dt_dp_fixed_reduce(acc, grads, np, comm);
+                memset(acc, 0, sizeof(int64_t) * np);
+            } else if (dp) {
+                st = dt_dp_finish(dp);
+                double win, exposed;
+                dt_dp_last_times(dp, &win, &exposed);
+                res->comm_seconds += win;
+                res->comm_exposed_seconds += exposed;
+            }
+            // The global batch's mean loss, for progress and summary.
+            float lv = (float)loss_sum;
+            if (st == DT_OK && W > 1) st = dt_allreduce(&lv, &lv, 1, DT_F32, DT_SUM, comm);
+            if (st != DT_OK) {
+                st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
-            dt_model_backward(m);
+            float loss = lv / (float)b.global_B;
             float scale = 1.0f;
             if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
             float lr = dt_schedule_lr(&sched, step);
@@ -172,8 +332,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             step++;
             epoch_loss += loss;
             epoch_steps++;
-            win_samples += b.B;
-            samples += b.B;
+            win_samples += b.global_B;
+            samples += b.global_B;
             double now = dt_now();
             if (now - win_t >= 0.5 || rate == 0) {
                 rate = win_samples / (now - win_t);
@@ -188,8 +348,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         }
         t_train += dt_now() - t0;
         // Evaluate at the end of each epoch (and of the run).
-        float tl, ta;
-        if ((st = dt_evaluate(m, &test, c->eval_batch, &tl, &ta)) != DT_OK) goto done;
+        float tl = 0, ta = 0;
+        if ((st = evaluate_sharded(m, &test, c->eval_batch, comm, &tl, &ta)) != DT_OK) goto done;
         res->test_loss = tl;
         res->test_accuracy = ta;
         res->epochs = e + 1;
@@ -200,13 +360,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         }
     }
     res->steps = step;
+    res->rank = rank;
+    res->workers = W;
+    res->threads = threads;
     res->final_train_loss = epoch_steps ? (float)(epoch_loss / epoch_steps) : 0.0f;
     res->train_seconds = t_train;
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     if (run_dir) {
-        char ver[32];
-        snprintf(ver, sizeof ver, "%s", dt_version());
-        dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", ver}, {"name", c->name}};
+        dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", c->name}};
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         if ((st = dt_model_save(m, path, meta, 3)) != DT_OK) goto done;
     }
@@ -216,11 +377,22 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = write_summary(path, c, res, np);
     }
 done:
+    // A failing rank tells the others, whose next collective then fails
+    // with an error naming it, instead of waiting for it.
+    if (st != DT_OK && W > 1) dt_comm_abort(comm, dt_last_error());
+    dt_dp_free(dp);
+    dt_free(acc);
+    free(moff);
+    free(mlen);
     dt_loader_free(loader);
     dt_optim_free(opt);
     dt_model_free(m);
     dt_dataset_free(&train);
     dt_dataset_free(&test);
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", dt_last_error());
+    dt_comm_destroy(comm);
+    if (st != DT_OK) dt_error(st, "%s", saved);
     return st;
 }
 
@@ -229,9 +401,10 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
     dt_set_threads(c->threads);
     dt_dataset test = {0};
     dt_model *m = NULL;
-    dt_status st = load_split(c, "test", &test);
-    if (st == DT_OK) st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
+    // The weights first: a wrong file is reported before the data loads.
+    dt_status st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
     if (st == DT_OK) st = dt_model_load(m, weights);
+    if (st == DT_OK) st = load_split(c, "test", &test);
     if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
     if (n) *n = test.n;
     dt_model_free(m);

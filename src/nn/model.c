@@ -31,7 +31,11 @@ struct dt_model {
     int ntensors;
     dt_tensor_info *tensors;
     char (*names)[32];
-    dt_rng rng;
+    uint64_t seed, drop_step;   // dropout key (dt_model_set_dropout_key)
+    int64_t drop_first;
+    dt_grad_ready_fn hook;
+    void *hook_user;
+    float loss_scale;
 };
 
 const char *dt_layer_kind_name(dt_layer_kind k) {
@@ -139,6 +143,7 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     m->nlayers = nlayers;
     m->max_batch = max_batch;
+    m->loss_scale = 1.0f;
     memcpy(m->in_shape, in_shape, sizeof m->in_shape);
     m->L = calloc(nlayers, sizeof *m->L);
     m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
@@ -246,7 +251,7 @@ void dt_model_init(dt_model *m, uint64_t seed) {
             for (size_t j = 0; j < l->b_n; j++) b[j] = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound;
         }
     }
-    dt_rng_seed(&m->rng, seed ^ 0x5eed0d120f0a11ULL);
+    m->seed = seed;
 }
 
 size_t dt_model_num_params(const dt_model *m) { return m->nparams; }
@@ -254,7 +259,17 @@ float *dt_model_params(dt_model *m) { return m->params; }
 float *dt_model_grads(dt_model *m) { return m->grads; }
 int dt_model_num_classes(const dt_model *m) { return m->L[m->nlayers - 1].out[0]; }
 int dt_model_input_size(const dt_model *m) { return (int)numel3(m->in_shape); }
-dt_rng *dt_model_rng(dt_model *m) { return &m->rng; }
+void dt_model_set_dropout_key(dt_model *m, uint64_t step, int64_t first) {
+    m->drop_step = step;
+    m->drop_first = first;
+}
+
+void dt_model_set_loss_scale(dt_model *m, float s) { m->loss_scale = s; }
+
+void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user) {
+    m->hook = fn;
+    m->hook_user = user;
+}
 int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
@@ -293,8 +308,19 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
                                  s->eps > 0 ? s->eps : 1e-5f);
             break;
         case DT_LAYER_DROPOUT:
-            if (train && s->p > 0.0f) dt_dropout_forward(l->act, l->aux, in, n, s->p, &m->rng);
-            else memcpy(l->act, in, sizeof(float) * n);
+            if (train && s->p > 0.0f) {
+                size_t ns = numel3(l->out);
+#pragma omp parallel for schedule(static)
+                for (int j = 0; j < B; j++) {
+                    dt_rng r;
+                    dt_rng_seed(&r, m->seed ^ (m->drop_step * 0x9e3779b97f4a7c15ULL) ^
+                                        ((uint64_t)(m->drop_first + j) * 0xc2b2ae3d27d4eb4fULL) ^
+                                        ((uint64_t)i << 56));
+                    dt_dropout_forward(l->act + j * ns, l->aux + j * ns, in + j * ns, ns, s->p, &r);
+                }
+            } else {
+                memcpy(l->act, in, sizeof(float) * n);
+            }
             break;
         case DT_LAYER_FLATTEN: memcpy(l->act, in, sizeof(float) * n); break;
         }
@@ -325,7 +351,7 @@ dt_status dt_model_backward(dt_model *m) {
     for (int i = 0; i < m->nlayers; i++)
         memset(m->L[i].dact, 0, sizeof(float) * B * numel3(m->L[i].out));
     layer_t *last = &m->L[m->nlayers - 1];
-    dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], 1.0f);
+    dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], m->loss_scale);
     for (int i = m->nlayers - 1; i >= 0; i--) {
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
@@ -368,6 +394,7 @@ dt_status dt_model_backward(dt_model *m) {
                 for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
             break;
         }
+        if (m->hook && (l->w_n || l->b_n)) m->hook(l->w_off, m->hook_user);
     }
     return DT_OK;
 }

@@ -33,6 +33,7 @@ typedef struct {
 static const char *const optim_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
+static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -54,6 +55,8 @@ static const field fields[] = {
     {"optim", "beta2", F_FLOAT, O(optim.beta2), 0, 0.999999999, NULL},
     {"optim", "eps", F_FLOAT, O(optim.eps), 1e-30, 1, NULL},
     {"optim", "clip_norm", F_FLOAT, O(optim.clip_norm), 0, 1e9, NULL},
+    {"optim", "lr_scaling", F_ENUM, O(lr_scaling), 0, 0, lr_scaling_names},
+    {"optim", "base_batch", F_INT, O(base_batch), 1, 1 << 24, NULL},
     {"schedule", "name", F_ENUM, O(sched), 0, 0, sched_names},
     {"schedule", "warmup_steps", F_I64, O(warmup_steps), 0, 1e15, NULL},
     {"schedule", "min_lr", F_FLOAT, O(min_lr), 0, 1e3, NULL},
@@ -64,6 +67,10 @@ static const field fields[] = {
     {"train", "seed", F_U64, O(seed), 0, 1.8e19, NULL},
     {"train", "threads", F_INT, O(threads), 0, 4096, NULL},
     {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
+    {"train", "grad_accum", F_INT, O(grad_accum), 1, 1 << 16, NULL},
+    {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
+    {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
+    {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
@@ -104,6 +111,10 @@ void dt_config_defaults(dt_config *c) {
     c->epochs = 1;
     c->seed = 1;
     c->log_every = 100;
+    c->grad_accum = 1;
+    c->base_batch = 256;
+    c->bucket_kb = 2048;
+    c->micro_shards = 12;
 }
 
 // ----------------------------------------------------------------------------
@@ -339,7 +350,7 @@ static int handle(void *user, const char *sec, const char *key, const char *val)
     for (int i = 0; i < NFIELDS && !known_sec; i++) known_sec = !strcmp(fields[i].sec, sec);
     if (!*sec) return fail(p, sec, key, "key before any [section] header");
     if (!known_sec)
-        return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule or train)", sec);
+        return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule, train or parallel)", sec);
     char keys[400] = "";
     if (!strcmp(sec, "model")) snprintf(keys, sizeof keys, "preset, input, layer");
     for (int i = 0; i < NFIELDS; i++)
@@ -424,6 +435,8 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
     if (c->epochs == 0 && c->max_steps == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
+    if (c->batch % c->grad_accum)
+        return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);
     if (c->min_lr > c->optim.lr)
         return dt_error(DT_ERR_CONFIG, "%s: [schedule] min_lr (%g) is above [optim] lr (%g)", what, c->min_lr, c->optim.lr);
     return DT_OK;

@@ -4,7 +4,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void cli_error(const char *fmt, ...) {
     va_list ap;
@@ -40,7 +42,21 @@ static void usage(FILE *f) {
                "1 runtime error, 2 usage error.\n");
 }
 
+// OpenMP threads that spin while they wait for work take the core from
+// whatever else runs there (another worker, the communication thread, the
+// loader): on a 2-core machine a 2-thread run next to any other busy process
+// slows down 3-4x. A passive wait policy (sleep at once) costs a few percent
+// when the machine is otherwise idle. libgomp reads the policy when it loads,
+// before main, so dtrain sets it and starts itself again, once, unless the
+// user chose a policy.
+static void use_passive_wait(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);  // if this fails, go on as we are
+}
+
 int main(int argc, char **argv) {
+    use_passive_wait(argv);
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;

@@ -1,6 +1,8 @@
 /* dtrain train / dtrain eval */
 #include "cli.h"
+#include "dtrain/comm.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/launch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,7 @@
 #define MAX_SETS 256
 
 static const char train_help[] =
-    "usage: dtrain train CONFIG [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
+    "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
     "\n"
     "Trains the model CONFIG describes and writes into the run directory:\n"
     "  config.ini          the resolved config (every field, presets expanded)\n"
@@ -23,6 +25,13 @@ static const char train_help[] =
     "  --set S.K=V     override a config field, e.g. --set train.epochs=2\n"
     "                  --set optim.lr=0.05 --set train.threads=1 (repeatable)\n"
     "  --run-dir DIR   where to write (default runs/NAME-YYYYmmdd-HHMMSS)\n"
+    "  --workers N     data parallel: N local worker processes over shared\n"
+    "                  memory, each training on its share of every global batch\n"
+    "                  of train.batch samples; threads per worker default to\n"
+    "                  cores / N. Under mpirun or srun, every rank is a worker\n"
+    "                  and --workers is not needed.\n"
+    "  --deterministic bitwise identical results for any number of workers\n"
+    "                  (parallel.deterministic = true)\n"
     "  -q, --quiet     print only errors and the final result\n"
     "  -h, --help      this help\n"
     "\n"
@@ -69,7 +78,7 @@ static void on_progress(const dt_progress *p, void *user) {
 typedef struct {
     const char *config, *run_dir, *checkpoint;
     const char *sets[MAX_SETS];
-    int nsets, quiet;
+    int nsets, quiet, workers;
 } args_t;
 
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
@@ -90,6 +99,15 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         } else if (is_eval && (!strcmp(s, "--checkpoint") || !strncmp(s, "--checkpoint=", 13))) {
             a->checkpoint = s[12] == '=' ? s + 13 : (i + 1 < argc ? argv[++i] : NULL);
             if (!a->checkpoint) return cli_error("--checkpoint needs a file"), EXIT_USAGE;
+        } else if (!is_eval && (!strcmp(s, "--workers") || !strncmp(s, "--workers=", 10))) {
+            const char *v = s[9] == '=' ? s + 10 : (i + 1 < argc ? argv[++i] : NULL);
+            char *end;
+            long n = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || n < 1 || n > 1024) return cli_error("--workers needs a number from 1 to 1024"), EXIT_USAGE;
+            a->workers = (int)n;
+        } else if (!is_eval && !strcmp(s, "--deterministic")) {
+            if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
+            a->sets[a->nsets++] = "parallel.deterministic=true";
         } else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) {
             a->quiet = 1;
         } else if (s[0] == '-' && s[1]) {
@@ -138,6 +156,38 @@ int cmd_train(int argc, char **argv) {
         snprintf(dir, sizeof dir, "runs/%s-%s", c.name, ts);
         a.run_dir = dir;
     }
+    if (a.workers > 1 && !dt_comm_env_launched()) {
+        // Start the workers: this program again, as N ranks of a local
+        // shared-memory world, with the same arguments and one run dir.
+        char exe[4096];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) {
+            cli_error("cannot find this program's path to start workers");
+            return EXIT_RUNTIME;
+        }
+        exe[n] = 0;
+        char *args[2 * MAX_SETS + 8];
+        int k = 0;
+        args[k++] = exe;
+        args[k++] = "train";
+        args[k++] = (char *)a.config;
+        for (int i = 0; i < a.nsets; i++) {
+            args[k++] = "--set";
+            args[k++] = (char *)a.sets[i];
+        }
+        args[k++] = "--run-dir";
+        args[k++] = (char *)a.run_dir;
+        if (a.quiet) args[k++] = "--quiet";
+        args[k] = NULL;
+        dt_launch_params lp = dt_launch_default_params();
+        lp.nranks = a.workers;
+        int code = 0;
+        if (dt_launch(&lp, args, &code) != DT_OK) {
+            cli_error("%s", dt_last_error());
+            return EXIT_RUNTIME;
+        }
+        return code == 0 ? 0 : EXIT_RUNTIME;
+    }
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
     progress_state ps = {isatty(2), a.quiet, c.log_every, 0, 0};
     dt_train_result r;
@@ -148,15 +198,18 @@ int cmd_train(int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     if (c.gpt) {
+        if (r.rank != 0) return 0;
         char val[64] = "no val_file";
         if (r.test_loss >= 0) snprintf(val, sizeof val, "val loss %.4f", r.test_loss);
         printf("trained %lld steps in %.1f s (%.0f tokens/s): %s\nrun directory: %s\n", (long long)r.steps,
                r.wall_seconds, r.samples_per_sec * c.seq_len, val, a.run_dir);
         return 0;
     }
-    printf("trained %lld steps in %.1f s (%.0f samples/s): test accuracy %.4f, test loss %.4f\n"
-           "run directory: %s\n",
-           (long long)r.steps, r.wall_seconds, r.samples_per_sec, r.test_accuracy, r.test_loss, a.run_dir);
+    if (r.rank == 0)
+        printf("trained %lld steps in %.1f s (%.0f samples/s, %d worker%s x %d thread%s): test accuracy %.4f, "
+               "test loss %.4f\nrun directory: %s\n",
+               (long long)r.steps, r.wall_seconds, r.samples_per_sec, r.workers, r.workers > 1 ? "s" : "",
+               r.threads, r.threads > 1 ? "s" : "", r.test_accuracy, r.test_loss, a.run_dir);
     return 0;
 }
 
