@@ -300,6 +300,22 @@ static void test_cli(void) {
              ini, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "no val_file"), "training without a val file: %s", out);
 
+    // Data parallel: 2 workers on half a batch each follow the 1-worker run
+    // (same global batches, gradient mean by allreduce) up to rounding.
+    char out1[16384];
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/dp1 -q --set train.max_steps=8 --set train.eval_every=0",
+             tl_dtrain(), ini, g_dir);
+    int r1 = tl_run(cmd, out1, sizeof out1);
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --run-dir %s/dp2 -q --set train.max_steps=8 --set train.eval_every=0",
+             tl_dtrain(), ini, g_dir);
+    int r2 = tl_run(cmd, out, sizeof out);
+    char *v1 = strstr(out1, "val loss "), *v2 = strstr(out, "val loss ");
+    CHECK(r1 == 0 && r2 == 0 && v1 && v2 && tl_rel(atof(v1 + 9), atof(v2 + 9), 1e-6) < 1e-3,
+          "2 workers match 1 worker: '%s' vs '%s'", out1, out);
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --run-dir %s/dp3 -q", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "not a multiple of the 3 workers"),
+          "batch not divisible by workers: %s", out);
+
     // Bad data: a token file whose ids exceed the config's vocab.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set model.vocab_size=100", tl_dtrain(), ini, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "not below the model's vocab_size 100") && strstr(out, "_train.bin"),

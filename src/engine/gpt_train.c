@@ -1,7 +1,15 @@
 /* GPT training runs: token windows -> model -> optimizer, the validation
  * loss, and the files of the run directory (the same three as dt_train:
- * config.ini, model.safetensors, summary.json). */
+ * config.ini, model.safetensors, summary.json).
+ *
+ * Data parallel (when the process is one of W ranks, as for dt_train): every
+ * rank draws the same global batch of B windows from the same seeded
+ * stream and trains on its B/W of them; the gradients (each the mean over
+ * the rank's tokens) are summed with one allreduce and scaled by 1/W, which
+ * is the global batch's mean, so W workers follow the single-process run up
+ * to float rounding. Validation splits its windows the same way. */
 #include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
 #include "dtrain/gpt.h"
 #include "dtrain/train.h"
 
@@ -30,30 +38,41 @@ static dt_status make_dirs(const char *path) {
 }
 
 // Mean loss (and next-token accuracy when acc is not NULL) over `batches`
-// consecutive windows of the validation file.
-static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int batches, int B, int T, int32_t *x,
-                          int32_t *y, float *out, float *acc) {
-    double s = 0;
-    long correct = 0;
+// batches of B consecutive windows of the validation file, computed in
+// chunks of Bl = B/W windows: rank r takes chunks r, r+W, ... and the sums
+// meet in one allreduce (comm may be NULL for one process).
+static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int batches, int Bl, int T, int32_t *x,
+                          int32_t *y, float *out, float *acc, dt_comm_t comm) {
+    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
     int V = dt_gpt_get_config(m)->vocab_size;
-    for (int i = 0; i < batches; i++) {
+    double sums[2] = {0, 0};  // sum of chunk losses, correct predictions
+    float fs[2];
+    for (int i = rank; i < batches * W; i += W) {
         float l;
-        dt_status st = dt_tokens_window(val, i, B, T, x, y);
-        if (st == DT_OK) st = dt_gpt_forward(m, x, y, B, T, &l);
+        dt_status st = dt_tokens_window(val, i, Bl, T, x, y);
+        if (st == DT_OK) st = dt_gpt_forward(m, x, y, Bl, T, &l);
         if (st != DT_OK) return st;
-        s += l;
+        sums[0] += l;
         if (acc) {
             const float *lg = dt_gpt_logits(m);
-            for (int r = 0; r < B * T; r++) {
+            for (int r = 0; r < Bl * T; r++) {
                 int arg = 0;
                 for (int v = 1; v < V; v++)
                     if (lg[(size_t)r * V + v] > lg[(size_t)r * V + arg]) arg = v;
-                correct += arg == y[r];
+                sums[1] += arg == y[r];
             }
         }
     }
-    *out = (float)(s / batches);
-    if (acc) *acc = (float)correct / ((float)batches * B * T);
+    if (W > 1) {  // (counts stay exact in float up to 2^24 tokens)
+        fs[0] = (float)sums[0];
+        fs[1] = (float)sums[1];
+        dt_status st = dt_allreduce(fs, fs, 2, DT_F32, DT_SUM, comm);
+        if (st != DT_OK) return st;
+        sums[0] = fs[0];
+        sums[1] = fs[1];
+    }
+    *out = (float)(sums[0] / ((double)batches * W));
+    if (acc) *acc = (float)(sums[1] / ((double)batches * W * Bl * T));
     return DT_OK;
 }
 
@@ -70,7 +89,7 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
-    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches, B, T, x, y, loss, accuracy);
+    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches, B, T, x, y, loss, accuracy, NULL);
     if (n) *n = c->eval_batches * B * T;
     dt_gpt_free(m);
     dt_tokens_close(&val);
@@ -117,16 +136,39 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     res->test_loss = -1;
     res->test_accuracy = -1;
     if (!c->gpt) return dt_error(DT_ERR_ARG, "dt_gpt_train: the config's model is not a GPT");
-    dt_set_threads(c->threads);
     dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
     int B = c->batch, T = c->seq_len;
     dt_tokens train = {0}, val = {0};
     dt_gpt *m = NULL;
     dt_optim *opt = NULL;
     int32_t *x = NULL, *y = NULL;
-    cJSON *history = cJSON_CreateArray();
+    cJSON *history = NULL;
     char path[4096];
-    dt_status st = DT_OK;
+    dt_comm_t comm = NULL;
+    dt_status st = dt_comm_init_env(&comm);
+    if (st != DT_OK) return st;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    if (rank != 0) {  // only rank 0 writes files and reports progress
+        run_dir = NULL;
+        progress = NULL;
+    }
+    // Threads: as configured, else this host's cores shared among its workers.
+    int threads = c->threads;
+    if (threads <= 0) {
+        dt_set_threads(0);
+        threads = dt_get_threads() / dt_comm_local_size(comm);
+        if (threads < 1) threads = 1;
+    }
+    dt_set_threads(threads);
+    res->rank = rank;
+    res->workers = W;
+    res->threads = threads;
+    history = cJSON_CreateArray();
+    if (B % W) {
+        st = dt_error(DT_ERR_CONFIG, "[train] batch %d is not a multiple of the %d workers", B, W);
+        goto done;
+    }
+    int Bl = B / W;  // this rank's sequences per step
 
     if (run_dir) {
         if ((st = make_dirs(run_dir)) != DT_OK) goto done;
@@ -147,10 +189,14 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
             goto done;
         }
     }
-    if ((st = dt_gpt_create(&m, &gc, B, T)) != DT_OK) goto done;
+    if ((st = dt_gpt_create(&m, &gc, Bl, T)) != DT_OK) goto done;
     dt_gpt_init(m, c->seed);
     if (c->init_from[0] && (st = dt_gpt_load(m, c->init_from)) != DT_OK) goto done;
     size_t np = dt_gpt_num_params(m);
+    if (W > 1 && (st = dt_broadcast(dt_gpt_params(m), dt_gpt_params(m), np, DT_F32, 0, comm)) != DT_OK) {
+        st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+        goto done;
+    }
     if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
     x = malloc(sizeof(int32_t) * B * T);
     y = malloc(sizeof(int32_t) * B * T);
@@ -163,24 +209,38 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
     dt_rng rng;
     dt_rng_seed(&rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
-    dt_log(DT_LOG_INFO, "%s: GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d, %lld steps, %d threads",
-           c->name, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, np, train.n, val.n, B, T,
-           (long long)total, dt_get_threads());
+    if (rank == 0)
+        dt_log(DT_LOG_INFO, "%s: GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d, %lld steps, %d worker%s x %d thread%s",
+               c->name, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, np, train.n, val.n, B, T,
+               (long long)total, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "");
 
     double t_train = 0, win_t = dt_now(), rate = 0, loss_sum = 0;
     int64_t win_samples = 0, loss_n = 0;
     for (int64_t step = 0; step < total; step++) {
         double t0 = dt_now();
         float loss;
+        // The global batch (the same on every rank); this rank's share.
         if ((st = dt_tokens_sample(&train, &rng, B, T, x, y)) != DT_OK) goto done;
+        const int32_t *xr = x + (size_t)rank * Bl * T, *yr = y + (size_t)rank * Bl * T;
         dt_gpt_zero_grad(m);
-        if ((st = dt_gpt_forward(m, x, y, B, T, &loss)) != DT_OK) {
-            dt_error(st, "step %lld: %s", (long long)step + 1, dt_last_error());
+        if ((st = dt_gpt_forward(m, xr, yr, Bl, T, &loss)) != DT_OK) {
+            st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
             goto done;
         }
         dt_gpt_backward(m);
-        float scale = 1.0f;
-        if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+        float scale = 1.0f;  // gradient sum over ranks -> mean
+        if (W > 1) {
+            float lv = loss;
+            st = dt_allreduce(grads, grads, np, DT_F32, DT_SUM, comm);
+            if (st == DT_OK) st = dt_allreduce(&lv, &lv, 1, DT_F32, DT_SUM, comm);
+            if (st != DT_OK) {
+                st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
+                goto done;
+            }
+            loss = lv / (float)W;
+            scale = 1.0f / (float)W;
+        }
+        if (c->optim.clip_norm > 0) scale *= dt_clip_scale(scale * sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
         float lr = dt_schedule_lr(&sched, step);
         dt_optim_step(opt, params, grads, lr, scale);
         double now = dt_now();
@@ -202,7 +262,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         int last = step + 1 == total;
         if (val.tokens && (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0))) {
             float vl;
-            if ((st = val_loss(m, &val, c->eval_batches, B, T, x, y, &vl, NULL)) != DT_OK) goto done;
+            if ((st = val_loss(m, &val, c->eval_batches, Bl, T, x, y, &vl, NULL, comm)) != DT_OK) goto done;
             res->test_loss = vl;
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "step", (double)(step + 1));
@@ -233,6 +293,8 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         st = write_summary(path, c, res, np, res->samples_per_sec * T, history);
     }
 done:
+    if (st != DT_OK && W > 1) dt_comm_abort(comm, dt_last_error());
+    dt_comm_destroy(comm);
     cJSON_Delete(history);
     free(x);
     free(y);
