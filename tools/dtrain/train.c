@@ -37,7 +37,8 @@ static const char train_help[] =
     "\n"
     "Progress is one live line on a terminal, plain lines every\n"
     "train.log_every steps otherwise. The config format is in docs/config.md;\n"
-    "configs/fashion-cnn.ini and configs/fashion-mlp.ini are examples.\n";
+    "configs/fashion-cnn.ini and configs/fashion-mlp.ini are examples;\n"
+    "configs/gpt-fortunes.ini trains a GPT language model (docs/gpt.md).\n";
 
 static const char eval_help[] =
     "usage: dtrain eval CONFIG --checkpoint WEIGHTS [--set SECTION.KEY=VALUE]...\n"
