@@ -317,6 +317,10 @@ static void test_cli(void) {
     CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "not a multiple of the 3 workers"),
           "batch not divisible by workers: %s", out);
 
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/dp4 -q --set train.grad_accum=2", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "grad_accum > 1 is not supported for GPT"),
+          "unsupported option refused: %s", out);
+
     // Bad data: a token file whose ids exceed the config's vocab.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set model.vocab_size=100", tl_dtrain(), ini, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "not below the model's vocab_size 100") && strstr(out, "_train.bin"),

@@ -164,6 +164,14 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     res->workers = W;
     res->threads = threads;
     history = cJSON_CreateArray();
+    // Classifier-engine options the GPT loop does not have (yet): refuse
+    // them rather than ignore them.
+    if (c->deterministic || c->grad_accum > 1 || c->lr_scaling) {
+        st = dt_error(DT_ERR_CONFIG, "%s is not supported for GPT runs",
+                      c->deterministic ? "[parallel] deterministic" : c->grad_accum > 1 ? "[train] grad_accum > 1"
+                                                                                     : "[optim] lr_scaling");
+        goto done;
+    }
     if (B % W) {
         st = dt_error(DT_ERR_CONFIG, "[train] batch %d is not a multiple of the %d workers", B, W);
         goto done;
