@@ -14,9 +14,12 @@ tried and the fastest kept (dtrain likewise over DTRAIN_ENVS).
 --steps 2 --repeat 1 makes a quick check that everything runs; real
 figures need a quiet machine and the defaults.
 """
-import argparse, json, os, subprocess, sys
+import argparse, json, os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from train import best  # noqa: E402
+
 TORCH_ENVS = [
     {"OMP_WAIT_POLICY": "passive"},
     {"OPENBLAS_CORETYPE": "SkylakeX", "OMP_WAIT_POLICY": "passive"},
@@ -28,23 +31,6 @@ CASES = {  # name: (preset, batch, seq, default steps)
     "gpt2-124m": ("gpt2-124m", 4, 64, 5),
     "gpt-tiny": ("gpt-tiny", 8, 64, 20),
 }
-
-
-def run(cmd, env=None):
-    e = dict(os.environ)
-    e.update(env or {})
-    out = subprocess.run(cmd, env=e, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def best(cmd, envs, repeat):
-    results = []
-    for env in envs:
-        for _ in range(repeat):
-            r = run(cmd, env)
-            r["env"] = " ".join(f"{k}={v}" for k, v in env.items()) or "default"
-            results.append(r)
-    return max(results, key=lambda r: r["tokens_per_sec"])
 
 
 def main():
@@ -65,8 +51,9 @@ def main():
         for t in [int(x) for x in a.threads.split(",")]:
             common = ["--preset", preset, "--batch", str(B), "--seq", str(T), "--threads", str(t),
                       "--steps", str(steps), "--warmup", str(warm)]
-            d = best([bench, *common, "--json"], DTRAIN_ENVS, a.repeat)
-            p = best([sys.executable, os.path.join(HERE, "torch_gpt.py"), *common], TORCH_ENVS, a.repeat)
+            d = best([bench, *common, "--json"], DTRAIN_ENVS, a.repeat, "tokens_per_sec")
+            p = best([sys.executable, os.path.join(HERE, "torch_gpt.py"), *common], TORCH_ENVS, a.repeat,
+                     "tokens_per_sec")
             speedup = d["tokens_per_sec"] / p["tokens_per_sec"]
             if a.json:
                 print(json.dumps(d))

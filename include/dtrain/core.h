@@ -100,6 +100,9 @@ DT_API double dt_now(void);
 DT_API void *dt_alloc(size_t n);
 DT_API void dt_free(void *p);
 
+/* Creates directory `path` and its missing parents (mkdir -p). */
+DT_API dt_status dt_make_dirs(const char *path);
+
 /* Writes n parts to `path` atomically: a temporary file beside it, fsync,
  * rename over path, fsync of the directory. Readers see the old file or the
  * whole new one, never a torn write. */

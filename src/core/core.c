@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -181,6 +182,23 @@ void *dt_alloc(size_t n) {
 }
 
 void dt_free(void *p) { free(p); }
+
+dt_status dt_make_dirs(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return dt_error(DT_ERR_ARG, "%s: path too long", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || !*p) {
+            char ch = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return dt_error(DT_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+            if (!ch) break;
+            *p = ch;
+        }
+    }
+    return DT_OK;
+}
 
 // ----------------------------------------------------------------------------
 // atomic file writes: temp file, fsync, rename, fsync the directory

@@ -21,22 +21,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static dt_status make_dirs(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || !*p) {
-            char ch = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return dt_error(DT_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
-            if (!ch) break;
-            *p = ch;
-        }
-    }
-    return DT_OK;
-}
-
 // Mean loss (and next-token accuracy when acc is not NULL) over `batches`
 // batches of B consecutive windows of the validation file, computed in
 // chunks of Bl = B/W windows: rank r takes chunks r, r+W, ... and the sums
@@ -179,7 +163,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     int Bl = B / W;  // this rank's sequences per step
 
     if (run_dir) {
-        if ((st = make_dirs(run_dir)) != DT_OK) goto done;
+        if ((st = dt_make_dirs(run_dir)) != DT_OK) goto done;
         snprintf(path, sizeof path, "%s/config.ini", run_dir);
         if ((st = dt_config_write(c, path)) != DT_OK) goto done;
     }

@@ -13,23 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-// mkdir -p
-static dt_status make_dirs(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || !*p) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return dt_error(DT_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
-            if (!c) break;
-            *p = c;
-        }
-    }
-    return DT_OK;
-}
-
 static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
     char img[1024], lab[1024];
     const char *pre = !strcmp(split, "train") ? "train" : "t10k";
@@ -200,7 +183,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_set_threads(threads);
 
     if (run_dir) {
-        if ((st = make_dirs(run_dir)) != DT_OK) goto done;
+        if ((st = dt_make_dirs(run_dir)) != DT_OK) goto done;
         snprintf(path, sizeof path, "%s/config.ini", run_dir);
         if ((st = dt_config_write(c, path)) != DT_OK) goto done;
     }
