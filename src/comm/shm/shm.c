@@ -61,8 +61,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
@@ -87,6 +90,11 @@ typedef struct {
     _Atomic uint32_t abort_flag;
     int32_t abort_rank;
     char abort_reason[480];
+    /* Blocking waits: a waiter that stopped spinning counts itself in
+     * `sleepers` and sleeps on the futex `epoch`; a rank that raises a flag
+     * while anybody sleeps bumps `epoch` and wakes them. */
+    _Alignas(CACHELINE) _Atomic uint32_t sleepers;
+    _Alignas(CACHELINE) _Atomic uint32_t epoch;
 } seg_header;
 
 typedef struct {
@@ -442,7 +450,23 @@ static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *ph
                (p == s->me || atomic_load_explicit(FLAG(p), memory_order_acquire) >= target))
             p++;
         if (p == hi) return DT_OK;
-        if (!dt_waiter_step(&w)) continue;
+        if (dt_waiter_should_block(&w)) {
+            atomic_fetch_add(&s->hdr->sleepers, 1);
+            atomic_thread_fence(memory_order_seq_cst);
+            uint32_t seen = atomic_load(&s->hdr->epoch);
+            int q = p;
+            while (q < hi &&
+                   (q == s->me || atomic_load_explicit(FLAG(q), memory_order_acquire) >= target))
+                q++;
+            if (q < hi) {
+                struct timespec ts = {0, 10000000}; /* bounded: slow checks still run */
+                syscall(SYS_futex, &s->hdr->epoch, FUTEX_WAIT, seen, &ts, NULL, 0);
+            }
+            atomic_fetch_sub(&s->hdr->sleepers, 1);
+            if (!dt_waiter_tick(&w)) continue;
+        } else if (!dt_waiter_step(&w)) {
+            continue;
+        }
 
         /* slow checks: aborts, dead peers, the deadline */
         char what[160], why[160] = "", missing[256] = "";
@@ -479,8 +503,18 @@ static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *ph
 #define CTL_WAIT(c, a, phase, field, target, only)                                          \
     wait_ge(c, a, phase, &ST(c)->ctl[0].field, sizeof(rank_ctl), target, only)
 
-static inline void post(_Atomic uint64_t *f, uint64_t v) {
+static void wake_sleepers(shm_state *s) {
+    atomic_fetch_add(&s->hdr->epoch, 1);
+    syscall(SYS_futex, &s->hdr->epoch, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Raises a flag. The fence orders the store before the read of `sleepers`
+ * (and pairs with the fence in block()): either the waiter sees the flag or
+ * this rank sees the waiter and wakes it. */
+static inline void post(shm_state *s, _Atomic uint64_t *f, uint64_t v) {
     atomic_store_explicit(f, v, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&s->hdr->sleepers, memory_order_relaxed)) wake_sleepers(s);
 }
 
 // ----------------------------------------------------------------------------
@@ -569,7 +603,7 @@ static dt_status begin_op(dt_comm_t c, const dt_coll_args *a) {
     }
     s->opseq = op;
     publish_desc(s, a, op);
-    post(&s->ctl[s->me].arrive, op);
+    post(s, &s->ctl[s->me].arrive, op);
     return DT_OK;
 }
 
@@ -585,7 +619,7 @@ static dt_status direct_publish(dt_comm_t c, const dt_coll_args *a, const void *
     if (bytes) memcpy(small_buf(s, s->me, op), src, bytes);
     s->opseq = op;
     publish_desc(s, a, op);
-    post(&s->ctl[s->me].arrive, op);
+    post(s, &s->ctl[s->me].arrive, op);
     *op_out = op;
     rc = CTL_WAIT(c, a, "waiting for peers' data", arrive, op, -1);
     if (rc != DT_OK) return rc;
@@ -653,7 +687,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                     memcpy(P->out + (P->out_off[me] + e0) * es, mine, m * es);
             }
         }
-        post(&s->ctl[me].ready, g);
+        post(s, &s->ctl[me].ready, g);
 
         if (P->reduce) {
             /* 2. reduce my piece of my slice, in rank order */
@@ -674,7 +708,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                 }
                 dt_reduce_kernel2(dst, dst2, sp, n, m, a->dtype, a->op, n);
             }
-            post(&s->ctl[me].reduced, g);
+            post(s, &s->ctl[me].reduced, g);
         }
 
         /* 3. gather the other slices' pieces */
@@ -703,7 +737,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                 }
             }
         }
-        post(&s->ctl[me].done, g);
+        post(s, &s->ctl[me].done, g);
 #undef PIECE_LEN
     }
 out:
@@ -905,7 +939,7 @@ static dt_status shm_send(dt_comm_t c, const dt_coll_args *a) {
         if (m) memcpy(ch->data[k], (const char *)a->send + off, m);
         ch->hdr[k].len = m;
         ch->hdr[k].total = total;
-        post(&ch->head, h + 1);
+        post(s, &ch->head, h + 1);
         off += m;
     } while (off < total);
     return DT_OK;
@@ -927,7 +961,7 @@ static dt_status shm_recv(dt_comm_t c, const dt_coll_args *a) {
                             c->rank, a->root, (unsigned long long)ch->hdr[k].total, total,
                             a->count, dt_dtype_name(a->dtype));
         if (m) memcpy((char *)a->recv + off, ch->data[k], m);
-        post(&ch->tail, t + 1);
+        post(s, &ch->tail, t + 1);
         off += m;
     } while (off < total);
     return DT_OK;
