@@ -520,10 +520,15 @@ static inline void post(shm_state *s, _Atomic uint64_t *f, uint64_t v) {
 // ----------------------------------------------------------------------------
 // choosing the path
 
-static int use_direct(shm_state *s, size_t bytes_per_rank) {
+/* Direct below the crossover, pipelined above. For reductions the direct
+ * path makes every rank reduce the whole vector, so it pays off only up to
+ * half the small buffer (measured crossover at 2 ranks: 16-32 KiB). */
+#define DIRECT_REDUCE_MAX (SMALL_BYTES / 2)
+
+static int use_direct(shm_state *s, size_t bytes_per_rank, size_t auto_limit) {
     if (s->algo == ALGO_DIRECT) return bytes_per_rank <= SMALL_BYTES;
     if (s->algo == ALGO_RSAG) return 0;
-    return bytes_per_rank <= SMALL_BYTES;
+    return bytes_per_rank <= auto_limit;
 }
 
 static void log_choice(dt_comm_t c, const dt_coll_args *a, const char *algo) {
@@ -784,7 +789,7 @@ static dt_status shm_allreduce_impl(dt_comm_t c, const dt_coll_args *a, int root
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es;
     int keep = root < 0 || root == s->me;
-    if (use_direct(s, bytes)) {
+    if (use_direct(s, bytes, DIRECT_REDUCE_MAX)) {
         log_choice(c, a, "direct");
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, bytes, &op);
@@ -823,7 +828,7 @@ static dt_status shm_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), rc_ = a->count;
     size_t total = rc_ * (size_t)s->n * es;
-    if (use_direct(s, total)) {
+    if (use_direct(s, total, SMALL_BYTES)) {
         log_choice(c, a, "direct");
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, total, &op);
@@ -859,7 +864,7 @@ static dt_status shm_allgatherv(dt_comm_t c, const dt_coll_args *a) {
     for (int p = 0; p < s->n; p++)
         if (a->counts[p] > maxc) maxc = a->counts[p];
     char *out = a->recv;
-    if (use_direct(s, maxc * es)) {
+    if (use_direct(s, maxc * es, SMALL_BYTES)) {
         log_choice(c, a, "direct");
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, a->count * es, &op);
@@ -891,7 +896,7 @@ static dt_status shm_broadcast(dt_comm_t c, const dt_coll_args *a) {
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es;
     int r = a->root;
-    if (use_direct(s, bytes)) {
+    if (use_direct(s, bytes, SMALL_BYTES)) {
         log_choice(c, a, "direct");
         uint64_t op;
         dt_status rc = direct_publish(c, a, s->me == r ? a->send : NULL, s->me == r ? bytes : 0, &op);
