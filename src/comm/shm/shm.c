@@ -11,6 +11,7 @@
  *               writes never invalidate the line another rank polls)
  *   small[n][2] per-rank buffers for small messages, by op parity
  *   big[n][8]   per-rank pipeline slots for large messages, by step mod 8
+ *               (2 MiB per rank; DTRAIN_SHM_SLOTS changes the split)
  *   chan[n][n]  point-to-point mailboxes, sender x receiver
  *
  * Every flag is a 64-bit counter that only grows, written by its owner
@@ -19,7 +20,9 @@
  *
  * Two algorithms:
  *
- * direct (small messages, <= 32 KiB per rank). One synchronisation per op:
+ * direct (small messages: <= 16 KiB per rank for reductions, where every
+ *   rank reduces the whole vector; <= 32 KiB for the others; override with
+ *   DTRAIN_COMM_ALGO=direct|rsag). One synchronisation per op:
  *   every rank copies its input into its small buffer for op S (parity
  *   S & 1), sets arrive = S, waits until all ranks arrived, and computes
  *   the whole result itself by reading the peers' buffers. Reusing buffer
@@ -32,8 +35,8 @@
  *     1. copy my pieces of the slices I do not own into my big buffer,
  *        set ready = step;
  *     2. wait for all ready, reduce my own piece from my input and the
- *        peers' buffers (in rank order) into my big buffer, copy it to my
- *        output, set reduced = step;
+ *        peers' buffers (in rank order), writing the result to my big
+ *        buffer and my output in the same pass, set reduced = step;
  *     3. wait for all reduced, copy the peers' reduced pieces to my output,
  *        set done = step.
  *   Every rank reduces a different slice at the same time, so the n cores
@@ -47,8 +50,9 @@
  * Because each element is reduced exactly once, by its owner, in rank
  * order, every rank gets the same bits, run after run, whatever the path.
  *
- * Waiting (wait_ge) never blocks for ever: it spins briefly, yields, sleeps
- * (wait.c), and every few milliseconds checks the abort flag, the
+ * Waiting (wait_ge) never blocks for ever: it spins briefly, yields, then
+ * blocks on a futex in the header that flag-raising peers wake (wait.c,
+ * post()), and every few milliseconds checks the abort flag, the
  * launcher's record of dead ranks, kill(pid, 0) on the peers, and the
  * deadline. Errors name the op, its sequence number, the phase and the
  * ranks that did not arrive.
