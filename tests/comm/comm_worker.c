@@ -12,7 +12,7 @@
  * Modes:
  *   all       every collective x dtype x op x count, in and out of place,
  *             non-blocking twins, split, send/recv, determinism
- *   big       64 MiB allreduce / reduce_scatter / allgather
+ *   big       64 MiB allreduce, reduce_scatter, allgather, broadcast, reduce
  *   kill      the last rank SIGKILLs itself during a stream of allreduces;
  *             the others must fail with DT_ERR_COMM (exit 3)
  *   mismatch  rank 1 passes a different count (check mode on); every rank
@@ -551,6 +551,29 @@ static void mode_big(void) {
             FAILF("big allgather: element %zu = %g", i, buf[i]);
             break;
         }
+    /* broadcast 64 MiB from the last rank */
+    int root = g_size - 1;
+    for (size_t i = 0; i < n; i++) buf[i] = g_rank == root ? (float)(i % 4093) : -1.0f;
+    OK(dt_broadcast(buf, buf, n, DT_F32, root, W));
+    g_checks++;
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(i % 4093)) {
+            FAILF("big broadcast: element %zu = %g", i, buf[i]);
+            break;
+        }
+    /* reduce 64 MiB to rank 0 */
+    float *out = g_rank == 0 ? malloc(n * 4) : NULL;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)((i % 1024) + (size_t)g_rank) * 0.5f;
+    OK(dt_reduce(buf, out, n, DT_F32, DT_SUM, 0, W));
+    if (g_rank == 0) {
+        g_checks++;
+        for (size_t i = 0; i < n; i++)
+            if (out[i] != (float)(((double)(i % 1024) * g_size + tri) * 0.5)) {
+                FAILF("big reduce: element %zu = %g", i, out[i]);
+                break;
+            }
+        free(out);
+    }
     free(buf);
 }
 
