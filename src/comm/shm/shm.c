@@ -414,8 +414,6 @@ static void describe(char *buf, size_t n, const dt_coll_args *a) {
                  (unsigned long long)a->seq, a->count, dt_dtype_name(a->dtype));
 }
 
-/* Waits until the counter of every rank (or only rank `only` if >= 0),
- * found at flag0 + p * stride bytes, is >= target. */
 static double g_wait_time, g_wait_start;
 static long g_wait_slow;
 static int g_profile = -1;
@@ -437,6 +435,8 @@ static dt_status wait_ge(dt_comm_t c, const dt_coll_args *a, const char *phase,
     return rc;
 }
 
+/* Waits until the counter of every rank (or only rank `only` if >= 0),
+ * found at flag0 + p * stride bytes, is >= target. */
 static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *phase,
                               _Atomic uint64_t *flag0, size_t stride, uint64_t target, int only) {
     shm_state *s = ST(c);
@@ -513,7 +513,8 @@ static void wake_sleepers(shm_state *s) {
 }
 
 /* Raises a flag. The fence orders the store before the read of `sleepers`
- * (and pairs with the fence in block()): either the waiter sees the flag or
+ * (and pairs with the fence before a waiter blocks, in wait_ge_impl):
+ * either the waiter sees the flag or
  * this rank sees the waiter and wakes it. */
 static inline void post(shm_state *s, _Atomic uint64_t *f, uint64_t v) {
     atomic_store_explicit(f, v, memory_order_release);
