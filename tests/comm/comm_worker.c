@@ -469,6 +469,42 @@ static void check_determinism(void) {
     free(a); free(b); free(o); free(all);
 }
 
+/* Argument errors: DT_ERR_ARG, a message, and the communicator still works. */
+static void check_arg_errors(void) {
+    float x[4] = {1, 2, 3, 4};
+    struct {
+        dt_status s;
+        const char *what;
+    } cases[] = {
+        {dt_allreduce(x, x, 4, (dt_dtype)99, DT_SUM, W), "bad dtype"},
+        {dt_allreduce(x, x, 4, DT_F32, (dt_redop)9, W), "bad op"},
+        {dt_allreduce(NULL, x, 4, DT_F32, DT_SUM, W), "NULL send"},
+        {dt_broadcast(x, x, 4, DT_F32, g_size, W), "root out of range"},
+        {dt_reduce(x, x, 4, DT_F32, DT_SUM, -1, W), "negative root"},
+        {dt_send(x, 4, DT_F32, g_rank, W), "send to self"},
+        {dt_recv(x, 4, DT_F32, g_size + 3, W), "recv from nobody"},
+        {dt_allreduce(x, x, 4, DT_F32, DT_SUM, NULL), "NULL communicator"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        g_checks++;
+        if (cases[i].s != DT_ERR_ARG) FAILF("%s: status %d, expected DT_ERR_ARG", cases[i].what, cases[i].s);
+    }
+    g_checks++;
+    if (dt_comm_get_async_error(W) != DT_OK) FAILF("argument errors broke the communicator");
+    OK(dt_allreduce(x, x, 4, DT_F32, DT_SUM, W));
+    g_checks++;
+    if (x[3] != 4.0f * (float)g_size) FAILF("allreduce after argument errors: %g", x[3]);
+    /* a world of more than one rank needs a launcher or MPI */
+    dt_comm_params p = dt_comm_default_params();
+    p.backend = "shm";
+    p.shm_name = "";
+    p.rank = 1;
+    p.size = 2;
+    dt_comm_t bad = NULL;
+    g_checks++;
+    if (dt_comm_init(&p, &bad) != DT_ERR_CONFIG || bad) FAILF("dt_comm_init without a segment accepted rank 1 of 2");
+}
+
 static void mode_all(void) {
     static const size_t counts[] = {0, 1, 2, 7, 13, 127, 1031, 4099, 8191, 8200, 65537, 262147};
     const int NC = (int)(sizeof counts / sizeof counts[0]);
@@ -503,15 +539,21 @@ static void mode_all(void) {
     check_allgather(DT_F32, 70001, salt++, 0, 0, 0, 1);
     check_broadcast(DT_I32, 300001, salt++, 0, 0, 1);
     check_overlap();
+    check_arg_errors();
     for (int i = 0; i < 5; i++) OK(dt_barrier(W));
     check_sendrecv(0, salt++);
     check_sendrecv(1, salt++);
     check_sendrecv(100003, salt++);
     check_split();
     check_determinism();
-    /* destroy and create the world again: the same segment, the same ranks */
+    /* destroy and create the world again: the same segment, the same ranks,
+     * this time through explicit parameters */
     dt_comm_destroy(W);
-    OK(dt_comm_init_env(&W));
+    dt_comm_params prm = dt_comm_default_params();
+    prm.timeout = 60;
+    prm.check = 1;
+    OK(dt_comm_init(&prm, &W));
+    if (dt_comm_rank(W) != g_rank || dt_comm_size(W) != g_size) FAILF("re-init: rank/size changed");
     check_allreduce(DT_F32, DT_SUM, 262147, salt++, 0, 0);
     check_allreduce(DT_F32, DT_SUM, 5, salt++, 0, 0);
 }
