@@ -39,6 +39,9 @@
  *        buffer and my output in the same pass, set reduced = step;
  *     3. wait for all reduced, copy the peers' reduced pieces to my output,
  *        set done = step.
+ *   (With two ranks, step 2 writes its result over the peer's contribution
+ *   in the peer's buffer, which it has just read, and step 3 reads the own
+ *   buffer: see `swap` in rsag_run.)
  *   Every rank reduces a different slice at the same time, so the n cores
  *   share the arithmetic and the memory traffic; the pieces are small
  *   enough to stay in L2 between the writer and the readers. The slot of
@@ -655,6 +658,15 @@ typedef struct {
     int bcast_root;      /* >= 0: broadcast, only root's slice is real */
 } rsag_plan;
 
+static int swap_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DTRAIN_SHM_SWAP");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P) {
     shm_state *s = ST(c);
     int n = s->n, me = s->me;
@@ -672,6 +684,13 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
     if (!sp) return dt_error(DT_ERR_NOMEM, "shm: out of memory");
     dt_status rc = DT_OK;
     int gathers = P->gather || P->gather_root == me;
+    /* Two ranks, allreduce or reduce: write the reduced piece back over the
+     * peer's contribution in the peer's slot (lines this rank has just
+     * read), and gather from the own slot. The same bytes cross between the
+     * cores, but the reduction's stores hit lines already in this core's
+     * cache instead of missing (measured: 1.3-1.7x at 256 KiB-4 MiB).
+     * DTRAIN_SHM_SWAP=0 turns it off. */
+    int swap = n == 2 && P->reduce && (P->gather || P->gather_root >= 0) && swap_enabled();
 
     for (size_t st = 0; st < nsteps; st++) {
         uint64_t g = ++s->step;
@@ -708,7 +727,7 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                 for (int p = 0; p < n; p++)
                     sp[p] = p == me ? (const void *)(P->in + (P->in_off[me] + e0) * es)
                                     : (const void *)(big_buf(s, p, g) + (size_t)me * piece);
-                char *dst = mine + (size_t)me * piece, *dst2 = NULL;
+                char *dst = swap ? (char *)sp[1 - me] : mine + (size_t)me * piece, *dst2 = NULL;
                 if (P->out && (P->gather || P->gather_root < 0 || P->gather_root == me))
                     dst2 = P->out + (P->out_off[me] + e0) * es;
                 /* reduce-scatter keeps no copy in shm: nobody gathers it */
@@ -727,8 +746,9 @@ static dt_status rsag_run(dt_comm_t c, const dt_coll_args *a, const rsag_plan *P
                 if ((rc = CTL_WAIT(c, a, "waiting for reduced pieces", reduced, g, -1)) != DT_OK) goto out;
                 for (int p = 0; p < n; p++) {
                     size_t m = PIECE_LEN(p);
+                    const char *src = swap ? mine : big_buf(s, p, g);
                     if (p != me && m)
-                        memcpy(P->out + (P->out_off[p] + e0) * es, big_buf(s, p, g) + (size_t)p * piece, m * es);
+                        memcpy(P->out + (P->out_off[p] + e0) * es, src + (size_t)p * piece, m * es);
                 }
             } else if (P->bcast_root >= 0) {
                 int r = P->bcast_root;
