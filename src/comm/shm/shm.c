@@ -20,9 +20,10 @@
  *
  * Two algorithms:
  *
- * direct (small messages: <= 16 KiB per rank for reductions, where every
- *   rank reduces the whole vector; <= 32 KiB for the others; override with
- *   DTRAIN_COMM_ALGO=direct|rsag). One synchronisation per op:
+ * direct (small messages: for reductions, where every rank reduces the
+ *   whole vector, <= 16 KiB per rank, or <= 1 KiB with two ranks; <= 32 KiB
+ *   for the others; override with DTRAIN_COMM_ALGO=direct|rsag). One
+ *   synchronisation per op:
  *   every rank copies its input into its small buffer for op S (parity
  *   S & 1), sets arrive = S, waits until all ranks arrived, and computes
  *   the whole result itself by reading the peers' buffers. Reusing buffer
@@ -529,9 +530,12 @@ static inline void post(shm_state *s, _Atomic uint64_t *f, uint64_t v) {
 // choosing the path
 
 /* Direct below the crossover, pipelined above. For reductions the direct
- * path makes every rank reduce the whole vector, so it pays off only up to
- * half the small buffer (measured crossover at 2 ranks: 16-32 KiB). */
+ * path makes every rank reduce the whole vector, so it pays off only for
+ * small vectors: up to 16 KiB, and with two ranks, where the pipelined
+ * path writes into lines it has just read (see `swap`), only up to 1 KiB
+ * (measured: at 4 KiB 2.0-2.2 us pipelined vs 2.6 us direct). */
 #define DIRECT_REDUCE_MAX (SMALL_BYTES / 2)
+#define DIRECT_REDUCE_MAX_2RANKS 1024
 
 static int use_direct(shm_state *s, size_t bytes_per_rank, size_t auto_limit) {
     if (s->algo == ALGO_DIRECT) return bytes_per_rank <= SMALL_BYTES;
@@ -814,7 +818,8 @@ static dt_status shm_allreduce_impl(dt_comm_t c, const dt_coll_args *a, int root
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es;
     int keep = root < 0 || root == s->me;
-    if (use_direct(s, bytes, DIRECT_REDUCE_MAX)) {
+    size_t direct_max = s->n == 2 && swap_enabled() ? DIRECT_REDUCE_MAX_2RANKS : DIRECT_REDUCE_MAX;
+    if (use_direct(s, bytes, direct_max)) {
         log_choice(c, a, "direct");
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, bytes, &op);
