@@ -398,7 +398,11 @@ static const char *peer_gone(shm_state *s, int p, char *buf, size_t n) {
     }
     int pid = atomic_load(&s->ctl[p].pid);
     if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
-        snprintf(buf, n, "rank %d (pid %d) is gone", p, pid);
+        /* reaped: the launcher may be about to record how; say what we know */
+        if (g_world_ctl && w >= 0 && w < g_world_hdr->nranks &&
+            atomic_load(&g_world_ctl[w].state) != RANK_RUNNING)
+            return peer_gone(s, p, buf, n);
+        snprintf(buf, n, "rank %d died (pid %d is gone)", p, pid);
         return buf;
     }
     return NULL;
