@@ -198,6 +198,13 @@ DT_API dt_status dt_iallgather(const void *send, void *recv, size_t sendcount, d
 DT_API dt_status dt_ibroadcast(const void *send, void *recv, size_t count, dt_dtype dtype,
                                int root, dt_comm_t c, dt_request_t *req);
 
+DT_API dt_status dt_iallgatherv(const void *send, size_t sendcount, void *recv,
+                                const size_t *counts, const size_t *displs, dt_dtype dtype,
+                                dt_comm_t c, dt_request_t *req);
+DT_API dt_status dt_ireduce(const void *send, void *recv, size_t count, dt_dtype dtype,
+                            dt_redop op, int root, dt_comm_t c, dt_request_t *req);
+DT_API dt_status dt_ibarrier(dt_comm_t c, dt_request_t *req);
+
 /* Waits for the request, frees it, sets *req to NULL and returns the
  * operation's status (with dt_last_error() set on failure). *req == NULL
  * returns DT_OK. */

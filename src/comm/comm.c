@@ -563,6 +563,14 @@ dt_status dt_allgatherv(const void *send, size_t sendcount, void *recv, const si
     return submit(c, &a, NULL);
 }
 
+dt_status dt_iallgatherv(const void *send, size_t sendcount, void *recv, const size_t *counts,
+                         const size_t *displs, dt_dtype dtype, dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "iallgatherv: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_ALLGATHERV, .send = send, .recv = recv, .count = sendcount,
+                      .dtype = dtype, .counts = counts, .displs = displs};
+    return submit(c, &a, req);
+}
+
 dt_status dt_broadcast(const void *send, void *recv, size_t count, dt_dtype dtype, int root,
                        dt_comm_t c) {
     dt_coll_args a = {.kind = DT_COLL_BROADCAST, .send = send, .recv = recv, .count = count,
@@ -583,6 +591,20 @@ dt_status dt_reduce(const void *send, void *recv, size_t count, dt_dtype dtype, 
     dt_coll_args a = {.kind = DT_COLL_REDUCE, .send = send, .recv = recv, .count = count,
                       .dtype = dtype, .op = op, .root = root};
     return submit(c, &a, NULL);
+}
+
+dt_status dt_ireduce(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op,
+                     int root, dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "ireduce: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_REDUCE, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype, .op = op, .root = root};
+    return submit(c, &a, req);
+}
+
+dt_status dt_ibarrier(dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "ibarrier: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_BARRIER};
+    return submit(c, &a, req);
 }
 
 dt_status dt_barrier(dt_comm_t c) {

@@ -389,6 +389,32 @@ static void check_overlap(void) {
     OK(dt_ibroadcast(c, c, 1000, DT_F32, g_size - 1, W, &q3));
     int done = 0;
     OK(dt_test(&q1, &done)); /* either answer is fine; must not block */
+    /* the other twins, in flight together */
+    size_t *cnt = malloc((size_t)g_size * 2 * sizeof(size_t));
+    size_t tot = 0;
+    for (int p = 0; p < g_size; p++) {
+        cnt[p] = (size_t)p + 1;
+        cnt[g_size + p] = tot;
+        tot += (size_t)p + 1;
+    }
+    int32_t mine[64], gv[64 * 64 + 64], red[7], rin[7];
+    for (int k = 0; k <= g_rank; k++) mine[k] = g_rank * 100 + k;
+    for (int k = 0; k < 7; k++) rin[k] = g_rank + k;
+    dt_request_t q4, q5, q6;
+    OK(dt_iallgatherv(mine, (size_t)g_rank + 1, gv, cnt, cnt + g_size, DT_I32, W, &q4));
+    free(cnt); /* counts/displs may go once the call returns */
+    OK(dt_ireduce(rin, red, 7, DT_I32, DT_MAX, 0, W, &q5));
+    OK(dt_ibarrier(W, &q6));
+    OK(dt_wait(&q6));
+    OK(dt_wait(&q5));
+    OK(dt_wait(&q4));
+    g_checks += 2;
+    for (int p = 0, o = 0; p < g_size; p++)
+        for (int k = 0; k <= p; k++, o++)
+            if (gv[o] != p * 100 + k) FAILF("iallgatherv: element %d = %d", o, gv[o]);
+    if (g_rank == 0)
+        for (int k = 0; k < 7; k++)
+            if (red[k] != g_size - 1 + k) FAILF("ireduce: element %d = %d", k, red[k]);
     float x = 1;
     OK(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W));
     OK(dt_wait(&q3));
