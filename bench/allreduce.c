@@ -4,6 +4,8 @@
  *   dtrain run -n 2 -- allreduce_bench                 dtrain (shm backend)
  *   mpirun -np 2 allreduce_bench                       dtrain over MPI (auto backend)
  *   mpirun -np 2 allreduce_bench --impl mpi            Open MPI's own MPI_Allreduce
+ *   allreduce_bench --impl memcpy                      one core copying the same
+ *                                                      sizes: the machine's yardstick
  *
  * options: --min BYTES (4096) --max BYTES (256M) --dtype f32|bf16|f16
  *          --iters N (auto: ~0.25 s per size) --repeat R (report the best of
@@ -32,9 +34,14 @@ typedef struct {
     int rank, size;
     dt_comm_t comm;
     int mpi_raw;
+    char *copy_dst; /* --impl memcpy: the reference, one core copying */
 } bench;
 
 static void run_op(bench *b, void *buf, size_t count, dt_dtype t) {
+    if (b->copy_dst) {
+        memcpy(b->copy_dst, buf, count * dt_dtype_size(t));
+        return;
+    }
 #ifdef DTRAIN_HAVE_MPI
     if (b->mpi_raw) {
         MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -48,6 +55,7 @@ static void run_op(bench *b, void *buf, size_t count, dt_dtype t) {
 }
 
 static double max_over_ranks(bench *b, double v) {
+    if (b->copy_dst) return v;
 #ifdef DTRAIN_HAVE_MPI
     if (b->mpi_raw) {
         MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -60,6 +68,7 @@ static double max_over_ranks(bench *b, double v) {
 }
 
 static void barrier(bench *b) {
+    if (b->copy_dst) return;
 #ifdef DTRAIN_HAVE_MPI
     if (b->mpi_raw) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -97,13 +106,18 @@ int main(int argc, char **argv) {
             const char *d = argv[++i];
             t = !strcmp(d, "bf16") ? DT_BF16 : !strcmp(d, "f16") ? DT_F16 : DT_F32;
         } else {
-            fprintf(stderr, "usage: allreduce_bench [--impl dtrain|mpi] [--min B] [--max B] "
+            fprintf(stderr, "usage: allreduce_bench [--impl dtrain|mpi|memcpy] [--min B] [--max B] "
                             "[--iters N] [--repeat R] [--dtype f32|bf16|f16] [--hugepages] [--json] "
                             "[--check]\n");
             return 2;
         }
     }
-    if (!strcmp(impl, "mpi")) {
+    if (!strcmp(impl, "memcpy")) {
+        b.size = 2; /* report busbw as for 2 ranks: equal to the copy rate */
+        b.copy_dst = dt_alloc(maxb);
+        if (!b.copy_dst) return 1;
+        memset(b.copy_dst, 0, maxb);
+    } else if (!strcmp(impl, "mpi")) {
 #ifdef DTRAIN_HAVE_MPI
         MPI_Init(&argc, &argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
@@ -123,7 +137,7 @@ int main(int argc, char **argv) {
         b.rank = dt_comm_rank(b.comm);
         b.size = dt_comm_size(b.comm);
     }
-    const char *backend = b.mpi_raw ? "MPI_Allreduce" : dt_comm_backend(b.comm);
+    const char *backend = b.copy_dst ? "memcpy" : b.mpi_raw ? "MPI_Allreduce" : dt_comm_backend(b.comm);
     size_t es = dt_dtype_size(t);
     /* --hugepages: back the buffer with transparent huge pages, as a
      * training job's gradient block can be; fewer TLB misses on big sweeps */
@@ -143,6 +157,10 @@ int main(int argc, char **argv) {
             printf("{\"impl\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, \"dtype\": \"%s\", "
                    "\"hugepages\": %d, \"results\": [\n",
                    impl, backend, b.size, dt_dtype_name(t), huge);
+        else if (b.copy_dst)
+            printf("# memcpy, one core, out of place (the yardstick)\n"
+                   "# %12s %10s %10s %10s %8s\n",
+                   "bytes", "count", "time(us)", "GB/s", "GB/s");
         else
             printf("# allreduce, %s (%s), %d ranks, %s, in place, sum\n"
                    "# %12s %10s %10s %10s %8s\n",
@@ -193,6 +211,8 @@ int main(int argc, char **argv) {
 #ifdef DTRAIN_HAVE_MPI
         MPI_Finalize();
 #endif
+    } else if (b.copy_dst) {
+        dt_free(b.copy_dst);
     } else {
         dt_comm_destroy(b.comm);
     }

@@ -7,6 +7,7 @@ Runs, one after the other, on the same sizes and rank count:
   dtrain   dtrun -n N -- allreduce_bench --json          (shm backend)
   mpi      mpirun -np N allreduce_bench --impl mpi --json (MPI_Allreduce itself)
   gloo     bench/allreduce_gloo.py                        (torch.distributed gloo)
+  memcpy   allreduce_bench --impl memcpy                  (one core copying: the yardstick)
 and prints time and bus bandwidth per size with dtrain/mpi and dtrain/gloo
 ratios (> 1 means dtrain is faster). Skips a peer that is not installed.
 """
@@ -31,6 +32,13 @@ def run_json(cmd, env=None):
     return json.loads(out.stdout)
 
 
+def human(b):
+    for unit, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= s:
+            return "%d %s" % (b // s, unit)
+    return "%d B" % b
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -52,6 +60,7 @@ def main():
         prefix = [dtrun, "run"]
     sz = ["--min", args.min, "--max", args.max, "--repeat", str(args.repeat), "--json"]
     res = {}
+    res["memcpy"] = run_json([bench, "--impl", "memcpy"] + sz)
     res["dtrain"] = run_json(prefix + ["-n", str(args.ranks), "--", bench] + sz)
     if "mpi" not in skip and shutil.which("mpirun"):
         res["mpi"] = run_json(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
@@ -65,6 +74,10 @@ def main():
         sys.exit(1)
     by = {k: {r["bytes"]: r for r in v["results"]} for k, v in res.items()}
     peers = [k for k in ("mpi", "gloo") if k in by]
+    if "memcpy" in by:
+        print("# memcpy (one core, same sizes) for scale: %s GB/s" % ", ".join(
+            "%s %.1f" % (human(b), r["algbw"]) for b, r in sorted(by["memcpy"].items())
+            if b in (4096, 1 << 20, 16 << 20, 256 << 20)))
     hdr = "%10s  %10s %8s" % ("bytes", "dtrain us", "busbw")
     for p in peers:
         hdr += "  %10s %8s %7s" % (p + " us", "busbw", "ratio")

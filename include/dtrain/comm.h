@@ -77,8 +77,24 @@ typedef enum { DT_SUM = 0, DT_AVG, DT_MAX, DT_MIN } dt_redop;
  * file). On success *out is a new communicator that the caller frees with
  * dt_comm_destroy(). Returns DT_ERR_COMM if the launcher's shared memory
  * cannot be attached or MPI cannot be initialised, DT_ERR_CONFIG for a bad
- * DTRAIN_* variable. */
+ * DTRAIN_* variable. Same as dt_comm_init(&dt_comm_default_params(), out). */
 DT_API dt_status dt_comm_init_env(dt_comm_t *out);
+
+/* Explicit settings; every field left at its default is taken from the
+ * environment as dt_comm_init_env() does. */
+typedef struct {
+    const char *backend;  /* "auto", "shm", "mpi", "hier"; NULL: DTRAIN_COMM_BACKEND */
+    int rank, size;       /* shm: -1: DTRAIN_RANK / DTRAIN_WORLD_SIZE */
+    const char *shm_name; /* shm: the launcher's segment; NULL: DTRAIN_SHM_NAME,
+                             and without one a private world of 1 */
+    double timeout;       /* seconds; <= 0: DTRAIN_COMM_TIMEOUT, else 300 */
+    int check;            /* 1 / 0; -1: DTRAIN_COMM_CHECK, else on in debug builds */
+} dt_comm_params;
+
+DT_API dt_comm_params dt_comm_default_params(void);
+
+/* Creates the world communicator from `p` (not kept after the call). */
+DT_API dt_status dt_comm_init(const dt_comm_params *p, dt_comm_t *out);
 
 /* Splits `c` into sub-communicators: ranks passing the same `color` end up
  * in one new communicator, ordered by `key` (ties by rank in c). Collective
@@ -185,6 +201,13 @@ DT_API dt_status dt_iallgather(const void *send, void *recv, size_t sendcount, d
                                dt_comm_t c, dt_request_t *req);
 DT_API dt_status dt_ibroadcast(const void *send, void *recv, size_t count, dt_dtype dtype,
                                int root, dt_comm_t c, dt_request_t *req);
+
+DT_API dt_status dt_iallgatherv(const void *send, size_t sendcount, void *recv,
+                                const size_t *counts, const size_t *displs, dt_dtype dtype,
+                                dt_comm_t c, dt_request_t *req);
+DT_API dt_status dt_ireduce(const void *send, void *recv, size_t count, dt_dtype dtype,
+                            dt_redop op, int root, dt_comm_t c, dt_request_t *req);
+DT_API dt_status dt_ibarrier(dt_comm_t c, dt_request_t *req);
 
 /* Waits for the request, frees it, sets *req to NULL and returns the
  * operation's status (with dt_last_error() set on failure). *req == NULL

@@ -14,7 +14,8 @@
  *     its peers' collectives fail within milliseconds with an error naming
  *     it; after a grace period the launcher stops the ranks that remain
  *     (SIGTERM, then SIGKILL);
- *   - SIGINT / SIGTERM to the launcher (Ctrl-C) stop every rank;
+ *   - SIGINT / SIGTERM to the launcher (Ctrl-C) stop every rank (SIGTERM,
+ *     then SIGKILL after term_grace; a second Ctrl-C kills at once);
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.
  */

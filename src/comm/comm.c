@@ -100,19 +100,33 @@ static int env_int(const char *name, int def, int *bad) {
     return (int)x;
 }
 
+dt_comm_params dt_comm_default_params(void) {
+    dt_comm_params p = {.backend = NULL, .rank = -1, .size = -1, .shm_name = NULL,
+                        .timeout = 0, .check = -1};
+    return p;
+}
+
 dt_status dt_comm_init_env(dt_comm_t *out) {
-    if (!out) return dt_error(DT_ERR_ARG, "dt_comm_init_env: out is NULL");
+    dt_comm_params p = dt_comm_default_params();
+    return dt_comm_init(&p, out);
+}
+
+dt_status dt_comm_init(const dt_comm_params *p, dt_comm_t *out) {
+    if (!out || !p) return dt_error(DT_ERR_ARG, "dt_comm_init: NULL argument");
     *out = NULL;
-    const char *be = getenv("DTRAIN_COMM_BACKEND");
+    const char *be = p->backend ? p->backend : getenv("DTRAIN_COMM_BACKEND");
     if (be && !*be) be = NULL;
     if (be && strcmp(be, "shm") && strcmp(be, "mpi") && strcmp(be, "hier") && strcmp(be, "auto"))
-        return dt_error(DT_ERR_CONFIG, "DTRAIN_COMM_BACKEND=%s: expected shm, mpi, hier or auto", be);
+        return dt_error(DT_ERR_CONFIG, "%s=%s: expected shm, mpi, hier or auto",
+                        p->backend ? "backend" : "DTRAIN_COMM_BACKEND", be);
     if (be && !strcmp(be, "auto")) be = NULL;
-    const char *shm_name = getenv("DTRAIN_SHM_NAME");
+    const char *shm_name = p->shm_name ? p->shm_name : getenv("DTRAIN_SHM_NAME");
     if (shm_name && !*shm_name) shm_name = NULL;
 
     dt_comm_t c = dt_comm_alloc();
-    if (!c) return dt_error(DT_ERR_NOMEM, "dt_comm_init_env: out of memory");
+    if (!c) return dt_error(DT_ERR_NOMEM, "dt_comm_init: out of memory");
+    if (p->timeout > 0) c->timeout = p->timeout;
+    if (p->check >= 0) c->check = !!p->check;
     dt_status rc;
 
 #ifdef DTRAIN_HAVE_MPI
@@ -129,22 +143,30 @@ dt_status dt_comm_init_env(dt_comm_t *out) {
 #else
     if (be && strcmp(be, "shm")) {
         dt_comm_destroy(c);
-        return dt_error(DT_ERR_CONFIG,
-                        "DTRAIN_COMM_BACKEND=%s: this libdtrain was built without MPI", be);
+        return dt_error(DT_ERR_CONFIG, "backend %s: this libdtrain was built without MPI", be);
     }
 #endif
     int bad = 0;
     if (shm_name) {
-        c->rank = env_int("DTRAIN_RANK", -1, &bad);
-        c->size = env_int("DTRAIN_WORLD_SIZE", -1, &bad);
+        c->rank = p->rank >= 0 ? p->rank : env_int("DTRAIN_RANK", -1, &bad);
+        c->size = p->size >= 0 ? p->size : env_int("DTRAIN_WORLD_SIZE", -1, &bad);
         if (bad || c->rank < 0 || c->size < 1 || c->rank >= c->size) {
             rc = dt_error(DT_ERR_CONFIG,
-                          "DTRAIN_RANK=%s DTRAIN_WORLD_SIZE=%s: expected 0 <= rank < size",
+                          "rank %d of %d (DTRAIN_RANK=%s DTRAIN_WORLD_SIZE=%s): expected "
+                          "0 <= rank < size",
+                          c->rank, c->size,
                           getenv("DTRAIN_RANK") ? getenv("DTRAIN_RANK") : "(unset)",
                           getenv("DTRAIN_WORLD_SIZE") ? getenv("DTRAIN_WORLD_SIZE") : "(unset)");
             goto fail;
         }
     } else {
+        if ((p->rank > 0) || (p->size > 1)) {
+            rc = dt_error(DT_ERR_CONFIG,
+                          "rank %d of %d: a world of more than one rank needs a shared-memory "
+                          "segment (shm_name / DTRAIN_SHM_NAME, set by dtrain run) or MPI",
+                          p->rank, p->size);
+            goto fail;
+        }
         c->rank = 0;
         c->size = 1;
     }
@@ -550,6 +572,14 @@ dt_status dt_allgatherv(const void *send, size_t sendcount, void *recv, const si
     return submit(c, &a, NULL);
 }
 
+dt_status dt_iallgatherv(const void *send, size_t sendcount, void *recv, const size_t *counts,
+                         const size_t *displs, dt_dtype dtype, dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "iallgatherv: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_ALLGATHERV, .send = send, .recv = recv, .count = sendcount,
+                      .dtype = dtype, .counts = counts, .displs = displs};
+    return submit(c, &a, req);
+}
+
 dt_status dt_broadcast(const void *send, void *recv, size_t count, dt_dtype dtype, int root,
                        dt_comm_t c) {
     dt_coll_args a = {.kind = DT_COLL_BROADCAST, .send = send, .recv = recv, .count = count,
@@ -570,6 +600,20 @@ dt_status dt_reduce(const void *send, void *recv, size_t count, dt_dtype dtype, 
     dt_coll_args a = {.kind = DT_COLL_REDUCE, .send = send, .recv = recv, .count = count,
                       .dtype = dtype, .op = op, .root = root};
     return submit(c, &a, NULL);
+}
+
+dt_status dt_ireduce(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op,
+                     int root, dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "ireduce: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_REDUCE, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype, .op = op, .root = root};
+    return submit(c, &a, req);
+}
+
+dt_status dt_ibarrier(dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "ibarrier: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_BARRIER};
+    return submit(c, &a, req);
 }
 
 dt_status dt_barrier(dt_comm_t c) {

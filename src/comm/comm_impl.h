@@ -153,6 +153,10 @@ DT_HIDDEN void dt_waiter_init(dt_waiter *w, double timeout, int nranks_on_host);
  * (peer liveness, deadline), at most every ~50 ms once sleeping. */
 DT_HIDDEN int dt_waiter_step(dt_waiter *w);
 DT_HIDDEN int dt_waiter_expired(const dt_waiter *w);
+/* 1 once spinning and yielding are over and the caller should block. */
+DT_HIDDEN int dt_waiter_should_block(const dt_waiter *w);
+/* 1 when the slow checks are due (for callers that block on their own). */
+DT_HIDDEN int dt_waiter_tick(dt_waiter *w);
 
 // ----------------------------------------------------------------------------
 // backends

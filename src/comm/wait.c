@@ -8,7 +8,9 @@
  *   1. spin with a pause instruction for up to 10 us, and only when every
  *      rank on this host can have a core of its own;
  *   2. sched_yield(), for about a millisecond;
- *   3. sleep, 20 us growing to 1 ms.
+ *   3. sleep, 20 us growing to 1 ms; or, for the shm backend, block on a
+ *      futex that the peers wake when they raise a flag
+ *      (dt_waiter_should_block() says when).
  * The caller polls its flag between steps and, when dt_waiter_step() says
  * so, does the slow checks: peer liveness, aborts, the deadline.
  */
@@ -73,3 +75,16 @@ int dt_waiter_step(dt_waiter *w) {
 }
 
 int dt_waiter_expired(const dt_waiter *w) { return dt_now() >= w->deadline; }
+
+int dt_waiter_should_block(const dt_waiter *w) {
+    return !w->spin_limit && dt_now() - w->start >= YIELD_SECONDS;
+}
+
+int dt_waiter_tick(dt_waiter *w) {
+    double now = dt_now();
+    if (now >= w->next_check) {
+        w->next_check = now + (now - w->start < 1.0 ? 0.01 : 0.05);
+        return 1;
+    }
+    return 0;
+}

@@ -21,9 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_signal;
+static volatile sig_atomic_t g_signal, g_nsignals;
 
-static void on_signal(int sig) { g_signal = sig; }
+static void on_signal(int sig) {
+    g_signal = sig;
+    g_nsignals++;
+}
 
 dt_launch_params dt_launch_default_params(void) {
     dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0};
@@ -109,6 +112,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     g_signal = 0;
+    g_nsignals = 0;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGHUP, &sa, &old_hup);
@@ -187,6 +191,8 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
             term_at = 0;
             kill_at = now + p->term_grace;
         }
+        if (forwarded && g_nsignals >= 2 && kill_at) /* a second Ctrl-C: no more waiting */
+            kill_at = now;
         if (kill_at && now >= kill_at) {
             signal_all(pids, alive, n, SIGKILL);
             kill_at = 0;

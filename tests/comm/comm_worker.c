@@ -12,7 +12,7 @@
  * Modes:
  *   all       every collective x dtype x op x count, in and out of place,
  *             non-blocking twins, split, send/recv, determinism
- *   big       64 MiB allreduce / reduce_scatter / allgather
+ *   big       64 MiB allreduce, reduce_scatter, allgather, broadcast, reduce
  *   kill      the last rank SIGKILLs itself during a stream of allreduces;
  *             the others must fail with DT_ERR_COMM (exit 3)
  *   mismatch  rank 1 passes a different count (check mode on); every rank
@@ -389,6 +389,32 @@ static void check_overlap(void) {
     OK(dt_ibroadcast(c, c, 1000, DT_F32, g_size - 1, W, &q3));
     int done = 0;
     OK(dt_test(&q1, &done)); /* either answer is fine; must not block */
+    /* the other twins, in flight together */
+    size_t *cnt = malloc((size_t)g_size * 2 * sizeof(size_t));
+    size_t tot = 0;
+    for (int p = 0; p < g_size; p++) {
+        cnt[p] = (size_t)p + 1;
+        cnt[g_size + p] = tot;
+        tot += (size_t)p + 1;
+    }
+    int32_t mine[64], gv[64 * 64 + 64], red[7], rin[7];
+    for (int k = 0; k <= g_rank; k++) mine[k] = g_rank * 100 + k;
+    for (int k = 0; k < 7; k++) rin[k] = g_rank + k;
+    dt_request_t q4, q5, q6;
+    OK(dt_iallgatherv(mine, (size_t)g_rank + 1, gv, cnt, cnt + g_size, DT_I32, W, &q4));
+    free(cnt); /* counts/displs may go once the call returns */
+    OK(dt_ireduce(rin, red, 7, DT_I32, DT_MAX, 0, W, &q5));
+    OK(dt_ibarrier(W, &q6));
+    OK(dt_wait(&q6));
+    OK(dt_wait(&q5));
+    OK(dt_wait(&q4));
+    g_checks += 2;
+    for (int p = 0, o = 0; p < g_size; p++)
+        for (int k = 0; k <= p; k++, o++)
+            if (gv[o] != p * 100 + k) FAILF("iallgatherv: element %d = %d", o, gv[o]);
+    if (g_rank == 0)
+        for (int k = 0; k < 7; k++)
+            if (red[k] != g_size - 1 + k) FAILF("ireduce: element %d = %d", k, red[k]);
     float x = 1;
     OK(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W));
     OK(dt_wait(&q3));
@@ -469,6 +495,42 @@ static void check_determinism(void) {
     free(a); free(b); free(o); free(all);
 }
 
+/* Argument errors: DT_ERR_ARG, a message, and the communicator still works. */
+static void check_arg_errors(void) {
+    float x[4] = {1, 2, 3, 4};
+    struct {
+        dt_status s;
+        const char *what;
+    } cases[] = {
+        {dt_allreduce(x, x, 4, (dt_dtype)99, DT_SUM, W), "bad dtype"},
+        {dt_allreduce(x, x, 4, DT_F32, (dt_redop)9, W), "bad op"},
+        {dt_allreduce(NULL, x, 4, DT_F32, DT_SUM, W), "NULL send"},
+        {dt_broadcast(x, x, 4, DT_F32, g_size, W), "root out of range"},
+        {dt_reduce(x, x, 4, DT_F32, DT_SUM, -1, W), "negative root"},
+        {dt_send(x, 4, DT_F32, g_rank, W), "send to self"},
+        {dt_recv(x, 4, DT_F32, g_size + 3, W), "recv from nobody"},
+        {dt_allreduce(x, x, 4, DT_F32, DT_SUM, NULL), "NULL communicator"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        g_checks++;
+        if (cases[i].s != DT_ERR_ARG) FAILF("%s: status %d, expected DT_ERR_ARG", cases[i].what, cases[i].s);
+    }
+    g_checks++;
+    if (dt_comm_get_async_error(W) != DT_OK) FAILF("argument errors broke the communicator");
+    OK(dt_allreduce(x, x, 4, DT_F32, DT_SUM, W));
+    g_checks++;
+    if (x[3] != 4.0f * (float)g_size) FAILF("allreduce after argument errors: %g", x[3]);
+    /* a world of more than one rank needs a launcher or MPI */
+    dt_comm_params p = dt_comm_default_params();
+    p.backend = "shm";
+    p.shm_name = "";
+    p.rank = 1;
+    p.size = 2;
+    dt_comm_t bad = NULL;
+    g_checks++;
+    if (dt_comm_init(&p, &bad) != DT_ERR_CONFIG || bad) FAILF("dt_comm_init without a segment accepted rank 1 of 2");
+}
+
 static void mode_all(void) {
     static const size_t counts[] = {0, 1, 2, 7, 13, 127, 1031, 4099, 8191, 8200, 65537, 262147};
     const int NC = (int)(sizeof counts / sizeof counts[0]);
@@ -503,15 +565,21 @@ static void mode_all(void) {
     check_allgather(DT_F32, 70001, salt++, 0, 0, 0, 1);
     check_broadcast(DT_I32, 300001, salt++, 0, 0, 1);
     check_overlap();
+    check_arg_errors();
     for (int i = 0; i < 5; i++) OK(dt_barrier(W));
     check_sendrecv(0, salt++);
     check_sendrecv(1, salt++);
     check_sendrecv(100003, salt++);
     check_split();
     check_determinism();
-    /* destroy and create the world again: the same segment, the same ranks */
+    /* destroy and create the world again: the same segment, the same ranks,
+     * this time through explicit parameters */
     dt_comm_destroy(W);
-    OK(dt_comm_init_env(&W));
+    dt_comm_params prm = dt_comm_default_params();
+    prm.timeout = 60;
+    prm.check = 1;
+    OK(dt_comm_init(&prm, &W));
+    if (dt_comm_rank(W) != g_rank || dt_comm_size(W) != g_size) FAILF("re-init: rank/size changed");
     check_allreduce(DT_F32, DT_SUM, 262147, salt++, 0, 0);
     check_allreduce(DT_F32, DT_SUM, 5, salt++, 0, 0);
 }
@@ -551,6 +619,29 @@ static void mode_big(void) {
             FAILF("big allgather: element %zu = %g", i, buf[i]);
             break;
         }
+    /* broadcast 64 MiB from the last rank */
+    int root = g_size - 1;
+    for (size_t i = 0; i < n; i++) buf[i] = g_rank == root ? (float)(i % 4093) : -1.0f;
+    OK(dt_broadcast(buf, buf, n, DT_F32, root, W));
+    g_checks++;
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != (float)(i % 4093)) {
+            FAILF("big broadcast: element %zu = %g", i, buf[i]);
+            break;
+        }
+    /* reduce 64 MiB to rank 0 */
+    float *out = g_rank == 0 ? malloc(n * 4) : NULL;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)((i % 1024) + (size_t)g_rank) * 0.5f;
+    OK(dt_reduce(buf, out, n, DT_F32, DT_SUM, 0, W));
+    if (g_rank == 0) {
+        g_checks++;
+        for (size_t i = 0; i < n; i++)
+            if (out[i] != (float)(((double)(i % 1024) * g_size + tri) * 0.5)) {
+                FAILF("big reduce: element %zu = %g", i, out[i]);
+                break;
+            }
+        free(out);
+    }
     free(buf);
 }
 

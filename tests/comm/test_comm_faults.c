@@ -109,15 +109,23 @@ static void test_launcher(void) {
     st = run("-n 2", NULL);
     CHECK(st == 2 && strstr(out, "no program"), "launcher: no program gave %d\n%s", st, out);
 
-    /* Ctrl-C: SIGINT to the launcher stops every rank */
+    /* Ctrl-C: SIGINT to the launcher stops every rank. The signal is sent
+     * once a rank has started (the launcher installs its handlers before
+     * it forks), which the ranks show by creating a file. */
+    char ready[64];
+    snprintf(ready, sizeof ready, "/tmp/dtrain-test-ready-%d", (int)getpid());
+    unlink(ready);
+    char script[128];
+    snprintf(script, sizeof script, "touch %s; exec sleep 100", ready);
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = open("/dev/null", 1);
+        int fd = open("/dev/null", O_WRONLY);
         dup2(fd, 2);
-        execl(dtrun, dtrun, "-n", "3", "--", "sleep", "100", (char *)NULL);
+        execl(dtrun, dtrun, "-n", "3", "--", "sh", "-c", script, (char *)NULL);
         _exit(99);
     }
-    usleep(300000);
+    for (int i = 0; i < 1000 && access(ready, F_OK) != 0; i++) usleep(10000);
+    unlink(ready);
     double t0 = dt_now();
     kill(pid, SIGINT);
     int ws;

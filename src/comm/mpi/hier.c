@@ -11,7 +11,8 @@
  * barrier   = shm barrier, leaders' MPI barrier, shm barrier.
  * the rest  = MPI over all ranks (broadcast, allgather, reduce_scatter,
  *             reduce, send/recv, split).
- * When every rank is on one host, everything except split runs over shm.
+ * When every rank is on one host, everything runs over shm, and
+ * sub-communicators are shm communicators too.
  *
  * fp16/bf16: the host-local stage accumulates in fp32 and rounds, the MPI
  * stage again; with one host this is exactly the shm result.
@@ -179,9 +180,15 @@ DELEGATE(reduce)
 DELEGATE(send)
 DELEGATE(recv)
 
+/* On one host the sub-communicators are shm too; across hosts, MPI. */
 static dt_status hier_split(dt_comm_t parent, dt_comm_t child, const int *members, int nmembers,
                             int color, int color_index) {
     hier_state *h = HS(parent);
+    if (h->single_host) {
+        h->local->nsplits = parent->nsplits;
+        h->local->seq = parent->seq;
+        return dt_shm_ops.split(h->local, child, members, nmembers, color, color_index);
+    }
     return dt_mpi_ops.split(h->flat, child, members, nmembers, color, color_index);
 }
 

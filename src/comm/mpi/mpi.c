@@ -15,8 +15,9 @@
  *   - counts above INT_MAX: split into chunks (allreduce, bcast, reduce).
  *
  * A dead peer: Open MPI and MPICH normally take the whole job down; if they
- * do not, the wait times out with DT_ERR_TIMEOUT. MPI cannot say which
- * ranks did not arrive, so those messages say so.
+ * do not, the wait times out with DT_ERR_TIMEOUT, and the rank that timed
+ * out tells the others (see "aborts" below). MPI cannot say which ranks did
+ * not arrive, so those messages say so.
  */
 #include "comm/mpi/mpi_impl.h"
 
@@ -85,6 +86,49 @@ dt_status dt_mpi_library_init(void) {
 // ----------------------------------------------------------------------------
 // waiting for a request with a deadline
 
+// ----------------------------------------------------------------------------
+// aborts between MPI ranks
+//
+// MPI's only way to stop peers is MPI_Abort, which kills the job. Instead,
+// a rank that gives up (dt_comm_abort, or a timeout) sends its reason to
+// every peer with a reserved tag; waiting ranks probe for it at each slow
+// check (every 10-50 ms) and fail with the sender's reason.
+
+#define ABORT_TAG 7399
+#define ABORT_LEN 400
+
+static dt_status check_abort(dt_comm_t c, const char *what) {
+    mpi_state *s = c->be;
+    int flag = 0;
+    MPI_Status st;
+    MPI_LOCK();
+    MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
+    char reason[ABORT_LEN] = "";
+    if (flag)
+        MPI_Recv(reason, ABORT_LEN, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG, s->comm, MPI_STATUS_IGNORE);
+    MPI_UNLOCK();
+    if (!flag) return DT_OK;
+    reason[ABORT_LEN - 1] = 0;
+    return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d aborted the communicator: %s", what,
+                    c->rank, st.MPI_SOURCE, reason);
+}
+
+static void mpi_abort(dt_comm_t c, const char *reason) {
+    mpi_state *s = c->be;
+    if (!s || s->aborted) return;
+    s->aborted = 1;
+    snprintf(s->abort_msg, sizeof s->abort_msg, "%s", reason ? reason : "");
+    MPI_LOCK();
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank) continue;
+        MPI_Request rq;
+        /* fire and forget: the request is never waited for */
+        if (MPI_Isend(s->abort_msg, ABORT_LEN, MPI_CHAR, p, ABORT_TAG, s->comm, &rq) == MPI_SUCCESS)
+            MPI_Request_free(&rq);
+    }
+    MPI_UNLOCK();
+}
+
 static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
     dt_waiter w;
     dt_waiter_init(&w, c->timeout, c->local_size);
@@ -104,6 +148,11 @@ static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
             if (atomic_load(&c->err) != DT_OK)
                 return dt_error((dt_status)atomic_load(&c->err), "%s (seq %llu): %s",
                                 dt_coll_name(a->kind), (unsigned long long)a->seq, c->err_msg);
+            char what[96];
+            snprintf(what, sizeof what, "%s (seq %llu)", dt_coll_name(a->kind),
+                     (unsigned long long)a->seq);
+            dt_status ab = check_abort(c, what);
+            if (ab != DT_OK) return ab;
             if (dt_waiter_expired(&w))
                 return dt_error(DT_ERR_TIMEOUT,
                                 "%s (seq %llu, %zu x %s) on rank %d: timed out after %.3g s "
@@ -463,9 +512,13 @@ static dt_status mpi_recv(dt_comm_t c, const dt_coll_args *a) {
         MPI_Iprobe(a->root, P2P_TAG, s->comm, &flag, &st);
         MPI_UNLOCK();
         if (flag) break;
-        if (dt_waiter_step(&w) && dt_waiter_expired(&w))
-            return dt_error(DT_ERR_TIMEOUT, "recv on rank %d from rank %d: timed out after %.3g s",
-                            c->rank, a->root, c->timeout);
+        if (dt_waiter_step(&w)) {
+            dt_status ab = check_abort(c, "recv");
+            if (ab != DT_OK) return ab;
+            if (dt_waiter_expired(&w))
+                return dt_error(DT_ERR_TIMEOUT, "recv on rank %d from rank %d: timed out after %.3g s",
+                                c->rank, a->root, c->timeout);
+        }
     }
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
@@ -550,11 +603,6 @@ static dt_status mpi_split(dt_comm_t parent, dt_comm_t child, const int *members
     if (rc != MPI_SUCCESS) return mpi_err("dt_comm_split", rc);
     if (!child) return DT_OK;
     return dt_mpi_attach(child, out);
-}
-
-static void mpi_abort(dt_comm_t c, const char *reason) {
-    (void)c;
-    (void)reason; /* MPI has no way to fail peers without MPI_Abort; they time out */
 }
 
 static void mpi_destroy(dt_comm_t c) {
