@@ -27,6 +27,8 @@
  *   ckpt.h    safetensors read/write, model weights
  *   config.h  INI run configs
  *   train.h   whole training and evaluation runs
+ *   comm.h    communicators and collectives (shared memory, MPI)
+ *   launch.h  the local launcher behind `dtrain run`
  *   gpt.h     GPT-2 language models, token files, llm.c weights
  *
  * Link with pkg-config --libs dtrain, or find_package(dtrain) in CMake.
@@ -42,5 +44,7 @@
 #include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/gpt.h"
+#include "dtrain/comm.h"
+#include "dtrain/launch.h"
 
 #endif
