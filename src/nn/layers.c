@@ -168,10 +168,15 @@ void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const fl
         }
     }
     if (dinp) {
-        dt_sgemm(1, 0, KK, (int)N, OC, 1.0f, w, KK, dstage, (int)N, 0.0f, dcol, (int)N);
+        // One sample at a time per thread: its column gradient [KK, P] is
+        // made and scattered back while it is still in cache (one batched
+        // GEMM would write all of dcol to memory and read it back).
 #pragma omp parallel for schedule(static)
-        for (int i = 0; i < B; i++)
-            col2im(dinp + (size_t)i * IC * H * W, dcol + (size_t)i * NP, N, IC, H, W, K, S, P, OH, OW);
+        for (int i = 0; i < B; i++) {
+            float *dc = dcol + (size_t)i * KK * NP;
+            dt_sgemm(1, 0, KK, NP, OC, 1.0f, w, KK, dstage + (size_t)i * NP, (int)N, 0.0f, dc, NP);
+            col2im(dinp + (size_t)i * IC * H * W, dc, NP, IC, H, W, K, S, P, OH, OW);
+        }
     }
 }
 
