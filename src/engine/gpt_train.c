@@ -13,7 +13,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/train.h"
 
-#include <cjson/cJSON.h>
+#include "obs/json.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -101,16 +101,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     cJSON_AddNumberToObject(o, "tokens_per_sec", tokens_per_sec);
-    char *s = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!s) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    size_t n = strlen(s);
-    s[n] = '\n';  // cJSON_Print leaves room: replace the NUL, write n+1
-    const void *parts[] = {s};
-    size_t sizes[] = {n + 1};
-    dt_status st = dt_write_atomic(path, parts, sizes, 1);
-    free(s);
-    return st;
+    return dt_json_write(path, o);
 }
 
 dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,

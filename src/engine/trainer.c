@@ -5,7 +5,7 @@
 #include "dtrain/train.h"
 #include "engine/dp.h"
 
-#include <cjson/cJSON.h>
+#include "obs/json.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -101,16 +101,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "threads_per_worker", r->threads);
     cJSON_AddNumberToObject(o, "comm_seconds", r->comm_seconds);
     cJSON_AddNumberToObject(o, "comm_exposed_seconds", r->comm_exposed_seconds);
-    char *s = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!s) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    size_t n = strlen(s);
-    s[n] = '\n';  // cJSON_Print leaves room: replace the NUL, write n+1
-    const void *parts[] = {s};
-    size_t sizes[] = {n + 1};
-    dt_status st = dt_write_atomic(path, parts, sizes, 1);
-    free(s);
-    return st;
+    return dt_json_write(path, o);
 }
 
 // A step of this rank: the micro-batches [off, off+n) of its share of the
