@@ -13,6 +13,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/train.h"
 
+#include "engine/worker.h"
 #include "obs/json.h"
 #include <errno.h>
 #include <math.h>
@@ -120,21 +121,14 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     cJSON *history = NULL;
     char path[4096];
     dt_comm_t comm = NULL;
-    dt_status st = dt_comm_init_env(&comm);
+    int threads;
+    dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
     }
-    // Threads: as configured, else this host's cores shared among its workers.
-    int threads = c->threads;
-    if (threads <= 0) {
-        dt_set_threads(0);
-        threads = dt_get_threads() / dt_comm_local_size(comm);
-        if (threads < 1) threads = 1;
-    }
-    dt_set_threads(threads);
     res->rank = rank;
     res->workers = W;
     res->threads = threads;

@@ -4,6 +4,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/train.h"
 #include "engine/dp.h"
+#include "engine/worker.h"
 
 #include "obs/json.h"
 #include <errno.h>
@@ -155,23 +156,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int64_t *acc = NULL;
     int *moff = NULL, *mlen = NULL;
     char path[4096];
-    dt_status st = dt_comm_init_env(&comm);
+    int threads;
+    dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
     }
-    // Threads: as configured, else the cores shared among this host's
-    // workers (deterministic mode: 1, so that results do not depend on it).
-    int threads = c->threads;
-    if (threads <= 0 && c->deterministic) threads = 1;
-    if (threads <= 0) {
-        dt_set_threads(0);
-        threads = dt_get_threads() / dt_comm_local_size(comm);
-        if (threads < 1) threads = 1;
-    }
-    dt_set_threads(threads);
 
     if (run_dir) {
         if ((st = dt_make_dirs(run_dir)) != DT_OK) goto done;
