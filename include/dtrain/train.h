@@ -43,6 +43,8 @@ typedef struct {
     double comm_seconds;         /* gradient allreduce windows (first bucket
                                     started to last done), summed over steps */
     double comm_exposed_seconds; /* the part of them after backward had ended */
+    int stopped;                 /* 1: stopped early on request, at a checkpoint */
+    int64_t resumed_step;        /* the step a resumed run started from (0: none) */
 } dt_train_result;
 
 /* Trains as c says. run_dir (created if missing, may be NULL for no files).
@@ -55,6 +57,12 @@ typedef struct {
  * (docs/data-parallel.md). Only rank 0 writes run_dir and calls progress. */
 DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                           void *user, dt_train_result *res);
+
+/* Asks the running dt_train (of this process) to stop after the current
+ * step: every rank stops after the same step, a checkpoint is written when
+ * checkpoints are on, and dt_train returns DT_OK with res->stopped = 1.
+ * Async-signal-safe: the CLI calls it from its SIGUSR1 handler. */
+DT_API void dt_train_request_stop(void);
 
 /* The GPT training loop (c->gpt set; dt_train calls it for such configs):
  * random windows of seq_len+1 tokens from [data] train_file, the optimizer

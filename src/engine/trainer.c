@@ -2,7 +2,9 @@
  * evaluation, and the files of the run directory. */
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
+#include "dtrain/launch.h"
 #include "dtrain/train.h"
+#include "engine/checkpoints.h"
 #include "engine/dp.h"
 #include "engine/worker.h"
 
@@ -43,6 +45,7 @@ static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, i
     for (int i = lo; i < hi; i += batch) {
         int B = hi - i < batch ? hi - i : batch;
         float l;
+        dt_heartbeat(-1);
         dt_status st = dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
         if (st != DT_OK) return st;
         *loss_sum += (double)l * B;
@@ -155,6 +158,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_dp *dp = NULL;
     int64_t *acc = NULL;
     int *moff = NULL, *mlen = NULL;
+    dt_tensor_info *tinfo = NULL;
+    dt_run_ckpt ck = {0};
     char path[4096];
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
@@ -226,6 +231,22 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             goto done;
     }
 
+    // Checkpoints: the weights, the optimizer state, the loop's position.
+    int nt = dt_model_num_tensors(m);
+    if (!(tinfo = malloc(sizeof *tinfo * (nt > 0 ? nt : 1)))) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nt; i++) tinfo[i] = *dt_model_tensor(m, i);
+    dt_st_meta wmeta[] = {{"format", "dtrain-weights"}, {"name", c->name}};
+    dt_ckpt_model cm = {tinfo, nt, params, np, dt_optim_num_states(opt), {NULL, NULL}, dt_optim_step_count(opt),
+                        dt_optim_kind_name(c->optim.kind), NULL, wmeta, 2};
+    for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
+    dt_train_state ts = {0};
+    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    res->resumed_step = ts.step;
+    dt_heartbeat(ts.step);
+
     int64_t spe = dt_loader_steps_per_epoch(loader);
     int64_t total = c->epochs > 0 ? (int64_t)c->epochs * spe : c->max_steps;
     if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
@@ -239,15 +260,19 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, W, W > 1 ? "s" : "", threads,
                threads > 1 ? "s" : "", c->deterministic ? ", deterministic" : "");
 
-    int64_t step = 0, win_samples = 0, samples = 0, epoch_steps = 0;
-    double t_train = 0, win_t = dt_now(), rate = 0, epoch_loss = 0;
-    for (int e = 0; e < epochs && step < total; e++) {
-        dt_loader_start_epoch(loader, e, 0);
-        epoch_loss = 0;
-        epoch_steps = 0;
+    int64_t step = ts.step, win_samples = 0, samples = 0, epoch_steps = ts.epoch_steps;
+    double t_train = 0, win_t = dt_now(), rate = 0, epoch_loss = ts.epoch_loss;
+    int stop = 0;
+    for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
+        int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
+        dt_loader_start_epoch(loader, e, ebatch);
+        if (e != ts.epoch) {
+            epoch_loss = 0;
+            epoch_steps = 0;
+        }
         double t0 = dt_now();
         dt_batch b;
-        while (step < total && dt_loader_next(loader, &b)) {
+        while (!stop && step < total && dt_loader_next(loader, &b)) {
             dt_model_zero_grad(m);
             int nm = plan_micro(c, &b, moff, mlen);
             double loss_sum = 0;
@@ -283,14 +308,16 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 res->comm_seconds += win;
                 res->comm_exposed_seconds += exposed;
             }
-            // The global batch's mean loss, for progress and summary.
-            float lv = (float)loss_sum;
-            if (st == DT_OK && W > 1) st = dt_allreduce(&lv, &lv, 1, DT_F32, DT_SUM, comm);
+            // The global batch's mean loss, for progress and summary, and
+            // whether any rank was asked to stop.
+            float lv[2] = {(float)loss_sum, (float)dt_run_stop_requested()};
+            if (st == DT_OK && W > 1) st = dt_allreduce(lv, lv, 2, DT_F32, DT_SUM, comm);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
-            float loss = lv / (float)b.global_B;
+            float loss = lv[0] / (float)b.global_B;
+            stop = lv[1] > 0;
             float scale = 1.0f;
             if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
             float lr = dt_schedule_lr(&sched, step);
@@ -298,6 +325,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             step++;
             epoch_loss += loss;
             epoch_steps++;
+            ebatch++;
+            ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
+            if ((st = dt_run_ckpt_step(&ck, &ts, stop || step == total)) != DT_OK) goto done;
+            dt_heartbeat(step);
             win_samples += b.global_B;
             samples += b.global_B;
             double now = dt_now();
@@ -313,6 +344,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             }
         }
         t_train += dt_now() - t0;
+        if (stop) break;
         // Evaluate at the end of each epoch (and of the run).
         float tl = 0, ta = 0;
         if ((st = evaluate_sharded(m, &test, c->eval_batch, comm, &tl, &ta)) != DT_OK) goto done;
@@ -325,6 +357,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             progress(&p, user);
         }
     }
+    if (stop) {  // asked to stop: the checkpoint has the state, no final files
+        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
+        res->stopped = 1;
+    } else if (res->epochs == 0) {  // resumed from the run's last checkpoint
+        if ((st = evaluate_sharded(m, &test, c->eval_batch, comm, &res->test_loss, &res->test_accuracy)) != DT_OK)
+            goto done;
+    }
     res->steps = step;
     res->rank = rank;
     res->workers = W;
@@ -332,13 +371,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->final_train_loss = epoch_steps ? (float)(epoch_loss / epoch_steps) : 0.0f;
     res->train_seconds = t_train;
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
-    if (run_dir) {
+    if (run_dir && !stop) {
         dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", c->name}};
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         if ((st = dt_model_save(m, path, meta, 3)) != DT_OK) goto done;
     }
     res->wall_seconds = dt_now() - t_start;
-    if (run_dir) {
+    if (run_dir && !stop) {
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
         st = write_summary(path, c, res, np);
     }
@@ -346,6 +385,8 @@ done:
     // A failing rank tells the others, whose next collective then fails
     // with an error naming it, instead of waiting for it.
     if (st != DT_OK && W > 1) dt_comm_abort(comm, dt_last_error());
+    st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
+    free(tinfo);
     dt_dp_free(dp);
     dt_free(acc);
     free(moff);

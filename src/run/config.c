@@ -71,6 +71,10 @@ static const field fields[] = {
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
+    {"checkpoint", "every_steps", F_I64, O(ckpt_every_steps), 0, 1e15, NULL},
+    {"checkpoint", "every_seconds", F_FLOAT, O(ckpt_every_seconds), 0, 1e9, NULL},
+    {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
+    {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
@@ -115,6 +119,7 @@ void dt_config_defaults(dt_config *c) {
     c->base_batch = 256;
     c->bucket_kb = 2048;
     c->micro_shards = 12;
+    c->ckpt_keep = 3;
 }
 
 // ----------------------------------------------------------------------------
@@ -506,11 +511,11 @@ dt_status dt_config_load(dt_config *c, const char *path, const char *const *over
 // ----------------------------------------------------------------------------
 // writing
 
-dt_status dt_config_write(const dt_config *c, const char *path) {
+char *dt_config_format(const dt_config *c) {
     char *text = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&text, &len);
-    if (!m) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    if (!m) return NULL;
     fprintf(m, "; resolved dtrain config (every field, presets expanded)\n");
     // Fields grouped by section, sections in the table's order.
     const char *secs[16];
@@ -550,8 +555,14 @@ dt_status dt_config_write(const dt_config *c, const char *path) {
         }
     }
     fclose(m);
+    return text;
+}
+
+dt_status dt_config_write(const dt_config *c, const char *path) {
+    char *text = dt_config_format(c);
+    if (!text) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     const void *parts[] = {text};
-    size_t sizes[] = {len};
+    size_t sizes[] = {strlen(text)};
     dt_status st = dt_write_atomic(path, parts, sizes, 1);
     free(text);
     return st;
