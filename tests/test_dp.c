@@ -23,41 +23,6 @@
 static char g_tmp[256];
 static char g_out[1 << 16];
 
-static void write_idx(const char *path, int ndim, const int *dims, const uint8_t *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    uint8_t h[4] = {0, 0, 8, (uint8_t)ndim};
-    fwrite(h, 1, 4, f);
-    for (int i = 0; i < ndim; i++) {
-        uint8_t d[4] = {(uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8), (uint8_t)dims[i]};
-        fwrite(d, 1, 4, f);
-    }
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
-// Images whose label is visible in them (a bright block at a label-dependent
-// place), so the models learn something.
-static void make_split(const char *prefix, int n, uint64_t seed) {
-    uint8_t *img = malloc((size_t)n * 784), *lab = malloc(n);
-    dt_rng r;
-    dt_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) {
-        lab[i] = (uint8_t)dt_rng_below(&r, 10);
-        for (int p = 0; p < 784; p++) img[(size_t)i * 784 + p] = (uint8_t)dt_rng_below(&r, 96);
-        int y0 = 2 + 2 * lab[i], x0 = 4 + lab[i];
-        for (int y = y0; y < y0 + 6; y++)
-            for (int x = x0; x < x0 + 6; x++) img[(size_t)i * 784 + y * 28 + x] = 255;
-    }
-    char path[512];
-    int di[3] = {n, 28, 28}, dl[1] = {n};
-    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", g_tmp, prefix);
-    write_idx(path, 3, di, img, (size_t)n * 784);
-    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", g_tmp, prefix);
-    write_idx(path, 1, dl, lab, n);
-    free(img);
-    free(lab);
-}
-
 static const char *cfg_mlp =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = gelu\n"
     "layer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\n";
@@ -81,39 +46,11 @@ static int train(const char *name, const char *cfg, int N, const char *extra) {
     return rc;
 }
 
-// Largest |a-b| / (max|a| + 1e-3) over all tensors of two weight files;
-// -1 if they differ in names or shapes. *bitwise says whether every byte agrees.
 static double compare(const char *a, const char *b, int *bitwise) {
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s/model.safetensors", g_tmp, a);
     snprintf(pb, sizeof pb, "%s/%s/model.safetensors", g_tmp, b);
-    dt_st_file *fa = NULL, *fb = NULL;
-    double worst = -1;
-    *bitwise = 0;
-    if (dt_st_open(&fa, pa) != DT_OK || dt_st_open(&fb, pb) != DT_OK) {
-        fprintf(stderr, "%s\n", dt_last_error());
-        goto out;
-    }
-    if (dt_st_count(fa) != dt_st_count(fb)) goto out;
-    worst = 0;
-    *bitwise = 1;
-    for (int i = 0; i < dt_st_count(fa); i++) {
-        const dt_st_tensor *ta = dt_st_get(fa, i), *tb = dt_st_find(fb, ta->name);
-        if (!tb || tb->nbytes != ta->nbytes) {
-            worst = -1;
-            goto out;
-        }
-        if (memcmp(ta->data, tb->data, ta->nbytes)) *bitwise = 0;
-        const float *x = ta->data, *y = tb->data;
-        size_t n = ta->nbytes / 4;
-        double mx = 1e-3;
-        for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(x[j]));
-        for (size_t j = 0; j < n; j++) worst = fmax(worst, fabs(x[j] - y[j]) / mx);
-    }
-out:
-    dt_st_close(fa);
-    dt_st_close(fb);
-    return worst;
+    return tl_weights_diff(pa, pb, bitwise);
 }
 
 static void equivalence(const char *model, const char *cfg, const char *extra, double tol) {
@@ -137,8 +74,8 @@ static void equivalence(const char *model, const char *cfg, const char *extra, d
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-dp-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
-    make_split("train", 243, 1);
-    make_split("t10k", 100, 2);
+    tl_make_images(g_tmp, "train", 243, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
 
     // 1. same result as one worker (fp32 tolerance: only the order of the
     //    gradient sums differs).

@@ -125,11 +125,19 @@ static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const c
                       what, (unsigned long long)hl, len);
         goto fail;
     }
-    f->root = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hl);
+    const char *json_end = NULL;
+    f->root = cJSON_ParseWithLengthOpts((const char *)buf + 8, (size_t)hl, &json_end, 0);
     if (!f->root || !cJSON_IsObject(f->root)) {
         st = dt_error(DT_ERR_FORMAT, "%s: safetensors header is not a JSON object", what);
         goto fail;
     }
+    // After the JSON only the padding (spaces) may follow.
+    for (const char *q = json_end; q < (const char *)buf + 8 + hl; q++)
+        if (*q != ' ') {
+            st = dt_error(DT_ERR_FORMAT, "%s: unexpected byte 0x%02x after the safetensors header's JSON", what,
+                          (unsigned char)*q);
+            goto fail;
+        }
     size_t data_len = len - 8 - hl;
     const uint8_t *data = buf + 8 + hl;
     int count = cJSON_GetArraySize(f->root);

@@ -136,15 +136,6 @@ static int plan_micro(const dt_config *c, const dt_batch *b, int *off, int *len)
     return k;
 }
 
-// DTRAIN_FAULT_STEP=R:S makes rank R fail at step S (a testing aid: it shows
-// how a failing worker stops the others).
-static int fault_now(int rank, int64_t step) {
-    const char *f = getenv("DTRAIN_FAULT_STEP");
-    int r;
-    long long s;
-    return f && sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank && s == step;
-}
-
 dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
                    dt_train_result *res) {
     if (c->gpt) return dt_gpt_train(c, run_dir, progress, user, res);
@@ -164,6 +155,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
+    if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) {
+        dt_comm_abort(comm, dt_last_error());
+        dt_comm_destroy(comm);
+        return st;
+    }
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
@@ -283,8 +279,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 dt_model_set_dropout_key(m, (uint64_t)step, (int64_t)b.first + moff[k]);
                 dt_model_set_loss_scale(m, (float)mlen[k] / (float)b.global_B);
                 st = dt_model_forward(m, b.x + (size_t)moff[k] * ss, b.y + moff[k], mlen[k], 1, &loss);
-                if (st == DT_OK && fault_now(rank, step + 1))
-                    st = dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
+                if (st == DT_OK && k == 0) st = dt_fault_step(rank, step + 1);
                 if (st != DT_OK) {
                     st = dt_error(st, "rank %d, step %lld (epoch %d): %s", rank, (long long)step + 1, e + 1,
                                   dt_last_error());

@@ -1,5 +1,12 @@
 #include "engine/worker.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
@@ -13,4 +20,28 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_set_threads(t);
     *threads = t;
     return DT_OK;
+}
+
+dt_status dt_fault_step(int rank, int64_t step) {
+    const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE");
+    int r;
+    long long s;
+    char kind[16] = "error";
+    if (!f || sscanf(f, "%d:%lld:%15s", &r, &s, kind) < 2 || r != rank || s != step) return DT_OK;
+    if (once && *once) {
+        int fd = open(once, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0) return DT_OK;  // fired before
+        close(fd);
+    }
+    if (!strcmp(kind, "kill")) raise(SIGKILL);
+    if (!strcmp(kind, "hang"))
+        for (;;) pause();
+    return dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
+}
+
+dt_status dt_fault_start(int rank) {
+    const char *f = getenv("DTRAIN_FAULT_START");
+    int r, n = 0;
+    if (!f || sscanf(f, "%d:%n", &r, &n) != 1 || !n || r != rank || access(f + n, F_OK) != 0) return DT_OK;
+    return dt_error(DT_ERR_INTERNAL, "rank %d: injected start failure (DTRAIN_FAULT_START: %s exists)", rank, f + n);
 }

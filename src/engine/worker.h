@@ -11,4 +11,15 @@
  * mode, where results must not depend on it). */
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads);
 
+/* Injected faults, testing aids that show how failures are handled:
+ *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
+ *       default: the step returns an error), kill (SIGKILL to itself) or
+ *       hang (stops, without heartbeats);
+ *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
+ *       exist, and creates it (so that a restarted run gets past it);
+ *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
+ *       (a worker that cannot come back). */
+dt_status dt_fault_step(int rank, int64_t step);
+dt_status dt_fault_start(int rank);
+
 #endif
