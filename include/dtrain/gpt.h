@@ -122,6 +122,16 @@ DT_API const float *dt_gpt_logits(const dt_gpt *m);
 /* Backward of the last forward (which must have had targets): ACCUMULATES
  * into the gradient block. */
 DT_API dt_status dt_gpt_backward(dt_gpt *m);
+/* Multiplies the gradient of the loss by s in later backwards (default 1):
+ * a micro-batch's share of a larger batch, as dt_model_set_loss_scale. */
+DT_API void dt_gpt_set_loss_scale(dt_gpt *m, float s);
+/* Called during backward with offsets into the gradient block, decreasing,
+ * the last 0: gradients at offsets >= offset are final for this pass (see
+ * dt_model_set_grad_hook). The per-layer tensors are stacked over the
+ * layers, so the final region is contiguous only conservatively: while
+ * layers L-1..1 run it grows through the last one (fcprojb) only, and it
+ * takes in whole tensors during layer 0 and the embedding. fn NULL: none. */
+DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
 
 /* ---- weights ------------------------------------------------------------ */
 

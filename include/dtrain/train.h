@@ -70,9 +70,11 @@ DT_API void dt_train_request_stop(void);
  * steps and at the end. Writes config.ini, model.safetensors (dt_gpt_save)
  * and summary.json (val_loss, val_history, tokens_per_sec, ...) into run_dir.
  * In res, test_loss is the final validation loss and test_accuracy -1;
- * progress reports sequences as samples. Data parallel as dt_train: each of
- * W ranks trains on batch/W windows of the same global batch and the
- * gradients are averaged with one allreduce per step (docs/gpt.md). */
+ * progress reports sequences as samples. Data parallel as dt_train, with
+ * the same options (grad_accum, deterministic, lr_scaling): each of W ranks
+ * trains on its share of the same global batch of windows and the
+ * gradients are averaged in buckets during backward, so the run gives the
+ * model one process would (docs/gpt.md). */
 DT_API dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                               void *user, dt_train_result *res);
 /* A GPT's loss and next-token accuracy over eval_batches batches of

@@ -22,6 +22,20 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     return DT_OK;
 }
 
+dt_status dt_worker_exit(dt_comm_t comm, dt_status st) {
+    if (st != DT_OK && comm && dt_comm_size(comm) > 1) dt_comm_abort(comm, dt_last_error());
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", dt_last_error());
+    dt_comm_destroy(comm);
+    if (st != DT_OK) dt_error(st, "%s", saved);
+    return st;
+}
+
+dt_schedule dt_worker_schedule(const dt_config *c, int64_t total) {
+    float peak = c->lr_scaling ? c->optim.lr * (float)c->batch / (float)c->base_batch : c->optim.lr;
+    return (dt_schedule){c->sched, peak, c->min_lr, c->warmup_steps, total};
+}
+
 dt_status dt_fault_step(int rank, int64_t step) {
     const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE");
     int r;

@@ -422,8 +422,7 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
 }
 // ---- end of GPT models ----
 
-static dt_status finish(dt_config *c, const char *what) {
-    if (!strncmp(c->preset, "gpt", 3)) return finish_gpt(c, what);
+static dt_status finish_layers(dt_config *c, const char *what) {
     if (c->preset[0]) {
         int found = -1;
         for (int i = 0; i < (int)(sizeof presets / sizeof presets[0]); i++)
@@ -440,6 +439,12 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
     if (c->epochs == 0 && c->max_steps == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
+    return DT_OK;
+}
+
+static dt_status finish(dt_config *c, const char *what) {
+    dt_status st = !strncmp(c->preset, "gpt", 3) ? finish_gpt(c, what) : finish_layers(c, what);
+    if (st != DT_OK) return st;
     if (c->batch % c->grad_accum)
         return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);
     if (c->min_lr > c->optim.lr)
