@@ -31,6 +31,7 @@
 #ifndef DTRAIN_GPT_H
 #define DTRAIN_GPT_H
 
+#include "dtrain/ckpt.h"
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 
@@ -138,6 +139,9 @@ DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
 /* safetensors with the 16 llm.c-named tensors and the sizes as metadata
  * (n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab_size). */
 DT_API dt_status dt_gpt_save(const dt_gpt *m, const char *path);
+/* That metadata: the six sizes (written into vals) and format "dtrain-gpt";
+ * returns the entries in meta (7). */
+DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_meta meta[7]);
 /* Loads weights saved by dt_gpt_save, or an llm.c checkpoint (told apart by
  * its magic number); their sizes must equal the model's. */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);

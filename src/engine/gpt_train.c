@@ -12,8 +12,10 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/gpt.h"
+#include "dtrain/launch.h"
 #include "dtrain/train.h"
 
+#include "engine/checkpoints.h"
 #include "engine/dp.h"
 #include "engine/worker.h"
 #include "obs/json.h"
@@ -40,6 +42,7 @@ static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, 
         int n = hi - i < Bc ? hi - i : Bc;
         float l;
         dt_status st = DT_OK;
+        dt_heartbeat(-1);
         for (int b = 0; b < n && st == DT_OK; b++)
             st = dt_tokens_window(val, i + b, 1, T, x + (size_t)b * T, y + (size_t)b * T);
         if (st == DT_OK) st = dt_gpt_forward(m, x, y, n, T, &l);
@@ -129,9 +132,11 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     char path[4096];
     dt_comm_t comm = NULL;
     dt_dp_step sync = {0};
+    dt_run_ckpt ck = {0};
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
+    if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
@@ -186,15 +191,30 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     dt_schedule sched = dt_worker_schedule(c, total);
     dt_rng rng;
     dt_rng_seed(&rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
+    // Checkpoints: the weights, the optimizer state, the data stream's RNG.
+    dt_tensor_info tinfo[16];
+    for (int i = 0; i < 16; i++) tinfo[i] = *dt_gpt_tensor(m, i);
+    char mvals[6][16];
+    dt_st_meta wmeta[7];
+    dt_ckpt_model cm = {tinfo, 16, params, np, dt_optim_num_states(opt), {NULL, NULL}, dt_optim_step_count(opt),
+                        dt_optim_kind_name(c->optim.kind), NULL, wmeta, dt_gpt_weights_meta(&gc, mvals, wmeta)};
+    for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
+    dt_train_state ts = {.rng = rng};
+    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    rng = ts.rng;
+    res->resumed_step = ts.step;
+    dt_heartbeat(ts.step);
     if (rank == 0)
         dt_log(DT_LOG_INFO, "%s: GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d, %lld steps, %d worker%s x %d thread%s%s",
                c->name, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, np, train.n, val.n, B, T,
                (long long)total, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
                c->deterministic ? ", deterministic" : "");
 
-    double t_train = 0, win_t = dt_now(), rate = 0, loss_sum = 0;
-    int64_t win_samples = 0, loss_n = 0;
-    for (int64_t step = 0; step < total; step++) {
+    double t_train = 0, win_t = dt_now(), rate = 0, loss_sum = ts.epoch_loss;
+    int64_t win_samples = 0, loss_n = ts.epoch_steps;
+    int stop = 0;
+    res->steps = ts.step;
+    for (int64_t step = ts.step; step < total && !stop; step++) {
         double t0 = dt_now();
         float loss;
         // The global batch (the same on every rank); this rank's share.
@@ -205,7 +225,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
             size_t o = (size_t)(first + sync.off[k]) * T;
             dt_gpt_set_loss_scale(m, (float)sync.len[k] / (float)B);
             st = dt_gpt_forward(m, x + o, y + o, sync.len[k], T, &loss);
-            if (st == DT_OK) st = dt_fault_step(rank, step + 1);
+            if (st == DT_OK && k == 0) st = dt_fault_step(rank, step + 1);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
@@ -258,6 +278,15 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
             loss_sum = 0;
             loss_n = 0;
         }
+        stop = sync.stop;
+        ts = (dt_train_state){step + 1, 0, 0, loss_n, loss_sum, rng, W};
+        if ((st = dt_run_ckpt_step(&ck, &ts, stop || last)) != DT_OK) goto done;
+        dt_heartbeat(step + 1);
+    }
+    if (stop) {  // asked to stop: the checkpoint has the state, no final files
+        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)res->steps);
+        res->stopped = 1;
+        run_dir = NULL;
     }
     res->epochs = 1;
     res->train_seconds = t_train;
@@ -276,6 +305,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
 done:
     dt_dp_step_free(&sync);
     st = dt_worker_exit(comm, st);
+    st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
     cJSON_Delete(history);
     free(x);
     free(y);
