@@ -37,9 +37,10 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total) {
 }
 
 dt_status dt_fault_step(int rank, int64_t step) {
-    const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE");
-    int r;
+    const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE"), *slow = getenv("DTRAIN_SLOW_RANK");
+    int r, ms;
     long long s;
+    if (slow && sscanf(slow, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) usleep((useconds_t)ms * 1000);
     char kind[16] = "error";
     if (!f || sscanf(f, "%d:%lld:%15s", &r, &s, kind) < 2 || r != rank || s != step) return DT_OK;
     if (once && *once) {

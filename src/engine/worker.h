@@ -32,7 +32,9 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
  *       exist, and creates it (so that a restarted run gets past it);
  *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
- *       (a worker that cannot come back). */
+ *       (a worker that cannot come back);
+ *   DTRAIN_SLOW_RANK=R:MS  rank R sleeps MS milliseconds in every step's
+ *       forward (a straggler). */
 dt_status dt_fault_step(int rank, int64_t step);
 dt_status dt_fault_start(int rank);
 

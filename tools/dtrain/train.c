@@ -282,10 +282,13 @@ static int supervise(const args_t *a, const dt_config *c) {
             return EXIT_RUNTIME;
         }
         if (failed_at > 0 && r.first_step_at > 0) {
-            dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, %lld step%s "
-                                "lost (last step before the failure: %lld)",
-                   r.first_step_at - failed_at, (long long)r.start_step, (long long)(failed_step - r.start_step),
-                   failed_step - r.start_step == 1 ? "" : "s", (long long)failed_step);
+            if (failed_step >= 0)
+                dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, "
+                                    "%lld step%s lost (last step before the failure: %lld)",
+                       r.first_step_at - failed_at, (long long)r.start_step, (long long)(failed_step - r.start_step),
+                       failed_step - r.start_step == 1 ? "" : "s", (long long)failed_step);
+            else
+                dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step)", r.first_step_at - failed_at);
             failed_at = 0;
         }
         if (r.exit_code == 0 && !r.stopped) return 0;
@@ -318,8 +321,10 @@ static int supervise(const args_t *a, const dt_config *c) {
             return EXIT_RUNTIME;
         }
         restarts++;
-        dt_log(DT_LOG_WARN, "worker %d %s at step %lld; restarting %d worker%s from the newest checkpoint (restart %d of %d)",
-               r.failed_rank, why, (long long)r.last_step, n, n > 1 ? "s" : "", restarts, a->max_restarts);
+        char at[48] = " before the first step";
+        if (r.last_step >= 0) snprintf(at, sizeof at, " at step %lld", (long long)r.last_step);
+        dt_log(DT_LOG_WARN, "worker %d %s%s; restarting %d worker%s from the newest checkpoint (restart %d of %d)",
+               r.failed_rank, why, at, n, n > 1 ? "s" : "", restarts, a->max_restarts);
     }
 }
 
