@@ -240,7 +240,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             ebatch++;
             stop = sync.stop;
             ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
-            if ((st = dt_run_ckpt_step(&ck, &ts, stop || step == total)) != DT_OK) goto done;
+            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop)) != DT_OK) goto done;
             dt_heartbeat(step);
             win_samples += b.global_B;
             samples += b.global_B;
