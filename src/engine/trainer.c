@@ -127,6 +127,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if (st != DT_OK) return st;
     if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
@@ -180,7 +181,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                         dt_optim_kind_name(c->optim.kind), NULL, wmeta, 2};
     for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
     dt_train_state ts = {0};
-    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    if ((st = dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts)) != DT_OK) goto done;
     res->resumed_step = ts.step;
     dt_heartbeat(ts.step);
 
@@ -226,6 +227,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 dt_dp_step_micro_end(&sync, k, loss);
             }
             float loss;
+            sync.save_vote = dt_run_ckpt_vote(&ck);
             if ((st = dt_dp_step_end(&sync, &loss)) != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
@@ -240,7 +242,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             ebatch++;
             stop = sync.stop;
             ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
-            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop)) != DT_OK) goto done;
+            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, sync.save)) != DT_OK) goto done;
             dt_heartbeat(step);
             win_samples += b.global_B;
             samples += b.global_B;
