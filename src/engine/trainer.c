@@ -7,6 +7,7 @@
 #include "engine/worker.h"
 
 #include "obs/json.h"
+#include "obs/obs.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -153,6 +154,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_loader *loader = NULL;
     dt_comm_t comm = NULL;
     dt_dp *dp = NULL;
+    dt_obs *obs = NULL;
     int64_t *acc = NULL;
     int *moff = NULL, *mlen = NULL;
     char path[4096];
@@ -160,6 +162,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
@@ -239,15 +242,19 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, W, W > 1 ? "s" : "", threads,
                threads > 1 ? "s" : "", c->deterministic ? ", deterministic" : "");
 
-    int64_t step = 0, win_samples = 0, samples = 0, epoch_steps = 0;
-    double t_train = 0, win_t = dt_now(), rate = 0, epoch_loss = 0;
+    int64_t step = 0, samples = 0, epoch_steps = 0;
+    double t_train = 0, epoch_loss = 0;
     for (int e = 0; e < epochs && step < total; e++) {
         dt_loader_start_epoch(loader, e, 0);
         epoch_loss = 0;
         epoch_steps = 0;
         double t0 = dt_now();
         dt_batch b;
-        while (step < total && dt_loader_next(loader, &b)) {
+        while (step < total) {
+            dt_obs_begin(obs, DT_OBS_DATA);
+            int more = dt_loader_next(loader, &b);
+            dt_obs_end(obs, DT_OBS_DATA);
+            if (!more) break;
             dt_model_zero_grad(m);
             int nm = plan_micro(c, &b, moff, mlen);
             double loss_sum = 0;
@@ -257,7 +264,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 size_t ss = dt_dataset_sample_size(&train);
                 dt_model_set_dropout_key(m, (uint64_t)step, (int64_t)b.first + moff[k]);
                 dt_model_set_loss_scale(m, (float)mlen[k] / (float)b.global_B);
+                dt_obs_begin(obs, DT_OBS_FORWARD);
                 st = dt_model_forward(m, b.x + (size_t)moff[k] * ss, b.y + moff[k], mlen[k], 1, &loss);
+                dt_obs_end(obs, DT_OBS_FORWARD);
                 if (st == DT_OK && fault_now(rank, step + 1))
                     st = dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
                 if (st != DT_OK) {
@@ -267,12 +276,15 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 }
                 loss_sum += (double)loss * mlen[k];
                 dt_model_set_grad_hook(m, dp && k == nm - 1 ? dt_dp_ready : NULL, dp);
+                dt_obs_begin(obs, DT_OBS_BACKWARD);
                 dt_model_backward(m);
                 if (acc) {
                     dt_dp_fixed_add(acc, grads, np);
                     dt_model_zero_grad(m);
                 }
+                dt_obs_end(obs, DT_OBS_BACKWARD);
             }
+            dt_obs_begin(obs, DT_OBS_COMM);
             if (acc) {
                 st = dt_dp_fixed_reduce(acc, grads, np, comm);
                 memset(acc, 0, sizeof(int64_t) * np);
@@ -285,45 +297,35 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             }
             // The global batch's mean loss, for progress and summary.
             float lv = (float)loss_sum;
-            if (st == DT_OK && W > 1) st = dt_allreduce(&lv, &lv, 1, DT_F32, DT_SUM, comm);
+            if (st == DT_OK) st = dt_obs_exchange(obs, &lv);
+            dt_obs_end(obs, DT_OBS_COMM);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
             float loss = lv / (float)b.global_B;
-            float scale = 1.0f;
-            if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+            dt_obs_begin(obs, DT_OBS_OPTIMIZER);
+            float gnorm = (float)sqrt(dt_sum_squares(grads, np));
+            float scale = c->optim.clip_norm > 0 ? dt_clip_scale(gnorm, c->optim.clip_norm) : 1.0f;
             float lr = dt_schedule_lr(&sched, step);
             dt_optim_step(opt, params, grads, lr, scale);
+            dt_obs_end(obs, DT_OBS_OPTIMIZER);
             step++;
             epoch_loss += loss;
             epoch_steps++;
-            win_samples += b.global_B;
             samples += b.global_B;
-            double now = dt_now();
-            if (now - win_t >= 0.5 || rate == 0) {
-                rate = win_samples / (now - win_t);
-                win_t = now;
-                win_samples = 0;
-            }
-            if (progress) {
-                dt_progress p = {step, total, e + 1, epochs, loss, lr, rate, 0, 0, 0, 0};
-                p.eta_seconds = rate > 0 ? (double)(total - step) * c->batch / rate : 0;
-                progress(&p, user);
-            }
+            dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, loss, lr, gnorm, b.global_B, 0});
         }
         t_train += dt_now() - t0;
         // Evaluate at the end of each epoch (and of the run).
         float tl = 0, ta = 0;
+        dt_obs_begin(obs, DT_OBS_EVAL);
         if ((st = evaluate_sharded(m, &test, c->eval_batch, comm, &tl, &ta)) != DT_OK) goto done;
+        dt_obs_end(obs, DT_OBS_EVAL);
         res->test_loss = tl;
         res->test_accuracy = ta;
         res->epochs = e + 1;
-        if (progress) {
-            dt_progress p = {step, total, e + 1, epochs, (float)(epoch_loss / (epoch_steps ? epoch_steps : 1)),
-                             dt_schedule_lr(&sched, step > 0 ? step - 1 : 0), rate, 0, 1, tl, ta};
-            progress(&p, user);
-        }
+        dt_obs_eval(obs, (float)(epoch_loss / (epoch_steps ? epoch_steps : 1)), tl, ta);
     }
     res->steps = step;
     res->rank = rank;
@@ -343,6 +345,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = write_summary(path, c, res, np);
     }
 done:
+    st = dt_obs_close(obs, st);
     // A failing rank tells the others, whose next collective then fails
     // with an error naming it, instead of waiting for it.
     if (st != DT_OK && W > 1) dt_comm_abort(comm, dt_last_error());
