@@ -61,6 +61,7 @@ struct dt_obs {
     dt_straggler *strag;          // rank 0
     dt_straggler_report *reports;
     float margin;
+    int strag_steps;
 
     // What the endpoint shows (guarded by mu; the trace too).
     pthread_mutex_t mu;
@@ -262,6 +263,7 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     }
     snprintf(o->name, sizeof o->name, "%s", c->name);
     o->margin = c->straggler_margin;
+    o->strag_steps = c->straggler_steps;
     parse_slow(o);
     dt_status st = DT_OK;
     o->x = calloc((size_t)o->W * NX, sizeof *o->x);
@@ -391,9 +393,9 @@ static int rank0_step(dt_obs *o, int64_t step, double now) {
         const char *ph = phase_names[work_phases[s->phase]];
         dt_log(DT_LOG_WARN,
                "straggler: rank %d at step %lld: step time %.1f ms is %.0f%% above the median %.1f ms "
-               "(straggler_margin %.0f%%) for the last steps; slow phase: %s (+%.1f ms over the other ranks' median)",
+               "(straggler_margin %.0f%%), %d steps in a row; slow phase: %s (+%.1f ms over the other ranks' median)",
                s->rank, (long long)step, s->seconds * 1e3, 100 * (s->seconds / s->median - 1), s->median * 1e3,
-               100.0 * o->margin, ph, s->excess * 1e3);
+               100.0 * o->margin, o->strag_steps, ph, s->excess * 1e3);
         cJSON *j = record(o, "straggler", step, now);
         cJSON_AddNumberToObject(j, "rank", s->rank);
         cJSON_AddStringToObject(j, "phase", ph);

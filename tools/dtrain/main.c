@@ -18,6 +18,7 @@ static const struct {
     {"prepare-text", cmd_prepare_text, "text files -> byte-level GPT token files"},
     {"convert", cmd_convert, "GPT weights between llm.c and safetensors"},
     {"sample", cmd_sample, "generate text with a trained GPT"},
+    {"report", cmd_report, "an HTML report of a run directory (charts, per-rank times)"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 

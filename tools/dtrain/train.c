@@ -4,6 +4,7 @@
 #include "dtrain/dtrain.h"
 #include "dtrain/launch.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +15,16 @@
 
 static const char train_help[] =
     "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
+    "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
     "\n"
     "Trains the model CONFIG describes and writes into the run directory:\n"
     "  config.ini          the resolved config (every field, presets expanded)\n"
     "  model.safetensors   the final weights\n"
     "  summary.json        steps, final train loss, test_loss, test_accuracy,\n"
     "                      wall_seconds, samples_per_sec\n"
+    "  metrics/rank-N.jsonl  every worker: one JSON object per step (loss, lr,\n"
+    "                      grad norm, throughput, time per phase, bytes sent and\n"
+    "                      received, peak memory) and per evaluation\n"
     "\n"
     "options:\n"
     "  --set S.K=V     override a config field, e.g. --set train.epochs=2\n"
@@ -32,11 +37,20 @@ static const char train_help[] =
     "                  and --workers is not needed.\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
+    "  --log-format F  text (default): a live line on a terminal, plain lines\n"
+    "                  otherwise; json: one JSON object per progress line and\n"
+    "                  the final result on stdout (logs stay on stderr)\n"
+    "  --metrics-port P  serve Prometheus metrics at http://ADDR:P/metrics\n"
+    "                  while training (obs.metrics_port)\n"
+    "  --metrics-addr A  the address to listen on (default 127.0.0.1)\n"
+    "  --trace FILE    write a Chrome trace (Perfetto, chrome://tracing) of\n"
+    "                  every worker's phases and collectives (obs.trace)\n"
     "  -q, --quiet     print only errors and the final result\n"
     "  -h, --help      this help\n"
     "\n"
     "Progress is one live line on a terminal, plain lines every\n"
-    "train.log_every steps otherwise. The config format is in docs/config.md;\n"
+    "train.log_every steps otherwise. 'dtrain report RUN_DIR' turns a run\n"
+    "directory into an HTML report (docs/observability.md). The config format is in docs/config.md;\n"
     "configs/fashion-cnn.ini and configs/fashion-mlp.ini are examples;\n"
     "configs/gpt-fortunes.ini trains a GPT language model (docs/gpt.md).\n";
 
@@ -48,14 +62,22 @@ static const char eval_help[] =
     "and accuracy.\n";
 
 typedef struct {
-    int tty, quiet, log_every;
+    int tty, quiet, log_every, json;
     int live;          // a live line is on screen
     double last;       // time of the last live update
 } progress_state;
 
 static void on_progress(const dt_progress *p, void *user) {
     progress_state *s = user;
-    char line[256];
+    char line[512];
+    if (s->json) {
+        if (s->quiet || !(p->is_eval || p->step % s->log_every == 0 || p->step == 1 || p->step == p->total_steps))
+            return;
+        dt_progress_format_json(p, line, sizeof line);
+        printf("%s\n", line);
+        fflush(stdout);
+        return;
+    }
     dt_progress_format(p, line, sizeof line);
     if (p->is_eval) {
         if (s->live) fputs("\r\033[K", stderr);
@@ -79,11 +101,32 @@ static void on_progress(const dt_progress *p, void *user) {
 typedef struct {
     const char *config, *run_dir, *checkpoint;
     const char *sets[MAX_SETS];
-    int nsets, quiet, workers;
+    int nsets, quiet, workers, json;
+    char obs_sets[3][600];  // --metrics-port, --metrics-addr, --trace as --set values
 } args_t;
+
+// Adds "section.key=value" to the --set list (the flags that are config
+// fields, so that workers and config.ini see them like any other).
+static int add_set(args_t *a, char *buf, const char *key, const char *v) {
+    if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
+    snprintf(buf, sizeof a->obs_sets[0], "%s=%s", key, v);
+    a->sets[a->nsets++] = buf;
+    return 0;
+}
+
+// The value of option `name` given as "--name V" or "--name=V", or NULL.
+static const char *opt_value(int argc, char **argv, int *i, const char *name) {
+    size_t n = strlen(name);
+    const char *s = argv[*i];
+    if (strncmp(s, name, n)) return NULL;
+    if (s[n] == '=') return s + n + 1;
+    if (s[n] || *i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
 
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
     memset(a, 0, sizeof *a);
+    int rc;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
@@ -109,6 +152,25 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         } else if (!is_eval && !strcmp(s, "--deterministic")) {
             if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
             a->sets[a->nsets++] = "parallel.deterministic=true";
+        } else if (!is_eval && (!strcmp(s, "--log-format") || !strncmp(s, "--log-format=", 13))) {
+            const char *v = opt_value(argc, argv, &i, "--log-format");
+            if (!v || (strcmp(v, "text") && strcmp(v, "json")))
+                return cli_error("--log-format needs text or json"), EXIT_USAGE;
+            a->json = !strcmp(v, "json");
+        } else if (!is_eval && (!strcmp(s, "--metrics-port") || !strncmp(s, "--metrics-port=", 15))) {
+            const char *v = opt_value(argc, argv, &i, "--metrics-port");
+            char *end;
+            long n = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || n < 1 || n > 65535) return cli_error("--metrics-port needs a port from 1 to 65535"), EXIT_USAGE;
+            if ((rc = add_set(a, a->obs_sets[0], "obs.metrics_port", v))) return rc;
+        } else if (!is_eval && (!strcmp(s, "--metrics-addr") || !strncmp(s, "--metrics-addr=", 15))) {
+            const char *v = opt_value(argc, argv, &i, "--metrics-addr");
+            if (!v || !*v) return cli_error("--metrics-addr needs an address"), EXIT_USAGE;
+            if ((rc = add_set(a, a->obs_sets[1], "obs.metrics_addr", v))) return rc;
+        } else if (!is_eval && (!strcmp(s, "--trace") || !strncmp(s, "--trace=", 8))) {
+            const char *v = opt_value(argc, argv, &i, "--trace");
+            if (!v || !*v) return cli_error("--trace needs a file"), EXIT_USAGE;
+            if ((rc = add_set(a, a->obs_sets[2], "obs.trace", v))) return rc;
         } else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) {
             a->quiet = 1;
         } else if (s[0] == '-' && s[1]) {
@@ -141,6 +203,25 @@ static int load_config(const args_t *a, dt_config *c) {
         return strncmp(dt_last_error(), "--set", 5) == 0 ? EXIT_USAGE : EXIT_RUNTIME;
     }
     return 0;
+}
+
+// --log-format json: the final result as one JSON line on stdout.
+static void print_result_json(const dt_config *c, const dt_train_result *r, const char *run_dir) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "type", "result");
+    cJSON_AddNumberToObject(j, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(j, "wall_seconds", r->wall_seconds);
+    cJSON_AddNumberToObject(j, "samples_per_sec", r->samples_per_sec);
+    if (c->gpt) cJSON_AddNumberToObject(j, "tokens_per_sec", r->samples_per_sec * c->seq_len);
+    cJSON_AddNumberToObject(j, "final_train_loss", r->final_train_loss);
+    if (r->test_loss >= 0) cJSON_AddNumberToObject(j, c->gpt ? "val_loss" : "test_loss", r->test_loss);
+    if (r->test_accuracy >= 0) cJSON_AddNumberToObject(j, "test_accuracy", r->test_accuracy);
+    cJSON_AddNumberToObject(j, "workers", r->workers);
+    cJSON_AddStringToObject(j, "run_dir", run_dir);
+    char *s = cJSON_PrintUnformatted(j);
+    if (s) printf("%s\n", s);
+    free(s);
+    cJSON_Delete(j);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -179,6 +260,7 @@ int cmd_train(int argc, char **argv) {
         args[k++] = "--run-dir";
         args[k++] = (char *)a.run_dir;
         if (a.quiet) args[k++] = "--quiet";
+        if (a.json) args[k++] = "--log-format=json";
         args[k] = NULL;
         dt_launch_params lp = dt_launch_default_params();
         lp.nranks = a.workers;
@@ -190,13 +272,17 @@ int cmd_train(int argc, char **argv) {
         return code == 0 ? 0 : EXIT_RUNTIME;
     }
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
-    progress_state ps = {isatty(2), a.quiet, c.log_every, 0, 0};
+    progress_state ps = {isatty(2), a.quiet, c.log_every, a.json, 0, 0};
     dt_train_result r;
     dt_status st = dt_train(&c, a.run_dir, on_progress, &ps, &r);
     if (ps.live) fputs("\n", stderr);
     if (st != DT_OK) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
+    }
+    if (a.json) {
+        if (r.rank == 0) print_result_json(&c, &r, a.run_dir);
+        return 0;
     }
     if (c.gpt) {
         if (r.rank != 0) return 0;
