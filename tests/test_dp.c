@@ -23,41 +23,6 @@
 static char g_tmp[256];
 static char g_out[1 << 16];
 
-static void write_idx(const char *path, int ndim, const int *dims, const uint8_t *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    uint8_t h[4] = {0, 0, 8, (uint8_t)ndim};
-    fwrite(h, 1, 4, f);
-    for (int i = 0; i < ndim; i++) {
-        uint8_t d[4] = {(uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8), (uint8_t)dims[i]};
-        fwrite(d, 1, 4, f);
-    }
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
-// Images whose label is visible in them (a bright block at a label-dependent
-// place), so the models learn something.
-static void make_split(const char *prefix, int n, uint64_t seed) {
-    uint8_t *img = malloc((size_t)n * 784), *lab = malloc(n);
-    dt_rng r;
-    dt_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) {
-        lab[i] = (uint8_t)dt_rng_below(&r, 10);
-        for (int p = 0; p < 784; p++) img[(size_t)i * 784 + p] = (uint8_t)dt_rng_below(&r, 96);
-        int y0 = 2 + 2 * lab[i], x0 = 4 + lab[i];
-        for (int y = y0; y < y0 + 6; y++)
-            for (int x = x0; x < x0 + 6; x++) img[(size_t)i * 784 + y * 28 + x] = 255;
-    }
-    char path[512];
-    int di[3] = {n, 28, 28}, dl[1] = {n};
-    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", g_tmp, prefix);
-    write_idx(path, 3, di, img, (size_t)n * 784);
-    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", g_tmp, prefix);
-    write_idx(path, 1, dl, lab, n);
-    free(img);
-    free(lab);
-}
-
 static const char *cfg_mlp =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = gelu\n"
     "layer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\n";
@@ -137,8 +102,8 @@ static void equivalence(const char *model, const char *cfg, const char *extra, d
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-dp-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
-    make_split("train", 243, 1);
-    make_split("t10k", 100, 2);
+    tl_make_idx_split(g_tmp, "train", 243, 1);
+    tl_make_idx_split(g_tmp, "t10k", 100, 2);
 
     // 1. same result as one worker (fp32 tolerance: only the order of the
     //    gradient sums differs).

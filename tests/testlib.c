@@ -1,4 +1,5 @@
 #include "testlib.h"
+#include "dtrain/core.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -62,4 +63,38 @@ const char *tl_dtrain(void) {
 int tl_finish(void) {
     printf("%d passed, %d failed\n", tl_passed, tl_failed);
     return tl_failed ? 1 : 0;
+}
+
+static void write_idx(const char *path, int ndim, const int *dims, const uint8_t *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    uint8_t h[4] = {0, 0, 8, (uint8_t)ndim};
+    fwrite(h, 1, 4, f);
+    for (int i = 0; i < ndim; i++) {
+        uint8_t d[4] = {(uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8), (uint8_t)dims[i]};
+        fwrite(d, 1, 4, f);
+    }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+void tl_make_idx_split(const char *dir, const char *prefix, int n, uint64_t seed) {
+    uint8_t *img = malloc((size_t)n * 784), *lab = malloc(n);
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    for (int i = 0; i < n; i++) {
+        lab[i] = (uint8_t)dt_rng_below(&r, 10);
+        for (int p = 0; p < 784; p++) img[(size_t)i * 784 + p] = (uint8_t)dt_rng_below(&r, 96);
+        int y0 = 2 + 2 * lab[i], x0 = 4 + lab[i];
+        for (int y = y0; y < y0 + 6; y++)
+            for (int x = x0; x < x0 + 6; x++) img[(size_t)i * 784 + y * 28 + x] = 255;
+    }
+    char path[512];
+    int di[3] = {n, 28, 28}, dl[1] = {n};
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
+    write_idx(path, 3, di, img, (size_t)n * 784);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
+    write_idx(path, 1, dl, lab, n);
+    free(img);
+    free(lab);
 }

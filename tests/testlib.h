@@ -4,6 +4,7 @@
 #define DT_TESTLIB_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 extern int tl_passed, tl_failed;
@@ -20,6 +21,10 @@ int tl_run(const char *cmd, char *out, size_t n);
 /* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
 const char *tl_dtrain(void);
 int tl_finish(void);
+/* Writes DIR/PREFIX-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz (plain
+ * IDX despite the name): n 28x28 images whose label is visible in them (a
+ * bright block at a label-dependent place), so that models learn. */
+void tl_make_idx_split(const char *dir, const char *prefix, int n, uint64_t seed);
 
 #define CHECK(cond, ...) tl_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 #define CHECK_NEAR(a, b, tol, what)                                                    \

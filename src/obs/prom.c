@@ -123,11 +123,12 @@ dt_status dt_prom_start(dt_prom **out, const char *addr, int port, dt_prom_rende
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;  // no name lookups
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     int rc = getaddrinfo(addr, ps, &hints, &ai);
-    if (rc != 0) return dt_error(DT_ERR_CONFIG, "metrics endpoint %s:%d: bad address: %s", addr, port, gai_strerror(rc));
+    if (rc != 0) return dt_error(DT_ERR_CONFIG, "metrics endpoint %s:%d: expected an IPv4 or IPv6 address such as 127.0.0.1, 0.0.0.0 or ::1 (%s)",
+                        addr, port, gai_strerror(rc));
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
         freeaddrinfo(ai);

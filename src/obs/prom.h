@@ -16,7 +16,7 @@ typedef struct dt_prom dt_prom;
 /* Writes the current metrics to f (called on the server's thread). */
 typedef void (*dt_prom_render_fn)(FILE *f, void *user);
 
-/* Listens on addr:port (an IPv4 or IPv6 literal, or a host name) and starts
+/* Listens on addr:port (an IPv4 or IPv6 address, not a name) and starts
  * the thread. A port in use or a bad address is an error naming it. */
 dt_status dt_prom_start(dt_prom **out, const char *addr, int port, dt_prom_render_fn render, void *user);
 /* Stops the thread and closes the socket. NULL is fine. */

@@ -254,7 +254,7 @@ static void axes(FILE *f, const box *b, const char *xl, const char *yl) {
 
 static void legend(FILE *f, int i, const char *name, const char *color) {
     int y = MT + 6 + 18 * i;
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\" class=\"lg\">",
+    fprintf(f, "<rect class=\"key\" x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\" class=\"lg\">",
             CW - MR + 12, y, color, CW - MR + 32, y + 9);
     html_text(f, name);
     fputs("</text>\n", f);
@@ -300,7 +300,7 @@ static void line_chart(FILE *f, const char *id, const char *title, const char *x
         if (e->dots || e->n == 1)
             for (int i = 0; i < e->n; i++)
                 if (isfinite(e->x[i]) && isfinite(e->y[i]))
-                    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", px(&b, e->x[i]),
+                    fprintf(f, "<circle class=\"dot\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", px(&b, e->x[i]),
                             py(&b, e->y[i]), e->color);
         legend(f, k, e->name, e->color);
     }
