@@ -3,10 +3,12 @@
  * Layers are checked with a scalar loss L = sum(out * R) for a fixed random R
  * (so dout = R), comparing backward's gradients with central differences.
  * The whole model is checked the same way on its real loss, for a sample of
- * elements of every parameter tensor. Then: attention is causal (a change at
- * position t never reaches outputs before t) and equals a naive double
- * reference; padding rows of wte get no gradient; bad token ids and too-long
- * contexts fail with clear errors; results are bitwise reproducible. */
+ * elements of every parameter tensor; its grad hook must report final only
+ * what is final, and its loss scale must scale every gradient. Then:
+ * attention is causal (a change at position t never reaches outputs before
+ * t) and equals a naive double reference; padding rows of wte get no
+ * gradient; bad token ids and too-long contexts fail with clear errors;
+ * results are bitwise reproducible. */
 #include "dtrain/gpt.h"
 #include "testlib.h"
 
@@ -239,6 +241,22 @@ static void test_encoder_residual(void) {
 // ----------------------------------------------------------------------------
 // the whole model
 
+typedef struct {
+    dt_gpt *m;
+    const float *final;
+    size_t n, last;
+    int calls, increasing, early;
+} hook_state;
+
+static void check_hook(size_t offset, void *user) {
+    hook_state *h = user;
+    h->calls++;
+    h->increasing |= offset > h->last;
+    h->last = offset;
+    if (offset <= h->n && memcmp(dt_gpt_grads(h->m) + offset, h->final + offset, sizeof(float) * (h->n - offset)))
+        h->early = 1;
+}
+
 static void test_model(void) {
     dt_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 30,
                        .padded_vocab_size = 32};
@@ -301,6 +319,27 @@ static void test_model(void) {
     dt_gpt_forward(m, x, y, B, T, &loss2);
     dt_gpt_backward(m);
     CHECK(loss2 == loss && memcmp(g, dt_gpt_grads(m), sizeof(float) * np) == 0, "bitwise reproducible");
+
+    // The grad hook: offsets decrease to 0, and when one is reported the
+    // gradients above it already hold their final values.
+    hook_state hs = {m, g, np, np + 1, 0, 0, 0};
+    dt_gpt_set_grad_hook(m, check_hook, &hs);
+    dt_gpt_zero_grad(m);
+    dt_gpt_forward(m, x, y, B, T, &loss2);
+    dt_gpt_backward(m);
+    dt_gpt_set_grad_hook(m, NULL, NULL);
+    CHECK(hs.calls > 0 && hs.last == 0 && !hs.increasing && !hs.early,
+          "grad hook: %d calls, last offset %zu, increasing %d, reported before final %d", hs.calls, hs.last,
+          hs.increasing, hs.early);
+    // The loss scale multiplies every gradient (by a power of two: exactly).
+    dt_gpt_set_loss_scale(m, 0.25f);
+    dt_gpt_zero_grad(m);
+    dt_gpt_forward(m, x, y, B, T, &loss2);
+    dt_gpt_backward(m);
+    dt_gpt_set_loss_scale(m, 1.0f);
+    int scaled = 1;
+    for (size_t j = 0; j < np; j++) scaled &= dt_gpt_grads(m)[j] == 0.25f * g[j];
+    CHECK(scaled && loss2 == loss, "loss scale 0.25: gradients x 0.25, loss unchanged");
 
     // Shorter batches than the model was built for work, and give the same
     // result for the first sequence as a batch of one.

@@ -313,13 +313,16 @@ static void test_cli(void) {
     char *v1 = strstr(out1, "val loss "), *v2 = strstr(out, "val loss ");
     CHECK(r1 == 0 && r2 == 0 && v1 && v2 && tl_rel(atof(v1 + 9), atof(v2 + 9), 1e-6) < 1e-3,
           "2 workers match 1 worker: '%s' vs '%s'", out1, out);
-    snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --run-dir %s/dp3 -q", tl_dtrain(), ini, g_dir);
-    CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "not a multiple of the 3 workers"),
-          "batch not divisible by workers: %s", out);
-
-    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/dp4 -q --set train.grad_accum=2", tl_dtrain(), ini, g_dir);
-    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "grad_accum > 1 is not supported for GPT"),
-          "unsupported option refused: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --run-dir %s/dp3 -q --set train.batch=2", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "batch 2 is smaller than the 3 workers"),
+          "fewer windows than workers: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --run-dir %s/dp3 -q --deterministic --set parallel.micro_shards=4",
+             tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "micro_shards (4) must be a multiple of the 3 workers"),
+          "deterministic shards not divisible by workers: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/dp4 -q --set train.grad_accum=3", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) != 0 && strstr(out, "grad_accum (3) must divide batch (4)"),
+          "grad_accum must divide the batch: %s", out);
 
     // Bad data: a token file whose ids exceed the config's vocab.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run2 -q --set model.vocab_size=100", tl_dtrain(), ini, g_dir);

@@ -1,5 +1,5 @@
 #include "testlib.h"
-#include "dtrain/core.h"
+#include "dtrain/ckpt.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -78,7 +78,7 @@ static void write_idx(const char *path, int ndim, const int *dims, const uint8_t
     fclose(f);
 }
 
-void tl_make_idx_split(const char *dir, const char *prefix, int n, uint64_t seed) {
+void tl_make_images(const char *dir, const char *prefix, int n, unsigned long long seed) {
     uint8_t *img = malloc((size_t)n * 784), *lab = malloc(n);
     dt_rng r;
     dt_rng_seed(&r, seed);
@@ -97,4 +97,37 @@ void tl_make_idx_split(const char *dir, const char *prefix, int n, uint64_t seed
     write_idx(path, 1, dl, lab, n);
     free(img);
     free(lab);
+}
+
+double tl_weights_diff(const char *a, const char *b, int *bitwise) {
+    dt_st_file *fa = NULL, *fb = NULL;
+    double worst = -1;
+    *bitwise = 0;
+    if (dt_st_open(&fa, a) != DT_OK || dt_st_open(&fb, b) != DT_OK) {
+        fprintf(stderr, "%s\n", dt_last_error());
+        goto out;
+    }
+    worst = 0;
+    *bitwise = 1;
+    int n = 0;
+    for (int i = 0; i < dt_st_count(fa); i++) {
+        const dt_st_tensor *ta = dt_st_get(fa, i), *tb = dt_st_find(fb, ta->name);
+        if (ta->dtype != DT_F32) continue;
+        n++;
+        if (!tb || tb->nbytes != ta->nbytes) {
+            worst = -1;
+            goto out;
+        }
+        if (memcmp(ta->data, tb->data, ta->nbytes)) *bitwise = 0;
+        const float *x = ta->data, *y = tb->data;
+        size_t k = ta->nbytes / 4;
+        double mx = 1e-3;
+        for (size_t j = 0; j < k; j++) mx = fmax(mx, fabs(x[j]));
+        for (size_t j = 0; j < k; j++) worst = fmax(worst, fabs(x[j] - y[j]) / mx);
+    }
+    if (n == 0) worst = -1;
+out:
+    dt_st_close(fa);
+    dt_st_close(fb);
+    return worst;
 }

@@ -4,7 +4,6 @@
 #define DT_TESTLIB_H
 
 #include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 
 extern int tl_passed, tl_failed;
@@ -21,10 +20,14 @@ int tl_run(const char *cmd, char *out, size_t n);
 /* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
 const char *tl_dtrain(void);
 int tl_finish(void);
-/* Writes DIR/PREFIX-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz (plain
- * IDX despite the name): n 28x28 images whose label is visible in them (a
- * bright block at a label-dependent place), so that models learn. */
-void tl_make_idx_split(const char *dir, const char *prefix, int n, uint64_t seed);
+/* Writes DIR/PREFIX-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz: n 28x28
+ * images whose label is visible in them (a bright block at a label-dependent
+ * place), so that models learn something. */
+void tl_make_images(const char *dir, const char *prefix, int n, unsigned long long seed);
+/* Largest |a-b| / (max|a| + 1e-3) over all tensors of two weight files
+ * (weights or checkpoints: tensors matched by name); -1 if they differ in
+ * names or shapes. *bitwise says whether every byte agrees. */
+double tl_weights_diff(const char *a, const char *b, int *bitwise);
 
 #define CHECK(cond, ...) tl_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 #define CHECK_NEAR(a, b, tol, what)                                                    \

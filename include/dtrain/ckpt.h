@@ -13,6 +13,8 @@
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -56,6 +58,85 @@ DT_API dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *
 /* Loads parameters saved by dt_model_save; every tensor of the model must be
  * present with the same shape and dtype F32, else DT_ERR_FORMAT naming it. */
 DT_API dt_status dt_model_load(dt_model *m, const char *path);
+
+
+/* ---- training checkpoints (docs/checkpoints.md) --------------------------
+ *
+ * A checkpoint is one safetensors file: the weights under the model's tensor
+ * names (so it opens as weights anywhere), the optimizer state as
+ * "optimizer.state.0/1" (flat, parameter block order) and "optimizer.step",
+ * and in the metadata: format "dtrain-checkpoint", format_version, step,
+ * epoch, epoch_batch, the loop's RNG state, world_size, the resolved config
+ * and its hash, and a CRC-32C over every tensor (name, dtype, shape, bytes)
+ * and every metadata value, verified on load. */
+
+#define DT_CKPT_VERSION 1
+
+/* Where a training loop stands: enough to continue bit for bit. */
+typedef struct {
+    int64_t step;        /* optimizer steps taken */
+    int64_t epoch;       /* epoch in progress (0-based) */
+    int64_t epoch_batch; /* global batches of that epoch already trained */
+    int64_t epoch_steps; /* steps summed in epoch_loss */
+    double epoch_loss;   /* sum of this epoch's step losses (progress, summary) */
+    dt_rng rng;          /* the loop's data generator (GPT windows) */
+    int world;           /* workers of the run that wrote it */
+} dt_train_state;
+
+/* What a checkpoint holds, as live buffers: writing reads them, loading
+ * fills them. */
+typedef struct {
+    const dt_tensor_info *tensors; /* the weights: names, shapes, offsets */
+    int ntensors;
+    float *params;                 /* flat parameter block, nparams floats */
+    size_t nparams;
+    int nstates;                   /* optimizer state blocks (0..2) */
+    float *states[2];              /* each nparams floats */
+    int64_t *opt_step;             /* the optimizer's step count */
+    const char *optimizer;         /* its name ("sgd", "adamw") */
+    const char *config;            /* resolved config text (dt_config_format) */
+    const dt_st_meta *weights_meta;/* metadata the weights file of this model
+                                      carries (a GPT's shape), kept for export */
+    int nweights_meta;
+} dt_ckpt_model;
+
+/* Writes a checkpoint atomically (temp file, fsync, rename, fsync dir). */
+DT_API dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s);
+/* Reads and verifies path, then fills m's buffers and *s. Nothing is
+ * touched unless the whole file is valid. Errors: DT_ERR_IO / DT_ERR_FORMAT
+ * for a damaged file (unreadable, truncated, checksum), DT_ERR_CONFIG for a
+ * sound file that does not fit (another model, optimizer or format
+ * version). */
+DT_API dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state *s);
+/* Prints a checkpoint's (or weights file's) metadata and tensors, and
+ * whether its checksum holds; DT_ERR_FORMAT if it does not. */
+DT_API dt_status dt_ckpt_inspect(const char *path, FILE *out);
+/* Writes the weights alone (the same safetensors file the run's
+ * model.safetensors is, for inference and `dtrain convert`). */
+DT_API dt_status dt_ckpt_export_weights(const char *ckpt, const char *out);
+
+/* The checkpoint files of a directory, newest step first:
+ * DIR/step-NNNNNNNN.safetensors. *paths is malloc'd (free with free()). */
+DT_API dt_status dt_ckpt_list(const char *dir, char ***paths, int *n);
+/* Loads the newest valid checkpoint of dir (or path itself when it is a
+ * file), skipping damaged ones with a warning; an incompatible one is an
+ * error. *found = 0 (and DT_OK) when dir holds none. `used` gets its path. */
+DT_API dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_state *s,
+                                     int *found, char *used, size_t nused);
+
+/* Background writer: save() copies the buffers (the only pause training
+ * sees) and a thread writes DIR/step-N.safetensors, then deletes all but the
+ * newest `keep`. A save waits for the previous write first. */
+typedef struct dt_ckpt_writer dt_ckpt_writer;
+DT_API dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
+                                       const dt_ckpt_model *m);
+DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s);
+/* Waits for the write in flight; returns the first failed write's status. */
+DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);
+/* Saves so far and the longest / total pause they caused, in seconds. */
+DT_API void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause,
+                                 double *total_pause);
+DT_API void dt_ckpt_writer_free(dt_ckpt_writer *w);
 
 #ifdef __cplusplus
 }

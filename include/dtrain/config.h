@@ -14,6 +14,7 @@
  *             grad_accum, straggler_margin, straggler_steps
  *   [parallel] bucket_kb, deterministic, micro_shards
  *   [obs]     metrics_port, metrics_addr, trace
+ *   [checkpoint] every_steps, every_seconds, keep, resume
  *
  * docs/config.md lists every key with its default. Every key is checked: an
  * unknown section or key, or a value of the wrong form, fails with
@@ -70,6 +71,11 @@ typedef struct {
     int metrics_port;              /* Prometheus endpoint on rank 0 (0: none) */
     char metrics_addr[64];         /* address it listens on */
     char trace[512];               /* Chrome trace-event JSON file ("" : none) */
+    /* [checkpoint] (RUN_DIR/checkpoints, docs/checkpoints.md) */
+    int64_t ckpt_every_steps;      /* 0 = not by steps */
+    float ckpt_every_seconds;      /* 0 = not by time */
+    int ckpt_keep;                 /* newest checkpoints kept */
+    char resume[512];              /* "" none, "auto" RUN_DIR's newest, or a file/dir */
     /* ---- GPT language models (docs/gpt.md) ----
      * [model] preset = gpt-tiny | gpt-small | gpt2-124m | gpt, with n_layer,
      * n_head, n_embd, block_size, vocab_size, padded_vocab_size overriding
@@ -98,8 +104,11 @@ DT_API dt_status dt_config_load(dt_config *c, const char *path, const char *cons
 DT_API dt_status dt_config_parse(dt_config *c, const char *text, const char *what,
                                  const char *const *overrides, int noverrides);
 
-/* Writes the resolved config (every field, presets expanded) as INI text
- * that dt_config_load reads back to the same struct. */
+/* The resolved config (every field, presets expanded) as INI text that
+ * dt_config_parse reads back to the same struct; malloc'd, NULL when out of
+ * memory. */
+DT_API char *dt_config_format(const dt_config *c);
+/* Writes dt_config_format's text to path atomically. */
 DT_API dt_status dt_config_write(const dt_config *c, const char *path);
 
 #ifdef __cplusplus

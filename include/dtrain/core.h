@@ -100,6 +100,10 @@ DT_API double dt_now(void);
 DT_API void *dt_alloc(size_t n);
 DT_API void dt_free(void *p);
 
+/* CRC-32C (Castagnoli) of p[n], continuing from crc (0 to start). Uses the
+ * SSE4.2 instruction where the CPU has it. */
+DT_API uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n);
+
 /* Creates directory `path` and its missing parents (mkdir -p). */
 DT_API dt_status dt_make_dirs(const char *path);
 

@@ -31,6 +31,7 @@
 #ifndef DTRAIN_GPT_H
 #define DTRAIN_GPT_H
 
+#include "dtrain/ckpt.h"
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 
@@ -122,12 +123,25 @@ DT_API const float *dt_gpt_logits(const dt_gpt *m);
 /* Backward of the last forward (which must have had targets): ACCUMULATES
  * into the gradient block. */
 DT_API dt_status dt_gpt_backward(dt_gpt *m);
+/* Multiplies the gradient of the loss by s in later backwards (default 1):
+ * a micro-batch's share of a larger batch, as dt_model_set_loss_scale. */
+DT_API void dt_gpt_set_loss_scale(dt_gpt *m, float s);
+/* Called during backward with offsets into the gradient block, decreasing,
+ * the last 0: gradients at offsets >= offset are final for this pass (see
+ * dt_model_set_grad_hook). The per-layer tensors are stacked over the
+ * layers, so the final region is contiguous only conservatively: while
+ * layers L-1..1 run it grows through the last one (fcprojb) only, and it
+ * takes in whole tensors during layer 0 and the embedding. fn NULL: none. */
+DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
 
 /* ---- weights ------------------------------------------------------------ */
 
 /* safetensors with the 16 llm.c-named tensors and the sizes as metadata
  * (n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab_size). */
 DT_API dt_status dt_gpt_save(const dt_gpt *m, const char *path);
+/* That metadata: the six sizes (written into vals) and format "dtrain-gpt";
+ * returns the entries in meta (7). */
+DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_meta meta[7]);
 /* Loads weights saved by dt_gpt_save, or an llm.c checkpoint (told apart by
  * its magic number); their sizes must equal the model's. */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);

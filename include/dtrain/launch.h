@@ -16,8 +16,15 @@
  *     (SIGTERM, then SIGKILL);
  *   - SIGINT / SIGTERM to the launcher (Ctrl-C) stop every rank (SIGTERM,
  *     then SIGKILL after term_grace; a second Ctrl-C kills at once);
+ *   - heartbeats: each rank reports its progress (dt_heartbeat) into a
+ *     small shared table; a rank silent for heartbeat_timeout seconds is
+ *     taken for hung: the launcher names it and stops every rank;
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.
+ *
+ * Restarting a failed group from its newest checkpoint, and elastic
+ * resizing, are the business of `dtrain train` on top of this
+ * (docs/checkpoints.md).
  */
 #ifndef DTRAIN_LAUNCH_H
 #define DTRAIN_LAUNCH_H
@@ -34,16 +41,46 @@ typedef struct {
                           before they are stopped; default 3 */
     double term_grace; /* seconds between SIGTERM and SIGKILL; default 2 */
     int verbose;       /* log each rank's start and exit at info level */
+    double heartbeat_timeout; /* seconds without a heartbeat before a rank
+                                 counts as hung (0 = no check); before its
+                                 first heartbeat, counted from the start */
+    double stop_after; /* > 0: this many seconds after the start, send every
+                          rank SIGUSR1 once (dtrain train: checkpoint and
+                          stop, for elastic resizing) */
 } dt_launch_params;
+
+/* How a launch ended. */
+typedef struct {
+    int exit_code;         /* the first failing rank's, else 0 */
+    int failed_rank;       /* that rank, or -1 */
+    int signal;            /* the signal that killed it, or 0 */
+    int hung;              /* it was stopped for missing heartbeats */
+    int failed_early;      /* it failed before finishing a step of its own */
+    int stopped;           /* every rank exited with DT_EXIT_STOPPED */
+    int64_t start_step;    /* the step the ranks started from (-1: unknown) */
+    int64_t last_step;     /* the highest step a rank reported (-1: none) */
+    double first_step_at;  /* dt_now() when a rank first finished a step, or 0 */
+    double failed_at;      /* dt_now() when the failure was seen, or 0 */
+} dt_launch_result;
+
+/* The exit status of a rank that stopped on request at a checkpoint. */
+#define DT_EXIT_STOPPED 75
+
+/* Reports progress to the launcher: call with the step the loop starts
+ * from, then after every step; step -1 (during long phases such as an
+ * evaluation) says "alive" without a step. A no-op outside a dtrain
+ * launcher. Thread-safe. */
+DT_API void dt_heartbeat(int64_t step);
 
 DT_API dt_launch_params dt_launch_default_params(void);
 
 /* Runs argv[0] (looked up in PATH) with argv as nranks local ranks and
- * waits for all of them. On DT_OK, *exit_code is the job's exit status as
- * described above. Returns DT_ERR_ARG for bad parameters, DT_ERR_COMM if
+ * waits for all of them. On DT_OK, *r tells how it ended (r->exit_code: the
+ * job's exit status as described above). Returns DT_ERR_ARG for bad
+ * parameters, DT_ERR_COMM if
  * the shared-memory segment cannot be created, DT_ERR_INTERNAL if fork
  * fails (ranks already started are then stopped). */
-DT_API dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_code);
+DT_API dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_result *r);
 
 #ifdef __cplusplus
 }

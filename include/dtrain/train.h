@@ -52,6 +52,8 @@ typedef struct {
     double comm_seconds;         /* gradient allreduce windows (first bucket
                                     started to last done), summed over steps */
     double comm_exposed_seconds; /* the part of them after backward had ended */
+    int stopped;                 /* 1: stopped early on request, at a checkpoint */
+    int64_t resumed_step;        /* the step a resumed run started from (0: none) */
 } dt_train_result;
 
 /* Trains as c says. run_dir (created if missing, may be NULL for no files).
@@ -66,15 +68,23 @@ typedef struct {
 DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                           void *user, dt_train_result *res);
 
+/* Asks the running dt_train (of this process) to stop after the current
+ * step: every rank stops after the same step, a checkpoint is written when
+ * checkpoints are on, and dt_train returns DT_OK with res->stopped = 1.
+ * Async-signal-safe: the CLI calls it from its SIGUSR1 handler. */
+DT_API void dt_train_request_stop(void);
+
 /* The GPT training loop (c->gpt set; dt_train calls it for such configs):
  * random windows of seq_len+1 tokens from [data] train_file, the optimizer
  * and schedule, the validation loss over [data] val_file every eval_every
  * steps and at the end. Writes config.ini, model.safetensors (dt_gpt_save)
  * and summary.json (val_loss, val_history, tokens_per_sec, ...) into run_dir.
  * In res, test_loss is the final validation loss and test_accuracy -1;
- * progress reports sequences as samples. Data parallel as dt_train: each of
- * W ranks trains on batch/W windows of the same global batch and the
- * gradients are averaged with one allreduce per step (docs/gpt.md). */
+ * progress reports sequences as samples. Data parallel as dt_train, with
+ * the same options (grad_accum, deterministic, lr_scaling): each of W ranks
+ * trains on its share of the same global batch of windows and the
+ * gradients are averaged in buckets during backward, so the run gives the
+ * model one process would (docs/gpt.md). */
 DT_API dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                               void *user, dt_train_result *res);
 /* A GPT's loss and next-token accuracy over eval_batches batches of

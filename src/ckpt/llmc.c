@@ -71,17 +71,23 @@ static int *cfg_field(dt_gpt_config *c, int i) {
     return f[i];
 }
 
+int dt_gpt_weights_meta(const dt_gpt_config *cfg, char vals[6][16], dt_st_meta meta[7]) {
+    dt_gpt_config c = *cfg;
+    for (int i = 0; i < 6; i++) {
+        snprintf(vals[i], sizeof vals[i], "%d", *cfg_field(&c, i));
+        meta[i] = (dt_st_meta){meta_keys[i], vals[i]};
+    }
+    meta[6] = (dt_st_meta){"format", "dtrain-gpt"};
+    return 7;
+}
+
 dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *cfg, const float *p) {
     dt_status st = dt_gpt_config_check(cfg, path);
     if (st != DT_OK) return st;
     dt_gpt_config c = *cfg;
     char vals[6][16];
     dt_st_meta meta[8];
-    for (int i = 0; i < 6; i++) {
-        snprintf(vals[i], sizeof vals[i], "%d", *cfg_field(&c, i));
-        meta[i] = (dt_st_meta){meta_keys[i], vals[i]};
-    }
-    meta[6] = (dt_st_meta){"format", "dtrain-gpt"};
+    dt_gpt_weights_meta(&c, vals, meta);
     meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
     dt_tensor_info ti[16];
     dt_gpt_param_shapes(&c, ti);

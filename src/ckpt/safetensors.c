@@ -1,5 +1,6 @@
 /* safetensors read/write, and model weights in that format. */
 #include "dtrain/ckpt.h"
+#include "ckpt/st_impl.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -124,11 +125,19 @@ static dt_status parse_owned(dt_st_file **out, uint8_t *buf, size_t len, const c
                       what, (unsigned long long)hl, len);
         goto fail;
     }
-    f->root = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hl);
+    const char *json_end = NULL;
+    f->root = cJSON_ParseWithLengthOpts((const char *)buf + 8, (size_t)hl, &json_end, 0);
     if (!f->root || !cJSON_IsObject(f->root)) {
         st = dt_error(DT_ERR_FORMAT, "%s: safetensors header is not a JSON object", what);
         goto fail;
     }
+    // After the JSON only the padding (spaces) may follow.
+    for (const char *q = json_end; q < (const char *)buf + 8 + hl; q++)
+        if (*q != ' ') {
+            st = dt_error(DT_ERR_FORMAT, "%s: unexpected byte 0x%02x after the safetensors header's JSON", what,
+                          (unsigned char)*q);
+            goto fail;
+        }
     size_t data_len = len - 8 - hl;
     const uint8_t *data = buf + 8 + hl;
     int count = cJSON_GetArraySize(f->root);
@@ -301,11 +310,28 @@ dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, i
 }
 
 // "[1024, 784]"
-static void format_shape(char *buf, size_t n, const int64_t *shape, int ndim) {
+void dt_st_format_shape(char *buf, size_t n, const int64_t *shape, int ndim) {
     size_t w = (size_t)snprintf(buf, n, "[");
     for (int d = 0; d < ndim && w < n; d++)
         w += (size_t)snprintf(buf + w, n - w, "%s%lld", d ? ", " : "", (long long)shape[d]);
     if (w < n) snprintf(buf + w, n - w, "]");
+}
+
+dt_status dt_st_expect(const dt_st_file *f, const char *path, const char *name, dt_dtype dtype, int ndim,
+                       const int64_t *shape, dt_status code, const dt_st_tensor **out) {
+    const dt_st_tensor *t = dt_st_find(f, name);
+    if (!t) return dt_error(code, "%s: tensor '%s' missing (from a different model?)", path, name);
+    int same = t->dtype == dtype && t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+    if (!same) {
+        char got[160], want[160];
+        dt_st_format_shape(got, sizeof got, t->shape, t->ndim);
+        dt_st_format_shape(want, sizeof want, shape, ndim);
+        return dt_error(code, "%s: tensor '%s' is %s %s, the model needs %s %s (from a different model?)", path,
+                        name, dt_dtype_name(t->dtype), got, dt_dtype_name(dtype), want);
+    }
+    *out = t;
+    return DT_OK;
 }
 
 dt_status dt_model_load(dt_model *m, const char *path) {
@@ -313,24 +339,11 @@ dt_status dt_model_load(dt_model *m, const char *path) {
     dt_status st = dt_st_open(&f, path);
     if (st != DT_OK) return st;
     float *p = dt_model_params(m);
-    for (int i = 0; i < dt_model_num_tensors(m); i++) {
+    for (int i = 0; i < dt_model_num_tensors(m) && st == DT_OK; i++) {
         const dt_tensor_info *ti = dt_model_tensor(m, i);
-        const dt_st_tensor *t = dt_st_find(f, ti->name);
-        if (!t) {
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' missing (weights of a different model?)", path, ti->name);
-            break;
-        }
-        int same = t->dtype == DT_F32 && t->ndim == ti->ndim;
-        for (int d = 0; same && d < ti->ndim; d++) same = t->shape[d] == ti->shape[d];
-        if (!same) {
-            char got[160], want[160];
-            format_shape(got, sizeof got, t->shape, t->ndim);
-            format_shape(want, sizeof want, ti->shape, ti->ndim);
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %s %s, the model needs F32 %s (weights of a different model?)",
-                          path, ti->name, dt_dtype_name(t->dtype), got, want);
-            break;
-        }
-        memcpy(p + ti->offset, t->data, t->nbytes);
+        const dt_st_tensor *t;
+        st = dt_st_expect(f, path, ti->name, DT_F32, ti->ndim, ti->shape, DT_ERR_FORMAT, &t);
+        if (st == DT_OK) memcpy(p + ti->offset, t->data, t->nbytes);
     }
     dt_st_close(f);
     return st;

@@ -8,6 +8,7 @@
 #include <libgen.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,4 +245,48 @@ dt_status dt_write_atomic(const char *path, const void *const *parts, const size
         close(dfd);
     }
     return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// CRC-32C: a byte-wise table, and the SSE4.2 instruction 8 bytes at a time
+// where the CPU has it (some 10x faster: checkpoints of a GB verify in a
+// fraction of a second).
+
+static uint32_t crc_table[256];
+
+static void crc_table_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc_bytes(uint32_t c, const uint8_t *p, size_t n) {
+    while (n--) c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t c, const uint8_t *p, size_t n) {
+    uint64_t c64 = c;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c64 = __builtin_ia32_crc32di(c64, v);
+    }
+    c = (uint32_t)c64;
+    for (; n; n--) c = __builtin_ia32_crc32qi(c, *p++);
+    return c;
+}
+#endif
+
+uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, crc_table_init);
+    uint32_t c = ~crc;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2")) return ~crc_hw(c, p, n);
+#endif
+    return ~crc_bytes(c, p, n);
 }

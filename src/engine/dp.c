@@ -1,5 +1,6 @@
 /* Bucketed, overlapped gradient allreduce (see dp.h). */
 #include "engine/dp.h"
+#include "engine/checkpoints.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -119,4 +120,114 @@ dt_status dt_dp_fixed_reduce(int64_t *acc, float *grads, size_t n, dt_comm_t com
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) grads[i] = (float)((double)acc[i] / FIXED_SCALE);
     return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// one training step
+
+dt_status dt_dp_check(const dt_config *c, int W) {
+    if (c->batch < W) return dt_error(DT_ERR_CONFIG, "[train] batch %d is smaller than the %d workers", c->batch, W);
+    if (c->deterministic && c->micro_shards % W)
+        return dt_error(DT_ERR_CONFIG, "[parallel] micro_shards (%d) must be a multiple of the %d workers in deterministic mode",
+                        c->micro_shards, W);
+    return DT_OK;
+}
+
+int dt_dp_max_micro(const dt_config *c, int W) {
+    int share = (c->batch + W - 1) / W;
+    return c->deterministic ? (c->batch + c->micro_shards - 1) / c->micro_shards
+                            : (share + c->grad_accum - 1) / c->grad_accum;
+}
+
+dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, float *grads, size_t n) {
+    memset(s, 0, sizeof *s);
+    s->c = c;
+    s->comm = comm;
+    s->grads = grads;
+    s->n = n;
+    int nmax = c->deterministic ? c->micro_shards : c->grad_accum;
+    s->off = malloc(sizeof(int) * nmax);
+    s->len = malloc(sizeof(int) * nmax);
+    if (!s->off || !s->len) return dt_error(DT_ERR_NOMEM, "out of memory");
+    if (c->deterministic) {
+        if (!(s->acc = dt_alloc(sizeof(int64_t) * n))) return DT_ERR_NOMEM;
+    } else if (dt_comm_size(comm) > 1) {
+        return dt_dp_create(&s->dp, comm, grads, n, (size_t)c->bucket_kb * 1024 / sizeof(float));
+    }
+    return DT_OK;
+}
+
+void dt_dp_step_free(dt_dp_step *s) {
+    dt_dp_free(s->dp);
+    dt_free(s->acc);
+    free(s->off);
+    free(s->len);
+    s->dp = NULL;
+    s->acc = NULL;
+    s->off = s->len = NULL;
+}
+
+// Deterministic mode cuts the global batch into micro_shards fixed shards
+// (the same cut for every worker count) and takes those inside the share;
+// otherwise the share is cut into grad_accum parts.
+int dt_dp_step_begin(dt_dp_step *s, int first, int share, int global) {
+    const dt_config *c = s->c;
+    int k = 0;
+    if (c->deterministic) {
+        int M = c->micro_shards;
+        for (int j = 0; j < M; j++) {
+            int lo = (int)((long)global * j / M), hi = (int)((long)global * (j + 1) / M);
+            if (lo >= first && hi <= first + share && hi > lo) {
+                s->off[k] = lo - first;
+                s->len[k++] = hi - lo;
+            }
+        }
+    } else {
+        int A = c->grad_accum;
+        for (int a = 0; a < A; a++) {
+            int lo = (int)((long)share * a / A), hi = (int)((long)share * (a + 1) / A);
+            if (hi > lo) {
+                s->off[k] = lo;
+                s->len[k++] = hi - lo;
+            }
+        }
+    }
+    s->nmicro = k;
+    s->global = global;
+    s->loss = 0;
+    if (s->dp) dt_dp_begin(s->dp);
+    return k;
+}
+
+dt_grad_ready_fn dt_dp_step_hook(const dt_dp_step *s, int k) {
+    return s->dp && k == s->nmicro - 1 ? dt_dp_ready : NULL;
+}
+
+void dt_dp_step_micro_end(dt_dp_step *s, int k, float loss) {
+    s->loss += (double)loss * s->len[k];
+    if (s->acc) {  // each shard's gradient on its own, from zero
+        dt_dp_fixed_add(s->acc, s->grads, s->n);
+        memset(s->grads, 0, sizeof(float) * s->n);
+    }
+}
+
+dt_status dt_dp_step_end(dt_dp_step *s, float *loss) {
+    dt_status st = DT_OK;
+    if (s->acc) {
+        st = dt_dp_fixed_reduce(s->acc, s->grads, s->n, s->comm);
+        memset(s->acc, 0, sizeof(int64_t) * s->n);
+    } else if (s->dp) {
+        st = dt_dp_finish(s->dp);
+        double win, exposed;
+        dt_dp_last_times(s->dp, &win, &exposed);
+        s->comm_seconds += win;
+        s->comm_exposed_seconds += exposed;
+    }
+    // The global batch's mean loss, for progress and summary, and whether
+    // any rank was asked to stop (so that all stop after this step).
+    float lv[2] = {(float)s->loss, (float)dt_run_stop_requested()};
+    if (st == DT_OK) st = dt_obs_allreduce(s->obs, lv, 2, s->comm);
+    *loss = lv[0] / (float)s->global;
+    s->stop = lv[1] > 0;
+    return st;
 }

@@ -16,6 +16,9 @@
 #define DT_ENGINE_DP_H
 
 #include "dtrain/comm.h"
+#include "dtrain/config.h"
+#include "dtrain/nn.h"
+#include "obs/obs.h"
 
 typedef struct dt_dp dt_dp;
 
@@ -37,5 +40,58 @@ int dt_dp_num_buckets(const dt_dp *d);
  * then one int64 SUM allreduce, then grads = acc / 2^32. */
 void dt_dp_fixed_add(int64_t *acc, const float *g, size_t n);
 dt_status dt_dp_fixed_reduce(int64_t *acc, float *grads, size_t n, dt_comm_t comm);
+
+/* ---- one training step, as every training loop runs it -------------------
+ *
+ * A rank's share of a global batch is cut into micro-batches (deterministic
+ * mode: the fixed shards of the global batch that fall in the share;
+ * otherwise train.grad_accum parts of the share); each one's loss is scaled
+ * by its size / the global batch; the last one's backward starts the
+ * bucketed allreduce (or, deterministic, every one's gradient goes into the
+ * fixed-point sums). After dt_dp_step_end the gradient block holds the
+ * global batch's mean gradient on every rank, for one process as for W:
+ *
+ *   int nm = dt_dp_step_begin(&s, first, share, global);
+ *   for (int k = 0; k < nm; k++) {
+ *       scale the loss by s.len[k] / global; forward over the samples
+ *       first + s.off[k] .. + s.len[k]; grad hook dt_dp_step_hook(&s, k),
+ *       s.dp; backward; dt_dp_step_micro_end(&s, k, loss);
+ *   }
+ *   dt_dp_step_end(&s, &loss);   // loss: the global batch's mean */
+typedef struct {
+    const dt_config *c;
+    dt_comm_t comm;
+    float *grads;
+    size_t n;
+    dt_dp *dp;              // buckets overlapped with backward (W > 1)
+    int64_t *acc;           // deterministic mode's fixed-point sums
+    int nmicro, *off, *len; // this step's micro-batches, from its first sample
+    int global;
+    double loss;            // sum over this step's micro-batches of loss x size
+    double comm_seconds, comm_exposed_seconds;  // summed over steps
+    int stop;               // after dt_dp_step_end: some rank was asked to stop
+    dt_obs *obs;            // the loop's, or NULL: the loss allreduce carries its timings
+} dt_dp_step;
+
+/* Checks c against the W workers (a global batch of at least W samples; in
+ * deterministic mode micro_shards a multiple of W); DT_ERR_CONFIG naming
+ * the field otherwise. */
+dt_status dt_dp_check(const dt_config *c, int W);
+/* The largest micro-batch a rank runs: the model's batch capacity. */
+int dt_dp_max_micro(const dt_config *c, int W);
+/* For the gradient block grads[n] (the model's, which must outlive s). */
+dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, float *grads, size_t n);
+void dt_dp_step_free(dt_dp_step *s);
+/* Plans a step over this rank's samples [first, first + share) of a global
+ * batch of `global`, and arms the buckets; returns the micro-batches. The
+ * gradient block must be zero. */
+int dt_dp_step_begin(dt_dp_step *s, int first, int share, int global);
+/* The grad hook for micro-batch k's backward (NULL but for the last). */
+dt_grad_ready_fn dt_dp_step_hook(const dt_dp_step *s, int k);
+/* After micro-batch k's backward, whose mean loss was `loss`. */
+void dt_dp_step_micro_end(dt_dp_step *s, int k, float loss);
+/* Completes the gradient sum and sets *loss to the global batch's mean,
+ * and s->stop when any rank was asked to stop (dt_train_request_stop). */
+dt_status dt_dp_step_end(dt_dp_step *s, float *loss);
 
 #endif

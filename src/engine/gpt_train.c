@@ -4,17 +4,22 @@
  *
  * Data parallel (when the process is one of W ranks, as for dt_train): every
  * rank draws the same global batch of B windows from the same seeded
- * stream and trains on its B/W of them; the gradients (each the mean over
- * the rank's tokens) are summed with one allreduce and scaled by 1/W, which
- * is the global batch's mean, so W workers follow the single-process run up
- * to float rounding. Validation splits its windows the same way. */
+ * stream and trains on its share of them (windows B*r/W up to B*(r+1)/W);
+ * the step's micro-batches, loss scales and gradient allreduce are
+ * engine/dp.h's, as in dt_train, so W workers follow the single-process run
+ * up to float rounding (bitwise in deterministic mode). Validation splits
+ * its windows the same way. */
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/gpt.h"
+#include "dtrain/launch.h"
 #include "dtrain/train.h"
 
+#include "engine/checkpoints.h"
+#include "engine/dp.h"
 #include "engine/worker.h"
 #include "obs/json.h"
+#include "obs/obs.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,25 +27,31 @@
 #include <string.h>
 #include <sys/stat.h>
 
-// Mean loss (and next-token accuracy when acc is not NULL) over `batches`
-// batches of B consecutive windows of the validation file, computed in
-// chunks of Bl = B/W windows: rank r takes chunks r, r+W, ... and the sums
-// meet in one allreduce (comm may be NULL for one process).
-static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int batches, int Bl, int T, int32_t *x,
+// Mean loss (and next-token accuracy when acc is not NULL) over the first
+// `windows` consecutive windows of the validation file: rank r takes
+// windows windows*r/W up to windows*(r+1)/W, in chunks of up to Bc (the
+// model's batch), and the sums meet in one allreduce (comm may be NULL for
+// one process).
+static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, int T, int32_t *x,
                           int32_t *y, float *out, float *acc, dt_comm_t comm) {
     int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
     int V = dt_gpt_get_config(m)->vocab_size;
-    double sums[2] = {0, 0};  // sum of chunk losses, correct predictions
+    int lo = (int)((long)windows * rank / W), hi = (int)((long)windows * (rank + 1) / W);
+    double sums[2] = {0, 0};  // sum of window losses, correct predictions
     float fs[2];
-    for (int i = rank; i < batches * W; i += W) {
+    for (int i = lo; i < hi; i += Bc) {
+        int n = hi - i < Bc ? hi - i : Bc;
         float l;
-        dt_status st = dt_tokens_window(val, i, Bl, T, x, y);
-        if (st == DT_OK) st = dt_gpt_forward(m, x, y, Bl, T, &l);
+        dt_status st = DT_OK;
+        dt_heartbeat(-1);
+        for (int b = 0; b < n && st == DT_OK; b++)
+            st = dt_tokens_window(val, i + b, 1, T, x + (size_t)b * T, y + (size_t)b * T);
+        if (st == DT_OK) st = dt_gpt_forward(m, x, y, n, T, &l);
         if (st != DT_OK) return st;
-        sums[0] += l;
+        sums[0] += (double)l * n;
         if (acc) {
             const float *lg = dt_gpt_logits(m);
-            for (int r = 0; r < Bl * T; r++) {
+            for (int r = 0; r < n * T; r++) {
                 int arg = 0;
                 for (int v = 1; v < V; v++)
                     if (lg[(size_t)r * V + v] > lg[(size_t)r * V + arg]) arg = v;
@@ -56,8 +67,8 @@ static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int batches, int Bl, 
         sums[0] = fs[0];
         sums[1] = fs[1];
     }
-    *out = (float)(sums[0] / ((double)batches * W));
-    if (acc) *acc = (float)(sums[1] / ((double)batches * W * Bl * T));
+    *out = (float)(sums[0] / windows);
+    if (acc) *acc = (float)(sums[1] / ((double)windows * T));
     return DT_OK;
 }
 
@@ -74,7 +85,7 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
-    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches, B, T, x, y, loss, accuracy, NULL);
+    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL);
     if (n) *n = c->eval_batches * B * T;
     dt_gpt_free(m);
     dt_tokens_close(&val);
@@ -121,10 +132,15 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     cJSON *history = NULL;
     char path[4096];
     dt_comm_t comm = NULL;
+    dt_dp_step sync = {0};
+    dt_run_ckpt ck = {0};
+    dt_obs *obs = NULL;
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
+    if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
@@ -133,19 +149,10 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     res->workers = W;
     res->threads = threads;
     history = cJSON_CreateArray();
-    // Classifier-engine options the GPT loop does not have (yet): refuse
-    // them rather than ignore them.
-    if (c->deterministic || c->grad_accum > 1 || c->lr_scaling) {
-        st = dt_error(DT_ERR_CONFIG, "%s is not supported for GPT runs",
-                      c->deterministic ? "[parallel] deterministic" : c->grad_accum > 1 ? "[train] grad_accum > 1"
-                                                                                     : "[optim] lr_scaling");
-        goto done;
-    }
-    if (B % W) {
-        st = dt_error(DT_ERR_CONFIG, "[train] batch %d is not a multiple of the %d workers", B, W);
-        goto done;
-    }
-    int Bl = B / W;  // this rank's sequences per step
+    if ((st = dt_dp_check(c, W)) != DT_OK) goto done;
+    // This rank's windows of each global batch, and the model's batch.
+    int first = (int)((long)B * rank / W), share = (int)((long)B * (rank + 1) / W) - first;
+    int Bm = dt_dp_max_micro(c, W);
 
     if (run_dir) {
         if ((st = dt_make_dirs(run_dir)) != DT_OK) goto done;
@@ -166,7 +173,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
             goto done;
         }
     }
-    if ((st = dt_gpt_create(&m, &gc, Bl, T)) != DT_OK) goto done;
+    if ((st = dt_gpt_create(&m, &gc, Bm, T)) != DT_OK) goto done;
     dt_gpt_init(m, c->seed);
     if (c->init_from[0] && (st = dt_gpt_load(m, c->init_from)) != DT_OK) goto done;
     size_t np = dt_gpt_num_params(m);
@@ -175,6 +182,9 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         goto done;
     }
     if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
+    float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
+    if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    sync.obs = obs;
     x = malloc(sizeof(int32_t) * B * T);
     y = malloc(sizeof(int32_t) * B * T);
     if (!x || !y) {
@@ -182,84 +192,113 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         goto done;
     }
     int64_t total = c->max_steps;
-    dt_schedule sched = {c->sched, c->optim.lr, c->min_lr, c->warmup_steps, total};
-    float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
+    dt_schedule sched = dt_worker_schedule(c, total);
     dt_rng rng;
     dt_rng_seed(&rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
+    // Checkpoints: the weights, the optimizer state, the data stream's RNG.
+    dt_tensor_info tinfo[16];
+    for (int i = 0; i < 16; i++) tinfo[i] = *dt_gpt_tensor(m, i);
+    char mvals[6][16];
+    dt_st_meta wmeta[7];
+    dt_ckpt_model cm = {tinfo, 16, params, np, dt_optim_num_states(opt), {NULL, NULL}, dt_optim_step_count(opt),
+                        dt_optim_kind_name(c->optim.kind), NULL, wmeta, dt_gpt_weights_meta(&gc, mvals, wmeta)};
+    for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
+    dt_train_state ts = {.rng = rng};
+    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    ck.obs = obs;
+    rng = ts.rng;
+    res->resumed_step = ts.step;
+    dt_heartbeat(ts.step);
     if (rank == 0)
-        dt_log(DT_LOG_INFO, "%s: GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d, %lld steps, %d worker%s x %d thread%s",
+        dt_log(DT_LOG_INFO, "%s: GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d, %lld steps, %d worker%s x %d thread%s%s",
                c->name, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, np, train.n, val.n, B, T,
-               (long long)total, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "");
+               (long long)total, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+               c->deterministic ? ", deterministic" : "");
 
-    double t_train = 0, win_t = dt_now(), rate = 0, loss_sum = 0;
-    int64_t win_samples = 0, loss_n = 0;
-    for (int64_t step = 0; step < total; step++) {
+    double t_train = 0, loss_sum = ts.epoch_loss;
+    int64_t loss_n = ts.epoch_steps;
+    int stop = 0;
+    res->steps = ts.step;
+    for (int64_t step = ts.step; step < total && !stop; step++) {
         double t0 = dt_now();
         float loss;
         // The global batch (the same on every rank); this rank's share.
-        if ((st = dt_tokens_sample(&train, &rng, B, T, x, y)) != DT_OK) goto done;
-        const int32_t *xr = x + (size_t)rank * Bl * T, *yr = y + (size_t)rank * Bl * T;
+        dt_obs_begin(obs, DT_OBS_DATA);
+        st = dt_tokens_sample(&train, &rng, B, T, x, y);
+        dt_obs_end(obs, DT_OBS_DATA);
+        if (st != DT_OK) goto done;
         dt_gpt_zero_grad(m);
-        if ((st = dt_gpt_forward(m, xr, yr, Bl, T, &loss)) != DT_OK) {
-            st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
-            goto done;
-        }
-        dt_gpt_backward(m);
-        float scale = 1.0f;  // gradient sum over ranks -> mean
-        if (W > 1) {
-            float lv = loss;
-            st = dt_allreduce(grads, grads, np, DT_F32, DT_SUM, comm);
-            if (st == DT_OK) st = dt_allreduce(&lv, &lv, 1, DT_F32, DT_SUM, comm);
+        int nm = dt_dp_step_begin(&sync, first, share, B);
+        for (int k = 0; k < nm; k++) {
+            size_t o = (size_t)(first + sync.off[k]) * T;
+            dt_gpt_set_loss_scale(m, (float)sync.len[k] / (float)B);
+            dt_obs_begin(obs, DT_OBS_FORWARD);
+            st = dt_gpt_forward(m, x + o, y + o, sync.len[k], T, &loss);
+            if (st == DT_OK && k == 0) st = dt_fault_step(rank, step + 1);
+            dt_obs_end(obs, DT_OBS_FORWARD);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
-            loss = lv / (float)W;
-            scale = 1.0f / (float)W;
+            dt_gpt_set_grad_hook(m, dt_dp_step_hook(&sync, k), sync.dp);
+            dt_obs_begin(obs, DT_OBS_BACKWARD);
+            dt_gpt_backward(m);
+            dt_dp_step_micro_end(&sync, k, loss);
+            dt_obs_end(obs, DT_OBS_BACKWARD);
         }
-        if (c->optim.clip_norm > 0) scale *= dt_clip_scale(scale * sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+        dt_obs_begin(obs, DT_OBS_COMM);
+        st = dt_dp_step_end(&sync, &loss);
+        dt_obs_end(obs, DT_OBS_COMM);
+        if (st != DT_OK) {
+            st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
+            goto done;
+        }
+        dt_obs_begin(obs, DT_OBS_OPTIMIZER);
+        float gnorm = (float)sqrt(dt_sum_squares(grads, np));
+        float scale = c->optim.clip_norm > 0 ? dt_clip_scale(gnorm, c->optim.clip_norm) : 1.0f;
         float lr = dt_schedule_lr(&sched, step);
         dt_optim_step(opt, params, grads, lr, scale);
+        dt_obs_end(obs, DT_OBS_OPTIMIZER);
         double now = dt_now();
         t_train += now - t0;
         res->steps = step + 1;
         loss_sum += loss;
         loss_n++;
-        win_samples += B;
-        if (now - win_t >= 0.5 || rate == 0) {
-            rate = win_samples / (now - win_t);
-            win_t = now;
-            win_samples = 0;
-        }
-        if (progress) {
-            dt_progress p = {step + 1, total, 1, 1, loss, lr, rate, 0, 0, 0, 0};
-            p.eta_seconds = rate > 0 ? (double)(total - step - 1) * B / rate : 0;
-            progress(&p, user);
-        }
+        dt_obs_step(obs, &(dt_obs_step_info){step + 1, total, 1, 1, loss, lr, gnorm, B, (int64_t)B * T});
         int last = step + 1 == total;
         if (val.tokens && (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0))) {
             float vl;
-            if ((st = val_loss(m, &val, c->eval_batches, Bl, T, x, y, &vl, NULL, comm)) != DT_OK) goto done;
+            dt_obs_begin(obs, DT_OBS_EVAL);
+            if ((st = val_loss(m, &val, c->eval_batches * B, Bm, T, x, y, &vl, NULL, comm)) != DT_OK) goto done;
+            dt_obs_end(obs, DT_OBS_EVAL);
             res->test_loss = vl;
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "step", (double)(step + 1));
             cJSON_AddNumberToObject(e, "train_loss", loss_sum / loss_n);
             cJSON_AddNumberToObject(e, "val_loss", vl);
             cJSON_AddItemToArray(history, e);
-            if (progress) {
-                dt_progress p = {step + 1, total, 1, 1, (float)(loss_sum / loss_n), lr, rate, 0, 1, vl, -1};
-                progress(&p, user);
-            }
+            dt_obs_eval(obs, (float)(loss_sum / loss_n), vl, -1);
         }
         if (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0)) {
             res->final_train_loss = (float)(loss_sum / loss_n);
             loss_sum = 0;
             loss_n = 0;
         }
+        stop = sync.stop;
+        ts = (dt_train_state){step + 1, 0, 0, loss_n, loss_sum, rng, W};
+        if ((st = dt_run_ckpt_step(&ck, &ts, stop || last)) != DT_OK) goto done;
+        dt_heartbeat(step + 1);
+    }
+    if (stop) {  // asked to stop: the checkpoint has the state, no final files
+        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)res->steps);
+        res->stopped = 1;
+        run_dir = NULL;
     }
     res->epochs = 1;
     res->train_seconds = t_train;
     res->samples_per_sec = t_train > 0 ? (double)res->steps * B / t_train : 0;
+    res->comm_seconds = sync.comm_seconds;
+    res->comm_exposed_seconds = sync.comm_exposed_seconds;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         if ((st = dt_gpt_save(m, path)) != DT_OK) goto done;
@@ -270,8 +309,10 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         st = write_summary(path, c, res, np, res->samples_per_sec * T, history);
     }
 done:
-    if (st != DT_OK && W > 1) dt_comm_abort(comm, dt_last_error());
-    dt_comm_destroy(comm);
+    st = dt_obs_close(obs, st);
+    dt_dp_step_free(&sync);
+    st = dt_worker_exit(comm, st);
+    st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
     cJSON_Delete(history);
     free(x);
     free(y);

@@ -2,7 +2,9 @@
  * evaluation, and the files of the run directory. */
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
+#include "dtrain/launch.h"
 #include "dtrain/train.h"
+#include "engine/checkpoints.h"
 #include "engine/dp.h"
 #include "engine/worker.h"
 
@@ -44,6 +46,7 @@ static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, i
     for (int i = lo; i < hi; i += batch) {
         int B = hi - i < batch ? hi - i : batch;
         float l;
+        dt_heartbeat(-1);
         dt_status st = dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
         if (st != DT_OK) return st;
         *loss_sum += (double)l * B;
@@ -106,43 +109,6 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     return dt_json_write(path, o);
 }
 
-// A step of this rank: the micro-batches [off, off+n) of its share of the
-// global batch, in order. Deterministic mode cuts the global batch into
-// micro_shards fixed shards (the same cut for every worker count); otherwise
-// the share is cut into grad_accum parts.
-static int plan_micro(const dt_config *c, const dt_batch *b, int *off, int *len) {
-    int k = 0;
-    if (c->deterministic) {
-        int M = c->micro_shards, gb = b->global_B;
-        for (int j = 0; j < M; j++) {
-            int lo = (int)((long)gb * j / M), hi = (int)((long)gb * (j + 1) / M);
-            if (lo >= b->first && hi <= b->first + b->B && hi > lo) {
-                off[k] = lo - b->first;
-                len[k++] = hi - lo;
-            }
-        }
-        return k;
-    }
-    int A = c->grad_accum;
-    for (int a = 0; a < A; a++) {
-        int lo = (int)((long)b->B * a / A), hi = (int)((long)b->B * (a + 1) / A);
-        if (hi > lo) {
-            off[k] = lo;
-            len[k++] = hi - lo;
-        }
-    }
-    return k;
-}
-
-// DTRAIN_FAULT_STEP=R:S makes rank R fail at step S (a testing aid: it shows
-// how a failing worker stops the others).
-static int fault_now(int rank, int64_t step) {
-    const char *f = getenv("DTRAIN_FAULT_STEP");
-    int r;
-    long long s;
-    return f && sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank && s == step;
-}
-
 dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
                    dt_train_result *res) {
     if (c->gpt) return dt_gpt_train(c, run_dir, progress, user, res);
@@ -153,14 +119,15 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_optim *opt = NULL;
     dt_loader *loader = NULL;
     dt_comm_t comm = NULL;
-    dt_dp *dp = NULL;
+    dt_dp_step sync = {0};
+    dt_tensor_info *tinfo = NULL;
+    dt_run_ckpt ck = {0};
     dt_obs *obs = NULL;
-    int64_t *acc = NULL;
-    int *moff = NULL, *mlen = NULL;
     char path[4096];
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
+    if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     if (rank != 0) {  // only rank 0 writes files and reports progress
@@ -173,20 +140,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         snprintf(path, sizeof path, "%s/config.ini", run_dir);
         if ((st = dt_config_write(c, path)) != DT_OK) goto done;
     }
-    if (c->batch < W) {
-        st = dt_error(DT_ERR_CONFIG, "[train] batch %d is smaller than the %d workers", c->batch, W);
-        goto done;
-    }
-    if (c->deterministic && c->micro_shards % W) {
-        st = dt_error(DT_ERR_CONFIG, "[parallel] micro_shards (%d) must be a multiple of the %d workers in deterministic mode",
-                      c->micro_shards, W);
-        goto done;
-    }
+    if ((st = dt_dp_check(c, W)) != DT_OK) goto done;
     if ((st = load_split(c, "train", &train)) != DT_OK) goto done;
     if ((st = load_split(c, "test", &test)) != DT_OK) goto done;
-    int share = (c->batch + W - 1) / W;
-    int max_micro = c->deterministic ? (c->batch + c->micro_shards - 1) / c->micro_shards
-                                     : (share + c->grad_accum - 1) / c->grad_accum;
+    int max_micro = dt_dp_max_micro(c, W);
     int max_batch = max_micro > c->eval_batch ? max_micro : c->eval_batch;
     if ((st = dt_model_create(&m, c->input, c->layers, c->nlayers, max_batch)) != DT_OK) goto done;
     if (dt_model_num_classes(m) != train.classes) {
@@ -212,98 +169,83 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     lp.rank = rank;
     lp.world = W;
     if ((st = dt_loader_create(&loader, &train, &lp)) != DT_OK) goto done;
-    int nmicro_max = c->deterministic ? c->micro_shards : c->grad_accum;
-    moff = malloc(sizeof(int) * nmicro_max);
-    mlen = malloc(sizeof(int) * nmicro_max);
-    if (!moff || !mlen) {
+    if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    sync.obs = obs;
+
+    // Checkpoints: the weights, the optimizer state, the loop's position.
+    int nt = dt_model_num_tensors(m);
+    if (!(tinfo = malloc(sizeof *tinfo * (nt > 0 ? nt : 1)))) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if (c->deterministic) {
-        if (!(acc = dt_alloc(sizeof(int64_t) * np))) {
-            st = DT_ERR_NOMEM;
-            goto done;
-        }
-    } else if (W > 1) {
-        if ((st = dt_dp_create(&dp, comm, grads, np, (size_t)c->bucket_kb * 1024 / sizeof(float))) != DT_OK)
-            goto done;
-    }
+    for (int i = 0; i < nt; i++) tinfo[i] = *dt_model_tensor(m, i);
+    dt_st_meta wmeta[] = {{"format", "dtrain-weights"}, {"name", c->name}};
+    dt_ckpt_model cm = {tinfo, nt, params, np, dt_optim_num_states(opt), {NULL, NULL}, dt_optim_step_count(opt),
+                        dt_optim_kind_name(c->optim.kind), NULL, wmeta, 2};
+    for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
+    dt_train_state ts = {0};
+    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    ck.obs = obs;
+    res->resumed_step = ts.step;
+    dt_heartbeat(ts.step);
 
     int64_t spe = dt_loader_steps_per_epoch(loader);
     int64_t total = c->epochs > 0 ? (int64_t)c->epochs * spe : c->max_steps;
     if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
     int epochs = (int)((total + spe - 1) / spe);
-    // Linear scaling (Goyal et al.): the peak rate grows with the batch; the
-    // warmup ramps up to it.
-    float peak = c->lr_scaling ? c->optim.lr * (float)c->batch / (float)c->base_batch : c->optim.lr;
-    dt_schedule sched = {c->sched, peak, c->min_lr, c->warmup_steps, total};
+    dt_schedule sched = dt_worker_schedule(c, total);
     if (rank == 0)
         dt_log(DT_LOG_INFO, "%s: %zu parameters, %d train / %d test samples, %lld steps (%d epochs of %lld), %d worker%s x %d thread%s%s",
                c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, W, W > 1 ? "s" : "", threads,
                threads > 1 ? "s" : "", c->deterministic ? ", deterministic" : "");
 
-    int64_t step = 0, samples = 0, epoch_steps = 0;
-    double t_train = 0, epoch_loss = 0;
-    for (int e = 0; e < epochs && step < total; e++) {
-        dt_loader_start_epoch(loader, e, 0);
-        epoch_loss = 0;
-        epoch_steps = 0;
+    int64_t step = ts.step, samples = 0, epoch_steps = ts.epoch_steps;
+    double t_train = 0, epoch_loss = ts.epoch_loss;
+    int stop = 0;
+    for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
+        int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
+        dt_loader_start_epoch(loader, e, ebatch);
+        if (e != ts.epoch) {
+            epoch_loss = 0;
+            epoch_steps = 0;
+        }
         double t0 = dt_now();
         dt_batch b;
-        while (step < total) {
+        while (!stop && step < total) {
             dt_obs_begin(obs, DT_OBS_DATA);
             int more = dt_loader_next(loader, &b);
             dt_obs_end(obs, DT_OBS_DATA);
             if (!more) break;
             dt_model_zero_grad(m);
-            int nm = plan_micro(c, &b, moff, mlen);
-            double loss_sum = 0;
-            if (dp) dt_dp_begin(dp);
+            int nm = dt_dp_step_begin(&sync, b.first, b.B, b.global_B);
             for (int k = 0; k < nm; k++) {
                 float loss;
-                size_t ss = dt_dataset_sample_size(&train);
-                dt_model_set_dropout_key(m, (uint64_t)step, (int64_t)b.first + moff[k]);
-                dt_model_set_loss_scale(m, (float)mlen[k] / (float)b.global_B);
+                size_t ss = dt_dataset_sample_size(&train), o = (size_t)sync.off[k];
+                dt_model_set_dropout_key(m, (uint64_t)step, (int64_t)b.first + sync.off[k]);
+                dt_model_set_loss_scale(m, (float)sync.len[k] / (float)b.global_B);
                 dt_obs_begin(obs, DT_OBS_FORWARD);
-                st = dt_model_forward(m, b.x + (size_t)moff[k] * ss, b.y + moff[k], mlen[k], 1, &loss);
+                st = dt_model_forward(m, b.x + o * ss, b.y + o, sync.len[k], 1, &loss);
+                if (st == DT_OK && k == 0) st = dt_fault_step(rank, step + 1);
                 dt_obs_end(obs, DT_OBS_FORWARD);
-                if (st == DT_OK && fault_now(rank, step + 1))
-                    st = dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
                 if (st != DT_OK) {
                     st = dt_error(st, "rank %d, step %lld (epoch %d): %s", rank, (long long)step + 1, e + 1,
                                   dt_last_error());
                     goto done;
                 }
-                loss_sum += (double)loss * mlen[k];
-                dt_model_set_grad_hook(m, dp && k == nm - 1 ? dt_dp_ready : NULL, dp);
+                dt_model_set_grad_hook(m, dt_dp_step_hook(&sync, k), sync.dp);
                 dt_obs_begin(obs, DT_OBS_BACKWARD);
                 dt_model_backward(m);
-                if (acc) {
-                    dt_dp_fixed_add(acc, grads, np);
-                    dt_model_zero_grad(m);
-                }
+                dt_dp_step_micro_end(&sync, k, loss);
                 dt_obs_end(obs, DT_OBS_BACKWARD);
             }
+            float loss;
             dt_obs_begin(obs, DT_OBS_COMM);
-            if (acc) {
-                st = dt_dp_fixed_reduce(acc, grads, np, comm);
-                memset(acc, 0, sizeof(int64_t) * np);
-            } else if (dp) {
-                st = dt_dp_finish(dp);
-                double win, exposed;
-                dt_dp_last_times(dp, &win, &exposed);
-                res->comm_seconds += win;
-                res->comm_exposed_seconds += exposed;
-            }
-            // The global batch's mean loss, for progress and summary.
-            float lv = (float)loss_sum;
-            if (st == DT_OK) st = dt_obs_exchange(obs, &lv);
+            st = dt_dp_step_end(&sync, &loss);
             dt_obs_end(obs, DT_OBS_COMM);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
-            float loss = lv / (float)b.global_B;
             dt_obs_begin(obs, DT_OBS_OPTIMIZER);
             float gnorm = (float)sqrt(dt_sum_squares(grads, np));
             float scale = c->optim.clip_norm > 0 ? dt_clip_scale(gnorm, c->optim.clip_norm) : 1.0f;
@@ -313,10 +255,16 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             step++;
             epoch_loss += loss;
             epoch_steps++;
+            ebatch++;
+            stop = sync.stop;
+            ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
+            if ((st = dt_run_ckpt_step(&ck, &ts, stop || step == total)) != DT_OK) goto done;
+            dt_heartbeat(step);
             samples += b.global_B;
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, loss, lr, gnorm, b.global_B, 0});
         }
         t_train += dt_now() - t0;
+        if (stop) break;
         // Evaluate at the end of each epoch (and of the run).
         float tl = 0, ta = 0;
         dt_obs_begin(obs, DT_OBS_EVAL);
@@ -327,6 +275,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         res->epochs = e + 1;
         dt_obs_eval(obs, (float)(epoch_loss / (epoch_steps ? epoch_steps : 1)), tl, ta);
     }
+    if (stop) {  // asked to stop: the checkpoint has the state, no final files
+        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
+        res->stopped = 1;
+    } else if (res->epochs == 0) {  // resumed from the run's last checkpoint
+        if ((st = evaluate_sharded(m, &test, c->eval_batch, comm, &res->test_loss, &res->test_accuracy)) != DT_OK)
+            goto done;
+    }
     res->steps = step;
     res->rank = rank;
     res->workers = W;
@@ -334,34 +289,29 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->final_train_loss = epoch_steps ? (float)(epoch_loss / epoch_steps) : 0.0f;
     res->train_seconds = t_train;
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
-    if (run_dir) {
+    res->comm_seconds = sync.comm_seconds;
+    res->comm_exposed_seconds = sync.comm_exposed_seconds;
+    if (run_dir && !stop) {
         dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", c->name}};
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         if ((st = dt_model_save(m, path, meta, 3)) != DT_OK) goto done;
     }
     res->wall_seconds = dt_now() - t_start;
-    if (run_dir) {
+    if (run_dir && !stop) {
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
         st = write_summary(path, c, res, np);
     }
 done:
     st = dt_obs_close(obs, st);
-    // A failing rank tells the others, whose next collective then fails
-    // with an error naming it, instead of waiting for it.
-    if (st != DT_OK && W > 1) dt_comm_abort(comm, dt_last_error());
-    dt_dp_free(dp);
-    dt_free(acc);
-    free(moff);
-    free(mlen);
+    dt_dp_step_free(&sync);
+    st = dt_worker_exit(comm, st);
+    st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
+    free(tinfo);
     dt_loader_free(loader);
     dt_optim_free(opt);
     dt_model_free(m);
     dt_dataset_free(&train);
     dt_dataset_free(&test);
-    char saved[1024];
-    snprintf(saved, sizeof saved, "%s", dt_last_error());
-    dt_comm_destroy(comm);
-    if (st != DT_OK) dt_error(st, "%s", saved);
     return st;
 }
 

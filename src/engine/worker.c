@@ -1,5 +1,12 @@
 #include "engine/worker.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
@@ -13,4 +20,43 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_set_threads(t);
     *threads = t;
     return DT_OK;
+}
+
+dt_status dt_worker_exit(dt_comm_t comm, dt_status st) {
+    if (st != DT_OK && comm && dt_comm_size(comm) > 1) dt_comm_abort(comm, dt_last_error());
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", dt_last_error());
+    dt_comm_destroy(comm);
+    if (st != DT_OK) dt_error(st, "%s", saved);
+    return st;
+}
+
+dt_schedule dt_worker_schedule(const dt_config *c, int64_t total) {
+    float peak = c->lr_scaling ? c->optim.lr * (float)c->batch / (float)c->base_batch : c->optim.lr;
+    return (dt_schedule){c->sched, peak, c->min_lr, c->warmup_steps, total};
+}
+
+dt_status dt_fault_step(int rank, int64_t step) {
+    const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE"), *slow = getenv("DTRAIN_SLOW_RANK");
+    int r, ms;
+    long long s;
+    if (slow && sscanf(slow, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) usleep((useconds_t)ms * 1000);
+    char kind[16] = "error";
+    if (!f || sscanf(f, "%d:%lld:%15s", &r, &s, kind) < 2 || r != rank || s != step) return DT_OK;
+    if (once && *once) {
+        int fd = open(once, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0) return DT_OK;  // fired before
+        close(fd);
+    }
+    if (!strcmp(kind, "kill")) raise(SIGKILL);
+    if (!strcmp(kind, "hang"))
+        for (;;) pause();
+    return dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
+}
+
+dt_status dt_fault_start(int rank) {
+    const char *f = getenv("DTRAIN_FAULT_START");
+    int r, n = 0;
+    if (!f || sscanf(f, "%d:%n", &r, &n) != 1 || !n || r != rank || access(f + n, F_OK) != 0) return DT_OK;
+    return dt_error(DT_ERR_INTERNAL, "rank %d: injected start failure (DTRAIN_FAULT_START: %s exists)", rank, f + n);
 }

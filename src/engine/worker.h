@@ -1,14 +1,41 @@
-/* What every training loop does first: join the group of workers. */
+/* What every training loop shares outside the gradient step (engine/dp.h):
+ * joining the group of workers, the learning-rate schedule, fault
+ * injection. */
 #ifndef DT_ENGINE_WORKER_H
 #define DT_ENGINE_WORKER_H
 
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
+#include "dtrain/optim.h"
 
 /* Creates *comm from the environment (a world of 1 when not launched) and
  * sets this worker's compute threads, returned in *threads: c->threads,
  * else the host's cores shared among the workers on it (1 in deterministic
  * mode, where results must not depend on it). */
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads);
+
+/* Leaves the group at the end of a run whose status is st: on failure first
+ * aborts comm with the error message, so that the others' next collective
+ * fails with an error naming this rank instead of waiting for it; then
+ * destroys comm, keeping the message. Returns st. */
+dt_status dt_worker_exit(dt_comm_t comm, dt_status st);
+
+/* The schedule of a run of `total` steps: [schedule] with the peak rate
+ * [optim] lr, times batch / base_batch under lr_scaling = linear (Goyal et
+ * al.: the peak grows with the batch; the warmup ramps up to it). */
+dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
+
+/* Injected faults, testing aids that show how failures are handled:
+ *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
+ *       default: the step returns an error), kill (SIGKILL to itself) or
+ *       hang (stops, without heartbeats);
+ *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
+ *       exist, and creates it (so that a restarted run gets past it);
+ *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
+ *       (a worker that cannot come back);
+ *   DTRAIN_SLOW_RANK=R:MS  rank R sleeps MS milliseconds in every step's
+ *       forward (a straggler). */
+dt_status dt_fault_step(int rank, int64_t step);
+dt_status dt_fault_start(int rank);
 
 #endif

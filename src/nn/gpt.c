@@ -46,6 +46,9 @@ struct dt_gpt {
 
     int32_t *inputs, *targets;       // copies of the last forward's [B,T]
     int B, T, have_targets;
+    float loss_scale;
+    dt_grad_ready_fn hook;
+    void *hook_user;
 };
 
 // ----------------------------------------------------------------------------
@@ -135,6 +138,7 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     m->c = *c;
     m->maxB = B;
     m->maxT = T;
+    m->loss_scale = 1.0f;
     dt_gpt_param_shapes(c, m->tensors);
     m->nparams = dt_gpt_config_num_params(c);
     size_t L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size;
@@ -182,6 +186,11 @@ const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i) {
     return i >= 0 && i < NPT ? &m->tensors[i] : NULL;
 }
 const float *dt_gpt_logits(const dt_gpt *m) { return m->logits; }
+void dt_gpt_set_loss_scale(dt_gpt *m, float s) { m->loss_scale = s; }
+void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user) {
+    m->hook = fn;
+    m->hook_user = user;
+}
 
 void dt_gpt_init(dt_gpt *m, uint64_t seed) {
     dt_rng r;
@@ -264,6 +273,19 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
 // ----------------------------------------------------------------------------
 // backward
 
+// Tells the grad hook that layer l's part of the per-layer tensors from k
+// (in block order) up has just been computed. Backward visits a layer's
+// tensors in decreasing block order, and the layers from L-1 down, so the
+// gradients from k up are final once layer 0 is done; before that, the
+// region after them (lnfw, lnfb) is final and next to it only the top slices
+// l..L-1 of the last per-layer tensor, fcprojb: the rest of every stacked
+// tensor waits for the layers below.
+static void grads_final(dt_gpt *m, int k, int l) {
+    if (!m->hook) return;
+    const dt_tensor_info *t = &m->tensors[l == 0 ? k : FCPROJB];
+    m->hook(l == 0 ? t->offset : t->offset + (size_t)l * (t->numel / m->c.n_layer), m->hook_user);
+}
+
 dt_status dt_gpt_backward(dt_gpt *m) {
     if (!m->have_targets)
         return dt_error(DT_ERR_ARG, "gpt backward: the last forward had no targets");
@@ -275,12 +297,13 @@ dt_status dt_gpt_backward(dt_gpt *m) {
     // dlogits overwrites the logits (no longer needed).
     float *dlogits = m->logits;
     memset(dlogits, 0, sizeof(float) * BT * V);
-    dt_crossentropy_backward(dlogits, m->probs, m->targets, BT, V, 1.0f);
+    dt_crossentropy_backward(dlogits, m->probs, m->targets, BT, V, m->loss_scale);
     memset(m->dln, 0, sizeof(float) * sC);
     dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, m->lnf, m->p[WTE], BT, C, V);
     memset(m->dresidual, 0, sizeof(float) * sC);
     dt_layernorm_backward(m->dresidual, m->g[LNFW], m->g[LNFB], m->dln, m->residual3 + (L - 1) * sC,
                           m->p[LNFW], m->lnf_mean, m->lnf_rstd, BT, C);
+    if (m->hook) m->hook(m->tensors[LNFW].offset, m->hook_user);
 
     // dresidual carries the gradient of the residual stream down the layers:
     // a residual add passes it through unchanged to both of its inputs, so
@@ -295,26 +318,33 @@ dt_status dt_gpt_backward(dt_gpt *m) {
         memset(m->dfch_gelu, 0, sizeof(float) * 4 * sC);
         dt_linear_backward(m->dfch_gelu, m->g[FCPROJW] + lC * 4 * C, m->g[FCPROJB] + lC, m->dresidual,
                            fchg, m->p[FCPROJW] + lC * 4 * C, BT, 4 * C, C);
+        grads_final(m, FCPROJW, l);
         memset(m->dfch, 0, sizeof(float) * 4 * sC);
         dt_gelu_backward(m->dfch, m->dfch_gelu, fch, 4 * sC);
         memset(m->dln, 0, sizeof(float) * sC);
         dt_linear_backward(m->dln, m->g[FCW] + lC * 4 * C, m->g[FCB] + 4 * lC, m->dfch, ln2,
                            m->p[FCW] + lC * 4 * C, BT, C, 4 * C);
+        grads_final(m, FCW, l);
         dt_layernorm_backward(m->dresidual, m->g[LN2W] + lC, m->g[LN2B] + lC, m->dln, res2,
                               m->p[LN2W] + lC, m->ln2_mean + l * s1, m->ln2_rstd + l * s1, BT, C);
+        grads_final(m, LN2W, l);
 
         memset(m->datty, 0, sizeof(float) * sC);
         dt_linear_backward(m->datty, m->g[ATTPROJW] + lC * C, m->g[ATTPROJB] + lC, m->dresidual, atty,
                            m->p[ATTPROJW] + lC * C, BT, C, C);
+        grads_final(m, ATTPROJW, l);
         memset(m->dqkv, 0, sizeof(float) * 3 * sC);
         dt_attention_backward(m->dqkv, m->datt, m->datty, qkv, m->att + l * satt, B, T, C, NH);
         memset(m->dln, 0, sizeof(float) * sC);
         dt_linear_backward(m->dln, m->g[QKVW] + lC * 3 * C, m->g[QKVB] + 3 * lC, m->dqkv, ln1,
                            m->p[QKVW] + lC * 3 * C, BT, C, 3 * C);
+        grads_final(m, QKVW, l);
         dt_layernorm_backward(m->dresidual, m->g[LN1W] + lC, m->g[LN1B] + lC, m->dln, residual,
                               m->p[LN1W] + lC, m->ln1_mean + l * s1, m->ln1_rstd + l * s1, BT, C);
+        grads_final(m, LN1W, l);
     }
     dt_encoder_backward(m->g[WTE], m->g[WPE], m->dresidual, m->inputs, B, T, C);
+    if (m->hook) m->hook(0, m->hook_user);
     m->have_targets = 0;  // the logits are gone: a second backward would be wrong
     return DT_OK;
 }

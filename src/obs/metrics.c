@@ -17,9 +17,9 @@
 #include <sys/resource.h>
 #include <time.h>
 
-// What every rank sends in dt_obs_exchange's allgather (doubles). X_DATA ..
+// What every rank sends in dt_obs_allreduce's allgather (doubles). X_DATA ..
 // X_OPTIM follow DT_OBS_DATA .. DT_OBS_OPTIMIZER.
-enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_LOSS, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, NX };
+enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, X_SUMS, NX = X_SUMS + DT_OBS_MAX_SUMS };
 // The phases that make up a rank's own work in a step (straggler step time).
 static const int work_phases[] = {DT_OBS_DATA, DT_OBS_FORWARD, DT_OBS_BACKWARD, DT_OBS_OPTIMIZER};
 #define NWORK 4
@@ -47,8 +47,6 @@ struct dt_obs {
     dt_comm_stats cs;             // communicator totals at the end of the last step
     double win_t, rate, trate;    // throughput over a window of >= 0.5 s
     int64_t win_samples, win_tokens;
-    int slow_rank, slow_phase;    // DTRAIN_SLOW_RANK test aid
-    double slow_seconds;
 
     FILE *log;                    // run_dir/metrics/rank-NNNNN.jsonl
     char log_path[4096];
@@ -231,23 +229,6 @@ static void render(FILE *f, void *user) {
 // ----------------------------------------------------------------------------
 // creation and the step calls
 
-// DTRAIN_SLOW_RANK=R:MS[:PHASE] makes rank R sleep MS milliseconds in PHASE
-// (default forward) of every step: a testing aid for straggler detection.
-static void parse_slow(dt_obs *o) {
-    o->slow_rank = -1;
-    const char *v = getenv("DTRAIN_SLOW_RANK");
-    int r;
-    double ms;
-    char ph[32] = "forward";
-    if (!v || sscanf(v, "%d:%lf:%31s", &r, &ms, ph) < 2) return;
-    for (int p = 0; p < DT_OBS_NPHASES; p++)
-        if (!strcmp(ph, phase_names[p])) {
-            o->slow_rank = r;
-            o->slow_phase = p;
-            o->slow_seconds = ms / 1000.0;
-        }
-}
-
 dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, dt_comm_t comm,
                         dt_progress_fn progress, void *user) {
     *out = NULL;
@@ -264,7 +245,6 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     snprintf(o->name, sizeof o->name, "%s", c->name);
     o->margin = c->straggler_margin;
     o->strag_steps = c->straggler_steps;
-    parse_slow(o);
     dt_status st = DT_OK;
     o->x = calloc((size_t)o->W * NX, sizeof *o->x);
     o->xs = calloc((size_t)o->W * NX, sizeof *o->xs);
@@ -325,20 +305,16 @@ void dt_obs_begin(dt_obs *o, dt_obs_phase p) {
     if (!o || (unsigned)p >= DT_OBS_NPHASES) return;
     double now = dt_now();
     if (p < DT_OBS_STEP_PHASES && !o->step_start) o->step_start = now;
-    int in_step = 0;
-    for (int q = 0; q < DT_OBS_STEP_PHASES; q++) in_step |= o->open[q] != 0;
-    if (p >= DT_OBS_STEP_PHASES && !in_step) {
-        // Between steps (an evaluation after the last batch of an epoch):
-        // the data wait that found no batch belongs to no step.
+    int started = o->open[DT_OBS_DATA] != 0;
+    for (int q = DT_OBS_FORWARD; q < DT_OBS_STEP_PHASES; q++) started |= o->acc[q] > 0 || o->open[q];
+    if (p >= DT_OBS_STEP_PHASES && !started) {
+        // An evaluation after the last batch of an epoch: the data wait
+        // that found no batch belongs to no step.
         o->step_start = 0;
-        for (int q = 0; q < DT_OBS_STEP_PHASES; q++) o->acc[q] = 0;
+        o->acc[DT_OBS_DATA] = 0;
     }
     if (!o->win_t) o->win_t = now;
     o->open[p] = now;
-    if (o->rank == o->slow_rank && (int)p == o->slow_phase) {
-        struct timespec ts = {(time_t)o->slow_seconds, (long)((o->slow_seconds - (time_t)o->slow_seconds) * 1e9)};
-        nanosleep(&ts, NULL);
-    }
 }
 
 void dt_obs_end(dt_obs *o, dt_obs_phase p) {
@@ -353,28 +329,38 @@ void dt_obs_end(dt_obs *o, dt_obs_phase p) {
     }
 }
 
-dt_status dt_obs_exchange(dt_obs *o, float *loss_sum) {
-    double now = dt_now(), mine[NX];
+dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm) {
+    if (!o || n > DT_OBS_MAX_SUMS) return dt_comm_size(comm) > 1 ? dt_allreduce(v, v, n, DT_F32, DT_SUM, comm) : DT_OK;
+    double now = dt_now(), mine[NX] = {0};
     for (int p = X_DATA; p <= X_OPTIM; p++) mine[p] = o->acc[p] + (o->open[p] ? now - o->open[p] : 0);
     mine[X_OPTIM] = o->prev_opt;  // this step's has not run yet
-    mine[X_LOSS] = *loss_sum;
     dt_comm_stats cs;
     dt_comm_get_stats(o->comm, &cs);
     mine[X_COMM_BUSY] = cs.busy_seconds - o->cs.busy_seconds;
     mine[X_SENT] = (double)(cs.bytes_sent - o->cs.bytes_sent);
     mine[X_RECV] = (double)(cs.bytes_recv - o->cs.bytes_recv);
     mine[X_PEAK] = peak_rss_bytes();
+    for (int i = 0; i < n; i++) mine[X_SUMS + i] = v[i];
     if (o->W == 1) {
         memcpy(o->x, mine, sizeof mine);
         return DT_OK;
     }
-    // Raw bytes: the figures are only copied, never reduced.
-    dt_status st = dt_allgather(mine, o->x, sizeof mine, DT_U8, o->comm);
-    if (st != DT_OK) return dt_error(st, "loss and step-time allgather: %s", dt_last_error());
-    double sum = 0;
-    for (int r = 0; r < o->W; r++) sum += o->x[(size_t)r * NX + X_LOSS];
-    *loss_sum = (float)sum;
+    // Raw bytes: the figures are only copied; the sums are formed here, in
+    // rank order, the same on every rank.
+    dt_status st = dt_allgather(mine, o->x, sizeof mine, DT_U8, comm);
+    if (st != DT_OK) return st;
+    for (int i = 0; i < n; i++) {
+        double sum = 0;
+        for (int r = 0; r < o->W; r++) sum += o->x[(size_t)r * NX + X_SUMS + i];
+        v[i] = (float)sum;
+    }
     return DT_OK;
+}
+
+// Rank r's own work in this step (x from the allgather).
+static double work_seconds(const dt_obs *o, int r) {
+    const double *v = o->x + (size_t)r * NX;
+    return v[X_DATA] + v[X_FORWARD] + v[X_BACKWARD] + v[X_OPTIM];
 }
 
 // Rank 0: the slowest rank of this step, and straggler reports.
@@ -456,16 +442,14 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     cJSON_AddNumberToObject(j, "bytes_recv", (double)(cs.bytes_recv - o->cs.bytes_recv));
     cJSON_AddNumberToObject(j, "peak_rss_bytes", peak_rss_bytes());
     if (o->rank == 0 && o->W > 1) {
-        const double *v = o->x + (size_t)slowest * NX;
         cJSON_AddNumberToObject(j, "slowest_rank", slowest);
-        num(j, "slowest_step_seconds", v[X_DATA] + v[X_FORWARD] + v[X_BACKWARD] + v[X_OPTIM]);
+        num(j, "slowest_step_seconds", work_seconds(o, slowest));
     }
     log_record(o, j);
 
     if (o->progress) {
-        const double *v = o->x + (size_t)slowest * NX;
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, s->loss, s->lr, o->rate, eta, 0, 0, 0,
-                         o->trate, o->W, slowest, v[X_DATA] + v[X_FORWARD] + v[X_BACKWARD] + v[X_OPTIM]};
+                         o->trate, o->W, slowest, work_seconds(o, slowest)};
         o->progress(&p, o->user);
     }
     o->prev_opt = o->acc[DT_OBS_OPTIMIZER];

@@ -7,8 +7,8 @@
  *   for each step:
  *       dt_obs_begin(obs, DT_OBS_DATA);  next batch;  dt_obs_end(obs, DT_OBS_DATA);
  *       ... DT_OBS_FORWARD, DT_OBS_BACKWARD (per micro-batch) ...
- *       dt_obs_begin(obs, DT_OBS_COMM);  wait for the gradients;
- *       dt_obs_exchange(obs, &loss);     // replaces the loss allreduce
+ *       dt_obs_begin(obs, DT_OBS_COMM);  wait for the gradients, and
+ *       dt_obs_allreduce(obs, ...);      // the loss (engine/dp.c does both)
  *       dt_obs_end(obs, DT_OBS_COMM);
  *       ... DT_OBS_OPTIMIZER ...
  *       dt_obs_step(obs, &info);         // one record per step
@@ -29,7 +29,8 @@
  *   Chrome trace                      c->trace, merged by rank 0 (obs/trace.c)
  *   straggler warnings                rank 0 (obs/straggler.c)
  *
- * dt_obs_begin/end/step/eval/close do nothing on a NULL obs. */
+ * Every call but dt_obs_create does nothing on a NULL obs (and
+ * dt_obs_allreduce is then a plain allreduce). */
 #ifndef DT_OBS_OBS_H
 #define DT_OBS_OBS_H
 
@@ -72,10 +73,12 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
                         dt_progress_fn progress, void *user);
 void dt_obs_begin(dt_obs *o, dt_obs_phase p);
 void dt_obs_end(dt_obs *o, dt_obs_phase p);
-/* Collective: *loss_sum becomes the sum over ranks (the loss allreduce every
- * loop does), and rank 0 learns every rank's phase times of this step in
- * the same allgather. */
-dt_status dt_obs_exchange(dt_obs *o, float *loss_sum);
+/* The per-step allreduce every loop does (the loss, a stop flag): sums
+ * v[0..n) over the ranks of comm, n <= DT_OBS_MAX_SUMS. With an obs, it is
+ * one allgather that also brings rank 0 every rank's phase times of this
+ * step, bytes moved and peak memory; with NULL, a plain allreduce. */
+#define DT_OBS_MAX_SUMS 4
+dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm);
 /* Ends the step: its metrics record, progress, the endpoint's figures,
  * straggler detection. */
 void dt_obs_step(dt_obs *o, const dt_obs_step_info *s);

@@ -76,6 +76,10 @@ static const field fields[] = {
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
     {"obs", "metrics_addr", F_STR, O(metrics_addr), 0, 0, NULL},
     {"obs", "trace", F_STR, O(trace), 0, 0, NULL},
+    {"checkpoint", "every_steps", F_I64, O(ckpt_every_steps), 0, 1e15, NULL},
+    {"checkpoint", "every_seconds", F_FLOAT, O(ckpt_every_seconds), 0, 1e9, NULL},
+    {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
+    {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
@@ -123,6 +127,7 @@ void dt_config_defaults(dt_config *c) {
     c->straggler_margin = 0.2f;
     c->straggler_steps = 10;
     snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");
+    c->ckpt_keep = 3;
 }
 
 // ----------------------------------------------------------------------------
@@ -425,8 +430,7 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
 }
 // ---- end of GPT models ----
 
-static dt_status finish(dt_config *c, const char *what) {
-    if (!strncmp(c->preset, "gpt", 3)) return finish_gpt(c, what);
+static dt_status finish_layers(dt_config *c, const char *what) {
     if (c->preset[0]) {
         int found = -1;
         for (int i = 0; i < (int)(sizeof presets / sizeof presets[0]); i++)
@@ -443,6 +447,12 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
     if (c->epochs == 0 && c->max_steps == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
+    return DT_OK;
+}
+
+static dt_status finish(dt_config *c, const char *what) {
+    dt_status st = !strncmp(c->preset, "gpt", 3) ? finish_gpt(c, what) : finish_layers(c, what);
+    if (st != DT_OK) return st;
     if (c->batch % c->grad_accum)
         return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);
     if (c->min_lr > c->optim.lr)
@@ -514,11 +524,11 @@ dt_status dt_config_load(dt_config *c, const char *path, const char *const *over
 // ----------------------------------------------------------------------------
 // writing
 
-dt_status dt_config_write(const dt_config *c, const char *path) {
+char *dt_config_format(const dt_config *c) {
     char *text = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&text, &len);
-    if (!m) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    if (!m) return NULL;
     fprintf(m, "; resolved dtrain config (every field, presets expanded)\n");
     // Fields grouped by section, sections in the table's order.
     const char *secs[16];
@@ -558,8 +568,14 @@ dt_status dt_config_write(const dt_config *c, const char *path) {
         }
     }
     fclose(m);
+    return text;
+}
+
+dt_status dt_config_write(const dt_config *c, const char *path) {
+    char *text = dt_config_format(c);
+    if (!text) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     const void *parts[] = {text};
-    size_t sizes[] = {len};
+    size_t sizes[] = {strlen(text)};
     dt_status st = dt_write_atomic(path, parts, sizes, 1);
     free(text);
     return st;

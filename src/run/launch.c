@@ -9,6 +9,8 @@
 #include "comm/comm_impl.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,13 +25,53 @@
 
 static volatile sig_atomic_t g_signal, g_nsignals;
 
+// ----------------------------------------------------------------------------
+// heartbeats: one cache line per rank in a memfd the ranks inherit
+
+typedef struct {
+    _Alignas(64) _Atomic int64_t start_step; /* -1 until the first beat */
+    _Atomic int64_t step;
+    _Atomic int64_t time_ns;                 /* CLOCK_MONOTONIC of the last beat */
+} beat_slot;
+
+static int64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static beat_slot *g_beat;  // this rank's slot (worker side)
+static pthread_once_t g_beat_once = PTHREAD_ONCE_INIT;
+
+static void beat_attach(void) {
+    const char *fd = getenv("DTRAIN_HEARTBEAT_FD"), *rank = getenv("DTRAIN_RANK"),
+               *n = getenv("DTRAIN_WORLD_SIZE");
+    if (!fd || !rank || !n) return;
+    int r = atoi(rank), size = atoi(n);
+    if (r < 0 || r >= size) return;
+    void *p = mmap(NULL, sizeof(beat_slot) * (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, atoi(fd), 0);
+    if (p != MAP_FAILED) g_beat = (beat_slot *)p + r;
+}
+
+void dt_heartbeat(int64_t step) {
+    pthread_once(&g_beat_once, beat_attach);
+    if (!g_beat) return;
+    if (step >= 0) {
+        int64_t unset = -1;
+        atomic_compare_exchange_strong(&g_beat->start_step, &unset, step);
+        atomic_store(&g_beat->step, step);
+    }
+    atomic_store(&g_beat->time_ns, mono_ns());
+}
+
 static void on_signal(int sig) {
     g_signal = sig;
     g_nsignals++;
 }
 
 dt_launch_params dt_launch_default_params(void) {
-    dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0};
+    dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0, .heartbeat_timeout = 0,
+                          .stop_after = 0};
     return p;
 }
 
@@ -40,7 +82,7 @@ static void set_env_int(const char *k, int v) {
 }
 
 /* In the child, after fork: environment, default signals, exec. */
-static void child_exec(char *const argv[], int rank, int n, const char *shm_name, pid_t parent) {
+static void child_exec(char *const argv[], int rank, int n, const char *shm_name, int beat_fd, pid_t parent) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
@@ -52,6 +94,7 @@ static void child_exec(char *const argv[], int rank, int n, const char *shm_name
     set_env_int("DTRAIN_LOCAL_RANK", rank);
     set_env_int("DTRAIN_LOCAL_SIZE", n);
     setenv("DTRAIN_SHM_NAME", shm_name, 1);
+    if (beat_fd >= 0) set_env_int("DTRAIN_HEARTBEAT_FD", beat_fd);
     execvp(argv[0], argv);
     fprintf(stderr, "dtrain run: rank %d: cannot execute '%s': %s\n", rank, argv[0],
             strerror(errno));
@@ -63,12 +106,31 @@ static void signal_all(const pid_t *pids, const int *alive, int n, int sig) {
         if (alive[r]) kill(pids[r], sig);
 }
 
-dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_code) {
-    if (!p || !argv || !argv[0] || !exit_code)
+dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_result *res) {
+    if (!p || !argv || !argv[0] || !res)
         return dt_error(DT_ERR_ARG, "dt_launch: missing program or parameters");
     int n = p->nranks;
     if (n < 1 || n > 4096) return dt_error(DT_ERR_ARG, "dt_launch: %d ranks (expected 1..4096)", n);
-    *exit_code = 0;
+    memset(res, 0, sizeof *res);
+    res->failed_rank = -1;
+    res->start_step = res->last_step = -1;
+    int *exit_code = &res->exit_code;
+
+    // ---- the heartbeat table (inherited by the ranks) --------------------------
+    size_t beat_size = sizeof(beat_slot) * (size_t)n;
+    int beat_fd = memfd_create("dtrain-heartbeat", 0);
+    beat_slot *beats = MAP_FAILED;
+    if (beat_fd >= 0 && ftruncate(beat_fd, (off_t)beat_size) == 0)
+        beats = mmap(NULL, beat_size, PROT_READ | PROT_WRITE, MAP_SHARED, beat_fd, 0);
+    if (beats == MAP_FAILED) {
+        if (beat_fd >= 0) close(beat_fd);
+        return dt_error(DT_ERR_INTERNAL, "dtrain run: cannot create the heartbeat table: %s", strerror(errno));
+    }
+    for (int r = 0; r < n; r++) {
+        atomic_store(&beats[r].start_step, -1);
+        atomic_store(&beats[r].step, -1);
+        atomic_store(&beats[r].time_ns, 0);
+    }
 
     // ---- the shared-memory segment -----------------------------------------
     char name[64];
@@ -77,22 +139,29 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     snprintf(name, sizeof name, "/dtrain-%d-%lx", (int)getpid(), (unsigned long)ts.tv_nsec);
     size_t size = dt_shm_segment_size(n);
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return dt_error(DT_ERR_COMM, "dtrain run: cannot create shared memory '%s': %s", name,
-                        strerror(errno));
+    if (fd < 0) {
+        int e = errno;
+        munmap(beats, beat_size);
+        close(beat_fd);
+        return dt_error(DT_ERR_COMM, "dtrain run: cannot create shared memory '%s': %s", name, strerror(e));
+    }
     if (ftruncate(fd, (off_t)size) != 0) {
         int e = errno;
         close(fd);
         shm_unlink(name);
+        munmap(beats, beat_size);
+        close(beat_fd);
         return dt_error(DT_ERR_COMM, "dtrain run: cannot size shared memory to %zu bytes: %s",
                         size, strerror(e));
     }
     void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
+        int e = errno;
         shm_unlink(name);
-        return dt_error(DT_ERR_COMM, "dtrain run: mmap of shared memory failed: %s",
-                        strerror(errno));
+        munmap(beats, beat_size);
+        close(beat_fd);
+        return dt_error(DT_ERR_COMM, "dtrain run: mmap of shared memory failed: %s", strerror(e));
     }
     dt_shm_segment_init(base, n);
 
@@ -103,6 +172,8 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
         free(alive);
         munmap(base, size);
         shm_unlink(name);
+        munmap(beats, beat_size);
+        close(beat_fd);
         return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
     }
 
@@ -123,7 +194,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     int nalive = 0;
     for (int r = 0; r < n; r++) {
         pid_t pid = fork();
-        if (pid == 0) child_exec(argv, r, n, name, self);
+        if (pid == 0) child_exec(argv, r, n, name, beat_fd, self);
         if (pid < 0) {
             rc = dt_error(DT_ERR_INTERNAL, "dtrain run: fork of rank %d failed: %s", r,
                           strerror(errno));
@@ -137,8 +208,9 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     }
 
     // ---- supervise -------------------------------------------------------------
-    int first_fail = -1, forwarded = 0, unlinked = 0;
-    double term_at = 0, kill_at = 0;
+    int first_fail = -1, forwarded = 0, unlinked = 0, nstopped = 0, stop_sent = 0;
+    double term_at = 0, kill_at = 0, t_start = dt_now(), next_check = 0;
+    int64_t start_ns = mono_ns();
     while (nalive > 0) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
@@ -149,15 +221,20 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
             alive[r] = 0;
             nalive--;
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            if (code == 0) {
+            if (code == 0 || (code == DT_EXIT_STOPPED && stop_sent)) {
                 dt_shm_mark_rank(base, r, 1, 0);
-                if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited", r);
+                nstopped += code == DT_EXIT_STOPPED;
+                if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited%s", r, code ? " (stopped on request)" : "");
                 continue;
             }
             dt_shm_mark_rank(base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
             if (first_fail < 0 && !forwarded) {
                 first_fail = r;
                 *exit_code = code;
+                res->failed_rank = r;
+                res->signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+                res->failed_at = dt_now();
+                res->failed_early = atomic_load(&beats[r].step) <= atomic_load(&beats[r].start_step);
                 if (WIFSIGNALED(st))
                     dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) killed by signal %d (%s)%s",
                            r, (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)),
@@ -178,6 +255,40 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
             unlinked = 1;
         }
         double now = dt_now();
+        if (now >= next_check) {  // heartbeats, ten times a second
+            next_check = now + 0.1;
+            int64_t ns = mono_ns();
+            for (int r = 0; r < n; r++) {
+                int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
+                if (s1 > res->last_step) res->last_step = s1;
+                if (r == 0 && s0 >= 0) res->start_step = s0;
+                if (!res->first_step_at && s0 >= 0 && s1 > s0) res->first_step_at = now;
+                int64_t last = atomic_load(&beats[r].time_ns);
+                if (!alive[r] || first_fail >= 0 || forwarded || p->heartbeat_timeout <= 0) continue;
+                double quiet = (double)(ns - (last ? last : start_ns)) * 1e-9;
+                if (quiet < p->heartbeat_timeout) continue;
+                first_fail = r;
+                *exit_code = 128 + SIGKILL;
+                res->failed_rank = r;
+                res->hung = 1;
+                res->failed_at = now;
+                res->failed_early = s1 <= s0;
+                if (last)
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last at step %lld): hung; stopping all ranks",
+                           r, (int)pids[r], quiet, (long long)s1);
+                else
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat in the %.1f s since it started: hung; stopping all ranks",
+                           r, (int)pids[r], quiet);
+                kill(pids[r], SIGKILL);
+                dt_shm_mark_rank(base, r, 2, SIGKILL);
+                term_at = now + p->grace;
+            }
+        }
+        if (p->stop_after > 0 && !stop_sent && !forwarded && first_fail < 0 && now - t_start >= p->stop_after) {
+            stop_sent = 1;
+            if (p->verbose) dt_log(DT_LOG_INFO, "run: asking every rank to checkpoint and stop");
+            signal_all(pids, alive, n, SIGUSR1);
+        }
         if (g_signal && !forwarded) {
             forwarded = 1;
             if (first_fail < 0) *exit_code = 128 + g_signal;
@@ -206,6 +317,9 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], int *exit_cod
     sigaction(SIGHUP, &old_hup, NULL);
     munmap(base, size);
     if (!unlinked) shm_unlink(name);
+    res->stopped = first_fail < 0 && !forwarded && nstopped > 0;
+    munmap(beats, beat_size);
+    close(beat_fd);
     free(pids);
     free(alive);
     return rc;

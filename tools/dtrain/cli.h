@@ -14,6 +14,8 @@ int cmd_prepare_text(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 /* Prints "dtrain: error: ..." to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -77,10 +77,10 @@ int cmd_run(int argc, char **argv) {
         cli_error("run: no program given (dtrain run -n N -- PROGRAM [ARGS])");
         return EXIT_USAGE;
     }
-    int code = 0;
-    if (dt_launch(&p, argv + i, &code) != DT_OK) {
+    dt_launch_result r;
+    if (dt_launch(&p, argv + i, &r) != DT_OK) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }
-    return code;
+    return r.exit_code;
 }

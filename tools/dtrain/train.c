@@ -5,6 +5,7 @@
 #include "dtrain/launch.h"
 
 #include <cjson/cJSON.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,22 +36,43 @@ static const char train_help[] =
     "                  of train.batch samples; threads per worker default to\n"
     "                  cores / N. Under mpirun or srun, every rank is a worker\n"
     "                  and --workers is not needed.\n"
+    "  --workers MIN:MAX  elastic: start MAX workers; when one cannot come back\n"
+    "                  after a failure, go on with the others (not fewer than\n"
+    "                  MIN) and try to grow again every --elastic-retry seconds\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
+    "\n"
+    "observability (docs/observability.md):\n"
     "  --log-format F  text (default): a live line on a terminal, plain lines\n"
     "                  otherwise; json: one JSON object per progress line and\n"
     "                  the final result on stdout (logs stay on stderr)\n"
     "  --metrics-port P  serve Prometheus metrics at http://ADDR:P/metrics\n"
     "                  while training (obs.metrics_port)\n"
-    "  --metrics-addr A  the address to listen on (default 127.0.0.1)\n"
+    "  --metrics-addr A  the IP address to listen on (obs.metrics_addr,\n"
+    "                  default 127.0.0.1; 0.0.0.0 for every interface)\n"
     "  --trace FILE    write a Chrome trace (Perfetto, chrome://tracing) of\n"
     "                  every worker's phases and collectives (obs.trace)\n"
+    "\n"
+    "checkpoints and recovery (docs/checkpoints.md):\n"
+    "  --checkpoint-every N    checkpoint every N steps (checkpoint.every_steps)\n"
+    "  --checkpoint-seconds S  ... every S seconds (checkpoint.every_seconds)\n"
+    "  --keep N        keep the newest N checkpoints (checkpoint.keep, default 3)\n"
+    "  --resume auto|PATH  continue from the newest valid checkpoint of the run\n"
+    "                  directory (auto; none there: start at step 0), of another\n"
+    "                  directory, or from one checkpoint file\n"
+    "  --max-restarts N  when a worker dies or hangs, stop the others and start\n"
+    "                  the group again from the newest checkpoint, up to N times\n"
+    "                  (default 0)\n"
+    "  --heartbeat-timeout S  a worker that reports no progress for S seconds\n"
+    "                  counts as hung (default 120; 0 = off)\n"
+    "  --elastic-retry S  with --workers MIN:MAX, seconds between attempts to\n"
+    "                  grow back to MAX (default 60)\n"
     "  -q, --quiet     print only errors and the final result\n"
     "  -h, --help      this help\n"
     "\n"
+    "'dtrain report RUN_DIR' turns a run directory into an HTML report.\n"
     "Progress is one live line on a terminal, plain lines every\n"
-    "train.log_every steps otherwise. 'dtrain report RUN_DIR' turns a run\n"
-    "directory into an HTML report (docs/observability.md). The config format is in docs/config.md;\n"
+    "train.log_every steps otherwise. The config format is in docs/config.md;\n"
     "configs/fashion-cnn.ini and configs/fashion-mlp.ini are examples;\n"
     "configs/gpt-fortunes.ini trains a GPT language model (docs/gpt.md).\n";
 
@@ -70,7 +92,7 @@ typedef struct {
 static void on_progress(const dt_progress *p, void *user) {
     progress_state *s = user;
     char line[512];
-    if (s->json) {
+    if (s->json) {  // stdout: JSON lines at the plain lines' pace, and every evaluation
         if (s->quiet || !(p->is_eval || p->step % s->log_every == 0 || p->step == 1 || p->step == p->total_steps))
             return;
         dt_progress_format_json(p, line, sizeof line);
@@ -101,34 +123,86 @@ static void on_progress(const dt_progress *p, void *user) {
 typedef struct {
     const char *config, *run_dir, *checkpoint;
     const char *sets[MAX_SETS];
-    int nsets, quiet, workers, json;
-    char obs_sets[3][600];  // --metrics-port, --metrics-addr, --trace as --set values
+    int nsets, quiet, json;
+    int workers, min_workers;  // min_workers < workers: elastic
+    int max_restarts;
+    double heartbeat, elastic_retry;
+    char set_buf[8][600];      // --set texts made from the flags that are config fields
 } args_t;
 
-// Adds "section.key=value" to the --set list (the flags that are config
-// fields, so that workers and config.ini see them like any other).
-static int add_set(args_t *a, char *buf, const char *key, const char *v) {
-    if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
-    snprintf(buf, sizeof a->obs_sets[0], "%s=%s", key, v);
-    a->sets[a->nsets++] = buf;
-    return 0;
+// The value of "--flag V" or "--flag=V" at argv[*i], or NULL if argv[*i] is
+// not that flag. *missing is set when the value is absent.
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, int *missing) {
+    size_t l = strlen(flag);
+    const char *s = argv[*i];
+    if (strncmp(s, flag, l)) return NULL;
+    if (s[l] == '=') return s + l + 1;
+    if (s[l]) return NULL;
+    if (*i + 1 < argc) return argv[++*i];
+    *missing = 1;
+    return NULL;
 }
 
-// The value of option `name` given as "--name V" or "--name=V", or NULL.
-static const char *opt_value(int argc, char **argv, int *i, const char *name) {
-    size_t n = strlen(name);
-    const char *s = argv[*i];
-    if (strncmp(s, name, n)) return NULL;
-    if (s[n] == '=') return s + n + 1;
-    if (s[n] || *i + 1 >= argc) return NULL;
-    return argv[++*i];
+static int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out) {
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || x < lo || x > hi || (whole && x != (long long)x)) {
+        cli_error("%s needs a%s number from %g to %g, got '%s'", flag, whole ? " whole" : "", lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
 }
 
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
     memset(a, 0, sizeof *a);
-    int rc;
+    a->heartbeat = 120;
+    a->elastic_retry = 60;
+    int nbuf = 0;
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
+        const char *s = argv[i], *v;
+        int missing = 0;
+        double x;
+        // Flags that are config fields: they reach the workers as --set.
+        static const struct { const char *flag, *field; double lo, hi; int whole; } ck[] = {
+            {"--checkpoint-every", "checkpoint.every_steps", 1, 1e15, 1},
+            {"--checkpoint-seconds", "checkpoint.every_seconds", 0.001, 1e9, 0},
+            {"--keep", "checkpoint.keep", 1, 1e6, 1},
+            {"--resume", "checkpoint.resume", 0, 0, 0},
+            {"--metrics-port", "obs.metrics_port", 1, 65535, 1},
+            {"--metrics-addr", "obs.metrics_addr", 0, 0, 0},
+            {"--trace", "obs.trace", 0, 0, 0},
+        };
+        enum { NCK = sizeof ck / sizeof ck[0] };
+        int k = 0;
+        while (!is_eval && k < NCK && !(v = flag_value(argc, argv, &i, ck[k].flag, &missing)) && !missing) k++;
+        if (!is_eval && k < NCK) {
+            if (missing || !*v) return cli_error("%s needs a value", ck[k].flag), EXIT_USAGE;
+            if (ck[k].hi > 0 && parse_number(ck[k].flag, v, ck[k].lo, ck[k].hi, ck[k].whole, &x)) return EXIT_USAGE;
+            if (a->nsets == MAX_SETS || nbuf == NCK) return cli_error("too many options"), EXIT_USAGE;
+            snprintf(a->set_buf[nbuf], sizeof a->set_buf[nbuf], "%s=%s", ck[k].field, v);
+            a->sets[a->nsets++] = a->set_buf[nbuf++];
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--log-format", &missing)) || missing)) {
+            if (!v || (strcmp(v, "text") && strcmp(v, "json")))
+                return cli_error("--log-format needs text or json, got '%s'", v ? v : ""), EXIT_USAGE;
+            a->json = !strcmp(v, "json");
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--max-restarts", &missing)) || missing)) {
+            if (parse_number("--max-restarts", v, 0, 1e6, 1, &x)) return EXIT_USAGE;
+            a->max_restarts = (int)x;
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--heartbeat-timeout", &missing)) || missing)) {
+            if (parse_number("--heartbeat-timeout", v, 0, 1e9, 0, &a->heartbeat)) return EXIT_USAGE;
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--elastic-retry", &missing)) || missing)) {
+            if (parse_number("--elastic-retry", v, 0.1, 1e9, 0, &a->elastic_retry)) return EXIT_USAGE;
+            continue;
+        }
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
             fputs(help, stdout);
             return -1;
@@ -144,33 +218,18 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             a->checkpoint = s[12] == '=' ? s + 13 : (i + 1 < argc ? argv[++i] : NULL);
             if (!a->checkpoint) return cli_error("--checkpoint needs a file"), EXIT_USAGE;
         } else if (!is_eval && (!strcmp(s, "--workers") || !strncmp(s, "--workers=", 10))) {
-            const char *v = s[9] == '=' ? s + 10 : (i + 1 < argc ? argv[++i] : NULL);
+            v = s[9] == '=' ? s + 10 : (i + 1 < argc ? argv[++i] : NULL);
             char *end;
-            long n = v ? strtol(v, &end, 10) : 0;
-            if (!v || *end || n < 1 || n > 1024) return cli_error("--workers needs a number from 1 to 1024"), EXIT_USAGE;
-            a->workers = (int)n;
+            long lo = v ? strtol(v, &end, 10) : 0, hi = lo;
+            if (v && *end == ':') hi = strtol(end + 1, &end, 10);
+            if (!v || *end || lo < 1 || hi > 1024 || lo > hi)
+                return cli_error("--workers needs N or MIN:MAX with 1 <= MIN <= MAX <= 1024, got '%s'", v ? v : ""),
+                       EXIT_USAGE;
+            a->min_workers = (int)lo;
+            a->workers = (int)hi;
         } else if (!is_eval && !strcmp(s, "--deterministic")) {
             if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
             a->sets[a->nsets++] = "parallel.deterministic=true";
-        } else if (!is_eval && (!strcmp(s, "--log-format") || !strncmp(s, "--log-format=", 13))) {
-            const char *v = opt_value(argc, argv, &i, "--log-format");
-            if (!v || (strcmp(v, "text") && strcmp(v, "json")))
-                return cli_error("--log-format needs text or json"), EXIT_USAGE;
-            a->json = !strcmp(v, "json");
-        } else if (!is_eval && (!strcmp(s, "--metrics-port") || !strncmp(s, "--metrics-port=", 15))) {
-            const char *v = opt_value(argc, argv, &i, "--metrics-port");
-            char *end;
-            long n = v ? strtol(v, &end, 10) : 0;
-            if (!v || *end || n < 1 || n > 65535) return cli_error("--metrics-port needs a port from 1 to 65535"), EXIT_USAGE;
-            if ((rc = add_set(a, a->obs_sets[0], "obs.metrics_port", v))) return rc;
-        } else if (!is_eval && (!strcmp(s, "--metrics-addr") || !strncmp(s, "--metrics-addr=", 15))) {
-            const char *v = opt_value(argc, argv, &i, "--metrics-addr");
-            if (!v || !*v) return cli_error("--metrics-addr needs an address"), EXIT_USAGE;
-            if ((rc = add_set(a, a->obs_sets[1], "obs.metrics_addr", v))) return rc;
-        } else if (!is_eval && (!strcmp(s, "--trace") || !strncmp(s, "--trace=", 8))) {
-            const char *v = opt_value(argc, argv, &i, "--trace");
-            if (!v || !*v) return cli_error("--trace needs a file"), EXIT_USAGE;
-            if ((rc = add_set(a, a->obs_sets[2], "obs.trace", v))) return rc;
         } else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) {
             a->quiet = 1;
         } else if (s[0] == '-' && s[1]) {
@@ -203,6 +262,106 @@ static int load_config(const args_t *a, dt_config *c) {
         return strncmp(dt_last_error(), "--set", 5) == 0 ? EXIT_USAGE : EXIT_RUNTIME;
     }
     return 0;
+}
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    dt_train_request_stop();
+}
+
+// Starts the workers (this program again, as ranks of a local shared-memory
+// world, with the same arguments and one run directory) and watches them:
+// when one dies or hangs, the group starts again from the newest checkpoint,
+// up to --max-restarts times; elastic mode shrinks the group when a worker
+// cannot come back and grows it again later.
+static int supervise(const args_t *a, const dt_config *c) {
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        cli_error("cannot find this program's path to start workers");
+        return EXIT_RUNTIME;
+    }
+    exe[len] = 0;
+    int elastic = a->min_workers < a->workers, n = a->workers, restarts = 0, growing = 0;
+    if (a->max_restarts > 0 && c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0)
+        dt_log(DT_LOG_WARN, "--max-restarts without checkpoints (--checkpoint-every/--checkpoint-seconds): "
+                            "a restart starts again from step 0");
+    double failed_at = 0;
+    int64_t failed_step = -1;
+    for (int attempt = 0;; attempt++) {
+        char *args[2 * MAX_SETS + 12];
+        int k = 0;
+        args[k++] = exe;
+        args[k++] = "train";
+        args[k++] = (char *)a->config;
+        for (int i = 0; i < a->nsets; i++) {
+            args[k++] = "--set";
+            args[k++] = (char *)a->sets[i];
+        }
+        // After the first attempt, always continue from the newest checkpoint.
+        if (attempt > 0) {
+            args[k++] = "--set";
+            args[k++] = "checkpoint.resume=auto";
+        }
+        args[k++] = "--run-dir";
+        args[k++] = (char *)a->run_dir;
+        if (a->quiet) args[k++] = "--quiet";
+        if (a->json) args[k++] = "--log-format=json";
+        args[k] = NULL;
+        dt_launch_params lp = dt_launch_default_params();
+        lp.nranks = n;
+        lp.heartbeat_timeout = a->heartbeat;
+        lp.stop_after = elastic && n < a->workers ? a->elastic_retry : 0;
+        dt_launch_result r;
+        if (dt_launch(&lp, args, &r) != DT_OK) {
+            cli_error("%s", dt_last_error());
+            return EXIT_RUNTIME;
+        }
+        if (failed_at > 0 && r.first_step_at > 0) {
+            if (failed_step >= 0)
+                dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, "
+                                    "%lld step%s lost (last step before the failure: %lld)",
+                       r.first_step_at - failed_at, (long long)r.start_step, (long long)(failed_step - r.start_step),
+                       failed_step - r.start_step == 1 ? "" : "s", (long long)failed_step);
+            else
+                dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step)", r.first_step_at - failed_at);
+            failed_at = 0;
+        }
+        if (r.exit_code == 0 && !r.stopped) return 0;
+        if (r.stopped) {  // stopped at a checkpoint to grow
+            n++;
+            growing = 1;
+            dt_log(DT_LOG_INFO, "elastic: growing to %d workers from the newest checkpoint", n);
+            continue;
+        }
+        const char *why = r.hung ? "hung" : r.signal ? strsignal(r.signal) : "failed";
+        if (!failed_at) {
+            failed_at = r.failed_at;
+            failed_step = r.last_step;
+        }
+        if (elastic && r.failed_early && n > a->min_workers) {
+            // The worker could not come back: go on without it.
+            n--;
+            dt_log(DT_LOG_WARN, "elastic: worker %d (%s) could not %s; continuing with %d workers (minimum %d)",
+                   r.failed_rank, why, growing ? "join" : "come back", n, a->min_workers);
+            if (growing) {  // a failed attempt to grow is not a restart
+                growing = 0;
+                continue;
+            }
+        }
+        growing = 0;
+        if (restarts >= a->max_restarts) {
+            if (a->max_restarts > 0)
+                cli_error("worker %d %s; giving up after %d restart%s", r.failed_rank, why, restarts,
+                          restarts == 1 ? "" : "s");
+            return EXIT_RUNTIME;
+        }
+        restarts++;
+        char at[48] = " before the first step";
+        if (r.last_step >= 0) snprintf(at, sizeof at, " at step %lld", (long long)r.last_step);
+        dt_log(DT_LOG_WARN, "worker %d %s%s; restarting %d worker%s from the newest checkpoint (restart %d of %d)",
+               r.failed_rank, why, at, n, n > 1 ? "s" : "", restarts, a->max_restarts);
+    }
 }
 
 // --log-format json: the final result as one JSON line on stdout.
@@ -238,40 +397,14 @@ int cmd_train(int argc, char **argv) {
         snprintf(dir, sizeof dir, "runs/%s-%s", c.name, ts);
         a.run_dir = dir;
     }
-    if (a.workers > 1 && !dt_comm_env_launched()) {
-        // Start the workers: this program again, as N ranks of a local
-        // shared-memory world, with the same arguments and one run dir.
-        char exe[4096];
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (n <= 0) {
-            cli_error("cannot find this program's path to start workers");
-            return EXIT_RUNTIME;
-        }
-        exe[n] = 0;
-        char *args[2 * MAX_SETS + 8];
-        int k = 0;
-        args[k++] = exe;
-        args[k++] = "train";
-        args[k++] = (char *)a.config;
-        for (int i = 0; i < a.nsets; i++) {
-            args[k++] = "--set";
-            args[k++] = (char *)a.sets[i];
-        }
-        args[k++] = "--run-dir";
-        args[k++] = (char *)a.run_dir;
-        if (a.quiet) args[k++] = "--quiet";
-        if (a.json) args[k++] = "--log-format=json";
-        args[k] = NULL;
-        dt_launch_params lp = dt_launch_default_params();
-        lp.nranks = a.workers;
-        int code = 0;
-        if (dt_launch(&lp, args, &code) != DT_OK) {
-            cli_error("%s", dt_last_error());
-            return EXIT_RUNTIME;
-        }
-        return code == 0 ? 0 : EXIT_RUNTIME;
-    }
+    if ((a.workers > 1 || a.max_restarts > 0) && !dt_comm_env_launched()) return supervise(&a, &c);
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
+    // SIGUSR1: finish the step, checkpoint, exit DT_EXIT_STOPPED.
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
     progress_state ps = {isatty(2), a.quiet, c.log_every, a.json, 0, 0};
     dt_train_result r;
     dt_status st = dt_train(&c, a.run_dir, on_progress, &ps, &r);
@@ -279,6 +412,12 @@ int cmd_train(int argc, char **argv) {
     if (st != DT_OK) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
+    }
+    if (r.stopped) {
+        if (r.rank == 0)
+            fprintf(stderr, "stopped at step %lld; continue with --resume auto --run-dir %s\n", (long long)r.steps,
+                    a.run_dir);
+        return DT_EXIT_STOPPED;
     }
     if (a.json) {
         if (r.rank == 0) print_result_json(&c, &r, a.run_dir);

@@ -1,0 +1,120 @@
+#include "engine/checkpoints.h"
+#include "dtrain/train.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile sig_atomic_t g_stop;
+
+void dt_train_request_stop(void) { g_stop = 1; }
+int dt_run_stop_requested(void) { return g_stop != 0; }
+
+// The training state as int64s, for a broadcast.
+enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_N };
+
+static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found) {
+    int64_t v[S_N];
+    v[S_STEP] = s->step;
+    v[S_EPOCH] = s->epoch;
+    v[S_BATCH] = s->epoch_batch;
+    v[S_ESTEPS] = s->epoch_steps;
+    memcpy(&v[S_LOSS], &s->epoch_loss, sizeof(double));
+    memcpy(&v[S_RNG], s->rng.s, sizeof s->rng.s);
+    v[S_WORLD] = s->world;
+    v[S_FOUND] = *found;
+    v[S_OPT] = *r->model.opt_step;
+    dt_status st = dt_broadcast(v, v, S_N, DT_I64, 0, r->comm);
+    if (st != DT_OK) return st;
+    s->step = v[S_STEP];
+    s->epoch = v[S_EPOCH];
+    s->epoch_batch = v[S_BATCH];
+    s->epoch_steps = v[S_ESTEPS];
+    memcpy(&s->epoch_loss, &v[S_LOSS], sizeof(double));
+    memcpy(s->rng.s, &v[S_RNG], sizeof s->rng.s);
+    s->world = (int)v[S_WORLD];
+    *found = (int)v[S_FOUND];
+    *r->model.opt_step = v[S_OPT];
+    if (!*found) return DT_OK;
+    st = dt_broadcast(r->model.params, r->model.params, r->model.nparams, DT_F32, 0, r->comm);
+    for (int j = 0; j < r->model.nstates && st == DT_OK; j++)
+        st = dt_broadcast(r->model.states[j], r->model.states[j], r->model.nparams, DT_F32, 0, r->comm);
+    return st;
+}
+
+dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
+                            const dt_ckpt_model *m, dt_train_state *s) {
+    memset(r, 0, sizeof *r);
+    r->c = c;
+    r->comm = comm;
+    r->model = *m;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    // The config without the resume field: resuming does not change it.
+    dt_config plain = *c;
+    plain.resume[0] = 0;
+    if (!(r->config_text = dt_config_format(&plain))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    r->model.config = r->config_text;
+    dt_rng rng = s->rng;  // the caller's fresh generator, kept unless resumed
+    memset(s, 0, sizeof *s);
+    s->rng = rng;
+    s->world = W;
+    char dir[4096] = "";
+    if (run_dir) snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+
+    dt_status st = DT_OK;
+    int found = 0;
+    if (c->resume[0] && rank == 0) {
+        const char *from = !strcmp(c->resume, "auto") ? dir : c->resume;
+        char used[4200] = "";
+        if (!*from) st = dt_error(DT_ERR_CONFIG, "[checkpoint] resume = auto needs a run directory");
+        else st = dt_ckpt_load_newest(from, &r->model, s, &found, used, sizeof used);
+        if (st == DT_OK && found)
+            dt_log(DT_LOG_INFO, "resuming from %s: step %lld (epoch %lld, batch %lld), written by %d worker%s", used,
+                   (long long)s->step, (long long)s->epoch + 1, (long long)s->epoch_batch, s->world,
+                   s->world > 1 ? "s" : "");
+        else if (st == DT_OK)
+            dt_log(DT_LOG_INFO, "no checkpoint in %s: starting from step 0", from);
+        s->world = W;
+    }
+    // A failure on rank 0 reaches the others through the abort that follows.
+    if (st == DT_OK && c->resume[0] && W > 1) st = broadcast_state(r, s, &found);
+    if (st != DT_OK) return st;
+    r->last_step = s->step;
+    r->last_time = dt_now();
+    if (rank == 0 && run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0))
+        st = dt_ckpt_writer_create(&r->writer, dir, c->ckpt_keep, &r->model);
+    return st;
+}
+
+dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int force) {
+    if (!r->writer || s->step == r->last_step) return DT_OK;
+    const dt_config *c = r->c;
+    double now = dt_now();
+    int due = force || (c->ckpt_every_steps > 0 && s->step - r->last_step >= c->ckpt_every_steps) ||
+              (c->ckpt_every_seconds > 0 && now - r->last_time >= c->ckpt_every_seconds);
+    if (!due) return DT_OK;
+    r->last_step = s->step;
+    r->last_time = now;
+    dt_obs_begin(r->obs, DT_OBS_CHECKPOINT);
+    dt_status st = dt_ckpt_writer_save(r->writer, s);
+    dt_obs_end(r->obs, DT_OBS_CHECKPOINT);
+    return st;
+}
+
+dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
+    if (r->writer) {
+        dt_status w = dt_ckpt_writer_wait(r->writer);
+        int saves;
+        double maxp, total;
+        dt_ckpt_writer_stats(r->writer, &saves, &maxp, &total);
+        if (saves)
+            dt_log(DT_LOG_INFO, "%d checkpoint%s; training paused %.1f ms at most (%.1f ms in all) to snapshot them",
+                   saves, saves > 1 ? "s" : "", maxp * 1e3, total * 1e3);
+        if (st == DT_OK) st = w;
+        dt_ckpt_writer_free(r->writer);
+    }
+    free(r->config_text);
+    memset(r, 0, sizeof *r);
+    return st;
+}

@@ -1,0 +1,47 @@
+/* Checkpoints inside a training loop: resume at the start, save every K
+ * steps / T seconds / at the end from a snapshot on a background thread,
+ * and stop at a step boundary when asked (elastic resizing, preemption).
+ *
+ * State is replicated across data-parallel ranks, so rank 0 alone reads
+ * and writes checkpoint files; on resume it broadcasts what it loaded. A
+ * checkpoint therefore does not depend on the number of workers, and a
+ * run resumes on any number (docs/checkpoints.md). */
+#ifndef DT_ENGINE_CHECKPOINTS_H
+#define DT_ENGINE_CHECKPOINTS_H
+
+#include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
+#include "dtrain/config.h"
+#include "obs/obs.h"
+
+typedef struct {
+    const dt_config *c;
+    dt_comm_t comm;
+    dt_ckpt_model model;
+    dt_ckpt_writer *writer;   /* rank 0 with a run dir and checkpoints on */
+    char *config_text;
+    double last_time;         /* of the last save (or the start) */
+    int64_t last_step;
+    dt_obs *obs;              /* saves are DT_OBS_CHECKPOINT spans (may be NULL) */
+} dt_run_ckpt;
+
+/* Sets up checkpoints for a loop whose state m describes (m.config is
+ * filled in here). run_dir is NULL on ranks other than 0. When c->resume is
+ * set, loads the checkpoint it names ("auto": the newest valid one of
+ * RUN_DIR/checkpoints; none there: a fresh start) into m's buffers and *s on
+ * every rank; otherwise *s is a fresh start (step 0, s->rng as given). */
+dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
+                            const dt_ckpt_model *m, dt_train_state *s);
+/* After every step: saves when K steps or T seconds have passed since the
+ * last save, or when `force` (the end of the run, a requested stop). Set
+ * r->obs after dt_run_ckpt_begin to time the saves. */
+dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int force);
+/* Waits for the last write and frees everything. Returns the first write
+ * error (st when st is already an error). */
+dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st);
+
+/* A stop at the next step boundary was requested (dt_train_request_stop);
+ * all ranks agree because each step's loss allreduce carries the flag. */
+int dt_run_stop_requested(void);
+
+#endif

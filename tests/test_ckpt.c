@@ -1,0 +1,452 @@
+/* Checkpoints, resume, restarts and elastic workers.
+ *
+ *   1. The file: a round trip restores weights, optimizer state and the
+ *      loop's position bit for bit; truncated, bit-flipped, wrong-model,
+ *      wrong-optimizer, wrong-version files and weights-only files are
+ *      refused with an error naming the file, and leave the model alone.
+ *   2. The directory: the newest valid checkpoint is taken, damaged ones are
+ *      skipped for older ones, an incompatible one is an error; the
+ *      background writer keeps the newest N, writes the snapshot taken at
+ *      save time, and clears temp files of a writer that was killed.
+ *   3. Runs (deterministic mode, so "the same model" means bitwise equal):
+ *      a run stopped by a failure mid-epoch and resumed with --resume auto
+ *      on more workers (2 -> 3) and on fewer (3 -> 1) ends with the
+ *      parameters of an uninterrupted run; so does a resume after the newest
+ *      checkpoint was damaged; --max-restarts brings a run through a
+ *      SIGKILLed worker and a hung one (heartbeats); --workers MIN:MAX
+ *      shrinks when a worker cannot come back and grows again later.
+ *   4. Bad flags and a refused resume: clear errors. */
+#include "dtrain/ckpt.h"
+#include "dtrain/optim.h"
+#include "testlib.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_tmp[256];
+static char g_out[1 << 17];
+
+static const char *tmp(const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", g_tmp, name);
+    return buf[k];
+}
+
+// ---------------------------------------------------------------------------
+// 1, 2: the file and the directory
+
+typedef struct {
+    dt_model *m;
+    dt_optim *o;
+    dt_tensor_info t[16];
+    dt_ckpt_model cm;
+} net;
+
+static void net_make(net *n, int hidden, dt_optim_kind kind, uint64_t seed) {
+    int in[3] = {1, 4, 4};
+    dt_layer_spec l[3] = {{.kind = DT_LAYER_FLATTEN}, {.kind = DT_LAYER_LINEAR, .out = hidden},
+                          {.kind = DT_LAYER_LINEAR, .out = 3}};
+    CHECK(dt_model_create(&n->m, in, l, 3, 4) == DT_OK, "model: %s", dt_last_error());
+    dt_model_init(n->m, seed);
+    dt_optim_params p = dt_optim_default_params(kind);
+    p.momentum = 0.9f;
+    CHECK(dt_optim_create(&n->o, &p, dt_model_num_params(n->m)) == DT_OK, "optim: %s", dt_last_error());
+    int nt = dt_model_num_tensors(n->m);
+    for (int i = 0; i < nt; i++) n->t[i] = *dt_model_tensor(n->m, i);
+    n->cm = (dt_ckpt_model){n->t, nt, dt_model_params(n->m), dt_model_num_params(n->m), dt_optim_num_states(n->o),
+                            {NULL, NULL}, dt_optim_step_count(n->o), dt_optim_kind_name(kind), "[run]\nname = t\n",
+                            NULL, 0};
+    for (int j = 0; j < n->cm.nstates; j++) n->cm.states[j] = dt_optim_state(n->o, j);
+    // A few steps, so that the optimizer state is not zero.
+    float *g = dt_model_grads(n->m);
+    for (int s = 0; s < 3; s++) {
+        for (size_t i = 0; i < n->cm.nparams; i++) g[i] = (float)((i * 7 + s) % 13) / 13.0f - 0.5f;
+        dt_optim_step(n->o, n->cm.params, g, 0.01f, 1.0f);
+    }
+}
+
+static void net_free(net *n) {
+    dt_model_free(n->m);
+    dt_optim_free(n->o);
+}
+
+// All of n's state, to see whether a failed load touched it.
+static size_t net_bytes(const net *n, unsigned char *buf) {
+    size_t k = 0, np = n->cm.nparams * sizeof(float);
+    memcpy(buf + k, n->cm.params, np), k += np;
+    for (int j = 0; j < n->cm.nstates; j++) memcpy(buf + k, n->cm.states[j], np), k += np;
+    memcpy(buf + k, n->cm.opt_step, 8), k += 8;
+    return k;
+}
+
+static size_t read_file(const char *path, unsigned char **buf) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc((size_t)n);
+    size_t got = fread(*buf, 1, (size_t)n, f);
+    fclose(f);
+    return got;
+}
+
+static void write_file(const char *path, const unsigned char *buf, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fwrite(buf, 1, n, f);
+        fclose(f);
+    }
+}
+
+static void test_file(void) {
+    net a, b;
+    net_make(&a, 5, DT_OPTIM_ADAMW, 1);
+    net_make(&b, 5, DT_OPTIM_ADAMW, 2);
+    dt_train_state s = {1234, 3, 17, 16, 12.375, {{1, 2, 0xdeadbeefcafef00dull, 4}}, 3}, r;
+    const char *p = tmp("a.safetensors");
+    CHECK(dt_ckpt_write(p, &a.cm, &s) == DT_OK, "write: %s", dt_last_error());
+    CHECK(dt_ckpt_read(p, &b.cm, &r) == DT_OK, "read: %s", dt_last_error());
+    static unsigned char ba[1 << 16], bb[1 << 16];
+    size_t na = net_bytes(&a, ba), nb = net_bytes(&b, bb);
+    CHECK(na == nb && !memcmp(ba, bb, na), "round trip restores weights, optimizer state and step count");
+    CHECK(!memcmp(&s, &r, sizeof s), "round trip restores the training state (step %lld epoch %lld batch %lld loss %g)",
+          (long long)r.step, (long long)r.epoch, (long long)r.epoch_batch, r.epoch_loss);
+    // The checkpoint is also a weights file.
+    net c;
+    net_make(&c, 5, DT_OPTIM_ADAMW, 3);
+    CHECK(dt_model_load(c.m, p) == DT_OK && !memcmp(dt_model_params(c.m), a.cm.params, a.cm.nparams * 4),
+          "dt_model_load reads a checkpoint's weights");
+    const char *w = tmp("w.safetensors");
+    CHECK(dt_ckpt_export_weights(p, w) == DT_OK, "export: %s", dt_last_error());
+    dt_st_file *f;
+    CHECK(dt_st_open(&f, w) == DT_OK && dt_st_count(f) == a.cm.ntensors && !dt_st_find(f, "optimizer.step"),
+          "export holds the weights alone");
+    dt_st_close(f);
+    CHECK(dt_ckpt_read(w, &b.cm, &r) == DT_ERR_CONFIG && strstr(dt_last_error(), "not a dtrain checkpoint"),
+          "a weights file cannot resume: %s", dt_last_error());
+
+    // Damage: every truncation and bit flip is an error, and b is untouched.
+    unsigned char *file;
+    size_t len = read_file(p, &file);
+    net_bytes(&b, bb);
+    const char *d = tmp("damaged.safetensors");
+    int missed = 0, tried = 0;
+    size_t cuts[] = {0, 4, 8, 100, len / 3, len / 2, len - 9, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        write_file(d, file, cuts[i]);
+        dt_status st = dt_ckpt_read(d, &b.cm, &r);
+        tried++;
+        if (st != DT_ERR_FORMAT && st != DT_ERR_IO) {
+            missed++;
+            fprintf(stderr, "truncated to %zu bytes: status %d (%s)\n", cuts[i], st, dt_last_error());
+        }
+        if (st != DT_OK && !strstr(dt_last_error(), d)) missed++;
+    }
+    for (size_t pos = 0; pos < len; pos += 1 + pos / 40) {
+        file[pos] ^= (unsigned char)(1u << (pos % 8));
+        write_file(d, file, len);
+        file[pos] ^= (unsigned char)(1u << (pos % 8));
+        dt_status st = dt_ckpt_read(d, &b.cm, &r);
+        tried++;
+        if (st == DT_OK) {
+            missed++;
+            fprintf(stderr, "bit flip at byte %zu went unnoticed\n", pos);
+        }
+    }
+    net_bytes(&b, ba);
+    CHECK(missed == 0, "%d of %d truncated or bit-flipped files not detected", missed, tried);
+    CHECK(!memcmp(ba, bb, nb), "failed loads left the model and optimizer untouched");
+    printf("damage: %d truncated / bit-flipped files, all detected\n", tried);
+    file[len / 2] ^= 1;
+    write_file(d, file, len);
+    FILE *devnull = fopen("/dev/null", "w");
+    CHECK(dt_ckpt_inspect(d, devnull) == DT_ERR_FORMAT && strstr(dt_last_error(), "checksum"),
+          "inspect reports a damaged checksum: %s", dt_last_error());
+    CHECK(dt_ckpt_inspect(p, devnull) == DT_OK, "inspect: %s", dt_last_error());
+    fclose(devnull);
+
+    // Another format version.
+    file[len / 2] ^= 1;
+    char *v = memmem(file, len, "\"format_version\":\"1\"", 20);
+    CHECK(v != NULL, "format_version in the header");
+    if (v) {
+        v[18] = '2';
+        write_file(d, file, len);
+        CHECK(dt_ckpt_read(d, &b.cm, &r) == DT_ERR_CONFIG && strstr(dt_last_error(), "version 2"),
+              "a newer format version is refused: %s", dt_last_error());
+    }
+    free(file);
+
+    // Another model, another optimizer.
+    net e, g;
+    net_make(&e, 6, DT_OPTIM_ADAMW, 1);
+    CHECK(dt_ckpt_read(p, &e.cm, &r) == DT_ERR_CONFIG && strstr(dt_last_error(), "'1.weight'") &&
+              strstr(dt_last_error(), "[5, 16]") && strstr(dt_last_error(), "[6, 16]"),
+          "another model is refused, naming the tensor and shapes: %s", dt_last_error());
+    net_make(&g, 5, DT_OPTIM_SGD, 1);
+    CHECK(dt_ckpt_read(p, &g.cm, &r) == DT_ERR_CONFIG && strstr(dt_last_error(), "adamw"),
+          "another optimizer is refused: %s", dt_last_error());
+
+    // 2. the directory: newest valid first, fallback over damaged ones.
+    const char *dir = tmp("ckdir");
+    mkdir(dir, 0755);
+    char path[3][600];
+    for (int i = 0; i < 3; i++) {
+        s.step = 5 * (i + 1);
+        snprintf(path[i], sizeof path[i], "%s/step-%08d.safetensors", dir, 5 * (i + 1));
+        CHECK(dt_ckpt_write(path[i], &a.cm, &s) == DT_OK, "write %s", path[i]);
+    }
+    char used[1024];
+    int found;
+    CHECK(dt_ckpt_load_newest(dir, &b.cm, &r, &found, used, sizeof used) == DT_OK && found && r.step == 15,
+          "newest: step %lld", (long long)r.step);
+    truncate(path[2], 1000);
+    CHECK(dt_ckpt_load_newest(dir, &b.cm, &r, &found, used, sizeof used) == DT_OK && found && r.step == 10 &&
+              !strcmp(used, path[1]),
+          "a truncated newest checkpoint is skipped for the one before: %s", used);
+    truncate(path[1], 0);
+    truncate(path[0], 50);
+    CHECK(dt_ckpt_load_newest(dir, &b.cm, &r, &found, used, sizeof used) == DT_ERR_FORMAT && !found &&
+              strstr(dt_last_error(), "all 3 checkpoints are damaged"),
+          "all damaged: %s", dt_last_error());
+    CHECK(dt_ckpt_write(path[0], &e.cm, &s) == DT_OK, "write another model's");
+    CHECK(dt_ckpt_load_newest(dir, &b.cm, &r, &found, used, sizeof used) == DT_ERR_CONFIG && !found,
+          "an incompatible checkpoint is an error, not skipped: %s", dt_last_error());
+    CHECK(dt_ckpt_load_newest(tmp("nothing-here"), &b.cm, &r, &found, used, sizeof used) == DT_OK && !found,
+          "no checkpoints: a fresh start");
+
+    // The background writer: snapshot at save time, keep N, temp files.
+    const char *wd = tmp("writer");
+    mkdir(wd, 0755);
+    write_file(tmp("writer/step-00000001.safetensors.tmp.4242"), (const unsigned char *)"x", 1);
+    dt_ckpt_writer *wr;
+    CHECK(dt_ckpt_writer_create(&wr, wd, 2, &a.cm) == DT_OK, "writer: %s", dt_last_error());
+    CHECK(access(tmp("writer/step-00000001.safetensors.tmp.4242"), F_OK) != 0, "a killed writer's temp file is removed");
+    float keep0 = 0;
+    for (int i = 1; i <= 4; i++) {
+        s.step = i;
+        a.cm.params[0] = (float)i;
+        CHECK(dt_ckpt_writer_save(wr, &s) == DT_OK, "save %d: %s", i, dt_last_error());
+        keep0 = a.cm.params[0];
+        a.cm.params[0] = -1;  // changed right after the save: must not reach the file
+    }
+    CHECK(dt_ckpt_writer_wait(wr) == DT_OK, "wait: %s", dt_last_error());
+    int saves;
+    double maxp, total;
+    dt_ckpt_writer_stats(wr, &saves, &maxp, &total);
+    dt_ckpt_writer_free(wr);
+    char **list;
+    int nl;
+    CHECK(dt_ckpt_list(wd, &list, &nl) == DT_OK && nl == 2 && strstr(list[0], "step-00000004") &&
+              strstr(list[1], "step-00000003"),
+          "keep 2: the two newest are left (%d)", nl);
+    for (int i = 0; i < nl; i++) free(list[i]);
+    free(list);
+    CHECK(dt_ckpt_read(tmp("writer/step-00000004.safetensors"), &b.cm, &r) == DT_OK && b.cm.params[0] == keep0,
+          "the file holds the snapshot taken at save time (%g)", b.cm.params[0]);
+    CHECK(saves == 4 && maxp >= 0 && total >= maxp, "writer stats: %d saves, longest pause %.3f ms", saves, maxp * 1e3);
+    net_free(&a), net_free(&b), net_free(&c), net_free(&e), net_free(&g);
+}
+
+// ---------------------------------------------------------------------------
+// 3: runs
+
+static const char *cfg =
+    "[model]\ninput = 784\nlayer = linear out=48\nlayer = relu\nlayer = dropout p=0.2\nlayer = linear out=10\n"
+    "[optim]\nname = adamw\nlr = 0.003\n[schedule]\nname = cosine\nwarmup_steps = 5\n"
+    "[train]\nbatch = 40\nepochs = 0\nmax_steps = 30\neval_batch = 100\nseed = 5\n[parallel]\ndeterministic = true\n";
+
+static int train(const char *name, int N, const char *extra) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s train %s --workers %d --quiet --run-dir %s %s 2>&1", tl_dtrain(), tmp("run.ini"), N,
+             tmp(name), extra ? extra : "");
+    return tl_run(cmd, g_out, sizeof g_out);
+}
+
+static int same_as_ref(const char *name) {
+    int bw;
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/model.safetensors", tmp("ref"));
+    snprintf(b, sizeof b, "%s/model.safetensors", tmp(name));
+    double d = tl_weights_diff(a, b, &bw);
+    if (!bw) fprintf(stderr, "%s: max relative difference to the uninterrupted run %.3g\n", name, d);
+    return bw;
+}
+
+static void test_runs(void) {
+    tl_make_images(g_tmp, "train", 243, 1);  // 7 steps per epoch: 30 steps end mid-epoch 5
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    FILE *f = fopen(tmp("run.ini"), "w");
+    fprintf(f, "%s[data]\ndir = %s\n", cfg, g_tmp);
+    fclose(f);
+    int rc = train("ref", 2, NULL);
+    CHECK(rc == 0, "uninterrupted run: exit %d\n%s", rc, g_out);
+
+    // Stopped by a failure at step 18 (epoch 3, batch 4), resumed on 3
+    // workers from step 16 (epoch 3, batch 2).
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    rc = train("up", 2, "--checkpoint-every 4");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing run: exit %d", rc);
+    CHECK(access(tmp("up/checkpoints/step-00000016.safetensors"), F_OK) == 0, "checkpoint at step 16 written");
+    CHECK(access(tmp("up/checkpoints/step-00000004.safetensors"), F_OK) != 0, "keep 3: step 4 deleted");
+    rc = train("up", 3, "--resume auto --checkpoint-every 4 --keep 2");
+    CHECK(rc == 0, "resume on 3 workers: exit %d\n%s", rc, g_out);
+    CHECK(same_as_ref("up"), "2 -> 3 workers: resumed run bitwise equal to the uninterrupted one");
+
+    // 3 -> 1 worker, from a failure at step 17.
+    setenv("DTRAIN_FAULT_STEP", "2:17", 1);
+    rc = train("down", 3, "--checkpoint-every 5");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing run: exit %d", rc);
+    // The newest (step 15) is damaged: the resume falls back to step 10.
+    truncate(tmp("down/checkpoints/step-00000015.safetensors"), 2000);
+    rc = train("down", 1, "--resume auto");
+    CHECK(rc == 0, "resume on 1 worker: exit %d\n%s", rc, g_out);
+    CHECK(strstr(g_out, "skipping damaged checkpoint") && strstr(g_out, "step-00000015"),
+          "warns about the damaged checkpoint:\n%s", g_out);
+    CHECK(same_as_ref("down"), "3 -> 1 workers, after a fallback: bitwise equal to the uninterrupted run");
+
+    // The supervisor: a worker SIGKILLed in step 13 comes back from step 10.
+    setenv("DTRAIN_FAULT_STEP", "1:13:kill", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("kill-once"), 1);
+    rc = train("restart", 2, "--checkpoint-every 5 --max-restarts 2");
+    CHECK(rc == 0, "--max-restarts: exit %d\n%s", rc, g_out);
+    CHECK(strstr(g_out, "worker 1 Killed") && strstr(g_out, "restart 1 of 2") && strstr(g_out, "recovered in") &&
+              strstr(g_out, "2 steps lost"),
+          "restart logged with the recovery time and the lost steps:\n%s", g_out);
+    CHECK(same_as_ref("restart"), "restarted run bitwise equal to the uninterrupted one");
+
+    // A hung worker (no heartbeats) is found, stopped, and the group restarted.
+    setenv("DTRAIN_FAULT_STEP", "0:8:hang", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("hang-once"), 1);
+    rc = train("hang", 2, "--checkpoint-every 5 --max-restarts 1 --heartbeat-timeout 2");
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    CHECK(rc == 0, "hung worker: exit %d\n%s", rc, g_out);
+    CHECK(strstr(g_out, "rank 0") && strstr(g_out, "sent no heartbeat") && strstr(g_out, "worker 0 hung"),
+          "the hung worker is named:\n%s", g_out);
+    CHECK(same_as_ref("hang"), "run restarted after a hang bitwise equal to the uninterrupted one");
+
+    // Without restarts left, the failure is the run's.
+    setenv("DTRAIN_FAULT_STEP", "1:6:kill", 1);
+    rc = train("giveup", 2, "--checkpoint-every 5 --max-restarts 1");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1 && strstr(g_out, "giving up after 1 restart"), "gives up after --max-restarts: exit %d\n%s", rc,
+          g_out);
+}
+
+// Elastic: worker 2 cannot start while a file exists. The group shrinks to
+// 2, tries to grow every second, and grows once the file is gone.
+static void test_elastic(void) {
+    const char *block = tmp("slot2-unavailable");
+    write_file(block, (const unsigned char *)"", 0);
+    char env[700];
+    snprintf(env, sizeof env, "2:%s", block);
+    setenv("DTRAIN_FAULT_START", env, 1);
+    setenv("DTRAIN_SLOW_RANK", "0:15", 1);  // about 0.5 s of training per 30 steps
+    const char *log = tmp("elastic.log");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "exec %s train %s --workers 2:3 --set train.max_steps=150 --checkpoint-every 10 --max-restarts 3 "
+             "--elastic-retry 1 --run-dir %s >%s 2>&1",
+             tl_dtrain(), tmp("run.ini"), tmp("elastic"), log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    // Wait for the shrink, then give the slot back.
+    int shrunk = 0;
+    for (int i = 0; i < 600 && !shrunk; i++) {
+        usleep(50000);
+        unsigned char *text = NULL;
+        size_t n = read_file(log, &text);
+        shrunk = n && memmem(text, n, "continuing with 2 workers", 25);
+        free(text);
+    }
+    usleep(300000);
+    unlink(block);
+    int status = 0;
+    for (int i = 0; i < 1200 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    unsetenv("DTRAIN_FAULT_START");
+    unsetenv("DTRAIN_SLOW_RANK");
+    unsigned char *text = NULL;
+    size_t n = read_file(log, &text);
+    char *out = calloc(1, n + 1);
+    if (n) memcpy(out, text, n);
+    free(text);
+    CHECK(shrunk, "shrank to 2 workers when worker 2 could not come back:\n%s", out);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "elastic run: exit status %d\n%s", status, out);
+    CHECK(strstr(out, "growing to 3 workers") != NULL, "grew back to 3 workers:\n%s", out);
+    CHECK(strstr(out, "3 workers x") != NULL, "finished on 3 workers:\n%s", out);
+    // Deterministic mode: the same model as 2 workers all along.
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --quiet --set train.max_steps=150 --run-dir %s", tl_dtrain(),
+             tmp("run.ini"), tmp("elastic-ref"));
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "elastic reference run\n%s", g_out);
+    int bw;
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/model.safetensors", tmp("elastic"));
+    snprintf(b, sizeof b, "%s/model.safetensors", tmp("elastic-ref"));
+    double d = tl_weights_diff(a, b, &bw);
+    CHECK(bw, "elastic run (3 -> 2 -> 3 workers) bitwise equal to a fixed 2-worker run (max rel diff %.3g)", d);
+    free(out);
+}
+
+static void test_flags(void) {
+    static const struct { const char *args, *want; } bad[] = {
+        {"--checkpoint-every 0", "--checkpoint-every"},
+        {"--checkpoint-every x", "--checkpoint-every"},
+        {"--keep", "--keep needs a value"},
+        {"--max-restarts -1", "--max-restarts"},
+        {"--workers 3:2", "MIN:MAX"},
+        {"--heartbeat-timeout abc", "--heartbeat-timeout"},
+    };
+    char cmd[2048];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s train %s %s 2>&1", tl_dtrain(), tmp("run.ini"), bad[i].args);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 2 && strstr(g_out, bad[i].want), "'%s': exit %d, expected 2 naming %s:\n%s", bad[i].args, rc,
+              bad[i].want, g_out);
+    }
+    // Resuming another model's run is refused, naming the checkpoint.
+    FILE *f = fopen(tmp("other.ini"), "w");
+    fprintf(f, "[model]\ninput = 784\nlayer = linear out=10\n[data]\ndir = %s\n", g_tmp);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s train %s --quiet --run-dir %s --resume auto 2>&1", tl_dtrain(), tmp("other.ini"),
+             tmp("up"));
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "step-000000") && strstr(g_out, "different model"),
+          "resume with another model: exit %d\n%s", rc, g_out);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-ckpt-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    test_file();
+    test_runs();
+    test_elastic();
+    test_flags();
+    char cmd[512];
+    if (!tl_failed && !getenv("KEEP")) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+    } else {
+        fprintf(stderr, "files kept in %s\n", g_tmp);
+    }
+    return tl_finish();
+}

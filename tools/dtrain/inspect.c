@@ -1,0 +1,59 @@
+/* dtrain inspect / dtrain export: look into checkpoints, take weights out. */
+#include "cli.h"
+#include "dtrain/dtrain.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char inspect_help[] =
+    "usage: dtrain inspect FILE\n"
+    "\n"
+    "Prints what a checkpoint (RUN_DIR/checkpoints/step-N.safetensors) or a\n"
+    "weights file holds: the training state (step, epoch, position in the\n"
+    "epoch, RNG, world size, optimizer, format version, config and its hash),\n"
+    "every tensor with its dtype and shape, and whether the checksum holds.\n"
+    "Exit status 1 when the file is damaged.\n";
+
+static const char export_help[] =
+    "usage: dtrain export CHECKPOINT -o WEIGHTS\n"
+    "\n"
+    "Writes the weights of a checkpoint alone, without the optimizer state:\n"
+    "the same safetensors file a run's model.safetensors is, for 'dtrain eval',\n"
+    "'dtrain sample', other tools, and 'dtrain convert' (GPT -> llm.c).\n";
+
+int cmd_inspect(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        fputs(inspect_help, stdout);
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-') {
+        cli_error("expected one FILE (see 'dtrain inspect --help')");
+        return EXIT_USAGE;
+    }
+    if (dt_ckpt_inspect(argv[1], stdout) != DT_OK) {
+        cli_error("%s", dt_last_error());
+        return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+int cmd_export(int argc, char **argv) {
+    const char *in = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(export_help, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "-o")) {
+            if (i + 1 >= argc) return cli_error("-o needs a file"), EXIT_USAGE;
+            out = argv[++i];
+        } else if (argv[i][0] == '-' || in) {
+            return cli_error("unexpected argument '%s' (see 'dtrain export --help')", argv[i]), EXIT_USAGE;
+        } else {
+            in = argv[i];
+        }
+    }
+    if (!in || !out) return cli_error("need CHECKPOINT and -o WEIGHTS (see 'dtrain export --help')"), EXIT_USAGE;
+    if (dt_ckpt_export_weights(in, out) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    printf("%s -> %s\n", in, out);
+    return 0;
+}
