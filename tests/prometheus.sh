@@ -27,18 +27,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 mport=$(free_port)
 pport=$(free_port)
 
-# Synthetic data and a tiny model.
-python3 - "$tmp" <<'PY'
-import random, struct, sys
-d = sys.argv[1]
-for prefix, n in (("train", 400), ("t10k", 100)):
-    r = random.Random(n)
-    labels = bytes(r.randrange(10) for _ in range(n))
-    with open(f"{d}/{prefix}-images-idx3-ubyte.gz", "wb") as f:
-        f.write(struct.pack(">BBBBIII", 0, 0, 8, 3, n, 28, 28) + bytes(r.randrange(256) for _ in range(n * 784)))
-    with open(f"{d}/{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-        f.write(struct.pack(">BBBBI", 0, 0, 8, 1, n) + labels)
-PY
+# The C tests' small synthetic image set, and a tiny model.
+"$build/tests/make_images" "$tmp"
 cat > "$tmp/mlp.ini" <<INI
 [model]
 input = 784
@@ -49,6 +39,7 @@ layer = linear out=10
 dir = $tmp
 [train]
 batch = 40
+epochs = 100
 max_steps = 60
 threads = 1
 INI

@@ -18,17 +18,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-python3 - "$tmp" <<'PY'
-import random, struct, sys
-d = sys.argv[1]
-for prefix, n in (("train", 400), ("t10k", 100)):
-    r = random.Random(n)
-    labels = bytes(r.randrange(10) for _ in range(n))
-    with open(f"{d}/{prefix}-images-idx3-ubyte.gz", "wb") as f:
-        f.write(struct.pack(">BBBBIII", 0, 0, 8, 3, n, 28, 28) + bytes(r.randrange(256) for _ in range(n * 784)))
-    with open(f"{d}/{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-        f.write(struct.pack(">BBBBI", 0, 0, 8, 1, n) + labels)
-PY
+"$build/tests/make_images" "$tmp"
 cat > "$tmp/mlp.ini" <<INI
 [model]
 input = 784

@@ -243,7 +243,7 @@ static void test_file(void) {
     CHECK(dt_ckpt_writer_wait(wr) == DT_OK, "wait: %s", dt_last_error());
     int saves;
     double maxp, total;
-    dt_ckpt_writer_stats(wr, &saves, &maxp, &total);
+    dt_ckpt_writer_stats(wr, &saves, &maxp, &total, NULL);
     dt_ckpt_writer_free(wr);
     char **list;
     int nl;
@@ -337,6 +337,39 @@ static void test_runs(void) {
     CHECK(strstr(g_out, "rank 0") && strstr(g_out, "sent no heartbeat") && strstr(g_out, "worker 0 hung"),
           "the hung worker is named:\n%s", g_out);
     CHECK(same_as_ref("hang"), "run restarted after a hang bitwise equal to the uninterrupted one");
+
+    // SIGUSR1 to the launcher: every worker checkpoints and stops (exit 75);
+    // the run then resumes to the same model.
+    {
+        setenv("DTRAIN_SLOW_RANK", "1:50", 1);  // 1.5 s of steps
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "exec %s train %s --workers 2 --quiet --run-dir %s >%s 2>&1", tl_dtrain(),
+                 tmp("run.ini"), tmp("usr1"), tmp("usr1.log"));
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        usleep(800000);
+        kill(pid, SIGUSR1);
+        int status;
+        waitpid(pid, &status, 0);
+        unsetenv("DTRAIN_SLOW_RANK");
+        unsigned char *text = NULL;
+        size_t n = read_file(tmp("usr1.log"), &text);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 75 && n && memmem(text, n, "--resume auto", 13),
+              "SIGUSR1: exit status %d (expected 75) and how to go on:\n%.*s", WEXITSTATUS(status), (int)n,
+              text ? (char *)text : "");
+        free(text);
+        char **list;
+        int nl = 0;
+        CHECK(dt_ckpt_list(tmp("usr1/checkpoints"), &list, &nl) == DT_OK && nl == 1,
+              "a checkpoint written at the stop (%d)", nl);
+        for (int i = 0; i < nl; i++) free(list[i]);
+        if (nl) free(list);
+        rc = train("usr1", 1, "--resume auto");
+        CHECK(rc == 0 && same_as_ref("usr1"), "resumed after SIGUSR1: exit %d, bitwise equal\n%s", rc, g_out);
+    }
 
     // Without restarts left, the failure is the run's.
     setenv("DTRAIN_FAULT_STEP", "1:6:kill", 1);

@@ -133,9 +133,10 @@ DT_API dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, in
 DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s);
 /* Waits for the write in flight; returns the first failed write's status. */
 DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);
-/* Saves so far and the longest / total pause they caused, in seconds. */
+/* Saves so far, the longest / total pause they caused training, and the
+ * longest write (in the background), in seconds. */
 DT_API void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause,
-                                 double *total_pause);
+                                 double *total_pause, double *max_write);
 DT_API void dt_ckpt_writer_free(dt_ckpt_writer *w);
 
 #ifdef __cplusplus

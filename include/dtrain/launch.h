@@ -14,6 +14,8 @@
  *     its peers' collectives fail within milliseconds with an error naming
  *     it; after a grace period the launcher stops the ranks that remain
  *     (SIGTERM, then SIGKILL);
+ *   - SIGUSR1 to the launcher is passed on to every rank (dtrain train:
+ *     checkpoint and stop);
  *   - SIGINT / SIGTERM to the launcher (Ctrl-C) stop every rank (SIGTERM,
  *     then SIGKILL after term_grace; a second Ctrl-C kills at once);
  *   - heartbeats: each rank reports its progress (dt_heartbeat) into a
@@ -56,7 +58,8 @@ typedef struct {
     int signal;            /* the signal that killed it, or 0 */
     int hung;              /* it was stopped for missing heartbeats */
     int failed_early;      /* it failed before finishing a step of its own */
-    int stopped;           /* every rank exited with DT_EXIT_STOPPED */
+    int stopped;           /* the ranks stopped on request (DT_EXIT_STOPPED) */
+    int stop_asked;        /* the launcher got SIGUSR1 and passed it on */
     int64_t start_step;    /* the step the ranks started from (-1: unknown) */
     int64_t last_step;     /* the highest step a rank reported (-1: none) */
     double first_step_at;  /* dt_now() when a rank first finished a step, or 0 */

@@ -429,7 +429,7 @@ struct dt_ckpt_writer {
     dt_status err;          // first failed write
     char errmsg[1024];
     int saves;
-    double max_pause, total_pause;
+    double max_pause, total_pause, max_write;
 };
 
 // Deletes all but the newest `keep` checkpoints, and temp files that a
@@ -454,9 +454,13 @@ static void *writer_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
         char path[4200];
         snprintf(path, sizeof path, "%s/step-%08lld.safetensors", w->dir, (long long)s.step);
+        double t0 = dt_now();
         dt_status st = dt_ckpt_write(path, &w->snap, &s);
         if (st == DT_OK) prune(w->dir, w->keep);
+        double took = dt_now() - t0;
+        dt_log(DT_LOG_DEBUG, "checkpoint %s written in %.1f ms", path, took * 1e3);
         pthread_mutex_lock(&w->mu);
+        if (took > w->max_write) w->max_write = took;
         if (st != DT_OK && w->err == DT_OK) {
             w->err = st;
             snprintf(w->errmsg, sizeof w->errmsg, "checkpoint at step %lld: %s", (long long)s.step, dt_last_error());
@@ -539,7 +543,9 @@ dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w) {
     return st != DT_OK ? dt_error(st, "%s", w->errmsg) : DT_OK;
 }
 
-void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause, double *total_pause) {
+void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause, double *total_pause,
+                          double *max_write) {
+    if (max_write) *max_write = w->max_write;
     if (saves) *saves = w->saves;
     if (max_pause) *max_pause = w->max_pause;
     if (total_pause) *total_pause = w->total_pause;

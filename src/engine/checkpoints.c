@@ -59,8 +59,8 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     memset(s, 0, sizeof *s);
     s->rng = rng;
     s->world = W;
-    char dir[4096] = "";
-    if (run_dir) snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+    char *dir = r->dir;
+    if (run_dir) snprintf(r->dir, sizeof r->dir, "%s/checkpoints", run_dir);
 
     dt_status st = DT_OK;
     int found = 0;
@@ -87,11 +87,15 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     return st;
 }
 
-dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int force) {
+dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop) {
+    if (stop && !r->writer && r->dir[0]) {
+        dt_status st = dt_ckpt_writer_create(&r->writer, r->dir, r->c->ckpt_keep, &r->model);
+        if (st != DT_OK) return st;
+    }
     if (!r->writer || s->step == r->last_step) return DT_OK;
     const dt_config *c = r->c;
     double now = dt_now();
-    int due = force || (c->ckpt_every_steps > 0 && s->step - r->last_step >= c->ckpt_every_steps) ||
+    int due = end || stop || (c->ckpt_every_steps > 0 && s->step - r->last_step >= c->ckpt_every_steps) ||
               (c->ckpt_every_seconds > 0 && now - r->last_time >= c->ckpt_every_seconds);
     if (!due) return DT_OK;
     r->last_step = s->step;
@@ -106,11 +110,12 @@ dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
     if (r->writer) {
         dt_status w = dt_ckpt_writer_wait(r->writer);
         int saves;
-        double maxp, total;
-        dt_ckpt_writer_stats(r->writer, &saves, &maxp, &total);
+        double maxp, total, maxw;
+        dt_ckpt_writer_stats(r->writer, &saves, &maxp, &total, &maxw);
         if (saves)
-            dt_log(DT_LOG_INFO, "%d checkpoint%s; training paused %.1f ms at most (%.1f ms in all) to snapshot them",
-                   saves, saves > 1 ? "s" : "", maxp * 1e3, total * 1e3);
+            dt_log(DT_LOG_INFO, "%d checkpoint%s; training paused %.1f ms at most (%.1f ms in all) to snapshot "
+                                "them, the writes took up to %.1f ms in the background",
+                   saves, saves > 1 ? "s" : "", maxp * 1e3, total * 1e3, maxw * 1e3);
         if (st == DT_OK) st = w;
         dt_ckpt_writer_free(r->writer);
     }

@@ -20,6 +20,7 @@ typedef struct {
     dt_ckpt_model model;
     dt_ckpt_writer *writer;   /* rank 0 with a run dir and checkpoints on */
     char *config_text;
+    char dir[4096];           /* RUN_DIR/checkpoints, "" without a run dir */
     double last_time;         /* of the last save (or the start) */
     int64_t last_step;
     dt_obs *obs;              /* saves are DT_OBS_CHECKPOINT spans (may be NULL) */
@@ -33,9 +34,10 @@ typedef struct {
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
                             const dt_ckpt_model *m, dt_train_state *s);
 /* After every step: saves when K steps or T seconds have passed since the
- * last save, or when `force` (the end of the run, a requested stop). Set
- * r->obs after dt_run_ckpt_begin to time the saves. */
-dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int force);
+ * last save, at the end of the run (`end`), and always when the run stops
+ * on request (`stop`: even with checkpoints off, the state must survive).
+ * Set r->obs after dt_run_ckpt_begin to time the saves. */
+dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop);
 /* Waits for the last write and frees everything. Returns the first write
  * error (st when st is already an error). */
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st);

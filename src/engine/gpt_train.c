@@ -286,7 +286,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         }
         stop = sync.stop;
         ts = (dt_train_state){step + 1, 0, 0, loss_n, loss_sum, rng, W};
-        if ((st = dt_run_ckpt_step(&ck, &ts, stop || last)) != DT_OK) goto done;
+        if ((st = dt_run_ckpt_step(&ck, &ts, last, stop)) != DT_OK) goto done;
         dt_heartbeat(step + 1);
     }
     if (stop) {  // asked to stop: the checkpoint has the state, no final files

@@ -258,7 +258,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             ebatch++;
             stop = sync.stop;
             ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
-            if ((st = dt_run_ckpt_step(&ck, &ts, stop || step == total)) != DT_OK) goto done;
+            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop)) != DT_OK) goto done;
             dt_heartbeat(step);
             samples += b.global_B;
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, loss, lr, gnorm, b.global_B, 0});

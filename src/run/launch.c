@@ -23,7 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_signal, g_nsignals;
+static volatile sig_atomic_t g_signal, g_nsignals, g_usr1;
+
+static void on_usr1(int sig) {
+    (void)sig;
+    g_usr1 = 1;
+}
 
 // ----------------------------------------------------------------------------
 // heartbeats: one cache line per rank in a memfd the ranks inherit
@@ -178,7 +183,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     }
 
     // ---- signals and fork ----------------------------------------------------
-    struct sigaction sa, old_int, old_term, old_hup;
+    struct sigaction sa, old_int, old_term, old_hup, old_usr1;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -187,6 +192,9 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGHUP, &sa, &old_hup);
+    sa.sa_handler = on_usr1;
+    g_usr1 = 0;
+    sigaction(SIGUSR1, &sa, &old_usr1);
     fflush(NULL);
 
     dt_status rc = DT_OK;
@@ -212,6 +220,14 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     double term_at = 0, kill_at = 0, t_start = dt_now(), next_check = 0;
     int64_t start_ns = mono_ns();
     while (nalive > 0) {
+        // Progress so far, read before an exit is handled so that a failure
+        // sees the last steps.
+        for (int r = 0; r < n; r++) {
+            int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
+            if (s1 > res->last_step) res->last_step = s1;
+            if (r == 0 && s0 >= 0) res->start_step = s0;
+            if (!res->first_step_at && s0 >= 0 && s1 > s0) res->first_step_at = dt_now();
+        }
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
@@ -260,9 +276,6 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
             int64_t ns = mono_ns();
             for (int r = 0; r < n; r++) {
                 int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
-                if (s1 > res->last_step) res->last_step = s1;
-                if (r == 0 && s0 >= 0) res->start_step = s0;
-                if (!res->first_step_at && s0 >= 0 && s1 > s0) res->first_step_at = now;
                 int64_t last = atomic_load(&beats[r].time_ns);
                 if (!alive[r] || first_fail >= 0 || forwarded || p->heartbeat_timeout <= 0) continue;
                 double quiet = (double)(ns - (last ? last : start_ns)) * 1e-9;
@@ -287,6 +300,12 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         if (p->stop_after > 0 && !stop_sent && !forwarded && first_fail < 0 && now - t_start >= p->stop_after) {
             stop_sent = 1;
             if (p->verbose) dt_log(DT_LOG_INFO, "run: asking every rank to checkpoint and stop");
+            signal_all(pids, alive, n, SIGUSR1);
+        }
+        if (g_usr1 && !forwarded) {  // passed on: every rank checkpoints and stops
+            g_usr1 = 0;
+            stop_sent = res->stop_asked = 1;
+            dt_log(DT_LOG_INFO, "run: SIGUSR1: asking every rank to checkpoint and stop");
             signal_all(pids, alive, n, SIGUSR1);
         }
         if (g_signal && !forwarded) {
@@ -315,6 +334,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGHUP, &old_hup, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
     munmap(base, size);
     if (!unlinked) shm_unlink(name);
     res->stopped = first_fail < 0 && !forwarded && nstopped > 0;

@@ -328,6 +328,7 @@ static int supervise(const args_t *a, const dt_config *c) {
             failed_at = 0;
         }
         if (r.exit_code == 0 && !r.stopped) return 0;
+        if (r.stopped && r.stop_asked) return DT_EXIT_STOPPED;  // rank 0 said how to go on
         if (r.stopped) {  // stopped at a checkpoint to grow
             n++;
             growing = 1;

@@ -1,0 +1,177 @@
+/* Chaos: SIGKILL a random worker at random moments, several times in one
+ * run, once while a checkpoint is being written. The supervised run
+ * (--max-restarts) completes, its final parameters are bitwise those of a
+ * clean run (deterministic mode), every failure costs at most one
+ * checkpoint interval of steps plus the steps that ran while the write in
+ * flight was not yet durable, and the recovery times are reported.
+ *
+ * CHAOS_KILLS (default 4) and CHAOS_STEPS (default 160) make it longer;
+ * bench/chaos.sh runs a long version. */
+#include "testlib.h"
+#include "dtrain/core.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_tmp[256];
+static char g_out[1 << 16];
+#define INTERVAL 5
+
+// The worker processes of launcher `pid`, and which is rank 0.
+static int workers(pid_t pid, pid_t *out, int max, pid_t *rank0) {
+    char path[128], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    *rank0 = 0;
+    if (!f) return 0;
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = 0;
+    for (char *s = strtok(buf, " \n"); s && n < max; s = strtok(NULL, " \n")) {
+        out[n] = (pid_t)atoi(s);
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)out[n]);
+        FILE *e = fopen(path, "r");
+        char env[16384];
+        size_t l = e ? fread(env, 1, sizeof env - 1, e) : 0;
+        if (e) fclose(e);
+        for (size_t i = 0; i < l; i += strlen(env + i) + 1)
+            if (!strcmp(env + i, "DTRAIN_RANK=0")) *rank0 = out[n];
+        n++;
+    }
+    return n;
+}
+
+static int writing(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int w = 0;
+    while (d && (e = readdir(d))) w |= strstr(e->d_name, ".tmp.") != NULL;
+    if (d) closedir(d);
+    return w;
+}
+
+int main(void) {
+    int kills = getenv("CHAOS_KILLS") ? atoi(getenv("CHAOS_KILLS")) : 4;
+    int steps = getenv("CHAOS_STEPS") ? atoi(getenv("CHAOS_STEPS")) : 160;
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-chaos-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    tl_make_images(g_tmp, "train", 400, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    char cfg[512], cmd[4096], log[512], ckdir[512];
+    snprintf(cfg, sizeof cfg, "%s/chaos.ini", g_tmp);
+    FILE *f = fopen(cfg, "w");
+    // A 3.4 MB model, so that a checkpoint write (10 MB with AdamW's state,
+    // fsync'd) lasts long enough to be caught in the act.
+    fprintf(f, "[model]\ninput = 784\nlayer = linear out=1024\nlayer = relu\nlayer = linear out=10\n"
+               "[optim]\nname = adamw\nlr = 0.001\n[train]\nbatch = 48\nepochs = 0\nmax_steps = %d\nseed = 9\n"
+               "eval_batch = 100\n[parallel]\ndeterministic = true\n[data]\ndir = %s\n",
+            steps, g_tmp);
+    fclose(f);
+    setenv("DTRAIN_SLOW_RANK", "0:15", 1);  // keep the run going long enough to hit it
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --quiet --run-dir %s/clean", tl_dtrain(), cfg, g_tmp);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0, "clean run: exit %d\n%s", rc, g_out);
+
+    snprintf(log, sizeof log, "%s/chaos.log", g_tmp);
+    snprintf(ckdir, sizeof ckdir, "%s/chaos/checkpoints", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "exec %s train %s --workers 3 --run-dir %s/chaos --checkpoint-every %d --max-restarts %d "
+             "--heartbeat-timeout 30 >%s 2>&1",
+             tl_dtrain(), cfg, g_tmp, INTERVAL, kills + 2, log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    dt_rng rng;
+    dt_rng_seed(&rng, (uint64_t)getpid());
+    int done = 0, during_write = 0, status = 0;
+    pid_t last_group[8] = {0};
+    double t_end = dt_now() + 300;
+    while (done < kills && dt_now() < t_end && waitpid(pid, &status, WNOHANG) == 0) {
+        pid_t w[8], r0;
+        int n = workers(pid, w, 8, &r0);
+        // A new group (all three started, none of the ones killed before).
+        if (n != 3 || !r0 || w[0] == last_group[0]) {
+            usleep(2000);
+            continue;
+        }
+        if (done == 1) {  // the second failure: rank 0 while it writes a checkpoint
+            double until = dt_now() + 20;
+            while (!writing(ckdir) && dt_now() < until && waitpid(pid, &status, WNOHANG) == 0) usleep(200);
+            if (writing(ckdir)) {
+                kill(r0, SIGKILL);
+                during_write = 1;
+                printf("kill %d: rank 0 (pid %d) during a checkpoint write\n", done + 1, (int)r0);
+            } else {
+                break;
+            }
+        } else {
+            usleep(300000 + dt_rng_below(&rng, 900000));  // a random moment
+            n = workers(pid, w, 8, &r0);
+            if (n != 3) continue;
+            pid_t victim = w[dt_rng_below(&rng, 3)];
+            kill(victim, SIGKILL);
+            printf("kill %d: pid %d\n", done + 1, (int)victim);
+        }
+        memcpy(last_group, w, sizeof w[0] * 3);
+        done++;
+    }
+    while (waitpid(pid, &status, WNOHANG) == 0 && dt_now() < t_end) usleep(20000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    unsetenv("DTRAIN_SLOW_RANK");
+    FILE *lf = fopen(log, "r");
+    size_t got = lf ? fread(g_out, 1, sizeof g_out - 1, lf) : 0;
+    if (lf) fclose(lf);
+    g_out[got] = 0;
+
+    CHECK(done == kills, "%d of %d kills made (the run ended too soon?)", done, kills);
+    CHECK(during_write, "a kill landed during a checkpoint write");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "chaos run: status %d\n%s", status, g_out);
+    // One restart and one recovery per kill; the steps each failure cost.
+    int restarts = 0, recovered = 0, worst = 0;
+    double rmax = 0, rsum = 0;
+    for (char *s = g_out; (s = strstr(s, "restarting 3 workers")); s++) restarts++;
+    for (char *s = g_out; (s = strstr(s, "recovered in ")); s++) {
+        double t;
+        long long lost = 0, from = 0;
+        if (sscanf(s, "recovered in %lf s (failure to the first new step); resumed at step %lld, %lld", &t, &from,
+                   &lost) >= 1) {
+            recovered++;
+            rsum += t;
+            if (t > rmax) rmax = t;
+            if (lost > worst) worst = (int)lost;
+        }
+    }
+    CHECK(restarts == kills && recovered == kills, "%d restarts and %d recoveries for %d kills\n%s", restarts,
+          recovered, kills, g_out);
+    // A write in flight is not yet durable: a failure then costs the steps
+    // since the checkpoint before it, at most 2 intervals.
+    CHECK(worst <= 2 * INTERVAL, "a failure lost %d steps (checkpoint interval %d)", worst, INTERVAL);
+    printf("%d kills (one during a checkpoint write): recovery %.2f s on average, %.2f s at most; at most %d steps "
+           "lost (interval %d)\n",
+           kills, recovered ? rsum / recovered : 0, rmax, worst, INTERVAL);
+    int bw;
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/clean/model.safetensors", g_tmp);
+    snprintf(b, sizeof b, "%s/chaos/model.safetensors", g_tmp);
+    double d = tl_weights_diff(a, b, &bw);
+    CHECK(bw, "final parameters bitwise equal to the clean run's (max rel diff %.3g)", d);
+    if (!tl_failed && !getenv("KEEP")) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+    } else {
+        fprintf(stderr, "files kept in %s\n", g_tmp);
+    }
+    return tl_finish();
+}
