@@ -10,6 +10,7 @@
 # Skipped (exit 77) when Prometheus is not installed.
 set -euo pipefail
 build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v prometheus >/dev/null; then
     echo "SKIPPED: prometheus is not installed (Debian package 'prometheus'; scripts/install-deps.sh installs it)"
     exit 77
@@ -27,22 +28,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 mport=$(free_port)
 pport=$(free_port)
 
-# The C tests' small synthetic image set, and a tiny model.
+# The C tests' small synthetic image set.
 "$build/tests/make_images" "$tmp"
-cat > "$tmp/mlp.ini" <<INI
-[model]
-input = 784
-layer = linear out=32
-layer = relu
-layer = linear out=10
-[data]
-dir = $tmp
-[train]
-batch = 40
-epochs = 100
-max_steps = 60
-threads = 1
-INI
 
 cat > "$tmp/prometheus.yml" <<YML
 global:
@@ -74,7 +61,8 @@ sys.exit(1)
 PY
 
 # About 6 s of training: rank 1 sleeps 100 ms in each step's forward pass.
-DTRAIN_SLOW_RANK=1:100 "$build/dtrain" train "$tmp/mlp.ini" --workers 2 --quiet --run-dir "$tmp/run" \
+DTRAIN_SLOW_RANK=1:100 "$build/dtrain" train "$src/tests/fixtures/obs-mlp.ini" --workers 2 --quiet \
+    --set data.dir="$tmp" --set train.epochs=100 --set train.max_steps=60 --run-dir "$tmp/run" \
     --metrics-port "$mport" >"$tmp/train.log" 2>&1 &
 train=$!
 pids+=($train)

@@ -10,6 +10,7 @@
 # Skipped (exit 77) when Chromium is not installed.
 set -euo pipefail
 build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
 browser=$(command -v chromium || command -v chromium-browser || true)
 if [ -z "$browser" ]; then
     echo "SKIPPED: chromium is not installed (Debian package 'chromium'; scripts/install-deps.sh installs it)"
@@ -19,21 +20,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 "$build/tests/make_images" "$tmp"
-cat > "$tmp/mlp.ini" <<INI
-[model]
-input = 784
-layer = linear out=32
-layer = relu
-layer = linear out=10
-[data]
-dir = $tmp
-[train]
-batch = 40
-epochs = 2
-threads = 1
-straggler_steps = 3
-INI
-DTRAIN_SLOW_RANK=1:20 "$build/dtrain" train "$tmp/mlp.ini" --workers 2 --quiet --run-dir "$tmp/run" >"$tmp/train.log" 2>&1 ||
+DTRAIN_SLOW_RANK=1:20 "$build/dtrain" train "$src/tests/fixtures/obs-mlp.ini" --workers 2 --quiet \
+    --set data.dir="$tmp" --set train.epochs=2 --set train.straggler_steps=3 --run-dir "$tmp/run" >"$tmp/train.log" 2>&1 ||
     { cat "$tmp/train.log"; exit 1; }
 "$build/dtrain" report "$tmp/run" -o "$tmp/report.html"
 
