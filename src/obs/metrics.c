@@ -258,7 +258,8 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
         snprintf(dir, sizeof dir, "%s/metrics", run_dir);
         if ((st = dt_make_dirs(dir)) != DT_OK) goto fail;
         snprintf(o->log_path, sizeof o->log_path, "%s/metrics/rank-%05d.jsonl", run_dir, o->rank);
-        if (!(o->log = fopen(o->log_path, "w"))) {
+        // Appended to: a run resumed from a checkpoint goes on in the same log.
+        if (!(o->log = fopen(o->log_path, "a"))) {
             st = dt_error(DT_ERR_IO, "%s: cannot create the metrics log: %s", o->log_path, strerror(errno));
             goto fail;
         }

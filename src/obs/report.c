@@ -62,11 +62,29 @@ static int push(vec *a, double x) {
     return 0;
 }
 
+// The vectors with one entry per step record.
+static int step_vecs(rank_log *r, vec **v) {
+    vec *all[] = {&r->step, &r->time, &r->loss, &r->rate, &r->trate, &r->compute, &r->sent, &r->recv, &r->peak};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) v[n++] = all[i];
+    for (int p = 0; p < NPH; p++) v[n++] = &r->ph[p];
+    return n;
+}
+
 static void free_rank(rank_log *r) {
-    vec *all[] = {&r->step, &r->time, &r->loss, &r->rate, &r->trate, &r->compute, &r->sent, &r->recv, &r->peak,
-                  &r->eval_step, &r->eval_loss, &r->eval_acc};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]->v);
-    for (int p = 0; p < NPH; p++) free(r->ph[p].v);
+    vec *v[16];
+    int n = step_vecs(r, v);
+    for (int i = 0; i < n; i++) free(v[i]->v);
+    free(r->eval_step.v);
+    free(r->eval_loss.v);
+    free(r->eval_acc.v);
+}
+
+// Forgets the last step record.
+static void drop_last(rank_log *r) {
+    vec *v[16];
+    int n = step_vecs(r, v);
+    for (int i = 0; i < n; i++) v[i]->n--;
 }
 
 static double get(const cJSON *j, const char *key, double def) {
@@ -102,6 +120,10 @@ static dt_status read_log(const char *path, run_data *d, rank_log *r) {
             for (size_t k = 0; k < sizeof required / sizeof required[0]; k++)
                 if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, required[k])))
                     st = dt_error(DT_ERR_FORMAT, "%s:%d: step record without a number \"%s\"", path, ln, required[k]);
+            // A run resumed from a checkpoint repeats the steps after it:
+            // the later records replace the earlier ones.
+            double step = get(j, "step", 0);
+            while (st == DT_OK && r->step.n > 0 && r->step.v[r->step.n - 1] >= step) drop_last(r);
             if (st == DT_OK) {
                 double c = 0, ph[NPH];
                 for (int p = 0; p < NPH; p++) ph[p] = get(j, ph_keys[p], 0);
