@@ -230,7 +230,7 @@ static void test_file(void) {
     mkdir(wd, 0755);
     write_file(tmp("writer/step-00000001.safetensors.tmp.4242"), (const unsigned char *)"x", 1);
     dt_ckpt_writer *wr;
-    CHECK(dt_ckpt_writer_create(&wr, wd, 2, &a.cm) == DT_OK, "writer: %s", dt_last_error());
+    CHECK(dt_ckpt_writer_create(&wr, wd, 2, &a.cm, 0, 1, 10) == DT_OK, "writer: %s", dt_last_error());
     CHECK(access(tmp("writer/step-00000001.safetensors.tmp.4242"), F_OK) != 0, "a killed writer's temp file is removed");
     float keep0 = 0;
     for (int i = 1; i <= 4; i++) {
@@ -255,6 +255,60 @@ static void test_file(void) {
     CHECK(dt_ckpt_read(tmp("writer/step-00000004.safetensors"), &b.cm, &r) == DT_OK && b.cm.params[0] == keep0,
           "the file holds the snapshot taken at save time (%g)", b.cm.params[0]);
     CHECK(saves == 4 && maxp >= 0 && total >= maxp, "writer stats: %d saves, longest pause %.3f ms", saves, maxp * 1e3);
+
+    // Sharded: three writers (the ranks of a 3-worker run) write their
+    // slices; the gathered checkpoint equals the whole one of the same state.
+    const char *sd = tmp("sharded");
+    mkdir(sd, 0755);
+    dt_ckpt_writer *ws[3];
+    s.step = 7;
+    for (int r = 0; r < 3; r++)
+        CHECK(dt_ckpt_writer_create(&ws[r], sd, 2, &a.cm, r, 3, 10) == DT_OK, "shard writer %d: %s", r, dt_last_error());
+    for (int r = 2; r >= 0; r--) CHECK(dt_ckpt_writer_save(ws[r], &s) == DT_OK, "shard save %d", r);
+    for (int r = 0; r < 3; r++) {
+        CHECK(dt_ckpt_writer_wait(ws[r]) == DT_OK, "shard write %d: %s", r, dt_last_error());
+        dt_ckpt_writer_free(ws[r]);
+    }
+    char sdir[600], whole[600];
+    snprintf(sdir, sizeof sdir, "%s", tmp("sharded/step-00000007"));
+    snprintf(whole, sizeof whole, "%s", tmp("whole.safetensors"));
+    CHECK(access(tmp("sharded/step-00000007/COMPLETE"), F_OK) == 0 &&
+              access(tmp("sharded/step-00000007/index.json"), F_OK) == 0 &&
+              access(tmp("sharded/step-00000007/shard-00002-of-00003.safetensors"), F_OK) == 0,
+          "sharded checkpoint: three shards, index.json, COMPLETE");
+    CHECK(dt_ckpt_write(whole, &a.cm, &s) == DT_OK, "whole checkpoint");
+    net h, k;
+    net_make(&h, 5, DT_OPTIM_ADAMW, 7);
+    net_make(&k, 5, DT_OPTIM_ADAMW, 8);
+    dt_train_state rs, rw;
+    CHECK(dt_ckpt_read(sdir, &h.cm, &rs) == DT_OK, "read sharded: %s", dt_last_error());
+    CHECK(dt_ckpt_read(whole, &k.cm, &rw) == DT_OK, "read whole: %s", dt_last_error());
+    na = net_bytes(&h, ba);
+    nb = net_bytes(&k, bb);
+    CHECK(na == nb && !memcmp(ba, bb, na) && !memcmp(&rs, &rw, sizeof rs),
+          "the gathered shards equal the whole checkpoint (weights, optimizer state, step, training state)");
+    CHECK(dt_ckpt_export_weights(sdir, tmp("sw.safetensors")) == DT_OK, "export of a sharded checkpoint: %s",
+          dt_last_error());
+    int bw;
+    CHECK(tl_weights_diff(tmp("sw.safetensors"), whole, &bw) == 0 && bw, "its weights are the whole one's");
+    // Damage: a bit flip in a shard, a missing COMPLETE: detected, skipped.
+    char s1[600];
+    snprintf(s1, sizeof s1, "%s", tmp("sharded/step-00000007/shard-00001-of-00003.safetensors"));
+    unsigned char *sb;
+    size_t sl = read_file(s1, &sb);
+    sb[sl - 3] ^= 0x10;
+    write_file(s1, sb, sl);
+    CHECK(dt_ckpt_read(sdir, &h.cm, &rs) == DT_ERR_FORMAT && strstr(dt_last_error(), "shard-00001-of-00003") &&
+              strstr(dt_last_error(), "checksum"),
+          "a damaged shard is detected: %s", dt_last_error());
+    sb[sl - 3] ^= 0x10;
+    write_file(s1, sb, sl);
+    free(sb);
+    unlink(tmp("sharded/step-00000007/COMPLETE"));
+    CHECK(dt_ckpt_read(sdir, &h.cm, &rs) == DT_ERR_FORMAT && strstr(dt_last_error(), "incomplete"),
+          "no COMPLETE marker: incomplete: %s", dt_last_error());
+    CHECK(dt_ckpt_read(sdir, &e.cm, &rs) != DT_OK, "another model");
+    net_free(&h), net_free(&k);
     net_free(&a), net_free(&b), net_free(&c), net_free(&e), net_free(&g);
 }
 
@@ -316,6 +370,26 @@ static void test_runs(void) {
     CHECK(strstr(g_out, "skipping damaged checkpoint") && strstr(g_out, "step-00000015"),
           "warns about the damaged checkpoint:\n%s", g_out);
     CHECK(same_as_ref("down"), "3 -> 1 workers, after a fallback: bitwise equal to the uninterrupted run");
+
+    // Sharded checkpoints (every worker writes its slice), resharded on
+    // resume: 3 -> 2 and 2 -> 3 workers.
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    rc = train("sh3", 3, "--checkpoint-every 4 --checkpoint-sharded");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing sharded run: exit %d", rc);
+    CHECK(access(tmp("sh3/checkpoints/step-00000016/COMPLETE"), F_OK) == 0 &&
+              access(tmp("sh3/checkpoints/step-00000016/shard-00002-of-00003.safetensors"), F_OK) == 0 &&
+              access(tmp("sh3/checkpoints/step-00000004"), F_OK) != 0,
+          "sharded checkpoint of 3 workers at step 16 (and step 4 pruned)");
+    rc = train("sh3", 2, "--resume auto --checkpoint-every 4 --checkpoint-sharded");
+    CHECK(rc == 0 && same_as_ref("sh3"), "sharded 3 -> 2 workers: exit %d, bitwise equal\n%s", rc, g_out);
+    setenv("DTRAIN_FAULT_STEP", "0:11", 1);
+    rc = train("sh2", 2, "--checkpoint-every 4 --checkpoint-sharded");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing sharded run: exit %d", rc);
+    rc = train("sh2", 3, "--resume auto --checkpoint-sharded");
+    CHECK(rc == 0 && same_as_ref("sh2"), "sharded 2 -> 3 workers: exit %d, bitwise equal\n%s",
+          rc, g_out);
 
     // The supervisor: a worker SIGKILLed in step 13 comes back from step 10.
     setenv("DTRAIN_FAULT_STEP", "1:13:kill", 1);

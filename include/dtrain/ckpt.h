@@ -100,6 +100,15 @@ typedef struct {
     int nweights_meta;
 } dt_ckpt_model;
 
+/* Sharded checkpoints are a directory DIR/step-N/ with one
+ * shard-R-of-W.safetensors per rank (its slice of the parameter block and
+ * of the optimizer state, with the same metadata), index.json (the model's
+ * tensors and the slices) and COMPLETE, written last, once every shard is
+ * durable. dt_ckpt_read and everything below read either kind; a sharded
+ * one is gathered whole, so it resumes on any number of workers. Rank r of
+ * W holds [begin, end) of n: */
+DT_API void dt_ckpt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end);
+
 /* Writes a checkpoint atomically (temp file, fsync, rename, fsync dir). */
 DT_API dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s);
 /* Reads and verifies path, then fills m's buffers and *s. Nothing is
@@ -115,8 +124,9 @@ DT_API dt_status dt_ckpt_inspect(const char *path, FILE *out);
  * model.safetensors is, for inference and `dtrain convert`). */
 DT_API dt_status dt_ckpt_export_weights(const char *ckpt, const char *out);
 
-/* The checkpoint files of a directory, newest step first:
- * DIR/step-NNNNNNNN.safetensors. *paths is malloc'd (free with free()). */
+/* The checkpoints of a directory, newest step first:
+ * DIR/step-NNNNNNNN.safetensors files and DIR/step-NNNNNNNN/ sharded ones.
+ * *paths is malloc'd (free each and the array with free()). */
 DT_API dt_status dt_ckpt_list(const char *dir, char ***paths, int *n);
 /* Loads the newest valid checkpoint of dir (or path itself when it is a
  * file), skipping damaged ones with a warning; an incompatible one is an
@@ -126,10 +136,17 @@ DT_API dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt
 
 /* Background writer: save() copies the buffers (the only pause training
  * sees) and a thread writes DIR/step-N.safetensors, then deletes all but the
- * newest `keep`. A save waits for the previous write first. */
+ * newest `keep`. A save waits for the previous write first.
+ *
+ * Sharded (world > 1): each of the W ranks has a writer, snapshots only its
+ * slice and writes its shard into DIR/step-N/; rank 0's writer then waits
+ * (up to shard_timeout seconds) for every shard file to appear, and writes
+ * index.json and COMPLETE. Every rank must save at the same steps.
+ * world <= 1: one file, written by the one writer (rank 0's). */
 typedef struct dt_ckpt_writer dt_ckpt_writer;
 DT_API dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
-                                       const dt_ckpt_model *m);
+                                       const dt_ckpt_model *m, int rank, int world,
+                                       double shard_timeout);
 DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s);
 /* Waits for the write in flight; returns the first failed write's status. */
 DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);

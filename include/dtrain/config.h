@@ -75,6 +75,7 @@ typedef struct {
     int64_t ckpt_every_steps;      /* 0 = not by steps */
     float ckpt_every_seconds;      /* 0 = not by time */
     int ckpt_keep;                 /* newest checkpoints kept */
+    int ckpt_sharded;              /* every rank writes its slice (step-N/ directories) */
     char resume[512];              /* "" none, "auto" RUN_DIR's newest, or a file/dir */
     /* ---- GPT language models (docs/gpt.md) ----
      * [model] preset = gpt-tiny | gpt-small | gpt2-124m | gpt, with n_layer,

@@ -43,6 +43,13 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found) 
     return st;
 }
 
+// Rank 0's writer, or every rank's when checkpoints are sharded.
+static dt_status make_writer(dt_run_ckpt *r) {
+    if (r->world == 1 && r->rank != 0) return DT_OK;
+    return dt_ckpt_writer_create(&r->writer, r->dir, r->c->ckpt_keep, &r->model, r->world > 1 ? r->rank : 0,
+                                 r->world, 300);
+}
+
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
                             const dt_ckpt_model *m, dt_train_state *s) {
     memset(r, 0, sizeof *r);
@@ -82,22 +89,31 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     if (st != DT_OK) return st;
     r->last_step = s->step;
     r->last_time = dt_now();
-    if (rank == 0 && run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0))
-        st = dt_ckpt_writer_create(&r->writer, dir, c->ckpt_keep, &r->model);
+    r->rank = rank;
+    r->world = c->ckpt_sharded ? W : 1;
+    if (run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0)) st = make_writer(r);
     return st;
 }
 
-dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop) {
+float dt_run_ckpt_vote(const dt_run_ckpt *r) {
+    return r->rank == 0 && r->c && r->c->ckpt_every_seconds > 0 &&
+           dt_now() - r->last_time >= r->c->ckpt_every_seconds;
+}
+
+dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop, int timed) {
     if (stop && !r->writer && r->dir[0]) {
-        dt_status st = dt_ckpt_writer_create(&r->writer, r->dir, r->c->ckpt_keep, &r->model);
+        dt_status st = make_writer(r);
         if (st != DT_OK) return st;
     }
-    if (!r->writer || s->step == r->last_step) return DT_OK;
     const dt_config *c = r->c;
+    int due = end || stop || timed || (c->ckpt_every_steps > 0 && s->step - r->last_step >= c->ckpt_every_steps);
+    if (!due || s->step == r->last_step) return DT_OK;
     double now = dt_now();
-    int due = end || stop || (c->ckpt_every_steps > 0 && s->step - r->last_step >= c->ckpt_every_steps) ||
-              (c->ckpt_every_seconds > 0 && now - r->last_time >= c->ckpt_every_seconds);
-    if (!due) return DT_OK;
+    if (!r->writer) {  // ranks that write nothing keep the same count
+        r->last_step = s->step;
+        r->last_time = now;
+        return DT_OK;
+    }
     r->last_step = s->step;
     r->last_time = now;
     dt_obs_begin(r->obs, DT_OBS_CHECKPOINT);
@@ -108,7 +124,8 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
 
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
     if (r->writer) {
-        dt_status w = dt_ckpt_writer_wait(r->writer);
+        // After a failure, do not wait for other ranks' shards.
+        dt_status w = st == DT_OK ? dt_ckpt_writer_wait(r->writer) : DT_OK;
         int saves;
         double maxp, total, maxw;
         dt_ckpt_writer_stats(r->writer, &saves, &maxp, &total, &maxw);

@@ -24,20 +24,28 @@ typedef struct {
     double last_time;         /* of the last save (or the start) */
     int64_t last_step;
     dt_obs *obs;              /* saves are DT_OBS_CHECKPOINT spans (may be NULL) */
+    int rank, world;          /* world > 1: sharded checkpoints */
 } dt_run_ckpt;
 
 /* Sets up checkpoints for a loop whose state m describes (m.config is
- * filled in here). run_dir is NULL on ranks other than 0. When c->resume is
+ * filled in here). run_dir is the run directory on every rank (NULL: no
+ * checkpoints); rank 0 alone writes checkpoint files, unless
+ * [checkpoint] sharded, where every rank writes its slice. When c->resume is
  * set, loads the checkpoint it names ("auto": the newest valid one of
  * RUN_DIR/checkpoints; none there: a fresh start) into m's buffers and *s on
  * every rank; otherwise *s is a fresh start (step 0, s->rng as given). */
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
                             const dt_ckpt_model *m, dt_train_state *s);
-/* After every step: saves when K steps or T seconds have passed since the
- * last save, at the end of the run (`end`), and always when the run stops
- * on request (`stop`: even with checkpoints off, the state must survive).
- * Set r->obs after dt_run_ckpt_begin to time the saves. */
-dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop);
+/* Rank 0's vote for a save by time (T seconds since the last one): the
+ * step's loss allreduce sums the votes (dt_dp_step.save_vote), so that all
+ * ranks save at the same step. */
+float dt_run_ckpt_vote(const dt_run_ckpt *r);
+/* After every step: saves when K steps have passed since the last save,
+ * when the votes say so (`timed`), at the end of the run (`end`), and
+ * always when the run stops on request (`stop`: even with checkpoints off,
+ * the state must survive). Set r->obs after dt_run_ckpt_begin to
+ * time the saves. */
+dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop, int timed);
 /* Waits for the last write and frees everything. Returns the first write
  * error (st when st is already an error). */
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st);

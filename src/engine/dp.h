@@ -69,7 +69,9 @@ typedef struct {
     int global;
     double loss;            // sum over this step's micro-batches of loss x size
     double comm_seconds, comm_exposed_seconds;  // summed over steps
+    float save_vote;        // before dt_dp_step_end: this rank's vote for a checkpoint
     int stop;               // after dt_dp_step_end: some rank was asked to stop
+    int save;               // after dt_dp_step_end: some rank voted for a checkpoint
     dt_obs *obs;            // the loop's, or NULL: the loss allreduce carries its timings
 } dt_dp_step;
 
@@ -91,7 +93,8 @@ dt_grad_ready_fn dt_dp_step_hook(const dt_dp_step *s, int k);
 /* After micro-batch k's backward, whose mean loss was `loss`. */
 void dt_dp_step_micro_end(dt_dp_step *s, int k, float loss);
 /* Completes the gradient sum and sets *loss to the global batch's mean,
- * and s->stop when any rank was asked to stop (dt_train_request_stop). */
+ * s->stop when any rank was asked to stop (dt_train_request_stop) and
+ * s->save when any rank set save_vote: one allreduce agrees on all three. */
 dt_status dt_dp_step_end(dt_dp_step *s, float *loss);
 
 #endif

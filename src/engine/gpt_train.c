@@ -141,6 +141,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
+    const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
@@ -204,7 +205,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
                         dt_optim_kind_name(c->optim.kind), NULL, wmeta, dt_gpt_weights_meta(&gc, mvals, wmeta)};
     for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
     dt_train_state ts = {.rng = rng};
-    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    if ((st = dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts)) != DT_OK) goto done;
     ck.obs = obs;
     rng = ts.rng;
     res->resumed_step = ts.step;
@@ -246,6 +247,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
             dt_dp_step_micro_end(&sync, k, loss);
             dt_obs_end(obs, DT_OBS_BACKWARD);
         }
+        sync.save_vote = dt_run_ckpt_vote(&ck);
         dt_obs_begin(obs, DT_OBS_COMM);
         st = dt_dp_step_end(&sync, &loss);
         dt_obs_end(obs, DT_OBS_COMM);
@@ -286,7 +288,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         }
         stop = sync.stop;
         ts = (dt_train_state){step + 1, 0, 0, loss_n, loss_sum, rng, W};
-        if ((st = dt_run_ckpt_step(&ck, &ts, last, stop)) != DT_OK) goto done;
+        if ((st = dt_run_ckpt_step(&ck, &ts, last, stop, sync.save)) != DT_OK) goto done;
         dt_heartbeat(step + 1);
     }
     if (stop) {  // asked to stop: the checkpoint has the state, no final files

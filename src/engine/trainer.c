@@ -130,6 +130,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
+    const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
         progress = NULL;
@@ -184,7 +185,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                         dt_optim_kind_name(c->optim.kind), NULL, wmeta, 2};
     for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
     dt_train_state ts = {0};
-    if ((st = dt_run_ckpt_begin(&ck, c, run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    if ((st = dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts)) != DT_OK) goto done;
     ck.obs = obs;
     res->resumed_step = ts.step;
     dt_heartbeat(ts.step);
@@ -239,6 +240,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 dt_obs_end(obs, DT_OBS_BACKWARD);
             }
             float loss;
+            sync.save_vote = dt_run_ckpt_vote(&ck);
             dt_obs_begin(obs, DT_OBS_COMM);
             st = dt_dp_step_end(&sync, &loss);
             dt_obs_end(obs, DT_OBS_COMM);
@@ -258,7 +260,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             ebatch++;
             stop = sync.stop;
             ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
-            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop)) != DT_OK) goto done;
+            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, sync.save)) != DT_OK) goto done;
             dt_heartbeat(step);
             samples += b.global_B;
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, loss, lr, gnorm, b.global_B, 0});

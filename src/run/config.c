@@ -79,6 +79,7 @@ static const field fields[] = {
     {"checkpoint", "every_steps", F_I64, O(ckpt_every_steps), 0, 1e15, NULL},
     {"checkpoint", "every_seconds", F_FLOAT, O(ckpt_every_seconds), 0, 1e9, NULL},
     {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
+    {"checkpoint", "sharded", F_BOOL, O(ckpt_sharded), 0, 1, NULL},
     {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},

@@ -57,6 +57,8 @@ static const char train_help[] =
     "  --checkpoint-every N    checkpoint every N steps (checkpoint.every_steps)\n"
     "  --checkpoint-seconds S  ... every S seconds (checkpoint.every_seconds)\n"
     "  --keep N        keep the newest N checkpoints (checkpoint.keep, default 3)\n"
+    "  --checkpoint-sharded  every worker writes its slice of the state\n"
+    "                  (RUN_DIR/checkpoints/step-N/); resumes on any worker count\n"
     "  --resume auto|PATH  continue from the newest valid checkpoint of the run\n"
     "                  directory (auto; none there: start at step 0), of another\n"
     "                  directory, or from one checkpoint file\n"
@@ -227,6 +229,9 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
                        EXIT_USAGE;
             a->min_workers = (int)lo;
             a->workers = (int)hi;
+        } else if (!is_eval && !strcmp(s, "--checkpoint-sharded")) {
+            if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
+            a->sets[a->nsets++] = "checkpoint.sharded=true";
         } else if (!is_eval && !strcmp(s, "--deterministic")) {
             if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
             a->sets[a->nsets++] = "parallel.deterministic=true";
