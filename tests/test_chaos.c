@@ -167,11 +167,6 @@ int main(void) {
     snprintf(b, sizeof b, "%s/chaos/model.safetensors", g_tmp);
     double d = tl_weights_diff(a, b, &bw);
     CHECK(bw, "final parameters bitwise equal to the clean run's (max rel diff %.3g)", d);
-    if (!tl_failed && !getenv("KEEP")) {
-        snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
-    } else {
-        fprintf(stderr, "files kept in %s\n", g_tmp);
-    }
+    tl_cleanup(g_tmp);
     return tl_finish();
 }

@@ -548,12 +548,6 @@ int main(void) {
     test_runs();
     test_elastic();
     test_flags();
-    char cmd[512];
-    if (!tl_failed && !getenv("KEEP")) {
-        snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
-    } else {
-        fprintf(stderr, "files kept in %s\n", g_tmp);
-    }
+    tl_cleanup(g_tmp);
     return tl_finish();
 }

@@ -201,12 +201,6 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s train configs/fashion-mlp.ini --workers 0", tl_dtrain());
     CHECK(tl_run(cmd, g_out, sizeof g_out) == 2 && strstr(g_out, "--workers"), "--workers 0: usage error\n%s", g_out);
 
-    int failed = tl_failed;
-    if (!failed && !getenv("KEEP")) {
-        snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
-    } else {
-        fprintf(stderr, "files kept in %s\n", g_tmp);
-    }
+    tl_cleanup(g_tmp);
     return tl_finish();
 }

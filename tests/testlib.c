@@ -65,6 +65,16 @@ int tl_finish(void) {
     return tl_failed ? 1 : 0;
 }
 
+void tl_cleanup(const char *dir) {
+    if (tl_failed || getenv("KEEP")) {
+        fprintf(stderr, "files kept in %s\n", dir);
+        return;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 static void write_idx(const char *path, int ndim, const int *dims, const uint8_t *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return;

@@ -20,6 +20,9 @@ int tl_run(const char *cmd, char *out, size_t n);
 /* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
 const char *tl_dtrain(void);
 int tl_finish(void);
+/* Removes the temp directory dir unless a check failed or KEEP is set in
+ * the environment (then says where the files are). */
+void tl_cleanup(const char *dir);
 /* Writes DIR/PREFIX-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz: n 28x28
  * images whose label is visible in them (a bright block at a label-dependent
  * place), so that models learn something. */

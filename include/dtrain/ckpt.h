@@ -128,8 +128,9 @@ DT_API dt_status dt_ckpt_export_weights(const char *ckpt, const char *out);
  * DIR/step-NNNNNNNN.safetensors files and DIR/step-NNNNNNNN/ sharded ones.
  * *paths is malloc'd (free each and the array with free()). */
 DT_API dt_status dt_ckpt_list(const char *dir, char ***paths, int *n);
-/* Loads the newest valid checkpoint of dir (or path itself when it is a
- * file), skipping damaged ones with a warning; an incompatible one is an
+/* Loads the newest valid checkpoint of dir (or dir itself when it is one: a
+ * file or a sharded checkpoint's directory), skipping damaged ones with a
+ * warning; an incompatible one is an
  * error. *found = 0 (and DT_OK) when dir holds none. `used` gets its path. */
 DT_API dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_state *s,
                                      int *found, char *used, size_t nused);

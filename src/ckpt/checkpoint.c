@@ -698,7 +698,10 @@ dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_
                               size_t nused) {
     *found = 0;
     struct stat sb;
-    if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    char idx[4200];
+    snprintf(idx, sizeof idx, "%s/index.json", dir);
+    // One checkpoint: a file, or a sharded checkpoint's directory.
+    if (stat(dir, &sb) == 0 && (S_ISREG(sb.st_mode) || access(idx, F_OK) == 0)) {
         dt_status st = dt_ckpt_read(dir, m, s);
         if (st == DT_OK) {
             *found = 1;
