@@ -325,12 +325,6 @@ int main(void) {
     test_run();
     test_report();
     test_bad_flags();
-    if (!tl_failed && !getenv("KEEP")) {
-        char cmd[512];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
-    } else {
-        fprintf(stderr, "files kept in %s\n", g_tmp);
-    }
+    tl_cleanup(g_tmp);
     return tl_finish();
 }
