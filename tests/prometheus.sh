@@ -10,11 +10,11 @@
 # Skipped (exit 77) when Prometheus is not installed.
 set -euo pipefail
 build=$(cd "$1" && pwd)
-src=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v prometheus >/dev/null; then
     echo "SKIPPED: prometheus is not installed (Debian package 'prometheus'; scripts/install-deps.sh installs it)"
     exit 77
 fi
+src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 pids=()
 cleanup() {

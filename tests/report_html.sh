@@ -10,12 +10,12 @@
 # Skipped (exit 77) when Chromium is not installed.
 set -euo pipefail
 build=$(cd "$1" && pwd)
-src=$(cd "$(dirname "$0")/.." && pwd)
 browser=$(command -v chromium || command -v chromium-browser || true)
 if [ -z "$browser" ]; then
     echo "SKIPPED: chromium is not installed (Debian package 'chromium'; scripts/install-deps.sh installs it)"
     exit 77
 fi
+src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
