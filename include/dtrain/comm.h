@@ -138,6 +138,34 @@ DT_API void dt_comm_set_timeout(dt_comm_t c, double seconds);
  * setting, because the check is itself a small collective. */
 DT_API void dt_comm_set_check(dt_comm_t c, int on);
 
+/* ---- statistics -----------------------------------------------------------
+ * Counted by the front end for every collective that completed on this
+ * rank (not for the argument check's internal exchange). Bytes are what a
+ * bandwidth-optimal ring algorithm moves per rank, as nccl-tests counts its
+ * "bus" bytes: an allreduce of S bytes over n ranks sends and receives
+ * 2(n-1)/n x S each; reduce_scatter and allgather (n-1)/n of the whole
+ * buffer; broadcast S from the root to each other rank; reduce S from each
+ * other rank to the root; point to point S. A world of 1 moves nothing. */
+typedef struct {
+    uint64_t ops;              /* completed collectives and sends/recvs */
+    uint64_t bytes_sent, bytes_recv;
+    double busy_seconds;       /* summed time inside them (whichever thread ran them) */
+} dt_comm_stats;
+
+/* Totals since the communicator was created. Safe from any thread. */
+DT_API void dt_comm_get_stats(dt_comm_t c, dt_comm_stats *out);
+
+/* Called once per completed collective with its name ("allreduce", ...),
+ * sequence number, bytes sent + received as dt_comm_stats counts them, and
+ * start and end time (dt_now()), on the thread that ran it: the caller's
+ * for blocking calls, the progress thread for non-blocking ones. It must be
+ * quick and must not call into the communicator. */
+typedef void (*dt_comm_observer)(const char *op, uint64_t seq, uint64_t bytes, double start,
+                                 double end, void *user);
+/* Installs fn (NULL removes it). After it returns, the previous observer is
+ * no longer running and will not be called again. */
+DT_API void dt_comm_set_observer(dt_comm_t c, dt_comm_observer fn, void *user);
+
 /* ---- collectives --------------------------------------------------------
  * All return DT_OK, DT_ERR_ARG (bad pointer, dtype, op, root or peer; the
  * call did nothing and the communicator stays usable), DT_ERR_COMM or

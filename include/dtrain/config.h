@@ -11,8 +11,9 @@
  *             beta1, beta2, eps, clip_norm, lr_scaling, base_batch
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
- *             grad_accum
+ *             grad_accum, straggler_margin, straggler_steps
  *   [parallel] bucket_kb, deterministic, micro_shards
+ *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
  *
  * docs/config.md lists every key with its default. Every key is checked: an
@@ -63,6 +64,13 @@ typedef struct {
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
+    /* straggler detection (rank 0, docs/observability.md) */
+    float straggler_margin;        /* a rank's step time above the median by this fraction */
+    int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */
+    /* [obs] outputs besides the run directory */
+    int metrics_port;              /* Prometheus endpoint on rank 0 (0: none) */
+    char metrics_addr[64];         /* address it listens on */
+    char trace[512];               /* Chrome trace-event JSON file ("" : none) */
     /* [checkpoint] (RUN_DIR/checkpoints, docs/checkpoints.md) */
     int64_t ckpt_every_steps;      /* 0 = not by steps */
     float ckpt_every_seconds;      /* 0 = not by time */

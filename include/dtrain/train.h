@@ -6,6 +6,10 @@
  *   config.ini          the resolved config
  *   model.safetensors   final weights
  *   summary.json        steps, losses, evaluation metrics, time, throughput
+ *   metrics/rank-NNNNN.jsonl  every rank: one JSON object per step and
+ *                       evaluation (docs/observability.md)
+ * and, as c's [obs] section asks, a Prometheus endpoint on rank 0 and a
+ * Chrome trace file.
  */
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
@@ -27,6 +31,11 @@ typedef struct {
     double eta_seconds;
     int is_eval;                 /* 1: an evaluation just ended (eval_* set) */
     float eval_loss, eval_accuracy; /* eval_accuracy < 0: none (language models) */
+    double tokens_per_sec;       /* language models, over the recent window; else 0 */
+    int workers;                 /* data-parallel ranks */
+    int slowest_rank;            /* workers > 1: the rank with the longest step time */
+    double slowest_step_seconds; /* its own work in the step (data + forward +
+                                    backward + optimizer), not waiting for others */
 } dt_progress;
 
 typedef void (*dt_progress_fn)(const dt_progress *p, void *user);
@@ -54,7 +63,8 @@ typedef struct {
  * `dtrain run`, `dtrain train --workers N`, mpirun or srun; see comm.h), each
  * rank trains on its share of every global batch of c->batch samples and
  * the gradients are averaged, so the run gives the model one process would
- * (docs/data-parallel.md). Only rank 0 writes run_dir and calls progress. */
+ * (docs/data-parallel.md). Only rank 0 calls progress and writes run_dir's
+ * files, except that every rank writes its own metrics log there. */
 DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                           void *user, dt_train_result *res);
 
@@ -92,8 +102,17 @@ DT_API dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, flo
                                     float *accuracy, int *n);
 
 /* Formats a progress line into buf: "step 120/2340 | epoch 1/10 | loss 0.4312
- * | lr 1.0e-03 | 5123 samples/s | ETA 1m02s". */
+ * | lr 1.0e-03 | 5123 samples/s | ETA 1m02s | slowest rank 1 (12 ms)". */
 DT_API void dt_progress_format(const dt_progress *p, char *buf, size_t n);
+/* The same as one line of JSON: {"type":"step"|"eval", "step": ..., ...}
+ * (docs/observability.md lists the keys). */
+DT_API void dt_progress_format_json(const dt_progress *p, char *buf, size_t n);
+
+/* Writes a self-contained HTML report (inline SVG charts: loss and
+ * accuracy, throughput, per-rank time by phase, stragglers) of the run in
+ * run_dir, from its metrics logs (metrics/rank-*.jsonl) and summary.json,
+ * to out_path. Errors name the file and line of bad input. */
+DT_API dt_status dt_report_html(const char *run_dir, const char *out_path);
 
 #ifdef __cplusplus
 }

@@ -46,6 +46,7 @@ dt_comm_t dt_comm_alloc(void) {
     pthread_mutex_init(&c->err_lock, NULL);
     pthread_mutex_init(&c->q_lock, NULL);
     pthread_cond_init(&c->q_cond, NULL);
+    pthread_mutex_init(&c->obs_lock, NULL);
     c->nnodes = 1;
     dt_comm_defaults(c);
     return c;
@@ -295,10 +296,69 @@ static dt_status check_args(dt_comm_t c, const dt_coll_args *a) {
     return rc;
 }
 
+// Bytes this rank sends and receives in collective a, as a ring algorithm
+// moves them (see dt_comm_stats in comm.h).
+static void ring_bytes(dt_comm_t c, const dt_coll_args *a, uint64_t *sent, uint64_t *recv) {
+    uint64_t n = (uint64_t)c->size, es = dt_dtype_size(a->dtype), S = (uint64_t)a->count * es;
+    *sent = *recv = 0;
+    switch (a->kind) {
+    case DT_COLL_ALLREDUCE: *sent = *recv = 2 * (n - 1) * S / n; break;
+    case DT_COLL_REDUCE_SCATTER: *sent = *recv = (n - 1) * S; break;
+    case DT_COLL_ALLGATHERV: {
+        uint64_t tot = 0;
+        for (int p = 0; p < c->size; p++) tot += (uint64_t)a->counts[p] * es;
+        *sent = *recv = tot - S;
+        break;
+    }
+    case DT_COLL_BROADCAST:
+        if (c->rank == a->root) *sent = (n - 1) * S;
+        else *recv = S;
+        break;
+    case DT_COLL_REDUCE:
+        if (c->rank == a->root) *recv = (n - 1) * S;
+        else *sent = S;
+        break;
+    case DT_COLL_SEND: *sent = S; break;
+    case DT_COLL_RECV: *recv = S; break;
+    default: break;
+    }
+}
+
+// Counts a completed collective and tells the observer.
+static void account(dt_comm_t c, const dt_coll_args *a, double t0, double t1) {
+    uint64_t sent, recv;
+    ring_bytes(c, a, &sent, &recv);
+    atomic_fetch_add(&c->st_ops, 1);
+    atomic_fetch_add(&c->st_sent, sent);
+    atomic_fetch_add(&c->st_recv, recv);
+    atomic_fetch_add(&c->st_busy_ns, (uint64_t)((t1 - t0) * 1e9));
+    pthread_mutex_lock(&c->obs_lock);
+    if (c->obs_fn) c->obs_fn(dt_coll_name(a->kind), a->seq, sent + recv, t0, t1, c->obs_user);
+    pthread_mutex_unlock(&c->obs_lock);
+}
+
+void dt_comm_get_stats(dt_comm_t c, dt_comm_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!c) return;
+    out->ops = atomic_load(&c->st_ops);
+    out->bytes_sent = atomic_load(&c->st_sent);
+    out->bytes_recv = atomic_load(&c->st_recv);
+    out->busy_seconds = (double)atomic_load(&c->st_busy_ns) * 1e-9;
+}
+
+void dt_comm_set_observer(dt_comm_t c, dt_comm_observer fn, void *user) {
+    if (!c) return;
+    pthread_mutex_lock(&c->obs_lock);
+    c->obs_fn = fn;
+    c->obs_user = user;
+    pthread_mutex_unlock(&c->obs_lock);
+}
+
 /* Runs a validated, numbered collective on the calling thread. */
 static dt_status execute(dt_comm_t c, const dt_coll_args *a) {
     dt_status rc = sticky(c);
     if (rc != DT_OK) return rc;
+    double t0 = dt_now();
     if (c->check && c->size > 1 && a->kind != DT_COLL_SEND && a->kind != DT_COLL_RECV) {
         rc = check_args(c, a);
         if (rc != DT_OK) goto err;
@@ -315,7 +375,10 @@ static dt_status execute(dt_comm_t c, const dt_coll_args *a) {
     case DT_COLL_RECV: rc = o->recv(c, a); break;
     default: rc = dt_error(DT_ERR_INTERNAL, "unknown collective %d", (int)a->kind);
     }
-    if (rc == DT_OK) return DT_OK;
+    if (rc == DT_OK) {
+        account(c, a, t0, dt_now());
+        return DT_OK;
+    }
 err:
     if (rc == DT_ERR_COMM || rc == DT_ERR_TIMEOUT) {
         /* tell the peers, so that they fail now rather than at their timeout */
@@ -453,6 +516,7 @@ void dt_comm_destroy(dt_comm_t c) {
     pthread_mutex_destroy(&c->err_lock);
     pthread_mutex_destroy(&c->q_lock);
     pthread_cond_destroy(&c->q_cond);
+    pthread_mutex_destroy(&c->obs_lock);
     free(c);
 }
 

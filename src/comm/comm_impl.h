@@ -108,6 +108,12 @@ struct dt_comm {
     int q_pending;              /* queued or running */
     int q_stop, thread_started;
     pthread_t thread;
+
+    /* dt_comm_stats and the observer (comm.c). */
+    _Atomic uint64_t st_ops, st_sent, st_recv, st_busy_ns;
+    pthread_mutex_t obs_lock;
+    dt_comm_observer obs_fn;
+    void *obs_user;
 };
 
 /* Records a communicator-breaking error (first one wins) and returns it. */

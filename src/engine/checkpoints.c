@@ -116,7 +116,10 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
     }
     r->last_step = s->step;
     r->last_time = now;
-    return dt_ckpt_writer_save(r->writer, s);
+    dt_obs_begin(r->obs, DT_OBS_CHECKPOINT);
+    dt_status st = dt_ckpt_writer_save(r->writer, s);
+    dt_obs_end(r->obs, DT_OBS_CHECKPOINT);
+    return st;
 }
 
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {

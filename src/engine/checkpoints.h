@@ -12,6 +12,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
+#include "obs/obs.h"
 
 typedef struct {
     const dt_config *c;
@@ -22,6 +23,7 @@ typedef struct {
     char dir[4096];           /* RUN_DIR/checkpoints, "" without a run dir */
     double last_time;         /* of the last save (or the start) */
     int64_t last_step;
+    dt_obs *obs;              /* saves are DT_OBS_CHECKPOINT spans (may be NULL) */
     int rank, world;          /* world > 1: sharded checkpoints */
 } dt_run_ckpt;
 
@@ -41,7 +43,8 @@ float dt_run_ckpt_vote(const dt_run_ckpt *r);
 /* After every step: saves when K steps have passed since the last save,
  * when the votes say so (`timed`), at the end of the run (`end`), and
  * always when the run stops on request (`stop`: even with checkpoints off,
- * the state must survive). */
+ * the state must survive). Set r->obs after dt_run_ckpt_begin to
+ * time the saves. */
 dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop, int timed);
 /* Waits for the last write and frees everything. Returns the first write
  * error (st when st is already an error). */

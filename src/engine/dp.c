@@ -226,7 +226,7 @@ dt_status dt_dp_step_end(dt_dp_step *s, float *loss) {
     // The global batch's mean loss, for progress and summary, and whether
     // any rank was asked to stop (so that all stop after this step).
     float lv[3] = {(float)s->loss, (float)dt_run_stop_requested(), s->save_vote};
-    if (st == DT_OK && dt_comm_size(s->comm) > 1) st = dt_allreduce(lv, lv, 3, DT_F32, DT_SUM, s->comm);
+    if (st == DT_OK) st = dt_obs_allreduce(s->obs, lv, 3, s->comm);
     *loss = lv[0] / (float)s->global;
     s->stop = lv[1] > 0;
     s->save = lv[2] > 0;

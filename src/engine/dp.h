@@ -18,6 +18,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
 #include "dtrain/nn.h"
+#include "obs/obs.h"
 
 typedef struct dt_dp dt_dp;
 
@@ -71,6 +72,7 @@ typedef struct {
     float save_vote;        // before dt_dp_step_end: this rank's vote for a checkpoint
     int stop;               // after dt_dp_step_end: some rank was asked to stop
     int save;               // after dt_dp_step_end: some rank voted for a checkpoint
+    dt_obs *obs;            // the loop's, or NULL: the loss allreduce carries its timings
 } dt_dp_step;
 
 /* Checks c against the W workers (a global batch of at least W samples; in

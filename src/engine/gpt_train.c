@@ -19,6 +19,7 @@
 #include "engine/dp.h"
 #include "engine/worker.h"
 #include "obs/json.h"
+#include "obs/obs.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -133,11 +134,13 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     dt_comm_t comm = NULL;
     dt_dp_step sync = {0};
     dt_run_ckpt ck = {0};
+    dt_obs *obs = NULL;
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
     if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
@@ -182,6 +185,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
     float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
     if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    sync.obs = obs;
     x = malloc(sizeof(int32_t) * B * T);
     y = malloc(sizeof(int32_t) * B * T);
     if (!x || !y) {
@@ -202,6 +206,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
     dt_train_state ts = {.rng = rng};
     if ((st = dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    ck.obs = obs;
     rng = ts.rng;
     res->resumed_step = ts.step;
     dt_heartbeat(ts.step);
@@ -211,69 +216,70 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
                (long long)total, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
                c->deterministic ? ", deterministic" : "");
 
-    double t_train = 0, win_t = dt_now(), rate = 0, loss_sum = ts.epoch_loss;
-    int64_t win_samples = 0, loss_n = ts.epoch_steps;
+    double t_train = 0, loss_sum = ts.epoch_loss;
+    int64_t loss_n = ts.epoch_steps;
     int stop = 0;
     res->steps = ts.step;
     for (int64_t step = ts.step; step < total && !stop; step++) {
         double t0 = dt_now();
         float loss;
         // The global batch (the same on every rank); this rank's share.
-        if ((st = dt_tokens_sample(&train, &rng, B, T, x, y)) != DT_OK) goto done;
+        dt_obs_begin(obs, DT_OBS_DATA);
+        st = dt_tokens_sample(&train, &rng, B, T, x, y);
+        dt_obs_end(obs, DT_OBS_DATA);
+        if (st != DT_OK) goto done;
         dt_gpt_zero_grad(m);
         int nm = dt_dp_step_begin(&sync, first, share, B);
         for (int k = 0; k < nm; k++) {
             size_t o = (size_t)(first + sync.off[k]) * T;
             dt_gpt_set_loss_scale(m, (float)sync.len[k] / (float)B);
+            dt_obs_begin(obs, DT_OBS_FORWARD);
             st = dt_gpt_forward(m, x + o, y + o, sync.len[k], T, &loss);
             if (st == DT_OK && k == 0) st = dt_fault_step(rank, step + 1);
+            dt_obs_end(obs, DT_OBS_FORWARD);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
             dt_gpt_set_grad_hook(m, dt_dp_step_hook(&sync, k), sync.dp);
+            dt_obs_begin(obs, DT_OBS_BACKWARD);
             dt_gpt_backward(m);
             dt_dp_step_micro_end(&sync, k, loss);
+            dt_obs_end(obs, DT_OBS_BACKWARD);
         }
         sync.save_vote = dt_run_ckpt_vote(&ck);
-        if ((st = dt_dp_step_end(&sync, &loss)) != DT_OK) {
+        dt_obs_begin(obs, DT_OBS_COMM);
+        st = dt_dp_step_end(&sync, &loss);
+        dt_obs_end(obs, DT_OBS_COMM);
+        if (st != DT_OK) {
             st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
             goto done;
         }
-        float scale = 1.0f;
-        if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+        dt_obs_begin(obs, DT_OBS_OPTIMIZER);
+        float gnorm = (float)sqrt(dt_sum_squares(grads, np));
+        float scale = c->optim.clip_norm > 0 ? dt_clip_scale(gnorm, c->optim.clip_norm) : 1.0f;
         float lr = dt_schedule_lr(&sched, step);
         dt_optim_step(opt, params, grads, lr, scale);
+        dt_obs_end(obs, DT_OBS_OPTIMIZER);
         double now = dt_now();
         t_train += now - t0;
         res->steps = step + 1;
         loss_sum += loss;
         loss_n++;
-        win_samples += B;
-        if (now - win_t >= 0.5 || rate == 0) {
-            rate = win_samples / (now - win_t);
-            win_t = now;
-            win_samples = 0;
-        }
-        if (progress) {
-            dt_progress p = {step + 1, total, 1, 1, loss, lr, rate, 0, 0, 0, 0};
-            p.eta_seconds = rate > 0 ? (double)(total - step - 1) * B / rate : 0;
-            progress(&p, user);
-        }
+        dt_obs_step(obs, &(dt_obs_step_info){step + 1, total, 1, 1, loss, lr, gnorm, B, (int64_t)B * T});
         int last = step + 1 == total;
         if (val.tokens && (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0))) {
             float vl;
+            dt_obs_begin(obs, DT_OBS_EVAL);
             if ((st = val_loss(m, &val, c->eval_batches * B, Bm, T, x, y, &vl, NULL, comm)) != DT_OK) goto done;
+            dt_obs_end(obs, DT_OBS_EVAL);
             res->test_loss = vl;
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "step", (double)(step + 1));
             cJSON_AddNumberToObject(e, "train_loss", loss_sum / loss_n);
             cJSON_AddNumberToObject(e, "val_loss", vl);
             cJSON_AddItemToArray(history, e);
-            if (progress) {
-                dt_progress p = {step + 1, total, 1, 1, (float)(loss_sum / loss_n), lr, rate, 0, 1, vl, -1};
-                progress(&p, user);
-            }
+            dt_obs_eval(obs, (float)(loss_sum / loss_n), vl, -1);
         }
         if (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0)) {
             res->final_train_loss = (float)(loss_sum / loss_n);
@@ -305,6 +311,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
         st = write_summary(path, c, res, np, res->samples_per_sec * T, history);
     }
 done:
+    st = dt_obs_close(obs, st);
     dt_dp_step_free(&sync);
     st = dt_worker_exit(comm, st);
     st = dt_run_ckpt_end(&ck, st);  // the write in flight completes

@@ -9,6 +9,7 @@
 #include "engine/worker.h"
 
 #include "obs/json.h"
+#include "obs/obs.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -121,12 +122,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_dp_step sync = {0};
     dt_tensor_info *tinfo = NULL;
     dt_run_ckpt ck = {0};
+    dt_obs *obs = NULL;
     char path[4096];
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
     if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
@@ -168,6 +171,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     lp.world = W;
     if ((st = dt_loader_create(&loader, &train, &lp)) != DT_OK) goto done;
     if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    sync.obs = obs;
 
     // Checkpoints: the weights, the optimizer state, the loop's position.
     int nt = dt_model_num_tensors(m);
@@ -182,6 +186,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(opt, j);
     dt_train_state ts = {0};
     if ((st = dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts)) != DT_OK) goto done;
+    ck.obs = obs;
     res->resumed_step = ts.step;
     dt_heartbeat(ts.step);
 
@@ -195,8 +200,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                c->name, np, train.n, test.n, (long long)total, epochs, (long long)spe, W, W > 1 ? "s" : "", threads,
                threads > 1 ? "s" : "", c->deterministic ? ", deterministic" : "");
 
-    int64_t step = ts.step, win_samples = 0, samples = 0, epoch_steps = ts.epoch_steps;
-    double t_train = 0, win_t = dt_now(), rate = 0, epoch_loss = ts.epoch_loss;
+    int64_t step = ts.step, samples = 0, epoch_steps = ts.epoch_steps;
+    double t_train = 0, epoch_loss = ts.epoch_loss;
     int stop = 0;
     for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
@@ -207,7 +212,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         }
         double t0 = dt_now();
         dt_batch b;
-        while (!stop && step < total && dt_loader_next(loader, &b)) {
+        while (!stop && step < total) {
+            dt_obs_begin(obs, DT_OBS_DATA);
+            int more = dt_loader_next(loader, &b);
+            dt_obs_end(obs, DT_OBS_DATA);
+            if (!more) break;
             dt_model_zero_grad(m);
             int nm = dt_dp_step_begin(&sync, b.first, b.B, b.global_B);
             for (int k = 0; k < nm; k++) {
@@ -215,27 +224,36 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 size_t ss = dt_dataset_sample_size(&train), o = (size_t)sync.off[k];
                 dt_model_set_dropout_key(m, (uint64_t)step, (int64_t)b.first + sync.off[k]);
                 dt_model_set_loss_scale(m, (float)sync.len[k] / (float)b.global_B);
+                dt_obs_begin(obs, DT_OBS_FORWARD);
                 st = dt_model_forward(m, b.x + o * ss, b.y + o, sync.len[k], 1, &loss);
                 if (st == DT_OK && k == 0) st = dt_fault_step(rank, step + 1);
+                dt_obs_end(obs, DT_OBS_FORWARD);
                 if (st != DT_OK) {
                     st = dt_error(st, "rank %d, step %lld (epoch %d): %s", rank, (long long)step + 1, e + 1,
                                   dt_last_error());
                     goto done;
                 }
                 dt_model_set_grad_hook(m, dt_dp_step_hook(&sync, k), sync.dp);
+                dt_obs_begin(obs, DT_OBS_BACKWARD);
                 dt_model_backward(m);
                 dt_dp_step_micro_end(&sync, k, loss);
+                dt_obs_end(obs, DT_OBS_BACKWARD);
             }
             float loss;
             sync.save_vote = dt_run_ckpt_vote(&ck);
-            if ((st = dt_dp_step_end(&sync, &loss)) != DT_OK) {
+            dt_obs_begin(obs, DT_OBS_COMM);
+            st = dt_dp_step_end(&sync, &loss);
+            dt_obs_end(obs, DT_OBS_COMM);
+            if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
-            float scale = 1.0f;
-            if (c->optim.clip_norm > 0) scale = dt_clip_scale(sqrt(dt_sum_squares(grads, np)), c->optim.clip_norm);
+            dt_obs_begin(obs, DT_OBS_OPTIMIZER);
+            float gnorm = (float)sqrt(dt_sum_squares(grads, np));
+            float scale = c->optim.clip_norm > 0 ? dt_clip_scale(gnorm, c->optim.clip_norm) : 1.0f;
             float lr = dt_schedule_lr(&sched, step);
             dt_optim_step(opt, params, grads, lr, scale);
+            dt_obs_end(obs, DT_OBS_OPTIMIZER);
             step++;
             epoch_loss += loss;
             epoch_steps++;
@@ -244,33 +262,20 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             ts = (dt_train_state){step, e, ebatch, epoch_steps, epoch_loss, ts.rng, W};
             if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, sync.save)) != DT_OK) goto done;
             dt_heartbeat(step);
-            win_samples += b.global_B;
             samples += b.global_B;
-            double now = dt_now();
-            if (now - win_t >= 0.5 || rate == 0) {
-                rate = win_samples / (now - win_t);
-                win_t = now;
-                win_samples = 0;
-            }
-            if (progress) {
-                dt_progress p = {step, total, e + 1, epochs, loss, lr, rate, 0, 0, 0, 0};
-                p.eta_seconds = rate > 0 ? (double)(total - step) * c->batch / rate : 0;
-                progress(&p, user);
-            }
+            dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, loss, lr, gnorm, b.global_B, 0});
         }
         t_train += dt_now() - t0;
         if (stop) break;
         // Evaluate at the end of each epoch (and of the run).
         float tl = 0, ta = 0;
+        dt_obs_begin(obs, DT_OBS_EVAL);
         if ((st = evaluate_sharded(m, &test, c->eval_batch, comm, &tl, &ta)) != DT_OK) goto done;
+        dt_obs_end(obs, DT_OBS_EVAL);
         res->test_loss = tl;
         res->test_accuracy = ta;
         res->epochs = e + 1;
-        if (progress) {
-            dt_progress p = {step, total, e + 1, epochs, (float)(epoch_loss / (epoch_steps ? epoch_steps : 1)),
-                             dt_schedule_lr(&sched, step > 0 ? step - 1 : 0), rate, 0, 1, tl, ta};
-            progress(&p, user);
-        }
+        dt_obs_eval(obs, (float)(epoch_loss / (epoch_steps ? epoch_steps : 1)), tl, ta);
     }
     if (stop) {  // asked to stop: the checkpoint has the state, no final files
         dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
@@ -299,6 +304,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = write_summary(path, c, res, np);
     }
 done:
+    st = dt_obs_close(obs, st);
     dt_dp_step_free(&sync);
     st = dt_worker_exit(comm, st);
     st = dt_run_ckpt_end(&ck, st);  // the write in flight completes

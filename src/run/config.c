@@ -71,6 +71,11 @@ static const field fields[] = {
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
+    {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
+    {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
+    {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
+    {"obs", "metrics_addr", F_STR, O(metrics_addr), 0, 0, NULL},
+    {"obs", "trace", F_STR, O(trace), 0, 0, NULL},
     {"checkpoint", "every_steps", F_I64, O(ckpt_every_steps), 0, 1e15, NULL},
     {"checkpoint", "every_seconds", F_FLOAT, O(ckpt_every_seconds), 0, 1e9, NULL},
     {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
@@ -120,6 +125,9 @@ void dt_config_defaults(dt_config *c) {
     c->base_batch = 256;
     c->bucket_kb = 2048;
     c->micro_shards = 12;
+    c->straggler_margin = 0.2f;
+    c->straggler_steps = 10;
+    snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");
     c->ckpt_keep = 3;
 }
 

@@ -18,6 +18,7 @@ static const struct {
     {"prepare-text", cmd_prepare_text, "text files -> byte-level GPT token files"},
     {"convert", cmd_convert, "GPT weights between llm.c and safetensors"},
     {"sample", cmd_sample, "generate text with a trained GPT"},
+    {"report", cmd_report, "an HTML report of a run directory (charts, per-rank times)"},
     {"inspect", cmd_inspect, "show a checkpoint's training state and tensors, verify it"},
     {"export", cmd_export, "a checkpoint's weights alone, for inference"},
 };

@@ -4,6 +4,7 @@
 #include "dtrain/dtrain.h"
 #include "dtrain/launch.h"
 
+#include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,12 +16,16 @@
 
 static const char train_help[] =
     "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
+    "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
     "\n"
     "Trains the model CONFIG describes and writes into the run directory:\n"
     "  config.ini          the resolved config (every field, presets expanded)\n"
     "  model.safetensors   the final weights\n"
     "  summary.json        steps, final train loss, test_loss, test_accuracy,\n"
     "                      wall_seconds, samples_per_sec\n"
+    "  metrics/rank-N.jsonl  every worker: one JSON object per step (loss, lr,\n"
+    "                      grad norm, throughput, time per phase, bytes sent and\n"
+    "                      received, peak memory) and per evaluation\n"
     "\n"
     "options:\n"
     "  --set S.K=V     override a config field, e.g. --set train.epochs=2\n"
@@ -36,6 +41,17 @@ static const char train_help[] =
     "                  MIN) and try to grow again every --elastic-retry seconds\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
+    "\n"
+    "observability (docs/observability.md):\n"
+    "  --log-format F  text (default): a live line on a terminal, plain lines\n"
+    "                  otherwise; json: one JSON object per progress line and\n"
+    "                  the final result on stdout (logs stay on stderr)\n"
+    "  --metrics-port P  serve Prometheus metrics at http://ADDR:P/metrics\n"
+    "                  while training (obs.metrics_port)\n"
+    "  --metrics-addr A  the IP address to listen on (obs.metrics_addr,\n"
+    "                  default 127.0.0.1; 0.0.0.0 for every interface)\n"
+    "  --trace FILE    write a Chrome trace (Perfetto, chrome://tracing) of\n"
+    "                  every worker's phases and collectives (obs.trace)\n"
     "\n"
     "checkpoints and recovery (docs/checkpoints.md):\n"
     "  --checkpoint-every N    checkpoint every N steps (checkpoint.every_steps)\n"
@@ -56,6 +72,7 @@ static const char train_help[] =
     "  -q, --quiet     print only errors and the final result\n"
     "  -h, --help      this help\n"
     "\n"
+    "'dtrain report RUN_DIR' turns a run directory into an HTML report.\n"
     "Progress is one live line on a terminal, plain lines every\n"
     "train.log_every steps otherwise. The config format is in docs/config.md;\n"
     "configs/fashion-cnn.ini and configs/fashion-mlp.ini are examples;\n"
@@ -69,14 +86,22 @@ static const char eval_help[] =
     "and accuracy.\n";
 
 typedef struct {
-    int tty, quiet, log_every;
+    int tty, quiet, log_every, json;
     int live;          // a live line is on screen
     double last;       // time of the last live update
 } progress_state;
 
 static void on_progress(const dt_progress *p, void *user) {
     progress_state *s = user;
-    char line[256];
+    char line[512];
+    if (s->json) {  // stdout: JSON lines at the plain lines' pace, and every evaluation
+        if (s->quiet || !(p->is_eval || p->step % s->log_every == 0 || p->step == 1 || p->step == p->total_steps))
+            return;
+        dt_progress_format_json(p, line, sizeof line);
+        printf("%s\n", line);
+        fflush(stdout);
+        return;
+    }
     dt_progress_format(p, line, sizeof line);
     if (p->is_eval) {
         if (s->live) fputs("\r\033[K", stderr);
@@ -100,11 +125,11 @@ static void on_progress(const dt_progress *p, void *user) {
 typedef struct {
     const char *config, *run_dir, *checkpoint;
     const char *sets[MAX_SETS];
-    int nsets, quiet;
+    int nsets, quiet, json;
     int workers, min_workers;  // min_workers < workers: elastic
     int max_restarts;
     double heartbeat, elastic_retry;
-    char set_buf[4][600];      // --set texts made from the checkpoint flags
+    char set_buf[8][600];      // --set texts made from the flags that are config fields
 } args_t;
 
 // The value of "--flag V" or "--flag=V" at argv[*i], or NULL if argv[*i] is
@@ -140,21 +165,31 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         const char *s = argv[i], *v;
         int missing = 0;
         double x;
-        // Checkpoint flags are config fields: they reach the workers as --set.
+        // Flags that are config fields: they reach the workers as --set.
         static const struct { const char *flag, *field; double lo, hi; int whole; } ck[] = {
             {"--checkpoint-every", "checkpoint.every_steps", 1, 1e15, 1},
             {"--checkpoint-seconds", "checkpoint.every_seconds", 0.001, 1e9, 0},
             {"--keep", "checkpoint.keep", 1, 1e6, 1},
             {"--resume", "checkpoint.resume", 0, 0, 0},
+            {"--metrics-port", "obs.metrics_port", 1, 65535, 1},
+            {"--metrics-addr", "obs.metrics_addr", 0, 0, 0},
+            {"--trace", "obs.trace", 0, 0, 0},
         };
+        enum { NCK = sizeof ck / sizeof ck[0] };
         int k = 0;
-        while (!is_eval && k < 4 && !(v = flag_value(argc, argv, &i, ck[k].flag, &missing)) && !missing) k++;
-        if (!is_eval && k < 4) {
+        while (!is_eval && k < NCK && !(v = flag_value(argc, argv, &i, ck[k].flag, &missing)) && !missing) k++;
+        if (!is_eval && k < NCK) {
             if (missing || !*v) return cli_error("%s needs a value", ck[k].flag), EXIT_USAGE;
             if (ck[k].hi > 0 && parse_number(ck[k].flag, v, ck[k].lo, ck[k].hi, ck[k].whole, &x)) return EXIT_USAGE;
-            if (a->nsets == MAX_SETS || nbuf == 4) return cli_error("too many checkpoint options"), EXIT_USAGE;
+            if (a->nsets == MAX_SETS || nbuf == NCK) return cli_error("too many options"), EXIT_USAGE;
             snprintf(a->set_buf[nbuf], sizeof a->set_buf[nbuf], "%s=%s", ck[k].field, v);
             a->sets[a->nsets++] = a->set_buf[nbuf++];
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--log-format", &missing)) || missing)) {
+            if (!v || (strcmp(v, "text") && strcmp(v, "json")))
+                return cli_error("--log-format needs text or json, got '%s'", v ? v : ""), EXIT_USAGE;
+            a->json = !strcmp(v, "json");
             continue;
         }
         if (!is_eval && ((v = flag_value(argc, argv, &i, "--max-restarts", &missing)) || missing)) {
@@ -276,6 +311,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         args[k++] = "--run-dir";
         args[k++] = (char *)a->run_dir;
         if (a->quiet) args[k++] = "--quiet";
+        if (a->json) args[k++] = "--log-format=json";
         args[k] = NULL;
         dt_launch_params lp = dt_launch_default_params();
         lp.nranks = n;
@@ -334,6 +370,25 @@ static int supervise(const args_t *a, const dt_config *c) {
     }
 }
 
+// --log-format json: the final result as one JSON line on stdout.
+static void print_result_json(const dt_config *c, const dt_train_result *r, const char *run_dir) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "type", "result");
+    cJSON_AddNumberToObject(j, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(j, "wall_seconds", r->wall_seconds);
+    cJSON_AddNumberToObject(j, "samples_per_sec", r->samples_per_sec);
+    if (c->gpt) cJSON_AddNumberToObject(j, "tokens_per_sec", r->samples_per_sec * c->seq_len);
+    cJSON_AddNumberToObject(j, "final_train_loss", r->final_train_loss);
+    if (r->test_loss >= 0) cJSON_AddNumberToObject(j, c->gpt ? "val_loss" : "test_loss", r->test_loss);
+    if (r->test_accuracy >= 0) cJSON_AddNumberToObject(j, "test_accuracy", r->test_accuracy);
+    cJSON_AddNumberToObject(j, "workers", r->workers);
+    cJSON_AddStringToObject(j, "run_dir", run_dir);
+    char *s = cJSON_PrintUnformatted(j);
+    if (s) printf("%s\n", s);
+    free(s);
+    cJSON_Delete(j);
+}
+
 int cmd_train(int argc, char **argv) {
     args_t a;
     int rc = parse_args(argc, argv, &a, train_help, 0);
@@ -356,7 +411,7 @@ int cmd_train(int argc, char **argv) {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
-    progress_state ps = {isatty(2), a.quiet, c.log_every, 0, 0};
+    progress_state ps = {isatty(2), a.quiet, c.log_every, a.json, 0, 0};
     dt_train_result r;
     dt_status st = dt_train(&c, a.run_dir, on_progress, &ps, &r);
     if (ps.live) fputs("\n", stderr);
@@ -369,6 +424,10 @@ int cmd_train(int argc, char **argv) {
             fprintf(stderr, "stopped at step %lld; continue with --resume auto --run-dir %s\n", (long long)r.steps,
                     a.run_dir);
         return DT_EXIT_STOPPED;
+    }
+    if (a.json) {
+        if (r.rank == 0) print_result_json(&c, &r, a.run_dir);
+        return 0;
     }
     if (c.gpt) {
         if (r.rank != 0) return 0;

@@ -1,0 +1,93 @@
+/* What a training loop reports while it runs: the one interface between the
+ * loops (engine/trainer.c, engine/gpt_train.c) and every observability
+ * output (docs/observability.md).
+ *
+ *   dt_obs *obs;
+ *   dt_obs_create(&obs, c, run_dir, comm, progress, user);   // all ranks
+ *   for each step:
+ *       dt_obs_begin(obs, DT_OBS_DATA);  next batch;  dt_obs_end(obs, DT_OBS_DATA);
+ *       ... DT_OBS_FORWARD, DT_OBS_BACKWARD (per micro-batch) ...
+ *       dt_obs_begin(obs, DT_OBS_COMM);  wait for the gradients, and
+ *       dt_obs_allreduce(obs, ...);      // the loss (engine/dp.c does both)
+ *       dt_obs_end(obs, DT_OBS_COMM);
+ *       ... DT_OBS_OPTIMIZER ...
+ *       dt_obs_step(obs, &info);         // one record per step
+ *   dt_obs_eval(obs, train_loss, loss, accuracy) after an evaluation
+ *       (wrapped in DT_OBS_EVAL begin/end);
+ *   st = dt_obs_close(obs, st);          // all ranks, before the comm goes
+ *
+ * Phases are timed by begin/end pairs (they may nest; each pair is one span
+ * of the trace). Anything else that takes time in the loop, such as saving
+ * a checkpoint, is wrapped the same way: dt_obs_begin(obs, DT_OBS_CHECKPOINT)
+ * ... dt_obs_end(obs, DT_OBS_CHECKPOINT).
+ *
+ * Outputs, each only when asked for:
+ *   run_dir/metrics/rank-NNNNN.jsonl  every rank: one JSON object per step,
+ *                                     evaluation and straggler (obs/metrics.c)
+ *   progress callback                 rank 0, with the slowest rank
+ *   Prometheus endpoint               rank 0, c->metrics_port (obs/prom.c)
+ *   Chrome trace                      c->trace, merged by rank 0 (obs/trace.c)
+ *   straggler warnings                rank 0 (obs/straggler.c)
+ *
+ * Every call but dt_obs_create does nothing on a NULL obs (and
+ * dt_obs_allreduce is then a plain allreduce). */
+#ifndef DT_OBS_OBS_H
+#define DT_OBS_OBS_H
+
+#include "dtrain/comm.h"
+#include "dtrain/config.h"
+#include "dtrain/train.h"
+
+typedef struct dt_obs dt_obs;
+
+typedef enum {
+    DT_OBS_DATA = 0,    /* waiting for the next batch */
+    DT_OBS_FORWARD,
+    DT_OBS_BACKWARD,
+    DT_OBS_COMM,        /* waiting for communication (the exposed part) */
+    DT_OBS_OPTIMIZER,   /* clipping, schedule, update */
+    DT_OBS_STEP_PHASES, /* the phases above make up a step */
+    DT_OBS_EVAL = DT_OBS_STEP_PHASES,
+    DT_OBS_CHECKPOINT,
+    DT_OBS_NPHASES
+} dt_obs_phase;
+
+/* "data", "forward", "backward", "comm", "optimizer", "eval", "checkpoint". */
+const char *dt_obs_phase_name(dt_obs_phase p);
+
+/* One training step, as the loop knows it after the optimizer. */
+typedef struct {
+    int64_t step, total_steps; /* step counts from 1 */
+    int epoch, epochs;         /* epoch counts from 1 */
+    float loss;                /* the global batch's mean loss */
+    float lr, grad_norm;       /* grad_norm: of the averaged gradient, before clipping */
+    int64_t samples;           /* samples (sequences) in the global batch */
+    int64_t tokens;            /* tokens in the global batch (language models), else 0 */
+} dt_obs_step_info;
+
+/* Collective over comm. Opens this rank's metrics log (run_dir may be NULL:
+ * none), on rank 0 the Prometheus endpoint, and the trace part; aligns the
+ * ranks' clocks with a barrier. progress (may be NULL) is called on rank 0
+ * only. Errors (an unwritable directory, a port in use) name what failed. */
+dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, dt_comm_t comm,
+                        dt_progress_fn progress, void *user);
+void dt_obs_begin(dt_obs *o, dt_obs_phase p);
+void dt_obs_end(dt_obs *o, dt_obs_phase p);
+/* The per-step allreduce every loop does (the loss, a stop flag): sums
+ * v[0..n) over the ranks of comm, n <= DT_OBS_MAX_SUMS. With an obs, it is
+ * one allgather that also brings rank 0 every rank's phase times of this
+ * step, bytes moved and peak memory; with NULL, a plain allreduce. */
+#define DT_OBS_MAX_SUMS 4
+dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm);
+/* Ends the step: its metrics record, progress, the endpoint's figures,
+ * straggler detection. */
+void dt_obs_step(dt_obs *o, const dt_obs_step_info *s);
+/* An evaluation just ended, after the last step recorded (accuracy < 0:
+ * none); train_loss is the training loss to show beside it. */
+void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accuracy);
+/* Collective when st == DT_OK: finishes the trace (rank 0 merges every
+ * rank's part into c->trace) and closes everything. Returns st if it is an
+ * error, else the first error of closing. NULL is fine. */
+dt_status dt_obs_close(dt_obs *o, dt_status st);
+
+#endif

@@ -1,0 +1,330 @@
+/* Observability: what a run writes besides its model.
+ *
+ *   1. straggler detection on made-up timings (median, margin, consecutive
+ *      steps, the slow phase, one report per episode);
+ *   2. the communicator's byte counters on a world of 1 (nothing moves);
+ *   3. a 2-worker run with an injected slow rank (DTRAIN_SLOW_RANK), a
+ *      trace and JSON progress: every rank's metrics log has one valid
+ *      record per step with every field, bytes as a ring allreduce moves
+ *      them, an evaluation record; rank 0 warns about the slow rank naming
+ *      the phase and logs it; the trace is one valid JSON document with a
+ *      process track per rank and spans per phase and per collective;
+ *   4. dtrain report on that run, and on bad input (missing directory,
+ *      malformed log line), a metrics port already in use, bad flags. */
+#include "dtrain/comm.h"
+#include "dtrain/train.h"
+#include "obs/straggler.h"
+#include "testlib.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define STEPS 12
+
+static char g_tmp[256];
+static char g_out[1 << 17];
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(n + 1);
+    if (b && fread(b, 1, n, f) != (size_t)n) n = 0;
+    if (b) b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static void test_straggler(void) {
+    // 4 ranks; rank 2 is 50% slower, in its backward phase (index 2).
+    dt_straggler *s = dt_straggler_create(4, 0.2, 3);
+    dt_straggler_report rep[4];
+    double busy[4], ph[4 * 4];
+    int reports = 0, at = -1;
+    for (int step = 1; step <= 8; step++) {
+        for (int r = 0; r < 4; r++) {
+            for (int p = 0; p < 4; p++) ph[r * 4 + p] = 0.010 + 0.001 * p;
+            if (r == 2 && step != 2) ph[r * 4 + 2] += 0.030;  // one fast step restarts the count
+            busy[r] = ph[r * 4] + ph[r * 4 + 1] + ph[r * 4 + 2] + ph[r * 4 + 3];
+        }
+        int n = dt_straggler_update(s, busy, ph, 4, rep);
+        if (n) {
+            reports += n;
+            at = step;
+            CHECK(rep[0].rank == 2 && rep[0].phase == 2, "straggler: rank %d phase %d, want rank 2 phase 2",
+                  rep[0].rank, rep[0].phase);
+            CHECK(rep[0].excess > 0.029 && rep[0].excess < 0.031, "straggler: excess %.4f", rep[0].excess);
+        }
+    }
+    CHECK(reports == 1 && at == 5, "straggler: %d reports, last at step %d (want 1 at step 5)", reports, at);
+    CHECK(dt_straggler_flagged(s, 2) && !dt_straggler_flagged(s, 0), "straggler: flags");
+    // Back under the margin: the flag clears, and a new episode is reported again.
+    for (int r = 0; r < 4; r++) busy[r] = 0.05;
+    dt_straggler_update(s, busy, ph, 4, rep);
+    CHECK(!dt_straggler_flagged(s, 2), "straggler: flag cleared");
+    dt_straggler_free(s);
+    // One rank, or steps = 0: never.
+    s = dt_straggler_create(1, 0.2, 1);
+    busy[0] = 1;
+    CHECK(dt_straggler_update(s, busy, ph, 4, rep) == 0, "straggler: one rank");
+    dt_straggler_free(s);
+    double v[] = {5, 1, 4, 2};
+    CHECK(dt_median(v, 4) == 3 && dt_median(v, 3) == 2, "median");
+}
+
+static void test_comm_stats(void) {
+    dt_comm_t c;
+    CHECK(dt_comm_init_env(&c) == DT_OK, "comm init: %s", dt_last_error());
+    float x[100] = {0};
+    dt_allreduce(x, x, 100, DT_F32, DT_SUM, c);
+    dt_comm_stats s;
+    dt_comm_get_stats(c, &s);
+    CHECK(s.ops == 1 && s.bytes_sent == 0 && s.bytes_recv == 0, "world of 1: %llu ops, %llu/%llu bytes",
+          (unsigned long long)s.ops, (unsigned long long)s.bytes_sent, (unsigned long long)s.bytes_recv);
+    dt_comm_destroy(c);
+}
+
+static double num(const cJSON *j, const char *k) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, k);
+    return cJSON_IsNumber(x) ? x->valuedouble : -1;
+}
+
+static const char *const step_keys[] = {
+    "step", "epoch", "time", "loss", "lr", "grad_norm", "samples", "samples_per_sec", "step_seconds",
+    "data_seconds", "forward_seconds", "backward_seconds", "comm_exposed_seconds", "comm_hidden_seconds",
+    "optimizer_seconds", "bytes_sent", "bytes_recv", "peak_rss_bytes"};
+
+// Checks one rank's metrics log; returns its straggler records' ranks (bitmask).
+static int check_log(int rank, double params) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/run/metrics/rank-%05d.jsonl", g_tmp, rank);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "%s missing", path);
+    if (!f) return 0;
+    char line[8192];
+    int steps = 0, evals = 0, bad = 0, strag = 0, missing = 0, bytes_ok = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
+        if (!cJSON_IsString(t)) {
+            bad++;
+        } else if (!strcmp(t->valuestring, "step")) {
+            steps++;
+            for (size_t k = 0; k < sizeof step_keys / sizeof step_keys[0]; k++)
+                if (num(j, step_keys[k]) < 0) missing++;
+            // A ring allreduce of the gradients (2 ranks: S each way) plus
+            // the allgather of the loss and the step's figures (13 doubles).
+            if (num(j, "step") >= 2 && num(j, "bytes_sent") == params * 4 + 104 && num(j, "bytes_recv") == params * 4 + 104)
+                bytes_ok++;
+        } else if (!strcmp(t->valuestring, "eval")) {
+            evals++;
+            CHECK(num(j, "accuracy") >= 0 && num(j, "loss") > 0, "eval record has loss and accuracy");
+        } else if (!strcmp(t->valuestring, "straggler")) {
+            const cJSON *ph = cJSON_GetObjectItemCaseSensitive(j, "phase");
+            CHECK(cJSON_IsString(ph) && !strcmp(ph->valuestring, "forward"), "straggler record names the forward phase");
+            strag |= 1 << (int)num(j, "rank");
+        }
+        cJSON_Delete(j);
+    }
+    fclose(f);
+    CHECK(bad == 0, "%s: %d lines are not JSON objects with a type", path, bad);
+    CHECK(steps == STEPS, "%s: %d step records, want %d", path, steps, STEPS);
+    CHECK(missing == 0, "%s: %d missing step fields", path, missing);
+    CHECK(bytes_ok == STEPS - 1, "%s: bytes per step as a ring allreduce moves them in %d of %d steps (params %.0f)",
+          path, bytes_ok, STEPS - 1, params);
+    CHECK(evals == 1, "%s: %d eval records", path, evals);
+    return strag;
+}
+
+static void check_trace(const char *path) {
+    char *text = slurp(path);
+    CHECK(text != NULL, "trace %s missing", path);
+    if (!text) return;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "traceEvents");
+    CHECK(cJSON_IsArray(ev), "trace: not a JSON object with a traceEvents array");
+    static const char *const phases[] = {"data", "forward", "backward", "comm", "optimizer", "eval"};
+    int count[2][6] = {{0}}, named[2] = {0}, coll[2] = {0}, bad = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ev) {
+        const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph"), *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+        int pid = (int)num(e, "pid"), tid = (int)num(e, "tid");
+        if (!cJSON_IsString(ph) || !cJSON_IsString(nm) || pid < 0 || pid > 1) {
+            bad++;
+            continue;
+        }
+        if (!strcmp(ph->valuestring, "M")) {
+            named[pid] += !strcmp(nm->valuestring, "process_name") || !strcmp(nm->valuestring, "thread_name");
+            continue;
+        }
+        if (strcmp(ph->valuestring, "X") || num(e, "ts") < 0 || num(e, "dur") < 0) {
+            bad++;
+            continue;
+        }
+        if (tid == 2 && (!strcmp(nm->valuestring, "allreduce") || !strcmp(nm->valuestring, "allgather"))) coll[pid]++;
+        for (int p = 0; p < 6; p++) count[pid][p] += tid == 1 && !strcmp(nm->valuestring, phases[p]);
+    }
+    CHECK(bad == 0, "trace: %d malformed events", bad);
+    for (int r = 0; r < 2; r++) {
+        CHECK(named[r] == 3, "trace: rank %d has %d track names, want 3", r, named[r]);
+        for (int p = 0; p < 6; p++) {
+            int want = p == 5 ? 1 : STEPS;
+            CHECK(count[r][p] >= want, "trace: rank %d has %d '%s' spans, want >= %d", r, count[r][p], phases[p], want);
+        }
+        CHECK(coll[r] >= 2 * STEPS, "trace: rank %d has %d collective spans on the communication track", r, coll[r]);
+    }
+    cJSON_Delete(j);
+    char part[600];
+    snprintf(part, sizeof part, "%s.rank-1", path);
+    CHECK(access(part, F_OK) != 0, "trace: part %s left behind", part);
+}
+
+static void test_run(void) {
+    char cfg[512], cmd[4096];
+    snprintf(cfg, sizeof cfg, "%s/mlp.ini", g_tmp);
+    FILE *f = fopen(cfg, "w");
+    fprintf(f, "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=10\n"
+               "[optim]\nname = sgd\nlr = 0.05\n[data]\ndir = %s\n[train]\nbatch = 40\nmax_steps = %d\n"
+               "eval_batch = 100\nthreads = 1\nlog_every = 1\nstraggler_steps = 3\nstraggler_margin = 0.2\n",
+            g_tmp, STEPS);
+    fclose(f);
+    // Rank 1 sleeps 40 ms in every forward pass: far slower than these steps.
+    snprintf(cmd, sizeof cmd,
+             "(DTRAIN_SLOW_RANK=1:40 %s train %s --workers 2 --run-dir %s/run --trace %s/trace.json "
+             "--log-format json 2>%s/stderr)",
+             tl_dtrain(), cfg, g_tmp, g_tmp, g_tmp);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    char path[512];
+    snprintf(path, sizeof path, "%s/stderr", g_tmp);
+    char *err = slurp(path);
+    CHECK(rc == 0, "2-worker run: exit %d\n%s\n%s", rc, g_out, err ? err : "");
+    // stdout: JSON lines only, ending with the result.
+    int lines = 0, json = 0, result = 0;
+    for (char *l = strtok(g_out, "\n"); l; l = strtok(NULL, "\n")) {
+        lines++;
+        cJSON *j = cJSON_Parse(l);
+        json += cJSON_IsObject(j);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
+        result += cJSON_IsString(t) && !strcmp(t->valuestring, "result");
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "step") && num(j, "step") > 1)  // (step 1: warm-up)
+            CHECK(num(j, "slowest_rank") == 1, "progress: slowest rank %.0f at step %.0f, want 1",
+                  num(j, "slowest_rank"), num(j, "step"));
+        cJSON_Delete(j);
+    }
+    CHECK(lines == STEPS + 2 && json == lines && result == 1, "--log-format json: %d lines, %d JSON, %d results",
+          lines, json, result);
+    CHECK(err && strstr(err, "straggler: rank 1") && strstr(err, "slow phase: forward"),
+          "rank 0 warns about rank 1's forward phase:\n%s", err ? err : "");
+    free(err);
+
+    snprintf(path, sizeof path, "%s/run/summary.json", g_tmp);
+    char *sum = slurp(path);
+    cJSON *s = cJSON_Parse(sum ? sum : "");
+    double params = num(s, "params");
+    cJSON_Delete(s);
+    free(sum);
+    int strag0 = check_log(0, params), strag1 = check_log(1, params);
+    CHECK(strag0 == 2 && strag1 == 0, "straggler records: rank 0's log names rank 1 only (mask %d), rank 1's none (%d)",
+          strag0, strag1);
+    snprintf(path, sizeof path, "%s/trace.json", g_tmp);
+    check_trace(path);
+}
+
+static void test_report(void) {
+    char cmd[2048], path[512];
+    snprintf(cmd, sizeof cmd, "%s report %s/run -o %s/report.html", tl_dtrain(), g_tmp, g_tmp);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0, "report: exit %d\n%s", rc, g_out);
+    snprintf(path, sizeof path, "%s/report.html", g_tmp);
+    char *html = slurp(path);
+    CHECK(html != NULL, "report written");
+    if (html) {
+        static const char *const ids[] = {"loss", "accuracy", "throughput", "breakdown", "straggler"};
+        for (int i = 0; i < 5; i++) {
+            char want[64];
+            snprintf(want, sizeof want, "<svg class=\"chart\" id=\"%s\"", ids[i]);
+            CHECK(strstr(html, want) != NULL, "report has the %s chart", ids[i]);
+        }
+        CHECK(strstr(html, "<script") == NULL, "report has no script");
+        CHECK(strstr(html, "rank 1 (flagged)") != NULL, "report flags rank 1");
+        free(html);
+    }
+    // Bad input: clear messages, exit 1 (2 for usage), never a crash.
+    snprintf(cmd, sizeof cmd, "%s report %s/nope", tl_dtrain(), g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "/nope: no such run directory"), "missing run dir: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/empty && %s report %s/empty", g_tmp, tl_dtrain(), g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "no metrics logs"), "run dir without logs: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "cp -r %s/run %s/bad && echo '{\"type\":\"step\",\"step\":' >> %s/bad/metrics/rank-00001.jsonl && %s report %s/bad",
+             g_tmp, g_tmp, g_tmp, tl_dtrain(), g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    char want[64];
+    snprintf(want, sizeof want, "rank-00001.jsonl:%d:", STEPS + 3);  // run + steps + eval, then the bad line
+    CHECK(rc == 1 && strstr(g_out, want), "malformed log line: exit %d, want '%s'\n%s", rc, want, g_out);
+    // A resumed run appends to the logs and repeats steps: the later records win.
+    snprintf(cmd, sizeof cmd,
+             "cp -r %s/run %s/resumed && (cd %s/resumed/metrics && for f in rank-*.jsonl; do "
+             "grep '\"type\":\"step\"' $f | tail -2 > x && cat x >> $f; done) && %s report %s/resumed -o %s/resumed.html",
+             g_tmp, g_tmp, g_tmp, tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(path, sizeof path, "%s/resumed.html", g_tmp);
+    html = slurp(path);
+    snprintf(want, sizeof want, "2 ranks, %d steps logged", STEPS);
+    CHECK(rc == 0 && html && strstr(html, want), "resumed run's report: exit %d, want '%s'\n%s", rc, want, g_out);
+    free(html);
+    snprintf(cmd, sizeof cmd, "%s report", tl_dtrain());
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 2, "report without RUN_DIR: usage error\n%s", g_out);
+}
+
+static void test_bad_flags(void) {
+    char cmd[2048];
+    // A metrics port in use: an error naming it, exit 1.
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0 &&
+             getsockname(fd, (struct sockaddr *)&a, &len) == 0;
+    CHECK(ok, "test socket");
+    int port = ntohs(a.sin_port);
+    snprintf(cmd, sizeof cmd, "%s train %s/mlp.ini --run-dir %s/busy --metrics-port %d", tl_dtrain(), g_tmp, g_tmp, port);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    char want[64];
+    snprintf(want, sizeof want, "127.0.0.1:%d: cannot listen", port);
+    CHECK(rc == 1 && strstr(g_out, want), "port in use: exit %d, want '%s'\n%s", rc, want, g_out);
+    close(fd);
+    static const char *const bad[] = {"--log-format xml", "--metrics-port 0", "--metrics-port 70000", "--metrics-port x",
+                                      "--trace", "--metrics-addr="};
+    for (int i = 0; i < 6; i++) {
+        snprintf(cmd, sizeof cmd, "%s train %s/mlp.ini %s", tl_dtrain(), g_tmp, bad[i]);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 2, "'%s': exit %d, want 2\n%s", bad[i], rc, g_out);
+    }
+    snprintf(cmd, sizeof cmd, "%s train %s/mlp.ini --metrics-addr not-an-address --metrics-port 1 --run-dir %s/x",
+             tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "not-an-address"), "bad metrics address: exit %d\n%s", rc, g_out);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-obs-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    tl_make_images(g_tmp, "train", 480, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    test_straggler();
+    test_comm_stats();
+    test_run();
+    test_report();
+    test_bad_flags();
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
