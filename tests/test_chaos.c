@@ -48,6 +48,18 @@ static int workers(pid_t pid, pid_t *out, int max, pid_t *rank0) {
     return n;
 }
 
+// How often `what` occurs in the file at path.
+static int count_in(const char *path, const char *what) {
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    int k = 0;
+    for (char *s = buf; (s = strstr(s, what)); s++) k++;
+    return k;
+}
+
 static int writing(const char *dir) {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -98,8 +110,9 @@ int main(void) {
     while (done < kills && dt_now() < t_end && waitpid(pid, &status, WNOHANG) == 0) {
         pid_t w[8], r0;
         int n = workers(pid, w, 8, &r0);
-        // A new group (all three started, none of the ones killed before).
-        if (n != 3 || !r0 || w[0] == last_group[0]) {
+        // A new group (all three started, none of the ones killed before)
+        // that has recovered from the last kill (finished a step).
+        if (n != 3 || !r0 || w[0] == last_group[0] || count_in(log, "recovered in") < done) {
             usleep(2000);
             continue;
         }

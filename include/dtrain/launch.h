@@ -49,6 +49,11 @@ typedef struct {
     double stop_after; /* > 0: this many seconds after the start, send every
                           rank SIGUSR1 once (dtrain train: checkpoint and
                           stop, for elastic resizing) */
+    double failed_at;  /* > 0: a restart after a failure seen at this
+                          dt_now(); the first finished step is logged as
+                          the recovery, with the steps lost since
+                          failed_step */
+    int64_t failed_step;
 } dt_launch_params;
 
 /* How a launch ended. */

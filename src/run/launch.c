@@ -76,7 +76,7 @@ static void on_signal(int sig) {
 
 dt_launch_params dt_launch_default_params(void) {
     dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0, .heartbeat_timeout = 0,
-                          .stop_after = 0};
+                          .stop_after = 0, .failed_at = 0, .failed_step = -1};
     return p;
 }
 
@@ -226,7 +226,17 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
             int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
             if (s1 > res->last_step) res->last_step = s1;
             if (r == 0 && s0 >= 0) res->start_step = s0;
-            if (!res->first_step_at && s0 >= 0 && s1 > s0) res->first_step_at = dt_now();
+            if (!res->first_step_at && s0 >= 0 && s1 > s0) {
+                res->first_step_at = dt_now();
+                if (p->failed_at > 0 && p->failed_step >= 0)
+                    dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, "
+                                        "%lld step%s lost (last step before the failure: %lld)",
+                           res->first_step_at - p->failed_at, (long long)s0, (long long)(p->failed_step - s0),
+                           p->failed_step - s0 == 1 ? "" : "s", (long long)p->failed_step);
+                else if (p->failed_at > 0)
+                    dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step)",
+                           res->first_step_at - p->failed_at);
+            }
         }
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);

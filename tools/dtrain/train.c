@@ -317,21 +317,14 @@ static int supervise(const args_t *a, const dt_config *c) {
         lp.nranks = n;
         lp.heartbeat_timeout = a->heartbeat;
         lp.stop_after = elastic && n < a->workers ? a->elastic_retry : 0;
+        lp.failed_at = failed_at;
+        lp.failed_step = failed_step;
         dt_launch_result r;
         if (dt_launch(&lp, args, &r) != DT_OK) {
             cli_error("%s", dt_last_error());
             return EXIT_RUNTIME;
         }
-        if (failed_at > 0 && r.first_step_at > 0) {
-            if (failed_step >= 0)
-                dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, "
-                                    "%lld step%s lost (last step before the failure: %lld)",
-                       r.first_step_at - failed_at, (long long)r.start_step, (long long)(failed_step - r.start_step),
-                       failed_step - r.start_step == 1 ? "" : "s", (long long)failed_step);
-            else
-                dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step)", r.first_step_at - failed_at);
-            failed_at = 0;
-        }
+        if (r.first_step_at > 0) failed_at = 0;  // the launcher logged the recovery
         if (r.exit_code == 0 && !r.stopped) return 0;
         if (r.stopped && r.stop_asked) return DT_EXIT_STOPPED;  // rank 0 said how to go on
         if (r.stopped) {  // stopped at a checkpoint to grow
