@@ -14,7 +14,7 @@
 #include "dtrain/config.h"
 #include "obs/obs.h"
 
-typedef struct {
+typedef struct dt_run_ckpt {
     const dt_config *c;
     dt_comm_t comm;
     dt_ckpt_model model;

@@ -232,3 +232,20 @@ dt_status dt_dp_step_end(dt_dp_step *s, float *loss) {
     s->save = lv[2] > 0;
     return st;
 }
+
+dt_status dt_dp_step_update(dt_dp_step *s, dt_run_ckpt *ck, dt_optim *opt, const dt_schedule *sched, float *params,
+                            int64_t step, float *loss, float *lr, float *gnorm) {
+    s->save_vote = dt_run_ckpt_vote(ck);
+    dt_obs_begin(s->obs, DT_OBS_COMM);
+    dt_status st = dt_dp_step_end(s, loss);
+    dt_obs_end(s->obs, DT_OBS_COMM);
+    if (st != DT_OK)
+        return dt_error(st, "rank %d, step %lld: %s", dt_comm_rank(s->comm), (long long)step + 1, dt_last_error());
+    dt_obs_begin(s->obs, DT_OBS_OPTIMIZER);
+    *gnorm = (float)sqrt(dt_sum_squares(s->grads, s->n));
+    float scale = s->c->optim.clip_norm > 0 ? dt_clip_scale(*gnorm, s->c->optim.clip_norm) : 1.0f;
+    *lr = dt_schedule_lr(sched, step);
+    dt_optim_step(opt, params, s->grads, *lr, scale);
+    dt_obs_end(s->obs, DT_OBS_OPTIMIZER);
+    return DT_OK;
+}

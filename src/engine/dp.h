@@ -18,6 +18,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
 #include "dtrain/nn.h"
+#include "dtrain/optim.h"
 #include "obs/obs.h"
 
 typedef struct dt_dp dt_dp;
@@ -96,5 +97,14 @@ void dt_dp_step_micro_end(dt_dp_step *s, int k, float loss);
  * s->stop when any rank was asked to stop (dt_train_request_stop) and
  * s->save when any rank set save_vote: one allreduce agrees on all three. */
 dt_status dt_dp_step_end(dt_dp_step *s, float *loss);
+
+/* The rest of a step, the same in every loop: ck's vote for a checkpoint
+ * (dt_run_ckpt_vote), dt_dp_step_end, then the gradient norm, clipping to
+ * [optim] clip_norm, the learning rate of step `step` (0-based) and the
+ * optimizer update of params, each timed in s->obs. Sets the global batch's
+ * mean *loss, *lr and the norm *gnorm; errors name the rank and the step. */
+struct dt_run_ckpt;
+dt_status dt_dp_step_update(dt_dp_step *s, struct dt_run_ckpt *ck, dt_optim *opt, const dt_schedule *sched,
+                            float *params, int64_t step, float *loss, float *lr, float *gnorm);
 
 #endif

@@ -239,21 +239,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 dt_dp_step_micro_end(&sync, k, loss);
                 dt_obs_end(obs, DT_OBS_BACKWARD);
             }
-            float loss;
-            sync.save_vote = dt_run_ckpt_vote(&ck);
-            dt_obs_begin(obs, DT_OBS_COMM);
-            st = dt_dp_step_end(&sync, &loss);
-            dt_obs_end(obs, DT_OBS_COMM);
-            if (st != DT_OK) {
-                st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
+            float loss, lr, gnorm;
+            if ((st = dt_dp_step_update(&sync, &ck, opt, &sched, params, step, &loss, &lr, &gnorm)) != DT_OK)
                 goto done;
-            }
-            dt_obs_begin(obs, DT_OBS_OPTIMIZER);
-            float gnorm = (float)sqrt(dt_sum_squares(grads, np));
-            float scale = c->optim.clip_norm > 0 ? dt_clip_scale(gnorm, c->optim.clip_norm) : 1.0f;
-            float lr = dt_schedule_lr(&sched, step);
-            dt_optim_step(opt, params, grads, lr, scale);
-            dt_obs_end(obs, DT_OBS_OPTIMIZER);
             step++;
             epoch_loss += loss;
             epoch_steps++;
