@@ -59,15 +59,16 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     // The config without the fields that do not shape training (checkpoints,
     // resume, monitoring): changing them on resume is not a different run.
-    dt_config plain = *c;
-    plain.resume[0] = 0;
-    plain.ckpt_every_steps = 0;
-    plain.ckpt_every_seconds = 0;
-    plain.ckpt_keep = 0;
-    plain.ckpt_sharded = 0;
-    plain.metrics_port = 0;
-    plain.metrics_addr[0] = 0;
-    plain.trace[0] = 0;
+    dt_config plain = *c, d;
+    dt_config_defaults(&d);
+    memcpy(plain.resume, d.resume, sizeof d.resume);
+    plain.ckpt_every_steps = d.ckpt_every_steps;
+    plain.ckpt_every_seconds = d.ckpt_every_seconds;
+    plain.ckpt_keep = d.ckpt_keep;
+    plain.ckpt_sharded = d.ckpt_sharded;
+    plain.metrics_port = d.metrics_port;
+    memcpy(plain.metrics_addr, d.metrics_addr, sizeof d.metrics_addr);
+    memcpy(plain.trace, d.trace, sizeof d.trace);
     if (!(r->config_text = dt_config_format(&plain))) return dt_error(DT_ERR_NOMEM, "out of memory");
     r->model.config = r->config_text;
     dt_rng rng = s->rng;  // the caller's fresh generator, kept unless resumed
