@@ -137,6 +137,55 @@ DT_HIDDEN void dt_reduce_kernel2(void *dst, void *dst2, const void *const *src, 
 DT_HIDDEN void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
 DT_HIDDEN void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
 
+/* Divides n elements of buf in place by `nranks` (the end of a DT_AVG that
+ * was run as a sum). */
+DT_HIDDEN void dt_avg_finish(void *buf, size_t n, dt_dtype t, int nranks);
+
+// ----------------------------------------------------------------------------
+// algorithms (algo.c)
+//
+// DTRAIN_COMM_ALGO names one; each backend has one small function that
+// picks among those it implements by message size and rank count, and
+// uses a forced one only for the collectives it applies to.
+
+typedef enum {
+    DT_ALGO_AUTO = 0,
+    DT_ALGO_DIRECT, /* shm: every rank reads every buffer, one synchronisation */
+    DT_ALGO_RSAG,   /* shm: pipelined reduce-scatter + allgather through slots */
+    DT_ALGO_RING,   /* allreduce: ring reduce-scatter + ring allgather */
+    DT_ALGO_RHD,    /* allreduce: recursive halving + recursive doubling */
+    DT_ALGO_TREE,   /* broadcast, reduce: binomial tree */
+    DT_ALGO_MPI,    /* mpi: MPI's own collective */
+    DT_ALGO_COUNT_
+} dt_algo;
+
+DT_HIDDEN const char *dt_algo_name(dt_algo a);
+/* DTRAIN_COMM_ALGO (read when a communicator is created); unknown names
+ * are logged and give DT_ALGO_AUTO. */
+DT_HIDDEN dt_algo dt_algo_from_env(void);
+/* Logs the choice at debug level, once per (backend, op, power-of-two
+ * size class, algorithm) in the process. */
+DT_HIDDEN void dt_algo_log(dt_comm_t c, const dt_coll_args *a, size_t bytes, dt_algo algo);
+
+/* The one transport the point-to-point algorithms need: send sbytes from
+ * sbuf to rank `to` while receiving rbytes into rbuf from rank `from`
+ * (either may be -1: nothing). Every rank of the communicator calls it the
+ * same number of times per collective, with the same `round_max`, the
+ * largest message any rank moves in that call (the shm backend steps all
+ * ranks in lockstep pieces; MPI ignores it). */
+typedef dt_status (*dt_sendrecv_fn)(dt_comm_t c, const dt_coll_args *a, const void *sbuf,
+                                    size_t sbytes, int to, void *rbuf, size_t rbytes, int from,
+                                    size_t round_max);
+
+/* allreduce / broadcast / reduce over `x`. fp16/bf16 are reduced in fp32
+ * and rounded once, DT_AVG is a sum and a division; every element is
+ * combined in an order fixed by the rank count (and root), so results are
+ * identical on every rank and from run to run. */
+DT_HIDDEN dt_status dt_algo_ring_allreduce(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+DT_HIDDEN dt_status dt_algo_rhd_allreduce(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+DT_HIDDEN dt_status dt_algo_tree_broadcast(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+DT_HIDDEN dt_status dt_algo_tree_reduce(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+
 // ----------------------------------------------------------------------------
 // waiting without burning a shared core (wait.c)
 

@@ -13,6 +13,8 @@
  *   all       every collective x dtype x op x count, in and out of place,
  *             non-blocking twins, split, send/recv, determinism
  *   big       64 MiB allreduce, reduce_scatter, allgather, broadcast, reduce
+ *   algos     every algorithm of the backend forced in turn: allreduce,
+ *             reduce, broadcast x dtype x op x count
  *   kill      the last rank SIGKILLs itself during a stream of allreduces;
  *             the others must fail with DT_ERR_COMM (exit 3)
  *   mismatch  rank 1 passes a different count (check mode on); every rank
@@ -475,8 +477,7 @@ static void check_split(void) {
 
 /* Same inputs twice, in and out of place: identical bits, and identical on
  * every rank (compared through an allgather of a hash). */
-static void check_determinism(void) {
-    size_t n = 1000003;
+static void check_determinism(size_t n) {
     float *a = malloc(n * 4), *b = malloc(n * 4);
     fill(a, DT_F32, g_rank, 77, n);
     fill(b, DT_F32, g_rank, 77, n);
@@ -571,7 +572,7 @@ static void mode_all(void) {
     check_sendrecv(1, salt++);
     check_sendrecv(100003, salt++);
     check_split();
-    check_determinism();
+    check_determinism(1000003);
     /* destroy and create the world again: the same segment, the same ranks,
      * this time through explicit parameters */
     dt_comm_destroy(W);
@@ -643,6 +644,49 @@ static void mode_big(void) {
         free(out);
     }
     free(buf);
+}
+
+/* Every algorithm of the backend, forced one at a time on a fresh
+ * sub-communicator (DTRAIN_COMM_ALGO is read when a communicator is
+ * created): allreduce, reduce and broadcast x dtypes x ops x counts against
+ * the serial reference. ring, rhd and tree combine in tree or ring order,
+ * not 0..n-1, so their float sums are compared with a tolerance; they must
+ * still be bitwise repeatable and identical on every rank. */
+static void mode_algos(void) {
+    static const char *const shm_algos[] = {"direct", "rsag", "ring", "rhd", "tree", NULL};
+    static const char *const mpi_algos[] = {"mpi", "ring", "rhd", "tree", NULL};
+    static const size_t counts[] = {0, 1, 2, 3, 7, 13, 131, 1031, 8191, 70001};
+    const int NC = (int)(sizeof counts / sizeof counts[0]);
+    int shm = !strcmp(dt_comm_backend(W), "shm");
+    const char *old = getenv("DTRAIN_COMM_ALGO");
+    char *saved_env = old ? strdup(old) : NULL;
+    dt_comm_t world = W;
+    uint64_t salt = 5000;
+    for (const char *const *al = shm ? shm_algos : mpi_algos; *al; al++) {
+        setenv("DTRAIN_COMM_ALGO", *al, 1);
+        OK(dt_comm_split(world, 0, g_rank, &W));
+        int in_order = !strcmp(*al, "direct") || !strcmp(*al, "rsag");
+        g_exact = shm && in_order;
+        for (int ti = 0; ti < 5; ti++)
+            for (int oi = 0; oi < 4; oi++)
+                for (int ci = 0; ci < NC; ci++) {
+                    size_t n = counts[ci];
+                    if (n > 10000 && (ti || oi)) continue;
+                    check_allreduce(DTYPES[ti], OPS[oi], n, salt++, ci % 2, 0);
+                    int root = (int)(salt % (uint64_t)g_size);
+                    check_reduce(DTYPES[ti], OPS[oi], n, salt++, root);
+                    if (!oi) check_broadcast(DTYPES[ti], n, salt++, ci % g_size, ci % 2, 0);
+                }
+        /* MPI's own allreduce (mpi, and tree, which is not an allreduce)
+         * promises no bitwise repeatability */
+        if (shm || !strcmp(*al, "ring") || !strcmp(*al, "rhd")) check_determinism(100003);
+        dt_comm_destroy(W);
+        W = world;
+    }
+    if (saved_env) setenv("DTRAIN_COMM_ALGO", saved_env, 1);
+    else unsetenv("DTRAIN_COMM_ALGO");
+    free(saved_env);
+    g_exact = shm;
 }
 
 // ----------------------------------------------------------------------------
@@ -746,6 +790,7 @@ int main(int argc, char **argv) {
     int rc = 0;
     if (!strcmp(mode, "all")) mode_all();
     else if (!strcmp(mode, "big")) mode_big();
+    else if (!strcmp(mode, "algos")) mode_algos();
     else if (!strcmp(mode, "kill")) rc = mode_kill();
     else if (!strcmp(mode, "mismatch")) rc = mode_mismatch();
     else if (!strcmp(mode, "mismatch_fast")) rc = mode_mismatch_fast("count");

@@ -9,6 +9,9 @@
  * not offer. The wait spins briefly, then yields and sleeps (wait.c), so a
  * rank blocked in a collective leaves its core to the compute threads.
  *
+ * DTRAIN_COMM_ALGO=ring|rhd|tree runs dtrain's own algorithms (algo.c)
+ * over MPI_Isend/MPI_Irecv instead (mpi_choose).
+ *
  * What MPI does not do the way dtrain promises is done here:
  *   - fp16/bf16: converted to fp32, reduced in fp32, rounded once;
  *   - DT_AVG: a sum, then a division;
@@ -196,9 +199,7 @@ static int is_half(dt_dtype t) { return t == DT_F16 || t == DT_BF16; }
 
 /* For DT_AVG: divide n elements in place by the rank count. */
 static void finish_avg(void *buf, size_t n, dt_dtype t, dt_redop op, int size) {
-    if (op != DT_AVG || !n) return;
-    const void *src[1] = {buf};
-    dt_reduce_kernel(buf, src, 1, n, t, DT_AVG, size);
+    if (op == DT_AVG) dt_avg_finish(buf, n, t, size);
 }
 
 // ----------------------------------------------------------------------------
@@ -215,13 +216,7 @@ static dt_status mpi_allreduce_chunk(dt_comm_t c, const dt_coll_args *a, const v
 }
 
 // ----------------------------------------------------------------------------
-// ring allreduce over MPI point to point (DTRAIN_COMM_ALGO=ring)
-//
-// The bandwidth-optimal textbook ring: n-1 reduce-scatter steps, in which
-// each rank sends one chunk to its right neighbour and adds the chunk that
-// arrives from its left, then n-1 allgather steps that pass the finished
-// chunks around. Every rank sends 2(n-1)/n of the vector, whatever n. fp16
-// and bf16 run the ring in fp32 (one conversion in, one out).
+// dtrain's own algorithms over MPI point to point (algo.c)
 
 static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a) {
     dt_status rc = wait_req(c, &rq[0], a);
@@ -229,90 +224,47 @@ static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a)
     return wait_req(c, &rq[1], a);
 }
 
-#define RING_TAG 7302
+#define ALGO_TAG 7302
 
-static dt_status ring_allreduce(dt_comm_t c, const dt_coll_args *a) {
+static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sbuf, size_t sbytes,
+                              int to, void *rbuf, size_t rbytes, int from, size_t round_max) {
+    (void)round_max;
     mpi_state *s = c->be;
-    int n = c->size, r = c->rank;
-    dt_dtype t = is_half(a->dtype) ? DT_F32 : a->dtype;
-    size_t es = dt_dtype_size(t), N = a->count;
-    char *work = a->recv;
-    float *fbuf = NULL;
-    if (t != a->dtype) {
-        fbuf = malloc(N * sizeof(float) + 4);
-        if (!fbuf) return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
-        dt_to_f32(fbuf, a->send, N, a->dtype);
-        work = (char *)fbuf;
-    } else if (a->send != a->recv) {
-        memcpy(a->recv, a->send, N * es);
-    }
-    size_t per = (N + (size_t)n - 1) / (size_t)n;
-    char *tmp = malloc(per * es + 4);
-    if (!tmp) {
-        free(fbuf);
-        return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
-    }
-#define CH_OFF(k) ((size_t)(k) * per < N ? (size_t)(k) * per : N)
-#define CH_LEN(k) (CH_OFF((k) + 1) - CH_OFF(k))
-    int right = (r + 1) % n, left = (r + n - 1) % n;
-    dt_status rc = DT_OK;
-    dt_redop op = a->op == DT_AVG ? DT_SUM : a->op;
-    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
-        int sc = ((r - k) % n + n) % n, rcv = ((r - k - 1) % n + n) % n;
-        MPI_Request rq[2];
-        MPI_LOCK();
-        MPI_Irecv(tmp, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG, s->comm, &rq[0]);
-        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
-                  s->comm, &rq[1]);
-        MPI_UNLOCK();
-        rc = wait_two(c, rq, a);
-        if (rc == DT_OK) {
-            char *dst = work + CH_OFF(rcv) * es;
-            const void *src[2] = {dst, tmp};
-            dt_reduce_kernel(dst, src, 2, CH_LEN(rcv), t, op, 1);
-        }
-    }
-    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
-        int sc = ((r + 1 - k) % n + n) % n, rcv = ((r - k) % n + n) % n;
-        MPI_Request rq[2];
-        MPI_LOCK();
-        MPI_Irecv(work + CH_OFF(rcv) * es, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG,
-                  s->comm, &rq[0]);
-        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
-                  s->comm, &rq[1]);
-        MPI_UNLOCK();
-        rc = wait_two(c, rq, a);
-    }
-#undef CH_OFF
-#undef CH_LEN
-    if (rc == DT_OK) {
-        finish_avg(work, N, t, a->op, n);
-        if (fbuf) dt_from_f32(a->recv, fbuf, N, a->dtype);
-    }
-    free(tmp);
-    free(fbuf);
-    return rc;
+    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_LOCK();
+    if (from >= 0) MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, from, ALGO_TAG, s->comm, &rq[0]);
+    if (to >= 0) MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, ALGO_TAG, s->comm, &rq[1]);
+    MPI_UNLOCK();
+    return wait_two(c, rq, a);
 }
 
-static int use_ring(dt_comm_t c, const dt_coll_args *a) {
-    static int algo = -1; /* 0 auto, 1 MPI's own, 2 ring */
-    if (algo < 0) {
-        const char *e = getenv("DTRAIN_COMM_ALGO");
-        algo = e && !strcmp(e, "ring") ? 2 : e && !strcmp(e, "mpi") ? 1 : 0;
+/* The mpi backend's choice: MPI's own collective unless DTRAIN_COMM_ALGO
+ * forces one of dtrain's where it applies (ring, rhd: allreduce; tree:
+ * broadcast, reduce) and the messages fit MPI's int counts. MPI libraries
+ * already switch between such algorithms by size and rank count (Open
+ * MPI's "tuned" component), tuned to the network, so auto is MPI's. */
+static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    dt_coll k = a->kind;
+    size_t bytes = a->count * (is_half(a->dtype) ? sizeof(float) : dt_dtype_size(a->dtype));
+    dt_algo algo = DT_ALGO_MPI;
+    if (c->size > 1 && bytes <= INT_MAX / 2) {
+        if ((s->algo == DT_ALGO_RING || s->algo == DT_ALGO_RHD) && k == DT_COLL_ALLREDUCE)
+            algo = s->algo;
+        if (s->algo == DT_ALGO_TREE && (k == DT_COLL_BROADCAST || k == DT_COLL_REDUCE))
+            algo = DT_ALGO_TREE;
     }
-    size_t per = a->count / (size_t)(c->size > 0 ? c->size : 1) + 1;
-    if (c->size < 2 || per * dt_dtype_size(a->dtype) * 2 > INT_MAX / 2) return 0;
-    return algo == 2;
+    dt_algo_log(c, a, bytes, algo);
+    return algo;
 }
 
 /* Runs MPI_Iallreduce over chunks of at most INT_MAX/2 elements; fp16/bf16
  * go through fp32 buffers. */
 static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
-    if (use_ring(c, a)) {
-        if (dt_log_get_level() >= DT_LOG_DEBUG)
-            dt_log(DT_LOG_DEBUG, "comm mpi rank %d: allreduce seq %llu count %zu -> ring", c->rank,
-                   (unsigned long long)a->seq, a->count);
-        return ring_allreduce(c, a);
+    switch (mpi_choose(c, a)) {
+    case DT_ALGO_RING: return dt_algo_ring_allreduce(c, a, mpi_sendrecv);
+    case DT_ALGO_RHD: return dt_algo_rhd_allreduce(c, a, mpi_sendrecv);
+    default: break;
     }
     size_t es = dt_dtype_size(a->dtype), step = INT_MAX / 2;
     if (is_half(a->dtype)) step = 1u << 22; /* bounded fp32 scratch */
@@ -342,6 +294,7 @@ static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
 }
 
 static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
+    if (mpi_choose(c, a) == DT_ALGO_TREE) return dt_algo_tree_reduce(c, a, mpi_sendrecv);
     mpi_state *s = c->be;
     size_t es = dt_dtype_size(a->dtype), step = is_half(a->dtype) ? 1u << 22 : INT_MAX / 2;
     int root = c->rank == a->root;
@@ -467,6 +420,7 @@ static dt_status mpi_allgatherv(dt_comm_t c, const dt_coll_args *a) {
 }
 
 static dt_status mpi_broadcast(dt_comm_t c, const dt_coll_args *a) {
+    if (mpi_choose(c, a) == DT_ALGO_TREE) return dt_algo_tree_broadcast(c, a, mpi_sendrecv);
     mpi_state *s = c->be;
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es, step = INT_MAX / 2;
     if (c->rank == a->root && a->send != a->recv && bytes) memmove(a->recv, a->send, bytes);
@@ -540,6 +494,7 @@ dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
     mpi_state *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "mpi backend: out of memory");
     s->comm = comm;
+    s->algo = dt_algo_from_env();
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &c->rank);
     MPI_Comm_size(comm, &c->size);

@@ -10,6 +10,7 @@ typedef struct {
     MPI_Comm comm;      /* owned duplicate */
     MPI_Comm node_comm; /* the ranks sharing this host (or fake node) */
     int world;          /* created by dt_comm_init_env */
+    dt_algo algo;       /* DTRAIN_COMM_ALGO */
     int aborted;        /* this rank told its peers it gave up */
     char abort_msg[400];/* the message sent (must outlive the sends) */
 } mpi_state;
