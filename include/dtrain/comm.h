@@ -49,8 +49,10 @@
  *     communicator is broken: later calls fail at once with the same status
  *     (see dt_comm_get_async_error()); destroy it.
  *   - A communicator is used by one thread at a time (like NCCL). The
- *     non-blocking calls run on the communicator's own progress thread, in
- *     the order they were issued, before any later blocking call.
+ *     non-blocking collectives run on the communicator's own progress
+ *     thread, in the order they were issued, before any later blocking
+ *     collective. Point-to-point transfers progress side by side with them
+ *     and with each other (see dt_isend).
  */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
@@ -182,7 +184,11 @@ DT_API dt_status dt_reduce(const void *send, void *recv, size_t count, dt_dtype 
 DT_API dt_status dt_barrier(dt_comm_t c);
 
 /* Point to point: a dt_send must be matched by a dt_recv of the same count
- * and dtype on `peer`; messages between one pair arrive in order. */
+ * and dtype on `peer`; messages between one pair arrive in order. A
+ * transfer does not wait for collectives or other transfers: they progress
+ * side by side (dt_isend/dt_irecv below). A transfer that makes no progress
+ * for the communicator's timeout fails with DT_ERR_TIMEOUT naming the peer;
+ * a dead peer gives DT_ERR_COMM. */
 DT_API dt_status dt_send(const void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c);
 DT_API dt_status dt_recv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c);
 
@@ -208,6 +214,18 @@ DT_API dt_status dt_iallgatherv(const void *send, size_t sendcount, void *recv,
 DT_API dt_status dt_ireduce(const void *send, void *recv, size_t count, dt_dtype dtype,
                             dt_redop op, int root, dt_comm_t c, dt_request_t *req);
 DT_API dt_status dt_ibarrier(dt_comm_t c, dt_request_t *req);
+
+/* Non-blocking point to point. Unlike the collectives above they are not
+ * queued behind earlier calls: every send and receive in flight moves
+ * along at once (on a background thread, and in dt_wait/dt_test), so
+ *   dt_irecv(in, n, DT_F32, peer, c, &r1); dt_isend(out, n, DT_F32, peer, c, &r2);
+ *   dt_wait(&r1); dt_wait(&r2);
+ * exchanges messages of any size between two ranks. Messages between one
+ * pair still arrive in the order they were sent. */
+DT_API dt_status dt_isend(const void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c,
+                          dt_request_t *req);
+DT_API dt_status dt_irecv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c,
+                          dt_request_t *req);
 
 /* Waits for the request, frees it, sets *req to NULL and returns the
  * operation's status (with dt_last_error() set on failure). *req == NULL

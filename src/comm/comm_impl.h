@@ -56,6 +56,15 @@ typedef struct {
 
 DT_HIDDEN const char *dt_coll_name(dt_coll k);
 
+/* A point-to-point transfer in flight (dt_isend/dt_irecv, and the blocking
+ * dt_send/dt_recv, which wait for one at once). */
+typedef struct {
+    dt_coll_args args; /* DT_COLL_SEND or DT_COLL_RECV; root = the peer */
+    size_t pos;        /* the backend's progress (shm: pieces through the channel) */
+    int started, done;
+    _Alignas(16) unsigned char be[32]; /* the backend's handle (MPI: the request) */
+} dt_p2p;
+
 // ----------------------------------------------------------------------------
 // the ops table
 
@@ -67,8 +76,14 @@ struct dt_comm_ops {
     dt_status (*broadcast)(dt_comm_t c, const dt_coll_args *a);
     dt_status (*reduce)(dt_comm_t c, const dt_coll_args *a);
     dt_status (*barrier)(dt_comm_t c, const dt_coll_args *a);
-    dt_status (*send)(dt_comm_t c, const dt_coll_args *a);
-    dt_status (*recv)(dt_comm_t c, const dt_coll_args *a);
+    /* Point to point, never blocking: moves what it can of p (the first
+     * call starts it), sets p->done once complete and *moved if anything
+     * happened; `slow` asks for the peer-liveness and abort checks too
+     * (every ~10 ms while stuck). The front end passes the transfers of one
+     * (direction, peer) one at a time, in issue order, and owns deadlines. */
+    dt_status (*p2p_progress)(dt_comm_t c, dt_p2p *p, int slow, int *moved);
+    /* Gives up on p after an error or a timeout. */
+    void (*p2p_cancel)(dt_comm_t c, dt_p2p *p);
     /* Builds the backend state of `child` (rank/size already set) for the
      * ranks `members` (parent ranks, in child rank order). Collective over
      * the parent: every parent rank calls it, those with no group with
@@ -108,6 +123,14 @@ struct dt_comm {
     int q_pending;              /* queued or running */
     int q_stop, thread_started;
     pthread_t thread;
+
+    /* Point-to-point requests in flight, in issue order (under q_lock).
+     * Whoever waits for one moves them all along; after the first
+     * dt_isend/dt_irecv a second thread does so in the background. */
+    struct dt_request *p2p_head;
+    pthread_cond_t p2p_cond; /* signalled when a transfer is added */
+    int p2p_started;
+    pthread_t p2p_thread;
 };
 
 /* Records a communicator-breaking error (first one wins) and returns it. */

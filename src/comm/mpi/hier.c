@@ -10,7 +10,7 @@
  *             message per host crosses the network instead of one per rank.
  * barrier   = shm barrier, leaders' MPI barrier, shm barrier.
  * the rest  = MPI over all ranks (broadcast, allgather, reduce_scatter,
- *             reduce, send/recv, split).
+ *             reduce, point to point, split).
  * When every rank is on one host, everything runs over shm, and
  * sub-communicators are shm communicators too.
  *
@@ -177,8 +177,20 @@ DELEGATE(reduce_scatter)
 DELEGATE(allgatherv)
 DELEGATE(broadcast)
 DELEGATE(reduce)
-DELEGATE(send)
-DELEGATE(recv)
+
+/* Point to point: shm on one host, else MPI. (Not through HS(): this runs on
+ * the transfer thread too.) */
+static dt_status hier_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
+    hier_state *h = c->be;
+    if (h->single_host) return dt_shm_ops.p2p_progress(h->local, p, slow, moved);
+    return dt_mpi_ops.p2p_progress(h->flat, p, slow, moved);
+}
+
+static void hier_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    hier_state *h = c->be;
+    if (h->single_host) dt_shm_ops.p2p_cancel(h->local, p);
+    else dt_mpi_ops.p2p_cancel(h->flat, p);
+}
 
 /* On one host the sub-communicators are shm too; across hosts, MPI. */
 static dt_status hier_split(dt_comm_t parent, dt_comm_t child, const int *members, int nmembers,
@@ -215,8 +227,8 @@ const struct dt_comm_ops dt_hier_ops = {
     .broadcast = hier_broadcast,
     .reduce = hier_reduce,
     .barrier = hier_barrier,
-    .send = hier_send,
-    .recv = hier_recv,
+    .p2p_progress = hier_p2p_progress,
+    .p2p_cancel = hier_p2p_cancel,
     .split = hier_split,
     .abort = hier_abort,
     .destroy = hier_destroy,

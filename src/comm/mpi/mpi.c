@@ -104,11 +104,12 @@ static dt_status check_abort(dt_comm_t c, const char *what) {
     mpi_state *s = c->be;
     int flag = 0;
     MPI_Status st;
-    MPI_LOCK();
-    MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
+    MPI_Message msg;
     char reason[ABORT_LEN] = "";
-    if (flag)
-        MPI_Recv(reason, ABORT_LEN, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG, s->comm, MPI_STATUS_IGNORE);
+    /* a matched probe: two threads (collectives, transfers) may look at once */
+    MPI_LOCK();
+    MPI_Improbe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &msg, &st);
+    if (flag) MPI_Mrecv(reason, ABORT_LEN, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
     MPI_UNLOCK();
     if (!flag) return DT_OK;
     reason[ABORT_LEN - 1] = 0;
@@ -441,47 +442,76 @@ static dt_status mpi_barrier(dt_comm_t c, const dt_coll_args *a) {
     return wait_req(c, &rq, a);
 }
 
+// ----------------------------------------------------------------------------
+// point to point, never blocking (the front end waits and keeps deadlines)
+
 #define P2P_TAG 7301
+_Static_assert(sizeof(MPI_Request) <= sizeof(((dt_p2p *)0)->be), "dt_p2p.be too small");
 
-static dt_status mpi_send(dt_comm_t c, const dt_coll_args *a) {
+static dt_status mpi_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
     mpi_state *s = c->be;
+    const dt_coll_args *a = &p->args;
+    MPI_Request *rq = (MPI_Request *)p->be;
     size_t bytes = a->count * dt_dtype_size(a->dtype);
-    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "send: %zu bytes exceed MPI's int counts", bytes);
-    MPI_Request rq;
-    CALL(MPI_Isend(a->send, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, &rq), a);
-    return wait_req(c, &rq, a);
-}
-
-static dt_status mpi_recv(dt_comm_t c, const dt_coll_args *a) {
-    mpi_state *s = c->be;
-    size_t bytes = a->count * dt_dtype_size(a->dtype);
-    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "recv: %zu bytes exceed MPI's int counts", bytes);
-    /* probe first, so that a size mismatch is an error, not a truncation */
-    dt_waiter w;
-    dt_waiter_init(&w, c->timeout, c->local_size);
-    MPI_Status st;
-    for (;;) {
-        int flag = 0;
+    char what[96];
+    snprintf(what, sizeof what, "%s (%zu x %s, peer %d)", dt_coll_name(a->kind), a->count,
+             dt_dtype_name(a->dtype), a->root);
+    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "%s: %zu bytes exceed MPI's int counts", what, bytes);
+    int rc = MPI_SUCCESS;
+    if (!p->started) *rq = MPI_REQUEST_NULL;
+    if (!p->started && a->kind == DT_COLL_SEND) {
         MPI_LOCK();
-        MPI_Iprobe(a->root, P2P_TAG, s->comm, &flag, &st);
+        rc = MPI_Isend(a->send, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, rq);
         MPI_UNLOCK();
-        if (flag) break;
-        if (dt_waiter_step(&w)) {
-            dt_status ab = check_abort(c, "recv");
-            if (ab != DT_OK) return ab;
-            if (dt_waiter_expired(&w))
-                return dt_error(DT_ERR_TIMEOUT, "recv on rank %d from rank %d: timed out after %.3g s",
-                                c->rank, a->root, c->timeout);
+        p->started = 1;
+    } else if (!p->started) {
+        /* a matched probe first, so that a size mismatch is an error, not a
+         * truncation */
+        int flag = 0, got = 0;
+        MPI_Message msg;
+        MPI_Status st;
+        MPI_LOCK();
+        MPI_Improbe(a->root, P2P_TAG, s->comm, &flag, &msg, &st);
+        if (flag) {
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if ((size_t)got == bytes) {
+                rc = MPI_Imrecv(a->recv, (int)bytes, MPI_BYTE, &msg, rq);
+                p->started = 1;
+            } else {
+                char *junk = malloc((size_t)got + 1);
+                MPI_Mrecv(junk, got, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+                free(junk);
+            }
+        }
+        MPI_UNLOCK();
+        if (flag && (size_t)got != bytes)
+            return dt_error(DT_ERR_COMM, "%s on rank %d: message of %d bytes, expected %zu", what,
+                            c->rank, got, bytes);
+    }
+    if (rc != MPI_SUCCESS) return mpi_err(what, rc);
+    if (p->started) {
+        int done = 0;
+        MPI_LOCK();
+        rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+        MPI_UNLOCK();
+        if (rc != MPI_SUCCESS) return mpi_err(what, rc);
+        if (done) {
+            p->done = 1;
+            *moved = 1;
+            return DT_OK;
         }
     }
-    int got = 0;
-    MPI_Get_count(&st, MPI_BYTE, &got);
-    if ((size_t)got != bytes)
-        return dt_error(DT_ERR_COMM, "recv on rank %d from rank %d: message of %d bytes, expected %zu (%zu x %s)",
-                        c->rank, a->root, got, bytes, a->count, dt_dtype_name(a->dtype));
-    MPI_Request rq;
-    CALL(MPI_Irecv(a->recv, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, &rq), a);
-    return wait_req(c, &rq, a);
+    return slow ? check_abort(c, what) : DT_OK;
+}
+
+static void mpi_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    (void)c;
+    MPI_Request *rq = (MPI_Request *)p->be;
+    if (*rq == MPI_REQUEST_NULL) return;
+    MPI_LOCK();
+    MPI_Cancel(rq);
+    MPI_Request_free(rq);
+    MPI_UNLOCK();
 }
 
 // ----------------------------------------------------------------------------
@@ -582,8 +612,8 @@ const struct dt_comm_ops dt_mpi_ops = {
     .broadcast = mpi_broadcast,
     .reduce = mpi_reduce,
     .barrier = mpi_barrier,
-    .send = mpi_send,
-    .recv = mpi_recv,
+    .p2p_progress = mpi_p2p_progress,
+    .p2p_cancel = mpi_p2p_cancel,
     .split = mpi_split,
     .abort = mpi_abort,
     .destroy = mpi_destroy,

@@ -1024,49 +1024,66 @@ static dt_status shm_barrier(dt_comm_t c, const dt_coll_args *a) {
 }
 
 // ----------------------------------------------------------------------------
-// point to point: a ring of P2P_NSLOTS slots per (sender, receiver) pair
+// point to point: a ring of P2P_NSLOTS slots per (sender, receiver) pair,
+// moved along without blocking (the front end does the waiting)
 
-static dt_status shm_send(dt_comm_t c, const dt_coll_args *a) {
+/* An empty message still takes one piece. */
+static size_t p2p_pieces(size_t total) { return total ? (total + P2P_SLOT - 1) / P2P_SLOT : 1; }
+
+static dt_status shm_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
     shm_state *s = ST(c);
-    p2p_chan *ch = chan_of(s, s->me, a->root);
-    size_t total = a->count * dt_dtype_size(a->dtype), off = 0;
-    do {
-        uint64_t h = atomic_load_explicit(&ch->head, memory_order_relaxed);
-        if (h >= P2P_NSLOTS) {
-            dt_status rc = wait_ge(c, a, "waiting for a free slot", &ch->tail, 0,
-                                   h - P2P_NSLOTS + 1, a->root);
-            if (rc != DT_OK) return rc;
+    const dt_coll_args *a = &p->args;
+    int peer = a->root, sending = a->kind == DT_COLL_SEND;
+    p2p_chan *ch = sending ? chan_of(s, s->me, peer) : chan_of(s, peer, s->me);
+    size_t total = a->count * dt_dtype_size(a->dtype), np = p2p_pieces(total);
+    char what[160];
+    p->started = 1;
+    while (p->pos < np) {
+        size_t off = p->pos * P2P_SLOT, m = total - off < P2P_SLOT ? total - off : P2P_SLOT;
+        if (sending) {
+            uint64_t h = atomic_load_explicit(&ch->head, memory_order_relaxed);
+            if (h >= atomic_load_explicit(&ch->tail, memory_order_acquire) + P2P_NSLOTS) break;
+            size_t k = h % P2P_NSLOTS;
+            if (m) memcpy(ch->data[k], (const char *)a->send + off, m);
+            ch->hdr[k].len = m;
+            ch->hdr[k].total = total;
+            post(s, &ch->head, h + 1);
+        } else {
+            uint64_t t = atomic_load_explicit(&ch->tail, memory_order_relaxed);
+            if (atomic_load_explicit(&ch->head, memory_order_acquire) <= t) break;
+            size_t k = t % P2P_NSLOTS;
+            if (ch->hdr[k].total != total || ch->hdr[k].len != m) {
+                describe(what, sizeof what, a);
+                return dt_error(DT_ERR_COMM, "%s on rank %d: message of %llu bytes, expected %zu",
+                                what, c->rank, (unsigned long long)ch->hdr[k].total, total);
+            }
+            if (m) memcpy((char *)a->recv + off, ch->data[k], m);
+            post(s, &ch->tail, t + 1);
         }
-        size_t k = h % P2P_NSLOTS, m = total - off < P2P_SLOT ? total - off : P2P_SLOT;
-        if (m) memcpy(ch->data[k], (const char *)a->send + off, m);
-        ch->hdr[k].len = m;
-        ch->hdr[k].total = total;
-        post(s, &ch->head, h + 1);
-        off += m;
-    } while (off < total);
+        p->pos++;
+        *moved = 1;
+    }
+    if (p->pos == np) {
+        p->done = 1;
+        return DT_OK;
+    }
+    if (slow) {
+        char why[160];
+        describe(what, sizeof what, a);
+        if (atomic_load(&s->hdr->abort_flag) == 1)
+            return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d aborted the communicator: %s", what,
+                            c->rank, s->hdr->abort_rank, s->hdr->abort_reason);
+        if (peer_gone(s, peer, why, sizeof why))
+            return dt_error(DT_ERR_COMM, "%s on rank %d: %s; ranks not arrived: %d", what, c->rank,
+                            why, peer);
+    }
     return DT_OK;
 }
 
-static dt_status shm_recv(dt_comm_t c, const dt_coll_args *a) {
-    shm_state *s = ST(c);
-    p2p_chan *ch = chan_of(s, a->root, s->me);
-    size_t total = a->count * dt_dtype_size(a->dtype), off = 0;
-    do {
-        uint64_t t = atomic_load_explicit(&ch->tail, memory_order_relaxed);
-        dt_status rc = wait_ge(c, a, "waiting for the message", &ch->head, 0, t + 1, a->root);
-        if (rc != DT_OK) return rc;
-        size_t k = t % P2P_NSLOTS, m = ch->hdr[k].len;
-        if (ch->hdr[k].total != total || off + m > total)
-            return dt_error(DT_ERR_COMM,
-                            "recv on rank %d from rank %d: message of %llu bytes, expected %zu "
-                            "(%zu x %s)",
-                            c->rank, a->root, (unsigned long long)ch->hdr[k].total, total,
-                            a->count, dt_dtype_name(a->dtype));
-        if (m) memcpy((char *)a->recv + off, ch->data[k], m);
-        post(s, &ch->tail, t + 1);
-        off += m;
-    } while (off < total);
-    return DT_OK;
+/* A half-sent message stays in the channel: the communicator is broken. */
+static void shm_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    (void)c;
+    (void)p;
 }
 
 // ----------------------------------------------------------------------------
@@ -1131,8 +1148,8 @@ const struct dt_comm_ops dt_shm_ops = {
     .broadcast = shm_broadcast,
     .reduce = shm_reduce,
     .barrier = shm_barrier,
-    .send = shm_send,
-    .recv = shm_recv,
+    .p2p_progress = shm_p2p_progress,
+    .p2p_cancel = shm_p2p_cancel,
     .split = shm_split,
     .abort = shm_abort,
     .destroy = shm_destroy,
