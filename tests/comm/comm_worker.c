@@ -821,7 +821,17 @@ static int mode_hang(void) {
         sleep(3);
         return 5;
     }
-    return expect_failure(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W), 5, "hang");
+    dt_status s = dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W);
+    /* the message names the op, its seq and the sleeping rank (here or, if
+     * a peer timed out first, in the reason it sent) */
+    char who[64];
+    snprintf(who, sizeof who, "ranks not arrived: %d", g_size - 1);
+    if (s != DT_OK && (!strstr(dt_last_error(), "allreduce (seq 2") || !strstr(dt_last_error(), who))) {
+        fprintf(stderr, "rank %d: hang: the error does not name op, seq 2 and rank %d: %s\n",
+                g_rank, g_size - 1, dt_last_error());
+        return 1;
+    }
+    return expect_failure(s, 5, "hang");
 }
 
 /* The last rank never sends or receives; the others wait for it in an

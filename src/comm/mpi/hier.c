@@ -111,6 +111,7 @@ dt_status dt_hier_init_world(dt_comm_t c) {
             h->leaders->check = 0;
             rc = dt_mpi_attach(h->leaders, lead);
             if (rc != DT_OK) goto fail;
+            dt_mpi_name_ranks(h->leaders, ms->comm);
         }
     }
     c->be = h;

@@ -19,13 +19,17 @@
  *
  * A dead peer: Open MPI and MPICH normally take the whole job down; if they
  * do not, the wait times out with DT_ERR_TIMEOUT, and the rank that timed
- * out tells the others (see "aborts" below). MPI cannot say which ranks did
- * not arrive, so those messages say so.
+ * out tells the others (see "aborts" below). MPI itself cannot say which
+ * ranks did not arrive, so every communicator has an RMA window in which
+ * each rank publishes the sequence number of the collective it is in; a
+ * rank that times out reads the others' and names those behind (see
+ * "who did not arrive" below).
  */
 #include "comm/mpi/mpi_impl.h"
 
 #include <limits.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,7 +137,75 @@ static void mpi_abort(dt_comm_t c, const char *reason) {
     MPI_UNLOCK();
 }
 
+// ----------------------------------------------------------------------------
+// who did not arrive
+//
+// Each communicator has a window of one uint64 per rank, locked (shared)
+// by every rank for its whole life. A rank waiting in collective `seq`
+// stores seq in its own slot (a plain store and MPI_Win_sync: no message).
+// A rank that times out reads every slot with MPI_Rget (passive target:
+// the peers need not be in MPI, with Open MPI's shared-memory "sm" window
+// not even awake) and names the ranks whose number is lower: they have not
+// reached this collective. The reads get 2 s; if they do not complete
+// (a one-sided implementation that needs the target's attention), the
+// message says the ranks are unknown.
+
+static void publish_seq(mpi_state *s, uint64_t seq) {
+    if (s->win == MPI_WIN_NULL || __atomic_load_n(s->at, __ATOMIC_RELAXED) == seq) return;
+    __atomic_store_n(s->at, seq, __ATOMIC_RELEASE);
+    MPI_LOCK();
+    MPI_Win_sync(s->win);
+    MPI_UNLOCK();
+}
+
+/* Writes "2 (at seq 4), 5 (at seq 4)" or why it cannot into buf. */
+static void ranks_behind(dt_comm_t c, uint64_t seq, char *buf, size_t n) {
+    mpi_state *s = c->be;
+    int np = c->size, done = 0;
+    uint64_t *v = calloc((size_t)np, sizeof *v);
+    MPI_Request *rq = malloc((size_t)np * sizeof *rq);
+    if (s->win == MPI_WIN_NULL || !v || !rq) {
+        snprintf(buf, n, "unknown (no window)");
+        free(v);
+        free(rq);
+        return;
+    }
+    MPI_LOCK();
+    for (int p = 0; p < np; p++) {
+        rq[p] = MPI_REQUEST_NULL;
+        if (p != c->rank && MPI_Rget(&v[p], 1, MPI_UINT64_T, p, 0, 1, MPI_UINT64_T, s->win,
+                                     &rq[p]) != MPI_SUCCESS)
+            rq[p] = MPI_REQUEST_NULL;
+    }
+    MPI_UNLOCK();
+    for (double until = dt_now() + 2.0; !done && dt_now() < until;) {
+        MPI_LOCK();
+        MPI_Testall(np, rq, &done, MPI_STATUSES_IGNORE);
+        MPI_UNLOCK();
+        if (!done) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (!done) { /* v and rq stay allocated: the reads may still land */
+        snprintf(buf, n, "unknown (the peers' positions could not be read)");
+        return;
+    }
+    size_t len = 0;
+    buf[0] = 0;
+    for (int p = 0; p < np && len + 40 < n; p++)
+        if (p != c->rank && v[p] < seq)
+            len += (size_t)snprintf(buf + len, n - len, "%s%d (at seq %llu)", len ? ", " : "",
+                                    s->names ? s->names[p] : p, (unsigned long long)v[p]);
+    if (!len) snprintf(buf, n, "none (every rank reached seq %llu: stuck inside MPI)",
+                       (unsigned long long)seq);
+    free(v);
+    free(rq);
+}
+
 static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    publish_seq(s, a->seq);
     dt_waiter w;
     dt_waiter_init(&w, c->timeout, c->local_size);
     for (;;) {
@@ -157,12 +229,15 @@ static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
                      (unsigned long long)a->seq);
             dt_status ab = check_abort(c, what);
             if (ab != DT_OK) return ab;
-            if (dt_waiter_expired(&w))
+            if (dt_waiter_expired(&w)) {
+                char who[256];
+                ranks_behind(c, a->seq, who, sizeof who);
                 return dt_error(DT_ERR_TIMEOUT,
-                                "%s (seq %llu, %zu x %s) on rank %d: timed out after %.3g s "
-                                "(MPI backend: the ranks that did not arrive are unknown)",
+                                "%s (seq %llu, %zu x %s) on rank %d: timed out after %.3g s; "
+                                "ranks not arrived: %s",
                                 dt_coll_name(a->kind), (unsigned long long)a->seq, a->count,
-                                dt_dtype_name(a->dtype), c->rank, c->timeout);
+                                dt_dtype_name(a->dtype), s->names ? s->names[c->rank] : c->rank, c->timeout, who);
+            }
         }
     }
 }
@@ -528,6 +603,15 @@ dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &c->rank);
     MPI_Comm_size(comm, &c->size);
+    s->win = MPI_WIN_NULL;
+    if (MPI_Win_allocate(sizeof(uint64_t), sizeof(uint64_t), MPI_INFO_NULL, comm, &s->at,
+                         &s->win) == MPI_SUCCESS) {
+        MPI_Win_set_errhandler(s->win, MPI_ERRORS_RETURN);
+        *s->at = 0;
+        MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win);
+    } else {
+        s->win = MPI_WIN_NULL;
+    }
     const char *fake = getenv("DTRAIN_FAKE_NODES");
     int k = fake ? atoi(fake) : 0;
     int rc;
@@ -559,6 +643,26 @@ dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
     c->be = s;
     c->ops = &dt_mpi_ops;
     return DT_OK;
+}
+
+void dt_mpi_name_ranks(dt_comm_t c, MPI_Comm parent) {
+    mpi_state *s = c->be;
+    int *idx = malloc((size_t)c->size * sizeof(int));
+    s->names = malloc((size_t)c->size * sizeof(int));
+    if (!idx || !s->names) {
+        free(idx);
+        free(s->names);
+        s->names = NULL;
+        return;
+    }
+    for (int i = 0; i < c->size; i++) idx[i] = i;
+    MPI_Group mine, theirs;
+    MPI_Comm_group(s->comm, &mine);
+    MPI_Comm_group(parent, &theirs);
+    MPI_Group_translate_ranks(mine, c->size, idx, theirs, s->names);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&theirs);
+    free(idx);
 }
 
 dt_status dt_mpi_init_world(dt_comm_t c) {
@@ -596,10 +700,14 @@ static void mpi_destroy(dt_comm_t c) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) {
+        /* The window stays until MPI_Finalize releases it: MPI_Win_free
+         * waits for every rank of the window, and destroying a communicator
+         * must not (a peer that saw it break never frees its side). One
+         * 8-byte window per communicator ever created. */
         if (s->node_comm != MPI_COMM_NULL) MPI_Comm_free(&s->node_comm);
         MPI_Comm_free(&s->comm);
-
     }
+    free(s->names);
     free(s);
     c->be = NULL;
 }
