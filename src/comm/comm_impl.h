@@ -47,7 +47,8 @@ typedef struct {
     dt_dtype dtype;
     dt_redop op;
     int root;              /* broadcast/reduce root; send/recv peer */
-    const size_t *counts;  /* allgatherv only: size entries */
+    const size_t *counts;  /* allgatherv: size entries; reduce_scatter: NULL, or
+                              per-rank block sizes (hier's leaders) */
     const size_t *displs;  /* allgatherv only: size entries */
     uint64_t seq;          /* 1, 2, ... per communicator (user-visible ops) */
     int check_of;          /* internal allgather of check mode: kind + 1 of the

@@ -416,12 +416,26 @@ static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
     return rc;
 }
 
+/* With a->counts (hier's leaders), rank p's block has counts[p] elements. */
 static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     mpi_state *s = c->be;
-    size_t es = dt_dtype_size(a->dtype), rcnt = a->count, total = rcnt * (size_t)c->size;
-    if (total > INT_MAX)
+    size_t es = dt_dtype_size(a->dtype), rcnt = a->counts ? a->counts[c->rank] : a->count;
+    size_t total = rcnt * (size_t)c->size;
+    int counts[64], *ic = NULL;
+    if (a->counts) {
+        ic = c->size <= 64 ? counts : malloc((size_t)c->size * sizeof(int));
+        if (!ic) return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        total = 0;
+        for (int p = 0; p < c->size; p++) {
+            total += a->counts[p];
+            ic[p] = (int)a->counts[p];
+        }
+    }
+    if (total > INT_MAX) {
+        if (ic != counts) free(ic);
         return dt_error(DT_ERR_ARG, "reduce_scatter (seq %llu): %zu elements exceed MPI's int counts",
                         (unsigned long long)a->seq, total);
+    }
     const void *snd = a->send;
     void *rcv = a->recv;
     float *tin = NULL, *tout = NULL;
@@ -432,6 +446,7 @@ static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
         if (!tin || !tout) {
             free(tin);
             free(tout);
+            if (ic != counts) free(ic);
             return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
         }
         dt_to_f32(tin, snd, total, a->dtype);
@@ -441,14 +456,20 @@ static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
                (char *)rcv + rcnt * es > (const char *)snd) {
         /* overlapping but not MPI_IN_PLACE-shaped: go through scratch */
         scratch = malloc(rcnt * es + 1);
-        if (!scratch) return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        if (!scratch) {
+            if (ic != counts) free(ic);
+            return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        }
         rcv = scratch;
     }
     MPI_Request rq;
     dt_status rc;
     MPI_LOCK();
-    int e = MPI_Ireduce_scatter_block(snd == rcv ? MPI_IN_PLACE : snd, (void *)(snd == rcv ? snd : rcv),
-                                      (int)rcnt, mpi_type(a->dtype), mpi_op(a->op), s->comm, &rq);
+    const void *sb = snd == rcv ? MPI_IN_PLACE : snd;
+    void *rb = (void *)(snd == rcv ? snd : rcv);
+    int e = ic ? MPI_Ireduce_scatter(sb, rb, ic, mpi_type(a->dtype), mpi_op(a->op), s->comm, &rq)
+               : MPI_Ireduce_scatter_block(sb, rb, (int)rcnt, mpi_type(a->dtype), mpi_op(a->op),
+                                           s->comm, &rq);
     MPI_UNLOCK();
     rc = e == MPI_SUCCESS ? wait_req(c, &rq, a) : mpi_err("reduce_scatter", e);
     if (rc == DT_OK) {
@@ -464,6 +485,7 @@ static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     free(tin);
     free(tout);
     free(scratch);
+    if (ic != counts) free(ic);
     return rc;
 }
 
@@ -594,7 +616,8 @@ static void mpi_p2p_cancel(dt_comm_t c, dt_p2p *p) {
 
 /* Fills rank, size and the host layout of c from an MPI communicator (which
  * c then owns). DTRAIN_FAKE_NODES=k pretends the ranks are spread over k
- * hosts in contiguous blocks, to test the hierarchical path on one host. */
+ * hosts in contiguous blocks (k:cyclic: round robin), to test the
+ * hierarchical path on one host. */
 dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
     mpi_state *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "mpi backend: out of memory");
@@ -613,12 +636,12 @@ dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
         s->win = MPI_WIN_NULL;
     }
     const char *fake = getenv("DTRAIN_FAKE_NODES");
-    int k = fake ? atoi(fake) : 0;
+    int k = fake ? atoi(fake) : 0, cyclic = fake && strstr(fake, ":cyclic");
     int rc;
     if (k > 1) {
         if (k > c->size) k = c->size;
         int per = (c->size + k - 1) / k;
-        rc = MPI_Comm_split(comm, c->rank / per, c->rank, &s->node_comm);
+        rc = MPI_Comm_split(comm, cyclic ? c->rank % k : c->rank / per, c->rank, &s->node_comm);
     } else {
         rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &s->node_comm);
     }
