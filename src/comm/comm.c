@@ -378,11 +378,20 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
-static dt_status enqueue(dt_comm_t c, const dt_coll_args *a, dt_request_t *out) {
+static struct dt_request *request_new(dt_comm_t c, const dt_coll_args *a) {
     struct dt_request *r = calloc(1, sizeof *r);
-    if (!r) return dt_error(DT_ERR_NOMEM, "%s: out of memory for a request", dt_coll_name(a->kind));
+    if (!r) {
+        dt_error(DT_ERR_NOMEM, "%s: out of memory for a request", dt_coll_name(a->kind));
+        return NULL;
+    }
     r->comm = c;
     r->args = *a;
+    return r;
+}
+
+static dt_status enqueue(dt_comm_t c, const dt_coll_args *a, dt_request_t *out) {
+    struct dt_request *r = request_new(c, a);
+    if (!r) return DT_ERR_NOMEM;
     if (a->kind == DT_COLL_ALLGATHERV) {
         r->vec = malloc((size_t)c->size * 2 * sizeof(size_t));
         if (!r->vec) {
@@ -501,10 +510,8 @@ static void *p2p_main(void *arg) {
 }
 
 static dt_status p2p_submit(dt_comm_t c, const dt_coll_args *a, dt_request_t *req) {
-    struct dt_request *r = calloc(1, sizeof *r);
-    if (!r) return dt_error(DT_ERR_NOMEM, "%s: out of memory for a request", dt_coll_name(a->kind));
-    r->comm = c;
-    r->args = *a;
+    struct dt_request *r = request_new(c, a);
+    if (!r) return DT_ERR_NOMEM;
     r->is_p2p = 1;
     r->io.args = *a;
     r->deadline = dt_now() + c->timeout;
