@@ -40,7 +40,9 @@
  *     DT_ERR_COMM naming each rank's arguments.
  *   - fp16 and bf16 reductions accumulate in fp32 and round once.
  *   - Results are bitwise identical on every rank and from run to run (the
- *     shm backend sums in rank order 0, 1, ..., n-1).
+ *     shm backend sums in rank order 0, 1, ..., n-1; the ring, rhd and tree
+ *     algorithms that DTRAIN_COMM_ALGO can force in an order fixed by the
+ *     rank count, see docs/comm.md). MPI's own collectives make no promise.
  *   - Nothing waits forever. Every blocking wait has a timeout (300 s by
  *     default; DTRAIN_COMM_TIMEOUT=seconds or dt_comm_set_timeout()). When
  *     a peer dies or times out the call returns DT_ERR_COMM or
