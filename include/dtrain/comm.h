@@ -40,7 +40,9 @@
  *     DT_ERR_COMM naming each rank's arguments.
  *   - fp16 and bf16 reductions accumulate in fp32 and round once.
  *   - Results are bitwise identical on every rank and from run to run (the
- *     shm backend sums in rank order 0, 1, ..., n-1).
+ *     shm backend sums in rank order 0, 1, ..., n-1; the ring, rhd and tree
+ *     algorithms that DTRAIN_COMM_ALGO can force in an order fixed by the
+ *     rank count, see docs/comm.md). MPI's own collectives make no promise.
  *   - Nothing waits forever. Every blocking wait has a timeout (300 s by
  *     default; DTRAIN_COMM_TIMEOUT=seconds or dt_comm_set_timeout()). When
  *     a peer dies or times out the call returns DT_ERR_COMM or
@@ -49,8 +51,10 @@
  *     communicator is broken: later calls fail at once with the same status
  *     (see dt_comm_get_async_error()); destroy it.
  *   - A communicator is used by one thread at a time (like NCCL). The
- *     non-blocking calls run on the communicator's own progress thread, in
- *     the order they were issued, before any later blocking call.
+ *     non-blocking collectives run on the communicator's own progress
+ *     thread, in the order they were issued, before any later blocking
+ *     collective. Point-to-point transfers progress side by side with them
+ *     and with each other (see dt_isend).
  */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
@@ -210,7 +214,11 @@ DT_API dt_status dt_reduce(const void *send, void *recv, size_t count, dt_dtype 
 DT_API dt_status dt_barrier(dt_comm_t c);
 
 /* Point to point: a dt_send must be matched by a dt_recv of the same count
- * and dtype on `peer`; messages between one pair arrive in order. */
+ * and dtype on `peer`; messages between one pair arrive in order. A
+ * transfer does not wait for collectives or other transfers: they progress
+ * side by side (dt_isend/dt_irecv below). A transfer that makes no progress
+ * for the communicator's timeout fails with DT_ERR_TIMEOUT naming the peer;
+ * a dead peer gives DT_ERR_COMM. */
 DT_API dt_status dt_send(const void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c);
 DT_API dt_status dt_recv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c);
 
@@ -236,6 +244,18 @@ DT_API dt_status dt_iallgatherv(const void *send, size_t sendcount, void *recv,
 DT_API dt_status dt_ireduce(const void *send, void *recv, size_t count, dt_dtype dtype,
                             dt_redop op, int root, dt_comm_t c, dt_request_t *req);
 DT_API dt_status dt_ibarrier(dt_comm_t c, dt_request_t *req);
+
+/* Non-blocking point to point. Unlike the collectives above they are not
+ * queued behind earlier calls: every send and receive in flight moves
+ * along at once (on a background thread, and in dt_wait/dt_test), so
+ *   dt_irecv(in, n, DT_F32, peer, c, &r1); dt_isend(out, n, DT_F32, peer, c, &r2);
+ *   dt_wait(&r1); dt_wait(&r2);
+ * exchanges messages of any size between two ranks. Messages between one
+ * pair still arrive in the order they were sent. */
+DT_API dt_status dt_isend(const void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c,
+                          dt_request_t *req);
+DT_API dt_status dt_irecv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c,
+                          dt_request_t *req);
 
 /* Waits for the request, frees it, sets *req to NULL and returns the
  * operation's status (with dt_last_error() set on failure). *req == NULL

@@ -16,6 +16,14 @@
  * FIFO that one progress thread per communicator serves (created on first
  * use). The thread sleeps on a condition variable when idle, so it costs
  * nothing between operations.
+ *
+ * Point to point is different: a send must be able to wait for its
+ * receiver while the same rank waits in a collective or for the opposite
+ * transfer, so transfers are not queued behind each other but progressed
+ * together, in small non-blocking moves (the backend's p2p_progress), by
+ * whoever waits for one and, once dt_isend/dt_irecv were used, by a second
+ * background thread. Each has its own deadline: the timeout counts from the
+ * last time it moved.
  */
 #include "comm/comm_impl.h"
 
@@ -47,6 +55,7 @@ dt_comm_t dt_comm_alloc(void) {
     pthread_mutex_init(&c->q_lock, NULL);
     pthread_cond_init(&c->q_cond, NULL);
     pthread_mutex_init(&c->obs_lock, NULL);
+    pthread_cond_init(&c->p2p_cond, NULL);
     c->nnodes = 1;
     dt_comm_defaults(c);
     return c;
@@ -354,12 +363,23 @@ void dt_comm_set_observer(dt_comm_t c, dt_comm_observer fn, void *user) {
     pthread_mutex_unlock(&c->obs_lock);
 }
 
+/* After DT_ERR_COMM / DT_ERR_TIMEOUT (dt_last_error() says why): tell the
+ * peers, so that they fail now rather than at their timeout, and mark the
+ * communicator broken. Returns rc. */
+static dt_status broken(dt_comm_t c, dt_status rc) {
+    if (rc == DT_ERR_COMM || rc == DT_ERR_TIMEOUT) {
+        if (atomic_load(&c->err) == DT_OK && c->ops->abort) c->ops->abort(c, dt_last_error());
+        dt_comm_fail(c, rc, dt_last_error());
+    }
+    return rc;
+}
+
 /* Runs a validated, numbered collective on the calling thread. */
 static dt_status execute(dt_comm_t c, const dt_coll_args *a) {
     dt_status rc = sticky(c);
     if (rc != DT_OK) return rc;
     double t0 = dt_now();
-    if (c->check && c->size > 1 && a->kind != DT_COLL_SEND && a->kind != DT_COLL_RECV) {
+    if (c->check && c->size > 1) {
         rc = check_args(c, a);
         if (rc != DT_OK) goto err;
     }
@@ -371,8 +391,6 @@ static dt_status execute(dt_comm_t c, const dt_coll_args *a) {
     case DT_COLL_BROADCAST: rc = o->broadcast(c, a); break;
     case DT_COLL_REDUCE: rc = o->reduce(c, a); break;
     case DT_COLL_BARRIER: rc = o->barrier(c, a); break;
-    case DT_COLL_SEND: rc = o->send(c, a); break;
-    case DT_COLL_RECV: rc = o->recv(c, a); break;
     default: rc = dt_error(DT_ERR_INTERNAL, "unknown collective %d", (int)a->kind);
     }
     if (rc == DT_OK) {
@@ -380,12 +398,7 @@ static dt_status execute(dt_comm_t c, const dt_coll_args *a) {
         return DT_OK;
     }
 err:
-    if (rc == DT_ERR_COMM || rc == DT_ERR_TIMEOUT) {
-        /* tell the peers, so that they fail now rather than at their timeout */
-        if (atomic_load(&c->err) == DT_OK && c->ops->abort) c->ops->abort(c, dt_last_error());
-        dt_comm_fail(c, rc, dt_last_error());
-    }
-    return rc;
+    return broken(c, rc);
 }
 
 // ----------------------------------------------------------------------------
@@ -399,6 +412,10 @@ struct dt_request {
     int done;
     char msg[512];
     struct dt_request *next;
+    int is_p2p;      /* a send or recv: in c->p2p_head's list, not the FIFO */
+    dt_p2p io;
+    double deadline; /* p2p: last move + timeout */
+    double t0;       /* p2p: when it was submitted (dt_comm_get_stats) */
 };
 
 static void *progress_main(void *arg) {
@@ -425,11 +442,20 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
-static dt_status enqueue(dt_comm_t c, const dt_coll_args *a, dt_request_t *out) {
+static struct dt_request *request_new(dt_comm_t c, const dt_coll_args *a) {
     struct dt_request *r = calloc(1, sizeof *r);
-    if (!r) return dt_error(DT_ERR_NOMEM, "%s: out of memory for a request", dt_coll_name(a->kind));
+    if (!r) {
+        dt_error(DT_ERR_NOMEM, "%s: out of memory for a request", dt_coll_name(a->kind));
+        return NULL;
+    }
     r->comm = c;
     r->args = *a;
+    return r;
+}
+
+static dt_status enqueue(dt_comm_t c, const dt_coll_args *a, dt_request_t *out) {
+    struct dt_request *r = request_new(c, a);
+    if (!r) return DT_ERR_NOMEM;
     if (a->kind == DT_COLL_ALLGATHERV) {
         r->vec = malloc((size_t)c->size * 2 * sizeof(size_t));
         if (!r->vec) {
@@ -461,11 +487,128 @@ static dt_status enqueue(dt_comm_t c, const dt_coll_args *a, dt_request_t *out) 
     return DT_OK;
 }
 
+// ----------------------------------------------------------------------------
+// point-to-point requests
+
+static void p2p_finish(dt_comm_t c, struct dt_request *r, dt_status s) {
+    if (s != DT_OK) {
+        if (r->io.started) c->ops->p2p_cancel(c, &r->io);
+        snprintf(r->msg, sizeof r->msg, "%s", dt_last_error());
+        broken(c, s);
+    } else {
+        account(c, &r->args, r->t0, dt_now());
+    }
+    r->status = s;
+    r->done = 1;
+    pthread_cond_broadcast(&c->q_cond);
+}
+
+/* One pass over the transfers in flight (q_lock held): each that is first
+ * in line for its (direction, peer) moves what it can. Returns 1 if
+ * anything moved or finished. */
+static int p2p_sweep(dt_comm_t c, int slow) {
+    int any = 0;
+    double now = dt_now();
+    struct dt_request **link = &c->p2p_head;
+    while (*link) {
+        struct dt_request *r = *link;
+        int queued = 0;
+        for (struct dt_request *q = c->p2p_head; q != r && !queued; q = q->next)
+            queued = q->args.kind == r->args.kind && q->args.root == r->args.root;
+        dt_status s = DT_OK;
+        if (atomic_load(&c->err) != DT_OK) {
+            s = sticky(c);
+        } else if (!queued) {
+            int moved = 0;
+            s = c->ops->p2p_progress(c, &r->io, slow, &moved);
+            if (moved) {
+                r->deadline = now + c->timeout;
+                any = 1;
+            } else if (s == DT_OK && !r->io.done && now >= r->deadline) {
+                const dt_coll_args *a = &r->args;
+                s = dt_error(DT_ERR_TIMEOUT,
+                             "%s (%zu x %s, peer %d) on rank %d: timed out after %.3g s; ranks "
+                             "not arrived: %d",
+                             dt_coll_name(a->kind), a->count, dt_dtype_name(a->dtype), a->root,
+                             c->rank, c->timeout, a->root);
+            }
+        }
+        if (s == DT_OK && !r->io.done) {
+            link = &r->next;
+            continue;
+        }
+        *link = r->next; /* done or failed: out of the list */
+        p2p_finish(c, r, s);
+        any = 1;
+    }
+    return any;
+}
+
+/* Moves the transfers along until `r` is done (q_lock held; released while
+ * pausing). */
+static void p2p_drive(dt_comm_t c, struct dt_request *r) {
+    dt_waiter w;
+    dt_waiter_init(&w, c->timeout, c->local_size);
+    int slow = 0;
+    while (r ? !r->done : c->p2p_head != NULL) {
+        if (p2p_sweep(c, slow)) {
+            dt_waiter_init(&w, c->timeout, c->local_size);
+            slow = 0;
+            continue;
+        }
+        pthread_mutex_unlock(&c->q_lock);
+        slow = dt_waiter_step(&w);
+        pthread_mutex_lock(&c->q_lock);
+    }
+}
+
+/* The background mover, started by the first dt_isend/dt_irecv. */
+static void *p2p_main(void *arg) {
+    dt_comm_t c = arg;
+    pthread_mutex_lock(&c->q_lock);
+    for (;;) {
+        while (!c->p2p_head && !c->q_stop) pthread_cond_wait(&c->p2p_cond, &c->q_lock);
+        if (!c->p2p_head) break;
+        p2p_drive(c, NULL);
+    }
+    pthread_mutex_unlock(&c->q_lock);
+    return NULL;
+}
+
+static dt_status p2p_submit(dt_comm_t c, const dt_coll_args *a, dt_request_t *req) {
+    struct dt_request *r = request_new(c, a);
+    if (!r) return DT_ERR_NOMEM;
+    r->is_p2p = 1;
+    r->io.args = *a;
+    r->t0 = dt_now();
+    r->deadline = r->t0 + c->timeout;
+    pthread_mutex_lock(&c->q_lock);
+    if (req && !c->p2p_started) {
+        if (pthread_create(&c->p2p_thread, NULL, p2p_main, c) != 0) {
+            pthread_mutex_unlock(&c->q_lock);
+            free(r);
+            return dt_error(DT_ERR_INTERNAL, "cannot start the communicator's transfer thread");
+        }
+        c->p2p_started = 1;
+    }
+    struct dt_request **link = &c->p2p_head;
+    while (*link) link = &(*link)->next;
+    *link = r;
+    pthread_cond_broadcast(&c->p2p_cond);
+    pthread_mutex_unlock(&c->q_lock);
+    if (req) {
+        *req = r;
+        return DT_OK;
+    }
+    return dt_wait(&r);
+}
+
 dt_status dt_wait(dt_request_t *req) {
     if (!req || !*req) return DT_OK;
     struct dt_request *r = *req;
     dt_comm_t c = r->comm;
     pthread_mutex_lock(&c->q_lock);
+    if (r->is_p2p) p2p_drive(c, r);
     while (!r->done) pthread_cond_wait(&c->q_cond, &c->q_lock);
     pthread_mutex_unlock(&c->q_lock);
     dt_status s = r->status;
@@ -481,6 +624,7 @@ dt_status dt_test(dt_request_t *req, int *done) {
     if (!req || !*req) return DT_OK;
     struct dt_request *r = *req;
     pthread_mutex_lock(&r->comm->q_lock);
+    if (r->is_p2p && !r->done) p2p_sweep(r->comm, 0);
     int d = r->done;
     pthread_mutex_unlock(&r->comm->q_lock);
     if (!d) {
@@ -512,11 +656,18 @@ void dt_comm_destroy(dt_comm_t c) {
         pthread_mutex_unlock(&c->q_lock);
         pthread_join(c->thread, NULL);
     }
+    pthread_mutex_lock(&c->q_lock);
+    if (c->p2p_head) p2p_drive(c, NULL); /* each ends by its deadline at the latest */
+    c->q_stop = 1;
+    pthread_cond_broadcast(&c->p2p_cond);
+    pthread_mutex_unlock(&c->q_lock);
+    if (c->p2p_started) pthread_join(c->p2p_thread, NULL);
     if (c->ops && c->ops->destroy) c->ops->destroy(c);
     pthread_mutex_destroy(&c->err_lock);
     pthread_mutex_destroy(&c->q_lock);
     pthread_cond_destroy(&c->q_cond);
     pthread_mutex_destroy(&c->obs_lock);
+    pthread_cond_destroy(&c->p2p_cond);
     free(c);
 }
 
@@ -565,7 +716,8 @@ static dt_status submit(dt_comm_t c, dt_coll_args *a, dt_request_t *req) {
     if (req) *req = NULL;
     dt_status s = validate(c, a);
     if (s != DT_OK) return s;
-    if (a->kind != DT_COLL_SEND && a->kind != DT_COLL_RECV) a->seq = ++c->seq;
+    if (a->kind == DT_COLL_SEND || a->kind == DT_COLL_RECV) return p2p_submit(c, a, req);
+    a->seq = ++c->seq;
     if (req) return enqueue(c, a, req);
     return run_blocking(c, a);
 }
@@ -695,6 +847,22 @@ dt_status dt_recv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c
     dt_coll_args a = {.kind = DT_COLL_RECV, .recv = buf, .count = count, .dtype = dtype,
                       .root = peer};
     return submit(c, &a, NULL);
+}
+
+dt_status dt_isend(const void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c,
+                   dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "isend: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_SEND, .send = buf, .count = count, .dtype = dtype,
+                      .root = peer};
+    return submit(c, &a, req);
+}
+
+dt_status dt_irecv(void *buf, size_t count, dt_dtype dtype, int peer, dt_comm_t c,
+                   dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "irecv: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_RECV, .recv = buf, .count = count, .dtype = dtype,
+                      .root = peer};
+    return submit(c, &a, req);
 }
 
 // ----------------------------------------------------------------------------

@@ -47,7 +47,8 @@ typedef struct {
     dt_dtype dtype;
     dt_redop op;
     int root;              /* broadcast/reduce root; send/recv peer */
-    const size_t *counts;  /* allgatherv only: size entries */
+    const size_t *counts;  /* allgatherv: size entries; reduce_scatter: NULL, or
+                              per-rank block sizes (hier's leaders) */
     const size_t *displs;  /* allgatherv only: size entries */
     uint64_t seq;          /* 1, 2, ... per communicator (user-visible ops) */
     int check_of;          /* internal allgather of check mode: kind + 1 of the
@@ -55,6 +56,15 @@ typedef struct {
 } dt_coll_args;
 
 DT_HIDDEN const char *dt_coll_name(dt_coll k);
+
+/* A point-to-point transfer in flight (dt_isend/dt_irecv, and the blocking
+ * dt_send/dt_recv, which wait for one at once). */
+typedef struct {
+    dt_coll_args args; /* DT_COLL_SEND or DT_COLL_RECV; root = the peer */
+    size_t pos;        /* the backend's progress (shm: pieces through the channel) */
+    int started, done;
+    _Alignas(16) unsigned char be[32]; /* the backend's handle (MPI: the request) */
+} dt_p2p;
 
 // ----------------------------------------------------------------------------
 // the ops table
@@ -67,8 +77,14 @@ struct dt_comm_ops {
     dt_status (*broadcast)(dt_comm_t c, const dt_coll_args *a);
     dt_status (*reduce)(dt_comm_t c, const dt_coll_args *a);
     dt_status (*barrier)(dt_comm_t c, const dt_coll_args *a);
-    dt_status (*send)(dt_comm_t c, const dt_coll_args *a);
-    dt_status (*recv)(dt_comm_t c, const dt_coll_args *a);
+    /* Point to point, never blocking: moves what it can of p (the first
+     * call starts it), sets p->done once complete and *moved if anything
+     * happened; `slow` asks for the peer-liveness and abort checks too
+     * (every ~10 ms while stuck). The front end passes the transfers of one
+     * (direction, peer) one at a time, in issue order, and owns deadlines. */
+    dt_status (*p2p_progress)(dt_comm_t c, dt_p2p *p, int slow, int *moved);
+    /* Gives up on p after an error or a timeout. */
+    void (*p2p_cancel)(dt_comm_t c, dt_p2p *p);
     /* Builds the backend state of `child` (rank/size already set) for the
      * ranks `members` (parent ranks, in child rank order). Collective over
      * the parent: every parent rank calls it, those with no group with
@@ -114,6 +130,13 @@ struct dt_comm {
     pthread_mutex_t obs_lock;
     dt_comm_observer obs_fn;
     void *obs_user;
+    /* Point-to-point requests in flight, in issue order (under q_lock).
+     * Whoever waits for one moves them all along; after the first
+     * dt_isend/dt_irecv a second thread does so in the background. */
+    struct dt_request *p2p_head;
+    pthread_cond_t p2p_cond; /* signalled when a transfer is added */
+    int p2p_started;
+    pthread_t p2p_thread;
 };
 
 /* Records a communicator-breaking error (first one wins) and returns it. */
@@ -142,6 +165,55 @@ DT_HIDDEN void dt_reduce_kernel2(void *dst, void *dst2, const void *const *src, 
 /* fp16/bf16 <-> fp32 conversions (round to nearest even). */
 DT_HIDDEN void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
 DT_HIDDEN void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+
+/* Divides n elements of buf in place by `nranks` (the end of a DT_AVG that
+ * was run as a sum). */
+DT_HIDDEN void dt_avg_finish(void *buf, size_t n, dt_dtype t, int nranks);
+
+// ----------------------------------------------------------------------------
+// algorithms (algo.c)
+//
+// DTRAIN_COMM_ALGO names one; each backend has one small function that
+// picks among those it implements by message size and rank count, and
+// uses a forced one only for the collectives it applies to.
+
+typedef enum {
+    DT_ALGO_AUTO = 0,
+    DT_ALGO_DIRECT, /* shm: every rank reads every buffer, one synchronisation */
+    DT_ALGO_RSAG,   /* shm: pipelined reduce-scatter + allgather through slots */
+    DT_ALGO_RING,   /* allreduce: ring reduce-scatter + ring allgather */
+    DT_ALGO_RHD,    /* allreduce: recursive halving + recursive doubling */
+    DT_ALGO_TREE,   /* broadcast, reduce: binomial tree */
+    DT_ALGO_MPI,    /* mpi: MPI's own collective */
+    DT_ALGO_COUNT_
+} dt_algo;
+
+DT_HIDDEN const char *dt_algo_name(dt_algo a);
+/* DTRAIN_COMM_ALGO (read when a communicator is created); unknown names
+ * are logged and give DT_ALGO_AUTO. */
+DT_HIDDEN dt_algo dt_algo_from_env(void);
+/* Logs the choice at debug level, once per (backend, op, power-of-two
+ * size class, algorithm) in the process. */
+DT_HIDDEN void dt_algo_log(dt_comm_t c, const dt_coll_args *a, size_t bytes, dt_algo algo);
+
+/* The one transport the point-to-point algorithms need: send sbytes from
+ * sbuf to rank `to` while receiving rbytes into rbuf from rank `from`
+ * (either may be -1: nothing). Every rank of the communicator calls it the
+ * same number of times per collective, with the same `round_max`, the
+ * largest message any rank moves in that call (the shm backend steps all
+ * ranks in lockstep pieces; MPI ignores it). */
+typedef dt_status (*dt_sendrecv_fn)(dt_comm_t c, const dt_coll_args *a, const void *sbuf,
+                                    size_t sbytes, int to, void *rbuf, size_t rbytes, int from,
+                                    size_t round_max);
+
+/* allreduce / broadcast / reduce over `x`. fp16/bf16 are reduced in fp32
+ * and rounded once, DT_AVG is a sum and a division; every element is
+ * combined in an order fixed by the rank count (and root), so results are
+ * identical on every rank and from run to run. */
+DT_HIDDEN dt_status dt_algo_ring_allreduce(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+DT_HIDDEN dt_status dt_algo_rhd_allreduce(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+DT_HIDDEN dt_status dt_algo_tree_broadcast(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
+DT_HIDDEN dt_status dt_algo_tree_reduce(dt_comm_t c, const dt_coll_args *a, dt_sendrecv_fn x);
 
 // ----------------------------------------------------------------------------
 // waiting without burning a shared core (wait.c)

@@ -206,3 +206,9 @@ void dt_reduce_kernel(void *dst, const void *const *src, int nsrc, size_t n, dt_
                       dt_redop op, int avg_div) {
     dt_reduce_kernel2(dst, NULL, src, nsrc, n, t, op, avg_div);
 }
+
+void dt_avg_finish(void *buf, size_t n, dt_dtype t, int nranks) {
+    if (!n) return;
+    const void *src[1] = {buf};
+    dt_reduce_kernel(buf, src, 1, n, t, DT_AVG, nranks);
+}

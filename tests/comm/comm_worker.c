@@ -13,6 +13,8 @@
  *   all       every collective x dtype x op x count, in and out of place,
  *             non-blocking twins, split, send/recv, determinism
  *   big       64 MiB allreduce, reduce_scatter, allgather, broadcast, reduce
+ *   algos     every algorithm of the backend forced in turn: allreduce,
+ *             reduce, broadcast x dtype x op x count
  *   kill      the last rank SIGKILLs itself during a stream of allreduces;
  *             the others must fail with DT_ERR_COMM (exit 3)
  *   mismatch  rank 1 passes a different count (check mode on); every rank
@@ -21,6 +23,9 @@
  *             the same with check mode off (the shm backend's own check)
  *   hang      the last rank sleeps; the others must time out (exit 5)
  *   abort     rank 0 aborts the communicator; the others must fail (exit 6)
+ *   p2p_hang  the last rank never takes part; the others' dt_irecv/dt_isend
+ *             from/to it must time out naming it (exit 7)
+ *   p2p_kill  the same, but the last rank dies (exit 3)
  * A second argument names the backend the ranks must have picked.
  * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
  */
@@ -374,6 +379,64 @@ static void check_sendrecv(size_t n, uint64_t salt) {
     free(ref);
 }
 
+/* Non-blocking point to point: both directions at once with messages far
+ * larger than the channels (a blocking send-first exchange would wait for
+ * ever), several messages to one peer in flight (order kept), completion
+ * by polling, and a transfer in flight across a collective. */
+static void check_p2p(void) {
+    if (g_size < 2) return;
+    int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+    size_t n = (4u << 20) / 4, sizes[3] = {0, 70001, 13};
+    float *out = malloc(n * 4), *in = malloc(n * 4), *ref = malloc(n * 4);
+    fill(out, DT_F32, g_rank, 4001, n);
+    fill(ref, DT_F32, prev, 4001, n);
+    dt_request_t rr, rs;
+    OK(dt_irecv(in, n, DT_F32, prev, W, &rr));
+    OK(dt_isend(out, n, DT_F32, next, W, &rs));
+    OK(dt_wait(&rs));
+    OK(dt_wait(&rr));
+    compare("isend/irecv ring 4 MiB", in, ref, NULL, DT_F32, n, 1);
+
+    /* three messages to one peer in flight, waited for in reverse order */
+    float *m_out[3], *m_in[3];
+    dt_request_t q_out[3], q_in[3];
+    for (int k = 0; k < 3; k++) {
+        m_out[k] = malloc(sizes[k] * 4 + 4);
+        m_in[k] = malloc(sizes[k] * 4 + 4);
+        fill(m_out[k], DT_F32, g_rank, 4100 + (uint64_t)k, sizes[k]);
+        OK(dt_isend(m_out[k], sizes[k], DT_F32, next, W, &q_out[k]));
+    }
+    for (int k = 0; k < 3; k++) OK(dt_irecv(m_in[k], sizes[k], DT_F32, prev, W, &q_in[k]));
+    for (int k = 2; k >= 0; k--) {
+        OK(dt_wait(&q_in[k]));
+        OK(dt_wait(&q_out[k]));
+        fill(ref, DT_F32, prev, 4100 + (uint64_t)k, sizes[k]);
+        compare("isend/irecv in order", m_in[k], ref, NULL, DT_F32, sizes[k], 1);
+        free(m_out[k]);
+        free(m_in[k]);
+    }
+
+    /* polled to completion with dt_test, a collective in between */
+    OK(dt_isend(out, n, DT_F32, next, W, &rs));
+    OK(dt_irecv(in, n, DT_F32, prev, W, &rr));
+    float x = 1;
+    OK(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W));
+    g_checks++;
+    if (x != (float)g_size) FAILF("allreduce beside transfers gave %g", x);
+    for (int done_r = 0, done_s = 0; !done_r || !done_s;) {
+        if (!done_r) OK(dt_test(&rr, &done_r));
+        if (!done_s) OK(dt_test(&rs, &done_s));
+        if (!done_r || !done_s) usleep(100);
+    }
+    g_checks++;
+    if (rr || rs) FAILF("dt_test: completed requests were not freed");
+    fill(ref, DT_F32, prev, 4001, n);
+    compare("isend/irecv polled", in, ref, NULL, DT_F32, n, 1);
+    free(out);
+    free(in);
+    free(ref);
+}
+
 /* Several non-blocking ops in flight, then a blocking one: results and
  * order must be right. */
 static void check_overlap(void) {
@@ -475,8 +538,7 @@ static void check_split(void) {
 
 /* Same inputs twice, in and out of place: identical bits, and identical on
  * every rank (compared through an allgather of a hash). */
-static void check_determinism(void) {
-    size_t n = 1000003;
+static void check_determinism(size_t n) {
     float *a = malloc(n * 4), *b = malloc(n * 4);
     fill(a, DT_F32, g_rank, 77, n);
     fill(b, DT_F32, g_rank, 77, n);
@@ -570,8 +632,9 @@ static void mode_all(void) {
     check_sendrecv(0, salt++);
     check_sendrecv(1, salt++);
     check_sendrecv(100003, salt++);
+    check_p2p();
     check_split();
-    check_determinism();
+    check_determinism(1000003);
     /* destroy and create the world again: the same segment, the same ranks,
      * this time through explicit parameters */
     dt_comm_destroy(W);
@@ -645,6 +708,49 @@ static void mode_big(void) {
     free(buf);
 }
 
+/* Every algorithm of the backend, forced one at a time on a fresh
+ * sub-communicator (DTRAIN_COMM_ALGO is read when a communicator is
+ * created): allreduce, reduce and broadcast x dtypes x ops x counts against
+ * the serial reference. ring, rhd and tree combine in tree or ring order,
+ * not 0..n-1, so their float sums are compared with a tolerance; they must
+ * still be bitwise repeatable and identical on every rank. */
+static void mode_algos(void) {
+    static const char *const shm_algos[] = {"direct", "rsag", "ring", "rhd", "tree", NULL};
+    static const char *const mpi_algos[] = {"mpi", "ring", "rhd", "tree", NULL};
+    static const size_t counts[] = {0, 1, 2, 3, 7, 13, 131, 1031, 8191, 70001};
+    const int NC = (int)(sizeof counts / sizeof counts[0]);
+    int shm = !strcmp(dt_comm_backend(W), "shm");
+    const char *old = getenv("DTRAIN_COMM_ALGO");
+    char *saved_env = old ? strdup(old) : NULL;
+    dt_comm_t world = W;
+    uint64_t salt = 5000;
+    for (const char *const *al = shm ? shm_algos : mpi_algos; *al; al++) {
+        setenv("DTRAIN_COMM_ALGO", *al, 1);
+        OK(dt_comm_split(world, 0, g_rank, &W));
+        int in_order = !strcmp(*al, "direct") || !strcmp(*al, "rsag");
+        g_exact = shm && in_order;
+        for (int ti = 0; ti < 5; ti++)
+            for (int oi = 0; oi < 4; oi++)
+                for (int ci = 0; ci < NC; ci++) {
+                    size_t n = counts[ci];
+                    if (n > 10000 && (ti || oi)) continue;
+                    check_allreduce(DTYPES[ti], OPS[oi], n, salt++, ci % 2, 0);
+                    int root = (int)(salt % (uint64_t)g_size);
+                    check_reduce(DTYPES[ti], OPS[oi], n, salt++, root);
+                    if (!oi) check_broadcast(DTYPES[ti], n, salt++, ci % g_size, ci % 2, 0);
+                }
+        /* MPI's own allreduce (mpi, and tree, which is not an allreduce)
+         * promises no bitwise repeatability */
+        if (shm || !strcmp(*al, "ring") || !strcmp(*al, "rhd")) check_determinism(100003);
+        dt_comm_destroy(W);
+        W = world;
+    }
+    if (saved_env) setenv("DTRAIN_COMM_ALGO", saved_env, 1);
+    else unsetenv("DTRAIN_COMM_ALGO");
+    free(saved_env);
+    g_exact = shm;
+}
+
 // ----------------------------------------------------------------------------
 // failure modes
 
@@ -715,7 +821,46 @@ static int mode_hang(void) {
         sleep(3);
         return 5;
     }
-    return expect_failure(dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W), 5, "hang");
+    dt_status s = dt_allreduce(&x, &x, 1, DT_F32, DT_SUM, W);
+    /* the message names the op, its seq and the sleeping rank (here or, if
+     * a peer timed out first, in the reason it sent) */
+    char who[64];
+    snprintf(who, sizeof who, "ranks not arrived: %d", g_size - 1);
+    if (s != DT_OK && (!strstr(dt_last_error(), "allreduce (seq 2") || !strstr(dt_last_error(), who))) {
+        fprintf(stderr, "rank %d: hang: the error does not name op, seq 2 and rank %d: %s\n",
+                g_rank, g_size - 1, dt_last_error());
+        return 1;
+    }
+    return expect_failure(s, 5, "hang");
+}
+
+/* The last rank never sends or receives; the others wait for it in an
+ * irecv (even ranks) or an isend too large for the channel (odd ranks) and
+ * must time out naming it (exit 7); with `die`, it dies instead (exit 3). */
+static int mode_p2p_fail(int die) {
+    dt_comm_set_timeout(W, die ? 30 : 0.5);
+    int last = g_size - 1;
+    OK(dt_barrier(W));
+    if (g_rank == last) {
+        if (die) {
+            usleep(200000);
+            kill(getpid(), SIGKILL);
+        }
+        sleep(3);
+        return 7;
+    }
+    size_t n = (4u << 20) / 4;
+    float *buf = calloc(n, 4);
+    dt_request_t r;
+    if (g_rank % 2 == 0) OK(dt_irecv(buf, n, DT_F32, last, W, &r));
+    else OK(dt_isend(buf, n, DT_F32, last, W, &r));
+    int done = 1;
+    OK(dt_test(&r, &done));
+    if (done) {
+        fprintf(stderr, "rank %d: dt_test says done before the peer took part\n", g_rank);
+        return 1;
+    }
+    return expect_failure(dt_wait(&r), die ? 3 : 7, die ? "p2p peer died" : "p2p hang");
 }
 
 static int mode_abort(void) {
@@ -746,12 +891,15 @@ int main(int argc, char **argv) {
     int rc = 0;
     if (!strcmp(mode, "all")) mode_all();
     else if (!strcmp(mode, "big")) mode_big();
+    else if (!strcmp(mode, "algos")) mode_algos();
     else if (!strcmp(mode, "kill")) rc = mode_kill();
     else if (!strcmp(mode, "mismatch")) rc = mode_mismatch();
     else if (!strcmp(mode, "mismatch_fast")) rc = mode_mismatch_fast("count");
     else if (!strcmp(mode, "mismatch_dtype")) rc = mode_mismatch_fast("dtype");
     else if (!strcmp(mode, "hang")) rc = mode_hang();
     else if (!strcmp(mode, "abort")) rc = mode_abort();
+    else if (!strcmp(mode, "p2p_hang")) rc = mode_p2p_fail(0);
+    else if (!strcmp(mode, "p2p_kill")) rc = mode_p2p_fail(1);
     else {
         fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode);
         rc = 2;

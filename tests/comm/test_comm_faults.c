@@ -87,6 +87,27 @@ static void test_hang(void) {
     CHECK(count_lines("got expected error") == 2, "hang: not every waiting rank reported\n%s", out);
 }
 
+/* Point to point: a peer that never comes, and one that dies. */
+static void test_p2p(void) {
+    char a[512];
+    double t;
+    snprintf(a, sizeof a, "-n 3 -- %s p2p_hang", worker);
+    int st = run(a, &t);
+    CHECK(st == 7, "p2p_hang: exit status %d, expected 7\n%s", st, out);
+    /* both time out, or (on a busy machine) one does and the other gets
+     * its abort first */
+    CHECK(count_lines("got expected error") == 2 && strstr(out, "timed out after 0.5 s") &&
+              strstr(out, "recv (1048576 x F32, peer 2)") && strstr(out, "ranks not arrived: 2") &&
+              (strstr(out, "send (1048576 x F32, peer 2)") || strstr(out, "aborted the communicator")),
+          "p2p_hang: the irecv and isend did not time out naming rank 2\n%s", out);
+    snprintf(a, sizeof a, "-n 2 -- %s p2p_kill", worker);
+    st = run(a, &t);
+    CHECK(st == 128 + SIGKILL, "p2p_kill: exit status %d, expected %d\n%s", st, 128 + SIGKILL, out);
+    CHECK(strstr(out, "recv (1048576 x F32, peer 1)") && strstr(out, "rank 1 died"),
+          "p2p_kill: the irecv did not fail naming the dead rank\n%s", out);
+    CHECK(t < 10.0, "p2p_kill: took %.1f s", t);
+}
+
 static void test_abort(void) {
     char a[512];
     snprintf(a, sizeof a, "-n 3 -- %s abort", worker);
@@ -150,6 +171,7 @@ int main(int argc, char **argv) {
     test_mismatch_fast("mismatch_dtype", "dtype=I32");
     test_hang();
     test_abort();
+    test_p2p();
     test_launcher();
     return tl_finish();
 }

@@ -9,6 +9,9 @@
  * not offer. The wait spins briefly, then yields and sleeps (wait.c), so a
  * rank blocked in a collective leaves its core to the compute threads.
  *
+ * DTRAIN_COMM_ALGO=ring|rhd|tree runs dtrain's own algorithms (algo.c)
+ * over MPI_Isend/MPI_Irecv instead (mpi_choose).
+ *
  * What MPI does not do the way dtrain promises is done here:
  *   - fp16/bf16: converted to fp32, reduced in fp32, rounded once;
  *   - DT_AVG: a sum, then a division;
@@ -16,13 +19,17 @@
  *
  * A dead peer: Open MPI and MPICH normally take the whole job down; if they
  * do not, the wait times out with DT_ERR_TIMEOUT, and the rank that timed
- * out tells the others (see "aborts" below). MPI cannot say which ranks did
- * not arrive, so those messages say so.
+ * out tells the others (see "aborts" below). MPI itself cannot say which
+ * ranks did not arrive, so every communicator has an RMA window in which
+ * each rank publishes the sequence number of the collective it is in; a
+ * rank that times out reads the others' and names those behind (see
+ * "who did not arrive" below).
  */
 #include "comm/mpi/mpi_impl.h"
 
 #include <limits.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,11 +108,12 @@ static dt_status check_abort(dt_comm_t c, const char *what) {
     mpi_state *s = c->be;
     int flag = 0;
     MPI_Status st;
-    MPI_LOCK();
-    MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
+    MPI_Message msg;
     char reason[ABORT_LEN] = "";
-    if (flag)
-        MPI_Recv(reason, ABORT_LEN, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG, s->comm, MPI_STATUS_IGNORE);
+    /* a matched probe: two threads (collectives, transfers) may look at once */
+    MPI_LOCK();
+    MPI_Improbe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &msg, &st);
+    if (flag) MPI_Mrecv(reason, ABORT_LEN, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
     MPI_UNLOCK();
     if (!flag) return DT_OK;
     reason[ABORT_LEN - 1] = 0;
@@ -129,7 +137,75 @@ static void mpi_abort(dt_comm_t c, const char *reason) {
     MPI_UNLOCK();
 }
 
+// ----------------------------------------------------------------------------
+// who did not arrive
+//
+// Each communicator has a window of one uint64 per rank, locked (shared)
+// by every rank for its whole life. A rank waiting in collective `seq`
+// stores seq in its own slot (a plain store and MPI_Win_sync: no message).
+// A rank that times out reads every slot with MPI_Rget (passive target:
+// the peers need not be in MPI, with Open MPI's shared-memory "sm" window
+// not even awake) and names the ranks whose number is lower: they have not
+// reached this collective. The reads get 2 s; if they do not complete
+// (a one-sided implementation that needs the target's attention), the
+// message says the ranks are unknown.
+
+static void publish_seq(mpi_state *s, uint64_t seq) {
+    if (s->win == MPI_WIN_NULL || __atomic_load_n(s->at, __ATOMIC_RELAXED) == seq) return;
+    __atomic_store_n(s->at, seq, __ATOMIC_RELEASE);
+    MPI_LOCK();
+    MPI_Win_sync(s->win);
+    MPI_UNLOCK();
+}
+
+/* Writes "2 (at seq 4), 5 (at seq 4)" or why it cannot into buf. */
+static void ranks_behind(dt_comm_t c, uint64_t seq, char *buf, size_t n) {
+    mpi_state *s = c->be;
+    int np = c->size, done = 0;
+    uint64_t *v = calloc((size_t)np, sizeof *v);
+    MPI_Request *rq = malloc((size_t)np * sizeof *rq);
+    if (s->win == MPI_WIN_NULL || !v || !rq) {
+        snprintf(buf, n, "unknown (no window)");
+        free(v);
+        free(rq);
+        return;
+    }
+    MPI_LOCK();
+    for (int p = 0; p < np; p++) {
+        rq[p] = MPI_REQUEST_NULL;
+        if (p != c->rank && MPI_Rget(&v[p], 1, MPI_UINT64_T, p, 0, 1, MPI_UINT64_T, s->win,
+                                     &rq[p]) != MPI_SUCCESS)
+            rq[p] = MPI_REQUEST_NULL;
+    }
+    MPI_UNLOCK();
+    for (double until = dt_now() + 2.0; !done && dt_now() < until;) {
+        MPI_LOCK();
+        MPI_Testall(np, rq, &done, MPI_STATUSES_IGNORE);
+        MPI_UNLOCK();
+        if (!done) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (!done) { /* v and rq stay allocated: the reads may still land */
+        snprintf(buf, n, "unknown (the peers' positions could not be read)");
+        return;
+    }
+    size_t len = 0;
+    buf[0] = 0;
+    for (int p = 0; p < np && len + 40 < n; p++)
+        if (p != c->rank && v[p] < seq)
+            len += (size_t)snprintf(buf + len, n - len, "%s%d (at seq %llu)", len ? ", " : "",
+                                    s->names ? s->names[p] : p, (unsigned long long)v[p]);
+    if (!len) snprintf(buf, n, "none (every rank reached seq %llu: stuck inside MPI)",
+                       (unsigned long long)seq);
+    free(v);
+    free(rq);
+}
+
 static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    publish_seq(s, a->seq);
     dt_waiter w;
     dt_waiter_init(&w, c->timeout, c->local_size);
     for (;;) {
@@ -153,12 +229,15 @@ static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
                      (unsigned long long)a->seq);
             dt_status ab = check_abort(c, what);
             if (ab != DT_OK) return ab;
-            if (dt_waiter_expired(&w))
+            if (dt_waiter_expired(&w)) {
+                char who[256];
+                ranks_behind(c, a->seq, who, sizeof who);
                 return dt_error(DT_ERR_TIMEOUT,
-                                "%s (seq %llu, %zu x %s) on rank %d: timed out after %.3g s "
-                                "(MPI backend: the ranks that did not arrive are unknown)",
+                                "%s (seq %llu, %zu x %s) on rank %d: timed out after %.3g s; "
+                                "ranks not arrived: %s",
                                 dt_coll_name(a->kind), (unsigned long long)a->seq, a->count,
-                                dt_dtype_name(a->dtype), c->rank, c->timeout);
+                                dt_dtype_name(a->dtype), s->names ? s->names[c->rank] : c->rank, c->timeout, who);
+            }
         }
     }
 }
@@ -196,9 +275,7 @@ static int is_half(dt_dtype t) { return t == DT_F16 || t == DT_BF16; }
 
 /* For DT_AVG: divide n elements in place by the rank count. */
 static void finish_avg(void *buf, size_t n, dt_dtype t, dt_redop op, int size) {
-    if (op != DT_AVG || !n) return;
-    const void *src[1] = {buf};
-    dt_reduce_kernel(buf, src, 1, n, t, DT_AVG, size);
+    if (op == DT_AVG) dt_avg_finish(buf, n, t, size);
 }
 
 // ----------------------------------------------------------------------------
@@ -215,13 +292,7 @@ static dt_status mpi_allreduce_chunk(dt_comm_t c, const dt_coll_args *a, const v
 }
 
 // ----------------------------------------------------------------------------
-// ring allreduce over MPI point to point (DTRAIN_COMM_ALGO=ring)
-//
-// The bandwidth-optimal textbook ring: n-1 reduce-scatter steps, in which
-// each rank sends one chunk to its right neighbour and adds the chunk that
-// arrives from its left, then n-1 allgather steps that pass the finished
-// chunks around. Every rank sends 2(n-1)/n of the vector, whatever n. fp16
-// and bf16 run the ring in fp32 (one conversion in, one out).
+// dtrain's own algorithms over MPI point to point (algo.c)
 
 static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a) {
     dt_status rc = wait_req(c, &rq[0], a);
@@ -229,90 +300,47 @@ static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a)
     return wait_req(c, &rq[1], a);
 }
 
-#define RING_TAG 7302
+#define ALGO_TAG 7302
 
-static dt_status ring_allreduce(dt_comm_t c, const dt_coll_args *a) {
+static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sbuf, size_t sbytes,
+                              int to, void *rbuf, size_t rbytes, int from, size_t round_max) {
+    (void)round_max;
     mpi_state *s = c->be;
-    int n = c->size, r = c->rank;
-    dt_dtype t = is_half(a->dtype) ? DT_F32 : a->dtype;
-    size_t es = dt_dtype_size(t), N = a->count;
-    char *work = a->recv;
-    float *fbuf = NULL;
-    if (t != a->dtype) {
-        fbuf = malloc(N * sizeof(float) + 4);
-        if (!fbuf) return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
-        dt_to_f32(fbuf, a->send, N, a->dtype);
-        work = (char *)fbuf;
-    } else if (a->send != a->recv) {
-        memcpy(a->recv, a->send, N * es);
-    }
-    size_t per = (N + (size_t)n - 1) / (size_t)n;
-    char *tmp = malloc(per * es + 4);
-    if (!tmp) {
-        free(fbuf);
-        return dt_error(DT_ERR_NOMEM, "allreduce: out of memory");
-    }
-#define CH_OFF(k) ((size_t)(k) * per < N ? (size_t)(k) * per : N)
-#define CH_LEN(k) (CH_OFF((k) + 1) - CH_OFF(k))
-    int right = (r + 1) % n, left = (r + n - 1) % n;
-    dt_status rc = DT_OK;
-    dt_redop op = a->op == DT_AVG ? DT_SUM : a->op;
-    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
-        int sc = ((r - k) % n + n) % n, rcv = ((r - k - 1) % n + n) % n;
-        MPI_Request rq[2];
-        MPI_LOCK();
-        MPI_Irecv(tmp, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG, s->comm, &rq[0]);
-        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
-                  s->comm, &rq[1]);
-        MPI_UNLOCK();
-        rc = wait_two(c, rq, a);
-        if (rc == DT_OK) {
-            char *dst = work + CH_OFF(rcv) * es;
-            const void *src[2] = {dst, tmp};
-            dt_reduce_kernel(dst, src, 2, CH_LEN(rcv), t, op, 1);
-        }
-    }
-    for (int k = 0; k < n - 1 && rc == DT_OK; k++) {
-        int sc = ((r + 1 - k) % n + n) % n, rcv = ((r - k) % n + n) % n;
-        MPI_Request rq[2];
-        MPI_LOCK();
-        MPI_Irecv(work + CH_OFF(rcv) * es, (int)(CH_LEN(rcv) * es), MPI_BYTE, left, RING_TAG,
-                  s->comm, &rq[0]);
-        MPI_Isend(work + CH_OFF(sc) * es, (int)(CH_LEN(sc) * es), MPI_BYTE, right, RING_TAG,
-                  s->comm, &rq[1]);
-        MPI_UNLOCK();
-        rc = wait_two(c, rq, a);
-    }
-#undef CH_OFF
-#undef CH_LEN
-    if (rc == DT_OK) {
-        finish_avg(work, N, t, a->op, n);
-        if (fbuf) dt_from_f32(a->recv, fbuf, N, a->dtype);
-    }
-    free(tmp);
-    free(fbuf);
-    return rc;
+    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_LOCK();
+    if (from >= 0) MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, from, ALGO_TAG, s->comm, &rq[0]);
+    if (to >= 0) MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, ALGO_TAG, s->comm, &rq[1]);
+    MPI_UNLOCK();
+    return wait_two(c, rq, a);
 }
 
-static int use_ring(dt_comm_t c, const dt_coll_args *a) {
-    static int algo = -1; /* 0 auto, 1 MPI's own, 2 ring */
-    if (algo < 0) {
-        const char *e = getenv("DTRAIN_COMM_ALGO");
-        algo = e && !strcmp(e, "ring") ? 2 : e && !strcmp(e, "mpi") ? 1 : 0;
+/* The mpi backend's choice: MPI's own collective unless DTRAIN_COMM_ALGO
+ * forces one of dtrain's where it applies (ring, rhd: allreduce; tree:
+ * broadcast, reduce) and the messages fit MPI's int counts. MPI libraries
+ * already switch between such algorithms by size and rank count (Open
+ * MPI's "tuned" component), tuned to the network, so auto is MPI's. */
+static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    dt_coll k = a->kind;
+    size_t bytes = a->count * (is_half(a->dtype) ? sizeof(float) : dt_dtype_size(a->dtype));
+    dt_algo algo = DT_ALGO_MPI;
+    if (c->size > 1 && bytes <= INT_MAX / 2) {
+        if ((s->algo == DT_ALGO_RING || s->algo == DT_ALGO_RHD) && k == DT_COLL_ALLREDUCE)
+            algo = s->algo;
+        if (s->algo == DT_ALGO_TREE && (k == DT_COLL_BROADCAST || k == DT_COLL_REDUCE))
+            algo = DT_ALGO_TREE;
     }
-    size_t per = a->count / (size_t)(c->size > 0 ? c->size : 1) + 1;
-    if (c->size < 2 || per * dt_dtype_size(a->dtype) * 2 > INT_MAX / 2) return 0;
-    return algo == 2;
+    dt_algo_log(c, a, bytes, algo);
+    return algo;
 }
 
 /* Runs MPI_Iallreduce over chunks of at most INT_MAX/2 elements; fp16/bf16
  * go through fp32 buffers. */
 static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
-    if (use_ring(c, a)) {
-        if (dt_log_get_level() >= DT_LOG_DEBUG)
-            dt_log(DT_LOG_DEBUG, "comm mpi rank %d: allreduce seq %llu count %zu -> ring", c->rank,
-                   (unsigned long long)a->seq, a->count);
-        return ring_allreduce(c, a);
+    switch (mpi_choose(c, a)) {
+    case DT_ALGO_RING: return dt_algo_ring_allreduce(c, a, mpi_sendrecv);
+    case DT_ALGO_RHD: return dt_algo_rhd_allreduce(c, a, mpi_sendrecv);
+    default: break;
     }
     size_t es = dt_dtype_size(a->dtype), step = INT_MAX / 2;
     if (is_half(a->dtype)) step = 1u << 22; /* bounded fp32 scratch */
@@ -342,6 +370,7 @@ static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
 }
 
 static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
+    if (mpi_choose(c, a) == DT_ALGO_TREE) return dt_algo_tree_reduce(c, a, mpi_sendrecv);
     mpi_state *s = c->be;
     size_t es = dt_dtype_size(a->dtype), step = is_half(a->dtype) ? 1u << 22 : INT_MAX / 2;
     int root = c->rank == a->root;
@@ -387,12 +416,26 @@ static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
     return rc;
 }
 
+/* With a->counts (hier's leaders), rank p's block has counts[p] elements. */
 static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     mpi_state *s = c->be;
-    size_t es = dt_dtype_size(a->dtype), rcnt = a->count, total = rcnt * (size_t)c->size;
-    if (total > INT_MAX)
+    size_t es = dt_dtype_size(a->dtype), rcnt = a->counts ? a->counts[c->rank] : a->count;
+    size_t total = rcnt * (size_t)c->size;
+    int counts[64], *ic = NULL;
+    if (a->counts) {
+        ic = c->size <= 64 ? counts : malloc((size_t)c->size * sizeof(int));
+        if (!ic) return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        total = 0;
+        for (int p = 0; p < c->size; p++) {
+            total += a->counts[p];
+            ic[p] = (int)a->counts[p];
+        }
+    }
+    if (total > INT_MAX) {
+        if (ic != counts) free(ic);
         return dt_error(DT_ERR_ARG, "reduce_scatter (seq %llu): %zu elements exceed MPI's int counts",
                         (unsigned long long)a->seq, total);
+    }
     const void *snd = a->send;
     void *rcv = a->recv;
     float *tin = NULL, *tout = NULL;
@@ -403,6 +446,7 @@ static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
         if (!tin || !tout) {
             free(tin);
             free(tout);
+            if (ic != counts) free(ic);
             return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
         }
         dt_to_f32(tin, snd, total, a->dtype);
@@ -412,14 +456,20 @@ static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
                (char *)rcv + rcnt * es > (const char *)snd) {
         /* overlapping but not MPI_IN_PLACE-shaped: go through scratch */
         scratch = malloc(rcnt * es + 1);
-        if (!scratch) return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        if (!scratch) {
+            if (ic != counts) free(ic);
+            return dt_error(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+        }
         rcv = scratch;
     }
     MPI_Request rq;
     dt_status rc;
     MPI_LOCK();
-    int e = MPI_Ireduce_scatter_block(snd == rcv ? MPI_IN_PLACE : snd, (void *)(snd == rcv ? snd : rcv),
-                                      (int)rcnt, mpi_type(a->dtype), mpi_op(a->op), s->comm, &rq);
+    const void *sb = snd == rcv ? MPI_IN_PLACE : snd;
+    void *rb = (void *)(snd == rcv ? snd : rcv);
+    int e = ic ? MPI_Ireduce_scatter(sb, rb, ic, mpi_type(a->dtype), mpi_op(a->op), s->comm, &rq)
+               : MPI_Ireduce_scatter_block(sb, rb, (int)rcnt, mpi_type(a->dtype), mpi_op(a->op),
+                                           s->comm, &rq);
     MPI_UNLOCK();
     rc = e == MPI_SUCCESS ? wait_req(c, &rq, a) : mpi_err("reduce_scatter", e);
     if (rc == DT_OK) {
@@ -435,6 +485,7 @@ static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     free(tin);
     free(tout);
     free(scratch);
+    if (ic != counts) free(ic);
     return rc;
 }
 
@@ -467,6 +518,7 @@ static dt_status mpi_allgatherv(dt_comm_t c, const dt_coll_args *a) {
 }
 
 static dt_status mpi_broadcast(dt_comm_t c, const dt_coll_args *a) {
+    if (mpi_choose(c, a) == DT_ALGO_TREE) return dt_algo_tree_broadcast(c, a, mpi_sendrecv);
     mpi_state *s = c->be;
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es, step = INT_MAX / 2;
     if (c->rank == a->root && a->send != a->recv && bytes) memmove(a->recv, a->send, bytes);
@@ -487,47 +539,76 @@ static dt_status mpi_barrier(dt_comm_t c, const dt_coll_args *a) {
     return wait_req(c, &rq, a);
 }
 
+// ----------------------------------------------------------------------------
+// point to point, never blocking (the front end waits and keeps deadlines)
+
 #define P2P_TAG 7301
+_Static_assert(sizeof(MPI_Request) <= sizeof(((dt_p2p *)0)->be), "dt_p2p.be too small");
 
-static dt_status mpi_send(dt_comm_t c, const dt_coll_args *a) {
+static dt_status mpi_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
     mpi_state *s = c->be;
+    const dt_coll_args *a = &p->args;
+    MPI_Request *rq = (MPI_Request *)p->be;
     size_t bytes = a->count * dt_dtype_size(a->dtype);
-    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "send: %zu bytes exceed MPI's int counts", bytes);
-    MPI_Request rq;
-    CALL(MPI_Isend(a->send, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, &rq), a);
-    return wait_req(c, &rq, a);
-}
-
-static dt_status mpi_recv(dt_comm_t c, const dt_coll_args *a) {
-    mpi_state *s = c->be;
-    size_t bytes = a->count * dt_dtype_size(a->dtype);
-    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "recv: %zu bytes exceed MPI's int counts", bytes);
-    /* probe first, so that a size mismatch is an error, not a truncation */
-    dt_waiter w;
-    dt_waiter_init(&w, c->timeout, c->local_size);
-    MPI_Status st;
-    for (;;) {
-        int flag = 0;
+    char what[96];
+    snprintf(what, sizeof what, "%s (%zu x %s, peer %d)", dt_coll_name(a->kind), a->count,
+             dt_dtype_name(a->dtype), a->root);
+    if (bytes > INT_MAX) return dt_error(DT_ERR_ARG, "%s: %zu bytes exceed MPI's int counts", what, bytes);
+    int rc = MPI_SUCCESS;
+    if (!p->started) *rq = MPI_REQUEST_NULL;
+    if (!p->started && a->kind == DT_COLL_SEND) {
         MPI_LOCK();
-        MPI_Iprobe(a->root, P2P_TAG, s->comm, &flag, &st);
+        rc = MPI_Isend(a->send, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, rq);
         MPI_UNLOCK();
-        if (flag) break;
-        if (dt_waiter_step(&w)) {
-            dt_status ab = check_abort(c, "recv");
-            if (ab != DT_OK) return ab;
-            if (dt_waiter_expired(&w))
-                return dt_error(DT_ERR_TIMEOUT, "recv on rank %d from rank %d: timed out after %.3g s",
-                                c->rank, a->root, c->timeout);
+        p->started = 1;
+    } else if (!p->started) {
+        /* a matched probe first, so that a size mismatch is an error, not a
+         * truncation */
+        int flag = 0, got = 0;
+        MPI_Message msg;
+        MPI_Status st;
+        MPI_LOCK();
+        MPI_Improbe(a->root, P2P_TAG, s->comm, &flag, &msg, &st);
+        if (flag) {
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if ((size_t)got == bytes) {
+                rc = MPI_Imrecv(a->recv, (int)bytes, MPI_BYTE, &msg, rq);
+                p->started = 1;
+            } else {
+                char *junk = malloc((size_t)got + 1);
+                MPI_Mrecv(junk, got, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+                free(junk);
+            }
+        }
+        MPI_UNLOCK();
+        if (flag && (size_t)got != bytes)
+            return dt_error(DT_ERR_COMM, "%s on rank %d: message of %d bytes, expected %zu", what,
+                            c->rank, got, bytes);
+    }
+    if (rc != MPI_SUCCESS) return mpi_err(what, rc);
+    if (p->started) {
+        int done = 0;
+        MPI_LOCK();
+        rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+        MPI_UNLOCK();
+        if (rc != MPI_SUCCESS) return mpi_err(what, rc);
+        if (done) {
+            p->done = 1;
+            *moved = 1;
+            return DT_OK;
         }
     }
-    int got = 0;
-    MPI_Get_count(&st, MPI_BYTE, &got);
-    if ((size_t)got != bytes)
-        return dt_error(DT_ERR_COMM, "recv on rank %d from rank %d: message of %d bytes, expected %zu (%zu x %s)",
-                        c->rank, a->root, got, bytes, a->count, dt_dtype_name(a->dtype));
-    MPI_Request rq;
-    CALL(MPI_Irecv(a->recv, (int)bytes, MPI_BYTE, a->root, P2P_TAG, s->comm, &rq), a);
-    return wait_req(c, &rq, a);
+    return slow ? check_abort(c, what) : DT_OK;
+}
+
+static void mpi_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    (void)c;
+    MPI_Request *rq = (MPI_Request *)p->be;
+    if (*rq == MPI_REQUEST_NULL) return;
+    MPI_LOCK();
+    MPI_Cancel(rq);
+    MPI_Request_free(rq);
+    MPI_UNLOCK();
 }
 
 // ----------------------------------------------------------------------------
@@ -535,21 +616,32 @@ static dt_status mpi_recv(dt_comm_t c, const dt_coll_args *a) {
 
 /* Fills rank, size and the host layout of c from an MPI communicator (which
  * c then owns). DTRAIN_FAKE_NODES=k pretends the ranks are spread over k
- * hosts in contiguous blocks, to test the hierarchical path on one host. */
+ * hosts in contiguous blocks (k:cyclic: round robin), to test the
+ * hierarchical path on one host. */
 dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
     mpi_state *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "mpi backend: out of memory");
     s->comm = comm;
+    s->algo = dt_algo_from_env();
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &c->rank);
     MPI_Comm_size(comm, &c->size);
+    s->win = MPI_WIN_NULL;
+    if (MPI_Win_allocate(sizeof(uint64_t), sizeof(uint64_t), MPI_INFO_NULL, comm, &s->at,
+                         &s->win) == MPI_SUCCESS) {
+        MPI_Win_set_errhandler(s->win, MPI_ERRORS_RETURN);
+        *s->at = 0;
+        MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win);
+    } else {
+        s->win = MPI_WIN_NULL;
+    }
     const char *fake = getenv("DTRAIN_FAKE_NODES");
-    int k = fake ? atoi(fake) : 0;
+    int k = fake ? atoi(fake) : 0, cyclic = fake && strstr(fake, ":cyclic");
     int rc;
     if (k > 1) {
         if (k > c->size) k = c->size;
         int per = (c->size + k - 1) / k;
-        rc = MPI_Comm_split(comm, c->rank / per, c->rank, &s->node_comm);
+        rc = MPI_Comm_split(comm, cyclic ? c->rank % k : c->rank / per, c->rank, &s->node_comm);
     } else {
         rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &s->node_comm);
     }
@@ -574,6 +666,26 @@ dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm) {
     c->be = s;
     c->ops = &dt_mpi_ops;
     return DT_OK;
+}
+
+void dt_mpi_name_ranks(dt_comm_t c, MPI_Comm parent) {
+    mpi_state *s = c->be;
+    int *idx = malloc((size_t)c->size * sizeof(int));
+    s->names = malloc((size_t)c->size * sizeof(int));
+    if (!idx || !s->names) {
+        free(idx);
+        free(s->names);
+        s->names = NULL;
+        return;
+    }
+    for (int i = 0; i < c->size; i++) idx[i] = i;
+    MPI_Group mine, theirs;
+    MPI_Comm_group(s->comm, &mine);
+    MPI_Comm_group(parent, &theirs);
+    MPI_Group_translate_ranks(mine, c->size, idx, theirs, s->names);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&theirs);
+    free(idx);
 }
 
 dt_status dt_mpi_init_world(dt_comm_t c) {
@@ -611,10 +723,14 @@ static void mpi_destroy(dt_comm_t c) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) {
+        /* The window stays until MPI_Finalize releases it: MPI_Win_free
+         * waits for every rank of the window, and destroying a communicator
+         * must not (a peer that saw it break never frees its side). One
+         * 8-byte window per communicator ever created. */
         if (s->node_comm != MPI_COMM_NULL) MPI_Comm_free(&s->node_comm);
         MPI_Comm_free(&s->comm);
-
     }
+    free(s->names);
     free(s);
     c->be = NULL;
 }
@@ -627,8 +743,8 @@ const struct dt_comm_ops dt_mpi_ops = {
     .broadcast = mpi_broadcast,
     .reduce = mpi_reduce,
     .barrier = mpi_barrier,
-    .send = mpi_send,
-    .recv = mpi_recv,
+    .p2p_progress = mpi_p2p_progress,
+    .p2p_cancel = mpi_p2p_cancel,
     .split = mpi_split,
     .abort = mpi_abort,
     .destroy = mpi_destroy,

@@ -10,6 +10,10 @@ typedef struct {
     MPI_Comm comm;      /* owned duplicate */
     MPI_Comm node_comm; /* the ranks sharing this host (or fake node) */
     int world;          /* created by dt_comm_init_env */
+    dt_algo algo;       /* DTRAIN_COMM_ALGO */
+    MPI_Win win;        /* one slot per rank: the seq of its latest collective */
+    uint64_t *at;       /* this rank's slot */
+    int *names;         /* rank to name in messages for each rank (NULL: itself) */
     int aborted;        /* this rank told its peers it gave up */
     char abort_msg[400];/* the message sent (must outlive the sends) */
 } mpi_state;
@@ -18,5 +22,7 @@ typedef struct {
 DT_HIDDEN dt_status dt_mpi_library_init(void);
 /* Makes c an mpi-backend communicator over `comm` (which c then owns). */
 DT_HIDDEN dt_status dt_mpi_attach(dt_comm_t c, MPI_Comm comm);
+/* Error messages about c's ranks name them by their ranks in `parent`. */
+DT_HIDDEN void dt_mpi_name_ranks(dt_comm_t c, MPI_Comm parent);
 
 #endif

@@ -18,11 +18,11 @@
  * with a release store and read by the others with acquire loads; "rank p
  * reached step s" is `flag[p] >= s`. There are no locks in the segment.
  *
- * Two algorithms:
+ * Two algorithms of its own (and algo.c's, below):
  *
  * direct (small messages: for reductions, where every rank reduces the
  *   whole vector, <= 16 KiB per rank, or <= 1 KiB with two ranks; <= 32 KiB
- *   for the others; override with DTRAIN_COMM_ALGO=direct|rsag). One
+ *   for the others; see shm_choose). One
  *   synchronisation per op:
  *   every rank copies its input into its small buffer for op S (parity
  *   S & 1), sets arrive = S, waits until all ranks arrived, and computes
@@ -53,6 +53,9 @@
  *
  * Because each element is reduced exactly once, by its owner, in rank
  * order, every rank gets the same bits, run after run, whatever the path.
+ *
+ * DTRAIN_COMM_ALGO=ring|rhd|tree runs algo.c's point-to-point algorithms
+ * instead, through the slots (shm_sendrecv); shm_choose says when.
  *
  * Waiting (wait_ge) never blocks for ever: it spins briefly, yields, then
  * blocks on a futex in the header that flag-raising peers wake (wait.c,
@@ -171,8 +174,6 @@ int dt_shm_all_attached(void *base) {
 // ----------------------------------------------------------------------------
 // per-communicator state
 
-typedef enum { ALGO_AUTO = 0, ALGO_DIRECT, ALGO_RSAG } shm_algo;
-
 typedef struct {
     char name[200]; /* segment name, "" for a private one */
     void *base;
@@ -185,7 +186,8 @@ typedef struct {
     uint64_t opseq;   /* ops run through this backend (incl. internal ones) */
     uint64_t step;    /* rsag/pipeline steps run so far */
     int *world;       /* world rank of each member, for the launcher's states */
-    shm_algo algo;
+    dt_algo algo;     /* DTRAIN_COMM_ALGO */
+    int verified;     /* the point-to-point algorithms checked a peer's arguments */
     size_t chunk; /* DTRAIN_SHM_CHUNK: bytes per piece, 0 = whole slot */
     int nslots;   /* DTRAIN_SHM_SLOTS (2..64, same on every rank) */
     size_t slot;  /* BIG_BYTES / nslots */
@@ -233,15 +235,6 @@ static dt_status map_segment(shm_state *s, void *base, size_t size, int n, int m
     return DT_OK;
 }
 
-static shm_algo algo_from_env(void) {
-    const char *a = getenv("DTRAIN_COMM_ALGO");
-    if (!a || !*a || !strcmp(a, "auto")) return ALGO_AUTO;
-    if (!strcmp(a, "direct")) return ALGO_DIRECT;
-    if (!strcmp(a, "rsag") || !strcmp(a, "ring")) return ALGO_RSAG;
-    dt_log(DT_LOG_WARN, "DTRAIN_COMM_ALGO=%s: unknown for shm (auto|direct|rsag), using auto", a);
-    return ALGO_AUTO;
-}
-
 static shm_state *state_new(int n) {
     shm_state *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -250,7 +243,7 @@ static shm_state *state_new(int n) {
         free(s);
         return NULL;
     }
-    s->algo = algo_from_env();
+    s->algo = dt_algo_from_env();
     const char *ns = getenv("DTRAIN_SHM_SLOTS");
     s->nslots = ns && atoi(ns) >= 2 && atoi(ns) <= 64 ? atoi(ns) : BIG_NSLOTS;
     s->slot = BIG_BYTES / (size_t)s->nslots / 4096 * 4096;
@@ -533,7 +526,7 @@ static inline void post(shm_state *s, _Atomic uint64_t *f, uint64_t v) {
 // ----------------------------------------------------------------------------
 // choosing the path
 
-/* Direct below the crossover, pipelined above. For reductions the direct
+/* Direct below the crossover, rsag above. For reductions the direct
  * path makes every rank reduce the whole vector, so it pays off only for
  * small vectors: up to 16 KiB, and with two ranks, where the pipelined
  * path writes into lines it has just read (see `swap`), only up to 1 KiB
@@ -541,16 +534,38 @@ static inline void post(shm_state *s, _Atomic uint64_t *f, uint64_t v) {
 #define DIRECT_REDUCE_MAX (SMALL_BYTES / 2)
 #define DIRECT_REDUCE_MAX_2RANKS 1024
 
-static int use_direct(shm_state *s, size_t bytes_per_rank, size_t auto_limit) {
-    if (s->algo == ALGO_DIRECT) return bytes_per_rank <= SMALL_BYTES;
-    if (s->algo == ALGO_RSAG) return 0;
-    return bytes_per_rank <= auto_limit;
-}
+static int swap_enabled(void);
 
-static void log_choice(dt_comm_t c, const dt_coll_args *a, const char *algo) {
-    if (dt_log_get_level() >= DT_LOG_DEBUG)
-        dt_log(DT_LOG_DEBUG, "comm shm rank %d: %s seq %llu count %zu -> %s", c->rank,
-               dt_coll_name(a->kind), (unsigned long long)a->seq, a->count, algo);
+/* The shm backend's choice for a collective moving `bytes` per rank (the
+ * size the direct path would publish). A forced algorithm is taken where
+ * it applies: direct for anything that fits the small buffers, rsag for
+ * anything, ring and rhd for allreduce, tree for broadcast and reduce.
+ * Otherwise: direct up to the crossover, rsag above. The point-to-point
+ * algorithms are never chosen automatically here: with every buffer in
+ * shared memory, direct (one synchronisation) and rsag (each byte reduced
+ * once, by its owner, while all ranks work at once) move fewer bytes and
+ * wait less. */
+static dt_algo shm_choose(dt_comm_t c, const dt_coll_args *a, size_t bytes) {
+    shm_state *s = ST(c);
+    dt_coll k = a->kind;
+    int reduction = k == DT_COLL_ALLREDUCE || k == DT_COLL_REDUCE;
+    dt_algo algo = DT_ALGO_AUTO;
+    switch (s->algo) {
+    case DT_ALGO_DIRECT: if (bytes <= SMALL_BYTES) algo = DT_ALGO_DIRECT; break;
+    case DT_ALGO_RSAG: algo = DT_ALGO_RSAG; break;
+    case DT_ALGO_RING:
+    case DT_ALGO_RHD: if (k == DT_COLL_ALLREDUCE) algo = s->algo; break;
+    case DT_ALGO_TREE: if (k == DT_COLL_BROADCAST || k == DT_COLL_REDUCE) algo = DT_ALGO_TREE; break;
+    default: break;
+    }
+    if (algo == DT_ALGO_AUTO) {
+        size_t direct_max = !reduction ? SMALL_BYTES
+                            : s->n == 2 && swap_enabled() ? DIRECT_REDUCE_MAX_2RANKS
+                                                         : DIRECT_REDUCE_MAX;
+        algo = bytes <= direct_max ? DT_ALGO_DIRECT : DT_ALGO_RSAG;
+    }
+    dt_algo_log(c, a, bytes, algo);
+    return algo;
 }
 
 // ----------------------------------------------------------------------------
@@ -623,6 +638,7 @@ static dt_status begin_op(dt_comm_t c, const dt_coll_args *a) {
         if (rc != DT_OK) return rc;
     }
     s->opseq = op;
+    s->verified = 0;
     publish_desc(s, a, op);
     post(s, &s->ctl[s->me].arrive, op);
     return DT_OK;
@@ -783,6 +799,58 @@ out:
     return rc;
 }
 
+// ----------------------------------------------------------------------------
+// the transport of the point-to-point algorithms (algo.c)
+//
+// One call is a round of lockstep steps through the slots, the same number
+// on every rank (round_max / piece): in step g a rank copies its piece of
+// the message it sends into its slot g, raises ready, reads the piece it
+// receives from the sender's slot g, raises done. The slot rule is rsag's:
+// slot g is rewritten only once every peer is done with step g - nslots.
+
+static dt_status shm_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sbuf, size_t sbytes,
+                              int to, void *rbuf, size_t rbytes, int from, size_t round_max) {
+    shm_state *s = ST(c);
+    size_t piece = s->chunk && s->chunk < s->slot ? s->chunk : s->slot;
+    size_t nsteps = round_max ? (round_max + piece - 1) / piece : 1;
+    dt_status rc;
+    for (size_t st = 0; st < nsteps; st++) {
+        uint64_t g = ++s->step;
+        size_t o = st * piece;
+        if (to >= 0 && o < sbytes) {
+            if (g > (uint64_t)s->nslots &&
+                (rc = CTL_WAIT(c, a, "waiting to reuse buffers", done, g - (uint64_t)s->nslots, -1)) != DT_OK)
+                return rc;
+            memcpy(big_buf(s, s->me, g), (const char *)sbuf + o, sbytes - o < piece ? sbytes - o : piece);
+        }
+        post(s, &s->ctl[s->me].ready, g);
+        if (from >= 0) {
+            if ((rc = CTL_WAIT(c, a, "waiting for a peer's piece", ready, g, from)) != DT_OK) return rc;
+            if (!s->verified) {
+                if ((rc = verify_desc(c, a, s->opseq, from)) != DT_OK) return rc;
+                s->verified = 1;
+            }
+            if (o < rbytes)
+                memcpy((char *)rbuf + o, big_buf(s, from, g), rbytes - o < piece ? rbytes - o : piece);
+        }
+        post(s, &s->ctl[s->me].done, g);
+    }
+    return DT_OK;
+}
+
+/* Runs one of algo.c's algorithms. */
+static dt_status shm_run_algo(dt_comm_t c, const dt_coll_args *a, dt_algo algo) {
+    dt_status rc = begin_op(c, a);
+    if (rc != DT_OK) return rc;
+    switch (algo) {
+    case DT_ALGO_RING: return dt_algo_ring_allreduce(c, a, shm_sendrecv);
+    case DT_ALGO_RHD: return dt_algo_rhd_allreduce(c, a, shm_sendrecv);
+    default:
+        return a->kind == DT_COLL_BROADCAST ? dt_algo_tree_broadcast(c, a, shm_sendrecv)
+                                            : dt_algo_tree_reduce(c, a, shm_sendrecv);
+    }
+}
+
 /* Balanced partition of count elements into n slices (the first count % n
  * slices get one more), with slice starts aligned to 16 elements where the
  * count allows, so that slices start on cache lines. */
@@ -822,9 +890,9 @@ static dt_status shm_allreduce_impl(dt_comm_t c, const dt_coll_args *a, int root
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es;
     int keep = root < 0 || root == s->me;
-    size_t direct_max = s->n == 2 && swap_enabled() ? DIRECT_REDUCE_MAX_2RANKS : DIRECT_REDUCE_MAX;
-    if (use_direct(s, bytes, direct_max)) {
-        log_choice(c, a, "direct");
+    dt_algo algo = shm_choose(c, a, bytes);
+    if (algo != DT_ALGO_DIRECT && algo != DT_ALGO_RSAG) return shm_run_algo(c, a, algo);
+    if (algo == DT_ALGO_DIRECT) {
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, bytes, &op);
         if (rc != DT_OK || !keep || !bytes) return rc;
@@ -836,7 +904,6 @@ static dt_status shm_allreduce_impl(dt_comm_t c, const dt_coll_args *a, int root
         if (sp != srcs) free(sp);
         return DT_OK;
     }
-    log_choice(c, a, "rsag");
     dt_status rc0 = begin_op(c, a);
     if (rc0 != DT_OK) return rc0;
     slices sl;
@@ -862,8 +929,7 @@ static dt_status shm_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), rc_ = a->count;
     size_t total = rc_ * (size_t)s->n * es;
-    if (use_direct(s, total, SMALL_BYTES)) {
-        log_choice(c, a, "direct");
+    if (shm_choose(c, a, total) == DT_ALGO_DIRECT) {
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, total, &op);
         if (rc != DT_OK || !rc_) return rc;
@@ -875,7 +941,6 @@ static dt_status shm_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
         if (sp != srcs) free(sp);
         return DT_OK;
     }
-    log_choice(c, a, "rsag");
     dt_status rc0 = begin_op(c, a);
     if (rc0 != DT_OK) return rc0;
     slices sl;
@@ -898,8 +963,7 @@ static dt_status shm_allgatherv(dt_comm_t c, const dt_coll_args *a) {
     for (int p = 0; p < s->n; p++)
         if (a->counts[p] > maxc) maxc = a->counts[p];
     char *out = a->recv;
-    if (use_direct(s, maxc * es, SMALL_BYTES)) {
-        log_choice(c, a, "direct");
+    if (shm_choose(c, a, maxc * es) == DT_ALGO_DIRECT) {
         uint64_t op;
         dt_status rc = direct_publish(c, a, a->send, a->count * es, &op);
         if (rc != DT_OK) return rc;
@@ -910,7 +974,6 @@ static dt_status shm_allgatherv(dt_comm_t c, const dt_coll_args *a) {
         }
         return DT_OK;
     }
-    log_choice(c, a, "pipelined");
     dt_status rc0 = begin_op(c, a);
     if (rc0 != DT_OK) return rc0;
     slices sl;
@@ -930,8 +993,9 @@ static dt_status shm_broadcast(dt_comm_t c, const dt_coll_args *a) {
     shm_state *s = ST(c);
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es;
     int r = a->root;
-    if (use_direct(s, bytes, SMALL_BYTES)) {
-        log_choice(c, a, "direct");
+    dt_algo algo = shm_choose(c, a, bytes);
+    if (algo == DT_ALGO_TREE) return shm_run_algo(c, a, algo);
+    if (algo == DT_ALGO_DIRECT) {
         uint64_t op;
         dt_status rc = direct_publish(c, a, s->me == r ? a->send : NULL, s->me == r ? bytes : 0, &op);
         if (rc != DT_OK || !bytes) return rc;
@@ -939,7 +1003,6 @@ static dt_status shm_broadcast(dt_comm_t c, const dt_coll_args *a) {
         if (a->recv != src) memmove(a->recv, src, bytes);
         return DT_OK;
     }
-    log_choice(c, a, "pipelined");
     dt_status rc0 = begin_op(c, a);
     if (rc0 != DT_OK) return rc0;
     slices sl;
@@ -961,49 +1024,66 @@ static dt_status shm_barrier(dt_comm_t c, const dt_coll_args *a) {
 }
 
 // ----------------------------------------------------------------------------
-// point to point: a ring of P2P_NSLOTS slots per (sender, receiver) pair
+// point to point: a ring of P2P_NSLOTS slots per (sender, receiver) pair,
+// moved along without blocking (the front end does the waiting)
 
-static dt_status shm_send(dt_comm_t c, const dt_coll_args *a) {
+/* An empty message still takes one piece. */
+static size_t p2p_pieces(size_t total) { return total ? (total + P2P_SLOT - 1) / P2P_SLOT : 1; }
+
+static dt_status shm_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
     shm_state *s = ST(c);
-    p2p_chan *ch = chan_of(s, s->me, a->root);
-    size_t total = a->count * dt_dtype_size(a->dtype), off = 0;
-    do {
-        uint64_t h = atomic_load_explicit(&ch->head, memory_order_relaxed);
-        if (h >= P2P_NSLOTS) {
-            dt_status rc = wait_ge(c, a, "waiting for a free slot", &ch->tail, 0,
-                                   h - P2P_NSLOTS + 1, a->root);
-            if (rc != DT_OK) return rc;
+    const dt_coll_args *a = &p->args;
+    int peer = a->root, sending = a->kind == DT_COLL_SEND;
+    p2p_chan *ch = sending ? chan_of(s, s->me, peer) : chan_of(s, peer, s->me);
+    size_t total = a->count * dt_dtype_size(a->dtype), np = p2p_pieces(total);
+    char what[160];
+    p->started = 1;
+    while (p->pos < np) {
+        size_t off = p->pos * P2P_SLOT, m = total - off < P2P_SLOT ? total - off : P2P_SLOT;
+        if (sending) {
+            uint64_t h = atomic_load_explicit(&ch->head, memory_order_relaxed);
+            if (h >= atomic_load_explicit(&ch->tail, memory_order_acquire) + P2P_NSLOTS) break;
+            size_t k = h % P2P_NSLOTS;
+            if (m) memcpy(ch->data[k], (const char *)a->send + off, m);
+            ch->hdr[k].len = m;
+            ch->hdr[k].total = total;
+            post(s, &ch->head, h + 1);
+        } else {
+            uint64_t t = atomic_load_explicit(&ch->tail, memory_order_relaxed);
+            if (atomic_load_explicit(&ch->head, memory_order_acquire) <= t) break;
+            size_t k = t % P2P_NSLOTS;
+            if (ch->hdr[k].total != total || ch->hdr[k].len != m) {
+                describe(what, sizeof what, a);
+                return dt_error(DT_ERR_COMM, "%s on rank %d: message of %llu bytes, expected %zu",
+                                what, c->rank, (unsigned long long)ch->hdr[k].total, total);
+            }
+            if (m) memcpy((char *)a->recv + off, ch->data[k], m);
+            post(s, &ch->tail, t + 1);
         }
-        size_t k = h % P2P_NSLOTS, m = total - off < P2P_SLOT ? total - off : P2P_SLOT;
-        if (m) memcpy(ch->data[k], (const char *)a->send + off, m);
-        ch->hdr[k].len = m;
-        ch->hdr[k].total = total;
-        post(s, &ch->head, h + 1);
-        off += m;
-    } while (off < total);
+        p->pos++;
+        *moved = 1;
+    }
+    if (p->pos == np) {
+        p->done = 1;
+        return DT_OK;
+    }
+    if (slow) {
+        char why[160];
+        describe(what, sizeof what, a);
+        if (atomic_load(&s->hdr->abort_flag) == 1)
+            return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d aborted the communicator: %s", what,
+                            c->rank, s->hdr->abort_rank, s->hdr->abort_reason);
+        if (peer_gone(s, peer, why, sizeof why))
+            return dt_error(DT_ERR_COMM, "%s on rank %d: %s; ranks not arrived: %d", what, c->rank,
+                            why, peer);
+    }
     return DT_OK;
 }
 
-static dt_status shm_recv(dt_comm_t c, const dt_coll_args *a) {
-    shm_state *s = ST(c);
-    p2p_chan *ch = chan_of(s, a->root, s->me);
-    size_t total = a->count * dt_dtype_size(a->dtype), off = 0;
-    do {
-        uint64_t t = atomic_load_explicit(&ch->tail, memory_order_relaxed);
-        dt_status rc = wait_ge(c, a, "waiting for the message", &ch->head, 0, t + 1, a->root);
-        if (rc != DT_OK) return rc;
-        size_t k = t % P2P_NSLOTS, m = ch->hdr[k].len;
-        if (ch->hdr[k].total != total || off + m > total)
-            return dt_error(DT_ERR_COMM,
-                            "recv on rank %d from rank %d: message of %llu bytes, expected %zu "
-                            "(%zu x %s)",
-                            c->rank, a->root, (unsigned long long)ch->hdr[k].total, total,
-                            a->count, dt_dtype_name(a->dtype));
-        if (m) memcpy((char *)a->recv + off, ch->data[k], m);
-        post(s, &ch->tail, t + 1);
-        off += m;
-    } while (off < total);
-    return DT_OK;
+/* A half-sent message stays in the channel: the communicator is broken. */
+static void shm_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    (void)c;
+    (void)p;
 }
 
 // ----------------------------------------------------------------------------
@@ -1068,8 +1148,8 @@ const struct dt_comm_ops dt_shm_ops = {
     .broadcast = shm_broadcast,
     .reduce = shm_reduce,
     .barrier = shm_barrier,
-    .send = shm_send,
-    .recv = shm_recv,
+    .p2p_progress = shm_p2p_progress,
+    .p2p_cancel = shm_p2p_cancel,
     .split = shm_split,
     .abort = shm_abort,
     .destroy = shm_destroy,
