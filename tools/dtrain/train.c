@@ -17,6 +17,7 @@
 static const char train_help[] =
     "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
     "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
+    "                    [--checkpoint-every N] [--resume auto] [--max-restarts N]\n"
     "\n"
     "Trains the model CONFIG describes and writes into the run directory:\n"
     "  config.ini          the resolved config (every field, presets expanded)\n"
@@ -25,7 +26,8 @@ static const char train_help[] =
     "                      wall_seconds, samples_per_sec\n"
     "  metrics/rank-N.jsonl  every worker: one JSON object per step (loss, lr,\n"
     "                      grad norm, throughput, time per phase, bytes sent and\n"
-    "                      received, peak memory) and per evaluation\n"
+    "                      received, peak memory) and per evaluation\n"    "  checkpoints/        step-N.safetensors (or step-N/ when sharded): the\n"
+    "                      whole training state, with --checkpoint-every/-seconds\n"
     "\n"
     "options:\n"
     "  --set S.K=V     override a config field, e.g. --set train.epochs=2\n"
