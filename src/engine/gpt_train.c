@@ -112,6 +112,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     cJSON_AddNumberToObject(o, "tokens_per_sec", tokens_per_sec);
+    dt_json_add_parallel(o, r);
     return dt_json_write(path, o);
 }
 

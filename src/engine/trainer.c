@@ -101,10 +101,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "wall_seconds", r->wall_seconds);
     cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
-    cJSON_AddNumberToObject(o, "workers", r->workers);
-    cJSON_AddNumberToObject(o, "threads_per_worker", r->threads);
-    cJSON_AddNumberToObject(o, "comm_seconds", r->comm_seconds);
-    cJSON_AddNumberToObject(o, "comm_exposed_seconds", r->comm_exposed_seconds);
+    dt_json_add_parallel(o, r);
     return dt_json_write(path, o);
 }
 
