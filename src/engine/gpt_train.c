@@ -182,7 +182,9 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     }
     if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
     float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
-    if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    int norder;
+    const dt_grad_range *order = dt_gpt_grad_order(m, &norder);
+    if ((st = dt_dp_step_init(&sync, c, comm, grads, np, order, norder)) != DT_OK) goto done;
     x = malloc(sizeof(int32_t) * B * T);
     y = malloc(sizeof(int32_t) * B * T);
     if (!x || !y) {

@@ -164,7 +164,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     lp.rank = rank;
     lp.world = W;
     if ((st = dt_loader_create(&loader, &train, &lp)) != DT_OK) goto done;
-    if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    if ((st = dt_dp_step_init(&sync, c, comm, grads, np, NULL, 0)) != DT_OK) goto done;
 
     // Checkpoints: the weights, the optimizer state, the loop's position.
     int nt = dt_model_num_tensors(m);
