@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""PyTorch DistributedDataParallel (Gloo) side of bench/dp.py: the models of
-torch_train.py, W processes x T threads, a global batch split evenly, the
-same SGD-momentum step. Prints one JSON object (rank 0)."""
+"""PyTorch DistributedDataParallel (Gloo) side of bench/dp.py: W processes x
+T threads, a global batch split evenly. The classifiers are torch_train.py's
+with its SGD-momentum step; a GPT preset (gpt-small, ...) is torch_gpt.py's
+model with its AdamW step on random tokens. Prints one JSON object (rank 0)."""
 import argparse, json, os, socket, sys, time
 
 import torch
@@ -10,47 +11,61 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gpt  # noqa: E402
 from torch_train import make  # noqa: E402
+
+
+def job(a, b):
+    """The model, its optimizer and the loss of one step on this rank's b
+    samples, given the (possibly DDP-wrapped) model."""
+    if a.model in torch_gpt.PRESETS:
+        m, opt, x, y = torch_gpt.make(a.model, b, a.seq)
+        return m, opt, lambda net: net(x, y)
+    m = make(a.model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(b, 1, 28, 28)
+    y = torch.randint(0, 10, (b,))
+    lossf = nn.CrossEntropyLoss()
+    return m, opt, lambda net: lossf(net(x), y)
 
 
 def worker(rank, a, port, q):
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
     torch.manual_seed(1)
-    m = make(a.model)
+    m, opt, loss = job(a, a.batch // a.workers)
     ddp = nn.parallel.DistributedDataParallel(m) if a.workers > 1 else m
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    b = a.batch // a.workers
-    x = torch.randn(b, 1, 28, 28)
-    y = torch.randint(0, 10, (b,))
-    lossf = nn.CrossEntropyLoss()
     warm = a.steps // 5 + 2
     for s in range(warm + a.steps):
         if s == warm:
             dist.barrier()
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        lossf(ddp(x), y).backward()
+        loss(ddp).backward()
         opt.step()
     dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        q.put({"impl": "pytorch-ddp", "version": torch.__version__, "model": a.model, "batch": a.batch,
-               "workers": a.workers, "threads": a.threads, "steps": a.steps,
-               "samples_per_sec": round(a.steps * a.batch / dt, 1)})
+        r = {"impl": "pytorch-ddp", "version": torch.__version__, "model": a.model, "batch": a.batch,
+             "workers": a.workers, "threads": a.threads, "steps": a.steps,
+             "samples_per_sec": round(a.steps * a.batch / dt, 1)}
+        if a.model in torch_gpt.PRESETS:
+            r.update(seq=a.seq, tokens_per_sec=round(a.steps * a.batch * a.seq / dt, 1))
+        q.put(r)
     dist.destroy_process_group()
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--model", default="mlp", help="mlp, cnn or a GPT preset of torch_gpt.py")
     ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--seq", type=int, default=256, help="GPT: tokens per sequence")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0)
     a = ap.parse_args()
-    a.batch = a.batch or (64 if a.model == "cnn" else 256)
-    a.steps = a.steps or (60 if a.model == "cnn" else 200)
+    a.batch = a.batch or {"mlp": 256, "cnn": 64}.get(a.model, 8)
+    a.steps = a.steps or {"mlp": 200, "cnn": 60}.get(a.model, 8)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -73,6 +73,18 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def make(preset, batch, seq, vocab=0):
+    """The model of `preset` (vocabulary `vocab` if not 0), its AdamW step
+    (bench_gpt's) and a batch of random tokens: (model, optimizer, x, y)."""
+    L, NH, C, maxT, V = PRESETS[preset]
+    V = vocab or V
+    m = GPT(L, NH, C, maxT, V)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1)
+    x = torch.randint(0, V, (batch, seq))
+    y = torch.randint(0, V, (batch, seq))
+    return m, opt, x, y
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="gpt-small")
@@ -83,14 +95,10 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     a = ap.parse_args()
-    L, NH, C, maxT, V = PRESETS[a.preset]
-    V = a.vocab or V
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    m = GPT(L, NH, C, maxT, V)
-    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1)
-    x = torch.randint(0, V, (a.batch, a.seq))
-    y = torch.randint(0, V, (a.batch, a.seq))
+    m, opt, x, y = make(a.preset, a.batch, a.seq, a.vocab)
+    V = a.vocab or PRESETS[a.preset][4]
     for s in range(a.warmup + a.steps):
         if s == a.warmup:
             t0 = time.perf_counter()

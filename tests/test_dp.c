@@ -5,13 +5,13 @@
  *      after 50 steps, for an MLP and a CNN with dropout, with a global batch
  *      that does not divide evenly among the workers, epochs whose last
  *      batch is short (once shorter than the number of workers), and
- *      gradient accumulation.
+ *      gradient accumulation; also 3 MPI ranks under mpirun.
  *   2. --deterministic: the parameters are bitwise identical for N = 1..4.
  *   3. A worker that fails makes every worker stop, with an error naming it.
  *   4. The same for a tiny GPT (buckets of 4 KiB, so that most of them
  *      start from its grad hook during backward), on a global batch that
- *      splits unevenly over 3 workers, with gradient accumulation, and
- *      linear learning-rate scaling.
+ *      splits unevenly over 3 workers, with gradient accumulation, under
+ *      mpirun, and linear learning-rate scaling.
  *
  * The data is a small synthetic IDX set written to a temporary directory
  * (243 training samples: with batch 40 an epoch ends in a 3-sample batch),
@@ -143,6 +143,26 @@ static void fault(const char *model, const char *cfg) {
     CHECK(dt_now() - t0 < 60, "%s: failure stopped the job in %.1f s", model, dt_now() - t0);
 }
 
+// Under mpirun (one worker per MPI rank, when MPI is installed), 3 ranks
+// give the 1-worker model of equivalence() (its config, MODEL-1.ini).
+static void mpi(const char *model) {
+    if (access("/usr/bin/mpirun", X_OK) != 0) {
+        printf("mpirun not installed: MPI data-parallel case of %s not run\n", model);
+        return;
+    }
+    char cmd[2048], base[64], name[64];
+    snprintf(base, sizeof base, "%s-1", model);
+    snprintf(name, sizeof name, "%s-mpi", model);
+    snprintf(cmd, sizeof cmd,
+             "mpirun --allow-run-as-root --oversubscribe -np 3 %s train %s/%s.ini --quiet --run-dir %s/%s",
+             tl_dtrain(), g_tmp, base, g_tmp, name);
+    int rc = tl_run(cmd, g_out, sizeof g_out), bw;
+    CHECK(rc == 0, "%s, mpirun -np 3: exit %d\n%s", model, rc, g_out);
+    double d = compare(base, name, &bw);
+    CHECK(d >= 0 && d <= 1e-4, "%s, mpirun -np 3 vs 1 worker: max relative difference %.3g", model, d);
+    printf("%s: mpirun -np 3 vs 1 worker: max rel diff %.3g\n", model, d);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-dp-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -158,19 +178,8 @@ int main(void) {
     // 2. deterministic mode: bitwise identical for every worker count.
     deterministic("cnn", cfg_cnn);
 
-    // The same under mpirun (one worker per MPI rank), when MPI is installed.
-    if (access("/usr/bin/mpirun", X_OK) == 0) {
-        char cmd[2048];
-        snprintf(cmd, sizeof cmd,
-                 "mpirun --allow-run-as-root --oversubscribe -np 3 %s train %s/mlp-1.ini --quiet --run-dir %s/mlp-mpi",
-                 tl_dtrain(), g_tmp, g_tmp);
-        int rc = tl_run(cmd, g_out, sizeof g_out), bw;
-        CHECK(rc == 0, "mpirun -np 3: exit %d\n%s", rc, g_out);
-        double dm = compare("mlp-1", "mlp-mpi", &bw);
-        CHECK(dm >= 0 && dm <= 1e-4, "mpirun -np 3 vs 1 worker: max relative difference %.3g", dm);
-    } else {
-        printf("mpirun not installed: MPI data-parallel case not run\n");
-    }
+    // The same under mpirun (one worker per MPI rank).
+    mpi("mlp");
 
     // 3. a failing worker stops everyone, named in the error, no hang.
     fault("mlp", cfg_mlp);
@@ -186,6 +195,7 @@ int main(void) {
              "eval_batches = 1\n",
              g_tmp, g_tmp);
     equivalence("gpt", cfg_gpt, NULL, 1e-4);
+    mpi("gpt");
     accumulation("gpt", cfg_gpt);
     deterministic("gpt", cfg_gpt);
     fault("gpt", cfg_gpt);

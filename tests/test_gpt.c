@@ -3,8 +3,9 @@
  * Layers are checked with a scalar loss L = sum(out * R) for a fixed random R
  * (so dout = R), comparing backward's gradients with central differences.
  * The whole model is checked the same way on its real loss, for a sample of
- * elements of every parameter tensor; its grad hook must report final only
- * what is final, and its loss scale must scale every gradient. Then:
+ * elements of every parameter tensor; its gradient order must partition the
+ * block, its grad hook must report final only what is final, slice by slice
+ * from the top layer down, and its loss scale must scale every gradient. Then:
  * attention is causal (a change at position t never reaches outputs before
  * t) and equals a naive double reference; padding rows of wte get no
  * gradient; bad token ids and too-long contexts fail with clear errors;
@@ -244,17 +245,63 @@ static void test_encoder_residual(void) {
 typedef struct {
     dt_gpt *m;
     const float *final;
-    size_t n, last;
-    int calls, increasing, early;
+    const dt_grad_range *order;
+    int norder;
+    size_t pos[64];  // what the hook reported
+    int calls, early;
 } hook_state;
 
-static void check_hook(size_t offset, void *user) {
+// Every range of the gradient order from the reported position on must hold
+// its final gradient already.
+static void check_hook(size_t pos, void *user) {
     hook_state *h = user;
+    if (h->calls < 64) h->pos[h->calls] = pos;
     h->calls++;
-    h->increasing |= offset > h->last;
-    h->last = offset;
-    if (offset <= h->n && memcmp(dt_gpt_grads(h->m) + offset, h->final + offset, sizeof(float) * (h->n - offset)))
-        h->early = 1;
+    size_t at = 0;
+    for (int i = 0; i < h->norder; i++) {
+        const dt_grad_range *r = &h->order[i];
+        size_t skip = pos <= at ? 0 : pos - at < r->len ? pos - at : r->len;
+        if (memcmp(dt_gpt_grads(h->m) + r->offset + skip, h->final + r->offset + skip, sizeof(float) * (r->len - skip)))
+            h->early = 1;
+        at += r->len;
+    }
+}
+
+// The gradient order partitions the block; during backward the hook reports
+// the start of lnfw, then of every layer's fcprojw, fcw, ln2w, attprojw, qkvw
+// and ln1w slices from the top layer down (each such backward also finishes
+// the bias after the weight), then 0, and never a gradient before it is final.
+static void test_grad_order(dt_gpt *m, const float *g, const int32_t *x, const int32_t *y, int B, int T) {
+    hook_state hs = {.m = m, .final = g};
+    hs.order = dt_gpt_grad_order(m, &hs.norder);
+    size_t np = dt_gpt_num_params(m), start[64], at = 0;
+    int L = dt_gpt_get_config(m)->n_layer, ok = hs.norder == 12 * L + 4 && hs.norder < 64;
+    unsigned char *seen = calloc(np, 1);
+    for (int i = 0; ok && i < hs.norder; i++) {
+        start[i] = at;
+        at += hs.order[i].len;
+        for (size_t j = hs.order[i].offset; ok && j < hs.order[i].offset + hs.order[i].len; j++)
+            ok = j < np && !seen[j]++;
+    }
+    CHECK(ok && at == np, "gradient order: %d ranges partition the %zu gradients", hs.norder, np);
+    free(seen);
+    if (!ok) return;
+    size_t want[64];
+    int nw = 0;
+    want[nw++] = start[12 * L + 2];
+    for (int l = L - 1; l >= 0; l--)
+        for (int k = 10; k >= 0; k -= 2) want[nw++] = start[2 + 12 * l + k];
+    want[nw++] = 0;
+    float loss;
+    dt_gpt_set_grad_hook(m, check_hook, &hs);
+    dt_gpt_zero_grad(m);
+    dt_gpt_forward(m, x, y, B, T, &loss);
+    dt_gpt_backward(m);
+    dt_gpt_set_grad_hook(m, NULL, NULL);
+    int same = hs.calls == nw;
+    for (int i = 0; same && i < nw; i++) same = hs.pos[i] == want[i];
+    CHECK(same, "grad hook: %d calls, expected %d, at the starts of lnfw and each layer's slices from the top", hs.calls, nw);
+    CHECK(!hs.early, "grad hook: never reports a gradient before it is final");
 }
 
 static void test_model(void) {
@@ -320,17 +367,7 @@ static void test_model(void) {
     dt_gpt_backward(m);
     CHECK(loss2 == loss && memcmp(g, dt_gpt_grads(m), sizeof(float) * np) == 0, "bitwise reproducible");
 
-    // The grad hook: offsets decrease to 0, and when one is reported the
-    // gradients above it already hold their final values.
-    hook_state hs = {m, g, np, np + 1, 0, 0, 0};
-    dt_gpt_set_grad_hook(m, check_hook, &hs);
-    dt_gpt_zero_grad(m);
-    dt_gpt_forward(m, x, y, B, T, &loss2);
-    dt_gpt_backward(m);
-    dt_gpt_set_grad_hook(m, NULL, NULL);
-    CHECK(hs.calls > 0 && hs.last == 0 && !hs.increasing && !hs.early,
-          "grad hook: %d calls, last offset %zu, increasing %d, reported before final %d", hs.calls, hs.last,
-          hs.increasing, hs.early);
+    test_grad_order(m, g, x, y, B, T);
     // The loss scale multiplies every gradient (by a power of two: exactly).
     dt_gpt_set_loss_scale(m, 0.25f);
     dt_gpt_zero_grad(m);

@@ -126,12 +126,19 @@ DT_API dt_status dt_gpt_backward(dt_gpt *m);
 /* Multiplies the gradient of the loss by s in later backwards (default 1):
  * a micro-batch's share of a larger batch, as dt_model_set_loss_scale. */
 DT_API void dt_gpt_set_loss_scale(dt_gpt *m, float s);
-/* Called during backward with offsets into the gradient block, decreasing,
- * the last 0: gradients at offsets >= offset are final for this pass (see
- * dt_model_set_grad_hook). The per-layer tensors are stacked over the
- * layers, so the final region is contiguous only conservatively: while
- * layers L-1..1 run it grows through the last one (fcprojb) only, and it
- * takes in whole tensors during layer 0 and the embedding. fn NULL: none. */
+/* The order in which backward finishes the gradient block. The per-layer
+ * tensors are stacked over the layers (qkvw [L,3C,C], ...), so layer l's
+ * gradients are 12 slices spread over the block; the order lists them layer
+ * by layer: wte, wpe, then for l = 0..L-1 the slices [l] of ln1w, ln1b, qkvw,
+ * ..., fcprojb, then lnfw, lnfb (*n = 12 L + 4 ranges, which partition the
+ * block). Backward finishes this sequence from its end. Owned by m. */
+DT_API const dt_grad_range *dt_gpt_grad_order(const dt_gpt *m, int *n);
+/* Called during backward with positions in the gradient order, decreasing,
+ * the last 0: the gradients at positions >= pos of the order are final for
+ * this pass (see dt_model_set_grad_hook). It is called after lnf, after each
+ * of the six linear or layernorm backwards of every layer (each finishes
+ * two slices: a weight and its bias), and with 0 after the embedding.
+ * fn NULL: none. */
 DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
 
 /* ---- weights ------------------------------------------------------------ */

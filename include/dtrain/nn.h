@@ -148,9 +148,16 @@ DT_API void dt_model_set_loss_scale(dt_model *m, float s);
 /* Called during dt_model_backward() each time a layer with parameters has
  * finished: gradients at offsets >= `offset` of the gradient block are final
  * for this pass (layers run last to first, so the final region grows from
- * the end of the block). Data-parallel engines start communicating there. */
+ * the end of the block). Data-parallel engines start communicating there.
+ * A model whose backward does not finish its block from the end (dt_gpt)
+ * reports positions in its gradient order instead: a list of dt_grad_range
+ * whose concatenation backward finishes from the end. */
 typedef void (*dt_grad_ready_fn)(size_t offset, void *user);
 DT_API void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user);
+/* Elements [offset, offset + len) of a gradient block. */
+typedef struct {
+    size_t offset, len;
+} dt_grad_range;
 
 /* Named parameter tensors, in block order: "0.weight", "0.bias", "3.weight"
  * (the number is the layer index, as in a PyTorch nn.Sequential). */

@@ -8,24 +8,63 @@
 #include <string.h>
 
 typedef struct {
-    size_t lo, hi;
+    size_t lo, hi;      // a contiguous part of the gradient block
     dt_request_t req;
-    int started;
+} piece;
+
+typedef struct {
+    size_t pos;         // where the bucket starts in the gradient order
+    int first, n;       // its pieces
 } bucket;
 
 struct dt_dp {
     dt_comm_t comm;
     float *grads;
     int nb;
-    bucket *b;          // b[0] is the LAST region of the block (done first)
+    bucket *b;          // b[0] is the END of the order (done first)
+    piece *p;           // one per bucket when the order is the block itself
+    int np;
     int next;           // next bucket to start
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
 };
 
-dt_status dt_dp_create(dt_dp **out, dt_comm_t comm, float *grads, size_t n, size_t bucket_floats) {
+// Cuts the order into buckets [pos, pos + bucket_floats) from its end, and
+// each bucket into the parts of the ranges it covers (merged where they
+// touch in the block).
+static void cut(dt_dp *d, size_t n, size_t bucket_floats, const dt_grad_range *order, int norder) {
+    int r = norder - 1;                 // the range holding position `at - 1`
+    size_t start = n - order[r].len;    // its position in the order
+    for (int i = 0; i < d->nb; i++) {
+        size_t hi = n - (size_t)i * bucket_floats, lo = hi > bucket_floats ? hi - bucket_floats : 0;
+        bucket *b = &d->b[i];
+        b->pos = lo;
+        b->first = d->np;
+        for (size_t at = hi; at > lo;) {
+            while (start >= at) start -= order[--r].len;
+            size_t from = lo > start ? lo : start;
+            size_t plo = order[r].offset + (from - start), phi = order[r].offset + (at - start);
+            if (d->np > b->first && d->p[d->np - 1].lo == phi) d->p[d->np - 1].lo = plo;
+            else d->p[d->np++] = (piece){plo, phi, NULL};
+            at = from;
+        }
+        b->n = d->np - b->first;
+    }
+}
+
+dt_status dt_dp_create(dt_dp **out, dt_comm_t comm, float *grads, size_t n, size_t bucket_floats,
+                       const dt_grad_range *order, int norder) {
     *out = NULL;
+    dt_grad_range whole = {0, n};
+    if (!order || norder < 1) {
+        order = &whole;
+        norder = 1;
+    }
+    size_t covered = 0;
+    for (int i = 0; i < norder; i++) covered += order[i].len;
+    if (covered != n)
+        return dt_error(DT_ERR_ARG, "data parallel: the gradient order covers %zu of the %zu gradients", covered, n);
     if (bucket_floats == 0) bucket_floats = 1;
     dt_dp *d = calloc(1, sizeof *d);
     if (!d) return dt_error(DT_ERR_NOMEM, "data parallel: out of memory");
@@ -33,24 +72,22 @@ dt_status dt_dp_create(dt_dp **out, dt_comm_t comm, float *grads, size_t n, size
     d->grads = grads;
     d->nb = n ? (int)((n + bucket_floats - 1) / bucket_floats) : 0;
     d->b = calloc(d->nb ? d->nb : 1, sizeof *d->b);
-    if (!d->b) {
-        free(d);
+    d->p = calloc((size_t)d->nb + (size_t)norder, sizeof *d->p);  // a range boundary adds a piece
+    if (!d->b || !d->p) {
+        dt_dp_free(d);
         return dt_error(DT_ERR_NOMEM, "data parallel: out of memory");
     }
-    for (int i = 0; i < d->nb; i++) {
-        size_t hi = n - (size_t)i * bucket_floats;
-        d->b[i].hi = hi;
-        d->b[i].lo = hi > bucket_floats ? hi - bucket_floats : 0;
-    }
+    cut(d, n, bucket_floats, order, norder);
     *out = d;
     return DT_OK;
 }
 
 void dt_dp_free(dt_dp *d) {
     if (!d) return;
-    for (int i = 0; i < d->nb; i++)
-        if (d->b[i].req) dt_wait(&d->b[i].req);
+    for (int i = 0; i < d->np; i++)
+        if (d->p[i].req) dt_wait(&d->p[i].req);
     free(d->b);
+    free(d->p);
     free(d);
 }
 
@@ -60,34 +97,33 @@ void dt_dp_begin(dt_dp *d) {
     d->next = 0;
     d->err = DT_OK;
     d->t_first = 0;
-    for (int i = 0; i < d->nb; i++) d->b[i].started = 0;
 }
 
-static void start(dt_dp *d, bucket *b) {
+static void start(dt_dp *d, const bucket *b) {
     if (!d->t_first) d->t_first = dt_now();
-    b->started = 1;
-    if (d->err != DT_OK) return;
-    dt_status st = dt_iallreduce(d->grads + b->lo, d->grads + b->lo, b->hi - b->lo, DT_F32, DT_SUM,
-                                 d->comm, &b->req);
-    if (st != DT_OK) {
-        d->err = st;
-        snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
-        b->req = NULL;
+    for (piece *p = d->p + b->first; p < d->p + b->first + b->n && d->err == DT_OK; p++) {
+        dt_status st = dt_iallreduce(d->grads + p->lo, d->grads + p->lo, p->hi - p->lo, DT_F32, DT_SUM,
+                                     d->comm, &p->req);
+        if (st != DT_OK) {
+            d->err = st;
+            snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
+            p->req = NULL;
+        }
     }
 }
 
-void dt_dp_ready(size_t offset, void *dp) {
+void dt_dp_ready(size_t pos, void *dp) {
     dt_dp *d = dp;
-    while (d->next < d->nb && d->b[d->next].lo >= offset) start(d, &d->b[d->next++]);
+    while (d->next < d->nb && d->b[d->next].pos >= pos) start(d, &d->b[d->next++]);
 }
 
 dt_status dt_dp_finish(dt_dp *d) {
     d->t_backward_end = dt_now();
     while (d->next < d->nb) start(d, &d->b[d->next++]);
-    for (int i = 0; i < d->nb; i++) {
-        if (!d->b[i].req) continue;
-        dt_status st = dt_wait(&d->b[i].req);
-        d->b[i].req = NULL;
+    for (int i = 0; i < d->np; i++) {
+        if (!d->p[i].req) continue;
+        dt_status st = dt_wait(&d->p[i].req);
+        d->p[i].req = NULL;
         if (st != DT_OK && d->err == DT_OK) {
             d->err = st;
             snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
@@ -139,7 +175,8 @@ int dt_dp_max_micro(const dt_config *c, int W) {
                             : (share + c->grad_accum - 1) / c->grad_accum;
 }
 
-dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, float *grads, size_t n) {
+dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, float *grads, size_t n,
+                          const dt_grad_range *order, int norder) {
     memset(s, 0, sizeof *s);
     s->c = c;
     s->comm = comm;
@@ -152,7 +189,7 @@ dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, flo
     if (c->deterministic) {
         if (!(s->acc = dt_alloc(sizeof(int64_t) * n))) return DT_ERR_NOMEM;
     } else if (dt_comm_size(comm) > 1) {
-        return dt_dp_create(&s->dp, comm, grads, n, (size_t)c->bucket_kb * 1024 / sizeof(float));
+        return dt_dp_create(&s->dp, comm, grads, n, (size_t)c->bucket_kb * 1024 / sizeof(float), order, norder);
     }
     return DT_OK;
 }

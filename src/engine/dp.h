@@ -1,13 +1,18 @@
 /* Data-parallel gradient averaging in buckets, overlapped with backward.
  *
- * The gradient block is cut into buckets of about bucket_floats, from its end
- * (where backward finishes first) towards its start. During the last
- * micro-step's backward, the model's grad hook reports how far the final
- * region has grown; every bucket wholly inside it is handed to the
- * communicator's progress thread at once (dt_iallreduce, SUM), so that its
- * transfer overlaps the rest of backward. dt_dp_finish() starts what is left
- * and waits for all of it. Gradients must already carry the weight local /
- * global batch (dt_model_set_loss_scale), so the SUM is the global mean.
+ * The gradients are taken in the model's gradient order: a list of ranges of
+ * the block whose concatenation backward finishes from its end (for a
+ * classifier, the block itself: order NULL; for the GPT, its slices layer by
+ * layer, dt_gpt_grad_order). The order is cut into buckets of about
+ * bucket_floats, from its end towards its start; a bucket is one piece of
+ * the block, or several where it spans ranges that do not touch (one
+ * allreduce each). During the last micro-step's backward, the model's grad
+ * hook reports how far the final part of the order has grown; every bucket
+ * wholly inside it is handed to the communicator's progress thread at once
+ * (dt_iallreduce, SUM), so that its transfer overlaps the rest of backward.
+ * dt_dp_finish() starts what is left and waits for all of it. Gradients must
+ * already carry the weight local / global batch (dt_model_set_loss_scale),
+ * so the SUM is the global mean.
  *
  * Deterministic mode sums in int64 fixed point instead (dt_dp_fixed_*):
  * integer addition is associative, so the result is bitwise the same for
@@ -23,13 +28,17 @@
 
 typedef struct dt_dp dt_dp;
 
-dt_status dt_dp_create(dt_dp **out, dt_comm_t comm, float *grads, size_t n, size_t bucket_floats);
+/* For grads[n] in the gradient order order[norder] (NULL: the block from
+ * its end); DT_ERR_ARG when the ranges do not add up to n. */
+dt_status dt_dp_create(dt_dp **out, dt_comm_t comm, float *grads, size_t n, size_t bucket_floats,
+                       const dt_grad_range *order, int norder);
 void dt_dp_free(dt_dp *d);
 /* Arms the buckets for one step's allreduce (call before the last
  * micro-step's backward). */
 void dt_dp_begin(dt_dp *d);
-/* The model's grad hook: gradients at offsets >= offset are final. */
-void dt_dp_ready(size_t offset, void *dp);
+/* The model's grad hook: gradients at positions >= pos of the order are
+ * final. */
+void dt_dp_ready(size_t pos, void *dp);
 /* Starts the buckets not yet started and waits for all. */
 dt_status dt_dp_finish(dt_dp *d);
 /* Seconds of the last step's communication window (first bucket started to
@@ -82,8 +91,10 @@ typedef struct {
 dt_status dt_dp_check(const dt_config *c, int W);
 /* The largest micro-batch a rank runs: the model's batch capacity. */
 int dt_dp_max_micro(const dt_config *c, int W);
-/* For the gradient block grads[n] (the model's, which must outlive s). */
-dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, float *grads, size_t n);
+/* For the gradient block grads[n] (the model's, which must outlive s) and
+ * its gradient order (see dt_dp_create; NULL, 0 for the block itself). */
+dt_status dt_dp_step_init(dt_dp_step *s, const dt_config *c, dt_comm_t comm, float *grads, size_t n,
+                          const dt_grad_range *order, int norder);
 void dt_dp_step_free(dt_dp_step *s);
 /* Plans a step over this rank's samples [first, first + share) of a global
  * batch of `global`, and arms the buckets; returns the micro-batches. The

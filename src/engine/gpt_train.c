@@ -113,6 +113,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     cJSON_AddNumberToObject(o, "tokens_per_sec", tokens_per_sec);
+    dt_json_add_parallel(o, r);
     return dt_json_write(path, o);
 }
 
@@ -184,7 +185,9 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     }
     if ((st = dt_optim_create(&opt, &c->optim, np)) != DT_OK) goto done;
     float *params = dt_gpt_params(m), *grads = dt_gpt_grads(m);
-    if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    int norder;
+    const dt_grad_range *order = dt_gpt_grad_order(m, &norder);
+    if ((st = dt_dp_step_init(&sync, c, comm, grads, np, order, norder)) != DT_OK) goto done;
     sync.obs = obs;
     x = malloc(sizeof(int32_t) * B * T);
     y = malloc(sizeof(int32_t) * B * T);

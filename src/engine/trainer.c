@@ -102,10 +102,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_tr
     cJSON_AddNumberToObject(o, "wall_seconds", r->wall_seconds);
     cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
-    cJSON_AddNumberToObject(o, "workers", r->workers);
-    cJSON_AddNumberToObject(o, "threads_per_worker", r->threads);
-    cJSON_AddNumberToObject(o, "comm_seconds", r->comm_seconds);
-    cJSON_AddNumberToObject(o, "comm_exposed_seconds", r->comm_exposed_seconds);
+    dt_json_add_parallel(o, r);
     return dt_json_write(path, o);
 }
 
@@ -170,7 +167,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     lp.rank = rank;
     lp.world = W;
     if ((st = dt_loader_create(&loader, &train, &lp)) != DT_OK) goto done;
-    if ((st = dt_dp_step_init(&sync, c, comm, grads, np)) != DT_OK) goto done;
+    if ((st = dt_dp_step_init(&sync, c, comm, grads, np, NULL, 0)) != DT_OK) goto done;
     sync.obs = obs;
 
     // Checkpoints: the weights, the optimizer state, the loop's position.

@@ -24,6 +24,7 @@ struct dt_gpt {
     dt_tensor_info tensors[NPT];
     float *params, *grads;
     float *p[NPT], *g[NPT];   // tensor views into the blocks
+    dt_grad_range *order;     // the gradient order (dt_gpt_grad_order), 12 L + 4
 
     // Saved activations (llm.c's ActivationTensors), sized for maxB x maxT.
     // Per-layer ones are [L, B, T, ...].
@@ -123,6 +124,7 @@ void dt_gpt_free(dt_gpt *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_free(*bufs[i]);
     dt_free(m->inputs);
     dt_free(m->targets);
+    free(m->order);
     free(m);
 }
 
@@ -164,7 +166,8 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     }
     m->inputs = dt_alloc(sizeof(int32_t) * BT);
     m->targets = dt_alloc(sizeof(int32_t) * BT);
-    if (!m->inputs || !m->targets) {
+    m->order = malloc(sizeof(dt_grad_range) * (12 * L + 4));
+    if (!m->inputs || !m->targets || !m->order) {
         dt_gpt_free(m);
         return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
     }
@@ -172,6 +175,16 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
         m->p[i] = m->params + m->tensors[i].offset;
         m->g[i] = m->grads + m->tensors[i].offset;
     }
+    // The gradient order: layer by layer, as the block would be laid out if
+    // it were not stacked (see grads_final).
+    int n = 0;
+    for (int i = WTE; i <= WPE; i++) m->order[n++] = (dt_grad_range){m->tensors[i].offset, m->tensors[i].numel};
+    for (size_t l = 0; l < L; l++)
+        for (int i = LN1W; i <= FCPROJB; i++) {
+            size_t len = m->tensors[i].numel / L;
+            m->order[n++] = (dt_grad_range){m->tensors[i].offset + l * len, len};
+        }
+    for (int i = LNFW; i <= LNFB; i++) m->order[n++] = (dt_grad_range){m->tensors[i].offset, m->tensors[i].numel};
     *out = m;
     return DT_OK;
 }
@@ -187,6 +200,10 @@ const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i) {
 }
 const float *dt_gpt_logits(const dt_gpt *m) { return m->logits; }
 void dt_gpt_set_loss_scale(dt_gpt *m, float s) { m->loss_scale = s; }
+const dt_grad_range *dt_gpt_grad_order(const dt_gpt *m, int *n) {
+    *n = 12 * m->c.n_layer + 4;
+    return m->order;
+}
 void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user) {
     m->hook = fn;
     m->hook_user = user;
@@ -273,17 +290,19 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
 // ----------------------------------------------------------------------------
 // backward
 
-// Tells the grad hook that layer l's part of the per-layer tensors from k
-// (in block order) up has just been computed. Backward visits a layer's
-// tensors in decreasing block order, and the layers from L-1 down, so the
-// gradients from k up are final once layer 0 is done; before that, the
-// region after them (lnfw, lnfb) is final and next to it only the top slices
-// l..L-1 of the last per-layer tensor, fcprojb: the rest of every stacked
-// tensor waits for the layers below.
+// Tells the grad hook that layer l's slices of the per-layer tensors from k
+// (in block order) on have just been computed. Backward runs lnf, then the
+// layers from L-1 down, each visiting its tensors in decreasing block order,
+// then the embedding, which also completes wte (the tied head's gradient was
+// its first part): so the gradient order (wte, wpe, layer 0's slices in block
+// order, ..., layer L-1's, lnfw, lnfb) is final from slice (k, l) to its end.
+// Its position there: wte, wpe, the l layers below and, in layer l, the
+// tensors before k. (k = LNFW, l = L-1 gives lnfw's.)
 static void grads_final(dt_gpt *m, int k, int l) {
     if (!m->hook) return;
-    const dt_tensor_info *t = &m->tensors[l == 0 ? k : FCPROJB];
-    m->hook(l == 0 ? t->offset : t->offset + (size_t)l * (t->numel / m->c.n_layer), m->hook_user);
+    size_t L = m->c.n_layer, pos = m->tensors[WTE].numel + m->tensors[WPE].numel;
+    for (int i = LN1W; i <= FCPROJB; i++) pos += (size_t)(i < k ? l + 1 : l) * (m->tensors[i].numel / L);
+    m->hook(pos, m->hook_user);
 }
 
 dt_status dt_gpt_backward(dt_gpt *m) {
@@ -303,7 +322,7 @@ dt_status dt_gpt_backward(dt_gpt *m) {
     memset(m->dresidual, 0, sizeof(float) * sC);
     dt_layernorm_backward(m->dresidual, m->g[LNFW], m->g[LNFB], m->dln, m->residual3 + (L - 1) * sC,
                           m->p[LNFW], m->lnf_mean, m->lnf_rstd, BT, C);
-    if (m->hook) m->hook(m->tensors[LNFW].offset, m->hook_user);
+    grads_final(m, LNFW, L - 1);
 
     // dresidual carries the gradient of the residual stream down the layers:
     // a residual add passes it through unchanged to both of its inputs, so
