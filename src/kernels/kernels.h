@@ -1,5 +1,5 @@
-/* Compute kernels shared by the layers. The GEMM library (oneDNN) sits
- * behind dt_sgemm alone: nothing else in the tree includes its header. */
+/* Compute kernels shared by the layers. oneDNN sits behind this header
+ * alone (gemm.c, conv.c): nothing else in the tree includes its header. */
 #ifndef DT_KERNELS_H
 #define DT_KERNELS_H
 
@@ -11,5 +11,23 @@
  * inside an OpenMP parallel region. Deterministic for a fixed thread count. */
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
+
+/* 2-D convolution, square kernel K, stride S, zero padding P, on inputs
+ * inp[B,IC,H,W], weights w[OC,IC,K,K], bias b[OC] (may be NULL) and outputs
+ * out[B,OC,OH,OW], plain NCHW/OIHW: oneDNN's direct convolutions, which run
+ * in their own blocked layouts and reorder at the edges. `save` is written by
+ * forward (the input in the convolution's layout, among others) and read by
+ * backward; `scratch` is backward's. dt_conv_size() gives the floats each
+ * needs for a shape; the sizes grow with B. Backward ADDS into dinp, dw and
+ * db, any of which may be NULL. Deterministic for a fixed thread count; the
+ * primitives of each shape are made on first use and kept. */
+typedef struct {
+    int B, IC, H, W, OC, K, S, P;
+} dt_conv_shape;
+void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
+void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,
+                     const dt_conv_shape *s);
+void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,
+                      const float *save, const float *w, const dt_conv_shape *s);
 
 #endif
