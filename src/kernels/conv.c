@@ -31,7 +31,8 @@ typedef struct {
 
 typedef struct plan {
     struct plan *next;
-    int key[9];
+    int key[11];
+    int src16, dst16;  // the forward's own layouts are blocked
     pthread_mutex_t lock;
     dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
     dnnl_primitive_t fwd, bwd_data, bwd_weights;
@@ -113,7 +114,7 @@ static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
     return p;
 }
 
-static plan *make_plan(const dt_conv_shape *s, const int key[9]) {
+static plan *make_plan(const dt_conv_shape *s, const int key[11]) {
     plan *p = calloc(1, sizeof *p);
     if (!p) check(dnnl_out_of_memory, "plan");
     memcpy(p->key, key, sizeof p->key);
@@ -122,14 +123,22 @@ static plan *make_plan(const dt_conv_shape *s, const int key[9]) {
     dnnl_dims_t sd = {s->B, s->IC, s->H, s->W}, wd = {s->OC, s->IC, s->K, s->K},
                 dd = {s->B, s->OC, OH, OW}, bd = {s->OC};
     dnnl_dims_t strides = {s->S, s->S}, pad = {s->P, s->P};
-    check(dnnl_memory_desc_init_by_tag(&p->plain_src, 4, sd, dnnl_f32, dnnl_nchw), "md");
+    // The caller's layouts ("plain", even when blocked), and the ones the
+    // primitives are asked for: the caller's if blocked, else their choice.
+    dnnl_format_tag_t stag = s->src_blocked ? dnnl_nChw16c : dnnl_nchw,
+                      dtag = s->dst_blocked ? dnnl_nChw16c : dnnl_nchw;
+    check(dnnl_memory_desc_init_by_tag(&p->plain_src, 4, sd, dnnl_f32, stag), "md");
     check(dnnl_memory_desc_init_by_tag(&p->plain_wei, 4, wd, dnnl_f32, dnnl_oihw), "md");
-    check(dnnl_memory_desc_init_by_tag(&p->plain_dst, 4, dd, dnnl_f32, dnnl_nchw), "md");
+    check(dnnl_memory_desc_init_by_tag(&p->plain_dst, 4, dd, dnnl_f32, dtag), "md");
     check(dnnl_memory_desc_init_by_tag(&p->bias_md, 1, bd, dnnl_f32, dnnl_x), "md");
-    dnnl_memory_desc_t src, wei, dst;
-    check(dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_format_tag_any), "md");
+    dnnl_memory_desc_t src, wei, dst, src16, dst16;
+    check(dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32,
+                                       s->src_blocked ? stag : dnnl_format_tag_any), "md");
     check(dnnl_memory_desc_init_by_tag(&wei, 4, wd, dnnl_f32, dnnl_format_tag_any), "md");
-    check(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_format_tag_any), "md");
+    check(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32,
+                                       s->dst_blocked ? dtag : dnnl_format_tag_any), "md");
+    check(dnnl_memory_desc_init_by_tag(&src16, 4, sd, dnnl_f32, dnnl_nChw16c), "md");
+    check(dnnl_memory_desc_init_by_tag(&dst16, 4, dd, dnnl_f32, dnnl_nChw16c), "md");
 
     dnnl_convolution_desc_t fd, bdd, bwd;
     check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
@@ -147,6 +156,8 @@ static plan *make_plan(const dt_conv_shape *s, const int key[9]) {
           "backward weights descriptor");
     dnnl_primitive_desc_t bwpd = conv_pd(&bwd, fpd);
 
+    p->src16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), &src16);
+    p->dst16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0), &dst16);
     size_t top = 0;
     place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, &top);
     place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, 0, &top);
@@ -177,7 +188,8 @@ static plan *make_plan(const dt_conv_shape *s, const int key[9]) {
 // split and its reductions by the thread count when a primitive is made).
 static plan *get_plan(const dt_conv_shape *s) {
     pthread_once(&g_once, make_engine);
-    int key[9] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads()};
+    int key[11] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
+                   s->src_blocked, s->dst_blocked};
     pthread_mutex_lock(&g_plans_lock);
     plan *p = g_plans;
     while (p && memcmp(p->key, key, sizeof key)) p = p->next;
@@ -227,6 +239,14 @@ void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
     plan *p = get_plan(s);
     *save = p->save_size;
     *scratch = p->scratch_size;
+}
+
+void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
+    dt_conv_shape own = *s;
+    own.src_blocked = own.dst_blocked = 0;
+    plan *p = get_plan(&own);
+    *src = p->src16;
+    *dst = p->dst16;
 }
 
 void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,

@@ -23,8 +23,17 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
  * primitives of each shape are made on first use and kept. */
 typedef struct {
     int B, IC, H, W, OC, K, S, P;
+    // Layout of inp/dinp and of out/dout: 0 NCHW, 1 blocked by
+    // DT_CONV_BLOCK channels (nChw16c: [B, ceil(C/16), H, W, 16], the
+    // channels past C zero), which saves the reorders between convolutions.
+    int src_blocked, dst_blocked;
 } dt_conv_shape;
+#define DT_CONV_BLOCK 16
 void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
+/* Whether the primitives of shape s (layouts ignored) work on blocked
+ * inputs and outputs: where they do, a caller gains by keeping tensors
+ * blocked between convolutions. */
+void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst);
 void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s);
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,

@@ -5,6 +5,7 @@
  * thread count. */
 #include "dtrain/nn.h"
 #include "kernels/kernels.h"
+#include "nn/nn_impl.h"
 
 #include <float.h>
 #include <math.h>
@@ -52,7 +53,7 @@ void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, co
 // forward saves for backward, `dcol` is backward's scratch.
 
 size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P};
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0};
     size_t save, scratch;
     dt_conv_size(&s, &save, &scratch);
     return save > scratch ? save : scratch;
@@ -60,72 +61,101 @@ size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int
 
 void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w, const float *b,
                        int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P};
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0};
     dt_conv_forward(out, col, inp, w, b, &s);
 }
 
 void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,
                         const float *col, const float *w, int B, int IC, int H, int W, int OC,
                         int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P};
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0};
     dt_conv_backward(dinp, dw, db, dcol, dout, col, w, &s);
 }
 
 // ----------------------------------------------------------------------------
-// max pooling
+// max pooling, on images [B, C, H, W, V]: V = 1 is NCHW, V = 16 a blocked
+// layout (nn_impl.h) whose 16 channels of a pixel are pooled side by side.
 
-void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
-                        int W, int K, int S) {
+void dt_maxpool_forward_v(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                          int W, int K, int S, int V) {
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
 #pragma omp parallel for schedule(static)
     for (int bc = 0; bc < B * C; bc++) {
-        const float *x = inp + (size_t)bc * H * W;
-        float *o = out + (size_t)bc * OH * OW;
-        int32_t *a = argmax + (size_t)bc * OH * OW;
-        if (K == 2 && S == 2) {  // the common case, without the window loops
-            for (int oh = 0; oh < OH; oh++)
-                for (int ow = 0; ow < OW; ow++) {
-                    int i0 = 2 * oh * W + 2 * ow, idx[4] = {i0, i0 + 1, i0 + W, i0 + W + 1};
-                    int mi = i0;
-                    float m = x[i0];
-                    for (int j = 1; j < 4; j++) {
-                        float v = x[idx[j]];
-                        if (v > m || (isnan(v) && !isnan(m))) m = v, mi = idx[j];
-                    }
-                    o[oh * OW + ow] = m;
-                    a[oh * OW + ow] = (int32_t)mi;
-                }
-            continue;
-        }
+        const float *x = inp + (size_t)bc * H * W * V;
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
-                int mi = (oh * S) * W + ow * S;
-                float m = x[mi];
+                size_t j = ((size_t)bc * OH * OW + oh * OW + ow) * V;
+                float *o = out + j;
+                int32_t *a = argmax + j;
+                int first = (oh * S * W + ow * S) * V;
+                if (K == 2 && S == 2) {  // the common case, a vector per window row
+                    int idx[4] = {first, first + V, first + W * V, first + W * V + V};
+#pragma omp simd
+                    for (int v = 0; v < V; v++) {
+                        float m = x[first + v];
+                        int mi = first + v;
+                        for (int j = 1; j < 4; j++) {
+                            float xv = x[idx[j] + v];
+                            if (xv > m || (isnan(xv) && !isnan(m))) m = xv, mi = idx[j] + v;
+                        }
+                        o[v] = m;
+                        a[v] = mi;
+                    }
+                    continue;
+                }
+                for (int v = 0; v < V; v++) o[v] = x[first + v], a[v] = first + v;
                 for (int kh = 0; kh < K; kh++)
                     for (int kw = 0; kw < K; kw++) {
-                        int idx = (oh * S + kh) * W + ow * S + kw;
+                        int i0 = ((oh * S + kh) * W + ow * S + kw) * V;
                         // The first maximum wins; NaN propagates, as in PyTorch.
-                        if (x[idx] > m || (isnan(x[idx]) && !isnan(m))) {
-                            m = x[idx];
-                            mi = idx;
+#pragma omp simd
+                        for (int v = 0; v < V; v++) {
+                            float xv = x[i0 + v];
+                            if (xv > o[v] || (isnan(xv) && !isnan(o[v]))) o[v] = xv, a[v] = i0 + v;
                         }
                     }
-                o[oh * OW + ow] = m;
-                a[oh * OW + ow] = (int32_t)mi;
             }
     }
 }
 
-void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
-                         int H, int W, int K, int S) {
+void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                           int H, int W, int K, int S, int V) {
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+    size_t n = (size_t)OH * OW * V;
 #pragma omp parallel for schedule(static)
     for (int bc = 0; bc < B * C; bc++) {
-        float *dx = dinp + (size_t)bc * H * W;
-        const float *d = dout + (size_t)bc * OH * OW;
-        const int32_t *a = argmax + (size_t)bc * OH * OW;
-        for (int j = 0; j < OH * OW; j++) dx[a[j]] += d[j];
+        float *dx = dinp + (size_t)bc * H * W * V;
+        const float *d = dout + (size_t)bc * n;
+        const int32_t *a = argmax + (size_t)bc * n;
+        if (K == S && V > 1) {
+            // Windows do not overlap: each input element takes the gradient
+            // of its window's maximum when it is that maximum, a vector op
+            // per window element instead of V scattered adds.
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    size_t j = ((size_t)oh * OW + ow) * V;
+                    for (int kh = 0; kh < K; kh++)
+                        for (int kw = 0; kw < K; kw++) {
+                            int i0 = ((oh * S + kh) * W + ow * S + kw) * V;
+#pragma omp simd
+                            for (int v = 0; v < V; v++)
+                                dx[i0 + v] += a[j + v] == i0 + v ? d[j + v] : 0.0f;
+                        }
+                }
+            continue;
+        }
+        for (size_t j = 0; j < n; j++) dx[a[j]] += d[j];
     }
+}
+
+void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                        int W, int K, int S) {
+    dt_maxpool_forward_v(out, argmax, inp, B, C, H, W, K, S, 1);
+}
+
+void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                         int H, int W, int K, int S) {
+    dt_maxpool_backward_v(dinp, dout, argmax, B, C, H, W, K, S, 1);
 }
 
 // ----------------------------------------------------------------------------

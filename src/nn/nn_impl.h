@@ -1,0 +1,16 @@
+/* Layer kernels the models use beyond the public ones of dtrain/nn.h. */
+#ifndef DT_NN_IMPL_H
+#define DT_NN_IMPL_H
+
+#include <stdint.h>
+
+/* Max pooling on images [B, C, H, W, V]: V channels per pixel side by side,
+ * so V = 1 is dt_maxpool_forward's NCHW and V = DT_CONV_BLOCK the blocked
+ * layout of kernels/conv.c with C the number of channel blocks. argmax
+ * holds flat indices into each [H, W, V] image. */
+void dt_maxpool_forward_v(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                          int W, int K, int S, int V);
+void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                           int H, int W, int K, int S, int V);
+
+#endif
