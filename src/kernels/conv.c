@@ -20,18 +20,18 @@
 #include <string.h>
 
 // A tensor in the layout a primitive wants: where it sits in the caller's
-// scratch (in floats) and the reorder from the plain layout (`in`) or back
-// to it (`out`, which adds into the plain tensor). A reorder is NULL when
-// the two layouts are the same.
+// scratch (in floats) and the reorders from the plain layout (`in`) or back
+// to it (`out`, which adds into the plain tensor, and `set`, which
+// overwrites it). A reorder is NULL when the two layouts are the same.
 typedef struct {
     dnnl_memory_desc_t md;
-    dnnl_primitive_t in, out;
+    dnnl_primitive_t in, out, set;
     size_t off;
 } view;
 
 typedef struct plan {
     struct plan *next;
-    int key[11];
+    int key[12];
     int src16, dst16;  // the forward's own layouts are blocked
     pthread_mutex_t lock;
     dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
@@ -92,19 +92,33 @@ static size_t floats(const dnnl_memory_desc_t *md) {
 static void place(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q,
                   const dnnl_memory_desc_t *plain, int dir, int always, size_t *top) {
     v->md = *dnnl_primitive_desc_query_md(pd, q, 0);
-    v->in = v->out = NULL;
+    v->in = v->out = v->set = NULL;
     v->off = (size_t)-1;
     if (!always && dnnl_memory_desc_equal(&v->md, plain) && dir != 2) return;
     v->off = *top;
     *top += floats(&v->md);
     if (dir & 1) v->in = make_reorder(plain, &v->md, 0);
-    if (dir & 2) v->out = make_reorder(&v->md, plain, 1);
+    if (dir & 2) {
+        v->out = make_reorder(&v->md, plain, 1);
+        v->set = make_reorder(&v->md, plain, 0);
+    }
 }
 
 static dnnl_primitive_desc_t conv_pd(const dnnl_convolution_desc_t *d,
-                                     const_dnnl_primitive_desc_t hint) {
+                                     const_dnnl_primitive_desc_t hint, int relu) {
+    dnnl_primitive_attr_t attr = NULL;
+    if (relu) {
+        dnnl_post_ops_t ops;
+        check(dnnl_post_ops_create(&ops), "post-ops");
+        check(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
+              "relu post-op");
+        check(dnnl_primitive_attr_create(&attr), "attr");
+        check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
+        dnnl_post_ops_destroy(ops);
+    }
     dnnl_primitive_desc_t pd;
-    check(dnnl_primitive_desc_create(&pd, d, NULL, g_engine, hint), "convolution");
+    check(dnnl_primitive_desc_create(&pd, d, attr, g_engine, hint), "convolution");
+    if (attr) dnnl_primitive_attr_destroy(attr);
     return pd;
 }
 
@@ -114,7 +128,7 @@ static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
     return p;
 }
 
-static plan *make_plan(const dt_conv_shape *s, const int key[11]) {
+static plan *make_plan(const dt_conv_shape *s, const int key[12]) {
     plan *p = calloc(1, sizeof *p);
     if (!p) check(dnnl_out_of_memory, "plan");
     memcpy(p->key, key, sizeof p->key);
@@ -144,17 +158,17 @@ static plan *make_plan(const dt_conv_shape *s, const int key[11]) {
     check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
                                              &src, &wei, &p->bias_md, &dst, strides, pad, pad),
           "forward descriptor");
-    dnnl_primitive_desc_t fpd = conv_pd(&fd, NULL);
+    dnnl_primitive_desc_t fpd = conv_pd(&fd, NULL, s->relu);
     check(dnnl_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &src, &wei, &dst,
                                                    strides, pad, pad),
           "backward data descriptor");
-    dnnl_primitive_desc_t bdpd = conv_pd(&bdd, fpd);
+    dnnl_primitive_desc_t bdpd = conv_pd(&bdd, fpd, 0);
     // Backward weights reads the input in the layout forward saved it in.
     const dnnl_memory_desc_t *fsrc = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0);
     check(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, fsrc, &wei,
                                                       &p->bias_md, &dst, strides, pad, pad),
           "backward weights descriptor");
-    dnnl_primitive_desc_t bwpd = conv_pd(&bwd, fpd);
+    dnnl_primitive_desc_t bwpd = conv_pd(&bwd, fpd, 0);
 
     p->src16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), &src16);
     p->dst16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0), &dst16);
@@ -188,8 +202,8 @@ static plan *make_plan(const dt_conv_shape *s, const int key[11]) {
 // split and its reductions by the thread count when a primitive is made).
 static plan *get_plan(const dt_conv_shape *s) {
     pthread_once(&g_once, make_engine);
-    int key[11] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
-                   s->src_blocked, s->dst_blocked};
+    int key[12] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
+                   s->src_blocked, s->dst_blocked, s->relu};
     pthread_mutex_lock(&g_plans_lock);
     plan *p = g_plans;
     while (p && memcmp(p->key, key, sizeof key)) p = p->next;
@@ -243,7 +257,7 @@ void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
 
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
     dt_conv_shape own = *s;
-    own.src_blocked = own.dst_blocked = 0;
+    own.src_blocked = own.dst_blocked = own.relu = 0;
     plan *p = get_plan(&own);
     *src = p->src16;
     *dst = p->dst16;
@@ -278,7 +292,7 @@ void dt_conv_forward(float *out, float *save, const float *inp, const float *w, 
 }
 
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,
-                      const float *save, const float *w, const dt_conv_shape *s) {
+                      const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
     plan *p = get_plan(s);
     pthread_mutex_lock(&p->lock);
     dnnl_stream_t st;
@@ -286,12 +300,16 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
     if (dinp) {
         const float *dd = bring_in(&p->ddst, st, &p->plain_dst, dout, scratch);
         const float *wei = bring_in(&p->bwei, st, &p->plain_wei, w, scratch);
+        // Overwriting a tensor already in the primitive's layout: in place.
+        int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
+        float *ds = direct ? dinp : scratch + p->dsrc.off;
         dnnl_memory_t mdd = mem(&p->ddst.md, dd), mw = mem(&p->bwei.md, wei),
-                      mds = mem(&p->dsrc.md, scratch + p->dsrc.off);
+                      mds = mem(&p->dsrc.md, ds);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw},
                                   {DNNL_ARG_DIFF_SRC, mds}};
         run(p->bwd_data, st, 3, args);
-        reorder(p->dsrc.out, st, &p->dsrc.md, scratch + p->dsrc.off, &p->plain_src, dinp);
+        if (!direct)
+            reorder(set_dinp ? p->dsrc.set : p->dsrc.out, st, &p->dsrc.md, ds, &p->plain_src, dinp);
         dnnl_memory_destroy(mdd);
         dnnl_memory_destroy(mw);
         dnnl_memory_destroy(mds);

@@ -53,7 +53,7 @@ void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, co
 // forward saves for backward, `dcol` is backward's scratch.
 
 size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0};
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
     size_t save, scratch;
     dt_conv_size(&s, &save, &scratch);
     return save > scratch ? save : scratch;
@@ -61,15 +61,15 @@ size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int
 
 void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w, const float *b,
                        int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0};
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
     dt_conv_forward(out, col, inp, w, b, &s);
 }
 
 void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,
                         const float *col, const float *w, int B, int IC, int H, int W, int OC,
                         int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0};
-    dt_conv_backward(dinp, dw, db, dcol, dout, col, w, &s);
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
+    dt_conv_backward(dinp, dw, db, dcol, dout, col, w, &s, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -119,18 +119,19 @@ void dt_maxpool_forward_v(float *out, int32_t *argmax, const float *inp, int B, 
 }
 
 void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
-                           int H, int W, int K, int S, int V) {
+                           int H, int W, int K, int S, int V, int set) {
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
     size_t n = (size_t)OH * OW * V;
+    int tiles = K == S && OH * K == H && OW * K == W;  // every input in one window
 #pragma omp parallel for schedule(static)
     for (int bc = 0; bc < B * C; bc++) {
         float *dx = dinp + (size_t)bc * H * W * V;
         const float *d = dout + (size_t)bc * n;
         const int32_t *a = argmax + (size_t)bc * n;
-        if (K == S && V > 1) {
-            // Windows do not overlap: each input element takes the gradient
-            // of its window's maximum when it is that maximum, a vector op
-            // per window element instead of V scattered adds.
+        if (tiles && set) {
+            // Each input element takes the gradient of its window's maximum
+            // when it is that maximum: a vector op per window element
+            // instead of V scattered adds, and no clearing first.
             for (int oh = 0; oh < OH; oh++)
                 for (int ow = 0; ow < OW; ow++) {
                     size_t j = ((size_t)oh * OW + ow) * V;
@@ -139,11 +140,12 @@ void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax
                             int i0 = ((oh * S + kh) * W + ow * S + kw) * V;
 #pragma omp simd
                             for (int v = 0; v < V; v++)
-                                dx[i0 + v] += a[j + v] == i0 + v ? d[j + v] : 0.0f;
+                                dx[i0 + v] = a[j + v] == i0 + v ? d[j + v] : 0.0f;
                         }
                 }
             continue;
         }
+        if (set) memset(dx, 0, sizeof(float) * H * W * V);
         for (size_t j = 0; j < n; j++) dx[a[j]] += d[j];
     }
 }
@@ -155,7 +157,7 @@ void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, in
 
 void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
                          int H, int W, int K, int S) {
-    dt_maxpool_backward_v(dinp, dout, argmax, B, C, H, W, K, S, 1);
+    dt_maxpool_backward_v(dinp, dout, argmax, B, C, H, W, K, S, 1, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -169,6 +171,11 @@ void dt_relu_forward(float *out, const float *inp, size_t N) {
 void dt_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < N; i++) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f;
 }
 
 #define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)

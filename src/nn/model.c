@@ -20,6 +20,8 @@ typedef struct {
     float *aux2;           // conv: dcol scratch
     int32_t *argmax;       // maxpool
     int blk;               // act is blocked by blk channels (kernels.h), 0: NCHW
+    int fused;             // conv: applies the relu after it; relu: done by that conv,
+                           // whose act it shares (relu(x) > 0 exactly where x > 0)
 } layer_t;
 
 struct dt_model {
@@ -127,7 +129,8 @@ static dt_conv_shape conv_shape(const dt_model *m, int i, int B) {
     const layer_t *l = &m->L[i];
     const dt_layer_spec *s = &l->spec;
     dt_conv_shape c = {B, l->in[0], l->in[1], l->in[2], l->out[0], s->kernel,
-                       s->stride ? s->stride : 1, s->pad, i > 0 && m->L[i - 1].blk, l->blk != 0};
+                       s->stride ? s->stride : 1, s->pad, i > 0 && m->L[i - 1].blk, l->blk != 0,
+                       l->fused};
     return c;
 }
 
@@ -154,10 +157,21 @@ static void plan_layouts(dt_model *m) {
         }
         for (int k = i; k < j; k++) m->L[k].blk = DT_CONV_BLOCK;
     }
+    for (int i = 0; i + 1 < m->nlayers; i++)
+        if (m->L[i].spec.kind == DT_LAYER_CONV2D && m->L[i + 1].spec.kind == DT_LAYER_RELU)
+            m->L[i].fused = m->L[i + 1].fused = 1;
+}
+
+// Layers whose backward overwrites its input gradient (it is the only
+// writer), so that buffer need not be cleared first.
+static int sets_din(const layer_t *l) {
+    dt_layer_kind k = l->spec.kind;
+    return k == DT_LAYER_CONV2D || k == DT_LAYER_RELU || k == DT_LAYER_MAXPOOL ||
+           k == DT_LAYER_FLATTEN;
 }
 
 // Between a blocked x[B, ceil(C/16), P, 16] and NCHW y[B, C, P] (P = H*W):
-// y = x, or x += y when `back`.
+// y = x, or x = y when `back` (the padding channels of x are left alone).
 static void unblock(float *y, float *x, int B, int C, int P, int back) {
     int V = DT_CONV_BLOCK, CB = (C + V - 1) / V;
 #pragma omp parallel for schedule(static)
@@ -166,7 +180,7 @@ static void unblock(float *y, float *x, int B, int C, int P, int back) {
             float *yc = y + ((size_t)b * C + c) * P;
             float *xc = x + ((size_t)b * CB + c / V) * P * V + c % V;
             if (back)
-                for (int p = 0; p < P; p++) xc[(size_t)p * V] += yc[p];
+                for (int p = 0; p < P; p++) xc[(size_t)p * V] = yc[p];
             else
                 for (int p = 0; p < P; p++) yc[p] = xc[(size_t)p * V];
         }
@@ -176,7 +190,7 @@ void dt_model_free(dt_model *m) {
     if (!m) return;
     for (int i = 0; i < m->nlayers; i++) {
         layer_t *l = &m->L[i];
-        dt_free(l->act);
+        if (!(l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
         dt_free(l->dact);
         dt_free(l->aux);
         dt_free(l->aux2);
@@ -240,7 +254,8 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
         size_t n_out = (size_t)max_batch * out_numel(l);
-        l->act = dt_alloc(sizeof(float) * n_out);
+        l->act = s->kind == DT_LAYER_RELU && l->fused ? m->L[i - 1].act
+                                                       : dt_alloc(sizeof(float) * n_out);
         l->dact = dt_alloc(sizeof(float) * n_out);
         if (!l->act || !l->dact) goto nomem;
         if (s->kind == DT_LAYER_CONV2D) {
@@ -365,7 +380,9 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
             dt_maxpool_forward_v(l->act, l->argmax, in, B, (l->in[0] + V - 1) / V, l->in[1],
                                  l->in[2], s->kernel, s->stride ? s->stride : s->kernel, V);
             break;
-        case DT_LAYER_RELU: dt_relu_forward(l->act, in, n); break;
+        case DT_LAYER_RELU:
+            if (!l->fused) dt_relu_forward(l->act, in, n);
+            break;
         case DT_LAYER_GELU: dt_gelu_forward(l->act, in, n); break;
         case DT_LAYER_LAYERNORM:
             dt_layernorm_forward(l->act, l->aux, l->aux + m->max_batch, in, w, b, B, l->in[0],
@@ -418,7 +435,8 @@ dt_status dt_model_backward(dt_model *m) {
     if (!m->targets) return dt_error(DT_ERR_ARG, "model: backward needs a forward with targets");
     int B = m->last_B;
     for (int i = 0; i < m->nlayers; i++)
-        memset(m->L[i].dact, 0, sizeof(float) * B * out_numel(&m->L[i]));
+        if (i + 1 == m->nlayers || !sets_din(&m->L[i + 1]))
+            memset(m->L[i].dact, 0, sizeof(float) * B * out_numel(&m->L[i]));
     layer_t *last = &m->L[m->nlayers - 1];
     dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], m->loss_scale);
     for (int i = m->nlayers - 1; i >= 0; i--) {
@@ -436,16 +454,17 @@ dt_status dt_model_backward(dt_model *m) {
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(m, i, B);
-            dt_conv_backward(din, dw, db, l->aux2, l->dact, l->aux, w, &cs);
+            dt_conv_backward(din, dw, db, l->aux2, l->dact, l->aux, w, &cs, 1);
             break;
         }
         case DT_LAYER_MAXPOOL:
             if (din)
                 dt_maxpool_backward_v(din, l->dact, l->argmax, B, (l->in[0] + V - 1) / V, l->in[1],
-                                      l->in[2], s->kernel, s->stride ? s->stride : s->kernel, V);
+                                      l->in[2], s->kernel, s->stride ? s->stride : s->kernel, V,
+                                      1);
             break;
         case DT_LAYER_RELU:
-            if (din) dt_relu_backward(din, l->dact, in, n);
+            if (din) dt_relu_backward_set(din, l->dact, in, n);
             break;
         case DT_LAYER_GELU:
             if (din) dt_gelu_backward(din, l->dact, in, n);
@@ -464,7 +483,7 @@ dt_status dt_model_backward(dt_model *m) {
             if (din && m->L[i - 1].blk)
                 unblock(l->dact, din, B, l->in[0], l->in[1] * l->in[2], 1);
             else if (din)
-                for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
+                memcpy(din, l->dact, sizeof(float) * n);
             break;
         }
         if (m->hook && (l->w_n || l->b_n)) m->hook(l->w_off, m->hook_user);

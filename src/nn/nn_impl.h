@@ -11,6 +11,11 @@
 void dt_maxpool_forward_v(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
                           int W, int K, int S, int V);
 void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
-                           int H, int W, int K, int S, int V);
+                           int H, int W, int K, int S, int V, int set);
+
+/* The backward passes of a model's layers, each the only writer of its
+ * input gradient, overwrite it (set = 1 above) rather than add to a cleared
+ * buffer: that saves clearing and re-reading the largest activations. */
+void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size_t N);
 
 #endif
