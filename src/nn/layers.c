@@ -119,7 +119,7 @@ void dt_maxpool_forward_v(float *out, int32_t *argmax, const float *inp, int B, 
 }
 
 void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
-                           int H, int W, int K, int S, int V, int set) {
+                           int H, int W, int K, int S, int V, int set, const float *relu_out) {
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
     size_t n = (size_t)OH * OW * V;
     int tiles = K == S && OH * K == H && OW * K == W;  // every input in one window
@@ -128,6 +128,7 @@ void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax
         float *dx = dinp + (size_t)bc * H * W * V;
         const float *d = dout + (size_t)bc * n;
         const int32_t *a = argmax + (size_t)bc * n;
+        const float *r = relu_out ? relu_out + (size_t)bc * H * W * V : NULL;
         if (tiles && set) {
             // Each input element takes the gradient of its window's maximum
             // when it is that maximum: a vector op per window element
@@ -140,13 +141,15 @@ void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax
                             int i0 = ((oh * S + kh) * W + ow * S + kw) * V;
 #pragma omp simd
                             for (int v = 0; v < V; v++)
-                                dx[i0 + v] = a[j + v] == i0 + v ? d[j + v] : 0.0f;
+                                dx[i0 + v] = a[j + v] == i0 + v && (!r || r[i0 + v] > 0.0f)
+                                                 ? d[j + v] : 0.0f;
                         }
                 }
             continue;
         }
         if (set) memset(dx, 0, sizeof(float) * H * W * V);
-        for (size_t j = 0; j < n; j++) dx[a[j]] += d[j];
+        for (size_t j = 0; j < n; j++)
+            if (!r || r[a[j]] > 0.0f) dx[a[j]] += d[j];
     }
 }
 
@@ -157,7 +160,7 @@ void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, in
 
 void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
                          int H, int W, int K, int S) {
-    dt_maxpool_backward_v(dinp, dout, argmax, B, C, H, W, K, S, 1, 0);
+    dt_maxpool_backward_v(dinp, dout, argmax, B, C, H, W, K, S, 1, 0, NULL);
 }
 
 // ----------------------------------------------------------------------------

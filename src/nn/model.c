@@ -22,6 +22,7 @@ typedef struct {
     int blk;               // act is blocked by blk channels (kernels.h), 0: NCHW
     int fused;             // conv: applies the relu after it; relu: done by that conv,
                            // whose act it shares (relu(x) > 0 exactly where x > 0)
+    int pooled;            // relu: its backward is done by the maxpool after it
 } layer_t;
 
 struct dt_model {
@@ -160,6 +161,9 @@ static void plan_layouts(dt_model *m) {
     for (int i = 0; i + 1 < m->nlayers; i++)
         if (m->L[i].spec.kind == DT_LAYER_CONV2D && m->L[i + 1].spec.kind == DT_LAYER_RELU)
             m->L[i].fused = m->L[i + 1].fused = 1;
+    for (int i = 1; i + 1 < m->nlayers; i++)
+        m->L[i].pooled = m->L[i].spec.kind == DT_LAYER_RELU &&
+                         m->L[i + 1].spec.kind == DT_LAYER_MAXPOOL;
 }
 
 // Layers whose backward overwrites its input gradient (it is the only
@@ -457,14 +461,17 @@ dt_status dt_model_backward(dt_model *m) {
             dt_conv_backward(din, dw, db, l->aux2, l->dact, l->aux, w, &cs, 1);
             break;
         }
-        case DT_LAYER_MAXPOOL:
+        case DT_LAYER_MAXPOOL: {
+            // Through the relu before it, when that one leaves its backward here.
+            int fold = din && m->L[i - 1].pooled;
             if (din)
-                dt_maxpool_backward_v(din, l->dact, l->argmax, B, (l->in[0] + V - 1) / V, l->in[1],
-                                      l->in[2], s->kernel, s->stride ? s->stride : s->kernel, V,
-                                      1);
+                dt_maxpool_backward_v(fold ? m->L[i - 2].dact : din, l->dact, l->argmax, B,
+                                      (l->in[0] + V - 1) / V, l->in[1], l->in[2], s->kernel,
+                                      s->stride ? s->stride : s->kernel, V, 1, fold ? in : NULL);
             break;
+        }
         case DT_LAYER_RELU:
-            if (din) dt_relu_backward_set(din, l->dact, in, n);
+            if (din && !l->pooled) dt_relu_backward_set(din, l->dact, in, n);
             break;
         case DT_LAYER_GELU:
             if (din) dt_gelu_backward(din, l->dact, in, n);
