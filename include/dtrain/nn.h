@@ -7,7 +7,7 @@
  *   dt_linear_forward(out, inp, w, b, B, C, OC);
  *   dt_linear_backward(dinp, dw, db, dout, inp, w, B, C, OC);
  *
- * Forward saves what backward needs (pool argmax, im2col columns, layernorm
+ * Forward saves what backward needs (pool argmax, conv input, layernorm
  * mean/rstd, dropout mask). Backward ACCUMULATES (+=) into every gradient it
  * writes, parameter and input gradients alike, so the caller zeroes them.
  * All tensors are dense row-major fp32; images are NCHW. NULL may be passed
@@ -40,8 +40,9 @@ DT_API void dt_linear_backward(float *dinp, float *dw, float *db, const float *d
 /* 2-D convolution, square kernel K, stride S, zero padding P.
  * inp[B,IC,H,W], w[OC,IC,K,K], b[OC], out[B,OC,OH,OW] with
  * OH = (H + 2P - K)/S + 1. col is scratch of dt_conv2d_col_size() floats,
- * written by forward (the im2col matrix of the whole batch) and read by
- * backward; dcol is scratch of the same size for backward. */
+ * written by forward (the input in the convolution library's layout) and
+ * read by backward; dcol is scratch of the same size for backward. The
+ * size for B samples also serves every smaller batch. */
 DT_API size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P);
 DT_API void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w,
                               const float *b, int B, int IC, int H, int W, int OC,

@@ -1,5 +1,5 @@
-/* Compute kernels shared by the layers. The GEMM library (oneDNN) sits
- * behind dt_sgemm alone: nothing else in the tree includes its header. */
+/* Compute kernels shared by the layers. oneDNN sits behind this header
+ * alone (gemm.c, conv.c): nothing else in the tree includes its header. */
 #ifndef DT_KERNELS_H
 #define DT_KERNELS_H
 
@@ -11,5 +11,35 @@
  * inside an OpenMP parallel region. Deterministic for a fixed thread count. */
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
+
+/* 2-D convolution, square kernel K, stride S, zero padding P, on inputs
+ * inp[B,IC,H,W], weights w[OC,IC,K,K], bias b[OC] (may be NULL) and outputs
+ * out[B,OC,OH,OW], NCHW (or blocked, below) and OIHW: oneDNN's direct
+ * convolutions, which run in their own blocked layouts and reorder at the
+ * edges. `save` is written by forward (the input in the convolution's
+ * layout, among others) and read by backward; `scratch` is backward's.
+ * dt_conv_size() gives the floats each needs for a shape; the sizes grow
+ * with B. Backward ADDS into dw and db, and into dinp unless set_dinp (then
+ * it overwrites dinp); any of the three may be NULL. Deterministic for a
+ * fixed thread count; the primitives of each shape are made on first use
+ * and kept. */
+typedef struct {
+    int B, IC, H, W, OC, K, S, P;
+    // Layout of inp/dinp and of out/dout: 0 NCHW, 1 blocked by
+    // DT_CONV_BLOCK channels (nChw16c: [B, ceil(C/16), H, W, 16], the
+    // channels past C zero), which saves the reorders between convolutions.
+    int src_blocked, dst_blocked;
+    int relu;  // forward applies ReLU to its output (after the bias)
+} dt_conv_shape;
+#define DT_CONV_BLOCK 16
+void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
+/* Whether the primitives of shape s (layouts ignored) work on blocked
+ * inputs and outputs: where they do, a caller gains by keeping tensors
+ * blocked between convolutions. */
+void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst);
+void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,
+                     const dt_conv_shape *s);
+void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,
+                      const float *save, const float *w, const dt_conv_shape *s, int set_dinp);
 
 #endif

@@ -5,6 +5,7 @@
  * thread count. */
 #include "dtrain/nn.h"
 #include "kernels/kernels.h"
+#include "nn/nn_impl.h"
 
 #include <float.h>
 #include <math.h>
@@ -48,193 +49,118 @@ void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, co
 }
 
 // ----------------------------------------------------------------------------
-// conv2d as im2col + one GEMM over the whole batch.
-// With KK = IC*K*K, P = OH*OW and N = B*P, the scratch `col` holds
-//   cols[KK, N]   column block b*P.. of sample b (the im2col matrix)
-//   stage[OC, N]  the GEMM's output before it is transposed to NCHW
-// so out = W[OC,KK] @ cols is a single large GEMM, which runs far closer to
-// peak than B small ones and splits evenly across threads at any batch size.
-
-static inline int conv_out(int H, int K, int S, int P) { return (H + 2 * P - K) / S + 1; }
+// conv2d: oneDNN's direct convolutions (src/kernels/conv.c). `col` keeps what
+// forward saves for backward, `dcol` is backward's scratch.
 
 size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    return (size_t)B * (IC * K * K + OC) * conv_out(H, K, S, P) * conv_out(W, K, S, P);
-}
-
-// The output columns ow whose input column ow*S-P+kw falls inside [0, W).
-static inline void valid_cols(int W, int S, int P, int kw, int OW, int *lo, int *hi) {
-    int l = P - kw > 0 ? (P - kw + S - 1) / S : 0;          // first ow with iw >= 0
-    int h = (W - 1 + P - kw) >= 0 ? (W - 1 + P - kw) / S + 1 : 0; // one past last iw < W
-    if (h > OW) h = OW;
-    if (l > h) l = h;
-    *lo = l;
-    *hi = h;
-}
-
-// Writes sample img's im2col matrix [KK, OH*OW] into col with row stride ld.
-static void im2col(float *col, size_t ld, const float *img, int IC, int H, int W, int K, int S,
-                   int P, int OH, int OW) {
-    for (int c = 0; c < IC; c++)
-        for (int kh = 0; kh < K; kh++)
-            for (int kw = 0; kw < K; kw++) {
-                float *row = col + ((size_t)(c * K + kh) * K + kw) * ld;
-                const float *ch = img + (size_t)c * H * W;
-                int lo, hi;
-                valid_cols(W, S, P, kw, OW, &lo, &hi);
-                for (int oh = 0; oh < OH; oh++) {
-                    int ih = oh * S - P + kh;
-                    float *r = row + oh * OW;
-                    if (ih < 0 || ih >= H) {
-                        memset(r, 0, sizeof(float) * OW);
-                        continue;
-                    }
-                    const float *src = ch + (size_t)ih * W - P + kw;
-                    for (int ow = 0; ow < lo; ow++) r[ow] = 0.0f;
-                    if (S == 1) memcpy(r + lo, src + lo, sizeof(float) * (hi - lo));
-                    else
-                        for (int ow = lo; ow < hi; ow++) r[ow] = src[ow * S];
-                    for (int ow = hi; ow < OW; ow++) r[ow] = 0.0f;
-                }
-            }
-}
-
-// Adds the im2col-shaped gradient col [KK, OH*OW] (row stride ld) into img.
-static void col2im(float *img, const float *col, size_t ld, int IC, int H, int W, int K, int S,
-                   int P, int OH, int OW) {
-    for (int c = 0; c < IC; c++)
-        for (int kh = 0; kh < K; kh++)
-            for (int kw = 0; kw < K; kw++) {
-                const float *row = col + ((size_t)(c * K + kh) * K + kw) * ld;
-                float *ch = img + (size_t)c * H * W;
-                int lo, hi;
-                valid_cols(W, S, P, kw, OW, &lo, &hi);
-                for (int oh = 0; oh < OH; oh++) {
-                    int ih = oh * S - P + kh;
-                    if (ih < 0 || ih >= H) continue;
-                    float *dst = ch + (size_t)ih * W - P + kw;
-                    const float *r = row + oh * OW;
-                    if (S == 1) {
-#pragma omp simd
-                        for (int ow = lo; ow < hi; ow++) dst[ow] += r[ow];
-                    } else {
-                        for (int ow = lo; ow < hi; ow++) dst[ow * S] += r[ow];
-                    }
-                }
-            }
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
+    size_t save, scratch;
+    dt_conv_size(&s, &save, &scratch);
+    return save > scratch ? save : scratch;
 }
 
 void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w, const float *b,
                        int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    int OH = conv_out(H, K, S, P), OW = conv_out(W, K, S, P);
-    int KK = IC * K * K, NP = OH * OW;
-    size_t N = (size_t)B * NP;
-    float *stage = col + (size_t)KK * N;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < B; i++)
-        im2col(col + (size_t)i * NP, N, inp + (size_t)i * IC * H * W, IC, H, W, K, S, P, OH, OW);
-    dt_sgemm(0, 0, OC, (int)N, KK, 1.0f, w, KK, col, (int)N, 0.0f, stage, (int)N);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int i = 0; i < B; i++)
-        for (int o = 0; o < OC; o++) {
-            const float *src = stage + (size_t)o * N + (size_t)i * NP;
-            float *dst = out + ((size_t)i * OC + o) * NP;
-            float bias = b ? b[o] : 0.0f;
-#pragma omp simd
-            for (int p = 0; p < NP; p++) dst[p] = src[p] + bias;
-        }
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
+    dt_conv_forward(out, col, inp, w, b, &s);
 }
 
 void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,
                         const float *col, const float *w, int B, int IC, int H, int W, int OC,
                         int K, int S, int P) {
-    int OH = conv_out(H, K, S, P), OW = conv_out(W, K, S, P);
-    int KK = IC * K * K, NP = OH * OW;
-    size_t N = (size_t)B * NP;
-    // dout (NCHW) -> dstage[OC, N], the layout of the forward GEMM's output.
-    float *dstage = dcol + (size_t)KK * N;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int i = 0; i < B; i++)
-        for (int o = 0; o < OC; o++)
-            memcpy(dstage + (size_t)o * N + (size_t)i * NP, dout + ((size_t)i * OC + o) * NP,
-                   sizeof(float) * NP);
-    if (dw) dt_sgemm(0, 1, OC, KK, (int)N, 1.0f, dstage, (int)N, col, (int)N, 1.0f, dw, KK);
-    if (db) {
-#pragma omp parallel for schedule(static)
-        for (int o = 0; o < OC; o++) {
-            const float *d = dstage + (size_t)o * N;
-            float s = 0.0f;
-            for (size_t j = 0; j < N; j++) s += d[j];
-            db[o] += s;
-        }
-    }
-    if (dinp) {
-        // One sample at a time per thread: its column gradient [KK, P] is
-        // made and scattered back while it is still in cache (one batched
-        // GEMM would write all of dcol to memory and read it back).
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < B; i++) {
-            float *dc = dcol + (size_t)i * KK * NP;
-            dt_sgemm(1, 0, KK, NP, OC, 1.0f, w, KK, dstage + (size_t)i * NP, (int)N, 0.0f, dc, NP);
-            col2im(dinp + (size_t)i * IC * H * W, dc, NP, IC, H, W, K, S, P, OH, OW);
-        }
-    }
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
+    dt_conv_backward(dinp, dw, db, dcol, dout, col, w, &s, 0);
 }
 
 // ----------------------------------------------------------------------------
-// max pooling
+// max pooling, on images [B, C, H, W, V]: V = 1 is NCHW, V = 16 a blocked
+// layout (nn_impl.h) whose 16 channels of a pixel are pooled side by side.
 
-void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
-                        int W, int K, int S) {
+void dt_maxpool_forward_v(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                          int W, int K, int S, int V) {
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
 #pragma omp parallel for schedule(static)
     for (int bc = 0; bc < B * C; bc++) {
-        const float *x = inp + (size_t)bc * H * W;
-        float *o = out + (size_t)bc * OH * OW;
-        int32_t *a = argmax + (size_t)bc * OH * OW;
-        if (K == 2 && S == 2) {  // the common case, without the window loops
-            for (int oh = 0; oh < OH; oh++)
-                for (int ow = 0; ow < OW; ow++) {
-                    int i0 = 2 * oh * W + 2 * ow, idx[4] = {i0, i0 + 1, i0 + W, i0 + W + 1};
-                    int mi = i0;
-                    float m = x[i0];
-                    for (int j = 1; j < 4; j++) {
-                        float v = x[idx[j]];
-                        if (v > m || (isnan(v) && !isnan(m))) m = v, mi = idx[j];
-                    }
-                    o[oh * OW + ow] = m;
-                    a[oh * OW + ow] = (int32_t)mi;
-                }
-            continue;
-        }
+        const float *x = inp + (size_t)bc * H * W * V;
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
-                int mi = (oh * S) * W + ow * S;
-                float m = x[mi];
+                size_t j = ((size_t)bc * OH * OW + oh * OW + ow) * V;
+                float *o = out + j;
+                int32_t *a = argmax + j;
+                int first = (oh * S * W + ow * S) * V;
+                if (K == 2 && S == 2) {  // the common case, a vector per window row
+                    int idx[4] = {first, first + V, first + W * V, first + W * V + V};
+#pragma omp simd
+                    for (int v = 0; v < V; v++) {
+                        float m = x[first + v];
+                        int mi = first + v;
+                        for (int j = 1; j < 4; j++) {
+                            float xv = x[idx[j] + v];
+                            if (xv > m || (isnan(xv) && !isnan(m))) m = xv, mi = idx[j] + v;
+                        }
+                        o[v] = m;
+                        a[v] = mi;
+                    }
+                    continue;
+                }
+                for (int v = 0; v < V; v++) o[v] = x[first + v], a[v] = first + v;
                 for (int kh = 0; kh < K; kh++)
                     for (int kw = 0; kw < K; kw++) {
-                        int idx = (oh * S + kh) * W + ow * S + kw;
+                        int i0 = ((oh * S + kh) * W + ow * S + kw) * V;
                         // The first maximum wins; NaN propagates, as in PyTorch.
-                        if (x[idx] > m || (isnan(x[idx]) && !isnan(m))) {
-                            m = x[idx];
-                            mi = idx;
+#pragma omp simd
+                        for (int v = 0; v < V; v++) {
+                            float xv = x[i0 + v];
+                            if (xv > o[v] || (isnan(xv) && !isnan(o[v]))) o[v] = xv, a[v] = i0 + v;
                         }
                     }
-                o[oh * OW + ow] = m;
-                a[oh * OW + ow] = (int32_t)mi;
             }
     }
 }
 
-void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
-                         int H, int W, int K, int S) {
+void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                           int H, int W, int K, int S, int V, int set, const float *relu_out) {
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+    size_t n = (size_t)OH * OW * V;
+    int tiles = K == S && OH * K == H && OW * K == W;  // every input in one window
 #pragma omp parallel for schedule(static)
     for (int bc = 0; bc < B * C; bc++) {
-        float *dx = dinp + (size_t)bc * H * W;
-        const float *d = dout + (size_t)bc * OH * OW;
-        const int32_t *a = argmax + (size_t)bc * OH * OW;
-        for (int j = 0; j < OH * OW; j++) dx[a[j]] += d[j];
+        float *dx = dinp + (size_t)bc * H * W * V;
+        const float *d = dout + (size_t)bc * n;
+        const int32_t *a = argmax + (size_t)bc * n;
+        const float *r = relu_out ? relu_out + (size_t)bc * H * W * V : NULL;
+        if (tiles && set) {
+            // Each input element takes the gradient of its window's maximum
+            // when it is that maximum: a vector op per window element
+            // instead of V scattered adds, and no clearing first.
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    size_t j = ((size_t)oh * OW + ow) * V;
+                    for (int kh = 0; kh < K; kh++)
+                        for (int kw = 0; kw < K; kw++) {
+                            int i0 = ((oh * S + kh) * W + ow * S + kw) * V;
+#pragma omp simd
+                            for (int v = 0; v < V; v++)
+                                dx[i0 + v] = a[j + v] == i0 + v && (!r || r[i0 + v] > 0.0f)
+                                                 ? d[j + v] : 0.0f;
+                        }
+                }
+            continue;
+        }
+        if (set) memset(dx, 0, sizeof(float) * H * W * V);
+        for (size_t j = 0; j < n; j++)
+            if (!r || r[a[j]] > 0.0f) dx[a[j]] += d[j];
     }
+}
+
+void dt_maxpool_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                        int W, int K, int S) {
+    dt_maxpool_forward_v(out, argmax, inp, B, C, H, W, K, S, 1);
+}
+
+void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                         int H, int W, int K, int S) {
+    dt_maxpool_backward_v(dinp, dout, argmax, B, C, H, W, K, S, 1, 0, NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -248,6 +174,11 @@ void dt_relu_forward(float *out, const float *inp, size_t N) {
 void dt_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < N; i++) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f;
 }
 
 #define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)

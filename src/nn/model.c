@@ -1,6 +1,8 @@
 /* Sequential models: a list of layers over one flat parameter block and one
  * flat gradient block, with activation buffers sized for max_batch. */
 #include "dtrain/nn.h"
+#include "kernels/kernels.h"
+#include "nn/nn_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +19,10 @@ typedef struct {
     float *aux;            // conv: im2col columns; layernorm: mean,rstd; dropout: mask
     float *aux2;           // conv: dcol scratch
     int32_t *argmax;       // maxpool
+    int blk;               // act is blocked by blk channels (kernels.h), 0: NCHW
+    int fused;             // conv: applies the relu after it; relu: done by that conv,
+                           // whose act it shares (relu(x) > 0 exactly where x > 0)
+    int pooled;            // relu: its backward is done by the maxpool after it
 } layer_t;
 
 struct dt_model {
@@ -45,6 +51,13 @@ const char *dt_layer_kind_name(dt_layer_kind k) {
 }
 
 static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
+
+// Floats per sample of a layer's output, channels padded to whole blocks
+// when it is blocked.
+static size_t out_numel(const layer_t *l) {
+    size_t c = l->blk ? (size_t)(l->out[0] + l->blk - 1) / l->blk * l->blk : (size_t)l->out[0];
+    return c * l->out[1] * l->out[2];
+}
 
 // Works out a layer's output shape and parameter count; fails on shapes that
 // do not fit, naming the layer.
@@ -113,11 +126,75 @@ static dt_status plan_layer(layer_t *l, int idx) {
     return DT_OK;
 }
 
+static dt_conv_shape conv_shape(const dt_model *m, int i, int B) {
+    const layer_t *l = &m->L[i];
+    const dt_layer_spec *s = &l->spec;
+    dt_conv_shape c = {B, l->in[0], l->in[1], l->in[2], l->out[0], s->kernel,
+                       s->stride ? s->stride : 1, s->pad, i > 0 && m->L[i - 1].blk, l->blk != 0,
+                       l->fused};
+    return c;
+}
+
+// Activations stay in the convolutions' blocked layout from a convolution
+// through the relu and maxpool layers after it, up to the next convolution
+// or a flatten (which reorders to NCHW), where the convolutions work in it:
+// this saves two reorders of each such activation per step.
+static void plan_layouts(dt_model *m) {
+    for (int i = 0; i < m->nlayers; i++) {
+        if (m->L[i].spec.kind != DT_LAYER_CONV2D) continue;
+        dt_conv_shape s = conv_shape(m, i, m->max_batch);
+        int src, dst, j = i + 1;
+        dt_conv_prefers_blocked(&s, &src, &dst);
+        while (j < m->nlayers &&
+               (m->L[j].spec.kind == DT_LAYER_RELU || m->L[j].spec.kind == DT_LAYER_MAXPOOL))
+            j++;
+        if (!dst || j == m->nlayers) continue;
+        if (m->L[j].spec.kind == DT_LAYER_CONV2D) {
+            s = conv_shape(m, j, m->max_batch);
+            dt_conv_prefers_blocked(&s, &src, &dst);
+            if (!src) continue;
+        } else if (m->L[j].spec.kind != DT_LAYER_FLATTEN) {
+            continue;
+        }
+        for (int k = i; k < j; k++) m->L[k].blk = DT_CONV_BLOCK;
+    }
+    for (int i = 0; i + 1 < m->nlayers; i++)
+        if (m->L[i].spec.kind == DT_LAYER_CONV2D && m->L[i + 1].spec.kind == DT_LAYER_RELU)
+            m->L[i].fused = m->L[i + 1].fused = 1;
+    for (int i = 1; i + 1 < m->nlayers; i++)
+        m->L[i].pooled = m->L[i].spec.kind == DT_LAYER_RELU &&
+                         m->L[i + 1].spec.kind == DT_LAYER_MAXPOOL;
+}
+
+// Layers whose backward overwrites its input gradient (it is the only
+// writer), so that buffer need not be cleared first.
+static int sets_din(const layer_t *l) {
+    dt_layer_kind k = l->spec.kind;
+    return k == DT_LAYER_CONV2D || k == DT_LAYER_RELU || k == DT_LAYER_MAXPOOL ||
+           k == DT_LAYER_FLATTEN;
+}
+
+// Between a blocked x[B, ceil(C/16), P, 16] and NCHW y[B, C, P] (P = H*W):
+// y = x, or x = y when `back` (the padding channels of x are left alone).
+static void unblock(float *y, float *x, int B, int C, int P, int back) {
+    int V = DT_CONV_BLOCK, CB = (C + V - 1) / V;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            float *yc = y + ((size_t)b * C + c) * P;
+            float *xc = x + ((size_t)b * CB + c / V) * P * V + c % V;
+            if (back)
+                for (int p = 0; p < P; p++) xc[(size_t)p * V] = yc[p];
+            else
+                for (int p = 0; p < P; p++) yc[p] = xc[(size_t)p * V];
+        }
+}
+
 void dt_model_free(dt_model *m) {
     if (!m) return;
     for (int i = 0; i < m->nlayers; i++) {
         layer_t *l = &m->L[i];
-        dt_free(l->act);
+        if (!(l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
         dt_free(l->dact);
         dt_free(l->aux);
         dt_free(l->aux2);
@@ -170,6 +247,7 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
     const layer_t *last = &m->L[nlayers - 1];
     if (last->out[1] != 1 || last->out[2] != 1)
         return dt_model_free(m), dt_error(DT_ERR_ARG, "model: last layer must produce a flat vector of class scores (end with linear)");
+    plan_layouts(m);
     m->nparams = off;
     m->params = dt_alloc(sizeof(float) * off);
     m->grads = dt_alloc(sizeof(float) * off);
@@ -179,13 +257,16 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
     for (int i = 0; i < nlayers; i++) {
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
-        size_t n_out = (size_t)max_batch * numel3(l->out);
-        l->act = dt_alloc(sizeof(float) * n_out);
+        size_t n_out = (size_t)max_batch * out_numel(l);
+        l->act = s->kind == DT_LAYER_RELU && l->fused ? m->L[i - 1].act
+                                                       : dt_alloc(sizeof(float) * n_out);
         l->dact = dt_alloc(sizeof(float) * n_out);
         if (!l->act || !l->dact) goto nomem;
         if (s->kind == DT_LAYER_CONV2D) {
-            size_t nc = dt_conv2d_col_size(max_batch, l->in[0], l->in[1], l->in[2], s->out, s->kernel,
-                                           s->stride ? s->stride : 1, s->pad);
+            dt_conv_shape cs = conv_shape(m, i, max_batch);
+            size_t nc, nc2;
+            dt_conv_size(&cs, &nc, &nc2);
+            if (nc2 > nc) nc = nc2;
             l->aux = dt_alloc(sizeof(float) * nc);
             l->aux2 = dt_alloc(sizeof(float) * nc);
             if (!l->aux || !l->aux2) goto nomem;
@@ -288,20 +369,24 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
         const float *w = m->params + l->w_off, *b = m->params + l->b_off;
-        size_t n = (size_t)B * numel3(l->out);
+        size_t n = (size_t)B * out_numel(l);
+        int V = l->blk ? l->blk : 1;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             dt_linear_forward(l->act, in, w, b, B, l->in[0], l->out[0]);
             break;
-        case DT_LAYER_CONV2D:
-            dt_conv2d_forward(l->act, l->aux, in, w, b, B, l->in[0], l->in[1], l->in[2],
-                              l->out[0], s->kernel, s->stride ? s->stride : 1, s->pad);
+        case DT_LAYER_CONV2D: {
+            dt_conv_shape cs = conv_shape(m, i, B);
+            dt_conv_forward(l->act, l->aux, in, w, b, &cs);
             break;
+        }
         case DT_LAYER_MAXPOOL:
-            dt_maxpool_forward(l->act, l->argmax, in, B, l->in[0], l->in[1], l->in[2], s->kernel,
-                               s->stride ? s->stride : s->kernel);
+            dt_maxpool_forward_v(l->act, l->argmax, in, B, (l->in[0] + V - 1) / V, l->in[1],
+                                 l->in[2], s->kernel, s->stride ? s->stride : s->kernel, V);
             break;
-        case DT_LAYER_RELU: dt_relu_forward(l->act, in, n); break;
+        case DT_LAYER_RELU:
+            if (!l->fused) dt_relu_forward(l->act, in, n);
+            break;
         case DT_LAYER_GELU: dt_gelu_forward(l->act, in, n); break;
         case DT_LAYER_LAYERNORM:
             dt_layernorm_forward(l->act, l->aux, l->aux + m->max_batch, in, w, b, B, l->in[0],
@@ -322,7 +407,12 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
                 memcpy(l->act, in, sizeof(float) * n);
             }
             break;
-        case DT_LAYER_FLATTEN: memcpy(l->act, in, sizeof(float) * n); break;
+        case DT_LAYER_FLATTEN:
+            if (i > 0 && m->L[i - 1].blk)
+                unblock(l->act, (float *)in, B, l->in[0], l->in[1] * l->in[2], 0);
+            else
+                memcpy(l->act, in, sizeof(float) * n);
+            break;
         }
         in = l->act;
     }
@@ -349,7 +439,8 @@ dt_status dt_model_backward(dt_model *m) {
     if (!m->targets) return dt_error(DT_ERR_ARG, "model: backward needs a forward with targets");
     int B = m->last_B;
     for (int i = 0; i < m->nlayers; i++)
-        memset(m->L[i].dact, 0, sizeof(float) * B * numel3(m->L[i].out));
+        if (i + 1 == m->nlayers || !sets_din(&m->L[i + 1]))
+            memset(m->L[i].dact, 0, sizeof(float) * B * out_numel(&m->L[i]));
     layer_t *last = &m->L[m->nlayers - 1];
     dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], m->loss_scale);
     for (int i = m->nlayers - 1; i >= 0; i--) {
@@ -359,22 +450,28 @@ dt_status dt_model_backward(dt_model *m) {
         float *din = i > 0 ? m->L[i - 1].dact : NULL;
         const float *w = m->params + l->w_off;
         float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
-        size_t n = (size_t)B * numel3(l->out);
+        size_t n = (size_t)B * out_numel(l);
+        int V = l->blk ? l->blk : 1;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
             break;
-        case DT_LAYER_CONV2D:
-            dt_conv2d_backward(din, dw, db, l->aux2, l->dact, l->aux, w, B, l->in[0], l->in[1],
-                               l->in[2], l->out[0], s->kernel, s->stride ? s->stride : 1, s->pad);
+        case DT_LAYER_CONV2D: {
+            dt_conv_shape cs = conv_shape(m, i, B);
+            dt_conv_backward(din, dw, db, l->aux2, l->dact, l->aux, w, &cs, 1);
             break;
-        case DT_LAYER_MAXPOOL:
+        }
+        case DT_LAYER_MAXPOOL: {
+            // Through the relu before it, when that one leaves its backward here.
+            int fold = din && m->L[i - 1].pooled;
             if (din)
-                dt_maxpool_backward(din, l->dact, l->argmax, B, l->in[0], l->in[1], l->in[2],
-                                    s->kernel, s->stride ? s->stride : s->kernel);
+                dt_maxpool_backward_v(fold ? m->L[i - 2].dact : din, l->dact, l->argmax, B,
+                                      (l->in[0] + V - 1) / V, l->in[1], l->in[2], s->kernel,
+                                      s->stride ? s->stride : s->kernel, V, 1, fold ? in : NULL);
             break;
+        }
         case DT_LAYER_RELU:
-            if (din) dt_relu_backward(din, l->dact, in, n);
+            if (din && !l->pooled) dt_relu_backward_set(din, l->dact, in, n);
             break;
         case DT_LAYER_GELU:
             if (din) dt_gelu_backward(din, l->dact, in, n);
@@ -390,8 +487,10 @@ dt_status dt_model_backward(dt_model *m) {
                 for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
             break;
         case DT_LAYER_FLATTEN:
-            if (din)
-                for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
+            if (din && m->L[i - 1].blk)
+                unblock(l->dact, din, B, l->in[0], l->in[1] * l->in[2], 1);
+            else if (din)
+                memcpy(din, l->dact, sizeof(float) * n);
             break;
         }
         if (m->hook && (l->w_n || l->b_n)) m->hook(l->w_off, m->hook_user);

@@ -1,0 +1,342 @@
+/* 2-D convolution on oneDNN's convolution primitives (forward, backward
+ * data, backward weights). Their direct kernels work in blocked layouts
+ * (nChw16c activations, OIhw16i16o weights on AVX-512), which skip im2col
+ * and col2im altogether; the caller keeps plain NCHW/OIHW tensors and the
+ * reorders between the two happen here, in oneDNN's own reorder kernels.
+ *
+ * A plan holds the primitives of one shape at one thread count. It is made
+ * on first use and kept for the life of the process (a model needs one per
+ * convolution and batch size). Plans never change after creation and keep
+ * no tensors of their own: everything a call writes lives in the caller's
+ * scratch (`save`, `scratch`), so calls are reentrant. oneDNN's library
+ * scratchpad is per primitive, so each plan's execution is under its lock. */
+#include "kernels/kernels.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// A tensor in the layout a primitive wants: where it sits in the caller's
+// scratch (in floats) and the reorders from the plain layout (`in`) or back
+// to it (`out`, which adds into the plain tensor, and `set`, which
+// overwrites it). A reorder is NULL when the two layouts are the same.
+typedef struct {
+    dnnl_memory_desc_t md;
+    dnnl_primitive_t in, out, set;
+    size_t off;
+} view;
+
+typedef struct plan {
+    struct plan *next;
+    int key[12];
+    int src16, dst16;  // the forward's own layouts are blocked
+    pthread_mutex_t lock;
+    dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
+    dnnl_primitive_t fwd, bwd_data, bwd_weights;
+    // In `save` (forward): the input as backward-weights reads it, then
+    // the forward's weights, output and (when b is NULL) a zero bias.
+    view src, fwei, fdst;
+    size_t zero_bias, save_size;
+    // In `scratch` (backward).
+    view ddst, bwei, dsrc, wddst, dwei;
+    size_t dbias, scratch_size;
+} plan;
+
+static dnnl_engine_t g_engine;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_plans_lock = PTHREAD_MUTEX_INITIALIZER;
+static plan *g_plans;
+
+static void check(dnnl_status_t s, const char *what) {
+    if (s == dnnl_success) return;
+    // Shapes are checked by the model before they get here, so a failure is
+    // a programmer error or the machine out of memory.
+    fprintf(stderr, "dtrain: internal error: oneDNN %s failed with status %d\n", what, (int)s);
+    abort();
+}
+
+static void make_engine(void) { check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine"); }
+
+static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
+                                     int accumulate) {
+    dnnl_primitive_attr_t attr = NULL;
+    if (accumulate) {
+        dnnl_post_ops_t ops;
+        check(dnnl_post_ops_create(&ops), "post-ops");
+        check(dnnl_post_ops_append_sum(ops, 1.0f), "sum post-op");
+        check(dnnl_primitive_attr_create(&attr), "attr");
+        check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
+        dnnl_post_ops_destroy(ops);
+    }
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    check(dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, attr), "reorder");
+    check(dnnl_primitive_create(&p, pd), "reorder primitive");
+    dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return p;
+}
+
+static size_t floats(const dnnl_memory_desc_t *md) {
+    return (dnnl_memory_desc_get_size(md) / sizeof(float) + 15) & ~(size_t)15;
+}
+
+// Places a primitive's tensor at *top of a scratch area (advancing *top),
+// with reorders from/to the plain layout as `dir` asks (1 in, 2 out, 3 both).
+// A tensor in the plain layout needs no room and no reorder unless
+// `always` (forward's input, which backward needs after the caller's buffer
+// may have changed).
+static void place(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q,
+                  const dnnl_memory_desc_t *plain, int dir, int always, size_t *top) {
+    v->md = *dnnl_primitive_desc_query_md(pd, q, 0);
+    v->in = v->out = v->set = NULL;
+    v->off = (size_t)-1;
+    if (!always && dnnl_memory_desc_equal(&v->md, plain) && dir != 2) return;
+    v->off = *top;
+    *top += floats(&v->md);
+    if (dir & 1) v->in = make_reorder(plain, &v->md, 0);
+    if (dir & 2) {
+        v->out = make_reorder(&v->md, plain, 1);
+        v->set = make_reorder(&v->md, plain, 0);
+    }
+}
+
+static dnnl_primitive_desc_t conv_pd(const dnnl_convolution_desc_t *d,
+                                     const_dnnl_primitive_desc_t hint, int relu) {
+    dnnl_primitive_attr_t attr = NULL;
+    if (relu) {
+        dnnl_post_ops_t ops;
+        check(dnnl_post_ops_create(&ops), "post-ops");
+        check(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
+              "relu post-op");
+        check(dnnl_primitive_attr_create(&attr), "attr");
+        check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
+        dnnl_post_ops_destroy(ops);
+    }
+    dnnl_primitive_desc_t pd;
+    check(dnnl_primitive_desc_create(&pd, d, attr, g_engine, hint), "convolution");
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return pd;
+}
+
+static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
+    dnnl_primitive_t p;
+    check(dnnl_primitive_create(&p, pd), "convolution primitive");
+    return p;
+}
+
+static plan *make_plan(const dt_conv_shape *s, const int key[12]) {
+    plan *p = calloc(1, sizeof *p);
+    if (!p) check(dnnl_out_of_memory, "plan");
+    memcpy(p->key, key, sizeof p->key);
+    pthread_mutex_init(&p->lock, NULL);
+    int OH = (s->H + 2 * s->P - s->K) / s->S + 1, OW = (s->W + 2 * s->P - s->K) / s->S + 1;
+    dnnl_dims_t sd = {s->B, s->IC, s->H, s->W}, wd = {s->OC, s->IC, s->K, s->K},
+                dd = {s->B, s->OC, OH, OW}, bd = {s->OC};
+    dnnl_dims_t strides = {s->S, s->S}, pad = {s->P, s->P};
+    // The caller's layouts ("plain", even when blocked), and the ones the
+    // primitives are asked for: the caller's if blocked, else their choice.
+    dnnl_format_tag_t stag = s->src_blocked ? dnnl_nChw16c : dnnl_nchw,
+                      dtag = s->dst_blocked ? dnnl_nChw16c : dnnl_nchw;
+    check(dnnl_memory_desc_init_by_tag(&p->plain_src, 4, sd, dnnl_f32, stag), "md");
+    check(dnnl_memory_desc_init_by_tag(&p->plain_wei, 4, wd, dnnl_f32, dnnl_oihw), "md");
+    check(dnnl_memory_desc_init_by_tag(&p->plain_dst, 4, dd, dnnl_f32, dtag), "md");
+    check(dnnl_memory_desc_init_by_tag(&p->bias_md, 1, bd, dnnl_f32, dnnl_x), "md");
+    dnnl_memory_desc_t src, wei, dst, src16, dst16;
+    check(dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32,
+                                       s->src_blocked ? stag : dnnl_format_tag_any), "md");
+    check(dnnl_memory_desc_init_by_tag(&wei, 4, wd, dnnl_f32, dnnl_format_tag_any), "md");
+    check(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32,
+                                       s->dst_blocked ? dtag : dnnl_format_tag_any), "md");
+    check(dnnl_memory_desc_init_by_tag(&src16, 4, sd, dnnl_f32, dnnl_nChw16c), "md");
+    check(dnnl_memory_desc_init_by_tag(&dst16, 4, dd, dnnl_f32, dnnl_nChw16c), "md");
+
+    dnnl_convolution_desc_t fd, bdd, bwd;
+    check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
+                                             &src, &wei, &p->bias_md, &dst, strides, pad, pad),
+          "forward descriptor");
+    dnnl_primitive_desc_t fpd = conv_pd(&fd, NULL, s->relu);
+    check(dnnl_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &src, &wei, &dst,
+                                                   strides, pad, pad),
+          "backward data descriptor");
+    dnnl_primitive_desc_t bdpd = conv_pd(&bdd, fpd, 0);
+    // Backward weights reads the input in the layout forward saved it in.
+    const dnnl_memory_desc_t *fsrc = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0);
+    check(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, fsrc, &wei,
+                                                      &p->bias_md, &dst, strides, pad, pad),
+          "backward weights descriptor");
+    dnnl_primitive_desc_t bwpd = conv_pd(&bwd, fpd, 0);
+
+    p->src16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), &src16);
+    p->dst16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0), &dst16);
+    size_t top = 0;
+    place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, &top);
+    place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, 0, &top);
+    place(&p->fdst, fpd, dnnl_query_dst_md, &p->plain_dst, 0, 0, &top);
+    if (p->fdst.off != (size_t)-1) p->fdst.out = make_reorder(&p->fdst.md, &p->plain_dst, 0);
+    p->zero_bias = top;
+    p->save_size = top + floats(&p->bias_md);
+
+    top = 0;
+    place(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, 0, &top);
+    place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, 0, &top);
+    place(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top);
+    place(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, 0, &top);
+    place(&p->dwei, bwpd, dnnl_query_diff_weights_md, &p->plain_wei, 2, 0, &top);
+    p->dbias = top;
+    p->scratch_size = top + floats(&p->bias_md);
+
+    p->fwd = primitive(fpd);
+    p->bwd_data = primitive(bdpd);
+    p->bwd_weights = primitive(bwpd);
+    dnnl_primitive_desc_destroy(fpd);
+    dnnl_primitive_desc_destroy(bdpd);
+    dnnl_primitive_desc_destroy(bwpd);
+    return p;
+}
+
+// The plan for shape s at the current thread count (oneDNN sizes its work
+// split and its reductions by the thread count when a primitive is made).
+static plan *get_plan(const dt_conv_shape *s) {
+    pthread_once(&g_once, make_engine);
+    int key[12] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
+                   s->src_blocked, s->dst_blocked, s->relu};
+    pthread_mutex_lock(&g_plans_lock);
+    plan *p = g_plans;
+    while (p && memcmp(p->key, key, sizeof key)) p = p->next;
+    if (!p) {
+        p = make_plan(s, key);
+        p->next = g_plans;
+        g_plans = p;
+    }
+    pthread_mutex_unlock(&g_plans_lock);
+    return p;
+}
+
+// ----------------------------------------------------------------------------
+// execution
+
+static dnnl_memory_t mem(const dnnl_memory_desc_t *md, const void *data) {
+    dnnl_memory_t m;
+    check(dnnl_memory_create(&m, md, g_engine, (void *)data), "memory");
+    return m;
+}
+
+static void run(dnnl_primitive_t prim, dnnl_stream_t st, int n, const dnnl_exec_arg_t *args) {
+    check(dnnl_primitive_execute(prim, st, n, args), "execute");
+}
+
+// Reorders between a plain tensor and its place in scratch (to_view: plain
+// -> view; otherwise view -> plain, adding).
+static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc_t *from_md,
+                    const void *from, const dnnl_memory_desc_t *to_md, void *to) {
+    dnnl_memory_t a = mem(from_md, from), b = mem(to_md, to);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
+    run(r, st, 2, args);
+    dnnl_memory_destroy(a);
+    dnnl_memory_destroy(b);
+}
+
+// Where the primitive reads tensor v: the plain tensor itself, or its copy
+// in the primitive's layout (made first when v has a reorder in).
+static const float *bring_in(const view *v, dnnl_stream_t st, const dnnl_memory_desc_t *plain,
+                             const float *x, float *area) {
+    if (v->off == (size_t)-1) return x;
+    if (v->in) reorder(v->in, st, plain, x, &v->md, area + v->off);
+    return area + v->off;
+}
+
+void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
+    plan *p = get_plan(s);
+    *save = p->save_size;
+    *scratch = p->scratch_size;
+}
+
+void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
+    dt_conv_shape own = *s;
+    own.src_blocked = own.dst_blocked = own.relu = 0;
+    plan *p = get_plan(&own);
+    *src = p->src16;
+    *dst = p->dst16;
+}
+
+void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,
+                     const dt_conv_shape *s) {
+    plan *p = get_plan(s);
+    pthread_mutex_lock(&p->lock);
+    dnnl_stream_t st;
+    check(dnnl_stream_create(&st, g_engine, dnnl_stream_default_flags), "stream");
+    const float *src = bring_in(&p->src, st, &p->plain_src, inp, save);
+    const float *wei = bring_in(&p->fwei, st, &p->plain_wei, w, save);
+    if (!b) {
+        memset(save + p->zero_bias, 0, sizeof(float) * s->OC);
+        b = save + p->zero_bias;
+    }
+    float *dst = p->fdst.off == (size_t)-1 ? out : save + p->fdst.off;
+    dnnl_memory_t ms = mem(&p->src.md, src), mw = mem(&p->fwei.md, wei), mb = mem(&p->bias_md, b),
+                  md = mem(&p->fdst.md, dst);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb},
+                              {DNNL_ARG_DST, md}};
+    run(p->fwd, st, 4, args);
+    if (p->fdst.out) reorder(p->fdst.out, st, &p->fdst.md, dst, &p->plain_dst, out);
+    check(dnnl_stream_wait(st), "stream wait");
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(mw);
+    dnnl_memory_destroy(mb);
+    dnnl_memory_destroy(md);
+    dnnl_stream_destroy(st);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,
+                      const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
+    plan *p = get_plan(s);
+    pthread_mutex_lock(&p->lock);
+    dnnl_stream_t st;
+    check(dnnl_stream_create(&st, g_engine, dnnl_stream_default_flags), "stream");
+    if (dinp) {
+        const float *dd = bring_in(&p->ddst, st, &p->plain_dst, dout, scratch);
+        const float *wei = bring_in(&p->bwei, st, &p->plain_wei, w, scratch);
+        // Overwriting a tensor already in the primitive's layout: in place.
+        int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
+        float *ds = direct ? dinp : scratch + p->dsrc.off;
+        dnnl_memory_t mdd = mem(&p->ddst.md, dd), mw = mem(&p->bwei.md, wei),
+                      mds = mem(&p->dsrc.md, ds);
+        dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw},
+                                  {DNNL_ARG_DIFF_SRC, mds}};
+        run(p->bwd_data, st, 3, args);
+        if (!direct)
+            reorder(set_dinp ? p->dsrc.set : p->dsrc.out, st, &p->dsrc.md, ds, &p->plain_src, dinp);
+        dnnl_memory_destroy(mdd);
+        dnnl_memory_destroy(mw);
+        dnnl_memory_destroy(mds);
+    }
+    if (dw || db) {
+        // The same layout as backward data's diff_dst reuses that copy.
+        const float *dd;
+        if (dinp && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))
+            dd = p->ddst.off == (size_t)-1 ? dout : scratch + p->ddst.off;
+        else
+            dd = bring_in(&p->wddst, st, &p->plain_dst, dout, scratch);
+        float *dbias = scratch + p->dbias;
+        dnnl_memory_t ms = mem(&p->src.md, save + p->src.off), mdd = mem(&p->wddst.md, dd),
+                      mdw = mem(&p->dwei.md, scratch + p->dwei.off), mdb = mem(&p->bias_md, dbias);
+        dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
+                                  {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};
+        run(p->bwd_weights, st, 4, args);
+        if (dw) reorder(p->dwei.out, st, &p->dwei.md, scratch + p->dwei.off, &p->plain_wei, dw);
+        check(dnnl_stream_wait(st), "stream wait");
+        if (db)
+            for (int o = 0; o < s->OC; o++) db[o] += dbias[o];
+        dnnl_memory_destroy(ms);
+        dnnl_memory_destroy(mdd);
+        dnnl_memory_destroy(mdw);
+        dnnl_memory_destroy(mdb);
+    }
+    check(dnnl_stream_wait(st), "stream wait");
+    dnnl_stream_destroy(st);
+    pthread_mutex_unlock(&p->lock);
+}
