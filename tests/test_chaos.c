@@ -5,7 +5,7 @@
  * checkpoint interval of steps plus the steps that ran while the write in
  * flight was not yet durable, and the recovery times are reported.
  *
- * CHAOS_KILLS (default 4) and CHAOS_STEPS (default 160) make it longer;
+ * CHAOS_KILLS (default 4) and CHAOS_STEPS (default 240) make it longer;
  * bench/chaos.sh runs a long version. */
 #include "testlib.h"
 #include "dtrain/core.h"
@@ -71,7 +71,7 @@ static int writing(const char *dir) {
 
 int main(void) {
     int kills = getenv("CHAOS_KILLS") ? atoi(getenv("CHAOS_KILLS")) : 4;
-    int steps = getenv("CHAOS_STEPS") ? atoi(getenv("CHAOS_STEPS")) : 160;
+    int steps = getenv("CHAOS_STEPS") ? atoi(getenv("CHAOS_STEPS")) : 240;
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-chaos-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
     tl_make_images(g_tmp, "train", 400, 1);
@@ -127,7 +127,7 @@ int main(void) {
                 break;
             }
         } else {
-            usleep(300000 + dt_rng_below(&rng, 900000));  // a random moment
+            usleep(200000 + dt_rng_below(&rng, 400000));  // a random moment
             n = workers(pid, w, 8, &r0);
             if (n != 3) continue;
             pid_t victim = w[dt_rng_below(&rng, 3)];
