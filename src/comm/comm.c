@@ -337,10 +337,11 @@ static void ring_bytes(dt_comm_t c, const dt_coll_args *a, uint64_t *sent, uint6
 static void account(dt_comm_t c, const dt_coll_args *a, double t0, double t1) {
     uint64_t sent, recv;
     ring_bytes(c, a, &sent, &recv);
-    atomic_fetch_add(&c->st_ops, 1);
-    atomic_fetch_add(&c->st_sent, sent);
-    atomic_fetch_add(&c->st_recv, recv);
-    atomic_fetch_add(&c->st_busy_ns, (uint64_t)((t1 - t0) * 1e9));
+    atomic_fetch_add_explicit(&c->st_ops, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->st_sent, sent, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->st_recv, recv, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->st_busy_ns, (uint64_t)((t1 - t0) * 1e9), memory_order_relaxed);
+    if (!atomic_load_explicit(&c->obs_set, memory_order_acquire)) return;  // no lock on the fast path
     pthread_mutex_lock(&c->obs_lock);
     if (c->obs_fn) c->obs_fn(dt_coll_name(a->kind), a->seq, sent + recv, t0, t1, c->obs_user);
     pthread_mutex_unlock(&c->obs_lock);
@@ -359,6 +360,7 @@ void dt_comm_set_observer(dt_comm_t c, dt_comm_observer fn, void *user) {
     if (!c) return;
     pthread_mutex_lock(&c->obs_lock);
     c->obs_fn = fn;
+    atomic_store_explicit(&c->obs_set, fn != NULL, memory_order_release);
     c->obs_user = user;
     pthread_mutex_unlock(&c->obs_lock);
 }

@@ -129,6 +129,7 @@ struct dt_comm {
     _Atomic uint64_t st_ops, st_sent, st_recv, st_busy_ns;
     pthread_mutex_t obs_lock;
     dt_comm_observer obs_fn;
+    _Atomic int obs_set;     /* obs_fn is set: account() takes obs_lock only then */
     void *obs_user;
     /* Point-to-point requests in flight, in issue order (under q_lock).
      * Whoever waits for one moves them all along; after the first
