@@ -139,7 +139,6 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
-    if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
@@ -156,11 +155,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     int first = (int)((long)B * rank / W), share = (int)((long)B * (rank + 1) / W) - first;
     int Bm = dt_dp_max_micro(c, W);
 
-    if (run_dir) {
-        if ((st = dt_make_dirs(run_dir)) != DT_OK) goto done;
-        snprintf(path, sizeof path, "%s/config.ini", run_dir);
-        if ((st = dt_config_write(c, path)) != DT_OK) goto done;
-    }
+    if ((st = dt_worker_run_dir(c, run_dir)) != DT_OK) goto done;
     if ((st = dt_tokens_open(&train, c->train_file, c->vocab_size)) != DT_OK) goto done;
     if (train.n < (size_t)T + 1) {
         st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d",

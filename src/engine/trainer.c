@@ -124,7 +124,6 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
-    if ((st = dt_fault_start(dt_comm_rank(comm))) != DT_OK) return dt_worker_exit(comm, st);
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if ((st = dt_obs_create(&obs, c, run_dir, comm, progress, user)) != DT_OK) goto done;
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
@@ -133,11 +132,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         progress = NULL;
     }
 
-    if (run_dir) {
-        if ((st = dt_make_dirs(run_dir)) != DT_OK) goto done;
-        snprintf(path, sizeof path, "%s/config.ini", run_dir);
-        if ((st = dt_config_write(c, path)) != DT_OK) goto done;
-    }
+    if ((st = dt_worker_run_dir(c, run_dir)) != DT_OK) goto done;
     if ((st = dt_dp_check(c, W)) != DT_OK) goto done;
     if ((st = load_split(c, "train", &train)) != DT_OK) goto done;
     if ((st = load_split(c, "test", &test)) != DT_OK) goto done;

@@ -19,7 +19,20 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     }
     dt_set_threads(t);
     *threads = t;
-    return DT_OK;
+    if ((st = dt_fault_start(dt_comm_rank(*comm))) != DT_OK) {
+        dt_worker_exit(*comm, st);
+        *comm = NULL;
+    }
+    return st;
+}
+
+dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir) {
+    if (!run_dir) return DT_OK;
+    dt_status st = dt_make_dirs(run_dir);
+    if (st != DT_OK) return st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.ini", run_dir);
+    return dt_config_write(c, path);
 }
 
 dt_status dt_worker_exit(dt_comm_t comm, dt_status st) {
