@@ -50,13 +50,10 @@ static int workers(pid_t pid, pid_t *out, int max, pid_t *rank0) {
 
 // How often `what` occurs in the file at path.
 static int count_in(const char *path, const char *what) {
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f) fclose(f);
-    buf[n] = 0;
+    char *buf = tl_read_file(path, NULL);
     int k = 0;
-    for (char *s = buf; (s = strstr(s, what)); s++) k++;
+    for (char *s = buf; s && (s = strstr(s, what)); s++) k++;
+    free(buf);
     return k;
 }
 

@@ -88,18 +88,6 @@ static size_t net_bytes(const net *n, unsigned char *buf) {
     return k;
 }
 
-static size_t read_file(const char *path, unsigned char **buf) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *buf = malloc((size_t)n);
-    size_t got = fread(*buf, 1, (size_t)n, f);
-    fclose(f);
-    return got;
-}
-
 static void write_file(const char *path, const unsigned char *buf, size_t n) {
     FILE *f = fopen(path, "wb");
     if (f) {
@@ -136,8 +124,8 @@ static void test_file(void) {
           "a weights file cannot resume: %s", dt_last_error());
 
     // Damage: every truncation and bit flip is an error, and b is untouched.
-    unsigned char *file;
-    size_t len = read_file(p, &file);
+    size_t len;
+    unsigned char *file = (unsigned char *)tl_read_file(p, &len);
     net_bytes(&b, bb);
     const char *d = tmp("damaged.safetensors");
     int missed = 0, tried = 0;
@@ -294,8 +282,8 @@ static void test_file(void) {
     // Damage: a bit flip in a shard, a missing COMPLETE: detected, skipped.
     char s1[600];
     snprintf(s1, sizeof s1, "%s", tmp("sharded/step-00000007/shard-00001-of-00003.safetensors"));
-    unsigned char *sb;
-    size_t sl = read_file(s1, &sb);
+    size_t sl;
+    unsigned char *sb = (unsigned char *)tl_read_file(s1, &sl);
     sb[sl - 3] ^= 0x10;
     write_file(s1, sb, sl);
     CHECK(dt_ckpt_read(sdir, &h.cm, &rs) == DT_ERR_FORMAT && strstr(dt_last_error(), "shard-00001-of-00003") &&
@@ -429,11 +417,10 @@ static void test_runs(void) {
         int status;
         waitpid(pid, &status, 0);
         unsetenv("DTRAIN_SLOW_RANK");
-        unsigned char *text = NULL;
-        size_t n = read_file(tmp("usr1.log"), &text);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 75 && n && memmem(text, n, "--resume auto", 13),
-              "SIGUSR1: exit status %d (expected 75) and how to go on:\n%.*s", WEXITSTATUS(status), (int)n,
-              text ? (char *)text : "");
+        char *text = tl_read_file(tmp("usr1.log"), NULL);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 75 && text && strstr(text, "--resume auto"),
+              "SIGUSR1: exit status %d (expected 75) and how to go on:\n%s", WEXITSTATUS(status),
+              text ? text : "");
         free(text);
         char **list;
         int nl = 0;
@@ -477,9 +464,8 @@ static void test_elastic(void) {
     int shrunk = 0;
     for (int i = 0; i < 600 && !shrunk; i++) {
         usleep(50000);
-        unsigned char *text = NULL;
-        size_t n = read_file(log, &text);
-        shrunk = n && memmem(text, n, "continuing with 2 workers", 25);
+        char *text = tl_read_file(log, NULL);
+        shrunk = text && strstr(text, "continuing with 2 workers");
         free(text);
     }
     usleep(300000);
@@ -492,11 +478,8 @@ static void test_elastic(void) {
     }
     unsetenv("DTRAIN_FAULT_START");
     unsetenv("DTRAIN_SLOW_RANK");
-    unsigned char *text = NULL;
-    size_t n = read_file(log, &text);
-    char *out = calloc(1, n + 1);
-    if (n) memcpy(out, text, n);
-    free(text);
+    char *out = tl_read_file(log, NULL);
+    if (!out) out = calloc(1, 1);
     CHECK(shrunk, "shrank to 2 workers when worker 2 could not come back:\n%s", out);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "elastic run: exit status %d\n%s", status, out);
     CHECK(strstr(out, "growing to 3 workers") != NULL, "grew back to 3 workers:\n%s", out);

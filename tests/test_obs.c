@@ -30,19 +30,6 @@
 static char g_tmp[256];
 static char g_out[1 << 17];
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(n + 1);
-    if (b && fread(b, 1, n, f) != (size_t)n) n = 0;
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 static void test_straggler(void) {
     // 4 ranks; rank 2 is 50% slower, in its backward phase (index 2).
     dt_straggler *s = dt_straggler_create(4, 0.2, 3);
@@ -145,7 +132,7 @@ static int check_log(int rank, double params) {
 }
 
 static void check_trace(const char *path) {
-    char *text = slurp(path);
+    char *text = tl_read_file(path, NULL);
     CHECK(text != NULL, "trace %s missing", path);
     if (!text) return;
     cJSON *j = cJSON_Parse(text);
@@ -205,7 +192,7 @@ static void test_run(void) {
     int rc = tl_run(cmd, g_out, sizeof g_out);
     char path[512];
     snprintf(path, sizeof path, "%s/stderr", g_tmp);
-    char *err = slurp(path);
+    char *err = tl_read_file(path, NULL);
     CHECK(rc == 0, "2-worker run: exit %d\n%s\n%s", rc, g_out, err ? err : "");
     // stdout: JSON lines only, ending with the result.
     int lines = 0, json = 0, result = 0;
@@ -227,7 +214,7 @@ static void test_run(void) {
     free(err);
 
     snprintf(path, sizeof path, "%s/run/summary.json", g_tmp);
-    char *sum = slurp(path);
+    char *sum = tl_read_file(path, NULL);
     cJSON *s = cJSON_Parse(sum ? sum : "");
     double params = num(s, "params");
     cJSON_Delete(s);
@@ -245,7 +232,7 @@ static void test_report(void) {
     int rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 0, "report: exit %d\n%s", rc, g_out);
     snprintf(path, sizeof path, "%s/report.html", g_tmp);
-    char *html = slurp(path);
+    char *html = tl_read_file(path, NULL);
     CHECK(html != NULL, "report written");
     if (html) {
         static const char *const ids[] = {"loss", "accuracy", "throughput", "breakdown", "straggler"};
@@ -278,7 +265,7 @@ static void test_report(void) {
              g_tmp, g_tmp, g_tmp, tl_dtrain(), g_tmp, g_tmp);
     rc = tl_run(cmd, g_out, sizeof g_out);
     snprintf(path, sizeof path, "%s/resumed.html", g_tmp);
-    html = slurp(path);
+    html = tl_read_file(path, NULL);
     snprintf(want, sizeof want, "2 ranks, %d steps logged", STEPS);
     CHECK(rc == 0 && html && strstr(html, want), "resumed run's report: exit %d, want '%s'\n%s", rc, want, g_out);
     free(html);

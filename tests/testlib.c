@@ -65,6 +65,20 @@ int tl_finish(void) {
     return tl_failed ? 1 : 0;
 }
 
+char *tl_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    size_t got = b ? fread(b, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (b) b[got] = 0;
+    if (len) *len = got;
+    return b;
+}
+
 void tl_cleanup(const char *dir) {
     if (tl_failed || getenv("KEEP")) {
         fprintf(stderr, "files kept in %s\n", dir);

@@ -23,6 +23,9 @@ int tl_finish(void);
 /* Removes the temp directory dir unless a check failed or KEEP is set in
  * the environment (then says where the files are). */
 void tl_cleanup(const char *dir);
+/* The whole file at path, NUL-terminated, malloc'd (free with free()); NULL
+ * if it cannot be read. *len (may be NULL) gets its size. */
+char *tl_read_file(const char *path, size_t *len);
 /* Writes DIR/PREFIX-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz: n 28x28
  * images whose label is visible in them (a bright block at a label-dependent
  * place), so that models learn something. */
