@@ -4,6 +4,9 @@
 #include "dtrain/ckpt.h"
 #include "ckpt/st_impl.h"
 
+#include "dtrain/data.h"
+#include "obs/json.h"
+
 #include <cjson/cJSON.h>
 
 #include <dirent.h>
@@ -319,33 +322,21 @@ static dt_status write_index(const char *dir, const dt_ckpt_model *m, const dt_t
         cJSON_AddNumberToObject(x, "end", (double)e);
         cJSON_AddItemToArray(sa, x);
     }
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text) return dt_error(DT_ERR_NOMEM, "out of memory");
     char path[4400];
     snprintf(path, sizeof path, "%s/index.json", dir);
-    const void *parts[] = {text};
-    size_t sizes[] = {strlen(text)};
-    dt_status st = dt_write_atomic(path, parts, sizes, 1);
-    free(text);
+    dt_status st = dt_json_write(path, o);
     if (st != DT_OK) return st;
     snprintf(path, sizeof path, "%s/COMPLETE", dir);
-    sizes[0] = 0;
+    const void *parts[] = {""};
+    size_t sizes[] = {0};
     return dt_write_atomic(path, parts, sizes, 1);
 }
 
 static cJSON *read_json(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, got;
-    do {
-        if (len + 65536 > cap && !(buf = realloc(buf, cap = 2 * cap + 65536))) break;
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-    } while (got > 0 && len < (64u << 20));
-    fclose(f);
-    cJSON *o = buf ? cJSON_ParseWithLength(buf, len) : NULL;
+    uint8_t *buf;
+    size_t len;
+    if (dt_read_file_gz(path, &buf, &len) != DT_OK) return NULL;
+    cJSON *o = cJSON_ParseWithLength((const char *)buf, len);
     free(buf);
     return o;
 }
