@@ -207,22 +207,23 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             if (parse_number("--elastic-retry", v, 0.1, 1e9, 0, &a->elastic_retry)) return EXIT_USAGE;
             continue;
         }
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            fputs(help, stdout);
-            return -1;
-        } else if (!strcmp(s, "--set") || !strncmp(s, "--set=", 6)) {
-            const char *v = s[5] == '=' ? s + 6 : (i + 1 < argc ? argv[++i] : NULL);
+        if ((v = flag_value(argc, argv, &i, "--set", &missing)) || missing) {
             if (!v) return cli_error("--set needs SECTION.KEY=VALUE"), EXIT_USAGE;
             if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
             a->sets[a->nsets++] = v;
-        } else if (!is_eval && (!strcmp(s, "--run-dir") || !strncmp(s, "--run-dir=", 10))) {
-            a->run_dir = s[9] == '=' ? s + 10 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!a->run_dir || !*a->run_dir) return cli_error("--run-dir needs a directory"), EXIT_USAGE;
-        } else if (is_eval && (!strcmp(s, "--checkpoint") || !strncmp(s, "--checkpoint=", 13))) {
-            a->checkpoint = s[12] == '=' ? s + 13 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!a->checkpoint) return cli_error("--checkpoint needs a file"), EXIT_USAGE;
-        } else if (!is_eval && (!strcmp(s, "--workers") || !strncmp(s, "--workers=", 10))) {
-            v = s[9] == '=' ? s + 10 : (i + 1 < argc ? argv[++i] : NULL);
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--run-dir", &missing)) || missing)) {
+            if (!v || !*v) return cli_error("--run-dir needs a directory"), EXIT_USAGE;
+            a->run_dir = v;
+            continue;
+        }
+        if (is_eval && ((v = flag_value(argc, argv, &i, "--checkpoint", &missing)) || missing)) {
+            if (!v) return cli_error("--checkpoint needs a file"), EXIT_USAGE;
+            a->checkpoint = v;
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--workers", &missing)) || missing)) {
             char *end;
             long lo = v ? strtol(v, &end, 10) : 0, hi = lo;
             if (v && *end == ':') hi = strtol(end + 1, &end, 10);
@@ -231,6 +232,11 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
                        EXIT_USAGE;
             a->min_workers = (int)lo;
             a->workers = (int)hi;
+            continue;
+        }
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(help, stdout);
+            return -1;
         } else if (!is_eval && !strcmp(s, "--checkpoint-sharded")) {
             if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
             a->sets[a->nsets++] = "checkpoint.sharded=true";
