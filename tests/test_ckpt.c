@@ -62,9 +62,10 @@ static void net_make(net *n, int hidden, dt_optim_kind kind, uint64_t seed) {
     CHECK(dt_optim_create(&n->o, &p, dt_model_num_params(n->m)) == DT_OK, "optim: %s", dt_last_error());
     int nt = dt_model_num_tensors(n->m);
     for (int i = 0; i < nt; i++) n->t[i] = *dt_model_tensor(n->m, i);
-    n->cm = (dt_ckpt_model){n->t, nt, dt_model_params(n->m), dt_model_num_params(n->m), dt_optim_num_states(n->o),
-                            {NULL, NULL}, dt_optim_step_count(n->o), dt_optim_kind_name(kind), "[run]\nname = t\n",
-                            NULL, 0};
+    n->cm = (dt_ckpt_model){.tensors = n->t, .ntensors = nt, .params = dt_model_params(n->m),
+                            .nparams = dt_model_num_params(n->m), .nstates = dt_optim_num_states(n->o),
+                            .opt_step = dt_optim_step_count(n->o), .optimizer = dt_optim_kind_name(kind),
+                            .config = "[run]\nname = t\n"};
     for (int j = 0; j < n->cm.nstates; j++) n->cm.states[j] = dt_optim_state(n->o, j);
     // A few steps, so that the optimizer state is not zero.
     float *g = dt_model_grads(n->m);

@@ -98,6 +98,12 @@ typedef struct {
     const dt_st_meta *weights_meta;/* metadata the weights file of this model
                                       carries (a GPT's shape), kept for export */
     int nweights_meta;
+    /* The part of the state these buffers hold, for a strategy that shards
+     * it: params[0] is element params_lo of the block and the buffer ends at
+     * params_hi; each states[j] likewise for [states_lo, states_hi). A
+     * replicated run holds all of both: 0 and nparams (or 0 and 0, the
+     * zero-initialised default, which also means all). */
+    size_t params_lo, params_hi, states_lo, states_hi;
 } dt_ckpt_model;
 
 /* Sharded checkpoints are a directory DIR/step-N/ with one
@@ -106,8 +112,7 @@ typedef struct {
  * tensors and the slices) and COMPLETE, written last, once every shard is
  * durable. dt_ckpt_read and everything below read either kind; a sharded
  * one is gathered whole, so it resumes on any number of workers. Rank r of
- * W holds [begin, end) of n: */
-DT_API void dt_ckpt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end);
+ * W holds dt_shard_range(n, r, W) of the n parameters (core.h). */
 
 /* Writes a checkpoint atomically (temp file, fsync, rename, fsync dir). */
 DT_API dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s);

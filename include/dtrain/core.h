@@ -42,6 +42,27 @@ typedef enum {
 typedef enum { DT_F32 = 0, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8 } dt_dtype;
 DT_API size_t dt_dtype_size(dt_dtype t);
 DT_API const char *dt_dtype_name(dt_dtype t); /* safetensors spelling: "F32", ... */
+/* n values of type t (DT_F16 or DT_BF16) to fp32 and back; fp32 to 16 bits
+ * rounds to nearest even, NaN stays NaN. */
+DT_API void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
+DT_API void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+
+/* The slice [*begin, *end) of n elements that rank `rank` of `world` holds:
+ * contiguous, in rank order, sizes differing by at most one. Every sharded
+ * range (a strategy's optimizer slice, the gradient norm's part, a
+ * checkpoint shard) comes from this one function. */
+DT_API void dt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end);
+
+/* Error paths in one line, as NCCL's NCCLCHECKGOTO: runs call, stores its
+ * status in the caller's `st` and jumps to label unless it is DT_OK.
+ *   dt_status st = DT_OK;
+ *   DT_TRY(dt_optim_create(&opt, &p, n), done);
+ *   ...
+ *   done: dt_optim_free(opt); return st; */
+#define DT_TRY(call, label)                    \
+    do {                                       \
+        if ((st = (call)) != DT_OK) goto label; \
+    } while (0)
 
 /* A short constant name for a status ("io error", ...). */
 DT_API const char *dt_status_string(dt_status s);

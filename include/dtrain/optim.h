@@ -3,7 +3,9 @@
  *
  * Optimizers update a flat parameter array from a flat gradient array of the
  * same length, so the same code serves a whole model, a ZeRO shard (an offset
- * and a length) or a single tensor. Weight decay applies to every element,
+ * and a length) or a single tensor; a step can be taken slice by slice
+ * (dt_optim_begin_step + dt_optim_update), and a bf16/fp16 working copy of
+ * the weights can be kept beside the fp32 master weights. Weight decay applies to every element,
  * as PyTorch does for model.parameters() without parameter groups.
  */
 #ifndef DTRAIN_OPTIM_H
@@ -42,9 +44,26 @@ DT_API void dt_optim_free(dt_optim *o);
 
 /* One update of params[n] from grads[n] with learning rate lr; each gradient
  * is multiplied by grad_scale first (1 normally; the clipping factor from
- * dt_clip_scale; 1/world for an un-averaged sum). */
+ * dt_clip_scale; 1/world for an un-averaged sum). The same as
+ * dt_optim_begin_step followed by dt_optim_update over the whole state. */
 DT_API void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr,
                           float grad_scale);
+
+/* A step in parts, for state that is updated slice by slice (a sharded
+ * strategy's slice, or one tensor at a time): dt_optim_begin_step advances
+ * the step count once, then each dt_optim_update updates the elements
+ * [off, off + len) of the optimizer's n: params[len] and grads[len] are
+ * that slice's values (params[0] is element off). Slices of one step must
+ * not overlap; the result is bitwise that of dt_optim_step. */
+DT_API void dt_optim_begin_step(dt_optim *o);
+DT_API void dt_optim_update(dt_optim *o, size_t off, size_t len, float *params,
+                            const float *grads, float lr, float grad_scale);
+
+/* A low-precision working copy of the weights beside the fp32 master
+ * weights: copy holds the n elements in t (DT_BF16 or DT_F16), and every
+ * update rewrites the part it updated, rounded to nearest even. NULL:
+ * none (the default). The copy is the caller's; DT_ERR_ARG for another t. */
+DT_API dt_status dt_optim_set_working_copy(dt_optim *o, void *copy, dt_dtype t);
 
 /* Optimizer state for checkpoints: the number of steps taken and up to two
  * state arrays of n floats (SGD: momentum buffer; AdamW: m, v). */

@@ -281,11 +281,6 @@ done:
 // (the model's tensors, the slices), and COMPLETE, written last, once every
 // shard is durable.
 
-void dt_ckpt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end) {
-    *begin = (size_t)((unsigned long long)n * (unsigned)rank / (unsigned)world);
-    *end = (size_t)((unsigned long long)n * (unsigned)(rank + 1) / (unsigned)world);
-}
-
 static void shard_path(char *buf, size_t n, const char *dir, int rank, int world) {
     snprintf(buf, n, "%s/shard-%05d-of-%05d.safetensors", dir, rank, world);
 }
@@ -313,7 +308,7 @@ static dt_status write_index(const char *dir, const dt_ckpt_model *m, const dt_t
     cJSON *sa = cJSON_AddArrayToObject(o, "shards");
     for (int r = 0; r < world; r++) {
         size_t b, e;
-        dt_ckpt_shard_range(m->nparams, r, world, &b, &e);
+        dt_shard_range(m->nparams, r, world, &b, &e);
         char name[64];
         shard_path(name, sizeof name, ".", r, world);
         cJSON *x = cJSON_CreateObject();
@@ -546,7 +541,8 @@ static dt_status gather(const char *dir, const char *out) {
         if (ti[i].ndim > 4 || num_of(e, "offset") < 0 || ti[i].offset + ti[i].numel > (size_t)np)
             st = dt_error(DT_ERR_FORMAT, "%s: tensor %d is malformed", path, i);
     }
-    dt_ckpt_model m = {ti, nt, buf, (size_t)np, ns, {NULL, NULL}, &step, oj->valuestring, NULL, NULL, 0};
+    dt_ckpt_model m = {.tensors = ti, .ntensors = nt, .params = buf, .nparams = (size_t)np, .nstates = ns,
+                       .opt_step = &step, .optimizer = oj->valuestring};
     for (int j = 0; j < ns; j++) m.states[j] = buf + ((size_t)np + 1) * (size_t)(1 + j);
     dt_train_state s;
     if (st == DT_OK) st = read_sharded(dir, &m, &s);
@@ -850,7 +846,7 @@ dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
     w->shard_timeout = shard_timeout;
     w->begin = 0;
     w->end = m->nparams;
-    if (world > 1) dt_ckpt_shard_range(m->nparams, rank, world, &w->begin, &w->end);
+    if (world > 1) dt_shard_range(m->nparams, rank, world, &w->begin, &w->end);
     size_t len = w->end - w->begin;
     w->live = *m;
     w->snap = *m;

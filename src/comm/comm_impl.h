@@ -163,9 +163,6 @@ DT_HIDDEN void dt_reduce_kernel(void *dst, const void *const *src, int nsrc, siz
 DT_HIDDEN void dt_reduce_kernel2(void *dst, void *dst2, const void *const *src, int nsrc,
                                  size_t n, dt_dtype t, dt_redop op, int avg_div);
 
-/* fp16/bf16 <-> fp32 conversions (round to nearest even). */
-DT_HIDDEN void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
-DT_HIDDEN void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
 
 /* Divides n elements of buf in place by `nranks` (the end of a DT_AVG that
  * was run as a sum). */

@@ -1,15 +1,9 @@
 #include "engine/checkpoints.h"
 #include "dtrain/train.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static volatile sig_atomic_t g_stop;
-
-void dt_train_request_stop(void) { g_stop = 1; }
-int dt_run_stop_requested(void) { return g_stop != 0; }
 
 // The training state as int64s, for a broadcast.
 enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_N };
@@ -104,7 +98,7 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     return st;
 }
 
-float dt_run_ckpt_vote(const dt_run_ckpt *r) {
+int dt_run_ckpt_vote(const dt_run_ckpt *r) {
     return r->rank == 0 && r->c && r->c->ckpt_every_seconds > 0 &&
            dt_now() - r->last_time >= r->c->ckpt_every_seconds;
 }

@@ -37,9 +37,9 @@ typedef struct dt_run_ckpt {
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
                             const dt_ckpt_model *m, dt_train_state *s);
 /* Rank 0's vote for a save by time (T seconds since the last one): the
- * step's loss allreduce sums the votes (dt_dp_step.save_vote), so that all
- * ranks save at the same step. */
-float dt_run_ckpt_vote(const dt_run_ckpt *r);
+ * control plane sums the votes (engine/control.h), so that all ranks save at
+ * the same step. */
+int dt_run_ckpt_vote(const dt_run_ckpt *r);
 /* After every step: saves when K steps have passed since the last save,
  * when the votes say so (`timed`), at the end of the run (`end`), and
  * always when the run stops on request (`stop`: even with checkpoints off,
@@ -49,9 +49,5 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
 /* Waits for the last write and frees everything. Returns the first write
  * error (st when st is already an error). */
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st);
-
-/* A stop at the next step boundary was requested (dt_train_request_stop);
- * all ranks agree because each step's loss allreduce carries the flag. */
-int dt_run_stop_requested(void);
 
 #endif

@@ -11,6 +11,8 @@ struct dt_optim {
     size_t n;
     int64_t t;        // steps taken
     float *s0, *s1;   // SGD: momentum; AdamW: m, v
+    void *copy;       // low-precision working copy of the n weights, or NULL
+    dt_dtype copy_type;
 };
 
 dt_optim_params dt_optim_default_params(dt_optim_kind kind) {
@@ -64,15 +66,24 @@ int dt_optim_num_states(const dt_optim *o) {
 
 float *dt_optim_state(dt_optim *o, int i) { return i == 0 ? o->s0 : i == 1 ? o->s1 : NULL; }
 
-void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale) {
+dt_status dt_optim_set_working_copy(dt_optim *o, void *copy, dt_dtype t) {
+    if (copy && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "optimizer: a working copy is bf16 or fp16, not %s", dt_dtype_name(t));
+    o->copy = copy;
+    o->copy_type = t;
+    return DT_OK;
+}
+
+void dt_optim_begin_step(dt_optim *o) { o->t++; }
+
+void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
+                     float grad_scale) {
     const dt_optim_params *p = &o->p;
-    size_t n = o->n;
-    o->t++;
     if (p->kind == DT_OPTIM_ADAMW) {
         float b1 = p->beta1, b2 = p->beta2, eps = p->eps, wd = p->weight_decay;
         float bc1 = 1.0f - powf(b1, (float)o->t), bc2 = 1.0f - powf(b2, (float)o->t);
         float step = lr / bc1, rbc2 = 1.0f / sqrtf(bc2);
-        float *m = o->s0, *v = o->s1;
+        float *m = o->s0 + off, *v = o->s1 + off;
 #pragma omp parallel for simd schedule(static)
         for (size_t i = 0; i < n; i++) {
             float g = grads[i] * grad_scale;
@@ -81,20 +92,26 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, flo
             float w = params[i] * (1.0f - lr * wd);
             params[i] = w - step * m[i] / (sqrtf(v[i]) * rbc2 + eps);
         }
-        return;
-    }
-    float mu = p->momentum, wd = p->weight_decay;
-    float *buf = o->s0;
-    int first = o->t == 1, nesterov = p->nesterov;
+    } else {
+        float mu = p->momentum, wd = p->weight_decay;
+        float *buf = o->s0 ? o->s0 + off : NULL;
+        int first = o->t == 1, nesterov = p->nesterov;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i] * grad_scale + wd * params[i];
-        if (buf) {
-            buf[i] = first ? g : mu * buf[i] + g;
-            g = nesterov ? g + mu * buf[i] : buf[i];
+        for (size_t i = 0; i < n; i++) {
+            float g = grads[i] * grad_scale + wd * params[i];
+            if (buf) {
+                buf[i] = first ? g : mu * buf[i] + g;
+                g = nesterov ? g + mu * buf[i] : buf[i];
+            }
+            params[i] -= lr * g;
         }
-        params[i] -= lr * g;
     }
+    if (o->copy) dt_from_f32((uint16_t *)o->copy + off, params, n, o->copy_type);
+}
+
+void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale) {
+    dt_optim_begin_step(o);
+    dt_optim_update(o, 0, o->n, params, grads, lr, grad_scale);
 }
 
 double dt_sum_squares(const float *g, size_t n) {

@@ -31,7 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(before, p, sizeof p);
     memcpy(before + NP, m1, sizeof m1);
     memcpy(before + 2 * NP, m2, sizeof m2);
-    dt_ckpt_model m = {t, 2, p, NP, 2, {m1, m2}, &step, "adamw", "", NULL, 0};
+    dt_ckpt_model m = {.tensors = t, .ntensors = 2, .params = p, .nparams = NP, .nstates = 2, .states = {m1, m2},
+                       .opt_step = &step, .optimizer = "adamw", .config = ""};
     dt_train_state s;
     if (dt_ckpt_read(path, &m, &s) != DT_OK) {
         if (memcmp(before, p, sizeof p) || memcmp(before + NP, m1, sizeof m1) ||

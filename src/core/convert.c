@@ -1,0 +1,91 @@
+/* Element conversions between fp32 and the 16-bit float types (round to
+ * nearest even, NaN stays NaN), used by the communication layer's fp16/bf16
+ * reductions and the optimizer's low-precision working copy; and the one
+ * shard function (core.h). */
+#include "dtrain/core.h"
+
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#if defined(__FLT16_MAX__)
+static inline float f16_to_f32(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+static inline uint16_t f32_to_f16(float f) {
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+#else
+/* Portable IEEE binary16 conversions for compilers without _Float16. */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
+    else if (e) u = s | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = s;
+    else {
+        e = 113;
+        while (!(m & 0x400)) { m <<= 1; e--; }
+        u = s | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t s = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00);
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00); /* overflow (after rounding) */
+    if (a < 0x38800000u) {                               /* subnormal or zero */
+        if (a < 0x33000000u) return (uint16_t)s;
+        uint32_t e = a >> 23, m = (a & 0x7fffff) | 0x800000, sh = 126 - e;
+        uint32_t r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(s | r);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias exponent 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(s | (r >> 13));
+}
+#endif
+
+void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
+    const uint16_t *s = src;
+    if (t == DT_BF16)
+        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+}
+
+void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
+    uint16_t *d = dst;
+    if (t == DT_BF16)
+        for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    else
+        for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+}
+
+
+void dt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end) {
+    *begin = (size_t)((unsigned __int128)n * (unsigned)rank / (unsigned)world);
+    *end = (size_t)((unsigned __int128)n * (unsigned)(rank + 1) / (unsigned)world);
+}

@@ -1,0 +1,108 @@
+/* Deterministic data parallel, the "dp-deterministic" strategy
+ * ([parallel] deterministic = true; strategy.h): bitwise the same result for
+ * any number of ranks.
+ *
+ * The global batch is cut into [parallel] micro_shards fixed shards, the
+ * same cut for every worker count, and a rank runs the shards inside its
+ * share as its micro-batches. Each shard's gradient goes on its own into
+ * int64 fixed-point sums (round(g * 2^32)); one int64 SUM allreduce then
+ * adds the ranks' sums. Integer addition is associative, so the result does
+ * not depend on how the shards were spread over the ranks or in what order
+ * they were added. The state stays replicated, as in "dp". */
+#include "engine/strategy.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIXED_SCALE 4294967296.0  // 2^32
+
+typedef struct {
+    dt_strategy base;
+    int64_t *acc;  // the fixed-point sums of this rank's shards
+} dp_det;
+
+static int det_wants(const dt_config *c) { return c->deterministic; }
+
+static dt_status det_check(const dt_config *c, int W) {
+    dt_status st = dt_strategy_dp.check(c, W);
+    if (st != DT_OK) return st;
+    if (c->micro_shards % W)
+        return dt_error(DT_ERR_CONFIG, "[parallel] micro_shards (%d) must be a multiple of the %d workers in deterministic mode",
+                        c->micro_shards, W);
+    return DT_OK;
+}
+
+static int det_max_micro(const dt_config *c, int W) {
+    (void)W;
+    return (c->batch + c->micro_shards - 1) / c->micro_shards;
+}
+
+static dt_status det_init(dt_strategy *s) {
+    dp_det *d = (dp_det *)s;
+    if (!(d->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
+    return DT_OK;
+}
+
+static void det_fini(dt_strategy *s) { dt_free(((dp_det *)s)->acc); }
+
+// The fixed shards of the global batch that fall inside the share.
+static int det_plan(dt_strategy *s, int first, int share, int global) {
+    int M = s->c->micro_shards, k = 0;
+    for (int j = 0; j < M; j++) {
+        int lo = (int)((long)global * j / M), hi = (int)((long)global * (j + 1) / M);
+        if (lo >= first && hi <= first + share && hi > lo) {
+            s->off[k] = lo - first;
+            s->len[k++] = hi - lo;
+        }
+    }
+    s->nmicro = k;
+    s->global = global;
+    return k;
+}
+
+// Each shard's gradient on its own, from zero.
+static void det_micro_end(dt_strategy *s, int k) {
+    (void)k;
+    int64_t *acc = ((dp_det *)s)->acc;
+    const float *g = s->grads;
+    size_t n = s->n;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)g[i] * FIXED_SCALE;  // clamped: no overflow from a diverging run
+        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
+    }
+    memset(s->grads, 0, sizeof(float) * n);
+}
+
+static dt_status det_sync(dt_strategy *s) {
+    int64_t *acc = ((dp_det *)s)->acc;
+    size_t n = s->n;
+    double t0 = dt_now();
+    dt_status st = dt_allreduce(acc, acc, n, DT_I64, DT_SUM, s->comm);
+    if (st == DT_OK) {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) s->grads[i] = (float)((double)acc[i] / FIXED_SCALE);
+    }
+    memset(acc, 0, sizeof(int64_t) * n);
+    if (s->world > 1) {  // all of it exposed: nothing overlaps backward
+        s->comm_seconds += dt_now() - t0;
+        s->comm_exposed_seconds += dt_now() - t0;
+    }
+    return st != DT_OK ? dt_error(st, "gradient allreduce: %s", dt_last_error()) : DT_OK;
+}
+
+const dt_strategy_ops dt_strategy_dp_deterministic = {
+    .name = "dp-deterministic",
+    .size = sizeof(dp_det),
+    .wants = det_wants,
+    .check = det_check,
+    .max_micro = det_max_micro,
+    .init = det_init,
+    .fini = det_fini,
+    .plan = det_plan,
+    .micro_end = det_micro_end,
+    .sync = det_sync,
+    .grad_norm = dt_strategy_norm_replicated,
+    .update = dt_strategy_update_slice,
+};

@@ -1,0 +1,258 @@
+/* The run loop: one loop for every model and every way of distributing it.
+ *
+ * It reads top to bottom as a step does: the task (task.h: the classifier
+ * or the GPT) gives the next global batch; the strategy (strategy.h) plans
+ * this rank's micro-batches, hooks into backward and synchronises the
+ * gradients; the control plane (control.h) agrees on the loss, a stop and a
+ * save; the strategy then takes the global gradient norm and updates the
+ * parameters it owns. Around the steps: resume and checkpoints
+ * (checkpoints.h, from the strategy's view of what this rank holds),
+ * evaluation at the end of each epoch and every eval_every steps, the
+ * observer (obs/obs.h), and on rank 0 the run directory's files. */
+#include "dtrain/comm.h"
+#include "dtrain/launch.h"
+#include "dtrain/train.h"
+#include "engine/checkpoints.h"
+#include "engine/control.h"
+#include "engine/strategy.h"
+#include "engine/task.h"
+#include "engine/worker.h"
+#include "obs/json.h"
+#include "obs/obs.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The model tables, in one place: the first that wants the config.
+static const dt_task_ops *const tasks[] = {&dt_task_gpt, &dt_task_classifier};
+
+const dt_task_ops *dt_task_for(const dt_config *c) {
+    for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++)
+        if (tasks[i]->wants(c)) return tasks[i];
+    return &dt_task_classifier;
+}
+
+static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
+                               const dt_train_result *r, size_t nparams) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+    cJSON_AddStringToObject(o, "strategy", dt_strategy_for(c)->name);
+    cJSON_AddNumberToObject(o, "params", (double)nparams);
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(o, "batch", c->batch);
+    cJSON_AddNumberToObject(o, "final_train_loss", r->final_train_loss);
+    cJSON_AddNumberToObject(o, "wall_seconds", r->wall_seconds);
+    cJSON_AddNumberToObject(o, "train_seconds", r->train_seconds);
+    cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
+    tops->summary(task, o, r);
+    dt_json_add_parallel(o, r);
+    return dt_json_write(path, o);
+}
+
+// One step's micro-batches, forward and backward, on this rank; *loss_sum
+// gets the sum of their losses weighted by their sizes.
+static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy *s, dt_obs *obs, int64_t step,
+                             const dt_task_batch *b, double *loss_sum) {
+    int nm = dt_strategy_plan(s, b->first, b->share, b->global);
+    *loss_sum = 0;
+    for (int k = 0; k < nm; k++) {
+        float loss;
+        dt_obs_begin(obs, DT_OBS_FORWARD);
+        dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)b->global, &loss);
+        if (st == DT_OK && k == 0) st = dt_fault_step(s->rank, step + 1);
+        dt_obs_end(obs, DT_OBS_FORWARD);
+        if (st != DT_OK) return st;
+        void *user;
+        dt_grad_ready_fn hook = dt_strategy_grad_hook(s, k, &user);
+        dt_obs_begin(obs, DT_OBS_BACKWARD);
+        tops->backward(task, hook, user);
+        dt_strategy_micro_end(s, k);
+        dt_obs_end(obs, DT_OBS_BACKWARD);
+        *loss_sum += (double)loss * s->len[k];
+    }
+    return DT_OK;
+}
+
+// The rest of a step: gradients synchronised, the control plane's
+// agreement, then the norm, clipping, the schedule and the update.
+static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const dt_schedule *sched, int64_t step,
+                             double loss_sum, int global, dt_control *ctl, float *lr, float *gnorm) {
+    int vote = dt_run_ckpt_vote(ck);
+    dt_obs_begin(obs, DT_OBS_COMM);
+    dt_status st = dt_strategy_sync(s);
+    if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, ctl);
+    dt_obs_end(obs, DT_OBS_COMM);
+    if (st != DT_OK) return st;
+    dt_obs_begin(obs, DT_OBS_OPTIMIZER);
+    double norm;
+    st = dt_strategy_grad_norm(s, &norm);
+    *gnorm = (float)norm;
+    float clip = s->c->optim.clip_norm, scale = clip > 0 ? dt_clip_scale(*gnorm, clip) : 1.0f;
+    *lr = dt_schedule_lr(sched, step);
+    if (st == DT_OK) st = dt_strategy_update(s, *lr, scale);
+    dt_obs_end(obs, DT_OBS_OPTIMIZER);
+    return st;
+}
+
+dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
+                   dt_train_result *res) {
+    double t_start = dt_now();
+    memset(res, 0, sizeof *res);
+    res->test_loss = -1;
+    res->test_accuracy = -1;
+    const dt_task_ops *tops = dt_task_for(c);
+    const dt_strategy_ops *sops = dt_strategy_for(c);
+    dt_task *task = NULL;
+    dt_strategy *strat = NULL;
+    dt_comm_t comm = NULL;
+    dt_run_ckpt ck = {0};
+    dt_obs *obs = NULL;
+    char path[4096];
+    int threads;
+    dt_status st = dt_worker_init(c, &comm, &threads);
+    if (st != DT_OK) return st;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    DT_TRY(dt_obs_create(&obs, c, run_dir, comm, progress, user), done);
+    const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
+    if (rank != 0) {  // only rank 0 writes files and reports progress
+        run_dir = NULL;
+        progress = NULL;
+    }
+    res->rank = rank;
+    res->workers = W;
+    res->threads = threads;
+    DT_TRY(sops->check(c, W), done);
+    DT_TRY(dt_worker_run_dir(c, run_dir), done);
+
+    // The model and its data; every rank starts from rank 0's parameters.
+    dt_task_info info;
+    DT_TRY(tops->create(&task, c, comm, sops->max_micro(c, W), &info), done);
+    if ((st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, comm)) != DT_OK) {
+        st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+        goto done;
+    }
+    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs};
+    DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
+
+    // Checkpoints: the weights, the optimizer state as this rank holds it,
+    // the loop's position and its data stream.
+    dt_ckpt_model cm = {.tensors = info.tensors,
+                        .ntensors = info.ntensors,
+                        .weights_meta = info.weights_meta,
+                        .nweights_meta = info.nweights_meta};
+    dt_strategy_ckpt_view(strat, &cm);
+    dt_train_state ts = {.rng = info.rng};
+    DT_TRY(dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts), done);
+    ck.obs = obs;
+    dt_rng rng = ts.rng;
+    res->resumed_step = ts.step;
+    dt_heartbeat(ts.step);
+
+    int64_t total = info.total_steps, spe = info.steps_per_epoch;
+    int epochs = info.epochs;
+    dt_schedule sched = dt_worker_schedule(c, total);
+    if (rank == 0) {
+        char ep[64] = "";
+        if (epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", epochs, (long long)spe);
+        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s", c->name,
+               info.describe, (long long)total, ep, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "", sops->name,
+               c->deterministic ? ", deterministic" : "");
+    }
+
+    int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
+    double t_train = 0, loss_sum = ts.epoch_loss;
+    int stop = 0, evaluated = 0;
+    for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
+        int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
+        tops->start_epoch(task, e, ebatch);
+        while (!stop && step < total) {
+            double t0 = dt_now();
+            dt_task_batch b;
+            int more;
+            dt_obs_begin(obs, DT_OBS_DATA);
+            st = tops->next_batch(task, &rng, &b, &more);
+            dt_obs_end(obs, DT_OBS_DATA);
+            if (st != DT_OK) goto done;
+            if (!more) break;
+            tops->zero_grad(task);
+            double lsum;
+            dt_control ctl;
+            float lr, gnorm;
+            st = micro_steps(tops, task, strat, obs, step, &b, &lsum);
+            if (st == DT_OK) st = finish_step(strat, &ck, obs, &sched, step, lsum, b.global, &ctl, &lr, &gnorm);
+            if (st != DT_OK) {
+                st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
+                goto done;
+            }
+            step++;
+            ebatch++;
+            loss_sum += ctl.loss;
+            loss_n++;
+            samples += b.global;
+            stop = ctl.stop;
+            t_train += dt_now() - t0;
+            dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
+                                                 (int64_t)b.global * info.tokens_per_sample});
+            // Evaluation at the end of the epoch and of the run, and every
+            // eval_every steps; the training loss beside it is the mean
+            // since the one before.
+            int epoch_end = ebatch == spe;
+            if (epoch_end || step == total || (c->eval_every > 0 && step % c->eval_every == 0)) {
+                float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
+                if (info.has_eval) {
+                    float tl, ta;
+                    dt_obs_begin(obs, DT_OBS_EVAL);
+                    st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
+                    dt_obs_end(obs, DT_OBS_EVAL);
+                    if (st != DT_OK) goto done;
+                    res->test_loss = tl;
+                    res->test_accuracy = ta;
+                    dt_obs_eval(obs, train_loss, tl, ta);
+                    evaluated = 1;
+                }
+                res->final_train_loss = train_loss;
+                res->epochs = e + 1;
+                loss_sum = 0;
+                loss_n = 0;
+            }
+            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W};
+            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, ctl.save)) != DT_OK) goto done;
+            dt_heartbeat(step);
+        }
+    }
+    if (stop) {  // asked to stop: the checkpoint has the state, no final files
+        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
+        res->stopped = 1;
+        run_dir = NULL;
+    } else if (!evaluated && info.has_eval) {  // resumed from the run's last checkpoint
+        dt_obs_begin(obs, DT_OBS_EVAL);
+        st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
+        dt_obs_end(obs, DT_OBS_EVAL);
+        if (st != DT_OK) goto done;
+    }
+    if (loss_n) res->final_train_loss = (float)(loss_sum / loss_n);
+    res->steps = step;
+    res->train_seconds = t_train;
+    res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
+    res->comm_seconds = strat->comm_seconds;
+    res->comm_exposed_seconds = strat->comm_exposed_seconds;
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
+        DT_TRY(tops->save(task, path), done);
+    }
+    res->wall_seconds = dt_now() - t_start;
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/summary.json", run_dir);
+        st = write_summary(path, c, tops, task, res, info.nparams);
+    }
+done:
+    st = dt_obs_close(obs, st);
+    dt_strategy_free(strat);  // its transfers end before the communicator does
+    st = dt_worker_exit(comm, st);
+    st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
+    if (task) tops->destroy(task);
+    return st;
+}

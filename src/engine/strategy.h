@@ -1,0 +1,135 @@
+/* The engine's strategy seam: who holds which bytes, and which collectives
+ * run when.
+ *
+ * The run loop (engine/loop.c) is the same for every way of distributing a
+ * model; a strategy is a table of operations it calls at fixed points of a
+ * step, like ggml's backends or NCCL's transports:
+ *
+ *   s = dt_strategy_create(...)            pick by config (registry below)
+ *   per step:
+ *     nm = dt_strategy_plan(s, first, share, global)   micro-batches in s->off/len
+ *     for k < nm:
+ *       [params_needed(s, layer, phase)]   before a layer's forward/backward
+ *       forward; backward with the grad hook of dt_strategy_grad_hook(s, k)
+ *       dt_strategy_micro_end(s, k)
+ *     dt_strategy_sync(s)                  gradients complete where needed
+ *     (the control plane agrees on loss, stop and save: engine/control.h)
+ *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
+ *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
+ *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
+ *
+ * Peers today: "dp" (replicated data parallel: gradients summed in buckets
+ * during backward through a gradient codec, engine/codec.h) and
+ * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
+ * of ranks). A new strategy is a new file with its table, added to the one
+ * registry in strategy.c; the loop never names one.
+ *
+ * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of
+ * the flat state that this rank's optimizer updates ([0, n) when the state
+ * is replicated). */
+#ifndef DT_ENGINE_STRATEGY_H
+#define DT_ENGINE_STRATEGY_H
+
+#include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
+#include "dtrain/config.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "obs/obs.h"
+
+typedef struct dt_strategy dt_strategy;
+
+/* What a strategy is built over: the model's parameter and gradient blocks
+ * (params[n], grads[n]) and the order in which backward finishes the
+ * gradients (NULL, 0: the block from its end; see dt_gpt_grad_order). */
+typedef struct {
+    const dt_config *c;
+    dt_comm_t comm;
+    float *params, *grads;
+    size_t n;
+    const dt_grad_range *order;
+    int norder;
+    dt_obs *obs;                 /* may be NULL */
+} dt_strategy_args;
+
+typedef struct dt_strategy_ops {
+    const char *name;
+    size_t size;                                   /* of the peer's struct, which starts with dt_strategy */
+    int (*wants)(const dt_config *c);              /* the registry takes the first that wants c */
+    dt_status (*check)(const dt_config *c, int W); /* before anything is built; errors name the field */
+    int (*max_micro)(const dt_config *c, int W);   /* the largest micro-batch a rank runs */
+    dt_status (*init)(dt_strategy *s);             /* after the base fields are set */
+    void (*fini)(dt_strategy *s);
+    /* Plans a step over this rank's samples [first, first + share) of a
+     * global batch: fills s->off/len/nmicro; the gradient block is zero. */
+    int (*plan)(dt_strategy *s, int first, int share, int global);
+    /* The gradient-ready hook for micro-batch k's backward (NULL: none). */
+    dt_grad_ready_fn (*grad_hook)(dt_strategy *s, int k, void **user);
+    /* Parameters needed before layer `layer`'s forward (phase 0) or backward
+     * (phase 1); NULL when the strategy keeps every parameter at hand. */
+    void (*params_needed)(dt_strategy *s, int layer, int phase);
+    void (*micro_end)(dt_strategy *s, int k);      /* after micro-batch k's backward; may be NULL */
+    dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
+    dt_status (*grad_norm)(dt_strategy *s, double *norm);
+    dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
+} dt_strategy_ops;
+
+/* The part every strategy shares; a peer's struct begins with it. */
+struct dt_strategy {
+    const dt_strategy_ops *ops;
+    const dt_config *c;
+    dt_comm_t comm;
+    int rank, world;
+    float *params, *grads;
+    size_t n;
+    const dt_grad_range *order;
+    int norder;
+    dt_obs *obs;
+    dt_optim *opt;             /* over the slice [lo, hi) */
+    size_t lo, hi;             /* the slice of the state this rank updates */
+    int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
+    int global;                /* samples in this step's global batch */
+    double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
+};
+
+/* The strategy the config asks for (the registry in strategy.c). */
+const dt_strategy_ops *dt_strategy_for(const dt_config *c);
+/* Builds ops over a; the optimizer is created for the slice the strategy
+ * updates. */
+dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, const dt_strategy_args *a);
+void dt_strategy_free(dt_strategy *s);
+
+static inline int dt_strategy_plan(dt_strategy *s, int first, int share, int global) {
+    return s->ops->plan(s, first, share, global);
+}
+static inline dt_grad_ready_fn dt_strategy_grad_hook(dt_strategy *s, int k, void **user) {
+    *user = NULL;
+    return s->ops->grad_hook ? s->ops->grad_hook(s, k, user) : NULL;
+}
+static inline void dt_strategy_micro_end(dt_strategy *s, int k) {
+    if (s->ops->micro_end) s->ops->micro_end(s, k);
+}
+static inline dt_status dt_strategy_sync(dt_strategy *s) { return s->ops->sync(s); }
+static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { return s->ops->grad_norm(s, norm); }
+static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
+    return s->ops->update(s, lr, scale);
+}
+
+/* The checkpoint view of what this rank holds: the parameter block and
+ * the optimizer state (its slice [lo, hi) of each), and the step count.
+ * Fills those fields of m; the caller fills the model's (tensors, meta). */
+void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m);
+
+/* ---- building blocks the peers share ------------------------------------ */
+
+/* grad_accum parts of the share (train.grad_accum). */
+int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global);
+/* The norm of a replicated gradient block: every rank computes it alone. */
+dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
+/* One optimizer step over [lo, hi) of the parameter block. */
+dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
+
+extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
+extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
+
+#endif

@@ -1,0 +1,81 @@
+/* A model's side of the run loop: the table the one loop (engine/loop.c)
+ * trains through, as ggml_opt takes callbacks. The classifier
+ * (engine/task_classifier.c: IDX images, dt_model) and the GPT
+ * (engine/task_gpt.c: token windows, dt_gpt) are two such tables; the loop
+ * never names either.
+ *
+ * A task owns its model, its data and its evaluation; it tells the loop the
+ * model's parameter and gradient blocks and their gradient order (for the
+ * strategy), its tensors (for checkpoints) and the run's length. Batches are
+ * global: every rank sees the same global batch and trains on its share
+ * [first, first + share); the strategy cuts the share into micro-batches, and
+ * forward takes one of them by its offset in the share. */
+#ifndef DT_ENGINE_TASK_H
+#define DT_ENGINE_TASK_H
+
+#include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
+#include "dtrain/config.h"
+#include "dtrain/nn.h"
+#include "dtrain/train.h"
+
+#include <cjson/cJSON.h>
+
+typedef struct dt_task dt_task;
+
+/* What a task tells the loop when it is created. */
+typedef struct {
+    float *params, *grads;            /* the model's blocks */
+    size_t nparams;
+    const dt_grad_range *order;       /* gradient order (NULL: the block from its end) */
+    int norder;
+    const dt_tensor_info *tensors;    /* for checkpoints */
+    int ntensors;
+    const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */
+    int nweights_meta;
+    int64_t steps_per_epoch, total_steps;
+    int epochs;
+    int64_t tokens_per_sample;        /* language models: tokens a sample trains; else 0 */
+    int has_eval;                     /* evaluate() has data to run on */
+    dt_rng rng;                       /* the data stream's initial state (checkpointed) */
+    char describe[512];               /* model and data, for the start line */
+} dt_task_info;
+
+/* This rank's part of a global batch. */
+typedef struct {
+    int first, share, global;
+} dt_task_batch;
+
+typedef struct dt_task_ops {
+    const char *name;
+    int (*wants)(const dt_config *c);  /* the registry takes the first that wants c */
+    /* Loads the data and builds the model with room for micro-batches of up
+     * to max_micro samples; initial parameters from c's seed. */
+    dt_status (*create)(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, dt_task_info *info);
+    void (*destroy)(dt_task *t);
+    /* Positions the data at batch `batch` of epoch `epoch`. */
+    void (*start_epoch)(dt_task *t, int64_t epoch, int64_t batch);
+    /* The next global batch (rng: the checkpointed data stream); *more = 0
+     * at the end of the epoch. */
+    dt_status (*next_batch)(dt_task *t, dt_rng *rng, dt_task_batch *b, int *more);
+    void (*zero_grad)(dt_task *t);
+    /* Forward over samples [off, off + len) of the share, the loss scaled by
+     * loss_scale in the backward that follows; step keys dropout. */
+    dt_status (*forward)(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss);
+    void (*backward)(dt_task *t, dt_grad_ready_fn hook, void *user);
+    /* Evaluation sharded over comm's ranks; *accuracy < 0: none. step and
+     * train_loss are where the run stands (for the task's history). */
+    dt_status (*evaluate)(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss, float *accuracy);
+    /* The final weights file. */
+    dt_status (*save)(dt_task *t, const char *path);
+    /* The task's own fields of summary.json. */
+    void (*summary)(dt_task *t, cJSON *o, const dt_train_result *r);
+} dt_task_ops;
+
+/* The task for a config (the registry in loop.c). */
+const dt_task_ops *dt_task_for(const dt_config *c);
+
+extern const dt_task_ops dt_task_classifier; /* engine/task_classifier.c */
+extern const dt_task_ops dt_task_gpt;        /* engine/task_gpt.c */
+
+#endif

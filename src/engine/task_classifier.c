@@ -1,0 +1,234 @@
+/* The classifier task (task.h): IDX images -> dt_model -> softmax
+ * cross-entropy; the test split evaluated at the end of every epoch; and the
+ * classifier's evaluation outside training (dt_evaluate,
+ * dt_eval_checkpoint). */
+#include "dtrain/ckpt.h"
+#include "dtrain/launch.h"
+#include "dtrain/train.h"
+#include "engine/task.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dt_task {
+    const dt_config *c;
+    dt_dataset train, test;
+    dt_model *m;
+    dt_loader *loader;
+    dt_tensor_info *tinfo;
+    dt_batch b;                    // the batch in flight: this rank's share
+    dt_st_meta wmeta[2];
+};
+
+static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
+    char img[1024], lab[1024];
+    const char *pre = !strcmp(split, "train") ? "train" : "t10k";
+    snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte.gz", c->data_dir, pre);
+    snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", c->data_dir, pre);
+    dt_status st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std);
+    if (st != DT_OK) return st;
+    int want = c->input[0] * c->input[1] * c->input[2];
+    if ((int)dt_dataset_sample_size(ds) != want) {
+        st = dt_error(DT_ERR_CONFIG, "[model] input is %dx%dx%d (%d values) but %s samples have %zu",
+                      c->input[0], c->input[1], c->input[2], want, img, dt_dataset_sample_size(ds));
+        dt_dataset_free(ds);
+        return st;
+    }
+    // The dataset's own shape wins for images; an MLP input stays flat.
+    memcpy(ds->shape, c->input, sizeof ds->shape);
+    return DT_OK;
+}
+
+// Sums the loss and counts correct predictions over samples [lo, hi).
+static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, int batch, double *loss_sum,
+                            long *correct) {
+    size_t ss = dt_dataset_sample_size(ds);
+    int V = dt_model_num_classes(m);
+    *loss_sum = 0;
+    *correct = 0;
+    for (int i = lo; i < hi; i += batch) {
+        int B = hi - i < batch ? hi - i : batch;
+        float l;
+        dt_heartbeat(-1);
+        dt_status st = dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
+        if (st != DT_OK) return st;
+        *loss_sum += (double)l * B;
+        const float *p = dt_model_probs(m);
+        for (int b = 0; b < B; b++) {
+            int arg = 0;
+            for (int v = 1; v < V; v++)
+                if (p[(size_t)b * V + v] > p[(size_t)b * V + arg]) arg = v;
+            *correct += arg == ds->y[i + b];
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *accuracy) {
+    double sum;
+    long correct;
+    dt_status st = eval_range(m, ds, 0, ds->n, batch, &sum, &correct);
+    if (st != DT_OK) return st;
+    if (loss) *loss = ds->n ? (float)(sum / ds->n) : 0.0f;
+    if (accuracy) *accuracy = ds->n ? (float)correct / ds->n : 0.0f;
+    return DT_OK;
+}
+
+dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
+    if (c->gpt) return dt_gpt_eval_checkpoint(c, weights, loss, accuracy, n);
+    dt_set_threads(c->threads);
+    dt_dataset test = {0};
+    dt_model *m = NULL;
+    // The weights first: a wrong file is reported before the data loads.
+    dt_status st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
+    if (st == DT_OK) st = dt_model_load(m, weights);
+    if (st == DT_OK) st = load_split(c, "test", &test);
+    if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
+    if (n) *n = test.n;
+    dt_model_free(m);
+    dt_dataset_free(&test);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// the task
+
+static int cls_wants(const dt_config *c) { return !c->gpt; }
+
+static void cls_destroy(dt_task *t) {
+    if (!t) return;
+    free(t->tinfo);
+    dt_loader_free(t->loader);
+    dt_model_free(t->m);
+    dt_dataset_free(&t->train);
+    dt_dataset_free(&t->test);
+    free(t);
+}
+
+static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, dt_task_info *info) {
+    dt_task *t = calloc(1, sizeof *t);
+    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
+    t->c = c;
+    dt_status st;
+    DT_TRY(load_split(c, "train", &t->train), done);
+    DT_TRY(load_split(c, "test", &t->test), done);
+    int max_batch = max_micro > c->eval_batch ? max_micro : c->eval_batch;
+    DT_TRY(dt_model_create(&t->m, c->input, c->layers, c->nlayers, max_batch), done);
+    if (dt_model_num_classes(t->m) != t->train.classes) {
+        st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
+                      dt_model_num_classes(t->m), t->train.classes);
+        goto done;
+    }
+    dt_model_init(t->m, c->seed);
+    dt_loader_params lp = dt_loader_default_params();
+    lp.batch = c->batch;
+    lp.shuffle = c->shuffle;
+    lp.drop_last = c->drop_last;
+    lp.prefetch = c->prefetch;
+    lp.seed = c->seed;
+    lp.rank = dt_comm_rank(comm);
+    lp.world = dt_comm_size(comm);
+    DT_TRY(dt_loader_create(&t->loader, &t->train, &lp), done);
+    int nt = dt_model_num_tensors(t->m);
+    if (!(t->tinfo = malloc(sizeof *t->tinfo * (nt > 0 ? nt : 1)))) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->m, i);
+    t->wmeta[0] = (dt_st_meta){"format", "dtrain-weights"};
+    t->wmeta[1] = (dt_st_meta){"name", c->name};
+    int64_t spe = dt_loader_steps_per_epoch(t->loader);
+    int64_t total = c->epochs > 0 ? (int64_t)c->epochs * spe : c->max_steps;
+    if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
+    *info = (dt_task_info){.params = dt_model_params(t->m),
+                           .grads = dt_model_grads(t->m),
+                           .nparams = dt_model_num_params(t->m),
+                           .tensors = t->tinfo,
+                           .ntensors = nt,
+                           .weights_meta = t->wmeta,
+                           .nweights_meta = 2,
+                           .steps_per_epoch = spe,
+                           .total_steps = total,
+                           .epochs = (int)((total + spe - 1) / spe),
+                           .has_eval = 1};
+    snprintf(info->describe, sizeof info->describe, "%zu parameters, %d train / %d test samples", info->nparams,
+             t->train.n, t->test.n);
+done:
+    if (st != DT_OK) {
+        cls_destroy(t);
+        *out = NULL;
+    }
+    return st;
+}
+
+static void cls_start_epoch(dt_task *t, int64_t epoch, int64_t batch) {
+    dt_loader_start_epoch(t->loader, epoch, batch);
+}
+
+static dt_status cls_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *more) {
+    (void)rng;
+    *more = dt_loader_next(t->loader, &t->b);
+    *b = (dt_task_batch){t->b.first, t->b.B, t->b.global_B};
+    return DT_OK;
+}
+
+static void cls_zero_grad(dt_task *t) { dt_model_zero_grad(t->m); }
+
+static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
+    size_t ss = dt_dataset_sample_size(&t->train);
+    dt_model_set_dropout_key(t->m, (uint64_t)step, (int64_t)t->b.first + off);
+    dt_model_set_loss_scale(t->m, loss_scale);
+    return dt_model_forward(t->m, t->b.x + (size_t)off * ss, t->b.y + off, len, 1, loss);
+}
+
+static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+    dt_model_set_grad_hook(t->m, hook, user);
+    dt_model_backward(t->m);
+}
+
+// Evaluation sharded across the ranks of comm and reduced.
+static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
+                              float *accuracy) {
+    (void)step, (void)train_loss;
+    const dt_dataset *ds = &t->test;
+    int r = dt_comm_rank(comm), W = dt_comm_size(comm);
+    int lo = (int)((long)ds->n * r / W), hi = (int)((long)ds->n * (r + 1) / W);
+    double sum;
+    long correct;
+    dt_status st = eval_range(t->m, ds, lo, hi, t->c->eval_batch, &sum, &correct);
+    if (st != DT_OK) return st;
+    float v[2] = {(float)sum, (float)correct};
+    if ((st = dt_allreduce(v, v, 2, DT_F32, DT_SUM, comm)) != DT_OK)
+        return dt_error(st, "evaluation: %s", dt_last_error());
+    *loss = ds->n ? v[0] / ds->n : 0.0f;
+    *accuracy = ds->n ? v[1] / ds->n : 0.0f;
+    return DT_OK;
+}
+
+static dt_status cls_save(dt_task *t, const char *path) {
+    dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
+    return dt_model_save(t->m, path, meta, 3);
+}
+
+static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
+    (void)t;
+    cJSON_AddNumberToObject(o, "epochs", r->epochs);
+    cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
+}
+
+const dt_task_ops dt_task_classifier = {
+    .name = "classifier",
+    .wants = cls_wants,
+    .create = cls_create,
+    .destroy = cls_destroy,
+    .start_epoch = cls_start_epoch,
+    .next_batch = cls_next_batch,
+    .zero_grad = cls_zero_grad,
+    .forward = cls_forward,
+    .backward = cls_backward,
+    .evaluate = cls_evaluate,
+    .save = cls_save,
+    .summary = cls_summary,
+};

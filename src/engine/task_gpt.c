@@ -1,0 +1,249 @@
+/* The GPT task (task.h): random windows of seq_len + 1 tokens from [data]
+ * train_file -> dt_gpt; the validation loss over [data] val_file every
+ * eval_every steps and at the end; and a GPT's evaluation outside training
+ * (dt_gpt_eval_checkpoint).
+ *
+ * Every rank draws the same global batch of B windows from the same seeded
+ * stream (the loop's checkpointed rng) and trains on its share of them
+ * (windows B*r/W up to B*(r+1)/W); validation splits its windows the same
+ * way. */
+#include "dtrain/ckpt.h"
+#include "dtrain/gpt.h"
+#include "dtrain/launch.h"
+#include "dtrain/train.h"
+#include "engine/task.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dt_task {
+    const dt_config *c;
+    dt_gpt_config gc;
+    dt_tokens train, val;
+    dt_gpt *m;
+    int B, T, Bm;               // global batch, window, the model's batch
+    int first, share;           // this rank's windows of each global batch
+    int32_t *x, *y;             // the global batch [B, T]
+    dt_tensor_info tinfo[16];
+    char mvals[6][16];
+    dt_st_meta wmeta[7];
+    cJSON *history;             // {step, train_loss, val_loss} per evaluation
+};
+
+// Mean loss (and next-token accuracy when acc is not NULL) over the first
+// `windows` consecutive windows of the validation file: rank r takes
+// windows windows*r/W up to windows*(r+1)/W, in chunks of up to Bc (the
+// model's batch), and the sums meet in one allreduce (comm may be NULL for
+// one process).
+static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, int T, int32_t *x,
+                          int32_t *y, float *out, float *acc, dt_comm_t comm) {
+    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
+    int V = dt_gpt_get_config(m)->vocab_size;
+    int lo = (int)((long)windows * rank / W), hi = (int)((long)windows * (rank + 1) / W);
+    double sums[2] = {0, 0};  // sum of window losses, correct predictions
+    float fs[2];
+    for (int i = lo; i < hi; i += Bc) {
+        int n = hi - i < Bc ? hi - i : Bc;
+        float l;
+        dt_status st = DT_OK;
+        dt_heartbeat(-1);
+        for (int b = 0; b < n && st == DT_OK; b++)
+            st = dt_tokens_window(val, i + b, 1, T, x + (size_t)b * T, y + (size_t)b * T);
+        if (st == DT_OK) st = dt_gpt_forward(m, x, y, n, T, &l);
+        if (st != DT_OK) return st;
+        sums[0] += (double)l * n;
+        if (acc) {
+            const float *lg = dt_gpt_logits(m);
+            for (int r = 0; r < n * T; r++) {
+                int arg = 0;
+                for (int v = 1; v < V; v++)
+                    if (lg[(size_t)r * V + v] > lg[(size_t)r * V + arg]) arg = v;
+                sums[1] += arg == y[r];
+            }
+        }
+    }
+    if (W > 1) {  // (counts stay exact in float up to 2^24 tokens)
+        fs[0] = (float)sums[0];
+        fs[1] = (float)sums[1];
+        dt_status st = dt_allreduce(fs, fs, 2, DT_F32, DT_SUM, comm);
+        if (st != DT_OK) return st;
+        sums[0] = fs[0];
+        sums[1] = fs[1];
+    }
+    *out = (float)(sums[0] / windows);
+    if (acc) *acc = (float)(sums[1] / ((double)windows * T));
+    return DT_OK;
+}
+
+static dt_gpt_config gpt_config(const dt_config *c) {
+    return (dt_gpt_config){c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+}
+
+dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy,
+                                 int *n) {
+    dt_set_threads(c->threads);
+    const char *file = c->val_file[0] ? c->val_file : c->train_file;
+    dt_gpt_config gc = gpt_config(c);
+    int B = c->batch, T = c->seq_len;
+    dt_tokens val = {0};
+    dt_gpt *m = NULL;
+    int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
+    dt_status st = x && y ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
+    if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
+    if (st == DT_OK) st = dt_gpt_load(m, weights);
+    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL);
+    if (n) *n = c->eval_batches * B * T;
+    dt_gpt_free(m);
+    dt_tokens_close(&val);
+    free(x);
+    free(y);
+    return st;
+}
+
+dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
+                       dt_train_result *res) {
+    if (!c->gpt) return dt_error(DT_ERR_ARG, "dt_gpt_train: the config's model is not a GPT");
+    return dt_train(c, run_dir, progress, user, res);
+}
+
+// ----------------------------------------------------------------------------
+// the task
+
+static int gpt_wants(const dt_config *c) { return c->gpt; }
+
+static void gpt_destroy(dt_task *t) {
+    if (!t) return;
+    cJSON_Delete(t->history);
+    free(t->x);
+    free(t->y);
+    dt_gpt_free(t->m);
+    dt_tokens_close(&t->train);
+    dt_tokens_close(&t->val);
+    free(t);
+}
+
+static dt_status open_tokens(dt_tokens *tk, const char *path, const dt_config *c) {
+    dt_status st = dt_tokens_open(tk, path, c->vocab_size);
+    if (st == DT_OK && tk->n < (size_t)c->seq_len + 1)
+        st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d", path,
+                      tk->n, c->seq_len + 1);
+    return st;
+}
+
+static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, dt_task_info *info) {
+    dt_task *t = calloc(1, sizeof *t);
+    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
+    t->c = c;
+    t->gc = gpt_config(c);
+    t->B = c->batch;
+    t->T = c->seq_len;
+    t->Bm = max_micro;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
+    t->first = (int)((long)t->B * rank / W);
+    t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
+    dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st != DT_OK) goto done;
+    DT_TRY(open_tokens(&t->train, c->train_file, c), done);
+    if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
+    DT_TRY(dt_gpt_create(&t->m, &t->gc, t->Bm, t->T), done);
+    dt_gpt_init(t->m, c->seed);
+    if (c->init_from[0]) DT_TRY(dt_gpt_load(t->m, c->init_from), done);
+    t->x = malloc(sizeof(int32_t) * t->B * t->T);
+    t->y = malloc(sizeof(int32_t) * t->B * t->T);
+    if (!t->x || !t->y) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < 16; i++) t->tinfo[i] = *dt_gpt_tensor(t->m, i);
+    int norder;
+    const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
+    *info = (dt_task_info){.params = dt_gpt_params(t->m),
+                           .grads = dt_gpt_grads(t->m),
+                           .nparams = dt_gpt_num_params(t->m),
+                           .order = order,
+                           .norder = norder,
+                           .tensors = t->tinfo,
+                           .ntensors = 16,
+                           .weights_meta = t->wmeta,
+                           .nweights_meta = dt_gpt_weights_meta(&t->gc, t->mvals, t->wmeta),
+                           .steps_per_epoch = c->max_steps,
+                           .total_steps = c->max_steps,
+                           .epochs = 1,
+                           .tokens_per_sample = t->T,
+                           .has_eval = t->val.tokens != NULL};
+    dt_rng_seed(&info->rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
+    snprintf(info->describe, sizeof info->describe,
+             "GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d", t->gc.n_layer,
+             t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, info->nparams, t->train.n, t->val.n, t->B, t->T);
+done:
+    if (st != DT_OK) {
+        gpt_destroy(t);
+        *out = NULL;
+    }
+    return st;
+}
+
+static void gpt_start_epoch(dt_task *t, int64_t epoch, int64_t batch) { (void)t, (void)epoch, (void)batch; }
+
+// The global batch (the same on every rank); this rank's share.
+static dt_status gpt_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *more) {
+    *more = 1;
+    *b = (dt_task_batch){t->first, t->share, t->B};
+    return dt_tokens_sample(&t->train, rng, t->B, t->T, t->x, t->y);
+}
+
+static void gpt_zero_grad(dt_task *t) { dt_gpt_zero_grad(t->m); }
+
+static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
+    (void)step;
+    size_t o = (size_t)(t->first + off) * t->T;
+    dt_gpt_set_loss_scale(t->m, loss_scale);
+    return dt_gpt_forward(t->m, t->x + o, t->y + o, len, t->T, loss);
+}
+
+static void gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+    dt_gpt_set_grad_hook(t->m, hook, user);
+    dt_gpt_backward(t->m);
+}
+
+static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
+                              float *accuracy) {
+    *accuracy = -1;
+    dt_status st = val_loss(t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL, comm);
+    if (st != DT_OK) return st;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "step", (double)step);
+    cJSON_AddNumberToObject(e, "train_loss", train_loss);
+    cJSON_AddNumberToObject(e, "val_loss", *loss);
+    cJSON_AddItemToArray(t->history, e);
+    return DT_OK;
+}
+
+static dt_status gpt_save(dt_task *t, const char *path) { return dt_gpt_save(t->m, path); }
+
+static void gpt_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
+    cJSON_AddStringToObject(o, "model", t->c->preset);
+    cJSON_AddNumberToObject(o, "threads", dt_get_threads());
+    cJSON_AddNumberToObject(o, "seq_len", t->T);
+    if (r->test_loss >= 0) cJSON_AddNumberToObject(o, "val_loss", r->test_loss);
+    else cJSON_AddNullToObject(o, "val_loss");
+    cJSON_AddItemReferenceToObject(o, "val_history", t->history);
+    cJSON_AddNumberToObject(o, "tokens_per_sec", r->samples_per_sec * t->T);
+}
+
+const dt_task_ops dt_task_gpt = {
+    .name = "gpt",
+    .wants = gpt_wants,
+    .create = gpt_create,
+    .destroy = gpt_destroy,
+    .start_epoch = gpt_start_epoch,
+    .next_batch = gpt_next_batch,
+    .zero_grad = gpt_zero_grad,
+    .forward = gpt_forward,
+    .backward = gpt_backward,
+    .evaluate = gpt_evaluate,
+    .save = gpt_save,
+    .summary = gpt_summary,
+};
