@@ -270,6 +270,22 @@ static void test_trajectory(const char *file) {
     dt_optim *o = NULL;
     dt_status st = dt_optim_create(&o, &op, np);
     CHECK(st == DT_OK, "%s: optimizer: %s", file, dt_last_error());
+    // Beside it, the same steps taken slice by slice as three ranks of a
+    // sharded strategy would (dt_shard_range), on a copy of the weights,
+    // must give bitwise the same weights; and a bf16 working copy kept by
+    // the whole optimizer must be those weights rounded.
+    enum { SLICES = 3 };
+    dt_optim *os[SLICES] = {0};
+    float *ps = malloc(sizeof(float) * np);
+    uint16_t *wc = malloc(sizeof(uint16_t) * np), *want = malloc(sizeof(uint16_t) * np);
+    memcpy(ps, init, sizeof(float) * np);
+    for (int r = 0; r < SLICES; r++) {
+        size_t lo, hi;
+        dt_shard_range(np, r, SLICES, &lo, &hi);
+        CHECK(dt_optim_create(&os[r], &op, hi - lo) == DT_OK, "%s: slice optimizer: %s", file, dt_last_error());
+    }
+    CHECK(dt_optim_set_working_copy(o, wc, DT_BF16) == DT_OK, "%s: working copy: %s", file, dt_last_error());
+    CHECK(dt_optim_set_working_copy(os[0], wc, DT_I32) == DT_ERR_ARG, "%s: a working copy in I32 is refused", file);
     if (x && y && losses && lrs && o) {
         double worst = 0, worst_lr = 0;
         int failed_at = -1;
@@ -288,7 +304,17 @@ static void test_trajectory(const char *file) {
             float lr = dt_schedule_lr(&sched, s);
             worst_lr = fmax(worst_lr, tl_rel(lr, lrs[s], 1e-9));
             dt_optim_step(o, dt_model_params(m), dt_model_grads(m), lr, 1.0f);
+            for (int r = 0; r < SLICES; r++) {
+                size_t lo, hi;
+                dt_shard_range(np, r, SLICES, &lo, &hi);
+                dt_optim_begin_step(os[r]);
+                dt_optim_update(os[r], 0, hi - lo, ps + lo, dt_model_grads(m) + lo, lr, 1.0f);
+            }
         }
+        CHECK(!memcmp(ps, dt_model_params(m), sizeof(float) * np),
+              "%s: the step taken in %d slices is not bitwise the whole step", file, SLICES);
+        dt_from_f32(want, dt_model_params(m), np, DT_BF16);
+        CHECK(!memcmp(wc, want, sizeof(uint16_t) * np), "%s: the bf16 working copy is not the weights rounded", file);
         CHECK(failed_at < 0, "%s: loss leaves PyTorch's trajectory at step %d: %.8g, PyTorch %.8g",
               file, failed_at, got_at, failed_at >= 0 ? losses[failed_at] : 0.0);
         CHECK(worst_lr <= 1e-6, "%s: schedule's learning rates differ from the fixture's: rel %.2e",
@@ -309,6 +335,10 @@ static void test_trajectory(const char *file) {
         g_worst_traj = fmax(g_worst_traj, worst);
         g_worst_final = fmax(g_worst_final, rf);
     }
+    for (int r = 0; r < SLICES; r++) dt_optim_free(os[r]);
+    free(ps);
+    free(wc);
+    free(want);
     dt_optim_free(o);
     free(x), free(y), free(losses), free(lrs), free(init);
     dt_model_free(m);
