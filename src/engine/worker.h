@@ -1,4 +1,4 @@
-/* What every training loop shares outside the gradient step (engine/dp.h):
+/* What the run loop needs outside the step (engine/loop.c):
  * joining the group of workers, the learning-rate schedule, fault
  * injection. */
 #ifndef DT_ENGINE_WORKER_H

@@ -1,5 +1,5 @@
-/* What a training loop reports while it runs: the one interface between the
- * loops (engine/trainer.c, engine/gpt_train.c) and every observability
+/* What the training loop reports while it runs: the one interface between the
+ * loop (engine/loop.c) and every observability
  * output (docs/observability.md).
  *
  *   dt_obs *obs;
@@ -8,7 +8,7 @@
  *       dt_obs_begin(obs, DT_OBS_DATA);  next batch;  dt_obs_end(obs, DT_OBS_DATA);
  *       ... DT_OBS_FORWARD, DT_OBS_BACKWARD (per micro-batch) ...
  *       dt_obs_begin(obs, DT_OBS_COMM);  wait for the gradients, and
- *       dt_obs_allreduce(obs, ...);      // the loss (engine/dp.c does both)
+ *       dt_obs_allreduce(obs, ...);      // the loss (engine/control.c)
  *       dt_obs_end(obs, DT_OBS_COMM);
  *       ... DT_OBS_OPTIMIZER ...
  *       dt_obs_step(obs, &info);         // one record per step
