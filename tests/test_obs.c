@@ -15,7 +15,8 @@
  *      connections: each scrape still answers 200 with the page within
  *      1 s; a request sent in pieces is answered; 400 for a NUL byte in
  *      each part of a request and for a malformed request line, 404, 405,
- *      HEAD; stopping with connections open. */
+ *      HEAD; 408 for every idle and slow connection after 10 s; stopping
+ *      with connections open. */
 #include "dtrain/comm.h"
 #include "dtrain/train.h"
 #include "obs/prom.h"
@@ -434,12 +435,35 @@ static void test_endpoint(void) {
     const char *end = strstr(g_out, "\r\n\r\n");
     CHECK(!strncmp(g_out, "HTTP/1.1 200 ", 13) && end && !end[4], "endpoint: HEAD: want 200 without a body, got:\n%.300s",
           g_out);
+
+    // 10 s after connecting, idle and slow connections alike (a byte a
+    // second is no excuse) get 408 and are closed: keep the slow ones
+    // sending until then.
+    struct pollfd all[IDLE + SLOW];
+    int answered = 0;
+    for (int round = 3; round < 16 && answered < IDLE + SLOW; round++) {
+        for (int i = 0; i < SLOW; i++)
+            if (slow[i] >= 0) send(slow[i], slow_req + round, 1, MSG_NOSIGNAL);
+        usleep(1000000);
+        answered = 0;
+        for (int i = 0; i < IDLE + SLOW; i++) all[i] = (struct pollfd){i < IDLE ? idle[i] : slow[i - IDLE], POLLIN, 0};
+        if (poll(all, IDLE + SLOW, 0) > 0)
+            for (int i = 0; i < IDLE + SLOW; i++) answered += (all[i].revents & (POLLIN | POLLHUP)) != 0;
+    }
+    CHECK(answered == IDLE + SLOW, "endpoint: %d of %d idle or slow connections answered after 10 s", answered,
+          IDLE + SLOW);
+    for (int k = 0; k < 2; k++) {
+        read_answer(k ? slow[0] : idle[0], g_out, sizeof g_out, 1, dt_now(), &took);
+        CHECK(!strncmp(g_out, "HTTP/1.1 408 ", 13), "endpoint: %s connection after 10 s: want 408, got:\n%.300s",
+              k ? "a slow" : "an idle", g_out);
+    }
+    for (int i = 0; i < IDLE; i++)
+        if (idle[i] >= 0) close(idle[i]);
     // Stopping does not wait for the connections still open.
+    for (int i = 0; i < SLOW; i++) slow[i] = connect_to(port);
     double t0 = dt_now();
     dt_prom_stop(p);
     CHECK(dt_now() - t0 < 5, "endpoint: stopping took %.1f s", dt_now() - t0);
-    for (int i = 0; i < IDLE; i++)
-        if (idle[i] >= 0) close(idle[i]);
     for (int i = 0; i < SLOW; i++)
         if (slow[i] >= 0) close(slow[i]);
 }

@@ -17,7 +17,7 @@
 // Bounds on what clients can hold (see prom.h).
 #define MAX_WAITING 256            // connections still sending their request header
 #define MAX_SERVED 64              // connections handed to libmicrohttpd
-#define HEADER_SECONDS 10.0        // time to send a request header
+#define HEADER_SECONDS 10.0        // time to send a request header (408 after)
 #define IDLE_SECONDS 10            // libmicrohttpd: time without any progress
 #define MAX_HEADER 8192            // bytes of request line and headers
 #define CONNECTION_MEMORY (32 * 1024)  // libmicrohttpd's buffer per connection
@@ -32,6 +32,7 @@ struct waiting {
 struct dt_prom {
     int listen_fd, epoll_fd, stop_fd;
     int nwaiting, accepting;
+    double pause_until;  // accept() failed (out of descriptors): try again then
     pthread_t thread;
     struct MHD_Daemon *mhd;
     dt_prom_render_fn render;
@@ -108,17 +109,19 @@ static const char *header_problem(const char *h, size_t n) {
     return NULL;
 }
 
-// Answers 400 and closes: reads what was sent first so that closing does
-// not reset the connection before the client reads the answer.
-static void refuse(int fd, size_t sent, const char *why) {
+// Answers 400 (or 408) and closes: reads what was sent first (up to a
+// header's worth) so that closing does not reset the connection before the
+// client reads the answer.
+static void refuse(int fd, int code, const char *why) {
     char hdr[192], sink[1024];
     int h = snprintf(hdr, sizeof hdr,
-                     "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n\r\n", strlen(why));
-    while (sent > 0) {
-        ssize_t k = recv(fd, sink, sent < sizeof sink ? sent : sizeof sink, MSG_DONTWAIT);
+                     "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                     code, code == 408 ? "Request Timeout" : "Bad Request", strlen(why));
+    for (size_t left = MAX_HEADER; left > 0;) {
+        ssize_t k = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
         if (k <= 0) break;
-        sent -= (size_t)k;
+        left -= (size_t)k < left ? (size_t)k : left;
     }
     // Small enough for an empty socket buffer: never waits.
     if (send(fd, hdr, (size_t)h, MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE) == h)
@@ -136,17 +139,19 @@ static void drop(dt_prom *p, int i, int close_it) {
 
 // New data on a waiting connection: look at its header so far (without
 // taking it off the socket) and pass it on, refuse it or keep waiting.
-static void look(dt_prom *p, int i) {
+// ended: the client has sent all it will.
+static void look(dt_prom *p, int i, int ended) {
     int fd = p->w[i].fd;
     ssize_t n = recv(fd, p->buf, sizeof p->buf, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) return drop(p, i, 1);  // closed (or reset) before a request
     size_t end = header_end(p->buf, (size_t)n);
     const char *why = end ? header_problem(p->buf, end) : memchr(p->buf, 0, (size_t)n) ? header_problem(p->buf, (size_t)n)
-                      : (size_t)n == sizeof p->buf ? "request header too long\n" : NULL;
+                      : (size_t)n == sizeof p->buf ? "request header too long\n"
+                      : ended ? "incomplete request: the client stopped sending before the header's blank line\n" : NULL;
     if (why) {
         drop(p, i, 0);
-        refuse(fd, (size_t)n, why);
+        refuse(fd, 400, why);
     } else if (end) {
         drop(p, i, 0);
         MHD_add_connection(p->mhd, fd, (struct sockaddr *)&p->w[i].addr, p->w[i].addrlen);  // closes fd on failure
@@ -160,7 +165,12 @@ static void accept_all(dt_prom *p) {
         struct waiting *w = &p->w[i];
         w->addrlen = sizeof w->addr;
         int fd = accept4(p->listen_fd, (struct sockaddr *)&w->addr, &w->addrlen, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;  // none left (or out of descriptors: try again on the next connection)
+        if (fd < 0) {
+            // Out of descriptors: the connection stays queued, and the
+            // listening socket readable; look again in 100 ms, not at once.
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) p->pause_until = dt_now() + 0.1;
+            return;
+        }
         // Edge-triggered: one wake-up per arrival, though the bytes stay unread.
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)i};
         if (epoll_ctl(p->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -174,8 +184,8 @@ static void accept_all(dt_prom *p) {
 }
 
 // Stops or resumes accepting, so that at most MAX_WAITING connections wait.
-static void set_accepting(dt_prom *p) {
-    int want = p->nwaiting < MAX_WAITING;
+static void set_accepting(dt_prom *p, double now) {
+    int want = p->nwaiting < MAX_WAITING && now >= p->pause_until;
     if (want == p->accepting) return;
     struct epoll_event ev = {.events = want ? EPOLLIN : 0, .data.u32 = MAX_WAITING};
     epoll_ctl(p->epoll_fd, EPOLL_CTL_MOD, p->listen_fd, &ev);
@@ -189,16 +199,21 @@ static void *gate_main(void *arg) {
         double now = dt_now(), next = now + 1;
         for (int i = 0; i < MAX_WAITING; i++) {
             if (p->w[i].fd < 0) continue;
-            if (p->w[i].deadline <= now) drop(p, i, 1);  // too slow: closed without an answer
+            if (p->w[i].deadline <= now) {
+                int fd = p->w[i].fd;
+                drop(p, i, 0);
+                refuse(fd, 408, "request timeout: the request header did not end in time\n");
+            }
             else if (p->w[i].deadline < next) next = p->w[i].deadline;
         }
-        set_accepting(p);
+        if (p->pause_until > now && p->pause_until < next) next = p->pause_until;
+        set_accepting(p, now);
         int n = epoll_wait(p->epoll_fd, ev, 64, (int)((next - now) * 1000) + 1);
         for (int k = 0; k < n; k++) {
             uint32_t i = ev[k].data.u32;
             if (i == MAX_WAITING + 1) return NULL;  // dt_prom_stop
             if (i == MAX_WAITING) accept_all(p);
-            else if (p->w[i].fd >= 0) look(p, (int)i);
+            else if (p->w[i].fd >= 0) look(p, (int)i, (ev[k].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
         }
     }
 }
