@@ -4,8 +4,8 @@
 # run (slowed to a few seconds by DTRAIN_SLOW_RANK) serves /metrics, and the
 # series are read back through Prometheus's HTTP API (/api/v1/query),
 # including the per-rank ones with their rank label. The endpoint's answers
-# to a bad request (400), a wrong path (404) and a wrong method (405) are
-# checked directly.
+# to a bad request and a NUL byte (400), a wrong path (404) and a wrong
+# method (405) are checked directly.
 #   tests/prometheus.sh BUILD_DIR
 # Skipped (exit 77) when Prometheus is not installed.
 set -euo pipefail
@@ -106,11 +106,12 @@ while time.time() < deadline:
 else:
     page = b""
 head, _, body = page.partition(b"\r\n\r\n")
-check(head.startswith(b"HTTP/1.0 200") and b"text/plain; version=0.0.4" in head, "GET /metrics: 200, exposition format 0.0.4")
+check(head.startswith(b"HTTP/1.1 200") and b"text/plain; version=0.0.4" in head, "GET /metrics: 200, exposition format 0.0.4")
 check(b"# TYPE dtrain_samples_total counter" in body and b"# HELP dtrain_loss " in body, "HELP and TYPE lines")
-check(raw(b"GET /nope HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 404"), "GET /nope: 404")
-check(raw(b"garbage\r\n\r\n").startswith(b"HTTP/1.0 400"), "malformed request: 400")
-check(raw(b"POST /metrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 405"), "POST: 405")
+check(raw(b"GET /nope HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 404"), "GET /nope: 404")
+check(raw(b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400"), "malformed request: 400")
+check(raw(b"POST /metrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 405"), "POST: 405")
+check(raw(b"GET /metrics\0 HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 400"), "a NUL byte in the request line: 400")
 
 # Prometheus's view: job-level and per-rank series, scraped while training runs.
 want = {
@@ -136,7 +137,7 @@ ranks = sorted(r["metric"].get("rank", "") for r in got.get("dtrain_rank_step_se
 check(ranks == ["0", "1"], f"rank labels {ranks}")
 up = query('up{job="dtrain"}') if got else []
 check(bool(up) and up[0]["value"][1] == "1", "the scrape target is up")
-print(f"{5 + len(want) + 2 - failed} passed, {failed} failed")
+print(f"{6 + len(want) + 2 - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
 wait "$train" || { echo "training failed:"; cat "$tmp/train.log"; exit 1; }

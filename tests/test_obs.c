@@ -10,15 +10,23 @@
  *      the phase and logs it; the trace is one valid JSON document with a
  *      process track per rank and spans per phase and per collective;
  *   4. dtrain report on that run, and on bad input (missing directory,
- *      malformed log line), a metrics port already in use, bad flags. */
+ *      malformed log line), a metrics port already in use, bad flags;
+ *   5. the metrics endpoint under 100 idle and 100 slow (a byte a second)
+ *      connections: each scrape still answers 200 with the page within
+ *      1 s; a request sent in pieces is answered; 400 for a NUL byte in
+ *      each part of a request and for a malformed request line, 404, 405,
+ *      HEAD; 408 for every idle and slow connection after 10 s; stopping
+ *      with connections open. */
 #include "dtrain/comm.h"
 #include "dtrain/train.h"
+#include "obs/prom.h"
 #include "obs/straggler.h"
 #include "testlib.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,6 +310,164 @@ static void test_bad_flags(void) {
     CHECK(rc == 1 && strstr(g_out, "not-an-address"), "bad metrics address: exit %d\n%s", rc, g_out);
 }
 
+// ---- the metrics endpoint --------------------------------------------------
+
+#define IDLE 100
+#define SLOW 100
+
+static void render_test_page(FILE *f, void *user) {
+    (void)user;
+    dt_prom_family(f, "dtrain_test_up", "gauge", "Always 1.");
+    dt_prom_sample(f, "dtrain_test_up", "", 1);
+}
+
+static int connect_to(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Reads what fd sends until it closes, for at most `seconds`; returns the
+// bytes read (NUL-terminated in out) and the time taken in *took.
+static size_t read_answer(int fd, char *out, size_t cap, double seconds, double start, double *took) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        int left = (int)((start + seconds - dt_now()) * 1000);
+        struct pollfd p = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&p, 1, left) <= 0) break;
+        ssize_t k = recv(fd, out + n, cap - 1 - n, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    out[n] = 0;
+    *took = dt_now() - start;
+    return n;
+}
+
+// Sends one whole request on a new connection; the answer is in out.
+static double request(int port, const char *req, size_t len, char *out, size_t cap) {
+    double t0 = dt_now(), took = 0;
+    int fd = connect_to(port);
+    if (fd < 0 || send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
+        out[0] = 0;
+        if (fd >= 0) close(fd);
+        return 99;
+    }
+    read_answer(fd, out, cap, 5, t0, &took);  // (5 s: a failure is reported, never waited on for long)
+    close(fd);
+    return took;
+}
+
+static void test_endpoint(void) {
+    dt_prom *p = NULL;
+    CHECK(dt_prom_start(&p, "127.0.0.1", 0, render_test_page, NULL) == DT_OK, "endpoint: %s", dt_last_error());
+    if (!p) return;
+    int port = dt_prom_port(p);
+    static const char slow_req[] = "GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n";
+    static const char scrape[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain\r\n\r\n";
+    int idle[IDLE], slow[SLOW], opened = 0;
+    for (int i = 0; i < IDLE; i++) opened += (idle[i] = connect_to(port)) >= 0;
+    for (int i = 0; i < SLOW; i++) opened += (slow[i] = connect_to(port)) >= 0;
+    CHECK(opened == IDLE + SLOW, "endpoint: %d of %d connections opened", opened, IDLE + SLOW);
+    // One more client sends a whole request in three pieces, one a round.
+    int pieces = connect_to(port);
+    const char *piece[3] = {"GET /met", "rics HTTP/1.1\r\nHo", "st: p\r\n\r\n"};
+    // Three rounds a second apart: every slow connection sends one more byte,
+    // then a scrape must be answered in full within 1 s.
+    for (int round = 0; round < 3; round++) {
+        double t0 = dt_now();
+        for (int i = 0; i < SLOW; i++)
+            if (slow[i] >= 0) send(slow[i], slow_req + round, 1, MSG_NOSIGNAL);
+        send(pieces, piece[round], strlen(piece[round]), MSG_NOSIGNAL);
+        double took = request(port, scrape, sizeof scrape - 1, g_out, sizeof g_out);
+        CHECK(took < 1.0, "endpoint: scrape %d with %d idle and %d slow connections open took %.3f s (want < 1 s)",
+              round, IDLE, SLOW, took);
+        CHECK(!strncmp(g_out, "HTTP/1.1 200 ", 13) && strstr(g_out, "text/plain; version=0.0.4") &&
+                  strstr(g_out, "\r\n\r\n# HELP dtrain_test_up Always 1.\n# TYPE dtrain_test_up gauge\ndtrain_test_up 1\n"),
+              "endpoint: scrape %d: want 200 with the page, got:\n%.300s", round, g_out);
+        double rest = t0 + 1 - dt_now();
+        if (rest > 0) usleep((useconds_t)(rest * 1e6));
+    }
+    double took;
+    read_answer(pieces, g_out, sizeof g_out, 5, dt_now(), &took);
+    CHECK(!strncmp(g_out, "HTTP/1.1 200 ", 13) && strstr(g_out, "dtrain_test_up 1\n"),
+          "endpoint: a request sent in 3 pieces: want 200, got:\n%.300s", g_out);
+    close(pieces);
+
+    // Each answer's status line, and a word of its body for a 400.
+    static const struct {
+        const char *req;
+        size_t len;
+        const char *status, *body;
+    } cases[] = {
+#define REQ(s) s, sizeof s - 1
+        {REQ("GET /met\0rics HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("GET /metrics\0 HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("G\0ET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("\0GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("GET /metrics HTTP/1.1\0\r\nHost: x\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("GET /metrics HTTP/1.1\r\nHost: x\0y\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("GET /metrics HTTP/1.1\r\nHo\0st: x\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("GET /metrics HTTP/1.1\r\nHost: x\r\n\0\r\n\r\n"), "HTTP/1.1 400 ", "NUL byte"},
+        {REQ("GET /metrics HTTP/1.1\r\nHost: x\r\nX: \0"), "HTTP/1.1 400 ", "NUL byte"},  // (header not ended)
+        {REQ("garbage\r\n\r\n"), "HTTP/1.1 400 ", "malformed request line"},
+        {REQ("GET /metrics\r\n\r\n"), "HTTP/1.1 400 ", "malformed request line"},
+        {REQ("GET  HTTP/1.1\r\n\r\n"), "HTTP/1.1 400 ", "malformed request line"},
+        {REQ("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 404 ", "/metrics"},
+        {REQ("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"), "HTTP/1.1 405 ", "GET and HEAD"},
+        {REQ("GET /metrics?x=1 HTTP/1.0\r\n\r\n"), "HTTP/1.1 200 ", "dtrain_test_up 1"},
+        {REQ("GET /metrics HTTP/1.0\n\n"), "HTTP/1.1 200 ", "dtrain_test_up 1"},
+#undef REQ
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        request(port, cases[i].req, cases[i].len, g_out, sizeof g_out);
+        const char *body = strstr(g_out, "\r\n\r\n");
+        CHECK(!strncmp(g_out, cases[i].status, strlen(cases[i].status)) && body && strstr(body, cases[i].body),
+              "endpoint: request %zu: want '%s' and '%s', got:\n%.300s", i, cases[i].status, cases[i].body, g_out);
+    }
+    static const char head[] = "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    request(port, head, sizeof head - 1, g_out, sizeof g_out);
+    const char *end = strstr(g_out, "\r\n\r\n");
+    CHECK(!strncmp(g_out, "HTTP/1.1 200 ", 13) && end && !end[4], "endpoint: HEAD: want 200 without a body, got:\n%.300s",
+          g_out);
+
+    // 10 s after connecting, idle and slow connections alike (a byte a
+    // second is no excuse) get 408 and are closed: keep the slow ones
+    // sending until then.
+    struct pollfd all[IDLE + SLOW];
+    int answered = 0;
+    for (int round = 3; round < 16 && answered < IDLE + SLOW; round++) {
+        for (int i = 0; i < SLOW; i++)
+            if (slow[i] >= 0) send(slow[i], slow_req + round, 1, MSG_NOSIGNAL);
+        usleep(1000000);
+        answered = 0;
+        for (int i = 0; i < IDLE + SLOW; i++) all[i] = (struct pollfd){i < IDLE ? idle[i] : slow[i - IDLE], POLLIN, 0};
+        if (poll(all, IDLE + SLOW, 0) > 0)
+            for (int i = 0; i < IDLE + SLOW; i++) answered += (all[i].revents & (POLLIN | POLLHUP)) != 0;
+    }
+    CHECK(answered == IDLE + SLOW, "endpoint: %d of %d idle or slow connections answered after 10 s", answered,
+          IDLE + SLOW);
+    for (int k = 0; k < 2; k++) {
+        read_answer(k ? slow[0] : idle[0], g_out, sizeof g_out, 1, dt_now(), &took);
+        CHECK(!strncmp(g_out, "HTTP/1.1 408 ", 13), "endpoint: %s connection after 10 s: want 408, got:\n%.300s",
+              k ? "a slow" : "an idle", g_out);
+    }
+    for (int i = 0; i < IDLE; i++)
+        if (idle[i] >= 0) close(idle[i]);
+    // Stopping does not wait for the connections still open.
+    for (int i = 0; i < SLOW; i++) slow[i] = connect_to(port);
+    double t0 = dt_now();
+    dt_prom_stop(p);
+    CHECK(dt_now() - t0 < 5, "endpoint: stopping took %.1f s", dt_now() - t0);
+    for (int i = 0; i < SLOW; i++)
+        if (slow[i] >= 0) close(slow[i]);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-obs-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -312,6 +478,7 @@ int main(void) {
     test_run();
     test_report();
     test_bad_flags();
+    test_endpoint();
     tl_cleanup(g_tmp);
     return tl_finish();
 }
