@@ -96,6 +96,10 @@ typedef struct dt_gpt dt_gpt;
  * a load. The caller frees *out with dt_gpt_free(). */
 DT_API dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T);
 DT_API void dt_gpt_free(dt_gpt *m);
+/* Bytes of the activation buffers (saved activations, backward scratch,
+ * inputs and targets) that dt_gpt_create(c, B, T) allocates beside the
+ * parameter and gradient blocks (2 x dt_gpt_config_num_params floats). */
+DT_API size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T);
 DT_API const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
 
 /* GPT-2's initialisation from `seed`: weights normal(0, 0.02), the two

@@ -80,8 +80,9 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     int B = c->batch, T = c->seq_len;
     dt_tokens val = {0};
     dt_gpt *m = NULL;
+    dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
     int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
-    dt_status st = x && y ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK && !(x && y)) st = dt_error(DT_ERR_NOMEM, "out of memory");
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
@@ -151,6 +152,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
     res->threads = threads;
     history = cJSON_CreateArray();
     if ((st = dt_dp_check(c, W)) != DT_OK) goto done;
+    if ((st = dt_check_memory(c, DT_MEM_TRAIN, W, 0, NULL)) != DT_OK) goto done;
     // This rank's windows of each global batch, and the model's batch.
     int first = (int)((long)B * rank / W), share = (int)((long)B * (rank + 1) / W) - first;
     int Bm = dt_dp_max_micro(c, W);

@@ -134,10 +134,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 
     if ((st = dt_worker_run_dir(c, run_dir)) != DT_OK) goto done;
     if ((st = dt_dp_check(c, W)) != DT_OK) goto done;
+    int max_batch;  // the largest batch the model runs, from the memory check
+    if ((st = dt_check_memory(c, DT_MEM_TRAIN, W, 0, &max_batch)) != DT_OK) goto done;
     if ((st = load_split(c, "train", &train)) != DT_OK) goto done;
     if ((st = load_split(c, "test", &test)) != DT_OK) goto done;
-    int max_micro = dt_dp_max_micro(c, W);
-    int max_batch = max_micro > c->eval_batch ? max_micro : c->eval_batch;
     if ((st = dt_model_create(&m, c->input, c->layers, c->nlayers, max_batch)) != DT_OK) goto done;
     if (dt_model_num_classes(m) != train.classes) {
         st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
@@ -303,7 +303,9 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
     dt_dataset test = {0};
     dt_model *m = NULL;
     // The weights first: a wrong file is reported before the data loads.
-    dt_status st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
+    int rows;
+    dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, &rows);
+    if (st == DT_OK) st = dt_model_create(&m, c->input, c->layers, c->nlayers, rows);
     if (st == DT_OK) st = dt_model_load(m, weights);
     if (st == DT_OK) st = load_split(c, "test", &test);
     if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
