@@ -189,7 +189,7 @@ DT_API size_t dt_gpt_config_num_params(const dt_gpt_config *c);
 typedef struct {
     const uint16_t *tokens;
     size_t n;
-    void *map;          /* internal: the mapping */
+    void *map;          /* internal: the file's bytes, read into memory */
     size_t map_len;
 } dt_tokens;
 
@@ -198,7 +198,9 @@ typedef struct {
  * into buf. */
 DT_API dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int vocab,
                                  const uint16_t **tokens, size_t *n);
-/* Memory-maps and checks a token file (as dt_tokens_parse). */
+/* Reads a token file into memory and checks it (as dt_tokens_parse). It is
+ * read, not memory-mapped, so that a file truncated or replaced during a
+ * run cannot stop it with SIGBUS: the run goes on with what it read. */
 DT_API dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab);
 DT_API void dt_tokens_close(dt_tokens *t);
 /* Writes tokens to path atomically in the format above. */
