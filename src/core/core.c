@@ -388,7 +388,8 @@ const char *dt_mem_format(size_t bytes, char *buf, size_t n) {
         x /= 1024;
         u++;
     }
-    if (u == 0) snprintf(buf, n, "%zu bytes", bytes);
+    if (bytes == SIZE_MAX) snprintf(buf, n, "more than 16 EiB (2^64 bytes)");
+    else if (u == 0) snprintf(buf, n, "%zu bytes", bytes);
     else snprintf(buf, n, "%.2f %s (%zu bytes)", x, unit[u], bytes);
     return buf;
 }

@@ -26,6 +26,10 @@ typedef struct {
 
 static int min_int(int64_t a, int64_t b) { return (int)(a < b ? a : b); }
 
+// a + b and a * b, stopping at SIZE_MAX.
+static size_t sat_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static size_t sat_mul(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
+
 // Floats of optimizer state per parameter (0, 1 or 2), from a 1-element
 // optimizer of the config's kind.
 static int optim_states(const dt_config *c) {
@@ -97,7 +101,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     n->rows = B;
     size_t np = dt_gpt_config_num_params(&gc);
     n->act = dt_gpt_activation_bytes(&gc, B, T);
-    if (use != DT_MEM_SAMPLE) n->act += 2 * sizeof(int32_t) * (size_t)c->batch * T;  // the global batch's windows
+    if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
     if (use == DT_MEM_SAMPLE) {
         snprintf(n->field, sizeof n->field, "model.block_size");
         snprintf(n->value, sizeof n->value, " = %d", c->block_size);
@@ -137,7 +141,7 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         if (st != DT_OK) return st;
     }
     if (model_rows) *model_rows = n.rows;
-    size_t per = n.act + n.model + n.data, total = per * (size_t)count;
+    size_t per = sat_add(sat_add(n.act, n.model), n.data), total = sat_mul(per, (size_t)count);
     const char *src, *lname;
     size_t avail = dt_mem_available(&src), lim = dt_mem_limit(&lname);
     char srcbuf[256];

@@ -127,11 +127,13 @@ static void buffer_list(dt_gpt *m, float **p[NBUF]) {
     memcpy(p, b, sizeof b);
 }
 
-// Floats of each buffer of buffer_list for batches of B x T.
-static void buffer_sizes(const dt_gpt_config *c, int B, int T, size_t n[NBUF]) {
-    size_t L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size, np = dt_gpt_config_num_params(c);
-    size_t BT = (size_t)B * T, att = (size_t)B * NH * T * T;
-    const size_t z[NBUF] = {np, np, BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * att,
+// Floats of each buffer of buffer_list for batches of B x T, in double: the
+// products of valid sizes can pass 2^64 (B and T up to 2^20 each), which
+// the estimate must report rather than wrap.
+static void buffer_sizes(const dt_gpt_config *c, int B, int T, double n[NBUF]) {
+    double L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size, np = (double)dt_gpt_config_num_params(c);
+    double BT = (double)B * T, att = (double)B * NH * T * T;
+    const double z[NBUF] = {np, np, BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * att,
                             L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
                             L * BT * C, L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT * C, BT * C, BT * C,
                             BT * 3 * C, BT * 4 * C, BT * 4 * C, att};
@@ -139,10 +141,10 @@ static void buffer_sizes(const dt_gpt_config *c, int B, int T, size_t n[NBUF]) {
 }
 
 size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T) {
-    size_t n[NBUF], total = 2 * sizeof(int32_t) * (size_t)B * T;  // inputs, targets
+    double n[NBUF], total = 2.0 * sizeof(int32_t) * B * T;  // inputs, targets
     buffer_sizes(c, B, T, n);
     for (int i = 2; i < NBUF; i++) total += sizeof(float) * n[i];
-    return total;
+    return total < 0x1p63 ? (size_t)total : SIZE_MAX;
 }
 
 void dt_gpt_free(dt_gpt *m) {
@@ -171,13 +173,14 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     m->loss_scale = 1.0f;
     dt_gpt_param_shapes(c, m->tensors);
     m->nparams = dt_gpt_config_num_params(c);
-    size_t L = c->n_layer, BT = (size_t)B * T, sz[NBUF], total = 0;
+    size_t L = c->n_layer, BT = (size_t)B * T, total = 0;
+    double sz[NBUF];
     float **bufs[NBUF];
     buffer_list(m, bufs);
     buffer_sizes(c, B, T, sz);
     for (int i = 0; i < NBUF; i++) {
-        total += sz[i];
-        if (!(*bufs[i] = dt_alloc(sizeof(float) * sz[i]))) {
+        total += (size_t)sz[i];
+        if (sz[i] >= 0x1p60 || !(*bufs[i] = dt_alloc(sizeof(float) * (size_t)sz[i]))) {
             dt_gpt_free(m);
             return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and activations for B=%d T=%d)",
                             total * 4 >> 20, B, T);
