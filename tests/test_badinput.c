@@ -15,6 +15,10 @@
  *      dt_model_load; DT_ERR_FORMAT naming the tensor.
  *   4. The CLI: exit 2 for usage errors, 1 for runtime errors, 0 for --help
  *      and --version, never a signal; messages name the file or the step.
+ *   5. Memory: sizes for --memory-limit; batches that do not fit the limit,
+ *      the machine or a memory cgroup are refused (exit 1) with the field and
+ *      the bytes before anything is allocated or any worker starts; a batch
+ *      larger than the data set needs no more memory than the data set.
  *
  * Everything is written under a fresh temporary directory, removed at the
  * end unless a check failed or KEEP is set in the environment. CLI runs use
@@ -29,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 
@@ -545,6 +550,125 @@ static void test_cli(void) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// 5. memory
+
+// Runs `dtrain ARGS` inside a new memory cgroup limited to `limit` bytes
+// (v2, else v1). Returns the exit code, or -2 when no cgroup can be made
+// here (not root, no memory controller).
+static int cli_in_cgroup(const char *args, const char *limit) {
+    char cg[256], cmd[4096];
+    const char *v2 = "/sys/fs/cgroup", *v1 = "/sys/fs/cgroup/memory";
+    int rc = -2;
+    for (int k = 0; k < 2 && rc == -2; k++) {
+        snprintf(cg, sizeof cg, "%s/dtrain-test-%d", k ? v1 : v2, (int)getpid());
+        // (A real cgroup directory comes with its files: cgroup.procs.)
+        snprintf(cmd, sizeof cmd, "mkdir %s 2>/dev/null && test -f %s/cgroup.procs && echo %s > %s/%s 2>/dev/null", cg,
+                 cg, limit, cg, k ? "memory.limit_in_bytes" : "memory.max");
+        if (tl_run(cmd, NULL, 0) != 0) {
+            snprintf(cmd, sizeof cmd, "rmdir %s 2>/dev/null", cg);
+            tl_run(cmd, NULL, 0);
+            continue;
+        }
+        snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s/cgroup.procs && exec %s %s'", cg, tl_dtrain(), args);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        snprintf(cmd, sizeof cmd, "rmdir %s", cg);
+        tl_run(cmd, NULL, 0);
+    }
+    return rc;
+}
+
+static void test_memory(void) {
+    size_t b = 0;
+    struct { const char *s; size_t want; } ok[] = {{"2G", (size_t)2 << 30}, {"512M", (size_t)512 << 20},
+                                                  {"1.5G", (size_t)3 << 29}, {"4096", 4096}, {"1KiB", 1024},
+                                                  {"64kb", 65536}, {"1T", (size_t)1 << 40}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        CHECK(dt_mem_parse_size(ok[i].s, &b) == DT_OK && b == ok[i].want, "size '%s' = %zu, got %zu", ok[i].s,
+              ok[i].want, b);
+    const char *bad[] = {"", "0", "-1G", "2X", "G", "1.5", "nan", "inf", "2G2", "99999999T"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(dt_mem_parse_size(bad[i], &b) == DT_ERR_ARG, "size '%s' refused", bad[i]);
+    const char *src = NULL;
+    CHECK(dt_mem_available(&src) > 0 && src && *src, "available memory has a source: %s", src ? src : "(null)");
+    char fb[64];
+    CHECK(!strcmp(dt_mem_format(3 << 29, fb, sizeof fb), "1.50 GiB (1610612736 bytes)"), "format: %s", fb);
+
+    // The model's estimate: grows with the batch, parameters do not.
+    dt_config c;
+    const char *sets[] = {"train.threads=1"};
+    if (dt_config_load(&c, "configs/fashion-cnn.ini", sets, 1) == DT_OK) {
+        size_t np1, np2, a1, a2;
+        CHECK(dt_model_memory(c.input, c.layers, c.nlayers, 10, &np1, &a1) == DT_OK &&
+                  dt_model_memory(c.input, c.layers, c.nlayers, 20, &np2, &a2) == DT_OK && np1 == np2 && np1 > 0 &&
+                  a2 > a1 && a2 <= 2 * a1 + 4096,
+              "dt_model_memory: %zu params, %zu bytes for 10, %zu for 20", np1, a1, a2);
+    }
+
+    char args[2048], want[256];
+    const char *small = tmp_path("small");  // test_cli's 1000 samples
+    const char *Q = "--set train.threads=1 -q --set train.max_steps=2";
+    cli(2, "train configs/fashion-mlp.ini --memory-limit", "--memory-limit needs a size", NULL);
+    cli(2, "train configs/fashion-mlp.ini --memory-limit 2X", "--memory-limit needs a size", "'2X'");
+    cli(2, "eval configs/fashion-mlp.ini --checkpoint x --memory-limit=0", "--memory-limit needs a size", NULL);
+    cli(0, "train --help", "--memory-limit SIZE", NULL);
+    cli(0, "eval --help", "--memory-limit SIZE", NULL);
+
+    // eval_batch 2^20 over 1000 test samples: activations for 1000 rows, so
+    // a 1 GiB limit is plenty for the MLP ...
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.eval_batch=1048576 %s "
+             "--memory-limit 1G --run-dir %s", small, Q, tmp_path("run-mem-ok"));
+    cli(0, args, NULL, NULL);
+    // ... but not the CNN under 64 MiB: refused naming the field, the bytes
+    // and the limit.
+    snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set data.dir=%s --set train.eval_batch=1048576 %s "
+             "--memory-limit 64M --run-dir %s", small, Q, tmp_path("run-mem-cnn"));
+    cli(1, args, "train.eval_batch = 1048576 needs", "bytes) of activations for 1000 samples");
+    CHECK(contains(g_out, "--memory-limit 64M") && contains(g_out, "67108864 bytes"), "limit named: %s", g_out);
+    // The training batch, when it weighs most.
+    snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set data.dir=%s --set train.batch=1000 "
+             "--set train.eval_batch=10 %s --memory-limit 64M --run-dir %s", small, Q, tmp_path("run-mem-cnn"));
+    cli(1, args, "train.batch = 1000 needs", "bytes");
+    // --workers 2: refused before any worker starts (no run directory).
+    const char *wdir = tmp_path("run-mem-workers");
+    snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set data.dir=%s --set train.eval_batch=1048576 %s "
+             "--memory-limit 64M --workers 2 --run-dir %s", small, Q, wdir);
+    cli(1, args, "x 2 workers", "train.eval_batch");
+    snprintf(want, sizeof want, "%s/config.ini", wdir);
+    CHECK(access(want, F_OK) != 0, "no worker started: %s does not exist", want);
+    // Two workers that fit together under the limit run (each checks its
+    // share of it).
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.eval_batch=100 %s "
+             "--memory-limit 2G --workers 2 --run-dir %s", small, Q, tmp_path("run-mem-w2"));
+    cli(0, args, NULL, NULL);
+    // eval: the same check.
+    snprintf(args, sizeof args, "eval configs/fashion-cnn.ini --checkpoint %s/model.safetensors --set data.dir=%s "
+             "--set train.eval_batch=1048576 --memory-limit 16M", tmp_path("run-mem-ok"), small);
+    cli(1, args, "train.eval_batch", "bytes");
+    // Without a flag the machine's own memory decides: a 2^20 batch of the
+    // CNN on the full training set (60000 rows) needs some 43 GiB.
+    if (dt_mem_available(NULL) < ((size_t)42 << 30)) {
+        snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set train.batch=1048576 %s --run-dir %s", Q,
+                 tmp_path("run-mem-big"));
+        cli(1, args, "train.batch = 1048576 needs", "of activations for 60000 samples");
+        CHECK(contains(g_out, "is available (") && contains(g_out, "bytes"), "machine's memory named: %s", g_out);
+    } else {
+        printf("skipped: the run over the machine's memory (more than 42 GiB available)\n");
+    }
+
+    // Under a memory cgroup of 256 MiB (where one can be made).
+    snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set data.dir=%s --set train.eval_batch=1048576 %s "
+             "--run-dir %s", small, Q, tmp_path("run-mem-cg"));
+    int rc = cli_in_cgroup(args, "268435456");
+    if (rc == -2) {
+        printf("skipped: the memory cgroup run (cannot create a cgroup here)\n");
+    } else {
+        CHECK(rc == 1 && contains(g_out, "train.eval_batch") && contains(g_out, "memory cgroup") &&
+                  contains(g_out, "bytes"),
+              "refused under a 256 MiB memory cgroup: exit %d\n%s", rc, g_out);
+    }
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/dtrain-badinput-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
@@ -556,6 +680,7 @@ int main(void) {
     test_config();
     test_safetensors();
     test_cli();
+    test_memory();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);

@@ -334,6 +334,78 @@ static void test_cli(void) {
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "magic"), "text file as token file: %s", out);
 }
 
+// Files changing under a run, prepare-text's limits, and memory refusals
+// of GPT runs (the field and the bytes, exit 1, never a signal).
+static void test_files_and_memory(void) {
+    char cmd[8192], out[16384], ini[512], prefix[512], trunc[600], run[600];
+    snprintf(ini, sizeof ini, "%s/tiny.ini", g_dir);  // test_cli's
+    snprintf(prefix, sizeof prefix, "%s/corpus", g_dir);
+
+    // A token file truncated to nothing while training: the run read it
+    // whole at the start, so it goes on; SIGUSR1 then stops it at a step
+    // (exit 75). A memory-mapped file would end the run with SIGBUS.
+    snprintf(trunc, sizeof trunc, "%s/trunc_train.bin", g_dir);
+    snprintf(run, sizeof run, "%s/run-trunc", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "cp %s_train.bin %s && (%s train %s --run-dir %s -q --set data.train_file=%s --set train.max_steps=100000000 "
+             "--set train.eval_every=0 & P=$!; i=0; while [ $i -lt 600 ] && "
+             "[ \"$(cat %s/metrics/rank-00000.jsonl 2>/dev/null | wc -l)\" -lt 3 ]; do sleep 0.1; i=$((i+1)); done; "
+             ": > %s; sleep 0.5; kill -USR1 $P; wait $P; echo exit=$?)",
+             prefix, trunc, tl_dtrain(), ini, run, trunc, run, trunc);
+    tl_run(cmd, out, sizeof out);
+    CHECK(strstr(out, "exit=75") && strstr(out, "stopped at step"),
+          "token file truncated during a run: the run goes on and stops on SIGUSR1 (exit 75): %s", out);
+    // Opened again, the empty file is refused with a message.
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s2 -q --set data.train_file=%s", tl_dtrain(), ini, run, trunc);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "trunc_train.bin") && strstr(out, "0 bytes is shorter"),
+          "an empty token file: %s", out);
+
+    // prepare-text: no text, and an endless input.
+    snprintf(cmd, sizeof cmd, "%s prepare-text /dev/null -o %s/null", tl_dtrain(), g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "/dev/null: 0 bytes of text"), "prepare-text /dev/null: %s", out);
+    snprintf(cmd, sizeof cmd, "%s/null_train.bin", g_dir);
+    CHECK(access(cmd, F_OK) != 0, "prepare-text /dev/null writes no token file");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/emptydir && %s prepare-text %s/emptydir -o %s/null", g_dir, tl_dtrain(), g_dir,
+             g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "0 bytes of text"), "prepare-text of an empty directory: %s", out);
+    snprintf(cmd, sizeof cmd, "%s prepare-text /dev/zero -o %s/zero", tl_dtrain(), g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "/dev/zero") && strstr(out, "1073741824 bytes"),
+          "prepare-text /dev/zero stops at the 1 GiB limit: %s", out);
+
+    // Memory: B x T activations of a GPT, for train, eval and sample.
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --set train.batch=1048576 --memory-limit 1G",
+             tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "train.batch or train.seq_len (1048576 x 32) needs") &&
+              strstr(out, "bytes") && strstr(out, "--memory-limit 1G"),
+          "GPT batch over --memory-limit: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --workers 2 --set train.batch=1024 --memory-limit 16M",
+             tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "x 2 workers") && strstr(out, "train.batch"),
+          "2 GPT workers over --memory-limit, refused before they start: %s", out);
+    // No flag: a context of 2^20 tokens x 2^20 windows needs petabytes.
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --set train.batch=1048576 --set model.block_size=1048576 "
+             "--set train.seq_len=1048576", tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "train.batch or train.seq_len (1048576 x 1048576)") &&
+              strstr(out, "is available ("),
+          "GPT batch over the machine's memory: %s", out);
+    snprintf(cmd, sizeof cmd, "%s eval %s --checkpoint %s/run/model.safetensors --set train.batch=65536 --memory-limit 64M",
+             tl_dtrain(), ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "train.batch or train.seq_len (65536 x 32)") &&
+              strstr(out, "bytes"),
+          "GPT eval over --memory-limit: %s", out);
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/run/model.safetensors --memory-limit 4K", tl_dtrain(), ini,
+             g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "not enough memory") && strstr(out, "--memory-limit 4K"),
+          "sample over --memory-limit: %s", out);
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/run/model.safetensors --memory-limit lots", tl_dtrain(), ini,
+             g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 2 && strstr(out, "--memory-limit needs a size"), "sample --memory-limit lots: %s",
+          out);
+    snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/run/model.safetensors --memory-limit 1G -n 5", tl_dtrain(),
+             ini, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 0, "sample under a limit it fits: %s", out);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-gpt-io-XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
@@ -342,6 +414,7 @@ int main(void) {
     test_weights();
     test_config();
     test_cli();
+    test_files_and_memory();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (tl_failed == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

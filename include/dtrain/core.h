@@ -121,6 +121,31 @@ DT_API double dt_now(void);
 DT_API void *dt_alloc(size_t n);
 DT_API void dt_free(void *p);
 
+/* ---- memory budget --------------------------------------------------------- */
+
+/* Bytes this process may still allocate before the kernel's OOM killer
+ * would step in: the least of MemAvailable (/proc/meminfo), what its memory
+ * cgroup and that cgroup's parents still allow (cgroup v2 memory.max -
+ * memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes; the
+ * cgroup's reclaimable file cache counts as free) and the limit set with
+ * dt_mem_set_limit(). *source (may be NULL) gets a static description of
+ * the figure that won ("MemAvailable in /proc/meminfo", "cgroup memory.max
+ * of /sys/fs/cgroup/...", or the limit's name). SIZE_MAX when nothing can be
+ * read and no limit is set. */
+DT_API size_t dt_mem_available(const char **source);
+/* A limit for dt_mem_available() (0: none); `name` describes it in
+ * messages, e.g. "--memory-limit 2G" (copied). */
+DT_API void dt_mem_set_limit(size_t bytes, const char *name);
+/* That limit (0: none) and its name. */
+DT_API size_t dt_mem_limit(const char **name);
+/* Parses a size: a whole number of bytes, or a number with a suffix K, M,
+ * G or T (powers of 1024; "1.5G" allowed; a trailing "B" or "iB" too).
+ * DT_ERR_ARG (nothing recorded) for anything else, zero, or more than
+ * 2^60. */
+DT_API dt_status dt_mem_parse_size(const char *s, size_t *bytes);
+/* "1.50 GiB (1610612736 bytes)" into buf; returns buf. */
+DT_API const char *dt_mem_format(size_t bytes, char *buf, size_t n);
+
 /* CRC-32C (Castagnoli) of p[n], continuing from crc (0 to start). Uses the
  * SSE4.2 instruction where the CPU has it. */
 DT_API uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n);

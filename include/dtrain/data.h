@@ -26,6 +26,10 @@ typedef struct {
  * `what` names the source in error messages. */
 DT_API dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out);
 
+/* Reads only the header of an IDX file (plain or gzip): fills ndim, dims and
+ * count, data NULL. Checks as dt_idx_parse does, but not the data's length. */
+DT_API dt_status dt_idx_read_header(const char *path, dt_idx *out);
+
 /* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
  * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the
  * machine's memory). On success *buf is malloc'ed (caller frees) and *len

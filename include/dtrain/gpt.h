@@ -96,6 +96,10 @@ typedef struct dt_gpt dt_gpt;
  * a load. The caller frees *out with dt_gpt_free(). */
 DT_API dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T);
 DT_API void dt_gpt_free(dt_gpt *m);
+/* Bytes of the activation buffers (saved activations, backward scratch,
+ * inputs and targets) that dt_gpt_create(c, B, T) allocates beside the
+ * parameter and gradient blocks (2 x dt_gpt_config_num_params floats). */
+DT_API size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T);
 DT_API const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
 
 /* GPT-2's initialisation from `seed`: weights normal(0, 0.02), the two
@@ -185,7 +189,7 @@ DT_API size_t dt_gpt_config_num_params(const dt_gpt_config *c);
 typedef struct {
     const uint16_t *tokens;
     size_t n;
-    void *map;          /* internal: the mapping */
+    void *map;          /* internal: the file's bytes, read into memory */
     size_t map_len;
 } dt_tokens;
 
@@ -194,7 +198,9 @@ typedef struct {
  * into buf. */
 DT_API dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int vocab,
                                  const uint16_t **tokens, size_t *n);
-/* Memory-maps and checks a token file (as dt_tokens_parse). */
+/* Reads a token file into memory and checks it (as dt_tokens_parse). It is
+ * read, not memory-mapped, so that a file truncated or replaced during a
+ * run cannot stop it with SIGBUS: the run goes on with what it read. */
 DT_API dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab);
 DT_API void dt_tokens_close(dt_tokens *t);
 /* Writes tokens to path atomically in the format above. */

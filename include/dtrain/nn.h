@@ -123,6 +123,12 @@ typedef struct dt_model dt_model;
 DT_API dt_status dt_model_create(dt_model **out, const int in_shape[3],
                                  const dt_layer_spec *layers, int nlayers, int max_batch);
 DT_API void dt_model_free(dt_model *m);
+/* What dt_model_create() with these arguments would allocate, without
+ * allocating it: *nparams floats of parameters (and as many of gradients),
+ * and *act_bytes of activations, their gradients and scratch for batches of
+ * max_batch. Fails as dt_model_create() does on shapes that do not fit. */
+DT_API dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                                 int max_batch, size_t *nparams, size_t *act_bytes);
 
 /* Initialises parameters as PyTorch does by default (weights and biases
  * uniform in +-1/sqrt(fan_in); layernorm 1 and 0) from `seed`, which also

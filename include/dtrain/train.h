@@ -101,6 +101,28 @@ DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float
 DT_API dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *loss,
                                     float *accuracy, int *n);
 
+/* What a memory check is for: a training run, dt_eval_checkpoint, or
+ * sampling text from a GPT (batch 1, block_size tokens). */
+typedef enum { DT_MEM_TRAIN, DT_MEM_EVAL, DT_MEM_SAMPLE } dt_mem_use;
+
+/* Works out, from c's validated sizes and without allocating them, the
+ * memory one worker needs: the model's activations for its largest batch
+ * (a classifier's for min(batch, samples) rows: train.batch's micro-batch
+ * or train.eval_batch, whichever is larger; a GPT's for its micro-batch x
+ * seq_len tokens), parameters, gradients and optimizer state, and the data
+ * (the splits as floats, the loader's buffers; token files, read whole).
+ * workers: the run's data-parallel workers. starting = 1: all of them are
+ * about to start on this machine (the CLI, before it starts them) and must
+ * fit together; 0: this process is one of them and checks its own need
+ * (against its share of dt_mem_limit() when launched locally: --workers N
+ * or dtrain run; under mpirun or srun each rank has the whole limit). Fails with DT_ERR_NOMEM when the
+ * need exceeds dt_mem_available(), with a message naming the field behind
+ * the largest part and the bytes; with the data files' errors when their
+ * headers cannot be read. *model_rows (may be NULL) gets the batch rows a
+ * classifier's model needs. */
+DT_API dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting,
+                                 int *model_rows);
+
 /* Formats a progress line into buf: "step 120/2340 | epoch 1/10 | loss 0.4312
  * | lr 1.0e-03 | 5123 samples/s | ETA 1m02s | slowest rank 1 (12 ms)". */
 DT_API void dt_progress_format(const dt_progress *p, char *buf, size_t n);

@@ -248,6 +248,153 @@ dt_status dt_write_atomic(const char *path, const void *const *parts, const size
 }
 
 // ----------------------------------------------------------------------------
+// memory budget: MemAvailable, the memory cgroup, a limit
+
+static size_t mem_limit;
+static char mem_limit_name[128];
+
+void dt_mem_set_limit(size_t bytes, const char *name) {
+    mem_limit = bytes;
+    snprintf(mem_limit_name, sizeof mem_limit_name, "%s", name ? name : "the memory limit");
+}
+
+// The number after `key` in a "key value" file (key NULL: the first word of
+// the file). 0 when absent or not a number ("max": no limit).
+static int read_field(const char *path, const char *key, uint64_t *v) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    int ok = 0;
+    size_t kl = key ? strlen(key) : 0;
+    while (!ok && fgets(line, sizeof line, f)) {
+        if (key && (strncmp(line, key, kl) || (line[kl] != ' ' && line[kl] != ':'))) continue;
+        char *p = line + kl + (key ? 1 : 0), *end;
+        while (*p == ' ') p++;
+        unsigned long long x = strtoull(p, &end, 10);
+        ok = end != p;
+        if (ok) *v = x;
+        if (!key) break;
+    }
+    fclose(f);
+    return ok;
+}
+
+// What the memory cgroup (v2 or v1) and its parents still allow, or
+// SIZE_MAX; *src names the cgroup file of the tightest limit.
+static size_t cgroup_room(const char **src) {
+    static char where[1100];
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return SIZE_MAX;
+    char line[512], rel[512] = "";
+    int v1 = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) continue;
+        *c2 = 0;
+        c2[1 + strcspn(c2 + 1, "\n")] = 0;
+        int is_v1 = strstr(c1 + 1, "memory") != NULL, is_v2 = c1 == line + 1 && line[0] == '0' && !c1[1];
+        if (is_v1 || (is_v2 && !found)) {
+            snprintf(rel, sizeof rel, "%s", c2 + 1);
+            v1 = is_v1;
+            found = 1;
+        }
+    }
+    fclose(f);
+    if (!found) return SIZE_MAX;
+    const char *root = v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+    const char *fmax = v1 ? "memory.limit_in_bytes" : "memory.max", *fcur = v1 ? "memory.usage_in_bytes" : "memory.current",
+               *kcache = v1 ? "total_inactive_file" : "inactive_file";
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s%s", root, rel);
+    // Inside a container's cgroup namespace the path may not exist from here:
+    // then the root of the mount is this process's cgroup.
+    struct stat sb;
+    if (stat(dir, &sb) != 0) snprintf(dir, sizeof dir, "%s", root);
+    size_t best = SIZE_MAX;
+    for (;;) {
+        uint64_t lim, cur = 0, cache = 0;
+        snprintf(path, sizeof path, "%s/%s", dir, fmax);
+        if (read_field(path, NULL, &lim) && lim < ((uint64_t)1 << 62)) {
+            snprintf(path, sizeof path, "%s/%s", dir, fcur);
+            read_field(path, NULL, &cur);
+            snprintf(path, sizeof path, "%s/memory.stat", dir);
+            read_field(path, kcache, &cache);
+            uint64_t used = cur > cache ? cur - cache : 0, room = lim > used ? lim - used : 0;
+            if (room < best) {
+                best = (size_t)room;
+                snprintf(where, sizeof where, "the memory cgroup's %s/%s", dir, fmax);
+                *src = where;
+            }
+        }
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= strlen(root) || !slash) break;
+        *slash = 0;
+    }
+    return best;
+}
+
+size_t dt_mem_limit(const char **name) {
+    if (name) *name = mem_limit_name;
+    return mem_limit;
+}
+
+size_t dt_mem_available(const char **source) {
+    const char *src = NULL;
+    size_t best = SIZE_MAX;
+    uint64_t kb;
+    if (read_field("/proc/meminfo", "MemAvailable", &kb)) {
+        best = (size_t)kb * 1024;
+        src = "MemAvailable in /proc/meminfo";
+    }
+    const char *csrc = NULL;
+    size_t c = cgroup_room(&csrc);
+    if (c < best) {
+        best = c;
+        src = csrc;
+    }
+    if (mem_limit && mem_limit < best) {
+        best = mem_limit;
+        src = mem_limit_name;
+    }
+    if (source) *source = src ? src : "no limit found";
+    return best;
+}
+
+dt_status dt_mem_parse_size(const char *s, size_t *bytes) {
+    char *end;
+    if (!s || !*s || *s == '-' || *s == '+') return DT_ERR_ARG;
+    double x = strtod(s, &end);
+    if (end == s || !(x > 0)) return DT_ERR_ARG;
+    double mul = 1;
+    const char *u = "KMGT", *p = *end ? strchr(u, *end & ~0x20) : NULL;
+    if (*end && p) {
+        for (const char *q = u; q <= p; q++) mul *= 1024;
+        end++;
+        if (*end == 'i') end++;
+    }
+    if (*end == 'B' || (*end == 'b' && p)) end++;
+    if (*end || (mul == 1 && x != (double)(uint64_t)x)) return DT_ERR_ARG;  // no fractions of a byte
+    x *= mul;
+    if (x < 1 || x > (double)((uint64_t)1 << 60)) return DT_ERR_ARG;
+    *bytes = (size_t)x;
+    return DT_OK;
+}
+
+const char *dt_mem_format(size_t bytes, char *buf, size_t n) {
+    static const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double x = (double)bytes;
+    int u = 0;
+    while (x >= 1024 && u < 6) {
+        x /= 1024;
+        u++;
+    }
+    if (bytes == SIZE_MAX) snprintf(buf, n, "more than 16 EiB (2^64 bytes)");
+    else if (u == 0) snprintf(buf, n, "%zu bytes", bytes);
+    else snprintf(buf, n, "%.2f %s (%zu bytes)", x, unit[u], bytes);
+    return buf;
+}
+
+// ----------------------------------------------------------------------------
 // CRC-32C: a byte-wise table, and the SSE4.2 instruction 8 bytes at a time
 // where the CPU has it (some 10x faster: checkpoints of a GB verify in a
 // fraction of a second).

@@ -73,7 +73,9 @@ static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out) {
+// The header of an IDX buffer of at least `len` bytes: fills out's ndim,
+// dims and count, and *hdr with the header's length.
+static dt_status parse_header(const uint8_t *buf, size_t len, const char *what, dt_idx *out, size_t *hdr) {
     memset(out, 0, sizeof *out);
     if (len < 4)
         return dt_error(DT_ERR_FORMAT, "%s: not an IDX file (%zu bytes, shorter than the 4-byte magic)", what, len);
@@ -85,9 +87,9 @@ dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx 
     int nd = buf[3];
     if (nd < 1 || nd > 4)
         return dt_error(DT_ERR_FORMAT, "%s: IDX with %d dimensions, expected 1 to 4", what, nd);
-    size_t hdr = 4 + 4 * (size_t)nd;
-    if (len < hdr)
-        return dt_error(DT_ERR_FORMAT, "%s: truncated IDX header (%zu bytes, need %zu)", what, len, hdr);
+    *hdr = 4 + 4 * (size_t)nd;
+    if (len < *hdr)
+        return dt_error(DT_ERR_FORMAT, "%s: truncated IDX header (%zu bytes, need %zu)", what, len, *hdr);
     size_t count = 1;
     for (int i = 0; i < nd; i++) {
         uint32_t d = be32(buf + 4 + 4 * i);
@@ -98,12 +100,32 @@ dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx 
             return dt_error(DT_ERR_FORMAT, "%s: IDX dimensions too large", what);
         count *= d;
     }
+    out->ndim = nd;
+    out->count = count;
+    return DT_OK;
+}
+
+dt_status dt_idx_read_header(const char *path, dt_idx *out) {
+    memset(out, 0, sizeof *out);
+    gzFile f = gzopen(path, "rb");
+    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
+    uint8_t buf[20];
+    int r = gzread(f, buf, sizeof buf);
+    gzclose(f);
+    if (r < 0) return dt_error(DT_ERR_IO, "%s: cannot read", path);
+    size_t hdr = 0;
+    return parse_header(buf, (size_t)r, path, out, &hdr);
+}
+
+dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out) {
+    size_t hdr = 0;
+    dt_status st = parse_header(buf, len, what, out, &hdr);
+    if (st != DT_OK) return st;
+    size_t count = out->count;
     if (len - hdr != count)
         return dt_error(DT_ERR_FORMAT, "%s: IDX header announces %zu bytes of data, file has %zu (%s)", what,
                         count, len - hdr, len - hdr < count ? "truncated" : "trailing bytes");
-    out->ndim = nd;
     out->data = buf + hdr;
-    out->count = count;
     return DT_OK;
 }
 

@@ -87,7 +87,9 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     l->ds = ds;
     l->p = *p;
     l->ss = dt_dataset_sample_size(ds);
-    l->per_rank_max = (p->batch + p->world - 1) / p->world;
+    // A global batch holds at most the dataset: no larger slots than that.
+    int gb = p->batch < ds->n ? p->batch : ds->n;
+    l->per_rank_max = (gb + p->world - 1) / p->world;
     l->steps = p->drop_last ? ds->n / p->batch : (ds->n + p->batch - 1) / p->batch;
     l->perm = malloc(sizeof(uint32_t) * ds->n);
     for (int s = 0; s < 2; s++) {

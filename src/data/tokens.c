@@ -1,14 +1,15 @@
 /* llm.c token files: a 1 KiB header of 256 little-endian int32
  * {20240520, 1, ntok, 0, ...} followed by ntok uint16 token ids. The file
- * is memory-mapped (a GPT-2 corpus can be gigabytes; the pages a batch
- * touches are all that is read) and checked once when opened. */
+ * is read into memory whole and checked once when opened. It is not
+ * memory-mapped: a mapped file that is truncated or rewritten while a run
+ * reads it kills the process with SIGBUS; a copy in memory cannot change
+ * under the run. (The memory check, dt_check_memory, counts the files.) */
 #include "dtrain/gpt.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,21 +61,38 @@ dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab) {
         return dt_error(DT_ERR_FORMAT, "%s: %zu bytes is shorter than the %d-byte header of a token file (truncated?)",
                         path, len, HEADER_BYTES);
     }
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    uint8_t *buf = malloc(len);
+    if (!buf) {
+        close(fd);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, len);
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = read(fd, buf + got, len - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return r < 0 ? dt_error(DT_ERR_IO, "%s: read failed: %s", path, strerror(e))
+                         : dt_error(DT_ERR_IO, "%s: the file shrank from %zu to %zu bytes while it was read (changed "
+                                               "by another program?)", path, len, got);
+        }
+        got += (size_t)r;
+    }
     close(fd);
-    if (map == MAP_FAILED) return dt_error(DT_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
-    dt_status st = dt_tokens_parse(map, len, path, vocab, &t->tokens, &t->n);
+    dt_status st = dt_tokens_parse(buf, len, path, vocab, &t->tokens, &t->n);
     if (st != DT_OK) {
-        munmap(map, len);
+        free(buf);
         return st;
     }
-    t->map = map;
+    t->map = buf;
     t->map_len = len;
     return DT_OK;
 }
 
 void dt_tokens_close(dt_tokens *t) {
-    if (t->map) munmap(t->map, t->map_len);
+    free(t->map);
     memset(t, 0, sizeof *t);
 }
 

@@ -125,11 +125,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->workers = W;
     res->threads = threads;
     DT_TRY(sops->check(c, W), done);
+    int model_rows;  // the largest batch the model runs, from the memory check
+    DT_TRY(dt_check_memory(c, DT_MEM_TRAIN, W, 0, &model_rows), done);
     DT_TRY(dt_worker_run_dir(c, run_dir), done);
 
     // The model and its data; every rank starts from rank 0's parameters.
     dt_task_info info;
-    DT_TRY(tops->create(&task, c, comm, sops->max_micro(c, W), &info), done);
+    DT_TRY(tops->create(&task, c, comm, sops->max_micro(c, W), model_rows, &info), done);
     if ((st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, comm)) != DT_OK) {
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;

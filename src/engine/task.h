@@ -50,8 +50,10 @@ typedef struct dt_task_ops {
     const char *name;
     int (*wants)(const dt_config *c);  /* the registry takes the first that wants c */
     /* Loads the data and builds the model with room for micro-batches of up
-     * to max_micro samples; initial parameters from c's seed. */
-    dt_status (*create)(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, dt_task_info *info);
+     * to max_micro samples (and model_rows rows in all, dt_check_memory's
+     * answer for a classifier); initial parameters from c's seed. */
+    dt_status (*create)(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
+                        dt_task_info *info);
     void (*destroy)(dt_task *t);
     /* Positions the data at batch `batch` of epoch `epoch`. */
     void (*start_epoch)(dt_task *t, int64_t epoch, int64_t batch);

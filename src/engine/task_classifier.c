@@ -81,7 +81,9 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
     dt_dataset test = {0};
     dt_model *m = NULL;
     // The weights first: a wrong file is reported before the data loads.
-    dt_status st = dt_model_create(&m, c->input, c->layers, c->nlayers, c->eval_batch);
+    int rows;
+    dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, &rows);
+    if (st == DT_OK) st = dt_model_create(&m, c->input, c->layers, c->nlayers, rows);
     if (st == DT_OK) st = dt_model_load(m, weights);
     if (st == DT_OK) st = load_split(c, "test", &test);
     if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
@@ -106,15 +108,16 @@ static void cls_destroy(dt_task *t) {
     free(t);
 }
 
-static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, dt_task_info *info) {
+static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
+                            dt_task_info *info) {
+    (void)max_micro;
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;
     dt_status st;
     DT_TRY(load_split(c, "train", &t->train), done);
     DT_TRY(load_split(c, "test", &t->test), done);
-    int max_batch = max_micro > c->eval_batch ? max_micro : c->eval_batch;
-    DT_TRY(dt_model_create(&t->m, c->input, c->layers, c->nlayers, max_batch), done);
+    DT_TRY(dt_model_create(&t->m, c->input, c->layers, c->nlayers, model_rows), done);
     if (dt_model_num_classes(t->m) != t->train.classes) {
         st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                       dt_model_num_classes(t->m), t->train.classes);

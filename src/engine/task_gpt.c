@@ -88,8 +88,9 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     int B = c->batch, T = c->seq_len;
     dt_tokens val = {0};
     dt_gpt *m = NULL;
+    dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
     int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
-    dt_status st = x && y ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK && !(x && y)) st = dt_error(DT_ERR_NOMEM, "out of memory");
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
@@ -132,7 +133,9 @@ static dt_status open_tokens(dt_tokens *tk, const char *path, const dt_config *c
     return st;
 }
 
-static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, dt_task_info *info) {
+static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
+                            dt_task_info *info) {
+    (void)model_rows;
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;

@@ -113,15 +113,45 @@ size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
 // ----------------------------------------------------------------------------
 // create / free
 
+// The model's float buffers, in one order for create, free and the size
+// estimate: the two blocks, then the saved activations and the scratch.
+enum { NBUF = 30 };
+
+static void buffer_list(dt_gpt *m, float **p[NBUF]) {
+    float **b[NBUF] = {&m->params, &m->grads, &m->encoded, &m->ln1, &m->ln1_mean, &m->ln1_rstd,
+                       &m->qkv, &m->atty, &m->att, &m->attproj, &m->residual2, &m->ln2,
+                       &m->ln2_mean, &m->ln2_rstd, &m->fch, &m->fch_gelu, &m->fcproj,
+                       &m->residual3, &m->lnf, &m->lnf_mean, &m->lnf_rstd, &m->logits, &m->probs,
+                       &m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu,
+                       &m->datt};
+    memcpy(p, b, sizeof b);
+}
+
+// Floats of each buffer of buffer_list for batches of B x T, in double: the
+// products of valid sizes can pass 2^64 (B and T up to 2^20 each), which
+// the estimate must report rather than wrap.
+static void buffer_sizes(const dt_gpt_config *c, int B, int T, double n[NBUF]) {
+    double L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size, np = (double)dt_gpt_config_num_params(c);
+    double BT = (double)B * T, att = (double)B * NH * T * T;
+    const double z[NBUF] = {np, np, BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * att,
+                            L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
+                            L * BT * C, L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT * C, BT * C, BT * C,
+                            BT * 3 * C, BT * 4 * C, BT * 4 * C, att};
+    memcpy(n, z, sizeof z);
+}
+
+size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T) {
+    double n[NBUF], total = 2.0 * sizeof(int32_t) * B * T;  // inputs, targets
+    buffer_sizes(c, B, T, n);
+    for (int i = 2; i < NBUF; i++) total += sizeof(float) * n[i];
+    return total < 0x1p63 ? (size_t)total : SIZE_MAX;
+}
+
 void dt_gpt_free(dt_gpt *m) {
     if (!m) return;
-    float **bufs[] = {&m->params, &m->grads, &m->encoded, &m->ln1, &m->ln1_mean, &m->ln1_rstd,
-                      &m->qkv, &m->atty, &m->att, &m->attproj, &m->residual2, &m->ln2,
-                      &m->ln2_mean, &m->ln2_rstd, &m->fch, &m->fch_gelu, &m->fcproj,
-                      &m->residual3, &m->lnf, &m->lnf_mean, &m->lnf_rstd, &m->logits, &m->probs,
-                      &m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu,
-                      &m->datt};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dt_free(*bufs[i]);
+    float **bufs[NBUF];
+    buffer_list(m, bufs);
+    for (int i = 0; i < NBUF; i++) dt_free(*bufs[i]);
     dt_free(m->inputs);
     dt_free(m->targets);
     free(m->order);
@@ -143,22 +173,14 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     m->loss_scale = 1.0f;
     dt_gpt_param_shapes(c, m->tensors);
     m->nparams = dt_gpt_config_num_params(c);
-    size_t L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size;
-    size_t BT = (size_t)B * T, att = (size_t)B * NH * T * T;
-    struct { float **p; size_t n; } want[] = {
-        {&m->params, m->nparams}, {&m->grads, m->nparams},
-        {&m->encoded, BT * C}, {&m->ln1, L * BT * C}, {&m->ln1_mean, L * BT}, {&m->ln1_rstd, L * BT},
-        {&m->qkv, L * BT * 3 * C}, {&m->atty, L * BT * C}, {&m->att, L * att},
-        {&m->attproj, L * BT * C}, {&m->residual2, L * BT * C}, {&m->ln2, L * BT * C},
-        {&m->ln2_mean, L * BT}, {&m->ln2_rstd, L * BT}, {&m->fch, L * BT * 4 * C},
-        {&m->fch_gelu, L * BT * 4 * C}, {&m->fcproj, L * BT * C}, {&m->residual3, L * BT * C},
-        {&m->lnf, BT * C}, {&m->lnf_mean, BT}, {&m->lnf_rstd, BT}, {&m->logits, BT * V},
-        {&m->probs, BT * V}, {&m->dresidual, BT * C}, {&m->dln, BT * C}, {&m->datty, BT * C},
-        {&m->dqkv, BT * 3 * C}, {&m->dfch, BT * 4 * C}, {&m->dfch_gelu, BT * 4 * C}, {&m->datt, att}};
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        total += want[i].n;
-        if (!(*want[i].p = dt_alloc(sizeof(float) * want[i].n))) {
+    size_t L = c->n_layer, BT = (size_t)B * T, total = 0;
+    double sz[NBUF];
+    float **bufs[NBUF];
+    buffer_list(m, bufs);
+    buffer_sizes(c, B, T, sz);
+    for (int i = 0; i < NBUF; i++) {
+        total += (size_t)sz[i];
+        if (sz[i] >= 0x1p60 || !(*bufs[i] = dt_alloc(sizeof(float) * (size_t)sz[i]))) {
             dt_gpt_free(m);
             return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and activations for B=%d T=%d)",
                             total * 4 >> 20, B, T);

@@ -209,8 +209,33 @@ void dt_model_free(dt_model *m) {
     free(m);
 }
 
-dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
-                          int nlayers, int max_batch) {
+// Floats of a layer's buffers for batches of B (argmax: int32s; act 0 when
+// it shares its convolution's).
+typedef struct { size_t act, dact, aux, aux2, argmax; } layer_bufs;
+
+static layer_bufs buffer_sizes(const dt_model *m, int i, int B) {
+    const layer_t *l = &m->L[i];
+    size_t n_out = (size_t)B * out_numel(l);
+    layer_bufs z = {l->spec.kind == DT_LAYER_RELU && l->fused ? 0 : n_out, n_out, 0, 0, 0};
+    switch (l->spec.kind) {
+    case DT_LAYER_CONV2D: {
+        dt_conv_shape cs = conv_shape(m, i, B);
+        size_t nc, nc2;
+        dt_conv_size(&cs, &nc, &nc2);
+        z.aux = z.aux2 = nc2 > nc ? nc2 : nc;
+        break;
+    }
+    case DT_LAYER_LAYERNORM: z.aux = 2 * (size_t)B; break;
+    case DT_LAYER_DROPOUT: z.aux = n_out; break;
+    case DT_LAYER_MAXPOOL: z.argmax = n_out; break;
+    default: break;
+    }
+    return z;
+}
+
+// A model's plan without its buffers: shapes, offsets, layouts.
+static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                            int max_batch) {
     *out = NULL;
     if (nlayers <= 0 || max_batch <= 0)
         return dt_error(DT_ERR_ARG, "model: need at least one layer and max_batch > 0");
@@ -218,15 +243,17 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
         return dt_error(DT_ERR_ARG, "model: input shape must be positive");
     dt_model *m = calloc(1, sizeof *m);
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
-    m->nlayers = nlayers;
     m->max_batch = max_batch;
     m->loss_scale = 1.0f;
     memcpy(m->in_shape, in_shape, sizeof m->in_shape);
     m->L = calloc(nlayers, sizeof *m->L);
     m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
     m->names = calloc(2 * nlayers, sizeof *m->names);
-    if (!m->L || !m->tensors || !m->names) goto nomem;
-
+    if (m->L) m->nlayers = nlayers;
+    if (!m->L || !m->tensors || !m->names) {
+        dt_model_free(m);
+        return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    }
     size_t off = 0;
     const int *in = in_shape;
     for (int i = 0; i < nlayers; i++) {
@@ -249,6 +276,33 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
         return dt_model_free(m), dt_error(DT_ERR_ARG, "model: last layer must produce a flat vector of class scores (end with linear)");
     plan_layouts(m);
     m->nparams = off;
+    *out = m;
+    return DT_OK;
+}
+
+dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers, int max_batch,
+                          size_t *nparams, size_t *act_bytes) {
+    dt_model *m;
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch);
+    if (st != DT_OK) return st;
+    size_t n = (size_t)max_batch * m->L[nlayers - 1].out[0];  // probs
+    for (int i = 0; i < nlayers; i++) {
+        layer_bufs z = buffer_sizes(m, i, max_batch);
+        n += z.act + z.dact + z.aux + z.aux2 + z.argmax;
+    }
+    *nparams = m->nparams;
+    *act_bytes = sizeof(float) * n;
+    dt_model_free(m);
+    return DT_OK;
+}
+
+dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
+                          int nlayers, int max_batch) {
+    dt_model *m;
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch);
+    if (st != DT_OK) return st;
+    const layer_t *last = &m->L[nlayers - 1];
+    size_t off = m->nparams;
     m->params = dt_alloc(sizeof(float) * off);
     m->grads = dt_alloc(sizeof(float) * off);
     m->probs = dt_alloc(sizeof(float) * max_batch * last->out[0]);
@@ -257,26 +311,14 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
     for (int i = 0; i < nlayers; i++) {
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
-        size_t n_out = (size_t)max_batch * out_numel(l);
-        l->act = s->kind == DT_LAYER_RELU && l->fused ? m->L[i - 1].act
-                                                       : dt_alloc(sizeof(float) * n_out);
-        l->dact = dt_alloc(sizeof(float) * n_out);
+        layer_bufs z = buffer_sizes(m, i, max_batch);
+        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : m->L[i - 1].act;
+        l->dact = dt_alloc(sizeof(float) * z.dact);
         if (!l->act || !l->dact) goto nomem;
-        if (s->kind == DT_LAYER_CONV2D) {
-            dt_conv_shape cs = conv_shape(m, i, max_batch);
-            size_t nc, nc2;
-            dt_conv_size(&cs, &nc, &nc2);
-            if (nc2 > nc) nc = nc2;
-            l->aux = dt_alloc(sizeof(float) * nc);
-            l->aux2 = dt_alloc(sizeof(float) * nc);
-            if (!l->aux || !l->aux2) goto nomem;
-        } else if (s->kind == DT_LAYER_LAYERNORM) {
-            if (!(l->aux = dt_alloc(sizeof(float) * 2 * max_batch))) goto nomem;
-        } else if (s->kind == DT_LAYER_DROPOUT) {
-            if (!(l->aux = dt_alloc(sizeof(float) * n_out))) goto nomem;
-        } else if (s->kind == DT_LAYER_MAXPOOL) {
-            if (!(l->argmax = dt_alloc(sizeof(int32_t) * n_out))) goto nomem;
-        }
+        if ((z.aux && !(l->aux = dt_alloc(sizeof(float) * z.aux))) ||
+            (z.aux2 && !(l->aux2 = dt_alloc(sizeof(float) * z.aux2))) ||
+            (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
+            goto nomem;
         // Named tensors, PyTorch nn.Sequential style: "<index>.weight".
         if (l->w_n) {
             dt_tensor_info *t = &m->tensors[m->ntensors];

@@ -1,6 +1,8 @@
 /* Helpers shared by the subcommands. */
 #include "cli.h"
 
+#include "dtrain/core.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -11,4 +13,17 @@ void cli_error(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+int cli_memory_limit(const char *v) {
+    size_t bytes;
+    if (!v || dt_mem_parse_size(v, &bytes) != DT_OK) {
+        cli_error("--memory-limit needs a size such as 2G, 512M or 1073741824 (bytes; K, M, G, T are powers of "
+                  "1024), got '%s'", v ? v : "");
+        return -1;
+    }
+    char name[160];
+    snprintf(name, sizeof name, "--memory-limit %s", v);
+    dt_mem_set_limit(bytes, name);
+    return 0;
 }

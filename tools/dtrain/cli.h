@@ -20,4 +20,16 @@ int cmd_export(int argc, char **argv);
 /* Prints "dtrain: error: ..." to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* --memory-limit V: parses V (dt_mem_parse_size) and sets the library's
+ * limit; returns 0, or -1 after printing the error. */
+int cli_memory_limit(const char *v);
+
+/* The --help line of --memory-limit, shared by train, eval and sample. */
+#define CLI_MEMORY_LIMIT_HELP                                                          \
+    "  --memory-limit SIZE  refuse to start when the run would need more than\n"     \
+    "                  SIZE (e.g. 2G, 512M; K/M/G/T = powers of 1024) for its\n"      \
+    "                  activations, parameters, gradients, optimizer state and\n"    \
+    "                  data, shared by all --workers; available memory\n"            \
+    "                  (MemAvailable, the memory cgroup) is always checked\n"
+
 #endif

@@ -20,7 +20,16 @@ static const char help[] =
     "and cut into 8 KiB blocks; every round(1/F)-th block goes to validation\n"
     "(F defaults to 0.1), so both splits sample the whole corpus.\n"
     "\n"
+    "Limits: at most 1 GiB of text in all (a larger input, or an endless one\n"
+    "such as /dev/zero, is an error: split the corpus); the run needs about\n"
+    "5 bytes of memory per byte of text and refuses when that is not\n"
+    "available; no text at all (an empty file, /dev/null) is an error.\n"
+    "\n"
     "example: dtrain prepare-text /usr/share/games/fortunes -o data/fortunes\n";
+
+// The most text one run reads: the token files count tokens in an int32,
+// and the run holds the text and its tokens (5 bytes a byte) in memory.
+#define MAX_TEXT ((size_t)1 << 30)
 
 typedef struct {
     uint8_t *data;
@@ -31,8 +40,14 @@ static int append_file(bytes *b, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
     for (;;) {
+        if (b->n > MAX_TEXT) {
+            fclose(f);
+            return cli_error("%s: the input passes %zu bytes (1 GiB), the most prepare-text reads (an endless "
+                             "file? split a larger corpus)", path, MAX_TEXT), -1;
+        }
         if (b->cap - b->n < 65536) {
             size_t cap = b->cap ? b->cap * 2 : 1 << 20;
+            if (cap > MAX_TEXT + 65536) cap = MAX_TEXT + 65536;
             uint8_t *d = realloc(b->data, cap);
             if (!d) {
                 fclose(f);
@@ -41,7 +56,7 @@ static int append_file(bytes *b, const char *path) {
             b->data = d;
             b->cap = cap;
         }
-        size_t r = fread(b->data + b->n, 1, b->cap - b->n, f);
+        size_t r = fread(b->data + b->n, 1, b->cap - b->n < 65536 ? b->cap - b->n : 65536, f);
         b->n += r;
         if (r == 0) break;
     }
@@ -132,6 +147,20 @@ int cmd_prepare_text(int argc, char **argv) {
             free(b.data);
             return EXIT_RUNTIME;
         }
+    if (b.n < 2) {
+        free(b.data);
+        return cli_error("%s%s: %zu bytes of text; prepare-text needs at least 2 (one token for each split)", ins[0],
+                         nin > 1 ? " ..." : "", b.n), EXIT_RUNTIME;
+    }
+    const char *src;
+    char need[64], have[64];
+    size_t avail = dt_mem_available(&src);
+    if (b.n * 5 > avail) {
+        free(b.data);
+        return cli_error("%zu bytes of text need %s of memory to split into tokens, but %s is available (%s)", b.n,
+                         dt_mem_format(b.n * 5, need, sizeof need), dt_mem_format(avail, have, sizeof have), src),
+               EXIT_RUNTIME;
+    }
     enum { BLOCK = 8192 };
     size_t every = (size_t)(1.0 / frac + 0.5);
     if (every < 2) every = 2;

@@ -10,6 +10,7 @@
 static const char help[] =
     "usage: dtrain sample CONFIG --checkpoint WEIGHTS [--prompt TEXT] [-n N]\n"
     "                    [--temperature T] [--top-k K] [--seed S] [--set S.K=V]...\n"
+    "                    [--memory-limit SIZE]\n"
     "\n"
     "Generates N (default 200) tokens after TEXT with the GPT that CONFIG\n"
     "describes and WEIGHTS holds (a run's model.safetensors, or an llm.c\n"
@@ -20,7 +21,10 @@ static const char help[] =
     "restricted to the K most likely when --top-k is given, with a generator\n"
     "seeded by S (default 1): the same arguments give the same text. When the\n"
     "text outgrows the model's context (block_size), the last block_size\n"
-    "tokens are the context; a prompt longer than that is an error.\n";
+    "tokens are the context; a prompt longer than that is an error.\n"
+    "\n"
+    "options:\n"
+    CLI_MEMORY_LIMIT_HELP;
 
 static int parse_num(const char *flag, const char *v, double lo, double hi, double *out) {
     char *end;
@@ -60,6 +64,9 @@ int cmd_sample(int argc, char **argv) {
         } else if (!strcmp(s, "--seed")) {
             if (parse_num(s, v, 0, 1.8e19, &seed)) return EXIT_USAGE;
             i++;
+        } else if (!strcmp(s, "--memory-limit")) {
+            if (cli_memory_limit(v)) return EXIT_USAGE;
+            i++;
         } else if (!strcmp(s, "--set")) {
             if (!v || nsets == 256) return cli_error("--set needs SECTION.KEY=VALUE"), EXIT_USAGE;
             sets[nsets++] = argv[++i];
@@ -88,7 +95,8 @@ int cmd_sample(int argc, char **argv) {
     dt_set_threads(c.threads);
     dt_gpt_config gc = {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.padded_vocab_size};
     dt_gpt *m;
-    if (dt_gpt_create(&m, &gc, 1, T) != DT_OK || dt_gpt_load(m, ckpt) != DT_OK) {
+    if (dt_check_memory(&c, DT_MEM_SAMPLE, 1, 0, NULL) != DT_OK || dt_gpt_create(&m, &gc, 1, T) != DT_OK ||
+        dt_gpt_load(m, ckpt) != DT_OK) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }

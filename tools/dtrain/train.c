@@ -43,6 +43,7 @@ static const char train_help[] =
     "                  MIN) and try to grow again every --elastic-retry seconds\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
+    CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
     "  --log-format F  text (default): a live line on a terminal, plain lines\n"
@@ -82,10 +83,14 @@ static const char train_help[] =
 
 static const char eval_help[] =
     "usage: dtrain eval CONFIG --checkpoint WEIGHTS [--set SECTION.KEY=VALUE]...\n"
+    "                   [--memory-limit SIZE]\n"
     "\n"
     "Evaluates weights (a model.safetensors written by 'dtrain train' for the\n"
     "same model) on the test split of the config's dataset and prints the loss\n"
-    "and accuracy.\n";
+    "and accuracy.\n"
+    "\n"
+    "options:\n"
+    CLI_MEMORY_LIMIT_HELP;
 
 typedef struct {
     int tty, quiet, log_every, json;
@@ -125,7 +130,7 @@ static void on_progress(const dt_progress *p, void *user) {
 
 // Parses CONFIG and the common --set options; returns 0, or an exit code.
 typedef struct {
-    const char *config, *run_dir, *checkpoint;
+    const char *config, *run_dir, *checkpoint, *memory_limit;
     const char *sets[MAX_SETS];
     int nsets, quiet, json;
     int workers, min_workers;  // min_workers < workers: elastic
@@ -205,6 +210,11 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         }
         if (!is_eval && ((v = flag_value(argc, argv, &i, "--elastic-retry", &missing)) || missing)) {
             if (parse_number("--elastic-retry", v, 0.1, 1e9, 0, &a->elastic_retry)) return EXIT_USAGE;
+            continue;
+        }
+        if ((v = flag_value(argc, argv, &i, "--memory-limit", &missing)) || missing) {
+            if (cli_memory_limit(v)) return EXIT_USAGE;
+            a->memory_limit = v;
             continue;
         }
         if ((v = flag_value(argc, argv, &i, "--set", &missing)) || missing) {
@@ -302,7 +312,7 @@ static int supervise(const args_t *a, const dt_config *c) {
     double failed_at = 0;
     int64_t failed_step = -1;
     for (int attempt = 0;; attempt++) {
-        char *args[2 * MAX_SETS + 12];
+        char *args[2 * MAX_SETS + 14];
         int k = 0;
         args[k++] = exe;
         args[k++] = "train";
@@ -318,6 +328,10 @@ static int supervise(const args_t *a, const dt_config *c) {
         }
         args[k++] = "--run-dir";
         args[k++] = (char *)a->run_dir;
+        if (a->memory_limit) {
+            args[k++] = "--memory-limit";
+            args[k++] = (char *)a->memory_limit;
+        }
         if (a->quiet) args[k++] = "--quiet";
         if (a->json) args[k++] = "--log-format=json";
         args[k] = NULL;
@@ -404,7 +418,15 @@ int cmd_train(int argc, char **argv) {
         snprintf(dir, sizeof dir, "runs/%s-%s", c.name, ts);
         a.run_dir = dir;
     }
-    if ((a.workers > 1 || a.max_restarts > 0) && !dt_comm_env_launched()) return supervise(&a, &c);
+    if ((a.workers > 1 || a.max_restarts > 0) && !dt_comm_env_launched()) {
+        // Before any worker starts: all of them must fit. (Errors reading the
+        // data are left to the workers, which report them in full.)
+        if (dt_check_memory(&c, DT_MEM_TRAIN, a.workers > 1 ? a.workers : 1, 1, NULL) == DT_ERR_NOMEM) {
+            cli_error("%s", dt_last_error());
+            return EXIT_RUNTIME;
+        }
+        return supervise(&a, &c);
+    }
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
     // SIGUSR1: finish the step, checkpoint, exit DT_EXIT_STOPPED.
     struct sigaction sa;

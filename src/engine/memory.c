@@ -1,0 +1,174 @@
+/* The memory a run will need, worked out from its validated sizes before
+ * anything large is allocated (dt_check_memory in train.h): the CLI calls it
+ * before it starts workers, and each training, evaluation and sampling path
+ * before it allocates. Sizes come from the model code (dt_model_memory,
+ * dt_gpt_activation_bytes), the data files' headers and sizes, and the
+ * optimizer's state count; available memory from dt_mem_available(). */
+#include "dtrain/gpt.h"
+#include "dtrain/optim.h"
+#include "dtrain/train.h"
+
+#include "engine/strategy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+// A worker's needs, by part; `field` names the config field behind the
+// activations.
+typedef struct {
+    size_t act, model, data;
+    char field[64], value[64];
+    char act_what[128], data_what[600];
+    int rows;
+} need_t;
+
+static int min_int(int64_t a, int64_t b) { return (int)(a < b ? a : b); }
+
+// a + b and a * b, stopping at SIZE_MAX.
+static size_t sat_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static size_t sat_mul(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
+
+// Floats of optimizer state per parameter (0, 1 or 2), from a 1-element
+// optimizer of the config's kind.
+static int optim_states(const dt_config *c) {
+    dt_optim *o;
+    if (dt_optim_create(&o, &c->optim, 1) != DT_OK) return 2;
+    int n = dt_optim_num_states(o);
+    dt_optim_free(o);
+    return n;
+}
+
+// A classifier split's sample count and floats per sample, from the IDX
+// headers alone.
+static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
+    dt_idx h;
+    snprintf(img, len, "%s/%s-images-idx3-ubyte.gz", c->data_dir, pre);
+    dt_status st = dt_idx_read_header(img, &h);
+    if (st != DT_OK) return st;
+    *n = h.dims[0];
+    *ss = h.count / (size_t)h.dims[0];
+    return DT_OK;
+}
+
+static size_t file_size(const char *path) {
+    struct stat sb;
+    return path[0] && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (size_t)sb.st_size : 0;
+}
+
+static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
+    char img[1100];
+    int64_t ntest, ntrain = 0;
+    size_t ss, ss2;
+    dt_status st = split_size(c, "t10k", &ntest, &ss, img, sizeof img);
+    if (st == DT_OK && use == DT_MEM_TRAIN) st = split_size(c, "train", &ntrain, &ss2, img, sizeof img);
+    if (st != DT_OK) return st;
+    // Activations: rows for the largest batch the model really runs, which
+    // is never more than the samples there are.
+    // A global batch is at most the training set: the micro-batches of one
+    // that size. Evaluation shards the test set over the workers.
+    int eval_rows = min_int(c->eval_batch, (ntest + W - 1) / W), train_rows = 0;
+    if (use == DT_MEM_TRAIN) {
+        dt_config cc = *c;
+        cc.batch = min_int(c->batch, ntrain);
+        train_rows = dt_strategy_for(&cc)->max_micro(&cc, W);
+    }
+    int ev = eval_rows >= train_rows;
+    n->rows = ev ? eval_rows : train_rows;
+    snprintf(n->field, sizeof n->field, "train.%s", ev ? "eval_batch" : "batch");
+    snprintf(n->value, sizeof n->value, " = %d", ev ? c->eval_batch : c->batch);
+    snprintf(n->act_what, sizeof n->act_what, "activations for %d samples", n->rows);
+    size_t np;
+    if ((st = dt_model_memory(c->input, c->layers, c->nlayers, n->rows, &np, &n->act)) != DT_OK) return st;
+    n->model = sizeof(float) * np * (2 + (use == DT_MEM_TRAIN ? optim_states(c) : 0));
+    // Data: each split as floats and labels; while a split loads, its file
+    // uncompressed; the loader's two slots of a rank's share and its order.
+    size_t per = sizeof(float) * ss + sizeof(int32_t);
+    n->data = (size_t)(ntrain + ntest) * per + (size_t)(ntrain > ntest ? ntrain : ntest) * ss;
+    if (use == DT_MEM_TRAIN)
+        n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
+    snprintf(n->data_what, sizeof n->data_what, "data.data_dir = %s", c->data_dir);
+    return DT_OK;
+}
+
+static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
+    dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    int T = use == DT_MEM_SAMPLE ? c->block_size : c->seq_len;
+    // A training step runs micro-batches of windows drawn with replacement:
+    // the model needs all the rows whatever the file's length.
+    int B = use == DT_MEM_SAMPLE ? 1 : use == DT_MEM_EVAL ? c->batch : dt_strategy_for(c)->max_micro(c, W);
+    n->rows = B;
+    size_t np = dt_gpt_config_num_params(&gc);
+    n->act = dt_gpt_activation_bytes(&gc, B, T);
+    if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
+    if (use == DT_MEM_SAMPLE) {
+        snprintf(n->field, sizeof n->field, "model.block_size");
+        snprintf(n->value, sizeof n->value, " = %d", c->block_size);
+    } else {
+        snprintf(n->field, sizeof n->field, "train.batch or train.seq_len");
+        snprintf(n->value, sizeof n->value, " (%d x %d)", c->batch, T);
+    }
+    snprintf(n->act_what, sizeof n->act_what, "activations for %d x %d tokens", B, T);
+    // Parameters and gradients, the optimizer's state, and a weights file
+    // while it loads.
+    n->model = sizeof(float) * np * (2 + (use == DT_MEM_TRAIN ? optim_states(c) : 1));
+    // Token files are read into memory whole.
+    const char *val = c->val_file[0] ? c->val_file : c->train_file;
+    n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
+    snprintf(n->data_what, sizeof n->data_what, "data.%s = %s", use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
+             use == DT_MEM_EVAL ? val : c->train_file);
+}
+
+// Workers of a local launch (dtrain train --workers N, dtrain run) share the
+// machine and its --memory-limit; under mpirun or srun each rank counts alone.
+static int local_workers(void) {
+    const char *shm = getenv("DTRAIN_SHM_NAME"), *w = getenv("DTRAIN_WORLD_SIZE");
+    int n = shm && w ? atoi(w) : 1;
+    return n > 0 ? n : 1;
+}
+
+dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting, int *model_rows) {
+    need_t n;
+    memset(&n, 0, sizeof n);
+    int W = workers > 0 ? workers : 1;
+    // Before the start: all W workers against what is available. In a worker:
+    // its own need, against its share of the limit when launched locally.
+    int count = starting ? W : 1, share = starting ? 1 : local_workers();
+    if (c->gpt) gpt_needs(c, use, W, &n);
+    else {
+        dt_status st = classifier_needs(c, use, W, &n);
+        if (st != DT_OK) return st;
+    }
+    if (model_rows) *model_rows = n.rows;
+    size_t per = sat_add(sat_add(n.act, n.model), n.data), total = sat_mul(per, (size_t)count);
+    const char *src, *lname;
+    size_t avail = dt_mem_available(&src), lim = dt_mem_limit(&lname);
+    char srcbuf[256];
+    if (share > 1 && lim && lim / share < avail) {
+        snprintf(srcbuf, sizeof srcbuf, "%s, shared by %d workers", lname, share);
+        avail = lim / share;
+        src = srcbuf;
+    }
+    if (total <= avail) return DT_OK;
+    // Name what weighs most: the batch field, the model, or the data.
+    char a[64], b[64], t[64], v[64], part[800], times[96] = "";
+    const char *fix = n.field;
+    if (n.act >= n.model && n.act >= n.data) {
+        snprintf(part, sizeof part, "%s%s needs %s of %s", n.field, n.value, dt_mem_format(n.act, a, sizeof a),
+                 n.act_what);
+    } else if (n.model >= n.data) {
+        snprintf(part, sizeof part, "the model's parameters, gradients and optimizer state need %s",
+                 dt_mem_format(n.model, a, sizeof a));
+        fix = "the [model] sizes";
+    } else {
+        snprintf(part, sizeof part, "%s needs %s", n.data_what, dt_mem_format(n.data, a, sizeof a));
+        fix = "the data";
+    }
+    if (count > 1) snprintf(times, sizeof times, ", x %d workers = %s", count, dt_mem_format(total, t, sizeof t));
+    return dt_error(DT_ERR_NOMEM,
+                    "not enough memory: %s; in all a worker needs %s (activations %zu, model %zu, data %zu bytes)%s, "
+                    "but %s is available (%s). Lower %s%s",
+                    part, dt_mem_format(per, b, sizeof b), n.act, n.model, n.data, times,
+                    dt_mem_format(avail, v, sizeof v), src, fix, count > 1 ? " or the number of workers" : "");
+}
