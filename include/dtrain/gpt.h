@@ -32,6 +32,7 @@
  *
  *   dt_gpt_acts *a;                            // one per micro-batch in flight
  *   dt_gpt_acts_create(&a, &cfg, B, T);
+ *   int L = cfg.n_layer;
  *   float *x0 = dt_gpt_acts_resid(a, 0), *xL = dt_gpt_acts_resid(a, L);
  *   dt_gpt_embed_forward(m, a, inputs, x0);
  *   dt_gpt_forward_range(m, a, 0, L, x0, xL);  // or [0,k) then [k,L)
@@ -158,7 +159,8 @@ DT_API const dt_grad_range *dt_gpt_grad_order(const dt_gpt *m, int *n);
  * the last 0: the gradients at positions >= pos of the order are final for
  * this pass (see dt_model_set_grad_hook). It is called after lnf, after each
  * of the six linear or layernorm backwards of every layer (each finishes
- * two slices: a weight and its bias), and with 0 after the embedding.
+ * two slices: a weight and its bias), and with 0 after the embedding; the
+ * stage backwards (below) call it at the same points of their part.
  * fn NULL: none. */
 DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
 
