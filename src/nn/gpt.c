@@ -1,6 +1,9 @@
 /* The GPT-2 model: parameters in llm.c's layout, forward, backward. The
  * structure follows llm.c's train_gpt2.c (one parameter block, one block of
- * saved activations), with the layer kernels of layers.c and attention.c. */
+ * saved activations per dt_gpt_acts set), with the layer kernels of
+ * layers.c and attention.c. The forward and backward run in stages
+ * (embedding, a range of blocks, head); the whole-model calls chain them
+ * over the model's default set. */
 #include "dtrain/gpt.h"
 
 #include <math.h>
