@@ -304,26 +304,36 @@ static void test_grad_order(dt_gpt *m, const float *g, const int32_t *x, const i
     CHECK(!hs.early, "grad hook: never reports a gradient before it is final");
 }
 
+// Larger weights than GPT-2's init so that every path carries signal.
+static void random_params(dt_gpt *m) {
+    const dt_gpt_config *c = dt_gpt_get_config(m);
+    float *p = dt_gpt_params(m);
+    for (int i = 0; i < dt_gpt_num_tensors(m); i++) {
+        const dt_tensor_info *ti = dt_gpt_tensor(m, i);
+        int is_lnw = !strcmp(ti->name, "ln1w") || !strcmp(ti->name, "ln2w") || !strcmp(ti->name, "lnfw");
+        size_t n = !strcmp(ti->name, "wte") ? (size_t)c->vocab_size * c->n_embd : ti->numel;
+        for (size_t j = 0; j < n; j++)
+            p[ti->offset + j] = (is_lnw ? 1.0f : 0.0f) + 0.3f * dt_rng_normal(&g_rng);
+    }
+}
+
+static void random_tokens(int32_t *t, int n, int V) {
+    for (int i = 0; i < n; i++) t[i] = (int32_t)dt_rng_below(&g_rng, (uint32_t)V);
+}
+
 static void test_model(void) {
     dt_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 30,
                        .padded_vocab_size = 32};
     enum { B = 2, T = 6 };
     dt_gpt *m;
     CHECK(dt_gpt_create(&m, &c, B, T) == DT_OK, "create: %s", dt_last_error());
-    dt_gpt_init(m, 7);
-    // Larger weights than GPT-2's init so that every path carries signal.
+    random_params(m);
     float *p = dt_gpt_params(m);
     size_t np = dt_gpt_num_params(m);
     CHECK(np == dt_gpt_config_num_params(&c), "parameter count");
-    for (int i = 0; i < dt_gpt_num_tensors(m); i++) {
-        const dt_tensor_info *ti = dt_gpt_tensor(m, i);
-        int is_lnw = !strcmp(ti->name, "ln1w") || !strcmp(ti->name, "ln2w") || !strcmp(ti->name, "lnfw");
-        size_t n = !strcmp(ti->name, "wte") ? (size_t)c.vocab_size * c.n_embd : ti->numel;
-        for (size_t j = 0; j < n; j++)
-            p[ti->offset + j] = (is_lnw ? 1.0f : 0.0f) + 0.3f * dt_rng_normal(&g_rng);
-    }
     int32_t x[B * T], y[B * T];
-    for (int i = 0; i < B * T; i++) x[i] = (int32_t)dt_rng_below(&g_rng, c.vocab_size), y[i] = (int32_t)dt_rng_below(&g_rng, c.vocab_size);
+    random_tokens(x, B * T, c.vocab_size);
+    random_tokens(y, B * T, c.vocab_size);
     float loss;
     dt_gpt_zero_grad(m);
     CHECK(dt_gpt_forward(m, x, y, B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
@@ -405,6 +415,252 @@ static void test_model(void) {
     dt_gpt_free(m);
 }
 
+// ----------------------------------------------------------------------------
+// activations apart from the model: stages, micro-batches in flight, hooks
+
+enum { SB = 2, ST = 5 };
+static const dt_gpt_config stage_cfg = {.n_layer = 3, .n_head = 2, .n_embd = 16, .block_size = 8,
+                                        .vocab_size = 30, .padded_vocab_size = 32};
+
+// Two pipeline stages, layers [0,k) (with the embedding) and [k,L) (with the
+// head), as separate sets (split) or one whole-model set per micro-batch;
+// the stream between them in a buffer of the caller's (mid). The schedule
+// keeps two micro-batches in flight: forward 0, forward 1, backward 1,
+// backward 0.
+static void run_stages(dt_gpt *m, int k, int split, const int32_t *x, const int32_t *y, float loss[2]) {
+    int L = stage_cfg.n_layer;
+    size_t n = (size_t)SB * ST * stage_cfg.n_embd;
+    dt_gpt_acts *lo[2], *hi[2];
+    float *mid[2], *d[2];
+    int ok = 1;
+    for (int mb = 0; mb < 2; mb++) {
+        if (split) {
+            ok &= dt_gpt_acts_create_range(&lo[mb], &stage_cfg, SB, ST, 0, k) == DT_OK;
+            ok &= dt_gpt_acts_create_range(&hi[mb], &stage_cfg, SB, ST, k, L) == DT_OK;
+        } else {
+            ok &= dt_gpt_acts_create(&lo[mb], &stage_cfg, SB, ST) == DT_OK;
+            hi[mb] = lo[mb];
+        }
+        mid[mb] = zeros(n);
+        d[mb] = zeros(n);
+    }
+    CHECK(ok, "activation sets for layers [0,%d) and [%d,%d): %s", k, k, L, dt_last_error());
+    dt_status st = DT_OK;
+    for (int mb = 0; mb < 2 && st == DT_OK; mb++) {
+        const int32_t *xm = x + mb * SB * ST, *ym = y + mb * SB * ST;
+        float *in = dt_gpt_acts_resid(lo[mb], 0), *top = dt_gpt_acts_resid(hi[mb], L);
+        if (st == DT_OK) st = dt_gpt_embed_forward(m, lo[mb], xm, in);
+        if (st == DT_OK) st = dt_gpt_forward_range(m, lo[mb], 0, k, in, mid[mb]);
+        if (st == DT_OK) st = dt_gpt_forward_range(m, hi[mb], k, L, mid[mb], top);
+        if (st == DT_OK) st = dt_gpt_head_forward(m, hi[mb], top, ym, &loss[mb]);
+    }
+    for (int mb = 1; mb >= 0 && st == DT_OK; mb--) {
+        float *in = dt_gpt_acts_resid(lo[mb], 0), *top = dt_gpt_acts_resid(hi[mb], L);
+        if (st == DT_OK) st = dt_gpt_head_backward(m, hi[mb], top, d[mb]);
+        if (st == DT_OK) st = dt_gpt_backward_range(m, hi[mb], k, L, mid[mb], d[mb]);
+        if (st == DT_OK) st = dt_gpt_backward_range(m, lo[mb], 0, k, in, d[mb]);
+        if (st == DT_OK) st = dt_gpt_embed_backward(m, lo[mb], d[mb]);
+    }
+    CHECK(st == DT_OK, "stages k=%d %s: %s", k, split ? "split" : "one set", st == DT_OK ? "" : dt_last_error());
+    for (int mb = 0; mb < 2; mb++) {
+        if (split) dt_gpt_acts_free(hi[mb]);
+        dt_gpt_acts_free(lo[mb]);
+        free(mid[mb]);
+        free(d[mb]);
+    }
+}
+
+typedef struct {
+    int layer[64], phase[64], n, fail_layer;
+} layer_log;
+
+static dt_status log_layer(int layer, dt_gpt_phase phase, void *user) {
+    layer_log *g = user;
+    if (g->n < 64) g->layer[g->n] = layer, g->phase[g->n] = phase;
+    g->n++;
+    if (layer == g->fail_layer && phase == DT_GPT_FORWARD) return dt_error(DT_ERR_COMM, "gather of layer %d failed", layer);
+    return DT_OK;
+}
+
+// The log holds layers from..to (step +1 or -1) in one phase, from position at.
+static int log_is(const layer_log *g, int at, int from, int to, int phase) {
+    int step = from <= to ? 1 : -1;
+    for (int l = from;; l += step, at++) {
+        if (at >= g->n || g->layer[at] != l || g->phase[at] != phase) return 0;
+        if (l == to) return 1;
+    }
+}
+
+static void test_stages(void) {
+    const dt_gpt_config *c = &stage_cfg;
+    int L = c->n_layer;
+    dt_gpt *m, *mp;  // mp: parameters only (B = T = 0), the same values
+    int created = dt_gpt_create(&m, c, SB, ST) == DT_OK;
+    created &= dt_gpt_create(&mp, c, 0, 0) == DT_OK;
+    CHECK(created, "create, and create without activations: %s", dt_last_error());
+    if (!created) return;
+    random_params(m);
+    size_t np = dt_gpt_num_params(m);
+    memcpy(dt_gpt_params(mp), dt_gpt_params(m), sizeof(float) * np);
+    int32_t x[2 * SB * ST], y[2 * SB * ST];
+    random_tokens(x, 2 * SB * ST, c->vocab_size);
+    random_tokens(y, 2 * SB * ST, c->vocab_size);
+    // Micro-batch 1's second sequence repeats micro-batch 0's first: the
+    // shared tokens' wte rows get gradient from both.
+    memcpy(x + 3 * ST, x, sizeof(int32_t) * ST);
+
+    // The reference: the whole-model calls, micro-batch 1 then 0 (float
+    // sums depend on their order; the schedule backpropagates 1 first).
+    float ref[2];
+    dt_gpt_zero_grad(m);
+    for (int mb = 1; mb >= 0; mb--) {
+        CHECK(dt_gpt_forward(m, x + mb * SB * ST, y + mb * SB * ST, SB, ST, &ref[mb]) == DT_OK, "forward mb %d", mb);
+        dt_gpt_backward(m);
+    }
+    const float *gref = dt_gpt_grads(m);
+    for (int k = 1; k < L; k++)
+        for (int split = 0; split < 2; split++) {
+            float loss[2] = {0, 0};
+            dt_gpt_zero_grad(mp);
+            run_stages(mp, k, split, x, y, loss);
+            CHECK(loss[0] == ref[0] && loss[1] == ref[1], "stages [0,%d) [%d,%d) %s: losses %.7g %.7g, whole model %.7g %.7g",
+                  k, k, L, split ? "in two sets" : "in one set", loss[0], loss[1], ref[0], ref[1]);
+            CHECK(memcmp(dt_gpt_grads(mp), gref, sizeof(float) * np) == 0,
+                  "stages [0,%d) [%d,%d) %s, 2 micro-batches in flight: gradients bitwise the whole model's", k, k, L,
+                  split ? "in two sets" : "in one set");
+        }
+    // A whole-model forward between a micro-batch's forward and backward
+    // does not disturb it (it uses the default set).
+    {
+        dt_gpt_acts *a;
+        float la, lb;
+        CHECK(dt_gpt_acts_create(&a, c, SB, ST) == DT_OK, "acts");
+        float *in = dt_gpt_acts_resid(a, 0), *top = dt_gpt_acts_resid(a, L), *d = zeros((size_t)SB * ST * c->n_embd);
+        dt_gpt_zero_grad(m);
+        dt_gpt_embed_forward(m, a, x, in);
+        dt_gpt_forward_range(m, a, 0, L, in, top);
+        dt_gpt_head_forward(m, a, top, y, &la);
+        dt_gpt_forward(m, x + SB * ST, y + SB * ST, SB, ST, &lb);
+        dt_status st = dt_gpt_head_backward(m, a, top, d);
+        if (st == DT_OK) st = dt_gpt_backward_range(m, a, 0, L, in, d);
+        if (st == DT_OK) st = dt_gpt_embed_backward(m, a, d);
+        float *g0 = malloc(sizeof(float) * np);
+        memcpy(g0, dt_gpt_grads(m), sizeof(float) * np);
+        dt_gpt_zero_grad(m);
+        dt_gpt_forward(m, x, y, SB, ST, &lb);
+        dt_gpt_backward(m);
+        CHECK(st == DT_OK && la == lb && memcmp(g0, dt_gpt_grads(m), sizeof(float) * np) == 0,
+              "a set's backward after another forward equals the whole model's");
+        free(g0);
+        free(d);
+        dt_gpt_acts_free(a);
+    }
+
+    // Memory: a whole-model set is the activations the model used to hold
+    // minus the two projections per layer (the backward scratch is the
+    // model's, shared by all sets). Exact bytes for this config, and the
+    // per-layer and head parts of a split add up to the whole.
+    {
+        size_t BT = SB * ST, C = c->n_embd, att = BT * c->n_head * ST, V = c->vocab_size;
+        size_t r16 = 16, want = 0, per_layer[] = {BT * C, BT, BT, 3 * BT * C, BT * C, att, BT * C, BT * C, BT, BT, 4 * BT * C, 4 * BT * C};
+        want += ((L + 1) * BT * C + r16 - 1) / r16 * r16;
+        for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) want += (L * per_layer[i] + r16 - 1) / r16 * r16;
+        size_t head[] = {BT * C, BT, BT, BT * V, BT * V, BT, BT};
+        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) want += (head[i] + r16 - 1) / r16 * r16;
+        dt_gpt_acts *a;
+        CHECK(dt_gpt_acts_create(&a, c, SB, ST) == DT_OK, "acts: %s", dt_last_error());
+        CHECK(dt_gpt_acts_bytes(a) == 4 * want && dt_gpt_acts_size(c, SB, ST, 0, L) == 4 * want,
+              "acts bytes %zu, expected %zu", dt_gpt_acts_bytes(a), 4 * want);
+        dt_gpt_acts_free(a);
+        // gpt-small at B=8, T=256: against the old in-model buffers
+        // (activations with both projections, plus one layer of scratch).
+        dt_gpt_config s;
+        dt_gpt_preset("gpt-small", &s);
+        size_t bt = 8 * 256, Cs = s.n_embd, Ls = s.n_layer, atts = bt * s.n_head * 256, Vs = s.vocab_size;
+        size_t old = 4 * (bt * Cs + Ls * bt * (18 * Cs + 4) + Ls * atts + bt * (Cs + 2) + 2 * bt * Vs + 14 * bt * Cs + atts);
+        size_t now = dt_gpt_acts_size(&s, 8, 256, 0, Ls);
+        printf("  gpt-small B=8 T=256: one activation set %zu bytes (%.1f MiB); before: %zu bytes (%.1f MiB) in the model\n",
+               now, now / 1048576.0, old, old / 1048576.0);
+        CHECK(now < old, "gpt-small activation set (%zu bytes) smaller than the old buffers (%zu)", now, old);
+        size_t parts = dt_gpt_acts_size(&s, 8, 256, 0, 3) + dt_gpt_acts_size(&s, 8, 256, 3, Ls);
+        CHECK(parts == now + 4 * bt * Cs, "two stage sets = one whole set + the shared boundary stream (%zu vs %zu)", parts, now);
+    }
+
+    // The layer hook: before each stage, layers ascending on forward and
+    // descending on backward (embedding -1, head L).
+    layer_log g = {.fail_layer = 99};
+    float loss;
+    dt_gpt_set_layer_hook(m, log_layer, &g);
+    dt_gpt_zero_grad(m);
+    dt_gpt_forward(m, x, y, SB, ST, &loss);
+    dt_gpt_backward(m);
+    CHECK(g.n == 2 * (L + 2) && log_is(&g, 0, DT_GPT_EMBED, L, DT_GPT_FORWARD) &&
+              log_is(&g, L + 2, L, DT_GPT_EMBED, DT_GPT_BACKWARD),
+          "layer hook: %d calls, -1..%d forward then %d..-1 backward", g.n, L, L);
+    // Ranges fire for their layers only.
+    dt_gpt_acts *a;
+    dt_gpt_acts_create(&a, c, SB, ST);
+    float *in = dt_gpt_acts_resid(a, 0), *d = zeros((size_t)SB * ST * c->n_embd);
+    g.n = 0;
+    dt_gpt_embed_forward(m, a, x, in);
+    dt_gpt_forward_range(m, a, 0, 1, in, dt_gpt_acts_resid(a, 1));
+    dt_gpt_forward_range(m, a, 1, L, dt_gpt_acts_resid(a, 1), dt_gpt_acts_resid(a, L));
+    dt_gpt_backward_range(m, a, 1, L, dt_gpt_acts_resid(a, 1), d);
+    CHECK(g.n == 2 * L && log_is(&g, 0, DT_GPT_EMBED, L - 1, DT_GPT_FORWARD) && log_is(&g, L + 1, L - 1, 1, DT_GPT_BACKWARD),
+          "layer hook on ranges: embedding, 0..%d forward, %d..1 backward (%d calls)", L - 1, L - 1, g.n);
+    // A failing hook stops the forward before its layer, with its status.
+    g = (layer_log){.fail_layer = 1};
+    CHECK(dt_gpt_forward(m, x, y, SB, ST, &loss) == DT_ERR_COMM && strstr(dt_last_error(), "gather of layer 1"),
+          "a failing layer hook stops the forward: %s", dt_last_error());
+    CHECK(g.n == 3 && g.layer[2] == 1, "no layer after the failing hook ran (%d calls)", g.n);
+    CHECK(dt_gpt_backward(m) == DT_ERR_ARG, "no backward after a failed forward");
+    dt_gpt_set_layer_hook(m, NULL, NULL);
+
+    // Misuse: every case a clear DT_ERR_ARG.
+    dt_gpt_acts *lo, *hi, *ao_unused;
+    dt_gpt *m_unused;
+    dt_gpt_acts_create_range(&lo, c, SB, ST, 0, 1);
+    dt_gpt_acts_create_range(&hi, c, SB, ST, 1, L);
+    float lossx;
+#define REJECTS(call, msg, what) \
+    CHECK((call) == DT_ERR_ARG && strstr(dt_last_error(), msg), "%s rejected: %s", what, dt_last_error())
+    REJECTS(dt_gpt_embed_forward(m, hi, x, dt_gpt_acts_resid(hi, 1)), "without the embedding", "embedding on a set from layer 1");
+    REJECTS(dt_gpt_head_forward(m, lo, dt_gpt_acts_resid(lo, 1), y, &lossx), "without the head", "head on a set up to layer 1");
+    REJECTS(dt_gpt_forward_range(m, lo, 0, 2, in, d), "layers [0, 2)", "range beyond the set's layers");
+    REJECTS(dt_gpt_forward_range(m, lo, 1, 1, in, d), "non-empty", "empty range");
+    REJECTS(dt_gpt_forward_range(m, a, 0, L, in, in), "same buffer", "resid_in = resid_out");
+    REJECTS(dt_gpt_backward_range(m, hi, 1, L, d, d), "layer 1 has not run forward", "backward before forward");
+    REJECTS(dt_gpt_embed_backward(m, lo, d), "has not run forward", "embedding backward before forward");
+    REJECTS(dt_gpt_head_backward(m, hi, d, d), "no targets", "head backward before forward");
+    REJECTS(dt_gpt_acts_set_shape(a, SB, ST + 1), "context", "shape beyond the set's");
+    REJECTS(dt_gpt_acts_create_range(&ao_unused, c, SB, ST, 1, L + 1), "n_layer", "set beyond the layers");
+    REJECTS(dt_gpt_forward(mp, x, y, SB, ST, &lossx), "without activations", "whole forward on a model without its set");
+    REJECTS(dt_gpt_backward(mp), "without activations", "whole backward on a model without its set");
+    REJECTS(dt_gpt_create(&m_unused, c, 0, ST), "batch 0", "B = 0 with T > 0");
+    // After a forward of the first layers only, the backward of all of
+    // them is refused (layer 2 has nothing saved).
+    dt_gpt_acts_set_shape(a, SB, ST);
+    dt_gpt_forward_range(m, a, 0, 2, in, dt_gpt_acts_resid(a, 2));
+    REJECTS(dt_gpt_backward_range(m, a, 0, L, in, d), "layer 2 has not run forward", "backward of a layer not run forward");
+#undef REJECTS
+    dt_gpt_config other = *c;
+    other.n_embd = 32;
+    dt_gpt_acts *ao;
+    dt_gpt_acts_create(&ao, &other, SB, ST);
+    CHECK(dt_gpt_embed_forward(m, ao, x, dt_gpt_acts_resid(ao, 0)) == DT_ERR_ARG && strstr(dt_last_error(), "another model config"),
+          "a set of another config rejected: %s", dt_last_error());
+    CHECK(dt_gpt_logits(mp) == NULL && dt_gpt_default_acts(mp) == NULL && dt_gpt_acts_logits(lo) == NULL &&
+              dt_gpt_acts_resid(lo, 2) == NULL && dt_gpt_acts_resid(hi, 0) == NULL,
+          "no logits, default set or stream outside a set's parts");
+    dt_gpt_acts_free(ao);
+    dt_gpt_acts_free(lo);
+    dt_gpt_acts_free(hi);
+    dt_gpt_acts_free(a);
+    free(d);
+    dt_gpt_free(m);
+    dt_gpt_free(mp);
+}
+
 static void test_presets(void) {
     dt_gpt_config c;
     CHECK(dt_gpt_preset("gpt2-124m", &c) == DT_OK && c.padded_vocab_size == 50304, "gpt2-124m preset");
@@ -424,6 +680,7 @@ int main(void) {
     test_attention_blocks();
     test_encoder_residual();
     test_model();
+    test_stages();
     test_presets();
     return tl_finish();
 }

@@ -25,6 +25,23 @@
  *   dt_gpt_forward(m, inputs, targets, B, T, &loss);   // int32 [B,T] each
  *   dt_gpt_backward(m);                        // grads into dt_gpt_grads(m)
  *
+ * Those calls use activations the model owns. For several micro-batches in
+ * flight (pipeline parallel) or one stage of the layers, the activations
+ * are separate objects and the model runs in stages, each with a backward
+ * twin taking and returning the gradient of the residual stream [B,T,C]:
+ *
+ *   dt_gpt_acts *a;                            // one per micro-batch in flight
+ *   dt_gpt_acts_create(&a, &cfg, B, T);
+ *   int L = cfg.n_layer;
+ *   float *x0 = dt_gpt_acts_resid(a, 0), *xL = dt_gpt_acts_resid(a, L);
+ *   dt_gpt_embed_forward(m, a, inputs, x0);
+ *   dt_gpt_forward_range(m, a, 0, L, x0, xL);  // or [0,k) then [k,L)
+ *   dt_gpt_head_forward(m, a, xL, targets, &loss);
+ *   dt_gpt_head_backward(m, a, xL, d);         // d[B,T,C] = dloss/dxL
+ *   dt_gpt_backward_range(m, a, 0, L, x0, d);  // d becomes dloss/dx0
+ *   dt_gpt_embed_backward(m, a, d);
+ *
+ * dt_gpt_forward/backward are exactly this sequence over the default set.
  * Layer kernels follow dtrain/nn.h's convention (outputs first; backward
  * accumulates with +=; shapes in brackets, row-major fp32).
  */
@@ -91,9 +108,13 @@ DT_API dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what);
 
 typedef struct dt_gpt dt_gpt;
 
-/* Builds a model with activation buffers for batches of up to B sequences of
- * up to T tokens (T <= block_size). Parameters are zero until dt_gpt_init or
- * a load. The caller frees *out with dt_gpt_free(). */
+/* Builds a model with a default set of activations (dt_gpt_acts) for
+ * batches of up to B sequences of up to T tokens (T <= block_size), used by
+ * dt_gpt_forward/backward/logits. B = T = 0 builds the parameters and
+ * gradients only (a pipeline stage or a ZeRO-3 shard brings its own
+ * dt_gpt_acts); the calls that need the default set then fail with
+ * DT_ERR_ARG. Parameters are zero until dt_gpt_init or a load. The caller
+ * frees *out with dt_gpt_free(). */
 DT_API dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T);
 DT_API void dt_gpt_free(dt_gpt *m);
 /* Bytes of the activation buffers (saved activations, backward scratch,
@@ -116,7 +137,8 @@ DT_API void dt_gpt_zero_grad(dt_gpt *m);
 DT_API int dt_gpt_num_tensors(const dt_gpt *m);
 DT_API const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i);
 
-/* Forward pass over inputs[B,T]. With targets[B,T] also computes the mean
+/* Forward pass over inputs[B,T] into the default activations (embedding,
+ * all blocks, head; see below). With targets[B,T] also computes the mean
  * cross-entropy into *loss (targets may be NULL, then loss is not touched).
  * Fails with DT_ERR_ARG when B or T exceed what the model was created for,
  * T exceeds block_size, or a token id is outside [0, vocab_size). */
@@ -124,8 +146,8 @@ DT_API dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t 
                                 int B, int T, float *loss);
 /* Logits [B,T,V] of the last forward; valid until the next backward. */
 DT_API const float *dt_gpt_logits(const dt_gpt *m);
-/* Backward of the last forward (which must have had targets): ACCUMULATES
- * into the gradient block. */
+/* Backward of the last dt_gpt_forward (which must have had targets):
+ * ACCUMULATES into the gradient block. */
 DT_API dt_status dt_gpt_backward(dt_gpt *m);
 /* Multiplies the gradient of the loss by s in later backwards (default 1):
  * a micro-batch's share of a larger batch, as dt_model_set_loss_scale. */
@@ -141,9 +163,103 @@ DT_API const dt_grad_range *dt_gpt_grad_order(const dt_gpt *m, int *n);
  * the last 0: the gradients at positions >= pos of the order are final for
  * this pass (see dt_model_set_grad_hook). It is called after lnf, after each
  * of the six linear or layernorm backwards of every layer (each finishes
- * two slices: a weight and its bias), and with 0 after the embedding.
+ * two slices: a weight and its bias), and with 0 after the embedding; the
+ * stage backwards (below) call it at the same points of their part.
  * fn NULL: none. */
 DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
+
+/* ---- activations and stages (micro-batches, pipeline stages) -------------
+ *
+ * A dt_gpt_acts holds what one forward over one micro-batch saves for its
+ * backward: for layers [l0, l1) of the model, the residual stream before
+ * each of them and after the last (dt_gpt_acts_resid), each layer's
+ * layernorm, qkv, attention and MLP activations, plus the token ids when
+ * l0 = 0 (the embedding) and the final layernorm, logits and probabilities
+ * when l1 = L (the head). Any number can exist at once; they share the
+ * model's parameters, gradients and backward scratch, so calls on one model
+ * must not run concurrently. Backward reads the activations its forward
+ * saved (and the residual stream passed to that forward, which the caller
+ * must leave unchanged in between); it overwrites only the logits. */
+
+typedef struct dt_gpt_acts dt_gpt_acts;
+
+/* Activations for layers [l0, l1), 0 <= l0 <= l1 <= n_layer, for batches of
+ * up to B x T tokens (T <= block_size) of a model of config c; with the
+ * embedding's when l0 = 0 and the head's when l1 = n_layer. The current
+ * shape starts as B x T. Free *out with dt_gpt_acts_free. */
+DT_API dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, int B,
+                                          int T, int l0, int l1);
+/* The same for the whole model: layers [0, n_layer), embedding and head. */
+DT_API dt_status dt_gpt_acts_create(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T);
+DT_API void dt_gpt_acts_free(dt_gpt_acts *a);
+/* The model's default set (NULL if it was created with B = T = 0). Owned by m. */
+DT_API dt_gpt_acts *dt_gpt_default_acts(dt_gpt *m);
+/* Sets the shape of the next forward, at most the B x T of the create
+ * (DT_ERR_ARG otherwise). Forgets what the set held: backward needs a new
+ * forward. */
+DT_API dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T);
+/* The residual stream [B,T,C] before layer l (l1: after the last layer),
+ * for l0 <= l <= l1; NULL otherwise. The stage calls may use these as
+ * resid_in/resid_out (the whole-model calls do: no copies), or any other
+ * buffers of B*T*C floats. */
+DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
+/* Logits [B,T,V] of the last head forward, valid until the head backward;
+ * NULL without a head. */
+DT_API const float *dt_gpt_acts_logits(const dt_gpt_acts *a);
+/* Bytes allocated for the set; dt_gpt_acts_size: the bytes a set for
+ * (c, B, T, l0, l1) would take, without allocating (arguments as above,
+ * unchecked). */
+DT_API size_t dt_gpt_acts_bytes(const dt_gpt_acts *a);
+DT_API size_t dt_gpt_acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1);
+
+/* Stage forwards, over the set's current shape B x T. Each fails with
+ * DT_ERR_ARG when a was made for another config, or lacks the layers or
+ * the part asked for; then nothing is computed.
+ * Embedding: resid_out[B,T,C] = wte[inputs] + wpe; checks the ids as
+ * dt_gpt_forward does and keeps a copy for the backward. */
+DT_API dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs,
+                                      float *resid_out);
+/* Blocks l0..l1-1 (l0 < l1, within a's layers): resid_out[B,T,C] is the
+ * stream after block l1-1 given resid_in[B,T,C] before block l0. The two
+ * must not be the same buffer. */
+DT_API dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1,
+                                      const float *resid_in, float *resid_out);
+/* Final layernorm and tied head on resid_in[B,T,C] (the stream after the
+ * last layer): logits, and with targets[B,T] the mean cross-entropy into
+ * *loss (targets NULL: logits only, *loss untouched, no backward possible).
+ * DT_ERR_NUMERIC if the loss is not finite. */
+DT_API dt_status dt_gpt_head_forward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
+                                     const int32_t *targets, float *loss);
+/* Backward twins, in the reverse order. Parameter gradients ACCUMULATE into
+ * the gradient block (times the loss scale); the grad hook and the layer
+ * hook fire as in dt_gpt_backward.
+ * Head: WRITES dresid[B,T,C], the gradient of the loss with respect to the
+ * head's resid_in (the same buffer as its forward's). Needs a head forward
+ * with targets since the last head backward. */
+DT_API dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
+                                      float *dresid);
+/* Blocks l1-1 down to l0: dresid[B,T,C] holds the gradient with respect to
+ * the stream after block l1-1 and is turned, in place, into the gradient
+ * with respect to resid_in (the forward's input before block l0). Each
+ * block must have been run forward since the last set_shape. */
+DT_API dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1,
+                                       const float *resid_in, float *dresid);
+/* Embedding: gradients of wte and wpe from dresid[B,T,C]. */
+DT_API dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *dresid);
+
+/* The layer hook: called before each stage's forward and before its
+ * backward, with the layer whose parameters it is about to use (-1 =
+ * DT_GPT_EMBED, the embedding: wte, wpe; 0..L-1 the blocks; L the head:
+ * lnfw, lnfb and wte) and the phase. A whole forward calls it for layers
+ * -1, 0, ..., L ascending, a whole backward for L, ..., 0, -1 descending;
+ * range calls for their layers only. A status other than DT_OK stops the
+ * stage before it computes anything, and the call returns that status (the
+ * hook sets the message with dt_error). Meant for gathering a layer's
+ * parameters on demand (ZeRO-3). fn NULL: none. */
+#define DT_GPT_EMBED (-1)
+typedef enum { DT_GPT_FORWARD = 0, DT_GPT_BACKWARD = 1 } dt_gpt_phase;
+typedef dt_status (*dt_gpt_layer_fn)(int layer, dt_gpt_phase phase, void *user);
+DT_API void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user);
 
 /* ---- weights ------------------------------------------------------------ */
 

@@ -1,6 +1,9 @@
 /* The GPT-2 model: parameters in llm.c's layout, forward, backward. The
  * structure follows llm.c's train_gpt2.c (one parameter block, one block of
- * saved activations), with the layer kernels of layers.c and attention.c. */
+ * saved activations per dt_gpt_acts set), with the layer kernels of
+ * layers.c and attention.c. The forward and backward run in stages
+ * (embedding, a range of blocks, head); the whole-model calls chain them
+ * over the model's default set. */
 #include "dtrain/gpt.h"
 
 #include <math.h>
@@ -17,39 +20,51 @@ static const char *const param_names[NPT] = {
 enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW,
        FCPROJB, LNFW, LNFB };
 
+// One micro-batch's saved activations (llm.c's ActivationTensors) for
+// layers [l0, l1), sized for maxB x maxT; per-layer ones are [l1-l0, B, T, ...]
+// at the current B x T's stride. The attention and MLP projections are not
+// kept: backward does not read them, so they are summed into the residual
+// stream in place.
+struct dt_gpt_acts {
+    dt_gpt_config c;
+    int l0, l1, maxB, maxT, B, T;
+    float *resid;                     // [l1-l0+1, B,T,C]: the stream before each layer, and after l1-1
+    float *ln1, *ln1_mean, *ln1_rstd; // [.., B,T,C], [.., B,T]
+    float *qkv;                       // [.., B,T,3C]
+    float *atty;                      // [.., B,T,C]
+    float *att;                       // [.., B,NH,T,T]
+    float *residual2;                 // [.., B,T,C]
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;            // [.., B,T,4C]
+    float *lnf, *lnf_mean, *lnf_rstd; // head only (l1 = L)
+    float *logits, *probs;            // [B,T,V], head only
+    int32_t *inputs, *targets;        // [B,T]: embedding only (l0 = 0), head only
+    float *block;                     // the one allocation all of the above point into
+    size_t bytes;
+    unsigned char *saved;             // [l1-l0]: the layer ran forward since set_shape
+    int have_inputs, have_targets;
+};
+
 struct dt_gpt {
     dt_gpt_config c;
-    int maxB, maxT;
     size_t nparams;
     dt_tensor_info tensors[NPT];
     float *params, *grads;
     float *p[NPT], *g[NPT];   // tensor views into the blocks
     dt_grad_range *order;     // the gradient order (dt_gpt_grad_order), 12 L + 4
+    dt_gpt_acts *acts;        // the default set (NULL when created with B = T = 0)
 
-    // Saved activations (llm.c's ActivationTensors), sized for maxB x maxT.
-    // Per-layer ones are [L, B, T, ...].
-    float *encoded;                  // [B,T,C]
-    float *ln1, *ln1_mean, *ln1_rstd; // [L,B,T,C], [L,B,T]
-    float *qkv;                      // [L,B,T,3C]
-    float *atty;                     // [L,B,T,C]
-    float *att;                      // [L,B,NH,T,T]
-    float *attproj;                  // [L,B,T,C]
-    float *residual2;                // [L,B,T,C]
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;           // [L,B,T,4C]
-    float *fcproj;                   // [L,B,T,C]
-    float *residual3;                // [L,B,T,C]
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits, *probs;           // [B,T,V]
-
-    // Backward scratch, one layer's worth, reused layer after layer.
+    // Backward scratch, one layer's worth for up to scratch_bt tokens and
+    // scratch_att attention floats, reused layer after layer and by every
+    // activation set; dresidual is the whole-model backward's stream gradient.
+    size_t scratch_bt, scratch_att;
     float *dresidual, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *datt;
 
-    int32_t *inputs, *targets;       // copies of the last forward's [B,T]
-    int B, T, have_targets;
     float loss_scale;
     dt_grad_ready_fn hook;
     void *hook_user;
+    dt_gpt_layer_fn layer_hook;
+    void *layer_hook_user;
 };
 
 // ----------------------------------------------------------------------------
@@ -111,49 +126,158 @@ size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
 }
 
 // ----------------------------------------------------------------------------
-// create / free
+// activations
 
-// The model's float buffers, in one order for create, free and the size
-// estimate: the two blocks, then the saved activations and the scratch.
-enum { NBUF = 30 };
-
-static void buffer_list(dt_gpt *m, float **p[NBUF]) {
-    float **b[NBUF] = {&m->params, &m->grads, &m->encoded, &m->ln1, &m->ln1_mean, &m->ln1_rstd,
-                       &m->qkv, &m->atty, &m->att, &m->attproj, &m->residual2, &m->ln2,
-                       &m->ln2_mean, &m->ln2_rstd, &m->fch, &m->fch_gelu, &m->fcproj,
-                       &m->residual3, &m->lnf, &m->lnf_mean, &m->lnf_rstd, &m->logits, &m->probs,
-                       &m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu,
-                       &m->datt};
-    memcpy(p, b, sizeof b);
+static dt_status check_batch(const dt_gpt_config *c, int B, int T, const char *what) {
+    if (B < 1 || T < 1 || T > c->block_size)
+        return dt_error(DT_ERR_ARG, "%s: batch %d x context %d: expected B >= 1 and 1 <= T <= block_size (%d)",
+                        what, B, T, c->block_size);
+    return DT_OK;
 }
 
-// Floats of each buffer of buffer_list for batches of B x T, in double: the
-// products of valid sizes can pass 2^64 (B and T up to 2^20 each), which
-// the estimate must report rather than wrap.
-static void buffer_sizes(const dt_gpt_config *c, int B, int T, double n[NBUF]) {
-    double L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size, np = (double)dt_gpt_config_num_params(c);
-    double BT = (double)B * T, att = (double)B * NH * T * T;
-    const double z[NBUF] = {np, np, BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * att,
-                            L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
-                            L * BT * C, L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT * C, BT * C, BT * C,
-                            BT * 3 * C, BT * 4 * C, BT * 4 * C, att};
-    memcpy(n, z, sizeof z);
+// Elements (4 bytes: float or int32) of each part of a set, rounded up to
+// 64 bytes so that every part starts aligned; returns the bytes in all.
+#define NACTS 20
+static size_t acts_sizes(const dt_gpt_config *c, int B, int T, int l0, int l1, size_t n[NACTS]) {
+    size_t head = l1 == c->n_layer, embed = l0 == 0, nl = (size_t)(l1 - l0);
+    size_t C = c->n_embd, NH = c->n_head, V = c->vocab_size, BT = (size_t)B * T, att = BT * NH * T;
+    const size_t want[NACTS] = {
+        (nl + 1) * BT * C,                                                 // resid
+        nl * BT * C, nl * BT, nl * BT, nl * BT * 3 * C, nl * BT * C,       // ln1, mean, rstd, qkv, atty
+        nl * att, nl * BT * C, nl * BT * C, nl * BT, nl * BT,              // att, residual2, ln2, mean, rstd
+        nl * BT * 4 * C, nl * BT * 4 * C,                                  // fch, fch_gelu
+        head * BT * C, head * BT, head * BT, head * BT * V, head * BT * V, // lnf, mean, rstd, logits, probs
+        head * BT, embed * BT};                                            // targets, inputs
+    size_t total = 0;
+    for (int i = 0; i < NACTS; i++) total += n[i] = (want[i] + 15) / 16 * 16;
+    return total * 4;
+}
+
+void dt_gpt_acts_free(dt_gpt_acts *a) {
+    if (!a) return;
+    dt_free(a->block);
+    free(a->saved);
+    free(a);
+}
+
+dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T, int l0, int l1) {
+    *out = NULL;
+    dt_status st = dt_gpt_config_check(c, "gpt activations");
+    if (st == DT_OK) st = check_batch(c, B, T, "gpt activations");
+    if (st != DT_OK) return st;
+    if (l0 < 0 || l0 > l1 || l1 > c->n_layer)
+        return dt_error(DT_ERR_ARG, "gpt activations: layers [%d, %d): expected 0 <= l0 <= l1 <= n_layer (%d)",
+                        l0, l1, c->n_layer);
+    dt_gpt_acts *a = calloc(1, sizeof *a);
+    if (!a) return dt_error(DT_ERR_NOMEM, "gpt activations: out of memory");
+    *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T};
+    // In acts_sizes' order.
+    void *parts[NACTS] = {&a->resid, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
+                          &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
+                          &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->probs, &a->targets,
+                          &a->inputs};
+    size_t n[NACTS];
+    a->bytes = acts_sizes(c, B, T, l0, l1, n);
+    a->block = dt_alloc(a->bytes);
+    a->saved = calloc((size_t)(l1 - l0) + 1, 1);
+    if (!a->block || !a->saved) {
+        dt_gpt_acts_free(a);
+        return dt_error(DT_ERR_NOMEM, "gpt activations: out of memory (%zu MiB for layers [%d, %d) at B=%d T=%d)",
+                        a->bytes >> 20, l0, l1, B, T);
+    }
+    float *at = a->block;
+    for (int i = 0; i < NACTS; i++) {
+        // Parts the set does not hold stay NULL. (memcpy: the int32 parts
+        // get the same address as a float pointer would.)
+        if (n[i]) memcpy(parts[i], &at, sizeof at);
+        at += n[i];
+    }
+    *out = a;
+    return DT_OK;
+}
+
+size_t dt_gpt_acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1) {
+    size_t n[NACTS];
+    return acts_sizes(c, B, T, l0, l1, n);
+}
+
+// The backward scratch a set of B x T needs (reserve_scratch), in floats.
+static size_t scratch_floats(const dt_gpt_config *c, int B, int T) {
+    size_t BT = (size_t)B * T, C = c->n_embd;
+    return BT * C * 3 + BT * 3 * C + BT * 4 * C * 2 + BT * c->n_head * T;
 }
 
 size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T) {
-    double n[NBUF], total = 2.0 * sizeof(int32_t) * B * T;  // inputs, targets
-    buffer_sizes(c, B, T, n);
-    for (int i = 2; i < NBUF; i++) total += sizeof(float) * n[i];
-    return total < 0x1p63 ? (size_t)total : SIZE_MAX;
+    // Products of valid sizes can pass 2^64 (B and T up to 2^20 each): an
+    // upper bound in double first, so that the estimate reports them rather
+    // than wrap.
+    double BT = (double)B * T, C = c->n_embd, L = c->n_layer;
+    double bound = 4.0 * BT * ((L + 2) * (16 * C + 2.0 * c->n_head * T + 8) + 2.0 * c->vocab_size + 64);
+    if (!(bound < 0x1p60)) return SIZE_MAX;
+    return dt_gpt_acts_size(c, B, T, 0, c->n_layer) + sizeof(float) * scratch_floats(c, B, T);
+}
+
+dt_status dt_gpt_acts_create(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T) {
+    return dt_gpt_acts_create_range(out, c, B, T, 0, c->n_layer);
+}
+
+dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T) {
+    if (B < 1 || B > a->maxB || T < 1 || T > a->maxT)
+        return dt_error(DT_ERR_ARG, "gpt forward: batch %d x context %d exceeds the %d x %d the activations were built for (block_size %d)",
+                        B, T, a->maxB, a->maxT, a->c.block_size);
+    a->B = B;
+    a->T = T;
+    memset(a->saved, 0, (size_t)(a->l1 - a->l0));
+    a->have_inputs = a->have_targets = 0;
+    return DT_OK;
+}
+
+float *dt_gpt_acts_resid(dt_gpt_acts *a, int l) {
+    if (l < a->l0 || l > a->l1) return NULL;
+    return a->resid + (size_t)(l - a->l0) * a->B * a->T * a->c.n_embd;
+}
+const float *dt_gpt_acts_logits(const dt_gpt_acts *a) { return a->logits; }
+size_t dt_gpt_acts_bytes(const dt_gpt_acts *a) { return a->bytes; }
+
+// ----------------------------------------------------------------------------
+// create / free
+
+static void free_scratch(dt_gpt *m) {
+    float **bufs[] = {&m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu, &m->datt};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        dt_free(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+    m->scratch_bt = m->scratch_att = 0;
+}
+
+// Makes the backward scratch hold a layer of a's current shape. Grows only;
+// the model's own set is reserved at create, so its backward never allocates.
+static dt_status reserve_scratch(dt_gpt *m, const dt_gpt_acts *a) {
+    size_t BT = (size_t)a->B * a->T, att = BT * m->c.n_head * a->T, C = m->c.n_embd;
+    if (BT <= m->scratch_bt && att <= m->scratch_att) return DT_OK;
+    if (m->scratch_bt > BT) BT = m->scratch_bt;
+    if (m->scratch_att > att) att = m->scratch_att;
+    free_scratch(m);
+    struct { float **p; size_t n; } want[] = {
+        {&m->dresidual, BT * C}, {&m->dln, BT * C}, {&m->datty, BT * C}, {&m->dqkv, BT * 3 * C},
+        {&m->dfch, BT * 4 * C}, {&m->dfch_gelu, BT * 4 * C}, {&m->datt, att}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!(*want[i].p = dt_alloc(sizeof(float) * want[i].n))) {
+            free_scratch(m);
+            return dt_error(DT_ERR_NOMEM, "gpt backward: out of memory for the scratch of %zu tokens", BT);
+        }
+    m->scratch_bt = BT;
+    m->scratch_att = att;
+    return DT_OK;
 }
 
 void dt_gpt_free(dt_gpt *m) {
     if (!m) return;
-    float **bufs[NBUF];
-    buffer_list(m, bufs);
-    for (int i = 0; i < NBUF; i++) dt_free(*bufs[i]);
-    dt_free(m->inputs);
-    dt_free(m->targets);
+    dt_free(m->params);
+    dt_free(m->grads);
+    free_scratch(m);
+    dt_gpt_acts_free(m->acts);
     free(m->order);
     free(m);
 }
@@ -162,36 +286,27 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     *out = NULL;
     dt_status st = dt_gpt_config_check(c, "gpt");
     if (st != DT_OK) return st;
-    if (B < 1 || T < 1 || T > c->block_size)
-        return dt_error(DT_ERR_ARG, "gpt: batch %d x context %d: expected B >= 1 and 1 <= T <= block_size (%d)",
-                        B, T, c->block_size);
+    int with_acts = B != 0 || T != 0;
+    if (with_acts && (st = check_batch(c, B, T, "gpt")) != DT_OK) return st;
     dt_gpt *m = calloc(1, sizeof *m);
     if (!m) return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
     m->c = *c;
-    m->maxB = B;
-    m->maxT = T;
     m->loss_scale = 1.0f;
     dt_gpt_param_shapes(c, m->tensors);
     m->nparams = dt_gpt_config_num_params(c);
-    size_t L = c->n_layer, BT = (size_t)B * T, total = 0;
-    double sz[NBUF];
-    float **bufs[NBUF];
-    buffer_list(m, bufs);
-    buffer_sizes(c, B, T, sz);
-    for (int i = 0; i < NBUF; i++) {
-        total += (size_t)sz[i];
-        if (sz[i] >= 0x1p60 || !(*bufs[i] = dt_alloc(sizeof(float) * (size_t)sz[i]))) {
-            dt_gpt_free(m);
-            return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and activations for B=%d T=%d)",
-                            total * 4 >> 20, B, T);
-        }
-    }
-    m->inputs = dt_alloc(sizeof(int32_t) * BT);
-    m->targets = dt_alloc(sizeof(int32_t) * BT);
+    size_t L = c->n_layer;
+    m->params = dt_alloc(sizeof(float) * m->nparams);
+    m->grads = dt_alloc(sizeof(float) * m->nparams);
     m->order = malloc(sizeof(dt_grad_range) * (12 * L + 4));
-    if (!m->inputs || !m->targets || !m->order) {
+    if (!m->params || !m->grads || !m->order) {
         dt_gpt_free(m);
-        return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
+        return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and gradients)",
+                        m->nparams * 8 >> 20);
+    }
+    if (with_acts && ((st = dt_gpt_acts_create(&m->acts, c, B, T)) != DT_OK ||
+                      (st = reserve_scratch(m, m->acts)) != DT_OK)) {
+        dt_gpt_free(m);
+        return st;
     }
     for (int i = 0; i < NPT; i++) {
         m->p[i] = m->params + m->tensors[i].offset;
@@ -220,7 +335,8 @@ int dt_gpt_num_tensors(const dt_gpt *m) { (void)m; return NPT; }
 const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i) {
     return i >= 0 && i < NPT ? &m->tensors[i] : NULL;
 }
-const float *dt_gpt_logits(const dt_gpt *m) { return m->logits; }
+const float *dt_gpt_logits(const dt_gpt *m) { return m->acts ? m->acts->logits : NULL; }
+dt_gpt_acts *dt_gpt_default_acts(dt_gpt *m) { return m->acts; }
 void dt_gpt_set_loss_scale(dt_gpt *m, float s) { m->loss_scale = s; }
 const dt_grad_range *dt_gpt_grad_order(const dt_gpt *m, int *n) {
     *n = 12 * m->c.n_layer + 4;
@@ -229,6 +345,10 @@ const dt_grad_range *dt_gpt_grad_order(const dt_gpt *m, int *n) {
 void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user) {
     m->hook = fn;
     m->hook_user = user;
+}
+void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user) {
+    m->layer_hook = fn;
+    m->layer_hook_user = user;
 }
 
 void dt_gpt_init(dt_gpt *m, uint64_t seed) {
@@ -251,62 +371,153 @@ void dt_gpt_init(dt_gpt *m, uint64_t seed) {
 }
 
 // ----------------------------------------------------------------------------
+// stages: checks, views and hooks
+
+// One layer's parameters (or gradients: the same views into the other block).
+typedef struct {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} layer_params;
+
+static layer_params layer_params_of(float *const t[NPT], int l, size_t C) {
+    size_t lC = (size_t)l * C;
+    return (layer_params){t[LN1W] + lC, t[LN1B] + lC, t[QKVW] + lC * 3 * C, t[QKVB] + 3 * lC,
+                          t[ATTPROJW] + lC * C, t[ATTPROJB] + lC, t[LN2W] + lC, t[LN2B] + lC,
+                          t[FCW] + lC * 4 * C, t[FCB] + 4 * lC, t[FCPROJW] + lC * 4 * C, t[FCPROJB] + lC};
+}
+
+// One layer's saved activations at the set's current shape.
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg;
+} layer_acts;
+
+static layer_acts layer_acts_of(const dt_gpt_acts *a, int l) {
+    size_t i = (size_t)(l - a->l0), BT = (size_t)a->B * a->T, sC = BT * a->c.n_embd;
+    size_t satt = BT * a->c.n_head * a->T;
+    return (layer_acts){a->ln1 + i * sC, a->ln1_mean + i * BT, a->ln1_rstd + i * BT, a->qkv + i * 3 * sC,
+                        a->atty + i * sC, a->att + i * satt, a->residual2 + i * sC, a->ln2 + i * sC,
+                        a->ln2_mean + i * BT, a->ln2_rstd + i * BT, a->fch + i * 4 * sC,
+                        a->fch_gelu + i * 4 * sC};
+}
+
+// a belongs to m and holds the part a stage needs: the embedding, the head,
+// or layers [l0, l1), a non-empty range.
+enum { EMBED, LAYERS, HEAD };
+static dt_status check_stage(const dt_gpt *m, const dt_gpt_acts *a, int part, int l0, int l1, const char *what) {
+    int L = m->c.n_layer;
+    if (memcmp(&a->c, &m->c, sizeof m->c))
+        return dt_error(DT_ERR_ARG, "%s: the activations were created for another model config", what);
+    if (part == EMBED && a->l0 != 0)
+        return dt_error(DT_ERR_ARG, "%s: the activations hold layers [%d, %d), without the embedding (only a set from layer 0 has it)",
+                        what, a->l0, a->l1);
+    if (part == HEAD && a->l1 != L)
+        return dt_error(DT_ERR_ARG, "%s: the activations hold layers [%d, %d), without the head (only a set up to layer %d has it)",
+                        what, a->l0, a->l1, L);
+    if (part == LAYERS && (l0 >= l1 || l0 < a->l0 || l1 > a->l1))
+        return dt_error(DT_ERR_ARG, "%s: layers [%d, %d): expected a non-empty range within the activations' layers [%d, %d)",
+                        what, l0, l1, a->l0, a->l1);
+    return DT_OK;
+}
+
+static dt_status layer_hook(dt_gpt *m, int layer, dt_gpt_phase phase) {
+    return m->layer_hook ? m->layer_hook(layer, phase, m->layer_hook_user) : DT_OK;
+}
+
+static dt_status check_tokens(const int32_t *tok, int n, int V, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= V)
+            return dt_error(DT_ERR_ARG, "gpt forward: %s token %d at position %d is outside the vocabulary [0, %d)",
+                            what, tok[i], i, V);
+    return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
 // forward
 
-dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                         float *loss) {
-    const dt_gpt_config *c = &m->c;
-    if (B < 1 || B > m->maxB || T < 1 || T > m->maxT)
-        return dt_error(DT_ERR_ARG, "gpt forward: batch %d x context %d exceeds the %d x %d the model was built for (block_size %d)",
-                        B, T, m->maxB, m->maxT, c->block_size);
-    int V = c->vocab_size;
-    for (int i = 0; i < B * T; i++) {
-        if (inputs[i] < 0 || inputs[i] >= V)
-            return dt_error(DT_ERR_ARG, "gpt forward: input token %d at position %d is outside the vocabulary [0, %d)",
-                            inputs[i], i, V);
-        if (targets && (targets[i] < 0 || targets[i] >= V))
-            return dt_error(DT_ERR_ARG, "gpt forward: target token %d at position %d is outside the vocabulary [0, %d)",
-                            targets[i], i, V);
-    }
-    int L = c->n_layer, C = c->n_embd, NH = c->n_head, BT = B * T;
-    m->B = B;
-    m->T = T;
-    memcpy(m->inputs, inputs, sizeof(int32_t) * BT);
-    m->have_targets = targets != NULL;
-    if (targets) memcpy(m->targets, targets, sizeof(int32_t) * BT);
+dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs, float *resid_out) {
+    dt_status st = check_stage(m, a, EMBED, 0, 0, "gpt embed forward");
+    int BT = a->B * a->T;
+    if (st == DT_OK) st = check_tokens(inputs, BT, m->c.vocab_size, "input");
+    if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_FORWARD);
+    if (st != DT_OK) return st;
+    memcpy(a->inputs, inputs, sizeof(int32_t) * BT);
+    dt_encoder_forward(resid_out, inputs, m->p[WTE], m->p[WPE], a->B, a->T, m->c.n_embd);
+    a->have_inputs = 1;
+    return DT_OK;
+}
 
-    dt_encoder_forward(m->encoded, inputs, m->p[WTE], m->p[WPE], B, T, C);
-    size_t sC = (size_t)BT * C, s1 = BT, satt = (size_t)B * NH * T * T;
-    for (int l = 0; l < L; l++) {
-        const float *residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * sC;
-        float *ln1 = m->ln1 + l * sC, *qkv = m->qkv + l * 3 * sC, *atty = m->atty + l * sC;
-        float *attproj = m->attproj + l * sC, *res2 = m->residual2 + l * sC, *ln2 = m->ln2 + l * sC;
-        float *fch = m->fch + l * 4 * sC, *fchg = m->fch_gelu + l * 4 * sC;
-        float *fcproj = m->fcproj + l * sC, *res3 = m->residual3 + l * sC;
-        size_t lC = (size_t)l * C;
-        dt_layernorm_forward(ln1, m->ln1_mean + l * s1, m->ln1_rstd + l * s1, residual,
-                             m->p[LN1W] + lC, m->p[LN1B] + lC, BT, C, 1e-5f);
-        dt_linear_forward(qkv, ln1, m->p[QKVW] + lC * 3 * C, m->p[QKVB] + 3 * lC, BT, C, 3 * C);
-        dt_attention_forward(atty, m->att + l * satt, qkv, B, T, C, NH);
-        dt_linear_forward(attproj, atty, m->p[ATTPROJW] + lC * C, m->p[ATTPROJB] + lC, BT, C, C);
-        dt_residual_forward(res2, residual, attproj, sC);
-        dt_layernorm_forward(ln2, m->ln2_mean + l * s1, m->ln2_rstd + l * s1, res2,
-                             m->p[LN2W] + lC, m->p[LN2B] + lC, BT, C, 1e-5f);
-        dt_linear_forward(fch, ln2, m->p[FCW] + lC * 4 * C, m->p[FCB] + 4 * lC, BT, C, 4 * C);
-        dt_gelu_forward(fchg, fch, 4 * sC);
-        dt_linear_forward(fcproj, fchg, m->p[FCPROJW] + lC * 4 * C, m->p[FCPROJB] + lC, BT, 4 * C, C);
-        dt_residual_forward(res3, res2, fcproj, sC);
+// One block: out = x + attn(ln1(x)) + mlp(ln2(...)), x = residual. The
+// projections are written straight into the residual sums (res2, out) and
+// the add is done in place: backward never reads them.
+static void layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *out) {
+    int B = a->B, T = a->T, C = m->c.n_embd, NH = m->c.n_head, BT = B * T;
+    size_t sC = (size_t)BT * C;
+    layer_acts s = layer_acts_of(a, l);
+    layer_params p = layer_params_of(m->p, l, C);
+    dt_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, BT, C, 1e-5f);
+    dt_linear_forward(s.qkv, s.ln1, p.qkvw, p.qkvb, BT, C, 3 * C);
+    dt_attention_forward(s.atty, s.att, s.qkv, B, T, C, NH);
+    dt_linear_forward(s.res2, s.atty, p.attprojw, p.attprojb, BT, C, C);
+    dt_residual_forward(s.res2, residual, s.res2, sC);
+    dt_layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, BT, C, 1e-5f);
+    dt_linear_forward(s.fch, s.ln2, p.fcw, p.fcb, BT, C, 4 * C);
+    dt_gelu_forward(s.fchg, s.fch, 4 * sC);
+    dt_linear_forward(out, s.fchg, p.fcprojw, p.fcprojb, BT, 4 * C, C);
+    dt_residual_forward(out, s.res2, out, sC);
+}
+
+dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const float *resid_in,
+                               float *resid_out) {
+    dt_status st = check_stage(m, a, LAYERS, l0, l1, "gpt forward_range");
+    if (st != DT_OK) return st;
+    if (resid_in == resid_out)
+        return dt_error(DT_ERR_ARG, "gpt forward_range: resid_in and resid_out are the same buffer (backward needs the input)");
+    // Layer l reads the stream before it from the set (resid_in for l0) and
+    // writes the one after it there (resid_out for l1-1).
+    for (int l = l0; l < l1; l++) {
+        if ((st = layer_hook(m, l, DT_GPT_FORWARD)) != DT_OK) return st;
+        layer_forward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l),
+                      l == l1 - 1 ? resid_out : dt_gpt_acts_resid(a, l + 1));
+        a->saved[l - a->l0] = 1;
     }
-    dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * sC, m->p[LNFW],
-                         m->p[LNFB], BT, C, 1e-5f);
+    return DT_OK;
+}
+
+dt_status dt_gpt_head_forward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, const int32_t *targets,
+                              float *loss) {
+    int L = m->c.n_layer, BT = a->B * a->T, C = m->c.n_embd, V = m->c.vocab_size;
+    dt_status st = check_stage(m, a, HEAD, 0, 0, "gpt head forward");
+    if (st == DT_OK && targets) st = check_tokens(targets, BT, V, "target");
+    if (st == DT_OK) st = layer_hook(m, L, DT_GPT_FORWARD);
+    a->have_targets = 0;
+    if (st != DT_OK) return st;
+    dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_in, m->p[LNFW], m->p[LNFB], BT, C, 1e-5f);
     // Tied head: the first V rows of wte are the output projection.
-    dt_linear_forward(m->logits, m->lnf, m->p[WTE], NULL, BT, C, V);
+    dt_linear_forward(a->logits, a->lnf, m->p[WTE], NULL, BT, C, V);
     if (targets) {
-        float l = dt_crossentropy_forward(m->probs, m->logits, targets, BT, V);
+        memcpy(a->targets, targets, sizeof(int32_t) * BT);
+        a->have_targets = 1;
+        float l = dt_crossentropy_forward(a->probs, a->logits, targets, BT, V);
         if (!isfinite(l)) return dt_error(DT_ERR_NUMERIC, "gpt forward: loss is %g", l);
         if (loss) *loss = l;
     }
     return DT_OK;
+}
+
+static dt_status no_default_acts(const char *what) {
+    return dt_error(DT_ERR_ARG, "gpt %s: the model was created without activations (B = T = 0): use a dt_gpt_acts and the stage calls",
+                    what);
+}
+
+dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                         float *loss) {
+    dt_gpt_acts *a = m->acts;
+    if (!a) return no_default_acts("forward");
+    int L = m->c.n_layer;
+    dt_status st = dt_gpt_acts_set_shape(a, B, T);
+    if (st == DT_OK) st = dt_gpt_embed_forward(m, a, inputs, dt_gpt_acts_resid(a, 0));
+    if (st == DT_OK) st = dt_gpt_forward_range(m, a, 0, L, dt_gpt_acts_resid(a, 0), dt_gpt_acts_resid(a, L));
+    if (st == DT_OK) st = dt_gpt_head_forward(m, a, dt_gpt_acts_resid(a, L), targets, loss);
+    return st;
 }
 
 // ----------------------------------------------------------------------------
@@ -327,65 +538,93 @@ static void grads_final(dt_gpt *m, int k, int l) {
     m->hook(pos, m->hook_user);
 }
 
-dt_status dt_gpt_backward(dt_gpt *m) {
-    if (!m->have_targets)
-        return dt_error(DT_ERR_ARG, "gpt backward: the last forward had no targets");
-    const dt_gpt_config *c = &m->c;
-    int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab_size;
-    int BT = B * T;
-    size_t sC = (size_t)BT * C, s1 = BT, satt = (size_t)B * NH * T * T;
-
+dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, float *dresid) {
+    int L = m->c.n_layer, BT = a->B * a->T, C = m->c.n_embd, V = m->c.vocab_size;
+    dt_status st = check_stage(m, a, HEAD, 0, 0, "gpt head backward");
+    if (st == DT_OK && !a->have_targets)
+        st = dt_error(DT_ERR_ARG, "gpt backward: the last forward had no targets (or was already backpropagated)");
+    if (st == DT_OK) st = reserve_scratch(m, a);
+    if (st == DT_OK) st = layer_hook(m, L, DT_GPT_BACKWARD);
+    if (st != DT_OK) return st;
+    size_t sC = (size_t)BT * C;
     // dlogits overwrites the logits (no longer needed).
-    float *dlogits = m->logits;
+    float *dlogits = a->logits;
     memset(dlogits, 0, sizeof(float) * BT * V);
-    dt_crossentropy_backward(dlogits, m->probs, m->targets, BT, V, m->loss_scale);
+    dt_crossentropy_backward(dlogits, a->probs, a->targets, BT, V, m->loss_scale);
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, m->lnf, m->p[WTE], BT, C, V);
-    memset(m->dresidual, 0, sizeof(float) * sC);
-    dt_layernorm_backward(m->dresidual, m->g[LNFW], m->g[LNFB], m->dln, m->residual3 + (L - 1) * sC,
-                          m->p[LNFW], m->lnf_mean, m->lnf_rstd, BT, C);
+    dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, a->lnf, m->p[WTE], BT, C, V);
+    memset(dresid, 0, sizeof(float) * sC);
+    dt_layernorm_backward(dresid, m->g[LNFW], m->g[LNFB], m->dln, resid_in, m->p[LNFW], a->lnf_mean,
+                          a->lnf_rstd, BT, C);
     grads_final(m, LNFW, L - 1);
-
-    // dresidual carries the gradient of the residual stream down the layers:
-    // a residual add passes it through unchanged to both of its inputs, so
-    // it is both d(fcproj) and, after the MLP branch adds in, d(residual2).
-    for (int l = L - 1; l >= 0; l--) {
-        const float *residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * sC;
-        size_t lC = (size_t)l * C;
-        const float *ln1 = m->ln1 + l * sC, *qkv = m->qkv + l * 3 * sC, *atty = m->atty + l * sC;
-        const float *res2 = m->residual2 + l * sC, *ln2 = m->ln2 + l * sC;
-        const float *fch = m->fch + l * 4 * sC, *fchg = m->fch_gelu + l * 4 * sC;
-
-        memset(m->dfch_gelu, 0, sizeof(float) * 4 * sC);
-        dt_linear_backward(m->dfch_gelu, m->g[FCPROJW] + lC * 4 * C, m->g[FCPROJB] + lC, m->dresidual,
-                           fchg, m->p[FCPROJW] + lC * 4 * C, BT, 4 * C, C);
-        grads_final(m, FCPROJW, l);
-        memset(m->dfch, 0, sizeof(float) * 4 * sC);
-        dt_gelu_backward(m->dfch, m->dfch_gelu, fch, 4 * sC);
-        memset(m->dln, 0, sizeof(float) * sC);
-        dt_linear_backward(m->dln, m->g[FCW] + lC * 4 * C, m->g[FCB] + 4 * lC, m->dfch, ln2,
-                           m->p[FCW] + lC * 4 * C, BT, C, 4 * C);
-        grads_final(m, FCW, l);
-        dt_layernorm_backward(m->dresidual, m->g[LN2W] + lC, m->g[LN2B] + lC, m->dln, res2,
-                              m->p[LN2W] + lC, m->ln2_mean + l * s1, m->ln2_rstd + l * s1, BT, C);
-        grads_final(m, LN2W, l);
-
-        memset(m->datty, 0, sizeof(float) * sC);
-        dt_linear_backward(m->datty, m->g[ATTPROJW] + lC * C, m->g[ATTPROJB] + lC, m->dresidual, atty,
-                           m->p[ATTPROJW] + lC * C, BT, C, C);
-        grads_final(m, ATTPROJW, l);
-        memset(m->dqkv, 0, sizeof(float) * 3 * sC);
-        dt_attention_backward(m->dqkv, m->datt, m->datty, qkv, m->att + l * satt, B, T, C, NH);
-        memset(m->dln, 0, sizeof(float) * sC);
-        dt_linear_backward(m->dln, m->g[QKVW] + lC * 3 * C, m->g[QKVB] + 3 * lC, m->dqkv, ln1,
-                           m->p[QKVW] + lC * 3 * C, BT, C, 3 * C);
-        grads_final(m, QKVW, l);
-        dt_layernorm_backward(m->dresidual, m->g[LN1W] + lC, m->g[LN1B] + lC, m->dln, residual,
-                              m->p[LN1W] + lC, m->ln1_mean + l * s1, m->ln1_rstd + l * s1, BT, C);
-        grads_final(m, LN1W, l);
-    }
-    dt_encoder_backward(m->g[WTE], m->g[WPE], m->dresidual, m->inputs, B, T, C);
-    if (m->hook) m->hook(0, m->hook_user);
-    m->have_targets = 0;  // the logits are gone: a second backward would be wrong
+    a->have_targets = 0;  // the logits are gone: a second backward would be wrong
     return DT_OK;
+}
+
+// dresid carries the gradient of the residual stream down: a residual add
+// passes it through unchanged to both of its inputs, so it is both
+// d(fcproj) and, after the MLP branch adds in, d(residual2).
+static void layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *dresid) {
+    int B = a->B, T = a->T, C = m->c.n_embd, NH = m->c.n_head, BT = B * T;
+    size_t sC = (size_t)BT * C;
+    layer_acts s = layer_acts_of(a, l);
+    layer_params p = layer_params_of(m->p, l, C), g = layer_params_of(m->g, l, C);
+
+    memset(m->dfch_gelu, 0, sizeof(float) * 4 * sC);
+    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, s.fchg, p.fcprojw, BT, 4 * C, C);
+    grads_final(m, FCPROJW, l);
+    memset(m->dfch, 0, sizeof(float) * 4 * sC);
+    dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, 4 * sC);
+    memset(m->dln, 0, sizeof(float) * sC);
+    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, s.ln2, p.fcw, BT, C, 4 * C);
+    grads_final(m, FCW, l);
+    dt_layernorm_backward(dresid, g.ln2w, g.ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, BT, C);
+    grads_final(m, LN2W, l);
+
+    memset(m->datty, 0, sizeof(float) * sC);
+    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, s.atty, p.attprojw, BT, C, C);
+    grads_final(m, ATTPROJW, l);
+    memset(m->dqkv, 0, sizeof(float) * 3 * sC);
+    dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, C, NH);
+    memset(m->dln, 0, sizeof(float) * sC);
+    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, s.ln1, p.qkvw, BT, C, 3 * C);
+    grads_final(m, QKVW, l);
+    dt_layernorm_backward(dresid, g.ln1w, g.ln1b, m->dln, residual, p.ln1w, s.ln1_mean, s.ln1_rstd, BT, C);
+    grads_final(m, LN1W, l);
+}
+
+dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const float *resid_in,
+                                float *dresid) {
+    dt_status st = check_stage(m, a, LAYERS, l0, l1, "gpt backward_range");
+    for (int l = l0; st == DT_OK && l < l1; l++)
+        if (!a->saved[l - a->l0])
+            st = dt_error(DT_ERR_ARG, "gpt backward_range: layer %d has not run forward on these activations", l);
+    if (st == DT_OK) st = reserve_scratch(m, a);
+    for (int l = l1 - 1; st == DT_OK && l >= l0; l--)
+        if ((st = layer_hook(m, l, DT_GPT_BACKWARD)) == DT_OK)
+            layer_backward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l), dresid);
+    return st;
+}
+
+dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *dresid) {
+    dt_status st = check_stage(m, a, EMBED, 0, 0, "gpt embed backward");
+    if (st == DT_OK && !a->have_inputs)
+        st = dt_error(DT_ERR_ARG, "gpt embed backward: the embedding has not run forward on these activations");
+    if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_BACKWARD);
+    if (st != DT_OK) return st;
+    dt_encoder_backward(m->g[WTE], m->g[WPE], dresid, a->inputs, a->B, a->T, m->c.n_embd);
+    if (m->hook) m->hook(0, m->hook_user);
+    return DT_OK;
+}
+
+dt_status dt_gpt_backward(dt_gpt *m) {
+    dt_gpt_acts *a = m->acts;
+    if (!a) return no_default_acts("backward");
+    int L = m->c.n_layer;
+    // Reserved at create (a no-op): m->dresidual does not move below.
+    dt_status st = reserve_scratch(m, a);
+    if (st == DT_OK) st = dt_gpt_head_backward(m, a, dt_gpt_acts_resid(a, L), m->dresidual);
+    if (st == DT_OK) st = dt_gpt_backward_range(m, a, 0, L, dt_gpt_acts_resid(a, 0), m->dresidual);
+    if (st == DT_OK) st = dt_gpt_embed_backward(m, a, m->dresidual);
+    return st;
 }
