@@ -20,4 +20,9 @@ int cmd_export(int argc, char **argv);
 /* Prints "dtrain: error: ..." to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The value v of a numeric flag, read by dt_parse_number (decimal, finite,
+ * in [lo, hi], whole if asked; NULL = the value is missing). Returns 0, or
+ * prints the error naming the flag and returns -1. */
+int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out);
+
 #endif
