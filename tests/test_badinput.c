@@ -572,6 +572,59 @@ static void test_cli(void) {
              tmp_path("nodata"), Q, tmp_path("run-nodata"));
     cli(1, args, tmp_path("nodata"), NULL);
 
+    // IDX files are found as NAME.gz or NAME: a copy of the small set under
+    // the plain names trains; a directory with neither names both.
+    const char *plain = tmp_path("plain");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && for f in %s/*.gz; do b=$(basename $f .gz); cp $f %s/$b; done", plain,
+             small, plain);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "set up %s: %s", plain, g_out);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s --run-dir %s",
+             plain, Q, tmp_path("run-plain"));
+    cli(0, args, NULL, NULL);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s %s --workers 4 --run-dir %s",
+             tmp_path("nodata"), Q, tmp_path("run-nodata"));
+    snprintf(want, sizeof want, "%s/train-images-idx3-ubyte.gz", tmp_path("nodata"));
+    cli(1, args, want, "train-images-idx3-ubyte, plain");
+
+    // Worker counts are checked against the config before any starts.
+    const char *wdir = tmp_path("run-workers");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 1000 --run-dir %s", wdir);
+    cli(2, args, "--workers 1000", "[train] batch 256 is smaller than the 1000 workers");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 5 --deterministic --run-dir %s", wdir);
+    cli(2, args, "--workers 5", "micro_shards (12)");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2:5 --deterministic --run-dir %s", wdir);
+    cli(2, args, "--workers 5", "micro_shards (12)");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 8 --set train.batch=4 --run-dir %s", wdir);
+    cli(2, args, "--workers 8", "batch 4");
+    snprintf(cmd, sizeof cmd, "test -e %s", wdir);
+    CHECK(tl_run(cmd, NULL, 0) != 0, "no worker started: %s does not exist", wdir);
+
+    // --resume PATH: a path that is missing, or holds no checkpoint, is an
+    // error; only auto may find nothing.
+    const char *nockpt = tmp_path("no-checkpoints");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s %s --resume %s --run-dir %s",
+             small, Q, tmp_path("missing-ckpt"), tmp_path("run-resume"));
+    cli(1, args, "[checkpoint] resume", tmp_path("missing-ckpt"));
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s %s --set checkpoint.resume=%s "
+             "--workers 2 --run-dir %s", small, Q, tmp_path("missing-ckpt"), tmp_path("run-resume"));
+    cli(1, args, "[checkpoint] resume", tmp_path("missing-ckpt"));
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", nockpt);
+    tl_run(cmd, NULL, 0);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s "
+             "--resume %s --run-dir %s", small, Q, nockpt, tmp_path("run-resume"));
+    cli(1, args, "no checkpoint at", nockpt);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s "
+             "--resume auto --run-dir %s", small, Q, tmp_path("run-resume-auto"));
+    cli(0, args, NULL, NULL);
+
+    // A run name that would leave runs/.
+    const char *escape = tmp_path("escape.ini");
+    const char esc[] = "[run]\nname = ../../x\n[model]\npreset = mlp\n";
+    write_file(escape, esc, sizeof esc - 1);
+    snprintf(args, sizeof args, "train %s", escape);
+    snprintf(want, sizeof want, "%s:2: [run] name", escape);
+    cli(1, args, want, "'../../x'");
+
     // Divergence: a huge constant learning rate makes the loss NaN/Inf in a
     // few steps; the run stops with exit 1 naming the step.
     snprintf(args, sizeof args,
