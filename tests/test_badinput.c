@@ -785,7 +785,7 @@ static void test_number_flags(void) {
     }
     // A flag's number is read whole after '=' too.
     cli(2, "train configs/fashion-mlp.ini --keep=0x10", "--keep", "'0x10'");
-    cli(2, "train configs/fashion-mlp.ini --workers 3:2", "--workers 3:2", "MIN is larger than MAX");
+    cli(2, "train configs/fashion-mlp.ini --workers 3:2", "--workers 3:2", "expected MIN:MAX with MIN <= MAX");
     cli(2, "train configs/fashion-mlp.ini --set train.batch=0x40", "--set: [train] batch", "'0x40'");
     cli(2, "train configs/fashion-mlp.ini --set optim.lr=nan", "--set: [optim] lr", "'nan'");
     g_number_cases += 4;

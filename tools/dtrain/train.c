@@ -65,7 +65,8 @@ static const char train_help[] =
     "                  (RUN_DIR/checkpoints/step-N/); resumes on any worker count\n"
     "  --resume auto|PATH  continue from the newest valid checkpoint of the run\n"
     "                  directory (auto; none there: start at step 0), of another\n"
-    "                  directory, or from one checkpoint file\n"
+    "                  directory, or from one checkpoint file (PATH must exist\n"
+    "                  and hold one)\n"
     "  --max-restarts N  when a worker dies or hangs, stop the others and start\n"
     "                  the group again from the newest checkpoint, up to N times\n"
     "                  (default 0)\n"
@@ -75,6 +76,10 @@ static const char train_help[] =
     "                  grow back to MAX (default 60)\n"
     "  -q, --quiet     print only errors and the final result\n"
     "  -h, --help      this help\n"
+    "\n"
+    "Numbers are decimal (no hex, nan or inf) and within the flag's range. The\n"
+    "worker count, the data files and a --resume PATH are checked before any\n"
+    "worker starts.\n"
     "\n"
     "'dtrain report RUN_DIR' turns a run directory into an HTML report.\n"
     "Progress is one live line on a terminal, plain lines every\n"
@@ -223,7 +228,7 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
                 (colon && parse_number("--workers MIN:MAX", colon + 1, 1, 1024, 1, &hi)))
                 return EXIT_USAGE;
             if (!colon) hi = lo;
-            if (lo > hi) return cli_error("--workers %s: MIN is larger than MAX", v), EXIT_USAGE;
+            if (lo > hi) return cli_error("--workers %s: expected MIN:MAX with MIN <= MAX", v), EXIT_USAGE;
             a->min_workers = (int)lo;
             a->workers = (int)hi;
             continue;
