@@ -418,7 +418,10 @@ int cmd_train(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     dt_config c;
     if ((rc = load_config(&a, &c))) return rc;
-    if ((rc = check_before_start(&a, &c))) return rc;
+    // Workers leave this to whoever started them: ours are checked by the
+    // supervisor, and under mpirun a --resume file need only be on rank 0's
+    // host (the resume itself fails there if it is missing).
+    if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
         char ts[32];
