@@ -19,6 +19,10 @@
  *      the machine or a memory cgroup are refused (exit 1) with the field and
  *      the bytes before anything is allocated or any worker starts; a batch
  *      larger than the data set needs no more memory than the data set.
+ *   6. Numbers: one table of bad values (nan, inf, 1e999, hex, octal-looking,
+ *      trailing junk, empty, negative, overflow, ...) against every numeric
+ *      flag of every subcommand, every kind of config field (in a file and
+ *      through --set), layer parameters and [model] input.
  *
  * Everything is written under a fresh temporary directory, removed at the
  * end unless a check failed or KEEP is set in the environment. CLI runs use
@@ -139,6 +143,21 @@ static void test_idx(void) {
     CHECK(buf == NULL, "failed read leaves *buf NULL");
     EXPECT_ERR(dt_read_file_gz(g_tmp, &buf, &len), DT_ERR_IO, g_tmp);  // a directory
 
+    // A split's files are found as NAME.gz, else as NAME (plain).
+    char fi[600], fl[600], want[700];
+    const char *fdir = tmp_path("find");
+    snprintf(fi, sizeof fi, "mkdir -p %s && touch %s/train-images-idx3-ubyte %s/train-labels-idx1-ubyte.gz "
+             "%s/train-labels-idx1-ubyte", fdir, fdir, fdir, fdir);
+    CHECK(tl_run(fi, NULL, 0) == 0, "set up %s", fdir);
+    st = dt_idx_find_split(fdir, "train", fi, fl, sizeof fi);
+    snprintf(want, sizeof want, "%s/train-images-idx3-ubyte", fdir);
+    CHECK(st == DT_OK && !strcmp(fi, want), "plain images found: %s (%s)", fi, dt_last_error());
+    snprintf(want, sizeof want, "%s/train-labels-idx1-ubyte.gz", fdir);
+    CHECK(st == DT_OK && !strcmp(fl, want), ".gz labels preferred to the plain name: %s", fl);
+    snprintf(want, sizeof want, "%s/t10k-images-idx3-ubyte.gz", fdir);
+    EXPECT_ERR(dt_idx_find_split(fdir, "t10k", fi, fl, sizeof fi), DT_ERR_IO, want, "t10k-images-idx3-ubyte, plain");
+    EXPECT_ERR(dt_idx_find_split(fdir, "train", fi, fl, 20), DT_ERR_ARG, "longer than");
+
     // A real .gz cut short, and one with flipped bytes in the deflate stream.
     size_t gzn;
     uint8_t *gz = read_all(FMNIST "/t10k-labels-idx1-ubyte.gz", &gzn);
@@ -229,19 +248,20 @@ static void test_config(void) {
     cfg_err(BASE "[train]\nbatchsize = 3\n", NULL, 0, "bad.ini:4:", "[train] batchsize", "unknown key");
     cfg_err(BASE "[optim]\nlr = 0.0.1\n", NULL, 0, "bad.ini:4:", "[optim] lr", "expected a number");
     cfg_err(BASE "[optim]\nlr = fast\n", NULL, 0, "bad.ini:4:", "[optim] lr", "'fast'");
-    cfg_err(BASE "[train]\nbatch = 0\n", NULL, 0, "bad.ini:4:", "[train] batch", "expected a value from 1");
+    cfg_err(BASE "[train]\nbatch = 0\n", NULL, 0, "bad.ini:4:", "[train] batch", "from 1 to 1048576");
     cfg_err(BASE "[train]\nbatch = 2.5\n", NULL, 0, "bad.ini:4:", "[train] batch", "whole number");
-    cfg_err(BASE "[optim]\nmomentum = 1.5\n", NULL, 0, "bad.ini:4:", "[optim] momentum", "expected a value");
+    cfg_err(BASE "[optim]\nmomentum = 1.5\n", NULL, 0, "bad.ini:4:", "[optim] momentum", "from 0 to 0.999999");
     cfg_err(BASE "[train]\nmax_steps = 1e400\n", NULL, 0, "bad.ini:4:", "[train] max_steps", "number");
     cfg_err(BASE "[train]\nseed = 99999999999999999999999\n", NULL, 0, "bad.ini:4:", "[train] seed", NULL);
     cfg_err(BASE "[optim]\nlr = nan\n", NULL, 0, "bad.ini:4:", "[optim] lr", NULL);
     cfg_err(BASE "[data]\nshuffle = maybe\n", NULL, 0, "bad.ini:4:", "[data] shuffle", "true or false");
     cfg_err(BASE "[optim]\nname = adam\n", NULL, 0, "bad.ini:4:", "[optim] name", "sgd, adamw");
-    cfg_err("[model]\nlayer = conv2d out=32 kernel=-5\n", NULL, 0, "bad.ini:2:", "[model] layer", "kernel=-5");
+    cfg_err("[model]\nlayer = conv2d out=32 kernel=-5\n", NULL, 0, "bad.ini:2: [model] layer: kernel", "'-5'", NULL);
     cfg_err("[model]\nlayer = linear\n", NULL, 0, "bad.ini:2:", "[model] layer", "out=N");
     cfg_err("[model]\nlayer = transformer out=3\n", NULL, 0, "bad.ini:2:", "[model] layer", "unknown layer");
     cfg_err("[model]\nlayer = relu size=3\n", NULL, 0, "bad.ini:2:", "[model] layer", "takes no parameter");
-    cfg_err("[model]\nlayer = dropout p=1.5\n", NULL, 0, "bad.ini:2:", "[model] layer", "probability");
+    cfg_err("[model]\nlayer = dropout p=1.5\n", NULL, 0, "bad.ini:2:", "[model] layer", "'1.5'");
+    cfg_err("[model]\nlayer = dropout p=1\n", NULL, 0, "bad.ini:2:", "[model] layer", "probability");
     cfg_err("[model]\ninput = 1x28x28x\npreset = mlp\n", NULL, 0, "bad.ini:2:", "[model] input", NULL);
     cfg_err("[model]\ninput = 4096x4096x4096\npreset = mlp\n", NULL, 0, "bad.ini:2:", "[model] input", NULL);
     cfg_err("[model]\npreset = resnet\n", NULL, 0, "bad.ini", "preset", "mlp or cnn");
@@ -251,6 +271,42 @@ static void test_config(void) {
     cfg_err("lr = 0.1\n" BASE, NULL, 0, "bad.ini:1:", "lr", "before any [section]");
     cfg_err("", NULL, 0, "bad.ini", "no layers", NULL);
     cfg_err(BASE "[train]\nepochs = 0\n", NULL, 0, "bad.ini", "epochs", "max_steps");
+
+    // A key given twice in a file names both lines; --set still overrides.
+    cfg_err(BASE "[train]\nbatch = 3\nbatch = 4\n", NULL, 0, "bad.ini:5: [train] batch", "first on line 4", NULL);
+    cfg_err(BASE "[train]\nbatch = 3\n[optim]\nlr = 0.1\n[train]\nbatch = 3\n", NULL, 0, "bad.ini:8: [train] batch",
+            "first on line 4", NULL);
+    cfg_err("[model]\npreset = mlp\npreset = cnn\n", NULL, 0, "bad.ini:3: [model] preset", "first on line 2", NULL);
+    cfg_err("[model]\ninput = 784\ninput = 784\npreset = mlp\n", NULL, 0, "bad.ini:3: [model] input",
+            "first on line 2", NULL);
+    cfg_err("[run]\nname = a\n" BASE "[run]\nname = b\n", NULL, 0, "bad.ini:6: [run] name", "first on line 2", NULL);
+    const char *s_batch[] = {"train.batch=8", "train.batch=16"};
+    CHECK(dt_config_parse(&c, BASE "[train]\nbatch = 4\n", "ok.ini", s_batch, 2) == DT_OK && c.batch == 16,
+          "--set overrides a file's key, the last --set wins (batch %d): %s", c.batch, dt_last_error());
+
+    // Layer lines: "name=value" with a name, each parameter once.
+    cfg_err("[model]\nlayer = relu =5\n", NULL, 0, "bad.ini:2: [model] layer", "'=5': expected name=value", NULL);
+    cfg_err("[model]\nlayer = linear =5 out=3\n", NULL, 0, "bad.ini:2: [model] layer", "expected name=value", NULL);
+    cfg_err("[model]\nlayer = linear out=3 out=4\n", NULL, 0, "bad.ini:2: [model] layer", "'out' given twice", NULL);
+    cfg_err("[model]\nlayer = linear out==3\n", NULL, 0, "bad.ini:2: [model] layer", "'=3'", NULL);
+
+    // The run name is one safe path component: it names runs/NAME-TIME.
+    const char *bad_names[] = {"../../x", "..", ".", ".hidden", "a/b", "/abs", "x y", "a\\b", "ä", "*", "$HOME"};
+    for (size_t i = 0; i < sizeof bad_names / sizeof *bad_names; i++) {
+        char t[200], set[100];
+        snprintf(t, sizeof t, "[run]\nname = %s\n" BASE, bad_names[i]);
+        cfg_err(t, NULL, 0, "bad.ini:2: [run] name", bad_names[i], "under runs/");
+        snprintf(set, sizeof set, "run.name=%s", bad_names[i]);
+        const char *sets[] = {set};
+        cfg_err(BASE, sets, 1, "--set: [run] name", "under runs/", NULL);
+    }
+    CHECK(dt_config_parse(&c, "[run]\nname = my-run_1.2\n" BASE, "ok.ini", NULL, 0) == DT_OK &&
+              !strcmp(c.name, "my-run_1.2"), "a plain run name is kept: %s", dt_last_error());
+    // A default name from an odd file name is made safe, and reads back.
+    CHECK(dt_config_parse(&c, BASE, "dir/we ird$.v2.ini", NULL, 0) == DT_OK && !strcmp(c.name, "we_ird_"),
+          "stem 'we ird$' becomes 'we_ird_', got '%s'", c.name);
+    CHECK(dt_config_parse(&c, BASE, "dir/.ini", NULL, 0) == DT_OK && !strcmp(c.name, "run"),
+          "stem '' becomes 'run', got '%s'", c.name);
     // A line longer than the INI reader's buffer is an error, not silently cut.
     char longline[700];
     snprintf(longline, sizeof longline, BASE "[data]\ndir = /%0400d\n", 7);
@@ -521,6 +577,59 @@ static void test_cli(void) {
              tmp_path("nodata"), Q, tmp_path("run-nodata"));
     cli(1, args, tmp_path("nodata"), NULL);
 
+    // IDX files are found as NAME.gz or NAME: a copy of the small set under
+    // the plain names trains; a directory with neither names both.
+    const char *plain = tmp_path("plain");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && for f in %s/*.gz; do b=$(basename $f .gz); cp $f %s/$b; done", plain,
+             small, plain);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "set up %s: %s", plain, g_out);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s --run-dir %s",
+             plain, Q, tmp_path("run-plain"));
+    cli(0, args, NULL, NULL);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s %s --workers 4 --run-dir %s",
+             tmp_path("nodata"), Q, tmp_path("run-nodata"));
+    snprintf(want, sizeof want, "%s/train-images-idx3-ubyte.gz", tmp_path("nodata"));
+    cli(1, args, want, "train-images-idx3-ubyte, plain");
+
+    // Worker counts are checked against the config before any starts.
+    const char *wdir = tmp_path("run-workers");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 1000 --run-dir %s", wdir);
+    cli(2, args, "--workers 1000", "[train] batch 256 is smaller than the 1000 workers");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 5 --deterministic --run-dir %s", wdir);
+    cli(2, args, "--workers 5", "micro_shards (12)");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2:5 --deterministic --run-dir %s", wdir);
+    cli(2, args, "--workers 5", "micro_shards (12)");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 8 --set train.batch=4 --run-dir %s", wdir);
+    cli(2, args, "--workers 8", "batch 4");
+    snprintf(cmd, sizeof cmd, "test -e %s", wdir);
+    CHECK(tl_run(cmd, NULL, 0) != 0, "no worker started: %s does not exist", wdir);
+
+    // --resume PATH: a path that is missing, or holds no checkpoint, is an
+    // error; only auto may find nothing.
+    const char *nockpt = tmp_path("no-checkpoints");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s %s --resume %s --run-dir %s",
+             small, Q, tmp_path("missing-ckpt"), tmp_path("run-resume"));
+    cli(1, args, "[checkpoint] resume", tmp_path("missing-ckpt"));
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s %s --set checkpoint.resume=%s "
+             "--workers 2 --run-dir %s", small, Q, tmp_path("missing-ckpt"), tmp_path("run-resume"));
+    cli(1, args, "[checkpoint] resume", tmp_path("missing-ckpt"));
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", nockpt);
+    tl_run(cmd, NULL, 0);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s "
+             "--resume %s --run-dir %s", small, Q, nockpt, tmp_path("run-resume"));
+    cli(1, args, "no checkpoint at", nockpt);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s "
+             "--resume auto --run-dir %s", small, Q, tmp_path("run-resume-auto"));
+    cli(0, args, NULL, NULL);
+
+    // A run name that would leave runs/.
+    const char *escape = tmp_path("escape.ini");
+    const char esc[] = "[run]\nname = ../../x\n[model]\npreset = mlp\n";
+    write_file(escape, esc, sizeof esc - 1);
+    snprintf(args, sizeof args, "train %s", escape);
+    snprintf(want, sizeof want, "%s:2: [run] name", escape);
+    cli(1, args, want, "'../../x'");
+
     // Divergence: a huge constant learning rate makes the loss NaN/Inf in a
     // few steps; the run stops with exit 1 naming the step.
     snprintf(args, sizeof args,
@@ -669,6 +778,145 @@ static void test_memory(void) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// 6. numbers: every numeric flag and config field against one table
+
+// Values no number in dtrain accepts (every range there is within
+// [-1e6, 1.9e19], and none takes a negative value except [data] mean).
+// blank: has surrounding blanks, which an INI file trims (so not for files).
+static const struct {
+    const char *text;
+    int blank;
+} bad_numbers[] = {
+    {"nan", 0}, {"NaN", 0}, {"-nan", 0}, {"nan(1)", 0}, {"inf", 0}, {"-inf", 0}, {"+inf", 0}, {"Infinity", 0},
+    {"1e999", 0}, {"-1e999", 0}, {"1e-400", 0}, {"0x40", 0}, {"0X10", 0}, {"0x1p3", 0}, {"0b101", 0},
+    {"010", 0}, {"007", 0}, {"00", 0}, {"12abc", 0}, {"3 4", 0}, {"1,5", 0}, {"1.5.2", 0}, {"1_000", 0},
+    {"1e", 0}, {"e5", 0}, {".", 0}, {"+", 0}, {"-", 0}, {"--1", 0}, {"", 0}, {" 1", 1}, {"1 ", 1},
+    {"-5", 0}, {"-1", 0}, {"99999999999999999999", 0}, {"18446744073709551616", 0}, {"1e20", 0},
+};
+#define NBAD (int)(sizeof bad_numbers / sizeof bad_numbers[0])
+static int g_number_cases;
+
+// A config in a file and through --set, for each bad value of field.
+static void number_field(const char *sec, const char *key, const char *extra_bad) {
+    for (int i = -1; i < NBAD; i++) {
+        const char *v = i < 0 ? extra_bad : bad_numbers[i].text;
+        if (!v) continue;
+        char text[300], set[200], where[100];
+        snprintf(where, sizeof where, "[%s] %s", sec, key);
+        if (i < 0 || !bad_numbers[i].blank) {
+            snprintf(text, sizeof text, BASE "[%s]\n%s = %s\n", sec, key, v);
+            cfg_err(text, NULL, 0, "bad.ini:4: ", where, *v ? NULL : "got nothing");
+            g_number_cases++;
+        }
+        snprintf(set, sizeof set, "%s.%s=%s", sec, key, v);
+        const char *sets[] = {set};
+        cfg_err(BASE, sets, 1, "--set: ", where, *v ? NULL : "got nothing");
+        g_number_cases++;
+    }
+}
+
+static void test_number_config(void) {
+    number_field("train", "batch", "2.5");              // int
+    number_field("train", "max_steps", "1.5");          // int64
+    number_field("train", "seed", "0.5");               // uint64, exact
+    number_field("optim", "lr", "0");                   // float, positive
+    number_field("checkpoint", "every_seconds", NULL);  // float from 0
+    number_field("obs", "metrics_port", "65536");       // int, upper bound
+    // Layer parameters and [model] input, in files.
+    const char *layers[] = {"linear out=%s", "dropout p=%s", "conv2d out=3 kernel=%s", "layernorm eps=%s"};
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < NBAD; i++) {
+            if (bad_numbers[i].blank || strchr(bad_numbers[i].text, ' ')) continue;  // a blank ends the parameter
+            char layer[100], text[200];
+            snprintf(layer, sizeof layer, layers[l], bad_numbers[i].text);
+            snprintf(text, sizeof text, "[model]\ninput = 784\nlayer = %s\n", layer);
+            cfg_err(text, NULL, 0, "bad.ini:3: [model] layer", NULL, NULL);
+            snprintf(text, sizeof text, "[model]\ninput = %s\npreset = mlp\n", bad_numbers[i].text);
+            if (l == 0) cfg_err(text, NULL, 0, "bad.ini:2: [model] input", NULL, NULL), g_number_cases++;
+            g_number_cases++;
+        }
+    cfg_err("[model]\ninput = 1x010x28\npreset = mlp\n", NULL, 0, "bad.ini:2: [model] input", "1x010x28", NULL);
+    // Good spellings still read.
+    dt_config c;
+    const char *good[] = {"optim.lr=1e-3", "train.batch=1e2", "data.mean=-0.5", "optim.momentum=.9",
+                          "train.max_steps=+7", "optim.weight_decay=0", "optim.clip_norm=5."};
+    CHECK(dt_config_parse(&c, BASE, "ok.ini", good, 7) == DT_OK && c.batch == 100 && c.max_steps == 7 &&
+              c.optim.lr == 1e-3f && c.optim.momentum == 0.9f && c.mean == -0.5f && c.optim.clip_norm == 5.0f,
+          "decimal spellings read: %s", dt_last_error());
+    // The parser itself: what it names, and the u64 edge.
+    double x;
+    uint64_t u;
+    EXPECT_ERR(dt_parse_number("--flag", "0x40", 0, 100, 1, &x), DT_ERR_CONFIG, "--flag: ", "'0x40'", "decimal");
+    EXPECT_ERR(dt_parse_number("--flag", "010", 0, 100, 1, &x), DT_ERR_CONFIG, "'010'", "leading zeros");
+    EXPECT_ERR(dt_parse_number("--flag", NULL, 0, 100, 1, &x), DT_ERR_CONFIG, "--flag: ", "got nothing");
+    EXPECT_ERR(dt_parse_u64("--seed", "18446744073709551616", UINT64_MAX, &u), DT_ERR_CONFIG, "--seed: ", "whole");
+    CHECK(dt_parse_u64("s", "18446744073709551615", UINT64_MAX, &u) == DT_OK && u == UINT64_MAX,
+          "2^64-1 reads exactly: %s", dt_last_error());
+    CHECK(dt_parse_number("s", "0", 0, 0, 1, &x) == DT_OK && x == 0 && dt_parse_number("s", "-0.0", 0, 1, 0, &x) == DT_OK,
+          "0 and -0.0 read: %s", dt_last_error());
+    g_number_cases += 7;
+}
+
+// The numeric flags of every subcommand. fmt makes the value from the bad
+// text (--workers MIN:MAX has two numbers); low is below the flag's range
+// (NULL: the table's negatives are); good is accepted (checked with --help).
+static const struct {
+    const char *cmd, *flag, *fmt;
+    int whole;
+    const char *low, *good;
+} num_flags[] = {
+    {"train configs/fashion-mlp.ini", "--checkpoint-every", "%s", 1, "0", "5"},
+    {"train configs/fashion-mlp.ini", "--checkpoint-seconds", "%s", 0, "0", "1.5"},
+    {"train configs/fashion-mlp.ini", "--keep", "%s", 1, "0", "2"},
+    {"train configs/fashion-mlp.ini", "--metrics-port", "%s", 1, "0", "9100"},
+    {"train configs/fashion-mlp.ini", "--max-restarts", "%s", 1, NULL, "3"},
+    {"train configs/fashion-mlp.ini", "--heartbeat-timeout", "%s", 0, NULL, "0.5"},
+    {"train configs/fashion-mlp.ini", "--elastic-retry", "%s", 0, "0", "5"},
+    {"train configs/fashion-mlp.ini", "--workers", "%s", 1, "0", "2"},
+    {"train configs/fashion-mlp.ini", "--workers", "%s:4", 1, "0", "1:4"},
+    {"train configs/fashion-mlp.ini", "--workers", "1:%s", 1, "0", "2:2"},
+    {"run", "-n", "%s", 1, "0", "2"},
+    {"run", "--nranks", "%s", 1, "0", "4096"},
+    {"run", "--timeout", "%s", 0, "0", "0.5"},
+    {"run", "--grace", "%s", 0, NULL, "0"},
+    {"sample x.ini", "-n", "%s", 1, NULL, "10"},
+    {"sample x.ini", "--temperature", "%s", 0, NULL, "0.7"},
+    {"sample x.ini", "--top-k", "%s", 1, NULL, "40"},
+    {"sample x.ini", "--seed", "%s", 1, NULL, "18446744073709551615"},
+    {"prepare-text x", "--val-fraction", "%s", 0, "0", "0.2"},
+};
+
+static void test_number_flags(void) {
+    char args[600], val[100], want[200];
+    for (size_t f = 0; f < sizeof num_flags / sizeof *num_flags; f++) {
+        const char *flag = num_flags[f].flag;
+        snprintf(args, sizeof args, "%s %s %s --help", num_flags[f].cmd, flag, num_flags[f].good);
+        cli(0, args, "usage", NULL);
+        snprintf(args, sizeof args, "%s %s", num_flags[f].cmd, flag);  // no value
+        cli(2, args, flag, NULL);
+        g_number_cases += 2;
+        for (int i = -2; i < NBAD; i++) {
+            const char *b = i == -2 ? num_flags[f].low : i == -1 ? (num_flags[f].whole ? "1.5" : NULL)
+                                                                  : bad_numbers[i].text;
+            if (!b) continue;
+            snprintf(val, sizeof val, num_flags[f].fmt, b);
+            snprintf(args, sizeof args, "%s %s '%s'", num_flags[f].cmd, flag, val);
+            snprintf(want, sizeof want, "'%s'", b);
+            cli(2, args, flag, *b ? want : NULL);
+            g_number_cases++;
+        }
+    }
+    // A flag's number is read whole after '=' too.
+    cli(2, "train configs/fashion-mlp.ini --keep=0x10", "--keep", "'0x10'");
+    cli(2, "train configs/fashion-mlp.ini --workers 3:2", "--workers 3:2", "expected MIN:MAX with MIN <= MAX");
+    cli(2, "train configs/fashion-mlp.ini --set train.batch=0x40", "--set: [train] batch", "'0x40'");
+    cli(2, "train configs/fashion-mlp.ini --set optim.lr=nan", "--set: [optim] lr", "'nan'");
+    g_number_cases += 4;
+    printf("numbers: %d bad-value cases (%d values x %zu flags, config fields, layers)\n", g_number_cases, NBAD,
+           sizeof num_flags / sizeof *num_flags);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/dtrain-badinput-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
@@ -681,6 +929,8 @@ int main(void) {
     test_safetensors();
     test_cli();
     test_memory();
+    test_number_config();
+    test_number_flags();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);

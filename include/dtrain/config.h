@@ -93,6 +93,19 @@ typedef struct {
     int eval_batches;              /* batches per validation loss */
 } dt_config;
 
+/* The one number reader of configs and command-line flags. `text` must be,
+ * whole, a decimal number: an optional sign, digits (no leading zeros: "010"
+ * is not 8 nor 10), an optional fraction and exponent; so no hex, "inf",
+ * "nan", blanks or trailing characters. The value must be finite, within
+ * [lo, hi], and whole when `whole` is set. On success *out holds it; else
+ * DT_ERR_CONFIG with the message "WHAT: expected ..., got 'TEXT'" (`what`
+ * names the flag or "FILE:LINE: [section] key"). */
+DT_API dt_status dt_parse_number(const char *what, const char *text, double lo, double hi, int whole,
+                                 double *out);
+/* dt_parse_number for a whole number in [0, max], exact beyond 2^53 when
+ * written as plain digits (a seed such as 18000000000000000001). */
+DT_API dt_status dt_parse_u64(const char *what, const char *text, uint64_t max, uint64_t *out);
+
 /* Defaults for every field (the values docs/config.md lists). */
 DT_API void dt_config_defaults(dt_config *c);
 

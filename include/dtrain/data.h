@@ -36,6 +36,14 @@ DT_API dt_status dt_idx_read_header(const char *path, dt_idx *out);
  * its size. */
 DT_API dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len);
 
+/* The image and label files of one split of an IDX data set in dir, named
+ * the MNIST family's way: DIR/PREFIX-images-idx3-ubyte and
+ * DIR/PREFIX-labels-idx1-ubyte (PREFIX "train" or "t10k"), each found as
+ * NAME.gz or, when that is absent, NAME (a plain file under either name
+ * reads as well). Writes the paths (n bytes each); DT_ERR_IO naming both
+ * names when neither exists. */
+DT_API dt_status dt_idx_find_split(const char *dir, const char *prefix, char *images, char *labels, size_t n);
+
 /* ---- in-memory datasets ------------------------------------------------------ */
 
 typedef struct {

@@ -68,6 +68,12 @@ typedef struct {
 DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress,
                           void *user, dt_train_result *res);
 
+/* Checks c against a run on W workers, as dt_train will before it builds
+ * anything (the distribution strategy's own checks: a global batch of at
+ * least W samples; in deterministic mode micro_shards a multiple of W);
+ * DT_ERR_CONFIG naming the field otherwise. */
+DT_API dt_status dt_train_check(const dt_config *c, int W);
+
 /* Asks the running dt_train (of this process) to stop after the current
  * step: every rank stops after the same step, a checkpoint is written when
  * checkpoints are on, and dt_train returns DT_OK with res->stopped = 1.

@@ -4,8 +4,10 @@
 #include "dtrain/data.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define DT_MAX_FILE_BYTES ((size_t)1 << 32)  // 4 GiB
@@ -67,6 +69,25 @@ dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
     *buf = b;
     *len = n;
     return DT_OK;
+}
+
+// DIR/NAME.gz, or DIR/NAME when only that exists.
+static dt_status find_idx(const char *dir, const char *name, char *out, size_t n) {
+    if ((size_t)snprintf(out, n, "%s/%s.gz", dir, name) >= n)
+        return dt_error(DT_ERR_ARG, "%s/%s.gz: path longer than %zu bytes", dir, name, n - 1);
+    if (access(out, F_OK) == 0) return DT_OK;
+    snprintf(out, n, "%s/%s", dir, name);
+    if (access(out, F_OK) == 0) return DT_OK;
+    return dt_error(DT_ERR_IO, "%s/%s.gz: cannot open: no such file (nor %s, plain)", dir, name, out);
+}
+
+dt_status dt_idx_find_split(const char *dir, const char *prefix, char *images, char *labels, size_t n) {
+    char name[256];
+    snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
+    dt_status st = find_idx(dir, name, images, n);
+    if (st != DT_OK) return st;
+    snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
+    return find_idx(dir, name, labels, n);
 }
 
 static uint32_t be32(const uint8_t *p) {

@@ -83,6 +83,8 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
             dt_log(DT_LOG_INFO, "resuming from %s: step %lld (epoch %lld, batch %lld), written by %d worker%s", used,
                    (long long)s->step, (long long)s->epoch + 1, (long long)s->epoch_batch, s->world,
                    s->world > 1 ? "s" : "");
+        else if (st == DT_OK && from != dir)  // only auto may find none
+            st = dt_error(DT_ERR_IO, "[checkpoint] resume: no checkpoint at %s (a file, or a directory holding step-N checkpoints)", from);
         else if (st == DT_OK)
             dt_log(DT_LOG_INFO, "no checkpoint in %s: starting from step 0", from);
         s->world = W;

@@ -34,6 +34,8 @@ const dt_task_ops *dt_task_for(const dt_config *c) {
     return &dt_task_classifier;
 }
 
+dt_status dt_train_check(const dt_config *c, int W) { return dt_strategy_for(c)->check(c, W); }
+
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
                                const dt_train_result *r, size_t nparams) {
     cJSON *o = cJSON_CreateObject();
@@ -124,7 +126,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->rank = rank;
     res->workers = W;
     res->threads = threads;
-    DT_TRY(sops->check(c, W), done);
+    DT_TRY(dt_train_check(c, W), done);
     int model_rows;  // the largest batch the model runs, from the memory check
     DT_TRY(dt_check_memory(c, DT_MEM_TRAIN, W, 0, &model_rows), done);
     DT_TRY(dt_worker_run_dir(c, run_dir), done);

@@ -44,8 +44,9 @@ static int optim_states(const dt_config *c) {
 // headers alone.
 static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
     dt_idx h;
-    snprintf(img, len, "%s/%s-images-idx3-ubyte.gz", c->data_dir, pre);
-    dt_status st = dt_idx_read_header(img, &h);
+    char lab[1100];
+    dt_status st = dt_idx_find_split(c->data_dir, pre, img, lab, len < sizeof lab ? len : sizeof lab);
+    if (st == DT_OK) st = dt_idx_read_header(img, &h);
     if (st != DT_OK) return st;
     *n = h.dims[0];
     *ss = h.count / (size_t)h.dims[0];

@@ -24,9 +24,8 @@ struct dt_task {
 static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
     char img[1024], lab[1024];
     const char *pre = !strcmp(split, "train") ? "train" : "t10k";
-    snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte.gz", c->data_dir, pre);
-    snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", c->data_dir, pre);
-    dt_status st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std);
+    dt_status st = dt_idx_find_split(c->data_dir, pre, img, lab, sizeof img);
+    if (st == DT_OK) st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std);
     if (st != DT_OK) return st;
     int want = c->input[0] * c->input[1] * c->input[2];
     if ((int)dt_dataset_sample_size(ds) != want) {

@@ -14,13 +14,93 @@
 #include <string.h>
 
 // ----------------------------------------------------------------------------
+// numbers: the one reader of config values and command-line flags
+
+// Checks that s is, whole, a decimal number; NULL if so, else what is
+// wrong. *digits: it is only digits (with a sign), so strtoull reads it
+// exactly.
+static const char *decimal_syntax(const char *s, int *digits) {
+    const char *q = s;
+    if (*q == '+' || *q == '-') q++;
+    const char *int_part = q;
+    while (isdigit((unsigned char)*q)) q++;
+    size_t nint = (size_t)(q - int_part), nfrac = 0;
+    *digits = nint > 0;
+    if (*q == '.') {
+        const char *f = ++q;
+        while (isdigit((unsigned char)*q)) q++;
+        nfrac = (size_t)(q - f);
+        *digits = 0;
+    }
+    if (nint + nfrac == 0) return "";
+    if (nint > 1 && int_part[0] == '0') return " (no leading zeros: '010' is neither octal 8 nor 10)";
+    if (*q == 'e' || *q == 'E') {
+        q++;
+        if (*q == '+' || *q == '-') q++;
+        const char *e = q;
+        while (isdigit((unsigned char)*q)) q++;
+        if (q == e) return "";
+        *digits = 0;
+    }
+    return *q ? "" : NULL;
+}
+
+// Formats the range "from LO to HI" of a message.
+static void range_text(char *buf, size_t n, double lo, double hi) {
+    snprintf(buf, n, "from %.15g to %.15g", lo, hi);
+}
+
+static dt_status parse_decimal(const char *what, const char *text, double lo, double hi, int whole, double *out,
+                               int *digits) {
+    char range[100];
+    range_text(range, sizeof range, lo, hi);
+    const char *kind = whole ? "a whole number" : "a number";
+    if (!text || !*text) return dt_error(DT_ERR_CONFIG, "%s: expected %s %s, got nothing", what, kind, range);
+    const char *why = decimal_syntax(text, digits);
+    if (why)
+        return dt_error(DT_ERR_CONFIG, "%s: expected %s %s in decimal (no hex, inf or nan), got '%s'%s", what,
+                        kind, range, text, why);
+    errno = 0;
+    double v = strtod(text, NULL);
+    if (errno == ERANGE || !isfinite(v))
+        return dt_error(DT_ERR_CONFIG, "%s: expected %s %s, got '%s' (%s)", what, kind, range, text,
+                        fabs(v) > 1 ? "too large for a double" : "too small for a double");
+    if (whole && v != floor(v))
+        return dt_error(DT_ERR_CONFIG, "%s: expected a whole number %s, got '%s'", what, range, text);
+    if (!(v >= lo && v <= hi)) return dt_error(DT_ERR_CONFIG, "%s: expected %s %s, got '%s'", what, kind, range, text);
+    *out = v;
+    return DT_OK;
+}
+
+dt_status dt_parse_number(const char *what, const char *text, double lo, double hi, int whole, double *out) {
+    int digits;
+    return parse_decimal(what, text, lo, hi, whole, out, &digits);
+}
+
+dt_status dt_parse_u64(const char *what, const char *text, uint64_t max, uint64_t *out) {
+    int digits = 0;
+    double v, hi = (double)max;  // rounds up for max near 2^64: the exact check below decides
+    dt_status st = parse_decimal(what, text, 0, hi, 1, &v, &digits);
+    if (st != DT_OK) return st;
+    char range[100];
+    range_text(range, sizeof range, 0, hi);
+    errno = 0;
+    unsigned long long u = digits ? strtoull(text, NULL, 10) : 0;
+    if (digits ? errno == ERANGE || u > max : v >= 18446744073709551616.0 || (uint64_t)v > max)
+        return dt_error(DT_ERR_CONFIG, "%s: expected a whole number %s, got '%s'", what, range, text);
+    *out = digits ? (uint64_t)u : (uint64_t)v;
+    return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
 // the field table
 
 // The longest line inih reads (its buffer also holds "\r\n\0"). String
 // values are limited so that dt_config_write's "key = value" fits too.
 #define MAX_LINE_CHARS (INI_MAX_LINE - 3)
 
-typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_BOOL, F_STR, F_ENUM } ftype;
+// F_NAME: a string that is one safe path component (the run name).
+typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_BOOL, F_STR, F_NAME, F_ENUM } ftype;
 
 typedef struct {
     const char *sec, *key;
@@ -37,7 +117,7 @@ static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
-    {"run", "name", F_STR, O(name), 0, 0, NULL},
+    {"run", "name", F_NAME, O(name), 0, 0, NULL},
     {"model", "preset", F_STR, O(preset), 0, 0, NULL},
     {"data", "dataset", F_ENUM, O(dataset), 0, 0, dataset_names},
     {"data", "dir", F_STR, O(data_dir), 0, 0, NULL},
@@ -64,7 +144,7 @@ static const field fields[] = {
     {"train", "eval_batch", F_INT, O(eval_batch), 1, 1 << 20, NULL},
     {"train", "epochs", F_INT, O(epochs), 0, 1e6, NULL},
     {"train", "max_steps", F_I64, O(max_steps), 0, 1e15, NULL},
-    {"train", "seed", F_U64, O(seed), 0, 1.8e19, NULL},
+    {"train", "seed", F_U64, O(seed), 0, (double)UINT64_MAX, NULL},
     {"train", "threads", F_INT, O(threads), 0, 4096, NULL},
     {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
     {"train", "grad_accum", F_INT, O(grad_accum), 1, 1 << 16, NULL},
@@ -165,11 +245,13 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
                           : s->kind == DT_LAYER_MAXPOOL ? "kernel stride"
                           : s->kind == DT_LAYER_DROPOUT ? "p"
                           : s->kind == DT_LAYER_LAYERNORM ? "eps" : "";
+    char seen[64] = " ";  // parameters given so far, " out kernel "
     while ((tok = strtok_r(NULL, " \t", &save))) {
         char *eq = strchr(tok, '=');
         if (!eq) return snprintf(err, errn, "'%s': expected name=value", tok), -1;
         *eq = 0;
         const char *name = tok, *val = eq + 1;
+        if (!*name) return snprintf(err, errn, "'=%s': expected name=value", val), -1;
         char pat[40];
         snprintf(pat, sizeof pat, " %s ", name);
         char al[64];
@@ -177,14 +259,12 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
         if (!strstr(al, pat))
             return snprintf(err, errn, "%s takes no parameter '%s' (it takes: %s)",
                             dt_layer_kind_name(s->kind), name, *allowed ? allowed : "none"), -1;
-        char *end;
-        errno = 0;
-        double v = strtod(val, &end);
-        if (end == val || *end || errno || !isfinite(v))
-            return snprintf(err, errn, "%s=%s: expected a number", name, val), -1;
+        if (strstr(seen, pat)) return snprintf(err, errn, "parameter '%s' given twice", name), -1;
+        snprintf(seen + strlen(seen), sizeof seen - strlen(seen), "%s ", name);
         int is_int = strcmp(name, "p") && strcmp(name, "eps");
-        if (is_int && (v != floor(v) || v < 0 || v > 1e6))
-            return snprintf(err, errn, "%s=%s: expected a whole number from 0 to 1000000", name, val), -1;
+        double v;
+        if (dt_parse_number(name, val, 0, is_int ? 1e6 : 1, is_int, &v) != DT_OK)
+            return snprintf(err, errn, "%s", dt_last_error()), -1;
         if (!strcmp(name, "out")) s->out = (int)v;
         else if (!strcmp(name, "kernel")) s->kernel = (int)v;
         else if (!strcmp(name, "stride")) s->stride = (int)v;
@@ -233,32 +313,53 @@ typedef struct {
     int fail_line;      // line of the first failure
     int file_layers;    // layer lines seen
     int preset_line;
+    int seen_line[NFIELDS + 1];  // per field (+ [model] input): where the file set it
     // the stream being read
     const char *text;
     size_t pos;
 } parser;
 
-static int fail(parser *p, const char *sec, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(parser *p, const char *sec, const char *key, const char *fmt, ...) {
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (p->line > 0) dt_error(DT_ERR_CONFIG, "%s:%d: [%s] %s: %s", p->what, p->line, sec, key, msg);
-    else dt_error(DT_ERR_CONFIG, "%s: [%s] %s: %s", p->what, sec, key, msg);
+// A run name is one path component under runs/: letters, digits, '.', '_'
+// and '-', not starting with '.' (so neither "..", a hidden name nor a '/').
+static int name_ok(const char *s) {
+    if (!*s || *s == '.') return 0;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr("._-", *s)) return 0;
+    return 1;
+}
+
+// "FILE:LINE: [section] key" (or "--set: [section] key"): how errors name a field.
+static void field_name(const parser *p, const char *sec, const char *key, char *buf, size_t n) {
+    if (p->line > 0) snprintf(buf, n, "%s:%d: [%s] %s", p->what, p->line, sec, key);
+    else snprintf(buf, n, "%s: [%s] %s", p->what, sec, key);
+}
+
+// Marks the parse failed (the message is already recorded); returns 0, what
+// inih's handler returns to stop.
+static int failed(parser *p) {
     p->failed = 1;
     p->fail_line = p->line;
     return 0;
 }
 
+static int fail(parser *p, const char *sec, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(parser *p, const char *sec, const char *key, const char *fmt, ...) {
+    char msg[600], name[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    field_name(p, sec, key, name, sizeof name);
+    dt_error(DT_ERR_CONFIG, "%s: %s", name, msg);
+    return failed(p);
+}
+
 static int set_field(parser *p, const field *f, const char *val) {
     char *dst = (char *)p->c + f->off;
-    char *end;
-    errno = 0;
     switch (f->type) {
     case F_STR:
+    case F_NAME:
         if (strlen(val) >= f->size || strlen(f->key) + 3 + strlen(val) > MAX_LINE_CHARS) {
             size_t max = MAX_LINE_CHARS - 3 - strlen(f->key);
             return fail(p, f->sec, f->key, "value longer than %zu characters",
@@ -275,6 +376,10 @@ static int set_field(parser *p, const field *f, const char *val) {
         }
         if (*val && (isspace((unsigned char)val[0]) || isspace((unsigned char)val[strlen(val) - 1])))
             return fail(p, f->sec, f->key, "value with leading or trailing blanks: '%s'", val);
+        if (f->type == F_NAME && !name_ok(val))
+            return fail(p, f->sec, f->key,
+                        "expected a name of letters, digits, '.', '_' and '-' that does not start with '.' "
+                        "(it names a directory under runs/), got '%s'", val);
         snprintf(dst, f->size, "%s", val);
         return 1;
     case F_BOOL:
@@ -296,25 +401,14 @@ static int set_field(parser *p, const field *f, const char *val) {
     }
     default: break;
     }
-    double v = strtod(val, &end);
-    if (end == val || *end || errno == ERANGE || !isfinite(v))
-        return fail(p, f->sec, f->key, "expected a number, got '%s'", val);
-    int integral = f->type == F_INT || f->type == F_I64 || f->type == F_U64;
-    if (integral && v != floor(v))
-        return fail(p, f->sec, f->key, "expected a whole number, got '%s'", val);
-    if (v < f->lo || v > f->hi)
-        return fail(p, f->sec, f->key, "expected a value from %g to %g, got '%s'", f->lo, f->hi, val);
+    char name[700];
+    field_name(p, f->sec, f->key, name, sizeof name);
+    if (f->type == F_U64) return dt_parse_u64(name, val, UINT64_MAX, (uint64_t *)dst) == DT_OK ? 1 : failed(p);
+    double v;
+    if (dt_parse_number(name, val, f->lo, f->hi, f->type != F_FLOAT, &v) != DT_OK) return failed(p);
     switch (f->type) {
     case F_INT: *(int *)dst = (int)v; break;
     case F_I64: *(int64_t *)dst = (int64_t)v; break;
-    case F_U64: {
-        // Exact for plain digits beyond 2^53; other forms (1e3) via the double.
-        char *e2;
-        errno = 0;
-        unsigned long long u = strtoull(val, &e2, 10);
-        *(uint64_t *)dst = *e2 || errno || val[0] == '-' ? (uint64_t)v : (uint64_t)u;
-        break;
-    }
     case F_FLOAT: *(float *)dst = (float)v; break;
     default: break;
     }
@@ -323,23 +417,32 @@ static int set_field(parser *p, const field *f, const char *val) {
 
 static int set_input(parser *p, const char *val) {
     int d[3] = {0, 1, 1}, n = 0;
-    const char *s = val;
-    while (n < 3) {
-        char *end;
-        if (*s < '0' || *s > '9') break;
-        long x = strtol(s, &end, 10);
-        if (end == s || x <= 0 || x > 1 << 20) break;
-        d[n++] = (int)x;
-        s = end;
-        if (*s != 'x' || n == 3) break;
-        s++;
+    char buf[MAX_LINE_CHARS + 1], name[700];
+    snprintf(buf, sizeof buf, "%s", val);
+    field_name(p, "model", "input", name, sizeof name);
+    for (char *s = buf, *x; s; s = x, n++) {
+        if ((x = strchr(s, 'x'))) *x++ = 0;
+        double v;
+        if (n == 3 || dt_parse_number(name, s, 1, 1 << 20, 1, &v) != DT_OK)
+            return fail(p, "model", "input", "expected CxHxW or a feature count of whole numbers from 1 to %d "
+                        "(e.g. 1x28x28 or 784), got '%s'", 1 << 20, val);
+        d[n] = (int)v;
     }
-    if (n == 0 || *s) return fail(p, "model", "input", "expected CxHxW or a feature count (e.g. 1x28x28 or 784), got '%s'", val);
     if ((int64_t)d[0] * d[1] * d[2] > 1 << 28)
         return fail(p, "model", "input", "%s is %lld values per sample, more than %d", val,
                     (long long)d[0] * d[1] * d[2], 1 << 28);
     memcpy(p->c->input, d, sizeof d);
     return 1;
+}
+
+// A key that the file gives twice is an error (a --set overrides the file,
+// and layer lines repeat).
+static int duplicate(parser *p, int slot, const char *sec, const char *key) {
+    if (p->line <= 0) return 0;
+    if (p->seen_line[slot])
+        return !fail(p, sec, key, "given twice (first on line %d); give each key once", p->seen_line[slot]);
+    p->seen_line[slot] = p->line;
+    return 0;
 }
 
 static int handle(void *user, const char *sec, const char *key, const char *val) {
@@ -354,9 +457,11 @@ static int handle(void *user, const char *sec, const char *key, const char *val)
         p->file_layers++;
         return 1;
     }
-    if (!strcmp(sec, "model") && !strcmp(key, "input")) return set_input(p, val);
+    if (!strcmp(sec, "model") && !strcmp(key, "input"))
+        return duplicate(p, NFIELDS, sec, key) ? 0 : set_input(p, val);
     for (int i = 0; i < NFIELDS; i++)
         if (!strcmp(fields[i].sec, sec) && !strcmp(fields[i].key, key)) {
+            if (duplicate(p, i, sec, key)) return 0;
             if (!strcmp(sec, "model") && !strcmp(key, "preset")) p->preset_line = p->line ? p->line : -1;
             return set_field(p, &fields[i], val);
         }
@@ -464,10 +569,13 @@ static dt_status finish(dt_config *c, const char *what) {
 dt_status dt_config_parse(dt_config *c, const char *text, const char *what, const char *const *overrides,
                           int noverrides) {
     dt_config_defaults(c);
-    // The run name defaults to the file's stem.
+    // The run name defaults to the file's stem, made a safe name.
     const char *base = strrchr(what, '/');
     base = base ? base + 1 : what;
     snprintf(c->name, sizeof c->name, "%.*s", (int)strcspn(base, "."), base);
+    for (char *q = c->name; *q; q++)
+        if (!isalnum((unsigned char)*q) && !strchr("._-", *q)) *q = '_';
+    if (!name_ok(c->name)) snprintf(c->name, sizeof c->name, "run");
     parser p = {.c = c, .what = what, .text = text};
     int rc = ini_parse_stream(read_line, &p, handle, &p);
     // inih returns the first bad line; report a syntax error there rather
@@ -556,7 +664,8 @@ char *dt_config_format(const dt_config *c) {
             if (!strcmp(f->key, "preset") && !c->gpt) continue;  // written out as layers above
             const char *src = (const char *)c + f->off;
             switch (f->type) {
-            case F_STR: fprintf(m, "%s = %s\n", f->key, src); break;
+            case F_STR:
+            case F_NAME: fprintf(m, "%s = %s\n", f->key, src); break;
             case F_BOOL: fprintf(m, "%s = %s\n", f->key, *(const int *)src ? "true" : "false"); break;
             case F_ENUM:
                 fprintf(m, "%s = %s\n", f->key, f->size == sizeof(int) ? f->choices[*(const int *)src] : src);

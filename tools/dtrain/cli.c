@@ -1,5 +1,6 @@
 /* Helpers shared by the subcommands. */
 #include "cli.h"
+#include "dtrain/config.h"
 
 #include "dtrain/core.h"
 
@@ -26,4 +27,10 @@ int cli_memory_limit(const char *v) {
     snprintf(name, sizeof name, "--memory-limit %s", v);
     dt_mem_set_limit(bytes, name);
     return 0;
+}
+
+int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out) {
+    if (dt_parse_number(flag, v, lo, hi, whole, out) == DT_OK) return 0;
+    cli_error("%s", dt_last_error());
+    return -1;
 }

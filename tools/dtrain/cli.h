@@ -32,4 +32,9 @@ int cli_memory_limit(const char *v);
     "                  data, shared by all --workers; available memory\n"            \
     "                  (MemAvailable, the memory cgroup) is always checked\n"
 
+/* The value v of a numeric flag, read by dt_parse_number (decimal, finite,
+ * in [lo, hi], whole if asked; NULL = the value is missing). Returns 0, or
+ * prints the error naming the flag and returns -1. */
+int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out);
+
 #endif

@@ -18,7 +18,8 @@ static const char help[] =
     "whose regular files are read in name order (symlinks and *.dat skipped,\n"
     "so /usr/share/games/fortunes works as it is). The text is concatenated\n"
     "and cut into 8 KiB blocks; every round(1/F)-th block goes to validation\n"
-    "(F defaults to 0.1), so both splits sample the whole corpus.\n"
+    "(F from 0.000001 to 0.5, default 0.1), so both splits sample the whole\n"
+    "corpus.\n"
     "\n"
     "Limits: at most 1 GiB of text in all (a larger input, or an endless one\n"
     "such as /dev/zero, is an error: split the corpus); the run needs about\n"
@@ -126,11 +127,7 @@ int cmd_prepare_text(int argc, char **argv) {
             if (i + 1 >= argc) return cli_error("%s needs OUT_PREFIX", s), EXIT_USAGE;
             out = argv[++i];
         } else if (!strcmp(s, "--val-fraction")) {
-            char *end;
-            if (i + 1 >= argc) return cli_error("--val-fraction needs a number"), EXIT_USAGE;
-            frac = strtod(argv[++i], &end);
-            if (*end || !(frac > 0 && frac < 1))
-                return cli_error("--val-fraction '%s': expected a number in (0, 1)", argv[i]), EXIT_USAGE;
+            if (parse_number(s, i + 1 < argc ? argv[++i] : NULL, 0.000001, 0.5, 0, &frac)) return EXIT_USAGE;
         } else if (s[0] == '-' && s[1]) {
             return cli_error("unknown option '%s' (see 'dtrain prepare-text --help')", s), EXIT_USAGE;
         } else if (nin < 1024) {

@@ -26,21 +26,11 @@ static const char help[] =
     "options:\n"
     CLI_MEMORY_LIMIT_HELP;
 
-static int parse_num(const char *flag, const char *v, double lo, double hi, double *out) {
-    char *end;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || end == v || *end || !(x >= lo && x <= hi)) {
-        cli_error("%s '%s': expected a number from %g to %g", flag, v ? v : "", lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 int cmd_sample(int argc, char **argv) {
     const char *config = NULL, *ckpt = NULL, *prompt = "", *sets[256];
     int nsets = 0;
-    double n = 200, temp = 0.8, topk = 0, seed = 1;
+    double n = 200, temp = 0.8, topk = 0;
+    uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
@@ -53,16 +43,16 @@ int cmd_sample(int argc, char **argv) {
             if (!v) return cli_error("--prompt needs text"), EXIT_USAGE;
             prompt = argv[++i];
         } else if (!strcmp(s, "-n")) {
-            if (parse_num(s, v, 0, 1e7, &n)) return EXIT_USAGE;
+            if (parse_number(s, v, 0, 1e7, 1, &n)) return EXIT_USAGE;
             i++;
         } else if (!strcmp(s, "--temperature")) {
-            if (parse_num(s, v, 0, 100, &temp)) return EXIT_USAGE;
+            if (parse_number(s, v, 0, 100, 0, &temp)) return EXIT_USAGE;
             i++;
         } else if (!strcmp(s, "--top-k")) {
-            if (parse_num(s, v, 0, 65536, &topk)) return EXIT_USAGE;
+            if (parse_number(s, v, 0, 65536, 1, &topk)) return EXIT_USAGE;
             i++;
         } else if (!strcmp(s, "--seed")) {
-            if (parse_num(s, v, 0, 1.8e19, &seed)) return EXIT_USAGE;
+            if (dt_parse_u64(s, v, UINT64_MAX, &seed) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_USAGE;
             i++;
         } else if (!strcmp(s, "--memory-limit")) {
             if (cli_memory_limit(v)) return EXIT_USAGE;
@@ -113,7 +103,7 @@ int cmd_sample(int argc, char **argv) {
     for (size_t i = 0; i < plen; i++) tok[len++] = (unsigned char)prompt[i];
     fwrite(prompt, 1, plen, stdout);
     dt_rng rng;
-    dt_rng_seed(&rng, (uint64_t)seed);
+    dt_rng_seed(&rng, seed);
     int rc = 0;
     for (size_t k = 0; k < (size_t)n; k++) {
         size_t ctx = len > (size_t)T ? (size_t)T : len;

@@ -5,6 +5,7 @@
 #include "dtrain/launch.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +65,8 @@ static const char train_help[] =
     "                  (RUN_DIR/checkpoints/step-N/); resumes on any worker count\n"
     "  --resume auto|PATH  continue from the newest valid checkpoint of the run\n"
     "                  directory (auto; none there: start at step 0), of another\n"
-    "                  directory, or from one checkpoint file\n"
+    "                  directory, or from one checkpoint file (PATH must exist\n"
+    "                  and hold one)\n"
     "  --max-restarts N  when a worker dies or hangs, stop the others and start\n"
     "                  the group again from the newest checkpoint, up to N times\n"
     "                  (default 0)\n"
@@ -74,6 +76,10 @@ static const char train_help[] =
     "                  grow back to MAX (default 60)\n"
     "  -q, --quiet     print only errors and the final result\n"
     "  -h, --help      this help\n"
+    "\n"
+    "Numbers are decimal (no hex, nan or inf) and within the flag's range. The\n"
+    "worker count, the data files and a --resume PATH are checked before any\n"
+    "worker starts.\n"
     "\n"
     "'dtrain report RUN_DIR' turns a run directory into an HTML report.\n"
     "Progress is one live line on a terminal, plain lines every\n"
@@ -152,17 +158,6 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, i
     return NULL;
 }
 
-static int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out) {
-    char *end;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || x < lo || x > hi || (whole && x != (long long)x)) {
-        cli_error("%s needs a%s number from %g to %g, got '%s'", flag, whole ? " whole" : "", lo, hi, v ? v : "");
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
     memset(a, 0, sizeof *a);
     a->heartbeat = 120;
@@ -234,12 +229,15 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             continue;
         }
         if (!is_eval && ((v = flag_value(argc, argv, &i, "--workers", &missing)) || missing)) {
-            char *end;
-            long lo = v ? strtol(v, &end, 10) : 0, hi = lo;
-            if (v && *end == ':') hi = strtol(end + 1, &end, 10);
-            if (!v || *end || lo < 1 || hi > 1024 || lo > hi)
-                return cli_error("--workers needs N or MIN:MAX with 1 <= MIN <= MAX <= 1024, got '%s'", v ? v : ""),
-                       EXIT_USAGE;
+            char min[32] = "";
+            const char *colon = v ? strchr(v, ':') : NULL;
+            if (colon) snprintf(min, sizeof min, "%.*s", (int)(colon - v) < 31 ? (int)(colon - v) : 31, v);
+            double lo, hi;
+            if (parse_number("--workers", colon ? min : v, 1, 1024, 1, &lo) ||
+                (colon && parse_number("--workers MIN:MAX", colon + 1, 1, 1024, 1, &hi)))
+                return EXIT_USAGE;
+            if (!colon) hi = lo;
+            if (lo > hi) return cli_error("--workers %s: expected MIN:MAX with MIN <= MAX", v), EXIT_USAGE;
             a->min_workers = (int)lo;
             a->workers = (int)hi;
             continue;
@@ -284,6 +282,29 @@ static int load_config(const args_t *a, dt_config *c) {
         cli_error("%s", dt_last_error());
         return strncmp(dt_last_error(), "--set", 5) == 0 ? EXIT_USAGE : EXIT_RUNTIME;
     }
+    return 0;
+}
+
+// What can be checked before any worker starts: the worker counts against
+// the batch (dt_train_check, for every count an elastic group may have), and
+// that the files the config names exist. 0, or an exit code.
+static int check_before_start(const args_t *a, const dt_config *c) {
+    for (int n = a->min_workers; n <= a->workers; n++)
+        if (n > 1 && dt_train_check(c, n) != DT_OK)
+            return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
+    char img[1024], lab[1024];
+    if (!c->gpt && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
+                    dt_idx_find_split(c->data_dir, "t10k", img, lab, sizeof img) != DT_OK))
+        return cli_error("[data] dir: %s", dt_last_error()), EXIT_RUNTIME;
+    const struct { const char *field, *path; } files[] = {
+        {"[checkpoint] resume", strcmp(c->resume, "auto") ? c->resume : ""},
+        {"[data] train_file", c->gpt ? c->train_file : ""},
+        {"[data] val_file", c->gpt ? c->val_file : ""},
+        {"[model] init_from", c->init_from},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        if (files[i].path[0] && access(files[i].path, F_OK) != 0)
+            return cli_error("%s: %s: %s", files[i].field, files[i].path, strerror(errno)), EXIT_RUNTIME;
     return 0;
 }
 
@@ -410,6 +431,10 @@ int cmd_train(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     dt_config c;
     if ((rc = load_config(&a, &c))) return rc;
+    // Workers leave this to whoever started them: ours are checked by the
+    // supervisor, and under mpirun a --resume file need only be on rank 0's
+    // host (the resume itself fails there if it is missing).
+    if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
         char ts[32];
