@@ -26,12 +26,6 @@ typedef struct {
  * `what` names the source in error messages. */
 DT_API dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out);
 
-/* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
- * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the
- * machine's memory). On success *buf is malloc'ed (caller frees) and *len
- * its size. */
-DT_API dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len);
-
 /* ---- in-memory datasets ------------------------------------------------------ */
 
 typedef struct {
