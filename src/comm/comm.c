@@ -1,6 +1,9 @@
 /*
  * comm.c - the communicator front end.
  *
+ * dt_comm_init takes the backend from the registry's table (registry.h):
+ * this file names no backend and has no #ifdef for one.
+ *
  * What happens in a collective call, in order:
  *   1. validate the arguments (DT_ERR_ARG leaves the communicator usable);
  *   2. fail at once if the communicator is already broken (sticky error);
