@@ -159,6 +159,12 @@ DT_API dt_status dt_make_dirs(const char *path);
 DT_API dt_status dt_write_atomic(const char *path, const void *const *parts,
                                  const size_t *sizes, int n);
 
+/* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
+ * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the
+ * machine's memory). On success *buf is malloc'ed (caller frees) and *len
+ * its size. */
+DT_API dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,12 +30,6 @@ DT_API dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, 
  * count, data NULL. Checks as dt_idx_parse does, but not the data's length. */
 DT_API dt_status dt_idx_read_header(const char *path, dt_idx *out);
 
-/* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
- * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the
- * machine's memory). On success *buf is malloc'ed (caller frees) and *len
- * its size. */
-DT_API dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len);
-
 /* The image and label files of one split of an IDX data set in dir, named
  * the MNIST family's way: DIR/PREFIX-images-idx3-ubyte and
  * DIR/PREFIX-labels-idx1-ubyte (PREFIX "train" or "t10k"), each found as

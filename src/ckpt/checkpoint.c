@@ -4,8 +4,7 @@
 #include "dtrain/ckpt.h"
 #include "ckpt/st_impl.h"
 
-#include "dtrain/data.h"
-#include "obs/json.h"
+#include "core/file.h"
 
 #include <cjson/cJSON.h>
 

@@ -1,6 +1,9 @@
 /*
  * comm.c - the communicator front end.
  *
+ * dt_comm_init takes the backend from the registry's table (registry.h):
+ * this file names no backend and has no #ifdef for one.
+ *
  * What happens in a collective call, in order:
  *   1. validate the arguments (DT_ERR_ARG leaves the communicator usable);
  *   2. fail at once if the communicator is already broken (sticky error);
@@ -25,7 +28,7 @@
  * background thread. Each has its own deadline: the timeout counts from the
  * last time it moved.
  */
-#include "comm/comm_impl.h"
+#include "comm/registry.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,18 +101,6 @@ static dt_status sticky(dt_comm_t c) {
     return s;
 }
 
-static int env_int(const char *name, int def, int *bad) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 24) {
-        *bad = 1;
-        return def;
-    }
-    return (int)x;
-}
-
 dt_comm_params dt_comm_default_params(void) {
     dt_comm_params p = {.backend = NULL, .rank = -1, .size = -1, .shm_name = NULL,
                         .timeout = 0, .check = -1};
@@ -121,87 +112,63 @@ dt_status dt_comm_init_env(dt_comm_t *out) {
     return dt_comm_init(&p, out);
 }
 
+// The backend named by p->backend or DTRAIN_COMM_BACKEND ("auto" or unset:
+// the first one whose launcher started us, else the first), from the
+// registry's table.
+static dt_status pick_backend(const dt_comm_params *p, const dt_comm_backend_entry **out) {
+    int n;
+    const dt_comm_backend_entry *t = dt_comm_backends(&n);
+    const char *be = p->backend ? p->backend : getenv("DTRAIN_COMM_BACKEND");
+    if (be && *be && strcmp(be, "auto")) {
+        for (int i = 0; i < n; i++)
+            if (!strcmp(be, t[i].name)) {
+                if (t[i].missing) return dt_error(DT_ERR_CONFIG, "backend %s: %s", be, t[i].missing);
+                *out = &t[i];
+                return DT_OK;
+            }
+        char names[256] = "";
+        size_t len = 0;
+        for (int i = 0; i < n && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", t[i].name);
+        return dt_error(DT_ERR_CONFIG, "%s=%s: expected %s or auto",
+                        p->backend ? "backend" : "DTRAIN_COMM_BACKEND", be, names);
+    }
+    *out = &t[0];
+    for (int i = 0; i < n; i++)
+        if (t[i].launched && t[i].launched(p)) {
+            *out = &t[i];
+            break;
+        }
+    return DT_OK;
+}
+
 dt_status dt_comm_init(const dt_comm_params *p, dt_comm_t *out) {
     if (!out || !p) return dt_error(DT_ERR_ARG, "dt_comm_init: NULL argument");
     *out = NULL;
-    const char *be = p->backend ? p->backend : getenv("DTRAIN_COMM_BACKEND");
-    if (be && !*be) be = NULL;
-    if (be && strcmp(be, "shm") && strcmp(be, "mpi") && strcmp(be, "hier") && strcmp(be, "auto"))
-        return dt_error(DT_ERR_CONFIG, "%s=%s: expected shm, mpi, hier or auto",
-                        p->backend ? "backend" : "DTRAIN_COMM_BACKEND", be);
-    if (be && !strcmp(be, "auto")) be = NULL;
-    const char *shm_name = p->shm_name ? p->shm_name : getenv("DTRAIN_SHM_NAME");
-    if (shm_name && !*shm_name) shm_name = NULL;
-
+    const dt_comm_backend_entry *be;
+    dt_status rc = pick_backend(p, &be);
+    if (rc != DT_OK) return rc;
     dt_comm_t c = dt_comm_alloc();
     if (!c) return dt_error(DT_ERR_NOMEM, "dt_comm_init: out of memory");
     if (p->timeout > 0) c->timeout = p->timeout;
     if (p->check >= 0) c->check = !!p->check;
-    dt_status rc;
-
-#ifdef DTRAIN_HAVE_MPI
-    int want_mpi = be && (!strcmp(be, "mpi") || !strcmp(be, "hier"));
-    if (!shm_name && !want_mpi && dt_mpi_env_present() && !(be && !strcmp(be, "shm"))) want_mpi = 1;
-    if (want_mpi) {
-        rc = (be && !strcmp(be, "mpi")) ? dt_mpi_init_world(c) : dt_hier_init_world(c);
-        if (rc != DT_OK) goto fail;
-        *out = c;
-        dt_log(DT_LOG_DEBUG, "comm: rank %d of %d, backend %s, node %d of %d", c->rank, c->size,
-               c->ops->name, c->node, c->nnodes);
-        return DT_OK;
-    }
-#else
-    if (be && strcmp(be, "shm")) {
+    rc = be->init_world(c, p);
+    if (rc != DT_OK) {
         dt_comm_destroy(c);
-        return dt_error(DT_ERR_CONFIG, "backend %s: this libdtrain was built without MPI", be);
+        return rc;
     }
-#endif
-    int bad = 0;
-    if (shm_name) {
-        c->rank = p->rank >= 0 ? p->rank : env_int("DTRAIN_RANK", -1, &bad);
-        c->size = p->size >= 0 ? p->size : env_int("DTRAIN_WORLD_SIZE", -1, &bad);
-        if (bad || c->rank < 0 || c->size < 1 || c->rank >= c->size) {
-            rc = dt_error(DT_ERR_CONFIG,
-                          "rank %d of %d (DTRAIN_RANK=%s DTRAIN_WORLD_SIZE=%s): expected "
-                          "0 <= rank < size",
-                          c->rank, c->size,
-                          getenv("DTRAIN_RANK") ? getenv("DTRAIN_RANK") : "(unset)",
-                          getenv("DTRAIN_WORLD_SIZE") ? getenv("DTRAIN_WORLD_SIZE") : "(unset)");
-            goto fail;
-        }
-    } else {
-        if ((p->rank > 0) || (p->size > 1)) {
-            rc = dt_error(DT_ERR_CONFIG,
-                          "rank %d of %d: a world of more than one rank needs a shared-memory "
-                          "segment (shm_name / DTRAIN_SHM_NAME, set by dtrain run) or MPI",
-                          p->rank, p->size);
-            goto fail;
-        }
-        c->rank = 0;
-        c->size = 1;
-    }
-    c->world_rank = c->rank;
-    c->local_rank = c->rank;
-    c->local_size = c->size;
-    c->node = 0;
-    c->nnodes = 1;
-    rc = dt_shm_init_world(c, shm_name);
-    if (rc != DT_OK) goto fail;
     *out = c;
-    dt_log(DT_LOG_DEBUG, "comm: rank %d of %d, backend shm%s", c->rank, c->size,
-           shm_name ? "" : " (private, world of 1)");
+    dt_log(DT_LOG_DEBUG, "comm: rank %d of %d, backend %s, node %d of %d", c->rank, c->size,
+           c->ops->name, c->node, c->nnodes);
     return DT_OK;
-fail:
-    dt_comm_destroy(c);
-    return rc;
 }
 
 int dt_comm_env_launched(void) {
-    const char *shm_name = getenv("DTRAIN_SHM_NAME");
-    if (shm_name && *shm_name) return 1;
-#ifdef DTRAIN_HAVE_MPI
-    if (dt_mpi_env_present()) return 1;
-#endif
+    dt_comm_params p = dt_comm_default_params();
+    int n;
+    const dt_comm_backend_entry *t = dt_comm_backends(&n);
+    for (int i = 0; i < n; i++)
+        if (t[i].launched && t[i].launched(&p)) return 1;
     return 0;
 }
 

@@ -6,7 +6,11 @@
  * argument validation, sequence numbers, the argument check, sticky errors,
  * the progress thread of the non-blocking calls, and splitting. A backend
  * fills in one `struct dt_comm_ops` table (like a ggml backend or Redis's
- * ae_epoll.c) and keeps its own state behind `c->be`.
+ * ae_epoll.c) and keeps its own state behind `c->be`. Which backends
+ * exist, and how a world communicator is made with each, is in one table
+ * (registry.c, registry.h); a backend's own entry points are in its header
+ * (shm/shm.h, mpi/mpi_impl.h), which only the registry and the backends
+ * built on it (hier.c on shm) include.
  *
  * Backend functions run with the collective already validated and numbered
  * (args->seq). They return DT_OK or an error set with dt_error(); on
@@ -233,39 +237,5 @@ DT_HIDDEN int dt_waiter_expired(const dt_waiter *w);
 DT_HIDDEN int dt_waiter_should_block(const dt_waiter *w);
 /* 1 when the slow checks are due (for callers that block on their own). */
 DT_HIDDEN int dt_waiter_tick(dt_waiter *w);
-
-// ----------------------------------------------------------------------------
-// backends
-
-DT_HIDDEN extern const struct dt_comm_ops dt_shm_ops;
-
-/* Shared memory: attach to the launcher's segment, or create a private one
- * for a world of 1 (name == NULL). */
-DT_HIDDEN dt_status dt_shm_init_world(dt_comm_t c, const char *name);
-/* Bytes of the segment for n ranks (the launcher creates it). */
-DT_HIDDEN size_t dt_shm_segment_size(int n);
-/* Launcher side: initialise a fresh segment and mark a rank's process as
- * gone (state 1 = exited, 2 = died) so its peers stop waiting for it. */
-DT_HIDDEN void dt_shm_segment_init(void *base, int n);
-DT_HIDDEN void dt_shm_mark_rank(void *base, int rank, int state, int detail);
-/* 1 once every rank has attached to the segment (the name can then go). */
-DT_HIDDEN int dt_shm_all_attached(void *base);
-
-/* Shared-memory communicator over an arbitrary group, rendezvous done by
- * the caller: the creator (rank 0) makes the segment called `name`,
- * everyone attaches after `sync` (a barrier on some other communicator). */
-DT_HIDDEN dt_status dt_shm_create_named(dt_comm_t c, const char *name, int creator);
-DT_HIDDEN dt_status dt_shm_attach_named(dt_comm_t c, const char *name);
-DT_HIDDEN void dt_shm_unlink_named(const char *name);
-/* How many ranks share this host (decides whether waits may spin). */
-DT_HIDDEN void dt_shm_set_host_ranks(int n);
-
-#ifdef DTRAIN_HAVE_MPI
-DT_HIDDEN extern const struct dt_comm_ops dt_mpi_ops;
-DT_HIDDEN extern const struct dt_comm_ops dt_hier_ops;
-DT_HIDDEN dt_status dt_mpi_init_world(dt_comm_t c);
-DT_HIDDEN dt_status dt_hier_init_world(dt_comm_t c);
-DT_HIDDEN int dt_mpi_env_present(void);
-#endif
 
 #endif

@@ -4,8 +4,6 @@
 #include "version.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -15,7 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 const char *dt_version(void) { return DT_VERSION_STRING; }
 
@@ -197,52 +194,6 @@ dt_status dt_make_dirs(const char *path) {
             if (!ch) break;
             *p = ch;
         }
-    }
-    return DT_OK;
-}
-
-// ----------------------------------------------------------------------------
-// atomic file writes: temp file, fsync, rename, fsync the directory
-
-dt_status dt_write_atomic(const char *path, const void *const *parts, const size_t *sizes,
-                          int n) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return dt_error(DT_ERR_ARG, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    for (int i = 0; i < n; i++) {
-        const char *p = parts[i];
-        size_t left = sizes[i];
-        while (left > 0) {
-            ssize_t w = write(fd, p, left);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                int e = errno;
-                close(fd);
-                unlink(tmp);
-                return dt_error(DT_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
-            }
-            p += w;
-            left -= (size_t)w;
-        }
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return dt_error(DT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return dt_error(DT_ERR_IO, "%s: rename failed: %s", path, strerror(e));
-    }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
     }
     return DT_OK;
 }

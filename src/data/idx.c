@@ -10,67 +10,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define DT_MAX_FILE_BYTES ((size_t)1 << 32)  // 4 GiB
-
-dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
-    *buf = NULL;
-    *len = 0;
-    gzFile f = gzopen(path, "rb");  // reads plain files as they are, too
-    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
-    size_t cap = 1 << 20, n = 0;
-    uint8_t *b = malloc(cap);
-    if (!b) {
-        gzclose(f);
-        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    }
-    for (;;) {
-        if (n == cap) {
-            // A bound on what a small compressed file may expand to.
-            if (cap >= DT_MAX_FILE_BYTES) {
-                free(b);
-                gzclose(f);
-                return dt_error(DT_ERR_FORMAT, "%s: more than %zu bytes once uncompressed (the limit for a data file)",
-                                path, (size_t)DT_MAX_FILE_BYTES);
-            }
-            uint8_t *nb = realloc(b, cap * 2);
-            if (!nb) {
-                free(b);
-                gzclose(f);
-                return dt_error(DT_ERR_NOMEM, "%s: out of memory (file larger than %zu bytes)", path, cap);
-            }
-            b = nb;
-            cap *= 2;
-        }
-        size_t want = cap - n;
-        if (want > (1u << 30)) want = 1u << 30;
-        int r = gzread(f, b + n, (unsigned)want);
-        if (r < 0) {
-            int e;
-            const char *msg = gzerror(f, &e);
-            // Z_ERRNO: the read itself failed (a directory, an I/O error),
-            // not the data.
-            dt_status st = e == Z_ERRNO
-                               ? dt_error(DT_ERR_IO, "%s: cannot read: %s", path, strerror(errno))
-                               : dt_error(DT_ERR_FORMAT, "%s: corrupt or truncated gzip data (%s)", path, msg);
-            free(b);
-            gzclose(f);
-            return st;
-        }
-        if (r == 0) break;
-        n += (size_t)r;
-    }
-    // zlib reports a gzip stream cut short only as a clean end of file;
-    // gzclose_r then returns Z_BUF_ERROR.
-    int rc = gzclose(f);
-    if (rc != Z_OK) {
-        free(b);
-        return dt_error(DT_ERR_FORMAT, "%s: truncated gzip data (stream ended early)", path);
-    }
-    *buf = b;
-    *len = n;
-    return DT_OK;
-}
-
 // DIR/NAME.gz, or DIR/NAME when only that exists.
 static dt_status find_idx(const char *dir, const char *name, char *out, size_t n) {
     if ((size_t)snprintf(out, n, "%s/%s.gz", dir, name) >= n)

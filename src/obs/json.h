@@ -1,15 +1,12 @@
-/* Writing JSON result files (summary.json). */
+/* summary.json fields shared by the training loops (written with
+ * core/file.h's dt_json_write). */
 #ifndef DT_OBS_JSON_H
 #define DT_OBS_JSON_H
 
-#include "dtrain/core.h"
+#include "core/file.h"
 #include "dtrain/train.h"
 
 #include <cjson/cJSON.h>
-
-/* Prints o (indented, one trailing newline) to `path` atomically and frees
- * o, whether or not the write succeeds. */
-dt_status dt_json_write(const char *path, cJSON *o);
 
 /* Adds the data-parallel fields every run's summary.json carries: workers,
  * threads_per_worker, comm_seconds and comm_exposed_seconds (the gradient

@@ -6,7 +6,7 @@
  * flag) and makes the escalation timers easy to read.
  */
 #include "dtrain/launch.h"
-#include "comm/comm_impl.h"
+#include "comm/shm/shm_host.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -49,8 +49,8 @@ static beat_slot *g_beat;  // this rank's slot (worker side)
 static pthread_once_t g_beat_once = PTHREAD_ONCE_INIT;
 
 static void beat_attach(void) {
-    const char *fd = getenv("DTRAIN_HEARTBEAT_FD"), *rank = getenv("DTRAIN_RANK"),
-               *n = getenv("DTRAIN_WORLD_SIZE");
+    const char *fd = getenv("DTRAIN_HEARTBEAT_FD"), *rank = getenv(DT_ENV_RANK),
+               *n = getenv(DT_ENV_WORLD_SIZE);
     if (!fd || !rank || !n) return;
     int r = atoi(rank), size = atoi(n);
     if (r < 0 || r >= size) return;
@@ -94,11 +94,11 @@ static void child_exec(char *const argv[], int rank, int n, const char *shm_name
     /* die with the launcher, even if it is killed with SIGKILL */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
-    set_env_int("DTRAIN_RANK", rank);
-    set_env_int("DTRAIN_WORLD_SIZE", n);
-    set_env_int("DTRAIN_LOCAL_RANK", rank);
-    set_env_int("DTRAIN_LOCAL_SIZE", n);
-    setenv("DTRAIN_SHM_NAME", shm_name, 1);
+    set_env_int(DT_ENV_RANK, rank);
+    set_env_int(DT_ENV_WORLD_SIZE, n);
+    set_env_int(DT_ENV_LOCAL_RANK, rank);
+    set_env_int(DT_ENV_LOCAL_SIZE, n);
+    setenv(DT_ENV_SHM_NAME, shm_name, 1);
     if (beat_fd >= 0) set_env_int("DTRAIN_HEARTBEAT_FD", beat_fd);
     execvp(argv[0], argv);
     fprintf(stderr, "dtrain run: rank %d: cannot execute '%s': %s\n", rank, argv[0],

@@ -1,11 +1,13 @@
 /*
  * test_comm_faults.c - failure behaviour of the communicator and the
  * launcher, end to end: a killed rank, mismatched arguments, a hung rank,
- * an abort, exit-status propagation, Ctrl-C, a missing program.
+ * an abort, exit-status propagation, Ctrl-C, a missing program; and the
+ * choice of backend (comm/registry.c) with its errors, in process.
  *
  * usage: test_comm_faults DTRUN COMM_WORKER
  */
 #include "../testlib.h"
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 
 #include <fcntl.h>
@@ -157,6 +159,67 @@ static void test_launcher(void) {
     CHECK(t < 5.0, "launcher: SIGINT took %.1f s to stop the ranks", t);
 }
 
+/* dt_comm_init with p (env DTRAIN_COMM_BACKEND = env_be, NULL: unset):
+ * the status, and the error message or the backend's name. */
+static dt_status init_with(const dt_comm_params *p, const char *env_be, char *what, size_t n) {
+    if (env_be) setenv("DTRAIN_COMM_BACKEND", env_be, 1);
+    else unsetenv("DTRAIN_COMM_BACKEND");
+    dt_comm_t c = NULL;
+    dt_status st = dt_comm_init(p, &c);
+    snprintf(what, n, "%s", st == DT_OK ? dt_comm_backend(c) : dt_last_error());
+    if (st == DT_OK) {
+        CHECK(dt_comm_rank(c) == 0 && dt_comm_size(c) == 1, "backend choice: rank %d of %d, expected 0 of 1",
+              dt_comm_rank(c), dt_comm_size(c));
+        dt_comm_destroy(c);
+    }
+    unsetenv("DTRAIN_COMM_BACKEND");
+    return st;
+}
+
+static void test_backend_choice(void) {
+    char m[512];
+    dt_comm_params p = dt_comm_default_params();
+    unsetenv("DTRAIN_SHM_NAME");
+    CHECK(!dt_comm_env_launched(), "backend choice: launched without a launcher's environment");
+    CHECK(init_with(&p, NULL, m, sizeof m) == DT_OK && !strcmp(m, "shm"), "auto, no launcher: %s", m);
+    CHECK(init_with(&p, "auto", m, sizeof m) == DT_OK && !strcmp(m, "shm"), "DTRAIN_COMM_BACKEND=auto: %s", m);
+    CHECK(init_with(&p, "", m, sizeof m) == DT_OK && !strcmp(m, "shm"), "DTRAIN_COMM_BACKEND empty: %s", m);
+    CHECK(init_with(&p, "bogus", m, sizeof m) == DT_ERR_CONFIG &&
+              !strcmp(m, "DTRAIN_COMM_BACKEND=bogus: expected shm, mpi, hier or auto"),
+          "unknown backend in the environment: %s", m);
+    p.backend = "nccl";
+    CHECK(init_with(&p, "shm", m, sizeof m) == DT_ERR_CONFIG &&
+              !strcmp(m, "backend=nccl: expected shm, mpi, hier or auto"),
+          "unknown backend in the params (which win over the environment): %s", m);
+    p.backend = "shm";
+    CHECK(init_with(&p, "bogus", m, sizeof m) == DT_OK && !strcmp(m, "shm"), "params' shm over the environment: %s", m);
+    p.rank = 1;
+    p.size = 2;
+    CHECK(init_with(&p, NULL, m, sizeof m) == DT_ERR_CONFIG &&
+              strstr(m, "rank 1 of 2: a world of more than one rank needs a shared-memory segment"),
+          "two ranks without a segment: %s", m);
+    p.shm_name = "/dtrain-test-no-such-segment";
+    p.rank = 2;
+    CHECK(init_with(&p, NULL, m, sizeof m) == DT_ERR_CONFIG && strstr(m, "rank 2 of 2") &&
+              strstr(m, "expected 0 <= rank < size"),
+          "rank outside the world: %s", m);
+    setenv("DTRAIN_SHM_NAME", "/dtrain-test-no-such-segment", 1);
+    CHECK(dt_comm_env_launched(), "DTRAIN_SHM_NAME set: not seen as launched");
+    unsetenv("DTRAIN_SHM_NAME");
+    p = dt_comm_default_params();
+    // With MPI, mpi and hier need mpirun: the comm_mpi_* and comm_hier_* tests.
+#ifndef DTRAIN_HAVE_MPI
+    p.backend = "mpi";
+    CHECK(init_with(&p, NULL, m, sizeof m) == DT_ERR_CONFIG &&
+              !strcmp(m, "backend mpi: this libdtrain was built without MPI"),
+          "mpi without MPI: %s", m);
+    p.backend = NULL;
+    CHECK(init_with(&p, "hier", m, sizeof m) == DT_ERR_CONFIG &&
+              !strcmp(m, "backend hier: this libdtrain was built without MPI"),
+          "hier without MPI: %s", m);
+#endif
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: test_comm_faults DTRUN COMM_WORKER\n");
@@ -164,6 +227,7 @@ int main(int argc, char **argv) {
     }
     dtrun = argv[1];
     worker = argv[2];
+    test_backend_choice();
     test_kill(2);
     test_kill(4);
     test_mismatch();

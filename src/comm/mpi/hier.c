@@ -36,6 +36,7 @@
  * nothing is left in /dev/shm whatever happens afterwards.
  */
 #include "comm/mpi/mpi_impl.h"
+#include "comm/shm/shm.h"
 
 #include <stdio.h>
 #include <stdlib.h>

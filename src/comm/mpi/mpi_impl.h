@@ -1,4 +1,5 @@
-/* mpi_impl.h - what mpi.c shares with hier.c (compiled only with MPI). */
+/* mpi_impl.h - the mpi and hier backends' entry points (for the registry)
+ * and what mpi.c shares with hier.c (compiled only with MPI). */
 #ifndef DT_MPI_IMPL_H
 #define DT_MPI_IMPL_H
 
@@ -17,6 +18,15 @@ typedef struct {
     int aborted;        /* this rank told its peers it gave up */
     char abort_msg[400];/* the message sent (must outlive the sends) */
 } mpi_state;
+
+DT_HIDDEN extern const struct dt_comm_ops dt_mpi_ops;
+DT_HIDDEN extern const struct dt_comm_ops dt_hier_ops;
+/* 1 when mpirun (Open MPI, MPICH, PMIx) started this process. */
+DT_HIDDEN int dt_mpi_env_present(void);
+/* World communicators over MPI_COMM_WORLD: flat MPI, or shared memory
+ * inside each host and MPI between host leaders. */
+DT_HIDDEN dt_status dt_mpi_init_world(dt_comm_t c);
+DT_HIDDEN dt_status dt_hier_init_world(dt_comm_t c);
 
 /* MPI_Init_thread unless the program already initialised MPI. */
 DT_HIDDEN dt_status dt_mpi_library_init(void);

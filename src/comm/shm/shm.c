@@ -64,7 +64,7 @@
  * deadline. Errors name the op, its sequence number, the phase and the
  * ranks that did not arrive.
  */
-#include "comm/comm_impl.h"
+#include "comm/shm/shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -322,6 +322,58 @@ dt_status dt_shm_init_world(dt_comm_t c, const char *name) {
     c->be = s;
     c->ops = &dt_shm_ops;
     return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// the world communicator of ranks started by dtrain's launcher (shm_host.h)
+
+static const char *shm_name_of(const dt_comm_params *p) {
+    const char *name = p->shm_name ? p->shm_name : getenv(DT_ENV_SHM_NAME);
+    return name && *name ? name : NULL;
+}
+
+int dt_shm_launched(const dt_comm_params *p) { return shm_name_of(p) != NULL; }
+
+static int env_int(const char *name, int def, int *bad) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 0 || x > 1 << 24) {
+        *bad = 1;
+        return def;
+    }
+    return (int)x;
+}
+
+dt_status dt_shm_init_params(dt_comm_t c, const dt_comm_params *p) {
+    const char *shm_name = shm_name_of(p);
+    int bad = 0;
+    if (shm_name) {
+        c->rank = p->rank >= 0 ? p->rank : env_int(DT_ENV_RANK, -1, &bad);
+        c->size = p->size >= 0 ? p->size : env_int(DT_ENV_WORLD_SIZE, -1, &bad);
+        if (bad || c->rank < 0 || c->size < 1 || c->rank >= c->size)
+            return dt_error(DT_ERR_CONFIG,
+                            "rank %d of %d (" DT_ENV_RANK "=%s " DT_ENV_WORLD_SIZE "=%s): expected "
+                            "0 <= rank < size",
+                            c->rank, c->size,
+                            getenv(DT_ENV_RANK) ? getenv(DT_ENV_RANK) : "(unset)",
+                            getenv(DT_ENV_WORLD_SIZE) ? getenv(DT_ENV_WORLD_SIZE) : "(unset)");
+    } else {
+        if ((p->rank > 0) || (p->size > 1))
+            return dt_error(DT_ERR_CONFIG,
+                            "rank %d of %d: a world of more than one rank needs a shared-memory "
+                            "segment (shm_name / " DT_ENV_SHM_NAME ", set by dtrain run) or MPI",
+                            p->rank, p->size);
+        c->rank = 0;
+        c->size = 1;
+    }
+    c->world_rank = c->rank;
+    c->local_rank = c->rank;
+    c->local_size = c->size;
+    c->node = 0;
+    c->nnodes = 1;
+    return dt_shm_init_world(c, shm_name);
 }
 
 dt_status dt_shm_create_named(dt_comm_t c, const char *name, int creator) {
