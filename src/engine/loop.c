@@ -54,6 +54,12 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     return dt_json_write(path, o);
 }
 
+// The task's layer hook, for a strategy that gathers parameters per layer.
+static dt_status params_needed(int layer, int phase, void *user) {
+    dt_strategy *s = user;
+    return s->ops->params_needed(s, layer, phase);
+}
+
 // One step's micro-batches, forward and backward, on this rank; *loss_sum
 // gets the sum of their losses weighted by their sizes.
 static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy *s, dt_obs *obs, int64_t step,
@@ -140,6 +146,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     }
     dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
+    if (sops->params_needed) {
+        if (!tops->set_layer_hook) {
+            st = dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no layers to hook",
+                          sops->name, tops->name);
+            goto done;
+        }
+        tops->set_layer_hook(task, params_needed, strat);
+    }
 
     // Checkpoints: the weights, the optimizer state as this rank holds it,
     // the loop's position and its data stream.

@@ -66,8 +66,11 @@ typedef struct dt_strategy_ops {
     /* The gradient-ready hook for micro-batch k's backward (NULL: none). */
     dt_grad_ready_fn (*grad_hook)(dt_strategy *s, int k, void **user);
     /* Parameters needed before layer `layer`'s forward (phase 0) or backward
-     * (phase 1); NULL when the strategy keeps every parameter at hand. */
-    void (*params_needed)(dt_strategy *s, int layer, int phase);
+     * (phase 1), through the task's layer hook (layers as the GPT numbers
+     * them: -1 the embedding, L the head); NULL when the strategy keeps
+     * every parameter at hand, as both data-parallel peers do. A strategy
+     * that has it runs only on a task with a layer hook. */
+    dt_status (*params_needed)(dt_strategy *s, int layer, int phase);
     void (*micro_end)(dt_strategy *s, int k);      /* after micro-batch k's backward; may be NULL */
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);

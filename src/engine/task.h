@@ -46,6 +46,9 @@ typedef struct {
     int first, share, global;
 } dt_task_batch;
 
+/* Called before a layer's forward (phase 0) or backward (phase 1). */
+typedef dt_status (*dt_task_layer_fn)(int layer, int phase, void *user);
+
 typedef struct dt_task_ops {
     const char *name;
     int (*wants)(const dt_config *c);  /* the registry takes the first that wants c */
@@ -65,6 +68,9 @@ typedef struct dt_task_ops {
      * loss_scale in the backward that follows; step keys dropout. */
     dt_status (*forward)(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss);
     void (*backward)(dt_task *t, dt_grad_ready_fn hook, void *user);
+    /* Sets the hook before each layer's forward and backward (NULL: the
+     * model has no layers to hook, as the classifier). */
+    void (*set_layer_hook)(dt_task *t, dt_task_layer_fn fn, void *user);
     /* Evaluation sharded over comm's ranks; *accuracy < 0: none. step and
      * train_loss are where the run stands (for the task's history). */
     dt_status (*evaluate)(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss, float *accuracy);

@@ -29,6 +29,8 @@ struct dt_task {
     char mvals[6][16];
     dt_st_meta wmeta[7];
     cJSON *history;             // {step, train_loss, val_loss} per evaluation
+    dt_task_layer_fn layer_fn;  // the loop's layer hook, and its argument
+    void *layer_user;
 };
 
 // Mean loss (and next-token accuracy when acc is not NULL) over the first
@@ -211,6 +213,17 @@ static void gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     dt_gpt_backward(t->m);
 }
 
+static dt_status layer_hook(int layer, dt_gpt_phase phase, void *user) {
+    dt_task *t = user;
+    return t->layer_fn(layer, phase == DT_GPT_BACKWARD, t->layer_user);
+}
+
+static void gpt_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
+    t->layer_fn = fn;
+    t->layer_user = user;
+    dt_gpt_set_layer_hook(t->m, fn ? layer_hook : NULL, t);
+}
+
 static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
     *accuracy = -1;
@@ -246,6 +259,7 @@ const dt_task_ops dt_task_gpt = {
     .zero_grad = gpt_zero_grad,
     .forward = gpt_forward,
     .backward = gpt_backward,
+    .set_layer_hook = gpt_set_layer_hook,
     .evaluate = gpt_evaluate,
     .save = gpt_save,
     .summary = gpt_summary,
