@@ -1,0 +1,44 @@
+#!/usr/bin/python3
+"""Two builds of dtrain against each other, in one run: a change of the
+engine must not cost speed, and this measures it on the same machine in the
+same minutes.
+
+For each model (the MLP at batch 256, the CNN at batch 64, gpt-small at 8 x
+256 tokens) and each layout (1 worker x 1 thread, 1 x 2, 2 workers x 1),
+the two builds' `dtrain train` runs alternate (BASE, NEW, BASE, NEW, ...)
+--repeat times each, exactly as bench/dp.py runs dtrain; the best of each
+is kept and NEW / BASE printed. Needs no PyTorch.
+
+    /usr/bin/python3 bench/ab.py BASE_BUILD_DIR NEW_BUILD_DIR [--repeat N]
+        [--models mlp,cnn,gpt-small] [--steps N]
+"""
+import argparse, os, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dp  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("base")
+    ap.add_argument("new")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--models", default="mlp,cnn,gpt-small")
+    ap.add_argument("--steps", type=int, default=0, help="steps per run (default: bench/dp.py's per model)")
+    a = ap.parse_args()
+    print(f"{'model':9} {'workers x threads':>17} {'base/s':>9} {'new/s':>9} {'new/base':>8}")
+    for model in a.models.split(","):
+        steps = a.steps or dp.STEPS[model]
+        key = "samples_per_sec" if model in dp.CONFIGS else "tokens_per_sec"
+        for w, t in dp.LAYOUTS:
+            got = ([], [])
+            for _ in range(a.repeat):
+                for i, build in enumerate((a.base, a.new)):
+                    got[i].append(dp.run_dtrain(build, model, w, t, steps)[key])
+            b, n = max(got[0]), max(got[1])
+            print(f"{model:9} {f'{w} x {t}':>17} {b:9.0f} {n:9.0f} {n / b:8.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
