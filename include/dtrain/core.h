@@ -106,9 +106,9 @@ DT_API uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* Text that came from a file, made safe to print on a terminal: s[0, len)
  * into out (n bytes, always NUL-terminated) with control characters (below
- * 0x20, DEL, the C1 controls 0x80-0x9f), bytes that are not well-formed
- * UTF-8, and the backslash written as \xNN (\\ for the backslash); other
- * UTF-8 is kept. Stops before an escape or character that would not fit.
+ * 0x20, DEL, the C1 controls 0x80-0x9f) and bytes that are not well-formed
+ * UTF-8 written as \xNN; other UTF-8 is kept. Escaping escaped text again
+ * changes nothing. Stops before an escape or character that would not fit.
  * Returns out. */
 DT_API char *dt_escape_text(char *out, size_t n, const char *s, size_t len);
 

@@ -317,12 +317,9 @@ char *dt_escape_text(char *out, size_t n, const char *s, size_t len) {
             if (w + u >= n) break;
             memcpy(out + w, p + i, u);
             w += u, i += u;
-        } else if (c >= 0x20 && c < 0x7f && c != '\\') {
+        } else if (c >= 0x20 && c < 0x7f) {
             if (w + 1 >= n) break;
             out[w++] = (char)c, i++;
-        } else if (c == '\\') {
-            if (w + 2 >= n) break;
-            out[w++] = '\\', out[w++] = '\\', i++;
         } else {
             if (w + 4 >= n) break;
             out[w++] = '\\', out[w++] = 'x', out[w++] = hex[c >> 4], out[w++] = hex[c & 15], i++;
