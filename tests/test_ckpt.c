@@ -496,6 +496,11 @@ static void test_file(void) {
           dt_last_error());
     int bw;
     CHECK(tl_weights_diff(tmp("sw.safetensors"), whole, &bw) == 0 && bw, "its weights are the whole one's");
+    net q;
+    net_make(&q, 5, DT_OPTIM_ADAMW, 9);
+    CHECK(dt_model_load(q.m, sdir) == DT_OK && !memcmp(q.cm.params, h.cm.params, h.cm.nparams * sizeof(float)),
+          "dt_model_load (eval) reads a sharded checkpoint's weights: %s", dt_last_error());
+    net_free(&q);
     // Damage: a bit flip in a shard, a missing COMPLETE: detected, skipped.
     char s1[600];
     snprintf(s1, sizeof s1, "%s", tmp("sharded/step-00000007/shard-00001-of-00003.safetensors"));
