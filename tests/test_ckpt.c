@@ -166,6 +166,10 @@ static int test_values(net *a, net *b) {
     }
     free(file);
     fclose(devnull);
+    // Other tools' weights may carry a key a checkpoint has too: still weights.
+    dt_st_meta foreign[2] = {{"format", "pt"}, {"config", "{\"hidden\": 5}"}};
+    CHECK(dt_model_save(a->m, p, foreign, 2) == DT_OK && dt_model_load(b->m, p) == DT_OK,
+          "weights with a 'config' key load as weights: %s", dt_last_error());
     return n;
 }
 

@@ -182,15 +182,19 @@ static dt_status get_meta(const dt_st_file *f, const char *path, const char **va
     return DT_OK;
 }
 
-// Whether f carries a checkpoint's metadata: its format says so, or a key
-// that only checkpoints have is there (so that a damaged format value is
-// still verified, not taken for plain weights).
+// Whether f carries a checkpoint's metadata: its format says so, or two of
+// the keys only dtrain checkpoints have are there. A bit flip damages one
+// key or the format value, never both, so a damaged checkpoint is still
+// verified, not taken for plain weights; other tools' weights, which may
+// use a key such as "config", are not taken for checkpoints.
 static int looks_like_ckpt(const dt_st_file *f) {
+    static const char *const own[] = {"checksum", "format_version", "config_hash", "weights_meta", "epoch_batch",
+                                      "epoch_steps", "epoch_loss"};
     const char *fmt = dt_st_meta_get(f, "format");
-    if ((fmt && !strncmp(fmt, "dtrain-checkpoint", 17)) || dt_st_meta_get(f, "checksum")) return 1;
-    for (int k = 0; k < NKEYS; k++)  // exported weights keep format, step and dtrain_version
-        if (k != K_FORMAT && k != K_STEP && k != K_DTRAIN_VERSION && dt_st_meta_get(f, keys[k])) return 1;
-    return 0;
+    if (fmt && !strncmp(fmt, "dtrain-checkpoint", 17)) return 1;
+    int n = 0;
+    for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) n += dt_st_meta_get(f, own[k]) != NULL;
+    return n >= 2;
 }
 
 // The training state in a checkpoint's metadata values, every one in range.
