@@ -750,6 +750,15 @@ static void test_weights_cli(void) {
     snprintf(args, sizeof args, "inspect %s", evil2);
     ncases++, cli(1, args, "\\x1b[2Jx", "bad shape entry");
     CHECK(!has_control(g_out), "error messages print no control characters from the file\n%s", g_out);
+    // ... and so do warnings: resume skips a damaged checkpoint whose
+    // message quotes such a name.
+    const char *rs = tmp_path("evil-resume");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s %s/step-00000001.safetensors", rs, evil2, rs);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "evil checkpoint dir: %s", g_out);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.threads=1 -q --run-dir %s "
+             "--resume %s", tmp_path("small"), tmp_path("evil-resume-run"), rs);
+    ncases++, cli(1, args, "skipping damaged checkpoint", "\\x1b[2Jx");
+    CHECK(!has_control(g_out), "warnings print no control characters from the file\n%s", g_out);
     printf("weights and checkpoints through the commands: %d cases\n", ncases);
 }
 

@@ -63,7 +63,8 @@ DT_API const char *dt_version(void);
 typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
 
 /* Messages at or below `level` go to stderr (default DT_LOG_INFO, or the
- * DTRAIN_LOG environment variable: error|warn|info|debug). */
+ * DTRAIN_LOG environment variable: error|warn|info|debug), control
+ * characters escaped (dt_escape_text). */
 DT_API void dt_log_set_level(dt_log_level level);
 DT_API dt_log_level dt_log_get_level(void);
 DT_API void dt_log(dt_log_level level, const char *fmt, ...) DT_PRINTF(2, 3);

@@ -87,12 +87,13 @@ void dt_log_set_level(dt_log_level level) { log_level = level; }
 void dt_log(dt_log_level level, const char *fmt, ...) {
     if (level > dt_log_get_level()) return;
     static const char *tag[] = {"error", "warning", "info", "debug"};
-    char msg[2048];
+    char msg[2048], esc[4 * sizeof msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "dtrain: %s: %s\n", tag[level], msg);
+    // Messages quote names and values from files: no control sequences.
+    fprintf(stderr, "dtrain: %s: %s\n", tag[level], dt_escape_text(esc, sizeof esc, msg, strlen(msg)));
 }
 
 // ----------------------------------------------------------------------------
