@@ -700,6 +700,18 @@ static int parse_wmeta(char *lines, dt_st_meta *meta, int max) {
     return n;
 }
 
+const char *dt_st_weights_meta_get(const dt_st_file *f, const char *key, char *buf, size_t n) {
+    const char *v = dt_st_meta_get(f, key), *wm = dt_st_meta_get(f, "weights_meta");
+    if (v || !wm) return v;
+    char *lines = strdup(wm);
+    dt_st_meta meta[32];
+    int nm = lines ? parse_wmeta(lines, meta, 32) : 0;
+    for (int i = 0; i < nm && !v; i++)
+        if (!strcmp(meta[i].key, key) && strlen(meta[i].value) < n) v = strcpy(buf, meta[i].value);
+    free(lines);
+    return v;
+}
+
 // A sharded checkpoint gathered into one whole checkpoint, in memory.
 static dt_status gather(const char *dir, dt_st_file **out) {
     *out = NULL;

@@ -132,7 +132,8 @@ static dt_status read_all(const char *path, uint8_t **buf, size_t *len) {
 static dt_status st_config(const dt_st_file *f, const char *path, dt_gpt_config *c) {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < 6; i++) {
-        const char *v = dt_st_meta_get(f, meta_keys[i]);
+        char buf[32];
+        const char *v = dt_st_weights_meta_get(f, meta_keys[i], buf, sizeof buf);
         char *end;
         long x = v ? strtol(v, &end, 10) : 0;
         if (!v || end == v || *end || x < 1 || x > (1 << 30))

@@ -22,6 +22,11 @@ dt_status dt_st_build(dt_st_file **out, const dt_st_tensor *tensors, int n, cons
  * checkpoint rather than plain weights. */
 dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt);
 
+/* Metadata value for key, or for a checkpoint the value its weights file
+ * had (the "key=value" lines of its weights_meta, copied into buf of n
+ * bytes); NULL if neither. */
+const char *dt_st_weights_meta_get(const dt_st_file *f, const char *key, char *buf, size_t n);
+
 /* "[1024, 784]" */
 void dt_st_format_shape(char *buf, size_t n, const int64_t *shape, int ndim);
 
