@@ -23,6 +23,11 @@
  *      trailing junk, empty, negative, overflow, ...) against every numeric
  *      flag of every subcommand, every kind of config field (in a file and
  *      through --set), layer parameters and [model] input.
+ *   7. Weights and checkpoints through the commands: sizes a file claims
+ *      checked against its bytes before anything is allocated (GPT weights,
+ *      a sharded index), damaged sharded checkpoints (no temp file left), a
+ *      bit-flipped checkpoint given to eval, and text from files (tensor
+ *      names, metadata, log lines) escaped before it reaches the terminal.
  *
  * Everything is written under a fresh temporary directory, removed at the
  * end unless a check failed or KEEP is set in the environment. CLI runs use
@@ -30,6 +35,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/config.h"
 #include "dtrain/data.h"
+#include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "testlib.h"
 
@@ -641,9 +647,28 @@ static void test_cli(void) {
 
     // eval with the weights of the other model.
     const char *mlp_dir = tmp_path("run-mlp");
-    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 %s --run-dir %s",
+    snprintf(args, sizeof args,
+             "train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=2 --checkpoint-every 2 %s --run-dir %s",
              small, Q, mlp_dir);
     if (cli(0, args, NULL, NULL) == 0) {
+        // eval reads a checkpoint's weights, verified: a flipped bit in a
+        // tensor is a damaged file, not an accuracy.
+        char ck[700], flipped[700];
+        snprintf(ck, sizeof ck, "%s/checkpoints/step-00000002.safetensors", mlp_dir);
+        snprintf(flipped, sizeof flipped, "%s", tmp_path("flipped.safetensors"));
+        snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s --set data.dir=%s %s", ck, small, Q);
+        cli(0, args, NULL, NULL);
+        size_t len;
+        uint8_t *b = read_all(ck, &len);
+        if (b && len > 1000) {
+            b[len - 500] ^= 0x04;
+            write_file(flipped, b, len);
+            snprintf(args, sizeof args, "eval configs/fashion-mlp.ini --checkpoint %s --set data.dir=%s %s", flipped,
+                     small, Q);
+            cli(1, args, flipped, "checksum mismatch");
+            CHECK(!contains(g_out, "accuracy"), "no accuracy from a damaged checkpoint\n%s", g_out);
+        }
+        free(b);
         snprintf(args, sizeof args, "eval configs/fashion-cnn.ini --checkpoint %s/model.safetensors --set data.dir=%s %s",
                  mlp_dir, small, Q);
         cli(1, args, "model.safetensors", "tensor '0.weight'");
@@ -917,6 +942,199 @@ static void test_number_flags(void) {
            sizeof num_flags / sizeof *num_flags);
 }
 
+// ---------------------------------------------------------------------------
+// 7. weights and checkpoints through the commands
+
+// Whether s holds an ESC or another C0 control byte other than newline.
+static int has_control(const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 && *p != '\n') return 1;
+    return 0;
+}
+
+static void test_escape(void) {
+    struct {
+        const char *in, *want;
+    } cases[] = {
+        {"plain 0.weight", "plain 0.weight"},
+        {"\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"},
+        {"title\x1b]0;pwned\x07", "title\\x1b]0;pwned\\x07"},
+        {"tab\there\nnl\r", "tab\\x09here\\x0anl\\x0d"},
+        {"del\x7f", "del\\x7f"},
+        {"back\\slash \\x1b", "back\\slash \\x1b"},  // escaping twice is escaping once
+        {"caf\xc3\xa9 \xe2\x82\xac", "caf\xc3\xa9 \xe2\x82\xac"},            // UTF-8 kept
+        {"c1 \xc2\x9b" "2J", "c1 \\xc2\\x9b2J"},                               // CSI as UTF-8 C1
+        {"raw \x9b" "2J", "raw \\x9b2J"},                                      // CSI as one byte
+        {"bad \xff\xfe", "bad \\xff\\xfe"},
+        {"overlong \xe0\x80\x9b", "overlong \\xe0\\x80\\x9b"},
+        {"cut \xe2\x82", "cut \\xe2\\x82"},
+    };
+    char out[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dt_escape_text(out, sizeof out, cases[i].in, strlen(cases[i].in));
+        CHECK(!strcmp(out, cases[i].want), "escape case %zu: '%s', want '%s'", i, out, cases[i].want);
+    }
+    // A full buffer: never half an escape, always terminated.
+    char small[7];
+    dt_escape_text(small, sizeof small, "ab\x1b[1m", 6);
+    CHECK(!strcmp(small, "ab\\x1b"), "escape into 7 bytes: '%s'", small);
+    dt_escape_text(small, 4, "ab\x1b", 3);
+    CHECK(!strcmp(small, "ab"), "escape into 4 bytes: '%s'", small);
+    printf("escaping: %zu cases\n", sizeof cases / sizeof cases[0] + 2);
+}
+
+// A sharded checkpoint of a small model (0.weight [3, 4], 0.bias [3],
+// AdamW) written by the writers of 2 ranks: DIR/step-00000001/.
+static int make_sharded(const char *dir) {
+    static const dt_tensor_info t[2] = {{"0.weight", 2, {3, 4}, 0, 12}, {"0.bias", 1, {3}, 12, 3}};
+    float p[15], m1[15], m2[15];
+    int64_t step = 1;
+    for (int i = 0; i < 15; i++) p[i] = (float)i, m1[i] = m2[i] = 0.5f;
+    dt_ckpt_model m = {.tensors = t, .ntensors = 2, .params = p, .nparams = 15, .nstates = 2,
+                       .states = {m1, m2}, .opt_step = &step, .optimizer = "adamw", .config = "[model]\n"};
+    dt_train_state s = {1, 0, 1, 1, 2.5, {{1, 2, 3, 4}}, 2};
+    dt_ckpt_writer *w[2] = {NULL, NULL};
+    int ok = 1;
+    for (int r = 0; r < 2; r++) ok = ok && dt_ckpt_writer_create(&w[r], dir, 2, &m, r, 2, 10) == DT_OK;
+    for (int r = 0; r < 2; r++) ok = ok && dt_ckpt_writer_save(w[r], &s) == DT_OK;
+    for (int r = 0; r < 2; r++) {
+        if (w[r]) ok = ok && dt_ckpt_writer_wait(w[r]) == DT_OK;
+        dt_ckpt_writer_free(w[r]);
+    }
+    return ok ? 0 : -1;
+}
+
+// Counts the files of dir whose name contains part.
+static int count_files(const char *dir, const char *part) {
+    char cmd[1024], out[64];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -c -- '%s'", dir, part);
+    tl_run(cmd, out, sizeof out);
+    return atoi(out);
+}
+
+static void test_weights_cli(void) {
+    char args[2048];
+    int ncases = 0;
+    // Damaged sharded checkpoints: inspect and export exit 1 naming the
+    // field, and leave nothing behind (no temp file, no output).
+    const char *sd = tmp_path("sharded");
+    CHECK(make_sharded(sd) == 0, "sharded checkpoint: %s", dt_last_error());
+    char dir[600], ip[700];
+    snprintf(dir, sizeof dir, "%s/step-00000001", sd);
+    snprintf(ip, sizeof ip, "%s/index.json", dir);
+    snprintf(args, sizeof args, "inspect %s", dir);
+    cli(0, args, "sharded checkpoint, every shard verified", "checksum");
+    const char *hdr = "{\"format\":\"dtrain-checkpoint-index\",\"format_version\":1,\"step\":1,\"world_size\":2,"
+                      "\"optimizer\":\"adamw\",\"nstates\":2,";
+    const char *sh = "\"shards\":[{\"file\":\"shard-00000-of-00002.safetensors\",\"begin\":0,\"end\":7},"
+                     "{\"file\":\"shard-00001-of-00002.safetensors\",\"begin\":7,\"end\":%s}]}";
+    struct {
+        const char *what, *nparams, *shape, *end, *want;
+    } cases[] = {
+        {"no shards and no parameters", NULL, NULL, NULL, "\"nparams\" is 0"},
+        {"a negative dimension", "15", "-3,4", "15", "shape[0]"},
+        {"dimensions that wrap around", "15", "4294967296,4294967296", "15", "more elements than"},
+        {"5e8 parameters", "500000000", "3,4", "500000000", "bytes"},
+    };
+    const char *tmpdir = tmp_path("tmpdir");
+    tl_run((snprintf(args, sizeof args, "mkdir -p %s", tmpdir), args), NULL, 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[2048], shards[400];
+        if (!cases[i].nparams) {
+            snprintf(json, sizeof json, "%s\"nparams\":0,\"tensors\":[],\"shards\":[]}", hdr);
+        } else {
+            snprintf(shards, sizeof shards, sh, cases[i].end);
+            snprintf(json, sizeof json,
+                     "%s\"nparams\":%s,\"tensors\":[{\"name\":\"0.weight\",\"shape\":[%s],\"offset\":0},"
+                     "{\"name\":\"0.bias\",\"shape\":[3],\"offset\":12}],%s",
+                     hdr, cases[i].nparams, cases[i].shape, shards);
+        }
+        write_file(ip, json, strlen(json));
+        const char *out = tmp_path("exported.safetensors");
+        snprintf(args, sizeof args, "inspect %s", dir);
+        ncases++, cli(1, args, "index.json", cases[i].want);
+        // TMPDIR set for the command: the gathering used to leave its temp file there.
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "TMPDIR=%s %s export %s -o %s", tmpdir, tl_dtrain(), dir, out);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        ncases++;
+        CHECK(rc == 1 && contains(g_out, cases[i].want), "export, index with %s: exit %d\n%s", cases[i].what, rc, g_out);
+        CHECK(count_files(tmpdir, "") == 0 && count_files(g_tmp, "exported") == 0,
+              "export, index with %s: no temp file or output left behind", cases[i].what);
+    }
+    // The sizes a GPT weights file claims, checked against its bytes: a
+    // small file whose metadata describes a 39-billion-parameter model is
+    // refused at once, by every reader, before anything is allocated.
+    dt_gpt_config tiny = {2, 2, 16, 32, 256, 256}, big = {48, 64, 8192, 1024, 50257, 50304};
+    size_t np = dt_gpt_config_num_params(&tiny);
+    float *p = calloc(np, sizeof(float));
+    const char *bigf = tmp_path("big-claim.safetensors");
+    CHECK(p && dt_gpt_weights_save(bigf, &tiny, p) == DT_OK, "tiny GPT weights: %s", dt_last_error());
+    dt_st_file *f;
+    if (dt_st_open(&f, bigf) == DT_OK) {  // the same tensors under the big model's metadata
+        char vals[6][16];
+        dt_st_meta meta[7];
+        int nm = dt_gpt_weights_meta(&big, vals, meta);
+        dt_st_tensor t[16];
+        for (int i = 0; i < dt_st_count(f); i++) t[i] = *dt_st_get(f, i);
+        CHECK(dt_st_write(tmp_path("big-claim2.safetensors"), t, dt_st_count(f), meta, nm) == DT_OK, "write: %s",
+              dt_last_error());
+        dt_st_close(f);
+    }
+    free(p);
+    bigf = tmp_path("big-claim2.safetensors");
+    float *wp = NULL;
+    dt_gpt_config got;
+    double t0 = dt_now();
+    EXPECT_ERR(dt_gpt_weights_load(bigf, &got, &wp), DT_ERR_FORMAT, bigf, "n_layer 48", "bytes of tensors");
+    dt_gpt *m = NULL;
+    CHECK(dt_gpt_create(&m, &tiny, 1, 8) == DT_OK, "tiny GPT: %s", dt_last_error());
+    EXPECT_ERR(dt_gpt_load(m, bigf), DT_ERR_FORMAT, bigf, "bytes of tensors");
+    dt_gpt_free(m);
+    ncases += 2;
+    CHECK(wp == NULL && dt_now() - t0 < 2, "refused at once (%.2f s), nothing allocated", dt_now() - t0);
+    const char *bin = tmp_path("big-claim.bin");
+    snprintf(args, sizeof args, "convert --from safetensors %s --to %s", bigf, bin);
+    ncases++, cli(1, args, "n_layer 48", "bytes of tensors");
+    CHECK(count_files(g_tmp, "big-claim.bin") == 0, "convert: no output or temp file left");
+    snprintf(args, sizeof args, "sample configs/gpt-fortunes.ini --checkpoint %s", bigf);
+    ncases++, cli(1, args, "n_layer 48", "bytes of tensors");
+
+    // Text from a file reaches the terminal escaped: tensor names and
+    // metadata in inspect, the quoted line in report.
+    const char *evil = tmp_path("evil.safetensors");
+    const char *J = "{\"__metadata__\":{\"format\":\"\\u001b]0;pwned\\u0007\"},"
+                    "\"\\u001b[2J\\u001b[31mred\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    write_st(evil, J, 4, 0);
+    snprintf(args, sizeof args, "inspect %s", evil);
+    ncases++, cli(0, args, "\\x1b[2J\\x1b[31mred", "\\x1b]0;pwned\\x07");
+    CHECK(!has_control(g_out), "inspect prints no control characters from the file\n%s", g_out);
+    const char *rd = tmp_path("evil-run");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/metrics && printf '\\033[2J\\033]0;pwned\\007 not json\\n' > %s/metrics/rank-00000.jsonl",
+             rd, rd);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "evil metrics log: %s", g_out);
+    snprintf(args, sizeof args, "report %s", rd);
+    ncases++, cli(1, args, "got '\\x1b[2J\\x1b]0;pwned\\x07 not json'", NULL);
+    CHECK(!has_control(g_out), "report quotes the bad line escaped\n%s", g_out);
+    // Error messages quote names from the file: escaped too.
+    const char *evil2 = tmp_path("evil2.safetensors");
+    write_st(evil2, "{\"\\u001b[2Jx\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, 0);
+    snprintf(args, sizeof args, "inspect %s", evil2);
+    ncases++, cli(1, args, "\\x1b[2Jx", "bad shape entry");
+    CHECK(!has_control(g_out), "error messages print no control characters from the file\n%s", g_out);
+    // ... and so do warnings: resume skips a damaged checkpoint whose
+    // message quotes such a name.
+    const char *rs = tmp_path("evil-resume");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s %s/step-00000001.safetensors", rs, evil2, rs);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "evil checkpoint dir: %s", g_out);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.threads=1 -q --run-dir %s "
+             "--resume %s", tmp_path("small"), tmp_path("evil-resume-run"), rs);
+    ncases++, cli(1, args, "skipping damaged checkpoint", "\\x1b[2Jx");
+    CHECK(!has_control(g_out), "warnings print no control characters from the file\n%s", g_out);
+    printf("weights and checkpoints through the commands: %d cases\n", ncases);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/dtrain-badinput-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
@@ -931,6 +1149,8 @@ int main(void) {
     test_memory();
     test_number_config();
     test_number_flags();
+    test_escape();
+    test_weights_cli();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);

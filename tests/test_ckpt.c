@@ -21,6 +21,7 @@
 #include "testlib.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -97,12 +98,220 @@ static void write_file(const char *path, const unsigned char *buf, size_t n) {
     }
 }
 
+// Values inside a checkpoint whose checksum holds are still range-checked,
+// on every path, and a damaged format value does not make a checkpoint
+// plain weights. Returns the number of cases.
+static int test_values(net *a, net *b) {
+    char p[600], wp[600];
+    snprintf(p, sizeof p, "%s", tmp("values.safetensors"));
+    snprintf(wp, sizeof wp, "%s", tmp("values-w.safetensors"));
+    dt_train_state good = {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1};
+    struct {
+        const char *what, *want;
+        dt_train_state s;
+        int64_t opt_step;
+    } cases[] = {
+        {"epoch 1e12", "'epoch'", {20, 1000000000000ll, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
+        {"negative epoch", "'epoch'", {20, -1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
+        {"negative step", "'step'", {-5, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
+        {"step 2^62", "'step'", {1ll << 62, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
+        {"negative epoch_batch", "'epoch_batch'", {20, 1, -3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
+        {"negative epoch_steps", "'epoch_steps'", {20, 1, 3, -4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
+        {"world 0", "'world_size'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 0}, 20},
+        {"world -3", "'world_size'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, -3}, 20},
+        {"epoch_loss NaN", "'epoch_loss'", {20, 1, 3, 4, NAN, {{1, 2, 3, 4}}, 1}, 20},
+        {"epoch_loss inf", "'epoch_loss'", {20, 1, 3, 4, INFINITY, {{1, 2, 3, 4}}, 1}, 20},
+        {"negative optimizer step", "'optimizer.step'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, -5},
+        {"optimizer step 2^62", "'optimizer.step'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 1ll << 62},
+    };
+    int n = 0;
+    int64_t keep = *a->cm.opt_step;
+    FILE *devnull = fopen("/dev/null", "w");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        *a->cm.opt_step = cases[i].opt_step;
+        CHECK(dt_ckpt_write(p, &a->cm, &cases[i].s) == DT_OK, "write %s", cases[i].what);
+        *a->cm.opt_step = keep;
+        dt_train_state r;
+        for (int k = 0; k < 4; k++, n++) {
+            dt_status st = k == 0 ? dt_ckpt_read(p, &b->cm, &r)
+                           : k == 1 ? dt_model_load(b->m, p)
+                           : k == 2 ? dt_ckpt_export_weights(p, wp)
+                                    : dt_ckpt_inspect(p, devnull);
+            CHECK(st == DT_ERR_FORMAT && strstr(dt_last_error(), cases[i].want) && strstr(dt_last_error(), p),
+                  "%s (path %d) is refused naming %s: %s", cases[i].what, k, cases[i].want, dt_last_error());
+        }
+    }
+    CHECK(access(wp, F_OK) != 0, "no export written from a refused checkpoint");
+    // A flip inside the format value: still verified as a checkpoint.
+    CHECK(dt_ckpt_write(p, &a->cm, &good) == DT_OK, "write");
+    size_t len;
+    unsigned char *file = (unsigned char *)tl_read_file(p, &len);
+    char *v = memmem(file, len, "\"dtrain-checkpoint\"", 19);
+    CHECK(v != NULL, "format value in the header");
+    const char *flips[] = {"dtrain-checkpoinu", "dtrain-weights   ", "Dtrain-checkpoint"};
+    for (size_t i = 0; v && i < sizeof flips / sizeof flips[0]; i++) {
+        char save[17];
+        memcpy(save, v + 1, 17);
+        memcpy(v + 1, flips[i], 17);
+        write_file(p, file, len);
+        memcpy(v + 1, save, 17);
+        dt_train_state r;
+        for (int k = 0; k < 4; k++, n++) {
+            dt_status st = k == 0 ? dt_ckpt_read(p, &b->cm, &r)
+                           : k == 1 ? dt_model_load(b->m, p)
+                           : k == 2 ? dt_ckpt_export_weights(p, wp)
+                                    : dt_ckpt_inspect(p, devnull);
+            CHECK(st == DT_ERR_FORMAT && strstr(dt_last_error(), "checksum"),
+                  "format '%.17s' (path %d): a damaged checkpoint, not weights: %s", flips[i], k, dt_last_error());
+        }
+    }
+    free(file);
+    fclose(devnull);
+    // Other tools' weights may carry a key a checkpoint has too: still weights.
+    dt_st_meta foreign[2] = {{"format", "pt"}, {"config", "{\"hidden\": 5}"}};
+    CHECK(dt_model_save(a->m, p, foreign, 2) == DT_OK && dt_model_load(b->m, p) == DT_OK,
+          "weights with a 'config' key load as weights: %s", dt_last_error());
+    return n;
+}
+
+// A sharded checkpoint (dir, of model h, 3 shards) with a damaged
+// index.json: every reader refuses it with a message naming the field,
+// allocates nothing for sizes the shard files do not hold, leaves h
+// untouched and leaves no file behind. Returns the number of cases.
+typedef struct {
+    const char *what, *want;
+    const char *raw;                            // the whole index, or NULL
+    const char *step, *world, *nparams, *nstates, *dims0, *offset_last, *shards;  // NULL: as written
+} index_case;
+
+static void index_json(char *out, size_t n, const net *h, const index_case *c) {
+    size_t np = h->cm.nparams, w = 0;
+    if (c->raw) {
+        snprintf(out, n, "%s", c->raw);
+        return;
+    }
+    char nps[32];
+    snprintf(nps, sizeof nps, "%zu", np);
+    w += (size_t)snprintf(out + w, n - w,
+                          "{\"format\":\"dtrain-checkpoint-index\",\"format_version\":1,\"step\":%s,\"world_size\":%s,"
+                          "\"nparams\":%s,\"nstates\":%s,\"optimizer\":\"adamw\",\"tensors\":[",
+                          c->step ? c->step : "7", c->world ? c->world : "3", c->nparams ? c->nparams : nps,
+                          c->nstates ? c->nstates : "2");
+    for (int i = 0; i < h->cm.ntensors; i++) {
+        const dt_tensor_info *t = &h->t[i];
+        char dims[200] = "", off[40];
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        snprintf(off, sizeof off, "%zu", t->offset);
+        w += (size_t)snprintf(out + w, n - w, "%s{\"name\":\"%s\",\"shape\":[%s],\"offset\":%s}", i ? "," : "",
+                              t->name, i == 0 && c->dims0 ? c->dims0 : dims,
+                              i == h->cm.ntensors - 1 && c->offset_last ? c->offset_last : off);
+    }
+    w += (size_t)snprintf(out + w, n - w, "],\"shards\":");
+    if (c->shards) {
+        snprintf(out + w, n - w, "%s}", c->shards);
+        return;
+    }
+    for (int r = 0; r < 3; r++) {
+        size_t b, e;
+        dt_shard_range(np, r, 3, &b, &e);
+        w += (size_t)snprintf(out + w, n - w, "%s{\"file\":\"shard-%05d-of-00003.safetensors\",\"begin\":%zu,\"end\":%zu}",
+                              r ? "," : "[", r, b, e);
+    }
+    snprintf(out + w, n - w, "]}");
+}
+
+static int test_index(const char *dir, net *h) {
+    char ip[700], out[700];
+    snprintf(ip, sizeof ip, "%s/index.json", dir);
+    snprintf(out, sizeof out, "%s", tmp("idx-export.safetensors"));
+    size_t ilen;
+    char *orig = tl_read_file(ip, &ilen);
+    if (!orig) return CHECK(0, "index.json"), 0;
+    static unsigned char before[1 << 16], after[1 << 16];
+    size_t nb = net_bytes(h, before), np = h->cm.nparams, b1, e1, b2, e2;
+    dt_shard_range(np, 1, 3, &b1, &e1);
+    dt_shard_range(np, 2, 3, &b2, &e2);
+    char overlap[600], outside[600], claim[2][600];
+    const char *f0 = "{\"file\":\"shard-00000-of-00003.safetensors\",\"begin\":0,\"end\":";
+    snprintf(overlap, sizeof overlap, "[%s%zu},{\"file\":\"shard-00001-of-00003.safetensors\",\"begin\":%zu,\"end\":%zu},"
+             "{\"file\":\"shard-00002-of-00003.safetensors\",\"begin\":%zu,\"end\":%zu}]", f0, b1, b1 - 1, e1, b2, e2);
+    snprintf(outside, sizeof outside, "[%s%zu},{\"file\":\"../../x\",\"begin\":%zu,\"end\":%zu},"
+             "{\"file\":\"shard-00002-of-00003.safetensors\",\"begin\":%zu,\"end\":%zu}]", f0, b1, b1, e1, b2, e2);
+    const char *claims[2] = {"500000000", "562949953421312"};
+    for (int k = 0; k < 2; k++)
+        snprintf(claim[k], sizeof claim[k], "[%s%zu},{\"file\":\"shard-00001-of-00003.safetensors\",\"begin\":%zu,\"end\":%zu},"
+                 "{\"file\":\"shard-00002-of-00003.safetensors\",\"begin\":%zu,\"end\":%s}]", f0, b1, b1, e1, b2, claims[k]);
+    index_case cases[] = {
+        {"no shards, no parameters", "nparams",
+         .raw = "{\"format\":\"dtrain-checkpoint-index\",\"format_version\":1,\"step\":7,\"world_size\":3,\"nparams\":0,"
+         "\"nstates\":2,\"optimizer\":\"adamw\",\"tensors\":[],\"shards\":[]}"},
+        {"no shards, no tensors", "tensors",
+         .raw = "{\"format\":\"dtrain-checkpoint-index\",\"format_version\":1,\"step\":7,\"world_size\":3,\"nparams\":103,"
+         "\"nstates\":2,\"optimizer\":\"adamw\",\"tensors\":[],\"shards\":[]}"},
+        {"no shards", "shards", .shards = "[]"},
+        {"negative dimension", "shape[0]", .dims0 = "-5,16"},
+        {"dimension 2^62", "shape[0]", .dims0 = "4611686018427387904,16"},
+        {"dimensions whose product wraps around", "more elements than", .dims0 = "4294967296,4294967296"},
+        {"five dimensions", "4 dimensions", .dims0 = "1,1,1,5,16"},
+        {"5e8 parameters", "bytes", .nparams = claims[0], .shards = claim[0]},
+        {"2^49 parameters", "bytes", .nparams = claims[1], .shards = claim[1]},
+        {"nparams 1e300", "nparams", .nparams = "1e300"},
+        {"nparams -1", "nparams", .nparams = "-1"},
+        {"offset past the end", "ends past", .offset_last = "101"},
+        {"negative offset", "offset", .offset_last = "-10"},
+        {"fractional offset", "offset", .offset_last = "1.5"},
+        {"offset 1e300", "offset", .offset_last = "1e300"},
+        {"shards overlapping", "does not continue", .shards = overlap},
+        {"shard file outside the directory", "file", .shards = outside},
+        {"world_size 1e9", "world_size", .world = "1e9"},
+        {"world_size 0", "world_size", .world = "0"},
+        {"nstates 3", "nstates", .nstates = "3"},
+        {"negative step", "step", .step = "-1"},
+        {"step 1e300", "step", .step = "1e300"},
+        {"not JSON", "not a JSON object", .raw = "{\"format\":"},
+        {"empty", "not a JSON object", .raw = ""},
+    };
+    int n = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[4096];
+        index_json(body, sizeof body, h, &cases[i]);
+        write_file(ip, (const unsigned char *)body, strlen(body));
+        dt_train_state r;
+        FILE *devnull = fopen("/dev/null", "w");
+        double t0 = dt_now();
+        for (int k = 0; k < 3; k++, n++) {
+            dt_status st = k == 0 ? dt_ckpt_read(dir, &h->cm, &r)
+                           : k == 1 ? dt_ckpt_inspect(dir, devnull)
+                                    : dt_ckpt_export_weights(dir, out);
+            CHECK(st != DT_OK && strstr(dt_last_error(), cases[i].want) && strstr(dt_last_error(), "index.json"),
+                  "%s (path %d): refused naming %s: %s\n%s", cases[i].what, k, cases[i].want, dt_last_error(), body);
+        }
+        double took = dt_now() - t0;
+        fclose(devnull);
+        CHECK(took < 2, "%s: refused at once (%.2f s), nothing allocated for it", cases[i].what, took);
+        CHECK(access(out, F_OK) != 0, "%s: no export written", cases[i].what);
+        net_bytes(h, after);
+        CHECK(!memcmp(before, after, nb), "%s: the model is untouched", cases[i].what);
+    }
+    // Nothing left behind: no export, no temp files.
+    char cmd[900];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -c 'idx-export\\|gathered'; ls -A \"${TMPDIR:-/tmp}\" | grep -c dtrain-gathered",
+             g_tmp);
+    tl_run(cmd, g_out, sizeof g_out);
+    CHECK(!strcmp(g_out, "0\n0\n"), "no temp files left by failed reads and exports: %s", g_out);
+    write_file(ip, (const unsigned char *)orig, ilen);
+    free(orig);
+    return n;
+}
+
 static void test_file(void) {
     net a, b;
     net_make(&a, 5, DT_OPTIM_ADAMW, 1);
     net_make(&b, 5, DT_OPTIM_ADAMW, 2);
     dt_train_state s = {1234, 3, 17, 16, 12.375, {{1, 2, 0xdeadbeefcafef00dull, 4}}, 3}, r;
-    const char *p = tmp("a.safetensors");
+    char p[600];  // tmp() reuses its buffers
+    snprintf(p, sizeof p, "%s", tmp("a.safetensors"));
     CHECK(dt_ckpt_write(p, &a.cm, &s) == DT_OK, "write: %s", dt_last_error());
     CHECK(dt_ckpt_read(p, &b.cm, &r) == DT_OK, "read: %s", dt_last_error());
     static unsigned char ba[1 << 16], bb[1 << 16];
@@ -141,24 +350,34 @@ static void test_file(void) {
         }
         if (st != DT_OK && !strstr(dt_last_error(), d)) missed++;
     }
+    // Every reader sees the flip: resume, weights loading (eval, train's
+    // init), export and inspect.
+    float *cw = malloc(c.cm.nparams * sizeof(float));
+    memcpy(cw, c.cm.params, c.cm.nparams * sizeof(float));
+    FILE *devnull = fopen("/dev/null", "w");
+    int flips = 0;
     for (size_t pos = 0; pos < len; pos += 1 + pos / 40) {
         file[pos] ^= (unsigned char)(1u << (pos % 8));
         write_file(d, file, len);
         file[pos] ^= (unsigned char)(1u << (pos % 8));
-        dt_status st = dt_ckpt_read(d, &b.cm, &r);
-        tried++;
-        if (st == DT_OK) {
+        dt_status st = dt_ckpt_read(d, &b.cm, &r), sl = dt_model_load(c.m, d), se = dt_ckpt_export_weights(d, w),
+                  si = dt_ckpt_inspect(d, devnull);
+        tried++, flips++;
+        if (st == DT_OK || sl == DT_OK || se == DT_OK || si == DT_OK) {
             missed++;
-            fprintf(stderr, "bit flip at byte %zu went unnoticed\n", pos);
+            fprintf(stderr, "bit flip at byte %zu went unnoticed by%s%s%s%s\n", pos, st ? "" : " read",
+                    sl ? "" : " dt_model_load", se ? "" : " export", si ? "" : " inspect");
         }
     }
     net_bytes(&b, ba);
     CHECK(missed == 0, "%d of %d truncated or bit-flipped files not detected", missed, tried);
     CHECK(!memcmp(ba, bb, nb), "failed loads left the model and optimizer untouched");
-    printf("damage: %d truncated / bit-flipped files, all detected\n", tried);
+    CHECK(!memcmp(cw, c.cm.params, c.cm.nparams * sizeof(float)), "failed weight loads left the model untouched");
+    free(cw);
+    printf("damage: %d truncated / bit-flipped files, all detected (the flips by read, dt_model_load, export and inspect: %d cases)\n",
+           tried, 4 * flips);
     file[len / 2] ^= 1;
     write_file(d, file, len);
-    FILE *devnull = fopen("/dev/null", "w");
     CHECK(dt_ckpt_inspect(d, devnull) == DT_ERR_FORMAT && strstr(dt_last_error(), "checksum"),
           "inspect reports a damaged checksum: %s", dt_last_error());
     CHECK(dt_ckpt_inspect(p, devnull) == DT_OK, "inspect: %s", dt_last_error());
@@ -175,6 +394,8 @@ static void test_file(void) {
               "a newer format version is refused: %s", dt_last_error());
     }
     free(file);
+
+    printf("values in range, format flips: %d cases\n", test_values(&a, &b));
 
     // Another model, another optimizer.
     net e, g;
@@ -280,6 +501,11 @@ static void test_file(void) {
           dt_last_error());
     int bw;
     CHECK(tl_weights_diff(tmp("sw.safetensors"), whole, &bw) == 0 && bw, "its weights are the whole one's");
+    net q;
+    net_make(&q, 5, DT_OPTIM_ADAMW, 9);
+    CHECK(dt_model_load(q.m, sdir) == DT_OK && !memcmp(q.cm.params, h.cm.params, h.cm.nparams * sizeof(float)),
+          "dt_model_load (eval) reads a sharded checkpoint's weights: %s", dt_last_error());
+    net_free(&q);
     // Damage: a bit flip in a shard, a missing COMPLETE: detected, skipped.
     char s1[600];
     snprintf(s1, sizeof s1, "%s", tmp("sharded/step-00000007/shard-00001-of-00003.safetensors"));
@@ -293,6 +519,8 @@ static void test_file(void) {
     sb[sl - 3] ^= 0x10;
     write_file(s1, sb, sl);
     free(sb);
+    printf("damaged index.json: %d cases\n", test_index(sdir, &h));
+    CHECK(dt_ckpt_read(sdir, &h.cm, &rs) == DT_OK, "the restored index reads again: %s", dt_last_error());
     unlink(tmp("sharded/step-00000007/COMPLETE"));
     CHECK(dt_ckpt_read(sdir, &h.cm, &rs) == DT_ERR_FORMAT && strstr(dt_last_error(), "incomplete"),
           "no COMPLETE marker: incomplete: %s", dt_last_error());

@@ -250,7 +250,7 @@ static void test_cli(void) {
             prefix, prefix);
     fclose(f);
     snprintf(run, sizeof run, "%s/run", g_dir);
-    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s -q", tl_dtrain(), ini, run);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s -q --checkpoint-every 30", tl_dtrain(), ini, run);
     CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "val loss"), "train GPT: %s", out);
     char p[600];
     size_t n;
@@ -271,6 +271,11 @@ static void test_cli(void) {
     // (A sampled NUL byte would end the captured string early: at most 45.)
     CHECK(rc1 == 0 && rc2 == 0 && !strcmp(out, out2) && !strncmp(out, "the ", 4) && strlen(out) <= 4 + 40 + 1,
           "sample is reproducible and starts with the prompt: '%s'", out);
+    // The last checkpoint holds the same weights (its sizes in weights_meta), verified.
+    snprintf(cmd, sizeof cmd,
+             "%s sample %s --checkpoint %s/checkpoints/step-00000030.safetensors --prompt 'the ' -n 40 --temperature 0.8 --seed 3",
+             tl_dtrain(), ini, run);
+    CHECK(tl_run(cmd, out2, sizeof out2) == 0 && !strcmp(out, out2), "sample from the run's checkpoint: '%s'", out2);
     snprintf(cmd, sizeof cmd, "%s sample %s --checkpoint %s/model.safetensors --prompt 'the ' -n 60 --temperature 0 --top-k 5",
              tl_dtrain(), ini, run);
     CHECK(tl_run(cmd, out, sizeof out) == 0, "greedy sample beyond block_size (sliding context): %s", out);

@@ -55,8 +55,10 @@ DT_API const char *dt_st_meta_get(const dt_st_file *f, const char *key);
 
 /* Saves every parameter tensor of m under its name (dt_model_tensor). */
 DT_API dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, int nmeta);
-/* Loads parameters saved by dt_model_save; every tensor of the model must be
- * present with the same shape and dtype F32, else DT_ERR_FORMAT naming it. */
+/* Loads parameters saved by dt_model_save, or the weights of a checkpoint
+ * (file or sharded directory), verified first like dt_ckpt_read verifies it;
+ * every tensor of the model must be present with the same shape and dtype
+ * F32, else DT_ERR_FORMAT naming it, and m is untouched. */
 DT_API dt_status dt_model_load(dt_model *m, const char *path);
 
 

@@ -84,7 +84,8 @@ DT_API const char *dt_version(void);
 typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
 
 /* Messages at or below `level` go to stderr (default DT_LOG_INFO, or the
- * DTRAIN_LOG environment variable: error|warn|info|debug). */
+ * DTRAIN_LOG environment variable: error|warn|info|debug), control
+ * characters escaped (dt_escape_text). */
 DT_API void dt_log_set_level(dt_log_level level);
 DT_API dt_log_level dt_log_get_level(void);
 DT_API void dt_log(dt_log_level level, const char *fmt, ...) DT_PRINTF(2, 3);
@@ -149,6 +150,14 @@ DT_API const char *dt_mem_format(size_t bytes, char *buf, size_t n);
 /* CRC-32C (Castagnoli) of p[n], continuing from crc (0 to start). Uses the
  * SSE4.2 instruction where the CPU has it. */
 DT_API uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n);
+
+/* Text that came from a file, made safe to print on a terminal: s[0, len)
+ * into out (n bytes, always NUL-terminated) with control characters (below
+ * 0x20, DEL, the C1 controls 0x80-0x9f) and bytes that are not well-formed
+ * UTF-8 written as \xNN; other UTF-8 is kept. Escaping escaped text again
+ * changes nothing. Stops before an escape or character that would not fit.
+ * Returns out. */
+DT_API char *dt_escape_text(char *out, size_t n, const char *s, size_t len);
 
 /* Creates directory `path` and its missing parents (mkdir -p). */
 DT_API dt_status dt_make_dirs(const char *path);

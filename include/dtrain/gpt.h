@@ -270,7 +270,10 @@ DT_API dt_status dt_gpt_save(const dt_gpt *m, const char *path);
  * returns the entries in meta (7). */
 DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_meta meta[7]);
 /* Loads weights saved by dt_gpt_save, or an llm.c checkpoint (told apart by
- * its magic number); their sizes must equal the model's. */
+ * its magic number); their sizes must equal the model's. The sizes a file
+ * claims are checked against its bytes, and every tensor's shape, before
+ * anything is copied or allocated; a safetensors file that is a checkpoint
+ * is verified first (dt_model_load). */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
 /* The same without a model: writes a parameter block of config c, and reads
  * one (either format) into *params (dt_alloc'ed; free with dt_free) and *c. */

@@ -10,7 +10,9 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <ctype.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -63,8 +65,9 @@ static const char *const state_names[2] = {"optimizer.state.0", "optimizer.state
 
 // Writes tensors t[n] with the training state as metadata and the checksum.
 // shard: "" for a whole checkpoint, "BEGIN:END:NPARAMS:RANK:WORLD" for a shard.
+// mem: NULL to write path, else the file is built in memory (path names it).
 static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, const dt_ckpt_model *m,
-                            const dt_train_state *s, const char *shard) {
+                            const dt_train_state *s, const char *shard, dt_st_file **mem) {
     const dt_st_tensor **tp = calloc((size_t)n, sizeof *tp);
     if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n; i++) tp[i] = &t[i];
@@ -100,10 +103,11 @@ static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, cons
     dt_st_meta meta[NKEYS + 1];
     for (int k = 0; k < NKEYS; k++) meta[k] = (dt_st_meta){keys[k], vals[k]};
     meta[NKEYS] = (dt_st_meta){"checksum", crc};
-    return dt_st_write(path, t, n, meta, NKEYS + 1);
+    return mem ? dt_st_build(mem, t, n, meta, NKEYS + 1, path) : dt_st_write(path, t, n, meta, NKEYS + 1);
 }
 
-dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s) {
+// A whole checkpoint of m and s: written to path, or built in memory (mem).
+static dt_status whole_ckpt(const char *path, const dt_ckpt_model *m, const dt_train_state *s, dt_st_file **mem) {
     int n = m->ntensors + m->nstates + 1;
     if (m->ntensors < 0 || n > MAX_TENSORS) return dt_error(DT_ERR_ARG, "%s: %d tensors", path, m->ntensors);
     dt_st_tensor *t = calloc((size_t)n, sizeof *t);
@@ -117,9 +121,13 @@ dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train
         t[m->ntensors + j] = (dt_st_tensor){state_names[j], DT_F32, 1, {(int64_t)m->nparams}, m->states[j],
                                             m->nparams * sizeof(float)};
     t[n - 1] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
-    dt_status st = write_ckpt(path, t, n, m, s, "");
+    dt_status st = write_ckpt(path, t, n, m, s, "", mem);
     free(t);
     return st;
+}
+
+dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s) {
+    return whole_ckpt(path, m, s, NULL);
 }
 
 // A shard: the slice [begin, end) of the parameter block and of each
@@ -136,8 +144,24 @@ static dt_status write_shard(const char *path, const dt_ckpt_model *m, const dt_
     t[n++] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
     char shard[128];
     snprintf(shard, sizeof shard, "%zu:%zu:%zu:%d:%d", begin, end, m->nparams, rank, world);
-    return write_ckpt(path, t, n, m, s, shard);
+    return write_ckpt(path, t, n, m, s, shard, NULL);
 }
+
+// ----------------------------------------------------------------------------
+// the one verified reader
+//
+// Every reader of a checkpoint or weights file (resume, eval, sample,
+// convert, inspect, export) opens it through open_verified: a sharded
+// checkpoint's directory is gathered whole in memory from its index and its
+// verified shards; a file that carries a checkpoint's metadata is verified
+// (format version, checksum, every value in range) before anyone uses it.
+
+// Limits of the integers a checkpoint or its index may hold: beyond them a
+// value is damage, not a run, and arithmetic on it could wrap around.
+#define MAX_COUNT ((int64_t)1 << 50)  // steps, batches, parameters
+#define MAX_EPOCH ((int64_t)1 << 30)
+#define MAX_WORLD ((int64_t)1 << 20)
+#define MAX_DIM ((int64_t)1 << 40)
 
 static int parse_i64(const char *v, int64_t *out) {
     if (!v || !*v) return 0;
@@ -157,74 +181,96 @@ static dt_status get_meta(const dt_st_file *f, const char *path, const char **va
     return DT_OK;
 }
 
-// Opens path and checks that it is an intact dtrain checkpoint of a
-// version this build reads.
-static dt_status open_checked(const char *path, dt_st_file **out, const char **vals, const char *format) {
-    dt_st_file *f;
-    dt_status st = dt_st_open(&f, path);
-    if (st != DT_OK) return st;
+// Whether f carries a checkpoint's metadata: its format says so, or two of
+// the keys only dtrain checkpoints have are there. A bit flip damages one
+// key or the format value, never both, so a damaged checkpoint is still
+// verified, not taken for plain weights; other tools' weights, which may
+// use a key such as "config", are not taken for checkpoints.
+static int looks_like_ckpt(const dt_st_file *f) {
+    static const char *const own[] = {"checksum", "format_version", "config_hash", "weights_meta", "epoch_batch",
+                                      "epoch_steps", "epoch_loss"};
     const char *fmt = dt_st_meta_get(f, "format");
-    if (!fmt || strcmp(fmt, format)) {
-        st = dt_error(DT_ERR_CONFIG, "%s: not a dtrain checkpoint (format '%s'; weights alone cannot resume a run)",
-                      path, fmt ? fmt : "none");
-        goto fail;
-    }
-    int64_t ver;
-    const char *v = dt_st_meta_get(f, "format_version");
-    if (!parse_i64(v, &ver)) {
-        st = dt_error(DT_ERR_FORMAT, "%s: bad format_version '%s'", path, v ? v : "none");
-        goto fail;
-    }
-    if (ver != DT_CKPT_VERSION) {
-        st = dt_error(DT_ERR_CONFIG, "%s: checkpoint format version %lld, this dtrain %s reads version %d", path,
-                      (long long)ver, dt_version(), DT_CKPT_VERSION);
-        goto fail;
-    }
-    if ((st = get_meta(f, path, vals)) != DT_OK) goto fail;
-    int n = dt_st_count(f);
-    const dt_st_tensor **tp = malloc(sizeof *tp * (n > 0 ? n : 1));
-    if (!tp) {
-        st = dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-        goto fail;
-    }
-    for (int i = 0; i < n; i++) tp[i] = dt_st_get(f, i);
-    char crc[16];
-    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals));
-    free(tp);
-    const char *want = dt_st_meta_get(f, "checksum");
-    if (!want || strcmp(want, crc)) {
-        st = dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (stored %s, computed %s): the file is damaged", path,
-                      want ? want : "none", crc);
-        goto fail;
-    }
-    *out = f;
-    return DT_OK;
-fail:
-    dt_st_close(f);
-    return st;
+    if (fmt && !strncmp(fmt, "dtrain-checkpoint", 17)) return 1;
+    int n = 0;
+    for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) n += dt_st_meta_get(f, own[k]) != NULL;
+    return n >= 2;
 }
 
-// The training state in a checkpoint's metadata values.
+// The training state in a checkpoint's metadata values, every one in range.
 static dt_status parse_state(const char **vals, const char *path, dt_train_state *out) {
     dt_train_state ns = {0};
-    int ok = parse_i64(vals[K_STEP], &ns.step) && parse_i64(vals[K_EPOCH], &ns.epoch) &&
-             parse_i64(vals[K_EPOCH_BATCH], &ns.epoch_batch) && parse_i64(vals[K_EPOCH_STEPS], &ns.epoch_steps) &&
-             ns.step >= 0 && ns.epoch >= 0 && ns.epoch_batch >= 0 && ns.epoch_steps >= 0;
+    int64_t world = 0;
+    const struct { int key; int64_t lo, hi; int64_t *to; } ints[] = {
+        {K_STEP, 0, MAX_COUNT, &ns.step},         {K_EPOCH, 0, MAX_EPOCH, &ns.epoch},
+        {K_EPOCH_BATCH, 0, MAX_COUNT, &ns.epoch_batch}, {K_EPOCH_STEPS, 0, MAX_COUNT, &ns.epoch_steps},
+        {K_WORLD, 1, MAX_WORLD, &world}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (!parse_i64(vals[ints[i].key], ints[i].to) || *ints[i].to < ints[i].lo || *ints[i].to > ints[i].hi)
+            return dt_error(DT_ERR_FORMAT, "%s: metadata '%s' is '%.40s', expected a whole number from %lld to %lld",
+                            path, keys[ints[i].key], vals[ints[i].key], (long long)ints[i].lo, (long long)ints[i].hi);
     char *end;
     ns.epoch_loss = strtod(vals[K_EPOCH_LOSS], &end);
-    ok = ok && !*end && strlen(vals[K_RNG]) == 64;
+    if (!*vals[K_EPOCH_LOSS] || *end || !isfinite(ns.epoch_loss))
+        return dt_error(DT_ERR_FORMAT, "%s: metadata 'epoch_loss' is '%.40s', expected a finite number", path,
+                        vals[K_EPOCH_LOSS]);
+    int ok = strlen(vals[K_RNG]) == 64;
     for (int i = 0; ok && i < 4; i++) {
         char part[17];
         memcpy(part, vals[K_RNG] + 16 * i, 16);
         part[16] = 0;
         ns.rng.s[i] = strtoull(part, &end, 16);
-        ok = !*end;
+        ok = !*end && isxdigit((unsigned char)part[0]);
     }
-    int64_t world;
-    ok = ok && parse_i64(vals[K_WORLD], &world) && world >= 1 && world <= 1 << 20;
-    if (!ok) return dt_error(DT_ERR_FORMAT, "%s: malformed training state in the metadata", path);
+    if (!ok) return dt_error(DT_ERR_FORMAT, "%s: metadata 'rng' is not 64 hexadecimal digits", path);
     ns.world = (int)world;
     *out = ns;
+    return DT_OK;
+}
+
+enum { KIND_WEIGHTS, KIND_WHOLE, KIND_SHARD };
+
+// Verifies f, which looks like a checkpoint: a format version this build
+// reads, every metadata key, the checksum, then the values the checksum
+// covers (format, training state, optimizer step) in range. vals gets the
+// metadata values, *s the training state, *kind whole or shard.
+static dt_status check_ckpt(const dt_st_file *f, const char *path, const char **vals, dt_train_state *s,
+                            int *kind) {
+    int64_t ver;
+    const char *v = dt_st_meta_get(f, "format_version");
+    if (!parse_i64(v, &ver))
+        return dt_error(DT_ERR_FORMAT, "%s: bad format_version '%.40s'", path, v ? v : "none");
+    if (ver != DT_CKPT_VERSION)
+        return dt_error(DT_ERR_CONFIG, "%s: checkpoint format version %lld, this dtrain %s reads version %d", path,
+                        (long long)ver, dt_version(), DT_CKPT_VERSION);
+    dt_status st = get_meta(f, path, vals);
+    if (st != DT_OK) return st;
+    int n = dt_st_count(f);
+    const dt_st_tensor **tp = malloc(sizeof *tp * (n > 0 ? n : 1));
+    if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < n; i++) tp[i] = dt_st_get(f, i);
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals));
+    free(tp);
+    const char *want = dt_st_meta_get(f, "checksum");
+    if (!want || strcmp(want, crc))
+        return dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (stored %.16s, computed %s): the file is damaged", path,
+                        want ? want : "none", crc);
+    // Sound bytes; now what they say.
+    int shard = !strcmp(vals[K_FORMAT], "dtrain-checkpoint-shard");
+    if (!shard && strcmp(vals[K_FORMAT], "dtrain-checkpoint"))
+        return dt_error(DT_ERR_FORMAT, "%s: format '%.40s' with a checkpoint's metadata", path, vals[K_FORMAT]);
+    if (shard != !!*vals[K_SHARD])
+        return dt_error(DT_ERR_FORMAT, "%s: metadata 'shard' '%.40s' does not fit format '%s'", path, vals[K_SHARD],
+                        vals[K_FORMAT]);
+    if ((st = parse_state(vals, path, s)) != DT_OK) return st;
+    const dt_st_tensor *step;
+    int64_t one = 1, opt_step;
+    if ((st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) != DT_OK) return st;
+    memcpy(&opt_step, step->data, sizeof opt_step);
+    if (opt_step < 0 || opt_step > MAX_COUNT)
+        return dt_error(DT_ERR_FORMAT, "%s: tensor 'optimizer.step' is %lld, expected 0 to %lld", path,
+                        (long long)opt_step, (long long)MAX_COUNT);
+    *kind = shard ? KIND_SHARD : KIND_WHOLE;
     return DT_OK;
 }
 
@@ -233,16 +279,65 @@ static int is_dir(const char *path) {
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+static dt_status gather(const char *dir, dt_st_file **out);
+
+// Opens path (a file, or a sharded checkpoint's directory, gathered whole)
+// and verifies it when it is a checkpoint. *kind: KIND_WEIGHTS (vals and *s
+// untouched), KIND_WHOLE or KIND_SHARD.
+static dt_status open_verified(const char *path, dt_st_file **out, const char **vals, dt_train_state *s,
+                               int *kind) {
+    dt_st_file *f;
+    dt_status st = is_dir(path) ? gather(path, &f) : dt_st_open(&f, path);
+    if (st != DT_OK) return st;
+    *kind = KIND_WEIGHTS;
+    if (looks_like_ckpt(f) && (st = check_ckpt(f, path, vals, s, kind)) != DT_OK) {
+        dt_st_close(f);
+        return st;
+    }
+    *out = f;
+    return DT_OK;
+}
+
+dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt) {
+    const char *vals[NKEYS];
+    dt_train_state s;
+    int kind;
+    dt_status st = open_verified(path, out, vals, &s, &kind);
+    if (st != DT_OK) return st;
+    if (kind == KIND_SHARD) {
+        dt_st_close(*out);
+        *out = NULL;
+        return dt_error(DT_ERR_CONFIG, "%s: one shard of a sharded checkpoint (give its directory, step-N/)", path);
+    }
+    if (is_ckpt) *is_ckpt = kind == KIND_WHOLE;
+    return DT_OK;
+}
+
+// The error for a file that is not the checkpoint wanted.
+static dt_status not_a_ckpt(const char *path, int kind, const dt_st_file *f) {
+    if (kind == KIND_SHARD)
+        return dt_error(DT_ERR_CONFIG, "%s: one shard of a sharded checkpoint (give its directory, step-N/)", path);
+    const char *fmt = dt_st_meta_get(f, "format");
+    return dt_error(DT_ERR_CONFIG, "%s: not a dtrain checkpoint (format '%.40s'; weights alone cannot resume a run)",
+                    path, fmt ? fmt : "none");
+}
+
 static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_state *s);
 
 dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state *s) {
     if (is_dir(path)) return read_sharded(path, m, s);
     dt_st_file *f;
     const char *vals[NKEYS];
-    dt_status st = open_checked(path, &f, vals, "dtrain-checkpoint");
+    dt_train_state ns;
+    int kind;
+    dt_status st = open_verified(path, &f, vals, &ns, &kind);
     if (st != DT_OK) return st;
     // Check everything before touching the caller's buffers.
     const dt_st_tensor *w[MAX_TENSORS], *states[2] = {0}, *step = NULL;
+    if (kind != KIND_WHOLE) {
+        st = not_a_ckpt(path, kind, f);
+        goto done;
+    }
     if (m->ntensors > MAX_TENSORS) {
         st = dt_error(DT_ERR_ARG, "%s: %d tensors", path, m->ntensors);
         goto done;
@@ -252,7 +347,8 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
     if (st != DT_OK) goto done;
     const char *opt = m->optimizer ? m->optimizer : "";
     if (strcmp(vals[K_OPTIMIZER], opt)) {
-        st = dt_error(DT_ERR_CONFIG, "%s: written with optimizer '%s', this run uses '%s'", path, vals[K_OPTIMIZER], opt);
+        st = dt_error(DT_ERR_CONFIG, "%s: written with optimizer '%.40s', this run uses '%s'", path, vals[K_OPTIMIZER],
+                      opt);
         goto done;
     }
     int64_t np = (int64_t)m->nparams, one = 1;
@@ -260,14 +356,12 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
         st = dt_st_expect(f, path, state_names[j], DT_F32, 1, &np, DT_ERR_CONFIG, &states[j]);
     if (st == DT_OK) st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_CONFIG, &step);
     if (st != DT_OK) goto done;
-    dt_train_state ns;
-    if ((st = parse_state(vals, path, &ns)) != DT_OK) goto done;
     for (int i = 0; i < m->ntensors; i++) memcpy(m->params + m->tensors[i].offset, w[i]->data, w[i]->nbytes);
     for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], states[j]->data, states[j]->nbytes);
     memcpy(m->opt_step, step->data, sizeof(int64_t));
     *s = ns;
     if (m->config && strcmp(vals[K_CONFIG], m->config))
-        dt_log(DT_LOG_WARN, "%s: written with a different config (hash %s); continuing with this one", path,
+        dt_log(DT_LOG_WARN, "%s: written with a different config (hash %.16s); continuing with this one", path,
                vals[K_CONFIG_HASH]);
 done:
     dt_st_close(f);
@@ -326,62 +420,249 @@ static dt_status write_index(const char *dir, const dt_ckpt_model *m, const dt_t
     return dt_write_atomic(path, parts, sizes, 1);
 }
 
-static cJSON *read_json(const char *path) {
-    uint8_t *buf;
-    size_t len;
-    if (dt_read_file_gz(path, &buf, &len) != DT_OK) return NULL;
-    cJSON *o = cJSON_ParseWithLength((const char *)buf, len);
-    free(buf);
-    return o;
+// A sharded checkpoint's index.json, every value checked before it is used.
+typedef struct {
+    const char *file;
+    size_t begin, end;
+} index_shard;
+
+typedef struct {
+    cJSON *root;                 // owns the strings below
+    int64_t step, world, nparams, nstates;
+    const char *optimizer;
+    int ntensors;
+    dt_tensor_info *tensors;     // within [0, nparams)
+    index_shard *shards;         // world of them, covering [0, nparams) in order
+} ckpt_index;
+
+static void index_free(ckpt_index *ix) {
+    cJSON_Delete(ix->root);
+    free(ix->tensors);
+    free(ix->shards);
+    memset(ix, 0, sizeof *ix);
 }
 
-static double num_of(const cJSON *o, const char *key) {
+// v as a whole number in [lo, hi].
+static int whole(const cJSON *v, int64_t lo, int64_t hi, int64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+        v->valuedouble != floor(v->valuedouble))
+        return 0;
+    *out = (int64_t)v->valuedouble;
+    return 1;
+}
+
+// o's field key as a whole number in [lo, hi], else an error naming it
+// (where: "" or "tensor 3 ", "shard 1 ").
+static dt_status index_int(const cJSON *o, const char *key, const char *where, const char *path, int64_t lo,
+                           int64_t hi, int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (whole(v, lo, hi, out)) return DT_OK;
+    char got[40] = "missing or not a number";
+    if (cJSON_IsNumber(v)) snprintf(got, sizeof got, "%.17g", v->valuedouble);
+    return dt_error(DT_ERR_FORMAT, "%s: %s\"%s\" is %s, expected a whole number from %lld to %lld", path, where, key,
+                    got, (long long)lo, (long long)hi);
 }
 
-static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_state *s) {
+// Parses index.json text (len bytes; path names it in errors).
+static dt_status index_parse(const char *text, size_t len, const char *path, ckpt_index *ix) {
+    memset(ix, 0, sizeof *ix);
+    cJSON *o = ix->root = cJSON_ParseWithLength(text, len);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
+    const cJSON *opt = cJSON_GetObjectItemCaseSensitive(o, "optimizer");
+    const cJSON *tj = cJSON_GetObjectItemCaseSensitive(o, "tensors"), *sj = cJSON_GetObjectItemCaseSensitive(o, "shards");
+    if (!cJSON_IsObject(o) || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, "dtrain-checkpoint-index"))
+        return dt_error(DT_ERR_FORMAT, "%s: not a JSON object with format \"dtrain-checkpoint-index\"", path);
+    int64_t ver;
+    dt_status st = index_int(o, "format_version", "", path, 0, INT32_MAX, &ver);
+    if (st != DT_OK) return st;
+    if (ver != DT_CKPT_VERSION)
+        return dt_error(DT_ERR_CONFIG, "%s: checkpoint format version %lld, this dtrain %s reads version %d", path,
+                        (long long)ver, dt_version(), DT_CKPT_VERSION);
+    if ((st = index_int(o, "step", "", path, 0, MAX_COUNT, &ix->step)) != DT_OK ||
+        (st = index_int(o, "world_size", "", path, 1, MAX_WORLD, &ix->world)) != DT_OK ||
+        (st = index_int(o, "nparams", "", path, 1, MAX_COUNT, &ix->nparams)) != DT_OK ||
+        (st = index_int(o, "nstates", "", path, 0, 2, &ix->nstates)) != DT_OK)
+        return st;
+    if (!cJSON_IsString(opt)) return dt_error(DT_ERR_FORMAT, "%s: \"optimizer\" is not a string", path);
+    ix->optimizer = opt->valuestring;
+    int nt = cJSON_GetArraySize(tj), ns = cJSON_GetArraySize(sj);
+    if (!cJSON_IsArray(tj) || nt < 1 || nt > MAX_TENSORS)
+        return dt_error(DT_ERR_FORMAT, "%s: \"tensors\" must list 1 to %d tensors (%d)", path, MAX_TENSORS, nt);
+    if (!cJSON_IsArray(sj) || ns != ix->world)
+        return dt_error(DT_ERR_FORMAT, "%s: \"shards\" must list world_size = %lld shards (%d)", path,
+                        (long long)ix->world, ns);
+    ix->tensors = calloc((size_t)nt, sizeof *ix->tensors);
+    ix->shards = calloc((size_t)ns, sizeof *ix->shards);
+    if (!ix->tensors || !ix->shards) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    size_t np = (size_t)ix->nparams;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, tj) {
+        dt_tensor_info *t = &ix->tensors[ix->ntensors];
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name"), *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+        char where[40];
+        snprintf(where, sizeof where, "tensor %d ", ix->ntensors);
+        int nd = cJSON_GetArraySize(sh);
+        if (!cJSON_IsString(nm) || !*nm->valuestring || !cJSON_IsArray(sh) || nd > 4)
+            return dt_error(DT_ERR_FORMAT, "%s: %sneeds a \"name\" and a \"shape\" of at most 4 dimensions", path, where);
+        t->name = nm->valuestring;
+        t->numel = 1;
+        const cJSON *d;
+        cJSON_ArrayForEach(d, sh) {
+            int64_t dim;
+            if (!whole(d, 0, MAX_DIM, &dim))
+                return dt_error(DT_ERR_FORMAT, "%s: %s('%.64s') shape[%d] is not a whole number from 0 to %lld", path,
+                                where, t->name, t->ndim, (long long)MAX_DIM);
+            t->shape[t->ndim++] = dim;
+            // Checked before multiplying: the product stays within nparams.
+            if (dim && t->numel > np / (size_t)dim)
+                return dt_error(DT_ERR_FORMAT, "%s: %s('%.64s') has more elements than \"nparams\" %zu", path, where,
+                                t->name, np);
+            t->numel *= (size_t)dim;
+        }
+        int64_t off;
+        if ((st = index_int(e, "offset", where, path, 0, ix->nparams, &off)) != DT_OK) return st;
+        t->offset = (size_t)off;
+        if (t->numel > np - t->offset)
+            return dt_error(DT_ERR_FORMAT, "%s: %s('%.64s') at offset %zu with %zu elements ends past \"nparams\" %zu",
+                            path, where, t->name, t->offset, t->numel, np);
+        ix->ntensors++;
+    }
+    size_t next = 0;
+    int r = 0;
+    cJSON_ArrayForEach(e, sj) {
+        const cJSON *file = cJSON_GetObjectItemCaseSensitive(e, "file");
+        char where[40];
+        snprintf(where, sizeof where, "shard %d ", r);
+        int64_t b, end;
+        if (!cJSON_IsString(file) || !*file->valuestring || strchr(file->valuestring, '/') ||
+            file->valuestring[0] == '.' || strlen(file->valuestring) > 255)
+            return dt_error(DT_ERR_FORMAT, "%s: %s\"file\" must be a file name in the checkpoint's directory", path,
+                            where);
+        if ((st = index_int(e, "begin", where, path, 0, ix->nparams, &b)) != DT_OK ||
+            (st = index_int(e, "end", where, path, b, ix->nparams, &end)) != DT_OK)
+            return st;
+        if ((size_t)b != next)
+            return dt_error(DT_ERR_FORMAT, "%s: %s\"begin\" %lld does not continue the shard before (%zu)", path, where,
+                            (long long)b, next);
+        ix->shards[r] = (index_shard){file->valuestring, (size_t)b, (size_t)end};
+        next = (size_t)end;
+        r++;
+    }
+    if (next != np)
+        return dt_error(DT_ERR_FORMAT, "%s: the shards end at %zu of \"nparams\" %zu", path, next, np);
+    return DT_OK;
+}
+
+// Reads DIR/index.json of a complete sharded checkpoint, and checks the
+// sizes it claims against the shard files' real sizes before anyone
+// allocates for them.
+static dt_status index_read(const char *dir, ckpt_index *ix) {
+    memset(ix, 0, sizeof *ix);
     char path[4200];
     snprintf(path, sizeof path, "%s/COMPLETE", dir);
     if (access(path, F_OK) != 0)
         return dt_error(DT_ERR_FORMAT, "%s: incomplete sharded checkpoint (no COMPLETE marker: not every shard was written)",
                         dir);
     snprintf(path, sizeof path, "%s/index.json", dir);
-    cJSON *idx = read_json(path);
-    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(idx, "shards");
-    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(idx, "tensors");
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(idx, "format");
+    uint8_t *buf;
+    size_t len;
+    dt_status st = dt_read_file_gz(path, &buf, &len);
+    if (st != DT_OK) return st;
+    st = index_parse((const char *)buf, len, path, ix);
+    free(buf);
+    for (int64_t r = 0; st == DT_OK && r < ix->world; r++) {
+        char sp[4500];
+        snprintf(sp, sizeof sp, "%s/%s", dir, ix->shards[r].file);
+        struct stat sb;
+        if (stat(sp, &sb) != 0) {
+            st = dt_error(DT_ERR_IO, "%s: cannot open: %s", sp, strerror(errno));
+            break;
+        }
+        // The slice and each optimizer state, 4 bytes an element.
+        unsigned long long need = (unsigned long long)(ix->shards[r].end - ix->shards[r].begin) * 4u *
+                                  (unsigned long long)(1 + ix->nstates);
+        if ((unsigned long long)sb.st_size < need)
+            st = dt_error(DT_ERR_FORMAT, "%s: shard %lld: [%zu, %zu) of \"nparams\" %lld with \"nstates\" %lld needs %llu bytes, but %s has %lld bytes",
+                          path, (long long)r, ix->shards[r].begin, ix->shards[r].end, (long long)ix->nparams,
+                          (long long)ix->nstates, need, ix->shards[r].file, (long long)sb.st_size);
+    }
+    if (st != DT_OK) index_free(ix);
+    return st;
+}
+
+// Every shard of ix, verified, into buf: the parameters, then nstates
+// blocks of optimizer state (nparams floats each); the optimizer step and
+// the training state (the same in every shard).
+static dt_status load_shards(const char *dir, const ckpt_index *ix, float *buf, int64_t *opt_step,
+                             dt_train_state *s) {
+    size_t np = (size_t)ix->nparams;
     dt_status st = DT_OK;
+    for (int r = 0; r < (int)ix->world && st == DT_OK; r++) {
+        size_t b = ix->shards[r].begin, e = ix->shards[r].end;
+        char sp[4500];
+        snprintf(sp, sizeof sp, "%s/%s", dir, ix->shards[r].file);
+        dt_st_file *f;
+        const char *vals[NKEYS];
+        dt_train_state ns;
+        int kind;
+        if ((st = open_verified(sp, &f, vals, &ns, &kind)) != DT_OK) break;
+        char want[128];
+        snprintf(want, sizeof want, "%zu:%zu:%zu:%d:%lld", b, e, np, r, (long long)ix->world);
+        int64_t len = (int64_t)(e - b), one = 1;
+        const dt_st_tensor *t, *step;
+        if (kind != KIND_SHARD)
+            st = dt_error(DT_ERR_FORMAT, "%s: not a checkpoint shard", sp);
+        else if (strcmp(vals[K_SHARD], want))
+            st = dt_error(DT_ERR_FORMAT, "%s: holds slice %.40s, the index says %s", sp, vals[K_SHARD], want);
+        else if (strcmp(vals[K_OPTIMIZER], ix->optimizer))
+            st = dt_error(DT_ERR_FORMAT, "%s: written with optimizer '%.40s', the index says '%.40s'", sp,
+                          vals[K_OPTIMIZER], ix->optimizer);
+        else if (ns.step != ix->step)
+            st = dt_error(DT_ERR_FORMAT, "%s: step %lld, the index says %lld", sp, (long long)ns.step,
+                          (long long)ix->step);
+        else if (r > 0 && memcmp(&ns, s, sizeof ns))
+            st = dt_error(DT_ERR_FORMAT, "%s: a training state that differs from shard 0's", sp);
+        if (st == DT_OK && (st = dt_st_expect(f, sp, "params", DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
+            memcpy(buf + b, t->data, t->nbytes);
+        for (int j = 0; j < ix->nstates && st == DT_OK; j++)
+            if ((st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
+                memcpy(buf + np * (size_t)(1 + j) + b, t->data, t->nbytes);
+        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK)
+            memcpy(opt_step, step->data, sizeof *opt_step);
+        if (st == DT_OK && r == 0) *s = ns;
+        dt_st_close(f);
+    }
+    return st;
+}
+
+static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_state *s) {
+    ckpt_index ix;
+    dt_status st = index_read(dir, &ix);
+    if (st != DT_OK) return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/index.json", dir);
     float *tmp = NULL;
     int64_t opt_step = 0;
-    if (!cJSON_IsArray(shards) || !cJSON_IsArray(tensors) || !cJSON_IsString(fmt) ||
-        strcmp(fmt->valuestring, "dtrain-checkpoint-index")) {
-        st = dt_error(DT_ERR_FORMAT, "%s: missing or malformed", path);
-        goto done;
-    }
-    if (num_of(idx, "format_version") != DT_CKPT_VERSION) {
-        st = dt_error(DT_ERR_CONFIG, "%s: checkpoint format version %g, this dtrain %s reads version %d", path,
-                      num_of(idx, "format_version"), dt_version(), DT_CKPT_VERSION);
-        goto done;
-    }
-    // The model: the same tensors at the same offsets.
-    if (num_of(idx, "nparams") != (double)m->nparams || cJSON_GetArraySize(tensors) != m->ntensors) {
-        st = dt_error(DT_ERR_CONFIG, "%s: a checkpoint of a different model (%g parameters in %d tensors; this run has %zu in %d)",
-                      path, num_of(idx, "nparams"), cJSON_GetArraySize(tensors), m->nparams, m->ntensors);
+    // The model: the same tensors at the same offsets, the same optimizer.
+    if ((size_t)ix.nparams != m->nparams || ix.ntensors != m->ntensors) {
+        st = dt_error(DT_ERR_CONFIG, "%s: a checkpoint of a different model (%lld parameters in %d tensors; this run has %zu in %d)",
+                      path, (long long)ix.nparams, ix.ntensors, m->nparams, m->ntensors);
         goto done;
     }
     for (int i = 0; i < m->ntensors; i++) {
-        const cJSON *e = cJSON_GetArrayItem(tensors, i), *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
-        int same = cJSON_IsString(nm) && !strcmp(nm->valuestring, m->tensors[i].name) &&
-                   num_of(e, "offset") == (double)m->tensors[i].offset && cJSON_GetArraySize(sh) == m->tensors[i].ndim;
-        for (int d = 0; same && d < m->tensors[i].ndim; d++)
-            same = cJSON_GetArrayItem(sh, d)->valuedouble == (double)m->tensors[i].shape[d];
+        const dt_tensor_info *a = &ix.tensors[i], *b = &m->tensors[i];
+        int same = !strcmp(a->name, b->name) && a->offset == b->offset && a->ndim == b->ndim;
+        for (int d = 0; same && d < b->ndim; d++) same = a->shape[d] == b->shape[d];
         if (!same) {
             st = dt_error(DT_ERR_CONFIG, "%s: tensor %d is not '%s' of this model's shape (a checkpoint of a different model?)",
-                          path, i, m->tensors[i].name);
+                          path, i, b->name);
             goto done;
         }
+    }
+    if (strcmp(ix.optimizer, m->optimizer ? m->optimizer : "") || ix.nstates != m->nstates) {
+        st = dt_error(DT_ERR_CONFIG, "%s: written with optimizer '%.40s', this run uses '%s'", path, ix.optimizer,
+                      m->optimizer ? m->optimizer : "");
+        goto done;
     }
     // Every shard, verified, into a scratch copy; then the caller's buffers.
     size_t np = m->nparams;
@@ -389,110 +670,15 @@ static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_
         st = dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
         goto done;
     }
-    int W = cJSON_GetArraySize(shards);
-    size_t next = 0;
-    for (int r = 0; r < W && st == DT_OK; r++) {
-        const cJSON *x = cJSON_GetArrayItem(shards, r), *file = cJSON_GetObjectItemCaseSensitive(x, "file");
-        size_t b = (size_t)num_of(x, "begin"), e = (size_t)num_of(x, "end");
-        if (!cJSON_IsString(file) || strchr(file->valuestring, '/') || num_of(x, "begin") < 0 || b != next || e < b ||
-            e > np) {
-            st = dt_error(DT_ERR_FORMAT, "%s: shard %d is malformed or does not continue the one before", path, r);
-            break;
-        }
-        next = e;
-        char sp[4400];
-        snprintf(sp, sizeof sp, "%s/%s", dir, file->valuestring);
-        dt_st_file *f;
-        const char *vals[NKEYS];
-        if ((st = open_checked(sp, &f, vals, "dtrain-checkpoint-shard")) != DT_OK) break;
-        char want[128];
-        snprintf(want, sizeof want, "%zu:%zu:%zu:%d:%d", b, e, np, r, W);
-        int64_t len = (int64_t)(e - b), one = 1;
-        const dt_st_tensor *t, *step;
-        if (strcmp(vals[K_SHARD], want))
-            st = dt_error(DT_ERR_FORMAT, "%s: holds slice %s, the index says %s", sp, vals[K_SHARD], want);
-        else if (strcmp(vals[K_OPTIMIZER], m->optimizer ? m->optimizer : ""))
-            st = dt_error(DT_ERR_CONFIG, "%s: written with optimizer '%s', this run uses '%s'", sp, vals[K_OPTIMIZER],
-                          m->optimizer ? m->optimizer : "");
-        if (st == DT_OK && (st = dt_st_expect(f, sp, "params", DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
-            memcpy(tmp + b, t->data, t->nbytes);
-        for (int j = 0; j < m->nstates && st == DT_OK; j++)
-            if ((st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_CONFIG, &t)) == DT_OK)
-                memcpy(tmp + np * (size_t)(1 + j) + b, t->data, t->nbytes);
-        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK)
-            memcpy(&opt_step, step->data, sizeof opt_step);
-        dt_train_state ns;
-        if (st == DT_OK && (st = parse_state(vals, sp, &ns)) == DT_OK && r == 0) *s = ns;
-        if (st == DT_OK && ns.step != s->step)
-            st = dt_error(DT_ERR_FORMAT, "%s: step %lld, shard 0 has step %lld", sp, (long long)ns.step,
-                          (long long)s->step);
-        dt_st_close(f);
-    }
-    if (st == DT_OK && next != np) st = dt_error(DT_ERR_FORMAT, "%s: the shards end at %zu of %zu parameters", path, next, np);
-    if (st == DT_OK) {
-        memcpy(m->params, tmp, sizeof(float) * np);
-        for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], tmp + np * (size_t)(1 + j), sizeof(float) * np);
-        *m->opt_step = opt_step;
-    }
+    dt_train_state ns;
+    if ((st = load_shards(dir, &ix, tmp, &opt_step, &ns)) != DT_OK) goto done;
+    memcpy(m->params, tmp, sizeof(float) * np);
+    for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], tmp + np * (size_t)(1 + j), sizeof(float) * np);
+    *m->opt_step = opt_step;
+    *s = ns;
 done:
     dt_free(tmp);
-    cJSON_Delete(idx);
-    return st;
-}
-
-static dt_status as_file(const char *ckpt, char *tmp, size_t n, const char **path);
-
-dt_status dt_ckpt_inspect(const char *path_in, FILE *out) {
-    char tmp[4200];
-    const char *path;
-    dt_status st = as_file(path_in, tmp, sizeof tmp, &path);
-    if (st != DT_OK) return st;
-    if (tmp[0]) fprintf(out, "%s: sharded checkpoint, every shard verified and gathered:\n", path_in);
-    dt_st_file *f;
-    st = dt_st_open(&f, path);
-    if (st != DT_OK) {
-        if (tmp[0]) unlink(tmp);
-        return st;
-    }
-    const char *fmt = dt_st_meta_get(f, "format");
-    fprintf(out, "%s: safetensors, %d tensors, format %s\n", path, dt_st_count(f), fmt ? fmt : "(none)");
-    int is_ckpt = fmt && !strcmp(fmt, "dtrain-checkpoint");
-    if (is_ckpt) {
-        for (int k = 0; k < NKEYS; k++) {
-            const char *v = dt_st_meta_get(f, keys[k]);
-            if (k == K_CONFIG) continue;
-            fprintf(out, "  %-15s %s\n", keys[k], v ? v : "(missing)");
-        }
-        const char *cfg = dt_st_meta_get(f, "config");
-        if (cfg) {
-            fprintf(out, "  config:\n");
-            for (const char *p = cfg; *p;) {
-                size_t l = strcspn(p, "\n");
-                if (l) fprintf(out, "    | %.*s\n", (int)l, p);
-                p += l + (p[l] == '\n');
-            }
-        }
-    }
-    size_t bytes = 0;
-    for (int i = 0; i < dt_st_count(f); i++) {
-        const dt_st_tensor *t = dt_st_get(f, i);
-        char shape[160];
-        dt_st_format_shape(shape, sizeof shape, t->shape, t->ndim);
-        fprintf(out, "  tensor %-28s %s %s\n", t->name, dt_dtype_name(t->dtype), shape);
-        bytes += t->nbytes;
-    }
-    fprintf(out, "  %zu bytes of tensor data\n", bytes);
-    dt_st_close(f);
-    if (is_ckpt) {
-        const char *vals[NKEYS];
-        if ((st = open_checked(path, &f, vals, "dtrain-checkpoint")) != DT_OK) {
-            fprintf(out, "  checksum: FAILED: %s\n", dt_last_error());
-        } else {
-            fprintf(out, "  checksum %s: ok\n", dt_st_meta_get(f, "checksum"));
-            dt_st_close(f);
-        }
-    }
-    if (tmp[0]) unlink(tmp);
+    index_free(&ix);
     return st;
 }
 
@@ -508,50 +694,42 @@ static int parse_wmeta(char *lines, dt_st_meta *meta, int max) {
     return n;
 }
 
-// A sharded checkpoint gathered into one whole checkpoint file `out`.
-static dt_status gather(const char *dir, const char *out) {
-    char path[4400];
-    snprintf(path, sizeof path, "%s/index.json", dir);
-    cJSON *idx = read_json(path);
-    const cJSON *tj = cJSON_GetObjectItemCaseSensitive(idx, "tensors");
-    const cJSON *oj = cJSON_GetObjectItemCaseSensitive(idx, "optimizer");
-    int nt = cJSON_GetArraySize(tj), ns = (int)num_of(idx, "nstates");
-    double np = num_of(idx, "nparams");
-    if (!idx || !cJSON_IsArray(tj) || !cJSON_IsString(oj) || nt > MAX_TENSORS || ns < 0 || ns > 2 || np < 0 ||
-        np > 1e12) {
-        cJSON_Delete(idx);
-        return dt_error(DT_ERR_FORMAT, "%s: missing or malformed", path);
-    }
-    dt_tensor_info *ti = calloc((size_t)nt + 1, sizeof *ti);
-    float *buf = dt_alloc(sizeof(float) * ((size_t)np + 1) * (size_t)(1 + ns));
+const char *dt_st_weights_meta_get(const dt_st_file *f, const char *key, char *buf, size_t n) {
+    const char *v = dt_st_meta_get(f, key), *wm = dt_st_meta_get(f, "weights_meta");
+    if (v || !wm) return v;
+    char *lines = strdup(wm);
+    dt_st_meta meta[32];
+    int nm = lines ? parse_wmeta(lines, meta, 32) : 0;
+    for (int i = 0; i < nm && !v; i++)
+        if (!strcmp(meta[i].key, key) && strlen(meta[i].value) < n) v = strcpy(buf, meta[i].value);
+    free(lines);
+    return v;
+}
+
+// A sharded checkpoint gathered into one whole checkpoint, in memory.
+static dt_status gather(const char *dir, dt_st_file **out) {
+    *out = NULL;
+    ckpt_index ix;
+    dt_status st = index_read(dir, &ix);
+    if (st != DT_OK) return st;
+    size_t np = (size_t)ix.nparams;
     int64_t step = 0;
-    dt_status st = ti && buf ? DT_OK : dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
-    for (int i = 0; i < nt && st == DT_OK; i++) {
-        const cJSON *e = cJSON_GetArrayItem(tj, i), *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
-        ti[i].name = cJSON_IsString(nm) ? nm->valuestring : "";
-        ti[i].ndim = cJSON_GetArraySize(sh);
-        ti[i].numel = 1;
-        for (int d = 0; d < ti[i].ndim && d < 4; d++) {
-            ti[i].shape[d] = (int64_t)cJSON_GetArrayItem(sh, d)->valuedouble;
-            ti[i].numel *= (size_t)ti[i].shape[d];
-        }
-        ti[i].offset = (size_t)num_of(e, "offset");
-        if (ti[i].ndim > 4 || num_of(e, "offset") < 0 || ti[i].offset + ti[i].numel > (size_t)np)
-            st = dt_error(DT_ERR_FORMAT, "%s: tensor %d is malformed", path, i);
-    }
-    dt_ckpt_model m = {.tensors = ti, .ntensors = nt, .params = buf, .nparams = (size_t)np, .nstates = ns,
-                       .opt_step = &step, .optimizer = oj->valuestring};
-    for (int j = 0; j < ns; j++) m.states[j] = buf + ((size_t)np + 1) * (size_t)(1 + j);
+    float *buf = dt_alloc(sizeof(float) * np * (size_t)(1 + ix.nstates));
+    if (!buf) st = dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, np);
+    dt_ckpt_model m = {.tensors = ix.tensors, .ntensors = ix.ntensors, .params = buf, .nparams = np,
+                       .nstates = (int)ix.nstates, .opt_step = &step, .optimizer = ix.optimizer};
+    for (int j = 0; j < m.nstates; j++) m.states[j] = buf + np * (size_t)(1 + j);
     dt_train_state s;
-    if (st == DT_OK) st = read_sharded(dir, &m, &s);
+    if (st == DT_OK) st = load_shards(dir, &ix, buf, &step, &s);
     // The config and the weights' metadata, from shard 0.
     dt_st_file *f = NULL;
     const char *vals[NKEYS];
-    const cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(idx, "shards"), 0);
     if (st == DT_OK) {
-        snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItemCaseSensitive(s0, "file")->valuestring);
-        st = open_checked(path, &f, vals, "dtrain-checkpoint-shard");
+        char sp[4500];
+        dt_train_state s0;
+        int kind;
+        snprintf(sp, sizeof sp, "%s/%s", dir, ix.shards[0].file);
+        st = open_verified(sp, &f, vals, &s0, &kind);
     }
     if (st == DT_OK) {
         char *lines = strdup(vals[K_WEIGHTS_META]);
@@ -559,43 +737,79 @@ static dt_status gather(const char *dir, const char *out) {
         m.config = vals[K_CONFIG];
         m.weights_meta = meta;
         m.nweights_meta = lines ? parse_wmeta(lines, meta, 32) : 0;
-        st = dt_ckpt_write(out, &m, &s);
+        st = lines ? whole_ckpt(dir, &m, &s, out) : dt_error(DT_ERR_NOMEM, "out of memory");
         free(lines);
     }
     dt_st_close(f);
     dt_free(buf);
-    free(ti);
-    cJSON_Delete(idx);
+    index_free(&ix);
     return st;
 }
 
-// For a sharded checkpoint, a whole one gathered into a temp file (*tmp
-// set, to be removed); a file is used as it is.
-static dt_status as_file(const char *ckpt, char *tmp, size_t n, const char **path) {
-    *path = ckpt;
-    tmp[0] = 0;
-    if (!is_dir(ckpt)) return DT_OK;
-    const char *td = getenv("TMPDIR");
-    snprintf(tmp, n, "%s/dtrain-gathered-XXXXXX", td && *td ? td : "/tmp");
-    int fd = mkstemp(tmp);
-    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot create a temp file: %s", tmp, strerror(errno));
-    close(fd);
-    *path = tmp;
-    dt_status st = gather(ckpt, tmp);
-    if (st != DT_OK) unlink(tmp);
-    return st;
-}
+// Text from the file, escaped for the terminal (dt_escape_text).
+static const char *esc(char *buf, size_t n, const char *s) { return dt_escape_text(buf, n, s, strlen(s)); }
 
-dt_status dt_ckpt_export_weights(const char *ckpt_in, const char *out) {
-    char tmp[4200];
-    const char *ckpt;
-    dt_status st = as_file(ckpt_in, tmp, sizeof tmp, &ckpt);
-    if (st != DT_OK) return st;
+dt_status dt_ckpt_inspect(const char *path, FILE *out) {
     dt_st_file *f;
     const char *vals[NKEYS];
-    st = open_checked(ckpt, &f, vals, "dtrain-checkpoint");
-    if (tmp[0]) unlink(tmp);  // the data stays in f
+    dt_train_state s;
+    int kind = KIND_WEIGHTS, sharded = is_dir(path);
+    char e1[4096], e2[4096];
+    // A sharded checkpoint is verified as it is gathered; a file is shown
+    // first, then verified.
+    dt_status st = sharded ? open_verified(path, &f, vals, &s, &kind) : dt_st_open(&f, path);
     if (st != DT_OK) return st;
+    if (sharded) fprintf(out, "%s: sharded checkpoint, every shard verified and gathered:\n", esc(e1, sizeof e1, path));
+    const char *fmt = dt_st_meta_get(f, "format");
+    int is_ckpt = sharded || looks_like_ckpt(f);
+    fprintf(out, "%s: safetensors, %d tensors, format %s\n", esc(e1, sizeof e1, path), dt_st_count(f),
+            fmt ? esc(e2, sizeof e2, fmt) : "(none)");
+    if (is_ckpt) {
+        for (int k = 0; k < NKEYS; k++) {
+            const char *v = dt_st_meta_get(f, keys[k]);
+            if (k == K_CONFIG) continue;
+            fprintf(out, "  %-15s %s\n", keys[k], v ? esc(e1, sizeof e1, v) : "(missing)");
+        }
+        const char *cfg = dt_st_meta_get(f, "config");
+        if (cfg) {
+            fprintf(out, "  config:\n");
+            for (const char *p = cfg; *p;) {
+                size_t l = strcspn(p, "\n");
+                if (l) fprintf(out, "    | %s\n", dt_escape_text(e1, sizeof e1, p, l));
+                p += l + (p[l] == '\n');
+            }
+        }
+    }
+    size_t bytes = 0;
+    for (int i = 0; i < dt_st_count(f); i++) {
+        const dt_st_tensor *t = dt_st_get(f, i);
+        char shape[160];
+        dt_st_format_shape(shape, sizeof shape, t->shape, t->ndim);
+        fprintf(out, "  tensor %-28s %s %s\n", esc(e1, sizeof e1, t->name), dt_dtype_name(t->dtype), shape);
+        bytes += t->nbytes;
+    }
+    fprintf(out, "  %zu bytes of tensor data\n", bytes);
+    if (is_ckpt && !sharded && (st = check_ckpt(f, path, vals, &s, &kind)) != DT_OK) {
+        fprintf(out, "  checksum: FAILED: %s\n", esc(e1, sizeof e1, dt_last_error()));
+    } else if (is_ckpt) {
+        fprintf(out, "  checksum %s: ok\n", esc(e1, sizeof e1, dt_st_meta_get(f, "checksum")));
+    }
+    dt_st_close(f);
+    return st;
+}
+
+dt_status dt_ckpt_export_weights(const char *ckpt, const char *out) {
+    dt_st_file *f;
+    const char *vals[NKEYS];
+    dt_train_state s;
+    int kind;
+    dt_status st = open_verified(ckpt, &f, vals, &s, &kind);
+    if (st != DT_OK) return st;
+    if (kind != KIND_WHOLE) {
+        st = not_a_ckpt(ckpt, kind, f);
+        dt_st_close(f);
+        return st;
+    }
     int n = 0;
     dt_st_tensor *t = calloc((size_t)dt_st_count(f) + 1, sizeof *t);
     if (!t) {

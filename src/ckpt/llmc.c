@@ -9,6 +9,7 @@
  * the parameters. */
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
+#include "ckpt/st_impl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -131,7 +132,8 @@ static dt_status read_all(const char *path, uint8_t **buf, size_t *len) {
 static dt_status st_config(const dt_st_file *f, const char *path, dt_gpt_config *c) {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < 6; i++) {
-        const char *v = dt_st_meta_get(f, meta_keys[i]);
+        char buf[32];
+        const char *v = dt_st_weights_meta_get(f, meta_keys[i], buf, sizeof buf);
         char *end;
         long x = v ? strtol(v, &end, 10) : 0;
         if (!v || end == v || *end || x < 1 || x > (1 << 30))
@@ -164,7 +166,7 @@ dt_status dt_gpt_read_config(const char *path, dt_gpt_config *c) {
         return dt_gpt_config_check(c, path) == DT_OK ? DT_OK : DT_ERR_FORMAT;
     }
     dt_st_file *f;
-    if ((st = dt_st_open(&f, path)) != DT_OK) return st;
+    if ((st = dt_ckpt_open(path, &f, NULL)) != DT_OK) return st;
     st = st_config(f, path, c);
     dt_st_close(f);
     return st;
@@ -176,69 +178,92 @@ static int same_config(const dt_gpt_config *a, const dt_gpt_config *b) {
            a->padded_vocab_size == b->padded_vocab_size;
 }
 
-static dt_status mismatch(const char *path, const dt_gpt_config *f, const dt_gpt_config *m) {
-    return dt_error(DT_ERR_FORMAT,
-                    "%s: weights are for L%d H%d C%d block_size %d vocab %d (padded %d) but the model is L%d H%d C%d block_size %d vocab %d (padded %d)",
-                    path, f->n_layer, f->n_head, f->n_embd, f->block_size, f->vocab_size, f->padded_vocab_size,
-                    m->n_layer, m->n_head, m->n_embd, m->block_size, m->vocab_size, m->padded_vocab_size);
-}
-
-// Copies the 16 tensors of f (a GPT safetensors file of config c) into p.
-static dt_status st_params(const dt_st_file *f, const char *path, const dt_gpt_config *c, float *p) {
-    dt_tensor_info ti[16];
+// The 16 tensors of f (GPT safetensors of config c, per its metadata) into
+// t: first the bytes the metadata implies against the bytes the file holds,
+// then every tensor's dtype and shape, all before anything is allocated.
+static dt_status st_tensors(const dt_st_file *f, const char *path, const dt_gpt_config *c, dt_tensor_info ti[16],
+                            const dt_st_tensor *t[16]) {
+    size_t need = dt_gpt_config_num_params(c) * sizeof(float), have = 0;
+    for (int i = 0; i < dt_st_count(f); i++) have += dt_st_get(f, i)->nbytes;
+    if (need > have)
+        return dt_error(DT_ERR_FORMAT,
+                        "%s: metadata n_layer %d, n_head %d, n_embd %d, block_size %d, padded_vocab_size %d describe %zu parameters (%zu bytes), but the file holds %zu bytes of tensors",
+                        path, c->n_layer, c->n_head, c->n_embd, c->block_size, c->padded_vocab_size,
+                        need / sizeof(float), need, have);
     dt_gpt_param_shapes(c, ti);
     for (int i = 0; i < 16; i++) {
-        const dt_st_tensor *t = dt_st_find(f, ti[i].name);
-        if (!t) return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' missing", path, ti[i].name);
-        int same = t->dtype == DT_F32 && t->ndim == ti[i].ndim;
-        for (int d = 0; same && d < ti[i].ndim; d++) same = t->shape[d] == ti[i].shape[d];
+        t[i] = dt_st_find(f, ti[i].name);
+        if (!t[i]) return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' missing", path, ti[i].name);
+        int same = t[i]->dtype == DT_F32 && t[i]->ndim == ti[i].ndim;
+        for (int d = 0; same && d < ti[i].ndim; d++) same = t[i]->shape[d] == ti[i].shape[d];
         if (!same)
             return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' has dtype %s or a shape that differs from the metadata's sizes",
-                            path, ti[i].name, dt_dtype_name(t->dtype));
-        memcpy(p + ti[i].offset, t->data, t->nbytes);
+                            path, ti[i].name, dt_dtype_name(t[i]->dtype));
     }
     return DT_OK;
 }
 
-dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params) {
-    *params = NULL;
+// Reads the GPT weights of path (llm.c or safetensors), every size checked
+// against the file; then *c gets the config, and dest(ctx, c, &p) the block
+// p to copy the parameters into (or an error).
+typedef dt_status (*dest_fn)(void *ctx, const dt_gpt_config *c, float **p);
+
+static dt_status read_weights(const char *path, dt_gpt_config *c, dest_fn dest, void *ctx) {
     dt_status st;
+    float *p;
     if (is_llmc(path)) {
         uint8_t *buf = NULL;
         size_t len = 0;
-        const float *p;
+        const float *src;
         if ((st = read_all(path, &buf, &len)) != DT_OK) return st;
-        st = dt_llmc_parse(buf, len, path, c, &p);
-        if (st == DT_OK) {
-            size_t n = dt_gpt_config_num_params(c);
-            if (!(*params = dt_alloc(n * sizeof(float)))) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-            else memcpy(*params, p, n * sizeof(float));
-        }
+        if ((st = dt_llmc_parse(buf, len, path, c, &src)) == DT_OK && (st = dest(ctx, c, &p)) == DT_OK)
+            memcpy(p, src, dt_gpt_config_num_params(c) * sizeof(float));
         free(buf);
         return st;
     }
     dt_st_file *f;
-    if ((st = dt_st_open(&f, path)) != DT_OK) return st;
-    if ((st = st_config(f, path, c)) == DT_OK) {
-        if (!(*params = dt_alloc(dt_gpt_config_num_params(c) * sizeof(float))))
-            st = dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-        else if ((st = st_params(f, path, c, *params)) != DT_OK) {
-            dt_free(*params);
-            *params = NULL;
-        }
-    }
+    dt_tensor_info ti[16];
+    const dt_st_tensor *t[16];
+    if ((st = dt_ckpt_open(path, &f, NULL)) != DT_OK) return st;
+    if ((st = st_config(f, path, c)) == DT_OK && (st = st_tensors(f, path, c, ti, t)) == DT_OK &&
+        (st = dest(ctx, c, &p)) == DT_OK)
+        for (int i = 0; i < 16; i++) memcpy(p + ti[i].offset, t[i]->data, t[i]->nbytes);
     dt_st_close(f);
     return st;
 }
 
+// dest for dt_gpt_weights_load: a new block.
+static dt_status alloc_params(void *out, const dt_gpt_config *c, float **p) {
+    *p = *(float **)out = dt_alloc(dt_gpt_config_num_params(c) * sizeof(float));
+    return *p ? DT_OK : DT_ERR_NOMEM;  // dt_alloc recorded the message
+}
+
+dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params) {
+    *params = NULL;
+    return read_weights(path, c, alloc_params, params);
+}
+
+// dest for dt_gpt_load: the model's own block, when the sizes agree.
+typedef struct {
+    dt_gpt *m;
+    const char *path;
+} model_dest;
+
+static dt_status model_params(void *ctx, const dt_gpt_config *fc, float **p) {
+    const model_dest *d = ctx;
+    const dt_gpt_config *mc = dt_gpt_get_config(d->m);
+    if (!same_config(fc, mc))
+        return dt_error(DT_ERR_FORMAT,
+                        "%s: weights are for L%d H%d C%d block_size %d vocab %d (padded %d) but the model is L%d H%d C%d block_size %d vocab %d (padded %d)",
+                        d->path, fc->n_layer, fc->n_head, fc->n_embd, fc->block_size, fc->vocab_size,
+                        fc->padded_vocab_size, mc->n_layer, mc->n_head, mc->n_embd, mc->block_size, mc->vocab_size,
+                        mc->padded_vocab_size);
+    *p = dt_gpt_params(d->m);
+    return DT_OK;
+}
+
 dt_status dt_gpt_load(dt_gpt *m, const char *path) {
-    const dt_gpt_config *mc = dt_gpt_get_config(m);
     dt_gpt_config fc;
-    float *p;
-    dt_status st = dt_gpt_weights_load(path, &fc, &p);
-    if (st != DT_OK) return st;
-    if (!same_config(&fc, mc)) st = mismatch(path, &fc, mc);
-    else memcpy(dt_gpt_params(m), p, dt_gpt_num_params(m) * sizeof(float));
-    dt_free(p);
-    return st;
+    model_dest d = {m, path};
+    return read_weights(path, &fc, model_params, &d);
 }

@@ -26,8 +26,11 @@ static int dtype_from_name(const char *s) {
     return -1;
 }
 
-dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta,
-                      int nmeta) {
+// The 8-byte length and the JSON header of tensors[n] (data offsets in
+// order), padded so that the data starts 8-byte aligned: *hdr (malloc'd),
+// *hlen bytes.
+static dt_status encode_header(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta,
+                               int nmeta, char **hdr, size_t *hlen) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     if (nmeta > 0) {
@@ -60,27 +63,39 @@ dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n, cons
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!json) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    // Pad the header with spaces so the data starts 8-byte aligned.
     size_t hl = strlen(json), padded = (hl + 7) & ~(size_t)7;
-    char *hdr = malloc(8 + padded);
-    const void **parts = malloc(sizeof(void *) * (n + 1));
-    size_t *sizes = malloc(sizeof(size_t) * (n + 1));
-    if (!hdr || !parts || !sizes) {
-        free(json), free(hdr), free(parts), free(sizes);
+    if (!(*hdr = malloc(8 + padded))) {
+        free(json);
         return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
     uint64_t le = padded;
-    for (int i = 0; i < 8; i++) hdr[i] = (char)(le >> (8 * i));
-    memcpy(hdr + 8, json, hl);
-    memset(hdr + 8 + hl, ' ', padded - hl);
+    for (int i = 0; i < 8; i++) (*hdr)[i] = (char)(le >> (8 * i));
+    memcpy(*hdr + 8, json, hl);
+    memset(*hdr + 8 + hl, ' ', padded - hl);
     free(json);
+    *hlen = 8 + padded;
+    return DT_OK;
+}
+
+dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta,
+                      int nmeta) {
+    char *hdr;
+    size_t hlen;
+    dt_status st = encode_header(path, tensors, n, meta, nmeta, &hdr, &hlen);
+    if (st != DT_OK) return st;
+    const void **parts = malloc(sizeof(void *) * (n + 1));
+    size_t *sizes = malloc(sizeof(size_t) * (n + 1));
+    if (!parts || !sizes) {
+        free(hdr), free(parts), free(sizes);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
     parts[0] = hdr;
-    sizes[0] = 8 + padded;
+    sizes[0] = hlen;
     for (int i = 0; i < n; i++) {
         parts[i + 1] = tensors[i].data;
         sizes[i + 1] = tensors[i].nbytes;
     }
-    dt_status st = dt_write_atomic(path, parts, sizes, n + 1);
+    st = dt_write_atomic(path, parts, sizes, n + 1);
     free(hdr), free(parts), free(sizes);
     return st;
 }
@@ -243,6 +258,27 @@ dt_status dt_st_parse(dt_st_file **out, const uint8_t *buf, size_t len, const ch
     return parse_owned(out, copy, len, what);
 }
 
+dt_status dt_st_build(dt_st_file **out, const dt_st_tensor *tensors, int n, const dt_st_meta *meta, int nmeta,
+                      const char *what) {
+    *out = NULL;
+    char *hdr;
+    size_t hlen, len;
+    dt_status st = encode_header(what, tensors, n, meta, nmeta, &hdr, &hlen);
+    if (st != DT_OK) return st;
+    len = hlen;
+    for (int i = 0; i < n; i++) len += tensors[i].nbytes;
+    uint8_t *buf = malloc(len);
+    if (!buf) {
+        free(hdr);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu bytes", what, len);
+    }
+    memcpy(buf, hdr, hlen);
+    free(hdr);
+    for (size_t i = 0, off = hlen; i < (size_t)n; off += tensors[i++].nbytes)
+        if (tensors[i].nbytes) memcpy(buf + off, tensors[i].data, tensors[i].nbytes);
+    return parse_owned(out, buf, len, what);
+}
+
 dt_status dt_st_open(dt_st_file **out, const char *path) {
     *out = NULL;
     FILE *fp = fopen(path, "rb");
@@ -336,15 +372,17 @@ dt_status dt_st_expect(const dt_st_file *f, const char *path, const char *name, 
 
 dt_status dt_model_load(dt_model *m, const char *path) {
     dt_st_file *f;
-    dt_status st = dt_st_open(&f, path);
+    dt_status st = dt_ckpt_open(path, &f, NULL);
     if (st != DT_OK) return st;
+    // Every tensor checked before the first is copied.
     float *p = dt_model_params(m);
-    for (int i = 0; i < dt_model_num_tensors(m) && st == DT_OK; i++) {
-        const dt_tensor_info *ti = dt_model_tensor(m, i);
-        const dt_st_tensor *t;
-        st = dt_st_expect(f, path, ti->name, DT_F32, ti->ndim, ti->shape, DT_ERR_FORMAT, &t);
-        if (st == DT_OK) memcpy(p + ti->offset, t->data, t->nbytes);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < dt_model_num_tensors(m) && st == DT_OK; i++) {
+            const dt_tensor_info *ti = dt_model_tensor(m, i);
+            const dt_st_tensor *t;
+            st = dt_st_expect(f, path, ti->name, DT_F32, ti->ndim, ti->shape, DT_ERR_FORMAT, &t);
+            if (st == DT_OK && pass) memcpy(p + ti->offset, t->data, t->nbytes);
+        }
     dt_st_close(f);
     return st;
 }

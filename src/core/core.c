@@ -84,12 +84,13 @@ void dt_log_set_level(dt_log_level level) { log_level = level; }
 void dt_log(dt_log_level level, const char *fmt, ...) {
     if (level > dt_log_get_level()) return;
     static const char *tag[] = {"error", "warning", "info", "debug"};
-    char msg[2048];
+    char msg[2048], esc[4 * sizeof msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "dtrain: %s: %s\n", tag[level], msg);
+    // Messages quote names and values from files: no control sequences.
+    fprintf(stderr, "dtrain: %s: %s\n", tag[level], dt_escape_text(esc, sizeof esc, msg, strlen(msg)));
 }
 
 // ----------------------------------------------------------------------------
@@ -387,4 +388,42 @@ uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n) {
     if (__builtin_cpu_supports("sse4.2")) return ~crc_hw(c, p, n);
 #endif
     return ~crc_bytes(c, p, n);
+}
+
+// Length of the well-formed UTF-8 character at s[0, left) that is not a C1
+// control (U+0080..U+009F), or 0.
+static size_t utf8_len(const unsigned char *s, size_t left) {
+    unsigned c = s[0];
+    size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!n || n > left) return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if ((c == 0xc2 && s[1] < 0xa0) || (c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) ||
+        (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
+        return 0;  // C1 controls, overlong forms, surrogates, beyond U+10FFFF
+    return n;
+}
+
+char *dt_escape_text(char *out, size_t n, const char *s, size_t len) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s;
+    size_t w = 0;
+    if (!n) return out;
+    for (size_t i = 0; i < len;) {
+        unsigned c = p[i];
+        size_t u = c >= 0x80 ? utf8_len(p + i, len - i) : 0;
+        if (u) {  // printable UTF-8
+            if (w + u >= n) break;
+            memcpy(out + w, p + i, u);
+            w += u, i += u;
+        } else if (c >= 0x20 && c < 0x7f) {
+            if (w + 1 >= n) break;
+            out[w++] = (char)c, i++;
+        } else {
+            if (w + 4 >= n) break;
+            out[w++] = '\\', out[w++] = 'x', out[w++] = hex[c >> 4], out[w++] = hex[c & 15], i++;
+        }
+    }
+    out[w] = 0;
+    return out;
 }

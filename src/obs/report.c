@@ -110,8 +110,10 @@ static dt_status read_log(const char *path, run_data *d, rank_log *r) {
         cJSON *j = cJSON_Parse(line);
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
         if (!cJSON_IsObject(j) || !cJSON_IsString(type)) {
-            st = dt_error(DT_ERR_FORMAT, "%s:%d: expected one JSON object with a \"type\" per line, got '%.60s%s'",
-                          path, ln, line, len > 60 ? "..." : "");
+            char got[4 * 60 + 1];  // the line's start, escaped: it came from a file
+            st = dt_error(DT_ERR_FORMAT, "%s:%d: expected one JSON object with a \"type\" per line, got '%s%s'",
+                          path, ln, dt_escape_text(got, sizeof got, line, len > 60 ? 60 : (size_t)len),
+                          len > 60 ? "..." : "");
             cJSON_Delete(j);
             break;
         }

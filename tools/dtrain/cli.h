@@ -17,7 +17,8 @@ int cmd_report(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 
-/* Prints "dtrain: error: ..." to stderr. */
+/* Prints "dtrain: error: ..." to stderr, control characters escaped
+ * (dt_escape_text). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* --memory-limit V: parses V (dt_mem_parse_size) and sets the library's

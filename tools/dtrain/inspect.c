@@ -8,18 +8,21 @@
 static const char inspect_help[] =
     "usage: dtrain inspect FILE\n"
     "\n"
-    "Prints what a checkpoint (RUN_DIR/checkpoints/step-N.safetensors) or a\n"
-    "weights file holds: the training state (step, epoch, position in the\n"
-    "epoch, RNG, world size, optimizer, format version, config and its hash),\n"
-    "every tensor with its dtype and shape, and whether the checksum holds.\n"
-    "Exit status 1 when the file is damaged.\n";
+    "Prints what a checkpoint (RUN_DIR/checkpoints/step-N.safetensors, or a\n"
+    "sharded step-N/ directory) or a weights file holds: the training state\n"
+    "(step, epoch, position in the epoch, RNG, world size, optimizer, format\n"
+    "version, config and its hash), every tensor with its dtype and shape, and\n"
+    "whether the checksum holds. Text from the file is printed with control\n"
+    "characters escaped (\\x1b). Exit status 1 when the file is damaged.\n";
 
 static const char export_help[] =
     "usage: dtrain export CHECKPOINT -o WEIGHTS\n"
     "\n"
-    "Writes the weights of a checkpoint alone, without the optimizer state:\n"
-    "the same safetensors file a run's model.safetensors is, for 'dtrain eval',\n"
-    "'dtrain sample', other tools, and 'dtrain convert' (GPT -> llm.c).\n";
+    "Writes the weights of a checkpoint (a file, or a sharded step-N/\n"
+    "directory) alone, without the optimizer state: the same safetensors file\n"
+    "a run's model.safetensors is, for 'dtrain eval', 'dtrain sample', other\n"
+    "tools, and 'dtrain convert' (GPT -> llm.c). The checkpoint is verified\n"
+    "first; WEIGHTS is written atomically (on error nothing is left).\n";
 
 int cmd_inspect(int argc, char **argv) {
     if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {

@@ -92,8 +92,9 @@ static const char eval_help[] =
     "                   [--memory-limit SIZE]\n"
     "\n"
     "Evaluates weights (a model.safetensors written by 'dtrain train' for the\n"
-    "same model) on the test split of the config's dataset and prints the loss\n"
-    "and accuracy.\n"
+    "same model, or one of its checkpoints: a step-N.safetensors file or a\n"
+    "sharded step-N/ directory, verified first) on the test split of the\n"
+    "config's dataset and prints the loss and accuracy.\n"
     "\n"
     "options:\n"
     CLI_MEMORY_LIMIT_HELP;
