@@ -753,10 +753,98 @@ static void test_flags(void) {
           "resume with another model: exit %d\n%s", rc, g_out);
 }
 
+// ---------------------------------------------------------------------------
+// slices: save and restore from what each rank holds (a sharded strategy)
+
+enum { SN = 101 };  // prime: no worker count divides it
+static const dt_tensor_info slice_tensors[2] = {{"w", 2, {10, 10}, 0, 100}, {"b", 1, {1}, 100, 1}};
+
+// Rank r of W's view: all of the parameters, the states' dt_shard_range
+// slice (as ZeRO stage 1 holds them), values from the whole arrays.
+static dt_ckpt_model slice_view(float *p, float *s0, float *s1, int64_t *step, int r, int W, const float *full) {
+    size_t lo, hi;
+    dt_shard_range(SN, r, W, &lo, &hi);
+    for (size_t i = 0; i < SN; i++) p[i] = full[i];
+    for (size_t i = lo; i < hi; i++) s0[i - lo] = full[SN + i], s1[i - lo] = full[2 * SN + i];
+    return (dt_ckpt_model){.tensors = slice_tensors, .ntensors = 2, .params = p, .nparams = SN, .nstates = 2,
+                           .states = {s0, s1}, .opt_step = step, .optimizer = "adamw", .config = "",
+                           .params_lo = 0, .params_hi = SN, .states_lo = lo, .states_hi = hi};
+}
+
+static void test_slices(void) {
+    float full[3 * SN];
+    for (int i = 0; i < 3 * SN; i++) full[i] = (float)i * 0.25f - 7;
+    dt_train_state st = {9, 1, 2, 3, 1.5, {{5, 6, 7, 8}}, 3};
+    enum { W = 3 };
+    float p[W][SN], s0[W][SN], s1[W][SN];
+    int64_t step[W];
+    dt_ckpt_writer *w[W] = {0};
+    const char *dir = tmp("slices");
+    int ok = 1;
+    // Three ranks each write their slice into one sharded checkpoint.
+    for (int r = 0; r < W; r++) {
+        step[r] = 9;
+        dt_ckpt_model m = slice_view(p[r], s0[r], s1[r], &step[r], r, W, full);
+        ok = ok && dt_ckpt_writer_create(&w[r], dir, 2, &m, r, W, 10) == DT_OK;
+    }
+    for (int r = 0; r < W; r++) ok = ok && dt_ckpt_writer_save(w[r], &st) == DT_OK;
+    for (int r = 0; r < W; r++) {
+        if (w[r]) ok = ok && dt_ckpt_writer_wait(w[r]) == DT_OK;
+        dt_ckpt_writer_free(w[r]);
+    }
+    CHECK(ok, "slices: three ranks write their slices: %s", dt_last_error());
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/step-00000009", dir);
+    // Read whole: the ranks' slices put together.
+    float wp[SN], w0[SN], w1[SN];
+    int64_t ws = 0;
+    dt_train_state got;
+    dt_ckpt_model whole = {.tensors = slice_tensors, .ntensors = 2, .params = wp, .nparams = SN, .nstates = 2,
+                           .states = {w0, w1}, .opt_step = &ws, .optimizer = "adamw", .config = ""};
+    CHECK(dt_ckpt_read(ck, &whole, &got) == DT_OK, "slices: read whole: %s", dt_last_error());
+    CHECK(!memcmp(wp, full, sizeof wp) && !memcmp(w0, full + SN, sizeof w0) && !memcmp(w1, full + 2 * SN, sizeof w1) &&
+              ws == 9 && got.step == 9,
+          "slices: the whole state read back is the ranks' slices put together");
+    // Read by 2 and by 4 ranks, each its own slice only.
+    for (int W2 = 2; W2 <= 4; W2 += 2) {
+        for (int r = 0; r < W2; r++) {
+            float q[SN], t0[SN], t1[SN];
+            int64_t qs = 0;
+            float zero[3 * SN] = {0};
+            dt_ckpt_model m = slice_view(q, t0, t1, &qs, r, W2, zero);
+            size_t lo = m.states_lo, hi = m.states_hi;
+            CHECK(dt_ckpt_read(ck, &m, &got) == DT_OK, "slices: rank %d of %d reads its slice: %s", r, W2,
+                  dt_last_error());
+            CHECK(!memcmp(q, full, sizeof q) && !memcmp(t0, full + SN + lo, sizeof(float) * (hi - lo)) &&
+                      !memcmp(t1, full + 2 * SN + lo, sizeof(float) * (hi - lo)) && qs == 9,
+                  "slices: rank %d of %d holds [%zu, %zu) of the state written by 3", r, W2, lo, hi);
+        }
+    }
+    // A whole checkpoint file read into a slice; a slice cannot be written
+    // as a whole file, nor a shard the rank does not hold.
+    const char *file = tmp("slices-whole.safetensors");
+    CHECK(dt_ckpt_write(file, &whole, &got) == DT_OK, "slices: whole file: %s", dt_last_error());
+    float q[SN], t0[SN], t1[SN];
+    int64_t qs = 0;
+    float zero[3 * SN] = {0};
+    dt_ckpt_model m = slice_view(q, t0, t1, &qs, 1, 2, zero);
+    CHECK(dt_ckpt_read(file, &m, &got) == DT_OK && !memcmp(t1, full + 2 * SN + m.states_lo,
+                                                           sizeof(float) * (m.states_hi - m.states_lo)),
+          "slices: a whole file read into rank 1 of 2's slice: %s", dt_last_error());
+    CHECK(dt_ckpt_write(tmp("slice-as-whole.safetensors"), &m, &got) == DT_ERR_ARG &&
+              strstr(dt_last_error(), "slice"),
+          "slices: a slice written as a whole checkpoint is refused: %s", dt_last_error());
+    dt_ckpt_writer *bad = NULL;
+    CHECK(dt_ckpt_writer_create(&bad, tmp("slices-bad"), 2, &m, 0, 2, 10) == DT_ERR_ARG && !bad &&
+              strstr(dt_last_error(), "not inside what it holds"),
+          "slices: a writer for a shard this rank does not hold is refused: %s", dt_last_error());
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-ckpt-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
     test_file();
+    test_slices();
     test_runs();
     test_elastic();
     test_flags();

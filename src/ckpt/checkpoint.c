@@ -63,6 +63,28 @@ static uint64_t config_hash(const char *text) {
 
 static const char *const state_names[2] = {"optimizer.state.0", "optimizer.state.1"};
 
+// What m's buffers hold (ckpt.h): [*plo, *phi) of the parameter block and
+// [*slo, *shi) of each optimizer state; hi 0 means all.
+static void held(const dt_ckpt_model *m, size_t *plo, size_t *phi, size_t *slo, size_t *shi) {
+    *plo = m->params_hi ? m->params_lo : 0;
+    *phi = m->params_hi ? m->params_hi : m->nparams;
+    *slo = m->states_hi ? m->states_lo : 0;
+    *shi = m->states_hi ? m->states_hi : m->nparams;
+}
+
+static int holds_all(const dt_ckpt_model *m) {
+    size_t plo, phi, slo, shi;
+    held(m, &plo, &phi, &slo, &shi);
+    return plo == 0 && phi == m->nparams && slo == 0 && shi == m->nparams;
+}
+
+// The part of src, block positions [lo, hi), that falls inside [dlo, dhi),
+// into dst (dst[0] is position dlo).
+static void copy_overlap(float *dst, size_t dlo, size_t dhi, const void *src, size_t lo, size_t hi) {
+    size_t a = lo > dlo ? lo : dlo, b = hi < dhi ? hi : dhi;
+    if (a < b) memcpy(dst + (a - dlo), (const float *)src + (a - lo), sizeof(float) * (b - a));
+}
+
 // Writes tensors t[n] with the training state as metadata and the checksum.
 // shard: "" for a whole checkpoint, "BEGIN:END:NPARAMS:RANK:WORLD" for a shard.
 // mem: NULL to write path, else the file is built in memory (path names it).
@@ -110,6 +132,9 @@ static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, cons
 static dt_status whole_ckpt(const char *path, const dt_ckpt_model *m, const dt_train_state *s, dt_st_file **mem) {
     int n = m->ntensors + m->nstates + 1;
     if (m->ntensors < 0 || n > MAX_TENSORS) return dt_error(DT_ERR_ARG, "%s: %d tensors", path, m->ntensors);
+    if (!holds_all(m))
+        return dt_error(DT_ERR_ARG, "%s: a whole checkpoint needs the whole state; this rank holds a slice (write sharded checkpoints)",
+                        path);
     dt_st_tensor *t = calloc((size_t)n, sizeof *t);
     if (!t) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < m->ntensors; i++) {
@@ -356,8 +381,11 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
         st = dt_st_expect(f, path, state_names[j], DT_F32, 1, &np, DT_ERR_CONFIG, &states[j]);
     if (st == DT_OK) st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_CONFIG, &step);
     if (st != DT_OK) goto done;
-    for (int i = 0; i < m->ntensors; i++) memcpy(m->params + m->tensors[i].offset, w[i]->data, w[i]->nbytes);
-    for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], states[j]->data, states[j]->nbytes);
+    size_t plo, phi, slo, shi;
+    held(m, &plo, &phi, &slo, &shi);
+    for (int i = 0; i < m->ntensors; i++)
+        copy_overlap(m->params, plo, phi, w[i]->data, m->tensors[i].offset, m->tensors[i].offset + m->tensors[i].numel);
+    for (int j = 0; j < m->nstates; j++) copy_overlap(m->states[j], slo, shi, states[j]->data, 0, m->nparams);
     memcpy(m->opt_step, step->data, sizeof(int64_t));
     *s = ns;
     if (m->config && strcmp(vals[K_CONFIG], m->config))
@@ -590,11 +618,13 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
     return st;
 }
 
-// Every shard of ix, verified, into buf: the parameters, then nstates
-// blocks of optimizer state (nparams floats each); the optimizer step and
-// the training state (the same in every shard).
-static dt_status load_shards(const char *dir, const ckpt_index *ix, float *buf, int64_t *opt_step,
-                             dt_train_state *s) {
+// Every shard of ix, verified, into dst's buffers: the part of each shard
+// that falls inside what dst holds (held(); its params, states and
+// opt_step are written, nothing else is read from it); the training state
+// (the same in every shard) into *s.
+static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckpt_model *dst, dt_train_state *s) {
+    size_t plo, phi, slo, shi;
+    held(dst, &plo, &phi, &slo, &shi);
     size_t np = (size_t)ix->nparams;
     dt_status st = DT_OK;
     for (int r = 0; r < (int)ix->world && st == DT_OK; r++) {
@@ -623,12 +653,12 @@ static dt_status load_shards(const char *dir, const ckpt_index *ix, float *buf, 
         else if (r > 0 && memcmp(&ns, s, sizeof ns))
             st = dt_error(DT_ERR_FORMAT, "%s: a training state that differs from shard 0's", sp);
         if (st == DT_OK && (st = dt_st_expect(f, sp, "params", DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
-            memcpy(buf + b, t->data, t->nbytes);
+            copy_overlap(dst->params, plo, phi, t->data, b, e);
         for (int j = 0; j < ix->nstates && st == DT_OK; j++)
             if ((st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
-                memcpy(buf + np * (size_t)(1 + j) + b, t->data, t->nbytes);
+                copy_overlap(dst->states[j], slo, shi, t->data, b, e);
         if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK)
-            memcpy(opt_step, step->data, sizeof *opt_step);
+            memcpy(dst->opt_step, step->data, sizeof(int64_t));
         if (st == DT_OK && r == 0) *s = ns;
         dt_st_close(f);
     }
@@ -664,16 +694,23 @@ static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_
                       m->optimizer ? m->optimizer : "");
         goto done;
     }
-    // Every shard, verified, into a scratch copy; then the caller's buffers.
-    size_t np = m->nparams;
-    if (!(tmp = dt_alloc(sizeof(float) * np * (size_t)(1 + m->nstates)))) {
+    // Every shard, verified, into a scratch copy of what m holds; then the
+    // caller's buffers.
+    size_t plo, phi, slo, shi;
+    held(m, &plo, &phi, &slo, &shi);
+    size_t pn = phi - plo, sn = shi - slo;
+    if (!(tmp = dt_alloc(sizeof(float) * (pn + sn * (size_t)m->nstates + 1)))) {
         st = dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
         goto done;
     }
+    dt_ckpt_model scratch = *m;
+    scratch.params = tmp;
+    for (int j = 0; j < m->nstates; j++) scratch.states[j] = tmp + pn + sn * (size_t)j;
+    scratch.opt_step = &opt_step;
     dt_train_state ns;
-    if ((st = load_shards(dir, &ix, tmp, &opt_step, &ns)) != DT_OK) goto done;
-    memcpy(m->params, tmp, sizeof(float) * np);
-    for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], tmp + np * (size_t)(1 + j), sizeof(float) * np);
+    if ((st = load_shards(dir, &ix, &scratch, &ns)) != DT_OK) goto done;
+    memcpy(m->params, tmp, sizeof(float) * pn);
+    for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], scratch.states[j], sizeof(float) * sn);
     *m->opt_step = opt_step;
     *s = ns;
 done:
@@ -720,7 +757,7 @@ static dt_status gather(const char *dir, dt_st_file **out) {
                        .nstates = (int)ix.nstates, .opt_step = &step, .optimizer = ix.optimizer};
     for (int j = 0; j < m.nstates; j++) m.states[j] = buf + np * (size_t)(1 + j);
     dt_train_state s;
-    if (st == DT_OK) st = load_shards(dir, &ix, buf, &step, &s);
+    if (st == DT_OK) st = load_shards(dir, &ix, &m, &s);
     // The config and the weights' metadata, from shard 0.
     dt_st_file *f = NULL;
     const char *vals[NKEYS];
@@ -1060,9 +1097,21 @@ dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
     w->begin = 0;
     w->end = m->nparams;
     if (world > 1) dt_shard_range(m->nparams, rank, world, &w->begin, &w->end);
+    // The shard must lie inside what the rank holds (a sharded strategy's
+    // slice comes from the same dt_shard_range).
+    size_t plo, phi, slo, shi;
+    held(m, &plo, &phi, &slo, &shi);
+    if (w->begin < plo || w->end > phi || w->begin < slo || w->end > shi) {
+        st = dt_error(DT_ERR_ARG, "checkpoint writer, rank %d of %d: its shard [%zu, %zu) is not inside what it holds (parameters [%zu, %zu), optimizer state [%zu, %zu))",
+                      rank, world, w->begin, w->end, plo, phi, slo, shi);
+        free(w);
+        return st;
+    }
     size_t len = w->end - w->begin;
     w->live = *m;
     w->snap = *m;
+    w->snap.params_lo = w->snap.states_lo = w->begin;
+    w->snap.params_hi = w->snap.states_hi = w->end;
     w->buf = dt_alloc(sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates));
     if (!w->buf) {
         free(w);
@@ -1101,9 +1150,11 @@ dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s) {
     dt_status st = w->err;
     if (st == DT_OK) {
         size_t len = w->end - w->begin;
-        memcpy(w->snap.params, w->live.params + w->begin, sizeof(float) * len);
+        size_t plo, phi, slo, shi;
+        held(&w->live, &plo, &phi, &slo, &shi);
+        memcpy(w->snap.params, w->live.params + (w->begin - plo), sizeof(float) * len);
         for (int j = 0; j < w->live.nstates; j++)
-            memcpy(w->snap.states[j], w->live.states[j] + w->begin, sizeof(float) * len);
+            memcpy(w->snap.states[j], w->live.states[j] + (w->begin - slo), sizeof(float) * len);
         w->snap_step = *w->live.opt_step;
         w->state = *s;
         w->pending = 1;

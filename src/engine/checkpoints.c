@@ -8,7 +8,17 @@
 // The training state as int64s, for a broadcast.
 enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_N };
 
-static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found) {
+// Whether this rank holds a slice of the state rather than all of it (a
+// sharded strategy's view, ckpt.h).
+static int sliced(const dt_ckpt_model *m) {
+    return (m->params_hi && (m->params_lo || m->params_hi != m->nparams)) ||
+           (m->states_hi && (m->states_lo || m->states_hi != m->nparams));
+}
+
+// Rank 0's resume to every rank: the training state; then, when the state
+// is replicated, the buffers themselves; when it is sharded, the path rank 0
+// chose (used[n]), from which every other rank reads its own slice.
+static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, char *used, size_t n) {
     int64_t v[S_N];
     v[S_STEP] = s->step;
     v[S_EPOCH] = s->epoch;
@@ -31,6 +41,15 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found) 
     *found = (int)v[S_FOUND];
     *r->model.opt_step = v[S_OPT];
     if (!*found) return DT_OK;
+    if (sliced(&r->model)) {
+        if ((st = dt_broadcast(used, used, n, DT_U8, 0, r->comm)) != DT_OK) return st;
+        used[n - 1] = 0;
+        if (dt_comm_rank(r->comm) == 0) return DT_OK;
+        dt_train_state mine;
+        if ((st = dt_ckpt_read(used, &r->model, &mine)) != DT_OK)
+            return dt_error(st, "rank %d, reading its slice of %s: %s", dt_comm_rank(r->comm), used, dt_last_error());
+        return DT_OK;
+    }
     st = dt_broadcast(r->model.params, r->model.params, r->model.nparams, DT_F32, 0, r->comm);
     for (int j = 0; j < r->model.nstates && st == DT_OK; j++)
         st = dt_broadcast(r->model.states[j], r->model.states[j], r->model.nparams, DT_F32, 0, r->comm);
@@ -74,9 +93,9 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
 
     dt_status st = DT_OK;
     int found = 0;
+    char used[4200] = "";
     if (c->resume[0] && rank == 0) {
         const char *from = !strcmp(c->resume, "auto") ? dir : c->resume;
-        char used[4200] = "";
         if (!*from) st = dt_error(DT_ERR_CONFIG, "[checkpoint] resume = auto needs a run directory");
         else st = dt_ckpt_load_newest(from, &r->model, s, &found, used, sizeof used);
         if (st == DT_OK && found)
@@ -90,12 +109,14 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
         s->world = W;
     }
     // A failure on rank 0 reaches the others through the abort that follows.
-    if (st == DT_OK && c->resume[0] && W > 1) st = broadcast_state(r, s, &found);
+    if (st == DT_OK && c->resume[0] && W > 1) st = broadcast_state(r, s, &found, used, sizeof used);
     if (st != DT_OK) return st;
     r->last_step = s->step;
     r->last_time = dt_now();
     r->rank = rank;
-    r->world = c->ckpt_sharded ? W : 1;
+    // A rank that holds a slice writes it: sharded checkpoints, whatever
+    // [checkpoint] sharded says.
+    r->world = c->ckpt_sharded || sliced(&r->model) ? W : 1;
     if (run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0)) st = make_writer(r);
     return st;
 }

@@ -2,10 +2,14 @@
  * steps / T seconds / at the end from a snapshot on a background thread,
  * and stop at a step boundary when asked (elastic resizing, preemption).
  *
- * State is replicated across data-parallel ranks, so rank 0 alone reads
- * and writes checkpoint files; on resume it broadcasts what it loaded. A
- * checkpoint therefore does not depend on the number of workers, and a
- * run resumes on any number (docs/checkpoints.md). */
+ * The state is what the strategy says this rank holds (dt_ckpt_model's
+ * slices, dt_strategy_ckpt_view). Replicated, rank 0 alone reads and writes
+ * checkpoint files (or, [checkpoint] sharded, every rank writes its
+ * dt_shard_range slice), and on resume rank 0 broadcasts what it loaded.
+ * Sharded by the strategy, every rank writes its slice, and on resume rank
+ * 0 chooses the checkpoint and every rank reads its own slice of it. Either
+ * way a checkpoint does not depend on the number of workers, and a run
+ * resumes on any number (docs/checkpoints.md). */
 #ifndef DT_ENGINE_CHECKPOINTS_H
 #define DT_ENGINE_CHECKPOINTS_H
 
