@@ -404,6 +404,13 @@ int cmd_train(int argc, char **argv) {
         snprintf(dir, sizeof dir, "runs/%s-%s", c.name, ts);
         a.run_dir = dir;
     }
+    // One run per directory: this process (the launcher, for --workers) or
+    // rank 0 of an mpirun group holds the lock until it exits.
+    int lock_fd;
+    if (dt_run_dir_lock(a.run_dir, &lock_fd) != DT_OK) {
+        cli_error("%s", dt_last_error());
+        return EXIT_RUNTIME;
+    }
     if ((a.workers > 1 || a.max_restarts > 0) && !dt_comm_env_launched()) return supervise(&a, &c);
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
     // SIGUSR1: finish the step, checkpoint, exit DT_EXIT_STOPPED.
