@@ -68,11 +68,18 @@ int tl_finish(void) {
 char *tl_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    size_t got = b ? fread(b, 1, (size_t)n, f) : 0;
+    // Read to the end rather than trusting the size: /proc files say 0.
+    size_t cap = 4096, got = 0, r;
+    char *b = malloc(cap + 1);
+    while (b && (r = fread(b + got, 1, cap - got, f)) > 0) {
+        got += r;
+        if (got == cap) {
+            char *nb = realloc(b, 2 * cap + 1);
+            if (!nb) free(b);
+            b = nb;
+            cap *= 2;
+        }
+    }
     fclose(f);
     if (b) b[got] = 0;
     if (len) *len = got;
