@@ -7,7 +7,9 @@
  *      refused with the first's PID (with and without --workers) and the
  *      first finishes unaffected; the lock of a run killed with SIGKILL
  *      does not block the next; a run that fails leaves no summary.json of
- *      an earlier run that would look like its own. */
+ *      an earlier run that would look like its own; in a group of
+ *      `dtrain run` or mpirun, rank 0 holds the lock and a refused group's
+ *      other ranks write nothing. */
 #include "testlib.h"
 
 #include <ctype.h>
@@ -240,6 +242,40 @@ static void test_lock(void) {
     }
 }
 
+// Groups started by another launcher: rank 0 takes the lock, the other
+// ranks neither take it nor touch the directory before rank 0 holds it.
+static void test_lock_launched(void) {
+    char run[1200], mpi[1200];
+    snprintf(run, sizeof run, "%s run -n 2 --", tl_dtrain());
+    snprintf(mpi, sizeof mpi, "mpirun --allow-run-as-root --oversubscribe -np 2");
+    const char *launchers[] = {run, mpi};
+    int nl = system("command -v mpirun >/dev/null 2>&1") == 0 ? 2 : 1;
+    if (nl == 1) printf("mpirun not installed: only 'dtrain run' is tested\n");
+    for (int i = 0; i < nl; i++) {
+        const char *dir = i ? "held-mpi" : "held-run";
+        setenv("DTRAIN_SLOW_RANK", "0:10", 1);
+        pid_t holder = start(dir, "--set train.max_steps=300", i ? "held-mpi.log" : "held-run.log");
+        int started = wait_steps(dir, 0, 3);
+        unsetenv("DTRAIN_SLOW_RANK");
+        CHECK(started, "%s: the single-process run holding the directory started", dir);
+        char cmd[4096], want[64], path[600];
+        snprintf(cmd, sizeof cmd, "%s %s train %s -q --set train.max_steps=20 --run-dir %s", launchers[i],
+                 tl_dtrain(), tmp("run.ini"), tmp(dir));
+        snprintf(want, sizeof want, "in use by another dtrain run (pid %d)", (int)holder);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc != 0 && strstr(g_out, want), "%s: a 2-rank group on a directory in use: exit %d, expected '%s':\n%s",
+              launchers[i], rc, want, g_out);
+        snprintf(path, sizeof path, "%s/metrics/rank-00001.jsonl", tmp(dir));
+        struct stat sb;
+        CHECK(stat(path, &sb) != 0, "%s: the refused group's rank 1 wrote nothing into the directory", launchers[i]);
+        rc = finish(holder, 120);
+        CHECK(rc == 0, "%s: the holder finished: exit %d", dir, rc);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 0 && strstr(g_out, "2 workers"), "%s: once free, the group runs (rank 1 not refused): exit %d\n%s",
+              launchers[i], rc, g_out);
+    }
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-supervise-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -256,6 +292,7 @@ int main(void) {
     test_hung_rank(2);
     test_hung_rank(3);
     test_lock();
+    test_lock_launched();
     tl_cleanup(g_tmp);
     return tl_finish();
 }
