@@ -12,8 +12,6 @@
  *      other ranks write nothing. */
 #include "testlib.h"
 
-#include <ctype.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,13 +24,7 @@
 static char g_tmp[256];
 static char g_out[1 << 16];
 
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", g_tmp, name);
-    return buf[k];
-}
+static const char *tmp(const char *name) { return tl_path(g_tmp, name); }
 
 static double now(void) {
     struct timespec t;
@@ -66,53 +58,15 @@ static int finish(pid_t pid, double seconds) {
     return -1;
 }
 
-/* Occurrences of `what` in the file at path. */
-static int count(const char *path, const char *what) {
-    char *s = tl_read_file(path, NULL);
-    int n = 0;
-    for (char *p = s; p && (p = strstr(p, what)); p++) n++;
-    free(s);
-    return n;
-}
-
 /* Waits until rank `rank` of the run in tmp(dir) has logged `steps` steps. */
 static int wait_steps(const char *dir, int rank, int steps) {
     char path[600];
     snprintf(path, sizeof path, "%s/metrics/rank-%05d.jsonl", tmp(dir), rank);
     for (double t0 = now(); now() - t0 < 60;) {
-        if (count(path, "\"type\":\"step\"") >= steps) return 1;
+        if (tl_count(path, "\"type\":\"step\"") >= steps) return 1;
         usleep(20000);
     }
     return 0;
-}
-
-/* The PID of the child of `parent` started as rank `rank` (DTRAIN_RANK in
- * its environment), or -1. */
-static pid_t rank_pid(pid_t parent, int rank) {
-    DIR *d = opendir("/proc");
-    pid_t found = -1;
-    struct dirent *e;
-    char want[32];
-    snprintf(want, sizeof want, "DTRAIN_RANK=%d", rank);
-    while (d && found < 0 && (e = readdir(d))) {
-        if (!isdigit((unsigned char)e->d_name[0])) continue;
-        char path[300];
-        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-        char *stat = tl_read_file(path, NULL);
-        char *close_paren = stat ? strrchr(stat, ')') : NULL;
-        int ppid = -1;
-        if (close_paren) sscanf(close_paren + 1, " %*c %d", &ppid);
-        free(stat);
-        if (ppid != parent) continue;
-        size_t len;
-        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
-        char *env = tl_read_file(path, &len);
-        for (size_t i = 0; env && i < len; i += strlen(env + i) + 1)
-            if (!strcmp(env + i, want)) found = atoi(e->d_name);
-        free(env);
-    }
-    if (d) closedir(d);
-    return found;
 }
 
 // ---------------------------------------------------------------------------
@@ -127,7 +81,7 @@ static void test_hung_rank(int workers) {
     pid_t sup = start(dir, args, log);
     unsetenv("DTRAIN_SLOW_RANK");
     int started = wait_steps(dir, 1, 5);
-    pid_t r1 = rank_pid(sup, 1);
+    pid_t r1 = tl_rank_pid(sup, 1);
     CHECK(started && r1 > 0, "%d workers: rank 1 running (pid %d)", workers, (int)r1);
     double t_stop = now(), t_named = 0;
     if (r1 > 0) kill(r1, SIGSTOP);
@@ -190,7 +144,7 @@ static void test_lock(void) {
     free(log);
     char path[600];
     snprintf(path, sizeof path, "%s/metrics/rank-00000.jsonl", tmp("busy"));
-    int steps = count(path, "\"type\":\"step\""), runs = count(path, "\"type\":\"run\"");
+    int steps = tl_count(path, "\"type\":\"step\""), runs = tl_count(path, "\"type\":\"run\"");
     CHECK(steps == 200 && runs == 1, "the first run's metrics log alone: %d run records, %d steps", runs, steps);
     snprintf(path, sizeof path, "%s/summary.json", tmp("busy"));
     char *sum = tl_read_file(path, NULL);
@@ -209,7 +163,6 @@ static void test_lock(void) {
     CHECK(holder && atoi(holder) == (int)killed, "the lock file holds the killed run's PID %d: %s", (int)killed,
           holder ? holder : "(none)");
     free(holder);
-    for (int i = 0; i < 50 && rank_pid(killed, 0) > 0; i++) usleep(100000);  // its workers follow it
     snprintf(cmd, sizeof cmd, "%s train %s --quiet --workers 2 --set train.max_steps=20 --run-dir %s", tl_dtrain(),
              tmp("run.ini"), tmp("killed"));
     rc = tl_run(cmd, g_out, sizeof g_out);

@@ -86,6 +86,40 @@ char *tl_read_file(const char *path, size_t *len) {
     return b;
 }
 
+const char *tl_path(const char *dir, const char *name) {
+    static char buf[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+    return buf[k];
+}
+
+int tl_count(const char *path, const char *what) {
+    char *buf = tl_read_file(path, NULL);
+    int k = 0;
+    for (char *s = buf; s && (s = strstr(s, what)); s++) k++;
+    free(buf);
+    return k;
+}
+
+int tl_rank_pid(int launcher, int rank) {
+    char path[128], want[32];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", launcher, launcher);
+    snprintf(want, sizeof want, "DTRAIN_RANK=%d", rank);
+    char *kids = tl_read_file(path, NULL);
+    int found = -1;
+    for (char *s = kids ? strtok(kids, " \n") : NULL; s && found < 0; s = strtok(NULL, " \n")) {
+        size_t len;
+        snprintf(path, sizeof path, "/proc/%d/environ", atoi(s));
+        char *env = tl_read_file(path, &len);
+        for (size_t i = 0; env && i < len; i += strlen(env + i) + 1)
+            if (!strcmp(env + i, want)) found = atoi(s);
+        free(env);
+    }
+    free(kids);
+    return found;
+}
+
 void tl_cleanup(const char *dir) {
     if (tl_failed || getenv("KEEP")) {
         fprintf(stderr, "files kept in %s\n", dir);
