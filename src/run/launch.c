@@ -87,7 +87,8 @@ void dt_heartbeat_wait(const char *op, uint64_t seq, int peer) {
     atomic_store(&g_beat->time_ns, mono_ns());
 }
 
-/* " in OP (seq S) for rank P" for a slot that is waiting, else "". */
+/* For a slot that is waiting: " in OP (seq S) for rank P" into buf, and 1;
+ * else 0. */
 static int beat_waiting(beat_slot *b, char *buf, size_t n) {
     int peer = atomic_load(&b->wait_peer);
     if (peer < -1) return 0;
@@ -358,12 +359,14 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 res->failed_early = s1 <= s0;
                 // Waiting ranks beat, so the silent one is the culprit;
                 // say what the others wait in, and where it was itself.
-                char others[1024], wait[96], own[128] = "";
+                char others[1024], wait[96], own[160] = "before its first step";
                 describe_waiters(beats, alive, n, r, others, sizeof others);
-                if (beat_waiting(&beats[r], wait, sizeof wait)) snprintf(own, sizeof own, ", itself waiting%s", wait);
+                if (s1 >= 0) snprintf(own, sizeof own, "at step %lld", (long long)s1);
+                if (beat_waiting(&beats[r], wait, sizeof wait))
+                    snprintf(own + strlen(own), sizeof own - strlen(own), ", itself waiting%s", wait);
                 if (last)
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last at step %lld%s): hung%s; stopping all ranks",
-                           r, (int)pids[r], quiet, (long long)s1, own, others);
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last %s): hung%s; stopping all ranks",
+                           r, (int)pids[r], quiet, own, others);
                 else
                     dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat in the %.1f s since it started: hung%s; stopping all ranks",
                            r, (int)pids[r], quiet, others);
