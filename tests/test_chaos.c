@@ -48,15 +48,6 @@ static int workers(pid_t pid, pid_t *out, int max, pid_t *rank0) {
     return n;
 }
 
-// How often `what` occurs in the file at path.
-static int count_in(const char *path, const char *what) {
-    char *buf = tl_read_file(path, NULL);
-    int k = 0;
-    for (char *s = buf; s && (s = strstr(s, what)); s++) k++;
-    free(buf);
-    return k;
-}
-
 static int writing(const char *dir) {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -109,7 +100,7 @@ int main(void) {
         int n = workers(pid, w, 8, &r0);
         // A new group (all three started, none of the ones killed before)
         // that has recovered from the last kill (finished a step).
-        if (n != 3 || !r0 || w[0] == last_group[0] || count_in(log, "recovered in") < done) {
+        if (n != 3 || !r0 || w[0] == last_group[0] || tl_count(log, "recovered in") < done) {
             usleep(2000);
             continue;
         }

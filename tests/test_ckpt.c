@@ -34,13 +34,7 @@
 static char g_tmp[256];
 static char g_out[1 << 17];
 
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", g_tmp, name);
-    return buf[k];
-}
+static const char *tmp(const char *name) { return tl_path(g_tmp, name); }
 
 // ---------------------------------------------------------------------------
 // 1, 2: the file and the directory

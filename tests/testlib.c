@@ -68,15 +68,56 @@ int tl_finish(void) {
 char *tl_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    size_t got = b ? fread(b, 1, (size_t)n, f) : 0;
+    // Read to the end rather than trusting the size: /proc files say 0.
+    size_t cap = 4096, got = 0, r;
+    char *b = malloc(cap + 1);
+    while (b && (r = fread(b + got, 1, cap - got, f)) > 0) {
+        got += r;
+        if (got == cap) {
+            char *nb = realloc(b, 2 * cap + 1);
+            if (!nb) free(b);
+            b = nb;
+            cap *= 2;
+        }
+    }
     fclose(f);
     if (b) b[got] = 0;
     if (len) *len = got;
     return b;
+}
+
+const char *tl_path(const char *dir, const char *name) {
+    static char buf[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+    return buf[k];
+}
+
+int tl_count(const char *path, const char *what) {
+    char *buf = tl_read_file(path, NULL);
+    int k = 0;
+    for (char *s = buf; s && (s = strstr(s, what)); s++) k++;
+    free(buf);
+    return k;
+}
+
+int tl_rank_pid(int launcher, int rank) {
+    char path[128], want[32];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", launcher, launcher);
+    snprintf(want, sizeof want, "DTRAIN_RANK=%d", rank);
+    char *kids = tl_read_file(path, NULL);
+    int found = -1;
+    for (char *s = kids ? strtok(kids, " \n") : NULL; s && found < 0; s = strtok(NULL, " \n")) {
+        size_t len;
+        snprintf(path, sizeof path, "/proc/%d/environ", atoi(s));
+        char *env = tl_read_file(path, &len);
+        for (size_t i = 0; env && i < len; i += strlen(env + i) + 1)
+            if (!strcmp(env + i, want)) found = atoi(s);
+        free(env);
+    }
+    free(kids);
+    return found;
 }
 
 void tl_cleanup(const char *dir) {

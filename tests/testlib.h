@@ -26,6 +26,13 @@ void tl_cleanup(const char *dir);
 /* The whole file at path, NUL-terminated, malloc'd (free with free()); NULL
  * if it cannot be read. *len (may be NULL) gets its size. */
 char *tl_read_file(const char *path, size_t *len);
+/* dir/name in one of 4 rotating buffers (so up to 4 can be in use at once). */
+const char *tl_path(const char *dir, const char *name);
+/* How often `what` occurs in the file at path (0 if it cannot be read). */
+int tl_count(const char *path, const char *what);
+/* The PID of the child of `launcher` started as rank `rank` (DTRAIN_RANK in
+ * its environment), or -1. */
+int tl_rank_pid(int launcher, int rank);
 /* Writes DIR/PREFIX-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz: n 28x28
  * images whose label is visible in them (a bright block at a label-dependent
  * place), so that models learn something. */

@@ -170,6 +170,26 @@ typedef void (*dt_comm_observer)(const char *op, uint64_t seq, uint64_t bytes, d
  * no longer running and will not be called again. */
 DT_API void dt_comm_set_observer(dt_comm_t c, dt_comm_observer fn, void *user);
 
+/* ---- waiting ------------------------------------------------------------
+ * A rank blocked in a collective for more than about 10 ms says what it
+ * waits on: the operation ("allreduce", ...; an argument check names the
+ * collective checked), its sequence number on its communicator, and the
+ * first rank of that communicator it still waits for (-1 if the backend
+ * cannot tell, as with MPI). A launcher uses this to tell a rank that is
+ * waiting for a peer from one that is hung (docs/observability.md). */
+typedef struct {
+    const char *op;
+    uint64_t seq;
+    int peer;
+} dt_comm_wait_info;
+
+/* Called on the waiting thread about every 10-50 ms while a wait lasts
+ * (w: what it waits on), and once with w == NULL when that wait is over.
+ * It must be quick and must not call into a communicator. */
+typedef void (*dt_comm_wait_hook)(const dt_comm_wait_info *w);
+/* Installs fn for every communicator of the process (NULL removes it). */
+DT_API void dt_comm_set_wait_hook(dt_comm_wait_hook fn);
+
 /* ---- collectives --------------------------------------------------------
  * All return DT_OK, DT_ERR_ARG (bad pointer, dtype, op, root or peer; the
  * call did nothing and the communicator stays usable), DT_ERR_COMM or

@@ -20,7 +20,11 @@
  *     then SIGKILL after term_grace; a second Ctrl-C kills at once);
  *   - heartbeats: each rank reports its progress (dt_heartbeat) into a
  *     small shared table; a rank silent for heartbeat_timeout seconds is
- *     taken for hung: the launcher names it and stops every rank;
+ *     taken for hung: the launcher names it and stops every rank. A rank
+ *     blocked in a collective is not silent: it beats while it waits and
+ *     publishes what it waits on (dt_heartbeat_wait), so the rank named is
+ *     the one that stopped, and the message says which collective (and
+ *     sequence number) the others wait in;
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.
  *
@@ -79,6 +83,30 @@ typedef struct {
  * evaluation) says "alive" without a step. A no-op outside a dtrain
  * launcher. Thread-safe. */
 DT_API void dt_heartbeat(int64_t step);
+
+/* Reports "alive, blocked in collective `op` number `seq`, waiting for
+ * rank `peer`" (-1: unknown); op == NULL: that wait is over. Shaped to be
+ * called from a dt_comm_set_wait_hook() hook, as dtrain's training loops
+ * do. A no-op outside a dtrain launcher. Thread-safe. */
+DT_API void dt_heartbeat_wait(const char *op, uint64_t seq, int peer);
+
+/* One run per run directory. Creates `dir` (and its parents) and takes an
+ * exclusive flock(2) on DIR/.lock, writing this process's PID into it; the
+ * lock lasts until dt_run_dir_unlock(*fd) or the end of the process (the
+ * kernel drops it even after SIGKILL, so a lock file left by a dead run
+ * does not block). The taker also renames an earlier run's summary.json to
+ * summary.previous.json, so that a run that fails leaves no summary that
+ * looks like its own.
+ *
+ * In a group started by a launcher (dtrain run, mpirun, srun) only world
+ * rank 0 takes it; the other ranks, and a rank 0 whose parent process
+ * holds the lock (the workers that `dtrain train --workers` starts), get
+ * *fd = -1 and DT_OK. Returns DT_ERR_IO, naming the holder's PID, when
+ * another process holds the lock, or when the directory or lock file cannot
+ * be made. */
+DT_API dt_status dt_run_dir_lock(const char *dir, int *fd);
+/* Releases a lock of dt_run_dir_lock (fd -1: nothing to do). */
+DT_API void dt_run_dir_unlock(int fd);
 
 DT_API dt_launch_params dt_launch_default_params(void);
 

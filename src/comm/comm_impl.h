@@ -237,5 +237,11 @@ DT_HIDDEN int dt_waiter_expired(const dt_waiter *w);
 DT_HIDDEN int dt_waiter_should_block(const dt_waiter *w);
 /* 1 when the slow checks are due (for callers that block on their own). */
 DT_HIDDEN int dt_waiter_tick(dt_waiter *w);
+/* Tells the wait hook (dt_comm_set_wait_hook) that this thread is still
+ * waiting in collective `a` for rank `peer` (-1: unknown); call at the slow
+ * checks. dt_waiter_done() ends it, once the wait returns (a no-op if
+ * nothing was reported). */
+DT_HIDDEN void dt_waiter_note(const dt_coll_args *a, int peer);
+DT_HIDDEN void dt_waiter_done(void);
 
 #endif

@@ -12,11 +12,15 @@
  *      futex that the peers wake when they raise a flag
  *      (dt_waiter_should_block() says when).
  * The caller polls its flag between steps and, when dt_waiter_step() says
- * so, does the slow checks: peer liveness, aborts, the deadline.
+ * so, does the slow checks: peer liveness, aborts, the deadline. There it
+ * also reports what it waits on (dt_waiter_note) to the process's wait
+ * hook, which dtrain's workers point at their launcher heartbeat: a rank
+ * waiting for a peer is alive, and says for whom.
  */
 #include "comm/comm_impl.h"
 
 #include <sched.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -87,4 +91,24 @@ int dt_waiter_tick(dt_waiter *w) {
         return 1;
     }
     return 0;
+}
+
+static _Atomic(dt_comm_wait_hook) g_wait_hook;
+static _Thread_local int t_noted; /* this thread reported a wait not yet over */
+
+void dt_comm_set_wait_hook(dt_comm_wait_hook fn) { atomic_store(&g_wait_hook, fn); }
+
+void dt_waiter_note(const dt_coll_args *a, int peer) {
+    dt_comm_wait_hook fn = atomic_load(&g_wait_hook);
+    if (!fn) return;
+    dt_comm_wait_info w = {dt_coll_name(a->check_of ? (dt_coll)(a->check_of - 1) : a->kind), a->seq, peer};
+    fn(&w);
+    t_noted = 1;
+}
+
+void dt_waiter_done(void) {
+    if (!t_noted) return;
+    t_noted = 0;
+    dt_comm_wait_hook fn = atomic_load(&g_wait_hook);
+    if (fn) fn(NULL);
 }

@@ -1,4 +1,5 @@
 #include "engine/worker.h"
+#include "dtrain/launch.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -7,7 +8,14 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A rank blocked in a collective tells the launcher that it is alive and
+ * what it waits on, so that only a rank that really stopped looks hung. */
+static void wait_beat(const dt_comm_wait_info *w) {
+    dt_heartbeat_wait(w ? w->op : NULL, w ? w->seq : 0, w ? w->peer : -1);
+}
+
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
+    dt_comm_set_wait_hook(wait_beat);
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
     int t = c->threads;
@@ -19,6 +27,14 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     }
     dt_set_threads(t);
     *threads = t;
+    // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
+    // others touch nothing there until it has, nor when it was refused.
+    if (dt_comm_size(*comm) > 1 && (st = dt_barrier(*comm)) != DT_OK) {
+        st = dt_error(st, "rank %d, joining the group: %s", dt_comm_rank(*comm), dt_last_error());
+        dt_worker_exit(*comm, st);
+        *comm = NULL;
+        return st;
+    }
     if ((st = dt_fault_start(dt_comm_rank(*comm))) != DT_OK) {
         dt_worker_exit(*comm, st);
         *comm = NULL;

@@ -11,8 +11,10 @@
 /* Creates *comm from the environment (a world of 1 when not launched) and
  * sets this worker's compute threads, returned in *threads: c->threads,
  * else the host's cores shared among the workers on it (1 in deterministic
- * mode, where results must not depend on it). An injected start failure
- * (DTRAIN_FAULT_START, below) leaves the group as dt_worker_exit does. */
+ * mode, where results must not depend on it), and reports the waits of
+ * its collectives as launcher heartbeats (dt_heartbeat_wait). An injected
+ * start failure (DTRAIN_FAULT_START, below) leaves the group as
+ * dt_worker_exit does. */
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads);
 /* The run directory (rank 0's; NULL: none): created, with config.ini. */
 dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir);

@@ -37,6 +37,10 @@ typedef struct {
     _Alignas(64) _Atomic int64_t start_step; /* -1 until the first beat */
     _Atomic int64_t step;
     _Atomic int64_t time_ns;                 /* CLOCK_MONOTONIC of the last beat */
+    /* what the rank waits on (dt_heartbeat_wait); wait_peer < -1: nothing */
+    _Atomic uint64_t wait_seq;
+    _Atomic int32_t wait_peer;
+    char wait_op[20];
 } beat_slot;
 
 static int64_t mono_ns(void) {
@@ -67,6 +71,62 @@ void dt_heartbeat(int64_t step) {
         atomic_store(&g_beat->step, step);
     }
     atomic_store(&g_beat->time_ns, mono_ns());
+}
+
+void dt_heartbeat_wait(const char *op, uint64_t seq, int peer) {
+    pthread_once(&g_beat_once, beat_attach);
+    if (!g_beat) return;
+    if (op) {
+        atomic_store(&g_beat->wait_peer, -2);  // the launcher reads no half-written name
+        snprintf(g_beat->wait_op, sizeof g_beat->wait_op, "%s", op);
+        atomic_store(&g_beat->wait_seq, seq);
+        atomic_store(&g_beat->wait_peer, peer < -1 ? -1 : peer);
+    } else {
+        atomic_store(&g_beat->wait_peer, -2);
+    }
+    atomic_store(&g_beat->time_ns, mono_ns());
+}
+
+/* For a slot that is waiting: " in OP (seq S) for rank P" into buf, and 1;
+ * else 0. */
+static int beat_waiting(beat_slot *b, char *buf, size_t n) {
+    int peer = atomic_load(&b->wait_peer);
+    if (peer < -1) return 0;
+    char op[sizeof b->wait_op];
+    memcpy(op, b->wait_op, sizeof op);
+    op[sizeof op - 1] = 0;
+    uint64_t seq = atomic_load(&b->wait_seq);
+    if (atomic_load(&b->wait_peer) != peer) return 0;  // changed while read
+    int k = snprintf(buf, n, " in %s (seq %llu)", op, (unsigned long long)seq);
+    if (peer >= 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " for rank %d", peer);
+    return 1;
+}
+
+/* The ranks other than `hung` that wait in a collective, grouped by what
+ * they wait on: "; rank 0 waits in allreduce (seq 40) for rank 1" or
+ * "; ranks 0, 2 wait in ...". */
+static void describe_waiters(beat_slot *beats, const int *alive, int n, int hung, char *out, size_t size) {
+    size_t len = 0;
+    out[0] = 0;
+    char *what = calloc((size_t)n, 96);
+    if (!what) return;
+    for (int r = 0; r < n; r++)
+        if (r == hung || !alive[r] || !beat_waiting(&beats[r], what + 96 * r, 96)) what[96 * r] = 0;
+    for (int r = 0; r < n && len + 64 < size; r++) {
+        if (!what[96 * r]) continue;
+        char ranks[256];
+        size_t rl = (size_t)snprintf(ranks, sizeof ranks, "%d", r);
+        int count = 1;
+        for (int q = r + 1; q < n; q++) {
+            if (!what[96 * q] || strcmp(what + 96 * q, what + 96 * r)) continue;
+            if (rl + 16 < sizeof ranks) rl += (size_t)snprintf(ranks + rl, sizeof ranks - rl, ", %d", q);
+            count++;
+            what[96 * q] = 0;
+        }
+        len += (size_t)snprintf(out + len, size - len, "; rank%s %s wait%s%s", count > 1 ? "s" : "", ranks,
+                                count > 1 ? "" : "s", what + 96 * r);
+    }
+    free(what);
 }
 
 static void on_signal(int sig) {
@@ -135,6 +195,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         atomic_store(&beats[r].start_step, -1);
         atomic_store(&beats[r].step, -1);
         atomic_store(&beats[r].time_ns, 0);
+        atomic_store(&beats[r].wait_peer, -2);
     }
 
     // ---- the shared-memory segment -----------------------------------------
@@ -296,12 +357,19 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 res->hung = 1;
                 res->failed_at = now;
                 res->failed_early = s1 <= s0;
+                // Waiting ranks beat, so the silent one is the culprit;
+                // say what the others wait in, and where it was itself.
+                char others[1024], wait[96], own[160] = "before its first step";
+                describe_waiters(beats, alive, n, r, others, sizeof others);
+                if (s1 >= 0) snprintf(own, sizeof own, "at step %lld", (long long)s1);
+                if (beat_waiting(&beats[r], wait, sizeof wait))
+                    snprintf(own + strlen(own), sizeof own - strlen(own), ", itself waiting%s", wait);
                 if (last)
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last at step %lld): hung; stopping all ranks",
-                           r, (int)pids[r], quiet, (long long)s1);
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last %s): hung%s; stopping all ranks",
+                           r, (int)pids[r], quiet, own, others);
                 else
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat in the %.1f s since it started: hung; stopping all ranks",
-                           r, (int)pids[r], quiet);
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat in the %.1f s since it started: hung%s; stopping all ranks",
+                           r, (int)pids[r], quiet, others);
                 kill(pids[r], SIGKILL);
                 dt_shm_mark_rank(base, r, 2, SIGKILL);
                 term_at = now + p->grace;

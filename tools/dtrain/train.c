@@ -29,6 +29,9 @@ static const char train_help[] =
     "                      grad norm, throughput, time per phase, bytes sent and\n"
     "                      received, peak memory) and per evaluation\n"    "  checkpoints/        step-N.safetensors (or step-N/ when sharded): the\n"
     "                      whole training state, with --checkpoint-every/-seconds\n"
+    "One run at a time per run directory (RUN_DIR/.lock): a second one is refused\n"
+    "with the first's PID. A new run renames an earlier summary.json to\n"
+    "summary.previous.json.\n"
     "\n"
     "options:\n"
     "  --set S.K=V     override a config field, e.g. --set train.epochs=2\n"
@@ -71,7 +74,8 @@ static const char train_help[] =
     "                  the group again from the newest checkpoint, up to N times\n"
     "                  (default 0)\n"
     "  --heartbeat-timeout S  a worker that reports no progress for S seconds\n"
-    "                  counts as hung (default 120; 0 = off)\n"
+    "                  counts as hung (default 120; 0 = off); workers waiting\n"
+    "                  for it in a collective are alive, and say so\n"
     "  --elastic-retry S  with --workers MIN:MAX, seconds between attempts to\n"
     "                  grow back to MAX (default 60)\n"
     "  -q, --quiet     print only errors and the final result\n"
@@ -443,6 +447,13 @@ int cmd_train(int argc, char **argv) {
         strftime(ts, sizeof ts, "%Y%m%d-%H%M%S", localtime(&t));
         snprintf(dir, sizeof dir, "runs/%s-%s", c.name, ts);
         a.run_dir = dir;
+    }
+    // One run per directory: this process (the launcher, for --workers) or
+    // rank 0 of an mpirun group holds the lock until it exits.
+    int lock_fd;
+    if (dt_run_dir_lock(a.run_dir, &lock_fd) != DT_OK) {
+        cli_error("%s", dt_last_error());
+        return EXIT_RUNTIME;
     }
     if ((a.workers > 1 || a.max_restarts > 0) && !dt_comm_env_launched()) {
         // Before any worker starts: all of them must fit. (Errors reading the

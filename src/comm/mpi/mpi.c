@@ -203,7 +203,15 @@ static void ranks_behind(dt_comm_t c, uint64_t seq, char *buf, size_t n) {
     free(rq);
 }
 
+static dt_status wait_req_impl(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a);
+
 static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
+    dt_status rc = wait_req_impl(c, rq, a);
+    dt_waiter_done();
+    return rc;
+}
+
+static dt_status wait_req_impl(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
     mpi_state *s = c->be;
     publish_seq(s, a->seq);
     dt_waiter w;
@@ -221,6 +229,7 @@ static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
         }
         if (done) return DT_OK;
         if (dt_waiter_step(&w)) {
+            dt_waiter_note(a, -1);
             if (atomic_load(&c->err) != DT_OK)
                 return dt_error((dt_status)atomic_load(&c->err), "%s (seq %llu): %s",
                                 dt_coll_name(a->kind), (unsigned long long)a->seq, c->err_msg);

@@ -478,10 +478,15 @@ static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *ph
 static dt_status wait_ge(dt_comm_t c, const dt_coll_args *a, const char *phase,
                          _Atomic uint64_t *flag0, size_t stride, uint64_t target, int only) {
     if (g_profile < 0) g_profile = getenv("DTRAIN_SHM_PROFILE") != NULL;
-    if (!g_profile) return wait_ge_impl(c, a, phase, flag0, stride, target, only);
+    if (!g_profile) {
+        dt_status rc = wait_ge_impl(c, a, phase, flag0, stride, target, only);
+        dt_waiter_done();
+        return rc;
+    }
     double t0 = dt_now();
     if (!g_wait_start) g_wait_start = t0;
     dt_status rc = wait_ge_impl(c, a, phase, flag0, stride, target, only);
+    dt_waiter_done();
     double el = dt_now() - t0;
     g_wait_time += el;
     if (el > 50e-6) g_wait_slow++;
@@ -527,17 +532,18 @@ static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *ph
 
         /* slow checks: aborts, dead peers, the deadline */
         char what[160], why[160] = "", missing[256] = "";
-        int nmiss = 0;
+        int nmiss = 0, first = -1;
         size_t ml = 0;
         for (int q = lo; q < hi; q++) {
             if (q == s->me || atomic_load_explicit(FLAG(q), memory_order_acquire) >= target)
                 continue;
-            nmiss++;
+            if (!nmiss++) first = q;
             if (ml < sizeof missing - 16)
                 ml += (size_t)snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? " " : "", q);
             if (!why[0]) peer_gone(s, q, why, sizeof why);
         }
         if (!nmiss) continue;
+        dt_waiter_note(a, first);
         describe(what, sizeof what, a);
         /* an abort carries the first failing rank's reason: report it first */
         if (atomic_load(&s->hdr->abort_flag) == 1)

@@ -1,0 +1,251 @@
+/* Supervision of a run by `dtrain train --workers N`:
+ *
+ *   1. The hung rank is the one named: SIGSTOP of rank 1 (2 and 3 workers)
+ *      is reported within the heartbeat timeout as rank 1 hung, with the
+ *      collective the other ranks wait in; rank 1 is the one killed.
+ *   2. One run per run directory: a second run on a directory in use is
+ *      refused with the first's PID (with and without --workers) and the
+ *      first finishes unaffected; the lock of a run killed with SIGKILL
+ *      does not block the next; a run that fails leaves no summary.json of
+ *      an earlier run that would look like its own; in a group of
+ *      `dtrain run` or mpirun, rank 0 holds the lock and a refused group's
+ *      other ranks write nothing. */
+#include "testlib.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char g_tmp[256];
+static char g_out[1 << 16];
+
+static const char *tmp(const char *name) { return tl_path(g_tmp, name); }
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Starts `dtrain train run.ini ARGS --run-dir tmp(dir)` in the background,
+ * its output in tmp(log); returns its PID (the dtrain process itself). */
+static pid_t start(const char *dir, const char *args, const char *log) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec %s train %s --quiet --run-dir %s %s >%s 2>&1", tl_dtrain(), tmp("run.ini"),
+             tmp(dir), args, tmp(log));
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits up to `seconds` for pid; its exit status, or -1 (then it is killed). */
+static int finish(pid_t pid, double seconds) {
+    int st = 0;
+    for (double t0 = now(); now() - t0 < seconds;) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* Waits until rank `rank` of the run in tmp(dir) has logged `steps` steps. */
+static int wait_steps(const char *dir, int rank, int steps) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/metrics/rank-%05d.jsonl", tmp(dir), rank);
+    for (double t0 = now(); now() - t0 < 60;) {
+        if (tl_count(path, "\"type\":\"step\"") >= steps) return 1;
+        usleep(20000);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// 1: the hung rank is the one named
+
+static void test_hung_rank(int workers) {
+    char dir[32], log[32], args[128];
+    snprintf(dir, sizeof dir, "hang%d", workers);
+    snprintf(log, sizeof log, "hang%d.log", workers);
+    snprintf(args, sizeof args, "--workers %d --heartbeat-timeout 3 --set train.max_steps=1000000", workers);
+    setenv("DTRAIN_SLOW_RANK", "0:5", 1);  // a step every 5 ms or so, not a busy loop
+    pid_t sup = start(dir, args, log);
+    unsetenv("DTRAIN_SLOW_RANK");
+    int started = wait_steps(dir, 1, 5);
+    pid_t r1 = tl_rank_pid(sup, 1);
+    CHECK(started && r1 > 0, "%d workers: rank 1 running (pid %d)", workers, (int)r1);
+    double t_stop = now(), t_named = 0;
+    if (r1 > 0) kill(r1, SIGSTOP);
+    char *out = NULL;
+    while (now() - t_stop < 30 && !t_named) {
+        usleep(20000);
+        free(out);
+        out = tl_read_file(tmp(log), NULL);
+        if (out && strstr(out, "sent no heartbeat")) t_named = now();
+    }
+    int rc = finish(sup, 30);
+    free(out);
+    out = tl_read_file(tmp(log), NULL);
+    if (!out) out = calloc(1, 1);
+    const char *line = strstr(out, "sent no heartbeat");
+    char want[64];
+    snprintf(want, sizeof want, "rank 1 (pid %d) sent no heartbeat", (int)r1);
+    CHECK(rc == 1, "%d workers, rank 1 stopped: exit %d, expected 1\n%s", workers, rc, out);
+    CHECK(strstr(out, want) != NULL, "%d workers: rank 1 named as hung ('%s'):\n%s", workers, want, out);
+    CHECK(t_named > 0 && t_named - t_stop < 3 + 1.5,
+          "%d workers: named %.2f s after the SIGSTOP (heartbeat timeout 3 s)", workers, t_named - t_stop);
+    // The others wait in a collective for rank 1, and say so.
+    // (the gradients' allreduce, or the allgather of the step's metrics)
+    const char *waits = workers == 2 ? "; rank 0 waits in " : "; ranks 0, 2 wait in ";
+    const char *in = line ? strstr(line, waits) : NULL, *op = in ? in + strlen(waits) : "";
+    CHECK(in && (!strncmp(op, "allreduce (seq ", 15) || !strncmp(op, "allgather (seq ", 15)) &&
+              strstr(op, ") for rank 1; stopping all ranks"),
+          "%d workers: the message names the collective the others wait in ('%s... for rank 1'):\n%s", workers,
+          waits, out);
+    CHECK(!strstr(out, "rank 0 (pid") && strstr(out, "rank 1 died (killed by signal 9"),
+          "%d workers: rank 1 is killed, not rank 0:\n%s", workers, out);
+    if (r1 > 0) kill(r1, SIGCONT);  // (it is gone; a no-op unless the check above failed)
+    free(out);
+}
+
+// ---------------------------------------------------------------------------
+// 2: one run per run directory
+
+static void test_lock(void) {
+    // A first run, slowed down so that it is still running for the second.
+    setenv("DTRAIN_SLOW_RANK", "0:10", 1);
+    pid_t first = start("busy", "--workers 2 --set train.max_steps=200", "busy.log");
+    int started = wait_steps("busy", 0, 3);
+    unsetenv("DTRAIN_SLOW_RANK");
+    CHECK(started, "first run started");
+    char cmd[2048], want[64];
+    snprintf(want, sizeof want, "in use by another dtrain run (pid %d)", (int)first);
+    static const char *second[] = {"--workers 2", "", "--workers 3 --max-restarts 2"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s train %s --quiet --run-dir %s %s", tl_dtrain(), tmp("run.ini"), tmp("busy"),
+                 second[i]);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 1 && strstr(g_out, want) && strstr(g_out, tmp("busy")),
+              "second run (%s) on a directory in use: exit %d, expected 1 naming the directory and '%s':\n%s",
+              second[i], rc, want, g_out);
+    }
+    int rc = finish(first, 120);
+    char *log = tl_read_file(tmp("busy.log"), NULL);
+    CHECK(rc == 0, "the first run finished: exit %d\n%s", rc, log ? log : "");
+    free(log);
+    char path[600];
+    snprintf(path, sizeof path, "%s/metrics/rank-00000.jsonl", tmp("busy"));
+    int steps = tl_count(path, "\"type\":\"step\""), runs = tl_count(path, "\"type\":\"run\"");
+    CHECK(steps == 200 && runs == 1, "the first run's metrics log alone: %d run records, %d steps", runs, steps);
+    snprintf(path, sizeof path, "%s/summary.json", tmp("busy"));
+    char *sum = tl_read_file(path, NULL);
+    CHECK(sum && strstr(sum, "\"steps\":\t200,"), "the first run's summary.json: %s", sum ? sum : "(none)");
+    free(sum);
+
+    // A run killed with SIGKILL leaves its lock file, not its lock.
+    setenv("DTRAIN_SLOW_RANK", "0:5", 1);
+    pid_t killed = start("killed", "--workers 2 --set train.max_steps=1000000", "killed.log");
+    unsetenv("DTRAIN_SLOW_RANK");
+    CHECK(wait_steps("killed", 0, 3), "run to be killed started");
+    kill(killed, SIGKILL);
+    finish(killed, 10);
+    snprintf(path, sizeof path, "%s/.lock", tmp("killed"));
+    char *holder = tl_read_file(path, NULL);
+    CHECK(holder && atoi(holder) == (int)killed, "the lock file holds the killed run's PID %d: %s", (int)killed,
+          holder ? holder : "(none)");
+    free(holder);
+    snprintf(cmd, sizeof cmd, "%s train %s --quiet --workers 2 --set train.max_steps=20 --run-dir %s", tl_dtrain(),
+             tmp("run.ini"), tmp("killed"));
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0, "a stale lock of a killed run does not block: exit %d\n%s", rc, g_out);
+
+    // A run that fails does not leave the previous run's summary in place.
+    snprintf(path, sizeof path, "%s/summary.json", tmp("again"));
+    for (int workers = 1; workers <= 2; workers++) {
+        snprintf(cmd, sizeof cmd, "%s train %s --quiet --workers %d --set train.max_steps=10 --run-dir %s",
+                 tl_dtrain(), tmp("run.ini"), workers, tmp("again"));
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        size_t n_ok = 0;
+        char *ok = tl_read_file(path, &n_ok);
+        CHECK(rc == 0 && ok, "%d worker(s): a successful run writes summary.json: exit %d\n%s", workers, rc, g_out);
+        setenv("DTRAIN_FAULT_STEP", "0:4", 1);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        unsetenv("DTRAIN_FAULT_STEP");
+        CHECK(rc == 1 && strstr(g_out, "injected fault"), "%d worker(s): failing run: exit %d\n%s", workers, rc,
+              g_out);
+        struct stat sb;
+        CHECK(stat(path, &sb) != 0, "%d worker(s): after a failed run there is no summary.json", workers);
+        char prev[600];
+        snprintf(prev, sizeof prev, "%s/summary.previous.json", tmp("again"));
+        size_t n_prev = 0;
+        char *old = tl_read_file(prev, &n_prev);
+        CHECK(ok && old && n_ok == n_prev && !memcmp(ok, old, n_ok),
+              "%d worker(s): the earlier run's summary is kept as summary.previous.json", workers);
+        free(ok);
+        free(old);
+    }
+}
+
+// Groups started by another launcher: rank 0 takes the lock, the other
+// ranks neither take it nor touch the directory before rank 0 holds it.
+static void test_lock_launched(void) {
+    char run[1200], mpi[1200];
+    snprintf(run, sizeof run, "%s run -n 2 --", tl_dtrain());
+    snprintf(mpi, sizeof mpi, "mpirun --allow-run-as-root --oversubscribe -np 2");
+    const char *launchers[] = {run, mpi};
+    int nl = system("command -v mpirun >/dev/null 2>&1") == 0 ? 2 : 1;
+    if (nl == 1) printf("mpirun not installed: only 'dtrain run' is tested\n");
+    for (int i = 0; i < nl; i++) {
+        const char *dir = i ? "held-mpi" : "held-run";
+        setenv("DTRAIN_SLOW_RANK", "0:10", 1);
+        pid_t holder = start(dir, "--set train.max_steps=300", i ? "held-mpi.log" : "held-run.log");
+        int started = wait_steps(dir, 0, 3);
+        unsetenv("DTRAIN_SLOW_RANK");
+        CHECK(started, "%s: the single-process run holding the directory started", dir);
+        char cmd[4096], want[64], path[600];
+        snprintf(cmd, sizeof cmd, "%s %s train %s -q --set train.max_steps=20 --run-dir %s", launchers[i],
+                 tl_dtrain(), tmp("run.ini"), tmp(dir));
+        snprintf(want, sizeof want, "in use by another dtrain run (pid %d)", (int)holder);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc != 0 && strstr(g_out, want), "%s: a 2-rank group on a directory in use: exit %d, expected '%s':\n%s",
+              launchers[i], rc, want, g_out);
+        snprintf(path, sizeof path, "%s/metrics/rank-00001.jsonl", tmp(dir));
+        struct stat sb;
+        CHECK(stat(path, &sb) != 0, "%s: the refused group's rank 1 wrote nothing into the directory", launchers[i]);
+        rc = finish(holder, 120);
+        CHECK(rc == 0, "%s: the holder finished: exit %d", dir, rc);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 0 && strstr(g_out, "2 workers"), "%s: once free, the group runs (rank 1 not refused): exit %d\n%s",
+              launchers[i], rc, g_out);
+    }
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-supervise-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    tl_make_images(g_tmp, "train", 243, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    FILE *f = fopen(tmp("run.ini"), "w");
+    if (!f) return perror("run.ini"), 1;
+    fprintf(f,
+            "[model]\ninput = 784\nlayer = linear out=32\nlayer = relu\nlayer = linear out=10\n"
+            "[optim]\nname = adamw\nlr = 0.003\n[train]\nbatch = 40\nepochs = 0\nmax_steps = 30\n"
+            "eval_batch = 100\nseed = 5\nthreads = 1\n[data]\ndir = %s\n",
+            g_tmp);
+    fclose(f);
+    test_hung_rank(2);
+    test_hung_rank(3);
+    test_lock();
+    test_lock_launched();
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
