@@ -24,8 +24,7 @@
 #define DTRAIN_CONFIG_H
 
 #include "dtrain/core.h"
-#include "dtrain/nn.h"
-#include "dtrain/optim.h"
+#include "dtrain/spec.h"
 
 #ifdef __cplusplus
 extern "C" {

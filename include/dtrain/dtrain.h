@@ -37,6 +37,7 @@
 #define DTRAIN_H
 
 #include "dtrain/core.h"
+#include "dtrain/spec.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"

@@ -87,24 +87,7 @@ DT_API void dt_attention_backward(float *dqkv, float *datt, const float *dout,
 
 /* ---- the model ------------------------------------------------------------- */
 
-typedef struct {
-    int n_layer;            /* L */
-    int n_head;             /* NH; n_embd must be a multiple of it */
-    int n_embd;             /* C */
-    int block_size;         /* maxT: the longest context (rows of wpe) */
-    int vocab_size;         /* V */
-    int padded_vocab_size;  /* Vp >= V: rows of wte */
-} dt_gpt_config;
 
-/* Fills *c from a preset name: "gpt-tiny" (L2 C64 H4 T256 V256),
- * "gpt-small" (L6 C384 H6 T256 V256), "gpt2-124m" (L12 C768 H12 T1024
- * V50257 Vp50304). DT_ERR_ARG for another name. */
-DT_API dt_status dt_gpt_preset(const char *name, dt_gpt_config *c);
-/* Vocabulary padded as llm.c does: up to a multiple of 128. */
-DT_API int dt_gpt_pad_vocab(int V);
-/* Checks the sizes (all positive, C % NH == 0, Vp >= V, ...); `what` names
- * the source in the message. */
-DT_API dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what);
 
 typedef struct dt_gpt dt_gpt;
 

@@ -24,6 +24,7 @@
 #define DTRAIN_NN_H
 
 #include "dtrain/core.h"
+#include "dtrain/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -88,30 +89,6 @@ DT_API void dt_crossentropy_backward(float *dlogits, const float *probs,
 
 /* ---- sequential models --------------------------------------------------- */
 
-typedef enum {
-    DT_LAYER_LINEAR,
-    DT_LAYER_CONV2D,
-    DT_LAYER_MAXPOOL,
-    DT_LAYER_RELU,
-    DT_LAYER_GELU,
-    DT_LAYER_LAYERNORM,
-    DT_LAYER_DROPOUT,
-    DT_LAYER_FLATTEN,
-} dt_layer_kind;
-
-/* One layer of a sequential model. Fields a kind does not use are ignored. */
-typedef struct {
-    dt_layer_kind kind;
-    int out;      /* linear: output features; conv2d: output channels */
-    int kernel;   /* conv2d, maxpool: window size */
-    int stride;   /* conv2d (default 1), maxpool (default = kernel); 0 = default */
-    int pad;      /* conv2d: zero padding on each side */
-    float p;      /* dropout: probability of zeroing */
-    float eps;    /* layernorm: epsilon (0 = 1e-5) */
-} dt_layer_spec;
-
-/* Name of a layer kind as used in configs ("linear", "conv2d", ...). */
-DT_API const char *dt_layer_kind_name(dt_layer_kind k);
 
 typedef struct dt_model dt_model;
 

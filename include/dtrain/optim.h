@@ -12,28 +12,12 @@
 #define DTRAIN_OPTIM_H
 
 #include "dtrain/core.h"
+#include "dtrain/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAMW } dt_optim_kind;
-
-typedef struct {
-    dt_optim_kind kind;
-    float lr;            /* base learning rate (schedules scale it) */
-    float weight_decay;  /* SGD: L2 added to the gradient; AdamW: decoupled */
-    float momentum;      /* SGD */
-    int nesterov;        /* SGD */
-    float beta1, beta2;  /* AdamW */
-    float eps;           /* AdamW */
-    float clip_norm;     /* clip gradients to this global L2 norm; 0 = off */
-} dt_optim_params;
-
-/* Defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas 0.9/0.999,
- * eps 1e-8, weight decay 0.01 (PyTorch's defaults). */
-DT_API dt_optim_params dt_optim_default_params(dt_optim_kind kind);
-DT_API const char *dt_optim_kind_name(dt_optim_kind kind);
 
 typedef struct dt_optim dt_optim;
 
@@ -79,7 +63,6 @@ DT_API float dt_clip_scale(double norm, float clip_norm);
 
 /* ---- learning-rate schedules ---------------------------------------------- */
 
-typedef enum { DT_SCHED_CONSTANT, DT_SCHED_COSINE, DT_SCHED_LINEAR } dt_sched_kind;
 
 typedef struct {
     dt_sched_kind kind;
@@ -89,7 +72,6 @@ typedef struct {
     int64_t total_steps;
 } dt_schedule;
 
-DT_API const char *dt_sched_kind_name(dt_sched_kind kind);
 /* Learning rate for step `step` (0-based). */
 DT_API float dt_schedule_lr(const dt_schedule *s, int64_t step);
 

@@ -16,6 +16,7 @@
 
 #include "dtrain/config.h"
 #include "dtrain/data.h"
+#include "dtrain/nn.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -70,36 +70,6 @@ struct dt_gpt {
 // ----------------------------------------------------------------------------
 // configuration
 
-int dt_gpt_pad_vocab(int V) { return (V + 127) / 128 * 128; }
-
-dt_status dt_gpt_preset(const char *name, dt_gpt_config *c) {
-    memset(c, 0, sizeof *c);
-    if (!strcmp(name, "gpt-tiny")) *c = (dt_gpt_config){2, 4, 64, 256, 256, 256};
-    else if (!strcmp(name, "gpt-small")) *c = (dt_gpt_config){6, 6, 384, 256, 256, 256};
-    else if (!strcmp(name, "gpt2-124m")) *c = (dt_gpt_config){12, 12, 768, 1024, 50257, 50304};
-    else return dt_error(DT_ERR_ARG, "unknown GPT preset '%s' (expected gpt-tiny, gpt-small or gpt2-124m)", name);
-    return DT_OK;
-}
-
-dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what) {
-    const struct { const char *name; int v, lo, hi; } f[] = {
-        {"n_layer", c->n_layer, 1, 1024},      {"n_head", c->n_head, 1, 1024},
-        {"n_embd", c->n_embd, 1, 65536},       {"block_size", c->block_size, 1, 1 << 20},
-        {"vocab_size", c->vocab_size, 1, 65536}, {"padded_vocab_size", c->padded_vocab_size, 1, 1 << 20}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].v < f[i].lo || f[i].v > f[i].hi)
-            return dt_error(DT_ERR_ARG, "%s: %s = %d: expected a value from %d to %d", what, f[i].name,
-                            f[i].v, f[i].lo, f[i].hi);
-    if (c->n_embd % c->n_head)
-        return dt_error(DT_ERR_ARG, "%s: n_embd (%d) is not a multiple of n_head (%d)", what, c->n_embd, c->n_head);
-    if (c->padded_vocab_size < c->vocab_size)
-        return dt_error(DT_ERR_ARG, "%s: padded_vocab_size (%d) is below vocab_size (%d)", what,
-                        c->padded_vocab_size, c->vocab_size);
-    // Token files hold uint16 ids: a larger vocabulary could not be fed.
-    if (c->vocab_size > 65536) return dt_error(DT_ERR_ARG, "%s: vocab_size %d exceeds 65536", what, c->vocab_size);
-    return DT_OK;
-}
-
 // Element counts of the 16 tensors and their shapes.
 void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[NPT]) {
     int64_t L = c->n_layer, C = c->n_embd, Vp = c->padded_vocab_size, maxT = c->block_size;

@@ -44,12 +44,6 @@ struct dt_model {
     float loss_scale;
 };
 
-const char *dt_layer_kind_name(dt_layer_kind k) {
-    static const char *n[] = {"linear", "conv2d", "maxpool", "relu", "gelu",
-                              "layernorm", "dropout", "flatten"};
-    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "?";
-}
-
 static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
 
 // Floats per sample of a layer's output, channels padded to whole blocks

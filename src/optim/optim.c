@@ -15,25 +15,6 @@ struct dt_optim {
     dt_dtype copy_type;
 };
 
-dt_optim_params dt_optim_default_params(dt_optim_kind kind) {
-    dt_optim_params p = {0};
-    p.kind = kind;
-    p.beta1 = 0.9f;
-    p.beta2 = 0.999f;
-    p.eps = 1e-8f;
-    if (kind == DT_OPTIM_ADAMW) {
-        p.lr = 1e-3f;
-        p.weight_decay = 0.01f;
-    } else {
-        p.lr = 0.01f;
-    }
-    return p;
-}
-
-const char *dt_optim_kind_name(dt_optim_kind kind) {
-    return kind == DT_OPTIM_ADAMW ? "adamw" : "sgd";
-}
-
 dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n) {
     *out = NULL;
     dt_optim *o = calloc(1, sizeof *o);
@@ -145,14 +126,6 @@ float dt_clip_scale(double norm, float clip_norm) {
 
 // ----------------------------------------------------------------------------
 // schedules
-
-const char *dt_sched_kind_name(dt_sched_kind kind) {
-    switch (kind) {
-    case DT_SCHED_COSINE: return "cosine";
-    case DT_SCHED_LINEAR: return "linear";
-    default: return "constant";
-    }
-}
 
 float dt_schedule_lr(const dt_schedule *s, int64_t step) {
     if (s->warmup_steps > 0 && step < s->warmup_steps)

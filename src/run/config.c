@@ -1,7 +1,6 @@
 /* Run configs: INI text read with libinih, every key looked up in one field
  * table that also drives validation, defaults and dt_config_write(). */
 #include "dtrain/config.h"
-#include "dtrain/gpt.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,0 +1,93 @@
+/*
+ * dtrain/spec.h - what describes a model and its training, as plain data:
+ * layer specs, GPT shapes and presets, optimizer and schedule parameters,
+ * with their names, defaults and checks.
+ *
+ * The config reader (config.h) fills these from an INI file, and the model,
+ * GPT and optimizer code (nn.h, gpt.h, optim.h) take them; neither needs the
+ * other. Nothing here allocates or computes beyond a check.
+ */
+#ifndef DTRAIN_SPEC_H
+#define DTRAIN_SPEC_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- layers of sequential models (nn.h) ---------------------------------- */
+
+typedef enum {
+    DT_LAYER_LINEAR,
+    DT_LAYER_CONV2D,
+    DT_LAYER_MAXPOOL,
+    DT_LAYER_RELU,
+    DT_LAYER_GELU,
+    DT_LAYER_LAYERNORM,
+    DT_LAYER_DROPOUT,
+    DT_LAYER_FLATTEN,
+} dt_layer_kind;
+
+/* One layer of a sequential model. Fields a kind does not use are ignored. */
+typedef struct {
+    dt_layer_kind kind;
+    int out;      /* linear: output features; conv2d: output channels */
+    int kernel;   /* conv2d, maxpool: window size */
+    int stride;   /* conv2d (default 1), maxpool (default = kernel); 0 = default */
+    int pad;      /* conv2d: zero padding on each side */
+    float p;      /* dropout: probability of zeroing */
+    float eps;    /* layernorm: epsilon (0 = 1e-5) */
+} dt_layer_spec;
+
+/* Name of a layer kind as used in configs ("linear", "conv2d", ...). */
+DT_API const char *dt_layer_kind_name(dt_layer_kind k);
+
+/* ---- GPT shapes (gpt.h) --------------------------------------------------- */
+
+typedef struct {
+    int n_layer;            /* L */
+    int n_head;             /* NH; n_embd must be a multiple of it */
+    int n_embd;             /* C */
+    int block_size;         /* maxT: the longest context (rows of wpe) */
+    int vocab_size;         /* V */
+    int padded_vocab_size;  /* Vp >= V: rows of wte */
+} dt_gpt_config;
+
+/* Fills *c from a preset name: "gpt-tiny" (L2 C64 H4 T256 V256),
+ * "gpt-small" (L6 C384 H6 T256 V256), "gpt2-124m" (L12 C768 H12 T1024
+ * V50257 Vp50304). DT_ERR_ARG for another name. */
+DT_API dt_status dt_gpt_preset(const char *name, dt_gpt_config *c);
+/* Vocabulary padded as llm.c does: up to a multiple of 128. */
+DT_API int dt_gpt_pad_vocab(int V);
+/* Checks the sizes (all positive, C % NH == 0, Vp >= V, ...); `what` names
+ * the source in the message. */
+DT_API dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what);
+
+/* ---- optimizers and schedules (optim.h) ------------------------------------ */
+
+typedef enum { DT_OPTIM_SGD, DT_OPTIM_ADAMW } dt_optim_kind;
+
+typedef struct {
+    dt_optim_kind kind;
+    float lr;            /* base learning rate (schedules scale it) */
+    float weight_decay;  /* SGD: L2 added to the gradient; AdamW: decoupled */
+    float momentum;      /* SGD */
+    int nesterov;        /* SGD */
+    float beta1, beta2;  /* AdamW */
+    float eps;           /* AdamW */
+    float clip_norm;     /* clip gradients to this global L2 norm; 0 = off */
+} dt_optim_params;
+
+/* Defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas 0.9/0.999,
+ * eps 1e-8, weight decay 0.01 (PyTorch's defaults). */
+DT_API dt_optim_params dt_optim_default_params(dt_optim_kind kind);
+DT_API const char *dt_optim_kind_name(dt_optim_kind kind);
+
+typedef enum { DT_SCHED_CONSTANT, DT_SCHED_COSINE, DT_SCHED_LINEAR } dt_sched_kind;
+DT_API const char *dt_sched_kind_name(dt_sched_kind kind);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,69 @@
+/* What describes a model and its training (spec.h): names, presets,
+ * defaults and checks of plain data. */
+#include "dtrain/spec.h"
+
+#include <string.h>
+
+const char *dt_layer_kind_name(dt_layer_kind k) {
+    static const char *n[] = {"linear", "conv2d", "maxpool", "relu", "gelu",
+                              "layernorm", "dropout", "flatten"};
+    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "?";
+}
+
+int dt_gpt_pad_vocab(int V) { return (V + 127) / 128 * 128; }
+
+dt_status dt_gpt_preset(const char *name, dt_gpt_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!strcmp(name, "gpt-tiny")) *c = (dt_gpt_config){2, 4, 64, 256, 256, 256};
+    else if (!strcmp(name, "gpt-small")) *c = (dt_gpt_config){6, 6, 384, 256, 256, 256};
+    else if (!strcmp(name, "gpt2-124m")) *c = (dt_gpt_config){12, 12, 768, 1024, 50257, 50304};
+    else return dt_error(DT_ERR_ARG, "unknown GPT preset '%s' (expected gpt-tiny, gpt-small or gpt2-124m)", name);
+    return DT_OK;
+}
+
+dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what) {
+    const struct { const char *name; int v, lo, hi; } f[] = {
+        {"n_layer", c->n_layer, 1, 1024},      {"n_head", c->n_head, 1, 1024},
+        {"n_embd", c->n_embd, 1, 65536},       {"block_size", c->block_size, 1, 1 << 20},
+        {"vocab_size", c->vocab_size, 1, 65536}, {"padded_vocab_size", c->padded_vocab_size, 1, 1 << 20}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < f[i].lo || f[i].v > f[i].hi)
+            return dt_error(DT_ERR_ARG, "%s: %s = %d: expected a value from %d to %d", what, f[i].name,
+                            f[i].v, f[i].lo, f[i].hi);
+    if (c->n_embd % c->n_head)
+        return dt_error(DT_ERR_ARG, "%s: n_embd (%d) is not a multiple of n_head (%d)", what, c->n_embd, c->n_head);
+    if (c->padded_vocab_size < c->vocab_size)
+        return dt_error(DT_ERR_ARG, "%s: padded_vocab_size (%d) is below vocab_size (%d)", what,
+                        c->padded_vocab_size, c->vocab_size);
+    // Token files hold uint16 ids: a larger vocabulary could not be fed.
+    if (c->vocab_size > 65536) return dt_error(DT_ERR_ARG, "%s: vocab_size %d exceeds 65536", what, c->vocab_size);
+    return DT_OK;
+}
+
+dt_optim_params dt_optim_default_params(dt_optim_kind kind) {
+    dt_optim_params p = {0};
+    p.kind = kind;
+    p.beta1 = 0.9f;
+    p.beta2 = 0.999f;
+    p.eps = 1e-8f;
+    if (kind == DT_OPTIM_ADAMW) {
+        p.lr = 1e-3f;
+        p.weight_decay = 0.01f;
+    } else {
+        p.lr = 0.01f;
+    }
+    return p;
+}
+
+const char *dt_optim_kind_name(dt_optim_kind kind) {
+    return kind == DT_OPTIM_ADAMW ? "adamw" : "sgd";
+}
+
+const char *dt_sched_kind_name(dt_sched_kind kind) {
+    switch (kind) {
+    case DT_SCHED_COSINE: return "cosine";
+    case DT_SCHED_LINEAR: return "linear";
+    default: return "constant";
+    }
+}
+
