@@ -615,7 +615,7 @@ static void test_runs(void) {
     // A hung worker (no heartbeats) is found, stopped, and the group restarted.
     setenv("DTRAIN_FAULT_STEP", "0:8:hang", 1);
     setenv("DTRAIN_FAULT_ONCE", tmp("hang-once"), 1);
-    rc = train("hang", 2, "--checkpoint-every 5 --max-restarts 1 --heartbeat-timeout 2");
+    rc = train("hang", 2, "--checkpoint-every 5 --max-restarts 1 --heartbeat-timeout 4");
     unsetenv("DTRAIN_FAULT_STEP");
     unsetenv("DTRAIN_FAULT_ONCE");
     CHECK(rc == 0, "hung worker: exit %d\n%s", rc, g_out);
