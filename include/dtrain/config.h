@@ -12,7 +12,8 @@
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps
- *   [parallel] bucket_kb, deterministic, micro_shards
+ *   [parallel] bucket_kb, deterministic, micro_shards, pipeline, micro_batches,
+ *             schedule, pipeline_split
  *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
  *
@@ -63,6 +64,11 @@ typedef struct {
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
+    /* pipeline parallel (docs/model-parallel.md) */
+    int pipeline;                  /* stages P (1: none) */
+    int micro_batches;             /* per data-parallel replica and step (0: P) */
+    int pipeline_schedule;         /* 0 gpipe, 1 1f1b */
+    char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced) */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

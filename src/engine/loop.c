@@ -199,7 +199,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             double lsum;
             dt_control ctl;
             float lr, gnorm;
-            st = micro_steps(tops, task, strat, obs, step, &b, &lsum);
+            st = sops->run_step ? sops->run_step(strat, tops, task, step, &b, &lsum)
+                                : micro_steps(tops, task, strat, obs, step, &b, &lsum);
             if (st == DT_OK) st = finish_step(strat, &ck, obs, &sched, step, lsum, b.global, &ctl, &lr, &gnorm);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());

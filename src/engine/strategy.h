@@ -7,6 +7,9 @@
  *
  *   s = dt_strategy_create(...)            pick by config (registry below)
  *   per step:
+ *     [run_step(s, tops, task, step, batch, &loss_sum)]  when the strategy
+ *                                          drives the micro-batches itself
+ *                                          (pipeline), instead of:
  *     nm = dt_strategy_plan(s, first, share, global)   micro-batches in s->off/len
  *     for k < nm:
  *       [params_needed(s, layer, phase)]   before a layer's forward/backward
@@ -35,6 +38,7 @@
 #include "dtrain/config.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "engine/task.h"
 #include "obs/obs.h"
 
 typedef struct dt_strategy dt_strategy;
@@ -72,6 +76,13 @@ typedef struct dt_strategy_ops {
      * that has it runs only on a task with a layer hook. */
     dt_status (*params_needed)(dt_strategy *s, int layer, int phase);
     void (*micro_end)(dt_strategy *s, int k);      /* after micro-batch k's backward; may be NULL */
+    /* A whole step's forwards and backwards on this rank, in the strategy's
+     * own schedule, through the task's stage calls; *loss_sum as the loop's
+     * micro-steps give it (this rank's sum of micro-batch loss x size). NULL:
+     * the loop runs plan, forward and backward itself. A strategy that has
+     * it runs only on a task with stages (checked by its check()). */
+    dt_status (*run_step)(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int64_t step,
+                          const dt_task_batch *b, double *loss_sum);
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
@@ -134,5 +145,6 @@ dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 
 extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
 extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
+extern const dt_strategy_ops dt_strategy_pipeline;         /* engine/pipeline.c */
 
 #endif

@@ -224,6 +224,66 @@ static void gpt_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
     dt_gpt_set_layer_hook(t->m, fn ? layer_hook : NULL, t);
 }
 
+// ----------------------------------------------------------------------------
+// pipeline stages: the GPT's stage calls (dtrain/gpt.h) on one set each
+
+struct dt_task_stage {
+    dt_gpt_acts *a;
+    int l0, l1, off, len;
+    float scale;
+};
+
+static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
+    dt_task_stage *st = calloc(1, sizeof *st);
+    if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
+    *st = (dt_task_stage){.l0 = l0, .l1 = l1};
+    dt_gpt_set_grad_hook(t->m, NULL, NULL);
+    dt_status st_ = dt_gpt_acts_create_range(&st->a, &t->gc, max_len, t->T, l0, l1);
+    if (st_ != DT_OK) {
+        free(st);
+        *out = NULL;
+    }
+    return st_;
+}
+
+static void gpt_stage_free(dt_task_stage *st) {
+    if (!st) return;
+    dt_gpt_acts_free(st->a);
+    free(st);
+}
+
+static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int off, int len, float loss_scale, float **in,
+                                 float **out, size_t *count) {
+    st->off = off;
+    st->len = len;
+    st->scale = loss_scale;
+    dt_status s = dt_gpt_acts_set_shape(st->a, len, t->T);  // (the streams' places depend on the shape)
+    *in = dt_gpt_acts_resid(st->a, st->l0);
+    *out = dt_gpt_acts_resid(st->a, st->l1);
+    *count = (size_t)len * t->T * t->gc.n_embd;
+    return s;
+}
+
+static dt_status gpt_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
+    size_t o = (size_t)st->off * t->T;
+    float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
+    dt_status s = DT_OK;
+    if (st->l0 == 0) s = dt_gpt_embed_forward(t->m, st->a, t->x + o, in);
+    if (s == DT_OK) s = dt_gpt_forward_range(t->m, st->a, st->l0, st->l1, in, out);
+    if (s == DT_OK && st->l1 == t->gc.n_layer) s = dt_gpt_head_forward(t->m, st->a, out, t->y + o, loss);
+    return s;
+}
+
+static dt_status gpt_stage_backward(dt_task *t, dt_task_stage *st, float *d) {
+    float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
+    dt_status s = DT_OK;
+    dt_gpt_set_loss_scale(t->m, st->scale);
+    if (st->l1 == t->gc.n_layer) s = dt_gpt_head_backward(t->m, st->a, out, d);
+    if (s == DT_OK) s = dt_gpt_backward_range(t->m, st->a, st->l0, st->l1, in, d);
+    if (s == DT_OK && st->l0 == 0) s = dt_gpt_embed_backward(t->m, st->a, d);
+    return s;
+}
+
 static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
     *accuracy = -1;
@@ -260,6 +320,11 @@ const dt_task_ops dt_task_gpt = {
     .forward = gpt_forward,
     .backward = gpt_backward,
     .set_layer_hook = gpt_set_layer_hook,
+    .stage_create = gpt_stage_create,
+    .stage_free = gpt_stage_free,
+    .stage_begin = gpt_stage_begin,
+    .stage_forward = gpt_stage_forward,
+    .stage_backward = gpt_stage_backward,
     .evaluate = gpt_evaluate,
     .save = gpt_save,
     .summary = gpt_summary,

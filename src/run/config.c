@@ -113,6 +113,7 @@ static const char *const optim_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
+static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -150,6 +151,10 @@ static const field fields[] = {
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
+    {"parallel", "pipeline", F_INT, O(pipeline), 1, 1024, NULL},
+    {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
+    {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},
+    {"parallel", "pipeline_split", F_STR, O(pipeline_split), 0, 0, NULL},
     {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
     {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
@@ -204,6 +209,8 @@ void dt_config_defaults(dt_config *c) {
     c->base_batch = 256;
     c->bucket_kb = 2048;
     c->micro_shards = 12;
+    c->pipeline = 1;
+    c->pipeline_schedule = 1;
     c->straggler_margin = 0.2f;
     c->straggler_steps = 10;
     snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");
