@@ -10,10 +10,12 @@
  * (global batch 40 over 243 samples, so an epoch ends in a 3-sample batch,
  * once shorter than the number of workers), and a tiny GPT (buckets of
  * 4 KiB, so most of them start from its grad hook during backward; its 40
- * windows split unevenly over 3 workers).
+ * windows split unevenly over 3 workers); the same GPT with 4 layers for
+ * pipelines of up to 4 stages.
  *
  * Around the table: a worker that fails makes every worker stop with an
- * error naming it; linear learning-rate scaling; worker-count errors.
+ * error naming it; linear learning-rate scaling; a pipeline with gradient
+ * clipping; pipeline layouts that do not fit; worker-count errors.
  *
  * The data is a small synthetic IDX set written to a temporary directory,
  * and token files of a sequence the GPT can learn. */
@@ -77,7 +79,7 @@ static double compare(const char *a, const char *b, int *bitwise) {
 // The GPT's config (its [data] dir, from train(), goes unused). SGD, not
 // AdamW: the key bias's gradient is zero but for rounding, which AdamW
 // would normalise into full steps of noise.
-static char cfg_gpt[1024];
+static char cfg_gpt[1024], cfg_gpt4[1024];
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -115,10 +117,18 @@ static const row rows[] = {
     {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0},
     {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0},
     {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0},
+    // pipeline parallel (docs/model-parallel.md); "gpt4" is the GPT with 4 layers
+    {"pipeline", "gpt", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-4},
+    {"pipeline", "gpt", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=1f1b", "", 1e-4},
+    {"pipeline", "gpt", 4, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=3 --set parallel.schedule=1f1b", "", 1e-4},
+    {"pipeline", "gpt", 4, 1, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-4},
+    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-4},
+    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-4},
+    {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-4},
 };
 
 static const char *model_cfg(const char *model) {
-    return !strcmp(model, "mlp") ? cfg_mlp : !strcmp(model, "cnn") ? cfg_cnn : cfg_gpt;
+    return !strcmp(model, "mlp") ? cfg_mlp : !strcmp(model, "cnn") ? cfg_cnn : !strcmp(model, "gpt4") ? cfg_gpt4 : cfg_gpt;
 }
 
 // The reference run of a (model, flags) pair, made once: its run name.
@@ -201,6 +211,8 @@ int main(void) {
              "[optim]\nname = sgd\nlr = 0.1\nmomentum = 0.9\n[parallel]\nbucket_kb = 4\n[train]\nseq_len = 8\n"
              "eval_batches = 1\n",
              g_tmp, g_tmp);
+    const char *l2 = strstr(cfg_gpt, "n_layer = 2");
+    snprintf(cfg_gpt4, sizeof cfg_gpt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gpt), cfg_gpt, l2 + strlen("n_layer = 2"));
 
     // The table.
     for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++) run_row(i, &rows[i]);
@@ -215,6 +227,36 @@ int main(void) {
     int bw;
     double d = compare("gpt-lr2", "gpt-scaled", &bw);
     CHECK(d >= 0 && d < 1e-4, "gpt: lr_scaling = linear scales the rate (%.3g)", d);
+
+    // Pipeline: clipping takes the global norm over the stages.
+    train("gpt4-clip-1", cfg_gpt4, 1, "--set optim.clip_norm=0.3");
+    train("gpt4-clip-pp", cfg_gpt4, 4, "--set optim.clip_norm=0.3 --set parallel.pipeline=2 --set parallel.micro_batches=3");
+    d = compare("gpt4-clip-1", "gpt4-clip-pp", &bw);
+    CHECK(d >= 0 && d < 1e-4, "pipeline 2 x data 2 with clip_norm: max relative difference %.3g to one process", d);
+    printf("pipeline 2 x data 2, clip_norm 0.3: max rel diff %.3g to one process\n", d);
+    // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
+    const struct {
+        const char *cfg;
+        int workers;
+        const char *flags, *want;
+    } bad[] = {
+        {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
+        {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
+         "micro_batches = 1 is fewer than the pipeline's 2 stages; schedule = 1f1b"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
+         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 4"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,1,2", "gives more than 2 stages"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=4,x", "pipeline_split entry 2"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=41 --set parallel.schedule=gpipe",
+         "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2", "classifier model ([model] layer = ...) is not supported yet"},
+    };
+    for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
+        int rc = train("pp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
+        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
+              bad[i].want, g_out);
+    }
 
     // Worker count errors.
     char cmd[1024];

@@ -185,9 +185,9 @@ static void pp_fini(dt_strategy *s) {
     if (p->steps > 0 && p->replica == 0) {
         double all = p->t_compute + p->t_wait;
         dt_log(DT_LOG_INFO,
-               "pipeline stage %d of %d (rank %d, layers [%d, %d)): forward+backward %.3f s, waiting %.3f s over %lld steps: bubble %.1f%% (model (P-1)/(M+P-1) = %.1f%%); at most %d activation sets alive",
+               "pipeline stage %d of %d (rank %d, layers [%d, %d)): forward+backward %.3f s, waiting %.3f s over %lld steps: bubble %.1f%% (model (P-1)/(M+P-1) = %.1f%%); at most %d activation set%s alive",
                p->stage, p->P, s->rank, p->l0, p->l1, p->t_compute, p->t_wait, (long long)p->steps,
-               all > 0 ? 100 * p->t_wait / all : 0, 100.0 * (p->P - 1) / (p->M + p->P - 1), p->peak);
+               all > 0 ? 100 * p->t_wait / all : 0, 100.0 * (p->P - 1) / (p->M + p->P - 1), p->peak, p->peak == 1 ? "" : "s");
     }
     dt_comm_destroy(p->pp);
     free(p->slots);
