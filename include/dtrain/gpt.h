@@ -182,7 +182,8 @@ DT_API dt_gpt_acts *dt_gpt_default_acts(dt_gpt *m);
  * forward. */
 DT_API dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T);
 /* The residual stream [B,T,C] before layer l (l1: after the last layer),
- * for l0 <= l <= l1; NULL otherwise. The stage calls may use these as
+ * for l0 <= l <= l1; NULL otherwise. Where it lies depends on the current
+ * shape: ask after dt_gpt_acts_set_shape, not before. The stage calls may use these as
  * resid_in/resid_out (the whole-model calls do: no copies), or any other
  * buffers of B*T*C floats. */
 DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
