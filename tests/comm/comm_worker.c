@@ -784,8 +784,12 @@ static int mode_kill(void) {
             kill(getpid(), SIGKILL);
         }
         dt_status s = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W);
-        if (s != DT_OK) return expect_failure(s, 3, "kill");
+        if (s != DT_OK) {
+            free(buf);
+            return expect_failure(s, 3, "kill");
+        }
     }
+    free(buf);
     return 1;
 }
 
@@ -810,6 +814,7 @@ static int mode_mismatch_fast(const char *what) {
         s = dt_allreduce(buf, buf, 100, g_rank == 1 ? DT_I32 : DT_F32, DT_SUM, W);
     else
         s = dt_allreduce(buf, buf, g_rank == 1 ? 8200 : 8191, DT_F32, DT_SUM, W);
+    free(buf);
     return expect_failure(s, 4, "mismatch without check mode");
 }
 
@@ -860,7 +865,9 @@ static int mode_p2p_fail(int die) {
         fprintf(stderr, "rank %d: dt_test says done before the peer took part\n", g_rank);
         return 1;
     }
-    return expect_failure(dt_wait(&r), die ? 3 : 7, die ? "p2p peer died" : "p2p hang");
+    dt_status s = dt_wait(&r);
+    free(buf);
+    return expect_failure(s, die ? 3 : 7, die ? "p2p peer died" : "p2p hang");
 }
 
 static int mode_abort(void) {
@@ -872,7 +879,9 @@ static int mode_abort(void) {
     }
     size_t n = 1 << 20;
     float *buf = calloc(n, 4);
-    return expect_failure(dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W), 6, "abort");
+    dt_status s = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W);
+    free(buf);
+    return expect_failure(s, 6, "abort");
 }
 
 int main(int argc, char **argv) {
