@@ -672,7 +672,8 @@ dt_status dt_ckpt_list(const char *dir, char ***paths, int *n) {
         *n = 0;
         return st;
     }
-    qsort(*paths, *n, sizeof **paths, cmp_desc);
+    // An empty directory leaves *paths NULL, which qsort must not be given.
+    if (*n > 1) qsort(*paths, *n, sizeof **paths, cmp_desc);
     return DT_OK;
 }
 
