@@ -916,10 +916,16 @@ dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w) {
 
 void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause, double *total_pause,
                           double *max_write) {
+    // The writer thread may still be writing (after a failed step nobody
+    // waits for it) and updates max_write under the mutex. Locking does not
+    // change the writer's state, hence the cast of the const argument.
+    pthread_mutex_t *mu = (pthread_mutex_t *)&w->mu;
+    pthread_mutex_lock(mu);
     if (max_write) *max_write = w->max_write;
     if (saves) *saves = w->saves;
     if (max_pause) *max_pause = w->max_pause;
     if (total_pause) *total_pause = w->total_pause;
+    pthread_mutex_unlock(mu);
 }
 
 void dt_ckpt_writer_free(dt_ckpt_writer *w) {
