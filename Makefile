@@ -2,6 +2,9 @@
 #   make demo   install what is missing, build, train the Fashion-MNIST CNN on
 #               2 local workers
 #   make test   install what is missing, build, run the whole test suite
+#   make test-asan / make test-tsan   the suite under AddressSanitizer+UBSan
+#               (build-asan/) or ThreadSanitizer (build-tsan/); fails on any
+#               report (scripts/sanitize-test.sh)
 BUILD  ?= build
 PREFIX ?= /usr/local
 JOBS   ?= $(shell nproc)
@@ -10,7 +13,7 @@ ifdef CI
 CMAKE_FLAGS += -DDTRAIN_WERROR=ON
 endif
 
-.PHONY: all deps build demo test install bench fuzz clean
+.PHONY: all deps build demo test test-asan test-tsan install bench fuzz clean
 
 all: build
 
@@ -27,6 +30,12 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
+test-asan: deps
+	JOBS=$(JOBS) scripts/sanitize-test.sh asan
+
+test-tsan: deps
+	JOBS=$(JOBS) scripts/sanitize-test.sh tsan
+
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
@@ -35,4 +44,4 @@ bench: build
 	/usr/bin/python3 bench/train.py --dtrain $(BUILD)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-tsan

@@ -11,7 +11,11 @@ trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 test -f "$tmp/prefix/include/dtrain/dtrain.h"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
-cc "$src/examples/train_fashion.c" $(pkg-config --cflags --libs dtrain) \
+# In a sanitizer build (-DDTRAIN_SANITIZE) the library needs its runtime:
+# the examples are built with the same compiler and -fsanitize flag.
+cc=${DTRAIN_SANITIZE_CC:-cc}
+export CFLAGS="${DTRAIN_SANITIZE_FLAGS:-}" LDFLAGS="${DTRAIN_SANITIZE_FLAGS:-}"
+"$cc" $CFLAGS "$src/examples/train_fashion.c" $(pkg-config --cflags --libs dtrain) $LDFLAGS \
    -Wl,-rpath,"$tmp/prefix/lib" -o "$tmp/ex_pc"
 mkdir "$tmp/cm"
 cat > "$tmp/cm/CMakeLists.txt" <<CM
@@ -21,7 +25,7 @@ find_package(dtrain REQUIRED)
 add_executable(ex "$src/examples/train_fashion.c")
 target_link_libraries(ex dtrain::dtrain)
 CM
-cmake -S "$tmp/cm" -B "$tmp/cm/b" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+cmake -S "$tmp/cm" -B "$tmp/cm/b" -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/cm/b" >/dev/null
 for ex in "$tmp/ex_pc" "$tmp/cm/b/ex"; do
     out=$("$ex" "$src/configs/fashion-mlp.ini" train.max_steps=3 train.threads=1)

@@ -922,7 +922,8 @@ dt_status dt_ckpt_list(const char *dir, char ***paths, int *n) {
         *n = 0;
         return st;
     }
-    qsort(*paths, *n, sizeof **paths, cmp_desc);
+    // An empty directory leaves *paths NULL, which qsort must not be given.
+    if (*n > 1) qsort(*paths, *n, sizeof **paths, cmp_desc);
     return DT_OK;
 }
 
@@ -1179,10 +1180,16 @@ dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w) {
 
 void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause, double *total_pause,
                           double *max_write) {
+    // The writer thread may still be writing (after a failed step nobody
+    // waits for it) and updates max_write under the mutex. Locking does not
+    // change the writer's state, hence the cast of the const argument.
+    pthread_mutex_t *mu = (pthread_mutex_t *)&w->mu;
+    pthread_mutex_lock(mu);
     if (max_write) *max_write = w->max_write;
     if (saves) *saves = w->saves;
     if (max_pause) *max_pause = w->max_pause;
     if (total_pause) *total_pause = w->total_pause;
+    pthread_mutex_unlock(mu);
 }
 
 void dt_ckpt_writer_free(dt_ckpt_writer *w) {

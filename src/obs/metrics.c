@@ -374,7 +374,9 @@ static int rank0_step(dt_obs *o, int64_t step, double now) {
         for (int k = 0; k < NWORK; k++) busy[r] += work[r * NWORK + k] = v[work_phases[k]];
         if (busy[r] > worst) worst = busy[r], slowest = r;
     }
+    pthread_mutex_lock(&o->mu);  // the metrics endpoint reads the flags
     int n = dt_straggler_update(o->strag, busy, work, NWORK, o->reports);
+    pthread_mutex_unlock(&o->mu);
     for (int i = 0; i < n; i++) {
         const dt_straggler_report *s = &o->reports[i];
         const char *ph = phase_names[work_phases[s->phase]];
@@ -407,16 +409,21 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     double busy = cs.busy_seconds - o->cs.busy_seconds, exposed = o->acc[DT_OBS_COMM];
     o->win_samples += s->samples;
     o->win_tokens += s->tokens;
-    if (now - o->win_t >= 0.5 || o->rate == 0) {
+    // rate and trate are read by the metrics endpoint's thread: written
+    // under the mutex (this thread alone writes them, so reads here need none).
+    double rate = o->rate, trate = o->trate;
+    if (now - o->win_t >= 0.5 || rate == 0) {
         double dt = now - o->win_t > 1e-9 ? now - o->win_t : 1e-9;
-        o->rate = o->win_samples / dt;
-        o->trate = o->win_tokens / dt;
+        rate = o->win_samples / dt;
+        trate = o->win_tokens / dt;
         o->win_t = now;
         o->win_samples = o->win_tokens = 0;
     }
-    double eta = o->rate > 0 ? (double)(s->total_steps - s->step) * s->samples / o->rate : 0;
+    double eta = rate > 0 ? (double)(s->total_steps - s->step) * s->samples / rate : 0;
     int slowest = o->rank == 0 ? rank0_step(o, s->step, now) : 0;
     pthread_mutex_lock(&o->mu);
+    o->rate = rate;
+    o->trate = trate;
     o->last = *s;
     o->eta = eta;
     o->samples_total += s->samples;

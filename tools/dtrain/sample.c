@@ -89,6 +89,7 @@ int cmd_sample(int argc, char **argv) {
     if (dt_check_memory(&c, DT_MEM_SAMPLE, 1, 0, NULL) != DT_OK || dt_gpt_create(&m, &gc, 1, T) != DT_OK ||
         dt_gpt_load(m, ckpt) != DT_OK) {
         cli_error("%s", dt_last_error());
+        dt_gpt_free(m);  // NULL if create failed
         return EXIT_RUNTIME;
     }
     size_t total = plen + (size_t)n;
