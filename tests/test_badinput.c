@@ -848,6 +848,7 @@ static void test_number_config(void) {
     number_field("optim", "lr", "0");                   // float, positive
     number_field("checkpoint", "every_seconds", NULL);  // float from 0
     number_field("obs", "metrics_port", "65536");       // int, upper bound
+    number_field("parallel", "zero", "4");              // a stage out of range
     // Layer parameters and [model] input, in files.
     const char *layers[] = {"linear out=%s", "dropout p=%s", "conv2d out=3 kernel=%s", "layernorm eps=%s"};
     for (int l = 0; l < 4; l++)
@@ -901,6 +902,8 @@ static const struct {
     {"train configs/fashion-mlp.ini", "--workers", "%s", 1, "0", "2"},
     {"train configs/fashion-mlp.ini", "--workers", "%s:4", 1, "0", "1:4"},
     {"train configs/fashion-mlp.ini", "--workers", "1:%s", 1, "0", "2:2"},
+    {"train configs/fashion-mlp.ini", "--zero", "%s", 1, "-1", "2"},
+    {"train configs/fashion-mlp.ini", "--zero", "%s", 1, "4", "1"},
     {"run", "-n", "%s", 1, "0", "2"},
     {"run", "--nranks", "%s", 1, "0", "4096"},
     {"run", "--timeout", "%s", 0, "0", "0.5"},

@@ -68,7 +68,7 @@ static int train(const char *name, const char *cfg, int N, const char *extra) {
 }
 
 static double compare(const char *a, const char *b, int *bitwise) {
-    char pa[1400], pb[1400];
+    char pa[4500], pb[4500];
     snprintf(pa, sizeof pa, "%s/%s/model.safetensors", g_tmp, a);
     snprintf(pb, sizeof pb, "%s/%s/model.safetensors", g_tmp, b);
     return tl_weights_diff(pa, pb, bitwise);
@@ -87,55 +87,84 @@ typedef struct {
     const char *flags;    // the row's run
     const char *ref;      // the 1-process reference run
     double tol;           // 0: bitwise
+    int ref_workers;      // the reference's workers (0: one process)
 } row;
 
 static const row rows[] = {
-    {"dp", "mlp", 2, 0, "", "", 1e-4},
-    {"dp", "mlp", 3, 0, "", "", 1e-4},
-    {"dp", "mlp", 4, 0, "", "", 1e-4},
-    {"dp", "cnn", 2, 0, "", "", 1e-4},
-    {"dp", "cnn", 3, 0, "", "", 1e-4},
-    {"dp", "cnn", 4, 0, "", "", 1e-4},
-    {"dp", "mlp", 1, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 2, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 3, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 4, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 3, 1, "", "", 1e-4},
-    {"dp-deterministic", "cnn", 1, 0, "--deterministic", "", 1e-3},
-    {"dp-deterministic", "cnn", 2, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "cnn", 3, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "cnn", 4, 0, "--deterministic", "--deterministic", 0},
-    {"dp", "gpt", 2, 0, "", "", 1e-4},
-    {"dp", "gpt", 3, 0, "", "", 1e-4},
-    {"dp", "gpt", 4, 0, "", "", 1e-4},
-    {"dp", "gpt", 3, 1, "", "", 1e-4},
-    {"dp", "gpt", 1, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "gpt", 3, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3},
-    {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0},
+    {"dp", "mlp", 2, 0, "", "", 1e-4, 0},
+    {"dp", "mlp", 3, 0, "", "", 1e-4, 0},
+    {"dp", "mlp", 4, 0, "", "", 1e-4, 0},
+    {"dp", "cnn", 2, 0, "", "", 1e-4, 0},
+    {"dp", "cnn", 3, 0, "", "", 1e-4, 0},
+    {"dp", "cnn", 4, 0, "", "", 1e-4, 0},
+    {"dp", "mlp", 1, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 2, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 3, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 4, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 3, 1, "", "", 1e-4, 0},
+    {"dp-deterministic", "cnn", 1, 0, "--deterministic", "", 1e-3, 0},
+    {"dp-deterministic", "cnn", 2, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "cnn", 3, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "cnn", 4, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp", "gpt", 2, 0, "", "", 1e-4, 0},
+    {"dp", "gpt", 3, 0, "", "", 1e-4, 0},
+    {"dp", "gpt", 4, 0, "", "", 1e-4, 0},
+    {"dp", "gpt", 3, 1, "", "", 1e-4, 0},
+    {"dp", "gpt", 1, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "gpt", 3, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3, 0},
+    {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0, 0},
+    // ZeRO against plain data parallel on as many workers, and its
+    // deterministic mode against one deterministic process, bitwise.
+    {"zero", "mlp", 2, 0, "--zero 1", "", 1e-6, 2},
+    {"zero", "mlp", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "mlp", 4, 0, "--zero 2", "", 1e-6, 4},
+    {"zero", "mlp", 3, 0, "--zero 2 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
+    {"zero", "cnn", 2, 0, "--zero 2", "", 1e-6, 2},
+    {"zero", "cnn", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "cnn", 4, 0, "--zero 2 --set optim.clip_norm=0.5 --set schedule.name=cosine",
+     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 4},
+    {"zero", "gpt", 2, 0, "--zero 2", "", 1e-6, 2},
+    {"zero", "gpt", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "gpt", 4, 0, "--zero 2 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 4},
+    {"zero", "gpt", 3, 1, "--zero 2", "", 1e-4, 0},
+    {"zero", "mlp", 1, 0, "--zero 2", "", 0, 0},
+    {"zero-deterministic", "mlp", 3, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
+    {"zero-deterministic", "cnn", 2, 0, "--deterministic --zero 1", "--deterministic", 0, 0},
+    {"zero-deterministic", "cnn", 4, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
+    {"zero-deterministic", "gpt", 2, 0, "--deterministic --zero 1", "--deterministic", 0, 0},
+    {"zero-deterministic", "gpt", 3, 0, "--deterministic --zero 2 --set optim.clip_norm=0.1",
+     "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    {"zero-deterministic", "gpt", 4, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
 };
 
 static const char *model_cfg(const char *model) {
     return !strcmp(model, "mlp") ? cfg_mlp : !strcmp(model, "cnn") ? cfg_cnn : cfg_gpt;
 }
 
-// The reference run of a (model, flags) pair, made once: its run name.
-static const char *reference(const char *model, const char *flags) {
-    static char names[16][64];
+// The reference run of a (model, flags, workers) triple, made once: its run
+// name (the flags spelled with their letters and digits only).
+static const char *reference(const char *model, const char *flags, int workers) {
+    static char names[32][128];
     static int n;
-    char name[64];
-    snprintf(name, sizeof name, "%s-ref-%s", model, *flags ? "det" : "plain");
+    char name[128], spell[64] = "plain";
+    size_t k = 0;
+    for (const char *f = flags; *f && k + 1 < sizeof spell; f++)
+        if ((*f >= 'a' && *f <= 'z') || (*f >= '0' && *f <= '9')) spell[k++] = *f;
+    if (k) spell[k] = 0;
+    snprintf(name, sizeof name, "%s-ref-%s-w%d", model, spell, workers);
     for (int i = 0; i < n; i++)
         if (!strcmp(names[i], name)) return names[i];
-    if (train(name, model_cfg(model), 1, flags) != 0) return NULL;
+    if (n == 32 || train(name, model_cfg(model), workers, flags) != 0) return NULL;
     snprintf(names[n], sizeof names[n], "%s", name);
     return names[n++];
 }
 
 static void run_row(int i, const row *r) {
-    const char *ref = reference(r->model, r->ref);
+    int refw = r->ref_workers ? r->ref_workers : 1;
+    const char *ref = reference(r->model, r->ref, refw);
     if (!ref) {
         CHECK(0, "row %d (%s, %s): the 1-process reference run failed", i, r->strategy, r->model);
         return;
@@ -149,7 +178,7 @@ static void run_row(int i, const row *r) {
             return;
         }
         // The reference's config, one worker per MPI rank.
-        char cmd[4096];
+        char cmd[9000];
         snprintf(cmd, sizeof cmd,
                  "mpirun --allow-run-as-root --oversubscribe -np %d %s train %s/%s.ini --quiet --run-dir %s/%s %s",
                  r->workers, tl_dtrain(), g_tmp, ref, g_tmp, name, r->flags);
@@ -163,14 +192,14 @@ static void run_row(int i, const row *r) {
     int bw;
     double d = compare(ref, name, &bw);
     if (r->tol == 0)
-        CHECK(bw, "row %d (%s, %s, %d workers): not bitwise equal to one process (max rel diff %.3g)", i,
-              r->strategy, r->model, r->workers, d);
+        CHECK(bw, "row %d (%s, %s, %d workers %s): not bitwise equal to %d process(es) (max rel diff %.3g)", i,
+              r->strategy, r->model, r->workers, r->flags, refw, d);
     else
-        CHECK(d >= 0 && d <= r->tol, "row %d (%s, %s, %d workers%s %s): max relative difference %.3g to one process (tolerance %.1g)",
-              i, r->strategy, r->model, r->workers, r->mpi ? " under mpirun" : "", r->flags, d, r->tol);
-    printf("%-17s %-3s %d worker%s%-13s %-26s vs 1 process %-14s: %s (max rel diff %.3g)\n", r->strategy, r->model,
-           r->workers, r->workers > 1 ? "s" : " ", r->mpi ? " (mpirun)" : "", r->flags, *r->ref ? r->ref : "(plain)",
-           bw ? "bitwise" : "within tolerance", d);
+        CHECK(d >= 0 && d <= r->tol, "row %d (%s, %s, %d workers%s %s): max relative difference %.3g to %d process(es) (tolerance %.1g)",
+              i, r->strategy, r->model, r->workers, r->mpi ? " under mpirun" : "", r->flags, d, refw, r->tol);
+    printf("%-18s %-3s %d worker%s%-10s %-40s vs %d process%s %-28s: %s (max rel diff %.3g)\n", r->strategy, r->model,
+           r->workers, r->workers > 1 ? "s" : " ", r->mpi ? " (mpirun)" : "", r->flags, refw, refw > 1 ? "es" : "  ",
+           *r->ref ? r->ref : "(plain)", bw ? "bitwise" : "within tolerance", d);
 }
 
 // Rank 2 of 3 fails at step 7: everyone stops, named in the error, no hang.

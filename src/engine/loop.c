@@ -195,7 +195,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             dt_obs_end(obs, DT_OBS_DATA);
             if (st != DT_OK) goto done;
             if (!more) break;
-            tops->zero_grad(task);
+            if (!strat->grads_zero) tops->zero_grad(task);
             double lsum;
             dt_control ctl;
             float lr, gnorm;

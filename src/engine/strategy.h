@@ -93,6 +93,7 @@ struct dt_strategy {
     int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
     int global;                /* samples in this step's global batch */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
+    int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
@@ -131,8 +132,20 @@ int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global);
 dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
+/* The norm of a gradient block of which each rank holds only its slice
+ * [lo, hi) (dt_shard_range): bitwise the value dt_sum_squares would give
+ * over the whole block, for any number of ranks (its fixed blocks are
+ * summed in the same order; a block cut by a slice boundary passes its
+ * partial sum to the next rank). A collective: every rank calls it. */
+dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm);
+/* Deterministic mode's fixed point: acc[i] += round(g[i] * 2^32) (clamped),
+ * and back, g[i] = acc[i] / 2^32. Integer sums do not depend on their order. */
+void dt_fixed_accumulate(int64_t *acc, const float *g, size_t n);
+void dt_fixed_to_float(float *g, const int64_t *acc, size_t n);
 
 extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
 extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
+extern const dt_strategy_ops dt_strategy_zero;             /* engine/zero.c */
+extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/zero.c */
 
 #endif
