@@ -226,6 +226,19 @@ static void memory_limit(void) {
     double loss = at ? atof(at + 19) : 99;
     CHECK(loss < 3.3, "zero = 2: the loss falls from ln 32 = 3.47 to %.3f", loss);
     printf("memory limit: zero = 0 refused, zero = 2 on 4 workers trains (loss 3.47 -> %.3f)\n", loss);
+    // Measured: rank 0's peak resident memory at zero = 0 and 2 (no limit).
+    rc = train("mem0", cfg, 4, "--set train.max_steps=8");
+    snprintf(cmd, sizeof cmd, "%s/mem0/summary.json", g_tmp);
+    char *sum0 = tl_read_file(cmd, NULL);
+    const char *p0 = sum0 ? strstr(sum0, "\"peak_rss_bytes\":") : NULL, *p2 = sum ? strstr(sum, "\"peak_rss_bytes\":") : NULL;
+    const char *m0 = sum0 ? strstr(sum0, "\"model_state_bytes\":") : NULL, *m2 = sum ? strstr(sum, "\"model_state_bytes\":") : NULL;
+    double r0 = p0 ? atof(p0 + 17) : 0, r2 = p2 ? atof(p2 + 17) : 0, s0 = m0 ? atof(m0 + 20) : 0, s2 = m2 ? atof(m2 + 20) : 0;
+    CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.5 * (s0 - s2),
+          "peak RSS at zero = 0: %.1f MB, at zero = 2: %.1f MB; the model state by the formula: %.1f and %.1f MB", r0 / 1e6,
+          r2 / 1e6, s0 / 1e6, s2 / 1e6);
+    printf("rank 0 on 4 workers, peak RSS / model state: zero 0 %.1f / %.1f MB, zero 2 %.1f / %.1f MB\n", r0 / 1e6,
+           s0 / 1e6, r2 / 1e6, s2 / 1e6);
+    free(sum0);
     free(sum);
 }
 

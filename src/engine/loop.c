@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 // The model tables, in one place: the first that wants the config.
 static const dt_task_ops *const tasks[] = {&dt_task_gpt, &dt_task_classifier};
@@ -51,6 +52,19 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     tops->summary(task, o, r);
     dt_json_add_parallel(o, r);
+    // Rank 0's bytes by kind at its ZeRO stage (docs/zero.md), beside its
+    // peak resident memory.
+    dt_memory_kinds k;
+    size_t state = dt_memory_model_state(c, DT_MEM_TRAIN, nparams, c->zero, r->workers, &k);
+    struct rusage ru;
+    cJSON *m = cJSON_AddObjectToObject(o, "memory");
+    cJSON_AddNumberToObject(m, "zero", c->zero);
+    cJSON_AddNumberToObject(m, "weights_bytes", (double)k.weights);
+    cJSON_AddNumberToObject(m, "gradients_bytes", (double)k.gradients);
+    cJSON_AddNumberToObject(m, "optimizer_state_bytes", (double)k.optimizer);
+    cJSON_AddNumberToObject(m, "comm_buffer_bytes", (double)k.comm);
+    cJSON_AddNumberToObject(m, "model_state_bytes", (double)state);
+    cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
     return dt_json_write(path, o);
 }
 
