@@ -12,8 +12,14 @@
  * 4 KiB, so most of them start from its grad hook during backward; its 40
  * windows split unevenly over 3 workers).
  *
- * Around the table: a worker that fails makes every worker stop with an
- * error naming it; linear learning-rate scaling; worker-count errors.
+ * ZeRO rows (--zero 1|2) compare with plain data parallel on as many
+ * workers (ref_workers), bitwise, and deterministic ZeRO with one
+ * deterministic process, bitwise.
+ *
+ * Around the table: --memory-limit refuses a GPT at zero = 0 naming the
+ * stage that fits and trains it at zero = 2, whose measured peak RSS is
+ * lower; a worker that fails makes every worker stop with an error naming
+ * it; linear learning-rate scaling; worker-count errors.
  *
  * The data is a small synthetic IDX set written to a temporary directory,
  * and token files of a sequence the GPT can learn. */
@@ -233,7 +239,7 @@ static void memory_limit(void) {
     const char *p0 = sum0 ? strstr(sum0, "\"peak_rss_bytes\":") : NULL, *p2 = sum ? strstr(sum, "\"peak_rss_bytes\":") : NULL;
     const char *m0 = sum0 ? strstr(sum0, "\"model_state_bytes\":") : NULL, *m2 = sum ? strstr(sum, "\"model_state_bytes\":") : NULL;
     double r0 = p0 ? atof(p0 + 17) : 0, r2 = p2 ? atof(p2 + 17) : 0, s0 = m0 ? atof(m0 + 20) : 0, s2 = m2 ? atof(m2 + 20) : 0;
-    CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.5 * (s0 - s2),
+    CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.6 * (s0 - s2),
           "peak RSS at zero = 0: %.1f MB, at zero = 2: %.1f MB; the model state by the formula: %.1f and %.1f MB", r0 / 1e6,
           r2 / 1e6, s0 / 1e6, s2 / 1e6);
     printf("rank 0 on 4 workers, peak RSS / model state: zero 0 %.1f / %.1f MB, zero 2 %.1f / %.1f MB\n", r0 / 1e6,

@@ -117,14 +117,19 @@ static void reduce_order(zero *z, size_t a, size_t b) {
     }
 }
 
-// Completes the reductions that are done (all of them if wait), releasing
-// at stage 2 the parts this rank does not own.
+// Completes the reductions that are done (all of them if wait; at stage 2
+// also the oldest while more than two buckets are in flight, which bounds
+// the gradient a rank holds), releasing at stage 2 the parts this rank does
+// not own.
 static void settle(zero *z, int wait) {
     dt_strategy *s = &z->base;
+    size_t flight = 0;
+    for (int i = z->settled; i < z->np; i++) flight += z->p[i].hi - z->p[i].lo;
     while (z->settled < z->np) {
         piece *p = &z->p[z->settled];
-        int fin = 1;
-        dt_status st = wait ? dt_wait(&p->req) : dt_test(&p->req, &fin);
+        int fin = 1, must = wait || (z->stage >= 2 && flight > 2 * z->bucket);
+        dt_status st = must ? dt_wait(&p->req) : dt_test(&p->req, &fin);
+        flight -= fin ? p->hi - p->lo : 0;
         if (st != DT_OK) fail(z, st);
         if (!fin) break;
         p->req = NULL;
