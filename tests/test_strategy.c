@@ -232,6 +232,20 @@ static void memory_limit(void) {
     double loss = at ? atof(at + 19) : 99;
     CHECK(loss < 3.3, "zero = 2: the loss falls from ln 32 = 3.47 to %.3f", loss);
     printf("memory limit: zero = 0 refused, zero = 2 on 4 workers trains (loss 3.47 -> %.3f)\n", loss);
+    // Every rank's metrics carry its bytes by kind: rank 3's add up to the
+    // model state of summary.json.
+    snprintf(cmd, sizeof cmd, "%s/mem2/metrics/rank-00003.jsonl", g_tmp);
+    char *log3 = tl_read_file(cmd, NULL), *last = log3 ? strstr(log3, "\"memory_bytes\":") : NULL;
+    for (char *q = last; q; q = strstr(q + 1, "\"memory_bytes\":")) last = q;
+    double kinds = 0;
+    const char *names[] = {"\"weights\":", "\"gradients\":", "\"optimizer_state\":", "\"comm_buffers\":"};
+    for (int k = 0; k < 4 && last; k++) {
+        const char *v = strstr(last, names[k]);
+        kinds += v ? atof(v + strlen(names[k])) : -1e30;
+    }
+    const char *ms = sum ? strstr(sum, "\"model_state_bytes\":") : NULL;
+    CHECK(ms && kinds == atof(ms + 20), "rank 3's bytes by kind in its metrics (%.0f) = summary.json's model state", kinds);
+    free(log3);
     // Measured: rank 0's peak resident memory at zero = 0 and 2 (no limit).
     rc = train("mem0", cfg, 4, "--set train.max_steps=8");
     snprintf(cmd, sizeof cmd, "%s/mem0/summary.json", g_tmp);

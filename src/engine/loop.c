@@ -160,6 +160,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     }
     dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
+    dt_memory_kinds mk;
+    dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
+    dt_obs_set_memory(obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients, (double)mk.optimizer,
+                                                      (double)mk.comm});
     if (sops->params_needed) {
         if (!tops->set_layer_hook) {
             st = dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no layers to hook",
