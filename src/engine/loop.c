@@ -158,7 +158,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
     }
-    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs};
+    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
@@ -241,7 +241,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 if (info.has_eval) {
                     float tl, ta;
                     dt_obs_begin(obs, DT_OBS_EVAL);
-                    st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
+                    st = dt_strategy_params_whole(strat, 1);
+                    if (st == DT_OK) st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
+                    if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
                     dt_obs_end(obs, DT_OBS_EVAL);
                     if (st != DT_OK) goto done;
                     res->test_loss = tl;
@@ -265,7 +267,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         run_dir = NULL;
     } else if (!evaluated && info.has_eval) {  // resumed from the run's last checkpoint
         dt_obs_begin(obs, DT_OBS_EVAL);
-        st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
+        st = dt_strategy_params_whole(strat, 1);
+        if (st == DT_OK) st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
         dt_obs_end(obs, DT_OBS_EVAL);
         if (st != DT_OK) goto done;
     }
@@ -275,6 +278,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
+    if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

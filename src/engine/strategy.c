@@ -7,6 +7,7 @@
 
 // The one registry: the first strategy that wants the config runs it.
 static const dt_strategy_ops *const strategies[] = {
+    &dt_strategy_zero3,
     &dt_strategy_zero_deterministic,
     &dt_strategy_zero,
     &dt_strategy_dp_deterministic,
@@ -33,6 +34,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->n = a->n;
     s->order = a->order;
     s->norder = a->norder;
+    s->order_layer = a->order_layer;
     s->obs = a->obs;
     s->lo = 0;
     s->hi = a->n;
@@ -66,8 +68,8 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
     for (int j = 0; j < 2; j++) m->states[j] = j < m->nstates ? dt_optim_state(s->opt, j) : NULL;
     m->opt_step = dt_optim_step_count(s->opt);
     m->optimizer = dt_optim_kind_name(s->c->optim.kind);
-    m->params_lo = 0;
-    m->params_hi = s->n;
+    m->params_lo = s->params_sliced ? s->lo : 0;
+    m->params_hi = s->params_sliced ? s->hi : s->n;
     m->states_lo = s->lo;
     m->states_hi = s->hi;
 }

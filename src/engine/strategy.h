@@ -50,6 +50,7 @@ typedef struct {
     const dt_grad_range *order;
     int norder;
     dt_obs *obs;                 /* may be NULL */
+    const int *order_layer;      /* the layer using each range of the order (NULL: none) */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -75,6 +76,10 @@ typedef struct dt_strategy_ops {
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
+    /* whole = 1: every rank holds the whole parameter block until whole = 0
+     * (evaluation, the final weights file); a collective. NULL: it always
+     * does. */
+    dt_status (*params_whole)(dt_strategy *s, int whole);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -87,6 +92,7 @@ struct dt_strategy {
     size_t n;
     const dt_grad_range *order;
     int norder;
+    const int *order_layer;
     dt_obs *obs;
     dt_optim *opt;             /* over the slice [lo, hi) */
     size_t lo, hi;             /* the slice of the state this rank updates */
@@ -94,6 +100,7 @@ struct dt_strategy {
     int global;                /* samples in this step's global batch */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
+    int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
@@ -117,6 +124,9 @@ static inline dt_status dt_strategy_sync(dt_strategy *s) { return s->ops->sync(s
 static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { return s->ops->grad_norm(s, norm); }
 static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
     return s->ops->update(s, lr, scale);
+}
+static inline dt_status dt_strategy_params_whole(dt_strategy *s, int whole) {
+    return s->ops->params_whole ? s->ops->params_whole(s, whole) : DT_OK;
 }
 
 /* The checkpoint view of what this rank holds: the parameter block and
@@ -147,5 +157,6 @@ extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
 extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
 extern const dt_strategy_ops dt_strategy_zero;             /* engine/zero.c */
 extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/zero.c */
+extern const dt_strategy_ops dt_strategy_zero3;            /* engine/zero.c */
 
 #endif

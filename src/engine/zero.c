@@ -52,6 +52,14 @@ typedef struct {
     int np, cap, settled;  // p[0, settled) are complete
     size_t *counts, *displs;  // every rank's slice, for the allgather
     int64_t *acc;          // deterministic: fixed-point sums of the block
+    // stage 3: blocks 0..L-1 (the ranges of the order whose layer is one of
+    // them) are gathered on demand; the rest (embedding, head) at the first
+    // forward after an update.
+    int L;                 // blocks (the head's layer number)
+    dt_request_t *rq;      // one gather per range of the order
+    char *held;            // per block: 0 released, 1 gather in flight, 2 held
+    int persist_ok;        // the ranges outside the blocks are whole
+    int all_held;          // params_whole(1): everything is whole
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
@@ -138,6 +146,127 @@ static void settle(zero *z, int wait) {
     }
 }
 
+// ---- stage 3 --------------------------------------------------------------
+
+static const dt_grad_range *order_of(const zero *z, int *no) {
+    *no = z->base.order ? z->base.norder : 1;
+    return z->base.order ? z->base.order : &z->whole;
+}
+
+// Gathers block elements [a, b) from their owners, in place.
+static dt_status gather_range(zero *z, size_t a, size_t b, dt_request_t *req) {
+    dt_strategy *s = &z->base;
+    int W = s->world;
+    size_t cnt[2 * W], *dsp = cnt + W;
+    for (int r = 0; r < W; r++) {
+        size_t x = z->displs[r], y = x + z->counts[r];
+        x = x < a ? a : x > b ? b : x;
+        y = y < a ? a : y > b ? b : y;
+        cnt[r] = y - x;
+        dsp[r] = x - a;
+    }
+    float *base = s->params + a;
+    dt_status st = req ? dt_iallgatherv(base + dsp[s->rank], cnt[s->rank], base, cnt, dsp, DT_F32, s->comm, req)
+                       : dt_allgatherv(base + dsp[s->rank], cnt[s->rank], base, cnt, dsp, DT_F32, s->comm);
+    return st != DT_OK ? dt_error(st, "parameter gather: %s", dt_last_error()) : DT_OK;
+}
+
+static int in_block(const zero *z, int i, int l) {
+    int ly = z->base.order_layer[i];
+    return l < 0 ? ly < 0 || ly >= z->L : ly == l;
+}
+
+static dt_status gather_block(zero *z, int l) {
+    if (l < 0 || l >= z->L || z->held[l]) return DT_OK;
+    int no;
+    const dt_grad_range *o = order_of(z, &no);
+    for (int i = 0; i < no; i++)
+        if (in_block(z, i, l)) {
+            dt_status st = gather_range(z, o[i].offset, o[i].offset + o[i].len, &z->rq[i]);
+            if (st != DT_OK) return st;
+        }
+    z->held[l] = 1;
+    return DT_OK;
+}
+
+static dt_status wait_block(zero *z, int l) {
+    dt_status st = gather_block(z, l);
+    if (st != DT_OK || l < 0 || l >= z->L || z->held[l] == 2) return st;
+    int no;
+    order_of(z, &no);
+    for (int i = 0; i < no; i++)
+        if (z->rq[i] && in_block(z, i, l) && (st = dt_wait(&z->rq[i])) != DT_OK)
+            return dt_error(st, "parameter gather: %s", dt_last_error());
+    z->held[l] = 2;
+    return DT_OK;
+}
+
+// Gives back the parts of block l (l < 0: of every block) this rank does
+// not own.
+static dt_status drop_block(zero *z, int l) {
+    dt_strategy *s = &z->base;
+    for (int b = l < 0 ? 0 : l; b < (l < 0 ? z->L : l + 1); b++) {
+        if (b >= z->L) break;
+        dt_status st = wait_block(z, b);
+        if (st != DT_OK) return st;
+        int no;
+        const dt_grad_range *o = order_of(z, &no);
+        for (int i = 0; i < no; i++)
+            if (in_block(z, i, b)) {
+                size_t a = o[i].offset, e = a + o[i].len;
+                release(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
+                release(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
+            }
+        z->held[b] = 0;
+    }
+    return DT_OK;
+}
+
+// Before block `layer`'s forward: it is waited for, the next one's gather
+// starts (prefetch), the one before is released (the last block stays for
+// backward). Backward: the same downwards.
+static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
+    zero *z = (zero *)s;
+    if (s->world == 1 || z->all_held) return DT_OK;
+    dt_status st = DT_OK;
+    if (phase == 0 && layer < 0) {
+        if (!z->persist_ok) {
+            int no;
+            const dt_grad_range *o = order_of(z, &no);
+            for (int i = 0; i < no && st == DT_OK; i++)
+                if (in_block(z, i, -1)) st = gather_range(z, o[i].offset, o[i].offset + o[i].len, NULL);
+            z->persist_ok = st == DT_OK;
+        }
+        if (st == DT_OK) st = gather_block(z, 0);
+    } else if (layer >= 0 && layer < z->L) {
+        int next = phase == 0 ? layer + 1 : layer - 1, prev = phase == 0 ? layer - 1 : layer + 1;
+        st = wait_block(z, layer);
+        if (st == DT_OK) st = gather_block(z, next);
+        if (st == DT_OK && prev >= 0 && prev < z->L) st = drop_block(z, prev);
+    } else if (phase == 1 && layer < 0) {
+        st = drop_block(z, 0);
+    }
+    return st;
+}
+
+static dt_status zero_params_whole(dt_strategy *s, int whole) {
+    zero *z = (zero *)s;
+    if (s->world == 1 || whole == z->all_held) return DT_OK;
+    dt_status st = DT_OK;
+    for (int l = 0; l < z->L && st == DT_OK; l++)
+        if (z->held[l] == 1) st = wait_block(z, l);
+    if (st != DT_OK) return st;
+    if (whole) {
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
+        if (st != DT_OK) return dt_error(st, "parameter allgather: %s", dt_last_error());
+        z->persist_ok = 1;
+    } else {
+        st = drop_block(z, -1);
+    }
+    z->all_held = whole;
+    return st;
+}
+
 static dt_status zero_init(dt_strategy *s) {
     zero *z = (zero *)s;
     z->stage = s->c->zero;
@@ -164,6 +293,20 @@ static dt_status zero_init(dt_strategy *s) {
         z->displs[r] = a;
         z->counts[r] = b - a;
     }
+    if (z->stage >= 3) {
+        if (!s->order_layer) return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3: the model has no layers to gather");
+        for (int i = 0; i < no; i++)
+            if (s->order_layer[i] > z->L) z->L = s->order_layer[i];
+        z->rq = calloc((size_t)no, sizeof *z->rq);
+        z->held = calloc((size_t)(z->L ? z->L : 1), 1);
+        if (!z->rq || !z->held) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
+        if (W > 1) {
+            s->params_sliced = 1;
+            for (int l = 0; l < z->L; l++) z->held[l] = 2;
+            dt_status st = drop_block(z, -1);  // and the rest is gathered before the first forward
+            if (st != DT_OK) return st;
+        }
+    }
     if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
     if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
         release(s->grads, 0, s->lo);
@@ -176,6 +319,13 @@ static dt_status zero_init(dt_strategy *s) {
 static void zero_fini(dt_strategy *s) {
     zero *z = (zero *)s;
     settle(z, 1);
+    if (z->rq) {
+        int no;
+        order_of(z, &no);
+        for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
+    }
+    free(z->rq);
+    free(z->held);
     free(z->opos);
     free(z->p);
     free(z->counts);
@@ -248,7 +398,8 @@ static dt_status zero_sync(dt_strategy *s) {
 static dt_status zero_update(dt_strategy *s, float lr, float scale) {
     zero *z = (zero *)s;
     dt_status st = dt_strategy_update_slice(s, lr, scale);
-    if (st == DT_OK && s->world > 1) {
+    z->persist_ok = 0;
+    if (st == DT_OK && s->world > 1 && z->stage < 3) {
         st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
         if (st != DT_OK) st = dt_error(st, "parameter allgather: %s", dt_last_error());
     }
@@ -256,12 +407,14 @@ static dt_status zero_update(dt_strategy *s, float lr, float scale) {
     return st;
 }
 
-static int zero_wants(const dt_config *c) { return c->zero > 0 && !c->deterministic; }
-static int zero_det_wants(const dt_config *c) { return c->zero > 0 && c->deterministic; }
+static int zero_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && !c->deterministic; }
+static int zero_det_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && c->deterministic; }
+static int zero3_wants(const dt_config *c) { return c->zero == 3; }
 
 static dt_status zero_check(const dt_config *c, int W) {
-    if (c->zero > 2)
-        return dt_error(DT_ERR_CONFIG, "[parallel] zero = %d: stage 3 is not available yet (expected 0, 1 or 2)", c->zero);
+    if (c->zero == 3 && !c->gpt)
+        return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3 gathers parameters layer by layer: only the GPT has layer "
+                                       "hooks so far (expected zero = 0, 1 or 2 for this model)");
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
 }
 
@@ -297,4 +450,24 @@ const dt_strategy_ops dt_strategy_zero_deterministic = {
     .sync = zero_sync,
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
+};
+
+// Stage 3, plain or deterministic (the micro-batches and sums as above).
+
+const dt_strategy_ops dt_strategy_zero3 = {
+    .name = "zero-3",
+    .size = sizeof(zero),
+    .wants = zero3_wants,
+    .check = zero_check,
+    .max_micro = zero_max_micro,
+    .init = zero_init,
+    .fini = zero_fini,
+    .plan = zero_plan,
+    .grad_hook = zero_grad_hook,
+    .params_needed = zero_params_needed,
+    .micro_end = zero_micro_end,
+    .sync = zero_sync,
+    .grad_norm = dt_strategy_norm_sharded,
+    .update = zero_update,
+    .params_whole = zero_params_whole,
 };
