@@ -605,8 +605,6 @@ static void test_cli(void) {
     cli(2, args, "--workers 5", "micro_shards (12)");
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2:5 --deterministic --run-dir %s", wdir);
     cli(2, args, "--workers 5", "micro_shards (12)");
-    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --zero 3 --run-dir %s", wdir);
-    cli(2, args, "[parallel] zero = 3", "only the GPT has layer hooks");
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 8 --set train.batch=4 --run-dir %s", wdir);
     cli(2, args, "--workers 8", "batch 4");
     snprintf(cmd, sizeof cmd, "test -e %s", wdir);

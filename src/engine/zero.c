@@ -60,6 +60,8 @@ typedef struct {
     char *held;            // per block: 0 released, 1 gather in flight, 2 held
     int persist_ok;        // the ranges outside the blocks are whole
     int all_held;          // params_whole(1): everything is whole
+    int lmin, lmax;        // the layers the order names
+    int nmax;              // the most micro-batches a rank runs this step
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
@@ -117,12 +119,19 @@ static void reduce_order(zero *z, size_t a, size_t b) {
     const dt_grad_range *o = s->order ? s->order : &z->whole;
     int no = s->order ? s->norder : 1;
     if (!z->t_first) z->t_first = dt_now();
+    size_t lo = 0, hi = 0;  // parts that touch in the block go as one
     for (int i = no - 1; i >= 0; i--) {  // from the end, as backward finishes them
         size_t x = z->opos[i], y = x + o[i].len;
         if (y <= a || x >= b) continue;
-        size_t from = a > x ? a : x, to = b < y ? b : y;
-        reduce_block(z, o[i].offset + (from - x), o[i].offset + (to - x));
+        size_t from = a > x ? a : x, to = b < y ? b : y, plo = o[i].offset + (from - x), phi = o[i].offset + (to - x);
+        if (hi > lo && phi == lo) {
+            lo = plo;
+            continue;
+        }
+        if (hi > lo) reduce_block(z, lo, hi);
+        lo = plo, hi = phi;
     }
+    if (hi > lo) reduce_block(z, lo, hi);
 }
 
 // Completes the reductions that are done (all of them if wait; at stage 2
@@ -229,23 +238,24 @@ static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
     zero *z = (zero *)s;
     if (s->world == 1 || z->all_held) return DT_OK;
     dt_status st = DT_OK;
-    if (phase == 0 && layer < 0) {
-        if (!z->persist_ok) {
-            int no;
-            const dt_grad_range *o = order_of(z, &no);
-            for (int i = 0; i < no && st == DT_OK; i++)
-                if (in_block(z, i, -1)) st = gather_range(z, o[i].offset, o[i].offset + o[i].len, NULL);
-            z->persist_ok = st == DT_OK;
-        }
-        if (st == DT_OK) st = gather_block(z, 0);
-    } else if (layer >= 0 && layer < z->L) {
+    if (phase == 0 && !z->persist_ok) {  // the first forward hook after an update: nothing is in flight
+        int no;
+        const dt_grad_range *o = order_of(z, &no);
+        for (int i = 0; i < no && st == DT_OK; i++)
+            if (in_block(z, i, -1)) st = gather_range(z, o[i].offset, o[i].offset + o[i].len, NULL);
+        z->persist_ok = st == DT_OK;
+    }
+    if (st == DT_OK && phase == 0 && layer < 0) {
+        st = gather_block(z, 0);
+    } else if (st == DT_OK && layer >= 0 && layer < z->L) {
         int next = phase == 0 ? layer + 1 : layer - 1, prev = phase == 0 ? layer - 1 : layer + 1;
         st = wait_block(z, layer);
         if (st == DT_OK) st = gather_block(z, next);
         if (st == DT_OK && prev >= 0 && prev < z->L) st = drop_block(z, prev);
-    } else if (phase == 1 && layer < 0) {
+    } else if (st == DT_OK && phase == 1 && layer < 0) {
         st = drop_block(z, 0);
     }
+    if (st != DT_OK) fail(z, st);  // a backward cannot return it: sync reports it
     return st;
 }
 
@@ -295,8 +305,12 @@ static dt_status zero_init(dt_strategy *s) {
     }
     if (z->stage >= 3) {
         if (!s->order_layer) return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3: the model has no layers to gather");
-        for (int i = 0; i < no; i++)
+        z->lmin = z->lmax = s->order_layer[0];
+        for (int i = 0; i < no; i++) {
             if (s->order_layer[i] > z->L) z->L = s->order_layer[i];
+            if (s->order_layer[i] < z->lmin) z->lmin = s->order_layer[i];
+            if (s->order_layer[i] > z->lmax) z->lmax = s->order_layer[i];
+        }
         z->rq = calloc((size_t)no, sizeof *z->rq);
         z->held = calloc((size_t)(z->L ? z->L : 1), 1);
         if (!z->rq || !z->held) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
@@ -338,9 +352,20 @@ static int zero_plan(dt_strategy *s, int first, int share, int global) {
     z->done = s->n;
     z->err = DT_OK;
     z->t_first = 0;
-    if (s->c->deterministic) return dt_strategy_dp_deterministic.plan(s, first, share, global);
-    return dt_strategy_plan_accum(s, first, share, global);
+    int k = s->c->deterministic ? dt_strategy_dp_deterministic.plan(s, first, share, global)
+                                : dt_strategy_plan_accum(s, first, share, global);
+    // Stage 3: the gathers are collectives, so every rank runs the layer
+    // hooks of as many micro-batches as the rank with the most (a short
+    // share replays them in sync).
+    z->nmax = k;
+    if (s->params_sliced) {
+        dt_status st = dt_allreduce(&z->nmax, &z->nmax, 1, DT_I32, DT_MAX, s->comm);
+        if (st != DT_OK) fail(z, dt_error(st, "micro-batch count: %s", dt_last_error()));
+    }
+    return k;
 }
+
+static dt_status zero_params_needed(dt_strategy *s, int layer, int phase);
 
 // The model's grad hook: gradient-order positions >= pos are final.
 static void ready(size_t pos, void *user) {
@@ -351,7 +376,26 @@ static void ready(size_t pos, void *user) {
 
 static dt_grad_ready_fn zero_grad_hook(dt_strategy *s, int k, void **user) {
     *user = s;
-    return s->world > 1 && !s->c->deterministic && k == s->nmicro - 1 ? ready : NULL;
+    return s->world > 1 && !s->c->deterministic && k == ((zero *)s)->nmax - 1 ? ready : NULL;
+}
+
+// A micro-batch this rank does not have (stage 3): the layer hooks its
+// forward and backward would call, and for the last one the positions its
+// grad hook would report after each layer.
+static dt_status replay(zero *z, int last) {
+    dt_strategy *s = &z->base;
+    int no;
+    order_of(z, &no);
+    dt_status st = DT_OK;
+    for (int l = z->lmin; l <= z->lmax && st == DT_OK; l++) st = zero_params_needed(s, l, 0);
+    for (int l = z->lmax; l >= z->lmin && st == DT_OK; l--) {
+        st = zero_params_needed(s, l, 1);
+        size_t pos = SIZE_MAX;
+        for (int i = 0; i < no; i++)
+            if (s->order_layer[i] == l && z->opos[i] < pos) pos = z->opos[i];
+        if (st == DT_OK && last && !z->acc && pos != SIZE_MAX) ready(pos, z);
+    }
+    return st;
 }
 
 static void zero_micro_end(dt_strategy *s, int k) {
@@ -365,6 +409,7 @@ static void zero_micro_end(dt_strategy *s, int k) {
 static dt_status zero_sync(dt_strategy *s) {
     zero *z = (zero *)s;
     if (s->world == 1 && !z->acc) return DT_OK;
+    for (int k = s->nmicro; s->params_sliced && k < z->nmax && z->err == DT_OK; k++) replay(z, k == z->nmax - 1);
     z->t_backward_end = dt_now();
     if (z->acc) {  // every rank's slice of the fixed-point sums to it
         for (int r = 0; r < s->world && z->err == DT_OK; r++) {
@@ -399,6 +444,7 @@ static dt_status zero_update(dt_strategy *s, float lr, float scale) {
     zero *z = (zero *)s;
     dt_status st = dt_strategy_update_slice(s, lr, scale);
     z->persist_ok = 0;
+    if (st == DT_OK && s->params_sliced) st = drop_block(z, -1);  // what a model without layer -1 still holds
     if (st == DT_OK && s->world > 1 && z->stage < 3) {
         st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
         if (st != DT_OK) st = dt_error(st, "parameter allgather: %s", dt_last_error());
@@ -412,9 +458,6 @@ static int zero_det_wants(const dt_config *c) { return c->zero > 0 && c->zero < 
 static int zero3_wants(const dt_config *c) { return c->zero == 3; }
 
 static dt_status zero_check(const dt_config *c, int W) {
-    if (c->zero == 3 && !c->gpt)
-        return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3 gathers parameters layer by layer: only the GPT has layer "
-                                       "hooks so far (expected zero = 0, 1 or 2 for this model)");
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
 }
 
