@@ -16,8 +16,9 @@
  *      SIGKILLed worker and a hung one (heartbeats); --workers MIN:MAX
  *      shrinks when a worker cannot come back and grows again later.
  *      ZeRO (docs/zero.md): each rank writes its own shard; the state
- *      resumes at another worker count and stage (2 on 4 -> 0 on 1, 1 on 2
- *      -> 2 on 3), after a SIGKILLed worker, and exports whole weights.
+ *      resumes at another worker count and stage (3 on 4 -> 0 on 1, 1 on 2
+ *      -> 3 on 3), after a SIGKILLed worker (zero 3), and exports whole
+ *      weights.
  *   4. Bad flags and a refused resume: clear errors. */
 #include "dtrain/ckpt.h"
 #include "dtrain/optim.h"
@@ -607,14 +608,14 @@ static void test_runs(void) {
 
     // ZeRO: every rank writes its slice (the sharded format without
     // --checkpoint-sharded), and the state resumes at another worker count
-    // and another stage: 2 on 4 -> 0 on 1, 1 on 2 -> 2 on 3.
+    // and another stage: 3 on 4 -> 0 on 1, 1 on 2 -> 3 on 3.
     setenv("DTRAIN_FAULT_STEP", "3:18", 1);
-    rc = train("z4", 4, "--zero 2 --checkpoint-every 4");
+    rc = train("z4", 4, "--zero 3 --checkpoint-every 4");
     unsetenv("DTRAIN_FAULT_STEP");
     CHECK(rc == 1, "failing ZeRO run: exit %d", rc);
     CHECK(access(tmp("z4/checkpoints/step-00000016/shard-00003-of-00004.safetensors"), F_OK) == 0 &&
               access(tmp("z4/checkpoints/step-00000016.safetensors"), F_OK) != 0,
-          "zero = 2 on 4 workers: each rank wrote its shard of step 16");
+          "zero = 3 on 4 workers: each rank wrote its shard of step 16");
     // The whole weights from the shards, as the run's own would be at step 16.
     char zcmd[2048];
     snprintf(zcmd, sizeof zcmd, "%s export %s -o %s 2>&1", tl_dtrain(), tmp("z4/checkpoints/step-00000016"),
@@ -622,13 +623,13 @@ static void test_runs(void) {
     rc = tl_run(zcmd, g_out, sizeof g_out);
     CHECK(rc == 0, "export of a ZeRO checkpoint: exit %d\n%s", rc, g_out);
     rc = train("z4", 1, "--resume auto");
-    CHECK(rc == 0 && same_as_ref("z4"), "zero 2 on 4 -> zero 0 on 1 worker: exit %d, bitwise equal\n%s", rc, g_out);
+    CHECK(rc == 0 && same_as_ref("z4"), "zero 3 on 4 -> zero 0 on 1 worker: exit %d, bitwise equal\n%s", rc, g_out);
     setenv("DTRAIN_FAULT_STEP", "0:11", 1);
     rc = train("z2", 2, "--zero 1 --checkpoint-every 4");
     unsetenv("DTRAIN_FAULT_STEP");
     CHECK(rc == 1, "failing ZeRO run: exit %d", rc);
-    rc = train("z2", 3, "--zero 2 --resume auto");
-    CHECK(rc == 0 && same_as_ref("z2"), "zero 1 on 2 -> zero 2 on 3 workers: exit %d, bitwise equal\n%s", rc, g_out);
+    rc = train("z2", 3, "--zero 3 --resume auto");
+    CHECK(rc == 0 && same_as_ref("z2"), "zero 1 on 2 -> zero 3 on 3 workers: exit %d, bitwise equal\n%s", rc, g_out);
     // The export above equals the step-16 weights of one plain process.
     setenv("DTRAIN_FAULT_STEP", "0:17", 1);
     rc = train("z16", 1, "--checkpoint-every 16");
@@ -646,7 +647,7 @@ static void test_runs(void) {
     // The supervisor: a worker SIGKILLed in step 13 comes back from step 10.
     setenv("DTRAIN_FAULT_STEP", "1:13:kill", 1);
     setenv("DTRAIN_FAULT_ONCE", tmp("kill-once"), 1);
-    rc = train("restart", 2, "--checkpoint-every 5 --max-restarts 2 --zero 2");
+    rc = train("restart", 2, "--checkpoint-every 5 --max-restarts 2 --zero 3");
     CHECK(rc == 0, "--max-restarts: exit %d\n%s", rc, g_out);
     CHECK(strstr(g_out, "worker 1 Killed") && strstr(g_out, "restart 1 of 2") && strstr(g_out, "recovered in") &&
               strstr(g_out, "2 steps lost"),

@@ -64,7 +64,7 @@ typedef struct {
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
-    int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients sharded */
+    int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

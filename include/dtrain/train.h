@@ -139,7 +139,8 @@ typedef struct {
  * gradients and the optimizer's states, replicated or sliced by stage, and
  * deterministic mode's fixed-point sums. Fills *k (may be NULL) and returns
  * the sum. For fp32 AdamW: 16 np at stage 0, 8 np + 8 np / W at 1,
- * 4 np + 12 np / W at 2. */
+ * 4 np + 12 np / W at 2, 16 np / W at 3 (the layers gathered at a time
+ * come on top, as activations do). */
 DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W,
                                     dt_memory_kinds *k);
 

@@ -154,7 +154,7 @@ static int local_workers(void) {
 // limit: under mpirun or srun); into out as ", or ...", or nothing.
 static void suggest_zero(const dt_config *c, int W, const need_t *n, int count, int share, size_t avail, char *out,
                          size_t len) {
-    enum { TOP = 2 };  // the highest stage there is
+    enum { TOP = 3 };  // the highest stage there is
     size_t rest = sat_add(n->act, n->data);
     char b[64];
     for (int z = c->zero + 1; z <= TOP; z++) {

@@ -62,7 +62,7 @@ void dt_strategy_free(dt_strategy *s) {
 }
 
 void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
-    m->params = s->params;
+    m->params = s->params + (s->params_sliced ? s->lo : 0);  // params[0] is element params_lo
     m->nparams = s->n;
     m->nstates = dt_optim_num_states(s->opt);
     for (int j = 0; j < 2; j++) m->states[j] = j < m->nstates ? dt_optim_state(s->opt, j) : NULL;

@@ -49,7 +49,8 @@ static const char train_help[] =
     "                  (parallel.deterministic = true)\n"
     "  --zero N        sharded data parallel (parallel.zero, docs/zero.md): 1\n"
     "                  shards the optimizer state over the workers, 2 the\n"
-    "                  gradients too; 0 (default) replicates everything\n"
+    "                  gradients too, 3 the parameters too (each layer's\n"
+    "                  gathered when it runs); 0 (default) replicates all\n"
     CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
