@@ -17,8 +17,8 @@
  * deterministic process, bitwise.
  *
  * Around the table: --memory-limit refuses a GPT at zero = 0 naming the
- * stage that fits and trains it at zero = 2, whose measured peak RSS is
- * lower; a worker that fails makes every worker stop with an error naming
+ * stage that fits and trains it at zero = 2; the measured peak RSS is
+ * lower at zero = 2 and lower still at 3; a worker that fails makes every worker stop with an error naming
  * it; linear learning-rate scaling; worker-count errors.
  *
  * The data is a small synthetic IDX set written to a temporary directory,
@@ -271,9 +271,18 @@ static void memory_limit(void) {
     CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.6 * (s0 - s2),
           "peak RSS at zero = 0: %.1f MB, at zero = 2: %.1f MB; the model state by the formula: %.1f and %.1f MB", r0 / 1e6,
           r2 / 1e6, s0 / 1e6, s2 / 1e6);
-    printf("rank 0 on 4 workers, peak RSS / model state: zero 0 %.1f / %.1f MB, zero 2 %.1f / %.1f MB\n", r0 / 1e6,
-           s0 / 1e6, r2 / 1e6, s2 / 1e6);
+    rc = train("mem3", cfg, 4, "--zero 3 --set train.max_steps=8");
+    snprintf(cmd, sizeof cmd, "%s/mem3/summary.json", g_tmp);
+    char *sum3 = tl_read_file(cmd, NULL);
+    const char *p3 = sum3 ? strstr(sum3, "\"peak_rss_bytes\":") : NULL, *m3 = sum3 ? strstr(sum3, "\"model_state_bytes\":") : NULL;
+    double r3 = p3 ? atof(p3 + 17) : 0, s3 = m3 ? atof(m3 + 20) : 0;
+    CHECK(rc == 0 && r3 > 0 && r3 < r2 && r0 - r3 > 0.6 * (s0 - s3),
+          "peak RSS at zero = 3: %.1f MB (zero 2: %.1f, zero 0: %.1f); model state by the formula %.1f MB", r3 / 1e6,
+          r2 / 1e6, r0 / 1e6, s3 / 1e6);
+    printf("rank 0 on 4 workers, peak RSS / model state: zero 0 %.1f / %.1f MB, zero 2 %.1f / %.1f MB, zero 3 %.1f / %.1f MB\n",
+           r0 / 1e6, s0 / 1e6, r2 / 1e6, s2 / 1e6, r3 / 1e6, s3 / 1e6);
     free(sum0);
+    free(sum3);
     free(sum);
 }
 

@@ -16,12 +16,14 @@
  *     (the control plane agrees on loss, stop and save: engine/control.h)
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
+ *   dt_strategy_params_whole(s, 1 / 0)     around evaluation and the weights file
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
- * during backward through a gradient codec, engine/codec.h) and
+ * during backward through a gradient codec, engine/codec.h),
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
- * of ranks). A new strategy is a new file with its table, added to the one
+ * of ranks), and "zero", "zero-deterministic" and "zero-3" (sharded data
+ * parallel, engine/zero.c, docs/zero.md). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
  * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of

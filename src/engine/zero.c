@@ -1,5 +1,6 @@
 /* Sharded data parallel (ZeRO), the "zero" and "zero-deterministic"
- * strategies ([parallel] zero = 1 or 2; strategy.h, docs/zero.md).
+ * strategies ([parallel] zero = 1 or 2) and "zero-3" ([parallel] zero = 3,
+ * plain or deterministic; strategy.h, docs/zero.md).
  *
  * Rank r owns the slice [lo, hi) = dt_shard_range(n, r, W) of the flat
  * state: its optimizer exists only for that slice (dt_strategy_create sizes
@@ -17,6 +18,14 @@
  *            zeroed), so the whole gradient is never resident; the block is
  *            left zero for the next step, which then skips the task's
  *            zero_grad (it would touch every page again).
+ *   stage 3: as stage 2, and only the slice of the parameters is kept
+ *            between steps: a layer's tensors are gathered (non-blocking
+ *            allgatherv) before its forward and backward through the
+ *            model's layer hook, the next layer's gather is started ahead
+ *            and the one behind released; the ranges outside the gathered
+ *            layers (embedding, head) are gathered at the first forward
+ *            after an update. Every rank runs the hooks of as many
+ *            micro-batches as the busiest (a short share replays them).
  *
  * The gradient norm is dt_strategy_norm_sharded: each rank's slice, the
  * value dt_sum_squares gives over the whole block, bitwise.
