@@ -605,6 +605,18 @@ static void test_cli(void) {
     cli(2, args, "--workers 5", "micro_shards (12)");
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2:5 --deterministic --run-dir %s", wdir);
     cli(2, args, "--workers 5", "micro_shards (12)");
+    // Offload to disk: the directory must be named, exist, be one and be writable.
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --zero 1 --set parallel.offload=disk --run-dir %s", wdir);
+    cli(2, args, "[parallel] offload = disk needs [parallel] offload_dir", NULL);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --set parallel.offload=disk "
+             "--set parallel.offload_dir=%s/no-such-dir --run-dir %s", g_tmp, wdir);
+    cli(2, args, "[parallel] offload_dir", "no-such-dir: No such file or directory");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --set parallel.offload=disk "
+             "--set parallel.offload_dir=configs/fashion-mlp.ini --run-dir %s", wdir);
+    cli(2, args, "[parallel] offload_dir configs/fashion-mlp.ini", "not a directory");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --set parallel.offload=disk "
+             "--set parallel.offload_dir=/proc --run-dir %s", wdir);
+    cli(2, args, "[parallel] offload_dir /proc", "not writable");
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 8 --set train.batch=4 --run-dir %s", wdir);
     cli(2, args, "--workers 8", "batch 4");
     snprintf(cmd, sizeof cmd, "test -e %s", wdir);

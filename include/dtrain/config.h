@@ -12,7 +12,7 @@
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps
- *   [parallel] bucket_kb, deterministic, micro_shards, zero
+ *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload, offload_dir
  *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
  *
@@ -65,6 +65,8 @@ typedef struct {
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
     int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
+    int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
+    char offload_dir[512];         /* where (offload = disk) */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

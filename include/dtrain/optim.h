@@ -28,6 +28,8 @@ typedef struct {
     float beta1, beta2;  /* AdamW */
     float eps;           /* AdamW */
     float clip_norm;     /* clip gradients to this global L2 norm; 0 = off */
+    const char *state_dir; /* NULL: the state in memory; else in a file-backed
+                              mapping of an unlinked file there (dt_state_alloc) */
 } dt_optim_params;
 
 /* Defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas 0.9/0.999,
@@ -73,6 +75,15 @@ DT_API float *dt_optim_state(dt_optim *o, int i);
 
 /* Sum of squares of g[n], accumulated in double. */
 DT_API double dt_sum_squares(const float *g, size_t n);
+
+/* n zeroed floats of optimizer state: dt_alloc'd when dir is NULL, else a
+ * shared mapping of a file created in dir and unlinked at once (the kernel
+ * pages it to and from the disk as the state is used, in sequential
+ * read-ahead), its blocks reserved up front, so a full disk is an error
+ * here (DT_ERR_IO naming dir and the bytes) and never later. NULL and a
+ * recorded error on failure. Free with dt_state_free(p, n, dir). */
+DT_API float *dt_state_alloc(size_t n, const char *dir);
+DT_API void dt_state_free(float *p, size_t n, const char *dir);
 /* The factor that brings a gradient of global norm `norm` down to
  * `clip_norm` (1 if it is already within, or clip_norm <= 0). */
 DT_API float dt_clip_scale(double norm, float clip_norm);

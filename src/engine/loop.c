@@ -35,7 +35,10 @@ const dt_task_ops *dt_task_for(const dt_config *c) {
     return &dt_task_classifier;
 }
 
-dt_status dt_train_check(const dt_config *c, int W) { return dt_strategy_for(c)->check(c, W); }
+dt_status dt_train_check(const dt_config *c, int W) {
+    dt_status st = dt_strategy_for(c)->check(c, W);
+    return st == DT_OK ? dt_check_offload(c) : st;
+}
 
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
                                const dt_train_result *r, size_t nparams) {
@@ -64,6 +67,17 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddNumberToObject(m, "optimizer_state_bytes", (double)k.optimizer);
     cJSON_AddNumberToObject(m, "comm_buffer_bytes", (double)k.comm);
     cJSON_AddNumberToObject(m, "model_state_bytes", (double)state);
+    if (c->offload) {  // the state file, and what this process read and wrote on storage (/proc/self/io)
+        cJSON_AddNumberToObject(m, "offloaded_bytes", (double)k.offloaded);
+        FILE *io = fopen("/proc/self/io", "r");
+        char line[128];
+        unsigned long long v;
+        while (io && fgets(line, sizeof line, io)) {
+            if (sscanf(line, "read_bytes: %llu", &v) == 1) cJSON_AddNumberToObject(m, "disk_read_bytes", (double)v);
+            if (sscanf(line, "write_bytes: %llu", &v) == 1) cJSON_AddNumberToObject(m, "disk_write_bytes", (double)v);
+        }
+        if (io) fclose(io);
+    }
     cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
     return dt_json_write(path, o);
 }

@@ -13,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 // A worker's needs, by part; `field` names the config field behind the
 // activations.
@@ -67,12 +70,13 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
     if (use == DT_MEM_TRAIN) {
         m.gradients = sat_mul(F, zero >= 2 ? slice : np);
         m.optimizer = sat_mul(sat_mul(F, (size_t)optim_states(c)), zero >= 1 ? slice : np);
+        if (c->offload) m.offloaded = m.optimizer;  // on disk: not in memory
         if (c->deterministic) m.comm = sat_mul(sizeof(int64_t), np);  // the fixed-point sums
     } else if (use == DT_MEM_EVAL) {
         m.gradients = sat_mul(F, np);  // the model's blocks; a weights file loading
     }
     if (k) *k = m;
-    return sat_add(sat_add(m.weights, m.gradients), sat_add(m.optimizer, m.comm));
+    return sat_add(sat_add(m.weights, m.gradients), sat_add(m.optimizer - m.offloaded, m.comm));
 }
 
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
@@ -176,6 +180,39 @@ static void suggest_zero(const dt_config *c, int W, const need_t *n, int count, 
     }
 }
 
+dt_status dt_check_offload(const dt_config *c) {
+    if (!c->offload) return DT_OK;
+    const char *d = c->offload_dir;
+    struct stat sb;
+    if (!d[0]) return dt_error(DT_ERR_CONFIG, "[parallel] offload = disk needs [parallel] offload_dir, a directory on local disk");
+    if (stat(d, &sb) != 0) return dt_error(DT_ERR_CONFIG, "[parallel] offload_dir %s: %s", d, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return dt_error(DT_ERR_CONFIG, "[parallel] offload_dir %s: not a directory", d);
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/.dtrain-probe-XXXXXX", d);
+    int fd = mkstemp(probe);
+    if (fd < 0) return dt_error(DT_ERR_CONFIG, "[parallel] offload_dir %s: not writable: %s", d, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return DT_OK;
+}
+
+// Room on the offload directory's file system for the optimizer state of
+// `count` workers.
+static dt_status check_disk(const dt_config *c, const need_t *n, int W, int count) {
+    dt_memory_kinds k;
+    dt_memory_model_state(c, DT_MEM_TRAIN, n->np, c->zero, W, &k);
+    struct statvfs vf;
+    if (statvfs(c->offload_dir, &vf) != 0)
+        return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: %s", c->offload_dir, strerror(errno));
+    size_t free_b = sat_mul((size_t)vf.f_bavail, (size_t)vf.f_frsize), need = sat_mul(k.offloaded, (size_t)count);
+    char a[64], b[64];
+    if (need > free_b)
+        return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: the optimizer state needs %s (%zu bytes)%s, but its file system has %s free",
+                        c->offload_dir, dt_mem_format(need, a, sizeof a), need, count > 1 ? " for all workers" : "",
+                        dt_mem_format(free_b, b, sizeof b));
+    return DT_OK;
+}
+
 dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting, int *model_rows) {
     need_t n;
     memset(&n, 0, sizeof n);
@@ -189,6 +226,10 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         if (st != DT_OK) return st;
     }
     if (model_rows) *model_rows = n.rows;
+    if (use == DT_MEM_TRAIN && c->offload) {
+        dt_status st = check_disk(c, &n, W, starting ? W : 1);
+        if (st != DT_OK) return st;
+    }
     size_t per = sat_add(sat_add(n.act, n.model), n.data), total = sat_mul(per, (size_t)count);
     const char *src, *lname;
     size_t avail = dt_mem_available(&src), lim = dt_mem_limit(&lname);

@@ -41,19 +41,20 @@ dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n) {
     o->p = *p;
     o->n = n;
     int nstate = dt_optim_num_states(o);
-    if (nstate >= 1 && !(o->s0 = dt_alloc(sizeof(float) * n))) goto nomem;
-    if (nstate >= 2 && !(o->s1 = dt_alloc(sizeof(float) * n))) goto nomem;
+    if (nstate >= 1 && !(o->s0 = dt_state_alloc(n, p->state_dir))) goto nomem;
+    if (nstate >= 2 && !(o->s1 = dt_state_alloc(n, p->state_dir))) goto nomem;
     *out = o;
     return DT_OK;
 nomem:
     dt_optim_free(o);
+    if (p->state_dir) return DT_ERR_IO;  // dt_state_alloc's message names the directory
     return dt_error(DT_ERR_NOMEM, "optimizer: out of memory for state of %zu parameters", n);
 }
 
 void dt_optim_free(dt_optim *o) {
     if (!o) return;
-    dt_free(o->s0);
-    dt_free(o->s1);
+    dt_state_free(o->s0, o->n, o->p.state_dir);
+    dt_state_free(o->s1, o->n, o->p.state_dir);
     free(o);
 }
 

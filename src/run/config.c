@@ -114,6 +114,7 @@ static const char *const optim_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
+static const char *const offload_names[] = {"none", "disk", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -152,6 +153,8 @@ static const field fields[] = {
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
     {"parallel", "zero", F_INT, O(zero), 0, 3, NULL},
+    {"parallel", "offload", F_ENUM, O(offload), 0, 0, offload_names},
+    {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
     {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
     {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
