@@ -28,8 +28,6 @@ typedef struct {
     float beta1, beta2;  /* AdamW */
     float eps;           /* AdamW */
     float clip_norm;     /* clip gradients to this global L2 norm; 0 = off */
-    const char *state_dir; /* NULL: the state in memory; else in a file-backed
-                              mapping of an unlinked file there (dt_state_alloc) */
 } dt_optim_params;
 
 /* Defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas 0.9/0.999,
@@ -42,6 +40,9 @@ typedef struct dt_optim dt_optim;
 /* An optimizer for n parameters; allocates its state (momentum, or Adam's
  * m and v), zeroed. Free with dt_optim_free(). */
 DT_API dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n);
+/* The same with the state in a file-backed mapping in state_dir
+ * (dt_state_alloc; NULL: in memory). state_dir must outlive the optimizer. */
+DT_API dt_status dt_optim_create_at(dt_optim **out, const dt_optim_params *p, size_t n, const char *state_dir);
 DT_API void dt_optim_free(dt_optim *o);
 
 /* One update of params[n] from grads[n] with learning rate lr; each gradient

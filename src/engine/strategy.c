@@ -43,9 +43,8 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->len = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
     dt_status st = s->off && s->len ? DT_OK : dt_error(DT_ERR_NOMEM, "strategy %s: out of memory", ops->name);
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
-    dt_optim_params op = a->c->optim;
-    op.state_dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
-    if (st == DT_OK) st = dt_optim_create(&s->opt, &op, s->hi - s->lo);
+    const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
+    if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
     if (st != DT_OK) {
         dt_strategy_free(s);
         return st;
