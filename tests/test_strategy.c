@@ -242,6 +242,18 @@ static void memory_limit(void) {
           "zero = 0 over the limit: exit %d, the error names the stage that fits:\n%s", rc, g_out);
     snprintf(cmd, sizeof cmd, "test -e %s/mem0/summary.json", g_tmp);
     CHECK(tl_run(cmd, NULL, 0) != 0, "refused before training");
+    // Under mpirun each rank has the whole limit: one rank over it is told
+    // the fewest workers at which stage 3 fits.
+    if (access("/usr/bin/mpirun", X_OK) == 0) {
+        snprintf(cmd, sizeof cmd,
+                 "mpirun --allow-run-as-root --oversubscribe -np 1 %s train %s/mem0.ini --quiet --run-dir %s/mem-mpi "
+                 "--memory-limit 40M --set train.max_steps=5",
+                 tl_dtrain(), g_tmp, g_tmp);
+        tl_run(cmd, g_out, sizeof g_out);
+        CHECK(strstr(g_out, "not enough memory") && strstr(g_out, "[parallel] zero = 3 on ") &&
+                  strstr(g_out, "workers needs"),
+              "one MPI rank over its limit: the error names the worker count at which zero = 3 fits:\n%s", g_out);
+    }
     rc = train("mem2", cfg, 4, "--memory-limit 120M --zero 2 --set train.max_steps=8 --log-format json");
     CHECK(rc == 0, "zero = 2 under the same limit: exit %d\n%s", rc, g_out);
     snprintf(cmd, sizeof cmd, "%s/mem2/summary.json", g_tmp);
