@@ -69,14 +69,14 @@ def gpt_args(model, d):
     return ini, []
 
 
-def run_dtrain(build, model, workers, threads, steps):
+def run_dtrain(build, model, workers, threads, steps, extra=()):
     with tempfile.TemporaryDirectory() as d:
         config, sets = (classifier_args if model in CONFIGS else gpt_args)(model, d)
         cmd = [os.path.join(build, "dtrain"), "train", config, "--workers", str(workers), "--quiet",
                "--run-dir", os.path.join(d, "run")]
         for s in [f"train.threads={threads}", f"train.max_steps={steps}", *sets]:
             cmd += ["--set", s]
-        subprocess.run(cmd, check=True, capture_output=True)
+        subprocess.run(cmd + list(extra), check=True, capture_output=True)
         with open(os.path.join(d, "run", "summary.json")) as f:
             s = json.load(f)
     hidden = 1 - s["comm_exposed_seconds"] / s["comm_seconds"] if s["comm_seconds"] > 0 else None

@@ -605,6 +605,18 @@ static void test_cli(void) {
     cli(2, args, "--workers 5", "micro_shards (12)");
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2:5 --deterministic --run-dir %s", wdir);
     cli(2, args, "--workers 5", "micro_shards (12)");
+    // Offload to disk: the directory must be named, exist, be one and be writable.
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --zero 1 --set parallel.offload=disk --run-dir %s", wdir);
+    cli(2, args, "[parallel] offload = disk needs [parallel] offload_dir", NULL);
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --set parallel.offload=disk "
+             "--set parallel.offload_dir=%s/no-such-dir --run-dir %s", g_tmp, wdir);
+    cli(2, args, "[parallel] offload_dir", "no-such-dir: No such file or directory");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --set parallel.offload=disk "
+             "--set parallel.offload_dir=configs/fashion-mlp.ini --run-dir %s", wdir);
+    cli(2, args, "[parallel] offload_dir configs/fashion-mlp.ini", "not a directory");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 2 --set parallel.offload=disk "
+             "--set parallel.offload_dir=/proc --run-dir %s", wdir);
+    cli(2, args, "[parallel] offload_dir /proc", "not writable");
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --workers 8 --set train.batch=4 --run-dir %s", wdir);
     cli(2, args, "--workers 8", "batch 4");
     snprintf(cmd, sizeof cmd, "test -e %s", wdir);
@@ -848,6 +860,7 @@ static void test_number_config(void) {
     number_field("optim", "lr", "0");                   // float, positive
     number_field("checkpoint", "every_seconds", NULL);  // float from 0
     number_field("obs", "metrics_port", "65536");       // int, upper bound
+    number_field("parallel", "zero", "4");              // a stage out of range
     // Layer parameters and [model] input, in files.
     const char *layers[] = {"linear out=%s", "dropout p=%s", "conv2d out=3 kernel=%s", "layernorm eps=%s"};
     for (int l = 0; l < 4; l++)
@@ -901,6 +914,8 @@ static const struct {
     {"train configs/fashion-mlp.ini", "--workers", "%s", 1, "0", "2"},
     {"train configs/fashion-mlp.ini", "--workers", "%s:4", 1, "0", "1:4"},
     {"train configs/fashion-mlp.ini", "--workers", "1:%s", 1, "0", "2:2"},
+    {"train configs/fashion-mlp.ini", "--zero", "%s", 1, "-1", "2"},
+    {"train configs/fashion-mlp.ini", "--zero", "%s", 1, "4", "1"},
     {"run", "-n", "%s", 1, "0", "2"},
     {"run", "--nranks", "%s", 1, "0", "4096"},
     {"run", "--timeout", "%s", 0, "0", "0.5"},

@@ -15,6 +15,10 @@
  *      checkpoint was damaged; --max-restarts brings a run through a
  *      SIGKILLed worker and a hung one (heartbeats); --workers MIN:MAX
  *      shrinks when a worker cannot come back and grows again later.
+ *      ZeRO (docs/zero.md): each rank writes its own shard; the state
+ *      resumes at another worker count and stage (3 on 4 -> 0 on 1, 1 on 2
+ *      -> 3 on 3), after a SIGKILLed worker (zero 3), and exports whole
+ *      weights.
  *   4. Bad flags and a refused resume: clear errors. */
 #include "dtrain/ckpt.h"
 #include "dtrain/optim.h"
@@ -602,10 +606,48 @@ static void test_runs(void) {
     CHECK(rc == 0 && same_as_ref("sh2"), "sharded 2 -> 3 workers: exit %d, bitwise equal\n%s",
           rc, g_out);
 
+    // ZeRO: every rank writes its slice (the sharded format without
+    // --checkpoint-sharded), and the state resumes at another worker count
+    // and another stage: 3 on 4 -> 0 on 1, 1 on 2 -> 3 on 3.
+    setenv("DTRAIN_FAULT_STEP", "3:18", 1);
+    rc = train("z4", 4, "--zero 3 --checkpoint-every 4");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing ZeRO run: exit %d", rc);
+    CHECK(access(tmp("z4/checkpoints/step-00000016/shard-00003-of-00004.safetensors"), F_OK) == 0 &&
+              access(tmp("z4/checkpoints/step-00000016.safetensors"), F_OK) != 0,
+          "zero = 3 on 4 workers: each rank wrote its shard of step 16");
+    // The whole weights from the shards, as the run's own would be at step 16.
+    char zcmd[2048];
+    snprintf(zcmd, sizeof zcmd, "%s export %s -o %s 2>&1", tl_dtrain(), tmp("z4/checkpoints/step-00000016"),
+             tmp("z4-16.safetensors"));
+    rc = tl_run(zcmd, g_out, sizeof g_out);
+    CHECK(rc == 0, "export of a ZeRO checkpoint: exit %d\n%s", rc, g_out);
+    rc = train("z4", 1, "--resume auto");
+    CHECK(rc == 0 && same_as_ref("z4"), "zero 3 on 4 -> zero 0 on 1 worker: exit %d, bitwise equal\n%s", rc, g_out);
+    setenv("DTRAIN_FAULT_STEP", "0:11", 1);
+    rc = train("z2", 2, "--zero 1 --checkpoint-every 4");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing ZeRO run: exit %d", rc);
+    rc = train("z2", 3, "--zero 3 --resume auto");
+    CHECK(rc == 0 && same_as_ref("z2"), "zero 1 on 2 -> zero 3 on 3 workers: exit %d, bitwise equal\n%s", rc, g_out);
+    // The export above equals the step-16 weights of one plain process.
+    setenv("DTRAIN_FAULT_STEP", "0:17", 1);
+    rc = train("z16", 1, "--checkpoint-every 16");
+    unsetenv("DTRAIN_FAULT_STEP");
+    snprintf(zcmd, sizeof zcmd, "%s export %s -o %s 2>&1", tl_dtrain(), tmp("z16/checkpoints/step-00000016.safetensors"),
+             tmp("z16.safetensors"));
+    CHECK(rc == 1 && tl_run(zcmd, g_out, sizeof g_out) == 0, "plain run to step 16 and its export\n%s", g_out);
+    int zbw;
+    char za[600], zb[600];
+    snprintf(za, sizeof za, "%s", tmp("z16.safetensors"));
+    snprintf(zb, sizeof zb, "%s", tmp("z4-16.safetensors"));
+    double zd = tl_weights_diff(za, zb, &zbw);
+    CHECK(zbw, "exported ZeRO shards = the weights of a plain run at step 16 (max rel diff %.3g)", zd);
+
     // The supervisor: a worker SIGKILLed in step 13 comes back from step 10.
     setenv("DTRAIN_FAULT_STEP", "1:13:kill", 1);
     setenv("DTRAIN_FAULT_ONCE", tmp("kill-once"), 1);
-    rc = train("restart", 2, "--checkpoint-every 5 --max-restarts 2");
+    rc = train("restart", 2, "--checkpoint-every 5 --max-restarts 2 --zero 3");
     CHECK(rc == 0, "--max-restarts: exit %d\n%s", rc, g_out);
     CHECK(strstr(g_out, "worker 1 Killed") && strstr(g_out, "restart 1 of 2") && strstr(g_out, "recovered in") &&
               strstr(g_out, "2 steps lost"),

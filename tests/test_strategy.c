@@ -13,9 +13,15 @@
  * windows split unevenly over 3 workers); the same GPT with 4 layers for
  * pipelines of up to 4 stages.
  *
- * Around the table: a worker that fails makes every worker stop with an
- * error naming it; linear learning-rate scaling; a pipeline with gradient
- * clipping; pipeline layouts that do not fit; worker-count errors.
+ * ZeRO rows (--zero 1|2) compare with plain data parallel on as many
+ * workers (ref_workers), bitwise, and deterministic ZeRO with one
+ * deterministic process, bitwise.
+ *
+ * Around the table: --memory-limit refuses a GPT at zero = 0 naming the
+ * stage that fits and trains it at zero = 2; the measured peak RSS is
+ * lower at zero = 2 and lower still at 3; a worker that fails makes every worker stop with an error naming
+ * it; linear learning-rate scaling; a pipeline with gradient clipping;
+ * pipeline layouts that do not fit; worker-count errors.
  *
  * The data is a small synthetic IDX set written to a temporary directory,
  * and token files of a sequence the GPT can learn. */
@@ -70,7 +76,7 @@ static int train(const char *name, const char *cfg, int N, const char *extra) {
 }
 
 static double compare(const char *a, const char *b, int *bitwise) {
-    char pa[1400], pb[1400];
+    char pa[4500], pb[4500];
     snprintf(pa, sizeof pa, "%s/%s/model.safetensors", g_tmp, a);
     snprintf(pb, sizeof pb, "%s/%s/model.safetensors", g_tmp, b);
     return tl_weights_diff(pa, pb, bitwise);
@@ -89,63 +95,110 @@ typedef struct {
     const char *flags;    // the row's run
     const char *ref;      // the 1-process reference run
     double tol;           // 0: bitwise
+    int ref_workers;      // the reference's workers (0: one process)
 } row;
 
 static const row rows[] = {
-    {"dp", "mlp", 2, 0, "", "", 1e-4},
-    {"dp", "mlp", 3, 0, "", "", 1e-4},
-    {"dp", "mlp", 4, 0, "", "", 1e-4},
-    {"dp", "cnn", 2, 0, "", "", 1e-4},
-    {"dp", "cnn", 3, 0, "", "", 1e-4},
-    {"dp", "cnn", 4, 0, "", "", 1e-4},
-    {"dp", "mlp", 1, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 2, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 3, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 4, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "mlp", 3, 1, "", "", 1e-4},
-    {"dp-deterministic", "cnn", 1, 0, "--deterministic", "", 1e-3},
-    {"dp-deterministic", "cnn", 2, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "cnn", 3, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "cnn", 4, 0, "--deterministic", "--deterministic", 0},
-    {"dp", "gpt", 2, 0, "", "", 1e-4},
-    {"dp", "gpt", 3, 0, "", "", 1e-4},
-    {"dp", "gpt", 4, 0, "", "", 1e-4},
-    {"dp", "gpt", 3, 1, "", "", 1e-4},
-    {"dp", "gpt", 1, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp", "gpt", 3, 0, "--set train.grad_accum=4", "", 1e-4},
-    {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3},
-    {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0},
-    {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0},
+    {"dp", "mlp", 2, 0, "", "", 1e-4, 0},
+    {"dp", "mlp", 3, 0, "", "", 1e-4, 0},
+    {"dp", "mlp", 4, 0, "", "", 1e-4, 0},
+    {"dp", "cnn", 2, 0, "", "", 1e-4, 0},
+    {"dp", "cnn", 3, 0, "", "", 1e-4, 0},
+    {"dp", "cnn", 4, 0, "", "", 1e-4, 0},
+    {"dp", "mlp", 1, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 2, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 3, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 4, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "mlp", 3, 1, "", "", 1e-4, 0},
+    {"dp-deterministic", "cnn", 1, 0, "--deterministic", "", 1e-3, 0},
+    {"dp-deterministic", "cnn", 2, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "cnn", 3, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "cnn", 4, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp", "gpt", 2, 0, "", "", 1e-4, 0},
+    {"dp", "gpt", 3, 0, "", "", 1e-4, 0},
+    {"dp", "gpt", 4, 0, "", "", 1e-4, 0},
+    {"dp", "gpt", 3, 1, "", "", 1e-4, 0},
+    {"dp", "gpt", 1, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "gpt", 3, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3, 0},
+    {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0, 0},
+    {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0, 0},
+    // ZeRO against plain data parallel on as many workers, and its
+    // deterministic mode against one deterministic process, bitwise.
+    {"zero", "mlp", 2, 0, "--zero 1", "", 1e-6, 2},
+    {"zero", "mlp", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "mlp", 4, 0, "--zero 2", "", 1e-6, 4},
+    {"zero", "mlp", 3, 0, "--zero 2 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
+    {"zero", "cnn", 2, 0, "--zero 2", "", 1e-6, 2},
+    {"zero", "cnn", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "cnn", 4, 0, "--zero 2 --set optim.clip_norm=0.5 --set schedule.name=cosine",
+     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 4},
+    {"zero", "gpt", 2, 0, "--zero 2", "", 1e-6, 2},
+    {"zero", "gpt", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "gpt", 4, 0, "--zero 2 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 4},
+    {"zero", "gpt", 3, 1, "--zero 2", "", 1e-4, 0},
+    {"zero", "mlp", 1, 0, "--zero 2", "", 0, 0},
+    {"zero", "cnn", 2, 0, "--zero 1 --set parallel.offload=disk --set parallel.offload_dir=/tmp", "", 0, 2},
+    {"zero-3", "gpt", 3, 0, "--deterministic --zero 3 --set parallel.offload=disk --set parallel.offload_dir=/tmp",
+     "--deterministic", 0, 0},
+    {"zero-3", "mlp", 2, 0, "--zero 3", "", 1e-6, 2},
+    {"zero-3", "mlp", 4, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 4},
+    {"zero-3", "cnn", 3, 0, "--zero 3", "", 1e-6, 3},
+    {"zero-3", "cnn", 2, 0, "--zero 3 --set optim.clip_norm=0.5 --set schedule.name=cosine",
+     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 2},
+    {"zero-3", "mlp", 3, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
+    {"zero-3", "cnn", 4, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
+    {"zero-3", "gpt", 2, 0, "--zero 3", "", 1e-6, 2},
+    {"zero-3", "gpt", 3, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
+    {"zero-3", "gpt", 4, 0, "--zero 3 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 4},
+    {"zero-3", "gpt", 3, 1, "--zero 3", "", 1e-4, 0},
+    {"zero-3", "gpt", 1, 0, "--zero 3", "", 0, 0},
+    {"zero-3", "gpt", 2, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
+    {"zero-3", "gpt", 3, 0, "--deterministic --zero 3 --set optim.clip_norm=0.1",
+     "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    {"zero-deterministic", "mlp", 3, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
+    {"zero-deterministic", "cnn", 2, 0, "--deterministic --zero 1", "--deterministic", 0, 0},
+    {"zero-deterministic", "cnn", 4, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
+    {"zero-deterministic", "gpt", 2, 0, "--deterministic --zero 1", "--deterministic", 0, 0},
+    {"zero-deterministic", "gpt", 3, 0, "--deterministic --zero 2 --set optim.clip_norm=0.1",
+     "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    {"zero-deterministic", "gpt", 4, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
     // pipeline parallel (docs/model-parallel.md); "gpt4" is the GPT with 4 layers
-    {"pipeline", "gpt", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5},
-    {"pipeline", "gpt", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=1f1b", "", 1e-5},
-    {"pipeline", "gpt", 4, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=3 --set parallel.schedule=1f1b", "", 1e-5},
-    {"pipeline", "gpt", 4, 1, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5},
-    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5},
-    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5},
-    {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5},
+    {"pipeline", "gpt", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
+    {"pipeline", "gpt", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=1f1b", "", 1e-5, 0},
+    {"pipeline", "gpt", 4, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=3 --set parallel.schedule=1f1b", "", 1e-5, 0},
+    {"pipeline", "gpt", 4, 1, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
+    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
+    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
+    {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
 };
 
 static const char *model_cfg(const char *model) {
     return !strcmp(model, "mlp") ? cfg_mlp : !strcmp(model, "cnn") ? cfg_cnn : !strcmp(model, "gpt4") ? cfg_gpt4 : cfg_gpt;
 }
 
-// The reference run of a (model, flags) pair, made once: its run name.
-static const char *reference(const char *model, const char *flags) {
-    static char names[16][64];
+// The reference run of a (model, flags, workers) triple, made once: its run
+// name (the flags spelled with their letters and digits only).
+static const char *reference(const char *model, const char *flags, int workers) {
+    static char names[32][128];
     static int n;
-    char name[64];
-    snprintf(name, sizeof name, "%s-ref-%s", model, *flags ? "det" : "plain");
+    char name[128], spell[64] = "plain";
+    size_t k = 0;
+    for (const char *f = flags; *f && k + 1 < sizeof spell; f++)
+        if ((*f >= 'a' && *f <= 'z') || (*f >= '0' && *f <= '9')) spell[k++] = *f;
+    if (k) spell[k] = 0;
+    snprintf(name, sizeof name, "%s-ref-%s-w%d", model, spell, workers);
     for (int i = 0; i < n; i++)
         if (!strcmp(names[i], name)) return names[i];
-    if (train(name, model_cfg(model), 1, flags) != 0) return NULL;
+    if (n == 32 || train(name, model_cfg(model), workers, flags) != 0) return NULL;
     snprintf(names[n], sizeof names[n], "%s", name);
     return names[n++];
 }
 
 static void run_row(int i, const row *r) {
-    const char *ref = reference(r->model, r->ref);
+    int refw = r->ref_workers ? r->ref_workers : 1;
+    const char *ref = reference(r->model, r->ref, refw);
     if (!ref) {
         CHECK(0, "row %d (%s, %s): the 1-process reference run failed", i, r->strategy, r->model);
         return;
@@ -159,7 +212,7 @@ static void run_row(int i, const row *r) {
             return;
         }
         // The reference's config, one worker per MPI rank.
-        char cmd[4096];
+        char cmd[9000];
         snprintf(cmd, sizeof cmd,
                  "mpirun --allow-run-as-root --oversubscribe -np %d %s train %s/%s.ini --quiet --run-dir %s/%s %s",
                  r->workers, tl_dtrain(), g_tmp, ref, g_tmp, name, r->flags);
@@ -173,14 +226,89 @@ static void run_row(int i, const row *r) {
     int bw;
     double d = compare(ref, name, &bw);
     if (r->tol == 0)
-        CHECK(bw, "row %d (%s, %s, %d workers): not bitwise equal to one process (max rel diff %.3g)", i,
-              r->strategy, r->model, r->workers, d);
+        CHECK(bw, "row %d (%s, %s, %d workers %s): not bitwise equal to %d process(es) (max rel diff %.3g)", i,
+              r->strategy, r->model, r->workers, r->flags, refw, d);
     else
-        CHECK(d >= 0 && d <= r->tol, "row %d (%s, %s, %d workers%s %s): max relative difference %.3g to one process (tolerance %.1g)",
-              i, r->strategy, r->model, r->workers, r->mpi ? " under mpirun" : "", r->flags, d, r->tol);
-    printf("%-17s %-3s %d worker%s%-13s %-26s vs 1 process %-14s: %s (max rel diff %.3g)\n", r->strategy, r->model,
-           r->workers, r->workers > 1 ? "s" : " ", r->mpi ? " (mpirun)" : "", r->flags, *r->ref ? r->ref : "(plain)",
-           bw ? "bitwise" : "within tolerance", d);
+        CHECK(d >= 0 && d <= r->tol, "row %d (%s, %s, %d workers%s %s): max relative difference %.3g to %d process(es) (tolerance %.1g)",
+              i, r->strategy, r->model, r->workers, r->mpi ? " under mpirun" : "", r->flags, d, refw, r->tol);
+    printf("%-18s %-3s %d worker%s%-10s %-40s vs %d process%s %-28s: %s (max rel diff %.3g)\n", r->strategy, r->model,
+           r->workers, r->workers > 1 ? "s" : " ", r->mpi ? " (mpirun)" : "", r->flags, refw, refw > 1 ? "es" : "  ",
+           *r->ref ? r->ref : "(plain)", bw ? "bitwise" : "within tolerance", d);
+}
+
+// --memory-limit with a GPT whose state dominates (3.2 M parameters, AdamW:
+// 51 MB of model state a worker at zero = 0, 22 MB at zero = 2 on 4): 4
+// local workers sharing 120 MiB are refused at zero = 0 with the stage that
+// fits named, and train at zero = 2 (the loss falls).
+static void memory_limit(void) {
+    char cfg[1200], cmd[4096];
+    snprintf(cfg, sizeof cfg,
+             "[model]\npreset = gpt\nn_layer = 4\nn_head = 4\nn_embd = 256\nblock_size = 8\nvocab_size = 32\n"
+             "[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\nval_file = %s/tok_val.bin\n"
+             "[optim]\nname = adamw\nlr = 0.001\n[train]\nseq_len = 8\neval_batches = 1\n",
+             g_tmp, g_tmp);
+    int rc = train("mem0", cfg, 4, "--memory-limit 120M --set train.max_steps=5");
+    CHECK(rc == 1 && strstr(g_out, "not enough memory") && strstr(g_out, "[parallel] zero = 2 (--zero 2) needs"),
+          "zero = 0 over the limit: exit %d, the error names the stage that fits:\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "test -e %s/mem0/summary.json", g_tmp);
+    CHECK(tl_run(cmd, NULL, 0) != 0, "refused before training");
+    // Under mpirun each rank has the whole limit: one rank over it is told
+    // the fewest workers at which stage 3 fits.
+    if (access("/usr/bin/mpirun", X_OK) == 0) {
+        snprintf(cmd, sizeof cmd,
+                 "mpirun --allow-run-as-root --oversubscribe -np 1 %s train %s/mem0.ini --quiet --run-dir %s/mem-mpi "
+                 "--memory-limit 40M --set train.max_steps=5",
+                 tl_dtrain(), g_tmp, g_tmp);
+        tl_run(cmd, g_out, sizeof g_out);
+        CHECK(strstr(g_out, "not enough memory") && strstr(g_out, "[parallel] zero = 3 on ") &&
+                  strstr(g_out, "workers needs"),
+              "one MPI rank over its limit: the error names the worker count at which zero = 3 fits:\n%s", g_out);
+    }
+    rc = train("mem2", cfg, 4, "--memory-limit 120M --zero 2 --set train.max_steps=8 --log-format json");
+    CHECK(rc == 0, "zero = 2 under the same limit: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s/mem2/summary.json", g_tmp);
+    char *sum = tl_read_file(cmd, NULL);
+    const char *at = sum ? strstr(sum, "\"final_train_loss\":") : NULL;
+    double loss = at ? atof(at + 19) : 99;
+    CHECK(loss < 3.3, "zero = 2: the loss falls from ln 32 = 3.47 to %.3f", loss);
+    printf("memory limit: zero = 0 refused, zero = 2 on 4 workers trains (loss 3.47 -> %.3f)\n", loss);
+    // Every rank's metrics carry its bytes by kind: rank 3's add up to the
+    // model state of summary.json.
+    snprintf(cmd, sizeof cmd, "%s/mem2/metrics/rank-00003.jsonl", g_tmp);
+    char *log3 = tl_read_file(cmd, NULL), *last = log3 ? strstr(log3, "\"memory_bytes\":") : NULL;
+    for (char *q = last; q; q = strstr(q + 1, "\"memory_bytes\":")) last = q;
+    double kinds = 0;
+    const char *names[] = {"\"weights\":", "\"gradients\":", "\"optimizer_state\":", "\"comm_buffers\":"};
+    for (int k = 0; k < 4 && last; k++) {
+        const char *v = strstr(last, names[k]);
+        kinds += v ? atof(v + strlen(names[k])) : -1e30;
+    }
+    const char *ms = sum ? strstr(sum, "\"model_state_bytes\":") : NULL;
+    CHECK(ms && kinds == atof(ms + 20), "rank 3's bytes by kind in its metrics (%.0f) = summary.json's model state", kinds);
+    free(log3);
+    // Measured: rank 0's peak resident memory at zero = 0 and 2 (no limit).
+    rc = train("mem0", cfg, 4, "--set train.max_steps=8");
+    snprintf(cmd, sizeof cmd, "%s/mem0/summary.json", g_tmp);
+    char *sum0 = tl_read_file(cmd, NULL);
+    const char *p0 = sum0 ? strstr(sum0, "\"peak_rss_bytes\":") : NULL, *p2 = sum ? strstr(sum, "\"peak_rss_bytes\":") : NULL;
+    const char *m0 = sum0 ? strstr(sum0, "\"model_state_bytes\":") : NULL, *m2 = sum ? strstr(sum, "\"model_state_bytes\":") : NULL;
+    double r0 = p0 ? atof(p0 + 17) : 0, r2 = p2 ? atof(p2 + 17) : 0, s0 = m0 ? atof(m0 + 20) : 0, s2 = m2 ? atof(m2 + 20) : 0;
+    CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.6 * (s0 - s2),
+          "peak RSS at zero = 0: %.1f MB, at zero = 2: %.1f MB; the model state by the formula: %.1f and %.1f MB", r0 / 1e6,
+          r2 / 1e6, s0 / 1e6, s2 / 1e6);
+    rc = train("mem3", cfg, 4, "--zero 3 --set train.max_steps=8");
+    snprintf(cmd, sizeof cmd, "%s/mem3/summary.json", g_tmp);
+    char *sum3 = tl_read_file(cmd, NULL);
+    const char *p3 = sum3 ? strstr(sum3, "\"peak_rss_bytes\":") : NULL, *m3 = sum3 ? strstr(sum3, "\"model_state_bytes\":") : NULL;
+    double r3 = p3 ? atof(p3 + 17) : 0, s3 = m3 ? atof(m3 + 20) : 0;
+    CHECK(rc == 0 && r3 > 0 && r3 < r2 && r0 - r3 > 0.6 * (s0 - s3),
+          "peak RSS at zero = 3: %.1f MB (zero 2: %.1f, zero 0: %.1f); model state by the formula %.1f MB", r3 / 1e6,
+          r2 / 1e6, r0 / 1e6, s3 / 1e6);
+    printf("rank 0 on 4 workers, peak RSS / model state: zero 0 %.1f / %.1f MB, zero 2 %.1f / %.1f MB, zero 3 %.1f / %.1f MB\n",
+           r0 / 1e6, s0 / 1e6, r2 / 1e6, s2 / 1e6, r3 / 1e6, s3 / 1e6);
+    free(sum0);
+    free(sum3);
+    free(sum);
 }
 
 // Rank 2 of 3 fails at step 7: everyone stops, named in the error, no hang.
@@ -216,6 +344,8 @@ int main(void) {
 
     // The table.
     for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++) run_row(i, &rows[i]);
+
+    memory_limit();
 
     // 3. a failing worker stops everyone, named in the error, no hang.
     fault("mlp", cfg_mlp);

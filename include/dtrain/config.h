@@ -14,6 +14,7 @@
  *             grad_accum, straggler_margin, straggler_steps
  *   [parallel] bucket_kb, deterministic, micro_shards, pipeline, micro_batches,
  *             schedule, pipeline_split
+ *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload, offload_dir
  *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
  *
@@ -69,6 +70,9 @@ typedef struct {
     int micro_batches;             /* per data-parallel replica and step (0: P) */
     int pipeline_schedule;         /* 0 gpipe, 1 1f1b */
     char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced) */
+    int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
+    int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
+    char offload_dir[512];         /* where (offload = disk) */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

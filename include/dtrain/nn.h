@@ -138,6 +138,12 @@ DT_API void dt_model_set_loss_scale(dt_model *m, float s);
  * whose concatenation backward finishes from the end. */
 typedef void (*dt_grad_ready_fn)(size_t offset, void *user);
 DT_API void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user);
+/* The layer hook: called before layer i's forward (phase 0) and before its
+ * backward (phase 1), for every layer in the order the pass runs them; a
+ * status other than DT_OK stops the pass, which returns it. Meant for
+ * gathering a layer's parameters on demand (ZeRO-3). fn NULL: none. */
+typedef dt_status (*dt_model_layer_fn)(int layer, int phase, void *user);
+DT_API void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *user);
 /* Elements [offset, offset + len) of a gradient block. */
 typedef struct {
     size_t offset, len;

@@ -24,6 +24,9 @@ typedef struct dt_optim dt_optim;
 /* An optimizer for n parameters; allocates its state (momentum, or Adam's
  * m and v), zeroed. Free with dt_optim_free(). */
 DT_API dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n);
+/* The same with the state in a file-backed mapping in state_dir
+ * (dt_state_alloc; NULL: in memory). state_dir must outlive the optimizer. */
+DT_API dt_status dt_optim_create_at(dt_optim **out, const dt_optim_params *p, size_t n, const char *state_dir);
 DT_API void dt_optim_free(dt_optim *o);
 
 /* One update of params[n] from grads[n] with learning rate lr; each gradient
@@ -57,6 +60,15 @@ DT_API float *dt_optim_state(dt_optim *o, int i);
 
 /* Sum of squares of g[n], accumulated in double. */
 DT_API double dt_sum_squares(const float *g, size_t n);
+
+/* n zeroed floats of optimizer state: dt_alloc'd when dir is NULL, else a
+ * shared mapping of a file created in dir and unlinked at once (the kernel
+ * pages it to and from the disk as the state is used, in sequential
+ * read-ahead), its blocks reserved up front, so a full disk is an error
+ * here (DT_ERR_IO naming dir and the bytes) and never later. NULL and a
+ * recorded error on failure. Free with dt_state_free(p, n, dir). */
+DT_API float *dt_state_alloc(size_t n, const char *dir);
+DT_API void dt_state_free(float *p, size_t n, const char *dir);
 /* The factor that brings a gradient of global norm `norm` down to
  * `clip_norm` (1 if it is already within, or clip_norm <= 0). */
 DT_API float dt_clip_scale(double norm, float clip_norm);

@@ -130,6 +130,27 @@ typedef enum { DT_MEM_TRAIN, DT_MEM_EVAL, DT_MEM_SAMPLE } dt_mem_use;
 DT_API dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting,
                                  int *model_rows);
 
+/* A worker's model-state bytes by kind ([parallel] zero, docs/zero.md). */
+typedef struct {
+    size_t weights, gradients, optimizer, comm;  /* comm: deterministic mode's int64 sums */
+    size_t offloaded;  /* of optimizer: on disk ([parallel] offload = disk), not in memory */
+} dt_memory_kinds;
+
+/* The model-state bytes one of W workers holds for np parameters at ZeRO
+ * stage `zero` (the largest slice of dt_shard_range): fp32 weights,
+ * gradients and the optimizer's states, replicated or sliced by stage, and
+ * deterministic mode's fixed-point sums. Fills *k (may be NULL) and returns
+ * the bytes in memory (the sum, less an offloaded optimizer state). For fp32 AdamW: 16 np at stage 0, 8 np + 8 np / W at 1,
+ * 4 np + 12 np / W at 2, 16 np / W at 3 (the layers gathered at a time
+ * come on top, as activations do). */
+DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W,
+                                    dt_memory_kinds *k);
+
+/* [parallel] offload = disk: offload_dir is set, a directory, and a file
+ * can be created there; DT_ERR_CONFIG naming the field otherwise. (Its free
+ * space is checked by dt_check_memory.) */
+DT_API dt_status dt_check_offload(const dt_config *c);
+
 /* Formats a progress line into buf: "step 120/2340 | epoch 1/10 | loss 0.4312
  * | lr 1.0e-03 | 5123 samples/s | ETA 1m02s | slowest rank 1 (12 ms)". */
 DT_API void dt_progress_format(const dt_progress *p, char *buf, size_t n);

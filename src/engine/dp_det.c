@@ -11,11 +11,8 @@
  * they were added. The state stays replicated, as in "dp". */
 #include "engine/strategy.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FIXED_SCALE 4294967296.0  // 2^32
 
 typedef struct {
     dt_strategy base;
@@ -64,15 +61,8 @@ static int det_plan(dt_strategy *s, int first, int share, int global) {
 // Each shard's gradient on its own, from zero.
 static void det_micro_end(dt_strategy *s, int k) {
     (void)k;
-    int64_t *acc = ((dp_det *)s)->acc;
-    const float *g = s->grads;
-    size_t n = s->n;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        double x = (double)g[i] * FIXED_SCALE;  // clamped: no overflow from a diverging run
-        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
-    }
-    memset(s->grads, 0, sizeof(float) * n);
+    dt_fixed_accumulate(((dp_det *)s)->acc, s->grads, s->n);
+    memset(s->grads, 0, sizeof(float) * s->n);
 }
 
 static dt_status det_sync(dt_strategy *s) {
@@ -80,10 +70,7 @@ static dt_status det_sync(dt_strategy *s) {
     size_t n = s->n;
     double t0 = dt_now();
     dt_status st = dt_allreduce(acc, acc, n, DT_I64, DT_SUM, s->comm);
-    if (st == DT_OK) {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) s->grads[i] = (float)((double)acc[i] / FIXED_SCALE);
-    }
+    if (st == DT_OK) dt_fixed_to_float(s->grads, acc, n);
     memset(acc, 0, sizeof(int64_t) * n);
     if (s->world > 1) {  // all of it exposed: nothing overlaps backward
         s->comm_seconds += dt_now() - t0;

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 // The model tables, in one place: the first that wants the config.
 static const dt_task_ops *const tasks[] = {&dt_task_gpt, &dt_task_classifier};
@@ -34,7 +35,10 @@ const dt_task_ops *dt_task_for(const dt_config *c) {
     return &dt_task_classifier;
 }
 
-dt_status dt_train_check(const dt_config *c, int W) { return dt_strategy_for(c)->check(c, W); }
+dt_status dt_train_check(const dt_config *c, int W) {
+    dt_status st = dt_strategy_for(c)->check(c, W);
+    return st == DT_OK ? dt_check_offload(c) : st;
+}
 
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
                                const dt_train_result *r, size_t nparams) {
@@ -51,6 +55,30 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     tops->summary(task, o, r);
     dt_json_add_parallel(o, r);
+    // Rank 0's bytes by kind at its ZeRO stage (docs/zero.md), beside its
+    // peak resident memory.
+    dt_memory_kinds k;
+    size_t state = dt_memory_model_state(c, DT_MEM_TRAIN, nparams, c->zero, r->workers, &k);
+    struct rusage ru;
+    cJSON *m = cJSON_AddObjectToObject(o, "memory");
+    cJSON_AddNumberToObject(m, "zero", c->zero);
+    cJSON_AddNumberToObject(m, "weights_bytes", (double)k.weights);
+    cJSON_AddNumberToObject(m, "gradients_bytes", (double)k.gradients);
+    cJSON_AddNumberToObject(m, "optimizer_state_bytes", (double)k.optimizer);
+    cJSON_AddNumberToObject(m, "comm_buffer_bytes", (double)k.comm);
+    cJSON_AddNumberToObject(m, "model_state_bytes", (double)state);
+    if (c->offload) {  // the state file, and what this process read and wrote on storage (/proc/self/io)
+        cJSON_AddNumberToObject(m, "offloaded_bytes", (double)k.offloaded);
+        FILE *io = fopen("/proc/self/io", "r");
+        char line[128];
+        unsigned long long v;
+        while (io && fgets(line, sizeof line, io)) {
+            if (sscanf(line, "read_bytes: %llu", &v) == 1) cJSON_AddNumberToObject(m, "disk_read_bytes", (double)v);
+            if (sscanf(line, "write_bytes: %llu", &v) == 1) cJSON_AddNumberToObject(m, "disk_write_bytes", (double)v);
+        }
+        if (io) fclose(io);
+    }
+    cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
     return dt_json_write(path, o);
 }
 
@@ -144,8 +172,12 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
     }
-    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs};
+    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
+    dt_memory_kinds mk;
+    dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
+    dt_obs_set_memory(obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients, (double)mk.optimizer,
+                                                      (double)mk.comm});
     if (sops->params_needed) {
         if (!tops->set_layer_hook) {
             st = dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no layers to hook",
@@ -195,7 +227,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             dt_obs_end(obs, DT_OBS_DATA);
             if (st != DT_OK) goto done;
             if (!more) break;
-            tops->zero_grad(task);
+            if (!strat->grads_zero) tops->zero_grad(task);
             double lsum;
             dt_control ctl;
             float lr, gnorm;
@@ -224,7 +256,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 if (info.has_eval) {
                     float tl, ta;
                     dt_obs_begin(obs, DT_OBS_EVAL);
-                    st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
+                    st = dt_strategy_params_whole(strat, 1);
+                    if (st == DT_OK) st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
+                    if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
                     dt_obs_end(obs, DT_OBS_EVAL);
                     if (st != DT_OK) goto done;
                     res->test_loss = tl;
@@ -248,7 +282,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         run_dir = NULL;
     } else if (!evaluated && info.has_eval) {  // resumed from the run's last checkpoint
         dt_obs_begin(obs, DT_OBS_EVAL);
-        st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
+        st = dt_strategy_params_whole(strat, 1);
+        if (st == DT_OK) st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
         dt_obs_end(obs, DT_OBS_EVAL);
         if (st != DT_OK) goto done;
     }
@@ -258,6 +293,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
+    if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

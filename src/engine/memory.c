@@ -13,12 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 // A worker's needs, by part; `field` names the config field behind the
 // activations.
 typedef struct {
     size_t act, model, data;
+    size_t np;           // parameters (the model part is dt_memory_model_state of them)
     char field[64], value[64];
     char act_what[128], data_what[600];
     int rows;
@@ -58,6 +62,23 @@ static size_t file_size(const char *path) {
     return path[0] && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (size_t)sb.st_size : 0;
 }
 
+size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W, dt_memory_kinds *k) {
+    dt_memory_kinds m = {0};
+    size_t F = sizeof(float), slice = (np + (size_t)W - 1) / (size_t)W;  // the largest slice
+    if (W < 1 || zero < 0) W = 1, zero = 0, slice = np;
+    m.weights = sat_mul(F, zero >= 3 ? slice : np);
+    if (use == DT_MEM_TRAIN) {
+        m.gradients = sat_mul(F, zero >= 2 ? slice : np);
+        m.optimizer = sat_mul(sat_mul(F, (size_t)optim_states(c)), zero >= 1 ? slice : np);
+        if (c->offload) m.offloaded = m.optimizer;  // on disk: not in memory
+        if (c->deterministic) m.comm = sat_mul(sizeof(int64_t), np);  // the fixed-point sums
+    } else if (use == DT_MEM_EVAL) {
+        m.gradients = sat_mul(F, np);  // the model's blocks; a weights file loading
+    }
+    if (k) *k = m;
+    return sat_add(sat_add(m.weights, m.gradients), sat_add(m.optimizer - m.offloaded, m.comm));
+}
+
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     char img[1100];
     int64_t ntest, ntrain = 0;
@@ -82,7 +103,8 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     snprintf(n->act_what, sizeof n->act_what, "activations for %d samples", n->rows);
     size_t np;
     if ((st = dt_model_memory(c->input, c->layers, c->nlayers, n->rows, &np, &n->act)) != DT_OK) return st;
-    n->model = sizeof(float) * np * (2 + (use == DT_MEM_TRAIN ? optim_states(c) : 0));
+    n->np = np;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
@@ -113,7 +135,8 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     snprintf(n->act_what, sizeof n->act_what, "activations for %d x %d tokens", B, T);
     // Parameters and gradients, the optimizer's state, and a weights file
     // while it loads.
-    n->model = sizeof(float) * np * (2 + (use == DT_MEM_TRAIN ? optim_states(c) : 1));
+    n->np = np;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 3;
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
@@ -129,6 +152,67 @@ static int local_workers(void) {
     return n > 0 ? n : 1;
 }
 
+// The smallest ZeRO stage above the config's that fits on W workers, else
+// the fewest workers (up to the batch) at which the highest stage fits,
+// when each worker has the same memory whatever their number (a per-worker
+// limit: under mpirun or srun); into out as ", or ...", or nothing.
+static void suggest_zero(const dt_config *c, int W, const need_t *n, int count, int share, size_t avail, char *out,
+                         size_t len) {
+    enum { TOP = 3 };  // the highest stage there is
+    size_t rest = sat_add(n->act, n->data);
+    char b[64];
+    for (int z = c->zero + 1; z <= TOP; z++) {
+        size_t per = sat_add(rest, dt_memory_model_state(c, DT_MEM_TRAIN, n->np, z, W, NULL));
+        if (sat_mul(per, (size_t)count) <= avail) {
+            snprintf(out, len, ", or shard the state: [parallel] zero = %d (--zero %d) needs %s a worker", z, z,
+                     dt_mem_format(per, b, sizeof b));
+            return;
+        }
+    }
+    if (count > 1 || share > 1) return;  // local workers share the machine: more of them need more
+    for (int w = W + 1; w <= c->batch && w <= 4096; w++) {
+        size_t per = sat_add(rest, dt_memory_model_state(c, DT_MEM_TRAIN, n->np, TOP, w, NULL));
+        if (per <= avail) {
+            snprintf(out, len, ", or shard the state over more workers: [parallel] zero = %d on %d workers needs %s a worker",
+                     TOP, w, dt_mem_format(per, b, sizeof b));
+            return;
+        }
+    }
+}
+
+dt_status dt_check_offload(const dt_config *c) {
+    if (!c->offload) return DT_OK;
+    const char *d = c->offload_dir;
+    struct stat sb;
+    if (!d[0]) return dt_error(DT_ERR_CONFIG, "[parallel] offload = disk needs [parallel] offload_dir, a directory on local disk");
+    if (stat(d, &sb) != 0) return dt_error(DT_ERR_CONFIG, "[parallel] offload_dir %s: %s", d, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return dt_error(DT_ERR_CONFIG, "[parallel] offload_dir %s: not a directory", d);
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/.dtrain-probe-XXXXXX", d);
+    int fd = mkstemp(probe);
+    if (fd < 0) return dt_error(DT_ERR_CONFIG, "[parallel] offload_dir %s: not writable: %s", d, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return DT_OK;
+}
+
+// Room on the offload directory's file system for the optimizer state of
+// `count` workers.
+static dt_status check_disk(const dt_config *c, const need_t *n, int W, int count) {
+    dt_memory_kinds k;
+    dt_memory_model_state(c, DT_MEM_TRAIN, n->np, c->zero, W, &k);
+    struct statvfs vf;
+    if (statvfs(c->offload_dir, &vf) != 0)
+        return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: %s", c->offload_dir, strerror(errno));
+    size_t free_b = sat_mul((size_t)vf.f_bavail, (size_t)vf.f_frsize), need = sat_mul(k.offloaded, (size_t)count);
+    char a[64], b[64];
+    if (need > free_b)
+        return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: the optimizer state needs %s (%zu bytes)%s, but its file system has %s free",
+                        c->offload_dir, dt_mem_format(need, a, sizeof a), need, count > 1 ? " for all workers" : "",
+                        dt_mem_format(free_b, b, sizeof b));
+    return DT_OK;
+}
+
 dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting, int *model_rows) {
     need_t n;
     memset(&n, 0, sizeof n);
@@ -142,6 +226,10 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         if (st != DT_OK) return st;
     }
     if (model_rows) *model_rows = n.rows;
+    if (use == DT_MEM_TRAIN && c->offload) {
+        dt_status st = check_disk(c, &n, W, starting ? W : 1);
+        if (st != DT_OK) return st;
+    }
     size_t per = sat_add(sat_add(n.act, n.model), n.data), total = sat_mul(per, (size_t)count);
     const char *src, *lname;
     size_t avail = dt_mem_available(&src), lim = dt_mem_limit(&lname);
@@ -167,9 +255,11 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         fix = "the data";
     }
     if (count > 1) snprintf(times, sizeof times, ", x %d workers = %s", count, dt_mem_format(total, t, sizeof t));
+    char zero[300] = "";
+    if (use == DT_MEM_TRAIN) suggest_zero(c, W, &n, count, share, avail, zero, sizeof zero);
     return dt_error(DT_ERR_NOMEM,
                     "not enough memory: %s; in all a worker needs %s (activations %zu, model %zu, data %zu bytes)%s, "
-                    "but %s is available (%s). Lower %s%s",
+                    "but %s is available (%s). Lower %s%s%s",
                     part, dt_mem_format(per, b, sizeof b), n.act, n.model, n.data, times,
-                    dt_mem_format(avail, v, sizeof v), src, fix, count > 1 ? " or the number of workers" : "");
+                    dt_mem_format(avail, v, sizeof v), src, fix, count > 1 ? " or the number of workers" : "", zero);
 }

@@ -8,6 +8,9 @@
 // The one registry: the first strategy that wants the config runs it.
 static const dt_strategy_ops *const strategies[] = {
     &dt_strategy_pipeline,
+    &dt_strategy_zero3,
+    &dt_strategy_zero_deterministic,
+    &dt_strategy_zero,
     &dt_strategy_dp_deterministic,
     &dt_strategy_dp,
 };
@@ -32,6 +35,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->n = a->n;
     s->order = a->order;
     s->norder = a->norder;
+    s->order_layer = a->order_layer;
     s->obs = a->obs;
     s->lo = 0;
     s->hi = a->n;
@@ -40,7 +44,8 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->len = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
     dt_status st = s->off && s->len ? DT_OK : dt_error(DT_ERR_NOMEM, "strategy %s: out of memory", ops->name);
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
-    if (st == DT_OK) st = dt_optim_create(&s->opt, &a->c->optim, s->hi - s->lo);
+    const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
+    if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
     if (st != DT_OK) {
         dt_strategy_free(s);
         return st;
@@ -59,14 +64,14 @@ void dt_strategy_free(dt_strategy *s) {
 }
 
 void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
-    m->params = s->params;
+    m->params = s->params + (s->params_sliced ? s->lo : 0);  // params[0] is element params_lo
     m->nparams = s->n;
     m->nstates = dt_optim_num_states(s->opt);
     for (int j = 0; j < 2; j++) m->states[j] = j < m->nstates ? dt_optim_state(s->opt, j) : NULL;
     m->opt_step = dt_optim_step_count(s->opt);
     m->optimizer = dt_optim_kind_name(s->c->optim.kind);
-    m->params_lo = 0;
-    m->params_hi = s->n;
+    m->params_lo = s->params_sliced ? s->lo : 0;
+    m->params_hi = s->params_sliced ? s->hi : s->n;
     m->states_lo = s->lo;
     m->states_hi = s->hi;
 }
@@ -95,4 +100,85 @@ dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale) {
     dt_optim_begin_step(s->opt);
     dt_optim_update(s->opt, 0, s->hi - s->lo, s->params + s->lo, s->grads + s->lo, lr, scale);
     return DT_OK;
+}
+
+#define FIXED_SCALE 4294967296.0  // 2^32
+
+void dt_fixed_accumulate(int64_t *acc, const float *g, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)g[i] * FIXED_SCALE;  // clamped: no overflow from a diverging run
+        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
+    }
+}
+
+void dt_fixed_to_float(float *g, const int64_t *acc, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) g[i] = (float)((double)acc[i] / FIXED_SCALE);
+}
+
+// dt_sum_squares's blocks (optim.c), summed here slice by slice.
+enum { NORM_BLOCK = 4096 };
+
+static double squares(const float *g, size_t lo, size_t hi, double s) {
+    for (size_t i = lo; i < hi; i++) s += (double)g[i] * g[i];
+    return s;
+}
+
+dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm) {
+    size_t n = s->n, lo = s->lo, hi = s->hi, B = NORM_BLOCK, nb = (n + B - 1) / B;
+    int W = s->world, r = s->rank;
+    *norm = 0;
+    if (W == 1) return dt_strategy_norm_replicated(s, norm);
+    // Blocks each rank closes (holds the last element of), in rank order.
+    size_t *counts = malloc(sizeof(size_t) * 2 * (size_t)W);
+    double *part = malloc(sizeof(double) * (nb ? nb : 1));
+    dt_status st = DT_OK;
+    if (!counts || !part) {
+        st = dt_error(DT_ERR_NOMEM, "gradient norm: out of memory");
+        goto done;
+    }
+    size_t *displs = counts + W;
+    for (int p = 0; p < W; p++) {
+        size_t a, b;
+        dt_shard_range(n, p, W, &a, &b);
+        size_t from = a / B, to = b == n ? nb : b / B;
+        counts[p] = b > a ? to - from : 0;
+        displs[p] = p ? displs[p - 1] + counts[p - 1] : 0;
+    }
+    // The partial sum of a block cut at lo comes from the rank before (a
+    // double sent as its 8 bytes: no reduction touches it).
+    double carry = 0;
+    if (lo < n && lo % B && (st = dt_recv(&carry, 1, DT_I64, r - 1, s->comm)) != DT_OK) goto comm;
+    double *mine = part + displs[r];
+    size_t first_end = (lo / B + 1) * B < hi ? (lo / B + 1) * B : hi;  // the first block's end in the slice
+    size_t k = 0;
+    if (hi > lo) {
+        double h = squares(s->grads, lo, first_end, carry);
+        if (first_end % B == 0 || first_end == n) mine[k++] = h, carry = 0;
+        else carry = h;
+        size_t full = (hi - first_end) / B;  // whole blocks after the first
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < full; j++)
+            mine[k + j] = squares(s->grads, first_end + j * B, first_end + (j + 1) * B, 0);
+        k += full;
+        size_t tail = first_end + full * B;
+        if (tail < hi) {
+            double t = squares(s->grads, tail, hi, 0);
+            if (hi == n) mine[k++] = t;
+            else carry = t;
+        }
+    }
+    if (hi < n && hi % B && (st = dt_send(&carry, 1, DT_I64, r + 1, s->comm)) != DT_OK) goto comm;
+    if ((st = dt_allgatherv(mine, counts[r], part, counts, displs, DT_I64, s->comm)) != DT_OK) goto comm;
+    double sum = 0;
+    for (size_t b = 0; b < nb; b++) sum += part[b];
+    *norm = sqrt(sum);
+    goto done;
+comm:
+    st = dt_error(st, "gradient norm: %s", dt_last_error());
+done:
+    free(counts);
+    free(part);
+    return st;
 }

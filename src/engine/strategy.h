@@ -19,12 +19,14 @@
  *     (the control plane agrees on loss, stop and save: engine/control.h)
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
+ *   dt_strategy_params_whole(s, 1 / 0)     around evaluation and the weights file
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
- * during backward through a gradient codec, engine/codec.h) and
+ * during backward through a gradient codec, engine/codec.h),
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
- * of ranks). A new strategy is a new file with its table, added to the one
+ * of ranks), and "zero", "zero-deterministic" and "zero-3" (sharded data
+ * parallel, engine/zero.c, docs/zero.md). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
  * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of
@@ -54,6 +56,7 @@ typedef struct {
     const dt_grad_range *order;
     int norder;
     dt_obs *obs;                 /* may be NULL */
+    const int *order_layer;      /* the layer using each range of the order (NULL: none) */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -86,6 +89,10 @@ typedef struct dt_strategy_ops {
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
+    /* whole = 1: every rank holds the whole parameter block until whole = 0
+     * (evaluation, the final weights file); a collective. NULL: it always
+     * does. */
+    dt_status (*params_whole)(dt_strategy *s, int whole);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -98,12 +105,15 @@ struct dt_strategy {
     size_t n;
     const dt_grad_range *order;
     int norder;
+    const int *order_layer;
     dt_obs *obs;
     dt_optim *opt;             /* over the slice [lo, hi) */
     size_t lo, hi;             /* the slice of the state this rank updates */
     int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
     int global;                /* samples in this step's global batch */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
+    int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
+    int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
@@ -128,6 +138,9 @@ static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { re
 static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
     return s->ops->update(s, lr, scale);
 }
+static inline dt_status dt_strategy_params_whole(dt_strategy *s, int whole) {
+    return s->ops->params_whole ? s->ops->params_whole(s, whole) : DT_OK;
+}
 
 /* The checkpoint view of what this rank holds: the parameter block and
  * the optimizer state (its slice [lo, hi) of each), and the step count.
@@ -142,9 +155,22 @@ int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global);
 dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
+/* The norm of a gradient block of which each rank holds only its slice
+ * [lo, hi) (dt_shard_range): bitwise the value dt_sum_squares would give
+ * over the whole block, for any number of ranks (its fixed blocks are
+ * summed in the same order; a block cut by a slice boundary passes its
+ * partial sum to the next rank). A collective: every rank calls it. */
+dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm);
+/* Deterministic mode's fixed point: acc[i] += round(g[i] * 2^32) (clamped),
+ * and back, g[i] = acc[i] / 2^32. Integer sums do not depend on their order. */
+void dt_fixed_accumulate(int64_t *acc, const float *g, size_t n);
+void dt_fixed_to_float(float *g, const int64_t *acc, size_t n);
 
 extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
 extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
 extern const dt_strategy_ops dt_strategy_pipeline;         /* engine/pipeline.c */
+extern const dt_strategy_ops dt_strategy_zero;             /* engine/zero.c */
+extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/zero.c */
+extern const dt_strategy_ops dt_strategy_zero3;            /* engine/zero.c */
 
 #endif

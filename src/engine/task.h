@@ -29,6 +29,8 @@ typedef struct {
     size_t nparams;
     const dt_grad_range *order;       /* gradient order (NULL: the block from its end) */
     int norder;
+    const int *order_layer;           /* the layer (as the layer hook numbers them) using each range of
+                                         the order; NULL: no layer hook */
     const dt_tensor_info *tensors;    /* for checkpoints */
     int ntensors;
     const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */

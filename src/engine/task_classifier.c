@@ -17,6 +17,8 @@ struct dt_task {
     dt_model *m;
     dt_loader *loader;
     dt_tensor_info *tinfo;
+    dt_grad_range *order;          // the tensors in block order, and the layer of each
+    int *order_layer;
     dt_batch b;                    // the batch in flight: this rank's share
     dt_st_meta wmeta[2];
 };
@@ -100,6 +102,8 @@ static int cls_wants(const dt_config *c) { return !c->gpt; }
 static void cls_destroy(dt_task *t) {
     if (!t) return;
     free(t->tinfo);
+    free(t->order);
+    free(t->order_layer);
     dt_loader_free(t->loader);
     dt_model_free(t->m);
     dt_dataset_free(&t->train);
@@ -138,6 +142,18 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         goto done;
     }
     for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->m, i);
+    // The gradient order for a strategy that gathers layer by layer: the
+    // tensors in block order (their names start with the layer index).
+    t->order = malloc(sizeof *t->order * (nt > 0 ? nt : 1));
+    t->order_layer = malloc(sizeof(int) * (nt > 0 ? nt : 1));
+    if (!t->order || !t->order_layer) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nt; i++) {
+        t->order[i] = (dt_grad_range){t->tinfo[i].offset, t->tinfo[i].numel};
+        t->order_layer[i] = atoi(t->tinfo[i].name);
+    }
     t->wmeta[0] = (dt_st_meta){"format", "dtrain-weights"};
     t->wmeta[1] = (dt_st_meta){"name", c->name};
     int64_t spe = dt_loader_steps_per_epoch(t->loader);
@@ -146,6 +162,9 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     *info = (dt_task_info){.params = dt_model_params(t->m),
                            .grads = dt_model_grads(t->m),
                            .nparams = dt_model_num_params(t->m),
+                           .order = t->order,
+                           .norder = nt,
+                           .order_layer = t->order_layer,
                            .tensors = t->tinfo,
                            .ntensors = nt,
                            .weights_meta = t->wmeta,
@@ -189,6 +208,8 @@ static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     dt_model_backward(t->m);
 }
 
+static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) { dt_model_set_layer_hook(t->m, fn, user); }
+
 // Evaluation sharded across the ranks of comm and reduced.
 static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
@@ -230,6 +251,7 @@ const dt_task_ops dt_task_classifier = {
     .zero_grad = cls_zero_grad,
     .forward = cls_forward,
     .backward = cls_backward,
+    .set_layer_hook = cls_set_layer_hook,
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,

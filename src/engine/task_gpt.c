@@ -19,6 +19,7 @@
 
 struct dt_task {
     const dt_config *c;
+    int *order_layer;  // the layer using each range of the gradient order
     dt_gpt_config gc;
     dt_tokens train, val;
     dt_gpt *m;
@@ -118,6 +119,7 @@ static int gpt_wants(const dt_config *c) { return c->gpt; }
 
 static void gpt_destroy(dt_task *t) {
     if (!t) return;
+    free(t->order_layer);
     cJSON_Delete(t->history);
     free(t->x);
     free(t->y);
@@ -164,11 +166,19 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     for (int i = 0; i < 16; i++) t->tinfo[i] = *dt_gpt_tensor(t->m, i);
     int norder;
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
+    // wte, wpe (the embedding), 12 slices a block, lnfw, lnfb (the head).
+    if (!(t->order_layer = malloc(sizeof(int) * (size_t)norder))) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < norder; i++)
+        t->order_layer[i] = i < 2 ? DT_GPT_EMBED : i < norder - 2 ? (i - 2) / 12 : t->gc.n_layer;
     *info = (dt_task_info){.params = dt_gpt_params(t->m),
                            .grads = dt_gpt_grads(t->m),
                            .nparams = dt_gpt_num_params(t->m),
                            .order = order,
                            .norder = norder,
+                           .order_layer = t->order_layer,
                            .tensors = t->tinfo,
                            .ntensors = 16,
                            .weights_meta = t->wmeta,

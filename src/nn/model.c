@@ -41,6 +41,8 @@ struct dt_model {
     int64_t drop_first;
     dt_grad_ready_fn hook;
     void *hook_user;
+    dt_model_layer_fn layer_hook;
+    void *layer_hook_user;
     float loss_scale;
 };
 
@@ -383,6 +385,11 @@ void dt_model_set_dropout_key(dt_model *m, uint64_t step, int64_t first) {
 
 void dt_model_set_loss_scale(dt_model *m, float s) { m->loss_scale = s; }
 
+void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *user) {
+    m->layer_hook = fn;
+    m->layer_hook_user = user;
+}
+
 void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user) {
     m->hook = fn;
     m->hook_user = user;
@@ -405,6 +412,8 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
         const float *w = m->params + l->w_off, *b = m->params + l->b_off;
+        dt_status st = m->layer_hook ? m->layer_hook(i, 0, m->layer_hook_user) : DT_OK;
+        if (st != DT_OK) return st;
         size_t n = (size_t)B * out_numel(l);
         int V = l->blk ? l->blk : 1;
         switch (s->kind) {
@@ -486,6 +495,8 @@ dt_status dt_model_backward(dt_model *m) {
         float *din = i > 0 ? m->L[i - 1].dact : NULL;
         const float *w = m->params + l->w_off;
         float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
+        dt_status st = m->layer_hook ? m->layer_hook(i, 1, m->layer_hook_user) : DT_OK;
+        if (st != DT_OK) return st;
         size_t n = (size_t)B * out_numel(l);
         int V = l->blk ? l->blk : 1;
         switch (s->kind) {

@@ -19,7 +19,9 @@
 
 // What every rank sends in dt_obs_allreduce's allgather (doubles). X_DATA ..
 // X_OPTIM follow DT_OBS_DATA .. DT_OBS_OPTIMIZER.
-enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, X_SUMS, NX = X_SUMS + DT_OBS_MAX_SUMS };
+enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, X_MEM,
+       X_SUMS = X_MEM + DT_OBS_MEM_KINDS, NX = X_SUMS + DT_OBS_MAX_SUMS };
+static const char *const mem_kinds[DT_OBS_MEM_KINDS] = {"weights", "gradients", "optimizer_state", "comm_buffers"};
 // The phases that make up a rank's own work in a step (straggler step time).
 static const int work_phases[] = {DT_OBS_DATA, DT_OBS_FORWARD, DT_OBS_BACKWARD, DT_OBS_OPTIMIZER};
 #define NWORK 4
@@ -72,6 +74,7 @@ struct dt_obs {
     float eval_loss, eval_acc;
     int have_eval;
     uint64_t stragglers_total;
+    double mem[DT_OBS_MEM_KINDS]; // this rank's bytes by kind (dt_obs_set_memory)
 };
 
 static double peak_rss_bytes(void) {
@@ -218,6 +221,13 @@ static void render(FILE *f, void *user) {
     rank_family(f, o, o->totals, X_RECV, "dtrain_rank_comm_received_bytes_total", "counter",
                 "Bytes received by collectives (as a ring algorithm moves them).");
     rank_family(f, o, o->xs, X_PEAK, "dtrain_rank_peak_memory_bytes", "gauge", "Peak resident memory of the rank's process.");
+    dt_prom_family(f, "dtrain_rank_memory_bytes", "gauge",
+                   "Model-state bytes a rank holds by kind at its ZeRO stage (docs/zero.md).");
+    for (int r = 0; r < o->W; r++)
+        for (int k = 0; k < DT_OBS_MEM_KINDS; k++) {
+            snprintf(lab, sizeof lab, "rank=\"%d\",kind=\"%s\"", r, mem_kinds[k]);
+            dt_prom_sample(f, "dtrain_rank_memory_bytes", lab, o->xs[(size_t)r * NX + X_MEM + k]);
+        }
     dt_prom_family(f, "dtrain_rank_straggler", "gauge", "1 while the rank is a reported straggler.");
     for (int r = 0; r < o->W; r++) {
         snprintf(lab, sizeof lab, "rank=\"%d\"", r);
@@ -228,6 +238,10 @@ static void render(FILE *f, void *user) {
 
 // ----------------------------------------------------------------------------
 // creation and the step calls
+
+void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]) {
+    if (o) memcpy(o->mem, bytes, sizeof o->mem);
+}
 
 dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, dt_comm_t comm,
                         dt_progress_fn progress, void *user) {
@@ -341,6 +355,7 @@ dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm) {
     mine[X_SENT] = (double)(cs.bytes_sent - o->cs.bytes_sent);
     mine[X_RECV] = (double)(cs.bytes_recv - o->cs.bytes_recv);
     mine[X_PEAK] = peak_rss_bytes();
+    for (int k = 0; k < DT_OBS_MEM_KINDS; k++) mine[X_MEM + k] = o->mem[k];
     for (int i = 0; i < n; i++) mine[X_SUMS + i] = v[i];
     if (o->W == 1) {
         memcpy(o->x, mine, sizeof mine);
@@ -449,6 +464,8 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     cJSON_AddNumberToObject(j, "bytes_sent", (double)(cs.bytes_sent - o->cs.bytes_sent));
     cJSON_AddNumberToObject(j, "bytes_recv", (double)(cs.bytes_recv - o->cs.bytes_recv));
     cJSON_AddNumberToObject(j, "peak_rss_bytes", peak_rss_bytes());
+    cJSON *mb = cJSON_AddObjectToObject(j, "memory_bytes");
+    for (int k = 0; k < DT_OBS_MEM_KINDS; k++) cJSON_AddNumberToObject(mb, mem_kinds[k], o->mem[k]);
     if (o->rank == 0 && o->W > 1) {
         cJSON_AddNumberToObject(j, "slowest_rank", slowest);
         num(j, "slowest_step_seconds", work_seconds(o, slowest));

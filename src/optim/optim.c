@@ -13,28 +13,35 @@ struct dt_optim {
     float *s0, *s1;   // SGD: momentum; AdamW: m, v
     void *copy;       // low-precision working copy of the n weights, or NULL
     dt_dtype copy_type;
+    const char *state_dir;  // the state's file-backed mapping (dt_state_alloc), or NULL
 };
 
 dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n) {
+    return dt_optim_create_at(out, p, n, NULL);
+}
+
+dt_status dt_optim_create_at(dt_optim **out, const dt_optim_params *p, size_t n, const char *state_dir) {
     *out = NULL;
     dt_optim *o = calloc(1, sizeof *o);
     if (!o) return dt_error(DT_ERR_NOMEM, "optimizer: out of memory");
     o->p = *p;
     o->n = n;
+    o->state_dir = state_dir;
     int nstate = dt_optim_num_states(o);
-    if (nstate >= 1 && !(o->s0 = dt_alloc(sizeof(float) * n))) goto nomem;
-    if (nstate >= 2 && !(o->s1 = dt_alloc(sizeof(float) * n))) goto nomem;
+    if (nstate >= 1 && !(o->s0 = dt_state_alloc(n, state_dir))) goto nomem;
+    if (nstate >= 2 && !(o->s1 = dt_state_alloc(n, state_dir))) goto nomem;
     *out = o;
     return DT_OK;
 nomem:
     dt_optim_free(o);
+    if (state_dir) return DT_ERR_IO;  // dt_state_alloc's message names the directory
     return dt_error(DT_ERR_NOMEM, "optimizer: out of memory for state of %zu parameters", n);
 }
 
 void dt_optim_free(dt_optim *o) {
     if (!o) return;
-    dt_free(o->s0);
-    dt_free(o->s1);
+    dt_state_free(o->s0, o->n, o->state_dir);
+    dt_state_free(o->s1, o->n, o->state_dir);
     free(o);
 }
 

@@ -114,6 +114,7 @@ static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", NULL};
+static const char *const offload_names[] = {"none", "disk", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -155,6 +156,9 @@ static const field fields[] = {
     {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
     {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},
     {"parallel", "pipeline_split", F_STR, O(pipeline_split), 0, 0, NULL},
+    {"parallel", "zero", F_INT, O(zero), 0, 3, NULL},
+    {"parallel", "offload", F_ENUM, O(offload), 0, 0, offload_names},
+    {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
     {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
     {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},

@@ -47,6 +47,10 @@ static const char train_help[] =
     "                  MIN) and try to grow again every --elastic-retry seconds\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
+    "  --zero N        sharded data parallel (parallel.zero, docs/zero.md): 1\n"
+    "                  shards the optimizer state over the workers, 2 the\n"
+    "                  gradients too, 3 the parameters too (each layer's\n"
+    "                  gathered when it runs); 0 (default) replicates all\n"
     CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
@@ -181,6 +185,7 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             {"--metrics-port", "obs.metrics_port", 1, 65535, 1},
             {"--metrics-addr", "obs.metrics_addr", 0, 0, 0},
             {"--trace", "obs.trace", 0, 0, 0},
+            {"--zero", "parallel.zero", 0, 3, 1},
         };
         enum { NCK = sizeof ck / sizeof ck[0] };
         int k = 0;

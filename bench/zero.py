@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+"""ZeRO stages against plain data parallel, in one run (docs/zero.md,
+docs/benchmarks.md).
+
+For each model (the MLP at batch 256, the CNN at batch 64, gpt-small at
+8 x 256 tokens) on 2 workers x 1 thread, `dtrain train --zero N` for N = 0
+(plain data parallel), 1, 2 and 3 alternate (0, 1, 2, 3, 0, 1, ...)
+--repeat times each, exactly as bench/dp.py runs dtrain; the best of each
+is kept and the throughput of each stage over stage 0's is printed, with
+the share of gradient communication hidden behind backward. The goal is
+>= 0.95 for stages 1 and 2 and >= 0.85 for stage 3 on gpt-small. Needs no
+PyTorch. Run it only on a quiet machine (`uptime` load < 1.5) and put
+the CPU model beside the figures.
+
+    /usr/bin/python3 bench/zero.py [--dtrain build] [--repeat N]
+        [--models mlp,cnn,gpt-small] [--steps N] [--workers N]
+"""
+import argparse, os, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dp  # noqa: E402
+
+STAGES = (0, 1, 2, 3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtrain", default="build")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--models", default="mlp,cnn,gpt-small")
+    ap.add_argument("--steps", type=int, default=0, help="steps per run (default: bench/dp.py's per model)")
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    print(f"{'model':9} {'zero':>4} {'per s':>9} {'/ zero 0':>8} {'comm hidden':>11}")
+    for model in a.models.split(","):
+        steps = a.steps or dp.STEPS[model]
+        key = "samples_per_sec" if model in dp.CONFIGS else "tokens_per_sec"
+        best = {z: None for z in STAGES}
+        for _ in range(a.repeat):
+            for z in STAGES:
+                r = dp.run_dtrain(a.dtrain, model, a.workers, 1, steps, ["--zero", str(z)])
+                if best[z] is None or r[key] > best[z][key]:
+                    best[z] = r
+        for z in STAGES:
+            r, h = best[z], best[z]["comm_hidden_share"]
+            print(f"{model:9} {z:4} {r[key]:9.0f} {r[key] / best[0][key]:8.3f} "
+                  f"{'-' if h is None else f'{h:.2f}':>11}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,525 @@
+/* Sharded data parallel (ZeRO), the "zero" and "zero-deterministic"
+ * strategies ([parallel] zero = 1 or 2) and "zero-3" ([parallel] zero = 3,
+ * plain or deterministic; strategy.h, docs/zero.md).
+ *
+ * Rank r owns the slice [lo, hi) = dt_shard_range(n, r, W) of the flat
+ * state: its optimizer exists only for that slice (dt_strategy_create sizes
+ * it), so the optimizer state is sharded at every stage.
+ *
+ *   stage 1: backward's gradients are reduced to their owners in buckets
+ *            while backward runs (a bucket of the gradient order, cut like
+ *            dp.c's, is split at the slice boundaries and each part is one
+ *            dt_ireduce to the rank that owns it: a reduce-scatter into
+ *            balanced contiguous slices). Each rank updates its slice; the
+ *            parameters are then allgathered.
+ *   stage 2: the same, and a rank releases every part of the gradient block
+ *            it does not own as soon as that part's reduction is done
+ *            (madvise(MADV_DONTNEED) of the pages inside it, the edges
+ *            zeroed), so the whole gradient is never resident; the block is
+ *            left zero for the next step, which then skips the task's
+ *            zero_grad (it would touch every page again).
+ *   stage 3: as stage 2, and only the slice of the parameters is kept
+ *            between steps: a layer's tensors are gathered (non-blocking
+ *            allgatherv) before its forward and backward through the
+ *            model's layer hook, the next layer's gather is started ahead
+ *            and the one behind released; the ranges outside the gathered
+ *            layers (embedding, head) are gathered at the first forward
+ *            after an update. Every rank runs the hooks of as many
+ *            micro-batches as the busiest (a short share replays them).
+ *
+ * The gradient norm is dt_strategy_norm_sharded: each rank's slice, the
+ * value dt_sum_squares gives over the whole block, bitwise.
+ *
+ * Deterministic mode (zero-deterministic) plans the fixed micro-shards of
+ * dp-deterministic and sums them in int64 fixed point; the sums are reduced
+ * to their owners (int64 addition is exact), so the gradients, the norm
+ * and therefore the weights are bitwise those of dp-deterministic for any
+ * number of ranks and any stage. Its fixed-point sums span the whole block
+ * (8 bytes a parameter), as dp-deterministic's do. */
+#include "engine/strategy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct {
+    size_t lo, hi;   // a contiguous part of the gradient block
+    int root;        // the rank that owns it
+    dt_request_t req;
+} piece;
+
+typedef struct {
+    dt_strategy base;
+    int stage;
+    size_t bucket;         // floats in a bucket of the gradient order
+    dt_grad_range whole;   // the order when the model gives none
+    size_t *opos;          // where each range of the order starts in it
+    size_t done;           // order positions >= done have been started
+    piece *p;              // this step's reductions, in the order started
+    int np, cap, settled;  // p[0, settled) are complete
+    size_t *counts, *displs;  // every rank's slice, for the allgather
+    int64_t *acc;          // deterministic: fixed-point sums of the block
+    // stage 3: blocks 0..L-1 (the ranges of the order whose layer is one of
+    // them) are gathered on demand; the rest (embedding, head) at the first
+    // forward after an update.
+    int L;                 // blocks (the head's layer number)
+    dt_request_t *rq;      // one gather per range of the order
+    char *held;            // per block: 0 released, 1 gather in flight, 2 held
+    int persist_ok;        // the ranges outside the blocks are whole
+    int all_held;          // params_whole(1): everything is whole
+    int lmin, lmax;        // the layers the order names
+    int nmax;              // the most micro-batches a rank runs this step
+    dt_status err;
+    char errmsg[1024];
+    double t_first, t_backward_end, t_done;
+} zero;
+
+static void fail(zero *z, dt_status st) {
+    if (z->err != DT_OK) return;
+    z->err = st;
+    snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
+}
+
+// Gives back the pages of grads[lo, hi) (they read as zero on the next
+// touch) and zeroes the edges that share a page with other parts.
+static void release(float *g, size_t lo, size_t hi) {
+    if (hi <= lo) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(g + lo), b = (uintptr_t)(g + hi);
+    uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+    if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
+        memset((void *)a, 0, pa - a);
+        memset((void *)pb, 0, b - pb);
+    } else {
+        memset(g + lo, 0, (hi - lo) * sizeof(float));
+    }
+}
+
+// The rank whose slice holds element i.
+static int owner(const zero *z, size_t i) {
+    int lo = 0, hi = z->base.world - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (z->displs[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Starts the reduction of block elements [lo, hi), one part per owner.
+static void reduce_block(zero *z, size_t lo, size_t hi) {
+    dt_strategy *s = &z->base;
+    for (int r = owner(z, lo); lo < hi && z->np < z->cap; r++) {
+        size_t e = z->displs[r] + z->counts[r] < hi ? z->displs[r] + z->counts[r] : hi;
+        if (e == lo) continue;
+        piece *p = &z->p[z->np++];
+        *p = (piece){lo, e, r, NULL};
+        dt_status st = dt_ireduce(s->grads + lo, s->grads + lo, e - lo, DT_F32, DT_SUM, r, s->comm, &p->req);
+        if (st != DT_OK) fail(z, st);
+        lo = e;
+    }
+}
+
+// Starts the reductions of gradient-order positions [a, b).
+static void reduce_order(zero *z, size_t a, size_t b) {
+    dt_strategy *s = &z->base;
+    const dt_grad_range *o = s->order ? s->order : &z->whole;
+    int no = s->order ? s->norder : 1;
+    if (!z->t_first) z->t_first = dt_now();
+    size_t lo = 0, hi = 0;  // parts that touch in the block go as one
+    for (int i = no - 1; i >= 0; i--) {  // from the end, as backward finishes them
+        size_t x = z->opos[i], y = x + o[i].len;
+        if (y <= a || x >= b) continue;
+        size_t from = a > x ? a : x, to = b < y ? b : y, plo = o[i].offset + (from - x), phi = o[i].offset + (to - x);
+        if (hi > lo && phi == lo) {
+            lo = plo;
+            continue;
+        }
+        if (hi > lo) reduce_block(z, lo, hi);
+        lo = plo, hi = phi;
+    }
+    if (hi > lo) reduce_block(z, lo, hi);
+}
+
+// Completes the reductions that are done (all of them if wait; at stage 2
+// also the oldest while more than two buckets are in flight, which bounds
+// the gradient a rank holds), releasing at stage 2 the parts this rank does
+// not own.
+static void settle(zero *z, int wait) {
+    dt_strategy *s = &z->base;
+    size_t flight = 0;
+    for (int i = z->settled; i < z->np; i++) flight += z->p[i].hi - z->p[i].lo;
+    while (z->settled < z->np) {
+        piece *p = &z->p[z->settled];
+        int fin = 1, must = wait || (z->stage >= 2 && flight > 2 * z->bucket);
+        dt_status st = must ? dt_wait(&p->req) : dt_test(&p->req, &fin);
+        flight -= fin ? p->hi - p->lo : 0;
+        if (st != DT_OK) fail(z, st);
+        if (!fin) break;
+        p->req = NULL;
+        if (z->stage >= 2 && p->root != s->rank) release(s->grads, p->lo, p->hi);
+        z->settled++;
+    }
+}
+
+// ---- stage 3 --------------------------------------------------------------
+
+static const dt_grad_range *order_of(const zero *z, int *no) {
+    *no = z->base.order ? z->base.norder : 1;
+    return z->base.order ? z->base.order : &z->whole;
+}
+
+// Gathers block elements [a, b) from their owners, in place.
+static dt_status gather_range(zero *z, size_t a, size_t b, dt_request_t *req) {
+    dt_strategy *s = &z->base;
+    int W = s->world;
+    size_t cnt[2 * W], *dsp = cnt + W;
+    for (int r = 0; r < W; r++) {
+        size_t x = z->displs[r], y = x + z->counts[r];
+        x = x < a ? a : x > b ? b : x;
+        y = y < a ? a : y > b ? b : y;
+        cnt[r] = y - x;
+        dsp[r] = x - a;
+    }
+    float *base = s->params + a;
+    dt_status st = req ? dt_iallgatherv(base + dsp[s->rank], cnt[s->rank], base, cnt, dsp, DT_F32, s->comm, req)
+                       : dt_allgatherv(base + dsp[s->rank], cnt[s->rank], base, cnt, dsp, DT_F32, s->comm);
+    return st != DT_OK ? dt_error(st, "parameter gather: %s", dt_last_error()) : DT_OK;
+}
+
+static int in_block(const zero *z, int i, int l) {
+    int ly = z->base.order_layer[i];
+    return l < 0 ? ly < 0 || ly >= z->L : ly == l;
+}
+
+static dt_status gather_block(zero *z, int l) {
+    if (l < 0 || l >= z->L || z->held[l]) return DT_OK;
+    int no;
+    const dt_grad_range *o = order_of(z, &no);
+    for (int i = 0; i < no; i++)
+        if (in_block(z, i, l)) {
+            dt_status st = gather_range(z, o[i].offset, o[i].offset + o[i].len, &z->rq[i]);
+            if (st != DT_OK) return st;
+        }
+    z->held[l] = 1;
+    return DT_OK;
+}
+
+static dt_status wait_block(zero *z, int l) {
+    dt_status st = gather_block(z, l);
+    if (st != DT_OK || l < 0 || l >= z->L || z->held[l] == 2) return st;
+    int no;
+    order_of(z, &no);
+    for (int i = 0; i < no; i++)
+        if (z->rq[i] && in_block(z, i, l) && (st = dt_wait(&z->rq[i])) != DT_OK)
+            return dt_error(st, "parameter gather: %s", dt_last_error());
+    z->held[l] = 2;
+    return DT_OK;
+}
+
+// Gives back the parts of block l (l < 0: of every block) this rank does
+// not own.
+static dt_status drop_block(zero *z, int l) {
+    dt_strategy *s = &z->base;
+    for (int b = l < 0 ? 0 : l; b < (l < 0 ? z->L : l + 1); b++) {
+        if (b >= z->L) break;
+        dt_status st = wait_block(z, b);
+        if (st != DT_OK) return st;
+        int no;
+        const dt_grad_range *o = order_of(z, &no);
+        for (int i = 0; i < no; i++)
+            if (in_block(z, i, b)) {
+                size_t a = o[i].offset, e = a + o[i].len;
+                release(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
+                release(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
+            }
+        z->held[b] = 0;
+    }
+    return DT_OK;
+}
+
+// Before block `layer`'s forward: it is waited for, the next one's gather
+// starts (prefetch), the one before is released (the last block stays for
+// backward). Backward: the same downwards.
+static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
+    zero *z = (zero *)s;
+    if (s->world == 1 || z->all_held) return DT_OK;
+    dt_status st = DT_OK;
+    if (phase == 0 && !z->persist_ok) {  // the first forward hook after an update: nothing is in flight
+        int no;
+        const dt_grad_range *o = order_of(z, &no);
+        for (int i = 0; i < no && st == DT_OK; i++)
+            if (in_block(z, i, -1)) st = gather_range(z, o[i].offset, o[i].offset + o[i].len, NULL);
+        z->persist_ok = st == DT_OK;
+    }
+    if (st == DT_OK && phase == 0 && layer < 0) {
+        st = gather_block(z, 0);
+    } else if (st == DT_OK && layer >= 0 && layer < z->L) {
+        int next = phase == 0 ? layer + 1 : layer - 1, prev = phase == 0 ? layer - 1 : layer + 1;
+        st = wait_block(z, layer);
+        if (st == DT_OK) st = gather_block(z, next);
+        if (st == DT_OK && prev >= 0 && prev < z->L) st = drop_block(z, prev);
+    } else if (st == DT_OK && phase == 1 && layer < 0) {
+        st = drop_block(z, 0);
+    }
+    if (st != DT_OK) fail(z, st);  // a backward cannot return it: sync reports it
+    return st;
+}
+
+static dt_status zero_params_whole(dt_strategy *s, int whole) {
+    zero *z = (zero *)s;
+    if (s->world == 1 || whole == z->all_held) return DT_OK;
+    dt_status st = DT_OK;
+    for (int l = 0; l < z->L && st == DT_OK; l++)
+        if (z->held[l] == 1) st = wait_block(z, l);
+    if (st != DT_OK) return st;
+    if (whole) {
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
+        if (st != DT_OK) return dt_error(st, "parameter allgather: %s", dt_last_error());
+        z->persist_ok = 1;
+    } else {
+        st = drop_block(z, -1);
+    }
+    z->all_held = whole;
+    return st;
+}
+
+static dt_status zero_init(dt_strategy *s) {
+    zero *z = (zero *)s;
+    z->stage = s->c->zero;
+    int W = s->world;
+    dt_shard_range(s->n, s->rank, W, &s->lo, &s->hi);
+    z->whole = (dt_grad_range){0, s->n};
+    int no = s->order ? s->norder : 1;
+    const dt_grad_range *o = s->order ? s->order : &z->whole;
+    z->bucket = (size_t)s->c->bucket_kb * 1024 / sizeof(float);
+    size_t nb = s->n ? (s->n + z->bucket - 1) / z->bucket : 0;
+    z->cap = (int)nb + no + W + 1;  // a range's end or a slice's end adds a piece
+    z->opos = malloc(sizeof(size_t) * (size_t)no);
+    z->p = calloc((size_t)z->cap, sizeof *z->p);
+    z->counts = malloc(sizeof(size_t) * 2 * (size_t)W);
+    if (!z->opos || !z->p || !z->counts) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
+    z->displs = z->counts + W;
+    size_t pos = 0;
+    for (int i = 0; i < no; i++) z->opos[i] = pos, pos += o[i].len;
+    if (pos != s->n)
+        return dt_error(DT_ERR_ARG, "zero: the gradient order covers %zu of the %zu gradients", pos, s->n);
+    for (int r = 0; r < W; r++) {
+        size_t a, b;
+        dt_shard_range(s->n, r, W, &a, &b);
+        z->displs[r] = a;
+        z->counts[r] = b - a;
+    }
+    if (z->stage >= 3) {
+        if (!s->order_layer) return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3: the model has no layers to gather");
+        z->lmin = z->lmax = s->order_layer[0];
+        for (int i = 0; i < no; i++) {
+            if (s->order_layer[i] > z->L) z->L = s->order_layer[i];
+            if (s->order_layer[i] < z->lmin) z->lmin = s->order_layer[i];
+            if (s->order_layer[i] > z->lmax) z->lmax = s->order_layer[i];
+        }
+        z->rq = calloc((size_t)no, sizeof *z->rq);
+        z->held = calloc((size_t)(z->L ? z->L : 1), 1);
+        if (!z->rq || !z->held) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
+        if (W > 1) {
+            s->params_sliced = 1;
+            for (int l = 0; l < z->L; l++) z->held[l] = 2;
+            dt_status st = drop_block(z, -1);  // and the rest is gathered before the first forward
+            if (st != DT_OK) return st;
+        }
+    }
+    if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
+    if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
+        release(s->grads, 0, s->lo);
+        release(s->grads, s->hi, s->n);
+        s->grads_zero = 1;
+    }
+    return DT_OK;
+}
+
+static void zero_fini(dt_strategy *s) {
+    zero *z = (zero *)s;
+    settle(z, 1);
+    if (z->rq) {
+        int no;
+        order_of(z, &no);
+        for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
+    }
+    free(z->rq);
+    free(z->held);
+    free(z->opos);
+    free(z->p);
+    free(z->counts);
+    dt_free(z->acc);
+}
+
+static int zero_plan(dt_strategy *s, int first, int share, int global) {
+    zero *z = (zero *)s;
+    z->np = z->settled = 0;
+    z->done = s->n;
+    z->err = DT_OK;
+    z->t_first = 0;
+    int k = s->c->deterministic ? dt_strategy_dp_deterministic.plan(s, first, share, global)
+                                : dt_strategy_plan_accum(s, first, share, global);
+    // Stage 3: the gathers are collectives, so every rank runs the layer
+    // hooks of as many micro-batches as the rank with the most (a short
+    // share replays them in sync).
+    z->nmax = k;
+    if (s->params_sliced) {
+        dt_status st = dt_allreduce(&z->nmax, &z->nmax, 1, DT_I32, DT_MAX, s->comm);
+        if (st != DT_OK) fail(z, dt_error(st, "micro-batch count: %s", dt_last_error()));
+    }
+    return k;
+}
+
+static dt_status zero_params_needed(dt_strategy *s, int layer, int phase);
+
+// The model's grad hook: gradient-order positions >= pos are final.
+static void ready(size_t pos, void *user) {
+    zero *z = user;
+    for (; z->done >= pos + z->bucket; z->done -= z->bucket) reduce_order(z, z->done - z->bucket, z->done);
+    settle(z, 0);
+}
+
+static dt_grad_ready_fn zero_grad_hook(dt_strategy *s, int k, void **user) {
+    *user = s;
+    return s->world > 1 && !s->c->deterministic && k == ((zero *)s)->nmax - 1 ? ready : NULL;
+}
+
+// A micro-batch this rank does not have (stage 3): the layer hooks its
+// forward and backward would call, and for the last one the positions its
+// grad hook would report after each layer.
+static dt_status replay(zero *z, int last) {
+    dt_strategy *s = &z->base;
+    int no;
+    order_of(z, &no);
+    dt_status st = DT_OK;
+    for (int l = z->lmin; l <= z->lmax && st == DT_OK; l++) st = zero_params_needed(s, l, 0);
+    for (int l = z->lmax; l >= z->lmin && st == DT_OK; l--) {
+        st = zero_params_needed(s, l, 1);
+        size_t pos = SIZE_MAX;
+        for (int i = 0; i < no; i++)
+            if (s->order_layer[i] == l && z->opos[i] < pos) pos = z->opos[i];
+        if (st == DT_OK && last && !z->acc && pos != SIZE_MAX) ready(pos, z);
+    }
+    return st;
+}
+
+static void zero_micro_end(dt_strategy *s, int k) {
+    (void)k;
+    zero *z = (zero *)s;
+    if (!z->acc) return;
+    dt_fixed_accumulate(z->acc, s->grads, s->n);
+    memset(s->grads, 0, sizeof(float) * s->n);
+}
+
+static dt_status zero_sync(dt_strategy *s) {
+    zero *z = (zero *)s;
+    if (s->world == 1 && !z->acc) return DT_OK;
+    for (int k = s->nmicro; s->params_sliced && k < z->nmax && z->err == DT_OK; k++) replay(z, k == z->nmax - 1);
+    z->t_backward_end = dt_now();
+    if (z->acc) {  // every rank's slice of the fixed-point sums to it
+        for (int r = 0; r < s->world && z->err == DT_OK; r++) {
+            dt_status st = dt_reduce(z->acc + z->displs[r], z->acc + z->displs[r], z->counts[r], DT_I64, DT_SUM, r,
+                                     s->comm);
+            if (st != DT_OK) fail(z, st);
+        }
+        dt_fixed_to_float(s->grads + s->lo, z->acc + s->lo, s->hi - s->lo);
+        memset(z->acc, 0, sizeof(int64_t) * s->n);
+        if (z->stage >= 2) {
+            release(s->grads, 0, s->lo);
+            release(s->grads, s->hi, s->n);
+        }
+    } else {
+        reduce_order(z, 0, z->done);
+        z->done = 0;
+        settle(z, 1);
+    }
+    z->t_done = dt_now();
+    if (!z->t_first) z->t_first = z->t_backward_end;
+    if (s->world > 1) {
+        s->comm_seconds += z->t_done - z->t_first;
+        s->comm_exposed_seconds += z->t_done - (z->t_backward_end > z->t_first ? z->t_backward_end : z->t_first);
+    }
+    if (z->err != DT_OK) return dt_error(z->err, "gradient reduce-scatter: %s", z->errmsg);
+    return DT_OK;
+}
+
+// The slice's update, then every rank's slice to everyone; at stage 2 the
+// slice's gradients are zeroed for the next step (the rest already is).
+static dt_status zero_update(dt_strategy *s, float lr, float scale) {
+    zero *z = (zero *)s;
+    dt_status st = dt_strategy_update_slice(s, lr, scale);
+    z->persist_ok = 0;
+    if (st == DT_OK && s->params_sliced) st = drop_block(z, -1);  // what a model without layer -1 still holds
+    if (st == DT_OK && s->world > 1 && z->stage < 3) {
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
+        if (st != DT_OK) st = dt_error(st, "parameter allgather: %s", dt_last_error());
+    }
+    if (s->grads_zero) release(s->grads, s->lo, s->hi);
+    return st;
+}
+
+static int zero_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && !c->deterministic; }
+static int zero_det_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && c->deterministic; }
+static int zero3_wants(const dt_config *c) { return c->zero == 3; }
+
+static dt_status zero_check(const dt_config *c, int W) {
+    return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
+}
+
+static int zero_max_micro(const dt_config *c, int W) {
+    return c->deterministic ? dt_strategy_dp_deterministic.max_micro(c, W) : dt_strategy_dp.max_micro(c, W);
+}
+
+const dt_strategy_ops dt_strategy_zero = {
+    .name = "zero",
+    .size = sizeof(zero),
+    .wants = zero_wants,
+    .check = zero_check,
+    .max_micro = zero_max_micro,
+    .init = zero_init,
+    .fini = zero_fini,
+    .plan = zero_plan,
+    .grad_hook = zero_grad_hook,
+    .sync = zero_sync,
+    .grad_norm = dt_strategy_norm_sharded,
+    .update = zero_update,
+};
+
+const dt_strategy_ops dt_strategy_zero_deterministic = {
+    .name = "zero-deterministic",
+    .size = sizeof(zero),
+    .wants = zero_det_wants,
+    .check = zero_check,
+    .max_micro = zero_max_micro,
+    .init = zero_init,
+    .fini = zero_fini,
+    .plan = zero_plan,
+    .micro_end = zero_micro_end,
+    .sync = zero_sync,
+    .grad_norm = dt_strategy_norm_sharded,
+    .update = zero_update,
+};
+
+// Stage 3, plain or deterministic (the micro-batches and sums as above).
+
+const dt_strategy_ops dt_strategy_zero3 = {
+    .name = "zero-3",
+    .size = sizeof(zero),
+    .wants = zero3_wants,
+    .check = zero_check,
+    .max_micro = zero_max_micro,
+    .init = zero_init,
+    .fini = zero_fini,
+    .plan = zero_plan,
+    .grad_hook = zero_grad_hook,
+    .params_needed = zero_params_needed,
+    .micro_end = zero_micro_end,
+    .sync = zero_sync,
+    .grad_norm = dt_strategy_norm_sharded,
+    .update = zero_update,
+    .params_whole = zero_params_whole,
+};
