@@ -81,9 +81,11 @@ do_down() {
         local i=${ns#"$prefix"-h}
         [ "$i" -ge "$n" ] && n=$((i + 1))
     done
+    local killed=
     for ((i = 0; i < n; i++)); do
         pids=$(host_pids "$i")
         [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+        killed="$killed $pids"
     done
     for ((i = 0; i < n; i++)); do
         ns=$(host_name "$i")
@@ -93,6 +95,10 @@ do_down() {
         ip link del "${prefix}v$i" 2>/dev/null || true
     done
     ip link del "$bridge" 2>/dev/null || true
+    # what killed processes leave in /dev/shm: Open MPI's shared-memory
+    # segments (named after the host) and the OpenMP runtime's registration
+    rm -f /dev/shm/vader_segment."$prefix"-h[0-9]*
+    for p in $killed; do rm -f /dev/shm/__KMP_REGISTERED_LIB_"$p"_*; done
     rm -rf "$state"
 }
 

@@ -130,7 +130,11 @@ echo "deterministic across 2 hosts x 2 ranks == 4 local workers, bitwise: ok"
 (
     for _ in $(seq 600); do [ -f "$tmp/job/checkpoints/step-00000010.safetensors" ] && break; sleep 0.05; done
     for p in $(ip netns pids "$prefix-h1"); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = orted ] && pkill -KILL -P "$p"
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = orted ] || continue
+        for r in $(pgrep -P "$p"); do
+            kill -KILL "$r"
+            echo "$r" >>"$tmp/killed"
+        done
     done
 ) &
 bg=$!
@@ -139,6 +143,8 @@ DTRAIN_SLOW_RANK=0:30 timeout 180 "$src/scripts/mpirun-restart.sh" -r 2 -np 4 "$
     { cat "$tmp/job.log"; fail "the restart loop did not finish the job"; }
 wait "$bg" || true
 bg=
+# what the killed ranks' OpenMP runtime left in /dev/shm
+for r in $(cat "$tmp/killed" 2>/dev/null); do rm -f /dev/shm/__KMP_REGISTERED_LIB_"$r"_*; done
 grep -q "on node $prefix-h1 exited on signal 9" "$tmp/job.log" || { cat "$tmp/job.log"; fail "the dead host was not named"; }
 grep -q "restart 1 of 2 with 4 ranks" "$tmp/job.log" || { cat "$tmp/job.log"; fail "no restart"; }
 cmp "$tmp/local/model.safetensors" "$tmp/job/model.safetensors" ||
@@ -150,5 +156,6 @@ echo "host $prefix-h1's ranks killed at step 10: named, restarted from the check
 ip netns list | grep -q "^$prefix-h" && fail "a namespace is left after down"
 ip link show "${prefix}br0" >/dev/null 2>&1 && fail "the bridge is left after down"
 [ -e "/run/dtrain-cluster-$prefix" ] && fail "the state directory is left after down"
+ls /dev/shm | grep -q "^vader_segment\.$prefix-h" && fail "Open MPI segments of the hosts are left in /dev/shm"
 "$cluster" down --prefix "$prefix" >/dev/null || fail "down twice failed"
 echo "cluster.sh down: no namespace, bridge or state left: ok"
