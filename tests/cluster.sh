@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Data parallel across pretend hosts (scripts/cluster.sh): 2 network
+# Data parallel across pretend hosts (scripts/cluster.sh): 4 network
 # namespace hosts with their own hostnames on a bridge, links shaped to
-# 1 Gbit/s, 2 ranks each under mpirun through the cluster's rsh agent.
+# 1 Gbit/s, under mpirun through the cluster's rsh agent: 2 hosts x 2 ranks
+# and 4 hosts x 1 rank.
 #   - up/status/down: hosts, hostnames, addresses; `up` again is a no-op;
 #     bad arguments are refused with a message; after `down` no namespace,
 #     bridge, state or process is left
@@ -10,8 +11,8 @@
 #     network interfaces sent prove it: about one gradient per step per host
 #     (the leaders' exchange), against at least 1.35x that for the flat mpi
 #     backend on the same job
-#   - --deterministic: the run across hosts ends bitwise equal to 4 local
-#     workers
+#   - --deterministic: the runs across 2 hosts x 2 ranks and 4 hosts x 1
+#     rank end bitwise equal to 4 local workers
 #   - host 1's ranks killed at step 10: mpirun names the host, and
 #     scripts/mpirun-restart.sh resumes from the checkpoint and ends bitwise
 #     equal to the uninterrupted run
@@ -46,12 +47,12 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 # ---- up, status, bad arguments ----
-"$cluster" up 2 --bw 1gbit --prefix "$prefix" --subnet "$subnet" >"$tmp/up" || { cat "$tmp/up"; fail "cluster.sh up"; }
+"$cluster" up 4 --bw 1gbit --prefix "$prefix" --subnet "$subnet" >"$tmp/up" || { cat "$tmp/up"; fail "cluster.sh up"; }
 hostfile=$(tail -1 "$tmp/up")
 [ -f "$hostfile" ] || fail "up's last line '$hostfile' is not a file"
-[ "$(awk '{print $1}' "$hostfile" | tr '\n' ' ')" = "$prefix-h0 $prefix-h1 " ] || { cat "$hostfile"; fail "hostfile"; }
-[ "$("$cluster" up 2 --prefix "$prefix" --subnet "$subnet" | tail -1)" = "$hostfile" ] || fail "up again did not print the same hostfile"
-if "$cluster" up 3 --prefix "$prefix" --subnet "$subnet" >"$tmp/err" 2>&1; then fail "up 3 over a 2-host cluster succeeded"; fi
+[ "$(awk '{print $1}' "$hostfile" | tr '\n' ' ')" = "$prefix-h0 $prefix-h1 $prefix-h2 $prefix-h3 " ] || { cat "$hostfile"; fail "hostfile"; }
+[ "$("$cluster" up 4 --prefix "$prefix" --subnet "$subnet" | tail -1)" = "$hostfile" ] || fail "up again did not print the same hostfile"
+if "$cluster" up 3 --prefix "$prefix" --subnet "$subnet" >"$tmp/err" 2>&1; then fail "up 3 over a 4-host cluster succeeded"; fi
 grep -q "already up" "$tmp/err" || { cat "$tmp/err"; fail "up 3: no 'already up' message"; }
 for bad in "up 0" "up 2 --bw fast" "up 2 --subnet 8.8.8" "up 2 --prefix Bad_Name" "frobnicate"; do
     # shellcheck disable=SC2086
@@ -62,7 +63,7 @@ done
 grep -q "$prefix-h1  $subnet.2/24  hostname $prefix-h1" "$tmp/status" || { cat "$tmp/status"; fail "status"; }
 [ "$("$src/scripts/cluster.sh" rsh --prefix "$prefix" "$prefix-h1" hostname)" = "$prefix-h1" ] || fail "rsh agent: hostname"
 read -r -a mpiargs < <("$cluster" args --prefix "$prefix")
-mpiargs+=(--allow-run-as-root --map-by ppr:2:node)
+mpiargs+=(--allow-run-as-root)
 
 "$build/tests/make_images" "$tmp" >/dev/null
 cat >"$tmp/run.ini" <<INI
@@ -84,18 +85,19 @@ threads = 1
 dir = $tmp
 INI
 txbytes() { ip netns exec "$prefix-h$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
-# run NAME [ENV...] -- ARGS: 4 ranks on 2 hosts; prints bytes host 0 and host 1 sent
+# run NAME PER_HOST [ENV...]: 4 ranks, PER_HOST on each host from host 0
+# on; prints the bytes host 0 and host 1 sent
 run() {
-    local name=$1 a0 a1; shift
+    local name=$1 per=$2 a0 a1; shift 2
     a0=$(txbytes 0); a1=$(txbytes 1)
-    timeout 120 env "$@" mpirun "${mpiargs[@]}" -np 4 -x DTRAIN_COMM_BACKEND \
+    timeout 120 env "$@" mpirun "${mpiargs[@]}" -np 4 --map-by "ppr:$per:node" -x DTRAIN_COMM_BACKEND \
         "$build/dtrain" train "$tmp/run.ini" -q --run-dir "$tmp/$name" >"$tmp/$name.log" 2>&1 ||
         { cat "$tmp/$name.log"; fail "$name: mpirun across 2 hosts failed"; }
     echo "$(($(txbytes 0) - a0)) $(($(txbytes 1) - a1))"
 }
 
 # ---- hier chosen by itself, proved by the interfaces' byte counters ----
-read -r h0 h1 < <(run hier DTRAIN_COMM_BACKEND=auto)
+read -r h0 h1 < <(run hier 2 DTRAIN_COMM_BACKEND=auto)
 for r in 0 1 2 3; do
     rec=$(head -1 "$tmp/hier/metrics/rank-0000$r.jsonl")
     host=$((r / 2))
@@ -111,7 +113,7 @@ for b in "$h0" "$h1"; do
     [ "$b" -ge $((grad * 95 / 100)) ] && [ "$b" -le $((grad * 130 / 100)) ] ||
         fail "hier: a host sent $b bytes for 30 steps of a $((params * 4))-byte gradient (expected 0.95-1.3x $grad)"
 done
-read -r f0 f1 < <(run flat DTRAIN_COMM_BACKEND=mpi)
+read -r f0 f1 < <(run flat 2 DTRAIN_COMM_BACKEND=mpi)
 grep -q '"comm_backend":"mpi"' "$tmp/flat/metrics/rank-00000.jsonl" || fail "flat run did not use mpi"
 [ $(((f0 + f1) * 100)) -ge $(((h0 + h1) * 135)) ] ||
     fail "flat mpi sent $((f0 + f1)) bytes between the hosts, hier $((h0 + h1)): expected flat >= 1.35x hier"
@@ -121,10 +123,15 @@ echo "hier across 2 hosts x 2 ranks: hosts sent $h0 and $h1 bytes for 30 x $((pa
 sed -i 's/^\[data\]/[parallel]\ndeterministic = true\n[data]/' "$tmp/run.ini"
 timeout 120 "$build/dtrain" train "$tmp/run.ini" -q --workers 4 --run-dir "$tmp/local" >/dev/null ||
     fail "4 local deterministic workers failed"
-run det DTRAIN_COMM_BACKEND=auto >/dev/null
+run det 2 DTRAIN_COMM_BACKEND=auto >/dev/null
 cmp "$tmp/local/model.safetensors" "$tmp/det/model.safetensors" ||
-    fail "--deterministic across 2 hosts differs from 4 local workers"
-echo "deterministic across 2 hosts x 2 ranks == 4 local workers, bitwise: ok"
+    fail "--deterministic across 2 hosts x 2 ranks differs from 4 local workers"
+run det4 1 DTRAIN_COMM_BACKEND=auto >/dev/null
+grep -q '"comm_backend":"hier","host":3,"hosts":4,"hostname":"'"$prefix-h3"'"' "$tmp/det4/metrics/rank-00003.jsonl" ||
+    fail "4 hosts x 1 rank: rank 3's run record: $(head -1 "$tmp/det4/metrics/rank-00003.jsonl")"
+cmp "$tmp/local/model.safetensors" "$tmp/det4/model.safetensors" ||
+    fail "--deterministic across 4 hosts x 1 rank differs from 4 local workers"
+echo "deterministic across 2 hosts x 2 ranks and 4 hosts x 1 rank == 4 local workers, bitwise: ok"
 
 # ---- host 1's ranks killed: named by host, the restart loop recovers ----
 (
@@ -138,7 +145,8 @@ echo "deterministic across 2 hosts x 2 ranks == 4 local workers, bitwise: ok"
     done
 ) &
 bg=$!
-DTRAIN_SLOW_RANK=0:30 timeout 180 "$src/scripts/mpirun-restart.sh" -r 2 -np 4 "${mpiargs[@]}" -x DTRAIN_SLOW_RANK -- \
+DTRAIN_SLOW_RANK=0:30 timeout 180 "$src/scripts/mpirun-restart.sh" -r 2 -np 4 "${mpiargs[@]}" --map-by ppr:2:node \
+    -x DTRAIN_SLOW_RANK -- \
     "$build/dtrain" train "$tmp/run.ini" -q --run-dir "$tmp/job" --checkpoint-every 5 >"$tmp/job.log" 2>&1 ||
     { cat "$tmp/job.log"; fail "the restart loop did not finish the job"; }
 wait "$bg" || true
