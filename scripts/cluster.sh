@@ -145,8 +145,9 @@ do_up() {
     if ip -4 addr show | grep -q " inet $subnet\."; then
         die "--subnet $subnet: addresses of $subnet.0/24 are already used on this machine"
     fi
-    trap 'echo "cluster.sh: up failed; removing what it made" >&2; do_down' ERR
-    trap 'do_down; exit 130' INT TERM
+    # any failure from here on (a command under set -e, die) exits: undo all
+    trap 'rc=$?; if [ $rc -ne 0 ]; then echo "cluster.sh: up failed; removing what it made" >&2; do_down; fi' EXIT
+    trap 'exit 130' INT TERM
     mkdir -p "$state/uts"
     ip link add "$bridge" type bridge
     ip addr add "$subnet.254/24" dev "$bridge"
@@ -183,7 +184,7 @@ EOF
          "--mca btl self,vader,tcp" >"$state/mpirun.args"
     echo "bw=$bw delay=${delay:-none} subnet=$subnet.0/24 bridge=$bridge" >"$state/links"
     echo "$hosts" >"$state/hosts"
-    trap - ERR INT TERM
+    trap - EXIT INT TERM
     echo "cluster '$prefix': $hosts hosts on $bridge ($subnet.0/24), links ${bw} ${delay:+delay $delay}"
     echo "mpirun options: $(cat "$state/mpirun.args")"
     echo "$state/hostfile"

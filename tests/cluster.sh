@@ -4,7 +4,8 @@
 # 1 Gbit/s, under mpirun through the cluster's rsh agent: 2 hosts x 2 ranks
 # and 4 hosts x 1 rank.
 #   - up/status/down: hosts, hostnames, addresses; `up` again is a no-op;
-#     bad arguments are refused with a message; after `down` no namespace,
+#     bad arguments are refused with a message; `up --delay` either works
+#     or (no netem in the kernel) fails naming netem and removes what it made; after `down` no namespace,
 #     bridge, state or process is left
 #   - the backend picks hier by itself and finds 2 hosts (the run record of
 #     every rank: comm_backend, hosts, hostname), and the bytes the hosts'
@@ -41,6 +42,7 @@ bg=
 cleanup() {
     [ -n "$bg" ] && kill "$bg" 2>/dev/null || true
     "$cluster" down --prefix "$prefix" >/dev/null 2>&1 || true
+    [ -n "${dprefix:-}" ] && "$cluster" down --prefix "$dprefix" >/dev/null 2>&1 || true
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -59,6 +61,19 @@ for bad in "up 0" "up 2 --bw fast" "up 2 --subnet 8.8.8" "up 2 --prefix Bad_Name
     if "$cluster" $bad >"$tmp/err" 2>&1; then fail "cluster.sh $bad succeeded"; fi
     grep -q "cluster.sh: " "$tmp/err" || { cat "$tmp/err"; fail "cluster.sh $bad: no message"; }
 done
+# --delay needs netem: either it works, or up fails saying so and leaves nothing
+dprefix=d$(($$ % 100000))
+dsubnet=10.77.$((($$ + 1) % 200 + 20))
+if "$cluster" up 2 --delay 50us --prefix "$dprefix" --subnet "$dsubnet" >"$tmp/delay" 2>&1; then
+    "$cluster" status --prefix "$dprefix" | grep -q "delay=50us" || fail "--delay 50us: not in status"
+    "$cluster" down --prefix "$dprefix" >/dev/null
+else
+    grep -q "netem" "$tmp/delay" || { cat "$tmp/delay"; fail "--delay failed without naming netem"; }
+    grep -q "up failed; removing what it made" "$tmp/delay" || { cat "$tmp/delay"; fail "--delay: no cleanup"; }
+fi
+ip netns list | grep -q "^$dprefix-h" && fail "a namespace is left after a failed or finished up --delay"
+ip link show "${dprefix}br0" >/dev/null 2>&1 && fail "the bridge is left after a failed or finished up --delay"
+[ -e "/run/dtrain-cluster-$dprefix" ] && fail "the state is left after a failed or finished up --delay"
 "$cluster" status --prefix "$prefix" >"$tmp/status"
 grep -q "$prefix-h1  $subnet.2/24  hostname $prefix-h1" "$tmp/status" || { cat "$tmp/status"; fail "status"; }
 [ "$("$src/scripts/cluster.sh" rsh --prefix "$prefix" "$prefix-h1" hostname)" = "$prefix-h1" ] || fail "rsh agent: hostname"
