@@ -529,6 +529,17 @@ static void test_simulate(void) {
     CHECK(near(o.local_batch, 64) && near(o.samples_per_s, 64 * 8 / o.step_s), "simulate, weak: batch %g",
           o.local_batch);
 
+    // one allreduce as the model has it: 4 hosts x 2 ranks, 4 MB: 2 ms shm + 6 ms ring
+    const char *algo = NULL;
+    CHECK(near(dt_sim_allreduce(4e6, &s, &algo), 8e-3) && !strcmp(algo, "ring"), "dt_sim_allreduce: %s",
+          algo ? algo : "");
+    char line[256];
+    snprintf(line, sizeof line, "%s simulate --allreduce 1M,64M --hosts 2,4 --link 1gbit,0us", tl_dtrain());
+    int rc0 = tl_run(line, g_out, sizeof g_out);
+    // 2 hosts, 64 MiB: 2*1/2*67108864 B / 125e6 B/s = 536870.9 us at 0.125 GB/s busbw
+    CHECK(rc0 == 0 && strstr(g_out, "     2      2     67108864     536870.9      0.125   ring"),
+          "simulate --allreduce: exit %d\n%s", rc0, g_out);
+
     // The profile of the 2-worker run, and the command.
     char dir[512], cmd[2048], path[512];
     snprintf(dir, sizeof dir, "%s/run", g_tmp);
@@ -553,6 +564,7 @@ static void test_simulate(void) {
         {"--hosts 8..2", "--hosts: expected"},             {"--hosts 1,x", "--hosts: expected"},
         {"--strategy tp", "--strategy: 'tp': expected dp or zero"},
         {"--ranks-per-host 0", "--ranks-per-host"},       {"--frobnicate", "unknown option '--frobnicate'"},
+        {"--allreduce 1M", "--allreduce takes no RUN_DIR"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
@@ -563,6 +575,10 @@ static void test_simulate(void) {
     snprintf(cmd, sizeof cmd, "%s simulate %s/nope", tl_dtrain(), g_tmp);
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "/nope: no such run directory"), "simulate, missing run: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s simulate --allreduce 1X", tl_dtrain());
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--allreduce: '1X': expected sizes"), "simulate --allreduce 1X: exit %d\n%s", rc,
+          g_out);
     snprintf(cmd, sizeof cmd, "%s simulate", tl_dtrain());
     CHECK(tl_run(cmd, g_out, sizeof g_out) == 2 && strstr(g_out, "missing RUN_DIR"), "simulate without RUN_DIR\n%s",
           g_out);

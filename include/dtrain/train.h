@@ -195,6 +195,11 @@ typedef struct {
  * between h hosts; buckets hide it behind backward except the last. */
 DT_API void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *out);
 
+/* The model's time of one hier allreduce of `bytes` over s's hosts and
+ * ranks (what dt_sim_predict charges for the gradients); *algo (if not
+ * NULL) gets the algorithm between hosts ("none" for one host). */
+DT_API double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo);
+
 /* An HTML page at path (written atomically): title, body_html (the caller
  * escapes what it puts there; a table, say) and a line chart of ns <= 10
  * series named names[k] with values y[k][0..n-1] over x[0..n-1]. */

@@ -82,6 +82,16 @@ static double inter_allreduce(double S, int h, double a, double b, const char **
     return best;
 }
 
+double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo) {
+    int R = s->ranks_per_host > 0 ? s->ranks_per_host : 1, H = s->hosts > 0 ? s->hosts : 1;
+    // inside a host (hier): reduce to the leader and broadcast back, over shm
+    double intra = R > 1 ? 2 * bytes / s->host_bytes_per_s : 0;
+    const char *a;
+    double inter = inter_allreduce(bytes, H, s->link_latency_s, s->link_bytes_per_s, &a);
+    if (algo) *algo = a;
+    return intra + inter;
+}
+
 void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *o) {
     int R = s->ranks_per_host > 0 ? s->ranks_per_host : 1, H = s->hosts > 0 ? s->hosts : 1, N = H * R;
     double local = s->weak ? (double)p->batch / p->workers : (double)p->batch / N;
@@ -91,10 +101,7 @@ void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_poin
     o->local_batch = local;
     o->compute_s = local * (p->compute_s + p->data_s);
     double bwd = local * p->compute_s * p->backward_share;
-    // inside a host (hier): reduce to the leader and broadcast back, over shm
-    double intra = R > 1 ? 2 * S / s->host_bytes_per_s : 0;
-    double inter = inter_allreduce(S, H, s->link_latency_s, s->link_bytes_per_s, &o->algo);
-    o->comm_s = intra + inter;
+    o->comm_s = dt_sim_allreduce(S, s, &o->algo);
     // buckets overlap backward; the last bucket never does
     double last = o->comm_s * fmin(1.0, p->bucket_bytes / S);
     double opt = p->optimizer_s;

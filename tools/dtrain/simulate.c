@@ -11,6 +11,7 @@
 static const char help[] =
     "usage: dtrain simulate RUN_DIR [--hosts LIST] [--link BW,LATENCY] [--ranks-per-host R]\n"
     "                       [--strategy dp,zero] [--host-bw GBPS] [--weak] [--html FILE]\n"
+    "       dtrain simulate --allreduce SIZES [--hosts LIST] [--link BW,LATENCY] [--ranks-per-host R]\n"
     "\n"
     "Predicts the step time and scaling efficiency of data-parallel training on\n"
     "many hosts. The compute profile comes from RUN_DIR, a finished 'dtrain train'\n"
@@ -32,6 +33,9 @@ static const char help[] =
     "  --weak            keep the profiled run's batch per rank (weak scaling);\n"
     "                    default: keep its global batch (strong scaling)\n"
     "  --html FILE       also write the table and a chart of the efficiency\n"
+    "  --allreduce SIZES instead of a run: the model's time and bus bandwidth of\n"
+    "                    one allreduce of each size (bytes, K/M/G = powers of\n"
+    "                    1024, comma-separated) on each host count\n"
     "  -h, --help        this help\n";
 
 // "100gbit" -> bytes per second
@@ -79,8 +83,35 @@ static int parse_hosts(const char *v, int *h) {
     return *p ? -1 : n;
 }
 
+// --allreduce: the model's time of each size on each host count
+static int allreduce_table(const char *sizes, const int *hosts, int nh, int rph, double bw, double lat,
+                           double host_gbs) {
+    double sz[32];
+    int n = 0;
+    char list[512];
+    snprintf(list, sizeof list, "%s", sizes);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        size_t b;
+        if (n == 32 || dt_mem_parse_size(t, &b) != DT_OK || b == 0)
+            return cli_error("--allreduce: '%s': expected sizes such as 1M,64M (at most 32, each > 0)", t), EXIT_USAGE;
+        sz[n++] = (double)b;
+    }
+    printf("%6s %6s %12s %12s %10s %6s\n", "hosts", "ranks", "bytes", "time us", "busbw GB/s", "algo");
+    for (int i = 0; i < nh; i++)
+        for (int k = 0; k < n; k++) {
+            dt_sim_params sp = {.hosts = hosts[i], .ranks_per_host = rph, .link_bytes_per_s = bw,
+                                .link_latency_s = lat, .host_bytes_per_s = host_gbs * 1e9};
+            const char *algo;
+            double t = dt_sim_allreduce(sz[k], &sp, &algo);
+            int N = hosts[i] * rph;
+            double busbw = t > 0 ? sz[k] / t * 2.0 * (N - 1) / N / 1e9 : 0;
+            printf("%6d %6d %12.0f %12.1f %10.3f %6s\n", hosts[i], N, sz[k], t * 1e6, busbw, algo);
+        }
+    return 0;
+}
+
 int cmd_simulate(int argc, char **argv) {
-    const char *dir = NULL, *html = NULL, *link = "10gbit,50us", *strategies = "dp";
+    const char *dir = NULL, *html = NULL, *link = "10gbit,50us", *strategies = "dp", *sizes = NULL;
     int hosts[MAXH], nh = parse_hosts("1..1024", hosts), weak = 0;
     double rph = 1, host_gbs = 5;
     for (int i = 1; i < argc; i++) {
@@ -105,6 +136,9 @@ int cmd_simulate(int argc, char **argv) {
         } else if (!strcmp(s, "--host-bw")) {
             if (parse_number(s, v, 0.001, 1e6, 0, &host_gbs)) return EXIT_USAGE;
             i++;
+        } else if (!strcmp(s, "--allreduce")) {
+            if (!v || !*v) return cli_error("--allreduce needs sizes such as 1M,64M"), EXIT_USAGE;
+            sizes = argv[++i];
         } else if (!strcmp(s, "--weak")) {
             weak = 1;
         } else if (!strcmp(s, "--html")) {
@@ -118,11 +152,14 @@ int cmd_simulate(int argc, char **argv) {
             return cli_error("unexpected argument '%s' (one RUN_DIR only)", s), EXIT_USAGE;
         }
     }
-    if (!dir) return cli_error("missing RUN_DIR, a finished 'dtrain train' run (see 'dtrain simulate --help')"), EXIT_USAGE;
+    if (!dir && !sizes)
+        return cli_error("missing RUN_DIR, a finished 'dtrain train' run (see 'dtrain simulate --help')"), EXIT_USAGE;
+    if (dir && sizes) return cli_error("--allreduce takes no RUN_DIR"), EXIT_USAGE;
     double bw, lat;
     const char *comma = strchr(link, ',');
     if (!comma || parse_rate(link, (size_t)(comma - link), &bw) || parse_time(comma + 1, &lat))
         return cli_error("--link: expected BW,LATENCY such as 100gbit,5us or 1gbit,0.1ms, got '%s'", link), EXIT_USAGE;
+    if (sizes) return allreduce_table(sizes, hosts, nh, (int)rph, bw, lat, host_gbs);
     int zero_of[2], ns = 0;
     char sl[64];
     snprintf(sl, sizeof sl, "%s", strategies);
