@@ -26,7 +26,8 @@
 # namespaces, the bridge and the state directory; it is safe to run twice.
 #
 #   hf=$(scripts/cluster.sh up 2 --bw 1gbit | tail -1)
-#   scripts/cluster.sh mpirun -np 4 --map-by node build/dtrain train configs/fashion-mlp.ini
+#   scripts/cluster.sh mpirun --allow-run-as-root -np 4 --map-by node \
+#       build/dtrain train configs/fashion-mlp.ini
 #   scripts/cluster.sh down
 set -euo pipefail
 
@@ -35,6 +36,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; ex
 
 cmd=${1:-}
 [ -n "$cmd" ] || usage
+case "$cmd" in -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 shift
 hosts= bw=10gbit delay= prefix=dt subnet=10.77.0
 if [ "$cmd" = up ]; then
