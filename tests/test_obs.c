@@ -554,6 +554,10 @@ static void test_simulate(void) {
     int rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 0 && strstr(g_out, "\ndp\n") && strstr(g_out, "\nzero\n") && strstr(g_out, "     8      8 "),
           "dtrain simulate: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s simulate %s --hosts 64 --batch 4096", tl_dtrain(), dir);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "batch 4096 on 1 rank(s)") && strstr(g_out, "    64     64     64.00 "),
+          "simulate --batch 4096: exit %d\n%s", rc, g_out);
     snprintf(path, sizeof path, "%s/sim.html", g_tmp);
     char *html = tl_read_file(path, NULL);
     CHECK(html && strstr(html, "<svg class=\"chart\"") && strstr(html, "<td>8</td>"), "simulate --html: chart and table");
@@ -564,7 +568,7 @@ static void test_simulate(void) {
         {"--hosts 8..2", "--hosts: expected"},             {"--hosts 1,x", "--hosts: expected"},
         {"--strategy tp", "--strategy: 'tp': expected dp or zero"},
         {"--ranks-per-host 0", "--ranks-per-host"},       {"--frobnicate", "unknown option '--frobnicate'"},
-        {"--allreduce 1M", "--allreduce takes no RUN_DIR"},
+        {"--allreduce 1M", "--allreduce takes no RUN_DIR"}, {"--batch 0", "--batch"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);

@@ -10,7 +10,8 @@
 
 static const char help[] =
     "usage: dtrain simulate RUN_DIR [--hosts LIST] [--link BW,LATENCY] [--ranks-per-host R]\n"
-    "                       [--strategy dp,zero] [--host-bw GBPS] [--weak] [--html FILE]\n"
+    "                       [--strategy dp,zero] [--host-bw GBPS] [--batch N] [--weak]\n"
+    "                       [--html FILE]\n"
     "       dtrain simulate --allreduce SIZES [--hosts LIST] [--link BW,LATENCY] [--ranks-per-host R]\n"
     "\n"
     "Predicts the step time and scaling efficiency of data-parallel training on\n"
@@ -30,6 +31,8 @@ static const char help[] =
     "  --strategy LIST   dp (allreduce) and/or zero (reduce-scatter + allgather,\n"
     "                    optimizer on a shard); default dp\n"
     "  --host-bw GBPS    shared-memory bandwidth inside a host, GB/s (default 5)\n"
+    "  --batch N         the global batch to scale, in the run's samples (default:\n"
+    "                    the profiled run's batch)\n"
     "  --weak            keep the profiled run's batch per rank (weak scaling);\n"
     "                    default: keep its global batch (strong scaling)\n"
     "  --html FILE       also write the table and a chart of the efficiency\n"
@@ -113,7 +116,7 @@ static int allreduce_table(const char *sizes, const int *hosts, int nh, int rph,
 int cmd_simulate(int argc, char **argv) {
     const char *dir = NULL, *html = NULL, *link = "10gbit,50us", *strategies = "dp", *sizes = NULL;
     int hosts[MAXH], nh = parse_hosts("1..1024", hosts), weak = 0;
-    double rph = 1, host_gbs = 5;
+    double rph = 1, host_gbs = 5, batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
@@ -139,6 +142,9 @@ int cmd_simulate(int argc, char **argv) {
         } else if (!strcmp(s, "--allreduce")) {
             if (!v || !*v) return cli_error("--allreduce needs sizes such as 1M,64M"), EXIT_USAGE;
             sizes = argv[++i];
+        } else if (!strcmp(s, "--batch")) {
+            if (parse_number(s, v, 1, 1e9, 1, &batch)) return EXIT_USAGE;
+            i++;
         } else if (!strcmp(s, "--weak")) {
             weak = 1;
         } else if (!strcmp(s, "--html")) {
@@ -172,6 +178,10 @@ int cmd_simulate(int argc, char **argv) {
 
     dt_sim_profile p;
     if (dt_sim_profile_load(dir, &p) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    if (batch > 0) {  // per-sample times stay; the batch to scale changes
+        p.batch = (int)batch;
+        p.workers = 1;
+    }
     printf("profile %s: %.0f params, batch %d on %d rank(s): %.3f ms compute + %.3f ms data per sample, "
            "optimizer %.2f ms per step\n",
            dir, p.params, p.batch, p.workers, 1e3 * p.compute_s, 1e3 * p.data_s, 1e3 * p.optimizer_s);
