@@ -192,7 +192,8 @@ typedef struct {
  * (reduce to the leader, broadcast back) plus the cheapest of ring
  * (2(h-1) alpha + 2(h-1)/h S/beta), recursive halving-doubling
  * (2 log2 h alpha + 2(h-1)/h S/beta) and tree (2 log2 h (alpha + S/beta))
- * between h hosts; buckets hide it behind backward except the last. */
+ * between h hosts, once per gradient bucket; buckets hide it behind
+ * backward except the last. */
 DT_API void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *out);
 
 /* The model's time of one hier allreduce of `bytes` over s's hosts and

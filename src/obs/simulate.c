@@ -101,15 +101,17 @@ void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_poin
     o->local_batch = local;
     o->compute_s = local * (p->compute_s + p->data_s);
     double bwd = local * p->compute_s * p->backward_share;
-    o->comm_s = dt_sim_allreduce(S, s, &o->algo);
-    // buckets overlap backward; the last bucket never does
-    double last = o->comm_s * fmin(1.0, p->bucket_bytes / S);
+    // one allreduce per bucket (each pays the latency terms); buckets overlap
+    // backward, the last never does
+    double nb = p->bucket_bytes > 0 ? ceil(S / p->bucket_bytes) : 1;
+    o->comm_s = nb * dt_sim_allreduce(S / nb, s, &o->algo);
+    double last = o->comm_s / nb;
     double opt = p->optimizer_s;
     if (s->zero) {
         // reduce-scatter (overlapping backward) + allgather after the
         // optimizer (not overlapped); the same bytes, the optimizer on 1/N
         double rs = o->comm_s / 2, ag = o->comm_s / 2;
-        o->exposed_s = fmax(rs - bwd, rs * fmin(1.0, p->bucket_bytes / S)) + ag;
+        o->exposed_s = fmax(rs - bwd, rs / nb) + ag;
         opt /= N;
     } else {
         o->exposed_s = fmax(o->comm_s - bwd, last);
