@@ -11,7 +11,8 @@ pkgs=(build-essential cmake clang libomp-dev pkg-config
       zlib1g-dev libinih-dev libcjson-dev libdnnl-dev libmicrohttpd-dev
       libopenmpi-dev openmpi-bin
       dataset-fashion-mnist fortunes
-      prometheus chromium)   # tests of the metrics endpoint and the HTML report
+      prometheus chromium    # tests of the metrics endpoint and the HTML report
+      slurmctld slurmd slurm-client munge)   # the one-machine Slurm test
 if [ "${1:-}" = "--bench" ]; then
     # PyTorch, and an optimised BLAS for it (Debian's torch otherwise runs on
     # the reference BLAS): the peer must be measured at its best.

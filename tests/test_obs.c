@@ -16,7 +16,12 @@
  *      1 s; a request sent in pieces is answered; 400 for a NUL byte in
  *      each part of a request and for a malformed request line, 404, 405,
  *      HEAD; 408 for every idle and slow connection after 10 s; stopping
- *      with connections open. */
+ *      with connections open;
+ *   6. the scaling simulator: its alpha-beta arithmetic on made-up profiles
+ *      (ring, halving-doubling and tree between hosts, shm inside, overlap
+ *      with backward, ZeRO, weak and strong scaling), its profile from the
+ *      2-worker run, `dtrain simulate` on it (table, HTML chart) and on bad
+ *      flags. */
 #include "dtrain/comm.h"
 #include "dtrain/train.h"
 #include "obs/prom.h"
@@ -24,6 +29,7 @@
 #include "testlib.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <cjson/cJSON.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -472,6 +478,120 @@ static void test_endpoint(void) {
         if (slow[i] >= 0) close(slow[i]);
 }
 
+
+static int near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(1, fabs(b)); }
+
+static void test_simulate(void) {
+    // 1e6 params = 4 MB of gradients; 1 ms compute per sample, 60% backward
+    dt_sim_profile p = {.compute_s = 1e-3, .backward_share = 0.6, .data_s = 0, .optimizer_s = 2e-3,
+                        .params = 1e6, .batch = 64, .workers = 1, .bucket_bytes = 1e6};
+    dt_sim_params s = {.hosts = 1, .ranks_per_host = 1, .link_bytes_per_s = 1e9, .link_latency_s = 0,
+                       .host_bytes_per_s = 4e9};
+    dt_sim_point o;
+    dt_sim_predict(&p, &s, &o);
+    CHECK(o.ranks == 1 && near(o.local_batch, 64) && near(o.comm_s, 0) && near(o.step_s, 64e-3 + 2e-3) &&
+              !strcmp(o.algo, "none"),
+          "simulate, 1 rank: %d ranks, batch %g, comm %g, step %g, %s", o.ranks, o.local_batch, o.comm_s, o.step_s,
+          o.algo);
+    // 4 hosts, no latency: ring = rhd = 2*3/4*4e6/1e9 = 6 ms; 16 samples = 16 ms compute, 9.6 ms backward
+    s.hosts = 4;
+    dt_sim_predict(&p, &s, &o);
+    CHECK(near(o.comm_s, 6e-3) && !strcmp(o.algo, "ring") && near(o.local_batch, 16) &&
+              near(o.exposed_s, 6e-3 * 0.25) && near(o.step_s, 16e-3 + 1.5e-3 + 2e-3),
+          "simulate, 4 hosts: comm %g (%s), exposed %g, step %g", o.comm_s, o.algo, o.exposed_s, o.step_s);
+    // latency 1 ms: rhd (2 log2 4 = 4 alphas) beats ring (6 alphas), paid by
+    // each of the 4 buckets: 4 x (4 + 1.5) = 22 ms against 9.6 ms of backward
+    s.link_latency_s = 1e-3;
+    dt_sim_predict(&p, &s, &o);
+    CHECK(near(o.comm_s, 22e-3) && !strcmp(o.algo, "rhd") && near(o.exposed_s, 22e-3 - 9.6e-3),
+          "simulate, latency: comm %g (%s), exposed %g", o.comm_s, o.algo, o.exposed_s);
+    // 3 hosts, a 40-byte gradient: the tree (2 log2 3 -> 4 alphas + 4 S/beta)
+    // against rhd (4 alphas + 2*2/3 S/beta) and ring (4 alphas + 2*2/3 S/beta)
+    dt_sim_profile tiny = p;
+    tiny.params = 10;
+    s.hosts = 3;
+    dt_sim_predict(&tiny, &s, &o);
+    CHECK(!strcmp(o.algo, "ring") && near(o.comm_s, 4e-3 + 2.0 * 2 / 3 * 40 / 1e9), "simulate, 3 hosts: comm %g (%s)",
+          o.comm_s, o.algo);
+    s.hosts = 4;
+    // 2 ranks per host add the shm stage: 2 x 4 MB / 4 GB/s = 2 ms
+    s.link_latency_s = 0;
+    s.ranks_per_host = 2;
+    dt_sim_predict(&p, &s, &o);
+    CHECK(o.ranks == 8 && near(o.local_batch, 8) && near(o.comm_s, 8e-3), "simulate, 2 per host: %d ranks, comm %g",
+          o.ranks, o.comm_s);
+    // ZeRO: the optimizer on 1/8, the allgather half never hidden
+    s.zero = 1;
+    dt_sim_predict(&p, &s, &o);
+    double bwd = 8 * 1e-3 * 0.6, rs = 4e-3;
+    CHECK(near(o.exposed_s, fmax(rs - bwd, rs * 0.25) + 4e-3) && near(o.step_s, 8e-3 + o.exposed_s + 2e-3 / 8),
+          "simulate, zero: exposed %g, step %g", o.exposed_s, o.step_s);
+    // weak scaling keeps 64 samples per rank
+    s.zero = 0;
+    s.weak = 1;
+    dt_sim_predict(&p, &s, &o);
+    CHECK(near(o.local_batch, 64) && near(o.samples_per_s, 64 * 8 / o.step_s), "simulate, weak: batch %g",
+          o.local_batch);
+
+    // one allreduce as the model has it: 4 hosts x 2 ranks, 4 MB: 2 ms shm + 6 ms ring
+    const char *algo = NULL;
+    CHECK(near(dt_sim_allreduce(4e6, &s, &algo), 8e-3) && !strcmp(algo, "ring"), "dt_sim_allreduce: %s",
+          algo ? algo : "");
+    char line[256];
+    snprintf(line, sizeof line, "%s simulate --allreduce 1M,64M --hosts 2,4 --link 1gbit,0us", tl_dtrain());
+    int rc0 = tl_run(line, g_out, sizeof g_out);
+    // 2 hosts, 64 MiB: 2*1/2*67108864 B / 125e6 B/s = 536870.9 us at 0.125 GB/s busbw
+    CHECK(rc0 == 0 && strstr(g_out, "     2      2     67108864     536870.9      0.125   ring"),
+          "simulate --allreduce: exit %d\n%s", rc0, g_out);
+
+    // The profile of the 2-worker run, and the command.
+    char dir[512], cmd[2048], path[512];
+    snprintf(dir, sizeof dir, "%s/run", g_tmp);
+    dt_sim_profile q;
+    CHECK(dt_sim_profile_load(dir, &q) == DT_OK, "profile of the run: %s", dt_last_error());
+    CHECK(q.params == 64 * 784 + 64 + 64 * 10 + 10 && q.batch == 40 && q.workers == 2 && q.compute_s > 0 &&
+              q.backward_share > 0 && q.backward_share < 1 && q.bucket_bytes == 2048 * 1024,
+          "profile: %g params, batch %d, %d workers, %g s/sample, backward %g, bucket %g", q.params, q.batch,
+          q.workers, q.compute_s, q.backward_share, q.bucket_bytes);
+    snprintf(cmd, sizeof cmd, "%s simulate %s --hosts 1..8 --link 10gbit,50us --strategy dp,zero --html %s/sim.html",
+             tl_dtrain(), dir, g_tmp);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "\ndp\n") && strstr(g_out, "\nzero\n") && strstr(g_out, "     8      8 "),
+          "dtrain simulate: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s simulate %s --hosts 64 --batch 4096", tl_dtrain(), dir);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "batch 4096 on 1 rank(s)") && strstr(g_out, "    64     64     64.00 "),
+          "simulate --batch 4096: exit %d\n%s", rc, g_out);
+    snprintf(path, sizeof path, "%s/sim.html", g_tmp);
+    char *html = tl_read_file(path, NULL);
+    CHECK(html && strstr(html, "<svg class=\"chart\"") && strstr(html, "<td>8</td>"), "simulate --html: chart and table");
+    free(html);
+    static const char *const bad[][2] = {
+        {"--link 10gbit", "--link: expected BW,LATENCY"},  {"--link fast,5us", "--link: expected BW,LATENCY"},
+        {"--link 1gbit,5parsecs", "--link: expected"},     {"--hosts 0", "--hosts: expected host counts"},
+        {"--hosts 8..2", "--hosts: expected"},             {"--hosts 1,x", "--hosts: expected"},
+        {"--strategy tp", "--strategy: 'tp': expected dp or zero"},
+        {"--ranks-per-host 0", "--ranks-per-host"},       {"--frobnicate", "unknown option '--frobnicate'"},
+        {"--allreduce 1M", "--allreduce takes no RUN_DIR"}, {"--batch 0", "--batch"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "simulate %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1],
+              g_out);
+    }
+    snprintf(cmd, sizeof cmd, "%s simulate %s/nope", tl_dtrain(), g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "/nope: no such run directory"), "simulate, missing run: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s simulate --allreduce 1X", tl_dtrain());
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--allreduce: '1X': expected sizes"), "simulate --allreduce 1X: exit %d\n%s", rc,
+          g_out);
+    snprintf(cmd, sizeof cmd, "%s simulate", tl_dtrain());
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 2 && strstr(g_out, "missing RUN_DIR"), "simulate without RUN_DIR\n%s",
+          g_out);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-obs-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -481,6 +601,7 @@ int main(void) {
     test_comm_stats();
     test_run();
     test_report();
+    test_simulate();
     test_bad_flags();
     test_endpoint();
     tl_cleanup(g_tmp);

@@ -164,6 +164,72 @@ DT_API void dt_progress_format_json(const dt_progress *p, char *buf, size_t n);
  * to out_path. Errors name the file and line of bad input. */
 DT_API dt_status dt_report_html(const char *run_dir, const char *out_path);
 
+/* ---- the scaling simulator (dtrain simulate) -------------------------------
+ * Predicts the step time of data-parallel training on many hosts from a
+ * profiled run and an alpha-beta model of the collectives:
+ *
+ *   dt_sim_profile p;
+ *   dt_sim_profile_load("runs/gpt", &p);          // a finished dtrain train run
+ *   dt_sim_params s = {.hosts = 64, .ranks_per_host = 1, .link_bytes_per_s = 12.5e9,
+ *                      .link_latency_s = 5e-6, .host_bytes_per_s = 5e9};
+ *   dt_sim_point o;
+ *   dt_sim_predict(&p, &s, &o);                    // o.step_s, o.samples_per_s */
+typedef struct {
+    double compute_s;      /* forward + backward seconds per sample on one rank */
+    double backward_share; /* backward's part of compute_s (what buckets overlap) */
+    double data_s;         /* data loading seconds per sample */
+    double optimizer_s;    /* optimizer seconds per step, all parameters */
+    double params;         /* parameter count (f32 gradients of 4 bytes) */
+    int batch, workers;    /* the profiled run's global batch and ranks */
+    double bucket_bytes;   /* its gradient bucket ([parallel] bucket_kb) */
+} dt_sim_profile;
+
+/* Reads the profile from run_dir: the median per-phase times of rank 0's
+ * step records (metrics/rank-00000.jsonl, after two warm-up steps),
+ * summary.json's params, batch and workers, config.ini's bucket_kb. */
+DT_API dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out);
+
+typedef struct {
+    int hosts, ranks_per_host;
+    double link_bytes_per_s, link_latency_s; /* each host's link */
+    double host_bytes_per_s;                 /* shared memory inside a host */
+    int zero;                                /* 1: ZeRO (reduce-scatter + allgather,
+                                                optimizer on 1/N); 0: dp (allreduce) */
+    int weak;                                /* keep the profiled batch per rank;
+                                                0: keep the global batch */
+} dt_sim_params;
+
+typedef struct {
+    int ranks;
+    double local_batch; /* samples per rank per step */
+    double compute_s;   /* data + forward + backward */
+    double comm_s;      /* the gradient exchange: shm inside hosts + between hosts */
+    double exposed_s;   /* the part of comm_s not hidden behind backward */
+    double step_s, samples_per_s;
+    const char *algo;   /* between hosts: "ring", "rhd", "tree" or "none" (static) */
+} dt_sim_point;
+
+/* The predicted step: compute scales with the local batch; the allreduce
+ * of 4 x params bytes costs 2 x bytes / host_bytes_per_s inside a host
+ * (reduce to the leader, broadcast back) plus the cheapest of ring
+ * (2(h-1) alpha + 2(h-1)/h S/beta), recursive halving-doubling
+ * (2 log2 h alpha + 2(h-1)/h S/beta) and tree (2 log2 h (alpha + S/beta))
+ * between h hosts, once per gradient bucket; buckets hide it behind
+ * backward except the last. */
+DT_API void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *out);
+
+/* The model's time of one hier allreduce of `bytes` over s's hosts and
+ * ranks (what dt_sim_predict charges for the gradients); *algo (if not
+ * NULL) gets the algorithm between hosts ("none" for one host). */
+DT_API double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo);
+
+/* An HTML page at path (written atomically): title, body_html (the caller
+ * escapes what it puts there; a table, say) and a line chart of ns <= 10
+ * series named names[k] with values y[k][0..n-1] over x[0..n-1]. */
+DT_API dt_status dt_sim_html(const char *path, const char *title, const char *body_html, const char *xlabel,
+                             const char *ylabel, const char *const *names, const double *x,
+                             const double *const *y, int ns, int n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -137,8 +137,17 @@ static dt_status pick_backend(const dt_comm_params *p, const dt_comm_backend_ent
     for (int i = 0; i < n; i++)
         if (t[i].launched && t[i].launched(p)) {
             *out = &t[i];
-            break;
+            return DT_OK;
         }
+    // srun started several tasks but gave none of them MPI's environment
+    // (PMIx or PMI-2): each would be a world of 1 and train alone.
+    const char *ntasks = getenv("SLURM_STEP_NUM_TASKS");
+    if (ntasks && atoi(ntasks) > 1)
+        return dt_error(DT_ERR_CONFIG,
+                        "SLURM_STEP_NUM_TASKS=%s: srun started %s tasks without MPI's environment, so each would "
+                        "train alone; run srun --mpi=pmix (or set MpiDefault=pmix in slurm.conf), or force "
+                        "DTRAIN_COMM_BACKEND=shm for separate runs",
+                        ntasks, ntasks);
     return DT_OK;
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 // What every rank sends in dt_obs_allreduce's allgather (doubles). X_DATA ..
 // X_OPTIM follow DT_OBS_DATA .. DT_OBS_OPTIMIZER.
@@ -306,6 +307,11 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     cJSON_AddStringToObject(j, "dtrain_version", dt_version());
     cJSON_AddNumberToObject(j, "rank", o->rank);
     cJSON_AddNumberToObject(j, "workers", o->W);
+    cJSON_AddStringToObject(j, "comm_backend", dt_comm_backend(comm));
+    cJSON_AddNumberToObject(j, "host", dt_comm_node(comm));
+    cJSON_AddNumberToObject(j, "hosts", dt_comm_nnodes(comm));
+    char hn[256] = "";
+    if (gethostname(hn, sizeof hn - 1) == 0) cJSON_AddStringToObject(j, "hostname", hn);
     cJSON_AddNumberToObject(j, "start_unix", (double)time(NULL));
     num(j, "straggler_margin", c->straggler_margin);
     cJSON_AddNumberToObject(j, "straggler_steps", c->straggler_steps);

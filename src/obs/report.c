@@ -4,6 +4,7 @@
  * stragglers. */
 #include "dtrain/train.h"
 
+#include "obs/report.h"
 #include "obs/straggler.h"
 
 #include <cjson/cJSON.h>
@@ -580,5 +581,60 @@ dt_status dt_report_html(const char *run_dir, const char *out_path) {
     for (int r = 0; d.r && r < d.nranks; r++) free_rank(&d.r[r]);
     free(d.r);
     free(d.ev);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// for the simulator (report.h)
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+dt_status dt_report_phase_medians(const char *run_dir, double med[6]) {
+    run_data d = {0};
+    dt_status st = read_run(run_dir, &d);
+    if (st == DT_OK) {
+        const rank_log *r0 = &d.r[0];
+        int n = r0->step.n, skip = n >= 5 ? 2 : 0;
+        double *v = malloc(sizeof *v * (size_t)n);
+        if (!v) st = dt_error(DT_ERR_NOMEM, "out of memory");
+        for (int p = 0; v && p < NPH; p++) {
+            int m = n - skip;
+            memcpy(v, r0->ph[p].v + skip, sizeof *v * (size_t)m);
+            qsort(v, (size_t)m, sizeof *v, cmp_double);
+            med[p] = m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+        }
+        free(v);
+    }
+    for (int r = 0; d.r && r < d.nranks; r++) free_rank(&d.r[r]);
+    free(d.r);
+    free(d.ev);
+    return st;
+}
+
+dt_status dt_report_chart_page(const char *path, const char *title, const char *body_html, const char *xl,
+                               const char *yl, const char *const *names, const double *x, const double *const *y,
+                               int ns, int n) {
+    series s[10];
+    if (ns > 10) ns = 10;
+    for (int k = 0; k < ns; k++)
+        s[k] = (series){.name = names[k], .x = x, .y = y[k], .n = n, .color = palette[k]};
+    char *html = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&html, &len);
+    if (!f) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    fputs("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>", f);
+    html_text(f, title);
+    fprintf(f, "</title><style>%s</style></head><body>\n<h1>", style);
+    html_text(f, title);
+    fprintf(f, "</h1>\n%s\n", body_html);
+    line_chart(f, "chart", title, xl, yl, s, ns, NAN, 1);
+    fputs("</body></html>\n", f);
+    fclose(f);
+    const void *parts[] = {html};
+    dt_status st = dt_write_atomic(path, parts, &len, 1);
+    free(html);
     return st;
 }

@@ -207,6 +207,15 @@ static void test_backend_choice(void) {
     CHECK(dt_comm_env_launched(), "DTRAIN_SHM_NAME set: not seen as launched");
     unsetenv("DTRAIN_SHM_NAME");
     p = dt_comm_default_params();
+    // An srun step of several tasks without MPI's environment (srun --mpi=none)
+    setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+    CHECK(init_with(&p, NULL, m, sizeof m) == DT_ERR_CONFIG && strstr(m, "SLURM_STEP_NUM_TASKS=4: srun started 4 tasks") &&
+              strstr(m, "srun --mpi=pmix"),
+          "srun step of 4 tasks without MPI: %s", m);
+    CHECK(init_with(&p, "shm", m, sizeof m) == DT_OK && !strcmp(m, "shm"), "srun step, shm forced: %s", m);
+    setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+    CHECK(init_with(&p, NULL, m, sizeof m) == DT_OK && !strcmp(m, "shm"), "srun step of 1 task: %s", m);
+    unsetenv("SLURM_STEP_NUM_TASKS");
     // With MPI, mpi and hier need mpirun: the comm_mpi_* and comm_hier_* tests.
 #ifndef DTRAIN_HAVE_MPI
     p.backend = "mpi";

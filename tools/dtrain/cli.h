@@ -16,6 +16,7 @@ int cmd_sample(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_simulate(int argc, char **argv);
 
 /* Prints "dtrain: error: ..." to stderr, control characters escaped
  * (dt_escape_text). */

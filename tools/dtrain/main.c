@@ -21,6 +21,7 @@ static const struct {
     {"report", cmd_report, "an HTML report of a run directory (charts, per-rank times)"},
     {"inspect", cmd_inspect, "show a checkpoint's training state and tensors, verify it"},
     {"export", cmd_export, "a checkpoint's weights alone, for inference"},
+    {"simulate", cmd_simulate, "predict step time and scaling on many hosts from a profiled run"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Across pretend hosts (scripts/cluster.sh): allreduce and training step time.
+
+    /usr/bin/python3 bench/cluster.py --build build [--hosts 2,4] [--bw 1gbit,10gbit]
+        [--ranks-per-host 1] [--json out.json] [--force]
+
+For every (hosts, link) pair it brings up that many network-namespace hosts
+with links shaped to the rate (tc tbf, both directions), then, in one run:
+  hier     mpirun allreduce_bench                         (dtrain's auto choice)
+  ring     DTRAIN_COMM_BACKEND=mpi DTRAIN_COMM_ALGO=ring   (dtrain flat ring over MPI)
+  mpi      allreduce_bench --impl mpi                     (Open MPI's MPI_Allreduce)
+from 1 MiB to 64 MiB, and a data-parallel training run of --train-config
+(default configs/gpt-fortunes.ini with --preset gpt-small on the fortune
+cookies, --steps steps) on 1 host and on H hosts:
+step time and scaling efficiency = samples/s on H hosts / (H x samples/s on
+one). Prints time, busbw (GB/s), busbw as a share of the link, and the
+ratios hier/mpi and hier/ring (> 1: hier is faster). The simulator is
+validated on the same runs: `dtrain simulate` on the 1-host run (the
+profile) predicts the H-host step time, and `dtrain simulate --allreduce`
+each size's hier allreduce time ("model us"), printed next to the measured
+ones with the error. Refuses to run on a
+busy machine (load average >= 1.5) unless --force. Needs root.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from allreduce_compare import human, run_json  # noqa: E402
+
+CLUSTER = os.path.join(HERE, "..", "scripts", "cluster.sh")
+PREFIX = "bench"
+SUBNET = "10.77.250"
+
+
+def cluster(*args):
+    return subprocess.run([CLUSTER] + list(args) + ["--prefix", PREFIX], check=True,
+                          stdout=subprocess.PIPE, text=True).stdout
+
+
+def rate_gbit(bw):
+    v = bw.lower()
+    for suffix, m in (("gbit", 1.0), ("mbit", 1e-3)):
+        if v.endswith(suffix):
+            return float(v[: -len(suffix)]) * m
+    raise SystemExit("--bw %s: expected a rate such as 1gbit or 500mbit" % bw)
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def train(build, mpiargs, np, per_host, args, sets, run_dir):
+    cmd = (["mpirun"] + mpiargs + ["-np", str(np), "--map-by", "ppr:%d:node" % per_host,
+                                   os.path.join(build, "dtrain"), "train", args.train_config, "-q",
+                                   "--set", "train.max_steps=%d" % args.steps, "--run-dir", run_dir])
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit("cluster.py: %s failed:\n%s" % (" ".join(cmd), p.stderr))
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def simulate(build, profile_dir, H, R, bw, latency):
+    """The step time dtrain simulate predicts for H hosts, in ms."""
+    out = subprocess.run([os.path.join(build, "dtrain"), "simulate", profile_dir, "--hosts", "1,%d" % H,
+                          "--ranks-per-host", str(R), "--link", "%s,%s" % (bw, latency)],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 10 and f[0] == str(H) and f[1] == str(H * R):
+            return float(f[7])
+    raise SystemExit("cluster.py: no %d-host row in dtrain simulate's output:\n%s" % (H, out))
+
+
+def simulate_allreduce(build, sizes, H, R, bw, latency):
+    """{bytes: microseconds} of one allreduce as dtrain simulate's model has it."""
+    out = subprocess.run([os.path.join(build, "dtrain"), "simulate", "--allreduce", ",".join(map(str, sizes)),
+                          "--hosts", str(H), "--ranks-per-host", str(R), "--link", "%s,%s" % (bw, latency)],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    return {int(f[2]): float(f[3]) for f in (line.split() for line in out.splitlines()[1:]) if len(f) == 6}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--hosts", default="2,4")
+    ap.add_argument("--bw", default="1gbit,10gbit")
+    ap.add_argument("--ranks-per-host", type=int, default=1)
+    ap.add_argument("--min", default=str(1 << 20))
+    ap.add_argument("--max", default=str(64 << 20))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--train-config", default=os.path.join(HERE, "..", "configs", "gpt-fortunes.ini"))
+    ap.add_argument("--preset", default="gpt-small", help="[model] preset for the training run ('' keeps the config's)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--latency", default="30us", help="the links' one-way latency the simulator assumes")
+    ap.add_argument("--json", help="also write all results to this file")
+    ap.add_argument("--force", action="store_true", help="run even when the machine is busy")
+    args = ap.parse_args()
+    load = os.getloadavg()[0]
+    if load >= 1.5 and not args.force:
+        sys.exit("cluster.py: load average %.2f >= 1.5: the machine is busy, figures would be noise "
+                 "(--force to run anyway)" % load)
+    build = os.path.abspath(args.build)
+    bench = os.path.join(build, "bench", "allreduce_bench")
+    sz = ["--min", args.min, "--max", args.max, "--repeat", str(args.repeat), "--json"]
+    R = args.ranks_per_host
+    print("# %s, %d cores, load average %.2f at the start (a shared VM)" % (cpu_model(), os.cpu_count(), load))
+    out = []
+    with tempfile.TemporaryDirectory(prefix="dtrain-bench-cluster-") as tmp:
+        sets = ["model.preset=%s" % args.preset] if args.preset else []
+        if os.path.basename(args.train_config) == "gpt-fortunes.ini":
+            subprocess.run([os.path.join(build, "dtrain"), "prepare-text", "/usr/share/games/fortunes",
+                            "-o", os.path.join(tmp, "fortunes")], check=True, stdout=subprocess.DEVNULL)
+            sets += ["data.train_file=%s/fortunes_train.bin" % tmp, "data.val_file=%s/fortunes_val.bin" % tmp]
+        for H in [int(h) for h in args.hosts.split(",")]:
+            for bw in args.bw.split(","):
+                cluster("down")
+                cluster("up", str(H), "--bw", bw, "--subnet", SUBNET)
+                try:
+                    mpiargs = cluster("args").split() + ["--allow-run-as-root"]
+                    np = H * R
+                    base = ["mpirun"] + mpiargs + ["-np", str(np), "--map-by", "ppr:%d:node" % R,
+                                                   "-x", "DTRAIN_COMM_BACKEND", "-x", "DTRAIN_COMM_ALGO"]
+                    res = {
+                        "hier": run_json(base + [bench] + sz, {"DTRAIN_COMM_BACKEND": "auto"}),
+                        "ring": run_json(base + [bench] + sz, {"DTRAIN_COMM_BACKEND": "mpi",
+                                                                "DTRAIN_COMM_ALGO": "ring"}),
+                        "mpi": run_json(base + [bench, "--impl", "mpi"] + sz),
+                    }
+                    one = train(build, mpiargs, R, R, args, sets, os.path.join(tmp, "t1"))
+                    many = train(build, mpiargs, np, R, args, sets, os.path.join(tmp, "t%d" % H))
+                    predicted = simulate(build, os.path.join(tmp, "t1"), H, R, bw, args.latency)
+                finally:
+                    cluster("down")
+                link = rate_gbit(bw) / 8  # GB/s
+                by = {k: {r["bytes"]: r for r in v["results"]} for k, v in res.items() if v}
+                model = simulate_allreduce(build, sorted(by.get("hier", {})), H, R, bw, args.latency)
+                print("\n## %d hosts x %d rank(s), links %s (%.3f GB/s)" % (H, R, bw, link))
+                print("%8s  %10s %7s %5s  %10s %7s  %10s %7s  %8s %8s  %10s %6s" % (
+                    "bytes", "hier us", "busbw", "link", "ring us", "busbw", "mpi us", "busbw",
+                    "vs mpi", "vs ring", "model us", "error"))
+                for nbytes, d in sorted(by.get("hier", {}).items()):
+                    r, m = by.get("ring", {}).get(nbytes), by.get("mpi", {}).get(nbytes)
+                    pm = model.get(nbytes, 0)
+                    print("%8s  %10.0f %7.3f %4.0f%%  %10.0f %7.3f  %10.0f %7.3f  %7.2fx %7.2fx  %10.0f %+5.0f%%" % (
+                        human(nbytes), d["time_us"], d["busbw"], 100 * d["busbw"] / link,
+                        r["time_us"] if r else 0, r["busbw"] if r else 0,
+                        m["time_us"] if m else 0, m["busbw"] if m else 0,
+                        m["time_us"] / d["time_us"] if m else 0, r["time_us"] / d["time_us"] if r else 0,
+                        pm, 100 * (pm - d["time_us"]) / d["time_us"]))
+                s1, sH = one["samples_per_sec"], many["samples_per_sec"]
+                step = 1000 * many["train_seconds"] / max(1, many["steps"])
+                print("training %s (%s), %d steps: 1 host %.1f samples/s, %d hosts %.1f samples/s "
+                      "(step %.1f ms): scaling efficiency %.0f%%" % (
+                          os.path.basename(args.train_config), args.preset or "as configured", args.steps, s1, H, sH,
+                          step, 100 * sH / (H * s1)))
+                print("dtrain simulate (profile: the 1-host run, latency %s): step %.1f ms predicted, %.1f ms "
+                      "measured: %+.0f%%" % (args.latency, predicted, step, 100 * (predicted - step) / step))
+                out.append({"hosts": H, "ranks_per_host": R, "bw": bw, "allreduce": res,
+                            "train_1": one, "train_h": many, "simulated_step_ms": predicted})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "load": load, "runs": out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
