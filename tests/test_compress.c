@@ -14,7 +14,9 @@
  *      against a serial reference that encodes every rank's input itself
  *      and keeps every rank's residual.
  *   4. Training: the same compressed 2-worker run twice is bitwise equal;
- *      lossy methods still learn. */
+ *      every method learns and sends fewer bytes (summary.json's
+ *      bytes_sent) than the uncompressed run; a compressed run resumes
+ *      from its checkpoint. */
 #include "dtrain/config.h"
 #include "engine/codec.h"
 #include "testlib.h"
@@ -377,12 +379,14 @@ static int train(const char *name, int N, const char *extra) {
     return rc;
 }
 
-static double accuracy(const char *name) {
-    char path[600];
+// A number of the run's summary.json (-1: none).
+static double summary(const char *name, const char *key) {
+    char path[600], k[64];
     snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, name);
+    snprintf(k, sizeof k, "\"%s\":", key);
     char *s = tl_read_file(path, NULL);
-    const char *a = s ? strstr(s, "\"test_accuracy\":") : NULL;
-    double v = a ? atof(a + 16) : -1;
+    const char *a = s ? strstr(s, k) : NULL;
+    double v = a ? atof(a + strlen(k)) : -1;
     free(s);
     return v;
 }
@@ -403,17 +407,31 @@ static void training(void) {
     CHECK(bw, "the same top-k run twice is bitwise equal (max rel diff %.3g)", d);
     printf("training: top-k 5%% with DGC, 2 workers, twice: %s\n", bw ? "bitwise equal" : "differs");
     CHECK(train("plain", 2, "") == 0, "uncompressed run");
-    double base = accuracy("plain");
+    double base = summary("plain", "test_accuracy"), plain_bytes = summary("plain", "bytes_sent");
+    CHECK(plain_bytes > 0, "summary.json has bytes_sent (%.0f)", plain_bytes);
+    // The wire's share of the uncompressed bytes, per method (2 workers).
+    const double share[] = {0.55, 0.55, 0.3, 0.3, 0.1, 0.25, 0.15, 0.1};
     const char *lossy[] = {"fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"};
     for (int i = 0; i < 8; i++) {
         char extra[200], name[32];
         snprintf(extra, sizeof extra, "--set compression.method=%s --set compression.ratio=0.1", lossy[i]);
         snprintf(name, sizeof name, "run-%s", lossy[i]);
         int rc = train(name, 2, extra);
-        double acc = accuracy(name);
+        double acc = summary(name, "test_accuracy"), bytes = summary(name, "bytes_sent");
         CHECK(rc == 0 && acc > 0.5, "%s: 2 workers train (test accuracy %.3f; uncompressed %.3f)", lossy[i], acc, base);
-        printf("training: %-8s 2 workers, 40 steps: test accuracy %.3f (uncompressed %.3f)\n", lossy[i], acc, base);
+        CHECK(bytes > 0 && bytes < share[i] * plain_bytes, "%s: bytes sent %.0f, %.3f of uncompressed (expected < %.2f)",
+              lossy[i], bytes, bytes / plain_bytes, share[i]);
+        printf("training: %-8s 2 workers, 40 steps: test accuracy %.3f (uncompressed %.3f), bytes sent %.3f of uncompressed\n",
+               lossy[i], acc, base, bytes / plain_bytes);
     }
+    // Resume: the codec state (residuals, Q) starts afresh; the run goes on.
+    CHECK(train("ck", 2, "--set compression.method=powersgd --set checkpoint.every_steps=10") == 0, "checkpointed run");
+    char extra[700];
+    snprintf(extra, sizeof extra, "--set compression.method=powersgd --resume %s/ck/checkpoints --set train.max_steps=50", g_tmp);
+    int rc = train("ck-resumed", 2, extra);
+    double steps = summary("ck-resumed", "steps"), acc = summary("ck-resumed", "test_accuracy");
+    CHECK(rc == 0 && steps == 50 && acc > 0.5, "a compressed run resumes (exit %d, %g steps, accuracy %.3f)", rc, steps, acc);
+    printf("training: powersgd resumed at step 40 of 50: exit %d, test accuracy %.3f\n", rc, acc);
     tl_cleanup(g_tmp);
 }
 

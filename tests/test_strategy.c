@@ -10,7 +10,8 @@
  * (global batch 40 over 243 samples, so an epoch ends in a 3-sample batch,
  * once shorter than the number of workers), and a tiny GPT (buckets of
  * 4 KiB, so most of them start from its grad hook during backward; its 40
- * windows split unevenly over 3 workers).
+ * windows split unevenly over 3 workers). Rows with [compression] settings
+ * run the data-parallel strategy through a compressing codec.
  *
  * Around the table: a worker that fails makes every worker stop with an
  * error naming it; linear learning-rate scaling; worker-count errors.
@@ -115,6 +116,20 @@ static const row rows[] = {
     {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0},
     {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0},
     {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0},
+    // Gradient compression (docs/compression.md): the settings that send
+    // everything are exact; the lossy ones stay close over 50 steps.
+    {"dp+topk", "mlp", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4},
+    {"dp+topk", "gpt", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4},
+    {"dp+randomk", "gpt", 2, 0, "--set compression.method=randomk --set compression.ratio=1 --set compression.error_feedback=false", "", 1e-4},
+    {"dp+powersgd", "mlp", 2, 0, "--set compression.method=powersgd --set compression.rank=1024", "", 1e-3},
+    // (the GPT's pieces span tensors whose gradients differ by orders of
+    // magnitude, as the key bias's rounding-only one; the projection's
+    // rounding, relative to the piece's largest values, moves the small ones)
+    {"dp+powersgd", "gpt", 3, 0, "--set compression.method=powersgd --set compression.rank=1024", "", 3e-2},
+    {"dp+fp16", "mlp", 2, 0, "--set compression.method=fp16", "", 1e-2},
+    {"dp+bf16", "cnn", 2, 0, "--set compression.method=bf16", "", 5e-2},
+    {"dp+int8", "mlp", 4, 0, "--set compression.method=int8", "", 5e-2},
+    {"dp+fp16", "mlp", 3, 1, "--set compression.method=fp16", "", 1e-2},
 };
 
 static const char *model_cfg(const char *model) {

@@ -124,6 +124,9 @@ DT_API dt_status dt_parse_number(const char *what, const char *text, double lo, 
  * written as plain digits (a seed such as 18000000000000000001). */
 DT_API dt_status dt_parse_u64(const char *what, const char *text, uint64_t max, uint64_t *out);
 
+/* The [compression] method's name ("none", "fp16", ...; "?" out of range). */
+DT_API const char *dt_comp_method_name(int method);
+
 /* Defaults for every field (the values docs/config.md lists). */
 DT_API void dt_config_defaults(dt_config *c);
 

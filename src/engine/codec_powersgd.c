@@ -34,6 +34,10 @@ static shape shape_of(const dt_codec *k, size_t len) {
     return s;
 }
 
+// The piece's buffer: P (rows x r floats), Q (cols x r), then rows x r
+// doubles for the orthonormalization, at an 8-byte boundary.
+static size_t work_at(shape s) { return ((s.rows + s.cols) * s.r * sizeof(float) + 7) / 8 * 8; }
+
 static int psgd_wants(const dt_config *c) { return c->comp_method == DT_COMP_POWERSGD; }
 
 static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
@@ -41,7 +45,7 @@ static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_requ
     size_t len = hi - lo;
     shape s = shape_of(k, len);
     dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0x905);
-    float *P = p ? (float *)dt_codec_buf(p, (s.rows + s.cols) * s.r * sizeof(float)) : NULL;
+    float *P = p ? (float *)dt_codec_buf(p, work_at(s) + s.rows * s.r * sizeof(double)) : NULL;
     if (!P) return DT_ERR_NOMEM;
     if (!p->q) {
         if (!(p->q = malloc(s.cols * s.r * sizeof(float))))
@@ -60,20 +64,27 @@ static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_requ
     return dt_iallreduce(P, P, s.rows * s.r, DT_F32, DT_SUM, k->comm, req);
 }
 
-// Gram-Schmidt (modified, in double) over the r columns of P (rows x r);
-// a column that is (nearly) dependent on the ones before becomes zero.
-static void orthonormalize(float *P, size_t rows, size_t r) {
+// Orthonormalizes the r columns of P (rows x r) by modified Gram-Schmidt
+// in double, run twice ("twice is enough" for orthogonality in floating
+// point); a column left with under 1e-5 of its norm is dependent on the ones
+// before (a sum of lower rank than r) and becomes zero. w: rows x r doubles.
+static void orthonormalize(float *P, double *w, size_t rows, size_t r) {
+    for (size_t i = 0; i < rows * r; i++) w[i] = P[i];
     for (size_t j = 0; j < r; j++) {
-        for (size_t q = 0; q < j; q++) {
-            double d = 0;
-            for (size_t i = 0; i < rows; i++) d += (double)P[i * r + j] * P[i * r + q];
-            for (size_t i = 0; i < rows; i++) P[i * r + j] -= (float)(d * P[i * r + q]);
-        }
+        double n0 = 0;
+        for (size_t i = 0; i < rows; i++) n0 += w[i * r + j] * w[i * r + j];
+        for (int pass = 0; pass < 2; pass++)
+            for (size_t q = 0; q < j; q++) {
+                double d = 0;
+                for (size_t i = 0; i < rows; i++) d += w[i * r + j] * w[i * r + q];
+                for (size_t i = 0; i < rows; i++) w[i * r + j] -= d * w[i * r + q];
+            }
         double nn = 0;
-        for (size_t i = 0; i < rows; i++) nn += (double)P[i * r + j] * P[i * r + j];
-        double f = nn > 1e-30 ? 1 / sqrt(nn) : 0;
-        for (size_t i = 0; i < rows; i++) P[i * r + j] = (float)(P[i * r + j] * f);
+        for (size_t i = 0; i < rows; i++) nn += w[i * r + j] * w[i * r + j];
+        double f = nn > 1e-10 * n0 && nn > 1e-60 ? 1 / sqrt(nn) : 0;
+        for (size_t i = 0; i < rows; i++) w[i * r + j] *= f;
     }
+    for (size_t i = 0; i < rows * r; i++) P[i] = (float)w[i];
 }
 
 static dt_status psgd_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
@@ -84,7 +95,7 @@ static dt_status psgd_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_req
     shape s = shape_of(k, len);
     dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
     float *P = (float *)p->buf, *Q = P + s.rows * s.r, *x = g + lo;
-    orthonormalize(P, s.rows, s.r);
+    orthonormalize(P, (double *)(void *)(p->buf + work_at(s)), s.rows, s.r);
     memset(Q, 0, s.cols * s.r * sizeof(float));
     for (size_t i = 0; i < s.rows; i++)
         for (size_t c = 0; c < s.cols && i * s.cols + c < len; c++) {

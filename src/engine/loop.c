@@ -42,6 +42,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
     cJSON_AddStringToObject(o, "strategy", dt_strategy_for(c)->name);
+    cJSON_AddStringToObject(o, "compression", dt_comp_method_name(c->comp_method));
     cJSON_AddNumberToObject(o, "params", (double)nparams);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     cJSON_AddNumberToObject(o, "batch", c->batch);
@@ -257,6 +258,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
+    dt_comm_stats cs;
+    dt_comm_get_stats(comm, &cs);
+    res->bytes_sent = cs.bytes_sent;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

@@ -190,6 +190,10 @@ static const field fields[] = {
 #define NGPT_FIELDS 12  // the GPT block at the end of the table
 static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
 
+const char *dt_comp_method_name(int method) {
+    return method >= 0 && method <= DT_COMP_POWERSGD ? comp_names[method] : "?";
+}
+
 void dt_config_defaults(dt_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "run");
