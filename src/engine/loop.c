@@ -55,6 +55,12 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     return dt_json_write(path, o);
 }
 
+static uint64_t comm_bytes_sent(dt_comm_t comm) {
+    dt_comm_stats cs;
+    dt_comm_get_stats(comm, &cs);
+    return cs.bytes_sent;
+}
+
 // The task's layer hook, for a strategy that gathers parameters per layer.
 static dt_status params_needed(int layer, int phase, void *user) {
     dt_strategy *s = user;
@@ -183,6 +189,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
     double t_train = 0, loss_sum = ts.epoch_loss;
+    uint64_t bytes_sent = 0;  // by this rank's collectives during the steps
     int stop = 0, evaluated = 0;
     for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
@@ -197,6 +204,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             if (st != DT_OK) goto done;
             if (!more) break;
             tops->zero_grad(task);
+            uint64_t sent0 = comm_bytes_sent(comm);
             double lsum;
             dt_control ctl;
             float lr, gnorm;
@@ -206,6 +214,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
+            bytes_sent += comm_bytes_sent(comm) - sent0;
             step++;
             ebatch++;
             loss_sum += ctl.loss;
@@ -258,9 +267,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
-    dt_comm_stats cs;
-    dt_comm_get_stats(comm, &cs);
-    res->bytes_sent = cs.bytes_sent;
+    res->bytes_sent = bytes_sent;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

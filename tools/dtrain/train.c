@@ -25,7 +25,7 @@ static const char train_help[] =
     "  model.safetensors   the final weights\n"
     "  summary.json        steps, final train loss, test_loss, test_accuracy,\n"
     "                      wall_seconds, samples_per_sec, compression and\n"
-    "                      bytes_sent (the rank's collectives, docs/compression.md)\n"
+    "                      bytes_sent (rank 0's, over the steps; docs/compression.md)\n"
     "  metrics/rank-N.jsonl  every worker: one JSON object per step (loss, lr,\n"
     "                      grad norm, throughput, time per phase, bytes sent and\n"
     "                      received, peak memory) and per evaluation\n"    "  checkpoints/        step-N.safetensors (or step-N/ when sharded): the\n"
