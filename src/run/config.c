@@ -223,7 +223,7 @@ void dt_config_defaults(dt_config *c) {
     snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");
     c->ckpt_keep = 3;
     c->comp_ratio = 0.01f;
-    c->comp_levels = 16;
+    c->comp_levels = 7;
     c->comp_rank = 2;
     c->comp_error_feedback = 1;
 }
