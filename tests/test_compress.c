@@ -7,7 +7,8 @@
  *      after step) for every lossy method; QSGD and random-k are unbiased
  *      (a seeded statistical test, which top-k, a biased method, fails);
  *      PowerSGD at full rank returns the gradient, and a rank-1 matrix at
- *      rank 1.
+ *      rank 1; top-k with DGC's warm-up, momentum correction and local
+ *      clipping against a serial reference of the algorithm.
  *   3. Ranks (this program re-run as `dtrain run -n N -- test_compress rank
  *      METHOD ...`, N = 2, 3, 4): three steps of three pieces (one below
  *      min_bytes) through start/finish; every rank checks the decoded sum
@@ -209,6 +210,57 @@ static void powersgd_exact(dt_comm_t comm) {
     dt_codec_free(k);
     free(x);
     free(g);
+}
+
+static int cmp_mag(const void *a, const void *b, void *x);
+
+// Top-k with DGC's warm-up, momentum correction and local clipping against
+// a serial reference of the paper's algorithm (one piece, a world of 1).
+static void dgc(dt_comm_t comm) {
+    dt_config c;
+    config(&c, DT_COMP_TOPK, 1);
+    c.comp_ratio = 0.01f;
+    c.comp_warmup_steps = 3;
+    c.comp_momentum = 0.9f;
+    c.comp_clip_norm = 0.5f;
+    size_t n = 3000, cut[] = {0, 3000};
+    dt_codec *k = codec(&c, comm, n);
+    float *g = malloc(n * sizeof *g), *u = calloc(n, sizeof *u), *v = calloc(n, sizeof *v), *x = malloc(n * sizeof *x);
+    uint32_t *idx = malloc(n * sizeof *idx);
+    int clipped = 0;
+    for (int s = 0; s < 6; s++) {
+        input(x, n, 0, s);
+        memcpy(g, x, n * sizeof *g);
+        CHECK(step(k, g, cut, 1) == DT_OK, "dgc step %d", s);
+        double nn = 0;
+        for (size_t i = 0; i < n; i++) nn += (double)x[i] * x[i];
+        if (sqrt(nn) > 0.5) {  // local clipping to clip_norm (one piece, one worker)
+            clipped++;
+            for (size_t i = 0; i < n; i++) x[i] *= (float)(0.5 / sqrt(nn));
+        }
+        for (size_t i = 0; i < n; i++) {
+            u[i] = 0.9f * u[i] + x[i];
+            v[i] = v[i] + u[i];
+        }
+        double density = s < 3 ? pow(0.01, (s + 1) / 4.0) : 0.01;
+        size_t kk = (size_t)ceil(density * (double)n), nz = 0;
+        for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+        qsort_r(idx, n, sizeof *idx, cmp_mag, v);
+        double worst = 0;
+        for (size_t j = 0; j < kk; j++) {
+            size_t i = idx[j];
+            worst = fmax(worst, fabs((double)g[i] - v[i]) / (fabs(v[i]) + 1e-6));
+            v[i] = u[i] = 0;
+        }
+        for (size_t i = 0; i < n; i++) nz += g[i] != 0;
+        CHECK(nz == kk && worst < 1e-6, "dgc step %d: %zu values sent (expected %zu), worst relative error %.3g", s, nz,
+              kk, worst);
+        printf("top-k DGC step %d: density %.4f, %zu of %zu sent, matches the reference (worst %.2g)\n", s, density, nz,
+               n, worst);
+    }
+    CHECK(clipped > 0, "dgc: the test's gradients reach the clipping threshold");
+    dt_codec_free(k);
+    free(g), free(u), free(v), free(x), free(idx);
 }
 
 // ----------------------------------------------------------------------------
@@ -458,6 +510,7 @@ int main(int argc, char **argv) {
     bias(comm, DT_COMP_RANDOMK, 0.1f, 16, 1);
     bias(comm, DT_COMP_TOPK, 0.1f, 16, 0);
     powersgd_exact(comm);
+    dgc(comm);
     dt_comm_destroy(comm);
 
     char self[1024];
