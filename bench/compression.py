@@ -7,12 +7,15 @@ uncompressed run's, and the time per step as a ratio.
 
     /usr/bin/python3 bench/compression.py [--dtrain BUILD_DIR] [--config configs/fashion-mlp.ini]
         [--workers 4] [--methods none,fp16,...] [--steps N] [--set S.K=V]... [--json]
+        [--slow-link RATE]
 
 Without --steps the config's shipped epochs run (the Fashion-MNIST MLP:
 about 20 minutes per method on 4 workers of a 2-core machine). --steps 5
 only checks that everything runs. The workers share memory, so step times
-here are not a slow link's; the accuracy and the bytes are what the issue's
-goals are about.
+are not a network's; with --slow-link RATE (root) they run instead as two
+hosts of W/2 ranks each, network namespaces joined by a tc-shaped link of
+RATE (e.g. 1gbit) under mpirun (bench/slowlink.sh), where the step is
+communication-bound.
 """
 import argparse, json, os, subprocess, sys, tempfile
 
@@ -39,15 +42,22 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="max_steps (0: the config's epochs)")
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--slow-link", metavar="RATE", help="run over bench/slowlink.sh at this tc rate (needs root)")
     a = ap.parse_args()
+    if a.slow_link and a.workers % 2:
+        sys.exit("--slow-link: --workers must be even (W/2 ranks on each of two hosts)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-compression-") as tmp:
         for m in a.methods.split(","):
             if m not in METHODS:
                 sys.exit(f"--methods: unknown method '{m}' (expected some of {', '.join(METHODS)})")
             sets = METHODS[m] + a.set + ([f"train.max_steps={a.steps}"] if a.steps else [])
-            cmd = [os.path.join(a.dtrain, "dtrain"), "train", a.config, "--workers", str(a.workers), "--quiet",
+            cmd = [os.path.abspath(os.path.join(a.dtrain, "dtrain")), "train", os.path.abspath(a.config), "--quiet",
                    "--run-dir", os.path.join(tmp, m)]
+            if a.slow_link:
+                cmd = [os.path.join(ROOT, "bench/slowlink.sh"), "-r", a.slow_link, "-n", str(a.workers // 2), "--"] + cmd
+            else:
+                cmd += ["--workers", str(a.workers)]
             for s in sets:
                 cmd += ["--set", s]
             subprocess.run(cmd, check=True)
@@ -60,7 +70,8 @@ def main():
     if a.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{os.path.basename(a.config)}, {a.workers} workers, {base['steps']} steps")
+    link = f", two hosts over a {a.slow_link} link" if a.slow_link else ", one host"
+    print(f"{os.path.basename(a.config)}, {a.workers} workers{link}, {base['steps']} steps")
     print(f"{'method':9} {'accuracy':>9} {'vs none':>8} {'bytes sent':>12} {'share':>6} {'s/step':>8} {'speed-up':>8}")
     for r in rows:
         q = r["accuracy"] if r["accuracy"] is not None else r["val_loss"]
