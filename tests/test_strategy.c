@@ -11,7 +11,8 @@
  * once shorter than the number of workers), and a tiny GPT (buckets of
  * 4 KiB, so most of them start from its grad hook during backward; its 40
  * windows split unevenly over 3 workers); the same GPT with 4 layers for
- * pipelines of up to 4 stages.
+ * pipelines of up to 4 stages. Rows with [compression] settings
+ * run the data-parallel strategy through a compressing codec.
  *
  * ZeRO rows (--zero 1|2) compare with plain data parallel on as many
  * workers (ref_workers), bitwise, and deterministic ZeRO with one
@@ -172,6 +173,20 @@ static const row rows[] = {
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
     {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
+    // Gradient compression (docs/compression.md): the settings that send
+    // everything are exact; the lossy ones stay close over 50 steps.
+    {"dp+topk", "mlp", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4, 0},
+    {"dp+topk", "gpt", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4, 0},
+    {"dp+randomk", "gpt", 2, 0, "--set compression.method=randomk --set compression.ratio=1 --set compression.error_feedback=false", "", 1e-4, 0},
+    {"dp+powersgd", "mlp", 2, 0, "--set compression.method=powersgd --set compression.rank=1024", "", 1e-3, 0},
+    // (the GPT's pieces span tensors whose gradients differ by orders of
+    // magnitude, as the key bias's rounding-only one; the projection's
+    // rounding, relative to the piece's largest values, moves the small ones)
+    {"dp+powersgd", "gpt", 3, 0, "--set compression.method=powersgd --set compression.rank=1024", "", 3e-2, 0},
+    {"dp+fp16", "mlp", 2, 0, "--set compression.method=fp16", "", 1e-2, 0},
+    {"dp+bf16", "cnn", 2, 0, "--set compression.method=bf16", "", 5e-2, 0},
+    {"dp+int8", "mlp", 4, 0, "--set compression.method=int8", "", 5e-2, 0},
+    {"dp+fp16", "mlp", 3, 1, "--set compression.method=fp16", "", 1e-2, 0},
 };
 
 static const char *model_cfg(const char *model) {

@@ -17,6 +17,9 @@
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload, offload_dir
  *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
+ *   [compression] method (none|fp16|bf16|int8|qsgd|sign|topk|randomk|powersgd),
+ *             ratio, levels, rank, error_feedback, warmup_steps, momentum,
+ *             clip_norm, min_bytes (docs/compression.md)
  *
  * docs/config.md lists every key with its default. Every key is checked: an
  * unknown section or key, or a value of the wrong form, fails with
@@ -33,6 +36,12 @@ extern "C" {
 #endif
 
 #define DT_MAX_LAYERS 64
+
+/* [compression] method: how the data-parallel strategy sends gradients. */
+typedef enum {
+    DT_COMP_NONE = 0, DT_COMP_FP16, DT_COMP_BF16, DT_COMP_INT8, DT_COMP_QSGD, DT_COMP_SIGN,
+    DT_COMP_TOPK, DT_COMP_RANDOMK, DT_COMP_POWERSGD
+} dt_comp_method;
 
 typedef struct {
     char name[64];                 /* run name (default: config file stem) */
@@ -86,6 +95,16 @@ typedef struct {
     int ckpt_keep;                 /* newest checkpoints kept */
     int ckpt_sharded;              /* every rank writes its slice (step-N/ directories) */
     char resume[512];              /* "" none, "auto" RUN_DIR's newest, or a file/dir */
+    /* [compression] (docs/compression.md) */
+    int comp_method;               /* dt_comp_method */
+    float comp_ratio;              /* top-k, random-k: the fraction of a piece sent, in (0, 1] */
+    int comp_levels;               /* QSGD: quantization levels per sign */
+    int comp_rank;                 /* PowerSGD: rank of the factors */
+    int comp_error_feedback;       /* keep what was not sent and add it to the next step */
+    int64_t comp_warmup_steps;     /* top-k: density ramps down to ratio over these steps */
+    float comp_momentum;           /* top-k: DGC momentum correction (0: off) */
+    float comp_clip_norm;          /* top-k: DGC local clipping (0: off) */
+    int comp_min_bytes;            /* pieces smaller than this go uncompressed */
     /* ---- GPT language models (docs/gpt.md) ----
      * [model] preset = gpt-tiny | gpt-small | gpt2-124m | gpt, with n_layer,
      * n_head, n_embd, block_size, vocab_size, padded_vocab_size overriding
@@ -114,6 +133,9 @@ DT_API dt_status dt_parse_number(const char *what, const char *text, double lo, 
 /* dt_parse_number for a whole number in [0, max], exact beyond 2^53 when
  * written as plain digits (a seed such as 18000000000000000001). */
 DT_API dt_status dt_parse_u64(const char *what, const char *text, uint64_t max, uint64_t *out);
+
+/* The [compression] method's name ("none", "fp16", ...; "?" out of range). */
+DT_API const char *dt_comp_method_name(int method);
 
 /* Defaults for every field (the values docs/config.md lists). */
 DT_API void dt_config_defaults(dt_config *c);

@@ -55,6 +55,10 @@ typedef struct {
     double comm_exposed_seconds; /* the part of them after backward had ended */
     int stopped;                 /* 1: stopped early on request, at a checkpoint */
     int64_t resumed_step;        /* the step a resumed run started from (0: none) */
+    uint64_t bytes_sent;         /* by this rank's collectives during the training
+                                    steps, as dt_comm_stats counts them (the
+                                    gradients and the per-step exchange of loss
+                                    and control), summed over steps */
 } dt_train_result;
 
 /* Trains as c says. run_dir (created if missing, may be NULL for no files).

@@ -46,6 +46,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
     cJSON_AddStringToObject(o, "strategy", dt_strategy_for(c)->name);
+    cJSON_AddStringToObject(o, "compression", dt_comp_method_name(c->comp_method));
     cJSON_AddNumberToObject(o, "params", (double)nparams);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     cJSON_AddNumberToObject(o, "batch", c->batch);
@@ -80,6 +81,12 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     }
     cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
     return dt_json_write(path, o);
+}
+
+static uint64_t comm_bytes_sent(dt_comm_t comm) {
+    dt_comm_stats cs;
+    dt_comm_get_stats(comm, &cs);
+    return cs.bytes_sent;
 }
 
 // The task's layer hook, for a strategy that gathers parameters per layer.
@@ -214,6 +221,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
     double t_train = 0, loss_sum = ts.epoch_loss;
+    uint64_t bytes_sent = 0;  // by this rank's collectives during the steps
     int stop = 0, evaluated = 0;
     for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
@@ -228,6 +236,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             if (st != DT_OK) goto done;
             if (!more) break;
             if (!strat->grads_zero) tops->zero_grad(task);
+            uint64_t sent0 = comm_bytes_sent(comm);
             double lsum;
             dt_control ctl;
             float lr, gnorm;
@@ -238,6 +247,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
             }
+            bytes_sent += comm_bytes_sent(comm) - sent0;
             step++;
             ebatch++;
             loss_sum += ctl.loss;
@@ -294,6 +304,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
     if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
+    res->bytes_sent = bytes_sent;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

@@ -115,6 +115,7 @@ static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", NULL};
 static const char *const offload_names[] = {"none", "disk", NULL};
+static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -169,6 +170,15 @@ static const field fields[] = {
     {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
     {"checkpoint", "sharded", F_BOOL, O(ckpt_sharded), 0, 1, NULL},
     {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
+    {"compression", "method", F_ENUM, O(comp_method), 0, 0, comp_names},
+    {"compression", "ratio", F_FLOAT, O(comp_ratio), 1e-6, 1, NULL},
+    {"compression", "levels", F_INT, O(comp_levels), 1, 127, NULL},
+    {"compression", "rank", F_INT, O(comp_rank), 1, 1024, NULL},
+    {"compression", "error_feedback", F_BOOL, O(comp_error_feedback), 0, 1, NULL},
+    {"compression", "warmup_steps", F_I64, O(comp_warmup_steps), 0, 1e15, NULL},
+    {"compression", "momentum", F_FLOAT, O(comp_momentum), 0, 0.999999, NULL},
+    {"compression", "clip_norm", F_FLOAT, O(comp_clip_norm), 0, 1e9, NULL},
+    {"compression", "min_bytes", F_INT, O(comp_min_bytes), 0, 1 << 30, NULL},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
@@ -188,6 +198,10 @@ static const field fields[] = {
 #define NFIELDS (int)(sizeof fields / sizeof fields[0])
 #define NGPT_FIELDS 12  // the GPT block at the end of the table
 static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
+
+const char *dt_comp_method_name(int method) {
+    return method >= 0 && method <= DT_COMP_POWERSGD ? comp_names[method] : "?";
+}
 
 void dt_config_defaults(dt_config *c) {
     memset(c, 0, sizeof *c);
@@ -219,6 +233,10 @@ void dt_config_defaults(dt_config *c) {
     c->straggler_steps = 10;
     snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");
     c->ckpt_keep = 3;
+    c->comp_ratio = 0.01f;
+    c->comp_levels = 7;
+    c->comp_rank = 2;
+    c->comp_error_feedback = 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -479,7 +497,7 @@ static int handle(void *user, const char *sec, const char *key, const char *val)
     for (int i = 0; i < NFIELDS && !known_sec; i++) known_sec = !strcmp(fields[i].sec, sec);
     if (!*sec) return fail(p, sec, key, "key before any [section] header");
     if (!known_sec)
-        return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule, train or parallel)", sec);
+        return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule, train, parallel, obs, checkpoint or compression)", sec);
     char keys[400] = "";
     if (!strcmp(sec, "model")) snprintf(keys, sizeof keys, "preset, input, layer");
     for (int i = 0; i < NFIELDS; i++)
@@ -566,6 +584,21 @@ static dt_status finish_layers(dt_config *c, const char *what) {
     return DT_OK;
 }
 
+// Settings of [compression] that only some methods read, or that no
+// deterministic run can honour.
+static dt_status finish_compression(const dt_config *c, const char *what) {
+    const char *m = comp_names[c->comp_method];
+    if (c->comp_method != DT_COMP_NONE && c->deterministic)
+        return dt_error(DT_ERR_CONFIG, "%s: [compression] method: '%s' cannot be used with [parallel] deterministic = true "
+                        "(its fixed-point sums send no compressed gradients); use method = none", what, m);
+    if (c->comp_method != DT_COMP_TOPK && (c->comp_momentum > 0 || c->comp_clip_norm > 0 || c->comp_warmup_steps > 0))
+        return dt_error(DT_ERR_CONFIG, "%s: [compression] %s: only method = topk uses it (DGC), got method = %s", what,
+                        c->comp_momentum > 0 ? "momentum" : c->comp_clip_norm > 0 ? "clip_norm" : "warmup_steps", m);
+    if (c->comp_momentum > 0 && !c->comp_error_feedback)
+        return dt_error(DT_ERR_CONFIG, "%s: [compression] momentum: momentum correction needs error_feedback = true", what);
+    return DT_OK;
+}
+
 static dt_status finish(dt_config *c, const char *what) {
     dt_status st = !strncmp(c->preset, "gpt", 3) ? finish_gpt(c, what) : finish_layers(c, what);
     if (st != DT_OK) return st;
@@ -573,7 +606,7 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);
     if (c->min_lr > c->optim.lr)
         return dt_error(DT_ERR_CONFIG, "%s: [schedule] min_lr (%g) is above [optim] lr (%g)", what, c->min_lr, c->optim.lr);
-    return DT_OK;
+    return finish_compression(c, what);
 }
 
 dt_status dt_config_parse(dt_config *c, const char *text, const char *what, const char *const *overrides,

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Gradient compression (docs/compression.md): per [compression] method, one
+`dtrain train` run of a config on W local workers; prints the test accuracy
+(or the GPT's validation loss) and its difference to the uncompressed run,
+the bytes this rank sent (summary.json's bytes_sent) as a share of the
+uncompressed run's, and the time per step as a ratio.
+
+    /usr/bin/python3 bench/compression.py [--dtrain BUILD_DIR] [--config configs/fashion-mlp.ini]
+        [--workers 4] [--methods none,fp16,...] [--steps N] [--set S.K=V]... [--json]
+        [--slow-link RATE]
+
+Without --steps the config's shipped epochs run (the Fashion-MNIST MLP:
+about 20 minutes per method on 4 workers of a 2-core machine). --steps 5
+only checks that everything runs. The workers share memory, so step times
+are not a network's; with --slow-link RATE (root) they run instead as two
+hosts of W/2 ranks each, network namespaces joined by a tc-shaped link of
+RATE (e.g. 1gbit) under mpirun (bench/slowlink.sh), where the step is
+communication-bound.
+"""
+import argparse, json, os, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = {  # name: --set flags (the accuracy goals of issue 18 use these)
+    "none": [],
+    "fp16": ["compression.method=fp16"],
+    "bf16": ["compression.method=bf16"],
+    "int8": ["compression.method=int8"],
+    "qsgd": ["compression.method=qsgd"],
+    "sign": ["compression.method=sign"],
+    "topk": ["compression.method=topk", "compression.ratio=0.01"],
+    "randomk": ["compression.method=randomk", "compression.ratio=0.01"],
+    "powersgd": ["compression.method=powersgd", "compression.rank=2"],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtrain", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs/fashion-mlp.ini"))
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--steps", type=int, default=0, help="max_steps (0: the config's epochs)")
+    ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--slow-link", metavar="RATE", help="run over bench/slowlink.sh at this tc rate (needs root)")
+    a = ap.parse_args()
+    if a.slow_link and a.workers % 2:
+        sys.exit("--slow-link: --workers must be even (W/2 ranks on each of two hosts)")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dtrain-bench-compression-") as tmp:
+        for m in a.methods.split(","):
+            if m not in METHODS:
+                sys.exit(f"--methods: unknown method '{m}' (expected some of {', '.join(METHODS)})")
+            sets = METHODS[m] + a.set + ([f"train.max_steps={a.steps}"] if a.steps else [])
+            cmd = [os.path.abspath(os.path.join(a.dtrain, "dtrain")), "train", os.path.abspath(a.config), "--quiet",
+                   "--run-dir", os.path.join(tmp, m)]
+            if a.slow_link:
+                cmd = [os.path.join(ROOT, "bench/slowlink.sh"), "-r", a.slow_link, "-n", str(a.workers // 2), "--"] + cmd
+            else:
+                cmd += ["--workers", str(a.workers)]
+            for s in sets:
+                cmd += ["--set", s]
+            subprocess.run(cmd, check=True)
+            with open(os.path.join(tmp, m, "summary.json")) as f:
+                s = json.load(f)
+            rows.append({"method": m, "accuracy": s.get("test_accuracy"), "val_loss": s.get("val_loss"),
+                         "bytes_sent": s["bytes_sent"], "steps": s["steps"],
+                         "step_seconds": s["train_seconds"] / max(s["steps"], 1)})
+    base = next((r for r in rows if r["method"] == "none"), rows[0])
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    link = f", two hosts over a {a.slow_link} link" if a.slow_link else ", one host"
+    print(f"{os.path.basename(a.config)}, {a.workers} workers{link}, {base['steps']} steps")
+    print(f"{'method':9} {'accuracy':>9} {'vs none':>8} {'bytes sent':>12} {'share':>6} {'s/step':>8} {'speed-up':>8}")
+    for r in rows:
+        q = r["accuracy"] if r["accuracy"] is not None else r["val_loss"]
+        qb = base["accuracy"] if base["accuracy"] is not None else base["val_loss"]
+        print(f"{r['method']:9} {q:9.4f} {100 * (q - qb):+7.2f}p {r['bytes_sent']:12.0f} "
+              f"{r['bytes_sent'] / base['bytes_sent']:6.3f} {r['step_seconds']:8.4f} "
+              f"{base['step_seconds'] / r['step_seconds']:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

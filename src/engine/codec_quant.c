@@ -1,0 +1,122 @@
+/* Quantized codecs: int8, qsgd and sign. The piece is cut into chunks of
+ * CHUNK values, each sent as one fp32 scale and a small code per value:
+ *
+ *   int8  code = round(x / s) in [-127, 127], s = max|x| / 127
+ *   qsgd  code = +-l, l in [0, levels] drawn so that E[l] = |x| / s exactly
+ *         (stochastic rounding, unbiased), s = ||chunk||_2 / levels; four
+ *         bits per value when levels <= 7, else eight
+ *   sign  one bit per value, +-s with s = mean |x| (scaled sign, EF-SignSGD)
+ *
+ * decoded: code * s. The sum of W such codes does not fit the code's type,
+ * so every rank's message is allgathered (one dt_iallgather of bytes) and
+ * each rank decodes and adds the W messages in rank order: the same sum on
+ * every rank. With error feedback each rank keeps x - decoded(x). */
+#include "engine/codec.h"
+
+#include <math.h>
+#include <string.h>
+
+#define CHUNK 512
+
+static int quant_wants(const dt_config *c) {
+    return c->comp_method == DT_COMP_INT8 || c->comp_method == DT_COMP_QSGD || c->comp_method == DT_COMP_SIGN;
+}
+
+// Bits per value's code.
+static int code_bits(int method, int levels) {
+    return method == DT_COMP_SIGN ? 1 : method == DT_COMP_QSGD && levels <= 7 ? 4 : 8;
+}
+
+// A rank's message for len values: the scales, then the codes, rounded up
+// to whole floats.
+static size_t msg_bytes(int method, int levels, size_t len) {
+    size_t nc = (len + CHUNK - 1) / CHUNK, codes = (len * (size_t)code_bits(method, levels) + 7) / 8;
+    return (nc * 4 + codes + 3) / 4 * 4;
+}
+
+static void encode(int method, int levels, const float *x, size_t len, uint8_t *out, dt_rng *rng) {
+    size_t nc = (len + CHUNK - 1) / CHUNK;
+    float *scale = (float *)out;
+    uint8_t *code = out + nc * 4;
+    int bits = code_bits(method, levels);
+    if (bits < 8) memset(code, 0, (len * (size_t)bits + 7) / 8);
+    for (size_t c = 0; c < nc; c++) {
+        size_t a = c * CHUNK, b = a + CHUNK < len ? a + CHUNK : len;
+        double acc = 0;
+        for (size_t i = a; i < b; i++) {
+            double v = fabs((double)x[i]);
+            if (method == DT_COMP_INT8) acc = v > acc ? v : acc;
+            else acc += method == DT_COMP_QSGD ? v * v : v;
+        }
+        float s = method == DT_COMP_INT8 ? (float)(acc / 127)
+                  : method == DT_COMP_QSGD ? (float)(sqrt(acc) / levels) : (float)(acc / (double)(b - a));
+        scale[c] = s;
+        for (size_t i = a; i < b; i++) {
+            if (method == DT_COMP_SIGN) {
+                if (x[i] >= 0) code[i / 8] |= (uint8_t)(1u << (i % 8));
+                continue;
+            }
+            int q = 0;
+            if (s > 0 && method == DT_COMP_INT8) {
+                float r = rintf(x[i] / s);
+                q = (int)(r > 127 ? 127 : r < -127 ? -127 : r);
+            } else if (s > 0) {
+                float v = fabsf(x[i]) / s, l = floorf(v);
+                if (dt_rng_uniform(rng) < v - l) l += 1;
+                q = (int)(l > (float)levels ? (float)levels : l);
+                if (x[i] < 0) q = -q;
+            }
+            if (bits == 4) code[i / 2] |= (uint8_t)((q & 0xf) << (4 * (i % 2)));
+            else code[i] = (uint8_t)(int8_t)q;
+        }
+    }
+}
+
+// acc[i] += alpha * decoded value i.
+static void decode_add(int method, int levels, const uint8_t *in, size_t len, float alpha, float *acc) {
+    size_t nc = (len + CHUNK - 1) / CHUNK;
+    const float *scale = (const float *)in;
+    const uint8_t *code = in + nc * 4;
+    int bits = code_bits(method, levels);
+    for (size_t i = 0; i < len; i++) {
+        float s = scale[i / CHUNK], v;
+        if (bits == 1) v = code[i / 8] >> (i % 8) & 1 ? s : -s;
+        else if (bits == 4) v = (float)(((code[i / 2] >> (4 * (i % 2)) & 0xf) ^ 8) - 8) * s;  // 4-bit two's complement
+        else v = (float)(int8_t)code[i] * s;
+        acc[i] += alpha * v;
+    }
+}
+
+static dt_status quant_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
+    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
+    int m = k->c->comp_method, L = k->c->comp_levels;
+    size_t len = hi - lo, B = msg_bytes(m, L, len);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0x51u + (uint64_t)k->rank * 0x100000001b3ull);
+    uint8_t *buf = p ? dt_codec_buf(p, B * (size_t)k->world) : NULL;
+    if (!buf) return DT_ERR_NOMEM;
+    uint8_t *mine = buf + B * (size_t)k->rank;
+    dt_codec_ef_add(k, g, lo, hi);
+    encode(m, L, g + lo, len, mine, &p->rng);
+    if (k->residual) {
+        float *r = k->residual + lo;
+        memcpy(r, g + lo, len * sizeof *r);
+        decode_add(m, L, mine, len, -1, r);
+    }
+    p->step++;
+    return dt_iallgather(mine, buf, B, DT_U8, k->comm, req);
+}
+
+static dt_status quant_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
+    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_finish(k, g, lo, hi, req);
+    dt_status st = dt_wait(req);
+    if (st != DT_OK) return st;
+    int m = k->c->comp_method, L = k->c->comp_levels;
+    size_t len = hi - lo, B = msg_bytes(m, L, len);
+    const uint8_t *buf = dt_codec_piece_at(k, lo, hi, 0)->buf;
+    memset(g + lo, 0, len * sizeof *g);
+    for (int r = 0; r < k->world; r++) decode_add(m, L, buf + B * (size_t)r, len, 1, g + lo);
+    return DT_OK;
+}
+
+const dt_codec_ops dt_codec_quant = {"int8/qsgd/sign", sizeof(dt_codec), quant_wants, NULL, NULL, quant_start,
+                                     quant_finish};

@@ -1,0 +1,179 @@
+/* Sparse codecs: topk and randomk send k = ceil(ratio x len) values of a
+ * piece.
+ *
+ * topk sends the k largest |x| as (uint32 index, fp32 value) pairs; ranks
+ * choose different indices, so the pairs are allgathered and every rank adds
+ * the W lists in rank order. With DGC's refinements (Lin et al. 2018):
+ * momentum correction (the momentum is accumulated locally, u = m u + g,
+ * v += u, and both are cleared where v was sent), local clipping (a rank
+ * scales a piece whose norm exceeds clip_norm x sqrt(len / n) / sqrt(W)
+ * down to it, before accumulating), and a warm-up whose density falls
+ * exponentially from ratio^(1/(warmup+1)) to ratio over warmup_steps.
+ *
+ * randomk draws its k indices from a permutation of the piece that every
+ * rank advances with the same generator (seeded from [train] seed and the
+ * piece), so the indices agree and the values are summed by one fp32
+ * allreduce of k floats: no indices on the wire. Without error feedback the
+ * values are scaled by len / k, which makes it unbiased.
+ *
+ * With error feedback each rank keeps what it did not send. */
+#include "engine/codec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int sparse_wants(const dt_config *c) {
+    return c->comp_method == DT_COMP_TOPK || c->comp_method == DT_COMP_RANDOMK;
+}
+
+static size_t k_of(const dt_codec *k, const dt_codec_piece *p, size_t len) {
+    double d = k->c->comp_ratio;
+    int64_t w = k->c->comp_warmup_steps;
+    if (k->c->comp_method == DT_COMP_TOPK && p->step < w) d = pow(d, (double)(p->step + 1) / (double)(w + 1));
+    size_t kk = (size_t)ceil(d * (double)len);
+    return kk < 1 ? 1 : kk > len ? len : kk;
+}
+
+static void swapf(float *a, float *b) {
+    float t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static float median3(float a, float b, float c) {
+    return a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+}
+
+// The k-th largest (k >= 1) of a[0, n), reordering a.
+static float kth_largest(float *a, size_t n, size_t k) {
+    size_t lo = 0, hi = n, t = k - 1;
+    while (hi - lo > 1) {
+        float piv = median3(a[lo], a[lo + (hi - lo) / 2], a[hi - 1]);
+        size_t lt = lo, i = lo, gt = hi;  // [lo, lt) > piv, [lt, gt) == piv, [gt, hi) < piv
+        while (i < gt) {
+            if (a[i] > piv) swapf(&a[lt++], &a[i++]);
+            else if (a[i] < piv) swapf(&a[i], &a[--gt]);
+            else i++;
+        }
+        if (t < lt) hi = lt;
+        else if (t >= gt) lo = gt;
+        else return piv;
+    }
+    return a[lo];
+}
+
+typedef struct {
+    uint32_t i;
+    float v;
+} pair;
+
+// Error feedback, with DGC's local clipping and momentum correction: x
+// (in place of g[lo, hi)) becomes what this step may send.
+static void accumulate(dt_codec *k, float *g, size_t lo, size_t hi) {
+    const dt_config *c = k->c;
+    if (c->comp_clip_norm > 0) {
+        double ss = 0;
+        for (size_t i = lo; i < hi; i++) ss += (double)g[i] * g[i];
+        double lim = c->comp_clip_norm * sqrt((double)(hi - lo) / (double)k->n) / sqrt((double)k->world);
+        if (sqrt(ss) > lim) {
+            float f = (float)(lim / sqrt(ss));
+            for (size_t i = lo; i < hi; i++) g[i] *= f;
+        }
+    }
+    if (k->velocity) {
+        float m = c->comp_momentum, *u = k->velocity;
+        for (size_t i = lo; i < hi; i++) {
+            u[i] = m * u[i] + g[i];
+            g[i] = k->residual[i] + u[i];
+        }
+    } else {
+        dt_codec_ef_add(k, g, lo, hi);
+    }
+}
+
+// What was sent at piece index j no longer waits in the residual (nor in
+// the momentum).
+static void sent_at(dt_codec *k, size_t at) {
+    if (k->residual) k->residual[at] = 0;
+    if (k->velocity) k->velocity[at] = 0;
+}
+
+static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, dt_request_t *req) {
+    size_t len = hi - lo, kk = k_of(k, p, len), B = kk * sizeof(pair);
+    uint8_t *buf = dt_codec_buf(p, B * (size_t)k->world + len * sizeof(float));
+    if (!buf) return DT_ERR_NOMEM;
+    pair *mine = (pair *)(buf + B * (size_t)k->rank);
+    float *mag = (float *)(buf + B * (size_t)k->world), *x = g + lo;
+    accumulate(k, g, lo, hi);
+    for (size_t i = 0; i < len; i++) mag[i] = fabsf(x[i]);
+    float t = kth_largest(mag, len, kk);
+    size_t m = 0;
+    for (size_t i = 0; i < len && m < kk; i++)
+        if (fabsf(x[i]) > t) mine[m++] = (pair){(uint32_t)i, x[i]};
+    for (size_t i = 0; i < len && m < kk; i++)
+        if (fabsf(x[i]) == t) mine[m++] = (pair){(uint32_t)i, x[i]};
+    while (m < kk) mine[m++] = (pair){0, 0};  // only with NaNs, which the loop reports
+    if (k->residual) {
+        memcpy(k->residual + lo, x, len * sizeof(float));
+        for (size_t j = 0; j < kk; j++) sent_at(k, lo + mine[j].i);
+    }
+    p->sent = kk;
+    return dt_iallgather(mine, buf, B, DT_U8, k->comm, req);
+}
+
+static dt_status randomk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, dt_request_t *req) {
+    size_t len = hi - lo, kk = k_of(k, p, len);
+    float *vals = (float *)dt_codec_buf(p, kk * sizeof(float));
+    if (!vals) return DT_ERR_NOMEM;
+    if (!p->perm) {
+        if (!(p->perm = malloc(len * sizeof *p->perm)))
+            return dt_error(DT_ERR_NOMEM, "gradient codec randomk: out of memory");
+        for (size_t i = 0; i < len; i++) p->perm[i] = (uint32_t)i;
+    }
+    for (size_t j = 0; j < kk; j++) {  // a partial Fisher-Yates shuffle: k fresh indices
+        size_t r = j + dt_rng_below(&p->rng, (uint32_t)(len - j));
+        uint32_t t = p->perm[j];
+        p->perm[j] = p->perm[r];
+        p->perm[r] = t;
+    }
+    accumulate(k, g, lo, hi);
+    float scale = k->residual ? 1 : (float)((double)len / (double)kk);
+    for (size_t j = 0; j < kk; j++) vals[j] = g[lo + p->perm[j]] * scale;
+    if (k->residual) {
+        memcpy(k->residual + lo, g + lo, len * sizeof(float));
+        for (size_t j = 0; j < kk; j++) sent_at(k, lo + p->perm[j]);
+    }
+    p->sent = kk;
+    return dt_iallreduce(vals, vals, kk, DT_F32, DT_SUM, k->comm, req);
+}
+
+static dt_status sparse_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
+    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
+    if (!p) return DT_ERR_NOMEM;
+    dt_status st = k->c->comp_method == DT_COMP_TOPK ? topk_start(k, g, lo, hi, p, req)
+                                                     : randomk_start(k, g, lo, hi, p, req);
+    p->step++;
+    return st;
+}
+
+static dt_status sparse_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
+    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_finish(k, g, lo, hi, req);
+    dt_status st = dt_wait(req);
+    if (st != DT_OK) return st;
+    const dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
+    size_t kk = p->sent;
+    memset(g + lo, 0, (hi - lo) * sizeof *g);
+    if (k->c->comp_method == DT_COMP_RANDOMK) {
+        const float *vals = (const float *)p->buf;
+        for (size_t j = 0; j < kk; j++) g[lo + p->perm[j]] = vals[j];
+        return DT_OK;
+    }
+    const pair *all = (const pair *)p->buf;
+    for (size_t j = 0; j < kk * (size_t)k->world; j++) g[lo + all[j].i] += all[j].v;
+    return DT_OK;
+}
+
+const dt_codec_ops dt_codec_sparse = {"topk/randomk", sizeof(dt_codec), sparse_wants, NULL, NULL, sparse_start,
+                                      sparse_finish};

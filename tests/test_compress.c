@@ -1,0 +1,533 @@
+/* Gradient compression ([compression], docs/compression.md): each codec
+ * against a serial reference.
+ *
+ *   1. Settings: bad values are refused naming FILE:LINE [compression] field.
+ *   2. One process (a world of 1, the codec called as dp.c calls it):
+ *      error feedback conserves the sum (sent + residual = input, step
+ *      after step) for every lossy method; QSGD and random-k are unbiased
+ *      (a seeded statistical test, which top-k, a biased method, fails);
+ *      PowerSGD at full rank returns the gradient, and a rank-1 matrix at
+ *      rank 1; top-k with DGC's warm-up, momentum correction and local
+ *      clipping against a serial reference of the algorithm.
+ *   3. Ranks (this program re-run as `dtrain run -n N -- test_compress rank
+ *      METHOD ...`, N = 2, 3, 4): three steps of three pieces (one below
+ *      min_bytes) through start/finish; every rank checks the decoded sum
+ *      against a serial reference that encodes every rank's input itself
+ *      and keeps every rank's residual.
+ *   4. Training: the same compressed 2-worker run twice is bitwise equal
+ *      (every method, and top-k with all of DGC); every method learns and sends fewer bytes (summary.json's
+ *      bytes_sent) than the uncompressed run; a compressed run resumes
+ *      from its checkpoint. */
+#include "dtrain/config.h"
+#include "engine/codec.h"
+#include "testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_out[1 << 16];
+
+static const char *const methods[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"};
+
+static void config(dt_config *c, int method, int ef) {
+    dt_config_defaults(c);
+    c->comp_method = method;
+    c->comp_error_feedback = ef;
+}
+
+// The codec of c over n gradients, world of 1 or the launcher's.
+static dt_codec *codec(const dt_config *c, dt_comm_t comm, size_t n) {
+    dt_codec *k = NULL;
+    if (dt_codec_create(&k, c, comm, n) != DT_OK) fprintf(stderr, "codec: %s\n", dt_last_error());
+    return k;
+}
+
+// One step as dp.c runs it: every piece started, then every piece finished.
+static dt_status step(dt_codec *k, float *g, const size_t *cut, int np) {
+    dt_request_t req[8] = {0};
+    for (int i = 0; i < np; i++) {
+        dt_status st = k->ops->start(k, g, cut[i], cut[i + 1], &req[i]);
+        if (st != DT_OK) return st;
+    }
+    for (int i = 0; i < np; i++) {
+        dt_status st = k->ops->finish(k, g, cut[i], cut[i + 1], &req[i]);
+        if (st != DT_OK) return st;
+    }
+    return DT_OK;
+}
+
+// Rank q's gradient at step s: normals of a varying scale, with exact ties.
+static void input(float *x, size_t n, int q, int s) {
+    dt_rng r;
+    dt_rng_seed(&r, 1000u * (unsigned)q + (unsigned)s + 7);
+    for (size_t i = 0; i < n; i++) x[i] = dt_rng_normal(&r) * (float)(1 + i % 7) * 0.01f;
+    x[5] = x[6] = 0.5f;  // a tie at the top
+}
+
+// ----------------------------------------------------------------------------
+// 1. settings
+
+static void bad(const char *text, const char *expect) {
+    dt_config c;
+    dt_status st = dt_config_parse(&c, text, "bad.ini", NULL, 0);
+    CHECK(st == DT_ERR_CONFIG && strstr(dt_last_error(), expect), "'%s' refused with '%s': got %d '%s'", text, expect,
+          st, st ? dt_last_error() : "");
+}
+
+static void settings(void) {
+#define B "[model]\npreset = mlp\n"
+    bad(B "[compression]\nmethod = gzip\n", "bad.ini:4: [compression] method: expected one of none, fp16, bf16");
+    bad(B "[compression]\nmethod = topk\nratio = 0\n", "bad.ini:5: [compression] ratio: expected");
+    bad(B "[compression]\nmethod = topk\nratio = -0.1\n", "bad.ini:5: [compression] ratio: expected");
+    bad(B "[compression]\nmethod = topk\nratio = 1.5\n", "bad.ini:5: [compression] ratio: expected");
+    bad(B "[compression]\nmethod = powersgd\nrank = 0\n", "bad.ini:5: [compression] rank: expected");
+    bad(B "[compression]\nmethod = qsgd\nlevels = 128\n", "bad.ini:5: [compression] levels: expected");
+    bad(B "[compression]\nmethod = int8\nmomentum = 0.9\n", "[compression] momentum: only method = topk");
+    bad(B "[compression]\nmethod = topk\nmomentum = 0.9\nerror_feedback = false\n", "[compression] momentum: momentum correction needs");
+    bad(B "[compression]\nmethod = fp16\n[parallel]\ndeterministic = true\n", "[compression] method: 'fp16' cannot be used with [parallel] deterministic");
+    bad(B "[compression]\nmethod = topk\nmin_bytes = -1\n", "bad.ini:5: [compression] min_bytes: expected");
+    bad(B "[compresion]\nmethod = topk\n", "unknown section [compresion]");
+    dt_config c;
+    CHECK(dt_config_parse(&c, B "[compression]\nmethod = topk\nratio = 1\nwarmup_steps = 5\nmomentum = 0.9\n", "ok.ini",
+                          NULL, 0) == DT_OK && c.comp_method == DT_COMP_TOPK && c.comp_ratio == 1 &&
+          c.comp_warmup_steps == 5, "a good [compression] section loads: %s", dt_last_error());
+    // The resolved config reads back the same.
+    char *text = dt_config_format(&c);
+    dt_config d;
+    CHECK(text && dt_config_parse(&d, text, "resolved", NULL, 0) == DT_OK && d.comp_method == DT_COMP_TOPK &&
+          d.comp_momentum == c.comp_momentum, "the resolved config keeps [compression]");
+    free(text);
+#undef B
+}
+
+// ----------------------------------------------------------------------------
+// 2. one process
+
+static void conservation(dt_comm_t comm, int method) {
+    dt_config c;
+    config(&c, method, 1);
+    c.comp_ratio = 0.05f;
+    size_t n = 2000, cut[] = {0, 1500, 2000};
+    dt_codec *k = codec(&c, comm, n);
+    float *g = malloc(n * sizeof *g), *want = malloc(n * sizeof *g);
+    double worst = 0;
+    for (int s = 0; s < 5; s++) {
+        input(g, n, 0, s);
+        for (size_t i = 0; i < n; i++) want[i] = g[i] + k->residual[i];
+        CHECK(step(k, g, cut, 2) == DT_OK, "%s: step %d", methods[method], s);
+        for (size_t i = 0; i < n; i++) {
+            double e = fabs((double)g[i] + k->residual[i] - want[i]) / (fabs(want[i]) + 1e-3);
+            worst = e > worst ? e : worst;
+        }
+    }
+    CHECK(worst < 1e-5, "%s: sent + residual = input over 5 steps (worst relative error %.3g)", methods[method], worst);
+    printf("error feedback %-8s: sent + residual = input, worst relative error %.2g\n", methods[method], worst);
+    dt_codec_free(k);
+    free(g);
+    free(want);
+}
+
+// Means of T decoded outputs of one fixed x, against x: returns the largest
+// |mean - x| in units of its standard error (per element, from the
+// estimator's variance bound sd1[i]) and the overall z of the summed error.
+static void bias(dt_comm_t comm, int method, float ratio, int levels, int expect_unbiased) {
+    dt_config c;
+    config(&c, method, 0);
+    c.comp_ratio = ratio;
+    c.comp_levels = levels;
+    size_t n = 1000, cut[] = {0, 1000};
+    int T = 4000;
+    dt_codec *k = codec(&c, comm, n);
+    float *x = malloc(n * sizeof *x), *g = malloc(n * sizeof *g);
+    double *sum = calloc(n, sizeof *sum);
+    input(x, n, 3, 0);
+    for (int t = 0; t < T; t++) {
+        memcpy(g, x, n * sizeof *g);
+        if (step(k, g, cut, 1) != DT_OK) break;
+        for (size_t i = 0; i < n; i++) sum[i] += g[i];
+    }
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) norm += (double)x[i] * x[i];
+    norm = sqrt(norm);
+    double zmax = 0, esum = 0, vsum = 0;
+    for (size_t i = 0; i < n; i++) {
+        // per-draw variance bounds: qsgd (s/2)^2 with s the chunk's step; random-k x^2 (1/ratio - 1)
+        double var = method == DT_COMP_QSGD ? pow(norm / levels / 2, 2) : (double)x[i] * x[i] * (1 / ratio - 1);
+        double e = sum[i] / T - x[i], sd = sqrt(var / T) + 1e-9;
+        zmax = fabs(e) / sd > zmax ? fabs(e) / sd : zmax;
+        esum += e;
+        vsum += var / T;
+    }
+    double z = fabs(esum) / sqrt(vsum + 1e-30);
+    if (expect_unbiased)
+        CHECK(zmax < 6 && z < 5, "%s: unbiased: worst element %.2f standard errors, sum z %.2f", methods[method], zmax, z);
+    else
+        CHECK(zmax > 6, "%s (biased): the test notices, worst element %.2f standard errors", methods[method], zmax);
+    printf("bias %-8s ratio %.2g levels %d, %d draws: worst element %.2f standard errors, sum z %.2f\n",
+           methods[method], ratio, levels, T, zmax, z);
+    dt_codec_free(k);
+    free(x);
+    free(g);
+    free(sum);
+}
+
+static void powersgd_exact(dt_comm_t comm) {
+    dt_config c;
+    config(&c, DT_COMP_POWERSGD, 1);
+    c.comp_rank = 64;  // >= 32, the smaller side of 1000 values as 32 x 32
+    size_t n = 1000, cut[] = {0, 1000};
+    dt_codec *k = codec(&c, comm, n);
+    float *x = malloc(n * sizeof *x), *g = malloc(n * sizeof *g);
+    for (int s = 0; s < 3; s++) {
+        input(x, n, 0, s);
+        memcpy(g, x, n * sizeof *g);
+        CHECK(step(k, g, cut, 1) == DT_OK, "powersgd step");
+        double d = tl_max_rel(g, x, n, 1e-2);
+        CHECK(d < 1e-4, "powersgd at full rank returns the gradient (step %d: max rel diff %.3g)", s, d);
+        if (s == 2) printf("powersgd rank 64 on 32 x 32: max relative difference %.2g\n", d);
+    }
+    dt_codec_free(k);
+    // Rank 1 on a rank-1 matrix (u v^T as 40 x 40): exact as well.
+    c.comp_rank = 1;
+    n = 1600;
+    size_t cut2[] = {0, 1600};
+    k = codec(&c, comm, n);
+    x = realloc(x, n * sizeof *x);
+    g = realloc(g, n * sizeof *g);
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i / 40) % 5 + 1) * (float)((int)(i % 40) - 17) * 0.01f;
+    memcpy(g, x, n * sizeof *g);
+    CHECK(step(k, g, cut2, 1) == DT_OK, "powersgd rank 1 step");
+    double d = tl_max_rel(g, x, n, 1e-2);
+    CHECK(d < 1e-4, "powersgd rank 1 returns a rank-1 gradient (max rel diff %.3g)", d);
+    // ... and a full-rank one only approximately: the test can tell.
+    input(x, n, 1, 0);
+    memcpy(g, x, n * sizeof *g);
+    step(k, g, cut2, 1);
+    CHECK(tl_max_rel(g, x, n, 1e-2) > 1e-2, "powersgd rank 1 of a random matrix is not exact");
+    dt_codec_free(k);
+    free(x);
+    free(g);
+}
+
+static int cmp_mag(const void *a, const void *b, void *x);
+
+// Top-k with DGC's warm-up, momentum correction and local clipping against
+// a serial reference of the paper's algorithm (one piece, a world of 1).
+static void dgc(dt_comm_t comm) {
+    dt_config c;
+    config(&c, DT_COMP_TOPK, 1);
+    c.comp_ratio = 0.01f;
+    c.comp_warmup_steps = 3;
+    c.comp_momentum = 0.9f;
+    c.comp_clip_norm = 0.5f;
+    size_t n = 3000, cut[] = {0, 3000};
+    dt_codec *k = codec(&c, comm, n);
+    float *g = malloc(n * sizeof *g), *u = calloc(n, sizeof *u), *v = calloc(n, sizeof *v), *x = malloc(n * sizeof *x);
+    uint32_t *idx = malloc(n * sizeof *idx);
+    int clipped = 0;
+    for (int s = 0; s < 6; s++) {
+        input(x, n, 0, s);
+        memcpy(g, x, n * sizeof *g);
+        CHECK(step(k, g, cut, 1) == DT_OK, "dgc step %d", s);
+        double nn = 0;
+        for (size_t i = 0; i < n; i++) nn += (double)x[i] * x[i];
+        if (sqrt(nn) > 0.5) {  // local clipping to clip_norm (one piece, one worker)
+            clipped++;
+            for (size_t i = 0; i < n; i++) x[i] *= (float)(0.5 / sqrt(nn));
+        }
+        for (size_t i = 0; i < n; i++) {
+            u[i] = 0.9f * u[i] + x[i];
+            v[i] = v[i] + u[i];
+        }
+        double density = s < 3 ? pow(0.01, (s + 1) / 4.0) : 0.01;
+        size_t kk = (size_t)ceil(density * (double)n), nz = 0;
+        for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+        qsort_r(idx, n, sizeof *idx, cmp_mag, v);
+        double worst = 0;
+        for (size_t j = 0; j < kk; j++) {
+            size_t i = idx[j];
+            worst = fmax(worst, fabs((double)g[i] - v[i]) / (fabs(v[i]) + 1e-6));
+            v[i] = u[i] = 0;
+        }
+        for (size_t i = 0; i < n; i++) nz += g[i] != 0;
+        CHECK(nz == kk && worst < 1e-6, "dgc step %d: %zu values sent (expected %zu), worst relative error %.3g", s, nz,
+              kk, worst);
+        printf("top-k DGC step %d: density %.4f, %zu of %zu sent, matches the reference (worst %.2g)\n", s, density, nz,
+               n, worst);
+    }
+    CHECK(clipped > 0, "dgc: the test's gradients reach the clipping threshold");
+    dt_codec_free(k);
+    free(g), free(u), free(v), free(x), free(idx);
+}
+
+// ----------------------------------------------------------------------------
+// 3. ranks: the serial reference
+
+typedef struct {
+    int method, ef, W;
+    float ratio;
+    int levels, rank, min_bytes;
+} setup;
+
+static int cmp_mag(const void *a, const void *b, void *x) {
+    const float *v = x;
+    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+    float fi = fabsf(v[i]), fj = fabsf(v[j]);
+    return fi > fj ? -1 : fi < fj ? 1 : (i > j) - (i < j);
+}
+
+// Rank q's decoded contribution d[len] of x[len] (deterministic methods).
+static void ref_encode(const setup *u, const float *x, size_t len, float *d) {
+    dt_dtype t = u->method == DT_COMP_FP16 ? DT_F16 : DT_BF16;
+    uint16_t h;
+    switch (u->method) {
+    case DT_COMP_FP16:
+    case DT_COMP_BF16:
+        for (size_t i = 0; i < len; i++) dt_from_f32(&h, &x[i], 1, t), dt_to_f32(&d[i], &h, 1, t);
+        break;
+    case DT_COMP_INT8:
+    case DT_COMP_SIGN:
+        for (size_t a = 0; a < len; a += 512) {
+            size_t b = a + 512 < len ? a + 512 : len;
+            double m = 0;
+            for (size_t i = a; i < b; i++) m = u->method == DT_COMP_INT8 ? fmax(m, fabs(x[i])) : m + fabs(x[i]);
+            float s = u->method == DT_COMP_INT8 ? (float)(m / 127) : (float)(m / (double)(b - a));
+            for (size_t i = a; i < b; i++)
+                d[i] = u->method == DT_COMP_SIGN ? (x[i] >= 0 ? s : -s) : (s > 0 ? rintf(x[i] / s) * s : 0);
+        }
+        break;
+    case DT_COMP_TOPK: {
+        size_t kk = (size_t)ceil((double)u->ratio * (double)len);
+        uint32_t *idx = malloc(len * sizeof *idx);
+        for (size_t i = 0; i < len; i++) idx[i] = (uint32_t)i;
+        qsort_r(idx, len, sizeof *idx, cmp_mag, (void *)x);
+        memset(d, 0, len * sizeof *d);
+        for (size_t j = 0; j < kk; j++) d[idx[j]] = x[idx[j]];
+        free(idx);
+        break;
+    }
+    default: memcpy(d, x, len * sizeof *d);
+    }
+}
+
+// The rank side: three steps, every rank's result checked; exit status.
+static int rank_main(const setup *u) {
+    dt_comm_t comm;
+    if (dt_comm_init_env(&comm) != DT_OK) return fprintf(stderr, "comm: %s\n", dt_last_error()), 1;
+    int W = dt_comm_size(comm), me = dt_comm_rank(comm);
+    dt_config c;
+    config(&c, u->method, u->ef);
+    c.comp_ratio = u->ratio;
+    c.comp_levels = u->levels;
+    c.comp_rank = u->rank;
+    c.comp_min_bytes = u->min_bytes;
+    size_t n = 3000, cut[] = {0, 700, 713, 3000};  // 713 - 700: 52 bytes, under min_bytes 100
+    dt_codec *k = codec(&c, comm, n);
+    if (!k) return 1;
+    float *g = malloc(n * sizeof *g), *x = malloc(n * sizeof *x), *d = malloc(n * sizeof *d);
+    float *res = calloc((size_t)W * n, sizeof *res), *xall = malloc((size_t)W * n * sizeof *xall), *want = malloc(n * sizeof *want), *bound = malloc(n * sizeof *bound);
+    int bad = 0;
+    for (int s = 0; s < 3 && !bad; s++) {
+        input(g, n, me, s);
+        if (step(k, g, cut, 3) != DT_OK) return fprintf(stderr, "step: %s\n", dt_last_error()), 1;
+        memset(want, 0, n * sizeof *want);
+        memset(bound, 0, n * sizeof *bound);
+        for (int q = 0; q < W; q++) {
+            input(x, n, q, s);
+            float *r = res + (size_t)q * n;
+            for (int p = 0; p < 3; p++) {
+                size_t lo = cut[p], len = cut[p + 1] - lo;
+                int small = len * 4 < (size_t)u->min_bytes;
+                for (size_t i = lo; i < lo + len && !small; i++) x[i] += r[i];
+                if (small || u->method == DT_COMP_POWERSGD || u->method == DT_COMP_QSGD || u->method == DT_COMP_RANDOMK) {
+                    memcpy(d + lo, x + lo, len * sizeof *d);  // checked against the plain sum below
+                    if (u->method == DT_COMP_QSGD && !small)
+                        for (size_t a = lo; a < lo + len; a += 512) {  // one level of the chunk per value
+                            size_t b = a + 512 < lo + len ? a + 512 : lo + len;
+                            double nn = 0;
+                            for (size_t i = a; i < b; i++) nn += (double)x[i] * x[i];
+                            for (size_t i = a; i < b; i++) bound[i] += (float)(sqrt(nn) / u->levels) * 1.0001f;
+                        }
+                } else {
+                    ref_encode(u, x + lo, len, d + lo);
+                }
+                if (u->ef && !small && u->method != DT_COMP_RANDOMK && u->method != DT_COMP_POWERSGD)
+                    for (size_t i = lo; i < lo + len; i++) r[i] = x[i] - d[i];
+            }
+            for (size_t i = 0; i < n; i++) want[i] += d[i];
+            memcpy(xall + (size_t)q * n, x, n * sizeof *x);
+        }
+        if (u->method == DT_COMP_FP16 || u->method == DT_COMP_BF16) {  // the sum is rounded once more
+            for (size_t i = 0; i < n; i++) {
+                if (cut[1] + 13 > i && i >= cut[1]) continue;
+                float t = want[i];
+                ref_encode(u, &t, 1, &want[i]);
+            }
+        }
+        double worst = 0, tol = u->method == DT_COMP_FP16 || u->method == DT_COMP_POWERSGD ? 1e-3
+                                : u->method == DT_COMP_BF16 ? 8e-3 : 1e-5;
+        size_t chosen = 0, kk = (size_t)ceil((double)u->ratio * 2287) + (size_t)ceil((double)u->ratio * 700);
+        for (size_t i = 0; i < n; i++) {
+            if (u->method == DT_COMP_RANDOMK && !(i >= 700 && i < 713)) {
+                // The chosen indices are the nonzeros; there, the plain sum;
+                // elsewhere each rank keeps its value.
+                for (int q = 0; q < W && u->ef; q++) res[(size_t)q * n + i] = g[i] == 0 ? xall[(size_t)q * n + i] : 0;
+                if (g[i] == 0) continue;
+                chosen++;
+            }
+            double e = fabs((double)g[i] - want[i]);
+            if (u->method == DT_COMP_QSGD) e = e > bound[i] + 1e-6 ? e : 0;
+            else e /= fabs(want[i]) + 1e-2;
+            if (u->method == DT_COMP_POWERSGD && u->rank < 30) e = 0;  // checked by its norm below
+            worst = e > worst ? e : worst;
+        }
+        if (u->method == DT_COMP_RANDOMK) {
+            if (chosen != kk) bad = fprintf(stderr, "rank %d step %d: randomk chose %zu values, expected %zu\n", me, s, chosen, kk);
+        }
+        if (u->method == DT_COMP_POWERSGD && u->rank < 30) {  // a projection: the error is smaller than the sum
+            double e2 = 0, w2 = 0;
+            for (size_t i = 0; i < n; i++) e2 += pow(g[i] - want[i], 2), w2 += pow(want[i], 2);
+            if (!(e2 < w2)) bad = fprintf(stderr, "rank %d step %d: powersgd error %.3g >= sum %.3g\n", me, s, e2, w2);
+        }
+        if (worst > tol)
+            bad = fprintf(stderr, "rank %d step %d: %s differs from the serial reference (worst %.3g > %.1g)\n", me, s,
+                          methods[u->method], worst, tol);
+    }
+    dt_codec_free(k);
+    dt_comm_destroy(comm);
+    if (!bad) printf("rank %d of %d: %s matches the serial reference\n", me, W, methods[u->method]);
+    free(g), free(x), free(d), free(res), free(xall), free(want), free(bound);
+    return bad ? 1 : 0;
+}
+
+static void ranks(const char *self, int N, const setup *u) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s run -n %d -- %s rank %d %d %g %d %d %d", tl_dtrain(), N, self, u->method, u->ef,
+             u->ratio, u->levels, u->rank, u->min_bytes);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0, "%d ranks, %s ef=%d: exit %d\n%s", N, methods[u->method], u->ef, rc,
+          g_out);
+    if (rc == 0)
+        printf("%d ranks: %-8s ratio %g levels %d rank %d error_feedback %d: every rank matches the serial reference\n",
+               N, methods[u->method], u->ratio, u->levels, u->rank, u->ef);
+}
+
+// ----------------------------------------------------------------------------
+// 4. training
+
+static char g_tmp[256];
+
+static int train(const char *name, int N, const char *extra) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s train configs/fashion-mlp.ini --workers %d --quiet --run-dir %s/%s --set data.dir=%s "
+             "--set train.batch=40 --set train.max_steps=40 --set train.epochs=0 --set train.eval_batch=100 %s",
+             tl_dtrain(), N, g_tmp, name, g_tmp, extra);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, g_out);
+    return rc;
+}
+
+// A number of the run's summary.json (-1: none).
+static double summary(const char *name, const char *key) {
+    char path[600], k[64];
+    snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, name);
+    snprintf(k, sizeof k, "\"%s\":", key);
+    char *s = tl_read_file(path, NULL);
+    const char *a = s ? strstr(s, k) : NULL;
+    double v = a ? atof(a + strlen(k)) : -1;
+    free(s);
+    return v;
+}
+
+static void training(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-compress-XXXXXX");
+    if (!mkdtemp(g_tmp)) return;
+    tl_make_images(g_tmp, "train", 400, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    const char *rep = "--set compression.method=topk --set compression.ratio=0.05 --set compression.momentum=0.5 "
+                      "--set compression.warmup_steps=5 --set compression.clip_norm=10 --set parallel.bucket_kb=64";
+    CHECK(train("topk-a", 2, rep) == 0 && train("topk-b", 2, rep) == 0, "topk runs");
+    int bw = 0;
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/topk-a/model.safetensors", g_tmp);
+    snprintf(b, sizeof b, "%s/topk-b/model.safetensors", g_tmp);
+    double d = tl_weights_diff(a, b, &bw);
+    CHECK(bw, "the same top-k run twice is bitwise equal (max rel diff %.3g)", d);
+    printf("training: top-k 5%% with DGC, 2 workers, twice: %s\n", bw ? "bitwise equal" : "differs");
+    CHECK(train("plain", 2, "") == 0, "uncompressed run");
+    double base = summary("plain", "test_accuracy"), plain_bytes = summary("plain", "bytes_sent");
+    CHECK(plain_bytes > 0, "summary.json has bytes_sent (%.0f)", plain_bytes);
+    // The wire's share of the uncompressed bytes, per method (2 workers).
+    const double share[] = {0.52, 0.52, 0.27, 0.14, 0.05, 0.22, 0.12, 0.02};
+    const char *lossy[] = {"fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"};
+    for (int i = 0; i < 8; i++) {
+        char extra[200], name[32];
+        snprintf(extra, sizeof extra, "--set compression.method=%s --set compression.ratio=0.1", lossy[i]);
+        snprintf(name, sizeof name, "run-%s", lossy[i]);
+        int rc = train(name, 2, extra);
+        // Repeated, bitwise the same.
+        char again[40];
+        snprintf(again, sizeof again, "%s-again", name);
+        CHECK(train(again, 2, extra) == 0, "%s: the repeat runs", lossy[i]);
+        snprintf(a, sizeof a, "%s/%s/model.safetensors", g_tmp, name);
+        snprintf(b, sizeof b, "%s/%s/model.safetensors", g_tmp, again);
+        d = tl_weights_diff(a, b, &bw);
+        CHECK(bw, "%s: the same 2-worker run twice is bitwise equal (max rel diff %.3g)", lossy[i], d);
+        double acc = summary(name, "test_accuracy"), bytes = summary(name, "bytes_sent");
+        CHECK(rc == 0 && acc > 0.5, "%s: 2 workers train (test accuracy %.3f; uncompressed %.3f)", lossy[i], acc, base);
+        CHECK(bytes > 0 && bytes < share[i] * plain_bytes, "%s: bytes sent %.0f, %.3f of uncompressed (expected < %.2f)",
+              lossy[i], bytes, bytes / plain_bytes, share[i]);
+        printf("training: %-8s 2 workers, 40 steps: test accuracy %.3f (uncompressed %.3f), bytes sent %.3f of "
+               "uncompressed, repeat %s\n", lossy[i], acc, base, bytes / plain_bytes, bw ? "bitwise equal" : "differs");
+    }
+    // Resume: the codec state (residuals, Q) starts afresh; the run goes on.
+    CHECK(train("ck", 2, "--set compression.method=powersgd --set checkpoint.every_steps=10") == 0, "checkpointed run");
+    char extra[700];
+    snprintf(extra, sizeof extra, "--set compression.method=powersgd --resume %s/ck/checkpoints --set train.max_steps=50", g_tmp);
+    int rc = train("ck-resumed", 2, extra);
+    double steps = summary("ck-resumed", "steps"), acc = summary("ck-resumed", "test_accuracy");
+    CHECK(rc == 0 && steps == 50 && acc > 0.5, "a compressed run resumes (exit %d, %g steps, accuracy %.3f)", rc, steps, acc);
+    printf("training: powersgd resumed at step 40 of 50: exit %d, test accuracy %.3f\n", rc, acc);
+    tl_cleanup(g_tmp);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 8 && !strcmp(argv[1], "rank")) {
+        setup u = {atoi(argv[2]), atoi(argv[3]), 0, (float)atof(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7])};
+        return rank_main(&u);
+    }
+    settings();
+
+    dt_comm_t comm;
+    CHECK(dt_comm_init_env(&comm) == DT_OK, "a world of 1: %s", dt_last_error());
+    for (int m = DT_COMP_FP16; m <= DT_COMP_POWERSGD; m++) conservation(comm, m);
+    bias(comm, DT_COMP_QSGD, 1, 2, 1);
+    bias(comm, DT_COMP_QSGD, 1, 16, 1);
+    bias(comm, DT_COMP_RANDOMK, 0.1f, 16, 1);
+    bias(comm, DT_COMP_TOPK, 0.1f, 16, 0);
+    powersgd_exact(comm);
+    dgc(comm);
+    dt_comm_destroy(comm);
+
+    char self[1024];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[len > 0 ? len : 0] = 0;
+    static const setup us[] = {
+        {DT_COMP_FP16, 1, 0, 0.01f, 16, 2, 100},  {DT_COMP_BF16, 0, 0, 0.01f, 16, 2, 100},
+        {DT_COMP_INT8, 1, 0, 0.01f, 16, 2, 100},  {DT_COMP_SIGN, 1, 0, 0.01f, 16, 2, 100},
+        {DT_COMP_QSGD, 0, 0, 0.01f, 8, 2, 100},   {DT_COMP_QSGD, 0, 0, 0.01f, 3, 2, 100},
+        {DT_COMP_TOPK, 1, 0, 0.05f, 16, 2, 100},
+        {DT_COMP_TOPK, 0, 0, 0.01f, 16, 2, 0},    {DT_COMP_RANDOMK, 1, 0, 0.05f, 16, 2, 100},
+        {DT_COMP_POWERSGD, 1, 0, 0.01f, 16, 64, 100}, {DT_COMP_POWERSGD, 1, 0, 0.01f, 16, 2, 100},
+    };
+    for (int N = 2; N <= 4; N++)
+        for (size_t i = 0; i < sizeof us / sizeof *us; i++)
+            if (N == 3 || i % 2 == (size_t)(N / 2) % 2) ranks(self, N, &us[i]);
+
+    training();
+    return tl_finish();
+}
