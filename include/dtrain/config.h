@@ -12,7 +12,9 @@
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps
- *   [parallel] bucket_kb, deterministic, micro_shards
+ *   [parallel] bucket_kb, deterministic, micro_shards, sync_every, sync_warmup
+ *   [federated] clients, fraction, rounds, local_epochs, local_batch,
+ *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
  *
@@ -63,6 +65,8 @@ typedef struct {
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
+    int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */
+    int64_t sync_warmup;           /* local SGD: plain data-parallel steps first (post-local SGD) */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

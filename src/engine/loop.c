@@ -69,7 +69,7 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
     for (int k = 0; k < nm; k++) {
         float loss;
         dt_obs_begin(obs, DT_OBS_FORWARD);
-        dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)b->global, &loss);
+        dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)s->loss_denom, &loss);
         if (st == DT_OK && k == 0) st = dt_fault_step(s->rank, step + 1);
         dt_obs_end(obs, DT_OBS_FORWARD);
         if (st != DT_OK) return st;
@@ -220,6 +220,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             int epoch_end = ebatch == spe;
             if (epoch_end || step == total || (c->eval_every > 0 && step % c->eval_every == 0)) {
                 float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
+                if (info.has_eval && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
                 if (info.has_eval) {
                     float tl, ta;
                     dt_obs_begin(obs, DT_OBS_EVAL);
@@ -257,6 +258,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
+    if (!stop && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

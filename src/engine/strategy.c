@@ -7,6 +7,7 @@
 
 // The one registry: the first strategy that wants the config runs it.
 static const dt_strategy_ops *const strategies[] = {
+    &dt_strategy_local_sgd,
     &dt_strategy_dp_deterministic,
     &dt_strategy_dp,
 };

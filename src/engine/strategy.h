@@ -8,7 +8,7 @@
  *   s = dt_strategy_create(...)            pick by config (registry below)
  *   per step:
  *     nm = dt_strategy_plan(s, first, share, global)   micro-batches in s->off/len
- *     for k < nm:
+ *     for k < nm:                          loss of micro-batch k scaled by len[k] / s->loss_denom
  *       [params_needed(s, layer, phase)]   before a layer's forward/backward
  *       forward; backward with the grad hook of dt_strategy_grad_hook(s, k)
  *       dt_strategy_micro_end(s, k)
@@ -16,12 +16,14 @@
  *     (the control plane agrees on loss, stop and save: engine/control.h)
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
+ *   dt_strategy_params_sync(s)             before an evaluation and the final weights
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
  * during backward through a gradient codec, engine/codec.h) and
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
- * of ranks). A new strategy is a new file with its table, added to the one
+ * of ranks), and "local-sgd" (each rank steps on its own share's gradient
+ * and the parameters are averaged every [parallel] sync_every steps). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
  * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of
@@ -75,6 +77,9 @@ typedef struct dt_strategy_ops {
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
+    /* Makes every rank's parameters the same, before an evaluation and the
+     * final weights; NULL when they always are (every peer but local SGD). */
+    dt_status (*params_sync)(dt_strategy *s);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -92,6 +97,9 @@ struct dt_strategy {
     size_t lo, hi;             /* the slice of the state this rank updates */
     int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
     int global;                /* samples in this step's global batch */
+    int loss_denom;            /* a micro-batch's loss is scaled by len / loss_denom: the global
+                                  batch (set before plan), or what plan puts there (local SGD:
+                                  the share, whose gradient is then the share's mean) */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
 };
 
@@ -103,6 +111,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
 void dt_strategy_free(dt_strategy *s);
 
 static inline int dt_strategy_plan(dt_strategy *s, int first, int share, int global) {
+    s->loss_denom = global;
     return s->ops->plan(s, first, share, global);
 }
 static inline dt_grad_ready_fn dt_strategy_grad_hook(dt_strategy *s, int k, void **user) {
@@ -116,6 +125,9 @@ static inline dt_status dt_strategy_sync(dt_strategy *s) { return s->ops->sync(s
 static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { return s->ops->grad_norm(s, norm); }
 static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
     return s->ops->update(s, lr, scale);
+}
+static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
+    return s->ops->params_sync ? s->ops->params_sync(s) : DT_OK;
 }
 
 /* The checkpoint view of what this rank holds: the parameter block and
@@ -134,5 +146,6 @@ dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 
 extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
 extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
+extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/localsgd.c */
 
 #endif

@@ -150,6 +150,8 @@ static const field fields[] = {
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
+    {"parallel", "sync_every", F_INT, O(sync_every), 0, 1e9, NULL},
+    {"parallel", "sync_warmup", F_I64, O(sync_warmup), 0, 1e15, NULL},
     {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
     {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
