@@ -67,6 +67,23 @@ typedef struct {
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
     int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */
     int64_t sync_warmup;           /* local SGD: plain data-parallel steps first (post-local SGD) */
+    /* [federated] (dtrain federate, docs/federated.md) */
+    int fed_clients;               /* simulated clients */
+    float fed_fraction;            /* of them sampled per round */
+    int fed_rounds;
+    int fed_local_epochs;          /* E: passes over a client's data per round */
+    int fed_local_batch;           /* B: a client's batch */
+    int fed_partition;             /* 0 iid, 1 shards, 2 dirichlet */
+    float fed_alpha;               /* Dirichlet concentration (label skew) */
+    int fed_shards;                /* label-sorted shards per client (partition = shards) */
+    int fed_algorithm;             /* 0 fedavg, 1 fedavgm, 2 fedadam */
+    float fed_server_lr;
+    float fed_server_momentum;     /* fedavgm */
+    float fed_server_beta1, fed_server_beta2, fed_server_eps;  /* fedadam */
+    float fed_mu;                  /* FedProx proximal term on clients (0: none) */
+    int fed_min_clients;           /* fewest clients a round may aggregate */
+    float fed_deadline;            /* seconds a client may train in a round (0: no deadline) */
+    int fed_secure;                /* secure aggregation: pairwise masks mod 2^32 */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

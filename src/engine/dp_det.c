@@ -64,15 +64,8 @@ static int det_plan(dt_strategy *s, int first, int share, int global) {
 // Each shard's gradient on its own, from zero.
 static void det_micro_end(dt_strategy *s, int k) {
     (void)k;
-    int64_t *acc = ((dp_det *)s)->acc;
-    const float *g = s->grads;
-    size_t n = s->n;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        double x = (double)g[i] * FIXED_SCALE;  // clamped: no overflow from a diverging run
-        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
-    }
-    memset(s->grads, 0, sizeof(float) * n);
+    dt_fixed_add(((dp_det *)s)->acc, s->grads, s->n, FIXED_SCALE);
+    memset(s->grads, 0, sizeof(float) * s->n);
 }
 
 static dt_status det_sync(dt_strategy *s) {

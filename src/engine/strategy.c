@@ -91,6 +91,14 @@ dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm) {
     return DT_OK;
 }
 
+void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)g[i] * scale;
+        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
+    }
+}
+
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale) {
     dt_optim_begin_step(s->opt);
     dt_optim_update(s->opt, 0, s->hi - s->lo, s->params + s->lo, s->grads + s->lo, lr, scale);

@@ -141,6 +141,10 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m);
 int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global);
 /* The norm of a replicated gradient block: every rank computes it alone. */
 dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
+/* acc[i] += round(g[i] x scale), clamped to +-4e18 so that a diverging run
+ * cannot overflow: int64 fixed-point sums, whose addition (and so an int64
+ * allreduce of them) gives the same bits in any order. */
+void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 
