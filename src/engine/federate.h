@@ -31,9 +31,9 @@ dt_status dt_fed_partition(const dt_config *c, const int32_t *y, int n, int clas
  * from a pair seed; here the seeds come from `key` (the run's seed and the
  * round), which simulates the key agreement of the protocol: the
  * arithmetic is real, the secrecy of the seeds is not. */
-#define DT_SECAGG_FRAC_BITS 20
+#define DT_SECAGG_FRAC_BITS 24  /* weighted values within +-128, resolution 6e-8 */
 
-/* out[n] = fixed(weight * x[i]) + masks of client `me` against every other
+/* out[n] = fixed(weight * x[i]) (clamped into the signed range) + masks of client `me` against every other
  * client in clients[m], mod 2^32. */
 void dt_secagg_mask(uint32_t *out, const float *x, size_t n, double weight, int me, const int *clients, int m,
                     uint64_t key);
