@@ -1,6 +1,6 @@
 /* Federated averaging: dt_federate (dtrain federate, docs/federated.md).
  *
- * The training set is split over C simulated clients (federate.h:
+ * The training set is split over C simulated clients (fedparts.h:
  * iid, shards or Dirichlet label skew). Each round samples max(1,
  * round(C x fraction)) of them from the seed and the round; the sampled
  * clients are dealt to the worker processes in turn (client j of the
@@ -12,7 +12,7 @@
  * round's samples. The weighted updates are summed in int64 fixed point
  * (the same bits for any worker count and any order; strategy.h's
  * dt_fixed_add), or, with secure aggregation, as masked 32-bit fixed-point
- * vectors whose masks cancel in the sum (federate.h). One int64 allreduce
+ * vectors whose masks cancel in the sum (fedparts.h). One int64 allreduce
  * carries the sums, which clients reported, and the loss.
  *
  * Clients that fail or miss the round's deadline send nothing: the update
@@ -31,7 +31,7 @@
  * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer). */
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
-#include "engine/federate.h"
+#include "engine/fedparts.h"
 #include "engine/strategy.h"
 #include "engine/task.h"
 #include "engine/worker.h"

@@ -1,5 +1,5 @@
-/* Client partitions and secure-aggregation masks (federate.h). */
-#include "engine/federate.h"
+/* Client partitions and secure-aggregation masks (fedparts.h). */
+#include "engine/fedparts.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -2,8 +2,8 @@
  * the training set is split over simulated clients, and the pairwise masks
  * of secure aggregation. engine/federate.c runs the rounds with them
  * (dt_federate, docs/federated.md). */
-#ifndef DT_ENGINE_FEDERATE_H
-#define DT_ENGINE_FEDERATE_H
+#ifndef DT_ENGINE_FEDPARTS_H
+#define DT_ENGINE_FEDPARTS_H
 
 #include "dtrain/config.h"
 
