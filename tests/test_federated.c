@@ -1,7 +1,8 @@
 /* Federated averaging (dtrain federate, docs/federated.md).
  *
  * 1. Partitions: iid, shards and Dirichlet(alpha) give the promised label
- *    statistics; clients.json holds every client's histogram.
+ *    statistics; clients.json holds every client's histogram, and the
+ *    report draws them.
  * 2. One client, one local epoch, its whole data as one batch, plain SGD:
  *    FedAvg is plain training on that data.
  * 3. 2 and 3 workers give the bitwise result of one (int64 sums), plain,
@@ -50,18 +51,12 @@ static double diff(const char *a, const char *b, int *bitwise) {
     return tl_weights_diff(pa, pb, bitwise);
 }
 
-// A number of RUN/summary.json (the first occurrence of "KEY":).
+// A number of RUN/summary.json.
 static double summary(const char *run, const char *key) {
-    char path[1024], pat[64];
+    char path[1024];
     snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, run);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *text = tl_read_file(path, NULL);
-    const char *v = text ? strstr(text, pat) : NULL;
-    double x = v ? atof(v + strlen(pat)) : -1;
-    free(text);
-    return x;
+    return tl_json_number(path, key);
 }
-
 // The grad_norm (the server's mean update) of round `round` in rank 0's metrics log.
 static double round_norm(const char *run, int round) {
     char path[1024], pat[64];
@@ -165,6 +160,14 @@ static void partitions(void) {
     CHECK(clients == 10 && total == 243 && ok, "clients.json: 10 histograms of 243 samples in all (%d, %d, %d)",
           clients, total, ok);
     free(text);
+    // The report draws them: a bar per client, stacked by class.
+    char cmd[2048], html[1100];
+    snprintf(html, sizeof html, "%s/part/report.html", g_tmp);
+    snprintf(cmd, sizeof cmd, "%s report %s/part -o %s", tl_dtrain(), g_tmp, html);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "report of a federated run: %s", g_out);
+    CHECK(tl_count(html, "id=\"clients\"") == 1 && tl_count(html, "<title>client 9 class") >= 1 &&
+              tl_count(html, "(partition shards)") >= 1,
+          "the report has the clients chart");
 }
 
 // ---- 2. one client is plain training ------------------------------------------

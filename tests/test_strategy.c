@@ -227,16 +227,10 @@ static double metrics_sum(const char *run, const char *key, double *first) {
 }
 
 static double summary_number(const char *run, const char *key) {
-    char path[1024], pat[64];
+    char path[1024];
     snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, run);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *text = tl_read_file(path, NULL);
-    const char *v = text ? strstr(text, pat) : NULL;
-    double x = v ? atof(v + strlen(pat)) : -1;
-    free(text);
-    return x;
+    return tl_json_number(path, key);
 }
-
 // Local SGD with H = 4 over 2 workers trains, and moves fewer bytes than
 // data parallel; post-local SGD (a warm-up of dp steps) too; a bad
 // combination is refused by name.
