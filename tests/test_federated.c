@@ -6,7 +6,7 @@
  * 2. One client, one local epoch, its whole data as one batch, plain SGD:
  *    FedAvg is plain training on that data.
  * 3. 2 and 3 workers give the bitwise result of one (int64 sums), plain,
- *    with FedAdam and with secure aggregation.
+ *    with FedAdam and with secure aggregation; so do 2 ranks under mpirun.
  * 4. FedAvgM, FedAdam and FedProx train; mu shrinks the clients' updates.
  * 5. Dropouts: a failed client and one past the deadline are left out
  *    alike; too few reports leave the model unchanged (min_clients).
@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char g_tmp[256];
 static char g_out[1 << 16];
@@ -205,6 +206,18 @@ static void workers(void) {
         }
     }
     CHECK(summary("w-avg-2", "bytes_sent_per_round") > 0, "2 workers: bytes per round in summary.json");
+    // Across hosts: the ranks of an MPI job are the workers.
+    if (access("/usr/bin/mpirun", X_OK) != 0) {
+        CHECK(0, "mpirun is not installed (scripts/install-deps.sh installs it)");
+        return;
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "mpirun --allow-run-as-root --oversubscribe -np 2 %s federate %s/w-avg-1.ini --quiet "
+             "--run-dir %s/w-mpi 2>&1", tl_dtrain(), g_tmp, g_tmp);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "federate under mpirun: %s", g_out);
+    int bw;
+    double d = diff("w-avg-1", "w-mpi", &bw);
+    CHECK(bw, "2 MPI ranks are bitwise 1 worker (%.3g)", d);
 }
 
 // ---- 4. server and client algorithms --------------------------------------------
@@ -368,6 +381,7 @@ static void bad_input(void) {
               "%s %s: exit %d (want %d) naming '%s', '%s':\n%s", v[i].flags, v[i].env ? v[i].env : "", rc, v[i].rc,
               v[i].want1, v[i].want2, g_out);
     }
+    CHECK(fed("bad", 2, "--max-restarts 2") == 2 && strstr(g_out, "--max-restarts"), "--max-restarts refused:\n%s", g_out);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s federate --help", tl_dtrain());
     CHECK(tl_run(cmd, g_out, sizeof g_out) == 0 && strstr(g_out, "clients.json") && strstr(g_out, "[federated]"),

@@ -483,6 +483,11 @@ int cmd_train(int argc, char **argv) {
     // Workers leave this to whoever started them: ours are checked by the
     // supervisor, and under mpirun a --resume file need only be on rank 0's
     // host (the resume itself fails there if it is missing).
+    if (g_federate && (a.max_restarts > 0 || a.min_workers < a.workers)) {
+        cli_error("%s: dtrain federate does not checkpoint, so it cannot restart or resize its workers",
+                  a.max_restarts > 0 ? "--max-restarts" : "--workers MIN:MAX");
+        return EXIT_USAGE;
+    }
     if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
