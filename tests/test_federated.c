@@ -161,6 +161,14 @@ static void partitions(void) {
     CHECK(clients == 10 && total == 243 && ok, "clients.json: 10 histograms of 243 samples in all (%d, %d, %d)",
           clients, total, ok);
     free(text);
+    // Strong skew leaves some clients empty: they train nothing and weigh 0.
+    CHECK(fed("empty", 2, "--set federated.partition=dirichlet --set federated.alpha=0.02 --set federated.clients=40 --set federated.fraction=1 "
+                          "--set federated.rounds=2") == 0,
+          "dirichlet 0.02: %s", g_out);
+    snprintf(path, sizeof path, "%s/empty/clients.json", g_tmp);
+    CHECK(tl_count(path, "\"samples\":\t0") >= 1, "dirichlet 0.02 over 40 clients leaves one empty");
+    CHECK(summary("empty", "test_accuracy") > 0.3, "with empty clients the model still trains (%.3f)",
+          summary("empty", "test_accuracy"));
     // The report draws them: a bar per client, stacked by class.
     char cmd[2048], html[1100];
     snprintf(html, sizeof html, "%s/part/report.html", g_tmp);

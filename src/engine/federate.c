@@ -208,6 +208,10 @@ static dt_status run_round(fed *f, int r, int *reported, float *loss, float *nor
     uint64_t key = round_key(c, r, -2);
     for (int j = f->rank; j < m; j += f->W) {
         int k = f->sampled[j];
+        if (f->start[k + 1] == f->start[k]) {  // no samples: reports, with weight 0
+            f->acc[n + (size_t)j] = 1;
+            continue;
+        }
         double fault_s = injected(f, r, k);
         if (fault_s < 0) {
             dt_log(DT_LOG_INFO, "round %d: client %d failed (injected)", r, k);
