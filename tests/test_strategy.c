@@ -260,6 +260,19 @@ static void local_sgd(void) {
           post_bytes, h4_bytes, dp_bytes);
     printf("local-sgd mlp 2 workers, 60 steps: bytes sent by rank 0: dp %.0f, H=4 %.0f, warm-up 12 + H=4 %.0f; "
            "test accuracy dp %.3f, H=4 %.3f\n", dp_bytes, h4_bytes, post_bytes, dp_acc, h4_acc);
+    // A checkpoint between two averages holds the workers' mean: the one at
+    // step 3 of 6 (H = 1000: no average before it, no evaluation at it) is
+    // the final model of the same run stopped at step 3.
+    CHECK(train("lsgd-ckpt", cfg_mlp, 2, "--set parallel.sync_every=1000 --set train.epochs=10 --set train.max_steps=6 "
+                                          "--checkpoint-every 3") == 0, "local-sgd with checkpoints");
+    CHECK(train("lsgd-3", cfg_mlp, 2, "--set parallel.sync_every=1000 --set train.epochs=10 --set train.max_steps=3") == 0,
+          "local-sgd, 3 steps");
+    char pa[1024], pb[1024];
+    snprintf(pa, sizeof pa, "%s/lsgd-3/model.safetensors", g_tmp);
+    snprintf(pb, sizeof pb, "%s/lsgd-ckpt/checkpoints/step-00000003.safetensors", g_tmp);
+    int bw;
+    double d = tl_weights_diff(pa, pb, &bw);
+    CHECK(bw, "local-sgd: the checkpoint holds the averaged parameters (max rel diff %.3g)", d);
     CHECK(train("lsgd-det", cfg_mlp, 2, "--set parallel.sync_every=4 --deterministic") == 2 &&
               strstr(g_out, "sync_every") && strstr(g_out, "deterministic"),
           "local-sgd with deterministic: refused by name\n%s", g_out);

@@ -20,6 +20,10 @@
  * counted by the optimizer's step count, which checkpoints keep, so a
  * resumed run continues the same schedule.
  *
+ * The loop calls params_sync (an average when the ranks have diverged)
+ * before an evaluation, a checkpoint and the final weights, so those see
+ * the mean model; a checkpoint keeps rank 0's optimizer state.
+ *
  * With H = 1 and an optimizer whose state is linear in the gradients (SGD,
  * with or without momentum or Nesterov, and weight decay), averaging the
  * parameters after each rank's step is the data-parallel step whenever the

@@ -238,6 +238,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 loss_n = 0;
             }
             ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W};
+            if (dt_run_ckpt_due(&ck, step, step == total, stop, ctl.save) && ck.dir[0] &&
+                (st = dt_strategy_params_sync(strat)) != DT_OK)
+                goto done;
             if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, ctl.save)) != DT_OK) goto done;
             dt_heartbeat(step);
         }

@@ -16,7 +16,7 @@
  *     (the control plane agrees on loss, stop and save: engine/control.h)
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
- *   dt_strategy_params_sync(s)             before an evaluation and the final weights
+ *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
@@ -77,8 +77,9 @@ typedef struct dt_strategy_ops {
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
-    /* Makes every rank's parameters the same, before an evaluation and the
-     * final weights; NULL when they always are (every peer but local SGD). */
+    /* Makes every rank's parameters the same, before an evaluation, a
+     * checkpoint and the final weights; NULL when they always are (every
+     * peer but local SGD). */
     dt_status (*params_sync)(dt_strategy *s);
 } dt_strategy_ops;
 

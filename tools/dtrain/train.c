@@ -47,6 +47,9 @@ static const char train_help[] =
     "                  MIN) and try to grow again every --elastic-retry seconds\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
+    "  --set parallel.sync_every=H  local SGD: each worker steps on its own\n"
+    "                  share and the parameters are averaged every H steps\n"
+    "                  (parallel.sync_warmup = S: S data-parallel steps first)\n"
     CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
