@@ -220,9 +220,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             int epoch_end = ebatch == spe;
             if (epoch_end || step == total || (c->eval_every > 0 && step % c->eval_every == 0)) {
                 float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
-                if (info.has_eval && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
                 if (info.has_eval) {
                     float tl, ta;
+                    if ((st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
                     dt_obs_begin(obs, DT_OBS_EVAL);
                     st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
                     dt_obs_end(obs, DT_OBS_EVAL);

@@ -23,8 +23,9 @@
  * during backward through a gradient codec, engine/codec.h) and
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
  * of ranks), and "local-sgd" (each rank steps on its own share's gradient
- * and the parameters are averaged every [parallel] sync_every steps). A new strategy is a new file with its table, added to the one
- * registry in strategy.c; the loop never names one.
+ * and the parameters are averaged every [parallel] sync_every steps). A
+ * new strategy is a new file with its table, added to the one registry in
+ * strategy.c; the loop never names one.
  *
  * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of
  * the flat state that this rank's optimizer updates ([0, n) when the state
