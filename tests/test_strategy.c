@@ -88,6 +88,9 @@ static double compare(const char *a, const char *b, int *bitwise) {
 // would normalise into full steps of noise.
 static char cfg_gpt[1024], cfg_gpt4[1024];
 
+// The CNN with SGD and momentum, for rows that need an optimizer linear in the gradients.
+#define LSGD_SGD "--set optim.name=sgd --set optim.lr=0.05 --set optim.momentum=0.9 --set optim.weight_decay=0"
+
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
     const char *model;    // "mlp", "cnn", "gpt"
@@ -187,6 +190,19 @@ static const row rows[] = {
     {"dp+bf16", "cnn", 2, 0, "--set compression.method=bf16", "", 5e-2, 0},
     {"dp+int8", "mlp", 4, 0, "--set compression.method=int8", "", 5e-2, 0},
     {"dp+fp16", "mlp", 3, 1, "--set compression.method=fp16", "", 1e-2, 0},
+    // local-sgd, H = 1: the mean of the ranks' SGD steps (momentum and
+    // Nesterov are linear in the gradients too) is the data-parallel step
+    // when the shares are equal: drop_last, and 40 samples over 2 or 4.
+    {"local-sgd", "mlp", 2, 0, "--set parallel.sync_every=1 --set data.drop_last=true", "--set data.drop_last=true", 1e-6, 0},
+    {"local-sgd", "mlp", 4, 0, "--set parallel.sync_every=1 --set data.drop_last=true", "--set data.drop_last=true", 1e-6, 0},
+    {"local-sgd", "cnn", 2, 0, "--set parallel.sync_every=1 --set data.drop_last=true " LSGD_SGD, "--set data.drop_last=true " LSGD_SGD, 1e-6, 0},
+    {"local-sgd", "mlp", 2, 1, "--set parallel.sync_every=1 --set data.drop_last=true", "--set data.drop_last=true", 1e-6, 0},
+    // One worker: any H is the 1-process run, bitwise.
+    {"local-sgd", "mlp", 1, 0, "--set parallel.sync_every=4", "", 0, 0},
+    {"local-sgd", "cnn", 1, 0, "--set parallel.sync_every=3", "", 0, 0},
+    {"local-sgd", "gpt", 1, 0, "--set parallel.sync_every=5", "", 0, 0},
+    // A warm-up longer than the run is plain data parallel (AdamW, 3 uneven shares).
+    {"local-sgd", "cnn", 3, 0, "--set parallel.sync_every=4 --set parallel.sync_warmup=1000", "", 1e-4, 0},
 };
 
 static const char *model_cfg(const char *model) {
@@ -194,21 +210,24 @@ static const char *model_cfg(const char *model) {
 }
 
 // The reference run of a (model, flags, workers) triple, made once: its run
-// name (the flags spelled with their letters and digits only).
+// name.
 static const char *reference(const char *model, const char *flags, int workers) {
-    static char names[32][128];
+    static struct {
+        const char *model, *flags;
+        int workers;
+        char name[64];
+    } refs[48];
     static int n;
-    char name[128], spell[64] = "plain";
-    size_t k = 0;
-    for (const char *f = flags; *f && k + 1 < sizeof spell; f++)
-        if ((*f >= 'a' && *f <= 'z') || (*f >= '0' && *f <= '9')) spell[k++] = *f;
-    if (k) spell[k] = 0;
-    snprintf(name, sizeof name, "%s-ref-%s-w%d", model, spell, workers);
     for (int i = 0; i < n; i++)
-        if (!strcmp(names[i], name)) return names[i];
-    if (n == 32 || train(name, model_cfg(model), workers, flags) != 0) return NULL;
-    snprintf(names[n], sizeof names[n], "%s", name);
-    return names[n++];
+        if (!strcmp(refs[i].model, model) && !strcmp(refs[i].flags, flags) && refs[i].workers == workers)
+            return refs[i].name;
+    if (n == 48) return NULL;
+    snprintf(refs[n].name, sizeof refs[n].name, "%s-ref-%d", model, n);
+    if (train(refs[n].name, model_cfg(model), workers, flags) != 0) return NULL;
+    refs[n].model = model;
+    refs[n].flags = flags;
+    refs[n].workers = workers;
+    return refs[n++].name;
 }
 
 static void run_row(int i, const row *r) {
@@ -340,7 +359,80 @@ static void fault(const char *model, const char *cfg) {
     CHECK(dt_now() - t0 < 60, "%s: failure stopped the job in %.1f s", model, dt_now() - t0);
 }
 
-int main(void) {
+// Sums a number field over the step records of rank 0's metrics log.
+static double metrics_sum(const char *run, const char *key, double *first) {
+    char path[1024], pat[64];
+    snprintf(path, sizeof path, "%s/%s/metrics/rank-00000.jsonl", g_tmp, run);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *text = tl_read_file(path, NULL);
+    double total = 0;
+    *first = -1;
+    for (const char *p = text; p && (p = strstr(p, "\"type\":\"step\"")); p++) {
+        const char *v = strstr(p, pat);
+        if (!v) break;
+        double x = atof(v + strlen(pat));
+        if (*first < 0) *first = x;
+        total += x;
+    }
+    free(text);
+    return total;
+}
+
+static double summary_number(const char *run, const char *key) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, run);
+    return tl_json_number(path, key);
+}
+// Local SGD with H = 4 over 2 workers trains, and moves fewer bytes than
+// data parallel; post-local SGD (a warm-up of dp steps) too; a bad
+// combination is refused by name.
+static void local_sgd(void) {
+    const char *both = "--set data.drop_last=true --set train.epochs=10";  // 60 steps
+    char flags[256];
+    CHECK(train("lsgd-dp", cfg_mlp, 2, both) == 0, "local-sgd: the dp run");
+    snprintf(flags, sizeof flags, "%s --set parallel.sync_every=4", both);
+    CHECK(train("lsgd-h4", cfg_mlp, 2, flags) == 0, "local-sgd: the H = 4 run");
+    snprintf(flags, sizeof flags, "%s --set parallel.sync_every=4 --set parallel.sync_warmup=12", both);
+    CHECK(train("lsgd-post", cfg_mlp, 2, flags) == 0, "local-sgd: the post-local run");
+    double first, dp_bytes = metrics_sum("lsgd-dp", "bytes_sent", &first);
+    double h4_first, h4_bytes = metrics_sum("lsgd-h4", "bytes_sent", &h4_first);
+    double post_first, post_bytes = metrics_sum("lsgd-post", "bytes_sent", &post_first);
+    double loss_first;
+    metrics_sum("lsgd-h4", "loss", &loss_first);
+    double h4_loss = summary_number("lsgd-h4", "final_train_loss"), dp_acc = summary_number("lsgd-dp", "test_accuracy");
+    double h4_acc = summary_number("lsgd-h4", "test_accuracy");
+    CHECK(loss_first > 0 && h4_loss > 0 && h4_loss < 0.7 * loss_first,
+          "local-sgd H=4: the loss falls (first step %.4f, last epoch %.4f)", loss_first, h4_loss);
+    CHECK(h4_acc > 0.5 && h4_acc > dp_acc - 0.15, "local-sgd H=4: test accuracy %.3f (dp %.3f)", h4_acc, dp_acc);
+    // Per 12 steps (2 epochs of 6): dp sums 12 gradients, H = 4 averages the
+    // parameters 3 times and once more before the mid-point evaluation.
+    CHECK(dp_bytes > 0 && h4_bytes > 0 && h4_bytes * 2.5 < dp_bytes,
+          "local-sgd H=4 moves fewer bytes: %.0f against dp's %.0f", h4_bytes, dp_bytes);
+    CHECK(post_bytes > h4_bytes && post_bytes < dp_bytes, "post-local SGD: %.0f bytes between H=4's %.0f and dp's %.0f",
+          post_bytes, h4_bytes, dp_bytes);
+    printf("local-sgd mlp 2 workers, 60 steps: bytes sent by rank 0: dp %.0f, H=4 %.0f, warm-up 12 + H=4 %.0f; "
+           "test accuracy dp %.3f, H=4 %.3f\n", dp_bytes, h4_bytes, post_bytes, dp_acc, h4_acc);
+    // A checkpoint between two averages holds the workers' mean: the one at
+    // step 3 of 6 (H = 1000: no average before it, no evaluation at it) is
+    // the final model of the same run stopped at step 3.
+    CHECK(train("lsgd-ckpt", cfg_mlp, 2, "--set parallel.sync_every=1000 --set train.epochs=10 --set train.max_steps=6 "
+                                          "--checkpoint-every 3") == 0, "local-sgd with checkpoints");
+    CHECK(train("lsgd-3", cfg_mlp, 2, "--set parallel.sync_every=1000 --set train.epochs=10 --set train.max_steps=3") == 0,
+          "local-sgd, 3 steps");
+    char pa[1024], pb[1024];
+    snprintf(pa, sizeof pa, "%s/lsgd-3/model.safetensors", g_tmp);
+    snprintf(pb, sizeof pb, "%s/lsgd-ckpt/checkpoints/step-00000003.safetensors", g_tmp);
+    int bw;
+    double d = tl_weights_diff(pa, pb, &bw);
+    CHECK(bw, "local-sgd: the checkpoint holds the averaged parameters (max rel diff %.3g)", d);
+    CHECK(train("lsgd-det", cfg_mlp, 2, "--set parallel.sync_every=4 --deterministic") == 2 &&
+              strstr(g_out, "sync_every") && strstr(g_out, "deterministic"),
+          "local-sgd with deterministic: refused by name\n%s", g_out);
+}
+
+// test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL;
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-strategy-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
     tl_make_images(g_tmp, "train", 243, 1);
@@ -358,7 +450,14 @@ int main(void) {
     snprintf(cfg_gpt4, sizeof cfg_gpt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gpt), cfg_gpt, l2 + strlen("n_layer = 2"));
 
     // The table.
-    for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++) run_row(i, &rows[i]);
+    for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++)
+        if (!only || !strcmp(only, rows[i].strategy)) run_row(i, &rows[i]);
+
+    if (!only || !strcmp(only, "local-sgd")) local_sgd();
+    if (only) {
+        tl_cleanup(g_tmp);
+        return tl_finish();
+    }
 
     memory_limit();
 
@@ -418,6 +517,17 @@ int main(void) {
         int rc = train("pp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
         CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
               bad[i].want, g_out);
+    }
+
+    // Two ways of spreading the work at once, or compression outside
+    // plain data parallel: refused at start, naming the fields.
+    {
+        int rc = train("combo-1", cfg_mlp, 2, "--zero 1 --set parallel.sync_every=2");
+        CHECK(rc == 2 && strstr(g_out, "[parallel] zero and [parallel] sync_every cannot be combined"),
+              "zero with local SGD: exit %d\n%s", rc, g_out);
+        rc = train("combo-2", cfg_mlp, 2, "--zero 2 --set compression.method=fp16");
+        CHECK(rc == 2 && strstr(g_out, "[compression] method works with plain data parallel only"),
+              "zero with compression: exit %d\n%s", rc, g_out);
     }
 
     // Worker count errors.

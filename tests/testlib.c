@@ -164,6 +164,16 @@ void tl_make_images(const char *dir, const char *prefix, int n, unsigned long lo
     free(lab);
 }
 
+double tl_json_number(const char *path, const char *key) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *text = tl_read_file(path, NULL);
+    const char *v = text ? strstr(text, pat) : NULL;
+    double x = v ? atof(v + strlen(pat)) : -1;
+    free(text);
+    return x;
+}
+
 double tl_weights_diff(const char *a, const char *b, int *bitwise) {
     dt_st_file *fa = NULL, *fb = NULL;
     double worst = -1;

@@ -26,6 +26,9 @@ void tl_cleanup(const char *dir);
 /* The whole file at path, NUL-terminated, malloc'd (free with free()); NULL
  * if it cannot be read. *len (may be NULL) gets its size. */
 char *tl_read_file(const char *path, size_t *len);
+/* The number after the first "KEY": in the file at path (summary.json and
+ * the like); -1 when the file or the key is missing. */
+double tl_json_number(const char *path, const char *key);
 /* dir/name in one of 4 rotating buffers (so up to 4 can be in use at once). */
 const char *tl_path(const char *dir, const char *name);
 /* How often `what` occurs in the file at path (0 if it cannot be read). */

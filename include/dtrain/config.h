@@ -12,9 +12,11 @@
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps
- *   [parallel] bucket_kb, deterministic, micro_shards, pipeline, micro_batches,
- *             schedule, pipeline_split
- *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload, offload_dir
+ *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
+ *             offload_dir, pipeline, micro_batches, schedule, pipeline_split,
+ *             sync_every, sync_warmup
+ *   [federated] clients, fraction, rounds, local_epochs, local_batch,
+ *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
  *   [checkpoint] every_steps, every_seconds, keep, resume
  *   [compression] method (none|fp16|bf16|int8|qsgd|sign|topk|randomk|powersgd),
@@ -82,6 +84,25 @@ typedef struct {
     int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
     int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
     char offload_dir[512];         /* where (offload = disk) */
+    int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */
+    int64_t sync_warmup;           /* local SGD: plain data-parallel steps first (post-local SGD) */
+    /* [federated] (dtrain federate, docs/federated.md) */
+    int fed_clients;               /* simulated clients */
+    float fed_fraction;            /* of them sampled per round */
+    int fed_rounds;
+    int fed_local_epochs;          /* E: passes over a client's data per round */
+    int fed_local_batch;           /* B: a client's batch */
+    int fed_partition;             /* 0 iid, 1 shards, 2 dirichlet */
+    float fed_alpha;               /* Dirichlet concentration (label skew) */
+    int fed_shards;                /* label-sorted shards per client (partition = shards) */
+    int fed_algorithm;             /* 0 fedavg, 1 fedavgm, 2 fedadam */
+    float fed_server_lr;
+    float fed_server_momentum;     /* fedavgm */
+    float fed_server_beta1, fed_server_beta2, fed_server_eps;  /* fedadam */
+    float fed_mu;                  /* FedProx proximal term on clients (0: none) */
+    int fed_min_clients;           /* fewest clients a round may aggregate */
+    float fed_deadline;            /* seconds a client may train in a round (0: no deadline) */
+    int fed_secure;                /* secure aggregation: pairwise masks mod 2^32 */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

@@ -79,6 +79,21 @@ DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_f
  * DT_ERR_CONFIG naming the field otherwise. */
 DT_API dt_status dt_train_check(const dt_config *c, int W);
 
+/* Federated averaging (docs/federated.md, `dtrain federate`): c's
+ * [federated] section splits the training set over simulated clients;
+ * each round a sample of them trains locally from the global model on the
+ * workers of the run (under --workers or mpirun, as dt_train) and the
+ * server averages their updates weighted by sample count (FedAvg, FedAvgM,
+ * FedAdam; FedProx's mu; dropouts; secure aggregation). run_dir gets
+ * clients.json (each client's class histogram), metrics/ (one record and
+ * one evaluation per round), model.safetensors and summary.json (the test
+ * accuracy of every round). In res, steps counts rounds. */
+DT_API dt_status dt_federate(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
+                             dt_train_result *res);
+/* What dt_federate refuses before any work, for W workers (DT_ERR_CONFIG
+ * naming the field). */
+DT_API dt_status dt_federate_check(const dt_config *c, int W);
+
 /* Asks the running dt_train (of this process) to stop after the current
  * step: every rank stops after the same step, a checkpoint is written when
  * checkpoints are on, and dt_train returns DT_OK with res->stopped = 1.

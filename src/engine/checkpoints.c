@@ -131,9 +131,7 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
         dt_status st = make_writer(r);
         if (st != DT_OK) return st;
     }
-    const dt_config *c = r->c;
-    int due = end || stop || timed || (c->ckpt_every_steps > 0 && s->step - r->last_step >= c->ckpt_every_steps);
-    if (!due || s->step == r->last_step) return DT_OK;
+    if (!dt_run_ckpt_due(r, s->step, end, stop, timed)) return DT_OK;
     double now = dt_now();
     if (!r->writer) {  // ranks that write nothing keep the same count
         r->last_step = s->step;

@@ -50,6 +50,13 @@ int dt_run_ckpt_vote(const dt_run_ckpt *r);
  * the state must survive). Set r->obs after dt_run_ckpt_begin to
  * time the saves. */
 dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop, int timed);
+/* Whether dt_run_ckpt_step saves at step `step` with these flags (the same
+ * answer on every rank): for a strategy whose ranks' parameters must be
+ * made equal first (dt_strategy_params_sync). */
+static inline int dt_run_ckpt_due(const dt_run_ckpt *r, int64_t step, int end, int stop, int timed) {
+    int due = end || stop || timed || (r->c->ckpt_every_steps > 0 && step - r->last_step >= r->c->ckpt_every_steps);
+    return due && step != r->last_step;
+}
 /* Waits for the last write and frees everything. Returns the first write
  * error (st when st is already an error). */
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st);

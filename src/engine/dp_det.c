@@ -61,7 +61,7 @@ static int det_plan(dt_strategy *s, int first, int share, int global) {
 // Each shard's gradient on its own, from zero.
 static void det_micro_end(dt_strategy *s, int k) {
     (void)k;
-    dt_fixed_accumulate(((dp_det *)s)->acc, s->grads, s->n);
+    dt_fixed_add(((dp_det *)s)->acc, s->grads, s->n, DT_FIXED_SCALE);
     memset(s->grads, 0, sizeof(float) * s->n);
 }
 

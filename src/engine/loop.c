@@ -36,6 +36,20 @@ const dt_task_ops *dt_task_for(const dt_config *c) {
 }
 
 dt_status dt_train_check(const dt_config *c, int W) {
+    // One way of spreading the work at a time: the registry takes the
+    // first strategy that wants the config, so a second one asked for
+    // would be ignored without a word.
+    const char *asked[3];
+    int n = 0;
+    if (c->pipeline > 1) asked[n++] = "[parallel] pipeline";
+    if (c->zero > 0) asked[n++] = "[parallel] zero";
+    if (c->sync_every > 0) asked[n++] = "[parallel] sync_every";
+    if (n > 1)
+        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of pipeline parallel, ZeRO and local SGD",
+                        asked[0], asked[1]);
+    if (c->comp_method != DT_COMP_NONE && n > 0)
+        return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
+                        asked[0]);
     dt_status st = dt_strategy_for(c)->check(c, W);
     return st == DT_OK ? dt_check_offload(c) : st;
 }
@@ -104,7 +118,7 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
     for (int k = 0; k < nm; k++) {
         float loss;
         dt_obs_begin(obs, DT_OBS_FORWARD);
-        dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)b->global, &loss);
+        dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)s->loss_denom, &loss);
         if (st == DT_OK && k == 0) st = dt_fault_step(s->rank, step + 1);
         dt_obs_end(obs, DT_OBS_FORWARD);
         if (st != DT_OK) return st;
@@ -265,6 +279,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
                 if (info.has_eval) {
                     float tl, ta;
+                    if ((st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
                     dt_obs_begin(obs, DT_OBS_EVAL);
                     st = dt_strategy_params_whole(strat, 1);
                     if (st == DT_OK) st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
@@ -282,6 +297,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 loss_n = 0;
             }
             ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W};
+            if (dt_run_ckpt_due(&ck, step, step == total, stop, ctl.save) && ck.dir[0] &&
+                (st = dt_strategy_params_sync(strat)) != DT_OK)
+                goto done;
             if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, ctl.save)) != DT_OK) goto done;
             dt_heartbeat(step);
         }
@@ -305,6 +323,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
     if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
     res->bytes_sent = bytes_sent;
+    if (!stop && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(tops->save(task, path), done);

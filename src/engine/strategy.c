@@ -11,6 +11,7 @@ static const dt_strategy_ops *const strategies[] = {
     &dt_strategy_zero3,
     &dt_strategy_zero_deterministic,
     &dt_strategy_zero,
+    &dt_strategy_local_sgd,
     &dt_strategy_dp_deterministic,
     &dt_strategy_dp,
 };
@@ -96,25 +97,23 @@ dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm) {
     return DT_OK;
 }
 
+void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)g[i] * scale;
+        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
+    }
+}
+
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale) {
     dt_optim_begin_step(s->opt);
     dt_optim_update(s->opt, 0, s->hi - s->lo, s->params + s->lo, s->grads + s->lo, lr, scale);
     return DT_OK;
 }
 
-#define FIXED_SCALE 4294967296.0  // 2^32
-
-void dt_fixed_accumulate(int64_t *acc, const float *g, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        double x = (double)g[i] * FIXED_SCALE;  // clamped: no overflow from a diverging run
-        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
-    }
-}
-
 void dt_fixed_to_float(float *g, const int64_t *acc, size_t n) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) g[i] = (float)((double)acc[i] / FIXED_SCALE);
+    for (size_t i = 0; i < n; i++) g[i] = (float)((double)acc[i] / DT_FIXED_SCALE);
 }
 
 // dt_sum_squares's blocks (optim.c), summed here slice by slice.

@@ -11,7 +11,7 @@
  *                                          drives the micro-batches itself
  *                                          (pipeline), instead of:
  *     nm = dt_strategy_plan(s, first, share, global)   micro-batches in s->off/len
- *     for k < nm:
+ *     for k < nm:                          loss of micro-batch k scaled by len[k] / s->loss_denom
  *       [params_needed(s, layer, phase)]   before a layer's forward/backward
  *       forward; backward with the grad hook of dt_strategy_grad_hook(s, k)
  *       dt_strategy_micro_end(s, k)
@@ -20,13 +20,17 @@
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
  *   dt_strategy_params_whole(s, 1 / 0)     around evaluation and the weights file
+ *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
  * during backward through a gradient codec, engine/codec.h),
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
- * of ranks), and "zero", "zero-deterministic" and "zero-3" (sharded data
- * parallel, engine/zero.c, docs/zero.md). A new strategy is a new file with its table, added to the one
+ * of ranks), "zero", "zero-deterministic" and "zero-3" (sharded data
+ * parallel, engine/zero.c, docs/zero.md), "pipeline" (GPT stages,
+ * engine/pipeline.c) and "local-sgd" (each rank steps on its own share's
+ * gradient and the parameters are averaged every [parallel] sync_every
+ * steps). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
  * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of
@@ -93,6 +97,10 @@ typedef struct dt_strategy_ops {
      * (evaluation, the final weights file); a collective. NULL: it always
      * does. */
     dt_status (*params_whole)(dt_strategy *s, int whole);
+    /* Makes every rank's parameters the same, before an evaluation, a
+     * checkpoint and the final weights; NULL when they always are (every
+     * peer but local SGD). */
+    dt_status (*params_sync)(dt_strategy *s);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -111,6 +119,9 @@ struct dt_strategy {
     size_t lo, hi;             /* the slice of the state this rank updates */
     int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
     int global;                /* samples in this step's global batch */
+    int loss_denom;            /* a micro-batch's loss is scaled by len / loss_denom: the global
+                                  batch (set before plan), or what plan puts there (local SGD:
+                                  the share, whose gradient is then the share's mean) */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
@@ -124,6 +135,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
 void dt_strategy_free(dt_strategy *s);
 
 static inline int dt_strategy_plan(dt_strategy *s, int first, int share, int global) {
+    s->loss_denom = global;
     return s->ops->plan(s, first, share, global);
 }
 static inline dt_grad_ready_fn dt_strategy_grad_hook(dt_strategy *s, int k, void **user) {
@@ -141,6 +153,9 @@ static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale
 static inline dt_status dt_strategy_params_whole(dt_strategy *s, int whole) {
     return s->ops->params_whole ? s->ops->params_whole(s, whole) : DT_OK;
 }
+static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
+    return s->ops->params_sync ? s->ops->params_sync(s) : DT_OK;
+}
 
 /* The checkpoint view of what this rank holds: the parameter block and
  * the optimizer state (its slice [lo, hi) of each), and the step count.
@@ -153,6 +168,10 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m);
 int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global);
 /* The norm of a replicated gradient block: every rank computes it alone. */
 dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
+/* acc[i] += round(g[i] x scale), clamped to +-4e18 so that a diverging run
+ * cannot overflow: int64 fixed-point sums, whose addition (and so an int64
+ * allreduce of them) gives the same bits in any order. */
+void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 /* The norm of a gradient block of which each rank holds only its slice
@@ -161,9 +180,10 @@ dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
  * summed in the same order; a block cut by a slice boundary passes its
  * partial sum to the next rank). A collective: every rank calls it. */
 dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm);
-/* Deterministic mode's fixed point: acc[i] += round(g[i] * 2^32) (clamped),
- * and back, g[i] = acc[i] / 2^32. Integer sums do not depend on their order. */
-void dt_fixed_accumulate(int64_t *acc, const float *g, size_t n);
+/* Deterministic mode's fixed point: gradients go in with
+ * dt_fixed_add(acc, g, n, DT_FIXED_SCALE) and come back as g[i] = acc[i] /
+ * 2^32. Integer sums do not depend on their order. */
+#define DT_FIXED_SCALE 4294967296.0  // 2^32
 void dt_fixed_to_float(float *g, const int64_t *acc, size_t n);
 
 extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
@@ -172,5 +192,6 @@ extern const dt_strategy_ops dt_strategy_pipeline;         /* engine/pipeline.c 
 extern const dt_strategy_ops dt_strategy_zero;             /* engine/zero.c */
 extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/zero.c */
 extern const dt_strategy_ops dt_strategy_zero3;            /* engine/zero.c */
+extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/localsgd.c */
 
 #endif

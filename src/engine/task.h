@@ -101,6 +101,14 @@ typedef struct dt_task_ops {
     dt_status (*save)(dt_task *t, const char *path);
     /* The task's own fields of summary.json. */
     void (*summary)(dt_task *t, cJSON *o, const dt_train_result *r);
+    /* Federated clients (engine/federate.c); both NULL for a task that
+     * cannot have them. The labels of the training samples: *y[n], n
+     * returned. */
+    int (*train_labels)(dt_task *t, const int32_t **y);
+    /* Trains, until the next call, on the training samples idx[n] alone, on
+     * this rank alone (share = global), in batches of `batch` reshuffled
+     * each epoch from seed; n = 0: the whole set as created. */
+    dt_status (*set_subset)(dt_task *t, const uint32_t *idx, int n, int batch, uint64_t seed);
 } dt_task_ops;
 
 /* The task for a config (the registry in loop.c). */

@@ -15,7 +15,10 @@ struct dt_task {
     const dt_config *c;
     dt_dataset train, test;
     dt_model *m;
-    dt_loader *loader;
+    dt_loader *loader;             // the one in use: full, or a client's over sub
+    dt_loader *full;               // over the whole training set
+    dt_dataset sub;                // a federated client's samples (set_subset)
+    dt_loader *subl;
     dt_tensor_info *tinfo;
     dt_grad_range *order;          // the tensors in block order, and the layer of each
     int *order_layer;
@@ -104,7 +107,9 @@ static void cls_destroy(dt_task *t) {
     free(t->tinfo);
     free(t->order);
     free(t->order_layer);
-    dt_loader_free(t->loader);
+    dt_loader_free(t->subl);
+    dt_dataset_free(&t->sub);
+    dt_loader_free(t->full);
     dt_model_free(t->m);
     dt_dataset_free(&t->train);
     dt_dataset_free(&t->test);
@@ -135,7 +140,8 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     lp.seed = c->seed;
     lp.rank = dt_comm_rank(comm);
     lp.world = dt_comm_size(comm);
-    DT_TRY(dt_loader_create(&t->loader, &t->train, &lp), done);
+    DT_TRY(dt_loader_create(&t->full, &t->train, &lp), done);
+    t->loader = t->full;
     int nt = dt_model_num_tensors(t->m);
     if (!(t->tinfo = malloc(sizeof *t->tinfo * (nt > 0 ? nt : 1)))) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
@@ -241,6 +247,46 @@ static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
     cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
 }
 
+static int cls_train_labels(dt_task *t, const int32_t **y) {
+    *y = t->train.y;
+    return t->train.n;
+}
+
+// A client's samples copied into their own dataset, with a one-rank loader.
+static dt_status cls_set_subset(dt_task *t, const uint32_t *idx, int n, int batch, uint64_t seed) {
+    dt_loader_free(t->subl);
+    t->subl = NULL;
+    dt_dataset_free(&t->sub);
+    t->loader = t->full;
+    if (n == 0) return DT_OK;
+    size_t ss = dt_dataset_sample_size(&t->train);
+    dt_dataset *d = &t->sub;
+    memcpy(d->shape, t->train.shape, sizeof d->shape);
+    d->classes = t->train.classes;
+    d->x = dt_alloc(sizeof(float) * ss * (size_t)n);
+    d->y = malloc(sizeof(int32_t) * (size_t)n);
+    if (!d->x || !d->y) {
+        dt_dataset_free(d);
+        return dt_error(DT_ERR_NOMEM, "a client's %d samples: out of memory", n);
+    }
+    d->n = n;
+    for (int i = 0; i < n; i++) {
+        memcpy(d->x + (size_t)i * ss, t->train.x + (size_t)idx[i] * ss, sizeof(float) * ss);
+        d->y[i] = t->train.y[idx[i]];
+    }
+    dt_loader_params lp = dt_loader_default_params();
+    lp.batch = batch;
+    lp.shuffle = 1;
+    lp.drop_last = 0;
+    lp.prefetch = 0;
+    lp.seed = seed;
+    lp.rank = 0;
+    lp.world = 1;
+    dt_status st = dt_loader_create(&t->subl, d, &lp);
+    if (st == DT_OK) t->loader = t->subl;
+    return st;
+}
+
 const dt_task_ops dt_task_classifier = {
     .name = "classifier",
     .wants = cls_wants,
@@ -255,4 +301,6 @@ const dt_task_ops dt_task_classifier = {
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,
+    .train_labels = cls_train_labels,
+    .set_subset = cls_set_subset,
 };

@@ -411,7 +411,7 @@ static void zero_micro_end(dt_strategy *s, int k) {
     (void)k;
     zero *z = (zero *)s;
     if (!z->acc) return;
-    dt_fixed_accumulate(z->acc, s->grads, s->n);
+    dt_fixed_add(z->acc, s->grads, s->n, DT_FIXED_SCALE);
     memset(s->grads, 0, sizeof(float) * s->n);
 }
 

@@ -410,6 +410,67 @@ static void breakdown_chart(FILE *f, const run_data *d) {
     fputs("</svg>\n", f);
 }
 
+// A federated run's clients (RUN_DIR/clients.json): one bar per client, its
+// samples stacked by class. Nothing when the file is absent or unreadable.
+static void clients_chart(FILE *f, const char *run_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/clients.json", run_dir);
+    FILE *s = fopen(path, "r");
+    if (!s) return;
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap);
+    if (buf) {
+        size_t got;
+        while ((got = fread(buf + n, 1, cap - 1 - n, s)) > 0 && (n += got) < cap - 1) {}
+        buf[n] = 0;
+    }
+    fclose(s);
+    cJSON *j = buf ? cJSON_Parse(buf) : NULL;
+    free(buf);
+    const cJSON *cl = cJSON_GetObjectItem(j, "clients");
+    int C = cJSON_GetArraySize(cl), K = (int)get(j, "classes", 10);
+    if (!cJSON_IsArray(cl) || C == 0 || K < 1) {
+        fputs("<p>clients.json could not be read; its chart is left out.</p>\n", f);
+        cJSON_Delete(j);
+        return;
+    }
+    double ymax = 1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cl) ymax = fmax(ymax, get(e, "samples", 0));
+    const cJSON *part = cJSON_GetObjectItem(j, "partition");
+    char title[128];
+    snprintf(title, sizeof title, "Samples per client by class (partition %s)",
+             cJSON_IsString(part) ? part->valuestring : "?");
+    fputs("<h2>Clients</h2>\n", f);
+    chart_open(f, "clients", title);
+    box b = {0, C, 0, ymax * 1.05};
+    axes(f, &b, "client", "samples");
+    double w = (px(&b, 1) - px(&b, 0)) * 0.85;
+    int c = 0;
+    cJSON_ArrayForEach(e, cl) {
+        const cJSON *h = cJSON_GetObjectItem(e, "histogram"), *v;
+        double y = 0;
+        int k = 0;
+        cJSON_ArrayForEach(v, h) {
+            double x = cJSON_IsNumber(v) ? v->valuedouble : 0;
+            if (x > 0)
+                fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
+                           "<title>client %d class %d: %.0f</title></rect>\n",
+                        px(&b, c), py(&b, y + x), w, py(&b, y) - py(&b, y + x), palette[k % 10], c, k, x);
+            y += x;
+            k++;
+        }
+        c++;
+    }
+    for (int k = 0; k < K && k < 10; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "class %d", k);
+        legend(f, k, name, palette[k]);
+    }
+    fputs("</svg>\n", f);
+    cJSON_Delete(j);
+}
+
 // ----------------------------------------------------------------------------
 // the page
 
@@ -481,6 +542,8 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     } else {
         fputs("<p>No accuracy: the run logged no evaluation with an accuracy (language models report a loss only).</p>\n", f);
     }
+
+    clients_chart(f, run_dir);
 
     // Throughput over time (moving average of per-step figures).
     int tok = r0->trate.n && r0->trate.v[n - 1] > 0;

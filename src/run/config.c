@@ -116,6 +116,8 @@ static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", NULL};
 static const char *const offload_names[] = {"none", "disk", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
+static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
+static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -160,6 +162,26 @@ static const field fields[] = {
     {"parallel", "zero", F_INT, O(zero), 0, 3, NULL},
     {"parallel", "offload", F_ENUM, O(offload), 0, 0, offload_names},
     {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
+    {"parallel", "sync_every", F_INT, O(sync_every), 0, 1e9, NULL},
+    {"parallel", "sync_warmup", F_I64, O(sync_warmup), 0, 1e15, NULL},
+    {"federated", "clients", F_INT, O(fed_clients), 1, 1e6, NULL},
+    {"federated", "fraction", F_FLOAT, O(fed_fraction), 1e-6, 1, NULL},
+    {"federated", "rounds", F_INT, O(fed_rounds), 1, 1e7, NULL},
+    {"federated", "local_epochs", F_INT, O(fed_local_epochs), 1, 1e4, NULL},
+    {"federated", "local_batch", F_INT, O(fed_local_batch), 1, 1 << 20, NULL},
+    {"federated", "partition", F_ENUM, O(fed_partition), 0, 0, partition_names},
+    {"federated", "alpha", F_FLOAT, O(fed_alpha), 1e-4, 1e6, NULL},
+    {"federated", "shards", F_INT, O(fed_shards), 1, 1e4, NULL},
+    {"federated", "algorithm", F_ENUM, O(fed_algorithm), 0, 0, fed_algorithm_names},
+    {"federated", "server_lr", F_FLOAT, O(fed_server_lr), 1e-9, 1e3, NULL},
+    {"federated", "server_momentum", F_FLOAT, O(fed_server_momentum), 0, 0.999999, NULL},
+    {"federated", "server_beta1", F_FLOAT, O(fed_server_beta1), 0, 0.999999, NULL},
+    {"federated", "server_beta2", F_FLOAT, O(fed_server_beta2), 0, 0.999999999, NULL},
+    {"federated", "server_eps", F_FLOAT, O(fed_server_eps), 1e-12, 10, NULL},
+    {"federated", "mu", F_FLOAT, O(fed_mu), 0, 1e3, NULL},
+    {"federated", "min_clients", F_INT, O(fed_min_clients), 1, 1e6, NULL},
+    {"federated", "deadline", F_FLOAT, O(fed_deadline), 0, 1e9, NULL},
+    {"federated", "secure", F_BOOL, O(fed_secure), 0, 1, NULL},
     {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
     {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
@@ -229,6 +251,19 @@ void dt_config_defaults(dt_config *c) {
     c->micro_shards = 12;
     c->pipeline = 1;
     c->pipeline_schedule = 1;
+    c->fed_clients = 100;
+    c->fed_fraction = 0.1f;
+    c->fed_rounds = 100;
+    c->fed_local_epochs = 1;
+    c->fed_local_batch = 10;
+    c->fed_alpha = 0.5f;
+    c->fed_shards = 2;
+    c->fed_server_lr = 1.0f;
+    c->fed_server_momentum = 0.9f;
+    c->fed_server_beta1 = 0.9f;
+    c->fed_server_beta2 = 0.99f;
+    c->fed_server_eps = 1e-3f;
+    c->fed_min_clients = 1;
     c->straggler_margin = 0.2f;
     c->straggler_steps = 10;
     snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");

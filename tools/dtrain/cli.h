@@ -8,6 +8,7 @@
 #define EXIT_USAGE 2
 
 int cmd_train(int argc, char **argv);
+int cmd_federate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_prepare_text(int argc, char **argv);

@@ -13,6 +13,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"train", cmd_train, "train a model described by a config file"},
+    {"federate", cmd_federate, "federated averaging over simulated clients ([federated])"},
     {"eval", cmd_eval, "evaluate saved weights on the test set"},
     {"run", cmd_run, "start N local ranks of a program (dtrain run -n N -- PROG ARGS)"},
     {"prepare-text", cmd_prepare_text, "text files -> byte-level GPT token files"},

@@ -55,6 +55,9 @@ static const char train_help[] =
     "                  shards the optimizer state over the workers, 2 the\n"
     "                  gradients too, 3 the parameters too (each layer's\n"
     "                  gathered when it runs); 0 (default) replicates all\n"
+    "  --set parallel.sync_every=H  local SGD: each worker steps on its own\n"
+    "                  share and the parameters are averaged every H steps\n"
+    "                  (parallel.sync_warmup = S: S data-parallel steps first)\n"
     CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
@@ -98,6 +101,43 @@ static const char train_help[] =
     "train.log_every steps otherwise. The config format is in docs/config.md;\n"
     "configs/fashion-cnn.ini and configs/fashion-mlp.ini are examples;\n"
     "configs/gpt-fortunes.ini trains a GPT language model (docs/gpt.md).\n";
+
+static const char federate_help[] =
+    "usage: dtrain federate CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
+    "                       [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
+    "\n"
+    "Federated averaging over simulated clients, as CONFIG's [federated] section\n"
+    "says (docs/federated.md): the training set is split over `clients` clients\n"
+    "(partition = iid, shards or dirichlet with alpha); each of `rounds` rounds\n"
+    "samples a fraction of them, each trains local_epochs epochs at local_batch\n"
+    "from the global model with [optim] (plus FedProx's mu), and the server\n"
+    "averages the updates weighted by sample count (algorithm = fedavg, fedavgm\n"
+    "or fedadam, at server_lr). Clients that fail or miss `deadline` are left out\n"
+    "(at least min_clients must report); secure = true sums masked updates mod\n"
+    "2^32. The run directory gets:\n"
+    "  clients.json        each client's sample count and class histogram\n"
+    "  metrics/rank-N.jsonl  one record and one test evaluation per round\n"
+    "  model.safetensors   the final global model\n"
+    "  summary.json        round_test_accuracy (every round), rounds_to_85,\n"
+    "                      bytes_sent_per_round, test_accuracy, ...\n"
+    "\n"
+    "options:\n"
+    "  --workers N     N local worker processes; a round's clients are dealt to\n"
+    "                  them in turn (under mpirun or srun every rank is one).\n"
+    "                  The global model is the same for any N (int64 fixed-point\n"
+    "                  sums), given the same train.threads.\n"
+    "  --set S.K=V     override a config field, e.g. --set federated.rounds=20\n"
+    "  --run-dir DIR   where to write (default runs/NAME-YYYYmmdd-HHMMSS)\n"
+    "  --log-format F, --metrics-port P, --trace FILE, -q/--quiet: as for\n"
+    "                  dtrain train\n"
+    "  -h, --help      this help\n"
+    "\n"
+    "Tests inject faults with DTRAIN_FED_FAIL=ROUND:CLIENT[,...] (the client\n"
+    "fails) and DTRAIN_FED_DELAY=ROUND:CLIENT:SECONDS[,...] (it is that much\n"
+    "slower).\n";
+
+// dtrain federate runs this file's train command with dt_federate.
+static int g_federate;
 
 static const char eval_help[] =
     "usage: dtrain eval CONFIG --checkpoint WEIGHTS [--set SECTION.KEY=VALUE]...\n"
@@ -303,7 +343,9 @@ static int load_config(const args_t *a, dt_config *c) {
 // the batch (dt_train_check, for every count an elastic group may have), and
 // that the files the config names exist. 0, or an exit code.
 static int check_before_start(const args_t *a, const dt_config *c) {
-    for (int n = a->min_workers; n <= a->workers; n++)
+    if (g_federate && dt_federate_check(c, a->workers > 1 ? a->workers : 1) != DT_OK)
+        return cli_error("%s", dt_last_error()), EXIT_USAGE;
+    for (int n = a->min_workers; n <= a->workers && !g_federate; n++)
         if (n > 1 && dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
@@ -350,7 +392,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         char *args[2 * MAX_SETS + 14];
         int k = 0;
         args[k++] = exe;
-        args[k++] = "train";
+        args[k++] = g_federate ? "federate" : "train";
         args[k++] = (char *)a->config;
         for (int i = 0; i < a->nsets; i++) {
             args[k++] = "--set";
@@ -439,15 +481,25 @@ static void print_result_json(const dt_config *c, const dt_train_result *r, cons
     cJSON_Delete(j);
 }
 
+int cmd_federate(int argc, char **argv) {
+    g_federate = 1;
+    return cmd_train(argc, argv);
+}
+
 int cmd_train(int argc, char **argv) {
     args_t a;
-    int rc = parse_args(argc, argv, &a, train_help, 0);
+    int rc = parse_args(argc, argv, &a, g_federate ? federate_help : train_help, 0);
     if (rc) return rc < 0 ? 0 : rc;
     dt_config c;
     if ((rc = load_config(&a, &c))) return rc;
     // Workers leave this to whoever started them: ours are checked by the
     // supervisor, and under mpirun a --resume file need only be on rank 0's
     // host (the resume itself fails there if it is missing).
+    if (g_federate && (a.max_restarts > 0 || a.min_workers < a.workers)) {
+        cli_error("%s: dtrain federate does not checkpoint, so it cannot restart or resize its workers",
+                  a.max_restarts > 0 ? "--max-restarts" : "--workers MIN:MAX");
+        return EXIT_USAGE;
+    }
     if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
@@ -482,7 +534,7 @@ int cmd_train(int argc, char **argv) {
     sigaction(SIGUSR1, &sa, NULL);
     progress_state ps = {isatty(2), a.quiet, c.log_every, a.json, 0, 0};
     dt_train_result r;
-    dt_status st = dt_train(&c, a.run_dir, on_progress, &ps, &r);
+    dt_status st = (g_federate ? dt_federate : dt_train)(&c, a.run_dir, on_progress, &ps, &r);
     if (ps.live) fputs("\n", stderr);
     if (st != DT_OK) {
         cli_error("%s", dt_last_error());
@@ -496,6 +548,13 @@ int cmd_train(int argc, char **argv) {
     }
     if (a.json) {
         if (r.rank == 0) print_result_json(&c, &r, a.run_dir);
+        return 0;
+    }
+    if (g_federate) {
+        if (r.rank == 0)
+            printf("federated %lld rounds in %.1f s (%d worker%s): test accuracy %.4f, test loss %.4f\nrun directory: %s\n",
+                   (long long)r.steps, r.wall_seconds, r.workers, r.workers > 1 ? "s" : "", r.test_accuracy,
+                   r.test_loss, a.run_dir);
         return 0;
     }
     if (c.gpt) {

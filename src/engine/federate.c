@@ -1,0 +1,487 @@
+/* Federated averaging: dt_federate (dtrain federate, docs/federated.md).
+ *
+ * The training set is split over C simulated clients (fedparts.h:
+ * iid, shards or Dirichlet label skew). Each round samples max(1,
+ * round(C x fraction)) of them from the seed and the round; the sampled
+ * clients are dealt to the worker processes in turn (client j of the
+ * round to rank j mod W). A client starts from the global model, trains E
+ * local epochs over its own samples in batches of B through the task's
+ * ordinary forward and backward and a fresh client optimizer ([optim]),
+ * with FedProx's proximal term mu (w - w_global) added to its gradient,
+ * and contributes its update w - w_global weighted by its share of the
+ * round's samples. The weighted updates are summed in int64 fixed point
+ * (the same bits for any worker count and any order; strategy.h's
+ * dt_fixed_add), or, with secure aggregation, as masked 32-bit fixed-point
+ * vectors whose masks cancel in the sum (fedparts.h). One int64 allreduce
+ * carries the sums, which clients reported, and the loss.
+ *
+ * Clients that fail or miss the round's deadline send nothing: the update
+ * is renormalised over the clients that reported (their masks with the
+ * dropped clients removed under secure aggregation), and a round with
+ * fewer than min_clients reports leaves the model unchanged. The server
+ * then takes the mean update as a negative gradient into its optimizer:
+ * plain SGD with server_lr (FedAvg; server_lr 1 adds the mean update),
+ * SGD with momentum (FedAvgM) or AdamW without weight decay (FedAdam, with
+ * AdamW's bias correction). After every round the test set is evaluated
+ * (sharded over the workers) into the metrics log; summary.json has the
+ * accuracy of every round.
+ *
+ * Failures and delays are injected by round and client for tests:
+ * DTRAIN_FED_FAIL="R:K,..." (client K fails in round R, counted from 1)
+ * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer). */
+#include "dtrain/launch.h"
+#include "dtrain/train.h"
+#include "engine/fedparts.h"
+#include "engine/strategy.h"
+#include "engine/task.h"
+#include "engine/worker.h"
+#include "obs/json.h"
+#include "obs/obs.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+
+typedef struct {
+    int round, client;
+    double delay;  // seconds; < 0: the client fails
+} fault;
+
+typedef struct {
+    const dt_config *c;
+    const dt_task_ops *tops;
+    dt_task *task;
+    dt_comm_t comm;
+    int rank, W;
+    float *params, *grads;  // the task's model: a client trains in them
+    size_t n;
+    float *global;          // the server's model
+    dt_optim *client_opt, *server_opt;
+    uint32_t *idx;          // the partition: client k's samples idx[start[k] .. start[k + 1])
+    int *start;
+    int C, m;               // clients, clients per round
+    int *sampled;           // this round's, ascending
+    int64_t *acc;           // [n update sums][m reported][loss]
+    uint32_t *masked, *msum;
+    fault *faults;
+    int nfaults;
+} fed;
+
+static int clients_per_round(const dt_config *c) {
+    long m = lround((double)c->fed_clients * c->fed_fraction);
+    return m < 1 ? 1 : m > c->fed_clients ? c->fed_clients : (int)m;
+}
+
+dt_status dt_federate_check(const dt_config *c, int W) {
+    (void)W;
+    if (c->gpt)
+        return dt_error(DT_ERR_CONFIG, "[model] preset = %s: dtrain federate trains classifiers on IDX images, not GPT models",
+                        c->preset);
+    int m = clients_per_round(c);
+    if (c->fed_min_clients > m)
+        return dt_error(DT_ERR_CONFIG, "[federated] min_clients = %d: more than the %d clients sampled per round "
+                                       "(clients %d x fraction %g)",
+                        c->fed_min_clients, m, c->fed_clients, c->fed_fraction);
+    if (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0 || c->resume[0])
+        return dt_error(DT_ERR_CONFIG, "[checkpoint]: dtrain federate does not write or resume checkpoints; "
+                                       "leave every_steps, every_seconds and resume unset");
+    if (c->sync_every > 0 || c->deterministic)
+        return dt_error(DT_ERR_CONFIG, "[parallel] %s: applies to dtrain train; federated sums are already the same for "
+                                       "any worker count",
+                        c->sync_every > 0 ? "sync_every" : "deterministic");
+    return DT_OK;
+}
+
+// DTRAIN_FED_FAIL / DTRAIN_FED_DELAY into f->faults.
+static dt_status parse_faults(fed *f, const char *var, int delay) {
+    const char *s = getenv(var);
+    if (!s || !*s) return DT_OK;
+    while (*s) {
+        int r, k, used = 0;
+        double d = -1;
+        int got = delay ? sscanf(s, "%d:%d:%lf%n", &r, &k, &d, &used) : sscanf(s, "%d:%d%n", &r, &k, &used);
+        if (got != (delay ? 3 : 2) || r < 1 || k < 0 || k >= f->C || (delay && d < 0) ||
+            (s[used] && s[used] != ','))
+            return dt_error(DT_ERR_CONFIG, "%s: expected %s, with R >= 1 and 0 <= K < %d clients, got '%s'", var,
+                            delay ? "ROUND:CLIENT:SECONDS[,...]" : "ROUND:CLIENT[,...]", f->C, getenv(var));
+        fault *nf = realloc(f->faults, sizeof *nf * (size_t)(f->nfaults + 1));
+        if (!nf) return dt_error(DT_ERR_NOMEM, "out of memory");
+        f->faults = nf;
+        f->faults[f->nfaults++] = (fault){r, k, delay ? d : -1};
+        s += used + (s[used] == ',');
+    }
+    return DT_OK;
+}
+
+// The injected fault of client k in round r: 0 none, -1 fails, else a delay.
+static double injected(const fed *f, int r, int k) {
+    for (int i = 0; i < f->nfaults; i++)
+        if (f->faults[i].round == r && f->faults[i].client == k) return f->faults[i].delay;
+    return 0;
+}
+
+static uint64_t round_key(const dt_config *c, int r, int k) {
+    uint64_t z = c->seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + (uint64_t)(k + 1);
+    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 29);
+}
+
+// The round's clients: the first m of a seeded permutation, ascending.
+static void sample_clients(fed *f, int r) {
+    uint32_t *perm = (uint32_t *)f->masked;  // scratch of at least C entries, see alloc
+    for (int k = 0; k < f->C; k++) perm[k] = (uint32_t)k;
+    dt_rng g;
+    dt_rng_seed(&g, round_key(f->c, r, -1));
+    dt_rng_shuffle(&g, perm, (size_t)f->C);
+    for (int j = 0; j < f->m; j++) f->sampled[j] = (int)perm[j];
+    for (int a = 1; a < f->m; a++)  // insertion sort: m is small
+        for (int b = a; b > 0 && f->sampled[b - 1] > f->sampled[b]; b--) {
+            int t = f->sampled[b];
+            f->sampled[b] = f->sampled[b - 1];
+            f->sampled[b - 1] = t;
+        }
+}
+
+static void reset_optim(dt_optim *o, size_t n) {
+    for (int j = 0; j < dt_optim_num_states(o); j++) memset(dt_optim_state(o, j), 0, sizeof(float) * n);
+    *dt_optim_step_count(o) = 0;
+}
+
+// Client k's local training in round r, from the global model; *loss: its
+// mean training loss.
+static dt_status train_client(fed *f, int r, int k, float *loss_out) {
+    const dt_config *c = f->c;
+    size_t n = f->n;
+    memcpy(f->params, f->global, sizeof(float) * n);
+    reset_optim(f->client_opt, n);
+    int nk = f->start[k + 1] - f->start[k];
+    dt_status st = f->tops->set_subset(f->task, f->idx + f->start[k], nk, c->fed_local_batch, round_key(c, r, k));
+    double loss_sum = 0;
+    long seen = 0;
+    int64_t local = 0;
+    dt_rng unused;
+    dt_rng_seed(&unused, 0);
+    for (int e = 0; st == DT_OK && e < c->fed_local_epochs; e++) {
+        f->tops->start_epoch(f->task, e, 0);
+        for (;;) {
+            dt_task_batch b;
+            int more;
+            if ((st = f->tops->next_batch(f->task, &unused, &b, &more)) != DT_OK || !more) break;
+            f->tops->zero_grad(f->task);
+            float loss;
+            // Dropout keyed by round, client and local step.
+            int64_t key = ((int64_t)r << 40) ^ ((int64_t)k << 20) ^ local++;
+            if ((st = f->tops->forward(f->task, key, 0, b.share, 1.0f, &loss)) != DT_OK) break;
+            f->tops->backward(f->task, NULL, NULL);
+            if (c->fed_mu > 0) {  // FedProx: the gradient of mu/2 |w - w_global|^2
+                float mu = c->fed_mu;
+#pragma omp parallel for schedule(static)
+                for (size_t i = 0; i < n; i++) f->grads[i] += mu * (f->params[i] - f->global[i]);
+            }
+            float scale = c->optim.clip_norm > 0 ? dt_clip_scale(sqrt(dt_sum_squares(f->grads, n)), c->optim.clip_norm) : 1;
+            dt_optim_step(f->client_opt, f->params, f->grads, c->optim.lr, scale);
+            loss_sum += (double)loss * b.share;
+            seen += b.share;
+        }
+    }
+    if (st != DT_OK) return dt_error(st, "round %d, client %d: %s", r, k, dt_last_error());
+    *loss_out = seen ? (float)(loss_sum / seen) : 0;
+    return DT_OK;
+}
+
+// One round: this rank's clients, the allreduce, the server step. Fills
+// *reported, *loss, *norm (of the mean update); *applied = 0 when too few
+// clients reported.
+static dt_status run_round(fed *f, int r, int *reported, float *loss, float *norm, int *applied) {
+    const dt_config *c = f->c;
+    size_t n = f->n;
+    int m = f->m, secure = c->fed_secure;
+    sample_clients(f, r);
+    long total = 0;  // samples of the round's clients
+    for (int j = 0; j < m; j++) total += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
+    memset(f->acc, 0, sizeof(int64_t) * (n + (size_t)m + 1));
+    if (secure) memset(f->msum, 0, sizeof(uint32_t) * n);
+    uint64_t key = round_key(c, r, -2);
+    for (int j = f->rank; j < m; j += f->W) {
+        int k = f->sampled[j];
+        if (f->start[k + 1] == f->start[k]) {  // no samples: reports, with weight 0
+            f->acc[n + (size_t)j] = 1;
+            continue;
+        }
+        double fault_s = injected(f, r, k);
+        if (fault_s < 0) {
+            dt_log(DT_LOG_INFO, "round %d: client %d failed (injected)", r, k);
+            continue;
+        }
+        double t0 = dt_now();
+        float closs = 0;
+        dt_status st = train_client(f, r, k, &closs);
+        if (st != DT_OK) return st;
+        if (fault_s > 0) {
+            struct timespec ts = {(time_t)fault_s, (long)((fault_s - floor(fault_s)) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+        double took = dt_now() - t0;
+        if (c->fed_deadline > 0 && took > c->fed_deadline) {
+            dt_log(DT_LOG_INFO, "round %d: client %d took %.2f s, past the %.2f s deadline: left out", r, k, took,
+                   c->fed_deadline);
+            continue;
+        }
+        double p = total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) f->grads[i] = f->params[i] - f->global[i];
+        if (secure) {
+            dt_secagg_mask(f->masked, f->grads, n, p, k, f->sampled, m, key);
+            for (size_t i = 0; i < n; i++) f->msum[i] += f->masked[i];
+        } else {
+            dt_fixed_add(f->acc, f->grads, n, p * DT_FIXED_SCALE);
+        }
+        f->acc[n + (size_t)j] = 1;
+        f->acc[n + (size_t)m] += llrint((double)closs * p * DT_FIXED_SCALE);
+    }
+    if (secure)
+        for (size_t i = 0; i < n; i++) f->acc[i] = f->msum[i];  // what the server receives: masked sums
+    dt_status st = dt_allreduce(f->acc, f->acc, n + (size_t)m + 1, DT_I64, DT_SUM, f->comm);
+    if (st != DT_OK) return dt_error(st, "round %d: update allreduce: %s", r, dt_last_error());
+    // Which clients reported, and their share of the round's samples.
+    int *surv = malloc(sizeof(int) * (size_t)m * 2), *drop = surv + m, ns = 0, nd = 0;
+    if (!surv) return dt_error(DT_ERR_NOMEM, "out of memory");
+    double P = 0;
+    for (int j = 0; j < m; j++) {
+        int k = f->sampled[j];
+        if (f->acc[n + (size_t)j]) {
+            surv[ns++] = k;
+            P += total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
+        } else {
+            drop[nd++] = k;
+        }
+    }
+    *reported = ns;
+    *applied = 0;
+    *norm = 0;
+    *loss = P > 0 ? (float)((double)f->acc[n + (size_t)m] / DT_FIXED_SCALE / P) : 0;
+    if (ns < c->fed_min_clients || P <= 0) {
+        dt_log(DT_LOG_WARN, "round %d: %d of %d clients reported, fewer than min_clients = %d: the model is unchanged",
+               r, ns, m, c->fed_min_clients);
+        free(surv);
+        return DT_OK;
+    }
+    if (secure) {
+        for (size_t i = 0; i < n; i++) f->msum[i] = (uint32_t)f->acc[i];
+        dt_secagg_unmask(f->msum, n, surv, ns, drop, nd, key);
+        dt_secagg_decode(f->msum, f->grads, n);
+    } else {
+        dt_fixed_to_float(f->grads, f->acc, n);
+    }
+    free(surv);
+    // The mean update, renormalised over the clients that reported, as the
+    // server optimizer's negative gradient.
+    float inv = (float)(-1.0 / P);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) f->grads[i] *= inv;
+    *norm = (float)sqrt(dt_sum_squares(f->grads, n));
+    dt_optim_step(f->server_opt, f->global, f->grads, c->fed_server_lr, 1);
+    *applied = 1;
+    return DT_OK;
+}
+
+// RUN_DIR/clients.json: every client's sample count and class histogram.
+static dt_status write_clients(const fed *f, const char *path, const int32_t *y, int classes) {
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "clients");
+    const char *parts[] = {"iid", "shards", "dirichlet"};
+    cJSON_AddStringToObject(o, "partition", parts[f->c->fed_partition]);
+    if (f->c->fed_partition == 2) cJSON_AddNumberToObject(o, "alpha", f->c->fed_alpha);
+    if (f->c->fed_partition == 1) cJSON_AddNumberToObject(o, "shards", f->c->fed_shards);
+    cJSON_AddNumberToObject(o, "classes", classes);
+    int *h = calloc((size_t)classes, sizeof(int));
+    for (int k = 0; k < f->C && h; k++) {
+        memset(h, 0, sizeof(int) * (size_t)classes);
+        for (int i = f->start[k]; i < f->start[k + 1]; i++) h[y[f->idx[i]]]++;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "client", k);
+        cJSON_AddNumberToObject(e, "samples", f->start[k + 1] - f->start[k]);
+        cJSON_AddItemToObject(e, "histogram", cJSON_CreateIntArray(h, classes));
+        cJSON_AddItemToArray(a, e);
+    }
+    free(h);
+    return dt_json_write(path, o);
+}
+
+static dt_status make_server_optim(fed *f) {
+    const dt_config *c = f->c;
+    dt_optim_params p = dt_optim_default_params(c->fed_algorithm == 2 ? DT_OPTIM_ADAMW : DT_OPTIM_SGD);
+    p.lr = c->fed_server_lr;
+    p.weight_decay = 0;
+    p.clip_norm = 0;
+    p.momentum = c->fed_algorithm == 1 ? c->fed_server_momentum : 0;
+    if (c->fed_algorithm == 2) {
+        p.beta1 = c->fed_server_beta1;
+        p.beta2 = c->fed_server_beta2;
+        p.eps = c->fed_server_eps;
+    }
+    return dt_optim_create(&f->server_opt, &p, f->n);
+}
+
+static void fed_free(fed *f) {
+    dt_optim_free(f->client_opt);
+    dt_optim_free(f->server_opt);
+    dt_free(f->global);
+    dt_free(f->acc);
+    dt_free(f->masked);
+    dt_free(f->msum);
+    free(f->idx);
+    free(f->start);
+    free(f->sampled);
+    free(f->faults);
+    if (f->task) f->tops->destroy(f->task);
+}
+
+dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn progress, void *user,
+                      dt_train_result *res) {
+    double t_start = dt_now();
+    memset(res, 0, sizeof *res);
+    res->test_loss = -1;
+    res->test_accuracy = -1;
+    // The task sees the clients' batch; one pass of the loader is a local epoch.
+    dt_config lc = *cfg;
+    lc.batch = cfg->fed_local_batch;
+    lc.epochs = 1;
+    lc.max_steps = 0;
+    const dt_config *c = &lc;
+    fed f = {.c = c, .tops = dt_task_for(c), .C = c->fed_clients, .m = clients_per_round(c)};
+    dt_obs *obs = NULL;
+    float *history = NULL;
+    int threads, rows;
+    dt_status st = dt_worker_init(c, &f.comm, &threads);
+    if (st != DT_OK) return st;
+    f.rank = dt_comm_rank(f.comm);
+    f.W = dt_comm_size(f.comm);
+    DT_TRY(dt_obs_create(&obs, c, run_dir, f.comm, progress, user), done);
+    if (f.rank != 0) run_dir = NULL;
+    res->rank = f.rank;
+    res->workers = f.W;
+    res->threads = threads;
+    DT_TRY(dt_federate_check(c, f.W), done);
+    if (!f.tops->set_subset) {
+        st = dt_error(DT_ERR_CONFIG, "dtrain federate: the %s task has no clients", f.tops->name);
+        goto done;
+    }
+    DT_TRY(dt_check_memory(c, DT_MEM_TRAIN, f.W, 0, &rows), done);
+    DT_TRY(dt_worker_run_dir(c, run_dir), done);
+    dt_task_info info;
+    DT_TRY(f.tops->create(&f.task, c, f.comm, c->batch, rows, &info), done);
+    f.params = info.params;
+    f.grads = info.grads;
+    f.n = info.nparams;
+    if ((st = dt_broadcast(f.params, f.params, f.n, DT_F32, 0, f.comm)) != DT_OK) {
+        st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+        goto done;
+    }
+    const int32_t *y;
+    int ny = f.tops->train_labels(f.task, &y), classes = 0;
+    for (int i = 0; i < ny; i++) classes = y[i] + 1 > classes ? y[i] + 1 : classes;
+    DT_TRY(dt_fed_partition(c, y, ny, classes, &f.idx, &f.start), done);
+    DT_TRY(parse_faults(&f, "DTRAIN_FED_FAIL", 0), done);
+    DT_TRY(parse_faults(&f, "DTRAIN_FED_DELAY", 1), done);
+    size_t scratch = f.n > (size_t)f.C ? f.n : (size_t)f.C;
+    f.global = dt_alloc(sizeof(float) * (f.n ? f.n : 1));
+    f.acc = dt_alloc(sizeof(int64_t) * (f.n + (size_t)f.m + 1));
+    f.masked = dt_alloc(sizeof(uint32_t) * scratch);
+    f.msum = dt_alloc(sizeof(uint32_t) * (f.n ? f.n : 1));
+    f.sampled = malloc(sizeof(int) * (size_t)f.m);
+    history = malloc(sizeof(float) * (size_t)c->fed_rounds);
+    if (!f.global || !f.acc || !f.masked || !f.msum || !f.sampled || !history) {
+        st = dt_error(DT_ERR_NOMEM, "federated state for %zu parameters: out of memory", f.n);
+        goto done;
+    }
+    memcpy(f.global, f.params, sizeof(float) * f.n);
+    DT_TRY(dt_optim_create(&f.client_opt, &c->optim, f.n), done);
+    DT_TRY(make_server_optim(&f), done);
+    char path[4096];
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/clients.json", run_dir);
+        DT_TRY(write_clients(&f, path, y, classes), done);
+    }
+    const char *algos[] = {"fedavg", "fedavgm", "fedadam"};
+    if (f.rank == 0)
+        dt_log(DT_LOG_INFO, "%s: %s; %d clients, %d per round, %d rounds of %d local epoch%s at batch %d, %s%s%s, %d worker%s",
+               c->name, info.describe, f.C, f.m, c->fed_rounds, c->fed_local_epochs, c->fed_local_epochs > 1 ? "s" : "",
+               c->fed_local_batch, algos[c->fed_algorithm], c->fed_mu > 0 ? " + FedProx" : "",
+               c->fed_secure ? ", secure aggregation" : "", f.W, f.W > 1 ? "s" : "");
+    int skipped = 0;
+    long samples_total = 0;
+    dt_comm_stats cs0, cs1;
+    dt_comm_get_stats(f.comm, &cs0);
+    for (int r = 1; r <= c->fed_rounds; r++) {
+        int reported = 0, applied = 0;
+        float loss = 0, norm = 0;
+        dt_obs_begin(obs, DT_OBS_FORWARD);  // the clients' local training
+        st = run_round(&f, r, &reported, &loss, &norm, &applied);
+        dt_obs_end(obs, DT_OBS_FORWARD);
+        if (st != DT_OK) goto done;
+        skipped += !applied;
+        float v[2] = {0, 0};  // every rank's phase times to rank 0 (the sums are already global)
+        dt_obs_begin(obs, DT_OBS_COMM);
+        st = dt_obs_allreduce(obs, v, 2, f.comm);
+        dt_obs_end(obs, DT_OBS_COMM);
+        if (st != DT_OK) goto done;
+        memcpy(f.params, f.global, sizeof(float) * f.n);
+        long samples = 0;
+        for (int j = 0; j < f.m; j++) samples += f.start[f.sampled[j] + 1] - f.start[f.sampled[j]];
+        samples_total += samples;
+        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, samples, 0});
+        float tl, ta;
+        dt_obs_begin(obs, DT_OBS_EVAL);
+        st = f.tops->evaluate(f.task, f.comm, r, loss, &tl, &ta);
+        dt_obs_end(obs, DT_OBS_EVAL);
+        if (st != DT_OK) goto done;
+        dt_obs_eval(obs, loss, tl, ta);
+        history[r - 1] = ta;
+        res->test_loss = tl;
+        res->test_accuracy = ta;
+        res->final_train_loss = loss;
+        res->steps = r;
+        dt_heartbeat(r);
+    }
+    dt_comm_get_stats(f.comm, &cs1);
+    res->epochs = c->fed_rounds;
+    res->wall_seconds = dt_now() - t_start;
+    res->train_seconds = res->wall_seconds;
+    res->samples_per_sec = res->wall_seconds > 0 ? (double)samples_total * c->fed_local_epochs / res->wall_seconds : 0;
+    if (run_dir) {
+        snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
+        DT_TRY(f.tops->save(f.task, path), done);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", c->name);
+        cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+        cJSON_AddStringToObject(o, "mode", "federated");
+        cJSON_AddStringToObject(o, "algorithm", algos[c->fed_algorithm]);
+        cJSON_AddNumberToObject(o, "params", (double)f.n);
+        cJSON_AddNumberToObject(o, "clients", f.C);
+        cJSON_AddNumberToObject(o, "clients_per_round", f.m);
+        cJSON_AddNumberToObject(o, "rounds", c->fed_rounds);
+        cJSON_AddNumberToObject(o, "rounds_skipped", skipped);
+        cJSON_AddNumberToObject(o, "final_train_loss", res->final_train_loss);
+        cJSON_AddNumberToObject(o, "test_loss", res->test_loss);
+        cJSON_AddNumberToObject(o, "test_accuracy", res->test_accuracy);
+        cJSON_AddItemToObject(o, "round_test_accuracy", cJSON_CreateFloatArray(history, c->fed_rounds));
+        int to85 = 0;
+        for (int r = 0; r < c->fed_rounds && !to85; r++)
+            if (history[r] >= 0.85f) to85 = r + 1;
+        cJSON_AddNumberToObject(o, "rounds_to_85", to85 ? to85 : -1);
+        // The update allreduce's bytes, as rank 0 counts them (comm.h), per round.
+        cJSON_AddNumberToObject(o, "bytes_sent_per_round", (double)(cs1.bytes_sent - cs0.bytes_sent) / c->fed_rounds);
+        cJSON_AddNumberToObject(o, "wall_seconds", res->wall_seconds);
+        dt_json_add_parallel(o, res);
+        snprintf(path, sizeof path, "%s/summary.json", run_dir);
+        st = dt_json_write(path, o);
+    }
+done:
+    st = dt_obs_close(obs, st);
+    free(history);
+    fed_free(&f);
+    return dt_worker_exit(f.comm, st);
+}
