@@ -325,7 +325,8 @@ dt_status dt_mem_parse_size(const char *s, size_t *bytes) {
         if (*end == 'i') end++;
     }
     if (*end == 'B' || (*end == 'b' && p)) end++;
-    if (*end || (mul == 1 && x != (double)(uint64_t)x)) return DT_ERR_ARG;  // no fractions of a byte
+    if (*end || !(x <= (double)((uint64_t)1 << 60))) return DT_ERR_ARG;  // finite, and in range before any cast
+    if (mul == 1 && x != (double)(uint64_t)x) return DT_ERR_ARG;          // no fractions of a byte
     x *= mul;
     if (x < 1 || x > (double)((uint64_t)1 << 60)) return DT_ERR_ARG;
     *bytes = (size_t)x;
