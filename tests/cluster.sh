@@ -80,25 +80,8 @@ grep -q "$prefix-h1  $subnet.2/24  hostname $prefix-h1" "$tmp/status" || { cat "
 read -r -a mpiargs < <("$cluster" args --prefix "$prefix")
 mpiargs+=(--allow-run-as-root)
 
-"$build/tests/make_images" "$tmp" >/dev/null
-cat >"$tmp/run.ini" <<INI
-[model]
-input = 784
-layer = linear out=32
-layer = relu
-layer = linear out=10
-[optim]
-name = adamw
-lr = 0.003
-[train]
-batch = 40
-epochs = 0
-max_steps = 30
-eval_batch = 100
-threads = 1
-[data]
-dir = $tmp
-INI
+. "$src/tests/small_run.sh"
+small_run "$tmp" 30 "threads = 1"
 txbytes() { ip netns exec "$prefix-h$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 # run NAME PER_HOST [ENV...]: 4 ranks, PER_HOST on each host from host 0
 # on; prints the bytes host 0 and host 1 sent

@@ -12,26 +12,9 @@ if ! command -v mpirun >/dev/null 2>&1; then
 fi
 tmp=$(mktemp -d /tmp/dtrain-test-mpi-restart-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-"$build/tests/make_images" "$tmp" >/dev/null
-cat >"$tmp/run.ini" <<INI
-[model]
-input = 784
-layer = linear out=32
-layer = relu
-layer = linear out=10
-[optim]
-name = adamw
-lr = 0.003
-[train]
-batch = 40
-epochs = 0
-max_steps = 30
-eval_batch = 100
-[parallel]
-deterministic = true
-[data]
-dir = $tmp
-INI
+. "$here/tests/small_run.sh"
+small_run "$tmp" 30 "[parallel]
+deterministic = true"
 mpi="--allow-run-as-root --oversubscribe"
 mpirun $mpi -np 2 "$build/dtrain" train "$tmp/run.ini" -q --run-dir "$tmp/clean"
 DTRAIN_FAULT_STEP=1:13:kill DTRAIN_FAULT_ONCE="$tmp/once" \

@@ -104,27 +104,10 @@ done
 sinfo -h -o %T 2>/dev/null | grep -qE "^idle" || fail "the node did not become idle: $(sinfo 2>&1)"
 
 # ---- the job ----
-"$build/tests/make_images" "$tmp" >/dev/null
-cat >"$tmp/run.ini" <<INI
-[model]
-input = 784
-layer = linear out=32
-layer = relu
-layer = linear out=10
-[optim]
-name = adamw
-lr = 0.003
-[train]
-batch = 40
-epochs = 0
-max_steps = 20
-eval_batch = 100
-threads = 1
+. "$src/tests/small_run.sh"
+small_run "$tmp" 20 "threads = 1
 [parallel]
-deterministic = true
-[data]
-dir = $tmp
-INI
+deterministic = true"
 timeout 120 "$build/dtrain" train "$tmp/run.ini" -q --workers 4 --run-dir "$tmp/local" >/dev/null ||
     fail "4 local workers failed"
 
