@@ -775,15 +775,14 @@ static void test_memory(void) {
     snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set data.dir=%s --set train.batch=1000 "
              "--set train.eval_batch=10 %s --memory-limit 64M --run-dir %s", small, Q, tmp_path("run-mem-cnn"));
     cli(1, args, "train.batch = 1000 needs", "bytes");
-    // --workers 2: refused before any worker starts (no run directory).
+    // --workers 2: each worker has the limit; refused before any worker starts (no run directory).
     const char *wdir = tmp_path("run-mem-workers");
     snprintf(args, sizeof args, "train configs/fashion-cnn.ini --set data.dir=%s --set train.eval_batch=1048576 %s "
              "--memory-limit 64M --workers 2 --run-dir %s", small, Q, wdir);
-    cli(1, args, "x 2 workers", "train.eval_batch");
+    cli(1, args, "(--memory-limit 64M, each worker)", "train.eval_batch");
     snprintf(want, sizeof want, "%s/config.ini", wdir);
     CHECK(access(want, F_OK) != 0, "no worker started: %s does not exist", want);
-    // Two workers that fit together under the limit run (each checks its
-    // share of it).
+    // Two workers that fit under the limit run, each capped at it.
     snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dir=%s --set train.eval_batch=100 %s "
              "--memory-limit 2G --workers 2 --run-dir %s", small, Q, tmp_path("run-mem-w2"));
     cli(0, args, NULL, NULL);

@@ -270,42 +270,88 @@ static void run_row(int i, const row *r) {
            *r->ref ? r->ref : "(plain)", bw ? "bitwise" : "within tolerance", d);
 }
 
-// --memory-limit with a GPT whose state dominates (3.2 M parameters, AdamW:
-// 51 MB of model state a worker at zero = 0, 22 MB at zero = 2 on 4): 4
-// local workers sharing 120 MiB are refused at zero = 0 with the stage that
-// fits named, and train at zero = 2 (the loss falls).
+static double summary_number(const char *run, const char *key) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, run);
+    return tl_json_number(path, key);
+}
+
+// --memory-limit, every worker's own and enforced by the kernel (a memory
+// cgroup of its own here; summary.json says which), with a GPT whose state
+// dominates (12.8 M parameters, AdamW: 204 MB of model state a worker at
+// zero = 0, 89 MB at zero = 2 on 4): 4 local workers capped at 170 MiB each
+// are refused at zero = 0 with the stage that fits named, and train under
+// the cap at the stage named (the loss falls). The peak figures below use
+// a smaller GPT (3.2 M parameters).
 static void memory_limit(void) {
-    char cfg[1200], cmd[4096];
-    snprintf(cfg, sizeof cfg,
-             "[model]\npreset = gpt\nn_layer = 4\nn_head = 4\nn_embd = 256\nblock_size = 8\nvocab_size = 32\n"
-             "[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\nval_file = %s/tok_val.bin\n"
-             "[optim]\nname = adamw\nlr = 0.001\n[train]\nseq_len = 8\neval_batches = 1\n",
-             g_tmp, g_tmp);
-    int rc = train("mem0", cfg, 4, "--memory-limit 120M --set train.max_steps=5");
-    CHECK(rc == 1 && strstr(g_out, "not enough memory") && strstr(g_out, "[parallel] zero = 2 (--zero 2) needs"),
+    char cfg[1200], big[1200], cmd[4096];
+    const char *gpt = "[model]\npreset = gpt\nn_layer = 4\nn_head = 4\nn_embd = %d\nblock_size = 8\nvocab_size = 32\n"
+                      "[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\nval_file = %s/tok_val.bin\n"
+                      "[optim]\nname = adamw\nlr = 0.001\n[train]\nseq_len = 8\neval_batches = 1\n";
+    snprintf(cfg, sizeof cfg, gpt, 256, g_tmp, g_tmp);
+    snprintf(big, sizeof big, gpt, 512, g_tmp, g_tmp);
+    int rc = train("mem0", big, 4, "--memory-limit 170M --set train.max_steps=5");
+    const char *at = strstr(g_out, "[parallel] zero = ");
+    int stage = at ? atoi(at + 18) : 0;
+    CHECK(rc == 1 && strstr(g_out, "not enough memory") && strstr(g_out, "(--memory-limit 170M, each worker)") &&
+              stage >= 1 && stage <= 3,
           "zero = 0 over the limit: exit %d, the error names the stage that fits:\n%s", rc, g_out);
     snprintf(cmd, sizeof cmd, "test -e %s/mem0/summary.json", g_tmp);
     CHECK(tl_run(cmd, NULL, 0) != 0, "refused before training");
-    // Under mpirun each rank has the whole limit: one rank over it is told
-    // the fewest workers at which stage 3 fits.
+    // Under mpirun too, one rank over its limit is told the fewest workers
+    // at which stage 3 fits.
     if (access("/usr/bin/mpirun", X_OK) == 0) {
         snprintf(cmd, sizeof cmd,
                  "mpirun --allow-run-as-root --oversubscribe -np 1 %s train %s/mem0.ini --quiet --run-dir %s/mem-mpi "
-                 "--memory-limit 40M --set train.max_steps=5",
+                 "--memory-limit 150M --set train.max_steps=5",
                  tl_dtrain(), g_tmp, g_tmp);
         tl_run(cmd, g_out, sizeof g_out);
         CHECK(strstr(g_out, "not enough memory") && strstr(g_out, "[parallel] zero = 3 on ") &&
                   strstr(g_out, "workers needs"),
               "one MPI rank over its limit: the error names the worker count at which zero = 3 fits:\n%s", g_out);
     }
-    rc = train("mem2", cfg, 4, "--memory-limit 120M --zero 2 --set train.max_steps=8 --log-format json");
-    CHECK(rc == 0, "zero = 2 under the same limit: exit %d\n%s", rc, g_out);
+    char flags[512];
+    snprintf(flags, sizeof flags, "--memory-limit 170M --zero %d --set train.max_steps=8 --log-format json", stage);
+    rc = train("memz", big, 4, flags);
+    CHECK(rc == 0, "zero = %d under the same cap: exit %d\n%s", stage, rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s/memz/summary.json", g_tmp);
+    char *capped = tl_read_file(cmd, NULL);
+    const char *fl = capped ? strstr(capped, "\"final_train_loss\":") : NULL;
+    double loss = fl ? atof(fl + 19) : 99;
+    CHECK(loss < 3.3, "zero = %d: the loss falls from ln 32 = 3.47 to %.3f", stage, loss);
+    const char *cap = capped ? strstr(capped, "\"cap\":") : NULL, *capb = capped ? strstr(capped, "\"cap_bytes\":") : NULL;
+    CHECK(cap && capb && atof(capb + 12) == 170.0 * 1048576 &&
+              (strstr(cap, "cgroup v1 ") || strstr(cap, "cgroup v2 ") || strstr(cap, "RLIMIT_DATA")),
+          "summary.json says how the cap was enforced: %.120s", cap ? cap : "(none)");
+    const char *how = cap ? strchr(cap + 6, '"') : NULL;
+    printf("memory limit 170 MiB a worker: zero = 0 refused, zero = %d on 4 workers trains under it (loss 3.47 -> %.3f; "
+           "cap: %.*s)\n", stage, loss, how ? (int)strcspn(how + 1, "\"") : 0, how ? how + 1 : "");
+    free(capped);
+    snprintf(cmd, sizeof cmd, "ls -d /sys/fs/cgroup/memory/dtrain-* /sys/fs/cgroup/dtrain-* 2>/dev/null | grep -q .");
+    CHECK(tl_run(cmd, NULL, 0) != 0, "the workers' memory cgroups are removed when they exit");
+    // State on disk: the same GPT in one process whose model state (203 MB)
+    // is more than its cap (160 MiB) trains with offload = disk, bitwise as
+    // without; the optimizer state went through the file (bytes written).
+    const char *small = "--set train.batch=8 --set train.max_steps=8";
+    CHECK(train("off-ref", big, 1, small) == 0, "offload: the reference run");
+    snprintf(flags, sizeof flags, "%s --memory-limit 160M --set parallel.offload=disk --set parallel.offload_dir=%s", small,
+             g_tmp);
+    rc = train("off-cap", big, 1, flags);
+    CHECK(rc == 0, "offload: model state over the cap trains: exit %d\n%s", rc, g_out);
+    int bw;
+    double d = compare("off-ref", "off-cap", &bw);
+    double state = summary_number("off-cap", "weights_bytes") + summary_number("off-cap", "gradients_bytes") +
+                   summary_number("off-cap", "optimizer_state_bytes");
+    double cap_b = summary_number("off-cap", "cap_bytes"), wrote = summary_number("off-cap", "disk_write_bytes");
+    CHECK(bw && state > cap_b && cap_b == 160.0 * 1048576 && wrote >= summary_number("off-cap", "offloaded_bytes"),
+          "offload: %.1f MB of model state under a %.1f MB cap, bitwise %d (max rel diff %.3g), %.1f MB written",
+          state / 1e6, cap_b / 1e6, bw, d, wrote / 1e6);
+    printf("offload = disk: %.1f MB of model state under a %.1f MB cap trains, bitwise; %.1f MB read, %.1f MB written\n",
+           state / 1e6, cap_b / 1e6, summary_number("off-cap", "disk_read_bytes") / 1e6, wrote / 1e6);
+    rc = train("mem2", cfg, 4, "--zero 2 --set train.max_steps=8 --log-format json");
+    CHECK(rc == 0, "zero = 2: exit %d\n%s", rc, g_out);
     snprintf(cmd, sizeof cmd, "%s/mem2/summary.json", g_tmp);
     char *sum = tl_read_file(cmd, NULL);
-    const char *at = sum ? strstr(sum, "\"final_train_loss\":") : NULL;
-    double loss = at ? atof(at + 19) : 99;
-    CHECK(loss < 3.3, "zero = 2: the loss falls from ln 32 = 3.47 to %.3f", loss);
-    printf("memory limit: zero = 0 refused, zero = 2 on 4 workers trains (loss 3.47 -> %.3f)\n", loss);
     // Every rank's metrics carry its bytes by kind: rank 3's add up to the
     // model state of summary.json.
     snprintf(cmd, sizeof cmd, "%s/mem2/metrics/rank-00003.jsonl", g_tmp);
@@ -378,11 +424,6 @@ static double metrics_sum(const char *run, const char *key, double *first) {
     return total;
 }
 
-static double summary_number(const char *run, const char *key) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, run);
-    return tl_json_number(path, key);
-}
 // Local SGD with H = 4 over 2 workers trains, and moves fewer bytes than
 // data parallel; post-local SGD (a warm-up of dp steps) too; a bad
 // combination is refused by name.
@@ -454,12 +495,11 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, rows[i].strategy)) run_row(i, &rows[i]);
 
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
+    if (!only || !strcmp(only, "memory")) memory_limit();
     if (only) {
         tl_cleanup(g_tmp);
         return tl_finish();
     }
-
-    memory_limit();
 
     // 3. a failing worker stops everyone, named in the error, no hang.
     fault("mlp", cfg_mlp);

@@ -121,6 +121,11 @@ DT_API double dt_now(void);
  * NULL and records DT_ERR_NOMEM on failure. */
 DT_API void *dt_alloc(size_t n);
 DT_API void dt_free(void *p);
+/* Zeroes p[0, bytes) of private memory (dt_alloc's, malloc's): the whole
+ * pages inside a large range are given back to the kernel instead
+ * (madvise MADV_DONTNEED: they read as zero and take no memory until
+ * touched again), the edges are cleared. */
+DT_API void dt_zero_pages(void *p, size_t bytes);
 
 /* ---- memory budget --------------------------------------------------------- */
 
@@ -134,6 +139,19 @@ DT_API void dt_free(void *p);
  * of /sys/fs/cgroup/...", or the limit's name). SIZE_MAX when nothing can be
  * read and no limit is set. */
 DT_API size_t dt_mem_available(const char **source);
+/* dt_mem_available() without the limit: what the machine and the memory
+ * cgroup allow. */
+DT_API size_t dt_mem_machine(const char **source);
+/* This process's resident memory now (VmRSS), 0 when unknown. */
+DT_API size_t dt_mem_resident(void);
+/* Caps this process's memory at `bytes` where the kernel enforces it: a
+ * memory cgroup of its own (cgroup v2 memory.max where the root hands the
+ * memory controller down, else v1 memory.limit_in_bytes; the group is
+ * removed at exit, and groups of dtrain processes that were killed are
+ * removed by the next cap), else RLIMIT_DATA (which counts mapped, not
+ * resident, private memory). `how` gets which, for logs and summary.json.
+ * DT_ERR_IO when none can be set. */
+DT_API dt_status dt_mem_cap(size_t bytes, char *how, size_t len);
 /* A limit for dt_mem_available() (0: none); `name` describes it in
  * messages, e.g. "--memory-limit 2G" (copied). */
 DT_API void dt_mem_set_limit(size_t bytes, const char *name);

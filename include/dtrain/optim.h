@@ -69,6 +69,16 @@ DT_API double dt_sum_squares(const float *g, size_t n);
  * recorded error on failure. Free with dt_state_free(p, n, dir). */
 DT_API float *dt_state_alloc(size_t n, const char *dir);
 DT_API void dt_state_free(float *p, size_t n, const char *dir);
+/* Moves the whole memory pages inside p[0, n) (memory of the caller's) to a
+ * shared mapping of a new unlinked file in dir, at the same addresses and
+ * with the same contents, so the kernel can write them to disk and drop
+ * them under memory pressure (ZeRO stage 3's parameter slice). Returns the
+ * bytes moved (0 when no whole page lies inside), or SIZE_MAX with a
+ * recorded error naming dir (the memory unchanged). dt_state_unback(p, n)
+ * gives the same pages back to anonymous memory, contents kept; call it
+ * before the memory is freed. */
+DT_API size_t dt_state_back(float *p, size_t n, const char *dir);
+DT_API void dt_state_unback(float *p, size_t n);
 /* The factor that brings a gradient of global norm `norm` down to
  * `clip_norm` (1 if it is already within, or clip_norm <= 0). */
 DT_API float dt_clip_scale(double norm, float clip_norm);

@@ -152,14 +152,14 @@ DT_API dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers
 /* A worker's model-state bytes by kind ([parallel] zero, docs/zero.md). */
 typedef struct {
     size_t weights, gradients, optimizer, comm;  /* comm: deterministic mode's int64 sums */
-    size_t offloaded;  /* of optimizer: on disk ([parallel] offload = disk), not in memory */
+    size_t offloaded;  /* on disk ([parallel] offload = disk), not in memory: optimizer, and weights at stage 3 */
 } dt_memory_kinds;
 
 /* The model-state bytes one of W workers holds for np parameters at ZeRO
  * stage `zero` (the largest slice of dt_shard_range): fp32 weights,
  * gradients and the optimizer's states, replicated or sliced by stage, and
  * deterministic mode's fixed-point sums. Fills *k (may be NULL) and returns
- * the bytes in memory (the sum, less an offloaded optimizer state). For fp32 AdamW: 16 np at stage 0, 8 np + 8 np / W at 1,
+ * the bytes in memory (the sum, less what is offloaded). For fp32 AdamW: 16 np at stage 0, 8 np + 8 np / W at 1,
  * 4 np + 12 np / W at 2, 16 np / W at 3 (the layers gathered at a time
  * come on top, as activations do). */
 DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W,

@@ -3,16 +3,22 @@
 #include "dtrain/core.h"
 #include "version.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *dt_version(void) { return DT_VERSION_STRING; }
 
@@ -176,8 +182,19 @@ void *dt_alloc(size_t n) {
         dt_error(DT_ERR_NOMEM, "out of memory allocating %zu bytes", n);
         return NULL;
     }
-    memset(p, 0, sz);
+    dt_zero_pages(p, sz);  // a large block's pages stay untouched (and take no memory) until used
     return p;
+}
+
+void dt_zero_pages(void *p, size_t bytes) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + bytes;
+    uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+    if (pb > pa && pb - pa >= 16 * page && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
+        memset(p, 0, pa - a);
+        memset((void *)pb, 0, b - pb);
+    } else {
+        memset(p, 0, bytes);
+    }
 }
 
 void dt_free(void *p) { free(p); }
@@ -290,7 +307,7 @@ size_t dt_mem_limit(const char **name) {
     return mem_limit;
 }
 
-size_t dt_mem_available(const char **source) {
+size_t dt_mem_machine(const char **source) {
     const char *src = NULL;
     size_t best = SIZE_MAX;
     uint64_t kb;
@@ -304,12 +321,113 @@ size_t dt_mem_available(const char **source) {
         best = c;
         src = csrc;
     }
-    if (mem_limit && mem_limit < best) {
-        best = mem_limit;
-        src = mem_limit_name;
-    }
     if (source) *source = src ? src : "no limit found";
     return best;
+}
+
+size_t dt_mem_available(const char **source) {
+    size_t best = dt_mem_machine(source);
+    if (mem_limit && mem_limit < best) {
+        best = mem_limit;
+        if (source) *source = mem_limit_name;
+    }
+    return best;
+}
+
+size_t dt_mem_resident(void) {
+    uint64_t kb = 0;
+    return read_field("/proc/self/status", "VmRSS", &kb) ? (size_t)kb * 1024 : 0;
+}
+
+// ---- the cap: --memory-limit enforced on a worker -------------------------
+
+static char cap_dir[300];
+
+// Back in the parent group, and the group gone (at exit).
+static void cap_leave(void) {
+    if (!cap_dir[0]) return;
+    char path[400];
+    snprintf(path, sizeof path, "%.*s/cgroup.procs", (int)(strrchr(cap_dir, '/') - cap_dir), cap_dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%ld\n", (long)getpid());
+        fclose(f);
+    }
+    rmdir(cap_dir);
+    cap_dir[0] = 0;
+}
+
+// Removes the groups of dtrain processes that are gone (killed before their
+// exit could): dtrain-PID directories under root with no live PID.
+static void cap_sweep(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    struct dirent *e;
+    char path[600];
+    while ((e = readdir(d))) {
+        long pid;
+        char end;
+        if (sscanf(e->d_name, "dtrain-%ld%c", &pid, &end) != 1 || pid <= 0) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        rmdir(path);  // fails, harmlessly, while a process is still in it
+    }
+    closedir(d);
+}
+
+// Writes text to dir/name; 0 on success.
+static int put(const char *dir, const char *name, const char *text) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    int bad = fputs(text, f) < 0;
+    return fclose(f) != 0 || bad ? -1 : 0;
+}
+
+dt_status dt_mem_cap(size_t bytes, char *how, size_t len) {
+    char num[32];
+    snprintf(num, sizeof num, "%zu", bytes);
+    // A memory cgroup of its own: v2 where the root enables the memory
+    // controller for its children, else v1's memory hierarchy.
+    static const struct { const char *root, *needs, *limit, *name; } kinds[] = {
+        {"/sys/fs/cgroup", "/sys/fs/cgroup/cgroup.subtree_control", "memory.max", "cgroup v2"},
+        {"/sys/fs/cgroup/memory", "/sys/fs/cgroup/memory/memory.limit_in_bytes", "memory.limit_in_bytes", "cgroup v1"},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        if (k == 0) {  // v2 only where the root hands the memory controller down
+            char line[256] = "";
+            FILE *f = fopen(kinds[k].needs, "r");
+            if (!f) continue;
+            if (!fgets(line, sizeof line, f)) line[0] = 0;
+            fclose(f);
+            if (!strstr(line, "memory")) continue;
+        } else if (access(kinds[k].needs, W_OK) != 0) {
+            continue;
+        }
+        cap_sweep(kinds[k].root);
+        snprintf(cap_dir, sizeof cap_dir, "%s/dtrain-%ld", kinds[k].root, (long)getpid());
+        char pid[32];
+        snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+        if ((mkdir(cap_dir, 0755) == 0 || errno == EEXIST) && put(cap_dir, kinds[k].limit, num) == 0 &&
+            put(cap_dir, "cgroup.procs", pid) == 0) {
+            static int registered;
+            if (!registered++) atexit(cap_leave);
+            snprintf(how, len, "%s %s (%s)", kinds[k].name, cap_dir, kinds[k].limit);
+            return DT_OK;
+        }
+        rmdir(cap_dir);
+        cap_dir[0] = 0;
+    }
+    // No cgroup to be had (not root, no controller): the kernel's limit on
+    // the private writable memory a process maps.
+    struct rlimit rl = {bytes, bytes};
+    if (setrlimit(RLIMIT_DATA, &rl) == 0) {
+        snprintf(how, len, "RLIMIT_DATA (setrlimit; no memory cgroup could be made here)");
+        return DT_OK;
+    }
+    return dt_error(DT_ERR_IO, "cannot cap this process's memory at %zu bytes: no memory cgroup could be made, and "
+                    "setrlimit(RLIMIT_DATA): %s", bytes, strerror(errno));
 }
 
 dt_status dt_mem_parse_size(const char *s, size_t *bytes) {

@@ -94,6 +94,11 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
         if (io) fclose(io);
     }
     cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
+    const char *lname;
+    if (dt_worker_mem_cap()[0]) {  // --memory-limit, and how the kernel enforces it
+        cJSON_AddNumberToObject(m, "cap_bytes", (double)dt_mem_limit(&lname));
+        cJSON_AddStringToObject(m, "cap", dt_worker_mem_cap());
+    }
     return dt_json_write(path, o);
 }
 

@@ -22,6 +22,7 @@
 // activations.
 typedef struct {
     size_t act, model, data;
+    size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
     char field[64], value[64];
     char act_what[128], data_what[600];
@@ -70,13 +71,16 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
     if (use == DT_MEM_TRAIN) {
         m.gradients = sat_mul(F, zero >= 2 ? slice : np);
         m.optimizer = sat_mul(sat_mul(F, (size_t)optim_states(c)), zero >= 1 ? slice : np);
-        if (c->offload) m.offloaded = m.optimizer;  // on disk: not in memory
+        // On disk, not in memory: the optimizer state, and at stage 3 the
+        // parameter slice (dt_state_back; whole pages of it, counted whole).
+        if (c->offload) m.offloaded = m.optimizer + (zero >= 3 && W > 1 ? m.weights : 0);
         if (c->deterministic) m.comm = sat_mul(sizeof(int64_t), np);  // the fixed-point sums
     } else if (use == DT_MEM_EVAL) {
         m.gradients = sat_mul(F, np);  // the model's blocks; a weights file loading
     }
     if (k) *k = m;
-    return sat_add(sat_add(m.weights, m.gradients), sat_add(m.optimizer - m.offloaded, m.comm));
+    size_t all = sat_add(sat_add(m.weights, m.gradients), sat_add(m.optimizer, m.comm));
+    return all == SIZE_MAX ? all : all - m.offloaded;
 }
 
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
@@ -145,34 +149,45 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
 }
 
 // Workers of a local launch (dtrain train --workers N, dtrain run) share the
-// machine and its --memory-limit; under mpirun or srun each rank counts alone.
+// machine; under mpirun or srun each rank counts alone. --memory-limit is
+// every worker's own (dt_mem_cap enforces it).
 static int local_workers(void) {
     const char *shm = getenv("DTRAIN_SHM_NAME"), *w = getenv("DTRAIN_WORLD_SIZE");
     int n = shm && w ? atoi(w) : 1;
     return n > 0 ? n : 1;
 }
 
+// What a worker may use: `lim` its own (--memory-limit; SIZE_MAX: none),
+// `machine` shared by `count` workers (MemAvailable, the memory cgroup).
+typedef struct {
+    size_t lim, machine;
+    int count;
+} room_t;
+
+static int fits(const room_t *r, size_t per, int count) {
+    return per <= r->lim && sat_mul(per, (size_t)count) <= r->machine;
+}
+
 // The smallest ZeRO stage above the config's that fits on W workers, else
 // the fewest workers (up to the batch) at which the highest stage fits,
-// when each worker has the same memory whatever their number (a per-worker
-// limit: under mpirun or srun); into out as ", or ...", or nothing.
-static void suggest_zero(const dt_config *c, int W, const need_t *n, int count, int share, size_t avail, char *out,
+// each bringing its own --memory-limit (local workers also sharing the
+// machine); into out as ", or ...", or nothing.
+static void suggest_zero(const dt_config *c, int W, const need_t *n, const room_t *r, int local, char *out,
                          size_t len) {
     enum { TOP = 3 };  // the highest stage there is
-    size_t rest = sat_add(n->act, n->data);
+    size_t rest = sat_add(sat_add(n->act, n->data), n->self);
     char b[64];
     for (int z = c->zero + 1; z <= TOP; z++) {
         size_t per = sat_add(rest, dt_memory_model_state(c, DT_MEM_TRAIN, n->np, z, W, NULL));
-        if (sat_mul(per, (size_t)count) <= avail) {
+        if (fits(r, per, r->count)) {
             snprintf(out, len, ", or shard the state: [parallel] zero = %d (--zero %d) needs %s a worker", z, z,
                      dt_mem_format(per, b, sizeof b));
             return;
         }
     }
-    if (count > 1 || share > 1) return;  // local workers share the machine: more of them need more
     for (int w = W + 1; w <= c->batch && w <= 4096; w++) {
         size_t per = sat_add(rest, dt_memory_model_state(c, DT_MEM_TRAIN, n->np, TOP, w, NULL));
-        if (per <= avail) {
+        if (fits(r, per, local ? w : 1)) {
             snprintf(out, len, ", or shard the state over more workers: [parallel] zero = %d on %d workers needs %s a worker",
                      TOP, w, dt_mem_format(per, b, sizeof b));
             return;
@@ -196,7 +211,7 @@ dt_status dt_check_offload(const dt_config *c) {
     return DT_OK;
 }
 
-// Room on the offload directory's file system for the optimizer state of
+// Room on the offload directory's file system for the offloaded state of
 // `count` workers.
 static dt_status check_disk(const dt_config *c, const need_t *n, int W, int count) {
     dt_memory_kinds k;
@@ -207,7 +222,7 @@ static dt_status check_disk(const dt_config *c, const need_t *n, int W, int coun
     size_t free_b = sat_mul((size_t)vf.f_bavail, (size_t)vf.f_frsize), need = sat_mul(k.offloaded, (size_t)count);
     char a[64], b[64];
     if (need > free_b)
-        return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: the optimizer state needs %s (%zu bytes)%s, but its file system has %s free",
+        return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: the offloaded state needs %s (%zu bytes)%s, but its file system has %s free",
                         c->offload_dir, dt_mem_format(need, a, sizeof a), need, count > 1 ? " for all workers" : "",
                         dt_mem_format(free_b, b, sizeof b));
     return DT_OK;
@@ -217,8 +232,8 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
     need_t n;
     memset(&n, 0, sizeof n);
     int W = workers > 0 ? workers : 1;
-    // Before the start: all W workers against what is available. In a worker:
-    // its own need, against its share of the limit when launched locally.
+    // Before the start: all W workers against the machine, each against its
+    // limit. In a worker: its own need, against both.
     int count = starting ? W : 1, share = starting ? 1 : local_workers();
     if (c->gpt) gpt_needs(c, use, W, &n);
     else {
@@ -230,16 +245,25 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         dt_status st = check_disk(c, &n, W, starting ? W : 1);
         if (st != DT_OK) return st;
     }
-    size_t per = sat_add(sat_add(n.act, n.model), n.data), total = sat_mul(per, (size_t)count);
+    // This process's own memory (program, libraries) comes on top; before the
+    // start the launcher's stands for each worker's.
+    n.self = dt_mem_resident();
+    size_t per = sat_add(sat_add(sat_add(n.act, n.model), n.data), n.self), total = sat_mul(per, (size_t)count);
     const char *src, *lname;
-    size_t avail = dt_mem_available(&src), lim = dt_mem_limit(&lname);
+    size_t lim = dt_mem_limit(&lname);
+    room_t room = {lim ? lim : SIZE_MAX, dt_mem_machine(&src), count};
     char srcbuf[256];
-    if (share > 1 && lim && lim / share < avail) {
-        snprintf(srcbuf, sizeof srcbuf, "%s, shared by %d workers", lname, share);
-        avail = lim / share;
+    size_t avail = room.machine;
+    if (per > room.lim) {  // over its own limit (that cgroup, in a capped worker, is this limit too)
+        snprintf(srcbuf, sizeof srcbuf, "%s, each worker", lname);
+        avail = room.lim;
+        src = srcbuf;
+        total = per;
+    } else if (count == 1 && share > 1) {
+        snprintf(srcbuf, sizeof srcbuf, "%s, with %d workers on this machine", src, share);
         src = srcbuf;
     }
-    if (total <= avail) return DT_OK;
+    if (fits(&room, per, count)) return DT_OK;
     // Name what weighs most: the batch field, the model, or the data.
     char a[64], b[64], t[64], v[64], part[800], times[96] = "";
     const char *fix = n.field;
@@ -254,12 +278,13 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         snprintf(part, sizeof part, "%s needs %s", n.data_what, dt_mem_format(n.data, a, sizeof a));
         fix = "the data";
     }
-    if (count > 1) snprintf(times, sizeof times, ", x %d workers = %s", count, dt_mem_format(total, t, sizeof t));
+    if (count > 1 && total > per) snprintf(times, sizeof times, ", x %d workers = %s", count, dt_mem_format(total, t, sizeof t));
     char zero[300] = "";
-    if (use == DT_MEM_TRAIN) suggest_zero(c, W, &n, count, share, avail, zero, sizeof zero);
+    if (use == DT_MEM_TRAIN) suggest_zero(c, W, &n, &room, starting || share > 1, zero, sizeof zero);
     return dt_error(DT_ERR_NOMEM,
-                    "not enough memory: %s; in all a worker needs %s (activations %zu, model %zu, data %zu bytes)%s, "
-                    "but %s is available (%s). Lower %s%s%s",
-                    part, dt_mem_format(per, b, sizeof b), n.act, n.model, n.data, times,
-                    dt_mem_format(avail, v, sizeof v), src, fix, count > 1 ? " or the number of workers" : "", zero);
+                    "not enough memory: %s; in all a worker needs %s (activations %zu, model %zu, data %zu, the program "
+                    "%zu bytes)%s, but %s is available (%s). Lower %s%s%s",
+                    part, dt_mem_format(per, b, sizeof b), n.act, n.model, n.data, n.self, times,
+                    dt_mem_format(avail, v, sizeof v), src, fix, count > 1 && per <= room.lim ? " or the number of workers" : "",
+                    zero);
 }

@@ -14,10 +14,29 @@ static void wait_beat(const dt_comm_wait_info *w) {
     dt_heartbeat_wait(w ? w->op : NULL, w ? w->seq : 0, w ? w->peer : -1);
 }
 
+static char cap_how[512];
+
+const char *dt_worker_mem_cap(void) { return cap_how; }
+
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_comm_set_wait_hook(wait_beat);
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
+    const char *lname;
+    size_t lim = dt_mem_limit(&lname);
+    if (lim && !cap_how[0]) {  // --memory-limit: every worker's own, enforced by the kernel
+        if ((st = dt_mem_cap(lim, cap_how, sizeof cap_how)) != DT_OK) {
+            st = dt_error(st, "rank %d, %s: %s", dt_comm_rank(*comm), lname, dt_last_error());
+            dt_worker_exit(*comm, st);
+            *comm = NULL;
+            return st;
+        }
+        if (dt_comm_rank(*comm) == 0) {
+            char b[64];
+            dt_log(DT_LOG_INFO, "memory: each worker capped at %s (%s) by %s", dt_mem_format(lim, b, sizeof b), lname,
+                   cap_how);
+        }
+    }
     int t = c->threads;
     if (t <= 0 && c->deterministic) t = 1;
     if (t <= 0) {

@@ -16,6 +16,10 @@
  * start failure (DTRAIN_FAULT_START, below) leaves the group as
  * dt_worker_exit does. */
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads);
+/* With a memory limit set (dt_mem_set_limit: --memory-limit), the worker
+ * is first capped at it (dt_mem_cap); dt_worker_mem_cap() then says how
+ * ("" when not capped). */
+const char *dt_worker_mem_cap(void);
 /* The run directory (rank 0's; NULL: none): created, with config.ini. */
 dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir);
 

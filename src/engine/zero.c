@@ -26,6 +26,8 @@
  *            layers (embedding, head) are gathered at the first forward
  *            after an update. Every rank runs the hooks of as many
  *            micro-batches as the busiest (a short share replays them).
+ *            With offload = disk the slice itself lives in a file-backed
+ *            mapping (dt_state_back), as the optimizer state does.
  *
  * The gradient norm is dt_strategy_norm_sharded: each rank's slice, the
  * value dt_sum_squares gives over the whole block, bitwise.
@@ -41,8 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 typedef struct {
     size_t lo, hi;   // a contiguous part of the gradient block
@@ -71,6 +71,7 @@ typedef struct {
     int all_held;          // params_whole(1): everything is whole
     int lmin, lmax;        // the layers the order names
     int nmax;              // the most micro-batches a rank runs this step
+    size_t backed;         // offload = disk at stage 3: bytes of the parameter slice on disk
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
@@ -82,19 +83,9 @@ static void fail(zero *z, dt_status st) {
     snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
 }
 
-// Gives back the pages of grads[lo, hi) (they read as zero on the next
-// touch) and zeroes the edges that share a page with other parts.
+// Gives back the pages of g[lo, hi) (they read as zero on the next touch).
 static void release(float *g, size_t lo, size_t hi) {
-    if (hi <= lo) return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(g + lo), b = (uintptr_t)(g + hi);
-    uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
-    if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
-        memset((void *)a, 0, pa - a);
-        memset((void *)pb, 0, b - pb);
-    } else {
-        memset(g + lo, 0, (hi - lo) * sizeof(float));
-    }
+    if (hi > lo) dt_zero_pages(g + lo, (hi - lo) * sizeof(float));
 }
 
 // The rank whose slice holds element i.
@@ -328,6 +319,10 @@ static dt_status zero_init(dt_strategy *s) {
             for (int l = 0; l < z->L; l++) z->held[l] = 2;
             dt_status st = drop_block(z, -1);  // and the rest is gathered before the first forward
             if (st != DT_OK) return st;
+            if (s->c->offload) {  // the slice of the parameters on disk between its uses, like the optimizer state
+                z->backed = dt_state_back(s->params + s->lo, s->hi - s->lo, s->c->offload_dir);
+                if (z->backed == SIZE_MAX) return DT_ERR_IO;
+            }
         }
     }
     if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
@@ -347,6 +342,7 @@ static void zero_fini(dt_strategy *s) {
         order_of(z, &no);
         for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
     }
+    if (z->backed && z->backed != SIZE_MAX) dt_state_unback(s->params + s->lo, s->hi - s->lo);
     free(z->rq);
     free(z->held);
     free(z->opos);
