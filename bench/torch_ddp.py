@@ -2,7 +2,10 @@
 """PyTorch DistributedDataParallel (Gloo) side of bench/dp.py: W processes x
 T threads, a global batch split evenly. The classifiers are torch_train.py's
 with its SGD-momentum step; a GPT preset (gpt-small, ...) is torch_gpt.py's
-model with its AdamW step on random tokens. Prints one JSON object (rank 0)."""
+model with its AdamW step on random tokens. With --zero the optimizer is
+wrapped in ZeroRedundancyOptimizer (PyTorch's ZeRO stage 1: each rank
+updates its share of the parameters, which are then broadcast), the side
+of bench/zero.py. Prints one JSON object (rank 0)."""
 import argparse, json, os, socket, sys, time
 
 import torch
@@ -34,6 +37,9 @@ def worker(rank, a, port, q):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
     torch.manual_seed(1)
     m, opt, loss = job(a, a.batch // a.workers)
+    if a.zero:  # the same optimizer and settings, sharded
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=type(opt), **opt.defaults)
     ddp = nn.parallel.DistributedDataParallel(m) if a.workers > 1 else m
     warm = a.steps // 5 + 2
     for s in range(warm + a.steps):
@@ -46,7 +52,7 @@ def worker(rank, a, port, q):
     dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        r = {"impl": "pytorch-ddp", "version": torch.__version__, "model": a.model, "batch": a.batch,
+        r = {"impl": "pytorch-zero1" if a.zero else "pytorch-ddp", "version": torch.__version__, "model": a.model, "batch": a.batch,
              "workers": a.workers, "threads": a.threads, "steps": a.steps,
              "samples_per_sec": round(a.steps * a.batch / dt, 1)}
         if a.model in torch_gpt.PRESETS:
@@ -63,6 +69,7 @@ def main():
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer around the optimizer")
     a = ap.parse_args()
     a.batch = a.batch or {"mlp": 256, "cnn": 64}.get(a.model, 8)
     a.steps = a.steps or {"mlp": 200, "cnn": 60}.get(a.model, 8)

@@ -34,12 +34,20 @@ def run(cmd, env=None):
 def best(cmd, envs, repeat, key="samples_per_sec"):
     """The fastest (largest `key`) of `repeat` runs of cmd under each
     environment in envs; the result's "env" names the environment."""
-    results = []
+    results, failed = [], []
     for env in envs:
+        name = " ".join(f"{k}={v}" for k, v in env.items()) or "default"
         for _ in range(repeat):
-            r = run(cmd, env)
-            r["env"] = " ".join(f"{k}={v}" for k, v in env.items()) or "default"
+            try:
+                r = run(cmd, env)
+            except subprocess.CalledProcessError as e:  # an environment this CPU cannot run (SIGILL): reported, skipped
+                failed.append(f"{name}: exit {e.returncode}")
+                print(f"note: {os.path.basename(cmd[1])} under {name} failed ({failed[-1]}); skipped", file=sys.stderr)
+                break
+            r["env"] = name
             results.append(r)
+    if not results:
+        raise subprocess.CalledProcessError(1, cmd, "every environment failed: " + "; ".join(failed))
     return max(results, key=lambda r: r[key])
 
 

@@ -8,14 +8,19 @@ For each model (the MLP at batch 256, the CNN at batch 64, gpt-small at
 --repeat times each, exactly as bench/dp.py runs dtrain; the best of each
 is kept and the throughput of each stage over stage 0's is printed, with
 the share of gradient communication hidden behind backward. The goal is
->= 0.95 for stages 1 and 2 and >= 0.85 for stage 3 on gpt-small. Needs no
-PyTorch. Run it only on a quiet machine (`uptime` load < 1.5) and put
-the CPU model beside the figures.
+>= 0.95 for stages 1 and 2 and >= 0.85 for stage 3 on gpt-small.
 
-    /usr/bin/python3 bench/zero.py [--dtrain build] [--repeat N]
+With --torch, PyTorch's ZeroRedundancyOptimizer (its ZeRO stage 1, Gloo,
+CPU: bench/torch_ddp.py --zero, at its best environment as bench/dp.py
+runs DDP) on the same model, global batch and optimizer is measured in the
+same run, and dtrain's stage 1 over it is printed (goal >= 1.3 on the MLP
+and gpt-small). Run it only on a quiet machine (`uptime` load < 1.5); the
+CPU model is printed first, to go beside the figures.
+
+    /usr/bin/python3 bench/zero.py [--dtrain build] [--repeat N] [--torch]
         [--models mlp,cnn,gpt-small] [--steps N] [--workers N]
 """
-import argparse, os, sys
+import argparse, os, platform, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -31,7 +36,10 @@ def main():
     ap.add_argument("--models", default="mlp,cnn,gpt-small")
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: bench/dp.py's per model)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--torch", action="store_true", help="also PyTorch's ZeroRedundancyOptimizer")
     a = ap.parse_args()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    print(f"CPU: {cpu}; {a.workers} workers x 1 thread")
     print(f"{'model':9} {'zero':>4} {'per s':>9} {'/ zero 0':>8} {'comm hidden':>11}")
     for model in a.models.split(","):
         steps = a.steps or dp.STEPS[model]
@@ -46,6 +54,17 @@ def main():
             r, h = best[z], best[z]["comm_hidden_share"]
             print(f"{model:9} {z:4} {r[key]:9.0f} {r[key] / best[0][key]:8.3f} "
                   f"{'-' if h is None else f'{h:.2f}':>11}", flush=True)
+        if a.torch:
+            envs = dp.gpt.TORCH_ENVS if model not in dp.CONFIGS else dp.TORCH_ENVS
+            cmd = [sys.executable, os.path.join(HERE, "torch_ddp.py"), "--model", model, "--workers", str(a.workers),
+                   "--threads", "1", "--steps", str(max(steps // 3, 1)), "--zero"]
+            try:
+                p = dp.best(cmd, envs, a.repeat, key)
+            except subprocess.CalledProcessError as e:  # a peer that crashes is reported, not fatal
+                print(f"{model:9} PyTorch ZeroRedundancyOptimizer failed: exit {e.returncode}", flush=True)
+                continue
+            print(f"{model:9} PyTorch ZeroRedundancyOptimizer {p[key]:9.0f} per s ({p['env']}); "
+                  f"dtrain zero 1 / PyTorch ZeRO-1 {best[1][key] / p[key]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

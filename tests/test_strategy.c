@@ -330,12 +330,18 @@ static void memory_limit(void) {
     snprintf(cmd, sizeof cmd, "ls -d /sys/fs/cgroup/memory/dtrain-* /sys/fs/cgroup/dtrain-* 2>/dev/null | grep -q .");
     CHECK(tl_run(cmd, NULL, 0) != 0, "the workers' memory cgroups are removed when they exit");
     // State on disk: the same GPT in one process whose model state (203 MB)
-    // is more than its cap (160 MiB) trains with offload = disk, bitwise as
-    // without; the optimizer state went through the file (bytes written).
+    // is more than its cap (160 MiB), refused without offload, trains with
+    // offload = disk, bitwise as without; the optimizer state went through
+    // the file (bytes written).
     const char *small = "--set train.batch=8 --set train.max_steps=8";
     CHECK(train("off-ref", big, 1, small) == 0, "offload: the reference run");
     snprintf(flags, sizeof flags, "%s --memory-limit 160M --set parallel.offload=disk --set parallel.offload_dir=%s", small,
              g_tmp);
+    char nooff[200];
+    snprintf(nooff, sizeof nooff, "%s --memory-limit 160M", small);
+    rc = train("off-none", big, 1, nooff);
+    CHECK(rc == 1 && strstr(g_out, "not enough memory"), "without offload the same cap refuses the run: exit %d\n%s", rc,
+          g_out);
     rc = train("off-cap", big, 1, flags);
     CHECK(rc == 0, "offload: model state over the cap trains: exit %d\n%s", rc, g_out);
     int bw;

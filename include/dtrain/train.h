@@ -139,10 +139,11 @@ typedef enum { DT_MEM_TRAIN, DT_MEM_EVAL, DT_MEM_SAMPLE } dt_mem_use;
  * (the splits as floats, the loader's buffers; token files, read whole).
  * workers: the run's data-parallel workers. starting = 1: all of them are
  * about to start on this machine (the CLI, before it starts them) and must
- * fit together; 0: this process is one of them and checks its own need
- * (against its share of dt_mem_limit() when launched locally: --workers N
- * or dtrain run; under mpirun or srun each rank has the whole limit). Fails with DT_ERR_NOMEM when the
- * need exceeds dt_mem_available(), with a message naming the field behind
+ * fit together; 0: this process is one of them and checks its own need.
+ * dt_mem_limit() is each worker's own; the machine (dt_mem_machine()) is
+ * shared by the workers starting. The program's resident memory counts
+ * too. Fails with DT_ERR_NOMEM when the need exceeds either, with a
+ * message naming the field behind
  * the largest part and the bytes; with the data files' errors when their
  * headers cannot be read. *model_rows (may be NULL) gets the batch rows a
  * classifier's model needs. */

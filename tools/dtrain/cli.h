@@ -29,10 +29,12 @@ int cli_memory_limit(const char *v);
 
 /* The --help line of --memory-limit, shared by train, eval and sample. */
 #define CLI_MEMORY_LIMIT_HELP                                                          \
-    "  --memory-limit SIZE  refuse to start when the run would need more than\n"     \
-    "                  SIZE (e.g. 2G, 512M; K/M/G/T = powers of 1024) for its\n"      \
-    "                  activations, parameters, gradients, optimizer state and\n"    \
-    "                  data, shared by all --workers; available memory\n"            \
+    "  --memory-limit SIZE  each worker's memory (e.g. 2G, 512M; K/M/G/T =\n"       \
+    "                  powers of 1024): refuse to start when a worker would\n"       \
+    "                  need more for its activations, parameters, gradients,\n"     \
+    "                  optimizer state and data (naming the ZeRO stage that\n"      \
+    "                  fits), and in training cap each worker at it (a memory\n"   \
+    "                  cgroup, else RLIMIT_DATA); available memory\n"              \
     "                  (MemAvailable, the memory cgroup) is always checked\n"
 
 /* The value v of a numeric flag, read by dt_parse_number (decimal, finite,
