@@ -308,14 +308,15 @@ dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
     for (int64_t i = 0; st == DT_OK && (head[H_FLAGS] & F_Q) && i < head[H_PIECES]; i++) {
         size_t nq = (size_t)table[3 * i + 2];
         dt_codec_piece *p = dt_codec_piece_at(k, (size_t)table[3 * i], (size_t)table[3 * i + 1]);
-        if (!p) st = DT_ERR_NOMEM;
-        else if (free(p->q), !(p->q = malloc(nq * sizeof(float))))
+        float *pq = p ? malloc(nq * sizeof(float)) : NULL;
+        if (!pq) {
             st = dt_error(DT_ERR_NOMEM, "gradient codec: out of memory for the checkpoint's Q");
-        else {
-            memcpy(p->q, qp, nq * sizeof(float));
-            p->nq = nq;
-            p->step = k->step0;
+            break;
         }
+        free(p->q);
+        p->q = memcpy(pq, qp, nq * sizeof(float));
+        p->nq = nq;
+        p->step = k->step0;
         qp += nq;
     }
     free(table);
