@@ -341,7 +341,8 @@ dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
         snprintf(what + l, sizeof what - l, "; not there, so from zero: %s%s", k->residual && !(f & F_RESIDUAL) ? "residuals " : "",
                  k->velocity && !(f & F_VELOCITY) ? "momentum" : "");
     if (same) snprintf(how, sizeof how, "each rank its own");
-    else snprintf(how, sizeof how, "resharded: each of %d ranks has the mean of the %d writers'", k->world, parts);
+    else if (k->world > 1) snprintf(how, sizeof how, "resharded: each of %d ranks has the mean of the %d writers'", k->world, parts);
+    else snprintf(how, sizeof how, "resharded: the one rank has the mean of the %d writers'", parts);
     dt_log(DT_LOG_INFO, "gradient codec %s: state at step %lld restored from %s: %s (%s)", m, (long long)head[H_STEP],
            path, what, how);
     return DT_OK;
