@@ -1111,7 +1111,8 @@ static dt_status snap_extras(dt_ckpt_writer *w) {
     dt_st_tensor t[DT_CKPT_MAX_EXTRA];
     int n = w->live.extra(w->live.extra_user, t, DT_CKPT_MAX_EXTRA);
     if (n < 0) return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: %s", dt_last_error());
-    if (n > DT_CKPT_MAX_EXTRA) return dt_error(DT_ERR_ARG, "checkpoint snapshot: %d extra tensors, at most %d", n, DT_CKPT_MAX_EXTRA);
+    if (n > DT_CKPT_MAX_EXTRA)
+        return dt_error(DT_ERR_ARG, "checkpoint snapshot: %d extra tensors, at most %d", n, DT_CKPT_MAX_EXTRA);
     size_t bytes = 0;
     for (int i = 0; i < n; i++) bytes += (t[i].nbytes + 7) / 8 * 8;
     if (bytes > w->xcap) {

@@ -338,11 +338,13 @@ dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
     if (f & F_VELOCITY) l += (size_t)snprintf(what + l, sizeof what - l, ", DGC momentum");
     if (f & F_Q) l += (size_t)snprintf(what + l, sizeof what - l, ", PowerSGD's Q");
     if ((k->residual && !(f & F_RESIDUAL)) || (k->velocity && !(f & F_VELOCITY)))
-        snprintf(what + l, sizeof what - l, "; not there, so from zero: %s%s", k->residual && !(f & F_RESIDUAL) ? "residuals " : "",
-                 k->velocity && !(f & F_VELOCITY) ? "momentum" : "");
+        snprintf(what + l, sizeof what - l, "; not there, so from zero: %s%s",
+                 k->residual && !(f & F_RESIDUAL) ? "residuals " : "", k->velocity && !(f & F_VELOCITY) ? "momentum" : "");
     if (same) snprintf(how, sizeof how, "each rank its own");
-    else if (k->world > 1) snprintf(how, sizeof how, "resharded: each of %d ranks has the mean of the %d writers'", k->world, parts);
-    else snprintf(how, sizeof how, "resharded: the one rank has the mean of the %d writers'", parts);
+    else if (k->world > 1)
+        snprintf(how, sizeof how, "resharded: each of %d ranks has the mean of the %d writers'", k->world, parts);
+    else
+        snprintf(how, sizeof how, "resharded: the one rank has the mean of the %d writers'", parts);
     dt_log(DT_LOG_INFO, "gradient codec %s: state at step %lld restored from %s: %s (%s)", m, (long long)head[H_STEP],
            path, what, how);
     return DT_OK;
