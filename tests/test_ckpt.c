@@ -843,7 +843,8 @@ static void test_flags(void) {
 }
 
 // ---------------------------------------------------------------------------
-// slices: save and restore from what each rank holds (a sharded strategy)
+// slices: save and restore from what each rank holds (a sharded strategy),
+// with state of each rank's own in its shard (dt_ckpt_model.extra)
 
 enum { SN = 101 };  // prime: no worker count divides it
 static const dt_tensor_info slice_tensors[2] = {{"w", 2, {10, 10}, 0, 100}, {"b", 1, {1}, 100, 1}};
@@ -860,6 +861,12 @@ static dt_ckpt_model slice_view(float *p, float *s0, float *s1, int64_t *step, i
                            .params_lo = 0, .params_hi = SN, .states_lo = lo, .states_hi = hi};
 }
 
+// A rank's extra state (dt_ckpt_model.extra): user's 4 floats.
+static int slice_extra(void *user, dt_st_tensor *t, int max) {
+    if (max > 0) t[0] = (dt_st_tensor){"extra.state", DT_F32, 1, {4}, user, 4 * sizeof(float)};
+    return 1;
+}
+
 static void test_slices(void) {
     float full[3 * SN];
     for (int i = 0; i < 3 * SN; i++) full[i] = (float)i * 0.25f - 7;
@@ -870,13 +877,19 @@ static void test_slices(void) {
     dt_ckpt_writer *w[W] = {0};
     const char *dir = tmp("slices");
     int ok = 1;
-    // Three ranks each write their slice into one sharded checkpoint.
+    float extra[W][4];
+    // Three ranks each write their slice, and state of their own, into one
+    // sharded checkpoint.
     for (int r = 0; r < W; r++) {
         step[r] = 9;
+        for (int i = 0; i < 4; i++) extra[r][i] = (float)(10 * r + i);
         dt_ckpt_model m = slice_view(p[r], s0[r], s1[r], &step[r], r, W, full);
+        m.extra = slice_extra;
+        m.extra_user = extra[r];
         ok = ok && dt_ckpt_writer_create(&w[r], dir, 2, &m, r, W, 10) == DT_OK;
     }
     for (int r = 0; r < W; r++) ok = ok && dt_ckpt_writer_save(w[r], &st) == DT_OK;
+    for (int r = 0; r < W; r++) extra[r][0] = -1;  // after the snapshot: not in the file
     for (int r = 0; r < W; r++) {
         if (w[r]) ok = ok && dt_ckpt_writer_wait(w[r]) == DT_OK;
         dt_ckpt_writer_free(w[r]);
@@ -884,6 +897,19 @@ static void test_slices(void) {
     CHECK(ok, "slices: three ranks write their slices: %s", dt_last_error());
     char ck[700];
     snprintf(ck, sizeof ck, "%s/step-00000009", dir);
+    // Each rank's extra state, in its own shard, as the snapshot had it.
+    int parts = 0;
+    CHECK(dt_ckpt_open_part(ck, -1, NULL, &parts) == DT_OK && parts == W, "slices: written by %d parts", parts);
+    for (int r = 0; r < W; r++) {
+        dt_st_file *f = NULL;
+        const dt_st_tensor *t = dt_ckpt_open_part(ck, r, &f, &parts) == DT_OK ? dt_st_find(f, "extra.state") : NULL;
+        float want[4] = {(float)(10 * r), (float)(10 * r + 1), (float)(10 * r + 2), (float)(10 * r + 3)};
+        CHECK(t && t->nbytes == sizeof want && !memcmp(t->data, want, sizeof want),
+              "slices: part %d holds rank %d's extra state as saved: %s", r, r, t ? "wrong values" : dt_last_error());
+        dt_st_close(f);
+    }
+    CHECK(dt_ckpt_open_part(ck, W, &(dt_st_file *){NULL}, &parts) == DT_ERR_ARG && strstr(dt_last_error(), "no part 3"),
+          "slices: part 3 of 3 refused: %s", dt_last_error());
     // Read whole: the ranks' slices put together.
     float wp[SN], w0[SN], w1[SN];
     int64_t ws = 0;
@@ -923,6 +949,11 @@ static void test_slices(void) {
     CHECK(dt_ckpt_write(tmp("slice-as-whole.safetensors"), &m, &got) == DT_ERR_ARG &&
               strstr(dt_last_error(), "slice"),
           "slices: a slice written as a whole checkpoint is refused: %s", dt_last_error());
+    whole.extra = slice_extra;
+    whole.extra_user = extra[0];
+    CHECK(dt_ckpt_write(tmp("extra-as-whole.safetensors"), &whole, &got) == DT_ERR_ARG &&
+              strstr(dt_last_error(), "state of its own"),
+          "slices: a rank's own state in a whole checkpoint is refused: %s", dt_last_error());
     dt_ckpt_writer *bad = NULL;
     CHECK(dt_ckpt_writer_create(&bad, tmp("slices-bad"), 2, &m, 0, 2, 10) == DT_ERR_ARG && !bad &&
               strstr(dt_last_error(), "not inside what it holds"),

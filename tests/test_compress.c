@@ -16,8 +16,17 @@
  *      and keeps every rank's residual.
  *   4. Training: the same compressed 2-worker run twice is bitwise equal
  *      (every method, and top-k with all of DGC); every method learns and sends fewer bytes (summary.json's
- *      bytes_sent) than the uncompressed run; a compressed run resumes
- *      from its checkpoint. */
+ *      bytes_sent) than the uncompressed run.
+ *   5. Checkpoints: the codec's state saved and resumed. A run stopped by a
+ *      failure and resumed on as many workers ends bitwise equal to an
+ *      uninterrupted one (top-k inside DGC's warm-up, with momentum;
+ *      PowerSGD, QSGD, random-k). A 3-worker checkpoint restored by 2 ranks
+ *      (`dtrain run -n 2 -- test_compress reshard ...`) gives each the mean
+ *      residual and momentum, so the unsent sum is kept, with the step and
+ *      PowerSGD's Q as written; by 3 ranks each gets its own, bitwise. The
+ *      lines said when a checkpoint has no codec state, or state this run
+ *      does not keep; a byte flipped in a residual is caught by the
+ *      checksum (inspect, and resume falls back to the older checkpoint). */
 #include "dtrain/config.h"
 #include "engine/codec.h"
 #include "testlib.h"
@@ -420,12 +429,14 @@ static void ranks(const char *self, int N, const setup *u) {
 
 static char g_tmp[256];
 
+// A 40-step run of N workers (--quiet unless extra has --resume: the
+// resume's lines are checked).
 static int train(const char *name, int N, const char *extra) {
-    char cmd[2048];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "%s train configs/fashion-mlp.ini --workers %d --quiet --run-dir %s/%s --set data.dir=%s "
+             "%s train configs/fashion-mlp.ini --workers %d %s --run-dir %s/%s --set data.dir=%s "
              "--set train.batch=40 --set train.max_steps=40 --set train.epochs=0 --set train.eval_batch=100 %s",
-             tl_dtrain(), N, g_tmp, name, g_tmp, extra);
+             tl_dtrain(), N, strstr(extra, "--resume") ? "" : "--quiet", g_tmp, name, g_tmp, extra);
     int rc = tl_run(cmd, g_out, sizeof g_out);
     if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, g_out);
     return rc;
@@ -458,7 +469,7 @@ static void training(void) {
     double d = tl_weights_diff(a, b, &bw);
     CHECK(bw, "the same top-k run twice is bitwise equal (max rel diff %.3g)", d);
     printf("training: top-k 5%% with DGC, 2 workers, twice: %s\n", bw ? "bitwise equal" : "differs");
-    CHECK(train("plain", 2, "") == 0, "uncompressed run");
+    CHECK(train("plain", 2, "--checkpoint-every 40") == 0, "uncompressed run");
     double base = summary("plain", "test_accuracy"), plain_bytes = summary("plain", "bytes_sent");
     CHECK(plain_bytes > 0, "summary.json has bytes_sent (%.0f)", plain_bytes);
     // The wire's share of the uncompressed bytes, per method (2 workers).
@@ -484,18 +495,227 @@ static void training(void) {
         printf("training: %-8s 2 workers, 40 steps: test accuracy %.3f (uncompressed %.3f), bytes sent %.3f of "
                "uncompressed, repeat %s\n", lossy[i], acc, base, bytes / plain_bytes, bw ? "bitwise equal" : "differs");
     }
-    // Resume: the codec state (residuals, Q) starts afresh; the run goes on.
-    CHECK(train("ck", 2, "--set compression.method=powersgd --set checkpoint.every_steps=10") == 0, "checkpointed run");
-    char extra[700];
-    snprintf(extra, sizeof extra, "--set compression.method=powersgd --resume %s/ck/checkpoints --set train.max_steps=50", g_tmp);
-    int rc = train("ck-resumed", 2, extra);
-    double steps = summary("ck-resumed", "steps"), acc = summary("ck-resumed", "test_accuracy");
-    CHECK(rc == 0 && steps == 50 && acc > 0.5, "a compressed run resumes (exit %d, %g steps, accuracy %.3f)", rc, steps, acc);
-    printf("training: powersgd resumed at step 40 of 50: exit %d, test accuracy %.3f\n", rc, acc);
-    tl_cleanup(g_tmp);
+}
+
+// ----------------------------------------------------------------------------
+// 5. checkpoints
+
+// Tensor codec.METHOD.WHAT of part p of checkpoint dir, copied (malloc'd,
+// *n elements); NULL when it is not there.
+static void *part_tensor(const char *dir, int p, const char *method, const char *what, size_t *n) {
+    dt_st_file *f;
+    int parts;
+    *n = 0;
+    if (dt_ckpt_open_part(dir, p, &f, &parts) != DT_OK) return NULL;
+    char name[64];
+    snprintf(name, sizeof name, "codec.%s.%s", method, what);
+    const dt_st_tensor *t = dt_st_find(f, name);
+    void *v = t ? malloc(t->nbytes) : NULL;
+    if (v) {
+        memcpy(v, t->data, t->nbytes);
+        *n = t->nbytes / dt_dtype_size(t->dtype);
+    }
+    dt_st_close(f);
+    return v;
+}
+
+// The rank side of a restore from checkpoint dir (top-k with momentum, or
+// PowerSGD): each rank's codec against the files: at the same world size its
+// own part's residual and momentum, else the mean of the parts' (formed as
+// the codec forms it: float sums in part order, divided), and in either case
+// the ranks' mean equal to the writers' (the unsent sum kept); the step and
+// PowerSGD's Qs as part 0 has them. Exit status.
+static int reshard_main(int method, const char *dir) {
+    dt_comm_t comm;
+    if (dt_comm_init_env(&comm) != DT_OK) return fprintf(stderr, "comm: %s\n", dt_last_error()), 1;
+    int W = dt_comm_size(comm), me = dt_comm_rank(comm), parts = 0, bad = 0;
+    const char *m = methods[method];
+    size_t n = 0, nn, ns;
+    float *r0 = dt_ckpt_open_part(dir, -1, NULL, &parts) == DT_OK ? part_tensor(dir, 0, m, "residual", &n) : NULL;
+    int64_t *step = part_tensor(dir, 0, m, "step", &ns);
+    dt_config c;
+    config(&c, method, 1);
+    c.comp_momentum = method == DT_COMP_TOPK ? 0.5f : 0;
+    dt_codec *k = r0 && step ? codec(&c, comm, n) : NULL;
+    if (!k || dt_codec_restore(k, dir, parts) != DT_OK)
+        return fprintf(stderr, "rank %d: restore from %s: %s\n", me, dir, dt_last_error()), 1;
+    if (k->step0 != step[0])
+        bad = fprintf(stderr, "rank %d: step %lld, the checkpoint's %lld\n", me, (long long)k->step0, (long long)step[0]);
+    const char *what[2] = {"residual", "velocity"};
+    float *have[2] = {k->residual, k->velocity}, *want = malloc(n * sizeof *want), *tot = malloc(n * sizeof *tot);
+    double *sum = malloc(n * sizeof *sum);
+    for (int j = 0; j < 2 && !bad; j++) {
+        if (!have[j]) continue;
+        memset(sum, 0, n * sizeof *sum);
+        for (int p = 0; p < parts && !bad; p++) {
+            float *e = part_tensor(dir, p, m, what[j], &nn);
+            if (!e || nn != n) bad = fprintf(stderr, "rank %d: part %d has no %s of %zu values\n", me, p, what[j], n);
+            for (size_t i = 0; i < n && !bad; i++) {
+                sum[i] += e[i];
+                if (parts == W && p == me) want[i] = e[i];
+                else if (parts != W) want[i] = p ? want[i] + e[i] : e[i];
+            }
+            free(e);
+        }
+        for (size_t i = 0; i < n && parts != W; i++) want[i] /= (float)parts;
+        if (!bad && memcmp(want, have[j], n * sizeof *want))
+            bad = fprintf(stderr, "rank %d of %d: its %s is not %s\n", me, W, what[j],
+                          parts == W ? "its own part's" : "the mean of the parts'");
+        // The unsent sum: (1/W) x sum over the ranks = (1/parts) x sum over the writers.
+        memcpy(tot, have[j], n * sizeof *tot);
+        if (dt_allreduce(tot, tot, n, DT_F32, DT_SUM, comm) != DT_OK) return fprintf(stderr, "%s\n", dt_last_error()), 1;
+        double worst = 0, top = 0;
+        for (size_t i = 0; i < n; i++) {
+            double e = fabs(tot[i] / W - sum[i] / parts);
+            worst = e > worst ? e : worst;
+            top = fabs(sum[i] / parts) > top ? fabs(sum[i] / parts) : top;
+        }
+        if (!bad && (worst > 1e-6 * top || top == 0))
+            bad = fprintf(stderr, "rank %d: the ranks' mean %s differs from the writers' by %.3g (largest %.3g)\n", me,
+                          what[j], worst, top);
+    }
+    if (method == DT_COMP_POWERSGD && !bad) {
+        size_t nt, nq;
+        int64_t *tb = part_tensor(dir, 0, m, "pieces", &nt);
+        float *q = part_tensor(dir, 0, m, "q", &nq), *at = q;
+        for (size_t i = 0; tb && q && i < nt / 3 && !bad; i++) {
+            const dt_codec_piece *p = dt_codec_piece_at(k, (size_t)tb[3 * i], (size_t)tb[3 * i + 1]);
+            if (p->nq != (size_t)tb[3 * i + 2] || !p->q || memcmp(p->q, at, p->nq * sizeof *at))
+                bad = fprintf(stderr, "rank %d: piece %zu's Q is not the checkpoint's\n", me, i);
+            at += tb[3 * i + 2];
+        }
+        if (!tb || !q || !nt) bad = fprintf(stderr, "rank %d: no Q in %s\n", me, dir);
+        free(tb), free(q);
+    }
+    if (!bad) printf("rank %d of %d: %s state of %d writers restored as expected\n", me, W, m, parts);
+    dt_codec_free(k);
+    dt_comm_destroy(comm);
+    free(r0), free(step), free(want), free(tot), free(sum);
+    return bad ? 1 : 0;
+}
+
+static void reshard(const char *self, int N, int method, const char *dir) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s run -n %d -- %s reshard %d %s", tl_dtrain(), N, self, method, dir);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0, "%s state of %s restored on %d ranks: exit %d\n%s", methods[method], dir, N, rc, g_out);
+}
+
+// Flips a byte in the middle of tensor `name` of the safetensors file at
+// path; 0 when the tensor is not there.
+static int flip(const char *path, const char *name) {
+    size_t len;
+    char *b = tl_read_file(path, &len), key[96];
+    uint64_t hl = 0;
+    if (b && len > 8) memcpy(&hl, b, 8);
+    if (!b || hl > len - 8) return free(b), 0;
+    char end = b[8 + hl];
+    b[8 + hl] = 0;  // the header's JSON alone
+    snprintf(key, sizeof key, "\"%s\"", name);
+    char *at = strstr(b + 8, key), *o = at ? strstr(at, "data_offsets") : NULL;
+    unsigned long long lo, hi;
+    int ok = o && sscanf(o, "data_offsets\" : [ %llu , %llu", &lo, &hi) == 2 && 8 + hl + hi <= len;
+    b[8 + hl] = end;
+    FILE *f = ok ? fopen(path, "r+b") : NULL;
+    if (f) {
+        b[8 + hl + (lo + hi) / 2] ^= 0x10;
+        fseek(f, (long)(8 + hl + (lo + hi) / 2), SEEK_SET);
+        ok = fputc(b[8 + hl + (lo + hi) / 2], f) != EOF && fclose(f) == 0;
+    }
+    free(b);
+    return ok && f;
+}
+
+static void checkpoints(const char *self) {
+    // Stopped by a failure, resumed on as many workers: bitwise the
+    // uninterrupted run of section 4. Top-k resumes at step 2 or 4 (the
+    // newest whose write was complete), inside DGC's warm-up of 5 steps.
+    const char *dgc = "--set compression.method=topk --set compression.ratio=0.05 --set compression.momentum=0.5 "
+                      "--set compression.warmup_steps=5 --set compression.clip_norm=10 --set parallel.bucket_kb=64";
+    static const struct {
+        const char *ref, *method;
+        int every, fault;
+    } rs[] = {{"topk-a", NULL, 2, 5}, {"run-powersgd", "powersgd", 10, 25}, {"run-qsgd", "qsgd", 10, 25},
+              {"run-randomk", "randomk", 10, 25}};
+    char extra[1600], name[64], a[800], b[800];
+    for (size_t i = 0; i < sizeof rs / sizeof *rs; i++) {
+        char set[300], fault[32];
+        if (rs[i].method) snprintf(set, sizeof set, "--set compression.method=%s --set compression.ratio=0.1", rs[i].method);
+        else snprintf(set, sizeof set, "%s", dgc);
+        snprintf(name, sizeof name, "%s-resumed", rs[i].ref);
+        snprintf(extra, sizeof extra, "%s --checkpoint-every %d", set, rs[i].every);
+        snprintf(fault, sizeof fault, "1:%d", rs[i].fault);
+        setenv("DTRAIN_FAULT_STEP", fault, 1);
+        int rc1 = train(name, 2, extra);
+        unsetenv("DTRAIN_FAULT_STEP");
+        snprintf(extra, sizeof extra, "%s --resume auto", set);
+        int rc2 = train(name, 2, extra);
+        snprintf(a, sizeof a, "%s/%s/model.safetensors", g_tmp, rs[i].ref);
+        snprintf(b, sizeof b, "%s/%s/model.safetensors", g_tmp, name);
+        int bw = 0;
+        double d = tl_weights_diff(a, b, &bw);
+        const char *from = strstr(g_out, "resuming from");
+        int at = from && strstr(from, ": step ") ? atoi(strstr(from, ": step ") + 7) : -1;
+        CHECK(rc1 != 0 && rc2 == 0 && at > 0 && bw && strstr(g_out, "restored from") && strstr(g_out, "each rank its own"),
+              "%s: failed at step %d (exit %d), resumed from step %d (exit %d): bitwise the uninterrupted run (max rel "
+              "diff %.3g)\n%s",
+              rs[i].ref, rs[i].fault, rc1, at, rc2, d, g_out);
+        printf("checkpoints: %-12s failed at step %d, resumed on 2 workers from step %d: %s\n", rs[i].ref, rs[i].fault,
+               at, bw ? "bitwise the uninterrupted run" : "differs");
+    }
+
+    // 3 writers, restored on 2 (the mean), on 3 (each its own) and on 1.
+    snprintf(extra, sizeof extra, "%s --checkpoint-every 10 --set train.max_steps=20", dgc);
+    CHECK(train("w3", 3, extra) == 0, "a 3-worker top-k run with checkpoints");
+    char ck[600], ck10[600];
+    snprintf(ck, sizeof ck, "%s/w3/checkpoints/step-00000020", g_tmp);
+    snprintf(ck10, sizeof ck10, "%s/w3/checkpoints/step-00000010", g_tmp);
+    for (int N = 1; N <= 3; N++) reshard(self, N, DT_COMP_TOPK, ck);
+    snprintf(a, sizeof a, "%s/run-powersgd-resumed/checkpoints/step-00000010", g_tmp);
+    reshard(self, 3, DT_COMP_POWERSGD, a);
+    printf("checkpoints: top-k state of 3 writers restored on 1, 2 (the mean) and 3 ranks (each its own), PowerSGD's of 2 "
+           "on 3: as expected\n");
+    snprintf(extra, sizeof extra, "%s --resume %s --set train.max_steps=25", dgc, ck);
+    int rc = train("w3to2", 2, extra);
+    CHECK(rc == 0 && strstr(g_out, "resharded: each of 2 ranks has the mean of the 3 writers'"),
+          "3 -> 2 workers: exit %d, resharded\n%s", rc, g_out);
+
+    // Without compression the state is ignored, said once; a checkpoint
+    // without codec state leaves the codec fresh, said once.
+    snprintf(extra, sizeof extra, "--resume %s --set train.max_steps=25", ck);
+    rc = train("w3-plain", 2, extra);
+    CHECK(rc == 0 && strstr(g_out, "holds state this run does not keep (codec.topk.step, codec.topk.residual, "
+                                   "codec.topk.velocity): ignored"),
+          "a compressed checkpoint resumed without compression: exit %d\n%s", rc, g_out);
+    snprintf(extra, sizeof extra, "--set compression.method=powersgd --resume %s/plain/checkpoints --set train.max_steps=42",
+             g_tmp);
+    rc = train("plain-psgd", 2, extra);
+    CHECK(rc == 0 && strstr(g_out, "no gradient-codec state (written without compression): powersgd starts afresh"),
+          "an uncompressed checkpoint resumed with compression: exit %d\n%s", rc, g_out);
+    snprintf(extra, sizeof extra, "--set compression.method=int8 --resume %s --set train.max_steps=25", ck);
+    rc = train("w3-int8", 2, extra);
+    CHECK(rc == 0 && strstr(g_out, "holds the gradient-codec state of compression.method = topk, which does not carry "
+                                   "over to int8"),
+          "a top-k checkpoint resumed with int8: exit %d\n%s", rc, g_out);
+
+    // A byte of rank 1's residual flipped: the checksum says so; the resume
+    // falls back to the older checkpoint, whose state it restores.
+    snprintf(a, sizeof a, "%s/shard-00001-of-00003.safetensors", ck);
+    CHECK(flip(a, "codec.topk.residual"), "a byte of %s's codec.topk.residual flipped", a);
+    snprintf(extra, sizeof extra, "%s inspect %s", tl_dtrain(), a);
+    rc = tl_run(extra, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "checksum mismatch"), "inspect of the damaged shard: exit %d\n%s", rc, g_out);
+    snprintf(extra, sizeof extra, "%s --resume %s/w3/checkpoints --set train.max_steps=25", dgc, g_tmp);
+    rc = train("w3-damaged", 3, extra);
+    CHECK(rc == 0 && strstr(g_out, "skipping damaged checkpoint") && strstr(g_out, "checksum mismatch") &&
+              strstr(g_out, "state at step 10 restored from") && strstr(g_out, ck10),
+          "resume past the damaged residual: exit %d\n%s", rc, g_out);
+    printf("checkpoints: resharded 3 -> 2; state ignored without compression, fresh from an uncompressed or int8 "
+           "checkpoint, a flipped residual byte caught by the checksum\n");
 }
 
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "reshard")) return reshard_main(atoi(argv[2]), argv[3]);
     if (argc == 8 && !strcmp(argv[1], "rank")) {
         setup u = {atoi(argv[2]), atoi(argv[3]), 0, (float)atof(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7])};
         return rank_main(&u);
@@ -529,5 +749,7 @@ int main(int argc, char **argv) {
             if (N == 3 || i % 2 == (size_t)(N / 2) % 2) ranks(self, N, &us[i]);
 
     training();
+    checkpoints(self);
+    tl_cleanup(g_tmp);
     return tl_finish();
 }

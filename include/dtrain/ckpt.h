@@ -106,7 +106,21 @@ typedef struct {
      * replicated run holds all of both: 0 and nparams (or 0 and 0, the
      * zero-initialised default, which also means all). */
     size_t params_lo, params_hi, states_lo, states_hi;
+    /* State beyond these blocks that this rank keeps across steps (a
+     * gradient codec's, docs/compression.md), saved under its own names in
+     * the rank's shard: at each save the writer calls extra(extra_user, t,
+     * max), which puts up to max tensors in t (views of live buffers, which
+     * the snapshot copies; t may be NULL when max is 0) and returns how many
+     * there are, or -1 when out of memory (dt_error set). NULL: none. Since a
+     * whole file is rank 0's alone, a model with extra state is written
+     * sharded (dt_ckpt_write refuses it). Readers of the model skip these
+     * tensors; their owner reads them with dt_ckpt_open_part. */
+    int (*extra)(void *user, dt_st_tensor *t, int max);
+    void *extra_user;
 } dt_ckpt_model;
+
+/* At most this many extra tensors per rank. */
+#define DT_CKPT_MAX_EXTRA 8
 
 /* Sharded checkpoints are a directory DIR/step-N/ with one
  * shard-R-of-W.safetensors per rank (its slice of the parameter block and
@@ -124,6 +138,13 @@ DT_API dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const d
  * sound file that does not fit (another model, optimizer or format
  * version). */
 DT_API dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state *s);
+/* One writer's file of checkpoint path, verified (its checksum) and open:
+ * for a sharded checkpoint's directory its shard `part` (of *parts, the
+ * ranks that wrote it), for a whole file the file itself (part 0 of 1).
+ * Gives a rank's extra state (dt_ckpt_model.extra) back to it. Close *out
+ * with dt_st_close. part = -1 opens nothing (out may be NULL): *parts
+ * alone, from the index. */
+DT_API dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *parts);
 /* Prints a checkpoint's (or weights file's) metadata and tensors, and
  * whether its checksum holds; DT_ERR_FORMAT if it does not. */
 DT_API dt_status dt_ckpt_inspect(const char *path, FILE *out);

@@ -135,6 +135,9 @@ static dt_status whole_ckpt(const char *path, const dt_ckpt_model *m, const dt_t
     if (!holds_all(m))
         return dt_error(DT_ERR_ARG, "%s: a whole checkpoint needs the whole state; this rank holds a slice (write sharded checkpoints)",
                         path);
+    if (m->extra)
+        return dt_error(DT_ERR_ARG, "%s: a whole checkpoint is rank 0's alone; every rank keeps state of its own (write sharded checkpoints)",
+                        path);
     dt_st_tensor *t = calloc((size_t)n, sizeof *t);
     if (!t) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < m->ntensors; i++) {
@@ -157,16 +160,22 @@ dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train
 
 // A shard: the slice [begin, end) of the parameter block and of each
 // optimizer state, as "params" and "optimizer.state.J" (m's buffers hold
-// that slice at their start: a snapshot), and the step count.
+// that slice at their start: a snapshot), the step count, and the rank's
+// extra state.
 static dt_status write_shard(const char *path, const dt_ckpt_model *m, const dt_train_state *s, size_t begin,
                              size_t end, int rank, int world) {
     int64_t len = (int64_t)(end - begin);
-    dt_st_tensor t[4];
+    dt_st_tensor t[4 + DT_CKPT_MAX_EXTRA];
     int n = 0;
     t[n++] = (dt_st_tensor){"params", DT_F32, 1, {len}, m->params, (size_t)len * sizeof(float)};
     for (int j = 0; j < m->nstates; j++)
         t[n++] = (dt_st_tensor){state_names[j], DT_F32, 1, {len}, m->states[j], (size_t)len * sizeof(float)};
     t[n++] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
+    int nx = m->extra ? m->extra(m->extra_user, t + n, DT_CKPT_MAX_EXTRA) : 0;
+    if (nx < 0) return dt_error(DT_ERR_NOMEM, "%s: %s", path, dt_last_error());
+    if (nx > DT_CKPT_MAX_EXTRA)
+        return dt_error(DT_ERR_ARG, "%s: %d extra tensors, at most %d", path, nx, DT_CKPT_MAX_EXTRA);
+    n += nx;
     char shard[128];
     snprintf(shard, sizeof shard, "%zu:%zu:%zu:%d:%d", begin, end, m->nparams, rank, world);
     return write_ckpt(path, t, n, m, s, shard, NULL);
@@ -719,6 +728,44 @@ done:
     return st;
 }
 
+dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *parts) {
+    if (out) *out = NULL;
+    *parts = 1;
+    const char *vals[NKEYS];
+    dt_train_state s;
+    int kind;
+    if (!is_dir(path)) {
+        if (part == -1) return DT_OK;
+        if (part != 0) return dt_error(DT_ERR_ARG, "%s: a whole checkpoint has no part %d", path, part);
+        dt_status st = open_verified(path, out, vals, &s, &kind);
+        if (st == DT_OK && kind != KIND_WHOLE) {
+            st = not_a_ckpt(path, kind, *out);
+            dt_st_close(*out);
+            *out = NULL;
+        }
+        return st;
+    }
+    ckpt_index ix;
+    dt_status st = index_read(path, &ix);
+    if (st != DT_OK) return st;
+    *parts = (int)ix.world;
+    char sp[4500];
+    if (part == -1) {
+    } else if (part < 0 || part >= ix.world) {
+        st = dt_error(DT_ERR_ARG, "%s: written by %lld ranks, has no part %d", path, (long long)ix.world, part);
+    } else {
+        snprintf(sp, sizeof sp, "%s/%s", path, ix.shards[part].file);
+        st = open_verified(sp, out, vals, &s, &kind);
+        if (st == DT_OK && kind != KIND_SHARD) st = dt_error(DT_ERR_FORMAT, "%s: not a checkpoint shard", sp);
+        if (st != DT_OK) {
+            dt_st_close(*out);
+            *out = NULL;
+        }
+    }
+    index_free(&ix);
+    return st;
+}
+
 // "key=value" lines (a checkpoint's weights_meta) into meta, in place.
 static int parse_wmeta(char *lines, dt_st_meta *meta, int max) {
     int n = 0;
@@ -984,6 +1031,11 @@ struct dt_ckpt_writer {
     dt_ckpt_model snap;     // copies the thread writes from
     float *buf;             // params + states of the snapshot
     int64_t snap_step;
+    dt_st_tensor xt[DT_CKPT_MAX_EXTRA];  // the snapshot's extra state, in xbuf
+    char xname[DT_CKPT_MAX_EXTRA][64];
+    uint8_t *xbuf;
+    size_t xcap;
+    int nx;
     dt_train_state state;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -1045,6 +1097,42 @@ static dt_status write_sharded(dt_ckpt_writer *w, const char *dir, const dt_trai
         }
     }
     return write_index(dir, &w->live, s, w->world);
+}
+
+// The snapshot's extra tensors: the model's extra() for the writer thread.
+static int snap_extra(void *user, dt_st_tensor *t, int max) {
+    const dt_ckpt_writer *w = user;
+    for (int i = 0; i < w->nx && i < max; i++) t[i] = w->xt[i];
+    return w->nx;
+}
+
+// Copies the live extra state into the snapshot.
+static dt_status snap_extras(dt_ckpt_writer *w) {
+    dt_st_tensor t[DT_CKPT_MAX_EXTRA];
+    int n = w->live.extra(w->live.extra_user, t, DT_CKPT_MAX_EXTRA);
+    if (n < 0) return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: %s", dt_last_error());
+    if (n > DT_CKPT_MAX_EXTRA)
+        return dt_error(DT_ERR_ARG, "checkpoint snapshot: %d extra tensors, at most %d", n, DT_CKPT_MAX_EXTRA);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += (t[i].nbytes + 7) / 8 * 8;
+    if (bytes > w->xcap) {
+        free(w->xbuf);
+        w->xcap = 0;
+        if (!(w->xbuf = malloc(bytes)))
+            return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: out of memory for %zu bytes of extra state", bytes);
+        w->xcap = bytes;
+    }
+    w->nx = 0;
+    for (size_t i = 0, at = 0; i < (size_t)n; i++) {
+        if (strlen(t[i].name) >= sizeof w->xname[i])
+            return dt_error(DT_ERR_ARG, "checkpoint snapshot: extra tensor name '%.64s...' too long", t[i].name);
+        w->xt[i] = t[i];
+        w->xt[i].name = strcpy(w->xname[i], t[i].name);
+        w->xt[i].data = memcpy(w->xbuf + at, t[i].data, t[i].nbytes);
+        at += (t[i].nbytes + 7) / 8 * 8;
+    }
+    w->nx = n;
+    return DT_OK;
 }
 
 static void *writer_main(void *arg) {
@@ -1121,6 +1209,10 @@ dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
     w->snap.params = w->buf;
     for (int j = 0; j < m->nstates; j++) w->snap.states[j] = w->buf + len * (size_t)(1 + j);
     w->snap.opt_step = &w->snap_step;
+    if (m->extra) {
+        w->snap.extra = snap_extra;
+        w->snap.extra_user = w;
+    }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
@@ -1148,7 +1240,7 @@ dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s) {
     double t0 = dt_now();
     pthread_mutex_lock(&w->mu);
     while (w->pending || w->busy) pthread_cond_wait(&w->cv, &w->mu);
-    dt_status st = w->err;
+    dt_status st = w->err, snap = DT_OK;
     if (st == DT_OK) {
         size_t len = w->end - w->begin;
         size_t plo, phi, slo, shi;
@@ -1158,11 +1250,13 @@ dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s) {
             memcpy(w->snap.states[j], w->live.states[j] + (w->begin - slo), sizeof(float) * len);
         w->snap_step = *w->live.opt_step;
         w->state = *s;
-        w->pending = 1;
+        if (w->live.extra) snap = snap_extras(w);
+        w->pending = snap == DT_OK;
         pthread_cond_broadcast(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);
     if (st != DT_OK) return dt_error(st, "%s", w->errmsg);
+    if (snap != DT_OK) return snap;
     double p = dt_now() - t0;
     w->saves++;
     w->total_pause += p;
@@ -1205,5 +1299,6 @@ void dt_ckpt_writer_free(dt_ckpt_writer *w) {
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     dt_free(w->buf);
+    free(w->xbuf);
     free(w);
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 
 // The training state as int64s, for a broadcast.
-enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_N };
+enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_PARTS, S_N };
 
 // Whether this rank holds a slice of the state rather than all of it (a
 // sharded strategy's view, ckpt.h).
@@ -15,10 +15,11 @@ static int sliced(const dt_ckpt_model *m) {
            (m->states_hi && (m->states_lo || m->states_hi != m->nparams));
 }
 
-// Rank 0's resume to every rank: the training state; then, when the state
-// is replicated, the buffers themselves; when it is sharded, the path rank 0
-// chose (used[n]), from which every other rank reads its own slice.
-static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, char *used, size_t n) {
+// Rank 0's resume to every rank: the training state and the path rank 0
+// chose (used[n]) with the number of ranks that wrote it (*parts); then,
+// when the state is replicated, the buffers themselves; when it is sharded,
+// every other rank reads its own slice from that path.
+static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, int *parts, char *used, size_t n) {
     int64_t v[S_N];
     v[S_STEP] = s->step;
     v[S_EPOCH] = s->epoch;
@@ -29,6 +30,7 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     v[S_WORLD] = s->world;
     v[S_FOUND] = *found;
     v[S_OPT] = *r->model.opt_step;
+    v[S_PARTS] = *parts;
     dt_status st = dt_broadcast(v, v, S_N, DT_I64, 0, r->comm);
     if (st != DT_OK) return st;
     s->step = v[S_STEP];
@@ -40,10 +42,11 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     s->world = (int)v[S_WORLD];
     *found = (int)v[S_FOUND];
     *r->model.opt_step = v[S_OPT];
+    *parts = (int)v[S_PARTS];
     if (!*found) return DT_OK;
+    if ((st = dt_broadcast(used, used, n, DT_U8, 0, r->comm)) != DT_OK) return st;
+    used[n - 1] = 0;
     if (sliced(&r->model)) {
-        if ((st = dt_broadcast(used, used, n, DT_U8, 0, r->comm)) != DT_OK) return st;
-        used[n - 1] = 0;
         if (dt_comm_rank(r->comm) == 0) return DT_OK;
         dt_train_state mine;
         if ((st = dt_ckpt_read(used, &r->model, &mine)) != DT_OK)
@@ -54,6 +57,29 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     for (int j = 0; j < r->model.nstates && st == DT_OK; j++)
         st = dt_broadcast(r->model.states[j], r->model.states[j], r->model.nparams, DT_F32, 0, r->comm);
     return st;
+}
+
+// A resumed checkpoint's state beyond the model that this run does not keep
+// (its ranks' extra tensors: a compressed run's codec state, resumed
+// without compression or on one worker) is left where it is, said once.
+static dt_status note_unused(const char *path) {
+    dt_st_file *f;
+    int parts;
+    dt_status st = dt_ckpt_open_part(path, 0, &f, &parts);
+    if (st != DT_OK) return st;
+    char names[200] = "";
+    int n = 0;
+    for (int i = 0; i < dt_st_count(f); i++) {
+        const char *nm = dt_st_get(f, i)->name;
+        if (!strcmp(nm, "params") || !strncmp(nm, "optimizer.", 10)) continue;
+        size_t l = strlen(names);
+        if (n++ < 3) snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", nm);
+    }
+    if (n)
+        dt_log(DT_LOG_WARN, "%s: holds state this run does not keep (%s%s): ignored", path, names,
+               n > 3 ? ", ..." : "");
+    dt_st_close(f);
+    return DT_OK;
 }
 
 // Rank 0's writer, or every rank's when checkpoints are sharded.
@@ -92,7 +118,7 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     if (run_dir) snprintf(r->dir, sizeof r->dir, "%s/checkpoints", run_dir);
 
     dt_status st = DT_OK;
-    int found = 0;
+    int found = 0, parts = 1;
     char used[4200] = "";
     if (c->resume[0] && rank == 0) {
         const char *from = !strcmp(c->resume, "auto") ? dir : c->resume;
@@ -106,17 +132,21 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
             st = dt_error(DT_ERR_IO, "[checkpoint] resume: no checkpoint at %s (a file, or a directory holding step-N checkpoints)", from);
         else if (st == DT_OK)
             dt_log(DT_LOG_INFO, "no checkpoint in %s: starting from step 0", from);
+        if (st == DT_OK && found) st = dt_ckpt_open_part(used, -1, NULL, &parts);
+        if (st == DT_OK && found && parts > 1 && !m->extra) st = note_unused(used);
         s->world = W;
     }
     // A failure on rank 0 reaches the others through the abort that follows.
-    if (st == DT_OK && c->resume[0] && W > 1) st = broadcast_state(r, s, &found, used, sizeof used);
+    if (st == DT_OK && c->resume[0] && W > 1) st = broadcast_state(r, s, &found, &parts, used, sizeof used);
     if (st != DT_OK) return st;
+    if (found) snprintf(r->from, sizeof r->from, "%s", used);
+    r->from_parts = parts;
     r->last_step = s->step;
     r->last_time = dt_now();
     r->rank = rank;
-    // A rank that holds a slice writes it: sharded checkpoints, whatever
-    // [checkpoint] sharded says.
-    r->world = c->ckpt_sharded || sliced(&r->model) ? W : 1;
+    // A rank that holds a slice, or state of its own, writes it: sharded
+    // checkpoints, whatever [checkpoint] sharded says.
+    r->world = c->ckpt_sharded || sliced(&r->model) || r->model.extra ? W : 1;
     if (run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0)) st = make_writer(r);
     return st;
 }

@@ -29,15 +29,20 @@ typedef struct dt_run_ckpt {
     int64_t last_step;
     dt_obs *obs;              /* saves are DT_OBS_CHECKPOINT spans (may be NULL) */
     int rank, world;          /* world > 1: sharded checkpoints */
+    char from[4200];          /* the checkpoint resumed, "" none (the same on every rank) */
+    int from_parts;           /* the ranks that wrote it (dt_ckpt_open_part) */
 } dt_run_ckpt;
 
 /* Sets up checkpoints for a loop whose state m describes (m.config is
  * filled in here). run_dir is the run directory on every rank (NULL: no
  * checkpoints); rank 0 alone writes checkpoint files, unless
- * [checkpoint] sharded, where every rank writes its slice. When c->resume is
+ * [checkpoint] sharded or the ranks hold slices or state of their own
+ * (m.extra), where every rank writes its shard. When c->resume is
  * set, loads the checkpoint it names ("auto": the newest valid one of
  * RUN_DIR/checkpoints; none there: a fresh start) into m's buffers and *s on
- * every rank; otherwise *s is a fresh start (step 0, s->rng as given). */
+ * every rank, and names it in r->from for the state that m.extra
+ * saves (dt_strategy_ckpt_restore); otherwise *s is a fresh start (step 0,
+ * s->rng as given). */
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
                             const dt_ckpt_model *m, dt_train_state *s);
 /* Rank 0's vote for a save by time (T seconds since the last one): the

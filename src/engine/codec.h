@@ -8,7 +8,9 @@
  * runs any further rounds, and decodes the sum into grads[lo, hi)). A codec
  * owns per-rank state across steps, indexed by position in the block (error
  * feedback residuals, PowerSGD's Q), sized by n at init. Pieces are the same
- * at every step, so lo identifies one.
+ * at every step, so lo identifies one. The state goes into checkpoints
+ * (dt_codec_state, dt_codec_restore); a codec's random draws are functions
+ * of ([train] seed, piece, rank, the piece's step), so they need none.
  *
  * Registered in codec.c's table, one row per [compression] method (the
  * compressing ones in codec_cast.c, codec_quant.c, codec_sparse.c and
@@ -17,6 +19,7 @@
 #ifndef DT_ENGINE_CODEC_H
 #define DT_ENGINE_CODEC_H
 
+#include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
 
@@ -38,10 +41,11 @@ typedef struct {
     size_t lo, hi;
     uint8_t *buf;      /* wire buffers (the codec lays them out), grown by dt_codec_buf */
     size_t cap;
-    float *q;          /* PowerSGD: the warm-started Q */
-    uint32_t *perm;    /* random-k: a permutation of the piece, the same on every rank */
-    dt_rng rng;        /* seeded from [train] seed and lo; the same on every rank */
-    int64_t step;      /* start() calls so far */
+    float *q;          /* PowerSGD: the warm-started Q, nq floats */
+    size_t nq;
+    uint32_t *perm;    /* random-k: the piece's indices, shuffled afresh at each step */
+    dt_rng rng;        /* dt_codec_piece_begin's: seeded from [train] seed, lo, a salt and step */
+    int64_t step;      /* steps begun so far (dt_codec_piece_begin) */
     size_t sent;       /* what start() chose for finish() (top-k, random-k: k) */
 } dt_codec_piece;
 
@@ -55,17 +59,52 @@ struct dt_codec {
     float *velocity;   /* top-k momentum correction (NULL: off) */
     dt_codec_piece *pieces;
     int npieces, cappieces;
+    int64_t step0;     /* a new piece's step: 0, or the step the restored state had reached */
+    char names[5][48]; /* of the state's checkpoint tensors, "codec.METHOD.residual", ... */
+    int64_t *table;    /* dt_codec_state's scratch: the pieces' (lo, hi, nq), their Qs packed */
+    float *packed;
+    int64_t saved_step;
+    int refit_warned;
 };
 
 /* The codec c asks for, built for a block of n gradients. */
 dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, size_t n);
 void dt_codec_free(dt_codec *k);
 
+/* ---- checkpoints (docs/compression.md) ----------------------------------
+ *
+ * A compressing codec keeps state across steps, saved in this rank's shard
+ * of a sharded checkpoint as tensors named codec.METHOD.*: "step" (I64 [1],
+ * the steps it has run), "residual" and "velocity" (F32 [n], this rank's
+ * error feedback and DGC momentum, when on), and PowerSGD's "pieces" (I64
+ * [p, 3]: each piece's lo, hi and Q's length) and "q" (F32, the Qs one after
+ * the other; the same on every rank). The fp32 codec keeps none. */
+
+/* Whether the codec keeps state (every method but none). */
+int dt_codec_stateful(const dt_codec *k);
+/* Up to max tensors of the state (views of the codec's buffers, valid
+ * until its next step), t may be NULL when max is 0; returns how many
+ * there are (0: stateless). */
+int dt_codec_state(dt_codec *k, dt_st_tensor *t, int max);
+/* Continues from the state in checkpoint `path` (a collective: every rank
+ * calls it; "" or NULL: a fresh start, nothing is done), written by `parts`
+ * ranks (dt_ckpt_open_part). With parts = world each rank takes its own
+ * part's state; otherwise rank 0 reads every part, each rank gets the mean
+ * of their residuals and velocities (which keeps the unsent sum (1/W) x
+ * sum_r residual_r) and the shared step and Qs. A checkpoint without this
+ * method's state leaves the codec fresh, said in one line on rank 0. */
+dt_status dt_codec_restore(dt_codec *k, const char *path, int parts);
+
 /* ---- building blocks of the compressing codecs -------------------------- */
 
-/* The piece starting at lo (created on first use, its rng seeded with salt
- * mixed in); NULL when out of memory (dt_error set). */
-dt_codec_piece *dt_codec_piece_at(dt_codec *k, size_t lo, size_t hi, uint64_t salt);
+/* The piece starting at lo (created on first use; found with another hi, as
+ * after a checkpoint cut differently, it starts afresh); NULL when out of
+ * memory (dt_error set). */
+dt_codec_piece *dt_codec_piece_at(dt_codec *k, size_t lo, size_t hi);
+/* A step of piece p begins: seeds p->rng from [train] seed, lo, salt and
+ * the step (a function of them, so that a resumed run draws what an
+ * uninterrupted one would), counts the step and returns its index. */
+int64_t dt_codec_piece_begin(dt_codec *k, dt_codec_piece *p, uint64_t salt);
 /* p->buf with room for at least bytes (aligned for floats); NULL when out
  * of memory. */
 uint8_t *dt_codec_buf(dt_codec_piece *p, size_t bytes);

@@ -11,9 +11,10 @@ static int cast_wants(const dt_config *c) { return c->comp_method == DT_COMP_FP1
 static dt_status cast_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
     size_t len = hi - lo;
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     uint8_t *buf = p ? dt_codec_buf(p, len * 2) : NULL;
     if (!buf) return DT_ERR_NOMEM;
+    dt_codec_piece_begin(k, p, 0);
     dt_codec_ef_add(k, g, lo, hi);
     dt_from_f32(buf, g + lo, len, type_of(k));
     if (k->residual) {  // what the rank's 16-bit values lost
@@ -28,7 +29,7 @@ static dt_status cast_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_req
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_finish(k, g, lo, hi, req);
     dt_status st = dt_wait(req);
     if (st != DT_OK) return st;
-    dt_to_f32(g + lo, dt_codec_piece_at(k, lo, hi, 0)->buf, hi - lo, type_of(k));
+    dt_to_f32(g + lo, dt_codec_piece_at(k, lo, hi)->buf, hi - lo, type_of(k));
     return DT_OK;
 }
 

@@ -44,12 +44,20 @@ static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_requ
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
     size_t len = hi - lo;
     shape s = shape_of(k, len);
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0x905);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     float *P = p ? (float *)dt_codec_buf(p, work_at(s) + s.rows * s.r * sizeof(double)) : NULL;
     if (!P) return DT_ERR_NOMEM;
-    if (!p->q) {
+    dt_codec_piece_begin(k, p, 0x905);
+    if (!p->q || p->nq != s.cols * s.r) {  // the first step, or a checkpoint's Q of another rank
+        if (p->q && k->rank == 0 && !k->refit_warned++)
+            dt_log(DT_LOG_WARN, "powersgd: the checkpoint's Q of piece [%zu, %zu) has %zu values, rank %zu needs %zu: "
+                                "a new Q from the seed",
+                   lo, hi, p->nq, s.r, s.cols * s.r);
+        free(p->q);
+        p->nq = 0;
         if (!(p->q = malloc(s.cols * s.r * sizeof(float))))
             return dt_error(DT_ERR_NOMEM, "gradient codec powersgd: out of memory");
+        p->nq = s.cols * s.r;
         for (size_t i = 0; i < s.cols * s.r; i++) p->q[i] = dt_rng_normal(&p->rng);
     }
     dt_codec_ef_add(k, g, lo, hi);
@@ -60,7 +68,6 @@ static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_requ
             float v = x[i * s.cols + c];
             for (size_t j = 0; j < s.r; j++) P[i * s.r + j] += v * Q[c * s.r + j];
         }
-    p->step++;
     return dt_iallreduce(P, P, s.rows * s.r, DT_F32, DT_SUM, k->comm, req);
 }
 
@@ -93,7 +100,7 @@ static dt_status psgd_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_req
     if (st != DT_OK) return st;
     size_t len = hi - lo;
     shape s = shape_of(k, len);
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     float *P = (float *)p->buf, *Q = P + s.rows * s.r, *x = g + lo;
     orthonormalize(P, (double *)(void *)(p->buf + work_at(s)), s.rows, s.r);
     memset(Q, 0, s.cols * s.r * sizeof(float));

@@ -91,9 +91,10 @@ static dt_status quant_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_req
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
     int m = k->c->comp_method, L = k->c->comp_levels;
     size_t len = hi - lo, B = msg_bytes(m, L, len);
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0x51u + (uint64_t)k->rank * 0x100000001b3ull);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     uint8_t *buf = p ? dt_codec_buf(p, B * (size_t)k->world) : NULL;
     if (!buf) return DT_ERR_NOMEM;
+    dt_codec_piece_begin(k, p, 0x51u + (uint64_t)k->rank * 0x100000001b3ull);  // each rank its own draws
     uint8_t *mine = buf + B * (size_t)k->rank;
     dt_codec_ef_add(k, g, lo, hi);
     encode(m, L, g + lo, len, mine, &p->rng);
@@ -102,7 +103,6 @@ static dt_status quant_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_req
         memcpy(r, g + lo, len * sizeof *r);
         decode_add(m, L, mine, len, -1, r);
     }
-    p->step++;
     return dt_iallgather(mine, buf, B, DT_U8, k->comm, req);
 }
 
@@ -112,7 +112,7 @@ static dt_status quant_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_re
     if (st != DT_OK) return st;
     int m = k->c->comp_method, L = k->c->comp_levels;
     size_t len = hi - lo, B = msg_bytes(m, L, len);
-    const uint8_t *buf = dt_codec_piece_at(k, lo, hi, 0)->buf;
+    const uint8_t *buf = dt_codec_piece_at(k, lo, hi)->buf;
     memset(g + lo, 0, len * sizeof *g);
     for (int r = 0; r < k->world; r++) decode_add(m, L, buf + B * (size_t)r, len, 1, g + lo);
     return DT_OK;

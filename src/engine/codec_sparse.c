@@ -10,9 +10,9 @@
  * down to it, before accumulating), and a warm-up whose density falls
  * exponentially from ratio^(1/(warmup+1)) to ratio over warmup_steps.
  *
- * randomk draws its k indices from a permutation of the piece that every
- * rank advances with the same generator (seeded from [train] seed and the
- * piece), so the indices agree and the values are summed by one fp32
+ * randomk draws its k indices by shuffling the piece's indices with a
+ * generator every rank seeds alike (from [train] seed, the piece and the
+ * step), so the indices agree and the values are summed by one fp32
  * allreduce of k floats: no indices on the wire. Without error feedback the
  * values are scaled by len / k, which makes it unbiased.
  *
@@ -27,10 +27,11 @@ static int sparse_wants(const dt_config *c) {
     return c->comp_method == DT_COMP_TOPK || c->comp_method == DT_COMP_RANDOMK;
 }
 
-static size_t k_of(const dt_codec *k, const dt_codec_piece *p, size_t len) {
+// k at the piece's step t.
+static size_t k_of(const dt_codec *k, int64_t t, size_t len) {
     double d = k->c->comp_ratio;
     int64_t w = k->c->comp_warmup_steps;
-    if (k->c->comp_method == DT_COMP_TOPK && p->step < w) d = pow(d, (double)(p->step + 1) / (double)(w + 1));
+    if (k->c->comp_method == DT_COMP_TOPK && t < w) d = pow(d, (double)(t + 1) / (double)(w + 1));
     size_t kk = (size_t)ceil(d * (double)len);
     return kk < 1 ? 1 : kk > len ? len : kk;
 }
@@ -99,8 +100,9 @@ static void sent_at(dt_codec *k, size_t at) {
     if (k->velocity) k->velocity[at] = 0;
 }
 
-static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, dt_request_t *req) {
-    size_t len = hi - lo, kk = k_of(k, p, len), B = kk * sizeof(pair);
+static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, int64_t step,
+                            dt_request_t *req) {
+    size_t len = hi - lo, kk = k_of(k, step, len), B = kk * sizeof(pair);
     uint8_t *buf = dt_codec_buf(p, B * (size_t)k->world + len * sizeof(float));
     if (!buf) return DT_ERR_NOMEM;
     pair *mine = (pair *)(buf + B * (size_t)k->rank);
@@ -122,16 +124,15 @@ static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_code
     return dt_iallgather(mine, buf, B, DT_U8, k->comm, req);
 }
 
-static dt_status randomk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, dt_request_t *req) {
-    size_t len = hi - lo, kk = k_of(k, p, len);
+static dt_status randomk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, int64_t step,
+                               dt_request_t *req) {
+    size_t len = hi - lo, kk = k_of(k, step, len);
     float *vals = (float *)dt_codec_buf(p, kk * sizeof(float));
     if (!vals) return DT_ERR_NOMEM;
-    if (!p->perm) {
-        if (!(p->perm = malloc(len * sizeof *p->perm)))
-            return dt_error(DT_ERR_NOMEM, "gradient codec randomk: out of memory");
-        for (size_t i = 0; i < len; i++) p->perm[i] = (uint32_t)i;
-    }
-    for (size_t j = 0; j < kk; j++) {  // a partial Fisher-Yates shuffle: k fresh indices
+    if (!p->perm && !(p->perm = malloc(len * sizeof *p->perm)))
+        return dt_error(DT_ERR_NOMEM, "gradient codec randomk: out of memory");
+    for (size_t i = 0; i < len; i++) p->perm[i] = (uint32_t)i;
+    for (size_t j = 0; j < kk; j++) {  // a partial Fisher-Yates shuffle: k random indices of the step
         size_t r = j + dt_rng_below(&p->rng, (uint32_t)(len - j));
         uint32_t t = p->perm[j];
         p->perm[j] = p->perm[r];
@@ -150,19 +151,18 @@ static dt_status randomk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_c
 
 static dt_status sparse_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     if (!p) return DT_ERR_NOMEM;
-    dt_status st = k->c->comp_method == DT_COMP_TOPK ? topk_start(k, g, lo, hi, p, req)
-                                                     : randomk_start(k, g, lo, hi, p, req);
-    p->step++;
-    return st;
+    int64_t t = dt_codec_piece_begin(k, p, 0);  // random-k: the same indices on every rank
+    return k->c->comp_method == DT_COMP_TOPK ? topk_start(k, g, lo, hi, p, t, req)
+                                             : randomk_start(k, g, lo, hi, p, t, req);
 }
 
 static dt_status sparse_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_finish(k, g, lo, hi, req);
     dt_status st = dt_wait(req);
     if (st != DT_OK) return st;
-    const dt_codec_piece *p = dt_codec_piece_at(k, lo, hi, 0);
+    const dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     size_t kk = p->sent;
     memset(g + lo, 0, (hi - lo) * sizeof *g);
     if (k->c->comp_method == DT_COMP_RANDOMK) {

@@ -156,6 +156,17 @@ static dt_status dp_sync(dt_strategy *s) {
     return DT_OK;
 }
 
+// The codec's state in checkpoints (one worker has no codec, and no state).
+static int dp_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
+    dp *d = (dp *)s;
+    return d->codec ? dt_codec_state(d->codec, t, max) : 0;
+}
+
+static dt_status dp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    dp *d = (dp *)s;
+    return d->codec ? dt_codec_restore(d->codec, path, parts) : DT_OK;
+}
+
 static int dp_wants(const dt_config *c) { return !c->deterministic; }
 
 static dt_status dp_check(const dt_config *c, int W) {
@@ -181,4 +192,6 @@ const dt_strategy_ops dt_strategy_dp = {
     .sync = dp_sync,
     .grad_norm = dt_strategy_norm_replicated,
     .update = dt_strategy_update_slice,
+    .ckpt_extra = dp_ckpt_extra,
+    .ckpt_restore = dp_ckpt_restore,
 };

@@ -222,6 +222,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_strategy_ckpt_view(strat, &cm);
     dt_train_state ts = {.rng = info.rng};
     DT_TRY(dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts), done);
+    DT_TRY(dt_strategy_ckpt_restore(strat, ck.from, ck.from_parts), done);
     ck.obs = obs;
     dt_rng rng = ts.rng;
     res->resumed_step = ts.step;

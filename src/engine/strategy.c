@@ -64,6 +64,12 @@ void dt_strategy_free(dt_strategy *s) {
     free(s);
 }
 
+// dt_ckpt_model's extra: the strategy's own state.
+static int ckpt_extra(void *user, dt_st_tensor *t, int max) {
+    dt_strategy *s = user;
+    return s->ops->ckpt_extra(s, t, max);
+}
+
 void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
     m->params = s->params + (s->params_sliced ? s->lo : 0);  // params[0] is element params_lo
     m->nparams = s->n;
@@ -75,6 +81,8 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
     m->params_hi = s->params_sliced ? s->hi : s->n;
     m->states_lo = s->lo;
     m->states_hi = s->hi;
+    m->extra = s->ops->ckpt_extra && s->ops->ckpt_extra(s, NULL, 0) > 0 ? ckpt_extra : NULL;
+    m->extra_user = s;
 }
 
 int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global) {

@@ -22,6 +22,7 @@
  *   dt_strategy_params_whole(s, 1 / 0)     around evaluation and the weights file
  *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
+ *   dt_strategy_ckpt_restore(s, path, W0)  its own state from the checkpoint resumed
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
  * during backward through a gradient codec, engine/codec.h),
@@ -101,6 +102,13 @@ typedef struct dt_strategy_ops {
      * checkpoint and the final weights; NULL when they always are (every
      * peer but local SGD). */
     dt_status (*params_sync)(dt_strategy *s);
+    /* State a rank keeps across steps beyond the blocks (dp's gradient
+     * codec), for checkpoints: ckpt_extra is dt_ckpt_model's extra (0
+     * tensors: none); ckpt_restore continues from that state in checkpoint
+     * path ("": a fresh start), written by `parts` ranks (a collective).
+     * NULL: no such state. */
+    int (*ckpt_extra)(dt_strategy *s, dt_st_tensor *t, int max);
+    dt_status (*ckpt_restore)(dt_strategy *s, const char *path, int parts);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -158,9 +166,15 @@ static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
 }
 
 /* The checkpoint view of what this rank holds: the parameter block and
- * the optimizer state (its slice [lo, hi) of each), and the step count.
- * Fills those fields of m; the caller fills the model's (tensors, meta). */
+ * the optimizer state (its slice [lo, hi) of each), the step count, and
+ * any state of the strategy's own (ckpt_extra). Fills those fields of m;
+ * the caller fills the model's (tensors, meta). */
 void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m);
+/* After a resume from path (written by `parts` ranks; "" none), on every
+ * rank: the strategy's own state from it. */
+static inline dt_status dt_strategy_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    return s->ops->ckpt_restore ? s->ops->ckpt_restore(s, path, parts) : DT_OK;
+}
 
 /* ---- building blocks the peers share ------------------------------------ */
 
