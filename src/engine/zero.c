@@ -59,6 +59,7 @@ typedef struct {
     size_t done;           // order positions >= done have been started
     piece *p;              // this step's reductions, in the order started
     int np, cap, settled;  // p[0, settled) are complete
+    size_t rel_lo, rel_hi; // stage 2: settled parts not owned, still to give back
     size_t *counts, *displs;  // every rank's slice, for the allgather
     int64_t *acc;          // deterministic: fixed-point sums of the block
     // stage 3: blocks 0..L-1 (the ranges of the order whose layer is one of
@@ -134,10 +135,31 @@ static void reduce_order(zero *z, size_t a, size_t b) {
     if (hi > lo) reduce_block(z, lo, hi);
 }
 
+// Stage 2: gives back the settled part [lo, hi) this rank does not own.
+// Parts that touch (backward settles them from the block's end down) are
+// joined and given back in one call once they reach two buckets, and the
+// rest when the step's reductions are done (flush): each call is one
+// madvise, whose TLB flush must reach every CPU running the process, a
+// stall per call on a busy VM.
+static void release_later(zero *z, size_t lo, size_t hi, int flush) {
+    float *g = z->base.grads;
+    if (hi > lo && z->rel_hi > z->rel_lo && (hi == z->rel_lo || lo == z->rel_hi)) {
+        z->rel_lo = lo < z->rel_lo ? lo : z->rel_lo;
+        z->rel_hi = hi > z->rel_hi ? hi : z->rel_hi;
+    } else if (hi > lo) {
+        release(g, z->rel_lo, z->rel_hi);
+        z->rel_lo = lo, z->rel_hi = hi;
+    }
+    if (flush || z->rel_hi - z->rel_lo >= 2 * z->bucket) {
+        release(g, z->rel_lo, z->rel_hi);
+        z->rel_lo = z->rel_hi = 0;
+    }
+}
+
 // Completes the reductions that are done (all of them if wait; at stage 2
-// also the oldest while more than two buckets are in flight, which bounds
-// the gradient a rank holds), releasing at stage 2 the parts this rank does
-// not own.
+// also the oldest while more than two buckets are in flight, which with
+// the two buckets waiting to be given back bounds the gradient a rank
+// holds), giving back at stage 2 the parts this rank does not own.
 static void settle(zero *z, int wait) {
     dt_strategy *s = &z->base;
     size_t flight = 0;
@@ -150,9 +172,10 @@ static void settle(zero *z, int wait) {
         if (st != DT_OK) fail(z, st);
         if (!fin) break;
         p->req = NULL;
-        if (z->stage >= 2 && p->root != s->rank) release(s->grads, p->lo, p->hi);
+        if (z->stage >= 2 && p->root != s->rank) release_later(z, p->lo, p->hi, 0);
         z->settled++;
     }
+    if (wait && z->stage >= 2) release_later(z, 0, 0, 1);
 }
 
 // ---- stage 3 --------------------------------------------------------------
@@ -454,7 +477,7 @@ static dt_status zero_update(dt_strategy *s, float lr, float scale) {
         st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
         if (st != DT_OK) st = dt_error(st, "parameter allgather: %s", dt_last_error());
     }
-    if (s->grads_zero) release(s->grads, s->lo, s->hi);
+    if (s->grads_zero) memset(s->grads + s->lo, 0, (s->hi - s->lo) * sizeof(float));  // filled again next step
     return st;
 }
 
