@@ -73,10 +73,6 @@ def svg_chart(curves, path, title, ymin=None):
         o.append('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#e5e5e5"/>'
                  '<text x="%.1f" y="%d" text-anchor="middle" fill="#444">%d</text>' %
                  (px(x), px(x), MT, H - MB, px(x), H - MB + 16, x))
-    for goal in (0.85, 0.90):
-        o.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#888" stroke-dasharray="2 3"/>'
-                 '<text x="%d" y="%.1f" fill="#666">%d%%</text>' %
-                 (ML, W - MR, py(goal), py(goal), W - MR + 4, py(goal) + 4, round(goal * 100)))
     o.append('<path d="M%d %dV%dH%d" fill="none" stroke="#888"/>' % (ML, MT, H - MB, W - MR))
     o.append('<text x="%d" y="%d" text-anchor="middle" font-size="12">round</text>' % ((ML + W - MR) / 2, H - 10))
     o.append('<text x="14" y="%d" text-anchor="middle" font-size="12" transform="rotate(-90 14 %d)">'
@@ -90,9 +86,15 @@ def svg_chart(curves, path, title, ymin=None):
         o.append('<path d="%s" fill="none" stroke="%s" stroke-width="1.5"%s clip-path="url(#plot)"/>' %
                  (d, color, dash))
         y = MT + 8 + 18 * i
+        label = name if len(acc) == rounds else "%s (to round %d)" % (name, len(acc))
         o.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>'
-                 '<text x="%d" y="%d">%s</text>' % (W - MR + 36, W - MR + 60, y, y, color, dash, W - MR + 66, y + 4,
-                                                      name))
+                 '<text x="%d" y="%d">%s</text>' % (W - MR + 16, W - MR + 40, y, y, color, dash, W - MR + 46, y + 4,
+                                                      label))
+    for goal in (0.85, 0.90):  # over the curves, so the labels stay readable
+        o.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#888" stroke-dasharray="2 3"/>'
+                 '<text x="%d" y="%.1f" fill="#555" text-anchor="end" stroke="#fff" stroke-width="3" '
+                 'paint-order="stroke">%d%%</text>' %
+                 (ML, W - MR, py(goal), py(goal), W - MR - 4, py(goal) - 4, round(goal * 100)))
     o.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(o) + "\n")
@@ -106,7 +108,7 @@ def read_csv(paths):
             rows = list(csv.DictReader(f))
         for name in rows[0]:
             if name != "round":
-                curves[name] = [float(r[name]) for r in rows]
+                curves[name] = [float(r[name]) for r in rows if r[name]]  # blank: that run stopped
     return curves
 
 
@@ -140,26 +142,37 @@ def main():
                "--run-dir", run, "--set", "federated.rounds=%d" % a.rounds]
         for s in sets:
             cmd += ["--set", s]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        s = json.load(open(os.path.join(run, "summary.json")))
-        acc = s["round_test_accuracy"]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode == 0
+        if done:
+            s = json.load(open(os.path.join(run, "summary.json")))
+            acc = s["round_test_accuracy"]
+            to85, per_round, wall = s["rounds_to_85"], s["bytes_sent_per_round"], s["wall_seconds"]
+        else:  # it stopped (dtrain's error is above): the rounds before, from the metrics log
+            with open(os.path.join(run, "metrics", "rank-00000.jsonl")) as f:
+                acc = [r["accuracy"] for r in map(json.loads, f) if r.get("type") == "eval"]
+            if not acc:
+                sys.exit("%s: dtrain federate failed before its first round" % name)
+            to85 = next((i + 1 for i, x in enumerate(acc) if x >= 0.85), -1)
+            per_round = wall = None
         curves[name] = acc
-        row = {"case": name, "rounds": a.rounds, "final_accuracy": s["test_accuracy"],
+        row = {"case": name, "rounds": len(acc), "completed": done, "final_accuracy": acc[-1],
                "best_accuracy": max(acc), "accuracy_at_100": acc[99] if len(acc) >= 100 else None,
-               "best_within_100": max(acc[:100]), "rounds_to_85": s["rounds_to_85"],
-               "bytes_sent_per_round": s["bytes_sent_per_round"], "wall_seconds": s["wall_seconds"]}
+               "best_within_100": max(acc[:100]), "rounds_to_85": to85,
+               "bytes_sent_per_round": per_round, "wall_seconds": wall}
         out.append(row)
         if not a.json:
             at100 = "%.4f" % row["accuracy_at_100"] if row["accuracy_at_100"] is not None else "-"
-            print("%-20s at 100 %s  best within 100 %.4f  final %.4f  best %.4f  rounds to 85%% %4s  "
-                  "%.2f MB/round (rank 0)  %.0f s" %
-                  (name, at100, row["best_within_100"], row["final_accuracy"], row["best_accuracy"],
-                   row["rounds_to_85"], row["bytes_sent_per_round"] / 1e6, row["wall_seconds"]), flush=True)
+            tail = ("%.2f MB/round (rank 0)  %.0f s" % (per_round / 1e6, wall) if done else
+                    "STOPPED after round %d" % len(acc))
+            print("%-20s at 100 %s  best within 100 %.4f  final %.4f  best %.4f  rounds to 85%% %4s  %s" %
+                  (name, at100, row["best_within_100"], row["final_accuracy"], row["best_accuracy"], to85, tail),
+                  flush=True)
     with open(os.path.join(tmp, "accuracy_per_round.csv"), "w") as f:
         names = list(curves)
         f.write("round," + ",".join(names) + "\n")
-        for r in range(a.rounds):
-            f.write("%d," % (r + 1) + ",".join("%.4f" % curves[n][r] for n in names) + "\n")
+        for r in range(max((len(c) for c in curves.values()), default=0)):
+            f.write("%d," % (r + 1) + ",".join("%.4f" % curves[n][r] if r < len(curves[n]) else "" for n in names) +
+                    "\n")
     svg = a.svg or os.path.join(tmp, "accuracy_per_round.svg")
     if curves:
         svg_chart(curves, svg, a.title, a.ymin)
