@@ -48,7 +48,7 @@ def nice_step(span, n):
 def svg_chart(curves, path, title, ymin=None):
     """Writes accuracy per round as an SVG line chart: one line per case (E = 5
     dashed, colour by partition), grid lines, the 85% and 90% goals dotted, a
-    legend on the right. curves: {case: [accuracy after round 1, 2, ...]};
+    legend at the bottom right. curves: {case: [accuracy after round 1, 2, ...]};
     ymin: the bottom of the y axis (lower points are cut off), by default the
     lowest accuracy's tenth."""
     W, H, ML, MR, MT, MB = 760, 420, 56, 190, 40, 46
@@ -85,16 +85,15 @@ def svg_chart(curves, path, title, ymin=None):
         d = "".join("%s%.1f %.1f" % ("L" if r else "M", px(r + 1), py(a)) for r, a in enumerate(acc))
         o.append('<path d="%s" fill="none" stroke="%s" stroke-width="1.5"%s clip-path="url(#plot)"/>' %
                  (d, color, dash))
-        y = MT + 8 + 18 * i
+        y = H - MB - 18 * (len(curves) - 1 - i) - 4  # the legend from the bottom up, clear of the goals
         label = name if len(acc) == rounds else "%s (to round %d)" % (name, len(acc))
         o.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>'
                  '<text x="%d" y="%d">%s</text>' % (W - MR + 16, W - MR + 40, y, y, color, dash, W - MR + 46, y + 4,
                                                       label))
-    for goal in (0.85, 0.90):  # over the curves, so the labels stay readable
+    for goal in (0.85, 0.90):  # over the curves, labelled in the right margin
         o.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#888" stroke-dasharray="2 3"/>'
-                 '<text x="%d" y="%.1f" fill="#555" text-anchor="end" stroke="#fff" stroke-width="3" '
-                 'paint-order="stroke">%d%%</text>' %
-                 (ML, W - MR, py(goal), py(goal), W - MR - 4, py(goal) - 4, round(goal * 100)))
+                 '<text x="%d" y="%.1f" fill="#555">%d%%</text>' %
+                 (ML, W - MR, py(goal), py(goal), W - MR + 4, py(goal) + 4, round(goal * 100)))
     o.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(o) + "\n")
