@@ -177,6 +177,10 @@ static void partitions(void) {
     CHECK(tl_count(html, "id=\"clients\"") == 1 && tl_count(html, "<title>client 9 class") >= 1 &&
               tl_count(html, "(partition shards)") >= 1,
           "the report has the clients chart");
+    // Its step records are rounds: the charts' x axis says so.
+    CHECK(tl_count(html, "class=\"al\" text-anchor=\"middle\">round</text>") >= 3 &&
+              tl_count(html, ">step</text>") == 0 && tl_count(html, "rounds logged") == 1,
+          "the report's x axis counts rounds");
 }
 
 // ---- 2. one client is plain training ------------------------------------------

@@ -367,8 +367,8 @@ static double mean(const vec *v) {
 
 static double sum(const vec *v) { return mean(v) * v->n; }
 
-// Horizontal stacked bars: mean seconds per step in each phase, per rank.
-static void breakdown_chart(FILE *f, const run_data *d) {
+// Horizontal stacked bars: mean seconds per step (unit) in each phase, per rank.
+static void breakdown_chart(FILE *f, const run_data *d, const char *unit) {
     int W = d->nranks, bh = W > 16 ? 8 : 22, stack[] = {0, 1, 2, 3, 5};
     double m[W][NPH], xmax = 0;
     for (int r = 0; r < W; r++) {
@@ -380,10 +380,10 @@ static void breakdown_chart(FILE *f, const run_data *d) {
     int h = MT + MB + W * (bh + 6);
     box b = {0, xmax > 0 ? xmax * 1.05 : 1, 0, 1};
     fprintf(f, "<svg class=\"chart\" id=\"breakdown\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "viewBox=\"0 0 %d %d\" role=\"img\"><title>Time per step by phase</title>"
+               "viewBox=\"0 0 %d %d\" role=\"img\"><title>Time per %s by phase</title>"
                "<rect class=\"bg\" x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>"
-               "<text x=\"%d\" y=\"20\" class=\"ct\">Mean time per step by phase, per rank</text>\n",
-            CW, h, CW, h, CW, h, ML);
+               "<text x=\"%d\" y=\"20\" class=\"ct\">Mean time per %s by phase, per rank</text>\n",
+            CW, h, CW, h, unit, CW, h, ML, unit);
     double s = nice_step(b.x1, 6);
     char t[32];
     for (double v = 0; v <= b.x1 + 1e-12; v += s) {
@@ -392,8 +392,8 @@ static void breakdown_chart(FILE *f, const run_data *d) {
                    "<text x=\"%.1f\" y=\"%d\" class=\"tl\" text-anchor=\"middle\">%s</text>\n",
                 px(&b, v), px(&b, v), MT, h - MB, px(&b, v), h - MB + 16, t);
     }
-    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"al\" text-anchor=\"middle\">milliseconds per step</text>\n",
-            (ML + CW - MR) / 2, h - 8);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"al\" text-anchor=\"middle\">milliseconds per %s</text>\n",
+            (ML + CW - MR) / 2, h - 8, unit);
     for (int r = 0; r < W; r++) {
         double x = 0, y = MT + r * (bh + 6);
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" class=\"tl\" text-anchor=\"end\">rank %d</text>\n", ML - 6,
@@ -513,9 +513,33 @@ static void summary_table(FILE *f, const char *run_dir) {
     cJSON_Delete(j);
 }
 
+// A federated run logs one step record per round (docs/federated.md): its
+// summary.json says "mode": "federated", and while it runs, before there is
+// a summary, its clients.json marks it.
+static int federated_run(const char *run_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/summary.json", run_dir);
+    FILE *s = fopen(path, "r");
+    if (!s) {
+        snprintf(path, sizeof path, "%s/clients.json", run_dir);
+        struct stat sb;
+        return stat(path, &sb) == 0;
+    }
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, s);
+    fclose(s);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *m = cJSON_GetObjectItem(j, "mode");
+    int fed = cJSON_IsString(m) && !strcmp(m->valuestring, "federated");
+    cJSON_Delete(j);
+    return fed;
+}
+
 static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     const rank_log *r0 = &d->r[0];
     int W = d->nranks, n = r0->step.n, nb = n < 600 ? n : 600;
+    const char *unit = federated_run(run_dir) ? "round" : "step";  // the x axis of the per-step charts
     double *bx = malloc(sizeof(double) * (n + 1) * 3), *by = bx + n + 1, *sm = by + n + 1;
     if (!bx) return;
     fputs("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>dtrain report: ", f);
@@ -524,7 +548,7 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     html_text(f, d->name);
     fputs("</h1>\n<p>Run directory <code>", f);
     html_text(f, run_dir);
-    fprintf(f, "</code>: %d rank%s, %d steps logged.</p>\n", W, W > 1 ? "s" : "", n);
+    fprintf(f, "</code>: %d rank%s, %d %ss logged.</p>\n", W, W > 1 ? "s" : "", n, unit);
     summary_table(f, run_dir);
 
     // Loss: training (binned) and evaluation.
@@ -532,13 +556,13 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     int k = bin(r0->step.v, r0->loss.v, n, nb, bx, by);
     series ls[2] = {{"train", bx, by, k, palette[0], 0, 0, 2, }, {"evaluation", r0->eval_step.v, r0->eval_loss.v,
                                                                   r0->eval_step.n, palette[1], 0, 1, 2}};
-    line_chart(f, "loss", "Loss", "step", "loss", ls, r0->eval_step.n ? 2 : 1, NAN, 0);
+    line_chart(f, "loss", "Loss", unit, "loss", ls, r0->eval_step.n ? 2 : 1, NAN, 0);
     int has_acc = 0;
     for (int i = 0; i < r0->eval_acc.n; i++) has_acc |= isfinite(r0->eval_acc.v[i]);
     if (has_acc) {
         fputs("<h2>Accuracy</h2>\n", f);
         series as = {"evaluation", r0->eval_step.v, r0->eval_acc.v, r0->eval_acc.n, palette[2], 0, 0, 2};
-        line_chart(f, "accuracy", "Evaluation accuracy", "step", "accuracy", &as, 1, NAN, 0);
+        line_chart(f, "accuracy", "Evaluation accuracy", unit, "accuracy", &as, 1, NAN, 0);
     } else {
         fputs("<p>No accuracy: the run logged no evaluation with an accuracy (language models report a loss only).</p>\n", f);
     }
@@ -557,9 +581,10 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
 
     // Time per phase, per rank.
     fputs("<h2>Where the time goes</h2>\n", f);
-    breakdown_chart(f, d);
-    fputs("<table><tr><th>rank</th><th>steps</th><th>step time, ms</th><th>work, ms</th><th>comm exposed, ms</th>"
-          "<th>comm hidden, ms</th><th>sent, MB</th><th>received, MB</th><th>peak memory, MB</th></tr>\n", f);
+    breakdown_chart(f, d, unit);
+    fprintf(f, "<table><tr><th>rank</th><th>%ss</th><th>%s time, ms</th><th>work, ms</th><th>comm exposed, ms</th>"
+               "<th>comm hidden, ms</th><th>sent, MB</th><th>received, MB</th><th>peak memory, MB</th></tr>\n",
+            unit, unit);
     for (int r = 0; r < W; r++) {
         const rank_log *g = &d->r[r];
         double step = 0;
@@ -601,8 +626,9 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
             ss[r] = (series){names[r], xs + (size_t)r * (m + 1), ys + (size_t)r * (m + 1), kk,
                              flagged[r] ? "#d62728" : palette[(r % 9) == 3 ? 9 : r % 9], 0, 0, flagged[r] ? 3 : 1};
         }
-        line_chart(f, "straggler", "Each rank's work per step / median of all ranks", "step",
-                   "ratio to the median", ss, W, 1 + d->margin, 1);
+        char title[80];
+        snprintf(title, sizeof title, "Each rank's work per %s / median of all ranks", unit);
+        line_chart(f, "straggler", title, unit, "ratio to the median", ss, W, 1 + d->margin, 1);
     }
     free(ratio);
     free(ss);
