@@ -298,6 +298,18 @@ static void dropouts(void) {
           "a run that barely moves: %s", g_out);
     d = diff("d-few", "d-init", &bw);
     CHECK(d >= 0 && d < 1e-6, "the skipped round left the initial model (%.3g)", d);
+    // A client whose local training diverges (its loss no longer finite:
+    // here client 0's, at lr 1000) is a failed client: left out, named, and
+    // the run goes on, bitwise as when the same client is made to fail.
+    const char *hot = "--set federated.clients=4 --set federated.fraction=1 --set federated.rounds=1 "
+                      "--set optim.lr=1000 --set federated.local_epochs=5";
+    CHECK(fed("d-nan", 2, hot) == 0 && strstr(g_out, "client 0 left out") && strstr(g_out, "loss is NaN"),
+          "a diverging client is left out, not the end of the run: %s", g_out);
+    setenv("DTRAIN_FED_FAIL", "1:0", 1);
+    CHECK(fed("d-nan-fail", 2, hot) == 0, "the same client failing: %s", g_out);
+    unsetenv("DTRAIN_FED_FAIL");
+    d = diff("d-nan", "d-nan-fail", &bw);
+    CHECK(bw, "a diverged client and a failed one are left out alike (%.3g)", d);
     printf("dropouts: failed == late (bitwise), secure with a dropout vs plain %.3g, min_clients skips a round\n",
            diff("d-fail", "d-sec", &bw));
 }

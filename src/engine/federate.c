@@ -15,7 +15,8 @@
  * vectors whose masks cancel in the sum (fedparts.h). One int64 allreduce
  * carries the sums, which clients reported, and the loss.
  *
- * Clients that fail or miss the round's deadline send nothing: the update
+ * Clients that fail (an injected fault, or local training whose loss is no
+ * longer finite) or miss the round's deadline send nothing: the update
  * is renormalised over the clients that reported (their masks with the
  * dropped clients removed under secure aggregation), and a round with
  * fewer than min_clients reports leaves the model unchanged. The server
@@ -219,6 +220,10 @@ static dt_status run_round(fed *f, int r, int *reported, float *loss, float *nor
         double t0 = dt_now();
         float closs = 0;
         dt_status st = train_client(f, r, k, &closs);
+        if (st == DT_ERR_NUMERIC) {  // its local training diverged: a failed client, left out of the round
+            dt_log(DT_LOG_WARN, "round %d: client %d left out: %s", r, k, dt_last_error());
+            continue;
+        }
         if (st != DT_OK) return st;
         if (fault_s > 0) {
             struct timespec ts = {(time_t)fault_s, (long)((fault_s - floor(fault_s)) * 1e9)};
