@@ -385,8 +385,9 @@ static void test_files_and_memory(void) {
           "GPT batch over --memory-limit: %s", out);
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --workers 2 --set train.batch=1024 --memory-limit 16M",
              tl_dtrain(), ini, g_dir);
-    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "x 2 workers") && strstr(out, "train.batch"),
-          "2 GPT workers over --memory-limit, refused before they start: %s", out);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "(--memory-limit 16M, each worker)") &&
+              strstr(out, "train.batch") && strstr(out, "512 x 32 tokens"),
+          "2 GPT workers, each over --memory-limit with its half of the batch, refused before they start: %s", out);
     // No flag: a context of 2^20 tokens x 2^20 windows needs petabytes.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --set train.batch=1048576 --set model.block_size=1048576 "
              "--set train.seq_len=1048576", tl_dtrain(), ini, g_dir);
