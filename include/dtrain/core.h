@@ -145,11 +145,11 @@ DT_API size_t dt_mem_machine(const char **source);
 /* This process's resident memory now (VmRSS), 0 when unknown. */
 DT_API size_t dt_mem_resident(void);
 /* Caps this process's memory at `bytes` where the kernel enforces it: a
- * memory cgroup of its own (cgroup v2 memory.max where the root hands the
- * memory controller down, else v1 memory.limit_in_bytes; the group is
- * removed at exit, and groups of dtrain processes that were killed are
- * removed by the next cap), else RLIMIT_DATA (which counts mapped, not
- * resident, private memory). `how` gets which, for logs and summary.json.
+ * memory cgroup of its own inside the one it is in (v1
+ * memory.limit_in_bytes, or v2 memory.max where that cgroup hands the
+ * memory controller down; the group is removed at exit, and groups of
+ * dtrain processes that were killed are removed by the next cap), else
+ * RLIMIT_DATA (which counts mapped, not resident, private memory). `how` gets which, for logs and summary.json.
  * DT_ERR_IO when none can be set. */
 DT_API dt_status dt_mem_cap(size_t bytes, char *how, size_t len);
 /* A limit for dt_mem_available() (0: none); `name` describes it in

@@ -260,14 +260,13 @@ static int read_field(const char *path, const char *key, uint64_t *v) {
     return ok;
 }
 
-// What the memory cgroup (v2 or v1) and its parents still allow, or
-// SIZE_MAX; *src names the cgroup file of the tightest limit.
-static size_t cgroup_room(const char **src) {
-    static char where[1100];
+// The directory of this process's memory cgroup (v1's memory hierarchy, or
+// v2's unified one); 0 when it has none. *v1 says which.
+static int own_cgroup(char *dir, size_t len, int *v1) {
     FILE *f = fopen("/proc/self/cgroup", "r");
-    if (!f) return SIZE_MAX;
+    if (!f) return 0;
     char line[512], rel[512] = "";
-    int v1 = 0, found = 0;
+    int found = 0;
     while (fgets(line, sizeof line, f)) {
         char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
         if (!c2) continue;
@@ -276,21 +275,31 @@ static size_t cgroup_room(const char **src) {
         int is_v1 = strstr(c1 + 1, "memory") != NULL, is_v2 = c1 == line + 1 && line[0] == '0' && !c1[1];
         if (is_v1 || (is_v2 && !found)) {
             snprintf(rel, sizeof rel, "%s", c2 + 1);
-            v1 = is_v1;
+            *v1 = is_v1;
             found = 1;
         }
     }
     fclose(f);
-    if (!found) return SIZE_MAX;
-    const char *root = v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
-    const char *fmax = v1 ? "memory.limit_in_bytes" : "memory.max", *fcur = v1 ? "memory.usage_in_bytes" : "memory.current",
-               *kcache = v1 ? "total_inactive_file" : "inactive_file";
-    char dir[1024], path[1200];
-    snprintf(dir, sizeof dir, "%s%s", root, rel);
+    if (!found) return 0;
+    const char *root = *v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+    snprintf(dir, len, "%s%s", root, strcmp(rel, "/") ? rel : "");
     // Inside a container's cgroup namespace the path may not exist from here:
     // then the root of the mount is this process's cgroup.
     struct stat sb;
-    if (stat(dir, &sb) != 0) snprintf(dir, sizeof dir, "%s", root);
+    if (stat(dir, &sb) != 0) snprintf(dir, len, "%s", root);
+    return 1;
+}
+
+// What the memory cgroup (v2 or v1) and its parents still allow, or
+// SIZE_MAX; *src names the cgroup file of the tightest limit.
+static size_t cgroup_room(const char **src) {
+    static char where[1100];
+    char dir[1024], path[1200];
+    int v1 = 0;
+    if (!own_cgroup(dir, sizeof dir, &v1)) return SIZE_MAX;
+    const char *root = v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+    const char *fmax = v1 ? "memory.limit_in_bytes" : "memory.max", *fcur = v1 ? "memory.usage_in_bytes" : "memory.current",
+               *kcache = v1 ? "total_inactive_file" : "inactive_file";
     size_t best = SIZE_MAX;
     for (;;) {
         uint64_t lim, cur = 0, cache = 0;
@@ -353,12 +362,12 @@ size_t dt_mem_resident(void) {
 
 // ---- the cap: --memory-limit enforced on a worker -------------------------
 
-static char cap_dir[300];
+static char cap_dir[1100];
 
 // Back in the parent group, and the group gone (at exit).
 static void cap_leave(void) {
     if (!cap_dir[0]) return;
-    char path[400];
+    char path[1200];
     snprintf(path, sizeof path, "%.*s/cgroup.procs", (int)(strrchr(cap_dir, '/') - cap_dir), cap_dir);
     FILE *f = fopen(path, "w");
     if (f) {
@@ -375,7 +384,7 @@ static void cap_sweep(const char *root) {
     DIR *d = opendir(root);
     if (!d) return;
     struct dirent *e;
-    char path[600];
+    char path[1400];
     while ((e = readdir(d))) {
         long pid;
         char end;
@@ -389,7 +398,7 @@ static void cap_sweep(const char *root) {
 
 // Writes text to dir/name; 0 on success.
 static int put(const char *dir, const char *name, const char *text) {
-    char path[400];
+    char path[1400];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
     if (!f) return -1;
@@ -398,38 +407,34 @@ static int put(const char *dir, const char *name, const char *text) {
 }
 
 dt_status dt_mem_cap(size_t bytes, char *how, size_t len) {
-    char num[32];
+    char num[32], own[1024], pid[32];
     snprintf(num, sizeof num, "%zu", bytes);
-    // A memory cgroup of its own: v2 where the root enables the memory
-    // controller for its children, else v1's memory hierarchy.
-    static const struct { const char *root, *needs, *limit, *name; } kinds[] = {
-        {"/sys/fs/cgroup", "/sys/fs/cgroup/cgroup.subtree_control", "memory.max", "cgroup v2"},
-        {"/sys/fs/cgroup/memory", "/sys/fs/cgroup/memory/memory.limit_in_bytes", "memory.limit_in_bytes", "cgroup v1"},
-    };
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        if (k == 0) {  // v2 only where the root hands the memory controller down
-            char line[256] = "";
-            FILE *f = fopen(kinds[k].needs, "r");
-            if (!f) continue;
-            if (!fgets(line, sizeof line, f)) line[0] = 0;
-            fclose(f);
-            if (!strstr(line, "memory")) continue;
-        } else if (access(kinds[k].needs, W_OK) != 0) {
-            continue;
+    snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    // A memory cgroup of its own inside the one it is in, so that the limits
+    // around it (a container's, a batch job's) still hold: with v1 anywhere;
+    // with v2 where that cgroup hands the memory controller down (only the
+    // root can, holding processes itself).
+    int v1 = 0;
+    if (own_cgroup(own, sizeof own, &v1)) {
+        char ctl[1100], line[256] = "";
+        snprintf(ctl, sizeof ctl, "%s/%s", own, v1 ? "memory.limit_in_bytes" : "cgroup.subtree_control");
+        FILE *f = fopen(ctl, "r");
+        if (f && !fgets(line, sizeof line, f)) line[0] = 0;
+        if (f) fclose(f);
+        const char *limit = v1 ? "memory.limit_in_bytes" : "memory.max";
+        if (f && (v1 || strstr(line, "memory"))) {
+            cap_sweep(own);
+            snprintf(cap_dir, sizeof cap_dir, "%s/dtrain-%ld", own, (long)getpid());
+            if ((mkdir(cap_dir, 0755) == 0 || errno == EEXIST) && put(cap_dir, limit, num) == 0 &&
+                put(cap_dir, "cgroup.procs", pid) == 0) {
+                static int registered;
+                if (!registered++) atexit(cap_leave);
+                snprintf(how, len, "cgroup %s %s (%s)", v1 ? "v1" : "v2", cap_dir, limit);
+                return DT_OK;
+            }
+            rmdir(cap_dir);
+            cap_dir[0] = 0;
         }
-        cap_sweep(kinds[k].root);
-        snprintf(cap_dir, sizeof cap_dir, "%s/dtrain-%ld", kinds[k].root, (long)getpid());
-        char pid[32];
-        snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-        if ((mkdir(cap_dir, 0755) == 0 || errno == EEXIST) && put(cap_dir, kinds[k].limit, num) == 0 &&
-            put(cap_dir, "cgroup.procs", pid) == 0) {
-            static int registered;
-            if (!registered++) atexit(cap_leave);
-            snprintf(how, len, "%s %s (%s)", kinds[k].name, cap_dir, kinds[k].limit);
-            return DT_OK;
-        }
-        rmdir(cap_dir);
-        cap_dir[0] = 0;
     }
     // No cgroup to be had (not root, no controller): the kernel's limit on
     // the private writable memory a process maps.
