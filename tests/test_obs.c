@@ -122,12 +122,13 @@ static int check_log(int rank, double params) {
             for (size_t k = 0; k < sizeof step_keys / sizeof step_keys[0]; k++)
                 if (num(j, step_keys[k]) < 0) missing++;
             // A ring allreduce of the gradients (2 ranks: S each way) plus
-            // the allgather of the loss and the step's figures (17 doubles).
-            if (num(j, "step") >= 2 && num(j, "bytes_sent") == params * 4 + 136 && num(j, "bytes_recv") == params * 4 + 136)
+            // the allgather of the loss and the step's figures (18 doubles).
+            if (num(j, "step") >= 2 && num(j, "bytes_sent") == params * 4 + 144 && num(j, "bytes_recv") == params * 4 + 144)
                 bytes_ok++;
             // Model state by kind: replicated SGD (zero = 0, no state).
             const cJSON *mb = cJSON_GetObjectItemCaseSensitive(j, "memory_bytes");
-            if (num(mb, "weights") != params * 4 || num(mb, "gradients") != params * 4 || num(mb, "comm_buffers") != 0)
+            if (num(mb, "weights") != params * 4 || num(mb, "gradients") != params * 4 || num(mb, "comm_buffers") != 0 ||
+                !(num(mb, "activations") > 0))
                 missing++;
         } else if (!strcmp(t->valuestring, "eval")) {
             evals++;

@@ -165,6 +165,11 @@ typedef struct {
  * come on top, as activations do). */
 DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W,
                                     dt_memory_kinds *k);
+/* The bytes of a training worker's activation and scratch buffers (the
+ * model's, sized for its largest micro-batch or evaluation share, as
+ * dt_check_memory counts them) on W workers; 0 when the data files'
+ * headers cannot be read. */
+DT_API size_t dt_memory_activations(const dt_config *c, int W);
 
 /* [parallel] offload = disk: offload_dir is set, a directory, and a file
  * can be created there; DT_ERR_CONFIG naming the field otherwise. (Its free

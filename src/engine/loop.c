@@ -82,6 +82,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddNumberToObject(m, "optimizer_state_bytes", (double)k.optimizer);
     cJSON_AddNumberToObject(m, "comm_buffer_bytes", (double)k.comm);
     cJSON_AddNumberToObject(m, "model_state_bytes", (double)state);
+    cJSON_AddNumberToObject(m, "activations_bytes", (double)dt_memory_activations(c, r->workers));
     if (c->offload) {  // the state file, and what this process read and wrote on storage (/proc/self/io)
         cJSON_AddNumberToObject(m, "offloaded_bytes", (double)k.offloaded);
         FILE *io = fopen("/proc/self/io", "r");
@@ -203,7 +204,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
     dt_obs_set_memory(obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients, (double)mk.optimizer,
-                                                      (double)mk.comm});
+                                                      (double)mk.comm, (double)dt_memory_activations(c, W)});
     if (sops->params_needed) {
         if (!tops->set_layer_hook) {
             st = dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no layers to hook",

@@ -148,6 +148,14 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
              use == DT_MEM_EVAL ? val : c->train_file);
 }
 
+size_t dt_memory_activations(const dt_config *c, int W) {
+    need_t n;
+    memset(&n, 0, sizeof n);
+    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
+    else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
+    return n.act;
+}
+
 // Workers of a local launch (dtrain train --workers N, dtrain run) share the
 // machine; under mpirun or srun each rank counts alone. --memory-limit is
 // every worker's own (dt_mem_cap enforces it).

@@ -22,7 +22,8 @@
 // X_OPTIM follow DT_OBS_DATA .. DT_OBS_OPTIMIZER.
 enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, X_MEM,
        X_SUMS = X_MEM + DT_OBS_MEM_KINDS, NX = X_SUMS + DT_OBS_MAX_SUMS };
-static const char *const mem_kinds[DT_OBS_MEM_KINDS] = {"weights", "gradients", "optimizer_state", "comm_buffers"};
+static const char *const mem_kinds[DT_OBS_MEM_KINDS] = {"weights", "gradients", "optimizer_state", "comm_buffers",
+                                                            "activations"};
 // The phases that make up a rank's own work in a step (straggler step time).
 static const int work_phases[] = {DT_OBS_DATA, DT_OBS_FORWARD, DT_OBS_BACKWARD, DT_OBS_OPTIMIZER};
 #define NWORK 4

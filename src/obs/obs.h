@@ -79,10 +79,10 @@ void dt_obs_end(dt_obs *o, dt_obs_phase p);
  * step, bytes moved and peak memory; with NULL, a plain allreduce. */
 #define DT_OBS_MAX_SUMS 4
 dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm);
-/* This rank's model-state bytes by kind (weights, gradients, optimizer
- * state, communication buffers; docs/zero.md): each step's metrics record
+/* This rank's bytes by kind (weights, gradients, optimizer state,
+ * communication buffers, activations; docs/zero.md): each step's metrics record
  * carries them, and rank 0's endpoint shows every rank's. */
-#define DT_OBS_MEM_KINDS 4
+#define DT_OBS_MEM_KINDS 5
 void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]);
 /* Ends the step: its metrics record, progress, the endpoint's figures,
  * straggler detection. */
