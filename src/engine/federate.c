@@ -15,8 +15,9 @@
  * vectors whose masks cancel in the sum (fedparts.h). One int64 allreduce
  * carries the sums, which clients reported, and the loss.
  *
- * Clients that fail (an injected fault, or local training whose loss is no
- * longer finite) or miss the round's deadline send nothing: the update
+ * Clients that fail (an injected fault, local training whose loss is no
+ * longer finite, or an update too large for the fixed-point sum) or miss
+ * the round's deadline send nothing: the update
  * is renormalised over the clients that reported (their masks with the
  * dropped clients removed under secure aggregation), and a round with
  * fewer than min_clients reports leaves the model unchanged. The server
@@ -236,8 +237,20 @@ static dt_status run_round(fed *f, int r, int *reported, float *loss, float *nor
             continue;
         }
         double p = total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) f->grads[i] = f->params[i] - f->global[i];
+        float big = 0;
+#pragma omp parallel for schedule(static) reduction(max : big)
+        for (size_t i = 0; i < n; i++) {
+            f->grads[i] = f->params[i] - f->global[i];
+            big = fmaxf(big, fabsf(f->grads[i]));
+        }
+        // The int64 fixed-point sum holds m contributions of up to 4e18 / m
+        // each: a client whose update or loss would not fit (one that all
+        // but diverged) is left out too.
+        if (!((double)fmaxf(big, fabsf(closs)) * p * DT_FIXED_SCALE <= 4e18 / m)) {
+            dt_log(DT_LOG_WARN, "round %d: client %d left out: its update (largest change %g) or loss (%g) is too large "
+                   "to sum", r, k, (double)big, (double)closs);
+            continue;
+        }
         if (secure) {
             dt_secagg_mask(f->masked, f->grads, n, p, k, f->sampled, m, key);
             for (size_t i = 0; i < n; i++) f->msum[i] += f->masked[i];
