@@ -208,8 +208,15 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
     const dt_st_tensor *tb = find(f, k->names[X_PIECES], DT_I64, -1, 3), *tq = find(f, k->names[X_Q], DT_F32, -1, 0);
     if (!tb || !tq) return DT_OK;
     int64_t np = tb->shape[0], nq = tq->shape[0], sum = 0;
-    const int64_t *r = tb->data;
     if (np < 1) return DT_OK;
+    // Copied first: a tensor's data in the file need not be aligned for
+    // int64 loads (the caller frees both on every path).
+    *table = malloc(tb->nbytes ? tb->nbytes : 1);
+    *q = malloc(tq->nbytes ? tq->nbytes : 1);
+    if (!*table || !*q) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    memcpy(*table, tb->data, tb->nbytes);
+    memcpy(*q, tq->data, tq->nbytes);
+    const int64_t *r = *table;
     for (int64_t i = 0; i < np; i++) {
         if (r[3 * i] < 0 || r[3 * i] >= r[3 * i + 1] || r[3 * i + 1] > (int64_t)k->n || r[3 * i + 2] < 1 ||
             r[3 * i + 2] > nq - sum)
@@ -222,11 +229,6 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
     if (sum != nq)
         return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' gives Qs of %lld values, '%s' has %lld", path,
                         k->names[X_PIECES], (long long)sum, k->names[X_Q], (long long)nq);
-    *table = malloc(tb->nbytes ? tb->nbytes : 1);
-    *q = malloc(tq->nbytes ? tq->nbytes : 1);
-    if (!*table || !*q) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    memcpy(*table, tb->data, tb->nbytes);
-    memcpy(*q, tq->data, tq->nbytes);
     head[H_PIECES] = np;
     head[H_Q] = nq;
     head[H_FLAGS] |= F_Q;
