@@ -16,6 +16,7 @@ import argparse, os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 import dp  # noqa: E402
 
 
@@ -27,6 +28,7 @@ def main():
     ap.add_argument("--models", default="mlp,cnn,gpt-small")
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: bench/dp.py's per model)")
     a = ap.parse_args()
+    print(cpu.banner())
     print(f"{'model':9} {'workers x threads':>17} {'base/s':>9} {'new/s':>9} {'new/base':>8}")
     for model in a.models.split(","):
         steps = a.steps or dp.STEPS[model]

@@ -18,6 +18,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -49,6 +52,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="best of R timed runs per size")
     ap.add_argument("--json", help="also write all results to this file")
     args = ap.parse_args()
+    print(cpu.banner())
     skip = set(filter(None, args.skip.split(",")))
     b = os.path.abspath(args.build)
     bench = os.path.join(b, "bench", "allreduce_bench")

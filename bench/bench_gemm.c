@@ -6,11 +6,16 @@
  *
  *   bench_gemm [--threads T] [--json]
  *
- * Shapes: square 1024, and the MLP/CNN training GEMMs (batch 256 / 64). */
+ * Shapes: square 1024, and the MLP/CNN training GEMMs (batch 256 / 64).
+ * First it measures the core's fp32 FMA peak (independent FMAs on registers,
+ * the widest vectors the CPU runs, per dt_cpu_get: AVX-512 or AVX2) on the
+ * same threads, and gives every GEMM as a share of it. */
 #include "dtrain/core.h"
 #include "kernels/kernels.h"
 
 #include <dlfcn.h>
+#include <immintrin.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +40,45 @@ static double time_gemm(int which, cblas_sgemm_fn ob, int ta, int tb, int M, int
         } while (t < (warm ? 0.1 : 0.5));
     }
     return 2.0 * M * N * K * reps / t / 1e9;
+}
+
+// 12 chains of dependent FMAs: enough independent work to cover the FMA
+// latency of 2 pipes (4 cycles x 2) with room to spare. Returns the FLOPs done.
+#define PEAK_CHAINS 12
+#define PEAK_LOOP(V, FMA, SET)                                                  \
+    V acc[PEAK_CHAINS];                                                         \
+    for (int j = 0; j < PEAK_CHAINS; j++) acc[j] = SET(1.0f + j * 1e-3f);        \
+    const V a = SET(0.999999f), b = SET(1e-7f);                                 \
+    for (long i = 0; i < iters; i++)                                            \
+        for (int j = 0; j < PEAK_CHAINS; j++) acc[j] = FMA(acc[j], a, b);       \
+    float out[16] = {0};                                                        \
+    for (int j = 1; j < PEAK_CHAINS; j++) acc[0] = acc[0] + acc[j];             \
+    __builtin_memcpy(out, &acc[0], sizeof acc[0]);                              \
+    sink += out[0];
+
+static volatile float sink;
+__attribute__((target("avx512f"))) static double peak_avx512(long iters) {
+    PEAK_LOOP(__m512, _mm512_fmadd_ps, _mm512_set1_ps)
+    return 2.0 * 16 * PEAK_CHAINS * (double)iters;
+}
+__attribute__((target("avx2,fma"))) static double peak_avx2(long iters) {
+    PEAK_LOOP(__m256, _mm256_fmadd_ps, _mm256_set1_ps)
+    return 2.0 * 8 * PEAK_CHAINS * (double)iters;
+}
+
+// GFLOPS of `threads` threads each running the FMA loop, best of 3.
+static double fma_peak(int threads, const char **isa) {
+    int wide = dt_cpu_get()->isa >= DT_ISA_AVX512;
+    *isa = wide ? "AVX-512" : "AVX2";
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double flops = 0, t0 = dt_now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+        flops += wide ? peak_avx512(20000000) : peak_avx2(20000000);
+        double g = flops / (dt_now() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    return best;
 }
 
 int main(int argc, char **argv) {
@@ -67,17 +111,27 @@ int main(int argc, char **argv) {
     dt_rng r;
     dt_rng_seed(&r, 1);
     for (size_t i = 0; i < maxn; i++) A[i] = dt_rng_uniform(&r), B[i] = dt_rng_uniform(&r);
-    if (!json) printf("%-30s %8s %14s\n", "shape (MxNxK)", "oneDNN", ob ? "OpenBLAS" : "(no OpenBLAS)");
+    const dt_cpu *cpu = dt_cpu_get();
+    const char *isa;
+    double peak = fma_peak(threads, &isa);
+    if (json)
+        printf("{\"cpu\": \"%s\", \"family\": %d, \"model\": %d, \"threads\": %d, \"fma_peak_gflops\": %.1f, "
+               "\"peak_isa\": \"%s\"}\n", cpu->name, cpu->family, cpu->model, threads, peak, isa);
+    else
+        printf("# CPU: %s (family %d model %d), %d thread%s: fp32 FMA peak %.1f GFLOPS (%s)\n"
+               "%-30s %8s %5s %14s %5s\n", cpu->name, cpu->family, cpu->model, threads, threads > 1 ? "s" : "", peak,
+               isa, "shape (MxNxK)", "oneDNN", "peak", ob ? "OpenBLAS" : "(no OpenBLAS)", "peak");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         double g0 = time_gemm(0, NULL, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C);
         double g1 = ob ? time_gemm(1, ob, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C) : 0;
         if (json) {
-            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"gflops\": %.1f}\n", shapes[s].name, threads, g0);
+            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"gflops\": %.1f, \"of_peak\": %.3f}\n",
+                   shapes[s].name, threads, g0, g0 / peak);
             if (ob)
-                printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"openblas\", \"coretype\": \"%s\", \"gflops\": %.1f}\n",
-                       shapes[s].name, threads, core ? core : "auto", g1);
+                printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"openblas\", \"coretype\": \"%s\", \"gflops\": %.1f, "
+                       "\"of_peak\": %.3f}\n", shapes[s].name, threads, core ? core : "auto", g1, g1 / peak);
         } else {
-            printf("%-30s %8.1f %14.1f\n", shapes[s].name, g0, g1);
+            printf("%-30s %8.1f %4.0f%% %14.1f %4.0f%%\n", shapes[s].name, g0, 100 * g0 / peak, g1, 100 * g1 / peak);
         }
     }
     free(A), free(B), free(C);

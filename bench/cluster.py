@@ -30,6 +30,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 from allreduce_compare import human, run_json  # noqa: E402
 
 CLUSTER = os.path.join(HERE, "..", "scripts", "cluster.sh")
@@ -48,14 +49,6 @@ def rate_gbit(bw):
         if v.endswith(suffix):
             return float(v[: -len(suffix)]) * m
     raise SystemExit("--bw %s: expected a rate such as 1gbit or 500mbit" % bw)
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def train(build, mpiargs, np, per_host, args, sets, run_dir):
@@ -115,7 +108,7 @@ def main():
     bench = os.path.join(build, "bench", "allreduce_bench")
     sz = ["--min", args.min, "--max", args.max, "--repeat", str(args.repeat), "--json"]
     R = args.ranks_per_host
-    print("# %s, %d cores, load average %.2f at the start (a shared VM)" % (cpu_model(), os.cpu_count(), load))
+    print(cpu.banner())
     out = []
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-cluster-") as tmp:
         sets = ["model.preset=%s" % args.preset] if args.preset else []
@@ -171,7 +164,7 @@ def main():
                             "train_1": one, "train_h": many, "simulated_step_ms": predicted})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "load": load, "runs": out}, f, indent=1)
+            json.dump({"cpu": cpu.info()["name"], "load": load, "runs": out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ communication-bound.
 """
 import argparse, json, os, subprocess, sys, tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = {  # name: --set flags (the accuracy goals of issue 18 use these)
     "none": [],
@@ -44,6 +47,7 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--slow-link", metavar="RATE", help="run over bench/slowlink.sh at this tc rate (needs root)")
     a = ap.parse_args()
+    print(cpu.banner(a.json))
     if a.slow_link and a.workers % 2:
         sys.exit("--slow-link: --workers must be even (W/2 ranks on each of two hosts)")
     rows = []

@@ -23,6 +23,7 @@ import argparse, json, os, random, struct, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 import gpt  # noqa: E402
 from train import TORCH_ENVS, best  # noqa: E402
 
@@ -96,6 +97,7 @@ def main():
     ap.add_argument("--models", default="mlp,cnn,gpt-small")
     ap.add_argument("--steps", type=int, default=0, help="dtrain's steps per run (default per model)")
     a = ap.parse_args()
+    print(cpu.banner(a.json))
     rows = []
     for model in a.models.split(","):
         steps = a.steps or STEPS[model]

@@ -21,6 +21,9 @@ gives a first look.
 """
 import argparse, csv, json, math, os, subprocess, sys, tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
+
 CASES = [
     ("iid-E1", ["federated.partition=iid", "federated.local_epochs=1"]),
     ("iid-E5", ["federated.partition=iid", "federated.local_epochs=5"]),
@@ -126,6 +129,7 @@ def main():
     ap.add_argument("--ymin", type=float, help="the chart's lowest accuracy (default: from the data)")
     ap.add_argument("--title", default="Fashion-MNIST CNN, 100 clients, f = 0.1: test accuracy per round")
     a = ap.parse_args()
+    print(cpu.banner(a.json))
     if a.chart:
         svg_chart(read_csv(a.chart), a.svg or "accuracy_per_round.svg", a.title, a.ymin)
         return 0

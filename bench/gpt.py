@@ -18,12 +18,10 @@ import argparse, json, os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 from train import best  # noqa: E402
 
-TORCH_ENVS = [
-    {"OMP_WAIT_POLICY": "passive"},
-    {"OPENBLAS_CORETYPE": "SkylakeX", "OMP_WAIT_POLICY": "passive"},
-]
+TORCH_ENVS = cpu.torch_envs(passive_only=True)
 # dtrain is given the same choice of OpenMP wait policy.
 DTRAIN_ENVS = [{}, {"OMP_WAIT_POLICY": "passive"}]
 CASES = {  # name: (preset, batch, seq, default steps)
@@ -42,6 +40,7 @@ def main():
     ap.add_argument("--cases", default="gpt-small,gpt2-124m")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default per case)")
     a = ap.parse_args()
+    print(cpu.banner(a.json))
     bench = os.path.join(a.dtrain, "bench", "bench_gpt")
     rows = []
     for case in a.cases.split(","):

@@ -20,6 +20,9 @@ not depend on the machine's load; the wall time does.
 """
 import argparse, json, os, subprocess, sys, tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {  # name: --set flags
     "dp": [],
@@ -51,6 +54,7 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json))
     rows = []
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-localsgd-") as tmp:
         for name in a.cases.split(","):

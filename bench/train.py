@@ -16,10 +16,10 @@ stops idle threads spinning).
 import argparse, json, os, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TORCH_ENVS = [
-    {},
-    {"OPENBLAS_CORETYPE": "SkylakeX", "OMP_WAIT_POLICY": "passive"},
-]
+sys.path.insert(0, HERE)
+import cpu  # noqa: E402
+
+TORCH_ENVS = cpu.torch_envs()
 # bench_train is not the CLI, which sets a passive wait policy itself.
 DTRAIN_ENVS = [{}, {"OMP_WAIT_POLICY": "passive"}]
 
@@ -59,6 +59,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default="mlp,cnn")
     a = ap.parse_args()
+    print(cpu.banner(a.json))
     bench = os.path.join(a.dtrain, "bench", "bench_train")
     rows = []
     for model in a.models.split(","):

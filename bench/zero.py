@@ -20,10 +20,11 @@ CPU model is printed first, to go beside the figures.
     /usr/bin/python3 bench/zero.py [--dtrain build] [--repeat N] [--torch]
         [--models mlp,cnn,gpt-small] [--steps N] [--workers N]
 """
-import argparse, os, platform, subprocess, sys
+import argparse, os, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 import dp  # noqa: E402
 
 STAGES = (0, 1, 2, 3)
@@ -38,8 +39,8 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--torch", action="store_true", help="also PyTorch's ZeroRedundancyOptimizer")
     a = ap.parse_args()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
-    print(f"CPU: {cpu}; {a.workers} workers x 1 thread")
+    print(cpu.banner())
+    print(f"# {a.workers} workers x 1 thread")
     print(f"{'model':9} {'zero':>4} {'per s':>9} {'/ zero 0':>8} {'comm hidden':>11}")
     for model in a.models.split(","):
         steps = a.steps or dp.STEPS[model]

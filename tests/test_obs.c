@@ -292,6 +292,47 @@ static void test_report(void) {
     CHECK(tl_run(cmd, g_out, sizeof g_out) == 2, "report without RUN_DIR: usage error\n%s", g_out);
 }
 
+// The CPU: cpuid's family against the kernel's, the report in --version and
+// summary.json, DTRAIN_ISA's cap reaching oneDNN, a bad cap refused.
+static void test_cpu(void) {
+    const dt_cpu *cpu = dt_cpu_get();
+    char *info = tl_read_file("/proc/cpuinfo", NULL), want[64];
+    const char *fam = info ? strstr(info, "cpu family") : NULL;
+    CHECK(fam && atoi(strchr(fam, ':') + 1) == cpu->family, "cpu family %d, /proc/cpuinfo says %.20s", cpu->family,
+          fam ? fam : "?");
+    free(info);
+    CHECK(cpu->found >= DT_ISA_AVX2 && cpu->name[0], "cpu '%s': instruction set %s (the build needs avx2)", cpu->name,
+          dt_isa_name(cpu->found));
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "DTRAIN_ISA=avx2 %s --version", tl_dtrain());
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(want, sizeof want, "instruction set %s", dt_isa_name(cpu->found));
+    CHECK(rc == 0 && strstr(g_out, cpu->name) && strstr(g_out, want), "--version: exit %d, want '%s'\n%s", rc, want,
+          g_out);
+    CHECK((cpu->found > DT_ISA_AVX2) == (strstr(g_out, "capped to avx2 by DTRAIN_ISA") != NULL),
+          "--version names the cap exactly when it lowers the set:\n%s", g_out);
+    snprintf(cmd, sizeof cmd, "DTRAIN_ISA=avx2 %s train %s/mlp.ini --run-dir %s/isa --set train.max_steps=2 2>&1",
+             tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "(avx2)"), "capped run: exit %d, the start line names avx2\n%s", rc, g_out);
+    char path[512];
+    snprintf(path, sizeof path, "%s/isa/summary.json", g_tmp);
+    char *sum = tl_read_file(path, NULL);
+    cJSON *s = cJSON_Parse(sum ? sum : ""), *c = cJSON_GetObjectItemCaseSensitive(s, "cpu");
+    const char *isa = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "isa"));
+    const char *found = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "isa_found"));
+    const char *dnnl = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "onednn_isa"));
+    CHECK(isa && !strcmp(isa, "avx2") && found && !strcmp(found, dt_isa_name(cpu->found)),
+          "summary.json cpu: isa %s, isa_found %s", isa ? isa : "-", found ? found : "-");
+    CHECK(dnnl && strcasestr(dnnl, "avx2") && !strstr(dnnl, "512"), "oneDNN under the cap: '%s'", dnnl ? dnnl : "-");
+    CHECK(num(c, "family") == cpu->family, "summary.json cpu family %.0f", num(c, "family"));
+    cJSON_Delete(s);
+    free(sum);
+    snprintf(cmd, sizeof cmd, "DTRAIN_ISA=sse9 %s train %s/mlp.ini --run-dir %s/isa2 2>&1", tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "DTRAIN_ISA=sse9: expected one of"), "bad DTRAIN_ISA: exit %d\n%s", rc, g_out);
+}
+
 static void test_bad_flags(void) {
     char cmd[2048];
     // A metrics port in use: an error naming it, exit 1.
@@ -603,6 +644,7 @@ int main(void) {
     test_run();
     test_report();
     test_simulate();
+    test_cpu();
     test_bad_flags();
     test_endpoint();
     tl_cleanup(g_tmp);

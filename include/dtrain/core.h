@@ -79,6 +79,37 @@ DT_API dt_status dt_error(dt_status s, const char *fmt, ...) DT_PRINTF(2, 3);
 /* Version string "MAJOR.MINOR.PATCH". */
 DT_API const char *dt_version(void);
 
+/* ---- the CPU ------------------------------------------------------------- */
+
+/* Instruction-set levels, each including the ones below it. */
+typedef enum {
+    DT_ISA_BASE = 0,     /* x86-64 with SSE4.2 */
+    DT_ISA_AVX2,         /* AVX2 and FMA (x86-64-v3): what the build targets */
+    DT_ISA_AVX512,       /* AVX-512 F/BW/VL/DQ (x86-64-v4) */
+    DT_ISA_AVX512_BF16,  /* AVX-512 with BF16 dot products */
+    DT_ISA_AMX,          /* AMX tiles with BF16 */
+} dt_isa;
+
+typedef struct {
+    char name[64];   /* the brand string, e.g. "AMD EPYC 7B13" */
+    char vendor[16]; /* "GenuineIntel", "AuthenticAMD" */
+    int family, model;
+    dt_isa found;    /* the highest level the CPU and the kernel support */
+    dt_isa isa;      /* what dtrain uses: found, or lower when DTRAIN_ISA caps it */
+} dt_cpu;
+
+/* The CPU this process runs on, read by cpuid once. The environment
+ * variable DTRAIN_ISA=base|avx2|avx512|avx512_bf16|amx caps the level
+ * every run-time choice takes (the kernels' and oneDNN's), so the paths of
+ * a lower CPU can be tested on a higher one; a cap above the CPU changes
+ * nothing. DT_ERR_ARG (message naming the value) for an unknown name; *out
+ * is then still the CPU, uncapped. */
+DT_API dt_status dt_cpu_detect(const dt_cpu **out);
+/* The same, for callers past the start's check (an unknown cap ignored). */
+DT_API const dt_cpu *dt_cpu_get(void);
+/* "base", "avx2", "avx512", "avx512_bf16", "amx". */
+DT_API const char *dt_isa_name(dt_isa isa);
+
 /* ---- logging ------------------------------------------------------------ */
 
 typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;

@@ -235,9 +235,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if (rank == 0) {
         char ep[64] = "";
         if (epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", epochs, (long long)spe);
-        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s", c->name,
+        const dt_cpu *cpu = dt_cpu_get();
+        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s; %s (%s)", c->name,
                info.describe, (long long)total, ep, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "", sops->name,
-               c->deterministic ? ", deterministic" : "");
+               c->deterministic ? ", deterministic" : "", cpu->name, dt_isa_name(cpu->isa));
     }
 
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;

@@ -58,7 +58,10 @@ static void check(dnnl_status_t s, const char *what) {
     abort();
 }
 
-static void make_engine(void) { check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine"); }
+static void make_engine(void) {
+    dt_kernels_init();
+    check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine");
+}
 
 static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
                                      int accumulate) {

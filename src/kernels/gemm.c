@@ -10,6 +10,7 @@
 
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
+    dt_kernels_init();
     if (M == 0 || N == 0) return;
     dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B,
                                  ldb, beta, C, ldc);

@@ -5,6 +5,13 @@
 
 #include <stddef.h>
 
+/* Applies DTRAIN_ISA's cap (dt_cpu_get) to oneDNN, once; every kernel calls
+ * it before its first use of oneDNN. */
+void dt_kernels_init(void);
+/* The instruction set oneDNN's kernels use, by oneDNN's name for it (e.g.
+ * "cpu_isa_avx512_core_bf16"), after the cap. */
+const char *dt_kernels_isa(void);
+
 /* Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, where
  * op(X) is X or X^T as ta/tb are 0 or 1, and lda/ldb/ldc are row strides of
  * the matrices as stored. Uses all compute threads, or one when called from

@@ -34,7 +34,12 @@ static void usage(FILE *f) {
             "commands:\n");
     for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'dtrain COMMAND --help' describes a command. Exit status: 0 success,\n"
-               "1 runtime error, 2 usage error.\n");
+               "1 runtime error, 2 usage error.\n\n"
+               "environment:\n"
+               "  DTRAIN_LOG=error|warn|info|debug   how much goes to stderr (default info)\n"
+               "  DTRAIN_ISA=base|avx2|avx512|avx512_bf16|amx\n"
+               "                 the widest instruction set dtrain and oneDNN may choose at run\n"
+               "                 time (default: all the CPU has; --version shows it)\n");
 }
 
 // OpenMP threads that spin while they wait for work take the core from
@@ -61,9 +66,25 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("dtrain %s\n", dt_version());
+        const dt_cpu *cpu = dt_cpu_get();
+        printf("dtrain %s\ncpu: %s (%s family %d model %d), instruction set %s", dt_version(), cpu->name,
+               cpu->vendor, cpu->family, cpu->model, dt_isa_name(cpu->found));
+        if (cpu->isa != cpu->found) printf(", capped to %s by DTRAIN_ISA", dt_isa_name(cpu->isa));
+        printf("\n");
         return 0;
     }
+    const dt_cpu *cpu;
+    if (dt_cpu_detect(&cpu) != DT_OK) {
+        cli_error("%s", dt_last_error());
+        return EXIT_USAGE;
+    }
+#ifdef __AVX2__
+    if (cpu->found < DT_ISA_AVX2) {
+        cli_error("this CPU (%s) has no AVX2 and FMA, which this build of dtrain needs; rebuild with "
+                  "cmake -DDTRAIN_ARCH=x86-64", cpu->name);
+        return EXIT_FAILURE;
+    }
+#endif
     for (int i = 0; i < NCOMMANDS; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     cli_error("unknown command '%s' (see 'dtrain --help')", argv[1]);
