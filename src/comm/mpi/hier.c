@@ -8,7 +8,8 @@
  * rank: the ranks of a host meet over shm, their first rank ("leader")
  * talks to the other leaders over MPI.
  *
- * allreduce = shm reduce to the leader, leaders' MPI allreduce, shm
+ * allreduce = shm reduce to the leader, leaders' allreduce (dtrain's ring
+ *             over MPI point to point; halving-doubling below 64 KiB), shm
  *             broadcast back.
  * reduce    = shm reduce to the leader, leaders' MPI reduce to the root's
  *             leader, and (if the root is not its host's leader) an shm
@@ -167,6 +168,7 @@ dt_status dt_hier_init_world(dt_comm_t c) {
             h->leaders->check = 0;
             rc = dt_mpi_attach(h->leaders, lead);
             if (rc != DT_OK) goto fail;
+            ((mpi_state *)h->leaders->be)->own = 1;
             dt_mpi_name_ranks(h->leaders, ms->comm);
         }
     }

@@ -327,7 +327,10 @@ static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sb
  * forces one of dtrain's where it applies (ring, rhd: allreduce; tree:
  * broadcast, reduce) and the messages fit MPI's int counts. MPI libraries
  * already switch between such algorithms by size and rank count (Open
- * MPI's "tuned" component), tuned to the network, so auto is MPI's. */
+ * MPI's "tuned" component), tuned to the network, so auto is MPI's, except
+ * for the allreduce between hier's host leaders (s->own): there dtrain's
+ * ring (from 64 KiB; halving-doubling below) was 1.1-3x Open MPI's
+ * MPI_Allreduce over TCP between pretend hosts (docs/benchmarks.md). */
 static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
     mpi_state *s = c->be;
     dt_coll k = a->kind;
@@ -336,6 +339,8 @@ static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
     if (c->size > 1 && bytes <= INT_MAX / 2) {
         if ((s->algo == DT_ALGO_RING || s->algo == DT_ALGO_RHD) && k == DT_COLL_ALLREDUCE)
             algo = s->algo;
+        if (s->algo == DT_ALGO_AUTO && s->own && k == DT_COLL_ALLREDUCE)
+            algo = bytes < (64u << 10) ? DT_ALGO_RHD : DT_ALGO_RING;
         if (s->algo == DT_ALGO_TREE && (k == DT_COLL_BROADCAST || k == DT_COLL_REDUCE))
             algo = DT_ALGO_TREE;
     }

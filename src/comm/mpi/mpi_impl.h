@@ -12,6 +12,7 @@ typedef struct {
     MPI_Comm node_comm; /* the ranks sharing this host (or fake node) */
     int world;          /* created by dt_comm_init_env */
     dt_algo algo;       /* DTRAIN_COMM_ALGO */
+    int own;            /* allreduce by dtrain's algorithms when algo is auto (hier's leaders) */
     MPI_Win win;        /* one slot per rank: the seq of its latest collective */
     uint64_t *at;       /* this rank's slot */
     int *names;         /* rank to name in messages for each rank (NULL: itself) */
