@@ -13,7 +13,7 @@
 #     (the leaders' exchange), against at least 1.35x that for the flat mpi
 #     backend on the same job
 #   - --deterministic: the runs across 2 hosts x 2 ranks and 4 hosts x 1
-#     rank end bitwise equal to 4 local workers
+#     rank end bitwise equal to 4 local workers; so do ZeRO stages 1-3
 #   - host 1's ranks killed at step 10: mpirun names the host, and
 #     scripts/mpirun-restart.sh resumes from the checkpoint and ends bitwise
 #     equal to the uninterrupted run
@@ -85,11 +85,13 @@ small_run "$tmp" 30 "threads = 1"
 txbytes() { ip netns exec "$prefix-h$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 # run NAME PER_HOST [ENV...]: 4 ranks, PER_HOST on each host from host 0
 # on; prints the bytes host 0 and host 1 sent
+# (the array `extra` holds more flags for dtrain train)
+extra=()
 run() {
     local name=$1 per=$2 a0 a1; shift 2
     a0=$(txbytes 0); a1=$(txbytes 1)
     timeout 120 env "$@" mpirun "${mpiargs[@]}" -np 4 --map-by "ppr:$per:node" -x DTRAIN_COMM_BACKEND \
-        "$build/dtrain" train "$tmp/run.ini" -q --run-dir "$tmp/$name" >"$tmp/$name.log" 2>&1 ||
+        "$build/dtrain" train "$tmp/run.ini" -q --run-dir "$tmp/$name" "${extra[@]}" >"$tmp/$name.log" 2>&1 ||
         { cat "$tmp/$name.log"; fail "$name: mpirun across 2 hosts failed"; }
     echo "$(($(txbytes 0) - a0)) $(($(txbytes 1) - a1))"
 }
@@ -130,6 +132,17 @@ grep -q '"comm_backend":"hier","host":3,"hosts":4,"hostname":"'"$prefix-h3"'"' "
 cmp "$tmp/local/model.safetensors" "$tmp/det4/model.safetensors" ||
     fail "--deterministic across 4 hosts x 1 rank differs from 4 local workers"
 echo "deterministic across 2 hosts x 2 ranks and 4 hosts x 1 rank == 4 local workers, bitwise: ok"
+
+# ---- ZeRO across hosts: every stage, deterministic, == the local run ----
+for z in 1 2 3; do
+    extra=(--zero "$z")
+    run "zero$z" 2 DTRAIN_COMM_BACKEND=auto >/dev/null
+    grep -q '"strategy":[[:space:]]*"zero' "$tmp/zero$z/summary.json" || fail "zero $z: summary.json names no zero strategy"
+    cmp "$tmp/local/model.safetensors" "$tmp/zero$z/model.safetensors" ||
+        fail "--deterministic --zero $z across 2 hosts x 2 ranks differs from 4 local workers without ZeRO"
+done
+extra=()
+echo "ZeRO stages 1-3, deterministic, across 2 hosts x 2 ranks == 4 local workers, bitwise: ok"
 
 # ---- host 1's ranks killed: named by host, the restart loop recovers ----
 (
