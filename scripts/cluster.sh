@@ -4,7 +4,7 @@
 # shaped with tc, reachable by mpirun through an rsh agent that enters the
 # namespace instead of logging in with ssh.
 #
-#   scripts/cluster.sh up H [--bw RATE] [--delay TIME] [--prefix P] [--subnet A.B.C]
+#   scripts/cluster.sh up H [--bw RATE] [--delay TIME] [--cpus N] [--prefix P] [--subnet A.B.C]
 #   scripts/cluster.sh status [--prefix P]
 #   scripts/cluster.sh args [--prefix P]      # the mpirun options that use it
 #   scripts/cluster.sh mpirun [--prefix P] MPIRUN_ARGS...
@@ -14,6 +14,10 @@
 #                 "none" for unshaped)
 #   --delay TIME  one-way delay added on each host's link (tc netem; fails with
 #                 a message where the kernel has no netem)
+#   --cpus N      each host's processes share at most N cores' time (a cpu
+#                 cgroup per host, CFS quota; e.g. 0.5: 4 hosts on 2 cores
+#                 each get a fair half, as separate machines would their own
+#                 cores); default: no limit
 #   --prefix P    names: bridge Pbr0, namespaces P-h0..., hostnames P-h0...,
 #                 state in /run/dtrain-cluster-P (default "dt")
 #   --subnet ABC  the private /24 used (default 10.77.0): hosts get .1 to .H,
@@ -38,7 +42,7 @@ cmd=${1:-}
 [ -n "$cmd" ] || usage
 case "$cmd" in -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 shift
-hosts= bw=10gbit delay= prefix=dt subnet=10.77.0
+hosts= bw=10gbit delay= cpus= prefix=dt subnet=10.77.0
 if [ "$cmd" = up ]; then
     [ $# -gt 0 ] || die "up: missing the number of hosts (up H)"
     hosts=$1; shift
@@ -50,6 +54,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --bw) [ $# -ge 2 ] || die "--bw: missing a rate (e.g. 10gbit)"; bw=$2; shift 2 ;;
     --delay) [ $# -ge 2 ] || die "--delay: missing a time (e.g. 50us)"; delay=$2; shift 2 ;;
+    --cpus) [ $# -ge 2 ] || die "--cpus: missing a number of cores (e.g. 0.5)"; cpus=$2; shift 2 ;;
     --prefix) [ $# -ge 2 ] || die "--prefix: missing a name"; prefix=$2; shift 2 ;;
     --subnet) [ $# -ge 2 ] || die "--subnet: missing the first three numbers of a /24 (e.g. 10.77.0)"; subnet=$2; shift 2 ;;
     -h|--help) usage ;;
@@ -63,6 +68,9 @@ done
 
 state=/run/dtrain-cluster-$prefix
 bridge=${prefix}br0
+cpuroot=/sys/fs/cgroup/cpu  # cgroup v1; v2: /sys/fs/cgroup with cpu.max
+[ -f /sys/fs/cgroup/cgroup.controllers ] && cpuroot=/sys/fs/cgroup
+host_cg() { echo "$cpuroot/dtrain-cluster-$prefix-h$1"; }
 host_name() { echo "$prefix-h$1"; }
 
 need_root() {
@@ -95,6 +103,7 @@ do_down() {
         if [ -e "$state/uts/$ns" ]; then umount "$state/uts/$ns" 2>/dev/null || true; fi
         if ip netns list | awk '{print $1}' | grep -qx "$ns"; then ip netns del "$ns"; fi
         ip link del "${prefix}v$i" 2>/dev/null || true
+        if [ -d "$(host_cg "$i")" ]; then rmdir "$(host_cg "$i")" 2>/dev/null || true; fi
     done
     ip link del "$bridge" 2>/dev/null || true
     # what killed processes leave in /dev/shm: Open MPI's shared-memory
@@ -143,6 +152,12 @@ do_up() {
         burst=$((bits / 8 / 1000))
         [ "$burst" -lt 65536 ] && burst=65536
     fi
+    local quota=
+    if [ -n "$cpus" ]; then
+        [[ "$cpus" =~ ^[0-9]+(\.[0-9]+)?$ ]] && quota=$(awk -v c="$cpus" 'BEGIN { printf "%d", c * 100000 }') &&
+            [ "$quota" -ge 1000 ] || die "--cpus '$cpus': expected a number of cores such as 0.5 or 2"
+        [ -w "$cpuroot" ] || die "--cpus: no writable cpu cgroup at $cpuroot"
+    fi
     ip link show "$bridge" >/dev/null 2>&1 && die "up: a bridge $bridge exists but no cluster state in $state (run: $0 down --prefix $prefix)"
     if ip -4 addr show | grep -q " inet $subnet\."; then
         die "--subnet $subnet: addresses of $subnet.0/24 are already used on this machine"
@@ -172,6 +187,13 @@ do_up() {
         # a UTS namespace, kept alive by a bind mount, with the host's name
         : >"$state/uts/$ns"
         unshare --uts="$state/uts/$ns" hostname "$ns"
+        if [ -n "$quota" ]; then
+            local cg
+            cg=$(host_cg "$i")
+            mkdir -p "$cg"
+            if [ "$cpuroot" = /sys/fs/cgroup ]; then echo "$quota 100000" >"$cg/cpu.max"
+            else echo 100000 >"$cg/cpu.cfs_period_us"; echo "$quota" >"$cg/cpu.cfs_quota_us"; fi
+        fi
         echo "$ns slots=$slots" >>"$state/hostfile"
         echo "$subnet.$((i + 1)) $ns" >>"$state/addresses"
     done
@@ -184,10 +206,10 @@ EOF
     echo "--hostfile $state/hostfile --mca plm_rsh_agent $state/rsh" \
          "--mca oob_tcp_if_include $subnet.0/24 --mca btl_tcp_if_include $subnet.0/24" \
          "--mca btl self,vader,tcp" >"$state/mpirun.args"
-    echo "bw=$bw delay=${delay:-none} subnet=$subnet.0/24 bridge=$bridge" >"$state/links"
+    echo "bw=$bw delay=${delay:-none} cpus=${cpus:-all} subnet=$subnet.0/24 bridge=$bridge" >"$state/links"
     echo "$hosts" >"$state/hosts"
     trap - EXIT INT TERM
-    echo "cluster '$prefix': $hosts hosts on $bridge ($subnet.0/24), links ${bw} ${delay:+delay $delay}"
+    echo "cluster '$prefix': $hosts hosts on $bridge ($subnet.0/24), links ${bw} ${delay:+delay $delay}${cpus:+, $cpus cores each}"
     echo "mpirun options: $(cat "$state/mpirun.args")"
     echo "$state/hostfile"
 }
@@ -201,6 +223,9 @@ do_rsh() {
     local host=$1; shift
     [[ "$host" =~ ^$prefix-h[0-9]+$ ]] && [ -e "$state/uts/$host" ] ||
         die "rsh: '$host' is not a host of cluster '$prefix' (hosts: $(awk '{print $1}' "$state/hostfile" 2>/dev/null | tr '\n' ' '))"
+    local cg
+    cg=$(host_cg "${host#"$prefix"-h}")
+    if [ -d "$cg" ]; then echo $$ >"$cg/cgroup.procs"; fi  # the host's cores, for all it starts
     exec nsenter --net="/run/netns/$host" --uts="$state/uts/$host" -- /bin/sh -c "$*"
 }
 

@@ -74,6 +74,27 @@ fi
 ip netns list | grep -q "^$dprefix-h" && fail "a namespace is left after a failed or finished up --delay"
 ip link show "${dprefix}br0" >/dev/null 2>&1 && fail "the bridge is left after a failed or finished up --delay"
 [ -e "/run/dtrain-cluster-$dprefix" ] && fail "the state is left after a failed or finished up --delay"
+# --cpus: a cpu cgroup per host with its quota; what the agent starts runs
+# in it; down removes it
+if "$cluster" up 2 --cpus 0.5 --bw none --prefix "$dprefix" --subnet "$dsubnet" >"$tmp/cpus" 2>&1; then
+    cg=
+    for d in /sys/fs/cgroup/cpu /sys/fs/cgroup; do [ -d "$d/dtrain-cluster-$dprefix-h1" ] && cg=$d/dtrain-cluster-$dprefix-h1; done
+    [ -n "$cg" ] || fail "--cpus 0.5: no cgroup for host 1"
+    q=$(cat "$cg/cpu.cfs_quota_us" 2>/dev/null || cut -d' ' -f1 "$cg/cpu.max")
+    [ "$q" = 50000 ] || fail "--cpus 0.5: quota $q, expected 50000 of 100000"
+    got=$("$cluster" rsh --prefix "$dprefix" "$dprefix-h1" 'cat /proc/self/cgroup')
+    grep -q "dtrain-cluster-$dprefix-h1" <<<"$got" || fail "--cpus: a process of host 1 is not in its cgroup: $got"
+    "$cluster" down --prefix "$dprefix" >/dev/null
+    if [ -d "$cg" ]; then fail "--cpus: down left $cg"; fi
+elif grep -q "no writable cpu cgroup" "$tmp/cpus"; then
+    echo "--cpus: not tested (no writable cpu cgroup here)"
+else
+    cat "$tmp/cpus"; fail "up --cpus 0.5"
+fi
+if "$cluster" up 2 --cpus lots --prefix "$dprefix" --subnet "$dsubnet" >"$tmp/err" 2>&1 ||
+    ! grep -q -- "--cpus 'lots': expected a number of cores" "$tmp/err"; then
+    cat "$tmp/err"; fail "--cpus lots: not refused with a message"
+fi
 "$cluster" status --prefix "$prefix" >"$tmp/status"
 grep -q "$prefix-h1  $subnet.2/24  hostname $prefix-h1" "$tmp/status" || { cat "$tmp/status"; fail "status"; }
 [ "$("$src/scripts/cluster.sh" rsh --prefix "$prefix" "$prefix-h1" hostname)" = "$prefix-h1" ] || fail "rsh agent: hostname"
