@@ -13,16 +13,21 @@ Without --steps the config's shipped epochs run (the Fashion-MNIST MLP:
 about 20 minutes per method on 4 workers of a 2-core machine). --steps 5
 only checks that everything runs. The workers share memory, so step times
 are not a network's; with --slow-link RATE (root) they run instead as two
-hosts of W/2 ranks each, network namespaces joined by a tc-shaped link of
-RATE (e.g. 1gbit) under mpirun (bench/slowlink.sh), where the step is
-communication-bound.
+hosts of W/2 ranks each, network namespaces whose links are shaped to RATE
+(e.g. 1gbit) by scripts/cluster.sh, under mpirun, where the step is
+communication-bound. --torch adds PyTorch DDP on the same two hosts (Gloo,
+the same MLP shape, bench/torch_ddp.py) plain and with its fp16 and PowerSGD
+communication hooks, for the step times a PyTorch user would get.
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse, json, os, signal, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+PREFIX, SUBNET = "cmp", "10.79.0"  # the pretend hosts of --slow-link
+TORCH_HOOKS = ["none", "fp16", "powersgd"]
 METHODS = {  # name: --set flags (the accuracy goals of issue 18 use these)
     "none": [],
     "fp16": ["compression.method=fp16"],
@@ -45,12 +50,54 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="max_steps (0: the config's epochs)")
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--slow-link", metavar="RATE", help="run over bench/slowlink.sh at this tc rate (needs root)")
+    ap.add_argument("--slow-link", metavar="RATE",
+                    help="run on two pretend hosts (scripts/cluster.sh) linked at this rate (needs root)")
+    ap.add_argument("--torch", action="store_true", help="with --slow-link: PyTorch DDP and its hooks too")
     a = ap.parse_args()
     print(cpu.banner(a.json))
     if a.slow_link and a.workers % 2:
         sys.exit("--slow-link: --workers must be even (W/2 ranks on each of two hosts)")
-    rows = []
+    rows, torch_rows = [], []
+    if a.slow_link:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit("compression.py: terminated"))  # still take the hosts down
+        cluster("down")
+        cluster("up", "2", "--bw", a.slow_link, "--subnet", SUBNET)
+    try:
+        run_all(a, rows, torch_rows)
+    finally:
+        if a.slow_link:
+            cluster("down")
+    report(a, rows, torch_rows)
+
+
+def cluster(*args):
+    return subprocess.run([CLUSTER, *args, "--prefix", PREFIX], check=True, stdout=subprocess.PIPE, text=True).stdout
+
+
+def torch_run(a, hook, steps):
+    """bench/torch_ddp.py on both pretend hosts at once; its JSON, or None when it failed."""
+    common = [sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--model", "mlp", "--workers",
+              str(a.workers), "--steps", str(steps), "--hook", hook, "--nnodes", "2", "--master", f"{SUBNET}.1:29531"]
+    procs = [subprocess.Popen([CLUSTER, "rsh", "--prefix", PREFIX, f"{PREFIX}-h{k}",
+                               # Gloo takes the address of the interface it is told, not the hostname's
+                               "GLOO_SOCKET_IFNAME=eth0 " + " ".join(common + ["--node-rank", str(k)])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=1800) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        print(f"note: PyTorch DDP with hook {hook} did not finish in 30 min; left out", file=sys.stderr)
+        return None
+    if any(p.returncode for p in procs):
+        err = (outs[0][1] + outs[1][1]).strip().splitlines()
+        why = next((l for l in err if "enforce fail" in l or "Error" in l), err[-1] if err else "?")
+        print(f"note: PyTorch DDP with hook {hook} failed ({why.strip()}); left out", file=sys.stderr)
+        return None
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def run_all(a, rows, torch_rows):
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-compression-") as tmp:
         for m in a.methods.split(","):
             if m not in METHODS:
@@ -59,7 +106,8 @@ def main():
             cmd = [os.path.abspath(os.path.join(a.dtrain, "dtrain")), "train", os.path.abspath(a.config), "--quiet",
                    "--run-dir", os.path.join(tmp, m)]
             if a.slow_link:
-                cmd = [os.path.join(ROOT, "bench/slowlink.sh"), "-r", a.slow_link, "-n", str(a.workers // 2), "--"] + cmd
+                cmd = [CLUSTER, "mpirun", "--prefix", PREFIX, "--allow-run-as-root", "-np", str(a.workers),
+                       "--map-by", f"ppr:{a.workers // 2}:node"] + cmd
             else:
                 cmd += ["--workers", str(a.workers)]
             for s in sets:
@@ -70,9 +118,16 @@ def main():
             rows.append({"method": m, "accuracy": s.get("test_accuracy"), "val_loss": s.get("val_loss"),
                          "bytes_sent": s["bytes_sent"], "steps": s["steps"],
                          "step_seconds": s["train_seconds"] / max(s["steps"], 1)})
+    if a.torch and a.slow_link:
+        for hook in TORCH_HOOKS:
+            r = torch_run(a, hook, a.steps or 40)
+            torch_rows.append({"hook": hook, "step_seconds": r["step_seconds"] if r else None})
+
+
+def report(a, rows, torch_rows):
     base = next((r for r in rows if r["method"] == "none"), rows[0])
     if a.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"dtrain": rows, "pytorch": torch_rows}, indent=1))
         return
     link = f", two hosts over a {a.slow_link} link" if a.slow_link else ", one host"
     print(f"{os.path.basename(a.config)}, {a.workers} workers{link}, {base['steps']} steps")
@@ -84,6 +139,17 @@ def main():
               f"{r['bytes_sent'] / base['bytes_sent']:6.3f} {r['step_seconds']:8.4f} "
               f"{base['step_seconds'] / r['step_seconds']:7.2f}x")
 
+    if torch_rows:
+        tb = torch_rows[0]["step_seconds"]
+        print(f"PyTorch {'DDP hook':9} {'s/step':>8} {'speed-up':>8}   dtrain s/step of the same method / PyTorch's")
+        same = {"none": "none", "fp16": "fp16", "powersgd": "powersgd"}
+        for t in torch_rows:
+            d = next((r for r in rows if r["method"] == same[t["hook"]]), None)
+            if t["step_seconds"] is None:
+                print(f"        {t['hook']:9} {'failed':>8}")
+                continue
+            ratio = f"{d['step_seconds'] / t['step_seconds']:.2f}" if d else "-"
+            print(f"        {t['hook']:9} {t['step_seconds']:8.4f} {tb / t['step_seconds'] if tb else 0:7.2f}x   {ratio}")
 
 if __name__ == "__main__":
     main()

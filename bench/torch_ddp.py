@@ -5,7 +5,15 @@ with its SGD-momentum step; a GPT preset (gpt-small, ...) is torch_gpt.py's
 model with its AdamW step on random tokens. With --zero the optimizer is
 wrapped in ZeroRedundancyOptimizer (PyTorch's ZeRO stage 1: each rank
 updates its share of the parameters, which are then broadcast), the side
-of bench/zero.py. Prints one JSON object (rank 0)."""
+of bench/zero.py. --hook fp16|powersgd registers DDP's communication hook of
+that name (PyTorch's gradient compression: fp16_compress_hook, powerSGD_hook
+at --powersgd-rank), the peer of bench/compression.py. With Debian's
+PyTorch 1.13 and its Gloo, powerSGD_hook aborts the process ("enforce fail
+at gloo/transport/tcp/pair.cc: op.preamble.length <= op.nbytes", also with
+one bucket or a static graph) and batched_powerSGD_hook fails an assertion
+in its _orthogonalize: compression.py reports it as a peer that crashed. Across hosts, one
+launch per host: --nnodes H --node-rank K --master ADDR:PORT (each host runs
+--workers / H processes, ranks K*W/H...). Prints one JSON object (rank 0)."""
 import argparse, json, os, socket, sys, time
 
 import torch
@@ -32,15 +40,24 @@ def job(a, b):
     return m, opt, lambda net: lossf(net(x), y)
 
 
-def worker(rank, a, port, q):
+def worker(local, a, master, q):
+    rank = a.node_rank * (a.workers // a.nnodes) + local
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
+    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=a.workers)
     torch.manual_seed(1)
     m, opt, loss = job(a, a.batch // a.workers)
     if a.zero:  # the same optimizer and settings, sharded
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=type(opt), **opt.defaults)
     ddp = nn.parallel.DistributedDataParallel(m) if a.workers > 1 else m
+    if a.hook == "fp16" and a.workers > 1:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif a.hook == "powersgd" and a.workers > 1:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        st = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                                         start_powerSGD_iter=2)
+        ddp.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
     warm = a.steps // 5 + 2
     for s in range(warm + a.steps):
         if s == warm:
@@ -53,6 +70,7 @@ def worker(rank, a, port, q):
     dt = time.perf_counter() - t0
     if rank == 0:
         r = {"impl": "pytorch-zero1" if a.zero else "pytorch-ddp", "version": torch.__version__, "model": a.model, "batch": a.batch,
+             "hook": a.hook, "step_seconds": dt / a.steps,
              "workers": a.workers, "threads": a.threads, "steps": a.steps,
              "samples_per_sec": round(a.steps * a.batch / dt, 1)}
         if a.model in torch_gpt.PRESETS:
@@ -70,16 +88,26 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer around the optimizer")
+    ap.add_argument("--hook", default="none", choices=["none", "fp16", "powersgd"], help="DDP communication hook")
+    ap.add_argument("--powersgd-rank", type=int, default=2)
+    ap.add_argument("--nnodes", type=int, default=1, help="hosts, each running --workers / H processes")
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--master", help="ADDR:PORT of rank 0 (default: a free port here)")
     a = ap.parse_args()
+    if a.workers % a.nnodes or not 0 <= a.node_rank < a.nnodes:
+        sys.exit("torch_ddp.py: --workers must divide into --nnodes hosts, and --node-rank be one of them")
     a.batch = a.batch or {"mlp": 256, "cnn": 64}.get(a.model, 8)
     a.steps = a.steps or {"mlp": 200, "cnn": 60}.get(a.model, 8)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    master = a.master
+    if not master:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            master = "127.0.0.1:%d" % s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    mp.spawn(worker, args=(a, port, q), nprocs=a.workers, join=True)
-    print(json.dumps(q.get()))
+    mp.spawn(worker, args=(a, master, q), nprocs=a.workers // a.nnodes, join=True)
+    if a.node_rank == 0:
+        print(json.dumps(q.get()))
 
 
 if __name__ == "__main__":
