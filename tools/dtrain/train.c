@@ -352,7 +352,7 @@ static int check_before_start(const args_t *a, const dt_config *c) {
     if (g_federate && dt_federate_check(c, a->workers > 1 ? a->workers : 1) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
     for (int n = a->min_workers; n <= a->workers && !g_federate; n++)
-        if (n > 1 && dt_train_check(c, n) != DT_OK)
+        if ((n > 1 || c->ps_servers > 0) && dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
     if (!c->gpt && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
@@ -506,6 +506,7 @@ int cmd_train(int argc, char **argv) {
                   a.max_restarts > 0 ? "--max-restarts" : "--workers MIN:MAX");
         return EXIT_USAGE;
     }
+    if (c.ps_servers > 0 && a.workers == 0) a.workers = a.min_workers = 1;  // one worker besides the servers
     if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
