@@ -56,7 +56,7 @@ dt_status dt_train_check(const dt_config *c, int W) {
 }
 
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
-                               const dt_train_result *r, size_t nparams) {
+                               dt_strategy *strat, const dt_train_result *r, size_t nparams) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
@@ -71,6 +71,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     tops->summary(task, o, r);
     dt_json_add_parallel(o, r);
+    if (strat->ops->summary) strat->ops->summary(strat, o);
     // Rank 0's bytes by kind at its ZeRO stage (docs/zero.md), beside its
     // peak resident memory.
     dt_memory_kinds k;
@@ -171,7 +172,8 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     int vote = dt_run_ckpt_vote(ck);
     dt_obs_begin(obs, DT_OBS_COMM);
     dt_status st = dt_strategy_sync(s);
-    if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, ctl);
+    if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, ctl);
+    else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, ctl);
     dt_obs_end(obs, DT_OBS_COMM);
     if (st != DT_OK) return st;
     dt_obs_begin(obs, DT_OBS_OPTIMIZER);
@@ -371,7 +373,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->wall_seconds = dt_now() - t_start;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
-        st = write_summary(path, c, tops, task, res, info.nparams);
+        st = write_summary(path, c, tops, task, strat, res, info.nparams);
     }
 done:
     st = dt_obs_close(obs, st);

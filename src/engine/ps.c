@@ -48,7 +48,9 @@
 #include "dtrain/launch.h"
 #include "engine/strategy.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +71,13 @@ enum {
     M_WEIGHTS,
     M_STATES,
 };
+
+// Statistics a server keeps (sent with STATES): the staleness of every
+// applied gradient (updates of the range between the weights it was
+// computed from and its own; the last bin counts HIST_MAX and above),
+// then the figures below.
+enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
+       ST_N = 72 };
 
 static const char *kind_name(int64_t k) {
     static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES"};
@@ -119,7 +128,9 @@ typedef struct {
     int64_t (*hdr)[H_N];
     dt_request_t *req;  // two per piece: header and data
     int64_t *acc;       // deterministic: this worker's fixed-point sums
-    int64_t step, version;
+    int64_t step;
+    int64_t *ver;       // the version of each server's weights this worker holds
+    int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
     double t_first, t_backward_end;
     dt_status err;
     char errmsg[1024];
@@ -129,11 +140,25 @@ static int ps_other_ranks(const dt_config *c) { return c->ps_servers; }
 
 static int ps_wants(const dt_config *c) { return c->ps_servers > 0; }
 
+enum { MODE_SYNC, MODE_ASYNC, MODE_SSP, MODE_BACKUP };
+static const char *const mode_names[] = {"sync", "async", "ssp", "backup"};
+
 static dt_status ps_check(const dt_config *c, int W) {
-    if (c->ps_mode != 0)
-        return dt_error(DT_ERR_CONFIG, "[ps] mode = %s is not available yet: use mode = sync",
-                        c->ps_mode == 1 ? "async" : c->ps_mode == 2 ? "ssp" : "backup");
+    const char *m = mode_names[c->ps_mode];
     if (c->ps_groups > 0) return dt_error(DT_ERR_CONFIG, "[ps] groups is not available yet: leave it at 0");
+    if (c->ps_mode != MODE_SYNC && c->deterministic)
+        return dt_error(DT_ERR_CONFIG, "[ps] mode = %s applies gradients as they arrive: [parallel] deterministic "
+                                       "needs mode = sync", m);
+    if (c->ps_mode != MODE_SYNC && (c->ckpt_sharded || c->ckpt_every_seconds > 0))
+        return dt_error(DT_ERR_CONFIG, "[ps] mode = %s: workers step at their own pace, so checkpoints are by steps "
+                                       "and written by worker 0 ([checkpoint] %s is not available)",
+                        m, c->ckpt_sharded ? "sharded" : "every_seconds");
+    if (c->ps_mode == MODE_BACKUP && c->ps_backup >= W)
+        return dt_error(DT_ERR_CONFIG, "[ps] backup_workers = %d: must be fewer than the %d workers", c->ps_backup, W);
+    if (c->ps_mode != MODE_BACKUP && c->ps_backup > 0)
+        return dt_error(DT_ERR_CONFIG, "[ps] backup_workers works with mode = backup (mode is %s)", m);
+    if (c->ps_mode != MODE_SSP && c->ps_staleness > 0)
+        return dt_error(DT_ERR_CONFIG, "[ps] staleness works with mode = ssp (mode is %s)", m);
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
 }
 
@@ -177,7 +202,9 @@ static dt_status ps_init(dt_strategy *s) {
         return dt_error(DT_ERR_CONFIG, "[parallel] servers = %d: more servers than the model's %zu parameters", w->S,
                         s->n);
     w->slo = malloc(sizeof(size_t) * 2 * (size_t)w->S);
-    if (!w->slo) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    w->ver = calloc((size_t)w->S, sizeof *w->ver);
+    if (!w->slo || !w->ver) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    s->own_pace = s->c->ps_mode != MODE_SYNC;
     w->shi = w->slo + w->S;
     for (int j = 0; j < w->S; j++) dt_shard_range(s->n, j, w->S, &w->slo[j], &w->shi[j]);
     dt_grad_range whole = {0, s->n};
@@ -208,10 +235,11 @@ static void ps_fini(dt_strategy *s) {
     // nobody to tell (the abort reaches the servers).
     if (w->slo && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
-            int64_t h[H_N] = {M_END, w->step, w->version, 0, 0, 0, 0, 0};
+            int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
             if (dt_send(h, H_N, DT_I64, j, s->all) != DT_OK) break;
         }
     free(w->slo);
+    free(w->ver);
     free(w->p);
     free(w->hdr);
     free(w->req);
@@ -223,8 +251,11 @@ static int ps_plan(dt_strategy *s, int first, int share, int global) {
     w->next = 0;
     w->err = DT_OK;
     w->t_first = 0;
-    return s->c->deterministic ? dt_strategy_dp_deterministic.plan(s, first, share, global)
-                               : dt_strategy_plan_accum(s, first, share, global);
+    int k = s->c->deterministic ? dt_strategy_dp_deterministic.plan(s, first, share, global)
+                                : dt_strategy_plan_accum(s, first, share, global);
+    // Apart from sync, each push is a step of its own: its share's mean.
+    if (s->c->ps_mode != MODE_SYNC) s->loss_denom = share;
+    return k;
 }
 
 // Sends piece i: its header and its data (float gradients, or the
@@ -237,7 +268,7 @@ static void push(ps_worker *w, int i) {
     int64_t *h = w->hdr[i];
     h[H_KIND] = M_PUSH;
     h[H_STEP] = w->step;
-    h[H_VERSION] = w->version;
+    h[H_VERSION] = w->ver[p->server];
     h[H_OFF] = (int64_t)p->lo;
     h[H_COUNT] = (int64_t)(p->hi - p->lo);
     h[H_A] = det ? DT_I64 : DT_F32;
@@ -308,9 +339,11 @@ static dt_status expect(ps_worker *w, int j, int64_t *h, int64_t kind) {
     return DT_OK;
 }
 
-// The global norm of the summed gradient, from server 0.
+// The global norm of the summed gradient, from server 0 (sync); apart from
+// sync, the norm of this worker's own gradient, which is applied alone.
 static dt_status ps_grad_norm(dt_strategy *s, double *norm) {
     ps_worker *w = (ps_worker *)s;
+    if (s->c->ps_mode != MODE_SYNC) return dt_strategy_norm_replicated(s, norm);
     int64_t h[H_N];
     dt_status st = expect(w, 0, h, M_NORM);
     *norm = st == DT_OK ? double_of(h[H_A]) : 0;
@@ -328,7 +361,7 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
         int64_t *c = h[j];
         c[H_KIND] = M_COMMIT;
         c[H_STEP] = w->step;
-        c[H_VERSION] = w->version;
+        c[H_VERSION] = w->ver[j];
         c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
         c[H_A] = bits_of(lr);
         c[H_B] = bits_of(scale);
@@ -344,27 +377,35 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
                           (long long)w->step + 1);
     }
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
-    w->version = h[S][H_VERSION];
+    for (int j = 0; j < S; j++) w->ver[j] = h[S + j][H_VERSION];
     w->step++;
     dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
     return DT_OK;
 }
 
-// Before an evaluation, a checkpoint and the final weights: the optimizer
-// state of every range, into this worker's optimizer (what checkpoints
-// write). The weights are the servers' already.
+// Before an evaluation, a checkpoint and the final weights: the newest
+// weights and the optimizer state of every range, into this worker's
+// blocks (what checkpoints write), and server 0's statistics. Workers at
+// their own pace meet first, so that all of them take the same weights.
 static dt_status ps_params_sync(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     int ns = dt_optim_num_states(s->opt);
-    dt_status st = DT_OK;
+    dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
     for (int j = 0; j < w->S && st == DT_OK; j++) {
-        int64_t h[H_N] = {M_FETCH, w->step, w->version, 0, 0, 0, 0, 0};
+        size_t len = w->shi[j] - w->slo[j];
+        int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
         st = dt_send(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = expect(w, j, h, M_STATES);
+        if (st == DT_OK) w->ver[j] = h[H_VERSION];
+        if (st == DT_OK) st = dt_recv(s->params + w->slo[j], len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++)
-            st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all);
+            st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], len, DT_F32, j, s->all);
+        int64_t stats[ST_N];
+        if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
+        if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
     }
-    return st == DT_OK ? DT_OK : dt_error(st, "optimizer state from the servers: %s", dt_last_error());
+    if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
+    return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
 }
 
 // At the start (fresh or resumed): worker 0 gives each server its range of
@@ -373,13 +414,14 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     ps_worker *w = (ps_worker *)s;
     (void)path;
     (void)parts;
-    w->step = w->version = *dt_optim_step_count(s->opt);
+    w->step = *dt_optim_step_count(s->opt);
+    for (int j = 0; j < w->S; j++) w->ver[j] = w->step;
     if (s->rank != 0) return DT_OK;
     int ns = dt_optim_num_states(s->opt);
     dt_status st = DT_OK;
     for (int j = 0; j < w->S && st == DT_OK; j++) {
         size_t lo = w->slo[j], len = w->shi[j] - lo;
-        int64_t h[H_N] = {M_INIT, w->step, w->version, (int64_t)lo, (int64_t)len, ns, s->world, (int64_t)s->n};
+        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, s->world, (int64_t)s->n};
         st = dt_send(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
@@ -390,13 +432,17 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
 // ----------------------------------------------------------------------------
 // the server's side
 
+
 typedef struct {
     int64_t h[H_N];   // the header being received
     dt_request_t req; // its receive, NULL once the worker ended
     void *buf;        // this step's push: the range's gradient (int64 sums when deterministic)
     uint8_t *seen;    // elements of the range pushed this step
     size_t got;
-    int committed;
+    int64_t step;     // the worker's next step: the one its pushes are for
+    int64_t sent;     // the version of the weights it was last sent
+    int64_t arrived;  // when its push completed (backup: the first N - b of a step)
+    int committed, held, ended;
     double lr, scale;
 } peer;
 
@@ -404,14 +450,16 @@ typedef struct {
     const dt_config *c;
     dt_comm_t all, mine;
     int S, N, me;      // servers, workers (world ranks S..S+N-1), this server's index
+    int mode;
     size_t n, lo, len;
     int det;
     float *params, *grad;
     dt_optim *opt;
-    int64_t step, version;
+    int64_t step, version, arrivals;
     peer *w;
-    int reduced;       // this step's pushes are summed and the norm sent
+    int reduced;       // sync: this step's pushes are summed and the norm sent
     int ended;         // workers that said END
+    int64_t stats[ST_N];
 } server;
 
 // A failure naming this server and the worker.
@@ -419,7 +467,7 @@ static dt_status refuse(server *sv, int wi, const char *fmt, long long got, long
     char what[256];
     snprintf(what, sizeof what, fmt, got, want);
     return dt_error(DT_ERR_COMM, "server %d: refused a push from worker %d at step %lld: %s", sv->me, wi,
-                    (long long)sv->step + 1, what);
+                    (long long)sv->w[wi].step + 1, what);
 }
 
 static dt_status post_header(server *sv, int wi) {
@@ -431,9 +479,9 @@ static dt_status take_push(server *sv, int wi) {
     peer *p = &sv->w[wi];
     const int64_t *h = p->h;
     int64_t off = h[H_OFF], cnt = h[H_COUNT], lo = (int64_t)sv->lo, hi = (int64_t)(sv->lo + sv->len);
-    if (h[H_STEP] != sv->step) return refuse(sv, wi, "step %lld, expected step %lld", h[H_STEP] + 1, sv->step + 1);
-    if (h[H_VERSION] != sv->version)
-        return refuse(sv, wi, "computed from weights version %lld, expected version %lld", h[H_VERSION], sv->version);
+    if (h[H_STEP] != p->step) return refuse(sv, wi, "step %lld, expected step %lld", h[H_STEP] + 1, p->step + 1);
+    if (h[H_VERSION] != p->sent)
+        return refuse(sv, wi, "computed from weights version %lld, expected version %lld", h[H_VERSION], p->sent);
     if (h[H_A] != (sv->det ? DT_I64 : DT_F32))
         return refuse(sv, wi, "element type %lld, expected %lld", h[H_A], sv->det ? DT_I64 : DT_F32);
     if (cnt <= 0 || off < lo || off + cnt > hi)
@@ -449,12 +497,16 @@ static dt_status take_push(server *sv, int wi) {
     return DT_OK;
 }
 
+// The newest weights, the optimizer state and the statistics.
 static dt_status send_states(server *sv, int wi) {
     int ns = dt_optim_num_states(sv->opt);
-    int64_t h[H_N] = {M_STATES, sv->step, sv->version, (int64_t)sv->lo, (int64_t)sv->len, ns, 0, 0};
+    int64_t h[H_N] = {M_STATES, sv->w[wi].step, sv->version, (int64_t)sv->lo, (int64_t)sv->len, ns, 0, 0};
     dt_status st = dt_send(h, H_N, DT_I64, sv->S + wi, sv->all);
+    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->S + wi, sv->all);
     for (int k = 0; k < ns && st == DT_OK; k++)
         st = dt_send(dt_optim_state(sv->opt, k), sv->len, DT_F32, sv->S + wi, sv->all);
+    if (st == DT_OK) st = dt_send(sv->stats, ST_N, DT_I64, sv->S + wi, sv->all);
+    sv->w[wi].sent = sv->version;
     return st;
 }
 
@@ -464,10 +516,10 @@ static dt_status handle(server *sv, int wi) {
     dt_status st = DT_OK;
     switch (p->h[H_KIND]) {
     case M_PUSH:
-        st = take_push(sv, wi);
+        if ((st = take_push(sv, wi)) == DT_OK && p->got == sv->len) p->arrived = ++sv->arrivals;
         break;
     case M_COMMIT:
-        if (p->got != sv->len || !sv->reduced)
+        if (p->got != sv->len || (sv->mode == MODE_SYNC && !sv->reduced))
             return refuse(sv, wi, "COMMIT after %lld of the range's %lld gradients", (long long)p->got,
                           (long long)sv->len);
         p->committed = 1;
@@ -480,7 +532,8 @@ static dt_status handle(server *sv, int wi) {
     case M_END:
         if (p->got)
             return dt_error(DT_ERR_COMM, "server %d: worker %d left in the middle of step %lld", sv->me, wi,
-                            (long long)sv->step + 1);
+                            (long long)p->step + 1);
+        p->ended = 1;
         sv->ended++;
         return DT_OK;  // no further header from it
     default:
@@ -490,8 +543,8 @@ static dt_status handle(server *sv, int wi) {
     return st == DT_OK ? post_header(sv, wi) : st;
 }
 
-// Every worker's push is in: their sum (in worker order), the global norm
-// over the servers, and server 0 tells the workers.
+// Sync: every worker's push is in: their sum (in worker order), the global
+// norm over the servers, and server 0 tells the workers.
 static dt_status reduce(server *sv) {
     size_t len = sv->len;
     if (sv->det) {
@@ -518,13 +571,38 @@ static dt_status reduce(server *sv) {
     return st;
 }
 
-// Every worker committed: the update, then the weights to every worker.
-static dt_status apply(server *sv) {
+// A worker's push was used or dropped: ready for its next step.
+static void next_step(server *sv, peer *p) {
+    memset(p->seen, 0, sv->len);  // a whole push covers buf: nothing else to clear
+    p->got = 0;
+    p->committed = 0;
+    p->step++;
+    (void)sv;
+}
+
+// The weights to worker wi (blocking: an update may follow at once).
+static dt_status reply(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
+    dt_status st = dt_send(h, H_N, DT_I64, sv->S + wi, sv->all);
+    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->S + wi, sv->all);
+    p->sent = sv->version;
+    p->held = 0;
+    return st;
+}
+
+// Sync: every worker committed: the update, then the weights to every
+// worker, all at once.
+static dt_status apply_sync(server *sv) {
     peer *p0 = &sv->w[0];
     dt_optim_begin_step(sv->opt);
     dt_optim_update(sv->opt, 0, sv->len, sv->params, sv->grad, (float)p0->lr, (float)p0->scale);
     sv->step++;
     sv->version++;
+    sv->stats[0] += sv->N;  // all of them fresh
+    sv->stats[ST_APPLIED] += sv->N;
+    sv->stats[ST_STEPS]++;
+    sv->stats[ST_MIN_PER_STEP] = sv->stats[ST_MAX_PER_STEP] = sv->N;
     int64_t h[H_N] = {M_WEIGHTS, sv->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
     dt_request_t *r = calloc(2 * (size_t)sv->N, sizeof *r);
     if (!r) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
@@ -536,14 +614,113 @@ static dt_status apply(server *sv) {
     dt_status w = wait_all(r, 2 * sv->N);
     free(r);
     for (int wi = 0; wi < sv->N; wi++) {
-        peer *p = &sv->w[wi];
-        memset(p->seen, 0, sv->len);  // a whole push covers buf: nothing else to clear
-        p->got = 0;
-        p->committed = 0;
+        next_step(sv, &sv->w[wi]);
+        sv->w[wi].sent = sv->version;
     }
     sv->reduced = 0;
     dt_heartbeat(sv->step);
     return st != DT_OK ? st : w;
+}
+
+// The slowest step among the workers still running.
+static int64_t min_step(const server *sv) {
+    int64_t m = INT64_MAX;
+    for (int wi = 0; wi < sv->N; wi++)
+        if (!sv->w[wi].ended && sv->w[wi].step < m) m = sv->w[wi].step;
+    return m;
+}
+
+// Async and ssp: worker wi's gradient on its own, on arrival, at the rate
+// its staleness allows; ssp holds the reply of a worker too far ahead.
+static dt_status apply_one(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    int64_t stale = sv->version - p->sent;
+    float lr = (float)p->lr;
+    if (sv->c->ps_staleness_lr && stale > 1) lr /= (float)stale;
+    dt_optim_begin_step(sv->opt);
+    dt_optim_update(sv->opt, 0, sv->len, sv->params, p->buf, lr, (float)p->scale);
+    sv->version++;
+    sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
+    sv->stats[ST_APPLIED]++;
+    next_step(sv, p);
+    if (p->step > sv->step) {
+        sv->step = p->step;
+        dt_heartbeat(sv->step);
+    }
+    p->held = 1;
+    return DT_OK;
+}
+
+// Ssp (and async, with no bound): the replies whose workers may go on.
+static dt_status release(server *sv) {
+    int64_t lim = sv->mode == MODE_SSP ? sv->c->ps_staleness : INT64_MAX / 2, slow = min_step(sv);
+    dt_status st = DT_OK;
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->held || p->step - slow > lim) continue;
+        if (p->step - slow > sv->stats[ST_MAX_GAP]) sv->stats[ST_MAX_GAP] = p->step - slow;
+        st = reply(sv, wi);
+    }
+    return st;
+}
+
+// Backup: the first N - b gradients of the server's step, in the order they
+// arrived, make the step (their mean, each with its clip scale); the late
+// ones are dropped and their workers get the newest weights.
+static dt_status backup(server *sv, int *moved) {
+    int need = sv->N - sv->c->ps_backup, have = 0;
+    dt_status st = DT_OK;
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->committed) continue;
+        if (p->step < sv->step) {  // late: its step was made without it
+            sv->stats[ST_DROPPED]++;
+            next_step(sv, p);
+            st = reply(sv, wi);
+            *moved = 1;
+        } else {
+            have++;
+        }
+    }
+    if (st != DT_OK || have < need) return st;
+    int *use = malloc(sizeof(int) * (size_t)need);
+    if (!use) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int k = 0; k < need; k++) {  // the k-th arrival among the committed
+        int best = -1;
+        for (int wi = 0; wi < sv->N; wi++) {
+            peer *p = &sv->w[wi];
+            int taken = 0;
+            for (int q = 0; q < k; q++) taken |= use[q] == wi;
+            if (p->committed && p->step == sv->step && !taken && (best < 0 || p->arrived < sv->w[best].arrived))
+                best = wi;
+        }
+        use[k] = best;
+    }
+    memset(sv->grad, 0, sizeof(float) * sv->len);
+    for (int k = 0; k < need; k++) {
+        const peer *p = &sv->w[use[k]];
+        const float *g = p->buf;
+        float f = (float)(p->scale / need);
+        for (size_t i = 0; i < sv->len; i++) sv->grad[i] += f * g[i];
+        int64_t stale = sv->version - p->sent;
+        sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
+    }
+    dt_optim_begin_step(sv->opt);
+    dt_optim_update(sv->opt, 0, sv->len, sv->params, sv->grad, (float)sv->w[use[0]].lr, 1.0f);
+    sv->version++;
+    sv->step++;
+    sv->stats[ST_APPLIED] += need;
+    if (!sv->stats[ST_STEPS] || need < sv->stats[ST_MIN_PER_STEP]) sv->stats[ST_MIN_PER_STEP] = need;
+    if (need > sv->stats[ST_MAX_PER_STEP]) sv->stats[ST_MAX_PER_STEP] = need;
+    sv->stats[ST_STEPS]++;
+    for (int k = 0; k < need && st == DT_OK; k++) {
+        next_step(sv, &sv->w[use[k]]);
+        st = reply(sv, use[k]);
+    }
+    free(use);
+    dt_heartbeat(sv->step);
+    *moved = 1;
+    return st;
 }
 
 // The start: worker 0's INIT with the range's weights and optimizer state.
@@ -552,7 +729,7 @@ static dt_status start(server *sv) {
     int w0 = sv->S;
     dt_status st = dt_recv(h, H_N, DT_I64, w0, sv->all);
     if (st != DT_OK) return st;
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     if (h[H_KIND] == M_INIT && h[H_C] > 0) dt_shard_range((size_t)h[H_C], sv->me, sv->S, &lo, &hi);
     if (h[H_KIND] != M_INIT || h[H_C] <= 0 || h[H_OFF] != (int64_t)lo || h[H_COUNT] != (int64_t)(hi - lo) ||
         h[H_B] != sv->N)
@@ -574,6 +751,8 @@ static dt_status start(server *sv) {
         p->seen = calloc(sv->len, 1);
         if (!p->buf || !p->seen) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
         memset(p->buf, 0, es * sv->len);
+        p->step = sv->step;
+        p->sent = sv->version;
     }
     if ((st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL)) != DT_OK) return st;
     if (h[H_A] != dt_optim_num_states(sv->opt))
@@ -598,17 +777,49 @@ static void server_free(server *sv) {
     dt_optim_free(sv->opt);
 }
 
+// What the mode does once the headers that arrived are handled.
+static dt_status advance(server *sv, int *moved) {
+    if (sv->mode == MODE_BACKUP) return backup(sv, moved);
+    if (sv->mode != MODE_SYNC) {
+        dt_status st = DT_OK;
+        int queued = 0;
+        for (int wi = 0; wi < sv->N; wi++) queued += sv->w[wi].got > 0 && !sv->w[wi].committed;
+        if (queued > sv->stats[ST_MAX_QUEUED]) sv->stats[ST_MAX_QUEUED] = queued;
+        for (int wi = 0; wi < sv->N && st == DT_OK; wi++)
+            if (sv->w[wi].committed) {
+                st = apply_one(sv, wi);
+                *moved = 1;
+            }
+        return st == DT_OK ? release(sv) : st;
+    }
+    int pushed = 1, committed = 1;
+    for (int wi = 0; wi < sv->N; wi++) {
+        pushed &= sv->w[wi].got == sv->len;
+        committed &= sv->w[wi].committed;
+    }
+    if (pushed && !sv->reduced && sv->ended == 0) {
+        *moved = 1;
+        sv->reduced = 1;
+        return reduce(sv);
+    }
+    if (pushed && sv->reduced && committed) {
+        *moved = 1;
+        return apply_sync(sv);
+    }
+    return DT_OK;
+}
+
 // A server's own loop: receive pushes, update its range, answer, until
 // every worker said END.
 static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
-    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic};
+    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
     sv.N = dt_comm_size(all) - sv.S;
     dt_status st = start(&sv);
     if (st == DT_OK && sv.me == 0)
-        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode sync%s", sv.S, sv.len, sv.n,
-               sv.N, sv.det ? ", deterministic" : "");
+        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+               mode_names[sv.mode], sv.det ? ", deterministic" : "");
     for (int wi = 0; wi < sv.N && st == DT_OK; wi++) st = post_header(&sv, wi);
     int idle = 0;
     double beat = dt_now();
@@ -621,20 +832,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
             moved = 1;
             st = handle(&sv, wi);
         }
-        if (st != DT_OK) break;
-        int pushed = 1, committed = 1;
-        for (int wi = 0; wi < sv.N; wi++) {
-            pushed &= sv.w[wi].got == sv.len;
-            committed &= sv.w[wi].committed;
-        }
-        if (pushed && !sv.reduced && sv.ended == 0) {
-            st = reduce(&sv);
-            sv.reduced = 1;
-            moved = 1;
-        } else if (pushed && sv.reduced && committed) {
-            st = apply(&sv);
-            moved = 1;
-        }
+        if (st == DT_OK) st = advance(&sv, &moved);
         if (moved) {
             idle = 0;
             continue;
@@ -658,6 +856,26 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
     return st;
 }
 
+// summary.json's "ps" object: the mode and server 0's statistics.
+static void ps_summary(dt_strategy *s, struct cJSON *o) {
+    ps_worker *w = (ps_worker *)s;
+    const int64_t *t = w->stats;
+    cJSON *ps = cJSON_AddObjectToObject(o, "ps");
+    cJSON_AddStringToObject(ps, "mode", mode_names[s->c->ps_mode]);
+    cJSON_AddNumberToObject(ps, "servers", w->S);
+    cJSON_AddNumberToObject(ps, "applied", (double)t[ST_APPLIED]);
+    cJSON_AddNumberToObject(ps, "dropped", (double)t[ST_DROPPED]);
+    cJSON_AddNumberToObject(ps, "max_step_gap", (double)t[ST_MAX_GAP]);
+    cJSON_AddNumberToObject(ps, "min_gradients_per_step", (double)t[ST_MIN_PER_STEP]);
+    cJSON_AddNumberToObject(ps, "max_gradients_per_step", (double)t[ST_MAX_PER_STEP]);
+    cJSON_AddNumberToObject(ps, "max_queued_pushes", (double)t[ST_MAX_QUEUED]);
+    int last = 0;
+    for (int k = 0; k <= HIST_MAX; k++)
+        if (t[k]) last = k;
+    cJSON *h = cJSON_AddArrayToObject(ps, "staleness_histogram");
+    for (int k = 0; k <= last; k++) cJSON_AddItemToArray(h, cJSON_CreateNumber((double)t[k]));
+}
+
 const dt_strategy_ops dt_strategy_ps = {
     .name = "ps",
     .size = sizeof(ps_worker),
@@ -676,4 +894,5 @@ const dt_strategy_ops dt_strategy_ps = {
     .ckpt_restore = ps_ckpt_restore,
     .other_ranks = ps_other_ranks,
     .serve = ps_serve,
+    .summary = ps_summary,
 };

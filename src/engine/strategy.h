@@ -119,6 +119,8 @@ typedef struct dt_strategy_ops {
      * with the world and its role's communicator. */
     int (*other_ranks)(const dt_config *c);
     dt_status (*serve)(const dt_config *c, dt_comm_t world, dt_comm_t mine);
+    /* Fields of its own for rank 0's summary.json (a JSON object; NULL: none). */
+    void (*summary)(dt_strategy *s, struct cJSON *o);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -144,6 +146,9 @@ struct dt_strategy {
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
+    int own_pace;              /* the ranks do not wait for each other each step: the control plane is
+                                  each rank's own (dt_control_local); they meet only in params_sync,
+                                  evaluation and collectives of the strategy's */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
