@@ -89,6 +89,61 @@ static void refused(void) {
     }
 }
 
+// A field of summary.json's "ps" object; "staleness_histogram.K": bin K (0
+// past its end).
+static double ps_number(const char *run, const char *key) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, run);
+    const char *dot = strchr(key, '.');
+    if (!dot) return tl_json_number(path, key);
+    char *text = tl_read_file(path, NULL);
+    const char *v = text ? strstr(text, "\"staleness_histogram\":") : NULL;
+    double x = v ? 0 : -1;
+    int k = atoi(dot + 1);
+    for (v = v ? strchr(v, '[') + 1 : NULL; v && *v != ']' && k >= 0; k--) {
+        if (k == 0) x = atof(v);
+        while (*v && *v != ',' && *v != ']') v++;
+        if (*v == ',') v++;
+    }
+    free(text);
+    return x;
+}
+
+// The modes' semantics, from server 0's statistics in summary.json, with
+// worker 2 slowed (DTRAIN_SLOW_RANK) so that the others run ahead.
+static void modes(void) {
+    // One worker: async is sync, bitwise (the reference is one process).
+    int rc = train("", "plain", "");
+    if (rc == 0) rc = train("", "async1", "--servers 2 --set ps.mode=async");
+    CHECK(rc == 0 && same("plain", "async1"), "async with one worker: exit %d, bitwise one process's\n%s", rc, g_out);
+    const char *slow = "DTRAIN_SLOW_RANK=2:30";
+    rc = train(slow, "async", "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005");
+    double applied = ps_number("async", "applied");
+    CHECK(rc == 0 && applied == 3 * 21 && ps_number("async", "staleness_histogram.1") > 0,
+          "async, 3 workers: exit %d, every gradient applied (%g of 63), some stale\n%s", rc, applied, g_out);
+    CHECK(ps_number("async", "max_step_gap") >= 2, "async: the fast workers ran ahead of the slow one by %g steps",
+          ps_number("async", "max_step_gap"));
+    for (int s = 0; s <= 2; s++) {
+        char flags[200], name[32];
+        snprintf(flags, sizeof flags, "--workers 3 --servers 2 --set ps.mode=ssp --set ps.staleness=%d --set optim.lr=0.0005", s);
+        snprintf(name, sizeof name, "ssp%d", s);
+        rc = train(slow, name, flags);
+        double gap = ps_number(name, "max_step_gap");
+        CHECK(rc == 0 && gap >= 0 && gap <= s && ps_number(name, "applied") == 63,
+              "ssp, staleness %d: exit %d, no worker more than %d steps ahead of the slowest (%g)\n%s", s, rc, s, gap,
+              g_out);
+    }
+    rc = train(slow, "backup", "--workers 3 --servers 1 --set ps.mode=backup --set ps.backup_workers=1");
+    CHECK(rc == 0 && ps_number("backup", "min_gradients_per_step") == 2 &&
+              ps_number("backup", "max_gradients_per_step") == 2 && ps_number("backup", "applied") == 2 * 21 &&
+              ps_number("backup", "dropped") == 21,
+          "backup, 3 workers, b = 1: exit %d, exactly 2 gradients a step, one dropped a step (%g, %g dropped)\n%s", rc,
+          ps_number("backup", "applied"), ps_number("backup", "dropped"), g_out);
+    // staleness_lr: the same staleness, a smaller step: a different result.
+    rc = train(slow, "async-slr", "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --set ps.staleness_lr=true");
+    CHECK(rc == 0 && !same("async", "async-slr"), "staleness_lr changes the updates: exit %d\n%s", rc, g_out);
+}
+
 static void config_errors(void) {
     static const struct {
         const char *flags, *text;
@@ -99,6 +154,11 @@ static void config_errors(void) {
         {"--servers 1 --set compression.method=fp16", "[compression] method works with plain data parallel only", 2},
         {"--servers -1", "--servers", 2},
         {"--servers 1 --set ps.mode=fast", "[ps] mode", 2},
+        {"--servers 1 --workers 2 --set ps.mode=backup --set ps.backup_workers=2", "[ps] backup_workers = 2: must be fewer than the 2 workers", 2},
+        {"--servers 1 --set ps.mode=async --deterministic", "[parallel] deterministic needs mode = sync", 2},
+        {"--servers 1 --set ps.mode=ssp --checkpoint-sharded", "[checkpoint] sharded is not available", 2},
+        {"--servers 1 --set ps.staleness=2", "[ps] staleness works with mode = ssp", 2},
+        {"--servers 1 --set ps.groups=2", "[ps] groups is not available yet", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = train("", "bad", cases[i].flags);
@@ -125,6 +185,7 @@ int main(void) {
     fclose(f);
     checkpoints();
     refused();
+    modes();
     config_errors();
     tl_cleanup(g_tmp);
     return tl_finish();
