@@ -220,6 +220,12 @@ static const row rows[] = {
     {"ps", "cnn", 4, 0, "--deterministic --servers 1", "--deterministic", 0, 0},
     {"ps", "gpt", 2, 0, "--deterministic --servers 2 --set optim.clip_norm=0.1",
      "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    // hybrid groups: an allreduce inside each group, its leader pushes
+    {"ps", "mlp", 4, 0, "--servers 2 --set ps.groups=2", "", 1e-6, 4},
+    {"ps", "cnn", 3, 0, "--servers 1 --set ps.groups=2 --set optim.clip_norm=0.5", "--set optim.clip_norm=0.5", 1e-6, 3},
+    {"ps", "gpt", 3, 0, "--servers 2 --set ps.groups=2", "", 1e-6, 3},
+    {"ps", "mlp", 4, 0, "--deterministic --servers 2 --set ps.groups=3", "--deterministic", 0, 0},
+    {"ps", "gpt", 4, 0, "--deterministic --servers 1 --set ps.groups=2", "--deterministic", 0, 0},
 };
 
 static const char *model_cfg(const char *model) {

@@ -110,6 +110,12 @@ static dt_status wait_all(dt_request_t *r, int n) {
     return st == DT_OK ? DT_OK : dt_error(st, "%s", msg);
 }
 
+// Hybrid groups ([ps] groups = G): workers [ceil(g N / G), ceil((g + 1) N / G))
+// form group g, whose first is its leader, the servers' peer g. Without
+// groups every worker is a group of its own.
+static int group_of(int rank, int N, int G) { return (int)((long)rank * G / N); }
+static int leader_of(int g, int N, int G) { return (int)(((long)g * N + G - 1) / G); }
+
 // ----------------------------------------------------------------------------
 // the worker's side
 
@@ -131,6 +137,8 @@ typedef struct {
     int64_t step;
     int64_t *ver;       // the version of each server's weights this worker holds
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
+    dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
+    int leader;           // this worker talks to the servers
     double t_first, t_backward_end;
     dt_status err;
     char errmsg[1024];
@@ -145,7 +153,10 @@ static const char *const mode_names[] = {"sync", "async", "ssp", "backup"};
 
 static dt_status ps_check(const dt_config *c, int W) {
     const char *m = mode_names[c->ps_mode];
-    if (c->ps_groups > 0) return dt_error(DT_ERR_CONFIG, "[ps] groups is not available yet: leave it at 0");
+    if (c->ps_groups > W)
+        return dt_error(DT_ERR_CONFIG, "[ps] groups = %d: more groups than the %d workers", c->ps_groups, W);
+    if (c->ps_groups > 0 && c->ps_mode != MODE_SYNC)
+        return dt_error(DT_ERR_CONFIG, "[ps] groups works with mode = sync (mode is %s)", m);
     if (c->ps_mode != MODE_SYNC && c->deterministic)
         return dt_error(DT_ERR_CONFIG, "[ps] mode = %s applies gradients as they arrive: [parallel] deterministic "
                                        "needs mode = sync", m);
@@ -205,6 +216,12 @@ static dt_status ps_init(dt_strategy *s) {
     w->ver = calloc((size_t)w->S, sizeof *w->ver);
     if (!w->slo || !w->ver) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     s->own_pace = s->c->ps_mode != MODE_SYNC;
+    w->leader = 1;
+    if (s->c->ps_groups > 0) {  // a collective over the workers
+        dt_status st = dt_comm_split(s->comm, group_of(s->rank, s->world, s->c->ps_groups), s->rank, &w->group);
+        if (st != DT_OK) return dt_error(st, "strategy ps: the workers' groups: %s", dt_last_error());
+        w->leader = dt_comm_rank(w->group) == 0;
+    }
     w->shi = w->slo + w->S;
     for (int j = 0; j < w->S; j++) dt_shard_range(s->n, j, w->S, &w->slo[j], &w->shi[j]);
     dt_grad_range whole = {0, s->n};
@@ -233,11 +250,12 @@ static void ps_fini(dt_strategy *s) {
     if (w->req) wait_all(w->req, 2 * w->np + 2 * w->S);
     // Done: the servers end when every worker said so. A broken world has
     // nobody to tell (the abort reaches the servers).
-    if (w->slo && dt_comm_get_async_error(s->all) == DT_OK)
+    if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
             if (dt_send(h, H_N, DT_I64, j, s->all) != DT_OK) break;
         }
+    dt_comm_destroy(w->group);
     free(w->slo);
     free(w->ver);
     free(w->p);
@@ -302,7 +320,7 @@ static void ready(size_t pos, void *user) {
 
 static dt_grad_ready_fn ps_grad_hook(dt_strategy *s, int k, void **user) {
     *user = s;
-    return !s->c->deterministic && k == s->nmicro - 1 ? ready : NULL;
+    return !s->c->deterministic && !((ps_worker *)s)->group && k == s->nmicro - 1 ? ready : NULL;
 }
 
 // Deterministic: each shard's gradient on its own into the fixed-point sums.
@@ -317,8 +335,16 @@ static void ps_micro_end(dt_strategy *s, int k) {
 static dt_status ps_sync(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     w->t_backward_end = dt_now();
+    dt_status st = DT_OK;
+    if (w->group) {  // the group's sum first; its leader pushes it
+        if (!w->t_first) w->t_first = w->t_backward_end;
+        st = w->acc ? dt_allreduce(w->acc, w->acc, s->n, DT_I64, DT_SUM, w->group)
+                    : dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, w->group);
+        if (st != DT_OK) return dt_error(st, "gradient allreduce in the group: %s", dt_last_error());
+        if (!w->leader) w->next = w->np;
+    }
     while (w->next < w->np && w->err == DT_OK) push(w, w->next++);
-    dt_status st = wait_all(w->req, 2 * w->np);
+    st = wait_all(w->req, 2 * w->np);
     if (w->acc) memset(w->acc, 0, sizeof(int64_t) * s->n);
     double t = dt_now();
     if (!w->t_first) w->t_first = t;
@@ -344,10 +370,23 @@ static dt_status expect(ps_worker *w, int j, int64_t *h, int64_t kind) {
 static dt_status ps_grad_norm(dt_strategy *s, double *norm) {
     ps_worker *w = (ps_worker *)s;
     if (s->c->ps_mode != MODE_SYNC) return dt_strategy_norm_replicated(s, norm);
-    int64_t h[H_N];
-    dt_status st = expect(w, 0, h, M_NORM);
+    int64_t h[H_N] = {0};
+    dt_status st = w->leader ? expect(w, 0, h, M_NORM) : DT_OK;
+    if (st == DT_OK && w->group) st = dt_broadcast(&h[H_A], &h[H_A], 1, DT_I64, 0, w->group);
     *norm = st == DT_OK ? double_of(h[H_A]) : 0;
     return st == DT_OK ? DT_OK : dt_error(st, "gradient norm from the servers: %s", dt_last_error());
+}
+
+// The leader's weights and versions to its group (with states: the
+// optimizer state and the statistics too).
+static dt_status share(ps_worker *w, int states) {
+    dt_strategy *s = &w->base;
+    dt_status st = dt_broadcast(s->params, s->params, s->n, DT_F32, 0, w->group);
+    if (st == DT_OK) st = dt_broadcast(w->ver, w->ver, (size_t)w->S, DT_I64, 0, w->group);
+    for (int k = 0; k < (states ? dt_optim_num_states(s->opt) : 0) && st == DT_OK; k++)
+        st = dt_broadcast(dt_optim_state(s->opt, k), dt_optim_state(s->opt, k), s->n, DT_F32, 0, w->group);
+    if (st == DT_OK && states) st = dt_broadcast(w->stats, w->stats, ST_N, DT_I64, 0, w->group);
+    return st;
 }
 
 // COMMIT to every server, then the new weights of every range.
@@ -357,7 +396,8 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
     dt_request_t *r = w->req + 2 * w->np;
     dt_status st = DT_OK;
-    for (int j = 0; j < S && st == DT_OK; j++) {
+    for (int j = 0; j < S && st == DT_OK && !w->leader; j++) h[S + j][H_KIND] = 0;  // from the leader below
+    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
         int64_t *c = h[j];
         c[H_KIND] = M_COMMIT;
         c[H_STEP] = w->step;
@@ -367,7 +407,7 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
         c[H_B] = bits_of(scale);
         st = dt_send(c, H_N, DT_I64, j, s->all);
     }
-    for (int j = 0; j < S && st == DT_OK; j++) {
+    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
         st = dt_irecv(h[S + j], H_N, DT_I64, j, s->all, &r[0]);
         if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
         if (st == DT_OK) st = wait_all(r, 2);
@@ -378,6 +418,7 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     }
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
     for (int j = 0; j < S; j++) w->ver[j] = h[S + j][H_VERSION];
+    if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
     w->step++;
     dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
     return DT_OK;
@@ -391,7 +432,7 @@ static dt_status ps_params_sync(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     int ns = dt_optim_num_states(s->opt);
     dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
-    for (int j = 0; j < w->S && st == DT_OK; j++) {
+    for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
         size_t len = w->shi[j] - w->slo[j];
         int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
         st = dt_send(h, H_N, DT_I64, j, s->all);
@@ -404,6 +445,7 @@ static dt_status ps_params_sync(dt_strategy *s) {
         if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
         if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
     }
+    if (st == DT_OK && w->group) st = share(w, 1);
     if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
     return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
 }
@@ -421,7 +463,8 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     dt_status st = DT_OK;
     for (int j = 0; j < w->S && st == DT_OK; j++) {
         size_t lo = w->slo[j], len = w->shi[j] - lo;
-        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, s->world, (int64_t)s->n};
+        int peers = s->c->ps_groups > 0 ? s->c->ps_groups : s->world;
+        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, peers, (int64_t)s->n};
         st = dt_send(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
@@ -443,6 +486,7 @@ typedef struct {
     int64_t sent;     // the version of the weights it was last sent
     int64_t arrived;  // when its push completed (backup: the first N - b of a step)
     int committed, held, ended;
+    int rank;         // in the world
     double lr, scale;
 } peer;
 
@@ -471,7 +515,7 @@ static dt_status refuse(server *sv, int wi, const char *fmt, long long got, long
 }
 
 static dt_status post_header(server *sv, int wi) {
-    return dt_irecv(sv->w[wi].h, H_N, DT_I64, sv->S + wi, sv->all, &sv->w[wi].req);
+    return dt_irecv(sv->w[wi].h, H_N, DT_I64, sv->w[wi].rank, sv->all, &sv->w[wi].req);
 }
 
 // A push from worker wi: checked, then its data into the worker's buffer.
@@ -490,7 +534,7 @@ static dt_status take_push(server *sv, int wi) {
         return refuse(sv, wi, "shape: elements [%lld, +%lld) pushed twice in one step", off, cnt);
     size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
     dt_status st = dt_recv((char *)p->buf + (size_t)(off - lo) * es, (size_t)cnt, sv->det ? DT_I64 : DT_F32,
-                           sv->S + wi, sv->all);
+                           sv->w[wi].rank, sv->all);
     if (st != DT_OK) return st;
     memset(p->seen + (off - lo), 1, (size_t)cnt);
     p->got += (size_t)cnt;
@@ -501,11 +545,11 @@ static dt_status take_push(server *sv, int wi) {
 static dt_status send_states(server *sv, int wi) {
     int ns = dt_optim_num_states(sv->opt);
     int64_t h[H_N] = {M_STATES, sv->w[wi].step, sv->version, (int64_t)sv->lo, (int64_t)sv->len, ns, 0, 0};
-    dt_status st = dt_send(h, H_N, DT_I64, sv->S + wi, sv->all);
-    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->S + wi, sv->all);
+    dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
     for (int k = 0; k < ns && st == DT_OK; k++)
-        st = dt_send(dt_optim_state(sv->opt, k), sv->len, DT_F32, sv->S + wi, sv->all);
-    if (st == DT_OK) st = dt_send(sv->stats, ST_N, DT_I64, sv->S + wi, sv->all);
+        st = dt_send(dt_optim_state(sv->opt, k), sv->len, DT_F32, sv->w[wi].rank, sv->all);
+    if (st == DT_OK) st = dt_send(sv->stats, ST_N, DT_I64, sv->w[wi].rank, sv->all);
     sv->w[wi].sent = sv->version;
     return st;
 }
@@ -567,7 +611,7 @@ static dt_status reduce(server *sv) {
     dt_status st = dt_norm_sharded(sv->grad, sv->n, sv->lo, sv->lo + sv->len, sv->mine, &norm);
     if (st != DT_OK || sv->me != 0) return st;
     int64_t h[H_N] = {M_NORM, sv->step, sv->version, 0, 0, bits_of(norm), 0, 0};
-    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) st = dt_send(h, H_N, DT_I64, sv->S + wi, sv->all);
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
     return st;
 }
 
@@ -584,8 +628,8 @@ static void next_step(server *sv, peer *p) {
 static dt_status reply(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
-    dt_status st = dt_send(h, H_N, DT_I64, sv->S + wi, sv->all);
-    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->S + wi, sv->all);
+    dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
     p->sent = sv->version;
     p->held = 0;
     return st;
@@ -608,8 +652,8 @@ static dt_status apply_sync(server *sv) {
     if (!r) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     dt_status st = DT_OK;
     for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
-        st = dt_isend(h, H_N, DT_I64, sv->S + wi, sv->all, &r[2 * wi]);
-        if (st == DT_OK) st = dt_isend(sv->params, sv->len, DT_F32, sv->S + wi, sv->all, &r[2 * wi + 1]);
+        st = dt_isend(h, H_N, DT_I64, sv->w[wi].rank, sv->all, &r[2 * wi]);
+        if (st == DT_OK) st = dt_isend(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all, &r[2 * wi + 1]);
     }
     dt_status w = wait_all(r, 2 * sv->N);
     free(r);
@@ -726,7 +770,7 @@ static dt_status backup(server *sv, int *moved) {
 // The start: worker 0's INIT with the range's weights and optimizer state.
 static dt_status start(server *sv) {
     int64_t h[H_N];
-    int w0 = sv->S;
+    int w0 = sv->S;  // worker 0
     dt_status st = dt_recv(h, H_N, DT_I64, w0, sv->all);
     if (st != DT_OK) return st;
     size_t lo = 0, hi = 0;
@@ -753,6 +797,8 @@ static dt_status start(server *sv) {
         memset(p->buf, 0, es * sv->len);
         p->step = sv->step;
         p->sent = sv->version;
+        int nw = dt_comm_size(sv->all) - sv->S;
+        p->rank = sv->S + leader_of(wi, nw, sv->c->ps_groups > 0 ? sv->c->ps_groups : nw);
     }
     if ((st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL)) != DT_OK) return st;
     if (h[H_A] != dt_optim_num_states(sv->opt))
@@ -815,7 +861,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
     server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
-    sv.N = dt_comm_size(all) - sv.S;
+    sv.N = c->ps_groups > 0 ? c->ps_groups : dt_comm_size(all) - sv.S;  // its peers: workers, or group leaders
     dt_status st = start(&sv);
     if (st == DT_OK && sv.me == 0)
         dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
