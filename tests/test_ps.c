@@ -144,6 +144,26 @@ static void modes(void) {
     CHECK(rc == 0 && !same("async", "async-slr"), "staleness_lr changes the updates: exit %d\n%s", rc, g_out);
 }
 
+// Backpressure: a worker has one step in flight (it waits for the weights
+// before its next forward) and a server receives a worker's next message
+// only after it handled the one before, so with one worker 10x faster than
+// the other the server holds no more pushes, and no more memory, than with
+// two of a speed.
+static void backpressure(void) {
+    int rc = train("", "even", "--workers 2 --servers 1 --set ps.mode=async --set optim.lr=0.0005");
+    double even = ps_number("even", "server_peak_rss_bytes");
+    if (rc == 0) rc = train("DTRAIN_SLOW_RANK=1:40", "fast", "--workers 2 --servers 1 --set ps.mode=async --set optim.lr=0.0005");
+    double fast = ps_number("fast", "server_peak_rss_bytes");
+    CHECK(rc == 0 && ps_number("fast", "max_step_gap") >= 3, "one worker far ahead: exit %d, gap %g\n%s", rc,
+          ps_number("fast", "max_step_gap"), g_out);
+    CHECK(ps_number("fast", "max_queued_pushes") <= 2 && ps_number("even", "max_queued_pushes") <= 2,
+          "at most one push per worker held (%g, %g)", ps_number("fast", "max_queued_pushes"),
+          ps_number("even", "max_queued_pushes"));
+    CHECK(even > 0 && fast > 0 && fast < even * 1.1, "server peak RSS %.1f MB with a fast worker, %.1f MB without",
+          fast / 1e6, even / 1e6);
+    printf("server peak RSS: %.1f MB with one worker far ahead, %.1f MB with two of a speed\n", fast / 1e6, even / 1e6);
+}
+
 static void config_errors(void) {
     static const struct {
         const char *flags, *text;
@@ -158,7 +178,8 @@ static void config_errors(void) {
         {"--servers 1 --set ps.mode=async --deterministic", "[parallel] deterministic needs mode = sync", 2},
         {"--servers 1 --set ps.mode=ssp --checkpoint-sharded", "[checkpoint] sharded is not available", 2},
         {"--servers 1 --set ps.staleness=2", "[ps] staleness works with mode = ssp", 2},
-        {"--servers 1 --set ps.groups=2", "[ps] groups is not available yet", 2},
+        {"--servers 1 --workers 2 --set ps.groups=3", "[ps] groups = 3: more groups than the 2 workers", 2},
+        {"--servers 1 --workers 2 --set ps.groups=2 --set ps.mode=async", "[ps] groups works with mode = sync", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = train("", "bad", cases[i].flags);
@@ -186,6 +207,7 @@ int main(void) {
     checkpoints();
     refused();
     modes();
+    backpressure();
     config_errors();
     tl_cleanup(g_tmp);
     return tl_finish();

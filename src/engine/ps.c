@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
@@ -77,7 +78,7 @@ enum {
 // computed from and its own; the last bin counts HIST_MAX and above),
 // then the figures below.
 enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
-       ST_N = 72 };
+       ST_PEAK_RSS, ST_N };
 
 static const char *kind_name(int64_t k) {
     static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES"};
@@ -549,6 +550,8 @@ static dt_status send_states(server *sv, int wi) {
     if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
     for (int k = 0; k < ns && st == DT_OK; k++)
         st = dt_send(dt_optim_state(sv->opt, k), sv->len, DT_F32, sv->w[wi].rank, sv->all);
+    struct rusage ru;
+    sv->stats[ST_PEAK_RSS] = getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss * 1024 : 0;
     if (st == DT_OK) st = dt_send(sv->stats, ST_N, DT_I64, sv->w[wi].rank, sv->all);
     sv->w[wi].sent = sv->version;
     return st;
@@ -915,6 +918,7 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "min_gradients_per_step", (double)t[ST_MIN_PER_STEP]);
     cJSON_AddNumberToObject(ps, "max_gradients_per_step", (double)t[ST_MAX_PER_STEP]);
     cJSON_AddNumberToObject(ps, "max_queued_pushes", (double)t[ST_MAX_QUEUED]);
+    cJSON_AddNumberToObject(ps, "server_peak_rss_bytes", (double)t[ST_PEAK_RSS]);
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)
         if (t[k]) last = k;
