@@ -139,6 +139,27 @@ static void modes(void) {
               ps_number("backup", "dropped") == 21,
           "backup, 3 workers, b = 1: exit %d, exactly 2 gradients a step, one dropped a step (%g, %g dropped)\n%s", rc,
           ps_number("backup", "applied"), ps_number("backup", "dropped"), g_out);
+    // Each worker's metrics records say what became of its gradient: the
+    // dropped ones (-1) add up to the server's count.
+    int dropped = 0;
+    for (int r = 0; r < 3; r++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/backup/metrics/rank-%05d.jsonl", g_tmp, r);
+        char *text = tl_read_file(path, NULL);
+        for (const char *q = text; q && (q = strstr(q, "\"staleness\":-1")); q++) dropped++;
+        free(text);
+    }
+    CHECK(dropped == 21, "backup: the workers' metrics records count %d dropped gradients, the server 21", dropped);
+    // dtrain report draws the histogram.
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s report %s/backup -o %s/backup.html", tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(cmd, sizeof cmd, "%s/backup.html", g_tmp);
+    char *html = tl_read_file(cmd, NULL);
+    CHECK(rc == 0 && html && strstr(html, "<h2>Staleness</h2>") && strstr(html, "<title>staleness 0: 42</title>") &&
+              strstr(html, "mode backup; 21 dropped"),
+          "dtrain report: exit %d, the staleness chart (42 fresh gradients, 21 dropped)\n%s", rc, g_out);
+    free(html);
     // staleness_lr: the same staleness, a smaller step: a different result.
     rc = train(slow, "async-slr", "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --set ps.staleness_lr=true");
     CHECK(rc == 0 && !same("async", "async-slr"), "staleness_lr changes the updates: exit %d\n%s", rc, g_out);

@@ -312,7 +312,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             stop = ctl.stop;
             t_train += dt_now() - t0;
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
-                                                 (int64_t)b.global * info.tokens_per_sample});
+                                                 (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
+                                                 strat->staleness});
             // Evaluation at the end of the epoch and of the run, and every
             // eval_every steps; the training loss beside it is the mean
             // since the one before.

@@ -419,6 +419,8 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     }
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
     for (int j = 0; j < S; j++) w->ver[j] = h[S + j][H_VERSION];
+    s->has_staleness = 1;
+    s->staleness = w->leader ? (int)h[S][H_A] : 0;  // as server 0 applied it
     if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
     w->step++;
     dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
@@ -488,6 +490,7 @@ typedef struct {
     int64_t arrived;  // when its push completed (backup: the first N - b of a step)
     int committed, held, ended;
     int rank;         // in the world
+    int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
     double lr, scale;
 } peer;
 
@@ -627,10 +630,11 @@ static void next_step(server *sv, peer *p) {
     (void)sv;
 }
 
-// The weights to worker wi (blocking: an update may follow at once).
+// The weights to worker wi (blocking: an update may follow at once), with
+// the staleness its gradient was applied at (-1: dropped).
 static dt_status reply(server *sv, int wi) {
     peer *p = &sv->w[wi];
-    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
+    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, p->stale, 0, 0};
     dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
     if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
     p->sent = sv->version;
@@ -689,6 +693,7 @@ static dt_status apply_one(server *sv, int wi) {
     sv->version++;
     sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
     sv->stats[ST_APPLIED]++;
+    p->stale = stale;
     next_step(sv, p);
     if (p->step > sv->step) {
         sv->step = p->step;
@@ -722,6 +727,7 @@ static dt_status backup(server *sv, int *moved) {
         if (!p->committed) continue;
         if (p->step < sv->step) {  // late: its step was made without it
             sv->stats[ST_DROPPED]++;
+            p->stale = -1;
             next_step(sv, p);
             st = reply(sv, wi);
             *moved = 1;
@@ -751,6 +757,7 @@ static dt_status backup(server *sv, int *moved) {
         for (size_t i = 0; i < sv->len; i++) sv->grad[i] += f * g[i];
         int64_t stale = sv->version - p->sent;
         sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
+        sv->w[use[k]].stale = stale;
     }
     dt_optim_begin_step(sv->opt);
     dt_optim_update(sv->opt, 0, sv->len, sv->params, sv->grad, (float)sv->w[use[0]].lr, 1.0f);
