@@ -33,6 +33,21 @@
  * learning rate, and COMMIT brings them to the servers, which update their
  * ranges and send back the weights. The result is plain data parallel's.
  *
+ * The other modes ([ps] mode) apply a worker's gradient (its own share's
+ * mean, clipped by its own norm) without waiting for the others: async on
+ * arrival; ssp the same, but the reply to a worker more than [ps]
+ * staleness steps ahead of the slowest is held until the slowest catches
+ * up; backup makes each step from the first N - b gradients of the step to
+ * arrive and drops the late ones. Their workers step at their own pace
+ * (own_pace: no per-step control-plane allreduce) and meet at
+ * evaluations, checkpoints and the end. The staleness of each applied
+ * gradient (updates between the weights it was computed from and those it
+ * was applied to) goes into a histogram, and back to its worker.
+ *
+ * Hybrid groups ([ps] groups, mode sync): each group of workers
+ * allreduces its gradient, and its leader alone talks to the servers and
+ * broadcasts what it gets to the group.
+ *
  * A push is checked against what the server expects: its step, the version
  * of the weights it was computed from, and its shape (offset and count
  * inside the server's range, no element twice, the element type); anything
