@@ -66,6 +66,18 @@ static void checkpoints(void) {
     rc = train(env, "killed", "--deterministic --workers 2 --servers 2 --checkpoint-every 5 --max-restarts 1");
     CHECK(rc == 0 && strstr(g_out, "restarting") && same("one", "killed"),
           "a killed worker, restarted from the checkpoint: exit %d, bitwise\n%s", rc, g_out);
+    // Server 1 (rank -1 - 1) killed after step 12: the same from step 10's.
+    snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=-2:12:kill DTRAIN_FAULT_ONCE=%s/once-server", g_tmp);
+    rc = train(env, "server-killed", "--deterministic --workers 2 --servers 2 --checkpoint-every 5 --max-restarts 1");
+    CHECK(rc == 0 && strstr(g_out, "restarting") && same("one", "server-killed"),
+          "a killed server, restarted from the checkpoint: exit %d, bitwise\n%s", rc, g_out);
+    // Async: a hung worker stops the group, which restarts and finishes.
+    snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=2:9:hang DTRAIN_FAULT_ONCE=%s/once-async", g_tmp);
+    rc = train(env, "async-hung",
+               "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --checkpoint-every 5 --max-restarts 1 "
+               "--heartbeat-timeout 5");
+    CHECK(rc == 0 && strstr(g_out, "hung") && strstr(g_out, "restarting"),
+          "async, a hung worker: the group restarts from the checkpoint and finishes: exit %d\n%s", rc, g_out);
 }
 
 // DTRAIN_FAULT_PUSH=WORKER:STEP:FIELD makes that worker's pushes of that

@@ -62,6 +62,7 @@
  * server its range of the loaded state (INIT). */
 #include "dtrain/launch.h"
 #include "engine/strategy.h"
+#include "engine/worker.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -894,6 +895,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
     for (int wi = 0; wi < sv.N && st == DT_OK; wi++) st = post_header(&sv, wi);
     int idle = 0;
     double beat = dt_now();
+    int64_t at = sv.step;
     while (st == DT_OK && sv.ended < sv.N) {
         int moved = 0;
         for (int wi = 0; wi < sv.N && st == DT_OK; wi++) {
@@ -904,6 +906,8 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
             st = handle(&sv, wi);
         }
         if (st == DT_OK) st = advance(&sv, &moved);
+        // DTRAIN_FAULT_STEP names server j as rank -1 - j (engine/worker.h).
+        if (st == DT_OK && sv.step != at) st = dt_fault_step(-1 - sv.me, at = sv.step);
         if (moved) {
             idle = 0;
             continue;
