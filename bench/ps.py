@@ -3,8 +3,10 @@
 parallel (docs/parameter-server.md#measured): one `dtrain train` run of a
 config per case on W local workers (default 4), one of them slowed
 (DTRAIN_SLOW_RANK=1:MS: MS milliseconds of sleep each step, about its own
-step time, so about 2x slower); prints samples/s and its ratio to sync, the
-test accuracy, the servers' updates/s (server 0's applied gradients over
+step time, so about 2x slower); prints samples/s as rank 0 sees it over its
+steps (summary.json's samples_per_sec: time in steps, not the waits at
+evaluations) and over the whole run (samples trained / wall_seconds), each
+with its ratio to sync, the test accuracy, the servers' updates/s (server 0's applied gradients over
 the training time) and the bytes through the servers per second (every
 applied or dropped gradient pushed and its weights pulled: 2 x 4 bytes x
 parameters each).
@@ -69,17 +71,21 @@ def main():
             t = s["train_seconds"]
             pushes = ps.get("applied", 0) + ps.get("dropped", 0)
             rows.append({"case": name, "slowed": slowed, "samples_per_sec": s["samples_per_sec"],
+                         "wall_samples_per_sec": s["steps"] * s["batch"] / s["wall_seconds"],
                          "test_accuracy": s.get("test_accuracy", -1), "updates_per_sec": ps.get("applied", 0) / t,
                          "server_bytes_per_sec": pushes * 2 * 4 * s["params"] / t, "train_seconds": t})
-    sync = next((r["samples_per_sec"] for r in rows if r["case"] == "sync"), 0)
+    sync = next((r for r in rows if r["case"] == "sync"), None)
     for r in rows:
-        r["vs_sync"] = r["samples_per_sec"] / sync if sync else 0
+        r["vs_sync"] = r["samples_per_sec"] / sync["samples_per_sec"] if sync else 0
+        r["wall_vs_sync"] = r["wall_samples_per_sec"] / sync["wall_samples_per_sec"] if sync else 0
     if a.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'case':9} {'slowed':6} {'samples/s':>10} {'vs sync':>8} {'accuracy':>9} {'updates/s':>10} {'server MB/s':>12}")
+    print(f"{'case':9} {'slowed':6} {'samples/s':>10} {'vs sync':>8} {'wall s/s':>9} {'vs sync':>8} {'accuracy':>9} "
+          f"{'updates/s':>10} {'server MB/s':>12}")
     for r in rows:
         print(f"{r['case']:9} {'yes' if r['slowed'] else 'no':6} {r['samples_per_sec']:10.0f} {r['vs_sync']:8.2f} "
+              f"{r['wall_samples_per_sec']:9.0f} {r['wall_vs_sync']:8.2f} "
               f"{r['test_accuracy']:9.4f} {r['updates_per_sec']:10.1f} {r['server_bytes_per_sec'] / 1e6:12.1f}")
 
 
