@@ -413,7 +413,6 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
     dt_request_t *r = w->req + 2 * w->np;
     dt_status st = DT_OK;
-    for (int j = 0; j < S && st == DT_OK && !w->leader; j++) h[S + j][H_KIND] = 0;  // from the leader below
     for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
         int64_t *c = h[j];
         c[H_KIND] = M_COMMIT;
@@ -434,7 +433,7 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
                           (long long)w->step + 1);
     }
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
-    for (int j = 0; j < S; j++) w->ver[j] = h[S + j][H_VERSION];
+    for (int j = 0; j < S && w->leader; j++) w->ver[j] = h[S + j][H_VERSION];  // the others': share() below
     s->has_staleness = 1;
     s->staleness = w->leader ? (int)h[S][H_A] : 0;  // as server 0 applied it
     if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
