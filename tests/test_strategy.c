@@ -203,6 +203,29 @@ static const row rows[] = {
     {"local-sgd", "gpt", 1, 0, "--set parallel.sync_every=5", "", 0, 0},
     // A warm-up longer than the run is plain data parallel (AdamW, 3 uneven shares).
     {"local-sgd", "cnn", 3, 0, "--set parallel.sync_every=4 --set parallel.sync_warmup=1000", "", 1e-4, 0},
+    // Parameter servers, mode sync (docs/parameter-server.md): against plain
+    // data parallel on as many workers, and deterministic against one
+    // deterministic process, bitwise. Under mpirun, workers counts the
+    // servers too (the first ranks): 4 ranks are 2 servers and 2 workers.
+    {"ps", "mlp", 1, 0, "--servers 2", "", 0, 0},
+    {"ps", "mlp", 2, 0, "--servers 1", "", 1e-6, 2},
+    {"ps", "mlp", 3, 0, "--servers 2 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
+    {"ps", "cnn", 2, 0, "--servers 2 --set optim.clip_norm=0.5 --set schedule.name=cosine",
+     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 2},
+    {"ps", "cnn", 4, 0, "--servers 1", "", 1e-6, 4},
+    {"ps", "gpt", 2, 0, "--servers 1", "", 1e-6, 2},
+    {"ps", "gpt", 3, 0, "--servers 2 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 3},
+    {"ps", "mlp", 4, 1, "--servers 2", "", 1e-6, 2},
+    {"ps", "mlp", 3, 0, "--deterministic --servers 2", "--deterministic", 0, 0},
+    {"ps", "cnn", 4, 0, "--deterministic --servers 1", "--deterministic", 0, 0},
+    {"ps", "gpt", 2, 0, "--deterministic --servers 2 --set optim.clip_norm=0.1",
+     "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    // hybrid groups: an allreduce inside each group, its leader pushes
+    {"ps", "mlp", 4, 0, "--servers 2 --set ps.groups=2", "", 1e-6, 4},
+    {"ps", "cnn", 3, 0, "--servers 1 --set ps.groups=2 --set optim.clip_norm=0.5", "--set optim.clip_norm=0.5", 1e-6, 3},
+    {"ps", "gpt", 3, 0, "--servers 2 --set ps.groups=2", "", 1e-6, 3},
+    {"ps", "mlp", 4, 0, "--deterministic --servers 2 --set ps.groups=3", "--deterministic", 0, 0},
+    {"ps", "gpt", 4, 0, "--deterministic --servers 1 --set ps.groups=2", "--deterministic", 0, 0},
 };
 
 static const char *model_cfg(const char *model) {

@@ -14,7 +14,8 @@
  *             grad_accum, straggler_margin, straggler_steps
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, micro_batches, schedule, pipeline_split,
- *             sync_every, sync_warmup
+ *             sync_every, sync_warmup, servers
+ *   [ps]      mode, staleness, backup_workers, staleness_lr, groups
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
@@ -86,6 +87,13 @@ typedef struct {
     char offload_dir[512];         /* where (offload = disk) */
     int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */
     int64_t sync_warmup;           /* local SGD: plain data-parallel steps first (post-local SGD) */
+    /* parameter servers (docs/parameter-server.md) */
+    int ps_servers;                /* [parallel] servers: S server processes besides the workers (0: none) */
+    int ps_mode;                   /* [ps] mode: 0 sync, 1 async, 2 ssp, 3 backup */
+    int ps_staleness;              /* ssp: how many steps a worker may run ahead of the slowest */
+    int ps_backup;                 /* backup: workers whose gradients a step may go without */
+    int ps_staleness_lr;           /* a stale gradient's learning rate divided by its staleness */
+    int ps_groups;                 /* workers allreduce in G groups, one leader each talks to the servers (0: none) */
     /* [federated] (dtrain federate, docs/federated.md) */
     int fed_clients;               /* simulated clients */
     float fed_fraction;            /* of them sampled per round */

@@ -18,3 +18,9 @@ dt_status dt_control_agree(dt_obs *obs, dt_comm_t comm, double loss_sum, int glo
     out->save = v[2] > 0;
     return st;
 }
+
+void dt_control_local(double loss_sum, int denom, int save_vote, dt_control *out) {
+    out->loss = (float)(loss_sum / (denom > 0 ? denom : 1));
+    out->stop = dt_control_stop_requested();
+    out->save = save_vote;
+}

@@ -24,6 +24,11 @@ typedef struct {
 dt_status dt_control_agree(dt_obs *obs, dt_comm_t comm, double loss_sum, int global, int save_vote,
                            dt_control *out);
 
+/* The same for a rank that steps at its own pace (a strategy's own_pace:
+ * asynchronous parameter servers): its own loss (loss_sum / denom), stop
+ * request and vote, without a collective. */
+void dt_control_local(double loss_sum, int denom, int save_vote, dt_control *out);
+
 /* A stop at the next step boundary was requested in this process. */
 int dt_control_stop_requested(void);
 

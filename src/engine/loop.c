@@ -39,13 +39,14 @@ dt_status dt_train_check(const dt_config *c, int W) {
     // One way of spreading the work at a time: the registry takes the
     // first strategy that wants the config, so a second one asked for
     // would be ignored without a word.
-    const char *asked[3];
+    const char *asked[4];
     int n = 0;
+    if (c->ps_servers > 0) asked[n++] = "[parallel] servers";
     if (c->pipeline > 1) asked[n++] = "[parallel] pipeline";
     if (c->zero > 0) asked[n++] = "[parallel] zero";
     if (c->sync_every > 0) asked[n++] = "[parallel] sync_every";
     if (n > 1)
-        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of pipeline parallel, ZeRO and local SGD",
+        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of parameter servers, pipeline parallel, ZeRO and local SGD",
                         asked[0], asked[1]);
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
@@ -55,7 +56,7 @@ dt_status dt_train_check(const dt_config *c, int W) {
 }
 
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
-                               const dt_train_result *r, size_t nparams) {
+                               dt_strategy *strat, const dt_train_result *r, size_t nparams) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
@@ -70,6 +71,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddNumberToObject(o, "samples_per_sec", r->samples_per_sec);
     tops->summary(task, o, r);
     dt_json_add_parallel(o, r);
+    if (strat->ops->summary) strat->ops->summary(strat, o);
     // Rank 0's bytes by kind at its ZeRO stage (docs/zero.md), beside its
     // peak resident memory.
     dt_memory_kinds k;
@@ -115,6 +117,30 @@ static dt_status params_needed(int layer, int phase, void *user) {
     return s->ops->params_needed(s, layer, phase);
 }
 
+// A strategy with ranks of another role (the parameter servers): the
+// world's first ranks run its own loop (serve) to the end of the run
+// (*served = 1); the others go on as the workers, over a communicator of
+// their own in *workers.
+static dt_status split_roles(const dt_strategy_ops *sops, const dt_config *c, dt_comm_t all, dt_comm_t *workers,
+                             int *served) {
+    int k = sops->other_ranks ? sops->other_ranks(c) : 0, r = dt_comm_rank(all), size = dt_comm_size(all);
+    *workers = all;
+    *served = 0;
+    if (k <= 0) return DT_OK;
+    if (k >= size)
+        return dt_error(DT_ERR_CONFIG, "strategy %s: the first %d of the %d ranks are servers; none is left to train",
+                        sops->name, k, size);
+    dt_comm_t mine;
+    dt_status st = dt_comm_split(all, r < k, r, &mine);
+    if (st != DT_OK) return dt_error(st, "rank %d, splitting the workers from the servers: %s", r, dt_last_error());
+    if (r >= k) {
+        *workers = mine;
+        return DT_OK;
+    }
+    *served = 1;
+    return dt_worker_exit(mine, sops->serve(c, all, mine));
+}
+
 // One step's micro-batches, forward and backward, on this rank; *loss_sum
 // gets the sum of their losses weighted by their sizes.
 static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy *s, dt_obs *obs, int64_t step,
@@ -146,7 +172,8 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     int vote = dt_run_ckpt_vote(ck);
     dt_obs_begin(obs, DT_OBS_COMM);
     dt_status st = dt_strategy_sync(s);
-    if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, ctl);
+    if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, ctl);
+    else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, ctl);
     dt_obs_end(obs, DT_OBS_COMM);
     if (st != DT_OK) return st;
     dt_obs_begin(obs, DT_OBS_OPTIMIZER);
@@ -177,6 +204,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
+    dt_comm_t all = comm;  // every rank; comm becomes the workers' when the strategy has servers
+    int served;
+    DT_TRY(split_roles(sops, c, all, &comm, &served), done);
+    if (served) {
+        res->rank = -1;  // not a worker: nothing to report
+        goto done;
+    }
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     DT_TRY(dt_obs_create(&obs, c, run_dir, comm, progress, user), done);
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
@@ -199,7 +233,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
     }
-    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer};
+    dt_strategy_args sa = {c,   comm, info.params, info.grads, info.nparams, info.order, info.norder,
+                           obs, info.order_layer, all};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
@@ -278,7 +313,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             stop = ctl.stop;
             t_train += dt_now() - t0;
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
-                                                 (int64_t)b.global * info.tokens_per_sample});
+                                                 (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
+                                                 strat->staleness});
             // Evaluation at the end of the epoch and of the run, and every
             // eval_every steps; the training loss beside it is the mean
             // since the one before.
@@ -339,12 +375,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->wall_seconds = dt_now() - t_start;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
-        st = write_summary(path, c, tops, task, res, info.nparams);
+        st = write_summary(path, c, tops, task, strat, res, info.nparams);
     }
 done:
     st = dt_obs_close(obs, st);
     dt_strategy_free(strat);  // its transfers end before the communicator does
-    st = dt_worker_exit(comm, st);
+    if (comm != all) st = dt_worker_exit(comm, st);  // the workers' own, before the world
+    st = dt_worker_exit(all, st);
     st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
     if (task) tops->destroy(task);
     return st;

@@ -7,6 +7,7 @@
 
 // The one registry: the first strategy that wants the config runs it.
 static const dt_strategy_ops *const strategies[] = {
+    &dt_strategy_ps,
     &dt_strategy_pipeline,
     &dt_strategy_zero3,
     &dt_strategy_zero_deterministic,
@@ -38,6 +39,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->norder = a->norder;
     s->order_layer = a->order_layer;
     s->obs = a->obs;
+    s->all = a->all ? a->all : a->comm;
     s->lo = 0;
     s->hi = a->n;
     int nmax = a->c->grad_accum > a->c->micro_shards ? a->c->grad_accum : a->c->micro_shards;
@@ -133,10 +135,19 @@ static double squares(const float *g, size_t lo, size_t hi, double s) {
 }
 
 dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm) {
-    size_t n = s->n, lo = s->lo, hi = s->hi, B = NORM_BLOCK, nb = (n + B - 1) / B;
-    int W = s->world, r = s->rank;
+    if (s->world == 1) return dt_strategy_norm_replicated(s, norm);
+    return dt_norm_sharded(s->grads + s->lo, s->n, s->lo, s->hi, s->comm, norm);
+}
+
+dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt_comm_t comm, double *norm) {
+    size_t B = NORM_BLOCK, nb = (n + B - 1) / B;
+    int W = dt_comm_size(comm), r = dt_comm_rank(comm);
+    const float *g = slice - lo;  // indexed by block position, only inside [lo, hi)
     *norm = 0;
-    if (W == 1) return dt_strategy_norm_replicated(s, norm);
+    if (W == 1) {
+        *norm = sqrt(dt_sum_squares(slice, n));
+        return DT_OK;
+    }
     // Blocks each rank closes (holds the last element of), in rank order.
     size_t *counts = malloc(sizeof(size_t) * 2 * (size_t)W);
     double *part = malloc(sizeof(double) * (nb ? nb : 1));
@@ -156,28 +167,28 @@ dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm) {
     // The partial sum of a block cut at lo comes from the rank before (a
     // double sent as its 8 bytes: no reduction touches it).
     double carry = 0;
-    if (lo < n && lo % B && (st = dt_recv(&carry, 1, DT_I64, r - 1, s->comm)) != DT_OK) goto comm;
+    if (lo < n && lo % B && (st = dt_recv(&carry, 1, DT_I64, r - 1, comm)) != DT_OK) goto comm;
     double *mine = part + displs[r];
     size_t first_end = (lo / B + 1) * B < hi ? (lo / B + 1) * B : hi;  // the first block's end in the slice
     size_t k = 0;
     if (hi > lo) {
-        double h = squares(s->grads, lo, first_end, carry);
+        double h = squares(g, lo, first_end, carry);
         if (first_end % B == 0 || first_end == n) mine[k++] = h, carry = 0;
         else carry = h;
         size_t full = (hi - first_end) / B;  // whole blocks after the first
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < full; j++)
-            mine[k + j] = squares(s->grads, first_end + j * B, first_end + (j + 1) * B, 0);
+            mine[k + j] = squares(g, first_end + j * B, first_end + (j + 1) * B, 0);
         k += full;
         size_t tail = first_end + full * B;
         if (tail < hi) {
-            double t = squares(s->grads, tail, hi, 0);
+            double t = squares(g, tail, hi, 0);
             if (hi == n) mine[k++] = t;
             else carry = t;
         }
     }
-    if (hi < n && hi % B && (st = dt_send(&carry, 1, DT_I64, r + 1, s->comm)) != DT_OK) goto comm;
-    if ((st = dt_allgatherv(mine, counts[r], part, counts, displs, DT_I64, s->comm)) != DT_OK) goto comm;
+    if (hi < n && hi % B && (st = dt_send(&carry, 1, DT_I64, r + 1, comm)) != DT_OK) goto comm;
+    if ((st = dt_allgatherv(mine, counts[r], part, counts, displs, DT_I64, comm)) != DT_OK) goto comm;
     double sum = 0;
     for (size_t b = 0; b < nb; b++) sum += part[b];
     *norm = sqrt(sum);

@@ -29,9 +29,10 @@
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
  * of ranks), "zero", "zero-deterministic" and "zero-3" (sharded data
  * parallel, engine/zero.c, docs/zero.md), "pipeline" (GPT stages,
- * engine/pipeline.c) and "local-sgd" (each rank steps on its own share's
+ * engine/pipeline.c), "local-sgd" (each rank steps on its own share's
  * gradient and the parameters are averaged every [parallel] sync_every
- * steps). A new strategy is a new file with its table, added to the one
+ * steps) and "ps" (parameter servers, engine/ps.c: ranks of another role,
+ * the servers, which run their own loop through `serve`). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
  * Every strategy shards with dt_shard_range (core.h): the slice [lo, hi) of
@@ -62,6 +63,7 @@ typedef struct {
     int norder;
     dt_obs *obs;                 /* may be NULL */
     const int *order_layer;      /* the layer using each range of the order (NULL: none) */
+    dt_comm_t all;               /* every rank of the run (NULL: comm; other than comm with ranks of another role) */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -109,6 +111,16 @@ typedef struct dt_strategy_ops {
      * NULL: no such state. */
     int (*ckpt_extra)(dt_strategy *s, dt_st_tensor *t, int max);
     dt_status (*ckpt_restore)(dt_strategy *s, const char *path, int parts);
+    /* Ranks of another role than worker (the parameter servers): how many
+     * of the world's ranks, the first ones, are not workers (NULL: none).
+     * The loop splits the world (dt_comm_split): the workers' communicator
+     * carries data sharding, the control plane, evaluation and checkpoints;
+     * a rank of the other role runs `serve` to the end of the run instead,
+     * with the world and its role's communicator. */
+    int (*other_ranks)(const dt_config *c);
+    dt_status (*serve)(const dt_config *c, dt_comm_t world, dt_comm_t mine);
+    /* Fields of its own for rank 0's summary.json (a JSON object; NULL: none). */
+    void (*summary)(dt_strategy *s, struct cJSON *o);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -123,6 +135,7 @@ struct dt_strategy {
     int norder;
     const int *order_layer;
     dt_obs *obs;
+    dt_comm_t all;             /* every rank of the run: comm, or comm and the ranks of another role */
     dt_optim *opt;             /* over the slice [lo, hi) */
     size_t lo, hi;             /* the slice of the state this rank updates */
     int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
@@ -133,6 +146,10 @@ struct dt_strategy {
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
+    int has_staleness, staleness; /* of this rank's last gradient as applied (parameter servers; obs.h) */
+    int own_pace;              /* the ranks do not wait for each other each step: the control plane is
+                                  each rank's own (dt_control_local); they meet only in params_sync,
+                                  evaluation and collectives of the strategy's */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
@@ -194,6 +211,9 @@ dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
  * summed in the same order; a block cut by a slice boundary passes its
  * partial sum to the next rank). A collective: every rank calls it. */
 dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm);
+/* The same over comm's ranks, each holding slice = block[lo, hi) of a
+ * block of n (its dt_shard_range slice over comm). */
+dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt_comm_t comm, double *norm);
 /* Deterministic mode's fixed point: gradients go in with
  * dt_fixed_add(acc, g, n, DT_FIXED_SCALE) and come back as g[i] = acc[i] /
  * 2^32. Integer sums do not depend on their order. */
@@ -207,5 +227,6 @@ extern const dt_strategy_ops dt_strategy_zero;             /* engine/zero.c */
 extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/zero.c */
 extern const dt_strategy_ops dt_strategy_zero3;            /* engine/zero.c */
 extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/localsgd.c */
+extern const dt_strategy_ops dt_strategy_ps;               /* engine/ps.c */
 
 #endif

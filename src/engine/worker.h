@@ -37,7 +37,8 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
 /* Injected faults, testing aids that show how failures are handled:
  *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
  *       default: the step returns an error), kill (SIGKILL to itself) or
- *       hang (stops, without heartbeats);
+ *       hang (stops, without heartbeats); R = -1 - j is parameter server j
+ *       (engine/ps.c), after its step S;
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
  *       exist, and creates it (so that a restarted run gets past it);
  *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists

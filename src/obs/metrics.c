@@ -457,6 +457,7 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     num(j, "loss", s->loss);
     num(j, "lr", s->lr);
     num(j, "grad_norm", s->grad_norm);
+    if (s->has_staleness) cJSON_AddNumberToObject(j, "staleness", s->staleness);
     cJSON_AddNumberToObject(j, "samples", (double)s->samples);
     num(j, "samples_per_sec", step_s > 0 ? s->samples / step_s : 0);
     if (s->tokens) num(j, "tokens_per_sec", step_s > 0 ? s->tokens / step_s : 0);

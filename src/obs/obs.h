@@ -63,6 +63,9 @@ typedef struct {
     float lr, grad_norm;       /* grad_norm: of the averaged gradient, before clipping */
     int64_t samples;           /* samples (sequences) in the global batch */
     int64_t tokens;            /* tokens in the global batch (language models), else 0 */
+    int has_staleness;         /* parameter servers: the record carries staleness */
+    int staleness;             /* updates between the weights this rank's gradient was computed from and
+                                  those it was applied to; -1: dropped (a backup worker's late gradient) */
 } dt_obs_step_info;
 
 /* Collective over comm. Opens this rank's metrics log (run_dir may be NULL:

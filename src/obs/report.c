@@ -471,6 +471,47 @@ static void clients_chart(FILE *f, const char *run_dir) {
     cJSON_Delete(j);
 }
 
+// A parameter-server run's staleness histogram (summary.json's "ps"): one
+// bar per staleness, the gradients server 0 applied at it, with the mode
+// and the gradients dropped. Nothing for other runs.
+static void staleness_chart(FILE *f, const char *run_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/summary.json", run_dir);
+    uint8_t *text = NULL;
+    size_t len;
+    if (dt_read_file_gz(path, &text, &len) != DT_OK) return;
+    cJSON *j = cJSON_ParseWithLength((const char *)text, len);
+    free(text);
+    const cJSON *ps = cJSON_GetObjectItem(j, "ps"), *h = cJSON_GetObjectItem(ps, "staleness_histogram"), *e;
+    const cJSON *mode = cJSON_GetObjectItem(ps, "mode");
+    int n = cJSON_GetArraySize(h);
+    if (!cJSON_IsArray(h) || n == 0) {
+        cJSON_Delete(j);
+        return;
+    }
+    double ymax = 1;
+    cJSON_ArrayForEach(e, h) ymax = fmax(ymax, cJSON_IsNumber(e) ? e->valuedouble : 0);
+    char title[160];
+    snprintf(title, sizeof title, "Staleness of the applied gradients (server 0, mode %s; %.0f dropped)",
+             cJSON_IsString(mode) ? mode->valuestring : "?", get(ps, "dropped", 0));
+    fputs("<h2>Staleness</h2>\n", f);
+    chart_open(f, "staleness", title);
+    box b = {0, n, 0, ymax * 1.05};
+    axes(f, &b, "staleness (updates between pull and apply)", "gradients");
+    double w = (px(&b, 1) - px(&b, 0)) * 0.85;
+    int k = 0;
+    cJSON_ArrayForEach(e, h) {
+        double x = cJSON_IsNumber(e) ? e->valuedouble : 0;
+        if (x > 0)
+            fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
+                       "<title>staleness %d: %.0f</title></rect>\n",
+                    px(&b, k), py(&b, x), w, py(&b, 0) - py(&b, x), palette[0], k, x);
+        k++;
+    }
+    fputs("</svg>\n", f);
+    cJSON_Delete(j);
+}
+
 // ----------------------------------------------------------------------------
 // the page
 
@@ -599,6 +640,8 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     }
     fputs("</table>\n<p>Work is data wait + forward + backward + optimizer: a rank's own share of a step. "
           "Exposed communication is time spent waiting for it; hidden communication ran during backward.</p>\n", f);
+
+    staleness_chart(f, run_dir);
 
     // Stragglers: each rank's work per step over the median of all ranks.
     fputs("<h2>Stragglers</h2>\n", f);

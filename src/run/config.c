@@ -118,6 +118,7 @@ static const char *const offload_names[] = {"none", "disk", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
+static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -164,6 +165,12 @@ static const field fields[] = {
     {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
     {"parallel", "sync_every", F_INT, O(sync_every), 0, 1e9, NULL},
     {"parallel", "sync_warmup", F_I64, O(sync_warmup), 0, 1e15, NULL},
+    {"parallel", "servers", F_INT, O(ps_servers), 0, 1024, NULL},
+    {"ps", "mode", F_ENUM, O(ps_mode), 0, 0, ps_mode_names},
+    {"ps", "staleness", F_INT, O(ps_staleness), 0, 1e6, NULL},
+    {"ps", "backup_workers", F_INT, O(ps_backup), 0, 1024, NULL},
+    {"ps", "staleness_lr", F_BOOL, O(ps_staleness_lr), 0, 1, NULL},
+    {"ps", "groups", F_INT, O(ps_groups), 0, 1024, NULL},
     {"federated", "clients", F_INT, O(fed_clients), 1, 1e6, NULL},
     {"federated", "fraction", F_FLOAT, O(fed_fraction), 1e-6, 1, NULL},
     {"federated", "rounds", F_INT, O(fed_rounds), 1, 1e7, NULL},

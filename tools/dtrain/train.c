@@ -55,6 +55,11 @@ static const char train_help[] =
     "                  shards the optimizer state over the workers, 2 the\n"
     "                  gradients too, 3 the parameters too (each layer's\n"
     "                  gathered when it runs); 0 (default) replicates all\n"
+    "  --servers S     parameter servers (parallel.servers, docs/parameter-server.md):\n"
+    "                  S server processes besides the workers (under mpirun the\n"
+    "                  first S ranks) hold the parameters in balanced ranges and\n"
+    "                  update them; the workers push gradients and pull weights.\n"
+    "                  [ps] mode = sync (default) equals plain data parallel\n"
     "  --set parallel.sync_every=H  local SGD: each worker steps on its own\n"
     "                  share and the parameters are averaged every H steps\n"
     "                  (parallel.sync_warmup = S: S data-parallel steps first)\n"
@@ -230,6 +235,7 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             {"--metrics-addr", "obs.metrics_addr", 0, 0, 0},
             {"--trace", "obs.trace", 0, 0, 0},
             {"--zero", "parallel.zero", 0, 3, 1},
+            {"--servers", "parallel.servers", 0, 1024, 1},
         };
         enum { NCK = sizeof ck / sizeof ck[0] };
         int k = 0;
@@ -346,7 +352,7 @@ static int check_before_start(const args_t *a, const dt_config *c) {
     if (g_federate && dt_federate_check(c, a->workers > 1 ? a->workers : 1) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
     for (int n = a->min_workers; n <= a->workers && !g_federate; n++)
-        if (n > 1 && dt_train_check(c, n) != DT_OK)
+        if ((n > 1 || c->ps_servers > 0) && dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
     if (!c->gpt && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
@@ -413,7 +419,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         if (a->json) args[k++] = "--log-format=json";
         args[k] = NULL;
         dt_launch_params lp = dt_launch_default_params();
-        lp.nranks = n;
+        lp.nranks = n + c->ps_servers;  // parameter servers: the first ranks
         lp.heartbeat_timeout = a->heartbeat;
         lp.stop_after = elastic && n < a->workers ? a->elastic_retry : 0;
         lp.failed_at = failed_at;
@@ -500,6 +506,7 @@ int cmd_train(int argc, char **argv) {
                   a.max_restarts > 0 ? "--max-restarts" : "--workers MIN:MAX");
         return EXIT_USAGE;
     }
+    if (c.ps_servers > 0 && a.workers == 0) a.workers = a.min_workers = 1;  // one worker besides the servers
     if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
@@ -516,7 +523,7 @@ int cmd_train(int argc, char **argv) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }
-    if ((a.workers > 1 || a.max_restarts > 0) && !dt_comm_env_launched()) {
+    if ((a.workers > 1 || a.max_restarts > 0 || c.ps_servers > 0) && !dt_comm_env_launched()) {
         // Before any worker starts: all of them must fit. (Errors reading the
         // data are left to the workers, which report them in full.)
         if (dt_check_memory(&c, DT_MEM_TRAIN, a.workers > 1 ? a.workers : 1, 1, NULL) == DT_ERR_NOMEM) {

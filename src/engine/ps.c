@@ -1,0 +1,973 @@
+/* Parameter servers, the "ps" strategy ([parallel] servers = S; strategy.h,
+ * docs/parameter-server.md).
+ *
+ * Roles. The run's first S ranks are servers, the others workers: the loop
+ * splits the world (split_roles, loop.c), so that data sharding, the
+ * control plane, evaluation and checkpoints see only the workers, and runs
+ * ps_serve on the servers. The parameter block is cut into S balanced
+ * contiguous ranges (dt_shard_range: a tensor may span two servers); server
+ * j holds range j's weights and optimizer state and applies the update.
+ * Workers keep the whole block for forward and backward.
+ *
+ * Messages go point to point over the world communicator (dt_isend,
+ * dt_irecv), each a header of H_N int64s, some followed by data:
+ *
+ *   worker -> server  INIT     worker 0, once: the range's weights, optimizer state and step
+ *                     PUSH     a piece of the gradient: step, version, offset, count, then the data
+ *                     COMMIT   the step's learning rate and clip scale: apply the update
+ *                     FETCH    send the optimizer state (before a checkpoint)
+ *                     END      this worker is done
+ *   server -> worker  NORM     (server 0, mode sync) the global gradient norm
+ *                     WEIGHTS  the range's weights after the update, and their version
+ *                     STATES   the range's optimizer state
+ *
+ * A step, mode sync. During the last micro-batch's backward the worker
+ * pushes the pieces of its gradient as the grad hook reports them final
+ * (the model's gradient order cut into buckets of [parallel] bucket_kb from
+ * its end, and at server boundaries); deterministic mode pushes its int64
+ * fixed-point sums after backward. A server that has every worker's pushes
+ * for its range adds them (in worker order; deterministic: as integers, so
+ * in any order) and the servers take the global norm of the sum together
+ * (dt_norm_sharded: bitwise dt_sum_squares of the whole block); server 0
+ * sends it to every worker, whose loop turns it into a clip scale and a
+ * learning rate, and COMMIT brings them to the servers, which update their
+ * ranges and send back the weights. The result is plain data parallel's.
+ *
+ * The other modes ([ps] mode) apply a worker's gradient (its own share's
+ * mean, clipped by its own norm) without waiting for the others: async on
+ * arrival; ssp the same, but the reply to a worker more than [ps]
+ * staleness steps ahead of the slowest is held until the slowest catches
+ * up; backup makes each step from the first N - b gradients of the step to
+ * arrive and drops the late ones. Their workers step at their own pace
+ * (own_pace: no per-step control-plane allreduce) and meet at
+ * evaluations, checkpoints and the end. The staleness of each applied
+ * gradient (updates between the weights it was computed from and those it
+ * was applied to) goes into a histogram, and back to its worker.
+ *
+ * Hybrid groups ([ps] groups, mode sync): each group of workers
+ * allreduces its gradient, and its leader alone talks to the servers and
+ * broadcasts what it gets to the group.
+ *
+ * A push is checked against what the server expects: its step, the version
+ * of the weights it was computed from, and its shape (offset and count
+ * inside the server's range, no element twice, the element type); anything
+ * else fails the run with an error naming the worker, the field, the value
+ * and what was expected. A worker has one step in flight at a time (it
+ * waits for the weights before its next forward), so a server holds at
+ * most one push per worker: its queue cannot grow.
+ *
+ * Checkpoints stay the workers': before a save (params_sync) every worker
+ * fetches the optimizer state of every range into its own optimizer, whose
+ * view the loop writes as it would dp's; on resume worker 0 sends each
+ * server its range of the loaded state (INIT). */
+#include "dtrain/launch.h"
+#include "engine/strategy.h"
+#include "engine/worker.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// the messages
+
+enum { H_KIND, H_STEP, H_VERSION, H_OFF, H_COUNT, H_A, H_B, H_C, H_N };
+#define PS_MAGIC 0x50530000LL  // "PS" in a message kind
+enum {
+    M_INIT = PS_MAGIC + 1,
+    M_PUSH,
+    M_COMMIT,
+    M_FETCH,
+    M_END,
+    M_NORM,
+    M_WEIGHTS,
+    M_STATES,
+};
+
+// Statistics a server keeps (sent with STATES): the staleness of every
+// applied gradient (updates of the range between the weights it was
+// computed from and its own; the last bin counts HIST_MAX and above),
+// then the figures below.
+enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
+       ST_PEAK_RSS, ST_N };
+
+static const char *kind_name(int64_t k) {
+    static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES"};
+    return k > PS_MAGIC && k <= M_STATES ? names[k - PS_MAGIC - 1] : "unknown";
+}
+
+static int64_t bits_of(double x) {
+    int64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static double double_of(int64_t b) {
+    double x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+// Waits for every request of r[0..n) (NULL ones are skipped); the first error.
+static dt_status wait_all(dt_request_t *r, int n) {
+    dt_status st = DT_OK;
+    char msg[1024] = "";
+    for (int i = 0; i < n; i++) {
+        dt_status s = dt_wait(&r[i]);
+        if (s != DT_OK && st == DT_OK) {
+            st = s;
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+        }
+    }
+    return st == DT_OK ? DT_OK : dt_error(st, "%s", msg);
+}
+
+// Hybrid groups ([ps] groups = G): workers [ceil(g N / G), ceil((g + 1) N / G))
+// form group g, whose first is its leader, the servers' peer g. Without
+// groups every worker is a group of its own.
+static int group_of(int rank, int N, int G) { return (int)((long)rank * G / N); }
+static int leader_of(int g, int N, int G) { return (int)(((long)g * N + G - 1) / G); }
+
+// ----------------------------------------------------------------------------
+// the worker's side
+
+typedef struct {
+    size_t lo, hi;  // a contiguous part of the block, inside one server's range
+    size_t pos;     // where it starts in the gradient order
+    int server;
+} piece;
+
+typedef struct {
+    dt_strategy base;
+    int S;              // servers: world ranks 0..S-1
+    size_t *slo, *shi;  // their ranges
+    piece *p;           // from the END of the order: p[0] is final first
+    int np, next;
+    int64_t (*hdr)[H_N];
+    dt_request_t *req;  // two per piece: header and data
+    int64_t *acc;       // deterministic: this worker's fixed-point sums
+    int64_t step;
+    int64_t *ver;       // the version of each server's weights this worker holds
+    int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
+    dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
+    int leader;           // this worker talks to the servers
+    double t_first, t_backward_end;
+    dt_status err;
+    char errmsg[1024];
+} ps_worker;
+
+static int ps_other_ranks(const dt_config *c) { return c->ps_servers; }
+
+static int ps_wants(const dt_config *c) { return c->ps_servers > 0; }
+
+enum { MODE_SYNC, MODE_ASYNC, MODE_SSP, MODE_BACKUP };
+static const char *const mode_names[] = {"sync", "async", "ssp", "backup"};
+
+static dt_status ps_check(const dt_config *c, int W) {
+    const char *m = mode_names[c->ps_mode];
+    if (c->ps_groups > W)
+        return dt_error(DT_ERR_CONFIG, "[ps] groups = %d: more groups than the %d workers", c->ps_groups, W);
+    if (c->ps_groups > 0 && c->ps_mode != MODE_SYNC)
+        return dt_error(DT_ERR_CONFIG, "[ps] groups works with mode = sync (mode is %s)", m);
+    if (c->ps_mode != MODE_SYNC && c->deterministic)
+        return dt_error(DT_ERR_CONFIG, "[ps] mode = %s applies gradients as they arrive: [parallel] deterministic "
+                                       "needs mode = sync", m);
+    if (c->ps_mode != MODE_SYNC && (c->ckpt_sharded || c->ckpt_every_seconds > 0))
+        return dt_error(DT_ERR_CONFIG, "[ps] mode = %s: workers step at their own pace, so checkpoints are by steps "
+                                       "and written by worker 0 ([checkpoint] %s is not available)",
+                        m, c->ckpt_sharded ? "sharded" : "every_seconds");
+    if (c->ps_mode == MODE_BACKUP && c->ps_backup >= W)
+        return dt_error(DT_ERR_CONFIG, "[ps] backup_workers = %d: must be fewer than the %d workers", c->ps_backup, W);
+    if (c->ps_mode != MODE_BACKUP && c->ps_backup > 0)
+        return dt_error(DT_ERR_CONFIG, "[ps] backup_workers works with mode = backup (mode is %s)", m);
+    if (c->ps_mode != MODE_SSP && c->ps_staleness > 0)
+        return dt_error(DT_ERR_CONFIG, "[ps] staleness works with mode = ssp (mode is %s)", m);
+    return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
+}
+
+static int ps_max_micro(const dt_config *c, int W) {
+    return c->deterministic ? dt_strategy_dp_deterministic.max_micro(c, W) : dt_strategy_dp.max_micro(c, W);
+}
+
+// The pieces: the order from its end, cut every bucket_floats of the order
+// and at the servers' boundaries in the block. Returns how many (p NULL:
+// only counts).
+static int cut(ps_worker *w, const dt_grad_range *order, int norder, size_t bucket_floats, piece *p) {
+    size_t n = w->base.n, end = n;  // end: the order position where range r ends
+    int k = 0;
+    for (int r = norder - 1; r >= 0; r--) {
+        size_t start = end - order[r].len;
+        for (size_t at = end; at > start;) {
+            size_t b = (n - at) / bucket_floats;  // the bucket holding position at - 1
+            size_t blo = (b + 1) * bucket_floats >= n ? 0 : n - (b + 1) * bucket_floats;
+            size_t from = blo > start ? blo : start;
+            size_t plo = order[r].offset + (from - start), phi = order[r].offset + (at - start);
+            while (phi > plo) {  // split at server boundaries, from the top
+                int j = 0;
+                while (w->shi[j] < phi) j++;
+                size_t lo = w->slo[j] > plo ? w->slo[j] : plo;
+                if (p) p[k] = (piece){lo, phi, start + (lo - order[r].offset), j};
+                k++;
+                phi = lo;
+            }
+            at = from;
+        }
+        end = start;
+    }
+    return k;
+}
+
+static dt_status ps_init(dt_strategy *s) {
+    ps_worker *w = (ps_worker *)s;
+    w->S = dt_comm_size(s->all) - s->world;
+    if (w->S < 1) return dt_error(DT_ERR_CONFIG, "strategy ps: no server ranks in the world");
+    if (s->n < (size_t)w->S)
+        return dt_error(DT_ERR_CONFIG, "[parallel] servers = %d: more servers than the model's %zu parameters", w->S,
+                        s->n);
+    w->slo = malloc(sizeof(size_t) * 2 * (size_t)w->S);
+    w->ver = calloc((size_t)w->S, sizeof *w->ver);
+    if (!w->slo || !w->ver) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    s->own_pace = s->c->ps_mode != MODE_SYNC;
+    w->leader = 1;
+    if (s->c->ps_groups > 0) {  // a collective over the workers
+        dt_status st = dt_comm_split(s->comm, group_of(s->rank, s->world, s->c->ps_groups), s->rank, &w->group);
+        if (st != DT_OK) return dt_error(st, "strategy ps: the workers' groups: %s", dt_last_error());
+        w->leader = dt_comm_rank(w->group) == 0;
+    }
+    w->shi = w->slo + w->S;
+    for (int j = 0; j < w->S; j++) dt_shard_range(s->n, j, w->S, &w->slo[j], &w->shi[j]);
+    dt_grad_range whole = {0, s->n};
+    const dt_grad_range *order = s->order && s->norder > 0 ? s->order : &whole;
+    int norder = s->order && s->norder > 0 ? s->norder : 1;
+    size_t covered = 0;
+    for (int i = 0; i < norder; i++) covered += order[i].len;
+    if (covered != s->n)
+        return dt_error(DT_ERR_ARG, "strategy ps: the gradient order covers %zu of the %zu gradients", covered, s->n);
+    size_t bf = (size_t)s->c->bucket_kb * 1024 / sizeof(float);
+    if (bf == 0) bf = 1;
+    w->np = cut(w, order, norder, bf, NULL);
+    w->p = malloc(sizeof *w->p * (size_t)w->np);
+    w->hdr = malloc(sizeof *w->hdr * (size_t)(w->np + 2 * w->S));
+    w->req = calloc((size_t)(2 * w->np + 2 * w->S), sizeof *w->req);
+    if (!w->p || !w->hdr || !w->req) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    cut(w, order, norder, bf, w->p);
+    if (s->c->deterministic && !(w->acc = dt_alloc(sizeof(int64_t) * s->n)))
+        return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    if (w->acc) memset(w->acc, 0, sizeof(int64_t) * s->n);
+    return DT_OK;
+}
+
+static void ps_fini(dt_strategy *s) {
+    ps_worker *w = (ps_worker *)s;
+    if (w->req) wait_all(w->req, 2 * w->np + 2 * w->S);
+    // Done: the servers end when every worker said so. A broken world has
+    // nobody to tell (the abort reaches the servers).
+    if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
+        for (int j = 0; j < w->S; j++) {
+            int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
+            if (dt_send(h, H_N, DT_I64, j, s->all) != DT_OK) break;
+        }
+    dt_comm_destroy(w->group);
+    free(w->slo);
+    free(w->ver);
+    free(w->p);
+    free(w->hdr);
+    free(w->req);
+    dt_free(w->acc);
+}
+
+static int ps_plan(dt_strategy *s, int first, int share, int global) {
+    ps_worker *w = (ps_worker *)s;
+    w->next = 0;
+    w->err = DT_OK;
+    w->t_first = 0;
+    int k = s->c->deterministic ? dt_strategy_dp_deterministic.plan(s, first, share, global)
+                                : dt_strategy_plan_accum(s, first, share, global);
+    // Apart from sync, each push is a step of its own: its share's mean.
+    if (s->c->ps_mode != MODE_SYNC) s->loss_denom = share;
+    return k;
+}
+
+// Sends piece i: its header and its data (float gradients, or the
+// deterministic int64 sums).
+static void push(ps_worker *w, int i) {
+    dt_strategy *s = &w->base;
+    const piece *p = &w->p[i];
+    if (!w->t_first) w->t_first = dt_now();
+    int det = w->acc != NULL;
+    int64_t *h = w->hdr[i];
+    h[H_KIND] = M_PUSH;
+    h[H_STEP] = w->step;
+    h[H_VERSION] = w->ver[p->server];
+    h[H_OFF] = (int64_t)p->lo;
+    h[H_COUNT] = (int64_t)(p->hi - p->lo);
+    h[H_A] = det ? DT_I64 : DT_F32;
+    h[H_B] = h[H_C] = 0;
+    // DTRAIN_FAULT_PUSH=WORKER:STEP:step|version|shape: that worker's
+    // pushes of that step (1-based) are wrong in that field (tests).
+    const char *f = getenv("DTRAIN_FAULT_PUSH");
+    int fw;
+    long long fs;
+    char what[16];
+    if (f && sscanf(f, "%d:%lld:%15s", &fw, &fs, what) == 3 && fw == s->rank && fs == w->step + 1) {
+        if (!strcmp(what, "step")) h[H_STEP]++;
+        if (!strcmp(what, "version")) h[H_VERSION]--;
+        if (!strcmp(what, "shape")) h[H_OFF] = (int64_t)w->shi[p->server] - 1;
+    }
+    dt_status st = dt_isend(h, H_N, DT_I64, p->server, s->all, &w->req[2 * i]);
+    if (st == DT_OK)
+        st = det ? dt_isend(w->acc + p->lo, p->hi - p->lo, DT_I64, p->server, s->all, &w->req[2 * i + 1])
+                 : dt_isend(s->grads + p->lo, p->hi - p->lo, DT_F32, p->server, s->all, &w->req[2 * i + 1]);
+    if (st != DT_OK && w->err == DT_OK) {
+        w->err = st;
+        snprintf(w->errmsg, sizeof w->errmsg, "%s", dt_last_error());
+    }
+}
+
+// The model's grad hook: gradients at positions >= pos of the order are final.
+static void ready(size_t pos, void *user) {
+    ps_worker *w = user;
+    while (w->next < w->np && w->p[w->next].pos >= pos && w->err == DT_OK) push(w, w->next++);
+}
+
+static dt_grad_ready_fn ps_grad_hook(dt_strategy *s, int k, void **user) {
+    *user = s;
+    return !s->c->deterministic && !((ps_worker *)s)->group && k == s->nmicro - 1 ? ready : NULL;
+}
+
+// Deterministic: each shard's gradient on its own into the fixed-point sums.
+static void ps_micro_end(dt_strategy *s, int k) {
+    ps_worker *w = (ps_worker *)s;
+    (void)k;
+    if (!w->acc) return;
+    dt_fixed_add(w->acc, s->grads, s->n, DT_FIXED_SCALE);
+    memset(s->grads, 0, sizeof(float) * s->n);
+}
+
+static dt_status ps_sync(dt_strategy *s) {
+    ps_worker *w = (ps_worker *)s;
+    w->t_backward_end = dt_now();
+    dt_status st = DT_OK;
+    if (w->group) {  // the group's sum first; its leader pushes it
+        if (!w->t_first) w->t_first = w->t_backward_end;
+        st = w->acc ? dt_allreduce(w->acc, w->acc, s->n, DT_I64, DT_SUM, w->group)
+                    : dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, w->group);
+        if (st != DT_OK) return dt_error(st, "gradient allreduce in the group: %s", dt_last_error());
+        if (!w->leader) w->next = w->np;
+    }
+    while (w->next < w->np && w->err == DT_OK) push(w, w->next++);
+    st = wait_all(w->req, 2 * w->np);
+    if (w->acc) memset(w->acc, 0, sizeof(int64_t) * s->n);
+    double t = dt_now();
+    if (!w->t_first) w->t_first = t;
+    s->comm_seconds += t - w->t_first;
+    s->comm_exposed_seconds += t - (w->t_backward_end > w->t_first ? w->t_backward_end : w->t_first);
+    if (w->err != DT_OK) return dt_error(w->err, "gradient push: %s", w->errmsg);
+    return st != DT_OK ? dt_error(st, "gradient push: %s", dt_last_error()) : DT_OK;
+}
+
+// Receives a header from server j and checks that it is the one expected.
+static dt_status expect(ps_worker *w, int j, int64_t *h, int64_t kind) {
+    dt_status st = dt_recv(h, H_N, DT_I64, j, w->base.all);
+    if (st != DT_OK) return st;
+    if (h[H_KIND] != kind || h[H_STEP] != w->step)
+        return dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected %s for step %lld",
+                        w->base.rank, j, kind_name(h[H_KIND]), (long long)h[H_STEP] + 1, kind_name(kind),
+                        (long long)w->step + 1);
+    return DT_OK;
+}
+
+// The global norm of the summed gradient, from server 0 (sync); apart from
+// sync, the norm of this worker's own gradient, which is applied alone.
+static dt_status ps_grad_norm(dt_strategy *s, double *norm) {
+    ps_worker *w = (ps_worker *)s;
+    if (s->c->ps_mode != MODE_SYNC) return dt_strategy_norm_replicated(s, norm);
+    int64_t h[H_N] = {0};
+    dt_status st = w->leader ? expect(w, 0, h, M_NORM) : DT_OK;
+    if (st == DT_OK && w->group) st = dt_broadcast(&h[H_A], &h[H_A], 1, DT_I64, 0, w->group);
+    *norm = st == DT_OK ? double_of(h[H_A]) : 0;
+    return st == DT_OK ? DT_OK : dt_error(st, "gradient norm from the servers: %s", dt_last_error());
+}
+
+// The leader's weights and versions to its group (with states: the
+// optimizer state and the statistics too).
+static dt_status share(ps_worker *w, int states) {
+    dt_strategy *s = &w->base;
+    dt_status st = dt_broadcast(s->params, s->params, s->n, DT_F32, 0, w->group);
+    if (st == DT_OK) st = dt_broadcast(w->ver, w->ver, (size_t)w->S, DT_I64, 0, w->group);
+    for (int k = 0; k < (states ? dt_optim_num_states(s->opt) : 0) && st == DT_OK; k++)
+        st = dt_broadcast(dt_optim_state(s->opt, k), dt_optim_state(s->opt, k), s->n, DT_F32, 0, w->group);
+    if (st == DT_OK && states) st = dt_broadcast(w->stats, w->stats, ST_N, DT_I64, 0, w->group);
+    return st;
+}
+
+// COMMIT to every server, then the new weights of every range.
+static dt_status ps_update(dt_strategy *s, float lr, float scale) {
+    ps_worker *w = (ps_worker *)s;
+    int S = w->S;
+    int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
+    dt_request_t *r = w->req + 2 * w->np;
+    dt_status st = DT_OK;
+    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
+        int64_t *c = h[j];
+        c[H_KIND] = M_COMMIT;
+        c[H_STEP] = w->step;
+        c[H_VERSION] = w->ver[j];
+        c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
+        c[H_A] = bits_of(lr);
+        c[H_B] = bits_of(scale);
+        st = dt_send(c, H_N, DT_I64, j, s->all);
+    }
+    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
+        st = dt_irecv(h[S + j], H_N, DT_I64, j, s->all, &r[0]);
+        if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
+        if (st == DT_OK) st = wait_all(r, 2);
+        if (st == DT_OK && (h[S + j][H_KIND] != M_WEIGHTS || h[S + j][H_STEP] != w->step))
+            st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected WEIGHTS for step %lld",
+                          s->rank, j, kind_name(h[S + j][H_KIND]), (long long)h[S + j][H_STEP] + 1,
+                          (long long)w->step + 1);
+    }
+    if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
+    for (int j = 0; j < S && w->leader; j++) w->ver[j] = h[S + j][H_VERSION];  // the others': share() below
+    s->has_staleness = 1;
+    s->staleness = w->leader ? (int)h[S][H_A] : 0;  // as server 0 applied it
+    if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
+    w->step++;
+    dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
+    return DT_OK;
+}
+
+// Before an evaluation, a checkpoint and the final weights: the newest
+// weights and the optimizer state of every range, into this worker's
+// blocks (what checkpoints write), and server 0's statistics. Workers at
+// their own pace meet first, so that all of them take the same weights.
+static dt_status ps_params_sync(dt_strategy *s) {
+    ps_worker *w = (ps_worker *)s;
+    int ns = dt_optim_num_states(s->opt);
+    dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+    for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
+        size_t len = w->shi[j] - w->slo[j];
+        int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
+        st = dt_send(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = expect(w, j, h, M_STATES);
+        if (st == DT_OK) w->ver[j] = h[H_VERSION];
+        if (st == DT_OK) st = dt_recv(s->params + w->slo[j], len, DT_F32, j, s->all);
+        for (int k = 0; k < ns && st == DT_OK; k++)
+            st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], len, DT_F32, j, s->all);
+        int64_t stats[ST_N];
+        if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
+        if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
+    }
+    if (st == DT_OK && w->group) st = share(w, 1);
+    if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
+    return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
+}
+
+// At the start (fresh or resumed): worker 0 gives each server its range of
+// the weights and the optimizer state; the step count is the version.
+static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    ps_worker *w = (ps_worker *)s;
+    (void)path;
+    (void)parts;
+    w->step = *dt_optim_step_count(s->opt);
+    for (int j = 0; j < w->S; j++) w->ver[j] = w->step;
+    if (s->rank != 0) return DT_OK;
+    int ns = dt_optim_num_states(s->opt);
+    dt_status st = DT_OK;
+    for (int j = 0; j < w->S && st == DT_OK; j++) {
+        size_t lo = w->slo[j], len = w->shi[j] - lo;
+        int peers = s->c->ps_groups > 0 ? s->c->ps_groups : s->world;
+        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, peers, (int64_t)s->n};
+        st = dt_send(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
+        for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
+    }
+    return st == DT_OK ? DT_OK : dt_error(st, "starting the servers: %s", dt_last_error());
+}
+
+// ----------------------------------------------------------------------------
+// the server's side
+
+
+typedef struct {
+    int64_t h[H_N];   // the header being received
+    dt_request_t req; // its receive, NULL once the worker ended
+    void *buf;        // this step's push: the range's gradient (int64 sums when deterministic)
+    uint8_t *seen;    // elements of the range pushed this step
+    size_t got;
+    int64_t step;     // the worker's next step: the one its pushes are for
+    int64_t sent;     // the version of the weights it was last sent
+    int64_t arrived;  // when its push completed (backup: the first N - b of a step)
+    int committed, held, ended;
+    int rank;         // in the world
+    int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
+    double lr, scale;
+} peer;
+
+typedef struct {
+    const dt_config *c;
+    dt_comm_t all, mine;
+    int S, N, me;      // servers, workers (world ranks S..S+N-1), this server's index
+    int mode;
+    size_t n, lo, len;
+    int det;
+    float *params, *grad;
+    dt_optim *opt;
+    int64_t step, version, arrivals;
+    peer *w;
+    int reduced;       // sync: this step's pushes are summed and the norm sent
+    int ended;         // workers that said END
+    int64_t stats[ST_N];
+} server;
+
+// A failure naming this server and the worker.
+static dt_status refuse(server *sv, int wi, const char *fmt, long long got, long long want) {
+    char what[256];
+    snprintf(what, sizeof what, fmt, got, want);
+    return dt_error(DT_ERR_COMM, "server %d: refused a push from worker %d at step %lld: %s", sv->me, wi,
+                    (long long)sv->w[wi].step + 1, what);
+}
+
+static dt_status post_header(server *sv, int wi) {
+    return dt_irecv(sv->w[wi].h, H_N, DT_I64, sv->w[wi].rank, sv->all, &sv->w[wi].req);
+}
+
+// A push from worker wi: checked, then its data into the worker's buffer.
+static dt_status take_push(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    const int64_t *h = p->h;
+    int64_t off = h[H_OFF], cnt = h[H_COUNT], lo = (int64_t)sv->lo, hi = (int64_t)(sv->lo + sv->len);
+    if (h[H_STEP] != p->step) return refuse(sv, wi, "step %lld, expected step %lld", h[H_STEP] + 1, p->step + 1);
+    if (h[H_VERSION] != p->sent)
+        return refuse(sv, wi, "computed from weights version %lld, expected version %lld", h[H_VERSION], p->sent);
+    if (h[H_A] != (sv->det ? DT_I64 : DT_F32))
+        return refuse(sv, wi, "element type %lld, expected %lld", h[H_A], sv->det ? DT_I64 : DT_F32);
+    if (cnt <= 0 || off < lo || off + cnt > hi)
+        return refuse(sv, wi, "shape: elements [%lld, +%lld) outside this server's range", off, cnt);
+    if (memchr(p->seen + (off - lo), 1, (size_t)cnt))
+        return refuse(sv, wi, "shape: elements [%lld, +%lld) pushed twice in one step", off, cnt);
+    size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
+    dt_status st = dt_recv((char *)p->buf + (size_t)(off - lo) * es, (size_t)cnt, sv->det ? DT_I64 : DT_F32,
+                           sv->w[wi].rank, sv->all);
+    if (st != DT_OK) return st;
+    memset(p->seen + (off - lo), 1, (size_t)cnt);
+    p->got += (size_t)cnt;
+    return DT_OK;
+}
+
+// The newest weights, the optimizer state and the statistics.
+static dt_status send_states(server *sv, int wi) {
+    int ns = dt_optim_num_states(sv->opt);
+    int64_t h[H_N] = {M_STATES, sv->w[wi].step, sv->version, (int64_t)sv->lo, (int64_t)sv->len, ns, 0, 0};
+    dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
+    for (int k = 0; k < ns && st == DT_OK; k++)
+        st = dt_send(dt_optim_state(sv->opt, k), sv->len, DT_F32, sv->w[wi].rank, sv->all);
+    struct rusage ru;
+    sv->stats[ST_PEAK_RSS] = getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss * 1024 : 0;
+    if (st == DT_OK) st = dt_send(sv->stats, ST_N, DT_I64, sv->w[wi].rank, sv->all);
+    sv->w[wi].sent = sv->version;
+    return st;
+}
+
+// One header from worker wi.
+static dt_status handle(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    dt_status st = DT_OK;
+    switch (p->h[H_KIND]) {
+    case M_PUSH:
+        if ((st = take_push(sv, wi)) == DT_OK && p->got == sv->len) p->arrived = ++sv->arrivals;
+        break;
+    case M_COMMIT:
+        if (p->got != sv->len || (sv->mode == MODE_SYNC && !sv->reduced))
+            return refuse(sv, wi, "COMMIT after %lld of the range's %lld gradients", (long long)p->got,
+                          (long long)sv->len);
+        p->committed = 1;
+        p->lr = double_of(p->h[H_A]);
+        p->scale = double_of(p->h[H_B]);
+        break;
+    case M_FETCH:
+        st = send_states(sv, wi);
+        break;
+    case M_END:
+        if (p->got)
+            return dt_error(DT_ERR_COMM, "server %d: worker %d left in the middle of step %lld", sv->me, wi,
+                            (long long)p->step + 1);
+        p->ended = 1;
+        sv->ended++;
+        return DT_OK;  // no further header from it
+    default:
+        return dt_error(DT_ERR_COMM, "server %d: a message of kind %lld (%s) from worker %d", sv->me,
+                        (long long)p->h[H_KIND], kind_name(p->h[H_KIND]), wi);
+    }
+    return st == DT_OK ? post_header(sv, wi) : st;
+}
+
+// Sync: every worker's push is in: their sum (in worker order), the global
+// norm over the servers, and server 0 tells the workers.
+static dt_status reduce(server *sv) {
+    size_t len = sv->len;
+    if (sv->det) {
+        int64_t *a = sv->w[0].buf;
+        for (int wi = 1; wi < sv->N; wi++) {
+            const int64_t *b = sv->w[wi].buf;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < len; i++) a[i] += b[i];
+        }
+        dt_fixed_to_float(sv->grad, a, len);
+    } else {
+        memcpy(sv->grad, sv->w[0].buf, sizeof(float) * len);
+        for (int wi = 1; wi < sv->N; wi++) {
+            const float *b = sv->w[wi].buf;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < len; i++) sv->grad[i] += b[i];
+        }
+    }
+    double norm;
+    dt_status st = dt_norm_sharded(sv->grad, sv->n, sv->lo, sv->lo + sv->len, sv->mine, &norm);
+    if (st != DT_OK || sv->me != 0) return st;
+    int64_t h[H_N] = {M_NORM, sv->step, sv->version, 0, 0, bits_of(norm), 0, 0};
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    return st;
+}
+
+// A worker's push was used or dropped: ready for its next step.
+static void next_step(server *sv, peer *p) {
+    memset(p->seen, 0, sv->len);  // a whole push covers buf: nothing else to clear
+    p->got = 0;
+    p->committed = 0;
+    p->step++;
+    (void)sv;
+}
+
+// The weights to worker wi (blocking: an update may follow at once), with
+// the staleness its gradient was applied at (-1: dropped).
+static dt_status reply(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, p->stale, 0, 0};
+    dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
+    p->sent = sv->version;
+    p->held = 0;
+    return st;
+}
+
+// Sync: every worker committed: the update, then the weights to every
+// worker, all at once.
+static dt_status apply_sync(server *sv) {
+    peer *p0 = &sv->w[0];
+    dt_optim_begin_step(sv->opt);
+    dt_optim_update(sv->opt, 0, sv->len, sv->params, sv->grad, (float)p0->lr, (float)p0->scale);
+    sv->step++;
+    sv->version++;
+    sv->stats[0] += sv->N;  // all of them fresh
+    sv->stats[ST_APPLIED] += sv->N;
+    sv->stats[ST_STEPS]++;
+    sv->stats[ST_MIN_PER_STEP] = sv->stats[ST_MAX_PER_STEP] = sv->N;
+    int64_t h[H_N] = {M_WEIGHTS, sv->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
+    dt_request_t *r = calloc(2 * (size_t)sv->N, sizeof *r);
+    if (!r) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    dt_status st = DT_OK;
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        st = dt_isend(h, H_N, DT_I64, sv->w[wi].rank, sv->all, &r[2 * wi]);
+        if (st == DT_OK) st = dt_isend(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all, &r[2 * wi + 1]);
+    }
+    dt_status w = wait_all(r, 2 * sv->N);
+    free(r);
+    for (int wi = 0; wi < sv->N; wi++) {
+        next_step(sv, &sv->w[wi]);
+        sv->w[wi].sent = sv->version;
+    }
+    sv->reduced = 0;
+    dt_heartbeat(sv->step);
+    return st != DT_OK ? st : w;
+}
+
+// The slowest step among the workers still running.
+static int64_t min_step(const server *sv) {
+    int64_t m = INT64_MAX;
+    for (int wi = 0; wi < sv->N; wi++)
+        if (!sv->w[wi].ended && sv->w[wi].step < m) m = sv->w[wi].step;
+    return m;
+}
+
+// Async and ssp: worker wi's gradient on its own, on arrival, at the rate
+// its staleness allows; ssp holds the reply of a worker too far ahead.
+static dt_status apply_one(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    int64_t stale = sv->version - p->sent;
+    float lr = (float)p->lr;
+    if (sv->c->ps_staleness_lr && stale > 1) lr /= (float)stale;
+    dt_optim_begin_step(sv->opt);
+    dt_optim_update(sv->opt, 0, sv->len, sv->params, p->buf, lr, (float)p->scale);
+    sv->version++;
+    sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
+    sv->stats[ST_APPLIED]++;
+    p->stale = stale;
+    next_step(sv, p);
+    if (p->step > sv->step) {
+        sv->step = p->step;
+        dt_heartbeat(sv->step);
+    }
+    p->held = 1;
+    return DT_OK;
+}
+
+// Ssp (and async, with no bound): the replies whose workers may go on.
+static dt_status release(server *sv) {
+    int64_t lim = sv->mode == MODE_SSP ? sv->c->ps_staleness : INT64_MAX / 2, slow = min_step(sv);
+    dt_status st = DT_OK;
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->held || p->step - slow > lim) continue;
+        if (p->step - slow > sv->stats[ST_MAX_GAP]) sv->stats[ST_MAX_GAP] = p->step - slow;
+        st = reply(sv, wi);
+    }
+    return st;
+}
+
+// Backup: the first N - b gradients of the server's step, in the order they
+// arrived, make the step (their mean, each with its clip scale); the late
+// ones are dropped and their workers get the newest weights.
+static dt_status backup(server *sv, int *moved) {
+    int need = sv->N - sv->c->ps_backup, have = 0;
+    dt_status st = DT_OK;
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->committed) continue;
+        if (p->step < sv->step) {  // late: its step was made without it
+            sv->stats[ST_DROPPED]++;
+            p->stale = -1;
+            next_step(sv, p);
+            st = reply(sv, wi);
+            *moved = 1;
+        } else {
+            have++;
+        }
+    }
+    if (st != DT_OK || have < need) return st;
+    int *use = malloc(sizeof(int) * (size_t)need);
+    if (!use) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int k = 0; k < need; k++) {  // the k-th arrival among the committed
+        int best = -1;
+        for (int wi = 0; wi < sv->N; wi++) {
+            peer *p = &sv->w[wi];
+            int taken = 0;
+            for (int q = 0; q < k; q++) taken |= use[q] == wi;
+            if (p->committed && p->step == sv->step && !taken && (best < 0 || p->arrived < sv->w[best].arrived))
+                best = wi;
+        }
+        use[k] = best;
+    }
+    memset(sv->grad, 0, sizeof(float) * sv->len);
+    for (int k = 0; k < need; k++) {
+        const peer *p = &sv->w[use[k]];
+        const float *g = p->buf;
+        float f = (float)(p->scale / need);
+        for (size_t i = 0; i < sv->len; i++) sv->grad[i] += f * g[i];
+        int64_t stale = sv->version - p->sent;
+        sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
+        sv->w[use[k]].stale = stale;
+    }
+    dt_optim_begin_step(sv->opt);
+    dt_optim_update(sv->opt, 0, sv->len, sv->params, sv->grad, (float)sv->w[use[0]].lr, 1.0f);
+    sv->version++;
+    sv->step++;
+    sv->stats[ST_APPLIED] += need;
+    if (!sv->stats[ST_STEPS] || need < sv->stats[ST_MIN_PER_STEP]) sv->stats[ST_MIN_PER_STEP] = need;
+    if (need > sv->stats[ST_MAX_PER_STEP]) sv->stats[ST_MAX_PER_STEP] = need;
+    sv->stats[ST_STEPS]++;
+    for (int k = 0; k < need && st == DT_OK; k++) {
+        next_step(sv, &sv->w[use[k]]);
+        st = reply(sv, use[k]);
+    }
+    free(use);
+    dt_heartbeat(sv->step);
+    *moved = 1;
+    return st;
+}
+
+// The start: worker 0's INIT with the range's weights and optimizer state.
+static dt_status start(server *sv) {
+    int64_t h[H_N];
+    int w0 = sv->S;  // worker 0
+    dt_status st = dt_recv(h, H_N, DT_I64, w0, sv->all);
+    if (st != DT_OK) return st;
+    size_t lo = 0, hi = 0;
+    if (h[H_KIND] == M_INIT && h[H_C] > 0) dt_shard_range((size_t)h[H_C], sv->me, sv->S, &lo, &hi);
+    if (h[H_KIND] != M_INIT || h[H_C] <= 0 || h[H_OFF] != (int64_t)lo || h[H_COUNT] != (int64_t)(hi - lo) ||
+        h[H_B] != sv->N)
+        return dt_error(DT_ERR_COMM, "server %d: the first message from worker 0 is %s, not the INIT of its range",
+                        sv->me, kind_name(h[H_KIND]));
+    sv->n = (size_t)h[H_C];
+    sv->lo = lo;
+    sv->len = hi - lo;
+    sv->step = h[H_STEP];
+    sv->version = h[H_VERSION];
+    size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
+    sv->params = dt_alloc(sizeof(float) * sv->len);
+    sv->grad = dt_alloc(sizeof(float) * sv->len);
+    sv->w = calloc((size_t)sv->N, sizeof *sv->w);
+    if (!sv->params || !sv->grad || !sv->w) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int wi = 0; wi < sv->N; wi++) {
+        peer *p = &sv->w[wi];
+        p->buf = dt_alloc(es * sv->len);
+        p->seen = calloc(sv->len, 1);
+        if (!p->buf || !p->seen) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+        memset(p->buf, 0, es * sv->len);
+        p->step = sv->step;
+        p->sent = sv->version;
+        int nw = dt_comm_size(sv->all) - sv->S;
+        p->rank = sv->S + leader_of(wi, nw, sv->c->ps_groups > 0 ? sv->c->ps_groups : nw);
+    }
+    if ((st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL)) != DT_OK) return st;
+    if (h[H_A] != dt_optim_num_states(sv->opt))
+        return dt_error(DT_ERR_COMM, "server %d: INIT brings %lld optimizer states, the optimizer has %d", sv->me,
+                        (long long)h[H_A], dt_optim_num_states(sv->opt));
+    *dt_optim_step_count(sv->opt) = sv->step;
+    st = dt_recv(sv->params, sv->len, DT_F32, w0, sv->all);
+    for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++)
+        st = dt_recv(dt_optim_state(sv->opt, k), sv->len, DT_F32, w0, sv->all);
+    return st;
+}
+
+static void server_free(server *sv) {
+    for (int wi = 0; sv->w && wi < sv->N; wi++) {
+        if (sv->w[wi].req) dt_wait(&sv->w[wi].req);
+        dt_free(sv->w[wi].buf);
+        free(sv->w[wi].seen);
+    }
+    free(sv->w);
+    dt_free(sv->params);
+    dt_free(sv->grad);
+    dt_optim_free(sv->opt);
+}
+
+// What the mode does once the headers that arrived are handled.
+static dt_status advance(server *sv, int *moved) {
+    if (sv->mode == MODE_BACKUP) return backup(sv, moved);
+    if (sv->mode != MODE_SYNC) {
+        dt_status st = DT_OK;
+        int queued = 0;
+        for (int wi = 0; wi < sv->N; wi++) queued += sv->w[wi].got > 0 && !sv->w[wi].committed;
+        if (queued > sv->stats[ST_MAX_QUEUED]) sv->stats[ST_MAX_QUEUED] = queued;
+        for (int wi = 0; wi < sv->N && st == DT_OK; wi++)
+            if (sv->w[wi].committed) {
+                st = apply_one(sv, wi);
+                *moved = 1;
+            }
+        return st == DT_OK ? release(sv) : st;
+    }
+    int pushed = 1, committed = 1;
+    for (int wi = 0; wi < sv->N; wi++) {
+        pushed &= sv->w[wi].got == sv->len;
+        committed &= sv->w[wi].committed;
+    }
+    if (pushed && !sv->reduced && sv->ended == 0) {
+        *moved = 1;
+        sv->reduced = 1;
+        return reduce(sv);
+    }
+    if (pushed && sv->reduced && committed) {
+        *moved = 1;
+        return apply_sync(sv);
+    }
+    return DT_OK;
+}
+
+// A server's own loop: receive pushes, update its range, answer, until
+// every worker said END.
+static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
+    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode};
+    sv.S = dt_comm_size(mine);
+    sv.me = dt_comm_rank(mine);
+    sv.N = c->ps_groups > 0 ? c->ps_groups : dt_comm_size(all) - sv.S;  // its peers: workers, or group leaders
+    dt_status st = start(&sv);
+    if (st == DT_OK && sv.me == 0)
+        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+               mode_names[sv.mode], sv.det ? ", deterministic" : "");
+    for (int wi = 0; wi < sv.N && st == DT_OK; wi++) st = post_header(&sv, wi);
+    int idle = 0;
+    double beat = dt_now();
+    int64_t at = sv.step;
+    while (st == DT_OK && sv.ended < sv.N) {
+        int moved = 0;
+        for (int wi = 0; wi < sv.N && st == DT_OK; wi++) {
+            int done = 0;
+            if (!sv.w[wi].req) continue;
+            if ((st = dt_test(&sv.w[wi].req, &done)) != DT_OK || !done) continue;
+            moved = 1;
+            st = handle(&sv, wi);
+        }
+        if (st == DT_OK) st = advance(&sv, &moved);
+        // DTRAIN_FAULT_STEP names server j as rank -1 - j (engine/worker.h).
+        if (st == DT_OK && sv.step != at) st = dt_fault_step(-1 - sv.me, at = sv.step);
+        if (moved) {
+            idle = 0;
+            continue;
+        }
+        // Nothing arrived: back off (the cores are the workers'), and say
+        // that this server is alive.
+        if (++idle > 64) usleep(idle > 1000 ? 1000 : 50);
+        if (dt_now() - beat > 1) {
+            dt_heartbeat(-1);
+            beat = dt_now();
+        }
+    }
+    if (st != DT_OK) {  // the others hear it now, and the receives still posted end
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_comm_abort(all, msg);
+        server_free(&sv);
+        return dt_error(st, "%s", msg);
+    }
+    server_free(&sv);
+    return st;
+}
+
+// summary.json's "ps" object: the mode and server 0's statistics.
+static void ps_summary(dt_strategy *s, struct cJSON *o) {
+    ps_worker *w = (ps_worker *)s;
+    const int64_t *t = w->stats;
+    cJSON *ps = cJSON_AddObjectToObject(o, "ps");
+    cJSON_AddStringToObject(ps, "mode", mode_names[s->c->ps_mode]);
+    cJSON_AddNumberToObject(ps, "servers", w->S);
+    cJSON_AddNumberToObject(ps, "applied", (double)t[ST_APPLIED]);
+    cJSON_AddNumberToObject(ps, "dropped", (double)t[ST_DROPPED]);
+    cJSON_AddNumberToObject(ps, "max_step_gap", (double)t[ST_MAX_GAP]);
+    cJSON_AddNumberToObject(ps, "min_gradients_per_step", (double)t[ST_MIN_PER_STEP]);
+    cJSON_AddNumberToObject(ps, "max_gradients_per_step", (double)t[ST_MAX_PER_STEP]);
+    cJSON_AddNumberToObject(ps, "max_queued_pushes", (double)t[ST_MAX_QUEUED]);
+    cJSON_AddNumberToObject(ps, "server_peak_rss_bytes", (double)t[ST_PEAK_RSS]);
+    int last = 0;
+    for (int k = 0; k <= HIST_MAX; k++)
+        if (t[k]) last = k;
+    cJSON *h = cJSON_AddArrayToObject(ps, "staleness_histogram");
+    for (int k = 0; k <= last; k++) cJSON_AddItemToArray(h, cJSON_CreateNumber((double)t[k]));
+}
+
+const dt_strategy_ops dt_strategy_ps = {
+    .name = "ps",
+    .size = sizeof(ps_worker),
+    .wants = ps_wants,
+    .check = ps_check,
+    .max_micro = ps_max_micro,
+    .init = ps_init,
+    .fini = ps_fini,
+    .plan = ps_plan,
+    .grad_hook = ps_grad_hook,
+    .micro_end = ps_micro_end,
+    .sync = ps_sync,
+    .grad_norm = ps_grad_norm,
+    .update = ps_update,
+    .params_sync = ps_params_sync,
+    .ckpt_restore = ps_ckpt_restore,
+    .other_ranks = ps_other_ranks,
+    .serve = ps_serve,
+    .summary = ps_summary,
+};
