@@ -13,7 +13,7 @@
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
- *             offload_dir, pipeline, micro_batches, schedule, pipeline_split,
+ *             offload_dir, pipeline, tensor, micro_batches, schedule, pipeline_split,
  *             sync_every, sync_warmup
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
@@ -76,8 +76,9 @@ typedef struct {
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
-    /* pipeline parallel (docs/model-parallel.md) */
+    /* model parallel (docs/model-parallel.md) */
     int pipeline;                  /* stages P (1: none) */
+    int tensor;                    /* tensor-parallel ranks T (1: none) */
     int micro_batches;             /* per data-parallel replica and step (0: P) */
     int pipeline_schedule;         /* 0 gpipe, 1 1f1b */
     char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced) */

@@ -1,15 +1,23 @@
-/* Pipeline parallel, the "pipeline" strategy (strategy.h; docs/model-parallel.md).
+/* Model parallel, the "model-parallel" strategy (strategy.h;
+ * docs/model-parallel.md): tensor parallel and pipeline parallel of the GPT,
+ * with data parallel outside them.
  *
+ * [parallel] tensor = T splits every layer over T ranks (the model's
+ * shards, dtrain/gpt.h: heads, MLP units and vocabulary divided, two
+ * allreduces a layer each way, made by the task on its shard's group).
  * [parallel] pipeline = P cuts the GPT's n_layer blocks into P stages
  * (balanced by count, or pipeline_split = "a,b,..." layers per stage): the
  * embedding runs on the first stage, the head and the loss on the last. The
- * W workers form D = W / P data-parallel replicas of the pipeline, laid out
- * as Megatron does with the data axis inner:
+ * W workers form D = W / (T P) data-parallel replicas, laid out as Megatron
+ * does, tensor innermost, then data, then pipeline:
  *
- *   rank = stage * D + replica
+ *   rank = (stage * D + replica) * T + t
  *
- * so stage s of replica r talks to ranks (s +- 1) * D + r, through a
- * sub-communicator per replica (dt_comm_split, rank in it = stage).
+ * Sub-communicators (dt_comm_split, each with the world's timeouts and
+ * checks): the T ranks of (stage, replica) run one shard group (the
+ * task's); the P ranks of (replica, t) one pipeline, rank in it = stage;
+ * the W / T ranks of tensor rank t hold the same shard of the parameters,
+ * over which the gradients are summed.
  *
  * A step cuts the replica's share of the global batch into M =
  * micro_batches micro-batches and runs them through the stages, activations
@@ -18,27 +26,30 @@
  * activation sets alive on every stage) or "1f1b" (P - s - 1 warm-up
  * forwards on stage s, then one forward and one backward in turn, then the
  * rest of the backwards: at most P - s sets alive). Each micro-batch has its
- * own activation set from the task's stage calls (task.h).
+ * own activation set from the task's stage calls (task.h). With P = 1 the
+ * one stage runs the M micro-batches one after the other.
  *
- * Parameters: every rank holds the whole flat block and the whole
- * optimizer state, as replicated data parallel does; a stage computes the
- * gradients of its own layers only (the others stay zero). sync() then sums
- * the gradient block over ALL ranks: per replica every parameter has one
- * stage that computed it -- except the tied token embedding, whose two
- * parts (embedding on the first stage, head on the last) are added there, as
- * the tie requires -- and over the replicas the sum is the global mean
- * (gradients carry the weight len / global). Every rank then holds the same
- * global gradient, takes the same norm (each parameter counted once) and
- * makes the same update, so the weights stay equal on all ranks and the
- * checkpoints, evaluation and final weights are those of data parallel. The
- * cost of this first version: every rank stores and updates the whole model
- * and the gradient sum moves the whole block (docs/model-parallel.md).
+ * Parameters: every rank holds its shard's whole flat block (the whole
+ * model when T = 1) and its optimizer state, as replicated data parallel
+ * does; a stage computes the gradients of its own layers only (the others
+ * stay zero). sync() then sums the gradient block over the W / T ranks of
+ * the same shard: per replica every parameter has one stage that computed
+ * it -- except the tied token embedding, whose two parts (embedding on the
+ * first stage, head on the last) are added there, as the tie requires --
+ * and over the replicas the sum is the global mean (gradients carry the
+ * weight len / global). The ranks of a shard then hold the same gradient,
+ * take the same norm (the split tensors' squares summed over the T shards,
+ * the whole ones counted once) and make the same update, so the weights
+ * stay equal on them. The cost of this version: every rank stores and
+ * updates all the layers of its shard, and the gradient sum moves the
+ * whole block (docs/model-parallel.md).
  *
- * The loss: only the last stage computes it; the other stages add 0 to the
- * control plane's sum, which divides by the global batch. */
+ * The loss: only the last stage's tensor rank 0 reports it; the others add
+ * 0 to the control plane's sum, which divides by the global batch. */
 #include "engine/strategy.h"
 #include "engine/worker.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +65,11 @@ typedef struct {
 
 typedef struct {
     dt_strategy base;
-    int P, D, M, gpipe;
-    int stage, replica, l0, l1;
+    int T, P, D, M, gpipe;
+    int t, stage, replica, l0, l1;
     dt_comm_t pp;          // this replica's stages, rank = stage
+    dt_comm_t shard;       // the ranks of this tensor rank (T > 1; else the world)
+    dt_comm_t tp;          // this (stage, replica)'s tensor ranks (T > 1)
     const dt_task_ops *tops;
     int nslots;
     slot *slots;
@@ -101,28 +114,37 @@ static dt_status stage_bounds(const dt_config *c, int *bounds) {
     return DT_OK;
 }
 
-static int pp_wants(const dt_config *c) { return c->pipeline > 1; }
+static int pp_wants(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
 
 static dt_status pp_check(const dt_config *c, int W) {
-    int P = c->pipeline, M = micro_batches(c);
+    int T = c->tensor, P = c->pipeline, M = micro_batches(c);
+    const char *what = P > 1 ? "[parallel] pipeline" : "[parallel] tensor";
+    int v = P > 1 ? P : T;
     if (!c->gpt)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d: pipeline parallel runs the GPT only; the classifier model ([model] layer = ...) is not supported yet",
-                        P);
+        return dt_error(DT_ERR_CONFIG, "%s = %d: model parallelism runs the GPT only; the classifier model ([model] layer = ...) is not supported yet",
+                        what, v);
     if (c->deterministic)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d with deterministic = true is not supported yet", P);
+        return dt_error(DT_ERR_CONFIG, "%s = %d with deterministic = true is not supported yet", what, v);
     if (c->grad_accum > 1)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d with [train] grad_accum = %d: use [parallel] micro_batches for the micro-batches of a pipeline",
-                        P, c->grad_accum);
+        return dt_error(DT_ERR_CONFIG, "%s = %d with [train] grad_accum = %d: use [parallel] micro_batches for the micro-batches of a model-parallel step",
+                        what, v, c->grad_accum);
     if (P > c->n_layer)
         return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d stages is more than the model's %d layers ([model] n_layer)",
                         P, c->n_layer);
-    if (W % P)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d does not divide the %d workers (data parallel = workers / pipeline)",
-                        P, W);
+    if (T > 1) {
+        dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+        dt_status st = dt_gpt_tensor_parallel_check(&gc, T, "[parallel] tensor");
+        if (st != DT_OK) return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());
+    }
+    if (W % (T * P))
+        return T == 1 ? dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d does not divide the %d workers (data parallel = workers / pipeline)",
+                                 P, W)
+                      : dt_error(DT_ERR_CONFIG, "[parallel] tensor = %d x pipeline = %d = %d ranks a replica do not divide the %d workers (data parallel = workers / (tensor x pipeline))",
+                                 T, P, T * P, W);
     if (c->pipeline_schedule == 1 && M < P)
         return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d is fewer than the pipeline's %d stages; schedule = 1f1b needs at least one per stage",
                         M, P);
-    int D = W / P;
+    int D = W / (T * P);
     if (c->batch / D < M)
         return dt_error(DT_ERR_CONFIG, "[train] batch %d over %d data-parallel replica%s leaves %d samples, fewer than [parallel] micro_batches = %d",
                         c->batch, D, D > 1 ? "s" : "", c->batch / D, M);
@@ -135,9 +157,27 @@ static dt_status pp_check(const dt_config *c, int W) {
 }
 
 static int pp_max_micro(const dt_config *c, int W) {
-    int D = W / c->pipeline > 0 ? W / c->pipeline : 1, M = micro_batches(c);
+    int TP = c->tensor * c->pipeline, D = W / TP > 0 ? W / TP : 1, M = micro_batches(c);
     int share = (c->batch + D - 1) / D;
     return (share + M - 1) / M;
+}
+
+// The layout, on rank 0: the formula and, for a small world, every rank.
+static void print_layout(pipe *p, const int *bounds) {
+    char layers[512] = "", ranks[1024] = "";
+    size_t n = 0;
+    for (int k = 0; k < p->P && n < sizeof layers - 32; k++)
+        n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k], bounds[k + 1]);
+    int W = p->base.world;
+    n = 0;
+    for (int r = 0; r < W && W <= 64 && n < sizeof ranks - 40; r++)
+        n += (size_t)snprintf(ranks + n, sizeof ranks - n, "%s%d=(t%d,d%d,p%d)", r ? " " : "", r, r % p->T,
+                              r / p->T % p->D, r / p->T / p->D);
+    dt_log(DT_LOG_INFO,
+           "model parallel: tensor %d x data %d x pipeline %d = %d workers, rank = (stage x %d + replica) x %d + tensor rank (tensor innermost, then data, then pipeline)%s%s",
+           p->T, p->D, p->P, W, p->D, p->T, *ranks ? "; ranks " : "", ranks);
+    dt_log(DT_LOG_INFO, "model parallel: schedule %s, %d micro-batches; layers of stage %s", p->gpipe ? "gpipe" : "1f1b",
+           p->M, layers);
 }
 
 static dt_status pp_init(dt_strategy *s) {
@@ -146,31 +186,26 @@ static dt_status pp_init(dt_strategy *s) {
     int bounds[MAX_STAGES + 1];
     dt_status st = stage_bounds(c, bounds);
     if (st != DT_OK) return st;
+    p->T = c->tensor;
     p->P = c->pipeline;
-    p->D = s->world / p->P;
+    p->D = s->world / (p->T * p->P);
     p->M = micro_batches(c);
     p->gpipe = c->pipeline_schedule == 0;
-    p->stage = s->rank / p->D;
-    p->replica = s->rank % p->D;
+    p->t = s->rank % p->T;
+    p->replica = s->rank / p->T % p->D;
+    p->stage = s->rank / p->T / p->D;
     p->l0 = bounds[p->stage];
     p->l1 = bounds[p->stage + 1];
     p->nslots = p->gpipe ? p->M : (p->P - p->stage < p->M ? p->P - p->stage : p->M);
     p->slots = calloc((size_t)p->nslots, sizeof *p->slots);
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
-    if (!p->slots || !p->off || !p->len) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    if ((st = dt_comm_split(s->comm, p->replica, p->stage, &p->pp)) != DT_OK)
-        return dt_error(st, "pipeline: splitting the workers into stages: %s", dt_last_error());
-    if (s->rank == 0) {
-        char layers[512] = "";
-        size_t n = 0;
-        for (int k = 0; k < p->P && n < sizeof layers - 32; k++)
-            n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k],
-                                  bounds[k + 1]);
-        dt_log(DT_LOG_INFO,
-               "pipeline: %d stages x %d data-parallel replica%s, rank = stage x %d + replica; schedule %s, %d micro-batches; layers of stage %s",
-               p->P, p->D, p->D > 1 ? "s" : "", p->D, p->gpipe ? "gpipe" : "1f1b", p->M, layers);
-    }
+    if (!p->slots || !p->off || !p->len) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
+    if (st == DT_OK && p->T > 1) st = dt_comm_split(s->comm, p->t, s->rank, &p->shard);
+    if (st == DT_OK && p->T > 1) st = dt_comm_split(s->comm, s->rank / p->T, p->t, &p->tp);
+    if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
+    if (s->rank == 0) print_layout(p, bounds);
     return DT_OK;
 }
 
@@ -182,7 +217,7 @@ static void pp_fini(dt_strategy *s) {
         if (p->tops) p->tops->stage_free(p->slots[i].st);
         free(p->slots[i].d);
     }
-    if (p->steps > 0 && p->replica == 0) {
+    if (p->steps > 0 && p->replica == 0 && p->t == 0) {
         double all = p->t_compute + p->t_wait;
         dt_log(DT_LOG_INFO,
                "pipeline stage %d of %d (rank %d, layers [%d, %d)): forward+backward %.3f s, waiting %.3f s over %lld steps: bubble %.1f%% (model (P-1)/(M+P-1) = %.1f%%); at most %d activation set%s alive",
@@ -190,6 +225,8 @@ static void pp_fini(dt_strategy *s) {
                all > 0 ? 100 * p->t_wait / all : 0, 100.0 * (p->P - 1) / (p->M + p->P - 1), p->peak, p->peak == 1 ? "" : "s");
     }
     dt_comm_destroy(p->pp);
+    dt_comm_destroy(p->shard);
+    dt_comm_destroy(p->tp);
     free(p->slots);
     free(p->off);
     free(p->len);
@@ -225,7 +262,7 @@ static dt_status forward(pipe *p, dt_task *task, int k, double *loss_sum) {
     dt_obs_end(p->base.obs, DT_OBS_FORWARD);
     p->t_compute += dt_now() - t0;
     if (st != DT_OK) return st;
-    if (p->stage == p->P - 1) *loss_sum += (double)loss * p->len[k];
+    if (p->stage == p->P - 1) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
     else st = dt_isend(sl->out, sl->count, DT_F32, p->stage + 1, p->pp, &sl->send_out);
     if (++p->alive > p->peak) p->peak = p->alive;
     return st;
@@ -297,19 +334,37 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     return st;
 }
 
-// Every rank's gradient block becomes the global one (see the top).
+// Every rank's gradient block becomes the global one of its shard (see the top).
 static dt_status pp_sync(dt_strategy *s) {
+    pipe *p = (pipe *)s;
     double t0 = dt_now();
-    dt_status st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, s->comm);
+    dt_status st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, p->shard ? p->shard : s->comm);
     double t = dt_now() - t0;
     s->comm_seconds += t;
     s->comm_exposed_seconds += t;
-    if (st != DT_OK) return dt_error(st, "pipeline: gradient allreduce: %s", dt_last_error());
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
+    return DT_OK;
+}
+
+// The whole model's gradient norm from the shards: the split ranges' squares
+// of every shard, the whole ones of shard 0, summed in shard order.
+static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
+    pipe *p = (pipe *)s;
+    if (p->T == 1) return dt_strategy_norm_replicated(s, norm);
+    double mine = 0, all[MAX_STAGES];
+    for (int i = 0; i < s->norder; i++)
+        if (s->order_split[i] || p->t == 0) mine += dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
+    // (doubles moved as their 8 bytes: no reduction touches them)
+    dt_status st = p->T <= MAX_STAGES ? dt_allgather(&mine, all, 1, DT_I64, p->tp) : DT_ERR_ARG;
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient norm: %s", dt_last_error());
+    double sum = 0;
+    for (int r = 0; r < p->T; r++) sum += all[r];
+    *norm = sqrt(sum);
     return DT_OK;
 }
 
 const dt_strategy_ops dt_strategy_pipeline = {
-    .name = "pipeline",
+    .name = "model-parallel",
     .size = sizeof(pipe),
     .wants = pp_wants,
     .check = pp_check,
@@ -318,6 +373,6 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .fini = pp_fini,
     .run_step = pp_run_step,
     .sync = pp_sync,
-    .grad_norm = dt_strategy_norm_replicated,
+    .grad_norm = pp_grad_norm,
     .update = dt_strategy_update_slice,
 };

@@ -37,6 +37,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->order = a->order;
     s->norder = a->norder;
     s->order_layer = a->order_layer;
+    s->order_split = a->order_split;
     s->obs = a->obs;
     s->lo = 0;
     s->hi = a->n;

@@ -28,8 +28,8 @@
  * during backward through a gradient codec, engine/codec.h),
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
  * of ranks), "zero", "zero-deterministic" and "zero-3" (sharded data
- * parallel, engine/zero.c, docs/zero.md), "pipeline" (GPT stages,
- * engine/pipeline.c) and "local-sgd" (each rank steps on its own share's
+ * parallel, engine/zero.c, docs/zero.md), "model-parallel" (the GPT's
+ * tensor-parallel shards and pipeline stages, engine/pipeline.c) and "local-sgd" (each rank steps on its own share's
  * gradient and the parameters are averaged every [parallel] sync_every
  * steps). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
@@ -62,6 +62,7 @@ typedef struct {
     int norder;
     dt_obs *obs;                 /* may be NULL */
     const int *order_layer;      /* the layer using each range of the order (NULL: none) */
+    const unsigned char *order_split; /* ranges divided among tensor-parallel ranks (NULL: none) */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -122,6 +123,7 @@ struct dt_strategy {
     const dt_grad_range *order;
     int norder;
     const int *order_layer;
+    const unsigned char *order_split;
     dt_obs *obs;
     dt_optim *opt;             /* over the slice [lo, hi) */
     size_t lo, hi;             /* the slice of the state this rank updates */

@@ -156,6 +156,7 @@ static const field fields[] = {
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
     {"parallel", "pipeline", F_INT, O(pipeline), 1, 1024, NULL},
+    {"parallel", "tensor", F_INT, O(tensor), 1, 1024, NULL},
     {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
     {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},
     {"parallel", "pipeline_split", F_STR, O(pipeline_split), 0, 0, NULL},
@@ -250,6 +251,7 @@ void dt_config_defaults(dt_config *c) {
     c->bucket_kb = 2048;
     c->micro_shards = 12;
     c->pipeline = 1;
+    c->tensor = 1;
     c->pipeline_schedule = 1;
     c->fed_clients = 100;
     c->fed_fraction = 0.1f;
