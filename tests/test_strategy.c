@@ -86,10 +86,13 @@ static double compare(const char *a, const char *b, int *bitwise) {
 // The GPT's config (its [data] dir, from train(), goes unused). SGD, not
 // AdamW: the key bias's gradient is zero but for rounding, which AdamW
 // would normalise into full steps of noise.
-static char cfg_gpt[1024], cfg_gpt4[1024];
+static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 
 // The CNN with SGD and momentum, for rows that need an optimizer linear in the gradients.
 #define LSGD_SGD "--set optim.name=sgd --set optim.lr=0.05 --set optim.momentum=0.9 --set optim.weight_decay=0"
+
+// Rows of 20 steps (their references too).
+#define TP20 "--set train.max_steps=20 "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -176,6 +179,21 @@ static const row rows[] = {
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
     {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
+    // tensor parallel, alone and on grids with data and pipeline parallel
+    // (T x P x data <= 8), 20 steps; "gptt" has 4 heads, a vocabulary of
+    // 32 rows and lr 0.03, "gptt4" 4 layers. (At lr 0.1 the 4-layer model
+    // amplifies rounding: after 20 steps a plain pipeline, P = 2, is 2.6e-5
+    // from one process, after 1 step the grids are 7e-7.)
+    {"tensor", "gptt", 2, 0, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"tensor", "gptt", 4, 0, TP20 "--set parallel.tensor=4", TP20, 1e-5, 0},
+    {"tensor", "gptt", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"tensor", "gptt", 8, 0, TP20 "--set parallel.tensor=4", TP20, 1e-5, 0},
+    {"tensor", "gptt", 6, 0, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=4 --set parallel.pipeline=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
+    {"tensor", "gptt", 2, 1, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 1, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2", TP20, 1e-5, 0},
     // Gradient compression (docs/compression.md): the settings that send
     // everything are exact; the lossy ones stay close over 50 steps.
     {"dp+topk", "mlp", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4, 0},
@@ -206,7 +224,12 @@ static const row rows[] = {
 };
 
 static const char *model_cfg(const char *model) {
-    return !strcmp(model, "mlp") ? cfg_mlp : !strcmp(model, "cnn") ? cfg_cnn : !strcmp(model, "gpt4") ? cfg_gpt4 : cfg_gpt;
+    return !strcmp(model, "mlp")     ? cfg_mlp
+           : !strcmp(model, "cnn")   ? cfg_cnn
+           : !strcmp(model, "gpt4")  ? cfg_gpt4
+           : !strcmp(model, "gptt")  ? cfg_gptt
+           : !strcmp(model, "gptt4") ? cfg_gptt4
+                                     : cfg_gpt;
 }
 
 // The reference run of a (model, flags, workers) triple, made once: its run
@@ -499,6 +522,13 @@ int main(int argc, char **argv) {
              g_tmp, g_tmp);
     const char *l2 = strstr(cfg_gpt, "n_layer = 2");
     snprintf(cfg_gpt4, sizeof cfg_gpt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gpt), cfg_gpt, l2 + strlen("n_layer = 2"));
+    const char *h2 = strstr(cfg_gpt, "n_head = 2");
+    snprintf(cfg_gptt, sizeof cfg_gptt, "%.*sn_head = 4\npadded_vocab_size = 32%s", (int)(h2 - cfg_gpt), cfg_gpt,
+             h2 + strlen("n_head = 2"));
+    char *lr = strstr(cfg_gptt, "lr = 0.1\n");
+    memcpy(lr, "lr = .03", 8);
+    l2 = strstr(cfg_gptt, "n_layer = 2");
+    snprintf(cfg_gptt4, sizeof cfg_gptt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gptt), cfg_gptt, l2 + strlen("n_layer = 2"));
 
     // The table.
     for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++)
