@@ -799,12 +799,39 @@ static void test_tensor_parallel(void) {
         pthread_barrier_destroy(&g.bar);
     }
     dt_gpt *bad;
-    CHECK(dt_gpt_create_shard(&bad, &c, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "4 attention heads"),
-          "3 shards of 4 heads refused: %s", dt_last_error());
+    CHECK(dt_gpt_create_shard(&bad, &c, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "hidden size 32"),
+          "3 shards of a hidden size of 32 refused: %s", dt_last_error());
+    const dt_gpt_config c2 = {1, 2, 32, 16, 90, 128};
+    CHECK(dt_gpt_create_shard(&bad, &c2, 1, 1, 0, 4) == DT_ERR_ARG && strstr(dt_last_error(), "2 attention heads"),
+          "4 shards of 2 heads refused: %s", dt_last_error());
     const dt_gpt_config c6 = {1, 6, 36, 16, 90, 100};
     CHECK(dt_gpt_create_shard(&bad, &c6, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "100 rows"),
           "3 shards of 100 vocabulary rows refused: %s", dt_last_error());
     dt_gpt_free(whole);
+}
+
+// Parameter bytes a rank holds at T = 1, 2, 4 for GPT-2 124M: the split
+// tensors' 1/T plus the whole ones (the blocks are not touched: no memory).
+static void test_shard_bytes(void) {
+    dt_gpt_config c;
+    dt_gpt_preset("gpt2-124m", &c);
+    size_t whole = dt_gpt_config_num_params(&c), split = 0;
+    dt_tensor_info t[16];
+    dt_gpt_param_shapes(&c, t);
+    for (int i = 0; i < 16; i++) split += dt_gpt_tensor_split(i) ? t[i].numel : 0;
+    for (int T = 1; T <= 4; T *= 2) {
+        dt_gpt *m;
+        if (dt_gpt_create_shard(&m, &c, 0, 0, T - 1, T) != DT_OK) {
+            CHECK(0, "gpt2-124m shard of %d: %s", T, dt_last_error());
+            continue;
+        }
+        size_t n = dt_gpt_num_params(m);
+        CHECK(n == split / T + (whole - split), "gpt2-124m, T = %d: %zu parameters a rank, expected %zu / %d split + %zu whole",
+              T, n, split, T, whole - split);
+        printf("gpt2-124m, tensor = %d: %zu parameter bytes a rank (%.1f MB; split %zu / %d + whole %zu floats), %.3f of the whole model\n",
+               T, 4 * n, 4e-6 * (double)n, split, T, whole - split, (double)n / (double)whole);
+        dt_gpt_free(m);
+    }
 }
 
 static void test_presets(void) {
@@ -828,6 +855,7 @@ int main(void) {
     test_model();
     test_stages();
     test_tensor_parallel();
+    test_shard_bytes();
     test_presets();
     return tl_finish();
 }

@@ -192,6 +192,8 @@ static const row rows[] = {
     {"tensor", "gptt4", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", TP20, 1e-5, 0},
     {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
     {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=4 --set parallel.pipeline=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set optim.clip_norm=0.5 --set parallel.tensor=2 --set parallel.pipeline=2",
+     TP20 "--set optim.clip_norm=0.5", 1e-5, 0},
     {"tensor", "gptt", 2, 1, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
     {"tensor", "gptt4", 4, 1, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2", TP20, 1e-5, 0},
     // Gradient compression (docs/compression.md): the settings that send
@@ -504,6 +506,72 @@ static void local_sgd(void) {
           "local-sgd with deterministic: refused by name\n%s", g_out);
 }
 
+// Tensor parallel around the table: checkpoints hold the whole model and
+// resume under another (tensor, pipeline, data) layout; layouts that do not
+// fit are refused at start, naming the numbers.
+static void tensor_parallel(void) {
+    const char *g = "--set train.max_steps=20 --set checkpoint.every_steps=10";
+    const char *t2p2 = "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=2";
+    char flags[1024], path[1024];
+    snprintf(flags, sizeof flags, "%s %s", g, t2p2);
+    CHECK(train("tp-ck", cfg_gptt4, 4, flags) == 0, "tensor 2 x pipeline 2 with checkpoints");
+    CHECK(train("tp-ck-1", cfg_gptt4, 1, g) == 0, "one process with checkpoints");
+    // The checkpoint's tensors are the whole model's, by name and shape.
+    snprintf(path, sizeof path, "%s/tp-ck/checkpoints/step-00000010.safetensors", g_tmp);
+    dt_st_file *f = NULL;
+    const dt_st_tensor *q = dt_st_open(&f, path) == DT_OK ? dt_st_find(f, "qkvw") : NULL;
+    const dt_st_tensor *w = f ? dt_st_find(f, "wte") : NULL;
+    CHECK(q && w && q->shape[0] == 4 && q->shape[1] == 48 && q->shape[2] == 16 && w->shape[0] == 32,
+          "the checkpoint of 2 tensor-parallel shards holds qkvw [4, 48, 16] and wte [32, 16], the whole model's");
+    dt_st_close(f);
+    // Resumed at step 10: the same layout bitwise; one process, the grid
+    // tensor 4 x data 2, and one process's checkpoint on the grid within 1e-5.
+    const struct {
+        const char *name, *from, *flags, *vs;
+        int workers;
+        double tol;
+    } resume[] = {
+        {"tp-res-same", "tp-ck", t2p2, "tp-ck", 4, 0},
+        {"tp-res-1", "tp-ck", "", "tp-ck", 1, 1e-5},
+        {"tp-res-t4d2", "tp-ck", "--set parallel.tensor=4", "tp-ck", 8, 1e-5},
+        {"tp-res-from1", "tp-ck-1", t2p2, "tp-ck-1", 4, 1e-5},
+    };
+    for (int i = 0; i < (int)(sizeof resume / sizeof *resume); i++) {
+        snprintf(flags, sizeof flags, "--set train.max_steps=20 %s --set checkpoint.resume=%s/%s/checkpoints/step-00000010.safetensors",
+                 resume[i].flags, g_tmp, resume[i].from);
+        int rc = train(resume[i].name, cfg_gptt4, resume[i].workers, flags);
+        int bw;
+        double d = rc == 0 ? compare(resume[i].vs, resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "%s's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g to %s (%s)", resume[i].from,
+              resume[i].workers, resume[i].flags, rc, d, resume[i].vs, resume[i].tol == 0 ? "bitwise" : "tolerance 1e-5");
+        printf("tensor parallel: %s's checkpoint resumed on %d workers %s: %s (max rel diff %.3g)\n", resume[i].from,
+               resume[i].workers, *resume[i].flags ? resume[i].flags : "(one process)", bw && d == 0 ? "bitwise" : "within 1e-5", d);
+    }
+    // Layouts that do not fit: exit 2 at start, naming the numbers.
+    const struct {
+        const char *cfg;
+        int workers;
+        const char *flags, *want;
+    } bad[] = {
+        {cfg_gptt, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the model's hidden size 16 (n_embd)"},
+        {cfg_gpt, 4, "--set parallel.tensor=4", "[parallel] tensor = 4 does not divide the model's 2 attention heads (n_head)"},
+        {cfg_gptt, 4, "--set parallel.tensor=4 --set model.padded_vocab_size=34",
+         "[parallel] tensor = 4 does not divide the model's vocabulary of 34 rows (padded_vocab_size; vocab_size 32)"},
+        {cfg_gptt4, 6, "--set parallel.tensor=2 --set parallel.pipeline=2",
+         "[parallel] tensor = 2 x pipeline = 2 = 4 ranks a replica do not divide the 6 workers"},
+        {cfg_gptt, 3, "--set parallel.tensor=2", "tensor = 2 x pipeline = 1 = 2 ranks a replica do not divide the 3 workers"},
+        {cfg_mlp, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: model parallelism runs the GPT only"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 1", "[parallel] tensor and [parallel] zero cannot be combined"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --deterministic", "[parallel] tensor = 2 with deterministic = true is not supported yet"},
+    };
+    for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
+        int rc = train("tp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
+        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
+              bad[i].want, g_out);
+    }
+}
+
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -535,6 +603,7 @@ int main(int argc, char **argv) {
         if (!only || !strcmp(only, rows[i].strategy)) run_row(i, &rows[i]);
 
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
+    if (!only || !strcmp(only, "tensor")) tensor_parallel();
     if (!only || !strcmp(only, "memory")) memory_limit();
     if (only) {
         tl_cleanup(g_tmp);

@@ -45,7 +45,7 @@ dt_status dt_train_check(const dt_config *c, int W) {
     if (c->zero > 0) asked[n++] = "[parallel] zero";
     if (c->sync_every > 0) asked[n++] = "[parallel] sync_every";
     if (n > 1)
-        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of pipeline parallel, ZeRO and local SGD",
+        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of model parallelism (tensor, pipeline), ZeRO and local SGD",
                         asked[0], asked[1]);
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
@@ -200,7 +200,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         goto done;
     }
     dt_strategy_args sa = {c,   comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
-                           info.order_split};
+                           info.order_split, info.nwhole, info.shard_copy, info.shard_user};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);

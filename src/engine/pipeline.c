@@ -363,6 +363,35 @@ static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
     return DT_OK;
 }
 
+// Shards: the whole model's parameters and optimizer state for a
+// checkpoint, gathered from the shard group (every group holds the same).
+static dt_status pp_params_sync(dt_strategy *s) {
+    pipe *p = (pipe *)s;
+    if (!s->whole) return DT_OK;
+    size_t n = s->n;
+    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T);
+    if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
+    dt_status st = DT_OK;
+    for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
+        float *local = j < 0 ? s->params : dt_optim_state(s->opt, j), *whole = j < 0 ? s->whole : s->whole_states[j];
+        st = dt_allgather(local, all, n, DT_F32, p->tp);
+        for (int r = 0; r < p->T && st == DT_OK; r++) s->shard_copy(s->shard_user, r, all + n * r, whole, 1);
+    }
+    dt_free(all);
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gathering the shards for a checkpoint: %s", dt_last_error());
+}
+
+// After a resume (every rank holds the whole model's state): this shard's.
+static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    pipe *p = (pipe *)s;
+    (void)parts;
+    if (!s->whole || !path[0]) return DT_OK;
+    s->shard_copy(s->shard_user, p->t, s->params, s->whole, 0);
+    for (int j = 0; j < dt_optim_num_states(s->opt); j++)
+        s->shard_copy(s->shard_user, p->t, dt_optim_state(s->opt, j), s->whole_states[j], 0);
+    return DT_OK;
+}
+
 const dt_strategy_ops dt_strategy_pipeline = {
     .name = "model-parallel",
     .size = sizeof(pipe),
@@ -375,4 +404,6 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .sync = pp_sync,
     .grad_norm = pp_grad_norm,
     .update = dt_strategy_update_slice,
+    .params_sync = pp_params_sync,
+    .ckpt_restore = pp_ckpt_restore,
 };

@@ -63,6 +63,9 @@ typedef struct {
     dt_obs *obs;                 /* may be NULL */
     const int *order_layer;      /* the layer using each range of the order (NULL: none) */
     const unsigned char *order_split; /* ranges divided among tensor-parallel ranks (NULL: none) */
+    size_t nwhole;               /* the whole model's floats (n, or 0, unless the blocks are shards) */
+    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole); /* (task.h) */
+    void *shard_user;
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -133,6 +136,14 @@ struct dt_strategy {
                                   batch (set before plan), or what plan puts there (local SGD:
                                   the share, whose gradient is then the share's mean) */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
+    /* Shards of a model (tensor parallel, nwhole > n): checkpoints hold the
+     * whole model, staged in whole[nwhole] and whole_states[] (the
+     * optimizer's, whole), which the strategy fills before a save
+     * (params_sync) and reads back after a resume (ckpt_restore). */
+    size_t nwhole;
+    float *whole, *whole_states[2];
+    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
+    void *shard_user;
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
 };

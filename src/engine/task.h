@@ -35,7 +35,12 @@ typedef struct {
                                          ([parallel] tensor; NULL: none is) */
     dt_comm_t replicas;               /* the ranks holding the same parameter block as this one (tensor
                                          parallel: those of its tensor rank); NULL: all */
-    const dt_tensor_info *tensors;    /* for checkpoints */
+    const dt_tensor_info *tensors;    /* for checkpoints: the whole model's (also when ranks hold shards) */
+    size_t nwhole;                    /* floats of the whole model's block (nparams unless sharded) */
+    /* A shard's block to and from the whole model's (NULL unless sharded):
+     * shard tp's parts of whole, into it (to_whole = 1) or out of it. */
+    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
+    void *shard_user;
     int ntensors;
     const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */
     int nweights_meta;

@@ -182,6 +182,11 @@ static dt_status init_params(dt_task *t) {
     return st;
 }
 
+static void shard_copy(void *user, int tp, float *local, float *whole, int to_whole) {
+    dt_task *t = user;
+    dt_gpt_shard_copy(&t->gc, tp, t->ntp, local, whole, to_whole);
+}
+
 static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                             dt_task_info *info) {
     (void)model_rows;
@@ -209,7 +214,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < 16; i++) t->tinfo[i] = *dt_gpt_tensor(t->m, i);
+    dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
     int norder;
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     // wte, wpe (the embedding), 12 slices a block, lnfw, lnfb (the head).
@@ -235,6 +240,9 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .order_split = t->ntp > 1 ? t->order_split : NULL,
                            .replicas = t->rest,
                            .tensors = t->tinfo,
+                           .nwhole = dt_gpt_config_num_params(&t->gc),
+                           .shard_copy = t->ntp > 1 ? shard_copy : NULL,
+                           .shard_user = t,
                            .ntensors = 16,
                            .weights_meta = t->wmeta,
                            .nweights_meta = dt_gpt_weights_meta(&t->gc, t->mvals, t->wmeta),
