@@ -194,6 +194,9 @@ static const row rows[] = {
     {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=4 --set parallel.pipeline=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
     {"tensor", "gptt4", 4, 0, TP20 "--set optim.clip_norm=0.5 --set parallel.tensor=2 --set parallel.pipeline=2",
      TP20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    {"tensor", "gptt4", 2, 0, TP20 "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=4", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=6", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
     {"tensor", "gptt", 2, 1, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
     {"tensor", "gptt4", 4, 1, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2", TP20, 1e-5, 0},
     // Gradient compression (docs/compression.md): the settings that send
@@ -564,6 +567,15 @@ static void tensor_parallel(void) {
         {cfg_mlp, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: model parallelism runs the GPT only"},
         {cfg_gptt, 2, "--set parallel.tensor=2 --zero 1", "[parallel] tensor and [parallel] zero cannot be combined"},
         {cfg_gptt, 2, "--set parallel.tensor=2 --deterministic", "[parallel] tensor = 2 with deterministic = true is not supported yet"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.virtual_stages=2", "[parallel] virtual_stages = 2 needs schedule = interleaved"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=3",
+         "[parallel] pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 4 layers"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=3",
+         "[parallel] micro_batches = 3 is not a multiple of pipeline = 2"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved",
+         "[parallel] schedule = interleaved needs pipeline >= 2 and virtual_stages >= 2 (pipeline = 2, virtual_stages = 1)"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.pipeline_split=1,1,1",
+         "gives 3 stages; pipeline = 2 x virtual_stages needs 4"},
     };
     for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
         int rc = train("tp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
