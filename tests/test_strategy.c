@@ -551,6 +551,48 @@ static void tensor_parallel(void) {
         printf("tensor parallel: %s's checkpoint resumed on %d workers %s: %s (max rel diff %.3g)\n", resume[i].from,
                resume[i].workers, *resume[i].flags ? resume[i].flags : "(one process)", bw && d == 0 ? "bitwise" : "within 1e-5", d);
     }
+    // What a model-parallel run shows: the slowest stage on the progress
+    // line (text and JSON), a trace track per stage, a schedule record per
+    // stage, and dtrain report's timeline of them (interleaved: V M forwards
+    // and backwards a stage).
+    char cmd[4096], trace[600];
+    snprintf(trace, sizeof trace, "%s/tp-obs.trace.json", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s train %s/tp-ck.ini --workers 4 --run-dir %s/tp-obs --set train.max_steps=6 --set train.log_every=3 "
+             "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.schedule=interleaved "
+             "--set parallel.virtual_stages=2 --set parallel.micro_batches=4 --set obs.trace=%s 2>&1",
+             tl_dtrain(), g_tmp, g_tmp, trace);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "| slowest stage ") && strstr(g_out, "tensor 2 x data 1 x pipeline 2 = 4 workers") &&
+              strstr(g_out, "ranks 0=(t0,d0,p0) 1=(t1,d0,p0) 2=(t0,d0,p1) 3=(t1,d0,p1)"),
+          "progress names the slowest stage; the layout is printed: exit %d\n%s", rc, g_out);
+    char *tr = tl_read_file(trace, NULL);
+    CHECK(tr && strstr(tr, "\"rank 0: stage 0 of 2, tensor 0, replica 0\"") && strstr(tr, "\"rank 3: stage 1 of 2, tensor 1, replica 0\""),
+          "the trace names each rank's track by its stage");
+    free(tr);
+    snprintf(path, sizeof path, "%s/tp-obs/metrics/rank-00002.jsonl", g_tmp);
+    char *log2 = tl_read_file(path, NULL);
+    CHECK(log2 && strstr(log2, "\"type\":\"schedule\",\"step\":3") && strstr(log2, "\"stage\":1,\"stages\":2,\"virtual_stages\":2"),
+          "rank 2 (stage 1) logs its schedule at step 3");
+    free(log2);
+    snprintf(cmd, sizeof cmd, "%s report %s/tp-obs -o %s/tp-obs.html 2>&1", tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(path, sizeof path, "%s/tp-obs.html", g_tmp);
+    char *html = tl_read_file(path, NULL);
+    int fwd = 0, bwd = 0;
+    for (const char *q = html; q && (q = strstr(q, "<rect class=\"fwd\"")); q++) fwd++;
+    for (const char *q = html; q && (q = strstr(q, "<rect class=\"bwd\"")); q++) bwd++;
+    CHECK(rc == 0 && html && strstr(html, "id=\"pipeline\"") && strstr(html, ">stage 0<") && strstr(html, ">stage 1<") &&
+              fwd == 2 * 2 * 4 && bwd == 2 * 2 * 4,
+          "dtrain report draws the pipeline timeline: 2 stages x V 2 x M 4 forwards (%d) and backwards (%d)", fwd, bwd);
+    free(html);
+    snprintf(cmd, sizeof cmd,
+             "%s train %s/tp-ck.ini --workers 2 --run-dir %s/tp-json --set train.max_steps=2 --set parallel.pipeline=2 "
+             "--log-format json 2>&1",
+             tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "\"slowest_stage\":"), "JSON progress carries slowest_stage: exit %d\n%s", rc, g_out);
+
     // Layouts that do not fit: exit 2 at start, naming the numbers.
     const struct {
         const char *cfg;
@@ -578,7 +620,7 @@ static void tensor_parallel(void) {
          "gives 3 stages; pipeline = 2 x virtual_stages needs 4"},
     };
     for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
-        int rc = train("tp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
+        rc = train("tp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
         CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
               bad[i].want, g_out);
     }

@@ -88,6 +88,7 @@ typedef struct {
     const dt_task_ops *tops;
     chunk *ch;             // [V]
     op *ops;               // [2 M V]
+    dt_obs_span *spans;    // [2 M V]: the last step's, for its schedule record
     int warm;              // forwards before the first backward
     int *off, *len;        // this step's micro-batches, in the global batch
     double t_compute, t_wait;
@@ -256,9 +257,11 @@ static dt_status pp_init(dt_strategy *s) {
     p->stage = s->rank / p->T / p->D;
     p->ch = calloc((size_t)p->V, sizeof *p->ch);
     p->ops = malloc(sizeof(op) * 2 * (size_t)p->M * (size_t)p->V);
+    p->spans = malloc(sizeof(dt_obs_span) * 2 * (size_t)p->M * (size_t)p->V);
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
-    if (!p->ch || !p->ops || !p->off || !p->len) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    if (!p->ch || !p->ops || !p->spans || !p->off || !p->len)
+        return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     plan_ops(p);
     // Each chunk's sets: as many as the schedule has alive on it at once
     // (forwards and backwards take a chunk's micro-batches in order).
@@ -315,6 +318,7 @@ static void pp_fini(dt_strategy *s) {
     for (int v = 0; v < p->V && p->ch; v++) free(p->ch[v].slots);
     free(p->ch);
     free(p->ops);
+    free(p->spans);
     free(p->off);
     free(p->len);
 }
@@ -335,7 +339,7 @@ static dt_status wait_timed(pipe *p, dt_request_t *req, const char *what, int pe
 static int prev_stage(const pipe *p) { return (p->stage + p->P - 1) % p->P; }
 static int next_stage(const pipe *p) { return (p->stage + 1) % p->P; }
 
-static dt_status forward(pipe *p, dt_task *task, int v, int k, double *loss_sum) {
+static dt_status forward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp, double *loss_sum) {
     chunk *ch = &p->ch[v];
     slot *sl = &ch->slots[k % ch->nslots];
     int last = ch->vstage == p->P * p->V - 1;
@@ -354,7 +358,8 @@ static dt_status forward(pipe *p, dt_task *task, int v, int k, double *loss_sum)
     dt_obs_begin(p->base.obs, DT_OBS_FORWARD);
     st = p->tops->stage_forward(task, sl->st, &loss);
     dt_obs_end(p->base.obs, DT_OBS_FORWARD);
-    p->t_compute += dt_now() - t0;
+    *sp = (dt_obs_span){1, k, v, t0, dt_now()};
+    p->t_compute += sp->t1 - t0;
     if (st != DT_OK) return st;
     if (last) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
     else st = dt_isend(sl->out, sl->count, DT_F32, next_stage(p), p->pp, &sl->send_out);
@@ -362,7 +367,7 @@ static dt_status forward(pipe *p, dt_task *task, int v, int k, double *loss_sum)
     return st;
 }
 
-static dt_status backward(pipe *p, dt_task *task, int v, int k) {
+static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp) {
     chunk *ch = &p->ch[v];
     slot *sl = &ch->slots[k % ch->nslots];
     int last = ch->vstage == p->P * p->V - 1;
@@ -383,7 +388,8 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k) {
     dt_obs_begin(p->base.obs, DT_OBS_BACKWARD);
     st = p->tops->stage_backward(task, sl->st, sl->d);
     dt_obs_end(p->base.obs, DT_OBS_BACKWARD);
-    p->t_compute += dt_now() - t0;
+    *sp = (dt_obs_span){0, k, v, t0, dt_now()};
+    p->t_compute += sp->t1 - t0;
     if (st == DT_OK && ch->vstage > 0) st = dt_isend(sl->d, sl->count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
     p->alive--;
     return st;
@@ -418,7 +424,8 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
         if (i == p->warm) st = dt_fault_step(s->rank, step + 1);
         if (st != DT_OK) break;
         const op *o = &p->ops[i];
-        st = o->fwd ? forward(p, task, o->v, o->mb, loss_sum) : backward(p, task, o->v, o->mb);
+        st = o->fwd ? forward(p, task, o->v, o->mb, &p->spans[i], loss_sum)
+                    : backward(p, task, o->v, o->mb, &p->spans[i]);
     }
     for (int v = 0; v < p->V && st == DT_OK; v++)
         for (int i = 0; i < p->ch[v].nslots && st == DT_OK; i++) {
@@ -426,6 +433,12 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
             if (st == DT_OK) st = wait_timed(p, &p->ch[v].slots[i].send_d, "sending gradients to", prev_stage(p));
         }
     p->steps++;
+    // The schedule as it ran, at the second step (the first after the
+    // set-up) and every log_every steps: dtrain report's timeline.
+    if (st == DT_OK && (step + 1 == 2 || (step + 1) % s->c->log_every == 0)) {
+        dt_obs_sched h = {step + 1, p->stage, p->P, p->V, p->M, p->t, p->replica};
+        dt_obs_schedule(s->obs, &h, p->spans, 2 * p->M * p->V);
+    }
     return st;
 }
 
