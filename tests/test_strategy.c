@@ -509,6 +509,21 @@ static void local_sgd(void) {
           "local-sgd with deterministic: refused by name\n%s", g_out);
 }
 
+// Layouts refused at start: exit 2, the message naming the numbers.
+typedef struct {
+    const char *cfg;
+    int workers;
+    const char *flags, *want;
+} refusal;
+
+static void check_refused(const refusal *bad, int n) {
+    for (int i = 0; i < n; i++) {
+        int rc = train("refused", bad[i].cfg, bad[i].workers, bad[i].flags);
+        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
+              bad[i].want, g_out);
+    }
+}
+
 // Tensor parallel around the table: checkpoints hold the whole model and
 // resume under another (tensor, pipeline, data) layout; layouts that do not
 // fit are refused at start, naming the numbers.
@@ -594,11 +609,7 @@ static void tensor_parallel(void) {
     CHECK(rc == 0 && strstr(g_out, "\"slowest_stage\":"), "JSON progress carries slowest_stage: exit %d\n%s", rc, g_out);
 
     // Layouts that do not fit: exit 2 at start, naming the numbers.
-    const struct {
-        const char *cfg;
-        int workers;
-        const char *flags, *want;
-    } bad[] = {
+    const refusal bad[] = {
         {cfg_gptt, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the model's hidden size 16 (n_embd)"},
         {cfg_gpt, 4, "--set parallel.tensor=4", "[parallel] tensor = 4 does not divide the model's 2 attention heads (n_head)"},
         {cfg_gptt, 4, "--set parallel.tensor=4 --set model.padded_vocab_size=34",
@@ -619,11 +630,7 @@ static void tensor_parallel(void) {
         {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.pipeline_split=1,1,1",
          "gives 3 stages; pipeline = 2 x virtual_stages needs 4"},
     };
-    for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
-        rc = train("tp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
-        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
-              bad[i].want, g_out);
-    }
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
@@ -699,11 +706,7 @@ int main(int argc, char **argv) {
     printf("pipeline checkpoint at step 25: resumed on the same layout %s, on one process max rel diff %.3g\n",
            compare("gpt4-pp-ck", "gpt4-pp-resumed", &bw) == 0 && bw ? "bitwise" : "NOT bitwise", d);
     // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
-    const struct {
-        const char *cfg;
-        int workers;
-        const char *flags, *want;
-    } bad[] = {
+    const refusal bad[] = {
         {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
         {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
         {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
@@ -716,11 +719,7 @@ int main(int argc, char **argv) {
          "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
         {cfg_mlp, 2, "--set parallel.pipeline=2", "classifier model ([model] layer = ...) is not supported yet"},
     };
-    for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
-        int rc = train("pp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
-        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
-              bad[i].want, g_out);
-    }
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
 
     // Two ways of spreading the work at once, or compression outside
     // plain data parallel: refused at start, naming the fields.
