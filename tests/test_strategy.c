@@ -566,6 +566,21 @@ static void tensor_parallel(void) {
         printf("tensor parallel: %s's checkpoint resumed on %d workers %s: %s (max rel diff %.3g)\n", resume[i].from,
                resume[i].workers, *resume[i].flags ? resume[i].flags : "(one process)", bw && d == 0 ? "bitwise" : "within 1e-5", d);
     }
+    // A rank that fails at step 12: the group restarts from the step-10
+    // checkpoint and ends bitwise where the uninterrupted run did.
+    char once[600];
+    snprintf(once, sizeof once, "%s/tp-fault.once", g_tmp);
+    setenv("DTRAIN_FAULT_STEP", "1:12", 1);
+    setenv("DTRAIN_FAULT_ONCE", once, 1);
+    snprintf(flags, sizeof flags, "%s %s --max-restarts 1", g, t2p2);
+    int rc = train("tp-fault", cfg_gptt4, 4, flags);
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    int bw;
+    double d = rc == 0 ? compare("tp-ck", "tp-fault", &bw) : -1;
+    CHECK(rc == 0 && bw, "tensor 2 x pipeline 2, rank 1 failing at step 12, restarted: exit %d, max rel diff %.3g (bitwise expected)",
+          rc, d);
+
     // What a model-parallel run shows: the slowest stage on the progress
     // line (text and JSON), a trace track per stage, a schedule record per
     // stage, and dtrain report's timeline of them (interleaved: V M forwards
@@ -577,7 +592,7 @@ static void tensor_parallel(void) {
              "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.schedule=interleaved "
              "--set parallel.virtual_stages=2 --set parallel.micro_batches=4 --set obs.trace=%s 2>&1",
              tl_dtrain(), g_tmp, g_tmp, trace);
-    int rc = tl_run(cmd, g_out, sizeof g_out);
+    rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 0 && strstr(g_out, "| slowest stage ") && strstr(g_out, "tensor 2 x data 1 x pipeline 2 = 4 workers") &&
               strstr(g_out, "ranks 0=(t0,d0,p0) 1=(t1,d0,p0) 2=(t0,d0,p1) 3=(t1,d0,p1)"),
           "progress names the slowest stage; the layout is printed: exit %d\n%s", rc, g_out);
