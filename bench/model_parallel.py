@@ -28,7 +28,7 @@ The peer: PyTorch 1.13's GPipe (torch.distributed.pipeline.sync.Pipe,
 bench/torch_pipe.py) on the same model cut in two, M = 8 chunks, one
 process x 2 threads (it pipelines over one process's devices; on a CPU both
 partitions are on the one "cpu" device), against dtrain's pipeline = 2 at
-M = 8 (gpipe, the same schedule).
+M = 8 in each schedule (gpipe is Pipe's).
 """
 import argparse, glob, json, os, subprocess, sys, tempfile
 
@@ -59,7 +59,7 @@ def idle_shares(run):
                 j = json.loads(line)
                 if j["type"] == "schedule" and j["tensor"] == 0 and j["replica"] == 0 and j["step"] > 1:
                     recs.setdefault(j["step"], {})[j["stage"]] = j
-    if not recs:
+    if not recs or next(iter(next(iter(recs.values())).values()))["stages"] < 2:
         return None, None
     shares = {}
     for step, stages in recs.items():
@@ -123,10 +123,11 @@ def main():
                           str(batch), "--seq", str(seq), "--chunks", "8", "--threads", "2",
                           "--steps", str(max(a.steps // 2, 2))], check=True, capture_output=True, text=True, env=env)
     pipe = json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1])
-    ours = next(r for r in rows if r["layout"].startswith("pipeline = 2, gpipe"))
+    ours = [r for r in rows if r["layout"].startswith("pipeline")]
     if a.json:
         print(json.dumps(pipe))
-        print(json.dumps({"pipeline_vs_torch_pipe": round(ours["tokens_per_sec"] / pipe["tokens_per_sec"], 3)}))
+        for r in ours:
+            print(json.dumps({"layout": r["layout"], "vs_torch_pipe": round(r["tokens_per_sec"] / pipe["tokens_per_sec"], 3)}))
     if not a.json:
         print(f"{a.preset}, batch {batch} x {seq} tokens, {a.steps} steps")
         print(f"{'layout':40} {'tokens/s':>9} {'step ms':>8} {'model ms':>9} {'measured/model':>15} "
@@ -140,7 +141,8 @@ def main():
                   f"{idle:>16} {fo:>8}")
         print(f"{'PyTorch Pipe, 2 partitions, M = 8, 2 threads':40} {pipe['tokens_per_sec']:9.0f} "
               f"{pipe['ms_per_step']:8.1f}   (devices {', '.join(pipe['devices'])})")
-        print(f"dtrain pipeline = 2 (gpipe, M = 8) / PyTorch Pipe: {ours['tokens_per_sec'] / pipe['tokens_per_sec']:.2f}")
+        for r in ours:
+            print(f"dtrain {r['layout']} / PyTorch Pipe: {r['tokens_per_sec'] / pipe['tokens_per_sec']:.2f}")
 
 
 if __name__ == "__main__":
