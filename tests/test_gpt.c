@@ -14,6 +14,7 @@
 #include "testlib.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -661,6 +662,178 @@ static void test_stages(void) {
     dt_gpt_free(mp);
 }
 
+// ----------------------------------------------------------------------------
+// tensor parallel: ntp shards in threads against the whole model
+
+typedef struct {
+    pthread_barrier_t bar;
+    float *bufs[4];
+    int ntp;
+} tp_group;
+
+typedef struct {
+    tp_group *g;
+    int r, calls;
+    dt_gpt *m;
+    const int32_t *x, *y;
+    float loss;
+    int fwd_calls, bwd_calls;
+    dt_status st;
+} tp_shard;
+
+// Sums or maxes in rank order, as an allreduce that gives every rank the
+// same bits.
+static dt_status tp_reduce_threads(float *buf, size_t n, int max, void *user) {
+    tp_shard *s = user;
+    tp_group *g = s->g;
+    s->calls++;
+    g->bufs[s->r] = buf;
+    pthread_barrier_wait(&g->bar);
+    float *tmp = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        float v = g->bufs[0][i];
+        for (int r = 1; r < g->ntp; r++) v = max ? fmaxf(v, g->bufs[r][i]) : v + g->bufs[r][i];
+        tmp[i] = v;
+    }
+    pthread_barrier_wait(&g->bar);
+    memcpy(buf, tmp, sizeof(float) * n);
+    free(tmp);
+    return DT_OK;
+}
+
+enum { TPB = 2, TPT = 8 };
+
+static void *tp_run(void *arg) {
+    tp_shard *s = arg;
+    dt_gpt_zero_grad(s->m);
+    s->st = dt_gpt_forward(s->m, s->x, s->y, TPB, TPT, &s->loss);
+    s->fwd_calls = s->calls;
+    if (s->st == DT_OK) s->st = dt_gpt_backward(s->m);
+    s->bwd_calls = s->calls - s->fwd_calls;
+    return NULL;
+}
+
+static void test_tensor_parallel(void) {
+    // vocab 90 of 128 rows: with 4 shards the last holds only padding rows.
+    const dt_gpt_config c = {2, 4, 32, 16, 90, 128};
+    int L = c.n_layer;
+    dt_gpt *whole;
+    if (dt_gpt_create(&whole, &c, TPB, TPT) != DT_OK || dt_gpt_init(whole, 7) != DT_OK) {
+        CHECK(0, "create the whole model: %s", dt_last_error());
+        return;
+    }
+    int32_t x[TPB * TPT], y[TPB * TPT];
+    random_tokens(x, TPB * TPT, c.vocab_size);
+    random_tokens(y, TPB * TPT, c.vocab_size);
+    x[3] = 89;  // the last real row: shard 2 of 4
+    y[5] = 89;
+    float ref;
+    dt_gpt_zero_grad(whole);
+    CHECK(dt_gpt_forward(whole, x, y, TPB, TPT, &ref) == DT_OK && dt_gpt_backward(whole) == DT_OK,
+          "whole model forward/backward: %s", dt_last_error());
+    size_t nw = dt_gpt_num_params(whole);
+    for (int ntp = 2; ntp <= 4; ntp *= 2) {
+        tp_group g = {.ntp = ntp};
+        pthread_barrier_init(&g.bar, NULL, (unsigned)ntp);
+        tp_shard sh[4] = {{0}};
+        pthread_t th[4];
+        float *want = malloc(sizeof(float) * nw);
+        int ok = 1;
+        for (int r = 0; r < ntp && ok; r++) {
+            sh[r] = (tp_shard){.g = &g, .r = r, .x = x, .y = y};
+            ok = dt_gpt_create_shard(&sh[r].m, &c, TPB, TPT, r, ntp) == DT_OK && dt_gpt_init(sh[r].m, 7) == DT_OK;
+            CHECK(ok, "create shard %d of %d: %s", r, ntp, dt_last_error());
+            if (!ok) break;
+            dt_gpt_set_reduce(sh[r].m, tp_reduce_threads, &sh[r]);
+            // The shard's parameters: its part of the whole model's.
+            size_t n = dt_gpt_num_params(sh[r].m);
+            dt_gpt_shard_copy(&c, r, ntp, want, dt_gpt_params(whole), 0);
+            CHECK(memcmp(want, dt_gpt_params(sh[r].m), sizeof(float) * n) == 0,
+                  "T=%d shard %d: init is the whole model's initialisation, sliced", ntp, r);
+        }
+        for (int r = 0; r < ntp && ok; r++) pthread_create(&th[r], NULL, tp_run, &sh[r]);
+        for (int r = 0; r < ntp && ok; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < ntp && ok; r++) {
+            tp_shard *s = &sh[r];
+            CHECK(s->st == DT_OK, "T=%d shard %d: forward/backward: %s", ntp, r, dt_last_error());
+            CHECK(fabsf(s->loss - ref) <= 1e-6f * fabsf(ref) && s->loss == sh[0].loss,
+                  "T=%d shard %d: loss %.8g, whole model %.8g (every shard the same)", ntp, r, s->loss, ref);
+            // One sum per attention and per MLP block each way; the
+            // embedding, the head's max and sums forward, the head's
+            // layernorm input backward.
+            CHECK(s->fwd_calls == 2 * L + 3 && s->bwd_calls == 2 * L + 1,
+                  "T=%d shard %d: %d reductions forward (expected 2 x %d layers + 3), %d backward (expected 2 x %d + 1)",
+                  ntp, r, s->fwd_calls, L, s->bwd_calls, L);
+            dt_gpt_shard_copy(&c, r, ntp, want, dt_gpt_grads(whole), 0);
+            for (int i = 0; i < dt_gpt_num_tensors(s->m); i++) {
+                const dt_tensor_info *t = dt_gpt_tensor(s->m, i);
+                const float *gs = dt_gpt_grads(s->m) + t->offset, *gw = want + t->offset;
+                double mx = 0, d = 0;
+                for (size_t j = 0; j < t->numel; j++) {
+                    mx = fmax(mx, fabs(gw[j]));
+                    d = fmax(d, fabs((double)gs[j] - gw[j]));
+                }
+                CHECK(d <= 1e-5 * mx, "T=%d shard %d: gradient of %s within 1e-5 of its largest (%.3g): off by %.3g",
+                      ntp, r, t->name, mx, d);
+                if (!dt_gpt_tensor_split(i))
+                    CHECK(memcmp(gs, dt_gpt_grads(sh[0].m) + t->offset, sizeof(float) * t->numel) == 0,
+                          "T=%d shard %d: gradient of the whole tensor %s bitwise shard 0's", ntp, r, t->name);
+            }
+        }
+        // Shard tensors: 1/T of the split ones, the rest whole.
+        if (ok) {
+            const dt_tensor_info *q = dt_gpt_tensor(sh[0].m, 4), *e = dt_gpt_tensor(sh[0].m, 0);
+            CHECK(q->shape[1] == 3 * c.n_embd / ntp && e->shape[0] == c.padded_vocab_size / ntp,
+                  "T=%d: qkvw [L, %lld, C], wte [%lld, C]", ntp, (long long)q->shape[1], (long long)e->shape[0]);
+        }
+        // Whole from the shards, bitwise.
+        float *back = calloc(nw, sizeof(float));
+        for (int r = 0; r < ntp && ok; r++) dt_gpt_shard_copy(&c, r, ntp, dt_gpt_params(sh[r].m), back, 1);
+        CHECK(!ok || memcmp(back, dt_gpt_params(whole), sizeof(float) * nw) == 0,
+              "T=%d: the shards' parameters put together are the whole model's", ntp);
+        // A shard is no whole model for a weights file.
+        CHECK(!ok || dt_gpt_save(sh[0].m, "/nonexistent/x.safetensors") == DT_ERR_ARG, "T=%d: a shard is not saved as a model", ntp);
+        free(back);
+        free(want);
+        for (int r = 0; r < ntp; r++) dt_gpt_free(sh[r].m);
+        pthread_barrier_destroy(&g.bar);
+    }
+    dt_gpt *bad;
+    CHECK(dt_gpt_create_shard(&bad, &c, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "hidden size 32"),
+          "3 shards of a hidden size of 32 refused: %s", dt_last_error());
+    const dt_gpt_config c2 = {1, 2, 32, 16, 90, 128};
+    CHECK(dt_gpt_create_shard(&bad, &c2, 1, 1, 0, 4) == DT_ERR_ARG && strstr(dt_last_error(), "2 attention heads"),
+          "4 shards of 2 heads refused: %s", dt_last_error());
+    const dt_gpt_config c6 = {1, 6, 36, 16, 90, 100};
+    CHECK(dt_gpt_create_shard(&bad, &c6, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "100 rows"),
+          "3 shards of 100 vocabulary rows refused: %s", dt_last_error());
+    dt_gpt_free(whole);
+}
+
+// Parameter bytes a rank holds at T = 1, 2, 4 for GPT-2 124M: the split
+// tensors' 1/T plus the whole ones (the blocks are not touched: no memory).
+static void test_shard_bytes(void) {
+    dt_gpt_config c;
+    dt_gpt_preset("gpt2-124m", &c);
+    size_t whole = dt_gpt_config_num_params(&c), split = 0;
+    dt_tensor_info t[16];
+    dt_gpt_param_shapes(&c, t);
+    for (int i = 0; i < 16; i++) split += dt_gpt_tensor_split(i) ? t[i].numel : 0;
+    for (int T = 1; T <= 4; T *= 2) {
+        dt_gpt *m;
+        if (dt_gpt_create_shard(&m, &c, 0, 0, T - 1, T) != DT_OK) {
+            CHECK(0, "gpt2-124m shard of %d: %s", T, dt_last_error());
+            continue;
+        }
+        size_t n = dt_gpt_num_params(m);
+        CHECK(n == split / T + (whole - split), "gpt2-124m, T = %d: %zu parameters a rank, expected %zu / %d split + %zu whole",
+              T, n, split, T, whole - split);
+        printf("gpt2-124m, tensor = %d: %zu parameter bytes a rank (%.1f MB; split %zu / %d + whole %zu floats), %.3f of the whole model\n",
+               T, 4 * n, 4e-6 * (double)n, split, T, whole - split, (double)n / (double)whole);
+        dt_gpt_free(m);
+    }
+}
+
 static void test_presets(void) {
     dt_gpt_config c;
     CHECK(dt_gpt_preset("gpt2-124m", &c) == DT_OK && c.padded_vocab_size == 50304, "gpt2-124m preset");
@@ -681,6 +854,8 @@ int main(void) {
     test_encoder_residual();
     test_model();
     test_stages();
+    test_tensor_parallel();
+    test_shard_bytes();
     test_presets();
     return tl_finish();
 }

@@ -86,10 +86,13 @@ static double compare(const char *a, const char *b, int *bitwise) {
 // The GPT's config (its [data] dir, from train(), goes unused). SGD, not
 // AdamW: the key bias's gradient is zero but for rounding, which AdamW
 // would normalise into full steps of noise.
-static char cfg_gpt[1024], cfg_gpt4[1024];
+static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 
 // The CNN with SGD and momentum, for rows that need an optimizer linear in the gradients.
 #define LSGD_SGD "--set optim.name=sgd --set optim.lr=0.05 --set optim.momentum=0.9 --set optim.weight_decay=0"
+
+// Rows of 20 steps (their references too).
+#define TP20 "--set train.max_steps=20 "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -176,6 +179,26 @@ static const row rows[] = {
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
     {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
+    // tensor parallel, alone and on grids with data and pipeline parallel
+    // (T x P x data <= 8), 20 steps; "gptt" has 4 heads, a vocabulary of
+    // 32 rows and lr 0.03, "gptt4" 4 layers. (At lr 0.1 the 4-layer model
+    // amplifies rounding: after 20 steps a plain pipeline, P = 2, is 2.6e-5
+    // from one process, after 1 step the grids are 7e-7.)
+    {"tensor", "gptt", 2, 0, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"tensor", "gptt", 4, 0, TP20 "--set parallel.tensor=4", TP20, 1e-5, 0},
+    {"tensor", "gptt", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"tensor", "gptt", 8, 0, TP20 "--set parallel.tensor=4", TP20, 1e-5, 0},
+    {"tensor", "gptt", 6, 0, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 8, 0, TP20 "--set parallel.tensor=4 --set parallel.pipeline=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set optim.clip_norm=0.5 --set parallel.tensor=2 --set parallel.pipeline=2",
+     TP20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    {"tensor", "gptt4", 2, 0, TP20 "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=4", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=6", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
+    {"tensor", "gptt", 2, 1, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"tensor", "gptt4", 4, 1, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2", TP20, 1e-5, 0},
     // Gradient compression (docs/compression.md): the settings that send
     // everything are exact; the lossy ones stay close over 50 steps.
     {"dp+topk", "mlp", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4, 0},
@@ -229,7 +252,12 @@ static const row rows[] = {
 };
 
 static const char *model_cfg(const char *model) {
-    return !strcmp(model, "mlp") ? cfg_mlp : !strcmp(model, "cnn") ? cfg_cnn : !strcmp(model, "gpt4") ? cfg_gpt4 : cfg_gpt;
+    return !strcmp(model, "mlp")     ? cfg_mlp
+           : !strcmp(model, "cnn")   ? cfg_cnn
+           : !strcmp(model, "gpt4")  ? cfg_gpt4
+           : !strcmp(model, "gptt")  ? cfg_gptt
+           : !strcmp(model, "gptt4") ? cfg_gptt4
+                                     : cfg_gpt;
 }
 
 // The reference run of a (model, flags, workers) triple, made once: its run
@@ -504,6 +532,145 @@ static void local_sgd(void) {
           "local-sgd with deterministic: refused by name\n%s", g_out);
 }
 
+// Layouts refused at start: exit 2, the message naming the numbers.
+typedef struct {
+    const char *cfg;
+    int workers;
+    const char *flags, *want;
+} refusal;
+
+static void check_refused(const refusal *bad, int n) {
+    for (int i = 0; i < n; i++) {
+        int rc = train("refused", bad[i].cfg, bad[i].workers, bad[i].flags);
+        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
+              bad[i].want, g_out);
+    }
+}
+
+// Tensor parallel around the table: checkpoints hold the whole model and
+// resume under another (tensor, pipeline, data) layout; layouts that do not
+// fit are refused at start, naming the numbers.
+static void tensor_parallel(void) {
+    const char *g = "--set train.max_steps=20 --set checkpoint.every_steps=10";
+    const char *t2p2 = "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.micro_batches=2";
+    char flags[1024], path[1024];
+    snprintf(flags, sizeof flags, "%s %s", g, t2p2);
+    CHECK(train("tp-ck", cfg_gptt4, 4, flags) == 0, "tensor 2 x pipeline 2 with checkpoints");
+    CHECK(train("tp-ck-1", cfg_gptt4, 1, g) == 0, "one process with checkpoints");
+    // The checkpoint's tensors are the whole model's, by name and shape.
+    snprintf(path, sizeof path, "%s/tp-ck/checkpoints/step-00000010.safetensors", g_tmp);
+    dt_st_file *f = NULL;
+    const dt_st_tensor *q = dt_st_open(&f, path) == DT_OK ? dt_st_find(f, "qkvw") : NULL;
+    const dt_st_tensor *w = f ? dt_st_find(f, "wte") : NULL;
+    CHECK(q && w && q->shape[0] == 4 && q->shape[1] == 48 && q->shape[2] == 16 && w->shape[0] == 32,
+          "the checkpoint of 2 tensor-parallel shards holds qkvw [4, 48, 16] and wte [32, 16], the whole model's");
+    dt_st_close(f);
+    // Resumed at step 10: the same layout bitwise; one process, the grid
+    // tensor 4 x data 2, and one process's checkpoint on the grid within 1e-5.
+    const struct {
+        const char *name, *from, *flags, *vs;
+        int workers;
+        double tol;
+    } resume[] = {
+        {"tp-res-same", "tp-ck", t2p2, "tp-ck", 4, 0},
+        {"tp-res-1", "tp-ck", "", "tp-ck", 1, 1e-5},
+        {"tp-res-t4d2", "tp-ck", "--set parallel.tensor=4", "tp-ck", 8, 1e-5},
+        {"tp-res-from1", "tp-ck-1", t2p2, "tp-ck-1", 4, 1e-5},
+    };
+    for (int i = 0; i < (int)(sizeof resume / sizeof *resume); i++) {
+        snprintf(flags, sizeof flags, "--set train.max_steps=20 %s --set checkpoint.resume=%s/%s/checkpoints/step-00000010.safetensors",
+                 resume[i].flags, g_tmp, resume[i].from);
+        int rc = train(resume[i].name, cfg_gptt4, resume[i].workers, flags);
+        int bw;
+        double d = rc == 0 ? compare(resume[i].vs, resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "%s's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g to %s (%s)", resume[i].from,
+              resume[i].workers, resume[i].flags, rc, d, resume[i].vs, resume[i].tol == 0 ? "bitwise" : "tolerance 1e-5");
+        printf("tensor parallel: %s's checkpoint resumed on %d workers %s: %s (max rel diff %.3g)\n", resume[i].from,
+               resume[i].workers, *resume[i].flags ? resume[i].flags : "(one process)", bw && d == 0 ? "bitwise" : "within 1e-5", d);
+    }
+    // A rank that fails at step 12: the group restarts from the step-10
+    // checkpoint and ends bitwise where the uninterrupted run did.
+    char once[600];
+    snprintf(once, sizeof once, "%s/tp-fault.once", g_tmp);
+    setenv("DTRAIN_FAULT_STEP", "1:12", 1);
+    setenv("DTRAIN_FAULT_ONCE", once, 1);
+    snprintf(flags, sizeof flags, "%s %s --max-restarts 1", g, t2p2);
+    int rc = train("tp-fault", cfg_gptt4, 4, flags);
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    int bw;
+    double d = rc == 0 ? compare("tp-ck", "tp-fault", &bw) : -1;
+    CHECK(rc == 0 && bw, "tensor 2 x pipeline 2, rank 1 failing at step 12, restarted: exit %d, max rel diff %.3g (bitwise expected)",
+          rc, d);
+
+    // What a model-parallel run shows: the slowest stage on the progress
+    // line (text and JSON), a trace track per stage, a schedule record per
+    // stage, and dtrain report's timeline of them (interleaved: V M forwards
+    // and backwards a stage).
+    char cmd[4096], trace[600];
+    snprintf(trace, sizeof trace, "%s/tp-obs.trace.json", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s train %s/tp-ck.ini --workers 4 --run-dir %s/tp-obs --set train.max_steps=6 --set train.log_every=3 "
+             "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.schedule=interleaved "
+             "--set parallel.virtual_stages=2 --set parallel.micro_batches=4 --set obs.trace=%s 2>&1",
+             tl_dtrain(), g_tmp, g_tmp, trace);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "| slowest stage ") && strstr(g_out, "tensor 2 x data 1 x pipeline 2 = 4 workers") &&
+              strstr(g_out, "ranks 0=(t0,d0,p0) 1=(t1,d0,p0) 2=(t0,d0,p1) 3=(t1,d0,p1)"),
+          "progress names the slowest stage; the layout is printed: exit %d\n%s", rc, g_out);
+    char *tr = tl_read_file(trace, NULL);
+    CHECK(tr && strstr(tr, "\"rank 0: stage 0 of 2, tensor 0, replica 0\"") && strstr(tr, "\"rank 3: stage 1 of 2, tensor 1, replica 0\""),
+          "the trace names each rank's track by its stage");
+    free(tr);
+    snprintf(path, sizeof path, "%s/tp-obs/metrics/rank-00002.jsonl", g_tmp);
+    char *log2 = tl_read_file(path, NULL);
+    CHECK(log2 && strstr(log2, "\"type\":\"schedule\",\"step\":3") && strstr(log2, "\"stage\":1,\"stages\":2,\"virtual_stages\":2"),
+          "rank 2 (stage 1) logs its schedule at step 3");
+    free(log2);
+    snprintf(cmd, sizeof cmd, "%s report %s/tp-obs -o %s/tp-obs.html 2>&1", tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(path, sizeof path, "%s/tp-obs.html", g_tmp);
+    char *html = tl_read_file(path, NULL);
+    int fwd = 0, bwd = 0;
+    for (const char *q = html; q && (q = strstr(q, "<rect class=\"fwd\"")); q++) fwd++;
+    for (const char *q = html; q && (q = strstr(q, "<rect class=\"bwd\"")); q++) bwd++;
+    CHECK(rc == 0 && html && strstr(html, "id=\"pipeline\"") && strstr(html, ">stage 0<") && strstr(html, ">stage 1<") &&
+              fwd == 2 * 2 * 4 && bwd == 2 * 2 * 4,
+          "dtrain report draws the pipeline timeline: 2 stages x V 2 x M 4 forwards (%d) and backwards (%d)", fwd, bwd);
+    free(html);
+    snprintf(cmd, sizeof cmd,
+             "%s train %s/tp-ck.ini --workers 2 --run-dir %s/tp-json --set train.max_steps=2 --set parallel.pipeline=2 "
+             "--log-format json 2>&1",
+             tl_dtrain(), g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "\"slowest_stage\":"), "JSON progress carries slowest_stage: exit %d\n%s", rc, g_out);
+
+    // Layouts that do not fit: exit 2 at start, naming the numbers.
+    const refusal bad[] = {
+        {cfg_gptt, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the model's hidden size 16 (n_embd)"},
+        {cfg_gpt, 4, "--set parallel.tensor=4", "[parallel] tensor = 4 does not divide the model's 2 attention heads (n_head)"},
+        {cfg_gptt, 4, "--set parallel.tensor=4 --set model.padded_vocab_size=34",
+         "[parallel] tensor = 4 does not divide the model's vocabulary of 34 rows (padded_vocab_size; vocab_size 32)"},
+        {cfg_gptt4, 6, "--set parallel.tensor=2 --set parallel.pipeline=2",
+         "[parallel] tensor = 2 x pipeline = 2 = 4 ranks a replica do not divide the 6 workers"},
+        {cfg_gptt, 3, "--set parallel.tensor=2", "tensor = 2 x pipeline = 1 = 2 ranks a replica do not divide the 3 workers"},
+        {cfg_mlp, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: model parallelism runs the GPT only"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 1", "[parallel] tensor and [parallel] zero cannot be combined"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --deterministic", "[parallel] tensor = 2 with deterministic = true is not supported yet"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.virtual_stages=2", "[parallel] virtual_stages = 2 needs schedule = interleaved"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=3",
+         "[parallel] pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 4 layers"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=3",
+         "[parallel] micro_batches = 3 is not a multiple of pipeline = 2"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved",
+         "[parallel] schedule = interleaved needs pipeline >= 2 and virtual_stages >= 2 (pipeline = 2, virtual_stages = 1)"},
+        {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.pipeline_split=1,1,1",
+         "gives 3 stages; pipeline = 2 x virtual_stages needs 4"},
+    };
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
+}
+
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -522,12 +689,20 @@ int main(int argc, char **argv) {
              g_tmp, g_tmp);
     const char *l2 = strstr(cfg_gpt, "n_layer = 2");
     snprintf(cfg_gpt4, sizeof cfg_gpt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gpt), cfg_gpt, l2 + strlen("n_layer = 2"));
+    const char *h2 = strstr(cfg_gpt, "n_head = 2");
+    snprintf(cfg_gptt, sizeof cfg_gptt, "%.*sn_head = 4\npadded_vocab_size = 32%s", (int)(h2 - cfg_gpt), cfg_gpt,
+             h2 + strlen("n_head = 2"));
+    char *lr = strstr(cfg_gptt, "lr = 0.1\n");
+    memcpy(lr, "lr = .03", 8);
+    l2 = strstr(cfg_gptt, "n_layer = 2");
+    snprintf(cfg_gptt4, sizeof cfg_gptt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gptt), cfg_gptt, l2 + strlen("n_layer = 2"));
 
     // The table.
     for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++)
         if (!only || !strcmp(only, rows[i].strategy)) run_row(i, &rows[i]);
 
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
+    if (!only || !strcmp(only, "tensor")) tensor_parallel();
     if (!only || !strcmp(only, "memory")) memory_limit();
     if (only) {
         tl_cleanup(g_tmp);
@@ -569,11 +744,7 @@ int main(int argc, char **argv) {
     printf("pipeline checkpoint at step 25: resumed on the same layout %s, on one process max rel diff %.3g\n",
            compare("gpt4-pp-ck", "gpt4-pp-resumed", &bw) == 0 && bw ? "bitwise" : "NOT bitwise", d);
     // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
-    const struct {
-        const char *cfg;
-        int workers;
-        const char *flags, *want;
-    } bad[] = {
+    const refusal bad[] = {
         {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
         {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
         {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
@@ -586,11 +757,7 @@ int main(int argc, char **argv) {
          "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
         {cfg_mlp, 2, "--set parallel.pipeline=2", "classifier model ([model] layer = ...) is not supported yet"},
     };
-    for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
-        int rc = train("pp-bad", bad[i].cfg, bad[i].workers, bad[i].flags);
-        CHECK(rc == 2 && strstr(g_out, bad[i].want), "%s: exit %d (expected 2) with \"%s\":\n%s", bad[i].flags, rc,
-              bad[i].want, g_out);
-    }
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
 
     // Two ways of spreading the work at once, or compression outside
     // plain data parallel: refused at start, naming the fields.

@@ -13,8 +13,8 @@
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
- *             offload_dir, pipeline, micro_batches, schedule, pipeline_split,
- *             sync_every, sync_warmup, servers
+ *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
+ *             pipeline_split, sync_every, sync_warmup, servers
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
@@ -77,10 +77,12 @@ typedef struct {
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
     int micro_shards;              /* fixed shards of a global batch (deterministic mode) */
-    /* pipeline parallel (docs/model-parallel.md) */
+    /* model parallel (docs/model-parallel.md) */
     int pipeline;                  /* stages P (1: none) */
+    int tensor;                    /* tensor-parallel ranks T (1: none) */
     int micro_batches;             /* per data-parallel replica and step (0: P) */
-    int pipeline_schedule;         /* 0 gpipe, 1 1f1b */
+    int pipeline_schedule;         /* 0 gpipe, 1 1f1b, 2 interleaved (1f1b over virtual stages) */
+    int virtual_stages;            /* V: chunks of layers a stage runs (schedule = interleaved) */
     char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced) */
     int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
     int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */

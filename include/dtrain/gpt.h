@@ -108,8 +108,10 @@ DT_API const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
 
 /* GPT-2's initialisation from `seed`: weights normal(0, 0.02), the two
  * residual projections (attprojw, fcprojw) normal(0, 0.02/sqrt(2L)), biases
- * 0, layernorm weights 1; wte's padding rows 0. */
-DT_API void dt_gpt_init(dt_gpt *m, uint64_t seed);
+ * 0, layernorm weights 1; wte's padding rows 0. A tensor-parallel shard
+ * gets its part of the whole model's initialisation (DT_ERR_NOMEM if the
+ * whole block, made for a moment, does not fit). */
+DT_API dt_status dt_gpt_init(dt_gpt *m, uint64_t seed);
 
 DT_API size_t dt_gpt_num_params(const dt_gpt *m);
 DT_API float *dt_gpt_params(dt_gpt *m);
@@ -244,6 +246,51 @@ DT_API dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *d
 typedef enum { DT_GPT_FORWARD = 0, DT_GPT_BACKWARD = 1 } dt_gpt_phase;
 typedef dt_status (*dt_gpt_layer_fn)(int layer, dt_gpt_phase phase, void *user);
 DT_API void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user);
+
+/* ---- tensor parallel ------------------------------------------------------
+ *
+ * A shard holds rank tp's part of the model among ntp ranks, as Megatron-LM
+ * lays it out: each layer's qkv linear column-parallel (n_head / ntp heads:
+ * those heads' columns of each of q, k and v), the attention projection
+ * row-parallel (the same channels of its input), the MLP's first linear
+ * column-parallel and its second row-parallel (4C / ntp hidden units), the
+ * token embedding and the tied head vocab-parallel (padded_vocab_size / ntp
+ * rows of wte each); layernorms, wpe and the row-parallel linears' biases
+ * are whole on every rank. Activations between the blocks are whole on
+ * every rank; the model sums its partial results over the shards through
+ * the reduce function: after each row-parallel linear in forward and after
+ * each column-parallel linear's input gradient in backward (one sum per
+ * attention and per MLP block each way, 2 + 2 a layer), the embedding's
+ * rows in forward, and in the head a row maximum and the softmax's sums
+ * forward (a cross-entropy over the shards' logit columns: no rank holds a
+ * whole row of logits) and the layernorm's input gradient backward. The
+ * shards' calls must run in the same order on every rank. The shard's
+ * logits (dt_gpt_logits) are its columns [BT, its rows of wte below
+ * vocab_size]. */
+
+/* Sums (max = 0) or maxes (max = 1) buf[n] in place over the ntp shards;
+ * every shard gets the same result. */
+typedef dt_status (*dt_gpt_reduce_fn)(float *buf, size_t n, int max, void *user);
+/* dt_gpt_create for shard tp of ntp (dt_gpt_create: 0 of 1). The
+ * parameter and gradient blocks hold the shard's tensors, named as the
+ * whole model's and shaped as above (dt_gpt_tensor). DT_ERR_ARG when ntp
+ * does not divide the heads, the hidden size or the padded vocabulary
+ * (dt_gpt_tensor_parallel_check). */
+DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, int B, int T, int tp, int ntp);
+/* The shard's rank; *ntp the number of shards (1: a whole model). A shard
+ * cannot be saved or loaded (dt_gpt_save, dt_gpt_load): copy to and from a
+ * whole block instead. */
+DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
+/* The reduce function a shard calls (ntp > 1 needs one). */
+DT_API void dt_gpt_set_reduce(dt_gpt *m, dt_gpt_reduce_fn fn, void *user);
+/* Whether tensor i (block order) is divided among the shards (else every
+ * shard holds it whole and computes the same gradient for it). */
+DT_API int dt_gpt_tensor_split(int i);
+/* Copies between shard tp of ntp's parameter block local and a whole
+ * model's block `whole` of config c: into whole (to_whole = 1: the shard's
+ * parts of it; whole tensors too) or out of it. */
+DT_API void dt_gpt_shard_copy(const dt_gpt_config *c, int tp, int ntp, float *local, float *whole,
+                              int to_whole);
 
 /* ---- weights ------------------------------------------------------------ */
 

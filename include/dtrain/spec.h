@@ -63,6 +63,11 @@ DT_API int dt_gpt_pad_vocab(int V);
 /* Checks the sizes (all positive, C % NH == 0, Vp >= V, ...); `what` names
  * the source in the message. */
 DT_API dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what);
+/* Whether a GPT of config c splits over ntp tensor-parallel ranks: ntp
+ * must divide the heads, the hidden size and the (padded) vocabulary.
+ * DT_ERR_ARG names `what` (the setting, e.g. "[parallel] tensor") and the
+ * numbers otherwise. */
+DT_API dt_status dt_gpt_tensor_parallel_check(const dt_gpt_config *c, int ntp, const char *what);
 
 /* ---- optimizers and schedules (optim.h) ------------------------------------ */
 

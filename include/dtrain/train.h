@@ -37,6 +37,7 @@ typedef struct {
     int slowest_rank;            /* workers > 1: the rank with the longest step time */
     double slowest_step_seconds; /* its own work in the step (data + forward +
                                     backward + optimizer), not waiting for others */
+    int slowest_stage;           /* a pipeline's: the slowest rank's stage; else -1 */
 } dt_progress;
 
 typedef void (*dt_progress_fn)(const dt_progress *p, void *user);

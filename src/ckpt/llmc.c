@@ -101,7 +101,18 @@ dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *cfg, const 
     return dt_st_write(path, t, 16, meta, 8);
 }
 
+// A tensor-parallel shard is not a whole model's block.
+static dt_status whole_model(const dt_gpt *m, const char *path) {
+    int ntp, tp = dt_gpt_shard(m, &ntp);
+    if (ntp > 1)
+        return dt_error(DT_ERR_ARG, "%s: the model is tensor-parallel shard %d of %d: save or load the whole model's block (dt_gpt_shard_copy)",
+                        path, tp, ntp);
+    return DT_OK;
+}
+
 dt_status dt_gpt_save(const dt_gpt *m, const char *path) {
+    dt_status st = whole_model(m, path);
+    if (st != DT_OK) return st;
     return dt_gpt_weights_save(path, dt_gpt_get_config(m), dt_gpt_params((dt_gpt *)m));
 }
 
@@ -265,5 +276,7 @@ static dt_status model_params(void *ctx, const dt_gpt_config *fc, float **p) {
 dt_status dt_gpt_load(dt_gpt *m, const char *path) {
     dt_gpt_config fc;
     model_dest d = {m, path};
+    dt_status st = whole_model(m, path);
+    if (st != DT_OK) return st;
     return read_weights(path, &fc, model_params, &d);
 }

@@ -40,6 +40,19 @@ dt_status dt_gpt_config_check(const dt_gpt_config *c, const char *what) {
     return DT_OK;
 }
 
+dt_status dt_gpt_tensor_parallel_check(const dt_gpt_config *c, int ntp, const char *what) {
+    if (ntp < 1) return dt_error(DT_ERR_ARG, "%s = %d: expected at least 1", what, ntp);
+    if (c->n_embd % ntp)
+        return dt_error(DT_ERR_ARG, "%s = %d does not divide the model's hidden size %d (n_embd)", what, ntp, c->n_embd);
+    if (c->n_head % ntp)
+        return dt_error(DT_ERR_ARG, "%s = %d does not divide the model's %d attention heads (n_head): each rank takes n_head / %d heads",
+                        what, ntp, c->n_head, ntp);
+    if (c->padded_vocab_size % ntp)
+        return dt_error(DT_ERR_ARG, "%s = %d does not divide the model's vocabulary of %d rows (padded_vocab_size; vocab_size %d): each rank takes a slice of the token embedding",
+                        what, ntp, c->padded_vocab_size, c->vocab_size);
+    return DT_OK;
+}
+
 dt_optim_params dt_optim_default_params(dt_optim_kind kind) {
     dt_optim_params p = {0};
     p.kind = kind;

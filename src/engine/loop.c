@@ -42,11 +42,11 @@ dt_status dt_train_check(const dt_config *c, int W) {
     const char *asked[4];
     int n = 0;
     if (c->ps_servers > 0) asked[n++] = "[parallel] servers";
-    if (c->pipeline > 1) asked[n++] = "[parallel] pipeline";
+    if (c->pipeline > 1 || c->tensor > 1) asked[n++] = c->pipeline > 1 ? "[parallel] pipeline" : "[parallel] tensor";
     if (c->zero > 0) asked[n++] = "[parallel] zero";
     if (c->sync_every > 0) asked[n++] = "[parallel] sync_every";
     if (n > 1)
-        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of parameter servers, pipeline parallel, ZeRO and local SGD",
+        return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of parameter servers, model parallelism (tensor, pipeline), ZeRO and local SGD",
                         asked[0], asked[1]);
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
@@ -229,12 +229,12 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     // The model and its data; every rank starts from rank 0's parameters.
     dt_task_info info;
     DT_TRY(tops->create(&task, c, comm, sops->max_micro(c, W), model_rows, &info), done);
-    if ((st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, comm)) != DT_OK) {
+    if ((st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
     }
-    dt_strategy_args sa = {c,   comm, info.params, info.grads, info.nparams, info.order, info.norder,
-                           obs, info.order_layer, all};
+    dt_strategy_args sa = {c,   comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
+                           all, info.order_split, info.nwhole, info.shard_copy, info.shard_user};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
@@ -368,10 +368,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
     res->bytes_sent = bytes_sent;
     if (!stop && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
-    if (run_dir) {
-        snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
-        DT_TRY(tops->save(task, path), done);
-    }
+    if (run_dir) snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
+    if (!stop) DT_TRY(tops->save(task, run_dir ? path : NULL), done);
     res->wall_seconds = dt_now() - t_start;
     if (run_dir) {
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
@@ -380,6 +378,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 done:
     st = dt_obs_close(obs, st);
     dt_strategy_free(strat);  // its transfers end before the communicator does
+    if (task && tops->close) tops->close(task);
     if (comm != all) st = dt_worker_exit(comm, st);  // the workers' own, before the world
     st = dt_worker_exit(all, st);
     st = dt_run_ckpt_end(&ck, st);  // the write in flight completes

@@ -1,15 +1,23 @@
-/* Pipeline parallel, the "pipeline" strategy (strategy.h; docs/model-parallel.md).
+/* Model parallel, the "model-parallel" strategy (strategy.h;
+ * docs/model-parallel.md): tensor parallel and pipeline parallel of the GPT,
+ * with data parallel outside them.
  *
+ * [parallel] tensor = T splits every layer over T ranks (the model's
+ * shards, dtrain/gpt.h: heads, MLP units and vocabulary divided, two
+ * allreduces a layer each way, made by the task on its shard's group).
  * [parallel] pipeline = P cuts the GPT's n_layer blocks into P stages
  * (balanced by count, or pipeline_split = "a,b,..." layers per stage): the
  * embedding runs on the first stage, the head and the loss on the last. The
- * W workers form D = W / P data-parallel replicas of the pipeline, laid out
- * as Megatron does with the data axis inner:
+ * W workers form D = W / (T P) data-parallel replicas, laid out as Megatron
+ * does, tensor innermost, then data, then pipeline:
  *
- *   rank = stage * D + replica
+ *   rank = (stage * D + replica) * T + t
  *
- * so stage s of replica r talks to ranks (s +- 1) * D + r, through a
- * sub-communicator per replica (dt_comm_split, rank in it = stage).
+ * Sub-communicators (dt_comm_split, each with the world's timeouts and
+ * checks): the T ranks of (stage, replica) run one shard group (the
+ * task's); the P ranks of (replica, t) one pipeline, rank in it = stage;
+ * the W / T ranks of tensor rank t hold the same shard of the parameters,
+ * over which the gradients are summed.
  *
  * A step cuts the replica's share of the global batch into M =
  * micro_batches micro-batches and runs them through the stages, activations
@@ -18,27 +26,30 @@
  * activation sets alive on every stage) or "1f1b" (P - s - 1 warm-up
  * forwards on stage s, then one forward and one backward in turn, then the
  * rest of the backwards: at most P - s sets alive). Each micro-batch has its
- * own activation set from the task's stage calls (task.h).
+ * own activation set from the task's stage calls (task.h). With P = 1 the
+ * one stage runs the M micro-batches one after the other.
  *
- * Parameters: every rank holds the whole flat block and the whole
- * optimizer state, as replicated data parallel does; a stage computes the
- * gradients of its own layers only (the others stay zero). sync() then sums
- * the gradient block over ALL ranks: per replica every parameter has one
- * stage that computed it -- except the tied token embedding, whose two
- * parts (embedding on the first stage, head on the last) are added there, as
- * the tie requires -- and over the replicas the sum is the global mean
- * (gradients carry the weight len / global). Every rank then holds the same
- * global gradient, takes the same norm (each parameter counted once) and
- * makes the same update, so the weights stay equal on all ranks and the
- * checkpoints, evaluation and final weights are those of data parallel. The
- * cost of this first version: every rank stores and updates the whole model
- * and the gradient sum moves the whole block (docs/model-parallel.md).
+ * Parameters: every rank holds its shard's whole flat block (the whole
+ * model when T = 1) and its optimizer state, as replicated data parallel
+ * does; a stage computes the gradients of its own layers only (the others
+ * stay zero). sync() then sums the gradient block over the W / T ranks of
+ * the same shard: per replica every parameter has one stage that computed
+ * it -- except the tied token embedding, whose two parts (embedding on the
+ * first stage, head on the last) are added there, as the tie requires --
+ * and over the replicas the sum is the global mean (gradients carry the
+ * weight len / global). The ranks of a shard then hold the same gradient,
+ * take the same norm (the split tensors' squares summed over the T shards,
+ * the whole ones counted once) and make the same update, so the weights
+ * stay equal on them. The cost of this version: every rank stores and
+ * updates all the layers of its shard, and the gradient sum moves the
+ * whole block (docs/model-parallel.md).
  *
- * The loss: only the last stage computes it; the other stages add 0 to the
- * control plane's sum, which divides by the global batch. */
+ * The loss: only the last stage's tensor rank 0 reports it; the others add
+ * 0 to the control plane's sum, which divides by the global batch. */
 #include "engine/strategy.h"
 #include "engine/worker.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,14 +63,33 @@ typedef struct {
     dt_request_t send_out, send_d;
 } slot;
 
+// One virtual stage on this rank (V = 1: the rank's stage): layers [l0, l1)
+// and an activation set per micro-batch it can have alive.
 typedef struct {
-    dt_strategy base;
-    int P, D, M, gpipe;
-    int stage, replica, l0, l1;
-    dt_comm_t pp;          // this replica's stages, rank = stage
-    const dt_task_ops *tops;
+    int l0, l1, vstage;    // vstage = chunk x P + stage, of P x V
     int nslots;
     slot *slots;
+} chunk;
+
+// A step's work on this rank, in order: forward (fwd = 1) or backward of
+// micro-batch mb on chunk v.
+typedef struct {
+    int fwd, v, mb;
+} op;
+
+typedef struct {
+    dt_strategy base;
+    int T, P, V, D, M, gpipe;
+    int t, stage, replica;
+    dt_comm_t pp;          // this replica's stages, rank = stage: activations (and with V = 1 gradients)
+    dt_comm_t ppb;         // V > 1: the same ranks, for the gradients (both ways between a pair)
+    dt_comm_t shard;       // the ranks of this tensor rank (T > 1; else the world)
+    dt_comm_t tp;          // this (stage, replica)'s tensor ranks (T > 1)
+    const dt_task_ops *tops;
+    chunk *ch;             // [V]
+    op *ops;               // [2 M V]
+    dt_obs_span *spans;    // [2 M V]: the last step's, for its schedule record
+    int warm;              // forwards before the first backward
     int *off, *len;        // this step's micro-batches, in the global batch
     double t_compute, t_wait;
     int alive, peak;
@@ -67,11 +97,12 @@ typedef struct {
 } pipe;
 
 static int micro_batches(const dt_config *c) { return c->micro_batches > 0 ? c->micro_batches : c->pipeline; }
+static int virtual_stages(const dt_config *c) { return c->pipeline_schedule == 2 ? c->virtual_stages : 1; }
 
-// The first layer of each stage, bounds[0..P] (bounds[P] = n_layer), from
-// pipeline_split or balanced by count.
+// The first layer of each (virtual) stage, bounds[0..P V] (bounds[P V] =
+// n_layer), from pipeline_split or balanced by count.
 static dt_status stage_bounds(const dt_config *c, int *bounds) {
-    int P = c->pipeline, L = c->n_layer;
+    int P = c->pipeline * virtual_stages(c), L = c->n_layer;
     if (!c->pipeline_split[0]) {
         for (int s = 0; s <= P; s++) bounds[s] = (int)((long)L * s / P);
         return DT_OK;
@@ -93,51 +124,120 @@ static dt_status stage_bounds(const dt_config *c, int *bounds) {
         bounds[n] = sum;
     }
     if (n != P)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline_split = \"%s\" gives %s%d stages; pipeline = %d needs %d",
-                        c->pipeline_split, n > P ? "more than " : "", n > P ? P : n, P, P);
+        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline_split = \"%s\" gives %s%d stages; pipeline = %d%s needs %d",
+                        c->pipeline_split, n > P ? "more than " : "", n > P ? P : n, c->pipeline,
+                        P > c->pipeline ? " x virtual_stages" : "", P);
     if (sum != L)
         return dt_error(DT_ERR_CONFIG, "[parallel] pipeline_split = \"%s\" adds up to %d layers; the model has %d ([model] n_layer)",
                         c->pipeline_split, sum, L);
     return DT_OK;
 }
 
-static int pp_wants(const dt_config *c) { return c->pipeline > 1; }
+static int pp_wants(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
 
 static dt_status pp_check(const dt_config *c, int W) {
-    int P = c->pipeline, M = micro_batches(c);
+    int T = c->tensor, P = c->pipeline, M = micro_batches(c);
+    const char *what = P > 1 ? "[parallel] pipeline" : "[parallel] tensor";
+    int v = P > 1 ? P : T;
     if (!c->gpt)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d: pipeline parallel runs the GPT only; the classifier model ([model] layer = ...) is not supported yet",
-                        P);
+        return dt_error(DT_ERR_CONFIG, "%s = %d: model parallelism runs the GPT only; the classifier model ([model] layer = ...) is not supported yet",
+                        what, v);
     if (c->deterministic)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d with deterministic = true is not supported yet", P);
+        return dt_error(DT_ERR_CONFIG, "%s = %d with deterministic = true is not supported yet", what, v);
     if (c->grad_accum > 1)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d with [train] grad_accum = %d: use [parallel] micro_batches for the micro-batches of a pipeline",
-                        P, c->grad_accum);
+        return dt_error(DT_ERR_CONFIG, "%s = %d with [train] grad_accum = %d: use [parallel] micro_batches for the micro-batches of a model-parallel step",
+                        what, v, c->grad_accum);
     if (P > c->n_layer)
         return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d stages is more than the model's %d layers ([model] n_layer)",
                         P, c->n_layer);
-    if (W % P)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d does not divide the %d workers (data parallel = workers / pipeline)",
-                        P, W);
-    if (c->pipeline_schedule == 1 && M < P)
-        return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d is fewer than the pipeline's %d stages; schedule = 1f1b needs at least one per stage",
-                        M, P);
-    int D = W / P;
+    int V = c->virtual_stages;
+    if (c->pipeline_schedule == 2) {
+        if (P < 2 || V < 2)
+            return dt_error(DT_ERR_CONFIG, "[parallel] schedule = interleaved needs pipeline >= 2 and virtual_stages >= 2 (pipeline = %d, virtual_stages = %d)",
+                            P, V);
+        if (P * V > c->n_layer)
+            return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d x virtual_stages = %d = %d virtual stages is more than the model's %d layers ([model] n_layer)",
+                            P, V, P * V, c->n_layer);
+        if (M % P)
+            return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d is not a multiple of pipeline = %d; schedule = interleaved runs them in groups of one per stage",
+                            M, P);
+    } else if (V > 1)
+        return dt_error(DT_ERR_CONFIG, "[parallel] virtual_stages = %d needs schedule = interleaved", V);
+    if (T > 1) {
+        dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+        dt_status st = dt_gpt_tensor_parallel_check(&gc, T, "[parallel] tensor");
+        if (st != DT_OK) return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());
+    }
+    if (W % (T * P))
+        return T == 1 ? dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d does not divide the %d workers (data parallel = workers / pipeline)",
+                                 P, W)
+                      : dt_error(DT_ERR_CONFIG, "[parallel] tensor = %d x pipeline = %d = %d ranks a replica do not divide the %d workers (data parallel = workers / (tensor x pipeline))",
+                                 T, P, T * P, W);
+    if (c->pipeline_schedule >= 1 && M < P)
+        return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d is fewer than the pipeline's %d stages; schedule = %s needs at least one per stage",
+                        M, P, c->pipeline_schedule == 1 ? "1f1b" : "interleaved");
+    int D = W / (T * P);
     if (c->batch / D < M)
         return dt_error(DT_ERR_CONFIG, "[train] batch %d over %d data-parallel replica%s leaves %d samples, fewer than [parallel] micro_batches = %d",
                         c->batch, D, D > 1 ? "s" : "", c->batch / D, M);
+    if (P * virtual_stages(c) > MAX_STAGES)
+        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline x virtual_stages = %d: at most %d", P * virtual_stages(c), MAX_STAGES);
     int bounds[MAX_STAGES + 1];
     dt_status st = stage_bounds(c, bounds);
-    for (int s = 0; s < P && st == DT_OK; s++)
+    for (int s = 0; s < P * virtual_stages(c) && st == DT_OK; s++)
         if (bounds[s + 1] <= bounds[s])
             st = dt_error(DT_ERR_CONFIG, "[parallel] pipeline stage %d has no layers", s);
     return st;
 }
 
 static int pp_max_micro(const dt_config *c, int W) {
-    int D = W / c->pipeline > 0 ? W / c->pipeline : 1, M = micro_batches(c);
+    int TP = c->tensor * c->pipeline, D = W / TP > 0 ? W / TP : 1, M = micro_batches(c);
     int share = (c->batch + D - 1) / D;
     return (share + M - 1) / M;
+}
+
+// The layout, on rank 0: the formula and, for a small world, every rank.
+static void print_layout(pipe *p, const int *bounds) {
+    char layers[512] = "", ranks[1024] = "";
+    size_t n = 0;
+    for (int k = 0; k < p->P * p->V && n < sizeof layers - 32; k++)
+        n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k], bounds[k + 1]);
+    int W = p->base.world;
+    n = 0;
+    for (int r = 0; r < W && W <= 64 && n < sizeof ranks - 40; r++)
+        n += (size_t)snprintf(ranks + n, sizeof ranks - n, "%s%d=(t%d,d%d,p%d)", r ? " " : "", r, r % p->T,
+                              r / p->T % p->D, r / p->T / p->D);
+    dt_log(DT_LOG_INFO,
+           "model parallel: tensor %d x data %d x pipeline %d = %d workers, rank = (stage x %d + replica) x %d + tensor rank (tensor innermost, then data, then pipeline)%s%s",
+           p->T, p->D, p->P, W, p->D, p->T, *ranks ? "; ranks " : "", ranks);
+    char virt[128] = "";
+    if (p->V > 1) snprintf(virt, sizeof virt, " x %d virtual stages (stage s runs virtual stages s, s + %d, ...)", p->V, p->P);
+    dt_log(DT_LOG_INFO, "model parallel: schedule %s%s, %d micro-batches; layers of %sstage %s",
+           p->gpipe ? "gpipe" : p->V > 1 ? "interleaved 1f1b" : "1f1b", virt, p->M, p->V > 1 ? "virtual " : "", layers);
+}
+
+// A step's order of work on stage s (Megatron's schedules). gpipe: every
+// forward, then every backward. 1f1b: P - s - 1 forwards, then a forward
+// and a backward in turn, then the rest of the backwards. Interleaved
+// (V > 1): the M V forwards run micro-batches in groups of P, each group
+// through chunk 0, then chunk 1, ...; the backwards the same groups through
+// the chunks from the last; (P - s - 1) x 2 + (V - 1) x P forwards first.
+static void plan_ops(pipe *p) {
+    int M = p->M, V = p->V, P = p->P, n = M * V, s = p->stage;
+    int warm = p->gpipe ? n : V == 1 ? P - s - 1 : (P - s - 1) * 2 + (V - 1) * P;
+    if (warm > n) warm = n;
+    p->warm = warm;
+    int k = 0, f = 0, b = 0;
+#define FWD(i) (op){1, (i) / P % V, (i) / (P * V) * P + (i) % P}
+#define BWD(i) (op){0, V - 1 - (i) / P % V, (i) / (P * V) * P + (i) % P}
+    while (f < warm) p->ops[k++] = FWD(f), f++;
+    while (f < n) {
+        p->ops[k++] = FWD(f), f++;
+        p->ops[k++] = BWD(b), b++;
+    }
+    while (b < n) p->ops[k++] = BWD(b), b++;
+#undef FWD
+#undef BWD
 }
 
 static dt_status pp_init(dt_strategy *s) {
@@ -146,51 +246,79 @@ static dt_status pp_init(dt_strategy *s) {
     int bounds[MAX_STAGES + 1];
     dt_status st = stage_bounds(c, bounds);
     if (st != DT_OK) return st;
+    p->T = c->tensor;
     p->P = c->pipeline;
-    p->D = s->world / p->P;
+    p->V = virtual_stages(c);
+    p->D = s->world / (p->T * p->P);
     p->M = micro_batches(c);
     p->gpipe = c->pipeline_schedule == 0;
-    p->stage = s->rank / p->D;
-    p->replica = s->rank % p->D;
-    p->l0 = bounds[p->stage];
-    p->l1 = bounds[p->stage + 1];
-    p->nslots = p->gpipe ? p->M : (p->P - p->stage < p->M ? p->P - p->stage : p->M);
-    p->slots = calloc((size_t)p->nslots, sizeof *p->slots);
+    p->t = s->rank % p->T;
+    p->replica = s->rank / p->T % p->D;
+    p->stage = s->rank / p->T / p->D;
+    p->ch = calloc((size_t)p->V, sizeof *p->ch);
+    p->ops = malloc(sizeof(op) * 2 * (size_t)p->M * (size_t)p->V);
+    p->spans = malloc(sizeof(dt_obs_span) * 2 * (size_t)p->M * (size_t)p->V);
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
-    if (!p->slots || !p->off || !p->len) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-    if ((st = dt_comm_split(s->comm, p->replica, p->stage, &p->pp)) != DT_OK)
-        return dt_error(st, "pipeline: splitting the workers into stages: %s", dt_last_error());
-    if (s->rank == 0) {
-        char layers[512] = "";
-        size_t n = 0;
-        for (int k = 0; k < p->P && n < sizeof layers - 32; k++)
-            n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k],
-                                  bounds[k + 1]);
-        dt_log(DT_LOG_INFO,
-               "pipeline: %d stages x %d data-parallel replica%s, rank = stage x %d + replica; schedule %s, %d micro-batches; layers of stage %s",
-               p->P, p->D, p->D > 1 ? "s" : "", p->D, p->gpipe ? "gpipe" : "1f1b", p->M, layers);
+    if (!p->ch || !p->ops || !p->spans || !p->off || !p->len)
+        return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    plan_ops(p);
+    // Each chunk's sets: as many as the schedule has alive on it at once
+    // (forwards and backwards take a chunk's micro-batches in order).
+    int alive[MAX_STAGES] = {0};
+    for (int i = 0; i < 2 * p->M * p->V; i++) {
+        chunk *ch = &p->ch[p->ops[i].v];
+        alive[p->ops[i].v] += p->ops[i].fwd ? 1 : -1;
+        if (alive[p->ops[i].v] > ch->nslots) ch->nslots = alive[p->ops[i].v];
     }
+    for (int v = 0; v < p->V; v++) {
+        chunk *ch = &p->ch[v];
+        ch->vstage = v * p->P + p->stage;
+        ch->l0 = bounds[ch->vstage];
+        ch->l1 = bounds[ch->vstage + 1];
+        if (!(ch->slots = calloc((size_t)ch->nslots, sizeof *ch->slots)))
+            return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    }
+    st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
+    if (st == DT_OK && p->V > 1) st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->ppb);
+    if (st == DT_OK && p->T > 1) st = dt_comm_split(s->comm, p->t, s->rank, &p->shard);
+    if (st == DT_OK && p->T > 1) st = dt_comm_split(s->comm, s->rank / p->T, p->t, &p->tp);
+    if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
+    if (!p->ppb) p->ppb = p->pp;
+    if (s->rank == 0) print_layout(p, bounds);
     return DT_OK;
 }
 
 static void pp_fini(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    for (int i = 0; i < p->nslots && p->slots; i++) {
-        dt_wait(&p->slots[i].send_out);
-        dt_wait(&p->slots[i].send_d);
-        if (p->tops) p->tops->stage_free(p->slots[i].st);
-        free(p->slots[i].d);
-    }
-    if (p->steps > 0 && p->replica == 0) {
+    for (int v = 0; v < p->V && p->ch; v++)
+        for (int i = 0; i < p->ch[v].nslots && p->ch[v].slots; i++) {
+            slot *sl = &p->ch[v].slots[i];
+            dt_wait(&sl->send_out);
+            dt_wait(&sl->send_d);
+            if (p->tops) p->tops->stage_free(sl->st);
+            free(sl->d);
+        }
+    if (p->steps > 0 && p->replica == 0 && p->t == 0 && p->ch) {
         double all = p->t_compute + p->t_wait;
+        char layers[256] = "";
+        size_t n = 0;
+        for (int v = 0; v < p->V && n < sizeof layers - 24; v++)
+            n += (size_t)snprintf(layers + n, sizeof layers - n, "%s[%d, %d)", v ? " " : "", p->ch[v].l0, p->ch[v].l1);
         dt_log(DT_LOG_INFO,
-               "pipeline stage %d of %d (rank %d, layers [%d, %d)): forward+backward %.3f s, waiting %.3f s over %lld steps: bubble %.1f%% (model (P-1)/(M+P-1) = %.1f%%); at most %d activation set%s alive",
-               p->stage, p->P, s->rank, p->l0, p->l1, p->t_compute, p->t_wait, (long long)p->steps,
-               all > 0 ? 100 * p->t_wait / all : 0, 100.0 * (p->P - 1) / (p->M + p->P - 1), p->peak, p->peak == 1 ? "" : "s");
+               "pipeline stage %d of %d (rank %d, layers %s): forward+backward %.3f s, waiting %.3f s over %lld steps: bubble %.1f%% (model (P-1)/(%sM+P-1) = %.1f%%); at most %d activation set%s alive",
+               p->stage, p->P, s->rank, layers, p->t_compute, p->t_wait, (long long)p->steps,
+               all > 0 ? 100 * p->t_wait / all : 0, p->V > 1 ? "V" : "", 100.0 * (p->P - 1) / (p->V * p->M + p->P - 1),
+               p->peak, p->peak == 1 ? "" : "s");
     }
+    if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
-    free(p->slots);
+    dt_comm_destroy(p->shard);
+    dt_comm_destroy(p->tp);
+    for (int v = 0; v < p->V && p->ch; v++) free(p->ch[v].slots);
+    free(p->ch);
+    free(p->ops);
+    free(p->spans);
     free(p->off);
     free(p->len);
 }
@@ -206,16 +334,23 @@ static dt_status wait_timed(pipe *p, dt_request_t *req, const char *what, int pe
     return DT_OK;
 }
 
-static dt_status forward(pipe *p, dt_task *task, int k, double *loss_sum) {
-    slot *sl = &p->slots[k % p->nslots];
-    dt_status st = wait_timed(p, &sl->send_out, "sending activations to", p->stage + 1);
+// The stages before and after this one's chunk in the chain of P x V
+// virtual stages (virtual stage j runs on stage j mod P).
+static int prev_stage(const pipe *p) { return (p->stage + p->P - 1) % p->P; }
+static int next_stage(const pipe *p) { return (p->stage + 1) % p->P; }
+
+static dt_status forward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp, double *loss_sum) {
+    chunk *ch = &p->ch[v];
+    slot *sl = &ch->slots[k % ch->nslots];
+    int last = ch->vstage == p->P * p->V - 1;
+    dt_status st = wait_timed(p, &sl->send_out, "sending activations to", next_stage(p));
     if (st == DT_OK)
         st = p->tops->stage_begin(task, sl->st, p->off[k], p->len[k], (float)p->len[k] / (float)p->base.global,
                                   &sl->in, &sl->out, &sl->count);
-    if (st == DT_OK && p->stage > 0) {
+    if (st == DT_OK && ch->vstage > 0) {
         dt_request_t r = NULL;
-        st = dt_irecv(sl->in, sl->count, DT_F32, p->stage - 1, p->pp, &r);
-        if (st == DT_OK) st = wait_timed(p, &r, "receiving activations from", p->stage - 1);
+        st = dt_irecv(sl->in, sl->count, DT_F32, prev_stage(p), p->pp, &r);
+        if (st == DT_OK) st = wait_timed(p, &r, "receiving activations from", prev_stage(p));
     }
     if (st != DT_OK) return st;
     float loss = 0;
@@ -223,35 +358,39 @@ static dt_status forward(pipe *p, dt_task *task, int k, double *loss_sum) {
     dt_obs_begin(p->base.obs, DT_OBS_FORWARD);
     st = p->tops->stage_forward(task, sl->st, &loss);
     dt_obs_end(p->base.obs, DT_OBS_FORWARD);
-    p->t_compute += dt_now() - t0;
+    *sp = (dt_obs_span){1, k, v, t0, dt_now()};
+    p->t_compute += sp->t1 - t0;
     if (st != DT_OK) return st;
-    if (p->stage == p->P - 1) *loss_sum += (double)loss * p->len[k];
-    else st = dt_isend(sl->out, sl->count, DT_F32, p->stage + 1, p->pp, &sl->send_out);
+    if (last) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
+    else st = dt_isend(sl->out, sl->count, DT_F32, next_stage(p), p->pp, &sl->send_out);
     if (++p->alive > p->peak) p->peak = p->alive;
     return st;
 }
 
-static dt_status backward(pipe *p, dt_task *task, int k) {
-    slot *sl = &p->slots[k % p->nslots];
-    dt_status st = wait_timed(p, &sl->send_d, "sending gradients to", p->stage - 1);
+static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp) {
+    chunk *ch = &p->ch[v];
+    slot *sl = &ch->slots[k % ch->nslots];
+    int last = ch->vstage == p->P * p->V - 1;
+    dt_status st = wait_timed(p, &sl->send_d, "sending gradients to", prev_stage(p));
     if (st == DT_OK && sl->cap < sl->count) {
         free(sl->d);
         sl->cap = 0;
         if (!(sl->d = malloc(sizeof(float) * sl->count))) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
         sl->cap = sl->count;
     }
-    if (st == DT_OK && p->stage < p->P - 1) {
+    if (st == DT_OK && !last) {
         dt_request_t r = NULL;
-        st = dt_irecv(sl->d, sl->count, DT_F32, p->stage + 1, p->pp, &r);
-        if (st == DT_OK) st = wait_timed(p, &r, "receiving gradients from", p->stage + 1);
+        st = dt_irecv(sl->d, sl->count, DT_F32, next_stage(p), p->ppb, &r);
+        if (st == DT_OK) st = wait_timed(p, &r, "receiving gradients from", next_stage(p));
     }
     if (st != DT_OK) return st;
     double t0 = dt_now();
     dt_obs_begin(p->base.obs, DT_OBS_BACKWARD);
     st = p->tops->stage_backward(task, sl->st, sl->d);
     dt_obs_end(p->base.obs, DT_OBS_BACKWARD);
-    p->t_compute += dt_now() - t0;
-    if (st == DT_OK && p->stage > 0) st = dt_isend(sl->d, sl->count, DT_F32, p->stage - 1, p->pp, &sl->send_d);
+    *sp = (dt_obs_span){0, k, v, t0, dt_now()};
+    p->t_compute += sp->t1 - t0;
+    if (st == DT_OK && ch->vstage > 0) st = dt_isend(sl->d, sl->count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
     p->alive--;
     return st;
 }
@@ -265,12 +404,13 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     int max_len = pp_max_micro(s->c, s->world);
     if (!p->tops) {  // the activation sets, at the first step
         if (!tops->stage_create)
-            return dt_error(DT_ERR_CONFIG, "strategy pipeline: the %s model has no stages", tops->name);
+            return dt_error(DT_ERR_CONFIG, "strategy model-parallel: the %s model has no stages", tops->name);
         p->tops = tops;
-        for (int i = 0; i < p->nslots; i++) {
-            dt_status st = tops->stage_create(task, p->l0, p->l1, max_len, &p->slots[i].st);
-            if (st != DT_OK) return st;
-        }
+        for (int v = 0; v < p->V; v++)
+            for (int i = 0; i < p->ch[v].nslots; i++) {
+                dt_status st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
+                if (st != DT_OK) return st;
+            }
     }
     for (int k = 0; k < p->M; k++) {
         p->off[k] = first + (int)((long)share * k / p->M);
@@ -279,37 +419,89 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     s->nmicro = p->M;
     s->global = b->global;
     p->alive = 0;
-    int M = p->M, warm = p->gpipe ? M : (p->P - p->stage - 1 < M ? p->P - p->stage - 1 : M);
     dt_status st = DT_OK;
-    int f = 0, bw = 0;  // next forward, next backward
-    while (st == DT_OK && f < warm) st = forward(p, task, f++, loss_sum);
-    if (st == DT_OK) st = dt_fault_step(s->rank, step + 1);
-    while (st == DT_OK && f < M) {  // 1f1b's steady state
-        st = forward(p, task, f++, loss_sum);
-        if (st == DT_OK) st = backward(p, task, bw++);
+    for (int i = 0; i < 2 * p->M * p->V && st == DT_OK; i++) {
+        if (i == p->warm) st = dt_fault_step(s->rank, step + 1);
+        if (st != DT_OK) break;
+        const op *o = &p->ops[i];
+        st = o->fwd ? forward(p, task, o->v, o->mb, &p->spans[i], loss_sum)
+                    : backward(p, task, o->v, o->mb, &p->spans[i]);
     }
-    while (st == DT_OK && bw < M) st = backward(p, task, bw++);
-    for (int i = 0; i < p->nslots && st == DT_OK; i++) {
-        st = wait_timed(p, &p->slots[i].send_out, "sending activations to", p->stage + 1);
-        if (st == DT_OK) st = wait_timed(p, &p->slots[i].send_d, "sending gradients to", p->stage - 1);
-    }
+    for (int v = 0; v < p->V && st == DT_OK; v++)
+        for (int i = 0; i < p->ch[v].nslots && st == DT_OK; i++) {
+            st = wait_timed(p, &p->ch[v].slots[i].send_out, "sending activations to", next_stage(p));
+            if (st == DT_OK) st = wait_timed(p, &p->ch[v].slots[i].send_d, "sending gradients to", prev_stage(p));
+        }
     p->steps++;
+    // The schedule as it ran, at the second step (the first after the
+    // set-up) and every log_every steps: dtrain report's timeline.
+    if (st == DT_OK && (step + 1 == 2 || (step + 1) % s->c->log_every == 0)) {
+        dt_obs_sched h = {step + 1, p->stage, p->P, p->V, p->M, p->t, p->replica};
+        dt_obs_schedule(s->obs, &h, p->spans, 2 * p->M * p->V);
+    }
     return st;
 }
 
-// Every rank's gradient block becomes the global one (see the top).
+// Every rank's gradient block becomes the global one of its shard (see the top).
 static dt_status pp_sync(dt_strategy *s) {
+    pipe *p = (pipe *)s;
     double t0 = dt_now();
-    dt_status st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, s->comm);
+    dt_status st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, p->shard ? p->shard : s->comm);
     double t = dt_now() - t0;
     s->comm_seconds += t;
     s->comm_exposed_seconds += t;
-    if (st != DT_OK) return dt_error(st, "pipeline: gradient allreduce: %s", dt_last_error());
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
+    return DT_OK;
+}
+
+// The whole model's gradient norm from the shards: the split ranges' squares
+// of every shard, the whole ones of shard 0, summed in shard order.
+static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
+    pipe *p = (pipe *)s;
+    if (p->T == 1) return dt_strategy_norm_replicated(s, norm);
+    double mine = 0, all[MAX_STAGES];
+    for (int i = 0; i < s->norder; i++)
+        if (s->order_split[i] || p->t == 0) mine += dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
+    // (doubles moved as their 8 bytes: no reduction touches them)
+    dt_status st = p->T <= MAX_STAGES ? dt_allgather(&mine, all, 1, DT_I64, p->tp) : DT_ERR_ARG;
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient norm: %s", dt_last_error());
+    double sum = 0;
+    for (int r = 0; r < p->T; r++) sum += all[r];
+    *norm = sqrt(sum);
+    return DT_OK;
+}
+
+// Shards: the whole model's parameters and optimizer state for a
+// checkpoint, gathered from the shard group (every group holds the same).
+static dt_status pp_params_sync(dt_strategy *s) {
+    pipe *p = (pipe *)s;
+    if (!s->whole) return DT_OK;
+    size_t n = s->n;
+    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T);
+    if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
+    dt_status st = DT_OK;
+    for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
+        float *local = j < 0 ? s->params : dt_optim_state(s->opt, j), *whole = j < 0 ? s->whole : s->whole_states[j];
+        st = dt_allgather(local, all, n, DT_F32, p->tp);
+        for (int r = 0; r < p->T && st == DT_OK; r++) s->shard_copy(s->shard_user, r, all + n * r, whole, 1);
+    }
+    dt_free(all);
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gathering the shards for a checkpoint: %s", dt_last_error());
+}
+
+// After a resume (every rank holds the whole model's state): this shard's.
+static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    pipe *p = (pipe *)s;
+    (void)parts;
+    if (!s->whole || !path[0]) return DT_OK;
+    s->shard_copy(s->shard_user, p->t, s->params, s->whole, 0);
+    for (int j = 0; j < dt_optim_num_states(s->opt); j++)
+        s->shard_copy(s->shard_user, p->t, dt_optim_state(s->opt, j), s->whole_states[j], 0);
     return DT_OK;
 }
 
 const dt_strategy_ops dt_strategy_pipeline = {
-    .name = "pipeline",
+    .name = "model-parallel",
     .size = sizeof(pipe),
     .wants = pp_wants,
     .check = pp_check,
@@ -318,6 +510,8 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .fini = pp_fini,
     .run_step = pp_run_step,
     .sync = pp_sync,
-    .grad_norm = dt_strategy_norm_replicated,
+    .grad_norm = pp_grad_norm,
     .update = dt_strategy_update_slice,
+    .params_sync = pp_params_sync,
+    .ckpt_restore = pp_ckpt_restore,
 };

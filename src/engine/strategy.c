@@ -38,6 +38,10 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->order = a->order;
     s->norder = a->norder;
     s->order_layer = a->order_layer;
+    s->order_split = a->order_split;
+    s->nwhole = a->nwhole > a->n ? a->nwhole : 0;
+    s->shard_copy = a->shard_copy;
+    s->shard_user = a->shard_user;
     s->obs = a->obs;
     s->all = a->all ? a->all : a->comm;
     s->lo = 0;
@@ -49,6 +53,14 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
     const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
     if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
+    if (st == DT_OK && s->nwhole) {  // shards: checkpoints of the whole model
+        s->whole = dt_alloc(sizeof(float) * s->nwhole);
+        for (int j = 0; j < dt_optim_num_states(s->opt) && j < 2; j++)
+            s->whole_states[j] = dt_alloc(sizeof(float) * s->nwhole);
+        if (!s->whole || (dt_optim_num_states(s->opt) > 0 && !s->whole_states[0]) ||
+            (dt_optim_num_states(s->opt) > 1 && !s->whole_states[1]))
+            st = dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for the whole model's checkpoint state", ops->name);
+    }
     if (st != DT_OK) {
         dt_strategy_free(s);
         return st;
@@ -61,6 +73,8 @@ void dt_strategy_free(dt_strategy *s) {
     if (!s) return;
     if (s->ops->fini) s->ops->fini(s);
     dt_optim_free(s->opt);
+    dt_free(s->whole);
+    for (int j = 0; j < 2; j++) dt_free(s->whole_states[j]);
     free(s->off);
     free(s->len);
     free(s);
@@ -85,6 +99,13 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
     m->states_hi = s->hi;
     m->extra = s->ops->ckpt_extra && s->ops->ckpt_extra(s, NULL, 0) > 0 ? ckpt_extra : NULL;
     m->extra_user = s;
+    if (s->whole) {  // shards: the whole model, staged
+        m->params = s->whole;
+        m->nparams = s->nwhole;
+        for (int j = 0; j < m->nstates; j++) m->states[j] = s->whole_states[j];
+        m->params_lo = m->states_lo = 0;
+        m->params_hi = m->states_hi = s->nwhole;
+    }
 }
 
 int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global) {

@@ -28,8 +28,8 @@
  * during backward through a gradient codec, engine/codec.h),
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
  * of ranks), "zero", "zero-deterministic" and "zero-3" (sharded data
- * parallel, engine/zero.c, docs/zero.md), "pipeline" (GPT stages,
- * engine/pipeline.c), "local-sgd" (each rank steps on its own share's
+ * parallel, engine/zero.c, docs/zero.md), "model-parallel" (the GPT's
+ * tensor-parallel shards and pipeline stages, engine/pipeline.c), "local-sgd" (each rank steps on its own share's
  * gradient and the parameters are averaged every [parallel] sync_every
  * steps) and "ps" (parameter servers, engine/ps.c: ranks of another role,
  * the servers, which run their own loop through `serve`). A new strategy is a new file with its table, added to the one
@@ -64,6 +64,10 @@ typedef struct {
     dt_obs *obs;                 /* may be NULL */
     const int *order_layer;      /* the layer using each range of the order (NULL: none) */
     dt_comm_t all;               /* every rank of the run (NULL: comm; other than comm with ranks of another role) */
+    const unsigned char *order_split; /* ranges divided among tensor-parallel ranks (NULL: none) */
+    size_t nwhole;               /* the whole model's floats (n, or 0, unless the blocks are shards) */
+    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole); /* (task.h) */
+    void *shard_user;
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -134,6 +138,7 @@ struct dt_strategy {
     const dt_grad_range *order;
     int norder;
     const int *order_layer;
+    const unsigned char *order_split;
     dt_obs *obs;
     dt_comm_t all;             /* every rank of the run: comm, or comm and the ranks of another role */
     dt_optim *opt;             /* over the slice [lo, hi) */
@@ -144,6 +149,14 @@ struct dt_strategy {
                                   batch (set before plan), or what plan puts there (local SGD:
                                   the share, whose gradient is then the share's mean) */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
+    /* Shards of a model (tensor parallel, nwhole > n): checkpoints hold the
+     * whole model, staged in whole[nwhole] and whole_states[] (the
+     * optimizer's, whole), which the strategy fills before a save
+     * (params_sync) and reads back after a resume (ckpt_restore). */
+    size_t nwhole;
+    float *whole, *whole_states[2];
+    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
+    void *shard_user;
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
     int has_staleness, staleness; /* of this rank's last gradient as applied (parameter servers; obs.h) */

@@ -31,7 +31,16 @@ typedef struct {
     int norder;
     const int *order_layer;           /* the layer (as the layer hook numbers them) using each range of
                                          the order; NULL: no layer hook */
-    const dt_tensor_info *tensors;    /* for checkpoints */
+    const unsigned char *order_split; /* per range of the order: divided among the tensor-parallel ranks
+                                         ([parallel] tensor; NULL: none is) */
+    dt_comm_t replicas;               /* the ranks holding the same parameter block as this one (tensor
+                                         parallel: those of its tensor rank); NULL: all */
+    const dt_tensor_info *tensors;    /* for checkpoints: the whole model's (also when ranks hold shards) */
+    size_t nwhole;                    /* floats of the whole model's block (nparams unless sharded) */
+    /* A shard's block to and from the whole model's (NULL unless sharded):
+     * shard tp's parts of whole, into it (to_whole = 1) or out of it. */
+    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
+    void *shard_user;
     int ntensors;
     const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */
     int nweights_meta;
@@ -63,6 +72,9 @@ typedef struct dt_task_ops {
     dt_status (*create)(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                         dt_task_info *info);
     void (*destroy)(dt_task *t);
+    /* Releases the sub-communicators the task split from comm, before the
+     * loop destroys comm (NULL: it has none). */
+    void (*close)(dt_task *t);
     /* Positions the data at batch `batch` of epoch `epoch`. */
     void (*start_epoch)(dt_task *t, int64_t epoch, int64_t batch);
     /* The next global batch (rng: the checkpointed data stream); *more = 0
@@ -97,7 +109,8 @@ typedef struct dt_task_ops {
     /* Evaluation sharded over comm's ranks; *accuracy < 0: none. step and
      * train_loss are where the run stands (for the task's history). */
     dt_status (*evaluate)(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss, float *accuracy);
-    /* The final weights file. */
+    /* The final weights file; called on every rank, path NULL but on the
+     * rank that writes it (a collective for a model split over ranks). */
     dt_status (*save)(dt_task *t, const char *path);
     /* The task's own fields of summary.json. */
     void (*summary)(dt_task *t, cJSON *o, const dt_train_result *r);

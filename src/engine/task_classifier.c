@@ -236,6 +236,7 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
 }
 
 static dt_status cls_save(dt_task *t, const char *path) {
+    if (!path) return DT_OK;
     dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
     return dt_model_save(t->m, path, meta, 3);
 }

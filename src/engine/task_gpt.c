@@ -20,6 +20,9 @@
 struct dt_task {
     const dt_config *c;
     int *order_layer;  // the layer using each range of the gradient order
+    unsigned char *order_split;  // the ranges divided among the tensor-parallel ranks
+    int tp, ntp;                 // [parallel] tensor: this rank's shard of ntp (0 of 1: the whole model)
+    dt_comm_t tpc, rest;         // its shard's group (tensor innermost), and the ranks of its shard
     dt_gpt_config gc;
     dt_tokens train, val;
     dt_gpt *m;
@@ -120,6 +123,7 @@ static int gpt_wants(const dt_config *c) { return c->gpt; }
 static void gpt_destroy(dt_task *t) {
     if (!t) return;
     free(t->order_layer);
+    free(t->order_split);
     cJSON_Delete(t->history);
     free(t->x);
     free(t->y);
@@ -129,12 +133,58 @@ static void gpt_destroy(dt_task *t) {
     free(t);
 }
 
+static void gpt_close(dt_task *t) {
+    dt_comm_destroy(t->tpc);
+    dt_comm_destroy(t->rest);
+    t->tpc = t->rest = NULL;
+}
+
 static dt_status open_tokens(dt_tokens *tk, const char *path, const dt_config *c) {
     dt_status st = dt_tokens_open(tk, path, c->vocab_size);
     if (st == DT_OK && tk->n < (size_t)c->seq_len + 1)
         st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d", path,
                       tk->n, c->seq_len + 1);
     return st;
+}
+
+// The model's sums over the tensor-parallel shards (dt_gpt_set_reduce).
+static dt_status tp_reduce(float *buf, size_t n, int max, void *user) {
+    dt_task *t = user;
+    dt_status st = dt_allreduce(buf, buf, n, DT_F32, max ? DT_MAX : DT_SUM, t->tpc);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
+}
+
+// [parallel] tensor = T: the T consecutive ranks from rank - rank % T hold
+// the T shards of one copy of the model (tensor innermost in the layout of
+// docs/model-parallel.md); the ranks of the same shard evaluate together.
+static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
+    int rank = dt_comm_rank(comm);
+    t->ntp = t->c->tensor > 1 ? t->c->tensor : 1;
+    t->tp = rank % t->ntp;
+    if (t->ntp == 1) return DT_OK;
+    dt_status st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
+    if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+}
+
+// The initial parameters: c's seed, or [model] init_from, on a shard its
+// part of the whole model's.
+static dt_status init_params(dt_task *t) {
+    const dt_config *c = t->c;
+    dt_status st = dt_gpt_init(t->m, c->seed);
+    if (st != DT_OK || !c->init_from[0]) return st;
+    if (t->ntp == 1) return dt_gpt_load(t->m, c->init_from);
+    dt_gpt *whole;
+    if ((st = dt_gpt_create(&whole, &t->gc, 0, 0)) != DT_OK) return st;
+    if ((st = dt_gpt_load(whole, c->init_from)) == DT_OK)
+        dt_gpt_shard_copy(&t->gc, t->tp, t->ntp, dt_gpt_params(t->m), dt_gpt_params(whole), 0);
+    dt_gpt_free(whole);
+    return st;
+}
+
+static void shard_copy(void *user, int tp, float *local, float *whole, int to_whole) {
+    dt_task *t = user;
+    dt_gpt_shard_copy(&t->gc, tp, t->ntp, local, whole, to_whole);
 }
 
 static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
@@ -154,16 +204,17 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     if (st != DT_OK) goto done;
     DT_TRY(open_tokens(&t->train, c->train_file, c), done);
     if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
-    DT_TRY(dt_gpt_create(&t->m, &t->gc, t->Bm, t->T), done);
-    dt_gpt_init(t->m, c->seed);
-    if (c->init_from[0]) DT_TRY(dt_gpt_load(t->m, c->init_from), done);
+    DT_TRY(tensor_groups(t, comm), done);
+    DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, t->Bm, t->T, t->tp, t->ntp), done);
+    if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
+    DT_TRY(init_params(t), done);
     t->x = malloc(sizeof(int32_t) * t->B * t->T);
     t->y = malloc(sizeof(int32_t) * t->B * t->T);
     if (!t->x || !t->y) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < 16; i++) t->tinfo[i] = *dt_gpt_tensor(t->m, i);
+    dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
     int norder;
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     // wte, wpe (the embedding), 12 slices a block, lnfw, lnfb (the head).
@@ -171,15 +222,27 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < norder; i++)
+    if (!(t->order_split = malloc((size_t)norder))) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < norder; i++) {
         t->order_layer[i] = i < 2 ? DT_GPT_EMBED : i < norder - 2 ? (i - 2) / 12 : t->gc.n_layer;
+        int tensor = i < 2 ? i : i < norder - 2 ? 2 + (i - 2) % 12 : 14 + i - (norder - 2);
+        t->order_split[i] = t->ntp > 1 && dt_gpt_tensor_split(tensor);
+    }
     *info = (dt_task_info){.params = dt_gpt_params(t->m),
                            .grads = dt_gpt_grads(t->m),
                            .nparams = dt_gpt_num_params(t->m),
                            .order = order,
                            .norder = norder,
                            .order_layer = t->order_layer,
+                           .order_split = t->ntp > 1 ? t->order_split : NULL,
+                           .replicas = t->rest,
                            .tensors = t->tinfo,
+                           .nwhole = dt_gpt_config_num_params(&t->gc),
+                           .shard_copy = t->ntp > 1 ? shard_copy : NULL,
+                           .shard_user = t,
                            .ntensors = 16,
                            .weights_meta = t->wmeta,
                            .nweights_meta = dt_gpt_weights_meta(&t->gc, t->mvals, t->wmeta),
@@ -189,11 +252,16 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .tokens_per_sample = t->T,
                            .has_eval = t->val.tokens != NULL};
     dt_rng_seed(&info->rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
+    char shard[96] = "";
+    if (t->ntp > 1)
+        snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
     snprintf(info->describe, sizeof info->describe,
-             "GPT L%d H%d C%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d", t->gc.n_layer,
-             t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, info->nparams, t->train.n, t->val.n, t->B, t->T);
+             "GPT L%d H%d C%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d", t->gc.n_layer,
+             t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, dt_gpt_config_num_params(&t->gc), shard, t->train.n,
+             t->val.n, t->B, t->T);
 done:
     if (st != DT_OK) {
+        gpt_close(t);
         gpt_destroy(t);
         *out = NULL;
     }
@@ -297,7 +365,9 @@ static dt_status gpt_stage_backward(dt_task *t, dt_task_stage *st, float *d) {
 static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
     *accuracy = -1;
-    dt_status st = val_loss(t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL, comm);
+    // Tensor parallel: the shards of one model run the same windows.
+    dt_status st = val_loss(t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL,
+                            t->ntp > 1 ? t->rest : comm);
     if (st != DT_OK) return st;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "step", (double)step);
@@ -307,7 +377,24 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
-static dt_status gpt_save(dt_task *t, const char *path) { return dt_gpt_save(t->m, path); }
+// A shard's group gathers the whole model for the rank that writes it.
+static dt_status gpt_save(dt_task *t, const char *path) {
+    if (t->ntp == 1) return path ? dt_gpt_save(t->m, path) : DT_OK;
+    size_t n = dt_gpt_num_params(t->m);
+    float *all = dt_alloc(sizeof(float) * n * (size_t)t->ntp), *whole = NULL;
+    if (!all) return dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the tensor-parallel shards");
+    dt_status st = dt_allgather(dt_gpt_params(t->m), all, n, DT_F32, t->tpc);
+    if (st != DT_OK) st = dt_error(st, "saving the model: gathering the tensor-parallel shards: %s", dt_last_error());
+    else if (path && !(whole = dt_alloc(sizeof(float) * dt_gpt_config_num_params(&t->gc))))
+        st = dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the whole model");
+    if (st == DT_OK && path) {
+        for (int r = 0; r < t->ntp; r++) dt_gpt_shard_copy(&t->gc, r, t->ntp, all + n * r, whole, 1);
+        st = dt_gpt_weights_save(path, &t->gc, whole);
+    }
+    dt_free(all);
+    dt_free(whole);
+    return st;
+}
 
 static void gpt_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
     cJSON_AddStringToObject(o, "model", t->c->preset);
@@ -324,6 +411,7 @@ const dt_task_ops dt_task_gpt = {
     .wants = gpt_wants,
     .create = gpt_create,
     .destroy = gpt_destroy,
+    .close = gpt_close,
     .start_epoch = gpt_start_epoch,
     .next_batch = gpt_next_batch,
     .zero_grad = gpt_zero_grad,

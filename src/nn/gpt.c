@@ -6,6 +6,7 @@
  * over the model's default set. */
 #include "dtrain/gpt.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,12 @@ struct dt_gpt {
     size_t scratch_bt, scratch_att;
     float *dresidual, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *datt;
 
+    // Tensor parallel: this shard is rank tp of ntp (1: the whole model);
+    // reduce sums (or maxes) a buffer over the ntp shards.
+    int tp, ntp;
+    dt_gpt_reduce_fn reduce;
+    void *reduce_user;
+
     float loss_scale;
     dt_grad_ready_fn hook;
     void *hook_user;
@@ -70,12 +77,15 @@ struct dt_gpt {
 // ----------------------------------------------------------------------------
 // configuration
 
-// Element counts of the 16 tensors and their shapes.
-void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[NPT]) {
-    int64_t L = c->n_layer, C = c->n_embd, Vp = c->padded_vocab_size, maxT = c->block_size;
-    const int64_t sh[NPT][3] = {{Vp, C}, {maxT, C}, {L, C}, {L, C}, {L, 3 * C, C}, {L, 3 * C},
-                                {L, C, C}, {L, C}, {L, C}, {L, C}, {L, 4 * C, C}, {L, 4 * C},
-                                {L, C, 4 * C}, {L, C}, {C}, {C}};
+// Element counts of the 16 tensors and their shapes, in a shard of ntp
+// (1: the whole model): wte's rows, the columns of qkvw (per third), fcw
+// and their biases, and the rows of attprojw and fcprojw divided by ntp.
+static void shard_shapes(const dt_gpt_config *c, int ntp, dt_tensor_info t[NPT]) {
+    int64_t L = c->n_layer, C = c->n_embd, Vp = c->padded_vocab_size / ntp, maxT = c->block_size;
+    int64_t Cl = C / ntp, F = 4 * C / ntp;
+    const int64_t sh[NPT][3] = {{Vp, C}, {maxT, C}, {L, C}, {L, C}, {L, 3 * Cl, C}, {L, 3 * Cl},
+                                {L, C, Cl}, {L, C}, {L, C}, {L, C}, {L, F, C}, {L, F},
+                                {L, C, F}, {L, C}, {C}, {C}};
     size_t off = 0;
     for (int i = 0; i < NPT; i++) {
         t[i].name = param_names[i];
@@ -88,6 +98,8 @@ void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[NPT]) {
         off += n;
     }
 }
+
+void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[NPT]) { shard_shapes(c, 1, t); }
 
 size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
     dt_tensor_info t[NPT];
@@ -253,8 +265,15 @@ void dt_gpt_free(dt_gpt *m) {
 }
 
 dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
+    return dt_gpt_create_shard(out, c, B, T, 0, 1);
+}
+
+dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, int B, int T, int tp, int ntp) {
     *out = NULL;
     dt_status st = dt_gpt_config_check(c, "gpt");
+    if (st == DT_OK) st = dt_gpt_tensor_parallel_check(c, ntp, "gpt: tensor-parallel ranks");
+    if (st == DT_OK && (tp < 0 || tp >= ntp))
+        st = dt_error(DT_ERR_ARG, "gpt: tensor-parallel rank %d of %d: expected 0 <= rank < %d", tp, ntp, ntp);
     if (st != DT_OK) return st;
     int with_acts = B != 0 || T != 0;
     if (with_acts && (st = check_batch(c, B, T, "gpt")) != DT_OK) return st;
@@ -262,8 +281,10 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
     if (!m) return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
     m->c = *c;
     m->loss_scale = 1.0f;
-    dt_gpt_param_shapes(c, m->tensors);
-    m->nparams = dt_gpt_config_num_params(c);
+    m->tp = tp;
+    m->ntp = ntp;
+    shard_shapes(c, ntp, m->tensors);
+    m->nparams = m->tensors[NPT - 1].offset + m->tensors[NPT - 1].numel;
     size_t L = c->n_layer;
     m->params = dt_alloc(sizeof(float) * m->nparams);
     m->grads = dt_alloc(sizeof(float) * m->nparams);
@@ -321,15 +342,15 @@ void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user) {
     m->layer_hook_user = user;
 }
 
-void dt_gpt_init(dt_gpt *m, uint64_t seed) {
+// GPT-2's initialisation of a whole parameter block (tensors t).
+static void init_block(const dt_gpt_config *c, const dt_tensor_info *t, float *params, uint64_t seed) {
     dt_rng r;
     dt_rng_seed(&r, seed);
-    const dt_gpt_config *c = &m->c;
     float resid_std = 0.02f / sqrtf(2.0f * c->n_layer);
-    memset(m->params, 0, sizeof(float) * m->nparams);
+    memset(params, 0, sizeof(float) * (t[NPT - 1].offset + t[NPT - 1].numel));
     for (int i = 0; i < NPT; i++) {
-        float *p = m->p[i];
-        size_t n = m->tensors[i].numel;
+        float *p = params + t[i].offset;
+        size_t n = t[i].numel;
         if (i == WTE) n = (size_t)c->vocab_size * c->n_embd;  // padding rows stay 0
         if (i == LN1W || i == LN2W || i == LNFW) {
             for (size_t j = 0; j < n; j++) p[j] = 1.0f;
@@ -340,6 +361,87 @@ void dt_gpt_init(dt_gpt *m, uint64_t seed) {
     }
 }
 
+dt_status dt_gpt_init(dt_gpt *m, uint64_t seed) {
+    if (m->ntp == 1) {
+        init_block(&m->c, m->tensors, m->params, seed);
+        return DT_OK;
+    }
+    // A shard: its part of the whole model's initialisation.
+    dt_tensor_info t[NPT];
+    shard_shapes(&m->c, 1, t);
+    float *whole = dt_alloc(sizeof(float) * dt_gpt_config_num_params(&m->c));
+    if (!whole) return dt_error(DT_ERR_NOMEM, "gpt init: out of memory for the whole model (tensor-parallel shard)");
+    init_block(&m->c, t, whole, seed);
+    dt_gpt_shard_copy(&m->c, m->tp, m->ntp, m->params, whole, 0);
+    dt_free(whole);
+    return DT_OK;
+}
+
+// ----------------------------------------------------------------------------
+// tensor parallel: shards of the whole block
+
+int dt_gpt_tensor_split(int i) {
+    return i == WTE || i == QKVW || i == QKVB || i == ATTPROJW || i == FCW || i == FCB || i == FCPROJW;
+}
+
+void dt_gpt_shard_copy(const dt_gpt_config *c, int tp, int ntp, float *local, float *whole, int to_whole) {
+    dt_tensor_info w[NPT], s[NPT];
+    shard_shapes(c, 1, w);
+    shard_shapes(c, ntp, s);
+    size_t L = c->n_layer, C = c->n_embd, Cl = C / ntp, F = 4 * C / ntp, r = tp;
+#define RUN(lo, wo, n)                                                                   \
+    do {                                                                                 \
+        float *l_ = local + s[i].offset + (lo), *w_ = whole + w[i].offset + (wo);        \
+        if (to_whole) memcpy(w_, l_, sizeof(float) * (n));                               \
+        else memcpy(l_, w_, sizeof(float) * (n));                                        \
+    } while (0)
+    for (int i = 0; i < NPT; i++) {
+        size_t row = (i == QKVW || i == FCW) ? C : 1;
+        switch (i) {
+        case WTE: RUN(0, r * s[i].numel, s[i].numel); break;
+        case QKVW:
+        case QKVB:  // each of q, k, v: the columns of this rank's heads
+            for (size_t l = 0; l < L; l++)
+                for (size_t part = 0; part < 3; part++)
+                    RUN((l * 3 + part) * Cl * row, (l * 3 * C + part * C + r * Cl) * row, Cl * row);
+            break;
+        case FCW:
+        case FCB:
+            for (size_t l = 0; l < L; l++) RUN(l * F * row, (l * 4 * C + r * F) * row, F * row);
+            break;
+        case ATTPROJW:  // the rows of the inputs this rank holds
+            for (size_t l = 0; l < L; l++)
+                for (size_t o = 0; o < C; o++) RUN((l * C + o) * Cl, (l * C + o) * C + r * Cl, Cl);
+            break;
+        case FCPROJW:
+            for (size_t l = 0; l < L; l++)
+                for (size_t o = 0; o < C; o++) RUN((l * C + o) * F, (l * C + o) * 4 * C + r * F, F);
+            break;
+        default: RUN(0, 0, w[i].numel);  // replicated
+        }
+    }
+#undef RUN
+}
+
+int dt_gpt_shard(const dt_gpt *m, int *ntp) {
+    *ntp = m->ntp;
+    return m->tp;
+}
+
+void dt_gpt_set_reduce(dt_gpt *m, dt_gpt_reduce_fn fn, void *user) {
+    m->reduce = fn;
+    m->reduce_user = user;
+}
+
+// Sums (max = 1: maxes) buf over the shards; nothing for the whole model.
+static dt_status tp_reduce(dt_gpt *m, float *buf, size_t n, int max) {
+    if (m->ntp == 1) return DT_OK;
+    if (!m->reduce)
+        return dt_error(DT_ERR_ARG, "gpt: tensor-parallel shard %d of %d has no reduce function (dt_gpt_set_reduce)",
+                        m->tp, m->ntp);
+    return m->reduce(buf, n, max, m->reduce_user);
+}
+
 // ----------------------------------------------------------------------------
 // stages: checks, views and hooks
 
@@ -348,11 +450,13 @@ typedef struct {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } layer_params;
 
-static layer_params layer_params_of(float *const t[NPT], int l, size_t C) {
-    size_t lC = (size_t)l * C;
-    return (layer_params){t[LN1W] + lC, t[LN1B] + lC, t[QKVW] + lC * 3 * C, t[QKVB] + 3 * lC,
-                          t[ATTPROJW] + lC * C, t[ATTPROJB] + lC, t[LN2W] + lC, t[LN2B] + lC,
-                          t[FCW] + lC * 4 * C, t[FCB] + 4 * lC, t[FCPROJW] + lC * 4 * C, t[FCPROJB] + lC};
+// In a shard of ntp: qkvw [L,3C/ntp,C], attprojw [L,C,C/ntp], fcw
+// [L,4C/ntp,C], fcprojw [L,C,4C/ntp] and their split biases.
+static layer_params layer_params_of(float *const t[NPT], int l, size_t C, int ntp) {
+    size_t lC = (size_t)l * C, Cl = C / ntp;
+    return (layer_params){t[LN1W] + lC, t[LN1B] + lC, t[QKVW] + lC * 3 * Cl, t[QKVB] + 3 * l * Cl,
+                          t[ATTPROJW] + lC * Cl, t[ATTPROJB] + lC, t[LN2W] + lC, t[LN2B] + lC,
+                          t[FCW] + lC * 4 * Cl, t[FCB] + 4 * l * Cl, t[FCPROJW] + lC * 4 * Cl, t[FCPROJB] + lC};
 }
 
 // One layer's saved activations at the set's current shape.
@@ -410,29 +514,64 @@ dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs,
     if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_FORWARD);
     if (st != DT_OK) return st;
     memcpy(a->inputs, inputs, sizeof(int32_t) * BT);
-    dt_encoder_forward(resid_out, inputs, m->p[WTE], m->p[WPE], a->B, a->T, m->c.n_embd);
+    if (m->ntp == 1) dt_encoder_forward(resid_out, inputs, m->p[WTE], m->p[WPE], a->B, a->T, m->c.n_embd);
+    else {  // vocab-parallel: the rank that holds a token's row writes it, the others 0, summed
+        int C = m->c.n_embd, Vl = m->c.padded_vocab_size / m->ntp, v0 = m->tp * Vl;
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < BT; i++) {
+            float *o = resid_out + (size_t)i * C;
+            const float *we = m->p[WTE] + (size_t)(inputs[i] - v0) * C, *pe = m->p[WPE] + (size_t)(i % a->T) * C;
+            int mine = inputs[i] >= v0 && inputs[i] < v0 + Vl;
+            for (int c = 0; c < C; c++) o[c] = mine ? we[c] + pe[c] : 0.0f;
+        }
+        if ((st = tp_reduce(m, resid_out, (size_t)BT * C, 0)) != DT_OK) return st;
+    }
     a->have_inputs = 1;
     return DT_OK;
 }
 
+// out[N,C] += b[C] on every row.
+static void add_bias(float *out, const float *b, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) out[(size_t)i * C + c] += b[c];
+}
+
+// A row-parallel linear's output: the shards' partial products summed,
+// then the bias (the whole model adds it in the GEMM).
+static dt_status row_parallel_sum(dt_gpt *m, float *out, const float *b, int N, int C) {
+    if (m->ntp == 1) return DT_OK;
+    dt_status st = tp_reduce(m, out, (size_t)N * C, 0);
+    if (st == DT_OK) add_bias(out, b, N, C);
+    return st;
+}
+
 // One block: out = x + attn(ln1(x)) + mlp(ln2(...)), x = residual. The
 // projections are written straight into the residual sums (res2, out) and
-// the add is done in place: backward never reads them.
-static void layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *out) {
-    int B = a->B, T = a->T, C = m->c.n_embd, NH = m->c.n_head, BT = B * T;
+// the add is done in place: backward never reads them. In a shard of ntp
+// (Megatron's layout) the qkv and fc linears are column-parallel (this
+// rank's heads, its 4C / ntp of the MLP's hidden units), the two projections
+// row-parallel: one sum over the shards after each (attention, MLP).
+static dt_status layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *out) {
+    int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp;
+    int Cl = C / ntp, NHl = m->c.n_head / ntp, F = 4 * C / ntp;
     size_t sC = (size_t)BT * C;
     layer_acts s = layer_acts_of(a, l);
-    layer_params p = layer_params_of(m->p, l, C);
+    layer_params p = layer_params_of(m->p, l, C, ntp);
     dt_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, BT, C, 1e-5f);
-    dt_linear_forward(s.qkv, s.ln1, p.qkvw, p.qkvb, BT, C, 3 * C);
-    dt_attention_forward(s.atty, s.att, s.qkv, B, T, C, NH);
-    dt_linear_forward(s.res2, s.atty, p.attprojw, p.attprojb, BT, C, C);
+    dt_linear_forward(s.qkv, s.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    dt_attention_forward(s.atty, s.att, s.qkv, B, T, Cl, NHl);
+    dt_linear_forward(s.res2, s.atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
+    dt_status st = row_parallel_sum(m, s.res2, p.attprojb, BT, C);
+    if (st != DT_OK) return st;
     dt_residual_forward(s.res2, residual, s.res2, sC);
     dt_layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, BT, C, 1e-5f);
-    dt_linear_forward(s.fch, s.ln2, p.fcw, p.fcb, BT, C, 4 * C);
-    dt_gelu_forward(s.fchg, s.fch, 4 * sC);
-    dt_linear_forward(out, s.fchg, p.fcprojw, p.fcprojb, BT, 4 * C, C);
+    dt_linear_forward(s.fch, s.ln2, p.fcw, p.fcb, BT, C, F);
+    dt_gelu_forward(s.fchg, s.fch, (size_t)BT * F);
+    dt_linear_forward(out, s.fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
+    if ((st = row_parallel_sum(m, out, p.fcprojb, BT, C)) != DT_OK) return st;
     dt_residual_forward(out, s.res2, out, sC);
+    return DT_OK;
 }
 
 dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const float *resid_in,
@@ -445,11 +584,63 @@ dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const 
     // writes the one after it there (resid_out for l1-1).
     for (int l = l0; l < l1; l++) {
         if ((st = layer_hook(m, l, DT_GPT_FORWARD)) != DT_OK) return st;
-        layer_forward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l),
-                      l == l1 - 1 ? resid_out : dt_gpt_acts_resid(a, l + 1));
+        st = layer_forward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l),
+                           l == l1 - 1 ? resid_out : dt_gpt_acts_resid(a, l + 1));
+        if (st != DT_OK) return st;
         a->saved[l - a->l0] = 1;
     }
     return DT_OK;
+}
+
+// The head's vocabulary on this shard: *v0 its first row, returns how many
+// of its rows are below vocab_size.
+static int head_vocab(const dt_gpt *m, int *v0) {
+    int Vl = m->c.padded_vocab_size / m->ntp, left = m->c.vocab_size - m->tp * Vl;
+    *v0 = m->tp * Vl;
+    return left < 0 ? 0 : left < Vl ? left : Vl;
+}
+
+// Softmax cross-entropy over logits [N, V] that the shards hold in columns
+// of Vl each (targets[N] shifted to this shard's columns): the row maxima
+// and then the sums of exponentials and the target logits are reduced over
+// the shards, so no rank holds a whole row. probs as dt_crossentropy_forward.
+static dt_status parallel_crossentropy(dt_gpt *m, float *probs, const float *logits, const int32_t *targets,
+                                       int N, int Vl, float *loss) {
+    float *mx = malloc(sizeof(float) * 3 * (size_t)N), *sum = mx + N;  // sum[N], target logit[N]
+    double *row = malloc(sizeof(double) * (size_t)N);
+    dt_status st = mx && row ? DT_OK : dt_error(DT_ERR_NOMEM, "gpt forward: out of memory");
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < (st == DT_OK ? N : 0); i++) {
+        float v = -FLT_MAX;
+        for (int j = 0; j < Vl; j++) v = logits[(size_t)i * Vl + j] > v ? logits[(size_t)i * Vl + j] : v;
+        mx[i] = v;
+    }
+    if (st == DT_OK) st = tp_reduce(m, mx, (size_t)N, 1);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < (st == DT_OK ? N : 0); i++) {
+        const float *l = logits + (size_t)i * Vl;
+        float *p = probs + (size_t)i * Vl;
+        double s = 0;
+        for (int j = 0; j < Vl; j++) {
+            p[j] = expf(l[j] - mx[i]);
+            s += p[j];
+        }
+        sum[i] = (float)s;
+        sum[N + i] = targets[i] >= 0 && targets[i] < Vl ? l[targets[i]] : 0.0f;
+    }
+    if (st == DT_OK) st = tp_reduce(m, sum, 2 * (size_t)N, 0);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < (st == DT_OK ? N : 0); i++) {
+        float inv = 1.0f / sum[i];
+        for (int j = 0; j < Vl; j++) probs[(size_t)i * Vl + j] *= inv;
+        row[i] = (double)mx[i] + log((double)sum[i]) - sum[N + i];
+    }
+    double total = 0;
+    for (int i = 0; i < (st == DT_OK ? N : 0); i++) total += row[i];
+    *loss = N > 0 ? (float)(total / N) : 0.0f;
+    free(mx);
+    free(row);
+    return st;
 }
 
 dt_status dt_gpt_head_forward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, const int32_t *targets,
@@ -461,12 +652,17 @@ dt_status dt_gpt_head_forward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, 
     a->have_targets = 0;
     if (st != DT_OK) return st;
     dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_in, m->p[LNFW], m->p[LNFB], BT, C, 1e-5f);
-    // Tied head: the first V rows of wte are the output projection.
-    dt_linear_forward(a->logits, a->lnf, m->p[WTE], NULL, BT, C, V);
+    // Tied head: the first V rows of wte are the output projection (of a
+    // shard's rows, those below V: logits [BT, Vv]).
+    int v0, Vv = head_vocab(m, &v0);
+    if (Vv > 0) dt_linear_forward(a->logits, a->lnf, m->p[WTE], NULL, BT, C, Vv);
     if (targets) {
-        memcpy(a->targets, targets, sizeof(int32_t) * BT);
+        // The targets as this shard's columns (outside [0, Vv): another's).
+        for (int i = 0; i < BT; i++) a->targets[i] = targets[i] - v0;
         a->have_targets = 1;
-        float l = dt_crossentropy_forward(a->probs, a->logits, targets, BT, V);
+        float l = 0;
+        if (m->ntp == 1) l = dt_crossentropy_forward(a->probs, a->logits, targets, BT, V);
+        else if ((st = parallel_crossentropy(m, a->probs, a->logits, a->targets, BT, Vv, &l)) != DT_OK) return st;
         if (!isfinite(l)) return dt_error(DT_ERR_NUMERIC, "gpt forward: loss is %g", l);
         if (loss) *loss = l;
     }
@@ -509,7 +705,7 @@ static void grads_final(dt_gpt *m, int k, int l) {
 }
 
 dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, float *dresid) {
-    int L = m->c.n_layer, BT = a->B * a->T, C = m->c.n_embd, V = m->c.vocab_size;
+    int L = m->c.n_layer, BT = a->B * a->T, C = m->c.n_embd;
     dt_status st = check_stage(m, a, HEAD, 0, 0, "gpt head backward");
     if (st == DT_OK && !a->have_targets)
         st = dt_error(DT_ERR_ARG, "gpt backward: the last forward had no targets (or was already backpropagated)");
@@ -519,10 +715,12 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
     size_t sC = (size_t)BT * C;
     // dlogits overwrites the logits (no longer needed).
     float *dlogits = a->logits;
-    memset(dlogits, 0, sizeof(float) * BT * V);
-    dt_crossentropy_backward(dlogits, a->probs, a->targets, BT, V, m->loss_scale);
+    int v0, Vv = head_vocab(m, &v0);
+    memset(dlogits, 0, sizeof(float) * BT * Vv);
+    dt_crossentropy_backward(dlogits, a->probs, a->targets, BT, Vv, m->loss_scale);
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, a->lnf, m->p[WTE], BT, C, V);
+    if (Vv > 0) dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, a->lnf, m->p[WTE], BT, C, Vv);
+    if ((st = tp_reduce(m, m->dln, sC, 0)) != DT_OK) return st;
     memset(dresid, 0, sizeof(float) * sC);
     dt_layernorm_backward(dresid, m->g[LNFW], m->g[LNFB], m->dln, resid_in, m->p[LNFW], a->lnf_mean,
                           a->lnf_rstd, BT, C);
@@ -534,33 +732,40 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
 // dresid carries the gradient of the residual stream down: a residual add
 // passes it through unchanged to both of its inputs, so it is both
 // d(fcproj) and, after the MLP branch adds in, d(residual2).
-static void layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *dresid) {
-    int B = a->B, T = a->T, C = m->c.n_embd, NH = m->c.n_head, BT = B * T;
-    size_t sC = (size_t)BT * C;
+// In a shard, the gradients of the column-parallel linears' inputs are the
+// shards' partial sums: one sum over them in each of the two halves.
+static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *dresid) {
+    int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp;
+    int Cl = C / ntp, NHl = m->c.n_head / ntp, F = 4 * C / ntp;
+    size_t sC = (size_t)BT * C, sF = (size_t)BT * F;
     layer_acts s = layer_acts_of(a, l);
-    layer_params p = layer_params_of(m->p, l, C), g = layer_params_of(m->g, l, C);
+    layer_params p = layer_params_of(m->p, l, C, ntp), g = layer_params_of(m->g, l, C, ntp);
 
-    memset(m->dfch_gelu, 0, sizeof(float) * 4 * sC);
-    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, s.fchg, p.fcprojw, BT, 4 * C, C);
+    memset(m->dfch_gelu, 0, sizeof(float) * sF);
+    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, s.fchg, p.fcprojw, BT, F, C);
     grads_final(m, FCPROJW, l);
-    memset(m->dfch, 0, sizeof(float) * 4 * sC);
-    dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, 4 * sC);
+    memset(m->dfch, 0, sizeof(float) * sF);
+    dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, sF);
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, s.ln2, p.fcw, BT, C, 4 * C);
+    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, s.ln2, p.fcw, BT, C, F);
     grads_final(m, FCW, l);
+    dt_status st = tp_reduce(m, m->dln, sC, 0);
+    if (st != DT_OK) return st;
     dt_layernorm_backward(dresid, g.ln2w, g.ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, BT, C);
     grads_final(m, LN2W, l);
 
-    memset(m->datty, 0, sizeof(float) * sC);
-    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, s.atty, p.attprojw, BT, C, C);
+    memset(m->datty, 0, sizeof(float) * (size_t)BT * Cl);
+    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, s.atty, p.attprojw, BT, Cl, C);
     grads_final(m, ATTPROJW, l);
-    memset(m->dqkv, 0, sizeof(float) * 3 * sC);
-    dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, C, NH);
+    memset(m->dqkv, 0, sizeof(float) * 3 * (size_t)BT * Cl);
+    dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, Cl, NHl);
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, s.ln1, p.qkvw, BT, C, 3 * C);
+    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, s.ln1, p.qkvw, BT, C, 3 * Cl);
     grads_final(m, QKVW, l);
+    if ((st = tp_reduce(m, m->dln, sC, 0)) != DT_OK) return st;
     dt_layernorm_backward(dresid, g.ln1w, g.ln1b, m->dln, residual, p.ln1w, s.ln1_mean, s.ln1_rstd, BT, C);
     grads_final(m, LN1W, l);
+    return DT_OK;
 }
 
 dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const float *resid_in,
@@ -572,7 +777,7 @@ dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const
     if (st == DT_OK) st = reserve_scratch(m, a);
     for (int l = l1 - 1; st == DT_OK && l >= l0; l--)
         if ((st = layer_hook(m, l, DT_GPT_BACKWARD)) == DT_OK)
-            layer_backward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l), dresid);
+            st = layer_backward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l), dresid);
     return st;
 }
 
@@ -582,7 +787,16 @@ dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *dresid) 
         st = dt_error(DT_ERR_ARG, "gpt embed backward: the embedding has not run forward on these activations");
     if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_BACKWARD);
     if (st != DT_OK) return st;
-    dt_encoder_backward(m->g[WTE], m->g[WPE], dresid, a->inputs, a->B, a->T, m->c.n_embd);
+    if (m->ntp == 1) dt_encoder_backward(m->g[WTE], m->g[WPE], dresid, a->inputs, a->B, a->T, m->c.n_embd);
+    else {  // this shard's rows of wte; wpe whole
+        int C = m->c.n_embd, BT = a->B * a->T, Vl = m->c.padded_vocab_size / m->ntp, v0 = m->tp * Vl;
+        for (int i = 0; i < BT; i++)
+            if (a->inputs[i] >= v0 && a->inputs[i] < v0 + Vl) {
+                float *d = m->g[WTE] + (size_t)(a->inputs[i] - v0) * C;
+                for (int c = 0; c < C; c++) d[c] += dresid[(size_t)i * C + c];
+            }
+        dt_encoder_backward(NULL, m->g[WPE], dresid, a->inputs, a->B, a->T, C);
+    }
     if (m->hook) m->hook(0, m->hook_user);
     return DT_OK;
 }

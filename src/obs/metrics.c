@@ -38,6 +38,7 @@ const char *dt_obs_phase_name(dt_obs_phase p) {
 struct dt_obs {
     dt_comm_t comm;
     int rank, W;
+    int pipeline;                 // [parallel] pipeline: stages, to name the slowest rank's
     dt_progress_fn progress;
     void *user;
     char name[64];
@@ -254,6 +255,7 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     o->comm = comm;
     o->rank = dt_comm_rank(comm);
     o->W = dt_comm_size(comm);
+    o->pipeline = c->pipeline;
     if (o->rank == 0) {
         o->progress = progress;
         o->user = user;
@@ -282,7 +284,16 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     }
     if (c->trace[0]) {
         snprintf(o->trace_path, sizeof o->trace_path, "%s", c->trace);
-        if ((st = dt_trace_open(&o->trace, c->trace, o->rank)) != DT_OK) goto fail;
+        // Model parallel: each rank's track names its stage (rank = (stage x
+        // D + replica) x T + t, docs/model-parallel.md).
+        char label[96] = "";
+        int P = c->pipeline, T = c->tensor;
+        if ((P > 1 || T > 1) && o->W % (P * T) == 0) {
+            int D = o->W / (P * T);
+            snprintf(label, sizeof label, ": stage %d of %d, tensor %d, replica %d", o->rank / T / D, P, o->rank % T,
+                     o->rank / T % D);
+        }
+        if ((st = dt_trace_open(&o->trace, c->trace, o->rank, label)) != DT_OK) goto fail;
     }
     if (o->rank == 0) {
         o->strag = dt_straggler_create(o->W, c->straggler_margin, c->straggler_steps);
@@ -386,6 +397,12 @@ static double work_seconds(const dt_obs *o, int r) {
     return v[X_DATA] + v[X_FORWARD] + v[X_BACKWARD] + v[X_OPTIM];
 }
 
+// The pipeline stage of rank r (rank = stage x W / P + ...); -1 without a pipeline.
+static int stage_of(const dt_obs *o, int r) {
+    int P = o->pipeline;
+    return P > 1 && o->W % P == 0 ? r / (o->W / P) : -1;
+}
+
 // Rank 0: the slowest rank of this step, and straggler reports.
 static int rank0_step(dt_obs *o, int64_t step, double now) {
     int W = o->W, slowest = 0;
@@ -421,6 +438,28 @@ static int rank0_step(dt_obs *o, int64_t step, double now) {
     o->stragglers_total += (uint64_t)n;
     pthread_mutex_unlock(&o->mu);
     return slowest;
+}
+
+void dt_obs_schedule(dt_obs *o, const dt_obs_sched *h, const dt_obs_span *s, int n) {
+    if (!o || !o->log) return;
+    cJSON *j = record(o, "schedule", h->step, dt_now());
+    cJSON_AddNumberToObject(j, "stage", h->stage);
+    cJSON_AddNumberToObject(j, "stages", h->stages);
+    cJSON_AddNumberToObject(j, "virtual_stages", h->virtual_stages);
+    cJSON_AddNumberToObject(j, "micro_batches", h->micro_batches);
+    cJSON_AddNumberToObject(j, "tensor", h->tensor);
+    cJSON_AddNumberToObject(j, "replica", h->replica);
+    cJSON *a = cJSON_AddArrayToObject(j, "spans");  // [forward?, micro-batch, chunk, start, end] (seconds)
+    for (int i = 0; i < n && a; i++) {
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(s[i].fwd));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(s[i].mb));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(s[i].chunk));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(round((s[i].t0 - o->t0) * 1e6) / 1e6));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(round((s[i].t1 - o->t0) * 1e6) / 1e6));
+        cJSON_AddItemToArray(a, e);
+    }
+    log_record(o, j);
 }
 
 void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
@@ -474,15 +513,17 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     cJSON_AddNumberToObject(j, "peak_rss_bytes", peak_rss_bytes());
     cJSON *mb = cJSON_AddObjectToObject(j, "memory_bytes");
     for (int k = 0; k < DT_OBS_MEM_KINDS; k++) cJSON_AddNumberToObject(mb, mem_kinds[k], o->mem[k]);
+    int sstage = stage_of(o, slowest);
     if (o->rank == 0 && o->W > 1) {
         cJSON_AddNumberToObject(j, "slowest_rank", slowest);
+        if (sstage >= 0) cJSON_AddNumberToObject(j, "slowest_stage", sstage);
         num(j, "slowest_step_seconds", work_seconds(o, slowest));
     }
     log_record(o, j);
 
     if (o->progress) {
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, s->loss, s->lr, o->rate, eta, 0, 0, 0,
-                         o->trate, o->W, slowest, work_seconds(o, slowest)};
+                         o->trate, o->W, slowest, work_seconds(o, slowest), sstage};
         o->progress(&p, o->user);
     }
     o->prev_opt = o->acc[DT_OBS_OPTIMIZER];
@@ -510,7 +551,7 @@ void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accura
     pthread_mutex_unlock(&o->mu);
     if (o->progress) {
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, train_loss, s->lr, o->rate, 0, 1, eval_loss,
-                         eval_accuracy, o->trate, o->W, -1, 0};
+                         eval_accuracy, o->trate, o->W, -1, 0, -1};
         o->progress(&p, o->user);
     }
 }

@@ -93,6 +93,19 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s);
 /* An evaluation just ended, after the last step recorded (accuracy < 0:
  * none); train_loss is the training loss to show beside it. */
 void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accuracy);
+/* A model-parallel step as one rank ran it: a "schedule" record of its
+ * metrics log (dtrain report draws the stages' records of one step as the
+ * pipeline timeline). Each span is a forward (fwd = 1) or backward of
+ * micro-batch mb on virtual stage chunk, from t0 to t1 (dt_now()). */
+typedef struct {
+    int fwd, mb, chunk;
+    double t0, t1;
+} dt_obs_span;
+typedef struct {
+    int64_t step;      /* counts from 1 */
+    int stage, stages, virtual_stages, micro_batches, tensor, replica;
+} dt_obs_sched;
+void dt_obs_schedule(dt_obs *o, const dt_obs_sched *h, const dt_obs_span *s, int n);
 /* Collective when st == DT_OK: finishes the trace (rank 0 merges every
  * rank's part into c->trace) and closes everything. Returns st if it is an
  * error, else the first error of closing. NULL is fine. */

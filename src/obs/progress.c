@@ -27,7 +27,10 @@ void dt_progress_format(const dt_progress *p, char *buf, size_t n) {
     fmt_duration(p->eta_seconds, eta, sizeof eta);
     if (p->tokens_per_sec > 0) snprintf(rate, sizeof rate, "%.0f tokens/s", p->tokens_per_sec);
     else snprintf(rate, sizeof rate, "%.0f samples/s", p->samples_per_sec);
-    if (p->workers > 1)
+    if (p->workers > 1 && p->slowest_stage >= 0)
+        snprintf(slow, sizeof slow, " | slowest stage %d (rank %d, %.0f ms)", p->slowest_stage, p->slowest_rank,
+                 p->slowest_step_seconds * 1e3);
+    else if (p->workers > 1)
         snprintf(slow, sizeof slow, " | slowest rank %d (%.0f ms)", p->slowest_rank, p->slowest_step_seconds * 1e3);
     snprintf(buf, n, "step %lld/%lld | epoch %d/%d | loss %.4f | lr %.2e | %s | ETA %s%s", (long long)p->step,
              (long long)p->total_steps, p->epoch, p->epochs, p->loss, p->lr, rate, eta, slow);
@@ -52,6 +55,7 @@ void dt_progress_format_json(const dt_progress *p, char *buf, size_t n) {
         if (p->workers > 1) {
             cJSON_AddNumberToObject(j, "slowest_rank", p->slowest_rank);
             cJSON_AddNumberToObject(j, "slowest_step_seconds", p->slowest_step_seconds);
+            if (p->slowest_stage >= 0) cJSON_AddNumberToObject(j, "slowest_stage", p->slowest_stage);
         }
     }
     char *s = cJSON_PrintUnformatted(j);

@@ -33,6 +33,7 @@ typedef struct {  // a growable array of doubles
 typedef struct {
     vec step, time, loss, rate, trate, compute, ph[NPH], sent, recv, peak;
     vec eval_step, eval_loss, eval_acc;
+    cJSON *sched;  // the last "schedule" record (model parallel), or NULL
 } rank_log;
 
 typedef struct {
@@ -79,6 +80,7 @@ static void free_rank(rank_log *r) {
     free(r->eval_step.v);
     free(r->eval_loss.v);
     free(r->eval_acc.v);
+    cJSON_Delete(r->sched);
 }
 
 // Forgets the last step record.
@@ -154,6 +156,10 @@ static dt_status read_log(const char *path, run_data *d, rank_log *r) {
                 const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "phase");
                 snprintf(e->phase, sizeof e->phase, "%s", cJSON_IsString(p) ? p->valuestring : "?");
             }
+        } else if (!strcmp(t, "schedule")) {
+            cJSON_Delete(r->sched);
+            r->sched = cJSON_Duplicate(j, 1);
+            oom |= !r->sched;
         } else if (!strcmp(t, "run")) {
             const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "name");
             if (cJSON_IsString(n)) snprintf(d->name, sizeof d->name, "%s", n->valuestring);
@@ -577,6 +583,75 @@ static int federated_run(const char *run_dir) {
     return fed;
 }
 
+// A span of a schedule record: [forward?, micro-batch, chunk, start, end].
+static int sched_span(const cJSON *e, double v[5]) {
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 5) return 0;
+    for (int k = 0; k < 5; k++) {
+        const cJSON *x = cJSON_GetArrayItem(e, k);
+        if (!cJSON_IsNumber(x)) return 0;
+        v[k] = x->valuedouble;
+    }
+    return v[4] >= v[3];
+}
+
+// Model parallel: the stages of data-parallel replica 0 (tensor rank 0) in
+// rank 0's last recorded step, one row each, forwards and backwards as
+// boxes numbered by micro-batch; each stage's idle share of the step beside
+// the model (P-1)/(V M+P-1).
+static void pipeline_chart(FILE *f, const run_data *d) {
+    const cJSON *s0 = d->r[0].sched;
+    if (!s0) return;
+    double step = get(s0, "step", -1), P = get(s0, "stages", 1), V = get(s0, "virtual_stages", 1);
+    double M = get(s0, "micro_batches", 1);
+    int rows[64], nr = 0;
+    double lo = INFINITY, hi = -INFINITY, v[5];
+    for (int r = 0; r < d->nranks && nr < 64; r++) {
+        const cJSON *sc = d->r[r].sched;
+        if (!sc || get(sc, "step", -2) != step || get(sc, "tensor", 1) != 0 || get(sc, "replica", 1) != 0) continue;
+        rows[nr++] = r;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(sc, "spans")) if (sched_span(e, v)) {
+            lo = fmin(lo, v[3]);
+            hi = fmax(hi, v[4]);
+        }
+    }
+    if (!nr || !(hi > lo)) return;
+    int rh = 28, H = MT + nr * rh + MB, x0 = ML, x1 = CW - 20;
+    fprintf(f, "<h2>Pipeline timeline</h2>\n<svg class=\"chart\" id=\"pipeline\" xmlns=\"http://www.w3.org/2000/svg\" "
+               "width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n<text x=\"%d\" y=\"20\" font-size=\"14\">"
+               "Step %.0f: forward (blue) and backward (orange) of each micro-batch, per stage</text>\n",
+            CW, H, CW, H, ML, step);
+    for (int i = 0; i < nr; i++) {
+        const cJSON *sc = d->r[rows[i]].sched, *e;
+        int y = MT + i * rh;
+        fprintf(f, "<text x=\"4\" y=\"%d\" font-size=\"12\">stage %.0f</text>\n", y + rh / 2 + 4, get(sc, "stage", 0));
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(sc, "spans")) if (sched_span(e, v)) {
+            double a = x0 + (v[3] - lo) / (hi - lo) * (x1 - x0), w = (v[4] - v[3]) / (hi - lo) * (x1 - x0);
+            fprintf(f, "<rect class=\"%s\" x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" "
+                       "fill-opacity=\"%.2f\" stroke=\"#fff\" stroke-width=\"0.5\"/>\n",
+                    v[0] ? "fwd" : "bwd", a, y + 2, w > 0.5 ? w : 0.5, rh - 4, v[0] ? palette[0] : palette[1],
+                    1.0 - 0.35 * fmod(v[2], 2));
+            if (w > 14)
+                fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" fill=\"#fff\" text-anchor=\"middle\">%.0f</text>\n",
+                        a + w / 2, y + rh / 2 + 3, v[1]);
+        }
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">0</text><text x=\"%d\" y=\"%d\" font-size=\"12\" "
+               "text-anchor=\"end\">%.1f ms</text>\n</svg>\n",
+            x0, H - MB + 16, x1, H - MB + 16, (hi - lo) * 1e3);
+    fprintf(f, "<table><tr><th>stage</th><th>rank</th><th>busy, ms</th><th>idle in the step</th><th>model (P-1)/(%sM+P-1)</th></tr>\n",
+            V > 1 ? "V" : "");
+    for (int i = 0; i < nr; i++) {
+        const cJSON *sc = d->r[rows[i]].sched, *e;
+        double busy = 0;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(sc, "spans")) if (sched_span(e, v)) busy += v[4] - v[3];
+        fprintf(f, "<tr><td>%.0f</td><td>%d</td><td>%.2f</td><td>%.1f%%</td><td>%.1f%%</td></tr>\n", get(sc, "stage", 0),
+                rows[i], busy * 1e3, 100 * (1 - busy / (hi - lo)), 100 * (P - 1) / (V * M + P - 1));
+    }
+    fputs("</table>\n<p>Idle is the share of the step (first forward to last backward of all stages) in which "
+          "the stage computes nothing: the bubble, plus waiting for slower stages and transfers.</p>\n", f);
+}
+
 static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     const rank_log *r0 = &d->r[0];
     int W = d->nranks, n = r0->step.n, nb = n < 600 ? n : 600;
@@ -642,6 +717,7 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
           "Exposed communication is time spent waiting for it; hidden communication ran during backward.</p>\n", f);
 
     staleness_chart(f, run_dir);
+    pipeline_chart(f, d);
 
     // Stragglers: each rank's work per step over the median of all ranks.
     fputs("<h2>Stragglers</h2>\n", f);

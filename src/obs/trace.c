@@ -19,7 +19,7 @@ static void part_path(char *buf, size_t n, const char *path, int rank) {
     snprintf(buf, n, "%s.rank-%d", path, rank);
 }
 
-dt_status dt_trace_open(dt_trace **out, const char *path, int rank) {
+dt_status dt_trace_open(dt_trace **out, const char *path, int rank, const char *label) {
     *out = NULL;
     dt_trace *t = calloc(1, sizeof *t);
     if (!t) return dt_error(DT_ERR_NOMEM, "trace: out of memory");
@@ -31,11 +31,11 @@ dt_status dt_trace_open(dt_trace **out, const char *path, int rank) {
         return st;
     }
     fprintf(t->f,
-            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}},\n"
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d%s\"}},\n"
             "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}},\n"
             "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"compute\"}},\n"
             "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"communication\"}},\n",
-            rank, rank, rank, rank, rank, DT_TRACE_COMPUTE, rank, DT_TRACE_COMM);
+            rank, rank, label ? label : "", rank, rank, rank, DT_TRACE_COMPUTE, rank, DT_TRACE_COMM);
     *out = t;
     return DT_OK;
 }

@@ -14,7 +14,7 @@ typedef struct dt_trace dt_trace;
 enum { DT_TRACE_COMPUTE = 1, DT_TRACE_COMM = 2 };
 
 /* Creates path.rank-N and writes the track names into it. */
-dt_status dt_trace_open(dt_trace **out, const char *path, int rank);
+dt_status dt_trace_open(dt_trace **out, const char *path, int rank, const char *label);
 /* One span: start and duration in microseconds; args is a JSON object's
  * text or NULL. Not thread-safe: callers serialise. */
 void dt_trace_span(dt_trace *t, const char *name, const char *cat, int tid, double ts_us, double dur_us,

@@ -113,7 +113,7 @@ static const char *const optim_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
 static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
-static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", NULL};
+static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
 static const char *const offload_names[] = {"none", "disk", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
@@ -157,6 +157,8 @@ static const field fields[] = {
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
     {"parallel", "pipeline", F_INT, O(pipeline), 1, 1024, NULL},
+    {"parallel", "tensor", F_INT, O(tensor), 1, 1024, NULL},
+    {"parallel", "virtual_stages", F_INT, O(virtual_stages), 1, 1024, NULL},
     {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
     {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},
     {"parallel", "pipeline_split", F_STR, O(pipeline_split), 0, 0, NULL},
@@ -257,6 +259,8 @@ void dt_config_defaults(dt_config *c) {
     c->bucket_kb = 2048;
     c->micro_shards = 12;
     c->pipeline = 1;
+    c->tensor = 1;
+    c->virtual_stages = 1;
     c->pipeline_schedule = 1;
     c->fed_clients = 100;
     c->fed_fraction = 0.1f;
