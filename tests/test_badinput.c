@@ -136,13 +136,13 @@ static void test_idx(void) {
     const char *img = tmp_path("img.idx"), *lab = tmp_path("lab.idx");
 
     // The valid pair loads (so the failures below are about what was broken).
-    dt_status st = dt_dataset_load_idx(&ds, img, lab, 10, 0.0f, 1.0f);
+    dt_status st = dt_dataset_load_idx(&ds, img, lab, 10, 0.0f, 1.0f, 1);
     CHECK(st == DT_OK && ds.n == 3 && ds.y[1] == 9, "valid tiny IDX pair: %s", dt_last_error());
     if (st == DT_OK) dt_dataset_free(&ds);
 
     const char *missing = tmp_path("no-such-images.gz");
-    EXPECT_ERR(dt_dataset_load_idx(&ds, missing, lab, 10, 0.0f, 1.0f), DT_ERR_IO, missing);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, img, missing, 10, 0.0f, 1.0f), DT_ERR_IO, missing);
+    EXPECT_ERR(dt_dataset_load_idx(&ds, missing, lab, 10, 0.0f, 1.0f, 1), DT_ERR_IO, missing);
+    EXPECT_ERR(dt_dataset_load_idx(&ds, img, missing, 10, 0.0f, 1.0f, 1), DT_ERR_IO, missing);
     uint8_t *buf;
     size_t len;
     EXPECT_ERR(dt_read_file_gz(missing, &buf, &len), DT_ERR_IO, missing, "cannot open");
@@ -177,7 +177,7 @@ static void test_idx(void) {
         if (st == DT_OK) free(buf);
         write_file(cut, gz, gzn / 2);
         EXPECT_ERR(dt_read_file_gz(cut, &buf, &len), DT_ERR_FORMAT, cut, "truncated");
-        EXPECT_ERR(dt_dataset_load_idx(&ds, img, cut, 10, 0.0f, 1.0f), DT_ERR_FORMAT, cut);
+        EXPECT_ERR(dt_dataset_load_idx(&ds, img, cut, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT, cut);
         for (size_t i = 100; i < 200; i++) gz[i] ^= 0x5a;
         write_file(bad, gz, gzn);
         EXPECT_ERR(dt_read_file_gz(bad, &buf, &len), DT_ERR_FORMAT, bad, "gzip");
@@ -191,16 +191,16 @@ static void test_idx(void) {
     b[0] = 0x1f, b[1] = 0x8b;
     write_file(tmp_path("magic.idx"), b, n);
     EXPECT_ERR(dt_idx_parse(b, n, "magic.idx", &idx), DT_ERR_FORMAT, "magic.idx", "not an IDX file");
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("magic.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("magic.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("magic.idx"), "magic");
     b[0] = b[1] = 0;
     b[2] = 0x0D;
     write_file(tmp_path("type.idx"), b, n);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("type.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("type.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("type.idx"), "element type 0x0d");
     b[2] = 0x08;
     write_file(tmp_path("short.idx"), b, n - 1);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("short.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("short.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("short.idx"), "truncated");
     EXPECT_ERR(dt_idx_parse(b, 10, "hdr.idx", &idx), DT_ERR_FORMAT, "hdr.idx", "truncated IDX header");
     uint8_t *longer = calloc(1, n + 3);
@@ -218,13 +218,13 @@ static void test_idx(void) {
 
     // Shapes across the pair: 1-D images, label count, label values.
     write_idx("flat.idx", lab_dims, 1, labels_ok, 0x08);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("flat.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("flat.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("flat.idx"), "3-D");
     write_idx("lab4.idx", lab4_dims, 1, (const uint8_t[]){1, 2, 3, 4}, 0x08);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab4.idx"), 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab4.idx"), 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("lab4.idx"), img, "4 labels", "3 images");
     write_idx("lab10.idx", lab_dims, 1, labels_bad, 0x08);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab10.idx"), 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab10.idx"), 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("lab10.idx"), "label 10 of sample 1");
     CHECK(ds.x == NULL && ds.y == NULL && ds.n == 0, "failed load leaves the dataset empty");
 }

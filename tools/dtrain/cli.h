@@ -13,6 +13,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_prepare_text(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_convert_data(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

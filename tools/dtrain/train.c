@@ -349,11 +349,13 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         if (n > 1 && dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
-    if (!c->gpt && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
+    int hdf5 = !strcmp(c->dataset, "hdf5");
+    if (!c->gpt && !hdf5 && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
                     dt_idx_find_split(c->data_dir, "t10k", img, lab, sizeof img) != DT_OK))
         return cli_error("[data] dir: %s", dt_last_error()), EXIT_RUNTIME;
     const struct { const char *field, *path; } files[] = {
         {"[checkpoint] resume", strcmp(c->resume, "auto") ? c->resume : ""},
+        {"[data] file", hdf5 ? c->data_file : ""},
         {"[data] train_file", c->gpt ? c->train_file : ""},
         {"[data] val_file", c->gpt ? c->val_file : ""},
         {"[model] init_from", c->init_from},
