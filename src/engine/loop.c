@@ -49,8 +49,9 @@ dt_status dt_train_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of pipeline parallel, ZeRO and local SGD",
                         asked[0], asked[1]);
     if (c->dynamic_batch && (c->pipeline > 1 || c->sync_every > 0))
-        return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch works with data parallel and ZeRO; %s plans its own batches",
-                        c->pipeline > 1 ? "[parallel] pipeline" : "[parallel] sync_every (local SGD weights each rank's share alike)");
+        return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch works with data parallel and ZeRO, not with %s",
+                        c->pipeline > 1 ? "[parallel] pipeline (which plans its own micro-batches)"
+                                        : "[parallel] sync_every (local SGD weights every rank's share alike)");
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
                         asked[0]);
