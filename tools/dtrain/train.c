@@ -58,6 +58,13 @@ static const char train_help[] =
     "  --set parallel.sync_every=H  local SGD: each worker steps on its own\n"
     "                  share and the parameters are averaged every H steps\n"
     "                  (parallel.sync_warmup = S: S data-parallel steps first)\n"
+    "  --set train.dynamic_batch=true  each worker's share of the global\n"
+    "                  batch follows its measured step time (a slow worker gets\n"
+    "                  less), with the same result (docs/data-parallel.md)\n"
+    "  --set data.augment=crop,flip  augment training samples (seeded per\n"
+    "                  sample); data.sampler=balanced, data.loader_threads=N,\n"
+    "                  data.dataset=hdf5 with data.file=F.h5 (written by dtrain\n"
+    "                  convert-data): docs/data.md\n"
     CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
