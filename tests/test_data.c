@@ -18,8 +18,9 @@
  *      command's bad arguments.
  *   6. Dynamic batching: a deterministic CNN on 3 workers, rank 1 slowed 3x,
  *      with dynamic_batch: bitwise the one-process result, and the slow
- *      rank's share shrank (its metrics records); plain dp on 2 workers
- *      against one process within 1e-4; configs it cannot serve refused.
+ *      rank's share shrank (its metrics records); the same under ZeRO-2 on
+ *      2 workers; plain dp on 2 workers against one process within 1e-4;
+ *      configs it cannot serve refused.
  *
  * Runs write under a fresh temporary directory, removed unless a check
  * failed or KEEP is set. */
@@ -395,6 +396,17 @@ static void test_dynamic(void) {
     CHECK(bw, "dynamic batch, deterministic: bitwise the one-process weights (max rel diff %.3g)", d);
     int s0 = last_share("dyn-3", 0), s1 = last_share("dyn-3", 1), s2 = last_share("dyn-3", 2);
     CHECK(s0 + s1 + s2 == 40 && s1 < s0 && s1 < s2, "the slow rank's share shrank: %d, %d, %d of 40", s0, s1, s2);
+    // ZeRO-2 (gradients and optimizer state sharded) with a slow rank: the
+    // same bits.
+    setenv("DTRAIN_SLOW_RANK", "0:x3", 1);
+    char z3[256];
+    snprintf(z3, sizeof z3, "%s --zero 2", det);
+    CHECK(train("dyn-z2", data, 2, z3) == 0, "ZeRO-2 deterministic, 2 workers, rank 0 slowed, dynamic batch");
+    unsetenv("DTRAIN_SLOW_RANK");
+    d = compare("dyn-ref", "dyn-z2", &bw);
+    CHECK(bw, "dynamic batch, ZeRO-2 deterministic: bitwise the one-process weights (max rel diff %.3g)", d);
+    s0 = last_share("dyn-z2", 0), s1 = last_share("dyn-z2", 1);
+    CHECK(s0 + s1 == 40 && s0 < s1, "ZeRO-2: the slow rank 0's share shrank: %d, %d", s0, s1);
 
     setenv("DTRAIN_SLOW_RANK", "0:x3", 1);
     CHECK(train("dyn-dp", data, 2, "--set train.dynamic_batch=true --set train.epochs=4 --set data.drop_last=true") == 0,
@@ -408,6 +420,9 @@ static void test_dynamic(void) {
 
     int rc = train("dyn-pp", data, 2, "--set train.dynamic_batch=true --set parallel.sync_every=4");
     CHECK(rc == 2 && strstr(g_out, "dynamic_batch") && strstr(g_out, "sync_every"), "dynamic batch with local SGD refused: exit %d\n%s",
+          rc, g_out);
+    rc = train("dyn-z3", data, 2, "--set train.dynamic_batch=true --zero 3");
+    CHECK(rc == 2 && strstr(g_out, "dynamic_batch") && strstr(g_out, "zero = 3"), "dynamic batch with ZeRO-3 refused: exit %d\n%s",
           rc, g_out);
 }
 

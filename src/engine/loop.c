@@ -48,10 +48,14 @@ dt_status dt_train_check(const dt_config *c, int W) {
     if (n > 1)
         return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of pipeline parallel, ZeRO and local SGD",
                         asked[0], asked[1]);
-    if (c->dynamic_batch && (c->pipeline > 1 || c->sync_every > 0))
-        return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch works with data parallel and ZeRO, not with %s",
-                        c->pipeline > 1 ? "[parallel] pipeline (which plans its own micro-batches)"
-                                        : "[parallel] sync_every (local SGD weights every rank's share alike)");
+    // Dynamic batching reads each rank's speed from its forward and backward
+    // time, which must be its own work: ZeRO-3's layer gathers make every
+    // rank wait for the slowest inside them.
+    if (c->dynamic_batch && (c->pipeline > 1 || c->sync_every > 0 || c->zero >= 3))
+        return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch works with data parallel and ZeRO stages 1-2, not with %s",
+                        c->pipeline > 1      ? "[parallel] pipeline (which plans its own micro-batches)"
+                        : c->sync_every > 0 ? "[parallel] sync_every (local SGD weights every rank's share alike)"
+                                            : "[parallel] zero = 3 (its layer gathers hide each rank's speed)");
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
                         asked[0]);
