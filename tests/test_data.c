@@ -27,6 +27,7 @@
 #include "dtrain/data.h"
 #include "testlib.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,32 +287,16 @@ static void test_balanced(void) {
 // ---------------------------------------------------------------------------
 // 5. HDF5 and convert-data; 6. dynamic batching (through the CLI)
 
-static const char *cfg_cnn =
-    "[model]\nlayer = conv2d out=6 kernel=5 pad=2\nlayer = relu\nlayer = maxpool kernel=2\n"
-    "layer = conv2d out=8 kernel=3 stride=2\nlayer = relu\nlayer = flatten\nlayer = linear out=32\n"
-    "layer = relu\nlayer = dropout p=0.3\nlayer = linear out=10\n[optim]\nname = adamw\nlr = 0.002\n"
-    "weight_decay = 0.01\n[train]\nbatch = 40\nmax_steps = 30\neval_batch = 100\nseed = 3\n";
-
-// Trains cfg_cnn on N workers with [data] `data`; the run dir is TMP/name.
+// Trains the small CNN on N workers with [data] `data`; the run dir is
+// TMP/name.
 static int train(const char *name, const char *data, int N, const char *extra) {
-    char path[512], cmd[2048];
-    snprintf(path, sizeof path, "%s/%s.ini", g_tmp, name);
-    FILE *f = fopen(path, "w");
-    fprintf(f, "%s[data]\n%s\n", cfg_cnn, data);
-    fclose(f);
-    snprintf(cmd, sizeof cmd, "%s train %s --workers %d --quiet --run-dir %s/%s %s", tl_dtrain(), path, N, g_tmp, name,
-             extra ? extra : "");
-    int rc = tl_run(cmd, g_out, sizeof g_out);
-    if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, g_out);
-    return rc;
+    char text[4096];
+    snprintf(text, sizeof text, "%s[train]\nbatch = 40\nmax_steps = 30\neval_batch = 100\nseed = 3\n[data]\n%s\n",
+             tl_cfg_cnn, data);
+    return tl_train(g_tmp, name, text, N, extra, g_out, sizeof g_out);
 }
 
-static double compare(const char *a, const char *b, int *bitwise) {
-    char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/%s/model.safetensors", g_tmp, a);
-    snprintf(pb, sizeof pb, "%s/%s/model.safetensors", g_tmp, b);
-    return tl_weights_diff(pa, pb, bitwise);
-}
+static double compare(const char *a, const char *b, int *bitwise) { return tl_runs_diff(g_tmp, a, b, bitwise); }
 
 static void test_hdf5(void) {
     char cmd[1024], h5[512], img[512], lab[512];
@@ -370,15 +355,18 @@ static void test_hdf5(void) {
     CHECK(rc == 0 && strstr(g_out, "dataset = hdf5"), "convert-data --help: exit %d", rc);
 }
 
-// The last "share" of a rank's metrics log.
-static int last_share(const char *run, int rank) {
+// A rank's mean "share" over the second half of its step records (the
+// split settles in the first steps).
+static double mean_share(const char *run, int rank) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s/metrics/rank-%05d.jsonl", g_tmp, run, rank);
-    char *t = tl_read_file(path, NULL), *p = t, *last = NULL;
-    while (p && (p = strstr(p, "\"share\":"))) last = p++;
-    int v = last ? atoi(last + 8) : -1;
+    char *t = tl_read_file(path, NULL), *p = t;
+    int v[256], n = 0;
+    while (p && (p = strstr(p, "\"share\":")) && n < 256) v[n++] = atoi(p += 8);
     free(t);
-    return v;
+    double sum = 0;
+    for (int i = n / 2; i < n; i++) sum += v[i];
+    return n ? sum / (n - n / 2) : -1;
 }
 
 static void test_dynamic(void) {
@@ -394,8 +382,11 @@ static void test_dynamic(void) {
     int bw;
     double d = compare("dyn-ref", "dyn-3", &bw);
     CHECK(bw, "dynamic batch, deterministic: bitwise the one-process weights (max rel diff %.3g)", d);
-    int s0 = last_share("dyn-3", 0), s1 = last_share("dyn-3", 1), s2 = last_share("dyn-3", 2);
-    CHECK(s0 + s1 + s2 == 40 && s1 < s0 && s1 < s2, "the slow rank's share shrank: %d, %d, %d of 40", s0, s1, s2);
+    // Timings on a shared machine are noisy: the slow rank's mean share
+    // is below the even split's and no other rank's is smaller.
+    double s0 = mean_share("dyn-3", 0), s1 = mean_share("dyn-3", 1), s2 = mean_share("dyn-3", 2);
+    CHECK(fabs(s0 + s1 + s2 - 40) < 1e-9 && s1 < 0.85 * 40 / 3 && s1 <= s0 && s1 <= s2,
+          "the slow rank's share shrank: %.1f, %.1f, %.1f of 40", s0, s1, s2);
     // ZeRO-2 (gradients and optimizer state sharded) with a slow rank: the
     // same bits.
     setenv("DTRAIN_SLOW_RANK", "0:x3", 1);
@@ -405,8 +396,8 @@ static void test_dynamic(void) {
     unsetenv("DTRAIN_SLOW_RANK");
     d = compare("dyn-ref", "dyn-z2", &bw);
     CHECK(bw, "dynamic batch, ZeRO-2 deterministic: bitwise the one-process weights (max rel diff %.3g)", d);
-    s0 = last_share("dyn-z2", 0), s1 = last_share("dyn-z2", 1);
-    CHECK(s0 + s1 == 40 && s0 < s1, "ZeRO-2: the slow rank 0's share shrank: %d, %d", s0, s1);
+    s0 = mean_share("dyn-z2", 0), s1 = mean_share("dyn-z2", 1);
+    CHECK(fabs(s0 + s1 - 40) < 1e-9 && s0 < 0.85 * 20, "ZeRO-2: the slow rank 0's share shrank: %.1f, %.1f", s0, s1);
 
     setenv("DTRAIN_SLOW_RANK", "0:x3", 1);
     CHECK(train("dyn-dp", data, 2, "--set train.dynamic_batch=true --set train.epochs=4 --set data.drop_last=true") == 0,
@@ -415,8 +406,8 @@ static void test_dynamic(void) {
     CHECK(train("dp-ref", data, 1, "--set train.epochs=4 --set data.drop_last=true") == 0, "dp, one process");
     d = compare("dp-ref", "dyn-dp", &bw);
     CHECK(d >= 0 && d < 1e-4, "dynamic batch, dp: the one-process weights within 1e-4 (max rel diff %.3g)", d);
-    s0 = last_share("dyn-dp", 0), s1 = last_share("dyn-dp", 1);
-    CHECK(s0 + s1 == 40 && s0 < s1, "dp: the slow rank 0's share shrank: %d, %d", s0, s1);
+    s0 = mean_share("dyn-dp", 0), s1 = mean_share("dyn-dp", 1);
+    CHECK(fabs(s0 + s1 - 40) < 1e-9 && s0 < 0.85 * 20, "dp: the slow rank 0's share shrank: %.1f, %.1f", s0, s1);
 
     int rc = train("dyn-pp", data, 2, "--set train.dynamic_batch=true --set parallel.sync_every=4");
     CHECK(rc == 2 && strstr(g_out, "dynamic_batch") && strstr(g_out, "sync_every"), "dynamic batch with local SGD refused: exit %d\n%s",

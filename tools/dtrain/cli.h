@@ -38,6 +38,13 @@ int cli_memory_limit(const char *v);
     "                  cgroup, else RLIMIT_DATA); available memory\n"              \
     "                  (MemAvailable, the memory cgroup) is always checked\n"
 
+/* The arguments of a converter, `dtrain CMD --from FORMAT IN --to OUT` (or
+ * --help, which prints help): fills *from, *in, *out (NULL when not
+ * given). Returns -1 to go on, or the exit code (0 after --help, 2 after
+ * a usage error, printed naming `in_name`/`out_name`). */
+int cli_from_to(int argc, char **argv, const char *help, const char *in_name, const char *out_name, const char **from,
+                const char **in, const char **out);
+
 /* The value v of a numeric flag, read by dt_parse_number (decimal, finite,
  * in [lo, hi], whole if asked; NULL = the value is missing). Returns 0, or
  * prints the error naming the flag and returns -1. */

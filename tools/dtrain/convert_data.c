@@ -25,25 +25,9 @@ static const char help[] =
     "  dtrain convert-data --from idx /usr/share/datasets/fashion-mnist --to fashion.h5\n";
 
 int cmd_convert_data(int argc, char **argv) {
-    const char *from = NULL, *in = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            fputs(help, stdout);
-            return 0;
-        } else if (!strcmp(s, "--from")) {
-            if (i + 2 >= argc) return cli_error("--from needs FORMAT and DIR"), EXIT_USAGE;
-            from = argv[++i];
-            in = argv[++i];
-        } else if (!strcmp(s, "--to")) {
-            if (i + 1 >= argc) return cli_error("--to needs FILE.h5"), EXIT_USAGE;
-            out = argv[++i];
-        } else {
-            return cli_error("unexpected argument '%s' (see 'dtrain convert-data --help')", s), EXIT_USAGE;
-        }
-    }
-    if (!from || !out)
-        return cli_error("need --from idx DIR and --to FILE.h5 (see 'dtrain convert-data --help')"), EXIT_USAGE;
+    const char *from, *in, *out;
+    int rc = cli_from_to(argc, argv, help, "DIR", "FILE.h5", &from, &in, &out);
+    if (rc >= 0) return rc;
     if (strcmp(from, "idx")) return cli_error("--from '%s': expected idx", from), EXIT_USAGE;
     if (dt_hdf5_from_idx(in, out) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
     int64_t n[2];
