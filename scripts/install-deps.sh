@@ -8,7 +8,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake clang libomp-dev pkg-config
-      zlib1g-dev libinih-dev libcjson-dev libdnnl-dev libmicrohttpd-dev
+      zlib1g-dev libinih-dev libcjson-dev libdnnl-dev libmicrohttpd-dev libhdf5-dev
       libopenmpi-dev openmpi-bin
       dataset-fashion-mnist fortunes
       prometheus chromium    # tests of the metrics endpoint and the HTML report

@@ -28,6 +28,11 @@
  *      a sharded index), damaged sharded checkpoints (no temp file left), a
  *      bit-flipped checkpoint given to eval, and text from files (tensor
  *      names, metadata, log lines) escaped before it reaches the terminal.
+ *   8. HDF5 data (library and CLI): a missing or non-HDF5 file, missing
+ *      datasets and groups, a group for a dataset, images and labels of
+ *      the wrong type or shape, counts that differ, labels out of range;
+ *      the message names the file and the dataset. [data] keys of the
+ *      pipeline (file, augment, crop_pad, sampler) refused by name.
  *
  * Everything is written under a fresh temporary directory, removed at the
  * end unless a check failed or KEEP is set in the environment. CLI runs use
@@ -39,6 +44,7 @@
 #include "dtrain/nn.h"
 #include "testlib.h"
 
+#include <hdf5.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,13 +142,13 @@ static void test_idx(void) {
     const char *img = tmp_path("img.idx"), *lab = tmp_path("lab.idx");
 
     // The valid pair loads (so the failures below are about what was broken).
-    dt_status st = dt_dataset_load_idx(&ds, img, lab, 10, 0.0f, 1.0f);
+    dt_status st = dt_dataset_load_idx(&ds, img, lab, 10, 0.0f, 1.0f, 1);
     CHECK(st == DT_OK && ds.n == 3 && ds.y[1] == 9, "valid tiny IDX pair: %s", dt_last_error());
     if (st == DT_OK) dt_dataset_free(&ds);
 
     const char *missing = tmp_path("no-such-images.gz");
-    EXPECT_ERR(dt_dataset_load_idx(&ds, missing, lab, 10, 0.0f, 1.0f), DT_ERR_IO, missing);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, img, missing, 10, 0.0f, 1.0f), DT_ERR_IO, missing);
+    EXPECT_ERR(dt_dataset_load_idx(&ds, missing, lab, 10, 0.0f, 1.0f, 1), DT_ERR_IO, missing);
+    EXPECT_ERR(dt_dataset_load_idx(&ds, img, missing, 10, 0.0f, 1.0f, 1), DT_ERR_IO, missing);
     uint8_t *buf;
     size_t len;
     EXPECT_ERR(dt_read_file_gz(missing, &buf, &len), DT_ERR_IO, missing, "cannot open");
@@ -177,7 +183,7 @@ static void test_idx(void) {
         if (st == DT_OK) free(buf);
         write_file(cut, gz, gzn / 2);
         EXPECT_ERR(dt_read_file_gz(cut, &buf, &len), DT_ERR_FORMAT, cut, "truncated");
-        EXPECT_ERR(dt_dataset_load_idx(&ds, img, cut, 10, 0.0f, 1.0f), DT_ERR_FORMAT, cut);
+        EXPECT_ERR(dt_dataset_load_idx(&ds, img, cut, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT, cut);
         for (size_t i = 100; i < 200; i++) gz[i] ^= 0x5a;
         write_file(bad, gz, gzn);
         EXPECT_ERR(dt_read_file_gz(bad, &buf, &len), DT_ERR_FORMAT, bad, "gzip");
@@ -191,16 +197,16 @@ static void test_idx(void) {
     b[0] = 0x1f, b[1] = 0x8b;
     write_file(tmp_path("magic.idx"), b, n);
     EXPECT_ERR(dt_idx_parse(b, n, "magic.idx", &idx), DT_ERR_FORMAT, "magic.idx", "not an IDX file");
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("magic.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("magic.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("magic.idx"), "magic");
     b[0] = b[1] = 0;
     b[2] = 0x0D;
     write_file(tmp_path("type.idx"), b, n);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("type.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("type.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("type.idx"), "element type 0x0d");
     b[2] = 0x08;
     write_file(tmp_path("short.idx"), b, n - 1);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("short.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("short.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("short.idx"), "truncated");
     EXPECT_ERR(dt_idx_parse(b, 10, "hdr.idx", &idx), DT_ERR_FORMAT, "hdr.idx", "truncated IDX header");
     uint8_t *longer = calloc(1, n + 3);
@@ -218,13 +224,13 @@ static void test_idx(void) {
 
     // Shapes across the pair: 1-D images, label count, label values.
     write_idx("flat.idx", lab_dims, 1, labels_ok, 0x08);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("flat.idx"), lab, 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, tmp_path("flat.idx"), lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("flat.idx"), "3-D");
     write_idx("lab4.idx", lab4_dims, 1, (const uint8_t[]){1, 2, 3, 4}, 0x08);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab4.idx"), 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab4.idx"), 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("lab4.idx"), img, "4 labels", "3 images");
     write_idx("lab10.idx", lab_dims, 1, labels_bad, 0x08);
-    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab10.idx"), 10, 0.0f, 1.0f), DT_ERR_FORMAT,
+    EXPECT_ERR(dt_dataset_load_idx(&ds, img, tmp_path("lab10.idx"), 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT,
                tmp_path("lab10.idx"), "label 10 of sample 1");
     CHECK(ds.x == NULL && ds.y == NULL && ds.n == 0, "failed load leaves the dataset empty");
 }
@@ -1149,6 +1155,92 @@ static void test_weights_cli(void) {
     printf("weights and checkpoints through the commands: %d cases\n", ncases);
 }
 
+// ---------------------------------------------------------------------------
+// 8. HDF5 data
+
+// Writes dataset `name` (groups on the way made) of type t, with ndim dims
+// and data (n elements of t's size) into the HDF5 file at path (created
+// when new).
+static void h5_put(const char *path, const char *name, hid_t t, int ndim, const hsize_t *dims, const void *data) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = access(path, F_OK) == 0 ? H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT)
+                                      : H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t sp = H5Screate_simple(ndim, dims, NULL);
+    hid_t d = H5Dcreate2(f, name, t, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    CHECK(f >= 0 && d >= 0 && H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0, "writing %s:%s", path, name);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Pclose(lcpl);
+    H5Fclose(f);
+}
+
+static void test_hdf5(void) {
+    dt_dataset ds;
+    uint8_t px[4 * 2 * 3] = {0};
+    const uint8_t lab_ok[4] = {0, 9, 3, 1}, lab_10[4] = {0, 1, 10, 2};
+    const int8_t lab_neg[4] = {0, 1, -1, 2};
+    const float fl[4 * 2 * 3] = {0};
+    const double dl[4] = {0};
+    const hsize_t d3[3] = {4, 2, 3}, d2[2] = {4, 6}, d1[1] = {4}, d5[1] = {5}, d41[2] = {4, 1};
+    const char *ok = tmp_path("ok.h5");
+    h5_put(ok, "train/images", H5T_NATIVE_UINT8, 3, d3, px);
+    h5_put(ok, "train/labels", H5T_NATIVE_UINT8, 1, d1, lab_ok);
+    h5_put(ok, "x/float_images", H5T_NATIVE_FLOAT, 3, d3, fl);
+    h5_put(ok, "x/short_images", H5T_NATIVE_INT16, 3, d3, fl);  // 48 bytes: room for 24 int16
+    h5_put(ok, "x/flat_images", H5T_NATIVE_UINT8, 2, d2, px);
+    h5_put(ok, "x/float_labels", H5T_NATIVE_DOUBLE, 1, d1, dl);
+    h5_put(ok, "x/labels_2d", H5T_NATIVE_UINT8, 2, d41, lab_ok);
+    h5_put(ok, "x/labels_5", H5T_NATIVE_UINT8, 1, d5, px);
+    h5_put(ok, "x/labels_10", H5T_NATIVE_UINT8, 1, d1, lab_10);
+    h5_put(ok, "x/labels_neg", H5T_NATIVE_INT8, 1, d1, lab_neg);
+    CHECK(dt_dataset_load_hdf5(&ds, ok, "train/images", "train/labels", 10, 0, 1, 1) == DT_OK && ds.n == 4 &&
+              ds.shape[0] == 1 && ds.shape[1] == 2 && ds.shape[2] == 3 && ds.y[1] == 9,
+          "a good HDF5 file loads: %s", dt_last_error());
+    dt_dataset_free(&ds);
+#define H5_ERR(img, lab, want, ...) \
+    EXPECT_ERR(dt_dataset_load_hdf5(&ds, ok, img, lab, 10, 0, 1, 1), want, ok, __VA_ARGS__)
+    H5_ERR("train/imgs", "train/labels", DT_ERR_FORMAT, "'train/imgs'", "the images", "not found");
+    H5_ERR("nogroup/deeper/images", "train/labels", DT_ERR_FORMAT, "'nogroup/deeper/images'", "not found");
+    H5_ERR("train/images", "test/labels", DT_ERR_FORMAT, "'test/labels'", "the labels", "not found");
+    H5_ERR("train", "train/labels", DT_ERR_FORMAT, "'train'", "is a group, not a dataset");
+    H5_ERR("x/float_images", "train/labels", DT_ERR_FORMAT, "'x/float_images'", "32-bit floats",
+           "expected 8-bit unsigned integers");
+    H5_ERR("x/short_images", "train/labels", DT_ERR_FORMAT, "'x/short_images'", "16-bit signed integers");
+    H5_ERR("x/flat_images", "train/labels", DT_ERR_FORMAT, "'x/flat_images'", "2 dimensions", "(N, H, W)");
+    H5_ERR("train/images", "x/float_labels", DT_ERR_FORMAT, "'x/float_labels'", "64-bit floats", "expected integers");
+    H5_ERR("train/images", "x/labels_2d", DT_ERR_FORMAT, "'x/labels_2d'", "2 dimensions", "expected 1");
+    H5_ERR("train/images", "x/labels_5", DT_ERR_FORMAT, "'x/labels_5' has 5 labels but 'train/images' has 4 images");
+    H5_ERR("train/images", "x/labels_10", DT_ERR_FORMAT, "dataset 'x/labels_10'", "label 10 of sample 2 is outside 0..9");
+    H5_ERR("train/images", "x/labels_neg", DT_ERR_FORMAT, "dataset 'x/labels_neg'", "label -1 of sample 2");
+#undef H5_ERR
+    CHECK(ds.x == NULL && ds.y == NULL && ds.raw == NULL && ds.n == 0, "a failed HDF5 load leaves the dataset empty");
+    const char *missing = tmp_path("missing.h5"), *text = tmp_path("text.h5");
+    write_file(text, "not hdf5\n", 9);
+    EXPECT_ERR(dt_dataset_load_hdf5(&ds, missing, "a", "b", 10, 0, 1, 1), DT_ERR_IO, missing, "cannot open");
+    EXPECT_ERR(dt_dataset_load_hdf5(&ds, text, "a", "b", 10, 0, 1, 1), DT_ERR_FORMAT, text, "not an HDF5 file");
+    int64_t n;
+    size_t ss;
+    EXPECT_ERR(dt_hdf5_images_shape(ok, "x/flat_images", &n, &ss), DT_ERR_FORMAT, ok, "'x/flat_images'");
+
+    // Through the CLI: before the run (the memory check reads the shapes),
+    // and configs missing what HDF5 needs.
+    char args[2048];
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dataset=hdf5 --set data.file=%s --run-dir %s", ok,
+             tmp_path("run-h5"));
+    cli(1, args, ok, "'test/images' (the images) not found");
+    snprintf(args, sizeof args, "train configs/fashion-mlp.ini --set data.dataset=hdf5 --set data.file=%s --run-dir %s",
+             missing, tmp_path("run-h5"));
+    cli(1, args, "[data] file", missing);
+    cfg_err(BASE "[data]\ndataset = hdf5\n", NULL, 0, "bad.ini", "[data] file", "HDF5");
+    cfg_err(BASE "[data]\naugment = crop, rotate\n", NULL, 0, "[data] augment", "'rotate'", "crop");
+    cfg_err(BASE "[data]\naugment = crop\ncrop_pad = 28\n", NULL, 0, "[data] crop_pad", "28", "28x28");
+    cfg_err(BASE "[data]\nsampler = balanced\nshuffle = false\n", NULL, 0, "[data] sampler", "shuffle = false", NULL);
+    cfg_err(BASE "[data]\nsampler = classwise\n", NULL, 0, "[data] sampler", "shuffled", "balanced");
+    cfg_err(BASE "[data]\nloader_threads = 0\n", NULL, 0, "[data] loader_threads", "from 1 to 256", NULL);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/dtrain-badinput-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
@@ -1165,6 +1257,7 @@ int main(void) {
     test_number_flags();
     test_escape();
     test_weights_cli();
+    test_hdf5();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);

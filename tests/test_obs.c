@@ -99,7 +99,7 @@ static double num(const cJSON *j, const char *k) {
 }
 
 static const char *const step_keys[] = {
-    "step", "epoch", "time", "loss", "lr", "grad_norm", "samples", "samples_per_sec", "step_seconds",
+    "step", "epoch", "time", "loss", "lr", "grad_norm", "samples", "share", "samples_per_sec", "step_seconds",
     "data_seconds", "forward_seconds", "backward_seconds", "comm_exposed_seconds", "comm_hidden_seconds",
     "optimizer_seconds", "bytes_sent", "bytes_recv", "peak_rss_bytes"};
 
@@ -122,8 +122,8 @@ static int check_log(int rank, double params) {
             for (size_t k = 0; k < sizeof step_keys / sizeof step_keys[0]; k++)
                 if (num(j, step_keys[k]) < 0) missing++;
             // A ring allreduce of the gradients (2 ranks: S each way) plus
-            // the allgather of the loss and the step's figures (18 doubles).
-            if (num(j, "step") >= 2 && num(j, "bytes_sent") == params * 4 + 144 && num(j, "bytes_recv") == params * 4 + 144)
+            // the allgather of the loss and the step's figures (19 doubles).
+            if (num(j, "step") >= 2 && num(j, "bytes_sent") == params * 4 + 152 && num(j, "bytes_recv") == params * 4 + 152)
                 bytes_ok++;
             // Model state by kind: replicated SGD (zero = 0, no state).
             const cJSON *mb = cJSON_GetObjectItemCaseSensitive(j, "memory_bytes");

@@ -56,32 +56,17 @@ static void make_tokens(const char *name, size_t n, uint64_t seed) {
 static const char *cfg_mlp =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = gelu\n"
     "layer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\n";
-static const char *cfg_cnn =
-    "[model]\nlayer = conv2d out=6 kernel=5 pad=2\nlayer = relu\nlayer = maxpool kernel=2\n"
-    "layer = conv2d out=8 kernel=3 stride=2\nlayer = relu\nlayer = flatten\nlayer = linear out=32\n"
-    "layer = relu\nlayer = dropout p=0.3\nlayer = linear out=10\n[optim]\nname = adamw\nlr = 0.002\n"
-    "weight_decay = 0.01\n";
+static const char *cfg_cnn = tl_cfg_cnn;
 
 // Trains with N workers; returns the exit code. The run dir is TMP/name.
 static int train(const char *name, const char *cfg, int N, const char *extra) {
-    char path[512], cmd[2048];
-    snprintf(path, sizeof path, "%s/%s.ini", g_tmp, name);
-    FILE *f = fopen(path, "w");
-    fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nmax_steps = 50\neval_batch = 100\nseed = 3\n", cfg, g_tmp);
-    fclose(f);
-    snprintf(cmd, sizeof cmd, "%s train %s --workers %d --quiet --run-dir %s/%s %s", tl_dtrain(), path, N, g_tmp,
-             name, extra ? extra : "");
-    int rc = tl_run(cmd, g_out, sizeof g_out);
-    if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, g_out);
-    return rc;
+    char text[4096];
+    snprintf(text, sizeof text, "%s[data]\ndir = %s\n[train]\nbatch = 40\nmax_steps = 50\neval_batch = 100\nseed = 3\n",
+             cfg, g_tmp);
+    return tl_train(g_tmp, name, text, N, extra, g_out, sizeof g_out);
 }
 
-static double compare(const char *a, const char *b, int *bitwise) {
-    char pa[4500], pb[4500];
-    snprintf(pa, sizeof pa, "%s/%s/model.safetensors", g_tmp, a);
-    snprintf(pb, sizeof pb, "%s/%s/model.safetensors", g_tmp, b);
-    return tl_weights_diff(pa, pb, bitwise);
-}
+static double compare(const char *a, const char *b, int *bitwise) { return tl_runs_diff(g_tmp, a, b, bitwise); }
 
 // The GPT's config (its [data] dir, from train(), goes unused). SGD, not
 // AdamW: the key bias's gradient is zero but for rounding, which AdamW

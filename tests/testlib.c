@@ -206,3 +206,30 @@ out:
     dt_st_close(fb);
     return worst;
 }
+
+const char tl_cfg_cnn[] =
+    "[model]\nlayer = conv2d out=6 kernel=5 pad=2\nlayer = relu\nlayer = maxpool kernel=2\n"
+    "layer = conv2d out=8 kernel=3 stride=2\nlayer = relu\nlayer = flatten\nlayer = linear out=32\n"
+    "layer = relu\nlayer = dropout p=0.3\nlayer = linear out=10\n[optim]\nname = adamw\nlr = 0.002\n"
+    "weight_decay = 0.01\n";
+
+int tl_train(const char *dir, const char *name, const char *text, int workers, const char *extra, char *out, size_t n) {
+    char path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/%s.ini", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s train %s --workers %d --quiet --run-dir %s/%s %s", tl_dtrain(), path, workers, dir,
+             name, extra ? extra : "");
+    int rc = tl_run(cmd, out, n);
+    if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, out);
+    return rc;
+}
+
+double tl_runs_diff(const char *dir, const char *a, const char *b, int *bitwise) {
+    char pa[4500], pb[4500];
+    snprintf(pa, sizeof pa, "%s/%s/model.safetensors", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/model.safetensors", dir, b);
+    return tl_weights_diff(pa, pb, bitwise);
+}

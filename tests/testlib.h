@@ -45,6 +45,17 @@ void tl_make_images(const char *dir, const char *prefix, int n, unsigned long lo
  * names or shapes. *bitwise says whether every byte agrees. */
 double tl_weights_diff(const char *a, const char *b, int *bitwise);
 
+/* tl_weights_diff of the final weights of the runs DIR/a and DIR/b. */
+double tl_runs_diff(const char *dir, const char *a, const char *b, int *bitwise);
+/* The small CNN of the strategy and data tests ([model] and [optim]: two
+ * convolutions, a pooling, dropout, AdamW). */
+extern const char tl_cfg_cnn[];
+/* Writes `text` to DIR/NAME.ini and runs `dtrain train` on it with N
+ * workers, --quiet, the run directory DIR/NAME and the extra flags; the
+ * output goes to out (n bytes), and with the command to stderr when the
+ * exit code is not 0. Returns the exit code. */
+int tl_train(const char *dir, const char *name, const char *text, int workers, const char *extra, char *out, size_t n);
+
 #define CHECK(cond, ...) tl_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 #define CHECK_NEAR(a, b, tol, what)                                                    \
     do {                                                                               \

@@ -6,12 +6,15 @@
  *   layer = conv2d out=32 kernel=5 pad=2
  *   layer = relu
  *   ...
- *   [data]    dataset, dir, mean, std, shuffle, prefetch, drop_last
+ *   [data]    dataset (fashion-mnist|hdf5|tokens), dir, file, mean, std,
+ *             shuffle, sampler, prefetch, drop_last, loader_threads, cache,
+ *             augment, crop_pad, train_images, train_labels, test_images,
+ *             test_labels (docs/data.md)
  *   [optim]   name (sgd|adamw), lr, momentum, nesterov, weight_decay,
  *             beta1, beta2, eps, clip_norm, lr_scaling, base_batch
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
- *             grad_accum, straggler_margin, straggler_steps
+ *             grad_accum, straggler_margin, straggler_steps, dynamic_batch
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
  *             pipeline_split, sync_every, sync_warmup, servers
@@ -58,6 +61,14 @@ typedef struct {
     char data_dir[512];
     float mean, std;               /* normalisation after scaling to [0,1] */
     int shuffle, prefetch, drop_last;
+    int sampler;                   /* dt_sampler (data.h): shuffled or balanced */
+    char augment[128];             /* augmentation hooks, "crop, flip" ("": none) */
+    int crop_pad;                  /* crop: padding on each side */
+    int loader_threads;            /* threads assembling each batch */
+    int cache;                     /* keep the decoded samples (else the file's bytes) */
+    char data_file[512];           /* dataset = hdf5: the file */
+    char h5_names[4][128];         /* its datasets: train images, train labels, test images, test labels */
+    int dynamic_batch;             /* [train] ranks' shares follow their step times */
     /* [optim] and [schedule] */
     dt_optim_params optim;
     dt_sched_kind sched;

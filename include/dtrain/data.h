@@ -44,27 +44,116 @@ typedef struct {
     int n;              /* samples */
     int shape[3];       /* per-sample shape {C, H, W} */
     int classes;
-    float *x;           /* n * C*H*W floats */
+    float *x;           /* n * C*H*W decoded floats (the cache), or NULL when
+                           the samples are kept as the file's bytes in raw */
     int32_t *y;         /* n labels in [0, classes) */
+    uint8_t *raw;       /* n * C*H*W bytes, when x is NULL ([data] cache = false) */
+    float scale, shift; /* a byte v decodes to v * scale + shift */
 } dt_dataset;
 
 /* Loads an image/label IDX pair (e.g. train-images-idx3-ubyte.gz and
  * train-labels-idx1-ubyte.gz), scales pixels to [0,1] and then applies
- * (x - mean) / std. Checks that counts match and labels are < classes. */
+ * (x - mean) / std. Checks that counts match and labels are < classes.
+ * cache as for dt_dataset_from_u8. */
 DT_API dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images, const char *labels,
-                                     int classes, float mean, float std);
+                                     int classes, float mean, float std, int cache);
+/* A dataset from n samples of shape[3] bytes each (pixels[n * C*H*W],
+ * copied) and their labels[n]: a byte v decodes to (v / 255 - mean) / std.
+ * cache = 1 decodes every sample now and keeps the floats (ds->x); cache =
+ * 0 keeps the bytes (ds->raw) and dt_dataset_sample decodes on each use.
+ * Labels outside [0, classes) are refused, the message naming `what`
+ * (the labels' file and dataset) and the sample. */
+DT_API dt_status dt_dataset_from_u8(dt_dataset *ds, const uint8_t *pixels, const int64_t *labels, int n,
+                                    const int shape[3], int classes, float mean, float std, int cache,
+                                    const char *what);
 DT_API void dt_dataset_free(dt_dataset *ds);
 DT_API size_t dt_dataset_sample_size(const dt_dataset *ds);
+/* Sample j's dt_dataset_sample_size(ds) floats into out, decoded. */
+DT_API void dt_dataset_sample(const dt_dataset *ds, int j, float *out);
+
+/* ---- HDF5 datasets (libhdf5) ------------------------------------------------- */
+
+/* Loads images and labels from the HDF5 file at path: `images` names a
+ * dataset of unsigned bytes shaped (N, H, W) or (N, C, H, W), `labels` one
+ * of N integers (any width) in [0, classes); decoded as
+ * dt_dataset_from_u8 does. Errors name the file and the dataset. */
+DT_API dt_status dt_dataset_load_hdf5(dt_dataset *ds, const char *path, const char *images, const char *labels,
+                                      int classes, float mean, float std, int cache);
+/* The shape of the images dataset `images` of the HDF5 file at path, checked
+ * as dt_dataset_load_hdf5 checks it: *n samples of *ss bytes each. */
+DT_API dt_status dt_hdf5_images_shape(const char *path, const char *images, int64_t *n, size_t *ss);
+/* Writes both splits of the IDX data set in dir (dt_idx_find_split's
+ * "train" and "t10k") to a new HDF5 file at path, atomically: datasets
+ * train/images, train/labels, test/images, test/labels, the bytes as the
+ * IDX files hold them. */
+DT_API dt_status dt_hdf5_from_idx(const char *dir, const char *path);
+
+/* What the HDF5 reader found for one dataset name, checked by
+ * dt_hdf5_check before anything is read (no libhdf5 in it, so that a
+ * fuzzer can drive it). */
+typedef struct {
+    const char *name;   /* the dataset's path in the file */
+    int found;          /* the path exists */
+    int is_dataset;     /* ... and is a dataset (not a group) */
+    int type_class;     /* 0 integer, 1 float, 2 other */
+    int type_size;      /* bytes per element */
+    int is_signed;
+    int ndim;
+    int64_t dims[8];    /* the first min(ndim, 8) */
+} dt_hdf5_desc;
+
+/* Checks an images and a labels description of the file `file`: both exist
+ * and are datasets, images of unsigned bytes with 3 or 4 dimensions (none
+ * zero, at most 2^40 bytes in all), labels of integers of at most 8 bytes
+ * with one dimension as long as the images' first. Fills shape[3] (C, H, W)
+ * and *n. The message names the file and the dataset. */
+DT_API dt_status dt_hdf5_check(const char *file, const dt_hdf5_desc *images, const dt_hdf5_desc *labels,
+                               int shape[3], int64_t *n);
+
+/* ---- augmentation ------------------------------------------------------------ */
+
+/* The hooks the loader can apply to a training sample after it is decoded,
+ * in the order given: each changes x[C*H*W] in place, drawing from r, which
+ * is seeded by (seed, epoch, the sample's position in the epoch's order)
+ * alone, so a batch is the same for any number of ranks or loader threads.
+ * fill is the decoded value of a zero byte (the padding). */
+typedef struct {
+    int crop_pad;       /* crop: pixels of padding on each side */
+} dt_augment_params;
+
+typedef void (*dt_augment_fn)(float *x, const int shape[3], float fill, const dt_augment_params *p, dt_rng *r);
+
+typedef struct {
+    const char *name;   /* as [data] augment lists it */
+    dt_augment_fn fn;
+} dt_augment_op;
+
+#define DT_MAX_AUGMENT 8
+/* The table: "crop" (a random H x W window of the image padded by
+ * crop_pad on each side), "flip" (left-right with probability 1/2). */
+DT_API const dt_augment_op *dt_augment_ops(int *n);
+/* Parses a list of hook names separated by commas or blanks ("crop, flip")
+ * into indices of the table: *n of them (at most DT_MAX_AUGMENT). DT_ERR_ARG
+ * naming an unknown hook and the known ones. */
+DT_API dt_status dt_augment_parse(const char *text, int *ids, int *n);
 
 /* ---- loader -------------------------------------------------------------------- */
+
+typedef enum { DT_SAMPLER_SHUFFLED = 0, DT_SAMPLER_BALANCED = 1 } dt_sampler;
 
 typedef struct {
     int batch;        /* global batch size (all ranks together) */
     int shuffle;      /* reshuffle each epoch */
+    int sampler;      /* dt_sampler: balanced draws each batch's classes evenly
+                         (each class reshuffled, and cycled when it runs out) */
     int drop_last;    /* drop the last partial global batch (else it is smaller) */
-    int prefetch;     /* assemble the next batch on a background thread */
+    int prefetch;     /* assemble the next batch in the background */
+    int threads;      /* loader threads assembling a batch, each a part of its samples */
     uint64_t seed;    /* epoch e's order is a function of (seed, e) alone */
     int rank, world;  /* this rank takes its share of every global batch */
+    int augment[DT_MAX_AUGMENT], naugment;   /* hooks of dt_augment_ops, in order */
+    dt_augment_params aug;
+    int max_share;    /* the largest share dt_loader_set_shares may give (0: the even split's) */
 } dt_loader_params;
 
 DT_API dt_loader_params dt_loader_default_params(void);
@@ -95,6 +184,12 @@ DT_API int dt_loader_next(dt_loader *l, dt_batch *b);
 /* Seconds the caller spent waiting in dt_loader_next since the last call to
  * this function (the part of data loading that prefetch did not hide). */
 DT_API double dt_loader_wait_seconds(dt_loader *l);
+/* Splits the global batches assembled from now on unevenly: each is cut
+ * into nunits equal pieces (piece j: samples [gb * j / nunits, gb * (j + 1)
+ * / nunits)), and rank r takes units[r] consecutive pieces after those of
+ * ranks 0..r-1 (units[world], summing to nunits). NULL: the even split
+ * again. DT_ERR_ARG when a share would pass max_share. */
+DT_API dt_status dt_loader_set_shares(dt_loader *l, const int *units, int nunits);
 
 #ifdef __cplusplus
 }

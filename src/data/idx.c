@@ -92,6 +92,7 @@ dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx 
 void dt_dataset_free(dt_dataset *ds) {
     dt_free(ds->x);
     free(ds->y);
+    free(ds->raw);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -99,11 +100,54 @@ size_t dt_dataset_sample_size(const dt_dataset *ds) {
     return (size_t)ds->shape[0] * ds->shape[1] * ds->shape[2];
 }
 
+void dt_dataset_sample(const dt_dataset *ds, int j, float *out) {
+    size_t ss = dt_dataset_sample_size(ds);
+    if (ds->x) {
+        memcpy(out, ds->x + (size_t)j * ss, sizeof(float) * ss);
+        return;
+    }
+    const uint8_t *r = ds->raw + (size_t)j * ss;
+    for (size_t i = 0; i < ss; i++) out[i] = r[i] * ds->scale + ds->shift;
+}
+
+dt_status dt_dataset_from_u8(dt_dataset *ds, const uint8_t *pixels, const int64_t *labels, int n,
+                             const int shape[3], int classes, float mean, float std, int cache,
+                             const char *what) {
+    memset(ds, 0, sizeof *ds);
+    if (!(std > 0.0f)) return dt_error(DT_ERR_ARG, "dataset: std must be > 0");
+    for (int i = 0; i < n; i++)
+        if (labels[i] < 0 || labels[i] >= classes)
+            return dt_error(DT_ERR_FORMAT, "%s: label %lld of sample %d is outside 0..%d", what,
+                            (long long)labels[i], i, classes - 1);
+    ds->n = n;
+    memcpy(ds->shape, shape, sizeof ds->shape);
+    ds->classes = classes;
+    ds->scale = 1.0f / (255.0f * std);
+    ds->shift = -mean / std;
+    size_t count = (size_t)n * dt_dataset_sample_size(ds);
+    if (cache)
+        ds->x = dt_alloc(sizeof(float) * (count ? count : 1));
+    else
+        ds->raw = malloc(count ? count : 1);
+    ds->y = malloc(sizeof(int32_t) * (n ? (size_t)n : 1));
+    if (!(ds->x || ds->raw) || !ds->y) {
+        dt_dataset_free(ds);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory for %d samples", what, n);
+    }
+    if (cache)
+        for (size_t i = 0; i < count; i++) ds->x[i] = pixels[i] * ds->scale + ds->shift;
+    else
+        memcpy(ds->raw, pixels, count);
+    for (int i = 0; i < n; i++) ds->y[i] = (int32_t)labels[i];
+    return DT_OK;
+}
+
 dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images, const char *labels, int classes,
-                              float mean, float std) {
+                              float mean, float std, int cache) {
     memset(ds, 0, sizeof *ds);
     if (!(std > 0.0f)) return dt_error(DT_ERR_ARG, "dataset: std must be > 0");
     uint8_t *ib = NULL, *lb = NULL;
+    int64_t *y = NULL;
     size_t il, ll;
     dt_idx ii, li;
     dt_status st = dt_read_file_gz(images, &ib, &il);
@@ -124,29 +168,16 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images, const char *la
                       ii.dims[0]);
         goto done;
     }
-    for (size_t i = 0; i < li.count; i++)
-        if (li.data[i] >= classes) {
-            st = dt_error(DT_ERR_FORMAT, "%s: label %d of sample %zu is outside 0..%d", labels, li.data[i], i,
-                          classes - 1);
-            goto done;
-        }
-    ds->n = ii.dims[0];
-    ds->shape[0] = 1;
-    ds->shape[1] = ii.dims[1];
-    ds->shape[2] = ii.dims[2];
-    ds->classes = classes;
-    ds->x = dt_alloc(sizeof(float) * ii.count);
-    ds->y = malloc(sizeof(int32_t) * ds->n);
-    if (!ds->x || !ds->y) {
-        dt_dataset_free(ds);
-        st = dt_error(DT_ERR_NOMEM, "%s: out of memory", images);
+    if (!(y = malloc(sizeof *y * li.count))) {
+        st = dt_error(DT_ERR_NOMEM, "%s: out of memory", labels);
         goto done;
     }
-    float a = 1.0f / (255.0f * std), c = -mean / std;
-    for (size_t i = 0; i < ii.count; i++) ds->x[i] = ii.data[i] * a + c;
-    for (int i = 0; i < ds->n; i++) ds->y[i] = li.data[i];
+    for (size_t i = 0; i < li.count; i++) y[i] = li.data[i];
+    int shape[3] = {1, ii.dims[1], ii.dims[2]};
+    st = dt_dataset_from_u8(ds, ii.data, y, ii.dims[0], shape, classes, mean, std, cache, labels);
 done:
     free(ib);
     free(lb);
+    free(y);
     return st;
 }

@@ -16,6 +16,7 @@
  * every piece. Gradients already carry the weight local / global batch (the
  * loop's loss scale), so the SUM is the global mean. */
 #include "engine/codec.h"
+#include "engine/dynbatch.h"
 #include "engine/strategy.h"
 
 #include <stdio.h>
@@ -175,7 +176,7 @@ static dt_status dp_check(const dt_config *c, int W) {
 }
 
 static int dp_max_micro(const dt_config *c, int W) {
-    int share = (c->batch + W - 1) / W;
+    int share = c->dynamic_batch ? dt_dynbatch_max_share(c->batch, W) : (c->batch + W - 1) / W;
     return (share + c->grad_accum - 1) / c->grad_accum;
 }
 

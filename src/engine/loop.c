@@ -14,6 +14,7 @@
 #include "dtrain/train.h"
 #include "engine/checkpoints.h"
 #include "engine/control.h"
+#include "engine/dynbatch.h"
 #include "engine/strategy.h"
 #include "engine/task.h"
 #include "engine/worker.h"
@@ -48,6 +49,14 @@ dt_status dt_train_check(const dt_config *c, int W) {
     if (n > 1)
         return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of parameter servers, model parallelism (tensor, pipeline), ZeRO and local SGD",
                         asked[0], asked[1]);
+    // Dynamic batching reads each rank's speed from its forward and backward
+    // time, which must be its own work: ZeRO-3's layer gathers make every
+    // rank wait for the slowest inside them.
+    if (c->dynamic_batch && (c->pipeline > 1 || c->sync_every > 0 || c->zero >= 3))
+        return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch works with data parallel and ZeRO stages 1-2, not with %s",
+                        c->pipeline > 1      ? "[parallel] pipeline (which plans its own micro-batches)"
+                        : c->sync_every > 0 ? "[parallel] sync_every (local SGD weights every rank's share alike)"
+                                            : "[parallel] zero = 3 (its layer gathers hide each rank's speed)");
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
                         asked[0]);
@@ -149,6 +158,7 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
     *loss_sum = 0;
     for (int k = 0; k < nm; k++) {
         float loss;
+        double t0 = dt_now();
         dt_obs_begin(obs, DT_OBS_FORWARD);
         dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)s->loss_denom, &loss);
         if (st == DT_OK && k == 0) st = dt_fault_step(s->rank, step + 1);
@@ -159,10 +169,29 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
         dt_obs_begin(obs, DT_OBS_BACKWARD);
         tops->backward(task, hook, user);
         dt_strategy_micro_end(s, k);
+        dt_fault_slow(s->rank, dt_now() - t0);
         dt_obs_end(obs, DT_OBS_BACKWARD);
         *loss_sum += (double)loss * s->len[k];
     }
     return DT_OK;
+}
+
+// Dynamic batching: every rank's forward and backward time and share of
+// this step (from the control plane's allgather) into the split of the
+// batches to come.
+static dt_status rebalance(dt_dynbatch *dyn, dt_obs *obs, const dt_task_ops *tops, dt_task *task, int rank, int W,
+                           int nunits, int64_t step) {
+    double sec[W];
+    int share[W], units[W];
+    for (int r = 0; r < W; r++) share[r] = dt_obs_rank_work(obs, r, &sec[r]);
+    if (!dt_dynbatch_update(dyn, sec, share, units)) return DT_OK;
+    if (rank == 0) {
+        char line[512];
+        int o = 0;
+        for (int r = 0; r < W && o < (int)sizeof line - 16; r++) o += snprintf(line + o, sizeof line - o, " %d", units[r]);
+        dt_log(DT_LOG_DEBUG, "dynamic batch: after step %lld, units of %d per rank:%s", (long long)step, nunits, line);
+    }
+    return tops->set_shares(task, units, nunits);
 }
 
 // The rest of a step: gradients synchronised, the control plane's
@@ -197,6 +226,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     const dt_strategy_ops *sops = dt_strategy_for(c);
     dt_task *task = NULL;
     dt_strategy *strat = NULL;
+    dt_dynbatch *dyn = NULL;
     dt_comm_t comm = NULL;
     dt_run_ckpt ck = {0};
     dt_obs *obs = NULL;
@@ -248,6 +278,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         }
         tops->set_layer_hook(task, params_needed, strat);
     }
+    // Dynamic batching: units of the global batch (its samples, or the
+    // deterministic mode's fixed shards) dealt by speed.
+    int nunits = c->deterministic ? c->micro_shards : c->batch;
+    if (c->dynamic_batch && !tops->set_shares) {
+        st = dt_error(DT_ERR_CONFIG, "[train] dynamic_batch: the %s model's batches cannot be split unevenly", tops->name);
+        goto done;
+    }
+    if (c->dynamic_batch && W > 1) DT_TRY(dt_dynbatch_create(&dyn, W, c->batch, nunits), done);
 
     // Checkpoints: the weights, the optimizer state as this rank holds it,
     // the loop's position and its data stream.
@@ -292,6 +330,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             dt_obs_end(obs, DT_OBS_DATA);
             if (st != DT_OK) goto done;
             if (!more) break;
+            dt_obs_set_share(obs, b.share);
             if (!strat->grads_zero) tops->zero_grad(task);
             uint64_t sent0 = comm_bytes_sent(comm);
             double lsum;
@@ -300,6 +339,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             st = sops->run_step ? sops->run_step(strat, tops, task, step, &b, &lsum)
                                 : micro_steps(tops, task, strat, obs, step, &b, &lsum);
             if (st == DT_OK) st = finish_step(strat, &ck, obs, &sched, step, lsum, b.global, &ctl, &lr, &gnorm);
+            if (st == DT_OK && dyn) st = rebalance(dyn, obs, tops, task, rank, W, nunits, step + 1);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
                 goto done;
@@ -378,6 +418,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 done:
     st = dt_obs_close(obs, st);
     dt_strategy_free(strat);  // its transfers end before the communicator does
+    dt_dynbatch_free(dyn);
     if (task && tops->close) tops->close(task);
     if (comm != all) st = dt_worker_exit(comm, st);  // the workers' own, before the world
     st = dt_worker_exit(all, st);

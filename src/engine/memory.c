@@ -46,8 +46,13 @@ static int optim_states(const dt_config *c) {
 }
 
 // A classifier split's sample count and floats per sample, from the IDX
-// headers alone.
+// headers (or the HDF5 file's description) alone.
 static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
+    if (!strcmp(c->dataset, "hdf5")) {
+        const char *name = c->h5_names[strcmp(pre, "train") ? 2 : 0];
+        snprintf(img, len, "%s: dataset '%s'", c->data_file, name);
+        return dt_hdf5_images_shape(c->data_file, name, n, ss);
+    }
     dt_idx h;
     char lab[1100];
     dt_status st = dt_idx_find_split(c->data_dir, pre, img, lab, len < sizeof lab ? len : sizeof lab);

@@ -114,6 +114,11 @@ typedef struct dt_task_ops {
     dt_status (*save)(dt_task *t, const char *path);
     /* The task's own fields of summary.json. */
     void (*summary)(dt_task *t, cJSON *o, const dt_train_result *r);
+    /* [train] dynamic_batch: the global batches assembled from now on are
+     * cut into nunits equal units, of which rank r takes units[r] in rank
+     * order (dt_loader_set_shares). NULL: a task whose batches split
+     * evenly only. */
+    dt_status (*set_shares)(dt_task *t, const int *units, int nunits);
     /* Federated clients (engine/federate.c); both NULL for a task that
      * cannot have them. The labels of the training samples: *y[n], n
      * returned. */

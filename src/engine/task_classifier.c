@@ -5,6 +5,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
+#include "engine/dynbatch.h"
 #include "engine/task.h"
 
 #include <stdio.h>
@@ -26,11 +27,21 @@ struct dt_task {
     dt_st_meta wmeta[2];
 };
 
+// A split of the classifier's data: IDX files in [data] dir, or datasets of
+// the HDF5 [data] file. The test split is always decoded whole (evaluation
+// reads it directly); the training split as [data] cache says.
 static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
     char img[1024], lab[1024];
-    const char *pre = !strcmp(split, "train") ? "train" : "t10k";
-    dt_status st = dt_idx_find_split(c->data_dir, pre, img, lab, sizeof img);
-    if (st == DT_OK) st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std);
+    int train = !strcmp(split, "train"), cache = train ? c->cache : 1;
+    dt_status st;
+    if (!strcmp(c->dataset, "hdf5")) {
+        snprintf(img, sizeof img, "%s: dataset '%s'", c->data_file, c->h5_names[train ? 0 : 2]);
+        st = dt_dataset_load_hdf5(ds, c->data_file, c->h5_names[train ? 0 : 2], c->h5_names[train ? 1 : 3], 10,
+                                  c->mean, c->std, cache);
+    } else {
+        st = dt_idx_find_split(c->data_dir, train ? "train" : "t10k", img, lab, sizeof img);
+        if (st == DT_OK) st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std, cache);
+    }
     if (st != DT_OK) return st;
     int want = c->input[0] * c->input[1] * c->input[2];
     if ((int)dt_dataset_sample_size(ds) != want) {
@@ -137,9 +148,14 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     lp.shuffle = c->shuffle;
     lp.drop_last = c->drop_last;
     lp.prefetch = c->prefetch;
+    lp.threads = c->loader_threads;
+    lp.sampler = c->sampler;
     lp.seed = c->seed;
     lp.rank = dt_comm_rank(comm);
     lp.world = dt_comm_size(comm);
+    lp.aug.crop_pad = c->crop_pad;
+    DT_TRY(dt_augment_parse(c->augment, lp.augment, &lp.naugment), done);
+    lp.max_share = c->dynamic_batch ? dt_dynbatch_max_share(c->batch < t->train.n ? c->batch : t->train.n, lp.world) : 0;
     DT_TRY(dt_loader_create(&t->full, &t->train, &lp), done);
     t->loader = t->full;
     int nt = dt_model_num_tensors(t->m);
@@ -248,6 +264,10 @@ static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
     cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
 }
 
+static dt_status cls_set_shares(dt_task *t, const int *units, int nunits) {
+    return dt_loader_set_shares(t->full, units, nunits);
+}
+
 static int cls_train_labels(dt_task *t, const int32_t **y) {
     *y = t->train.y;
     return t->train.n;
@@ -272,7 +292,7 @@ static dt_status cls_set_subset(dt_task *t, const uint32_t *idx, int n, int batc
     }
     d->n = n;
     for (int i = 0; i < n; i++) {
-        memcpy(d->x + (size_t)i * ss, t->train.x + (size_t)idx[i] * ss, sizeof(float) * ss);
+        dt_dataset_sample(&t->train, (int)idx[i], d->x + (size_t)i * ss);
         d->y[i] = t->train.y[idx[i]];
     }
     dt_loader_params lp = dt_loader_default_params();
@@ -302,6 +322,7 @@ const dt_task_ops dt_task_classifier = {
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,
+    .set_shares = cls_set_shares,
     .train_labels = cls_train_labels,
     .set_subset = cls_set_subset,
 };

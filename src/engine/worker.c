@@ -102,6 +102,14 @@ dt_status dt_fault_step(int rank, int64_t step) {
     return dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
 }
 
+void dt_fault_slow(int rank, double seconds) {
+    const char *slow = getenv("DTRAIN_SLOW_RANK");
+    int r;
+    double f;
+    if (slow && sscanf(slow, "%d:x%lf", &r, &f) == 2 && r == rank && f > 1 && seconds > 0)
+        usleep((useconds_t)((f - 1) * seconds * 1e6));
+}
+
 dt_status dt_fault_start(int rank) {
     const char *f = getenv("DTRAIN_FAULT_START");
     int r, n = 0;

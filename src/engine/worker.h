@@ -44,8 +44,12 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
  *       (a worker that cannot come back);
  *   DTRAIN_SLOW_RANK=R:MS  rank R sleeps MS milliseconds in every step's
- *       forward (a straggler). */
+ *       forward (a straggler);
+ *   DTRAIN_SLOW_RANK=R:xF  rank R is F times slower: after each
+ *       micro-batch's forward and backward it sleeps F - 1 times as long
+ *       (dt_fault_slow). */
 dt_status dt_fault_step(int rank, int64_t step);
+void dt_fault_slow(int rank, double seconds);
 dt_status dt_fault_start(int rank);
 
 #endif

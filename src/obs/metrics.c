@@ -21,7 +21,7 @@
 // What every rank sends in dt_obs_allreduce's allgather (doubles). X_DATA ..
 // X_OPTIM follow DT_OBS_DATA .. DT_OBS_OPTIMIZER.
 enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, X_MEM,
-       X_SUMS = X_MEM + DT_OBS_MEM_KINDS, NX = X_SUMS + DT_OBS_MAX_SUMS };
+       X_SHARE = X_MEM + DT_OBS_MEM_KINDS, X_SUMS, NX = X_SUMS + DT_OBS_MAX_SUMS };
 static const char *const mem_kinds[DT_OBS_MEM_KINDS] = {"weights", "gradients", "optimizer_state", "comm_buffers",
                                                             "activations"};
 // The phases that make up a rank's own work in a step (straggler step time).
@@ -78,6 +78,7 @@ struct dt_obs {
     int have_eval;
     uint64_t stragglers_total;
     double mem[DT_OBS_MEM_KINDS]; // this rank's bytes by kind (dt_obs_set_memory)
+    int share;                    // this rank's samples in the step (dt_obs_set_share)
 };
 
 static double peak_rss_bytes(void) {
@@ -246,6 +247,16 @@ void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]) {
     if (o) memcpy(o->mem, bytes, sizeof o->mem);
 }
 
+void dt_obs_set_share(dt_obs *o, int share) {
+    if (o) o->share = share;
+}
+
+int dt_obs_rank_work(const dt_obs *o, int r, double *seconds) {
+    const double *v = o->x + (size_t)r * NX;
+    *seconds = v[X_FORWARD] + v[X_BACKWARD];
+    return (int)v[X_SHARE];
+}
+
 dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, dt_comm_t comm,
                         dt_progress_fn progress, void *user) {
     *out = NULL;
@@ -374,6 +385,7 @@ dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm) {
     mine[X_RECV] = (double)(cs.bytes_recv - o->cs.bytes_recv);
     mine[X_PEAK] = peak_rss_bytes();
     for (int k = 0; k < DT_OBS_MEM_KINDS; k++) mine[X_MEM + k] = o->mem[k];
+    mine[X_SHARE] = o->share;
     for (int i = 0; i < n; i++) mine[X_SUMS + i] = v[i];
     if (o->W == 1) {
         memcpy(o->x, mine, sizeof mine);
@@ -498,6 +510,7 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     num(j, "grad_norm", s->grad_norm);
     if (s->has_staleness) cJSON_AddNumberToObject(j, "staleness", s->staleness);
     cJSON_AddNumberToObject(j, "samples", (double)s->samples);
+    if (o->W > 1) cJSON_AddNumberToObject(j, "share", o->share);
     num(j, "samples_per_sec", step_s > 0 ? s->samples / step_s : 0);
     if (s->tokens) num(j, "tokens_per_sec", step_s > 0 ? s->tokens / step_s : 0);
     num(j, "step_seconds", step_s);

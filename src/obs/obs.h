@@ -87,6 +87,12 @@ dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm);
  * carries them, and rank 0's endpoint shows every rank's. */
 #define DT_OBS_MEM_KINDS 5
 void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]);
+/* This rank's samples in the step under way (its record's "share"); the
+ * allgather of dt_obs_allreduce carries it to every rank. */
+void dt_obs_set_share(dt_obs *o, int share);
+/* After dt_obs_allreduce with an obs, on every rank: rank r's forward and
+ * backward seconds in this step (*seconds) and its share (returned). */
+int dt_obs_rank_work(const dt_obs *o, int r, double *seconds);
 /* Ends the step: its metrics record, progress, the endpoint's figures,
  * straggler detection. */
 void dt_obs_step(dt_obs *o, const dt_obs_step_info *s);

@@ -1,6 +1,7 @@
 /* Run configs: INI text read with libinih, every key looked up in one field
  * table that also drives validation, defaults and dt_config_write(). */
 #include "dtrain/config.h"
+#include "dtrain/data.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -111,7 +112,8 @@ typedef struct {
 
 static const char *const optim_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "cosine", "linear", NULL};
-static const char *const dataset_names[] = {"fashion-mnist", "tokens", NULL};
+static const char *const dataset_names[] = {"fashion-mnist", "tokens", "hdf5", NULL};
+static const char *const sampler_names[] = {"shuffled", "balanced", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
 static const char *const offload_names[] = {"none", "disk", NULL};
@@ -131,6 +133,17 @@ static const field fields[] = {
     {"data", "shuffle", F_BOOL, O(shuffle), 0, 1, NULL},
     {"data", "prefetch", F_BOOL, O(prefetch), 0, 1, NULL},
     {"data", "drop_last", F_BOOL, O(drop_last), 0, 1, NULL},
+    {"data", "sampler", F_ENUM, O(sampler), 0, 0, sampler_names},
+    {"data", "augment", F_STR, O(augment), 0, 0, NULL},
+    {"data", "crop_pad", F_INT, O(crop_pad), 0, 1024, NULL},
+    {"data", "loader_threads", F_INT, O(loader_threads), 1, 256, NULL},
+    {"data", "cache", F_BOOL, O(cache), 0, 1, NULL},
+    {"data", "file", F_STR, O(data_file), 0, 0, NULL},
+    {"data", "train_images", F_STR, O(h5_names[0]), 0, 0, NULL},
+    {"data", "train_labels", F_STR, O(h5_names[1]), 0, 0, NULL},
+    {"data", "test_images", F_STR, O(h5_names[2]), 0, 0, NULL},
+    {"data", "test_labels", F_STR, O(h5_names[3]), 0, 0, NULL},
+    {"train", "dynamic_batch", F_BOOL, O(dynamic_batch), 0, 1, NULL},
     {"optim", "name", F_ENUM, O(optim.kind), 0, 0, optim_names},
     {"optim", "lr", F_FLOAT, O(optim.lr), 1e-12, 1e3, NULL},
     {"optim", "momentum", F_FLOAT, O(optim.momentum), 0, 0.999999, NULL},
@@ -247,6 +260,11 @@ void dt_config_defaults(dt_config *c) {
     c->std = 0.3530f;
     c->shuffle = 1;
     c->prefetch = 1;
+    c->crop_pad = 4;
+    c->loader_threads = 1;
+    c->cache = 1;
+    const char *h5[4] = {"train/images", "train/labels", "test/images", "test/labels"};
+    for (int i = 0; i < 4; i++) snprintf(c->h5_names[i], sizeof c->h5_names[i], "%s", h5[i]);
     c->optim = dt_optim_default_params(DT_OPTIM_SGD);
     c->sched = DT_SCHED_CONSTANT;
     c->batch = 64;
@@ -645,8 +663,25 @@ static dt_status finish_compression(const dt_config *c, const char *what) {
     return DT_OK;
 }
 
+// [data]: the HDF5 file, the augmentation list, the sampler.
+static dt_status finish_data(const dt_config *c, const char *what) {
+    int ids[DT_MAX_AUGMENT], n;
+    char msg[256];
+    if (!strcmp(c->dataset, "hdf5") && !c->data_file[0])
+        return dt_error(DT_ERR_CONFIG, "%s: [data] file: dataset = hdf5 needs the path of an HDF5 file", what);
+    if (dt_augment_parse(c->augment, ids, &n) != DT_OK)
+        return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: [data] augment: %s", what, msg);
+    if (n && (c->crop_pad >= c->input[1] || c->crop_pad >= c->input[2]))
+        return dt_error(DT_ERR_CONFIG, "%s: [data] crop_pad: %d is not smaller than the %dx%d images", what, c->crop_pad,
+                        c->input[1], c->input[2]);
+    if (c->sampler == DT_SAMPLER_BALANCED && !c->shuffle)
+        return dt_error(DT_ERR_CONFIG, "%s: [data] sampler: balanced draws every batch at random; it cannot be used with shuffle = false", what);
+    return DT_OK;
+}
+
 static dt_status finish(dt_config *c, const char *what) {
     dt_status st = !strncmp(c->preset, "gpt", 3) ? finish_gpt(c, what) : finish_layers(c, what);
+    if (st == DT_OK) st = finish_data(c, what);
     if (st != DT_OK) return st;
     if (c->batch % c->grad_accum)
         return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);

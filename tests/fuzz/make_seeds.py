@@ -133,3 +133,28 @@ write("config", "roundtrip.ini", "[model]\ninput = 784\nlayer = dropout p=0.4184
       "layer = layernorm eps=3.3333e-7\n[data]\ndir = /a;b c\n[train]\nseed = 12345678901234567890\n")
 write("config", "comment-value.ini", "[model]\npreset = mlp\n[data]\ndir =; /data\n")
 write("config", "min-lr.ini", "[model]\npreset = mlp\n[schedule]\nmin_lr = 5\n")
+
+# ---- HDF5 reader's checks (fuzz_hdf5.c: two 70-byte descriptions, then
+# labels and pixels) ----------------------------------------------------------
+def h5desc(found=1, is_dataset=1, cls=0, size=1, signed=0, dims=(4, 2, 3)):
+    d = list(dims) + [0] * (8 - len(dims))
+    return bytes([found, is_dataset, cls, size, signed, len(dims) & 0xFF]) + struct.pack("<8q", *d)
+
+
+def h5(images, labels, rest=b""):
+    return images + labels + rest
+
+
+good_rest = bytes([0, 9, 3, 1]) + bytes(range(24))
+write("hdf5", "good", h5(h5desc(), h5desc(dims=(4,)), good_rest))
+write("hdf5", "good-4d", h5(h5desc(dims=(2, 3, 2, 2)), h5desc(size=8, signed=1, dims=(2,)), bytes([1, 2]) + bytes(24)))
+write("hdf5", "label-10", h5(h5desc(), h5desc(dims=(4,)), bytes([0, 10, 3, 1]) + bytes(24)))
+write("hdf5", "label-neg", h5(h5desc(), h5desc(dims=(4,)), bytes([0, 0xFF, 3, 1]) + bytes(24)))
+write("hdf5", "missing", h5(h5desc(found=0), h5desc(dims=(4,))))
+write("hdf5", "group", h5(h5desc(), h5desc(is_dataset=0, dims=(4,))))
+write("hdf5", "float-images", h5(h5desc(cls=1, size=4), h5desc(dims=(4,))))
+write("hdf5", "flat-images", h5(h5desc(dims=(4, 6)), h5desc(dims=(4,))))
+write("hdf5", "count-mismatch", h5(h5desc(), h5desc(dims=(5,))))
+write("hdf5", "huge", h5(h5desc(dims=(1 << 30, 1 << 30, 2)), h5desc(dims=(1 << 30,))))
+write("hdf5", "zero-dim", h5(h5desc(dims=(4, 0, 3)), h5desc(dims=(4,))))
+write("hdf5", "negative-ndim", h5(h5desc(dims=()), h5desc(dims=(4,)))[:5] + b"\xff" + h5desc(dims=(4,))[6:] + h5desc(dims=(4,)))

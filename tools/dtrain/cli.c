@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 void cli_error(const char *fmt, ...) {
     // Messages quote file names, tensor names and lines from files: escaped,
@@ -35,5 +36,30 @@ int cli_memory_limit(const char *v) {
 int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out) {
     if (dt_parse_number(flag, v, lo, hi, whole, out) == DT_OK) return 0;
     cli_error("%s", dt_last_error());
+    return -1;
+}
+
+int cli_from_to(int argc, char **argv, const char *help, const char *in_name, const char *out_name, const char **from,
+                const char **in, const char **out) {
+    *from = *in = *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(help, stdout);
+            return 0;
+        } else if (!strcmp(s, "--from")) {
+            if (i + 2 >= argc) return cli_error("--from needs FORMAT and %s", in_name), EXIT_USAGE;
+            *from = argv[++i];
+            *in = argv[++i];
+        } else if (!strcmp(s, "--to")) {
+            if (i + 1 >= argc) return cli_error("--to needs %s", out_name), EXIT_USAGE;
+            *out = argv[++i];
+        } else {
+            return cli_error("unexpected argument '%s' (see 'dtrain %s --help')", s, argv[0]), EXIT_USAGE;
+        }
+    }
+    if (!*from || !*out)
+        return cli_error("need --from FORMAT %s and --to %s (see 'dtrain %s --help')", in_name, out_name, argv[0]),
+               EXIT_USAGE;
     return -1;
 }

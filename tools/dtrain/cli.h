@@ -13,6 +13,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_prepare_text(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_convert_data(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
@@ -36,6 +37,13 @@ int cli_memory_limit(const char *v);
     "                  fits), and in training cap each worker at it (a memory\n"   \
     "                  cgroup, else RLIMIT_DATA); available memory\n"              \
     "                  (MemAvailable, the memory cgroup) is always checked\n"
+
+/* The arguments of a converter, `dtrain CMD --from FORMAT IN --to OUT` (or
+ * --help, which prints help): fills *from, *in, *out (NULL when not
+ * given). Returns -1 to go on, or the exit code (0 after --help, 2 after
+ * a usage error, printed naming `in_name`/`out_name`). */
+int cli_from_to(int argc, char **argv, const char *help, const char *in_name, const char *out_name, const char **from,
+                const char **in, const char **out);
 
 /* The value v of a numeric flag, read by dt_parse_number (decimal, finite,
  * in [lo, hi], whole if asked; NULL = the value is missing). Returns 0, or

@@ -19,24 +19,9 @@ static const char help[] =
     "  dtrain convert --from safetensors runs/x/model.safetensors --to model.bin\n";
 
 int cmd_convert(int argc, char **argv) {
-    const char *from = NULL, *in = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            fputs(help, stdout);
-            return 0;
-        } else if (!strcmp(s, "--from")) {
-            if (i + 2 >= argc) return cli_error("--from needs FORMAT and IN"), EXIT_USAGE;
-            from = argv[++i];
-            in = argv[++i];
-        } else if (!strcmp(s, "--to")) {
-            if (i + 1 >= argc) return cli_error("--to needs OUT"), EXIT_USAGE;
-            out = argv[++i];
-        } else {
-            return cli_error("unexpected argument '%s' (see 'dtrain convert --help')", s), EXIT_USAGE;
-        }
-    }
-    if (!from || !out) return cli_error("need --from FORMAT IN and --to OUT (see 'dtrain convert --help')"), EXIT_USAGE;
+    const char *from, *in, *out;
+    int rc = cli_from_to(argc, argv, help, "IN", "OUT", &from, &in, &out);
+    if (rc >= 0) return rc;
     int to_llmc;
     if (!strcmp(from, "llmc")) to_llmc = 0;
     else if (!strcmp(from, "safetensors")) to_llmc = 1;

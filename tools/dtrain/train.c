@@ -63,6 +63,13 @@ static const char train_help[] =
     "  --set parallel.sync_every=H  local SGD: each worker steps on its own\n"
     "                  share and the parameters are averaged every H steps\n"
     "                  (parallel.sync_warmup = S: S data-parallel steps first)\n"
+    "  --set train.dynamic_batch=true  each worker's share of the global\n"
+    "                  batch follows its measured step time (a slow worker gets\n"
+    "                  less), with the same result (docs/data-parallel.md)\n"
+    "  --set data.augment=crop,flip  augment training samples (seeded per\n"
+    "                  sample); data.sampler=balanced, data.loader_threads=N,\n"
+    "                  data.dataset=hdf5 with data.file=F.h5 (written by dtrain\n"
+    "                  convert-data): docs/data.md\n"
     CLI_MEMORY_LIMIT_HELP
     "\n"
     "observability (docs/observability.md):\n"
@@ -355,11 +362,13 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         if ((n > 1 || c->ps_servers > 0) && dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
-    if (!c->gpt && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
+    int hdf5 = !strcmp(c->dataset, "hdf5");
+    if (!c->gpt && !hdf5 && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
                     dt_idx_find_split(c->data_dir, "t10k", img, lab, sizeof img) != DT_OK))
         return cli_error("[data] dir: %s", dt_last_error()), EXIT_RUNTIME;
     const struct { const char *field, *path; } files[] = {
         {"[checkpoint] resume", strcmp(c->resume, "auto") ? c->resume : ""},
+        {"[data] file", hdf5 ? c->data_file : ""},
         {"[data] train_file", c->gpt ? c->train_file : ""},
         {"[data] val_file", c->gpt ? c->val_file : ""},
         {"[model] init_from", c->init_from},
