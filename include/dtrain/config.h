@@ -11,7 +11,7 @@
  *             beta1, beta2, eps, clip_norm, lr_scaling, base_batch
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
- *             grad_accum, straggler_margin, straggler_steps
+ *             grad_accum, straggler_margin, straggler_steps, precision (fp32|bf16|fp16)
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, micro_batches, schedule, pipeline_split,
  *             sync_every, sync_warmup
@@ -72,6 +72,7 @@ typedef struct {
     int grad_accum;                /* micro-steps per step (divides batch) */
     int lr_scaling;                /* 0 none, 1 linear: lr x batch / base_batch */
     int base_batch;
+    int precision;                 /* dt_dtype of the matmuls and convolutions: DT_F32, DT_BF16, DT_F16 (docs/mixed-precision.md) */
     /* [parallel] (data-parallel workers) */
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */

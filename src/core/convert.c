@@ -84,6 +84,12 @@ void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
         for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
 }
 
+void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t) {
+    if (t == DT_BF16)
+        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(f32_to_bf16(src[i]));
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+}
 
 void dt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end) {
     *begin = (size_t)((unsigned __int128)n * (unsigned)rank / (unsigned)world);

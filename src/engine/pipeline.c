@@ -210,7 +210,7 @@ static dt_status forward(pipe *p, dt_task *task, int k, double *loss_sum) {
     slot *sl = &p->slots[k % p->nslots];
     dt_status st = wait_timed(p, &sl->send_out, "sending activations to", p->stage + 1);
     if (st == DT_OK)
-        st = p->tops->stage_begin(task, sl->st, p->off[k], p->len[k], (float)p->len[k] / (float)p->base.global,
+        st = p->tops->stage_begin(task, sl->st, p->off[k], p->len[k], (float)p->len[k] / (float)p->base.global * p->base.loss_scale,
                                   &sl->in, &sl->out, &sl->count);
     if (st == DT_OK && p->stage > 0) {
         dt_request_t r = NULL;

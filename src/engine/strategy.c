@@ -40,6 +40,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->obs = a->obs;
     s->lo = 0;
     s->hi = a->n;
+    s->loss_scale = 1.0f;
     int nmax = a->c->grad_accum > a->c->micro_shards ? a->c->grad_accum : a->c->micro_shards;
     s->off = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
     s->len = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));

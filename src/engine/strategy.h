@@ -11,7 +11,7 @@
  *                                          drives the micro-batches itself
  *                                          (pipeline), instead of:
  *     nm = dt_strategy_plan(s, first, share, global)   micro-batches in s->off/len
- *     for k < nm:                          loss of micro-batch k scaled by len[k] / s->loss_denom
+ *     for k < nm:                          loss of micro-batch k scaled by len[k] / s->loss_denom x s->loss_scale
  *       [params_needed(s, layer, phase)]   before a layer's forward/backward
  *       forward; backward with the grad hook of dt_strategy_grad_hook(s, k)
  *       dt_strategy_micro_end(s, k)
@@ -133,6 +133,8 @@ struct dt_strategy {
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
+    float loss_scale;          /* fp16's dynamic loss scale: every micro-batch's loss is also scaled by it
+                                  (1 otherwise); the loop divides it out of the update */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */

@@ -43,8 +43,11 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
  *       (a worker that cannot come back);
  *   DTRAIN_SLOW_RANK=R:MS  rank R sleeps MS milliseconds in every step's
- *       forward (a straggler). */
+ *       forward (a straggler);
+ *   DTRAIN_FAULT_OVERFLOW=R:S  rank R finds an inf among its gradients at
+ *       step S (fp16's loss scaling, which every rank must then skip). */
 dt_status dt_fault_step(int rank, int64_t step);
+int dt_fault_overflow(int rank, int64_t step);
 dt_status dt_fault_start(int rank);
 
 #endif

@@ -63,6 +63,9 @@ typedef struct {
     float lr, grad_norm;       /* grad_norm: of the averaged gradient, before clipping */
     int64_t samples;           /* samples (sequences) in the global batch */
     int64_t tokens;            /* tokens in the global batch (language models), else 0 */
+    float loss_scale;          /* fp16: the loss scale after the step (0: no loss scaling) */
+    int skipped;               /* fp16: this step was skipped for an overflow */
+    int64_t skipped_total;     /* fp16: steps skipped so far */
 } dt_obs_step_info;
 
 /* Collective over comm. Opens this rank's metrics log (run_dir may be NULL:

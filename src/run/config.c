@@ -118,6 +118,7 @@ static const char *const offload_names[] = {"none", "disk", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
+static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -152,6 +153,7 @@ static const field fields[] = {
     {"train", "threads", F_INT, O(threads), 0, 4096, NULL},
     {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
     {"train", "grad_accum", F_INT, O(grad_accum), 1, 1 << 16, NULL},
+    {"train", "precision", F_ENUM, O(precision), 0, 0, precision_names},
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
