@@ -203,6 +203,24 @@ static const row rows[] = {
     {"local-sgd", "gpt", 1, 0, "--set parallel.sync_every=5", "", 0, 0},
     // A warm-up longer than the run is plain data parallel (AdamW, 3 uneven shares).
     {"local-sgd", "cnn", 3, 0, "--set parallel.sync_every=4 --set parallel.sync_warmup=1000", "", 1e-4, 0},
+    // Mixed precision (`test_strategy precision`): every peer in bf16 against one bf16 process (or, for
+    // ZeRO, bf16 data parallel on as many workers), bitwise where the fp32 rows are.
+    {"precision", "mlp", 2, 0, "--precision bf16", "--precision bf16", 1e-4, 0},
+    {"precision", "cnn", 2, 0, "--precision bf16", "--precision bf16", 1e-4, 0},
+    // The GPT: an fp32 sum in another order (other GEMM shapes per rank) moves an operand across a bf16
+    // rounding boundary now and then, one ulp (2^-8 relative) at a time, and 50 SGD steps with momentum
+    // carry that on: a few ulps of the largest weight (fp32 rows: 1e-4, for the same reason in fp32).
+    {"precision", "gpt", 2, 0, "--precision bf16", "--precision bf16", 5e-2, 0},
+    {"precision", "cnn", 2, 0, "--precision bf16 --deterministic", "--precision bf16 --deterministic", 0, 0},
+    {"precision", "gpt", 2, 0, "--precision bf16 --zero 1", "--precision bf16", 1e-6, 2},
+    {"precision", "mlp", 2, 0, "--precision bf16 --zero 2", "--precision bf16", 1e-6, 2},
+    {"precision", "cnn", 2, 0, "--precision bf16 --zero 3", "--precision bf16", 1e-6, 2},
+    {"precision", "gpt", 2, 0, "--precision bf16 --deterministic --zero 2", "--precision bf16 --deterministic", 0, 0},
+    {"precision", "gpt", 2, 0, "--precision bf16 --set parallel.pipeline=2 --set parallel.micro_batches=4", "--precision bf16", 5e-2, 0},
+    {"precision", "mlp", 2, 0, "--precision bf16 --set parallel.sync_every=1 --set data.drop_last=true",
+     "--precision bf16 --set data.drop_last=true", 1e-4, 0},
+    {"precision", "mlp", 2, 0, "--precision fp16", "--precision fp16", 1e-4, 0},
+    {"precision", "gpt", 2, 0, "--precision fp16 --zero 2", "--precision fp16", 1e-6, 2},
 };
 
 static const char *model_cfg(const char *model) {
