@@ -19,6 +19,7 @@
  * (every rank skips that step, the scale halves, metrics and summary.json
  * say so); bf16 and fp16 runs learn; a checkpoint of a bf16 run resumed in
  * fp32 (fp32 master weights: resumed bitwise from the same values). */
+#include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "kernels/kernels.h"
@@ -241,7 +242,7 @@ static int train(const char *name, const char *extra_env, int N, const char *fla
     char path[512], cmd[2048];
     snprintf(path, sizeof path, "%s/%s.ini", g_tmp, name);
     FILE *f = fopen(path, "w");
-    fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nmax_steps = 30\neval_batch = 100\nseed = 3\n", cfg_mlp, g_tmp);
+    fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nepochs = 3\nmax_steps = 30\neval_batch = 100\nseed = 3\n", cfg_mlp, g_tmp);
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s %s train %s --workers %d --quiet --run-dir %s/%s %s", extra_env ? extra_env : "",
              tl_dtrain(), path, N, g_tmp, name, flags);
@@ -336,9 +337,40 @@ static void learn_and_resume(void) {
     snprintf(ck, sizeof ck, "%s inspect %s/ck-bf16/checkpoints/step-00000010.safetensors", tl_dtrain(), g_tmp);
     tl_run(ck, g_out, sizeof g_out);
     CHECK(strstr(g_out, "F32") && !strstr(g_out, "BF16"), "the checkpoint's tensors are F32:\n%.2000s", g_out);
+    // dtrain export --dtype bf16: the fp32 export's values rounded, as BF16.
+    char cmd[2200];
+    const char *ckp = tl_path(g_tmp, "ck-bf16/checkpoints/step-00000020.safetensors");
+    snprintf(cmd, sizeof cmd, "%s export %s -o %s/w32.safetensors && %s export %s -o %s/w16.safetensors --dtype bf16",
+             tl_dtrain(), ckp, g_tmp, tl_dtrain(), ckp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    dt_st_file *a = NULL, *b = NULL;
+    int same = rc == 0 && dt_st_open(&a, tl_path(g_tmp, "w32.safetensors")) == DT_OK &&
+               dt_st_open(&b, tl_path(g_tmp, "w16.safetensors")) == DT_OK && dt_st_count(a) == dt_st_count(b);
+    size_t bytes32 = 0, bytes16 = 0;
+    for (int i = 0; same && i < dt_st_count(a); i++) {
+        const dt_st_tensor *x = dt_st_get(a, i), *y = dt_st_get(b, i);
+        size_t n = x->nbytes / 4;
+        float *f = malloc(4 * n), *g = malloc(4 * n);
+        memcpy(f, x->data, 4 * n);
+        dt_round_f32(f, f, n, DT_BF16);
+        same = x->dtype == DT_F32 && y->dtype == DT_BF16 && y->nbytes == 2 * n && !strcmp(x->name, y->name);
+        if (same) dt_to_f32(g, y->data, n, DT_BF16);
+        same = same && !memcmp(f, g, 4 * n);
+        bytes32 += x->nbytes, bytes16 += y->nbytes;
+        free(f), free(g);
+    }
+    CHECK(same && bytes16 * 2 == bytes32, "export --dtype bf16: every tensor BF16, the fp32 values rounded (%zu -> %zu bytes)\n%s",
+          bytes32, bytes16, g_out);
+    dt_st_close(a), dt_st_close(b);
+    snprintf(cmd, sizeof cmd, "%s export %s -o %s/w8.safetensors --dtype fp8", tl_dtrain(), ckp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--dtype needs fp32, bf16 or fp16, got 'fp8'"), "export --dtype fp8: exit %d\n%s", rc, g_out);
     // Bad values are refused by name.
     rc = train("bad", NULL, 1, "--precision fp8");
     CHECK(rc == 2 && strstr(g_out, "precision") && strstr(g_out, "fp8"), "--precision fp8: exit %d\n%s", rc, g_out);
+    rc = train("bad16", NULL, 2, "--precision fp16 --deterministic");
+    CHECK(rc == 1 && strstr(g_out, "[train] precision = fp16 cannot be combined with [parallel] deterministic = true"),
+          "fp16 with deterministic sums is refused: exit %d\n%s", rc, g_out);
 }
 
 int main(int argc, char **argv) {

@@ -94,6 +94,9 @@ dt_status dt_federate_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[parallel] %s: applies to dtrain train; federated sums are already the same for "
                                        "any worker count",
                         c->sync_every > 0 ? "sync_every" : "deterministic");
+    if (c->precision == DT_F16)
+        return dt_error(DT_ERR_CONFIG, "[train] precision = fp16: dtrain federate has no loss scaling (fp16 gradients "
+                                       "would underflow); use bf16 or fp32");
     return DT_OK;
 }
 

@@ -48,6 +48,12 @@ dt_status dt_train_check(const dt_config *c, int W) {
     if (n > 1)
         return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of pipeline parallel, ZeRO and local SGD",
                         asked[0], asked[1]);
+    // fp16's loss scaling finds an overflow as an inf or a NaN in the summed
+    // gradients: fixed-point sums clamp them and lossy codecs may drop them.
+    if (c->precision == DT_F16 && (c->deterministic || c->comp_method != DT_COMP_NONE))
+        return dt_error(DT_ERR_CONFIG, "[train] precision = fp16 cannot be combined with %s (its overflow check needs the "
+                                       "gradients' inf and NaN kept); use bf16, which needs no loss scaling",
+                        c->deterministic ? "[parallel] deterministic = true" : "[compression] method");
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
                         asked[0]);
