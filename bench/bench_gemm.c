@@ -4,9 +4,12 @@
  * again with OPENBLAS_CORETYPE=SkylakeX to see what a hand-set core type
  * gives; dtrain's choice must not need such settings.
  *
- *   bench_gemm [--threads T] [--json]
+ *   bench_gemm [--threads T] [--precision fp32|bf16|fp16] [--json]
  *
- * Shapes: square 1024, and the MLP/CNN training GEMMs (batch 256 / 64). */
+ * Shapes: square 1024 and 2048, the MLP/CNN training GEMMs (batch 256 /
+ * 64) and the GPTs' largest (the MLP block's, B x T rows). --precision
+ * runs dt_sgemm in that precision (the operands' conversion included;
+ * OpenBLAS's rows stay fp32). */
 #include "dtrain/core.h"
 #include "kernels/kernels.h"
 
@@ -39,15 +42,18 @@ static double time_gemm(int which, cblas_sgemm_fn ob, int ta, int tb, int M, int
 
 int main(int argc, char **argv) {
     int threads = 1, json = 0;
+    const char *prec = "fp32";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
         else if (!strcmp(argv[i], "--json")) json = 1;
         else {
-            fprintf(stderr, "usage: bench_gemm [--threads T] [--json]\n");
+            fprintf(stderr, "usage: bench_gemm [--threads T] [--precision fp32|bf16|fp16] [--json]\n");
             return 2;
         }
     }
     dt_set_threads(threads);
+    dt_kernels_set_precision(!strcmp(prec, "bf16") ? DT_BF16 : !strcmp(prec, "fp16") ? DT_F16 : DT_F32);
     void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
     cblas_sgemm_fn ob = h ? (cblas_sgemm_fn)dlsym(h, "cblas_sgemm") : NULL;
     if (h) {
@@ -57,6 +63,10 @@ int main(int argc, char **argv) {
     const char *core = getenv("OPENBLAS_CORETYPE");
     static const struct { const char *name; int ta, tb, M, N, K; } shapes[] = {
         {"square-1024", 0, 0, 1024, 1024, 1024},
+        {"square-2048", 0, 0, 2048, 2048, 2048},
+        {"gpt-small-fc 2048x1536x384", 0, 1, 2048, 1536, 384},
+        {"gpt2-124m-fc 256x3072x768", 0, 1, 256, 3072, 768},
+        {"gpt2-124m-fcproj-dw 768x3072x256", 1, 0, 768, 3072, 256},
         {"mlp-fwd 256x1024x1024", 0, 1, 256, 1024, 1024},
         {"mlp-dw 1024x1024x256", 1, 0, 1024, 1024, 256},
         {"cnn-conv2-fwd 64x12544x800", 0, 0, 64, 12544, 800},
@@ -72,7 +82,8 @@ int main(int argc, char **argv) {
         double g0 = time_gemm(0, NULL, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C);
         double g1 = ob ? time_gemm(1, ob, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C) : 0;
         if (json) {
-            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"gflops\": %.1f}\n", shapes[s].name, threads, g0);
+            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"precision\": \"%s\", \"gflops\": %.1f}\n",
+                   shapes[s].name, threads, prec, g0);
             if (ob)
                 printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"openblas\", \"coretype\": \"%s\", \"gflops\": %.1f}\n",
                        shapes[s].name, threads, core ? core : "auto", g1);
