@@ -306,6 +306,38 @@ static void overflow_run(void) {
            d, d2);
 }
 
+// [parallel] grad_dtype = bf16 sends half the gradient bytes (dp through
+// the bf16 codec, ZeRO's reduce-scatter, the pipeline's allreduce) and
+// trains as well.
+static void grad_dtype(void) {
+    const char *modes[3] = {"", "--zero 2", "--set parallel.sync_every=2 --set parallel.sync_warmup=100"};
+    for (int i = 0; i < 3; i++) {
+        char a[64], b[64], flags[256];
+        snprintf(a, sizeof a, "gd-fp32-%d", i);
+        snprintf(b, sizeof b, "gd-bf16-%d", i);
+        int r1 = train(a, NULL, 2, modes[i]);
+        snprintf(flags, sizeof flags, "%s --set parallel.grad_dtype=bf16", modes[i]);
+        int r2 = train(b, NULL, 2, flags);
+        char pa[128], pb[128];
+        snprintf(pa, sizeof pa, "%s/summary.json", a);
+        snprintf(pb, sizeof pb, "%s/summary.json", b);
+        double b32 = tl_json_number(tl_path(g_tmp, pa), "bytes_sent"), b16 = tl_json_number(tl_path(g_tmp, pb), "bytes_sent");
+        double acc = tl_json_number(tl_path(g_tmp, pb), "test_accuracy");
+        // Half the gradients' bytes (the per-step control allreduce is the
+        // same in both); ZeRO also allgathers the fp32 parameters, as many
+        // bytes as its fp32 gradients: (1/2 + 1) / 2 of them.
+        double want = i == 1 ? 0.75 : 0.5;
+        CHECK(r1 == 0 && r2 == 0 && b16 > (want - 0.05) * b32 && b16 < (want + 0.05) * b32 && acc > 0.9,
+              "grad_dtype = bf16 %s: %.0f bytes sent against %.0f in fp32 (%.2f), test accuracy %.3f", modes[i], b16,
+              b32, b32 > 0 ? b16 / b32 : 0, acc);
+        printf("grad_dtype bf16 %-60s: %.0f / %.0f bytes (%.2f), accuracy %.3f\n", *modes[i] ? modes[i] : "(dp)", b16, b32,
+               b32 > 0 ? b16 / b32 : 0, acc);
+    }
+    int rc = train("gd-det", NULL, 2, "--deterministic --set parallel.grad_dtype=bf16");
+    CHECK(rc == 2 && strstr(g_out, "[parallel] grad_dtype = bf16 cannot be combined with deterministic = true"),
+          "grad_dtype = bf16 with deterministic sums is refused: exit %d\n%s", rc, g_out);
+}
+
 static void learn_and_resume(void) {
     // Each precision learns the labels (the images show them).
     const char *ps[3] = {"fp32", "bf16", "fp16"};
@@ -369,7 +401,7 @@ static void learn_and_resume(void) {
     rc = train("bad", NULL, 1, "--precision fp8");
     CHECK(rc == 2 && strstr(g_out, "precision") && strstr(g_out, "fp8"), "--precision fp8: exit %d\n%s", rc, g_out);
     rc = train("bad16", NULL, 2, "--precision fp16 --deterministic");
-    CHECK(rc == 1 && strstr(g_out, "[train] precision = fp16 cannot be combined with [parallel] deterministic = true"),
+    CHECK(rc == 2 && strstr(g_out, "[train] precision = fp16 cannot be combined with [parallel] deterministic = true"),
           "fp16 with deterministic sums is refused: exit %d\n%s", rc, g_out);
 }
 
@@ -383,6 +415,7 @@ int main(int argc, char **argv) {
     tl_make_images(g_tmp, "train", 400, 1);
     tl_make_images(g_tmp, "t10k", 100, 2);
     overflow_run();
+    grad_dtype();
     learn_and_resume();
     tl_cleanup(g_tmp);
     return tl_finish();

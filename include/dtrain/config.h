@@ -14,7 +14,7 @@
  *             grad_accum, straggler_margin, straggler_steps, precision (fp32|bf16|fp16)
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, micro_batches, schedule, pipeline_split,
- *             sync_every, sync_warmup
+ *             sync_every, sync_warmup, grad_dtype (fp32|bf16)
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
@@ -86,6 +86,7 @@ typedef struct {
     int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
     char offload_dir[512];         /* where (offload = disk) */
     int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */
+    int grad_dtype;                /* gradients on the wire: 0 fp32, 1 bf16 (summed in fp32; docs/mixed-precision.md) */
     int64_t sync_warmup;           /* local SGD: plain data-parallel steps first (post-local SGD) */
     /* [federated] (dtrain federate, docs/federated.md) */
     int fed_clients;               /* simulated clients */

@@ -90,10 +90,10 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     if (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0 || c->resume[0])
         return dt_error(DT_ERR_CONFIG, "[checkpoint]: dtrain federate does not write or resume checkpoints; "
                                        "leave every_steps, every_seconds and resume unset");
-    if (c->sync_every > 0 || c->deterministic)
+    if (c->sync_every > 0 || c->deterministic || c->grad_dtype)
         return dt_error(DT_ERR_CONFIG, "[parallel] %s: applies to dtrain train; federated sums are already the same for "
                                        "any worker count",
-                        c->sync_every > 0 ? "sync_every" : "deterministic");
+                        c->sync_every > 0 ? "sync_every" : c->deterministic ? "deterministic" : "grad_dtype");
     if (c->precision == DT_F16)
         return dt_error(DT_ERR_CONFIG, "[train] precision = fp16: dtrain federate has no loss scaling (fp16 gradients "
                                        "would underflow); use bf16 or fp32");

@@ -54,6 +54,10 @@ dt_status dt_train_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[train] precision = fp16 cannot be combined with %s (its overflow check needs the "
                                        "gradients' inf and NaN kept); use bf16, which needs no loss scaling",
                         c->deterministic ? "[parallel] deterministic = true" : "[compression] method");
+    if (c->grad_dtype && (c->deterministic || (c->comp_method != DT_COMP_NONE && c->comp_method != DT_COMP_BF16)))
+        return dt_error(DT_ERR_CONFIG, "[parallel] grad_dtype = bf16 cannot be combined with %s: %s",
+                        c->deterministic ? "deterministic = true" : "[compression] method",
+                        c->deterministic ? "deterministic sums are int64 fixed point" : "the method decides what is sent");
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
                         asked[0]);

@@ -298,15 +298,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
 }
 
 // Every rank's gradient block becomes the global one (see the top).
-static dt_status pp_sync(dt_strategy *s) {
-    double t0 = dt_now();
-    dt_status st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, s->comm);
-    double t = dt_now() - t0;
-    s->comm_seconds += t;
-    s->comm_exposed_seconds += t;
-    if (st != DT_OK) return dt_error(st, "pipeline: gradient allreduce: %s", dt_last_error());
-    return DT_OK;
-}
+static dt_status pp_sync(dt_strategy *s) { return dt_strategy_sum_grads(s, "pipeline"); }
 
 const dt_strategy_ops dt_strategy_pipeline = {
     .name = "pipeline",

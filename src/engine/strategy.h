@@ -133,6 +133,7 @@ struct dt_strategy {
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
+    uint16_t *wire;            /* [parallel] grad_dtype = bf16: the gradients as sent (dt_strategy_wire) */
     float loss_scale;          /* fp16's dynamic loss scale: every micro-batch's loss is also scaled by it
                                   (1 otherwise); the loop divides it out of the update */
 };
@@ -188,6 +189,15 @@ dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
  * cannot overflow: int64 fixed-point sums, whose addition (and so an int64
  * allreduce of them) gives the same bits in any order. */
 void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale);
+/* [parallel] grad_dtype = bf16: a bf16 buffer of the gradient block's n
+ * elements, made on first use and kept (NULL and a recorded error when out
+ * of memory). */
+uint16_t *dt_strategy_wire(dt_strategy *s);
+/* The whole gradient block summed over the ranks in place, timed as the
+ * step's communication (nothing overlaps it): in fp32, or under grad_dtype
+ * = bf16 sent as bf16 and summed in fp32 by the comm layer. `who` names
+ * the strategy in an error. */
+dt_status dt_strategy_sum_grads(dt_strategy *s, const char *who);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 /* The norm of a gradient block of which each rank holds only its slice

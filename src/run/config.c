@@ -119,6 +119,7 @@ static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd",
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
+static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -166,6 +167,7 @@ static const field fields[] = {
     {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
     {"parallel", "sync_every", F_INT, O(sync_every), 0, 1e9, NULL},
     {"parallel", "sync_warmup", F_I64, O(sync_warmup), 0, 1e15, NULL},
+    {"parallel", "grad_dtype", F_ENUM, O(grad_dtype), 0, 0, grad_dtype_names},
     {"federated", "clients", F_INT, O(fed_clients), 1, 1e6, NULL},
     {"federated", "fraction", F_FLOAT, O(fed_fraction), 1e-6, 1, NULL},
     {"federated", "rounds", F_INT, O(fed_rounds), 1, 1e7, NULL},
