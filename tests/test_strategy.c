@@ -222,11 +222,12 @@ static const row rows[] = {
     {"precision", "mlp", 2, 0, "--precision fp16", "--precision fp16", 1e-4, 0},
     {"precision", "gpt", 2, 0, "--precision fp16 --zero 2", "--precision fp16", 1e-6, 2},
     // [parallel] grad_dtype = bf16: each rank's gradient rounded to bf16 on the wire (2^-8 relative),
-    // summed in fp32, carried through 50 steps: the tolerance of the bf16 codec's rows.
+    // summed in fp32, carried through 50 steps: the tolerance of the bf16 codec's rows; the GPT's
+    // (SGD with momentum on gradients that cancel to rounding noise, see cfg_gpt) twice that.
     {"precision", "mlp", 2, 0, "--set parallel.grad_dtype=bf16", "", 5e-2, 0},
-    {"precision", "gpt", 2, 0, "--set parallel.grad_dtype=bf16 --zero 2", "", 5e-2, 0},
+    {"precision", "gpt", 2, 0, "--set parallel.grad_dtype=bf16 --zero 2", "", 1e-1, 0},
     {"precision", "cnn", 2, 0, "--set parallel.grad_dtype=bf16 --zero 3", "", 5e-2, 0},
-    {"precision", "gpt", 2, 0, "--set parallel.grad_dtype=bf16 --set parallel.pipeline=2 --set parallel.micro_batches=4", "", 5e-2, 0},
+    {"precision", "gpt", 2, 0, "--set parallel.grad_dtype=bf16 --set parallel.pipeline=2 --set parallel.micro_batches=4", "", 1e-1, 0},
     {"precision", "mlp", 2, 1, "--precision bf16 --set parallel.grad_dtype=bf16", "--precision bf16", 5e-2, 0},
 };
 
