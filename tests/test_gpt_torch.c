@@ -70,6 +70,24 @@ static void init_formula(dt_gpt *m) {
     }
 }
 
+// Every gradient of m against the file's grad.<name>, each within tol of
+// its largest element; returns the worst.
+static double grads_err(dt_gpt *m, dt_st_file *f, double tol, const char *what) {
+    double worst = 0;
+    for (int k = 0; k < dt_gpt_num_tensors(m); k++) {
+        const dt_tensor_info *ti = dt_gpt_tensor(m, k);
+        char name[64];
+        snprintf(name, sizeof name, "grad.%s", ti->name);
+        const dt_st_tensor *t = need(f, name);
+        if (!t) continue;
+        CHECK(t->nbytes == ti->numel * 4, "%s size", name);
+        double e = tensor_err(dt_gpt_grads(m) + ti->offset, t->data, ti->numel);
+        worst = fmax(worst, e);
+        CHECK(e <= tol, "%s (%s): rel err %.2e", name, what, e);
+    }
+    return worst;
+}
+
 static void run(dt_st_file *f, int threads) {
     dt_set_threads(threads);
     dt_gpt_config c = {(int)meta_num(f, "n_layer"), (int)meta_num(f, "n_head"), (int)meta_num(f, "n_embd"),
@@ -96,19 +114,8 @@ static void run(dt_st_file *f, int threads) {
     CHECK(e <= TOL_LOGITS, "logits (%d threads): rel err %.2e", threads, e);
     printf("threads %d: loss %.7f (torch %.7f), logits err %.2e\n", threads, loss, ((const float *)tl->data)[0], e);
     dt_gpt_backward(m);
-    const float *g = dt_gpt_grads(m);
-    double worst = 0;
-    for (int k = 0; k < dt_gpt_num_tensors(m); k++) {
-        const dt_tensor_info *ti = dt_gpt_tensor(m, k);
-        char name[64];
-        snprintf(name, sizeof name, "grad.%s", ti->name);
-        const dt_st_tensor *t = need(f, name);
-        if (!t) continue;
-        CHECK(t->nbytes == ti->numel * 4, "%s size", name);
-        e = tensor_err(g + ti->offset, t->data, ti->numel);
-        worst = fmax(worst, e);
-        CHECK(e <= TOL_GRAD, "%s (%d threads): rel err %.2e", name, threads, e);
-    }
+    snprintf(what, sizeof what, "%d threads", threads);
+    double worst = grads_err(m, f, TOL_GRAD, what);
     printf("threads %d: worst gradient err %.2e\n", threads, worst);
 
     // 10 AdamW steps.
@@ -192,19 +199,10 @@ static void autocast_step(void) {
         dt_gpt_zero_grad(m);
         CHECK(dt_gpt_forward(m, x->data, y->data, B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
         CHECK_NEAR(loss, ((const float *)tl->data)[0], 4e-3, "bf16 loss against autocast");
-        double e = tensor_err(dt_gpt_logits(m), tg->data, (size_t)B * T * c.vocab_size), worst = 0;
+        double e = tensor_err(dt_gpt_logits(m), tg->data, (size_t)B * T * c.vocab_size);
         CHECK(e <= 1e-2, "bf16 logits against autocast: rel err %.2e", e);
         dt_gpt_backward(m);
-        for (int k = 0; k < dt_gpt_num_tensors(m); k++) {
-            const dt_tensor_info *ti = dt_gpt_tensor(m, k);
-            char name[64];
-            snprintf(name, sizeof name, "grad.%s", ti->name);
-            const dt_st_tensor *t = need(f, name);
-            if (!t) continue;
-            double eg = tensor_err(dt_gpt_grads(m) + ti->offset, t->data, ti->numel);
-            worst = fmax(worst, eg);
-            CHECK(eg <= 1e-1, "bf16 %s against autocast: rel err %.2e", name, eg);
-        }
+        double worst = grads_err(m, f, 1e-1, "bf16 against autocast");
         printf("bf16 against autocast bf16: loss %.7f (torch %.7f), logits err %.2e, worst gradient err %.2e\n", loss,
                ((const float *)tl->data)[0], e, worst);
         dt_gpt_free(m);

@@ -237,12 +237,6 @@ static plan *get_plan(const dt_conv_shape *s) {
 // ----------------------------------------------------------------------------
 // execution
 
-static dnnl_memory_t mem(const dnnl_memory_desc_t *md, const void *data) {
-    dnnl_memory_t m;
-    dt_onednn_check(dnnl_memory_create(&m, md, dt_onednn_engine(), (void *)data), "memory");
-    return m;
-}
-
 static void run(dnnl_primitive_t prim, dnnl_stream_t st, int n, const dnnl_exec_arg_t *args) {
     dt_onednn_check(dnnl_primitive_execute(prim, st, n, args), "execute");
 }
@@ -251,7 +245,7 @@ static void run(dnnl_primitive_t prim, dnnl_stream_t st, int n, const dnnl_exec_
 // -> view; otherwise view -> plain, adding).
 static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc_t *from_md,
                     const void *from, const dnnl_memory_desc_t *to_md, void *to) {
-    dnnl_memory_t a = mem(from_md, from), b = mem(to_md, to);
+    dnnl_memory_t a = dt_onednn_memory(from_md, from), b = dt_onednn_memory(to_md, to);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
     run(r, st, 2, args);
     dnnl_memory_destroy(a);
@@ -304,8 +298,8 @@ void dt_conv_forward(float *out, float *save, const float *inp, const float *w, 
         b = save + p->zero_bias;
     }
     float *dst = p->fdst.off == (size_t)-1 ? out : save + p->fdst.off;
-    dnnl_memory_t ms = mem(&p->src.md, src), mw = mem(&p->fwei.md, wei), mb = mem(&p->bias_md, b),
-                  md = mem(&p->fdst.md, dst);
+    dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mw = dt_onednn_memory(&p->fwei.md, wei), mb = dt_onednn_memory(&p->bias_md, b),
+                  md = dt_onednn_memory(&p->fdst.md, dst);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb},
                               {DNNL_ARG_DST, md}};
     run(p->fwd, st, 4, args);
@@ -331,8 +325,8 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
         // Overwriting a tensor already in the primitive's layout: in place.
         int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
         float *ds = direct ? dinp : scratch + p->dsrc.off;
-        dnnl_memory_t mdd = mem(&p->ddst.md, dd), mw = mem(&p->bwei.md, wei),
-                      mds = mem(&p->dsrc.md, ds);
+        dnnl_memory_t mdd = dt_onednn_memory(&p->ddst.md, dd), mw = dt_onednn_memory(&p->bwei.md, wei),
+                      mds = dt_onednn_memory(&p->dsrc.md, ds);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw},
                                   {DNNL_ARG_DIFF_SRC, mds}};
         run(p->bwd_data, st, 3, args);
@@ -350,8 +344,8 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
         else
             dd = bring_in(p, &p->wddst, st, &p->plain_dst, dout, scratch);
         float *dbias = scratch + p->dbias;
-        dnnl_memory_t ms = mem(&p->src.md, save + p->src.off), mdd = mem(&p->wddst.md, dd),
-                      mdw = mem(&p->dwei.md, scratch + p->dwei.off), mdb = mem(&p->bias_md, dbias);
+        dnnl_memory_t ms = dt_onednn_memory(&p->src.md, save + p->src.off), mdd = dt_onednn_memory(&p->wddst.md, dd),
+                      mdw = dt_onednn_memory(&p->dwei.md, scratch + p->dwei.off), mdb = dt_onednn_memory(&p->bias_md, dbias);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
                                   {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};
         run(p->bwd_weights, st, 4, args);

@@ -187,7 +187,7 @@ static gplan *get_gplan(int ta, int tb, int M, int N, int K, float alpha, float 
     return p;
 }
 
-static dnnl_memory_t mem(const dnnl_memory_desc_t *md, const void *data) {
+dnnl_memory_t dt_onednn_memory(const dnnl_memory_desc_t *md, const void *data) {
     dnnl_memory_t m;
     dt_onednn_check(dnnl_memory_create(&m, md, dt_onednn_engine(), (void *)data), "memory");
     return m;
@@ -198,8 +198,8 @@ static void matmul(int ta, int tb, int M, int N, int K, float alpha, const void 
     gplan *p = get_gplan(ta, tb, M, N, K, alpha, beta, ldc, t);
     if (!tl_stream) dt_onednn_check(dnnl_stream_create(&tl_stream, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
     size_t ss = dnnl_memory_desc_get_size(&p->scratch);
-    dnnl_memory_t ma = mem(&p->a, A), mb = mem(&p->b, B), mc = mem(&p->c, C),
-                  msc = mem(&p->scratch, ss ? room(&tl_scratch, ss) : NULL);
+    dnnl_memory_t ma = dt_onednn_memory(&p->a, A), mb = dt_onednn_memory(&p->b, B), mc = dt_onednn_memory(&p->c, C),
+                  msc = dt_onednn_memory(&p->scratch, ss ? room(&tl_scratch, ss) : NULL);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, msc}};
     dt_onednn_check(dnnl_primitive_execute(p->prim, tl_stream, 4, args), "matmul");
     dt_onednn_check(dnnl_stream_wait(tl_stream), "stream wait");
