@@ -4,12 +4,15 @@
  * again with OPENBLAS_CORETYPE=SkylakeX to see what a hand-set core type
  * gives; dtrain's choice must not need such settings.
  *
- *   bench_gemm [--threads T] [--json]
+ *   bench_gemm [--threads T] [--precision fp32|bf16|fp16] [--json]
  *
- * Shapes: square 1024, and the MLP/CNN training GEMMs (batch 256 / 64).
- * First it measures the core's fp32 FMA peak (independent FMAs on registers,
- * the widest vectors the CPU runs, per dt_cpu_get: AVX-512 or AVX2) on the
- * same threads, and gives every GEMM as a share of it. */
+ * Shapes: square 1024 and 2048, the MLP/CNN training GEMMs (batch 256 /
+ * 64) and the GPTs' largest (the MLP block's, B x T rows). --precision
+ * runs dt_sgemm in that precision (the operands' conversion included;
+ * OpenBLAS's rows stay fp32). First it measures the core's fp32 FMA peak
+ * (independent FMAs on registers, the widest vectors the CPU runs, per
+ * dt_cpu_get: AVX-512 or AVX2) on the same threads, and gives every GEMM
+ * as a share of it. */
 #include "dtrain/core.h"
 #include "kernels/kernels.h"
 
@@ -83,15 +86,18 @@ static double fma_peak(int threads, const char **isa) {
 
 int main(int argc, char **argv) {
     int threads = 1, json = 0;
+    const char *prec = "fp32";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
         else if (!strcmp(argv[i], "--json")) json = 1;
         else {
-            fprintf(stderr, "usage: bench_gemm [--threads T] [--json]\n");
+            fprintf(stderr, "usage: bench_gemm [--threads T] [--precision fp32|bf16|fp16] [--json]\n");
             return 2;
         }
     }
     dt_set_threads(threads);
+    dt_kernels_set_precision(!strcmp(prec, "bf16") ? DT_BF16 : !strcmp(prec, "fp16") ? DT_F16 : DT_F32);
     void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
     cblas_sgemm_fn ob = h ? (cblas_sgemm_fn)dlsym(h, "cblas_sgemm") : NULL;
     if (h) {
@@ -101,6 +107,10 @@ int main(int argc, char **argv) {
     const char *core = getenv("OPENBLAS_CORETYPE");
     static const struct { const char *name; int ta, tb, M, N, K; } shapes[] = {
         {"square-1024", 0, 0, 1024, 1024, 1024},
+        {"square-2048", 0, 0, 2048, 2048, 2048},
+        {"gpt-small-fc 2048x1536x384", 0, 1, 2048, 1536, 384},
+        {"gpt2-124m-fc 256x3072x768", 0, 1, 256, 3072, 768},
+        {"gpt2-124m-fcproj-dw 768x3072x256", 1, 0, 768, 3072, 256},
         {"mlp-fwd 256x1024x1024", 0, 1, 256, 1024, 1024},
         {"mlp-dw 1024x1024x256", 1, 0, 1024, 1024, 256},
         {"cnn-conv2-fwd 64x12544x800", 0, 0, 64, 12544, 800},
@@ -118,15 +128,15 @@ int main(int argc, char **argv) {
         printf("{\"cpu\": \"%s\", \"family\": %d, \"model\": %d, \"threads\": %d, \"fma_peak_gflops\": %.1f, "
                "\"peak_isa\": \"%s\"}\n", cpu->name, cpu->family, cpu->model, threads, peak, isa);
     else
-        printf("# CPU: %s (family %d model %d), %d thread%s: fp32 FMA peak %.1f GFLOPS (%s)\n"
-               "%-30s %8s %5s %14s %5s\n", cpu->name, cpu->family, cpu->model, threads, threads > 1 ? "s" : "", peak,
-               isa, "shape (MxNxK)", "oneDNN", "peak", ob ? "OpenBLAS" : "(no OpenBLAS)", "peak");
+        printf("# CPU: %s (family %d model %d), %d thread%s, dtrain in %s: fp32 FMA peak %.1f GFLOPS (%s)\n"
+               "%-30s %8s %5s %14s %5s\n", cpu->name, cpu->family, cpu->model, threads, threads > 1 ? "s" : "", prec,
+               peak, isa, "shape (MxNxK)", "oneDNN", "peak", ob ? "OpenBLAS" : "(no OpenBLAS)", "peak");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         double g0 = time_gemm(0, NULL, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C);
         double g1 = ob ? time_gemm(1, ob, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C) : 0;
         if (json) {
-            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"gflops\": %.1f, \"of_peak\": %.3f}\n",
-                   shapes[s].name, threads, g0, g0 / peak);
+            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"precision\": \"%s\", \"gflops\": %.1f, "
+                   "\"of_peak\": %.3f}\n", shapes[s].name, threads, prec, g0, g0 / peak);
             if (ob)
                 printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"openblas\", \"coretype\": \"%s\", \"gflops\": %.1f, "
                        "\"of_peak\": %.3f}\n", shapes[s].name, threads, core ? core : "auto", g1, g1 / peak);

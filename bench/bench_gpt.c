@@ -7,6 +7,7 @@
  * Prints tokens/s and ms/step (the mean over S steps after W warm-up steps).
  */
 #include "dtrain/dtrain.h"
+#include "kernels/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 int main(int argc, char **argv) {
     const char *preset = "gpt-small";
     int B = 8, T = 256, V = 0, threads = 1, steps = 10, warm = 2, json = 0;
+    const char *prec = "fp32";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -25,10 +27,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && more) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && more) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--warmup") && more) warm = atoi(argv[++i]);
+        else if (!strcmp(a, "--precision") && more) prec = argv[++i];
         else if (!strcmp(a, "--json")) json = 1;
         else {
             fprintf(stderr, "usage: bench_gpt --preset NAME [--batch B] [--seq T] [--vocab V] [--threads N] "
-                            "[--steps S] [--warmup W] [--json]\n");
+                            "[--steps S] [--warmup W] [--precision fp32|bf16|fp16] [--json]\n");
             return 2;
         }
     }
@@ -42,6 +45,7 @@ int main(int argc, char **argv) {
         c.padded_vocab_size = dt_gpt_pad_vocab(V);
     }
     dt_set_threads(threads);
+    dt_kernels_set_precision(!strcmp(prec, "bf16") ? DT_BF16 : !strcmp(prec, "fp16") ? DT_F16 : DT_F32);
     dt_gpt *m;
     if (dt_gpt_create(&m, &c, B, T) != DT_OK) {
         fprintf(stderr, "%s\n", dt_last_error());
@@ -73,8 +77,9 @@ int main(int argc, char **argv) {
     double tps = (double)steps * B * T / dt;
     if (json)
         printf("{\"impl\": \"dtrain\", \"preset\": \"%s\", \"batch\": %d, \"seq\": %d, \"vocab\": %d, \"threads\": %d, "
-               "\"steps\": %d, \"params\": %zu, \"loss\": %.4f, \"tokens_per_sec\": %.1f, \"ms_per_step\": %.2f}\n",
-               preset, B, T, c.vocab_size, threads, steps, dt_gpt_num_params(m), loss, tps, 1e3 * dt / steps);
+               "\"steps\": %d, \"precision\": \"%s\", \"params\": %zu, \"loss\": %.4f, \"tokens_per_sec\": %.1f, "
+               "\"ms_per_step\": %.2f}\n",
+               preset, B, T, c.vocab_size, threads, steps, prec, dt_gpt_num_params(m), loss, tps, 1e3 * dt / steps);
     else
         printf("dtrain %s B=%d T=%d V=%d threads %d: %.0f tokens/s, %.1f ms/step (loss %.3f)\n", preset, B, T,
                c.vocab_size, threads, tps, 1e3 * dt / steps, loss);

@@ -4,6 +4,7 @@
  *   bench_train --model mlp|cnn [--batch B] [--threads T] [--steps N] [--json]
  */
 #include "dtrain/dtrain.h"
+#include "kernels/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,14 +13,17 @@
 int main(int argc, char **argv) {
     const char *model = "mlp";
     int batch = 0, threads = 1, steps = 0, json = 0;
+    const char *prec = "fp32";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
         else if (!strcmp(argv[i], "--json")) json = 1;
         else {
-            fprintf(stderr, "usage: bench_train --model mlp|cnn [--batch B] [--threads T] [--steps N] [--json]\n");
+            fprintf(stderr, "usage: bench_train --model mlp|cnn [--batch B] [--threads T] [--steps N] "
+                            "[--precision fp32|bf16|fp16] [--json]\n");
             return 2;
         }
     }
@@ -34,6 +38,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     dt_set_threads(threads);
+    dt_kernels_set_precision(!strcmp(prec, "bf16") ? DT_BF16 : !strcmp(prec, "fp16") ? DT_F16 : DT_F32);
     dt_model *m;
     if (dt_model_create(&m, c.input, c.layers, c.nlayers, batch) != DT_OK) {
         fprintf(stderr, "%s\n", dt_last_error());
@@ -65,8 +70,8 @@ int main(int argc, char **argv) {
     double sps = steps * (double)batch / dt;
     if (json)
         printf("{\"impl\": \"dtrain\", \"model\": \"%s\", \"batch\": %d, \"threads\": %d, \"steps\": %d, "
-               "\"samples_per_sec\": %.1f, \"ms_per_step\": %.3f}\n",
-               model, batch, threads, steps, sps, 1e3 * dt / steps);
+               "\"precision\": \"%s\", \"samples_per_sec\": %.1f, \"ms_per_step\": %.3f}\n",
+               model, batch, threads, steps, prec, sps, 1e3 * dt / steps);
     else
         printf("dtrain %s batch %d threads %d: %.0f samples/s (%.2f ms/step)\n", model, batch, threads, sps,
                1e3 * dt / steps);

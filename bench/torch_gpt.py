@@ -92,6 +92,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--autocast", action="store_true", help="CPU autocast in bf16 (bench/precision.py)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     a = ap.parse_args()
@@ -103,13 +104,14 @@ def main():
         if s == a.warmup:
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = m(x, y)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = m(x, y)
         loss.backward()
         opt.step()
     dt = time.perf_counter() - t0
     print(json.dumps({"impl": "pytorch", "version": torch.__version__, "preset": a.preset,
                       "batch": a.batch, "seq": a.seq, "vocab": V, "threads": a.threads,
-                      "steps": a.steps, "params": sum(p.numel() for p in m.parameters()),
+                      "steps": a.steps, "precision": "autocast-bf16" if a.autocast else "fp32", "params": sum(p.numel() for p in m.parameters()),
                       "loss": round(loss.item(), 4),
                       "tokens_per_sec": round(a.steps * a.batch * a.seq / dt, 1),
                       "ms_per_step": round(1e3 * dt / a.steps, 2)}))

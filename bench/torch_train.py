@@ -25,6 +25,7 @@ def main():
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--autocast", action="store_true", help="CPU autocast in bf16 (bench/precision.py)")
     ap.add_argument("--steps", type=int, default=0)
     a = ap.parse_args()
     cnn = a.model == "cnn"
@@ -42,12 +43,14 @@ def main():
         if s == warm:
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = lossf(m(x), y)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = lossf(m(x).float(), y)
         loss.backward()
         opt.step()
     dt = time.perf_counter() - t0
     print(json.dumps({"impl": "pytorch", "version": torch.__version__, "model": a.model,
                       "batch": batch, "threads": a.threads, "steps": steps,
+                      "precision": "autocast-bf16" if a.autocast else "fp32",
                       "samples_per_sec": round(steps * batch / dt, 1),
                       "ms_per_step": round(1e3 * dt / steps, 3)}))
 

@@ -8,6 +8,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
 #include "dtrain/optim.h"
+#include "kernels/kernels.h"
 #include "testlib.h"
 
 #include <math.h>
@@ -69,6 +70,24 @@ static void init_formula(dt_gpt *m) {
     }
 }
 
+// Every gradient of m against the file's grad.<name>, each within tol of
+// its largest element; returns the worst.
+static double grads_err(dt_gpt *m, dt_st_file *f, double tol, const char *what) {
+    double worst = 0;
+    for (int k = 0; k < dt_gpt_num_tensors(m); k++) {
+        const dt_tensor_info *ti = dt_gpt_tensor(m, k);
+        char name[64];
+        snprintf(name, sizeof name, "grad.%s", ti->name);
+        const dt_st_tensor *t = need(f, name);
+        if (!t) continue;
+        CHECK(t->nbytes == ti->numel * 4, "%s size", name);
+        double e = tensor_err(dt_gpt_grads(m) + ti->offset, t->data, ti->numel);
+        worst = fmax(worst, e);
+        CHECK(e <= tol, "%s (%s): rel err %.2e", name, what, e);
+    }
+    return worst;
+}
+
 static void run(dt_st_file *f, int threads) {
     dt_set_threads(threads);
     dt_gpt_config c = {(int)meta_num(f, "n_layer"), (int)meta_num(f, "n_head"), (int)meta_num(f, "n_embd"),
@@ -95,19 +114,8 @@ static void run(dt_st_file *f, int threads) {
     CHECK(e <= TOL_LOGITS, "logits (%d threads): rel err %.2e", threads, e);
     printf("threads %d: loss %.7f (torch %.7f), logits err %.2e\n", threads, loss, ((const float *)tl->data)[0], e);
     dt_gpt_backward(m);
-    const float *g = dt_gpt_grads(m);
-    double worst = 0;
-    for (int k = 0; k < dt_gpt_num_tensors(m); k++) {
-        const dt_tensor_info *ti = dt_gpt_tensor(m, k);
-        char name[64];
-        snprintf(name, sizeof name, "grad.%s", ti->name);
-        const dt_st_tensor *t = need(f, name);
-        if (!t) continue;
-        CHECK(t->nbytes == ti->numel * 4, "%s size", name);
-        e = tensor_err(g + ti->offset, t->data, ti->numel);
-        worst = fmax(worst, e);
-        CHECK(e <= TOL_GRAD, "%s (%d threads): rel err %.2e", name, threads, e);
-    }
+    snprintf(what, sizeof what, "%d threads", threads);
+    double worst = grads_err(m, f, TOL_GRAD, what);
     printf("threads %d: worst gradient err %.2e\n", threads, worst);
 
     // 10 AdamW steps.
@@ -168,7 +176,43 @@ static void run(dt_st_file *f, int threads) {
     dt_gpt_free(m);
 }
 
+/* The first step under PyTorch's CPU autocast in bf16 (gpt_tiny_bf16):
+ * dtrain in precision bf16. Tolerances as test_torch.c's bf16 ones: the
+ * same bf16-rounded operands on both sides, but PyTorch rounds the logits,
+ * attention scores and gradients to bf16 once more (2^-8 relative each). */
+static void autocast_step(void) {
+    dt_st_file *f;
+    if (dt_st_open(&f, "tests/fixtures/gpt_tiny_bf16.safetensors") != DT_OK) {
+        CHECK(0, "%s", dt_last_error());
+        return;
+    }
+    dt_kernels_set_precision(DT_BF16);
+    dt_gpt_config c = {(int)meta_num(f, "n_layer"), (int)meta_num(f, "n_head"), (int)meta_num(f, "n_embd"),
+                       (int)meta_num(f, "block_size"), (int)meta_num(f, "vocab_size"),
+                       (int)meta_num(f, "padded_vocab_size")};
+    int B = (int)meta_num(f, "B"), T = (int)meta_num(f, "T");
+    dt_gpt *m;
+    const dt_st_tensor *x = need(f, "x"), *y = need(f, "y"), *tl = need(f, "loss"), *tg = need(f, "logits");
+    if (x && y && tl && tg && dt_gpt_create(&m, &c, B, T) == DT_OK) {
+        init_formula(m);
+        float loss;
+        dt_gpt_zero_grad(m);
+        CHECK(dt_gpt_forward(m, x->data, y->data, B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
+        CHECK_NEAR(loss, ((const float *)tl->data)[0], 4e-3, "bf16 loss against autocast");
+        double e = tensor_err(dt_gpt_logits(m), tg->data, (size_t)B * T * c.vocab_size);
+        CHECK(e <= 1e-2, "bf16 logits against autocast: rel err %.2e", e);
+        dt_gpt_backward(m);
+        double worst = grads_err(m, f, 1e-1, "bf16 against autocast");
+        printf("bf16 against autocast bf16: loss %.7f (torch %.7f), logits err %.2e, worst gradient err %.2e\n", loss,
+               ((const float *)tl->data)[0], e, worst);
+        dt_gpt_free(m);
+    }
+    dt_kernels_set_precision(DT_F32);
+    dt_st_close(f);
+}
+
 int main(void) {
+    autocast_step();
     dt_st_file *f;
     if (dt_st_open(&f, FIXTURE) != DT_OK) {
         fprintf(stderr, "%s\n", dt_last_error());

@@ -234,6 +234,36 @@ static const row rows[] = {
     {"ps", "gpt", 3, 0, "--servers 2 --set ps.groups=2", "", 1e-6, 3},
     {"ps", "mlp", 4, 0, "--deterministic --servers 2 --set ps.groups=3", "--deterministic", 0, 0},
     {"ps", "gpt", 4, 0, "--deterministic --servers 1 --set ps.groups=2", "--deterministic", 0, 0},
+    // Mixed precision (`test_strategy precision`): every peer in bf16 against one bf16 process (or, for
+    // ZeRO, bf16 data parallel on as many workers), bitwise where the fp32 rows are.
+    {"precision", "mlp", 2, 0, "--precision bf16", "--precision bf16", 1e-4, 0},
+    {"precision", "cnn", 2, 0, "--precision bf16", "--precision bf16", 1e-4, 0},
+    // The GPT: an fp32 sum in another order (other GEMM shapes per rank) moves an operand across a bf16
+    // rounding boundary now and then, one ulp (2^-8 relative) at a time, and 50 SGD steps with momentum
+    // carry that on: a few ulps of the largest weight (fp32 rows: 1e-4, for the same reason in fp32).
+    {"precision", "gpt", 2, 0, "--precision bf16", "--precision bf16", 5e-2, 0},
+    {"precision", "cnn", 2, 0, "--precision bf16 --deterministic", "--precision bf16 --deterministic", 0, 0},
+    {"precision", "gpt", 2, 0, "--precision bf16 --zero 1", "--precision bf16", 1e-6, 2},
+    {"precision", "mlp", 2, 0, "--precision bf16 --zero 2", "--precision bf16", 1e-6, 2},
+    {"precision", "cnn", 2, 0, "--precision bf16 --zero 3", "--precision bf16", 1e-6, 2},
+    {"precision", "gpt", 2, 0, "--precision bf16 --deterministic --zero 2", "--precision bf16 --deterministic", 0, 0},
+    {"precision", "gpt", 2, 0, "--precision bf16 --set parallel.pipeline=2 --set parallel.micro_batches=4", "--precision bf16", 5e-2, 0},
+    {"precision", "mlp", 2, 0, "--precision bf16 --set parallel.sync_every=1 --set data.drop_last=true",
+     "--precision bf16 --set data.drop_last=true", 1e-4, 0},
+    {"precision", "mlp", 2, 0, "--precision fp16", "--precision fp16", 1e-4, 0},
+    {"precision", "gpt", 2, 0, "--precision fp16 --zero 2", "--precision fp16", 1e-6, 2},
+    // [parallel] grad_dtype = bf16: each rank's gradient rounded to bf16 on the wire (2^-8 relative),
+    // summed in fp32, carried through 50 steps: the tolerance of the bf16 codec's rows; the GPT's
+    // (SGD with momentum on gradients that cancel to rounding noise, see cfg_gpt) twice that.
+    {"precision", "mlp", 2, 0, "--set parallel.grad_dtype=bf16", "", 5e-2, 0},
+    {"precision", "gpt", 2, 0, "--set parallel.grad_dtype=bf16 --zero 2", "", 1e-1, 0},
+    {"precision", "cnn", 2, 0, "--set parallel.grad_dtype=bf16 --zero 3", "", 5e-2, 0},
+    {"precision", "gpt", 2, 0, "--set parallel.grad_dtype=bf16 --set parallel.pipeline=2 --set parallel.micro_batches=4", "", 1e-1, 0},
+    {"precision", "mlp", 2, 1, "--precision bf16 --set parallel.grad_dtype=bf16", "--precision bf16", 5e-2, 0},
+    // bf16 with tensor parallel (shards' partial sums in fp32, then a bf16 rounding: the GPT rows'
+    // tolerance) and with parameter servers (each worker's GEMMs as data parallel's: as tight as fp32's)
+    {"precision", "gptt", 2, 0, TP20 "--precision bf16 --set parallel.tensor=2", TP20 "--precision bf16", 5e-2, 0},
+    {"precision", "mlp", 2, 0, "--precision bf16 --servers 1", "--precision bf16", 1e-6, 2},
 };
 
 static const char *model_cfg(const char *model) {

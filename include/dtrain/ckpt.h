@@ -151,6 +151,11 @@ DT_API dt_status dt_ckpt_inspect(const char *path, FILE *out);
 /* Writes the weights alone (the same safetensors file the run's
  * model.safetensors is, for inference and `dtrain convert`). */
 DT_API dt_status dt_ckpt_export_weights(const char *ckpt, const char *out);
+/* The same with the weights converted to t: DT_F32 (as stored: a
+ * checkpoint holds fp32 master weights whatever the run's precision),
+ * DT_BF16 or DT_F16 (rounded to nearest even; inference weights for other
+ * tools, half the bytes). */
+DT_API dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype t);
 
 /* The checkpoints of a directory, newest step first:
  * DIR/step-NNNNNNNN.safetensors files and DIR/step-NNNNNNNN/ sharded ones.

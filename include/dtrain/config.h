@@ -14,10 +14,10 @@
  *             beta1, beta2, eps, clip_norm, lr_scaling, base_batch
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
- *             grad_accum, straggler_margin, straggler_steps, dynamic_batch
+ *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16)
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
- *             pipeline_split, sync_every, sync_warmup, servers
+ *             pipeline_split, sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
@@ -84,6 +84,7 @@ typedef struct {
     int grad_accum;                /* micro-steps per step (divides batch) */
     int lr_scaling;                /* 0 none, 1 linear: lr x batch / base_batch */
     int base_batch;
+    int precision;                 /* dt_dtype of the matmuls and convolutions: DT_F32, DT_BF16, DT_F16 (docs/mixed-precision.md) */
     /* [parallel] (data-parallel workers) */
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */
@@ -99,6 +100,7 @@ typedef struct {
     int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
     char offload_dir[512];         /* where (offload = disk) */
     int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */
+    int grad_dtype;                /* gradients on the wire: 0 fp32, 1 bf16 (summed in fp32; docs/mixed-precision.md) */
     int64_t sync_warmup;           /* local SGD: plain data-parallel steps first (post-local SGD) */
     /* parameter servers (docs/parameter-server.md) */
     int ps_servers;                /* [parallel] servers: S server processes besides the workers (0: none) */

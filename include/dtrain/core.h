@@ -46,6 +46,9 @@ DT_API const char *dt_dtype_name(dt_dtype t); /* safetensors spelling: "F32", ..
  * rounds to nearest even, NaN stays NaN. */
 DT_API void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
 DT_API void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+/* dst[i] = src[i] rounded to the nearest value of type t (DT_F16 or DT_BF16),
+ * kept as fp32 (dst may be src): what dt_from_f32 then dt_to_f32 gives. */
+DT_API void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t);
 
 /* The slice [*begin, *end) of n elements that rank `rank` of `world` holds:
  * contiguous, in rank order, sizes differing by at most one. Every sharded

@@ -46,6 +46,13 @@ DT_API void dt_optim_begin_step(dt_optim *o);
 DT_API void dt_optim_update(dt_optim *o, size_t off, size_t len, float *params,
                             const float *grads, float lr, float grad_scale);
 
+/* skip = 1: the steps from now on are skipped (an fp16 step whose
+ * gradients overflowed): dt_optim_begin_step does not count them and
+ * dt_optim_update changes neither the parameters nor the state, as
+ * torch's GradScaler skips optimizer.step(). skip = 0 (the default): they
+ * are taken. */
+DT_API void dt_optim_set_skip(dt_optim *o, int skip);
+
 /* A low-precision working copy of the weights beside the fp32 master
  * weights: copy holds the n elements in t (DT_BF16 or DT_F16), and every
  * update rewrites the part it updated, rounded to nearest even. NULL:
@@ -82,6 +89,27 @@ DT_API void dt_state_unback(float *p, size_t n);
 /* The factor that brings a gradient of global norm `norm` down to
  * `clip_norm` (1 if it is already within, or clip_norm <= 0). */
 DT_API float dt_clip_scale(double norm, float clip_norm);
+
+/* ---- dynamic loss scaling (fp16) ------------------------------------------ */
+
+/* torch.cuda.amp.GradScaler's rule: the loss is multiplied by `scale`
+ * before backward, so that small gradients survive fp16; the gradients are
+ * divided by it before the update. A step whose gradients hold an inf or a
+ * NaN anywhere (on any rank: the caller agrees on it) is skipped and the
+ * scale halves; after growth_interval clean steps in a row it doubles. */
+typedef struct {
+    float scale;           /* initial 65536 (2^16) */
+    float growth, backoff; /* 2 and 0.5 */
+    int growth_interval;   /* 2000 */
+    int clean;             /* clean steps since the scale last changed */
+    int64_t skipped;       /* steps skipped so far */
+} dt_loss_scaler;
+
+DT_API dt_loss_scaler dt_loss_scaler_default(void);
+/* After a step: overflow says whether its gradients held an inf or a NaN.
+ * Returns 1 when the step is to be taken (the gradients divided by the
+ * scale it had before this call), 0 when it is skipped. */
+DT_API int dt_loss_scaler_update(dt_loss_scaler *s, int overflow);
 
 /* ---- learning-rate schedules ---------------------------------------------- */
 

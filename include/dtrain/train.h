@@ -60,6 +60,8 @@ typedef struct {
                                     steps, as dt_comm_stats counts them (the
                                     gradients and the per-step exchange of loss
                                     and control), summed over steps */
+    float loss_scale;            /* precision fp16: the dynamic loss scale at the end (else 0) */
+    int64_t skipped_steps;       /* precision fp16: steps skipped for an inf/NaN gradient */
 } dt_train_result;
 
 /* Trains as c says. run_dir (created if missing, may be NULL for no files).

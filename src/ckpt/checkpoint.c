@@ -883,6 +883,12 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
 }
 
 dt_status dt_ckpt_export_weights(const char *ckpt, const char *out) {
+    return dt_ckpt_export_weights_as(ckpt, out, DT_F32);
+}
+
+dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype type) {
+    if (type != DT_F32 && type != DT_BF16 && type != DT_F16)
+        return dt_error(DT_ERR_ARG, "export: weights are F32, BF16 or F16, not %s", dt_dtype_name(type));
     dt_st_file *f;
     const char *vals[NKEYS];
     dt_train_state s;
@@ -902,6 +908,34 @@ dt_status dt_ckpt_export_weights(const char *ckpt, const char *out) {
     }
     for (int i = 0; i < dt_st_count(f); i++)
         if (strncmp(dt_st_get(f, i)->name, "optimizer.", 10)) t[n++] = *dt_st_get(f, i);
+    // 16-bit weights: the F32 tensors converted, in one buffer.
+    size_t half = 0;
+    for (int i = 0; type != DT_F32 && i < n; i++)
+        if (t[i].dtype == DT_F32) half += t[i].nbytes / 2;
+    uint16_t *conv = half ? malloc(half + 2) : NULL;
+    if (half && !conv) {
+        free(t);
+        dt_st_close(f);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", ckpt);
+    }
+    size_t at = 0;
+    for (int i = 0; half && i < n; i++) {
+        if (t[i].dtype != DT_F32) continue;
+        size_t ne = t[i].nbytes / 4;
+        float *tmp = malloc(ne * sizeof(float) + 1);  // the mapped data may not be aligned for floats
+        if (!tmp) {
+            free(conv), free(t);
+            dt_st_close(f);
+            return dt_error(DT_ERR_NOMEM, "%s: out of memory", ckpt);
+        }
+        memcpy(tmp, t[i].data, t[i].nbytes);
+        dt_from_f32(conv + at, tmp, ne, type);
+        free(tmp);
+        t[i].dtype = type;
+        t[i].data = conv + at;
+        t[i].nbytes = ne * 2;
+        at += ne;
+    }
     // The weights file's own metadata, then ours where it has none.
     char *lines = strdup(vals[K_WEIGHTS_META]);
     dt_st_meta meta[35];
@@ -912,6 +946,7 @@ dt_status dt_ckpt_export_weights(const char *ckpt, const char *out) {
     meta[nm++] = (dt_st_meta){"step", vals[K_STEP]};
     st = lines ? dt_st_write(out, t, n, meta, nm) : dt_error(DT_ERR_NOMEM, "out of memory");
     free(lines);
+    free(conv);
     free(t);
     dt_st_close(f);
     return st;

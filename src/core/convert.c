@@ -13,12 +13,13 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+// Branch-free, so that the loops below vectorise (the mixed-precision
+// GEMMs convert every operand).
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40; /* q: quiet NaN */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
 }
 
 #if defined(__FLT16_MAX__)
@@ -71,6 +72,7 @@ static inline uint16_t f32_to_f16(float f) {
 void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
     const uint16_t *s = src;
     if (t == DT_BF16)
+#pragma omp simd
         for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
     else
         for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
@@ -79,11 +81,19 @@ void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
 void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
     uint16_t *d = dst;
     if (t == DT_BF16)
+#pragma omp simd
         for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
     else
         for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
 }
 
+void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t) {
+    if (t == DT_BF16)
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(f32_to_bf16(src[i]));
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+}
 
 void dt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end) {
     *begin = (size_t)((unsigned __int128)n * (unsigned)rank / (unsigned)world);

@@ -6,7 +6,11 @@
 
 static dt_dtype type_of(const dt_codec *k) { return k->c->comp_method == DT_COMP_FP16 ? DT_F16 : DT_BF16; }
 
-static int cast_wants(const dt_config *c) { return c->comp_method == DT_COMP_FP16 || c->comp_method == DT_COMP_BF16; }
+// [parallel] grad_dtype = bf16 under plain data parallel is this codec
+// without error feedback (the codec keeps residuals only for a method).
+static int cast_wants(const dt_config *c) {
+    return c->comp_method == DT_COMP_FP16 || c->comp_method == DT_COMP_BF16 || (c->comp_method == DT_COMP_NONE && c->grad_dtype);
+}
 
 static dt_status cast_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);

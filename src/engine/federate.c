@@ -90,10 +90,13 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     if (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0 || c->resume[0])
         return dt_error(DT_ERR_CONFIG, "[checkpoint]: dtrain federate does not write or resume checkpoints; "
                                        "leave every_steps, every_seconds and resume unset");
-    if (c->sync_every > 0 || c->deterministic)
+    if (c->sync_every > 0 || c->deterministic || c->grad_dtype)
         return dt_error(DT_ERR_CONFIG, "[parallel] %s: applies to dtrain train; federated sums are already the same for "
                                        "any worker count",
-                        c->sync_every > 0 ? "sync_every" : "deterministic");
+                        c->sync_every > 0 ? "sync_every" : c->deterministic ? "deterministic" : "grad_dtype");
+    if (c->precision == DT_F16)
+        return dt_error(DT_ERR_CONFIG, "[train] precision = fp16: dtrain federate has no loss scaling (fp16 gradients "
+                                       "would underflow); use bf16 or fp32");
     return DT_OK;
 }
 
@@ -450,7 +453,7 @@ dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn 
         long samples = 0;
         for (int j = 0; j < f.m; j++) samples += f.start[f.sampled[j] + 1] - f.start[f.sampled[j]];
         samples_total += samples;
-        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, samples, 0, 0, 0});
+        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, samples, 0, 0, 0, 0, 0, 0});
         float tl, ta;
         dt_obs_begin(obs, DT_OBS_EVAL);
         st = f.tops->evaluate(f.task, f.comm, r, loss, &tl, &ta);

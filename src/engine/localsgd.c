@@ -81,7 +81,7 @@ static dt_status sum(dt_strategy *s, float *buf, const char *what) {
 static dt_status lsgd_sync(dt_strategy *s) {
     local_sgd *d = (local_sgd *)s;
     if (s->world == 1 || d->local) return DT_OK;
-    return sum(s, s->grads, "gradient");
+    return dt_strategy_sum_grads(s, s->comm, "local SGD");
 }
 
 static dt_status lsgd_params_sync(dt_strategy *s) {

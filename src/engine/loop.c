@@ -18,6 +18,7 @@
 #include "engine/strategy.h"
 #include "engine/task.h"
 #include "engine/worker.h"
+#include "kernels/kernels.h"
 #include "obs/json.h"
 #include "obs/obs.h"
 
@@ -52,11 +53,23 @@ dt_status dt_train_check(const dt_config *c, int W) {
     // Dynamic batching reads each rank's speed from its forward and backward
     // time, which must be its own work: ZeRO-3's layer gathers make every
     // rank wait for the slowest inside them.
-    if (c->dynamic_batch && (c->pipeline > 1 || c->sync_every > 0 || c->zero >= 3))
+    if (c->dynamic_batch && (c->pipeline > 1 || c->tensor > 1 || c->ps_servers > 0 || c->sync_every > 0 || c->zero >= 3))
         return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch works with data parallel and ZeRO stages 1-2, not with %s",
                         c->pipeline > 1      ? "[parallel] pipeline (which plans its own micro-batches)"
+                        : c->tensor > 1     ? "[parallel] tensor (every rank of a shard group runs the same samples)"
+                        : c->ps_servers > 0 ? "[parallel] servers (each worker pushes its own share's gradient)"
                         : c->sync_every > 0 ? "[parallel] sync_every (local SGD weights every rank's share alike)"
                                             : "[parallel] zero = 3 (its layer gathers hide each rank's speed)");
+    // fp16's loss scaling finds an overflow as an inf or a NaN in the summed
+    // gradients: fixed-point sums clamp them and lossy codecs may drop them.
+    if (c->precision == DT_F16 && (c->deterministic || c->comp_method != DT_COMP_NONE))
+        return dt_error(DT_ERR_CONFIG, "[train] precision = fp16 cannot be combined with %s (its overflow check needs the "
+                                       "gradients' inf and NaN kept); use bf16, which needs no loss scaling",
+                        c->deterministic ? "[parallel] deterministic = true" : "[compression] method");
+    if (c->grad_dtype && (c->deterministic || (c->comp_method != DT_COMP_NONE && c->comp_method != DT_COMP_BF16)))
+        return dt_error(DT_ERR_CONFIG, "[parallel] grad_dtype = bf16 cannot be combined with %s: %s",
+                        c->deterministic ? "deterministic = true" : "[compression] method",
+                        c->deterministic ? "deterministic sums are int64 fixed point" : "the method decides what is sent");
     if (c->comp_method != DT_COMP_NONE && n > 0)
         return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
                         asked[0]);
@@ -71,6 +84,14 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
     cJSON_AddStringToObject(o, "strategy", dt_strategy_for(c)->name);
     cJSON_AddStringToObject(o, "compression", dt_comp_method_name(c->comp_method));
+    cJSON *pr = cJSON_AddObjectToObject(o, "precision");  // docs/mixed-precision.md
+    cJSON_AddStringToObject(pr, "compute", c->precision == DT_F32 ? "fp32" : c->precision == DT_BF16 ? "bf16" : "fp16");
+    cJSON_AddBoolToObject(pr, "native", c->precision != DT_F32 && dt_kernels_native((dt_dtype)c->precision));
+    cJSON_AddStringToObject(pr, "kernels", dt_kernels_describe((dt_dtype)c->precision));
+    if (c->precision == DT_F16) {
+        cJSON_AddNumberToObject(pr, "loss_scale", r->loss_scale);
+        cJSON_AddNumberToObject(pr, "skipped_steps", (double)r->skipped_steps);
+    }
     cJSON_AddNumberToObject(o, "params", (double)nparams);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     cJSON_AddNumberToObject(o, "batch", c->batch);
@@ -160,7 +181,8 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
         float loss;
         double t0 = dt_now();
         dt_obs_begin(obs, DT_OBS_FORWARD);
-        dt_status st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)s->loss_denom, &loss);
+        dt_status st = tops->forward(task, step, s->off[k], s->len[k],
+                                     (float)s->len[k] / (float)s->loss_denom * s->loss_scale, &loss);
         if (st == DT_OK && k == 0) st = dt_fault_step(s->rank, step + 1);
         dt_obs_end(obs, DT_OBS_FORWARD);
         if (st != DT_OK) return st;
@@ -194,24 +216,44 @@ static dt_status rebalance(dt_dynbatch *dyn, dt_obs *obs, const dt_task_ops *top
     return tops->set_shares(task, units, nunits);
 }
 
+// fp16's overflow check: an inf or a NaN among the gradients this rank
+// updates, or one injected (DTRAIN_FAULT_OVERFLOW=RANK:STEP puts an inf
+// there, after the gradients are synchronised, as an overflow no other rank
+// sees).
+static int grads_overflow(dt_strategy *s, int64_t step) {
+    if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) s->grads[s->lo] = INFINITY;
+    return !isfinite(dt_sum_squares(s->grads + s->lo, s->hi - s->lo));
+}
+
 // The rest of a step: gradients synchronised, the control plane's
-// agreement, then the norm, clipping, the schedule and the update.
+// agreement, then the norm, clipping, the schedule and the update. With a
+// loss scaler (fp16) the gradients are the loss scale's multiple: the norm
+// and the update divide it out, and a step that overflowed on any rank is
+// skipped by all.
 static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const dt_schedule *sched, int64_t step,
-                             double loss_sum, int global, dt_control *ctl, float *lr, float *gnorm) {
+                             double loss_sum, int global, dt_loss_scaler *scaler, dt_control *ctl, float *lr,
+                             float *gnorm) {
     int vote = dt_run_ckpt_vote(ck);
     dt_obs_begin(obs, DT_OBS_COMM);
     dt_status st = dt_strategy_sync(s);
-    if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, ctl);
-    else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, ctl);
+    int overflow = scaler && st == DT_OK ? grads_overflow(s, step + 1) : 0;
+    if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, overflow, ctl);
+    else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, overflow, ctl);
     dt_obs_end(obs, DT_OBS_COMM);
     if (st != DT_OK) return st;
     dt_obs_begin(obs, DT_OBS_OPTIMIZER);
     double norm;
+    float unscale = 1.0f / s->loss_scale;
     st = dt_strategy_grad_norm(s, &norm);
-    *gnorm = (float)norm;
-    float clip = s->c->optim.clip_norm, scale = clip > 0 ? dt_clip_scale(*gnorm, clip) : 1.0f;
+    *gnorm = (float)(norm * unscale);
+    float clip = s->c->optim.clip_norm, scale = (clip > 0 ? dt_clip_scale(*gnorm, clip) : 1.0f) * unscale;
     *lr = dt_schedule_lr(sched, step);
+    if (scaler) {
+        dt_optim_set_skip(s->opt, !dt_loss_scaler_update(scaler, ctl->overflow));
+        s->loss_scale = scaler->scale;
+    }
     if (st == DT_OK) st = dt_strategy_update(s, *lr, scale);
+    dt_optim_set_skip(s->opt, 0);
     dt_obs_end(obs, DT_OBS_OPTIMIZER);
     return st;
 }
@@ -305,13 +347,18 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int64_t total = info.total_steps, spe = info.steps_per_epoch;
     int epochs = info.epochs;
     dt_schedule sched = dt_worker_schedule(c, total);
+    // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the control plane.
+    int fp16 = c->precision == DT_F16;
+    dt_loss_scaler scaler = dt_loss_scaler_default();
+    if (fp16) strat->loss_scale = scaler.scale;
     if (rank == 0) {
         char ep[64] = "";
         if (epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", epochs, (long long)spe);
         const dt_cpu *cpu = dt_cpu_get();
-        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s; %s (%s)", c->name,
-               info.describe, (long long)total, ep, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "", sops->name,
-               c->deterministic ? ", deterministic" : "", cpu->name, dt_isa_name(cpu->isa));
+        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s, precision %s; %s (%s)",
+               c->name, info.describe, (long long)total, ep, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+               sops->name, c->deterministic ? ", deterministic" : "", dt_kernels_describe((dt_dtype)c->precision),
+               cpu->name, dt_isa_name(cpu->isa));
     }
 
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
@@ -336,9 +383,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             double lsum;
             dt_control ctl;
             float lr, gnorm;
+            int64_t skipped0 = scaler.skipped;
             st = sops->run_step ? sops->run_step(strat, tops, task, step, &b, &lsum)
                                 : micro_steps(tops, task, strat, obs, step, &b, &lsum);
-            if (st == DT_OK) st = finish_step(strat, &ck, obs, &sched, step, lsum, b.global, &ctl, &lr, &gnorm);
+            if (st == DT_OK)
+                st = finish_step(strat, &ck, obs, &sched, step, lsum, b.global, fp16 ? &scaler : NULL, &ctl, &lr, &gnorm);
             if (st == DT_OK && dyn) st = rebalance(dyn, obs, tops, task, rank, W, nunits, step + 1);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
@@ -354,7 +403,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             t_train += dt_now() - t0;
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
                                                  (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
-                                                 strat->staleness});
+                                                 strat->staleness, fp16 ? scaler.scale : 0, scaler.skipped > skipped0,
+                                                 scaler.skipped});
             // Evaluation at the end of the epoch and of the run, and every
             // eval_every steps; the training loss beside it is the mean
             // since the one before.
@@ -405,6 +455,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
     res->comm_seconds = strat->comm_seconds;
     res->comm_exposed_seconds = strat->comm_exposed_seconds;
+    res->loss_scale = fp16 ? scaler.scale : 0;
+    res->skipped_steps = scaler.skipped;
     if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
     res->bytes_sent = bytes_sent;
     if (!stop && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;

@@ -345,7 +345,7 @@ static dt_status forward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp, 
     int last = ch->vstage == p->P * p->V - 1;
     dt_status st = wait_timed(p, &sl->send_out, "sending activations to", next_stage(p));
     if (st == DT_OK)
-        st = p->tops->stage_begin(task, sl->st, p->off[k], p->len[k], (float)p->len[k] / (float)p->base.global,
+        st = p->tops->stage_begin(task, sl->st, p->off[k], p->len[k], (float)p->len[k] / (float)p->base.global * p->base.loss_scale,
                                   &sl->in, &sl->out, &sl->count);
     if (st == DT_OK && ch->vstage > 0) {
         dt_request_t r = NULL;
@@ -445,13 +445,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
 // Every rank's gradient block becomes the global one of its shard (see the top).
 static dt_status pp_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    double t0 = dt_now();
-    dt_status st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, p->shard ? p->shard : s->comm);
-    double t = dt_now() - t0;
-    s->comm_seconds += t;
-    s->comm_exposed_seconds += t;
-    if (st != DT_OK) return dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
-    return DT_OK;
+    return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
 }
 
 // The whole model's gradient norm from the shards: the split ranges' squares

@@ -46,6 +46,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->all = a->all ? a->all : a->comm;
     s->lo = 0;
     s->hi = a->n;
+    s->loss_scale = 1.0f;
     int nmax = a->c->grad_accum > a->c->micro_shards ? a->c->grad_accum : a->c->micro_shards;
     s->off = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
     s->len = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
@@ -75,6 +76,7 @@ void dt_strategy_free(dt_strategy *s) {
     dt_optim_free(s->opt);
     dt_free(s->whole);
     for (int j = 0; j < 2; j++) dt_free(s->whole_states[j]);
+    free(s->wire);
     free(s->off);
     free(s->len);
     free(s);
@@ -121,6 +123,30 @@ int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global) {
     s->nmicro = k;
     s->global = global;
     return k;
+}
+
+uint16_t *dt_strategy_wire(dt_strategy *s) {
+    if (!s->wire && !(s->wire = malloc(sizeof(uint16_t) * (s->n ? s->n : 1))))
+        dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for %zu bf16 gradients", s->ops->name, s->n);
+    return s->wire;
+}
+
+dt_status dt_strategy_sum_grads(dt_strategy *s, dt_comm_t comm, const char *who) {
+    double t0 = dt_now();
+    dt_status st;
+    if (s->c->grad_dtype) {
+        uint16_t *w = dt_strategy_wire(s);
+        if (!w) return DT_ERR_NOMEM;
+        dt_from_f32(w, s->grads, s->n, DT_BF16);
+        st = dt_allreduce(w, w, s->n, DT_BF16, DT_SUM, comm);
+        if (st == DT_OK) dt_to_f32(s->grads, w, s->n, DT_BF16);
+    } else {
+        st = dt_allreduce(s->grads, s->grads, s->n, DT_F32, DT_SUM, comm);
+    }
+    double t = dt_now() - t0;
+    s->comm_seconds += t;
+    s->comm_exposed_seconds += t;
+    return st != DT_OK ? dt_error(st, "%s: gradient allreduce: %s", who, dt_last_error()) : DT_OK;
 }
 
 dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm) {

@@ -11,7 +11,7 @@
  *                                          drives the micro-batches itself
  *                                          (pipeline), instead of:
  *     nm = dt_strategy_plan(s, first, share, global)   micro-batches in s->off/len
- *     for k < nm:                          loss of micro-batch k scaled by len[k] / s->loss_denom
+ *     for k < nm:                          loss of micro-batch k scaled by len[k] / s->loss_denom x s->loss_scale
  *       [params_needed(s, layer, phase)]   before a layer's forward/backward
  *       forward; backward with the grad hook of dt_strategy_grad_hook(s, k)
  *       dt_strategy_micro_end(s, k)
@@ -163,6 +163,9 @@ struct dt_strategy {
     int own_pace;              /* the ranks do not wait for each other each step: the control plane is
                                   each rank's own (dt_control_local); they meet only in params_sync,
                                   evaluation and collectives of the strategy's */
+    uint16_t *wire;            /* [parallel] grad_dtype = bf16: the gradients as sent (dt_strategy_wire) */
+    float loss_scale;          /* fp16's dynamic loss scale: every micro-batch's loss is also scaled by it
+                                  (1 otherwise); the loop divides it out of the update */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
@@ -216,6 +219,15 @@ dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
  * cannot overflow: int64 fixed-point sums, whose addition (and so an int64
  * allreduce of them) gives the same bits in any order. */
 void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale);
+/* [parallel] grad_dtype = bf16: a bf16 buffer of the gradient block's n
+ * elements, made on first use and kept (NULL and a recorded error when out
+ * of memory). */
+uint16_t *dt_strategy_wire(dt_strategy *s);
+/* The whole gradient block summed over the ranks in place, timed as the
+ * step's communication (nothing overlaps it): in fp32, or under grad_dtype
+ * = bf16 sent as bf16 and summed in fp32 by the comm layer. `who` names
+ * the strategy in an error. */
+dt_status dt_strategy_sum_grads(dt_strategy *s, dt_comm_t comm, const char *who);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 /* The norm of a gradient block of which each rank holds only its slice

@@ -1,5 +1,6 @@
 #include "engine/worker.h"
 #include "dtrain/launch.h"
+#include "kernels/kernels.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -46,6 +47,7 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     }
     dt_set_threads(t);
     *threads = t;
+    dt_kernels_set_precision((dt_dtype)c->precision);
     // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
     // others touch nothing there until it has, nor when it was refused.
     if (dt_comm_size(*comm) > 1 && (st = dt_barrier(*comm)) != DT_OK) {
@@ -108,6 +110,13 @@ void dt_fault_slow(int rank, double seconds) {
     double f;
     if (slow && sscanf(slow, "%d:x%lf", &r, &f) == 2 && r == rank && f > 1 && seconds > 0)
         usleep((useconds_t)((f - 1) * seconds * 1e6));
+}
+
+int dt_fault_overflow(int rank, int64_t step) {
+    const char *f = getenv("DTRAIN_FAULT_OVERFLOW");
+    int r;
+    long long s;
+    return f && sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank && s == step;
 }
 
 dt_status dt_fault_start(int rank) {

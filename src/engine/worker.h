@@ -47,9 +47,12 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *       forward (a straggler);
  *   DTRAIN_SLOW_RANK=R:xF  rank R is F times slower: after each
  *       micro-batch's forward and backward it sleeps F - 1 times as long
- *       (dt_fault_slow). */
+ *       (dt_fault_slow);
+ *   DTRAIN_FAULT_OVERFLOW=R:S  rank R finds an inf among its gradients at
+ *       step S (fp16's loss scaling, which every rank must then skip). */
 dt_status dt_fault_step(int rank, int64_t step);
 void dt_fault_slow(int rank, double seconds);
+int dt_fault_overflow(int rank, int64_t step);
 dt_status dt_fault_start(int rank);
 
 #endif

@@ -108,7 +108,12 @@ static void reduce_block(zero *z, size_t lo, size_t hi) {
         if (e == lo) continue;
         piece *p = &z->p[z->np++];
         *p = (piece){lo, e, r, NULL};
-        dt_status st = dt_ireduce(s->grads + lo, s->grads + lo, e - lo, DT_F32, DT_SUM, r, s->comm, &p->req);
+        dt_status st;
+        uint16_t *w = s->c->grad_dtype ? dt_strategy_wire(s) : NULL;  // bf16 on the wire
+        if (w) dt_from_f32(w + lo, s->grads + lo, e - lo, DT_BF16);
+        if (s->c->grad_dtype && !w) st = DT_ERR_NOMEM;
+        else if (w) st = dt_ireduce(w + lo, w + lo, e - lo, DT_BF16, DT_SUM, r, s->comm, &p->req);
+        else st = dt_ireduce(s->grads + lo, s->grads + lo, e - lo, DT_F32, DT_SUM, r, s->comm, &p->req);
         if (st != DT_OK) fail(z, st);
         lo = e;
     }
@@ -172,6 +177,7 @@ static void settle(zero *z, int wait) {
         if (st != DT_OK) fail(z, st);
         if (!fin) break;
         p->req = NULL;
+        if (s->wire && p->root == s->rank) dt_to_f32(s->grads + p->lo, s->wire + p->lo, p->hi - p->lo, DT_BF16);
         if (z->stage >= 2 && p->root != s->rank) release_later(z, p->lo, p->hi, 0);
         z->settled++;
     }

@@ -9,10 +9,16 @@
  * convolution and batch size). Plans never change after creation and keep
  * no tensors of their own: everything a call writes lives in the caller's
  * scratch (`save`, `scratch`), so calls are reentrant. oneDNN's library
- * scratchpad is per primitive, so each plan's execution is under its lock. */
+ * scratchpad is per primitive, so each plan's execution is under its lock.
+ *
+ * In a low precision (kernels.h) the primitives take the input, the weights
+ * and the output gradient in bf16 where oneDNN has bf16 kernels on this CPU
+ * (the reorders from the caller's fp32 convert them; outputs and weight
+ * gradients stay fp32); elsewhere, or for a shape without such a kernel,
+ * they stay fp32 and those three are rounded in their copies. */
 #include "kernels/kernels.h"
+#include "kernels/onednn.h"
 
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,8 +37,9 @@ typedef struct {
 
 typedef struct plan {
     struct plan *next;
-    int key[12];
+    int key[14];
     int src16, dst16;  // the forward's own layouts are blocked
+    dt_dtype round;    // the operands' copies are rounded to this (DT_F32: not)
     pthread_mutex_t lock;
     dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
     dnnl_primitive_t fwd, bwd_data, bwd_weights;
@@ -45,39 +52,24 @@ typedef struct plan {
     size_t dbias, scratch_size;
 } plan;
 
-static dnnl_engine_t g_engine;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_plans_lock = PTHREAD_MUTEX_INITIALIZER;
 static plan *g_plans;
-
-static void check(dnnl_status_t s, const char *what) {
-    if (s == dnnl_success) return;
-    // Shapes are checked by the model before they get here, so a failure is
-    // a programmer error or the machine out of memory.
-    fprintf(stderr, "dtrain: internal error: oneDNN %s failed with status %d\n", what, (int)s);
-    abort();
-}
-
-static void make_engine(void) {
-    dt_kernels_init();
-    check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine");
-}
 
 static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
                                      int accumulate) {
     dnnl_primitive_attr_t attr = NULL;
     if (accumulate) {
         dnnl_post_ops_t ops;
-        check(dnnl_post_ops_create(&ops), "post-ops");
-        check(dnnl_post_ops_append_sum(ops, 1.0f), "sum post-op");
-        check(dnnl_primitive_attr_create(&attr), "attr");
-        check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
+        dt_onednn_check(dnnl_post_ops_create(&ops), "post-ops");
+        dt_onednn_check(dnnl_post_ops_append_sum(ops, 1.0f), "sum post-op");
+        dt_onednn_check(dnnl_primitive_attr_create(&attr), "attr");
+        dt_onednn_check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
         dnnl_post_ops_destroy(ops);
     }
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t p;
-    check(dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, attr), "reorder");
-    check(dnnl_primitive_create(&p, pd), "reorder primitive");
+    dt_onednn_check(dnnl_reorder_primitive_desc_create(&pd, from, dt_onednn_engine(), to, dt_onednn_engine(), attr), "reorder");
+    dt_onednn_check(dnnl_primitive_create(&p, pd), "reorder primitive");
     dnnl_primitive_desc_destroy(pd);
     if (attr) dnnl_primitive_attr_destroy(attr);
     return p;
@@ -107,34 +99,41 @@ static void place(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q,
     }
 }
 
+// NULL when oneDNN has no implementation (a low precision on some shapes).
 static dnnl_primitive_desc_t conv_pd(const dnnl_convolution_desc_t *d,
                                      const_dnnl_primitive_desc_t hint, int relu) {
     dnnl_primitive_attr_t attr = NULL;
     if (relu) {
         dnnl_post_ops_t ops;
-        check(dnnl_post_ops_create(&ops), "post-ops");
-        check(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
+        dt_onednn_check(dnnl_post_ops_create(&ops), "post-ops");
+        dt_onednn_check(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
               "relu post-op");
-        check(dnnl_primitive_attr_create(&attr), "attr");
-        check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
+        dt_onednn_check(dnnl_primitive_attr_create(&attr), "attr");
+        dt_onednn_check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
         dnnl_post_ops_destroy(ops);
     }
     dnnl_primitive_desc_t pd;
-    check(dnnl_primitive_desc_create(&pd, d, attr, g_engine, hint), "convolution");
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, d, attr, dt_onednn_engine(), hint);
     if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st == dnnl_unimplemented) return NULL;
+    dt_onednn_check(st, "convolution");
     return pd;
 }
 
 static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
     dnnl_primitive_t p;
-    check(dnnl_primitive_create(&p, pd), "convolution primitive");
+    dt_onednn_check(dnnl_primitive_create(&p, pd), "convolution primitive");
     return p;
 }
 
-static plan *make_plan(const dt_conv_shape *s, const int key[12]) {
+// lt: the type of the operands the primitives take (dnnl_f32, or bf16
+// where native); NULL when oneDNN has no implementation for it.
+static plan *make_plan(const dt_conv_shape *s, const int key[14], dnnl_data_type_t lt) {
     plan *p = calloc(1, sizeof *p);
-    if (!p) check(dnnl_out_of_memory, "plan");
+    if (!p) dt_onednn_check(dnnl_out_of_memory, "plan");
     memcpy(p->key, key, sizeof p->key);
+    p->round = lt == dnnl_f32 ? (dt_dtype)key[12] : DT_F32;
+    int always = p->round != DT_F32;  // copies to round even when the layout is the caller's
     pthread_mutex_init(&p->lock, NULL);
     int OH = (s->H + 2 * s->P - s->K) / s->S + 1, OW = (s->W + 2 * s->P - s->K) / s->S + 1;
     dnnl_dims_t sd = {s->B, s->IC, s->H, s->W}, wd = {s->OC, s->IC, s->K, s->K},
@@ -144,50 +143,64 @@ static plan *make_plan(const dt_conv_shape *s, const int key[12]) {
     // primitives are asked for: the caller's if blocked, else their choice.
     dnnl_format_tag_t stag = s->src_blocked ? dnnl_nChw16c : dnnl_nchw,
                       dtag = s->dst_blocked ? dnnl_nChw16c : dnnl_nchw;
-    check(dnnl_memory_desc_init_by_tag(&p->plain_src, 4, sd, dnnl_f32, stag), "md");
-    check(dnnl_memory_desc_init_by_tag(&p->plain_wei, 4, wd, dnnl_f32, dnnl_oihw), "md");
-    check(dnnl_memory_desc_init_by_tag(&p->plain_dst, 4, dd, dnnl_f32, dtag), "md");
-    check(dnnl_memory_desc_init_by_tag(&p->bias_md, 1, bd, dnnl_f32, dnnl_x), "md");
-    dnnl_memory_desc_t src, wei, dst, src16, dst16;
-    check(dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32,
-                                       s->src_blocked ? stag : dnnl_format_tag_any), "md");
-    check(dnnl_memory_desc_init_by_tag(&wei, 4, wd, dnnl_f32, dnnl_format_tag_any), "md");
-    check(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32,
-                                       s->dst_blocked ? dtag : dnnl_format_tag_any), "md");
-    check(dnnl_memory_desc_init_by_tag(&src16, 4, sd, dnnl_f32, dnnl_nChw16c), "md");
-    check(dnnl_memory_desc_init_by_tag(&dst16, 4, dd, dnnl_f32, dnnl_nChw16c), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&p->plain_src, 4, sd, dnnl_f32, stag), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&p->plain_wei, 4, wd, dnnl_f32, dnnl_oihw), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&p->plain_dst, 4, dd, dnnl_f32, dtag), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&p->bias_md, 1, bd, dnnl_f32, dnnl_x), "md");
+    // src, wei, ddst: the operands (lt); dsrc, dwei, dst: results (f32).
+    dnnl_memory_desc_t src, wei, dst, dsrc, dwei, ddst, src16, dst16;
+    dnnl_format_tag_t sany = s->src_blocked ? stag : dnnl_format_tag_any,
+                      dany = s->dst_blocked ? dtag : dnnl_format_tag_any;
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&src, 4, sd, lt, sany), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&dsrc, 4, sd, dnnl_f32, sany), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&wei, 4, wd, lt, dnnl_format_tag_any), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&dwei, 4, wd, dnnl_f32, dnnl_format_tag_any), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dany), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&ddst, 4, dd, lt, dany), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&src16, 4, sd, lt, dnnl_nChw16c), "md");
+    dt_onednn_check(dnnl_memory_desc_init_by_tag(&dst16, 4, dd, dnnl_f32, dnnl_nChw16c), "md");
 
     dnnl_convolution_desc_t fd, bdd, bwd;
-    check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
+    dt_onednn_check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
                                              &src, &wei, &p->bias_md, &dst, strides, pad, pad),
           "forward descriptor");
-    dnnl_primitive_desc_t fpd = conv_pd(&fd, NULL, s->relu);
-    check(dnnl_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &src, &wei, &dst,
-                                                   strides, pad, pad),
-          "backward data descriptor");
-    dnnl_primitive_desc_t bdpd = conv_pd(&bdd, fpd, 0);
-    // Backward weights reads the input in the layout forward saved it in.
-    const dnnl_memory_desc_t *fsrc = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0);
-    check(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, fsrc, &wei,
-                                                      &p->bias_md, &dst, strides, pad, pad),
-          "backward weights descriptor");
-    dnnl_primitive_desc_t bwpd = conv_pd(&bwd, fpd, 0);
+    dnnl_primitive_desc_t fpd = conv_pd(&fd, NULL, s->relu), bdpd = NULL, bwpd = NULL;
+    if (fpd) {
+        dt_onednn_check(dnnl_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &dsrc, &wei, &ddst,
+                                                                 strides, pad, pad),
+                        "backward data descriptor");
+        bdpd = conv_pd(&bdd, fpd, 0);
+        // Backward weights reads the input in the layout forward saved it in.
+        const dnnl_memory_desc_t *fsrc = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0);
+        dt_onednn_check(dnnl_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, fsrc, &dwei,
+                                                                    &p->bias_md, &ddst, strides, pad, pad),
+                        "backward weights descriptor");
+        bwpd = conv_pd(&bwd, fpd, 0);
+    }
+    if (!fpd || !bdpd || !bwpd) {  // only a low precision can lack an implementation
+        if (lt == dnnl_f32) dt_onednn_check(dnnl_unimplemented, "convolution");
+        if (fpd) dnnl_primitive_desc_destroy(fpd);
+        if (bdpd) dnnl_primitive_desc_destroy(bdpd);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+        return NULL;
+    }
 
     p->src16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), &src16);
     p->dst16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0), &dst16);
     size_t top = 0;
     place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, &top);
-    place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, 0, &top);
+    place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
     place(&p->fdst, fpd, dnnl_query_dst_md, &p->plain_dst, 0, 0, &top);
     if (p->fdst.off != (size_t)-1) p->fdst.out = make_reorder(&p->fdst.md, &p->plain_dst, 0);
     p->zero_bias = top;
     p->save_size = top + floats(&p->bias_md);
 
     top = 0;
-    place(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, 0, &top);
-    place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, 0, &top);
+    place(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top);
+    place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
     place(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top);
-    place(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, 0, &top);
+    place(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top);
     place(&p->dwei, bwpd, dnnl_query_diff_weights_md, &p->plain_wei, 2, 0, &top);
     p->dbias = top;
     p->scratch_size = top + floats(&p->bias_md);
@@ -204,14 +217,16 @@ static plan *make_plan(const dt_conv_shape *s, const int key[12]) {
 // The plan for shape s at the current thread count (oneDNN sizes its work
 // split and its reductions by the thread count when a primitive is made).
 static plan *get_plan(const dt_conv_shape *s) {
-    pthread_once(&g_once, make_engine);
-    int key[12] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
-                   s->src_blocked, s->dst_blocked, s->relu};
+    int native;
+    dt_dtype t = dt_onednn_precision(&native);
+    int key[14] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
+                   s->src_blocked, s->dst_blocked, s->relu, (int)t, native};
     pthread_mutex_lock(&g_plans_lock);
     plan *p = g_plans;
     while (p && memcmp(p->key, key, sizeof key)) p = p->next;
     if (!p) {
-        p = make_plan(s, key);
+        p = native ? make_plan(s, key, dnnl_bf16) : NULL;
+        if (!p) p = make_plan(s, key, dnnl_f32);
         p->next = g_plans;
         g_plans = p;
     }
@@ -222,21 +237,15 @@ static plan *get_plan(const dt_conv_shape *s) {
 // ----------------------------------------------------------------------------
 // execution
 
-static dnnl_memory_t mem(const dnnl_memory_desc_t *md, const void *data) {
-    dnnl_memory_t m;
-    check(dnnl_memory_create(&m, md, g_engine, (void *)data), "memory");
-    return m;
-}
-
 static void run(dnnl_primitive_t prim, dnnl_stream_t st, int n, const dnnl_exec_arg_t *args) {
-    check(dnnl_primitive_execute(prim, st, n, args), "execute");
+    dt_onednn_check(dnnl_primitive_execute(prim, st, n, args), "execute");
 }
 
 // Reorders between a plain tensor and its place in scratch (to_view: plain
 // -> view; otherwise view -> plain, adding).
 static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc_t *from_md,
                     const void *from, const dnnl_memory_desc_t *to_md, void *to) {
-    dnnl_memory_t a = mem(from_md, from), b = mem(to_md, to);
+    dnnl_memory_t a = dt_onednn_memory(from_md, from), b = dt_onednn_memory(to_md, to);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
     run(r, st, 2, args);
     dnnl_memory_destroy(a);
@@ -244,11 +253,21 @@ static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc
 }
 
 // Where the primitive reads tensor v: the plain tensor itself, or its copy
-// in the primitive's layout (made first when v has a reorder in).
-static const float *bring_in(const view *v, dnnl_stream_t st, const dnnl_memory_desc_t *plain,
+// in the primitive's layout (made first when v has a reorder in, and then
+// rounded to the plan's precision when the primitive is fp32).
+static const float *bring_in(const plan *p, const view *v, dnnl_stream_t st, const dnnl_memory_desc_t *plain,
                              const float *x, float *area) {
     if (v->off == (size_t)-1) return x;
-    if (v->in) reorder(v->in, st, plain, x, &v->md, area + v->off);
+    if (v->in) {
+        reorder(v->in, st, plain, x, &v->md, area + v->off);
+        if (p->round != DT_F32) {
+            dt_onednn_check(dnnl_stream_wait(st), "stream wait");
+            float *c = area + v->off;
+            size_t n = dnnl_memory_desc_get_size(&v->md) / sizeof(float);
+#pragma omp parallel for schedule(static) if (n > 65536)
+            for (size_t i = 0; i < n; i += 4096) dt_round_f32(c + i, c + i, n - i < 4096 ? n - i : 4096, p->round);
+        }
+    }
     return area + v->off;
 }
 
@@ -271,21 +290,21 @@ void dt_conv_forward(float *out, float *save, const float *inp, const float *w, 
     plan *p = get_plan(s);
     pthread_mutex_lock(&p->lock);
     dnnl_stream_t st;
-    check(dnnl_stream_create(&st, g_engine, dnnl_stream_default_flags), "stream");
-    const float *src = bring_in(&p->src, st, &p->plain_src, inp, save);
-    const float *wei = bring_in(&p->fwei, st, &p->plain_wei, w, save);
+    dt_onednn_check(dnnl_stream_create(&st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
+    const float *src = bring_in(p, &p->src, st, &p->plain_src, inp, save);
+    const float *wei = bring_in(p, &p->fwei, st, &p->plain_wei, w, save);
     if (!b) {
         memset(save + p->zero_bias, 0, sizeof(float) * s->OC);
         b = save + p->zero_bias;
     }
     float *dst = p->fdst.off == (size_t)-1 ? out : save + p->fdst.off;
-    dnnl_memory_t ms = mem(&p->src.md, src), mw = mem(&p->fwei.md, wei), mb = mem(&p->bias_md, b),
-                  md = mem(&p->fdst.md, dst);
+    dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mw = dt_onednn_memory(&p->fwei.md, wei), mb = dt_onednn_memory(&p->bias_md, b),
+                  md = dt_onednn_memory(&p->fdst.md, dst);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb},
                               {DNNL_ARG_DST, md}};
     run(p->fwd, st, 4, args);
     if (p->fdst.out) reorder(p->fdst.out, st, &p->fdst.md, dst, &p->plain_dst, out);
-    check(dnnl_stream_wait(st), "stream wait");
+    dt_onednn_check(dnnl_stream_wait(st), "stream wait");
     dnnl_memory_destroy(ms);
     dnnl_memory_destroy(mw);
     dnnl_memory_destroy(mb);
@@ -299,15 +318,15 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
     plan *p = get_plan(s);
     pthread_mutex_lock(&p->lock);
     dnnl_stream_t st;
-    check(dnnl_stream_create(&st, g_engine, dnnl_stream_default_flags), "stream");
+    dt_onednn_check(dnnl_stream_create(&st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
     if (dinp) {
-        const float *dd = bring_in(&p->ddst, st, &p->plain_dst, dout, scratch);
-        const float *wei = bring_in(&p->bwei, st, &p->plain_wei, w, scratch);
+        const float *dd = bring_in(p, &p->ddst, st, &p->plain_dst, dout, scratch);
+        const float *wei = bring_in(p, &p->bwei, st, &p->plain_wei, w, scratch);
         // Overwriting a tensor already in the primitive's layout: in place.
         int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
         float *ds = direct ? dinp : scratch + p->dsrc.off;
-        dnnl_memory_t mdd = mem(&p->ddst.md, dd), mw = mem(&p->bwei.md, wei),
-                      mds = mem(&p->dsrc.md, ds);
+        dnnl_memory_t mdd = dt_onednn_memory(&p->ddst.md, dd), mw = dt_onednn_memory(&p->bwei.md, wei),
+                      mds = dt_onednn_memory(&p->dsrc.md, ds);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw},
                                   {DNNL_ARG_DIFF_SRC, mds}};
         run(p->bwd_data, st, 3, args);
@@ -323,15 +342,15 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
         if (dinp && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))
             dd = p->ddst.off == (size_t)-1 ? dout : scratch + p->ddst.off;
         else
-            dd = bring_in(&p->wddst, st, &p->plain_dst, dout, scratch);
+            dd = bring_in(p, &p->wddst, st, &p->plain_dst, dout, scratch);
         float *dbias = scratch + p->dbias;
-        dnnl_memory_t ms = mem(&p->src.md, save + p->src.off), mdd = mem(&p->wddst.md, dd),
-                      mdw = mem(&p->dwei.md, scratch + p->dwei.off), mdb = mem(&p->bias_md, dbias);
+        dnnl_memory_t ms = dt_onednn_memory(&p->src.md, save + p->src.off), mdd = dt_onednn_memory(&p->wddst.md, dd),
+                      mdw = dt_onednn_memory(&p->dwei.md, scratch + p->dwei.off), mdb = dt_onednn_memory(&p->bias_md, dbias);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
                                   {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};
         run(p->bwd_weights, st, 4, args);
         if (dw) reorder(p->dwei.out, st, &p->dwei.md, scratch + p->dwei.off, &p->plain_wei, dw);
-        check(dnnl_stream_wait(st), "stream wait");
+        dt_onednn_check(dnnl_stream_wait(st), "stream wait");
         if (db)
             for (int o = 0; o < s->OC; o++) db[o] += dbias[o];
         dnnl_memory_destroy(ms);
@@ -339,7 +358,7 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
         dnnl_memory_destroy(mdw);
         dnnl_memory_destroy(mdb);
     }
-    check(dnnl_stream_wait(st), "stream wait");
+    dt_onednn_check(dnnl_stream_wait(st), "stream wait");
     dnnl_stream_destroy(st);
     pthread_mutex_unlock(&p->lock);
 }

@@ -1,23 +1,233 @@
-/* dt_sgemm on oneDNN's sgemm: on this class of CPU (AVX-512) it runs at
- * 150/250 GFLOPS on 1/2 cores with no tuning, where Debian's OpenBLAS
- * mis-detects the core type and reaches 20-36 unless told by environment
- * variables (docs/benchmarks.md has the measurements). */
+/* dt_sgemm on oneDNN. In fp32 it is oneDNN's sgemm: on this class of CPU
+ * (AVX-512) it runs at 150/250 GFLOPS on 1/2 cores with no tuning, where
+ * Debian's OpenBLAS mis-detects the core type and reaches 20-36 unless told
+ * by environment variables (docs/benchmarks.md has the measurements).
+ *
+ * In a low precision (dt_kernels_set_precision) the operands are first
+ * rounded to it, packed into per-thread buffers. Where oneDNN has kernels
+ * for the type on this CPU (bf16 on AVX-512 BF16 or AMX) a matmul primitive
+ * multiplies them (bf16 in, fp32 accumulation and output; oneDNN's brgemm
+ * kernels), made once per shape and kept; elsewhere the rounded values stay
+ * fp32 and go to sgemm, which computes the same products (exact in fp32)
+ * and sums them in fp32, in its own order. docs/mixed-precision.md. */
 #include "kernels/kernels.h"
+#include "kernels/onednn.h"
 
-#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-              const float *B, int ldb, float beta, float *C, int ldc) {
+// ----------------------------------------------------------------------------
+// the engine and the precision (shared with conv.c through onednn.h)
+
+static dnnl_engine_t g_engine;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static dt_dtype g_precision = DT_F32;
+
+void dt_onednn_check(dnnl_status_t s, const char *what) {
+    if (s == dnnl_success) return;
+    fprintf(stderr, "dtrain: internal error: oneDNN %s failed with status %d\n", what, (int)s);
+    abort();
+}
+
+static void make_engine(void) {
     dt_kernels_init();
-    if (M == 0 || N == 0) return;
-    dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B,
-                                 ldb, beta, C, ldc);
+    dt_onednn_check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine");
+}
+
+dnnl_engine_t dt_onednn_engine(void) {
+    pthread_once(&g_once, make_engine);
+    return g_engine;
+}
+
+int dt_kernels_native(dt_dtype t) {
+    // oneDNN 2.x has CPU kernels for bf16 from AVX-512 BF16 on (vdpbf16ps;
+    // AMX's tile kernels above it), none for fp16 before AVX-512 FP16, which
+    // its 2.6 does not use. The ISA it reports honours DTRAIN_ISA (applied
+    // first: oneDNN fixes its ISA when first asked).
+    dt_kernels_init();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return t == DT_BF16 && (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
+const char *dt_kernels_describe(dt_dtype t) {
+    dt_kernels_init();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (t == DT_F32) return "fp32";
+    if (!dt_kernels_native(t))
+        return t == DT_BF16 ? "bf16 storage, fp32 compute (no AVX-512 BF16 on this CPU)"
+                            : "fp16 storage, fp32 compute (no fp16 kernels in oneDNN on this CPU)";
+    return (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx ? "bf16 on AMX (oneDNN brgemm)"
+                                                                                 : "bf16 on AVX-512 BF16 (oneDNN brgemm)";
+}
+
+dt_status dt_kernels_set_precision(dt_dtype t) {
+    if (t != DT_F32 && t != DT_BF16 && t != DT_F16) return DT_ERR_ARG;
+    g_precision = t;
+    return DT_OK;
+}
+
+dt_dtype dt_kernels_precision(void) { return g_precision; }
+
+dt_dtype dt_onednn_precision(int *native) {
+    *native = g_precision != DT_F32 && dt_kernels_native(g_precision);
+    return g_precision;
+}
+
+// ----------------------------------------------------------------------------
+// fp32
+
+static void sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                  float beta, float *C, int ldc) {
+    dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (s != dnnl_success) {
         // Only argument errors are possible here: a programmer error.
-        fprintf(stderr, "dtrain: internal error: dnnl_sgemm status %d (M=%d N=%d K=%d)\n",
-                (int)s, M, N, K);
+        fprintf(stderr, "dtrain: internal error: dnnl_sgemm status %d (M=%d N=%d K=%d)\n", (int)s, M, N, K);
         abort();
     }
+}
+
+// ----------------------------------------------------------------------------
+// low precision
+
+// A growing buffer of this thread's (the attention kernels call GEMMs from
+// inside a parallel region, one per thread).
+typedef struct {
+    void *p;
+    size_t cap;
+} tbuf;
+static _Thread_local tbuf tl_a, tl_b, tl_scratch;
+static _Thread_local dnnl_stream_t tl_stream;
+
+static void *room(tbuf *b, size_t bytes) {
+    if (bytes <= b->cap) return b->p;
+    free(b->p);
+    b->cap = bytes + bytes / 4;
+    if (!(b->p = aligned_alloc(64, (b->cap + 63) & ~(size_t)63))) {
+        fprintf(stderr, "dtrain: out of memory for a GEMM operand (%zu bytes)\n", b->cap);
+        abort();
+    }
+    return b->p;
+}
+
+// The stored matrix X[rows, cols] (row stride ld), rounded to t, packed:
+// as t (native) or as fp32 values of t.
+static void *pack(tbuf *b, const float *X, int rows, int cols, int ld, dt_dtype t, int native) {
+    size_t es = native ? 2 : 4;
+    char *d = room(b, (size_t)rows * cols * es);
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (size_t)rows * cols > 65536)
+    for (int i = 0; i < rows; i++) {
+        if (native) dt_from_f32(d + (size_t)i * cols * es, X + (size_t)i * ld, (size_t)cols, t);
+        else dt_round_f32((float *)(d + (size_t)i * cols * es), X + (size_t)i * ld, (size_t)cols, t);
+    }
+    return d;
+}
+
+// A matmul primitive of one shape (the operands packed, so their strides
+// follow from the shape), made on first use and kept: a hash table of
+// lists, never changed after insertion but at a list's head.
+typedef struct gplan {
+    struct gplan *next;
+    int key[10];
+    dnnl_memory_desc_t a, b, c, scratch;
+    dnnl_primitive_t prim;
+} gplan;
+
+#define NBUCKETS 256
+static gplan *g_plans[NBUCKETS];
+static pthread_mutex_t g_plans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static gplan *make_gplan(const int key[10], dt_dtype t, float alpha, float beta) {
+    int ta = key[0], tb = key[1], ldc = key[5];
+    dnnl_dim_t M = key[2], N = key[3], K = key[4];
+    gplan *p = calloc(1, sizeof *p);
+    if (!p) dt_onednn_check(dnnl_out_of_memory, "matmul plan");
+    memcpy(p->key, key, sizeof p->key);
+    dnnl_data_type_t lt = t == DT_BF16 ? dnnl_bf16 : dnnl_f16;
+    dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+    dnnl_dims_t as = {ta ? 1 : K, ta ? M : 1}, bs = {tb ? 1 : N, tb ? K : 1}, cs = {ldc, 1};
+    dt_onednn_check(dnnl_memory_desc_init_by_strides(&p->a, 2, ad, lt, as), "matmul md");
+    dt_onednn_check(dnnl_memory_desc_init_by_strides(&p->b, 2, bd, lt, bs), "matmul md");
+    dt_onednn_check(dnnl_memory_desc_init_by_strides(&p->c, 2, cd, dnnl_f32, cs), "matmul md");
+    dnnl_matmul_desc_t d;
+    dt_onednn_check(dnnl_matmul_desc_init(&d, &p->a, &p->b, NULL, &p->c), "matmul descriptor");
+    dnnl_primitive_attr_t attr;
+    dt_onednn_check(dnnl_primitive_attr_create(&attr), "attr");
+    dt_onednn_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad");
+    if (alpha != 1.0f) dt_onednn_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "scales");
+    if (beta != 0.0f) {
+        dnnl_post_ops_t ops;
+        dt_onednn_check(dnnl_post_ops_create(&ops), "post-ops");
+        dt_onednn_check(dnnl_post_ops_append_sum(ops, beta), "sum post-op");
+        dt_onednn_check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
+        dnnl_post_ops_destroy(ops);
+    }
+    dnnl_primitive_desc_t pd;
+    dt_onednn_check(dnnl_primitive_desc_create(&pd, &d, attr, dt_onednn_engine(), NULL), "matmul");
+    p->scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    dt_onednn_check(dnnl_primitive_create(&p->prim, pd), "matmul primitive");
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_attr_destroy(attr);
+    return p;
+}
+
+static gplan *get_gplan(int ta, int tb, int M, int N, int K, float alpha, float beta, int ldc, dt_dtype t) {
+    int key[10] = {ta, tb, M, N, K, ldc, 0, 0, omp_in_parallel() ? 1 : omp_get_max_threads(), (int)t};
+    memcpy(&key[6], &alpha, 4);
+    memcpy(&key[7], &beta, 4);
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 10; i++) h = (h ^ (uint32_t)key[i]) * 16777619u;
+    gplan **head = &g_plans[h % NBUCKETS];
+    pthread_mutex_lock(&g_plans_lock);
+    gplan *p = *head;
+    while (p && memcmp(p->key, key, sizeof key)) p = p->next;
+    if (!p) {
+        p = make_gplan(key, t, alpha, beta);
+        p->next = *head;
+        *head = p;
+    }
+    pthread_mutex_unlock(&g_plans_lock);
+    return p;
+}
+
+dnnl_memory_t dt_onednn_memory(const dnnl_memory_desc_t *md, const void *data) {
+    dnnl_memory_t m;
+    dt_onednn_check(dnnl_memory_create(&m, md, dt_onednn_engine(), (void *)data), "memory");
+    return m;
+}
+
+static void matmul(int ta, int tb, int M, int N, int K, float alpha, const void *A, const void *B, float beta,
+                   float *C, int ldc, dt_dtype t) {
+    gplan *p = get_gplan(ta, tb, M, N, K, alpha, beta, ldc, t);
+    if (!tl_stream) dt_onednn_check(dnnl_stream_create(&tl_stream, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
+    size_t ss = dnnl_memory_desc_get_size(&p->scratch);
+    dnnl_memory_t ma = dt_onednn_memory(&p->a, A), mb = dt_onednn_memory(&p->b, B), mc = dt_onednn_memory(&p->c, C),
+                  msc = dt_onednn_memory(&p->scratch, ss ? room(&tl_scratch, ss) : NULL);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, msc}};
+    dt_onednn_check(dnnl_primitive_execute(p->prim, tl_stream, 4, args), "matmul");
+    dt_onednn_check(dnnl_stream_wait(tl_stream), "stream wait");
+    dnnl_memory_destroy(ma);
+    dnnl_memory_destroy(mb);
+    dnnl_memory_destroy(mc);
+    dnnl_memory_destroy(msc);
+}
+
+void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+              float beta, float *C, int ldc) {
+    dt_kernels_init();
+    if (M == 0 || N == 0) return;
+    dt_dtype t = g_precision;
+    if (t == DT_F32 || K == 0) {
+        sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    int native = dt_kernels_native(t);
+    // The stored matrices: A is M x K (K x M when transposed), B K x N (N x K).
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const void *pa = pack(&tl_a, A, ar, ac, lda, t, native), *pb = pack(&tl_b, B, br, bc, ldb, t, native);
+    if (native) matmul(ta, tb, M, N, K, alpha, pa, pb, beta, C, ldc, t);
+    else sgemm(ta, tb, M, N, K, alpha, pa, ac, pb, bc, beta, C, ldc);
 }

@@ -3,6 +3,8 @@
 #ifndef DT_KERNELS_H
 #define DT_KERNELS_H
 
+#include "dtrain/core.h"
+
 #include <stddef.h>
 
 /* Applies DTRAIN_ISA's cap (dt_cpu_get) to oneDNN, once; every kernel calls
@@ -11,6 +13,18 @@ void dt_kernels_init(void);
 /* The instruction set oneDNN's kernels use, by oneDNN's name for it (e.g.
  * "cpu_isa_avx512_core_bf16"), after the cap. */
 const char *dt_kernels_isa(void);
+/* The precision of every GEMM and convolution below, process-wide: DT_F32
+ * (the default), DT_BF16 or DT_F16 (else DT_ERR_ARG). In a low precision
+ * the operands (the inputs, the weights and, in backward, the output
+ * gradients) are rounded to it, to nearest even; products are summed in
+ * fp32 and results are fp32. dt_kernels_native(t): oneDNN has kernels for
+ * t on this CPU (bf16: AVX-512 BF16, AMX) and runs them; elsewhere the
+ * rounded values are multiplied in fp32, the same products summed in
+ * another order. dt_kernels_describe(t) says which, in a few words. */
+dt_status dt_kernels_set_precision(dt_dtype t);
+dt_dtype dt_kernels_precision(void);
+int dt_kernels_native(dt_dtype t);
+const char *dt_kernels_describe(dt_dtype t);
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, where
  * op(X) is X or X^T as ta/tb are 0 or 1, and lda/ldb/ldc are row strides of

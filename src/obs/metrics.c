@@ -186,6 +186,12 @@ static void render(FILE *f, void *user) {
     dt_prom_sample(f, "dtrain_learning_rate", "", o->last.lr);
     dt_prom_family(f, "dtrain_grad_norm", "gauge", "Global L2 norm of the last step's gradient, before clipping.");
     dt_prom_sample(f, "dtrain_grad_norm", "", o->last.grad_norm);
+    if (o->last.loss_scale > 0) {
+        dt_prom_family(f, "dtrain_loss_scale", "gauge", "fp16 dynamic loss scale after the last step.");
+        dt_prom_sample(f, "dtrain_loss_scale", "", o->last.loss_scale);
+        dt_prom_family(f, "dtrain_skipped_steps", "counter", "fp16 steps skipped for an inf/NaN gradient.");
+        dt_prom_sample(f, "dtrain_skipped_steps", "", (double)o->last.skipped_total);
+    }
     dt_prom_family(f, "dtrain_samples_per_second", "gauge", "Training throughput over the last >= 0.5 s.");
     dt_prom_sample(f, "dtrain_samples_per_second", "", o->rate);
     dt_prom_family(f, "dtrain_eta_seconds", "gauge", "Estimated time to the last step.");
@@ -509,6 +515,11 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     num(j, "lr", s->lr);
     num(j, "grad_norm", s->grad_norm);
     if (s->has_staleness) cJSON_AddNumberToObject(j, "staleness", s->staleness);
+    if (s->loss_scale > 0) {  // fp16's dynamic loss scaling
+        num(j, "loss_scale", s->loss_scale);
+        cJSON_AddBoolToObject(j, "skipped", s->skipped);
+        cJSON_AddNumberToObject(j, "skipped_steps", (double)s->skipped_total);
+    }
     cJSON_AddNumberToObject(j, "samples", (double)s->samples);
     if (o->W > 1) cJSON_AddNumberToObject(j, "share", o->share);
     num(j, "samples_per_sec", step_s > 0 ? s->samples / step_s : 0);

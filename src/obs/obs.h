@@ -66,6 +66,9 @@ typedef struct {
     int has_staleness;         /* parameter servers: the record carries staleness */
     int staleness;             /* updates between the weights this rank's gradient was computed from and
                                   those it was applied to; -1: dropped (a backup worker's late gradient) */
+    float loss_scale;          /* fp16: the loss scale after the step (0: no loss scaling) */
+    int skipped;               /* fp16: this step was skipped for an overflow */
+    int64_t skipped_total;     /* fp16: steps skipped so far */
 } dt_obs_step_info;
 
 /* Collective over comm. Opens this rank's metrics log (run_dir may be NULL:

@@ -14,6 +14,7 @@ struct dt_optim {
     void *copy;       // low-precision working copy of the n weights, or NULL
     dt_dtype copy_type;
     const char *state_dir;  // the state's file-backed mapping (dt_state_alloc), or NULL
+    int skip;         // steps are skipped (dt_optim_set_skip)
 };
 
 dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n) {
@@ -62,11 +63,16 @@ dt_status dt_optim_set_working_copy(dt_optim *o, void *copy, dt_dtype t) {
     return DT_OK;
 }
 
-void dt_optim_begin_step(dt_optim *o) { o->t++; }
+void dt_optim_set_skip(dt_optim *o, int skip) { o->skip = skip; }
+
+void dt_optim_begin_step(dt_optim *o) {
+    if (!o->skip) o->t++;
+}
 
 void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
                      float grad_scale) {
     const dt_optim_params *p = &o->p;
+    if (o->skip) return;
     if (p->kind == DT_OPTIM_ADAMW) {
         float b1 = p->beta1, b2 = p->beta2, eps = p->eps, wd = p->weight_decay;
         float bc1 = 1.0f - powf(b1, (float)o->t), bc2 = 1.0f - powf(b2, (float)o->t);
@@ -129,6 +135,25 @@ double dt_sum_squares(const float *g, size_t n) {
 float dt_clip_scale(double norm, float clip_norm) {
     if (clip_norm <= 0.0f || !(norm > clip_norm)) return 1.0f;
     return (float)(clip_norm / (norm + 1e-6));
+}
+
+// ----------------------------------------------------------------------------
+// dynamic loss scaling
+
+dt_loss_scaler dt_loss_scaler_default(void) { return (dt_loss_scaler){65536.0f, 2.0f, 0.5f, 2000, 0, 0}; }
+
+int dt_loss_scaler_update(dt_loss_scaler *s, int overflow) {
+    if (overflow) {
+        s->scale *= s->backoff;
+        s->clean = 0;
+        s->skipped++;
+        return 0;
+    }
+    if (++s->clean == s->growth_interval) {
+        s->scale *= s->growth;
+        s->clean = 0;
+    }
+    return 1;
 }
 
 // ----------------------------------------------------------------------------

@@ -121,6 +121,8 @@ static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd",
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
 static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NULL};
+static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
+static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -166,6 +168,7 @@ static const field fields[] = {
     {"train", "threads", F_INT, O(threads), 0, 4096, NULL},
     {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
     {"train", "grad_accum", F_INT, O(grad_accum), 1, 1 << 16, NULL},
+    {"train", "precision", F_ENUM, O(precision), 0, 0, precision_names},
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
@@ -186,6 +189,7 @@ static const field fields[] = {
     {"ps", "backup_workers", F_INT, O(ps_backup), 0, 1024, NULL},
     {"ps", "staleness_lr", F_BOOL, O(ps_staleness_lr), 0, 1, NULL},
     {"ps", "groups", F_INT, O(ps_groups), 0, 1024, NULL},
+    {"parallel", "grad_dtype", F_ENUM, O(grad_dtype), 0, 0, grad_dtype_names},
     {"federated", "clients", F_INT, O(fed_clients), 1, 1e6, NULL},
     {"federated", "fraction", F_FLOAT, O(fed_fraction), 1e-6, 1, NULL},
     {"federated", "rounds", F_INT, O(fed_rounds), 1, 1e7, NULL},

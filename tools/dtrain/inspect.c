@@ -16,13 +16,18 @@ static const char inspect_help[] =
     "characters escaped (\\x1b). Exit status 1 when the file is damaged.\n";
 
 static const char export_help[] =
-    "usage: dtrain export CHECKPOINT -o WEIGHTS\n"
+    "usage: dtrain export CHECKPOINT -o WEIGHTS [--dtype fp32|bf16|fp16]\n"
     "\n"
     "Writes the weights of a checkpoint (a file, or a sharded step-N/\n"
     "directory) alone, without the optimizer state: the same safetensors file\n"
     "a run's model.safetensors is, for 'dtrain eval', 'dtrain sample', other\n"
     "tools, and 'dtrain convert' (GPT -> llm.c). The checkpoint is verified\n"
-    "first; WEIGHTS is written atomically (on error nothing is left).\n";
+    "first; WEIGHTS is written atomically (on error nothing is left).\n"
+    "\n"
+    "  --dtype T  the weights' type: fp32 (default; checkpoints hold fp32 master\n"
+    "             weights whatever the run's precision), or bf16 / fp16, rounded\n"
+    "             to nearest even: inference weights in half the bytes, for other\n"
+    "             tools (dtrain eval, sample and convert read fp32)\n";
 
 int cmd_inspect(int argc, char **argv) {
     if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
@@ -42,6 +47,7 @@ int cmd_inspect(int argc, char **argv) {
 
 int cmd_export(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
+    dt_dtype type = DT_F32;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(export_help, stdout);
@@ -49,6 +55,12 @@ int cmd_export(int argc, char **argv) {
         } else if (!strcmp(argv[i], "-o")) {
             if (i + 1 >= argc) return cli_error("-o needs a file"), EXIT_USAGE;
             out = argv[++i];
+        } else if (!strcmp(argv[i], "--dtype")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "fp32")) type = DT_F32;
+            else if (!strcmp(v, "bf16")) type = DT_BF16;
+            else if (!strcmp(v, "fp16")) type = DT_F16;
+            else return cli_error("--dtype needs fp32, bf16 or fp16, got '%s'", v), EXIT_USAGE;
         } else if (argv[i][0] == '-' || in) {
             return cli_error("unexpected argument '%s' (see 'dtrain export --help')", argv[i]), EXIT_USAGE;
         } else {
@@ -56,7 +68,7 @@ int cmd_export(int argc, char **argv) {
         }
     }
     if (!in || !out) return cli_error("need CHECKPOINT and -o WEIGHTS (see 'dtrain export --help')"), EXIT_USAGE;
-    if (dt_ckpt_export_weights(in, out) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    if (dt_ckpt_export_weights_as(in, out, type) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
     printf("%s -> %s\n", in, out);
     return 0;
 }

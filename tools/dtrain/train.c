@@ -63,6 +63,10 @@ static const char train_help[] =
     "  --set parallel.sync_every=H  local SGD: each worker steps on its own\n"
     "                  share and the parameters are averaged every H steps\n"
     "                  (parallel.sync_warmup = S: S data-parallel steps first)\n"
+    "  --precision P   fp32 (default), bf16 or fp16: the matmuls and convolutions\n"
+    "                  in P, fp32 master weights and optimizer state; fp16 with\n"
+    "                  dynamic loss scaling (train.precision,\n"
+    "                  docs/mixed-precision.md)\n"
     "  --set train.dynamic_batch=true  each worker's share of the global\n"
     "                  batch follows its measured step time (a slow worker gets\n"
     "                  less), with the same result (docs/data-parallel.md)\n"
@@ -207,7 +211,7 @@ typedef struct {
     int workers, min_workers;  // min_workers < workers: elastic
     int max_restarts;
     double heartbeat, elastic_retry;
-    char set_buf[8][600];      // --set texts made from the flags that are config fields
+    char set_buf[9][600];      // --set texts made from the flags that are config fields
 } args_t;
 
 // The value of "--flag V" or "--flag=V" at argv[*i], or NULL if argv[*i] is
@@ -243,6 +247,7 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             {"--trace", "obs.trace", 0, 0, 0},
             {"--zero", "parallel.zero", 0, 3, 1},
             {"--servers", "parallel.servers", 0, 1024, 1},
+            {"--precision", "train.precision", 0, 0, 0},
         };
         enum { NCK = sizeof ck / sizeof ck[0] };
         int k = 0;

@@ -1,0 +1,420 @@
+/* Mixed precision (docs/mixed-precision.md).
+ *
+ * Kernels: every GEMM shape the layers use (transposes, row strides, alpha,
+ * accumulation) and the convolution's three passes, in bf16 and fp16,
+ * against two references computed here in double: the product of the
+ * operands rounded to the type, which the kernel must give up to fp32
+ * summation (|err| <= K 2^-23 sum|a||b|, with K the terms summed), and the
+ * exact fp32 product, from which it may differ by the operands' rounding:
+ * each operand is off by at most u = 2^-8 relative in bf16 (an 8-bit
+ * significand, round to nearest), 2^-11 in fp16, so a product by at most
+ * 2u + u^2, and a sum of products by (2u + u^2) sum|a||b|. The kernel
+ * must also differ from fp32 (the rounding happened). Whether oneDNN's own
+ * bf16 kernels ran is checked against the CPU's flags, and the same run
+ * under DTRAIN_ISA=avx2 (ctest test_precision_avx2) checks the
+ * fallback: rounded operands, fp32 compute, the same bounds.
+ *
+ * The loss scaler (GradScaler's rule) and the optimizer's skipped step;
+ * then runs: fp16 on 2 workers with an overflow injected on rank 1 only
+ * (every rank skips that step, the scale halves, metrics and summary.json
+ * say so); bf16 and fp16 runs learn; a checkpoint of a bf16 run resumed in
+ * fp32 (fp32 master weights: resumed bitwise from the same values). */
+#include "dtrain/ckpt.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "kernels/kernels.h"
+#include "testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_tmp[256];
+static char g_out[1 << 16];
+
+static float frand(dt_rng *r) { return (float)(dt_rng_uniform(r) * 2.0 - 1.0); }
+
+static double unit(dt_dtype t) { return t == DT_BF16 ? 0x1p-8 : 0x1p-11; }
+
+// Worst error against the two references, each as a fraction of its bound.
+typedef struct {
+    double vs_rounded, vs_exact, max_diff_fp32;
+} errs;
+
+static void account(errs *e, double got, double rounded, double exact, double absprod, int K, dt_dtype t) {
+    double b1 = K * 0x1p-23 * absprod + 1e-30, u = unit(t), b2 = (2 * u + u * u) * absprod + b1;
+    double r1 = fabs(got - rounded) / b1, r2 = fabs(got - exact) / b2;
+    if (r1 > e->vs_rounded) e->vs_rounded = r1;
+    if (r2 > e->vs_exact) e->vs_exact = r2;
+    if (fabs(got - exact) > e->max_diff_fp32) e->max_diff_fp32 = fabs(got - exact);
+}
+
+// C = alpha op(A) op(B) + beta C through dt_sgemm in precision t, against
+// double references; A, B stored with row strides lda, ldb > their widths.
+static void gemm_case(int ta, int tb, int M, int N, int K, float alpha, float beta, dt_dtype t) {
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int lda = ac + 3, ldb = bc + 5, ldc = N + 2;
+    dt_rng r;
+    dt_rng_seed(&r, (uint64_t)(M * 131 + N * 17 + K + ta * 7 + tb * 3));
+    float *A = malloc(sizeof(float) * ar * lda), *B = malloc(sizeof(float) * br * ldb);
+    float *C = malloc(sizeof(float) * M * ldc), *C0 = malloc(sizeof(float) * M * ldc);
+    float *Ar = malloc(sizeof(float) * ar * lda), *Br = malloc(sizeof(float) * br * ldb);
+    for (int i = 0; i < ar * lda; i++) A[i] = frand(&r) * 3.0f;
+    for (int i = 0; i < br * ldb; i++) B[i] = frand(&r);
+    for (int i = 0; i < M * ldc; i++) C0[i] = C[i] = frand(&r);
+    dt_round_f32(Ar, A, (size_t)ar * lda, t);
+    dt_round_f32(Br, B, (size_t)br * ldb, t);
+    dt_kernels_set_precision(t);
+    dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dt_kernels_set_precision(DT_F32);
+    errs e = {0, 0, 0};
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0, sr = 0, sa = 0;
+            for (int k = 0; k < K; k++) {
+                size_t ia = ta ? (size_t)k * lda + i : (size_t)i * lda + k, ib = tb ? (size_t)j * ldb + k : (size_t)k * ldb + j;
+                s += (double)A[ia] * B[ib];
+                sr += (double)Ar[ia] * Br[ib];
+                sa += fabs((double)A[ia] * B[ib]);
+            }
+            double c0 = beta * C0[(size_t)i * ldc + j];
+            account(&e, C[(size_t)i * ldc + j], alpha * sr + c0, alpha * s + c0, fabs(alpha) * sa + fabs(c0), K + 1, t);
+        }
+    // The padding between rows is left alone.
+    int pad_ok = 1;
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < ldc; j++) pad_ok &= C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j];
+    const char *tn = t == DT_BF16 ? "bf16" : "fp16";
+    CHECK(e.vs_rounded <= 1 && e.vs_exact <= 1 && e.max_diff_fp32 > 0 && pad_ok,
+          "gemm %s ta=%d tb=%d %dx%dx%d alpha %g beta %g: error / bound against the rounded operands %.3g, "
+          "against fp32 %.3g (max |diff| %.3g, > 0), padding kept %d",
+          tn, ta, tb, M, N, K, alpha, beta, e.vs_rounded, e.vs_exact, e.max_diff_fp32, pad_ok);
+    free(A), free(B), free(C), free(C0), free(Ar), free(Br);
+}
+
+// out[b,o,y,x] = sum over (c, ky, kx) of inp[b,c,y*S-P+ky,x*S-P+kx] w[o,c,ky,kx], in double; `absval`
+// sums the products' magnitudes instead. Backward is checked through its sums: dinp and dw are
+// the same products grouped by input element and by weight.
+typedef struct {
+    int B, IC, H, W, OC, K, S, P, OH, OW;
+} cshape;
+
+static void conv_case(const cshape *s, dt_dtype t) {
+    size_t ni = (size_t)s->B * s->IC * s->H * s->W, nw = (size_t)s->OC * s->IC * s->K * s->K,
+           no = (size_t)s->B * s->OC * s->OH * s->OW;
+    dt_rng r;
+    dt_rng_seed(&r, 99 + (uint64_t)t);
+    float *x = malloc(4 * ni), *w = malloc(4 * nw), *dy = malloc(4 * no), *xr = malloc(4 * ni), *wr = malloc(4 * nw),
+          *dyr = malloc(4 * no), *y = malloc(4 * no), *dx = calloc(ni, 4), *dw = calloc(nw, 4), *db = calloc(s->OC, 4);
+    for (size_t i = 0; i < ni; i++) x[i] = frand(&r);
+    for (size_t i = 0; i < nw; i++) w[i] = frand(&r) * 0.5f;
+    for (size_t i = 0; i < no; i++) dy[i] = frand(&r);
+    dt_round_f32(xr, x, ni, t);
+    dt_round_f32(wr, w, nw, t);
+    dt_round_f32(dyr, dy, no, t);
+    dt_kernels_set_precision(t);  // the scratch sizes are the plan's in this precision
+    size_t col = dt_conv2d_col_size(s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P);
+    float *c1 = malloc(4 * col), *c2 = malloc(4 * col);
+    dt_conv2d_forward(y, c1, x, w, NULL, s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P);
+    dt_conv2d_backward(dx, dw, db, c2, dy, c1, w, s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P);
+    dt_kernels_set_precision(DT_F32);
+    double *rx = calloc(ni, 8), *ex = calloc(ni, 8), *ax = calloc(ni, 8), *rw = calloc(nw, 8), *ew = calloc(nw, 8),
+           *aw = calloc(nw, 8);
+    errs ef = {0, 0, 0}, ed = {0, 0, 0}, eg = {0, 0, 0};
+    int terms_x = 0, terms_w = s->B * s->OH * s->OW;
+    for (int b = 0; b < s->B; b++)
+        for (int o = 0; o < s->OC; o++)
+            for (int oy = 0; oy < s->OH; oy++)
+                for (int ox = 0; ox < s->OW; ox++) {
+                    size_t io = (((size_t)b * s->OC + o) * s->OH + oy) * s->OW + ox;
+                    double sum = 0, sr = 0, sa = 0;
+                    for (int c = 0; c < s->IC; c++)
+                        for (int ky = 0; ky < s->K; ky++)
+                            for (int kx = 0; kx < s->K; kx++) {
+                                int iy = oy * s->S - s->P + ky, ix = ox * s->S - s->P + kx;
+                                if (iy < 0 || ix < 0 || iy >= s->H || ix >= s->W) continue;
+                                size_t ii = (((size_t)b * s->IC + c) * s->H + iy) * s->W + ix,
+                                       iw = (((size_t)o * s->IC + c) * s->K + ky) * s->K + kx;
+                                sum += (double)x[ii] * w[iw];
+                                sr += (double)xr[ii] * wr[iw];
+                                sa += fabs((double)x[ii] * w[iw]);
+                                rx[ii] += (double)dyr[io] * wr[iw];
+                                ex[ii] += (double)dy[io] * w[iw];
+                                ax[ii] += fabs((double)dy[io] * w[iw]);
+                                rw[iw] += (double)dyr[io] * xr[ii];
+                                ew[iw] += (double)dy[io] * x[ii];
+                                aw[iw] += fabs((double)dy[io] * x[ii]);
+                            }
+                    account(&ef, y[io], sr, sum, sa, s->IC * s->K * s->K, t);
+                }
+    terms_x = s->OC * s->K * s->K;
+    for (size_t i = 0; i < ni; i++) account(&ed, dx[i], rx[i], ex[i], ax[i], terms_x, t);
+    for (size_t i = 0; i < nw; i++) account(&eg, dw[i], rw[i], ew[i], aw[i], terms_w, t);
+    const char *tn = t == DT_BF16 ? "bf16" : "fp16";
+    CHECK(ef.vs_rounded <= 1 && ef.vs_exact <= 1 && ef.max_diff_fp32 > 0,
+          "conv %s %dx%dx%dx%d oc %d k%d s%d p%d forward: error / bound %.3g (rounded), %.3g (fp32), max diff %.3g", tn,
+          s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, ef.vs_rounded, ef.vs_exact, ef.max_diff_fp32);
+    CHECK(ed.vs_rounded <= 1 && ed.vs_exact <= 1 && ed.max_diff_fp32 > 0,
+          "conv %s backward data: error / bound %.3g (rounded), %.3g (fp32), max diff %.3g", tn, ed.vs_rounded,
+          ed.vs_exact, ed.max_diff_fp32);
+    CHECK(eg.vs_rounded <= 1 && eg.vs_exact <= 1 && eg.max_diff_fp32 > 0,
+          "conv %s backward weights: error / bound %.3g (rounded), %.3g (fp32), max diff %.3g", tn, eg.vs_rounded,
+          eg.vs_exact, eg.max_diff_fp32);
+    printf("conv %s k%d s%d: forward %.2f, backward data %.2f, weights %.2f of the rounded-operand bound\n", tn, s->K,
+           s->S, ef.vs_rounded, ed.vs_rounded, eg.vs_rounded);
+    free(x), free(w), free(dy), free(xr), free(wr), free(dyr), free(y), free(dx), free(dw), free(db), free(c1), free(c2);
+    free(rx), free(ex), free(ax), free(rw), free(ew), free(aw);
+}
+
+
+static void kernels(void) {
+    // /proc/cpuinfo's flags, not cpuid's (dt_cpu_get), as the independent reference
+    char *info = tl_read_file("/proc/cpuinfo", NULL);
+    int has = info && strstr(info, " avx512_bf16");
+    free(info);
+    const dt_cpu *cpu = dt_cpu_get();
+    int expect = has && cpu->isa >= DT_ISA_AVX512_BF16;
+    CHECK(dt_kernels_native(DT_BF16) == expect, "oneDNN's bf16 kernels %s here (CPU avx512_bf16 %d, used: %s)",
+          dt_kernels_native(DT_BF16) ? "run" : "do not run", has, dt_isa_name(cpu->isa));
+    CHECK(!dt_kernels_native(DT_F16) && !dt_kernels_native(DT_F32), "fp16 and fp32 are never 'native' low precision");
+    CHECK(dt_kernels_set_precision(DT_I32) == DT_ERR_ARG && dt_kernels_precision() == DT_F32,
+          "an integer precision is refused");
+    printf("bf16: %s\nfp16: %s\n", dt_kernels_describe(DT_BF16), dt_kernels_describe(DT_F16));
+    dt_dtype ts[2] = {DT_BF16, DT_F16};
+    for (int k = 0; k < 2; k++) {
+        gemm_case(0, 1, 37, 29, 61, 1.0f, 0.0f, ts[k]);   // linear forward
+        gemm_case(0, 0, 37, 61, 29, 1.0f, 1.0f, ts[k]);   // linear backward, input
+        gemm_case(1, 0, 29, 61, 37, 1.0f, 1.0f, ts[k]);   // linear backward, weights
+        gemm_case(0, 1, 64, 64, 16, 0.25f, 0.0f, ts[k]);  // attention scores
+        gemm_case(1, 1, 8, 5, 300, -0.5f, 2.0f, ts[k]);
+        cshape a = {2, 3, 9, 9, 5, 3, 1, 1, 9, 9}, b = {3, 4, 10, 10, 6, 5, 2, 2, 5, 5};
+        conv_case(&a, ts[k]);
+        conv_case(&b, ts[k]);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the loss scaler and the skipped step
+
+static void scaler(void) {
+    dt_loss_scaler s = dt_loss_scaler_default();
+    CHECK(s.scale == 65536.0f && s.growth_interval == 2000, "initial scale 2^16, growth after 2000 clean steps");
+    int taken = 0;
+    for (int i = 0; i < 1999; i++) taken += dt_loss_scaler_update(&s, 0);
+    CHECK(taken == 1999 && s.scale == 65536.0f, "1999 clean steps: taken, scale %g", s.scale);
+    taken = dt_loss_scaler_update(&s, 0);
+    CHECK(taken && s.scale == 131072.0f && s.clean == 0, "the 2000th doubles it: %g", s.scale);
+    taken = dt_loss_scaler_update(&s, 1);
+    CHECK(!taken && s.scale == 65536.0f && s.skipped == 1 && s.clean == 0, "an overflow: skipped, halved to %g", s.scale);
+    for (int i = 0; i < 1999; i++) dt_loss_scaler_update(&s, 0);
+    dt_loss_scaler_update(&s, 1);
+    CHECK(s.scale == 32768.0f && s.skipped == 2, "an overflow after 1999 clean steps resets the count: %g", s.scale);
+
+    dt_optim_params p = dt_optim_default_params(DT_OPTIM_ADAMW);
+    dt_optim *o;
+    float w[4] = {1, 2, 3, 4}, g[4] = {0.1f, -0.2f, INFINITY, 0.4f}, w0[4];
+    memcpy(w0, w, sizeof w);
+    CHECK(dt_optim_create(&o, &p, 4) == DT_OK, "adamw");
+    dt_optim_set_skip(o, 1);
+    dt_optim_step(o, w, g, 0.1f, 1.0f);
+    CHECK(!memcmp(w, w0, sizeof w) && *dt_optim_step_count(o) == 0 && dt_optim_state(o, 0)[0] == 0 &&
+              dt_optim_state(o, 1)[0] == 0,
+          "a skipped step changes no parameter, no state, no step count");
+    dt_optim_set_skip(o, 0);
+    g[2] = 0.3f;
+    dt_optim_step(o, w, g, 0.1f, 1.0f);
+    CHECK(*dt_optim_step_count(o) == 1 && w[0] < 1, "the next step is taken (step 1)");
+    dt_optim_free(o);
+}
+
+// ----------------------------------------------------------------------------
+// runs
+
+static const char *cfg_mlp =
+    "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=10\n"
+    "[optim]\nname = adamw\nlr = 0.003\n";
+
+static int train(const char *name, const char *extra_env, int N, const char *flags) {
+    char path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/%s.ini", g_tmp, name);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nepochs = 3\nmax_steps = 30\neval_batch = 100\nseed = 3\n", cfg_mlp, g_tmp);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s %s train %s --workers %d --quiet --run-dir %s/%s %s", extra_env ? extra_env : "",
+             tl_dtrain(), path, N, g_tmp, name, flags);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, g_out);
+    return rc;
+}
+
+// The metrics record of `step` in a rank's log, as text (NULL: none).
+static char *step_record(const char *run, int rank, int step, char *buf, size_t n) {
+    char path[700], key[64];
+    snprintf(path, sizeof path, "%s/%s/metrics/rank-%05d.jsonl", g_tmp, run, rank);
+    char *s = tl_read_file(path, NULL);
+    snprintf(key, sizeof key, "\"type\":\"step\",\"step\":%d,", step);
+    char *at = s ? strstr(s, key) : NULL;
+    if (!at) {
+        free(s);
+        return NULL;
+    }
+    char *end = strchr(at, '\n');
+    snprintf(buf, n, "%.*s", end ? (int)(end - at) : (int)strlen(at), at);
+    free(s);
+    return buf;
+}
+
+static void overflow_run(void) {
+    // Rank 1 alone sees an inf at step 7, after the gradients were summed:
+    // without the agreement rank 0 would take the step and the ranks' weights
+    // would part.
+    int rc = train("fp16-ovf", "DTRAIN_FAULT_OVERFLOW=1:7", 2, "--precision fp16");
+    CHECK(rc == 0, "fp16, 2 workers, an overflow injected on rank 1 at step 7: exit %d", rc);
+    int ok = 1;
+    for (int rank = 0; rank < 2; rank++)
+        for (int step = 5; step <= 9; step++) {
+            char b[4096];
+            const char *r = step_record("fp16-ovf", rank, step, b, sizeof b);
+            int skipped = r && strstr(r, "\"skipped\":true") != NULL;
+            double scale = r && strstr(r, "\"loss_scale\":") ? atof(strstr(r, "\"loss_scale\":") + 13) : -1;
+            double want = step < 7 ? 65536 : 32768;
+            if (!r || skipped != (step == 7) || scale != want) {
+                ok = 0;
+                fprintf(stderr, "rank %d step %d: %s\n", rank, step, r ? r : "(no record)");
+            }
+        }
+    CHECK(ok, "both ranks skip step 7 alone, and the scale halves there (65536 -> 32768)");
+    const char *sp = tl_path(g_tmp, "fp16-ovf/summary.json");
+    CHECK(tl_json_number(sp, "skipped_steps") == 1 && tl_json_number(sp, "loss_scale") == 32768,
+          "summary.json: skipped_steps %g, loss_scale %g", tl_json_number(sp, "skipped_steps"),
+          tl_json_number(sp, "loss_scale"));
+    // The same run without the fault on one process takes step 7: the two
+    // runs' weights then differ, while a one-process run with the fault
+    // injected (rank 0 of 1) gives rank 0's weights... of the skipped run.
+    rc = train("fp16-ovf1", "DTRAIN_FAULT_OVERFLOW=0:7", 1, "--precision fp16");
+    int bw;
+    double d = tl_weights_diff(tl_path(g_tmp, "fp16-ovf/model.safetensors"), tl_path(g_tmp, "fp16-ovf1/model.safetensors"), &bw);
+    CHECK(rc == 0 && d >= 0 && d < 1e-4, "2 workers with the skip = 1 process with the skip (max rel diff %.3g)", d);
+    rc = train("fp16-clean", NULL, 1, "--precision fp16");
+    double d2 = tl_weights_diff(tl_path(g_tmp, "fp16-clean/model.safetensors"), tl_path(g_tmp, "fp16-ovf1/model.safetensors"), &bw);
+    CHECK(rc == 0 && d2 > 1e-3, "a step skipped changes the result (max rel diff %.3g to the clean run)", d2);
+    printf("fp16 overflow on rank 1 at step 7: both ranks skipped it, scale 65536 -> 32768; vs 1 process %.3g, vs clean %.3g\n",
+           d, d2);
+}
+
+// [parallel] grad_dtype = bf16 sends half the gradient bytes (dp through
+// the bf16 codec, ZeRO's reduce-scatter, the pipeline's allreduce) and
+// trains as well.
+static void grad_dtype(void) {
+    const char *modes[3] = {"", "--zero 2", "--set parallel.sync_every=2 --set parallel.sync_warmup=100"};
+    for (int i = 0; i < 3; i++) {
+        char a[64], b[64], flags[256];
+        snprintf(a, sizeof a, "gd-fp32-%d", i);
+        snprintf(b, sizeof b, "gd-bf16-%d", i);
+        int r1 = train(a, NULL, 2, modes[i]);
+        snprintf(flags, sizeof flags, "%s --set parallel.grad_dtype=bf16", modes[i]);
+        int r2 = train(b, NULL, 2, flags);
+        char pa[128], pb[128];
+        snprintf(pa, sizeof pa, "%s/summary.json", a);
+        snprintf(pb, sizeof pb, "%s/summary.json", b);
+        double b32 = tl_json_number(tl_path(g_tmp, pa), "bytes_sent"), b16 = tl_json_number(tl_path(g_tmp, pb), "bytes_sent");
+        double acc = tl_json_number(tl_path(g_tmp, pb), "test_accuracy");
+        // Half the gradients' bytes (the per-step control allreduce is the
+        // same in both); ZeRO also allgathers the fp32 parameters, as many
+        // bytes as its fp32 gradients: (1/2 + 1) / 2 of them.
+        double want = i == 1 ? 0.75 : 0.5;
+        CHECK(r1 == 0 && r2 == 0 && b16 > (want - 0.05) * b32 && b16 < (want + 0.05) * b32 && acc > 0.9,
+              "grad_dtype = bf16 %s: %.0f bytes sent against %.0f in fp32 (%.2f), test accuracy %.3f", modes[i], b16,
+              b32, b32 > 0 ? b16 / b32 : 0, acc);
+        printf("grad_dtype bf16 %-60s: %.0f / %.0f bytes (%.2f), accuracy %.3f\n", *modes[i] ? modes[i] : "(dp)", b16, b32,
+               b32 > 0 ? b16 / b32 : 0, acc);
+    }
+    int rc = train("gd-det", NULL, 2, "--deterministic --set parallel.grad_dtype=bf16");
+    CHECK(rc == 2 && strstr(g_out, "[parallel] grad_dtype = bf16 cannot be combined with deterministic = true"),
+          "grad_dtype = bf16 with deterministic sums is refused: exit %d\n%s", rc, g_out);
+}
+
+static void learn_and_resume(void) {
+    // Each precision learns the labels (the images show them).
+    const char *ps[3] = {"fp32", "bf16", "fp16"};
+    double acc[3];
+    for (int i = 0; i < 3; i++) {
+        char name[32], flags[64];
+        snprintf(name, sizeof name, "learn-%s", ps[i]);
+        snprintf(flags, sizeof flags, "--precision %s", ps[i]);
+        int rc = train(name, NULL, 1, flags);
+        snprintf(name, sizeof name, "learn-%s/summary.json", ps[i]);
+        acc[i] = tl_json_number(tl_path(g_tmp, name), "test_accuracy");
+        CHECK(rc == 0 && acc[i] > 0.9, "%s: test accuracy %.3f after 30 steps", ps[i], acc[i]);
+    }
+    printf("test accuracy after 30 steps: fp32 %.3f, bf16 %.3f, fp16 %.3f\n", acc[0], acc[1], acc[2]);
+    // Checkpoints hold the fp32 master weights: a bf16 run's checkpoint at
+    // step 10, resumed in fp32, goes on from exactly those weights (its
+    // first steps equal an fp32 run's from the same point: resumed twice, bitwise).
+    int rc = train("ck-bf16", NULL, 1, "--precision bf16 --checkpoint-every 10 --keep 5");
+    CHECK(rc == 0, "bf16 run with checkpoints: exit %d", rc);
+    char flags[700];
+    snprintf(flags, sizeof flags, "--precision fp32 --resume %s/ck-bf16/checkpoints/step-00000010.safetensors", g_tmp);
+    int r1 = train("ck-fp32a", NULL, 1, flags), r2 = train("ck-fp32b", NULL, 1, flags);
+    int bw;
+    double d = tl_weights_diff(tl_path(g_tmp, "ck-fp32a/model.safetensors"), tl_path(g_tmp, "ck-fp32b/model.safetensors"), &bw);
+    double d2 = tl_weights_diff(tl_path(g_tmp, "ck-fp32a/model.safetensors"), tl_path(g_tmp, "ck-bf16/model.safetensors"), &bw);
+    CHECK(r1 == 0 && r2 == 0 && d == 0, "a bf16 checkpoint resumed in fp32: exit %d/%d, repeatable (%.3g)", r1, r2, d);
+    CHECK(d2 > 0 && d2 < 0.05, "... it continues the bf16 run (max rel diff %.3g to bf16 throughout)", d2);
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s inspect %s/ck-bf16/checkpoints/step-00000010.safetensors", tl_dtrain(), g_tmp);
+    tl_run(ck, g_out, sizeof g_out);
+    CHECK(strstr(g_out, "F32") && !strstr(g_out, "BF16"), "the checkpoint's tensors are F32:\n%.2000s", g_out);
+    // dtrain export --dtype bf16: the fp32 export's values rounded, as BF16.
+    char cmd[2200];
+    const char *ckp = tl_path(g_tmp, "ck-bf16/checkpoints/step-00000020.safetensors");
+    snprintf(cmd, sizeof cmd, "%s export %s -o %s/w32.safetensors && %s export %s -o %s/w16.safetensors --dtype bf16",
+             tl_dtrain(), ckp, g_tmp, tl_dtrain(), ckp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    dt_st_file *a = NULL, *b = NULL;
+    int same = rc == 0 && dt_st_open(&a, tl_path(g_tmp, "w32.safetensors")) == DT_OK &&
+               dt_st_open(&b, tl_path(g_tmp, "w16.safetensors")) == DT_OK && dt_st_count(a) == dt_st_count(b);
+    size_t bytes32 = 0, bytes16 = 0;
+    for (int i = 0; same && i < dt_st_count(a); i++) {
+        const dt_st_tensor *x = dt_st_get(a, i), *y = dt_st_get(b, i);
+        size_t n = x->nbytes / 4;
+        float *f = malloc(4 * n), *g = malloc(4 * n);
+        memcpy(f, x->data, 4 * n);
+        dt_round_f32(f, f, n, DT_BF16);
+        same = x->dtype == DT_F32 && y->dtype == DT_BF16 && y->nbytes == 2 * n && !strcmp(x->name, y->name);
+        if (same) dt_to_f32(g, y->data, n, DT_BF16);
+        same = same && !memcmp(f, g, 4 * n);
+        bytes32 += x->nbytes, bytes16 += y->nbytes;
+        free(f), free(g);
+    }
+    CHECK(same && bytes16 * 2 == bytes32, "export --dtype bf16: every tensor BF16, the fp32 values rounded (%zu -> %zu bytes)\n%s",
+          bytes32, bytes16, g_out);
+    dt_st_close(a), dt_st_close(b);
+    snprintf(cmd, sizeof cmd, "%s export %s -o %s/w8.safetensors --dtype fp8", tl_dtrain(), ckp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--dtype needs fp32, bf16 or fp16, got 'fp8'"), "export --dtype fp8: exit %d\n%s", rc, g_out);
+    // Bad values are refused by name.
+    rc = train("bad", NULL, 1, "--precision fp8");
+    CHECK(rc == 2 && strstr(g_out, "precision") && strstr(g_out, "fp8"), "--precision fp8: exit %d\n%s", rc, g_out);
+    rc = train("bad16", NULL, 2, "--precision fp16 --deterministic");
+    CHECK(rc == 2 && strstr(g_out, "[train] precision = fp16 cannot be combined with [parallel] deterministic = true"),
+          "fp16 with deterministic sums is refused: exit %d\n%s", rc, g_out);
+}
+
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL;
+    kernels();
+    scaler();
+    if (only && !strcmp(only, "kernels")) return tl_finish();
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-precision-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    tl_make_images(g_tmp, "train", 400, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    overflow_run();
+    grad_dtype();
+    learn_and_resume();
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
