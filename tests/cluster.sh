@@ -13,7 +13,8 @@
 #     (the leaders' exchange), against at least 1.35x that for the flat mpi
 #     backend on the same job
 #   - --deterministic: the runs across 2 hosts x 2 ranks and 4 hosts x 1
-#     rank end bitwise equal to 4 local workers; so do ZeRO stages 1-3
+#     rank end bitwise equal to 4 local workers; so do ZeRO stages 1-3, a
+#     parameter server with 3 workers, and a GPT at tensor = 2 or pipeline = 4
 #   - host 1's ranks killed at step 10: mpirun names the host, and
 #     scripts/mpirun-restart.sh resumes from the checkpoint and ends bitwise
 #     equal to the uninterrupted run
@@ -164,6 +165,58 @@ for z in 1 2 3; do
 done
 extra=()
 echo "ZeRO stages 1-3, deterministic, across 2 hosts x 2 ranks == 4 local workers, bitwise: ok"
+
+# ---- the parameter servers across hosts: the first rank serves, 3 workers;
+# deterministic sync mode == the local deterministic run, bitwise ----
+extra=(--servers 1)
+run ps 2 DTRAIN_COMM_BACKEND=auto >/dev/null
+cmp "$tmp/local/model.safetensors" "$tmp/ps/model.safetensors" ||
+    fail "--deterministic --servers 1 across 2 hosts x 2 ranks differs from 4 local workers"
+extra=()
+echo "parameter server (1 server, 3 workers) across 2 hosts, deterministic == local workers, bitwise: ok"
+
+# ---- model parallel across hosts: a small GPT, tensor = 2 inside each host
+# (data across them) and pipeline = 4 (two stages a host), each bitwise equal
+# to the same layout on 4 local workers (every group has 2 ranks, whose
+# sums a + b are the same whatever the backend, so no deterministic mode is
+# needed, nor does tensor parallel have one; pipeline = 4 leaves no data
+# axis, so its only sum is the tied embedding's two halves) ----
+"$build/dtrain" prepare-text /usr/share/common-licenses -o "$tmp/text" >/dev/null || fail "prepare-text"
+cat >"$tmp/gpt.ini" <<INI
+[model]
+preset = gpt
+n_layer = 4
+n_head = 4
+n_embd = 32
+block_size = 32
+vocab_size = 256
+[data]
+dataset = tokens
+train_file = $tmp/text_train.bin
+val_file = $tmp/text_val.bin
+[optim]
+name = adamw
+lr = 0.003
+[train]
+batch = 8
+seq_len = 32
+max_steps = 6
+threads = 1
+eval_batches = 1
+INI
+for layout in "parallel.tensor=2" "parallel.pipeline=4 --set parallel.micro_batches=4"; do
+    name=mp$(echo "$layout" | tr -cd 'a-z0-9' | head -c 12)
+    # shellcheck disable=SC2086
+    timeout 120 "$build/dtrain" train "$tmp/gpt.ini" -q --workers 4 --run-dir "$tmp/$name-local" --set $layout \
+        >"$tmp/$name-local.log" 2>&1 || { cat "$tmp/$name-local.log"; fail "$layout: 4 local workers failed"; }
+    # shellcheck disable=SC2086
+    timeout 120 env DTRAIN_COMM_BACKEND=auto mpirun "${mpiargs[@]}" -np 4 --map-by ppr:2:node -x DTRAIN_COMM_BACKEND \
+        "$build/dtrain" train "$tmp/gpt.ini" -q --run-dir "$tmp/$name" --set $layout >"$tmp/$name.log" 2>&1 ||
+        { cat "$tmp/$name.log"; fail "$layout: mpirun across 2 hosts failed"; }
+    cmp "$tmp/$name-local/model.safetensors" "$tmp/$name/model.safetensors" ||
+        fail "GPT --set $layout across 2 hosts x 2 ranks differs from 4 local workers"
+done
+echo "GPT tensor = 2 and pipeline = 4 across 2 hosts x 2 ranks == 4 local workers, bitwise: ok"
 
 # ---- host 1's ranks killed: named by host, the restart loop recovers ----
 (
