@@ -189,7 +189,6 @@ dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm) {
 dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt_comm_t comm, double *norm) {
     size_t B = NORM_BLOCK, nb = (n + B - 1) / B;
     int W = dt_comm_size(comm), r = dt_comm_rank(comm);
-    const float *g = slice - lo;  // indexed by block position, only inside [lo, hi)
     *norm = 0;
     if (W == 1) {
         *norm = sqrt(dt_sum_squares(slice, n));
@@ -219,17 +218,17 @@ dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt
     size_t first_end = (lo / B + 1) * B < hi ? (lo / B + 1) * B : hi;  // the first block's end in the slice
     size_t k = 0;
     if (hi > lo) {
-        double h = squares(g, lo, first_end, carry);
+        double h = squares(slice, 0, first_end - lo, carry);
         if (first_end % B == 0 || first_end == n) mine[k++] = h, carry = 0;
         else carry = h;
         size_t full = (hi - first_end) / B;  // whole blocks after the first
 #pragma omp parallel for schedule(static)
         for (size_t j = 0; j < full; j++)
-            mine[k + j] = squares(g, first_end + j * B, first_end + (j + 1) * B, 0);
+            mine[k + j] = squares(slice, first_end - lo + j * B, first_end - lo + (j + 1) * B, 0);
         k += full;
         size_t tail = first_end + full * B;
         if (tail < hi) {
-            double t = squares(g, tail, hi, 0);
+            double t = squares(slice, tail - lo, hi - lo, 0);
             if (hi == n) mine[k++] = t;
             else carry = t;
         }
