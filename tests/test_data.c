@@ -335,6 +335,15 @@ static void test_hdf5(void) {
     CHECK(train("idx-plain", idx_data, 1, NULL) == 0, "CNN without augmentation");
     d = compare("idx", "idx-plain", &bw);
     CHECK(!bw && d > 0, "augmentation changes the training (max rel diff %.3g)", d);
+    // A flat [model] input: the hooks work on the file's 28x28 images.
+    char mlp[1024];
+    snprintf(mlp, sizeof mlp, "[model]\ninput = 784\nlayer = linear out=10\n[train]\nbatch = 40\nmax_steps = 10\n"
+             "eval_batch = 100\n[data]\ndir = %s\n", g_tmp);
+    CHECK(tl_train(g_tmp, "mlp-aug", mlp, 1, "--set data.augment=crop,flip", g_out, sizeof g_out) == 0 &&
+              tl_train(g_tmp, "mlp-plain", mlp, 1, NULL, g_out, sizeof g_out) == 0,
+          "a flat-input model with and without augmentation");
+    d = compare("mlp-aug", "mlp-plain", &bw);
+    CHECK(!bw && d > 0, "a flat input is augmented too (max rel diff %.3g)", d);
     CHECK(train("h5-bal", h5_data, 1, "--set data.sampler=balanced") == 0, "CNN, balanced sampler");
     double acc = tl_json_number(tl_path(g_tmp, "h5-bal/summary.json"), "test_accuracy");
     CHECK(acc > 0.3, "balanced sampler: the CNN learns (test accuracy %.3f)", acc);

@@ -145,7 +145,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     if (p->sampler == DT_SAMPLER_BALANCED && ds->classes <= 0)
         return dt_error(DT_ERR_ARG, "loader: the balanced sampler needs the dataset's class count");
     if (p->naugment && (p->aug.crop_pad < 0 || p->aug.crop_pad >= ds->shape[1] || p->aug.crop_pad >= ds->shape[2]))
-        return dt_error(DT_ERR_ARG, "loader: crop padding %d for %dx%d images (expected 0 to %d)", p->aug.crop_pad,
+        return dt_error(DT_ERR_ARG, "loader: crop_pad %d for %dx%d images (expected 0 to %d)", p->aug.crop_pad,
                         ds->shape[1], ds->shape[2], (ds->shape[1] < ds->shape[2] ? ds->shape[1] : ds->shape[2]) - 1);
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ERR_NOMEM, "loader: out of memory");

@@ -50,8 +50,8 @@ static dt_status load_split(const dt_config *c, const char *split, dt_dataset *d
         dt_dataset_free(ds);
         return st;
     }
-    // The dataset's own shape wins for images; an MLP input stays flat.
-    memcpy(ds->shape, c->input, sizeof ds->shape);
+    // The dataset keeps the file's image shape (the augmentation hooks
+    // work on it); the model reads the same values as its [model] input.
     return DT_OK;
 }
 

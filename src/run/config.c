@@ -675,7 +675,9 @@ static dt_status finish_data(const dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [data] file: dataset = hdf5 needs the path of an HDF5 file", what);
     if (dt_augment_parse(c->augment, ids, &n) != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: [data] augment: %s", what, msg);
-    if (n && (c->crop_pad >= c->input[1] || c->crop_pad >= c->input[2]))
+    // (An image input; a flat one leaves the check to the loader, which
+    // knows the file's image shape.)
+    if (n && c->input[1] > 1 && (c->crop_pad >= c->input[1] || c->crop_pad >= c->input[2]))
         return dt_error(DT_ERR_CONFIG, "%s: [data] crop_pad: %d is not smaller than the %dx%d images", what, c->crop_pad,
                         c->input[1], c->input[2]);
     if (c->sampler == DT_SAMPLER_BALANCED && !c->shuffle)
