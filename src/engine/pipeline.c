@@ -305,7 +305,7 @@ static void pp_fini(dt_strategy *s) {
             if (p->tops) p->tops->stage_free(sl->st);
             free(sl->d);
         }
-    if (p->steps > 0 && p->replica == 0 && p->t == 0 && p->ch) {
+    if (p->steps > 0 && p->P > 1 && p->replica == 0 && p->t == 0 && p->ch) {
         double all = p->t_compute + p->t_wait;
         char layers[256] = "";
         size_t n = 0;
