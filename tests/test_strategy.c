@@ -31,7 +31,6 @@
 #include "testlib.h"
 
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -601,26 +600,8 @@ static void tensor_parallel(void) {
              "exec %s train %s/tp-ck.ini --workers 2:4 --set train.max_steps=150 --checkpoint-every 10 "
              "--max-restarts 3 --elastic-retry 1 --set parallel.tensor=2 --run-dir %s/tp-elastic >%s 2>&1",
              tl_dtrain(), g_tmp, g_tmp, log);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int shrunk = 0;
-    for (int i = 0; i < 1200 && !shrunk; i++) {
-        usleep(50000);
-        char *text = tl_read_file(log, NULL);
-        shrunk = text && strstr(text, "continuing with 2 workers");
-        free(text);
-    }
-    usleep(300000);
-    unlink(block);
-    int status = 0;
-    for (int i = 0; i < 2400 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000);
-    if (waitpid(pid, &status, WNOHANG) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-    }
+    int shrunk;
+    int status = tl_run_released(cmd, log, "continuing with 2 workers", block, 60, 120, &shrunk);
     unsetenv("DTRAIN_FAULT_START");
     unsetenv("DTRAIN_SLOW_RANK");
     char *elog = tl_read_file(log, NULL);
