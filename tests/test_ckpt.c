@@ -725,27 +725,9 @@ static void test_elastic(const char *name, const char *extra) {
              "exec %s train %s --workers 2:3 --set train.max_steps=150 --checkpoint-every 10 --max-restarts 3 "
              "--elastic-retry 1 %s --run-dir %s >%s 2>&1",
              tl_dtrain(), tmp("run.ini"), extra, tmp(name), log);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
     // Wait for the shrink, then give the slot back.
-    int shrunk = 0;
-    for (int i = 0; i < 600 && !shrunk; i++) {
-        usleep(50000);
-        char *text = tl_read_file(log, NULL);
-        shrunk = text && strstr(text, "continuing with 2 workers");
-        free(text);
-    }
-    usleep(300000);
-    unlink(block);
-    int status = 0;
-    for (int i = 0; i < 1200 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000);
-    if (waitpid(pid, &status, WNOHANG) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-    }
+    int shrunk;
+    int status = tl_run_released(cmd, log, "continuing with 2 workers", block, 30, 60, &shrunk);
     unsetenv("DTRAIN_FAULT_START");
     unsetenv("DTRAIN_SLOW_RANK");
     char *out = tl_read_file(log, NULL);

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char g_tmp[256];
@@ -619,11 +620,44 @@ static void tensor_parallel(void) {
     CHECK(rc == 0 && bw, "tensor 2 x pipeline 2, rank 1 failing at step 12, restarted: exit %d, max rel diff %.3g (bitwise expected)",
           rc, d);
 
+    // Elastic: the data axis changes. Tensor = 2 on --workers 2:4, rank 2
+    // unable to start while a file exists: the group shrinks by a replica
+    // (2 ranks) to 2, grows back to 4 once the file is gone, and ends within
+    // 1e-4 of a fixed 2-worker run (the sums' order changes with the
+    // replicas).
+    char block[600], log[600];
+    snprintf(block, sizeof block, "%s/tp-slot2", g_tmp);
+    snprintf(log, sizeof log, "%s/tp-elastic.log", g_tmp);
+    FILE *bf = fopen(block, "w");
+    if (bf) fclose(bf);
+    char env[700], cmd[4096];
+    snprintf(env, sizeof env, "2:%s", block);
+    setenv("DTRAIN_FAULT_START", env, 1);
+    setenv("DTRAIN_SLOW_RANK", "0:15", 1);
+    snprintf(cmd, sizeof cmd,
+             "exec %s train %s/tp-ck.ini --workers 2:4 --set train.max_steps=150 --checkpoint-every 10 "
+             "--max-restarts 3 --elastic-retry 1 --set parallel.tensor=2 --run-dir %s/tp-elastic >%s 2>&1",
+             tl_dtrain(), g_tmp, g_tmp, log);
+    int shrunk;
+    int status = tl_run_released(cmd, log, "continuing with 2 workers", block, 60, 120, &shrunk);
+    unsetenv("DTRAIN_FAULT_START");
+    unsetenv("DTRAIN_SLOW_RANK");
+    char *elog = tl_read_file(log, NULL);
+    CHECK(shrunk && WIFEXITED(status) && WEXITSTATUS(status) == 0 && elog && strstr(elog, "growing to 4 workers"),
+          "tensor 2, elastic 4 -> 2 -> 4 workers: shrank %d, exit status %d\n%s", shrunk, status, elog ? elog : "");
+    free(elog);
+    CHECK(train("tp-elastic-ref", cfg_gptt4, 2, "--set train.max_steps=150 --set parallel.tensor=2") == 0,
+          "elastic reference run");
+    d = compare("tp-elastic-ref", "tp-elastic", &bw);
+    CHECK(d >= 0 && d <= 1e-4, "elastic tensor-parallel run against a fixed 2-worker one: max rel diff %.3g", d);
+    printf("tensor parallel, elastic 4 -> 2 -> 4 workers (data 2 -> 1 -> 2): max rel diff %.3g to a fixed 2-worker run\n", d);
+    CHECK(train("tp-elastic-bad", cfg_gptt4, 3, "--set parallel.tensor=2") == 2, "3 workers for tensor = 2 refused");
+
     // What a model-parallel run shows: the slowest stage on the progress
     // line (text and JSON), a trace track per stage, a schedule record per
     // stage, and dtrain report's timeline of them (interleaved: V M forwards
     // and backwards a stage).
-    char cmd[4096], trace[600];
+    char trace[600];
     snprintf(trace, sizeof trace, "%s/tp-obs.trace.json", g_tmp);
     snprintf(cmd, sizeof cmd,
              "%s train %s/tp-ck.ini --workers 4 --run-dir %s/tp-obs --set train.max_steps=6 --set train.log_every=3 "

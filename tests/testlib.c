@@ -2,10 +2,12 @@
 #include "dtrain/ckpt.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 int tl_passed, tl_failed;
 
@@ -53,6 +55,31 @@ int tl_run(const char *cmd, char *out, size_t n) {
     while (fread(sink, 1, sizeof sink, p) > 0) {}
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int tl_run_released(const char *cmd, const char *log, const char *text, const char *release, double wait_s,
+                    double end_s, int *seen) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    *seen = 0;
+    for (int i = 0; i < (int)(wait_s * 20) && !*seen; i++) {
+        usleep(50000);
+        char *t = tl_read_file(log, NULL);
+        *seen = t && strstr(t, text);
+        free(t);
+    }
+    usleep(300000);
+    unlink(release);
+    int status = 0;
+    for (int i = 0; i < (int)(end_s * 20) && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    return status;
 }
 
 const char *tl_dtrain(void) {

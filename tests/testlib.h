@@ -17,6 +17,14 @@ double tl_max_rel(const float *a, const float *b, size_t n, double floor);
 /* Runs a shell command, captures stdout+stderr into out (NUL-terminated),
  * returns the exit status (or -1). */
 int tl_run(const char *cmd, char *out, size_t n);
+/* Starts the shell command cmd (which writes its output to the file log)
+ * in the background, waits up to wait_s seconds for `text` to appear in
+ * log, then removes the file `release` (a resource the run was kept from:
+ * an elastic group's slot) and waits up to end_s seconds for the command
+ * to end (killed after that). Returns its waitpid status; *seen: whether
+ * text appeared. */
+int tl_run_released(const char *cmd, const char *log, const char *text, const char *release, double wait_s,
+                    double end_s, int *seen);
 /* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
 const char *tl_dtrain(void);
 int tl_finish(void);

@@ -305,8 +305,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
     }
-    dt_strategy_args sa = {c,   comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
-                           all, info.order_split, info.nwhole, info.shard_copy, info.shard_user};
+    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
+                           all, info.order_split, info.nwhole, info.shard_copy, info.shard_user,
+                           info.replicas, info.tensor_group};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);

@@ -14,10 +14,11 @@
  *   rank = (stage * D + replica) * T + t
  *
  * Sub-communicators (dt_comm_split, each with the world's timeouts and
- * checks): the T ranks of (stage, replica) run one shard group (the
- * task's); the P ranks of (replica, t) one pipeline, rank in it = stage;
- * the W / T ranks of tensor rank t hold the same shard of the parameters,
- * over which the gradients are summed.
+ * checks): the T ranks of (stage, replica) run one shard group and the W /
+ * T ranks of tensor rank t hold the same shard of the parameters, over
+ * which the gradients are summed (both made by the task, which splits its
+ * model; task.h); the P ranks of (replica, t) run one pipeline, rank in it
+ * = stage (this file's).
  *
  * A step cuts the replica's share of the global batch into M =
  * micro_batches micro-batches and runs them through the stages, activations
@@ -83,8 +84,8 @@ typedef struct {
     int t, stage, replica;
     dt_comm_t pp;          // this replica's stages, rank = stage: activations (and with V = 1 gradients)
     dt_comm_t ppb;         // V > 1: the same ranks, for the gradients (both ways between a pair)
-    dt_comm_t shard;       // the ranks of this tensor rank (T > 1; else the world)
-    dt_comm_t tp;          // this (stage, replica)'s tensor ranks (T > 1)
+    dt_comm_t shard;       // the ranks of this tensor rank (the task's; T = 1: the world)
+    dt_comm_t tp;          // this (stage, replica)'s tensor ranks (the task's; T > 1)
     const dt_task_ops *tops;
     chunk *ch;             // [V]
     op *ops;               // [2 M V]
@@ -281,9 +282,14 @@ static dt_status pp_init(dt_strategy *s) {
     }
     st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
     if (st == DT_OK && p->V > 1) st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->ppb);
-    if (st == DT_OK && p->T > 1) st = dt_comm_split(s->comm, p->t, s->rank, &p->shard);
-    if (st == DT_OK && p->T > 1) st = dt_comm_split(s->comm, s->rank / p->T, p->t, &p->tp);
     if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
+    // Tensor parallel: the task made the shard groups (the model's sums run
+    // on them), in the same layout.
+    p->shard = s->replicas;
+    p->tp = s->tensor_group;
+    if (p->T > 1 && (!p->shard || !p->tp || dt_comm_size(p->tp) != p->T))
+        return dt_error(DT_ERR_CONFIG, "model parallel: [parallel] tensor = %d, but the %s model is not split into shards",
+                        p->T, c->gpt ? "GPT" : "classifier");
     if (!p->ppb) p->ppb = p->pp;
     if (s->rank == 0) print_layout(p, bounds);
     return DT_OK;
@@ -299,7 +305,7 @@ static void pp_fini(dt_strategy *s) {
             if (p->tops) p->tops->stage_free(sl->st);
             free(sl->d);
         }
-    if (p->steps > 0 && p->replica == 0 && p->t == 0 && p->ch) {
+    if (p->steps > 0 && p->P > 1 && p->replica == 0 && p->t == 0 && p->ch) {
         double all = p->t_compute + p->t_wait;
         char layers[256] = "";
         size_t n = 0;
@@ -313,8 +319,6 @@ static void pp_fini(dt_strategy *s) {
     }
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
-    dt_comm_destroy(p->shard);
-    dt_comm_destroy(p->tp);
     for (int v = 0; v < p->V && p->ch; v++) free(p->ch[v].slots);
     free(p->ch);
     free(p->ops);

@@ -42,6 +42,8 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->nwhole = a->nwhole > a->n ? a->nwhole : 0;
     s->shard_copy = a->shard_copy;
     s->shard_user = a->shard_user;
+    s->replicas = a->replicas;
+    s->tensor_group = a->tensor_group;
     s->obs = a->obs;
     s->all = a->all ? a->all : a->comm;
     s->lo = 0;

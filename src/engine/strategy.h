@@ -68,6 +68,7 @@ typedef struct {
     size_t nwhole;               /* the whole model's floats (n, or 0, unless the blocks are shards) */
     void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole); /* (task.h) */
     void *shard_user;
+    dt_comm_t replicas, tensor_group; /* the task's (task.h), NULL without shards */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -157,6 +158,7 @@ struct dt_strategy {
     float *whole, *whole_states[2];
     void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
     void *shard_user;
+    dt_comm_t replicas, tensor_group;  /* the task's: the ranks of this shard, the shards of one copy */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
     int has_staleness, staleness; /* of this rank's last gradient as applied (parameter servers; obs.h) */

@@ -239,6 +239,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .order_layer = t->order_layer,
                            .order_split = t->ntp > 1 ? t->order_split : NULL,
                            .replicas = t->rest,
+                           .tensor_group = t->tpc,
                            .tensors = t->tinfo,
                            .nwhole = dt_gpt_config_num_params(&t->gc),
                            .shard_copy = t->ntp > 1 ? shard_copy : NULL,

@@ -520,9 +520,13 @@ dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs,
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < BT; i++) {
             float *o = resid_out + (size_t)i * C;
-            const float *we = m->p[WTE] + (size_t)(inputs[i] - v0) * C, *pe = m->p[WPE] + (size_t)(i % a->T) * C;
-            int mine = inputs[i] >= v0 && inputs[i] < v0 + Vl;
-            for (int c = 0; c < C; c++) o[c] = mine ? we[c] + pe[c] : 0.0f;
+            const float *pe = m->p[WPE] + (size_t)(i % a->T) * C;
+            if (inputs[i] >= v0 && inputs[i] < v0 + Vl) {
+                const float *we = m->p[WTE] + (size_t)(inputs[i] - v0) * C;
+                for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+            } else {
+                memset(o, 0, sizeof(float) * C);
+            }
         }
         if ((st = tp_reduce(m, resid_out, (size_t)BT * C, 0)) != DT_OK) return st;
     }

@@ -48,7 +48,9 @@ static const char train_help[] =
     "                  and --workers is not needed.\n"
     "  --workers MIN:MAX  elastic: start MAX workers; when one cannot come back\n"
     "                  after a failure, go on with the others (not fewer than\n"
-    "                  MIN) and try to grow again every --elastic-retry seconds\n"
+    "                  MIN) and try to grow again every --elastic-retry seconds;\n"
+    "                  with parallel.tensor x parallel.pipeline = G > 1, the\n"
+    "                  group shrinks and grows by G (a data-parallel replica)\n"
     "  --deterministic bitwise identical results for any number of workers\n"
     "                  (parallel.deterministic = true)\n"
     "  --zero N        sharded data parallel (parallel.zero, docs/zero.md): 1\n"
@@ -357,14 +359,20 @@ static int load_config(const args_t *a, dt_config *c) {
     return 0;
 }
 
+// The ranks of one data-parallel replica: tensor x pipeline (model
+// parallel, docs/model-parallel.md), else 1.
+static int replica_ranks(const dt_config *c) { return c->tensor * c->pipeline; }
+
 // What can be checked before any worker starts: the worker counts against
 // the batch (dt_train_check, for every count an elastic group may have), and
 // that the files the config names exist. 0, or an exit code.
 static int check_before_start(const args_t *a, const dt_config *c) {
     if (g_federate && dt_federate_check(c, a->workers > 1 ? a->workers : 1) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
+    int g = replica_ranks(c);  // an elastic group changes by whole replicas
     for (int n = a->min_workers; n <= a->workers && !g_federate; n++)
-        if ((n > 1 || c->ps_servers > 0) && dt_train_check(c, n) != DT_OK)
+        if ((n > 1 || c->ps_servers > 0) && ((n - a->min_workers) % g == 0 || n == a->workers) &&
+            dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
     int hdf5 = !strcmp(c->dataset, "hdf5");
@@ -447,7 +455,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         if (r.exit_code == 0 && !r.stopped) return 0;
         if (r.stopped && r.stop_asked) return DT_EXIT_STOPPED;  // rank 0 said how to go on
         if (r.stopped) {  // stopped at a checkpoint to grow
-            n++;
+            n += replica_ranks(c);
             growing = 1;
             dt_log(DT_LOG_INFO, "elastic: growing to %d workers from the newest checkpoint", n);
             continue;
@@ -457,9 +465,9 @@ static int supervise(const args_t *a, const dt_config *c) {
             failed_at = r.failed_at;
             failed_step = r.last_step;
         }
-        if (elastic && r.failed_early && n > a->min_workers) {
-            // The worker could not come back: go on without it.
-            n--;
+        if (elastic && r.failed_early && n - replica_ranks(c) >= a->min_workers) {
+            // The worker could not come back: go on without it (and its replica's other ranks).
+            n -= replica_ranks(c);
             dt_log(DT_LOG_WARN, "elastic: worker %d (%s) could not %s; continuing with %d workers (minimum %d)",
                    r.failed_rank, why, growing ? "join" : "come back", n, a->min_workers);
             if (growing) {  // a failed attempt to grow is not a restart
