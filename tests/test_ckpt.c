@@ -651,8 +651,14 @@ static void test_runs(void) {
     setenv("DTRAIN_FAULT_ONCE", tmp("kill-once"), 1);
     rc = train("restart", 2, "--checkpoint-every 5 --max-restarts 2 --zero 3");
     CHECK(rc == 0, "--max-restarts: exit %d\n%s", rc, g_out);
+    // Checkpoints are written in the background: the step-10 one is usually
+    // complete by step 13, but under load it may not be, and the run then
+    // resumes from step 5; either way the lost steps are the difference.
+    const char *res = strstr(g_out, "resumed at step ");
+    int from = -1, lost = -1;
+    if (res) sscanf(res, "resumed at step %d, %d steps lost", &from, &lost);
     CHECK(strstr(g_out, "worker 1 Killed") && strstr(g_out, "restart 1 of 2") && strstr(g_out, "recovered in") &&
-              strstr(g_out, "2 steps lost"),
+              (from == 10 || from == 5) && lost == 12 - from,
           "restart logged with the recovery time and the lost steps:\n%s", g_out);
     CHECK(same_as_ref("restart"), "restarted run bitwise equal to the uninterrupted one");
 
