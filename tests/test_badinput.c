@@ -1012,7 +1012,7 @@ static int make_sharded(const char *dir) {
     for (int i = 0; i < 15; i++) p[i] = (float)i, m1[i] = m2[i] = 0.5f;
     dt_ckpt_model m = {.tensors = t, .ntensors = 2, .params = p, .nparams = 15, .nstates = 2,
                        .states = {m1, m2}, .opt_step = &step, .optimizer = "adamw", .config = "[model]\n"};
-    dt_train_state s = {1, 0, 1, 1, 2.5, {{1, 2, 3, 4}}, 2};
+    dt_train_state s = {1, 0, 1, 1, 2.5, {{1, 2, 3, 4}}, 2, 0, 0, 0};
     dt_ckpt_writer *w[2] = {NULL, NULL};
     int ok = 1;
     for (int r = 0; r < 2; r++) ok = ok && dt_ckpt_writer_create(&w[r], dir, 2, &m, r, 2, 10) == DT_OK;

@@ -105,24 +105,27 @@ static int test_values(net *a, net *b) {
     char p[600], wp[600];
     snprintf(p, sizeof p, "%s", tmp("values.safetensors"));
     snprintf(wp, sizeof wp, "%s", tmp("values-w.safetensors"));
-    dt_train_state good = {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1};
+    dt_train_state good = {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0};
     struct {
         const char *what, *want;
         dt_train_state s;
         int64_t opt_step;
     } cases[] = {
-        {"epoch 1e12", "'epoch'", {20, 1000000000000ll, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
-        {"negative epoch", "'epoch'", {20, -1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
-        {"negative step", "'step'", {-5, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
-        {"step 2^62", "'step'", {1ll << 62, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
-        {"negative epoch_batch", "'epoch_batch'", {20, 1, -3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
-        {"negative epoch_steps", "'epoch_steps'", {20, 1, 3, -4, 1.5, {{1, 2, 3, 4}}, 1}, 20},
-        {"world 0", "'world_size'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 0}, 20},
-        {"world -3", "'world_size'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, -3}, 20},
-        {"epoch_loss NaN", "'epoch_loss'", {20, 1, 3, 4, NAN, {{1, 2, 3, 4}}, 1}, 20},
-        {"epoch_loss inf", "'epoch_loss'", {20, 1, 3, 4, INFINITY, {{1, 2, 3, 4}}, 1}, 20},
-        {"negative optimizer step", "'optimizer.step'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, -5},
-        {"optimizer step 2^62", "'optimizer.step'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1}, 1ll << 62},
+        {"epoch 1e12", "'epoch'", {20, 1000000000000ll, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"negative epoch", "'epoch'", {20, -1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"negative step", "'step'", {-5, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"step 2^62", "'step'", {1ll << 62, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"negative epoch_batch", "'epoch_batch'", {20, 1, -3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"negative epoch_steps", "'epoch_steps'", {20, 1, 3, -4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"world 0", "'world_size'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 0, 0, 0, 0}, 20},
+        {"world -3", "'world_size'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, -3, 0, 0, 0}, 20},
+        {"epoch_loss NaN", "'epoch_loss'", {20, 1, 3, 4, NAN, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"epoch_loss inf", "'epoch_loss'", {20, 1, 3, 4, INFINITY, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 20},
+        {"negative optimizer step", "'optimizer.step'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, -5},
+        {"optimizer step 2^62", "'optimizer.step'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 0, 0, 0}, 1ll << 62},
+        {"loss scale inf", "'loss_scaler'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, INFINITY, 0, 0}, 20},
+        {"loss scaler clean -1", "'loss_scaler'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 1024, -1, 0}, 20},
+        {"loss scaler skipped 2^62", "'loss_scaler'", {20, 1, 3, 4, 1.5, {{1, 2, 3, 4}}, 1, 1024, 5, 1ll << 62}, 20},
     };
     int n = 0;
     int64_t keep = *a->cm.opt_step;
@@ -309,7 +312,7 @@ static void test_file(void) {
     net a, b;
     net_make(&a, 5, DT_OPTIM_ADAMW, 1);
     net_make(&b, 5, DT_OPTIM_ADAMW, 2);
-    dt_train_state s = {1234, 3, 17, 16, 12.375, {{1, 2, 0xdeadbeefcafef00dull, 4}}, 3}, r;
+    dt_train_state s = {1234, 3, 17, 16, 12.375, {{1, 2, 0xdeadbeefcafef00dull, 4}}, 3, 0x1.8p-7f, 1999, 42}, r;
     char p[600];  // tmp() reuses its buffers
     snprintf(p, sizeof p, "%s", tmp("a.safetensors"));
     CHECK(dt_ckpt_write(p, &a.cm, &s) == DT_OK, "write: %s", dt_last_error());
@@ -317,8 +320,9 @@ static void test_file(void) {
     static unsigned char ba[1 << 16], bb[1 << 16];
     size_t na = net_bytes(&a, ba), nb = net_bytes(&b, bb);
     CHECK(na == nb && !memcmp(ba, bb, na), "round trip restores weights, optimizer state and step count");
-    CHECK(!memcmp(&s, &r, sizeof s), "round trip restores the training state (step %lld epoch %lld batch %lld loss %g)",
-          (long long)r.step, (long long)r.epoch, (long long)r.epoch_batch, r.epoch_loss);
+    CHECK(!memcmp(&s, &r, sizeof s), "round trip restores the training state (step %lld epoch %lld batch %lld loss %g, "
+          "loss scale %g after %lld clean steps, %lld skipped)", (long long)r.step, (long long)r.epoch,
+          (long long)r.epoch_batch, r.epoch_loss, r.loss_scale, (long long)r.scale_clean, (long long)r.scale_skipped);
     // The checkpoint is also a weights file.
     net c;
     net_make(&c, 5, DT_OPTIM_ADAMW, 3);
@@ -858,7 +862,7 @@ static int slice_extra(void *user, dt_st_tensor *t, int max) {
 static void test_slices(void) {
     float full[3 * SN];
     for (int i = 0; i < 3 * SN; i++) full[i] = (float)i * 0.25f - 7;
-    dt_train_state st = {9, 1, 2, 3, 1.5, {{5, 6, 7, 8}}, 3};
+    dt_train_state st = {9, 1, 2, 3, 1.5, {{5, 6, 7, 8}}, 3, 0, 0, 0};
     enum { W = 3 };
     float p[W][SN], s0[W][SN], s1[W][SN];
     int64_t step[W];

@@ -403,6 +403,73 @@ static void learn_and_resume(void) {
           "fp16 with deterministic sums is refused: exit %d\n%s", rc, g_out);
 }
 
+// The loss scale of a step's metrics record (-1: no record or no scale).
+static double record_scale(const char *run, int step) {
+    char b[4096];
+    const char *r = step_record(run, 0, step, b, sizeof b);
+    const char *at = r ? strstr(r, "\"loss_scale\":") : NULL;
+    return at ? atof(at + 13) : -1;
+}
+
+// fp16's loss scaler is in the checkpoints: a run stopped at step 10 and
+// resumed goes on as the uninterrupted run, scale and clean-step count
+// included; a checkpoint without a scaler (a bf16 run's, as those written
+// before it was kept) resumes fp16 at the defaults.
+static void fp16_resume(void) {
+    // An overflow at step 3 halves the scale: the checkpoint of step 10
+    // holds 32768, not the default 65536.
+    int rc = train("fp16-full", "DTRAIN_FAULT_OVERFLOW=0:3", 1, "--precision fp16 --checkpoint-every 10 --keep 5");
+    CHECK(rc == 0, "fp16 run with an overflow at step 3 and checkpoints: exit %d", rc);
+    char flags[700];
+    snprintf(flags, sizeof flags, "--precision fp16 --checkpoint-every 10 --keep 5 --resume %s/fp16-full/checkpoints/step-00000010.safetensors",
+             g_tmp);
+    rc = train("fp16-res", NULL, 1, flags);
+    CHECK(rc == 0, "the fp16 run resumed at step 10: exit %d", rc);
+    int bw, ok = 1;
+    double d = tl_weights_diff(tl_path(g_tmp, "fp16-full/model.safetensors"), tl_path(g_tmp, "fp16-res/model.safetensors"), &bw);
+    CHECK(d == 0 && bw, "resumed at step 10, the fp16 run ends bitwise as the uninterrupted one (max rel diff %.3g)", d);
+    for (int step = 11; step <= 30; step++) {
+        double a = record_scale("fp16-full", step), b = record_scale("fp16-res", step);
+        if (a != 32768 || b != a) {
+            ok = 0;
+            fprintf(stderr, "step %d: loss scale %g uninterrupted, %g resumed\n", step, a, b);
+        }
+    }
+    CHECK(ok, "steps 11-30 run at the checkpoint's scale 32768 in both runs");
+    const char *sf = tl_path(g_tmp, "fp16-full/summary.json");
+    double skipped = tl_json_number(sf, "skipped_steps");
+    sf = tl_path(g_tmp, "fp16-res/summary.json");
+    CHECK(skipped == 1 && tl_json_number(sf, "skipped_steps") == 1 && tl_json_number(sf, "loss_scale") == 32768,
+          "summary.json of both: 1 skipped step (%g, %g), scale %g", skipped, tl_json_number(sf, "skipped_steps"),
+          tl_json_number(sf, "loss_scale"));
+    // The scaler as both runs' step-30 checkpoints hold it: the same scale,
+    // clean steps in a row (27, since step 3) and skipped steps.
+    dt_st_file *fa = NULL, *fb = NULL;
+    const char *va = NULL, *vb = NULL;
+    if (dt_st_open(&fa, tl_path(g_tmp, "fp16-full/checkpoints/step-00000030.safetensors")) == DT_OK)
+        va = dt_st_meta_get(fa, "loss_scaler");
+    if (dt_st_open(&fb, tl_path(g_tmp, "fp16-res/checkpoints/step-00000030.safetensors")) == DT_OK)
+        vb = dt_st_meta_get(fb, "loss_scaler");
+    CHECK(va && vb && !strcmp(va, "0x1p+15 27 1") && !strcmp(va, vb),
+          "step 30's checkpoints hold loss_scaler '%s' (uninterrupted) and '%s' (resumed), want '0x1p+15 27 1'",
+          va ? va : "(none)", vb ? vb : "(none)");
+    dt_st_close(fa), dt_st_close(fb);
+    char cmd[900];
+    snprintf(cmd, sizeof cmd, "%s inspect %s/fp16-res/checkpoints/step-00000030.safetensors", tl_dtrain(), g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "loss_scaler     0x1p+15 27 1 (scale, clean steps, skipped steps)"),
+          "inspect shows the scaler:\n%.2000s", g_out);
+    // A bf16 run's checkpoint has no scaler: fp16 resumes from it at 2^16.
+    snprintf(cmd, sizeof cmd, "%s inspect %s/ck-bf16/checkpoints/step-00000010.safetensors", tl_dtrain(), g_tmp);
+    tl_run(cmd, g_out, sizeof g_out);
+    CHECK(!strstr(g_out, "loss_scaler"), "a bf16 run's checkpoint holds no loss scaler");
+    snprintf(flags, sizeof flags, "--precision fp16 --resume %s/ck-bf16/checkpoints/step-00000010.safetensors", g_tmp);
+    rc = train("fp16-from-bf16", NULL, 1, flags);
+    CHECK(rc == 0 && record_scale("fp16-from-bf16", 11) == 65536,
+          "fp16 resumed from a checkpoint without a scaler: exit %d, scale %g at step 11 (the default 65536)", rc,
+          record_scale("fp16-from-bf16", 11));
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     kernels();
@@ -415,6 +482,7 @@ int main(int argc, char **argv) {
     overflow_run();
     grad_dtype();
     learn_and_resume();
+    fp16_resume();
     tl_cleanup(g_tmp);
     return tl_finish();
 }

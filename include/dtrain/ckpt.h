@@ -69,7 +69,8 @@ DT_API dt_status dt_model_load(dt_model *m, const char *path);
  * "optimizer.state.0/1" (flat, parameter block order) and "optimizer.step",
  * and in the metadata: format "dtrain-checkpoint", format_version, step,
  * epoch, epoch_batch, the loop's RNG state, world_size, the resolved config
- * and its hash, and a CRC-32C over every tensor (name, dtype, shape, bytes)
+ * and its hash, fp16's loss scaler ("loss_scaler", in the checkpoints of
+ * fp16 runs alone), and a CRC-32C over every tensor (name, dtype, shape, bytes)
  * and every metadata value, verified on load. */
 
 #define DT_CKPT_VERSION 1
@@ -83,6 +84,11 @@ typedef struct {
     double epoch_loss;   /* sum of this epoch's step losses (progress, summary) */
     dt_rng rng;          /* the loop's data generator (GPT windows) */
     int world;           /* workers of the run that wrote it */
+    /* fp16's dynamic loss scaler (dt_loss_scaler): its scale (0: the run
+     * has none; a checkpoint without one reads as 0), its clean steps in a
+     * row and the steps it skipped. */
+    float loss_scale;
+    int64_t scale_clean, scale_skipped;
 } dt_train_state;
 
 /* What a checkpoint holds, as live buffers: writing reads them, loading

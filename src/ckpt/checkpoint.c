@@ -27,14 +27,20 @@ enum { K_FORMAT, K_VERSION, K_STEP, K_EPOCH, K_EPOCH_BATCH, K_EPOCH_STEPS, K_EPO
 static const char *const keys[NKEYS] = {"format", "format_version", "step", "epoch", "epoch_batch",
                                         "epoch_steps", "epoch_loss", "rng", "world_size", "optimizer",
                                         "config", "config_hash", "weights_meta", "shard", "dtrain_version"};
+// fp16's dynamic loss scaler, "SCALE CLEAN SKIPPED" (the scale as a hex
+// float): only in the checkpoints of runs that have one. A checkpoint
+// without it (written before it existed, or by a bf16/fp32 run) resumes
+// an fp16 run at the scaler's defaults. The checksum covers it after the
+// keys above when it is there.
+#define KEY_SCALER "loss_scaler"
 
 static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp((*(const dt_st_tensor *const *)a)->name, (*(const dt_st_tensor *const *)b)->name);
 }
 
-// CRC-32C over the tensors in name order (name, dtype, shape, bytes) and
-// the metadata values in key order.
-static uint32_t checksum(const dt_st_tensor *const *t, int n, const char *const *vals) {
+// CRC-32C over the tensors in name order (name, dtype, shape, bytes), the
+// metadata values in key order, then the scaler's value (NULL: none).
+static uint32_t checksum(const dt_st_tensor *const *t, int n, const char *const *vals, const char *scaler) {
     const dt_st_tensor **s = malloc(sizeof *s * (n > 0 ? n : 1));
     if (!s) return 0;
     memcpy(s, t, sizeof *s * n);
@@ -48,6 +54,7 @@ static uint32_t checksum(const dt_st_tensor *const *t, int n, const char *const 
         c = dt_crc32c(c, s[i]->data, s[i]->nbytes);
     }
     for (int k = 0; k < NKEYS; k++) c = dt_crc32c(c, vals[k], strlen(vals[k]) + 1);
+    if (scaler) c = dt_crc32c(c, scaler, strlen(scaler) + 1);
     free(s);
     return c;
 }
@@ -93,7 +100,7 @@ static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, cons
     const dt_st_tensor **tp = calloc((size_t)n, sizeof *tp);
     if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n; i++) tp[i] = &t[i];
-    char num[NKEYS][64], rng[80], hash[24], crc[16], wmeta[2048] = "";
+    char num[NKEYS][64], rng[80], hash[24], crc[16], wmeta[2048] = "", scaler[96] = "";
     // The weights file's metadata as "key=value" lines.
     for (int i = 0; i < m->nweights_meta; i++) {
         size_t l = strlen(wmeta);
@@ -120,12 +127,17 @@ static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, cons
     vals[K_WEIGHTS_META] = wmeta;
     vals[K_SHARD] = shard;
     vals[K_DTRAIN_VERSION] = dt_version();
-    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals));
+    if (s->loss_scale > 0)
+        snprintf(scaler, sizeof scaler, "%a %" PRId64 " %" PRId64, (double)s->loss_scale, s->scale_clean,
+                 s->scale_skipped);
+    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals, *scaler ? scaler : NULL));
     free(tp);
-    dt_st_meta meta[NKEYS + 1];
+    dt_st_meta meta[NKEYS + 2];
     for (int k = 0; k < NKEYS; k++) meta[k] = (dt_st_meta){keys[k], vals[k]};
     meta[NKEYS] = (dt_st_meta){"checksum", crc};
-    return mem ? dt_st_build(mem, t, n, meta, NKEYS + 1, path) : dt_st_write(path, t, n, meta, NKEYS + 1);
+    int nmeta = NKEYS + 1;
+    if (*scaler) meta[nmeta++] = (dt_st_meta){KEY_SCALER, scaler};
+    return mem ? dt_st_build(mem, t, n, meta, nmeta, path) : dt_st_write(path, t, n, meta, nmeta);
 }
 
 // A whole checkpoint of m and s: written to path, or built in memory (mem).
@@ -230,8 +242,9 @@ static int looks_like_ckpt(const dt_st_file *f) {
     return n >= 2;
 }
 
-// The training state in a checkpoint's metadata values, every one in range.
-static dt_status parse_state(const char **vals, const char *path, dt_train_state *out) {
+// The training state in a checkpoint's metadata values (and the loss
+// scaler's, NULL: none), every one in range.
+static dt_status parse_state(const char **vals, const char *scaler, const char *path, dt_train_state *out) {
     dt_train_state ns = {0};
     int64_t world = 0;
     const struct { int key; int64_t lo, hi; int64_t *to; } ints[] = {
@@ -256,6 +269,20 @@ static dt_status parse_state(const char **vals, const char *path, dt_train_state
         ok = !*end && isxdigit((unsigned char)part[0]);
     }
     if (!ok) return dt_error(DT_ERR_FORMAT, "%s: metadata 'rng' is not 64 hexadecimal digits", path);
+    if (scaler) {
+        double scale = strtod(scaler, &end);
+        long long clean = -1, skipped = -1;
+        int used = 0;
+        ok = *scaler && *end == ' ' && isfinite(scale) && scale > 0 && scale <= 0x1p127 &&
+             sscanf(end, " %lld %lld%n", &clean, &skipped, &used) == 2 && !end[used] && clean >= 0 &&
+             clean <= MAX_COUNT && skipped >= 0 && skipped <= MAX_COUNT;
+        if (!ok)
+            return dt_error(DT_ERR_FORMAT, "%s: metadata '" KEY_SCALER "' is '%.60s', expected a scale above 0 and two "
+                            "whole numbers from 0 to %lld (clean and skipped steps)", path, scaler, (long long)MAX_COUNT);
+        ns.loss_scale = (float)scale;
+        ns.scale_clean = clean;
+        ns.scale_skipped = skipped;
+    }
     ns.world = (int)world;
     *out = ns;
     return DT_OK;
@@ -283,7 +310,8 @@ static dt_status check_ckpt(const dt_st_file *f, const char *path, const char **
     if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n; i++) tp[i] = dt_st_get(f, i);
     char crc[16];
-    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals));
+    const char *scaler = dt_st_meta_get(f, KEY_SCALER);
+    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals, scaler));
     free(tp);
     const char *want = dt_st_meta_get(f, "checksum");
     if (!want || strcmp(want, crc))
@@ -296,7 +324,7 @@ static dt_status check_ckpt(const dt_st_file *f, const char *path, const char **
     if (shard != !!*vals[K_SHARD])
         return dt_error(DT_ERR_FORMAT, "%s: metadata 'shard' '%.40s' does not fit format '%s'", path, vals[K_SHARD],
                         vals[K_FORMAT]);
-    if ((st = parse_state(vals, path, s)) != DT_OK) return st;
+    if ((st = parse_state(vals, scaler, path, s)) != DT_OK) return st;
     const dt_st_tensor *step;
     int64_t one = 1, opt_step;
     if ((st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) != DT_OK) return st;
@@ -854,6 +882,8 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
             if (k == K_CONFIG) continue;
             fprintf(out, "  %-15s %s\n", keys[k], v ? esc(e1, sizeof e1, v) : "(missing)");
         }
+        const char *sc = dt_st_meta_get(f, KEY_SCALER);
+        if (sc) fprintf(out, "  %-15s %s (scale, clean steps, skipped steps)\n", KEY_SCALER, esc(e1, sizeof e1, sc));
         const char *cfg = dt_st_meta_get(f, "config");
         if (cfg) {
             fprintf(out, "  config:\n");

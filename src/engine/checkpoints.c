@@ -6,7 +6,8 @@
 #include <string.h>
 
 // The training state as int64s, for a broadcast.
-enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_PARTS, S_N };
+enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_PARTS, S_SCALE,
+       S_CLEAN, S_SKIPPED, S_N };
 
 // Whether this rank holds a slice of the state rather than all of it (a
 // sharded strategy's view, ckpt.h).
@@ -31,6 +32,10 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     v[S_FOUND] = *found;
     v[S_OPT] = *r->model.opt_step;
     v[S_PARTS] = *parts;
+    v[S_SCALE] = 0;
+    memcpy(&v[S_SCALE], &s->loss_scale, sizeof(float));
+    v[S_CLEAN] = s->scale_clean;
+    v[S_SKIPPED] = s->scale_skipped;
     dt_status st = dt_broadcast(v, v, S_N, DT_I64, 0, r->comm);
     if (st != DT_OK) return st;
     s->step = v[S_STEP];
@@ -43,6 +48,9 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     *found = (int)v[S_FOUND];
     *r->model.opt_step = v[S_OPT];
     *parts = (int)v[S_PARTS];
+    memcpy(&s->loss_scale, &v[S_SCALE], sizeof(float));
+    s->scale_clean = v[S_CLEAN];
+    s->scale_skipped = v[S_SKIPPED];
     if (!*found) return DT_OK;
     if ((st = dt_broadcast(used, used, n, DT_U8, 0, r->comm)) != DT_OK) return st;
     used[n - 1] = 0;

@@ -351,6 +351,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the control plane.
     int fp16 = c->precision == DT_F16;
     dt_loss_scaler scaler = dt_loss_scaler_default();
+    if (fp16 && ts.loss_scale > 0) {  // resumed: where the checkpoint's run left it
+        scaler.scale = ts.loss_scale;
+        scaler.clean = (int)ts.scale_clean;
+        scaler.skipped = ts.scale_skipped;
+    }
     if (fp16) strat->loss_scale = scaler.scale;
     if (rank == 0) {
         char ep[64] = "";
@@ -431,7 +436,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                 loss_sum = 0;
                 loss_n = 0;
             }
-            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W};
+            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
+                                  fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
             if (dt_run_ckpt_due(&ck, step, step == total, stop, ctl.save) && ck.dir[0] &&
                 (st = dt_strategy_params_sync(strat)) != DT_OK)
                 goto done;

@@ -149,7 +149,7 @@ int dt_loss_scaler_update(dt_loss_scaler *s, int overflow) {
         s->skipped++;
         return 0;
     }
-    if (++s->clean == s->growth_interval) {
+    if (++s->clean >= s->growth_interval) {
         s->scale *= s->growth;
         s->clean = 0;
     }
