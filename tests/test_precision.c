@@ -236,14 +236,19 @@ static const char *cfg_mlp =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=10\n"
     "[optim]\nname = adamw\nlr = 0.003\n";
 
+// A run of N local workers, or under mpirun of -N ranks (N < 0).
 static int train(const char *name, const char *extra_env, int N, const char *flags) {
     char path[512], cmd[2048];
     snprintf(path, sizeof path, "%s/%s.ini", g_tmp, name);
     FILE *f = fopen(path, "w");
     fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nepochs = 3\nmax_steps = 30\neval_batch = 100\nseed = 3\n", cfg_mlp, g_tmp);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s %s train %s --workers %d --quiet --run-dir %s/%s %s", extra_env ? extra_env : "",
-             tl_dtrain(), path, N, g_tmp, name, flags);
+    if (N < 0)  // under mpirun, -N ranks
+        snprintf(cmd, sizeof cmd, "%s mpirun --allow-run-as-root --oversubscribe -np %d %s train %s --quiet --run-dir %s/%s %s",
+                 extra_env ? extra_env : "", -N, tl_dtrain(), path, g_tmp, name, flags);
+    else
+        snprintf(cmd, sizeof cmd, "%s %s train %s --workers %d --quiet --run-dir %s/%s %s", extra_env ? extra_env : "",
+                 tl_dtrain(), path, N, g_tmp, name, flags);
     int rc = tl_run(cmd, g_out, sizeof g_out);
     if (rc != 0) fprintf(stderr, "%s\n-> exit %d\n%s\n", cmd, rc, g_out);
     return rc;
@@ -330,6 +335,28 @@ static void grad_dtype(void) {
               b32, b32 > 0 ? b16 / b32 : 0, acc);
         printf("grad_dtype bf16 %-60s: %.0f / %.0f bytes (%.2f), accuracy %.3f\n", *modes[i] ? modes[i] : "(dp)", b16, b32,
                b32 > 0 ? b16 / b32 : 0, acc);
+    }
+    // Under mpirun on the mpi backend the bf16 gradients travel in 16 bits
+    // too (src/comm/mpi/mpi.c; the bytes handed to MPI: ctest comm_mpi_wire_*),
+    // summed in fp32 and rounded once as the shared-memory backend does: the
+    // same weights, bit for bit, as 2 local workers, for dp's allreduce and
+    // ZeRO's reduce-scatter.
+    for (int i = 0; i < 2; i++) {
+        char name[64], flags[256];
+        snprintf(name, sizeof name, "gd-mpi-%d", i);
+        snprintf(flags, sizeof flags, "%s --set parallel.grad_dtype=bf16", modes[i]);
+        if (access("/usr/bin/mpirun", X_OK) != 0) {
+            CHECK(0, "mpirun is not installed (scripts/install-deps.sh installs it)");
+            break;
+        }
+        int r = train(name, "DTRAIN_COMM_BACKEND=mpi", -2, flags);
+        char pa[128], pb[128];
+        snprintf(pa, sizeof pa, "gd-bf16-%d/model.safetensors", i);
+        snprintf(pb, sizeof pb, "%s/model.safetensors", name);
+        int bw;
+        double d = tl_weights_diff(tl_path(g_tmp, pa), tl_path(g_tmp, pb), &bw);
+        CHECK(r == 0 && d == 0 && bw, "grad_dtype = bf16 %s under mpirun (mpi backend) = 2 local workers: exit %d, max rel diff %.3g",
+              modes[i], r, d);
     }
     int rc = train("gd-det", NULL, 2, "--deterministic --set parallel.grad_dtype=bf16");
     CHECK(rc == 2 && strstr(g_out, "[parallel] grad_dtype = bf16 cannot be combined with deterministic = true"),

@@ -26,13 +26,20 @@
  *   p2p_hang  the last rank never takes part; the others' dt_irecv/dt_isend
  *             from/to it must time out naming it (exit 7)
  *   p2p_kill  the same, but the last rank dies (exit 3)
+ *   wire      under mpirun with mpi_bytes.c preloaded: fp16/bf16 allreduce,
+ *             reduce_scatter and reduce hand MPI 16-bit elements only, no
+ *             MPI reduction, (n-1)/n of the vector per half of an
+ *             allreduce, the vector once to a reduce's root (exactly, on
+ *             the mpi backend; results bitwise the serial reference there)
  * A second argument names the backend the ranks must have picked.
  * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
  */
 #include "dtrain/comm.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -900,6 +907,73 @@ static int mode_abort(void) {
     return expect_failure(s, 6, "abort");
 }
 
+// ----------------------------------------------------------------------------
+// wire: the bytes handed to MPI (mpi_bytes.c)
+
+typedef void (*mpi_bytes_fn)(uint64_t *moved, uint64_t *reduced, int *widest);
+
+static void wire_case(mpi_bytes_fn counters, dt_dtype t, int rs, size_t n, int inplace) {
+    uint64_t moved, reduced;
+    int widest;
+    dt_barrier(W);
+    counters(&moved, &reduced, &widest);
+    if (rs == 2) check_reduce(t, DT_SUM, n, 77 + n, inplace);  // inplace: the root
+    else if (rs) check_reduce_scatter(t, DT_SUM, n, 77 + n, inplace, 0);
+    else check_allreduce(t, DT_SUM, n, 77 + n, inplace, 0);
+    counters(&moved, &reduced, &widest);
+    // What a ring would move in fp32: 2(n-1)/n of the vector for an
+    // allreduce, (n-1) blocks for a reduce-scatter.
+    size_t N = rs == 1 ? n * (size_t)g_size : n;
+    double ring32 = (rs ? 1.0 : 2.0) * (g_size - 1) * (double)N * 4 / g_size;
+    uint64_t want = 0;
+    if (rs == 2) {  // a reduce: every rank but the root sends its vector
+        want = g_rank == inplace ? 0 : (uint64_t)n * 2;
+        ring32 = (double)n * 4;
+    } else if (rs) {
+        want = (uint64_t)(g_size - 1) * n * 2;
+    } else {
+        for (int p = 0; p < g_size; p++) {
+            size_t b, e;
+            dt_shard_range(n, p, g_size, &b, &e);
+            want += p == g_rank ? (uint64_t)(e - b) * 2 * (uint64_t)(g_size - 1) : (uint64_t)(e - b) * 2;
+        }
+    }
+    const char *what = rs == 2 ? "reduce" : rs ? "reduce_scatter" : "allreduce";
+    g_checks++;
+    int hier = !strcmp(dt_comm_backend(W), "hier");
+    // hier: the host's ranks sum through shared memory, the leaders send
+    // the host's sums between hosts (at most the allreduce's volume).
+    if (reduced || widest > 2 || (hier ? moved > want : moved != want))
+        FAILF("wire %s %s n=%zu%s: MPI got %llu bytes to move (want %s%llu), %llu to reduce (want 0), elements of "
+              "up to %d bytes (want <= 2)", what, t == DT_BF16 ? "bf16" : "f16", n, inplace ? " in place" : "",
+              (unsigned long long)moved, hier ? "<= " : "", (unsigned long long)want, (unsigned long long)reduced,
+              widest);
+    else if (g_rank == g_size - 1 && n > 1000)
+        printf("wire %s %s n=%zu%s on %d ranks (%s): rank %d handed MPI %llu bytes of 16-bit elements to move, "
+               "none to reduce: %.3f of fp32's bytes\n", what, t == DT_BF16 ? "bf16" : "f16", n,
+               inplace ? " in place" : "", g_size, dt_comm_backend(W), g_rank, (unsigned long long)moved, moved / ring32);
+}
+
+static int mode_wire(void) {
+    mpi_bytes_fn counters = (mpi_bytes_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "dt_test_mpi_bytes");
+    if (!counters) {
+        fprintf(stderr, "comm_worker wire: run with mpirun -x LD_PRELOAD=libmpi_bytes.so (no byte counters)\n");
+        return 2;
+    }
+    // The mpi backend sums the 16-bit blocks in rank order and rounds once:
+    // the serial reference, bit for bit.
+    if (!strcmp(dt_comm_backend(W), "mpi")) g_exact = 1;
+    size_t sizes[] = {1, 7, 1000, 3 * (1u << 20) + 5};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            wire_case(counters, DT_BF16, 0, sizes[i], inplace);
+            wire_case(counters, DT_F16, 0, sizes[i], inplace);
+            wire_case(counters, DT_BF16, 1, sizes[i], inplace);
+            wire_case(counters, DT_BF16, 2, sizes[i], inplace);  // reduce to rank 0, then 1
+        }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "all";
     if (dt_comm_init_env(&W) != DT_OK) {
@@ -925,6 +999,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "abort")) rc = mode_abort();
     else if (!strcmp(mode, "p2p_hang")) rc = mode_p2p_fail(0);
     else if (!strcmp(mode, "p2p_kill")) rc = mode_p2p_fail(1);
+    else if (!strcmp(mode, "wire")) rc = mode_wire();
     else {
         fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode);
         rc = 2;

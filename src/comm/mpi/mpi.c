@@ -13,7 +13,10 @@
  * over MPI_Isend/MPI_Irecv instead (mpi_choose).
  *
  * What MPI does not do the way dtrain promises is done here:
- *   - fp16/bf16: converted to fp32, reduced in fp32, rounded once;
+ *   - fp16/bf16 allreduce, reduce-scatter and reduce: 16 bits on the wire,
+ *     summed in fp32 in rank order and rounded once (half_collective:
+ *     MPI_Ialltoallv of the blocks or MPI_Igather to the root, a local sum,
+ *     MPI_Iallgatherv of the results); a forced algorithm widens them;
  *   - DT_AVG: a sum, then a division;
  *   - counts above INT_MAX: split into chunks (allreduce, bcast, reduce).
  *
@@ -341,19 +344,152 @@ static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
             algo = s->algo;
         if (s->algo == DT_ALGO_AUTO && s->own && k == DT_COLL_ALLREDUCE)
             algo = bytes < (64u << 10) ? DT_ALGO_RHD : DT_ALGO_RING;
+
         if (s->algo == DT_ALGO_TREE && (k == DT_COLL_BROADCAST || k == DT_COLL_REDUCE))
             algo = DT_ALGO_TREE;
     }
+    // fp16/bf16 in 16 bits (half_collective), unless another algorithm is
+    // forced (DTRAIN_COMM_ALGO=rsag names this one)
+    if (c->size > 1 && is_half(a->dtype) &&
+        (k == DT_COLL_ALLREDUCE || k == DT_COLL_REDUCE_SCATTER || k == DT_COLL_REDUCE) &&
+        (s->algo == DT_ALGO_AUTO || s->algo == DT_ALGO_RSAG))
+        algo = DT_ALGO_RSAG;
     dt_algo_log(c, a, bytes, algo);
     return algo;
 }
 
-/* Runs MPI_Iallreduce over chunks of at most INT_MAX/2 elements; fp16/bf16
- * go through fp32 buffers. */
+// ----------------------------------------------------------------------------
+// fp16/bf16 in 16 bits
+
+/* One reduce-scatter of 16-bit elements, and for an allreduce (gather) the
+ * allgather after it, without widening them on the wire: block p of every
+ * rank's vector (cnt[p] elements at off[p] of send) goes to rank p
+ * (MPI_Ialltoallv of bytes); each rank sums the n blocks it gets in fp32, in
+ * rank order, and rounds once (dt_reduce_kernel: the shm backend's sum), into
+ * mine; the allgather (MPI_Iallgatherv, in place in recv) then gives every
+ * rank every block. Each rank sends (n-1)/n of the vector's 16-bit bytes in
+ * each half, as a ring's reduce-scatter and allgather do: half of fp32's.
+ * scratch holds n * cnt[rank] elements; iv 4n ints. */
+static dt_status half_exchange(dt_comm_t c, const dt_coll_args *a, const char *send, char *recv, char *mine,
+                               const size_t *cnt, const size_t *off, int gather, char *scratch, int *iv) {
+    mpi_state *s = c->be;
+    int n = c->size, me = c->rank;
+    int *sc = iv, *sd = iv + n, *rcn = iv + 2 * n, *rd = iv + 3 * n;
+    for (int p = 0; p < n; p++) {
+        sc[p] = (int)(cnt[p] * 2);
+        sd[p] = (int)(off[p] * 2);
+        rcn[p] = (int)(cnt[me] * 2);
+        rd[p] = (int)((size_t)p * cnt[me] * 2);
+    }
+    MPI_Request rq;
+    CALL(MPI_Ialltoallv(send, sc, sd, MPI_BYTE, scratch, rcn, rd, MPI_BYTE, s->comm, &rq), a);
+    dt_status rc = wait_req(c, &rq, a);
+    if (rc != DT_OK) return rc;
+    const void *src[256], **srcs = n <= 256 ? src : malloc((size_t)n * sizeof *srcs);
+    if (!srcs) return dt_error(DT_ERR_NOMEM, "%s: out of memory", dt_coll_name(a->kind));
+    for (int p = 0; p < n; p++) srcs[p] = scratch + (size_t)p * cnt[me] * 2;
+    dt_reduce_kernel(mine, srcs, n, cnt[me], a->dtype, a->op, n);
+    if (srcs != src) free(srcs);
+    if (!gather) return DT_OK;
+    CALL(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv, sc, sd, MPI_BYTE, s->comm, &rq), a);
+    return wait_req(c, &rq, a);
+}
+
+/* A reduce of 16-bit elements to the root in 16 bits: every rank's vector
+ * gathered there (MPI_Igather, pieces of 2^24 / n elements), summed in fp32
+ * in rank order and rounded once. A rank other than the root sends its
+ * vector's 16-bit bytes once, as in a reduce's tree. */
+static dt_status half_reduce(dt_comm_t c, const dt_coll_args *a) {
+    mpi_state *s = c->be;
+    int n = c->size, root = c->rank == a->root;
+    size_t piece = (((size_t)1 << 24) + (size_t)n - 1) / (size_t)n;
+    size_t m = a->count < piece ? a->count : piece;
+    char *scratch = root ? malloc((size_t)n * m * 2 + 2) : NULL;
+    const void *src[256], **srcs = n <= 256 ? src : malloc((size_t)n * sizeof *srcs);
+    if ((root && !scratch) || !srcs) {
+        free(scratch);
+        if (srcs != src) free(srcs);
+        return dt_error(DT_ERR_NOMEM, "reduce: out of memory");
+    }
+    dt_status rc = DT_OK;
+    for (size_t at = 0; at < a->count && rc == DT_OK; at += piece) {
+        size_t len = a->count - at < piece ? a->count - at : piece;
+        MPI_Request rq;
+        MPI_LOCK();
+        int e = MPI_Igather((const char *)a->send + at * 2, (int)(len * 2), MPI_BYTE, scratch, (int)(len * 2),
+                            MPI_BYTE, a->root, s->comm, &rq);
+        MPI_UNLOCK();
+        rc = e == MPI_SUCCESS ? wait_req(c, &rq, a) : mpi_err("reduce", e);
+        if (rc != DT_OK || !root) continue;
+        for (int p = 0; p < n; p++) srcs[p] = scratch + (size_t)p * len * 2;
+        dt_reduce_kernel((char *)a->recv + at * 2, srcs, n, len, a->dtype, a->op, n);
+    }
+    free(scratch);
+    if (srcs != src) free(srcs);
+    return rc;
+}
+
+/* An fp16/bf16 allreduce (recv_all), reduce-scatter (a->counts or
+ * a->count a rank) or reduce in 16 bits: the first two through
+ * half_exchange, the allreduce in pieces of at most 2^24 elements (bounded
+ * scratch), split by dt_shard_range. */
+static dt_status half_collective(dt_comm_t c, const dt_coll_args *a) {
+    if (a->kind == DT_COLL_REDUCE) return half_reduce(c, a);
+    int n = c->size, me = c->rank, ar = a->kind == DT_COLL_ALLREDUCE;
+    size_t piece = (size_t)1 << 24, total = 0;
+    size_t *cnt = malloc((size_t)n * 2 * sizeof *cnt);
+    int *iv = malloc((size_t)n * 4 * sizeof *iv);
+    char *scratch = NULL;
+    dt_status rc = DT_OK;
+    if (!cnt || !iv) goto nomem;
+    size_t *off = cnt + n;
+    if (!ar) {
+        for (int p = 0; p < n; p++) {
+            cnt[p] = a->counts ? a->counts[p] : a->count;
+            off[p] = total;
+            total += cnt[p];
+        }
+        if (total * 2 > INT_MAX) {
+            rc = dt_error(DT_ERR_ARG, "reduce_scatter (seq %llu): %zu elements exceed MPI's int counts",
+                          (unsigned long long)a->seq, total);
+            goto done;
+        }
+        if (!(scratch = malloc((size_t)n * cnt[me] * 2 + 2))) goto nomem;
+        // In place (recv at this rank's block of send) works too: the
+        // blocks are all sent before the sum is written.
+        rc = half_exchange(c, a, a->send, NULL, a->recv, cnt, off, 0, scratch, iv);
+        goto done;
+    }
+    if (a->send != a->recv && a->count) memcpy(a->recv, a->send, a->count * 2);
+    size_t m = a->count < piece ? a->count : piece;
+    if (!(scratch = malloc(((m + (size_t)n - 1) / (size_t)n) * (size_t)n * 2 + 2))) goto nomem;
+    for (size_t at = 0; at < a->count && rc == DT_OK; at += piece) {
+        size_t len = a->count - at < piece ? a->count - at : piece;
+        for (int p = 0; p < n; p++) {
+            size_t b, e;
+            dt_shard_range(len, p, n, &b, &e);
+            cnt[p] = e - b;
+            off[p] = b;
+        }
+        char *v = (char *)a->recv + at * 2;
+        rc = half_exchange(c, a, v, v, v + off[me] * 2, cnt, off, 1, scratch, iv);
+    }
+    goto done;
+nomem:
+    rc = dt_error(DT_ERR_NOMEM, "%s: out of memory", dt_coll_name(a->kind));
+done:
+    free(scratch);
+    free(iv);
+    free(cnt);
+    return rc;
+}
+
+/* Runs MPI_Iallreduce over chunks of at most INT_MAX/2 elements. */
 static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
     switch (mpi_choose(c, a)) {
     case DT_ALGO_RING: return dt_algo_ring_allreduce(c, a, mpi_sendrecv);
     case DT_ALGO_RHD: return dt_algo_rhd_allreduce(c, a, mpi_sendrecv);
+    case DT_ALGO_RSAG: return half_collective(c, a);
     default: break;
     }
     size_t es = dt_dtype_size(a->dtype), step = INT_MAX / 2;
@@ -384,7 +520,9 @@ static dt_status mpi_allreduce(dt_comm_t c, const dt_coll_args *a) {
 }
 
 static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
-    if (mpi_choose(c, a) == DT_ALGO_TREE) return dt_algo_tree_reduce(c, a, mpi_sendrecv);
+    dt_algo algo = mpi_choose(c, a);
+    if (algo == DT_ALGO_TREE) return dt_algo_tree_reduce(c, a, mpi_sendrecv);
+    if (algo == DT_ALGO_RSAG) return half_collective(c, a);
     mpi_state *s = c->be;
     size_t es = dt_dtype_size(a->dtype), step = is_half(a->dtype) ? 1u << 22 : INT_MAX / 2;
     int root = c->rank == a->root;
@@ -432,6 +570,7 @@ static dt_status mpi_reduce(dt_comm_t c, const dt_coll_args *a) {
 
 /* With a->counts (hier's leaders), rank p's block has counts[p] elements. */
 static dt_status mpi_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
+    if (mpi_choose(c, a) == DT_ALGO_RSAG) return half_collective(c, a);
     mpi_state *s = c->be;
     size_t es = dt_dtype_size(a->dtype), rcnt = a->counts ? a->counts[c->rank] : a->count;
     size_t total = rcnt * (size_t)c->size;
