@@ -22,6 +22,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/gpt.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
 
@@ -227,6 +228,101 @@ static void scaler(void) {
     dt_optim_step(o, w, g, 0.1f, 1.0f);
     CHECK(*dt_optim_step_count(o) == 1 && w[0] < 1, "the next step is taken (step 1)");
     dt_optim_free(o);
+}
+
+// ----------------------------------------------------------------------------
+// the weights' working copy (kernels.h)
+
+// One forward and backward of a model (MLP with a convolution, or GPT) in
+// precision t: loss and gradients into *loss, g.
+typedef struct {
+    dt_model *m;
+    dt_gpt *gpt;
+    float *x;
+    int32_t *y;
+} wc_net;
+
+static void wc_pass(wc_net *n, float *loss, float *g) {
+    if (n->m) {
+        dt_model_zero_grad(n->m);
+        CHECK(dt_model_forward(n->m, n->x, n->y, 8, 1, loss) == DT_OK && dt_model_backward(n->m) == DT_OK, "model pass");
+        memcpy(g, dt_model_grads(n->m), dt_model_num_params(n->m) * 4);
+    } else {
+        dt_gpt_zero_grad(n->gpt);
+        CHECK(dt_gpt_forward(n->gpt, n->y, n->y + 16, 2, 8, loss) == DT_OK && dt_gpt_backward(n->gpt) == DT_OK,
+              "gpt pass");
+        memcpy(g, dt_gpt_grads(n->gpt), dt_gpt_num_params(n->gpt) * 4);
+    }
+}
+
+// With the copy the GEMMs give the same bits as rounding at every call; a
+// weight matrix is converted once until the weights change, then read from
+// the copy by the backward's GEMM that needs it (the saved conversion).
+static void working_copy(void) {
+    dt_layer_spec mlp[] = {{DT_LAYER_CONV2D, 4, 3, 1, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0},
+                           {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0},    {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    int shape[3] = {1, 6, 6};
+    dt_gpt_config gc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 8, .vocab_size = 40, .padded_vocab_size = 48};
+    const char *names[2] = {"conv+MLP", "GPT"};
+    dt_dtype ts[2] = {DT_BF16, DT_F16};
+    for (int ti = 0; ti < 2; ti++)
+        for (int k = 0; k < 2; k++) {
+            // The models are made in the precision they run in (a
+            // convolution's buffers are sized for it).
+            dt_kernels_set_precision(ts[ti]);
+            dt_rng r;
+            dt_rng_seed(&r, 11);
+            wc_net nn = {0}, *n = &nn;
+            if (k == 0) {
+                CHECK(dt_model_create(&n->m, shape, mlp, 6, 8) == DT_OK, "model: %s", dt_last_error());
+                dt_model_init(n->m, 5);
+                n->x = malloc(8 * 36 * 4);
+                n->y = malloc(8 * 4);
+                for (int i = 0; i < 8 * 36; i++) n->x[i] = frand(&r);
+                for (int i = 0; i < 8; i++) n->y[i] = (int32_t)dt_rng_below(&r, 10);
+            } else {
+                CHECK(dt_gpt_create(&n->gpt, &gc, 2, 8) == DT_OK && dt_gpt_init(n->gpt, 5) == DT_OK, "gpt: %s",
+                      dt_last_error());
+                n->y = malloc(32 * 4);
+                for (int i = 0; i < 32; i++) n->y[i] = (int32_t)dt_rng_below(&r, 40);
+            }
+            float *w = n->m ? dt_model_params(n->m) : dt_gpt_params(n->gpt);
+            size_t np = n->m ? dt_model_num_params(n->m) : dt_gpt_num_params(n->gpt);
+            float *g0 = malloc(np * 4), *g1 = malloc(np * 4), *g2 = malloc(np * 4), l0, l1, l2;
+            wc_pass(n, &l0, g0);  // rounded at every call
+            CHECK(dt_kernels_set_weights(w, np) == DT_OK, "set weights");
+            dt_kernels_weights_changed();
+            wc_pass(n, &l1, g1);
+            dt_kernels_wstats a, b, c;
+            dt_kernels_weights_stats(&a);
+            wc_pass(n, &l2, g2);  // no change: nothing converted
+            dt_kernels_weights_stats(&b);
+            const char *tn = ts[ti] == DT_BF16 ? "bf16" : "fp16";
+            CHECK(l0 == l1 && l1 == l2 && !memcmp(g0, g1, np * 4) && !memcmp(g0, g2, np * 4),
+                  "%s %s: loss and gradients with the weights' copy bitwise those rounded at every call", names[k], tn);
+            CHECK(a.bytes == np * 2 && a.converted > 0 && a.converted < np && a.reused > 0 && b.converted == a.converted &&
+                      b.reused == 2 * a.reused + a.converted,
+                  "%s %s: %llu weight elements converted in the first pass, %llu read again unconverted; the second "
+                  "pass converts none (%llu, %llu)", names[k], tn, a.converted, a.reused, b.converted, b.reused);
+            // An update: the next pass must see it (converted again).
+            for (size_t i = 0; i < np; i++) w[i] -= 0.01f * g0[i];
+            dt_kernels_weights_changed();
+            wc_pass(n, &l1, g1);
+            dt_kernels_weights_stats(&c);
+            CHECK(dt_kernels_set_weights(NULL, 0) == DT_OK, "unset");
+            wc_pass(n, &l0, g0);
+            CHECK(l0 == l1 && !memcmp(g0, g1, np * 4) && c.converted == 2 * a.converted,
+                  "%s %s: after an update the copy is converted again (%llu) and equals rounding at every call",
+                  names[k], tn, c.converted);
+            printf("weights' working copy, %s %s: %zu bytes; a pass converts %llu weight elements once and reads "
+                   "%llu again without converting\n", names[k], tn, (size_t)a.bytes, a.converted, a.reused);
+            free(g0), free(g1), free(g2);
+            dt_model_free(n->m);
+            dt_gpt_free(n->gpt);
+            free(n->x), free(n->y);
+        }
+    dt_kernels_set_precision(DT_F32);
 }
 
 // ----------------------------------------------------------------------------
@@ -500,6 +596,7 @@ static void fp16_resume(void) {
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     kernels();
+    working_copy();
     scaler();
     if (only && !strcmp(only, "kernels")) return tl_finish();
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-precision-XXXXXX");

@@ -4,8 +4,8 @@
  * Optimizers update a flat parameter array from a flat gradient array of the
  * same length, so the same code serves a whole model, a ZeRO shard (an offset
  * and a length) or a single tensor; a step can be taken slice by slice
- * (dt_optim_begin_step + dt_optim_update), and a bf16/fp16 working copy of
- * the weights can be kept beside the fp32 master weights. Weight decay applies to every element,
+ * (dt_optim_begin_step + dt_optim_update). (A bf16/fp16 run's 16-bit copy
+ * of the weights is the kernels', kernels/kernels.h.) Weight decay applies to every element,
  * as PyTorch does for model.parameters() without parameter groups.
  */
 #ifndef DTRAIN_OPTIM_H
@@ -52,12 +52,6 @@ DT_API void dt_optim_update(dt_optim *o, size_t off, size_t len, float *params,
  * torch's GradScaler skips optimizer.step(). skip = 0 (the default): they
  * are taken. */
 DT_API void dt_optim_set_skip(dt_optim *o, int skip);
-
-/* A low-precision working copy of the weights beside the fp32 master
- * weights: copy holds the n elements in t (DT_BF16 or DT_F16), and every
- * update rewrites the part it updated, rounded to nearest even. NULL:
- * none (the default). The copy is the caller's; DT_ERR_ARG for another t. */
-DT_API dt_status dt_optim_set_working_copy(dt_optim *o, void *copy, dt_dtype t);
 
 /* Optimizer state for checkpoints: the number of steps taken and up to two
  * state arrays of n floats (SGD: momentum buffer; AdamW: m, v). */

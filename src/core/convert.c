@@ -1,6 +1,6 @@
 /* Element conversions between fp32 and the 16-bit float types (round to
  * nearest even, NaN stays NaN), used by the communication layer's fp16/bf16
- * reductions and the optimizer's low-precision working copy; and the one
+ * reductions and the kernels' 16-bit copy of the weights; and the one
  * shard function (core.h). */
 #include "dtrain/core.h"
 

@@ -88,6 +88,14 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     cJSON_AddStringToObject(pr, "compute", c->precision == DT_F32 ? "fp32" : c->precision == DT_BF16 ? "bf16" : "fp16");
     cJSON_AddBoolToObject(pr, "native", c->precision != DT_F32 && dt_kernels_native((dt_dtype)c->precision));
     cJSON_AddStringToObject(pr, "kernels", dt_kernels_describe((dt_dtype)c->precision));
+    dt_kernels_wstats ws;
+    dt_kernels_weights_stats(&ws);
+    if (ws.bytes) {  // the weights' 16-bit working copy (kernels.h)
+        cJSON *wc = cJSON_AddObjectToObject(pr, "weight_copy");
+        cJSON_AddNumberToObject(wc, "bytes", (double)ws.bytes);
+        cJSON_AddNumberToObject(wc, "converted", (double)ws.converted);
+        cJSON_AddNumberToObject(wc, "conversions_saved", (double)ws.reused);
+    }
     if (c->precision == DT_F16) {
         cJSON_AddNumberToObject(pr, "loss_scale", r->loss_scale);
         cJSON_AddNumberToObject(pr, "skipped_steps", (double)r->skipped_steps);
@@ -350,6 +358,15 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_schedule sched = dt_worker_schedule(c, total);
     // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the control plane.
     int fp16 = c->precision == DT_F16;
+    // A low precision: the GEMMs read the weights from a 16-bit copy,
+    // converted once after each change (a new step, an evaluation after an
+    // update) instead of at every call (kernels.h).
+    char wcopy[64] = "";
+    if (c->precision != DT_F32) {
+        DT_TRY(dt_kernels_set_weights(info.params, info.nparams), done);
+        snprintf(wcopy, sizeof wcopy, ", weights' %s copy %.1f MiB", fp16 ? "fp16" : "bf16",
+                 (double)info.nparams * 2 / (1 << 20));
+    }
     dt_loss_scaler scaler = dt_loss_scaler_default();
     if (fp16 && ts.loss_scale > 0) {  // resumed: where the checkpoint's run left it
         scaler.scale = ts.loss_scale;
@@ -361,10 +378,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         char ep[64] = "";
         if (epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", epochs, (long long)spe);
         const dt_cpu *cpu = dt_cpu_get();
-        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s, precision %s; %s (%s)",
+        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s, precision %s%s; %s (%s)",
                c->name, info.describe, (long long)total, ep, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
                sops->name, c->deterministic ? ", deterministic" : "", dt_kernels_describe((dt_dtype)c->precision),
-               cpu->name, dt_isa_name(cpu->isa));
+               wcopy, cpu->name, dt_isa_name(cpu->isa));
     }
 
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
@@ -386,6 +403,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             dt_obs_set_share(obs, b.share);
             if (!strat->grads_zero) tops->zero_grad(task);
             uint64_t sent0 = comm_bytes_sent(comm);
+            dt_kernels_weights_changed();  // by the last step's update (or the resume)
             double lsum;
             dt_control ctl;
             float lr, gnorm;
@@ -422,6 +440,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                     if ((st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
                     dt_obs_begin(obs, DT_OBS_EVAL);
                     st = dt_strategy_params_whole(strat, 1);
+                    dt_kernels_weights_changed();  // by this step's update
                     if (st == DT_OK) st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
                     if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
                     dt_obs_end(obs, DT_OBS_EVAL);
@@ -452,6 +471,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     } else if (!evaluated && info.has_eval) {  // resumed from the run's last checkpoint
         dt_obs_begin(obs, DT_OBS_EVAL);
         st = dt_strategy_params_whole(strat, 1);
+        dt_kernels_weights_changed();
         if (st == DT_OK) st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
         dt_obs_end(obs, DT_OBS_EVAL);
         if (st != DT_OK) goto done;
@@ -475,6 +495,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         st = write_summary(path, c, tops, task, strat, res, info.nparams);
     }
 done:
+    dt_kernels_set_weights(NULL, 0);
     st = dt_obs_close(obs, st);
     dt_strategy_free(strat);  // its transfers end before the communicator does
     dt_dynbatch_free(dyn);

@@ -15,6 +15,7 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,116 @@ static void *pack(tbuf *b, const float *X, int rows, int cols, int ld, dt_dtype 
     return d;
 }
 
+// ----------------------------------------------------------------------------
+// the weights' working copy (kernels.h)
+//
+// The parts of the block the GEMMs read (a layer's weight matrix, the GPT's
+// head) are few: a list of them, each with the epoch at which it was last
+// converted; dt_kernels_weights_changed starts a new epoch. Only the
+// calling thread of a forward or backward reads weights (the GEMMs called
+// from parallel regions multiply activations), but a lock keeps the list
+// sound for any caller.
+
+typedef struct {
+    size_t off, len;
+    uint64_t epoch;  // of its last conversion
+    dt_dtype t;      // to this type
+} wpart;
+
+static struct {
+    const float *w;
+    size_t n;
+    uint16_t *copy;
+    uint64_t epoch;
+    wpart *parts;
+    int nparts, cap;
+    unsigned long long converted, reused;
+} g_wc;
+static pthread_mutex_t g_wc_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int g_wc_on;  // a copy is set: GEMMs without one skip the lock
+
+dt_status dt_kernels_set_weights(const float *w, size_t n) {
+    pthread_mutex_lock(&g_wc_lock);
+    free(g_wc.copy);
+    free(g_wc.parts);
+    memset(&g_wc, 0, sizeof g_wc);
+    g_wc_on = 0;
+    dt_status st = DT_OK;
+    if (w && n) {
+        if ((g_wc.copy = aligned_alloc(64, (n * 2 + 63) & ~(size_t)63))) {
+            g_wc.w = w;
+            g_wc.n = n;
+            g_wc.epoch = 1;
+            g_wc_on = 1;
+        } else {
+            st = dt_error(DT_ERR_NOMEM, "out of memory for the weights' 16-bit working copy (%zu bytes)", n * 2);
+        }
+    }
+    pthread_mutex_unlock(&g_wc_lock);
+    return st;
+}
+
+void dt_kernels_weights_changed(void) {
+    pthread_mutex_lock(&g_wc_lock);
+    g_wc.epoch++;
+    pthread_mutex_unlock(&g_wc_lock);
+}
+
+void dt_kernels_weights_stats(dt_kernels_wstats *s) {
+    pthread_mutex_lock(&g_wc_lock);
+    s->bytes = g_wc.copy ? g_wc.n * 2 : 0;
+    s->converted = g_wc.converted;
+    s->reused = g_wc.reused;
+    pthread_mutex_unlock(&g_wc_lock);
+}
+
+// The stored matrix X[rows, cols] (row stride ld) from the working copy,
+// as pack() gives it (t itself when native, else its fp32 values), when X is
+// a contiguous part of the weights; NULL when it is not.
+static const void *from_copy(tbuf *b, const float *X, int rows, int cols, int ld, dt_dtype t, int native) {
+    if (!g_wc_on || ld != cols) return NULL;
+    pthread_mutex_lock(&g_wc_lock);
+    uintptr_t x = (uintptr_t)X, w0 = (uintptr_t)g_wc.w;
+    size_t off = (x - w0) / sizeof(float), len = (size_t)rows * (size_t)cols;
+    if (!g_wc.copy || x < w0 || (x - w0) % sizeof(float) || off >= g_wc.n || len > g_wc.n - off) {
+        pthread_mutex_unlock(&g_wc_lock);
+        return NULL;
+    }
+    wpart *p = NULL;
+    for (int i = 0; i < g_wc.nparts && !p; i++)
+        if (g_wc.parts[i].off == off && g_wc.parts[i].len == len) p = &g_wc.parts[i];
+    if (!p && g_wc.nparts == g_wc.cap) {
+        int cap = g_wc.cap ? 2 * g_wc.cap : 64;
+        wpart *np = realloc(g_wc.parts, (size_t)cap * sizeof *np);
+        if (!np) {
+            pthread_mutex_unlock(&g_wc_lock);
+            return NULL;  // the plain path does the same without the copy
+        }
+        g_wc.parts = np;
+        g_wc.cap = cap;
+    }
+    if (!p) {
+        p = &g_wc.parts[g_wc.nparts++];
+        *p = (wpart){off, len, 0, t};
+    }
+    uint16_t *c = g_wc.copy + off;
+    if (p->epoch != g_wc.epoch || p->t != t) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && len > 65536)
+        for (size_t i = 0; i < len; i += 4096) dt_from_f32(c + i, X + i, len - i < 4096 ? len - i : 4096, t);
+        p->epoch = g_wc.epoch;
+        p->t = t;
+        g_wc.converted += len;
+    } else {
+        g_wc.reused += len;
+    }
+    pthread_mutex_unlock(&g_wc_lock);
+    if (native) return c;
+    float *d = room(b, len * sizeof(float));
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && len > 65536)
+    for (size_t i = 0; i < len; i += 4096) dt_to_f32(d + i, c + i, len - i < 4096 ? len - i : 4096, t);
+    return d;
+}
+
 // A matmul primitive of one shape (the operands packed, so their strides
 // follow from the shape), made on first use and kept: a hash table of
 // lists, never changed after insertion but at a list's head.
@@ -227,7 +338,9 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
     int native = dt_kernels_native(t);
     // The stored matrices: A is M x K (K x M when transposed), B K x N (N x K).
     int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    const void *pa = pack(&tl_a, A, ar, ac, lda, t, native), *pb = pack(&tl_b, B, br, bc, ldb, t, native);
+    const void *pa = from_copy(&tl_a, A, ar, ac, lda, t, native), *pb = from_copy(&tl_b, B, br, bc, ldb, t, native);
+    if (!pa) pa = pack(&tl_a, A, ar, ac, lda, t, native);
+    if (!pb) pb = pack(&tl_b, B, br, bc, ldb, t, native);
     if (native) matmul(ta, tb, M, N, K, alpha, pa, pb, beta, C, ldc, t);
     else sgemm(ta, tb, M, N, K, alpha, pa, ac, pb, bc, beta, C, ldc);
 }

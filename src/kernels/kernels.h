@@ -26,6 +26,27 @@ dt_dtype dt_kernels_precision(void);
 int dt_kernels_native(dt_dtype t);
 const char *dt_kernels_describe(dt_dtype t);
 
+/* The weights' working copy. In a low precision the GEMMs round their
+ * operands at every call; the weights, read by a layer's forward and again
+ * by its backward (and by every micro-batch), need it only once after each
+ * change. dt_kernels_set_weights(w, n) names the parameter block [w, w+n)
+ * (NULL: none, the copy freed): the kernels keep a copy of it in the
+ * precision (n 16-bit elements, allocated here), and a GEMM operand that is
+ * a contiguous part of the block (row stride = its columns) is read from
+ * the copy, that part converted on its first use after
+ * dt_kernels_weights_changed(), which a forward pass calls before it reads
+ * the weights. The rounding is the same, so are the results, bit for bit.
+ * dt_kernels_weights_stats: the copy's bytes, the weight elements rounded
+ * into it, and those read from it without rounding (each a conversion the
+ * GEMMs no longer make). DT_ERR_NOMEM when the copy cannot be had. */
+dt_status dt_kernels_set_weights(const float *w, size_t n);
+void dt_kernels_weights_changed(void);
+typedef struct {
+    size_t bytes;
+    unsigned long long converted, reused;
+} dt_kernels_wstats;
+void dt_kernels_weights_stats(dt_kernels_wstats *s);
+
 /* Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, where
  * op(X) is X or X^T as ta/tb are 0 or 1, and lda/ldb/ldc are row strides of
  * the matrices as stored. Uses all compute threads, or one when called from

@@ -11,8 +11,6 @@ struct dt_optim {
     size_t n;
     int64_t t;        // steps taken
     float *s0, *s1;   // SGD: momentum; AdamW: m, v
-    void *copy;       // low-precision working copy of the n weights, or NULL
-    dt_dtype copy_type;
     const char *state_dir;  // the state's file-backed mapping (dt_state_alloc), or NULL
     int skip;         // steps are skipped (dt_optim_set_skip)
 };
@@ -55,14 +53,6 @@ int dt_optim_num_states(const dt_optim *o) {
 
 float *dt_optim_state(dt_optim *o, int i) { return i == 0 ? o->s0 : i == 1 ? o->s1 : NULL; }
 
-dt_status dt_optim_set_working_copy(dt_optim *o, void *copy, dt_dtype t) {
-    if (copy && t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_ARG, "optimizer: a working copy is bf16 or fp16, not %s", dt_dtype_name(t));
-    o->copy = copy;
-    o->copy_type = t;
-    return DT_OK;
-}
-
 void dt_optim_set_skip(dt_optim *o, int skip) { o->skip = skip; }
 
 void dt_optim_begin_step(dt_optim *o) {
@@ -100,7 +90,6 @@ void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const flo
             params[i] -= lr * g;
         }
     }
-    if (o->copy) dt_from_f32((uint16_t *)o->copy + off, params, n, o->copy_type);
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale) {
