@@ -326,6 +326,87 @@ static void working_copy(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the GPT's matmul inputs kept in 16 bits
+
+// One GPT pass: loss and gradients.
+static dt_status gpt_pass(dt_gpt *m, const int32_t *tok, float *loss, float *g) {
+    dt_gpt_zero_grad(m);
+    dt_status st = dt_gpt_forward(m, tok, tok + 32, 4, 8, loss);
+    if (st == DT_OK) st = dt_gpt_backward(m);
+    if (st == DT_OK) memcpy(g, dt_gpt_grads(m), dt_gpt_num_params(m) * 4);
+    return st;
+}
+
+// The saved bytes the 16-bit parts should give: each of the four parts of
+// L x B x T x (C, C, C, 4C) elements in 2 bytes instead of 4 (each part's
+// room rounded up to 64 bytes, as the set lays them out).
+static size_t want_saved(size_t L, size_t BT, size_t C) {
+    size_t parts[4] = {L * BT * C, L * BT * C, L * BT * C, L * BT * 4 * C}, saved = 0;
+    for (int i = 0; i < 4; i++) saved += ((parts[i] + 15) / 16 * 16 - ((parts[i] + 1) / 2 + 15) / 16 * 16) * 4;
+    return saved;
+}
+
+static void gpt_acts16(void) {
+    dt_gpt_config gc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 8, .vocab_size = 40, .padded_vocab_size = 48};
+    dt_rng r;
+    dt_rng_seed(&r, 12);
+    int32_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = (int32_t)dt_rng_below(&r, 40);
+    dt_dtype ts[2] = {DT_BF16, DT_F16};
+    for (int ti = 0; ti < 2; ti++) {
+        const char *tn = ts[ti] == DT_BF16 ? "bf16" : "fp16";
+        dt_gpt *m16 = NULL, *m32 = NULL;
+        dt_kernels_set_precision(ts[ti]);  // m16's set keeps its matmul inputs in 16 bits
+        CHECK(dt_gpt_create(&m16, &gc, 4, 8) == DT_OK && dt_gpt_init(m16, 9) == DT_OK, "gpt: %s", dt_last_error());
+        dt_kernels_set_precision(DT_F32);  // m32's keeps them in fp32
+        CHECK(dt_gpt_create(&m32, &gc, 4, 8) == DT_OK && dt_gpt_init(m32, 9) == DT_OK, "gpt: %s", dt_last_error());
+        size_t np = dt_gpt_num_params(m16), saved = dt_gpt_acts_saved(dt_gpt_default_acts(m16));
+        size_t b16 = dt_gpt_acts_bytes(dt_gpt_default_acts(m16)), b32 = dt_gpt_acts_bytes(dt_gpt_default_acts(m32));
+        CHECK(saved == want_saved(2, 32, 32) && b32 - b16 == saved && dt_gpt_acts_saved(dt_gpt_default_acts(m32)) == 0,
+              "%s: the set keeps 4 matmul inputs in 2 bytes: %zu of %zu bytes saved (want %zu)", tn, saved, b32,
+              want_saved(2, 32, 32));
+        float *g16 = malloc(np * 4), *g32 = malloc(np * 4), *gf = malloc(np * 4), l16, l32, lf;
+        // Run in fp32, the fp32 set is the reference; a 16-bit set refuses it.
+        CHECK(gpt_pass(m32, tok, &lf, gf) == DT_OK, "fp32 pass");
+        dt_status st = gpt_pass(m16, tok, &l16, g16);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "make the set in the precision it runs in"),
+              "%s set run in fp32 is refused: %s", tn, dt_last_error());
+        dt_kernels_set_precision(ts[ti]);
+        CHECK(gpt_pass(m16, tok, &l16, g16) == DT_OK && gpt_pass(m32, tok, &l32, g32) == DT_OK, "%s passes", tn);
+        // The GEMMs round these inputs anyway: the same bits as fp32 storage.
+        CHECK(l16 == l32 && !memcmp(g16, g32, np * 4),
+              "%s: loss and gradients with the matmul inputs kept in %s bitwise those kept in fp32 (loss %.9g, %.9g)",
+              tn, tn, l16, l32);
+        // And against fp32 compute, within the operands' rounding.
+        double gmax = 0, gdiff = 0;
+        for (size_t i = 0; i < np; i++) {
+            gmax = fmax(gmax, fabs(gf[i]));
+            gdiff = fmax(gdiff, fabs(g16[i] - gf[i]));
+        }
+        double lrel = fabs(l16 - lf) / fabs(lf);
+        CHECK(lrel < (ts[ti] == DT_BF16 ? 4e-3 : 1e-3) && gdiff / gmax < (ts[ti] == DT_BF16 ? 5e-2 : 1e-2) && gdiff > 0,
+              "%s against fp32: loss %.3g relative, gradients %.3g of the largest", tn, lrel, gdiff / gmax);
+        printf("GPT matmul inputs in %s: %zu of %zu activation bytes saved; against fp32 loss %.2g, gradients %.2g\n", tn,
+               saved, b32, lrel, gdiff / gmax);
+        free(g16), free(g32), free(gf);
+        dt_gpt_free(m16);
+        dt_gpt_free(m32);
+    }
+    // What it saves at sizes that matter (no allocation).
+    dt_gpt_config g124;
+    CHECK(dt_gpt_preset("gpt2-124m", &g124) == DT_OK, "preset");
+    g124.block_size = 1024;
+    dt_kernels_set_precision(DT_F32);
+    size_t f32 = dt_gpt_acts_size(&g124, 8, 1024, 0, g124.n_layer);
+    dt_kernels_set_precision(DT_BF16);
+    size_t bf = dt_gpt_acts_size(&g124, 8, 1024, 0, g124.n_layer);
+    dt_kernels_set_precision(DT_F32);
+    CHECK(f32 - bf == want_saved(12, 8 * 1024, 768), "gpt2-124m B=8 T=1024: %zu saved", f32 - bf);
+    printf("gpt2-124m B=8 T=1024 activation set: %.0f MiB in fp32, %.0f MiB in bf16 (%.1f%% saved)\n",
+           f32 / 1048576.0, bf / 1048576.0, 100.0 * (f32 - bf) / f32);
+}
+
+// ----------------------------------------------------------------------------
 // runs
 
 static const char *cfg_mlp =
@@ -597,6 +678,7 @@ int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     kernels();
     working_copy();
+    gpt_acts16();
     scaler();
     if (only && !strcmp(only, "kernels")) return tl_finish();
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-precision-XXXXXX");

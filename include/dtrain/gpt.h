@@ -194,9 +194,15 @@ DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
 DT_API const float *dt_gpt_acts_logits(const dt_gpt_acts *a);
 /* Bytes allocated for the set; dt_gpt_acts_size: the bytes a set for
  * (c, B, T, l0, l1) would take, without allocating (arguments as above,
- * unchecked). */
+ * unchecked), in the kernels' precision at the call. A set made while the
+ * kernels run bf16 or fp16 (kernels.h) keeps each layer's four matmul
+ * inputs (ln1, the attention's output, ln2, the GELU's output) in that
+ * type, 2 bytes an element, and must run in it (else forward_range fails
+ * with DT_ERR_ARG); dt_gpt_acts_saved: the bytes that saves against fp32
+ * (0 for a set made in fp32). */
 DT_API size_t dt_gpt_acts_bytes(const dt_gpt_acts *a);
 DT_API size_t dt_gpt_acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1);
+DT_API size_t dt_gpt_acts_saved(const dt_gpt_acts *a);
 
 /* Stage forwards, over the set's current shape B x T. Each fails with
  * DT_ERR_ARG when a was made for another config, or lacks the layers or

@@ -35,7 +35,15 @@ struct dt_task {
     cJSON *history;             // {step, train_loss, val_loss} per evaluation
     dt_task_layer_fn layer_fn;  // the loop's layer hook, and its argument
     void *layer_user;
+    size_t act_bytes, act_saved;  // the activation sets made, and what 16-bit matmul inputs save in them
 };
+
+// Counts a set made (its bytes, and those its 16-bit matmul inputs save).
+static void count_acts(dt_task *t, const dt_gpt_acts *a) {
+    if (!a) return;
+    t->act_bytes += dt_gpt_acts_bytes(a);
+    t->act_saved += dt_gpt_acts_saved(a);
+}
 
 // Mean loss (and next-token accuracy when acc is not NULL) over the first
 // `windows` consecutive windows of the validation file: rank r takes
@@ -256,10 +264,16 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     char shard[96] = "";
     if (t->ntp > 1)
         snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
+    count_acts(t, dt_gpt_default_acts(t->m));
+    char acts[96] = "";
+    if (t->act_saved)
+        snprintf(acts, sizeof acts, "; activations %.1f MiB (%.1f MiB saved: matmul inputs kept in %s)",
+                 (double)t->act_bytes / (1 << 20), (double)t->act_saved / (1 << 20),
+                 c->precision == DT_F16 ? "fp16" : "bf16");
     snprintf(info->describe, sizeof info->describe,
-             "GPT L%d H%d C%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d", t->gc.n_layer,
+             "GPT L%d H%d C%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d%s", t->gc.n_layer,
              t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, dt_gpt_config_num_params(&t->gc), shard, t->train.n,
-             t->val.n, t->B, t->T);
+             t->val.n, t->B, t->T, acts);
 done:
     if (st != DT_OK) {
         gpt_close(t);
@@ -318,6 +332,7 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
     *st = (dt_task_stage){.l0 = l0, .l1 = l1};
     dt_gpt_set_grad_hook(t->m, NULL, NULL);
     dt_status st_ = dt_gpt_acts_create_range(&st->a, &t->gc, max_len, t->T, l0, l1);
+    if (st_ == DT_OK) count_acts(t, st->a);
     if (st_ != DT_OK) {
         free(st);
         *out = NULL;
@@ -405,6 +420,12 @@ static void gpt_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
     else cJSON_AddNullToObject(o, "val_loss");
     cJSON_AddItemReferenceToObject(o, "val_history", t->history);
     cJSON_AddNumberToObject(o, "tokens_per_sec", r->samples_per_sec * t->T);
+    // The activation sets' bytes as allocated (docs/mixed-precision.md).
+    cJSON *pr = cJSON_GetObjectItem(o, "precision");
+    if (pr) {
+        cJSON_AddNumberToObject(pr, "activation_bytes", (double)t->act_bytes);
+        cJSON_AddNumberToObject(pr, "activation_bytes_saved", (double)t->act_saved);
+    }
 }
 
 const dt_task_ops dt_task_gpt = {

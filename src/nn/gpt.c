@@ -5,6 +5,7 @@
  * (embedding, a range of blocks, head); the whole-model calls chain them
  * over the model's default set. */
 #include "dtrain/gpt.h"
+#include "kernels/kernels.h"
 
 #include <float.h>
 #include <math.h>
@@ -25,11 +26,16 @@ enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FC
 // layers [l0, l1), sized for maxB x maxT; per-layer ones are [l1-l0, B, T, ...]
 // at the current B x T's stride. The attention and MLP projections are not
 // kept: backward does not read them, so they are summed into the residual
-// stream in place.
+// stream in place. In a low precision (the kernels' when the set is made:
+// `store`) the four matmul inputs that only matmuls read, ln1, atty, ln2 and
+// fch_gelu, are kept in it (2 bytes an element): the GEMMs round them to it
+// anyway, in forward and in backward's weight gradient, so the results are
+// the same bits.
 struct dt_gpt_acts {
     dt_gpt_config c;
     int l0, l1, maxB, maxT, B, T;
     float *resid;                     // [l1-l0+1, B,T,C]: the stream before each layer, and after l1-1
+    dt_dtype store;                   // of ln1, atty, ln2, fch_gelu: DT_F32, DT_BF16 or DT_F16
     float *ln1, *ln1_mean, *ln1_rstd; // [.., B,T,C], [.., B,T]
     float *qkv;                       // [.., B,T,3C]
     float *atty;                      // [.., B,T,C]
@@ -118,9 +124,10 @@ static dt_status check_batch(const dt_gpt_config *c, int B, int T, const char *w
 }
 
 // Elements (4 bytes: float or int32) of each part of a set, rounded up to
-// 64 bytes so that every part starts aligned; returns the bytes in all.
+// 64 bytes so that every part starts aligned; returns the bytes in all. With
+// half, the 16-bit parts (ln1, atty, ln2, fch_gelu) take half the room.
 #define NACTS 20
-static size_t acts_sizes(const dt_gpt_config *c, int B, int T, int l0, int l1, size_t n[NACTS]) {
+static size_t acts_sizes(const dt_gpt_config *c, int B, int T, int l0, int l1, int half, size_t n[NACTS]) {
     size_t head = l1 == c->n_layer, embed = l0 == 0, nl = (size_t)(l1 - l0);
     size_t C = c->n_embd, NH = c->n_head, V = c->vocab_size, BT = (size_t)B * T, att = BT * NH * T;
     const size_t want[NACTS] = {
@@ -131,7 +138,10 @@ static size_t acts_sizes(const dt_gpt_config *c, int B, int T, int l0, int l1, s
         head * BT * C, head * BT, head * BT, head * BT * V, head * BT * V, // lnf, mean, rstd, logits, probs
         head * BT, embed * BT};                                            // targets, inputs
     size_t total = 0;
-    for (int i = 0; i < NACTS; i++) total += n[i] = (want[i] + 15) / 16 * 16;
+    for (int i = 0; i < NACTS; i++) {
+        int h = half && (i == 1 || i == 5 || i == 8 || i == 12);
+        total += n[i] = ((h ? (want[i] + 1) / 2 : want[i]) + 15) / 16 * 16;
+    }
     return total * 4;
 }
 
@@ -152,14 +162,15 @@ dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, in
                         l0, l1, c->n_layer);
     dt_gpt_acts *a = calloc(1, sizeof *a);
     if (!a) return dt_error(DT_ERR_NOMEM, "gpt activations: out of memory");
-    *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T};
+    *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T,
+                       .store = dt_kernels_precision()};
     // In acts_sizes' order.
     void *parts[NACTS] = {&a->resid, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
                           &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
                           &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->probs, &a->targets,
                           &a->inputs};
     size_t n[NACTS];
-    a->bytes = acts_sizes(c, B, T, l0, l1, n);
+    a->bytes = acts_sizes(c, B, T, l0, l1, a->store != DT_F32, n);
     a->block = dt_alloc(a->bytes);
     a->saved = calloc((size_t)(l1 - l0) + 1, 1);
     if (!a->block || !a->saved) {
@@ -180,7 +191,12 @@ dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, in
 
 size_t dt_gpt_acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1) {
     size_t n[NACTS];
-    return acts_sizes(c, B, T, l0, l1, n);
+    return acts_sizes(c, B, T, l0, l1, dt_kernels_precision() != DT_F32, n);
+}
+
+size_t dt_gpt_acts_saved(const dt_gpt_acts *a) {
+    size_t n[NACTS];
+    return acts_sizes(&a->c, a->maxB, a->maxT, a->l0, a->l1, 0, n) - a->bytes;
 }
 
 // The backward scratch a set of B x T needs (reserve_scratch), in floats.
@@ -459,18 +475,34 @@ static layer_params layer_params_of(float *const t[NPT], int l, size_t C, int nt
                           t[FCW] + lC * 4 * Cl, t[FCB] + 4 * l * Cl, t[FCPROJW] + lC * 4 * Cl, t[FCPROJB] + lC};
 }
 
-// One layer's saved activations at the set's current shape.
+// One layer's saved activations at the set's current shape. ln1, atty,
+// ln2 and fchg are floats, or 16-bit elements of the set's store.
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg;
+    float *ln1_mean, *ln1_rstd, *qkv, *att, *res2, *ln2_mean, *ln2_rstd, *fch;
+    void *ln1, *atty, *ln2, *fchg;
 } layer_acts;
 
 static layer_acts layer_acts_of(const dt_gpt_acts *a, int l) {
     size_t i = (size_t)(l - a->l0), BT = (size_t)a->B * a->T, sC = BT * a->c.n_embd;
-    size_t satt = BT * a->c.n_head * a->T;
-    return (layer_acts){a->ln1 + i * sC, a->ln1_mean + i * BT, a->ln1_rstd + i * BT, a->qkv + i * 3 * sC,
-                        a->atty + i * sC, a->att + i * satt, a->residual2 + i * sC, a->ln2 + i * sC,
-                        a->ln2_mean + i * BT, a->ln2_rstd + i * BT, a->fch + i * 4 * sC,
-                        a->fch_gelu + i * 4 * sC};
+    size_t satt = BT * a->c.n_head * a->T, es = a->store == DT_F32 ? 4 : 2;
+    return (layer_acts){a->ln1_mean + i * BT, a->ln1_rstd + i * BT, a->qkv + i * 3 * sC, a->att + i * satt,
+                        a->residual2 + i * sC, a->ln2_mean + i * BT, a->ln2_rstd + i * BT, a->fch + i * 4 * sC,
+                        (char *)a->ln1 + i * sC * es, (char *)a->atty + i * sC * es, (char *)a->ln2 + i * sC * es,
+                        (char *)a->fch_gelu + i * 4 * sC * es};
+}
+
+// A matmul input kept in 16 bits: x[n] rounded into keep (`t`), or widened
+// back into room (its fp32 values, which the GEMM's rounding leaves as they
+// are).
+static void keep16(void *keep, const float *x, size_t n, dt_dtype t) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i += 4096) dt_from_f32((uint16_t *)keep + i, x + i, n - i < 4096 ? n - i : 4096, t);
+}
+
+static const float *widen16(float *room, const void *kept, size_t n, dt_dtype t) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i += 4096) dt_to_f32(room + i, (const uint16_t *)kept + i, n - i < 4096 ? n - i : 4096, t);
+    return room;
 }
 
 // a belongs to m and holds the part a stage needs: the embedding, the head,
@@ -562,17 +594,29 @@ static dt_status layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *re
     size_t sC = (size_t)BT * C;
     layer_acts s = layer_acts_of(a, l);
     layer_params p = layer_params_of(m->p, l, C, ntp);
-    dt_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, BT, C, 1e-5f);
-    dt_linear_forward(s.qkv, s.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
-    dt_attention_forward(s.atty, s.att, s.qkv, B, T, Cl, NHl);
-    dt_linear_forward(s.res2, s.atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
+    // 16-bit matmul inputs are made in fp32 in the backward scratch (free
+    // during a forward), read by the matmul, then kept rounded.
+    dt_dtype t = a->store;
+    float *tmp = m->dfch_gelu;
+    float *ln1 = t != DT_F32 ? tmp : s.ln1;
+    dt_layernorm_forward(ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, BT, C, 1e-5f);
+    dt_linear_forward(s.qkv, ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    if (t != DT_F32) keep16(s.ln1, tmp, sC, t);
+    float *atty = t != DT_F32 ? tmp : s.atty;
+    dt_attention_forward(atty, s.att, s.qkv, B, T, Cl, NHl);
+    dt_linear_forward(s.res2, atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
+    if (t != DT_F32) keep16(s.atty, tmp, (size_t)BT * Cl, t);
     dt_status st = row_parallel_sum(m, s.res2, p.attprojb, BT, C);
     if (st != DT_OK) return st;
     dt_residual_forward(s.res2, residual, s.res2, sC);
-    dt_layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, BT, C, 1e-5f);
-    dt_linear_forward(s.fch, s.ln2, p.fcw, p.fcb, BT, C, F);
-    dt_gelu_forward(s.fchg, s.fch, (size_t)BT * F);
-    dt_linear_forward(out, s.fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
+    float *ln2 = t != DT_F32 ? tmp : s.ln2;
+    dt_layernorm_forward(ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, BT, C, 1e-5f);
+    dt_linear_forward(s.fch, ln2, p.fcw, p.fcb, BT, C, F);
+    if (t != DT_F32) keep16(s.ln2, tmp, sC, t);
+    float *fchg = t != DT_F32 ? tmp : s.fchg;
+    dt_gelu_forward(fchg, s.fch, (size_t)BT * F);
+    dt_linear_forward(out, fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
+    if (t != DT_F32) keep16(s.fchg, tmp, (size_t)BT * F, t);
     if ((st = row_parallel_sum(m, out, p.fcprojb, BT, C)) != DT_OK) return st;
     dt_residual_forward(out, s.res2, out, sC);
     return DT_OK;
@@ -582,6 +626,11 @@ dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const 
                                float *resid_out) {
     dt_status st = check_stage(m, a, LAYERS, l0, l1, "gpt forward_range");
     if (st != DT_OK) return st;
+    if (a->store != DT_F32 && dt_kernels_precision() != a->store)
+        return dt_error(DT_ERR_ARG, "gpt forward_range: the activations keep matmul inputs in %s, the kernels run %s "
+                        "(make the set in the precision it runs in)", dt_dtype_name(a->store),
+                        dt_dtype_name(dt_kernels_precision()));
+    if (a->store != DT_F32 && (st = reserve_scratch(m, a)) != DT_OK) return st;  // the 16-bit inputs' room
     if (resid_in == resid_out)
         return dt_error(DT_ERR_ARG, "gpt forward_range: resid_in and resid_out are the same buffer (backward needs the input)");
     // Layer l reads the stream before it from the set (resid_in for l0) and
@@ -745,26 +794,33 @@ static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *r
     layer_acts s = layer_acts_of(a, l);
     layer_params p = layer_params_of(m->p, l, C, ntp), g = layer_params_of(m->g, l, C, ntp);
 
+    // A 16-bit matmul input is widened into a scratch buffer that is free
+    // until after its matmul's backward.
+    dt_dtype t = a->store;
+    const float *fchg = t != DT_F32 ? widen16(m->dfch, s.fchg, sF, t) : s.fchg;
     memset(m->dfch_gelu, 0, sizeof(float) * sF);
-    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, s.fchg, p.fcprojw, BT, F, C);
+    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, fchg, p.fcprojw, BT, F, C);
     grads_final(m, FCPROJW, l);
     memset(m->dfch, 0, sizeof(float) * sF);
     dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, sF);
+    const float *ln2 = t != DT_F32 ? widen16(m->dfch_gelu, s.ln2, sC, t) : s.ln2;
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, s.ln2, p.fcw, BT, C, F);
+    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, ln2, p.fcw, BT, C, F);
     grads_final(m, FCW, l);
     dt_status st = tp_reduce(m, m->dln, sC, 0);
     if (st != DT_OK) return st;
     dt_layernorm_backward(dresid, g.ln2w, g.ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, BT, C);
     grads_final(m, LN2W, l);
 
+    const float *atty = t != DT_F32 ? widen16(m->dqkv, s.atty, (size_t)BT * Cl, t) : s.atty;
     memset(m->datty, 0, sizeof(float) * (size_t)BT * Cl);
-    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, s.atty, p.attprojw, BT, Cl, C);
+    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, atty, p.attprojw, BT, Cl, C);
     grads_final(m, ATTPROJW, l);
     memset(m->dqkv, 0, sizeof(float) * 3 * (size_t)BT * Cl);
     dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, Cl, NHl);
+    const float *ln1 = t != DT_F32 ? widen16(m->datty, s.ln1, sC, t) : s.ln1;
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, s.ln1, p.qkvw, BT, C, 3 * Cl);
+    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, ln1, p.qkvw, BT, C, 3 * Cl);
     grads_final(m, QKVW, l);
     if ((st = tp_reduce(m, m->dln, sC, 0)) != DT_OK) return st;
     dt_layernorm_backward(dresid, g.ln1w, g.ln1b, m->dln, residual, p.ln1w, s.ln1_mean, s.ln1_rstd, BT, C);
