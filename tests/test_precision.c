@@ -674,6 +674,46 @@ static void fp16_resume(void) {
           record_scale("fp16-from-bf16", 11));
 }
 
+// A GPT run in bf16 states both savings at its start and in summary.json:
+// the activation set's bytes and what its 16-bit matmul inputs saved (the
+// set's own figures), the weights' copy (2 bytes a parameter) and the
+// conversions it saved.
+static void gpt_run(void) {
+    uint16_t tok[4096];
+    for (int i = 0; i < 4096; i++) tok[i] = (uint16_t)((i * 7 + i / 13) % 32);
+    CHECK(dt_tokens_write(tl_path(g_tmp, "tok_train.bin"), tok, 4096) == DT_OK &&
+              dt_tokens_write(tl_path(g_tmp, "tok_val.bin"), tok, 1024) == DT_OK, "token files");
+    char path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/gpt.ini", g_tmp);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "[model]\npreset = gpt\nn_layer = 2\nn_head = 2\nn_embd = 32\nblock_size = 16\nvocab_size = 32\n"
+               "[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\nval_file = %s/tok_val.bin\n"
+               "[optim]\nname = adamw\nlr = 0.001\n[train]\nbatch = 8\nseq_len = 16\nmax_steps = 4\neval_batches = 1\n",
+            g_tmp, g_tmp);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/gpt-bf16 --precision bf16", tl_dtrain(), path, g_tmp);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    dt_gpt_config gc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 32, .padded_vocab_size = 32};
+    dt_kernels_set_precision(DT_F32);
+    size_t b32 = dt_gpt_acts_size(&gc, 8, 16, 0, 2);
+    dt_kernels_set_precision(DT_BF16);
+    size_t b16 = dt_gpt_acts_size(&gc, 8, 16, 0, 2);
+    dt_kernels_set_precision(DT_F32);
+    const char *sp = tl_path(g_tmp, "gpt-bf16/summary.json");
+    double ab = tl_json_number(sp, "activation_bytes"), as = tl_json_number(sp, "activation_bytes_saved");
+    CHECK(rc == 0 && strstr(g_out, "saved: matmul inputs kept in bf16") && strstr(g_out, "weights' bf16 copy"),
+          "a GPT run in bf16 names its savings on the start line: exit %d\n%.1500s", rc, g_out);
+    CHECK(ab == (double)b16 && as == (double)(b32 - b16) && as > 0,
+          "summary.json: activation_bytes %.0f (want %zu), activation_bytes_saved %.0f (want %zu)", ab, b16, as, b32 - b16);
+    double wb = tl_json_number(sp, "bytes"), conv = tl_json_number(sp, "converted"),
+           saved = tl_json_number(sp, "conversions_saved"), np = tl_json_number(sp, "params");
+    CHECK(wb == 2 * np && conv > 0 && saved > 0 && saved <= conv,
+          "summary.json weight_copy: %.0f bytes for %.0f parameters, %.0f elements converted, %.0f conversions saved",
+          wb, np, conv, saved);
+    printf("GPT run in bf16: activations %.0f bytes (%.0f saved), weights' copy %.0f bytes, %.0f conversions, %.0f saved\n",
+           ab, as, wb, conv, saved);
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     kernels();
@@ -689,6 +729,7 @@ int main(int argc, char **argv) {
     grad_dtype();
     learn_and_resume();
     fp16_resume();
+    gpt_run();
     tl_cleanup(g_tmp);
     return tl_finish();
 }
