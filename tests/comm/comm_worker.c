@@ -948,7 +948,7 @@ static void wire_case(mpi_bytes_fn counters, dt_dtype t, int rs, size_t n, int i
               "up to %d bytes (want <= 2)", what, t == DT_BF16 ? "bf16" : "f16", n, inplace ? " in place" : "",
               (unsigned long long)moved, hier ? "<= " : "", (unsigned long long)want, (unsigned long long)reduced,
               widest);
-    else if (g_rank == g_size - 1 && n > 1000)
+    else if (g_rank == (rs == 2 && inplace == g_size - 1 ? 0 : g_size - 1) && n > 1000)  // a reduce: not the root
         printf("wire %s %s n=%zu%s on %d ranks (%s): rank %d handed MPI %llu bytes of 16-bit elements to move, "
                "none to reduce: %.3f of fp32's bytes\n", what, t == DT_BF16 ? "bf16" : "f16", n,
                inplace ? " in place" : "", g_size, dt_comm_backend(W), g_rank, (unsigned long long)moved, moved / ring32);
