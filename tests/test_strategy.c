@@ -79,6 +79,15 @@ static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 
 // Rows of 20 steps (their references too).
 #define TP20 "--set train.max_steps=20 "
+// The classifiers for 20 steps: 3 epochs of 243 samples in batches of 40
+// (each epoch ends in a batch of 3 samples, which leaves some
+// micro-batches of a pipeline empty).
+#define SEQ20 "--set train.max_steps=20 --set train.epochs=3 "
+#define PP2 "--set parallel.pipeline=2 "
+#define PP4 "--set parallel.pipeline=4 "
+#define ILV "--set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
+#define GPIPE "--set parallel.schedule=gpipe "
+#define DET "--deterministic "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -165,6 +174,44 @@ static const row rows[] = {
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
     {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
+    // pipelines of the sequential models (the MLP's 5 layers, the CNN's 10),
+    // stages balanced by FLOPs or split by hand, 20 steps
+    {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP4 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP4 "--set parallel.micro_batches=6", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 3, 0, SEQ20 "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 1, SEQ20 PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP4 "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    // cuts between a convolution and the relu it runs, and between that relu
+    // and the maxpool that does its backward
+    {"pipeline-seq", "cnn", 3, 0, SEQ20 "--set parallel.pipeline=3 --set parallel.micro_batches=3 --set parallel.pipeline_split=1,1,8", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=2 --set parallel.pipeline_split=2,8 --set optim.clip_norm=0.5",
+     SEQ20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    // --deterministic with pipeline and tensor parallel: bitwise equal
+    // across data-parallel sizes (against data 1, ref_workers = T x P) and
+    // across repeats (the same layout twice)
+    {"model-parallel-det", "mlp", 4, 0, SEQ20 DET PP2, SEQ20 DET PP2, 0, 2},
+    {"model-parallel-det", "mlp", 2, 0, SEQ20 DET PP2, SEQ20 DET PP2, 0, 2},
+    {"model-parallel-det", "cnn", 4, 0, SEQ20 DET PP2 GPIPE, SEQ20 DET PP2 GPIPE, 0, 2},
+    {"model-parallel-det", "cnn", 4, 0, SEQ20 DET PP2 ILV, SEQ20 DET PP2 ILV, 0, 2},
+    {"model-parallel-det", "gpt4", 4, 0, DET PP2, DET PP2, 0, 2},
+    {"model-parallel-det", "gpt4", 6, 0, DET "--set parallel.pipeline=2", DET PP2, 0, 2},
+    {"model-parallel-det", "gptt", 4, 0, TP20 DET "--set parallel.tensor=2", TP20 DET "--set parallel.tensor=2", 0, 2},
+    {"model-parallel-det", "gptt4", 8, 0, TP20 DET "--set parallel.tensor=2 " PP2, TP20 DET "--set parallel.tensor=2 " PP2, 0, 4},
+    // ... and within 1e-5 of one deterministic process
+    {"model-parallel-det", "mlp", 4, 0, SEQ20 DET PP2, SEQ20 DET, 1e-5, 0},
+    {"model-parallel-det", "gptt4", 4, 0, TP20 DET "--set parallel.tensor=2 " PP2, TP20 DET, 1e-5, 0},
     // tensor parallel, alone and on grids with data and pipeline parallel
     // (T x P x data <= 8), 20 steps; "gptt" has 4 heads, a vocabulary of
     // 32 rows and lr 0.03, "gptt4" 4 layers. (At lr 0.1 the 4-layer model
@@ -720,6 +767,38 @@ static void tensor_parallel(void) {
     check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
+// Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
+static void pipeline_refusals(void) {
+    const refusal bad[] = {
+        {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
+        {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
+         "micro_batches = 1 is fewer than the pipeline's 2 stages; schedule = 1f1b"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
+         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 4"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,1,2", "gives more than 2 stages"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=4,x", "pipeline_split entry 2"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=41 --set parallel.schedule=gpipe",
+         "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
+        // the sequential models: their [model] layer lines are the layers
+        {cfg_mlp, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 5 layers ([model] layer = ... lines)"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
+         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 5 ([model] layer = ... lines)"},
+        {cfg_cnn, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=3,3,4", "gives more than 2 stages; pipeline = 2 needs 2"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2 " ILV "--set parallel.virtual_stages=3",
+         "pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 5 layers ([model] layer = ... lines)"},
+        {cfg_mlp, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: tensor parallelism splits the GPT only"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2 --set train.dynamic_batch=true", "not with [parallel] pipeline"},
+        // deterministic mode: the micro-batches are the fixed micro_shards
+        {cfg_mlp, 2, DET PP2 "--set parallel.micro_batches=4", "[parallel] micro_batches = 4 with deterministic = true"},
+        {cfg_mlp, 4, DET PP2 "--set parallel.micro_shards=5",
+         "[parallel] micro_shards (5) must be a multiple of the 2 data-parallel replicas in deterministic mode"},
+        {cfg_gpt4, 2, DET PP2 "--set parallel.micro_shards=1",
+         "[parallel] micro_shards / data-parallel replicas = 1 is fewer than the pipeline's 2 stages"},
+    };
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
+}
+
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -753,6 +832,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
     if (!only || !strcmp(only, "tensor")) tensor_parallel();
     if (!only || !strcmp(only, "memory")) memory_limit();
+    if (only && !strcmp(only, "refusals")) pipeline_refusals();
     if (only) {
         tl_cleanup(g_tmp);
         return tl_finish();
@@ -792,21 +872,7 @@ int main(int argc, char **argv) {
     CHECK(d >= 0 && d < 1e-5, "pipeline checkpoint resumed on one process: max relative difference %.3g", d);
     printf("pipeline checkpoint at step 25: resumed on the same layout %s, on one process max rel diff %.3g\n",
            compare("gpt4-pp-ck", "gpt4-pp-resumed", &bw) == 0 && bw ? "bitwise" : "NOT bitwise", d);
-    // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
-    const refusal bad[] = {
-        {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
-        {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
-         "micro_batches = 1 is fewer than the pipeline's 2 stages; schedule = 1f1b"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
-         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 4"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,1,2", "gives more than 2 stages"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=4,x", "pipeline_split entry 2"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=41 --set parallel.schedule=gpipe",
-         "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
-        {cfg_mlp, 2, "--set parallel.pipeline=2", "classifier model ([model] layer = ...) is not supported yet"},
-    };
-    check_refused(bad, (int)(sizeof bad / sizeof *bad));
+    pipeline_refusals();
 
     // Two ways of spreading the work at once, or compression outside
     // plain data parallel: refused at start, naming the fields.

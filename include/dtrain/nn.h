@@ -174,6 +174,43 @@ DT_API const float *dt_model_probs(const dt_model *m);
 DT_API dt_status dt_model_backward(dt_model *m);
 DT_API void dt_model_zero_grad(dt_model *m);
 
+/* ---- pipeline stages of a sequential model --------------------------------
+ * A stage runs layers [l0, l1) of a model on activations of its own, one
+ * set per micro-batch in flight (engine/pipeline.c), with the model's
+ * parameters and gradient block. The stream into layer l (the output of
+ * layer l - 1, in the layout that layer keeps: a convolution's may be
+ * blocked, dt_model_stream_size counts its padding) is what one stage sends
+ * the next; the computation is the whole model's, layer by layer. */
+typedef struct dt_model_acts dt_model_acts;
+/* Floats a sample of the stream into layer l (l = 0: the input; l =
+ * nlayers: the class scores). */
+DT_API size_t dt_model_stream_size(const dt_model *m, int l);
+/* A set of activations for layers [l0, l1) of m and batches up to
+ * max_batch; the caller owns *out (dt_model_acts_free). */
+DT_API dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, int l1, int max_batch);
+DT_API void dt_model_acts_free(dt_model_acts *a);
+/* The stage's input stream [max_batch, stream_size(l0)] (NULL when l0 = 0:
+ * it reads x) and its output [max_batch, stream_size(l1)]. */
+DT_API float *dt_model_acts_input(dt_model_acts *a);
+DT_API float *dt_model_acts_output(dt_model_acts *a);
+/* Forward of the stage on B samples: x[B, input_size] when l0 = 0, else
+ * the input stream; with l1 = nlayers the mean cross-entropy against
+ * targets into *loss. Dropout takes the model's key
+ * (dt_model_set_dropout_key) at the call. */
+DT_API dt_status dt_model_forward_range(dt_model *m, dt_model_acts *a, const float *x, const int32_t *targets,
+                                        int B, int train, float *loss);
+/* Its backward: from dout[B, stream_size(l1)] (the last stage: from the
+ * loss, scaled by the model's loss scale, dout unused); ACCUMULATES the
+ * stage's parameter gradients; *din (when not NULL) is set to the gradient
+ * of the input stream (NULL when l0 = 0), inside a, valid until its next
+ * backward. */
+DT_API dt_status dt_model_backward_range(dt_model *m, dt_model_acts *a, const float *dout, float **din);
+/* Forward FLOPs of one sample through each layer, flops[nlayers], from the
+ * shapes (2 x weights x output positions for linear and convolution layers,
+ * one a value for the element-wise ones): a pipeline's cost per layer. */
+DT_API dt_status dt_model_layer_costs(const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                                      double *flops);
+
 #ifdef __cplusplus
 }
 #endif

@@ -153,6 +153,10 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     lp.seed = c->seed;
     lp.rank = dt_comm_rank(comm);
     lp.world = dt_comm_size(comm);
+    if (c->pipeline > 1) {  // the stages of a replica take its share together (docs/model-parallel.md's layout)
+        lp.world /= c->pipeline * c->tensor;
+        lp.rank = lp.rank / c->tensor % lp.world;
+    }
     lp.aug.crop_pad = c->crop_pad;
     DT_TRY(dt_augment_parse(c->augment, lp.augment, &lp.naugment), done);
     lp.max_share = c->dynamic_batch ? dt_dynbatch_max_share(c->batch < t->train.n ? c->batch : t->train.n, lp.world) : 0;
@@ -231,6 +235,63 @@ static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
 }
 
 static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) { dt_model_set_layer_hook(t->m, fn, user); }
+
+// ----------------------------------------------------------------------------
+// pipeline stages: layers [l0, l1) of the model on activations of their own
+// (dt_model_acts); the share in flight is the replica's
+
+struct dt_task_stage {
+    dt_model_acts *a;
+    int l0, l1, off, len;
+    int64_t step;
+    float scale;
+};
+
+static dt_status cls_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
+    dt_task_stage *st = calloc(1, sizeof *st);
+    if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
+    *st = (dt_task_stage){.l0 = l0, .l1 = l1};
+    dt_status s = dt_model_acts_create(&st->a, t->m, l0, l1, max_len);
+    if (s != DT_OK) {
+        free(st);
+        *out = NULL;
+    }
+    return s;
+}
+
+static void cls_stage_free(dt_task_stage *st) {
+    if (!st) return;
+    dt_model_acts_free(st->a);
+    free(st);
+}
+
+static dt_status cls_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, int off, int len, float loss_scale,
+                                 float **in, size_t *in_count, float **out, size_t *out_count) {
+    if (off < t->b.first || off + len > t->b.first + t->b.B)
+        return dt_error(DT_ERR_ARG, "pipeline stage: samples [%d, %d) outside the share [%d, %d)", off, off + len,
+                        t->b.first, t->b.first + t->b.B);
+    st->off = off - t->b.first;
+    st->len = len;
+    st->step = step;
+    st->scale = loss_scale;
+    *in = dt_model_acts_input(st->a);
+    *out = dt_model_acts_output(st->a);
+    *in_count = (size_t)len * dt_model_stream_size(t->m, st->l0);
+    *out_count = (size_t)len * dt_model_stream_size(t->m, st->l1);
+    return DT_OK;
+}
+
+static dt_status cls_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
+    size_t ss = dt_dataset_sample_size(&t->train);
+    dt_model_set_dropout_key(t->m, (uint64_t)st->step, (int64_t)t->b.first + st->off);
+    return dt_model_forward_range(t->m, st->a, st->l0 == 0 ? t->b.x + (size_t)st->off * ss : NULL, t->b.y + st->off,
+                                  st->len, 1, loss);
+}
+
+static dt_status cls_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
+    dt_model_set_loss_scale(t->m, st->scale);
+    return dt_model_backward_range(t->m, st->a, d, din);
+}
 
 // Evaluation sharded across the ranks of comm and reduced.
 static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
@@ -319,6 +380,11 @@ const dt_task_ops dt_task_classifier = {
     .forward = cls_forward,
     .backward = cls_backward,
     .set_layer_hook = cls_set_layer_hook,
+    .stage_create = cls_stage_create,
+    .stage_free = cls_stage_free,
+    .stage_begin = cls_stage_begin,
+    .stage_forward = cls_stage_forward,
+    .stage_backward = cls_stage_backward,
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,
