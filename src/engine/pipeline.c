@@ -1,13 +1,16 @@
 /* Model parallel, the "model-parallel" strategy (strategy.h;
- * docs/model-parallel.md): tensor parallel and pipeline parallel of the GPT,
- * with data parallel outside them.
+ * docs/model-parallel.md): tensor parallel of the GPT and pipeline parallel
+ * of the GPT and of sequential models (the classifier's MLP and CNN), with
+ * data parallel outside them.
  *
  * [parallel] tensor = T splits every layer over T ranks (the model's
  * shards, dtrain/gpt.h: heads, MLP units and vocabulary divided, two
  * allreduces a layer each way, made by the task on its shard's group).
- * [parallel] pipeline = P cuts the GPT's n_layer blocks into P stages
- * (balanced by count, or pipeline_split = "a,b,..." layers per stage): the
- * embedding runs on the first stage, the head and the loss on the last. The
+ * [parallel] pipeline = P cuts the GPT's n_layer blocks (balanced by count)
+ * or a sequential model's layers (balanced by their forward FLOPs,
+ * dt_model_layer_costs) into P stages, or pipeline_split = "a,b,..." layers
+ * per stage: the embedding (the images) on the first stage, the head and
+ * the loss on the last. The
  * W workers form D = W / (T P) data-parallel replicas, laid out as Megatron
  * does, tensor innermost, then data, then pipeline:
  *
@@ -22,12 +25,14 @@
  *
  * A step cuts the replica's share of the global batch into M =
  * micro_batches micro-batches and runs them through the stages, activations
- * [len,T,C] forward and their gradients backward by dt_isend/dt_irecv, in
- * one of two schedules: "gpipe" (all forwards, then all backwards: M
- * activation sets alive on every stage) or "1f1b" (P - s - 1 warm-up
- * forwards on stage s, then one forward and one backward in turn, then the
- * rest of the backwards: at most P - s sets alive). Each micro-batch has its
- * own activation set from the task's stage calls (task.h). With P = 1 the
+ * (the GPT's [len,T,C], a sequential model's layer output) forward and
+ * their gradients backward by dt_isend/dt_irecv, in one of three
+ * schedules: "gpipe" (all forwards, then all backwards: M activation sets
+ * alive on every stage), "1f1b" (P - s - 1 warm-up forwards on stage s,
+ * then one forward and one backward in turn, then the rest of the
+ * backwards: at most P - s sets alive) or "interleaved" (Megatron's, V
+ * chunks of layers a stage: plan_ops). Each micro-batch has its own
+ * activation set from the task's stage calls (task.h). With P = 1 the
  * one stage runs the M micro-batches one after the other.
  *
  * Parameters: every rank holds its shard's whole flat block (the whole
@@ -46,7 +51,12 @@
  * whole block (docs/model-parallel.md).
  *
  * The loss: only the last stage's tensor rank 0 reports it; the others add
- * 0 to the control plane's sum, which divides by the global batch. */
+ * 0 to the control plane's sum, which divides by the global batch.
+ *
+ * Deterministic mode: the micro-batches are the global batch's micro_shards
+ * fixed pieces (micro_shards / D a replica), each one's gradient goes into
+ * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
+ * an int64 allreduce: bitwise the same for any D and schedule. */
 #include "engine/strategy.h"
 #include "engine/worker.h"
 
