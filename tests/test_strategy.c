@@ -61,6 +61,7 @@ static const char *cfg_mlp =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = gelu\n"
     "layer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\n";
 static const char *cfg_cnn = tl_cfg_cnn;
+static char cfg_cnnt[1024];  // the CNN without its dropout layer
 
 // Trains with N workers; returns the exit code. The run dir is TMP/name.
 static int train(const char *name, const char *cfg, int N, const char *extra) {
@@ -201,6 +202,20 @@ static const row rows[] = {
     {"pipeline-seq", "cnn", 3, 0, SEQ20 "--set parallel.pipeline=3 --set parallel.micro_batches=3 --set parallel.pipeline_split=1,1,8", SEQ20, 1e-5, 0},
     {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=2 --set parallel.pipeline_split=2,8 --set optim.clip_norm=0.5",
      SEQ20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    // tensor parallel of the sequential models: the MLP's linear 784->64,
+    // relu, linear 64->32 pair (column- then row-parallel), the rest whole;
+    // "cnnt" is the CNN without its dropout (its linear 32, relu, linear 10
+    // then pair up)
+    {"tensor-seq", "mlp", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=4", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 --set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 8, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set optim.clip_norm=0.5", SEQ20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    {"tensor-seq", "mlp", 2, 1, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnnt", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnnt", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 DET "--set parallel.tensor=2", SEQ20 DET "--set parallel.tensor=2", 0, 2},
     // --deterministic with pipeline and tensor parallel: bitwise equal
     // across data-parallel sizes (against data 1, ref_workers = T x P) and
     // across repeats (the same layout twice)
@@ -322,6 +337,7 @@ static const row rows[] = {
 static const char *model_cfg(const char *model) {
     return !strcmp(model, "mlp")     ? cfg_mlp
            : !strcmp(model, "cnn")   ? cfg_cnn
+           : !strcmp(model, "cnnt")  ? cfg_cnnt
            : !strcmp(model, "gpt4")  ? cfg_gpt4
            : !strcmp(model, "gptt")  ? cfg_gptt
            : !strcmp(model, "gptt4") ? cfg_gptt4
@@ -772,6 +788,43 @@ static void tensor_parallel(void) {
     check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
+// Tensor parallel of a sequential model around the table's "tensor-seq"
+// rows: a shard holds its part of the pair (summary.json's count), its
+// checkpoints hold the whole model's tensors and resume on the same layout
+// bitwise and on one process within 1e-5.
+static void tensor_seq(void) {
+    const char *g = SEQ20 "--set checkpoint.every_steps=10";
+    char flags[2048], path[1024];
+    snprintf(flags, sizeof flags, "%s --set parallel.tensor=2", g);
+    CHECK(train("tps-ck", cfg_mlp, 2, flags) == 0, "mlp, tensor 2, with checkpoints:\n%s", g_out);
+    // the whole model: 784x64+64 + 64x32+32 + 32x10+10 = 52650; a shard:
+    // 784x32+32 + 32x32+32 + 330 = 26506 (summary.json's params, a rank's)
+    double np = summary_number("tps-ck", "params");
+    CHECK(np == 26506, "a shard of the MLP holds 26506 of its 52650 parameters: summary.json says %.0f", np);
+    snprintf(path, sizeof path, "%s/tps-ck/checkpoints/step-00000010.safetensors", g_tmp);
+    dt_st_file *f = NULL;
+    const dt_st_tensor *w0 = dt_st_open(&f, path) == DT_OK ? dt_st_find(f, "0.weight") : NULL;
+    const dt_st_tensor *w2 = f ? dt_st_find(f, "2.weight") : NULL;
+    CHECK(w0 && w2 && w0->shape[0] == 64 && w0->shape[1] == 784 && w2->shape[0] == 32 && w2->shape[1] == 64,
+          "the checkpoint of 2 shards holds 0.weight [64, 784] and 2.weight [32, 64], the whole model's");
+    dt_st_close(f);
+    const struct {
+        const char *name, *flags;
+        int workers;
+        double tol;
+    } resume[] = {{"tps-res-same", "--set parallel.tensor=2", 2, 0}, {"tps-res-1", "", 1, 1e-5}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(flags, sizeof flags, SEQ20 "%s --set checkpoint.resume=%s", resume[i].flags, path);
+        int rc = train(resume[i].name, cfg_mlp, resume[i].workers, flags), bw = 0;
+        double d = rc == 0 ? compare("tps-ck", resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "mlp tensor 2's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g", resume[i].workers,
+              resume[i].flags, rc, d);
+        printf("tensor-seq: the step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n", resume[i].workers,
+               resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
+    }
+}
+
 // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
 static void pipeline_refusals(void) {
     const refusal bad[] = {
@@ -792,7 +845,8 @@ static void pipeline_refusals(void) {
         {cfg_cnn, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=3,3,4", "gives more than 2 stages; pipeline = 2 needs 2"},
         {cfg_mlp, 2, "--set parallel.pipeline=2 " ILV "--set parallel.virtual_stages=3",
          "pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 5 layers ([model] layer = ... lines)"},
-        {cfg_mlp, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: tensor parallelism splits the GPT only"},
+        {cfg_cnn, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: the model has no two linear layers with only relu or gelu layers between them"},
+        {cfg_mlp, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the 64 outputs of layer 0 (linear out=64)"},
         {cfg_mlp, 2, "--set parallel.pipeline=2 --set train.dynamic_batch=true", "not with [parallel] pipeline"},
         // deterministic mode: the micro-batches are the fixed micro_shards
         {cfg_mlp, 2, DET PP2 "--set parallel.micro_batches=4", "[parallel] micro_batches = 4 with deterministic = true"},
@@ -812,6 +866,8 @@ int main(int argc, char **argv) {
     tl_make_images(g_tmp, "train", 243, 1);
     tl_make_images(g_tmp, "t10k", 100, 2);
 
+    const char *drop = strstr(cfg_cnn, "layer = dropout p=0.3\n");
+    snprintf(cfg_cnnt, sizeof cfg_cnnt, "%.*s%s", (int)(drop - cfg_cnn), cfg_cnn, drop + strlen("layer = dropout p=0.3\n"));
     make_tokens("tok_train.bin", 4000, 5);
     make_tokens("tok_val.bin", 1000, 6);
     snprintf(cfg_gpt, sizeof cfg_gpt,
@@ -836,6 +892,7 @@ int main(int argc, char **argv) {
 
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
     if (!only || !strcmp(only, "tensor")) tensor_parallel();
+    if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
     if (!only || !strcmp(only, "memory")) memory_limit();
     if (only && !strcmp(only, "refusals")) pipeline_refusals();
     if (only) {

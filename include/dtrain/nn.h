@@ -174,6 +174,38 @@ DT_API const float *dt_model_probs(const dt_model *m);
 DT_API dt_status dt_model_backward(dt_model *m);
 DT_API void dt_model_zero_grad(dt_model *m);
 
+/* ---- tensor parallel shards of a sequential model -------------------------
+ * Consecutive linear layers with only relu or gelu layers between them form
+ * pairs, as Megatron-LM's MLP: the first column-parallel (shard tp of ntp
+ * holds rows [tp out/ntp, (tp+1) out/ntp) of its weight and bias, so its
+ * outputs and the activations after it are divided), the second
+ * row-parallel (the matching columns of its weight; its bias whole). A
+ * shard sums the second's partial outputs over the shards after its
+ * forward, and the first's partial input gradients after its backward,
+ * through the reduce function: one sum a pair each way. The other layers
+ * are whole on every shard. */
+/* Sums buf[n] in place over the shards; every shard gets the result. */
+typedef dt_status (*dt_model_reduce_fn)(float *buf, size_t n, void *user);
+/* DT_ERR_CONFIG, its message starting with `what` (a config field), when
+ * the layers have no such pair or ntp does not divide a column-parallel
+ * layer's outputs. */
+DT_API dt_status dt_model_tensor_parallel_check(const dt_layer_spec *layers, int nlayers, int ntp, const char *what);
+/* dt_model_create for shard tp of ntp (0 of 1: dt_model_create). Its
+ * tensors keep their names with the shard's shapes; ntp > 1 needs a reduce
+ * function before a forward. */
+DT_API dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
+                                       int nlayers, int max_batch, int tp, int ntp);
+DT_API void dt_model_set_reduce(dt_model *m, dt_model_reduce_fn fn, void *user);
+/* The whole model's parameter count (dt_model_num_params on one shard). */
+DT_API size_t dt_model_whole_params(const dt_model *m);
+/* Whether tensor i is divided among the shards (else every shard holds it
+ * whole and computes the same gradient for it). */
+DT_API int dt_model_tensor_split(const dt_model *m, int i);
+/* Copies between shard tp's parameter block `local` (m's layout) and the
+ * whole model's `whole`: into whole (to_whole = 1, shard tp's parts) or out
+ * of it. */
+DT_API void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole);
+
 /* ---- pipeline stages of a sequential model --------------------------------
  * A stage runs layers [l0, l1) of a model on activations of its own, one
  * set per micro-batch in flight (engine/pipeline.c), with the model's

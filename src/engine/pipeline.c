@@ -205,9 +205,6 @@ static dt_status pp_check(const dt_config *c, int W) {
     const char *what = P > 1 ? "[parallel] pipeline" : "[parallel] tensor";
     int v = P > 1 ? P : T;
     const char *mname = c->deterministic ? "micro_shards / data-parallel replicas" : "micro_batches";
-    if (!c->gpt && T > 1)
-        return dt_error(DT_ERR_CONFIG, "[parallel] tensor = %d: tensor parallelism splits the GPT only; the classifier model ([model] layer = ...) is not supported yet (use [parallel] pipeline)",
-                        T);
     if (c->deterministic) {
         int D = W / (T * P);
         if (c->micro_batches > 0)
@@ -236,7 +233,11 @@ static dt_status pp_check(const dt_config *c, int W) {
                             mname, M, P);
     } else if (V > 1)
         return dt_error(DT_ERR_CONFIG, "[parallel] virtual_stages = %d needs schedule = interleaved", V);
-    if (T > 1) {
+    if (T > 1 && !c->gpt) {
+        dt_status st = dt_model_tensor_parallel_check(c->layers, c->nlayers, T, "[parallel] tensor");
+        if (st != DT_OK) return st;
+    }
+    if (T > 1 && c->gpt) {
         dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
         dt_status st = dt_gpt_tensor_parallel_check(&gc, T, "[parallel] tensor");
         if (st != DT_OK) return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());

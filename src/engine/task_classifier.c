@@ -25,6 +25,11 @@ struct dt_task {
     int *order_layer;
     dt_batch b;                    // the batch in flight: this rank's share
     dt_st_meta wmeta[2];
+    // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
+    int tp, ntp;
+    dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
+    dt_model *whole;               // the whole model's plan and block (init, names, the weights file)
+    unsigned char *order_split;    // the order's ranges divided among the shards
 };
 
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
@@ -113,8 +118,16 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
 
 static int cls_wants(const dt_config *c) { return !c->gpt; }
 
+static void cls_close(dt_task *t) {
+    dt_comm_destroy(t->tpc);
+    dt_comm_destroy(t->rest);
+    t->tpc = t->rest = NULL;
+}
+
 static void cls_destroy(dt_task *t) {
     if (!t) return;
+    dt_model_free(t->whole);
+    free(t->order_split);
     free(t->tinfo);
     free(t->order);
     free(t->order_layer);
@@ -127,6 +140,18 @@ static void cls_destroy(dt_task *t) {
     free(t);
 }
 
+// The model's sums over the tensor-parallel shards (dt_model_set_reduce).
+static dt_status tp_reduce(float *buf, size_t n, void *user) {
+    dt_task *t = user;
+    dt_status st = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, t->tpc);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
+}
+
+static void shard_copy(void *user, int tp, float *local, float *whole, int to_whole) {
+    dt_task *t = user;
+    dt_model_shard_copy(t->m, tp, local, whole, to_whole);
+}
+
 static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                             dt_task_info *info) {
     (void)max_micro;
@@ -136,13 +161,33 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_status st;
     DT_TRY(load_split(c, "train", &t->train), done);
     DT_TRY(load_split(c, "test", &t->test), done);
-    DT_TRY(dt_model_create(&t->m, c->input, c->layers, c->nlayers, model_rows), done);
+    // [parallel] tensor = T: the T consecutive ranks from rank - rank % T
+    // hold the T shards of one copy of the model (docs/model-parallel.md's
+    // layout, as the GPT's); the ranks of the same shard evaluate together.
+    t->ntp = c->tensor > 1 ? c->tensor : 1;
+    t->tp = dt_comm_rank(comm) % t->ntp;
+    if (t->ntp > 1) {
+        int rank = dt_comm_rank(comm);
+        st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
+        if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
+        if (st != DT_OK) {
+            st = dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+            goto done;
+        }
+    }
+    DT_TRY(dt_model_create_shard(&t->m, c->input, c->layers, c->nlayers, model_rows, t->tp, t->ntp), done);
     if (dt_model_num_classes(t->m) != t->train.classes) {
         st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                       dt_model_num_classes(t->m), t->train.classes);
         goto done;
     }
     dt_model_init(t->m, c->seed);
+    if (t->ntp > 1) {  // a shard's part of the whole model's initial parameters
+        DT_TRY(dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1), done);
+        dt_model_init(t->whole, c->seed);
+        dt_model_shard_copy(t->m, t->tp, dt_model_params(t->m), dt_model_params(t->whole), 0);
+        dt_model_set_reduce(t->m, tp_reduce, t);
+    }
     dt_loader_params lp = dt_loader_default_params();
     lp.batch = c->batch;
     lp.shuffle = c->shuffle;
@@ -153,7 +198,7 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     lp.seed = c->seed;
     lp.rank = dt_comm_rank(comm);
     lp.world = dt_comm_size(comm);
-    if (c->pipeline > 1) {  // the stages of a replica take its share together (docs/model-parallel.md's layout)
+    if (c->pipeline > 1 || t->ntp > 1) {  // a replica's ranks take its share together (docs/model-parallel.md's layout)
         lp.world /= c->pipeline * c->tensor;
         lp.rank = lp.rank / c->tensor % lp.world;
     }
@@ -167,18 +212,22 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->m, i);
+    // (checkpoints name the whole model's tensors)
+    for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->whole ? t->whole : t->m, i);
     // The gradient order for a strategy that gathers layer by layer: the
     // tensors in block order (their names start with the layer index).
     t->order = malloc(sizeof *t->order * (nt > 0 ? nt : 1));
     t->order_layer = malloc(sizeof(int) * (nt > 0 ? nt : 1));
-    if (!t->order || !t->order_layer) {
+    t->order_split = malloc((size_t)(nt > 0 ? nt : 1));
+    if (!t->order || !t->order_layer || !t->order_split) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int i = 0; i < nt; i++) {
-        t->order[i] = (dt_grad_range){t->tinfo[i].offset, t->tinfo[i].numel};
-        t->order_layer[i] = atoi(t->tinfo[i].name);
+        const dt_tensor_info *ti = dt_model_tensor(t->m, i);
+        t->order[i] = (dt_grad_range){ti->offset, ti->numel};
+        t->order_layer[i] = atoi(ti->name);
+        t->order_split[i] = (unsigned char)dt_model_tensor_split(t->m, i);
     }
     t->wmeta[0] = (dt_st_meta){"format", "dtrain-weights"};
     t->wmeta[1] = (dt_st_meta){"name", c->name};
@@ -191,7 +240,13 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .order = t->order,
                            .norder = nt,
                            .order_layer = t->order_layer,
+                           .order_split = t->ntp > 1 ? t->order_split : NULL,
+                           .replicas = t->rest,
+                           .tensor_group = t->tpc,
                            .tensors = t->tinfo,
+                           .nwhole = dt_model_whole_params(t->m),
+                           .shard_copy = t->ntp > 1 ? shard_copy : NULL,
+                           .shard_user = t,
                            .ntensors = nt,
                            .weights_meta = t->wmeta,
                            .nweights_meta = 2,
@@ -199,10 +254,14 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .total_steps = total,
                            .epochs = (int)((total + spe - 1) / spe),
                            .has_eval = 1};
-    snprintf(info->describe, sizeof info->describe, "%zu parameters, %d train / %d test samples", info->nparams,
-             t->train.n, t->test.n);
+    char shard[96] = "";
+    if (t->ntp > 1)
+        snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
+    snprintf(info->describe, sizeof info->describe, "%zu parameters%s, %d train / %d test samples",
+             dt_model_whole_params(t->m), shard, t->train.n, t->test.n);
 done:
     if (st != DT_OK) {
+        cls_close(t);
         cls_destroy(t);
         *out = NULL;
     }
@@ -298,6 +357,7 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
                               float *accuracy) {
     (void)step, (void)train_loss;
     const dt_dataset *ds = &t->test;
+    if (t->ntp > 1) comm = t->rest;  // the shards of one model run the same samples
     int r = dt_comm_rank(comm), W = dt_comm_size(comm);
     int lo = (int)((long)ds->n * r / W), hi = (int)((long)ds->n * (r + 1) / W);
     double sum;
@@ -312,10 +372,20 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
+// A shard's group gathers the whole model for the rank that writes it.
 static dt_status cls_save(dt_task *t, const char *path) {
-    if (!path) return DT_OK;
     dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
-    return dt_model_save(t->m, path, meta, 3);
+    if (t->ntp == 1) return path ? dt_model_save(t->m, path, meta, 3) : DT_OK;
+    size_t n = dt_model_num_params(t->m);
+    float *all = dt_alloc(sizeof(float) * n * (size_t)t->ntp);
+    if (!all) return dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the tensor-parallel shards");
+    dt_status st = dt_allgather(dt_model_params(t->m), all, n, DT_F32, t->tpc);
+    if (st != DT_OK) st = dt_error(st, "saving the model: gathering the tensor-parallel shards: %s", dt_last_error());
+    for (int r = 0; r < t->ntp && st == DT_OK && path; r++)
+        dt_model_shard_copy(t->m, r, all + n * r, dt_model_params(t->whole), 1);
+    if (st == DT_OK && path) st = dt_model_save(t->whole, path, meta, 3);
+    dt_free(all);
+    return st;
 }
 
 static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
@@ -374,6 +444,7 @@ const dt_task_ops dt_task_classifier = {
     .wants = cls_wants,
     .create = cls_create,
     .destroy = cls_destroy,
+    .close = cls_close,
     .start_epoch = cls_start_epoch,
     .next_batch = cls_next_batch,
     .zero_grad = cls_zero_grad,

@@ -23,6 +23,9 @@ typedef struct {
     int fused;             // conv: applies the relu after it; relu: done by that conv,
                            // whose act it shares (relu(x) > 0 exactly where x > 0)
     int pooled;            // relu: its backward is done by the maxpool after it
+    int tp;                // tensor parallel: 1 column-parallel linear (its outputs divided among
+                           // the shards), 2 row-parallel (its inputs; outputs summed); 0 whole
+    size_t ww_off, wb_off; // a shard's: the offsets of its tensors in the whole model's block
 } layer_t;
 
 struct dt_model {
@@ -44,6 +47,10 @@ struct dt_model {
     dt_model_layer_fn layer_hook;
     void *layer_hook_user;
     float loss_scale;
+    int tp, ntp;           // tensor parallel: this shard of ntp (0 of 1: the whole model)
+    size_t nwhole;         // the whole model's parameters
+    dt_model_reduce_fn reduce;
+    void *reduce_user;
 };
 
 static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
@@ -231,8 +238,41 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
 }
 
 // A model's plan without its buffers: shapes, offsets, layouts.
+// Tensor parallel's pairs: a linear layer, any relu or gelu layers, then a
+// linear layer: the first column-parallel (kind 1), the second row-parallel
+// (kind 2), each layer in one pair at most. Returns the number of pairs.
+static int find_pairs(const dt_layer_spec *layers, int nlayers, int *kind) {
+    int n = 0;
+    for (int i = 0; i < nlayers; i++) kind[i] = 0;
+    for (int i = 0; i < nlayers; i++) {
+        if (layers[i].kind != DT_LAYER_LINEAR) continue;
+        int j = i + 1;
+        while (j < nlayers && (layers[j].kind == DT_LAYER_RELU || layers[j].kind == DT_LAYER_GELU)) j++;
+        if (j < nlayers && layers[j].kind == DT_LAYER_LINEAR) {
+            kind[i] = 1, kind[j] = 2, n++;
+            i = j;
+        }
+    }
+    return n;
+}
+
+dt_status dt_model_tensor_parallel_check(const dt_layer_spec *layers, int nlayers, int ntp, const char *what) {
+    int *kind = malloc(sizeof(int) * (size_t)(nlayers > 0 ? nlayers : 1));
+    if (!kind) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    dt_status st = DT_OK;
+    if (find_pairs(layers, nlayers, kind) == 0)
+        st = dt_error(DT_ERR_CONFIG, "%s = %d: the model has no two linear layers with only relu or gelu layers between them to split (a column-parallel linear, then a row-parallel one)",
+                      what, ntp);
+    for (int i = 0; i < nlayers && st == DT_OK; i++)
+        if (kind[i] == 1 && layers[i].out % ntp)
+            st = dt_error(DT_ERR_CONFIG, "%s = %d does not divide the %d outputs of layer %d (linear out=%d), whose outputs the ranks share",
+                          what, ntp, layers[i].out, i, layers[i].out);
+    free(kind);
+    return st;
+}
+
 static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
-                            int max_batch) {
+                            int max_batch, int tp, int ntp) {
     *out = NULL;
     if (nlayers <= 0 || max_batch <= 0)
         return dt_error(DT_ERR_ARG, "model: need at least one layer and max_batch > 0");
@@ -242,6 +282,8 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     m->max_batch = max_batch;
     m->loss_scale = 1.0f;
+    m->tp = tp;
+    m->ntp = ntp;
     memcpy(m->in_shape, in_shape, sizeof m->in_shape);
     m->L = calloc(nlayers, sizeof *m->L);
     m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
@@ -251,12 +293,20 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
         dt_model_free(m);
         return dt_error(DT_ERR_NOMEM, "model: out of memory");
     }
+    if (ntp > 1) {
+        int *kind = malloc(sizeof(int) * (size_t)nlayers);
+        if (!kind) return dt_model_free(m), dt_error(DT_ERR_NOMEM, "model: out of memory");
+        find_pairs(layers, nlayers, kind);
+        for (int i = 0; i < nlayers; i++) m->L[i].tp = kind[i];
+        free(kind);
+    }
     size_t off = 0;
     const int *in = in_shape;
     for (int i = 0; i < nlayers; i++) {
         layer_t *l = &m->L[i];
         l->spec = layers[i];
         memcpy(l->in, in, sizeof l->in);
+        if (ntp > 1 && l->tp == 1) l->spec.out /= ntp;
         dt_status st = plan_layer(l, i);
         if (st != DT_OK) {
             dt_model_free(m);
@@ -272,7 +322,15 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     if (last->out[1] != 1 || last->out[2] != 1)
         return dt_model_free(m), dt_error(DT_ERR_ARG, "model: last layer must produce a flat vector of class scores (end with linear)");
     plan_layouts(m);
-    m->nparams = off;
+    m->nparams = m->nwhole = off;
+    if (ntp > 1) {  // where a shard's tensors sit in the whole model's block
+        dt_model *w;
+        dt_status st = plan_model(&w, in_shape, layers, nlayers, 1, 0, 1);
+        if (st != DT_OK) return dt_model_free(m), st;
+        for (int i = 0; i < nlayers; i++) m->L[i].ww_off = w->L[i].w_off, m->L[i].wb_off = w->L[i].b_off;
+        m->nwhole = w->nparams;
+        dt_model_free(w);
+    }
     *out = m;
     return DT_OK;
 }
@@ -280,7 +338,7 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
 dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers, int max_batch,
                           size_t *nparams, size_t *act_bytes) {
     dt_model *m;
-    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch);
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch, 0, 1);
     if (st != DT_OK) return st;
     size_t n = (size_t)max_batch * m->L[nlayers - 1].out[0];  // probs
     for (int i = 0; i < nlayers; i++) {
@@ -295,8 +353,19 @@ dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, in
 
 dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
                           int nlayers, int max_batch) {
+    return dt_model_create_shard(out, in_shape, layers, nlayers, max_batch, 0, 1);
+}
+
+dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                                int max_batch, int tp, int ntp) {
     dt_model *m;
-    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch);
+    *out = NULL;
+    if (ntp < 1 || tp < 0 || tp >= ntp) return dt_error(DT_ERR_ARG, "model: shard %d of %d", tp, ntp);
+    if (ntp > 1) {
+        dt_status st = dt_model_tensor_parallel_check(layers, nlayers, ntp, "tensor parallel");
+        if (st != DT_OK) return st;
+    }
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch, tp, ntp);
     if (st != DT_OK) return st;
     const layer_t *last = &m->L[nlayers - 1];
     size_t off = m->nparams;
@@ -386,6 +455,44 @@ void dt_model_set_dropout_key(dt_model *m, uint64_t step, int64_t first) {
 
 void dt_model_set_loss_scale(dt_model *m, float s) { m->loss_scale = s; }
 
+void dt_model_set_reduce(dt_model *m, dt_model_reduce_fn fn, void *user) {
+    m->reduce = fn;
+    m->reduce_user = user;
+}
+
+size_t dt_model_whole_params(const dt_model *m) { return m->nwhole; }
+
+int dt_model_tensor_split(const dt_model *m, int i) {
+    if (i < 0 || i >= m->ntensors || m->ntp == 1) return 0;
+    int layer = atoi(m->tensors[i].name);
+    const layer_t *l = &m->L[layer];
+    // a column-parallel layer's weight and bias; a row-parallel one's weight
+    return l->tp == 1 || (l->tp == 2 && m->tensors[i].offset == l->w_off && l->w_n);
+}
+
+void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole) {
+    for (int i = 0; i < m->nlayers; i++) {
+        const layer_t *l = &m->L[i];
+        size_t wo = m->ntp > 1 ? l->ww_off : l->w_off, bo = m->ntp > 1 ? l->wb_off : l->b_off;
+        float *lw = local + l->w_off, *lb = local + l->b_off, *ww = whole + wo, *wb = whole + bo;
+        size_t wn = l->w_n, bn = l->b_n;
+        if (l->tp == 1) {  // rows [tp out, (tp + 1) out) of [ntp out, in], and that slice of the bias
+            ww += (size_t)tp * wn;
+            wb += (size_t)tp * bn;
+        }
+        if (l->tp == 2) {  // columns [tp in, (tp + 1) in) of each of the out rows of [out, ntp in]
+            size_t in = (size_t)l->in[0], rows = (size_t)l->out[0];
+            for (size_t r = 0; r < rows; r++) {
+                float *a = lw + r * in, *z = ww + r * in * m->ntp + (size_t)tp * in;
+                memcpy(to_whole ? z : a, to_whole ? a : z, sizeof(float) * in);
+            }
+            wn = 0;
+        }
+        if (wn) memcpy(to_whole ? ww : lw, to_whole ? lw : ww, sizeof(float) * wn);
+        if (bn) memcpy(to_whole ? wb : lb, to_whole ? lb : wb, sizeof(float) * bn);
+    }
+}
+
 void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *user) {
     m->layer_hook = fn;
     m->layer_hook_user = user;
@@ -421,7 +528,9 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
         int V = l->blk ? l->blk : 1;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
-            dt_linear_forward(l->act, in, w, b, B, l->in[0], l->out[0]);
+            // row-parallel: the shards' partial outputs are summed, the bias added once
+            dt_linear_forward(l->act, in, w, l->tp == 2 && m->tp ? NULL : b, B, l->in[0], l->out[0]);
+            if (l->tp == 2 && m->reduce && (st = m->reduce(l->act, n, m->reduce_user)) != DT_OK) return st;
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(L, i, B);
@@ -515,6 +624,10 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
+            // column-parallel: each shard's input gradient is a part of the sum
+            if (l->tp == 1 && din && m->reduce &&
+                (st = m->reduce(din, (size_t)B * l->in[0], m->reduce_user)) != DT_OK)
+                return st;
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(L, i, B);
@@ -681,7 +794,7 @@ dt_status dt_model_backward_range(dt_model *m, dt_model_acts *a, const float *do
 // Forward FLOPs a sample of each layer, from the planned shapes.
 dt_status dt_model_layer_costs(const int in_shape[3], const dt_layer_spec *layers, int nlayers, double *flops) {
     dt_model *m;
-    dt_status st = plan_model(&m, in_shape, layers, nlayers, 1);
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, 1, 0, 1);
     if (st != DT_OK) return st;
     for (int i = 0; i < nlayers; i++) {
         const layer_t *l = &m->L[i];
