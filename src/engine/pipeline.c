@@ -1,11 +1,13 @@
 /* Model parallel, the "model-parallel" strategy (strategy.h;
- * docs/model-parallel.md): tensor parallel of the GPT and pipeline parallel
- * of the GPT and of sequential models (the classifier's MLP and CNN), with
- * data parallel outside them.
+ * docs/model-parallel.md): tensor parallel and pipeline parallel of the
+ * GPT and of sequential models (the classifier's MLP and CNN), with data
+ * parallel outside them.
  *
- * [parallel] tensor = T splits every layer over T ranks (the model's
- * shards, dtrain/gpt.h: heads, MLP units and vocabulary divided, two
- * allreduces a layer each way, made by the task on its shard's group).
+ * [parallel] tensor = T splits the model over T ranks (its shards, made by
+ * the task, whose sums run on its shard's group: the GPT's every layer,
+ * dtrain/gpt.h, heads, MLP units and vocabulary divided, two allreduces a
+ * layer each way; a sequential model's pairs of linear layers,
+ * dtrain/nn.h, one allreduce a pair each way).
  * [parallel] pipeline = P cuts the GPT's n_layer blocks (balanced by count)
  * or a sequential model's layers (balanced by their forward FLOPs,
  * dt_model_layer_costs) into P stages, or pipeline_split = "a,b,..." layers
