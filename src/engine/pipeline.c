@@ -109,6 +109,7 @@ typedef struct {
     int alive, peak;
     int64_t steps;
     int64_t *acc;          // deterministic: the fixed-point sums of this rank's micro-batches' gradients
+    size_t *counts, *displs; // [parallel] zero = 1: every rank's slice of the state, for the allgather
 } pipe;
 
 // Deterministic mode cuts the global batch into micro_shards fixed pieces,
@@ -338,6 +339,19 @@ static dt_status pp_init(dt_strategy *s) {
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
     if (c->deterministic) p->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1));
+    if (c->zero == 1) {  // ZeRO stage 1: rank r updates (and keeps the optimizer state of) its slice
+        int W = s->world;
+        if (!(p->counts = malloc(sizeof(size_t) * 2 * (size_t)W)))
+            return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+        p->displs = p->counts + W;
+        for (int r = 0; r < W; r++) {
+            size_t a, b;
+            dt_shard_range(s->n, r, W, &a, &b);
+            p->displs[r] = a;
+            p->counts[r] = b - a;
+        }
+        dt_shard_range(s->n, s->rank, W, &s->lo, &s->hi);
+    }
     if (!p->ch || !p->ops || !p->spans || !p->off || !p->len || (c->deterministic && !p->acc))
         return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     plan_ops(p);
@@ -403,6 +417,7 @@ static void pp_fini(dt_strategy *s) {
     free(p->off);
     free(p->len);
     dt_free(p->acc);
+    free(p->counts);
 }
 
 // Waits for a transfer, the time counted as the stage waiting.
@@ -562,6 +577,19 @@ static dt_status pp_sync(dt_strategy *s) {
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
 }
 
+// The update of this rank's slice ([0, n) without ZeRO); with [parallel]
+// zero = 1 every rank's slice then goes to every rank (as zero.c's stage 1;
+// the gradient block is whole on every rank after sync()).
+static dt_status pp_update(dt_strategy *s, float lr, float scale) {
+    pipe *p = (pipe *)s;
+    dt_status st = dt_strategy_update_slice(s, lr, scale);
+    if (st == DT_OK && p->counts && s->world > 1) {
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, p->counts, p->displs, DT_F32, s->comm);
+        if (st != DT_OK) st = dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
+    }
+    return st;
+}
+
 // The whole model's gradient norm from the shards: the split ranges' squares
 // of every shard, the whole ones of shard 0, summed in shard order.
 static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
@@ -619,7 +647,7 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .run_step = pp_run_step,
     .sync = pp_sync,
     .grad_norm = pp_grad_norm,
-    .update = dt_strategy_update_slice,
+    .update = pp_update,
     .params_sync = pp_params_sync,
     .ckpt_restore = pp_ckpt_restore,
 };
