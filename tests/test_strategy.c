@@ -225,6 +225,12 @@ static const row rows[] = {
     {"pipeline-zero", "gpt4", 4, 0, "--zero 1 " PP2 "--set parallel.micro_batches=3", "", 1e-5, 0},
     {"pipeline-zero", "gpt4", 2, 0, "--zero 1 " PP2 ILV "--set parallel.micro_batches=4", "", 1e-5, 0},
     {"pipeline-zero", "mlp", 4, 0, SEQ20 DET "--zero 1 " PP2, SEQ20 DET PP2, 0, 2},
+    // ... and under tensor parallel: sliced over the ranks of the same shard
+    {"pipeline-zero", "gptt", 4, 0, TP20 "--zero 1 --set parallel.tensor=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"pipeline-zero", "gptt4", 8, 0, TP20 "--zero 1 --set parallel.tensor=2 " PP2 "--set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"pipeline-zero", "mlp", 4, 0, SEQ20 "--zero 1 --set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"pipeline-zero", "gptt", 4, 0, TP20 "--zero 1 --set parallel.tensor=2 --set parallel.micro_batches=3",
+     TP20 "--set parallel.tensor=2 --set parallel.micro_batches=3", 0, 4},
     // --deterministic with pipeline and tensor parallel: bitwise equal
     // across data-parallel sizes (against data 1, ref_workers = T x P) and
     // across repeats (the same layout twice)
@@ -781,7 +787,7 @@ static void tensor_parallel(void) {
         {cfg_gptt4, 6, "--set parallel.tensor=2 --set parallel.pipeline=2",
          "[parallel] tensor = 2 x pipeline = 2 = 4 ranks a replica do not divide the 6 workers"},
         {cfg_gptt, 3, "--set parallel.tensor=2", "tensor = 2 x pipeline = 1 = 2 ranks a replica do not divide the 3 workers"},
-        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 1", "[parallel] tensor and [parallel] zero cannot be combined"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 3", "[parallel] tensor and [parallel] zero cannot be combined"},
         {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.virtual_stages=2", "[parallel] virtual_stages = 2 needs schedule = interleaved"},
         {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=3",
          "[parallel] pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 4 layers"},
@@ -847,6 +853,28 @@ static void pipeline_zero(void) {
     double d = rc == 0 ? compare("ppz-ck", "ppz-res", &bw) : -1;
     CHECK(rc == 0 && bw, "zero 1 under a pipeline resumed at step 10: exit %d, max rel diff %.3g (bitwise expected)", rc, d);
     printf("pipeline-zero: the sharded step-10 checkpoint resumed: %s (max rel diff %.3g)\n", bw ? "bitwise" : "NOT bitwise", d);
+    // Tensor 2 x data 2 (the CNN without dropout, AdamW): the shards' state
+    // slices gathered into the whole model's checkpoint, which resumes on
+    // the same layout bitwise and on one process within 1e-5.
+    const char *t = SEQ20 "--zero 1 --set parallel.tensor=2";
+    snprintf(flags, sizeof flags, "%s --set checkpoint.every_steps=10", t);
+    CHECK(train("tpz-ck", cfg_cnnt, 4, flags) == 0, "cnn, tensor 2 x data 2, zero 1, with checkpoints:\n%s", g_out);
+    const struct {
+        const char *name, *flags;
+        int workers;
+        double tol;
+    } resume[] = {{"tpz-res-same", t, 4, 0}, {"tpz-res-1", SEQ20, 1, 1e-5}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(flags, sizeof flags, "%s --set checkpoint.resume=%s/tpz-ck/checkpoints/step-00000010.safetensors",
+                 resume[i].flags, g_tmp);
+        rc = train(resume[i].name, cfg_cnnt, resume[i].workers, flags);
+        d = rc == 0 ? compare("tpz-ck", resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "tensor 2 x data 2 zero 1's step-10 checkpoint resumed on %d workers: exit %d, max rel diff %.3g\n%s",
+              resume[i].workers, rc, d, g_out);
+        printf("pipeline-zero: tensor 2 x data 2's checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n",
+               resume[i].workers, resume[i].workers > 1 ? "s" : "", bw ? "bitwise" : "within 1e-5", d);
+    }
 }
 
 // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
@@ -873,7 +901,7 @@ static void pipeline_refusals(void) {
         {cfg_mlp, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the 64 outputs of layer 0 (linear out=64)"},
         {cfg_mlp, 2, "--set parallel.pipeline=2 --set train.dynamic_batch=true", "not with [parallel] pipeline"},
         {cfg_mlp, 4, PP2 "--zero 2", "[parallel] pipeline and [parallel] zero cannot be combined"},
-        {cfg_gptt, 2, "--set parallel.tensor=2 --set parallel.pipeline=1 --zero 1", "[parallel] tensor and [parallel] zero cannot be combined"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 2", "[parallel] tensor and [parallel] zero cannot be combined"},
         // deterministic mode: the micro-batches are the fixed micro_shards
         {cfg_mlp, 2, DET PP2 "--set parallel.micro_batches=4", "[parallel] micro_batches = 4 with deterministic = true"},
         {cfg_mlp, 4, DET PP2 "--set parallel.micro_shards=5",

@@ -70,6 +70,8 @@ static size_t file_size(const char *path) {
 
 size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W, dt_memory_kinds *k) {
     dt_memory_kinds m = {0};
+    // (tensor parallel: a shard's state is sliced over the ranks holding that shard)
+    if (c->tensor > 1 && W >= c->tensor) W /= c->tensor;
     size_t F = sizeof(float), slice = (np + (size_t)W - 1) / (size_t)W;  // the largest slice
     if (W < 1 || zero < 0) W = 1, zero = 0, slice = np;
     m.weights = sat_mul(F, zero >= 3 ? slice : np);

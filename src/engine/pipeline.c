@@ -339,19 +339,6 @@ static dt_status pp_init(dt_strategy *s) {
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
     if (c->deterministic) p->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1));
-    if (c->zero == 1) {  // ZeRO stage 1: rank r updates (and keeps the optimizer state of) its slice
-        int W = s->world;
-        if (!(p->counts = malloc(sizeof(size_t) * 2 * (size_t)W)))
-            return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
-        p->displs = p->counts + W;
-        for (int r = 0; r < W; r++) {
-            size_t a, b;
-            dt_shard_range(s->n, r, W, &a, &b);
-            p->displs[r] = a;
-            p->counts[r] = b - a;
-        }
-        dt_shard_range(s->n, s->rank, W, &s->lo, &s->hi);
-    }
     if (!p->ch || !p->ops || !p->spans || !p->off || !p->len || (c->deterministic && !p->acc))
         return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     plan_ops(p);
@@ -382,6 +369,21 @@ static dt_status pp_init(dt_strategy *s) {
         return dt_error(DT_ERR_CONFIG, "model parallel: [parallel] tensor = %d, but the %s model is not split into shards",
                         p->T, c->gpt ? "GPT" : "classifier");
     if (!p->ppb) p->ppb = p->pp;
+    if (c->zero == 1) {  // ZeRO stage 1: rank r of the ranks holding this block updates (and keeps
+                         // the optimizer state of) its slice
+        dt_comm_t zc = p->shard ? p->shard : s->comm;
+        int W = dt_comm_size(zc);
+        if (!(p->counts = malloc(sizeof(size_t) * 2 * (size_t)W)))
+            return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+        p->displs = p->counts + W;
+        for (int r = 0; r < W; r++) {
+            size_t a, b;
+            dt_shard_range(s->n, r, W, &a, &b);
+            p->displs[r] = a;
+            p->counts[r] = b - a;
+        }
+        dt_shard_range(s->n, dt_comm_rank(zc), W, &s->lo, &s->hi);
+    }
     if (s->rank == 0) print_layout(p, bounds);
     return DT_OK;
 }
@@ -583,8 +585,9 @@ static dt_status pp_sync(dt_strategy *s) {
 static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     pipe *p = (pipe *)s;
     dt_status st = dt_strategy_update_slice(s, lr, scale);
-    if (st == DT_OK && p->counts && s->world > 1) {
-        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, p->counts, p->displs, DT_F32, s->comm);
+    dt_comm_t zc = p->shard ? p->shard : s->comm;
+    if (st == DT_OK && p->counts && dt_comm_size(zc) > 1) {
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, p->counts, p->displs, DT_F32, zc);
         if (st != DT_OK) st = dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
     }
     return st;
@@ -613,15 +616,23 @@ static dt_status pp_params_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
     if (!s->whole) return DT_OK;
     size_t n = s->n;
-    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T);
-    if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
+    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T), *full = p->counts ? dt_alloc(sizeof(float) * n) : NULL;
+    if (!all || (p->counts && !full)) {
+        dt_free(all);
+        return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
+    }
     dt_status st = DT_OK;
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
         float *local = j < 0 ? s->params : dt_optim_state(s->opt, j), *whole = j < 0 ? s->whole : s->whole_states[j];
-        st = dt_allgather(local, all, n, DT_F32, p->tp);
+        if (j >= 0 && full) {  // ZeRO 1: the state's slices first, over the ranks of this shard
+            st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
+            local = full;
+        }
+        if (st == DT_OK) st = dt_allgather(local, all, n, DT_F32, p->tp);
         for (int r = 0; r < p->T && st == DT_OK; r++) s->shard_copy(s->shard_user, r, all + n * r, whole, 1);
     }
     dt_free(all);
+    dt_free(full);
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gathering the shards for a checkpoint: %s", dt_last_error());
 }
 
@@ -631,8 +642,13 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     (void)parts;
     if (!s->whole || !path[0]) return DT_OK;
     s->shard_copy(s->shard_user, p->t, s->params, s->whole, 0);
-    for (int j = 0; j < dt_optim_num_states(s->opt); j++)
-        s->shard_copy(s->shard_user, p->t, dt_optim_state(s->opt, j), s->whole_states[j], 0);
+    float *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;  // ZeRO 1: the shard's state, then the slice
+    if (p->counts && !full) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory restoring the optimizer state");
+    for (int j = 0; j < dt_optim_num_states(s->opt); j++) {
+        s->shard_copy(s->shard_user, p->t, full ? full : dt_optim_state(s->opt, j), s->whole_states[j], 0);
+        if (full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
+    }
+    dt_free(full);
     return DT_OK;
 }
 
