@@ -622,6 +622,72 @@ static void test_model_grad(void) {
     dt_model_free(m);
 }
 
+// Pipeline stages: the model cut in two at every layer boundary (across a
+// convolution and the relu it runs, that relu and the maxpool doing its
+// backward, blocked layouts, dropout) gives the whole model's loss and
+// gradient block bitwise, the stream copied between the stages.
+static void test_model_stages(void) {
+    static const dt_layer_spec net[] = {
+        {.kind = DT_LAYER_CONV2D, .out = 6, .kernel = 5, .stride = 1, .pad = 2},
+        {.kind = DT_LAYER_RELU},
+        {.kind = DT_LAYER_MAXPOOL, .kernel = 2},
+        {.kind = DT_LAYER_CONV2D, .out = 8, .kernel = 3, .stride = 2},
+        {.kind = DT_LAYER_RELU},
+        {.kind = DT_LAYER_FLATTEN},
+        {.kind = DT_LAYER_LINEAR, .out = 32},
+        {.kind = DT_LAYER_RELU},
+        {.kind = DT_LAYER_DROPOUT, .p = 0.3f},
+        {.kind = DT_LAYER_LINEAR, .out = 10},
+    };
+    const int n = (int)(sizeof net / sizeof *net), B = 5, shape[3] = {1, 12, 12};
+    dt_model *m;
+    if (dt_model_create(&m, shape, net, n, B) != DT_OK) {
+        CHECK(0, "stages: model create: %s", dt_last_error());
+        return;
+    }
+    dt_model_init(m, 9);
+    size_t np = dt_model_num_params(m);
+    float *x = randn((size_t)B * dt_model_input_size(m), 1);
+    int32_t y[5] = {1, 0, 9, 4, 7};
+    float whole_loss = NAN;
+    dt_model_set_dropout_key(m, 3, 10);
+    dt_model_zero_grad(m);
+    CHECK(dt_model_forward(m, x, y, B, 1, &whole_loss) == DT_OK && dt_model_backward(m) == DT_OK, "stages: whole model: %s",
+          dt_last_error());
+    float *g = copy(dt_model_grads(m), np);
+    CHECK(dt_model_stream_size(m, 0) == 144 && dt_model_stream_size(m, n) == 10 && dt_model_stream_size(m, 6) == 32,
+          "stages: stream sizes %zu, %zu, %zu", dt_model_stream_size(m, 0), dt_model_stream_size(m, n),
+          dt_model_stream_size(m, 6));
+    int equal = 0;
+    for (int cut = 1; cut < n; cut++) {
+        dt_model_acts *a = NULL, *b = NULL;
+        float loss = NAN, *din = NULL, *din0 = NULL;
+        dt_status st = dt_model_acts_create(&a, m, 0, cut, B);
+        if (st == DT_OK) st = dt_model_acts_create(&b, m, cut, n, B);
+        dt_model_zero_grad(m);
+        dt_model_set_dropout_key(m, 3, 10);
+        if (st == DT_OK) st = dt_model_forward_range(m, a, x, NULL, B, 1, NULL);
+        if (st == DT_OK) {
+            memcpy(dt_model_acts_input(b), dt_model_acts_output(a), sizeof(float) * B * dt_model_stream_size(m, cut));
+            st = dt_model_forward_range(m, b, NULL, y, B, 1, &loss);
+        }
+        if (st == DT_OK) st = dt_model_backward_range(m, b, NULL, &din);
+        if (st == DT_OK) st = dt_model_backward_range(m, a, din, &din0);
+        CHECK(st == DT_OK && din && !din0, "stages cut at %d: %s", cut, st == DT_OK ? "no input gradient" : dt_last_error());
+        int same = st == DT_OK && loss == whole_loss && !memcmp(dt_model_grads(m), g, sizeof(float) * np);
+        CHECK(same, "stages cut at %d: loss %.9g vs %.9g, gradients max rel diff %.3g", cut, loss, whole_loss,
+              tl_max_rel(dt_model_grads(m), g, np, 1e-3));
+        equal += same;
+        dt_model_acts_free(a);
+        dt_model_acts_free(b);
+    }
+    dt_model_acts *bad = NULL;
+    CHECK(dt_model_acts_create(&bad, m, 3, 3, B) == DT_ERR_ARG && !bad, "stages: an empty stage is refused");
+    printf("model stages: cut at each of %d boundaries, loss and gradients bitwise the whole model's in %d\n", n - 1, equal);
+    free(g), free(x);
+    dt_model_free(m);
+}
+
 /* Forward, backward and three AdamW steps with a given thread count; returns
  * the concatenation of losses, logits, gradients and final parameters. */
 static float *model_run(int threads, size_t *len) {
@@ -717,6 +783,7 @@ int main(void) {
     test_crossentropy(1, 3);
 
     test_model_grad();
+    test_model_stages();
     test_determinism();
 
     printf("worst layer finite-difference rel error %.2e, whole model %.2e\n", g_worst_fd,

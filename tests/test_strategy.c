@@ -6,7 +6,10 @@
  * reference flags, tolerance}: the row's run and a 1-process run with the
  * reference flags train the same global batches for 50 steps; the final
  * parameters must agree bitwise (tolerance 0) or to the relative tolerance.
- * A new strategy adds its rows. The models: an MLP and a CNN with dropout
+ * A new strategy adds its rows (pipelines of the MLP and the CNN:
+ * "pipeline-seq"; deterministic mode under model parallel:
+ * "model-parallel-det"; `test_strategy refusals` runs the pipeline layouts
+ * that are refused). The models: an MLP and a CNN with dropout
  * (global batch 40 over 243 samples, so an epoch ends in a 3-sample batch,
  * once shorter than the number of workers), and a tiny GPT (buckets of
  * 4 KiB, so most of them start from its grad hook during backward; its 40
@@ -58,6 +61,7 @@ static const char *cfg_mlp =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = gelu\n"
     "layer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\n";
 static const char *cfg_cnn = tl_cfg_cnn;
+static char cfg_cnnt[1024];  // the CNN without its dropout layer
 
 // Trains with N workers; returns the exit code. The run dir is TMP/name.
 static int train(const char *name, const char *cfg, int N, const char *extra) {
@@ -79,6 +83,15 @@ static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 
 // Rows of 20 steps (their references too).
 #define TP20 "--set train.max_steps=20 "
+// The classifiers for 20 steps: 3 epochs of 243 samples in batches of 40
+// (each epoch ends in a batch of 3 samples, which leaves some
+// micro-batches of a pipeline empty).
+#define SEQ20 "--set train.max_steps=20 --set train.epochs=3 "
+#define PP2 "--set parallel.pipeline=2 "
+#define PP4 "--set parallel.pipeline=4 "
+#define ILV "--set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
+#define GPIPE "--set parallel.schedule=gpipe "
+#define DET "--deterministic "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -165,6 +178,75 @@ static const row rows[] = {
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
     {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
+    // pipelines of the sequential models (the MLP's 5 layers, the CNN's 10),
+    // stages balanced by FLOPs or split by hand, 20 steps
+    {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP4 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 0, SEQ20 PP4 "--set parallel.micro_batches=6", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 3, 0, SEQ20 "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "mlp", 4, 1, SEQ20 PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP2 ILV "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 4, 0, SEQ20 PP4 "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    // cuts between a convolution and the relu it runs, and between that relu
+    // and the maxpool that does its backward
+    {"pipeline-seq", "cnn", 3, 0, SEQ20 "--set parallel.pipeline=3 --set parallel.micro_batches=3 --set parallel.pipeline_split=1,1,8", SEQ20, 1e-5, 0},
+    {"pipeline-seq", "cnn", 2, 0, SEQ20 PP2 "--set parallel.micro_batches=2 --set parallel.pipeline_split=2,8 --set optim.clip_norm=0.5",
+     SEQ20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    // tensor parallel of the sequential models: the MLP's linear 784->64,
+    // relu, linear 64->32 pair (column- then row-parallel), the rest whole;
+    // "cnnt" is the CNN without its dropout (its linear 32, relu, linear 10
+    // then pair up)
+    {"tensor-seq", "mlp", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=4", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 --set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 8, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set optim.clip_norm=0.5", SEQ20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    {"tensor-seq", "mlp", 2, 1, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnnt", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnnt", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "mlp", 4, 0, SEQ20 DET "--set parallel.tensor=2", SEQ20 DET "--set parallel.tensor=2", 0, 2},
+    // ZeRO stage 1 under a pipeline: the optimizer state sharded over all
+    // ranks (the CNN's AdamW moments, the others' momentum)
+    {"pipeline-zero", "mlp", 4, 0, SEQ20 "--zero 1 " PP2 "--set parallel.micro_batches=3", SEQ20, 1e-5, 0},
+    {"pipeline-zero", "cnn", 4, 0, SEQ20 "--zero 1 " PP2 "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    // (the slices' update is the whole block's, element by element: bitwise the same pipeline without ZeRO)
+    {"pipeline-zero", "cnn", 4, 0, SEQ20 "--zero 1 " PP2 "--set parallel.micro_batches=2", SEQ20 PP2 "--set parallel.micro_batches=2", 0, 4},
+    {"pipeline-zero", "gpt4", 4, 0, "--zero 1 " PP2 "--set parallel.micro_batches=3", "", 1e-5, 0},
+    {"pipeline-zero", "gpt4", 2, 0, "--zero 1 " PP2 ILV "--set parallel.micro_batches=4", "", 1e-5, 0},
+    {"pipeline-zero", "mlp", 4, 0, SEQ20 DET "--zero 1 " PP2, SEQ20 DET PP2, 0, 2},
+    // ... and under tensor parallel: sliced over the ranks of the same shard
+    {"pipeline-zero", "gptt", 4, 0, TP20 "--zero 1 --set parallel.tensor=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"pipeline-zero", "gptt4", 8, 0, TP20 "--zero 1 --set parallel.tensor=2 " PP2 "--set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"pipeline-zero", "mlp", 4, 0, SEQ20 "--zero 1 --set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"pipeline-zero", "gptt", 4, 0, TP20 "--zero 1 --set parallel.tensor=2 --set parallel.micro_batches=3",
+     TP20 "--set parallel.tensor=2 --set parallel.micro_batches=3", 0, 4},
+    // --deterministic with pipeline and tensor parallel: bitwise equal
+    // across data-parallel sizes (against data 1, ref_workers = T x P) and
+    // across repeats (the same layout twice)
+    {"model-parallel-det", "mlp", 4, 0, SEQ20 DET PP2, SEQ20 DET PP2, 0, 2},
+    {"model-parallel-det", "mlp", 2, 0, SEQ20 DET PP2, SEQ20 DET PP2, 0, 2},
+    {"model-parallel-det", "cnn", 4, 0, SEQ20 DET PP2 GPIPE, SEQ20 DET PP2 GPIPE, 0, 2},
+    {"model-parallel-det", "cnn", 4, 0, SEQ20 DET PP2 ILV, SEQ20 DET PP2 ILV, 0, 2},
+    {"model-parallel-det", "gpt4", 4, 0, DET PP2, DET PP2, 0, 2},
+    {"model-parallel-det", "gpt4", 6, 0, DET PP2, DET PP2, 0, 2},
+    {"model-parallel-det", "gptt", 4, 0, TP20 DET "--set parallel.tensor=2", TP20 DET "--set parallel.tensor=2", 0, 2},
+    {"model-parallel-det", "gptt4", 8, 0, TP20 DET "--set parallel.tensor=2 " PP2, TP20 DET "--set parallel.tensor=2 " PP2, 0, 4},
+    // ... and one deterministic process: the MLP bitwise (the same micro-batch
+    // gradients, layer by layer), the GPT on a grid within 1e-5 (tensor
+    // shards add partial sums in another order)
+    {"model-parallel-det", "mlp", 4, 0, SEQ20 DET PP2, SEQ20 DET, 0, 0},
+    {"model-parallel-det", "gptt4", 4, 0, TP20 DET "--set parallel.tensor=2 " PP2, TP20 DET, 1e-5, 0},
     // tensor parallel, alone and on grids with data and pipeline parallel
     // (T x P x data <= 8), 20 steps; "gptt" has 4 heads, a vocabulary of
     // 32 rows and lr 0.03, "gptt4" 4 layers. (At lr 0.1 the 4-layer model
@@ -270,6 +352,7 @@ static const row rows[] = {
 static const char *model_cfg(const char *model) {
     return !strcmp(model, "mlp")     ? cfg_mlp
            : !strcmp(model, "cnn")   ? cfg_cnn
+           : !strcmp(model, "cnnt")  ? cfg_cnnt
            : !strcmp(model, "gpt4")  ? cfg_gpt4
            : !strcmp(model, "gptt")  ? cfg_gptt
            : !strcmp(model, "gptt4") ? cfg_gptt4
@@ -283,12 +366,12 @@ static const char *reference(const char *model, const char *flags, int workers) 
         const char *model, *flags;
         int workers;
         char name[64];
-    } refs[48];
+    } refs[96];
     static int n;
     for (int i = 0; i < n; i++)
         if (!strcmp(refs[i].model, model) && !strcmp(refs[i].flags, flags) && refs[i].workers == workers)
             return refs[i].name;
-    if (n == 48) return NULL;
+    if (n == 96) return NULL;
     snprintf(refs[n].name, sizeof refs[n].name, "%s-ref-%d", model, n);
     if (train(refs[n].name, model_cfg(model), workers, flags) != 0) return NULL;
     refs[n].model = model;
@@ -704,9 +787,7 @@ static void tensor_parallel(void) {
         {cfg_gptt4, 6, "--set parallel.tensor=2 --set parallel.pipeline=2",
          "[parallel] tensor = 2 x pipeline = 2 = 4 ranks a replica do not divide the 6 workers"},
         {cfg_gptt, 3, "--set parallel.tensor=2", "tensor = 2 x pipeline = 1 = 2 ranks a replica do not divide the 3 workers"},
-        {cfg_mlp, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: model parallelism runs the GPT only"},
-        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 1", "[parallel] tensor and [parallel] zero cannot be combined"},
-        {cfg_gptt, 2, "--set parallel.tensor=2 --deterministic", "[parallel] tensor = 2 with deterministic = true is not supported yet"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 3", "[parallel] tensor and [parallel] zero cannot be combined"},
         {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.virtual_stages=2", "[parallel] virtual_stages = 2 needs schedule = interleaved"},
         {cfg_gptt4, 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=3",
          "[parallel] pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 4 layers"},
@@ -720,6 +801,117 @@ static void tensor_parallel(void) {
     check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
+// Tensor parallel of a sequential model around the table's "tensor-seq"
+// rows: a shard holds its part of the pair (summary.json's count), its
+// checkpoints hold the whole model's tensors and resume on the same layout
+// bitwise and on one process within 1e-5.
+static void tensor_seq(void) {
+    const char *g = SEQ20 "--set checkpoint.every_steps=10";
+    char flags[2048], path[1024];
+    snprintf(flags, sizeof flags, "%s --set parallel.tensor=2", g);
+    CHECK(train("tps-ck", cfg_mlp, 2, flags) == 0, "mlp, tensor 2, with checkpoints:\n%s", g_out);
+    // the whole model: 784x64+64 + 64x32+32 + 32x10+10 = 52650; a shard:
+    // 784x32+32 + 32x32+32 + 330 = 26506 (summary.json's params, a rank's)
+    double np = summary_number("tps-ck", "params");
+    CHECK(np == 26506, "a shard of the MLP holds 26506 of its 52650 parameters: summary.json says %.0f", np);
+    snprintf(path, sizeof path, "%s/tps-ck/checkpoints/step-00000010.safetensors", g_tmp);
+    dt_st_file *f = NULL;
+    const dt_st_tensor *w0 = dt_st_open(&f, path) == DT_OK ? dt_st_find(f, "0.weight") : NULL;
+    const dt_st_tensor *w2 = f ? dt_st_find(f, "2.weight") : NULL;
+    CHECK(w0 && w2 && w0->shape[0] == 64 && w0->shape[1] == 784 && w2->shape[0] == 32 && w2->shape[1] == 64,
+          "the checkpoint of 2 shards holds 0.weight [64, 784] and 2.weight [32, 64], the whole model's");
+    dt_st_close(f);
+    const struct {
+        const char *name, *flags;
+        int workers;
+        double tol;
+    } resume[] = {{"tps-res-same", "--set parallel.tensor=2", 2, 0}, {"tps-res-1", "", 1, 1e-5}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(flags, sizeof flags, SEQ20 "%s --set checkpoint.resume=%s", resume[i].flags, path);
+        int rc = train(resume[i].name, cfg_mlp, resume[i].workers, flags), bw = 0;
+        double d = rc == 0 ? compare("tps-ck", resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "mlp tensor 2's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g", resume[i].workers,
+              resume[i].flags, rc, d);
+        printf("tensor-seq: the step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n", resume[i].workers,
+               resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
+    }
+}
+
+// ZeRO stage 1 under a pipeline, around the table's "pipeline-zero" rows:
+// each rank writes its slice of the optimizer state (a sharded checkpoint),
+// and the run resumed from it ends bitwise where the uninterrupted one did.
+static void pipeline_zero(void) {
+    const char *z = SEQ20 "--zero 1 " PP2 "--set parallel.micro_batches=2";
+    char flags[2048], path[1024];
+    snprintf(flags, sizeof flags, "%s --set checkpoint.every_steps=10", z);
+    CHECK(train("ppz-ck", cfg_cnn, 4, flags) == 0, "cnn, pipeline 2 x data 2, zero 1, with checkpoints:\n%s", g_out);
+    snprintf(path, sizeof path, "%s/ppz-ck/checkpoints/step-00000010/shard-00003-of-00004.safetensors", g_tmp);
+    CHECK(access(path, R_OK) == 0, "zero 1 under a pipeline: each of the 4 ranks writes its slice (%s)", path);
+    snprintf(flags, sizeof flags, "%s --set checkpoint.resume=%s/ppz-ck/checkpoints/step-00000010", z, g_tmp);
+    int rc = train("ppz-res", cfg_cnn, 4, flags), bw = 0;
+    double d = rc == 0 ? compare("ppz-ck", "ppz-res", &bw) : -1;
+    CHECK(rc == 0 && bw, "zero 1 under a pipeline resumed at step 10: exit %d, max rel diff %.3g (bitwise expected)", rc, d);
+    printf("pipeline-zero: the sharded step-10 checkpoint resumed: %s (max rel diff %.3g)\n", bw ? "bitwise" : "NOT bitwise", d);
+    // Tensor 2 x data 2 (the CNN without dropout, AdamW): the shards' state
+    // slices gathered into the whole model's checkpoint, which resumes on
+    // the same layout bitwise and on one process within 1e-5.
+    const char *t = SEQ20 "--zero 1 --set parallel.tensor=2";
+    snprintf(flags, sizeof flags, "%s --set checkpoint.every_steps=10", t);
+    CHECK(train("tpz-ck", cfg_cnnt, 4, flags) == 0, "cnn, tensor 2 x data 2, zero 1, with checkpoints:\n%s", g_out);
+    const struct {
+        const char *name, *flags;
+        int workers;
+        double tol;
+    } resume[] = {{"tpz-res-same", t, 4, 0}, {"tpz-res-1", SEQ20, 1, 1e-5}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(flags, sizeof flags, "%s --set checkpoint.resume=%s/tpz-ck/checkpoints/step-00000010.safetensors",
+                 resume[i].flags, g_tmp);
+        rc = train(resume[i].name, cfg_cnnt, resume[i].workers, flags);
+        d = rc == 0 ? compare("tpz-ck", resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "tensor 2 x data 2 zero 1's step-10 checkpoint resumed on %d workers: exit %d, max rel diff %.3g\n%s",
+              resume[i].workers, rc, d, g_out);
+        printf("pipeline-zero: tensor 2 x data 2's checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n",
+               resume[i].workers, resume[i].workers > 1 ? "s" : "", bw ? "bitwise" : "within 1e-5", d);
+    }
+}
+
+// Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
+static void pipeline_refusals(void) {
+    const refusal bad[] = {
+        {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
+        {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
+         "micro_batches = 1 is fewer than the pipeline's 2 stages; schedule = 1f1b"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
+         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 4"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,1,2", "gives more than 2 stages"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=4,x", "pipeline_split entry 2"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=41 --set parallel.schedule=gpipe",
+         "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
+        // the sequential models: their [model] layer lines are the layers
+        {cfg_mlp, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 5 layers ([model] layer = ... lines)"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
+         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 5 ([model] layer = ... lines)"},
+        {cfg_cnn, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=3,3,4", "gives more than 2 stages; pipeline = 2 needs 2"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2 " ILV "--set parallel.virtual_stages=3",
+         "pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 5 layers ([model] layer = ... lines)"},
+        {cfg_cnn, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: the model has no two linear layers with only relu or gelu layers between them"},
+        {cfg_mlp, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the 64 outputs of layer 0 (linear out=64)"},
+        {cfg_mlp, 2, "--set parallel.pipeline=2 --set train.dynamic_batch=true", "not with [parallel] pipeline"},
+        {cfg_mlp, 4, PP2 "--zero 2", "[parallel] pipeline and [parallel] zero cannot be combined"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --zero 2", "[parallel] tensor and [parallel] zero cannot be combined"},
+        // deterministic mode: the micro-batches are the fixed micro_shards
+        {cfg_mlp, 2, DET PP2 "--set parallel.micro_batches=4", "[parallel] micro_batches = 4 with deterministic = true"},
+        {cfg_mlp, 4, DET PP2 "--set parallel.micro_shards=5",
+         "[parallel] micro_shards (5) must be a multiple of the 2 data-parallel replicas in deterministic mode"},
+        {cfg_gpt4, 2, DET PP2 "--set parallel.micro_shards=1",
+         "[parallel] micro_shards / data-parallel replicas = 1 is fewer than the pipeline's 2 stages"},
+    };
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
+}
+
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -728,6 +920,8 @@ int main(int argc, char **argv) {
     tl_make_images(g_tmp, "train", 243, 1);
     tl_make_images(g_tmp, "t10k", 100, 2);
 
+    const char *drop = strstr(cfg_cnn, "layer = dropout p=0.3\n");
+    snprintf(cfg_cnnt, sizeof cfg_cnnt, "%.*s%s", (int)(drop - cfg_cnn), cfg_cnn, drop + strlen("layer = dropout p=0.3\n"));
     make_tokens("tok_train.bin", 4000, 5);
     make_tokens("tok_val.bin", 1000, 6);
     snprintf(cfg_gpt, sizeof cfg_gpt,
@@ -752,7 +946,10 @@ int main(int argc, char **argv) {
 
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
     if (!only || !strcmp(only, "tensor")) tensor_parallel();
+    if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
+    if (!only || !strcmp(only, "pipeline-zero")) pipeline_zero();
     if (!only || !strcmp(only, "memory")) memory_limit();
+    if (only && !strcmp(only, "refusals")) pipeline_refusals();
     if (only) {
         tl_cleanup(g_tmp);
         return tl_finish();
@@ -792,21 +989,7 @@ int main(int argc, char **argv) {
     CHECK(d >= 0 && d < 1e-5, "pipeline checkpoint resumed on one process: max relative difference %.3g", d);
     printf("pipeline checkpoint at step 25: resumed on the same layout %s, on one process max rel diff %.3g\n",
            compare("gpt4-pp-ck", "gpt4-pp-resumed", &bw) == 0 && bw ? "bitwise" : "NOT bitwise", d);
-    // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
-    const refusal bad[] = {
-        {cfg_gpt4, 2, "--set parallel.pipeline=8", "pipeline = 8 stages is more than the model's 4 layers"},
-        {cfg_gpt4, 3, "--set parallel.pipeline=2", "pipeline = 2 does not divide the 3 workers"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=1 --set parallel.schedule=1f1b",
-         "micro_batches = 1 is fewer than the pipeline's 2 stages; schedule = 1f1b"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,2",
-         "pipeline_split = \"1,2\" adds up to 3 layers; the model has 4"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,1,2", "gives more than 2 stages"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=4,x", "pipeline_split entry 2"},
-        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=41 --set parallel.schedule=gpipe",
-         "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
-        {cfg_mlp, 2, "--set parallel.pipeline=2", "classifier model ([model] layer = ...) is not supported yet"},
-    };
-    check_refused(bad, (int)(sizeof bad / sizeof *bad));
+    pipeline_refusals();
 
     // Two ways of spreading the work at once, or compression outside
     // plain data parallel: refused at start, naming the fields.

@@ -174,6 +174,75 @@ DT_API const float *dt_model_probs(const dt_model *m);
 DT_API dt_status dt_model_backward(dt_model *m);
 DT_API void dt_model_zero_grad(dt_model *m);
 
+/* ---- tensor parallel shards of a sequential model -------------------------
+ * Consecutive linear layers with only relu or gelu layers between them form
+ * pairs, as Megatron-LM's MLP: the first column-parallel (shard tp of ntp
+ * holds rows [tp out/ntp, (tp+1) out/ntp) of its weight and bias, so its
+ * outputs and the activations after it are divided), the second
+ * row-parallel (the matching columns of its weight; its bias whole). A
+ * shard sums the second's partial outputs over the shards after its
+ * forward, and the first's partial input gradients after its backward,
+ * through the reduce function: one sum a pair each way. The other layers
+ * are whole on every shard. */
+/* Sums buf[n] in place over the shards; every shard gets the result. */
+typedef dt_status (*dt_model_reduce_fn)(float *buf, size_t n, void *user);
+/* DT_ERR_CONFIG, its message starting with `what` (a config field), when
+ * the layers have no such pair or ntp does not divide a column-parallel
+ * layer's outputs. */
+DT_API dt_status dt_model_tensor_parallel_check(const dt_layer_spec *layers, int nlayers, int ntp, const char *what);
+/* dt_model_create for shard tp of ntp (0 of 1: dt_model_create). Its
+ * tensors keep their names with the shard's shapes; ntp > 1 needs a reduce
+ * function before a forward. */
+DT_API dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
+                                       int nlayers, int max_batch, int tp, int ntp);
+DT_API void dt_model_set_reduce(dt_model *m, dt_model_reduce_fn fn, void *user);
+/* The whole model's parameter count (dt_model_num_params on one shard). */
+DT_API size_t dt_model_whole_params(const dt_model *m);
+/* Whether tensor i is divided among the shards (else every shard holds it
+ * whole and computes the same gradient for it). */
+DT_API int dt_model_tensor_split(const dt_model *m, int i);
+/* Copies between shard tp's parameter block `local` (m's layout) and the
+ * whole model's `whole`: into whole (to_whole = 1, shard tp's parts) or out
+ * of it. */
+DT_API void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole);
+
+/* ---- pipeline stages of a sequential model --------------------------------
+ * A stage runs layers [l0, l1) of a model on activations of its own, one
+ * set per micro-batch in flight (engine/pipeline.c), with the model's
+ * parameters and gradient block. The stream into layer l (the output of
+ * layer l - 1, in the layout that layer keeps: a convolution's may be
+ * blocked, dt_model_stream_size counts its padding) is what one stage sends
+ * the next; the computation is the whole model's, layer by layer. */
+typedef struct dt_model_acts dt_model_acts;
+/* Floats a sample of the stream into layer l (l = 0: the input; l =
+ * nlayers: the class scores). */
+DT_API size_t dt_model_stream_size(const dt_model *m, int l);
+/* A set of activations for layers [l0, l1) of m and batches up to
+ * max_batch; the caller owns *out (dt_model_acts_free). */
+DT_API dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, int l1, int max_batch);
+DT_API void dt_model_acts_free(dt_model_acts *a);
+/* The stage's input stream [max_batch, stream_size(l0)] (NULL when l0 = 0:
+ * it reads x) and its output [max_batch, stream_size(l1)]. */
+DT_API float *dt_model_acts_input(dt_model_acts *a);
+DT_API float *dt_model_acts_output(dt_model_acts *a);
+/* Forward of the stage on B samples: x[B, input_size] when l0 = 0, else
+ * the input stream; with l1 = nlayers the mean cross-entropy against
+ * targets into *loss. Dropout takes the model's key
+ * (dt_model_set_dropout_key) at the call. */
+DT_API dt_status dt_model_forward_range(dt_model *m, dt_model_acts *a, const float *x, const int32_t *targets,
+                                        int B, int train, float *loss);
+/* Its backward: from dout[B, stream_size(l1)] (the last stage: from the
+ * loss, scaled by the model's loss scale, dout unused); ACCUMULATES the
+ * stage's parameter gradients; *din (when not NULL) is set to the gradient
+ * of the input stream (NULL when l0 = 0), inside a, valid until its next
+ * backward. */
+DT_API dt_status dt_model_backward_range(dt_model *m, dt_model_acts *a, const float *dout, float **din);
+/* Forward FLOPs of one sample through each layer, flops[nlayers], from the
+ * shapes (2 x weights x output positions for linear and convolution layers,
+ * one a value for the element-wise ones): a pipeline's cost per layer. */
+DT_API dt_status dt_model_layer_costs(const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                                      double *flops);
+
 #ifdef __cplusplus
 }
 #endif

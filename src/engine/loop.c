@@ -45,7 +45,8 @@ dt_status dt_train_check(const dt_config *c, int W) {
     int n = 0;
     if (c->ps_servers > 0) asked[n++] = "[parallel] servers";
     if (c->pipeline > 1 || c->tensor > 1) asked[n++] = c->pipeline > 1 ? "[parallel] pipeline" : "[parallel] tensor";
-    if (c->zero > 0) asked[n++] = "[parallel] zero";
+    // (ZeRO stage 1 shards a model-parallel run's optimizer state: engine/pipeline.c)
+    if (c->zero > 0 && !(c->zero == 1 && (c->pipeline > 1 || c->tensor > 1))) asked[n++] = "[parallel] zero";
     if (c->sync_every > 0) asked[n++] = "[parallel] sync_every";
     if (n > 1)
         return dt_error(DT_ERR_CONFIG, "%s and %s cannot be combined (yet): choose one of parameter servers, model parallelism (tensor, pipeline), ZeRO and local SGD",

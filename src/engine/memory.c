@@ -70,6 +70,8 @@ static size_t file_size(const char *path) {
 
 size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W, dt_memory_kinds *k) {
     dt_memory_kinds m = {0};
+    // (tensor parallel: a shard's state is sliced over the ranks holding that shard)
+    if (c->tensor > 1 && W >= c->tensor) W /= c->tensor;
     size_t F = sizeof(float), slice = (np + (size_t)W - 1) / (size_t)W;  // the largest slice
     if (W < 1 || zero < 0) W = 1, zero = 0, slice = np;
     m.weights = sat_mul(F, zero >= 3 ? slice : np);
@@ -98,8 +100,10 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     // Activations: rows for the largest batch the model really runs, which
     // is never more than the samples there are.
     // A global batch is at most the training set: the micro-batches of one
-    // that size. Evaluation shards the test set over the workers.
-    int eval_rows = min_int(c->eval_batch, (ntest + W - 1) / W), train_rows = 0;
+    // that size. Evaluation shards the test set over the workers (the
+    // tensor-parallel shards of one model run the same samples).
+    int EW = c->tensor > 1 && W >= c->tensor ? W / c->tensor : W;
+    int eval_rows = min_int(c->eval_batch, (ntest + EW - 1) / EW), train_rows = 0;
     if (use == DT_MEM_TRAIN) {
         dt_config cc = *c;
         cc.batch = min_int(c->batch, ntrain);

@@ -1,13 +1,18 @@
 /* Model parallel, the "model-parallel" strategy (strategy.h;
- * docs/model-parallel.md): tensor parallel and pipeline parallel of the GPT,
- * with data parallel outside them.
+ * docs/model-parallel.md): tensor parallel and pipeline parallel of the
+ * GPT and of sequential models (the classifier's MLP and CNN), with data
+ * parallel outside them.
  *
- * [parallel] tensor = T splits every layer over T ranks (the model's
- * shards, dtrain/gpt.h: heads, MLP units and vocabulary divided, two
- * allreduces a layer each way, made by the task on its shard's group).
- * [parallel] pipeline = P cuts the GPT's n_layer blocks into P stages
- * (balanced by count, or pipeline_split = "a,b,..." layers per stage): the
- * embedding runs on the first stage, the head and the loss on the last. The
+ * [parallel] tensor = T splits the model over T ranks (its shards, made by
+ * the task, whose sums run on its shard's group: the GPT's every layer,
+ * dtrain/gpt.h, heads, MLP units and vocabulary divided, two allreduces a
+ * layer each way; a sequential model's pairs of linear layers,
+ * dtrain/nn.h, one allreduce a pair each way).
+ * [parallel] pipeline = P cuts the GPT's n_layer blocks (balanced by count)
+ * or a sequential model's layers (balanced by their forward FLOPs,
+ * dt_model_layer_costs) into P stages, or pipeline_split = "a,b,..." layers
+ * per stage: the embedding (the images) on the first stage, the head and
+ * the loss on the last. The
  * W workers form D = W / (T P) data-parallel replicas, laid out as Megatron
  * does, tensor innermost, then data, then pipeline:
  *
@@ -22,12 +27,14 @@
  *
  * A step cuts the replica's share of the global batch into M =
  * micro_batches micro-batches and runs them through the stages, activations
- * [len,T,C] forward and their gradients backward by dt_isend/dt_irecv, in
- * one of two schedules: "gpipe" (all forwards, then all backwards: M
- * activation sets alive on every stage) or "1f1b" (P - s - 1 warm-up
- * forwards on stage s, then one forward and one backward in turn, then the
- * rest of the backwards: at most P - s sets alive). Each micro-batch has its
- * own activation set from the task's stage calls (task.h). With P = 1 the
+ * (the GPT's [len,T,C], a sequential model's layer output) forward and
+ * their gradients backward by dt_isend/dt_irecv, in one of three
+ * schedules: "gpipe" (all forwards, then all backwards: M activation sets
+ * alive on every stage), "1f1b" (P - s - 1 warm-up forwards on stage s,
+ * then one forward and one backward in turn, then the rest of the
+ * backwards: at most P - s sets alive) or "interleaved" (Megatron's, V
+ * chunks of layers a stage: plan_ops). Each micro-batch has its own
+ * activation set from the task's stage calls (task.h). With P = 1 the
  * one stage runs the M micro-batches one after the other.
  *
  * Parameters: every rank holds its shard's whole flat block (the whole
@@ -46,7 +53,12 @@
  * whole block (docs/model-parallel.md).
  *
  * The loss: only the last stage's tensor rank 0 reports it; the others add
- * 0 to the control plane's sum, which divides by the global batch. */
+ * 0 to the control plane's sum, which divides by the global batch.
+ *
+ * Deterministic mode: the micro-batches are the global batch's micro_shards
+ * fixed pieces (micro_shards / D a replica), each one's gradient goes into
+ * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
+ * an int64 allreduce: bitwise the same for any D and schedule. */
 #include "engine/strategy.h"
 #include "engine/worker.h"
 
@@ -59,8 +71,9 @@
 
 typedef struct {
     dt_task_stage *st;
-    float *in, *out, *d;   // the stream into and out of the stage, its gradient (d owned)
-    size_t count, cap;     // floats in the current micro-batch's stream; d's room
+    float *in, *out, *d;   // the stream into and out of the stage, the gradient of out (d owned)
+    float *din;            // the gradient of in, as the last backward left it
+    size_t in_count, out_count, cap; // floats of the current micro-batch's streams; d's room
     dt_request_t send_out, send_d;
 } slot;
 
@@ -95,18 +108,72 @@ typedef struct {
     double t_compute, t_wait;
     int alive, peak;
     int64_t steps;
+    int64_t *acc;          // deterministic: the fixed-point sums of this rank's micro-batches' gradients
+    size_t *counts, *displs; // [parallel] zero = 1: every rank's slice of the state, for the allgather
 } pipe;
 
-static int micro_batches(const dt_config *c) { return c->micro_batches > 0 ? c->micro_batches : c->pipeline; }
+// Deterministic mode cuts the global batch into micro_shards fixed pieces,
+// micro_shards / D of them on each replica, whatever D is.
+static int micro_batches(const dt_config *c, int W) {
+    if (c->deterministic) {
+        int D = W / (c->tensor * c->pipeline);
+        return D > 0 ? c->micro_shards / D : c->micro_shards;
+    }
+    return c->micro_batches > 0 ? c->micro_batches : c->pipeline;
+}
+// The layers the stages divide: the GPT's blocks, a sequential model's
+// [model] layers.
+static int model_layers(const dt_config *c) { return c->gpt ? c->n_layer : c->nlayers; }
+static const char *layers_field(const dt_config *c) { return c->gpt ? "[model] n_layer" : "[model] layer = ... lines"; }
 static int virtual_stages(const dt_config *c) { return c->pipeline_schedule == 2 ? c->virtual_stages : 1; }
 
+// bounds[0..P] cutting costs[L] into P contiguous non-empty parts (P <= L)
+// whose largest sum is the least (the first such cut).
+static dt_status balance(const double *costs, int L, int P, int *bounds) {
+    double *best = malloc(sizeof(double) * (size_t)(L + 1) * (size_t)(P + 1)), *pre = malloc(sizeof(double) * (size_t)(L + 1));
+    int *cut = malloc(sizeof(int) * (size_t)(L + 1) * (size_t)(P + 1));
+    if (!best || !pre || !cut) {
+        free(best), free(pre), free(cut);
+        return dt_error(DT_ERR_NOMEM, "pipeline: out of memory balancing the stages");
+    }
+#define AT(a, k, j) a[(size_t)(k) * (size_t)(L + 1) + (size_t)(j)]
+    pre[0] = 0;
+    for (int j = 0; j < L; j++) pre[j + 1] = pre[j] + costs[j];
+    // best(k, j): the least largest part of the first j layers in k stages
+    for (int j = 1; j <= L; j++) AT(best, 1, j) = pre[j], AT(cut, 1, j) = 0;
+    for (int k = 2; k <= P; k++)
+        for (int j = k; j <= L; j++) {
+            AT(best, k, j) = -1;
+            for (int i = k - 1; i < j; i++) {
+                double v = AT(best, k - 1, i) > pre[j] - pre[i] ? AT(best, k - 1, i) : pre[j] - pre[i];
+                if (AT(best, k, j) < 0 || v < AT(best, k, j)) AT(best, k, j) = v, AT(cut, k, j) = i;
+            }
+        }
+    bounds[P] = L;
+    for (int k = P; k >= 1; k--) bounds[k - 1] = AT(cut, k, bounds[k]);
+#undef AT
+    free(best), free(pre), free(cut);
+    return DT_OK;
+}
+
 // The first layer of each (virtual) stage, bounds[0..P V] (bounds[P V] =
-// n_layer), from pipeline_split or balanced by count.
+// the layers), from pipeline_split, else the GPT's blocks balanced by count
+// (they cost the same) and a sequential model's layers by their forward
+// FLOPs (dt_model_layer_costs).
 static dt_status stage_bounds(const dt_config *c, int *bounds) {
-    int P = c->pipeline * virtual_stages(c), L = c->n_layer;
-    if (!c->pipeline_split[0]) {
+    int P = c->pipeline * virtual_stages(c), L = model_layers(c);
+    if (!c->pipeline_split[0] && c->gpt) {
         for (int s = 0; s <= P; s++) bounds[s] = (int)((long)L * s / P);
         return DT_OK;
+    }
+    if (!c->pipeline_split[0]) {
+        if (P > L) return dt_error(DT_ERR_CONFIG, "pipeline: %d stages for %d layers", P, L);
+        double *costs = malloc(sizeof(double) * (size_t)L);
+        if (!costs) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+        dt_status st = dt_model_layer_costs(c->input, c->layers, L, costs);
+        if (st == DT_OK) st = balance(costs, L, P, bounds);
+        free(costs);
+        return st;
     }
     char buf[sizeof c->pipeline_split];
     snprintf(buf, sizeof buf, "%s", c->pipeline_split);
@@ -129,42 +196,51 @@ static dt_status stage_bounds(const dt_config *c, int *bounds) {
                         c->pipeline_split, n > P ? "more than " : "", n > P ? P : n, c->pipeline,
                         P > c->pipeline ? " x virtual_stages" : "", P);
     if (sum != L)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline_split = \"%s\" adds up to %d layers; the model has %d ([model] n_layer)",
-                        c->pipeline_split, sum, L);
+        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline_split = \"%s\" adds up to %d layers; the model has %d (%s)",
+                        c->pipeline_split, sum, L, layers_field(c));
     return DT_OK;
 }
 
 static int pp_wants(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
 
 static dt_status pp_check(const dt_config *c, int W) {
-    int T = c->tensor, P = c->pipeline, M = micro_batches(c);
+    int T = c->tensor, P = c->pipeline, M = micro_batches(c, W), L = model_layers(c);
     const char *what = P > 1 ? "[parallel] pipeline" : "[parallel] tensor";
     int v = P > 1 ? P : T;
-    if (!c->gpt)
-        return dt_error(DT_ERR_CONFIG, "%s = %d: model parallelism runs the GPT only; the classifier model ([model] layer = ...) is not supported yet",
-                        what, v);
-    if (c->deterministic)
-        return dt_error(DT_ERR_CONFIG, "%s = %d with deterministic = true is not supported yet", what, v);
+    const char *mname = c->deterministic ? "micro_shards / data-parallel replicas" : "micro_batches";
+    if (c->deterministic) {
+        int D = W / (T * P);
+        if (c->micro_batches > 0)
+            return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d with deterministic = true: the micro-batches are the global batch's [parallel] micro_shards = %d fixed pieces, micro_shards / data-parallel replicas on each; leave micro_batches unset",
+                            c->micro_batches, c->micro_shards);
+        if (D > 0 && W % (T * P) == 0 && c->micro_shards % D)
+            return dt_error(DT_ERR_CONFIG, "[parallel] micro_shards (%d) must be a multiple of the %d data-parallel replicas in deterministic mode (workers %d / (tensor %d x pipeline %d))",
+                            c->micro_shards, D, W, T, P);
+    }
     if (c->grad_accum > 1)
         return dt_error(DT_ERR_CONFIG, "%s = %d with [train] grad_accum = %d: use [parallel] micro_batches for the micro-batches of a model-parallel step",
                         what, v, c->grad_accum);
-    if (P > c->n_layer)
-        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d stages is more than the model's %d layers ([model] n_layer)",
-                        P, c->n_layer);
+    if (P > L)
+        return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d stages is more than the model's %d layers (%s)", P, L,
+                        layers_field(c));
     int V = c->virtual_stages;
     if (c->pipeline_schedule == 2) {
         if (P < 2 || V < 2)
             return dt_error(DT_ERR_CONFIG, "[parallel] schedule = interleaved needs pipeline >= 2 and virtual_stages >= 2 (pipeline = %d, virtual_stages = %d)",
                             P, V);
-        if (P * V > c->n_layer)
-            return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d x virtual_stages = %d = %d virtual stages is more than the model's %d layers ([model] n_layer)",
-                            P, V, P * V, c->n_layer);
+        if (P * V > L)
+            return dt_error(DT_ERR_CONFIG, "[parallel] pipeline = %d x virtual_stages = %d = %d virtual stages is more than the model's %d layers (%s)",
+                            P, V, P * V, L, layers_field(c));
         if (M % P)
-            return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d is not a multiple of pipeline = %d; schedule = interleaved runs them in groups of one per stage",
-                            M, P);
+            return dt_error(DT_ERR_CONFIG, "[parallel] %s = %d is not a multiple of pipeline = %d; schedule = interleaved runs them in groups of one per stage",
+                            mname, M, P);
     } else if (V > 1)
         return dt_error(DT_ERR_CONFIG, "[parallel] virtual_stages = %d needs schedule = interleaved", V);
-    if (T > 1) {
+    if (T > 1 && !c->gpt) {
+        dt_status st = dt_model_tensor_parallel_check(c->layers, c->nlayers, T, "[parallel] tensor");
+        if (st != DT_OK) return st;
+    }
+    if (T > 1 && c->gpt) {
         dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
         dt_status st = dt_gpt_tensor_parallel_check(&gc, T, "[parallel] tensor");
         if (st != DT_OK) return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());
@@ -175,12 +251,12 @@ static dt_status pp_check(const dt_config *c, int W) {
                       : dt_error(DT_ERR_CONFIG, "[parallel] tensor = %d x pipeline = %d = %d ranks a replica do not divide the %d workers (data parallel = workers / (tensor x pipeline))",
                                  T, P, T * P, W);
     if (c->pipeline_schedule >= 1 && M < P)
-        return dt_error(DT_ERR_CONFIG, "[parallel] micro_batches = %d is fewer than the pipeline's %d stages; schedule = %s needs at least one per stage",
-                        M, P, c->pipeline_schedule == 1 ? "1f1b" : "interleaved");
+        return dt_error(DT_ERR_CONFIG, "[parallel] %s = %d is fewer than the pipeline's %d stages; schedule = %s needs at least one per stage",
+                        mname, M, P, c->pipeline_schedule == 1 ? "1f1b" : "interleaved");
     int D = W / (T * P);
     if (c->batch / D < M)
-        return dt_error(DT_ERR_CONFIG, "[train] batch %d over %d data-parallel replica%s leaves %d samples, fewer than [parallel] micro_batches = %d",
-                        c->batch, D, D > 1 ? "s" : "", c->batch / D, M);
+        return dt_error(DT_ERR_CONFIG, "[train] batch %d over %d data-parallel replica%s leaves %d samples, fewer than [parallel] %s = %d",
+                        c->batch, D, D > 1 ? "s" : "", c->batch / D, mname, M);
     if (P * virtual_stages(c) > MAX_STAGES)
         return dt_error(DT_ERR_CONFIG, "[parallel] pipeline x virtual_stages = %d: at most %d", P * virtual_stages(c), MAX_STAGES);
     int bounds[MAX_STAGES + 1];
@@ -192,7 +268,8 @@ static dt_status pp_check(const dt_config *c, int W) {
 }
 
 static int pp_max_micro(const dt_config *c, int W) {
-    int TP = c->tensor * c->pipeline, D = W / TP > 0 ? W / TP : 1, M = micro_batches(c);
+    if (c->deterministic) return (c->batch + c->micro_shards - 1) / c->micro_shards;  // (the same for any W)
+    int TP = c->tensor * c->pipeline, D = W / TP > 0 ? W / TP : 1, M = micro_batches(c, W);
     int share = (c->batch + D - 1) / D;
     return (share + M - 1) / M;
 }
@@ -251,7 +328,7 @@ static dt_status pp_init(dt_strategy *s) {
     p->P = c->pipeline;
     p->V = virtual_stages(c);
     p->D = s->world / (p->T * p->P);
-    p->M = micro_batches(c);
+    p->M = micro_batches(c, s->world);
     p->gpipe = c->pipeline_schedule == 0;
     p->t = s->rank % p->T;
     p->replica = s->rank / p->T % p->D;
@@ -261,7 +338,8 @@ static dt_status pp_init(dt_strategy *s) {
     p->spans = malloc(sizeof(dt_obs_span) * 2 * (size_t)p->M * (size_t)p->V);
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
-    if (!p->ch || !p->ops || !p->spans || !p->off || !p->len)
+    if (c->deterministic) p->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1));
+    if (!p->ch || !p->ops || !p->spans || !p->off || !p->len || (c->deterministic && !p->acc))
         return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     plan_ops(p);
     // Each chunk's sets: as many as the schedule has alive on it at once
@@ -291,6 +369,21 @@ static dt_status pp_init(dt_strategy *s) {
         return dt_error(DT_ERR_CONFIG, "model parallel: [parallel] tensor = %d, but the %s model is not split into shards",
                         p->T, c->gpt ? "GPT" : "classifier");
     if (!p->ppb) p->ppb = p->pp;
+    if (c->zero == 1) {  // ZeRO stage 1: rank r of the ranks holding this block updates (and keeps
+                         // the optimizer state of) its slice
+        dt_comm_t zc = p->shard ? p->shard : s->comm;
+        int W = dt_comm_size(zc);
+        if (!(p->counts = malloc(sizeof(size_t) * 2 * (size_t)W)))
+            return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+        p->displs = p->counts + W;
+        for (int r = 0; r < W; r++) {
+            size_t a, b;
+            dt_shard_range(s->n, r, W, &a, &b);
+            p->displs[r] = a;
+            p->counts[r] = b - a;
+        }
+        dt_shard_range(s->n, dt_comm_rank(zc), W, &s->lo, &s->hi);
+    }
     if (s->rank == 0) print_layout(p, bounds);
     return DT_OK;
 }
@@ -325,6 +418,8 @@ static void pp_fini(dt_strategy *s) {
     free(p->spans);
     free(p->off);
     free(p->len);
+    dt_free(p->acc);
+    free(p->counts);
 }
 
 // Waits for a transfer, the time counted as the stage waiting.
@@ -343,17 +438,22 @@ static dt_status wait_timed(pipe *p, dt_request_t *req, const char *what, int pe
 static int prev_stage(const pipe *p) { return (p->stage + p->P - 1) % p->P; }
 static int next_stage(const pipe *p) { return (p->stage + 1) % p->P; }
 
-static dt_status forward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp, double *loss_sum) {
+static dt_status forward(pipe *p, dt_task *task, int64_t step, int v, int k, dt_obs_span *sp, double *loss_sum) {
     chunk *ch = &p->ch[v];
     slot *sl = &ch->slots[k % ch->nslots];
     int last = ch->vstage == p->P * p->V - 1;
+    if (p->len[k] == 0) {  // (a short last batch of an epoch: every stage of the replica skips it)
+        *sp = (dt_obs_span){1, k, v, dt_now(), dt_now()};
+        return DT_OK;
+    }
     dt_status st = wait_timed(p, &sl->send_out, "sending activations to", next_stage(p));
     if (st == DT_OK)
-        st = p->tops->stage_begin(task, sl->st, p->off[k], p->len[k], (float)p->len[k] / (float)p->base.global * p->base.loss_scale,
-                                  &sl->in, &sl->out, &sl->count);
+        st = p->tops->stage_begin(task, sl->st, step, p->off[k], p->len[k],
+                                  (float)p->len[k] / (float)p->base.global * p->base.loss_scale, &sl->in,
+                                  &sl->in_count, &sl->out, &sl->out_count);
     if (st == DT_OK && ch->vstage > 0) {
         dt_request_t r = NULL;
-        st = dt_irecv(sl->in, sl->count, DT_F32, prev_stage(p), p->pp, &r);
+        st = dt_irecv(sl->in, sl->in_count, DT_F32, prev_stage(p), p->pp, &r);
         if (st == DT_OK) st = wait_timed(p, &r, "receiving activations from", prev_stage(p));
     }
     if (st != DT_OK) return st;
@@ -366,7 +466,7 @@ static dt_status forward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp, 
     p->t_compute += sp->t1 - t0;
     if (st != DT_OK) return st;
     if (last) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
-    else st = dt_isend(sl->out, sl->count, DT_F32, next_stage(p), p->pp, &sl->send_out);
+    else st = dt_isend(sl->out, sl->out_count, DT_F32, next_stage(p), p->pp, &sl->send_out);
     if (++p->alive > p->peak) p->peak = p->alive;
     return st;
 }
@@ -375,26 +475,37 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
     chunk *ch = &p->ch[v];
     slot *sl = &ch->slots[k % ch->nslots];
     int last = ch->vstage == p->P * p->V - 1;
+    if (p->len[k] == 0) {
+        *sp = (dt_obs_span){0, k, v, dt_now(), dt_now()};
+        return DT_OK;
+    }
     dt_status st = wait_timed(p, &sl->send_d, "sending gradients to", prev_stage(p));
-    if (st == DT_OK && sl->cap < sl->count) {
+    if (st == DT_OK && sl->cap < sl->out_count) {
         free(sl->d);
         sl->cap = 0;
-        if (!(sl->d = malloc(sizeof(float) * sl->count))) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-        sl->cap = sl->count;
+        if (!(sl->d = malloc(sizeof(float) * sl->out_count))) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
+        sl->cap = sl->out_count;
     }
     if (st == DT_OK && !last) {
         dt_request_t r = NULL;
-        st = dt_irecv(sl->d, sl->count, DT_F32, next_stage(p), p->ppb, &r);
+        st = dt_irecv(sl->d, sl->out_count, DT_F32, next_stage(p), p->ppb, &r);
         if (st == DT_OK) st = wait_timed(p, &r, "receiving gradients from", next_stage(p));
     }
     if (st != DT_OK) return st;
     double t0 = dt_now();
     dt_obs_begin(p->base.obs, DT_OBS_BACKWARD);
-    st = p->tops->stage_backward(task, sl->st, sl->d);
+    st = p->tops->stage_backward(task, sl->st, sl->d, &sl->din);
     dt_obs_end(p->base.obs, DT_OBS_BACKWARD);
     *sp = (dt_obs_span){0, k, v, t0, dt_now()};
     p->t_compute += sp->t1 - t0;
-    if (st == DT_OK && ch->vstage > 0) st = dt_isend(sl->d, sl->count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
+    if (st == DT_OK && ch->vstage > 0)
+        st = dt_isend(sl->din, sl->in_count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
+    // Deterministic: each micro-batch's gradient on its own into int64
+    // fixed point, whose sums do not depend on their order (dp_det.c).
+    if (st == DT_OK && p->acc) {
+        dt_fixed_add(p->acc, p->base.grads, p->base.n, DT_FIXED_SCALE);
+        memset(p->base.grads, 0, sizeof(float) * p->base.n);
+    }
     p->alive--;
     return st;
 }
@@ -416,9 +527,17 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
                 if (st != DT_OK) return st;
             }
     }
+    // The replica's share in M micro-batches; deterministic: the global
+    // batch's fixed pieces replica x M ... (replica + 1) x M - 1 of M x D.
     for (int k = 0; k < p->M; k++) {
-        p->off[k] = first + (int)((long)share * k / p->M);
-        p->len[k] = first + (int)((long)share * (k + 1) / p->M) - p->off[k];
+        if (p->acc) {
+            long j = (long)p->replica * p->M + k, n = (long)p->M * p->D;
+            p->off[k] = (int)(b->global * j / n);
+            p->len[k] = (int)(b->global * (j + 1) / n) - p->off[k];
+        } else {
+            p->off[k] = first + (int)((long)share * k / p->M);
+            p->len[k] = first + (int)((long)share * (k + 1) / p->M) - p->off[k];
+        }
     }
     s->nmicro = p->M;
     s->global = b->global;
@@ -428,7 +547,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
         if (i == p->warm) st = dt_fault_step(s->rank, step + 1);
         if (st != DT_OK) break;
         const op *o = &p->ops[i];
-        st = o->fwd ? forward(p, task, o->v, o->mb, &p->spans[i], loss_sum)
+        st = o->fwd ? forward(p, task, step, o->v, o->mb, &p->spans[i], loss_sum)
                     : backward(p, task, o->v, o->mb, &p->spans[i]);
     }
     for (int v = 0; v < p->V && st == DT_OK; v++)
@@ -449,7 +568,29 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
 // Every rank's gradient block becomes the global one of its shard (see the top).
 static dt_status pp_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
+    dt_comm_t comm = p->shard ? p->shard : s->comm;
+    if (!p->acc) return dt_strategy_sum_grads(s, comm, "model parallel");
+    double t0 = dt_now();
+    dt_status st = dt_allreduce(p->acc, p->acc, s->n, DT_I64, DT_SUM, comm);
+    if (st == DT_OK) dt_fixed_to_float(s->grads, p->acc, s->n);
+    memset(p->acc, 0, sizeof(int64_t) * s->n);
+    s->comm_seconds += dt_now() - t0;
+    s->comm_exposed_seconds += dt_now() - t0;
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
+}
+
+// The update of this rank's slice ([0, n) without ZeRO); with [parallel]
+// zero = 1 every rank's slice then goes to every rank (as zero.c's stage 1;
+// the gradient block is whole on every rank after sync()).
+static dt_status pp_update(dt_strategy *s, float lr, float scale) {
+    pipe *p = (pipe *)s;
+    dt_status st = dt_strategy_update_slice(s, lr, scale);
+    dt_comm_t zc = p->shard ? p->shard : s->comm;
+    if (st == DT_OK && p->counts && dt_comm_size(zc) > 1) {
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, p->counts, p->displs, DT_F32, zc);
+        if (st != DT_OK) st = dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
+    }
+    return st;
 }
 
 // The whole model's gradient norm from the shards: the split ranges' squares
@@ -475,15 +616,23 @@ static dt_status pp_params_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
     if (!s->whole) return DT_OK;
     size_t n = s->n;
-    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T);
-    if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
+    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T), *full = p->counts ? dt_alloc(sizeof(float) * n) : NULL;
+    if (!all || (p->counts && !full)) {
+        dt_free(all);
+        return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
+    }
     dt_status st = DT_OK;
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
         float *local = j < 0 ? s->params : dt_optim_state(s->opt, j), *whole = j < 0 ? s->whole : s->whole_states[j];
-        st = dt_allgather(local, all, n, DT_F32, p->tp);
+        if (j >= 0 && full) {  // ZeRO 1: the state's slices first, over the ranks of this shard
+            st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
+            local = full;
+        }
+        if (st == DT_OK) st = dt_allgather(local, all, n, DT_F32, p->tp);
         for (int r = 0; r < p->T && st == DT_OK; r++) s->shard_copy(s->shard_user, r, all + n * r, whole, 1);
     }
     dt_free(all);
+    dt_free(full);
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gathering the shards for a checkpoint: %s", dt_last_error());
 }
 
@@ -493,8 +642,13 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     (void)parts;
     if (!s->whole || !path[0]) return DT_OK;
     s->shard_copy(s->shard_user, p->t, s->params, s->whole, 0);
-    for (int j = 0; j < dt_optim_num_states(s->opt); j++)
-        s->shard_copy(s->shard_user, p->t, dt_optim_state(s->opt, j), s->whole_states[j], 0);
+    float *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;  // ZeRO 1: the shard's state, then the slice
+    if (p->counts && !full) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory restoring the optimizer state");
+    for (int j = 0; j < dt_optim_num_states(s->opt); j++) {
+        s->shard_copy(s->shard_user, p->t, full ? full : dt_optim_state(s->opt, j), s->whole_states[j], 0);
+        if (full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
+    }
+    dt_free(full);
     return DT_OK;
 }
 
@@ -509,7 +663,7 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .run_step = pp_run_step,
     .sync = pp_sync,
     .grad_norm = pp_grad_norm,
-    .update = dt_strategy_update_slice,
+    .update = pp_update,
     .params_sync = pp_params_sync,
     .ckpt_restore = pp_ckpt_restore,
 };

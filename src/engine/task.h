@@ -91,24 +91,29 @@ typedef struct dt_task_ops {
     /* Sets the hook before each layer's forward and backward (NULL: the
      * model has no layers to hook, as the classifier). */
     void (*set_layer_hook)(dt_task *t, dt_task_layer_fn fn, void *user);
-    /* ---- pipeline stages (NULL: a model without them, as the classifier) ----
-     * A stage runs layers [l0, l1) of n_layer (the embedding with l0 = 0, the
-     * head and loss with l1 = n_layer) on one micro-batch at a time per
-     * dt_task_stage; several may be alive at once (engine/pipeline.c). */
+    /* ---- pipeline stages (NULL: a model without them) ----
+     * A stage runs layers [l0, l1) of the model's (the GPT's n_layer blocks,
+     * with the embedding when l0 = 0 and the head and loss when l1 =
+     * n_layer; a sequential model's [model] layers, the loss after the last)
+     * on one micro-batch at a time per dt_task_stage; several may be
+     * alive at once (engine/pipeline.c). */
     dt_status (*stage_create)(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out);
     void (*stage_free)(dt_task_stage *st);
-    /* Starts samples [off, off + len) of the global batch on st, their loss
-     * scaled by loss_scale in the backward: *in is the stream into the stage
-     * (written by the stage before; unused on the first), *out the stream
-     * out of it after stage_forward, *count floats each. */
-    dt_status (*stage_begin)(dt_task *t, dt_task_stage *st, int off, int len, float loss_scale, float **in,
-                             float **out, size_t *count);
+    /* Starts samples [off, off + len) of the global batch of step `step` on
+     * st (len >= 1), their loss scaled by loss_scale in the backward: *in
+     * (in_count floats) is the stream into the stage (written by the stage
+     * before; unused on the first), *out (out_count floats) the stream out
+     * of it after stage_forward. */
+    dt_status (*stage_begin)(dt_task *t, dt_task_stage *st, int64_t step, int off, int len, float loss_scale,
+                             float **in, size_t *in_count, float **out, size_t *out_count);
     /* Forward of the started micro-batch; *loss set on the last stage. */
     dt_status (*stage_forward)(dt_task *t, dt_task_stage *st, float *loss);
-    /* Its backward: d[count] holds the gradient with respect to *out (the
-     * last stage writes it from the loss) and becomes the gradient with
-     * respect to *in; parameter gradients accumulate. */
-    dt_status (*stage_backward)(dt_task *t, dt_task_stage *st, float *d);
+    /* Its backward: d[out_count] holds the gradient with respect to *out
+     * (unused on the last stage, which starts from the loss; d may be
+     * overwritten); *din is set to the gradient with respect to *in
+     * (in_count floats, d itself or the stage's own buffer, valid until
+     * the stage's next backward); parameter gradients accumulate. */
+    dt_status (*stage_backward)(dt_task *t, dt_task_stage *st, float *d, float **din);
     /* Evaluation sharded over comm's ranks; *accuracy < 0: none. step and
      * train_loss are where the run stands (for the task's history). */
     dt_status (*evaluate)(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss, float *accuracy);

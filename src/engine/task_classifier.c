@@ -25,6 +25,11 @@ struct dt_task {
     int *order_layer;
     dt_batch b;                    // the batch in flight: this rank's share
     dt_st_meta wmeta[2];
+    // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
+    int tp, ntp;
+    dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
+    dt_model *whole;               // the whole model's plan and block (init, names, the weights file)
+    unsigned char *order_split;    // the order's ranges divided among the shards
 };
 
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
@@ -113,8 +118,16 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
 
 static int cls_wants(const dt_config *c) { return !c->gpt; }
 
+static void cls_close(dt_task *t) {
+    dt_comm_destroy(t->tpc);
+    dt_comm_destroy(t->rest);
+    t->tpc = t->rest = NULL;
+}
+
 static void cls_destroy(dt_task *t) {
     if (!t) return;
+    dt_model_free(t->whole);
+    free(t->order_split);
     free(t->tinfo);
     free(t->order);
     free(t->order_layer);
@@ -127,6 +140,18 @@ static void cls_destroy(dt_task *t) {
     free(t);
 }
 
+// The model's sums over the tensor-parallel shards (dt_model_set_reduce).
+static dt_status tp_reduce(float *buf, size_t n, void *user) {
+    dt_task *t = user;
+    dt_status st = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, t->tpc);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
+}
+
+static void shard_copy(void *user, int tp, float *local, float *whole, int to_whole) {
+    dt_task *t = user;
+    dt_model_shard_copy(t->m, tp, local, whole, to_whole);
+}
+
 static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                             dt_task_info *info) {
     (void)max_micro;
@@ -136,13 +161,33 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_status st;
     DT_TRY(load_split(c, "train", &t->train), done);
     DT_TRY(load_split(c, "test", &t->test), done);
-    DT_TRY(dt_model_create(&t->m, c->input, c->layers, c->nlayers, model_rows), done);
+    // [parallel] tensor = T: the T consecutive ranks from rank - rank % T
+    // hold the T shards of one copy of the model (docs/model-parallel.md's
+    // layout, as the GPT's); the ranks of the same shard evaluate together.
+    t->ntp = c->tensor > 1 ? c->tensor : 1;
+    t->tp = dt_comm_rank(comm) % t->ntp;
+    if (t->ntp > 1) {
+        int rank = dt_comm_rank(comm);
+        st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
+        if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
+        if (st != DT_OK) {
+            st = dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+            goto done;
+        }
+    }
+    DT_TRY(dt_model_create_shard(&t->m, c->input, c->layers, c->nlayers, model_rows, t->tp, t->ntp), done);
     if (dt_model_num_classes(t->m) != t->train.classes) {
         st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                       dt_model_num_classes(t->m), t->train.classes);
         goto done;
     }
     dt_model_init(t->m, c->seed);
+    if (t->ntp > 1) {  // a shard's part of the whole model's initial parameters
+        DT_TRY(dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1), done);
+        dt_model_init(t->whole, c->seed);
+        dt_model_shard_copy(t->m, t->tp, dt_model_params(t->m), dt_model_params(t->whole), 0);
+        dt_model_set_reduce(t->m, tp_reduce, t);
+    }
     dt_loader_params lp = dt_loader_default_params();
     lp.batch = c->batch;
     lp.shuffle = c->shuffle;
@@ -153,6 +198,10 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     lp.seed = c->seed;
     lp.rank = dt_comm_rank(comm);
     lp.world = dt_comm_size(comm);
+    if (c->pipeline > 1 || t->ntp > 1) {  // a replica's ranks take its share together (docs/model-parallel.md's layout)
+        lp.world /= c->pipeline * c->tensor;
+        lp.rank = lp.rank / c->tensor % lp.world;
+    }
     lp.aug.crop_pad = c->crop_pad;
     DT_TRY(dt_augment_parse(c->augment, lp.augment, &lp.naugment), done);
     lp.max_share = c->dynamic_batch ? dt_dynbatch_max_share(c->batch < t->train.n ? c->batch : t->train.n, lp.world) : 0;
@@ -163,18 +212,22 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->m, i);
+    // (checkpoints name the whole model's tensors)
+    for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->whole ? t->whole : t->m, i);
     // The gradient order for a strategy that gathers layer by layer: the
     // tensors in block order (their names start with the layer index).
     t->order = malloc(sizeof *t->order * (nt > 0 ? nt : 1));
     t->order_layer = malloc(sizeof(int) * (nt > 0 ? nt : 1));
-    if (!t->order || !t->order_layer) {
+    t->order_split = malloc((size_t)(nt > 0 ? nt : 1));
+    if (!t->order || !t->order_layer || !t->order_split) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int i = 0; i < nt; i++) {
-        t->order[i] = (dt_grad_range){t->tinfo[i].offset, t->tinfo[i].numel};
-        t->order_layer[i] = atoi(t->tinfo[i].name);
+        const dt_tensor_info *ti = dt_model_tensor(t->m, i);
+        t->order[i] = (dt_grad_range){ti->offset, ti->numel};
+        t->order_layer[i] = atoi(ti->name);
+        t->order_split[i] = (unsigned char)dt_model_tensor_split(t->m, i);
     }
     t->wmeta[0] = (dt_st_meta){"format", "dtrain-weights"};
     t->wmeta[1] = (dt_st_meta){"name", c->name};
@@ -187,7 +240,13 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .order = t->order,
                            .norder = nt,
                            .order_layer = t->order_layer,
+                           .order_split = t->ntp > 1 ? t->order_split : NULL,
+                           .replicas = t->rest,
+                           .tensor_group = t->tpc,
                            .tensors = t->tinfo,
+                           .nwhole = dt_model_whole_params(t->m),
+                           .shard_copy = t->ntp > 1 ? shard_copy : NULL,
+                           .shard_user = t,
                            .ntensors = nt,
                            .weights_meta = t->wmeta,
                            .nweights_meta = 2,
@@ -195,10 +254,14 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .total_steps = total,
                            .epochs = (int)((total + spe - 1) / spe),
                            .has_eval = 1};
-    snprintf(info->describe, sizeof info->describe, "%zu parameters, %d train / %d test samples", info->nparams,
-             t->train.n, t->test.n);
+    char shard[96] = "";
+    if (t->ntp > 1)
+        snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
+    snprintf(info->describe, sizeof info->describe, "%zu parameters%s, %d train / %d test samples",
+             dt_model_whole_params(t->m), shard, t->train.n, t->test.n);
 done:
     if (st != DT_OK) {
+        cls_close(t);
         cls_destroy(t);
         *out = NULL;
     }
@@ -232,11 +295,69 @@ static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
 
 static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) { dt_model_set_layer_hook(t->m, fn, user); }
 
+// ----------------------------------------------------------------------------
+// pipeline stages: layers [l0, l1) of the model on activations of their own
+// (dt_model_acts); the share in flight is the replica's
+
+struct dt_task_stage {
+    dt_model_acts *a;
+    int l0, l1, off, len;
+    int64_t step;
+    float scale;
+};
+
+static dt_status cls_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
+    dt_task_stage *st = calloc(1, sizeof *st);
+    if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
+    *st = (dt_task_stage){.l0 = l0, .l1 = l1};
+    dt_status s = dt_model_acts_create(&st->a, t->m, l0, l1, max_len);
+    if (s != DT_OK) {
+        free(st);
+        *out = NULL;
+    }
+    return s;
+}
+
+static void cls_stage_free(dt_task_stage *st) {
+    if (!st) return;
+    dt_model_acts_free(st->a);
+    free(st);
+}
+
+static dt_status cls_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, int off, int len, float loss_scale,
+                                 float **in, size_t *in_count, float **out, size_t *out_count) {
+    if (off < t->b.first || off + len > t->b.first + t->b.B)
+        return dt_error(DT_ERR_ARG, "pipeline stage: samples [%d, %d) outside the share [%d, %d)", off, off + len,
+                        t->b.first, t->b.first + t->b.B);
+    st->off = off - t->b.first;
+    st->len = len;
+    st->step = step;
+    st->scale = loss_scale;
+    *in = dt_model_acts_input(st->a);
+    *out = dt_model_acts_output(st->a);
+    *in_count = (size_t)len * dt_model_stream_size(t->m, st->l0);
+    *out_count = (size_t)len * dt_model_stream_size(t->m, st->l1);
+    return DT_OK;
+}
+
+static dt_status cls_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
+    size_t ss = dt_dataset_sample_size(&t->train);
+    dt_model_set_dropout_key(t->m, (uint64_t)st->step, (int64_t)t->b.first + st->off);
+    return dt_model_forward_range(t->m, st->a, st->l0 == 0 ? t->b.x + (size_t)st->off * ss : NULL, t->b.y + st->off,
+                                  st->len, 1, loss);
+}
+
+static dt_status cls_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
+    dt_model_set_loss_scale(t->m, st->scale);
+    return dt_model_backward_range(t->m, st->a, d, din);
+}
+
 // Evaluation sharded across the ranks of comm and reduced.
 static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
     (void)step, (void)train_loss;
     const dt_dataset *ds = &t->test;
+    if (t->ntp > 1) comm = t->rest;  // the shards of one model run the same samples
     int r = dt_comm_rank(comm), W = dt_comm_size(comm);
     int lo = (int)((long)ds->n * r / W), hi = (int)((long)ds->n * (r + 1) / W);
     double sum;
@@ -251,10 +372,20 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
+// A shard's group gathers the whole model for the rank that writes it.
 static dt_status cls_save(dt_task *t, const char *path) {
-    if (!path) return DT_OK;
     dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
-    return dt_model_save(t->m, path, meta, 3);
+    if (t->ntp == 1) return path ? dt_model_save(t->m, path, meta, 3) : DT_OK;
+    size_t n = dt_model_num_params(t->m);
+    float *all = dt_alloc(sizeof(float) * n * (size_t)t->ntp);
+    if (!all) return dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the tensor-parallel shards");
+    dt_status st = dt_allgather(dt_model_params(t->m), all, n, DT_F32, t->tpc);
+    if (st != DT_OK) st = dt_error(st, "saving the model: gathering the tensor-parallel shards: %s", dt_last_error());
+    for (int r = 0; r < t->ntp && st == DT_OK && path; r++)
+        dt_model_shard_copy(t->m, r, all + n * r, dt_model_params(t->whole), 1);
+    if (st == DT_OK && path) st = dt_model_save(t->whole, path, meta, 3);
+    dt_free(all);
+    return st;
 }
 
 static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
@@ -313,12 +444,18 @@ const dt_task_ops dt_task_classifier = {
     .wants = cls_wants,
     .create = cls_create,
     .destroy = cls_destroy,
+    .close = cls_close,
     .start_epoch = cls_start_epoch,
     .next_batch = cls_next_batch,
     .zero_grad = cls_zero_grad,
     .forward = cls_forward,
     .backward = cls_backward,
     .set_layer_hook = cls_set_layer_hook,
+    .stage_create = cls_stage_create,
+    .stage_free = cls_stage_free,
+    .stage_begin = cls_stage_begin,
+    .stage_forward = cls_stage_forward,
+    .stage_backward = cls_stage_backward,
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,

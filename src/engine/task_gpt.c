@@ -346,15 +346,16 @@ static void gpt_stage_free(dt_task_stage *st) {
     free(st);
 }
 
-static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int off, int len, float loss_scale, float **in,
-                                 float **out, size_t *count) {
+static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, int off, int len, float loss_scale,
+                                 float **in, size_t *in_count, float **out, size_t *out_count) {
+    (void)step;
     st->off = off;
     st->len = len;
     st->scale = loss_scale;
     dt_status s = dt_gpt_acts_set_shape(st->a, len, t->T);  // (the streams' places depend on the shape)
     *in = dt_gpt_acts_resid(st->a, st->l0);
     *out = dt_gpt_acts_resid(st->a, st->l1);
-    *count = (size_t)len * t->T * t->gc.n_embd;
+    *in_count = *out_count = (size_t)len * t->T * t->gc.n_embd;
     return s;
 }
 
@@ -368,7 +369,9 @@ static dt_status gpt_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     return s;
 }
 
-static dt_status gpt_stage_backward(dt_task *t, dt_task_stage *st, float *d) {
+// (in place: the residual stream's gradient has the same size at both ends)
+static dt_status gpt_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
+    *din = d;
     float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
     dt_status s = DT_OK;
     dt_gpt_set_loss_scale(t->m, st->scale);

@@ -23,6 +23,9 @@ typedef struct {
     int fused;             // conv: applies the relu after it; relu: done by that conv,
                            // whose act it shares (relu(x) > 0 exactly where x > 0)
     int pooled;            // relu: its backward is done by the maxpool after it
+    int tp;                // tensor parallel: 1 column-parallel linear (its outputs divided among
+                           // the shards), 2 row-parallel (its inputs; outputs summed); 0 whole
+    size_t ww_off, wb_off; // a shard's: the offsets of its tensors in the whole model's block
 } layer_t;
 
 struct dt_model {
@@ -44,6 +47,10 @@ struct dt_model {
     dt_model_layer_fn layer_hook;
     void *layer_hook_user;
     float loss_scale;
+    int tp, ntp;           // tensor parallel: this shard of ntp (0 of 1: the whole model)
+    size_t nwhole;         // the whole model's parameters
+    dt_model_reduce_fn reduce;
+    void *reduce_user;
 };
 
 static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
@@ -122,11 +129,12 @@ static dt_status plan_layer(layer_t *l, int idx) {
     return DT_OK;
 }
 
-static dt_conv_shape conv_shape(const dt_model *m, int i, int B) {
-    const layer_t *l = &m->L[i];
+// Layer i of L (a model's layers, or a pipeline stage's copy of them).
+static dt_conv_shape conv_shape(const layer_t *L, int i, int B) {
+    const layer_t *l = &L[i];
     const dt_layer_spec *s = &l->spec;
     dt_conv_shape c = {B, l->in[0], l->in[1], l->in[2], l->out[0], s->kernel,
-                       s->stride ? s->stride : 1, s->pad, i > 0 && m->L[i - 1].blk, l->blk != 0,
+                       s->stride ? s->stride : 1, s->pad, i > 0 && L[i - 1].blk, l->blk != 0,
                        l->fused};
     return c;
 }
@@ -138,7 +146,7 @@ static dt_conv_shape conv_shape(const dt_model *m, int i, int B) {
 static void plan_layouts(dt_model *m) {
     for (int i = 0; i < m->nlayers; i++) {
         if (m->L[i].spec.kind != DT_LAYER_CONV2D) continue;
-        dt_conv_shape s = conv_shape(m, i, m->max_batch);
+        dt_conv_shape s = conv_shape(m->L, i, m->max_batch);
         int src, dst, j = i + 1;
         dt_conv_prefers_blocked(&s, &src, &dst);
         while (j < m->nlayers &&
@@ -146,7 +154,7 @@ static void plan_layouts(dt_model *m) {
             j++;
         if (!dst || j == m->nlayers) continue;
         if (m->L[j].spec.kind == DT_LAYER_CONV2D) {
-            s = conv_shape(m, j, m->max_batch);
+            s = conv_shape(m->L, j, m->max_batch);
             dt_conv_prefers_blocked(&s, &src, &dst);
             if (!src) continue;
         } else if (m->L[j].spec.kind != DT_LAYER_FLATTEN) {
@@ -209,13 +217,13 @@ void dt_model_free(dt_model *m) {
 // it shares its convolution's).
 typedef struct { size_t act, dact, aux, aux2, argmax; } layer_bufs;
 
-static layer_bufs buffer_sizes(const dt_model *m, int i, int B) {
-    const layer_t *l = &m->L[i];
+static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
+    const layer_t *l = &L[i];
     size_t n_out = (size_t)B * out_numel(l);
     layer_bufs z = {l->spec.kind == DT_LAYER_RELU && l->fused ? 0 : n_out, n_out, 0, 0, 0};
     switch (l->spec.kind) {
     case DT_LAYER_CONV2D: {
-        dt_conv_shape cs = conv_shape(m, i, B);
+        dt_conv_shape cs = conv_shape(L, i, B);
         size_t nc, nc2;
         dt_conv_size(&cs, &nc, &nc2);
         z.aux = z.aux2 = nc2 > nc ? nc2 : nc;
@@ -230,8 +238,41 @@ static layer_bufs buffer_sizes(const dt_model *m, int i, int B) {
 }
 
 // A model's plan without its buffers: shapes, offsets, layouts.
+// Tensor parallel's pairs: a linear layer, any relu or gelu layers, then a
+// linear layer: the first column-parallel (kind 1), the second row-parallel
+// (kind 2), each layer in one pair at most. Returns the number of pairs.
+static int find_pairs(const dt_layer_spec *layers, int nlayers, int *kind) {
+    int n = 0;
+    for (int i = 0; i < nlayers; i++) kind[i] = 0;
+    for (int i = 0; i < nlayers; i++) {
+        if (layers[i].kind != DT_LAYER_LINEAR) continue;
+        int j = i + 1;
+        while (j < nlayers && (layers[j].kind == DT_LAYER_RELU || layers[j].kind == DT_LAYER_GELU)) j++;
+        if (j < nlayers && layers[j].kind == DT_LAYER_LINEAR) {
+            kind[i] = 1, kind[j] = 2, n++;
+            i = j;
+        }
+    }
+    return n;
+}
+
+dt_status dt_model_tensor_parallel_check(const dt_layer_spec *layers, int nlayers, int ntp, const char *what) {
+    int *kind = malloc(sizeof(int) * (size_t)(nlayers > 0 ? nlayers : 1));
+    if (!kind) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    dt_status st = DT_OK;
+    if (find_pairs(layers, nlayers, kind) == 0)
+        st = dt_error(DT_ERR_CONFIG, "%s = %d: the model has no two linear layers with only relu or gelu layers between them to split (a column-parallel linear, then a row-parallel one)",
+                      what, ntp);
+    for (int i = 0; i < nlayers && st == DT_OK; i++)
+        if (kind[i] == 1 && layers[i].out % ntp)
+            st = dt_error(DT_ERR_CONFIG, "%s = %d does not divide the %d outputs of layer %d (linear out=%d), whose outputs the ranks share",
+                          what, ntp, layers[i].out, i, layers[i].out);
+    free(kind);
+    return st;
+}
+
 static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
-                            int max_batch) {
+                            int max_batch, int tp, int ntp) {
     *out = NULL;
     if (nlayers <= 0 || max_batch <= 0)
         return dt_error(DT_ERR_ARG, "model: need at least one layer and max_batch > 0");
@@ -241,6 +282,8 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     if (!m) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     m->max_batch = max_batch;
     m->loss_scale = 1.0f;
+    m->tp = tp;
+    m->ntp = ntp;
     memcpy(m->in_shape, in_shape, sizeof m->in_shape);
     m->L = calloc(nlayers, sizeof *m->L);
     m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
@@ -250,12 +293,20 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
         dt_model_free(m);
         return dt_error(DT_ERR_NOMEM, "model: out of memory");
     }
+    if (ntp > 1) {
+        int *kind = malloc(sizeof(int) * (size_t)nlayers);
+        if (!kind) return dt_model_free(m), dt_error(DT_ERR_NOMEM, "model: out of memory");
+        find_pairs(layers, nlayers, kind);
+        for (int i = 0; i < nlayers; i++) m->L[i].tp = kind[i];
+        free(kind);
+    }
     size_t off = 0;
     const int *in = in_shape;
     for (int i = 0; i < nlayers; i++) {
         layer_t *l = &m->L[i];
         l->spec = layers[i];
         memcpy(l->in, in, sizeof l->in);
+        if (ntp > 1 && l->tp == 1) l->spec.out /= ntp;
         dt_status st = plan_layer(l, i);
         if (st != DT_OK) {
             dt_model_free(m);
@@ -271,7 +322,15 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     if (last->out[1] != 1 || last->out[2] != 1)
         return dt_model_free(m), dt_error(DT_ERR_ARG, "model: last layer must produce a flat vector of class scores (end with linear)");
     plan_layouts(m);
-    m->nparams = off;
+    m->nparams = m->nwhole = off;
+    if (ntp > 1) {  // where a shard's tensors sit in the whole model's block
+        dt_model *w;
+        dt_status st = plan_model(&w, in_shape, layers, nlayers, 1, 0, 1);
+        if (st != DT_OK) return dt_model_free(m), st;
+        for (int i = 0; i < nlayers; i++) m->L[i].ww_off = w->L[i].w_off, m->L[i].wb_off = w->L[i].b_off;
+        m->nwhole = w->nparams;
+        dt_model_free(w);
+    }
     *out = m;
     return DT_OK;
 }
@@ -279,11 +338,11 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
 dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers, int max_batch,
                           size_t *nparams, size_t *act_bytes) {
     dt_model *m;
-    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch);
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch, 0, 1);
     if (st != DT_OK) return st;
     size_t n = (size_t)max_batch * m->L[nlayers - 1].out[0];  // probs
     for (int i = 0; i < nlayers; i++) {
-        layer_bufs z = buffer_sizes(m, i, max_batch);
+        layer_bufs z = buffer_sizes(m->L, i, max_batch);
         n += z.act + z.dact + z.aux + z.aux2 + z.argmax;
     }
     *nparams = m->nparams;
@@ -294,8 +353,19 @@ dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, in
 
 dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
                           int nlayers, int max_batch) {
+    return dt_model_create_shard(out, in_shape, layers, nlayers, max_batch, 0, 1);
+}
+
+dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                                int max_batch, int tp, int ntp) {
     dt_model *m;
-    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch);
+    *out = NULL;
+    if (ntp < 1 || tp < 0 || tp >= ntp) return dt_error(DT_ERR_ARG, "model: shard %d of %d", tp, ntp);
+    if (ntp > 1) {
+        dt_status st = dt_model_tensor_parallel_check(layers, nlayers, ntp, "tensor parallel");
+        if (st != DT_OK) return st;
+    }
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch, tp, ntp);
     if (st != DT_OK) return st;
     const layer_t *last = &m->L[nlayers - 1];
     size_t off = m->nparams;
@@ -307,7 +377,7 @@ dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_
     for (int i = 0; i < nlayers; i++) {
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
-        layer_bufs z = buffer_sizes(m, i, max_batch);
+        layer_bufs z = buffer_sizes(m->L, i, max_batch);
         l->act = z.act ? dt_alloc(sizeof(float) * z.act) : m->L[i - 1].act;
         l->dact = dt_alloc(sizeof(float) * z.dact);
         if (!l->act || !l->dact) goto nomem;
@@ -385,6 +455,44 @@ void dt_model_set_dropout_key(dt_model *m, uint64_t step, int64_t first) {
 
 void dt_model_set_loss_scale(dt_model *m, float s) { m->loss_scale = s; }
 
+void dt_model_set_reduce(dt_model *m, dt_model_reduce_fn fn, void *user) {
+    m->reduce = fn;
+    m->reduce_user = user;
+}
+
+size_t dt_model_whole_params(const dt_model *m) { return m->nwhole; }
+
+int dt_model_tensor_split(const dt_model *m, int i) {
+    if (i < 0 || i >= m->ntensors || m->ntp == 1) return 0;
+    int layer = atoi(m->tensors[i].name);
+    const layer_t *l = &m->L[layer];
+    // a column-parallel layer's weight and bias; a row-parallel one's weight
+    return l->tp == 1 || (l->tp == 2 && m->tensors[i].offset == l->w_off && l->w_n);
+}
+
+void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole) {
+    for (int i = 0; i < m->nlayers; i++) {
+        const layer_t *l = &m->L[i];
+        size_t wo = m->ntp > 1 ? l->ww_off : l->w_off, bo = m->ntp > 1 ? l->wb_off : l->b_off;
+        float *lw = local + l->w_off, *lb = local + l->b_off, *ww = whole + wo, *wb = whole + bo;
+        size_t wn = l->w_n, bn = l->b_n;
+        if (l->tp == 1) {  // rows [tp out, (tp + 1) out) of [ntp out, in], and that slice of the bias
+            ww += (size_t)tp * wn;
+            wb += (size_t)tp * bn;
+        }
+        if (l->tp == 2) {  // columns [tp in, (tp + 1) in) of each of the out rows of [out, ntp in]
+            size_t in = (size_t)l->in[0], rows = (size_t)l->out[0];
+            for (size_t r = 0; r < rows; r++) {
+                float *a = lw + r * in, *z = ww + r * in * m->ntp + (size_t)tp * in;
+                memcpy(to_whole ? z : a, to_whole ? a : z, sizeof(float) * in);
+            }
+            wn = 0;
+        }
+        if (wn) memcpy(to_whole ? ww : lw, to_whole ? lw : ww, sizeof(float) * wn);
+        if (bn) memcpy(to_whole ? wb : lb, to_whole ? lb : wb, sizeof(float) * bn);
+    }
+}
+
 void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *user) {
     m->layer_hook = fn;
     m->layer_hook_user = user;
@@ -403,25 +511,29 @@ const float *dt_model_probs(const dt_model *m) { return m->probs; }
 
 void dt_model_zero_grad(dt_model *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
 
-dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, int B, int train,
-                           float *loss) {
-    if (B <= 0 || B > m->max_batch)
-        return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, m->max_batch);
-    const float *in = x;
-    for (int i = 0; i < m->nlayers; i++) {
-        layer_t *l = &m->L[i];
+// Layers [l0, l1) of L on B samples (L: the model's layers, or a pipeline
+// stage's copy, dt_model_acts): their input is x when l0 = 0, else layer
+// l0 - 1's act; buffers sized for max_batch. hooks: call the model's layer
+// hook.
+static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const float *x, int B, int train,
+                                int max_batch, int hooks) {
+    const float *in = l0 > 0 ? L[l0 - 1].act : x;
+    for (int i = l0; i < l1; i++) {
+        layer_t *l = &L[i];
         const dt_layer_spec *s = &l->spec;
         const float *w = m->params + l->w_off, *b = m->params + l->b_off;
-        dt_status st = m->layer_hook ? m->layer_hook(i, 0, m->layer_hook_user) : DT_OK;
+        dt_status st = hooks && m->layer_hook ? m->layer_hook(i, 0, m->layer_hook_user) : DT_OK;
         if (st != DT_OK) return st;
         size_t n = (size_t)B * out_numel(l);
         int V = l->blk ? l->blk : 1;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
-            dt_linear_forward(l->act, in, w, b, B, l->in[0], l->out[0]);
+            // row-parallel: the shards' partial outputs are summed, the bias added once
+            dt_linear_forward(l->act, in, w, l->tp == 2 && m->tp ? NULL : b, B, l->in[0], l->out[0]);
+            if (l->tp == 2 && m->reduce && (st = m->reduce(l->act, n, m->reduce_user)) != DT_OK) return st;
             break;
         case DT_LAYER_CONV2D: {
-            dt_conv_shape cs = conv_shape(m, i, B);
+            dt_conv_shape cs = conv_shape(L, i, B);
             dt_conv_forward(l->act, l->aux, in, w, b, &cs);
             break;
         }
@@ -434,7 +546,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
             break;
         case DT_LAYER_GELU: dt_gelu_forward(l->act, in, n); break;
         case DT_LAYER_LAYERNORM:
-            dt_layernorm_forward(l->act, l->aux, l->aux + m->max_batch, in, w, b, B, l->in[0],
+            dt_layernorm_forward(l->act, l->aux, l->aux + max_batch, in, w, b, B, l->in[0],
                                  s->eps > 0 ? s->eps : 1e-5f);
             break;
         case DT_LAYER_DROPOUT:
@@ -453,7 +565,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
             }
             break;
         case DT_LAYER_FLATTEN:
-            if (i > 0 && m->L[i - 1].blk)
+            if (i > 0 && L[i - 1].blk)
                 unblock(l->act, (float *)in, B, l->in[0], l->in[1] * l->in[2], 0);
             else
                 memcpy(l->act, in, sizeof(float) * n);
@@ -461,58 +573,72 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
         }
         in = l->act;
     }
+    return DT_OK;
+}
+
+// The mean softmax cross-entropy of logits[B, V] into probs.
+static dt_status loss_forward(float *probs, const float *logits, const int32_t *targets, int B, int V,
+                              float *loss) {
+    for (int i = 0; i < B; i++)
+        if (targets[i] < 0 || targets[i] >= V)
+            return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)targets[i], i, V - 1);
+    float l = dt_crossentropy_forward(probs, logits, targets, B, V);
+    if (loss) *loss = l;
+    if (!isfinite(l))
+        return dt_error(DT_ERR_NUMERIC, "model: loss is %s (diverged: lower the learning rate or clip gradients)",
+                        isnan(l) ? "NaN" : "Inf");
+    return DT_OK;
+}
+
+dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, int B, int train,
+                           float *loss) {
+    if (B <= 0 || B > m->max_batch)
+        return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, m->max_batch);
+    dt_status st = forward_layers(m, m->L, 0, m->nlayers, x, B, train, m->max_batch, 1);
+    if (st != DT_OK) return st;
     m->input = x;
     m->targets = targets;
     m->last_B = B;
     m->last_train = train;
-    if (targets) {
-        int V = dt_model_num_classes(m);
-        for (int i = 0; i < B; i++)
-            if (targets[i] < 0 || targets[i] >= V)
-                return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d",
-                                (int)targets[i], i, V - 1);
-        float l = dt_crossentropy_forward(m->probs, in, targets, B, V);
-        if (loss) *loss = l;
-        if (!isfinite(l))
-            return dt_error(DT_ERR_NUMERIC, "model: loss is %s (diverged: lower the learning rate or clip gradients)",
-                            isnan(l) ? "NaN" : "Inf");
-    }
-    return DT_OK;
+    if (!targets) return DT_OK;
+    return loss_forward(m->probs, m->L[m->nlayers - 1].act, targets, B, dt_model_num_classes(m), loss);
 }
 
-dt_status dt_model_backward(dt_model *m) {
-    if (!m->targets) return dt_error(DT_ERR_ARG, "model: backward needs a forward with targets");
-    int B = m->last_B;
-    for (int i = 0; i < m->nlayers; i++)
-        if (i + 1 == m->nlayers || !sets_din(&m->L[i + 1]))
-            memset(m->L[i].dact, 0, sizeof(float) * B * out_numel(&m->L[i]));
-    layer_t *last = &m->L[m->nlayers - 1];
-    dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], m->loss_scale);
-    for (int i = m->nlayers - 1; i >= 0; i--) {
-        layer_t *l = &m->L[i];
+// Backward of layers [l0, l1) of L (as forward_layers), from the gradient
+// in L[l1 - 1].dact; the input gradient goes to L[l0 - 1].dact (l0 > 0).
+static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const float *x, int B, int train,
+                                 int max_batch, int hooks) {
+    for (int i = l0 > 0 ? l0 - 1 : 0; i + 1 < l1; i++)
+        if (!sets_din(&L[i + 1])) memset(L[i].dact, 0, sizeof(float) * B * out_numel(&L[i]));
+    for (int i = l1 - 1; i >= l0; i--) {
+        layer_t *l = &L[i];
         const dt_layer_spec *s = &l->spec;
-        const float *in = i > 0 ? m->L[i - 1].act : m->input;
-        float *din = i > 0 ? m->L[i - 1].dact : NULL;
+        const float *in = i > 0 ? L[i - 1].act : x;
+        float *din = i > 0 ? L[i - 1].dact : NULL;
         const float *w = m->params + l->w_off;
         float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
-        dt_status st = m->layer_hook ? m->layer_hook(i, 1, m->layer_hook_user) : DT_OK;
+        dt_status st = hooks && m->layer_hook ? m->layer_hook(i, 1, m->layer_hook_user) : DT_OK;
         if (st != DT_OK) return st;
         size_t n = (size_t)B * out_numel(l);
         int V = l->blk ? l->blk : 1;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
+            // column-parallel: each shard's input gradient is a part of the sum
+            if (l->tp == 1 && din && m->reduce &&
+                (st = m->reduce(din, (size_t)B * l->in[0], m->reduce_user)) != DT_OK)
+                return st;
             break;
         case DT_LAYER_CONV2D: {
-            dt_conv_shape cs = conv_shape(m, i, B);
+            dt_conv_shape cs = conv_shape(L, i, B);
             dt_conv_backward(din, dw, db, l->aux2, l->dact, l->aux, w, &cs, 1);
             break;
         }
         case DT_LAYER_MAXPOOL: {
             // Through the relu before it, when that one leaves its backward here.
-            int fold = din && m->L[i - 1].pooled;
+            int fold = din && L[i - 1].pooled;
             if (din)
-                dt_maxpool_backward_v(fold ? m->L[i - 2].dact : din, l->dact, l->argmax, B,
+                dt_maxpool_backward_v(fold ? L[i - 2].dact : din, l->dact, l->argmax, B,
                                       (l->in[0] + V - 1) / V, l->in[1], l->in[2], s->kernel,
                                       s->stride ? s->stride : s->kernel, V, 1, fold ? in : NULL);
             break;
@@ -524,23 +650,163 @@ dt_status dt_model_backward(dt_model *m) {
             if (din) dt_gelu_backward(din, l->dact, in, n);
             break;
         case DT_LAYER_LAYERNORM:
-            dt_layernorm_backward(din, dw, db, l->dact, in, w, l->aux, l->aux + m->max_batch, B,
+            dt_layernorm_backward(din, dw, db, l->dact, in, w, l->aux, l->aux + max_batch, B,
                                   l->in[0]);
             break;
         case DT_LAYER_DROPOUT:
             if (!din) break;
-            if (m->last_train && s->p > 0.0f) dt_dropout_backward(din, l->dact, l->aux, n);
+            if (train && s->p > 0.0f) dt_dropout_backward(din, l->dact, l->aux, n);
             else
                 for (size_t j = 0; j < n; j++) din[j] += l->dact[j];
             break;
         case DT_LAYER_FLATTEN:
-            if (din && m->L[i - 1].blk)
+            if (din && L[i - 1].blk)
                 unblock(l->dact, din, B, l->in[0], l->in[1] * l->in[2], 1);
             else if (din)
                 memcpy(din, l->dact, sizeof(float) * n);
             break;
         }
-        if (m->hook && (l->w_n || l->b_n)) m->hook(l->w_off, m->hook_user);
+        if (hooks && m->hook && (l->w_n || l->b_n)) m->hook(l->w_off, m->hook_user);
     }
+    return DT_OK;
+}
+
+dt_status dt_model_backward(dt_model *m) {
+    if (!m->targets) return dt_error(DT_ERR_ARG, "model: backward needs a forward with targets");
+    int B = m->last_B;
+    layer_t *last = &m->L[m->nlayers - 1];
+    memset(last->dact, 0, sizeof(float) * B * out_numel(last));
+    dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], m->loss_scale);
+    return backward_layers(m, m->L, 0, m->nlayers, m->input, B, m->last_train, m->max_batch, 1);
+}
+
+// ----------------------------------------------------------------------------
+// pipeline stages: layers [l0, l1) on activations of their own
+
+struct dt_model_acts {
+    int l0, l1, max_batch, B, train;
+    layer_t *L;            // [l1]: the model's plan of layers [0, l1); buffers for [l0, l1), and for
+                           // l0 > 0 layer l0 - 1's output and its gradient (the stage's input stream)
+    float *probs;          // the last stage: [max_batch, classes]
+    const float *x;        // l0 = 0: the last forward's input
+    const int32_t *targets;
+};
+
+size_t dt_model_stream_size(const dt_model *m, int l) {
+    if (l <= 0) return numel3(m->in_shape);
+    return out_numel(&m->L[(l < m->nlayers ? l : m->nlayers) - 1]);
+}
+
+void dt_model_acts_free(dt_model_acts *a) {
+    if (!a) return;
+    for (int i = a->l0 > 0 ? a->l0 - 1 : 0; i < a->l1 && a->L; i++) {
+        layer_t *l = &a->L[i];
+        if (!(i >= a->l0 && l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
+        dt_free(l->dact);
+        dt_free(l->aux);
+        dt_free(l->aux2);
+        dt_free(l->argmax);
+    }
+    free(a->L);
+    dt_free(a->probs);
+    free(a);
+}
+
+dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, int l1, int max_batch) {
+    *out = NULL;
+    if (l0 < 0 || l1 <= l0 || l1 > m->nlayers || max_batch <= 0)
+        return dt_error(DT_ERR_ARG, "model: stage of layers [%d, %d) of %d, batch %d", l0, l1, m->nlayers, max_batch);
+    dt_model_acts *a = calloc(1, sizeof *a);
+    if (!a) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    *a = (dt_model_acts){.l0 = l0, .l1 = l1, .max_batch = max_batch};
+    if (!(a->L = calloc((size_t)l1, sizeof *a->L))) goto nomem;
+    for (int i = 0; i < l1; i++) {  // the plan, without buffers
+        layer_t *l = &a->L[i];
+        *l = m->L[i];
+        l->act = l->dact = l->aux = l->aux2 = NULL;
+        l->argmax = NULL;
+        // A relu whose backward the maxpool after it does must have that
+        // maxpool in the stage; the stream's layer runs nothing here.
+        if (i + 1 >= l1 || i < l0) l->pooled = 0;
+        if (i < l0) l->fused = 0;
+    }
+    if (l0 > 0) {
+        size_t n = (size_t)max_batch * out_numel(&a->L[l0 - 1]);
+        a->L[l0 - 1].act = dt_alloc(sizeof(float) * n);
+        a->L[l0 - 1].dact = dt_alloc(sizeof(float) * n);
+        if (!a->L[l0 - 1].act || !a->L[l0 - 1].dact) goto nomem;
+    }
+    for (int i = l0; i < l1; i++) {
+        layer_t *l = &a->L[i];
+        layer_bufs z = buffer_sizes(a->L, i, max_batch);
+        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : i > 0 ? a->L[i - 1].act : NULL;
+        l->dact = dt_alloc(sizeof(float) * z.dact);
+        if (!l->act || !l->dact) goto nomem;
+        if ((z.aux && !(l->aux = dt_alloc(sizeof(float) * z.aux))) ||
+            (z.aux2 && !(l->aux2 = dt_alloc(sizeof(float) * z.aux2))) ||
+            (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
+            goto nomem;
+    }
+    if (l1 == m->nlayers && !(a->probs = dt_alloc(sizeof(float) * max_batch * a->L[l1 - 1].out[0]))) goto nomem;
+    *out = a;
+    return DT_OK;
+nomem:
+    dt_model_acts_free(a);
+    return dt_error(DT_ERR_NOMEM, "model: out of memory for the activations of layers [%d, %d), batch %d", l0, l1,
+                    max_batch);
+}
+
+float *dt_model_acts_input(dt_model_acts *a) { return a->l0 > 0 ? a->L[a->l0 - 1].act : NULL; }
+float *dt_model_acts_output(dt_model_acts *a) { return a->L[a->l1 - 1].act; }
+
+dt_status dt_model_forward_range(dt_model *m, dt_model_acts *a, const float *x, const int32_t *targets, int B,
+                                 int train, float *loss) {
+    if (B <= 0 || B > a->max_batch)
+        return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, a->max_batch);
+    if (a->l0 == 0 && !x) return dt_error(DT_ERR_ARG, "model: the first stage needs its input");
+    if (a->l1 == m->nlayers && !targets) return dt_error(DT_ERR_ARG, "model: the last stage needs the targets");
+    dt_status st = forward_layers(m, a->L, a->l0, a->l1, x, B, train, a->max_batch, 0);
+    if (st != DT_OK) return st;
+    a->x = x;
+    a->targets = targets;
+    a->B = B;
+    a->train = train;
+    if (a->l1 < m->nlayers) return DT_OK;
+    return loss_forward(a->probs, a->L[a->l1 - 1].act, targets, B, dt_model_num_classes(m), loss);
+}
+
+dt_status dt_model_backward_range(dt_model *m, dt_model_acts *a, const float *dout, float **din) {
+    int B = a->B;
+    if (B <= 0) return dt_error(DT_ERR_ARG, "model: stage backward needs a forward first");
+    layer_t *last = &a->L[a->l1 - 1];
+    size_t n = (size_t)B * out_numel(last);
+    if (a->l1 == m->nlayers) {
+        memset(last->dact, 0, sizeof(float) * n);
+        dt_crossentropy_backward(last->dact, a->probs, a->targets, B, last->out[0], m->loss_scale);
+    } else if (dout != last->dact) {
+        memcpy(last->dact, dout, sizeof(float) * n);
+    }
+    dt_status st = backward_layers(m, a->L, a->l0, a->l1, a->x, B, a->train, a->max_batch, 0);
+    if (din) *din = a->l0 > 0 ? a->L[a->l0 - 1].dact : NULL;
+    return st;
+}
+
+// Forward FLOPs a sample of each layer, from the planned shapes.
+dt_status dt_model_layer_costs(const int in_shape[3], const dt_layer_spec *layers, int nlayers, double *flops) {
+    dt_model *m;
+    dt_status st = plan_model(&m, in_shape, layers, nlayers, 1, 0, 1);
+    if (st != DT_OK) return st;
+    for (int i = 0; i < nlayers; i++) {
+        const layer_t *l = &m->L[i];
+        double outn = (double)numel3(l->out);
+        switch (l->spec.kind) {
+        case DT_LAYER_LINEAR:
+        case DT_LAYER_CONV2D: flops[i] = 2.0 * (double)l->w_n * (double)l->out[1] * l->out[2]; break;
+        case DT_LAYER_MAXPOOL: flops[i] = outn * l->spec.kernel * l->spec.kernel; break;
+        case DT_LAYER_LAYERNORM: flops[i] = 8.0 * outn; break;
+        default: flops[i] = outn; break;  // element-wise: one a value
+        }
+    }
+    dt_model_free(m);
     return DT_OK;
 }
