@@ -104,10 +104,14 @@ DT_API void dt_heartbeat(int64_t step);
  * do. A no-op outside a dtrain launcher. Thread-safe. */
 DT_API void dt_heartbeat_wait(const char *op, uint64_t seq, int peer);
 
-/* 1 in a process that the launcher started as a spare (DTRAIN_SPARE set). */
+/* 1 in a process that the launcher started as a spare (DTRAIN_SPARE set)
+ * and that has not been given a rank yet. */
 DT_API int dt_spare_is(void);
+/* The rank this process took as a spare (dt_spare_wait), or -1. */
+DT_API int dt_spare_rank(void);
 
-/* A spare's idle wait: maps the world's shared-memory segment at once
+/* A spare's idle wait (its process name "dtrain spare", then "dtrain
+ * rank R" once it has one): maps the world's shared-memory segment at once
  * (its name is removed once every rank and spare has it), then waits
  * until the launcher gives this process a rank, for as long as the run
  * lasts (the launcher's exit ends the process, PR_SET_PDEATHSIG). On a

@@ -92,6 +92,10 @@ void dt_heartbeat_wait(const char *op, uint64_t seq, int peer) {
     atomic_store(&g_beat->time_ns, mono_ns());
 }
 
+static int g_spare_rank = -1;
+
+int dt_spare_rank(void) { return g_spare_rank; }
+
 int dt_spare_is(void) {
     const char *k = getenv("DTRAIN_SPARE");
     return k && *k;
@@ -117,6 +121,9 @@ dt_status dt_spare_wait(int *rank) {
         munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
         return dt_error(st, "spare %d: %s", idx, dt_last_error());
     }
+    // The process's name says what it is (ps, /proc/PID/comm): an idle
+    // spare, then the rank it took.
+    prctl(PR_SET_NAME, "dtrain spare");
     int32_t starting = SPARE_STARTING;
     atomic_compare_exchange_strong(&me->spare_state, &starting, SPARE_READY);
     // Idle until the launcher gives this process a rank or releases it; the
@@ -135,11 +142,13 @@ dt_status dt_spare_wait(int *rank) {
     munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
     if (r < 0 || r >= size) return dt_error(DT_ERR_INTERNAL, "spare %d: given rank %d of %d", idx, r, size);
     char b[32];
+    snprintf(b, sizeof b, "dtrain rank %d", r);
+    prctl(PR_SET_NAME, b);
     snprintf(b, sizeof b, "%d", r);
     setenv(DT_ENV_RANK, b, 1);
     setenv(DT_ENV_LOCAL_RANK, b, 1);
     unsetenv("DTRAIN_SPARE");
-    *rank = r;
+    *rank = g_spare_rank = r;
     return DT_OK;
 }
 
@@ -374,7 +383,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
             if (s0 < 0 || s1 <= s0) continue;
             dt_log(DT_LOG_INFO, "run: rank %d recovered in %.2f s (its death to its replacement's first step, step %lld); "
                                 "0 steps lost",
-                   r, dt_now() - replaced_at[r], (long long)s1);
+                   r, dt_now() - replaced_at[r], (long long)s0 + 1);
             replaced_at[r] = 0;
         }
         // Progress so far, read before an exit is handled so that a failure
