@@ -164,6 +164,19 @@ static void test_refused(void) {
               bad[i].want, g_out);
         CHECK(access(tmp("refused/metrics"), F_OK) != 0, "%s: no worker started", bad[i].extra);
     }
+    // One worker has no survivor to take the state from; under another
+    // launcher there are no spares.
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 1 --spares 1 --run-dir %s 2>&1", tl_dtrain(), tmp("run.ini"),
+             tmp("refused"));
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--spares: a spare takes the state of a surviving worker; it needs --workers 2 or more"),
+          "--workers 1 --spares 1: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s run -n 2 -- %s train %s --spares 1 --run-dir %s 2>&1", tl_dtrain(), tl_dtrain(),
+             tmp("run.ini"), tmp("refused"));
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--spares: spares are dtrain's own launcher's"), "--spares under dtrain run: exit %d\n%s",
+          rc, g_out);
 }
 
 int main(void) {

@@ -424,7 +424,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
             /* A rank killed (or hung, and killed for it) while a spare is
              * ready: the spare takes its place, the others rejoin. */
             int spare = -1;
-            if (WIFSIGNALED(st) && first_fail < 0 && !forwarded && !g_signal)
+            if (WIFSIGNALED(st) && n > 1 && first_fail < 0 && !forwarded && !g_signal)  // a survivor has the state
                 for (int k = 0; k < K && spare < 0; k++)
                     if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY) spare = k;
             if (spare >= 0) {

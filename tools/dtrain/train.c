@@ -386,6 +386,10 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         if ((n > 1 || c->ps_servers > 0) && ((n - a->min_workers) % g == 0 || n == a->workers) &&
             dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
+    if (a->spares > 0 && a->min_workers < 2)
+        return cli_error("--spares: a spare takes the state of a surviving worker; it needs --workers 2 or more%s",
+                         a->min_workers < a->workers ? " (the elastic minimum included)" : ""),
+               EXIT_USAGE;
     if (dt_train_check_spares(c, a->spares) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
     int hdf5 = !strcmp(c->dataset, "hdf5");
@@ -546,6 +550,11 @@ int cmd_train(int argc, char **argv) {
             return EXIT_RUNTIME;
         }
         if (r < 0) return 0;
+    }
+    if (a.spares > 0 && dt_comm_env_launched()) {  // our own workers get DTRAIN_SPARES instead
+        cli_error("--spares: spares are dtrain's own launcher's (--workers N); under mpirun, srun or dtrain run "
+                  "use --max-restarts or scripts/mpirun-restart.sh");
+        return EXIT_USAGE;
     }
     if (g_federate && a.spares > 0) {
         cli_error("--spares: dtrain federate cannot take a spare in a worker's place");
