@@ -122,6 +122,10 @@ DT_API int dt_spare_rank(void);
  * a launcher's spare, DT_ERR_COMM/DT_ERR_IO when the segment or the
  * launcher's table cannot be mapped. */
 DT_API dt_status dt_spare_wait(int *rank);
+/* The same, running idle(user) once the spare is ready and before it
+ * waits: a spare's preparation (its data). A rank given meanwhile is taken
+ * when idle returns. */
+DT_API dt_status dt_spare_wait_idle(int *rank, void (*idle)(void *user), void *user);
 
 /* One run per run directory. Creates `dir` (and its parents) and takes an
  * exclusive flock(2) on DIR/.lock, writing this process's PID into it; the

@@ -91,6 +91,12 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
  * naming what does not fit otherwise. */
 DT_API dt_status dt_train_check_spares(const dt_config *c, int spares);
 
+/* A spare's preparation while it idles: loads the data of c's model (the
+ * classifiers' splits; nothing yet for the GPT) and keeps it for this
+ * process's next dt_train with the same c, so that it trains at once when it
+ * takes a dead worker's place. Errors are those of loading the data. */
+DT_API dt_status dt_train_warm(const dt_config *c);
+
 /* Federated averaging (docs/federated.md, `dtrain federate`): c's
  * [federated] section splits the training set over simulated clients;
  * each round a sample of them trains locally from the global model on the

@@ -77,6 +77,11 @@ dt_status dt_train_check(const dt_config *c, int W) {
     return st == DT_OK ? dt_check_offload(c) : st;
 }
 
+dt_status dt_train_warm(const dt_config *c) {
+    const dt_task_ops *t = dt_task_for(c);
+    return t->warm ? t->warm(c) : DT_OK;
+}
+
 dt_status dt_train_check_spares(const dt_config *c, int spares) {
     if (spares <= 0) return DT_OK;
     const dt_strategy_ops *s = dt_strategy_for(c);

@@ -101,7 +101,9 @@ int dt_spare_is(void) {
     return k && *k;
 }
 
-dt_status dt_spare_wait(int *rank) {
+dt_status dt_spare_wait(int *rank) { return dt_spare_wait_idle(rank, NULL, NULL); }
+
+dt_status dt_spare_wait_idle(int *rank, void (*idle)(void *user), void *user) {
     *rank = -1;
     const char *k = getenv("DTRAIN_SPARE"), *fd = getenv("DTRAIN_HEARTBEAT_FD"), *n = getenv(DT_ENV_WORLD_SIZE),
                *nk = getenv("DTRAIN_SPARES"), *shm = getenv(DT_ENV_SHM_NAME);
@@ -126,6 +128,7 @@ dt_status dt_spare_wait(int *rank) {
     prctl(PR_SET_NAME, "dtrain spare");
     int32_t starting = SPARE_STARTING;
     atomic_compare_exchange_strong(&me->spare_state, &starting, SPARE_READY);
+    if (idle) idle(user);
     // Idle until the launcher gives this process a rank or releases it; the
     // launcher's end (PR_SET_PDEATHSIG) ends it too.
     for (;;) {

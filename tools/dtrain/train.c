@@ -409,6 +409,12 @@ static int check_before_start(const args_t *a, const dt_config *c) {
     return 0;
 }
 
+// A spare loads its data while it idles (dt_train_warm); a failure here
+// shows again, in full, if it ever trains.
+static void warm_spare(void *user) {
+    if (dt_train_warm(user) != DT_OK) dt_log(DT_LOG_DEBUG, "spare: loading ahead: %s", dt_last_error());
+}
+
 static void on_stop_signal(int sig) {
     (void)sig;
     dt_train_request_stop();
@@ -545,7 +551,7 @@ int cmd_train(int argc, char **argv) {
     // then runs as that worker; released at the end of the run, it is done.
     if (dt_spare_is()) {
         int r;
-        if (dt_spare_wait(&r) != DT_OK) {
+        if (dt_spare_wait_idle(&r, warm_spare, &c) != DT_OK) {
             cli_error("%s", dt_last_error());
             return EXIT_RUNTIME;
         }
