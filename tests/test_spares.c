@@ -155,6 +155,7 @@ static void test_refused(void) {
         {"--spares 1 --set parallel.deterministic=false --set parallel.sync_every=4",
          "--spares: strategy local-sgd is not supported"},
         {"--spares 1 --set parallel.deterministic=false --set train.precision=fp16", "precision = fp16"},
+        {"--spares 1 --checkpoint-every 5 --checkpoint-sharded", "--spares with [checkpoint] sharded = true"},
         {"--spares -1", "--spares"},
         {"--spares x", "--spares"},
     };

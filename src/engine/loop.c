@@ -100,6 +100,9 @@ dt_status dt_train_check_spares(const dt_config *c, int spares) {
     if (c->precision == DT_F16)
         return dt_error(DT_ERR_CONFIG, "--spares with [train] precision = fp16: the loss scale is not handed to a "
                                        "spare; use bf16, or --max-restarts");
+    if (c->ckpt_sharded)
+        return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
+                                       "checkpoint being written would never come; use whole checkpoints");
     return DT_OK;
 }
 
