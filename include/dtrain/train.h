@@ -87,7 +87,7 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
  * from a surviving replica, which needs a strategy whose ranks all hold the
  * whole state (data parallel, deterministic or not) and no state of a
  * rank's own (gradient compression's residuals, dynamic batching's speed
- * estimates, fp16's loss scale), and whole checkpoints (a dead worker's
+ * estimates), and whole checkpoints (a dead worker's
  * shard of a sharded one in flight would never be written). DT_OK for
  * spares <= 0; DT_ERR_CONFIG
  * naming what does not fit otherwise. */

@@ -97,9 +97,6 @@ dt_status dt_train_check_spares(const dt_config *c, int spares) {
     if (c->dynamic_batch)
         return dt_error(DT_ERR_CONFIG, "--spares with [train] dynamic_batch: the split by speed is not handed to a "
                                        "spare; use --max-restarts");
-    if (c->precision == DT_F16)
-        return dt_error(DT_ERR_CONFIG, "--spares with [train] precision = fp16: the loss scale is not handed to a "
-                                       "spare; use bf16, or --max-restarts");
     if (c->ckpt_sharded)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
                                        "checkpoint being written would never come; use whole checkpoints");
@@ -499,6 +496,18 @@ again:
                 goto recover;
             }
             goto done;
+        }
+        if (fp16) {  // the loss scale and its count of clean steps, from the same replica
+            int64_t v[3] = {0, scaler.clean, scaler.skipped};
+            memcpy(&v[0], &scaler.scale, sizeof scaler.scale);
+            if ((st = dt_broadcast(v, v, 3, DT_I64, from, comm)) != DT_OK) {
+                st = dt_error(st, "rank %d, taking the loss scale of rank %d: %s", rank, from, dt_last_error());
+                goto done;
+            }
+            memcpy(&scaler.scale, &v[0], sizeof scaler.scale);
+            scaler.clean = (int)v[1];
+            scaler.skipped = v[2];
+            strat->loss_scale = scaler.scale;
         }
         have_state = 1;
         newcomer = 0;

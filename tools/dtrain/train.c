@@ -108,7 +108,7 @@ static const char train_help[] =
     "                  step is lost; without a spare left, --max-restarts as\n"
     "                  above (default 0; data parallel only, not ZeRO, model or\n"
     "                  parameter-server parallelism, compression, dynamic batches\n"
-    "                  or fp16)\n"
+    "                  or sharded checkpoints)\n"
     "  --heartbeat-timeout S  a worker that reports no progress for S seconds\n"
     "                  counts as hung (default 120; 0 = off); workers waiting\n"
     "                  for it in a collective are alive, and say so\n"
