@@ -94,7 +94,7 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
 DT_API dt_status dt_train_check_spares(const dt_config *c, int spares);
 
 /* A spare's preparation while it idles: loads the data of c's model (the
- * classifiers' splits; nothing yet for the GPT) and keeps it for this
+ * classifiers' splits, the GPT's token files) and keeps it for this
  * process's next dt_train with the same c, so that it trains at once when it
  * takes a dead worker's place. Errors are those of loading the data. */
 DT_API dt_status dt_train_warm(const dt_config *c);
