@@ -96,7 +96,8 @@ DT_API dt_status dt_train_check_spares(const dt_config *c, int spares);
 /* A spare's preparation while it idles: loads the data of c's model (the
  * classifiers' splits, the GPT's token files) and keeps it for this
  * process's next dt_train with the same c, so that it trains at once when it
- * takes a dead worker's place. Errors are those of loading the data. */
+ * takes a dead worker's place; c == NULL frees what was loaded (a spare
+ * released at the end of the run). Errors are those of loading the data. */
 DT_API dt_status dt_train_warm(const dt_config *c);
 
 /* Federated averaging (docs/federated.md, `dtrain federate`): c's

@@ -78,6 +78,11 @@ dt_status dt_train_check(const dt_config *c, int W) {
 }
 
 dt_status dt_train_warm(const dt_config *c) {
+    if (!c) {  // released: what any task loaded ahead goes
+        for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++)
+            if (tasks[i]->warm) tasks[i]->warm(NULL);
+        return DT_OK;
+    }
     const dt_task_ops *t = dt_task_for(c);
     return t->warm ? t->warm(c) : DT_OK;
 }

@@ -130,6 +130,7 @@ static dt_status cls_warm(const dt_config *c) {
     for (int k = 0; k < 2; k++)
         if (g_warm.have[k]) dt_dataset_free(&g_warm.ds[k]);
     memset(&g_warm, 0, sizeof g_warm);
+    if (!c) return DT_OK;
     dt_status st = load_split(c, "train", &g_warm.ds[0]);
     if (st != DT_OK) return st;
     g_warm.have[0] = 1;

@@ -165,6 +165,7 @@ static dt_status gpt_warm(const dt_config *c) {
     for (int k = 0; k < 2; k++)
         if (g_warm.have[k]) dt_tokens_close(&g_warm.tk[k]);
     memset(&g_warm, 0, sizeof g_warm);
+    if (!c) return DT_OK;
     dt_status st = open_tokens(&g_warm.tk[0], c->train_file, c);
     if (st != DT_OK) return st;
     g_warm.have[0] = 1;

@@ -555,7 +555,10 @@ int cmd_train(int argc, char **argv) {
             cli_error("%s", dt_last_error());
             return EXIT_RUNTIME;
         }
-        if (r < 0) return 0;
+        if (r < 0) {  // released: the run is over
+            dt_train_warm(NULL);
+            return 0;
+        }
     }
     if (a.spares > 0 && dt_comm_env_launched()) {  // our own workers get DTRAIN_SPARES instead
         cli_error("--spares: spares are dtrain's own launcher's (--workers N); under mpirun, srun or dtrain run "
