@@ -19,6 +19,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +49,12 @@ typedef struct {
 } beat_slot;
 
 enum { SPARE_STARTING = 0, SPARE_READY = 1, SPARE_ASSIGNED = 2, SPARE_RELEASED = 3 };
+
+/* A spare's new state, and the wake of a spare asleep on it. */
+static void spare_set(beat_slot *b, int32_t state) {
+    atomic_store(&b->spare_state, state);
+    syscall(SYS_futex, &b->spare_state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
 
 static int64_t mono_ns(void) {
     struct timespec t;
@@ -138,8 +146,9 @@ dt_status dt_spare_wait_idle(int *rank, void (*idle)(void *user), void *user) {
             munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
             return DT_OK;
         }
-        struct timespec nap = {0, 2000000};
-        nanosleep(&nap, NULL);
+        // asleep until the launcher changes the state (it wakes the futex)
+        struct timespec nap = {0, 100000000};
+        syscall(SYS_futex, &me->spare_state, FUTEX_WAIT, state, &nap, NULL, 0);
     }
     int r = atomic_load(&me->spare_rank);
     munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
@@ -371,7 +380,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
          * released (they exit 0), killed if they do not. */
         if (nspare > 0 && !released && (nalive == 0 || first_fail >= 0 || forwarded)) {
             released = 1;
-            for (int k = 0; k < K; k++) atomic_store(&beats[n + k].spare_state, SPARE_RELEASED);
+            for (int k = 0; k < K; k++) spare_set(&beats[n + k], SPARE_RELEASED);
             spare_kill_at = dt_now() + p->term_grace + 1;
         }
         if (spare_kill_at && dt_now() >= spare_kill_at) {
@@ -443,7 +452,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 nalive++;
                 nspare--;
                 atomic_store(&beats[n + spare].spare_rank, r);
-                atomic_store(&beats[n + spare].spare_state, SPARE_ASSIGNED);
+                spare_set(&beats[n + spare], SPARE_ASSIGNED);
                 replaced_at[r] = dt_now();
                 res->replaced++;
                 dt_log(DT_LOG_WARN, "run: rank %d (pid %d) killed by signal %d (%s); spare %d (pid %d) takes its place "
