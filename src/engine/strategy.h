@@ -126,6 +126,10 @@ typedef struct dt_strategy_ops {
     dt_status (*serve)(const dt_config *c, dt_comm_t world, dt_comm_t mine);
     /* Fields of its own for rank 0's summary.json (a JSON object; NULL: none). */
     void (*summary)(dt_strategy *s, struct cJSON *o);
+    /* 1: every rank holds the whole state (parameters, optimizer state)
+     * between steps, so a spare that takes a dead rank's place can have it
+     * from any surviving replica (dt_run_ckpt_share, --spares). */
+    int replicated;
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */

@@ -7,6 +7,8 @@
 #ifndef DT_SHM_HOST_H
 #define DT_SHM_HOST_H
 
+#include "dtrain/core.h"
+
 #include <stddef.h>
 
 #ifndef DT_HIDDEN
@@ -30,5 +32,19 @@ DT_HIDDEN void dt_shm_mark_rank(void *base, int rank, int state, int detail)
    ;
 /* 1 once every rank has attached to the segment (the name can then go). */
 DT_HIDDEN int dt_shm_all_attached(void *base);
+
+/* Replacing a dead rank (dt_comm_rejoin): after the dead process is
+ * reaped, marks `rank` running again and starts a new generation; the
+ * process that takes the place then joins as that rank and calls
+ * dt_comm_rejoin, as do the survivors. */
+DT_HIDDEN void dt_shm_replace_rank(void *base, int rank);
+/* Tells ranks waiting in dt_comm_rejoin that no process will come: they
+ * fail at once instead of at their timeout. */
+DT_HIDDEN void dt_shm_refuse_rejoin(void *base);
+/* In a process that will join the world later (a spare): maps the
+ * segment called `name` now, while its name exists, and keeps it for the
+ * dt_comm_init that follows. Returns DT_ERR_COMM naming the segment if it
+ * cannot. */
+DT_HIDDEN dt_status dt_shm_map_world(const char *name);
 
 #endif
