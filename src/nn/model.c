@@ -194,16 +194,19 @@ static void unblock(float *y, float *x, int B, int C, int P, int back) {
         }
 }
 
+/* A layer's activation buffers; a fused relu's output is its convolution's
+ * (owned there) unless own_act. */
+static void free_layer_acts(layer_t *l, int own_act) {
+    if (own_act || !(l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
+    dt_free(l->dact);
+    dt_free(l->aux);
+    dt_free(l->aux2);
+    dt_free(l->argmax);
+}
+
 void dt_model_free(dt_model *m) {
     if (!m) return;
-    for (int i = 0; i < m->nlayers; i++) {
-        layer_t *l = &m->L[i];
-        if (!(l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
-        dt_free(l->dact);
-        dt_free(l->aux);
-        dt_free(l->aux2);
-        dt_free(l->argmax);
-    }
+    for (int i = 0; i < m->nlayers; i++) free_layer_acts(&m->L[i], 0);
     free(m->L);
     dt_free(m->params);
     dt_free(m->grads);
@@ -699,14 +702,7 @@ size_t dt_model_stream_size(const dt_model *m, int l) {
 
 void dt_model_acts_free(dt_model_acts *a) {
     if (!a) return;
-    for (int i = a->l0 > 0 ? a->l0 - 1 : 0; i < a->l1 && a->L; i++) {
-        layer_t *l = &a->L[i];
-        if (!(i >= a->l0 && l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
-        dt_free(l->dact);
-        dt_free(l->aux);
-        dt_free(l->aux2);
-        dt_free(l->argmax);
-    }
+    for (int i = a->l0 > 0 ? a->l0 - 1 : 0; i < a->l1 && a->L; i++) free_layer_acts(&a->L[i], i < a->l0);
     free(a->L);
     dt_free(a->probs);
     free(a);

@@ -289,8 +289,8 @@ static void *g_world_map;
 static size_t g_world_map_size;
 static char g_world_map_name[200];
 
-dt_status dt_shm_map_world(const char *name) {
-    if (g_world_map) return DT_OK;
+/* Maps the named segment read-write: *base and *size. */
+static dt_status map_named(const char *name, void **base, size_t *size) {
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) return dt_error(DT_ERR_COMM, "shm segment '%s': cannot open: %s", name, strerror(errno));
     struct stat st;
@@ -298,13 +298,19 @@ dt_status dt_shm_map_world(const char *name) {
         close(fd);
         return dt_error(DT_ERR_COMM, "shm segment '%s': too small or unreadable", name);
     }
-    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *b = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (base == MAP_FAILED) return dt_error(DT_ERR_COMM, "shm segment '%s': mmap failed: %s", name, strerror(errno));
-    g_world_map = base;
-    g_world_map_size = (size_t)st.st_size;
-    snprintf(g_world_map_name, sizeof g_world_map_name, "%s", name);
+    if (b == MAP_FAILED) return dt_error(DT_ERR_COMM, "shm segment '%s': mmap failed: %s", name, strerror(errno));
+    *base = b;
+    *size = (size_t)st.st_size;
     return DT_OK;
+}
+
+dt_status dt_shm_map_world(const char *name) {
+    if (g_world_map) return DT_OK;
+    dt_status rc = map_named(name, &g_world_map, &g_world_map_size);
+    if (rc == DT_OK) snprintf(g_world_map_name, sizeof g_world_map_name, "%s", name);
+    return rc;
 }
 
 static void state_free(shm_state *s) {
@@ -316,20 +322,12 @@ static void state_free(shm_state *s) {
 
 static dt_status open_and_map(shm_state *s, const char *name, int n, int me) {
     snprintf(s->name, sizeof s->name, "%s", name);
-    int fd = shm_open(name, O_RDWR, 0);
-    if (fd < 0)
-        return dt_error(DT_ERR_COMM, "shm segment '%s': cannot open: %s", name, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(seg_header)) {
-        close(fd);
-        return dt_error(DT_ERR_COMM, "shm segment '%s': too small or unreadable", name);
-    }
-    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED)
-        return dt_error(DT_ERR_COMM, "shm segment '%s': mmap failed: %s", name, strerror(errno));
-    dt_status rc = map_segment(s, base, (size_t)st.st_size, n, me);
-    if (rc != DT_OK) munmap(base, (size_t)st.st_size);
+    void *base;
+    size_t size;
+    dt_status rc = map_named(name, &base, &size);
+    if (rc != DT_OK) return rc;
+    rc = map_segment(s, base, size, n, me);
+    if (rc != DT_OK) munmap(base, size);
     return rc;
 }
 
