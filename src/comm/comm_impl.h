@@ -67,6 +67,7 @@ typedef struct {
     dt_coll_args args; /* DT_COLL_SEND or DT_COLL_RECV; root = the peer */
     size_t pos;        /* the backend's progress (shm: pieces through the channel) */
     int started, done;
+    int peer_gone;     /* it failed because the peer died (dt_comm_set_peer_faults) */
     _Alignas(16) unsigned char be[32]; /* the backend's handle (MPI: the request) */
 } dt_p2p;
 
@@ -97,6 +98,14 @@ struct dt_comm_ops {
                        int color, int ncolors_before);
     /* Tells the peers that this rank gave up (best effort, never blocks). */
     void (*abort)(dt_comm_t c, const char *reason);
+    /* Replaceable ranks (optional; comm.h's dt_comm_peer_state and the
+     * others): a peer's state and incarnation; the point-to-point channels
+     * with a dead peer made empty for its replacement; the replacement's
+     * wait for those; and its place in a split made before it started. */
+    int (*peer_state)(dt_comm_t c, int peer, int *incarnation);
+    dt_status (*peer_reset)(dt_comm_t c, int peer);
+    dt_status (*rejoin)(dt_comm_t c, const int *peers, int npeers);
+    dt_status (*split_rejoin)(dt_comm_t parent, dt_comm_t child, int color);
     void (*destroy)(dt_comm_t c);
 };
 
@@ -115,6 +124,7 @@ struct dt_comm {
     double timeout;  /* seconds, every blocking wait */
     int check;       /* compare arguments across ranks before each collective */
     int nsplits;     /* splits made from this communicator (names segments) */
+    int peer_faults; /* a transfer with a dead peer fails alone (dt_comm_set_peer_faults) */
 
     /* Sticky error: once set, every call fails with it. */
     _Atomic int err;

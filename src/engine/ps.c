@@ -87,6 +87,9 @@ enum {
     M_NORM,
     M_WEIGHTS,
     M_STATES,
+    M_JOIN,
+    M_JOINED,
+    M_RESUME,
 };
 
 // Statistics a server keeps (sent with STATES): the staleness of every
@@ -94,11 +97,12 @@ enum {
 // computed from and its own; the last bin counts HIST_MAX and above),
 // then the figures below.
 enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
-       ST_PEAK_RSS, ST_N };
+       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_N };
 
 static const char *kind_name(int64_t k) {
-    static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES"};
-    return k > PS_MAGIC && k <= M_STATES ? names[k - PS_MAGIC - 1] : "unknown";
+    static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES",
+                                  "JOIN", "JOINED", "RESUME"};
+    return k > PS_MAGIC && k <= M_RESUME ? names[k - PS_MAGIC - 1] : "unknown";
 }
 
 static int64_t bits_of(double x) {
@@ -468,12 +472,56 @@ static dt_status ps_params_sync(dt_strategy *s) {
     return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
 }
 
+// A replacement for a worker that died (outside mode sync; the launcher
+// restarted it alone): once every server has let it in (dt_comm_rejoin),
+// it asks each for the step its predecessor was at (JOIN), goes on from
+// the earliest (RESUME: a server that had applied that step's gradient
+// takes it again) and gets the newest weights of every range.
+static dt_status rejoin(ps_worker *w) {
+    dt_strategy *s = &w->base;
+    int *peers = malloc(sizeof(int) * (size_t)w->S);
+    if (!peers) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < w->S; j++) peers[j] = j;
+    dt_status st = dt_comm_rejoin(s->all, peers, w->S);
+    free(peers);
+    int64_t m = INT64_MAX, h[H_N];
+    for (int j = 0; j < w->S && st == DT_OK; j++) {
+        int64_t q[H_N] = {M_JOIN, 0, 0, 0, 0, 0, 0, 0};
+        st = dt_send(q, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK && h[H_KIND] != M_JOINED)
+            st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected JOINED", s->rank, j,
+                          kind_name(h[H_KIND]));
+        if (st == DT_OK && h[H_STEP] < m) m = h[H_STEP];
+    }
+    for (int j = 0; j < w->S && st == DT_OK; j++) {
+        int64_t q[H_N] = {M_RESUME, m, 0, 0, 0, 0, 0, 0};
+        st = dt_send(q, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_OFF] != (int64_t)w->slo[j] ||
+                            h[H_COUNT] != (int64_t)(w->shi[j] - w->slo[j])))
+            st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected the WEIGHTS of its range",
+                          s->rank, j, kind_name(h[H_KIND]));
+        if (st == DT_OK) st = dt_recv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all);
+        if (st == DT_OK) w->ver[j] = h[H_VERSION];
+    }
+    if (st != DT_OK) return dt_error(st, "worker %d, rejoining the servers: %s", s->rank, dt_last_error());
+    w->step = m;
+    s->rejoined = 1;
+    s->rejoin_step = m;
+    dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step %lld",
+           s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);
+    return DT_OK;
+}
+
 // At the start (fresh or resumed): worker 0 gives each server its range of
-// the weights and the optimizer state; the step count is the version.
+// the weights and the optimizer state; the step count is the version. A
+// replacement rejoins instead.
 static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     ps_worker *w = (ps_worker *)s;
     (void)path;
     (void)parts;
+    if (dt_comm_incarnation(s->all) > 0) return rejoin(w);
     w->step = *dt_optim_step_count(s->opt);
     for (int j = 0; j < w->S; j++) w->ver[j] = w->step;
     if (s->rank != 0) return DT_OK;
@@ -505,6 +553,10 @@ typedef struct {
     int64_t arrived;  // when its push completed (backup: the first N - b of a step)
     int committed, held, ended;
     int rank;         // in the world
+    int dropped;      // its process died: 1 until the launcher restarts it, 2 until the replacement runs,
+                      // 3 while it rejoins (JOIN, RESUME); 0: taking part
+    int inc;          // the replacement's incarnation
+    double dead_at;
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
     double lr, scale;
 } peer;
@@ -594,6 +646,31 @@ static dt_status handle(server *sv, int wi) {
     case M_FETCH:
         st = send_states(sv, wi);
         break;
+    case M_JOIN:  // a replacement: the step its predecessor was at
+        if (p->dropped != 3)
+            return dt_error(DT_ERR_COMM, "server %d: JOIN from worker %d, which did not die", sv->me, wi);
+        {
+            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
+        }
+        break;
+    case M_RESUME:  // ... going on from that step, with the newest weights
+        if (p->dropped != 3)
+            return dt_error(DT_ERR_COMM, "server %d: RESUME from worker %d, which did not die", sv->me, wi);
+        p->step = p->h[H_STEP];
+        p->dropped = 0;
+        p->stale = 0;
+        sv->stats[ST_REJOINED]++;
+        if (sv->me == 0)
+            dt_log(DT_LOG_WARN, "server 0: worker %d rejoined at server version %lld, with its step %lld", wi,
+                   (long long)sv->version, (long long)p->step + 1);
+        {
+            int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
+            if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, p->rank, sv->all);
+            p->sent = sv->version;
+        }
+        break;
     case M_END:
         if (p->got)
             return dt_error(DT_ERR_COMM, "server %d: worker %d left in the middle of step %lld", sv->me, wi,
@@ -645,6 +722,66 @@ static void next_step(server *sv, peer *p) {
     (void)sv;
 }
 
+// Outside mode sync a worker's death does not stop the server: worker wi's
+// process died (the launcher restarts it alone): what it had pushed of its
+// step is forgotten and it leaves the staleness, ssp and backup
+// bookkeeping until its replacement rejoins (tend).
+static void drop(server *sv, int wi, const char *why) {
+    peer *p = &sv->w[wi];
+    if (p->req) dt_wait(&p->req);  // fails at once: its peer is gone
+    memset(p->seen, 0, sv->len);
+    p->got = 0;
+    p->committed = 0;
+    p->held = 0;
+    p->dropped = 1;
+    p->dead_at = dt_now();
+    sv->stats[ST_DIED]++;
+    if (sv->me == 0)
+        dt_log(DT_LOG_WARN, "server 0: worker %d died at its step %lld (%s); dropped from the %s bookkeeping until it rejoins",
+               wi, (long long)p->step + 1, why, sv->mode == MODE_SSP ? "ssp" : sv->mode == MODE_BACKUP ? "backup" : "staleness");
+}
+
+// st from an exchange with worker wi: a failure because its process died
+// drops it (DT_OK); any other stays a failure.
+static dt_status survive(server *sv, int wi, dt_status st) {
+    if (st == DT_OK || sv->mode == MODE_SYNC || sv->w[wi].dropped == 1) return st;
+    if (dt_comm_peer_state(sv->all, sv->w[wi].rank, NULL) == DT_PEER_RUNNING) return st;
+    char why[512];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    drop(sv, wi, why);
+    return DT_OK;
+}
+
+// The dropped workers: once the launcher is restarting one, the channels
+// to it are emptied for the replacement; once that runs, its JOIN is
+// awaited (a worker still dead after 60 s fails the server: the launcher
+// stops the group long before when it does not restart it). *moved:
+// something changed.
+static dt_status tend(server *sv, int *moved) {
+    for (int wi = 0; wi < sv->N; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->dropped) continue;
+        int inc, state = dt_comm_peer_state(sv->all, p->rank, &inc);
+        if (state == DT_PEER_RESTARTING && (p->dropped == 1 || inc > p->inc)) {
+            if (p->req) dt_wait(&p->req);
+            dt_status st = dt_comm_peer_reset(sv->all, p->rank);
+            if (st != DT_OK) return st;
+            p->dropped = 2;
+            p->inc = inc;
+            *moved = 1;
+        } else if (p->dropped == 2 && state == DT_PEER_RUNNING && inc >= p->inc) {
+            p->dropped = 3;
+            *moved = 1;
+            dt_status st = post_header(sv, wi);
+            if (st != DT_OK) return st;
+        } else if (p->dropped == 1 && dt_now() - p->dead_at > 60) {
+            return dt_error(DT_ERR_COMM, "server %d: worker %d died %.0f s ago and was not restarted", sv->me, wi,
+                            dt_now() - p->dead_at);
+        }
+    }
+    return DT_OK;
+}
+
 // The weights to worker wi (blocking: an update may follow at once), with
 // the staleness its gradient was applied at (-1: dropped).
 static dt_status reply(server *sv, int wi) {
@@ -692,7 +829,7 @@ static dt_status apply_sync(server *sv) {
 static int64_t min_step(const server *sv) {
     int64_t m = INT64_MAX;
     for (int wi = 0; wi < sv->N; wi++)
-        if (!sv->w[wi].ended && sv->w[wi].step < m) m = sv->w[wi].step;
+        if (!sv->w[wi].ended && !sv->w[wi].dropped && sv->w[wi].step < m) m = sv->w[wi].step;
     return m;
 }
 
@@ -726,7 +863,7 @@ static dt_status release(server *sv) {
         peer *p = &sv->w[wi];
         if (!p->held || p->step - slow > lim) continue;
         if (p->step - slow > sv->stats[ST_MAX_GAP]) sv->stats[ST_MAX_GAP] = p->step - slow;
-        st = reply(sv, wi);
+        st = survive(sv, wi, reply(sv, wi));
     }
     return st;
 }
@@ -735,7 +872,10 @@ static dt_status release(server *sv) {
 // arrived, make the step (their mean, each with its clip scale); the late
 // ones are dropped and their workers get the newest weights.
 static dt_status backup(server *sv, int *moved) {
-    int need = sv->N - sv->c->ps_backup, have = 0;
+    int need = sv->N - sv->c->ps_backup, have = 0, live = 0;
+    for (int wi = 0; wi < sv->N; wi++) live += !sv->w[wi].dropped;
+    if (live < need) need = live;  // N - b adapts to the workers taking part
+    if (need < 1) return DT_OK;
     dt_status st = DT_OK;
     for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
         peer *p = &sv->w[wi];
@@ -744,7 +884,7 @@ static dt_status backup(server *sv, int *moved) {
             sv->stats[ST_DROPPED]++;
             p->stale = -1;
             next_step(sv, p);
-            st = reply(sv, wi);
+            st = survive(sv, wi, reply(sv, wi));
             *moved = 1;
         } else {
             have++;
@@ -784,7 +924,7 @@ static dt_status backup(server *sv, int *moved) {
     sv->stats[ST_STEPS]++;
     for (int k = 0; k < need && st == DT_OK; k++) {
         next_step(sv, &sv->w[use[k]]);
-        st = reply(sv, use[k]);
+        st = survive(sv, use[k], reply(sv, use[k]));
     }
     free(use);
     dt_heartbeat(sv->step);
@@ -887,6 +1027,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
     sv.N = c->ps_groups > 0 ? c->ps_groups : dt_comm_size(all) - sv.S;  // its peers: workers, or group leaders
+    if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
     dt_status st = start(&sv);
     if (st == DT_OK && sv.me == 0)
         dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
@@ -897,12 +1038,14 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
     int64_t at = sv.step;
     while (st == DT_OK && sv.ended < sv.N) {
         int moved = 0;
+        if (sv.mode != MODE_SYNC) st = tend(&sv, &moved);
         for (int wi = 0; wi < sv.N && st == DT_OK; wi++) {
             int done = 0;
             if (!sv.w[wi].req) continue;
-            if ((st = dt_test(&sv.w[wi].req, &done)) != DT_OK || !done) continue;
+            st = survive(&sv, wi, dt_test(&sv.w[wi].req, &done));
+            if (st != DT_OK || !done || sv.w[wi].dropped == 1) continue;
             moved = 1;
-            st = handle(&sv, wi);
+            st = survive(&sv, wi, handle(&sv, wi));
         }
         if (st == DT_OK) st = advance(&sv, &moved);
         // DTRAIN_FAULT_STEP names server j as rank -1 - j (engine/worker.h).
@@ -944,6 +1087,8 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "max_gradients_per_step", (double)t[ST_MAX_PER_STEP]);
     cJSON_AddNumberToObject(ps, "max_queued_pushes", (double)t[ST_MAX_QUEUED]);
     cJSON_AddNumberToObject(ps, "server_peak_rss_bytes", (double)t[ST_PEAK_RSS]);
+    cJSON_AddNumberToObject(ps, "workers_died", (double)t[ST_DIED]);
+    cJSON_AddNumberToObject(ps, "workers_rejoined", (double)t[ST_REJOINED]);
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)
         if (t[k]) last = k;

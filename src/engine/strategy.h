@@ -162,6 +162,9 @@ struct dt_strategy {
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
     int has_staleness, staleness; /* of this rank's last gradient as applied (parameter servers; obs.h) */
+    int rejoined;              /* this rank replaces one that died, and goes on from rejoin_step (set by
+                                  ckpt_restore; parameter servers outside mode sync) */
+    int64_t rejoin_step;
     int own_pace;              /* the ranks do not wait for each other each step: the control plane is
                                   each rank's own (dt_control_local); they meet only in params_sync,
                                   evaluation and collectives of the strategy's */
