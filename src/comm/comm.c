@@ -883,6 +883,11 @@ dt_status dt_comm_rejoin(dt_comm_t c, const int *peers, int npeers) {
     return c->ops->rejoin(c, peers, npeers);
 }
 
+int dt_comm_peer_ready(dt_comm_t c, int peer) {
+    if (!c || peer < 0 || peer >= c->size || !c->ops->peer_ready) return 1;
+    return c->ops->peer_ready(c, peer);
+}
+
 int dt_comm_incarnation(dt_comm_t c) {
     int inc = 0;
     if (c && c->ops->peer_state) c->ops->peer_state(c, c->rank, &inc);

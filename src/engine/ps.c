@@ -90,6 +90,11 @@ enum {
     M_JOIN,
     M_JOINED,
     M_RESUME,
+    M_DESC,
+    M_SAVE,
+    M_SAVED,
+    M_HELLO,
+    M_HELLOED,
 };
 
 // Statistics a server keeps (sent with STATES): the staleness of every
@@ -101,8 +106,8 @@ enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_
 
 static const char *kind_name(int64_t k) {
     static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES",
-                                  "JOIN", "JOINED", "RESUME"};
-    return k > PS_MAGIC && k <= M_RESUME ? names[k - PS_MAGIC - 1] : "unknown";
+                                  "JOIN", "JOINED", "RESUME", "DESC", "SAVE", "SAVED", "HELLO", "HELLOED"};
+    return k > PS_MAGIC && k <= M_HELLOED ? names[k - PS_MAGIC - 1] : "unknown";
 }
 
 static int64_t bits_of(double x) {
@@ -138,6 +143,128 @@ static int group_of(int rank, int N, int G) { return (int)((long)rank * G / N); 
 static int leader_of(int g, int N, int G) { return (int)(((long)g * N + G - 1) / G); }
 
 // ----------------------------------------------------------------------------
+// the servers' checkpoints (outside mode sync)
+//
+// Each server writes its range of the weights and the optimizer state as
+// its shard of a sharded checkpoint (ckpt.h: DIR/step-N/, shard j of S is
+// dt_shard_range(n, j, S), the server's range), and server 0 the index.
+// What a checkpoint says about the model (the directory, the optimizer's
+// name, the config, the tensor table, the weights' metadata) comes from
+// worker 0 (DESC) as lines of text: "dir\tPATH", "optimizer\tNAME",
+// "meta\tKEY\tVALUE", "tensor\tNAME\tOFFSET\tNDIM\tD0 D1 ..", then
+// "config" and the config text to the end. The loop's state comes with
+// each SAVE, after the workers met (params_sync).
+
+typedef struct {
+    char *text;  // the blob, cut in place; the fields point into it
+    const char *dir, *optimizer, *config;
+    dt_tensor_info *tensors;
+    int ntensors;
+    dt_st_meta *meta;
+    int nmeta;
+} model_desc;
+
+static char *desc_encode(const dt_ckpt_model *m, const char *dir, size_t *len) {
+    size_t cap = 4096 + strlen(m->config ? m->config : "") + strlen(dir);
+    for (int i = 0; i < m->ntensors; i++) cap += strlen(m->tensors[i].name) + 128;
+    for (int i = 0; i < m->nweights_meta; i++)
+        cap += strlen(m->weights_meta[i].key) + strlen(m->weights_meta[i].value) + 16;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    size_t o = (size_t)snprintf(b, cap, "dir\t%s\noptimizer\t%s\n", dir, m->optimizer ? m->optimizer : "");
+    for (int i = 0; i < m->nweights_meta; i++)
+        o += (size_t)snprintf(b + o, cap - o, "meta\t%s\t%s\n", m->weights_meta[i].key, m->weights_meta[i].value);
+    for (int i = 0; i < m->ntensors; i++) {
+        const dt_tensor_info *t = &m->tensors[i];
+        o += (size_t)snprintf(b + o, cap - o, "tensor\t%s\t%zu\t%d\t", t->name, t->offset, t->ndim);
+        for (int d = 0; d < t->ndim; d++) o += (size_t)snprintf(b + o, cap - o, "%lld ", (long long)t->shape[d]);
+        o += (size_t)snprintf(b + o, cap - o, "\n");
+    }
+    o += (size_t)snprintf(b + o, cap - o, "config\n%s", m->config ? m->config : "");
+    *len = o + 1;
+    return b;
+}
+
+static void desc_free(model_desc *d) {
+    free(d->text);
+    free(d->tensors);
+    free(d->meta);
+    memset(d, 0, sizeof *d);
+}
+
+// Parses text (len bytes, taken over) into d; a line that does not parse
+// fails, naming it.
+static dt_status desc_decode(model_desc *d, char *text, size_t len, int me) {
+    desc_free(d);
+    d->text = text;
+    text[len - 1] = 0;
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    d->tensors = calloc(lines, sizeof *d->tensors);
+    d->meta = calloc(lines, sizeof *d->meta);
+    if (!d->tensors || !d->meta) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", me);
+    for (char *l = text; l && *l;) {
+        char *nl = strchr(l, '\n'), *f[5] = {0};
+        if (!strncmp(l, "config\n", 7)) {
+            d->config = l + 7;
+            break;
+        }
+        if (nl) *nl = 0;
+        int nf = 0;
+        for (char *q = l; q && nf < 5; nf++) {
+            f[nf] = q;
+            q = strchr(q, '\t');
+            if (q) *q++ = 0;
+        }
+        if (nf == 2 && !strcmp(f[0], "dir")) d->dir = f[1];
+        else if (nf == 2 && !strcmp(f[0], "optimizer")) d->optimizer = f[1];
+        else if (nf == 3 && !strcmp(f[0], "meta")) d->meta[d->nmeta++] = (dt_st_meta){f[1], f[2]};
+        else if (nf == 5 && !strcmp(f[0], "tensor")) {
+            dt_tensor_info *t = &d->tensors[d->ntensors++];
+            t->name = f[1];
+            t->offset = (size_t)strtoull(f[2], NULL, 10);
+            t->ndim = atoi(f[3]);
+            if (t->ndim < 1 || t->ndim > 4)
+                return dt_error(DT_ERR_COMM, "server %d: DESC: tensor %s with %d dimensions", me, t->name, t->ndim);
+            char *q = f[4];
+            t->numel = 1;
+            for (int k = 0; k < t->ndim; k++) {
+                t->shape[k] = strtoll(q, &q, 10);
+                t->numel *= (size_t)t->shape[k];
+            }
+        } else {
+            return dt_error(DT_ERR_COMM, "server %d: DESC: a line \"%.40s\" that is not a field", me, l);
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    if (!d->dir || !d->config) return dt_error(DT_ERR_COMM, "server %d: DESC without a directory or a config", me);
+    return DT_OK;
+}
+
+// The loop's state, as SAVE carries it.
+enum { TS_STEP, TS_EPOCH, TS_BATCH, TS_ESTEPS, TS_LOSS, TS_RNG, TS_WORLD = TS_RNG + 4, TS_N };
+
+static void ts_pack(const dt_train_state *s, int64_t *v) {
+    v[TS_STEP] = s->step;
+    v[TS_EPOCH] = s->epoch;
+    v[TS_BATCH] = s->epoch_batch;
+    v[TS_ESTEPS] = s->epoch_steps;
+    v[TS_LOSS] = bits_of(s->epoch_loss);
+    memcpy(&v[TS_RNG], s->rng.s, sizeof s->rng.s);
+    v[TS_WORLD] = s->world;
+}
+
+static void ts_unpack(const int64_t *v, dt_train_state *s) {
+    s->step = v[TS_STEP];
+    s->epoch = v[TS_EPOCH];
+    s->epoch_batch = v[TS_BATCH];
+    s->epoch_steps = v[TS_ESTEPS];
+    s->epoch_loss = double_of(v[TS_LOSS]);
+    memcpy(s->rng.s, &v[TS_RNG], sizeof s->rng.s);
+    s->world = (int)v[TS_WORLD];
+}
+
+// ----------------------------------------------------------------------------
 // the worker's side
 
 typedef struct {
@@ -157,6 +284,7 @@ typedef struct {
     int64_t *acc;       // deterministic: this worker's fixed-point sums
     int64_t step;
     int64_t *ver;       // the version of each server's weights this worker holds
+    int *sinc;          // the incarnation of each server this worker knows (a restarted one's is higher)
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     int leader;           // this worker talks to the servers
@@ -235,8 +363,14 @@ static dt_status ps_init(dt_strategy *s) {
                         s->n);
     w->slo = malloc(sizeof(size_t) * 2 * (size_t)w->S);
     w->ver = calloc((size_t)w->S, sizeof *w->ver);
-    if (!w->slo || !w->ver) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    w->sinc = calloc((size_t)w->S, sizeof *w->sinc);
+    if (!w->slo || !w->ver || !w->sinc) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     s->own_pace = s->c->ps_mode != MODE_SYNC;
+    // Outside mode sync the servers write the checkpoints, and a server's
+    // death is survived: the worker waits for it to come back (server_back).
+    s->ckpt_saves = s->own_pace;
+    if (s->own_pace) dt_comm_set_peer_faults(s->all, 1);
+    for (int j = 0; j < w->S; j++) dt_comm_peer_state(s->all, j, &w->sinc[j]);
     w->leader = 1;
     if (s->c->ps_groups > 0) {  // a collective over the workers
         dt_status st = dt_comm_split(s->comm, group_of(s->rank, s->world, s->c->ps_groups), s->rank, &w->group);
@@ -266,6 +400,84 @@ static dt_status ps_init(dt_strategy *s) {
     return DT_OK;
 }
 
+static void push(ps_worker *w, int i);
+
+// A failure talking to server j outside mode sync: did it die (to be
+// restarted alone by the launcher)?
+static int server_lost(ps_worker *w, int j) {
+    int inc, state = dt_comm_peer_state(w->base.all, j, &inc);
+    return w->base.own_pace && (state != DT_PEER_RUNNING || inc > w->sinc[j]);
+}
+
+// Worker 0 tells server j what its checkpoints say about the model (DESC).
+static dt_status send_desc(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    if (s->rank != 0 || !s->ckpt_saves || !s->ckpt_model || !s->ckpt_dir || !s->ckpt_dir[0]) return DT_OK;
+    size_t len;
+    char *b = desc_encode(s->ckpt_model, s->ckpt_dir, &len);
+    if (!b) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    int64_t h[H_N] = {M_DESC, w->step, w->ver[j], 0, (int64_t)len, 0, 0, 0};
+    dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK) st = dt_send(b, len, DT_U8, j, s->all);
+    free(b);
+    return st;
+}
+
+// Server j died and the launcher restarts it alone from its shard of the
+// newest checkpoint: this worker empties the channels between the two for
+// the replacement, waits for it (bounded) and tells it its step (HELLO),
+// taking the version of the range it now holds.
+static dt_status server_back(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    double t0 = dt_now();
+    int inc = 0, state = dt_comm_peer_state(s->all, j, &inc);
+    for (; inc <= w->sinc[j]; state = dt_comm_peer_state(s->all, j, &inc)) {
+        if (dt_now() - t0 > 60)
+            return dt_error(DT_ERR_COMM, "worker %d: server %d died and was not restarted", s->rank, j);
+        dt_heartbeat(-1);
+        usleep(2000);
+    }
+    dt_status st = dt_comm_peer_reset(s->all, j);
+    w->sinc[j] = inc;
+    while (st == DT_OK && (state = dt_comm_peer_state(s->all, j, &inc)) != DT_PEER_RUNNING) {
+        if (inc > w->sinc[j]) {  // died again before it ran
+            st = dt_comm_peer_reset(s->all, j);
+            w->sinc[j] = inc;
+        }
+        if (state == DT_PEER_GONE || dt_now() - t0 > 120)
+            return dt_error(DT_ERR_COMM, "worker %d: server %d was restarted but did not come back", s->rank, j);
+        dt_heartbeat(-1);
+        usleep(2000);
+    }
+    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, 0, 0, 0, 0};
+    if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK && h[H_KIND] != M_HELLOED)
+        st = dt_error(DT_ERR_COMM, "worker %d: restarted server %d sent %s, expected HELLOED", s->rank, j,
+                      kind_name(h[H_KIND]));
+    if (st == DT_OK) w->ver[j] = h[H_VERSION];
+    if (st == DT_OK) st = send_desc(w, j);
+    if (st != DT_OK) return dt_error(st, "worker %d, server %d back: %s", s->rank, j, dt_last_error());
+    dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, from its checkpoint) at version %lld, "
+                        "step %lld retried", s->rank, j, inc, (long long)w->ver[j], (long long)w->step + 1);
+    return DT_OK;
+}
+
+// This step's pieces for server j again (blocking), to a restarted server.
+static dt_status repush(ps_worker *w, int j) {
+    w->err = DT_OK;
+    for (int i = 0; i < w->np; i++)
+        if (w->p[i].server == j) push(w, i);
+    dt_status st = DT_OK;
+    for (int i = 0; i < w->np; i++)
+        if (w->p[i].server == j) {
+            dt_status a = wait_all(&w->req[2 * i], 2);
+            if (st == DT_OK) st = a;
+        }
+    if (w->err != DT_OK) return dt_error(w->err, "%s", w->errmsg);
+    return st;
+}
+
 static void ps_fini(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     if (w->req) wait_all(w->req, 2 * w->np + 2 * w->S);
@@ -274,11 +486,17 @@ static void ps_fini(dt_strategy *s) {
     if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
-            if (dt_send(h, H_N, DT_I64, j, s->all) != DT_OK) break;
+            dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st != DT_OK && server_lost(w, j) && server_back(w, j) == DT_OK) {
+                h[H_VERSION] = w->ver[j];
+                st = dt_send(h, H_N, DT_I64, j, s->all);
+            }
+            if (st != DT_OK) break;
         }
     dt_comm_destroy(w->group);
     free(w->slo);
     free(w->ver);
+    free(w->sinc);
     free(w->p);
     free(w->hdr);
     free(w->req);
@@ -366,6 +584,20 @@ static dt_status ps_sync(dt_strategy *s) {
     }
     while (w->next < w->np && w->err == DT_OK) push(w, w->next++);
     st = wait_all(w->req, 2 * w->np);
+    if (s->own_pace && (st != DT_OK || w->err != DT_OK)) {  // a server died: its pieces again, once it is back
+        int lost = 0;
+        dt_status again = DT_OK;
+        for (int j = 0; j < w->S && again == DT_OK; j++)
+            if (server_lost(w, j)) {
+                lost = 1;
+                again = server_back(w, j);
+                if (again == DT_OK) again = repush(w, j);
+            }
+        if (lost) {
+            st = again;
+            w->err = DT_OK;
+        }
+    }
     if (w->acc) memset(w->acc, 0, sizeof(int64_t) * s->n);
     double t = dt_now();
     if (!w->t_first) w->t_first = t;
@@ -410,32 +642,57 @@ static dt_status share(ps_worker *w, int states) {
     return st;
 }
 
-// COMMIT to every server, then the new weights of every range.
+// COMMIT to server j: this step's learning rate and clip scale.
+static dt_status commit_to(ps_worker *w, int j, float lr, float scale) {
+    int64_t *c = w->hdr[w->np + j];
+    c[H_KIND] = M_COMMIT;
+    c[H_STEP] = w->step;
+    c[H_VERSION] = w->ver[j];
+    c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
+    c[H_A] = bits_of(lr);
+    c[H_B] = bits_of(scale);
+    return dt_send(c, H_N, DT_I64, j, w->base.all);
+}
+
+// Server j's WEIGHTS of this step, into the block.
+static dt_status weights_from(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    int64_t *h = w->hdr[w->np + w->S + j];
+    dt_request_t *r = w->req + 2 * w->np;
+    dt_status st = dt_irecv(h, H_N, DT_I64, j, s->all, &r[0]);
+    if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
+    dt_status st2 = wait_all(r, 2);
+    if (st == DT_OK) st = st2;
+    if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_STEP] != w->step))
+        st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected WEIGHTS for step %lld", s->rank,
+                      j, kind_name(h[H_KIND]), (long long)h[H_STEP] + 1, (long long)w->step + 1);
+    return st;
+}
+
+// COMMIT to every server, then the new weights of every range. Outside
+// mode sync a server that died is waited for, and gets this step's pieces
+// and COMMIT again.
 static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     ps_worker *w = (ps_worker *)s;
     int S = w->S;
     int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
-    dt_request_t *r = w->req + 2 * w->np;
-    dt_status st = DT_OK;
-    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
-        int64_t *c = h[j];
-        c[H_KIND] = M_COMMIT;
-        c[H_STEP] = w->step;
-        c[H_VERSION] = w->ver[j];
-        c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
-        c[H_A] = bits_of(lr);
-        c[H_B] = bits_of(scale);
-        st = dt_send(c, H_N, DT_I64, j, s->all);
+    dt_status st = DT_OK, *cst = calloc((size_t)S, sizeof *cst);
+    if (!cst) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < S && w->leader; j++) {
+        cst[j] = commit_to(w, j, lr, scale);
+        if (cst[j] != DT_OK && !s->own_pace) break;
     }
     for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
-        st = dt_irecv(h[S + j], H_N, DT_I64, j, s->all, &r[0]);
-        if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
-        if (st == DT_OK) st = wait_all(r, 2);
-        if (st == DT_OK && (h[S + j][H_KIND] != M_WEIGHTS || h[S + j][H_STEP] != w->step))
-            st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected WEIGHTS for step %lld",
-                          s->rank, j, kind_name(h[S + j][H_KIND]), (long long)h[S + j][H_STEP] + 1,
-                          (long long)w->step + 1);
+        dt_status sj = cst[j] == DT_OK ? weights_from(w, j) : cst[j];
+        for (int t = 0; sj != DT_OK && t < 3 && server_lost(w, j); t++) {
+            sj = server_back(w, j);
+            if (sj == DT_OK) sj = repush(w, j);
+            if (sj == DT_OK) sj = commit_to(w, j, lr, scale);
+            if (sj == DT_OK) sj = weights_from(w, j);
+        }
+        st = sj;
     }
+    free(cst);
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
     for (int j = 0; j < S && w->leader; j++) w->ver[j] = h[S + j][H_VERSION];  // the others': share() below
     s->has_staleness = 1;
@@ -456,16 +713,20 @@ static dt_status ps_params_sync(dt_strategy *s) {
     dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
     for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
         size_t len = w->shi[j] - w->slo[j];
-        int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
-        st = dt_send(h, H_N, DT_I64, j, s->all);
-        if (st == DT_OK) st = expect(w, j, h, M_STATES);
-        if (st == DT_OK) w->ver[j] = h[H_VERSION];
-        if (st == DT_OK) st = dt_recv(s->params + w->slo[j], len, DT_F32, j, s->all);
-        for (int k = 0; k < ns && st == DT_OK; k++)
-            st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], len, DT_F32, j, s->all);
-        int64_t stats[ST_N];
-        if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
-        if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
+        for (int t = 0; t < 4; t++) {  // again after a server's restart (outside mode sync)
+            if (t > 0 && (!server_lost(w, j) || (st = server_back(w, j)) != DT_OK)) break;
+            int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = expect(w, j, h, M_STATES);
+            if (st == DT_OK) w->ver[j] = h[H_VERSION];
+            if (st == DT_OK) st = dt_recv(s->params + w->slo[j], len, DT_F32, j, s->all);
+            for (int k = 0; k < ns && st == DT_OK; k++)
+                st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], len, DT_F32, j, s->all);
+            int64_t stats[ST_N];
+            if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
+            if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
+            if (st == DT_OK) break;
+        }
     }
     if (st == DT_OK && w->group) st = share(w, 1);
     if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
@@ -514,16 +775,42 @@ static dt_status rejoin(ps_worker *w) {
     return DT_OK;
 }
 
+// Outside mode sync the servers write the checkpoints (each its range as a
+// shard; above): once the workers met (params_sync), worker 0 sends each
+// server the loop's state (SAVE) and waits for its SAVED; the others wait
+// for worker 0, so that no update comes between.
+static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
+    ps_worker *w = (ps_worker *)s;
+    dt_status st = DT_OK;
+    int64_t v[TS_N];
+    ts_pack(ts, v);
+    for (int j = 0; j < w->S && st == DT_OK && s->rank == 0; j++) {
+        for (int t = 0; t < 4; t++) {
+            if (t > 0 && (!server_lost(w, j) || (st = server_back(w, j)) != DT_OK)) break;
+            int64_t h[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = dt_send(v, TS_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = expect(w, j, h, M_SAVED);
+            if (st == DT_OK) break;
+        }
+    }
+    if (st != DT_OK) return dt_error(st, "checkpoint of step %lld by the servers: %s", (long long)ts->step, dt_last_error());
+    return s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+}
+
 // At the start (fresh or resumed): worker 0 gives each server its range of
-// the weights and the optimizer state; the step count is the version. A
-// replacement rejoins instead.
+// the weights and the optimizer state, the loop's step, and as the
+// version the optimizer's step count. A replacement rejoins instead.
 static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     ps_worker *w = (ps_worker *)s;
     (void)path;
     (void)parts;
     if (dt_comm_incarnation(s->all) > 0) return rejoin(w);
-    w->step = *dt_optim_step_count(s->opt);
-    for (int j = 0; j < w->S; j++) w->ver[j] = w->step;
+    // Steps are the loop's; a range's version counts its updates (the
+    // optimizer's step count: outside mode sync a server's checkpoint
+    // holds its own, several updates a step).
+    w->step = s->start_step;
+    for (int j = 0; j < w->S; j++) w->ver[j] = *dt_optim_step_count(s->opt);
     if (s->rank != 0) return DT_OK;
     int ns = dt_optim_num_states(s->opt);
     dt_status st = DT_OK;
@@ -534,6 +821,7 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
         st = dt_send(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
+        if (st == DT_OK) st = send_desc(w, j);
     }
     return st == DT_OK ? DT_OK : dt_error(st, "starting the servers: %s", dt_last_error());
 }
@@ -575,6 +863,10 @@ typedef struct {
     int reduced;       // sync: this step's pushes are summed and the norm sent
     int ended;         // workers that said END
     int64_t stats[ST_N];
+    const char *run_dir;
+    model_desc desc;   // worker 0's DESC (checkpoints)
+    dt_ckpt_model cm;  // this server's view for its writer
+    dt_ckpt_writer *writer;
 } server;
 
 // A failure naming this server and the worker.
@@ -627,6 +919,8 @@ static dt_status send_states(server *sv, int wi) {
     return st;
 }
 
+static dt_status save(server *sv, int wi);
+
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
     peer *p = &sv->w[wi];
@@ -645,6 +939,35 @@ static dt_status handle(server *sv, int wi) {
         break;
     case M_FETCH:
         st = send_states(sv, wi);
+        break;
+    case M_DESC: {  // the model, for checkpoints
+        size_t len = (size_t)p->h[H_COUNT];
+        if (p->h[H_COUNT] <= 0 || p->h[H_COUNT] > (16 << 20))
+            return dt_error(DT_ERR_COMM, "server %d: DESC of %lld bytes from worker %d", sv->me,
+                            (long long)p->h[H_COUNT], wi);
+        char *text = malloc(len);
+        if (!text) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+        st = dt_recv(text, len, DT_U8, p->rank, sv->all);
+        if (st != DT_OK) {
+            free(text);
+            return st;
+        }
+        if ((st = desc_decode(&sv->desc, text, len, sv->me)) != DT_OK) return st;
+        break;
+    }
+    case M_SAVE:
+        st = save(sv, wi);
+        break;
+    case M_HELLO:  // a worker found this server restarted: it goes on from its step
+        if (p->dropped != 5)
+            return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
+        p->step = p->h[H_STEP];
+        p->sent = sv->version;
+        p->dropped = 0;
+        {
+            int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
+        }
         break;
     case M_JOIN:  // a replacement: the step its predecessor was at
         if (p->dropped != 3)
@@ -722,6 +1045,40 @@ static void next_step(server *sv, peer *p) {
     (void)sv;
 }
 
+// SAVE from worker 0: this server's range into its shard of the
+// checkpoint of the loop's state that follows, then SAVED.
+static dt_status save(server *sv, int wi) {
+    int64_t v[TS_N];
+    dt_status st = dt_recv(v, TS_N, DT_I64, sv->w[wi].rank, sv->all);
+    if (st != DT_OK) return st;
+    if (!sv->desc.text) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
+    if (!sv->writer) {
+        dt_ckpt_model *m = &sv->cm;
+        memset(m, 0, sizeof *m);
+        m->tensors = sv->desc.tensors;
+        m->ntensors = sv->desc.ntensors;
+        m->params = sv->params;
+        m->nparams = sv->n;
+        m->nstates = dt_optim_num_states(sv->opt);
+        for (int k = 0; k < m->nstates && k < 2; k++) m->states[k] = dt_optim_state(sv->opt, k);
+        m->opt_step = dt_optim_step_count(sv->opt);
+        m->optimizer = sv->desc.optimizer;
+        m->config = sv->desc.config;
+        m->weights_meta = sv->desc.meta;
+        m->nweights_meta = sv->desc.nmeta;
+        m->params_lo = m->states_lo = sv->lo;
+        m->params_hi = m->states_hi = sv->lo + sv->len;
+        if ((st = dt_ckpt_writer_create(&sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
+            return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
+    }
+    dt_train_state ts = {0};
+    ts_unpack(v, &ts);
+    if ((st = dt_ckpt_writer_save(sv->writer, &ts)) != DT_OK)
+        return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
+    int64_t h[H_N] = {M_SAVED, sv->w[wi].h[H_STEP], sv->version, 0, 0, 0, 0, 0};
+    return dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+}
+
 // Outside mode sync a worker's death does not stop the server: worker wi's
 // process died (the launcher restarts it alone): what it had pushed of its
 // step is forgotten and it leaves the staleness, ssp and backup
@@ -762,6 +1119,20 @@ static dt_status tend(server *sv, int *moved) {
         peer *p = &sv->w[wi];
         if (!p->dropped) continue;
         int inc, state = dt_comm_peer_state(sv->all, p->rank, &inc);
+        if (p->dropped >= 4) {  // this server is a replacement: each worker lets it in
+            if (state == DT_PEER_GONE) {  // it finished before this server came back
+                p->dropped = 0;
+                p->ended = 1;
+                sv->ended++;
+                *moved = 1;
+            } else if (p->dropped == 4 && dt_comm_peer_ready(sv->all, p->rank)) {
+                p->dropped = 5;
+                *moved = 1;
+                dt_status st = post_header(sv, wi);
+                if (st != DT_OK) return st;
+            }
+            continue;
+        }
         if (state == DT_PEER_RESTARTING && (p->dropped == 1 || inc > p->inc)) {
             if (p->req) dt_wait(&p->req);
             dt_status st = dt_comm_peer_reset(sv->all, p->rank);
@@ -932,6 +1303,30 @@ static dt_status backup(server *sv, int *moved) {
     return st;
 }
 
+// The range's buffers, the peers and the optimizer, for sv->n, lo, len,
+// step and version.
+static dt_status setup(server *sv) {
+    size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
+    sv->params = dt_alloc(sizeof(float) * sv->len);
+    sv->grad = dt_alloc(sizeof(float) * sv->len);
+    sv->w = calloc((size_t)sv->N, sizeof *sv->w);
+    if (!sv->params || !sv->grad || !sv->w) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int wi = 0; wi < sv->N; wi++) {
+        peer *p = &sv->w[wi];
+        p->buf = dt_alloc(es * sv->len);
+        p->seen = calloc(sv->len, 1);
+        if (!p->buf || !p->seen) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+        memset(p->buf, 0, es * sv->len);
+        p->step = sv->step;
+        p->sent = sv->version;
+        int nw = dt_comm_size(sv->all) - sv->S;
+        p->rank = sv->S + leader_of(wi, nw, sv->c->ps_groups > 0 ? sv->c->ps_groups : nw);
+    }
+    dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
+    if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
+    return st;
+}
+
 // The start: worker 0's INIT with the range's weights and optimizer state.
 static dt_status start(server *sv) {
     int64_t h[H_N];
@@ -949,43 +1344,96 @@ static dt_status start(server *sv) {
     sv->len = hi - lo;
     sv->step = h[H_STEP];
     sv->version = h[H_VERSION];
-    size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
-    sv->params = dt_alloc(sizeof(float) * sv->len);
-    sv->grad = dt_alloc(sizeof(float) * sv->len);
-    sv->w = calloc((size_t)sv->N, sizeof *sv->w);
-    if (!sv->params || !sv->grad || !sv->w) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
-    for (int wi = 0; wi < sv->N; wi++) {
-        peer *p = &sv->w[wi];
-        p->buf = dt_alloc(es * sv->len);
-        p->seen = calloc(sv->len, 1);
-        if (!p->buf || !p->seen) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
-        memset(p->buf, 0, es * sv->len);
-        p->step = sv->step;
-        p->sent = sv->version;
-        int nw = dt_comm_size(sv->all) - sv->S;
-        p->rank = sv->S + leader_of(wi, nw, sv->c->ps_groups > 0 ? sv->c->ps_groups : nw);
-    }
-    if ((st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL)) != DT_OK) return st;
+    if ((st = setup(sv)) != DT_OK) return st;
     if (h[H_A] != dt_optim_num_states(sv->opt))
         return dt_error(DT_ERR_COMM, "server %d: INIT brings %lld optimizer states, the optimizer has %d", sv->me,
                         (long long)h[H_A], dt_optim_num_states(sv->opt));
-    *dt_optim_step_count(sv->opt) = sv->step;
     st = dt_recv(sv->params, sv->len, DT_F32, w0, sv->all);
     for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++)
         st = dt_recv(dt_optim_state(sv->opt, k), sv->len, DT_F32, w0, sv->all);
     return st;
 }
 
-static void server_free(server *sv) {
+// A server restarted alone (outside mode sync): its range from its own
+// shard of the newest checkpoint the servers wrote, the version being the
+// updates it held then; each worker, finding it back, says at which step
+// it is (HELLO).
+static dt_status restore(server *sv) {
+    char dir[4200], used[4200] = "";
+    snprintf(dir, sizeof dir, "%s/checkpoints", sv->run_dir ? sv->run_dir : ".");
+    char **paths = NULL;
+    int np = 0;
+    dt_status st = dt_ckpt_list(dir, &paths, &np);
+    if (st != DT_OK) np = 0;
+    int found = 0;
+    for (int i = 0; i < np && !found; i++) {
+        dt_st_file *f = NULL;
+        int parts = 0;
+        if (dt_ckpt_open_part(paths[i], sv->me, &f, &parts) != DT_OK) {  // a whole file, or damaged
+            if (f) dt_st_close(f);
+            continue;
+        }
+        const char *shard = dt_st_meta_get(f, "shard"), *stepv = dt_st_meta_get(f, "step");
+        long long b = -1, e = -1, n = -1;
+        const dt_st_tensor *tp = dt_st_find(f, "params"), *ts = dt_st_find(f, "optimizer.step");
+        size_t lo = 0, hi = 0;
+        if (parts == sv->S && shard && sscanf(shard, "%lld:%lld:%lld", &b, &e, &n) == 3 && n > 0 && tp && ts &&
+            tp->dtype == DT_F32 && ts->dtype == DT_I64) {
+            dt_shard_range((size_t)n, sv->me, sv->S, &lo, &hi);
+            if (b == (long long)lo && e == (long long)hi && tp->nbytes == sizeof(float) * (hi - lo)) {
+                sv->n = (size_t)n;
+                sv->lo = lo;
+                sv->len = hi - lo;
+                memcpy(&sv->version, ts->data, sizeof sv->version);
+                sv->step = stepv ? atoll(stepv) : 0;
+                st = setup(sv);
+                if (st == DT_OK) memcpy(sv->params, tp->data, tp->nbytes);
+                for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++) {
+                    char nm[32];
+                    snprintf(nm, sizeof nm, "optimizer.state.%d", k);
+                    const dt_st_tensor *t = dt_st_find(f, nm);
+                    if (!t || t->nbytes != tp->nbytes)
+                        st = dt_error(DT_ERR_FORMAT, "%s: shard %d has no %s of its range", paths[i], sv->me, nm);
+                    else
+                        memcpy(dt_optim_state(sv->opt, k), t->data, t->nbytes);
+                }
+                found = st == DT_OK;
+                snprintf(used, sizeof used, "%s", paths[i]);
+            }
+        }
+        dt_st_close(f);
+        if (st != DT_OK) break;
+    }
+    for (int i = 0; i < np; i++) free(paths[i]);
+    free(paths);
+    if (st != DT_OK) return st;
+    if (!found)
+        return dt_error(DT_ERR_IO, "server %d, restarted: no checkpoint in %s holds its range as one of %d servers' shards",
+                        sv->me, dir, sv->S);
+    for (int wi = 0; wi < sv->N; wi++) sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
+    dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
+           sv->me, dt_comm_incarnation(sv->all), sv->lo, sv->lo + sv->len, used, (long long)sv->step,
+           (long long)sv->version);
+    return dt_comm_rejoin(sv->all, NULL, 0);
+}
+
+static dt_status server_free(server *sv, dt_status st) {
     for (int wi = 0; sv->w && wi < sv->N; wi++) {
         if (sv->w[wi].req) dt_wait(&sv->w[wi].req);
         dt_free(sv->w[wi].buf);
         free(sv->w[wi].seen);
     }
+    if (sv->writer) {  // the last write completes (after a failure, no waiting for the others' shards)
+        dt_status w = st == DT_OK ? dt_ckpt_writer_wait(sv->writer) : DT_OK;
+        if (st == DT_OK && w != DT_OK) st = dt_error(w, "server %d, checkpoint: %s", sv->me, dt_last_error());
+        dt_ckpt_writer_free(sv->writer);
+    }
+    desc_free(&sv->desc);
     free(sv->w);
     dt_free(sv->params);
     dt_free(sv->grad);
     dt_optim_free(sv->opt);
+    return st;
 }
 
 // What the mode does once the headers that arrived are handled.
@@ -1022,17 +1470,18 @@ static dt_status advance(server *sv, int *moved) {
 
 // A server's own loop: receive pushes, update its range, answer, until
 // every worker said END.
-static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
-    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode};
+static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, const char *run_dir) {
+    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
     sv.N = c->ps_groups > 0 ? c->ps_groups : dt_comm_size(all) - sv.S;  // its peers: workers, or group leaders
     if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
-    dt_status st = start(&sv);
-    if (st == DT_OK && sv.me == 0)
+    int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
+    dt_status st = again ? restore(&sv) : start(&sv);
+    if (st == DT_OK && sv.me == 0 && !again)
         dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
                mode_names[sv.mode], sv.det ? ", deterministic" : "");
-    for (int wi = 0; wi < sv.N && st == DT_OK; wi++) st = post_header(&sv, wi);
+    for (int wi = 0; wi < sv.N && st == DT_OK && !again; wi++) st = post_header(&sv, wi);
     int idle = 0;
     double beat = dt_now();
     int64_t at = sv.step;
@@ -1066,11 +1515,10 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
         dt_comm_abort(all, msg);
-        server_free(&sv);
+        server_free(&sv, st);
         return dt_error(st, "%s", msg);
     }
-    server_free(&sv);
-    return st;
+    return server_free(&sv, st);
 }
 
 // summary.json's "ps" object: the mode and server 0's statistics.
@@ -1112,6 +1560,7 @@ const dt_strategy_ops dt_strategy_ps = {
     .update = ps_update,
     .params_sync = ps_params_sync,
     .ckpt_restore = ps_ckpt_restore,
+    .ckpt_save = ps_ckpt_save,
     .other_ranks = ps_other_ranks,
     .serve = ps_serve,
     .summary = ps_summary,

@@ -1289,6 +1289,13 @@ static dt_status shm_rejoin(dt_comm_t c, const int *peers, int npeers) {
     return DT_OK;
 }
 
+static int shm_peer_ready(dt_comm_t c, int peer) {
+    shm_state *s = ST(c);
+    if (!g_world_ctl) return 1;
+    uint64_t inc = (uint64_t)atomic_load(&g_world_ctl[s->world[s->me]].incarnation);
+    return atomic_load(&chan_of(s, s->me, peer)->gen) >= inc + 1 && atomic_load(&chan_of(s, peer, s->me)->gen) >= inc + 1;
+}
+
 static dt_status shm_split_rejoin(dt_comm_t parent, dt_comm_t child, int color) {
     shm_state *ps = ST(parent);
     if (!ps->name[0]) return dt_error(DT_ERR_COMM, "rank %d: no split to rejoin in a private segment", parent->rank);
@@ -1375,5 +1382,6 @@ const struct dt_comm_ops dt_shm_ops = {
     .peer_state = shm_peer_state,
     .peer_reset = shm_peer_reset,
     .rejoin = shm_rejoin,
+    .peer_ready = shm_peer_ready,
     .split_rejoin = shm_split_rejoin,
 };
