@@ -89,24 +89,27 @@ static double result(const char *name, const char *key) {
 // in. Every gradient of every worker is applied once (a step in which it
 // died is computed again), the events are logged, one restart is counted,
 // and the result is a clean run's: accuracy within 0.03 (3 of the 100
-// test images) and test loss within 15% (clean async runs of this test
-// alone differ by up to 9% in test loss, from the order their gradients
-// arrive in; measured 0.535-0.582).
+// test images) and test loss within 15% or 0.1 (clean async runs of this
+// test alone differ by up to 9% in test loss, from the order their
+// gradients arrive in: measured 0.535-0.582; at backup's lower loss, 0.21,
+// which two of the three gradients make each step moved it by up to 0.06).
 static void faults(void) {
     static const struct {
         const char *name, *mode, *env, *flags, *bookkeeping;
     } cases[] = {
-        {"async", "async", "DTRAIN_FAULT_STEP=2:9:kill", "--servers 2 --checkpoint-every 5", "staleness"},
-        {"ssp", "ssp", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 2 --set ps.staleness=1", "ssp"},
-        {"async-hung", "async", "DTRAIN_FAULT_STEP=0:9:hang", "--servers 2 --heartbeat-timeout 3", "staleness"},
+        {"async", "async", "DTRAIN_FAULT_STEP=2:9:kill", "--servers 2 --checkpoint-every 5 --set optim.lr=0.0005",
+         "staleness"},
+        {"ssp", "ssp", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill",
+         "--servers 2 --set ps.staleness=1 --set optim.lr=0.0005", "ssp"},
+        {"async-hung", "async", "DTRAIN_FAULT_STEP=0:9:hang", "--servers 2 --heartbeat-timeout 3 --set optim.lr=0.0005",
+         "staleness"},
         {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1",
          "backup"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char flags[600], name[64], env[600];
         const char *slow = strstr(cases[i].env, "SLOW") ? "DTRAIN_SLOW_RANK=2:30" : "";
-        snprintf(flags, sizeof flags, "--workers 3 --set ps.mode=%s --set optim.lr=0.0005 %s", cases[i].mode,
-                 cases[i].flags);
+        snprintf(flags, sizeof flags, "--workers 3 --set ps.mode=%s %s", cases[i].mode, cases[i].flags);
         snprintf(name, sizeof name, "clean-%s", cases[i].name);
         int rc = train(slow, name, flags);
         CHECK(rc == 0, "%s, clean: exit %d\n%s", cases[i].name, rc, g_out);
@@ -142,7 +145,7 @@ static void faults(void) {
                   ps_number(name, "max_step_gap"));
         double acc = result(name, "test_accuracy"), ref = result(clean, "test_accuracy");
         double loss = result(name, "test_loss"), rloss = result(clean, "test_loss");
-        CHECK(acc >= 0 && ref >= 0 && acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= 0.15 * rloss,
+        CHECK(acc >= 0 && ref >= 0 && acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= fmax(0.15 * rloss, 0.1),
               "%s: accuracy %.4f, test loss %.4f after the fault; clean %.4f, %.4f", cases[i].name, acc, loss, ref,
               rloss);
         printf("%s: a worker %s at step 9 restarted alone: %.1f s, accuracy %.4f, loss %.4f (clean %.4f, %.4f)\n",
@@ -152,8 +155,9 @@ static void faults(void) {
     // steps, written by the servers: each its range as its shard) is
     // restarted alone from its shard of step 10's checkpoint while the
     // workers wait for it and push their step again. Its range loses the
-    // updates of steps 11-12, so the loss may be a little higher: within
-    // 25% of the clean run's (measured: 0.608 and 0.644 against 0.535-0.582).
+    // updates of steps 11-12 (of 21), so the loss is higher: within 35% of
+    // the clean run's (measured 15-23% higher: 0.608-0.650 against
+    // 0.530-0.582); the accuracy within 0.03.
     char env[600];
     snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=-2:12:kill DTRAIN_FAULT_ONCE=%s/once-server-alone", g_tmp);
     const char *flags = "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --checkpoint-every 5";
@@ -170,7 +174,7 @@ static void faults(void) {
           "waited\n%s", rc, g_out);
     double acc = result("fault-server", "test_accuracy"), ref = result("clean-async", "test_accuracy");
     double loss = result("fault-server", "test_loss"), rloss = result("clean-async", "test_loss");
-    CHECK(acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= 0.25 * rloss,
+    CHECK(acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= 0.35 * rloss,
           "server restarted: accuracy %.4f, test loss %.4f; clean %.4f, %.4f", acc, loss, ref, rloss);
     CHECK(ps_number("fault-server", "applied") == 63, "server 0 applied all %g gradients",
           ps_number("fault-server", "applied"));

@@ -391,7 +391,7 @@ static dt_status ps_init(dt_strategy *s) {
     w->np = cut(w, order, norder, bf, NULL);
     w->p = malloc(sizeof *w->p * (size_t)w->np);
     w->hdr = malloc(sizeof *w->hdr * (size_t)(w->np + 2 * w->S));
-    w->req = calloc((size_t)(2 * w->np + 2 * w->S), sizeof *w->req);
+    w->req = calloc((size_t)(2 * w->np + 3 * w->S), sizeof *w->req);
     if (!w->p || !w->hdr || !w->req) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     cut(w, order, norder, bf, w->p);
     if (s->c->deterministic && !(w->acc = dt_alloc(sizeof(int64_t) * s->n)))
@@ -480,7 +480,7 @@ static dt_status repush(ps_worker *w, int j) {
 
 static void ps_fini(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
-    if (w->req) wait_all(w->req, 2 * w->np + 2 * w->S);
+    if (w->req) wait_all(w->req, 2 * w->np + 3 * w->S);
     // Done: the servers end when every worker said so. A broken world has
     // nobody to tell (the abort reaches the servers).
     if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
@@ -642,8 +642,9 @@ static dt_status share(ps_worker *w, int states) {
     return st;
 }
 
-// COMMIT to server j: this step's learning rate and clip scale.
-static dt_status commit_to(ps_worker *w, int j, float lr, float scale) {
+// COMMIT to server j: this step's learning rate and clip scale (req NULL:
+// blocking).
+static dt_status commit_to(ps_worker *w, int j, float lr, float scale, dt_request_t *req) {
     int64_t *c = w->hdr[w->np + j];
     c[H_KIND] = M_COMMIT;
     c[H_STEP] = w->step;
@@ -651,17 +652,23 @@ static dt_status commit_to(ps_worker *w, int j, float lr, float scale) {
     c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
     c[H_A] = bits_of(lr);
     c[H_B] = bits_of(scale);
-    return dt_send(c, H_N, DT_I64, j, w->base.all);
+    return req ? dt_isend(c, H_N, DT_I64, j, w->base.all, req) : dt_send(c, H_N, DT_I64, j, w->base.all);
 }
 
-// Server j's WEIGHTS of this step, into the block.
-static dt_status weights_from(ps_worker *w, int j) {
+// Server j's WEIGHTS of this step, into the block: the receives posted
+// (post), then waited for.
+static dt_status weights_post(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    dt_request_t *r = w->req + 2 * w->np + 2 * j;
+    dt_status st = dt_irecv(w->hdr[w->np + w->S + j], H_N, DT_I64, j, s->all, &r[0]);
+    if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
+    return st;
+}
+
+static dt_status weights_wait(ps_worker *w, int j, dt_status st) {
     dt_strategy *s = &w->base;
     int64_t *h = w->hdr[w->np + w->S + j];
-    dt_request_t *r = w->req + 2 * w->np;
-    dt_status st = dt_irecv(h, H_N, DT_I64, j, s->all, &r[0]);
-    if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
-    dt_status st2 = wait_all(r, 2);
+    dt_status st2 = wait_all(w->req + 2 * w->np + 2 * j, 2);
     if (st == DT_OK) st = st2;
     if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_STEP] != w->step))
         st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected WEIGHTS for step %lld", s->rank,
@@ -669,28 +676,37 @@ static dt_status weights_from(ps_worker *w, int j) {
     return st;
 }
 
-// COMMIT to every server, then the new weights of every range. Outside
+// COMMIT to every server, then the new weights of every range. The
+// receives of the weights are posted before the commits go: a server that
+// sends a worker its weights must not wait for that worker to get its
+// commit into another server that waits for a third worker (the cycle of
+// blocked sends a worker's one-at-a-time exchange made possible). Outside
 // mode sync a server that died is waited for, and gets this step's pieces
 // and COMMIT again.
 static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     ps_worker *w = (ps_worker *)s;
     int S = w->S;
     int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
+    dt_request_t *cr = w->req + 2 * w->np + 2 * S;  // the commits in flight
     dt_status st = DT_OK, *cst = calloc((size_t)S, sizeof *cst);
     if (!cst) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < S && w->leader; j++) cst[j] = weights_post(w, j);
+    for (int j = 0; j < S && w->leader; j++)
+        if (cst[j] == DT_OK) cst[j] = commit_to(w, j, lr, scale, &cr[j]);
     for (int j = 0; j < S && w->leader; j++) {
-        cst[j] = commit_to(w, j, lr, scale);
-        if (cst[j] != DT_OK && !s->own_pace) break;
+        dt_status c = dt_wait(&cr[j]);
+        if (cst[j] == DT_OK) cst[j] = c;
     }
-    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
-        dt_status sj = cst[j] == DT_OK ? weights_from(w, j) : cst[j];
+    for (int j = 0; j < S && w->leader; j++) {
+        dt_status sj = weights_wait(w, j, cst[j]);
         for (int t = 0; sj != DT_OK && t < 3 && server_lost(w, j); t++) {
             sj = server_back(w, j);
             if (sj == DT_OK) sj = repush(w, j);
-            if (sj == DT_OK) sj = commit_to(w, j, lr, scale);
-            if (sj == DT_OK) sj = weights_from(w, j);
+            if (sj == DT_OK) sj = weights_post(w, j);
+            if (sj == DT_OK) sj = commit_to(w, j, lr, scale, NULL);
+            sj = weights_wait(w, j, sj);
         }
-        st = sj;
+        if (st == DT_OK) st = sj;
     }
     free(cst);
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
@@ -784,16 +800,27 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     dt_status st = DT_OK;
     int64_t v[TS_N];
     ts_pack(ts, v);
+    // SAVE to all first (server 0 completes the checkpoint once every shard
+    // is written), then each SAVED; a server that died gets SAVE again.
+    dt_status *sent = calloc((size_t)w->S, sizeof *sent);
+    if (!sent) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < w->S && s->rank == 0; j++) {
+        int64_t h[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
+        sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
+        if (sent[j] == DT_OK) sent[j] = dt_send(v, TS_N, DT_I64, j, s->all);
+    }
     for (int j = 0; j < w->S && st == DT_OK && s->rank == 0; j++) {
-        for (int t = 0; t < 4; t++) {
-            if (t > 0 && (!server_lost(w, j) || (st = server_back(w, j)) != DT_OK)) break;
-            int64_t h[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
-            st = dt_send(h, H_N, DT_I64, j, s->all);
+        int64_t h[H_N];
+        st = sent[j] == DT_OK ? expect(w, j, h, M_SAVED) : sent[j];
+        for (int t = 0; st != DT_OK && t < 3 && server_lost(w, j); t++) {
+            int64_t q[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
+            st = server_back(w, j);
+            if (st == DT_OK) st = dt_send(q, H_N, DT_I64, j, s->all);
             if (st == DT_OK) st = dt_send(v, TS_N, DT_I64, j, s->all);
             if (st == DT_OK) st = expect(w, j, h, M_SAVED);
-            if (st == DT_OK) break;
         }
     }
+    free(sent);
     if (st != DT_OK) return dt_error(st, "checkpoint of step %lld by the servers: %s", (long long)ts->step, dt_last_error());
     return s->world > 1 ? dt_barrier(s->comm) : DT_OK;
 }
@@ -920,6 +947,7 @@ static dt_status send_states(server *sv, int wi) {
 }
 
 static dt_status save(server *sv, int wi);
+static dt_status make_writer(server *sv);
 
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
@@ -953,6 +981,7 @@ static dt_status handle(server *sv, int wi) {
             return st;
         }
         if ((st = desc_decode(&sv->desc, text, len, sv->me)) != DT_OK) return st;
+        st = make_writer(sv);
         break;
     }
     case M_SAVE:
@@ -1045,35 +1074,44 @@ static void next_step(server *sv, peer *p) {
     (void)sv;
 }
 
+// The checkpoint writer of this server's shard, made when DESC arrives
+// (before any save: server 0's removes what an earlier run left unfinished).
+static dt_status make_writer(server *sv) {
+    if (sv->writer) return DT_OK;
+    dt_status st;
+    dt_ckpt_model *m = &sv->cm;
+    memset(m, 0, sizeof *m);
+    m->tensors = sv->desc.tensors;
+    m->ntensors = sv->desc.ntensors;
+    m->params = sv->params;
+    m->nparams = sv->n;
+    m->nstates = dt_optim_num_states(sv->opt);
+    for (int k = 0; k < m->nstates && k < 2; k++) m->states[k] = dt_optim_state(sv->opt, k);
+    m->opt_step = dt_optim_step_count(sv->opt);
+    m->optimizer = sv->desc.optimizer;
+    m->config = sv->desc.config;
+    m->weights_meta = sv->desc.meta;
+    m->nweights_meta = sv->desc.nmeta;
+    m->params_lo = m->states_lo = sv->lo;
+    m->params_hi = m->states_hi = sv->lo + sv->len;
+    if ((st = dt_ckpt_writer_create(&sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
+        return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
+    return DT_OK;
+}
+
 // SAVE from worker 0: this server's range into its shard of the
 // checkpoint of the loop's state that follows, then SAVED.
 static dt_status save(server *sv, int wi) {
     int64_t v[TS_N];
     dt_status st = dt_recv(v, TS_N, DT_I64, sv->w[wi].rank, sv->all);
     if (st != DT_OK) return st;
-    if (!sv->desc.text) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
-    if (!sv->writer) {
-        dt_ckpt_model *m = &sv->cm;
-        memset(m, 0, sizeof *m);
-        m->tensors = sv->desc.tensors;
-        m->ntensors = sv->desc.ntensors;
-        m->params = sv->params;
-        m->nparams = sv->n;
-        m->nstates = dt_optim_num_states(sv->opt);
-        for (int k = 0; k < m->nstates && k < 2; k++) m->states[k] = dt_optim_state(sv->opt, k);
-        m->opt_step = dt_optim_step_count(sv->opt);
-        m->optimizer = sv->desc.optimizer;
-        m->config = sv->desc.config;
-        m->weights_meta = sv->desc.meta;
-        m->nweights_meta = sv->desc.nmeta;
-        m->params_lo = m->states_lo = sv->lo;
-        m->params_hi = m->states_hi = sv->lo + sv->len;
-        if ((st = dt_ckpt_writer_create(&sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
-            return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
-    }
+    if (!sv->writer) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
     dt_train_state ts = {0};
     ts_unpack(v, &ts);
-    if ((st = dt_ckpt_writer_save(sv->writer, &ts)) != DT_OK)
+    // SAVED once the shard is durable (server 0: the checkpoint complete),
+    // so that a server that dies after it has its shard on disk.
+    if ((st = dt_ckpt_writer_save(sv->writer, &ts)) == DT_OK) st = dt_ckpt_writer_wait(sv->writer);
+    if (st != DT_OK)
         return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
     int64_t h[H_N] = {M_SAVED, sv->w[wi].h[H_STEP], sv->version, 0, 0, 0, 0, 0};
     return dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);

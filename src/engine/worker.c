@@ -92,13 +92,24 @@ dt_status dt_fault_step(int rank, int64_t step) {
     int r, ms;
     long long s;
     if (slow && sscanf(slow, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) usleep((useconds_t)ms * 1000);
+    // A list of faults, "R:S[:KIND],R:S[:KIND],...": the i-th's once-file
+    // is FILE (the first) or FILE.i.
     char kind[16] = "error";
-    if (!f || sscanf(f, "%d:%lld:%15s", &r, &s, kind) < 2 || r != rank || s != step) return DT_OK;
-    if (once && *once) {
-        int fd = open(once, O_WRONLY | O_CREAT | O_EXCL, 0644);
-        if (fd < 0) return DT_OK;  // fired before
-        close(fd);
+    int i = 0, hit = 0;
+    for (const char *e = f; e && *e && !hit; e = strchr(e, ','), e = e ? e + 1 : NULL, i++) {
+        strcpy(kind, "error");
+        int n = sscanf(e, "%d:%lld:%15[a-z]", &r, &s, kind);
+        if (n < 2 || r != rank || s != step) continue;
+        if (once && *once) {
+            char path[4200];
+            snprintf(path, sizeof path, i ? "%s.%d" : "%s", once, i);
+            int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+            if (fd < 0) continue;  // fired before
+            close(fd);
+        }
+        hit = 1;
     }
+    if (!hit) return DT_OK;
     if (!strcmp(kind, "kill")) raise(SIGKILL);
     if (!strcmp(kind, "hang"))
         for (;;) pause();

@@ -38,9 +38,11 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
  *       default: the step returns an error), kill (SIGKILL to itself) or
  *       hang (stops, without heartbeats); R = -1 - j is parameter server j
- *       (engine/ps.c), after its step S;
+ *       (engine/ps.c), after its step S; a comma-separated list of such
+ *       faults fires each at its place;
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
- *       exist, and creates it (so that a restarted run gets past it);
+ *       exist, and creates it (so that a restarted run gets past it); the
+ *       list's i-th fault (from 0) uses FILE.i beyond the first;
  *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
  *       (a worker that cannot come back);
  *   DTRAIN_SLOW_RANK=R:MS  rank R sleeps MS milliseconds in every step's
