@@ -1075,7 +1075,8 @@ static void next_step(server *sv, peer *p) {
 }
 
 // The checkpoint writer of this server's shard, made when DESC arrives
-// (before any save: server 0's removes what an earlier run left unfinished).
+// (before any save: server 0's removes what an earlier run left unfinished;
+// a restarted server's leaves them: the save in flight may be among them).
 static dt_status make_writer(server *sv) {
     if (sv->writer) return DT_OK;
     dt_status st;
@@ -1094,7 +1095,8 @@ static dt_status make_writer(server *sv) {
     m->nweights_meta = sv->desc.nmeta;
     m->params_lo = m->states_lo = sv->lo;
     m->params_hi = m->states_hi = sv->lo + sv->len;
-    if ((st = dt_ckpt_writer_create(&sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
+    if ((st = (dt_comm_incarnation(sv->all) > 0 ? dt_ckpt_writer_rejoin : dt_ckpt_writer_create)(
+             &sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
         return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
     return DT_OK;
 }
