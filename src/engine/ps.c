@@ -56,10 +56,23 @@
  * waits for the weights before its next forward), so a server holds at
  * most one push per worker: its queue cannot grow.
  *
- * Checkpoints stay the workers': before a save (params_sync) every worker
- * fetches the optimizer state of every range into its own optimizer, whose
- * view the loop writes as it would dp's; on resume worker 0 sends each
- * server its range of the loaded state (INIT). */
+ * Checkpoints in mode sync stay the workers': before a save (params_sync)
+ * every worker fetches the optimizer state of every range into its own
+ * optimizer, whose view the loop writes as it would dp's. In the other
+ * modes the servers write them, each its range as its shard of a sharded
+ * checkpoint (DESC, SAVE). On resume worker 0 sends each server its range
+ * of the loaded state (INIT).
+ *
+ * Faults outside mode sync. A worker that dies (or hangs, and is killed)
+ * is restarted alone by the launcher; the servers drop it from their
+ * bookkeeping (drop: ssp does not wait for it, backup's N - b adapts),
+ * empty the channels to it once the launcher restarts it, and let its
+ * replacement back in (tend), which rejoins at its predecessor's step with
+ * the newest weights (JOIN, RESUME). A server that dies is restarted alone
+ * from its shard of the newest checkpoint (restore); each worker, finding
+ * it gone, waits for it, empties the channels and says its step (HELLO),
+ * then pushes its step again (server_back, repush). comm.h's replaceable
+ * ranks do the communicator's part. */
 #include "dtrain/launch.h"
 #include "engine/strategy.h"
 #include "engine/worker.h"
@@ -311,7 +324,7 @@ static dt_status ps_check(const dt_config *c, int W) {
                                        "needs mode = sync", m);
     if (c->ps_mode != MODE_SYNC && (c->ckpt_sharded || c->ckpt_every_seconds > 0))
         return dt_error(DT_ERR_CONFIG, "[ps] mode = %s: workers step at their own pace, so checkpoints are by steps "
-                                       "and written by worker 0 ([checkpoint] %s is not available)",
+                                       "and written by the servers, each its range ([checkpoint] %s is not available)",
                         m, c->ckpt_sharded ? "sharded" : "every_seconds");
     if (c->ps_mode == MODE_BACKUP && c->ps_backup >= W)
         return dt_error(DT_ERR_CONFIG, "[ps] backup_workers = %d: must be fewer than the %d workers", c->ps_backup, W);
