@@ -150,10 +150,10 @@ static dt_status wait_all(dt_request_t *r, int n) {
 }
 
 // Hybrid groups ([ps] groups = G): workers [ceil(g N / G), ceil((g + 1) N / G))
-// form group g, whose first is its leader, the servers' peer g. Without
-// groups every worker is a group of its own.
+// form group g, whose first is its leader, the servers' peer g (by default
+// under mpirun or srun across hosts, mode sync: one group per host).
+// Without groups every worker is a group of its own.
 static int group_of(int rank, int N, int G) { return (int)((long)rank * G / N); }
-static int leader_of(int g, int N, int G) { return (int)(((long)g * N + G - 1) / G); }
 
 // ----------------------------------------------------------------------------
 // the servers' checkpoints (outside mode sync)
@@ -298,6 +298,8 @@ typedef struct {
     int64_t step;
     int64_t *ver;       // the version of each server's weights this worker holds
     int *sinc;          // the incarnation of each server this worker knows (a restarted one's is higher)
+    int64_t *leaders;   // the world ranks of the workers that talk to the servers (groups' leaders), G of them
+    int G;
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     int leader;           // this worker talks to the servers
@@ -385,11 +387,36 @@ static dt_status ps_init(dt_strategy *s) {
     if (s->own_pace) dt_comm_set_peer_faults(s->all, 1);
     for (int j = 0; j < w->S; j++) dt_comm_peer_state(s->all, j, &w->sinc[j]);
     w->leader = 1;
-    if (s->c->ps_groups > 0) {  // a collective over the workers
-        dt_status st = dt_comm_split(s->comm, group_of(s->rank, s->world, s->c->ps_groups), s->rank, &w->group);
+    // Hybrid groups: [ps] groups = G, or by default under mpirun or srun
+    // across hosts in mode sync, one group per host (its workers allreduce
+    // over the host's memory; its leader talks to the servers).
+    int hosts = !s->own_pace && s->c->ps_groups == 0 && dt_comm_nnodes(s->all) > 1;
+    if (s->c->ps_groups > 0 || hosts) {  // a collective over the workers
+        int color = hosts ? dt_comm_node(s->all) : group_of(s->rank, s->world, s->c->ps_groups);
+        dt_status st = dt_comm_split(s->comm, color, s->rank, &w->group);
         if (st != DT_OK) return dt_error(st, "strategy ps: the workers' groups: %s", dt_last_error());
         w->leader = dt_comm_rank(w->group) == 0;
     }
+    // The leaders' world ranks, in worker order: the servers' peers.
+    int64_t *mine = malloc(sizeof(int64_t) * (size_t)s->world);
+    w->leaders = malloc(sizeof(int64_t) * (size_t)s->world);
+    if (!mine || !w->leaders) {
+        free(mine);
+        return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    }
+    int64_t me = w->leader ? dt_comm_rank(s->all) : -1;
+    dt_status ast = s->world > 1 ? dt_allgather(&me, mine, 1, DT_I64, s->comm) : (mine[0] = me, DT_OK);
+    if (ast != DT_OK) {
+        free(mine);
+        return dt_error(ast, "strategy ps: the groups' leaders: %s", dt_last_error());
+    }
+    w->G = 0;
+    for (int r = 0; r < s->world; r++)
+        if (mine[r] >= 0) w->leaders[w->G++] = mine[r];
+    free(mine);
+    if (hosts && s->rank == 0)
+        dt_log(DT_LOG_INFO, "parameter servers: %d groups of workers, one per host (the hosts of mpirun/srun; "
+                            "[ps] groups = N sets another number)", w->G);
     w->shi = w->slo + w->S;
     for (int j = 0; j < w->S; j++) dt_shard_range(s->n, j, w->S, &w->slo[j], &w->shi[j]);
     dt_grad_range whole = {0, s->n};
@@ -510,6 +537,7 @@ static void ps_fini(dt_strategy *s) {
     free(w->slo);
     free(w->ver);
     free(w->sinc);
+    free(w->leaders);
     free(w->p);
     free(w->hdr);
     free(w->req);
@@ -856,9 +884,9 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     dt_status st = DT_OK;
     for (int j = 0; j < w->S && st == DT_OK; j++) {
         size_t lo = w->slo[j], len = w->shi[j] - lo;
-        int peers = s->c->ps_groups > 0 ? s->c->ps_groups : s->world;
-        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, peers, (int64_t)s->n};
+        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, w->G, (int64_t)s->n};
         st = dt_send(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_send(w->leaders, (size_t)w->G, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
         if (st == DT_OK) st = send_desc(w, j);
@@ -904,6 +932,7 @@ typedef struct {
     int ended;         // workers that said END
     int64_t stats[ST_N];
     const char *run_dir;
+    int64_t *ranks;    // the world ranks of its peers (INIT; NULL: every worker)
     model_desc desc;   // worker 0's DESC (checkpoints)
     dt_ckpt_model cm;  // this server's view for its writer
     dt_ckpt_writer *writer;
@@ -1372,8 +1401,7 @@ static dt_status setup(server *sv) {
         memset(p->buf, 0, es * sv->len);
         p->step = sv->step;
         p->sent = sv->version;
-        int nw = dt_comm_size(sv->all) - sv->S;
-        p->rank = sv->S + leader_of(wi, nw, sv->c->ps_groups > 0 ? sv->c->ps_groups : nw);
+        p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
     if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
@@ -1388,10 +1416,18 @@ static dt_status start(server *sv) {
     if (st != DT_OK) return st;
     size_t lo = 0, hi = 0;
     if (h[H_KIND] == M_INIT && h[H_C] > 0) dt_shard_range((size_t)h[H_C], sv->me, sv->S, &lo, &hi);
+    int nw = dt_comm_size(sv->all) - sv->S;
     if (h[H_KIND] != M_INIT || h[H_C] <= 0 || h[H_OFF] != (int64_t)lo || h[H_COUNT] != (int64_t)(hi - lo) ||
-        h[H_B] != sv->N)
+        h[H_B] < 1 || h[H_B] > nw)
         return dt_error(DT_ERR_COMM, "server %d: the first message from worker 0 is %s, not the INIT of its range",
                         sv->me, kind_name(h[H_KIND]));
+    sv->N = (int)h[H_B];  // its peers: the workers, or the groups' leaders
+    if (!(sv->ranks = malloc(sizeof(int64_t) * (size_t)sv->N)))
+        return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    if ((st = dt_recv(sv->ranks, (size_t)sv->N, DT_I64, w0, sv->all)) != DT_OK) return st;
+    for (int wi = 0; wi < sv->N; wi++)
+        if (sv->ranks[wi] < sv->S || sv->ranks[wi] >= dt_comm_size(sv->all))
+            return dt_error(DT_ERR_COMM, "server %d: INIT names rank %lld as a worker", sv->me, (long long)sv->ranks[wi]);
     sv->n = (size_t)h[H_C];
     sv->lo = lo;
     sv->len = hi - lo;
@@ -1482,6 +1518,7 @@ static dt_status server_free(server *sv, dt_status st) {
         dt_ckpt_writer_free(sv->writer);
     }
     desc_free(&sv->desc);
+    free(sv->ranks);
     free(sv->w);
     dt_free(sv->params);
     dt_free(sv->grad);
@@ -1527,12 +1564,13 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, con
     server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
-    sv.N = c->ps_groups > 0 ? c->ps_groups : dt_comm_size(all) - sv.S;  // its peers: workers, or group leaders
+    sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
     if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
     int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
     dt_status st = again ? restore(&sv) : start(&sv);
     if (st == DT_OK && sv.me == 0 && !again)
-        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+               sv.N < dt_comm_size(all) - sv.S ? "groups' leaders" : "workers",
                mode_names[sv.mode], sv.det ? ", deterministic" : "");
     for (int wi = 0; wi < sv.N && st == DT_OK && !again; wi++) st = post_header(&sv, wi);
     int idle = 0;
@@ -1581,6 +1619,7 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON *ps = cJSON_AddObjectToObject(o, "ps");
     cJSON_AddStringToObject(ps, "mode", mode_names[s->c->ps_mode]);
     cJSON_AddNumberToObject(ps, "servers", w->S);
+    cJSON_AddNumberToObject(ps, "groups", w->group ? w->G : 0);
     cJSON_AddNumberToObject(ps, "applied", (double)t[ST_APPLIED]);
     cJSON_AddNumberToObject(ps, "dropped", (double)t[ST_DROPPED]);
     cJSON_AddNumberToObject(ps, "max_step_gap", (double)t[ST_MAX_GAP]);
