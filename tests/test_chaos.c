@@ -73,8 +73,8 @@ static int writing(const char *dir) {
 // each is restarted alone (a worker rejoins with the newest weights, the
 // server comes back from its shard of the newest checkpoint, written every
 // 100 steps by the servers) while the others go on. The run ends, and its
-// test accuracy is within 0.5 points of a clean run's (clean async runs of
-// this config differ by up to 0.26 points among themselves: 86.91-87.17%).
+// test accuracy is within 0.5 points of a clean run's (the mean of two:
+// clean async runs of this config alone range over 86.90-87.32%).
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 
 static int ps_chaos(void) {
@@ -90,11 +90,18 @@ static int ps_chaos(void) {
     fclose(f);
     CHECK(access(FMNIST "/train-images-idx3-ubyte.gz", R_OK) == 0, "the data: " FMNIST " (scripts/install.sh)");
     const char *flags = "--workers 4 --quiet --checkpoint-every 100";
-    double t0 = dt_now();
-    snprintf(cmd, sizeof cmd, "%s train %s %s --run-dir %s/clean", tl_dtrain(), cfg, flags, g_tmp);
-    int rc = tl_run(cmd, g_out, sizeof g_out);
-    double t_clean = dt_now() - t0;
-    CHECK(rc == 0, "clean run: exit %d\n%s", rc, g_out);
+    // The reference: the mean of two clean runs (one alone is 0.2 points
+    // either way from the order the gradients arrive in).
+    double t0 = dt_now(), ref = 0;
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s train %s %s --run-dir %s/clean%d", tl_dtrain(), cfg, flags, g_tmp, k);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 0, "clean run: exit %d\n%s", rc, g_out);
+        snprintf(path, sizeof path, "%s/clean%d/summary.json", g_tmp, k);
+        ref += tl_json_number(path, "test_accuracy") / 2;
+    }
+    double t_clean = (dt_now() - t0) / 2;
+    int rc;
 
     // Where: three workers at steps in [60, 1140), and a server between
     // two checkpoints ([20, 80) past a multiple of 100 from 200 on), no
@@ -127,15 +134,14 @@ static int ps_chaos(void) {
               !strstr(g_out, "from the newest checkpoint"),
           "chaos run: exit %d, %d processes restarted alone (4), %d worker rejoins (3 workers, and server 0's note "
           "when it was server 0), %d server back (1)\n%s", rc, restarts, rejoined, back, g_out);
-    snprintf(path, sizeof path, "%s/clean/summary.json", g_tmp);
-    double ref = tl_json_number(path, "test_accuracy");
     snprintf(path, sizeof path, "%s/chaos/summary.json", g_tmp);
     double acc = tl_json_number(path, "test_accuracy");
     CHECK(ref > 0.8 && acc > 0 && fabs(acc - ref) <= 0.005,
-          "test accuracy %.2f%% after 3 workers and a server were killed, clean %.2f%% (within 0.5 points)", 100 * acc,
+          "test accuracy %.2f%% after 3 workers and a server were killed, clean %.2f%% (two runs' mean; within 0.5 "
+          "points)", 100 * acc,
           100 * ref);
-    printf("async, 4 workers x 2 servers, 1200 steps: clean %.2f%% in %.1f s; 3 workers and server %d killed: %.2f%% in "
-           "%.1f s\n", 100 * ref, t_clean, sv, 100 * acc, t_chaos);
+    printf("async, 4 workers x 2 servers, 1200 steps: clean %.2f%% (mean of 2) in %.1f s; 3 workers and server %d "
+           "killed: %.2f%% in %.1f s\n", 100 * ref, t_clean, sv, 100 * acc, t_chaos);
     tl_cleanup(g_tmp);
     return tl_finish();
 }

@@ -405,7 +405,11 @@ static dt_status ps_init(dt_strategy *s) {
         return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     }
     int64_t me = w->leader ? dt_comm_rank(s->all) : -1;
-    dt_status ast = s->world > 1 ? dt_allgather(&me, mine, 1, DT_I64, s->comm) : (mine[0] = me, DT_OK);
+    dt_status ast = DT_OK;
+    if (w->group)  // (without groups every worker leads: no collective, which a replacement could not join)
+        ast = dt_allgather(&me, mine, 1, DT_I64, s->comm);
+    else
+        for (int r = 0; r < s->world; r++) mine[r] = w->S + r;
     if (ast != DT_OK) {
         free(mine);
         return dt_error(ast, "strategy ps: the groups' leaders: %s", dt_last_error());

@@ -123,14 +123,15 @@ typedef struct {
     _Atomic int32_t detail;                      /* exit code, or signal number */
     _Atomic int32_t incarnation;                 /* the launcher's restarts of this rank */
     int32_t parent_rank;                         /* a split's segment: the member's parent rank */
+    _Atomic uint64_t useq;                       /* the front end's number of the rank's last collective */
 } rank_ctl;
 
 typedef struct {
     _Alignas(CACHELINE) _Atomic uint64_t head; /* slots written by the sender */
     _Alignas(CACHELINE) _Atomic uint64_t tail; /* slots consumed by the receiver */
-    /* the incarnation of the receiver or sender that a survivor last reset
-     * the channel for (dt_comm_peer_reset), +1 */
-    _Alignas(CACHELINE) _Atomic uint64_t gen;
+    /* the incarnation + 1 of the sender ([0]) and of the receiver ([1])
+     * that a survivor last emptied the channel for (dt_comm_peer_reset) */
+    _Alignas(CACHELINE) _Atomic uint64_t gen[2];
     _Alignas(CACHELINE) struct {
         uint64_t len, total;
     } hdr[P2P_NSLOTS];
@@ -673,6 +674,7 @@ static dt_algo shm_choose(dt_comm_t c, const dt_coll_args *a, size_t bytes) {
 // counts, dtypes and roots, and ranks that called different collectives.
 
 static void publish_desc(shm_state *s, const dt_coll_args *a, uint64_t op) {
+    atomic_store_explicit(&s->ctl[s->me].useq, a->seq, memory_order_relaxed);  // for a replacement (rejoin)
     uint64_t *d = s->ctl[s->me].desc[op & 3];
     d[0] = op;
     d[1] = (uint64_t)a->kind | (uint64_t)a->dtype << 8 |
@@ -1262,8 +1264,9 @@ static dt_status shm_peer_reset(dt_comm_t c, int peer) {
     for (int k = 0; k < 2; k++) {
         atomic_store(&ch[k]->head, 0);
         atomic_store(&ch[k]->tail, 0);
-        post(s, &ch[k]->gen, inc + 1);
     }
+    post(s, &ch[0]->gen[1], inc + 1);  // the peer receives on the first, sends on the second
+    post(s, &ch[1]->gen[0], inc + 1);
     return DT_OK;
 }
 
@@ -1275,7 +1278,7 @@ static dt_status shm_rejoin(dt_comm_t c, const int *peers, int npeers) {
     double deadline = dt_now() + c->timeout;
     for (int i = 0; i < npeers; i++) {
         int p = peers[i];
-        while (atomic_load(&chan_of(s, s->me, p)->gen) < inc + 1 || atomic_load(&chan_of(s, p, s->me)->gen) < inc + 1) {
+        while (atomic_load(&chan_of(s, s->me, p)->gen[0]) < inc + 1 || atomic_load(&chan_of(s, p, s->me)->gen[1]) < inc + 1) {
             char why[160];
             if (peer_gone_how(s, p, why, sizeof why, 1))
                 return dt_error(DT_ERR_COMM, "rank %d, rejoining: %s", c->rank, why);
@@ -1293,7 +1296,7 @@ static int shm_peer_ready(dt_comm_t c, int peer) {
     shm_state *s = ST(c);
     if (!g_world_ctl) return 1;
     uint64_t inc = (uint64_t)atomic_load(&g_world_ctl[s->world[s->me]].incarnation);
-    return atomic_load(&chan_of(s, s->me, peer)->gen) >= inc + 1 && atomic_load(&chan_of(s, peer, s->me)->gen) >= inc + 1;
+    return atomic_load(&chan_of(s, s->me, peer)->gen[0]) >= inc + 1 && atomic_load(&chan_of(s, peer, s->me)->gen[1]) >= inc + 1;
 }
 
 static dt_status shm_split_rejoin(dt_comm_t parent, dt_comm_t child, int color) {
@@ -1333,6 +1336,7 @@ static dt_status shm_split_rejoin(dt_comm_t parent, dt_comm_t child, int color) 
             return rc;
         }
         for (int i = 0; i < n; i++) s->world[i] = ps->world[s->ctl[i].parent_rank];
+        child->seq = atomic_load(&s->ctl[me].useq);  // the collectives' numbers go on (check mode compares them)
         child->be = s;
         child->ops = &dt_shm_ops;
         return DT_OK;
