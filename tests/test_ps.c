@@ -4,7 +4,8 @@
  * restarted after a killed worker, bitwise equal to an uninterrupted one
  * process run), pushes of the wrong step, version or shape refused with an
  * error naming the server, the worker, the field and what was expected,
- * and the config errors.
+ * the config errors, and faults outside mode sync (`test_ps faults`,
+ * ctest test_ps_faults: a worker or a server restarted alone).
  *
  * The data is the small synthetic IDX set of the C tests. */
 #include "dtrain/core.h"
