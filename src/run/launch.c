@@ -345,8 +345,11 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", p->heartbeat_timeout);
                 else if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
                 else snprintf(why, sizeof why, "exited with status %d", code);
-                dt_log(DT_LOG_WARN, "run: rank %d (pid %d) %s at step %lld; restarting it alone (restart %d of %d, incarnation %d)",
-                       r, (int)pid, why, (long long)atomic_load(&beats[r].step), res->respawns, p->max_respawns, inc);
+                char at[48] = "";
+                int64_t last = atomic_load(&beats[r].step);
+                if (last >= 0) snprintf(at, sizeof at, " at step %lld", (long long)last);
+                dt_log(DT_LOG_WARN, "run: rank %d (pid %d) %s%s; restarting it alone (restart %d of %d, incarnation %d)",
+                       r, (int)pid, why, at, res->respawns, p->max_respawns, inc);
                 atomic_store(&beats[r].start_step, -1);
                 atomic_store(&beats[r].step, -1);
                 atomic_store(&beats[r].time_ns, mono_ns());
