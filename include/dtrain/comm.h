@@ -137,7 +137,7 @@ DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
  *
  * dt_comm_peer_reset: a survivor, once it has no transfer in flight with a
  * restarting peer, empties the point-to-point channels between the two and
- * lets the replacement in. dt_comm_rejoin: the replacement waits (up to
+ * lets the replacement in. dt_comm_rejoin_peers: the replacement waits (up to
  * the timeout) until each of `peers` did so, then counts as running
  * (npeers 0: at once; dt_comm_peer_ready then says, without blocking,
  * whether `peer` did so: until then the replacement must not talk to it).
@@ -154,7 +154,7 @@ enum { DT_PEER_RUNNING = 0, DT_PEER_RESTARTING = 1, DT_PEER_GONE = 2 };
 DT_API void dt_comm_set_peer_faults(dt_comm_t c, int tolerate);
 DT_API int dt_comm_peer_state(dt_comm_t c, int peer, int *incarnation);
 DT_API dt_status dt_comm_peer_reset(dt_comm_t c, int peer);
-DT_API dt_status dt_comm_rejoin(dt_comm_t c, const int *peers, int npeers);
+DT_API dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers);
 DT_API int dt_comm_peer_ready(dt_comm_t c, int peer);
 DT_API int dt_comm_incarnation(dt_comm_t c);
 DT_API dt_status dt_comm_split_rejoin(dt_comm_t c, int color, dt_comm_t *out);

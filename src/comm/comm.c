@@ -877,10 +877,10 @@ dt_status dt_comm_peer_reset(dt_comm_t c, int peer) {
     return c->ops->peer_reset(c, peer);
 }
 
-dt_status dt_comm_rejoin(dt_comm_t c, const int *peers, int npeers) {
-    if (!c) return dt_error(DT_ERR_ARG, "dt_comm_rejoin: NULL communicator");
-    if (!c->ops->rejoin) return dt_error(DT_ERR_COMM, "the %s backend does not replace ranks", c->ops->name);
-    return c->ops->rejoin(c, peers, npeers);
+dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers) {
+    if (!c) return dt_error(DT_ERR_ARG, "dt_comm_rejoin_peers: NULL communicator");
+    if (!c->ops->rejoin_peers) return dt_error(DT_ERR_COMM, "the %s backend does not replace ranks", c->ops->name);
+    return c->ops->rejoin_peers(c, peers, npeers);
 }
 
 int dt_comm_peer_ready(dt_comm_t c, int peer) {

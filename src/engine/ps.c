@@ -795,7 +795,7 @@ static dt_status ps_params_sync(dt_strategy *s) {
 }
 
 // A replacement for a worker that died (outside mode sync; the launcher
-// restarted it alone): once every server has let it in (dt_comm_rejoin),
+// restarted it alone): once every server has let it in (dt_comm_rejoin_peers),
 // it asks each for the step its predecessor was at (JOIN), goes on from
 // the earliest (RESUME: a server that had applied that step's gradient
 // takes it again) and gets the newest weights of every range.
@@ -804,7 +804,7 @@ static dt_status rejoin(ps_worker *w) {
     int *peers = malloc(sizeof(int) * (size_t)w->S);
     if (!peers) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     for (int j = 0; j < w->S; j++) peers[j] = j;
-    dt_status st = dt_comm_rejoin(s->all, peers, w->S);
+    dt_status st = dt_comm_rejoin_peers(s->all, peers, w->S);
     free(peers);
     int64_t m = INT64_MAX, h[H_N];
     for (int j = 0; j < w->S && st == DT_OK; j++) {
@@ -1507,7 +1507,7 @@ static dt_status restore(server *sv) {
     dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
            sv->me, dt_comm_incarnation(sv->all), sv->lo, sv->lo + sv->len, used, (long long)sv->step,
            (long long)sv->version);
-    return dt_comm_rejoin(sv->all, NULL, 0);
+    return dt_comm_rejoin_peers(sv->all, NULL, 0);
 }
 
 static dt_status server_free(server *sv, dt_status st) {

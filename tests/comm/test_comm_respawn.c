@@ -5,7 +5,7 @@
  * (respawn_from = 1). The hub, with peer faults tolerated, sees its
  * transfer fail, empties the channels once rank 2 is restarting and takes
  * the replacement back; the replacement takes its place among the members
- * (dt_comm_split_rejoin), waits to be let in (dt_comm_rejoin), asks where
+ * (dt_comm_split_rejoin), waits to be let in (dt_comm_rejoin_peers), asks where
  * to go on, and meets rank 1 in the next barrier, which rank 1 entered
  * before the replacement existed. Every message arrives exactly once, in
  * order; with check mode on too (the collectives' numbers go on). Without
@@ -100,7 +100,7 @@ static int member(dt_comm_t all, int r) {
     if (inc > 0) {  // a replacement
         int h = 0;
         if ((st = dt_comm_split_rejoin(all, 1, &mem)) != DT_OK) return fail("split rejoin", st);
-        if ((st = dt_comm_rejoin(all, &h, 1)) != DT_OK) return fail("rejoin", st);
+        if ((st = dt_comm_rejoin_peers(all, &h, 1)) != DT_OK) return fail("rejoin", st);
         m[0] = r, m[1] = -1, m[2] = inc;
         if ((st = dt_send(m, 3, DT_I64, 0, all)) != DT_OK || (st = dt_recv(&ack, 1, DT_I64, 0, all)) != DT_OK)
             return fail("asking where to go on", st);

@@ -1215,7 +1215,7 @@ static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members
 
 // ----------------------------------------------------------------------------
 // replaceable ranks (comm.h: dt_comm_peer_state, dt_comm_peer_reset,
-// dt_comm_rejoin, dt_comm_split_rejoin)
+// dt_comm_rejoin_peers, dt_comm_split_rejoin)
 //
 // The launcher restarts a dead rank alone (dt_shm_restart_rank): the rank's
 // incarnation grows and it is marked restarting. A survivor that talked to
@@ -1270,7 +1270,7 @@ static dt_status shm_peer_reset(dt_comm_t c, int peer) {
     return DT_OK;
 }
 
-static dt_status shm_rejoin(dt_comm_t c, const int *peers, int npeers) {
+static dt_status shm_rejoin_peers(dt_comm_t c, const int *peers, int npeers) {
     shm_state *s = ST(c);
     if (!g_world_ctl) return DT_OK;
     int me = s->world[s->me];
@@ -1385,7 +1385,7 @@ const struct dt_comm_ops dt_shm_ops = {
     .destroy = shm_destroy,
     .peer_state = shm_peer_state,
     .peer_reset = shm_peer_reset,
-    .rejoin = shm_rejoin,
+    .rejoin_peers = shm_rejoin_peers,
     .peer_ready = shm_peer_ready,
     .split_rejoin = shm_split_rejoin,
 };
