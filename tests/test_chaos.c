@@ -4,6 +4,9 @@
  * clean run (deterministic mode), every failure costs at most one
  * checkpoint interval of steps plus the steps that ran while the write in
  * flight was not yet durable, and the recovery times are reported.
+ * Then the same with --spares (one spare per kill): every killed worker is
+ * replaced by a spare, no group restarts, no step is lost, and the final
+ * parameters are again bitwise those of the clean run.
  *
  * CHAOS_KILLS (default 4) and CHAOS_STEPS (default 240) make it longer;
  * bench/chaos.sh runs a long version. */
@@ -24,7 +27,9 @@ static char g_tmp[256];
 static char g_out[1 << 16];
 #define INTERVAL 5
 
-// The worker processes of launcher `pid`, and which is rank 0.
+// The worker processes of launcher `pid` (not its idle spares, whose
+// process name is "dtrain spare"), and which is rank 0 (a spare that took
+// rank 0 is named "dtrain rank 0").
 static int workers(pid_t pid, pid_t *out, int max, pid_t *rank0) {
     char path[128], buf[4096];
     snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
@@ -37,6 +42,15 @@ static int workers(pid_t pid, pid_t *out, int max, pid_t *rank0) {
     buf[got] = 0;
     for (char *s = strtok(buf, " \n"); s && n < max; s = strtok(NULL, " \n")) {
         out[n] = (pid_t)atoi(s);
+        char comm[64] = "";
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)out[n]);
+        FILE *cf = fopen(path, "r");
+        if (cf) {
+            if (!fgets(comm, sizeof comm, cf)) comm[0] = 0;
+            fclose(cf);
+        }
+        if (!strncmp(comm, "dtrain spare", 12)) continue;
+        if (!strncmp(comm, "dtrain rank 0\n", 14)) *rank0 = out[n];
         snprintf(path, sizeof path, "/proc/%d/environ", (int)out[n]);
         FILE *e = fopen(path, "r");
         char env[16384];
@@ -63,6 +77,121 @@ static int writing(const char *dir) {
     while (d && (e = readdir(d))) w |= strstr(e->d_name, ".tmp.") != NULL;
     if (d) closedir(d);
     return w;
+}
+
+// One chaos run (run directory `name`) with `spares` spares: `kills` kills,
+// the second of rank 0 during a checkpoint write.
+static void chaos(const char *cfg, const char *name, int kills, int spares) {
+    char cmd[4096], log[512], ckdir[512];
+    snprintf(log, sizeof log, "%s/%s.log", g_tmp, name);
+    snprintf(ckdir, sizeof ckdir, "%s/%s/checkpoints", g_tmp, name);
+    setenv("DTRAIN_SLOW_RANK", "0:15", 1);
+    snprintf(cmd, sizeof cmd,
+             "exec %s train %s --workers 3 --run-dir %s/%s --checkpoint-every %d --max-restarts %d --spares %d "
+             "--heartbeat-timeout 30 >%s 2>&1",
+             tl_dtrain(), cfg, g_tmp, name, INTERVAL, spares ? 0 : kills + 2, spares, log);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    dt_rng rng;
+    dt_rng_seed(&rng, (uint64_t)getpid());
+    int done = 0, during_write = 0, status = 0;
+    pid_t last_group[8] = {0};
+    double t_end = dt_now() + 300;
+    while (done < kills && dt_now() < t_end && waitpid(pid, &status, WNOHANG) == 0) {
+        pid_t w[8], r0;
+        int n = workers(pid, w, 8, &r0);
+        // A new group (all three started, none of the ones killed before)
+        // that has recovered from the last kill (finished a step).
+        // (With spares the group stays, its dead members replaced.)
+        if (n != 3 || !r0 || (!spares && w[0] == last_group[0]) || tl_count(log, "recovered in") < done) {
+            usleep(2000);
+            continue;
+        }
+        if (done == 1) {  // the second failure: rank 0 while it writes a checkpoint
+            double until = dt_now() + 20;
+            while (!writing(ckdir) && dt_now() < until && waitpid(pid, &status, WNOHANG) == 0) usleep(200);
+            if (writing(ckdir)) {
+                kill(r0, SIGKILL);
+                during_write = 1;
+                printf("kill %d: rank 0 (pid %d) during a checkpoint write\n", done + 1, (int)r0);
+            } else {
+                break;
+            }
+        } else {
+            usleep(200000 + dt_rng_below(&rng, 400000));  // a random moment
+            n = workers(pid, w, 8, &r0);
+            if (n != 3) continue;
+            pid_t victim = w[dt_rng_below(&rng, 3)];
+            kill(victim, SIGKILL);
+            printf("kill %d: pid %d\n", done + 1, (int)victim);
+        }
+        memcpy(last_group, w, sizeof w[0] * 3);
+        done++;
+    }
+    while (waitpid(pid, &status, WNOHANG) == 0 && dt_now() < t_end) usleep(20000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    unsetenv("DTRAIN_SLOW_RANK");
+    FILE *lf = fopen(log, "r");
+    size_t got = lf ? fread(g_out, 1, sizeof g_out - 1, lf) : 0;
+    if (lf) fclose(lf);
+    g_out[got] = 0;
+
+    CHECK(done == kills, "%s: %d of %d kills made (the run ended too soon?)", name, done, kills);
+    CHECK(during_write, "%s: a kill landed during a checkpoint write", name);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: status %d\n%s", name, status, g_out);
+    if (spares) {  // every kill taken by a spare: no restart, nothing lost
+        int replaced = 0, recovered = 0;
+        double rmax = 0, rsum = 0;
+        for (char *s = g_out; (s = strstr(s, "takes its place")); s++) replaced++;
+        for (char *s = g_out; (s = strstr(s, "run: rank ")); s++) {
+            int r;
+            long long at;
+            double t;
+            if (sscanf(s, "run: rank %d recovered in %lf s (its death to its replacement's first step, step %lld); 0 steps "
+                          "lost",
+                       &r, &t, &at) == 3) {
+                recovered++;
+                rsum += t;
+                if (t > rmax) rmax = t;
+            }
+        }
+        CHECK(replaced == kills && recovered == kills && !strstr(g_out, "restarting 3 workers"),
+              "%s: %d replacements and %d recoveries with 0 steps lost for %d kills, no restart\n%s", name, replaced,
+              recovered, kills, g_out);
+        printf("%d kills with %d spares (one during a checkpoint write): recovery %.2f s on average, %.2f s at most; "
+               "0 steps lost\n",
+               kills, spares, recovered ? rsum / recovered : 0, rmax);
+        return;
+    }
+    // One restart and one recovery per kill; the steps each failure cost.
+    int restarts = 0, recovered = 0, worst = 0;
+    double rmax = 0, rsum = 0;
+    for (char *s = g_out; (s = strstr(s, "restarting 3 workers")); s++) restarts++;
+    for (char *s = g_out; (s = strstr(s, "recovered in ")); s++) {
+        double t;
+        long long lost = 0, from = 0;
+        if (sscanf(s, "recovered in %lf s (failure to the first new step); resumed at step %lld, %lld", &t, &from,
+                   &lost) >= 1) {
+            recovered++;
+            rsum += t;
+            if (t > rmax) rmax = t;
+            if (lost > worst) worst = (int)lost;
+        }
+    }
+    CHECK(restarts == kills && recovered == kills, "%d restarts and %d recoveries for %d kills\n%s", restarts,
+          recovered, kills, g_out);
+    // A write in flight is not yet durable: a failure then costs the steps
+    // since the checkpoint before it, at most 2 intervals.
+    CHECK(worst <= 2 * INTERVAL, "a failure lost %d steps (checkpoint interval %d)", worst, INTERVAL);
+    printf("%d kills (one during a checkpoint write): recovery %.2f s on average, %.2f s at most; at most %d steps "
+           "lost (interval %d)\n",
+           kills, recovered ? rsum / recovered : 0, rmax, worst, INTERVAL);
 }
 
 // ----------------------------------------------------------------------------
@@ -154,7 +283,7 @@ int main(int argc, char **argv) {
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
     tl_make_images(g_tmp, "train", 400, 1);
     tl_make_images(g_tmp, "t10k", 100, 2);
-    char cfg[512], cmd[4096], log[512], ckdir[512];
+    char cfg[512], cmd[4096];
     snprintf(cfg, sizeof cfg, "%s/chaos.ini", g_tmp);
     FILE *f = fopen(cfg, "w");
     // A 3.4 MB model, so that a checkpoint write (10 MB with AdamW's state,
@@ -168,96 +297,14 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --quiet --run-dir %s/clean", tl_dtrain(), cfg, g_tmp);
     int rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 0, "clean run: exit %d\n%s", rc, g_out);
-
-    snprintf(log, sizeof log, "%s/chaos.log", g_tmp);
-    snprintf(ckdir, sizeof ckdir, "%s/chaos/checkpoints", g_tmp);
-    snprintf(cmd, sizeof cmd,
-             "exec %s train %s --workers 3 --run-dir %s/chaos --checkpoint-every %d --max-restarts %d "
-             "--heartbeat-timeout 30 >%s 2>&1",
-             tl_dtrain(), cfg, g_tmp, INTERVAL, kills + 2, log);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    dt_rng rng;
-    dt_rng_seed(&rng, (uint64_t)getpid());
-    int done = 0, during_write = 0, status = 0;
-    pid_t last_group[8] = {0};
-    double t_end = dt_now() + 300;
-    while (done < kills && dt_now() < t_end && waitpid(pid, &status, WNOHANG) == 0) {
-        pid_t w[8], r0;
-        int n = workers(pid, w, 8, &r0);
-        // A new group (all three started, none of the ones killed before)
-        // that has recovered from the last kill (finished a step).
-        if (n != 3 || !r0 || w[0] == last_group[0] || tl_count(log, "recovered in") < done) {
-            usleep(2000);
-            continue;
-        }
-        if (done == 1) {  // the second failure: rank 0 while it writes a checkpoint
-            double until = dt_now() + 20;
-            while (!writing(ckdir) && dt_now() < until && waitpid(pid, &status, WNOHANG) == 0) usleep(200);
-            if (writing(ckdir)) {
-                kill(r0, SIGKILL);
-                during_write = 1;
-                printf("kill %d: rank 0 (pid %d) during a checkpoint write\n", done + 1, (int)r0);
-            } else {
-                break;
-            }
-        } else {
-            usleep(200000 + dt_rng_below(&rng, 400000));  // a random moment
-            n = workers(pid, w, 8, &r0);
-            if (n != 3) continue;
-            pid_t victim = w[dt_rng_below(&rng, 3)];
-            kill(victim, SIGKILL);
-            printf("kill %d: pid %d\n", done + 1, (int)victim);
-        }
-        memcpy(last_group, w, sizeof w[0] * 3);
-        done++;
-    }
-    while (waitpid(pid, &status, WNOHANG) == 0 && dt_now() < t_end) usleep(20000);
-    if (waitpid(pid, &status, WNOHANG) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-    }
     unsetenv("DTRAIN_SLOW_RANK");
-    FILE *lf = fopen(log, "r");
-    size_t got = lf ? fread(g_out, 1, sizeof g_out - 1, lf) : 0;
-    if (lf) fclose(lf);
-    g_out[got] = 0;
-
-    CHECK(done == kills, "%d of %d kills made (the run ended too soon?)", done, kills);
-    CHECK(during_write, "a kill landed during a checkpoint write");
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "chaos run: status %d\n%s", status, g_out);
-    // One restart and one recovery per kill; the steps each failure cost.
-    int restarts = 0, recovered = 0, worst = 0;
-    double rmax = 0, rsum = 0;
-    for (char *s = g_out; (s = strstr(s, "restarting 3 workers")); s++) restarts++;
-    for (char *s = g_out; (s = strstr(s, "recovered in ")); s++) {
-        double t;
-        long long lost = 0, from = 0;
-        if (sscanf(s, "recovered in %lf s (failure to the first new step); resumed at step %lld, %lld", &t, &from,
-                   &lost) >= 1) {
-            recovered++;
-            rsum += t;
-            if (t > rmax) rmax = t;
-            if (lost > worst) worst = (int)lost;
-        }
+    static const struct { const char *name; int spares; } runs[] = {{"chaos", 0}, {"chaos-spares", -1}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        chaos(cfg, runs[i].name, kills, runs[i].spares < 0 ? kills : runs[i].spares);
+        int bw;
+        double d = tl_runs_diff(g_tmp, "clean", runs[i].name, &bw);
+        CHECK(bw, "%s: final parameters bitwise equal to the clean run's (max rel diff %.3g)", runs[i].name, d);
     }
-    CHECK(restarts == kills && recovered == kills, "%d restarts and %d recoveries for %d kills\n%s", restarts,
-          recovered, kills, g_out);
-    // A write in flight is not yet durable: a failure then costs the steps
-    // since the checkpoint before it, at most 2 intervals.
-    CHECK(worst <= 2 * INTERVAL, "a failure lost %d steps (checkpoint interval %d)", worst, INTERVAL);
-    printf("%d kills (one during a checkpoint write): recovery %.2f s on average, %.2f s at most; at most %d steps "
-           "lost (interval %d)\n",
-           kills, recovered ? rsum / recovered : 0, rmax, worst, INTERVAL);
-    int bw;
-    char a[600], b[600];
-    snprintf(a, sizeof a, "%s/clean/model.safetensors", g_tmp);
-    snprintf(b, sizeof b, "%s/chaos/model.safetensors", g_tmp);
-    double d = tl_weights_diff(a, b, &bw);
-    CHECK(bw, "final parameters bitwise equal to the clean run's (max rel diff %.3g)", d);
     tl_cleanup(g_tmp);
     return tl_finish();
 }

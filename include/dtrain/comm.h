@@ -116,6 +116,31 @@ DT_API void dt_comm_destroy(dt_comm_t c);
  * dt_comm_destroy(). Returns DT_OK. */
 DT_API dt_status dt_comm_abort(dt_comm_t c, const char *reason);
 
+/* Replacing a dead rank. When a peer of a launched world communicator
+ * dies, the survivors' collectives fail (DT_ERR_COMM) and the communicator
+ * is broken. If the launcher puts a new process in the dead rank's place
+ * (dtrain's launcher does so from its spares, docs/checkpoints.md), every
+ * rank calls dt_comm_rejoin: each survivor after its failed call, once its
+ * non-blocking requests are waited for; the newcomer right after
+ * dt_comm_init, which made it the dead rank. The call waits, for up to
+ * `timeout` seconds (<= 0: the communicator's timeout), until no rank is
+ * missing and every rank has joined the new generation, then makes the
+ * communicator usable again as if just created: the error is cleared and
+ * sequence numbers start over. Nothing of the interrupted collectives is
+ * kept; what the ranks had exchanged is theirs to agree on again.
+ *
+ * Returns DT_OK; DT_ERR_COMM when the launcher said that no process will
+ * come; DT_ERR_TIMEOUT naming the ranks that did not join; DT_ERR_ARG for
+ * a communicator that cannot (a split, another backend than shm, transfers
+ * of dt_isend/dt_irecv still in flight). A rank that dies during a rejoin
+ * starts it over for everybody, at the next generation. */
+DT_API dt_status dt_comm_rejoin(dt_comm_t c, double timeout);
+/* The generation this communicator last joined: 0 until a rejoin, then
+ * the same number on every rank (each replacement starts a new one). A
+ * newcomer's is >= 1 from its rejoin on: it joined a group that is
+ * already running, whose start-up collectives are over. */
+DT_API uint64_t dt_comm_generation(dt_comm_t c);
+
 /* DT_OK while the communicator is healthy; otherwise the status of the error
  * that broke it (peer death, timeout, mismatch, abort), and dt_last_error()
  * is set to its message. Never blocks. */

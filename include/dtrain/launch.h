@@ -32,6 +32,17 @@
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.
  *
+ *   - spares (nspares): idle copies of the program started with the ranks,
+ *     with DTRAIN_SPARE set instead of a rank. When a rank is killed by a
+ *     signal (or hangs, and is killed for it) while a spare is ready, the
+ *     launcher reaps it, gives its rank to the spare (dt_spare_wait
+ *     returns) and starts a new generation of the segment; the survivors
+ *     and the newcomer meet in dt_comm_rejoin (dtrain/comm.h) and go on.
+ *     Without a spare left, or for a rank that exits with an error status
+ *     (which a new process would repeat), the group is stopped as above
+ *     and ranks waiting in dt_comm_rejoin fail at once. Spares left at the
+ *     end are released and exit 0.
+ *
  * Restarting a failed group from its newest checkpoint, and elastic
  * resizing, are the business of `dtrain train` on top of this
  * (docs/checkpoints.md).
@@ -67,6 +78,8 @@ typedef struct {
                           go on (the parameter servers' workers outside
                           mode sync); -1 (default): every failure stops all */
     int max_respawns;  /* how many such restarts, in all */
+    int nspares;       /* idle processes started beside the ranks (spares,
+                          below); default 0 */
 } dt_launch_params;
 
 /* How a launch ended. */
@@ -83,6 +96,7 @@ typedef struct {
     double first_step_at;  /* dt_now() when a rank first finished a step, or 0 */
     double failed_at;      /* dt_now() when the failure was seen, or 0 */
     int respawns;          /* ranks restarted alone (respawn_from) */
+    int replaced;          /* ranks whose place a spare took */
 } dt_launch_result;
 
 /* The exit status of a rank that stopped on request at a checkpoint. */
@@ -99,6 +113,29 @@ DT_API void dt_heartbeat(int64_t step);
  * called from a dt_comm_set_wait_hook() hook, as dtrain's training loops
  * do. A no-op outside a dtrain launcher. Thread-safe. */
 DT_API void dt_heartbeat_wait(const char *op, uint64_t seq, int peer);
+
+/* 1 in a process that the launcher started as a spare (DTRAIN_SPARE set)
+ * and that has not been given a rank yet. */
+DT_API int dt_spare_is(void);
+/* The rank this process took as a spare (dt_spare_wait), or -1. */
+DT_API int dt_spare_rank(void);
+
+/* A spare's idle wait (its process name "dtrain spare", then "dtrain
+ * rank R" once it has one): maps the world's shared-memory segment at once
+ * (its name is removed once every rank and spare has it), then waits
+ * until the launcher gives this process a rank, for as long as the run
+ * lasts (the launcher's exit ends the process, PR_SET_PDEATHSIG). On a
+ * rank: sets DTRAIN_RANK (and DTRAIN_LOCAL_RANK) so that
+ * dt_comm_init_env() and dt_heartbeat() take it, *rank = it, DT_OK; the
+ * caller then joins with dt_comm_init_env() and dt_comm_rejoin(). Released
+ * at the end of the run: *rank = -1, DT_OK (exit 0). DT_ERR_CONFIG outside
+ * a launcher's spare, DT_ERR_COMM/DT_ERR_IO when the segment or the
+ * launcher's table cannot be mapped. */
+DT_API dt_status dt_spare_wait(int *rank);
+/* The same, running idle(user) once the spare is ready and before it
+ * waits: a spare's preparation (its data). A rank given meanwhile is taken
+ * when idle returns. */
+DT_API dt_status dt_spare_wait_idle(int *rank, void (*idle)(void *user), void *user);
 
 /* One run per run directory. Creates `dir` (and its parents) and takes an
  * exclusive flock(2) on DIR/.lock, writing this process's PID into it; the

@@ -82,6 +82,24 @@ DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_f
  * DT_ERR_CONFIG naming the field otherwise. */
 DT_API dt_status dt_train_check(const dt_config *c, int W);
 
+/* Checks c against a run with `spares` idle workers (--spares,
+ * docs/checkpoints.md): a spare takes a dead worker's place and its state
+ * from a surviving replica, which needs a strategy whose ranks all hold the
+ * whole state (data parallel, deterministic or not) and no state of a
+ * rank's own (gradient compression's residuals, dynamic batching's speed
+ * estimates), and whole checkpoints (a dead worker's
+ * shard of a sharded one in flight would never be written). DT_OK for
+ * spares <= 0; DT_ERR_CONFIG
+ * naming what does not fit otherwise. */
+DT_API dt_status dt_train_check_spares(const dt_config *c, int spares);
+
+/* A spare's preparation while it idles: loads the data of c's model (the
+ * classifiers' splits, the GPT's token files) and keeps it for this
+ * process's next dt_train with the same c, so that it trains at once when it
+ * takes a dead worker's place; c == NULL frees what was loaded (a spare
+ * released at the end of the run). Errors are those of loading the data. */
+DT_API dt_status dt_train_warm(const dt_config *c);
+
 /* Federated averaging (docs/federated.md, `dtrain federate`): c's
  * [federated] section splits the training set over simulated clients;
  * each round a sample of them trains locally from the global model on the

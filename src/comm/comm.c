@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 // ----------------------------------------------------------------------------
 // names
@@ -209,6 +210,42 @@ dt_status dt_comm_abort(dt_comm_t c, const char *reason) {
     dt_comm_fail(c, DT_ERR_COMM, msg);
     return DT_OK;
 }
+
+dt_status dt_comm_rejoin(dt_comm_t c, double timeout) {
+    if (!c) return dt_error(DT_ERR_ARG, "dt_comm_rejoin: NULL communicator");
+    if (!c->ops->rejoin)
+        return dt_error(DT_ERR_ARG, "dt_comm_rejoin: the %s backend cannot take a new process in a rank's place",
+                        c->ops->name);
+    if (timeout <= 0) timeout = c->timeout;
+    // Queued collectives fail at once on a broken communicator; wait for
+    // them (bounded) so that none runs into the new generation.
+    double until = dt_now() + timeout;
+    pthread_mutex_lock(&c->q_lock);
+    while (c->q_pending && dt_now() < until) {
+        pthread_mutex_unlock(&c->q_lock);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->q_lock);
+    }
+    int pending = c->q_pending, p2p = c->p2p_head != NULL;
+    pthread_mutex_unlock(&c->q_lock);
+    if (pending || p2p)
+        return dt_error(DT_ERR_ARG, "dt_comm_rejoin on rank %d: %s still in flight; wait for them first", c->rank,
+                        p2p ? "point-to-point transfers" : "non-blocking collectives");
+    uint64_t gen = 0;
+    dt_status rc = c->ops->rejoin(c, timeout, &gen);
+    if (rc != DT_OK) return rc;
+    pthread_mutex_lock(&c->err_lock);
+    c->seq = 0;
+    c->gen = gen;
+    c->err_msg[0] = 0;
+    atomic_store(&c->err, DT_OK);
+    pthread_mutex_unlock(&c->err_lock);
+    dt_log(DT_LOG_DEBUG, "comm: rank %d of %d joined generation %llu", c->rank, c->size, (unsigned long long)gen);
+    return DT_OK;
+}
+
+uint64_t dt_comm_generation(dt_comm_t c) { return c ? c->gen : 0; }
 
 // ----------------------------------------------------------------------------
 // running one collective

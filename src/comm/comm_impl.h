@@ -96,6 +96,11 @@ struct dt_comm_ops {
      * child == NULL. */
     dt_status (*split)(dt_comm_t parent, dt_comm_t child, const int *members, int nmembers,
                        int color, int ncolors_before);
+    /* After a peer died and a new process took its place (dt_comm_rejoin):
+     * meets every rank of the new generation, resets the backend's
+     * counters to a fresh start and stores the generation in *gen. NULL:
+     * the backend cannot. */
+    dt_status (*rejoin)(dt_comm_t c, double timeout, uint64_t *gen);
     /* Tells the peers that this rank gave up (best effort, never blocks). */
     void (*abort)(dt_comm_t c, const char *reason);
     /* Replaceable ranks (optional; comm.h's dt_comm_peer_state and the
@@ -126,6 +131,7 @@ struct dt_comm {
     int check;       /* compare arguments across ranks before each collective */
     int nsplits;     /* splits made from this communicator (names segments) */
     int peer_faults; /* a transfer with a dead peer fails alone (dt_comm_set_peer_faults) */
+    uint64_t gen;    /* the generation last joined (dt_comm_rejoin); 0 until then */
 
     /* Sticky error: once set, every call fails with it. */
     _Atomic int err;
@@ -254,5 +260,7 @@ DT_HIDDEN int dt_waiter_tick(dt_waiter *w);
  * nothing was reported). */
 DT_HIDDEN void dt_waiter_note(const dt_coll_args *a, int peer);
 DT_HIDDEN void dt_waiter_done(void);
+/* The same for a wait that is not a collective (rejoin): op by name. */
+DT_HIDDEN void dt_waiter_note_op(const char *op, uint64_t seq, int peer);
 
 #endif

@@ -106,6 +106,14 @@ void dt_waiter_note(const dt_coll_args *a, int peer) {
     t_noted = 1;
 }
 
+void dt_waiter_note_op(const char *op, uint64_t seq, int peer) {
+    dt_comm_wait_hook fn = atomic_load(&g_wait_hook);
+    if (!fn) return;
+    dt_comm_wait_info w = {op, seq, peer};
+    fn(&w);
+    t_noted = 1;
+}
+
 void dt_waiter_done(void) {
     if (!t_noted) return;
     t_noted = 0;

@@ -6,7 +6,37 @@
 #include <string.h>
 
 // The training state as int64s, for a broadcast.
-enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_PARTS, S_N };
+enum { S_STEP, S_EPOCH, S_BATCH, S_ESTEPS, S_LOSS, S_RNG, S_WORLD = S_RNG + 4, S_FOUND, S_OPT, S_PARTS, S_LAST, S_N };
+
+static void pack_state(int64_t *v, const dt_train_state *s, int64_t opt_step) {
+    v[S_STEP] = s->step;
+    v[S_EPOCH] = s->epoch;
+    v[S_BATCH] = s->epoch_batch;
+    v[S_ESTEPS] = s->epoch_steps;
+    memcpy(&v[S_LOSS], &s->epoch_loss, sizeof(double));
+    memcpy(&v[S_RNG], s->rng.s, sizeof s->rng.s);
+    v[S_WORLD] = s->world;
+    v[S_OPT] = opt_step;
+}
+
+static void unpack_state(const int64_t *v, dt_train_state *s, int64_t *opt_step) {
+    s->step = v[S_STEP];
+    s->epoch = v[S_EPOCH];
+    s->epoch_batch = v[S_BATCH];
+    s->epoch_steps = v[S_ESTEPS];
+    memcpy(&s->epoch_loss, &v[S_LOSS], sizeof(double));
+    memcpy(s->rng.s, &v[S_RNG], sizeof s->rng.s);
+    s->world = (int)v[S_WORLD];
+    *opt_step = v[S_OPT];
+}
+
+// The replicated blocks (parameters, optimizer state) from rank `root` to all.
+static dt_status broadcast_blocks(dt_run_ckpt *r, int root) {
+    dt_status st = dt_broadcast(r->model.params, r->model.params, r->model.nparams, DT_F32, root, r->comm);
+    for (int j = 0; j < r->model.nstates && st == DT_OK; j++)
+        st = dt_broadcast(r->model.states[j], r->model.states[j], r->model.nparams, DT_F32, root, r->comm);
+    return st;
+}
 
 // Whether this rank holds a slice of the state rather than all of it (a
 // sharded strategy's view, ckpt.h).
@@ -20,28 +50,14 @@ static int sliced(const dt_ckpt_model *m) {
 // when the state is replicated, the buffers themselves; when it is sharded,
 // every other rank reads its own slice from that path.
 static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, int *parts, char *used, size_t n) {
-    int64_t v[S_N];
-    v[S_STEP] = s->step;
-    v[S_EPOCH] = s->epoch;
-    v[S_BATCH] = s->epoch_batch;
-    v[S_ESTEPS] = s->epoch_steps;
-    memcpy(&v[S_LOSS], &s->epoch_loss, sizeof(double));
-    memcpy(&v[S_RNG], s->rng.s, sizeof s->rng.s);
-    v[S_WORLD] = s->world;
+    int64_t v[S_N] = {0};
+    pack_state(v, s, *r->model.opt_step);
     v[S_FOUND] = *found;
-    v[S_OPT] = *r->model.opt_step;
     v[S_PARTS] = *parts;
     dt_status st = dt_broadcast(v, v, S_N, DT_I64, 0, r->comm);
     if (st != DT_OK) return st;
-    s->step = v[S_STEP];
-    s->epoch = v[S_EPOCH];
-    s->epoch_batch = v[S_BATCH];
-    s->epoch_steps = v[S_ESTEPS];
-    memcpy(&s->epoch_loss, &v[S_LOSS], sizeof(double));
-    memcpy(s->rng.s, &v[S_RNG], sizeof s->rng.s);
-    s->world = (int)v[S_WORLD];
+    unpack_state(v, s, r->model.opt_step);
     *found = (int)v[S_FOUND];
-    *r->model.opt_step = v[S_OPT];
     *parts = (int)v[S_PARTS];
     if (!*found) return DT_OK;
     if ((st = dt_broadcast(used, used, n, DT_U8, 0, r->comm)) != DT_OK) return st;
@@ -53,10 +69,36 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
             return dt_error(st, "rank %d, reading its slice of %s: %s", dt_comm_rank(r->comm), used, dt_last_error());
         return DT_OK;
     }
-    st = dt_broadcast(r->model.params, r->model.params, r->model.nparams, DT_F32, 0, r->comm);
-    for (int j = 0; j < r->model.nstates && st == DT_OK; j++)
-        st = dt_broadcast(r->model.states[j], r->model.states[j], r->model.nparams, DT_F32, 0, r->comm);
-    return st;
+    return broadcast_blocks(r, 0);
+}
+
+dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *from) {
+    int W = dt_comm_size(r->comm), rank = dt_comm_rank(r->comm);
+    *from = -1;
+    if (sliced(&r->model) || r->model.extra)
+        return dt_error(DT_ERR_INTERNAL, "sharing the state: rank %d holds a slice or state of its own", rank);
+    // The replica furthest along (the lowest rank of those) gives its state:
+    // a rank whose step ended before the failure is ahead of one whose did not.
+    int64_t *steps = malloc((size_t)W * sizeof *steps), mine = have ? s->step : -1;
+    if (!steps) return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status st = dt_allgather(&mine, steps, 1, DT_I64, r->comm);
+    int root = -1;
+    for (int q = 0; q < W && st == DT_OK; q++)
+        if (steps[q] >= 0 && (root < 0 || steps[q] > steps[root])) root = q;
+    free(steps);
+    if (st != DT_OK) return st;
+    if (root < 0) return dt_error(DT_ERR_INTERNAL, "sharing the state: no rank holds it");
+    int64_t v[S_N] = {0};
+    pack_state(v, s, *r->model.opt_step);
+    v[S_LAST] = r->last_step;
+    if ((st = dt_broadcast(v, v, S_N, DT_I64, root, r->comm)) != DT_OK) return st;
+    if (rank != root) {
+        unpack_state(v, s, r->model.opt_step);
+        r->last_step = v[S_LAST];  // the next save at the same step everywhere
+    }
+    s->world = W;
+    *from = root;
+    return broadcast_blocks(r, root);
 }
 
 // A resumed checkpoint's state beyond the model that this run does not keep
@@ -120,7 +162,10 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     dt_status st = DT_OK;
     int found = 0, parts = 1;
     char used[4200] = "";
-    if (c->resume[0] && rank == 0) {
+    // A process that took a dead rank's place (dt_comm_generation > 0) gets
+    // the state from a replica (dt_run_ckpt_share), not from a file.
+    int joining = dt_comm_generation(comm) > 0;
+    if (c->resume[0] && rank == 0 && !joining) {
         const char *from = !strcmp(c->resume, "auto") ? dir : c->resume;
         if (!*from) st = dt_error(DT_ERR_CONFIG, "[checkpoint] resume = auto needs a run directory");
         else st = dt_ckpt_load_newest(from, &r->model, s, &found, used, sizeof used);
@@ -137,7 +182,7 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
         s->world = W;
     }
     // A failure on rank 0 reaches the others through the abort that follows.
-    if (st == DT_OK && c->resume[0] && W > 1) st = broadcast_state(r, s, &found, &parts, used, sizeof used);
+    if (st == DT_OK && c->resume[0] && W > 1 && !joining) st = broadcast_state(r, s, &found, &parts, used, sizeof used);
     if (st != DT_OK) return st;
     if (found) snprintf(r->from, sizeof r->from, "%s", used);
     r->from_parts = parts;

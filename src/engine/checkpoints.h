@@ -52,6 +52,14 @@ void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const d
  * s->rng as given). */
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
                             const dt_ckpt_model *m, dt_train_state *s);
+/* After a spare took a dead rank's place and every rank rejoined
+ * (dt_comm_rejoin): the replica that got furthest (the highest s->step
+ * among the ranks with have = 1; the lowest such rank) gives every rank its
+ * training state, parameters, optimizer state and checkpoint schedule
+ * (r->last_step); *from = that rank. A collective; replicated state only
+ * (a strategy's slices or a rank's own state cannot be had from another
+ * rank: DT_ERR_INTERNAL). */
+dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *from);
 /* Rank 0's vote for a save by time (T seconds since the last one): the
  * control plane sums the votes (engine/control.h), so that all ranks save at
  * the same step. */

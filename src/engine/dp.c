@@ -195,4 +195,5 @@ const dt_strategy_ops dt_strategy_dp = {
     .update = dt_strategy_update_slice,
     .ckpt_extra = dp_ckpt_extra,
     .ckpt_restore = dp_ckpt_restore,
+    .replicated = 1, /* but a compressing codec's state is each rank's own: dt_train_check_spares */
 };

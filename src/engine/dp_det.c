@@ -92,4 +92,5 @@ const dt_strategy_ops dt_strategy_dp_deterministic = {
     .sync = det_sync,
     .grad_norm = dt_strategy_norm_replicated,
     .update = dt_strategy_update_slice,
+    .replicated = 1,
 };

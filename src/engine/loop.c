@@ -77,6 +77,37 @@ dt_status dt_train_check(const dt_config *c, int W) {
     return st == DT_OK ? dt_check_offload(c) : st;
 }
 
+dt_status dt_train_warm(const dt_config *c) {
+    if (!c) {  // released: what any task loaded ahead goes
+        for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++)
+            if (tasks[i]->warm) tasks[i]->warm(NULL);
+        return DT_OK;
+    }
+    const dt_task_ops *t = dt_task_for(c);
+    return t->warm ? t->warm(c) : DT_OK;
+}
+
+dt_status dt_train_check_spares(const dt_config *c, int spares) {
+    if (spares <= 0) return DT_OK;
+    const dt_strategy_ops *s = dt_strategy_for(c);
+    if (!s->replicated)
+        return dt_error(DT_ERR_CONFIG, "--spares: strategy %s is not supported: a spare takes a dead worker's state "
+                                       "from a surviving replica, and only data parallel (dp, dp-deterministic) keeps "
+                                       "the whole state on every rank%s; use --max-restarts",
+                        s->name, c->zero > 0 ? " (ZeRO's shards from a buddy rank's copy are not done)" : "");
+    if (c->comp_method != DT_COMP_NONE)
+        return dt_error(DT_ERR_CONFIG, "--spares with [compression] method = %s: each rank's codec state (residuals) is "
+                                       "its own and cannot be had from another rank; use --max-restarts",
+                        dt_comp_method_name(c->comp_method));
+    if (c->dynamic_batch)
+        return dt_error(DT_ERR_CONFIG, "--spares with [train] dynamic_batch: the split by speed is not handed to a "
+                                       "spare; use --max-restarts");
+    if (c->ckpt_sharded)
+        return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
+                                       "checkpoint being written would never come; use whole checkpoints");
+    return DT_OK;
+}
+
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
                                dt_strategy *strat, const dt_train_result *r, size_t nparams) {
     cJSON *o = cJSON_CreateObject();
@@ -285,7 +316,12 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int threads;
     dt_status st = dt_worker_init(c, &comm, &threads);
     if (st != DT_OK) return st;
+    // Spares (docs/checkpoints.md): a rank whose collective fails on a peer's
+    // death waits for a spare to take its place and goes on (`recover`
+    // below); a newcomer (that spare) gets its state there.
+    int spares = dt_worker_spares(), newcomer = dt_comm_generation(comm) > 0, have_state = !newcomer;
     dt_comm_t all = comm;  // every rank; comm becomes the workers' when the strategy has servers
+    DT_TRY(dt_train_check_spares(c, spares), done);
     int served;
     DT_TRY(split_roles(sops, c, all, run_dir, &comm, &served), done);
     if (served) {
@@ -314,7 +350,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     // start's collectives, which the others made long ago with its
     // predecessor: it gets the weights and its step from the strategy.
     int rejoining = dt_comm_incarnation(comm) > 0;
-    if (!rejoining && (st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
+    if (!newcomer && !rejoining &&
+        (st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
     }
@@ -369,7 +406,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     ck.obs = obs;
     dt_rng rng = ts.rng;
     res->resumed_step = ts.step;
-    dt_heartbeat(ts.step);
+    if (!newcomer) dt_heartbeat(ts.step);  // a newcomer's first beat is the step it redoes
 
     int64_t total = info.total_steps, spe = info.steps_per_epoch;
     int epochs = info.epochs;
@@ -392,6 +429,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     double t_train = 0, loss_sum = ts.epoch_loss;
     uint64_t bytes_sent = 0;  // by this rank's collectives during the steps
     int stop = 0, evaluated = 0;
+    double failed_at = 0;
+    // A failure that a spare can repair: a peer died (or hung) in a collective.
+#define RECOVERABLE(st) (spares > 0 && ((st) == DT_ERR_COMM || (st) == DT_ERR_TIMEOUT))
+    if (newcomer) goto recover;
+again:
     for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
         tops->start_epoch(task, e, ebatch);
@@ -418,6 +460,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             if (st == DT_OK && dyn) st = rebalance(dyn, obs, tops, task, rank, W, nunits, step + 1);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
+                if (RECOVERABLE(st)) goto recover;
                 goto done;
             }
             bytes_sent += comm_bytes_sent(comm) - sent0;
@@ -428,6 +471,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             samples += b.global;
             stop = ctl.stop;
             t_train += dt_now() - t0;
+            int epoch_end = ebatch == spe;
+            // this step's state, should the evaluation below be interrupted by a failure
+            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W};
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
                                                  (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
                                                  strat->staleness, fp16 ? scaler.scale : 0, scaler.skipped > skipped0,
@@ -435,7 +481,6 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             // Evaluation at the end of the epoch and of the run, and every
             // eval_every steps; the training loss beside it is the mean
             // since the one before.
-            int epoch_end = ebatch == spe;
             if (epoch_end || step == total || (c->eval_every > 0 && step % c->eval_every == 0)) {
                 float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
                 if (info.has_eval) {
@@ -446,6 +491,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                     if (st == DT_OK) st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
                     if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
                     dt_obs_end(obs, DT_OBS_EVAL);
+                    if (RECOVERABLE(st)) goto recover;  // the evaluation is not redone
                     if (st != DT_OK) goto done;
                     res->test_loss = tl;
                     res->test_accuracy = ta;
@@ -465,6 +511,51 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
             dt_heartbeat(step);
         }
     }
+    if (0) {
+    recover:  // a spare took a dead rank's place: rejoin, take the furthest replica's state, redo the step
+        if (!failed_at) failed_at = dt_now();
+        if (have_state) dt_log(DT_LOG_DEBUG, "%s; waiting for a spare to take the dead rank's place", dt_last_error());
+        if (have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) {
+            st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
+            goto done;
+        }
+        int from;
+        if ((st = dt_run_ckpt_share(&ck, &ts, have_state, &from)) != DT_OK) {
+            st = dt_error(st, "rank %d, taking the state of a replica: %s", rank, dt_last_error());
+            if (RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
+                if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
+                goto recover;
+            }
+            goto done;
+        }
+        if (fp16) {  // the loss scale and its count of clean steps, from the same replica
+            int64_t v[3] = {0, scaler.clean, scaler.skipped};
+            memcpy(&v[0], &scaler.scale, sizeof scaler.scale);
+            if ((st = dt_broadcast(v, v, 3, DT_I64, from, comm)) != DT_OK) {
+                st = dt_error(st, "rank %d, taking the loss scale of rank %d: %s", rank, from, dt_last_error());
+                goto done;
+            }
+            memcpy(&scaler.scale, &v[0], sizeof scaler.scale);
+            scaler.clean = (int)v[1];
+            scaler.skipped = v[2];
+            strat->loss_scale = scaler.scale;
+        }
+        have_state = 1;
+        newcomer = 0;
+        step = ts.step;
+        loss_n = ts.epoch_steps;
+        loss_sum = ts.epoch_loss;
+        rng = ts.rng;
+        stop = 0;
+        if (rank == 0)
+            dt_log(DT_LOG_INFO, "spares: every worker rejoined and took rank %d's state at step %lld in %.2f s; "
+                                "redoing step %lld",
+                   from, (long long)step, dt_now() - failed_at, (long long)step + 1);
+        failed_at = 0;
+        dt_heartbeat(step);
+        goto again;
+    }
+#undef RECOVERABLE
     if (stop) {  // asked to stop: the checkpoint has the state, no final files
         dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
         res->stopped = 1;

@@ -130,6 +130,10 @@ typedef struct dt_strategy_ops {
     dt_status (*ckpt_save)(dt_strategy *s, const dt_train_state *ts);
     /* Fields of its own for rank 0's summary.json (a JSON object; NULL: none). */
     void (*summary)(dt_strategy *s, struct cJSON *o);
+    /* 1: every rank holds the whole state (parameters, optimizer state)
+     * between steps, so a spare that takes a dead rank's place can have it
+     * from any surviving replica (dt_run_ckpt_share, --spares). */
+    int replicated;
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */

@@ -75,6 +75,12 @@ typedef struct dt_task_ops {
     dt_status (*create)(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                         dt_task_info *info);
     void (*destroy)(dt_task *t);
+    /* Loads what create will need that does not depend on the rank (the
+     * data) and keeps it for the process's next create with the same config
+     * (the same pointer): a spare does this while it idles (--spares), so
+     * that it trains as soon as it takes a dead worker's place; c == NULL
+     * releases what was loaded. NULL: nothing to load ahead. */
+    dt_status (*warm)(const dt_config *c);
     /* Releases the sub-communicators the task split from comm, before the
      * loop destroys comm (NULL: it has none). */
     void (*close)(dt_task *t);

@@ -30,9 +30,22 @@ struct dt_task {
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
 // the HDF5 [data] file. The test split is always decoded whole (evaluation
 // reads it directly); the training split as [data] cache says.
+// The splits a spare loaded ahead (cls_warm), for the next create with the
+// same config.
+static struct {
+    const dt_config *c;
+    int have[2];
+    dt_dataset ds[2];
+} g_warm;
+
 static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
     char img[1024], lab[1024];
     int train = !strcmp(split, "train"), cache = train ? c->cache : 1;
+    if (g_warm.c == c && g_warm.have[!train]) {
+        *ds = g_warm.ds[!train];
+        g_warm.have[!train] = 0;
+        return DT_OK;
+    }
     dt_status st;
     if (!strcmp(c->dataset, "hdf5")) {
         snprintf(img, sizeof img, "%s: dataset '%s'", c->data_file, c->h5_names[train ? 0 : 2]);
@@ -112,6 +125,20 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
 // the task
 
 static int cls_wants(const dt_config *c) { return !c->gpt; }
+
+static dt_status cls_warm(const dt_config *c) {
+    for (int k = 0; k < 2; k++)
+        if (g_warm.have[k]) dt_dataset_free(&g_warm.ds[k]);
+    memset(&g_warm, 0, sizeof g_warm);
+    if (!c) return DT_OK;
+    dt_status st = load_split(c, "train", &g_warm.ds[0]);
+    if (st != DT_OK) return st;
+    g_warm.have[0] = 1;
+    if ((st = load_split(c, "test", &g_warm.ds[1])) != DT_OK) return st;
+    g_warm.have[1] = 1;
+    g_warm.c = c;
+    return DT_OK;
+}
 
 static void cls_destroy(dt_task *t) {
     if (!t) return;
@@ -311,6 +338,7 @@ static dt_status cls_set_subset(dt_task *t, const uint32_t *idx, int n, int batc
 const dt_task_ops dt_task_classifier = {
     .name = "classifier",
     .wants = cls_wants,
+    .warm = cls_warm,
     .create = cls_create,
     .destroy = cls_destroy,
     .start_epoch = cls_start_epoch,

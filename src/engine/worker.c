@@ -23,6 +23,16 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_comm_set_wait_hook(wait_beat);
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
+    // A spare in a dead rank's place joins the running group (dt_comm_rejoin);
+    // the start-up collectives are over.
+    int newcomer = dt_spare_rank() >= 0;
+    if (newcomer && (st = dt_comm_rejoin(*comm, 0)) != DT_OK) {
+        st = dt_error(st, "rank %d (a spare in a dead worker's place), joining the group: %s", dt_comm_rank(*comm),
+                      dt_last_error());
+        dt_worker_exit(*comm, st);
+        *comm = NULL;
+        return st;
+    }
     const char *lname;
     size_t lim = dt_mem_limit(&lname);
     if (lim && !cap_how[0]) {  // --memory-limit: every worker's own, enforced by the kernel
@@ -50,8 +60,8 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_kernels_set_precision((dt_dtype)c->precision);
     // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
     // others touch nothing there until it has, nor when it was refused.
-    // (A rank restarted alone, dt_comm_incarnation, joins no start.)
-    if (dt_comm_size(*comm) > 1 && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK) {
+    // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
+    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK) {
         st = dt_error(st, "rank %d, joining the group: %s", dt_comm_rank(*comm), dt_last_error());
         dt_worker_exit(*comm, st);
         *comm = NULL;
@@ -62,6 +72,11 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
         *comm = NULL;
     }
     return st;
+}
+
+int dt_worker_spares(void) {
+    const char *k = getenv("DTRAIN_SPARES");
+    return k && atoi(k) > 0 ? atoi(k) : 0;
 }
 
 dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir) {
@@ -92,24 +107,27 @@ dt_status dt_fault_step(int rank, int64_t step) {
     int r, ms;
     long long s;
     if (slow && sscanf(slow, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) usleep((useconds_t)ms * 1000);
-    // A list of faults, "R:S[:KIND],R:S[:KIND],...": the i-th's once-file
-    // is FILE (the first) or FILE.i.
+    // R:S[:KIND], or several separated by commas (the k-th one's ONCE file is FILE.k)
     char kind[16] = "error";
-    int i = 0, hit = 0;
-    for (const char *e = f; e && *e && !hit; e = strchr(e, ','), e = e ? e + 1 : NULL, i++) {
-        strcpy(kind, "error");
-        int n = sscanf(e, "%d:%lld:%15[a-z]", &r, &s, kind);
-        if (n < 2 || r != rank || s != step) continue;
+    int matched = 0, k = 0;
+    for (const char *e = f; e && *e && !matched; k++) {
+        char one[64];
+        size_t len = strcspn(e, ",");
+        snprintf(one, sizeof one, "%.*s", (int)len, e);
+        e = e[len] ? e + len + 1 : NULL;
+        snprintf(kind, sizeof kind, "error");
+        if (sscanf(one, "%d:%lld:%15s", &r, &s, kind) < 2 || r != rank || s != step) continue;
         if (once && *once) {
             char path[4200];
-            snprintf(path, sizeof path, i ? "%s.%d" : "%s", once, i);
+            if (k) snprintf(path, sizeof path, "%s.%d", once, k);
+            else snprintf(path, sizeof path, "%s", once);
             int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
             if (fd < 0) continue;  // fired before
             close(fd);
         }
-        hit = 1;
+        matched = 1;
     }
-    if (!hit) return DT_OK;
+    if (!matched) return DT_OK;
     if (!strcmp(kind, "kill")) raise(SIGKILL);
     if (!strcmp(kind, "hang"))
         for (;;) pause();

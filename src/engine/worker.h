@@ -20,6 +20,10 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads);
  * is first capped at it (dt_mem_cap); dt_worker_mem_cap() then says how
  * ("" when not capped). */
 const char *dt_worker_mem_cap(void);
+/* The spares the launcher started beside the workers (DTRAIN_SPARES), 0
+ * without: a rank whose collective fails on a peer's death then waits for
+ * a spare and goes on (engine/loop.c). */
+int dt_worker_spares(void);
 /* The run directory (rank 0's; NULL: none): created, with config.ini. */
 dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir);
 
@@ -38,11 +42,11 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
  *       default: the step returns an error), kill (SIGKILL to itself) or
  *       hang (stops, without heartbeats); R = -1 - j is parameter server j
- *       (engine/ps.c), after its step S; a comma-separated list of such
- *       faults fires each at its place;
+ *       (engine/ps.c), after its step S; several faults separated by
+ *       commas (R:S:kill,R2:S2:kill) fire each at its own step;
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
  *       exist, and creates it (so that a restarted run gets past it); the
- *       list's i-th fault (from 0) uses FILE.i beyond the first;
+ *       k-th fault of a list (from 0) uses FILE.k for k > 0;
  *   DTRAIN_FAULT_START=R:FILE  rank R fails as it starts while FILE exists
  *       (a worker that cannot come back);
  *   DTRAIN_SLOW_RANK=R:MS  rank R sleeps MS milliseconds in every step's

@@ -20,6 +20,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,7 +44,18 @@ typedef struct {
     _Atomic uint64_t wait_seq;
     _Atomic int32_t wait_peer;
     char wait_op[20];
+    /* a spare's slot (after the ranks'): SPARE_*, and the rank it takes */
+    _Atomic int32_t spare_state;
+    _Atomic int32_t spare_rank;
 } beat_slot;
+
+enum { SPARE_STARTING = 0, SPARE_READY = 1, SPARE_ASSIGNED = 2, SPARE_RELEASED = 3 };
+
+/* A spare's new state, and the wake of a spare asleep on it. */
+static void spare_set(beat_slot *b, int32_t state) {
+    atomic_store(&b->spare_state, state);
+    syscall(SYS_futex, &b->spare_state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
 
 static int64_t mono_ns(void) {
     struct timespec t;
@@ -86,6 +99,70 @@ void dt_heartbeat_wait(const char *op, uint64_t seq, int peer) {
         atomic_store(&g_beat->wait_peer, -2);
     }
     atomic_store(&g_beat->time_ns, mono_ns());
+}
+
+static int g_spare_rank = -1;
+
+int dt_spare_rank(void) { return g_spare_rank; }
+
+int dt_spare_is(void) {
+    const char *k = getenv("DTRAIN_SPARE");
+    return k && *k;
+}
+
+dt_status dt_spare_wait(int *rank) { return dt_spare_wait_idle(rank, NULL, NULL); }
+
+dt_status dt_spare_wait_idle(int *rank, void (*idle)(void *user), void *user) {
+    *rank = -1;
+    const char *k = getenv("DTRAIN_SPARE"), *fd = getenv("DTRAIN_HEARTBEAT_FD"), *n = getenv(DT_ENV_WORLD_SIZE),
+               *nk = getenv("DTRAIN_SPARES"), *shm = getenv(DT_ENV_SHM_NAME);
+    if (!k || !fd || !n || !nk || !shm)
+        return dt_error(DT_ERR_CONFIG, "dt_spare_wait: not a spare of dtrain's launcher (DTRAIN_SPARE, "
+                                       "DTRAIN_SPARES, DTRAIN_HEARTBEAT_FD, " DT_ENV_WORLD_SIZE " or " DT_ENV_SHM_NAME
+                                       " unset)");
+    int idx = atoi(k), size = atoi(n), spares = atoi(nk);
+    if (size < 1 || idx < 0 || idx >= spares)
+        return dt_error(DT_ERR_CONFIG, "dt_spare_wait: spare %d of %d for %d ranks: out of range", idx, spares, size);
+    void *p = mmap(NULL, sizeof(beat_slot) * (size_t)(size + spares), PROT_READ | PROT_WRITE, MAP_SHARED, atoi(fd), 0);
+    if (p == MAP_FAILED) return dt_error(DT_ERR_IO, "spare %d: cannot map the launcher's table: %s", idx, strerror(errno));
+    beat_slot *me = (beat_slot *)p + size + idx;
+    // Map the segment while its name exists; dt_comm_init finds it later.
+    dt_status st = dt_shm_map_world(shm);
+    if (st != DT_OK) {
+        munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
+        return dt_error(st, "spare %d: %s", idx, dt_last_error());
+    }
+    // The process's name says what it is (ps, /proc/PID/comm): an idle
+    // spare, then the rank it took.
+    prctl(PR_SET_NAME, "dtrain spare");
+    int32_t starting = SPARE_STARTING;
+    atomic_compare_exchange_strong(&me->spare_state, &starting, SPARE_READY);
+    if (idle) idle(user);
+    // Idle until the launcher gives this process a rank or releases it; the
+    // launcher's end (PR_SET_PDEATHSIG) ends it too.
+    for (;;) {
+        int32_t state = atomic_load(&me->spare_state);
+        if (state == SPARE_ASSIGNED) break;
+        if (state == SPARE_RELEASED) {
+            munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
+            return DT_OK;
+        }
+        // asleep until the launcher changes the state (it wakes the futex)
+        struct timespec nap = {0, 100000000};
+        syscall(SYS_futex, &me->spare_state, FUTEX_WAIT, state, &nap, NULL, 0);
+    }
+    int r = atomic_load(&me->spare_rank);
+    munmap(p, sizeof(beat_slot) * (size_t)(size + spares));
+    if (r < 0 || r >= size) return dt_error(DT_ERR_INTERNAL, "spare %d: given rank %d of %d", idx, r, size);
+    char b[32];
+    snprintf(b, sizeof b, "dtrain rank %d", r);
+    prctl(PR_SET_NAME, b);
+    snprintf(b, sizeof b, "%d", r);
+    setenv(DT_ENV_RANK, b, 1);
+    setenv(DT_ENV_LOCAL_RANK, b, 1);
+    unsetenv("DTRAIN_SPARE");
+    *rank = g_spare_rank = r;
+    return DT_OK;
 }
 
 /* For a slot that is waiting: " in OP (seq S) for rank P" into buf, and 1;
@@ -138,7 +215,7 @@ static void on_signal(int sig) {
 dt_launch_params dt_launch_default_params(void) {
     dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0, .heartbeat_timeout = 0,
                           .stop_after = 0, .failed_at = 0, .failed_step = -1, .respawn_from = -1,
-                          .max_respawns = 0};
+                          .max_respawns = 0, .nspares = 0};
     return p;
 }
 
@@ -148,23 +225,36 @@ static void set_env_int(const char *k, int v) {
     setenv(k, b, 1);
 }
 
-/* In the child, after fork: environment, default signals, exec. */
-static void child_exec(char *const argv[], int rank, int n, const char *shm_name, int beat_fd, pid_t parent) {
+/* In the child, after fork: environment, default signals, exec. A spare
+ * (rank < 0) gets DTRAIN_SPARE=its index instead of a rank. */
+static void child_exec(char *const argv[], int rank, int n, const char *shm_name, int beat_fd, pid_t parent,
+                       int nspares, int spare) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
     /* die with the launcher, even if it is killed with SIGKILL */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
-    set_env_int(DT_ENV_RANK, rank);
+    if (rank >= 0) {
+        set_env_int(DT_ENV_RANK, rank);
+        set_env_int(DT_ENV_LOCAL_RANK, rank);
+        unsetenv("DTRAIN_SPARE");
+    } else {
+        unsetenv(DT_ENV_RANK);
+        unsetenv(DT_ENV_LOCAL_RANK);
+        set_env_int("DTRAIN_SPARE", spare);
+    }
     set_env_int(DT_ENV_WORLD_SIZE, n);
-    set_env_int(DT_ENV_LOCAL_RANK, rank);
     set_env_int(DT_ENV_LOCAL_SIZE, n);
     setenv(DT_ENV_SHM_NAME, shm_name, 1);
+    if (nspares > 0) set_env_int("DTRAIN_SPARES", nspares);
+    else unsetenv("DTRAIN_SPARES");
     if (beat_fd >= 0) set_env_int("DTRAIN_HEARTBEAT_FD", beat_fd);
     execvp(argv[0], argv);
-    fprintf(stderr, "dtrain run: rank %d: cannot execute '%s': %s\n", rank, argv[0],
-            strerror(errno));
+    if (rank >= 0)
+        fprintf(stderr, "dtrain run: rank %d: cannot execute '%s': %s\n", rank, argv[0], strerror(errno));
+    else
+        fprintf(stderr, "dtrain run: spare %d: cannot execute '%s': %s\n", spare, argv[0], strerror(errno));
     _exit(127);
 }
 
@@ -193,15 +283,16 @@ static void signal_all(const pid_t *pids, const int *alive, int n, int sig) {
 dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_result *res) {
     if (!p || !argv || !argv[0] || !res)
         return dt_error(DT_ERR_ARG, "dt_launch: missing program or parameters");
-    int n = p->nranks;
+    int n = p->nranks, K = p->nspares;
     if (n < 1 || n > 4096) return dt_error(DT_ERR_ARG, "dt_launch: %d ranks (expected 1..4096)", n);
+    if (K < 0 || K > 4096) return dt_error(DT_ERR_ARG, "dt_launch: %d spares (expected 0..4096)", K);
     memset(res, 0, sizeof *res);
     res->failed_rank = -1;
     res->start_step = res->last_step = -1;
     int *exit_code = &res->exit_code;
 
     // ---- the heartbeat table (inherited by the ranks) --------------------------
-    size_t beat_size = sizeof(beat_slot) * (size_t)n;
+    size_t beat_size = sizeof(beat_slot) * (size_t)(n + K);  // the ranks', then the spares'
     int beat_fd = memfd_create("dtrain-heartbeat", 0);
     beat_slot *beats = MAP_FAILED;
     if (beat_fd >= 0 && ftruncate(beat_fd, (off_t)beat_size) == 0)
@@ -210,7 +301,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         if (beat_fd >= 0) close(beat_fd);
         return dt_error(DT_ERR_INTERNAL, "dtrain run: cannot create the heartbeat table: %s", strerror(errno));
     }
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < n + K; r++) {
         atomic_store(&beats[r].start_step, -1);
         atomic_store(&beats[r].step, -1);
         atomic_store(&beats[r].time_ns, 0);
@@ -251,11 +342,14 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     dt_shm_segment_init(base, n);
     if (p->respawn_from >= 0) dt_shm_set_respawn(base);
 
-    pid_t *pids = calloc((size_t)n, sizeof *pids);
-    int *alive = calloc((size_t)n, sizeof *alive);
-    if (!pids || !alive) {
+    // pids[n + k], alive[n + k]: spare k while it is idle
+    pid_t *pids = calloc((size_t)(n + K), sizeof *pids);
+    int *alive = calloc((size_t)(n + K), sizeof *alive);
+    double *replaced_at = calloc((size_t)n, sizeof *replaced_at);
+    if (!pids || !alive || !replaced_at) {
         free(pids);
         free(alive);
+        free(replaced_at);
         munmap(base, size);
         shm_unlink(name);
         munmap(beats, beat_size);
@@ -280,27 +374,50 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
 
     dt_status rc = DT_OK;
     pid_t self = getpid();
-    int nalive = 0;
-    for (int r = 0; r < n; r++) {
+    int nalive = 0, nspare = 0;  // ranks, idle spares
+    for (int r = 0; r < n + K; r++) {
         pid_t pid = fork();
-        if (pid == 0) child_exec(argv, r, n, name, beat_fd, self);
+        if (pid == 0) child_exec(argv, r < n ? r : -1, n, name, beat_fd, self, K, r - n);
         if (pid < 0) {
-            rc = dt_error(DT_ERR_INTERNAL, "dtrain run: fork of rank %d failed: %s", r,
-                          strerror(errno));
+            rc = dt_error(DT_ERR_INTERNAL, "dtrain run: fork of %s %d failed: %s", r < n ? "rank" : "spare",
+                          r < n ? r : r - n, strerror(errno));
             g_signal = SIGTERM; /* stop the ranks already started */
             break;
         }
         pids[r] = pid;
         alive[r] = 1;
-        nalive++;
-        if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d is pid %d", r, (int)pid);
+        if (r < n) nalive++;
+        else nspare++;
+        if (p->verbose) dt_log(DT_LOG_INFO, "run: %s %d is pid %d", r < n ? "rank" : "spare", r < n ? r : r - n, (int)pid);
     }
 
     // ---- supervise -------------------------------------------------------------
-    int first_fail = -1, forwarded = 0, unlinked = 0, nstopped = 0, stop_sent = 0, respawn_hung = -1;
-    double term_at = 0, kill_at = 0, t_start = dt_now(), next_check = 0;
+    int first_fail = -1, forwarded = 0, unlinked = 0, nstopped = 0, stop_sent = 0, released = 0, respawn_hung = -1;
+    double term_at = 0, kill_at = 0, t_start = dt_now(), next_check = 0, spare_kill_at = 0;
     int64_t start_ns = mono_ns();
-    while (nalive > 0) {
+    while (nalive > 0 || nspare > 0) {
+        /* The spares go when the ranks are done or the group is stopped:
+         * released (they exit 0), killed if they do not. */
+        if (nspare > 0 && !released && (nalive == 0 || first_fail >= 0 || forwarded)) {
+            released = 1;
+            for (int k = 0; k < K; k++) spare_set(&beats[n + k], SPARE_RELEASED);
+            spare_kill_at = dt_now() + p->term_grace + 1;
+        }
+        if (spare_kill_at && dt_now() >= spare_kill_at) {
+            for (int k = 0; k < K; k++)
+                if (alive[n + k]) kill(pids[n + k], SIGKILL);
+            spare_kill_at = 0;
+        }
+        // A replaced rank's newcomer finished its first step: the recovery's end.
+        for (int r = 0; r < n; r++) {
+            if (!replaced_at[r]) continue;
+            int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
+            if (s0 < 0 || s1 <= s0) continue;
+            dt_log(DT_LOG_INFO, "run: rank %d recovered in %.2f s (its death to its replacement's first step, step %lld); "
+                                "0 steps lost",
+                   r, dt_now() - replaced_at[r], (long long)s0 + 1);
+            replaced_at[r] = 0;
+        }
         // Progress so far, read before an exit is handled so that a failure
         // sees the last steps.
         for (int r = 0; r < n; r++) {
@@ -323,11 +440,47 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             int r = 0;
-            while (r < n && pids[r] != pid) r++;
-            if (r == n) continue;
+            while (r < n + K && (pids[r] != pid || !alive[r])) r++;
+            if (r == n + K) continue;
             alive[r] = 0;
-            nalive--;
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (r >= n) {  // an idle spare
+                nspare--;
+                if (!released)
+                    dt_log(DT_LOG_WARN, "run: spare %d (pid %d) %s %d while idle; %d spare%s left", r - n, (int)pid,
+                           WIFSIGNALED(st) ? "killed by signal" : "exited with status",
+                           WIFSIGNALED(st) ? WTERMSIG(st) : code, nspare, nspare == 1 ? "" : "s");
+                continue;
+            }
+            nalive--;
+            /* A rank killed (or hung, and killed for it) while a spare is
+             * ready: the spare takes its place, the others rejoin. */
+            int spare = -1;
+            if (WIFSIGNALED(st) && n > 1 && first_fail < 0 && !forwarded && !g_signal)  // a survivor has the state
+                for (int k = 0; k < K && spare < 0; k++)
+                    if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY) spare = k;
+            if (spare >= 0) {
+                dt_shm_mark_rank(base, r, 2, WTERMSIG(st));
+                atomic_store(&beats[r].start_step, -1);
+                atomic_store(&beats[r].step, -1);
+                atomic_store(&beats[r].wait_peer, -2);
+                atomic_store(&beats[r].time_ns, mono_ns());
+                dt_shm_replace_rank(base, r);
+                pids[r] = pids[n + spare];
+                alive[r] = 1;
+                alive[n + spare] = 0;
+                nalive++;
+                nspare--;
+                atomic_store(&beats[n + spare].spare_rank, r);
+                spare_set(&beats[n + spare], SPARE_ASSIGNED);
+                replaced_at[r] = dt_now();
+                res->replaced++;
+                dt_log(DT_LOG_WARN, "run: rank %d (pid %d) killed by signal %d (%s); spare %d (pid %d) takes its place "
+                                    "(%d spare%s left)",
+                       r, (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)), spare, (int)pids[r], nspare,
+                       nspare == 1 ? "" : "s");
+                continue;
+            }
             if (code == 0 || (code == DT_EXIT_STOPPED && stop_sent)) {
                 dt_shm_mark_rank(base, r, 1, 0);
                 nstopped += code == DT_EXIT_STOPPED;
@@ -356,7 +509,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 atomic_store(&beats[r].wait_peer, -2);
                 fflush(NULL);
                 pid_t np = fork();
-                if (np == 0) child_exec(argv, r, n, name, beat_fd, self);
+                if (np == 0) child_exec(argv, r, n, name, beat_fd, self, K, -1);
                 if (np > 0) {
                     pids[r] = np;
                     alive[r] = 1;
@@ -366,6 +519,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 dt_log(DT_LOG_ERROR, "run: fork of rank %d failed: %s", r, strerror(errno));
             }
             dt_shm_mark_rank(base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
+            dt_shm_refuse_rejoin(base);  // nobody takes its place: ranks in dt_comm_rejoin fail now
             if (first_fail < 0 && !forwarded) {
                 first_fail = r;
                 *exit_code = code;
@@ -388,7 +542,10 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
 
         /* once every rank has mapped the segment its name is not needed:
          * unlink it now, so that nothing is left even if we are killed */
-        if (!unlinked && p->respawn_from < 0 && dt_shm_all_attached(base)) {
+        int spares_mapped = 1;
+        for (int k = 0; k < K; k++)
+            if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_STARTING) spares_mapped = 0;
+        if (!unlinked && p->respawn_from < 0 && spares_mapped && dt_shm_all_attached(base)) {
             shm_unlink(name);
             unlinked = 1;
         }
@@ -406,6 +563,17 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                     // killed here, restarted alone when reaped
                     if (respawn_hung != r) kill(pids[r], SIGKILL);
                     respawn_hung = r;
+                    continue;
+                }
+                int ready = 0;
+                for (int k = 0; k < K; k++)
+                    ready += alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY;
+                if (ready) {  // killed here, replaced when reaped (above)
+                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s: hung; killing it for a spare "
+                                         "to take its place",
+                           r, (int)pids[r], quiet);
+                    kill(pids[r], SIGKILL);
+                    atomic_store(&beats[r].time_ns, ns);
                     continue;
                 }
                 first_fail = r;
@@ -429,6 +597,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                            r, (int)pids[r], quiet, others);
                 kill(pids[r], SIGKILL);
                 dt_shm_mark_rank(base, r, 2, SIGKILL);
+                dt_shm_refuse_rejoin(base);
                 term_at = now + p->grace;
             }
         }
@@ -478,5 +647,6 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     close(beat_fd);
     free(pids);
     free(alive);
+    free(replaced_at);
     return rc;
 }

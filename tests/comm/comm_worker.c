@@ -26,10 +26,20 @@
  *   p2p_hang  the last rank never takes part; the others' dt_irecv/dt_isend
  *             from/to it must time out naming it (exit 7)
  *   p2p_kill  the same, but the last rank dies (exit 3)
+ *   spare V,V,...
+ *             started with `dtrun --spares K`: in generation g (how many
+ *             times the communicator rejoined) rank V[g] SIGKILLs itself
+ *             while the others are inside a 16 MiB allreduce; a spare takes
+ *             its place, every rank meets in dt_comm_rejoin, and the
+ *             stream goes on; after the last victim, every collective of a
+ *             short suite against the serial reference (exit 0), on the
+ *             survivors and the newcomers alike. A spare released at the
+ *             end exits 0.
  * A second argument names the backend the ranks must have picked.
  * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
  */
 #include "dtrain/comm.h"
+#include "dtrain/launch.h"
 
 #include <math.h>
 #include <signal.h>
@@ -900,8 +910,80 @@ static int mode_abort(void) {
     return expect_failure(s, 6, "abort");
 }
 
+/* What every rank of every generation runs once the victims are gone:
+ * collectives on both paths of the backend, against the reference. */
+static void spare_suite(void) {
+    for (int t = 0; t < 3; t++) {
+        check_allreduce(DTYPES[t], DT_SUM, 7, 901 + t, 1, 0);
+        check_allreduce(DTYPES[t], DT_SUM, 262147, 911 + t, 0, 0);
+    }
+    check_allreduce(DT_F32, DT_AVG, 65537, 921, 0, 1);
+    check_broadcast(DT_F32, 8200, 931, g_size - 1, 1, 0);
+    check_broadcast(DT_I64, 262147, 932, 0, 0, 0);
+    check_sendrecv(100000, 941);
+    check_determinism(1031);
+}
+
+static int mode_spare(const char *victims, int joined) {
+    int v[16], nv = 0;
+    for (const char *p = victims; p && *p && nv < 16;) {
+        v[nv++] = atoi(p);
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    if (joined) {
+        dt_status s = dt_comm_rejoin(W, 30);
+        if (s != DT_OK) {
+            fprintf(stderr, "rank %d (newcomer): rejoin failed: %s\n", g_rank, dt_last_error());
+            return 1;
+        }
+        fprintf(stderr, "rank %d (newcomer): joined generation %llu\n", g_rank,
+                (unsigned long long)dt_comm_generation(W));
+    }
+    size_t n = (16u << 20) / 4;
+    float *buf = calloc(n, 4);
+    for (;;) {
+        uint64_t g = dt_comm_generation(W);
+        int victim = g < (uint64_t)nv ? v[g] : -1;
+        int failed = 0;
+        for (int it = 0; it < (victim >= 0 ? 1000000 : 5) && !failed; it++) {
+            if (g_rank == victim && it == 3) {
+                usleep(100000); /* die while the others are inside the collective */
+                kill(getpid(), SIGKILL);
+            }
+            dt_status s = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, W);
+            if (s == DT_OK) continue;
+            fprintf(stderr, "rank %d: generation %llu: allreduce failed: %s\n", g_rank, (unsigned long long)g,
+                    dt_last_error());
+            double t0 = dt_now();
+            if ((s = dt_comm_rejoin(W, 30)) != DT_OK) {
+                fprintf(stderr, "rank %d: rejoin failed: %s\n", g_rank, dt_last_error());
+                free(buf);
+                return 1;
+            }
+            fprintf(stderr, "rank %d: rejoined generation %llu in %.3f s\n", g_rank,
+                    (unsigned long long)dt_comm_generation(W), dt_now() - t0);
+            failed = 1;
+        }
+        if (!failed) break;
+    }
+    free(buf);
+    spare_suite();
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "all";
+    int joined = 0;
+    if (dt_spare_is()) {
+        int r;
+        if (dt_spare_wait(&r) != DT_OK) {
+            fprintf(stderr, "comm_worker spare: %s\n", dt_last_error());
+            return 2;
+        }
+        if (r < 0) return 0; /* released: the run is over */
+        joined = 1;
+    }
     if (dt_comm_init_env(&W) != DT_OK) {
         fprintf(stderr, "comm_worker: %s\n", dt_last_error());
         return 2;
@@ -925,6 +1007,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "abort")) rc = mode_abort();
     else if (!strcmp(mode, "p2p_hang")) rc = mode_p2p_fail(0);
     else if (!strcmp(mode, "p2p_kill")) rc = mode_p2p_fail(1);
+    else if (!strcmp(mode, "spare")) rc = mode_spare(argc > 3 ? argv[3] : "", joined);
     else {
         fprintf(stderr, "comm_worker: unknown mode '%s'\n", mode);
         rc = 2;

@@ -55,6 +55,45 @@ static void test_kill(int n) {
           "kill n=%d: message does not name the op/seq and the dead rank\n%s", n, out);
 }
 
+/* Spares (dtrun --spares K, dt_comm_rejoin): a rank killed inside a
+ * 16 MiB allreduce is replaced, every rank rejoins, and the collectives
+ * after it are right on survivors and newcomers alike. */
+static void test_spares(void) {
+    char a[512];
+    double t;
+    // two deaths in turn, the second of rank 0 (a newcomer of its own kind)
+    snprintf(a, sizeof a, "--spares 2 -n 3 -- %s spare shm 2,0", worker);
+    int st = run(a, &t);
+    CHECK(st == 0 && strstr(out, "11 checks, 0 failed"), "spares: exit status %d, expected 0 and every check passed\n%s",
+          st, out);
+    CHECK(strstr(out, "run: rank 2 (pid") && strstr(out, "spare 0 (pid") && strstr(out, "takes its place (1 spare left)") &&
+              strstr(out, "run: rank 0 (pid") && strstr(out, "takes its place (0 spares left)"),
+          "spares: the launcher does not say who died and who took the place\n%s", out);
+    CHECK(strstr(out, "rank 2 died and a new process took its place (generation 1)") &&
+              strstr(out, "rank 0 died and a new process took its place (generation 2)"),
+          "spares: the survivors' errors do not name the replaced rank\n%s", out);
+    CHECK(count_lines("rejoined generation 1") == 2 && count_lines("rejoined generation 2") == 2 &&
+              strstr(out, "rank 2 (newcomer): joined generation 1") && strstr(out, "rank 0 (newcomer): joined generation 2"),
+          "spares: not every rank rejoined each generation\n%s", out);
+    CHECK(t < 20, "spares: took %.1f s", t);
+    // two ranks (the pipelined path's two-rank variant); the spare left is released
+    snprintf(a, sizeof a, "--spares 2 -n 2 -- %s spare shm 1", worker);
+    st = run(a, &t);
+    CHECK(st == 0 && strstr(out, "11 checks, 0 failed") && strstr(out, "(1 spare left)"),
+          "spares, 2 ranks: exit status %d\n%s", st, out);
+    CHECK(t < 10, "spares, 2 ranks: the unused spare was not released at the end (%.1f s)", t);
+    // no spare left for the second death: the group stops, the waiting ranks
+    // fail at once naming the rank nobody replaces
+    snprintf(a, sizeof a, "--spares 1 -n 3 -- %s spare shm 1,1", worker);
+    st = run(a, &t);
+    CHECK(st == 128 + SIGKILL, "no spare left: exit status %d, expected %d\n%s", st, 128 + SIGKILL, out);
+    CHECK(count_lines("rejoin failed: rejoin on rank") == 2 && strstr(out, "rank 1 died (killed by signal 9: Killed) and no process will take its place"),
+          "no spare left: the survivors do not say that nobody comes\n%s", out);
+    CHECK(t < 10, "no spare left: took %.1f s, expected the survivors to fail at once", t);
+    snprintf(a, sizeof a, "--spares -1 -n 2 -- %s spare shm 1", worker);
+    CHECK(run(a, NULL) == 2 && strstr(out, "--spares"), "--spares -1: expected a usage error\n%s", out);
+}
+
 static void test_mismatch(void) {
     char a[512];
     snprintf(a, sizeof a, "-n 3 -- %s mismatch", worker);
@@ -239,6 +278,7 @@ int main(int argc, char **argv) {
     test_backend_choice();
     test_kill(2);
     test_kill(4);
+    test_spares();
     test_mismatch();
     test_mismatch_fast("mismatch_fast", "count=8200");
     test_mismatch_fast("mismatch_dtype", "dtype=I32");

@@ -19,6 +19,9 @@ static void run_usage(FILE *f) {
             "  --check            compare collective arguments across ranks (DTRAIN_COMM_CHECK)\n"
             "  --grace SEC        after a rank fails, seconds before the others are stopped\n"
             "                     (default 3, at most 1e6)\n"
+            "  --spares K         also start K idle spares (DTRAIN_SPARE set): a rank killed\n"
+            "                     by a signal or hung gets one as its replacement, which\n"
+            "                     joins the group with dt_comm_rejoin (0 to 4096; default 0)\n"
             "Numbers are decimal (no hex, nan or inf).\n"
             "  -v, --verbose      log rank starts and exits\n");
 }
@@ -45,6 +48,9 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--grace")) {
             if (parse_number(a, i + 1 < argc ? argv[++i] : NULL, 0, 1e6, 0, &v)) return EXIT_USAGE;
             p.grace = v;
+        } else if (!strcmp(a, "--spares")) {
+            if (parse_number(a, i + 1 < argc ? argv[++i] : NULL, 0, 4096, 1, &v)) return EXIT_USAGE;
+            p.nspares = (int)v;
         } else if (!strcmp(a, "--check")) {
             setenv("DTRAIN_COMM_CHECK", "1", 1);
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {

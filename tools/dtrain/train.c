@@ -18,7 +18,7 @@
 static const char train_help[] =
     "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
     "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
-    "                    [--checkpoint-every N] [--resume auto] [--max-restarts N]\n"
+    "                    [--checkpoint-every N] [--resume auto] [--max-restarts N] [--spares K]\n"
     "\n"
     "Trains the model CONFIG describes and writes into the run directory:\n"
     "  config.ini          the resolved config (every field, presets expanded)\n"
@@ -102,6 +102,13 @@ static const char train_help[] =
     "  --max-restarts N  when a worker dies or hangs, stop the others and start\n"
     "                  the group again from the newest checkpoint, up to N times\n"
     "                  (default 0)\n"
+    "  --spares K      also start K idle workers: when a worker is killed or hangs,\n"
+    "                  a spare takes its place and the state of a surviving\n"
+    "                  worker (no disk), and the step in flight is redone, so no\n"
+    "                  step is lost; without a spare left, --max-restarts as\n"
+    "                  above (default 0; data parallel only, not ZeRO, model or\n"
+    "                  parameter-server parallelism, compression, dynamic batches\n"
+    "                  or sharded checkpoints)\n"
     "  --heartbeat-timeout S  a worker that reports no progress for S seconds\n"
     "                  counts as hung (default 120; 0 = off); workers waiting\n"
     "                  for it in a collective are alive, and say so\n"
@@ -211,7 +218,7 @@ typedef struct {
     const char *sets[MAX_SETS];
     int nsets, quiet, json;
     int workers, min_workers;  // min_workers < workers: elastic
-    int max_restarts;
+    int max_restarts, spares;
     double heartbeat, elastic_retry;
     char set_buf[9][600];      // --set texts made from the flags that are config fields
 } args_t;
@@ -271,6 +278,11 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         if (!is_eval && ((v = flag_value(argc, argv, &i, "--max-restarts", &missing)) || missing)) {
             if (parse_number("--max-restarts", v, 0, 1e6, 1, &x)) return EXIT_USAGE;
             a->max_restarts = (int)x;
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--spares", &missing)) || missing)) {
+            if (parse_number("--spares", v, 0, 4096, 1, &x)) return EXIT_USAGE;
+            a->spares = (int)x;
             continue;
         }
         if (!is_eval && ((v = flag_value(argc, argv, &i, "--heartbeat-timeout", &missing)) || missing)) {
@@ -374,6 +386,11 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         if ((n > 1 || c->ps_servers > 0) && ((n - a->min_workers) % g == 0 || n == a->workers) &&
             dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
+    if (a->spares > 0 && a->min_workers < 2)
+        return cli_error("--spares: a spare takes the state of a surviving worker; it needs --workers 2 or more%s",
+                         a->min_workers < a->workers ? " (the elastic minimum included)" : ""),
+               EXIT_USAGE;
+    if (dt_train_check_spares(c, a->spares) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
     int hdf5 = !strcmp(c->dataset, "hdf5");
     if (!c->gpt && !hdf5 && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||
@@ -390,6 +407,12 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         if (files[i].path[0] && access(files[i].path, F_OK) != 0)
             return cli_error("%s: %s: %s", files[i].field, files[i].path, strerror(errno)), EXIT_RUNTIME;
     return 0;
+}
+
+// A spare loads its data while it idles (dt_train_warm); a failure here
+// shows again, in full, if it ever trains.
+static void warm_spare(void *user) {
+    if (dt_train_warm(user) != DT_OK) dt_log(DT_LOG_DEBUG, "spare: loading ahead: %s", dt_last_error());
 }
 
 static void on_stop_signal(int sig) {
@@ -443,6 +466,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         dt_launch_params lp = dt_launch_default_params();
         lp.nranks = n + c->ps_servers;  // parameter servers: the first ranks
         lp.heartbeat_timeout = a->heartbeat;
+        lp.nspares = a->spares;
         lp.stop_after = elastic && n < a->workers ? a->elastic_retry : 0;
         lp.failed_at = failed_at;
         lp.failed_step = failed_step;
@@ -535,6 +559,28 @@ int cmd_train(int argc, char **argv) {
     // Workers leave this to whoever started them: ours are checked by the
     // supervisor, and under mpirun a --resume file need only be on rank 0's
     // host (the resume itself fails there if it is missing).
+    // A spare (--spares) idles here until it takes a dead worker's place,
+    // then runs as that worker; released at the end of the run, it is done.
+    if (dt_spare_is()) {
+        int r;
+        if (dt_spare_wait_idle(&r, warm_spare, &c) != DT_OK) {
+            cli_error("%s", dt_last_error());
+            return EXIT_RUNTIME;
+        }
+        if (r < 0) {  // released: the run is over
+            dt_train_warm(NULL);
+            return 0;
+        }
+    }
+    if (a.spares > 0 && dt_comm_env_launched()) {  // our own workers get DTRAIN_SPARES instead
+        cli_error("--spares: spares are dtrain's own launcher's (--workers N); under mpirun, srun or dtrain run "
+                  "use --max-restarts or scripts/mpirun-restart.sh");
+        return EXIT_USAGE;
+    }
+    if (g_federate && a.spares > 0) {
+        cli_error("--spares: dtrain federate cannot take a spare in a worker's place");
+        return EXIT_USAGE;
+    }
     if (g_federate && (a.max_restarts > 0 || a.min_workers < a.workers)) {
         cli_error("%s: dtrain federate does not checkpoint, so it cannot restart or resize its workers",
                   a.max_restarts > 0 ? "--max-restarts" : "--workers MIN:MAX");
@@ -557,7 +603,7 @@ int cmd_train(int argc, char **argv) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }
-    if ((a.workers > 1 || a.max_restarts > 0 || c.ps_servers > 0) && !dt_comm_env_launched()) {
+    if ((a.workers > 1 || a.max_restarts > 0 || a.spares > 0 || c.ps_servers > 0) && !dt_comm_env_launched()) {
         // Before any worker starts: all of them must fit. (Errors reading the
         // data are left to the workers, which report them in full.)
         if (dt_check_memory(&c, DT_MEM_TRAIN, a.workers > 1 ? a.workers : 1, 1, NULL) == DT_ERR_NOMEM) {

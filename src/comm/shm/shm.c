@@ -67,6 +67,7 @@
 #include "comm/shm/shm.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -110,6 +111,12 @@ typedef struct {
      * of splits keep their names, for a replacement to attach to. */
     _Alignas(CACHELINE) _Atomic uint32_t respawn;
     int32_t color; /* a split's segment: its color */
+    /* Replacing a rank (rejoin, below): the launcher bumps `gen` each time
+     * it puts a new process in a dead rank's place, and sets
+     * `rejoin_refused` when it will not (no spare left). */
+    _Alignas(CACHELINE) _Atomic uint64_t gen;
+    _Atomic uint32_t rejoin_refused;
+    _Atomic int32_t replaced_rank; /* the rank of the latest generation's newcomer */
 } seg_header;
 
 typedef struct {
@@ -124,6 +131,10 @@ typedef struct {
     _Atomic int32_t incarnation;                 /* the launcher's restarts of this rank */
     int32_t parent_rank;                         /* a split's segment: the member's parent rank */
     _Atomic uint64_t useq;                       /* the front end's number of the rank's last collective */
+    /* rejoin's two barriers: the generation this rank entered, and the one
+     * whose counters it has reset (they only grow, like the flags above) */
+    _Alignas(CACHELINE) _Atomic uint64_t rj_enter;
+    _Atomic uint64_t rj_reset;
 } rank_ctl;
 
 typedef struct {
@@ -185,6 +196,24 @@ int dt_shm_restart_rank(void *base, int rank) {
     return inc;
 }
 
+void dt_shm_replace_rank(void *base, int rank) {
+    seg_header *h = base;
+    if (rank < 0 || rank >= h->nranks) return;
+    rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
+    atomic_store(&ctl[rank].pid, 0);
+    atomic_store(&ctl[rank].detail, 0);
+    atomic_store(&ctl[rank].state, RANK_RUNNING);
+    atomic_store(&h->replaced_rank, rank);
+    atomic_fetch_add(&h->gen, 1);
+    atomic_fetch_add(&h->epoch, 1); /* wake sleepers: they look again */
+    syscall(SYS_futex, &h->epoch, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+void dt_shm_refuse_rejoin(void *base) {
+    seg_header *h = base;
+    atomic_store(&h->rejoin_refused, 1);
+}
+
 int dt_shm_all_attached(void *base) {
     seg_header *h = base;
     rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
@@ -210,6 +239,7 @@ typedef struct {
     int *world;       /* world rank of each member, for the launcher's states */
     dt_algo algo;     /* DTRAIN_COMM_ALGO */
     int verified;     /* the point-to-point algorithms checked a peer's arguments */
+    uint64_t gen;     /* the generation this rank last joined (rejoin) */
     size_t chunk; /* DTRAIN_SHM_CHUNK: bytes per piece, 0 = whole slot */
     int nslots;   /* DTRAIN_SHM_SLOTS (2..64, same on every rank) */
     size_t slot;  /* BIG_BYTES / nslots */
@@ -280,6 +310,24 @@ static shm_state *state_new(int n) {
 static void *g_world_map;
 static size_t g_world_map_size;
 static char g_world_map_name[200];
+
+dt_status dt_shm_map_world(const char *name) {
+    if (g_world_map) return DT_OK;
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return dt_error(DT_ERR_COMM, "shm segment '%s': cannot open: %s", name, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(seg_header)) {
+        close(fd);
+        return dt_error(DT_ERR_COMM, "shm segment '%s': too small or unreadable", name);
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) return dt_error(DT_ERR_COMM, "shm segment '%s': mmap failed: %s", name, strerror(errno));
+    g_world_map = base;
+    g_world_map_size = (size_t)st.st_size;
+    snprintf(g_world_map_name, sizeof g_world_map_name, "%s", name);
+    return DT_OK;
+}
 
 static void state_free(shm_state *s) {
     if (!s) return;
@@ -486,6 +534,16 @@ static const char *peer_gone_how(shm_state *s, int p, char *buf, size_t n, int p
 }
 
 static const char *peer_gone(shm_state *s, int p, char *buf, size_t n) { return peer_gone_how(s, p, buf, n, 0); }
+/* A rank of the world was replaced since this communicator last joined
+ * (dt_comm_rejoin): whatever it waits for will not come. */
+static const char *replaced(shm_state *s, char *buf, size_t n) {
+    if (!g_world_hdr) return NULL;
+    uint64_t g = atomic_load(&g_world_hdr->gen);
+    if (g <= s->gen) return NULL;
+    snprintf(buf, n, "rank %d died and a new process took its place (generation %llu)",
+             atomic_load(&g_world_hdr->replaced_rank), (unsigned long long)g);
+    return buf;
+}
 
 static void describe(char *buf, size_t n, const dt_coll_args *a) {
     if (a->check_of)
@@ -583,7 +641,7 @@ static dt_status wait_ge_impl(dt_comm_t c, const dt_coll_args *a, const char *ph
         if (atomic_load(&s->hdr->abort_flag) == 1)
             return dt_error(DT_ERR_COMM, "%s, %s on rank %d: rank %d aborted the communicator: %s",
                             what, phase, c->rank, s->hdr->abort_rank, s->hdr->abort_reason);
-        if (why[0])
+        if (why[0] || replaced(s, why, sizeof why))
             return dt_error(DT_ERR_COMM, "%s, %s on rank %d: %s; ranks not arrived: %s", what,
                             phase, c->rank, why, missing);
         if (atomic_load(&c->err) != DT_OK)
@@ -1166,8 +1224,9 @@ static dt_status shm_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) 
         if (atomic_load(&s->hdr->abort_flag) == 1)
             return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d aborted the communicator: %s", what,
                             c->rank, s->hdr->abort_rank, s->hdr->abort_reason);
-        if (peer_gone_how(s, peer, why, sizeof why, 1)) {
-            p->peer_gone = 1;
+        int gone = peer_gone_how(s, peer, why, sizeof why, 1) != NULL;
+        if (gone || replaced(s, why, sizeof why)) {
+            p->peer_gone = gone;
             return dt_error(DT_ERR_COMM, "%s on rank %d: %s; ranks not arrived: %d", what, c->rank,
                             why, peer);
         }
@@ -1205,8 +1264,10 @@ static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members
     if ((rc2 = shm_barrier(parent, &b)) != DT_OK) return rc2;
     if (child && rc == DT_OK) {
         rc = dt_shm_attach_named(child, name);
-        if (rc == DT_OK)
+        if (rc == DT_OK) {
             for (int i = 0; i < nmembers; i++) ST(child)->world[i] = ps->world[members[i]];
+            ST(child)->gen = ps->gen;  // a later replacement breaks it (it cannot rejoin)
+        }
     }
     if ((rc2 = shm_barrier(parent, &b)) != DT_OK) return rc2;
     if (creator && !(g_world_hdr && atomic_load(&g_world_hdr->respawn))) dt_shm_unlink_named(name);
@@ -1345,6 +1406,108 @@ static dt_status shm_split_rejoin(dt_comm_t parent, dt_comm_t child, int color) 
                     parent->nsplits, ps->name);
 }
 
+// ----------------------------------------------------------------------------
+// rejoin: a new process in a dead rank's place (dt_comm_rejoin)
+//
+// The launcher reaps the dead process, marks its rank running again and
+// bumps the segment's generation (dt_shm_replace_rank). Every rank of the
+// world then calls rejoin: the survivors, whose collectives failed on the
+// death, and the newcomer, which attached as the dead rank. Each
+//   0. waits until no rank is marked gone and the generation G is newer
+//      than the one it last joined;
+//   1. sets rj_enter = G and waits until every rank entered G: from then
+//      on nobody touches the collective flags;
+//   2. resets its own flags (arrive, ready, reduced, done, the heads of the
+//      channels it sends on and the tails of those it receives on), clears
+//      the abort flag its peers raised on the death, sets rj_reset = G and
+//      waits until every rank did.
+// A rank that is gone meanwhile, or a newer generation, sends it back to
+// 0; a refusal from the launcher (no process will come) fails it at once.
+
+static int first_below(shm_state *s, size_t off, uint64_t g) {
+    for (int p = 0; p < s->n; p++)
+        if (atomic_load((_Atomic uint64_t *)((char *)&s->ctl[p] + off)) < g) return p;
+    return -1;
+}
+
+static int first_gone(shm_state *s) {
+    for (int p = 0; p < s->n; p++)
+        if (atomic_load(&s->ctl[p].state) != RANK_RUNNING) return p;
+    return -1;
+}
+
+static void reset_own(shm_state *s) {
+    int me = s->me;
+    atomic_store(&s->ctl[me].arrive, 0);
+    atomic_store(&s->ctl[me].ready, 0);
+    atomic_store(&s->ctl[me].reduced, 0);
+    atomic_store(&s->ctl[me].done, 0);
+    memset(s->ctl[me].desc, 0, sizeof s->ctl[me].desc);
+    for (int q = 0; q < s->n; q++) {
+        atomic_store(&chan_of(s, me, q)->head, 0);
+        atomic_store(&chan_of(s, q, me)->tail, 0);
+    }
+    atomic_store(&s->hdr->abort_flag, 0);
+    s->opseq = 0;
+    s->step = 0;
+    s->verified = 0;
+}
+
+static dt_status shm_rejoin(dt_comm_t c, double timeout, uint64_t *gen_out) {
+    shm_state *s = ST(c);
+    if (s->hdr != g_world_hdr || !s->name[0])
+        return dt_error(DT_ERR_ARG, "rejoin on rank %d: only a launched world communicator takes a new process in a "
+                                    "rank's place (not a split, not a private world of 1)",
+                        c->rank);
+    dt_waiter w;
+    dt_waiter_init(&w, timeout, g_host_ranks);
+    uint64_t G = 0;
+    int phase = 0;
+    const size_t enter_off = offsetof(rank_ctl, rj_enter), reset_off = offsetof(rank_ctl, rj_reset);
+    for (;;) {
+        uint64_t g = atomic_load(&s->hdr->gen);
+        int gone = first_gone(s);
+        if (gone >= 0 && atomic_load(&s->hdr->rejoin_refused)) {
+            char why[160];
+            if (!peer_gone(s, gone, why, sizeof why)) snprintf(why, sizeof why, "rank %d is gone", gone);
+            return dt_error(DT_ERR_COMM, "rejoin on rank %d: %s and no process will take its place", c->rank, why);
+        }
+        if (phase > 0 && (g != G || gone >= 0)) phase = 0;  // another death: start over
+        if (phase == 0 && gone < 0 && g > s->gen) {
+            G = g;
+            post(s, &s->ctl[s->me].rj_enter, G);
+            phase = 1;
+        }
+        if (phase == 1 && first_below(s, enter_off, G) < 0) {
+            reset_own(s);
+            post(s, &s->ctl[s->me].rj_reset, G);
+            phase = 2;
+        }
+        if (phase == 2 && first_below(s, reset_off, G) < 0) {
+            s->gen = G;
+            *gen_out = G;
+            dt_waiter_done();
+            return DT_OK;
+        }
+        if (!dt_waiter_step(&w)) continue;
+        int who = phase == 0 ? gone : first_below(s, phase == 1 ? enter_off : reset_off, G);
+        dt_waiter_note_op("rejoin", G, who);
+        if (dt_waiter_expired(&w)) {
+            dt_waiter_done();
+            if (phase == 0)
+                return dt_error(DT_ERR_TIMEOUT, "rejoin on rank %d: timed out after %.3g s: %s", c->rank, timeout,
+                                gone >= 0 ? "no process took the dead rank's place" : "no rank was replaced");
+            char missing[256] = "";
+            size_t ml = 0;
+            for (int p = 0; p < s->n && ml < sizeof missing - 16; p++)
+                if (atomic_load((_Atomic uint64_t *)((char *)&s->ctl[p] + (phase == 1 ? enter_off : reset_off))) < G)
+                    ml += (size_t)snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? " " : "", p);
+            return dt_error(DT_ERR_TIMEOUT, "rejoin (generation %llu) on rank %d: timed out after %.3g s; ranks not arrived: %s",
+                            (unsigned long long)G, c->rank, timeout, missing);
+        }
+    }
+}
+
 static void shm_abort(dt_comm_t c, const char *reason) {
     shm_state *s = ST(c);
     if (!s || !s->hdr) return;
@@ -1382,6 +1545,7 @@ const struct dt_comm_ops dt_shm_ops = {
     .p2p_cancel = shm_p2p_cancel,
     .split = shm_split,
     .abort = shm_abort,
+    .rejoin = shm_rejoin,
     .destroy = shm_destroy,
     .peer_state = shm_peer_state,
     .peer_reset = shm_peer_reset,

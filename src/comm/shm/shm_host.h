@@ -7,6 +7,8 @@
 #ifndef DT_SHM_HOST_H
 #define DT_SHM_HOST_H
 
+#include "dtrain/core.h"
+
 #include <stddef.h>
 
 #ifndef DT_HIDDEN
@@ -38,5 +40,19 @@ DT_HIDDEN void dt_shm_set_respawn(void *base);
  * grows by one (returned) and it is marked restarting: point-to-point
  * transfers with it fail, collectives wait for the replacement. */
 DT_HIDDEN int dt_shm_restart_rank(void *base, int rank);
+
+/* Replacing a dead rank (dt_comm_rejoin): after the dead process is
+ * reaped, marks `rank` running again and starts a new generation; the
+ * process that takes the place then joins as that rank and calls
+ * dt_comm_rejoin, as do the survivors. */
+DT_HIDDEN void dt_shm_replace_rank(void *base, int rank);
+/* Tells ranks waiting in dt_comm_rejoin that no process will come: they
+ * fail at once instead of at their timeout. */
+DT_HIDDEN void dt_shm_refuse_rejoin(void *base);
+/* In a process that will join the world later (a spare): maps the
+ * segment called `name` now, while its name exists, and keeps it for the
+ * dt_comm_init that follows. Returns DT_ERR_COMM naming the segment if it
+ * cannot. */
+DT_HIDDEN dt_status dt_shm_map_world(const char *name);
 
 #endif
