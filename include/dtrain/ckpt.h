@@ -187,6 +187,13 @@ typedef struct dt_ckpt_writer dt_ckpt_writer;
 DT_API dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
                                        const dt_ckpt_model *m, int rank, int world,
                                        double shard_timeout);
+/* The same for a rank restarted alone in a run that goes on (parameter
+ * servers outside mode sync): rank 0's writer leaves the unfinished
+ * checkpoints in place, since another rank's shard of the one being saved
+ * may be among them (dt_ckpt_writer_create removes them: an earlier run's). */
+DT_API dt_status dt_ckpt_writer_rejoin(dt_ckpt_writer **out, const char *dir, int keep,
+                                       const dt_ckpt_model *m, int rank, int world,
+                                       double shard_timeout);
 DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s);
 /* Waits for the write in flight; returns the first failed write's status. */
 DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);

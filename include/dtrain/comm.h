@@ -146,6 +146,44 @@ DT_API uint64_t dt_comm_generation(dt_comm_t c);
  * is set to its message. Never blocks. */
 DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
 
+/* Replaceable ranks (the shm backend under `dtrain train`'s launcher, which
+ * restarts a dead rank alone when asked to; docs/parameter-server.md,
+ * "Faults"). A rank's replacement is a new process in its place, with the
+ * rank's incarnation one higher.
+ *
+ * dt_comm_set_peer_faults(c, 1): from now on a point-to-point transfer that
+ * fails because its peer died fails alone: it returns DT_ERR_COMM, and the
+ * communicator stays usable for the other peers (by default it breaks).
+ * Collectives wait for a peer that is being restarted (up to the timeout).
+ *
+ * dt_comm_peer_state: DT_PEER_RUNNING, DT_PEER_RESTARTING (dead, a
+ * replacement is on its way) or DT_PEER_GONE (dead for good, or exited);
+ * *incarnation (may be NULL) its incarnation. Never blocks.
+ *
+ * dt_comm_peer_reset: a survivor, once it has no transfer in flight with a
+ * restarting peer, empties the point-to-point channels between the two and
+ * lets the replacement in. dt_comm_rejoin_peers: the replacement waits (up to
+ * the timeout) until each of `peers` did so, then counts as running
+ * (npeers 0: at once; dt_comm_peer_ready then says, without blocking,
+ * whether `peer` did so: until then the replacement must not talk to it).
+ * dt_comm_incarnation: this process's incarnation (0: the first).
+ *
+ * dt_comm_split_rejoin: the replacement's place in the communicator that
+ * dt_comm_split(c, color, ...) gave its predecessor (the next split of c,
+ * as the predecessor made it), without the others taking part; it takes
+ * part in that communicator's next collective.
+ *
+ * The MPI backend does not replace ranks: these return DT_ERR_COMM (state:
+ * DT_PEER_RUNNING). */
+enum { DT_PEER_RUNNING = 0, DT_PEER_RESTARTING = 1, DT_PEER_GONE = 2 };
+DT_API void dt_comm_set_peer_faults(dt_comm_t c, int tolerate);
+DT_API int dt_comm_peer_state(dt_comm_t c, int peer, int *incarnation);
+DT_API dt_status dt_comm_peer_reset(dt_comm_t c, int peer);
+DT_API dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers);
+DT_API int dt_comm_peer_ready(dt_comm_t c, int peer);
+DT_API int dt_comm_incarnation(dt_comm_t c);
+DT_API dt_status dt_comm_split_rejoin(dt_comm_t c, int color, dt_comm_t *out);
+
 /* 1 if the environment makes this process one rank of a group (the
  * variables of `dtrain run`, mpirun or srun), else 0. */
 DT_API int dt_comm_env_launched(void);

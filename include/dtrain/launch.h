@@ -25,6 +25,10 @@
  *     publishes what it waits on (dt_heartbeat_wait), so the rank named is
  *     the one that stopped, and the message says which collective (and
  *     sequence number) the others wait in;
+ *   - with respawn_from >= 0, a rank from there on that dies or hangs is
+ *     restarted alone in its place (its incarnation one higher, shm_host.h),
+ *     up to max_respawns times, while the others go on; the segment's name
+ *     and its splits' names then stay until the end, for the replacement;
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.
  *
@@ -69,6 +73,11 @@ typedef struct {
                           the recovery, with the steps lost since
                           failed_step */
     int64_t failed_step;
+    int respawn_from;  /* >= 0: a rank >= this one that dies or hangs is
+                          restarted alone, in its place, while the others
+                          go on (the parameter servers' workers outside
+                          mode sync); -1 (default): every failure stops all */
+    int max_respawns;  /* how many such restarts, in all */
     int nspares;       /* idle processes started beside the ranks (spares,
                           below); default 0 */
 } dt_launch_params;
@@ -86,6 +95,7 @@ typedef struct {
     int64_t last_step;     /* the highest step a rank reported (-1: none) */
     double first_step_at;  /* dt_now() when a rank first finished a step, or 0 */
     double failed_at;      /* dt_now() when the failure was seen, or 0 */
+    int respawns;          /* ranks restarted alone (respawn_from) */
     int replaced;          /* ranks whose place a spare took */
 } dt_launch_result;
 

@@ -1236,8 +1236,21 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, const dt_ckpt_model *m, int rank,
+                               int world, double shard_timeout, int clean);
+
 dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep, const dt_ckpt_model *m, int rank,
                                 int world, double shard_timeout) {
+    return writer_create(out, dir, keep, m, rank, world, shard_timeout, 1);
+}
+
+dt_status dt_ckpt_writer_rejoin(dt_ckpt_writer **out, const char *dir, int keep, const dt_ckpt_model *m, int rank,
+                                int world, double shard_timeout) {
+    return writer_create(out, dir, keep, m, rank, world, shard_timeout, 0);
+}
+
+static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, const dt_ckpt_model *m, int rank,
+                               int world, double shard_timeout, int clean) {
     *out = NULL;
     dt_status st = dt_make_dirs(dir);
     if (st != DT_OK) return st;
@@ -1287,7 +1300,7 @@ dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
     w->started = 1;
     // Temp files of a writer that was killed mid-write, and sharded
     // checkpoints never completed (before any rank of this run writes).
-    DIR *d = rank == 0 ? opendir(dir) : NULL;
+    DIR *d = rank == 0 && clean ? opendir(dir) : NULL;
     struct dirent *e;
     while (d && (e = readdir(d))) {
         char p[4400], c[4500];

@@ -509,7 +509,7 @@ static void p2p_finish(dt_comm_t c, struct dt_request *r, dt_status s) {
     if (s != DT_OK) {
         if (r->io.started) c->ops->p2p_cancel(c, &r->io);
         snprintf(r->msg, sizeof r->msg, "%s", dt_last_error());
-        broken(c, s);
+        if (!(c->peer_faults && r->io.peer_gone)) broken(c, s);
     } else {
         account(c, &r->args, r->t0, dt_now());
     }
@@ -892,6 +892,64 @@ static int split_cmp(const void *x, const void *y) {
     if (a->color != b->color) return a->color < b->color ? -1 : 1;
     if (a->key != b->key) return a->key < b->key ? -1 : 1;
     return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+
+// ----------------------------------------------------------------------------
+// replaceable ranks (comm.h)
+
+void dt_comm_set_peer_faults(dt_comm_t c, int tolerate) {
+    if (c) c->peer_faults = tolerate;
+}
+
+int dt_comm_peer_state(dt_comm_t c, int peer, int *incarnation) {
+    if (incarnation) *incarnation = 0;
+    if (!c || peer < 0 || peer >= c->size || !c->ops->peer_state) return DT_PEER_RUNNING;
+    return c->ops->peer_state(c, peer, incarnation);
+}
+
+dt_status dt_comm_peer_reset(dt_comm_t c, int peer) {
+    if (!c || peer < 0 || peer >= c->size || peer == c->rank)
+        return dt_error(DT_ERR_ARG, "dt_comm_peer_reset: peer %d is not another rank", peer);
+    if (!c->ops->peer_reset) return dt_error(DT_ERR_COMM, "the %s backend does not replace ranks", c->ops->name);
+    return c->ops->peer_reset(c, peer);
+}
+
+dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers) {
+    if (!c) return dt_error(DT_ERR_ARG, "dt_comm_rejoin_peers: NULL communicator");
+    if (!c->ops->rejoin_peers) return dt_error(DT_ERR_COMM, "the %s backend does not replace ranks", c->ops->name);
+    return c->ops->rejoin_peers(c, peers, npeers);
+}
+
+int dt_comm_peer_ready(dt_comm_t c, int peer) {
+    if (!c || peer < 0 || peer >= c->size || !c->ops->peer_ready) return 1;
+    return c->ops->peer_ready(c, peer);
+}
+
+int dt_comm_incarnation(dt_comm_t c) {
+    int inc = 0;
+    if (c && c->ops->peer_state) c->ops->peer_state(c, c->rank, &inc);
+    return inc;
+}
+
+dt_status dt_comm_split_rejoin(dt_comm_t c, int color, dt_comm_t *out) {
+    if (!c || !out) return dt_error(DT_ERR_ARG, "dt_comm_split_rejoin: NULL argument");
+    *out = NULL;
+    if (!c->ops->split_rejoin) return dt_error(DT_ERR_COMM, "the %s backend does not replace ranks", c->ops->name);
+    dt_comm_t child = dt_comm_alloc();
+    if (!child) return dt_error(DT_ERR_NOMEM, "dt_comm_split_rejoin: out of memory");
+    child->world_rank = c->world_rank;
+    child->timeout = c->timeout;
+    child->check = c->check;
+    child->node = c->node;
+    child->nnodes = 1;
+    dt_status s = c->ops->split_rejoin(c, child, color);
+    c->nsplits++;
+    if (s != DT_OK) {
+        dt_comm_destroy(child);
+        return s;
+    }
+    *out = child;
+    return DT_OK;
 }
 
 dt_status dt_comm_split(dt_comm_t c, int color, int key, dt_comm_t *out) {

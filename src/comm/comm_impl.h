@@ -67,6 +67,7 @@ typedef struct {
     dt_coll_args args; /* DT_COLL_SEND or DT_COLL_RECV; root = the peer */
     size_t pos;        /* the backend's progress (shm: pieces through the channel) */
     int started, done;
+    int peer_gone;     /* it failed because the peer died (dt_comm_set_peer_faults) */
     _Alignas(16) unsigned char be[32]; /* the backend's handle (MPI: the request) */
 } dt_p2p;
 
@@ -102,6 +103,15 @@ struct dt_comm_ops {
     dt_status (*rejoin)(dt_comm_t c, double timeout, uint64_t *gen);
     /* Tells the peers that this rank gave up (best effort, never blocks). */
     void (*abort)(dt_comm_t c, const char *reason);
+    /* Replaceable ranks (optional; comm.h's dt_comm_peer_state and the
+     * others): a peer's state and incarnation; the point-to-point channels
+     * with a dead peer made empty for its replacement; the replacement's
+     * wait for those; and its place in a split made before it started. */
+    int (*peer_state)(dt_comm_t c, int peer, int *incarnation);
+    dt_status (*peer_reset)(dt_comm_t c, int peer);
+    dt_status (*rejoin_peers)(dt_comm_t c, const int *peers, int npeers);
+    int (*peer_ready)(dt_comm_t c, int peer);
+    dt_status (*split_rejoin)(dt_comm_t parent, dt_comm_t child, int color);
     void (*destroy)(dt_comm_t c);
 };
 
@@ -120,6 +130,7 @@ struct dt_comm {
     double timeout;  /* seconds, every blocking wait */
     int check;       /* compare arguments across ranks before each collective */
     int nsplits;     /* splits made from this communicator (names segments) */
+    int peer_faults; /* a transfer with a dead peer fails alone (dt_comm_set_peer_faults) */
     uint64_t gen;    /* the generation last joined (dt_comm_rejoin); 0 until then */
 
     /* Sticky error: once set, every call fails with it. */

@@ -208,7 +208,26 @@ int dt_run_ckpt_vote(const dt_run_ckpt *r) {
            dt_now() - r->last_time >= r->c->ckpt_every_seconds;
 }
 
+void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const dt_train_state *s), void *user) {
+    if (r->writer) {
+        dt_ckpt_writer_free(r->writer);
+        r->writer = NULL;
+    }
+    r->save = save;
+    r->save_user = user;
+}
+
 dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int stop, int timed) {
+    if (r->save) {  // as the writer: only with checkpoints on, or when stopping
+        if (!dt_run_ckpt_due(r, s->step, end, stop, timed)) return DT_OK;
+        r->last_step = s->step;
+        r->last_time = dt_now();
+        if (!r->dir[0] || !(stop || r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0)) return DT_OK;
+        dt_obs_begin(r->obs, DT_OBS_CHECKPOINT);
+        dt_status st = r->save(r->save_user, s);
+        dt_obs_end(r->obs, DT_OBS_CHECKPOINT);
+        return st;
+    }
     if (stop && !r->writer && r->dir[0]) {
         dt_status st = make_writer(r);
         if (st != DT_OK) return st;

@@ -31,7 +31,14 @@ typedef struct dt_run_ckpt {
     int rank, world;          /* world > 1: sharded checkpoints */
     char from[4200];          /* the checkpoint resumed, "" none (the same on every rank) */
     int from_parts;           /* the ranks that wrote it (dt_ckpt_open_part) */
+    dt_status (*save)(void *user, const dt_train_state *s);  /* dt_run_ckpt_set_saver */
+    void *save_user;
 } dt_run_ckpt;
+
+/* Saves are made by save(user, s) on every rank (a strategy whose own ranks
+ * write the files: parameter servers outside mode sync) instead of this
+ * rank's writer, which goes. */
+void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const dt_train_state *s), void *user);
 
 /* Sets up checkpoints for a loop whose state m describes (m.config is
  * filled in here). run_dir is the run directory on every rank (NULL: no

@@ -191,8 +191,8 @@ static dt_status params_needed(int layer, int phase, void *user) {
 // world's first ranks run its own loop (serve) to the end of the run
 // (*served = 1); the others go on as the workers, over a communicator of
 // their own in *workers.
-static dt_status split_roles(const dt_strategy_ops *sops, const dt_config *c, dt_comm_t all, dt_comm_t *workers,
-                             int *served) {
+static dt_status split_roles(const dt_strategy_ops *sops, const dt_config *c, dt_comm_t all, const char *run_dir,
+                             dt_comm_t *workers, int *served) {
     int k = sops->other_ranks ? sops->other_ranks(c) : 0, r = dt_comm_rank(all), size = dt_comm_size(all);
     *workers = all;
     *served = 0;
@@ -201,14 +201,23 @@ static dt_status split_roles(const dt_strategy_ops *sops, const dt_config *c, dt
         return dt_error(DT_ERR_CONFIG, "strategy %s: the first %d of the %d ranks are servers; none is left to train",
                         sops->name, k, size);
     dt_comm_t mine;
-    dt_status st = dt_comm_split(all, r < k, r, &mine);
+    // A worker or server restarted alone (ps.c, outside mode sync) takes
+    // its predecessor's place among its peers without them.
+    dt_status st = dt_comm_incarnation(all) > 0 ? dt_comm_split_rejoin(all, r < k, &mine)
+                                                 : dt_comm_split(all, r < k, r, &mine);
     if (st != DT_OK) return dt_error(st, "rank %d, splitting the workers from the servers: %s", r, dt_last_error());
     if (r >= k) {
         *workers = mine;
         return DT_OK;
     }
     *served = 1;
-    return dt_worker_exit(mine, sops->serve(c, all, mine));
+    return dt_worker_exit(mine, sops->serve(c, all, mine, run_dir));
+}
+
+// A checkpoint the strategy's own ranks write (dt_run_ckpt_set_saver).
+static dt_status save_by_strategy(void *user, const dt_train_state *ts) {
+    dt_strategy *s = user;
+    return s->ops->ckpt_save(s, ts);
 }
 
 // One step's micro-batches, forward and backward, on this rank; *loss_sum
@@ -323,7 +332,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_comm_t all = comm;  // every rank; comm becomes the workers' when the strategy has servers
     DT_TRY(dt_train_check_spares(c, spares), done);
     int served;
-    DT_TRY(split_roles(sops, c, all, &comm, &served), done);
+    DT_TRY(split_roles(sops, c, all, run_dir, &comm, &served), done);
     if (served) {
         res->rank = -1;  // not a worker: nothing to report
         goto done;
@@ -346,7 +355,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     // The model and its data; every rank starts from rank 0's parameters.
     dt_task_info info;
     DT_TRY(tops->create(&task, c, comm, sops->max_micro(c, W), model_rows, &info), done);
-    if (!newcomer &&
+    // A replacement for a worker that died (dt_comm_incarnation) skips the
+    // start's collectives, which the others made long ago with its
+    // predecessor: it gets the weights and its step from the strategy.
+    int rejoining = dt_comm_incarnation(comm) > 0;
+    if (!newcomer && !rejoining &&
         (st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
         st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
         goto done;
@@ -384,8 +397,21 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                         .nweights_meta = info.nweights_meta};
     dt_strategy_ckpt_view(strat, &cm);
     dt_train_state ts = {.rng = info.rng};
-    DT_TRY(dt_run_ckpt_begin(&ck, c, ckpt_run_dir, comm, &cm, &ts), done);
+    dt_config fresh = *c;  // a replacement resumes nothing: it rejoins
+    if (rejoining) fresh.resume[0] = 0;
+    DT_TRY(dt_run_ckpt_begin(&ck, &fresh, ckpt_run_dir, comm, &cm, &ts), done);
+    if (strat->ckpt_saves) dt_run_ckpt_set_saver(&ck, save_by_strategy, strat);
+    strat->ckpt_model = &ck.model;
+    strat->ckpt_dir = ck.dir;
+    strat->start_step = ts.step;
     DT_TRY(dt_strategy_ckpt_restore(strat, ck.from, ck.from_parts), done);
+    if (strat->rejoined) {  // its predecessor's place in the loop, so that it meets the others where they meet
+        int64_t at = strat->rejoin_step, spe0 = info.steps_per_epoch > 0 ? info.steps_per_epoch : 1;
+        ts.step = at;
+        ts.epoch = at / spe0;
+        ts.epoch_batch = at % spe0;
+        ck.last_step = c->ckpt_every_steps > 0 ? at - at % c->ckpt_every_steps : at;
+    }
     ck.obs = obs;
     dt_rng rng = ts.rng;
     res->resumed_step = ts.step;

@@ -56,10 +56,23 @@
  * waits for the weights before its next forward), so a server holds at
  * most one push per worker: its queue cannot grow.
  *
- * Checkpoints stay the workers': before a save (params_sync) every worker
- * fetches the optimizer state of every range into its own optimizer, whose
- * view the loop writes as it would dp's; on resume worker 0 sends each
- * server its range of the loaded state (INIT). */
+ * Checkpoints in mode sync stay the workers': before a save (params_sync)
+ * every worker fetches the optimizer state of every range into its own
+ * optimizer, whose view the loop writes as it would dp's. In the other
+ * modes the servers write them, each its range as its shard of a sharded
+ * checkpoint (DESC, SAVE). On resume worker 0 sends each server its range
+ * of the loaded state (INIT).
+ *
+ * Faults outside mode sync. A worker that dies (or hangs, and is killed)
+ * is restarted alone by the launcher; the servers drop it from their
+ * bookkeeping (drop: ssp does not wait for it, backup's N - b adapts),
+ * empty the channels to it once the launcher restarts it, and let its
+ * replacement back in (tend), which rejoins at its predecessor's step with
+ * the newest weights (JOIN, RESUME). A server that dies is restarted alone
+ * from its shard of the newest checkpoint (restore); each worker, finding
+ * it gone, waits for it, empties the channels and says its step (HELLO),
+ * then pushes its step again (server_back, repush). comm.h's replaceable
+ * ranks do the communicator's part. */
 #include "dtrain/launch.h"
 #include "engine/strategy.h"
 #include "engine/worker.h"
@@ -87,6 +100,14 @@ enum {
     M_NORM,
     M_WEIGHTS,
     M_STATES,
+    M_JOIN,
+    M_JOINED,
+    M_RESUME,
+    M_DESC,
+    M_SAVE,
+    M_SAVED,
+    M_HELLO,
+    M_HELLOED,
 };
 
 // Statistics a server keeps (sent with STATES): the staleness of every
@@ -94,11 +115,12 @@ enum {
 // computed from and its own; the last bin counts HIST_MAX and above),
 // then the figures below.
 enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
-       ST_PEAK_RSS, ST_N };
+       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_N };
 
 static const char *kind_name(int64_t k) {
-    static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES"};
-    return k > PS_MAGIC && k <= M_STATES ? names[k - PS_MAGIC - 1] : "unknown";
+    static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES",
+                                  "JOIN", "JOINED", "RESUME", "DESC", "SAVE", "SAVED", "HELLO", "HELLOED"};
+    return k > PS_MAGIC && k <= M_HELLOED ? names[k - PS_MAGIC - 1] : "unknown";
 }
 
 static int64_t bits_of(double x) {
@@ -128,10 +150,132 @@ static dt_status wait_all(dt_request_t *r, int n) {
 }
 
 // Hybrid groups ([ps] groups = G): workers [ceil(g N / G), ceil((g + 1) N / G))
-// form group g, whose first is its leader, the servers' peer g. Without
-// groups every worker is a group of its own.
+// form group g, whose first is its leader, the servers' peer g (by default
+// under mpirun or srun across hosts, mode sync: one group per host).
+// Without groups every worker is a group of its own.
 static int group_of(int rank, int N, int G) { return (int)((long)rank * G / N); }
-static int leader_of(int g, int N, int G) { return (int)(((long)g * N + G - 1) / G); }
+
+// ----------------------------------------------------------------------------
+// the servers' checkpoints (outside mode sync)
+//
+// Each server writes its range of the weights and the optimizer state as
+// its shard of a sharded checkpoint (ckpt.h: DIR/step-N/, shard j of S is
+// dt_shard_range(n, j, S), the server's range), and server 0 the index.
+// What a checkpoint says about the model (the directory, the optimizer's
+// name, the config, the tensor table, the weights' metadata) comes from
+// worker 0 (DESC) as lines of text: "dir\tPATH", "optimizer\tNAME",
+// "meta\tKEY\tVALUE", "tensor\tNAME\tOFFSET\tNDIM\tD0 D1 ..", then
+// "config" and the config text to the end. The loop's state comes with
+// each SAVE, after the workers met (params_sync).
+
+typedef struct {
+    char *text;  // the blob, cut in place; the fields point into it
+    const char *dir, *optimizer, *config;
+    dt_tensor_info *tensors;
+    int ntensors;
+    dt_st_meta *meta;
+    int nmeta;
+} model_desc;
+
+static char *desc_encode(const dt_ckpt_model *m, const char *dir, size_t *len) {
+    size_t cap = 4096 + strlen(m->config ? m->config : "") + strlen(dir);
+    for (int i = 0; i < m->ntensors; i++) cap += strlen(m->tensors[i].name) + 128;
+    for (int i = 0; i < m->nweights_meta; i++)
+        cap += strlen(m->weights_meta[i].key) + strlen(m->weights_meta[i].value) + 16;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    size_t o = (size_t)snprintf(b, cap, "dir\t%s\noptimizer\t%s\n", dir, m->optimizer ? m->optimizer : "");
+    for (int i = 0; i < m->nweights_meta; i++)
+        o += (size_t)snprintf(b + o, cap - o, "meta\t%s\t%s\n", m->weights_meta[i].key, m->weights_meta[i].value);
+    for (int i = 0; i < m->ntensors; i++) {
+        const dt_tensor_info *t = &m->tensors[i];
+        o += (size_t)snprintf(b + o, cap - o, "tensor\t%s\t%zu\t%d\t", t->name, t->offset, t->ndim);
+        for (int d = 0; d < t->ndim; d++) o += (size_t)snprintf(b + o, cap - o, "%lld ", (long long)t->shape[d]);
+        o += (size_t)snprintf(b + o, cap - o, "\n");
+    }
+    o += (size_t)snprintf(b + o, cap - o, "config\n%s", m->config ? m->config : "");
+    *len = o + 1;
+    return b;
+}
+
+static void desc_free(model_desc *d) {
+    free(d->text);
+    free(d->tensors);
+    free(d->meta);
+    memset(d, 0, sizeof *d);
+}
+
+// Parses text (len bytes, taken over) into d; a line that does not parse
+// fails, naming it.
+static dt_status desc_decode(model_desc *d, char *text, size_t len, int me) {
+    desc_free(d);
+    d->text = text;
+    text[len - 1] = 0;
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    d->tensors = calloc(lines, sizeof *d->tensors);
+    d->meta = calloc(lines, sizeof *d->meta);
+    if (!d->tensors || !d->meta) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", me);
+    for (char *l = text; l && *l;) {
+        char *nl = strchr(l, '\n'), *f[5] = {0};
+        if (!strncmp(l, "config\n", 7)) {
+            d->config = l + 7;
+            break;
+        }
+        if (nl) *nl = 0;
+        int nf = 0;
+        for (char *q = l; q && nf < 5; nf++) {
+            f[nf] = q;
+            q = strchr(q, '\t');
+            if (q) *q++ = 0;
+        }
+        if (nf == 2 && !strcmp(f[0], "dir")) d->dir = f[1];
+        else if (nf == 2 && !strcmp(f[0], "optimizer")) d->optimizer = f[1];
+        else if (nf == 3 && !strcmp(f[0], "meta")) d->meta[d->nmeta++] = (dt_st_meta){f[1], f[2]};
+        else if (nf == 5 && !strcmp(f[0], "tensor")) {
+            dt_tensor_info *t = &d->tensors[d->ntensors++];
+            t->name = f[1];
+            t->offset = (size_t)strtoull(f[2], NULL, 10);
+            t->ndim = atoi(f[3]);
+            if (t->ndim < 1 || t->ndim > 4)
+                return dt_error(DT_ERR_COMM, "server %d: DESC: tensor %s with %d dimensions", me, t->name, t->ndim);
+            char *q = f[4];
+            t->numel = 1;
+            for (int k = 0; k < t->ndim; k++) {
+                t->shape[k] = strtoll(q, &q, 10);
+                t->numel *= (size_t)t->shape[k];
+            }
+        } else {
+            return dt_error(DT_ERR_COMM, "server %d: DESC: a line \"%.40s\" that is not a field", me, l);
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    if (!d->dir || !d->config) return dt_error(DT_ERR_COMM, "server %d: DESC without a directory or a config", me);
+    return DT_OK;
+}
+
+// The loop's state, as SAVE carries it.
+enum { TS_STEP, TS_EPOCH, TS_BATCH, TS_ESTEPS, TS_LOSS, TS_RNG, TS_WORLD = TS_RNG + 4, TS_N };
+
+static void ts_pack(const dt_train_state *s, int64_t *v) {
+    v[TS_STEP] = s->step;
+    v[TS_EPOCH] = s->epoch;
+    v[TS_BATCH] = s->epoch_batch;
+    v[TS_ESTEPS] = s->epoch_steps;
+    v[TS_LOSS] = bits_of(s->epoch_loss);
+    memcpy(&v[TS_RNG], s->rng.s, sizeof s->rng.s);
+    v[TS_WORLD] = s->world;
+}
+
+static void ts_unpack(const int64_t *v, dt_train_state *s) {
+    s->step = v[TS_STEP];
+    s->epoch = v[TS_EPOCH];
+    s->epoch_batch = v[TS_BATCH];
+    s->epoch_steps = v[TS_ESTEPS];
+    s->epoch_loss = double_of(v[TS_LOSS]);
+    memcpy(s->rng.s, &v[TS_RNG], sizeof s->rng.s);
+    s->world = (int)v[TS_WORLD];
+}
 
 // ----------------------------------------------------------------------------
 // the worker's side
@@ -153,6 +297,9 @@ typedef struct {
     int64_t *acc;       // deterministic: this worker's fixed-point sums
     int64_t step;
     int64_t *ver;       // the version of each server's weights this worker holds
+    int *sinc;          // the incarnation of each server this worker knows (a restarted one's is higher)
+    int64_t *leaders;   // the world ranks of the workers that talk to the servers (groups' leaders), G of them
+    int G;
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     int leader;           // this worker talks to the servers
@@ -179,7 +326,7 @@ static dt_status ps_check(const dt_config *c, int W) {
                                        "needs mode = sync", m);
     if (c->ps_mode != MODE_SYNC && (c->ckpt_sharded || c->ckpt_every_seconds > 0))
         return dt_error(DT_ERR_CONFIG, "[ps] mode = %s: workers step at their own pace, so checkpoints are by steps "
-                                       "and written by worker 0 ([checkpoint] %s is not available)",
+                                       "and written by the servers, each its range ([checkpoint] %s is not available)",
                         m, c->ckpt_sharded ? "sharded" : "every_seconds");
     if (c->ps_mode == MODE_BACKUP && c->ps_backup >= W)
         return dt_error(DT_ERR_CONFIG, "[ps] backup_workers = %d: must be fewer than the %d workers", c->ps_backup, W);
@@ -231,14 +378,49 @@ static dt_status ps_init(dt_strategy *s) {
                         s->n);
     w->slo = malloc(sizeof(size_t) * 2 * (size_t)w->S);
     w->ver = calloc((size_t)w->S, sizeof *w->ver);
-    if (!w->slo || !w->ver) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    w->sinc = calloc((size_t)w->S, sizeof *w->sinc);
+    if (!w->slo || !w->ver || !w->sinc) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     s->own_pace = s->c->ps_mode != MODE_SYNC;
+    // Outside mode sync the servers write the checkpoints, and a server's
+    // death is survived: the worker waits for it to come back (server_back).
+    s->ckpt_saves = s->own_pace;
+    if (s->own_pace) dt_comm_set_peer_faults(s->all, 1);
+    for (int j = 0; j < w->S; j++) dt_comm_peer_state(s->all, j, &w->sinc[j]);
     w->leader = 1;
-    if (s->c->ps_groups > 0) {  // a collective over the workers
-        dt_status st = dt_comm_split(s->comm, group_of(s->rank, s->world, s->c->ps_groups), s->rank, &w->group);
+    // Hybrid groups: [ps] groups = G, or by default under mpirun or srun
+    // across hosts in mode sync, one group per host (its workers allreduce
+    // over the host's memory; its leader talks to the servers).
+    int hosts = !s->own_pace && s->c->ps_groups == 0 && dt_comm_nnodes(s->all) > 1;
+    if (s->c->ps_groups > 0 || hosts) {  // a collective over the workers
+        int color = hosts ? dt_comm_node(s->all) : group_of(s->rank, s->world, s->c->ps_groups);
+        dt_status st = dt_comm_split(s->comm, color, s->rank, &w->group);
         if (st != DT_OK) return dt_error(st, "strategy ps: the workers' groups: %s", dt_last_error());
         w->leader = dt_comm_rank(w->group) == 0;
     }
+    // The leaders' world ranks, in worker order: the servers' peers.
+    int64_t *mine = malloc(sizeof(int64_t) * (size_t)s->world);
+    w->leaders = malloc(sizeof(int64_t) * (size_t)s->world);
+    if (!mine || !w->leaders) {
+        free(mine);
+        return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    }
+    int64_t me = w->leader ? dt_comm_rank(s->all) : -1;
+    dt_status ast = DT_OK;
+    if (w->group)  // (without groups every worker leads: no collective, which a replacement could not join)
+        ast = dt_allgather(&me, mine, 1, DT_I64, s->comm);
+    else
+        for (int r = 0; r < s->world; r++) mine[r] = w->S + r;
+    if (ast != DT_OK) {
+        free(mine);
+        return dt_error(ast, "strategy ps: the groups' leaders: %s", dt_last_error());
+    }
+    w->G = 0;
+    for (int r = 0; r < s->world; r++)
+        if (mine[r] >= 0) w->leaders[w->G++] = mine[r];
+    free(mine);
+    if (hosts && s->rank == 0)
+        dt_log(DT_LOG_INFO, "parameter servers: %d groups of workers, one per host (the hosts of mpirun/srun; "
+                            "[ps] groups = N sets another number)", w->G);
     w->shi = w->slo + w->S;
     for (int j = 0; j < w->S; j++) dt_shard_range(s->n, j, w->S, &w->slo[j], &w->shi[j]);
     dt_grad_range whole = {0, s->n};
@@ -253,7 +435,7 @@ static dt_status ps_init(dt_strategy *s) {
     w->np = cut(w, order, norder, bf, NULL);
     w->p = malloc(sizeof *w->p * (size_t)w->np);
     w->hdr = malloc(sizeof *w->hdr * (size_t)(w->np + 2 * w->S));
-    w->req = calloc((size_t)(2 * w->np + 2 * w->S), sizeof *w->req);
+    w->req = calloc((size_t)(2 * w->np + 3 * w->S), sizeof *w->req);
     if (!w->p || !w->hdr || !w->req) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     cut(w, order, norder, bf, w->p);
     if (s->c->deterministic && !(w->acc = dt_alloc(sizeof(int64_t) * s->n)))
@@ -262,19 +444,104 @@ static dt_status ps_init(dt_strategy *s) {
     return DT_OK;
 }
 
+static void push(ps_worker *w, int i);
+
+// A failure talking to server j outside mode sync: did it die (to be
+// restarted alone by the launcher)?
+static int server_lost(ps_worker *w, int j) {
+    int inc, state = dt_comm_peer_state(w->base.all, j, &inc);
+    return w->base.own_pace && (state != DT_PEER_RUNNING || inc > w->sinc[j]);
+}
+
+// Worker 0 tells server j what its checkpoints say about the model (DESC).
+static dt_status send_desc(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    if (s->rank != 0 || !s->ckpt_saves || !s->ckpt_model || !s->ckpt_dir || !s->ckpt_dir[0]) return DT_OK;
+    size_t len;
+    char *b = desc_encode(s->ckpt_model, s->ckpt_dir, &len);
+    if (!b) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    int64_t h[H_N] = {M_DESC, w->step, w->ver[j], 0, (int64_t)len, 0, 0, 0};
+    dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK) st = dt_send(b, len, DT_U8, j, s->all);
+    free(b);
+    return st;
+}
+
+// Server j died and the launcher restarts it alone from its shard of the
+// newest checkpoint: this worker empties the channels between the two for
+// the replacement, waits for it (bounded) and tells it its step (HELLO),
+// taking the version of the range it now holds.
+static dt_status server_back(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    double t0 = dt_now();
+    int inc = 0, state = dt_comm_peer_state(s->all, j, &inc);
+    for (; inc <= w->sinc[j]; state = dt_comm_peer_state(s->all, j, &inc)) {
+        if (dt_now() - t0 > 60)
+            return dt_error(DT_ERR_COMM, "worker %d: server %d died and was not restarted", s->rank, j);
+        dt_heartbeat(-1);
+        usleep(2000);
+    }
+    dt_status st = dt_comm_peer_reset(s->all, j);
+    w->sinc[j] = inc;
+    while (st == DT_OK && (state = dt_comm_peer_state(s->all, j, &inc)) != DT_PEER_RUNNING) {
+        if (inc > w->sinc[j]) {  // died again before it ran
+            st = dt_comm_peer_reset(s->all, j);
+            w->sinc[j] = inc;
+        }
+        if (state == DT_PEER_GONE || dt_now() - t0 > 120)
+            return dt_error(DT_ERR_COMM, "worker %d: server %d was restarted but did not come back", s->rank, j);
+        dt_heartbeat(-1);
+        usleep(2000);
+    }
+    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, 0, 0, 0, 0};
+    if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK && h[H_KIND] != M_HELLOED)
+        st = dt_error(DT_ERR_COMM, "worker %d: restarted server %d sent %s, expected HELLOED", s->rank, j,
+                      kind_name(h[H_KIND]));
+    if (st == DT_OK) w->ver[j] = h[H_VERSION];
+    if (st == DT_OK) st = send_desc(w, j);
+    if (st != DT_OK) return dt_error(st, "worker %d, server %d back: %s", s->rank, j, dt_last_error());
+    dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, from its checkpoint) at version %lld, "
+                        "step %lld retried", s->rank, j, inc, (long long)w->ver[j], (long long)w->step + 1);
+    return DT_OK;
+}
+
+// This step's pieces for server j again (blocking), to a restarted server.
+static dt_status repush(ps_worker *w, int j) {
+    w->err = DT_OK;
+    for (int i = 0; i < w->np; i++)
+        if (w->p[i].server == j) push(w, i);
+    dt_status st = DT_OK;
+    for (int i = 0; i < w->np; i++)
+        if (w->p[i].server == j) {
+            dt_status a = wait_all(&w->req[2 * i], 2);
+            if (st == DT_OK) st = a;
+        }
+    if (w->err != DT_OK) return dt_error(w->err, "%s", w->errmsg);
+    return st;
+}
+
 static void ps_fini(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
-    if (w->req) wait_all(w->req, 2 * w->np + 2 * w->S);
+    if (w->req) wait_all(w->req, 2 * w->np + 3 * w->S);
     // Done: the servers end when every worker said so. A broken world has
     // nobody to tell (the abort reaches the servers).
     if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
-            if (dt_send(h, H_N, DT_I64, j, s->all) != DT_OK) break;
+            dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st != DT_OK && server_lost(w, j) && server_back(w, j) == DT_OK) {
+                h[H_VERSION] = w->ver[j];
+                st = dt_send(h, H_N, DT_I64, j, s->all);
+            }
+            if (st != DT_OK) break;
         }
     dt_comm_destroy(w->group);
     free(w->slo);
     free(w->ver);
+    free(w->sinc);
+    free(w->leaders);
     free(w->p);
     free(w->hdr);
     free(w->req);
@@ -362,6 +629,20 @@ static dt_status ps_sync(dt_strategy *s) {
     }
     while (w->next < w->np && w->err == DT_OK) push(w, w->next++);
     st = wait_all(w->req, 2 * w->np);
+    if (s->own_pace && (st != DT_OK || w->err != DT_OK)) {  // a server died: its pieces again, once it is back
+        int lost = 0;
+        dt_status again = DT_OK;
+        for (int j = 0; j < w->S && again == DT_OK; j++)
+            if (server_lost(w, j)) {
+                lost = 1;
+                again = server_back(w, j);
+                if (again == DT_OK) again = repush(w, j);
+            }
+        if (lost) {
+            st = again;
+            w->err = DT_OK;
+        }
+    }
     if (w->acc) memset(w->acc, 0, sizeof(int64_t) * s->n);
     double t = dt_now();
     if (!w->t_first) w->t_first = t;
@@ -406,32 +687,73 @@ static dt_status share(ps_worker *w, int states) {
     return st;
 }
 
-// COMMIT to every server, then the new weights of every range.
+// COMMIT to server j: this step's learning rate and clip scale (req NULL:
+// blocking).
+static dt_status commit_to(ps_worker *w, int j, float lr, float scale, dt_request_t *req) {
+    int64_t *c = w->hdr[w->np + j];
+    c[H_KIND] = M_COMMIT;
+    c[H_STEP] = w->step;
+    c[H_VERSION] = w->ver[j];
+    c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
+    c[H_A] = bits_of(lr);
+    c[H_B] = bits_of(scale);
+    return req ? dt_isend(c, H_N, DT_I64, j, w->base.all, req) : dt_send(c, H_N, DT_I64, j, w->base.all);
+}
+
+// Server j's WEIGHTS of this step, into the block: the receives posted
+// (post), then waited for.
+static dt_status weights_post(ps_worker *w, int j) {
+    dt_strategy *s = &w->base;
+    dt_request_t *r = w->req + 2 * w->np + 2 * j;
+    dt_status st = dt_irecv(w->hdr[w->np + w->S + j], H_N, DT_I64, j, s->all, &r[0]);
+    if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
+    return st;
+}
+
+static dt_status weights_wait(ps_worker *w, int j, dt_status st) {
+    dt_strategy *s = &w->base;
+    int64_t *h = w->hdr[w->np + w->S + j];
+    dt_status st2 = wait_all(w->req + 2 * w->np + 2 * j, 2);
+    if (st == DT_OK) st = st2;
+    if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_STEP] != w->step))
+        st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected WEIGHTS for step %lld", s->rank,
+                      j, kind_name(h[H_KIND]), (long long)h[H_STEP] + 1, (long long)w->step + 1);
+    return st;
+}
+
+// COMMIT to every server, then the new weights of every range. The
+// receives of the weights are posted before the commits go: a server that
+// sends a worker its weights must not wait for that worker to get its
+// commit into another server that waits for a third worker (the cycle of
+// blocked sends a worker's one-at-a-time exchange made possible). Outside
+// mode sync a server that died is waited for, and gets this step's pieces
+// and COMMIT again.
 static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     ps_worker *w = (ps_worker *)s;
     int S = w->S;
     int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
-    dt_request_t *r = w->req + 2 * w->np;
-    dt_status st = DT_OK;
-    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
-        int64_t *c = h[j];
-        c[H_KIND] = M_COMMIT;
-        c[H_STEP] = w->step;
-        c[H_VERSION] = w->ver[j];
-        c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
-        c[H_A] = bits_of(lr);
-        c[H_B] = bits_of(scale);
-        st = dt_send(c, H_N, DT_I64, j, s->all);
+    dt_request_t *cr = w->req + 2 * w->np + 2 * S;  // the commits in flight
+    dt_status st = DT_OK, *cst = calloc((size_t)S, sizeof *cst);
+    if (!cst) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < S && w->leader; j++) cst[j] = weights_post(w, j);
+    for (int j = 0; j < S && w->leader; j++)
+        if (cst[j] == DT_OK) cst[j] = commit_to(w, j, lr, scale, &cr[j]);
+    for (int j = 0; j < S && w->leader; j++) {
+        dt_status c = dt_wait(&cr[j]);
+        if (cst[j] == DT_OK) cst[j] = c;
     }
-    for (int j = 0; j < S && st == DT_OK && w->leader; j++) {
-        st = dt_irecv(h[S + j], H_N, DT_I64, j, s->all, &r[0]);
-        if (st == DT_OK) st = dt_irecv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all, &r[1]);
-        if (st == DT_OK) st = wait_all(r, 2);
-        if (st == DT_OK && (h[S + j][H_KIND] != M_WEIGHTS || h[S + j][H_STEP] != w->step))
-            st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld, expected WEIGHTS for step %lld",
-                          s->rank, j, kind_name(h[S + j][H_KIND]), (long long)h[S + j][H_STEP] + 1,
-                          (long long)w->step + 1);
+    for (int j = 0; j < S && w->leader; j++) {
+        dt_status sj = weights_wait(w, j, cst[j]);
+        for (int t = 0; sj != DT_OK && t < 3 && server_lost(w, j); t++) {
+            sj = server_back(w, j);
+            if (sj == DT_OK) sj = repush(w, j);
+            if (sj == DT_OK) sj = weights_post(w, j);
+            if (sj == DT_OK) sj = commit_to(w, j, lr, scale, NULL);
+            sj = weights_wait(w, j, sj);
+        }
+        if (st == DT_OK) st = sj;
     }
+    free(cst);
     if (st != DT_OK) return dt_error(st, "weights from the servers: %s", dt_last_error());
     for (int j = 0; j < S && w->leader; j++) w->ver[j] = h[S + j][H_VERSION];  // the others': share() below
     s->has_staleness = 1;
@@ -452,40 +774,126 @@ static dt_status ps_params_sync(dt_strategy *s) {
     dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
     for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
         size_t len = w->shi[j] - w->slo[j];
-        int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
-        st = dt_send(h, H_N, DT_I64, j, s->all);
-        if (st == DT_OK) st = expect(w, j, h, M_STATES);
-        if (st == DT_OK) w->ver[j] = h[H_VERSION];
-        if (st == DT_OK) st = dt_recv(s->params + w->slo[j], len, DT_F32, j, s->all);
-        for (int k = 0; k < ns && st == DT_OK; k++)
-            st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], len, DT_F32, j, s->all);
-        int64_t stats[ST_N];
-        if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
-        if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
+        for (int t = 0; t < 4; t++) {  // again after a server's restart (outside mode sync)
+            if (t > 0 && (!server_lost(w, j) || (st = server_back(w, j)) != DT_OK)) break;
+            int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = expect(w, j, h, M_STATES);
+            if (st == DT_OK) w->ver[j] = h[H_VERSION];
+            if (st == DT_OK) st = dt_recv(s->params + w->slo[j], len, DT_F32, j, s->all);
+            for (int k = 0; k < ns && st == DT_OK; k++)
+                st = dt_recv(dt_optim_state(s->opt, k) + w->slo[j], len, DT_F32, j, s->all);
+            int64_t stats[ST_N];
+            if (st == DT_OK) st = dt_recv(stats, ST_N, DT_I64, j, s->all);
+            if (st == DT_OK && j == 0) memcpy(w->stats, stats, sizeof stats);
+            if (st == DT_OK) break;
+        }
     }
     if (st == DT_OK && w->group) st = share(w, 1);
     if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
     return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
 }
 
+// A replacement for a worker that died (outside mode sync; the launcher
+// restarted it alone): once every server has let it in (dt_comm_rejoin_peers),
+// it asks each for the step its predecessor was at (JOIN), goes on from
+// the earliest (RESUME: a server that had applied that step's gradient
+// takes it again) and gets the newest weights of every range.
+static dt_status rejoin(ps_worker *w) {
+    dt_strategy *s = &w->base;
+    int *peers = malloc(sizeof(int) * (size_t)w->S);
+    if (!peers) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < w->S; j++) peers[j] = j;
+    dt_status st = dt_comm_rejoin_peers(s->all, peers, w->S);
+    free(peers);
+    int64_t m = INT64_MAX, h[H_N];
+    for (int j = 0; j < w->S && st == DT_OK; j++) {
+        int64_t q[H_N] = {M_JOIN, 0, 0, 0, 0, 0, 0, 0};
+        st = dt_send(q, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK && h[H_KIND] != M_JOINED)
+            st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected JOINED", s->rank, j,
+                          kind_name(h[H_KIND]));
+        if (st == DT_OK && h[H_STEP] < m) m = h[H_STEP];
+    }
+    for (int j = 0; j < w->S && st == DT_OK; j++) {
+        int64_t q[H_N] = {M_RESUME, m, 0, 0, 0, 0, 0, 0};
+        st = dt_send(q, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_OFF] != (int64_t)w->slo[j] ||
+                            h[H_COUNT] != (int64_t)(w->shi[j] - w->slo[j])))
+            st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected the WEIGHTS of its range",
+                          s->rank, j, kind_name(h[H_KIND]));
+        if (st == DT_OK) st = dt_recv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all);
+        if (st == DT_OK) w->ver[j] = h[H_VERSION];
+    }
+    if (st != DT_OK) return dt_error(st, "worker %d, rejoining the servers: %s", s->rank, dt_last_error());
+    w->step = m;
+    s->rejoined = 1;
+    s->rejoin_step = m;
+    dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step %lld",
+           s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);
+    return DT_OK;
+}
+
+// Outside mode sync the servers write the checkpoints (each its range as a
+// shard; above): once the workers met (params_sync), worker 0 sends each
+// server the loop's state (SAVE) and waits for its SAVED; the others wait
+// for worker 0, so that no update comes between.
+static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
+    ps_worker *w = (ps_worker *)s;
+    dt_status st = DT_OK;
+    int64_t v[TS_N];
+    ts_pack(ts, v);
+    // SAVE to all first (server 0 completes the checkpoint once every shard
+    // is written), then each SAVED; a server that died gets SAVE again.
+    dt_status *sent = calloc((size_t)w->S, sizeof *sent);
+    if (!sent) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int j = 0; j < w->S && s->rank == 0; j++) {
+        int64_t h[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
+        sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
+        if (sent[j] == DT_OK) sent[j] = dt_send(v, TS_N, DT_I64, j, s->all);
+    }
+    for (int j = 0; j < w->S && st == DT_OK && s->rank == 0; j++) {
+        int64_t h[H_N];
+        st = sent[j] == DT_OK ? expect(w, j, h, M_SAVED) : sent[j];
+        for (int t = 0; st != DT_OK && t < 3 && server_lost(w, j); t++) {
+            int64_t q[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
+            st = server_back(w, j);
+            if (st == DT_OK) st = dt_send(q, H_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = dt_send(v, TS_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = expect(w, j, h, M_SAVED);
+        }
+    }
+    free(sent);
+    if (st != DT_OK) return dt_error(st, "checkpoint of step %lld by the servers: %s", (long long)ts->step, dt_last_error());
+    return s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+}
+
 // At the start (fresh or resumed): worker 0 gives each server its range of
-// the weights and the optimizer state; the step count is the version.
+// the weights and the optimizer state, the loop's step, and as the
+// version the optimizer's step count. A replacement rejoins instead.
 static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     ps_worker *w = (ps_worker *)s;
     (void)path;
     (void)parts;
-    w->step = *dt_optim_step_count(s->opt);
-    for (int j = 0; j < w->S; j++) w->ver[j] = w->step;
+    if (dt_comm_incarnation(s->all) > 0) return rejoin(w);
+    // Steps are the loop's; a range's version counts its updates (the
+    // optimizer's step count: outside mode sync a server's checkpoint
+    // holds its own, several updates a step).
+    w->step = s->start_step;
+    for (int j = 0; j < w->S; j++) w->ver[j] = *dt_optim_step_count(s->opt);
     if (s->rank != 0) return DT_OK;
     int ns = dt_optim_num_states(s->opt);
     dt_status st = DT_OK;
     for (int j = 0; j < w->S && st == DT_OK; j++) {
         size_t lo = w->slo[j], len = w->shi[j] - lo;
-        int peers = s->c->ps_groups > 0 ? s->c->ps_groups : s->world;
-        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, peers, (int64_t)s->n};
+        int64_t h[H_N] = {M_INIT, w->step, w->ver[j], (int64_t)lo, (int64_t)len, ns, w->G, (int64_t)s->n};
         st = dt_send(h, H_N, DT_I64, j, s->all);
+        if (st == DT_OK) st = dt_send(w->leaders, (size_t)w->G, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
+        if (st == DT_OK) st = send_desc(w, j);
     }
     return st == DT_OK ? DT_OK : dt_error(st, "starting the servers: %s", dt_last_error());
 }
@@ -505,6 +913,10 @@ typedef struct {
     int64_t arrived;  // when its push completed (backup: the first N - b of a step)
     int committed, held, ended;
     int rank;         // in the world
+    int dropped;      // its process died: 1 until the launcher restarts it, 2 until the replacement runs,
+                      // 3 while it rejoins (JOIN, RESUME); 0: taking part
+    int inc;          // the replacement's incarnation
+    double dead_at;
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
     double lr, scale;
 } peer;
@@ -523,6 +935,11 @@ typedef struct {
     int reduced;       // sync: this step's pushes are summed and the norm sent
     int ended;         // workers that said END
     int64_t stats[ST_N];
+    const char *run_dir;
+    int64_t *ranks;    // the world ranks of its peers (INIT; NULL: every worker)
+    model_desc desc;   // worker 0's DESC (checkpoints)
+    dt_ckpt_model cm;  // this server's view for its writer
+    dt_ckpt_writer *writer;
 } server;
 
 // A failure naming this server and the worker.
@@ -575,6 +992,9 @@ static dt_status send_states(server *sv, int wi) {
     return st;
 }
 
+static dt_status save(server *sv, int wi);
+static dt_status make_writer(server *sv);
+
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
     peer *p = &sv->w[wi];
@@ -593,6 +1013,61 @@ static dt_status handle(server *sv, int wi) {
         break;
     case M_FETCH:
         st = send_states(sv, wi);
+        break;
+    case M_DESC: {  // the model, for checkpoints
+        size_t len = (size_t)p->h[H_COUNT];
+        if (p->h[H_COUNT] <= 0 || p->h[H_COUNT] > (16 << 20))
+            return dt_error(DT_ERR_COMM, "server %d: DESC of %lld bytes from worker %d", sv->me,
+                            (long long)p->h[H_COUNT], wi);
+        char *text = malloc(len);
+        if (!text) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+        st = dt_recv(text, len, DT_U8, p->rank, sv->all);
+        if (st != DT_OK) {
+            free(text);
+            return st;
+        }
+        if ((st = desc_decode(&sv->desc, text, len, sv->me)) != DT_OK) return st;
+        st = make_writer(sv);
+        break;
+    }
+    case M_SAVE:
+        st = save(sv, wi);
+        break;
+    case M_HELLO:  // a worker found this server restarted: it goes on from its step
+        if (p->dropped != 5)
+            return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
+        p->step = p->h[H_STEP];
+        p->sent = sv->version;
+        p->dropped = 0;
+        {
+            int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
+        }
+        break;
+    case M_JOIN:  // a replacement: the step its predecessor was at
+        if (p->dropped != 3)
+            return dt_error(DT_ERR_COMM, "server %d: JOIN from worker %d, which did not die", sv->me, wi);
+        {
+            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
+        }
+        break;
+    case M_RESUME:  // ... going on from that step, with the newest weights
+        if (p->dropped != 3)
+            return dt_error(DT_ERR_COMM, "server %d: RESUME from worker %d, which did not die", sv->me, wi);
+        p->step = p->h[H_STEP];
+        p->dropped = 0;
+        p->stale = 0;
+        sv->stats[ST_REJOINED]++;
+        if (sv->me == 0)
+            dt_log(DT_LOG_WARN, "server 0: worker %d rejoined at server version %lld, with its step %lld", wi,
+                   (long long)sv->version, (long long)p->step + 1);
+        {
+            int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
+            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
+            if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, p->rank, sv->all);
+            p->sent = sv->version;
+        }
         break;
     case M_END:
         if (p->got)
@@ -645,6 +1120,125 @@ static void next_step(server *sv, peer *p) {
     (void)sv;
 }
 
+// The checkpoint writer of this server's shard, made when DESC arrives
+// (before any save: server 0's removes what an earlier run left unfinished;
+// a restarted server's leaves them: the save in flight may be among them).
+static dt_status make_writer(server *sv) {
+    if (sv->writer) return DT_OK;
+    dt_status st;
+    dt_ckpt_model *m = &sv->cm;
+    memset(m, 0, sizeof *m);
+    m->tensors = sv->desc.tensors;
+    m->ntensors = sv->desc.ntensors;
+    m->params = sv->params;
+    m->nparams = sv->n;
+    m->nstates = dt_optim_num_states(sv->opt);
+    for (int k = 0; k < m->nstates && k < 2; k++) m->states[k] = dt_optim_state(sv->opt, k);
+    m->opt_step = dt_optim_step_count(sv->opt);
+    m->optimizer = sv->desc.optimizer;
+    m->config = sv->desc.config;
+    m->weights_meta = sv->desc.meta;
+    m->nweights_meta = sv->desc.nmeta;
+    m->params_lo = m->states_lo = sv->lo;
+    m->params_hi = m->states_hi = sv->lo + sv->len;
+    if ((st = (dt_comm_incarnation(sv->all) > 0 ? dt_ckpt_writer_rejoin : dt_ckpt_writer_create)(
+             &sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
+        return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
+    return DT_OK;
+}
+
+// SAVE from worker 0: this server's range into its shard of the
+// checkpoint of the loop's state that follows, then SAVED.
+static dt_status save(server *sv, int wi) {
+    int64_t v[TS_N];
+    dt_status st = dt_recv(v, TS_N, DT_I64, sv->w[wi].rank, sv->all);
+    if (st != DT_OK) return st;
+    if (!sv->writer) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
+    dt_train_state ts = {0};
+    ts_unpack(v, &ts);
+    // SAVED once the shard is durable (server 0: the checkpoint complete),
+    // so that a server that dies after it has its shard on disk.
+    if ((st = dt_ckpt_writer_save(sv->writer, &ts)) == DT_OK) st = dt_ckpt_writer_wait(sv->writer);
+    if (st != DT_OK)
+        return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
+    int64_t h[H_N] = {M_SAVED, sv->w[wi].h[H_STEP], sv->version, 0, 0, 0, 0, 0};
+    return dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+}
+
+// Outside mode sync a worker's death does not stop the server: worker wi's
+// process died (the launcher restarts it alone): what it had pushed of its
+// step is forgotten and it leaves the staleness, ssp and backup
+// bookkeeping until its replacement rejoins (tend).
+static void drop(server *sv, int wi, const char *why) {
+    peer *p = &sv->w[wi];
+    if (p->req) dt_wait(&p->req);  // fails at once: its peer is gone
+    memset(p->seen, 0, sv->len);
+    p->got = 0;
+    p->committed = 0;
+    p->held = 0;
+    p->dropped = 1;
+    p->dead_at = dt_now();
+    sv->stats[ST_DIED]++;
+    if (sv->me == 0)
+        dt_log(DT_LOG_WARN, "server 0: worker %d died at its step %lld (%s); dropped from the %s bookkeeping until it rejoins",
+               wi, (long long)p->step + 1, why, sv->mode == MODE_SSP ? "ssp" : sv->mode == MODE_BACKUP ? "backup" : "staleness");
+}
+
+// st from an exchange with worker wi: a failure because its process died
+// drops it (DT_OK); any other stays a failure.
+static dt_status survive(server *sv, int wi, dt_status st) {
+    if (st == DT_OK || sv->mode == MODE_SYNC || sv->w[wi].dropped == 1) return st;
+    if (dt_comm_peer_state(sv->all, sv->w[wi].rank, NULL) == DT_PEER_RUNNING) return st;
+    char why[512];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    drop(sv, wi, why);
+    return DT_OK;
+}
+
+// The dropped workers: once the launcher is restarting one, the channels
+// to it are emptied for the replacement; once that runs, its JOIN is
+// awaited (a worker still dead after 60 s fails the server: the launcher
+// stops the group long before when it does not restart it). *moved:
+// something changed.
+static dt_status tend(server *sv, int *moved) {
+    for (int wi = 0; wi < sv->N; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->dropped) continue;
+        int inc, state = dt_comm_peer_state(sv->all, p->rank, &inc);
+        if (p->dropped >= 4) {  // this server is a replacement: each worker lets it in
+            if (state == DT_PEER_GONE) {  // it finished before this server came back
+                p->dropped = 0;
+                p->ended = 1;
+                sv->ended++;
+                *moved = 1;
+            } else if (p->dropped == 4 && dt_comm_peer_ready(sv->all, p->rank)) {
+                p->dropped = 5;
+                *moved = 1;
+                dt_status st = post_header(sv, wi);
+                if (st != DT_OK) return st;
+            }
+            continue;
+        }
+        if (state == DT_PEER_RESTARTING && (p->dropped == 1 || inc > p->inc)) {
+            if (p->req) dt_wait(&p->req);
+            dt_status st = dt_comm_peer_reset(sv->all, p->rank);
+            if (st != DT_OK) return st;
+            p->dropped = 2;
+            p->inc = inc;
+            *moved = 1;
+        } else if (p->dropped == 2 && state == DT_PEER_RUNNING && inc >= p->inc) {
+            p->dropped = 3;
+            *moved = 1;
+            dt_status st = post_header(sv, wi);
+            if (st != DT_OK) return st;
+        } else if (p->dropped == 1 && dt_now() - p->dead_at > 60) {
+            return dt_error(DT_ERR_COMM, "server %d: worker %d died %.0f s ago and was not restarted", sv->me, wi,
+                            dt_now() - p->dead_at);
+        }
+    }
+    return DT_OK;
+}
+
 // The weights to worker wi (blocking: an update may follow at once), with
 // the staleness its gradient was applied at (-1: dropped).
 static dt_status reply(server *sv, int wi) {
@@ -692,7 +1286,7 @@ static dt_status apply_sync(server *sv) {
 static int64_t min_step(const server *sv) {
     int64_t m = INT64_MAX;
     for (int wi = 0; wi < sv->N; wi++)
-        if (!sv->w[wi].ended && sv->w[wi].step < m) m = sv->w[wi].step;
+        if (!sv->w[wi].ended && !sv->w[wi].dropped && sv->w[wi].step < m) m = sv->w[wi].step;
     return m;
 }
 
@@ -726,7 +1320,7 @@ static dt_status release(server *sv) {
         peer *p = &sv->w[wi];
         if (!p->held || p->step - slow > lim) continue;
         if (p->step - slow > sv->stats[ST_MAX_GAP]) sv->stats[ST_MAX_GAP] = p->step - slow;
-        st = reply(sv, wi);
+        st = survive(sv, wi, reply(sv, wi));
     }
     return st;
 }
@@ -735,7 +1329,10 @@ static dt_status release(server *sv) {
 // arrived, make the step (their mean, each with its clip scale); the late
 // ones are dropped and their workers get the newest weights.
 static dt_status backup(server *sv, int *moved) {
-    int need = sv->N - sv->c->ps_backup, have = 0;
+    int need = sv->N - sv->c->ps_backup, have = 0, live = 0;
+    for (int wi = 0; wi < sv->N; wi++) live += !sv->w[wi].dropped;
+    if (live < need) need = live;  // N - b adapts to the workers taking part
+    if (need < 1) return DT_OK;
     dt_status st = DT_OK;
     for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
         peer *p = &sv->w[wi];
@@ -744,7 +1341,7 @@ static dt_status backup(server *sv, int *moved) {
             sv->stats[ST_DROPPED]++;
             p->stale = -1;
             next_step(sv, p);
-            st = reply(sv, wi);
+            st = survive(sv, wi, reply(sv, wi));
             *moved = 1;
         } else {
             have++;
@@ -784,7 +1381,7 @@ static dt_status backup(server *sv, int *moved) {
     sv->stats[ST_STEPS]++;
     for (int k = 0; k < need && st == DT_OK; k++) {
         next_step(sv, &sv->w[use[k]]);
-        st = reply(sv, use[k]);
+        st = survive(sv, use[k], reply(sv, use[k]));
     }
     free(use);
     dt_heartbeat(sv->step);
@@ -792,23 +1389,9 @@ static dt_status backup(server *sv, int *moved) {
     return st;
 }
 
-// The start: worker 0's INIT with the range's weights and optimizer state.
-static dt_status start(server *sv) {
-    int64_t h[H_N];
-    int w0 = sv->S;  // worker 0
-    dt_status st = dt_recv(h, H_N, DT_I64, w0, sv->all);
-    if (st != DT_OK) return st;
-    size_t lo = 0, hi = 0;
-    if (h[H_KIND] == M_INIT && h[H_C] > 0) dt_shard_range((size_t)h[H_C], sv->me, sv->S, &lo, &hi);
-    if (h[H_KIND] != M_INIT || h[H_C] <= 0 || h[H_OFF] != (int64_t)lo || h[H_COUNT] != (int64_t)(hi - lo) ||
-        h[H_B] != sv->N)
-        return dt_error(DT_ERR_COMM, "server %d: the first message from worker 0 is %s, not the INIT of its range",
-                        sv->me, kind_name(h[H_KIND]));
-    sv->n = (size_t)h[H_C];
-    sv->lo = lo;
-    sv->len = hi - lo;
-    sv->step = h[H_STEP];
-    sv->version = h[H_VERSION];
+// The range's buffers, the peers and the optimizer, for sv->n, lo, len,
+// step and version.
+static dt_status setup(server *sv) {
     size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
     sv->params = dt_alloc(sizeof(float) * sv->len);
     sv->grad = dt_alloc(sizeof(float) * sv->len);
@@ -822,30 +1405,129 @@ static dt_status start(server *sv) {
         memset(p->buf, 0, es * sv->len);
         p->step = sv->step;
         p->sent = sv->version;
-        int nw = dt_comm_size(sv->all) - sv->S;
-        p->rank = sv->S + leader_of(wi, nw, sv->c->ps_groups > 0 ? sv->c->ps_groups : nw);
+        p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
-    if ((st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL)) != DT_OK) return st;
+    dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
+    if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
+    return st;
+}
+
+// The start: worker 0's INIT with the range's weights and optimizer state.
+static dt_status start(server *sv) {
+    int64_t h[H_N];
+    int w0 = sv->S;  // worker 0
+    dt_status st = dt_recv(h, H_N, DT_I64, w0, sv->all);
+    if (st != DT_OK) return st;
+    size_t lo = 0, hi = 0;
+    if (h[H_KIND] == M_INIT && h[H_C] > 0) dt_shard_range((size_t)h[H_C], sv->me, sv->S, &lo, &hi);
+    int nw = dt_comm_size(sv->all) - sv->S;
+    if (h[H_KIND] != M_INIT || h[H_C] <= 0 || h[H_OFF] != (int64_t)lo || h[H_COUNT] != (int64_t)(hi - lo) ||
+        h[H_B] < 1 || h[H_B] > nw)
+        return dt_error(DT_ERR_COMM, "server %d: the first message from worker 0 is %s, not the INIT of its range",
+                        sv->me, kind_name(h[H_KIND]));
+    sv->N = (int)h[H_B];  // its peers: the workers, or the groups' leaders
+    if (!(sv->ranks = malloc(sizeof(int64_t) * (size_t)sv->N)))
+        return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    if ((st = dt_recv(sv->ranks, (size_t)sv->N, DT_I64, w0, sv->all)) != DT_OK) return st;
+    for (int wi = 0; wi < sv->N; wi++)
+        if (sv->ranks[wi] < sv->S || sv->ranks[wi] >= dt_comm_size(sv->all))
+            return dt_error(DT_ERR_COMM, "server %d: INIT names rank %lld as a worker", sv->me, (long long)sv->ranks[wi]);
+    sv->n = (size_t)h[H_C];
+    sv->lo = lo;
+    sv->len = hi - lo;
+    sv->step = h[H_STEP];
+    sv->version = h[H_VERSION];
+    if ((st = setup(sv)) != DT_OK) return st;
     if (h[H_A] != dt_optim_num_states(sv->opt))
         return dt_error(DT_ERR_COMM, "server %d: INIT brings %lld optimizer states, the optimizer has %d", sv->me,
                         (long long)h[H_A], dt_optim_num_states(sv->opt));
-    *dt_optim_step_count(sv->opt) = sv->step;
     st = dt_recv(sv->params, sv->len, DT_F32, w0, sv->all);
     for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++)
         st = dt_recv(dt_optim_state(sv->opt, k), sv->len, DT_F32, w0, sv->all);
     return st;
 }
 
-static void server_free(server *sv) {
+// A server restarted alone (outside mode sync): its range from its own
+// shard of the newest checkpoint the servers wrote, the version being the
+// updates it held then; each worker, finding it back, says at which step
+// it is (HELLO).
+static dt_status restore(server *sv) {
+    char dir[4200], used[4200] = "";
+    snprintf(dir, sizeof dir, "%s/checkpoints", sv->run_dir ? sv->run_dir : ".");
+    char **paths = NULL;
+    int np = 0;
+    dt_status st = dt_ckpt_list(dir, &paths, &np);
+    if (st != DT_OK) np = 0;
+    int found = 0;
+    for (int i = 0; i < np && !found; i++) {
+        dt_st_file *f = NULL;
+        int parts = 0;
+        if (dt_ckpt_open_part(paths[i], sv->me, &f, &parts) != DT_OK) {  // a whole file, or damaged
+            if (f) dt_st_close(f);
+            continue;
+        }
+        const char *shard = dt_st_meta_get(f, "shard"), *stepv = dt_st_meta_get(f, "step");
+        long long b = -1, e = -1, n = -1;
+        const dt_st_tensor *tp = dt_st_find(f, "params"), *ts = dt_st_find(f, "optimizer.step");
+        size_t lo = 0, hi = 0;
+        if (parts == sv->S && shard && sscanf(shard, "%lld:%lld:%lld", &b, &e, &n) == 3 && n > 0 && tp && ts &&
+            tp->dtype == DT_F32 && ts->dtype == DT_I64) {
+            dt_shard_range((size_t)n, sv->me, sv->S, &lo, &hi);
+            if (b == (long long)lo && e == (long long)hi && tp->nbytes == sizeof(float) * (hi - lo)) {
+                sv->n = (size_t)n;
+                sv->lo = lo;
+                sv->len = hi - lo;
+                memcpy(&sv->version, ts->data, sizeof sv->version);
+                sv->step = stepv ? atoll(stepv) : 0;
+                st = setup(sv);
+                if (st == DT_OK) memcpy(sv->params, tp->data, tp->nbytes);
+                for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++) {
+                    char nm[32];
+                    snprintf(nm, sizeof nm, "optimizer.state.%d", k);
+                    const dt_st_tensor *t = dt_st_find(f, nm);
+                    if (!t || t->nbytes != tp->nbytes)
+                        st = dt_error(DT_ERR_FORMAT, "%s: shard %d has no %s of its range", paths[i], sv->me, nm);
+                    else
+                        memcpy(dt_optim_state(sv->opt, k), t->data, t->nbytes);
+                }
+                found = st == DT_OK;
+                snprintf(used, sizeof used, "%s", paths[i]);
+            }
+        }
+        dt_st_close(f);
+        if (st != DT_OK) break;
+    }
+    for (int i = 0; i < np; i++) free(paths[i]);
+    free(paths);
+    if (st != DT_OK) return st;
+    if (!found)
+        return dt_error(DT_ERR_IO, "server %d, restarted: no checkpoint in %s holds its range as one of %d servers' shards",
+                        sv->me, dir, sv->S);
+    for (int wi = 0; wi < sv->N; wi++) sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
+    dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
+           sv->me, dt_comm_incarnation(sv->all), sv->lo, sv->lo + sv->len, used, (long long)sv->step,
+           (long long)sv->version);
+    return dt_comm_rejoin_peers(sv->all, NULL, 0);
+}
+
+static dt_status server_free(server *sv, dt_status st) {
     for (int wi = 0; sv->w && wi < sv->N; wi++) {
         if (sv->w[wi].req) dt_wait(&sv->w[wi].req);
         dt_free(sv->w[wi].buf);
         free(sv->w[wi].seen);
     }
+    if (sv->writer) {  // the last write completes (after a failure, no waiting for the others' shards)
+        dt_status w = st == DT_OK ? dt_ckpt_writer_wait(sv->writer) : DT_OK;
+        if (st == DT_OK && w != DT_OK) st = dt_error(w, "server %d, checkpoint: %s", sv->me, dt_last_error());
+        dt_ckpt_writer_free(sv->writer);
+    }
+    desc_free(&sv->desc);
+    free(sv->ranks);
     free(sv->w);
     dt_free(sv->params);
     dt_free(sv->grad);
     dt_optim_free(sv->opt);
+    return st;
 }
 
 // What the mode does once the headers that arrived are handled.
@@ -882,27 +1564,32 @@ static dt_status advance(server *sv, int *moved) {
 
 // A server's own loop: receive pushes, update its range, answer, until
 // every worker said END.
-static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
-    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode};
+static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, const char *run_dir) {
+    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
-    sv.N = c->ps_groups > 0 ? c->ps_groups : dt_comm_size(all) - sv.S;  // its peers: workers, or group leaders
-    dt_status st = start(&sv);
-    if (st == DT_OK && sv.me == 0)
-        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d workers, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+    sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
+    if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
+    int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
+    dt_status st = again ? restore(&sv) : start(&sv);
+    if (st == DT_OK && sv.me == 0 && !again)
+        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+               sv.N < dt_comm_size(all) - sv.S ? "groups' leaders" : "workers",
                mode_names[sv.mode], sv.det ? ", deterministic" : "");
-    for (int wi = 0; wi < sv.N && st == DT_OK; wi++) st = post_header(&sv, wi);
+    for (int wi = 0; wi < sv.N && st == DT_OK && !again; wi++) st = post_header(&sv, wi);
     int idle = 0;
     double beat = dt_now();
     int64_t at = sv.step;
     while (st == DT_OK && sv.ended < sv.N) {
         int moved = 0;
+        if (sv.mode != MODE_SYNC) st = tend(&sv, &moved);
         for (int wi = 0; wi < sv.N && st == DT_OK; wi++) {
             int done = 0;
             if (!sv.w[wi].req) continue;
-            if ((st = dt_test(&sv.w[wi].req, &done)) != DT_OK || !done) continue;
+            st = survive(&sv, wi, dt_test(&sv.w[wi].req, &done));
+            if (st != DT_OK || !done || sv.w[wi].dropped == 1) continue;
             moved = 1;
-            st = handle(&sv, wi);
+            st = survive(&sv, wi, handle(&sv, wi));
         }
         if (st == DT_OK) st = advance(&sv, &moved);
         // DTRAIN_FAULT_STEP names server j as rank -1 - j (engine/worker.h).
@@ -923,11 +1610,10 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
         dt_comm_abort(all, msg);
-        server_free(&sv);
+        server_free(&sv, st);
         return dt_error(st, "%s", msg);
     }
-    server_free(&sv);
-    return st;
+    return server_free(&sv, st);
 }
 
 // summary.json's "ps" object: the mode and server 0's statistics.
@@ -937,6 +1623,7 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON *ps = cJSON_AddObjectToObject(o, "ps");
     cJSON_AddStringToObject(ps, "mode", mode_names[s->c->ps_mode]);
     cJSON_AddNumberToObject(ps, "servers", w->S);
+    cJSON_AddNumberToObject(ps, "groups", w->group ? w->G : 0);
     cJSON_AddNumberToObject(ps, "applied", (double)t[ST_APPLIED]);
     cJSON_AddNumberToObject(ps, "dropped", (double)t[ST_DROPPED]);
     cJSON_AddNumberToObject(ps, "max_step_gap", (double)t[ST_MAX_GAP]);
@@ -944,6 +1631,8 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "max_gradients_per_step", (double)t[ST_MAX_PER_STEP]);
     cJSON_AddNumberToObject(ps, "max_queued_pushes", (double)t[ST_MAX_QUEUED]);
     cJSON_AddNumberToObject(ps, "server_peak_rss_bytes", (double)t[ST_PEAK_RSS]);
+    cJSON_AddNumberToObject(ps, "workers_died", (double)t[ST_DIED]);
+    cJSON_AddNumberToObject(ps, "workers_rejoined", (double)t[ST_REJOINED]);
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)
         if (t[k]) last = k;
@@ -967,6 +1656,7 @@ const dt_strategy_ops dt_strategy_ps = {
     .update = ps_update,
     .params_sync = ps_params_sync,
     .ckpt_restore = ps_ckpt_restore,
+    .ckpt_save = ps_ckpt_save,
     .other_ranks = ps_other_ranks,
     .serve = ps_serve,
     .summary = ps_summary,

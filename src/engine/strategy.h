@@ -123,7 +123,11 @@ typedef struct dt_strategy_ops {
      * a rank of the other role runs `serve` to the end of the run instead,
      * with the world and its role's communicator. */
     int (*other_ranks)(const dt_config *c);
-    dt_status (*serve)(const dt_config *c, dt_comm_t world, dt_comm_t mine);
+    dt_status (*serve)(const dt_config *c, dt_comm_t world, dt_comm_t mine, const char *run_dir);
+    /* Optional: the checkpoint of the loop's state *ts, written by the
+     * strategy's own ranks instead of the loop's writer (when
+     * s->ckpt_saves), called on every rank at the same steps. */
+    dt_status (*ckpt_save)(dt_strategy *s, const dt_train_state *ts);
     /* Fields of its own for rank 0's summary.json (a JSON object; NULL: none). */
     void (*summary)(dt_strategy *s, struct cJSON *o);
     /* 1: every rank holds the whole state (parameters, optimizer state)
@@ -166,6 +170,13 @@ struct dt_strategy {
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
     int has_staleness, staleness; /* of this rank's last gradient as applied (parameter servers; obs.h) */
+    int ckpt_saves;            /* checkpoints are the strategy's (ckpt_save), not the loop's writer */
+    const dt_ckpt_model *ckpt_model; /* the loop's checkpoint view and directory ("" none), set before ckpt_restore */
+    const char *ckpt_dir;
+    int64_t start_step;        /* the loop's step at the start (resumed: the checkpoint's), set before ckpt_restore */
+    int rejoined;              /* this rank replaces one that died, and goes on from rejoin_step (set by
+                                  ckpt_restore; parameter servers outside mode sync) */
+    int64_t rejoin_step;
     int own_pace;              /* the ranks do not wait for each other each step: the control plane is
                                   each rank's own (dt_control_local); they meet only in params_sync,
                                   evaluation and collectives of the strategy's */

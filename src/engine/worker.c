@@ -60,7 +60,8 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_kernels_set_precision((dt_dtype)c->precision);
     // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
     // others touch nothing there until it has, nor when it was refused.
-    if (dt_comm_size(*comm) > 1 && !newcomer && (st = dt_barrier(*comm)) != DT_OK) {
+    // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
+    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK) {
         st = dt_error(st, "rank %d, joining the group: %s", dt_comm_rank(*comm), dt_last_error());
         dt_worker_exit(*comm, st);
         *comm = NULL;

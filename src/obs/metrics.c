@@ -325,7 +325,7 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     }
     // One time zero for all ranks: the end of a barrier (not for a process
     // that took a dead rank's place: the others are past it).
-    if (o->W > 1 && dt_comm_generation(comm) == 0 && (st = dt_barrier(comm)) != DT_OK) {
+    if (o->W > 1 && dt_comm_generation(comm) == 0 && dt_comm_incarnation(comm) == 0 && (st = dt_barrier(comm)) != DT_OK) {
         st = dt_error(st, "rank %d, start of the run: %s", o->rank, dt_last_error());
         goto fail;
     }

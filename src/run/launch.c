@@ -8,6 +8,7 @@
 #include "dtrain/launch.h"
 #include "comm/shm/shm_host.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -213,7 +214,8 @@ static void on_signal(int sig) {
 
 dt_launch_params dt_launch_default_params(void) {
     dt_launch_params p = {.nranks = 1, .grace = 3.0, .term_grace = 2.0, .verbose = 0, .heartbeat_timeout = 0,
-                          .stop_after = 0, .failed_at = 0, .failed_step = -1, .nspares = 0};
+                          .stop_after = 0, .failed_at = 0, .failed_step = -1, .respawn_from = -1,
+                          .max_respawns = 0, .nspares = 0};
     return p;
 }
 
@@ -254,6 +256,23 @@ static void child_exec(char *const argv[], int rank, int n, const char *shm_name
     else
         fprintf(stderr, "dtrain run: spare %d: cannot execute '%s': %s\n", spare, argv[0], strerror(errno));
     _exit(127);
+}
+
+/* The segments of the world's splits, kept for replacements
+ * (dt_shm_set_respawn): every /dev/shm name that starts with the world's
+ * name and a dot. */
+static void unlink_splits(const char *name) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    size_t len = strlen(name + 1);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, name + 1, len) || e->d_name[len] != '.') continue;
+        char nm[300];
+        snprintf(nm, sizeof nm, "/%s", e->d_name);
+        shm_unlink(nm);
+    }
+    closedir(d);
 }
 
 static void signal_all(const pid_t *pids, const int *alive, int n, int sig) {
@@ -321,6 +340,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         return dt_error(DT_ERR_COMM, "dtrain run: mmap of shared memory failed: %s", strerror(e));
     }
     dt_shm_segment_init(base, n);
+    if (p->respawn_from >= 0) dt_shm_set_respawn(base);
 
     // pids[n + k], alive[n + k]: spare k while it is idle
     pid_t *pids = calloc((size_t)(n + K), sizeof *pids);
@@ -372,7 +392,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     }
 
     // ---- supervise -------------------------------------------------------------
-    int first_fail = -1, forwarded = 0, unlinked = 0, nstopped = 0, stop_sent = 0, released = 0;
+    int first_fail = -1, forwarded = 0, unlinked = 0, nstopped = 0, stop_sent = 0, released = 0, respawn_hung = -1;
     double term_at = 0, kill_at = 0, t_start = dt_now(), next_check = 0, spare_kill_at = 0;
     int64_t start_ns = mono_ns();
     while (nalive > 0 || nspare > 0) {
@@ -467,6 +487,37 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited%s", r, code ? " (stopped on request)" : "");
                 continue;
             }
+            int hung = respawn_hung == r;
+            if (hung) respawn_hung = -1;
+            if (p->respawn_from >= 0 && r >= p->respawn_from && res->respawns < p->max_respawns && first_fail < 0 &&
+                !forwarded && !stop_sent) {
+                // Restarted alone: the others go on and take it back.
+                res->respawns++;
+                int inc = dt_shm_restart_rank(base, r);
+                char why[96];
+                if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", p->heartbeat_timeout);
+                else if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+                else snprintf(why, sizeof why, "exited with status %d", code);
+                char at[48] = "";
+                int64_t last = atomic_load(&beats[r].step);
+                if (last >= 0) snprintf(at, sizeof at, " at step %lld", (long long)last);
+                dt_log(DT_LOG_WARN, "run: rank %d (pid %d) %s%s; restarting it alone (restart %d of %d, incarnation %d)",
+                       r, (int)pid, why, at, res->respawns, p->max_respawns, inc);
+                atomic_store(&beats[r].start_step, -1);
+                atomic_store(&beats[r].step, -1);
+                atomic_store(&beats[r].time_ns, mono_ns());
+                atomic_store(&beats[r].wait_peer, -2);
+                fflush(NULL);
+                pid_t np = fork();
+                if (np == 0) child_exec(argv, r, n, name, beat_fd, self, K, -1);
+                if (np > 0) {
+                    pids[r] = np;
+                    alive[r] = 1;
+                    nalive++;
+                    continue;
+                }
+                dt_log(DT_LOG_ERROR, "run: fork of rank %d failed: %s", r, strerror(errno));
+            }
             dt_shm_mark_rank(base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
             dt_shm_refuse_rejoin(base);  // nobody takes its place: ranks in dt_comm_rejoin fail now
             if (first_fail < 0 && !forwarded) {
@@ -494,7 +545,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         int spares_mapped = 1;
         for (int k = 0; k < K; k++)
             if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_STARTING) spares_mapped = 0;
-        if (!unlinked && spares_mapped && dt_shm_all_attached(base)) {
+        if (!unlinked && p->respawn_from < 0 && spares_mapped && dt_shm_all_attached(base)) {
             shm_unlink(name);
             unlinked = 1;
         }
@@ -508,6 +559,12 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 if (!alive[r] || first_fail >= 0 || forwarded || p->heartbeat_timeout <= 0) continue;
                 double quiet = (double)(ns - (last ? last : start_ns)) * 1e-9;
                 if (quiet < p->heartbeat_timeout) continue;
+                if (p->respawn_from >= 0 && r >= p->respawn_from && res->respawns < p->max_respawns) {
+                    // killed here, restarted alone when reaped
+                    if (respawn_hung != r) kill(pids[r], SIGKILL);
+                    respawn_hung = r;
+                    continue;
+                }
                 int ready = 0;
                 for (int k = 0; k < K; k++)
                     ready += alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY;
@@ -584,6 +641,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     sigaction(SIGUSR1, &old_usr1, NULL);
     munmap(base, size);
     if (!unlinked) shm_unlink(name);
+    if (p->respawn_from >= 0) unlink_splits(name);
     res->stopped = first_fail < 0 && !forwarded && nstopped > 0;
     munmap(beats, beat_size);
     close(beat_fd);

@@ -470,11 +470,23 @@ static int supervise(const args_t *a, const dt_config *c) {
         lp.stop_after = elastic && n < a->workers ? a->elastic_retry : 0;
         lp.failed_at = failed_at;
         lp.failed_step = failed_step;
+        // Parameter servers outside mode sync: a worker that dies or hangs
+        // is restarted alone and rejoins, and so is a server (from its shard
+        // of the newest checkpoint; with 2 servers or more, whose checkpoints
+        // are sharded); the others go on.
+        if (c->ps_servers > 0 && c->ps_mode != 0 && a->max_restarts > restarts) {
+            lp.respawn_from = c->ps_servers >= 2 ? 0 : c->ps_servers;
+            lp.max_respawns = a->max_restarts - restarts;
+        }
         dt_launch_result r;
         if (dt_launch(&lp, args, &r) != DT_OK) {
             cli_error("%s", dt_last_error());
             return EXIT_RUNTIME;
         }
+        restarts += r.respawns;
+        if (r.respawns && r.exit_code == 0 && !r.stopped)
+            dt_log(DT_LOG_WARN, "finished after %d restart%s of a process alone (restarts: %d)", r.respawns,
+                   r.respawns == 1 ? "" : "s", restarts);
         if (r.first_step_at > 0) failed_at = 0;  // the launcher logged the recovery
         if (r.exit_code == 0 && !r.stopped) return 0;
         if (r.stopped && r.stop_asked) return DT_EXIT_STOPPED;  // rank 0 said how to go on

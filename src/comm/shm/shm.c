@@ -92,7 +92,7 @@
 #define P2P_NSLOTS 4
 #define MAX_RANKS 4096
 
-enum { RANK_RUNNING = 0, RANK_EXITED = 1, RANK_DIED = 2 };
+enum { RANK_RUNNING = 0, RANK_EXITED = 1, RANK_DIED = 2, RANK_RESTARTING = 3 };
 
 typedef struct {
     uint64_t magic;
@@ -107,6 +107,10 @@ typedef struct {
      * while anybody sleeps bumps `epoch` and wakes them. */
     _Alignas(CACHELINE) _Atomic uint32_t sleepers;
     _Alignas(CACHELINE) _Atomic uint32_t epoch;
+    /* Replaceable ranks (the launcher's dt_shm_set_respawn): the segments
+     * of splits keep their names, for a replacement to attach to. */
+    _Alignas(CACHELINE) _Atomic uint32_t respawn;
+    int32_t color; /* a split's segment: its color */
     /* Replacing a rank (rejoin, below): the launcher bumps `gen` each time
      * it puts a new process in a dead rank's place, and sets
      * `rejoin_refused` when it will not (no spare left). */
@@ -124,6 +128,9 @@ typedef struct {
     _Alignas(CACHELINE) _Atomic int32_t pid;     /* set by the rank on attach */
     _Atomic int32_t state;                       /* set by the launcher: RANK_* */
     _Atomic int32_t detail;                      /* exit code, or signal number */
+    _Atomic int32_t incarnation;                 /* the launcher's restarts of this rank */
+    int32_t parent_rank;                         /* a split's segment: the member's parent rank */
+    _Atomic uint64_t useq;                       /* the front end's number of the rank's last collective */
     /* rejoin's two barriers: the generation this rank entered, and the one
      * whose counters it has reset (they only grow, like the flags above) */
     _Alignas(CACHELINE) _Atomic uint64_t rj_enter;
@@ -133,6 +140,9 @@ typedef struct {
 typedef struct {
     _Alignas(CACHELINE) _Atomic uint64_t head; /* slots written by the sender */
     _Alignas(CACHELINE) _Atomic uint64_t tail; /* slots consumed by the receiver */
+    /* the incarnation + 1 of the sender ([0]) and of the receiver ([1])
+     * that a survivor last emptied the channel for (dt_comm_peer_reset) */
+    _Alignas(CACHELINE) _Atomic uint64_t gen[2];
     _Alignas(CACHELINE) struct {
         uint64_t len, total;
     } hdr[P2P_NSLOTS];
@@ -172,6 +182,18 @@ void dt_shm_mark_rank(void *base, int rank, int state, int detail) {
     rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
     atomic_store(&ctl[rank].detail, detail);
     atomic_store(&ctl[rank].state, state);
+}
+
+void dt_shm_set_respawn(void *base) { atomic_store(&((seg_header *)base)->respawn, 1); }
+
+int dt_shm_restart_rank(void *base, int rank) {
+    seg_header *h = base;
+    if (rank < 0 || rank >= h->nranks) return -1;
+    rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
+    int inc = atomic_fetch_add(&ctl[rank].incarnation, 1) + 1;
+    atomic_store(&ctl[rank].detail, 0);
+    atomic_store(&ctl[rank].state, RANK_RESTARTING);
+    return inc;
 }
 
 void dt_shm_replace_rank(void *base, int rank) {
@@ -469,12 +491,20 @@ void dt_shm_set_host_ranks(int n) {
 // ----------------------------------------------------------------------------
 // waiting for peers
 
-/* Why rank p cannot arrive any more, or NULL if it still might. */
-static const char *peer_gone(shm_state *s, int p, char *buf, size_t n) {
+/* Why rank p cannot arrive any more, or NULL if it still might. A rank
+ * the launcher is restarting (RANK_RESTARTING) is gone for a point-to-point
+ * transfer (p2p: what was in flight with it is lost) and awaited by a
+ * collective (its replacement takes its place there). */
+static const char *peer_gone_how(shm_state *s, int p, char *buf, size_t n, int p2p) {
     int w = s->world[p];
     if (g_world_ctl && w >= 0 && w < g_world_hdr->nranks) {
         int st = atomic_load(&g_world_ctl[w].state);
         int d = atomic_load(&g_world_ctl[w].detail);
+        if (st == RANK_RESTARTING && !p2p) return NULL;
+        if (st == RANK_RESTARTING) {
+            snprintf(buf, n, "rank %d died and is being restarted", p);
+            return buf;
+        }
         if (st == RANK_DIED) {
             if (d > 0)
                 snprintf(buf, n, "rank %d died (killed by signal %d: %s)", p, d, strsignal(d));
@@ -492,13 +522,16 @@ static const char *peer_gone(shm_state *s, int p, char *buf, size_t n) {
         /* reaped: the launcher may be about to record how; say what we know */
         if (g_world_ctl && w >= 0 && w < g_world_hdr->nranks &&
             atomic_load(&g_world_ctl[w].state) != RANK_RUNNING)
-            return peer_gone(s, p, buf, n);
+            return peer_gone_how(s, p, buf, n, p2p);
+        /* a replaceable rank: the launcher is about to restart it */
+        if (g_world_hdr && atomic_load(&g_world_hdr->respawn) && !p2p) return NULL;
         snprintf(buf, n, "rank %d died (pid %d is gone)", p, pid);
         return buf;
     }
     return NULL;
 }
 
+static const char *peer_gone(shm_state *s, int p, char *buf, size_t n) { return peer_gone_how(s, p, buf, n, 0); }
 /* A rank of the world was replaced since this communicator last joined
  * (dt_comm_rejoin): whatever it waits for will not come. */
 static const char *replaced(shm_state *s, char *buf, size_t n) {
@@ -697,6 +730,7 @@ static dt_algo shm_choose(dt_comm_t c, const dt_coll_args *a, size_t bytes) {
 // counts, dtypes and roots, and ranks that called different collectives.
 
 static void publish_desc(shm_state *s, const dt_coll_args *a, uint64_t op) {
+    atomic_store_explicit(&s->ctl[s->me].useq, a->seq, memory_order_relaxed);  // for a replacement (rejoin)
     uint64_t *d = s->ctl[s->me].desc[op & 3];
     d[0] = op;
     d[1] = (uint64_t)a->kind | (uint64_t)a->dtype << 8 |
@@ -1188,9 +1222,12 @@ static dt_status shm_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) 
         if (atomic_load(&s->hdr->abort_flag) == 1)
             return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d aborted the communicator: %s", what,
                             c->rank, s->hdr->abort_rank, s->hdr->abort_reason);
-        if (peer_gone(s, peer, why, sizeof why) || replaced(s, why, sizeof why))
+        int gone = peer_gone_how(s, peer, why, sizeof why, 1) != NULL;
+        if (gone || replaced(s, why, sizeof why)) {
+            p->peer_gone = gone;
             return dt_error(DT_ERR_COMM, "%s on rank %d: %s; ranks not arrived: %d", what, c->rank,
                             why, peer);
+        }
     }
     return DT_OK;
 }
@@ -1203,6 +1240,8 @@ static void shm_p2p_cancel(dt_comm_t c, dt_p2p *p) {
 
 // ----------------------------------------------------------------------------
 // split, abort, destroy
+
+static dt_status record_members(const char *name, const int *members, int n, int color);
 
 static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members, int nmembers,
                            int color, int color_index) {
@@ -1218,6 +1257,7 @@ static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members
     dt_status rc = DT_OK, rc2;
     int creator = child && child->rank == 0;
     if (creator) rc = dt_shm_create_named(child, name, 1);
+    if (creator && rc == DT_OK) rc = record_members(name, members, nmembers, color);
     /* everyone waits for the segments to exist, even if one failed */
     if ((rc2 = shm_barrier(parent, &b)) != DT_OK) return rc2;
     if (child && rc == DT_OK) {
@@ -1228,8 +1268,140 @@ static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members
         }
     }
     if ((rc2 = shm_barrier(parent, &b)) != DT_OK) return rc2;
-    if (creator) dt_shm_unlink_named(name);
+    if (creator && !(g_world_hdr && atomic_load(&g_world_hdr->respawn))) dt_shm_unlink_named(name);
     return rc;
+}
+
+// ----------------------------------------------------------------------------
+// replaceable ranks (comm.h: dt_comm_peer_state, dt_comm_peer_reset,
+// dt_comm_rejoin_peers, dt_comm_split_rejoin)
+//
+// The launcher restarts a dead rank alone (dt_shm_restart_rank): the rank's
+// incarnation grows and it is marked restarting. A survivor that talked to
+// it point to point sees its transfers fail (peer_gone_how), and empties
+// the channels between the two (peer_reset), stamping them with the
+// incarnation it reset them for; the replacement waits for those stamps
+// before it sends anything (rejoin), then marks itself running. Its
+// collectives continue from the dead rank's counters in the segment
+// (map_segment), so it takes part in the next collective the survivors
+// (who wait for a restarting rank) run; its communicators split off before
+// it started are found by name (split_rejoin), each split's segment
+// holding its color and its members' parent ranks.
+
+static dt_status record_members(const char *name, const int *members, int n, int color) {
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return dt_error(DT_ERR_COMM, "shm segment '%s': cannot open: %s", name, strerror(errno));
+    size_t size = dt_shm_segment_size(n);
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) return dt_error(DT_ERR_COMM, "shm segment '%s': mmap failed: %s", name, strerror(errno));
+    seg_header *h = base;
+    rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(n).ctl);
+    h->color = color;
+    for (int i = 0; i < n; i++) ctl[i].parent_rank = members[i];
+    munmap(base, size);
+    return DT_OK;
+}
+
+static int shm_peer_state(dt_comm_t c, int peer, int *incarnation) {
+    shm_state *s = ST(c);
+    int w = s->world[peer];
+    if (!g_world_ctl || w < 0 || w >= g_world_hdr->nranks) return DT_PEER_RUNNING;
+    int st = atomic_load(&g_world_ctl[w].state);
+    if (incarnation) *incarnation = atomic_load(&g_world_ctl[w].incarnation);
+    if (st == RANK_RESTARTING) return DT_PEER_RESTARTING;
+    if (st != RANK_RUNNING) return DT_PEER_GONE;
+    int pid = atomic_load(&s->ctl[peer].pid);
+    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH ? DT_PEER_GONE : DT_PEER_RUNNING;
+}
+
+static dt_status shm_peer_reset(dt_comm_t c, int peer) {
+    shm_state *s = ST(c);
+    int w = s->world[peer];
+    uint64_t inc = g_world_ctl && w >= 0 && w < g_world_hdr->nranks ? (uint64_t)atomic_load(&g_world_ctl[w].incarnation) : 0;
+    p2p_chan *ch[2] = {chan_of(s, s->me, peer), chan_of(s, peer, s->me)};
+    for (int k = 0; k < 2; k++) {
+        atomic_store(&ch[k]->head, 0);
+        atomic_store(&ch[k]->tail, 0);
+    }
+    post(s, &ch[0]->gen[1], inc + 1);  // the peer receives on the first, sends on the second
+    post(s, &ch[1]->gen[0], inc + 1);
+    return DT_OK;
+}
+
+static dt_status shm_rejoin_peers(dt_comm_t c, const int *peers, int npeers) {
+    shm_state *s = ST(c);
+    if (!g_world_ctl) return DT_OK;
+    int me = s->world[s->me];
+    uint64_t inc = (uint64_t)atomic_load(&g_world_ctl[me].incarnation);
+    double deadline = dt_now() + c->timeout;
+    for (int i = 0; i < npeers; i++) {
+        int p = peers[i];
+        while (atomic_load(&chan_of(s, s->me, p)->gen[0]) < inc + 1 || atomic_load(&chan_of(s, p, s->me)->gen[1]) < inc + 1) {
+            char why[160];
+            if (peer_gone_how(s, p, why, sizeof why, 1))
+                return dt_error(DT_ERR_COMM, "rank %d, rejoining: %s", c->rank, why);
+            if (dt_now() > deadline)
+                return dt_error(DT_ERR_TIMEOUT, "rank %d, rejoining: rank %d did not let it back in %.3g s", c->rank, p,
+                                c->timeout);
+            usleep(2000);
+        }
+    }
+    atomic_store(&g_world_ctl[me].state, RANK_RUNNING);
+    return DT_OK;
+}
+
+static int shm_peer_ready(dt_comm_t c, int peer) {
+    shm_state *s = ST(c);
+    if (!g_world_ctl) return 1;
+    uint64_t inc = (uint64_t)atomic_load(&g_world_ctl[s->world[s->me]].incarnation);
+    return atomic_load(&chan_of(s, s->me, peer)->gen[0]) >= inc + 1 && atomic_load(&chan_of(s, peer, s->me)->gen[1]) >= inc + 1;
+}
+
+static dt_status shm_split_rejoin(dt_comm_t parent, dt_comm_t child, int color) {
+    shm_state *ps = ST(parent);
+    if (!ps->name[0]) return dt_error(DT_ERR_COMM, "rank %d: no split to rejoin in a private segment", parent->rank);
+    for (int ci = 0; ci <= color; ci++) {
+        char name[200];
+        snprintf(name, sizeof name, "%.150s.s%d.%d", ps->name, parent->nsplits, ci);
+        int fd = shm_open(name, O_RDONLY, 0);
+        if (fd < 0) continue;
+        seg_header h;
+        ssize_t got = read(fd, &h, sizeof h);
+        close(fd);
+        if (got != (ssize_t)sizeof h || h.magic != SHM_MAGIC || h.color != color) continue;
+        // my place: the member whose parent rank is mine
+        int n = h.nranks, me = -1;
+        if (n < 1 || n > MAX_RANKS) continue;
+        size_t size = dt_shm_segment_size(n);
+        fd = shm_open(name, O_RDONLY, 0);
+        void *base = fd < 0 ? MAP_FAILED : mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+        if (fd >= 0) close(fd);
+        if (base == MAP_FAILED) continue;
+        const rank_ctl *ctl = (const rank_ctl *)((const char *)base + layout_for(n).ctl);
+        for (int i = 0; i < n; i++)
+            if (ctl[i].parent_rank == parent->rank) me = i;
+        munmap(base, size);
+        if (me < 0) return dt_error(DT_ERR_COMM, "rank %d: not a member of split '%s'", parent->rank, name);
+        shm_state *s = state_new(n);
+        if (!s) return dt_error(DT_ERR_NOMEM, "shm backend: out of memory");
+        child->size = n;
+        child->rank = me;
+        child->local_rank = me;
+        child->local_size = n;
+        dt_status rc = open_and_map(s, name, n, me);  // the own place, its counters
+        if (rc != DT_OK) {
+            state_free(s);
+            return rc;
+        }
+        for (int i = 0; i < n; i++) s->world[i] = ps->world[s->ctl[i].parent_rank];
+        child->seq = atomic_load(&s->ctl[me].useq);  // the collectives' numbers go on (check mode compares them)
+        child->be = s;
+        child->ops = &dt_shm_ops;
+        return DT_OK;
+    }
+    return dt_error(DT_ERR_COMM, "rank %d: no split of color %d to rejoin (split %d of '%s')", parent->rank, color,
+                    parent->nsplits, ps->name);
 }
 
 // ----------------------------------------------------------------------------
@@ -1373,4 +1545,9 @@ const struct dt_comm_ops dt_shm_ops = {
     .abort = shm_abort,
     .rejoin = shm_rejoin,
     .destroy = shm_destroy,
+    .peer_state = shm_peer_state,
+    .peer_reset = shm_peer_reset,
+    .rejoin_peers = shm_rejoin_peers,
+    .peer_ready = shm_peer_ready,
+    .split_rejoin = shm_split_rejoin,
 };

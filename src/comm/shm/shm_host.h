@@ -32,6 +32,14 @@ DT_HIDDEN void dt_shm_mark_rank(void *base, int rank, int state, int detail)
    ;
 /* 1 once every rank has attached to the segment (the name can then go). */
 DT_HIDDEN int dt_shm_all_attached(void *base);
+/* Ranks of this segment may be replaced: the segments of its splits keep
+ * their names (the launcher removes them at the end) so that a replacement
+ * can attach to them. */
+DT_HIDDEN void dt_shm_set_respawn(void *base);
+/* The launcher is about to start a replacement for `rank`: its incarnation
+ * grows by one (returned) and it is marked restarting: point-to-point
+ * transfers with it fail, collectives wait for the replacement. */
+DT_HIDDEN int dt_shm_restart_rank(void *base, int rank);
 
 /* Replacing a dead rank (dt_comm_rejoin): after the dead process is
  * reaped, marks `rank` running again and starts a new generation; the
