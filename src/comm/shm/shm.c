@@ -344,8 +344,8 @@ static void state_free(shm_state *s) {
 
 static dt_status open_and_map(shm_state *s, const char *name, int n, int me) {
     snprintf(s->name, sizeof s->name, "%s", name);
-    void *base;
-    size_t size;
+    void *base = NULL;
+    size_t size = 0;
     dt_status rc = map_named(name, &base, &size);
     if (rc != DT_OK) return rc;
     rc = map_segment(s, base, size, n, me);
