@@ -564,10 +564,11 @@ static void seq_acts16(void) {
 }
 
 // The shipped classifiers (configs/fashion-mlp.ini: the mlp preset,
-// 784-1024-1024-10, batch 256; configs/fashion-cnn.ini, batch 64): what
+// flatten, 784-1024-1024-10, batch 256; configs/fashion-cnn.ini, batch 64): what
 // dt_model_memory gives for their batches in fp32 and bf16 (no allocation).
 static void shipped_sizes(void) {
-    dt_layer_spec mlp[] = {{DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+    dt_layer_spec mlp[] = {{DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
                            {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
                            {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
     dt_layer_spec cnn[] = {{DT_LAYER_CONV2D, 32, 5, 1, 2, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
@@ -577,7 +578,7 @@ static void shipped_sizes(void) {
                            {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},     {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0},
                            {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
     struct { const char *name; dt_layer_spec *l; int n, shape[3], B; size_t half; } c[2] = {
-        {"fashion-mlp", mlp, 5, {784, 1, 1}, 256, 2 * 1024}, {"fashion-cnn", cnn, 11, {1, 28, 28}, 64, 3136 + 1024}};
+        {"fashion-mlp", mlp, 6, {1, 28, 28}, 256, 784 + 2 * 1024}, {"fashion-cnn", cnn, 11, {1, 28, 28}, 64, 3136 + 1024}};
     for (int i = 0; i < 2; i++) {
         size_t np, f32, bf32, bf;
         dt_kernels_set_precision(DT_F32);
@@ -904,6 +905,44 @@ static void gpt_run(void) {
            ab, as, wb, conv, saved);
 }
 
+// An MLP run in bf16 states its activations' saving at its start and in
+// summary.json, as the GPT's: the model made for 100 rows (eval_batch, the
+// 100 test samples) keeps the relu's output (64 wide, the second linear's
+// input) in 2 bytes: 100 x 64 x 2 bytes saved, the rest as dt_model_memory
+// plans it in bf16.
+static void mlp_run(void) {
+    char path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/mlp-run.ini", g_tmp);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nepochs = 1\nmax_steps = 3\neval_batch = 100\nseed = 3\n",
+            cfg_mlp, g_tmp);
+    fclose(f);
+    const char *ts[2] = {"bf16", "fp16"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/mlp-%s --precision %s", tl_dtrain(), path, g_tmp, ts[i],
+                 ts[i]);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        char want[64], sp[64];
+        snprintf(want, sizeof want, "saved: matmul inputs kept in %s", ts[i]);
+        CHECK(rc == 0 && strstr(g_out, want), "an MLP run in %s names its activations' saving on the start line: exit %d\n%.1500s",
+              ts[i], rc, g_out);
+        dt_layer_spec l[3] = {{DT_LAYER_LINEAR, 64, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+                              {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+        int shape[3] = {784, 1, 1};
+        size_t np, b16 = 0;
+        dt_kernels_set_precision(i == 0 ? DT_BF16 : DT_F16);
+        dt_model_memory(shape, l, 3, 100, &np, &b16);
+        dt_kernels_set_precision(DT_F32);
+        snprintf(sp, sizeof sp, "mlp-%s/summary.json", ts[i]);
+        double ab = tl_json_number(tl_path(g_tmp, sp), "activation_bytes"),
+               as = tl_json_number(tl_path(g_tmp, sp), "activation_bytes_saved");
+        CHECK(ab == (double)b16 && as == 100 * 64 * 2,
+              "MLP %s summary.json: activation_bytes %.0f (want %zu), activation_bytes_saved %.0f (want %d)", ts[i], ab,
+              b16, as, 100 * 64 * 2);
+        printf("MLP run in %s: activations %.0f bytes (%.0f saved)\n", ts[i], ab, as);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     kernels();
@@ -922,6 +961,7 @@ int main(int argc, char **argv) {
     learn_and_resume();
     fp16_resume();
     gpt_run();
+    mlp_run();
     tl_cleanup(g_tmp);
     return tl_finish();
 }
