@@ -235,7 +235,8 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
         dt_conv_shape cs = conv_shape(L, i, B);
         size_t nc, nc2;
         dt_conv_size(&cs, &nc, &nc2);
-        z.aux = z.aux2 = nc2 > nc ? nc2 : nc;
+        z.aux = nc;    // forward's save, read by backward
+        z.aux2 = nc2;  // backward's scratch
         break;
     }
     case DT_LAYER_LAYERNORM: z.aux = 2 * (size_t)B; break;
