@@ -247,6 +247,9 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
     return z;
 }
 
+static int g_acts16 = 1;  // dt_model_set_acts16
+void dt_model_set_acts16(int on) { g_acts16 = on; }
+
 // Which outputs of layers [l0, l1) are kept in 16 bits in precision t: an
 // output whose only reader is the linear layer after it, whose forward and
 // weight gradient round it to t anyway (so the results are the same bits);
@@ -256,9 +259,6 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
 // maxpool and the loss read for their own backward, dropout's mask and
 // input, a convolution's input (its forward reads it; the convolution
 // keeps its own copy for its backward, kernels.h), the streams.
-static int g_acts16 = 1;  // dt_model_set_acts16
-void dt_model_set_acts16(int on) { g_acts16 = on; }
-
 static void plan_half(layer_t *L, int l0, int l1, dt_dtype t) {
     if (!g_acts16) t = DT_F32;
     for (int i = 0; i < l1; i++)
