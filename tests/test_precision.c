@@ -14,6 +14,12 @@
  * under DTRAIN_ISA=avx2 (ctest test_precision_avx2) checks the
  * fallback: rounded operands, fp32 compute, the same bounds.
  *
+ * Activations kept in 16 bits: the GPT's matmul inputs, and the sequential
+ * models' linear inputs (an MLP and a CNN, whole and as 2 pipeline stage
+ * sets), bitwise against the same models keeping them in fp32, with the
+ * bytes each saves; the shipped configs' figures; an MLP run's start line
+ * and summary.json.
+ *
  * The loss scaler (GradScaler's rule) and the optimizer's skipped step;
  * then runs: fp16 on 2 workers with an overflow injected on rank 1 only
  * (every rank skips that step, the scale halves, metrics and summary.json
