@@ -14,6 +14,12 @@
  * under DTRAIN_ISA=avx2 (ctest test_precision_avx2) checks the
  * fallback: rounded operands, fp32 compute, the same bounds.
  *
+ * Activations kept in 16 bits: the GPT's matmul inputs, and the sequential
+ * models' linear inputs (an MLP and a CNN, whole and as 2 pipeline stage
+ * sets), bitwise against the same models keeping them in fp32, with the
+ * bytes each saves; the shipped configs' figures; an MLP run's start line
+ * and summary.json.
+ *
  * The loss scaler (GradScaler's rule) and the optimizer's skipped step;
  * then runs: fp16 on 2 workers with an overflow injected on rank 1 only
  * (every rank skips that step, the scale halves, metrics and summary.json
@@ -24,6 +30,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/gpt.h"
 #include "kernels/kernels.h"
+#include "nn/nn_impl.h"
 #include "testlib.h"
 
 #include <math.h>
@@ -407,6 +414,196 @@ static void gpt_acts16(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the sequential models' linear inputs kept in 16 bits
+
+// An MLP with each kind of layer before a linear one (flatten, dropout,
+// layernorm, gelu, linear: their outputs kept in 16 bits) and a relu and a
+// layernorm read by their backward (fp32); a CNN like configs/fashion-cnn.ini.
+static const dt_layer_spec seq_mlp[] = {
+    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 48, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.25f, 0}, {DT_LAYER_LINEAR, 40, 0, 0, 0, 0, 0},
+    {DT_LAYER_LAYERNORM, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0}, {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_LINEAR, 24, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+static const dt_layer_spec seq_cnn[] = {
+    {DT_LAYER_CONV2D, 8, 3, 1, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
+    {DT_LAYER_CONV2D, 16, 3, 1, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
+    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+
+typedef struct {
+    const char *name;
+    const dt_layer_spec *layers;
+    int nlayers, shape[3];
+    size_t half_width;  // the floats a sample of the outputs kept in 16 bits
+    int cut;            // a 2-stage pipeline's split: [0, cut), [cut, nlayers)
+    size_t half0, half1;  // of them, each stage's (the stream at the cut stays fp32)
+} seq_net;
+
+#define SEQ_B 12
+
+// Three SGD steps with dropout on: the whole model, or (a0, a1) the model
+// cut in two stages; *loss the last step's loss; the weights end in m.
+static dt_status seq_steps(dt_model *m, dt_model_acts *a0, dt_model_acts *a1, const float *x, const int32_t *y,
+                           int cut, float *loss, float *g1) {
+    size_t np = dt_model_num_params(m);
+    for (int step = 0; step < 3; step++) {
+        dt_model_zero_grad(m);
+        dt_model_set_dropout_key(m, (uint64_t)step, 0);
+        dt_status st;
+        if (!a0) {
+            st = dt_model_forward(m, x, y, SEQ_B, 1, loss);
+            if (st == DT_OK) st = dt_model_backward(m);
+        } else {
+            float *din;
+            st = dt_model_forward_range(m, a0, x, NULL, SEQ_B, 1, NULL);
+            if (st == DT_OK) {
+                memcpy(dt_model_acts_input(a1), dt_model_acts_output(a0),
+                       sizeof(float) * SEQ_B * dt_model_stream_size(m, cut));
+                st = dt_model_forward_range(m, a1, NULL, y, SEQ_B, 1, loss);
+            }
+            if (st == DT_OK) st = dt_model_backward_range(m, a1, NULL, &din);
+            if (st == DT_OK) st = dt_model_backward_range(m, a0, din, NULL);
+        }
+        if (st != DT_OK) return st;
+        float *w = dt_model_params(m), *g = dt_model_grads(m);
+        if (step == 0 && g1) memcpy(g1, g, np * 4);
+        for (size_t i = 0; i < np; i++) w[i] -= 0.05f * g[i];
+    }
+    return DT_OK;
+}
+
+static void seq_acts16(void) {
+    seq_net nets[2] = {{"MLP", seq_mlp, 10, {1, 8, 8}, 64 + 48 + 40 + 32 + 24, 4, 64, 40 + 32 + 24},
+                       {"CNN", seq_cnn, 11, {1, 12, 12}, 16 * 3 * 3 + 32, 7, 0, 32}};
+    dt_dtype ts[2] = {DT_BF16, DT_F16};
+    for (int k = 0; k < 2; k++)
+        for (int ti = 0; ti < 2; ti++) {
+            const seq_net *n = &nets[k];
+            dt_dtype t = ts[ti];
+            const char *tn = t == DT_BF16 ? "bf16" : "fp16";
+            dt_rng r;
+            dt_rng_seed(&r, 21);
+            int in = n->shape[0] * n->shape[1] * n->shape[2];
+            float *x = malloc(sizeof(float) * SEQ_B * in);
+            int32_t y[SEQ_B];
+            for (int i = 0; i < SEQ_B * in; i++) x[i] = frand(&r);
+            for (int i = 0; i < SEQ_B; i++) y[i] = (int32_t)dt_rng_below(&r, 10);
+            // m16 (and the pipeline's mp) made in t keep the linear inputs
+            // in 16 bits; m32, made in t with that off, keeps them in fp32
+            // (its convolutions' buffers sized for t); mf runs fp32.
+            dt_model *m16 = NULL, *m32 = NULL, *mp = NULL, *mf = NULL;
+            dt_model_acts *a0 = NULL, *a1 = NULL, *f0 = NULL, *f1 = NULL;
+            size_t mem16, mem32, np;
+            dt_kernels_set_precision(t);
+            CHECK(dt_model_create(&m16, n->shape, n->layers, n->nlayers, SEQ_B) == DT_OK &&
+                      dt_model_create(&mp, n->shape, n->layers, n->nlayers, SEQ_B) == DT_OK &&
+                      dt_model_acts_create(&a0, mp, 0, n->cut, SEQ_B) == DT_OK &&
+                      dt_model_acts_create(&a1, mp, n->cut, n->nlayers, SEQ_B) == DT_OK &&
+                      dt_model_memory(n->shape, n->layers, n->nlayers, SEQ_B, &np, &mem16) == DT_OK,
+                  "%s %s: %s", n->name, tn, dt_last_error());
+            dt_model_set_acts16(0);
+            CHECK(dt_model_create(&m32, n->shape, n->layers, n->nlayers, SEQ_B) == DT_OK &&
+                      dt_model_acts_create(&f0, m32, 0, n->cut, SEQ_B) == DT_OK &&
+                      dt_model_acts_create(&f1, m32, n->cut, n->nlayers, SEQ_B) == DT_OK &&
+                      dt_model_memory(n->shape, n->layers, n->nlayers, SEQ_B, &np, &mem32) == DT_OK,
+                  "%s %s, fp32 activations: %s", n->name, tn, dt_last_error());
+            dt_model_set_acts16(1);
+            dt_kernels_set_precision(DT_F32);
+            CHECK(dt_model_create(&mf, n->shape, n->layers, n->nlayers, SEQ_B) == DT_OK, "%s fp32: %s", n->name,
+                  dt_last_error());
+            if (!m16 || !m32 || !mp || !mf || !a0 || !a1 || !f0 || !f1) return;
+            dt_model_init(m16, 4), dt_model_init(m32, 4), dt_model_init(mp, 4), dt_model_init(mf, 4);
+            np = dt_model_num_params(m16);
+
+            // The bytes: 2 bytes an element of the 16-bit outputs, the rest as in fp32.
+            size_t s16, s32, b16 = dt_model_act_bytes(m16, &s16), b32 = dt_model_act_bytes(m32, &s32);
+            size_t want = 2 * SEQ_B * n->half_width;
+            CHECK(s16 == want && s32 == 0 && b32 - b16 == want && b16 == mem16 && b32 == mem32,
+                  "%s %s: %zu of %zu activation bytes saved (want %zu); dt_model_memory %zu, %zu", n->name, tn, s16,
+                  b32, want, mem16, mem32);
+            size_t p0, p1, q0, q1, sb0 = dt_model_acts_bytes(a0, &p0), sb1 = dt_model_acts_bytes(a1, &p1);
+            size_t fb0 = dt_model_acts_bytes(f0, &q0), fb1 = dt_model_acts_bytes(f1, &q1);
+            CHECK(p0 == 2 * SEQ_B * n->half0 && p1 == 2 * SEQ_B * n->half1 && q0 == 0 && q1 == 0 && fb0 - sb0 == p0 &&
+                      fb1 - sb1 == p1,
+                  "%s %s: the 2 stages' sets save %zu and %zu bytes (want %zu, %zu; the stream at layer %d stays fp32)",
+                  n->name, tn, p0, p1, 2 * SEQ_B * n->half0, 2 * SEQ_B * n->half1, n->cut);
+
+            // A model with 16-bit activations refuses to run in fp32.
+            float l16, l32, lp, lf;
+            dt_status st = dt_model_forward(m16, x, y, SEQ_B, 1, &l16);
+            CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "make the model or set in the precision it runs in"),
+                  "%s %s model run in fp32 is refused: %s", n->name, tn, dt_last_error());
+            st = dt_model_forward_range(mp, a1, NULL, y, SEQ_B, 1, &l16);
+            CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "make the model or set in the precision it runs in"),
+                  "%s %s stage run in fp32 is refused: %s", n->name, tn, dt_last_error());
+            // fp32 compute, for the comparison below.
+            float *gf = malloc(np * 4), *g16 = malloc(np * 4), *g32 = malloc(np * 4);
+            CHECK(seq_steps(mf, NULL, NULL, x, y, 0, &lf, gf) == DT_OK, "fp32 steps: %s", dt_last_error());
+
+            dt_kernels_set_precision(t);
+            CHECK(seq_steps(m16, NULL, NULL, x, y, 0, &l16, g16) == DT_OK &&
+                      seq_steps(m32, NULL, NULL, x, y, 0, &l32, g32) == DT_OK &&
+                      seq_steps(mp, a0, a1, x, y, n->cut, &lp, NULL) == DT_OK,
+                  "%s %s steps: %s", n->name, tn, dt_last_error());
+            dt_kernels_set_precision(DT_F32);
+            // The linear layers round these inputs anyway: the same bits as fp32 storage.
+            CHECK(l16 == l32 && !memcmp(g16, g32, np * 4) && !memcmp(dt_model_params(m16), dt_model_params(m32), np * 4),
+                  "%s %s: 3 steps with the linear inputs kept in %s: loss, first gradients and final weights bitwise "
+                  "those kept in fp32 (loss %.9g, %.9g)", n->name, tn, tn, l16, l32);
+            CHECK(lp == l32 && !memcmp(dt_model_params(mp), dt_model_params(m32), np * 4),
+                  "%s %s: 2 stages (cut at layer %d) with 16-bit sets: loss and final weights bitwise the whole model's "
+                  "kept in fp32 (loss %.9g, %.9g)", n->name, tn, n->cut, lp, l32);
+            double gmax = 0, gdiff = 0;
+            for (size_t i = 0; i < np; i++) {
+                gmax = fmax(gmax, fabs(gf[i]));
+                gdiff = fmax(gdiff, fabs(g16[i] - gf[i]));
+            }
+            CHECK(gdiff > 0 && gdiff / gmax < (t == DT_BF16 ? 5e-2 : 1e-2),
+                  "%s %s: the first gradients differ from fp32 compute (%.3g of the largest): the run computed in %s",
+                  n->name, tn, gdiff / gmax, tn);
+            printf("%s linear inputs in %s: %zu of %zu activation bytes saved at batch %d; stages %zu + %zu\n",
+                   n->name, tn, s16, b32, SEQ_B, p0, p1);
+            free(gf), free(g16), free(g32), free(x);
+            dt_model_acts_free(a0), dt_model_acts_free(a1), dt_model_acts_free(f0), dt_model_acts_free(f1);
+            dt_model_free(m16), dt_model_free(m32), dt_model_free(mp), dt_model_free(mf);
+        }
+}
+
+// The shipped classifiers (configs/fashion-mlp.ini: the mlp preset,
+// flatten, 784-1024-1024-10, batch 256; configs/fashion-cnn.ini, batch 64): what
+// dt_model_memory gives for their batches in fp32 and bf16 (no allocation).
+static void shipped_sizes(void) {
+    dt_layer_spec mlp[] = {{DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    dt_layer_spec cnn[] = {{DT_LAYER_CONV2D, 32, 5, 1, 2, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},  {DT_LAYER_CONV2D, 64, 5, 1, 2, 0, 0},
+                           {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},     {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
+                           {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0},  {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0},
+                           {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},     {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0},
+                           {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    struct { const char *name; dt_layer_spec *l; int n, shape[3], B; size_t half; } c[2] = {
+        {"fashion-mlp", mlp, 6, {1, 28, 28}, 256, 784 + 2 * 1024}, {"fashion-cnn", cnn, 11, {1, 28, 28}, 64, 3136 + 1024}};
+    for (int i = 0; i < 2; i++) {
+        size_t np, f32, bf32, bf;
+        dt_kernels_set_precision(DT_F32);
+        dt_status s1 = dt_model_memory(c[i].shape, c[i].l, c[i].n, c[i].B, &np, &f32);
+        dt_kernels_set_precision(DT_BF16);
+        dt_model_set_acts16(0);
+        dt_status s2 = dt_model_memory(c[i].shape, c[i].l, c[i].n, c[i].B, &np, &bf32);
+        dt_model_set_acts16(1);
+        dt_status s3 = dt_model_memory(c[i].shape, c[i].l, c[i].n, c[i].B, &np, &bf);
+        dt_kernels_set_precision(DT_F32);
+        CHECK(s1 == DT_OK && s2 == DT_OK && s3 == DT_OK && bf32 - bf == 2 * c[i].B * c[i].half,
+              "%s at batch %d: %zu bytes saved (want %zu)", c[i].name, c[i].B, bf32 - bf, 2 * c[i].B * c[i].half);
+        printf("%s at batch %d: activations %zu bytes in fp32; in bf16 %zu with fp32 activations, %zu with the linear "
+               "inputs in 16 bits (%zu saved, %.1f%%)\n", c[i].name, c[i].B, f32, bf32, bf, bf32 - bf,
+               100.0 * (bf32 - bf) / bf32);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // runs
 
 static const char *cfg_mlp =
@@ -714,11 +911,51 @@ static void gpt_run(void) {
            ab, as, wb, conv, saved);
 }
 
+// An MLP run in bf16 states its activations' saving at its start and in
+// summary.json, as the GPT's: the model made for 100 rows (eval_batch, the
+// 100 test samples) keeps the relu's output (64 wide, the second linear's
+// input) in 2 bytes: 100 x 64 x 2 bytes saved, the rest as dt_model_memory
+// plans it in bf16.
+static void mlp_run(void) {
+    char path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/mlp-run.ini", g_tmp);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "%s[data]\ndir = %s\n[train]\nbatch = 40\nepochs = 1\nmax_steps = 3\neval_batch = 100\nseed = 3\n",
+            cfg_mlp, g_tmp);
+    fclose(f);
+    const char *ts[2] = {"bf16", "fp16"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/mlp-%s --precision %s", tl_dtrain(), path, g_tmp, ts[i],
+                 ts[i]);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        char want[64], sp[64];
+        snprintf(want, sizeof want, "saved: matmul inputs kept in %s", ts[i]);
+        CHECK(rc == 0 && strstr(g_out, want), "an MLP run in %s names its activations' saving on the start line: exit %d\n%.1500s",
+              ts[i], rc, g_out);
+        dt_layer_spec l[3] = {{DT_LAYER_LINEAR, 64, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
+                              {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+        int shape[3] = {784, 1, 1};
+        size_t np, b16 = 0;
+        dt_kernels_set_precision(i == 0 ? DT_BF16 : DT_F16);
+        dt_model_memory(shape, l, 3, 100, &np, &b16);
+        dt_kernels_set_precision(DT_F32);
+        snprintf(sp, sizeof sp, "mlp-%s/summary.json", ts[i]);
+        double ab = tl_json_number(tl_path(g_tmp, sp), "activation_bytes"),
+               as = tl_json_number(tl_path(g_tmp, sp), "activation_bytes_saved");
+        CHECK(ab == (double)b16 && as == 100 * 64 * 2,
+              "MLP %s summary.json: activation_bytes %.0f (want %zu), activation_bytes_saved %.0f (want %d)", ts[i], ab,
+              b16, as, 100 * 64 * 2);
+        printf("MLP run in %s: activations %.0f bytes (%.0f saved)\n", ts[i], ab, as);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     kernels();
     working_copy();
     gpt_acts16();
+    seq_acts16();
+    shipped_sizes();
     scaler();
     if (only && !strcmp(only, "kernels")) return tl_finish();
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-precision-XXXXXX");
@@ -730,6 +967,7 @@ int main(int argc, char **argv) {
     learn_and_resume();
     fp16_resume();
     gpt_run();
+    mlp_run();
     tl_cleanup(g_tmp);
     return tl_finish();
 }

@@ -106,6 +106,17 @@ DT_API void dt_model_free(dt_model *m);
  * max_batch. Fails as dt_model_create() does on shapes that do not fit. */
 DT_API dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers,
                                  int max_batch, size_t *nparams, size_t *act_bytes);
+/* Bytes of the model's activations, their gradients and scratch as
+ * allocated (dt_model_memory's figure for its max_batch, in the precision
+ * it was made in); *saved (when not
+ * NULL): what 16-bit activations save in them against fp32. A model made
+ * while the kernels run bf16 or fp16 (kernels.h) keeps the output of each
+ * layer whose only reader is the linear layer after it (a matmul input,
+ * which the GEMMs round to that type anyway) in that type, 2 bytes an
+ * element, and must run in it (else forward fails with DT_ERR_ARG);
+ * dt_model_memory counts the same in the kernels' precision at the call.
+ * docs/mixed-precision.md says which outputs these are. */
+DT_API size_t dt_model_act_bytes(const dt_model *m, size_t *saved);
 
 /* Initialises parameters as PyTorch does by default (weights and biases
  * uniform in +-1/sqrt(fan_in); layernorm 1 and 0) from `seed`, which also
@@ -221,6 +232,10 @@ DT_API size_t dt_model_stream_size(const dt_model *m, int l);
  * max_batch; the caller owns *out (dt_model_acts_free). */
 DT_API dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, int l1, int max_batch);
 DT_API void dt_model_acts_free(dt_model_acts *a);
+/* The set's bytes as allocated and *saved (when not NULL), as
+ * dt_model_act_bytes; a set keeps the same outputs in 16 bits (not the
+ * streams), in the kernels' precision when it was made, and must run in it. */
+DT_API size_t dt_model_acts_bytes(const dt_model_acts *a, size_t *saved);
 /* The stage's input stream [max_batch, stream_size(l0)] (NULL when l0 = 0:
  * it reads x) and its output [max_batch, stream_size(l1)]. */
 DT_API float *dt_model_acts_input(dt_model_acts *a);

@@ -30,6 +30,7 @@ struct dt_task {
     dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
     dt_model *whole;               // the whole model's plan and block (init, names, the weights file)
     unsigned char *order_split;    // the order's ranges divided among the shards
+    size_t act_bytes, act_saved;   // the activation sets made, and what 16-bit linear inputs save in them
 };
 
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
@@ -281,11 +282,16 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .total_steps = total,
                            .epochs = (int)((total + spe - 1) / spe),
                            .has_eval = 1};
-    char shard[96] = "";
+    char shard[96] = "", acts[96] = "";
     if (t->ntp > 1)
         snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
-    snprintf(info->describe, sizeof info->describe, "%zu parameters%s, %d train / %d test samples",
-             dt_model_whole_params(t->m), shard, t->train.n, t->test.n);
+    t->act_bytes = dt_model_act_bytes(t->m, &t->act_saved);
+    if (t->act_saved)
+        snprintf(acts, sizeof acts, "; activations %.1f MiB (%.1f MiB saved: matmul inputs kept in %s)",
+                 (double)t->act_bytes / (1 << 20), (double)t->act_saved / (1 << 20),
+                 c->precision == DT_F16 ? "fp16" : "bf16");
+    snprintf(info->describe, sizeof info->describe, "%zu parameters%s, %d train / %d test samples%s",
+             dt_model_whole_params(t->m), shard, t->train.n, t->test.n, acts);
 done:
     if (st != DT_OK) {
         cls_close(t);
@@ -341,7 +347,11 @@ static dt_status cls_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
     if (s != DT_OK) {
         free(st);
         *out = NULL;
+        return s;
     }
+    size_t saved;
+    t->act_bytes += dt_model_acts_bytes(st->a, &saved);
+    t->act_saved += saved;
     return s;
 }
 
@@ -416,10 +426,15 @@ static dt_status cls_save(dt_task *t, const char *path) {
 }
 
 static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
-    (void)t;
     cJSON_AddNumberToObject(o, "epochs", r->epochs);
     cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
     cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
+    // The activation sets' bytes as allocated (docs/mixed-precision.md).
+    cJSON *pr = cJSON_GetObjectItem(o, "precision");
+    if (pr) {
+        cJSON_AddNumberToObject(pr, "activation_bytes", (double)t->act_bytes);
+        cJSON_AddNumberToObject(pr, "activation_bytes_saved", (double)t->act_saved);
+    }
 }
 
 static dt_status cls_set_shares(dt_task *t, const int *units, int nunits) {

@@ -200,7 +200,15 @@ static plan *make_plan(const dt_conv_shape *s, const int key[14], dnnl_data_type
     place(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top);
     place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
     place(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top);
+    // Backward weights' copy of the output gradient, when it has the
+    // layout of backward data's, takes that one's room: with dinp it reads
+    // that copy, without it that copy is not made.
+    size_t before = top;
     place(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top);
+    if (p->ddst.off != (size_t)-1 && p->wddst.off != (size_t)-1 && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md)) {
+        p->wddst.off = p->ddst.off;
+        top = before;
+    }
     place(&p->dwei, bwpd, dnnl_query_diff_weights_md, &p->plain_wei, 2, 0, &top);
     p->dbias = top;
     p->scratch_size = top + floats(&p->bias_md);

@@ -6,6 +6,7 @@
  * over the model's default set. */
 #include "dtrain/gpt.h"
 #include "kernels/kernels.h"
+#include "nn/nn_impl.h"
 
 #include <float.h>
 #include <math.h>
@@ -491,20 +492,6 @@ static layer_acts layer_acts_of(const dt_gpt_acts *a, int l) {
                         (char *)a->fch_gelu + i * 4 * sC * es};
 }
 
-// A matmul input kept in 16 bits: x[n] rounded into keep (`t`), or widened
-// back into room (its fp32 values, which the GEMM's rounding leaves as they
-// are).
-static void keep16(void *keep, const float *x, size_t n, dt_dtype t) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i += 4096) dt_from_f32((uint16_t *)keep + i, x + i, n - i < 4096 ? n - i : 4096, t);
-}
-
-static const float *widen16(float *room, const void *kept, size_t n, dt_dtype t) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i += 4096) dt_to_f32(room + i, (const uint16_t *)kept + i, n - i < 4096 ? n - i : 4096, t);
-    return room;
-}
-
 // a belongs to m and holds the part a stage needs: the embedding, the head,
 // or layers [l0, l1), a non-empty range.
 enum { EMBED, LAYERS, HEAD };
@@ -601,22 +588,22 @@ static dt_status layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *re
     float *ln1 = t != DT_F32 ? tmp : s.ln1;
     dt_layernorm_forward(ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, BT, C, 1e-5f);
     dt_linear_forward(s.qkv, ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
-    if (t != DT_F32) keep16(s.ln1, tmp, sC, t);
+    if (t != DT_F32) dt_keep16(s.ln1, tmp, sC, t);
     float *atty = t != DT_F32 ? tmp : s.atty;
     dt_attention_forward(atty, s.att, s.qkv, B, T, Cl, NHl);
     dt_linear_forward(s.res2, atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
-    if (t != DT_F32) keep16(s.atty, tmp, (size_t)BT * Cl, t);
+    if (t != DT_F32) dt_keep16(s.atty, tmp, (size_t)BT * Cl, t);
     dt_status st = row_parallel_sum(m, s.res2, p.attprojb, BT, C);
     if (st != DT_OK) return st;
     dt_residual_forward(s.res2, residual, s.res2, sC);
     float *ln2 = t != DT_F32 ? tmp : s.ln2;
     dt_layernorm_forward(ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, BT, C, 1e-5f);
     dt_linear_forward(s.fch, ln2, p.fcw, p.fcb, BT, C, F);
-    if (t != DT_F32) keep16(s.ln2, tmp, sC, t);
+    if (t != DT_F32) dt_keep16(s.ln2, tmp, sC, t);
     float *fchg = t != DT_F32 ? tmp : s.fchg;
     dt_gelu_forward(fchg, s.fch, (size_t)BT * F);
     dt_linear_forward(out, fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
-    if (t != DT_F32) keep16(s.fchg, tmp, (size_t)BT * F, t);
+    if (t != DT_F32) dt_keep16(s.fchg, tmp, (size_t)BT * F, t);
     if ((st = row_parallel_sum(m, out, p.fcprojb, BT, C)) != DT_OK) return st;
     dt_residual_forward(out, s.res2, out, sC);
     return DT_OK;
@@ -797,13 +784,13 @@ static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *r
     // A 16-bit matmul input is widened into a scratch buffer that is free
     // until after its matmul's backward.
     dt_dtype t = a->store;
-    const float *fchg = t != DT_F32 ? widen16(m->dfch, s.fchg, sF, t) : s.fchg;
+    const float *fchg = t != DT_F32 ? dt_widen16(m->dfch, s.fchg, sF, t) : s.fchg;
     memset(m->dfch_gelu, 0, sizeof(float) * sF);
     dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, fchg, p.fcprojw, BT, F, C);
     grads_final(m, FCPROJW, l);
     memset(m->dfch, 0, sizeof(float) * sF);
     dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, sF);
-    const float *ln2 = t != DT_F32 ? widen16(m->dfch_gelu, s.ln2, sC, t) : s.ln2;
+    const float *ln2 = t != DT_F32 ? dt_widen16(m->dfch_gelu, s.ln2, sC, t) : s.ln2;
     memset(m->dln, 0, sizeof(float) * sC);
     dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, ln2, p.fcw, BT, C, F);
     grads_final(m, FCW, l);
@@ -812,13 +799,13 @@ static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *r
     dt_layernorm_backward(dresid, g.ln2w, g.ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, BT, C);
     grads_final(m, LN2W, l);
 
-    const float *atty = t != DT_F32 ? widen16(m->dqkv, s.atty, (size_t)BT * Cl, t) : s.atty;
+    const float *atty = t != DT_F32 ? dt_widen16(m->dqkv, s.atty, (size_t)BT * Cl, t) : s.atty;
     memset(m->datty, 0, sizeof(float) * (size_t)BT * Cl);
     dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, atty, p.attprojw, BT, Cl, C);
     grads_final(m, ATTPROJW, l);
     memset(m->dqkv, 0, sizeof(float) * 3 * (size_t)BT * Cl);
     dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, Cl, NHl);
-    const float *ln1 = t != DT_F32 ? widen16(m->datty, s.ln1, sC, t) : s.ln1;
+    const float *ln1 = t != DT_F32 ? dt_widen16(m->datty, s.ln1, sC, t) : s.ln1;
     memset(m->dln, 0, sizeof(float) * sC);
     dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, ln1, p.qkvw, BT, C, 3 * Cl);
     grads_final(m, QKVW, l);

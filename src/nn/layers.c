@@ -181,6 +181,20 @@ void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size
     for (size_t i = 0; i < N; i++) dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f;
 }
 
+// ----------------------------------------------------------------------------
+// 16-bit activations (nn_impl.h)
+
+void dt_keep16(void *keep, const float *x, size_t n, dt_dtype t) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i += 4096) dt_from_f32((uint16_t *)keep + i, x + i, n - i < 4096 ? n - i : 4096, t);
+}
+
+const float *dt_widen16(float *room, const void *kept, size_t n, dt_dtype t) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i += 4096) dt_to_f32(room + i, (const uint16_t *)kept + i, n - i < 4096 ? n - i : 4096, t);
+    return room;
+}
+
 #define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)
 
 // tanh for the GELU, in a form the compiler vectorises: tanh(u) =

@@ -14,8 +14,12 @@ typedef struct {
     int in[3], out[3];     // per-sample shapes {C,H,W}
     size_t w_off, b_off;   // offsets into the blocks (b_off == w_off if no bias)
     size_t w_n, b_n;
-    float *act;            // output activations [max_batch, out]
+    float *act;            // output activations [max_batch, out]; when kept in 16 bits, dact
     float *dact;           // gradient w.r.t. act
+    dt_dtype t16;          // DT_BF16/DT_F16: act is kept in 16 bits (act16), since only the linear
+                           // layer after it reads it (a matmul input); the forward computes it in
+                           // dact (free until the backward), DT_F32: act is the kept buffer
+    uint16_t *act16;       // [max_batch, out] in t16
     float *aux;            // conv: im2col columns; layernorm: mean,rstd; dropout: mask
     float *aux2;           // conv: dcol scratch
     int32_t *argmax;       // maxpool
@@ -47,6 +51,8 @@ struct dt_model {
     dt_model_layer_fn layer_hook;
     void *layer_hook_user;
     float loss_scale;
+    dt_dtype store;        // the kernels' precision at create: 16-bit linear inputs in it
+    size_t act_bytes, act_saved;  // the activations' bytes as allocated (plan_bytes), and those saved
     int tp, ntp;           // tensor parallel: this shard of ntp (0 of 1: the whole model)
     size_t nwhole;         // the whole model's parameters
     dt_model_reduce_fn reduce;
@@ -195,9 +201,10 @@ static void unblock(float *y, float *x, int B, int C, int P, int back) {
 }
 
 /* A layer's activation buffers; a fused relu's output is its convolution's
- * (owned there) unless own_act. */
+ * (owned there) unless own_act; a 16-bit output's act is its dact. */
 static void free_layer_acts(layer_t *l, int own_act) {
-    if (own_act || !(l->spec.kind == DT_LAYER_RELU && l->fused)) dt_free(l->act);
+    if ((own_act || !(l->spec.kind == DT_LAYER_RELU && l->fused)) && !l->t16) dt_free(l->act);
+    dt_free(l->act16);
     dt_free(l->dact);
     dt_free(l->aux);
     dt_free(l->aux2);
@@ -216,20 +223,23 @@ void dt_model_free(dt_model *m) {
     free(m);
 }
 
-// Floats of a layer's buffers for batches of B (argmax: int32s; act 0 when
-// it shares its convolution's).
-typedef struct { size_t act, dact, aux, aux2, argmax; } layer_bufs;
+// Floats of a layer's buffers for batches of B (argmax: int32s; act16:
+// 16-bit elements; act 0 when it shares its convolution's or is kept in 16
+// bits).
+typedef struct { size_t act, dact, aux, aux2, argmax, act16; } layer_bufs;
 
 static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
     const layer_t *l = &L[i];
     size_t n_out = (size_t)B * out_numel(l);
-    layer_bufs z = {l->spec.kind == DT_LAYER_RELU && l->fused ? 0 : n_out, n_out, 0, 0, 0};
+    layer_bufs z = {l->spec.kind == DT_LAYER_RELU && l->fused ? 0 : n_out, n_out, 0, 0, 0, 0};
+    if (l->t16) z.act16 = n_out, z.act = 0;
     switch (l->spec.kind) {
     case DT_LAYER_CONV2D: {
         dt_conv_shape cs = conv_shape(L, i, B);
         size_t nc, nc2;
         dt_conv_size(&cs, &nc, &nc2);
-        z.aux = z.aux2 = nc2 > nc ? nc2 : nc;
+        z.aux = nc;    // forward's save, read by backward
+        z.aux2 = nc2;  // backward's scratch
         break;
     }
     case DT_LAYER_LAYERNORM: z.aux = 2 * (size_t)B; break;
@@ -238,6 +248,42 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
     default: break;
     }
     return z;
+}
+
+static int g_acts16 = 1;  // dt_model_set_acts16
+void dt_model_set_acts16(int on) { g_acts16 = on; }
+
+// Which outputs of layers [l0, l1) are kept in 16 bits in precision t: an
+// output whose only reader is the linear layer after it, whose forward and
+// weight gradient round it to t anyway (so the results are the same bits);
+// not the last layer's (the stream out of a stage, or the logits), not a
+// relu's that shares its convolution's output (that relu's backward reads
+// it in fp32). Everything else stays fp32: what relu, gelu, layernorm,
+// maxpool and the loss read for their own backward, dropout's mask and
+// input, a convolution's input (its forward reads it; the convolution
+// keeps its own copy for its backward, kernels.h), the streams.
+static void plan_half(layer_t *L, int l0, int l1, dt_dtype t) {
+    if (!g_acts16) t = DT_F32;
+    for (int i = 0; i < l1; i++)
+        L[i].t16 = t != DT_F32 && i >= l0 && i + 1 < l1 && L[i + 1].spec.kind == DT_LAYER_LINEAR &&
+                           !(L[i].spec.kind == DT_LAYER_RELU && L[i].fused)
+                       ? t : DT_F32;
+}
+
+// Bytes of the buffers of layers [l0, l1) of L for batches of B, with the
+// stream into l0 (act and gradient, l0 > 0) and, with `classes`, the
+// probabilities; *saved: what the 16-bit outputs save against fp32.
+static size_t plan_bytes(const layer_t *L, int l0, int l1, int B, int classes, size_t *saved) {
+    size_t bytes = sizeof(float) * ((size_t)B * classes), half = 0;
+    if (l0 > 0) bytes += 2 * sizeof(float) * B * out_numel(&L[l0 - 1]);
+    for (int i = l0; i < l1; i++) {
+        layer_bufs z = buffer_sizes(L, i, B);
+        bytes += sizeof(float) * (z.act + z.dact + z.aux + z.aux2) + sizeof(int32_t) * z.argmax +
+                 sizeof(uint16_t) * z.act16;
+        half += (sizeof(float) - sizeof(uint16_t)) * z.act16;
+    }
+    if (saved) *saved = half;
+    return bytes;
 }
 
 // A model's plan without its buffers: shapes, offsets, layouts.
@@ -325,6 +371,8 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     if (last->out[1] != 1 || last->out[2] != 1)
         return dt_model_free(m), dt_error(DT_ERR_ARG, "model: last layer must produce a flat vector of class scores (end with linear)");
     plan_layouts(m);
+    m->store = dt_kernels_precision();
+    plan_half(m->L, 0, nlayers, m->store);
     m->nparams = m->nwhole = off;
     if (ntp > 1) {  // where a shard's tensors sit in the whole model's block
         dt_model *w;
@@ -343,13 +391,8 @@ dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, in
     dt_model *m;
     dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch, 0, 1);
     if (st != DT_OK) return st;
-    size_t n = (size_t)max_batch * m->L[nlayers - 1].out[0];  // probs
-    for (int i = 0; i < nlayers; i++) {
-        layer_bufs z = buffer_sizes(m->L, i, max_batch);
-        n += z.act + z.dact + z.aux + z.aux2 + z.argmax;
-    }
     *nparams = m->nparams;
-    *act_bytes = sizeof(float) * n;
+    *act_bytes = plan_bytes(m->L, 0, nlayers, max_batch, m->L[nlayers - 1].out[0], NULL);
     dt_model_free(m);
     return DT_OK;
 }
@@ -381,9 +424,9 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
         layer_t *l = &m->L[i];
         const dt_layer_spec *s = &l->spec;
         layer_bufs z = buffer_sizes(m->L, i, max_batch);
-        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : m->L[i - 1].act;
         l->dact = dt_alloc(sizeof(float) * z.dact);
-        if (!l->act || !l->dact) goto nomem;
+        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 ? l->dact : m->L[i - 1].act;
+        if (!l->act || !l->dact || (z.act16 && !(l->act16 = dt_alloc(sizeof(uint16_t) * z.act16)))) goto nomem;
         if ((z.aux && !(l->aux = dt_alloc(sizeof(float) * z.aux))) ||
             (z.aux2 && !(l->aux2 = dt_alloc(sizeof(float) * z.aux2))) ||
             (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
@@ -419,6 +462,7 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
             t->shape[0] = (int64_t)l->b_n;
         }
     }
+    m->act_bytes = plan_bytes(m->L, 0, nlayers, max_batch, m->L[nlayers - 1].out[0], &m->act_saved);
     *out = m;
     return DT_OK;
 nomem:
@@ -533,6 +577,8 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
         case DT_LAYER_LINEAR:
             // row-parallel: the shards' partial outputs are summed, the bias added once
             dt_linear_forward(l->act, in, w, l->tp == 2 && m->tp ? NULL : b, B, l->in[0], l->out[0]);
+            // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
+            if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
             if (l->tp == 2 && m->reduce && (st = m->reduce(l->act, n, m->reduce_user)) != DT_OK) return st;
             break;
         case DT_LAYER_CONV2D: {
@@ -593,10 +639,21 @@ static dt_status loss_forward(float *probs, const float *logits, const int32_t *
     return DT_OK;
 }
 
+// Activations with 16-bit parts must run in the precision they keep them in
+// (in fp32 the linear layers would read them rounded).
+static dt_status check_store(dt_dtype store) {
+    if (store != DT_F32 && dt_kernels_precision() != store)
+        return dt_error(DT_ERR_ARG, "model forward: the activations keep linear inputs in %s, the kernels run %s "
+                        "(make the model or set in the precision it runs in)", dt_dtype_name(store),
+                        dt_dtype_name(dt_kernels_precision()));
+    return DT_OK;
+}
+
 dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, int B, int train,
                            float *loss) {
     if (B <= 0 || B > m->max_batch)
         return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, m->max_batch);
+    if (check_store(m->store) != DT_OK) return DT_ERR_ARG;
     dt_status st = forward_layers(m, m->L, 0, m->nlayers, x, B, train, m->max_batch, 1);
     if (st != DT_OK) return st;
     m->input = x;
@@ -626,7 +683,19 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
         int V = l->blk ? l->blk : 1;
         switch (s->kind) {
         case DT_LAYER_LINEAR:
-            dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
+            if (din && L[i - 1].t16) {
+                // The input kept in 16 bits, widened into the input gradient's
+                // buffer for the weight gradient, which the input gradient
+                // then overwrites (cleared: it accumulates). The two GEMMs are
+                // independent: the same bits in this order.
+                size_t ni = (size_t)B * l->in[0];
+                dt_linear_backward(NULL, dw, db, l->dact, dt_widen16(din, L[i - 1].act16, ni, L[i - 1].t16), w, B,
+                                   l->in[0], l->out[0]);
+                memset(din, 0, sizeof(float) * ni);
+                dt_linear_backward(din, NULL, NULL, l->dact, NULL, w, B, l->in[0], l->out[0]);
+            } else {
+                dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
+            }
             // column-parallel: each shard's input gradient is a part of the sum
             if (l->tp == 1 && din && m->reduce &&
                 (st = m->reduce(din, (size_t)B * l->in[0], m->reduce_user)) != DT_OK)
@@ -688,6 +757,8 @@ dt_status dt_model_backward(dt_model *m) {
 
 struct dt_model_acts {
     int l0, l1, max_batch, B, train;
+    dt_dtype store;        // the kernels' precision at create (plan_half)
+    size_t bytes, saved;   // as allocated (plan_bytes), and those saved
     layer_t *L;            // [l1]: the model's plan of layers [0, l1); buffers for [l0, l1), and for
                            // l0 > 0 layer l0 - 1's output and its gradient (the stage's input stream)
     float *probs;          // the last stage: [max_batch, classes]
@@ -714,18 +785,20 @@ dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, i
         return dt_error(DT_ERR_ARG, "model: stage of layers [%d, %d) of %d, batch %d", l0, l1, m->nlayers, max_batch);
     dt_model_acts *a = calloc(1, sizeof *a);
     if (!a) return dt_error(DT_ERR_NOMEM, "model: out of memory");
-    *a = (dt_model_acts){.l0 = l0, .l1 = l1, .max_batch = max_batch};
+    *a = (dt_model_acts){.l0 = l0, .l1 = l1, .max_batch = max_batch, .store = dt_kernels_precision()};
     if (!(a->L = calloc((size_t)l1, sizeof *a->L))) goto nomem;
     for (int i = 0; i < l1; i++) {  // the plan, without buffers
         layer_t *l = &a->L[i];
         *l = m->L[i];
         l->act = l->dact = l->aux = l->aux2 = NULL;
         l->argmax = NULL;
+        l->act16 = NULL;
         // A relu whose backward the maxpool after it does must have that
         // maxpool in the stage; the stream's layer runs nothing here.
         if (i + 1 >= l1 || i < l0) l->pooled = 0;
         if (i < l0) l->fused = 0;
     }
+    plan_half(a->L, l0, l1, a->store);
     if (l0 > 0) {
         size_t n = (size_t)max_batch * out_numel(&a->L[l0 - 1]);
         a->L[l0 - 1].act = dt_alloc(sizeof(float) * n);
@@ -735,21 +808,32 @@ dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, i
     for (int i = l0; i < l1; i++) {
         layer_t *l = &a->L[i];
         layer_bufs z = buffer_sizes(a->L, i, max_batch);
-        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : i > 0 ? a->L[i - 1].act : NULL;
         l->dact = dt_alloc(sizeof(float) * z.dact);
-        if (!l->act || !l->dact) goto nomem;
+        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 ? l->dact : i > 0 ? a->L[i - 1].act : NULL;
+        if (!l->act || !l->dact || (z.act16 && !(l->act16 = dt_alloc(sizeof(uint16_t) * z.act16)))) goto nomem;
         if ((z.aux && !(l->aux = dt_alloc(sizeof(float) * z.aux))) ||
             (z.aux2 && !(l->aux2 = dt_alloc(sizeof(float) * z.aux2))) ||
             (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
             goto nomem;
     }
     if (l1 == m->nlayers && !(a->probs = dt_alloc(sizeof(float) * max_batch * a->L[l1 - 1].out[0]))) goto nomem;
+    a->bytes = plan_bytes(a->L, l0, l1, max_batch, l1 == m->nlayers ? a->L[l1 - 1].out[0] : 0, &a->saved);
     *out = a;
     return DT_OK;
 nomem:
     dt_model_acts_free(a);
     return dt_error(DT_ERR_NOMEM, "model: out of memory for the activations of layers [%d, %d), batch %d", l0, l1,
                     max_batch);
+}
+
+size_t dt_model_acts_bytes(const dt_model_acts *a, size_t *saved) {
+    if (saved) *saved = a->saved;
+    return a->bytes;
+}
+
+size_t dt_model_act_bytes(const dt_model *m, size_t *saved) {
+    if (saved) *saved = m->act_saved;
+    return m->act_bytes;
 }
 
 float *dt_model_acts_input(dt_model_acts *a) { return a->l0 > 0 ? a->L[a->l0 - 1].act : NULL; }
@@ -761,6 +845,7 @@ dt_status dt_model_forward_range(dt_model *m, dt_model_acts *a, const float *x, 
         return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, a->max_batch);
     if (a->l0 == 0 && !x) return dt_error(DT_ERR_ARG, "model: the first stage needs its input");
     if (a->l1 == m->nlayers && !targets) return dt_error(DT_ERR_ARG, "model: the last stage needs the targets");
+    if (check_store(a->store) != DT_OK) return DT_ERR_ARG;
     dt_status st = forward_layers(m, a->L, a->l0, a->l1, x, B, train, a->max_batch, 0);
     if (st != DT_OK) return st;
     a->x = x;

@@ -2,6 +2,9 @@
 #ifndef DT_NN_IMPL_H
 #define DT_NN_IMPL_H
 
+#include "dtrain/core.h"
+
+#include <stddef.h>
 #include <stdint.h>
 
 /* The backward passes of a model's layers, each the only writer of its
@@ -20,5 +23,21 @@ void dt_maxpool_backward_v(float *dinp, const float *dout, const int32_t *argmax
                            int H, int W, int K, int S, int V, int set, const float *relu_out);
 
 void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size_t N);
+
+/* A matmul input kept in 16 bits (docs/mixed-precision.md, "Activations in
+ * 16 bits"): dt_keep16 rounds x[n] into keep as t (DT_BF16 or DT_F16, to
+ * nearest even); dt_widen16 writes the kept values back as fp32 into
+ * room[n] and returns it. The GEMMs round their operands to t anyway, so a
+ * widened input gives them the same bits as the fp32 one. The GPT's four
+ * matmul inputs of a layer and the sequential models' linear inputs. */
+void dt_keep16(void *keep, const float *x, size_t n, dt_dtype t);
+const float *dt_widen16(float *room, const void *kept, size_t n, dt_dtype t);
+
+/* Whether models and sets made from now on keep their linear inputs in 16
+ * bits in a low precision (on by default; model.c's plan_half). Off, they
+ * keep every activation in fp32 with the rest of their plan in the
+ * precision (a convolution's buffers are sized for it): the reference
+ * test_precision compares the 16-bit ones with, bit for bit. */
+void dt_model_set_acts16(int on);
 
 #endif
