@@ -620,6 +620,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task,
             double t0 = dt_now();
             float loss;
             rc = tops->stage_forward(task, st[l], &loss);
+            dt_fault_slow_layer(s->rank, l);
             t[(size_t)l * 2 * MEASURE_REPS + r] = dt_now() - t0;
             if (inc[l] > gn) gn = inc[l];
             if (outc[l] > gn) gn = outc[l];
