@@ -9,7 +9,9 @@
  * A new strategy adds its rows (pipelines of the MLP and the CNN:
  * "pipeline-seq"; deterministic mode under model parallel:
  * "model-parallel-det"; `test_strategy refusals` runs the pipeline layouts
- * that are refused). The models: an MLP and a CNN with dropout
+ * that are refused; `test_strategy pipeline-balance` the stages' cut by
+ * cost: given costs, a measured cut alike on every rank, the weights the
+ * same for any cut). The models: an MLP and a CNN with dropout
  * (global batch 40 over 243 samples, so an epoch ends in a 3-sample batch,
  * once shorter than the number of workers), and a tiny GPT (buckets of
  * 4 KiB, so most of them start from its grad hook during backward; its 40

@@ -320,7 +320,7 @@ static void print_stages(pipe *p) {
     const dt_config *c = p->base.c;
     int L = model_layers(c), S = p->P * p->V;
     const char *how = balance_name(c, p->layer_cost != NULL);
-    dt_obs_pipeline_split(p->base.obs, how, bounds, S, p->layer_cost, L);
+    if (S > 1) dt_obs_pipeline_split(p->base.obs, how, bounds, S, p->layer_cost, L);
     if (p->base.rank != 0) return;
     char layers[512] = "";
     size_t n = 0;
@@ -328,12 +328,14 @@ static void print_stages(pipe *p) {
         n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k], bounds[k + 1]);
     char virt[128] = "";
     if (p->V > 1) snprintf(virt, sizeof virt, " x %d virtual stages (stage s runs virtual stages s, s + %d, ...)", p->V, p->P);
-    dt_log(DT_LOG_INFO, "model parallel: schedule %s%s, %d micro-batches; layers of %sstage %s (%s)",
+    const char *why = S == 1                            ? ""
+                      : !strcmp(how, "pipeline_split") ? " (as pipeline_split sets them)"
+                      : !strcmp(how, "measured")       ? " (balanced by measured time)"
+                      : !strcmp(how, "flops")          ? " (balanced by forward FLOPs)"
+                                                       : " (balanced by layer count)";
+    dt_log(DT_LOG_INFO, "model parallel: schedule %s%s, %d micro-batches; layers of %sstage %s%s",
            p->gpipe ? "gpipe" : p->V > 1 ? "interleaved 1f1b" : "1f1b", virt, p->M, p->V > 1 ? "virtual " : "", layers,
-           !strcmp(how, "pipeline_split") ? "as pipeline_split sets them"
-           : !strcmp(how, "measured")     ? "balanced by measured time"
-           : !strcmp(how, "flops")        ? "balanced by forward FLOPs"
-                                          : "balanced by layer count");
+           why);
     if (!p->layer_cost) return;
     char lc[1024] = "", sc[512] = "";
     n = 0;
@@ -449,7 +451,7 @@ static dt_status pp_init(dt_strategy *s) {
         p->P * p->V > 1)
         dt_log(DT_LOG_INFO, "model parallel: deterministic mode balances the stages by %s, not by measured time (which differs from run to run)",
                balance_name(c, 0));
-    if (!p->measure && p->P * p->V > 1) print_stages(p);
+    if (!p->measure) print_stages(p);
     return DT_OK;
 }
 
