@@ -9,7 +9,9 @@
  * A new strategy adds its rows (pipelines of the MLP and the CNN:
  * "pipeline-seq"; deterministic mode under model parallel:
  * "model-parallel-det"; `test_strategy refusals` runs the pipeline layouts
- * that are refused). The models: an MLP and a CNN with dropout
+ * that are refused; `test_strategy pipeline-balance` the stages' cut by
+ * cost: given costs, a measured cut alike on every rank, the weights the
+ * same for any cut). The models: an MLP and a CNN with dropout
  * (global batch 40 over 243 samples, so an epoch ends in a 3-sample batch,
  * once shorter than the number of workers), and a tiny GPT (buckets of
  * 4 KiB, so most of them start from its grad hook during backward; its 40
@@ -31,6 +33,7 @@
  * and token files of a sequence the GPT can learn. */
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
+#include "engine/strategy.h"
 #include "testlib.h"
 
 #include <math.h>
@@ -877,6 +880,118 @@ static void pipeline_zero(void) {
     }
 }
 
+// The "pipeline_split" record of rank r's metrics log in run `run`, from
+// its "stages" on ("" when there is none).
+static void split_record(const char *run, int r, char *out, size_t n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/metrics/rank-%05d.jsonl", g_tmp, run, r);
+    char *log = tl_read_file(path, NULL), *rec = log ? strstr(log, "\"type\":\"pipeline_split\"") : NULL;
+    const char *st = rec ? strstr(rec, "\"balance\":") : NULL;
+    size_t len = st ? strcspn(st, "}") : 0;
+    snprintf(out, n, "%.*s", (int)len, st ? st : "");
+    free(log);
+}
+
+// Stages balanced by cost ([parallel] pipeline_balance): the min-max cut
+// of given costs; a measured cut that every rank makes alike, though one
+// rank alone sees a layer slow; the weights do not depend on the cut.
+static void pipeline_balance(void) {
+    // The cut from given per-layer costs: the most expensive stage as cheap as can be.
+    struct {
+        int L, P;
+        double costs[8];
+        int want[9];
+    } cuts[] = {
+        {4, 2, {1, 1, 1, 1}, {0, 2, 4}},                 // equal layers: by count
+        {7, 3, {1, 1, 1, 1, 1, 1, 6}, {0, 3, 6, 7}},     // a heavy last layer (the head) on a stage of its own
+        {6, 2, {5, 2, 2, 2, 2, 9}, {0, 4, 6}},           // heavy ends (embedding, head): 11 | 11
+        {5, 2, {95, 1, 2, 1, 1}, {0, 1, 5}},             // the MLP's FLOPs: the first linear layer alone
+        {4, 4, {3, 1, 4, 1}, {0, 1, 2, 3, 4}},           // as many stages as layers
+        {6, 3, {1, 2, 3, 4, 5, 6}, {0, 3, 5, 6}},        // 6 | 9 | 6 beats 10 | 5 | 6 and 3 | 12 | 6
+    };
+    for (int i = 0; i < (int)(sizeof cuts / sizeof *cuts); i++) {
+        int b[9] = {0}, same = 1;
+        dt_status st = dt_pipeline_balance(cuts[i].costs, cuts[i].L, cuts[i].P, b);
+        for (int s = 0; s <= cuts[i].P; s++) same &= b[s] == cuts[i].want[s];
+        CHECK(st == DT_OK && same, "cut %d: %d layers in %d stages: bounds %d %d %d %d (status %d)", i, cuts[i].L,
+              cuts[i].P, b[0], b[1], b[2], b[3], st);
+    }
+    int b[3];
+    CHECK(dt_pipeline_balance((const double[]){1, 1}, 2, 3, b) == DT_ERR_ARG, "3 stages of 2 layers refused");
+    printf("pipeline-balance: %d cuts from given costs as expected\n", (int)(sizeof cuts / sizeof *cuts));
+
+    // Measured: rank 3 alone (stage 1 of replica 1) sees layer 0 take 200 ms
+    // more; the ranks agree on each layer's largest figure, so every rank
+    // cuts [0, 1) | [1, 4) (on its own figures rank 3 alone would).
+    setenv("DTRAIN_SLOW_LAYER", "3:0:200", 1);
+    char cmd[2048], rec[4][512];
+    snprintf(cmd, sizeof cmd, "%s train %s/pb-ref.ini --workers 4 --run-dir %s/pb-measured %s 2>&1", tl_dtrain(), g_tmp,
+             g_tmp, "--set parallel.pipeline=2 --set parallel.micro_batches=2");
+    CHECK(train("pb-ref", cfg_gpt4, 1, "") == 0, "pipeline-balance: the 1-process reference");
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    unsetenv("DTRAIN_SLOW_LAYER");
+    CHECK(rc == 0 && strstr(g_out, "layers of stage 0: [0, 1), 1: [1, 4) (balanced by measured time)") &&
+              strstr(g_out, "measured forward + backward of one micro-batch, ms (median of 5, the largest over the 4 ranks); layers 0: "),
+          "measured cut printed: exit %d\n%s", rc, g_out);
+    for (int r = 0; r < 4; r++) {
+        split_record("pb-measured", r, rec[r], sizeof rec[r]);
+        const char *l0 = strstr(rec[r], "\"layer_seconds\":[");
+        CHECK(strstr(rec[r], "\"balance\":\"measured\",\"stages\":[[0,1],[1,4]],\"layer_seconds\":[") && l0 &&
+                  atof(l0 + 17) >= 0.2 && !strcmp(rec[r], rec[0]),
+              "rank %d's recorded cut (%s) is rank 0's (%s), layer 0 at least 0.2 s", r, rec[r], rec[0]);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/pb-measured/summary.json", g_tmp);
+    char *sum = tl_read_file(path, NULL);
+    size_t n = 0;  // (without its white space)
+    for (char *q = sum; q && *q; q++)
+        if (!strchr(" \t\n", *q)) sum[n++] = *q;
+    if (sum) sum[n] = 0;
+    const char *ss = sum ? strstr(sum, "\"stage_seconds\":[") : NULL;
+    CHECK(sum && strstr(sum, "\"balance\":\"measured\",\"stage_layers\":[[0,1],[1,4]],\"layer_seconds\":[") && ss &&
+              atof(ss + 17) >= 0.2,
+          "summary.json records the measured cut:\n%s", sum ? sum : "(none)");
+    free(sum);
+    printf("pipeline-balance: layer 0 slow on rank 3 alone: every rank of 4 cuts [0, 1) | [1, 4): %s\n", rec[0]);
+    // The weights do not depend on the cut (each layer runs the same
+    // kernels on any stage; stages add exact zeros for the others' layers):
+    // bitwise the same as split 2,2 and 3,1, and within 1e-5 of one process.
+    int bw;
+    const char *other[] = {"2,2", "3,1"};
+    for (int i = 0; i < 2; i++) {
+        char name[32], flags[256];
+        snprintf(name, sizeof name, "pb-split-%d", i);
+        snprintf(flags, sizeof flags, "--set parallel.pipeline=2 --set parallel.micro_batches=2 --set parallel.pipeline_split=%s", other[i]);
+        CHECK(train(name, cfg_gpt4, 4, flags) == 0, "pipeline split %s", other[i]);
+        double d = compare("pb-measured", name, &bw);
+        CHECK(bw, "measured cut 1,3 against pipeline_split = %s: not bitwise equal (max rel diff %.3g)", other[i], d);
+    }
+    double d = compare("pb-ref", "pb-measured", &bw);
+    CHECK(d >= 0 && d <= 1e-5, "measured cut against one process: max rel diff %.3g", d);
+    printf("pipeline-balance: the GPT's weights with cuts 1,3 (measured), 2,2 and 3,1 bitwise equal; %.3g from one process\n", d);
+
+    // The CNN: the FLOPs cut [0, 1) (the first convolution), the count cut
+    // [0, 5) and split 2,8 (between a relu and the pooling that runs its
+    // backward) give the same bits; the record names each.
+    const char *cnn[][3] = {
+        {"pb-cnn-flops", SEQ20 PP2 "--set parallel.pipeline_balance=flops", "\"balance\":\"flops\",\"stages\":[[0,1],[1,10]]"},
+        {"pb-cnn-count", SEQ20 PP2 "--set parallel.pipeline_balance=count", "\"balance\":\"count\",\"stages\":[[0,5],[5,10]]"},
+        {"pb-cnn-split", SEQ20 PP2 "--set parallel.pipeline_split=2,8", "\"balance\":\"pipeline_split\",\"stages\":[[0,2],[2,10]]"},
+        {"pb-cnn-det", SEQ20 PP2 DET, "\"balance\":\"flops\",\"stages\":[[0,1],[1,10]]"},
+    };
+    for (int i = 0; i < 4; i++) {
+        rc = train(cnn[i][0], cfg_cnn, 2, cnn[i][1]);
+        split_record(cnn[i][0], 1, rec[0], sizeof rec[0]);
+        CHECK(rc == 0 && !strcmp(rec[0], cnn[i][2]), "%s: exit %d, rank 1 records %s, expected %s", cnn[i][1], rc,
+              rec[0], cnn[i][2]);
+        if (i > 0 && i < 3) {
+            d = compare("pb-cnn-flops", cnn[i][0], &bw);
+            CHECK(bw, "the CNN's cut by %s against the FLOPs cut: not bitwise equal (max rel diff %.3g)", cnn[i][0], d);
+        }
+    }
+    printf("pipeline-balance: the CNN's cuts 1,9 (FLOPs), 5,5 (count) and 2,8 bitwise equal; deterministic mode cuts by FLOPs\n");
+}
+
 // Pipeline layouts that do not fit: exit 2 at start, naming the numbers.
 static void pipeline_refusals(void) {
     const refusal bad[] = {
@@ -888,6 +1003,8 @@ static void pipeline_refusals(void) {
          "pipeline_split = \"1,2\" adds up to 3 layers; the model has 4"},
         {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=1,1,2", "gives more than 2 stages"},
         {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=4,x", "pipeline_split entry 2"},
+        {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.pipeline_balance=fast",
+         "[parallel] pipeline_balance: expected one of measured, flops, count, got 'fast'"},
         {cfg_gpt4, 2, "--set parallel.pipeline=2 --set parallel.micro_batches=41 --set parallel.schedule=gpipe",
          "leaves 40 samples, fewer than [parallel] micro_batches = 41"},
         // the sequential models: their [model] layer lines are the layers
@@ -949,6 +1066,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
     if (!only || !strcmp(only, "pipeline-zero")) pipeline_zero();
     if (!only || !strcmp(only, "memory")) memory_limit();
+    if (!only || !strcmp(only, "pipeline-balance")) pipeline_balance();
     if (only && !strcmp(only, "refusals")) pipeline_refusals();
     if (only) {
         tl_cleanup(g_tmp);

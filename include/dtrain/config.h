@@ -17,7 +17,7 @@
  *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16)
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
- *             pipeline_split, sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
+ *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
@@ -44,6 +44,14 @@ extern "C" {
 #define DT_MAX_LAYERS 64
 
 /* [compression] method: how the data-parallel strategy sends gradients. */
+/* [parallel] pipeline_balance: how pipeline stages are cut when
+ * pipeline_split does not list them (docs/model-parallel.md). */
+typedef enum {
+    DT_BALANCE_MEASURED = 0, /* each layer's forward + backward timed before the first step */
+    DT_BALANCE_FLOPS,        /* forward FLOPs from the shapes (the GPT's blocks: by count) */
+    DT_BALANCE_COUNT         /* as many layers a stage as can be */
+} dt_pipeline_balance_kind;
+
 typedef enum {
     DT_COMP_NONE = 0, DT_COMP_FP16, DT_COMP_BF16, DT_COMP_INT8, DT_COMP_QSGD, DT_COMP_SIGN,
     DT_COMP_TOPK, DT_COMP_RANDOMK, DT_COMP_POWERSGD
@@ -95,7 +103,8 @@ typedef struct {
     int micro_batches;             /* per data-parallel replica and step (0: P) */
     int pipeline_schedule;         /* 0 gpipe, 1 1f1b, 2 interleaved (1f1b over virtual stages) */
     int virtual_stages;            /* V: chunks of layers a stage runs (schedule = interleaved) */
-    char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced) */
+    char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced by pipeline_balance) */
+    int pipeline_balance;          /* dt_pipeline_balance_kind: how the stages are balanced without pipeline_split */
     int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
     int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
     char offload_dir[512];         /* where (offload = disk) */

@@ -8,11 +8,13 @@
  * dtrain/gpt.h, heads, MLP units and vocabulary divided, two allreduces a
  * layer each way; a sequential model's pairs of linear layers,
  * dtrain/nn.h, one allreduce a pair each way).
- * [parallel] pipeline = P cuts the GPT's n_layer blocks (balanced by count)
- * or a sequential model's layers (balanced by their forward FLOPs,
- * dt_model_layer_costs) into P stages, or pipeline_split = "a,b,..." layers
- * per stage: the embedding (the images) on the first stage, the head and
- * the loss on the last. The
+ * [parallel] pipeline = P cuts the GPT's n_layer blocks or a sequential
+ * model's layers into P contiguous stages, pipeline_split = "a,b,..." layers
+ * per stage, or else balanced ([parallel] pipeline_balance): by each
+ * layer's forward and backward timed before the first step (measure_layers,
+ * the default), by forward FLOPs from the shapes (dt_model_layer_costs; the
+ * GPT's blocks cost the same) or by count. The embedding (the images) runs
+ * on the first stage, the head and the loss on the last. The
  * W workers form D = W / (T P) data-parallel replicas, laid out as Megatron
  * does, tensor innermost, then data, then pipeline:
  *
@@ -62,12 +64,14 @@
 #include "engine/strategy.h"
 #include "engine/worker.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_STAGES 1024
+#define MEASURE_REPS 5  // forwards and backwards a layer is timed, measured balance (the median counts)
 
 typedef struct {
     dt_task_stage *st;
@@ -109,6 +113,9 @@ typedef struct {
     int alive, peak;
     int64_t steps;
     int64_t *acc;          // deterministic: the fixed-point sums of this rank's micro-batches' gradients
+    int *bounds;           // [P V + 1]: the first layer of each virtual stage
+    int measure;           // the cut waits for the layers' times, measured at the first step
+    double *layer_cost;    // [layers]: each layer's measured seconds (when measured)
     size_t *counts, *displs; // [parallel] zero = 1: every rank's slice of the state, for the allgather
 } pipe;
 
@@ -127,9 +134,10 @@ static int model_layers(const dt_config *c) { return c->gpt ? c->n_layer : c->nl
 static const char *layers_field(const dt_config *c) { return c->gpt ? "[model] n_layer" : "[model] layer = ... lines"; }
 static int virtual_stages(const dt_config *c) { return c->pipeline_schedule == 2 ? c->virtual_stages : 1; }
 
-// bounds[0..P] cutting costs[L] into P contiguous non-empty parts (P <= L)
-// whose largest sum is the least (the first such cut).
-static dt_status balance(const double *costs, int L, int P, int *bounds) {
+// (strategy.h) best(k, j): the least largest part of the first j layers in
+// k stages, over the last stage's first layer i; the smallest such i.
+dt_status dt_pipeline_balance(const double *costs, int L, int P, int *bounds) {
+    if (P < 1 || P > L) return dt_error(DT_ERR_ARG, "pipeline: %d stages for %d layers", P, L);
     double *best = malloc(sizeof(double) * (size_t)(L + 1) * (size_t)(P + 1)), *pre = malloc(sizeof(double) * (size_t)(L + 1));
     int *cut = malloc(sizeof(int) * (size_t)(L + 1) * (size_t)(P + 1));
     if (!best || !pre || !cut) {
@@ -139,7 +147,6 @@ static dt_status balance(const double *costs, int L, int P, int *bounds) {
 #define AT(a, k, j) a[(size_t)(k) * (size_t)(L + 1) + (size_t)(j)]
     pre[0] = 0;
     for (int j = 0; j < L; j++) pre[j + 1] = pre[j] + costs[j];
-    // best(k, j): the least largest part of the first j layers in k stages
     for (int j = 1; j <= L; j++) AT(best, 1, j) = pre[j], AT(cut, 1, j) = 0;
     for (int k = 2; k <= P; k++)
         for (int j = k; j <= L; j++) {
@@ -156,13 +163,31 @@ static dt_status balance(const double *costs, int L, int P, int *bounds) {
     return DT_OK;
 }
 
+// Measured balance: used unless pipeline_split lists the stages, and not in
+// deterministic mode, whose results must not depend on a run's timings (the
+// FLOPs / count cut stands in: the same in every run).
+static int measured_balance(const dt_config *c) {
+    return c->pipeline_balance == DT_BALANCE_MEASURED && !c->pipeline_split[0] && !c->deterministic &&
+           c->pipeline * virtual_stages(c) > 1;
+}
+
+// How the stages were cut, for the start lines, the metrics log and summary.json.
+static const char *balance_name(const dt_config *c, int measured) {
+    if (c->pipeline_split[0]) return "pipeline_split";
+    if (measured) return "measured";
+    int flops = c->pipeline_balance != DT_BALANCE_COUNT && !c->gpt;
+    return flops ? "flops" : "count";
+}
+
 // The first layer of each (virtual) stage, bounds[0..P V] (bounds[P V] =
-// the layers), from pipeline_split, else the GPT's blocks balanced by count
-// (they cost the same) and a sequential model's layers by their forward
-// FLOPs (dt_model_layer_costs).
-static dt_status stage_bounds(const dt_config *c, int *bounds) {
+// the layers): from pipeline_split; else from the layers' measured costs
+// when given (measure_layers); else by count (pipeline_balance = count, and
+// the GPT's blocks, which cost the same) or a sequential model's layers by
+// their forward FLOPs (dt_model_layer_costs).
+static dt_status stage_bounds(const dt_config *c, const double *measured, int *bounds) {
     int P = c->pipeline * virtual_stages(c), L = model_layers(c);
-    if (!c->pipeline_split[0] && c->gpt) {
+    if (!c->pipeline_split[0] && measured) return dt_pipeline_balance(measured, L, P, bounds);
+    if (!c->pipeline_split[0] && (c->gpt || c->pipeline_balance == DT_BALANCE_COUNT)) {
         for (int s = 0; s <= P; s++) bounds[s] = (int)((long)L * s / P);
         return DT_OK;
     }
@@ -171,7 +196,7 @@ static dt_status stage_bounds(const dt_config *c, int *bounds) {
         double *costs = malloc(sizeof(double) * (size_t)L);
         if (!costs) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
         dt_status st = dt_model_layer_costs(c->input, c->layers, L, costs);
-        if (st == DT_OK) st = balance(costs, L, P, bounds);
+        if (st == DT_OK) st = dt_pipeline_balance(costs, L, P, bounds);
         free(costs);
         return st;
     }
@@ -260,7 +285,7 @@ static dt_status pp_check(const dt_config *c, int W) {
     if (P * virtual_stages(c) > MAX_STAGES)
         return dt_error(DT_ERR_CONFIG, "[parallel] pipeline x virtual_stages = %d: at most %d", P * virtual_stages(c), MAX_STAGES);
     int bounds[MAX_STAGES + 1];
-    dt_status st = stage_bounds(c, bounds);
+    dt_status st = stage_bounds(c, NULL, bounds);
     for (int s = 0; s < P * virtual_stages(c) && st == DT_OK; s++)
         if (bounds[s + 1] <= bounds[s])
             st = dt_error(DT_ERR_CONFIG, "[parallel] pipeline stage %d has no layers", s);
@@ -275,23 +300,56 @@ static int pp_max_micro(const dt_config *c, int W) {
 }
 
 // The layout, on rank 0: the formula and, for a small world, every rank.
-static void print_layout(pipe *p, const int *bounds) {
-    char layers[512] = "", ranks[1024] = "";
-    size_t n = 0;
-    for (int k = 0; k < p->P * p->V && n < sizeof layers - 32; k++)
-        n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k], bounds[k + 1]);
+static void print_layout(pipe *p) {
+    char ranks[1024] = "";
     int W = p->base.world;
-    n = 0;
+    size_t n = 0;
     for (int r = 0; r < W && W <= 64 && n < sizeof ranks - 40; r++)
         n += (size_t)snprintf(ranks + n, sizeof ranks - n, "%s%d=(t%d,d%d,p%d)", r ? " " : "", r, r % p->T,
                               r / p->T % p->D, r / p->T / p->D);
     dt_log(DT_LOG_INFO,
            "model parallel: tensor %d x data %d x pipeline %d = %d workers, rank = (stage x %d + replica) x %d + tensor rank (tensor innermost, then data, then pipeline)%s%s",
            p->T, p->D, p->P, W, p->D, p->T, *ranks ? "; ranks " : "", ranks);
+}
+
+// The stages, once cut (at start, or after measuring): on rank 0 the
+// schedule, each stage's layers and, measured, the layers' and the stages'
+// costs; on every rank a "pipeline_split" record of its metrics log.
+static void print_stages(pipe *p) {
+    const int *bounds = p->bounds;
+    const dt_config *c = p->base.c;
+    int L = model_layers(c), S = p->P * p->V;
+    const char *how = balance_name(c, p->layer_cost != NULL);
+    if (S > 1) dt_obs_pipeline_split(p->base.obs, how, bounds, S, p->layer_cost, L);
+    if (p->base.rank != 0) return;
+    char layers[512] = "";
+    size_t n = 0;
+    for (int k = 0; k < S && n < sizeof layers - 32; k++)
+        n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d: [%d, %d)", k ? ", " : "", k, bounds[k], bounds[k + 1]);
     char virt[128] = "";
     if (p->V > 1) snprintf(virt, sizeof virt, " x %d virtual stages (stage s runs virtual stages s, s + %d, ...)", p->V, p->P);
-    dt_log(DT_LOG_INFO, "model parallel: schedule %s%s, %d micro-batches; layers of %sstage %s",
-           p->gpipe ? "gpipe" : p->V > 1 ? "interleaved 1f1b" : "1f1b", virt, p->M, p->V > 1 ? "virtual " : "", layers);
+    const char *why = S == 1                            ? ""
+                      : !strcmp(how, "pipeline_split") ? " (as pipeline_split sets them)"
+                      : !strcmp(how, "measured")       ? " (balanced by measured time)"
+                      : !strcmp(how, "flops")          ? " (balanced by forward FLOPs)"
+                                                       : " (balanced by layer count)";
+    dt_log(DT_LOG_INFO, "model parallel: schedule %s%s, %d micro-batches; layers of %sstage %s%s",
+           p->gpipe ? "gpipe" : p->V > 1 ? "interleaved 1f1b" : "1f1b", virt, p->M, p->V > 1 ? "virtual " : "", layers,
+           why);
+    if (!p->layer_cost) return;
+    char lc[1024] = "", sc[512] = "";
+    n = 0;
+    for (int l = 0; l < L && n < sizeof lc - 32; l++)
+        n += (size_t)snprintf(lc + n, sizeof lc - n, "%s%d: %.3f", l ? ", " : "", l, p->layer_cost[l] * 1e3);
+    n = 0;
+    for (int k = 0; k < S && n < sizeof sc - 32; k++) {
+        double sum = 0;
+        for (int l = bounds[k]; l < bounds[k + 1]; l++) sum += p->layer_cost[l];
+        n += (size_t)snprintf(sc + n, sizeof sc - n, "%s%d: %.3f", k ? ", " : "", k, sum * 1e3);
+    }
+    dt_log(DT_LOG_INFO,
+           "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s",
+           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc);
 }
 
 // A step's order of work on stage s (Megatron's schedules). gpipe: every
@@ -321,8 +379,12 @@ static void plan_ops(pipe *p) {
 static dt_status pp_init(dt_strategy *s) {
     pipe *p = (pipe *)s;
     const dt_config *c = s->c;
-    int bounds[MAX_STAGES + 1];
-    dt_status st = stage_bounds(c, bounds);
+    int nb = c->pipeline * virtual_stages(c) + 1;
+    if (!(p->bounds = malloc(sizeof(int) * (size_t)nb))) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    int *bounds = p->bounds;
+    // Measured: the FLOPs / count cut until the layers are timed at the first step.
+    p->measure = measured_balance(c);
+    dt_status st = stage_bounds(c, NULL, bounds);
     if (st != DT_OK) return st;
     p->T = c->tensor;
     p->P = c->pipeline;
@@ -384,7 +446,12 @@ static dt_status pp_init(dt_strategy *s) {
         }
         dt_shard_range(s->n, dt_comm_rank(zc), W, &s->lo, &s->hi);
     }
-    if (s->rank == 0) print_layout(p, bounds);
+    if (s->rank == 0) print_layout(p);
+    if (s->rank == 0 && c->deterministic && c->pipeline_balance == DT_BALANCE_MEASURED && !c->pipeline_split[0] &&
+        p->P * p->V > 1)
+        dt_log(DT_LOG_INFO, "model parallel: deterministic mode balances the stages by %s, not by measured time (which differs from run to run)",
+               balance_name(c, 0));
+    if (!p->measure) print_stages(p);
     return DT_OK;
 }
 
@@ -420,6 +487,8 @@ static void pp_fini(dt_strategy *s) {
     free(p->len);
     dt_free(p->acc);
     free(p->counts);
+    free(p->bounds);
+    free(p->layer_cost);
 }
 
 // Waits for a transfer, the time counted as the stage waiting.
@@ -510,6 +579,81 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
     return st;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Measured balance, at the first step: every rank runs its replica's first
+// micro-batch of the step through the whole model one layer at a time (a
+// stage of the task's per layer, each fed the one before's output, the
+// backward from the loss back), MEASURE_REPS times, and takes each layer's
+// median forward + median backward. The first layer's includes the
+// embedding (the images), the last one's the head and the loss, which stay
+// on the end stages. The ranks agree on the largest of each layer's figures
+// (an int64 allreduce max of nanoseconds: exact, so every rank cuts the
+// same stages from the same numbers), and the gradients are cleared.
+// Tensor-parallel shards of one copy run the same layers together (their
+// sums inside the layers match).
+static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task, int64_t step) {
+    dt_strategy *s = &p->base;
+    int L = model_layers(s->c), k = 0;
+    while (k < p->M && p->len[k] == 0) k++;
+    dt_task_stage **st = calloc((size_t)L, sizeof *st);
+    float **in = calloc((size_t)L, sizeof *in), **out = calloc((size_t)L, sizeof *out), *g = NULL;
+    size_t *inc = calloc((size_t)L, sizeof *inc), *outc = calloc((size_t)L, sizeof *outc), gn = 0;
+    double *t = calloc((size_t)L * 2 * MEASURE_REPS, sizeof *t);
+    int64_t *ns = calloc((size_t)L, sizeof *ns);
+    p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost);
+    dt_status rc = DT_OK;
+    if (!st || !in || !out || !inc || !outc || !t || !ns || !p->layer_cost)
+        rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
+    int len = k < p->M ? p->len[k] : 0;  // (no samples on this replica: it adds zeros)
+    float scale = (float)len / (float)s->global * s->loss_scale;
+    for (int l = 0; l < L && rc == DT_OK && len > 0; l++) rc = tops->stage_create(task, l, l + 1, len, &st[l]);
+    for (int r = 0; r < MEASURE_REPS && rc == DT_OK && len > 0; r++) {
+        for (int l = 0; l < L && rc == DT_OK; l++) {
+            rc = tops->stage_begin(task, st[l], step, p->off[k], len, scale, &in[l], &inc[l], &out[l], &outc[l]);
+            if (rc == DT_OK && l > 0 && inc[l] != outc[l - 1])
+                rc = dt_error(DT_ERR_ARG, "pipeline: measuring: layer %d takes %zu floats, layer %d gives %zu", l,
+                              inc[l], l - 1, outc[l - 1]);
+            if (rc != DT_OK) break;
+            if (l > 0) memcpy(in[l], out[l - 1], sizeof(float) * inc[l]);
+            double t0 = dt_now();
+            float loss;
+            rc = tops->stage_forward(task, st[l], &loss);
+            dt_fault_slow_layer(s->rank, l);
+            t[(size_t)l * 2 * MEASURE_REPS + r] = dt_now() - t0;
+            if (inc[l] > gn) gn = inc[l];
+            if (outc[l] > gn) gn = outc[l];
+        }
+        if (rc == DT_OK && !g && !(g = calloc(gn, sizeof(float))))
+            rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
+        float *din = g;
+        for (int l = L - 1; l >= 0 && rc == DT_OK; l--) {
+            if (din != g) memcpy(g, din, sizeof(float) * outc[l]);  // (the layer after's input gradient)
+            double t0 = dt_now();
+            rc = tops->stage_backward(task, st[l], g, &din);
+            t[(size_t)l * 2 * MEASURE_REPS + MEASURE_REPS + r] = dt_now() - t0;
+        }
+    }
+    for (int l = 0; l < L && st; l++)
+        if (st[l]) tops->stage_free(st[l]);
+    memset(s->grads, 0, sizeof(float) * s->n);
+    for (int l = 0; l < L && rc == DT_OK && len > 0; l++) {
+        double *f = t + (size_t)l * 2 * MEASURE_REPS, *b = f + MEASURE_REPS;
+        qsort(f, MEASURE_REPS, sizeof *f, cmp_double);
+        qsort(b, MEASURE_REPS, sizeof *b, cmp_double);
+        ns[l] = (int64_t)llround((f[MEASURE_REPS / 2] + b[MEASURE_REPS / 2]) * 1e9);
+    }
+    // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
+    dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;
+    if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "pipeline: agreeing on the layers' costs: %s", dt_last_error());
+    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[l] * 1e-9;
+    free(st), free(in), free(out), free(inc), free(outc), free(t), free(ns), free(g);
+    return rc;
+}
+
 static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int64_t step,
                              const dt_task_batch *b, double *loss_sum) {
     pipe *p = (pipe *)s;
@@ -517,16 +661,6 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     int first = (int)((long)b->global * p->replica / p->D);
     int share = (int)((long)b->global * (p->replica + 1) / p->D) - first;
     int max_len = pp_max_micro(s->c, s->world);
-    if (!p->tops) {  // the activation sets, at the first step
-        if (!tops->stage_create)
-            return dt_error(DT_ERR_CONFIG, "strategy model-parallel: the %s model has no stages", tops->name);
-        p->tops = tops;
-        for (int v = 0; v < p->V; v++)
-            for (int i = 0; i < p->ch[v].nslots; i++) {
-                dt_status st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
-                if (st != DT_OK) return st;
-            }
-    }
     // The replica's share in M micro-batches; deterministic: the global
     // batch's fixed pieces replica x M ... (replica + 1) x M - 1 of M x D.
     for (int k = 0; k < p->M; k++) {
@@ -541,6 +675,26 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     }
     s->nmicro = p->M;
     s->global = b->global;
+    if (!p->tops) {  // at the first step: the measured cut, then the activation sets
+        if (!tops->stage_create)
+            return dt_error(DT_ERR_CONFIG, "strategy model-parallel: the %s model has no stages", tops->name);
+        p->tops = tops;
+        if (p->measure) {
+            dt_status st = measure_layers(p, tops, task, step);
+            if (st == DT_OK) st = stage_bounds(s->c, p->layer_cost, p->bounds);
+            if (st != DT_OK) return st;
+            for (int v = 0; v < p->V; v++) {
+                p->ch[v].l0 = p->bounds[p->ch[v].vstage];
+                p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
+            }
+            print_stages(p);
+        }
+        for (int v = 0; v < p->V; v++)
+            for (int i = 0; i < p->ch[v].nslots; i++) {
+                dt_status st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
+                if (st != DT_OK) return st;
+            }
+    }
     p->alive = 0;
     dt_status st = DT_OK;
     for (int i = 0; i < 2 * p->M * p->V && st == DT_OK; i++) {
@@ -652,6 +806,38 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     return DT_OK;
 }
 
+// summary.json's "pipeline": the grid, how the stages were cut, each
+// (virtual) stage's layers and, measured, the layers' and stages' seconds.
+static void pp_summary(dt_strategy *s, struct cJSON *o) {
+    pipe *p = (pipe *)s;
+    const dt_config *c = s->c;
+    int S = p->P * p->V, L = model_layers(c);
+    cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
+    if (!j) return;
+    cJSON_AddNumberToObject(j, "tensor", p->T);
+    cJSON_AddNumberToObject(j, "data", p->D);
+    cJSON_AddNumberToObject(j, "stages", p->P);
+    cJSON_AddNumberToObject(j, "virtual_stages", p->V);
+    cJSON_AddNumberToObject(j, "micro_batches", p->M);
+    if (S == 1) return;
+    cJSON_AddStringToObject(j, "balance", balance_name(c, p->layer_cost != NULL));
+    cJSON *a = cJSON_AddArrayToObject(j, "stage_layers");  // [first layer, end] of each (virtual) stage
+    for (int k = 0; k < S && a; k++) {
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(p->bounds[k]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(p->bounds[k + 1]));
+        cJSON_AddItemToArray(a, e);
+    }
+    if (!p->layer_cost) return;
+    cJSON *l = cJSON_AddArrayToObject(j, "layer_seconds"), *st = cJSON_AddArrayToObject(j, "stage_seconds");
+    for (int i = 0; i < L && l; i++) cJSON_AddItemToArray(l, cJSON_CreateNumber(p->layer_cost[i]));
+    for (int k = 0; k < S && st; k++) {
+        double sum = 0;
+        for (int i = p->bounds[k]; i < p->bounds[k + 1]; i++) sum += p->layer_cost[i];
+        cJSON_AddItemToArray(st, cJSON_CreateNumber(sum));
+    }
+}
+
 const dt_strategy_ops dt_strategy_pipeline = {
     .name = "model-parallel",
     .size = sizeof(pipe),
@@ -666,4 +852,5 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .update = pp_update,
     .params_sync = pp_params_sync,
     .ckpt_restore = pp_ckpt_restore,
+    .summary = pp_summary,
 };

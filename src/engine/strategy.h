@@ -261,6 +261,11 @@ dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt
  * 2^32. Integer sums do not depend on their order. */
 #define DT_FIXED_SCALE 4294967296.0  // 2^32
 void dt_fixed_to_float(float *g, const int64_t *acc, size_t n);
+/* A pipeline's stages from the costs of its layers (engine/pipeline.c):
+ * bounds[0..P] cut costs[L] into P contiguous non-empty stages (1 <= P <=
+ * L), stage s = layers [bounds[s], bounds[s + 1]), the cut whose most
+ * expensive stage costs least (for the same costs, always the same cut). */
+dt_status dt_pipeline_balance(const double *costs, int L, int P, int *bounds);
 
 extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
 extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */

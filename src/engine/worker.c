@@ -142,6 +142,13 @@ void dt_fault_slow(int rank, double seconds) {
         usleep((useconds_t)((f - 1) * seconds * 1e6));
 }
 
+void dt_fault_slow_layer(int rank, int layer) {
+    const char *slow = getenv("DTRAIN_SLOW_LAYER");
+    int r, l, ms;
+    if (slow && sscanf(slow, "%d:%d:%d", &r, &l, &ms) == 3 && r == rank && l == layer && ms > 0)
+        usleep((useconds_t)ms * 1000);
+}
+
 int dt_fault_overflow(int rank, int64_t step) {
     const char *f = getenv("DTRAIN_FAULT_OVERFLOW");
     int r;

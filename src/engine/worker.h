@@ -55,9 +55,13 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *       micro-batch's forward and backward it sleeps F - 1 times as long
  *       (dt_fault_slow);
  *   DTRAIN_FAULT_OVERFLOW=R:S  rank R finds an inf among its gradients at
- *       step S (fp16's loss scaling, which every rank must then skip). */
+ *       step S (fp16's loss scaling, which every rank must then skip);
+ *   DTRAIN_SLOW_LAYER=R:L:MS  rank R sleeps MS milliseconds in each timed
+ *       forward of layer L while a pipeline measures its layers (one rank
+ *       seeing a layer slower than the others do: dt_fault_slow_layer). */
 dt_status dt_fault_step(int rank, int64_t step);
 void dt_fault_slow(int rank, double seconds);
+void dt_fault_slow_layer(int rank, int layer);
 int dt_fault_overflow(int rank, int64_t step);
 dt_status dt_fault_start(int rank);
 

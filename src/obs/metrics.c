@@ -481,6 +481,26 @@ void dt_obs_schedule(dt_obs *o, const dt_obs_sched *h, const dt_obs_span *s, int
     log_record(o, j);
 }
 
+void dt_obs_pipeline_split(dt_obs *o, const char *balance, const int *bounds, int nstages,
+                           const double *layer_seconds, int nlayers) {
+    if (!o || !o->log) return;
+    cJSON *j = record(o, "pipeline_split", 0, dt_now());
+    cJSON_AddStringToObject(j, "balance", balance);
+    cJSON *a = cJSON_AddArrayToObject(j, "stages");  // [first layer, end] of each (virtual) stage
+    for (int s = 0; s < nstages && a; s++) {
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(bounds[s]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(bounds[s + 1]));
+        cJSON_AddItemToArray(a, e);
+    }
+    if (layer_seconds) {
+        cJSON *l = cJSON_AddArrayToObject(j, "layer_seconds");
+        for (int i = 0; i < nlayers && l; i++)
+            cJSON_AddItemToArray(l, cJSON_CreateNumber(round(layer_seconds[i] * 1e9) / 1e9));
+    }
+    log_record(o, j);
+}
+
 void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     if (!o) return;
     double now = dt_now(), step_s = o->step_start ? now - o->step_start : 0;

@@ -115,6 +115,13 @@ typedef struct {
     int stage, stages, virtual_stages, micro_batches, tensor, replica;
 } dt_obs_sched;
 void dt_obs_schedule(dt_obs *o, const dt_obs_sched *h, const dt_obs_span *s, int n);
+/* The pipeline's cut as this rank made it: a "pipeline_split" record of its
+ * metrics log (every rank's must be the same). balance names how it was
+ * chosen; bounds[0..nstages] the first layer of each (virtual) stage and
+ * the layers; layer_seconds[nlayers] each layer's measured forward +
+ * backward (NULL: not measured). */
+void dt_obs_pipeline_split(dt_obs *o, const char *balance, const int *bounds, int nstages,
+                           const double *layer_seconds, int nlayers);
 /* Collective when st == DT_OK: finishes the trace (rank 0 merges every
  * rank's part into c->trace) and closes everything. Returns st if it is an
  * error, else the first error of closing. NULL is fine. */

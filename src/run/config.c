@@ -116,6 +116,7 @@ static const char *const dataset_names[] = {"fashion-mnist", "tokens", "hdf5", N
 static const char *const sampler_names[] = {"shuffled", "balanced", NULL};
 static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
+static const char *const pipeline_balance_names[] = {"measured", "flops", "count", NULL};  // dt_pipeline_balance_kind
 static const char *const offload_names[] = {"none", "disk", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
@@ -178,6 +179,7 @@ static const field fields[] = {
     {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
     {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},
     {"parallel", "pipeline_split", F_STR, O(pipeline_split), 0, 0, NULL},
+    {"parallel", "pipeline_balance", F_ENUM, O(pipeline_balance), 0, 0, pipeline_balance_names},
     {"parallel", "zero", F_INT, O(zero), 0, 3, NULL},
     {"parallel", "offload", F_ENUM, O(offload), 0, 0, offload_names},
     {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
