@@ -15,10 +15,12 @@
  * fallback: rounded operands, fp32 compute, the same bounds.
  *
  * Activations kept in 16 bits: the GPT's matmul inputs, and the sequential
- * models' linear inputs (an MLP and a CNN, whole and as 2 pipeline stage
- * sets), bitwise against the same models keeping them in fp32, with the
- * bytes each saves; the shipped configs' figures; an MLP run's start line
- * and summary.json.
+ * models' linear inputs and convolutions' saved inputs, with their
+ * convolutions' shared scratch and dropped inputs (an MLP and two CNNs,
+ * whole and as 2 pipeline stage sets), bitwise against the same models
+ * keeping every activation in fp32 in a buffer of its own, with the bytes
+ * each saves (a CNN in bf16 or fp16 takes less than in fp32); the shipped
+ * configs' figures; an MLP run's start line and summary.json.
  *
  * The loss scaler (GradScaler's rule) and the optimizer's skipped step;
  * then runs: fp16 on 2 workers with an overflow injected on rank 1 only
