@@ -342,7 +342,7 @@ void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
 
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
     dt_conv_shape own = *s;
-    own.src_blocked = own.dst_blocked = own.relu = 0;
+    own.src_blocked = own.dst_blocked = own.relu = own.no_dinp = own.out_room = own.keep32 = 0;
     plan *p = get_plan(&own);
     *src = p->src16;
     *dst = p->dst16;
@@ -421,7 +421,8 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
             dd = bring_in(p, &p->wddst, st, &p->plain_dst, dout, scratch, out);
         float *dbias = scratch + p->dbias;
         const float *src = save + p->src.off;
-        if (p->keep_n) {
+        if (p->keep_n) {  // into room backward data may have used
+            dt_onednn_check(dnnl_stream_wait(st), "stream wait");
             keep16((uint16_t *)save, scratch + p->wsrc, p->keep_n, p->round, 0);
             src = scratch + p->wsrc;
         }
