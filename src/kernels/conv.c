@@ -8,14 +8,22 @@
  * on first use and kept for the life of the process (a model needs one per
  * convolution and batch size). Plans never change after creation and keep
  * no tensors of their own: everything a call writes lives in the caller's
- * scratch (`save`, `scratch`), so calls are reentrant. oneDNN's library
+ * areas, so calls are reentrant. `save` holds the one thing forward leaves
+ * for backward, the input in the primitives' layout; the rest (the weights'
+ * and the output gradient's copies, results in the primitives' layouts) is
+ * `scratch`, free again when a call returns, so that one scratch serves all
+ * the convolutions of a model in turn; the output gradient's copies go in
+ * the forward's output buffer instead when the caller offers it (out_room). oneDNN's library
  * scratchpad is per primitive, so each plan's execution is under its lock.
  *
  * In a low precision (kernels.h) the primitives take the input, the weights
  * and the output gradient in bf16 where oneDNN has bf16 kernels on this CPU
  * (the reorders from the caller's fp32 convert them; outputs and weight
  * gradients stay fp32); elsewhere, or for a shape without such a kernel,
- * they stay fp32 and those three are rounded in their copies. */
+ * they stay fp32 and those three are rounded in their copies; the saved
+ * input is then kept in 16 bits (exact: it holds rounded values) and
+ * widened into scratch for backward weights, so that it takes the same two
+ * bytes an element on every CPU. */
 #include "kernels/kernels.h"
 #include "kernels/onednn.h"
 
@@ -33,21 +41,24 @@ typedef struct {
     dnnl_memory_desc_t md;
     dnnl_primitive_t in, out, set;
     size_t off;
+    int room;  // off is into the forward's output buffer (out_room), else into the area named
 } view;
 
 typedef struct plan {
     struct plan *next;
-    int key[14];
+    int key[17];
     int src16, dst16;  // the forward's own layouts are blocked
     dt_dtype round;    // the operands' copies are rounded to this (DT_F32: not)
     pthread_mutex_t lock;
     dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
     dnnl_primitive_t fwd, bwd_data, bwd_weights;
-    // In `save` (forward): the input as backward-weights reads it, then
-    // the forward's weights, output and (when b is NULL) a zero bias.
+    // In `save`: the input as backward weights reads it (round == DT_F32),
+    // or its 16-bit copy (keep_n elements in `round`; then src is the
+    // forward's fp32 copy in scratch, and wsrc where backward widens it).
+    // In `scratch`, forward: the weights, the output in the primitive's
+    // layout and (when b is NULL) a zero bias; backward: the rest.
     view src, fwei, fdst;
-    size_t zero_bias, save_size;
-    // In `scratch` (backward).
+    size_t zero_bias, save_size, keep_n, wsrc;
     view ddst, bwei, dsrc, wddst, dwei;
     size_t dbias, scratch_size;
 } plan;
@@ -99,6 +110,24 @@ static void place(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q,
     }
 }
 
+// As place (dir 1), for a copy of the output gradient: in the forward's
+// output buffer (`cap` floats, 0: not offered) from *rtop when it fits.
+static void place_dout(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q, const dnnl_memory_desc_t *plain,
+                       int always, size_t *top, size_t *rtop, size_t cap) {
+    size_t t = 0;
+    place(v, pd, q, plain, 1, always, &t);
+    v->room = 0;
+    if (v->off == (size_t)-1) return;
+    if (*rtop + dnnl_memory_desc_get_size(&v->md) / sizeof(float) <= cap) {
+        v->off = *rtop;
+        *rtop += t;
+        v->room = 1;
+    } else {
+        v->off = *top;
+        *top += t;
+    }
+}
+
 // NULL when oneDNN has no implementation (a low precision on some shapes).
 static dnnl_primitive_desc_t conv_pd(const dnnl_convolution_desc_t *d,
                                      const_dnnl_primitive_desc_t hint, int relu) {
@@ -128,7 +157,7 @@ static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
 
 // lt: the type of the operands the primitives take (dnnl_f32, or bf16
 // where native); NULL when oneDNN has no implementation for it.
-static plan *make_plan(const dt_conv_shape *s, const int key[14], dnnl_data_type_t lt) {
+static plan *make_plan(const dt_conv_shape *s, const int key[17], dnnl_data_type_t lt) {
     plan *p = calloc(1, sizeof *p);
     if (!p) dt_onednn_check(dnnl_out_of_memory, "plan");
     memcpy(p->key, key, sizeof p->key);
@@ -188,30 +217,54 @@ static plan *make_plan(const dt_conv_shape *s, const int key[14], dnnl_data_type
 
     p->src16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), &src16);
     p->dst16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0), &dst16);
-    size_t top = 0;
-    place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, &top);
-    place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
-    place(&p->fdst, fpd, dnnl_query_dst_md, &p->plain_dst, 0, 0, &top);
-    if (p->fdst.off != (size_t)-1) p->fdst.out = make_reorder(&p->fdst.md, &p->plain_dst, 0);
-    p->zero_bias = top;
-    p->save_size = top + floats(&p->bias_md);
+    // save: the input backward weights reads (in 16 bits when rounded)
+    size_t top = 0, ftop = 0;
+    int k16 = p->round != DT_F32 && !s->keep32;
+    place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, k16 ? &ftop : &top);
+    p->keep_n = k16 ? dnnl_memory_desc_get_size(&p->src.md) / sizeof(float) : 0;
+    p->save_size = k16 ? ((p->keep_n + 1) / 2 + 15) & ~(size_t)15 : top;
 
+    // scratch, forward
+    place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &ftop);
+    place(&p->fdst, fpd, dnnl_query_dst_md, &p->plain_dst, 0, 0, &ftop);
+    if (p->fdst.off != (size_t)-1) p->fdst.out = make_reorder(&p->fdst.md, &p->plain_dst, 0);
+    p->zero_bias = ftop;
+    ftop += floats(&p->bias_md);
+
+    // scratch (and the output's room), backward
+    size_t rtop = 0, cap = s->out_room ? dnnl_memory_desc_get_size(&p->plain_dst) / sizeof(float) : 0;
     top = 0;
-    place(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top);
-    place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
-    place(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top);
-    // Backward weights' copy of the output gradient, when it has the
-    // layout of backward data's, takes that one's room: with dinp it reads
-    // that copy, without it that copy is not made.
-    size_t before = top;
-    place(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top);
+    memset(&p->ddst, 0, sizeof p->ddst);
+    memset(&p->bwei, 0, sizeof p->bwei);
+    memset(&p->dsrc, 0, sizeof p->dsrc);
+    p->ddst.off = p->bwei.off = p->dsrc.off = (size_t)-1;
+    if (!s->no_dinp) {
+        place_dout(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, always, &top, &rtop, cap);
+        place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
+        place(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top);
+    }
+    // Backward weights runs after backward data is done, so its tensors
+    // take backward data's room again, all but the output gradient's copy:
+    // when it has the layout of backward data's, backward weights reads
+    // that copy (with dinp; without it that copy is not made).
+    size_t dtop = top;
+    top = 0;
+    rtop = 0;
+    place_dout(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, always, &top, &rtop, cap);
     if (p->ddst.off != (size_t)-1 && p->wddst.off != (size_t)-1 && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md)) {
-        p->wddst.off = p->ddst.off;
-        top = before;
+        p->wddst.off = p->ddst.off;  // ddst is the first in its area
+        p->wddst.room = p->ddst.room;
+        top = p->ddst.room ? 0 : floats(&p->ddst.md);
     }
     place(&p->dwei, bwpd, dnnl_query_diff_weights_md, &p->plain_wei, 2, 0, &top);
     p->dbias = top;
-    p->scratch_size = top + floats(&p->bias_md);
+    top += floats(&p->bias_md);
+    if (p->keep_n) {
+        p->wsrc = top;
+        top += floats(&p->src.md);
+    }
+    if (dtop > top) top = dtop;
+    p->scratch_size = top > ftop ? top : ftop;
 
     p->fwd = primitive(fpd);
     p->bwd_data = primitive(bdpd);
@@ -227,8 +280,8 @@ static plan *make_plan(const dt_conv_shape *s, const int key[14], dnnl_data_type
 static plan *get_plan(const dt_conv_shape *s) {
     int native;
     dt_dtype t = dt_onednn_precision(&native);
-    int key[14] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
-                   s->src_blocked, s->dst_blocked, s->relu, (int)t, native};
+    int key[17] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
+                   s->src_blocked, s->dst_blocked, s->relu, (int)t, native, s->no_dinp, s->out_room, s->keep32};
     pthread_mutex_lock(&g_plans_lock);
     plan *p = g_plans;
     while (p && memcmp(p->key, key, sizeof key)) p = p->next;
@@ -262,10 +315,12 @@ static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc
 
 // Where the primitive reads tensor v: the plain tensor itself, or its copy
 // in the primitive's layout (made first when v has a reorder in, and then
-// rounded to the plan's precision when the primitive is fp32).
+// rounded to the plan's precision when the primitive is fp32), in `area`
+// or, for a view placed there, in the output's room.
 static const float *bring_in(const plan *p, const view *v, dnnl_stream_t st, const dnnl_memory_desc_t *plain,
-                             const float *x, float *area) {
+                             const float *x, float *area, float *room) {
     if (v->off == (size_t)-1) return x;
+    if (v->room) area = room;
     if (v->in) {
         reorder(v->in, st, plain, x, &v->md, area + v->off);
         if (p->round != DT_F32) {
@@ -287,25 +342,37 @@ void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
 
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
     dt_conv_shape own = *s;
-    own.src_blocked = own.dst_blocked = own.relu = 0;
+    own.src_blocked = own.dst_blocked = own.relu = own.no_dinp = own.out_room = own.keep32 = 0;
     plan *p = get_plan(&own);
     *src = p->src16;
     *dst = p->dst16;
 }
 
-void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,
+// The saved input between 16 bits (save) and fp32 (x), n elements: to16
+// keeps x (rounded values: exact), else widens it.
+static void keep16(uint16_t *save, float *x, size_t n, dt_dtype t, int to16) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t k = n - i < 4096 ? n - i : 4096;
+        if (to16) dt_from_f32(save + i, x + i, k, t);
+        else dt_to_f32(x + i, save + i, k, t);
+    }
+}
+
+void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s) {
     plan *p = get_plan(s);
     pthread_mutex_lock(&p->lock);
     dnnl_stream_t st;
     dt_onednn_check(dnnl_stream_create(&st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
-    const float *src = bring_in(p, &p->src, st, &p->plain_src, inp, save);
-    const float *wei = bring_in(p, &p->fwei, st, &p->plain_wei, w, save);
+    const float *src = bring_in(p, &p->src, st, &p->plain_src, inp, p->keep_n ? scratch : save, NULL);
+    if (p->keep_n) keep16((uint16_t *)save, (float *)src, p->keep_n, p->round, 1);
+    const float *wei = bring_in(p, &p->fwei, st, &p->plain_wei, w, scratch, NULL);
     if (!b) {
-        memset(save + p->zero_bias, 0, sizeof(float) * s->OC);
-        b = save + p->zero_bias;
+        memset(scratch + p->zero_bias, 0, sizeof(float) * s->OC);
+        b = scratch + p->zero_bias;
     }
-    float *dst = p->fdst.off == (size_t)-1 ? out : save + p->fdst.off;
+    float *dst = p->fdst.off == (size_t)-1 ? out : scratch + p->fdst.off;
     dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mw = dt_onednn_memory(&p->fwei.md, wei), mb = dt_onednn_memory(&p->bias_md, b),
                   md = dt_onednn_memory(&p->fdst.md, dst);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb},
@@ -321,15 +388,16 @@ void dt_conv_forward(float *out, float *save, const float *inp, const float *w, 
     pthread_mutex_unlock(&p->lock);
 }
 
-void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,
+void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
     plan *p = get_plan(s);
+    if ((dinp && s->no_dinp) || (s->out_room && !out)) dt_onednn_check(dnnl_invalid_arguments, "convolution backward");
     pthread_mutex_lock(&p->lock);
     dnnl_stream_t st;
     dt_onednn_check(dnnl_stream_create(&st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
     if (dinp) {
-        const float *dd = bring_in(p, &p->ddst, st, &p->plain_dst, dout, scratch);
-        const float *wei = bring_in(p, &p->bwei, st, &p->plain_wei, w, scratch);
+        const float *dd = bring_in(p, &p->ddst, st, &p->plain_dst, dout, scratch, out);
+        const float *wei = bring_in(p, &p->bwei, st, &p->plain_wei, w, scratch, NULL);
         // Overwriting a tensor already in the primitive's layout: in place.
         int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
         float *ds = direct ? dinp : scratch + p->dsrc.off;
@@ -348,11 +416,17 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const f
         // The same layout as backward data's diff_dst reuses that copy.
         const float *dd;
         if (dinp && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))
-            dd = p->ddst.off == (size_t)-1 ? dout : scratch + p->ddst.off;
+            dd = p->ddst.off == (size_t)-1 ? dout : (p->ddst.room ? out : scratch) + p->ddst.off;
         else
-            dd = bring_in(p, &p->wddst, st, &p->plain_dst, dout, scratch);
+            dd = bring_in(p, &p->wddst, st, &p->plain_dst, dout, scratch, out);
         float *dbias = scratch + p->dbias;
-        dnnl_memory_t ms = dt_onednn_memory(&p->src.md, save + p->src.off), mdd = dt_onednn_memory(&p->wddst.md, dd),
+        const float *src = save + p->src.off;
+        if (p->keep_n) {  // into room backward data may have used
+            dt_onednn_check(dnnl_stream_wait(st), "stream wait");
+            keep16((uint16_t *)save, scratch + p->wsrc, p->keep_n, p->round, 0);
+            src = scratch + p->wsrc;
+        }
+        dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mdd = dt_onednn_memory(&p->wddst.md, dd),
                       mdw = dt_onednn_memory(&p->dwei.md, scratch + p->dwei.off), mdb = dt_onednn_memory(&p->bias_md, dbias);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
                                   {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};

@@ -59,19 +59,28 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
  * out[B,OC,OH,OW], NCHW (or blocked, below) and OIHW: oneDNN's direct
  * convolutions, which run in their own blocked layouts and reorder at the
  * edges. `save` is written by forward (the input in the convolution's
- * layout, among others) and read by backward; `scratch` is backward's.
- * dt_conv_size() gives the floats each needs for a shape; the sizes grow
- * with B. Backward ADDS into dw and db, and into dinp unless set_dinp (then
- * it overwrites dinp); any of the three may be NULL. Deterministic for a
- * fixed thread count; the primitives of each shape are made on first use
- * and kept. */
+ * layout: in 16 bits in a low precision, on every CPU) and read by
+ * backward, so forward's caller may reuse inp afterwards; `scratch` is the
+ * room both use during a call and holds nothing between calls (one can
+ * serve several convolutions run one after another). dt_conv_size() gives
+ * the floats each needs for a shape; the sizes grow with B. Backward ADDS
+ * into dw and db, and into dinp unless set_dinp (then it overwrites dinp);
+ * any of the three may be NULL (dinp must be with no_dinp). With out_room,
+ * backward also uses `out`, the forward's output buffer, as room for its
+ * copies of dout (the caller no longer needs the output then). Deterministic
+ * for a fixed thread count; the primitives of each shape are made on first
+ * use and kept. */
 typedef struct {
     int B, IC, H, W, OC, K, S, P;
     // Layout of inp/dinp and of out/dout: 0 NCHW, 1 blocked by
     // DT_CONV_BLOCK channels (nChw16c: [B, ceil(C/16), H, W, 16], the
     // channels past C zero), which saves the reorders between convolutions.
     int src_blocked, dst_blocked;
-    int relu;  // forward applies ReLU to its output (after the bias)
+    int relu;      // forward applies ReLU to its output (after the bias)
+    int no_dinp;   // backward is never asked for dinp (no room planned for it)
+    int out_room;  // backward may overwrite out (above)
+    int keep32;    // save the input in fp32 as the fp32 primitives read it (rounded values), not in
+                   // 16 bits: the reference tests compare the 16-bit one with
 } dt_conv_shape;
 #define DT_CONV_BLOCK 16
 void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
@@ -79,9 +88,9 @@ void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
  * inputs and outputs: where they do, a caller gains by keeping tensors
  * blocked between convolutions. */
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst);
-void dt_conv_forward(float *out, float *save, const float *inp, const float *w, const float *b,
+void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s);
-void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, const float *dout,
+void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp);
 
 #endif

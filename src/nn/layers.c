@@ -50,26 +50,28 @@ void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, co
 
 // ----------------------------------------------------------------------------
 // conv2d: oneDNN's direct convolutions (src/kernels/conv.c). `col` keeps what
-// forward saves for backward, `dcol` is backward's scratch.
+// forward saves for backward, then forward's scratch; `dcol` is backward's.
 
 size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0, 0, 0, 0};
     size_t save, scratch;
     dt_conv_size(&s, &save, &scratch);
-    return save > scratch ? save : scratch;
+    return save + scratch;
 }
 
 void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w, const float *b,
                        int B, int IC, int H, int W, int OC, int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
-    dt_conv_forward(out, col, inp, w, b, &s);
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0, 0, 0, 0};
+    size_t save, scratch;
+    dt_conv_size(&s, &save, &scratch);
+    dt_conv_forward(out, col, col + save, inp, w, b, &s);
 }
 
 void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,
                         const float *col, const float *w, int B, int IC, int H, int W, int OC,
                         int K, int S, int P) {
-    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0};
-    dt_conv_backward(dinp, dw, db, dcol, dout, col, w, &s, 0);
+    dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0, 0, 0, 0};
+    dt_conv_backward(dinp, dw, db, dcol, NULL, dout, col, w, &s, 0);
 }
 
 // ----------------------------------------------------------------------------

@@ -20,8 +20,12 @@ typedef struct {
                            // layer after it reads it (a matmul input); the forward computes it in
                            // dact (free until the backward), DT_F32: act is the kept buffer
     uint16_t *act16;       // [max_batch, out] in t16
-    float *aux;            // conv: im2col columns; layernorm: mean,rstd; dropout: mask
-    float *aux2;           // conv: dcol scratch
+    float *aux;            // conv: its saved input (kernels.h save); layernorm: mean,rstd; dropout: mask
+    float *aux2;           // conv: the scratch all the convolutions of the set share (not owned)
+    int drop;              // act lives in dact: only the convolution after it reads it, in its forward,
+                           // and it keeps its own copy (plan_drop)
+    int room;              // conv: its backward may use act as room (kernels.h out_room)
+    int keep32;            // conv: saves its input in fp32 (dt_model_set_acts16(0): the reference)
     int32_t *argmax;       // maxpool
     int blk;               // act is blocked by blk channels (kernels.h), 0: NCHW
     int fused;             // conv: applies the relu after it; relu: done by that conv,
@@ -52,6 +56,7 @@ struct dt_model {
     void *layer_hook_user;
     float loss_scale;
     dt_dtype store;        // the kernels' precision at create: 16-bit linear inputs in it
+    float *cscratch;       // the convolutions' shared scratch
     size_t act_bytes, act_saved;  // the activations' bytes as allocated (plan_bytes), and those saved
     int tp, ntp;           // tensor parallel: this shard of ntp (0 of 1: the whole model)
     size_t nwhole;         // the whole model's parameters
@@ -141,7 +146,7 @@ static dt_conv_shape conv_shape(const layer_t *L, int i, int B) {
     const dt_layer_spec *s = &l->spec;
     dt_conv_shape c = {B, l->in[0], l->in[1], l->in[2], l->out[0], s->kernel,
                        s->stride ? s->stride : 1, s->pad, i > 0 && L[i - 1].blk, l->blk != 0,
-                       l->fused};
+                       l->fused, i == 0, l->room, l->keep32};
     return c;
 }
 
@@ -201,19 +206,20 @@ static void unblock(float *y, float *x, int B, int C, int P, int back) {
 }
 
 /* A layer's activation buffers; a fused relu's output is its convolution's
- * (owned there) unless own_act; a 16-bit output's act is its dact. */
+ * (owned there) unless own_act; a 16-bit or dropped output's act is its
+ * dact; aux2 is the set's. */
 static void free_layer_acts(layer_t *l, int own_act) {
-    if ((own_act || !(l->spec.kind == DT_LAYER_RELU && l->fused)) && !l->t16) dt_free(l->act);
+    if ((own_act || !(l->spec.kind == DT_LAYER_RELU && l->fused)) && !l->t16 && !l->drop) dt_free(l->act);
     dt_free(l->act16);
     dt_free(l->dact);
     dt_free(l->aux);
-    dt_free(l->aux2);
     dt_free(l->argmax);
 }
 
 void dt_model_free(dt_model *m) {
     if (!m) return;
     for (int i = 0; i < m->nlayers; i++) free_layer_acts(&m->L[i], 0);
+    dt_free(m->cscratch);
     free(m->L);
     dt_free(m->params);
     dt_free(m->grads);
@@ -224,8 +230,8 @@ void dt_model_free(dt_model *m) {
 }
 
 // Floats of a layer's buffers for batches of B (argmax: int32s; act16:
-// 16-bit elements; act 0 when it shares its convolution's or is kept in 16
-// bits).
+// 16-bit elements; act 0 when it shares its convolution's, is kept in 16
+// bits or dropped; aux2: the shared scratch this convolution needs).
 typedef struct { size_t act, dact, aux, aux2, argmax, act16; } layer_bufs;
 
 static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
@@ -233,13 +239,14 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
     size_t n_out = (size_t)B * out_numel(l);
     layer_bufs z = {l->spec.kind == DT_LAYER_RELU && l->fused ? 0 : n_out, n_out, 0, 0, 0, 0};
     if (l->t16) z.act16 = n_out, z.act = 0;
+    if (l->drop) z.act = 0;
     switch (l->spec.kind) {
     case DT_LAYER_CONV2D: {
         dt_conv_shape cs = conv_shape(L, i, B);
         size_t nc, nc2;
         dt_conv_size(&cs, &nc, &nc2);
         z.aux = nc;    // forward's save, read by backward
-        z.aux2 = nc2;  // backward's scratch
+        z.aux2 = nc2;  // scratch, shared
         break;
     }
     case DT_LAYER_LAYERNORM: z.aux = 2 * (size_t)B; break;
@@ -270,20 +277,57 @@ static void plan_half(layer_t *L, int l0, int l1, dt_dtype t) {
                        ? t : DT_F32;
 }
 
+// Which outputs of layers [l0, l1) live in their gradient buffer (drop),
+// free until the backward: those only a convolution's forward reads (it
+// keeps its own copy of its input, kernels.h), not the stream into a
+// stage, not a fused relu's (its convolution's output, which that relu's
+// backward reads). And which convolutions' outputs their backward may use
+// as room (room): an output the layers after it have read by then, so not
+// a dropped one (it is the gradient), nor the stage's output stream or the
+// logits (its own, or the fused relu's after it).
+static void plan_drop(layer_t *L, int l0, int l1) {
+    for (int i = 0; i < l1; i++) {
+        L[i].keep32 = !g_acts16;
+        L[i].drop = g_acts16 && i >= l0 && i + 1 < l1 && L[i + 1].spec.kind == DT_LAYER_CONV2D && !L[i].t16 &&
+                    !(L[i].spec.kind == DT_LAYER_RELU && L[i].fused);
+        L[i].room = 0;
+    }
+    for (int i = l0; i < l1; i++)
+        L[i].room = g_acts16 && L[i].spec.kind == DT_LAYER_CONV2D && !L[i].drop && !L[i].t16 &&
+                    i + (L[i].fused ? 2 : 1) < l1;
+}
+
+// The shared scratch of the convolutions among layers [l0, l1) of L, for
+// batches of B: aux2 of each points into it. *out NULL when there are none.
+static dt_status conv_scratch(layer_t *L, int l0, int l1, int B, float **out) {
+    size_t n = 0;
+    for (int i = l0; i < l1; i++) {
+        layer_bufs z = buffer_sizes(L, i, B);
+        if (z.aux2 > n) n = z.aux2;
+    }
+    *out = n ? dt_alloc(sizeof(float) * n) : NULL;
+    if (n && !*out) return DT_ERR_NOMEM;
+    for (int i = l0; i < l1; i++)
+        if (L[i].spec.kind == DT_LAYER_CONV2D) L[i].aux2 = *out;
+    return DT_OK;
+}
+
 // Bytes of the buffers of layers [l0, l1) of L for batches of B, with the
 // stream into l0 (act and gradient, l0 > 0) and, with `classes`, the
 // probabilities; *saved: what the 16-bit outputs save against fp32.
 static size_t plan_bytes(const layer_t *L, int l0, int l1, int B, int classes, size_t *saved) {
     size_t bytes = sizeof(float) * ((size_t)B * classes), half = 0;
+    size_t scratch = 0;
     if (l0 > 0) bytes += 2 * sizeof(float) * B * out_numel(&L[l0 - 1]);
     for (int i = l0; i < l1; i++) {
         layer_bufs z = buffer_sizes(L, i, B);
-        bytes += sizeof(float) * (z.act + z.dact + z.aux + z.aux2) + sizeof(int32_t) * z.argmax +
+        bytes += sizeof(float) * (z.act + z.dact + z.aux) + sizeof(int32_t) * z.argmax +
                  sizeof(uint16_t) * z.act16;
+        if (z.aux2 > scratch) scratch = z.aux2;
         half += (sizeof(float) - sizeof(uint16_t)) * z.act16;
     }
     if (saved) *saved = half;
-    return bytes;
+    return bytes + sizeof(float) * scratch;
 }
 
 // A model's plan without its buffers: shapes, offsets, layouts.
@@ -373,6 +417,7 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     plan_layouts(m);
     m->store = dt_kernels_precision();
     plan_half(m->L, 0, nlayers, m->store);
+    plan_drop(m->L, 0, nlayers);
     m->nparams = m->nwhole = off;
     if (ntp > 1) {  // where a shard's tensors sit in the whole model's block
         dt_model *w;
@@ -425,10 +470,9 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
         const dt_layer_spec *s = &l->spec;
         layer_bufs z = buffer_sizes(m->L, i, max_batch);
         l->dact = dt_alloc(sizeof(float) * z.dact);
-        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 ? l->dact : m->L[i - 1].act;
+        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 || l->drop ? l->dact : m->L[i - 1].act;
         if (!l->act || !l->dact || (z.act16 && !(l->act16 = dt_alloc(sizeof(uint16_t) * z.act16)))) goto nomem;
         if ((z.aux && !(l->aux = dt_alloc(sizeof(float) * z.aux))) ||
-            (z.aux2 && !(l->aux2 = dt_alloc(sizeof(float) * z.aux2))) ||
             (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
             goto nomem;
         // Named tensors, PyTorch nn.Sequential style: "<index>.weight".
@@ -462,6 +506,7 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
             t->shape[0] = (int64_t)l->b_n;
         }
     }
+    if (conv_scratch(m->L, 0, nlayers, max_batch, &m->cscratch) != DT_OK) goto nomem;
     m->act_bytes = plan_bytes(m->L, 0, nlayers, max_batch, m->L[nlayers - 1].out[0], &m->act_saved);
     *out = m;
     return DT_OK;
@@ -583,7 +628,7 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_forward(l->act, l->aux, in, w, b, &cs);
+            dt_conv_forward(l->act, l->aux, l->aux2, in, w, b, &cs);
             break;
         }
         case DT_LAYER_MAXPOOL:
@@ -703,7 +748,7 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_backward(din, dw, db, l->aux2, l->dact, l->aux, w, &cs, 1);
+            dt_conv_backward(din, dw, db, l->aux2, l->act, l->dact, l->aux, w, &cs, 1);
             break;
         }
         case DT_LAYER_MAXPOOL: {
@@ -762,6 +807,7 @@ struct dt_model_acts {
     layer_t *L;            // [l1]: the model's plan of layers [0, l1); buffers for [l0, l1), and for
                            // l0 > 0 layer l0 - 1's output and its gradient (the stage's input stream)
     float *probs;          // the last stage: [max_batch, classes]
+    float *cscratch;       // the convolutions' shared scratch
     const float *x;        // l0 = 0: the last forward's input
     const int32_t *targets;
 };
@@ -775,6 +821,7 @@ void dt_model_acts_free(dt_model_acts *a) {
     if (!a) return;
     for (int i = a->l0 > 0 ? a->l0 - 1 : 0; i < a->l1 && a->L; i++) free_layer_acts(&a->L[i], i < a->l0);
     free(a->L);
+    dt_free(a->cscratch);
     dt_free(a->probs);
     free(a);
 }
@@ -799,6 +846,7 @@ dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, i
         if (i < l0) l->fused = 0;
     }
     plan_half(a->L, l0, l1, a->store);
+    plan_drop(a->L, l0, l1);
     if (l0 > 0) {
         size_t n = (size_t)max_batch * out_numel(&a->L[l0 - 1]);
         a->L[l0 - 1].act = dt_alloc(sizeof(float) * n);
@@ -809,13 +857,13 @@ dt_status dt_model_acts_create(dt_model_acts **out, const dt_model *m, int l0, i
         layer_t *l = &a->L[i];
         layer_bufs z = buffer_sizes(a->L, i, max_batch);
         l->dact = dt_alloc(sizeof(float) * z.dact);
-        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 ? l->dact : i > 0 ? a->L[i - 1].act : NULL;
+        l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 || l->drop ? l->dact : i > 0 ? a->L[i - 1].act : NULL;
         if (!l->act || !l->dact || (z.act16 && !(l->act16 = dt_alloc(sizeof(uint16_t) * z.act16)))) goto nomem;
         if ((z.aux && !(l->aux = dt_alloc(sizeof(float) * z.aux))) ||
-            (z.aux2 && !(l->aux2 = dt_alloc(sizeof(float) * z.aux2))) ||
             (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
             goto nomem;
     }
+    if (conv_scratch(a->L, l0, l1, max_batch, &a->cscratch) != DT_OK) goto nomem;
     if (l1 == m->nlayers && !(a->probs = dt_alloc(sizeof(float) * max_batch * a->L[l1 - 1].out[0]))) goto nomem;
     a->bytes = plan_bytes(a->L, l0, l1, max_batch, l1 == m->nlayers ? a->L[l1 - 1].out[0] : 0, &a->saved);
     *out = a;

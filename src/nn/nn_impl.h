@@ -34,10 +34,13 @@ void dt_keep16(void *keep, const float *x, size_t n, dt_dtype t);
 const float *dt_widen16(float *room, const void *kept, size_t n, dt_dtype t);
 
 /* Whether models and sets made from now on keep their linear inputs in 16
- * bits in a low precision (on by default; model.c's plan_half). Off, they
- * keep every activation in fp32 with the rest of their plan in the
- * precision (a convolution's buffers are sized for it): the reference
- * test_precision compares the 16-bit ones with, bit for bit. */
+ * bits in a low precision (on by default; model.c's plan_half), their
+ * convolutions' saved inputs in 16 bits on every CPU, and let outputs only
+ * a convolution's forward reads live in their gradient buffers and a
+ * convolution's backward use its output buffer as room (plan_drop). Off,
+ * they keep every activation in fp32 and in a buffer of its own, with the
+ * rest of their plan in the precision: the reference test_precision
+ * compares the smaller ones with, bit for bit. */
 void dt_model_set_acts16(int on);
 
 #endif
