@@ -78,8 +78,9 @@ typedef struct {
     // parameters and optimizer state, refreshed after every update
     int buddy;             // kept: spares and more than one rank
     int buddy_ok;          // the copies have been exchanged once
-    float *copy;           // [parameters, state 0, state 1] of rank + 1's slice
-    int64_t own_t, copy_t; // optimizer steps of this rank's slice and of the copy (-1: not valid)
+    float *copy[2];        // two copies of rank + 1's slice, [parameters, state 0, state 1] each:
+                           // the newest and the one before, which a failure mid-copy leaves whole
+    int64_t own_t, copy_t[2]; // optimizer steps of this rank's slice and of the copies (-1: not valid)
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
@@ -364,7 +365,7 @@ static dt_status zero_init(dt_strategy *s) {
         }
     }
     z->buddy = W > 1 && dt_worker_spares() > 0;
-    z->copy_t = -1;
+    z->copy_t[0] = z->copy_t[1] = -1;
     if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
     if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
         release(s->grads, 0, s->lo);
@@ -389,7 +390,8 @@ static void zero_fini(dt_strategy *s) {
     free(z->p);
     free(z->counts);
     dt_free(z->acc);
-    dt_free(z->copy);
+    dt_free(z->copy[0]);
+    dt_free(z->copy[1]);
 }
 
 static int zero_plan(dt_strategy *s, int first, int share, int global) {
@@ -496,13 +498,14 @@ static dt_status zero_update(dt_strategy *s, float lr, float scale) {
     dt_status st = dt_strategy_update_slice(s, lr, scale);
     z->persist_ok = 0;
     if (st == DT_OK && s->params_sliced) st = drop_block(z, -1);  // what a model without layer -1 still holds
+    z->own_t = *dt_optim_step_count(s->opt);
+    // spares: the copies before the allgather, so that a rank past it knows every copy is there
+    if (st == DT_OK && z->buddy) st = buddy_exchange(z);
     if (st == DT_OK && s->world > 1 && z->stage < 3) {
         st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
         if (st != DT_OK) st = dt_error(st, "parameter allgather: %s", dt_last_error());
     }
     if (s->grads_zero) memset(s->grads + s->lo, 0, (s->hi - s->lo) * sizeof(float));  // filled again next step
-    z->own_t = *dt_optim_step_count(s->opt);
-    if (st == DT_OK && z->buddy) st = buddy_exchange(z);
     return st;
 }
 
@@ -511,26 +514,30 @@ static dt_status zero_update(dt_strategy *s, float lr, float scale) {
 // With --spares, rank r keeps a copy of the slice of its buddy, rank
 // (r + 1) mod W: the parameters (which stage 3 keeps nowhere else) and the
 // optimizer state, with the optimizer's step count. After every update
-// each rank sends its slice to rank r - 1 and takes rank r + 1's, point to
-// point, both at once: (1 + states) x 4 bytes a parameter of the slice each
-// way (AdamW: 12 Ψ/W bytes sent, 12 Ψ/W held). When rank d dies, the spare
-// in its place gets d's slice from rank d - 1; every other rank keeps its
-// own (or takes it back from its copy, when its update ran ahead of the
-// state shared).
+// (before the parameters' allgather) each rank sends its slice to rank r - 1
+// and takes rank r + 1's, point to point, both at once: (1 + states) x 4
+// bytes a parameter of the slice each way (AdamW: 12 Ψ/W bytes sent a
+// step). It keeps the newest copy and the one before (AdamW: 24 Ψ/W
+// bytes), so that a death while the copies are refreshed leaves one whole.
+// When rank d dies, the spare in its place gets d's slice from rank d - 1;
+// every other rank keeps its own, or takes the one before back from its
+// copy when its update ran ahead of the state shared.
 
 static dt_status buddy_exchange(zero *z) {
     dt_strategy *s = &z->base;
     int W = s->world, to = (s->rank + W - 1) % W, from = (s->rank + 1) % W, ns = dt_optim_num_states(s->opt);
     size_t mine = s->hi - s->lo, theirs = z->counts[from];
-    if (!z->copy && !(z->copy = dt_alloc(sizeof(float) * (theirs ? theirs : 1) * (size_t)(1 + ns))))
-        return dt_error(DT_ERR_NOMEM, "spares: out of memory for the copy of rank %d's slice (%zu bytes)", from,
-                        sizeof(float) * theirs * (size_t)(1 + ns));
+    for (int i = 0; i < 2; i++)
+        if (!z->copy[i] && !(z->copy[i] = dt_alloc(sizeof(float) * (theirs ? theirs : 1) * (size_t)(1 + ns))))
+            return dt_error(DT_ERR_NOMEM, "spares: out of memory for the copies of rank %d's slice (2 x %zu bytes)",
+                            from, sizeof(float) * theirs * (size_t)(1 + ns));
+    int b = z->copy_t[0] <= z->copy_t[1] ? 0 : 1;  // the older copy is overwritten
     dt_request_t rq[8] = {0};
     int64_t t_in = -1;
-    z->copy_t = -1;  // until the whole copy has come
+    z->copy_t[b] = -1;  // until the whole copy has come
     dt_status st = dt_irecv(&t_in, 1, DT_I64, from, s->comm, &rq[0]);
     for (int j = 0; j <= ns && st == DT_OK && theirs; j++)
-        st = dt_irecv(z->copy + theirs * (size_t)j, theirs, DT_F32, from, s->comm, &rq[1 + j]);
+        st = dt_irecv(z->copy[b] + theirs * (size_t)j, theirs, DT_F32, from, s->comm, &rq[1 + j]);
     if (st == DT_OK) st = dt_isend(&z->own_t, 1, DT_I64, to, s->comm, &rq[4]);
     for (int j = 0; j <= ns && st == DT_OK && mine; j++)
         st = dt_isend(j ? dt_optim_state(s->opt, j - 1) : s->params + s->lo, mine, DT_F32, to, s->comm, &rq[5 + j]);
@@ -539,7 +546,7 @@ static dt_status buddy_exchange(zero *z) {
         if (st == DT_OK) st = w;
     }
     if (st != DT_OK) return dt_error(st, "spares: copying slices to the buddy ranks: %s", dt_last_error());
-    z->copy_t = t_in;
+    z->copy_t[b] = t_in;
     z->buddy_ok = 1;
     return DT_OK;
 }
@@ -578,33 +585,35 @@ static dt_status zero_take_over(dt_strategy *s, int have, int *lost) {
     int W = s->world, ns = dt_optim_num_states(s->opt);
     int64_t u = *dt_optim_step_count(s->opt);
     *lost = 0;
-    int64_t mine[3] = {have, have ? z->own_t : -1, have && z->buddy_ok ? z->copy_t : -1}, *all = malloc(sizeof(int64_t) * 3 * (size_t)W);
+    int64_t mine[4] = {have, have ? z->own_t : -1, have ? z->copy_t[0] : -1, have ? z->copy_t[1] : -1};
+    int64_t *all = malloc(sizeof(int64_t) * 4 * (size_t)W);
     if (!all) return dt_error(DT_ERR_NOMEM, "spares: out of memory");
-    dt_status st = dt_allgather(mine, all, 3, DT_I64, s->comm);
+    dt_status st = dt_allgather(mine, all, 4, DT_I64, s->comm);
     if (st != DT_OK) {
         free(all);
         return st;
     }
-    int get = -1, give = -1;  // the rank whose copy this rank takes; the rank this one gives its copy to
+    int get = -1, give = -1, gb = 0;  // the rank whose copy this rank takes; the rank this one gives its copy b to
     for (int q = 0; q < W && !*lost; q++) {
-        if (all[3 * q] && all[3 * q + 1] == u) continue;  // it keeps its own
-        int h = (q + W - 1) % W;
-        if (all[3 * h] && all[3 * h + 2] == u) {
+        if (all[4 * q] && all[4 * q + 1] == u) continue;  // it keeps its own
+        int h = (q + W - 1) % W, b = all[4 * h + 2] == u ? 0 : 1;
+        if (all[4 * h] && all[4 * h + 2 + b] == u) {
             if (q == s->rank) get = h;
-            if (h == s->rank) give = q;
+            if (h == s->rank) give = q, gb = b;
             continue;
         }
         *lost = 1;
-        if (!all[3 * h])
+        if (!all[4 * h])
             st = dt_error(DT_ERR_COMM, "spares: rank %d's slice of the ZeRO state (optimizer step %lld) is on no surviving "
                                        "rank: rank %d, which kept its copy, died too (two ranks died whose slices "
                                        "were only on each other); it can only come from a checkpoint",
                           q, (long long)u, h);
         else
             st = dt_error(DT_ERR_COMM, "spares: rank %d's slice of the ZeRO state (optimizer step %lld) is on no surviving "
-                                       "rank (%s, rank %d's copy of it at step %lld: the death came while the slices "
+                                       "rank (%s, rank %d's newest copy of it at step %lld: the death came while the slices "
                                        "were being updated or copied); it can only come from a checkpoint",
-                          q, (long long)u, all[3 * q] ? "its own has moved on" : "it died", h, (long long)all[3 * h + 2]);
+                          q, (long long)u, all[4 * q] ? "its own has moved on" : "it died", h,
+                          (long long)(all[4 * h + 2] > all[4 * h + 3] ? all[4 * h + 2] : all[4 * h + 3]));
     }
     free(all);
     if (*lost) return st;
@@ -614,7 +623,7 @@ static dt_status zero_take_over(dt_strategy *s, int have, int *lost) {
     for (int j = 0; j <= ns && st == DT_OK && get >= 0 && n; j++)
         st = dt_irecv(j ? dt_optim_state(s->opt, j - 1) : s->params + s->lo, n, DT_F32, get, s->comm, &rq[j]);
     for (int j = 0; j <= ns && st == DT_OK && give >= 0 && nq; j++)
-        st = dt_isend(z->copy + nq * (size_t)j, nq, DT_F32, give, s->comm, &rq[3 + j]);
+        st = dt_isend(z->copy[gb] + nq * (size_t)j, nq, DT_F32, give, s->comm, &rq[3 + j]);
     for (int i = 0; i < 6; i++) {
         dt_status w = dt_wait(&rq[i]);
         if (st == DT_OK) st = w;
