@@ -535,8 +535,8 @@ again:
         int lost = 0;  // a sharded strategy's slices: each rank's own, or from its buddy's copy
         if (sops->take_over && (st = sops->take_over(strat, have_state, &lost)) != DT_OK) {
             st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
-            if (!lost && RECOVERABLE(st)) {  // another death meanwhile
-                if ((st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
+            if (!lost && RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
+                if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
                 goto recover;
             }
             goto done;
