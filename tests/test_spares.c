@@ -5,7 +5,10 @@
  * uninterrupted one: rank 1 and rank 0 killed, plain and deterministic
  * data parallel, fp16 (its loss scale), the GPT (its data stream), a hung
  * worker, and a second death with no spare left that falls back to the
- * restart from a checkpoint. Configurations a spare
+ * restart from a checkpoint. ZeRO 1, 2 and 3 (the dead rank's slice from
+ * its buddy's in-memory copy), rank 0 under zero 3 with its sharded
+ * checkpoints, and two adjacent ranks killed at once, whose lost slice is
+ * named before the restart from a checkpoint. Configurations a spare
  * cannot serve are refused before any worker starts. */
 #include "testlib.h"
 #include "dtrain/ckpt.h"
