@@ -6,7 +6,9 @@
  * flight was not yet durable, and the recovery times are reported.
  * Then the same with --spares (one spare per kill): every killed worker is
  * replaced by a spare, no group restarts, no step is lost, and the final
- * parameters are again bitwise those of the clean run.
+ * parameters are again bitwise those of the clean run. And with spares
+ * under ZeRO stage 3, where a dead rank's slice comes from its buddy's
+ * in-memory copy.
  *
  * CHAOS_KILLS (default 4) and CHAOS_STEPS (default 240) make it longer;
  * bench/chaos.sh runs a long version. */
@@ -74,22 +76,33 @@ static int writing(const char *dir) {
     DIR *d = opendir(dir);
     struct dirent *e;
     int w = 0;
-    while (d && (e = readdir(d))) w |= strstr(e->d_name, ".tmp.") != NULL;
+    while (d && (e = readdir(d))) {
+        w |= strstr(e->d_name, ".tmp.") != NULL;
+        if (!strncmp(e->d_name, "step-", 5) && !strchr(e->d_name, '.')) {  // a sharded checkpoint (ZeRO's)
+            char sub[1024], c[1100];
+            snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+            snprintf(c, sizeof c, "%s/COMPLETE", sub);
+            DIR *sd = access(c, F_OK) ? opendir(sub) : NULL;
+            struct dirent *f;
+            while (sd && (f = readdir(sd))) w |= strstr(f->d_name, ".tmp.") != NULL;
+            if (sd) closedir(sd);
+        }
+    }
     if (d) closedir(d);
     return w;
 }
 
-// One chaos run (run directory `name`) with `spares` spares: `kills` kills,
-// the second of rank 0 during a checkpoint write.
-static void chaos(const char *cfg, const char *name, int kills, int spares) {
+// One chaos run (run directory `name`) with `spares` spares and `extra`
+// flags: `kills` kills, the second of rank 0 during a checkpoint write.
+static void chaos(const char *cfg, const char *name, int kills, int spares, const char *extra) {
     char cmd[4096], log[512], ckdir[512];
     snprintf(log, sizeof log, "%s/%s.log", g_tmp, name);
     snprintf(ckdir, sizeof ckdir, "%s/%s/checkpoints", g_tmp, name);
     setenv("DTRAIN_SLOW_RANK", "0:15", 1);
     snprintf(cmd, sizeof cmd,
              "exec %s train %s --workers 3 --run-dir %s/%s --checkpoint-every %d --max-restarts %d --spares %d "
-             "--heartbeat-timeout 30 >%s 2>&1",
-             tl_dtrain(), cfg, g_tmp, name, INTERVAL, spares ? 0 : kills + 2, spares, log);
+             "--heartbeat-timeout 30 %s >%s 2>&1",
+             tl_dtrain(), cfg, g_tmp, name, INTERVAL, spares ? 0 : kills + 2, spares, extra, log);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -164,9 +177,9 @@ static void chaos(const char *cfg, const char *name, int kills, int spares) {
         CHECK(replaced == kills && recovered == kills && !strstr(g_out, "restarting 3 workers"),
               "%s: %d replacements and %d recoveries with 0 steps lost for %d kills, no restart\n%s", name, replaced,
               recovered, kills, g_out);
-        printf("%d kills with %d spares (one during a checkpoint write): recovery %.2f s on average, %.2f s at most; "
+        printf("%s: %d kills with %d spares (one during a checkpoint write): recovery %.2f s on average, %.2f s at most; "
                "0 steps lost\n",
-               kills, spares, recovered ? rsum / recovered : 0, rmax);
+               name, kills, spares, recovered ? rsum / recovered : 0, rmax);
         return;
     }
     // One restart and one recovery per kill; the steps each failure cost.
@@ -298,9 +311,12 @@ int main(int argc, char **argv) {
     int rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 0, "clean run: exit %d\n%s", rc, g_out);
     unsetenv("DTRAIN_SLOW_RANK");
-    static const struct { const char *name; int spares; } runs[] = {{"chaos", 0}, {"chaos-spares", -1}};
+    // ZeRO 3 with spares: a dead rank's slice (parameters, optimizer state)
+    // from its buddy's copy; bitwise the clean run too (zero-deterministic).
+    static const struct { const char *name; int spares; const char *extra; } runs[] = {
+        {"chaos", 0, ""}, {"chaos-spares", -1, ""}, {"chaos-zero-spares", -1, "--zero 3"}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        chaos(cfg, runs[i].name, kills, runs[i].spares < 0 ? kills : runs[i].spares);
+        chaos(cfg, runs[i].name, kills, runs[i].spares < 0 ? kills : runs[i].spares, runs[i].extra);
         int bw;
         double d = tl_runs_diff(g_tmp, "clean", runs[i].name, &bw);
         CHECK(bw, "%s: final parameters bitwise equal to the clean run's (max rel diff %.3g)", runs[i].name, d);

@@ -5,7 +5,10 @@
  * uninterrupted one: rank 1 and rank 0 killed, plain and deterministic
  * data parallel, fp16 (its loss scale), the GPT (its data stream), a hung
  * worker, and a second death with no spare left that falls back to the
- * restart from a checkpoint. Configurations a spare
+ * restart from a checkpoint. ZeRO 1, 2 and 3 (the dead rank's slice from
+ * its buddy's in-memory copy), rank 0 under zero 3 with its sharded
+ * checkpoints, and two adjacent ranks killed at once, whose lost slice is
+ * named before the restart from a checkpoint. Configurations a spare
  * cannot serve are refused before any worker starts. */
 #include "testlib.h"
 #include "dtrain/ckpt.h"
@@ -192,12 +195,75 @@ static void test_gpt(void) {
     CHECK(same_as("gptref", "gptspare"), "GPT, rank 2 replaced: bitwise equal to the uninterrupted run");
 }
 
+// ZeRO: each rank keeps a copy of rank + 1's slice (parameters, optimizer
+// state); the spare in a dead rank's place gets its slice from there.
+static void test_zero(void) {
+    char ref[64], name[64], extra[256];
+    int rc, step;
+    for (int z = 1; z <= 3; z++) {
+        snprintf(ref, sizeof ref, "zref%d", z);
+        snprintf(extra, sizeof extra, "--quiet --zero %d", z);
+        rc = train(ref, extra);
+        CHECK(rc == 0, "uninterrupted zero %d run: exit %d\n%s", z, rc, g_out);
+        // Rank 1 killed in step 13: its slice comes from rank 0's copy.
+        snprintf(name, sizeof name, "zspare%d", z);
+        char once[32];
+        snprintf(once, sizeof once, "once-z%d", z);
+        faults("1:13:kill", once);
+        snprintf(extra, sizeof extra, "--spares 1 --zero %d", z);
+        rc = train(name, extra);
+        no_faults();
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed); spare 0 (pid"),
+              "zero %d, rank 1 killed, one spare: exit %d\n%s", z, rc, g_out);
+        CHECK(spare_recovery(1, &step) >= 0 && step == 13, "zero %d: rank 1 recovered, step 13 redone, 0 lost:\n%s", z,
+              g_out);
+        CHECK(same_as(ref, name), "zero %d, rank 1 replaced: bitwise equal to the uninterrupted run", z);
+    }
+
+    // Rank 0 killed under zero 3 with checkpoints (ZeRO's are sharded:
+    // every rank writes its slice), its slice from rank 2's copy; the new
+    // rank 0 goes on writing them.
+    faults("0:9:kill", "once-z0");
+    rc = train("zspare0", "--spares 1 --zero 3 --checkpoint-every 5");
+    no_faults();
+    CHECK(rc == 0 && spare_recovery(0, &step) >= 0 && step == 9, "zero 3, rank 0 killed: exit %d\n%s", rc, g_out);
+    CHECK(same_as("zref3", "zspare0"), "zero 3, rank 0 replaced: bitwise equal to the uninterrupted run");
+    char **list;
+    int n = 0;
+    dt_status st = dt_ckpt_list(tmp("zspare0/checkpoints"), &list, &n);
+    CHECK(st == DT_OK && n == 3 && strstr(list[0], "step-00000030"),
+          "zero 3: the sharded checkpoints went on after rank 0's replacement (%d, newest %s)", n, n ? list[0] : "none");
+    for (int i = 0; i < n; i++) free(list[i]);
+    if (n) free(list);
+
+    // Plain (not deterministic) zero 2, rank 2 killed: its slice from rank
+    // 1's copy; the same ranks redo the same step, bitwise.
+    rc = train("zrefdp", "--quiet --zero 2 --set parallel.deterministic=false");
+    CHECK(rc == 0, "uninterrupted plain zero 2 run: exit %d\n%s", rc, g_out);
+    faults("2:7:kill", "once-zdp");
+    rc = train("zsparedp", "--spares 1 --zero 2 --set parallel.deterministic=false");
+    no_faults();
+    CHECK(rc == 0 && spare_recovery(2, &step) >= 0 && step == 7, "plain zero 2, rank 2 killed: exit %d\n%s", rc, g_out);
+    CHECK(same_as("zrefdp", "zsparedp"), "plain zero 2, rank 2 replaced: bitwise equal to the uninterrupted run");
+
+    // Ranks 1 and 2 killed at once: rank 2's slice was only on rank 1 (and
+    // rank 1's own): not in memory any more. The run says so and restarts
+    // from the newest checkpoint.
+    faults("1:13:kill,2:13:kill", "once-ztwo");
+    rc = train("ztwo", "--spares 2 --zero 1 --max-restarts 1 --checkpoint-every 5");
+    no_faults();
+    CHECK(rc == 0, "zero 1, two adjacent ranks killed at once: exit %d\n%s", rc, g_out);
+    CHECK(strstr(g_out, "spares: rank 2's slice of the ZeRO state (optimizer step 12) is on no surviving rank: rank 1, "
+                        "which kept its copy, died too") &&
+              strstr(g_out, "restarting 3 workers from the newest checkpoint"),
+          "zero 1: the lost slice named, then the restart from a checkpoint:\n%s", g_out);
+    CHECK(same_as("zref1", "ztwo"), "zero 1, restarted from a checkpoint: bitwise equal to the uninterrupted run");
+}
+
 static void test_refused(void) {
     static const struct {
         const char *extra, *want;
     } bad[] = {
-        {"--spares 1 --zero 1", "--spares: strategy zero-deterministic is not supported"},
-        {"--spares 1 --zero 1", "ZeRO's shards from a buddy rank's copy are not done"},
         {"--spares 1 --set parallel.deterministic=false --set compression.method=int8",
          "--spares with [compression] method = int8"},
         {"--spares 1 --set train.dynamic_batch=true", "--spares with [train] dynamic_batch"},
@@ -237,6 +303,7 @@ int main(void) {
     fprintf(f, "%s[data]\ndir = %s\n", cfg, g_tmp);
     fclose(f);
     test_refused();
+    test_zero();
     test_replaced();
     test_gpt();
     tl_cleanup(g_tmp);

@@ -195,6 +195,12 @@ DT_API dt_status dt_ckpt_writer_rejoin(dt_ckpt_writer **out, const char *dir, in
                                        const dt_ckpt_model *m, int rank, int world,
                                        double shard_timeout);
 DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s);
+/* After a rank died and a spare took its place (--spares): waits for the
+ * write in flight; a sharded one whose shards are not all there gives up
+ * waiting for them (its directory stays without COMPLETE: resume skips it,
+ * the next writer removes it), and an error of that write is logged as a
+ * warning and forgotten, so that the next save goes on. */
+DT_API void dt_ckpt_writer_abandon(dt_ckpt_writer *w);
 /* Waits for the write in flight; returns the first failed write's status. */
 DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);
 /* Saves so far, the longest / total pause they caused training, and the

@@ -85,9 +85,10 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
 /* Checks c against a run with `spares` idle workers (--spares,
  * docs/checkpoints.md): a spare takes a dead worker's place and its state
  * from a surviving replica, which needs a strategy whose ranks all hold the
- * whole state (data parallel, deterministic or not) and no state of a
+ * whole state (data parallel, deterministic or not) or whose slices are
+ * copied to a buddy rank (ZeRO, stages 1-3), and no state of a
  * rank's own (gradient compression's residuals, dynamic batching's speed
- * estimates), and whole checkpoints (a dead worker's
+ * estimates), and, for data parallel, whole checkpoints (a dead worker's
  * shard of a sharded one in flight would never be written). DT_OK for
  * spares <= 0; DT_ERR_CONFIG
  * naming what does not fit otherwise. */

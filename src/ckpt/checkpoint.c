@@ -1314,6 +1314,19 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     return DT_OK;
 }
 
+void dt_ckpt_writer_abandon(dt_ckpt_writer *w) {
+    pthread_mutex_lock(&w->mu);
+    dt_status before = w->err;
+    w->cancel = 1;
+    while (w->pending || w->busy) pthread_cond_wait(&w->cv, &w->mu);
+    w->cancel = 0;
+    if (before == DT_OK && w->err != DT_OK) {
+        dt_log(DT_LOG_WARN, "%s: given up after a worker's death", w->errmsg);
+        w->err = DT_OK;
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
 dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s) {
     double t0 = dt_now();
     pthread_mutex_lock(&w->mu);

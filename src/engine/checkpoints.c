@@ -79,11 +79,15 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     return broadcast_blocks(r, 0);
 }
 
+static dt_status make_writer(dt_run_ckpt *r);
+
 dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *from) {
     int W = dt_comm_size(r->comm), rank = dt_comm_rank(r->comm);
     *from = -1;
-    if (sliced(&r->model) || r->model.extra)
-        return dt_error(DT_ERR_INTERNAL, "sharing the state: rank %d holds a slice or state of its own", rank);
+    if (r->model.extra)
+        return dt_error(DT_ERR_INTERNAL, "sharing the state: rank %d holds state of its own", rank);
+    int slices = sliced(&r->model);  // each rank's own, or its buddy's copy (the strategy's take_over)
+    if (have && r->writer) dt_ckpt_writer_abandon(r->writer);
     // The replica furthest along (the lowest rank of those) gives its state:
     // a rank whose step ended before the failure is ahead of one whose did not.
     int64_t *steps = malloc((size_t)W * sizeof *steps), mine = have ? s->step : -1;
@@ -96,7 +100,7 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
     if (st != DT_OK) return st;
     if (root < 0) return dt_error(DT_ERR_INTERNAL, "sharing the state: no rank holds it");
     int64_t v[S_N] = {0};
-    pack_state(v, s, *r->model.opt_step);
+    pack_state(v, s, slices ? r->state_opt : *r->model.opt_step);
     v[S_LAST] = r->last_step;
     if ((st = dt_broadcast(v, v, S_N, DT_I64, root, r->comm)) != DT_OK) return st;
     if (rank != root) {
@@ -105,6 +109,14 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
     }
     s->world = W;
     *from = root;
+    if (!have && r->dir[0] && !r->writer && (r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0) &&
+        (st = make_writer(r)) != DT_OK)
+        return st;
+    if (slices) {
+        *r->model.opt_step = v[S_OPT];
+        r->state_opt = v[S_OPT];
+        return DT_OK;
+    }
     return broadcast_blocks(r, root);
 }
 
@@ -199,7 +211,9 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     // A rank that holds a slice, or state of its own, writes it: sharded
     // checkpoints, whatever [checkpoint] sharded says.
     r->world = c->ckpt_sharded || sliced(&r->model) || r->model.extra ? W : 1;
-    if (run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0)) st = make_writer(r);
+    r->state_opt = *r->model.opt_step;
+    // a rank that joins starts its writer once it has the state (dt_run_ckpt_share)
+    if (run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0) && !joining) st = make_writer(r);
     return st;
 }
 

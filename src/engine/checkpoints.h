@@ -33,6 +33,9 @@ typedef struct dt_run_ckpt {
     int from_parts;           /* the ranks that wrote it (dt_ckpt_open_part) */
     dt_status (*save)(void *user, const dt_train_state *s);  /* dt_run_ckpt_set_saver */
     void *save_user;
+    int64_t state_opt;        /* the optimizer's step count when the loop's state was last set (the
+                                 loop sets it with its state; a sharded strategy's slices must be
+                                 taken back to it after a failure: dt_run_ckpt_share) */
 } dt_run_ckpt;
 
 /* Saves are made by save(user, s) on every rank (a strategy whose own ranks
@@ -56,9 +59,14 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
  * (dt_comm_rejoin): the replica that got furthest (the highest s->step
  * among the ranks with have = 1; the lowest such rank) gives every rank its
  * training state, parameters, optimizer state and checkpoint schedule
- * (r->last_step); *from = that rank. A collective; replicated state only
- * (a strategy's slices or a rank's own state cannot be had from another
- * rank: DT_ERR_INTERNAL). */
+ * (r->last_step); *from = that rank. A collective. When the ranks hold
+ * slices (ZeRO), the blocks are not sent: every rank's optimizer step
+ * count becomes that rank's r->state_opt, and the strategy's take_over
+ * brings every slice to it. A rank's own state (m.extra) cannot be had
+ * from another rank: DT_ERR_INTERNAL. A rank that joined (have = 0) starts
+ * its checkpoint writer here, once the survivors' writes in flight are
+ * over; on rank 0 a sharded checkpoint in flight whose shard is missing is
+ * given up (dt_ckpt_writer_abandon). */
 dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *from);
 /* Rank 0's vote for a save by time (T seconds since the last one): the
  * control plane sums the votes (engine/control.h), so that all ranks save at

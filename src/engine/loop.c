@@ -91,11 +91,12 @@ dt_status dt_train_warm(const dt_config *c) {
 dt_status dt_train_check_spares(const dt_config *c, int spares) {
     if (spares <= 0) return DT_OK;
     const dt_strategy_ops *s = dt_strategy_for(c);
-    if (!s->replicated)
+    if (!s->replicated && !s->take_over)
         return dt_error(DT_ERR_CONFIG, "--spares: strategy %s is not supported: a spare takes a dead worker's state "
-                                       "from a surviving replica, and only data parallel (dp, dp-deterministic) keeps "
-                                       "the whole state on every rank%s; use --max-restarts",
-                        s->name, c->zero > 0 ? " (ZeRO's shards from a buddy rank's copy are not done)" : "");
+                                       "from a surviving replica (data parallel: dp, dp-deterministic) or its slice "
+                                       "from a buddy rank's copy (ZeRO: zero, zero-deterministic, zero-3); use "
+                                       "--max-restarts",
+                        s->name);
     if (c->comp_method != DT_COMP_NONE)
         return dt_error(DT_ERR_CONFIG, "--spares with [compression] method = %s: each rank's codec state (residuals) is "
                                        "its own and cannot be had from another rank; use --max-restarts",
@@ -103,7 +104,7 @@ dt_status dt_train_check_spares(const dt_config *c, int spares) {
     if (c->dynamic_batch)
         return dt_error(DT_ERR_CONFIG, "--spares with [train] dynamic_batch: the split by speed is not handed to a "
                                        "spare; use --max-restarts");
-    if (c->ckpt_sharded)
+    if (c->ckpt_sharded && s->replicated)  // ZeRO's own shards: a missing one is given up (dt_ckpt_writer_abandon)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
                                        "checkpoint being written would never come; use whole checkpoints");
     return DT_OK;
@@ -499,6 +500,7 @@ again:
             // this step's state, should the evaluation below be interrupted by a failure
             ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
                                   fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
+            ck.state_opt = *ck.model.opt_step;  // the optimizer step of that state (ZeRO's slices, --spares)
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
                                                  (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
                                                  strat->staleness, fp16 ? scaler.scale : 0, scaler.skipped > skipped0,
@@ -542,6 +544,7 @@ again:
     recover:  // a spare took a dead rank's place: rejoin, take the furthest replica's state, redo the step
         if (!failed_at) failed_at = dt_now();
         if (have_state) dt_log(DT_LOG_DEBUG, "%s; waiting for a spare to take the dead rank's place", dt_last_error());
+        if (have_state && sops->abandon) sops->abandon(strat);  // its transfers over, the step to be redone
         if (have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) {
             st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
             goto done;
@@ -550,6 +553,15 @@ again:
         if ((st = dt_run_ckpt_share(&ck, &ts, have_state, &from)) != DT_OK) {
             st = dt_error(st, "rank %d, taking the state of a replica: %s", rank, dt_last_error());
             if (RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
+                if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
+                goto recover;
+            }
+            goto done;
+        }
+        int lost = 0;  // a sharded strategy's slices: each rank's own, or from its buddy's copy
+        if (sops->take_over && (st = sops->take_over(strat, have_state, &lost)) != DT_OK) {
+            st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
+            if (!lost && RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
                 if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
                 goto recover;
             }

@@ -134,6 +134,22 @@ typedef struct dt_strategy_ops {
      * between steps, so a spare that takes a dead rank's place can have it
      * from any surviving replica (dt_run_ckpt_share, --spares). */
     int replicated;
+    /* Spares for a strategy whose ranks hold slices (not replicated): each
+     * rank keeps a copy of a buddy rank's slice, so that a spare in a dead
+     * rank's place can have its slice from memory (zero.c). abandon: after
+     * a step failed on a peer's death, before dt_comm_rejoin: waits for the
+     * strategy's transfers and drops what the interrupted step left
+     * (partial sums, gathered layers), so that the step can be redone.
+     * take_over: after the rejoin and dt_run_ckpt_share (which set every
+     * rank's optimizer step count to the one of the state shared), a
+     * collective: every rank's slice at that step, kept or from the copy
+     * its buddy holds, the copies refreshed. When a slice is on no
+     * surviving rank: *lost = 1 and DT_ERR_COMM naming the rank (a restart
+     * from a checkpoint is the way on); another failure meanwhile: *lost =
+     * 0 and the comm layer's status. NULL: spares not served, unless
+     * replicated. */
+    void (*abandon)(dt_strategy *s);
+    dt_status (*take_over)(dt_strategy *s, int have, int *lost);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */

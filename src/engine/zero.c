@@ -39,6 +39,7 @@
  * number of ranks and any stage. Its fixed-point sums span the whole block
  * (8 bytes a parameter), as dp-deterministic's do. */
 #include "engine/strategy.h"
+#include "engine/worker.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,15 @@ typedef struct {
     int lmin, lmax;        // the layers the order names
     int nmax;              // the most micro-batches a rank runs this step
     size_t backed;         // offload = disk at stage 3: bytes of the parameter slice on disk
+    // spares (--spares): a copy of the slice of rank + 1 (its buddy): its
+    // parameters and optimizer state, refreshed after every update
+    int buddy;             // kept: spares and more than one rank
+    int buddy_ok;          // the copies have been exchanged once
+    float *copy[2];        // two copies of rank + 1's slice, [parameters, state 0, state 1] each:
+                           // the newest and the one before, which a failure mid-copy leaves whole
+    int64_t own_t, copy_t[2]; // optimizer steps of this rank's slice and of the copies (-1: not valid)
+    float *prev;           // this rank's own slice before its last update, [parameters, states]
+    int64_t prev_t;        // its optimizer step (-1: none)
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
@@ -83,6 +93,9 @@ static void fail(zero *z, dt_status st) {
     z->err = st;
     snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
 }
+
+static dt_status buddy_exchange(zero *z);
+static dt_status keep_prev(zero *z);
 
 // Gives back the pages of g[lo, hi) (they read as zero on the next touch).
 static void release(float *g, size_t lo, size_t hi) {
@@ -354,6 +367,8 @@ static dt_status zero_init(dt_strategy *s) {
             }
         }
     }
+    z->buddy = W > 1 && dt_worker_spares() > 0;
+    z->copy_t[0] = z->copy_t[1] = z->prev_t = -1;
     if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
     if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
         release(s->grads, 0, s->lo);
@@ -378,6 +393,9 @@ static void zero_fini(dt_strategy *s) {
     free(z->p);
     free(z->counts);
     dt_free(z->acc);
+    dt_free(z->copy[0]);
+    dt_free(z->copy[1]);
+    dt_free(z->prev);
 }
 
 static int zero_plan(dt_strategy *s, int first, int share, int global) {
@@ -392,6 +410,11 @@ static int zero_plan(dt_strategy *s, int first, int share, int global) {
     // hooks of as many micro-batches as the rank with the most (a short
     // share replays them in sync).
     z->nmax = k;
+    if (z->buddy && !z->buddy_ok) {  // the copies of the starting state (fresh or resumed)
+        z->own_t = *dt_optim_step_count(s->opt);
+        dt_status st = buddy_exchange(z);
+        if (st != DT_OK) fail(z, st);
+    }
     if (s->params_sliced) {
         dt_status st = dt_allreduce(&z->nmax, &z->nmax, 1, DT_I32, DT_MAX, s->comm);
         if (st != DT_OK) fail(z, dt_error(st, "micro-batch count: %s", dt_last_error()));
@@ -476,15 +499,184 @@ static dt_status zero_sync(dt_strategy *s) {
 // slice's gradients are zeroed for the next step (the rest already is).
 static dt_status zero_update(dt_strategy *s, float lr, float scale) {
     zero *z = (zero *)s;
-    dt_status st = dt_strategy_update_slice(s, lr, scale);
+    dt_status st = z->buddy ? keep_prev(z) : DT_OK;
+    if (st == DT_OK) st = dt_strategy_update_slice(s, lr, scale);
     z->persist_ok = 0;
     if (st == DT_OK && s->params_sliced) st = drop_block(z, -1);  // what a model without layer -1 still holds
+    z->own_t = *dt_optim_step_count(s->opt);
+    // Spares: the copies before the allgather, so that a rank past it knows
+    // that every copy is there (no rank enters it before its copy came);
+    // stage 3, which has no allgather here, waits in a barrier for that.
+    if (st == DT_OK && z->buddy) st = buddy_exchange(z);
+    if (st == DT_OK && z->buddy && z->stage >= 3 && (st = dt_barrier(s->comm)) != DT_OK)
+        st = dt_error(st, "spares: after copying the slices: %s", dt_last_error());
     if (st == DT_OK && s->world > 1 && z->stage < 3) {
         st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
         if (st != DT_OK) st = dt_error(st, "parameter allgather: %s", dt_last_error());
     }
     if (s->grads_zero) memset(s->grads + s->lo, 0, (s->hi - s->lo) * sizeof(float));  // filled again next step
     return st;
+}
+
+// ---- spares ---------------------------------------------------------------
+//
+// With --spares, rank r keeps a copy of the slice of its buddy, rank
+// (r + 1) mod W: the parameters (which stage 3 keeps nowhere else) and the
+// optimizer state, with the optimizer's step count. After every update
+// (before the parameters' allgather; at stage 3 before a barrier) each
+// rank sends its slice to rank r - 1 and takes rank r + 1's, point to
+// point, both at once: (1 + states) x 4 bytes a parameter of the slice
+// each way (AdamW: 12 Ψ/W bytes sent a step). No rank ends a step before
+// every copy of it has come (the collective after); each keeps the newest
+// copy and the one before (AdamW: 24 Ψ/W bytes), so that a death while the
+// copies are refreshed leaves the one before whole, and its own slice as
+// it was before its update (keep_prev, 12 Ψ/W), for a rank whose update
+// ran ahead of the state shared while the rank holding its copy died.
+// When rank d dies, the spare in its place gets d's slice from rank d - 1;
+// every other rank keeps its own, or goes back to the one before its
+// update (its own, or rank r - 1's copy) when it ran ahead of the state.
+
+static dt_status buddy_exchange(zero *z) {
+    dt_strategy *s = &z->base;
+    int W = s->world, to = (s->rank + W - 1) % W, from = (s->rank + 1) % W, ns = dt_optim_num_states(s->opt);
+    size_t mine = s->hi - s->lo, theirs = z->counts[from];
+    for (int i = 0; i < 2; i++)
+        if (!z->copy[i] && !(z->copy[i] = dt_alloc(sizeof(float) * (theirs ? theirs : 1) * (size_t)(1 + ns))))
+            return dt_error(DT_ERR_NOMEM, "spares: out of memory for the copies of rank %d's slice (2 x %zu bytes)",
+                            from, sizeof(float) * theirs * (size_t)(1 + ns));
+    int b = z->copy_t[0] <= z->copy_t[1] ? 0 : 1;  // the older copy is overwritten
+    dt_request_t rq[8] = {0};
+    int64_t t_in = -1;
+    z->copy_t[b] = -1;  // until the whole copy has come
+    dt_status st = dt_irecv(&t_in, 1, DT_I64, from, s->comm, &rq[0]);
+    for (int j = 0; j <= ns && st == DT_OK && theirs; j++)
+        st = dt_irecv(z->copy[b] + theirs * (size_t)j, theirs, DT_F32, from, s->comm, &rq[1 + j]);
+    if (st == DT_OK) st = dt_isend(&z->own_t, 1, DT_I64, to, s->comm, &rq[4]);
+    for (int j = 0; j <= ns && st == DT_OK && mine; j++)
+        st = dt_isend(j ? dt_optim_state(s->opt, j - 1) : s->params + s->lo, mine, DT_F32, to, s->comm, &rq[5 + j]);
+    for (int i = 0; i < 8; i++) {
+        dt_status w = dt_wait(&rq[i]);
+        if (st == DT_OK) st = w;
+    }
+    if (st != DT_OK) return dt_error(st, "spares: copying slices to the buddy ranks: %s", dt_last_error());
+    z->copy_t[b] = t_in;
+    z->buddy_ok = 1;
+    return DT_OK;
+}
+
+// Spares: this rank's slice as it is before its update, kept until the
+// next one: should the step fail after this rank's update, it goes back
+// to it (its own copy on rank - 1 may be gone with that rank).
+static dt_status keep_prev(zero *z) {
+    dt_strategy *s = &z->base;
+    int ns = dt_optim_num_states(s->opt);
+    size_t n = s->hi - s->lo;
+    if (!z->prev && !(z->prev = dt_alloc(sizeof(float) * (n ? n : 1) * (size_t)(1 + ns))))
+        return dt_error(DT_ERR_NOMEM, "spares: out of memory for the slice before the update (%zu bytes)",
+                        sizeof(float) * n * (size_t)(1 + ns));
+    z->prev_t = -1;
+    for (int j = 0; j <= ns; j++)
+        memcpy(z->prev + n * (size_t)j, j ? dt_optim_state(s->opt, j - 1) : s->params + s->lo, sizeof(float) * n);
+    z->prev_t = z->own_t;
+    return DT_OK;
+}
+
+// After a failed step (a peer died), before the rejoin: no transfer of
+// this strategy is left in flight, and the next step starts as a step does
+// (the gradient block and the fixed-point sums zero, no layer held).
+static void zero_abandon(dt_strategy *s) {
+    zero *z = (zero *)s;
+    settle(z, 1);
+    z->np = z->settled = 0;
+    if (z->rq) {
+        int no;
+        order_of(z, &no);
+        for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
+        memset(z->held, 0, (size_t)(z->L ? z->L : 1));
+    }
+    z->persist_ok = z->all_held = 0;
+    if (s->params_sliced) {
+        release(s->params, 0, s->lo);
+        release(s->params, s->hi, s->n);
+    }
+    if (z->acc) memset(z->acc, 0, sizeof(int64_t) * s->n);
+    if (s->grads_zero) {
+        memset(s->grads + s->lo, 0, (s->hi - s->lo) * sizeof(float));
+        release(s->grads, 0, s->lo);
+        release(s->grads, s->hi, s->n);
+    }
+    z->err = DT_OK;
+}
+
+// Every rank's slice at the optimizer step u shared (*step count): its own
+// if it holds that, else from the copy of rank - 1.
+static dt_status zero_take_over(dt_strategy *s, int have, int *lost) {
+    zero *z = (zero *)s;
+    int W = s->world, ns = dt_optim_num_states(s->opt);
+    int64_t u = *dt_optim_step_count(s->opt);
+    *lost = 0;
+    int64_t mine[5] = {have, have ? z->own_t : -1, have ? z->copy_t[0] : -1, have ? z->copy_t[1] : -1,
+                       have ? z->prev_t : -1};
+    int64_t *all = malloc(sizeof(int64_t) * 5 * (size_t)W);
+    if (!all) return dt_error(DT_ERR_NOMEM, "spares: out of memory");
+    dt_status st = dt_allgather(mine, all, 5, DT_I64, s->comm);
+    if (st != DT_OK) {
+        free(all);
+        return st;
+    }
+    int get = -1, give = -1, gb = 0;  // the rank whose copy this rank takes; the rank this one gives its copy b to
+    for (int q = 0; q < W && !*lost; q++) {
+        if (all[5 * q] && (all[5 * q + 1] == u || all[5 * q + 4] == u)) continue;  // its own, or the one before
+        int h = (q + W - 1) % W, b = all[5 * h + 2] == u ? 0 : 1;
+        if (all[5 * h] && all[5 * h + 2 + b] == u) {
+            if (q == s->rank) get = h;
+            if (h == s->rank) give = q, gb = b;
+            continue;
+        }
+        *lost = 1;
+        if (!all[5 * h])
+            st = dt_error(DT_ERR_COMM, "spares: rank %d's slice of the ZeRO state (optimizer step %lld) is on no surviving "
+                                       "rank: rank %d, which kept its copy, died too (two ranks died whose slices "
+                                       "were only on each other); it can only come from a checkpoint",
+                          q, (long long)u, h);
+        else {
+            int64_t newest = all[5 * h + 2] > all[5 * h + 3] ? all[5 * h + 2] : all[5 * h + 3];
+            char held[160];
+            if (newest < 0)
+                snprintf(held, sizeof held, "rank %d holds no whole copy of it yet: the death came while the first "
+                                            "copies were being made", h);
+            else snprintf(held, sizeof held, "rank %d's newest copy of it is of step %lld", h, (long long)newest);
+            st = dt_error(DT_ERR_COMM, "spares: rank %d's slice of the ZeRO state (optimizer step %lld) is on no surviving "
+                                       "rank (%s; %s); it can only come from a checkpoint",
+                          q, (long long)u, all[5 * q] ? "its own has moved on" : "it died", held);
+        }
+    }
+    free(all);
+    if (*lost) return st;
+    size_t n = s->hi - s->lo, nq = give >= 0 ? z->counts[give] : 0;
+    dt_request_t rq[6] = {0};
+    if (have && z->own_t != u && z->prev_t == u && get < 0) {  // back to the slice before its update
+        for (int j = 0; j <= ns; j++)
+            memcpy(j ? dt_optim_state(s->opt, j - 1) : s->params + s->lo, z->prev + n * (size_t)j, sizeof(float) * n);
+        z->own_t = u;
+    }
+    if (get >= 0) z->own_t = -1;  // until the whole slice has come
+    for (int j = 0; j <= ns && st == DT_OK && get >= 0 && n; j++)
+        st = dt_irecv(j ? dt_optim_state(s->opt, j - 1) : s->params + s->lo, n, DT_F32, get, s->comm, &rq[j]);
+    for (int j = 0; j <= ns && st == DT_OK && give >= 0 && nq; j++)
+        st = dt_isend(z->copy[gb] + nq * (size_t)j, nq, DT_F32, give, s->comm, &rq[3 + j]);
+    for (int i = 0; i < 6; i++) {
+        dt_status w = dt_wait(&rq[i]);
+        if (st == DT_OK) st = w;
+    }
+    if (st != DT_OK) return dt_error(st, "spares: a slice from its buddy's copy: %s", dt_last_error());
+    z->own_t = u;
+    if ((st = buddy_exchange(z)) != DT_OK) return st;
+    if (z->stage < 3) {  // the whole parameter block again, from every slice
+        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
+        if (st != DT_OK) return dt_error(st, "parameter allgather: %s", dt_last_error());
+    }
+    return DT_OK;
 }
 
 static int zero_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && !c->deterministic; }
@@ -512,6 +704,8 @@ const dt_strategy_ops dt_strategy_zero = {
     .sync = zero_sync,
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
+    .abandon = zero_abandon,
+    .take_over = zero_take_over,
 };
 
 const dt_strategy_ops dt_strategy_zero_deterministic = {
@@ -527,6 +721,8 @@ const dt_strategy_ops dt_strategy_zero_deterministic = {
     .sync = zero_sync,
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
+    .abandon = zero_abandon,
+    .take_over = zero_take_over,
 };
 
 // Stage 3, plain or deterministic (the micro-batches and sums as above).
@@ -547,4 +743,6 @@ const dt_strategy_ops dt_strategy_zero3 = {
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
     .params_whole = zero_params_whole,
+    .abandon = zero_abandon,
+    .take_over = zero_take_over,
 };
