@@ -14,6 +14,8 @@ minutes a case on 2 cores); --epochs shortens the cosine schedule with it.
 Accuracy does not depend on the machine's load; the wall time does.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json), flush=True)
     exe = os.path.join(a.dtrain, "dtrain")
     results = []
     with tempfile.TemporaryDirectory(prefix="dtrain-augment-") as tmp:

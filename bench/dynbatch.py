@@ -19,6 +19,8 @@ other, but the absolute times are not those of a machine with a core per
 rank.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,6 +60,7 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json), flush=True)
     exe = os.path.join(a.dtrain, "dtrain")
     cases = [("no slow rank", False, False), ("slow, fixed split", True, False), ("slow, dynamic_batch", True, True)]
     results = []

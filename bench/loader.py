@@ -14,6 +14,8 @@ HDF5 file is written by `dtrain convert-data` into a temporary directory);
 the balanced sampler with crop + flip.
 """
 import argparse, json, os, subprocess, sys, tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist"
@@ -31,6 +33,7 @@ def main():
     ap.add_argument("--train-threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json), flush=True)
     loader = os.path.join(a.build, "bench", "bench_loader")
     with tempfile.TemporaryDirectory(prefix="dtrain-loader-") as tmp:
         h5 = os.path.join(tmp, "fashion.h5")

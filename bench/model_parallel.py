@@ -34,6 +34,7 @@ import argparse, glob, json, os, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 import gpt  # noqa: E402
 from dp import GPT_INI, write_tokens  # noqa: E402
 
@@ -93,6 +94,7 @@ def main():
     ap.add_argument("--preset", default="gpt-small")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json), flush=True)
     preset, batch, seq, _ = gpt.CASES[a.preset]
     with tempfile.TemporaryDirectory() as d:
         tokens, ini = os.path.join(d, "tokens.bin"), os.path.join(d, "gpt.ini")
@@ -121,10 +123,14 @@ def main():
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     out = subprocess.run([sys.executable, os.path.join(HERE, "torch_pipe.py"), "--preset", a.preset, "--batch",
                           str(batch), "--seq", str(seq), "--chunks", "8", "--threads", "2",
-                          "--steps", str(max(a.steps // 2, 2))], check=True, capture_output=True, text=True, env=env)
-    pipe = json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1])
-    ours = [r for r in rows if r["layout"].startswith("pipeline")]
-    if a.json:
+                          "--steps", str(max(a.steps // 2, 2))], capture_output=True, text=True, env=env)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    pipe = json.loads(lines[-1]) if out.returncode == 0 and lines else None
+    if pipe is None:  # the peer failed: reported, our rows still printed
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"PyTorch Pipe failed (exit {out.returncode}): {err}", file=sys.stderr)
+    ours = [r for r in rows if r["layout"].startswith("pipeline")] if pipe else []
+    if a.json and pipe:
         print(json.dumps(pipe))
         for r in ours:
             print(json.dumps({"layout": r["layout"], "vs_torch_pipe": round(r["tokens_per_sec"] / pipe["tokens_per_sec"], 3)}))
@@ -139,8 +145,9 @@ def main():
             fo = f"{r['bubble_formula']:.0%}" if r["bubble_formula"] is not None else "-"
             print(f"{r['layout']:40} {r['tokens_per_sec']:9.0f} {r['step_ms']:8.1f} {m or 0:9.1f} {ratio:>15} "
                   f"{idle:>16} {fo:>8}")
-        print(f"{'PyTorch Pipe, 2 partitions, M = 8, 2 threads':40} {pipe['tokens_per_sec']:9.0f} "
-              f"{pipe['ms_per_step']:8.1f}   (devices {', '.join(pipe['devices'])})")
+        if pipe:
+            print(f"{'PyTorch Pipe, 2 partitions, M = 8, 2 threads':40} {pipe['tokens_per_sec']:9.0f} "
+                  f"{pipe['ms_per_step']:8.1f}   (devices {', '.join(pipe['devices'])})")
         for r in ours:
             print(f"dtrain {r['layout']} / PyTorch Pipe: {r['tokens_per_sec'] / pipe['tokens_per_sec']:.2f}")
 

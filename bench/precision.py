@@ -18,6 +18,7 @@ import argparse, json, os, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import cpu  # noqa: E402
 from gpt import CASES, DTRAIN_ENVS, TORCH_ENVS  # noqa: E402
 from train import best  # noqa: E402
 
@@ -40,6 +41,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json), flush=True)
     t = str(a.threads)
     print("CPU: %s, %s threads" % (cpu_model(), t))
     out = []

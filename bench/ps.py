@@ -23,6 +23,8 @@ case on a 2-core machine); --steps 20 only checks that everything runs.
 Accuracy does not depend on the machine's load; the rates do.
 """
 import argparse, json, os, subprocess, sys, tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {  # name: (flags, slowed)
@@ -47,6 +49,7 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    print(cpu.banner(a.json), flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dtrain-bench-ps-") as tmp:
         for name in a.cases.split(","):
