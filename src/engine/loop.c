@@ -308,6 +308,15 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     return st;
 }
 
+// fp16's loss scaler as a checkpoint or a replica's state left it (a state
+// without one, loss_scale 0, leaves the scaler as it is).
+static void scaler_from_state(dt_loss_scaler *sc, const dt_train_state *ts) {
+    if (ts->loss_scale <= 0) return;
+    sc->scale = ts->loss_scale;
+    sc->clean = (int)ts->scale_clean;
+    sc->skipped = ts->scale_skipped;
+}
+
 dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
                    dt_train_result *res) {
     double t_start = dt_now();
@@ -433,12 +442,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                  (double)info.nparams * 2 / (1 << 20));
     }
     dt_loss_scaler scaler = dt_loss_scaler_default();
-    if (fp16 && ts.loss_scale > 0) {  // resumed: where the checkpoint's run left it
-        scaler.scale = ts.loss_scale;
-        scaler.clean = (int)ts.scale_clean;
-        scaler.skipped = ts.scale_skipped;
+    if (fp16) {  // resumed: where the checkpoint's run left it
+        scaler_from_state(&scaler, &ts);
+        strat->loss_scale = scaler.scale;
     }
-    if (fp16) strat->loss_scale = scaler.scale;
     if (rank == 0) {
         char ep[64] = "";
         if (epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", epochs, (long long)spe);
@@ -568,9 +575,7 @@ again:
             goto done;
         }
         if (fp16) {  // the loss scale and its count of clean steps came with the state
-            scaler.scale = ts.loss_scale;
-            scaler.clean = (int)ts.scale_clean;
-            scaler.skipped = ts.scale_skipped;
+            scaler_from_state(&scaler, &ts);
             strat->loss_scale = scaler.scale;
         }
         have_state = 1;
