@@ -51,6 +51,15 @@ typedef struct {
 
 enum { SPARE_STARTING = 0, SPARE_READY = 1, SPARE_ASSIGNED = 2, SPARE_RELEASED = 3 };
 
+/* A rank's slot as at its start (no step yet, waiting on nobody), its
+ * silence counted from now_ns (0: from the launch). */
+static void beat_reset(beat_slot *b, int64_t now_ns) {
+    atomic_store(&b->start_step, -1);
+    atomic_store(&b->step, -1);
+    atomic_store(&b->time_ns, now_ns);
+    atomic_store(&b->wait_peer, -2);
+}
+
 /* A spare's new state, and the wake of a spare asleep on it. */
 static void spare_set(beat_slot *b, int32_t state) {
     atomic_store(&b->spare_state, state);
@@ -302,10 +311,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
         return dt_error(DT_ERR_INTERNAL, "dtrain run: cannot create the heartbeat table: %s", strerror(errno));
     }
     for (int r = 0; r < n + K; r++) {
-        atomic_store(&beats[r].start_step, -1);
-        atomic_store(&beats[r].step, -1);
-        atomic_store(&beats[r].time_ns, 0);
-        atomic_store(&beats[r].wait_peer, -2);
+        beat_reset(&beats[r], 0);
     }
 
     // ---- the shared-memory segment -----------------------------------------
@@ -461,10 +467,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                     if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY) spare = k;
             if (spare >= 0) {
                 dt_shm_mark_rank(base, r, 2, WTERMSIG(st));
-                atomic_store(&beats[r].start_step, -1);
-                atomic_store(&beats[r].step, -1);
-                atomic_store(&beats[r].wait_peer, -2);
-                atomic_store(&beats[r].time_ns, mono_ns());
+                beat_reset(&beats[r], mono_ns());
                 dt_shm_replace_rank(base, r);
                 pids[r] = pids[n + spare];
                 alive[r] = 1;
@@ -503,10 +506,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
                 if (last >= 0) snprintf(at, sizeof at, " at step %lld", (long long)last);
                 dt_log(DT_LOG_WARN, "run: rank %d (pid %d) %s%s; restarting it alone (restart %d of %d, incarnation %d)",
                        r, (int)pid, why, at, res->respawns, p->max_respawns, inc);
-                atomic_store(&beats[r].start_step, -1);
-                atomic_store(&beats[r].step, -1);
-                atomic_store(&beats[r].time_ns, mono_ns());
-                atomic_store(&beats[r].wait_peer, -2);
+                beat_reset(&beats[r], mono_ns());
                 fflush(NULL);
                 pid_t np = fork();
                 if (np == 0) child_exec(argv, r, n, name, beat_fd, self, K, -1);
