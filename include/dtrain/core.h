@@ -151,6 +151,9 @@ DT_API int dt_get_threads(void);
 /* Monotonic time in seconds. */
 DT_API double dt_now(void);
 
+/* The median of v[0..n) (0 when n <= 0); sorts v in place. */
+DT_API double dt_median(double *v, int n);
+
 /* 64-byte aligned allocation of n bytes (zeroed); free with dt_free. Returns
  * NULL and records DT_ERR_NOMEM on failure. */
 DT_API void *dt_alloc(size_t n);

@@ -174,6 +174,17 @@ double dt_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double dt_median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // Large blocks are kept in transparent huge pages where the kernel allows
 // them (THP "madvise" mode): a page fault then maps 2 MiB, not 4 KiB.
 enum { HUGE_PAGE = 2 << 20 };

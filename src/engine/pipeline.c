@@ -579,11 +579,6 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
     return st;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 // Measured balance, at the first step: every rank runs its replica's first
 // micro-batch of the step through the whole model one layer at a time (a
 // stage of the task's per layer, each fed the one before's output, the
@@ -642,9 +637,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task,
     memset(s->grads, 0, sizeof(float) * s->n);
     for (int l = 0; l < L && rc == DT_OK && len > 0; l++) {
         double *f = t + (size_t)l * 2 * MEASURE_REPS, *b = f + MEASURE_REPS;
-        qsort(f, MEASURE_REPS, sizeof *f, cmp_double);
-        qsort(b, MEASURE_REPS, sizeof *b, cmp_double);
-        ns[l] = (int64_t)llround((f[MEASURE_REPS / 2] + b[MEASURE_REPS / 2]) * 1e9);
+        ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
     }
     // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
     dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;

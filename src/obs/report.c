@@ -795,11 +795,6 @@ dt_status dt_report_html(const char *run_dir, const char *out_path) {
 // ----------------------------------------------------------------------------
 // for the simulator (report.h)
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 dt_status dt_report_phase_medians(const char *run_dir, double med[6]) {
     run_data d = {0};
     dt_status st = read_run(run_dir, &d);
@@ -811,8 +806,7 @@ dt_status dt_report_phase_medians(const char *run_dir, double med[6]) {
         for (int p = 0; v && p < NPH; p++) {
             int m = n - skip;
             memcpy(v, r0->ph[p].v + skip, sizeof *v * (size_t)m);
-            qsort(v, (size_t)m, sizeof *v, cmp_double);
-            med[p] = m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+            med[p] = dt_median(v, m);
         }
         free(v);
     }

@@ -1,6 +1,8 @@
 /* Straggler detection (see straggler.h). */
 #include "obs/straggler.h"
 
+#include "dtrain/core.h"
+
 #include <stdlib.h>
 
 struct dt_straggler {
@@ -33,17 +35,6 @@ void dt_straggler_free(dt_straggler *s) {
     free(s->flagged);
     free(s->tmp);
     free(s);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-double dt_median(double *v, int n) {
-    if (n <= 0) return 0;
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // The phase in which rank r exceeds the other ranks' median the most.

@@ -31,7 +31,5 @@ int dt_straggler_update(dt_straggler *s, const double *busy, const double *phase
                         dt_straggler_report *out);
 /* 1 while rank r is a reported straggler. */
 int dt_straggler_flagged(const dt_straggler *s, int r);
-/* The median of v[0..n) (v is reordered); 0 for n = 0. */
-double dt_median(double *v, int n);
 
 #endif
