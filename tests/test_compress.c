@@ -158,13 +158,12 @@ static void bias(dt_comm_t comm, int method, float ratio, int levels, int expect
         if (step(k, g, cut, 1) != DT_OK) break;
         for (size_t i = 0; i < n; i++) sum[i] += g[i];
     }
-    double norm = 0;
-    for (size_t i = 0; i < n; i++) norm += (double)x[i] * x[i];
-    norm = sqrt(norm);
+    double amax = 0;  // the largest |x|: no chunk's is larger
+    for (size_t i = 0; i < n; i++) amax = fabs((double)x[i]) > amax ? fabs((double)x[i]) : amax;
     double zmax = 0, esum = 0, vsum = 0;
     for (size_t i = 0; i < n; i++) {
         // per-draw variance bounds: qsgd (s/2)^2 with s the chunk's step; random-k x^2 (1/ratio - 1)
-        double var = method == DT_COMP_QSGD ? pow(norm / levels / 2, 2) : (double)x[i] * x[i] * (1 / ratio - 1);
+        double var = method == DT_COMP_QSGD ? pow(amax / levels / 2, 2) : (double)x[i] * x[i] * (1 / ratio - 1);
         double e = sum[i] / T - x[i], sd = sqrt(var / T) + 1e-9;
         zmax = fabs(e) / sd > zmax ? fabs(e) / sd : zmax;
         esum += e;
@@ -356,9 +355,9 @@ static int rank_main(const setup *u) {
                     if (u->method == DT_COMP_QSGD && !small)
                         for (size_t a = lo; a < lo + len; a += 512) {  // one level of the chunk per value
                             size_t b = a + 512 < lo + len ? a + 512 : lo + len;
-                            double nn = 0;
-                            for (size_t i = a; i < b; i++) nn += (double)x[i] * x[i];
-                            for (size_t i = a; i < b; i++) bound[i] += (float)(sqrt(nn) / u->levels) * 1.0001f;
+                            double mx = 0;
+                            for (size_t i = a; i < b; i++) mx = fabs((double)x[i]) > mx ? fabs((double)x[i]) : mx;
+                            for (size_t i = a; i < b; i++) bound[i] += (float)(mx / u->levels) * 1.0001f;
                         }
                 } else {
                     ref_encode(u, x + lo, len, d + lo);

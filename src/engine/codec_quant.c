@@ -3,8 +3,11 @@
  *
  *   int8  code = round(x / s) in [-127, 127], s = max|x| / 127
  *   qsgd  code = +-l, l in [0, levels] drawn so that E[l] = |x| / s exactly
- *         (stochastic rounding, unbiased), s = ||chunk||_2 / levels; four
- *         bits per value when levels <= 7, else eight
+ *         (stochastic rounding, unbiased), s = max|x| / levels (QSGD with
+ *         the chunk's max norm: its variance is at most s^2 / 4 a value,
+ *         where the 2-norm's s = ||chunk||_2 / levels rounds most values
+ *         of a 512-value chunk to 0 or 1 level); four bits per value when
+ *         levels <= 7, else eight
  *   sign  one bit per value, +-s with s = mean |x| (scaled sign, EF-SignSGD)
  *
  * decoded: code * s. The sum of W such codes does not fit the code's type,
@@ -45,11 +48,11 @@ static void encode(int method, int levels, const float *x, size_t len, uint8_t *
         double acc = 0;
         for (size_t i = a; i < b; i++) {
             double v = fabs((double)x[i]);
-            if (method == DT_COMP_INT8) acc = v > acc ? v : acc;
-            else acc += method == DT_COMP_QSGD ? v * v : v;
+            if (method == DT_COMP_SIGN) acc += v;
+            else acc = v > acc ? v : acc;
         }
         float s = method == DT_COMP_INT8 ? (float)(acc / 127)
-                  : method == DT_COMP_QSGD ? (float)(sqrt(acc) / levels) : (float)(acc / (double)(b - a));
+                  : method == DT_COMP_QSGD ? (float)(acc / levels) : (float)(acc / (double)(b - a));
         scale[c] = s;
         for (size_t i = a; i < b; i++) {
             if (method == DT_COMP_SIGN) {
