@@ -931,6 +931,8 @@ int dt_comm_incarnation(dt_comm_t c) {
     return inc;
 }
 
+uint64_t dt_comm_seq(dt_comm_t c) { return c ? c->seq : 0; }
+
 dt_status dt_comm_split_rejoin(dt_comm_t c, int color, dt_comm_t *out) {
     if (!c || !out) return dt_error(DT_ERR_ARG, "dt_comm_split_rejoin: NULL argument");
     *out = NULL;

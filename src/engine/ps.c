@@ -301,6 +301,8 @@ typedef struct {
     int64_t *leaders;   // the world ranks of the workers that talk to the servers (groups' leaders), G of them
     int G;
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
+    int64_t cseq;         // the workers' collectives made before this worker's last committed step (-1: none yet)
+    uint64_t skip;        // a replacement: the meeting's collectives its predecessor had made (meet)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     int leader;           // this worker talks to the servers
     double t_first, t_backward_end;
@@ -387,6 +389,7 @@ static dt_status ps_init(dt_strategy *s) {
     if (s->own_pace) dt_comm_set_peer_faults(s->all, 1);
     for (int j = 0; j < w->S; j++) dt_comm_peer_state(s->all, j, &w->sinc[j]);
     w->leader = 1;
+    w->cseq = -1;
     // Hybrid groups: [ps] groups = G, or by default under mpirun or srun
     // across hosts in mode sync, one group per host (its workers allreduce
     // over the host's memory; its leader talks to the servers).
@@ -493,7 +496,7 @@ static dt_status server_back(ps_worker *w, int j) {
         dt_heartbeat(-1);
         usleep(2000);
     }
-    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, 0, 0, 0, 0};
+    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, 0, 0, 0, w->cseq};
     if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK && h[H_KIND] != M_HELLOED)
@@ -694,7 +697,8 @@ static dt_status commit_to(ps_worker *w, int j, float lr, float scale, dt_reques
     c[H_KIND] = M_COMMIT;
     c[H_STEP] = w->step;
     c[H_VERSION] = w->ver[j];
-    c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
+    c[H_OFF] = c[H_COUNT] = 0;
+    c[H_C] = (int64_t)dt_comm_seq(w->base.comm);  // where this step stands among the workers' meetings (rejoin)
     c[H_A] = bits_of(lr);
     c[H_B] = bits_of(scale);
     return req ? dt_isend(c, H_N, DT_I64, j, w->base.all, req) : dt_send(c, H_N, DT_I64, j, w->base.all);
@@ -760,8 +764,25 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     s->staleness = w->leader ? (int)h[S][H_A] : 0;  // as server 0 applied it
     if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
     w->step++;
+    w->cseq = (int64_t)dt_comm_seq(s->comm);
     dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
     return DT_OK;
+}
+
+// A barrier of the workers at their own pace, where they meet (before an
+// evaluation, a checkpoint and the final weights). These barriers are the
+// meetings' only collectives (worker 0 evaluates alone: loop.c), so a
+// replacement for a worker that died inside a meeting joins it where the
+// others are: it runs the meeting again and skips the barriers its
+// predecessor had made (w->skip, from rejoin), which the others are past.
+static dt_status meet(ps_worker *w) {
+    dt_strategy *s = &w->base;
+    if (!s->own_pace || s->world < 2) return DT_OK;
+    if (w->skip > 0) {
+        w->skip--;
+        return DT_OK;
+    }
+    return dt_barrier(s->comm);
 }
 
 // Before an evaluation, a checkpoint and the final weights: the newest
@@ -771,7 +792,7 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
 static dt_status ps_params_sync(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     int ns = dt_optim_num_states(s->opt);
-    dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+    dt_status st = meet(w);
     for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
         size_t len = w->shi[j] - w->slo[j];
         for (int t = 0; t < 4; t++) {  // again after a server's restart (outside mode sync)
@@ -790,7 +811,7 @@ static dt_status ps_params_sync(dt_strategy *s) {
         }
     }
     if (st == DT_OK && w->group) st = share(w, 1);
-    if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
+    if (st == DT_OK) st = meet(w);  // nobody steps on before all fetched
     return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
 }
 
@@ -799,6 +820,15 @@ static dt_status ps_params_sync(dt_strategy *s) {
 // it asks each for the step its predecessor was at (JOIN), goes on from
 // the earliest (RESUME: a server that had applied that step's gradient
 // takes it again) and gets the newest weights of every range.
+//
+// Its predecessor may have died inside the meeting after that step (an
+// evaluation, a checkpoint, the end), where the other workers wait for it
+// in a barrier or are past it. The step's COMMIT told the servers how many
+// collectives the workers had made then (cseq); the predecessor's count
+// (dt_comm_seq of the workers' communicator it rejoined) is higher by the
+// meeting's barriers it had made. The loop then runs that meeting again
+// (rejoin_meet) and skips those barriers (meet): the replacement arrives
+// at the one the others are in, or, past the meeting, at the next.
 static dt_status rejoin(ps_worker *w) {
     dt_strategy *s = &w->base;
     int *peers = malloc(sizeof(int) * (size_t)w->S);
@@ -806,7 +836,7 @@ static dt_status rejoin(ps_worker *w) {
     for (int j = 0; j < w->S; j++) peers[j] = j;
     dt_status st = dt_comm_rejoin_peers(s->all, peers, w->S);
     free(peers);
-    int64_t m = INT64_MAX, h[H_N];
+    int64_t m = INT64_MAX, cseq = -1, h[H_N];
     for (int j = 0; j < w->S && st == DT_OK; j++) {
         int64_t q[H_N] = {M_JOIN, 0, 0, 0, 0, 0, 0, 0};
         st = dt_send(q, H_N, DT_I64, j, s->all);
@@ -814,10 +844,18 @@ static dt_status rejoin(ps_worker *w) {
         if (st == DT_OK && h[H_KIND] != M_JOINED)
             st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected JOINED", s->rank, j,
                           kind_name(h[H_KIND]));
-        if (st == DT_OK && h[H_STEP] < m) m = h[H_STEP];
+        if (st == DT_OK && h[H_STEP] < m) {  // the count at the step's COMMIT, from a server at that step
+            m = h[H_STEP];
+            cseq = h[H_C];
+        }
     }
+    uint64_t made = dt_comm_seq(s->comm);
+    if (st == DT_OK && cseq >= 0 && (uint64_t)cseq > made)
+        st = dt_error(DT_ERR_COMM, "worker %d, rejoining: the servers say it had made %lld collectives with the other "
+                      "workers at step %lld, its predecessor made %llu", s->rank, (long long)cseq, (long long)m,
+                      (unsigned long long)made);
     for (int j = 0; j < w->S && st == DT_OK; j++) {
-        int64_t q[H_N] = {M_RESUME, m, 0, 0, 0, 0, 0, 0};
+        int64_t q[H_N] = {M_RESUME, m, 0, 0, 0, 0, 0, cseq};
         st = dt_send(q, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_OFF] != (int64_t)w->slo[j] ||
@@ -829,10 +867,20 @@ static dt_status rejoin(ps_worker *w) {
     }
     if (st != DT_OK) return dt_error(st, "worker %d, rejoining the servers: %s", s->rank, dt_last_error());
     w->step = m;
+    w->cseq = cseq;
     s->rejoined = 1;
     s->rejoin_step = m;
-    dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step %lld",
-           s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);
+    // A step made since the start (cseq known): the meeting after it, if
+    // there is one, is run again, without the barriers already made.
+    s->rejoin_meet = cseq >= 0;
+    w->skip = cseq >= 0 ? made - (uint64_t)cseq : 0;
+    if (w->skip > 0)
+        dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld inside the meeting "
+                            "after step %lld (its predecessor had made %llu of its barriers): joining it there",
+               s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m, (unsigned long long)w->skip);
+    else
+        dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step "
+                            "%lld", s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);
     return DT_OK;
 }
 
@@ -854,6 +902,10 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
         sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
         if (sent[j] == DT_OK) sent[j] = dt_send(v, TS_N, DT_I64, j, s->all);
     }
+    if ((st = dt_fault_at(s->rank, ts->step, "save")) != DT_OK) {  // (a test's fault inside the meeting)
+        free(sent);
+        return st;
+    }
     for (int j = 0; j < w->S && st == DT_OK && s->rank == 0; j++) {
         int64_t h[H_N];
         st = sent[j] == DT_OK ? expect(w, j, h, M_SAVED) : sent[j];
@@ -867,7 +919,7 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     }
     free(sent);
     if (st != DT_OK) return dt_error(st, "checkpoint of step %lld by the servers: %s", (long long)ts->step, dt_last_error());
-    return s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+    return meet(w);
 }
 
 // At the start (fresh or resumed): worker 0 gives each server its range of
@@ -918,6 +970,8 @@ typedef struct {
     int inc;          // the replacement's incarnation
     double dead_at;
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
+    int64_t cseq;     // the workers' collectives its COMMIT says it had made (rejoin), and those of
+    int64_t done_cseq;// its last step done with (before `step`; -1: none since the start)
     double lr, scale;
 } peer;
 
@@ -940,6 +994,7 @@ typedef struct {
     model_desc desc;   // worker 0's DESC (checkpoints)
     dt_ckpt_model cm;  // this server's view for its writer
     dt_ckpt_writer *writer;
+    int64_t saved_step; // the step of its last checkpoint (-1: none)
 } server;
 
 // A failure naming this server and the worker.
@@ -1010,6 +1065,7 @@ static dt_status handle(server *sv, int wi) {
         p->committed = 1;
         p->lr = double_of(p->h[H_A]);
         p->scale = double_of(p->h[H_B]);
+        p->cseq = p->h[H_C];
         break;
     case M_FETCH:
         st = send_states(sv, wi);
@@ -1037,6 +1093,7 @@ static dt_status handle(server *sv, int wi) {
         if (p->dropped != 5)
             return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
         p->step = p->h[H_STEP];
+        p->done_cseq = p->h[H_C];
         p->sent = sv->version;
         p->dropped = 0;
         {
@@ -1048,7 +1105,7 @@ static dt_status handle(server *sv, int wi) {
         if (p->dropped != 3)
             return dt_error(DT_ERR_COMM, "server %d: JOIN from worker %d, which did not die", sv->me, wi);
         {
-            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, 0};
+            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, p->done_cseq};
             st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
         }
         break;
@@ -1056,6 +1113,7 @@ static dt_status handle(server *sv, int wi) {
         if (p->dropped != 3)
             return dt_error(DT_ERR_COMM, "server %d: RESUME from worker %d, which did not die", sv->me, wi);
         p->step = p->h[H_STEP];
+        p->done_cseq = p->h[H_C];
         p->dropped = 0;
         p->stale = 0;
         sv->stats[ST_REJOINED]++;
@@ -1117,6 +1175,7 @@ static void next_step(server *sv, peer *p) {
     p->got = 0;
     p->committed = 0;
     p->step++;
+    p->done_cseq = p->cseq;
     (void)sv;
 }
 
@@ -1157,10 +1216,15 @@ static dt_status save(server *sv, int wi) {
     dt_train_state ts = {0};
     ts_unpack(v, &ts);
     // SAVED once the shard is durable (server 0: the checkpoint complete),
-    // so that a server that dies after it has its shard on disk.
-    if ((st = dt_ckpt_writer_save(sv->writer, &ts)) == DT_OK) st = dt_ckpt_writer_wait(sv->writer);
+    // so that a server that dies after it has its shard on disk. A SAVE of
+    // the step saved last comes from a replacement of worker 0 that died
+    // before its SAVED (inside the meeting, where no update came since):
+    // the shard is on disk already.
+    if (ts.step != sv->saved_step && (st = dt_ckpt_writer_save(sv->writer, &ts)) == DT_OK)
+        st = dt_ckpt_writer_wait(sv->writer);
     if (st != DT_OK)
         return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
+    sv->saved_step = ts.step;
     int64_t h[H_N] = {M_SAVED, sv->w[wi].h[H_STEP], sv->version, 0, 0, 0, 0, 0};
     return dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
 }
@@ -1405,6 +1469,7 @@ static dt_status setup(server *sv) {
         memset(p->buf, 0, es * sv->len);
         p->step = sv->step;
         p->sent = sv->version;
+        p->cseq = p->done_cseq = -1;
         p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
@@ -1565,7 +1630,8 @@ static dt_status advance(server *sv, int *moved) {
 // A server's own loop: receive pushes, update its range, answer, until
 // every worker said END.
 static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, const char *run_dir) {
-    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir};
+    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir,
+                 .saved_step = -1};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
     sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
