@@ -694,7 +694,11 @@ static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckp
         for (int j = 0; j < ix->nstates && st == DT_OK; j++)
             if ((st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
                 copy_overlap(dst->states[j], slo, shi, t->data, b, e);
-        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK)
+        // The step count of the shard that holds the first element read
+        // (shard 0's for an empty range): writers that count apart (the
+        // parameter servers) each keep their own.
+        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK &&
+            (r == 0 || (b <= plo && plo < e)))
             memcpy(dst->opt_step, step->data, sizeof(int64_t));
         if (st == DT_OK && r == 0) *s = ns;
         dt_st_close(f);

@@ -456,24 +456,37 @@ static int server_lost(ps_worker *w, int j) {
     return w->base.own_pace && (state != DT_PEER_RUNNING || inc > w->sinc[j]);
 }
 
+// What the servers' checkpoints say about the model (DESC's text; *len 0
+// and NULL without a checkpoint directory).
+static dt_status desc_of(ps_worker *w, char **b, size_t *len) {
+    dt_strategy *s = &w->base;
+    *b = NULL;
+    *len = 0;
+    if (!s->ckpt_saves || !s->ckpt_model || !s->ckpt_dir || !s->ckpt_dir[0]) return DT_OK;
+    if (!(*b = desc_encode(s->ckpt_model, s->ckpt_dir, len))) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    return DT_OK;
+}
+
 // Worker 0 tells server j what its checkpoints say about the model (DESC).
 static dt_status send_desc(ps_worker *w, int j) {
     dt_strategy *s = &w->base;
-    if (s->rank != 0 || !s->ckpt_saves || !s->ckpt_model || !s->ckpt_dir || !s->ckpt_dir[0]) return DT_OK;
     size_t len;
-    char *b = desc_encode(s->ckpt_model, s->ckpt_dir, &len);
-    if (!b) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    char *b;
+    dt_status st = s->rank == 0 ? desc_of(w, &b, &len) : DT_OK;
+    if (s->rank != 0 || st != DT_OK || !b) return st;
     int64_t h[H_N] = {M_DESC, w->step, w->ver[j], 0, (int64_t)len, 0, 0, 0};
-    dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+    st = dt_send(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK) st = dt_send(b, len, DT_U8, j, s->all);
     free(b);
     return st;
 }
 
-// Server j died and the launcher restarts it alone from its shard of the
+// Server j died and the launcher restarts it alone from its range of the
 // newest checkpoint: this worker empties the channels between the two for
-// the replacement, waits for it (bounded) and tells it its step (HELLO),
-// taking the version of the range it now holds.
+// the replacement, waits for it (bounded) and tells it its step and what
+// the checkpoints say about the model (HELLO; the first to arrive makes
+// the server take its range), taking the version of the range it now
+// holds.
 static dt_status server_back(ps_worker *w, int j) {
     dt_strategy *s = &w->base;
     double t0 = dt_now();
@@ -496,14 +509,18 @@ static dt_status server_back(ps_worker *w, int j) {
         dt_heartbeat(-1);
         usleep(2000);
     }
-    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, 0, 0, 0, w->cseq};
+    char *b = NULL;
+    size_t len = 0;
+    if (st == DT_OK) st = desc_of(w, &b, &len);
+    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, (int64_t)len, (int64_t)s->n, 0, w->cseq};
     if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK && len) st = dt_send(b, len, DT_U8, j, s->all);
+    free(b);
     if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK && h[H_KIND] != M_HELLOED)
         st = dt_error(DT_ERR_COMM, "worker %d: restarted server %d sent %s, expected HELLOED", s->rank, j,
                       kind_name(h[H_KIND]));
     if (st == DT_OK) w->ver[j] = h[H_VERSION];
-    if (st == DT_OK) st = send_desc(w, j);
     if (st != DT_OK) return dt_error(st, "worker %d, server %d back: %s", s->rank, j, dt_last_error());
     dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, from its checkpoint) at version %lld, "
                         "step %lld retried", s->rank, j, inc, (long long)w->ver[j], (long long)w->step + 1);
@@ -1049,6 +1066,7 @@ static dt_status send_states(server *sv, int wi) {
 
 static dt_status save(server *sv, int wi);
 static dt_status make_writer(server *sv);
+static dt_status hello(server *sv, int wi);
 
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
@@ -1090,16 +1108,7 @@ static dt_status handle(server *sv, int wi) {
         st = save(sv, wi);
         break;
     case M_HELLO:  // a worker found this server restarted: it goes on from its step
-        if (p->dropped != 5)
-            return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
-        p->step = p->h[H_STEP];
-        p->done_cseq = p->h[H_C];
-        p->sent = sv->version;
-        p->dropped = 0;
-        {
-            int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, 0, 0, 0};
-            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
-        }
+        st = hello(sv, wi);
         break;
     case M_JOIN:  // a replacement: the step its predecessor was at
         if (p->dropped != 3)
@@ -1459,7 +1468,7 @@ static dt_status setup(server *sv) {
     size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
     sv->params = dt_alloc(sizeof(float) * sv->len);
     sv->grad = dt_alloc(sizeof(float) * sv->len);
-    sv->w = calloc((size_t)sv->N, sizeof *sv->w);
+    if (!sv->w) sv->w = calloc((size_t)sv->N, sizeof *sv->w);  // (a restarted server has its peers already)
     if (!sv->params || !sv->grad || !sv->w) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     for (int wi = 0; wi < sv->N; wi++) {
         peer *p = &sv->w[wi];
@@ -1512,67 +1521,83 @@ static dt_status start(server *sv) {
     return st;
 }
 
-// A server restarted alone (outside mode sync): its range from its own
-// shard of the newest checkpoint the servers wrote, the version being the
-// updates it held then; each worker, finding it back, says at which step
-// it is (HELLO).
-static dt_status restore(server *sv) {
-    char dir[4200], used[4200] = "";
-    snprintf(dir, sizeof dir, "%s/checkpoints", sv->run_dir ? sv->run_dir : ".");
-    char **paths = NULL;
-    int np = 0;
-    dt_status st = dt_ckpt_list(dir, &paths, &np);
-    if (st != DT_OK) np = 0;
-    int found = 0;
-    for (int i = 0; i < np && !found; i++) {
-        dt_st_file *f = NULL;
-        int parts = 0;
-        if (dt_ckpt_open_part(paths[i], sv->me, &f, &parts) != DT_OK) {  // a whole file, or damaged
-            if (f) dt_st_close(f);
-            continue;
-        }
-        const char *shard = dt_st_meta_get(f, "shard"), *stepv = dt_st_meta_get(f, "step");
-        long long b = -1, e = -1, n = -1;
-        const dt_st_tensor *tp = dt_st_find(f, "params"), *ts = dt_st_find(f, "optimizer.step");
-        size_t lo = 0, hi = 0;
-        if (parts == sv->S && shard && sscanf(shard, "%lld:%lld:%lld", &b, &e, &n) == 3 && n > 0 && tp && ts &&
-            tp->dtype == DT_F32 && ts->dtype == DT_I64) {
-            dt_shard_range((size_t)n, sv->me, sv->S, &lo, &hi);
-            if (b == (long long)lo && e == (long long)hi && tp->nbytes == sizeof(float) * (hi - lo)) {
-                sv->n = (size_t)n;
-                sv->lo = lo;
-                sv->len = hi - lo;
-                memcpy(&sv->version, ts->data, sizeof sv->version);
-                sv->step = stepv ? atoll(stepv) : 0;
-                st = setup(sv);
-                if (st == DT_OK) memcpy(sv->params, tp->data, tp->nbytes);
-                for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++) {
-                    char nm[32];
-                    snprintf(nm, sizeof nm, "optimizer.state.%d", k);
-                    const dt_st_tensor *t = dt_st_find(f, nm);
-                    if (!t || t->nbytes != tp->nbytes)
-                        st = dt_error(DT_ERR_FORMAT, "%s: shard %d has no %s of its range", paths[i], sv->me, nm);
-                    else
-                        memcpy(dt_optim_state(sv->opt, k), t->data, t->nbytes);
-                }
-                found = st == DT_OK;
-                snprintf(used, sizeof used, "%s", paths[i]);
-            }
-        }
-        dt_st_close(f);
-        if (st != DT_OK) break;
+// A server restarted alone (outside mode sync): it knows its peers (every
+// worker), lets each in as it finds the server back, and waits for their
+// HELLOs; the first brings the model's description, with which it takes
+// its range from the newest checkpoint (restore).
+static dt_status restart(server *sv) {
+    if (!(sv->w = calloc((size_t)sv->N, sizeof *sv->w))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int wi = 0; wi < sv->N; wi++) {
+        sv->w[wi].rank = sv->S + wi;
+        sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
     }
-    for (int i = 0; i < np; i++) free(paths[i]);
-    free(paths);
-    if (st != DT_OK) return st;
-    if (!found)
-        return dt_error(DT_ERR_IO, "server %d, restarted: no checkpoint in %s holds its range as one of %d servers' shards",
-                        sv->me, dir, sv->S);
-    for (int wi = 0; wi < sv->N; wi++) sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
-    dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
-           sv->me, dt_comm_incarnation(sv->all), sv->lo, sv->lo + sv->len, used, (long long)sv->step,
-           (long long)sv->version);
     return dt_comm_rejoin_peers(sv->all, NULL, 0);
+}
+
+// Its range of the n parameters, the optimizer state and the version (the
+// updates it held then) from the newest checkpoint in the model's
+// directory (sv->desc), whatever its layout: a whole file (one server), or
+// shards of any number of servers (ckpt.h reads a range of either).
+static dt_status restore(server *sv, size_t n) {
+    size_t lo, hi;
+    dt_shard_range(n, sv->me, sv->S, &lo, &hi);
+    sv->n = n;
+    sv->lo = lo;
+    sv->len = hi - lo;
+    dt_status st = setup(sv);
+    if (st != DT_OK) return st;
+    dt_ckpt_model m = {.tensors = sv->desc.tensors, .ntensors = sv->desc.ntensors, .params = sv->params, .nparams = n,
+                       .nstates = dt_optim_num_states(sv->opt), .opt_step = dt_optim_step_count(sv->opt),
+                       .optimizer = sv->desc.optimizer, .config = sv->desc.config, .params_lo = lo, .params_hi = hi,
+                       .states_lo = lo, .states_hi = hi};
+    for (int k = 0; k < m.nstates && k < 2; k++) m.states[k] = dt_optim_state(sv->opt, k);
+    dt_train_state ts = {0};
+    int found = 0;
+    char used[4200] = "";
+    st = dt_ckpt_load_newest(sv->desc.dir, &m, &ts, &found, used, sizeof used);
+    if (st != DT_OK) return dt_error(st, "server %d, restarted: its range [%zu, %zu): %s", sv->me, lo, hi, dt_last_error());
+    if (!found)
+        return dt_error(DT_ERR_IO, "server %d, restarted: no checkpoint in %s holds its range [%zu, %zu)", sv->me,
+                        sv->desc.dir, lo, hi);
+    sv->version = *m.opt_step;
+    sv->step = ts.step;
+    dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
+           sv->me, dt_comm_incarnation(sv->all), lo, hi, used, (long long)sv->step, (long long)sv->version);
+    return DT_OK;
+}
+
+// HELLO from worker wi, which found this restarted server back: the step it
+// is at, and the model's description (DESC's text); the first one restores
+// the range (and makes the checkpoint writer), then each gets the version.
+static dt_status hello(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    int64_t len = p->h[H_COUNT], n = p->h[H_A];
+    if (p->dropped != 5)
+        return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
+    if (len <= 0 || len > (16 << 20) || n < sv->S)
+        return dt_error(DT_ERR_COMM, "server %d, restarted: HELLO from worker %d without the model's description "
+                                     "(%lld bytes, %lld parameters): no checkpoint directory to take its range from",
+                        sv->me, wi, (long long)len, (long long)n);
+    char *text = malloc((size_t)len);
+    if (!text) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    dt_status st = dt_recv(text, (size_t)len, DT_U8, p->rank, sv->all);
+    if (st == DT_OK && !sv->params) {  // the first: the description is kept (the writer points into it)
+        st = desc_decode(&sv->desc, text, (size_t)len, sv->me);
+        text = NULL;
+        if (st == DT_OK) st = restore(sv, (size_t)n);
+        if (st == DT_OK) st = make_writer(sv);
+    } else if (st == DT_OK && (size_t)n != sv->n) {
+        st = dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d for %lld parameters, the range is of %zu", sv->me,
+                      wi, (long long)n, sv->n);
+    }
+    free(text);
+    if (st != DT_OK) return st;
+    p->step = p->h[H_STEP];
+    p->done_cseq = p->h[H_C];
+    p->sent = sv->version;
+    p->dropped = 0;
+    int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, 0, 0, 0};
+    return dt_send(h, H_N, DT_I64, p->rank, sv->all);
 }
 
 static dt_status server_free(server *sv, dt_status st) {
@@ -1637,7 +1662,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, con
     sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
     if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
     int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
-    dt_status st = again ? restore(&sv) : start(&sv);
+    dt_status st = again ? restart(&sv) : start(&sv);
     if (st == DT_OK && sv.me == 0 && !again)
         dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s", sv.S, sv.len, sv.n, sv.N,
                sv.N < dt_comm_size(all) - sv.S ? "groups' leaders" : "workers",
