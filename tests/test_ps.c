@@ -194,15 +194,18 @@ static void faults(void) {
         near_clean(name, ref, rloss, 0.15);
     }
     // A worker killed inside a meeting (async, 3 workers, 2 servers,
-    // checkpoints every 5 steps; 7 steps an epoch, 21 in all): during the
-    // evaluation at the end of epoch 1 (worker 0, which evaluates), while
+    // checkpoints every 5 steps; 7 steps an epoch, 21 in all): before the
+    // evaluation at the end of epoch 1 (worker 0, which evaluates: its
+    // replacement does, and its record says step 7), at the end of epoch 2
+    // once it fetched the weights, before the barrier after it (worker 1,
+    // which the others wait for there), while
     // the servers save step 10's checkpoint (worker 0 once it asked them
     // to: a SAVE again of the step saved, answered from the disk) and step
     // 15's (worker 2, waiting for worker 0), and at the end, after the
     // final weights were fetched (worker 0, which writes them and
     // summary.json). Its replacement joins the meeting where the others
-    // are, past the barriers its predecessor made (2 of the evaluation's or
-    // the checkpoint's; at the end 7: the evaluation's 2, step 21's
+    // are, past the barriers its predecessor made (1 or 2 of the
+    // evaluation's, 2 of the checkpoint's; at the end 7: the evaluation's 2, step 21's
     // checkpoint's 3, the final weights' 2), and nothing of the meeting is
     // lost: exit 0, every gradient applied, the checkpoints complete, the
     // accuracy and loss a clean run's.
@@ -211,6 +214,7 @@ static void faults(void) {
         int worker, step, made;
     } meetings[] = {
         {"eval", "0:7:kill:eval", 0, 7, 2},
+        {"fetch", "1:14:kill:fetch", 1, 14, 1},
         {"save", "0:10:kill:save", 0, 10, 2},
         {"save-other", "2:15:kill:save", 2, 15, 2},
         {"end", "0:21:kill:end", 0, 21, 7},
@@ -245,6 +249,12 @@ static void faults(void) {
         snprintf(path, sizeof path, "%s/%s/model.safetensors", g_tmp, name);
         CHECK(complete && access(path, F_OK) == 0, "%s: the servers' checkpoints of steps 15, 20, 21 complete, the "
                                                    "final weights written", name);
+        if (!strcmp(meetings[i].name, "eval")) {  // the evaluation of step 7, once, by the replacement
+            snprintf(path, sizeof path, "%s/%s/metrics/rank-00000.jsonl", g_tmp, name);
+            CHECK(tl_count(path, "\"type\":\"eval\",\"step\":7,") == 1 && tl_count(path, "\"type\":\"eval\",\"step\":0,") == 0,
+                  "eval: worker 0's metrics have step 7's evaluation once (%d), none at step 0 (%d)",
+                  tl_count(path, "\"type\":\"eval\",\"step\":7,"), tl_count(path, "\"type\":\"eval\",\"step\":0,"));
+        }
         printf("%s: worker %d killed inside the meeting after step %d: %.1f s\n", name, meetings[i].worker,
                meetings[i].step, took);
         near_clean(name, ref_async, rloss_async, 0.15);

@@ -482,6 +482,7 @@ again:
             dt_control ctl = {0};
             if (owed) {  // a replacement: the meeting after its predecessor's last step, then on
                 owed = 0;
+                dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
                 goto meet;
             }
             double t0 = dt_now();

@@ -827,6 +827,7 @@ static dt_status ps_params_sync(dt_strategy *s) {
             if (st == DT_OK) break;
         }
     }
+    if (st == DT_OK) st = dt_fault_at(s->rank, w->step, "fetch");  // (a test's fault inside the meeting)
     if (st == DT_OK && w->group) st = share(w, 1);
     if (st == DT_OK) st = meet(w);  // nobody steps on before all fetched
     return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());

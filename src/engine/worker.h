@@ -46,10 +46,10 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *       commas (R:S:kill,R2:S2:kill) fire each at its own step;
  *   DTRAIN_FAULT_STEP=R:S:KIND:PLACE  the same inside the meeting after
  *       step S (parameter servers outside mode sync: dt_fault_at): PLACE
- *       eval (a worker, before the evaluation, after the weights are
- *       fetched), save (a worker in the servers' checkpoint, worker 0 once
- *       it asked the servers to save) or end (a worker after the final
- *       weights are fetched, before they are written);
+ *       fetch (a worker that fetched the weights, before the barrier after
+ *       it), eval (before the evaluation), save (in the servers'
+ *       checkpoint: worker 0 once it asked the servers to save) or end
+ *       (after the final weights were fetched, before they are written);
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
  *       exist, and creates it (so that a restarted run gets past it); the
  *       k-th fault of a list (from 0) uses FILE.k for k > 0;
