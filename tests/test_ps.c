@@ -265,13 +265,19 @@ static void faults(void) {
     // their step again: with 2 servers from its shard, with one from the
     // whole file its checkpoints are. Its range loses the updates of steps
     // 11-12 (of 21), so the loss is higher: within 35% of the clean runs'
-    // (measured ... higher); the accuracy within 0.03.
+    // (measured 11-20% higher: 2 servers 0.639-0.655, 1 server
+    // 0.678-0.691, against 0.574-0.576); the accuracy within 0.03. Killed
+    // after step 3, before the first checkpoint, server 1 takes the
+    // weights of the first worker to find it back, with a fresh optimizer
+    // state (measured 0.593, 3% higher).
     static const struct {
-        const char *name, *fault, *from;
+        const char *name, *fault, *from, *back;
         int servers;
     } servers[] = {
-        {"fault-server", "-2:12:kill", "/checkpoints/step-00000010 (step 10, version 30)", 2},
-        {"fault-server1", "-1:12:kill", "/checkpoints/step-00000010.safetensors (step 10, version 30)", 1},
+        {"fault-server", "-2:12:kill", "its range [26325, 52650) from ", "from its checkpoint", 2},
+        {"fault-server1", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint", 1},
+        {"fault-server-seed", "-2:3:kill", "holds its range [26325, 52650): its weights from worker ",
+         "from a worker's weights, its optimizer state fresh", 2},
     };
     for (size_t i = 0; i < sizeof servers / sizeof *servers; i++) {
         char env[600], more[600], range[128], back[128], back2[128];
@@ -283,18 +289,23 @@ static void faults(void) {
         double t0 = dt_now();
         int rc = train(env, servers[i].name, more);
         double took = dt_now() - t0;
-        snprintf(range, sizeof range, "server %d (restarted, incarnation 1): its range [", sv);
-        snprintf(back, sizeof back, "worker 0: server %d died; it is back (incarnation 1, from its checkpoint)", sv);
+        snprintf(range, sizeof range, "server %d (restarted, incarnation 1): ", sv);
+        snprintf(back, sizeof back, "worker 0: server %d died; it is back (incarnation 1, %s)", sv, servers[i].back);
         snprintf(back2, sizeof back2, "worker 2: server %d died; it is back", sv);
         snprintf(path, sizeof path, "rank %d (pid", sv);
+        const char *ckpt = strstr(servers[i].fault, ":12:") ? (servers[i].servers > 1 ? "/checkpoints/step-00000010 "
+                                                                                        "(step 10, version 30)"
+                                                                                      : "/checkpoints/step-00000010."
+                                                                                        "safetensors (step 10, version 30)")
+                                                             : "its optimizer state fresh";
         CHECK(rc == 0 && strstr(g_out, path) && strstr(g_out, "restarting it alone (restart 1 of 1") &&
-                  strstr(g_out, range) && strstr(g_out, servers[i].from) && strstr(g_out, back) &&
+                  strstr(g_out, range) && strstr(g_out, servers[i].from) && strstr(g_out, ckpt) && strstr(g_out, back) &&
                   strstr(g_out, back2) && strstr(g_out, "(restarts: 1)") && !strstr(g_out, "from the newest checkpoint"),
-              "async, %d server%s, server %d killed after step 12: exit %d, restarted alone from its range of step "
-              "10, the workers waited (%.1f s)\n%s",
-              servers[i].servers, servers[i].servers > 1 ? "s" : "", sv, rc, took, g_out);
-        printf("%d server%s, server %d restarted alone: %.1f s\n", servers[i].servers, servers[i].servers > 1 ? "s" : "",
-               sv, took);
+              "async, %d server%s, server %d killed (%s): exit %d, restarted alone (%s), the workers waited (%.1f s)\n%s",
+              servers[i].servers, servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, rc, servers[i].back, took,
+              g_out);
+        printf("%d server%s, server %d killed (%s) restarted alone: %.1f s\n", servers[i].servers,
+               servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, took);
         near_clean(servers[i].name, ref_async, rloss_async, 0.35);
     }
     CHECK(ps_number("fault-server", "applied") == 63, "server 0 applied all %g gradients",

@@ -516,16 +516,25 @@ static dt_status server_back(ps_worker *w, int j) {
     if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK && len) st = dt_send(b, len, DT_U8, j, s->all);
     free(b);
+    // (its weights of the range: those the server takes when no checkpoint holds it)
+    if (st == DT_OK) st = dt_send(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all);
     if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK && h[H_KIND] != M_HELLOED)
         st = dt_error(DT_ERR_COMM, "worker %d: restarted server %d sent %s, expected HELLOED", s->rank, j,
                       kind_name(h[H_KIND]));
     if (st == DT_OK) w->ver[j] = h[H_VERSION];
     if (st != DT_OK) return dt_error(st, "worker %d, server %d back: %s", s->rank, j, dt_last_error());
-    dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, from its checkpoint) at version %lld, "
-                        "step %lld retried", s->rank, j, inc, (long long)w->ver[j], (long long)w->step + 1);
+    dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, %s) at version %lld, step %lld retried",
+           s->rank, j, inc, h[H_A] ? "from a worker's weights, its optimizer state fresh" : "from its checkpoint",
+           (long long)w->ver[j], (long long)w->step + 1);
     return DT_OK;
 }
+
+// Before a worker's first message to server j in a step, a meeting or at
+// the end: a server restarted since this worker last talked to it runs
+// already, but reads nothing from this worker before it lets it in
+// (server_back); a message sent first would wait for it for ever.
+static dt_status back_if_lost(ps_worker *w, int j) { return server_lost(w, j) ? server_back(w, j) : DT_OK; }
 
 // This step's pieces for server j again (blocking), to a restarted server.
 static dt_status repush(ps_worker *w, int j) {
@@ -549,8 +558,9 @@ static void ps_fini(dt_strategy *s) {
     // nobody to tell (the abort reaches the servers).
     if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
+            dt_status st = back_if_lost(w, j);
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
-            dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
             if (st != DT_OK && server_lost(w, j) && server_back(w, j) == DT_OK) {
                 h[H_VERSION] = w->ver[j];
                 st = dt_send(h, H_N, DT_I64, j, s->all);
@@ -586,6 +596,7 @@ static void push(ps_worker *w, int i) {
     dt_strategy *s = &w->base;
     const piece *p = &w->p[i];
     if (!w->t_first) w->t_first = dt_now();
+    if (server_lost(w, p->server)) return;  // restarted: its pieces go once it is back (ps_sync)
     int det = w->acc != NULL;
     int64_t *h = w->hdr[i];
     h[H_KIND] = M_PUSH;
@@ -649,7 +660,7 @@ static dt_status ps_sync(dt_strategy *s) {
     }
     while (w->next < w->np && w->err == DT_OK) push(w, w->next++);
     st = wait_all(w->req, 2 * w->np);
-    if (s->own_pace && (st != DT_OK || w->err != DT_OK)) {  // a server died: its pieces again, once it is back
+    if (s->own_pace) {  // a server died (or was restarted before this step): its pieces again, once it is back
         int lost = 0;
         dt_status again = DT_OK;
         for (int j = 0; j < w->S && again == DT_OK; j++)
@@ -756,7 +767,8 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     dt_request_t *cr = w->req + 2 * w->np + 2 * S;  // the commits in flight
     dt_status st = DT_OK, *cst = calloc((size_t)S, sizeof *cst);
     if (!cst) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
-    for (int j = 0; j < S && w->leader; j++) cst[j] = weights_post(w, j);
+    for (int j = 0; j < S && w->leader; j++)  // (a server restarted since the pushes: below)
+        cst[j] = server_lost(w, j) ? DT_ERR_COMM : weights_post(w, j);
     for (int j = 0; j < S && w->leader; j++)
         if (cst[j] == DT_OK) cst[j] = commit_to(w, j, lr, scale, &cr[j]);
     for (int j = 0; j < S && w->leader; j++) {
@@ -813,7 +825,7 @@ static dt_status ps_params_sync(dt_strategy *s) {
     for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
         size_t len = w->shi[j] - w->slo[j];
         for (int t = 0; t < 4; t++) {  // again after a server's restart (outside mode sync)
-            if (t > 0 && (!server_lost(w, j) || (st = server_back(w, j)) != DT_OK)) break;
+            if ((t > 0 && !server_lost(w, j)) || (st = back_if_lost(w, j)) != DT_OK) break;
             int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
             st = dt_send(h, H_N, DT_I64, j, s->all);
             if (st == DT_OK) st = expect(w, j, h, M_STATES);
@@ -916,8 +928,9 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     dt_status *sent = calloc((size_t)w->S, sizeof *sent);
     if (!sent) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     for (int j = 0; j < w->S && s->rank == 0; j++) {
+        sent[j] = back_if_lost(w, j);
         int64_t h[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
-        sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
+        if (sent[j] == DT_OK) sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
         if (sent[j] == DT_OK) sent[j] = dt_send(v, TS_N, DT_I64, j, s->all);
     }
     if ((st = dt_fault_at(s->rank, ts->step, "save")) != DT_OK) {  // (a test's fault inside the meeting)
@@ -1013,6 +1026,7 @@ typedef struct {
     dt_ckpt_model cm;  // this server's view for its writer
     dt_ckpt_writer *writer;
     int64_t saved_step; // the step of its last checkpoint (-1: none)
+    int seeded;         // restarted alone with no checkpoint: its range from a worker's weights (restore)
 } server;
 
 // A failure naming this server and the worker.
@@ -1538,8 +1552,11 @@ static dt_status restart(server *sv) {
 // Its range of the n parameters, the optimizer state and the version (the
 // updates it held then) from the newest checkpoint in the model's
 // directory (sv->desc), whatever its layout: a whole file (one server), or
-// shards of any number of servers (ckpt.h reads a range of either).
-static dt_status restore(server *sv, size_t n) {
+// shards of any number of servers (ckpt.h reads a range of either). With
+// none (it died before the first, or the run keeps none), the weights
+// worker wi pulled last, which come with its HELLO, and a fresh optimizer
+// state (its step count 0). *seeded: the weights are those.
+static dt_status restore(server *sv, size_t n, int wi, int *seeded) {
     size_t lo, hi;
     dt_shard_range(n, sv->me, sv->S, &lo, &hi);
     sv->n = n;
@@ -1555,11 +1572,18 @@ static dt_status restore(server *sv, size_t n) {
     dt_train_state ts = {0};
     int found = 0;
     char used[4200] = "";
-    st = dt_ckpt_load_newest(sv->desc.dir, &m, &ts, &found, used, sizeof used);
-    if (st != DT_OK) return dt_error(st, "server %d, restarted: its range [%zu, %zu): %s", sv->me, lo, hi, dt_last_error());
-    if (!found)
-        return dt_error(DT_ERR_IO, "server %d, restarted: no checkpoint in %s holds its range [%zu, %zu)", sv->me,
-                        sv->desc.dir, lo, hi);
+    if (sv->desc.dir && (st = dt_ckpt_load_newest(sv->desc.dir, &m, &ts, &found, used, sizeof used)) != DT_OK)
+        return dt_error(st, "server %d, restarted: its range [%zu, %zu): %s", sv->me, lo, hi, dt_last_error());
+    *seeded = !found;
+    if (!found) {
+        sv->version = *m.opt_step = 0;
+        sv->step = sv->w[wi].h[H_STEP];
+        dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): no checkpoint %s%s holds its range [%zu, %zu): its "
+                            "weights from worker %d's newest (its step %lld), its optimizer state fresh",
+               sv->me, dt_comm_incarnation(sv->all), sv->desc.dir ? "in " : "", sv->desc.dir ? sv->desc.dir : "", lo,
+               hi, wi, (long long)sv->step + 1);
+        return DT_OK;
+    }
     sv->version = *m.opt_step;
     sv->step = ts.step;
     dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
@@ -1568,36 +1592,38 @@ static dt_status restore(server *sv, size_t n) {
 }
 
 // HELLO from worker wi, which found this restarted server back: the step it
-// is at, and the model's description (DESC's text); the first one restores
+// is at, the model's description (DESC's text; none without a checkpoint
+// directory) and its newest weights of the range; the first one restores
 // the range (and makes the checkpoint writer), then each gets the version.
 static dt_status hello(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t len = p->h[H_COUNT], n = p->h[H_A];
     if (p->dropped != 5)
         return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
-    if (len <= 0 || len > (16 << 20) || n < sv->S)
-        return dt_error(DT_ERR_COMM, "server %d, restarted: HELLO from worker %d without the model's description "
-                                     "(%lld bytes, %lld parameters): no checkpoint directory to take its range from",
-                        sv->me, wi, (long long)len, (long long)n);
-    char *text = malloc((size_t)len);
-    if (!text) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
-    dt_status st = dt_recv(text, (size_t)len, DT_U8, p->rank, sv->all);
-    if (st == DT_OK && !sv->params) {  // the first: the description is kept (the writer points into it)
-        st = desc_decode(&sv->desc, text, (size_t)len, sv->me);
+    if (len < 0 || len > (16 << 20) || n < sv->S || (sv->params && (size_t)n != sv->n))
+        return dt_error(DT_ERR_COMM, "server %d, restarted: HELLO from worker %d with a description of %lld bytes, for "
+                                     "%lld parameters%s", sv->me, wi, (long long)len, (long long)n,
+                        sv->params ? " (the range is of another model)" : "");
+    char *text = len ? malloc((size_t)len) : NULL;
+    if (len && !text) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    dt_status st = len ? dt_recv(text, (size_t)len, DT_U8, p->rank, sv->all) : DT_OK;
+    int first = !sv->params;
+    if (st == DT_OK && first) {  // the description is kept (the writer points into it)
+        if (len) st = desc_decode(&sv->desc, text, (size_t)len, sv->me);
         text = NULL;
-        if (st == DT_OK) st = restore(sv, (size_t)n);
-        if (st == DT_OK) st = make_writer(sv);
-    } else if (st == DT_OK && (size_t)n != sv->n) {
-        st = dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d for %lld parameters, the range is of %zu", sv->me,
-                      wi, (long long)n, sv->n);
+        if (st == DT_OK) st = restore(sv, (size_t)n, wi, &sv->seeded);
+        if (st == DT_OK && len) st = make_writer(sv);
     }
     free(text);
+    // The worker's weights of the range: the range's when restore found no
+    // checkpoint, else dropped (sv->grad is scratch between steps).
+    if (st == DT_OK) st = dt_recv(first && sv->seeded ? sv->params : sv->grad, sv->len, DT_F32, p->rank, sv->all);
     if (st != DT_OK) return st;
     p->step = p->h[H_STEP];
     p->done_cseq = p->h[H_C];
     p->sent = sv->version;
     p->dropped = 0;
-    int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, 0, 0, 0};
+    int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, sv->seeded, 0, 0};
     return dt_send(h, H_N, DT_I64, p->rank, sv->all);
 }
 
