@@ -68,11 +68,15 @@
  * bookkeeping (drop: ssp does not wait for it, backup's N - b adapts),
  * empty the channels to it once the launcher restarts it, and let its
  * replacement back in (tend), which rejoins at its predecessor's step with
- * the newest weights (JOIN, RESUME). A server that dies is restarted alone
- * from its shard of the newest checkpoint (restore); each worker, finding
- * it gone, waits for it, empties the channels and says its step (HELLO),
- * then pushes its step again (server_back, repush). comm.h's replaceable
- * ranks do the communicator's part. */
+ * the newest weights (JOIN, RESUME), or joins the meeting (evaluation,
+ * checkpoint, end) its predecessor died in, past the barriers it had made
+ * (meet). A server that dies is restarted alone (restart) and takes its
+ * range of the newest checkpoint, whatever its layout, or without one the
+ * weights of the first worker to find it back (restore); each worker,
+ * finding it gone or restarted, waits for it, empties the channels and
+ * says its step (HELLO, with the model's description and its weights of
+ * the range), then pushes its step again (server_back, repush). comm.h's
+ * replaceable ranks do the communicator's part. */
 #include "dtrain/launch.h"
 #include "engine/strategy.h"
 #include "engine/worker.h"
