@@ -100,11 +100,11 @@ static void clean_runs(const char *env, const char *name, const char *flags, int
     }
 }
 
-// A run with a fault against the clean runs' means: accuracy within 0.03
-// and test loss within `rel` of the mean (or 0.1).
-static void near_clean(const char *name, double ref, double rloss, double rel) {
+// A run with a fault against the clean runs' means: accuracy at most
+// `tol` below and test loss within `rel` of the mean (or 0.1).
+static void near_clean(const char *name, double ref, double rloss, double tol, double rel) {
     double acc = result(name, "test_accuracy"), loss = result(name, "test_loss");
-    CHECK(acc >= 0 && ref >= 0 && acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= fmax(rel * rloss, 0.1),
+    CHECK(acc >= 0 && ref >= 0 && acc >= ref - tol && loss > 0 && fabs(loss - rloss) <= fmax(rel * rloss, 0.1),
           "%s: accuracy %.4f, test loss %.4f after the fault; clean %.4f, %.4f (mean of 3)", name, acc, loss, ref,
           rloss);
     printf("%s: accuracy %.4f, loss %.4f (clean %.4f, %.4f, mean of 3)\n", name, acc, loss, ref, rloss);
@@ -148,7 +148,7 @@ static void faults(void) {
         {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1",
          "backup"},
     };
-    double ref_async = -1, rloss_async = -1;
+    double refs[4], rlosses[4];  // the cases' clean means
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char flags[600], name[64], env[600];
         const char *slow = strstr(cases[i].env, "SLOW") ? "DTRAIN_SLOW_RANK=2:30" : "";
@@ -156,10 +156,8 @@ static void faults(void) {
         snprintf(name, sizeof name, "clean-%s", cases[i].name);
         double ref, rloss;
         clean_runs(slow, name, flags, 3, &ref, &rloss);
-        if (i == 0) {
-            ref_async = ref;
-            rloss_async = rloss;
-        }
+        refs[i] = ref;
+        rlosses[i] = rloss;
         snprintf(name, sizeof name, "fault-%s", cases[i].name);
         snprintf(env, sizeof env, "%s DTRAIN_FAULT_ONCE=%s/once-%s", cases[i].env, g_tmp, cases[i].name);
         strcat(flags, " --max-restarts 1");
@@ -191,7 +189,7 @@ static void faults(void) {
                   ps_number(name, "max_step_gap"));
         printf("%s: a worker %s at step 9 restarted alone in %.1f s\n", cases[i].name,
                strstr(cases[i].env, "hang") ? "hung" : "killed", took);
-        near_clean(name, ref, rloss, 0.15);
+        near_clean(name, ref, rloss, 0.03, 0.15);
     }
     // A worker killed inside a meeting (async, 3 workers, 2 servers,
     // checkpoints every 5 steps; 7 steps an epoch, 21 in all): before the
@@ -257,7 +255,7 @@ static void faults(void) {
         }
         printf("%s: worker %d killed inside the meeting after step %d: %.1f s\n", name, meetings[i].worker,
                meetings[i].step, took);
-        near_clean(name, ref_async, rloss_async, 0.15);
+        near_clean(name, refs[0], rlosses[0], 0.03, 0.15);
     }
     // A server killed after step 12 (async, checkpoints every 5 steps,
     // written by the servers: each its range) is restarted alone from its
@@ -269,23 +267,35 @@ static void faults(void) {
     // 0.678-0.691, against 0.574-0.576); the accuracy within 0.03. Killed
     // after step 3, before the first checkpoint, server 1 takes the
     // weights of the first worker to find it back, with a fresh optimizer
-    // state (measured 0.593, 3% higher).
+    // state (measured 0.593-0.626, 3-10% higher). In mode backup (one
+    // server, worker 2 slowed; its learning rate is 4 times async's here)
+    // the restarted server's step follows the workers' past its
+    // checkpoint's: the whole model goes back to step 10 and the workers
+    // behind the furthest have a step dropped, so only that the run ends
+    // and learned is asked: accuracy within 0.2 (measured 0.907-1.0 against
+    // 0.985-1.0), loss within 100% (measured 0.35-0.42 against 0.24-0.28).
     static const struct {
-        const char *name, *fault, *from, *back;
-        int servers;
+        const char *name, *fault, *from, *back, *env, *flags;
+        int servers, ref;  // ref: the case above whose clean runs it is held to
+        double tol, rel;
     } servers[] = {
-        {"fault-server", "-2:12:kill", "its range [26325, 52650) from ", "from its checkpoint", 2},
-        {"fault-server1", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint", 1},
+        {"fault-server", "-2:12:kill", "its range [26325, 52650) from ", "from its checkpoint", "",
+         "--set ps.mode=async --set optim.lr=0.0005", 2, 0, 0.03, 0.35},
+        {"fault-server1", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint", "",
+         "--set ps.mode=async --set optim.lr=0.0005", 1, 0, 0.03, 0.35},
         {"fault-server-seed", "-2:3:kill", "holds its range [26325, 52650): its weights from worker ",
-         "from a worker's weights, its optimizer state fresh", 2},
+         "from a worker's weights, its optimizer state fresh", "", "--set ps.mode=async --set optim.lr=0.0005", 2, 0,
+         0.03, 0.35},
+        {"fault-server-backup", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint",
+         "DTRAIN_SLOW_RANK=2:30", "--set ps.mode=backup --set ps.backup_workers=1", 1, 3, 0.2, 1.0},
     };
     for (size_t i = 0; i < sizeof servers / sizeof *servers; i++) {
         char env[600], more[600], range[128], back[128], back2[128];
         int sv = servers[i].servers - 1;  // the last server dies
-        snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-%s", servers[i].fault, g_tmp,
-                 servers[i].name);
-        snprintf(more, sizeof more, "--workers 3 --servers %d --set ps.mode=async --set optim.lr=0.0005 "
-                 "--checkpoint-every 5 --max-restarts 1", servers[i].servers);
+        snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-%s", servers[i].env,
+                 servers[i].fault, g_tmp, servers[i].name);
+        snprintf(more, sizeof more, "--workers 3 --servers %d %s --checkpoint-every 5 --max-restarts 1",
+                 servers[i].servers, servers[i].flags);
         double t0 = dt_now();
         int rc = train(env, servers[i].name, more);
         double took = dt_now() - t0;
@@ -293,11 +303,9 @@ static void faults(void) {
         snprintf(back, sizeof back, "worker 0: server %d died; it is back (incarnation 1, %s)", sv, servers[i].back);
         snprintf(back2, sizeof back2, "worker 2: server %d died; it is back", sv);
         snprintf(path, sizeof path, "rank %d (pid", sv);
-        const char *ckpt = strstr(servers[i].fault, ":12:") ? (servers[i].servers > 1 ? "/checkpoints/step-00000010 "
-                                                                                        "(step 10, version 30)"
-                                                                                      : "/checkpoints/step-00000010."
-                                                                                        "safetensors (step 10, version 30)")
-                                                             : "its optimizer state fresh";
+        const char *ckpt = !strstr(servers[i].fault, ":12:") ? "its optimizer state fresh"
+                           : servers[i].servers > 1                  ? "/checkpoints/step-00000010 (step 10, "
+                           : "/checkpoints/step-00000010.safetensors (step 10, ";
         CHECK(rc == 0 && strstr(g_out, path) && strstr(g_out, "restarting it alone (restart 1 of 1") &&
                   strstr(g_out, range) && strstr(g_out, servers[i].from) && strstr(g_out, ckpt) && strstr(g_out, back) &&
                   strstr(g_out, back2) && strstr(g_out, "(restarts: 1)") && !strstr(g_out, "from the newest checkpoint"),
@@ -306,7 +314,7 @@ static void faults(void) {
               g_out);
         printf("%d server%s, server %d killed (%s) restarted alone: %.1f s\n", servers[i].servers,
                servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, took);
-        near_clean(servers[i].name, ref_async, rloss_async, 0.35);
+        near_clean(servers[i].name, refs[servers[i].ref], rlosses[servers[i].ref], servers[i].tol, servers[i].rel);
     }
     CHECK(ps_number("fault-server", "applied") == 63, "server 0 applied all %g gradients",
           ps_number("fault-server", "applied"));
@@ -322,7 +330,7 @@ static void faults(void) {
     snprintf(path, sizeof path, "%s/from-servers/metrics/rank-00000.jsonl", g_tmp);
     CHECK(rc == 0 && tl_count(path, "\"type\":\"step\",\"step\":21,") == 1 &&
               tl_count(path, "\"type\":\"step\",\"step\":20,") == 0 &&
-              result("from-servers", "test_accuracy") >= ref_async - 0.03,
+              result("from-servers", "test_accuracy") >= refs[0] - 0.03,
           "one process resumed from the servers' checkpoint at step 20: exit %d, accuracy %.4f\n%s", rc,
           result("from-servers", "test_accuracy"), g_out);
     g_ini = "mlp.ini";

@@ -1367,6 +1367,13 @@ dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w) {
     return st != DT_OK ? dt_error(st, "%s", w->errmsg) : DT_OK;
 }
 
+int dt_ckpt_writer_idle(dt_ckpt_writer *w) {
+    pthread_mutex_lock(&w->mu);
+    int idle = !w->pending && !w->busy;
+    pthread_mutex_unlock(&w->mu);
+    return idle;
+}
+
 void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause, double *total_pause,
                           double *max_write) {
     // The writer thread may still be writing (after a failed step nobody

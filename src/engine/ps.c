@@ -1007,6 +1007,8 @@ typedef struct {
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
     int64_t cseq;     // the workers' collectives its COMMIT says it had made (rejoin), and those of
     int64_t done_cseq;// its last step done with (before `step`; -1: none since the start)
+    int save_owed;    // its SAVE's checkpoint is being written: SAVED (of save_step) once it is (saved)
+    int64_t save_step;
     double lr, scale;
 } peer;
 
@@ -1084,6 +1086,7 @@ static dt_status send_states(server *sv, int wi) {
 }
 
 static dt_status save(server *sv, int wi);
+static dt_status survive(server *sv, int wi, dt_status st);
 static dt_status make_writer(server *sv);
 static dt_status hello(server *sv, int wi);
 
@@ -1235,26 +1238,47 @@ static dt_status make_writer(server *sv) {
 }
 
 // SAVE from worker 0: this server's range into its shard of the
-// checkpoint of the loop's state that follows, then SAVED.
+// checkpoint of the loop's state that follows (the writer snapshots it at
+// once), then SAVED once the shard is durable (server 0: the checkpoint
+// complete, every server's shard written), so that a server that dies
+// after it has its shard on disk. The server serves on meanwhile (saved
+// answers): worker 0 may die once it asked, before every server read its
+// SAVE, and its replacement asks again. A SAVE of the step saved last is
+// that (inside the meeting, where no update comes): nothing is written
+// again.
 static dt_status save(server *sv, int wi) {
     int64_t v[TS_N];
-    dt_status st = dt_recv(v, TS_N, DT_I64, sv->w[wi].rank, sv->all);
+    peer *p = &sv->w[wi];
+    dt_status st = dt_recv(v, TS_N, DT_I64, p->rank, sv->all);
     if (st != DT_OK) return st;
     if (!sv->writer) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
     dt_train_state ts = {0};
     ts_unpack(v, &ts);
-    // SAVED once the shard is durable (server 0: the checkpoint complete),
-    // so that a server that dies after it has its shard on disk. A SAVE of
-    // the step saved last comes from a replacement of worker 0 that died
-    // before its SAVED (inside the meeting, where no update came since):
-    // the shard is on disk already.
-    if (ts.step != sv->saved_step && (st = dt_ckpt_writer_save(sv->writer, &ts)) == DT_OK)
-        st = dt_ckpt_writer_wait(sv->writer);
-    if (st != DT_OK)
+    if (ts.step != sv->saved_step && (st = dt_ckpt_writer_save(sv->writer, &ts)) != DT_OK)
         return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
     sv->saved_step = ts.step;
-    int64_t h[H_N] = {M_SAVED, sv->w[wi].h[H_STEP], sv->version, 0, 0, 0, 0, 0};
-    return dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    p->save_owed = 1;
+    p->save_step = p->h[H_STEP];
+    return DT_OK;
+}
+
+// The SAVED owed, once the checkpoint is written (*moved: some were sent).
+static dt_status saved(server *sv, int *moved) {
+    int owed = 0;
+    for (int wi = 0; wi < sv->N; wi++) owed |= sv->w[wi].save_owed;
+    if (!owed || !dt_ckpt_writer_idle(sv->writer)) return DT_OK;
+    dt_status st = dt_ckpt_writer_wait(sv->writer);  // (at once: its status)
+    if (st != DT_OK)
+        return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)sv->saved_step, dt_last_error());
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->save_owed) continue;
+        p->save_owed = 0;
+        *moved = 1;
+        int64_t h[H_N] = {M_SAVED, p->save_step, sv->version, 0, 0, 0, 0, 0};
+        st = survive(sv, wi, dt_send(h, H_N, DT_I64, p->rank, sv->all));
+    }
+    return st;
 }
 
 // Outside mode sync a worker's death does not stop the server: worker wi's
@@ -1268,6 +1292,7 @@ static void drop(server *sv, int wi, const char *why) {
     p->got = 0;
     p->committed = 0;
     p->held = 0;
+    p->save_owed = 0;  // its replacement asks again
     p->dropped = 1;
     p->dead_at = dt_now();
     sv->stats[ST_DIED]++;
@@ -1435,7 +1460,7 @@ static dt_status backup(server *sv, int *moved) {
             next_step(sv, p);
             st = survive(sv, wi, reply(sv, wi));
             *moved = 1;
-        } else {
+        } else if (p->step == sv->step) {
             have++;
         }
     }
@@ -1627,6 +1652,9 @@ static dt_status hello(server *sv, int wi) {
     p->done_cseq = p->h[H_C];
     p->sent = sv->version;
     p->dropped = 0;
+    // The server's step follows the workers past its checkpoint's: backup
+    // makes it from the gradients of that step (a worker behind is late).
+    if (p->step > sv->step) sv->step = p->step;
     int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, sv->seeded, 0, 0};
     return dt_send(h, H_N, DT_I64, p->rank, sv->all);
 }
@@ -1714,6 +1742,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, con
             st = survive(&sv, wi, handle(&sv, wi));
         }
         if (st == DT_OK) st = advance(&sv, &moved);
+        if (st == DT_OK && sv.writer) st = saved(&sv, &moved);
         // DTRAIN_FAULT_STEP names server j as rank -1 - j (engine/worker.h).
         if (st == DT_OK && sv.step != at) st = dt_fault_step(-1 - sv.me, at = sv.step);
         if (moved) {
