@@ -173,11 +173,11 @@ DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
  * as the predecessor made it), without the others taking part; it takes
  * part in that communicator's next collective.
  *
- * dt_comm_seq: how many collectives this rank has started on c (a
- * replacement's split from dt_comm_split_rejoin: its predecessor's count,
- * the collectives it had arrived at). Ranks that made the same collectives
- * have the same count, so a replacement can tell how far into a known
- * sequence of collectives its predecessor had come.
+ * dt_comm_seq: how many collectives this rank has started on c (on a
+ * replacement's split from dt_comm_split_rejoin: its predecessor's count;
+ * on shm a barrier started is one the others can pass). Ranks that made
+ * the same collectives have the same count, so a replacement can tell how
+ * far into a known sequence of collectives its predecessor had come.
  *
  * The MPI backend does not replace ranks: these return DT_ERR_COMM (state:
  * DT_PEER_RUNNING). */

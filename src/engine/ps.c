@@ -456,8 +456,9 @@ static void push(ps_worker *w, int i);
 // A failure talking to server j outside mode sync: did it die (to be
 // restarted alone by the launcher)?
 static int server_lost(ps_worker *w, int j) {
+    if (!w->base.own_pace) return 0;
     int inc, state = dt_comm_peer_state(w->base.all, j, &inc);
-    return w->base.own_pace && (state != DT_PEER_RUNNING || inc > w->sinc[j]);
+    return state != DT_PEER_RUNNING || inc > w->sinc[j];
 }
 
 // What the servers' checkpoints say about the model (DESC's text; *len 0
