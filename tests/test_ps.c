@@ -147,8 +147,11 @@ static void faults(void) {
          "staleness"},
         {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1",
          "backup"},
+        // (the others wait for the hung one, held by the bound: they are alive, waiting for a server)
+        {"ssp-hung", "ssp", "DTRAIN_FAULT_STEP=0:9:hang",
+         "--servers 2 --heartbeat-timeout 3 --set ps.staleness=1 --set optim.lr=0.0005", "ssp"},
     };
-    double refs[4], rlosses[4];  // the cases' clean means
+    double refs[5], rlosses[5];  // the cases' clean means
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char flags[600], name[64], env[600];
         const char *slow = strstr(cases[i].env, "SLOW") ? "DTRAIN_SLOW_RANK=2:30" : "";
