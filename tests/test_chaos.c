@@ -211,10 +211,12 @@ static void chaos(const char *cfg, const char *name, int kills, int spares, cons
 // `test_chaos ps` (ctest test_chaos_ps): parameter servers in mode async,
 // 4 workers and 2 servers on Fashion-MNIST (2 epochs, 1200 steps, the
 // learning rate decayed to 0). Three workers and one server are killed at
-// steps drawn at random (CHAOS_SEED, default 1; DTRAIN_FAULT_STEP's list):
-// each is restarted alone (a worker rejoins with the newest weights, the
-// server comes back from its shard of the newest checkpoint, written every
-// 100 steps by the servers) while the others go on. The run ends, and its
+// steps drawn at random (CHAOS_SEED, default 1; DTRAIN_FAULT_STEP's list),
+// and a fourth worker inside the meeting of a checkpoint drawn at random,
+// once it fetched the weights: each is restarted alone (a worker rejoins
+// with the newest weights, or joins the meeting; the server comes back
+// from its shard of the newest checkpoint, written every 100 steps by the
+// servers) while the others go on. The run ends, and its
 // test accuracy is within 0.5 points of a clean run's (the mean of two:
 // clean async runs of this config alone range over 86.90-87.32%).
 #define FMNIST "/usr/share/datasets/fashion-mnist"
@@ -248,7 +250,9 @@ static int ps_chaos(void) {
     // Where: three workers at steps in [60, 1140), and a server between
     // two checkpoints ([20, 80) past a multiple of 100 from 200 on), no
     // worker within 40 steps of it (a worker rejoining meets no server
-    // coming back).
+    // coming back); a worker inside a checkpoint's meeting, at a multiple
+    // of 100 from 100 to 1100, after the others (so that the draws of
+    // seeds before it stay).
     dt_rng rng;
     dt_rng_seed(&rng, seed);
     int sv = (int)dt_rng_below(&rng, 2);
@@ -262,6 +266,13 @@ static int ps_chaos(void) {
         o += snprintf(faults + o, sizeof faults - o, "%d:%ld:kill,", w, s);
         k++;
     }
+    int mw;
+    long mstep;
+    do {
+        mw = (int)dt_rng_below(&rng, 4);
+        mstep = 100 * (1 + (long)dt_rng_below(&rng, 11));
+    } while (labs(mstep - sstep) < 40);
+    o += snprintf(faults + o, sizeof faults - o, "%d:%ld:kill:fetch,", mw, mstep);
     snprintf(faults + o, sizeof faults - o, "%d:%ld:kill", -1 - sv, sstep);
     printf("seed %llu: DTRAIN_FAULT_STEP=%s (server %d after step %ld)\n", (unsigned long long)seed, faults, sv, sstep);
     t0 = dt_now();
@@ -272,18 +283,22 @@ static int ps_chaos(void) {
     double t_chaos = dt_now() - t0;
     int restarts = count_text(g_out, "restarting it alone (restart"), rejoined = count_text(g_out, "rejoined at server version"),
         back = count_text(g_out, "(restarted, incarnation 1): its range [");
-    CHECK(rc == 0 && restarts == 4 && strstr(g_out, "(restarts: 4)") && back == 1 && rejoined >= 3 &&
+    int inside = count_text(g_out, "inside the meeting after step");
+    CHECK(rc == 0 && restarts == 5 && strstr(g_out, "(restarts: 5)") && back == 1 && rejoined >= 4 && inside >= 1 &&
               !strstr(g_out, "from the newest checkpoint"),
-          "chaos run: exit %d, %d processes restarted alone (4), %d worker rejoins (3 workers, and server 0's note "
-          "when it was server 0), %d server back (1)\n%s", rc, restarts, rejoined, back, g_out);
+          "chaos run: exit %d, %d processes restarted alone (5), %d worker rejoins (4 workers, and server 0's note "
+          "when it was server 0), %d inside a meeting (1), %d server back (1)\n%s", rc, restarts, rejoined, inside,
+          back, g_out);
     snprintf(path, sizeof path, "%s/chaos/summary.json", g_tmp);
     double acc = tl_json_number(path, "test_accuracy");
     CHECK(ref > 0.8 && acc > 0 && fabs(acc - ref) <= 0.005,
-          "test accuracy %.2f%% after 3 workers and a server were killed, clean %.2f%% (two runs' mean; within 0.5 "
+          "test accuracy %.2f%% after 4 workers (one inside a meeting) and a server were killed, clean %.2f%% (two "
+          "runs' mean; within 0.5 "
           "points)", 100 * acc,
           100 * ref);
-    printf("async, 4 workers x 2 servers, 1200 steps: clean %.2f%% (mean of 2) in %.1f s; 3 workers and server %d "
-           "killed: %.2f%% in %.1f s\n", 100 * ref, t_clean, sv, 100 * acc, t_chaos);
+    printf("async, 4 workers x 2 servers, 1200 steps: clean %.2f%% (mean of 2) in %.1f s; 4 workers (worker %d inside "
+           "step %ld's meeting) and server %d killed: %.2f%% in %.1f s\n", 100 * ref, t_clean, mw, mstep, sv, 100 * acc,
+           t_chaos);
     tl_cleanup(g_tmp);
     return tl_finish();
 }

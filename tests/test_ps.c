@@ -15,22 +15,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char g_tmp[256];
 static char g_out[1 << 16];
+static const char *g_ini = "mlp.ini";  // in g_tmp: the config train() runs
 
 static const char *cfg =
     "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = gelu\n"
     "layer = linear out=10\n[optim]\nname = adamw\nlr = 0.002\n[train]\nbatch = 40\nepochs = 3\neval_batch = 100\n"
     "seed = 3\n";
 
-// Trains TMP/mlp.ini into TMP/name with the flags (and environment
+// Trains TMP/mlp.ini (g_ini) into TMP/name with the flags (and environment
 // assignments before the command); the exit code, the output in g_out.
 static int train(const char *env, const char *name, const char *flags) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s train %s/mlp.ini --quiet --run-dir %s/%s %s", env, tl_dtrain(), g_tmp, g_tmp, name,
-             flags);
+    snprintf(cmd, sizeof cmd, "%s %s train %s/%s --quiet --run-dir %s/%s %s", env, tl_dtrain(), g_tmp, g_ini, g_tmp,
+             name, flags);
     return tl_run(cmd, g_out, sizeof g_out);
 }
 
@@ -84,17 +87,55 @@ static double result(const char *name, const char *key) {
     return tl_json_number(path, key);
 }
 
+// The mean test accuracy and loss of k clean runs NAME-0 .. NAME-(k-1).
+static void clean_runs(const char *env, const char *name, const char *flags, int k, double *acc, double *loss) {
+    *acc = *loss = 0;
+    for (int i = 0; i < k; i++) {
+        char run[96];
+        snprintf(run, sizeof run, "%s-%d", name, i);
+        int rc = train(env, run, flags);
+        CHECK(rc == 0, "%s, clean: exit %d\n%s", run, rc, g_out);
+        *acc += result(run, "test_accuracy") / k;
+        *loss += result(run, "test_loss") / k;
+    }
+}
+
+// A run with a fault against the clean runs' means: accuracy at most
+// `tol` below and test loss within `rel` of the mean (or 0.1).
+static void near_clean(const char *name, double ref, double rloss, double tol, double rel) {
+    double acc = result(name, "test_accuracy"), loss = result(name, "test_loss");
+    CHECK(acc >= 0 && ref >= 0 && acc >= ref - tol && loss > 0 && fabs(loss - rloss) <= fmax(rel * rloss, 0.1),
+          "%s: accuracy %.4f, test loss %.4f after the fault; clean %.4f, %.4f (mean of 3)", name, acc, loss, ref,
+          rloss);
+    printf("%s: accuracy %.4f, loss %.4f (clean %.4f, %.4f, mean of 3)\n", name, acc, loss, ref, rloss);
+}
+
 // Outside mode sync a worker that dies (or hangs) is restarted alone while
 // the servers and the other workers go on: the servers drop it from their
 // bookkeeping and it rejoins with the newest weights, at the step it died
 // in. Every gradient of every worker is applied once (a step in which it
 // died is computed again), the events are logged, one restart is counted,
-// and the result is a clean run's: accuracy within 0.03 (3 of the 100
-// test images) and test loss within 15% or 0.1 (clean async runs of this
-// test alone differ by up to 9% in test loss, from the order their
-// gradients arrive in: measured 0.535-0.582; at backup's lower loss, 0.21,
-// which two of the three gradients make each step moved it by up to 0.06).
+// and the result is a clean run's: accuracy within 0.03 and test loss
+// within 15% or 0.1 of the mean of 3 clean runs. The faults have a test
+// set of their own, 1000 images, and the mean is the reference, because
+// clean async runs of this test differ from run to run by the order their
+// gradients arrive in, which the machine's load decides (measured on the
+// 1000 images: accuracy 0.907-0.945, test loss 0.563-0.590; on the 100
+// of the other tests one clean run once reached 0.99 where the others
+// reach 0.94, and a correct run was then 0.05 below it). At backup's lower
+// loss, 0.21, which two of the three gradients make each step moved it by
+// up to 0.06.
 static void faults(void) {
+    char dir[400], path[700];
+    snprintf(dir, sizeof dir, "%s/faults", g_tmp);
+    CHECK(mkdir(dir, 0755) == 0, "%s: %s", dir, strerror(errno));
+    tl_make_images(dir, "train", 243, 1);
+    tl_make_images(dir, "t10k", 1000, 2);
+    snprintf(path, sizeof path, "%s/faults.ini", g_tmp);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "%s[data]\ndir = %s\n", cfg, dir);
+    fclose(f);
+    g_ini = "faults.ini";
     static const struct {
         const char *name, *mode, *env, *flags, *bookkeeping;
     } cases[] = {
@@ -106,19 +147,25 @@ static void faults(void) {
          "staleness"},
         {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1",
          "backup"},
+        // (the others wait for the hung one, held by the bound: they are alive, waiting for a server)
+        {"ssp-hung", "ssp", "DTRAIN_FAULT_STEP=0:9:hang",
+         "--servers 2 --heartbeat-timeout 3 --set ps.staleness=1 --set optim.lr=0.0005", "ssp"},
     };
+    double refs[5], rlosses[5];  // the cases' clean means
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char flags[600], name[64], env[600];
         const char *slow = strstr(cases[i].env, "SLOW") ? "DTRAIN_SLOW_RANK=2:30" : "";
         snprintf(flags, sizeof flags, "--workers 3 --set ps.mode=%s %s", cases[i].mode, cases[i].flags);
         snprintf(name, sizeof name, "clean-%s", cases[i].name);
-        int rc = train(slow, name, flags);
-        CHECK(rc == 0, "%s, clean: exit %d\n%s", cases[i].name, rc, g_out);
+        double ref, rloss;
+        clean_runs(slow, name, flags, 3, &ref, &rloss);
+        refs[i] = ref;
+        rlosses[i] = rloss;
         snprintf(name, sizeof name, "fault-%s", cases[i].name);
         snprintf(env, sizeof env, "%s DTRAIN_FAULT_ONCE=%s/once-%s", cases[i].env, g_tmp, cases[i].name);
         strcat(flags, " --max-restarts 1");
         double t0 = dt_now();
-        rc = train(env, name, flags);
+        int rc = train(env, name, flags);
         double took = dt_now() - t0;
         int w = atoi(strstr(cases[i].env, "FAULT_STEP=") + 11);  // the worker in "W:9:kill"
         char died[128], dropped[160], rejoined[128], back[128];
@@ -132,68 +179,164 @@ static void faults(void) {
                   !strstr(g_out, "from the newest checkpoint"),
               "%s: worker %d %s at step 9: exit %d, restarted alone, dropped, rejoined, logged (%.1f s)\n%s",
               cases[i].name, w, died, rc, took, g_out);
-        snprintf(name, sizeof name, "fault-%s", cases[i].name);
         CHECK(ps_number(name, "workers_died") == 1 && ps_number(name, "workers_rejoined") == 1,
               "%s: server 0 counts %g death and %g rejoin", cases[i].name, ps_number(name, "workers_died"),
               ps_number(name, "workers_rejoined"));
         char clean[64];
-        snprintf(clean, sizeof clean, "clean-%s", cases[i].name);
+        snprintf(clean, sizeof clean, "clean-%s-0", cases[i].name);
         double applied = ps_number(name, "applied"), want = ps_number(clean, "applied");
         CHECK(applied == want && applied > 0, "%s: %g gradients applied, as in the clean run (%g)", cases[i].name,
               applied, want);
         if (!strcmp(cases[i].mode, "ssp"))
             CHECK(ps_number(name, "max_step_gap") <= 1, "ssp: the bound held through the death (gap %g)",
                   ps_number(name, "max_step_gap"));
-        double acc = result(name, "test_accuracy"), ref = result(clean, "test_accuracy");
-        double loss = result(name, "test_loss"), rloss = result(clean, "test_loss");
-        CHECK(acc >= 0 && ref >= 0 && acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= fmax(0.15 * rloss, 0.1),
-              "%s: accuracy %.4f, test loss %.4f after the fault; clean %.4f, %.4f", cases[i].name, acc, loss, ref,
-              rloss);
-        printf("%s: a worker %s at step 9 restarted alone: %.1f s, accuracy %.4f, loss %.4f (clean %.4f, %.4f)\n",
-               cases[i].name, strstr(cases[i].env, "hang") ? "hung" : "killed", took, acc, loss, ref, rloss);
+        printf("%s: a worker %s at step 9 restarted alone in %.1f s\n", cases[i].name,
+               strstr(cases[i].env, "hang") ? "hung" : "killed", took);
+        near_clean(name, ref, rloss, 0.03, 0.15);
     }
-    // A server killed after step 12 (async, 2 servers, checkpoints every 5
-    // steps, written by the servers: each its range as its shard) is
-    // restarted alone from its shard of step 10's checkpoint while the
-    // workers wait for it and push their step again. Its range loses the
-    // updates of steps 11-12 (of 21), so the loss is higher: within 35% of
-    // the clean run's (measured 15-23% higher: 0.608-0.650 against
-    // 0.530-0.582); the accuracy within 0.03.
-    char env[600];
-    snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=-2:12:kill DTRAIN_FAULT_ONCE=%s/once-server-alone", g_tmp);
-    const char *flags = "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --checkpoint-every 5";
-    char more[600];
-    snprintf(more, sizeof more, "%s --max-restarts 1", flags);
-    int rc = train(env, "fault-server", more);
-    CHECK(rc == 0 && strstr(g_out, "rank 1 (pid") && strstr(g_out, "restarting it alone (restart 1 of 1") &&
-              strstr(g_out, "server 1 (restarted, incarnation 1): its range [") &&
-              strstr(g_out, "/checkpoints/step-00000010 (step 10, version 30)") &&
-              strstr(g_out, "worker 0: server 1 died; it is back (incarnation 1, from its checkpoint)") &&
-              strstr(g_out, "worker 2: server 1 died; it is back") && strstr(g_out, "(restarts: 1)") &&
-              !strstr(g_out, "from the newest checkpoint"),
-          "async, server 1 killed after step 12: exit %d, restarted alone from its shard of step 10, the workers "
-          "waited\n%s", rc, g_out);
-    double acc = result("fault-server", "test_accuracy"), ref = result("clean-async", "test_accuracy");
-    double loss = result("fault-server", "test_loss"), rloss = result("clean-async", "test_loss");
-    CHECK(acc >= ref - 0.03 && loss > 0 && fabs(loss - rloss) <= 0.35 * rloss,
-          "server restarted: accuracy %.4f, test loss %.4f; clean %.4f, %.4f", acc, loss, ref, rloss);
+    // A worker killed inside a meeting (async, 3 workers, 2 servers,
+    // checkpoints every 5 steps; 7 steps an epoch, 21 in all): before the
+    // evaluation at the end of epoch 1 (worker 0, which evaluates: its
+    // replacement does, and its record says step 7), at the end of epoch 2
+    // once it fetched the weights, before the barrier after it (worker 1,
+    // which the others wait for there), while
+    // the servers save step 10's checkpoint (worker 0 once it asked them
+    // to: a SAVE again of the step saved, answered from the disk) and step
+    // 15's (worker 2, waiting for worker 0), and at the end, after the
+    // final weights were fetched (worker 0, which writes them and
+    // summary.json). Its replacement joins the meeting where the others
+    // are, past the barriers its predecessor made (1 or 2 of the
+    // evaluation's, 2 of the checkpoint's; at the end 7: the evaluation's 2, step 21's
+    // checkpoint's 3, the final weights' 2), and nothing of the meeting is
+    // lost: exit 0, every gradient applied, the checkpoints complete, the
+    // accuracy and loss a clean run's.
+    static const struct {
+        const char *name, *fault;
+        int worker, step, made;
+    } meetings[] = {
+        {"eval", "0:7:kill:eval", 0, 7, 2},
+        {"fetch", "1:14:kill:fetch", 1, 14, 1},
+        {"save", "0:10:kill:save", 0, 10, 2},
+        {"save-other", "2:15:kill:save", 2, 15, 2},
+        {"end", "0:21:kill:end", 0, 21, 7},
+    };
+    const char *aflags = "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --checkpoint-every 5 "
+                         "--max-restarts 1";
+    for (size_t i = 0; i < sizeof meetings / sizeof *meetings; i++) {
+        char env[600], name[64], inside[200], who[128];
+        snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-meeting-%s", meetings[i].fault, g_tmp,
+                 meetings[i].name);
+        snprintf(name, sizeof name, "meeting-%s", meetings[i].name);
+        double t0 = dt_now();
+        int rc = train(env, name, aflags);
+        double took = dt_now() - t0;
+        snprintf(who, sizeof who, "worker %d (restarted, incarnation 1) rejoined at server version ", meetings[i].worker);
+        snprintf(inside, sizeof inside, " inside the meeting after step %d (its predecessor had made %d of its "
+                 "barriers): joining it there", meetings[i].step, meetings[i].made);
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9") && strstr(g_out, "restarting it alone (restart 1 of 1") &&
+                  strstr(g_out, who) && strstr(g_out, inside) && strstr(g_out, "(restarts: 1)") &&
+                  !strstr(g_out, "from the newest checkpoint"),
+              "%s: worker %d killed inside the meeting after step %d: exit %d, rejoined it (%.1f s)\n%s",
+              meetings[i].name, meetings[i].worker, meetings[i].step, rc, took, g_out);
+        CHECK(ps_number(name, "workers_died") == 1 && ps_number(name, "workers_rejoined") == 1 &&
+                  ps_number(name, "applied") == 63,
+              "%s: server 0 counts %g death, %g rejoin, %g of the 63 gradients applied", name,
+              ps_number(name, "workers_died"), ps_number(name, "workers_rejoined"), ps_number(name, "applied"));
+        int complete = 1;
+        for (int st = 15; st <= 21; st += st == 20 ? 1 : 5) {  // the checkpoints kept: steps 15, 20, 21
+            snprintf(path, sizeof path, "%s/%s/checkpoints/step-%08d/COMPLETE", g_tmp, name, st);
+            complete &= access(path, F_OK) == 0;
+        }
+        snprintf(path, sizeof path, "%s/%s/model.safetensors", g_tmp, name);
+        CHECK(complete && access(path, F_OK) == 0, "%s: the servers' checkpoints of steps 15, 20, 21 complete, the "
+                                                   "final weights written", name);
+        if (!strcmp(meetings[i].name, "eval")) {  // the evaluation of step 7, once, by the replacement
+            snprintf(path, sizeof path, "%s/%s/metrics/rank-00000.jsonl", g_tmp, name);
+            CHECK(tl_count(path, "\"type\":\"eval\",\"step\":7,") == 1 && tl_count(path, "\"type\":\"eval\",\"step\":0,") == 0,
+                  "eval: worker 0's metrics have step 7's evaluation once (%d), none at step 0 (%d)",
+                  tl_count(path, "\"type\":\"eval\",\"step\":7,"), tl_count(path, "\"type\":\"eval\",\"step\":0,"));
+        }
+        printf("%s: worker %d killed inside the meeting after step %d: %.1f s\n", name, meetings[i].worker,
+               meetings[i].step, took);
+        near_clean(name, refs[0], rlosses[0], 0.03, 0.15);
+    }
+    // A server killed after step 12 (async, checkpoints every 5 steps,
+    // written by the servers: each its range) is restarted alone from its
+    // range of step 10's checkpoint while the workers wait for it and push
+    // their step again: with 2 servers from its shard, with one from the
+    // whole file its checkpoints are. Its range loses the updates of steps
+    // 11-12 (of 21), so the loss is higher: within 35% of the clean runs'
+    // (measured 11-20% higher: 2 servers 0.639-0.655, 1 server
+    // 0.678-0.691, against 0.574-0.576); the accuracy within 0.03. Killed
+    // after step 3, before the first checkpoint, server 1 takes the
+    // weights of the first worker to find it back, with a fresh optimizer
+    // state (measured 0.593-0.626, 3-10% higher). In mode backup (one
+    // server, worker 2 slowed; its learning rate is 4 times async's here)
+    // the restarted server's step follows the workers' past its
+    // checkpoint's: the whole model goes back to step 10 and the workers
+    // behind the furthest have a step dropped, so only that the run ends
+    // and learned is asked: accuracy within 0.2 (measured 0.907-1.0 against
+    // 0.985-1.0), loss within 100% (measured 0.35-0.42 against 0.24-0.28).
+    static const struct {
+        const char *name, *fault, *from, *back, *env, *flags;
+        int servers, ref;  // ref: the case above whose clean runs it is held to
+        double tol, rel;
+    } servers[] = {
+        {"fault-server", "-2:12:kill", "its range [26325, 52650) from ", "from its checkpoint", "",
+         "--set ps.mode=async --set optim.lr=0.0005", 2, 0, 0.03, 0.35},
+        {"fault-server1", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint", "",
+         "--set ps.mode=async --set optim.lr=0.0005", 1, 0, 0.03, 0.35},
+        {"fault-server-seed", "-2:3:kill", "holds its range [26325, 52650): its weights from worker ",
+         "from a worker's weights, its optimizer state fresh", "", "--set ps.mode=async --set optim.lr=0.0005", 2, 0,
+         0.03, 0.35},
+        {"fault-server-backup", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint",
+         "DTRAIN_SLOW_RANK=2:30", "--set ps.mode=backup --set ps.backup_workers=1", 1, 3, 0.2, 1.0},
+    };
+    for (size_t i = 0; i < sizeof servers / sizeof *servers; i++) {
+        char env[600], more[600], range[128], back[128], back2[128];
+        int sv = servers[i].servers - 1;  // the last server dies
+        snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-%s", servers[i].env,
+                 servers[i].fault, g_tmp, servers[i].name);
+        snprintf(more, sizeof more, "--workers 3 --servers %d %s --checkpoint-every 5 --max-restarts 1",
+                 servers[i].servers, servers[i].flags);
+        double t0 = dt_now();
+        int rc = train(env, servers[i].name, more);
+        double took = dt_now() - t0;
+        snprintf(range, sizeof range, "server %d (restarted, incarnation 1): ", sv);
+        snprintf(back, sizeof back, "worker 0: server %d died; it is back (incarnation 1, %s)", sv, servers[i].back);
+        snprintf(back2, sizeof back2, "worker 2: server %d died; it is back", sv);
+        snprintf(path, sizeof path, "rank %d (pid", sv);
+        const char *ckpt = !strstr(servers[i].fault, ":12:") ? "its optimizer state fresh"
+                           : servers[i].servers > 1                  ? "/checkpoints/step-00000010 (step 10, "
+                           : "/checkpoints/step-00000010.safetensors (step 10, ";
+        CHECK(rc == 0 && strstr(g_out, path) && strstr(g_out, "restarting it alone (restart 1 of 1") &&
+                  strstr(g_out, range) && strstr(g_out, servers[i].from) && strstr(g_out, ckpt) && strstr(g_out, back) &&
+                  strstr(g_out, back2) && strstr(g_out, "(restarts: 1)") && !strstr(g_out, "from the newest checkpoint"),
+              "async, %d server%s, server %d killed (%s): exit %d, restarted alone (%s), the workers waited (%.1f s)\n%s",
+              servers[i].servers, servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, rc, servers[i].back, took,
+              g_out);
+        printf("%d server%s, server %d killed (%s) restarted alone: %.1f s\n", servers[i].servers,
+               servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, took);
+        near_clean(servers[i].name, refs[servers[i].ref], rlosses[servers[i].ref], servers[i].tol, servers[i].rel);
+    }
     CHECK(ps_number("fault-server", "applied") == 63, "server 0 applied all %g gradients",
           ps_number("fault-server", "applied"));
     // The servers' checkpoints: sharded, one shard a server, complete; one
     // process resumes from them.
-    char path[700];
     snprintf(path, sizeof path, "%s/fault-server/checkpoints/step-00000020/shard-00001-of-00002.safetensors", g_tmp);
     int shard = access(path, F_OK) == 0;
     snprintf(path, sizeof path, "%s/fault-server/checkpoints/step-00000020/COMPLETE", g_tmp);
     CHECK(shard && access(path, F_OK) == 0, "the servers wrote step 20's checkpoint as 2 shards, complete");
+    char more[600];
     snprintf(more, sizeof more, "--resume %s/fault-server/checkpoints/step-00000020 --set train.epochs=4", g_tmp);
-    rc = train("", "from-servers", more);
+    int rc = train("", "from-servers", more);
     snprintf(path, sizeof path, "%s/from-servers/metrics/rank-00000.jsonl", g_tmp);
     CHECK(rc == 0 && tl_count(path, "\"type\":\"step\",\"step\":21,") == 1 &&
-              tl_count(path, "\"type\":\"step\",\"step\":20,") == 0 && result("from-servers", "test_accuracy") >= ref - 0.03,
+              tl_count(path, "\"type\":\"step\",\"step\":20,") == 0 &&
+              result("from-servers", "test_accuracy") >= refs[0] - 0.03,
           "one process resumed from the servers' checkpoint at step 20: exit %d, accuracy %.4f\n%s", rc,
           result("from-servers", "test_accuracy"), g_out);
-    printf("server restarted alone: accuracy %.4f, loss %.4f (clean %.4f, %.4f)\n", acc, loss, ref, rloss);
+    g_ini = "mlp.ini";
 }
 
 // DTRAIN_FAULT_PUSH=WORKER:STEP:FIELD makes that worker's pushes of that

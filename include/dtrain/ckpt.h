@@ -203,6 +203,9 @@ DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s)
 DT_API void dt_ckpt_writer_abandon(dt_ckpt_writer *w);
 /* Waits for the write in flight; returns the first failed write's status. */
 DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);
+/* 1 when no save is waiting or being written (dt_ckpt_writer_wait would
+ * return at once); never blocks. */
+DT_API int dt_ckpt_writer_idle(dt_ckpt_writer *w);
 /* Saves so far, the longest / total pause they caused training, and the
  * longest write (in the background), in seconds. */
 DT_API void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause,

@@ -173,6 +173,12 @@ DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
  * as the predecessor made it), without the others taking part; it takes
  * part in that communicator's next collective.
  *
+ * dt_comm_seq: how many collectives this rank has started on c (on a
+ * replacement's split from dt_comm_split_rejoin: its predecessor's count;
+ * on shm a barrier started is one the others can pass). Ranks that made
+ * the same collectives have the same count, so a replacement can tell how
+ * far into a known sequence of collectives its predecessor had come.
+ *
  * The MPI backend does not replace ranks: these return DT_ERR_COMM (state:
  * DT_PEER_RUNNING). */
 enum { DT_PEER_RUNNING = 0, DT_PEER_RESTARTING = 1, DT_PEER_GONE = 2 };
@@ -183,6 +189,7 @@ DT_API dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers)
 DT_API int dt_comm_peer_ready(dt_comm_t c, int peer);
 DT_API int dt_comm_incarnation(dt_comm_t c);
 DT_API dt_status dt_comm_split_rejoin(dt_comm_t c, int color, dt_comm_t *out);
+DT_API uint64_t dt_comm_seq(dt_comm_t c);
 
 /* 1 if the environment makes this process one rank of a group (the
  * variables of `dtrain run`, mpirun or srun), else 0. */

@@ -694,7 +694,11 @@ static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckp
         for (int j = 0; j < ix->nstates && st == DT_OK; j++)
             if ((st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
                 copy_overlap(dst->states[j], slo, shi, t->data, b, e);
-        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK)
+        // The step count of the shard that holds the first element read
+        // (shard 0's for an empty range): writers that count apart (the
+        // parameter servers) each keep their own.
+        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK &&
+            (r == 0 || (b <= plo && plo < e)))
             memcpy(dst->opt_step, step->data, sizeof(int64_t));
         if (st == DT_OK && r == 0) *s = ns;
         dt_st_close(f);
@@ -1361,6 +1365,13 @@ dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w) {
     dt_status st = w->err;
     pthread_mutex_unlock(&w->mu);
     return st != DT_OK ? dt_error(st, "%s", w->errmsg) : DT_OK;
+}
+
+int dt_ckpt_writer_idle(dt_ckpt_writer *w) {
+    pthread_mutex_lock(&w->mu);
+    int idle = !w->pending && !w->busy;
+    pthread_mutex_unlock(&w->mu);
+    return idle;
 }
 
 void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause, double *total_pause,

@@ -573,6 +573,9 @@ static void p2p_drive(dt_comm_t c, struct dt_request *r) {
         }
         pthread_mutex_unlock(&c->q_lock);
         slow = dt_waiter_step(&w);
+        // A caller waiting for its transfer says what it waits on, as a
+        // collective does (the process's wait hook: a waiting rank is alive).
+        if (slow && r) dt_waiter_note(&r->args, r->args.root);
         pthread_mutex_lock(&c->q_lock);
     }
 }
@@ -626,6 +629,7 @@ dt_status dt_wait(dt_request_t *req) {
     if (r->is_p2p) p2p_drive(c, r);
     while (!r->done) pthread_cond_wait(&c->q_cond, &c->q_lock);
     pthread_mutex_unlock(&c->q_lock);
+    if (r->is_p2p) dt_waiter_done();
     dt_status s = r->status;
     if (s != DT_OK) dt_error(s, "%s", r->msg);
     free(r->vec);
@@ -930,6 +934,8 @@ int dt_comm_incarnation(dt_comm_t c) {
     if (c && c->ops->peer_state) c->ops->peer_state(c, c->rank, &inc);
     return inc;
 }
+
+uint64_t dt_comm_seq(dt_comm_t c) { return c ? c->seq : 0; }
 
 dt_status dt_comm_split_rejoin(dt_comm_t c, int color, dt_comm_t *out) {
     if (!c || !out) return dt_error(DT_ERR_ARG, "dt_comm_split_rejoin: NULL argument");

@@ -415,12 +415,18 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     strat->ckpt_dir = ck.dir;
     strat->start_step = ts.step;
     DT_TRY(dt_strategy_ckpt_restore(strat, ck.from, ck.from_parts), done);
-    if (strat->rejoined) {  // its predecessor's place in the loop, so that it meets the others where they meet
-        int64_t at = strat->rejoin_step, spe0 = info.steps_per_epoch > 0 ? info.steps_per_epoch : 1;
+    // A replacement for a rank restarted alone (ps.c): its predecessor's place
+    // in the loop, so that it meets the others where they meet; when its
+    // predecessor had made step `at`, it runs the meeting after that step
+    // first (owed: the others may be in it), as at the end of that step.
+    int owed = strat->rejoined && strat->rejoin_meet && strat->rejoin_step > 0;
+    if (strat->rejoined) {
+        int64_t at = strat->rejoin_step, spe0 = info.steps_per_epoch > 0 ? info.steps_per_epoch : 1,
+                every = c->ckpt_every_steps;
         ts.step = at;
-        ts.epoch = at / spe0;
-        ts.epoch_batch = at % spe0;
-        ck.last_step = c->ckpt_every_steps > 0 ? at - at % c->ckpt_every_steps : at;
+        ts.epoch = (owed ? at - 1 : at) / spe0;
+        ts.epoch_batch = at - ts.epoch * spe0;
+        ck.last_step = every > 0 ? at - (owed && at % every == 0 ? every : at % every) : at;
     }
     ck.obs = obs;
     dt_rng rng = ts.rng;
@@ -456,6 +462,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
                wcopy, cpu->name, dt_isa_name(cpu->isa));
     }
 
+    // Ranks at their own pace (parameter servers outside mode sync) meet
+    // only in the strategy's collectives, which a replacement for a rank
+    // that died inside a meeting can join (ps.c): rank 0 evaluates alone.
+    int alone = strat->own_pace && W > 1;
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
     double t_train = 0, loss_sum = ts.epoch_loss;
     uint64_t bytes_sent = 0;  // by this rank's collectives during the steps
@@ -465,10 +475,16 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 #define RECOVERABLE(st) (spares > 0 && ((st) == DT_ERR_COMM || (st) == DT_ERR_TIMEOUT))
     if (newcomer) goto recover;
 again:
-    for (int e = (int)ts.epoch; e < epochs && step < total && !stop; e++) {
+    for (int e = (int)ts.epoch; e < epochs && (step < total || owed) && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
         tops->start_epoch(task, e, ebatch);
-        while (!stop && step < total) {
+        while (!stop && (step < total || owed)) {
+            dt_control ctl = {0};
+            if (owed) {  // a replacement: the meeting after its predecessor's last step, then on
+                owed = 0;
+                dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
+                goto meet;
+            }
             double t0 = dt_now();
             dt_task_batch b;
             int more;
@@ -482,7 +498,6 @@ again:
             uint64_t sent0 = comm_bytes_sent(comm);
             dt_kernels_weights_changed();  // by the last step's update (or the resume)
             double lsum;
-            dt_control ctl;
             float lr, gnorm;
             int64_t skipped0 = scaler.skipped;
             st = sops->run_step ? sops->run_step(strat, tops, task, step, &b, &lsum)
@@ -503,15 +518,16 @@ again:
             samples += b.global;
             stop = ctl.stop;
             t_train += dt_now() - t0;
-            int epoch_end = ebatch == spe;
-            // this step's state, should the evaluation below be interrupted by a failure
-            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
-                                  fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
-            ck.state_opt = *ck.model.opt_step;  // the optimizer step of that state (ZeRO's slices, --spares)
+            ck.state_opt = *ck.model.opt_step;  // the optimizer step of the state below (ZeRO's slices, --spares)
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
                                                  (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
                                                  strat->staleness, fp16 ? scaler.scale : 0, scaler.skipped > skipped0,
                                                  scaler.skipped});
+        meet:;  // the end of step `step`: what follows uses nothing of the step above but its count and ctl
+            int epoch_end = ebatch == spe;
+            // this step's state, should the evaluation below be interrupted by a failure
+            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
+                                  fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
             // Evaluation at the end of the epoch and of the run, and every
             // eval_every steps; the training loss beside it is the mean
             // since the one before.
@@ -520,17 +536,20 @@ again:
                 if (info.has_eval) {
                     float tl, ta;
                     if ((st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
-                    dt_obs_begin(obs, DT_OBS_EVAL);
-                    st = dt_strategy_params_whole(strat, 1);
-                    dt_kernels_weights_changed();  // by this step's update
-                    if (st == DT_OK) st = tops->evaluate(task, comm, step, train_loss, &tl, &ta);
-                    if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
-                    dt_obs_end(obs, DT_OBS_EVAL);
-                    if (RECOVERABLE(st)) goto recover;  // the evaluation is not redone
-                    if (st != DT_OK) goto done;
-                    res->test_loss = tl;
-                    res->test_accuracy = ta;
-                    dt_obs_eval(obs, train_loss, tl, ta);
+                    if ((st = dt_fault_at(rank, step, "eval")) != DT_OK) goto done;  // (a test's fault)
+                    if (!alone || rank == 0) {
+                        dt_obs_begin(obs, DT_OBS_EVAL);
+                        st = dt_strategy_params_whole(strat, 1);
+                        dt_kernels_weights_changed();  // by this step's update
+                        if (st == DT_OK) st = tops->evaluate(task, alone ? NULL : comm, step, train_loss, &tl, &ta);
+                        if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
+                        dt_obs_end(obs, DT_OBS_EVAL);
+                        if (RECOVERABLE(st)) goto recover;  // the evaluation is not redone
+                        if (st != DT_OK) goto done;
+                        res->test_loss = tl;
+                        res->test_accuracy = ta;
+                        dt_obs_eval(obs, train_loss, tl, ta);
+                    }
                     evaluated = 1;
                 }
                 res->final_train_loss = train_loss;
@@ -598,11 +617,13 @@ again:
         dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
         res->stopped = 1;
         run_dir = NULL;
-    } else if (!evaluated && info.has_eval) {  // resumed from the run's last checkpoint
+    } else if (!evaluated && info.has_eval && (!alone || rank == 0)) {  // resumed from the run's last checkpoint
         dt_obs_begin(obs, DT_OBS_EVAL);
         st = dt_strategy_params_whole(strat, 1);
         dt_kernels_weights_changed();
-        if (st == DT_OK) st = tops->evaluate(task, comm, step, res->final_train_loss, &res->test_loss, &res->test_accuracy);
+        if (st == DT_OK)
+            st = tops->evaluate(task, alone ? NULL : comm, step, res->final_train_loss, &res->test_loss,
+                                &res->test_accuracy);
         dt_obs_end(obs, DT_OBS_EVAL);
         if (st != DT_OK) goto done;
     }
@@ -617,6 +638,7 @@ again:
     if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
     res->bytes_sent = bytes_sent;
     if (!stop && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
+    if (!stop && (st = dt_fault_at(rank, step, "end")) != DT_OK) goto done;  // (a test's fault)
     if (run_dir) snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
     if (!stop) DT_TRY(tops->save(task, run_dir ? path : NULL), done);
     res->wall_seconds = dt_now() - t_start;

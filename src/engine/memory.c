@@ -101,8 +101,9 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     // is never more than the samples there are.
     // A global batch is at most the training set: the micro-batches of one
     // that size. Evaluation shards the test set over the workers (the
-    // tensor-parallel shards of one model run the same samples).
-    int EW = c->tensor > 1 && W >= c->tensor ? W / c->tensor : W;
+    // tensor-parallel shards of one model run the same samples; parameter
+    // servers outside mode sync: worker 0 alone, engine/loop.c).
+    int EW = c->tensor > 1 && W >= c->tensor ? W / c->tensor : c->ps_servers > 0 && c->ps_mode != 0 ? 1 : W;
     int eval_rows = min_int(c->eval_batch, (ntest + EW - 1) / EW), train_rows = 0;
     if (use == DT_MEM_TRAIN) {
         dt_config cc = *c;

@@ -68,11 +68,15 @@
  * bookkeeping (drop: ssp does not wait for it, backup's N - b adapts),
  * empty the channels to it once the launcher restarts it, and let its
  * replacement back in (tend), which rejoins at its predecessor's step with
- * the newest weights (JOIN, RESUME). A server that dies is restarted alone
- * from its shard of the newest checkpoint (restore); each worker, finding
- * it gone, waits for it, empties the channels and says its step (HELLO),
- * then pushes its step again (server_back, repush). comm.h's replaceable
- * ranks do the communicator's part. */
+ * the newest weights (JOIN, RESUME), or joins the meeting (evaluation,
+ * checkpoint, end) its predecessor died in, past the barriers it had made
+ * (meet). A server that dies is restarted alone (restart) and takes its
+ * range of the newest checkpoint, whatever its layout, or without one the
+ * weights of the first worker to find it back (restore); each worker,
+ * finding it gone or restarted, waits for it, empties the channels and
+ * says its step (HELLO, with the model's description and its weights of
+ * the range), then pushes its step again (server_back, repush). comm.h's
+ * replaceable ranks do the communicator's part. */
 #include "dtrain/launch.h"
 #include "engine/strategy.h"
 #include "engine/worker.h"
@@ -301,6 +305,8 @@ typedef struct {
     int64_t *leaders;   // the world ranks of the workers that talk to the servers (groups' leaders), G of them
     int G;
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
+    int64_t cseq;         // the workers' collectives made before this worker's last committed step (-1: none yet)
+    uint64_t skip;        // a replacement: the meeting's collectives its predecessor had made (meet)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     int leader;           // this worker talks to the servers
     double t_first, t_backward_end;
@@ -387,6 +393,7 @@ static dt_status ps_init(dt_strategy *s) {
     if (s->own_pace) dt_comm_set_peer_faults(s->all, 1);
     for (int j = 0; j < w->S; j++) dt_comm_peer_state(s->all, j, &w->sinc[j]);
     w->leader = 1;
+    w->cseq = -1;
     // Hybrid groups: [ps] groups = G, or by default under mpirun or srun
     // across hosts in mode sync, one group per host (its workers allreduce
     // over the host's memory; its leader talks to the servers).
@@ -449,28 +456,42 @@ static void push(ps_worker *w, int i);
 // A failure talking to server j outside mode sync: did it die (to be
 // restarted alone by the launcher)?
 static int server_lost(ps_worker *w, int j) {
+    if (!w->base.own_pace) return 0;
     int inc, state = dt_comm_peer_state(w->base.all, j, &inc);
-    return w->base.own_pace && (state != DT_PEER_RUNNING || inc > w->sinc[j]);
+    return state != DT_PEER_RUNNING || inc > w->sinc[j];
+}
+
+// What the servers' checkpoints say about the model (DESC's text; *len 0
+// and NULL without a checkpoint directory).
+static dt_status desc_of(ps_worker *w, char **b, size_t *len) {
+    dt_strategy *s = &w->base;
+    *b = NULL;
+    *len = 0;
+    if (!s->ckpt_saves || !s->ckpt_model || !s->ckpt_dir || !s->ckpt_dir[0]) return DT_OK;
+    if (!(*b = desc_encode(s->ckpt_model, s->ckpt_dir, len))) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    return DT_OK;
 }
 
 // Worker 0 tells server j what its checkpoints say about the model (DESC).
 static dt_status send_desc(ps_worker *w, int j) {
     dt_strategy *s = &w->base;
-    if (s->rank != 0 || !s->ckpt_saves || !s->ckpt_model || !s->ckpt_dir || !s->ckpt_dir[0]) return DT_OK;
     size_t len;
-    char *b = desc_encode(s->ckpt_model, s->ckpt_dir, &len);
-    if (!b) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    char *b;
+    dt_status st = s->rank == 0 ? desc_of(w, &b, &len) : DT_OK;
+    if (s->rank != 0 || st != DT_OK || !b) return st;
     int64_t h[H_N] = {M_DESC, w->step, w->ver[j], 0, (int64_t)len, 0, 0, 0};
-    dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+    st = dt_send(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK) st = dt_send(b, len, DT_U8, j, s->all);
     free(b);
     return st;
 }
 
-// Server j died and the launcher restarts it alone from its shard of the
+// Server j died and the launcher restarts it alone from its range of the
 // newest checkpoint: this worker empties the channels between the two for
-// the replacement, waits for it (bounded) and tells it its step (HELLO),
-// taking the version of the range it now holds.
+// the replacement, waits for it (bounded) and tells it its step and what
+// the checkpoints say about the model (HELLO; the first to arrive makes
+// the server take its range), taking the version of the range it now
+// holds.
 static dt_status server_back(ps_worker *w, int j) {
     dt_strategy *s = &w->base;
     double t0 = dt_now();
@@ -493,19 +514,32 @@ static dt_status server_back(ps_worker *w, int j) {
         dt_heartbeat(-1);
         usleep(2000);
     }
-    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, 0, 0, 0, 0};
+    char *b = NULL;
+    size_t len = 0;
+    if (st == DT_OK) st = desc_of(w, &b, &len);
+    int64_t h[H_N] = {M_HELLO, w->step, w->ver[j], 0, (int64_t)len, (int64_t)s->n, 0, w->cseq};
     if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
+    if (st == DT_OK && len) st = dt_send(b, len, DT_U8, j, s->all);
+    free(b);
+    // (its weights of the range: those the server takes when no checkpoint holds it)
+    if (st == DT_OK) st = dt_send(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all);
     if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
     if (st == DT_OK && h[H_KIND] != M_HELLOED)
         st = dt_error(DT_ERR_COMM, "worker %d: restarted server %d sent %s, expected HELLOED", s->rank, j,
                       kind_name(h[H_KIND]));
     if (st == DT_OK) w->ver[j] = h[H_VERSION];
-    if (st == DT_OK) st = send_desc(w, j);
     if (st != DT_OK) return dt_error(st, "worker %d, server %d back: %s", s->rank, j, dt_last_error());
-    dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, from its checkpoint) at version %lld, "
-                        "step %lld retried", s->rank, j, inc, (long long)w->ver[j], (long long)w->step + 1);
+    dt_log(DT_LOG_WARN, "worker %d: server %d died; it is back (incarnation %d, %s) at version %lld, step %lld retried",
+           s->rank, j, inc, h[H_A] ? "from a worker's weights, its optimizer state fresh" : "from its checkpoint",
+           (long long)w->ver[j], (long long)w->step + 1);
     return DT_OK;
 }
+
+// Before a worker's first message to server j in a step, a meeting or at
+// the end: a server restarted since this worker last talked to it runs
+// already, but reads nothing from this worker before it lets it in
+// (server_back); a message sent first would wait for it for ever.
+static dt_status back_if_lost(ps_worker *w, int j) { return server_lost(w, j) ? server_back(w, j) : DT_OK; }
 
 // This step's pieces for server j again (blocking), to a restarted server.
 static dt_status repush(ps_worker *w, int j) {
@@ -529,8 +563,9 @@ static void ps_fini(dt_strategy *s) {
     // nobody to tell (the abort reaches the servers).
     if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
+            dt_status st = back_if_lost(w, j);
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
-            dt_status st = dt_send(h, H_N, DT_I64, j, s->all);
+            if (st == DT_OK) st = dt_send(h, H_N, DT_I64, j, s->all);
             if (st != DT_OK && server_lost(w, j) && server_back(w, j) == DT_OK) {
                 h[H_VERSION] = w->ver[j];
                 st = dt_send(h, H_N, DT_I64, j, s->all);
@@ -566,6 +601,7 @@ static void push(ps_worker *w, int i) {
     dt_strategy *s = &w->base;
     const piece *p = &w->p[i];
     if (!w->t_first) w->t_first = dt_now();
+    if (server_lost(w, p->server)) return;  // restarted: its pieces go once it is back (ps_sync)
     int det = w->acc != NULL;
     int64_t *h = w->hdr[i];
     h[H_KIND] = M_PUSH;
@@ -629,7 +665,7 @@ static dt_status ps_sync(dt_strategy *s) {
     }
     while (w->next < w->np && w->err == DT_OK) push(w, w->next++);
     st = wait_all(w->req, 2 * w->np);
-    if (s->own_pace && (st != DT_OK || w->err != DT_OK)) {  // a server died: its pieces again, once it is back
+    if (s->own_pace) {  // a server died (or was restarted before this step): its pieces again, once it is back
         int lost = 0;
         dt_status again = DT_OK;
         for (int j = 0; j < w->S && again == DT_OK; j++)
@@ -694,7 +730,8 @@ static dt_status commit_to(ps_worker *w, int j, float lr, float scale, dt_reques
     c[H_KIND] = M_COMMIT;
     c[H_STEP] = w->step;
     c[H_VERSION] = w->ver[j];
-    c[H_OFF] = c[H_COUNT] = c[H_C] = 0;
+    c[H_OFF] = c[H_COUNT] = 0;
+    c[H_C] = (int64_t)dt_comm_seq(w->base.comm);  // where this step stands among the workers' meetings (rejoin)
     c[H_A] = bits_of(lr);
     c[H_B] = bits_of(scale);
     return req ? dt_isend(c, H_N, DT_I64, j, w->base.all, req) : dt_send(c, H_N, DT_I64, j, w->base.all);
@@ -735,7 +772,8 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     dt_request_t *cr = w->req + 2 * w->np + 2 * S;  // the commits in flight
     dt_status st = DT_OK, *cst = calloc((size_t)S, sizeof *cst);
     if (!cst) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
-    for (int j = 0; j < S && w->leader; j++) cst[j] = weights_post(w, j);
+    for (int j = 0; j < S && w->leader; j++)  // (a server restarted since the pushes: below)
+        cst[j] = server_lost(w, j) ? DT_ERR_COMM : weights_post(w, j);
     for (int j = 0; j < S && w->leader; j++)
         if (cst[j] == DT_OK) cst[j] = commit_to(w, j, lr, scale, &cr[j]);
     for (int j = 0; j < S && w->leader; j++) {
@@ -760,8 +798,25 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     s->staleness = w->leader ? (int)h[S][H_A] : 0;  // as server 0 applied it
     if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
     w->step++;
+    w->cseq = (int64_t)dt_comm_seq(s->comm);
     dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
     return DT_OK;
+}
+
+// A barrier of the workers at their own pace, where they meet (before an
+// evaluation, a checkpoint and the final weights). These barriers are the
+// meetings' only collectives (worker 0 evaluates alone: loop.c), so a
+// replacement for a worker that died inside a meeting joins it where the
+// others are: it runs the meeting again and skips the barriers its
+// predecessor had made (w->skip, from rejoin), which the others are past.
+static dt_status meet(ps_worker *w) {
+    dt_strategy *s = &w->base;
+    if (!s->own_pace || s->world < 2) return DT_OK;
+    if (w->skip > 0) {
+        w->skip--;
+        return DT_OK;
+    }
+    return dt_barrier(s->comm);
 }
 
 // Before an evaluation, a checkpoint and the final weights: the newest
@@ -771,11 +826,11 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
 static dt_status ps_params_sync(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     int ns = dt_optim_num_states(s->opt);
-    dt_status st = s->own_pace && s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+    dt_status st = meet(w);
     for (int j = 0; j < w->S && st == DT_OK && w->leader; j++) {
         size_t len = w->shi[j] - w->slo[j];
         for (int t = 0; t < 4; t++) {  // again after a server's restart (outside mode sync)
-            if (t > 0 && (!server_lost(w, j) || (st = server_back(w, j)) != DT_OK)) break;
+            if ((t > 0 && !server_lost(w, j)) || (st = back_if_lost(w, j)) != DT_OK) break;
             int64_t h[H_N] = {M_FETCH, w->step, w->ver[j], 0, 0, 0, 0, 0};
             st = dt_send(h, H_N, DT_I64, j, s->all);
             if (st == DT_OK) st = expect(w, j, h, M_STATES);
@@ -789,8 +844,9 @@ static dt_status ps_params_sync(dt_strategy *s) {
             if (st == DT_OK) break;
         }
     }
+    if (st == DT_OK) st = dt_fault_at(s->rank, w->step, "fetch");  // (a test's fault inside the meeting)
     if (st == DT_OK && w->group) st = share(w, 1);
-    if (st == DT_OK && s->own_pace && s->world > 1) st = dt_barrier(s->comm);  // nobody steps on before all fetched
+    if (st == DT_OK) st = meet(w);  // nobody steps on before all fetched
     return st == DT_OK ? DT_OK : dt_error(st, "weights and optimizer state from the servers: %s", dt_last_error());
 }
 
@@ -799,6 +855,15 @@ static dt_status ps_params_sync(dt_strategy *s) {
 // it asks each for the step its predecessor was at (JOIN), goes on from
 // the earliest (RESUME: a server that had applied that step's gradient
 // takes it again) and gets the newest weights of every range.
+//
+// Its predecessor may have died inside the meeting after that step (an
+// evaluation, a checkpoint, the end), where the other workers wait for it
+// in a barrier or are past it. The step's COMMIT told the servers how many
+// collectives the workers had made then (cseq); the predecessor's count
+// (dt_comm_seq of the workers' communicator it rejoined) is higher by the
+// meeting's barriers it had made. The loop then runs that meeting again
+// (rejoin_meet) and skips those barriers (meet): the replacement arrives
+// at the one the others are in, or, past the meeting, at the next.
 static dt_status rejoin(ps_worker *w) {
     dt_strategy *s = &w->base;
     int *peers = malloc(sizeof(int) * (size_t)w->S);
@@ -806,7 +871,7 @@ static dt_status rejoin(ps_worker *w) {
     for (int j = 0; j < w->S; j++) peers[j] = j;
     dt_status st = dt_comm_rejoin_peers(s->all, peers, w->S);
     free(peers);
-    int64_t m = INT64_MAX, h[H_N];
+    int64_t m = INT64_MAX, cseq = -1, h[H_N];
     for (int j = 0; j < w->S && st == DT_OK; j++) {
         int64_t q[H_N] = {M_JOIN, 0, 0, 0, 0, 0, 0, 0};
         st = dt_send(q, H_N, DT_I64, j, s->all);
@@ -814,10 +879,18 @@ static dt_status rejoin(ps_worker *w) {
         if (st == DT_OK && h[H_KIND] != M_JOINED)
             st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected JOINED", s->rank, j,
                           kind_name(h[H_KIND]));
-        if (st == DT_OK && h[H_STEP] < m) m = h[H_STEP];
+        if (st == DT_OK && h[H_STEP] < m) {  // the count at the step's COMMIT, from a server at that step
+            m = h[H_STEP];
+            cseq = h[H_C];
+        }
     }
+    uint64_t made = dt_comm_seq(s->comm);
+    if (st == DT_OK && cseq >= 0 && (uint64_t)cseq > made)
+        st = dt_error(DT_ERR_COMM, "worker %d, rejoining: the servers say it had made %lld collectives with the other "
+                      "workers at step %lld, its predecessor made %llu", s->rank, (long long)cseq, (long long)m,
+                      (unsigned long long)made);
     for (int j = 0; j < w->S && st == DT_OK; j++) {
-        int64_t q[H_N] = {M_RESUME, m, 0, 0, 0, 0, 0, 0};
+        int64_t q[H_N] = {M_RESUME, m, 0, 0, 0, 0, 0, cseq};
         st = dt_send(q, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK && (h[H_KIND] != M_WEIGHTS || h[H_OFF] != (int64_t)w->slo[j] ||
@@ -829,10 +902,20 @@ static dt_status rejoin(ps_worker *w) {
     }
     if (st != DT_OK) return dt_error(st, "worker %d, rejoining the servers: %s", s->rank, dt_last_error());
     w->step = m;
+    w->cseq = cseq;
     s->rejoined = 1;
     s->rejoin_step = m;
-    dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step %lld",
-           s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);
+    // A step made since the start (cseq known): the meeting after it, if
+    // there is one, is run again, without the barriers already made.
+    s->rejoin_meet = cseq >= 0;
+    w->skip = cseq >= 0 ? made - (uint64_t)cseq : 0;
+    if (w->skip > 0)
+        dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld inside the meeting "
+                            "after step %lld (its predecessor had made %llu of its barriers): joining it there",
+               s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m, (unsigned long long)w->skip);
+    else
+        dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step "
+                            "%lld", s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);
     return DT_OK;
 }
 
@@ -850,9 +933,14 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     dt_status *sent = calloc((size_t)w->S, sizeof *sent);
     if (!sent) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     for (int j = 0; j < w->S && s->rank == 0; j++) {
+        sent[j] = back_if_lost(w, j);
         int64_t h[H_N] = {M_SAVE, w->step, w->ver[j], 0, TS_N, 0, 0, 0};
-        sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
+        if (sent[j] == DT_OK) sent[j] = dt_send(h, H_N, DT_I64, j, s->all);
         if (sent[j] == DT_OK) sent[j] = dt_send(v, TS_N, DT_I64, j, s->all);
+    }
+    if ((st = dt_fault_at(s->rank, ts->step, "save")) != DT_OK) {  // (a test's fault inside the meeting)
+        free(sent);
+        return st;
     }
     for (int j = 0; j < w->S && st == DT_OK && s->rank == 0; j++) {
         int64_t h[H_N];
@@ -867,7 +955,7 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     }
     free(sent);
     if (st != DT_OK) return dt_error(st, "checkpoint of step %lld by the servers: %s", (long long)ts->step, dt_last_error());
-    return s->world > 1 ? dt_barrier(s->comm) : DT_OK;
+    return meet(w);
 }
 
 // At the start (fresh or resumed): worker 0 gives each server its range of
@@ -918,6 +1006,10 @@ typedef struct {
     int inc;          // the replacement's incarnation
     double dead_at;
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
+    int64_t cseq;     // the workers' collectives its COMMIT says it had made (rejoin), and those of
+    int64_t done_cseq;// its last step done with (before `step`; -1: none since the start)
+    int save_owed;    // its SAVE's checkpoint is being written: SAVED (of save_step) once it is (saved)
+    int64_t save_step;
     double lr, scale;
 } peer;
 
@@ -940,6 +1032,8 @@ typedef struct {
     model_desc desc;   // worker 0's DESC (checkpoints)
     dt_ckpt_model cm;  // this server's view for its writer
     dt_ckpt_writer *writer;
+    int64_t saved_step; // the step of its last checkpoint (-1: none)
+    int seeded;         // restarted alone with no checkpoint: its range from a worker's weights (restore)
 } server;
 
 // A failure naming this server and the worker.
@@ -993,7 +1087,9 @@ static dt_status send_states(server *sv, int wi) {
 }
 
 static dt_status save(server *sv, int wi);
+static dt_status survive(server *sv, int wi, dt_status st);
 static dt_status make_writer(server *sv);
+static dt_status hello(server *sv, int wi);
 
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
@@ -1010,6 +1106,7 @@ static dt_status handle(server *sv, int wi) {
         p->committed = 1;
         p->lr = double_of(p->h[H_A]);
         p->scale = double_of(p->h[H_B]);
+        p->cseq = p->h[H_C];
         break;
     case M_FETCH:
         st = send_states(sv, wi);
@@ -1034,21 +1131,13 @@ static dt_status handle(server *sv, int wi) {
         st = save(sv, wi);
         break;
     case M_HELLO:  // a worker found this server restarted: it goes on from its step
-        if (p->dropped != 5)
-            return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
-        p->step = p->h[H_STEP];
-        p->sent = sv->version;
-        p->dropped = 0;
-        {
-            int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, 0, 0, 0};
-            st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
-        }
+        st = hello(sv, wi);
         break;
     case M_JOIN:  // a replacement: the step its predecessor was at
         if (p->dropped != 3)
             return dt_error(DT_ERR_COMM, "server %d: JOIN from worker %d, which did not die", sv->me, wi);
         {
-            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, 0};
+            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, p->done_cseq};
             st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
         }
         break;
@@ -1056,6 +1145,7 @@ static dt_status handle(server *sv, int wi) {
         if (p->dropped != 3)
             return dt_error(DT_ERR_COMM, "server %d: RESUME from worker %d, which did not die", sv->me, wi);
         p->step = p->h[H_STEP];
+        p->done_cseq = p->h[H_C];
         p->dropped = 0;
         p->stale = 0;
         sv->stats[ST_REJOINED]++;
@@ -1117,6 +1207,7 @@ static void next_step(server *sv, peer *p) {
     p->got = 0;
     p->committed = 0;
     p->step++;
+    p->done_cseq = p->cseq;
     (void)sv;
 }
 
@@ -1148,21 +1239,47 @@ static dt_status make_writer(server *sv) {
 }
 
 // SAVE from worker 0: this server's range into its shard of the
-// checkpoint of the loop's state that follows, then SAVED.
+// checkpoint of the loop's state that follows (the writer snapshots it at
+// once), then SAVED once the shard is durable (server 0: the checkpoint
+// complete, every server's shard written), so that a server that dies
+// after it has its shard on disk. The server serves on meanwhile (saved
+// answers): worker 0 may die once it asked, before every server read its
+// SAVE, and its replacement asks again. A SAVE of the step saved last is
+// that (inside the meeting, where no update comes): nothing is written
+// again.
 static dt_status save(server *sv, int wi) {
     int64_t v[TS_N];
-    dt_status st = dt_recv(v, TS_N, DT_I64, sv->w[wi].rank, sv->all);
+    peer *p = &sv->w[wi];
+    dt_status st = dt_recv(v, TS_N, DT_I64, p->rank, sv->all);
     if (st != DT_OK) return st;
     if (!sv->writer) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
     dt_train_state ts = {0};
     ts_unpack(v, &ts);
-    // SAVED once the shard is durable (server 0: the checkpoint complete),
-    // so that a server that dies after it has its shard on disk.
-    if ((st = dt_ckpt_writer_save(sv->writer, &ts)) == DT_OK) st = dt_ckpt_writer_wait(sv->writer);
-    if (st != DT_OK)
+    if (ts.step != sv->saved_step && (st = dt_ckpt_writer_save(sv->writer, &ts)) != DT_OK)
         return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
-    int64_t h[H_N] = {M_SAVED, sv->w[wi].h[H_STEP], sv->version, 0, 0, 0, 0, 0};
-    return dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
+    sv->saved_step = ts.step;
+    p->save_owed = 1;
+    p->save_step = p->h[H_STEP];
+    return DT_OK;
+}
+
+// The SAVED owed, once the checkpoint is written (*moved: some were sent).
+static dt_status saved(server *sv, int *moved) {
+    int owed = 0;
+    for (int wi = 0; wi < sv->N; wi++) owed |= sv->w[wi].save_owed;
+    if (!owed || !dt_ckpt_writer_idle(sv->writer)) return DT_OK;
+    dt_status st = dt_ckpt_writer_wait(sv->writer);  // (at once: its status)
+    if (st != DT_OK)
+        return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)sv->saved_step, dt_last_error());
+    for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
+        peer *p = &sv->w[wi];
+        if (!p->save_owed) continue;
+        p->save_owed = 0;
+        *moved = 1;
+        int64_t h[H_N] = {M_SAVED, p->save_step, sv->version, 0, 0, 0, 0, 0};
+        st = survive(sv, wi, dt_send(h, H_N, DT_I64, p->rank, sv->all));
+    }
+    return st;
 }
 
 // Outside mode sync a worker's death does not stop the server: worker wi's
@@ -1176,6 +1293,7 @@ static void drop(server *sv, int wi, const char *why) {
     p->got = 0;
     p->committed = 0;
     p->held = 0;
+    p->save_owed = 0;  // its replacement asks again
     p->dropped = 1;
     p->dead_at = dt_now();
     sv->stats[ST_DIED]++;
@@ -1343,7 +1461,7 @@ static dt_status backup(server *sv, int *moved) {
             next_step(sv, p);
             st = survive(sv, wi, reply(sv, wi));
             *moved = 1;
-        } else {
+        } else if (p->step == sv->step) {
             have++;
         }
     }
@@ -1395,7 +1513,7 @@ static dt_status setup(server *sv) {
     size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
     sv->params = dt_alloc(sizeof(float) * sv->len);
     sv->grad = dt_alloc(sizeof(float) * sv->len);
-    sv->w = calloc((size_t)sv->N, sizeof *sv->w);
+    if (!sv->w) sv->w = calloc((size_t)sv->N, sizeof *sv->w);  // (a restarted server has its peers already)
     if (!sv->params || !sv->grad || !sv->w) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     for (int wi = 0; wi < sv->N; wi++) {
         peer *p = &sv->w[wi];
@@ -1405,6 +1523,7 @@ static dt_status setup(server *sv) {
         memset(p->buf, 0, es * sv->len);
         p->step = sv->step;
         p->sent = sv->version;
+        p->cseq = p->done_cseq = -1;
         p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
@@ -1447,67 +1566,98 @@ static dt_status start(server *sv) {
     return st;
 }
 
-// A server restarted alone (outside mode sync): its range from its own
-// shard of the newest checkpoint the servers wrote, the version being the
-// updates it held then; each worker, finding it back, says at which step
-// it is (HELLO).
-static dt_status restore(server *sv) {
-    char dir[4200], used[4200] = "";
-    snprintf(dir, sizeof dir, "%s/checkpoints", sv->run_dir ? sv->run_dir : ".");
-    char **paths = NULL;
-    int np = 0;
-    dt_status st = dt_ckpt_list(dir, &paths, &np);
-    if (st != DT_OK) np = 0;
-    int found = 0;
-    for (int i = 0; i < np && !found; i++) {
-        dt_st_file *f = NULL;
-        int parts = 0;
-        if (dt_ckpt_open_part(paths[i], sv->me, &f, &parts) != DT_OK) {  // a whole file, or damaged
-            if (f) dt_st_close(f);
-            continue;
-        }
-        const char *shard = dt_st_meta_get(f, "shard"), *stepv = dt_st_meta_get(f, "step");
-        long long b = -1, e = -1, n = -1;
-        const dt_st_tensor *tp = dt_st_find(f, "params"), *ts = dt_st_find(f, "optimizer.step");
-        size_t lo = 0, hi = 0;
-        if (parts == sv->S && shard && sscanf(shard, "%lld:%lld:%lld", &b, &e, &n) == 3 && n > 0 && tp && ts &&
-            tp->dtype == DT_F32 && ts->dtype == DT_I64) {
-            dt_shard_range((size_t)n, sv->me, sv->S, &lo, &hi);
-            if (b == (long long)lo && e == (long long)hi && tp->nbytes == sizeof(float) * (hi - lo)) {
-                sv->n = (size_t)n;
-                sv->lo = lo;
-                sv->len = hi - lo;
-                memcpy(&sv->version, ts->data, sizeof sv->version);
-                sv->step = stepv ? atoll(stepv) : 0;
-                st = setup(sv);
-                if (st == DT_OK) memcpy(sv->params, tp->data, tp->nbytes);
-                for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++) {
-                    char nm[32];
-                    snprintf(nm, sizeof nm, "optimizer.state.%d", k);
-                    const dt_st_tensor *t = dt_st_find(f, nm);
-                    if (!t || t->nbytes != tp->nbytes)
-                        st = dt_error(DT_ERR_FORMAT, "%s: shard %d has no %s of its range", paths[i], sv->me, nm);
-                    else
-                        memcpy(dt_optim_state(sv->opt, k), t->data, t->nbytes);
-                }
-                found = st == DT_OK;
-                snprintf(used, sizeof used, "%s", paths[i]);
-            }
-        }
-        dt_st_close(f);
-        if (st != DT_OK) break;
+// A server restarted alone (outside mode sync): it knows its peers (every
+// worker), lets each in as it finds the server back, and waits for their
+// HELLOs; the first brings the model's description, with which it takes
+// its range from the newest checkpoint (restore).
+static dt_status restart(server *sv) {
+    if (!(sv->w = calloc((size_t)sv->N, sizeof *sv->w))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int wi = 0; wi < sv->N; wi++) {
+        sv->w[wi].rank = sv->S + wi;
+        sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
     }
-    for (int i = 0; i < np; i++) free(paths[i]);
-    free(paths);
-    if (st != DT_OK) return st;
-    if (!found)
-        return dt_error(DT_ERR_IO, "server %d, restarted: no checkpoint in %s holds its range as one of %d servers' shards",
-                        sv->me, dir, sv->S);
-    for (int wi = 0; wi < sv->N; wi++) sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
-    dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
-           sv->me, dt_comm_incarnation(sv->all), sv->lo, sv->lo + sv->len, used, (long long)sv->step,
-           (long long)sv->version);
     return dt_comm_rejoin_peers(sv->all, NULL, 0);
+}
+
+// Its range of the n parameters, the optimizer state and the version (the
+// updates it held then) from the newest checkpoint in the model's
+// directory (sv->desc), whatever its layout: a whole file (one server), or
+// shards of any number of servers (ckpt.h reads a range of either). With
+// none (it died before the first, or the run keeps none), the weights
+// worker wi pulled last, which come with its HELLO, and a fresh optimizer
+// state (its step count 0). *seeded: the weights are those.
+static dt_status restore(server *sv, size_t n, int wi, int *seeded) {
+    size_t lo, hi;
+    dt_shard_range(n, sv->me, sv->S, &lo, &hi);
+    sv->n = n;
+    sv->lo = lo;
+    sv->len = hi - lo;
+    dt_status st = setup(sv);
+    if (st != DT_OK) return st;
+    dt_ckpt_model m = {.tensors = sv->desc.tensors, .ntensors = sv->desc.ntensors, .params = sv->params, .nparams = n,
+                       .nstates = dt_optim_num_states(sv->opt), .opt_step = dt_optim_step_count(sv->opt),
+                       .optimizer = sv->desc.optimizer, .config = sv->desc.config, .params_lo = lo, .params_hi = hi,
+                       .states_lo = lo, .states_hi = hi};
+    for (int k = 0; k < m.nstates && k < 2; k++) m.states[k] = dt_optim_state(sv->opt, k);
+    dt_train_state ts = {0};
+    int found = 0;
+    char used[4200] = "";
+    if (sv->desc.dir && (st = dt_ckpt_load_newest(sv->desc.dir, &m, &ts, &found, used, sizeof used)) != DT_OK)
+        return dt_error(st, "server %d, restarted: its range [%zu, %zu): %s", sv->me, lo, hi, dt_last_error());
+    *seeded = !found;
+    if (!found) {
+        sv->version = *m.opt_step = 0;
+        sv->step = sv->w[wi].h[H_STEP];
+        dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): no checkpoint %s%s holds its range [%zu, %zu): its "
+                            "weights from worker %d's newest (its step %lld), its optimizer state fresh",
+               sv->me, dt_comm_incarnation(sv->all), sv->desc.dir ? "in " : "", sv->desc.dir ? sv->desc.dir : "", lo,
+               hi, wi, (long long)sv->step + 1);
+        return DT_OK;
+    }
+    sv->version = *m.opt_step;
+    sv->step = ts.step;
+    dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
+           sv->me, dt_comm_incarnation(sv->all), lo, hi, used, (long long)sv->step, (long long)sv->version);
+    return DT_OK;
+}
+
+// HELLO from worker wi, which found this restarted server back: the step it
+// is at, the model's description (DESC's text; none without a checkpoint
+// directory) and its newest weights of the range; the first one restores
+// the range (and makes the checkpoint writer), then each gets the version.
+static dt_status hello(server *sv, int wi) {
+    peer *p = &sv->w[wi];
+    int64_t len = p->h[H_COUNT], n = p->h[H_A];
+    if (p->dropped != 5)
+        return dt_error(DT_ERR_COMM, "server %d: HELLO from worker %d, which knew this server", sv->me, wi);
+    if (len < 0 || len > (16 << 20) || n < sv->S || (sv->params && (size_t)n != sv->n))
+        return dt_error(DT_ERR_COMM, "server %d, restarted: HELLO from worker %d with a description of %lld bytes, for "
+                                     "%lld parameters%s", sv->me, wi, (long long)len, (long long)n,
+                        sv->params ? " (the range is of another model)" : "");
+    char *text = len ? malloc((size_t)len) : NULL;
+    if (len && !text) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    dt_status st = len ? dt_recv(text, (size_t)len, DT_U8, p->rank, sv->all) : DT_OK;
+    int first = !sv->params;
+    if (st == DT_OK && first) {  // the description is kept (the writer points into it)
+        if (len) st = desc_decode(&sv->desc, text, (size_t)len, sv->me);
+        text = NULL;
+        if (st == DT_OK) st = restore(sv, (size_t)n, wi, &sv->seeded);
+        if (st == DT_OK && len) st = make_writer(sv);
+    }
+    free(text);
+    // The worker's weights of the range: the range's when restore found no
+    // checkpoint, else dropped (sv->grad is scratch between steps).
+    if (st == DT_OK) st = dt_recv(first && sv->seeded ? sv->params : sv->grad, sv->len, DT_F32, p->rank, sv->all);
+    if (st != DT_OK) return st;
+    p->step = p->h[H_STEP];
+    p->done_cseq = p->h[H_C];
+    p->sent = sv->version;
+    p->dropped = 0;
+    // The server's step follows the workers past its checkpoint's: backup
+    // makes it from the gradients of that step (a worker behind is late).
+    if (p->step > sv->step) sv->step = p->step;
+    int64_t h[H_N] = {M_HELLOED, p->step, sv->version, 0, 0, sv->seeded, 0, 0};
+    return dt_send(h, H_N, DT_I64, p->rank, sv->all);
 }
 
 static dt_status server_free(server *sv, dt_status st) {
@@ -1565,13 +1715,14 @@ static dt_status advance(server *sv, int *moved) {
 // A server's own loop: receive pushes, update its range, answer, until
 // every worker said END.
 static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, const char *run_dir) {
-    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir};
+    server sv = {.c = c, .all = all, .mine = mine, .det = c->deterministic, .mode = c->ps_mode, .run_dir = run_dir,
+                 .saved_step = -1};
     sv.S = dt_comm_size(mine);
     sv.me = dt_comm_rank(mine);
     sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
     if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
     int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
-    dt_status st = again ? restore(&sv) : start(&sv);
+    dt_status st = again ? restart(&sv) : start(&sv);
     if (st == DT_OK && sv.me == 0 && !again)
         dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s", sv.S, sv.len, sv.n, sv.N,
                sv.N < dt_comm_size(all) - sv.S ? "groups' leaders" : "workers",
@@ -1592,6 +1743,7 @@ static dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, con
             st = survive(&sv, wi, handle(&sv, wi));
         }
         if (st == DT_OK) st = advance(&sv, &moved);
+        if (st == DT_OK && sv.writer) st = saved(&sv, &moved);
         // DTRAIN_FAULT_STEP names server j as rank -1 - j (engine/worker.h).
         if (st == DT_OK && sv.step != at) st = dt_fault_step(-1 - sv.me, at = sv.step);
         if (moved) {

@@ -193,9 +193,12 @@ struct dt_strategy {
     int rejoined;              /* this rank replaces one that died, and goes on from rejoin_step (set by
                                   ckpt_restore; parameter servers outside mode sync) */
     int64_t rejoin_step;
+    int rejoin_meet;           /* ... after the meeting that follows that step (evaluation, checkpoint, end;
+                                  none if no meeting is due then), which its predecessor may have been in:
+                                  the loop runs it, the strategy skips the collectives already made */
     int own_pace;              /* the ranks do not wait for each other each step: the control plane is
-                                  each rank's own (dt_control_local); they meet only in params_sync,
-                                  evaluation and collectives of the strategy's */
+                                  each rank's own (dt_control_local); they meet only in params_sync and
+                                  collectives of the strategy's, and rank 0 evaluates alone */
     uint16_t *wire;            /* [parallel] grad_dtype = bf16: the gradients as sent (dt_strategy_wire) */
     float loss_scale;          /* fp16's dynamic loss scale: every micro-batch's loss is also scaled by it
                                   (1 otherwise); the loop divides it out of the update */

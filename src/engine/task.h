@@ -120,7 +120,8 @@ typedef struct dt_task_ops {
      * (in_count floats, d itself or the stage's own buffer, valid until
      * the stage's next backward); parameter gradients accumulate. */
     dt_status (*stage_backward)(dt_task *t, dt_task_stage *st, float *d, float **din);
-    /* Evaluation sharded over comm's ranks; *accuracy < 0: none. step and
+    /* Evaluation sharded over comm's ranks (NULL: the whole set on this
+     * rank alone); *accuracy < 0: none. step and
      * train_loss are where the run stands (for the task's history). */
     dt_status (*evaluate)(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss, float *accuracy);
     /* The final weights file; called on every rank, path NULL but on the

@@ -389,20 +389,21 @@ static dt_status cls_stage_backward(dt_task *t, dt_task_stage *st, float *d, flo
     return dt_model_backward_range(t->m, st->a, d, din);
 }
 
-// Evaluation sharded across the ranks of comm and reduced.
+// Evaluation sharded across the ranks of comm and reduced (comm NULL: all
+// of it on this rank).
 static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
     (void)step, (void)train_loss;
     const dt_dataset *ds = &t->test;
     if (t->ntp > 1) comm = t->rest;  // the shards of one model run the same samples
-    int r = dt_comm_rank(comm), W = dt_comm_size(comm);
+    int r = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
     int lo = (int)((long)ds->n * r / W), hi = (int)((long)ds->n * (r + 1) / W);
     double sum;
     long correct;
     dt_status st = eval_range(t->m, ds, lo, hi, t->c->eval_batch, &sum, &correct);
     if (st != DT_OK) return st;
     float v[2] = {(float)sum, (float)correct};
-    if ((st = dt_allreduce(v, v, 2, DT_F32, DT_SUM, comm)) != DT_OK)
+    if (comm && (st = dt_allreduce(v, v, 2, DT_F32, DT_SUM, comm)) != DT_OK)
         return dt_error(st, "evaluation: %s", dt_last_error());
     *loss = ds->n ? v[0] / ds->n : 0.0f;
     *accuracy = ds->n ? v[1] / ds->n : 0.0f;

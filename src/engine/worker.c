@@ -103,12 +103,18 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total) {
 }
 
 dt_status dt_fault_step(int rank, int64_t step) {
-    const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE"), *slow = getenv("DTRAIN_SLOW_RANK");
+    const char *slow = getenv("DTRAIN_SLOW_RANK");
     int r, ms;
-    long long s;
     if (slow && sscanf(slow, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) usleep((useconds_t)ms * 1000);
-    // R:S[:KIND], or several separated by commas (the k-th one's ONCE file is FILE.k)
-    char kind[16] = "error";
+    return dt_fault_at(rank, step, NULL);
+}
+
+dt_status dt_fault_at(int rank, int64_t step, const char *place) {
+    const char *f = getenv("DTRAIN_FAULT_STEP"), *once = getenv("DTRAIN_FAULT_ONCE");
+    int r;
+    long long s;
+    // R:S[:KIND[:PLACE]], or several separated by commas (the k-th one's ONCE file is FILE.k)
+    char kind[16] = "error", at[16];
     int matched = 0, k = 0;
     for (const char *e = f; e && *e && !matched; k++) {
         char one[64];
@@ -116,7 +122,9 @@ dt_status dt_fault_step(int rank, int64_t step) {
         snprintf(one, sizeof one, "%.*s", (int)len, e);
         e = e[len] ? e + len + 1 : NULL;
         snprintf(kind, sizeof kind, "error");
-        if (sscanf(one, "%d:%lld:%15s", &r, &s, kind) < 2 || r != rank || s != step) continue;
+        at[0] = 0;
+        if (sscanf(one, "%d:%lld:%15[^:]:%15s", &r, &s, kind, at) < 2 || r != rank || s != step) continue;
+        if (place ? strcmp(at, place) != 0 : at[0] != 0) continue;
         if (once && *once) {
             char path[4200];
             if (k) snprintf(path, sizeof path, "%s.%d", once, k);
@@ -131,7 +139,7 @@ dt_status dt_fault_step(int rank, int64_t step) {
     if (!strcmp(kind, "kill")) raise(SIGKILL);
     if (!strcmp(kind, "hang"))
         for (;;) pause();
-    return dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP)");
+    return dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP%s%s)", place ? " at " : "", place ? place : "");
 }
 
 void dt_fault_slow(int rank, double seconds) {

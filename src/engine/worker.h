@@ -44,6 +44,12 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *       hang (stops, without heartbeats); R = -1 - j is parameter server j
  *       (engine/ps.c), after its step S; several faults separated by
  *       commas (R:S:kill,R2:S2:kill) fire each at its own step;
+ *   DTRAIN_FAULT_STEP=R:S:KIND:PLACE  the same inside the meeting after
+ *       step S (parameter servers outside mode sync: dt_fault_at): PLACE
+ *       fetch (a worker that fetched the weights, before the barrier after
+ *       it), eval (before the evaluation), save (in the servers'
+ *       checkpoint: worker 0 once it asked the servers to save) or end
+ *       (after the final weights were fetched, before they are written);
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
  *       exist, and creates it (so that a restarted run gets past it); the
  *       k-th fault of a list (from 0) uses FILE.k for k > 0;
@@ -60,6 +66,7 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *       forward of layer L while a pipeline measures its layers (one rank
  *       seeing a layer slower than the others do: dt_fault_slow_layer). */
 dt_status dt_fault_step(int rank, int64_t step);
+dt_status dt_fault_at(int rank, int64_t step, const char *place);
 void dt_fault_slow(int rank, double seconds);
 void dt_fault_slow_layer(int rank, int layer);
 int dt_fault_overflow(int rank, int64_t step);

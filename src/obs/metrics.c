@@ -501,6 +501,10 @@ void dt_obs_pipeline_split(dt_obs *o, const char *balance, const int *bounds, in
     log_record(o, j);
 }
 
+void dt_obs_at(dt_obs *o, const dt_obs_step_info *s) {
+    if (o) o->last = *s;
+}
+
 void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     if (!o) return;
     double now = dt_now(), step_s = o->step_start ? now - o->step_start : 0;

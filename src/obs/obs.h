@@ -99,6 +99,10 @@ int dt_obs_rank_work(const dt_obs *o, int r, double *seconds);
 /* Ends the step: its metrics record, progress, the endpoint's figures,
  * straggler detection. */
 void dt_obs_step(dt_obs *o, const dt_obs_step_info *s);
+/* Where a run stands that did not record the steps before (a process
+ * taking a dead one's place after its step s->step): the last step for the
+ * records that follow, without a step record of its own. */
+void dt_obs_at(dt_obs *o, const dt_obs_step_info *s);
 /* An evaluation just ended, after the last step recorded (accuracy < 0:
  * none); train_loss is the training loss to show beside it. */
 void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accuracy);

@@ -472,11 +472,10 @@ static int supervise(const args_t *a, const dt_config *c) {
         lp.failed_at = failed_at;
         lp.failed_step = failed_step;
         // Parameter servers outside mode sync: a worker that dies or hangs
-        // is restarted alone and rejoins, and so is a server (from its shard
-        // of the newest checkpoint; with 2 servers or more, whose checkpoints
-        // are sharded); the others go on.
+        // is restarted alone and rejoins, and so is a server (from its range
+        // of the newest checkpoint); the others go on.
         if (c->ps_servers > 0 && c->ps_mode != 0 && a->max_restarts > restarts) {
-            lp.respawn_from = c->ps_servers >= 2 ? 0 : c->ps_servers;
+            lp.respawn_from = 0;
             lp.max_respawns = a->max_restarts - restarts;
         }
         dt_launch_result r;
