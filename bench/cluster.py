@@ -24,7 +24,10 @@ validated on the same runs: given the links' measured rate and latency
 predicts each size's hier allreduce time and `dtrain simulate` on the
 1-host run (the profile) the H-host step time; both are printed next to
 the measured ones with the error (and, for reference, the allreduce at the
-link's nominal rate). Refuses to run on a busy machine (load average >=
+link's nominal rate). The pretend hosts share this machine's cores, so each
+computes slower on H hosts than alone: the step is predicted again with the
+profile's compute scaled by that slowdown, measured on the forward pass
+(which carries no communication; `dtrain simulate --compute-scale`). Refuses to run on a busy machine (load average >=
 1.5) unless --force; prints the load average before each host count. Needs
 root.
 """
@@ -84,18 +87,24 @@ def train(build, mpiargs, np, per_host, args, sets, run_dir):
         return json.load(f)
 
 
-def median_step(run_dir):
-    """Rank 0's median step time in ms after two warm-up steps (as dtrain simulate reads its profile)."""
+def medians(run_dir):
+    """Rank 0's median step, and forward and backward per sample of its batch,
+    in ms, after two warm-up steps (as dtrain simulate reads its profile)."""
     with open(os.path.join(run_dir, "metrics", "rank-00000.jsonl")) as f:
         steps = [json.loads(line) for line in f if '"type":"step"' in line.replace(" ", "")]
-    t = sorted(d["step_seconds"] for d in steps if d["step"] > 2) or [d["step_seconds"] for d in steps]
-    return 1000 * t[len(t) // 2]
+    steps = [d for d in steps if d["step"] > 2] or steps
+
+    def med(key, per=lambda d: 1):
+        v = sorted(d[key] / per(d) for d in steps)
+        return 1000 * v[len(v) // 2]
+    share = lambda d: d.get("share") or d["samples"]  # noqa: E731
+    return med("step_seconds"), med("forward_seconds", share), med("backward_seconds", share)
 
 
-def simulate(build, profile_dir, H, R, link):
+def simulate(build, profile_dir, H, R, link, scale=1.0):
     """The step time dtrain simulate predicts for H hosts, in ms (link: RATE,LATENCY)."""
     out = subprocess.run([os.path.join(build, "dtrain"), "simulate", profile_dir, "--hosts", "1,%d" % H,
-                          "--ranks-per-host", str(R), "--link", link],
+                          "--ranks-per-host", str(R), "--link", link, "--compute-scale", "%.4f" % scale],
                          check=True, stdout=subprocess.PIPE, text=True).stdout
     for line in out.splitlines():
         f = line.split()
@@ -177,16 +186,18 @@ def main():
                                                                 "DTRAIN_COMM_ALGO": "ring"}),
                         "mpi": run_json(base + [bench, "--impl", "mpi"] + sz),
                     }
-                    one = train(build, mpiargs, R, R, args, sets, os.path.join(tmp, "t1"))
-                    many = train(build, mpiargs, np, R, args, sets, os.path.join(tmp, "t%d" % H))
+                    # a run directory of their own (a run's metrics are appended to)
+                    d1, dH = (os.path.join(tmp, "t%d-%d-%s" % (n, H, bw)) for n in (1, H))
+                    one = train(build, mpiargs, R, R, args, sets, d1)
+                    many = train(build, mpiargs, np, R, args, sets, dH)
                 finally:
                     cluster("down")
                 if not shift_small or not shift_large:
                     sys.exit("cluster.py: allreduce_bench --impl shift failed: no measured link")
                 link_arg, link_rate, link_lat = measured_link(shift_small, shift_large)
                 nominal = "%s,%s" % (bw, args.latency)
-                predicted = simulate(build, os.path.join(tmp, "t1"), H, R, nominal)
-                predicted_cal = simulate(build, os.path.join(tmp, "t1"), H, R, link_arg)
+                predicted = simulate(build, d1, H, R, nominal)
+                predicted_cal = simulate(build, d1, H, R, link_arg)
                 link = rate_gbit(bw) / 8  # GB/s
                 by = {k: {r["bytes"]: r for r in v["results"]} for k, v in res.items() if v}
                 model = simulate_allreduce(build, sorted(by.get("hier", {})), H, R, nominal)
@@ -212,19 +223,28 @@ def main():
                         m["time_us"] / d["time_us"] if m else 0, r["time_us"] / d["time_us"] if r else 0,
                         pc, err, pn, 100 * (pn - d["time_us"]) / d["time_us"]))
                 # steady state: median steps (the summary's rate includes the first, slow steps)
-                t1, tH = median_step(os.path.join(tmp, "t1")), median_step(os.path.join(tmp, "t%d" % H))
+                (t1, f1, b1), (tH, fH, bH) = medians(d1), medians(dH)
                 print("training %s (%s), %d steps, global batch %d: median step 1 host %.1f ms, %d hosts %.1f ms: "
                       "scaling efficiency %.0f%%" % (
                           os.path.basename(args.train_config), args.preset or "as configured", args.steps,
                           many["batch"], t1, H, tH, 100 * t1 / (H * tH)))
+                # forward carries no communication: its time per sample on H hosts against 1 host is
+                # what sharing this machine's cores costs each pretend host's compute
+                scale = fH / f1
+                predicted_sc = simulate(build, d1, H, R, link_arg, scale)
+                print("per sample: forward %.1f ms on 1 host, %.1f ms on %d (x%.2f), backward %.1f / %.1f ms (x%.2f)" % (
+                    f1, fH, H, scale, b1, bH, bH / b1))
                 print("dtrain simulate (profile: the 1-host run): step %.1f ms predicted with the measured link "
-                      "(%s), %.1f ms measured: %+.0f%%; at the nominal link (%s) %.1f ms: %+.0f%%" % (
-                          predicted_cal, link_arg, tH, 100 * (predicted_cal - tH) / tH, nominal, predicted,
-                          100 * (predicted - tH) / tH))
+                      "(%s), %.1f ms measured: %+.0f%%; with --compute-scale %.2f (the forward's slowdown) "
+                      "%.1f ms: %+.0f%%; at the nominal link (%s) %.1f ms: %+.0f%%" % (
+                          predicted_cal, link_arg, tH, 100 * (predicted_cal - tH) / tH, scale, predicted_sc,
+                          100 * (predicted_sc - tH) / tH, nominal, predicted, 100 * (predicted - tH) / tH))
                 out.append({"hosts": H, "ranks_per_host": R, "bw": bw, "cpus": cpus, "load": load_at,
                             "measured_link": link_arg, "shift": [shift_small, shift_large],
                             "allreduce": res, "model": rows, "train_1": one, "train_h": many,
-                            "step_ms_1": t1, "step_ms_h": tH, "simulated_step_ms": predicted_cal, "simulated_step_ms_nominal": predicted})
+                            "step_ms_1": t1, "step_ms_h": tH, "forward_ms_per_sample": [f1, fH],
+                            "backward_ms_per_sample": [b1, bH], "simulated_step_ms": predicted_cal,
+                            "compute_scale": scale, "simulated_step_ms_scaled": predicted_sc, "simulated_step_ms_nominal": predicted})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu.info()["name"], "load": load, "runs": out}, f, indent=1)
