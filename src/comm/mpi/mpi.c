@@ -366,8 +366,9 @@ static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sb
  * already switch between such algorithms by size and rank count (Open
  * MPI's "tuned" component), tuned to the network, so auto is MPI's, except
  * for the allreduce between hier's host leaders (s->own): there dtrain's
- * ring (from 64 KiB; halving-doubling below) was 1.1-3x Open MPI's
- * MPI_Allreduce over TCP between pretend hosts (docs/benchmarks.md). */
+ * ring (from 64 KiB; halving-doubling below) was 1.5-4.2x Open MPI's
+ * MPI_Allreduce over TCP between pretend hosts on 1 Gbit/s links
+ * (docs/benchmarks.md). */
 static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
     mpi_state *s = c->be;
     dt_coll k = a->kind;
