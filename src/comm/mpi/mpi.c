@@ -206,26 +206,30 @@ static void ranks_behind(dt_comm_t c, uint64_t seq, char *buf, size_t n) {
     free(rq);
 }
 
-static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a);
+static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a,
+                               dt_waiter *w);
 
 /* Waits until one of rq[0..n) completes and sets *idx to it (MPI_UNDEFINED
- * when all of them are MPI_REQUEST_NULL), or until the deadline. */
-static dt_status wait_any(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a) {
-    dt_status rc = wait_any_impl(c, n, rq, idx, a);
+ * when all of them are MPI_REQUEST_NULL), or until w's deadline. w spans
+ * all the waits of one exchange: one that began long ago sleeps between
+ * tests instead of spinning and yielding again after every message. */
+static dt_status wait_any(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a, dt_waiter *w) {
+    dt_status rc = wait_any_impl(c, n, rq, idx, a, w);
     dt_waiter_done();
     return rc;
 }
 
 static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
     int idx;
-    return wait_any(c, 1, rq, &idx, a);
-}
-
-static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a) {
-    mpi_state *s = c->be;
-    publish_seq(s, a->seq);
     dt_waiter w;
     dt_waiter_init(&w, c->timeout, c->local_size);
+    return wait_any(c, 1, rq, &idx, a, &w);
+}
+
+static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a,
+                               dt_waiter *w) {
+    mpi_state *s = c->be;
+    publish_seq(s, a->seq);
     for (;;) {
         int done = 0;
         MPI_LOCK();
@@ -238,7 +242,7 @@ static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, co
             return mpi_err(what, rc);
         }
         if (done) return DT_OK;
-        if (dt_waiter_step(&w)) {
+        if (dt_waiter_step(w)) {
             dt_waiter_note(a, -1);
             if (atomic_load(&c->err) != DT_OK)
                 return dt_error((dt_status)atomic_load(&c->err), "%s (seq %llu): %s",
@@ -248,7 +252,7 @@ static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, co
                      (unsigned long long)a->seq);
             dt_status ab = check_abort(c, what);
             if (ab != DT_OK) return ab;
-            if (dt_waiter_expired(&w)) {
+            if (dt_waiter_expired(w)) {
                 char who[256];
                 ranks_behind(c, a->seq, who, sizeof who);
                 return dt_error(DT_ERR_TIMEOUT,
@@ -341,6 +345,8 @@ static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sb
         if ((w ? to : from) >= 0 && !left[w]) left[w] = 1;
     for (int i = 0; i < 2 * XCHG_WINDOW; i++) rq[i] = MPI_REQUEST_NULL;
     dt_status rc = DT_OK;
+    dt_waiter wt;
+    dt_waiter_init(&wt, c->timeout, c->local_size);
     for (int idx = -1;;) {
         /* refill the slot that completed (every slot at the start) */
         for (int i = idx < 0 ? 0 : idx; i < (idx < 0 ? 2 * XCHG_WINDOW : idx + 1); i++) {
@@ -355,7 +361,7 @@ static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sb
             at[w] += len;
             left[w]--;
         }
-        if ((rc = wait_any(c, 2 * XCHG_WINDOW, rq, &idx, a)) != DT_OK || idx == MPI_UNDEFINED) break;
+        if ((rc = wait_any(c, 2 * XCHG_WINDOW, rq, &idx, a, &wt)) != DT_OK || idx == MPI_UNDEFINED) break;
     }
     return rc;
 }
