@@ -4,6 +4,10 @@
  *   dtrain run -n 2 -- allreduce_bench                 dtrain (shm backend)
  *   mpirun -np 2 allreduce_bench                       dtrain over MPI (auto backend)
  *   mpirun -np 2 allreduce_bench --impl mpi            Open MPI's own MPI_Allreduce
+ *   mpirun -np 2 allreduce_bench --impl shift          no allreduce: each rank sends the
+ *                                                      buffer to the next rank while it
+ *                                                      receives the previous one's (MPI
+ *                                                      point to point): the links' rate
  *   allreduce_bench --impl memcpy                      one core copying the same
  *                                                      sizes: the machine's yardstick
  *
@@ -17,6 +21,10 @@
  *   algbw = bytes / time
  *   busbw = algbw * 2 (n-1) / n   (the traffic a ring allreduce puts on each
  *                                  link, so numbers compare across rank counts)
+ * For --impl shift, busbw = algbw = bytes / time: the rate of one stream
+ * each way on every rank's link, all at once (what a ring's step gets); its
+ * time at a small size is the step's latency. bench/cluster.py gives both
+ * to `dtrain simulate --link` as the links' measured rate and latency.
  * bench/allreduce_compare.py runs all implementations plus PyTorch Gloo in one
  * go and prints ratios.
  */
@@ -26,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #ifdef DTRAIN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -34,8 +43,44 @@ typedef struct {
     int rank, size;
     dt_comm_t comm;
     int mpi_raw;
+    int shift; /* --impl shift */
     char *copy_dst; /* --impl memcpy: the reference, one core copying */
 } bench;
+
+#ifdef DTRAIN_HAVE_MPI
+/* --impl shift: bytes of buf to the next rank while as many come from the
+ * previous one. In 60 KiB messages (under Open MPI's TCP eager limit), all
+ * posted at once, as dtrain's own exchanges send them (src/comm/mpi/mpi.c):
+ * larger ones would wait for the peer's reply behind the other direction's
+ * data. The wait tests and sleeps 20 us, as dtrain's waits do (wait.c),
+ * instead of spinning in MPI_Waitall: on shared cores a spinning rank takes
+ * the time its peer and the kernel's network work need. */
+#define SHIFT_MSG ((size_t)60 << 10)
+static void shift(bench *b, char *buf, size_t bytes) {
+    static char *in;
+    static MPI_Request *rq;
+    static size_t have; /* messages that in and rq have room for */
+    size_t n = bytes ? (bytes + SHIFT_MSG - 1) / SHIFT_MSG : 1;
+    if (n > have) {
+        free(in);
+        free(rq);
+        in = malloc(n * SHIFT_MSG);
+        rq = malloc(2 * n * sizeof *rq);
+        if (!in || !rq) exit(1);
+        have = n;
+    }
+    int to = (b->rank + 1) % b->size, from = (b->rank + b->size - 1) % b->size, done = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t at = k * SHIFT_MSG, len = bytes - at < SHIFT_MSG ? bytes - at : SHIFT_MSG;
+        MPI_Irecv(in + at, (int)len, MPI_BYTE, from, 0, MPI_COMM_WORLD, &rq[2 * k]);
+        MPI_Isend(buf + at, (int)len, MPI_BYTE, to, 0, MPI_COMM_WORLD, &rq[2 * k + 1]);
+    }
+    while (MPI_Testall((int)(2 * n), rq, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && !done) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+#endif
 
 static void run_op(bench *b, void *buf, size_t count, dt_dtype t) {
     if (b->copy_dst) {
@@ -43,6 +88,10 @@ static void run_op(bench *b, void *buf, size_t count, dt_dtype t) {
         return;
     }
 #ifdef DTRAIN_HAVE_MPI
+    if (b->shift) {
+        shift(b, buf, count * dt_dtype_size(t));
+        return;
+    }
     if (b->mpi_raw) {
         MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         return;
@@ -106,7 +155,7 @@ int main(int argc, char **argv) {
             const char *d = argv[++i];
             t = !strcmp(d, "bf16") ? DT_BF16 : !strcmp(d, "f16") ? DT_F16 : DT_F32;
         } else {
-            fprintf(stderr, "usage: allreduce_bench [--impl dtrain|mpi|memcpy] [--min B] [--max B] "
+            fprintf(stderr, "usage: allreduce_bench [--impl dtrain|mpi|shift|memcpy] [--min B] [--max B] "
                             "[--iters N] [--repeat R] [--dtype f32|bf16|f16] [--hugepages] [--json] "
                             "[--check]\n");
             return 2;
@@ -117,12 +166,13 @@ int main(int argc, char **argv) {
         b.copy_dst = dt_alloc(maxb);
         if (!b.copy_dst) return 1;
         memset(b.copy_dst, 0, maxb);
-    } else if (!strcmp(impl, "mpi")) {
+    } else if (!strcmp(impl, "mpi") || !strcmp(impl, "shift")) {
 #ifdef DTRAIN_HAVE_MPI
         MPI_Init(&argc, &argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &b.size);
         b.mpi_raw = 1;
+        b.shift = !strcmp(impl, "shift");
         t = DT_F32;
 #else
         fprintf(stderr, "allreduce_bench: built without MPI\n");
@@ -137,7 +187,8 @@ int main(int argc, char **argv) {
         b.rank = dt_comm_rank(b.comm);
         b.size = dt_comm_size(b.comm);
     }
-    const char *backend = b.copy_dst ? "memcpy" : b.mpi_raw ? "MPI_Allreduce" : dt_comm_backend(b.comm);
+    const char *backend = b.copy_dst ? "memcpy" : b.shift ? "MPI_Isend/MPI_Irecv" : b.mpi_raw ? "MPI_Allreduce"
+                        : dt_comm_backend(b.comm);
     size_t es = dt_dtype_size(t);
     /* --hugepages: back the buffer with transparent huge pages, as a
      * training job's gradient block can be; fewer TLB misses on big sweeps */
@@ -162,10 +213,10 @@ int main(int argc, char **argv) {
                    "# %12s %10s %10s %10s %8s\n",
                    "bytes", "count", "time(us)", "GB/s", "GB/s");
         else
-            printf("# allreduce, %s (%s), %d ranks, %s, in place, sum\n"
+            printf("# %s, %s (%s), %d ranks, %s%s\n"
                    "# %12s %10s %10s %10s %8s\n",
-                   impl, backend, b.size, dt_dtype_name(t), "bytes", "count", "time(us)",
-                   "algbw(GB/s)", "busbw");
+                   b.shift ? "to the next rank" : "allreduce", impl, backend, b.size, dt_dtype_name(t),
+                   b.shift ? "" : ", in place, sum", "bytes", "count", "time(us)", "algbw(GB/s)", "busbw");
     }
     int first = 1;
     for (size_t bytes = minb; bytes <= maxb; bytes *= 2) {
@@ -192,7 +243,7 @@ int main(int argc, char **argv) {
             if (e < el) el = e;
         }
         double algbw = (double)bytes / el / 1e9;
-        double busbw = algbw * 2.0 * (b.size - 1) / b.size;
+        double busbw = b.shift ? algbw : algbw * 2.0 * (b.size - 1) / b.size;
         if (b.rank == 0) {
             if (json)
                 printf("%s  {\"bytes\": %zu, \"time_us\": %.3f, \"algbw\": %.3f, \"busbw\": %.3f, "

@@ -12,8 +12,10 @@
 #
 #   --bw RATE     each host's link, both directions (tc tbf; default 10gbit,
 #                 "none" for unshaped)
-#   --delay TIME  one-way delay added on each host's link (tc netem; fails with
-#                 a message where the kernel has no netem)
+#   --delay TIME  one-way delay added on each host's link (tc netem). On a
+#                 kernel without netem `up` fails saying so and removes what
+#                 it made; the delay itself has not been tried on a kernel
+#                 with netem
 #   --cpus N      each host's processes share at most N cores' time (a cpu
 #                 cgroup per host, CFS quota; e.g. 0.5: 4 hosts on 2 cores
 #                 each get a fair half, as separate machines would their own
@@ -119,8 +121,13 @@ shape() { # shape DEV [NETNS]: egress of DEV limited to bw, delayed by delay
     if [ -n "$delay" ]; then
         local rate=()
         [ "$bw" != none ] && rate=(rate "$bw")
-        "${tcx[@]}" qdisc add dev "$dev" root netem delay "$delay" "${rate[@]}" 2>/dev/null ||
-            die "--delay $delay: tc could not add a netem qdisc (this kernel may lack sch_netem; try without --delay)"
+        local err why=
+        if ! err=$("${tcx[@]}" qdisc add dev "$dev" root netem delay "$delay" "${rate[@]}" 2>&1); then
+            zgrep -qx "# CONFIG_NET_SCH_NETEM is not set" /proc/config.gz 2>/dev/null &&
+                why=": this kernel has no netem (CONFIG_NET_SCH_NETEM is not set)"
+            die "--delay $delay: tc could not add a netem qdisc on $dev (tc: ${err//$'\n'/ })$why." \
+                "--delay needs netem; run without --delay (links shaped to --bw, no added delay)"
+        fi
     elif [ "$bw" != none ]; then
         # a burst of 1 ms at the rate, at least 64 KiB (one TSO segment)
         "${tcx[@]}" qdisc add dev "$dev" root tbf rate "$bw" burst "$burst" latency 5ms ||

@@ -604,6 +604,18 @@ static void test_simulate(void) {
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 0 && strstr(g_out, "batch 4096 on 1 rank(s)") && strstr(g_out, "    64     64     64.00 "),
           "simulate --batch 4096: exit %d\n%s", rc, g_out);
+    // --compute-scale 2: twice the profile's compute on every host count
+    double c1 = 0, c2 = 0;
+    for (int k = 1; k <= 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s simulate %s --hosts 1 --compute-scale %d", tl_dtrain(), dir, k);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        const char *row = strstr(g_out, "\n     1      1 ");
+        double b = 0, c = 0;
+        CHECK(rc == 0 && row && sscanf(row, " 1 1 %lf %lf", &b, &c) == 2, "simulate --compute-scale %d: exit %d\n%s",
+              k, rc, g_out);
+        *(k == 1 ? &c1 : &c2) = c;
+    }
+    CHECK(c1 > 0 && fabs(c2 - 2 * c1) <= 2e-3, "simulate --compute-scale 2: compute %g ms, at 1 %g ms", c2, c1); /* printed to 1 us */
     snprintf(path, sizeof path, "%s/sim.html", g_tmp);
     char *html = tl_read_file(path, NULL);
     CHECK(html && strstr(html, "<svg class=\"chart\"") && strstr(html, "<td>8</td>"), "simulate --html: chart and table");
@@ -615,6 +627,7 @@ static void test_simulate(void) {
         {"--strategy tp", "--strategy: 'tp': expected dp or zero"},
         {"--ranks-per-host 0", "--ranks-per-host"},       {"--frobnicate", "unknown option '--frobnicate'"},
         {"--allreduce 1M", "--allreduce takes no RUN_DIR"}, {"--batch 0", "--batch"},
+        {"--compute-scale 0", "--compute-scale"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);

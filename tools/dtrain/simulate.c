@@ -11,7 +11,7 @@
 static const char help[] =
     "usage: dtrain simulate RUN_DIR [--hosts LIST] [--link BW,LATENCY] [--ranks-per-host R]\n"
     "                       [--strategy dp,zero] [--host-bw GBPS] [--batch N] [--weak]\n"
-    "                       [--html FILE]\n"
+    "                       [--compute-scale F] [--html FILE]\n"
     "       dtrain simulate --allreduce SIZES [--hosts LIST] [--link BW,LATENCY] [--ranks-per-host R]\n"
     "\n"
     "Predicts the step time and scaling efficiency of data-parallel training on\n"
@@ -35,6 +35,9 @@ static const char help[] =
     "                    the profiled run's batch)\n"
     "  --weak            keep the profiled run's batch per rank (weak scaling);\n"
     "                    default: keep its global batch (strong scaling)\n"
+    "  --compute-scale F the hosts' compute (forward, backward, data, optimizer)\n"
+    "                    takes F times the profiled run's: 2 = cores half as fast\n"
+    "                    (default 1)\n"
     "  --html FILE       also write the table and a chart of the efficiency\n"
     "  --allreduce SIZES instead of a run: the model's time and bus bandwidth of\n"
     "                    one allreduce of each size (bytes, K/M/G = powers of\n"
@@ -116,7 +119,7 @@ static int allreduce_table(const char *sizes, const int *hosts, int nh, int rph,
 int cmd_simulate(int argc, char **argv) {
     const char *dir = NULL, *html = NULL, *link = "10gbit,50us", *strategies = "dp", *sizes = NULL;
     int hosts[MAXH], nh = parse_hosts("1..1024", hosts), weak = 0;
-    double rph = 1, host_gbs = 5, batch = 0;
+    double rph = 1, host_gbs = 5, batch = 0, scale = 1;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
@@ -144,6 +147,9 @@ int cmd_simulate(int argc, char **argv) {
             sizes = argv[++i];
         } else if (!strcmp(s, "--batch")) {
             if (parse_number(s, v, 1, 1e9, 1, &batch)) return EXIT_USAGE;
+            i++;
+        } else if (!strcmp(s, "--compute-scale")) {
+            if (parse_number(s, v, 0.001, 1000, 0, &scale)) return EXIT_USAGE;
             i++;
         } else if (!strcmp(s, "--weak")) {
             weak = 1;
@@ -182,9 +188,13 @@ int cmd_simulate(int argc, char **argv) {
         p.batch = (int)batch;
         p.workers = 1;
     }
+    p.compute_s *= scale;
+    p.data_s *= scale;
+    p.optimizer_s *= scale;
     printf("profile %s: %.0f params, batch %d on %d rank(s): %.3f ms compute + %.3f ms data per sample, "
-           "optimizer %.2f ms per step\n",
-           dir, p.params, p.batch, p.workers, 1e3 * p.compute_s, 1e3 * p.data_s, 1e3 * p.optimizer_s);
+           "optimizer %.2f ms per step%s\n",
+           dir, p.params, p.batch, p.workers, 1e3 * p.compute_s, 1e3 * p.data_s, 1e3 * p.optimizer_s,
+           scale != 1 ? " (the run's, scaled by --compute-scale)" : "");
     printf("links %s (%.2f GB/s, %.1f us), %d rank(s) per host, shm %.1f GB/s, %s scaling\n", link, bw / 1e9,
            lat * 1e6, (int)rph, host_gbs, weak ? "weak (batch per rank kept)" : "strong (global batch kept)");
 

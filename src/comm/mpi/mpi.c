@@ -206,23 +206,34 @@ static void ranks_behind(dt_comm_t c, uint64_t seq, char *buf, size_t n) {
     free(rq);
 }
 
-static dt_status wait_req_impl(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a);
+static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a,
+                               dt_waiter *w);
 
-static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
-    dt_status rc = wait_req_impl(c, rq, a);
+/* Waits until one of rq[0..n) completes and sets *idx to it (MPI_UNDEFINED
+ * when all of them are MPI_REQUEST_NULL), or until w's deadline. w spans
+ * all the waits of one exchange: one that began long ago sleeps between
+ * tests instead of spinning and yielding again after every message. */
+static dt_status wait_any(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a, dt_waiter *w) {
+    dt_status rc = wait_any_impl(c, n, rq, idx, a, w);
     dt_waiter_done();
     return rc;
 }
 
-static dt_status wait_req_impl(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
-    mpi_state *s = c->be;
-    publish_seq(s, a->seq);
+static dt_status wait_req(dt_comm_t c, MPI_Request *rq, const dt_coll_args *a) {
+    int idx;
     dt_waiter w;
     dt_waiter_init(&w, c->timeout, c->local_size);
+    return wait_any(c, 1, rq, &idx, a, &w);
+}
+
+static dt_status wait_any_impl(dt_comm_t c, int n, MPI_Request *rq, int *idx, const dt_coll_args *a,
+                               dt_waiter *w) {
+    mpi_state *s = c->be;
+    publish_seq(s, a->seq);
     for (;;) {
         int done = 0;
         MPI_LOCK();
-        int rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+        int rc = MPI_Testany(n, rq, idx, &done, MPI_STATUS_IGNORE);
         MPI_UNLOCK();
         if (rc != MPI_SUCCESS) {
             char what[96];
@@ -231,7 +242,7 @@ static dt_status wait_req_impl(dt_comm_t c, MPI_Request *rq, const dt_coll_args 
             return mpi_err(what, rc);
         }
         if (done) return DT_OK;
-        if (dt_waiter_step(&w)) {
+        if (dt_waiter_step(w)) {
             dt_waiter_note(a, -1);
             if (atomic_load(&c->err) != DT_OK)
                 return dt_error((dt_status)atomic_load(&c->err), "%s (seq %llu): %s",
@@ -241,7 +252,7 @@ static dt_status wait_req_impl(dt_comm_t c, MPI_Request *rq, const dt_coll_args 
                      (unsigned long long)a->seq);
             dt_status ab = check_abort(c, what);
             if (ab != DT_OK) return ab;
-            if (dt_waiter_expired(&w)) {
+            if (dt_waiter_expired(w)) {
                 char who[256];
                 ranks_behind(c, a->seq, who, sizeof who);
                 return dt_error(DT_ERR_TIMEOUT,
@@ -306,24 +317,53 @@ static dt_status mpi_allreduce_chunk(dt_comm_t c, const dt_coll_args *a, const v
 // ----------------------------------------------------------------------------
 // dtrain's own algorithms over MPI point to point (algo.c)
 
-static dt_status wait_two(dt_comm_t c, MPI_Request rq[2], const dt_coll_args *a) {
-    dt_status rc = wait_req(c, &rq[0], a);
-    if (rc != DT_OK) return rc;
-    return wait_req(c, &rq[1], a);
-}
-
 #define ALGO_TAG 7302
+#define XCHG_CHUNK ((size_t)60 << 10) /* bytes per message: under Open MPI's TCP eager limit */
+#define XCHG_WINDOW 16                /* messages in flight each way */
 
+/* One step of an algorithm: send sbytes to `to` while receiving rbytes
+ * from `from`, as messages of at most XCHG_CHUNK bytes (in order, one tag:
+ * MPI matches them in order), up to XCHG_WINDOW of them in flight each
+ * way. Why small messages: over Open MPI's TCP transport both directions
+ * between two ranks share one connection, and a message above the eager
+ * limit (64 KiB with its header) waits for the receiver's reply before its
+ * data moves; that reply queues behind the data this rank is sending, so
+ * the two directions take turns instead of overlapping. Between pretend
+ * hosts on a 1 Gbit/s link a 2-rank ring reached 48% of the link in one
+ * message per step or in 1 MiB messages, 90-96% in 60 KiB messages
+ * (docs/benchmarks.md). */
 static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sbuf, size_t sbytes,
                               int to, void *rbuf, size_t rbytes, int from, size_t round_max) {
     (void)round_max;
     mpi_state *s = c->be;
-    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    MPI_LOCK();
-    if (from >= 0) MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, from, ALGO_TAG, s->comm, &rq[0]);
-    if (to >= 0) MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, ALGO_TAG, s->comm, &rq[1]);
-    MPI_UNLOCK();
-    return wait_two(c, rq, a);
+    MPI_Request rq[2 * XCHG_WINDOW];
+    /* way 0 receives, way 1 sends; a peer gets at least one (maybe empty) message */
+    size_t total[2] = {rbytes, sbytes}, at[2] = {0, 0};
+    size_t left[2] = {from < 0 ? 0 : (rbytes + XCHG_CHUNK - 1) / XCHG_CHUNK,
+                      to < 0 ? 0 : (sbytes + XCHG_CHUNK - 1) / XCHG_CHUNK};
+    for (int w = 0; w < 2; w++)
+        if ((w ? to : from) >= 0 && !left[w]) left[w] = 1;
+    for (int i = 0; i < 2 * XCHG_WINDOW; i++) rq[i] = MPI_REQUEST_NULL;
+    dt_status rc = DT_OK;
+    dt_waiter wt;
+    dt_waiter_init(&wt, c->timeout, c->local_size);
+    for (int idx = -1;;) {
+        /* refill the slot that completed (every slot at the start) */
+        for (int i = idx < 0 ? 0 : idx; i < (idx < 0 ? 2 * XCHG_WINDOW : idx + 1); i++) {
+            int w = i / XCHG_WINDOW, e;
+            if (!left[w]) continue;
+            size_t len = total[w] - at[w] < XCHG_CHUNK ? total[w] - at[w] : XCHG_CHUNK;
+            MPI_LOCK();
+            if (w) e = MPI_Isend((const char *)sbuf + at[w], (int)len, MPI_BYTE, to, ALGO_TAG, s->comm, &rq[i]);
+            else e = MPI_Irecv((char *)rbuf + at[w], (int)len, MPI_BYTE, from, ALGO_TAG, s->comm, &rq[i]);
+            MPI_UNLOCK();
+            if (e != MPI_SUCCESS) return mpi_err(dt_coll_name(a->kind), e);
+            at[w] += len;
+            left[w]--;
+        }
+        if ((rc = wait_any(c, 2 * XCHG_WINDOW, rq, &idx, a, &wt)) != DT_OK || idx == MPI_UNDEFINED) break;
+    }
+    return rc;
 }
 
 /* The mpi backend's choice: MPI's own collective unless DTRAIN_COMM_ALGO
@@ -332,8 +372,9 @@ static dt_status mpi_sendrecv(dt_comm_t c, const dt_coll_args *a, const void *sb
  * already switch between such algorithms by size and rank count (Open
  * MPI's "tuned" component), tuned to the network, so auto is MPI's, except
  * for the allreduce between hier's host leaders (s->own): there dtrain's
- * ring (from 64 KiB; halving-doubling below) was 1.1-3x Open MPI's
- * MPI_Allreduce over TCP between pretend hosts (docs/benchmarks.md). */
+ * ring (from 64 KiB; halving-doubling below) was 1.5-4.2x Open MPI's
+ * MPI_Allreduce over TCP between pretend hosts on 1 Gbit/s links
+ * (docs/benchmarks.md). */
 static dt_algo mpi_choose(dt_comm_t c, const dt_coll_args *a) {
     mpi_state *s = c->be;
     dt_coll k = a->kind;
