@@ -475,7 +475,7 @@ static int pieces_of(const char *run, int W, int epochs, int spe, int *per) {
 
 static void dynamic_share(void) {
     const char *slow = "DTRAIN_SLOW_RANK=2:30";
-    int per[3], spe = (243 + 39) / 40;  // the test's 243 samples in batches of 40: 7 batches, the last short
+    int per[3] = {0}, spe = (243 + 39) / 40;  // the test's 243 samples in batches of 40: 7 batches, the last short
     int rc = train(slow, "dyn-async", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
                                       "--set optim.lr=0.0005");
     int bad = rc == 0 ? pieces_of("dyn-async", 3, 3, spe, per) : -1;
