@@ -42,7 +42,11 @@
  * (own_pace: no per-step control-plane allreduce) and meet at
  * evaluations, checkpoints and the end. The staleness of each applied
  * gradient (updates between the weights it was computed from and those it
- * was applied to) goes into a histogram, and back to its worker.
+ * was applied to) goes into a histogram, and back to its worker. With
+ * [ps] share = dynamic (async, ssp) a worker does not train its share of
+ * every batch: server 0 hands the pieces of each epoch's batches (a
+ * batch's even split) to whichever worker commits, with its WEIGHTS
+ * (take_unit, hand_out), and the worker's epoch ends when they are out.
  *
  * Hybrid groups ([ps] groups, mode sync): each group of workers
  * allreduces its gradient, and its leader alone talks to the servers and
@@ -340,16 +344,17 @@ static dt_status ps_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[ps] backup_workers works with mode = backup (mode is %s)", m);
     if (c->ps_share && c->ps_mode != MODE_ASYNC && c->ps_mode != MODE_SSP)
         return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic works with mode = async or ssp (mode is %s)", m);
+    if (c->ps_share && c->dynamic_batch)
+        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic hands out pieces of the even split: [train] "
+                                       "dynamic_batch is not available with it");
     // Dynamic sharing: the workers make different numbers of steps, so
-    // places counted in steps are no places they share (not done yet).
+    // places counted in steps are no places they share; resuming needs the
+    // servers to keep the counter of pieces (not done yet).
     const char *by_steps = c->eval_every > 0         ? "[train] eval_every"
                            : c->ckpt_every_steps > 0 ? "[checkpoint] every_steps"
                            : c->max_steps > 0        ? "[train] max_steps"
                            : c->resume[0]            ? "resume"
                                                      : NULL;
-    if (c->ps_share && c->dynamic_batch)
-        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic hands out pieces of the even split: [train] "
-                                       "dynamic_batch is not available with it");
     if (c->ps_share && by_steps)
         return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the workers make different numbers of steps, so %s is "
                                        "not available with it (the epochs are its only places)", by_steps);
@@ -1112,7 +1117,6 @@ static dt_status survive(server *sv, int wi, dt_status st);
 static dt_status make_writer(server *sv);
 static dt_status hello(server *sv, int wi);
 
-// One header from worker wi.
 // Dynamic sharing ([ps] share = dynamic, async and ssp): server 0 hands
 // out the pieces of each epoch's batches (piece batch x N + part of an
 // epoch, U = steps x N of them, numbered over the run) to the workers as
@@ -1140,6 +1144,7 @@ static int64_t hand_out(server *sv, peer *p) {
     return p->doing;
 }
 
+// One header from worker wi.
 static dt_status handle(server *sv, int wi) {
     peer *p = &sv->w[wi];
     dt_status st = DT_OK;
