@@ -16,7 +16,9 @@ parameters each).
         [--steps N] [--set S.K=V]... [--json]
 
 Cases: `dp` allreduce data parallel; `sync`, `async`, `ssp2` (staleness 2),
-`backup1` (one backup worker), each with 2 servers; `sync-S1` and `sync-S2`
+`backup1` (one backup worker), each with 2 servers; `async-dyn` and
+`ssp2-dyn` the same with `[ps] share = dynamic` (the epoch's pieces to
+whichever worker is free); `sync-S1` and `sync-S2`
 without the slow worker, 1 and 2 servers, for the single-server
 bottleneck. Without --steps the config's shipped epochs run (minutes per
 case on a 2-core machine); --steps 20 only checks that everything runs.
@@ -33,6 +35,9 @@ CASES = {  # name: (flags, slowed)
     "async": (["--servers", "2", "--set", "ps.mode=async"], True),
     "ssp2": (["--servers", "2", "--set", "ps.mode=ssp", "--set", "ps.staleness=2"], True),
     "backup1": (["--servers", "2", "--set", "ps.mode=backup", "--set", "ps.backup_workers=1"], True),
+    "async-dyn": (["--servers", "2", "--set", "ps.mode=async", "--set", "ps.share=dynamic"], True),
+    "ssp2-dyn": (["--servers", "2", "--set", "ps.mode=ssp", "--set", "ps.staleness=2", "--set", "ps.share=dynamic"],
+                 True),
     "sync-S1": (["--servers", "1"], False),
     "sync-S2": (["--servers", "2"], False),
 }
@@ -56,6 +61,9 @@ def main():
             if name not in CASES:
                 sys.exit(f"--cases: unknown case '{name}' (expected some of {', '.join(CASES)})")
             flags, slowed = CASES[name]
+            if a.steps and "ps.share=dynamic" in flags:  # its epochs are its only places: no max_steps
+                print(f"{name}: skipped with --steps ([ps] share = dynamic refuses [train] max_steps)", flush=True)
+                continue
             run = os.path.join(tmp, name)
             cmd = [os.path.abspath(os.path.join(a.dtrain, "dtrain")), "train", os.path.abspath(a.config), "--quiet",
                    "--run-dir", run, "--workers", str(a.workers)] + flags
@@ -73,8 +81,11 @@ def main():
             ps = s.get("ps", {})
             t = s["train_seconds"]
             pushes = ps.get("applied", 0) + ps.get("dropped", 0)
+            # samples trained by all workers: rank 0's steps of global batches, or with dynamic sharing
+            # every piece handed out (a piece: a batch's share of one worker)
+            trained = ps["pieces"] * s["batch"] / a.workers if ps.get("share") == "dynamic" else s["steps"] * s["batch"]
             rows.append({"case": name, "slowed": slowed, "samples_per_sec": s["samples_per_sec"],
-                         "wall_samples_per_sec": s["steps"] * s["batch"] / s["wall_seconds"],
+                         "wall_samples_per_sec": trained / s["wall_seconds"],
                          "test_accuracy": s.get("test_accuracy", -1), "updates_per_sec": ps.get("applied", 0) / t,
                          "server_bytes_per_sec": pushes * 2 * 4 * s["params"] / t, "train_seconds": t})
     sync = next((r for r in rows if r["case"] == "sync"), None)

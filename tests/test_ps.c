@@ -4,7 +4,8 @@
  * restarted after a killed worker, bitwise equal to an uninterrupted one
  * process run), pushes of the wrong step, version or shape refused with an
  * error naming the server, the worker, the field and what was expected,
- * the config errors, and faults outside mode sync (`test_ps faults`,
+ * the config errors, dynamic sharing of an epoch's pieces (async, ssp),
+ * and faults outside mode sync (`test_ps faults`,
  * ctest test_ps_faults: a worker or a server restarted alone).
  *
  * The data is the small synthetic IDX set of the C tests. */
@@ -436,6 +437,68 @@ static void modes(void) {
     CHECK(rc == 0 && !same("async", "async-slr"), "staleness_lr changes the updates: exit %d\n%s", rc, g_out);
 }
 
+// Dynamic sharing ([ps] share = dynamic): with worker 2 slowed, the pieces
+// of each epoch's batches (a batch's even split among the workers) go to
+// whichever worker is free: every piece of every epoch is trained exactly
+// once, by one worker, and the fast workers train more of them than the
+// slow one. From the workers' step records ("batch", "part") and server
+// 0's count of the pieces it applied.
+static int pieces_of(const char *run, int W, int epochs, int spe, int *per) {
+    int n = epochs * spe * W, bad = 0;
+    int *seen = calloc((size_t)n, sizeof *seen);
+    for (int r = 0; r < W; r++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s/metrics/rank-%05d.jsonl", g_tmp, run, r);
+        char *text = tl_read_file(path, NULL);
+        per[r] = 0;
+        for (const char *q = text; q && (q = strstr(q, "\"type\":\"step\"")); q++) {
+            const char *end = strchr(q, '\n'), *e = strstr(q, "\"epoch\":"), *b = strstr(q, "\"batch\":"),
+                       *p = strstr(q, "\"part\":");
+            if (!e || !b || !p || (end && (b > end || p > end || e > end))) {
+                bad++;  // a step record without its piece
+                continue;
+            }
+            int ep = atoi(e + 8) - 1, bt = atoi(b + 8), pt = atoi(p + 7);
+            if (ep < 0 || ep >= epochs || bt < 0 || bt >= spe || pt < 0 || pt >= W) {
+                bad++;
+                continue;
+            }
+            seen[(ep * spe + bt) * W + pt]++;
+            per[r]++;
+        }
+        free(text);
+    }
+    for (int i = 0; i < n; i++) bad += seen[i] != 1;
+    free(seen);
+    return bad;
+}
+
+static void dynamic_share(void) {
+    const char *slow = "DTRAIN_SLOW_RANK=2:30";
+    int per[3] = {0}, spe = (243 + 39) / 40;  // the test's 243 samples in batches of 40: 7 batches, the last short
+    int rc = train(slow, "dyn-async", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
+                                      "--set optim.lr=0.0005");
+    int bad = rc == 0 ? pieces_of("dyn-async", 3, 3, spe, per) : -1;
+    CHECK(rc == 0 && bad == 0, "async, dynamic sharing: exit %d, %d pieces not trained exactly once\n%s", rc, bad,
+          g_out);
+    CHECK(rc == 0 && per[0] > per[2] && per[1] > per[2] && per[0] + per[1] + per[2] == 3 * spe * 3,
+          "async, dynamic sharing: the fast workers trained more pieces (%d, %d) than the slow one (%d), %d in all", per[0],
+          per[1], per[2], 3 * spe * 3);
+    CHECK(ps_number("dyn-async", "pieces") == 3 * spe * 3 && ps_number("dyn-async", "applied") == 3 * spe * 3,
+          "async, dynamic sharing: server 0 applied %g pieces, %g gradients, expected %d",
+          ps_number("dyn-async", "pieces"), ps_number("dyn-async", "applied"), 3 * spe * 3);
+    // ssp: a piece's batch is the clock; none is handed out more than s
+    // batches ahead of the slowest piece being trained.
+    rc = train(slow, "dyn-ssp", "--workers 3 --servers 2 --set ps.mode=ssp --set ps.staleness=1 --set ps.share=dynamic "
+                                "--set optim.lr=0.0005");
+    bad = rc == 0 ? pieces_of("dyn-ssp", 3, 3, spe, per) : -1;
+    double gap = ps_number("dyn-ssp", "max_step_gap");
+    CHECK(rc == 0 && bad == 0 && gap >= 0 && gap <= 1,
+          "ssp 1, dynamic sharing: exit %d, %d pieces not trained exactly once, gap %g batches\n%s", rc, bad, gap,
+          g_out);
+    printf("dynamic sharing, ssp 1: pieces per worker %d, %d, %d (worker 2 slowed)\n", per[0], per[1], per[2]);
+}
+
 // Backpressure: a worker has one step in flight (it waits for the weights
 // before its next forward) and a server receives a worker's next message
 // only after it handled the one before, so with one worker 10x faster than
@@ -472,6 +535,13 @@ static void config_errors(void) {
         {"--servers 1 --set ps.staleness=2", "[ps] staleness works with mode = ssp", 2},
         {"--servers 1 --workers 2 --set ps.groups=3", "[ps] groups = 3: more groups than the 2 workers", 2},
         {"--servers 1 --workers 2 --set ps.groups=2 --set ps.mode=async", "[ps] groups works with mode = sync", 2},
+        {"--servers 1 --workers 2 --set ps.share=dynamic", "[ps] share = dynamic works with mode = async or ssp", 2},
+        {"--servers 1 --workers 2 --set ps.mode=async --set ps.share=dynamic --set train.eval_every=2",
+         "[ps] share = dynamic: the workers make different numbers of steps, so [train] eval_every is not available", 2},
+        {"--servers 1 --workers 2 --set ps.mode=async --set ps.share=dynamic --checkpoint-every 2",
+         "so [checkpoint] every_steps is not available", 2},
+        {"--servers 1 --workers 2 --set ps.mode=async --set ps.share=dynamic --max-restarts 1",
+         "--max-restarts: [ps] share = dynamic", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = train("", "bad", cases[i].flags);
@@ -502,6 +572,7 @@ int main(int argc, char **argv) {
         checkpoints();
         refused();
         modes();
+        dynamic_share();
         backpressure();
         config_errors();
     }

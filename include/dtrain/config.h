@@ -18,7 +18,7 @@
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
- *   [ps]      mode, staleness, backup_workers, staleness_lr, groups
+ *   [ps]      mode, staleness, backup_workers, staleness_lr, groups, share
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
@@ -118,6 +118,8 @@ typedef struct {
     int ps_backup;                 /* backup: workers whose gradients a step may go without */
     int ps_staleness_lr;           /* a stale gradient's learning rate divided by its staleness */
     int ps_groups;                 /* workers allreduce in G groups, one leader each talks to the servers (0: none) */
+    int ps_share;                  /* [ps] share: 0 fixed (each worker its share of every batch), 1 dynamic (async,
+                                      ssp: the epoch's pieces of batches to whichever worker is free) */
     /* [federated] (dtrain federate, docs/federated.md) */
     int fed_clients;               /* simulated clients */
     float fed_fraction;            /* of them sampled per round */

@@ -178,6 +178,12 @@ DT_API int64_t dt_loader_steps_per_epoch(const dt_loader *l);
 /* Starts epoch `epoch` at global batch `start` (0 normally; a later batch
  * when resuming mid-epoch). */
 DT_API void dt_loader_start_epoch(dt_loader *l, int64_t epoch, int64_t start);
+/* Positions the loader at global batch k of the current epoch, whose part
+ * `part` of the even split (0 <= part < world) the next dt_loader_next
+ * fetches instead of this rank's (parameter servers' dynamic sharing: any
+ * worker may train any part); nothing is prefetched until the next
+ * dt_loader_start_epoch. part < 0: this rank's part again. */
+DT_API void dt_loader_seek(dt_loader *l, int64_t k, int part);
 /* Fetches the next global batch's share for this rank into *b. Returns 1,
  * or 0 when the epoch is over. */
 DT_API int dt_loader_next(dt_loader *l, dt_batch *b);

@@ -32,6 +32,8 @@ struct dt_loader {
     int B[2], GB[2], first[2];
     int64_t slot_batch[2];     // batch index held by each slot, -1 if none
     int *units, nunits;        // the shares (NULL: even)
+    int seeking;               // dt_loader_seek gives every batch: nothing to prefetch
+    int part;                  // dt_loader_seek's part of the even split (-1: this rank's)
     struct {                   // the balanced sampler's lists
         int *count, *start, *cur, *present;
         uint32_t *byc, *order;
@@ -68,8 +70,8 @@ static void layout(const dt_loader *l, int64_t k, size_t *g0, size_t *gb, size_t
     size_t g1 = *g0 + l->p.batch;
     if (g1 > n) g1 = n;
     *gb = g1 - *g0;
-    size_t u0 = (size_t)l->p.rank, u1 = u0 + 1, N = (size_t)l->p.world;
-    if (l->units) {
+    size_t u0 = (size_t)(l->part >= 0 ? l->part : l->p.rank), u1 = u0 + 1, N = (size_t)l->p.world;
+    if (l->units && l->part < 0) {
         u0 = 0;
         for (int r = 0; r < l->p.rank; r++) u0 += (size_t)l->units[r];
         u1 = u0 + (size_t)l->units[l->p.rank];
@@ -162,6 +164,7 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     l->steps = p->drop_last ? ds->n / p->batch : (ds->n + p->batch - 1) / p->batch;
     l->perm = malloc(sizeof(uint32_t) * ds->n);
     l->units = NULL;
+    l->part = -1;
     for (int s = 0; s < 2; s++) {
         l->x[s] = dt_alloc(sizeof(float) * l->ss * l->per_rank_max);
         l->y[s] = malloc(sizeof(int32_t) * l->per_rank_max);
@@ -346,9 +349,24 @@ void dt_loader_start_epoch(dt_loader *l, int64_t epoch, int64_t start) {
     }
     l->epoch = epoch;
     l->next = start < 0 ? 0 : start;
+    l->part = -1;
+    l->seeking = 0;
     l->slot_batch[0] = l->slot_batch[1] = -1;
     if (l->threads && l->p.prefetch) request(l, l->next);
 }
+void dt_loader_seek(dt_loader *l, int64_t k, int part) {
+    if (l->threads) {  // the job in flight was for the batch before
+        pthread_mutex_lock(&l->mu);
+        wait_idle(l);
+        pthread_mutex_unlock(&l->mu);
+    }
+    l->part = part >= 0 && part < l->p.world ? part : -1;
+    l->next = k < 0 ? 0 : k;
+    l->slot_batch[0] = l->slot_batch[1] = -1;
+    l->seeking = part >= 0;
+    if (l->threads) request(l, l->next);
+}
+
 int dt_loader_next(dt_loader *l, dt_batch *b) {
     int64_t k = l->next;
     if (k >= l->steps) {
@@ -363,7 +381,7 @@ int dt_loader_next(dt_loader *l, dt_batch *b) {
         while (l->slot_batch[s] != k) pthread_cond_wait(&l->cv, &l->mu);
         pthread_mutex_unlock(&l->mu);
         l->wait += dt_now() - t0;
-        if (l->p.prefetch) request(l, k + 1);  // into the other slot, which held batch k-1
+        if (l->p.prefetch && !l->seeking) request(l, k + 1);  // into the other slot, which held batch k-1
     } else {
         size_t g0, gb, lo, hi;
         layout(l, k, &g0, &gb, &lo, &hi);

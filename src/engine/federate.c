@@ -453,7 +453,7 @@ dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn 
         long samples = 0;
         for (int j = 0; j < f.m; j++) samples += f.start[f.sampled[j] + 1] - f.start[f.sampled[j]];
         samples_total += samples;
-        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, samples, 0, 0, 0, 0, 0, 0});
+        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, samples, 0, 0, 0, 0, 0, 0, 0});
         float tl, ta;
         dt_obs_begin(obs, DT_OBS_EVAL);
         st = f.tops->evaluate(f.task, f.comm, r, loss, &tl, &ta);

@@ -435,6 +435,17 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 
     int64_t total = info.total_steps, spe = info.steps_per_epoch;
     int epochs = info.epochs;
+    // [ps] share = dynamic (ps.c): the pieces of an epoch's batches (a
+    // batch's even split among the workers) go to whichever worker is free,
+    // from the servers: a worker trains as many as its speed takes, and its
+    // epoch ends when they are all out, not after `spe` steps.
+    int pieces = c->ps_share && strat->own_pace;
+    if (pieces && !tops->seek) {
+        st = dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the %s model's batches cannot be handed out in pieces",
+                      tops->name);
+        goto done;
+    }
+    if (pieces) strat->units = spe * W;
     dt_schedule sched = dt_worker_schedule(c, total);
     // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the control plane.
     int fp16 = c->precision == DT_F16;
@@ -475,20 +486,27 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
 #define RECOVERABLE(st) (spares > 0 && ((st) == DT_ERR_COMM || (st) == DT_ERR_TIMEOUT))
     if (newcomer) goto recover;
 again:
-    for (int e = (int)ts.epoch; e < epochs && (step < total || owed) && !stop; e++) {
+    for (int e = (int)ts.epoch; e < epochs && (pieces || step < total || owed) && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
         tops->start_epoch(task, e, ebatch);
-        while (!stop && (step < total || owed)) {
+        if (pieces) strat->unit = e * strat->units + rank;  // every worker's first piece is its own share of batch 0
+        while (!stop && (pieces || step < total || owed)) {
             dt_control ctl = {0};
             if (owed) {  // a replacement: the meeting after its predecessor's last step, then on
                 owed = 0;
                 dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
                 goto meet;
             }
+            if (pieces && strat->unit < 0) break;  // this epoch's pieces are all out
+            int64_t piece = pieces ? strat->unit % strat->units : -1, at = step;  // at: the schedule's step
             double t0 = dt_now();
             dt_task_batch b;
             int more;
             dt_obs_begin(obs, DT_OBS_DATA);
+            if (pieces) {
+                at = e * spe + piece / W;
+                tops->seek(task, piece / W, (int)(piece % W));
+            }
             st = tops->next_batch(task, &rng, &b, &more);
             dt_obs_end(obs, DT_OBS_DATA);
             if (st != DT_OK) goto done;
@@ -503,7 +521,7 @@ again:
             st = sops->run_step ? sops->run_step(strat, tops, task, step, &b, &lsum)
                                 : micro_steps(tops, task, strat, obs, step, &b, &lsum);
             if (st == DT_OK)
-                st = finish_step(strat, &ck, obs, &sched, step, lsum, b.global, fp16 ? &scaler : NULL, &ctl, &lr, &gnorm);
+                st = finish_step(strat, &ck, obs, &sched, at, lsum, b.global, fp16 ? &scaler : NULL, &ctl, &lr, &gnorm);
             if (st == DT_OK && dyn) st = rebalance(dyn, obs, tops, task, rank, W, nunits, step + 1);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
@@ -512,7 +530,8 @@ again:
             }
             bytes_sent += comm_bytes_sent(comm) - sent0;
             step++;
-            ebatch++;
+            // (pieces: the batch of the next piece, or the epoch's end when none is left)
+            ebatch = !pieces ? ebatch + 1 : strat->unit < 0 ? spe : strat->unit % strat->units / W;
             loss_sum += ctl.loss;
             loss_n++;
             samples += b.global;
@@ -522,16 +541,16 @@ again:
             dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
                                                  (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
                                                  strat->staleness, fp16 ? scaler.scale : 0, scaler.skipped > skipped0,
-                                                 scaler.skipped});
+                                                 scaler.skipped, piece + 1});
         meet:;  // the end of step `step`: what follows uses nothing of the step above but its count and ctl
-            int epoch_end = ebatch == spe;
+            int epoch_end = ebatch == spe, last = pieces ? epoch_end && e + 1 == epochs : step == total;
             // this step's state, should the evaluation below be interrupted by a failure
             ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
                                   fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
             // Evaluation at the end of the epoch and of the run, and every
             // eval_every steps; the training loss beside it is the mean
             // since the one before.
-            if (epoch_end || step == total || (c->eval_every > 0 && step % c->eval_every == 0)) {
+            if (epoch_end || last || (c->eval_every > 0 && step % c->eval_every == 0)) {
                 float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
                 if (info.has_eval) {
                     float tl, ta;
@@ -559,10 +578,10 @@ again:
             }
             ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
                                   fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
-            if (dt_run_ckpt_due(&ck, step, step == total, stop, ctl.save) && ck.dir[0] &&
+            if (dt_run_ckpt_due(&ck, step, last, stop, ctl.save) && ck.dir[0] &&
                 (st = dt_strategy_params_sync(strat)) != DT_OK)
                 goto done;
-            if ((st = dt_run_ckpt_step(&ck, &ts, step == total, stop, ctl.save)) != DT_OK) goto done;
+            if ((st = dt_run_ckpt_step(&ck, &ts, last, stop, ctl.save)) != DT_OK) goto done;
             dt_heartbeat(step);
         }
     }

@@ -42,7 +42,11 @@
  * (own_pace: no per-step control-plane allreduce) and meet at
  * evaluations, checkpoints and the end. The staleness of each applied
  * gradient (updates between the weights it was computed from and those it
- * was applied to) goes into a histogram, and back to its worker.
+ * was applied to) goes into a histogram, and back to its worker. With
+ * [ps] share = dynamic (async, ssp) a worker does not train its share of
+ * every batch: server 0 hands the pieces of each epoch's batches (a
+ * batch's even split) to whichever worker commits, with its WEIGHTS
+ * (take_unit, hand_out), and the worker's epoch ends when they are out.
  *
  * Hybrid groups ([ps] groups, mode sync): each group of workers
  * allreduces its gradient, and its leader alone talks to the servers and
@@ -119,7 +123,7 @@ enum {
 // computed from and its own; the last bin counts HIST_MAX and above),
 // then the figures below.
 enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
-       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_N };
+       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_PIECES, ST_N };
 
 static const char *kind_name(int64_t k) {
     static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES",
@@ -338,6 +342,22 @@ static dt_status ps_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[ps] backup_workers = %d: must be fewer than the %d workers", c->ps_backup, W);
     if (c->ps_mode != MODE_BACKUP && c->ps_backup > 0)
         return dt_error(DT_ERR_CONFIG, "[ps] backup_workers works with mode = backup (mode is %s)", m);
+    if (c->ps_share && c->ps_mode != MODE_ASYNC && c->ps_mode != MODE_SSP)
+        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic works with mode = async or ssp (mode is %s)", m);
+    if (c->ps_share && c->dynamic_batch)
+        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic hands out pieces of the even split: [train] "
+                                       "dynamic_batch is not available with it");
+    // Dynamic sharing: the workers make different numbers of steps, so
+    // places counted in steps are no places they share; resuming needs the
+    // servers to keep the counter of pieces (not done yet).
+    const char *by_steps = c->eval_every > 0         ? "[train] eval_every"
+                           : c->ckpt_every_steps > 0 ? "[checkpoint] every_steps"
+                           : c->max_steps > 0        ? "[train] max_steps"
+                           : c->resume[0]            ? "resume"
+                                                     : NULL;
+    if (c->ps_share && by_steps)
+        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the workers make different numbers of steps, so %s is "
+                                       "not available with it (the epochs are its only places)", by_steps);
     if (c->ps_mode != MODE_SSP && c->ps_staleness > 0)
         return dt_error(DT_ERR_CONFIG, "[ps] staleness works with mode = ssp (mode is %s)", m);
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
@@ -730,7 +750,8 @@ static dt_status commit_to(ps_worker *w, int j, float lr, float scale, dt_reques
     c[H_KIND] = M_COMMIT;
     c[H_STEP] = w->step;
     c[H_VERSION] = w->ver[j];
-    c[H_OFF] = c[H_COUNT] = 0;
+    c[H_OFF] = w->base.units > 0 ? w->base.unit + 1 : 0;  // dynamic sharing: the piece this step trained
+    c[H_COUNT] = w->base.units;
     c[H_C] = (int64_t)dt_comm_seq(w->base.comm);  // where this step stands among the workers' meetings (rejoin)
     c[H_A] = bits_of(lr);
     c[H_B] = bits_of(scale);
@@ -796,6 +817,7 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     for (int j = 0; j < S && w->leader; j++) w->ver[j] = h[S + j][H_VERSION];  // the others': share() below
     s->has_staleness = 1;
     s->staleness = w->leader ? (int)h[S][H_A] : 0;  // as server 0 applied it
+    if (s->units > 0) s->unit = h[S][H_C];          // server 0's next piece for this worker (-1: none left)
     if (w->group && (st = share(w, 0)) != DT_OK) return dt_error(st, "weights in the group: %s", dt_last_error());
     w->step++;
     w->cseq = (int64_t)dt_comm_seq(s->comm);
@@ -1006,6 +1028,8 @@ typedef struct {
     int inc;          // the replacement's incarnation
     double dead_at;
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
+    int64_t unit;     // dynamic sharing: 1 + the piece its last COMMIT trained (0: none)
+    int64_t doing;    // server 0: the piece it trains now (-1: none, its epoch's are all out)
     int64_t cseq;     // the workers' collectives its COMMIT says it had made (rejoin), and those of
     int64_t done_cseq;// its last step done with (before `step`; -1: none since the start)
     int save_owed;    // its SAVE's checkpoint is being written: SAVED (of save_step) once it is (saved)
@@ -1034,6 +1058,8 @@ typedef struct {
     dt_ckpt_writer *writer;
     int64_t saved_step; // the step of its last checkpoint (-1: none)
     int seeded;         // restarted alone with no checkpoint: its range from a worker's weights (restore)
+    int64_t units;      // dynamic sharing: pieces an epoch (steps x workers; 0: fixed shares)
+    int64_t next_unit;  // server 0: the next piece to hand out, numbered over the run
 } server;
 
 // A failure naming this server and the worker.
@@ -1091,6 +1117,33 @@ static dt_status survive(server *sv, int wi, dt_status st);
 static dt_status make_writer(server *sv);
 static dt_status hello(server *sv, int wi);
 
+// Dynamic sharing ([ps] share = dynamic, async and ssp): server 0 hands
+// out the pieces of each epoch's batches (piece batch x N + part of an
+// epoch, U = steps x N of them, numbered over the run) to the workers as
+// they commit: each worker starts an epoch with its own first piece (e x U
+// + its index, the first N pieces) and gets its next one with the WEIGHTS
+// of each step, until the epoch's are all out (-1: its epoch is over, it
+// goes to the meeting). A piece's batch over the run (piece / N) is the
+// worker's clock for ssp's bound (release).
+static void take_unit(server *sv, peer *p) {
+    sv->units = p->h[H_COUNT];
+    p->unit = p->h[H_OFF];
+    if (sv->me != 0) return;
+    int64_t U = sv->units, e = (p->unit - 1) / U;
+    if (sv->next_unit < e * U + sv->N) {  // the epoch's first COMMIT: every worker on its own first piece
+        sv->next_unit = e * U + sv->N;
+        for (int wi = 0; wi < sv->N; wi++)
+            if (sv->w[wi].doing < e * U) sv->w[wi].doing = e * U + wi;
+    }
+    p->doing = p->unit - 1;
+}
+
+static int64_t hand_out(server *sv, peer *p) {
+    int64_t e = (p->unit - 1) / sv->units;
+    p->doing = sv->next_unit < (e + 1) * sv->units ? sv->next_unit++ : -1;
+    return p->doing;
+}
+
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
     peer *p = &sv->w[wi];
@@ -1107,6 +1160,7 @@ static dt_status handle(server *sv, int wi) {
         p->lr = double_of(p->h[H_A]);
         p->scale = double_of(p->h[H_B]);
         p->cseq = p->h[H_C];
+        if (p->h[H_OFF] > 0 && p->h[H_COUNT] > 0) take_unit(sv, p);
         break;
     case M_FETCH:
         st = send_states(sv, wi);
@@ -1358,10 +1412,12 @@ static dt_status tend(server *sv, int *moved) {
 }
 
 // The weights to worker wi (blocking: an update may follow at once), with
-// the staleness its gradient was applied at (-1: dropped).
+// the staleness its gradient was applied at (-1: dropped) and, from server
+// 0 with dynamic sharing, the next piece it is to train (hand_out).
 static dt_status reply(server *sv, int wi) {
     peer *p = &sv->w[wi];
-    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, p->stale, 0, 0};
+    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, p->stale, 0,
+                      sv->me == 0 && p->unit > 0 ? hand_out(sv, p) : 0};
     dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
     if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
     p->sent = sv->version;
@@ -1420,6 +1476,7 @@ static dt_status apply_one(server *sv, int wi) {
     sv->version++;
     sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
     sv->stats[ST_APPLIED]++;
+    sv->stats[ST_PIECES] += p->unit > 0;
     p->stale = stale;
     next_step(sv, p);
     if (p->step > sv->step) {
@@ -1431,13 +1488,29 @@ static dt_status apply_one(server *sv, int wi) {
 }
 
 // Ssp (and async, with no bound): the replies whose workers may go on.
+// With dynamic sharing a worker's clock is the batch of its piece, and
+// server 0 alone holds: a worker is released when the piece it would get
+// next is at most `staleness` batches ahead of the slowest piece being
+// trained (the other servers answer at once; the worker waits for all).
 static dt_status release(server *sv) {
     int64_t lim = sv->mode == MODE_SSP ? sv->c->ps_staleness : INT64_MAX / 2, slow = min_step(sv);
+    int gauge = 1;  // the gap is measured (dynamic: on server 0, while a piece is being trained)
+    if (sv->units > 0) {
+        slow = INT64_MAX;
+        for (int wi = 0; wi < sv->N; wi++) {
+            const peer *q = &sv->w[wi];
+            if (!q->ended && !q->dropped && !q->held && q->doing >= 0 && q->doing / sv->N < slow)
+                slow = q->doing / sv->N;
+        }
+        gauge = sv->me == 0 && slow != INT64_MAX;
+        if (!gauge) lim = INT64_MAX / 2, slow = 0;
+    }
     dt_status st = DT_OK;
     for (int wi = 0; wi < sv->N && st == DT_OK; wi++) {
         peer *p = &sv->w[wi];
-        if (!p->held || p->step - slow > lim) continue;
-        if (p->step - slow > sv->stats[ST_MAX_GAP]) sv->stats[ST_MAX_GAP] = p->step - slow;
+        int64_t at = sv->units > 0 ? sv->next_unit / sv->N : p->step;  // dynamic: the clock of its next piece
+        if (!p->held || at - slow > lim) continue;
+        if (gauge && at - slow > sv->stats[ST_MAX_GAP]) sv->stats[ST_MAX_GAP] = at - slow;
         st = survive(sv, wi, reply(sv, wi));
     }
     return st;
@@ -1524,6 +1597,7 @@ static dt_status setup(server *sv) {
         p->step = sv->step;
         p->sent = sv->version;
         p->cseq = p->done_cseq = -1;
+        p->doing = -1;
         p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
@@ -1785,6 +1859,8 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "server_peak_rss_bytes", (double)t[ST_PEAK_RSS]);
     cJSON_AddNumberToObject(ps, "workers_died", (double)t[ST_DIED]);
     cJSON_AddNumberToObject(ps, "workers_rejoined", (double)t[ST_REJOINED]);
+    cJSON_AddStringToObject(ps, "share", s->units > 0 ? "dynamic" : "fixed");
+    if (s->units > 0) cJSON_AddNumberToObject(ps, "pieces", (double)t[ST_PIECES]);
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)
         if (t[k]) last = k;

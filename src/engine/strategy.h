@@ -196,6 +196,12 @@ struct dt_strategy {
     int rejoin_meet;           /* ... after the meeting that follows that step (evaluation, checkpoint, end;
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
+    int64_t units;             /* [ps] share = dynamic: the pieces of an epoch's batches (steps x workers),
+                                  which the servers hand to whichever worker is free (0: every rank trains
+                                  its own share of every batch); set by the loop */
+    int64_t unit;              /* ... the piece this rank trains next, numbered over the run (epoch x units +
+                                  batch x workers + part); -1: its epoch's are all out (set by the loop at
+                                  an epoch's start, by the strategy after each step) */
     int own_pace;              /* the ranks do not wait for each other each step: the control plane is
                                   each rank's own (dt_control_local); they meet only in params_sync and
                                   collectives of the strategy's, and rank 0 evaluates alone */

@@ -86,6 +86,11 @@ typedef struct dt_task_ops {
     void (*close)(dt_task *t);
     /* Positions the data at batch `batch` of epoch `epoch`. */
     void (*start_epoch)(dt_task *t, int64_t epoch, int64_t batch);
+    /* Positions the data of the current epoch at batch `batch`, whose part
+     * `part` of the even split among the workers the next next_batch gives
+     * (parameter servers' [ps] share = dynamic). NULL: a task whose batches
+     * are its rank's share only. */
+    void (*seek)(dt_task *t, int64_t batch, int part);
     /* The next global batch (rng: the checkpointed data stream); *more = 0
      * at the end of the epoch. */
     dt_status (*next_batch)(dt_task *t, dt_rng *rng, dt_task_batch *b, int *more);

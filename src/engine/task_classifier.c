@@ -305,6 +305,8 @@ static void cls_start_epoch(dt_task *t, int64_t epoch, int64_t batch) {
     dt_loader_start_epoch(t->loader, epoch, batch);
 }
 
+static void cls_seek(dt_task *t, int64_t batch, int part) { dt_loader_seek(t->loader, batch, part); }
+
 static dt_status cls_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *more) {
     (void)rng;
     *more = dt_loader_next(t->loader, &t->b);
@@ -490,6 +492,7 @@ const dt_task_ops dt_task_classifier = {
     .destroy = cls_destroy,
     .close = cls_close,
     .start_epoch = cls_start_epoch,
+    .seek = cls_seek,
     .next_batch = cls_next_batch,
     .zero_grad = cls_zero_grad,
     .forward = cls_forward,

@@ -540,6 +540,10 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     num(j, "lr", s->lr);
     num(j, "grad_norm", s->grad_norm);
     if (s->has_staleness) cJSON_AddNumberToObject(j, "staleness", s->staleness);
+    if (s->piece > 0) {  // dynamic sharing: which batch of the epoch, and which part of it
+        cJSON_AddNumberToObject(j, "batch", (double)((s->piece - 1) / (o->W > 0 ? o->W : 1)));
+        cJSON_AddNumberToObject(j, "part", (double)((s->piece - 1) % (o->W > 0 ? o->W : 1)));
+    }
     if (s->loss_scale > 0) {  // fp16's dynamic loss scaling
         num(j, "loss_scale", s->loss_scale);
         cJSON_AddBoolToObject(j, "skipped", s->skipped);

@@ -69,6 +69,9 @@ typedef struct {
     float loss_scale;          /* fp16: the loss scale after the step (0: no loss scaling) */
     int skipped;               /* fp16: this step was skipped for an overflow */
     int64_t skipped_total;     /* fp16: steps skipped so far */
+    int64_t piece;             /* parameter servers' dynamic sharing: 1 + the piece of the epoch this rank
+                                  trained (batch x workers + part: part `part` of the batch's even split);
+                                  0: none, the rank's own share */
 } dt_obs_step_info;
 
 /* Collective over comm. Opens this rank's metrics log (run_dir may be NULL:

@@ -122,6 +122,7 @@ static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd",
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
 static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NULL};
+static const char *const ps_share_names[] = {"fixed", "dynamic", NULL};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
 static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 
@@ -191,6 +192,7 @@ static const field fields[] = {
     {"ps", "backup_workers", F_INT, O(ps_backup), 0, 1024, NULL},
     {"ps", "staleness_lr", F_BOOL, O(ps_staleness_lr), 0, 1, NULL},
     {"ps", "groups", F_INT, O(ps_groups), 0, 1024, NULL},
+    {"ps", "share", F_ENUM, O(ps_share), 0, 0, ps_share_names},
     {"parallel", "grad_dtype", F_ENUM, O(grad_dtype), 0, 0, grad_dtype_names},
     {"federated", "clients", F_INT, O(fed_clients), 1, 1e6, NULL},
     {"federated", "fraction", F_FLOAT, O(fed_fraction), 1e-6, 1, NULL},
