@@ -47,10 +47,14 @@ static void config(dt_config *c, int method, int ef) {
     c->comp_error_feedback = ef;
 }
 
+// The block's matrices the next codec() is given (NULL: none).
+static const dt_grad_matrix *g_mats;
+static int g_nmats;
+
 // The codec of c over n gradients, world of 1 or the launcher's.
 static dt_codec *codec(const dt_config *c, dt_comm_t comm, size_t n) {
     dt_codec *k = NULL;
-    if (dt_codec_create(&k, c, comm, n) != DT_OK) fprintf(stderr, "codec: %s\n", dt_last_error());
+    if (dt_codec_create(&k, c, comm, n, g_mats, g_nmats) != DT_OK) fprintf(stderr, "codec: %s\n", dt_last_error());
     return k;
 }
 
