@@ -99,6 +99,8 @@ static void settings(void) {
     bad(B "[compression]\nmethod = powersgd\nrank = 0\n", "bad.ini:5: [compression] rank: expected");
     bad(B "[compression]\nmethod = qsgd\nlevels = 128\n", "bad.ini:5: [compression] levels: expected");
     bad(B "[compression]\nmethod = int8\nmomentum = 0.9\n", "[compression] momentum: only method = topk");
+    bad(B "[compression]\nmethod = int8\nwarmup_steps = 5\n", "[compression] warmup_steps: only method = topk (DGC's "
+          "warm-up) and powersgd");
     bad(B "[compression]\nmethod = topk\nmomentum = 0.9\nerror_feedback = false\n", "[compression] momentum: momentum correction needs");
     bad(B "[compression]\nmethod = fp16\n[parallel]\ndeterministic = true\n", "[compression] method: 'fp16' cannot be used with [parallel] deterministic");
     bad(B "[compression]\nmethod = topk\nmin_bytes = -1\n", "bad.ini:5: [compression] min_bytes: expected");
@@ -107,6 +109,9 @@ static void settings(void) {
     CHECK(dt_config_parse(&c, B "[compression]\nmethod = topk\nratio = 1\nwarmup_steps = 5\nmomentum = 0.9\n", "ok.ini",
                           NULL, 0) == DT_OK && c.comp_method == DT_COMP_TOPK && c.comp_ratio == 1 &&
           c.comp_warmup_steps == 5, "a good [compression] section loads: %s", dt_last_error());
+    dt_config e;
+    CHECK(dt_config_parse(&e, B "[compression]\nmethod = powersgd\nwarmup_steps = 350\n", "ok.ini", NULL, 0) == DT_OK &&
+          e.comp_warmup_steps == 350, "powersgd takes warmup_steps: %s", dt_last_error());
     // The resolved config reads back the same.
     char *text = dt_config_format(&c);
     dt_config d;
