@@ -156,7 +156,7 @@ typedef struct {
     int comp_levels;               /* QSGD: quantization levels per sign */
     int comp_rank;                 /* PowerSGD: rank of the factors */
     int comp_error_feedback;       /* keep what was not sent and add it to the next step */
-    int64_t comp_warmup_steps;     /* top-k: density ramps down to ratio over these steps */
+    int64_t comp_warmup_steps;     /* top-k: density ramps down to ratio over these steps; powersgd: steps sent as fp32 */
     float comp_momentum;           /* top-k: DGC momentum correction (0: off) */
     float comp_clip_norm;          /* top-k: DGC local clipping (0: off) */
     int comp_min_bytes;            /* pieces smaller than this go uncompressed */

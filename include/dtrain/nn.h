@@ -159,6 +159,11 @@ DT_API void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *use
 typedef struct {
     size_t offset, len;
 } dt_grad_range;
+/* A parameter tensor seen as a matrix by a gradient codec (PowerSGD):
+ * rows x cols floats at offset in the gradient block, row-major. */
+typedef struct {
+    size_t offset, rows, cols;
+} dt_grad_matrix;
 
 /* Named parameter tensors, in block order: "0.weight", "0.bias", "3.weight"
  * (the number is the layer index, as in a PyTorch nn.Sequential). */

@@ -32,12 +32,30 @@ static const dt_codec_ops codec_fp32 = {"fp32", sizeof(dt_codec), fp32_wants, NU
 // The state's tensors (codec.h), as k->names holds their names.
 enum { X_STEP, X_RESIDUAL, X_VELOCITY, X_PIECES, X_Q, NX };
 static const char *const xnames[NX] = {"step", "residual", "velocity", "pieces", "q"};
+// The columns of "pieces": lo, hi, the Qs' length, the matrices'.
+enum { NT = 4 };
 
 static const dt_codec_ops *const codecs[] = {&dt_codec_cast16, &dt_codec_quant, &dt_codec_sparse,
                                              &dt_codec_powersgd, &codec_fp32};
 
-dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, size_t n) {
+int dt_codec_matrices(const dt_tensor_info *t, int64_t layers, dt_grad_matrix *out) {
+    int first = layers > 0;  // the dimension of the rows
+    if (t->ndim < first + 2 || t->numel == 0) return 0;
+    int count = first ? (int)layers : 1;
+    size_t rows = (size_t)t->shape[first], each = t->numel / (size_t)count;
+    for (int l = 0; out && l < count; l++) out[l] = (dt_grad_matrix){t->offset + (size_t)l * each, rows, each / rows};
+    return count;
+}
+
+dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, size_t n, const dt_grad_matrix *mats,
+                          int nmats) {
     *out = NULL;
+    for (int i = 0; mats && i < nmats; i++)
+        if (!mats[i].rows || !mats[i].cols || mats[i].offset + mats[i].rows * mats[i].cols > n ||
+            (i && mats[i].offset < mats[i - 1].offset + mats[i - 1].rows * mats[i - 1].cols))
+            return dt_error(DT_ERR_ARG, "gradient codec: matrix %d (%zu x %zu at %zu) is empty, past the %zu gradients "
+                            "or before the end of the one before",
+                            i, mats[i].rows, mats[i].cols, mats[i].offset, n);
     const dt_codec_ops *ops = NULL;
     for (size_t i = 0; i < sizeof codecs / sizeof *codecs && !ops; i++)
         if (codecs[i]->wants(c)) ops = codecs[i];
@@ -48,7 +66,11 @@ dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, si
     for (int i = 0; i < NX; i++)
         snprintf(k->names[i], sizeof k->names[i], "codec.%s.%s", dt_comp_method_name(c->comp_method), xnames[i]);
     dt_status st = DT_OK;
-    if (c->comp_method != DT_COMP_NONE && c->comp_error_feedback && n) {
+    if (mats && nmats > 0) {
+        if ((k->mats = malloc(sizeof *mats * (size_t)nmats))) memcpy(k->mats, mats, sizeof *mats * (size_t)nmats), k->nmats = nmats;
+        else st = dt_error(DT_ERR_NOMEM, "gradient codec %s: out of memory", ops->name);
+    }
+    if (st == DT_OK && c->comp_method != DT_COMP_NONE && c->comp_error_feedback && n) {
         k->residual = calloc(n, sizeof(float));
         if (c->comp_momentum > 0) k->velocity = calloc(n, sizeof(float));
         if (!k->residual || (c->comp_momentum > 0 && !k->velocity))
@@ -72,6 +94,7 @@ void dt_codec_free(dt_codec *k) {
         free(k->pieces[i].perm);
     }
     free(k->pieces);
+    free(k->mats);
     free(k->residual);
     free(k->velocity);
     free(k->table);
@@ -91,7 +114,7 @@ dt_codec_piece *dt_codec_piece_at(dt_codec *k, size_t lo, size_t hi) {
             free(p->perm);
             p->q = NULL;
             p->perm = NULL;
-            p->nq = 0;
+            p->nq = p->nmat = 0;
             p->hi = hi;
         }
         return p;
@@ -158,7 +181,7 @@ int dt_codec_state(dt_codec *k, dt_st_tensor *t, int max) {
     if (k->velocity)
         x[n++] = (dt_st_tensor){k->names[X_VELOCITY], DT_F32, 1, {(int64_t)k->n}, k->velocity, k->n * sizeof(float)};
     if (np && max > n) {  // the Qs packed, in the pieces' order
-        int64_t *tb = realloc(k->table, sizeof *tb * 3 * (size_t)np);
+        int64_t *tb = realloc(k->table, sizeof *tb * NT * (size_t)np);
         if (tb) k->table = tb;
         float *q = tb ? realloc(k->packed, sizeof *q * nq) : NULL;
         if (!q) return dt_error(DT_ERR_NOMEM, "gradient codec %s: out of memory for the checkpoint", k->ops->name), -1;
@@ -166,14 +189,15 @@ int dt_codec_state(dt_codec *k, dt_st_tensor *t, int max) {
         for (int i = 0, j = 0; i < k->npieces; i++) {
             const dt_codec_piece *p = &k->pieces[i];
             if (!p->q) continue;
-            tb[3 * j] = (int64_t)p->lo, tb[3 * j + 1] = (int64_t)p->hi, tb[3 * j + 2] = (int64_t)p->nq;
+            tb[NT * j] = (int64_t)p->lo, tb[NT * j + 1] = (int64_t)p->hi, tb[NT * j + 2] = (int64_t)p->nq;
+            tb[NT * j + 3] = (int64_t)p->nmat;
             memcpy(q, p->q, p->nq * sizeof *q);
             q += p->nq;
             j++;
         }
     }
     if (np) {
-        x[n++] = (dt_st_tensor){k->names[X_PIECES], DT_I64, 2, {np, 3}, k->table, sizeof(int64_t) * 3 * (size_t)np};
+        x[n++] = (dt_st_tensor){k->names[X_PIECES], DT_I64, 2, {np, NT}, k->table, sizeof(int64_t) * NT * (size_t)np};
         x[n++] = (dt_st_tensor){k->names[X_Q], DT_F32, 1, {(int64_t)nq}, k->packed, sizeof(float) * nq};
     }
     for (int i = 0; i < n && i < max; i++) t[i] = x[i];
@@ -205,7 +229,11 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
         return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %lld, expected 0 to 2^50", path, k->names[X_STEP],
                         (long long)head[H_STEP]);
     head[H_FLAGS] |= F_STEP;
-    const dt_st_tensor *tb = find(f, k->names[X_PIECES], DT_I64, -1, 3), *tq = find(f, k->names[X_Q], DT_F32, -1, 0);
+    const dt_st_tensor *tb = find(f, k->names[X_PIECES], DT_I64, -1, NT), *tq = find(f, k->names[X_Q], DT_F32, -1, 0);
+    if (!tb && k->rank == 0 && find(f, k->names[X_PIECES], DT_I64, -1, 3))
+        dt_log(DT_LOG_WARN, "%s: PowerSGD's Qs are one per piece viewed as a square matrix (an older layout), not one "
+                            "per weight matrix: new Qs from the seed",
+               path);
     if (!tb || !tq) return DT_OK;
     int64_t np = tb->shape[0], nq = tq->shape[0], sum = 0;
     if (np < 1) return DT_OK;
@@ -218,13 +246,14 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
     memcpy(*q, tq->data, tq->nbytes);
     const int64_t *r = *table;
     for (int64_t i = 0; i < np; i++) {
-        if (r[3 * i] < 0 || r[3 * i] >= r[3 * i + 1] || r[3 * i + 1] > (int64_t)k->n || r[3 * i + 2] < 1 ||
-            r[3 * i + 2] > nq - sum)
-            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' row %lld (%lld, %lld, %lld) is not a piece of the %zu "
-                            "gradients with a part of the %lld values of '%s'",
-                            path, k->names[X_PIECES], (long long)i, (long long)r[3 * i], (long long)r[3 * i + 1],
-                            (long long)r[3 * i + 2], k->n, (long long)nq, k->names[X_Q]);
-        sum += r[3 * i + 2];
+        const int64_t *e = r + NT * i;
+        if (e[0] < 0 || e[0] >= e[1] || e[1] > (int64_t)k->n || e[2] < 1 || e[2] > nq - sum || e[3] < 1 ||
+            e[3] > e[2])
+            return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' row %lld (%lld, %lld, %lld, %lld) is not a piece of the %zu "
+                            "gradients with a part of the %lld values of '%s' and 1 to that many matrices",
+                            path, k->names[X_PIECES], (long long)i, (long long)e[0], (long long)e[1], (long long)e[2],
+                            (long long)e[3], k->n, (long long)nq, k->names[X_Q]);
+        sum += e[2];
     }
     if (sum != nq)
         return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' gives Qs of %lld values, '%s' has %lld", path,
@@ -285,11 +314,11 @@ static dt_status share(dt_codec *k, int64_t *head, int64_t **table, float **q) {
         st = dt_broadcast(k->velocity, k->velocity, k->n, DT_F32, 0, k->comm);
     if (st != DT_OK || !(head[H_FLAGS] & F_Q)) return st;
     if (k->rank != 0) {
-        *table = malloc(sizeof **table * 3 * (size_t)head[H_PIECES]);
+        *table = malloc(sizeof **table * NT * (size_t)head[H_PIECES]);
         *q = malloc(sizeof **q * (size_t)head[H_Q]);
         if (!*table || !*q) return dt_error(DT_ERR_NOMEM, "gradient codec: out of memory for the checkpoint's Q");
     }
-    st = dt_broadcast(*table, *table, 3 * (size_t)head[H_PIECES], DT_I64, 0, k->comm);
+    st = dt_broadcast(*table, *table, NT * (size_t)head[H_PIECES], DT_I64, 0, k->comm);
     if (st == DT_OK) st = dt_broadcast(*q, *q, (size_t)head[H_Q], DT_F32, 0, k->comm);
     return st;
 }
@@ -308,8 +337,8 @@ dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
     k->step0 = head[H_FLAGS] & F_STEP ? head[H_STEP] : 0;
     const float *qp = q;
     for (int64_t i = 0; st == DT_OK && (head[H_FLAGS] & F_Q) && i < head[H_PIECES]; i++) {
-        size_t nq = (size_t)table[3 * i + 2];
-        dt_codec_piece *p = dt_codec_piece_at(k, (size_t)table[3 * i], (size_t)table[3 * i + 1]);
+        size_t nq = (size_t)table[NT * i + 2];
+        dt_codec_piece *p = dt_codec_piece_at(k, (size_t)table[NT * i], (size_t)table[NT * i + 1]);
         float *pq = p ? malloc(nq * sizeof(float)) : NULL;
         if (!pq) {
             st = dt_error(DT_ERR_NOMEM, "gradient codec: out of memory for the checkpoint's Q");
@@ -318,6 +347,7 @@ dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
         free(p->q);
         p->q = memcpy(pq, qp, nq * sizeof(float));
         p->nq = nq;
+        p->nmat = (size_t)table[NT * i + 3];
         p->step = k->step0;
         qp += nq;
     }

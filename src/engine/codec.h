@@ -22,6 +22,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
+#include "dtrain/nn.h"
 
 typedef struct dt_codec dt_codec;
 
@@ -41,8 +42,8 @@ typedef struct {
     size_t lo, hi;
     uint8_t *buf;      /* wire buffers (the codec lays them out), grown by dt_codec_buf */
     size_t cap;
-    float *q;          /* PowerSGD: the warm-started Q, nq floats */
-    size_t nq;
+    float *q;          /* PowerSGD: the warm-started Qs of the piece's nmat matrices, nq floats */
+    size_t nq, nmat;
     uint32_t *perm;    /* random-k: the piece's indices, shuffled afresh at each step */
     dt_rng rng;        /* dt_codec_piece_begin's: seeded from [train] seed, lo, a salt and step */
     int64_t step;      /* steps begun so far (dt_codec_piece_begin) */
@@ -54,6 +55,8 @@ struct dt_codec {
     const dt_config *c;
     dt_comm_t comm;
     size_t n;  /* the gradient block's length */
+    dt_grad_matrix *mats; /* the block's 2-D tensors, in block order (a copy) */
+    int nmats;
     int rank, world;
     float *residual;   /* error feedback: what was not sent, per position (NULL: off) */
     float *velocity;   /* top-k momentum correction (NULL: off) */
@@ -67,8 +70,17 @@ struct dt_codec {
     int refit_warned;
 };
 
-/* The codec c asks for, built for a block of n gradients. */
-dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, size_t n);
+/* The codec c asks for, built for a block of n gradients whose 2-D
+ * tensors are mats[nmats] (in block order, not overlapping; NULL, 0: none,
+ * the block is vectors); DT_ERR_ARG when they are not. */
+dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, size_t n, const dt_grad_matrix *mats,
+                          int nmats);
+/* The matrices of parameter tensor t, as PyTorch DDP's PowerSGD hook views
+ * a tensor (shape[0] x the product of the rest; none for a vector): layers
+ * = 0 a tensor of its own; layers = L > 0 a tensor stacked over L layers
+ * (shape[0] = L), L matrices shape[1] x the rest (none when per layer it is
+ * a vector). Writes them to out (NULL: only counts) and returns how many. */
+int dt_codec_matrices(const dt_tensor_info *t, int64_t layers, dt_grad_matrix *out);
 void dt_codec_free(dt_codec *k);
 
 /* ---- checkpoints (docs/compression.md) ----------------------------------
@@ -77,7 +89,8 @@ void dt_codec_free(dt_codec *k);
  * of a sharded checkpoint as tensors named codec.METHOD.*: "step" (I64 [1],
  * the steps it has run), "residual" and "velocity" (F32 [n], this rank's
  * error feedback and DGC momentum, when on), and PowerSGD's "pieces" (I64
- * [p, 3]: each piece's lo, hi and Q's length) and "q" (F32, the Qs one after
+ * [p, 4]: each piece's lo, hi, the length of its Qs and its number of
+ * matrices) and "q" (F32, the Qs one after
  * the other; the same on every rank). The fp32 codec keeps none. */
 
 /* Whether the codec keeps state (every method but none). */

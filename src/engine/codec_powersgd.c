@@ -1,74 +1,158 @@
-/* PowerSGD (Vogels et al. 2019), like DDP's powerSGD_hook: a piece of len
- * values is viewed as a rows x cols matrix M, row-major, with cols =
- * ceil(sqrt(len)) and rows = ceil(len / cols) (the tail of the last row
- * padded with zeros), and sent as two low-rank factors of rank r = min(rank,
- * rows, cols):
+/* PowerSGD (Vogels et al. 2019), like PyTorch DDP's powerSGD_hook: each
+ * weight matrix of the model in its own shape (dt_codec_create's matrices:
+ * a tensor's first dimension x the rest, row-major) is sent as two low-rank
+ * factors. Within a piece [lo, hi) of the block, the whole rows of a matrix
+ * that lie in the piece form M (rows x cols), of rank r = min(rank, rows,
+ * cols):
  *
  *   P = M Q          allreduce (sum) P; orthonormalize its columns
  *   Q = M^T P        allreduce (sum) Q
  *   M ~ P Q^T        the sum over ranks, projected on span(P)
  *
- * Q starts random (the same on every rank, from [train] seed and the piece)
- * and is kept for the next step (warm start: one power iteration per step).
- * When r = min(rows, cols), span(P) holds the sum's columns and the result
- * is the sum itself up to rounding. (rows + cols) x r floats go on the
- * wire instead of len. With error feedback each rank keeps M - (P Q^T) / W,
- * its share of what the approximation missed. */
+ * The rest of the piece (vectors such as biases and layernorm weights, the
+ * partial rows at the piece's edges, and matrices whose factors, (rows +
+ * cols) x r floats, would not be smaller than rows x cols, DDP's
+ * min_compression_rate) is summed as fp32 in the first allreduce, after
+ * the Ps: a piece costs two allreduces.
+ *
+ * Each matrix's Q starts random (the same on every rank, from [train] seed
+ * and the piece) and is kept for the next step (warm start: one power
+ * iteration per step). When r = min(rows, cols), span(P) holds the sum's
+ * columns and the result is the sum itself up to rounding. With error
+ * feedback each rank keeps M - (P Q^T) / W, its share of what the
+ * approximation missed (0 where the values went as fp32). The first
+ * [compression] warmup_steps steps of a piece go as a plain fp32 sum (DDP's
+ * start_powerSGD_iter). */
 #include "engine/codec.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+// A compressed matrix of a piece: rows x cols at g + at, rank r.
 typedef struct {
-    size_t rows, cols, r;
-} shape;
+    size_t at, rows, cols, r;
+} mat;
 
-static shape shape_of(const dt_codec *k, size_t len) {
-    shape s;
-    s.cols = (size_t)ceil(sqrt((double)len));
-    s.rows = (len + s.cols - 1) / s.cols;
-    s.r = (size_t)k->c->comp_rank;
-    if (s.r > s.rows) s.r = s.rows;
-    if (s.r > s.cols) s.r = s.cols;
-    return s;
+// The compressed matrix of matrix m in [lo, hi); 0 when there is none.
+static int mat_in(const dt_codec *k, const dt_grad_matrix *m, size_t lo, size_t hi, mat *out) {
+    size_t end = m->offset + m->rows * m->cols;
+    if (end <= lo || m->offset >= hi) return 0;
+    size_t a = lo > m->offset ? lo : m->offset, b = hi < end ? hi : end;
+    size_t r0 = (a - m->offset + m->cols - 1) / m->cols, r1 = (b - m->offset) / m->cols;
+    if (r1 <= r0) return 0;
+    mat x = {m->offset + r0 * m->cols, r1 - r0, m->cols, (size_t)k->c->comp_rank};
+    if (x.r > x.rows) x.r = x.rows;
+    if (x.r > x.cols) x.r = x.cols;
+    if ((x.rows + x.cols) * x.r >= x.rows * x.cols) return 0;
+    *out = x;
+    return 1;
 }
 
-// The piece's buffer: P (rows x r floats), Q (cols x r), then rows x r
-// doubles for the orthonormalization, at an 8-byte boundary.
-static size_t work_at(shape s) { return ((s.rows + s.cols) * s.r * sizeof(float) + 7) / 8 * 8; }
+// The piece's layout: how many matrices, the total lengths of their Ps
+// (np) and Qs (nq), of the fp32 values (nplain), and the largest P (most).
+typedef struct {
+    size_t count, np, nq, nplain, most;
+} sizes;
+
+// The piece's layout; each (when not NULL) is called on every matrix with
+// the offsets of its P and Q in the wire buffers.
+typedef void (*mat_fn)(const mat *m, size_t p_at, size_t q_at, void *user);
+static sizes layout(const dt_codec *k, size_t lo, size_t hi, mat_fn each, void *user) {
+    sizes z = {0, 0, 0, hi - lo, 0};
+    mat m;
+    for (int i = 0; i < k->nmats; i++) {
+        if (!mat_in(k, &k->mats[i], lo, hi, &m)) continue;
+        if (each) each(&m, z.np, z.nq, user);
+        z.count++;
+        z.np += m.rows * m.r;
+        z.nq += m.cols * m.r;
+        z.nplain -= m.rows * m.cols;
+        if (m.rows * m.r > z.most) z.most = m.rows * m.r;
+    }
+    return z;
+}
+
+// The values of g[lo, hi) outside its matrices: to plain[] (dir 1), back
+// from it (dir 0), or set to zero (dir -1).
+static void plain_copy(const dt_codec *k, float *g, size_t lo, size_t hi, float *plain, int dir) {
+    size_t at = lo, n = 0;
+    mat m;
+    for (int i = 0; i <= k->nmats; i++) {
+        int last = i == k->nmats;
+        if (!last && !mat_in(k, &k->mats[i], lo, hi, &m)) continue;
+        size_t to = last ? hi : m.at, len = (to - at) * sizeof(float);
+        if (dir > 0) memcpy(plain + n, g + at, len);
+        else if (dir == 0) memcpy(g + at, plain + n, len);
+        else memset(g + at, 0, len);
+        n += to - at;
+        if (!last) at = m.at + m.rows * m.cols;
+    }
+}
+
+// The wire buffer: the Ps, the plain values, the Qs (floats), then the
+// largest matrix's rows x r doubles for the orthonormalization, at an
+// 8-byte boundary.
+static size_t work_at(sizes z) { return ((z.np + z.nplain + z.nq) * sizeof(float) + 7) / 8 * 8; }
 
 static int psgd_wants(const dt_config *c) { return c->comp_method == DT_COMP_POWERSGD; }
 
+// What the steps over a piece's matrices work on.
+typedef struct {
+    float *x;        // the piece's gradients (g)
+    float *P, *Q;    // the Ps, the Qs
+    double *scratch; // the orthonormalization's
+    dt_codec_piece *p;
+    dt_codec *k;
+} walk;
+
+static void fill_q(const mat *m, size_t p_at, size_t q_at, void *user) {
+    walk *w = user;
+    (void)p_at;
+    for (size_t i = 0; i < m->cols * m->r; i++) w->Q[q_at + i] = dt_rng_normal(&w->p->rng);
+}
+
+// P = M Q
+static void encode_p(const mat *m, size_t p_at, size_t q_at, void *user) {
+    walk *w = user;
+    const float *x = w->x + m->at, *Q = w->Q + q_at;
+    float *P = w->P + p_at;
+    memset(P, 0, m->rows * m->r * sizeof(float));
+    for (size_t i = 0; i < m->rows; i++)
+        for (size_t c = 0; c < m->cols; c++) {
+            float v = x[i * m->cols + c];
+            for (size_t j = 0; j < m->r; j++) P[i * m->r + j] += v * Q[c * m->r + j];
+        }
+}
+
 static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
     if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
-    size_t len = hi - lo;
-    shape s = shape_of(k, len);
     dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
-    float *P = p ? (float *)dt_codec_buf(p, work_at(s) + s.rows * s.r * sizeof(double)) : NULL;
-    if (!P) return DT_ERR_NOMEM;
-    dt_codec_piece_begin(k, p, 0x905);
-    if (!p->q || p->nq != s.cols * s.r) {  // the first step, or a checkpoint's Q of another rank
+    if (!p) return DT_ERR_NOMEM;
+    sizes z = layout(k, lo, hi, NULL, NULL);
+    p->sent = dt_codec_piece_begin(k, p, 0x905) >= k->c->comp_warmup_steps && z.count > 0;
+    if (!p->sent) return dt_codec_plain_start(k, g, lo, hi, req);
+    walk w = {g, NULL, NULL, NULL, p, k};
+    if (!p->q || p->nq != z.nq || p->nmat != z.count) {  // the first step, or a checkpoint's Qs of another layout
         if (p->q && k->rank == 0 && !k->refit_warned++)
-            dt_log(DT_LOG_WARN, "powersgd: the checkpoint's Q of piece [%zu, %zu) has %zu values, rank %zu needs %zu: "
-                                "a new Q from the seed",
-                   lo, hi, p->nq, s.r, s.cols * s.r);
+            dt_log(DT_LOG_WARN, "powersgd: the checkpoint's Qs of piece [%zu, %zu) are %zu values for %zu matrices, "
+                                "rank %d needs %zu for %zu: new Qs from the seed",
+                   lo, hi, p->nq, p->nmat, k->c->comp_rank, z.nq, z.count);
         free(p->q);
-        p->nq = 0;
-        if (!(p->q = malloc(s.cols * s.r * sizeof(float))))
-            return dt_error(DT_ERR_NOMEM, "gradient codec powersgd: out of memory");
-        p->nq = s.cols * s.r;
-        for (size_t i = 0; i < s.cols * s.r; i++) p->q[i] = dt_rng_normal(&p->rng);
+        p->nq = p->nmat = 0;
+        if (!(p->q = malloc(z.nq * sizeof(float))))
+            return dt_error(DT_ERR_NOMEM, "gradient codec powersgd: out of memory for piece [%zu, %zu)", lo, hi);
+        p->nq = z.nq, p->nmat = z.count;
+        w.Q = p->q;
+        layout(k, lo, hi, fill_q, &w);
     }
+    float *P = (float *)dt_codec_buf(p, work_at(z) + z.most * sizeof(double));
+    if (!P) return DT_ERR_NOMEM;
     dt_codec_ef_add(k, g, lo, hi);
-    const float *x = g + lo, *Q = p->q;
-    memset(P, 0, s.rows * s.r * sizeof(float));
-    for (size_t i = 0; i < s.rows; i++)
-        for (size_t c = 0; c < s.cols && i * s.cols + c < len; c++) {
-            float v = x[i * s.cols + c];
-            for (size_t j = 0; j < s.r; j++) P[i * s.r + j] += v * Q[c * s.r + j];
-        }
-    return dt_iallreduce(P, P, s.rows * s.r, DT_F32, DT_SUM, k->comm, req);
+    w.P = P, w.Q = p->q;
+    layout(k, lo, hi, encode_p, &w);
+    plain_copy(k, g, lo, hi, P + z.np, 1);
+    return dt_iallreduce(P, P, z.np + z.nplain, DT_F32, DT_SUM, k->comm, req);
 }
 
 // Orthonormalizes the r columns of P (rows x r) by modified Gram-Schmidt
@@ -94,35 +178,54 @@ static void orthonormalize(float *P, double *w, size_t rows, size_t r) {
     for (size_t i = 0; i < rows * r; i++) P[i] = (float)w[i];
 }
 
-static dt_status psgd_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
-    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_finish(k, g, lo, hi, req);
-    dt_status st = dt_wait(req);
-    if (st != DT_OK) return st;
-    size_t len = hi - lo;
-    shape s = shape_of(k, len);
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
-    float *P = (float *)p->buf, *Q = P + s.rows * s.r, *x = g + lo;
-    orthonormalize(P, (double *)(void *)(p->buf + work_at(s)), s.rows, s.r);
-    memset(Q, 0, s.cols * s.r * sizeof(float));
-    for (size_t i = 0; i < s.rows; i++)
-        for (size_t c = 0; c < s.cols && i * s.cols + c < len; c++) {
-            float v = x[i * s.cols + c];
-            for (size_t j = 0; j < s.r; j++) Q[c * s.r + j] += v * P[i * s.r + j];
+// Orthonormalized P, then Q = M^T P
+static void encode_q(const mat *m, size_t p_at, size_t q_at, void *user) {
+    walk *w = user;
+    const float *x = w->x + m->at;
+    float *P = w->P + p_at, *Q = w->Q + q_at;
+    orthonormalize(P, w->scratch, m->rows, m->r);
+    memset(Q, 0, m->cols * m->r * sizeof(float));
+    for (size_t i = 0; i < m->rows; i++)
+        for (size_t c = 0; c < m->cols; c++) {
+            float v = x[i * m->cols + c];
+            for (size_t j = 0; j < m->r; j++) Q[c * m->r + j] += v * P[i * m->r + j];
         }
-    // Queued behind every piece's first round, in the same order on every rank.
-    dt_request_t r2 = NULL;
-    if ((st = dt_iallreduce(Q, Q, s.cols * s.r, DT_F32, DT_SUM, k->comm, &r2)) != DT_OK) return st;
-    if ((st = dt_wait(&r2)) != DT_OK) return st;
-    float share = 1.0f / (float)k->world;
-    for (size_t i = 0; i < s.rows; i++)
-        for (size_t c = 0; c < s.cols && i * s.cols + c < len; c++) {
+}
+
+// M = P Q^T, and what it missed of this rank's share
+static void decode(const mat *m, size_t p_at, size_t q_at, void *user) {
+    walk *w = user;
+    float *x = w->x + m->at, *res = w->k->residual ? w->k->residual + m->at : NULL;
+    const float *P = w->P + p_at, *Q = w->Q + q_at;
+    float share = 1.0f / (float)w->k->world;
+    for (size_t i = 0; i < m->rows; i++)
+        for (size_t c = 0; c < m->cols; c++) {
             float a = 0;
-            for (size_t j = 0; j < s.r; j++) a += P[i * s.r + j] * Q[c * s.r + j];
-            size_t at = i * s.cols + c;
-            if (k->residual) k->residual[lo + at] = x[at] - a * share;
+            for (size_t j = 0; j < m->r; j++) a += P[i * m->r + j] * Q[c * m->r + j];
+            size_t at = i * m->cols + c;
+            if (res) res[at] = x[at] - a * share;
             x[at] = a;
         }
-    memcpy(p->q, Q, s.cols * s.r * sizeof(float));
+}
+
+static dt_status psgd_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
+    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_finish(k, g, lo, hi, req);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
+    if (!p->sent) return dt_codec_plain_finish(k, g, lo, hi, req);
+    dt_status st = dt_wait(req);
+    if (st != DT_OK) return st;
+    sizes z = layout(k, lo, hi, NULL, NULL);
+    float *P = (float *)p->buf;
+    walk w = {g, P, P + z.np + z.nplain, (double *)(void *)(p->buf + work_at(z)), p, k};
+    layout(k, lo, hi, encode_q, &w);
+    // Queued behind every piece's first round, in the same order on every rank.
+    dt_request_t r2 = NULL;
+    if ((st = dt_iallreduce(w.Q, w.Q, z.nq, DT_F32, DT_SUM, k->comm, &r2)) != DT_OK) return st;
+    if ((st = dt_wait(&r2)) != DT_OK) return st;
+    layout(k, lo, hi, decode, &w);
+    plain_copy(k, g, lo, hi, P + z.np, 0);
+    if (k->residual) plain_copy(k, k->residual, lo, hi, NULL, -1);
+    memcpy(p->q, w.Q, z.nq * sizeof(float));
     return DT_OK;
 }
 

@@ -92,7 +92,7 @@ static dt_status dp_init(dt_strategy *s) {
     d->p = calloc((size_t)d->nb + (size_t)norder, sizeof *d->p);  // a range boundary adds a piece
     if (!d->b || !d->p) return dt_error(DT_ERR_NOMEM, "data parallel: out of memory");
     cut(d, n, bucket_floats, order, norder);
-    return dt_codec_create(&d->codec, s->c, s->comm, n);
+    return dt_codec_create(&d->codec, s->c, s->comm, n, s->matrices, s->nmatrices);
 }
 
 static void dp_fini(dt_strategy *s) {

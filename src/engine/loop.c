@@ -376,7 +376,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     }
     dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
                            all, info.order_split, info.nwhole, info.shard_copy, info.shard_user,
-                           info.replicas, info.tensor_group};
+                           info.replicas, info.tensor_group, info.matrices, info.nmatrices};
     DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);

@@ -39,6 +39,8 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->norder = a->norder;
     s->order_layer = a->order_layer;
     s->order_split = a->order_split;
+    s->matrices = a->matrices;
+    s->nmatrices = a->nmatrices;
     s->nwhole = a->nwhole > a->n ? a->nwhole : 0;
     s->shard_copy = a->shard_copy;
     s->shard_user = a->shard_user;

@@ -69,6 +69,8 @@ typedef struct {
     void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole); /* (task.h) */
     void *shard_user;
     dt_comm_t replicas, tensor_group; /* the task's (task.h), NULL without shards */
+    const dt_grad_matrix *matrices;   /* the block's 2-D tensors, for the gradient codec (NULL, 0: none) */
+    int nmatrices;
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -164,6 +166,8 @@ struct dt_strategy {
     int norder;
     const int *order_layer;
     const unsigned char *order_split;
+    const dt_grad_matrix *matrices;
+    int nmatrices;
     dt_obs *obs;
     dt_comm_t all;             /* every rank of the run: comm, or comm and the ranks of another role */
     dt_optim *opt;             /* over the slice [lo, hi) */

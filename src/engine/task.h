@@ -38,6 +38,8 @@ typedef struct {
     dt_comm_t tensor_group;           /* tensor parallel: the ranks holding the shards of one copy of the
                                          model (rank in it = its shard); NULL: none. Both owned by the task
                                          (released by close) */
+    const dt_grad_matrix *matrices;   /* this block's 2-D tensors, in block order (dt_codec_matrices) */
+    int nmatrices;
     const dt_tensor_info *tensors;    /* for checkpoints: the whole model's (also when ranks hold shards) */
     size_t nwhole;                    /* floats of the whole model's block (nparams unless sharded) */
     /* A shard's block to and from the whole model's (NULL unless sharded):

@@ -6,6 +6,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/dynbatch.h"
+#include "engine/codec.h"
 #include "engine/task.h"
 
 #include <stdio.h>
@@ -23,6 +24,8 @@ struct dt_task {
     dt_tensor_info *tinfo;
     dt_grad_range *order;          // the tensors in block order, and the layer of each
     int *order_layer;
+    dt_grad_matrix *mats;          // the block's 2-D tensors (dt_codec_matrices), nmats
+    int nmats;
     dt_batch b;                    // the batch in flight: this rank's share
     dt_st_meta wmeta[2];
     // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
@@ -159,6 +162,7 @@ static void cls_destroy(dt_task *t) {
     free(t->tinfo);
     free(t->order);
     free(t->order_layer);
+    free(t->mats);
     dt_loader_free(t->subl);
     dt_dataset_free(&t->sub);
     dt_loader_free(t->full);
@@ -247,12 +251,14 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     t->order = malloc(sizeof *t->order * (nt > 0 ? nt : 1));
     t->order_layer = malloc(sizeof(int) * (nt > 0 ? nt : 1));
     t->order_split = malloc((size_t)(nt > 0 ? nt : 1));
-    if (!t->order || !t->order_layer || !t->order_split) {
+    t->mats = malloc(sizeof *t->mats * (nt > 0 ? nt : 1));
+    if (!t->order || !t->order_layer || !t->order_split || !t->mats) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int i = 0; i < nt; i++) {
         const dt_tensor_info *ti = dt_model_tensor(t->m, i);
+        t->nmats += dt_codec_matrices(ti, 0, t->mats + t->nmats);
         t->order[i] = (dt_grad_range){ti->offset, ti->numel};
         t->order_layer[i] = atoi(ti->name);
         t->order_split[i] = (unsigned char)dt_model_tensor_split(t->m, i);
@@ -269,6 +275,8 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .norder = nt,
                            .order_layer = t->order_layer,
                            .order_split = t->ntp > 1 ? t->order_split : NULL,
+                           .matrices = t->mats,
+                           .nmatrices = t->nmats,
                            .replicas = t->rest,
                            .tensor_group = t->tpc,
                            .tensors = t->tinfo,

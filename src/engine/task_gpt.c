@@ -11,6 +11,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
+#include "engine/codec.h"
 #include "engine/task.h"
 
 #include <stdio.h>
@@ -21,6 +22,8 @@ struct dt_task {
     const dt_config *c;
     int *order_layer;  // the layer using each range of the gradient order
     unsigned char *order_split;  // the ranges divided among the tensor-parallel ranks
+    dt_grad_matrix *mats;        // the block's 2-D tensors, layer by layer (dt_codec_matrices), nmats
+    int nmats;
     int tp, ntp;                 // [parallel] tensor: this rank's shard of ntp (0 of 1: the whole model)
     dt_comm_t tpc, rest;         // its shard's group (tensor innermost), and the ranks of its shard
     dt_gpt_config gc;
@@ -132,6 +135,7 @@ static void gpt_destroy(dt_task *t) {
     if (!t) return;
     free(t->order_layer);
     free(t->order_split);
+    free(t->mats);
     cJSON_Delete(t->history);
     free(t->x);
     free(t->y);
@@ -264,6 +268,12 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
     }
+    if (!(t->mats = malloc(sizeof *t->mats * (size_t)norder))) {  // at most one a range of the order
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < dt_gpt_num_tensors(t->m); i++)  // the embeddings, 12 tensors stacked over the layers, lnf
+        t->nmats += dt_codec_matrices(dt_gpt_tensor(t->m, i), i >= 2 && i < 14 ? t->gc.n_layer : 0, t->mats + t->nmats);
     for (int i = 0; i < norder; i++) {
         t->order_layer[i] = i < 2 ? DT_GPT_EMBED : i < norder - 2 ? (i - 2) / 12 : t->gc.n_layer;
         int tensor = i < 2 ? i : i < norder - 2 ? 2 + (i - 2) % 12 : 14 + i - (norder - 2);
@@ -276,6 +286,8 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                            .norder = norder,
                            .order_layer = t->order_layer,
                            .order_split = t->ntp > 1 ? t->order_split : NULL,
+                           .matrices = t->mats,
+                           .nmatrices = t->nmats,
                            .replicas = t->rest,
                            .tensor_group = t->tpc,
                            .tensors = t->tinfo,

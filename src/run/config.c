@@ -663,9 +663,12 @@ static dt_status finish_compression(const dt_config *c, const char *what) {
     if (c->comp_method != DT_COMP_NONE && c->deterministic)
         return dt_error(DT_ERR_CONFIG, "%s: [compression] method: '%s' cannot be used with [parallel] deterministic = true "
                         "(its fixed-point sums send no compressed gradients); use method = none", what, m);
-    if (c->comp_method != DT_COMP_TOPK && (c->comp_momentum > 0 || c->comp_clip_norm > 0 || c->comp_warmup_steps > 0))
+    if (c->comp_method != DT_COMP_TOPK && (c->comp_momentum > 0 || c->comp_clip_norm > 0))
         return dt_error(DT_ERR_CONFIG, "%s: [compression] %s: only method = topk uses it (DGC), got method = %s", what,
-                        c->comp_momentum > 0 ? "momentum" : c->comp_clip_norm > 0 ? "clip_norm" : "warmup_steps", m);
+                        c->comp_momentum > 0 ? "momentum" : "clip_norm", m);
+    if (c->comp_method != DT_COMP_TOPK && c->comp_method != DT_COMP_POWERSGD && c->comp_warmup_steps > 0)
+        return dt_error(DT_ERR_CONFIG, "%s: [compression] warmup_steps: only method = topk (DGC's warm-up) and powersgd "
+                        "(steps sent uncompressed first) use it, got method = %s", what, m);
     if (c->comp_momentum > 0 && !c->comp_error_feedback)
         return dt_error(DT_ERR_CONFIG, "%s: [compression] momentum: momentum correction needs error_feedback = true", what);
     return DT_OK;
