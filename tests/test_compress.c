@@ -331,6 +331,42 @@ static void dgc(dt_comm_t comm) {
     free(g), free(u), free(v), free(x), free(idx);
 }
 
+// Top-k on a piece large enough for the sampled threshold (len / 64 >=
+// 2048): exactly the k largest |x|, ties taken in index order, as the full
+// selection gives; on normals of varying scale, on values mostly tied below
+// the k largest (too many pass the sample's threshold: the full selection)
+// and on a few large values among many small.
+static void topk_sampled(dt_comm_t comm) {
+    dt_config c;
+    config(&c, DT_COMP_TOPK, 0);
+    c.comp_ratio = 0.01f;
+    size_t n = 400000, kk = 4000, cut[] = {0, n};
+    dt_codec *k = codec(&c, comm, n);
+    float *g = malloc(n * sizeof *g), *x = malloc(n * sizeof *x);
+    uint32_t *idx = malloc(n * sizeof *idx);
+    for (int s = 0; s < 6; s++) {
+        input(x, n, 0, s);
+        if (s == 4)  // 500 a little over 1.5, then |x| = 1.5 tied (too many pass), the k largest at the end
+            for (size_t i = 0; i < n; i++)
+                x[i] = i < 500        ? 1.5f + 1e-5f * (float)(i + 1)
+                       : i < n - kk ? (i % 2 ? 1.5f : -1.5f)
+                                    : 2.0f + 1e-4f * (float)(n - i);
+        if (s == 5)
+            for (size_t i = 0; i < n; i++) x[i] = i % 20000 ? x[i] * 1e-3f : 100.0f + (float)i;  // 20 large
+        memcpy(g, x, n * sizeof *g);
+        CHECK(step(k, g, cut, 1) == DT_OK, "top-k sampled step %d", s);
+        for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+        qsort_r(idx, n, sizeof *idx, cmp_mag, x);
+        size_t wrong = 0;
+        for (size_t j = 0; j < n; j++) wrong += g[idx[j]] != (j < kk ? x[idx[j]] : 0.0f);
+        CHECK(wrong == 0, "top-k of %zu values, step %d: %zu values differ from the k = %zu largest", n, s, wrong, kk);
+    }
+    printf("top-k of %zu values (sampled threshold): the exact %zu largest at 6 steps, ties and skews included\n", n,
+           kk);
+    dt_codec_free(k);
+    free(g), free(x), free(idx);
+}
+
 // ----------------------------------------------------------------------------
 // 3. ranks: the serial reference
 
@@ -418,7 +454,8 @@ static void ref_powersgd(dt_codec *k, int rank, int W, const float *xs, size_t n
         for (int q = 0; q < W; q++)
             for (size_t i = 0; i < R; i++)
                 for (size_t c = 0; c < C; c++)
-                    for (size_t j = 0; j < r; j++) P[i * r + j] += (double)xs[(size_t)q * n + at + i * C + c] * Q[c * r + j];
+                    for (size_t j = 0; j < r; j++)
+                        P[i * r + j] += (double)xs[(size_t)q * n + at + i * C + c] * Q[j * C + c];
         // P's columns orthonormalized another way than the codec's:
         // Cholesky QR, P L^-T with L L^T = P^T P (r <= 3, well conditioned).
         double L[64][64] = {{0}};
@@ -446,7 +483,8 @@ static void ref_powersgd(dt_codec *k, int rank, int W, const float *xs, size_t n
                 for (int q = 0; q < W && res; q++)
                     res[(size_t)q * n + at + i * C + c] = xs[(size_t)q * n + at + i * C + c] - (float)v / (float)W;
             }
-        for (size_t i = 0; i < C * r; i++) Q[i] = (float)Qn[i];
+        for (size_t c = 0; c < C; c++)  // kept transposed, as the codec keeps it
+            for (size_t j = 0; j < r; j++) Q[j * C + c] = (float)Qn[c * r + j];
         Q += C * r;
         free(P), free(Qn);
     }
@@ -861,6 +899,7 @@ int main(int argc, char **argv) {
     bias(comm, DT_COMP_TOPK, 0.1f, 16, 0);
     powersgd_exact(comm);
     dgc(comm);
+    topk_sampled(comm);
     dt_comm_destroy(comm);
 
     char self[1024];

@@ -15,7 +15,9 @@
  * min_compression_rate) is summed as fp32 in the first allreduce, after
  * the Ps: a piece costs two allreduces.
  *
- * Each matrix's Q starts random (the same on every rank, from [train] seed
+ * Each matrix's Q (cols x r) is kept transposed, r rows of cols floats, so
+ * that the three products below run along M's rows over contiguous memory.
+ * It starts random (the same on every rank, from [train] seed
  * and the piece) and is kept for the next step (warm start: one power
  * iteration per step). When r = min(rows, cols), span(P) holds the sum's
  * columns and the result is the sum itself up to rounding. With error
@@ -112,17 +114,26 @@ static void fill_q(const mat *m, size_t p_at, size_t q_at, void *user) {
     for (size_t i = 0; i < m->cols * m->r; i++) w->Q[q_at + i] = dt_rng_normal(&w->p->rng);
 }
 
-// P = M Q
+// x . y over n floats, in 16 lanes the compiler keeps in vector registers.
+static float dot(const float *restrict x, const float *restrict y, size_t n) {
+    float acc[16] = {0};
+    size_t c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int l = 0; l < 16; l++) acc[l] += x[c + l] * y[c + l];
+    for (; c < n; c++) acc[c % 16] += x[c] * y[c];
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+// P = M Q: each P[i][j] the dot product of M's row i with Q's column j
+// (a row of the r x cols array kept)
 static void encode_p(const mat *m, size_t p_at, size_t q_at, void *user) {
     walk *w = user;
     const float *x = w->x + m->at, *Q = w->Q + q_at;
     float *P = w->P + p_at;
-    memset(P, 0, m->rows * m->r * sizeof(float));
     for (size_t i = 0; i < m->rows; i++)
-        for (size_t c = 0; c < m->cols; c++) {
-            float v = x[i * m->cols + c];
-            for (size_t j = 0; j < m->r; j++) P[i * m->r + j] += v * Q[c * m->r + j];
-        }
+        for (size_t j = 0; j < m->r; j++) P[i * m->r + j] = dot(x + i * m->cols, Q + j * m->cols, m->cols);
 }
 
 static dt_status psgd_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
@@ -178,7 +189,13 @@ static void orthonormalize(float *P, double *w, size_t rows, size_t r) {
     for (size_t i = 0; i < rows * r; i++) P[i] = (float)w[i];
 }
 
-// Orthonormalized P, then Q = M^T P
+// y += a x over n floats
+static void axpy(float a, const float *restrict x, float *restrict y, size_t n) {
+    for (size_t c = 0; c < n; c++) y[c] += a * x[c];
+}
+
+// Orthonormalized P, then Q = M^T P: Q's column j (a row of the r x cols
+// array) the sum over M's rows i of P[i][j] M[i]
 static void encode_q(const mat *m, size_t p_at, size_t q_at, void *user) {
     walk *w = user;
     const float *x = w->x + m->at;
@@ -186,26 +203,22 @@ static void encode_q(const mat *m, size_t p_at, size_t q_at, void *user) {
     orthonormalize(P, w->scratch, m->rows, m->r);
     memset(Q, 0, m->cols * m->r * sizeof(float));
     for (size_t i = 0; i < m->rows; i++)
-        for (size_t c = 0; c < m->cols; c++) {
-            float v = x[i * m->cols + c];
-            for (size_t j = 0; j < m->r; j++) Q[c * m->r + j] += v * P[i * m->r + j];
-        }
+        for (size_t j = 0; j < m->r; j++) axpy(P[i * m->r + j], x + i * m->cols, Q + j * m->cols, m->cols);
 }
 
-// M = P Q^T, and what it missed of this rank's share
+// M = P Q^T, row by row, and what it missed of this rank's share
 static void decode(const mat *m, size_t p_at, size_t q_at, void *user) {
     walk *w = user;
-    float *x = w->x + m->at, *res = w->k->residual ? w->k->residual + m->at : NULL;
     const float *P = w->P + p_at, *Q = w->Q + q_at;
     float share = 1.0f / (float)w->k->world;
-    for (size_t i = 0; i < m->rows; i++)
-        for (size_t c = 0; c < m->cols; c++) {
-            float a = 0;
-            for (size_t j = 0; j < m->r; j++) a += P[i * m->r + j] * Q[c * m->r + j];
-            size_t at = i * m->cols + c;
-            if (res) res[at] = x[at] - a * share;
-            x[at] = a;
-        }
+    for (size_t i = 0; i < m->rows; i++) {
+        float *x = w->x + m->at + i * m->cols;
+        float *res = w->k->residual ? w->k->residual + m->at + i * m->cols : NULL;
+        if (res) memcpy(res, x, m->cols * sizeof(float));
+        memset(x, 0, m->cols * sizeof(float));
+        for (size_t j = 0; j < m->r; j++) axpy(P[i * m->r + j], Q + j * m->cols, x, m->cols);
+        if (res) axpy(-share, x, res, m->cols);
+    }
 }
 
 static dt_status psgd_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {

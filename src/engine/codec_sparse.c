@@ -1,7 +1,8 @@
 /* Sparse codecs: topk and randomk send k = ceil(ratio x len) values of a
  * piece.
  *
- * topk sends the k largest |x| as (uint32 index, fp32 value) pairs; ranks
+ * topk sends the k largest |x| (exactly, searched for among the values over
+ * a threshold a sample gives, as DGC does) as (uint32 index, fp32 value) pairs; ranks
  * choose different indices, so the pairs are allgathered and every rank adds
  * the W lists in rank order. With DGC's refinements (Lin et al. 2018):
  * momentum correction (the momentum is accumulated locally, u = m u + g,
@@ -69,6 +70,46 @@ typedef struct {
     float v;
 } pair;
 
+// The k largest |x| of x[0, len) (1 <= k <= len), as (index, value) pairs
+// in index order to out[k]: those over the k-th largest, then those equal
+// to it, first come first. mag[len] floats and idx[2k + 64] are room. On a
+// large piece, as Deep Gradient Compression does, the magnitudes of a random
+// sample (len / 64 of them, drawn with rng) first give a threshold t a
+// little under the k-th largest (3 standard deviations of the sample's
+// count), one pass over x collects the values >= t, and the rest runs among
+// them only; when fewer than k or more than 2k + 64 pass, among all. The
+// pairs are the same either way.
+static void topk_select(const float *x, size_t len, size_t k, float *mag, uint32_t *idx, dt_rng *rng, pair *out) {
+    size_t s = len / 64, cap = 2 * k + 64, c = 0;
+    if (s >= 2048 && k < len / 8) {
+        for (size_t i = 0; i < s; i++) mag[i] = fabsf(x[dt_rng_below(rng, (uint32_t)len)]);
+        double ks = (double)k * (double)s / (double)len;
+        float t = kth_largest(mag, s, (size_t)(ks + 3 * sqrt(ks)) + 2);
+        size_t i = 0;
+        for (; i + 16 <= len && c + 16 <= cap; i += 16) {  // most blocks of 16 hold none: test them at once
+            int any = 0;
+            for (int l = 0; l < 16; l++) any |= fabsf(x[i + l]) >= t;
+            for (int l = 0; l < 16 && any; l++)
+                if (fabsf(x[i + l]) >= t) mag[c] = fabsf(x[i + l]), idx[c++] = (uint32_t)(i + l);
+        }
+        for (; i < len && c < cap; i++)
+            if (fabsf(x[i]) >= t) mag[c] = fabsf(x[i]), idx[c++] = (uint32_t)i;
+        for (; i < len && c == cap; i++)  // full: one more passing means too many
+            if (fabsf(x[i]) >= t) c++;
+        if (c < k || c > cap) c = 0;
+    }
+    if (!c)
+        for (size_t i = 0; i < len; i++) mag[i] = fabsf(x[i]);
+    float t = kth_largest(mag, c ? c : len, k);
+    size_t m = 0, n = c ? c : len;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t j = 0; j < n && m < k; j++) {
+            size_t i = c ? idx[j] : j;
+            if (pass ? fabsf(x[i]) == t : fabsf(x[i]) > t) out[m++] = (pair){(uint32_t)i, x[i]};
+        }
+    while (m < k) out[m++] = (pair){0, 0};  // only with NaNs, which the loop reports
+}
+
 // Error feedback, with DGC's local clipping and momentum correction: x
 // (in place of g[lo, hi)) becomes what this step may send.
 static void accumulate(dt_codec *k, float *g, size_t lo, size_t hi) {
@@ -103,19 +144,12 @@ static void sent_at(dt_codec *k, size_t at) {
 static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, int64_t step,
                             dt_request_t *req) {
     size_t len = hi - lo, kk = k_of(k, step, len), B = kk * sizeof(pair);
-    uint8_t *buf = dt_codec_buf(p, B * (size_t)k->world + len * sizeof(float));
+    uint8_t *buf = dt_codec_buf(p, B * (size_t)k->world + len * sizeof(float) + (2 * kk + 64) * sizeof(uint32_t));
     if (!buf) return DT_ERR_NOMEM;
     pair *mine = (pair *)(buf + B * (size_t)k->rank);
     float *mag = (float *)(buf + B * (size_t)k->world), *x = g + lo;
     accumulate(k, g, lo, hi);
-    for (size_t i = 0; i < len; i++) mag[i] = fabsf(x[i]);
-    float t = kth_largest(mag, len, kk);
-    size_t m = 0;
-    for (size_t i = 0; i < len && m < kk; i++)
-        if (fabsf(x[i]) > t) mine[m++] = (pair){(uint32_t)i, x[i]};
-    for (size_t i = 0; i < len && m < kk; i++)
-        if (fabsf(x[i]) == t) mine[m++] = (pair){(uint32_t)i, x[i]};
-    while (m < kk) mine[m++] = (pair){0, 0};  // only with NaNs, which the loop reports
+    topk_select(x, len, kk, mag, (uint32_t *)(mag + len), &p->rng, mine);
     if (k->residual) {
         memcpy(k->residual + lo, x, len * sizeof(float));
         for (size_t j = 0; j < kk; j++) sent_at(k, lo + mine[j].i);
