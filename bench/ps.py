@@ -12,8 +12,8 @@ applied or dropped gradient pushed and its weights pulled: 2 x 4 bytes x
 parameters each).
 
     /usr/bin/python3 bench/ps.py [--dtrain BUILD_DIR] [--config configs/fashion-mlp.ini]
-        [--workers 4] [--slow-ms 40] [--cases dp,sync,async,ssp2,backup1,sync-S1,sync-S2]
-        [--steps N] [--set S.K=V]... [--json]
+        [--workers 4] [--slow-ms 40 | --slow-factor 2]
+        [--cases dp,sync,async,ssp2,backup1,sync-S1,sync-S2] [--steps N] [--set S.K=V]... [--json]
 
 Cases: `dp` allreduce data parallel; `sync`, `async`, `ssp2` (staleness 2),
 `backup1` (one backup worker), each with 2 servers; `async-dyn` and
@@ -23,6 +23,10 @@ without the slow worker, 1 and 2 servers, for the single-server
 bottleneck. Without --steps the config's shipped epochs run (minutes per
 case on a 2-core machine); --steps 20 only checks that everything runs.
 Accuracy does not depend on the machine's load; the rates do.
+
+--slow-factor F slows worker 1 F times (DTRAIN_SLOW_RANK=1:xF: it sleeps
+F - 1 times its own step time, as the machine's load makes it) in place of
+a fixed --slow-ms.
 """
 import argparse, json, os, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +53,7 @@ def main():
     ap.add_argument("--config", default=os.path.join(ROOT, "configs/fashion-mlp.ini"))
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--slow-ms", type=int, default=40)
+    ap.add_argument("--slow-factor", type=float, default=0, help="worker 1 F times slower (in place of --slow-ms)")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--steps", type=int, default=0, help="max_steps (0: the config's epochs)")
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
@@ -72,7 +77,7 @@ def main():
             env = dict(os.environ)
             env.pop("DTRAIN_SLOW_RANK", None)
             if slowed:
-                env["DTRAIN_SLOW_RANK"] = f"1:{a.slow_ms}"
+                env["DTRAIN_SLOW_RANK"] = f"1:x{a.slow_factor}" if a.slow_factor else f"1:{a.slow_ms}"
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"{name}: exit {p.returncode}\n{p.stderr}")
