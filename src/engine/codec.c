@@ -24,7 +24,7 @@ dt_status dt_codec_plain_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_
 }
 
 static const dt_codec_ops codec_fp32 = {"fp32", sizeof(dt_codec), fp32_wants, NULL, NULL, dt_codec_plain_start,
-                                        dt_codec_plain_finish};
+                                        dt_codec_plain_finish, NULL, NULL};
 
 // ----------------------------------------------------------------------------
 // the registry: the first codec that wants the config
@@ -37,6 +37,12 @@ enum { NT = 4 };
 
 static const dt_codec_ops *const codecs[] = {&dt_codec_cast16, &dt_codec_quant, &dt_codec_sparse,
                                              &dt_codec_powersgd, &codec_fp32};
+
+static const dt_codec_ops *ops_for(const dt_config *c) {
+    for (size_t i = 0; i < sizeof codecs / sizeof *codecs; i++)
+        if (codecs[i]->wants(c)) return codecs[i];
+    return &codec_fp32;
+}
 
 int dt_codec_matrices(const dt_tensor_info *t, int64_t layers, dt_grad_matrix *out) {
     int first = layers > 0;  // the dimension of the rows
@@ -56,10 +62,7 @@ dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, si
             return dt_error(DT_ERR_ARG, "gradient codec: matrix %d (%zu x %zu at %zu) is empty, past the %zu gradients "
                             "or before the end of the one before",
                             i, mats[i].rows, mats[i].cols, mats[i].offset, n);
-    const dt_codec_ops *ops = NULL;
-    for (size_t i = 0; i < sizeof codecs / sizeof *codecs && !ops; i++)
-        if (codecs[i]->wants(c)) ops = codecs[i];
-    if (!ops) return dt_error(DT_ERR_CONFIG, "no gradient codec for this config");
+    const dt_codec_ops *ops = ops_for(c);
     dt_codec *k = calloc(1, ops->size);
     if (!k) return dt_error(DT_ERR_NOMEM, "gradient codec %s: out of memory", ops->name);
     *k = (dt_codec){.ops = ops, .c = c, .comm = comm, .n = n, .rank = dt_comm_rank(comm), .world = dt_comm_size(comm)};
@@ -83,6 +86,17 @@ dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, si
     }
     *out = k;
     return DT_OK;
+}
+
+int dt_codec_p2p(const dt_config *c) {
+    return c->comp_method != DT_COMP_RANDOMK && ops_for(c)->encode && ops_for(c)->decode;
+}
+
+dt_status dt_codec_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out) {
+    if (!dt_codec_p2p(c))
+        return dt_error(DT_ERR_CONFIG, "gradient codec %s: no point-to-point messages",
+                        dt_comp_method_name(c->comp_method));
+    return ops_for(c)->decode(c, msg, bytes, len, out);
 }
 
 void dt_codec_free(dt_codec *k) {

@@ -34,6 +34,14 @@ typedef struct dt_codec_ops {
     void (*fini)(dt_codec *k);                   /* may be NULL */
     dt_status (*start)(dt_codec *k, float *grads, size_t lo, size_t hi, dt_request_t *req);
     dt_status (*finish)(dt_codec *k, float *grads, size_t lo, size_t hi, dt_request_t *req);
+    /* Point to point, for a parameter server's pushes (NULL: the method has
+     * no message of one rank alone). encode: this rank's message for
+     * grads[lo, hi), error feedback applied as start() applies it, in the
+     * piece's buffer (valid until the piece's next step): *msg and its
+     * bytes (0: failed, dt_error set). decode: a message of len values into
+     * out[len]; DT_ERR_ARG naming what is wrong when it is not one. */
+    size_t (*encode)(dt_codec *k, float *grads, size_t lo, size_t hi, const uint8_t **msg);
+    dt_status (*decode)(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out);
 } dt_codec_ops;
 
 /* Per-piece state of the compressing codecs, kept across steps (pieces are
@@ -82,6 +90,13 @@ dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, si
  * a vector). Writes them to out (NULL: only counts) and returns how many. */
 int dt_codec_matrices(const dt_tensor_info *t, int64_t layers, dt_grad_matrix *out);
 void dt_codec_free(dt_codec *k);
+/* Whether c's method has point-to-point messages (ops encode and decode):
+ * every one but random-k (its indices are drawn alike by every rank of one
+ * allreduce) and PowerSGD (two allreduces over the ranks per piece). */
+int dt_codec_p2p(const dt_config *c);
+/* The message of another process's dt_codec_ops.encode, of len values, into
+ * out[len] (a parameter server's side: no codec needed). */
+dt_status dt_codec_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out);
 
 /* ---- checkpoints (docs/compression.md) ----------------------------------
  *

@@ -13,7 +13,8 @@
  * decoded: code * s. The sum of W such codes does not fit the code's type,
  * so every rank's message is allgathered (one dt_iallgather of bytes) and
  * each rank decodes and adds the W messages in rank order: the same sum on
- * every rank. With error feedback each rank keeps x - decoded(x). */
+ * every rank. With error feedback each rank keeps x - decoded(x). A
+ * parameter server's push is the rank's message. */
 #include "engine/codec.h"
 
 #include <math.h>
@@ -90,22 +91,29 @@ static void decode_add(int method, int levels, const uint8_t *in, size_t len, fl
     }
 }
 
-static dt_status quant_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
-    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
+// This rank's message for g[lo, hi) into out (msg_bytes), error feedback
+// kept.
+static void quant_message(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, uint8_t *out) {
     int m = k->c->comp_method, L = k->c->comp_levels;
-    size_t len = hi - lo, B = msg_bytes(m, L, len);
-    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
-    uint8_t *buf = p ? dt_codec_buf(p, B * (size_t)k->world) : NULL;
-    if (!buf) return DT_ERR_NOMEM;
+    size_t len = hi - lo;
     dt_codec_piece_begin(k, p, 0x51u + (uint64_t)k->rank * 0x100000001b3ull);  // each rank its own draws
-    uint8_t *mine = buf + B * (size_t)k->rank;
     dt_codec_ef_add(k, g, lo, hi);
-    encode(m, L, g + lo, len, mine, &p->rng);
+    encode(m, L, g + lo, len, out, &p->rng);
     if (k->residual) {
         float *r = k->residual + lo;
         memcpy(r, g + lo, len * sizeof *r);
-        decode_add(m, L, mine, len, -1, r);
+        decode_add(m, L, out, len, -1, r);
     }
+}
+
+static dt_status quant_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
+    if (dt_codec_small(k, lo, hi)) return dt_codec_plain_start(k, g, lo, hi, req);
+    size_t B = msg_bytes(k->c->comp_method, k->c->comp_levels, hi - lo);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
+    uint8_t *buf = p ? dt_codec_buf(p, B * (size_t)k->world) : NULL;
+    if (!buf) return DT_ERR_NOMEM;
+    uint8_t *mine = buf + B * (size_t)k->rank;
+    quant_message(k, g, lo, hi, p, mine);
     return dt_iallgather(mine, buf, B, DT_U8, k->comm, req);
 }
 
@@ -121,5 +129,25 @@ static dt_status quant_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_re
     return DT_OK;
 }
 
-const dt_codec_ops dt_codec_quant = {"int8/qsgd/sign", sizeof(dt_codec), quant_wants, NULL, NULL, quant_start,
-                                     quant_finish};
+static size_t quant_encode(dt_codec *k, float *g, size_t lo, size_t hi, const uint8_t **msg) {
+    size_t B = msg_bytes(k->c->comp_method, k->c->comp_levels, hi - lo);
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
+    uint8_t *buf = p ? dt_codec_buf(p, B) : NULL;
+    if (!buf) return 0;
+    quant_message(k, g, lo, hi, p, buf);
+    *msg = buf;
+    return B;
+}
+
+static dt_status quant_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out) {
+    size_t B = msg_bytes(c->comp_method, c->comp_levels, len);
+    if (bytes != B)
+        return dt_error(DT_ERR_ARG, "a %s message of %zu bytes for %zu values (expected %zu)",
+                        dt_comp_method_name(c->comp_method), bytes, len, B);
+    memset(out, 0, len * sizeof *out);
+    decode_add(c->comp_method, c->comp_levels, msg, len, 1, out);
+    return DT_OK;
+}
+
+const dt_codec_ops dt_codec_quant = {"int8/qsgd/sign", sizeof(dt_codec), quant_wants,  NULL,        NULL,
+                                     quant_start,      quant_finish,      quant_encode, quant_decode};

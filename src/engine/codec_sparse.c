@@ -17,7 +17,8 @@
  * allreduce of k floats: no indices on the wire. Without error feedback the
  * values are scaled by len / k, which makes it unbiased.
  *
- * With error feedback each rank keeps what it did not send. */
+ * With error feedback each rank keeps what it did not send. A parameter
+ * server's push is the rank's top-k pairs; random-k has no such message. */
 #include "engine/codec.h"
 
 #include <math.h>
@@ -141,19 +142,32 @@ static void sent_at(dt_codec *k, size_t at) {
     if (k->velocity) k->velocity[at] = 0;
 }
 
-static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, int64_t step,
-                            dt_request_t *req) {
-    size_t len = hi - lo, kk = k_of(k, step, len), B = kk * sizeof(pair);
-    uint8_t *buf = dt_codec_buf(p, B * (size_t)k->world + len * sizeof(float) + (2 * kk + 64) * sizeof(uint32_t));
-    if (!buf) return DT_ERR_NOMEM;
-    pair *mine = (pair *)(buf + B * (size_t)k->rank);
-    float *mag = (float *)(buf + B * (size_t)k->world), *x = g + lo;
+// This rank's kk pairs for g[lo, hi) into mine[kk], error feedback (and
+// DGC's momentum) kept; mag: room for len floats and 2 kk + 64 indices.
+static void topk_message(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, size_t kk, pair *mine,
+                         float *mag) {
+    size_t len = hi - lo;
+    float *x = g + lo;
     accumulate(k, g, lo, hi);
     topk_select(x, len, kk, mag, (uint32_t *)(mag + len), &p->rng, mine);
     if (k->residual) {
         memcpy(k->residual + lo, x, len * sizeof(float));
         for (size_t j = 0; j < kk; j++) sent_at(k, lo + mine[j].i);
     }
+}
+
+// The bytes topk's buffer needs: W messages of kk pairs, then mag's room.
+static size_t topk_room(size_t W, size_t kk, size_t len) {
+    return W * kk * sizeof(pair) + len * sizeof(float) + (2 * kk + 64) * sizeof(uint32_t);
+}
+
+static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, int64_t step,
+                            dt_request_t *req) {
+    size_t len = hi - lo, kk = k_of(k, step, len), B = kk * sizeof(pair);
+    uint8_t *buf = dt_codec_buf(p, topk_room((size_t)k->world, kk, len));
+    if (!buf) return DT_ERR_NOMEM;
+    pair *mine = (pair *)(buf + B * (size_t)k->rank);
+    topk_message(k, g, lo, hi, p, kk, mine, (float *)(buf + B * (size_t)k->world));
     p->sent = kk;
     return dt_iallgather(mine, buf, B, DT_U8, k->comm, req);
 }
@@ -209,5 +223,36 @@ static dt_status sparse_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_r
     return DT_OK;
 }
 
-const dt_codec_ops dt_codec_sparse = {"topk/randomk", sizeof(dt_codec), sparse_wants, NULL, NULL, sparse_start,
-                                      sparse_finish};
+// Top-k's point-to-point message: its kk pairs (random-k has none: its
+// indices are drawn alike by the ranks of one allreduce).
+static size_t sparse_encode(dt_codec *k, float *g, size_t lo, size_t hi, const uint8_t **msg) {
+    if (k->c->comp_method != DT_COMP_TOPK)
+        return dt_error(DT_ERR_CONFIG, "random-k has no point-to-point messages"), 0;
+    dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
+    if (!p) return 0;
+    size_t len = hi - lo, kk = k_of(k, dt_codec_piece_begin(k, p, 0), len);
+    uint8_t *buf = dt_codec_buf(p, topk_room(1, kk, len));
+    if (!buf) return 0;
+    topk_message(k, g, lo, hi, p, kk, (pair *)buf, (float *)(buf + kk * sizeof(pair)));
+    *msg = buf;
+    return kk * sizeof(pair);
+}
+
+static dt_status sparse_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out) {
+    (void)c;
+    if (bytes % sizeof(pair) || bytes / sizeof(pair) > len)
+        return dt_error(DT_ERR_ARG, "a topk message of %zu bytes for %zu values (expected whole 8-byte pairs, at "
+                                    "most one a value)",
+                        bytes, len);
+    memset(out, 0, len * sizeof *out);
+    for (size_t j = 0; j < bytes / sizeof(pair); j++) {
+        pair q;
+        memcpy(&q, msg + j * sizeof q, sizeof q);
+        if (q.i >= len) return dt_error(DT_ERR_ARG, "a topk message's pair %zu: index %u of %zu values", j, q.i, len);
+        out[q.i] += q.v;
+    }
+    return DT_OK;
+}
+
+const dt_codec_ops dt_codec_sparse = {"topk/randomk", sizeof(dt_codec), sparse_wants,  NULL,         NULL,
+                                      sparse_start,   sparse_finish,     sparse_encode, sparse_decode};

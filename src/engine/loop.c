@@ -13,6 +13,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/checkpoints.h"
+#include "engine/codec.h"
 #include "engine/control.h"
 #include "engine/dynbatch.h"
 #include "engine/strategy.h"
@@ -71,9 +72,21 @@ dt_status dt_train_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[parallel] grad_dtype = bf16 cannot be combined with %s: %s",
                         c->deterministic ? "deterministic = true" : "[compression] method",
                         c->deterministic ? "deterministic sums are int64 fixed point" : "the method decides what is sent");
-    if (c->comp_method != DT_COMP_NONE && n > 0)
-        return dt_error(DT_ERR_CONFIG, "[compression] method works with plain data parallel only; %s does not compress",
+    // A parameter server decodes each worker's push on its own: the methods
+    // with a message of one rank alone (codec.h).
+    if (c->comp_method != DT_COMP_NONE && n > 0 && c->ps_servers == 0)
+        return dt_error(DT_ERR_CONFIG,
+                        "[compression] method works with plain data parallel and parameter servers only; %s does "
+                        "not compress",
                         asked[0]);
+    if (c->comp_method != DT_COMP_NONE && c->ps_servers > 0 && !dt_codec_p2p(c))
+        return dt_error(DT_ERR_CONFIG,
+                        "[compression] method = %s with [parallel] servers: a push is one worker's message, and %s "
+                        "(use topk, fp16, bf16, int8, qsgd or sign)",
+                        dt_comp_method_name(c->comp_method),
+                        c->comp_method == DT_COMP_RANDOMK ? "random-k's indices are drawn alike by the ranks of one "
+                                                            "allreduce"
+                                                          : "PowerSGD needs two allreduces over the workers a piece");
     dt_status st = dt_strategy_for(c)->check(c, W);
     return st == DT_OK ? dt_check_offload(c) : st;
 }
@@ -176,10 +189,13 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     return dt_json_write(path, o);
 }
 
-static uint64_t comm_bytes_sent(dt_comm_t comm) {
-    dt_comm_stats cs;
-    dt_comm_get_stats(comm, &cs);
-    return cs.bytes_sent;
+// What this rank has sent: over the workers' communicator, and to the ranks
+// of another role (a parameter server's pushes go over `all`).
+static uint64_t bytes_sent_by(const dt_strategy *s) {
+    dt_comm_stats cs, ca = {0};
+    dt_comm_get_stats(s->comm, &cs);
+    if (s->all && s->all != s->comm) dt_comm_get_stats(s->all, &ca);
+    return cs.bytes_sent + ca.bytes_sent;
 }
 
 // The task's layer hook, for a strategy that gathers parameters per layer.
@@ -349,6 +365,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     }
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     DT_TRY(dt_obs_create(&obs, c, run_dir, comm, progress, user), done);
+    dt_obs_set_all(obs, all);
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
         run_dir = NULL;
@@ -479,7 +496,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int alone = strat->own_pace && W > 1;
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
     double t_train = 0, loss_sum = ts.epoch_loss;
-    uint64_t bytes_sent = 0;  // by this rank's collectives during the steps
+    uint64_t bytes_sent = 0;  // by this rank during the steps (bytes_sent_by)
     int stop = 0, evaluated = 0;
     double failed_at = 0;
     // A failure that a spare can repair: a peer died (or hung) in a collective.
@@ -513,7 +530,7 @@ again:
             if (!more) break;
             dt_obs_set_share(obs, b.share);
             if (!strat->grads_zero) tops->zero_grad(task);
-            uint64_t sent0 = comm_bytes_sent(comm);
+            uint64_t sent0 = bytes_sent_by(strat);
             dt_kernels_weights_changed();  // by the last step's update (or the resume)
             double lsum;
             float lr, gnorm;
@@ -528,7 +545,7 @@ again:
                 if (RECOVERABLE(st)) goto recover;
                 goto done;
             }
-            bytes_sent += comm_bytes_sent(comm) - sent0;
+            bytes_sent += bytes_sent_by(strat) - sent0;
             step++;
             // (pieces: the batch of the next piece, or the epoch's end when none is left)
             ebatch = !pieces ? ebatch + 1 : strat->unit < 0 ? spe : strat->unit % strat->units / W;

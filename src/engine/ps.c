@@ -52,9 +52,15 @@
  * allreduces its gradient, and its leader alone talks to the servers and
  * broadcasts what it gets to the group.
  *
+ * With [compression] (a method with point-to-point messages, codec.h) a
+ * worker encodes each piece once a step with its own codec (error feedback
+ * per worker) and pushes the message (DT_U8, its bytes in H_B); the server
+ * decodes it into the worker's buffer (dt_codec_decode).
+ *
  * A push is checked against what the server expects: its step, the version
  * of the weights it was computed from, and its shape (offset and count
- * inside the server's range, no element twice, the element type); anything
+ * inside the server's range, no element twice, the element type, a
+ * message that decodes to its count); anything
  * else fails the run with an error naming the worker, the field, the value
  * and what was expected. A worker has one step in flight at a time (it
  * waits for the weights before its next forward), so a server holds at
@@ -82,11 +88,13 @@
  * the range), then pushes its step again (server_back, repush). comm.h's
  * replaceable ranks do the communicator's part. */
 #include "dtrain/launch.h"
+#include "engine/codec.h"
 #include "engine/strategy.h"
 #include "engine/worker.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,6 +300,9 @@ typedef struct {
     size_t lo, hi;  // a contiguous part of the block, inside one server's range
     size_t pos;     // where it starts in the gradient order
     int server;
+    const uint8_t *msg;  // [compression]: the piece's message of step `coded` (the codec's buffer), bytes long
+    size_t bytes;
+    int64_t coded;
 } piece;
 
 typedef struct {
@@ -312,6 +323,7 @@ typedef struct {
     int64_t cseq;         // the workers' collectives made before this worker's last committed step (-1: none yet)
     uint64_t skip;        // a replacement: the meeting's collectives its predecessor had made (meet)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
+    dt_codec *codec;      // [compression]: what the pushes are encoded with (NULL: none, fp32)
     int leader;           // this worker talks to the servers
     double t_first, t_backward_end;
     dt_status err;
@@ -384,7 +396,7 @@ static int cut(ps_worker *w, const dt_grad_range *order, int norder, size_t buck
                 int j = 0;
                 while (w->shi[j] < phi) j++;
                 size_t lo = w->slo[j] > plo ? w->slo[j] : plo;
-                if (p) p[k] = (piece){lo, phi, start + (lo - order[r].offset), j};
+                if (p) p[k] = (piece){lo, phi, start + (lo - order[r].offset), j, NULL, 0, -1};
                 k++;
                 phi = lo;
             }
@@ -468,6 +480,8 @@ static dt_status ps_init(dt_strategy *s) {
     if (s->c->deterministic && !(w->acc = dt_alloc(sizeof(int64_t) * s->n)))
         return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
     if (w->acc) memset(w->acc, 0, sizeof(int64_t) * s->n);
+    if (s->c->comp_method != DT_COMP_NONE)
+        return dt_codec_create(&w->codec, s->c, s->comm, s->n, s->matrices, s->nmatrices);
     return DT_OK;
 }
 
@@ -593,6 +607,7 @@ static void ps_fini(dt_strategy *s) {
             if (st != DT_OK) break;
         }
     dt_comm_destroy(w->group);
+    dt_codec_free(w->codec);
     free(w->slo);
     free(w->ver);
     free(w->sinc);
@@ -623,14 +638,28 @@ static void push(ps_worker *w, int i) {
     if (!w->t_first) w->t_first = dt_now();
     if (server_lost(w, p->server)) return;  // restarted: its pieces go once it is back (ps_sync)
     int det = w->acc != NULL;
+    piece *q = &w->p[i];
+    // Compressed: the piece's message, made once a step (the same again
+    // when a restarted server needs the step's pieces twice: repush).
+    int coded = w->codec && !dt_codec_small(w->codec, p->lo, p->hi);
+    if (coded && q->coded != w->step) {
+        q->bytes = w->codec->ops->encode(w->codec, s->grads, p->lo, p->hi, &q->msg);
+        q->coded = w->step;
+        if (!q->bytes) {
+            if (w->err == DT_OK) w->err = DT_ERR_NOMEM;
+            snprintf(w->errmsg, sizeof w->errmsg, "encoding [%zu, %zu): %s", p->lo, p->hi, dt_last_error());
+            return;
+        }
+    }
     int64_t *h = w->hdr[i];
     h[H_KIND] = M_PUSH;
     h[H_STEP] = w->step;
     h[H_VERSION] = w->ver[p->server];
     h[H_OFF] = (int64_t)p->lo;
     h[H_COUNT] = (int64_t)(p->hi - p->lo);
-    h[H_A] = det ? DT_I64 : DT_F32;
-    h[H_B] = h[H_C] = 0;
+    h[H_A] = det ? DT_I64 : coded ? DT_U8 : DT_F32;
+    h[H_B] = coded ? (int64_t)q->bytes : 0;  // the message's bytes
+    h[H_C] = 0;
     // DTRAIN_FAULT_PUSH=WORKER:STEP:step|version|shape: that worker's
     // pushes of that step (1-based) are wrong in that field (tests).
     const char *f = getenv("DTRAIN_FAULT_PUSH");
@@ -644,8 +673,9 @@ static void push(ps_worker *w, int i) {
     }
     dt_status st = dt_isend(h, H_N, DT_I64, p->server, s->all, &w->req[2 * i]);
     if (st == DT_OK)
-        st = det ? dt_isend(w->acc + p->lo, p->hi - p->lo, DT_I64, p->server, s->all, &w->req[2 * i + 1])
-                 : dt_isend(s->grads + p->lo, p->hi - p->lo, DT_F32, p->server, s->all, &w->req[2 * i + 1]);
+        st = det     ? dt_isend(w->acc + p->lo, p->hi - p->lo, DT_I64, p->server, s->all, &w->req[2 * i + 1])
+             : coded ? dt_isend(q->msg, q->bytes, DT_U8, p->server, s->all, &w->req[2 * i + 1])
+                     : dt_isend(s->grads + p->lo, p->hi - p->lo, DT_F32, p->server, s->all, &w->req[2 * i + 1]);
     if (st != DT_OK && w->err == DT_OK) {
         w->err = st;
         snprintf(w->errmsg, sizeof w->errmsg, "%s", dt_last_error());
@@ -1045,6 +1075,8 @@ typedef struct {
     size_t n, lo, len;
     int det;
     float *params, *grad;
+    uint8_t *msg;      // [compression]: a push's message, before it is decoded (msgcap bytes)
+    size_t msgcap;
     dt_optim *opt;
     int64_t step, version, arrivals;
     peer *w;
@@ -1063,9 +1095,13 @@ typedef struct {
 } server;
 
 // A failure naming this server and the worker.
-static dt_status refuse(server *sv, int wi, const char *fmt, long long got, long long want) {
-    char what[256];
-    snprintf(what, sizeof what, fmt, got, want);
+static dt_status refuse(server *sv, int wi, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static dt_status refuse(server *sv, int wi, const char *fmt, ...) {
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
     return dt_error(DT_ERR_COMM, "server %d: refused a push from worker %d at step %lld: %s", sv->me, wi,
                     (long long)sv->w[wi].step + 1, what);
 }
@@ -1079,19 +1115,44 @@ static dt_status take_push(server *sv, int wi) {
     peer *p = &sv->w[wi];
     const int64_t *h = p->h;
     int64_t off = h[H_OFF], cnt = h[H_COUNT], lo = (int64_t)sv->lo, hi = (int64_t)(sv->lo + sv->len);
-    if (h[H_STEP] != p->step) return refuse(sv, wi, "step %lld, expected step %lld", h[H_STEP] + 1, p->step + 1);
+    if (h[H_STEP] != p->step) return refuse(sv, wi, "step %lld, expected step %lld", (long long)h[H_STEP] + 1,
+                                            (long long)p->step + 1);
     if (h[H_VERSION] != p->sent)
-        return refuse(sv, wi, "computed from weights version %lld, expected version %lld", h[H_VERSION], p->sent);
-    if (h[H_A] != (sv->det ? DT_I64 : DT_F32))
-        return refuse(sv, wi, "element type %lld, expected %lld", h[H_A], sv->det ? DT_I64 : DT_F32);
+        return refuse(sv, wi, "computed from weights version %lld, expected version %lld", (long long)h[H_VERSION],
+                      (long long)p->sent);
+    // fp32, int64 fixed point (deterministic), or with [compression] a
+    // message of the method's (DT_U8, H_B bytes; small pieces go as fp32)
+    int coded = sv->c->comp_method != DT_COMP_NONE && h[H_A] == DT_U8;
+    if (h[H_A] != (sv->det ? DT_I64 : DT_F32) && !coded)
+        return refuse(sv, wi, "element type %lld, expected %d%s", (long long)h[H_A], sv->det ? DT_I64 : DT_F32,
+                      sv->c->comp_method != DT_COMP_NONE ? " or a compressed message" : "");
     if (cnt <= 0 || off < lo || off + cnt > hi)
-        return refuse(sv, wi, "shape: elements [%lld, +%lld) outside this server's range", off, cnt);
+        return refuse(sv, wi, "shape: elements [%lld, +%lld) outside this server's range", (long long)off,
+                      (long long)cnt);
     if (memchr(p->seen + (off - lo), 1, (size_t)cnt))
-        return refuse(sv, wi, "shape: elements [%lld, +%lld) pushed twice in one step", off, cnt);
+        return refuse(sv, wi, "shape: elements [%lld, +%lld) pushed twice in one step", (long long)off,
+                      (long long)cnt);
     size_t es = sv->det ? sizeof(int64_t) : sizeof(float);
-    dt_status st = dt_recv((char *)p->buf + (size_t)(off - lo) * es, (size_t)cnt, sv->det ? DT_I64 : DT_F32,
-                           sv->w[wi].rank, sv->all);
-    if (st != DT_OK) return st;
+    dt_status st;
+    if (coded) {
+        if (h[H_B] <= 0 || h[H_B] > 8 * cnt + 64)
+            return refuse(sv, wi, "a compressed message of %lld bytes for %lld values", (long long)h[H_B],
+                          (long long)cnt);
+        size_t bytes = (size_t)h[H_B];
+        if (bytes > sv->msgcap) {
+            free(sv->msg);
+            sv->msgcap = 0;
+            if (!(sv->msg = malloc(bytes))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+            sv->msgcap = bytes;
+        }
+        if ((st = dt_recv(sv->msg, bytes, DT_U8, sv->w[wi].rank, sv->all)) != DT_OK) return st;
+        if (dt_codec_decode(sv->c, sv->msg, bytes, (size_t)cnt, (float *)p->buf + (off - lo)) != DT_OK)
+            return refuse(sv, wi, "elements [%lld, +%lld): %s", (long long)off, (long long)cnt, dt_last_error());
+    } else {
+        st = dt_recv((char *)p->buf + (size_t)(off - lo) * es, (size_t)cnt, sv->det ? DT_I64 : DT_F32,
+                     sv->w[wi].rank, sv->all);
+        if (st != DT_OK) return st;
+    }
     memset(p->seen + (off - lo), 1, (size_t)cnt);
     p->got += (size_t)cnt;
     return DT_OK;
@@ -1747,6 +1808,7 @@ static dt_status server_free(server *sv, dt_status st) {
     }
     desc_free(&sv->desc);
     free(sv->ranks);
+    free(sv->msg);
     free(sv->w);
     dt_free(sv->params);
     dt_free(sv->grad);

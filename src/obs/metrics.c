@@ -37,6 +37,7 @@ const char *dt_obs_phase_name(dt_obs_phase p) {
 
 struct dt_obs {
     dt_comm_t comm;
+    dt_comm_t all;  // with the ranks of another role (a parameter server's; NULL: none): counted too
     int rank, W;
     int pipeline;                 // [parallel] pipeline: stages, to name the slowest rank's
     dt_progress_fn progress;
@@ -263,6 +264,24 @@ int dt_obs_rank_work(const dt_obs *o, int r, double *seconds) {
     return (int)v[X_SHARE];
 }
 
+// This rank's communication so far: over comm, and over all when set.
+static void comm_stats(const dt_obs *o, dt_comm_stats *cs) {
+    dt_comm_get_stats(o->comm, cs);
+    if (!o->all) return;
+    dt_comm_stats a;
+    dt_comm_get_stats(o->all, &a);
+    cs->ops += a.ops;
+    cs->bytes_sent += a.bytes_sent;
+    cs->bytes_recv += a.bytes_recv;
+    cs->busy_seconds += a.busy_seconds;
+}
+
+void dt_obs_set_all(dt_obs *o, dt_comm_t all) {
+    if (!o || all == o->comm) return;
+    o->all = all;
+    comm_stats(o, &o->cs);
+}
+
 dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, dt_comm_t comm,
                         dt_progress_fn progress, void *user) {
     *out = NULL;
@@ -386,7 +405,7 @@ dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm) {
     for (int p = X_DATA; p <= X_OPTIM; p++) mine[p] = o->acc[p] + (o->open[p] ? now - o->open[p] : 0);
     mine[X_OPTIM] = o->prev_opt;  // this step's has not run yet
     dt_comm_stats cs;
-    dt_comm_get_stats(o->comm, &cs);
+    comm_stats(o, &cs);
     mine[X_COMM_BUSY] = cs.busy_seconds - o->cs.busy_seconds;
     mine[X_SENT] = (double)(cs.bytes_sent - o->cs.bytes_sent);
     mine[X_RECV] = (double)(cs.bytes_recv - o->cs.bytes_recv);
@@ -509,7 +528,7 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     if (!o) return;
     double now = dt_now(), step_s = o->step_start ? now - o->step_start : 0;
     dt_comm_stats cs;
-    dt_comm_get_stats(o->comm, &cs);
+    comm_stats(o, &cs);
     double busy = cs.busy_seconds - o->cs.busy_seconds, exposed = o->acc[DT_OBS_COMM];
     o->win_samples += s->samples;
     o->win_tokens += s->tokens;

@@ -80,6 +80,10 @@ typedef struct {
  * only. Errors (an unwritable directory, a port in use) name what failed. */
 dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, dt_comm_t comm,
                         dt_progress_fn progress, void *user);
+/* The run's communicator with the ranks of another role (a parameter
+ * server's, over which the pushes go): its bytes and busy time count in
+ * this rank's records too. */
+void dt_obs_set_all(dt_obs *o, dt_comm_t all);
 void dt_obs_begin(dt_obs *o, dt_obs_phase p);
 void dt_obs_end(dt_obs *o, dt_obs_phase p);
 /* The per-step allreduce every loop does (the loss, a stop flag): sums
