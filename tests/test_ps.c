@@ -557,6 +557,24 @@ static void compressed(void) {
                    async ? " (async)" : "", b / b0, l, l0);
         }
     }
+    // Mode sync: the workers' residuals are in the checkpoints (sharded, each
+    // worker's shard its own): resumed at step 16, and with worker 1 killed
+    // at step 14 and the group restarted from the newest complete one, the
+    // run ends bitwise as the uninterrupted one (residuals back at zero would
+    // make it differ).
+    const char *f = "--workers 2 --servers 2 --set compression.method=int8 --checkpoint-every 4";
+    int rc = train("", "cmp-int8-ck", f);
+    char env[600], flags[1024];
+    snprintf(flags, sizeof flags, "%s --resume %s/cmp-int8-ck/checkpoints/step-00000016", f, g_tmp);
+    if (rc == 0) rc = train("", "cmp-int8-resumed", flags);
+    CHECK(rc == 0 && same("cmp-int8-ck", "cmp-int8-resumed"),
+          "int8 pushes resumed at step 16: exit %d, bitwise the uninterrupted run\n%s", rc, g_out);
+    snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=1:14:kill DTRAIN_FAULT_ONCE=%s/once-cmp", g_tmp);
+    snprintf(flags, sizeof flags, "%s --max-restarts 1", f);
+    rc = train(env, "cmp-int8-killed", flags);
+    CHECK(rc == 0 && strstr(g_out, "restarting") && same("cmp-int8-ck", "cmp-int8-killed"),
+          "int8 pushes, a worker killed at step 14, the group restarted from a checkpoint: exit %d, bitwise the "
+          "uninterrupted run\n%s", rc, g_out);
 }
 
 static void config_errors(void) {

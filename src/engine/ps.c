@@ -1013,16 +1013,26 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
 // At the start (fresh or resumed): worker 0 gives each server its range of
 // the weights and the optimizer state, the loop's step, and as the
 // version the optimizer's step count. A replacement rejoins instead.
+// Mode sync: the workers' checkpoints carry each worker's codec state (its
+// error-feedback residuals), as data parallel's do. Outside it the servers
+// write the checkpoints, without them (docs/compression.md).
+static int ps_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
+    ps_worker *w = (ps_worker *)s;
+    return w->codec && !s->own_pace ? dt_codec_state(w->codec, t, max) : 0;
+}
+
 static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     ps_worker *w = (ps_worker *)s;
-    (void)path;
-    (void)parts;
     if (dt_comm_incarnation(s->all) > 0) return rejoin(w);
     // Steps are the loop's; a range's version counts its updates (the
     // optimizer's step count: outside mode sync a server's checkpoint
     // holds its own, several updates a step).
     w->step = s->start_step;
     for (int j = 0; j < w->S; j++) w->ver[j] = *dt_optim_step_count(s->opt);
+    if (w->codec && !s->own_pace) {  // a collective over the workers
+        dt_status cst = dt_codec_restore(w->codec, path, parts);
+        if (cst != DT_OK) return cst;
+    }
     if (s->rank != 0) return DT_OK;
     int ns = dt_optim_num_states(s->opt);
     dt_status st = DT_OK;
@@ -1945,6 +1955,7 @@ const dt_strategy_ops dt_strategy_ps = {
     .grad_norm = ps_grad_norm,
     .update = ps_update,
     .params_sync = ps_params_sync,
+    .ckpt_extra = ps_ckpt_extra,
     .ckpt_restore = ps_ckpt_restore,
     .ckpt_save = ps_ckpt_save,
     .other_ranks = ps_other_ranks,
