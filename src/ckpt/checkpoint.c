@@ -1067,8 +1067,18 @@ dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_
     int n;
     dt_status st = dt_ckpt_list(dir, &paths, &n);
     if (st != DT_OK) return st;
-    int damaged = 0;
+    int damaged = 0, incomplete = 0;
     for (int i = 0; i < n; i++) {
+        // A sharded checkpoint without its COMPLETE marker was being written
+        // when the run stopped (a crash, a killed rank): it never was one.
+        char done[4400];
+        snprintf(done, sizeof done, "%s/COMPLETE", paths[i]);
+        if (stat(paths[i], &sb) == 0 && S_ISDIR(sb.st_mode) && access(done, F_OK) != 0) {
+            incomplete++;
+            dt_log(DT_LOG_WARN, "skipping %s: its writing never finished (no COMPLETE marker)%s", paths[i],
+                   i + 1 < n ? "; trying an older one" : "");
+            continue;
+        }
         st = dt_ckpt_read(paths[i], m, s);
         if (st == DT_OK) {
             *found = 1;
@@ -1080,8 +1090,11 @@ dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_
         dt_log(DT_LOG_WARN, "skipping damaged checkpoint: %s%s", dt_last_error(),
                i + 1 < n ? "; trying an older one" : "");
     }
-    if (!*found && damaged && damaged == n)
-        st = dt_error(DT_ERR_FORMAT, "%s: all %d checkpoints are damaged (see the warnings above)", dir, n);
+    if (!*found && damaged && damaged + incomplete == n)
+        st = dt_error(DT_ERR_FORMAT, "%s: all %d checkpoints are damaged or incomplete (see the warnings above)", dir,
+                      n);
+    else if (!*found && incomplete == n)
+        st = DT_OK;  // none: as an empty directory
     free_list(paths, n);
     return st;
 }
