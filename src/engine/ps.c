@@ -1010,9 +1010,6 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     return meet(w);
 }
 
-// At the start (fresh or resumed): worker 0 gives each server its range of
-// the weights and the optimizer state, the loop's step, and as the
-// version the optimizer's step count. A replacement rejoins instead.
 // Mode sync: the workers' checkpoints carry each worker's codec state (its
 // error-feedback residuals), as data parallel's do. Outside it the servers
 // write the checkpoints, without them (docs/compression.md).
@@ -1021,6 +1018,9 @@ static int ps_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
     return w->codec && !s->own_pace ? dt_codec_state(w->codec, t, max) : 0;
 }
 
+// At the start (fresh or resumed): worker 0 gives each server its range of
+// the weights and the optimizer state, the loop's step, and as the
+// version the optimizer's step count. A replacement rejoins instead.
 static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     ps_worker *w = (ps_worker *)s;
     if (dt_comm_incarnation(s->all) > 0) return rejoin(w);
