@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 PREFIX, SUBNET = "cmp", "10.79.0"  # the pretend hosts of --slow-link
 TORCH_HOOKS = ["none", "fp16", "powersgd"]
-METHODS = {  # name: --set flags (the accuracy goals of issue 18 use these)
+METHODS = {  # name: --set flags (the settings docs/benchmarks.md reports)
     "none": [],
     "fp16": ["compression.method=fp16"],
     "bf16": ["compression.method=bf16"],
