@@ -35,8 +35,8 @@ static const char *const xnames[NX] = {"step", "residual", "velocity", "pieces",
 // The columns of "pieces": lo, hi, the Qs' length, the matrices'.
 enum { NT = 4 };
 
-static const dt_codec_ops *const codecs[] = {&dt_codec_cast16, &dt_codec_quant, &dt_codec_sparse,
-                                             &dt_codec_powersgd, &codec_fp32};
+static const dt_codec_ops *const codecs[] = {&dt_codec_cast16,  &dt_codec_quant,    &dt_codec_topk,
+                                             &dt_codec_randomk, &dt_codec_powersgd, &codec_fp32};
 
 static const dt_codec_ops *ops_for(const dt_config *c) {
     for (size_t i = 0; i < sizeof codecs / sizeof *codecs; i++)
@@ -89,7 +89,8 @@ dt_status dt_codec_create(dt_codec **out, const dt_config *c, dt_comm_t comm, si
 }
 
 int dt_codec_p2p(const dt_config *c) {
-    return c->comp_method != DT_COMP_RANDOMK && ops_for(c)->encode && ops_for(c)->decode;
+    const dt_codec_ops *o = ops_for(c);
+    return o->encode && o->decode;
 }
 
 dt_status dt_codec_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out) {

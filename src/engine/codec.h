@@ -146,7 +146,8 @@ void dt_codec_ef_add(dt_codec *k, float *g, size_t lo, size_t hi);
 
 extern const dt_codec_ops dt_codec_cast16;   /* codec_cast.c: fp16, bf16 */
 extern const dt_codec_ops dt_codec_quant;    /* codec_quant.c: int8, qsgd, sign */
-extern const dt_codec_ops dt_codec_sparse;   /* codec_sparse.c: topk, randomk */
+extern const dt_codec_ops dt_codec_topk;     /* codec_sparse.c */
+extern const dt_codec_ops dt_codec_randomk;  /* codec_sparse.c */
 extern const dt_codec_ops dt_codec_powersgd; /* codec_powersgd.c */
 
 #endif

@@ -25,9 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int sparse_wants(const dt_config *c) {
-    return c->comp_method == DT_COMP_TOPK || c->comp_method == DT_COMP_RANDOMK;
-}
+static int topk_wants(const dt_config *c) { return c->comp_method == DT_COMP_TOPK; }
+static int randomk_wants(const dt_config *c) { return c->comp_method == DT_COMP_RANDOMK; }
 
 // k at the piece's step t.
 static size_t k_of(const dt_codec *k, int64_t t, size_t len) {
@@ -225,9 +224,7 @@ static dt_status sparse_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_r
 
 // Top-k's point-to-point message: its kk pairs (random-k has none: its
 // indices are drawn alike by the ranks of one allreduce).
-static size_t sparse_encode(dt_codec *k, float *g, size_t lo, size_t hi, const uint8_t **msg) {
-    if (k->c->comp_method != DT_COMP_TOPK)
-        return dt_error(DT_ERR_CONFIG, "random-k has no point-to-point messages"), 0;
+static size_t topk_encode(dt_codec *k, float *g, size_t lo, size_t hi, const uint8_t **msg) {
     dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     if (!p) return 0;
     size_t len = hi - lo, kk = k_of(k, dt_codec_piece_begin(k, p, 0), len);
@@ -238,7 +235,7 @@ static size_t sparse_encode(dt_codec *k, float *g, size_t lo, size_t hi, const u
     return kk * sizeof(pair);
 }
 
-static dt_status sparse_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out) {
+static dt_status topk_decode(const dt_config *c, const uint8_t *msg, size_t bytes, size_t len, float *out) {
     (void)c;
     if (bytes % sizeof(pair) || bytes / sizeof(pair) > len)
         return dt_error(DT_ERR_ARG, "a topk message of %zu bytes for %zu values (expected whole 8-byte pairs, at "
@@ -254,5 +251,7 @@ static dt_status sparse_decode(const dt_config *c, const uint8_t *msg, size_t by
     return DT_OK;
 }
 
-const dt_codec_ops dt_codec_sparse = {"topk/randomk", sizeof(dt_codec), sparse_wants,  NULL,         NULL,
-                                      sparse_start,   sparse_finish,     sparse_encode, sparse_decode};
+const dt_codec_ops dt_codec_topk = {"topk",       sizeof(dt_codec), topk_wants, NULL,       NULL,
+                                    sparse_start, sparse_finish,    topk_encode, topk_decode};
+const dt_codec_ops dt_codec_randomk = {"randomk",    sizeof(dt_codec), randomk_wants, NULL, NULL,
+                                       sparse_start, sparse_finish,    NULL,          NULL};
