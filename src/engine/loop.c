@@ -189,15 +189,6 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     return dt_json_write(path, o);
 }
 
-// What this rank has sent: over the workers' communicator, and to the ranks
-// of another role (a parameter server's pushes go over `all`).
-static uint64_t bytes_sent_by(const dt_strategy *s) {
-    dt_comm_stats cs, ca = {0};
-    dt_comm_get_stats(s->comm, &cs);
-    if (s->all && s->all != s->comm) dt_comm_get_stats(s->all, &ca);
-    return cs.bytes_sent + ca.bytes_sent;
-}
-
 // The task's layer hook, for a strategy that gathers parameters per layer.
 static dt_status params_needed(int layer, int phase, void *user) {
     dt_strategy *s = user;
@@ -496,7 +487,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int alone = strat->own_pace && W > 1;
     int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
     double t_train = 0, loss_sum = ts.epoch_loss;
-    uint64_t bytes_sent = 0;  // by this rank during the steps (bytes_sent_by)
+    uint64_t bytes_sent = 0;  // by this rank during the steps (dt_obs_bytes_sent)
     int stop = 0, evaluated = 0;
     double failed_at = 0;
     // A failure that a spare can repair: a peer died (or hung) in a collective.
@@ -530,7 +521,7 @@ again:
             if (!more) break;
             dt_obs_set_share(obs, b.share);
             if (!strat->grads_zero) tops->zero_grad(task);
-            uint64_t sent0 = bytes_sent_by(strat);
+            uint64_t sent0 = dt_obs_bytes_sent(obs);
             dt_kernels_weights_changed();  // by the last step's update (or the resume)
             double lsum;
             float lr, gnorm;
@@ -545,7 +536,7 @@ again:
                 if (RECOVERABLE(st)) goto recover;
                 goto done;
             }
-            bytes_sent += bytes_sent_by(strat) - sent0;
+            bytes_sent += dt_obs_bytes_sent(obs) - sent0;
             step++;
             // (pieces: the batch of the next piece, or the epoch's end when none is left)
             ebatch = !pieces ? ebatch + 1 : strat->unit < 0 ? spe : strat->unit % strat->units / W;

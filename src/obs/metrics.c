@@ -276,6 +276,13 @@ static void comm_stats(const dt_obs *o, dt_comm_stats *cs) {
     cs->busy_seconds += a.busy_seconds;
 }
 
+uint64_t dt_obs_bytes_sent(const dt_obs *o) {
+    if (!o) return 0;
+    dt_comm_stats cs;
+    comm_stats(o, &cs);
+    return cs.bytes_sent;
+}
+
 void dt_obs_set_all(dt_obs *o, dt_comm_t all) {
     if (!o || all == o->comm) return;
     o->all = all;
