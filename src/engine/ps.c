@@ -634,18 +634,17 @@ static int ps_plan(dt_strategy *s, int first, int share, int global) {
 // deterministic int64 sums).
 static void push(ps_worker *w, int i) {
     dt_strategy *s = &w->base;
-    const piece *p = &w->p[i];
+    piece *p = &w->p[i];
     if (!w->t_first) w->t_first = dt_now();
     if (server_lost(w, p->server)) return;  // restarted: its pieces go once it is back (ps_sync)
     int det = w->acc != NULL;
-    piece *q = &w->p[i];
     // Compressed: the piece's message, made once a step (the same again
     // when a restarted server needs the step's pieces twice: repush).
     int coded = w->codec && !dt_codec_small(w->codec, p->lo, p->hi);
-    if (coded && q->coded != w->step) {
-        q->bytes = w->codec->ops->encode(w->codec, s->grads, p->lo, p->hi, &q->msg);
-        q->coded = w->step;
-        if (!q->bytes) {
+    if (coded && p->coded != w->step) {
+        p->bytes = w->codec->ops->encode(w->codec, s->grads, p->lo, p->hi, &p->msg);
+        p->coded = w->step;
+        if (!p->bytes) {
             if (w->err == DT_OK) w->err = DT_ERR_NOMEM;
             snprintf(w->errmsg, sizeof w->errmsg, "encoding [%zu, %zu): %s", p->lo, p->hi, dt_last_error());
             return;
@@ -658,7 +657,7 @@ static void push(ps_worker *w, int i) {
     h[H_OFF] = (int64_t)p->lo;
     h[H_COUNT] = (int64_t)(p->hi - p->lo);
     h[H_A] = det ? DT_I64 : coded ? DT_U8 : DT_F32;
-    h[H_B] = coded ? (int64_t)q->bytes : 0;  // the message's bytes
+    h[H_B] = coded ? (int64_t)p->bytes : 0;  // the message's bytes
     h[H_C] = 0;
     // DTRAIN_FAULT_PUSH=WORKER:STEP:step|version|shape: that worker's
     // pushes of that step (1-based) are wrong in that field (tests).
@@ -674,7 +673,7 @@ static void push(ps_worker *w, int i) {
     dt_status st = dt_isend(h, H_N, DT_I64, p->server, s->all, &w->req[2 * i]);
     if (st == DT_OK)
         st = det     ? dt_isend(w->acc + p->lo, p->hi - p->lo, DT_I64, p->server, s->all, &w->req[2 * i + 1])
-             : coded ? dt_isend(q->msg, q->bytes, DT_U8, p->server, s->all, &w->req[2 * i + 1])
+             : coded ? dt_isend(p->msg, p->bytes, DT_U8, p->server, s->all, &w->req[2 * i + 1])
                      : dt_isend(s->grads + p->lo, p->hi - p->lo, DT_F32, p->server, s->all, &w->req[2 * i + 1]);
     if (st != DT_OK && w->err == DT_OK) {
         w->err = st;
