@@ -405,6 +405,19 @@ static void modes(void) {
               "ssp, staleness %d: exit %d, no worker more than %d steps ahead of the slowest (%g)\n%s", s, rc, s, gap,
               g_out);
     }
+    // Async and ssp apply a push at its share's part of the global batch:
+    // with plain SGD, ssp at staleness 0 (every worker's gradient of step t
+    // from the same weights, applied one after the other) is sync's step,
+    // the same sum in another order.
+    const char *sgd = "--workers 3 --servers 2 --set optim.name=sgd --set optim.lr=0.1";
+    char flags[300];
+    snprintf(flags, sizeof flags, "%s --set ps.mode=ssp --set ps.staleness=0", sgd);
+    rc = train(slow, "sgd-sync", sgd);
+    if (rc == 0) rc = train(slow, "sgd-ssp0", flags);
+    int bw = 0;
+    double d = rc == 0 ? tl_runs_diff(g_tmp, "sgd-sync", "sgd-ssp0", &bw) : -1;
+    CHECK(rc == 0 && d >= 0 && d < 1e-5, "SGD: ssp at staleness 0 is sync's steps: exit %d, weights %.3g apart\n%s",
+          rc, d, g_out);
     rc = train(slow, "backup", "--workers 3 --servers 1 --set ps.mode=backup --set ps.backup_workers=1");
     CHECK(rc == 0 && ps_number("backup", "min_gradients_per_step") == 2 &&
               ps_number("backup", "max_gradients_per_step") == 2 && ps_number("backup", "applied") == 2 * 21 &&
