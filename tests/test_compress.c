@@ -422,7 +422,7 @@ static void p2p(dt_comm_t comm) {
 typedef struct {
     int method, ef, W;
     float ratio;
-    int levels, rank, min_bytes;  // levels: QSGD's; PowerSGD's warmup_steps
+    int levels, rank, min_bytes;  // levels: QSGD's; PowerSGD's and top-k's warmup_steps
 } setup;
 
 static int cmp_mag(const void *a, const void *b, void *x) {
@@ -551,6 +551,7 @@ static int rank_main(const setup *u) {
     c.comp_rank = u->rank;
     c.comp_min_bytes = u->min_bytes;
     if (u->method == DT_COMP_POWERSGD) c.comp_warmup_steps = u->levels, g_mats = rank_mats, g_nmats = 3;
+    if (u->method == DT_COMP_TOPK) c.comp_warmup_steps = u->levels;
     size_t n = 3000, cut[] = {0, 700, 713, 3000};  // 713 - 700: 52 bytes, under min_bytes 100
     dt_codec *k = codec(&c, comm, n);
     float *qs[3] = {NULL};
@@ -569,8 +570,15 @@ static int rank_main(const setup *u) {
             for (int p = 0; p < 3; p++) {
                 size_t lo = cut[p], len = cut[p + 1] - lo;
                 int small = len * 4 < (size_t)u->min_bytes;
+                setup at = *u;  // top-k's warm-up: its density at step s; at 1/W or more, the plain sum
+                int dense = 0;
+                if (u->method == DT_COMP_TOPK && s < u->levels) {
+                    at.ratio = (float)pow(u->ratio, (s + 1.0) / (u->levels + 1.0));
+                    dense = (size_t)ceil((double)at.ratio * (double)len) * (size_t)W >= len;
+                }
                 for (size_t i = lo; i < lo + len && !small; i++) x[i] += r[i];
-                if (small || u->method == DT_COMP_POWERSGD || u->method == DT_COMP_QSGD || u->method == DT_COMP_RANDOMK) {
+                if (small || dense || u->method == DT_COMP_POWERSGD || u->method == DT_COMP_QSGD ||
+                    u->method == DT_COMP_RANDOMK) {
                     memcpy(d + lo, x + lo, len * sizeof *d);  // checked against the plain sum below
                     if (u->method == DT_COMP_QSGD && !small)
                         for (size_t a = lo; a < lo + len; a += 512) {  // one level of the chunk per value
@@ -580,7 +588,7 @@ static int rank_main(const setup *u) {
                             for (size_t i = a; i < b; i++) bound[i] += (float)(mx / u->levels) * 1.0001f;
                         }
                 } else {
-                    ref_encode(u, x + lo, len, d + lo);
+                    ref_encode(&at, x + lo, len, d + lo);
                 }
                 if (u->ef && !small && u->method != DT_COMP_RANDOMK && u->method != DT_COMP_POWERSGD)
                     for (size_t i = lo; i < lo + len; i++) r[i] = x[i] - d[i];
@@ -959,8 +967,10 @@ int main(int argc, char **argv) {
         {DT_COMP_FP16, 1, 0, 0.01f, 16, 2, 100},  {DT_COMP_BF16, 0, 0, 0.01f, 16, 2, 100},
         {DT_COMP_INT8, 1, 0, 0.01f, 16, 2, 100},  {DT_COMP_SIGN, 1, 0, 0.01f, 16, 2, 100},
         {DT_COMP_QSGD, 0, 0, 0.01f, 8, 2, 100},   {DT_COMP_QSGD, 0, 0, 0.01f, 3, 2, 100},
-        {DT_COMP_TOPK, 1, 0, 0.05f, 16, 2, 100},
-        {DT_COMP_TOPK, 0, 0, 0.01f, 16, 2, 0},    {DT_COMP_RANDOMK, 1, 0, 0.05f, 16, 2, 100},
+        {DT_COMP_TOPK, 1, 0, 0.05f, 0, 2, 100},
+        {DT_COMP_TOPK, 0, 0, 0.01f, 0, 2, 0},     {DT_COMP_RANDOMK, 1, 0, 0.05f, 16, 2, 100},
+        // top-k's warm-up: steps at 38% (pairs on 2 ranks, the plain sum on 3), 14%, 5.3%
+        {DT_COMP_TOPK, 1, 0, 0.02f, 3, 2, 100},   {DT_COMP_INT8, 0, 0, 0.01f, 16, 2, 100},
         {DT_COMP_POWERSGD, 1, 0, 0.01f, 0, 64, 100}, {DT_COMP_POWERSGD, 1, 0, 0.01f, 0, 2, 100},
         {DT_COMP_POWERSGD, 0, 0, 0.01f, 1, 3, 100},
     };

@@ -55,7 +55,7 @@ typedef struct {
     uint32_t *perm;    /* random-k: the piece's indices, shuffled afresh at each step */
     dt_rng rng;        /* dt_codec_piece_begin's: seeded from [train] seed, lo, a salt and step */
     int64_t step;      /* steps begun so far (dt_codec_piece_begin) */
-    size_t sent;       /* what start() chose for finish() (top-k, random-k: k) */
+    size_t sent;       /* what start() chose for finish() (top-k, random-k: k; top-k 0: a dense warm-up step) */
 } dt_codec_piece;
 
 struct dt_codec {

@@ -9,7 +9,11 @@
  * v += u, and both are cleared where v was sent), local clipping (a rank
  * scales a piece whose norm exceeds clip_norm x sqrt(len / n) / sqrt(W)
  * down to it, before accumulating), and a warm-up whose density falls
- * exponentially from ratio^(1/(warmup+1)) to ratio over warmup_steps.
+ * exponentially from ratio^(1/(warmup+1)) to ratio over warmup_steps. A
+ * warm-up step whose k is at least 1/W of the piece goes as a plain fp32
+ * sum instead (all of it sent: no residual, no momentum kept): W lists of k
+ * pairs would carry at least as many bytes as a ring allreduce of the piece,
+ * and cost a selection besides.
  *
  * randomk draws its k indices by shuffling the piece's indices with a
  * generator every rank seeds alike (from [train] seed, the piece and the
@@ -163,6 +167,13 @@ static size_t topk_room(size_t W, size_t kk, size_t len) {
 static dt_status topk_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, int64_t step,
                             dt_request_t *req) {
     size_t len = hi - lo, kk = k_of(k, step, len), B = kk * sizeof(pair);
+    if (step < k->c->comp_warmup_steps && kk * (size_t)k->world >= len) {  // dense: the plain sum (above)
+        accumulate(k, g, lo, hi);
+        if (k->residual) memset(k->residual + lo, 0, len * sizeof(float));
+        if (k->velocity) memset(k->velocity + lo, 0, len * sizeof(float));
+        p->sent = 0;
+        return dt_codec_plain_start(k, g, lo, hi, req);
+    }
     uint8_t *buf = dt_codec_buf(p, topk_room((size_t)k->world, kk, len));
     if (!buf) return DT_ERR_NOMEM;
     pair *mine = (pair *)(buf + B * (size_t)k->rank);
@@ -211,6 +222,7 @@ static dt_status sparse_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_r
     if (st != DT_OK) return st;
     const dt_codec_piece *p = dt_codec_piece_at(k, lo, hi);
     size_t kk = p->sent;
+    if (!kk) return DT_OK;  // top-k's dense warm-up step: the plain sum, in place
     memset(g + lo, 0, (hi - lo) * sizeof *g);
     if (k->c->comp_method == DT_COMP_RANDOMK) {
         const float *vals = (const float *)p->buf;
