@@ -17,7 +17,10 @@ hosts of W/2 ranks each, network namespaces whose links are shaped to RATE
 (e.g. 1gbit) by scripts/cluster.sh, under mpirun, where the step is
 communication-bound. --torch adds PyTorch DDP on the same two hosts (Gloo,
 the same MLP shape, bench/torch_ddp.py) plain and with its fp16 and PowerSGD
-communication hooks, for the step times a PyTorch user would get.
+communication hooks, for the step times a PyTorch user would get; with the
+config's epochs (no --steps) PyTorch trains Fashion-MNIST the same way (the
+same batch, epochs, AdamW, warm-up and cosine schedule) and its test accuracy
+is reported beside dtrain's.
 """
 import argparse, json, os, signal, subprocess, sys, tempfile
 
@@ -74,20 +77,36 @@ def cluster(*args):
     return subprocess.run([CLUSTER, *args, "--prefix", PREFIX], check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
-def torch_run(a, hook, steps):
-    """bench/torch_ddp.py on both pretend hosts at once; its JSON, or None when it failed."""
+def config_value(path, section, key, default):
+    """One value of a dtrain config (INI; repeated keys such as layer= allowed)."""
+    import configparser
+    c = configparser.ConfigParser(strict=False, inline_comment_prefixes=(";", "#"))
+    c.read(path)
+    return c.get(section, key, fallback=default)
+
+
+def torch_run(a, hook):
+    """bench/torch_ddp.py on both pretend hosts at once; its JSON, or None when it failed.
+    With --steps, that many timed steps on synthetic data; otherwise the config's
+    epochs of Fashion-MNIST, with the test accuracy."""
     common = [sys.executable, os.path.join(ROOT, "bench", "torch_ddp.py"), "--model", "mlp", "--workers",
-              str(a.workers), "--steps", str(steps), "--hook", hook, "--nnodes", "2", "--master", f"{SUBNET}.1:29531"]
+              str(a.workers), "--hook", hook, "--nnodes", "2", "--master", f"{SUBNET}.1:29531",
+              "--batch", config_value(a.config, "train", "batch", "256")]
+    if a.steps:
+        common += ["--steps", str(a.steps)]
+    else:
+        common += ["--data", config_value(a.config, "data", "dir", "/usr/share/datasets/fashion-mnist"),
+                   "--epochs", config_value(a.config, "train", "epochs", "15")]
     procs = [subprocess.Popen([CLUSTER, "rsh", "--prefix", PREFIX, f"{PREFIX}-h{k}",
                                # Gloo takes the address of the interface it is told, not the hostname's
                                "GLOO_SOCKET_IFNAME=eth0 " + " ".join(common + ["--node-rank", str(k)])],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
     try:
-        outs = [p.communicate(timeout=600) for p in procs]
+        outs = [p.communicate(timeout=600 if a.steps else 7200) for p in procs]
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        print(f"note: PyTorch DDP with hook {hook} did not finish in 10 min (a hung Gloo); left out", file=sys.stderr)
+        print(f"note: PyTorch DDP with hook {hook} did not finish in time (a hung Gloo); left out", file=sys.stderr)
         return None
     if any(p.returncode for p in procs):
         err = (outs[0][1] + outs[1][1]).strip().splitlines()
@@ -120,8 +139,9 @@ def run_all(a, rows, torch_rows):
                          "step_seconds": s["train_seconds"] / max(s["steps"], 1)})
     if a.torch and a.slow_link:
         for hook in TORCH_HOOKS:
-            r = torch_run(a, hook, a.steps or 40)
-            torch_rows.append({"hook": hook, "step_seconds": r["step_seconds"] if r else None})
+            r = torch_run(a, hook) or {}
+            torch_rows.append({"hook": hook, "step_seconds": r.get("step_seconds"),
+                               "accuracy": r.get("test_accuracy"), "steps": r.get("steps")})
 
 
 def report(a, rows, torch_rows):
@@ -140,16 +160,16 @@ def report(a, rows, torch_rows):
               f"{base['step_seconds'] / r['step_seconds']:7.2f}x")
 
     if torch_rows:
-        tb = torch_rows[0]["step_seconds"]
-        print(f"PyTorch {'DDP hook':9} {'s/step':>8} {'speed-up':>8}   dtrain s/step of the same method / PyTorch's")
-        same = {"none": "none", "fp16": "fp16", "powersgd": "powersgd"}
+        print(f"PyTorch DDP, the same link: {'hook':9} {'accuracy':>9} {'s/step':>8}   dtrain's speed-up over it "
+              "(PyTorch's s/step / dtrain's, the same method)")
         for t in torch_rows:
-            d = next((r for r in rows if r["method"] == same[t["hook"]]), None)
+            d = next((r for r in rows if r["method"] == t["hook"]), None)
             if t["step_seconds"] is None:
-                print(f"        {t['hook']:9} {'failed':>8}")
+                print(f"{'':28}{t['hook']:9} {'failed':>9}")
                 continue
-            ratio = f"{d['step_seconds'] / t['step_seconds']:.2f}" if d else "-"
-            print(f"        {t['hook']:9} {t['step_seconds']:8.4f} {tb / t['step_seconds'] if tb else 0:7.2f}x   {ratio}")
+            acc = f"{t['accuracy']:9.4f}" if t["accuracy"] is not None else f"{'-':>9}"
+            ratio = f"{t['step_seconds'] / d['step_seconds']:.2f}x" if d else "-"
+            print(f"{'':28}{t['hook']:9} {acc} {t['step_seconds']:8.4f}   {ratio}")
 
 if __name__ == "__main__":
     main()
