@@ -34,8 +34,8 @@
  * ranges and send back the weights. The result is plain data parallel's.
  *
  * The other modes ([ps] mode) apply a worker's gradient (its own share's
- * mean, clipped by its own norm; async and ssp weigh it by the share's part
- * of the global batch) without waiting for the others: async on
+ * mean, clipped by its own norm; async and ssp apply it at the share's part
+ * of the learning rate) without waiting for the others: async on
  * arrival; ssp the same, but the reply to a worker more than [ps]
  * staleness steps ahead of the slowest is held until the slowest catches
  * up; backup makes each step from the first N - b gradients of the step to
@@ -326,7 +326,7 @@ typedef struct {
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     dt_codec *codec;      // [compression]: what the pushes are encoded with (NULL: none, fp32)
     int leader;           // this worker talks to the servers
-    float weight;         // async, ssp: the share's part of the global batch, which the server's update scales by
+    float weight;         // async, ssp: the share's part of the global batch, which the server's learning rate scales by
     double t_first, t_backward_end;
     dt_status err;
     char errmsg[1024];
@@ -629,9 +629,10 @@ static int ps_plan(dt_strategy *s, int first, int share, int global) {
                                 : dt_strategy_plan_accum(s, first, share, global);
     // Apart from sync, each push is a step of its own: its share's mean
     // (its loss, norm and clipping are its own). Async and ssp apply it at
-    // its part of the global batch, so that the N pushes of a step move the
-    // weights as far as sync's one step (SGD's learning rate is set for
-    // the global batch; Adam's step does not grow with the gradient).
+    // its part of the learning rate, so that the N pushes of a step move
+    // the weights as far as sync's one step, with any optimizer: SGD's
+    // steps and weight decay, and Adam's, whose step does not grow with
+    // the gradient.
     if (s->c->ps_mode != MODE_SYNC) s->loss_denom = share;
     w->weight = (s->c->ps_mode == MODE_ASYNC || s->c->ps_mode == MODE_SSP) && global > 0 ? (float)share / (float)global : 1.0f;
     return k;
@@ -825,7 +826,7 @@ static dt_status weights_wait(ps_worker *w, int j, dt_status st) {
 static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     ps_worker *w = (ps_worker *)s;
     int S = w->S;
-    scale *= w->weight;
+    lr *= w->weight;
     int64_t(*h)[H_N] = w->hdr + w->np;  // S commits, then S replies
     dt_request_t *cr = w->req + 2 * w->np + 2 * S;  // the commits in flight
     dt_status st = DT_OK, *cst = calloc((size_t)S, sizeof *cst);
