@@ -22,7 +22,7 @@ config's epochs (no --steps) PyTorch trains Fashion-MNIST the same way (the
 same batch, epochs, AdamW, warm-up and cosine schedule) and its test accuracy
 is reported beside dtrain's.
 """
-import argparse, json, os, signal, subprocess, sys, tempfile
+import argparse, configparser, json, os, signal, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu  # noqa: E402
@@ -79,7 +79,6 @@ def cluster(*args):
 
 def config_value(path, section, key, default):
     """One value of a dtrain config (INI; repeated keys such as layer= allowed)."""
-    import configparser
     c = configparser.ConfigParser(strict=False, inline_comment_prefixes=(";", "#"))
     c.read(path)
     return c.get(section, key, fallback=default)
