@@ -8,7 +8,9 @@
  * restart from a checkpoint. ZeRO 1, 2 and 3 (the dead rank's slice from
  * its buddy's in-memory copy), rank 0 under zero 3 with its sharded
  * checkpoints, and two adjacent ranks killed at once, whose lost slice is
- * named before the restart from a checkpoint. Configurations a spare
+ * named before the restart from a checkpoint. Deaths while the run starts
+ * (the join barrier, the metrics' start, the initial broadcast; ZeRO 3
+ * before its first update), and a resumed run's refusal. Configurations a spare
  * cannot serve are refused before any worker starts. */
 #include "testlib.h"
 #include "dtrain/ckpt.h"
@@ -162,6 +164,42 @@ static void test_replaced(void) {
            lost);
 }
 
+// A death in the start's collectives (the barrier as the workers join,
+// the metrics' start, the broadcast of the initial parameters): the
+// survivors rejoin with the spare there and the start's state comes from
+// a replica, as mid-run; under ZeRO before the first step, the newcomer's
+// slice is its own (the seeded start's).
+static void test_start(void) {
+    static const struct { const char *fault, *name, *extra, *ref; int rank; } runs[] = {
+        {"0:0:kill:join", "join0", "--spares 1 --checkpoint-every 5", "ref", 0},
+        {"2:0:kill:metrics", "metrics2", "--spares 1", "ref", 2},
+        {"0:0:kill:start", "start0", "--spares 1", "ref", 0},  // the others wait for its broadcast
+        {"1:0:kill:start", "zstart1", "--spares 1 --zero 3", "zref3", 1},  // found in the first step
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char once[64];
+        snprintf(once, sizeof once, "once-%s", runs[i].name);
+        faults(runs[i].fault, once);
+        int rc = train(runs[i].name, runs[i].extra), step;
+        no_faults();
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed); spare 0 (pid") &&
+                  spare_recovery(runs[i].rank, &step) >= 0 && step == 1,
+              "%s: rank %d killed at the start, replaced, step 1 its first: exit %d\n%s", runs[i].fault, runs[i].rank,
+              rc, g_out);
+        CHECK(same_as(runs[i].ref, runs[i].name), "%s: bitwise equal to the uninterrupted run", runs[i].fault);
+    }
+    // Resumed: only rank 0 read the checkpoint, and its share is a
+    // collective the survivors are past; the run says so.
+    faults("1:0:kill:start", "once-resume");
+    char extra[600];
+    snprintf(extra, sizeof extra, "--spares 1 --resume %s", tmp("join0/checkpoints"));
+    int rc = train("startresume", extra);
+    no_faults();
+    CHECK(rc != 0 && strstr(g_out, "a worker died while the run started, before the checkpoint to resume from was "
+                                   "shared; a spare cannot resume it (--max-restarts restarts the run)"),
+          "resumed, rank 1 killed at the start: exit %d\n%s", rc, g_out);
+}
+
 // The GPT: its token windows come from the loop's generator, which comes
 // with the state (its spare loads the token files ahead).
 static void test_gpt(void) {
@@ -305,6 +343,7 @@ int main(void) {
     test_refused();
     test_zero();
     test_replaced();
+    test_start();
     test_gpt();
     tl_cleanup(g_tmp);
     return tl_finish();

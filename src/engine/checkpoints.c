@@ -109,7 +109,7 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
     }
     s->world = W;
     *from = root;
-    if (!have && r->dir[0] && !r->writer && (r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0) &&
+    if (r->dir[0] && !r->writer && !r->save && (r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0) &&
         (st = make_writer(r)) != DT_OK)
         return st;
     if (slices) {

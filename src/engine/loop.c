@@ -222,6 +222,18 @@ static dt_status split_roles(const dt_strategy_ops *sops, const dt_config *c, dt
     return dt_worker_exit(mine, sops->serve(c, all, mine, run_dir));
 }
 
+// A death in the start's collectives (--spares): this rank waits for the
+// spare in the dead rank's place (dt_comm_rejoin) and skips the rest of
+// the start; every rank then takes the start's state from a replica as
+// after a death mid-run (*lost = 1).
+static dt_status lose_start(dt_comm_t comm, int *lost) {
+    dt_log(DT_LOG_DEBUG, "%s; waiting for a spare to take the dead rank's place", dt_last_error());
+    dt_status st = dt_comm_rejoin(comm, 0);
+    if (st != DT_OK) return dt_error(st, "rank %d, at the start: %s", dt_comm_rank(comm), dt_last_error());
+    *lost = 1;
+    return DT_OK;
+}
+
 // A checkpoint the strategy's own ranks write (dt_run_ckpt_set_saver).
 static dt_status save_by_strategy(void *user, const dt_train_state *ts) {
     dt_strategy *s = user;
@@ -344,8 +356,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if (st != DT_OK) return st;
     // Spares (docs/checkpoints.md): a rank whose collective fails on a peer's
     // death waits for a spare to take its place and goes on (`recover`
-    // below); a newcomer (that spare) gets its state there.
-    int spares = dt_worker_spares(), newcomer = dt_comm_generation(comm) > 0, have_state = !newcomer;
+    // below); a newcomer (that spare) gets its state there. A death in the
+    // start's collectives is the same: the others rejoin there (in
+    // dt_worker_init's barrier, or below: lost_start), skip the rest of the
+    // start's collectives and meet the newcomer in `recover`.
+    int spares = dt_worker_spares(), newcomer = dt_spare_rank() >= 0, have_state = !newcomer;
+    int lost_start = !newcomer && dt_comm_generation(comm) > 0;
+    // A failure that a spare can repair: a peer died (or hung) in a collective.
+#define RECOVERABLE(st) (spares > 0 && ((st) == DT_ERR_COMM || (st) == DT_ERR_TIMEOUT))
     dt_comm_t all = comm;  // every rank; comm becomes the workers' when the strategy has servers
     DT_TRY(dt_train_check_spares(c, spares), done);
     int served;
@@ -355,7 +373,13 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         goto done;
     }
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
-    DT_TRY(dt_obs_create(&obs, c, run_dir, comm, progress, user), done);
+    if (!newcomer && (st = dt_fault_at(rank, 0, "metrics")) != DT_OK) goto done;  // (a test's fault)
+    st = dt_obs_create(&obs, c, run_dir, comm, progress, user);
+    if (RECOVERABLE(st) && !newcomer && !lost_start) {  // a death in its barrier; again without it
+        DT_TRY(lose_start(comm, &lost_start), done);
+        st = dt_obs_create(&obs, c, run_dir, comm, progress, user);
+    }
+    if (st != DT_OK) goto done;
     dt_obs_set_all(obs, all);
     const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
     if (rank != 0) {  // only rank 0 writes files and reports progress
@@ -377,10 +401,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     // start's collectives, which the others made long ago with its
     // predecessor: it gets the weights and its step from the strategy.
     int rejoining = dt_comm_incarnation(comm) > 0;
-    if (!newcomer && !rejoining &&
+    if (!newcomer && (st = dt_fault_at(rank, 0, "start")) != DT_OK) goto done;  // (a test's fault)
+    if (!newcomer && !lost_start && !rejoining &&
         (st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
-        st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
-        goto done;
+        if (RECOVERABLE(st)) st = lose_start(comm, &lost_start);
+        if (st != DT_OK) {
+            st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+            goto done;
+        }
     }
     dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
                            all, info.order_split, info.nwhole, info.shard_copy, info.shard_user,
@@ -417,7 +445,16 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     dt_train_state ts = {.rng = info.rng};
     dt_config fresh = *c;  // a replacement resumes nothing: it rejoins
     if (rejoining) fresh.resume[0] = 0;
-    DT_TRY(dt_run_ckpt_begin(&ck, &fresh, ckpt_run_dir, comm, &cm, &ts), done);
+    st = dt_run_ckpt_begin(&ck, &fresh, ckpt_run_dir, comm, &cm, &ts);
+    // Resumed: rank 0 reads the checkpoint and shares it in a collective,
+    // which a death at the start broke, or which the others skipped.
+    if ((RECOVERABLE(st) || (st == DT_OK && lost_start)) && c->resume[0] && !rejoining) {
+        st = dt_error(DT_ERR_COMM, "rank %d: a worker died while the run started, before the checkpoint to resume "
+                                   "from was shared; a spare cannot resume it (--max-restarts restarts the run)%s%s",
+                      rank, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+        goto done;
+    }
+    if (st != DT_OK) goto done;
     if (strat->ckpt_saves) dt_run_ckpt_set_saver(&ck, save_by_strategy, strat);
     strat->ckpt_model = &ck.model;
     strat->ckpt_dir = ck.dir;
@@ -490,9 +527,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     uint64_t bytes_sent = 0;  // by this rank during the steps (dt_obs_bytes_sent)
     int stop = 0, evaluated = 0;
     double failed_at = 0;
-    // A failure that a spare can repair: a peer died (or hung) in a collective.
-#define RECOVERABLE(st) (spares > 0 && ((st) == DT_ERR_COMM || (st) == DT_ERR_TIMEOUT))
-    if (newcomer) goto recover;
+    if (newcomer || lost_start) goto recover;
 again:
     for (int e = (int)ts.epoch; e < epochs && (pieces || step < total || owed) && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
@@ -598,10 +633,11 @@ again:
         if (!failed_at) failed_at = dt_now();
         if (have_state) dt_log(DT_LOG_DEBUG, "%s; waiting for a spare to take the dead rank's place", dt_last_error());
         if (have_state && sops->abandon) sops->abandon(strat);  // its transfers over, the step to be redone
-        if (have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) {
+        if (have_state && !lost_start && (st = dt_comm_rejoin(comm, 0)) != DT_OK) {
             st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
             goto done;
         }
+        lost_start = 0;  // (rejoined in the start)
         int from;
         if ((st = dt_run_ckpt_share(&ck, &ts, have_state, &from)) != DT_OK) {
             st = dt_error(st, "rank %d, taking the state of a replica: %s", rank, dt_last_error());
@@ -611,8 +647,10 @@ again:
             }
             goto done;
         }
-        int lost = 0;  // a sharded strategy's slices: each rank's own, or from its buddy's copy
-        if (sops->take_over && (st = sops->take_over(strat, have_state, &lost)) != DT_OK) {
+        // A sharded strategy's slices: each rank's own, or from its buddy's
+        // copy; before the first step, a newcomer's own (the seeded start's).
+        int lost = 0;
+        if (sops->take_over && (st = sops->take_over(strat, have_state || ts.step == 0, &lost)) != DT_OK) {
             st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
             if (!lost && RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
                 if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;

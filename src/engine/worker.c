@@ -61,7 +61,16 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
     // others touch nothing there until it has, nor when it was refused.
     // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
-    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK) {
+    if (!newcomer && (st = dt_fault_at(dt_comm_rank(*comm), 0, "join")) != DT_OK) {  // (a test's fault)
+        dt_worker_exit(*comm, st);
+        *comm = NULL;
+        return st;
+    }
+    // A death here with spares (--spares): the spare in the dead rank's
+    // place joins, and the start's state comes from a replica (dt_train).
+    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK &&
+        (dt_worker_spares() <= 0 || (st != DT_ERR_COMM && st != DT_ERR_TIMEOUT) ||
+         (st = dt_comm_rejoin(*comm, 0)) != DT_OK)) {
         st = dt_error(st, "rank %d, joining the group: %s", dt_comm_rank(*comm), dt_last_error());
         dt_worker_exit(*comm, st);
         *comm = NULL;

@@ -61,6 +61,25 @@ static void beat_reset(beat_slot *b, int64_t now_ns) {
 }
 
 /* A spare's new state, and the wake of a spare asleep on it. */
+/* A ready spare's index, or -1. A death early in the run may come while
+ * the spares are still starting (mapping the group's segment): then the
+ * first to be ready, waited for (bounded) while one is alive. */
+static int ready_spare(beat_slot *beats, const pid_t *pids, const int *alive, int n, int K) {
+    for (double until = dt_now() + 30;;) {
+        int starting = 0;
+        for (int k = 0; k < K; k++) {
+            if (!alive[n + k]) continue;
+            int32_t s = atomic_load(&beats[n + k].spare_state);
+            if (s == SPARE_READY) return k;
+            siginfo_t si = {0};  // exited but not reaped yet: no longer coming
+            starting |= s == SPARE_STARTING &&
+                        !(waitid(P_PID, (id_t)pids[n + k], &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid);
+        }
+        if (!starting || dt_now() >= until) return -1;
+        usleep(1000);
+    }
+}
+
 static void spare_set(beat_slot *b, int32_t state) {
     atomic_store(&b->spare_state, state);
     syscall(SYS_futex, &b->spare_state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
@@ -463,8 +482,7 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
              * ready: the spare takes its place, the others rejoin. */
             int spare = -1;
             if (WIFSIGNALED(st) && n > 1 && first_fail < 0 && !forwarded && !g_signal)  // a survivor has the state
-                for (int k = 0; k < K && spare < 0; k++)
-                    if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY) spare = k;
+                spare = ready_spare(beats, pids, alive, n, K);
             if (spare >= 0) {
                 dt_shm_mark_rank(base, r, 2, WTERMSIG(st));
                 beat_reset(&beats[r], mono_ns());
