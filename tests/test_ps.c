@@ -604,6 +604,40 @@ static void compressed(void) {
     CHECK(rc == 0 && strstr(g_out, "restarting") && same("cmp-int8-ck", "cmp-int8-killed"),
           "int8 pushes, a worker killed at step 14, the group restarted from a checkpoint: exit %d, bitwise the "
           "uninterrupted run\n%s", rc, g_out);
+    // Outside mode sync the servers write the checkpoints and each worker
+    // its codec state beside their shards (worker-R-of-W), before it asks
+    // for them: one worker's async run (its pushes in one order) resumed at
+    // step 16 ends bitwise as the uninterrupted one (without its residuals
+    // it differs).
+    const char *fa = "--workers 1 --servers 2 --set ps.mode=async --set optim.lr=0.0005 --set compression.method=topk "
+                     "--set compression.ratio=0.1 --checkpoint-every 4";
+    rc = train("", "cmp-topk-async", fa);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/cmp-topk-async/checkpoints/step-00000016/worker-00000-of-00001.safetensors", g_tmp);
+    CHECK(rc == 0 && access(path, F_OK) == 0, "async top-k pushes, checkpoints: exit %d, %s written\n%s", rc, path,
+          g_out);
+    snprintf(flags, sizeof flags, "%s --resume %s/cmp-topk-async/checkpoints/step-00000016", fa, g_tmp);
+    if (rc == 0) rc = train("", "cmp-topk-async-resumed", flags);
+    CHECK(rc == 0 && same("cmp-topk-async", "cmp-topk-async-resumed"),
+          "async top-k pushes resumed at step 16: exit %d, bitwise the uninterrupted run\n%s", rc, g_out);
+    // Two workers' states with one server (its checkpoint a directory all
+    // the same), resumed on one worker: the mean of the two.
+    const char *f2 = "--workers 2 --servers 1 --set ps.mode=async --set optim.lr=0.001 --set compression.method=topk "
+                     "--set compression.ratio=0.1 --checkpoint-every 4";
+    rc = train("", "cmp-topk-async2", f2);
+    snprintf(path, sizeof path, "%s/cmp-topk-async2/checkpoints/step-00000016/worker-00001-of-00002.safetensors", g_tmp);
+    CHECK(rc == 0 && access(path, F_OK) == 0, "two workers' async top-k pushes, one server: exit %d, %s written\n%s", rc,
+          path, g_out);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s train %s/%s --run-dir %s/cmp-topk-async21 --workers 1 --servers 1 --set ps.mode=async --set "
+             "compression.method=topk --set compression.ratio=0.1 --resume %s/cmp-topk-async2/checkpoints/step-00000016 "
+             "2>&1",
+             tl_dtrain(), g_tmp, g_ini, g_tmp, g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "gradient codec topk: state at step 16 restored from") &&
+              strstr(g_out, "the step, residuals (resharded: the one rank has the mean of the 2 writers')"),
+          "resumed on one worker: exit %d, the mean of the two workers' residuals\n%s", rc, g_out);
 }
 
 static void config_errors(void) {

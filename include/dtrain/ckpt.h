@@ -195,6 +195,20 @@ DT_API dt_status dt_ckpt_writer_rejoin(dt_ckpt_writer **out, const char *dir, in
                                        const dt_ckpt_model *m, int rank, int world,
                                        double shard_timeout);
 DT_API dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s);
+/* Parameter servers outside mode sync write the checkpoints; each worker's
+ * own state (a gradient codec's residuals: dt_ckpt_model.extra) goes
+ * beside the servers' shards, in DIR/step-N/worker-R-of-W.safetensors,
+ * which the worker writes (dt_ckpt_write_own, atomically) before it asks
+ * for the checkpoint. Server 0's writer then waits (shard_timeout) for
+ * those `files` files too before it completes the checkpoint
+ * (dt_ckpt_writer_expect_own; a directory even with one server). */
+DT_API void dt_ckpt_writer_expect_own(dt_ckpt_writer *w, int files);
+DT_API dt_status dt_ckpt_write_own(const char *dir, const dt_ckpt_model *m, const dt_train_state *s, int rank,
+                                   int world);
+/* Worker `part`'s own file of sharded checkpoint path, verified and open,
+ * as dt_ckpt_open_part; *parts: how many workers wrote them (0: none, and
+ * for a whole checkpoint). part = -1 opens nothing. */
+DT_API dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *parts);
 /* After a rank died and a spare took its place (--spares): waits for the
  * write in flight; a sharded one whose shards are not all there gives up
  * waiting for them (its directory stays without COMPLETE: resume skips it,

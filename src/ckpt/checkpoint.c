@@ -443,6 +443,11 @@ static void shard_path(char *buf, size_t n, const char *dir, int rank, int world
     snprintf(buf, n, "%s/shard-%05d-of-%05d.safetensors", dir, rank, world);
 }
 
+// A worker's own file beside the servers' shards (dt_ckpt_write_own).
+static void own_path(char *buf, size_t n, const char *dir, int rank, int world) {
+    snprintf(buf, n, "%s/worker-%05d-of-%05d.safetensors", dir, rank, world);
+}
+
 // index.json, then COMPLETE (both atomic).
 static dt_status write_index(const char *dir, const dt_ckpt_model *m, const dt_train_state *s, int world) {
     cJSON *o = cJSON_CreateObject();
@@ -1106,6 +1111,7 @@ struct dt_ckpt_writer {
     char dir[4096];
     int keep;
     int rank, world;        // world > 1: sharded
+    int own;                // the workers' own files rank 0 waits for (dt_ckpt_writer_expect_own): sharded too
     double shard_timeout;
     size_t begin, end;      // this rank's slice
     _Atomic int cancel;     // stop waiting for the other shards
@@ -1178,6 +1184,16 @@ static dt_status write_sharded(dt_ckpt_writer *w, const char *dir, const dt_trai
             usleep(5000);
         }
     }
+    for (int r = 0; r < w->own; r++) {
+        own_path(path, sizeof path, dir, r, w->own);
+        while (access(path, F_OK) != 0) {
+            if (w->cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
+            if (dt_now() > deadline)
+                return dt_error(DT_ERR_TIMEOUT, "%s: worker %d's own state not written within %.0f s", path, r,
+                                w->shard_timeout);
+            usleep(5000);
+        }
+    }
     return write_index(dir, &w->live, s, w->world);
 }
 
@@ -1230,7 +1246,7 @@ static void *writer_main(void *arg) {
         char path[4200];
         double t0 = dt_now();
         dt_status st;
-        if (w->world > 1) {
+        if (w->world > 1 || w->own) {
             snprintf(path, sizeof path, "%s/step-%08lld", w->dir, (long long)s.step);
             st = write_sharded(w, path, &s);
         } else {
@@ -1329,6 +1345,55 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     if (d) closedir(d);
     *out = w;
     return DT_OK;
+}
+
+void dt_ckpt_writer_expect_own(dt_ckpt_writer *w, int files) { w->own = files > 0 ? files : 0; }
+
+dt_status dt_ckpt_write_own(const char *dir, const dt_ckpt_model *m, const dt_train_state *s, int rank, int world) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)s->step);
+    dt_status st = dt_make_dirs(path);
+    if (st != DT_OK) return st;
+    own_path(path + strlen(path), sizeof path - strlen(path), "", rank, world);
+    dt_st_tensor t[1 + DT_CKPT_MAX_EXTRA];
+    t[0] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
+    int nx = m->extra ? m->extra(m->extra_user, t + 1, DT_CKPT_MAX_EXTRA) : 0;
+    if (nx < 0) return dt_error(DT_ERR_NOMEM, "%s: %s", path, dt_last_error());
+    if (nx > DT_CKPT_MAX_EXTRA) return dt_error(DT_ERR_ARG, "%s: %d extra tensors, at most %d", path, nx, DT_CKPT_MAX_EXTRA);
+    char shard[128];  // a shard of none of the parameters
+    snprintf(shard, sizeof shard, "0:0:%zu:%d:%d", m->nparams, rank, world);
+    return write_ckpt(path, t, 1 + nx, m, s, shard, NULL);
+}
+
+dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *parts) {
+    if (out) *out = NULL;
+    *parts = 0;
+    char p[4500];
+    DIR *d = is_dir(path) ? opendir(path) : NULL;
+    struct dirent *e;
+    int w;
+    while (d && (e = readdir(d)))
+        if (sscanf(e->d_name, "worker-00000-of-%5d.safetensors", &w) == 1 && w > 0) {
+            own_path(p, sizeof p, path, 0, w);
+            if (!strcmp(p + strlen(path) + 1, e->d_name)) *parts = w;
+        }
+    if (d) closedir(d);
+    if (part == -1) return DT_OK;
+    if (part < 0 || part >= *parts)
+        return dt_error(DT_ERR_ARG, "%s: holds the files of %d workers, not worker %d's", path, *parts, part);
+    own_path(p, sizeof p, path, part, *parts);
+    const char *vals[NKEYS];
+    dt_train_state s;
+    int kind, r = -1, n = -1;
+    dt_status st = open_verified(p, out, vals, &s, &kind);
+    if (st == DT_OK && (kind != KIND_SHARD || sscanf(vals[K_SHARD], "0:0:%*u:%d:%d", &r, &n) != 2 || r != part ||
+                        n != *parts))
+        st = dt_error(DT_ERR_FORMAT, "%s: not worker %d of %d's own state in a checkpoint", p, part, *parts);
+    if (st != DT_OK && out) {
+        dt_st_close(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 void dt_ckpt_writer_abandon(dt_ckpt_writer *w) {

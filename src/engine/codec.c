@@ -279,12 +279,16 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
     return DT_OK;
 }
 
+// The parts of a checkpoint that hold the ranks' codec states: the
+// workers' own files (dt_ckpt_open_own) or its shards (dt_ckpt_open_part).
+typedef dt_status (*part_opener)(const char *path, int part, dt_st_file **out, int *parts);
+
 // Parts [first, first + count) of checkpoint path: the shared state from
 // the first; the mean of their residuals and velocities into k's buffers
 // (the part's own when count is 1). other: the method of any codec state
 // there that is not this codec's.
-static dt_status load(dt_codec *k, const char *path, int first, int count, int64_t *head, int64_t **table, float **q,
-                      char *other, size_t nother) {
+static dt_status load(dt_codec *k, const char *path, part_opener open, int first, int count, int64_t *head,
+                      int64_t **table, float **q, char *other, size_t nother) {
     float *buf[2] = {k->residual, k->velocity};
     int flag[2] = {F_RESIDUAL, F_VELOCITY}, x[2] = {X_RESIDUAL, X_VELOCITY};
     head[H_FLAGS] = (k->residual ? F_RESIDUAL : 0) | (k->velocity ? F_VELOCITY : 0);
@@ -292,7 +296,7 @@ static dt_status load(dt_codec *k, const char *path, int first, int count, int64
     for (int i = 0; i < count && st == DT_OK; i++) {
         dt_st_file *f;
         int parts;
-        if ((st = dt_ckpt_open_part(path, first + i, &f, &parts)) != DT_OK) break;
+        if ((st = open(path, first + i, &f, &parts)) != DT_OK) break;
         if (i == 0) st = load_shared(k, f, path, head, table, q);
         for (int e = 0; e < dt_st_count(f) && i == 0 && !(head[H_FLAGS] & F_STEP) && !*other; e++) {
             const char *nm = dt_st_get(f, e)->name, *dot = strncmp(nm, "codec.", 6) ? NULL : strchr(nm + 6, '.');
@@ -340,13 +344,18 @@ static dt_status share(dt_codec *k, int64_t *head, int64_t **table, float **q) {
 
 dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
     if (!path || !*path || !dt_codec_stateful(k)) return DT_OK;
+    // The workers' own files when the parameter servers wrote it (outside
+    // mode sync), else the shards: each rank's state, as data parallel's.
+    int own = 0;
+    part_opener open = dt_ckpt_open_part;
+    if (dt_ckpt_open_own(path, -1, NULL, &own) == DT_OK && own > 0) parts = own, open = dt_ckpt_open_own;
     int same = parts == k->world;
     int64_t head[NH] = {0}, *table = NULL;
     float *q = NULL;
     char other[40] = "";
     dt_status st = DT_OK;
     if (same || k->rank == 0)
-        st = load(k, path, same ? k->rank : 0, same ? 1 : parts, head, &table, &q, other, sizeof other);
+        st = load(k, path, open, same ? k->rank : 0, same ? 1 : parts, head, &table, &q, other, sizeof other);
     if (st == DT_OK && !same) st = share(k, head, &table, &q);
     // Every piece with a Q continues from the step the state had reached.
     k->step0 = head[H_FLAGS] & F_STEP ? head[H_STEP] : 0;

@@ -116,7 +116,8 @@ int dt_codec_stateful(const dt_codec *k);
 int dt_codec_state(dt_codec *k, dt_st_tensor *t, int max);
 /* Continues from the state in checkpoint `path` (a collective: every rank
  * calls it; "" or NULL: a fresh start, nothing is done), written by `parts`
- * ranks (dt_ckpt_open_part). With parts = world each rank takes its own
+ * ranks (dt_ckpt_open_part), or by `own` workers beside the parameter
+ * servers' shards (dt_ckpt_open_own; those win). With parts = world each rank takes its own
  * part's state; otherwise rank 0 reads every part, each rank gets the mean
  * of their residuals and velocities (which keeps the unsent sum (1/W) x
  * sum_r residual_r) and the shared step and Qs. A checkpoint without this

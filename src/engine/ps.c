@@ -983,9 +983,19 @@ static dt_status rejoin(ps_worker *w) {
 // shard; above): once the workers met (params_sync), worker 0 sends each
 // server the loop's state (SAVE) and waits for its SAVED; the others wait
 // for worker 0, so that no update comes between.
+static int own_extra(void *user, dt_st_tensor *t, int max) { return dt_codec_state(user, t, max); }
+
 static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     ps_worker *w = (ps_worker *)s;
     dt_status st = DT_OK;
+    if (w->codec) {  // this worker's codec state beside the servers' shards, first (server 0 waits for it)
+        dt_ckpt_model m = *s->ckpt_model;
+        m.extra = own_extra;
+        m.extra_user = w->codec;
+        if ((st = dt_ckpt_write_own(s->ckpt_dir, &m, ts, s->rank, s->world)) != DT_OK)
+            return dt_error(st, "worker %d, its codec state in the checkpoint of step %lld: %s", s->rank,
+                            (long long)ts->step, dt_last_error());
+    }
     int64_t v[TS_N];
     ts_pack(ts, v);
     // SAVE to all first (server 0 completes the checkpoint once every shard
@@ -1020,7 +1030,8 @@ static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
 
 // Mode sync: the workers' checkpoints carry each worker's codec state (its
 // error-feedback residuals), as data parallel's do. Outside it the servers
-// write the checkpoints, without them (docs/compression.md).
+// write the checkpoints, and each worker its codec state beside them
+// (ps_ckpt_save).
 static int ps_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
     ps_worker *w = (ps_worker *)s;
     return w->codec && !s->own_pace ? dt_codec_state(w->codec, t, max) : 0;
@@ -1037,7 +1048,7 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     // holds its own, several updates a step).
     w->step = s->start_step;
     for (int j = 0; j < w->S; j++) w->ver[j] = *dt_optim_step_count(s->opt);
-    if (w->codec && !s->own_pace) {  // a collective over the workers
+    if (w->codec) {  // a collective over the workers
         dt_status cst = dt_codec_restore(w->codec, path, parts);
         if (cst != DT_OK) return cst;
     }
@@ -1368,6 +1379,8 @@ static dt_status make_writer(server *sv) {
     if ((st = (dt_comm_incarnation(sv->all) > 0 ? dt_ckpt_writer_rejoin : dt_ckpt_writer_create)(
              &sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
         return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
+    // The workers' codec states, each in its own file (ps_ckpt_save).
+    if (sv->c->comp_method != DT_COMP_NONE) dt_ckpt_writer_expect_own(sv->writer, sv->N);
     return DT_OK;
 }
 
