@@ -620,6 +620,15 @@ static void compressed(void) {
     if (rc == 0) rc = train("", "cmp-topk-async-resumed", flags);
     CHECK(rc == 0 && same("cmp-topk-async", "cmp-topk-async-resumed"),
           "async top-k pushes resumed at step 16: exit %d, bitwise the uninterrupted run\n%s", rc, g_out);
+    // A byte flipped in that file: resume stops, naming it.
+    snprintf(path, sizeof path, "%s/cmp-topk-async/checkpoints/step-00000016/worker-00000-of-00001.safetensors", g_tmp);
+    FILE *wf = fopen(path, "r+b");
+    int c0 = wf && !fseek(wf, -8, SEEK_END) ? fgetc(wf) : EOF;
+    if (c0 != EOF && !fseek(wf, -8, SEEK_END)) fputc(c0 ^ 0x40, wf);
+    if (wf) fclose(wf);
+    rc = train("", "cmp-topk-async-damaged", flags);
+    CHECK(c0 != EOF && rc != 0 && strstr(g_out, "worker-00000-of-00001.safetensors: checksum mismatch"),
+          "a damaged worker's file: exit %d, named\n%s", rc, g_out);
     // Two workers' states with one server (its checkpoint a directory all
     // the same), resumed on one worker: the mean of the two.
     const char *f2 = "--workers 2 --servers 1 --set ps.mode=async --set optim.lr=0.001 --set compression.method=topk "
