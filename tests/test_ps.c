@@ -266,6 +266,28 @@ static void faults(void) {
                meetings[i].step, took);
         near_clean(name, refs[0], rlosses[0], 0.03, 0.15);
     }
+    // A worker killed at the very end, after it told server 0 it was done
+    // (END) and before server 1: its replacement learns that from server 0
+    // (or finds it exited), only tells server 1, and the run ends: exit 0,
+    // the final weights written once, every gradient applied. Worker 0
+    // (which wrote the files) and worker 2.
+    for (int k = 0; k < 2; k++) {
+        int wk = k ? 2 : 0;
+        char env[600], name[64], said[160];
+        snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=%d:21:kill:ended DTRAIN_FAULT_ONCE=%s/once-ended%d", wk, g_tmp, wk);
+        snprintf(name, sizeof name, "ended-%d", wk);
+        int rc = train(env, name, aflags);
+        snprintf(said, sizeof said, "worker %d (restarted, incarnation 1): its predecessor had finished (server 0 had its "
+                 "END); it only told the other servers", wk);
+        snprintf(path, sizeof path, "%s/%s/model.safetensors", g_tmp, name);
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9") && strstr(g_out, "restarting it alone (restart 1 of 1") &&
+                  strstr(g_out, said) && access(path, F_OK) == 0 && ps_number(name, "applied") == 63,
+              "worker %d killed between its ENDs: exit %d, the replacement only ended, the weights written, %g of 63 "
+              "gradients applied\n%s", wk, rc, ps_number(name, "applied"), g_out);
+        snprintf(path, sizeof path, "%s/%s/metrics/rank-00000.jsonl", g_tmp, name);
+        CHECK(tl_count(path, "\"type\":\"eval\",\"step\":21,") == 1, "%s: the final evaluation recorded once (%d)",
+              name, tl_count(path, "\"type\":\"eval\",\"step\":21,"));
+    }
     // A server killed after step 12 (async, checkpoints every 5 steps,
     // written by the servers: each its range) is restarted alone from its
     // range of step 10's checkpoint while the workers wait for it and push

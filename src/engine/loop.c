@@ -460,6 +460,11 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     strat->ckpt_dir = ck.dir;
     strat->start_step = ts.step;
     DT_TRY(dt_strategy_ckpt_restore(strat, ck.from, ck.from_parts), done);
+    if (strat->rejoin_done) {  // a replacement for a rank that had finished: its files are written
+        res->rank = -1;
+        dt_obs_leave(obs);
+        goto done;
+    }
     // A replacement for a rank restarted alone (ps.c): its predecessor's place
     // in the loop, so that it meets the others where they meet; when its
     // predecessor had made step `at`, it runs the meeting after that step

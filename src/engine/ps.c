@@ -597,7 +597,7 @@ static void ps_fini(dt_strategy *s) {
     if (w->req) wait_all(w->req, 2 * w->np + 3 * w->S);
     // Done: the servers end when every worker said so. A broken world has
     // nobody to tell (the abort reaches the servers).
-    if (w->slo && w->leader && dt_comm_get_async_error(s->all) == DT_OK)
+    if (w->slo && w->leader && !s->rejoin_done && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
             dt_status st = back_if_lost(w, j);
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
@@ -607,6 +607,7 @@ static void ps_fini(dt_strategy *s) {
                 st = dt_send(h, H_N, DT_I64, j, s->all);
             }
             if (st != DT_OK) break;
+            if (j == 0 && w->S > 1) (void)dt_fault_at(s->rank, w->step, "ended");  // (a test's fault: kill)
         }
     dt_comm_destroy(w->group);
     dt_codec_free(w->codec);
@@ -924,26 +925,59 @@ static dt_status ps_params_sync(dt_strategy *s) {
 // meeting's barriers it had made. The loop then runs that meeting again
 // (rejoin_meet) and skips those barriers (meet): the replacement arrives
 // at the one the others are in, or, past the meeting, at the next.
+//
+// Its predecessor may also have died at the very end, after it told some
+// server that it was done (END) but not every one: a server that had the
+// END says so in JOINED, and one that exited since had it too (a server
+// ends once every worker did); the replacement then only tells the others
+// (rejoin_done: the loop does nothing more).
 static dt_status rejoin(ps_worker *w) {
     dt_strategy *s = &w->base;
-    int *peers = malloc(sizeof(int) * (size_t)w->S);
-    if (!peers) return dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
-    for (int j = 0; j < w->S; j++) peers[j] = j;
-    dt_status st = dt_comm_rejoin_peers(s->all, peers, w->S);
+    int *peers = malloc(sizeof(int) * (size_t)w->S), *gone = calloc((size_t)w->S, sizeof(int));
+    dt_status st = peers && gone ? DT_OK : dt_error(DT_ERR_NOMEM, "strategy ps: out of memory");
+    for (int again = 1; again && st == DT_OK;) {  // again when a server exited meanwhile
+        int np = 0;
+        for (int j = 0; j < w->S; j++)
+            if (!(gone[j] |= dt_comm_peer_state(s->all, j, NULL) == DT_PEER_GONE)) peers[np++] = j;
+        st = dt_comm_rejoin_peers(s->all, peers, np);
+        again = 0;
+        for (int i = 0; i < np && st != DT_OK; i++) again |= dt_comm_peer_state(s->all, peers[i], NULL) == DT_PEER_GONE;
+        if (again) st = DT_OK;
+    }
     free(peers);
     int64_t m = INT64_MAX, cseq = -1, h[H_N];
+    int finished = -1;  // a server that had its predecessor's END
     for (int j = 0; j < w->S && st == DT_OK; j++) {
+        if (gone[j]) {
+            finished = j;
+            continue;
+        }
         int64_t q[H_N] = {M_JOIN, 0, 0, 0, 0, 0, 0, 0};
         st = dt_send(q, H_N, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_recv(h, H_N, DT_I64, j, s->all);
         if (st == DT_OK && h[H_KIND] != M_JOINED)
             st = dt_error(DT_ERR_COMM, "worker %d, rejoining: server %d sent %s, expected JOINED", s->rank, j,
                           kind_name(h[H_KIND]));
+        if (st == DT_OK && h[H_A]) finished = j;
         if (st == DT_OK && h[H_STEP] < m) {  // the count at the step's COMMIT, from a server at that step
             m = h[H_STEP];
             cseq = h[H_C];
         }
     }
+    if (st == DT_OK && finished >= 0) {
+        for (int j = 0; j < w->S && st == DT_OK; j++) {
+            int64_t q[H_N] = {M_END, m, 0, 0, 0, 0, 0, 0};
+            if (!gone[j]) st = dt_send(q, H_N, DT_I64, j, s->all);
+        }
+        free(gone);
+        if (st != DT_OK) return dt_error(st, "worker %d, ending for its predecessor: %s", s->rank, dt_last_error());
+        s->rejoin_done = 1;
+        dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d): its predecessor had finished (server %d had its "
+                            "END); it only told the other servers",
+               s->rank, dt_comm_incarnation(s->all), finished);
+        return DT_OK;
+    }
+    free(gone);
     uint64_t made = dt_comm_seq(s->comm);
     if (st == DT_OK && cseq >= 0 && (uint64_t)cseq > made)
         st = dt_error(DT_ERR_COMM, "worker %d, rejoining: the servers say it had made %lld collectives with the other "
@@ -1081,6 +1115,7 @@ typedef struct {
     int64_t sent;     // the version of the weights it was last sent
     int64_t arrived;  // when its push completed (backup: the first N - b of a step)
     int committed, held, ended;
+    int finished;     // it said END: a replacement for it after that only ends (JOINED says so)
     int rank;         // in the world
     int dropped;      // its process died: 1 until the launcher restarts it, 2 until the replacement runs,
                       // 3 while it rejoins (JOIN, RESUME); 0: taking part
@@ -1281,7 +1316,7 @@ static dt_status handle(server *sv, int wi) {
         if (p->dropped != 3)
             return dt_error(DT_ERR_COMM, "server %d: JOIN from worker %d, which did not die", sv->me, wi);
         {
-            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, 0, 0, p->done_cseq};
+            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, p->finished, 0, p->done_cseq};
             st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
         }
         break;
@@ -1307,7 +1342,8 @@ static dt_status handle(server *sv, int wi) {
         if (p->got)
             return dt_error(DT_ERR_COMM, "server %d: worker %d left in the middle of step %lld", sv->me, wi,
                             (long long)p->step + 1);
-        p->ended = 1;
+        p->ended = p->finished = 1;
+        p->dropped = 0;  // (a replacement for one that had finished: it only ends)
         sv->ended++;
         return DT_OK;  // no further header from it
     default:
@@ -1467,8 +1503,19 @@ static dt_status survive(server *sv, int wi, dt_status st) {
 static dt_status tend(server *sv, int *moved) {
     for (int wi = 0; wi < sv->N; wi++) {
         peer *p = &sv->w[wi];
-        if (!p->dropped) continue;
         int inc, state = dt_comm_peer_state(sv->all, p->rank, &inc);
+        // A worker that died after its END to this server (before another's):
+        // its replacement is let in as any, and only ends (JOINED says so).
+        if (p->ended && !p->dropped && state == DT_PEER_RESTARTING && inc > p->inc) {
+            p->ended = 0;
+            sv->ended--;
+            p->dropped = 1;
+            p->dead_at = dt_now();
+            *moved = 1;
+            if (sv->me == 0)
+                dt_log(DT_LOG_WARN, "server 0: worker %d died after it said END; its replacement only ends", wi);
+        }
+        if (!p->dropped) continue;
         if (p->dropped >= 4) {  // this server is a replacement: each worker lets it in
             if (state == DT_PEER_GONE) {  // it finished before this server came back
                 p->dropped = 0;

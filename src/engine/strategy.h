@@ -200,6 +200,7 @@ struct dt_strategy {
     int rejoin_meet;           /* ... after the meeting that follows that step (evaluation, checkpoint, end;
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
+    int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps.c) */
     int64_t units;             /* [ps] share = dynamic: the pieces of an epoch's batches (steps x workers),
                                   which the servers hand to whichever worker is free (0: every rank trains
                                   its own share of every batch); set by the loop */

@@ -38,6 +38,7 @@ const char *dt_obs_phase_name(dt_obs_phase p) {
 struct dt_obs {
     dt_comm_t comm;
     dt_comm_t all;  // with the ranks of another role (a parameter server's; NULL: none): counted too
+    int left;       // dt_obs_leave: no closing barrier
     int rank, W;
     int pipeline;                 // [parallel] pipeline: stages, to name the slowest rank's
     dt_progress_fn progress;
@@ -281,6 +282,10 @@ uint64_t dt_obs_bytes_sent(const dt_obs *o) {
     dt_comm_stats cs;
     comm_stats(o, &cs);
     return cs.bytes_sent;
+}
+
+void dt_obs_leave(dt_obs *o) {
+    if (o) o->left = 1;
 }
 
 void dt_obs_set_all(dt_obs *o, dt_comm_t all) {
@@ -642,7 +647,7 @@ dt_status dt_obs_close(dt_obs *o, dt_status st) {
     dt_comm_set_observer(o->comm, NULL, NULL);
     dt_prom_stop(o->prom);
     dt_status s2 = dt_trace_finish(o->trace);
-    if (o->trace && st == DT_OK && s2 == DT_OK) {
+    if (o->trace && !o->left && st == DT_OK && s2 == DT_OK) {
         // Every part is complete once every rank has passed the barrier.
         if (o->W > 1 && (s2 = dt_barrier(o->comm)) != DT_OK)
             s2 = dt_error(s2, "rank %d, trace: %s", o->rank, dt_last_error());

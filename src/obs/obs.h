@@ -84,6 +84,10 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
  * server's, over which the pushes go): its bytes and busy time count in
  * this rank's records too. */
 void dt_obs_set_all(dt_obs *o, dt_comm_t all);
+/* This rank ends without the others (a replacement for one that had
+ * finished): dt_obs_close then skips the trace's closing barrier, which
+ * its predecessor made. */
+void dt_obs_leave(dt_obs *o);
 /* The bytes this rank has sent so far, over both (comm.h's counts). */
 uint64_t dt_obs_bytes_sent(const dt_obs *o);
 void dt_obs_begin(dt_obs *o, dt_obs_phase p);
