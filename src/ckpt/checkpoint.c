@@ -1174,23 +1174,16 @@ static dt_status write_sharded(dt_ckpt_writer *w, const char *dir, const dt_trai
     if (st == DT_OK) st = write_shard(path, &w->snap, s, w->begin, w->end, w->rank, w->world);
     if (st != DT_OK || w->rank != 0) return st;
     double deadline = dt_now() + w->shard_timeout;
-    for (int r = 1; r < w->world; r++) {
-        shard_path(path, sizeof path, dir, r, w->world);
+    // the other ranks' shards, then the workers' own files (dt_ckpt_write_own)
+    for (int r = 1; r < w->world + w->own; r++) {
+        int own = r >= w->world, k = own ? r - w->world : r;
+        if (own) own_path(path, sizeof path, dir, k, w->own);
+        else shard_path(path, sizeof path, dir, k, w->world);
         while (access(path, F_OK) != 0) {
             if (w->cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
             if (dt_now() > deadline)
-                return dt_error(DT_ERR_TIMEOUT, "%s: rank %d's shard not written within %.0f s", path, r,
-                                w->shard_timeout);
-            usleep(5000);
-        }
-    }
-    for (int r = 0; r < w->own; r++) {
-        own_path(path, sizeof path, dir, r, w->own);
-        while (access(path, F_OK) != 0) {
-            if (w->cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
-            if (dt_now() > deadline)
-                return dt_error(DT_ERR_TIMEOUT, "%s: worker %d's own state not written within %.0f s", path, r,
-                                w->shard_timeout);
+                return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path, own ? "worker" : "rank",
+                                k, own ? "own state" : "shard", w->shard_timeout);
             usleep(5000);
         }
     }

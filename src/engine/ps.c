@@ -1013,12 +1013,15 @@ static dt_status rejoin(ps_worker *w) {
     return DT_OK;
 }
 
+// A worker's codec state, for its own file in the servers' checkpoint.
+static int own_extra(void *user, dt_st_tensor *t, int max) { return dt_codec_state(user, t, max); }
+
 // Outside mode sync the servers write the checkpoints (each its range as a
 // shard; above): once the workers met (params_sync), worker 0 sends each
 // server the loop's state (SAVE) and waits for its SAVED; the others wait
-// for worker 0, so that no update comes between.
-static int own_extra(void *user, dt_st_tensor *t, int max) { return dt_codec_state(user, t, max); }
-
+// for worker 0, so that no update comes between. With compression each
+// worker first writes its codec state beside the shards (server 0
+// completes the checkpoint once they are all there).
 static dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     ps_worker *w = (ps_worker *)s;
     dt_status st = DT_OK;

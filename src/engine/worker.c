@@ -58,14 +58,14 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_set_threads(t);
     *threads = t;
     dt_kernels_set_precision((dt_dtype)c->precision);
-    // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
-    // others touch nothing there until it has, nor when it was refused.
-    // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
     if (!newcomer && (st = dt_fault_at(dt_comm_rank(*comm), 0, "join")) != DT_OK) {  // (a test's fault)
         dt_worker_exit(*comm, st);
         *comm = NULL;
         return st;
     }
+    // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
+    // others touch nothing there until it has, nor when it was refused.
+    // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
     // A death here with spares (--spares): the spare in the dead rank's
     // place joins, and the start's state comes from a replica (dt_train).
     if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK &&

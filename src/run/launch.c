@@ -60,7 +60,6 @@ static void beat_reset(beat_slot *b, int64_t now_ns) {
     atomic_store(&b->wait_peer, -2);
 }
 
-/* A spare's new state, and the wake of a spare asleep on it. */
 /* A ready spare's index, or -1. A death early in the run may come while
  * the spares are still starting (mapping the group's segment): then the
  * first to be ready, waited for (bounded) while one is alive. */
@@ -80,6 +79,7 @@ static int ready_spare(beat_slot *beats, const pid_t *pids, const int *alive, in
     }
 }
 
+/* A spare's new state, and the wake of a spare asleep on it. */
 static void spare_set(beat_slot *b, int32_t state) {
     atomic_store(&b->spare_state, state);
     syscall(SYS_futex, &b->spare_state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
