@@ -1379,7 +1379,7 @@ dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *pa
     dt_train_state s;
     int kind, r = -1, n = -1;
     dt_status st = open_verified(p, out, vals, &s, &kind);
-    if (st == DT_OK && (kind != KIND_SHARD || sscanf(vals[K_SHARD], "0:0:%*u:%d:%d", &r, &n) != 2 || r != part ||
+    if (st == DT_OK && (kind != KIND_SHARD || sscanf(vals[K_SHARD], "0:0:%*[0-9]:%d:%d", &r, &n) != 2 || r != part ||
                         n != *parts))
         st = dt_error(DT_ERR_FORMAT, "%s: not worker %d of %d's own state in a checkpoint", p, part, *parts);
     if (st != DT_OK && out) {
