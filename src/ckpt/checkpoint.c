@@ -170,6 +170,16 @@ dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train
     return whole_ckpt(path, m, s, NULL);
 }
 
+// m's extra tensors (the state a rank keeps for itself) into t, *n of
+// them; `what` names the file or snapshot in an error.
+static dt_status extra_tensors(const dt_ckpt_model *m, dt_st_tensor *t, const char *what, int *n) {
+    *n = m->extra ? m->extra(m->extra_user, t, DT_CKPT_MAX_EXTRA) : 0;
+    if (*n < 0) return dt_error(DT_ERR_NOMEM, "%s: %s", what, dt_last_error());
+    if (*n > DT_CKPT_MAX_EXTRA)
+        return dt_error(DT_ERR_ARG, "%s: %d extra tensors, at most %d", what, *n, DT_CKPT_MAX_EXTRA);
+    return DT_OK;
+}
+
 // A shard: the slice [begin, end) of the parameter block and of each
 // optimizer state, as "params" and "optimizer.state.J" (m's buffers hold
 // that slice at their start: a snapshot), the step count, and the rank's
@@ -183,10 +193,9 @@ static dt_status write_shard(const char *path, const dt_ckpt_model *m, const dt_
     for (int j = 0; j < m->nstates; j++)
         t[n++] = (dt_st_tensor){state_names[j], DT_F32, 1, {len}, m->states[j], (size_t)len * sizeof(float)};
     t[n++] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
-    int nx = m->extra ? m->extra(m->extra_user, t + n, DT_CKPT_MAX_EXTRA) : 0;
-    if (nx < 0) return dt_error(DT_ERR_NOMEM, "%s: %s", path, dt_last_error());
-    if (nx > DT_CKPT_MAX_EXTRA)
-        return dt_error(DT_ERR_ARG, "%s: %d extra tensors, at most %d", path, nx, DT_CKPT_MAX_EXTRA);
+    int nx;
+    dt_status st = extra_tensors(m, t + n, path, &nx);
+    if (st != DT_OK) return st;
     n += nx;
     char shard[128];
     snprintf(shard, sizeof shard, "%zu:%zu:%zu:%d:%d", begin, end, m->nparams, rank, world);
@@ -1200,10 +1209,9 @@ static int snap_extra(void *user, dt_st_tensor *t, int max) {
 // Copies the live extra state into the snapshot.
 static dt_status snap_extras(dt_ckpt_writer *w) {
     dt_st_tensor t[DT_CKPT_MAX_EXTRA];
-    int n = w->live.extra(w->live.extra_user, t, DT_CKPT_MAX_EXTRA);
-    if (n < 0) return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: %s", dt_last_error());
-    if (n > DT_CKPT_MAX_EXTRA)
-        return dt_error(DT_ERR_ARG, "checkpoint snapshot: %d extra tensors, at most %d", n, DT_CKPT_MAX_EXTRA);
+    int n;
+    dt_status st = extra_tensors(&w->live, t, "checkpoint snapshot", &n);
+    if (st != DT_OK) return st;
     size_t bytes = 0;
     for (int i = 0; i < n; i++) bytes += (t[i].nbytes + 7) / 8 * 8;
     if (bytes > w->xcap) {
@@ -1350,9 +1358,8 @@ dt_status dt_ckpt_write_own(const char *dir, const dt_ckpt_model *m, const dt_tr
     own_path(path + strlen(path), sizeof path - strlen(path), "", rank, world);
     dt_st_tensor t[1 + DT_CKPT_MAX_EXTRA];
     t[0] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
-    int nx = m->extra ? m->extra(m->extra_user, t + 1, DT_CKPT_MAX_EXTRA) : 0;
-    if (nx < 0) return dt_error(DT_ERR_NOMEM, "%s: %s", path, dt_last_error());
-    if (nx > DT_CKPT_MAX_EXTRA) return dt_error(DT_ERR_ARG, "%s: %d extra tensors, at most %d", path, nx, DT_CKPT_MAX_EXTRA);
+    int nx;
+    if ((st = extra_tensors(m, t + 1, path, &nx)) != DT_OK) return st;
     char shard[128];  // a shard of none of the parameters
     snprintf(shard, sizeof shard, "0:0:%zu:%d:%d", m->nparams, rank, world);
     return write_ckpt(path, t, 1 + nx, m, s, shard, NULL);

@@ -360,12 +360,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     // start's collectives is the same: the others rejoin there (in
     // dt_worker_init's barrier, or below: lost_start), skip the rest of the
     // start's collectives and meet the newcomer in `recover`.
-    int spares = dt_worker_spares(), newcomer = dt_spare_rank() >= 0, have_state = !newcomer;
+    int newcomer = dt_spare_rank() >= 0, have_state = !newcomer;
     int lost_start = !newcomer && dt_comm_generation(comm) > 0;
-    // A failure that a spare can repair: a peer died (or hung) in a collective.
-#define RECOVERABLE(st) (spares > 0 && ((st) == DT_ERR_COMM || (st) == DT_ERR_TIMEOUT))
     dt_comm_t all = comm;  // every rank; comm becomes the workers' when the strategy has servers
-    DT_TRY(dt_train_check_spares(c, spares), done);
+    DT_TRY(dt_train_check_spares(c, dt_worker_spares()), done);
     int served;
     DT_TRY(split_roles(sops, c, all, run_dir, &comm, &served), done);
     if (served) {
@@ -375,7 +373,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
     if (!newcomer && (st = dt_fault_at(rank, 0, "metrics")) != DT_OK) goto done;  // (a test's fault)
     st = dt_obs_create(&obs, c, run_dir, comm, progress, user);
-    if (RECOVERABLE(st) && !newcomer && !lost_start) {  // a death in its barrier; again without it
+    if (dt_worker_recoverable(st) && !newcomer && !lost_start) {  // a death in its barrier; again without it
         DT_TRY(lose_start(comm, &lost_start), done);
         st = dt_obs_create(&obs, c, run_dir, comm, progress, user);
     }
@@ -404,7 +402,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if (!newcomer && (st = dt_fault_at(rank, 0, "start")) != DT_OK) goto done;  // (a test's fault)
     if (!newcomer && !lost_start && !rejoining &&
         (st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
-        if (RECOVERABLE(st)) st = lose_start(comm, &lost_start);
+        if (dt_worker_recoverable(st)) st = lose_start(comm, &lost_start);
         if (st != DT_OK) {
             st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
             goto done;
@@ -448,7 +446,7 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     st = dt_run_ckpt_begin(&ck, &fresh, ckpt_run_dir, comm, &cm, &ts);
     // Resumed: rank 0 reads the checkpoint and shares it in a collective,
     // which a death at the start broke, or which the others skipped.
-    if ((RECOVERABLE(st) || (st == DT_OK && lost_start)) && c->resume[0] && !rejoining) {
+    if ((dt_worker_recoverable(st) || (st == DT_OK && lost_start)) && c->resume[0] && !rejoining) {
         st = dt_error(DT_ERR_COMM, "rank %d: a worker died while the run started, before the checkpoint to resume "
                                    "from was shared; a spare cannot resume it (--max-restarts restarts the run)%s%s",
                       rank, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
@@ -573,7 +571,7 @@ again:
             if (st == DT_OK && dyn) st = rebalance(dyn, obs, tops, task, rank, W, nunits, step + 1);
             if (st != DT_OK) {
                 st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
-                if (RECOVERABLE(st)) goto recover;
+                if (dt_worker_recoverable(st)) goto recover;
                 goto done;
             }
             bytes_sent += dt_obs_bytes_sent(obs) - sent0;
@@ -611,7 +609,7 @@ again:
                         if (st == DT_OK) st = tops->evaluate(task, alone ? NULL : comm, step, train_loss, &tl, &ta);
                         if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
                         dt_obs_end(obs, DT_OBS_EVAL);
-                        if (RECOVERABLE(st)) goto recover;  // the evaluation is not redone
+                        if (dt_worker_recoverable(st)) goto recover;  // the evaluation is not redone
                         if (st != DT_OK) goto done;
                         res->test_loss = tl;
                         res->test_accuracy = ta;
@@ -646,7 +644,7 @@ again:
         int from;
         if ((st = dt_run_ckpt_share(&ck, &ts, have_state, &from)) != DT_OK) {
             st = dt_error(st, "rank %d, taking the state of a replica: %s", rank, dt_last_error());
-            if (RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
+            if (dt_worker_recoverable(st)) {  // another death meanwhile: again, with a new generation
                 if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
                 goto recover;
             }
@@ -657,7 +655,7 @@ again:
         int lost = 0;
         if (sops->take_over && (st = sops->take_over(strat, have_state || ts.step == 0, &lost)) != DT_OK) {
             st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
-            if (!lost && RECOVERABLE(st)) {  // another death meanwhile: again, with a new generation
+            if (!lost && dt_worker_recoverable(st)) {  // another death meanwhile: again, with a new generation
                 if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
                 goto recover;
             }
@@ -682,7 +680,6 @@ again:
         dt_heartbeat(step);
         goto again;
     }
-#undef RECOVERABLE
     if (stop) {  // asked to stop: the checkpoint has the state, no final files
         dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
         res->stopped = 1;

@@ -1506,6 +1506,7 @@ static dt_status survive(server *sv, int wi, dt_status st) {
 static dt_status tend(server *sv, int *moved) {
     for (int wi = 0; wi < sv->N; wi++) {
         peer *p = &sv->w[wi];
+        if (!p->dropped && !p->ended) continue;  // taking part: nothing to tend
         int inc, state = dt_comm_peer_state(sv->all, p->rank, &inc);
         // A worker that died after its END to this server (before another's):
         // its replacement is let in as any, and only ends (JOINED says so).

@@ -68,13 +68,15 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
     // A death here with spares (--spares): the spare in the dead rank's
     // place joins, and the start's state comes from a replica (dt_train).
-    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0 && (st = dt_barrier(*comm)) != DT_OK &&
-        (dt_worker_spares() <= 0 || (st != DT_ERR_COMM && st != DT_ERR_TIMEOUT) ||
-         (st = dt_comm_rejoin(*comm, 0)) != DT_OK)) {
-        st = dt_error(st, "rank %d, joining the group: %s", dt_comm_rank(*comm), dt_last_error());
-        dt_worker_exit(*comm, st);
-        *comm = NULL;
-        return st;
+    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0) {
+        st = dt_barrier(*comm);
+        if (dt_worker_recoverable(st)) st = dt_comm_rejoin(*comm, 0);
+        if (st != DT_OK) {
+            st = dt_error(st, "rank %d, joining the group: %s", dt_comm_rank(*comm), dt_last_error());
+            dt_worker_exit(*comm, st);
+            *comm = NULL;
+            return st;
+        }
     }
     if ((st = dt_fault_start(dt_comm_rank(*comm))) != DT_OK) {
         dt_worker_exit(*comm, st);
@@ -86,6 +88,10 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
 int dt_worker_spares(void) {
     const char *k = getenv("DTRAIN_SPARES");
     return k && atoi(k) > 0 ? atoi(k) : 0;
+}
+
+int dt_worker_recoverable(dt_status st) {
+    return (st == DT_ERR_COMM || st == DT_ERR_TIMEOUT) && dt_worker_spares() > 0;
 }
 
 dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir) {

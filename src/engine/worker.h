@@ -24,6 +24,9 @@ const char *dt_worker_mem_cap(void);
  * without: a rank whose collective fails on a peer's death then waits for
  * a spare and goes on (engine/loop.c). */
 int dt_worker_spares(void);
+/* A failure a spare can repair: there are spares and st says a peer died
+ * or hung in a collective (DT_ERR_COMM, DT_ERR_TIMEOUT). */
+int dt_worker_recoverable(dt_status st);
 /* The run directory (rank 0's; NULL: none): created, with config.ini. */
 dt_status dt_worker_run_dir(const dt_config *c, const char *run_dir);
 
