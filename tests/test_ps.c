@@ -128,11 +128,12 @@ static void near_clean(const char *name, double ref, double rloss, double tol, d
 // gradients arrive in, which the machine's load decides (measured on the
 // 1000 images: accuracy 0.907-0.945, test loss 0.563-0.590; on the 100
 // of the other tests one clean run once reached 0.99 where the others
-// reach 0.94, and a correct run was then 0.05 below it). At backup's lower
-// loss, 0.21, which two of the three gradients make each step moved it by
-// up to 0.06, and its accuracy by up to 0.08 (clean 0.978-1.0; with the
-// kill, under the full suite's load, 0.926 at a loss of 0.32, a clean
-// run's 0.30): backup is held to 0.08.
+// reach 0.94, and a correct run was then 0.05 below it). Backup trains 5
+// epochs: after 3 its accuracy sits on an edge of this set, where runs at
+// the same test loss differ by 0.09 (clean runs 0.978 and 1.0 at
+// 0.25-0.30, a run with the kill under the suite's load 0.907 at 0.31);
+// after 5, clean runs and runs with the kill, loaded or not, all reach
+// 1.0 at 0.030-0.038.
 static void faults(void) {
     char dir[400], path[700];
     snprintf(dir, sizeof dir, "%s/faults", g_tmp);
@@ -153,8 +154,7 @@ static void faults(void) {
          "--servers 2 --set ps.staleness=1 --set optim.lr=0.0015", "ssp"},
         {"async-hung", "async", "DTRAIN_FAULT_STEP=0:9:hang", "--servers 2 --heartbeat-timeout 3 --set optim.lr=0.0015",
          "staleness"},
-        {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1",
-         "backup"},
+        {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1 --set train.epochs=5", "backup"},
         // (the others wait for the hung one, held by the bound: they are alive, waiting for a server)
         {"ssp-hung", "ssp", "DTRAIN_FAULT_STEP=0:9:hang",
          "--servers 2 --heartbeat-timeout 3 --set ps.staleness=1 --set optim.lr=0.0015", "ssp"},
@@ -200,7 +200,7 @@ static void faults(void) {
                   ps_number(name, "max_step_gap"));
         printf("%s: a worker %s at step 9 restarted alone in %.1f s\n", cases[i].name,
                strstr(cases[i].env, "hang") ? "hung" : "killed", took);
-        near_clean(name, ref, rloss, strcmp(cases[i].mode, "backup") ? 0.03 : 0.08, 0.15);
+        near_clean(name, ref, rloss, 0.03, 0.15);
     }
     // A worker killed inside a meeting (async, 3 workers, 2 servers,
     // checkpoints every 5 steps; 7 steps an epoch, 21 in all): before the
@@ -304,9 +304,9 @@ static void faults(void) {
     // server, worker 2 slowed; its learning rate is 4 times async's here)
     // the restarted server's step follows the workers' past its
     // checkpoint's: the whole model goes back to step 10 and the workers
-    // behind the furthest have a step dropped, so only that the run ends
-    // and learned is asked: accuracy within 0.2 (measured 0.907-1.0 against
-    // 0.985-1.0), loss within 100% (measured 0.35-0.42 against 0.24-0.28).
+    // behind the furthest have a step dropped. Trained 5 epochs as above,
+    // it is held as the others are (measured accuracy 1.0, loss
+    // 0.037-0.048 against 1.0, 0.030-0.033; the 0.1 floor holds the loss).
     static const struct {
         const char *name, *fault, *from, *back, *env, *flags;
         int servers, ref;  // ref: the case above whose clean runs it is held to
@@ -320,7 +320,7 @@ static void faults(void) {
          "from a worker's weights, its optimizer state fresh", "", "--set ps.mode=async --set optim.lr=0.0015", 2, 0,
          0.03, 0.35},
         {"fault-server-backup", "-1:12:kill", "its range [0, 52650) from ", "from its checkpoint",
-         "DTRAIN_SLOW_RANK=2:30", "--set ps.mode=backup --set ps.backup_workers=1", 1, 3, 0.2, 1.0},
+         "DTRAIN_SLOW_RANK=2:30", "--set ps.mode=backup --set ps.backup_workers=1 --set train.epochs=5", 1, 3, 0.03, 0.35},
     };
     for (size_t i = 0; i < sizeof servers / sizeof *servers; i++) {
         char env[600], more[600], range[128], back[128], back2[128];
