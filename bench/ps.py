@@ -12,7 +12,7 @@ applied or dropped gradient pushed and its weights pulled: 2 x 4 bytes x
 parameters each).
 
     /usr/bin/python3 bench/ps.py [--dtrain BUILD_DIR] [--config configs/fashion-mlp.ini]
-        [--workers 4] [--slow-ms 40 | --slow-factor 2]
+        [--workers 4] [--slow-ms 40 | --slow-factor 2] [--compute-ms T]
         [--cases dp,sync,async,ssp2,backup1,sync-S1,sync-S2] [--steps N] [--set S.K=V]... [--json]
 
 Cases: `dp` allreduce data parallel; `sync`, `async`, `ssp2` (staleness 2),
@@ -27,6 +27,15 @@ Accuracy does not depend on the machine's load; the rates do.
 --slow-factor F slows worker 1 F times (DTRAIN_SLOW_RANK=1:xF: it sleeps
 F - 1 times its own step time, as the machine's load makes it) in place of
 a fixed --slow-ms.
+
+--compute-ms T models compute off this machine's cores: every worker
+sleeps T ms a step besides its real compute, worker 1 F times as long
+(F = --slow-factor, default 2; DTRAIN_SLOW_RANK=*:T,1:(F-1)T). On a
+machine with fewer cores than processes the workers' real compute shares
+the cores, and a slow worker's sleep lends its core to the others, so
+sync loses little to it; with T well above the real step time the cores
+are no longer the bound, as on machines of their own, and what the
+modes gain by not waiting for the slow worker shows.
 """
 import argparse, json, os, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +63,8 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--slow-ms", type=int, default=40)
     ap.add_argument("--slow-factor", type=float, default=0, help="worker 1 F times slower (in place of --slow-ms)")
+    ap.add_argument("--compute-ms", type=float, default=0,
+                    help="every worker sleeps T ms a step (compute modelled off the cores), worker 1 F times as long")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--steps", type=int, default=0, help="max_steps (0: the config's epochs)")
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every run")
@@ -76,7 +87,10 @@ def main():
                 cmd += ["--set", s]
             env = dict(os.environ)
             env.pop("DTRAIN_SLOW_RANK", None)
-            if slowed:
+            if a.compute_ms:
+                more = a.compute_ms * ((a.slow_factor or 2) - 1) if slowed else 0
+                env["DTRAIN_SLOW_RANK"] = f"*:{a.compute_ms:g},1:{more:g}"
+            elif slowed:
                 env["DTRAIN_SLOW_RANK"] = f"1:x{a.slow_factor}" if a.slow_factor else f"1:{a.slow_ms}"
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:

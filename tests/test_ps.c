@@ -212,12 +212,16 @@ static void faults(void) {
     // to: a SAVE again of the step saved, answered from the disk) and step
     // 15's (worker 2, waiting for worker 0), and at the end, after the
     // final weights were fetched (worker 0, which writes them and
-    // summary.json). Its replacement joins the meeting where the others
+    // summary.json), and past the meeting, at the start of step 8, before
+    // its gradient reached the servers (worker 0: the others may still be
+    // in the meeting). Its replacement joins the meeting where the others
     // are, past the barriers its predecessor made (1 or 2 of the
     // evaluation's, 2 of the checkpoint's; at the end 7: the evaluation's 2, step 21's
     // checkpoint's 3, the final weights' 2), and nothing of the meeting is
     // lost: exit 0, every gradient applied, the checkpoints complete, the
-    // accuracy and loss a clean run's.
+    // accuracy and loss a clean run's, and step 7's evaluation made and
+    // recorded once (by the replacement, or by its predecessor, which the
+    // replacement finds in the metrics log).
     static const struct {
         const char *name, *fault;
         int worker, step, made;
@@ -227,6 +231,7 @@ static void faults(void) {
         {"save", "0:10:kill:save", 0, 10, 2},
         {"save-other", "2:15:kill:save", 2, 15, 2},
         {"end", "0:21:kill:end", 0, 21, 7},
+        {"after", "0:8:kill", 0, 7, 2},
     };
     const char *aflags = "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0015 --checkpoint-every 5 "
                          "--max-restarts 1";
@@ -258,10 +263,10 @@ static void faults(void) {
         snprintf(path, sizeof path, "%s/%s/model.safetensors", g_tmp, name);
         CHECK(complete && access(path, F_OK) == 0, "%s: the servers' checkpoints of steps 15, 20, 21 complete, the "
                                                    "final weights written", name);
-        if (!strcmp(meetings[i].name, "eval")) {  // the evaluation of step 7, once, by the replacement
+        if (meetings[i].step == 7) {  // the evaluation of step 7, once (by the replacement, or before the death)
             snprintf(path, sizeof path, "%s/%s/metrics/rank-00000.jsonl", g_tmp, name);
             CHECK(tl_count(path, "\"type\":\"eval\",\"step\":7,") == 1 && tl_count(path, "\"type\":\"eval\",\"step\":0,") == 0,
-                  "eval: worker 0's metrics have step 7's evaluation once (%d), none at step 0 (%d)",
+                  "%s: worker 0's metrics have step 7's evaluation once (%d), none at step 0 (%d)", name,
                   tl_count(path, "\"type\":\"eval\",\"step\":7,"), tl_count(path, "\"type\":\"eval\",\"step\":0,"));
         }
         printf("%s: worker %d killed inside the meeting after step %d: %.1f s\n", name, meetings[i].worker,

@@ -117,10 +117,32 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total) {
     return (dt_schedule){c->sched, peak, c->min_lr, c->warmup_steps, total};
 }
 
+// DTRAIN_SLOW_RANK's entries for `rank` (a list "R:MS" or "R:xF", R a rank
+// or * for every worker): the milliseconds of sleep (factor 0) or the
+// factor (factor 1) they add up to; a factor's entries add F - 1 each.
+static double slow_rank(int rank, int factor) {
+    double sum = 0;
+    for (const char *e = getenv("DTRAIN_SLOW_RANK"); e && *e;) {
+        int r = rank, n = 0;
+        double v;
+        if (*e == '*') {
+            if (rank < 0) r = rank + 1;  // not the servers (negative ranks)
+            n = 1;
+        } else if (sscanf(e, "%d%n", &r, &n) != 1)
+            break;
+        if (e[n] == ':' && r == rank) {
+            if (factor && e[n + 1] == 'x' && sscanf(e + n + 2, "%lf", &v) == 1 && v > 1) sum += v - 1;
+            if (!factor && e[n + 1] != 'x' && sscanf(e + n + 1, "%lf", &v) == 1 && v > 0) sum += v;
+        }
+        e = strchr(e, ',');
+        if (e) e++;
+    }
+    return sum;
+}
+
 dt_status dt_fault_step(int rank, int64_t step) {
-    const char *slow = getenv("DTRAIN_SLOW_RANK");
-    int r, ms;
-    if (slow && sscanf(slow, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) usleep((useconds_t)ms * 1000);
+    double ms = slow_rank(rank, 0);
+    if (ms > 0) usleep((useconds_t)(ms * 1000));
     return dt_fault_at(rank, step, NULL);
 }
 
@@ -158,11 +180,8 @@ dt_status dt_fault_at(int rank, int64_t step, const char *place) {
 }
 
 void dt_fault_slow(int rank, double seconds) {
-    const char *slow = getenv("DTRAIN_SLOW_RANK");
-    int r;
-    double f;
-    if (slow && sscanf(slow, "%d:x%lf", &r, &f) == 2 && r == rank && f > 1 && seconds > 0)
-        usleep((useconds_t)((f - 1) * seconds * 1e6));
+    double more = slow_rank(rank, 1);
+    if (more > 0 && seconds > 0) usleep((useconds_t)(more * seconds * 1e6));
 }
 
 void dt_fault_slow_layer(int rank, int layer) {

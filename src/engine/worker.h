@@ -63,6 +63,10 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_SLOW_RANK=R:xF  rank R is F times slower: after each
  *       micro-batch's forward and backward it sleeps F - 1 times as long
  *       (dt_fault_slow);
+ *   DTRAIN_SLOW_RANK=*:20,1:20  both forms take a list, R * for every
+ *       worker (not the servers); a rank's entries add up (here rank 1
+ *       sleeps 40 ms a step, the others 20: compute modelled as time
+ *       spent off this machine's cores);
  *   DTRAIN_FAULT_OVERFLOW=R:S  rank R finds an inf among its gradients at
  *       step S (fp16's loss scaling, which every rank must then skip);
  *   DTRAIN_SLOW_LAYER=R:L:MS  rank R sleeps MS milliseconds in each timed

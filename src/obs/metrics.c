@@ -640,6 +640,26 @@ void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accura
     }
 }
 
+int dt_obs_logged_eval(dt_obs *o, int64_t step, float *eval_loss, float *eval_accuracy) {
+    FILE *f = o && o->log_path[0] ? fopen(o->log_path, "r") : NULL;
+    if (!f) return 0;
+    char key[64], line[8192];
+    snprintf(key, sizeof key, "\"type\":\"eval\",\"step\":%lld,", (long long)step);
+    int found = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, key)) {  // the last one, should there be several
+            cJSON *j = cJSON_Parse(line), *l = cJSON_GetObjectItem(j, "loss"), *a = cJSON_GetObjectItem(j, "accuracy");
+            if (cJSON_IsNumber(l)) {
+                found = 1;
+                *eval_loss = (float)l->valuedouble;
+                *eval_accuracy = cJSON_IsNumber(a) ? (float)a->valuedouble : -1;
+            }
+            cJSON_Delete(j);
+        }
+    fclose(f);
+    return found;
+}
+
 dt_status dt_obs_close(dt_obs *o, dt_status st) {
     if (!o) return st;
     char saved[1024];

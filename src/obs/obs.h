@@ -119,6 +119,10 @@ void dt_obs_at(dt_obs *o, const dt_obs_step_info *s);
 /* An evaluation just ended, after the last step recorded (accuracy < 0:
  * none); train_loss is the training loss to show beside it. */
 void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accuracy);
+/* Whether this rank's metrics log already holds an evaluation at `step`
+ * (made by the process this one replaces, before it died); its loss and
+ * accuracy (-1: none) then. 0 without a log. */
+int dt_obs_logged_eval(dt_obs *o, int64_t step, float *eval_loss, float *eval_accuracy);
 /* A model-parallel step as one rank ran it: a "schedule" record of its
  * metrics log (dtrain report draws the stages' records of one step as the
  * pipeline timeline). Each span is a forward (fwd = 1) or backward of
