@@ -544,6 +544,20 @@ again:
                 dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
                 goto meet;
             }
+            if (strat->skip_steps > 0) {  // a step made without this rank (ps.c, backup): its batch passed over
+                dt_task_batch b;
+                int more;
+                strat->skip_steps--;
+                if ((st = tops->next_batch(task, &rng, &b, &more)) != DT_OK) goto done;
+                if (!more) {  // (never: no step is made past a meeting, at the epoch's end, without every rank)
+                    strat->skip_steps = 0;
+                    break;
+                }
+                step++;
+                ebatch++;
+                dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
+                goto meet;
+            }
             if (pieces && strat->unit < 0) break;  // this epoch's pieces are all out
             int64_t piece = pieces ? strat->unit % strat->units : -1, at = step;  // at: the schedule's step
             double t0 = dt_now();

@@ -132,7 +132,7 @@ enum {
 // computed from and its own; the last bin counts HIST_MAX and above),
 // then the figures below.
 enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
-       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_PIECES, ST_N };
+       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_PIECES, ST_SKIPPED, ST_N };
 
 static const char *kind_name(int64_t k) {
     static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES",
@@ -861,6 +861,17 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
     w->step++;
     w->cseq = (int64_t)dt_comm_seq(s->comm);
     dt_optim_begin_step(s->opt);  // the step count that checkpoints keep
+    // Backup: a worker whose gradient came late finds every server past
+    // its next step too when it is slow for good; it catches up instead
+    // of computing gradients that would be dropped: it skips the steps
+    // every server has made (their least step, H_B), and the loop passes
+    // their batches over (skip_steps). Only a lasting straggler skips: one
+    // late by less than a step goes on with the next.
+    if (s->c->ps_mode == MODE_BACKUP) {
+        int64_t to = INT64_MAX;
+        for (int j = 0; j < S; j++) to = h[S + j][H_B] < to ? h[S + j][H_B] : to;
+        for (; to > w->step && to != INT64_MAX; w->step++, s->skip_steps++) dt_optim_begin_step(s->opt);
+    }
     return DT_OK;
 }
 
@@ -1272,10 +1283,23 @@ static int64_t hand_out(server *sv, peer *p) {
     return p->doing;
 }
 
+// Backup: a late worker catches up (ps_update): a message of a later step
+// than this server has it at says that it skipped the steps every server
+// had made without it, so the step is at most this server's.
+static void catch_up(server *sv, peer *p) {
+    int64_t to = p->h[H_STEP], k = p->h[H_KIND];
+    if (sv->mode != MODE_BACKUP || (k != M_PUSH && k != M_FETCH && k != M_SAVE && k != M_END) || to <= p->step ||
+        to > sv->step || p->got || p->committed)
+        return;
+    sv->stats[ST_SKIPPED] += to - p->step;
+    p->step = to;
+}
+
 // One header from worker wi.
 static dt_status handle(server *sv, int wi) {
     peer *p = &sv->w[wi];
     dt_status st = DT_OK;
+    catch_up(sv, p);
     switch (p->h[H_KIND]) {
     case M_PUSH:
         if ((st = take_push(sv, wi)) == DT_OK && p->got == sv->len) p->arrived = ++sv->arrivals;
@@ -1557,10 +1581,12 @@ static dt_status tend(server *sv, int *moved) {
 // The weights to worker wi (blocking: an update may follow at once), with
 // the staleness its gradient was applied at (-1: dropped) and, from server
 // 0 with dynamic sharing, the next piece it is to train (hand_out).
+// (Backup: H_B says the step this server collects, which a late worker
+// catches up with.)
 static dt_status reply(server *sv, int wi) {
     peer *p = &sv->w[wi];
-    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, p->stale, 0,
-                      sv->me == 0 && p->unit > 0 ? hand_out(sv, p) : 0};
+    int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, p->stale,
+                      sv->mode == MODE_BACKUP ? sv->step : 0, sv->me == 0 && p->unit > 0 ? hand_out(sv, p) : 0};
     dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
     if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, sv->w[wi].rank, sv->all);
     p->sent = sv->version;
@@ -1996,6 +2022,7 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "groups", w->group ? w->G : 0);
     cJSON_AddNumberToObject(ps, "applied", (double)t[ST_APPLIED]);
     cJSON_AddNumberToObject(ps, "dropped", (double)t[ST_DROPPED]);
+    if (s->c->ps_mode == MODE_BACKUP) cJSON_AddNumberToObject(ps, "skipped", (double)t[ST_SKIPPED]);
     cJSON_AddNumberToObject(ps, "max_step_gap", (double)t[ST_MAX_GAP]);
     cJSON_AddNumberToObject(ps, "min_gradients_per_step", (double)t[ST_MIN_PER_STEP]);
     cJSON_AddNumberToObject(ps, "max_gradients_per_step", (double)t[ST_MAX_PER_STEP]);

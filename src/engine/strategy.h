@@ -201,6 +201,8 @@ struct dt_strategy {
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
     int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps.c) */
+    int64_t skip_steps;        /* steps made without this rank, which it catches up with: the loop passes
+                                  their batches over, untrained (parameter servers, mode backup: ps.c) */
     int64_t units;             /* [ps] share = dynamic: the pieces of an epoch's batches (steps x workers),
                                   which the servers hand to whichever worker is free (0: every rank trains
                                   its own share of every batch); set by the loop */

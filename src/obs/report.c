@@ -497,9 +497,10 @@ static void staleness_chart(FILE *f, const char *run_dir) {
     }
     double ymax = 1;
     cJSON_ArrayForEach(e, h) ymax = fmax(ymax, cJSON_IsNumber(e) ? e->valuedouble : 0);
-    char title[160];
-    snprintf(title, sizeof title, "Staleness of the applied gradients (server 0, mode %s; %.0f dropped)",
-             cJSON_IsString(mode) ? mode->valuestring : "?", get(ps, "dropped", 0));
+    char title[200], skipped[64] = "";
+    if (cJSON_GetObjectItem(ps, "skipped")) snprintf(skipped, sizeof skipped, ", %.0f skipped", get(ps, "skipped", 0));
+    snprintf(title, sizeof title, "Staleness of the applied gradients (server 0, mode %s; %.0f dropped%s)",
+             cJSON_IsString(mode) ? mode->valuestring : "?", get(ps, "dropped", 0), skipped);
     fputs("<h2>Staleness</h2>\n", f);
     chart_open(f, "staleness", title);
     box b = {0, n, 0, ymax * 1.05};
