@@ -538,7 +538,7 @@ again:
         if (pieces) strat->unit = e * strat->units + rank;  // every worker's first piece is its own share of batch 0
         while (!stop && (pieces || step < total || owed)) {
             dt_control ctl = {0};
-            int again = owed;  // this step's meeting, which its predecessor may have made in part
+            int redo = owed;  // this step's meeting, which its predecessor may have made in part
             if (owed) {  // a replacement: the meeting after its predecessor's last step, then on
                 owed = 0;
                 dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
@@ -617,7 +617,7 @@ again:
                     float tl, ta;
                     if ((st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
                     if ((st = dt_fault_at(rank, step, "eval")) != DT_OK) goto done;  // (a test's fault)
-                    if (again && alone && rank == 0 && dt_obs_logged_eval(obs, step, &tl, &ta)) {
+                    if (redo && alone && rank == 0 && dt_obs_logged_eval(obs, step, &tl, &ta)) {
                         dt_log(DT_LOG_INFO, "worker 0 (restarted): the evaluation after step %lld is in its "
                                             "predecessor's metrics log; not done again", (long long)step);
                         res->test_loss = tl;
