@@ -475,6 +475,10 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         ts.epoch = (owed ? at - 1 : at) / spe0;
         ts.epoch_batch = at - ts.epoch * spe0;
         ck.last_step = every > 0 ? at - (owed && at % every == 0 ? every : at % every) : at;
+        if (strat->rejoin_pieces) {  // dynamic sharing: the workers' steps say nothing of the epoch; server 0 does
+            ts.epoch = strat->rejoin_epoch;
+            ts.epoch_batch = strat->unit < 0 ? spe0 : 0;  // (spe: its epoch's end, whose meeting it runs first)
+        }
     }
     ck.obs = obs;
     dt_rng rng = ts.rng;
@@ -532,10 +536,12 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     double failed_at = 0;
     if (newcomer || lost_start) goto recover;
 again:
+    int64_t first_epoch = ts.epoch;
     for (int e = (int)ts.epoch; e < epochs && (pieces || step < total || owed) && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
         tops->start_epoch(task, e, ebatch);
-        if (pieces) strat->unit = e * strat->units + rank;  // every worker's first piece is its own share of batch 0
+        // every worker's first piece is its own share of batch 0 (a replacement's first: server 0's word)
+        if (pieces && !(strat->rejoin_pieces && e == first_epoch)) strat->unit = e * strat->units + rank;
         while (!stop && (pieces || step < total || owed)) {
             dt_control ctl = {0};
             int redo = owed;  // this step's meeting, which its predecessor may have made in part

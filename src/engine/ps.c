@@ -1004,6 +1004,11 @@ static dt_status rejoin(ps_worker *w) {
                           s->rank, j, kind_name(h[H_KIND]));
         if (st == DT_OK) st = dt_recv(s->params + w->slo[j], w->shi[j] - w->slo[j], DT_F32, j, s->all);
         if (st == DT_OK) w->ver[j] = h[H_VERSION];
+        if (st == DT_OK && j == 0 && s->c->ps_share && h[H_B] >= 0) {  // dynamic sharing: where it goes on
+            s->rejoin_pieces = 1;
+            s->rejoin_epoch = h[H_B];
+            s->unit = h[H_C];
+        }
     }
     if (st != DT_OK) return dt_error(st, "worker %d, rejoining the servers: %s", s->rank, dt_last_error());
     w->step = m;
@@ -1283,6 +1288,24 @@ static int64_t hand_out(server *sv, peer *p) {
     return p->doing;
 }
 
+// Dynamic sharing: where a replacement for worker p goes on (RESUME's
+// reply from server 0): the piece its predecessor was training, which
+// nobody else has (*piece, in *epoch), or, when its epoch's pieces were all
+// out (it was going to the meeting at that epoch's end, or was in it, or
+// past it with its next epoch's first piece given it), -1 and the epoch of
+// its last piece: it runs that meeting, then the next epoch from its own
+// first piece. -1, -1 without pieces yet (the loop's own start).
+static void rejoin_piece(server *sv, const peer *p, int64_t *epoch, int64_t *piece) {
+    int64_t U = sv->units, last = U > 0 && p->unit > 0 ? (p->unit - 1) / U : -1;
+    if (U > 0 && p->doing >= 0 && (last < 0 || p->doing / U == last)) {
+        *epoch = p->doing / U;
+        *piece = p->doing;
+    } else if (last >= 0) {
+        *epoch = last;
+        *piece = -1;
+    }
+}
+
 // Backup: a late worker catches up (ps_update): a message of a later step
 // than this server has it at says that it skipped the steps every server
 // had made without it, so the step is at most this server's.
@@ -1359,7 +1382,8 @@ static dt_status handle(server *sv, int wi) {
             dt_log(DT_LOG_WARN, "server 0: worker %d rejoined at server version %lld, with its step %lld", wi,
                    (long long)sv->version, (long long)p->step + 1);
         {
-            int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, 0, 0};
+            int64_t h[H_N] = {M_WEIGHTS, p->step - 1, sv->version, (int64_t)sv->lo, (int64_t)sv->len, 0, -1, -1};
+            if (sv->me == 0) rejoin_piece(sv, p, &h[H_B], &h[H_C]);
             st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
             if (st == DT_OK) st = dt_send(sv->params, sv->len, DT_F32, p->rank, sv->all);
             p->sent = sv->version;
@@ -1814,6 +1838,9 @@ static dt_status start(server *sv) {
 // HELLOs; the first brings the model's description, with which it takes
 // its range from the newest checkpoint (restore).
 static dt_status restart(server *sv) {
+    if (sv->c->ps_share && sv->me == 0)  // (docs/parameter-server.md: not done)
+        return dt_error(DT_ERR_COMM, "server 0 restarted: with [ps] share = dynamic it held the hand-out of the "
+                                     "epoch's pieces, which died with it; the run cannot go on");
     if (!(sv->w = calloc((size_t)sv->N, sizeof *sv->w))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     for (int wi = 0; wi < sv->N; wi++) {
         sv->w[wi].rank = sv->S + wi;

@@ -201,6 +201,10 @@ struct dt_strategy {
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
     int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps.c) */
+    int rejoin_pieces;         /* [ps] share = dynamic: the servers said where it goes on: in epoch
+                                  rejoin_epoch with the piece `unit`, or after the meeting at that
+                                  epoch's end (unit -1: its pieces were all out) */
+    int64_t rejoin_epoch;
     int64_t skip_steps;        /* steps made without this rank, which it catches up with: the loop passes
                                   their batches over, untrained (parameter servers, mode backup: ps.c) */
     int64_t units;             /* [ps] share = dynamic: the pieces of an epoch's batches (steps x workers),

@@ -587,10 +587,6 @@ int cmd_train(int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (c.ps_servers > 0 && a.workers == 0) a.workers = a.min_workers = 1;  // one worker besides the servers
-    if (c.ps_servers > 0 && c.ps_share && a.max_restarts > 0) {  // (docs/parameter-server.md, not done yet)
-        cli_error("--max-restarts: [ps] share = dynamic does not yet hand a dead worker's piece out again");
-        return EXIT_USAGE;
-    }
     if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
