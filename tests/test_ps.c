@@ -622,6 +622,7 @@ static void dynamic_share(void) {
     rc = train(env, "dyn-server", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
                                   "--set optim.lr=0.0015 --max-restarts 1");
     CHECK(rc != 0 && strstr(g_out, "server 0 restarted: with [ps] share = dynamic it held the hand-out") &&
+              strstr(g_out, "server 0 failed; giving up after 1 restart") &&
               dt_now() - t0 < 120,
           "dynamic sharing, server 0 killed: exit %d (not 0), the reason named, in %.1f s\n%s", rc, dt_now() - t0,
           g_out);

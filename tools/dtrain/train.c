@@ -497,6 +497,9 @@ static int supervise(const args_t *a, const dt_config *c) {
             continue;
         }
         const char *why = r.hung ? "hung" : r.signal ? strsignal(r.signal) : "failed";
+        char who[32];  // with parameter servers, the first ranks are the servers
+        if (r.failed_rank < c->ps_servers) snprintf(who, sizeof who, "server %d", r.failed_rank);
+        else snprintf(who, sizeof who, "worker %d", r.failed_rank - c->ps_servers);
         if (!failed_at) {
             failed_at = r.failed_at;
             failed_step = r.last_step;
@@ -504,8 +507,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         if (elastic && r.failed_early && n - replica_ranks(c) >= a->min_workers) {
             // The worker could not come back: go on without it (and its replica's other ranks).
             n -= replica_ranks(c);
-            dt_log(DT_LOG_WARN, "elastic: worker %d (%s) could not %s; continuing with %d workers (minimum %d)",
-                   r.failed_rank, why, growing ? "join" : "come back", n, a->min_workers);
+            dt_log(DT_LOG_WARN, "elastic: %s (%s) could not %s; continuing with %d workers (minimum %d)", who, why, growing ? "join" : "come back", n, a->min_workers);
             if (growing) {  // a failed attempt to grow is not a restart
                 growing = 0;
                 continue;
@@ -514,15 +516,15 @@ static int supervise(const args_t *a, const dt_config *c) {
         growing = 0;
         if (restarts >= a->max_restarts) {
             if (a->max_restarts > 0)
-                cli_error("worker %d %s; giving up after %d restart%s", r.failed_rank, why, restarts,
+                cli_error("%s %s; giving up after %d restart%s", who, why, restarts,
                           restarts == 1 ? "" : "s");
             return EXIT_RUNTIME;
         }
         restarts++;
         char at[48] = " before the first step";
         if (r.last_step >= 0) snprintf(at, sizeof at, " at step %lld", (long long)r.last_step);
-        dt_log(DT_LOG_WARN, "worker %d %s%s; restarting %d worker%s from the newest checkpoint (restart %d of %d)",
-               r.failed_rank, why, at, n, n > 1 ? "s" : "", restarts, a->max_restarts);
+        dt_log(DT_LOG_WARN, "%s %s%s; restarting %d worker%s from the newest checkpoint (restart %d of %d)", who, why,
+               at, n, n > 1 ? "s" : "", restarts, a->max_restarts);
     }
 }
 
