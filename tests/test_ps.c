@@ -295,6 +295,23 @@ static void faults(void) {
         CHECK(tl_count(path, "\"type\":\"eval\",\"step\":21,") == 1, "%s: the final evaluation recorded once (%d)",
               name, tl_count(path, "\"type\":\"eval\",\"step\":21,"));
     }
+    // With a trace, worker 1 killed after the trace's closing barrier,
+    // before its END: its replacement joins the end's meeting past every
+    // barrier its predecessor made, the trace's too, and the run ends with
+    // the trace merged (every rank's process named in it).
+    {
+        char env[600], flags[1200], trace[600];
+        snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=1:21:kill:closed DTRAIN_FAULT_ONCE=%s/once-closed", g_tmp);
+        snprintf(trace, sizeof trace, "%s/closed-trace.json", g_tmp);
+        snprintf(flags, sizeof flags, "%s --trace %s", aflags, trace);
+        int rc = train(env, "closed", flags);
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9") && strstr(g_out, "restarting it alone (restart 1 of 1") &&
+                  strstr(g_out, "worker 1 (restarted, incarnation 1) rejoined at server version ") &&
+                  strstr(g_out, "inside the meeting after step 21") && tl_count(trace, "\"name\":\"rank 2\"") == 1 &&
+                  tl_count(trace, "\"name\":\"rank 0\"") == 1,
+              "worker 1 killed after the trace's closing barrier: exit %d, rejoined the end's meeting, the trace "
+              "merged\n%s", rc, g_out);
+    }
     // A server killed after step 12 (async, checkpoints every 5 steps,
     // written by the servers: each its range) is restarted alone from its
     // range of step 10's checkpoint while the workers wait for it and push

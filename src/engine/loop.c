@@ -741,7 +741,9 @@ again:
     }
 done:
     dt_kernels_set_weights(NULL, 0);
+    if (strat && strat->skip_barriers > 0) dt_obs_leave(obs);  // its predecessor made the trace's closing barrier
     st = dt_obs_close(obs, st);
+    if (st == DT_OK && res->steps > 0) st = dt_fault_at(rank, res->steps, "closed");  // (a test's fault)
     dt_strategy_free(strat);  // its transfers end before the communicator does
     dt_dynbatch_free(dyn);
     if (task && tops->close) tops->close(task);

@@ -322,7 +322,6 @@ typedef struct {
     int G;
     int64_t stats[ST_N];  // server 0's, from the last params_sync (ps_summary)
     int64_t cseq;         // the workers' collectives made before this worker's last committed step (-1: none yet)
-    uint64_t skip;        // a replacement: the meeting's collectives its predecessor had made (meet)
     dt_comm_t group;      // [ps] groups: this worker's group (NULL: none)
     dt_codec *codec;      // [compression]: what the pushes are encoded with (NULL: none, fp32)
     int leader;           // this worker talks to the servers
@@ -880,12 +879,12 @@ static dt_status ps_update(dt_strategy *s, float lr, float scale) {
 // meetings' only collectives (worker 0 evaluates alone: loop.c), so a
 // replacement for a worker that died inside a meeting joins it where the
 // others are: it runs the meeting again and skips the barriers its
-// predecessor had made (w->skip, from rejoin), which the others are past.
+// predecessor had made (skip_barriers, from rejoin), which the others are past.
 static dt_status meet(ps_worker *w) {
     dt_strategy *s = &w->base;
     if (!s->own_pace || s->world < 2) return DT_OK;
-    if (w->skip > 0) {
-        w->skip--;
+    if (s->skip_barriers > 0) {
+        s->skip_barriers--;
         return DT_OK;
     }
     return dt_barrier(s->comm);
@@ -1018,11 +1017,11 @@ static dt_status rejoin(ps_worker *w) {
     // A step made since the start (cseq known): the meeting after it, if
     // there is one, is run again, without the barriers already made.
     s->rejoin_meet = cseq >= 0;
-    w->skip = cseq >= 0 ? made - (uint64_t)cseq : 0;
-    if (w->skip > 0)
+    s->skip_barriers = cseq >= 0 ? made - (uint64_t)cseq : 0;
+    if (s->skip_barriers > 0)
         dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld inside the meeting "
                             "after step %lld (its predecessor had made %llu of its barriers): joining it there",
-               s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m, (unsigned long long)w->skip);
+               s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m, (unsigned long long)s->skip_barriers);
     else
         dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step "
                             "%lld", s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);

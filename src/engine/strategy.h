@@ -201,6 +201,8 @@ struct dt_strategy {
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
     int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps.c) */
+    uint64_t skip_barriers;    /* ... the workers' barriers its predecessor had made past its last step,
+                                  which it skips: the meetings' (ps.c), then the trace's closing one */
     int rejoin_pieces;         /* [ps] share = dynamic: the servers said where it goes on: in epoch
                                   rejoin_epoch with the piece `unit`, or after the meeting at that
                                   epoch's end (unit -1: its pieces were all out) */
