@@ -587,14 +587,15 @@ static void dynamic_share(void) {
     printf("dynamic sharing, ssp 1: pieces per worker %d, %d, %d (worker 2 slowed)\n", per[0], per[1], per[2]);
     // A worker killed while it trains a piece (worker 1 at its step 5, in
     // epoch 1; worker 0, which evaluates and writes the files, at its step
-    // 12; worker 2, the slow one, at its step 3 in ssp) is restarted alone,
+    // 3; worker 2, the slow one, at its step 3 in ssp; each trains its own
+    // first piece of each of the 3 epochs at least) is restarted alone,
     // and its replacement trains the piece its predecessor had, which
     // nobody else got: every piece of every epoch is still trained once.
     static const struct {
         const char *name, *fault, *flags;
     } kills[] = {
         {"dyn-kill1", "1:5:kill", "--set ps.mode=async"},
-        {"dyn-kill0", "0:12:kill", "--set ps.mode=async"},
+        {"dyn-kill0", "0:3:kill", "--set ps.mode=async"},
         {"dyn-kill2-ssp", "2:3:kill", "--set ps.mode=ssp --set ps.staleness=1"},
     };
     char env[600];
@@ -614,15 +615,17 @@ static void dynamic_share(void) {
               ps_number(kills[i].name, "workers_rejoined"), ps_number(kills[i].name, "pieces"), 3 * spe * 3, g_out);
         printf("%s: pieces per worker %d, %d, %d; each trained once\n", kills[i].name, per[0], per[1], per[2]);
     }
-    // The slow worker killed in the meeting at an epoch's end, once it
-    // fetched the weights (at whichever of its steps 1-3 it is then; each
-    // fault fires once, with up to 3 restarts): its replacement learns
+    // The slow worker killed in the meetings at the epochs' ends, once it
+    // fetched the weights (at whichever of its steps 1-8 it is then, 1-3
+    // at the first meeting when quiet; each fault fires once, with up to 8
+    // restarts): its replacement learns
     // from server 0 that its epoch's pieces were all out, joins the
     // meeting, and goes on with its next epoch's first piece.
-    snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=2:1:kill:fetch,2:2:kill:fetch,2:3:kill:fetch "
-             "DTRAIN_FAULT_ONCE=%s/once-dyn-meeting", slow, g_tmp);
+    char at[400] = "";  // 2:1:kill:fetch,2:2:kill:fetch,...
+    for (int k = 1; k <= 8; k++) snprintf(at + strlen(at), sizeof at - strlen(at), "%s2:%d:kill:fetch", k > 1 ? "," : "", k);
+    snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-dyn-meeting", slow, at, g_tmp);
     rc = train(env, "dyn-meeting", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
-                                   "--set optim.lr=0.0015 --max-restarts 3");
+                                   "--set optim.lr=0.0015 --max-restarts 8");
     bad = rc == 0 ? pieces_of("dyn-meeting", 3, 3, spe, per) : -1;
     int deaths = 0;
     for (const char *q = g_out; (q = strstr(q, "killed by signal 9")); q++) deaths++;

@@ -474,7 +474,8 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         ts.step = at;
         ts.epoch = (owed ? at - 1 : at) / spe0;
         ts.epoch_batch = at - ts.epoch * spe0;
-        ck.last_step = every > 0 ? at - (owed && at % every == 0 ? every : at % every) : at;
+        // (the save the meeting it owes may make: every K steps, or at the end)
+        ck.last_step = every > 0 ? at - (owed && at % every == 0 ? every : at % every) : owed ? at - 1 : at;
         if (strat->rejoin_pieces) {  // dynamic sharing: the workers' steps say nothing of the epoch; server 0 does
             ts.epoch = strat->rejoin_epoch;
             ts.epoch_batch = strat->unit < 0 ? spe0 : 0;  // (spe: its epoch's end, whose meeting it runs first)
