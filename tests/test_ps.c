@@ -154,7 +154,8 @@ static void faults(void) {
          "--servers 2 --set ps.staleness=1 --set optim.lr=0.0015", "ssp"},
         {"async-hung", "async", "DTRAIN_FAULT_STEP=0:9:hang", "--servers 2 --heartbeat-timeout 3 --set optim.lr=0.0015",
          "staleness"},
-        {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill", "--servers 1 --set ps.backup_workers=1 --set train.epochs=5", "backup"},
+        {"backup", "backup", "DTRAIN_SLOW_RANK=2:30 DTRAIN_FAULT_STEP=1:9:kill",
+         "--servers 1 --set ps.backup_workers=1 --set train.epochs=5", "backup"},
         // (the others wait for the hung one, held by the bound: they are alive, waiting for a server)
         {"ssp-hung", "ssp", "DTRAIN_FAULT_STEP=0:9:hang",
          "--servers 2 --heartbeat-timeout 3 --set ps.staleness=1 --set optim.lr=0.0015", "ssp"},
@@ -622,7 +623,8 @@ static void dynamic_share(void) {
     // from server 0 that its epoch's pieces were all out, joins the
     // meeting, and goes on with its next epoch's first piece.
     char at[400] = "";  // 2:1:kill:fetch,2:2:kill:fetch,...
-    for (int k = 1; k <= 8; k++) snprintf(at + strlen(at), sizeof at - strlen(at), "%s2:%d:kill:fetch", k > 1 ? "," : "", k);
+    for (int k = 1; k <= 8; k++)
+        snprintf(at + strlen(at), sizeof at - strlen(at), "%s2:%d:kill:fetch", k > 1 ? "," : "", k);
     snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-dyn-meeting", slow, at, g_tmp);
     rc = train(env, "dyn-meeting", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
                                    "--set optim.lr=0.0015 --max-restarts 8");

@@ -1021,7 +1021,8 @@ static dt_status rejoin(ps_worker *w) {
     if (s->skip_barriers > 0)
         dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld inside the meeting "
                             "after step %lld (its predecessor had made %llu of its barriers): joining it there",
-               s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m, (unsigned long long)s->skip_barriers);
+               s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m,
+               (unsigned long long)s->skip_barriers);
     else
         dt_log(DT_LOG_WARN, "worker %d (restarted, incarnation %d) rejoined at server version %lld: going on with step "
                             "%lld", s->rank, dt_comm_incarnation(s->all), (long long)w->ver[0], (long long)m + 1);

@@ -507,7 +507,8 @@ static int supervise(const args_t *a, const dt_config *c) {
         if (elastic && r.failed_early && n - replica_ranks(c) >= a->min_workers) {
             // The worker could not come back: go on without it (and its replica's other ranks).
             n -= replica_ranks(c);
-            dt_log(DT_LOG_WARN, "elastic: %s (%s) could not %s; continuing with %d workers (minimum %d)", who, why, growing ? "join" : "come back", n, a->min_workers);
+            dt_log(DT_LOG_WARN, "elastic: %s (%s) could not %s; continuing with %d workers (minimum %d)", who, why,
+                   growing ? "join" : "come back", n, a->min_workers);
             if (growing) {  // a failed attempt to grow is not a restart
                 growing = 0;
                 continue;
@@ -516,8 +517,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         growing = 0;
         if (restarts >= a->max_restarts) {
             if (a->max_restarts > 0)
-                cli_error("%s %s; giving up after %d restart%s", who, why, restarts,
-                          restarts == 1 ? "" : "s");
+                cli_error("%s %s; giving up after %d restart%s", who, why, restarts, restarts == 1 ? "" : "s");
             return EXIT_RUNTIME;
         }
         restarts++;
