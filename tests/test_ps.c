@@ -532,7 +532,8 @@ static void modes(void) {
 // once, by one worker, and the fast workers train more of them than the
 // slow one. From the workers' step records ("batch", "part") and server
 // 0's count of the pieces it applied.
-static int pieces_of(const char *run, int W, int epochs, int spe, int *per) {
+// (Epochs first.. epochs - 1 of the run's: a resumed run's.)
+static int pieces_of(const char *run, int W, int first, int epochs, int spe, int *per) {
     int n = epochs * spe * W, bad = 0;
     int *seen = calloc((size_t)n, sizeof *seen);
     for (int r = 0; r < W; r++) {
@@ -548,7 +549,7 @@ static int pieces_of(const char *run, int W, int epochs, int spe, int *per) {
                 continue;
             }
             int ep = atoi(e + 8) - 1, bt = atoi(b + 8), pt = atoi(p + 7);
-            if (ep < 0 || ep >= epochs || bt < 0 || bt >= spe || pt < 0 || pt >= W) {
+            if (ep < first || ep >= epochs || bt < 0 || bt >= spe || pt < 0 || pt >= W) {
                 bad++;
                 continue;
             }
@@ -557,7 +558,7 @@ static int pieces_of(const char *run, int W, int epochs, int spe, int *per) {
         }
         free(text);
     }
-    for (int i = 0; i < n; i++) bad += seen[i] != 1;
+    for (int i = first * spe * W; i < n; i++) bad += seen[i] != 1;
     free(seen);
     return bad;
 }
@@ -567,7 +568,7 @@ static void dynamic_share(void) {
     int per[3] = {0}, spe = (243 + 39) / 40;  // the test's 243 samples in batches of 40: 7 batches, the last short
     int rc = train(slow, "dyn-async", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
                                       "--set optim.lr=0.0015");
-    int bad = rc == 0 ? pieces_of("dyn-async", 3, 3, spe, per) : -1;
+    int bad = rc == 0 ? pieces_of("dyn-async", 3, 0, 3, spe, per) : -1;
     CHECK(rc == 0 && bad == 0, "async, dynamic sharing: exit %d, %d pieces not trained exactly once\n%s", rc, bad,
           g_out);
     CHECK(rc == 0 && per[0] > per[2] && per[1] > per[2] && per[0] + per[1] + per[2] == 3 * spe * 3,
@@ -580,7 +581,7 @@ static void dynamic_share(void) {
     // batches ahead of the slowest piece being trained.
     rc = train(slow, "dyn-ssp", "--workers 3 --servers 2 --set ps.mode=ssp --set ps.staleness=1 --set ps.share=dynamic "
                                 "--set optim.lr=0.0015");
-    bad = rc == 0 ? pieces_of("dyn-ssp", 3, 3, spe, per) : -1;
+    bad = rc == 0 ? pieces_of("dyn-ssp", 3, 0, 3, spe, per) : -1;
     double gap = ps_number("dyn-ssp", "max_step_gap");
     CHECK(rc == 0 && bad == 0 && gap >= 0 && gap <= 1,
           "ssp 1, dynamic sharing: exit %d, %d pieces not trained exactly once, gap %g batches\n%s", rc, bad, gap,
@@ -607,7 +608,7 @@ static void dynamic_share(void) {
         snprintf(flags, sizeof flags, "--workers 3 --servers 2 %s --set ps.share=dynamic --set optim.lr=0.0015 "
                  "--max-restarts 1", kills[i].flags);
         rc = train(env, kills[i].name, flags);
-        bad = rc == 0 ? pieces_of(kills[i].name, 3, 3, spe, per) : -1;
+        bad = rc == 0 ? pieces_of(kills[i].name, 3, 0, 3, spe, per) : -1;
         CHECK(rc == 0 && bad == 0 && strstr(g_out, "killed by signal 9") &&
                   strstr(g_out, "restarting it alone (restart 1 of 1") && strstr(g_out, "(restarts: 1)") &&
                   ps_number(kills[i].name, "workers_rejoined") == 1 && ps_number(kills[i].name, "pieces") == 3 * spe * 3,
@@ -628,7 +629,7 @@ static void dynamic_share(void) {
     snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-dyn-meeting", slow, at, g_tmp);
     rc = train(env, "dyn-meeting", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
                                    "--set optim.lr=0.0015 --max-restarts 8");
-    bad = rc == 0 ? pieces_of("dyn-meeting", 3, 3, spe, per) : -1;
+    bad = rc == 0 ? pieces_of("dyn-meeting", 3, 0, 3, spe, per) : -1;
     int deaths = 0;
     for (const char *q = g_out; (q = strstr(q, "killed by signal 9")); q++) deaths++;
     CHECK(rc == 0 && bad == 0 && deaths >= 1 && ps_number("dyn-meeting", "workers_rejoined") == deaths &&
@@ -637,17 +638,43 @@ static void dynamic_share(void) {
           "killed, %g rejoined\n%s", rc, bad, deaths, ps_number("dyn-meeting", "workers_rejoined"), g_out);
     printf("dyn-meeting: %d kills in meetings; pieces per worker %d, %d, %d; each trained once\n", deaths, per[0],
            per[1], per[2]);
-    // Server 0 holds the hand-out of the pieces: its restart alone is
-    // refused by name, and the run stops.
-    snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=-1:6:kill DTRAIN_FAULT_ONCE=%s/once-dyn-server", slow, g_tmp);
-    double t0 = dt_now();
-    rc = train(env, "dyn-server", "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic "
-                                  "--set optim.lr=0.0015 --max-restarts 1");
-    CHECK(rc != 0 && strstr(g_out, "server 0 restarted: with [ps] share = dynamic it held the hand-out") &&
-              strstr(g_out, "server 0 failed; giving up after 1 restart") &&
-              dt_now() - t0 < 120,
-          "dynamic sharing, server 0 killed: exit %d (not 0), the reason named, in %.1f s\n%s", rc, dt_now() - t0,
-          g_out);
+    // Checkpoints at the epochs' ends (--checkpoint-every 7: every epoch's,
+    // each named by the run's batches, epoch x 7), and a run resumed from
+    // the second trains the third epoch's pieces once each; a checkpoint
+    // inside an epoch (fixed shares, every 5 steps: step 15) is refused by
+    // name.
+    const char *dflags = "--workers 3 --servers 2 --set ps.mode=async --set ps.share=dynamic --set optim.lr=0.0015";
+    char flags[1200], path[700];
+    snprintf(flags, sizeof flags, "%s --checkpoint-every 7", dflags);
+    rc = train(slow, "dyn-ckpt", flags);
+    int complete = 1;
+    for (int k = 7; k <= 21; k += 7) {
+        snprintf(path, sizeof path, "%s/dyn-ckpt/checkpoints/step-%08d/COMPLETE", g_tmp, k);
+        complete &= access(path, F_OK) == 0;
+    }
+    CHECK(rc == 0 && complete, "dynamic sharing, --checkpoint-every 7: exit %d, the checkpoints of steps 7, 14 and 21 "
+                               "complete\n%s", rc, g_out);
+    snprintf(flags, sizeof flags, "%s --resume %s/dyn-ckpt/checkpoints/step-00000014", dflags, g_tmp);
+    rc = train(slow, "dyn-resumed", flags);
+    bad = rc == 0 ? pieces_of("dyn-resumed", 3, 2, 3, spe, per) : -1;
+    CHECK(rc == 0 && bad == 0 && ps_number("dyn-resumed", "pieces") == spe * 3,
+          "dynamic sharing resumed at step 14: exit %d, %d pieces of epoch 3 not trained exactly once, %g applied\n%s",
+          rc, bad, ps_number("dyn-resumed", "pieces"), g_out);
+    rc = train("", "fixed-ckpt", "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0015 --checkpoint-every 5");
+    snprintf(flags, sizeof flags, "%s --resume %s/fixed-ckpt/checkpoints/step-00000015", dflags, g_tmp);
+    if (rc == 0) rc = train(slow, "dyn-inside", flags);
+    CHECK(rc != 0 && strstr(g_out, "[ps] share = dynamic resumes only from a checkpoint at an epoch's end: this one is "
+                                   "at batch 1 of epoch 3's 7"),
+          "dynamic sharing from a checkpoint inside an epoch: exit %d, refused by name\n%s", rc, g_out);
+    // Server 0 holds the hand-out of the pieces: its death is the group's,
+    // which restarts from the newest checkpoint, at an epoch's end.
+    snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=-1:30:kill DTRAIN_FAULT_ONCE=%s/once-dyn-server", slow, g_tmp);
+    snprintf(flags, sizeof flags, "%s --checkpoint-every 7 --max-restarts 2", dflags);
+    rc = train(env, "dyn-server", flags);
+    CHECK(rc == 0 && strstr(g_out, "server 0 Killed at step ") &&
+              strstr(g_out, "restarting 3 workers from the newest checkpoint (restart 1 of 2)") &&
+              (strstr(g_out, "resumed at step 7,") || strstr(g_out, "resumed at step 14,")),
+          "dynamic sharing, server 0 killed: exit %d, the group restarted from an epoch's checkpoint\n%s", rc, g_out);
 }
 
 // Backpressure: a worker has one step in flight (it waits for the weights
@@ -791,8 +818,6 @@ static void config_errors(void) {
         {"--servers 1 --workers 2 --set ps.share=dynamic", "[ps] share = dynamic works with mode = async or ssp", 2},
         {"--servers 1 --workers 2 --set ps.mode=async --set ps.share=dynamic --set train.eval_every=2",
          "[ps] share = dynamic: the workers make different numbers of steps, so [train] eval_every is not available", 2},
-        {"--servers 1 --workers 2 --set ps.mode=async --set ps.share=dynamic --checkpoint-every 2",
-         "so [checkpoint] every_steps is not available", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = train("", "bad", cases[i].flags);

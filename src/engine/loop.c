@@ -499,6 +499,12 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
         goto done;
     }
     if (pieces) strat->units = spe * W;
+    if (pieces && ts.epoch_batch != 0 && !strat->rejoined) {  // resumed inside an epoch
+        st = dt_error(DT_ERR_CONFIG, "[ps] share = dynamic resumes only from a checkpoint at an epoch's end: this one "
+                                     "is at batch %lld of epoch %lld's %lld (the pieces handed out are not in it)",
+                      (long long)ts.epoch_batch, (long long)ts.epoch + 1, (long long)spe);
+        goto done;
+    }
     dt_schedule sched = dt_worker_schedule(c, total);
     // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the control plane.
     int fp16 = c->precision == DT_F16;
@@ -652,10 +658,23 @@ again:
             }
             ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
                                   fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
-            if (dt_run_ckpt_due(&ck, step, last, stop, ctl.save) && ck.dir[0] &&
+            // Dynamic sharing: the workers' step counts differ, so their only
+            // shared places, epochs' ends, are the checkpoints' (every
+            // ceil(K / steps an epoch)-th epoch; their step the run's batches,
+            // epoch x steps), decided by the epoch alone, as a replacement can.
+            dt_train_state tc = ts;
+            int save = ctl.save, here = 1;
+            if (pieces && !stop) {
+                int64_t every = c->ckpt_every_steps, ke = every > 0 ? (every + spe - 1) / spe : 0;
+                here = epoch_end;
+                tc.step = (e + 1) * spe;
+                ck.last_step = tc.step - 1;  // (not due by a count of steps)
+                save |= ke > 0 && (e + 1) % ke == 0;
+            }
+            if (here && dt_run_ckpt_due(&ck, tc.step, last, stop, save) && ck.dir[0] &&
                 (st = dt_strategy_params_sync(strat)) != DT_OK)
                 goto done;
-            if ((st = dt_run_ckpt_step(&ck, &ts, last, stop, ctl.save)) != DT_OK) goto done;
+            if (here && (st = dt_run_ckpt_step(&ck, &tc, last, stop, save)) != DT_OK) goto done;
             dt_heartbeat(step);
         }
     }

@@ -361,13 +361,10 @@ static dt_status ps_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic hands out pieces of the even split: [train] "
                                        "dynamic_batch is not available with it");
     // Dynamic sharing: the workers make different numbers of steps, so
-    // places counted in steps are no places they share; resuming needs the
-    // servers to keep the counter of pieces (not done yet).
-    const char *by_steps = c->eval_every > 0         ? "[train] eval_every"
-                           : c->ckpt_every_steps > 0 ? "[checkpoint] every_steps"
-                           : c->max_steps > 0        ? "[train] max_steps"
-                           : c->resume[0]            ? "resume"
-                                                     : NULL;
+    // places counted in steps are no places they share (checkpoints are
+    // at epochs' ends: loop.c, which also refuses to resume inside an
+    // epoch, whose pieces handed out no checkpoint holds).
+    const char *by_steps = c->eval_every > 0 ? "[train] eval_every" : c->max_steps > 0 ? "[train] max_steps" : NULL;
     if (c->ps_share && by_steps)
         return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the workers make different numbers of steps, so %s is "
                                        "not available with it (the epochs are its only places)", by_steps);

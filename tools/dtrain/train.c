@@ -473,9 +473,12 @@ static int supervise(const args_t *a, const dt_config *c) {
         lp.failed_step = failed_step;
         // Parameter servers outside mode sync: a worker that dies or hangs
         // is restarted alone and rejoins, and so is a server (from its range
-        // of the newest checkpoint); the others go on.
+        // of the newest checkpoint); the others go on. With dynamic sharing
+        // server 0 (rank 0) holds the hand-out of the epoch's pieces: its
+        // death is the group's, which restarts from the newest checkpoint
+        // (at an epoch's end).
         if (c->ps_servers > 0 && c->ps_mode != 0 && a->max_restarts > restarts) {
-            lp.respawn_from = 0;
+            lp.respawn_from = c->ps_share ? 1 : 0;
             lp.max_respawns = a->max_restarts - restarts;
         }
         dt_launch_result r;
