@@ -372,6 +372,22 @@ static void faults(void) {
                servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, took);
         near_clean(servers[i].name, refs[servers[i].ref], rlosses[servers[i].ref], servers[i].tol, servers[i].rel);
     }
+    // Server 1 killed after step 12 and, once it is back, worker 2 killed
+    // before it said HELLO to it (at whichever step it is then): the
+    // restarted server lets worker 2's replacement in as it would any,
+    // and leaves its step to the other server, which knows it.
+    {
+        char env[1200] = "", at[900] = "";
+        for (int k = 1; k <= 21; k++)
+            snprintf(at + strlen(at), sizeof at - strlen(at), ",2:%d:kill:hello", k);
+        snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=-2:12:kill%s DTRAIN_FAULT_ONCE=%s/once-hello", at, g_tmp);
+        int rc = train(env, "fault-hello", "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0015 "
+                                           "--checkpoint-every 5 --max-restarts 2");
+        CHECK(rc == 0 && strstr(g_out, "server 1 (restarted, incarnation 1): ") &&
+                  strstr(g_out, "worker 2 (restarted, incarnation 1) rejoined at server version ") &&
+                  strstr(g_out, "(restarts: 2)"),
+              "server 1 killed, then worker 2 before its HELLO to it: exit %d, both restarted alone\n%s", rc, g_out);
+    }
     CHECK(ps_number("fault-server", "applied") == 63, "server 0 applied all %g gradients",
           ps_number("fault-server", "applied"));
     // The servers' checkpoints: sharded, one shard a server, complete; one

@@ -546,6 +546,7 @@ static dt_status server_back(ps_worker *w, int j) {
         dt_heartbeat(-1);
         usleep(2000);
     }
+    if (st == DT_OK) st = dt_fault_at(s->rank, w->step, "hello");  // (a test's fault: before its HELLO)
     char *b = NULL;
     size_t len = 0;
     if (st == DT_OK) st = desc_of(w, &b, &len);
@@ -971,6 +972,9 @@ static dt_status rejoin(ps_worker *w) {
             cseq = h[H_C];
         }
     }
+    if (st == DT_OK && m == INT64_MAX)
+        st = dt_error(DT_ERR_COMM, "worker %d, rejoining: no server knows the step its predecessor was at (each was "
+                                   "restarted since)", s->rank);
     if (st == DT_OK && finished >= 0) {
         for (int j = 0; j < w->S && st == DT_OK; j++) {
             int64_t q[H_N] = {M_END, m, 0, 0, 0, 0, 0, 0};
@@ -1136,6 +1140,7 @@ typedef struct {
     int dropped;      // its process died: 1 until the launcher restarts it, 2 until the replacement runs,
                       // 3 while it rejoins (JOIN, RESUME); 0: taking part
     int inc;          // the replacement's incarnation
+    int nostep;       // this server (a replacement) never heard its step: it died before its HELLO
     double dead_at;
     int64_t stale;    // the staleness its last gradient was applied at (-1: dropped)
     int64_t unit;     // dynamic sharing: 1 + the piece its last COMMIT trained (0: none)
@@ -1363,7 +1368,7 @@ static dt_status handle(server *sv, int wi) {
         if (p->dropped != 3)
             return dt_error(DT_ERR_COMM, "server %d: JOIN from worker %d, which did not die", sv->me, wi);
         {
-            int64_t h[H_N] = {M_JOINED, p->step, sv->version, 0, 0, p->finished, 0, p->done_cseq};
+            int64_t h[H_N] = {M_JOINED, p->nostep ? INT64_MAX : p->step, sv->version, 0, 0, p->finished, 0, p->done_cseq};
             st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
         }
         break;
@@ -1373,6 +1378,7 @@ static dt_status handle(server *sv, int wi) {
         p->step = p->h[H_STEP];
         p->done_cseq = p->h[H_C];
         p->dropped = 0;
+        p->nostep = 0;
         p->stale = 0;
         sv->stats[ST_REJOINED]++;
         if (sv->me == 0)
@@ -1518,6 +1524,7 @@ static dt_status saved(server *sv, int *moved) {
 // bookkeeping until its replacement rejoins (tend).
 static void drop(server *sv, int wi, const char *why) {
     peer *p = &sv->w[wi];
+    if (p->dropped >= 4) p->nostep = 1;  // it died before its HELLO to this replacement: its step unknown
     if (p->req) dt_wait(&p->req);  // fails at once: its peer is gone
     memset(p->seen, 0, sv->len);
     p->got = 0;
@@ -1565,6 +1572,14 @@ static dt_status tend(server *sv, int *moved) {
                 dt_log(DT_LOG_WARN, "server 0: worker %d died after it said END; its replacement only ends", wi);
         }
         if (!p->dropped) continue;
+        if (p->dropped >= 4 && (state == DT_PEER_RESTARTING || inc > p->inc)) {
+            // A worker that died before it said HELLO to this replacement:
+            // its own replacement rejoins (JOIN), at a step this server
+            // does not know (JOINED says so: the others' is taken).
+            p->dropped = 1;
+            p->nostep = 1;
+            p->dead_at = dt_now();
+        }
         if (p->dropped >= 4) {  // this server is a replacement: each worker lets it in
             if (state == DT_PEER_GONE) {  // it finished before this server came back
                 p->dropped = 0;
@@ -1842,6 +1857,7 @@ static dt_status restart(server *sv) {
     for (int wi = 0; wi < sv->N; wi++) {
         sv->w[wi].rank = sv->S + wi;
         sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
+        (void)dt_comm_peer_state(sv->all, sv->w[wi].rank, &sv->w[wi].inc);  // (a higher one later: it died)
     }
     return dt_comm_rejoin_peers(sv->all, NULL, 0);
 }
