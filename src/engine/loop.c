@@ -541,15 +541,14 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     uint64_t bytes_sent = 0;  // by this rank during the steps (dt_obs_bytes_sent)
     int stop = 0, evaluated = 0;
     double failed_at = 0;
-    int64_t first_epoch;  // where the loop (re)starts
     if (newcomer || lost_start) goto recover;
 again:
-    first_epoch = ts.epoch;
     for (int e = (int)ts.epoch; e < epochs && (pieces || step < total || owed) && !stop; e++) {
         int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
         tops->start_epoch(task, e, ebatch);
         // every worker's first piece is its own share of batch 0 (a replacement's first: server 0's word)
-        if (pieces && !(strat->rejoin_pieces && e == first_epoch)) strat->unit = e * strat->units + rank;
+        if (pieces && !strat->rejoin_pieces) strat->unit = e * strat->units + rank;
+        strat->rejoin_pieces = 0;
         while (!stop && (pieces || step < total || owed)) {
             dt_control ctl = {0};
             int redo = owed;  // this step's meeting, which its predecessor may have made in part

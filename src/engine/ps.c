@@ -1850,9 +1850,6 @@ static dt_status start(server *sv) {
 // HELLOs; the first brings the model's description, with which it takes
 // its range from the newest checkpoint (restore).
 static dt_status restart(server *sv) {
-    if (sv->c->ps_share && sv->me == 0)  // (docs/parameter-server.md: not done)
-        return dt_error(DT_ERR_COMM, "server 0 restarted: with [ps] share = dynamic it held the hand-out of the "
-                                     "epoch's pieces, which died with it; the run cannot go on");
     if (!(sv->w = calloc((size_t)sv->N, sizeof *sv->w))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     for (int wi = 0; wi < sv->N; wi++) {
         sv->w[wi].rank = sv->S + wi;

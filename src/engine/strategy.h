@@ -205,7 +205,8 @@ struct dt_strategy {
                                   which it skips: the meetings' (ps.c), then the trace's closing one */
     int rejoin_pieces;         /* [ps] share = dynamic: the servers said where it goes on: in epoch
                                   rejoin_epoch with the piece `unit`, or after the meeting at that
-                                  epoch's end (unit -1: its pieces were all out) */
+                                  epoch's end (unit -1: its pieces were all out); the loop clears it
+                                  once that epoch starts */
     int64_t rejoin_epoch;
     int64_t skip_steps;        /* steps made without this rank, which it catches up with: the loop passes
                                   their batches over, untrained (parameter servers, mode backup: ps.c) */
