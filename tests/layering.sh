@@ -35,6 +35,8 @@ if [ "${1:-}" = --self-test ]; then
     plant src/comm/shm/shm.c '#include "comm/registry.h"' 'comm/registry.h: upward, from comm/shm to comm/registry'
     plant src/engine/worker.c '#include "engine/checkpoints.h"' \
         'engine/checkpoints.h: sideways, from engine/worker to its sibling engine/checkpoints'
+    plant src/engine/codecs/codec.c '#include "engine/strategies/strategy.h"' \
+        'engine/strategies/strategy.h: upward, from engine/codecs/codec to engine/strategies/strategy'
     plant src/run/launch.c '#include "comm/comm_impl.h"' \
         'comm/comm_impl.h: a private header of comm (not among the interfaces of docs/internals.md)'
     plant src/engine/loop.c '#include "nn/nn_impl.h"' 'nn/nn_impl.h: a private header of nn'

@@ -28,7 +28,7 @@
  *      does not keep; a byte flipped in a residual is caught by the
  *      checksum (inspect, and resume falls back to the older checkpoint). */
 #include "dtrain/config.h"
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 #include "testlib.h"
 
 #include <math.h>

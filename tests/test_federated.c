@@ -14,7 +14,7 @@
  *    its update, the sum is exact, with and without dropped clients; a
  *    secure run ends where a plain one does.
  * 7. Bad config and fault variables refused by name. */
-#include "engine/fedparts.h"
+#include "engine/federated/fedparts.h"
 #include "testlib.h"
 
 #include <math.h>

@@ -33,7 +33,7 @@
  * and token files of a sequence the GPT can learn. */
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 #include "testlib.h"
 
 #include <math.h>

@@ -224,7 +224,7 @@ DT_API void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *
 
 /* ---- pipeline stages of a sequential model --------------------------------
  * A stage runs layers [l0, l1) of a model on activations of its own, one
- * set per micro-batch in flight (engine/pipeline.c), with the model's
+ * set per micro-batch in flight (engine/strategies/pipeline.c), with the model's
  * parameters and gradient block. The stream into layer l (the output of
  * layer l - 1, in the layout that layer keeps: a convolution's may be
  * blocked, dt_model_stream_size counts its padding) is what one stage sends

@@ -13,11 +13,11 @@
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/checkpoints.h"
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 #include "engine/control.h"
 #include "engine/dynbatch.h"
-#include "engine/strategy.h"
-#include "engine/task.h"
+#include "engine/strategies/strategy.h"
+#include "engine/tasks/task.h"
 #include "engine/worker.h"
 #include "kernels/kernels.h"
 #include "obs/json.h"
@@ -46,7 +46,7 @@ dt_status dt_train_check(const dt_config *c, int W) {
     int n = 0;
     if (c->ps_servers > 0) asked[n++] = "[parallel] servers";
     if (c->pipeline > 1 || c->tensor > 1) asked[n++] = c->pipeline > 1 ? "[parallel] pipeline" : "[parallel] tensor";
-    // (ZeRO stage 1 shards a model-parallel run's optimizer state: engine/pipeline.c)
+    // (ZeRO stage 1 shards a model-parallel run's optimizer state: engine/strategies/pipeline.c)
     if (c->zero > 0 && !(c->zero == 1 && (c->pipeline > 1 || c->tensor > 1))) asked[n++] = "[parallel] zero";
     if (c->sync_every > 0) asked[n++] = "[parallel] sync_every";
     if (n > 1)

@@ -8,7 +8,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
 
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 
 #include <stdio.h>
 #include <stdlib.h>

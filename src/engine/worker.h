@@ -45,7 +45,7 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
  *       default: the step returns an error), kill (SIGKILL to itself) or
  *       hang (stops, without heartbeats); R = -1 - j is parameter server j
- *       (engine/ps.c), after its step S; several faults separated by
+ *       (engine/strategies/ps.c), after its step S; several faults separated by
  *       commas (R:S:kill,R2:S2:kill) fire each at its own step;
  *   DTRAIN_FAULT_STEP=R:S:KIND:PLACE  the same inside the meeting after
  *       step S (parameter servers outside mode sync: dt_fault_at): PLACE

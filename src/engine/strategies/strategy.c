@@ -1,5 +1,5 @@
 /* The strategy registry and what the peers share (strategy.h). */
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -89,8 +89,8 @@
  * the range), then pushes its step again (server_back, repush). comm.h's
  * replaceable ranks do the communicator's part. */
 #include "dtrain/launch.h"
-#include "engine/codec.h"
-#include "engine/strategy.h"
+#include "engine/codecs/codec.h"
+#include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
 #include <cjson/cJSON.h>

@@ -23,7 +23,7 @@
  *
  * With error feedback each rank keeps what it did not send. A parameter
  * server's push is the rank's top-k pairs; random-k has no such message. */
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 
 #include <math.h>
 #include <stdlib.h>

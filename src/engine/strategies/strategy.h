@@ -25,13 +25,13 @@
  *   dt_strategy_ckpt_restore(s, path, W0)  its own state from the checkpoint resumed
  *
  * Peers today: "dp" (replicated data parallel: gradients summed in buckets
- * during backward through a gradient codec, engine/codec.h),
+ * during backward through a gradient codec, engine/codecs/codec.h),
  * "dp-deterministic" (int64 fixed-point sums, bitwise equal for any number
  * of ranks), "zero", "zero-deterministic" and "zero-3" (sharded data
- * parallel, engine/zero.c, docs/zero.md), "model-parallel" (the GPT's
- * tensor-parallel shards and pipeline stages, engine/pipeline.c), "local-sgd" (each rank steps on its own share's
+ * parallel, engine/strategies/zero.c, docs/zero.md), "model-parallel" (the GPT's
+ * tensor-parallel shards and pipeline stages, engine/strategies/pipeline.c), "local-sgd" (each rank steps on its own share's
  * gradient and the parameters are averaged every [parallel] sync_every
- * steps) and "ps" (parameter servers, engine/ps.c: ranks of another role,
+ * steps) and "ps" (parameter servers, engine/strategies/ps.c: ranks of another role,
  * the servers, which run their own loop through `serve`). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
@@ -46,7 +46,7 @@
 #include "dtrain/config.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
-#include "engine/task.h"
+#include "engine/tasks/task.h"
 #include "obs/obs.h"
 
 typedef struct dt_strategy dt_strategy;
@@ -300,19 +300,19 @@ dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt
  * 2^32. Integer sums do not depend on their order. */
 #define DT_FIXED_SCALE 4294967296.0  // 2^32
 void dt_fixed_to_float(float *g, const int64_t *acc, size_t n);
-/* A pipeline's stages from the costs of its layers (engine/pipeline.c):
+/* A pipeline's stages from the costs of its layers (engine/strategies/pipeline.c):
  * bounds[0..P] cut costs[L] into P contiguous non-empty stages (1 <= P <=
  * L), stage s = layers [bounds[s], bounds[s + 1]), the cut whose most
  * expensive stage costs least (for the same costs, always the same cut). */
 dt_status dt_pipeline_balance(const double *costs, int L, int P, int *bounds);
 
-extern const dt_strategy_ops dt_strategy_dp;               /* engine/dp.c */
-extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/dp_det.c */
-extern const dt_strategy_ops dt_strategy_pipeline;         /* engine/pipeline.c */
-extern const dt_strategy_ops dt_strategy_zero;             /* engine/zero.c */
-extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/zero.c */
-extern const dt_strategy_ops dt_strategy_zero3;            /* engine/zero.c */
-extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/localsgd.c */
-extern const dt_strategy_ops dt_strategy_ps;               /* engine/ps.c */
+extern const dt_strategy_ops dt_strategy_dp;               /* engine/strategies/dp.c */
+extern const dt_strategy_ops dt_strategy_dp_deterministic; /* engine/strategies/dp_det.c */
+extern const dt_strategy_ops dt_strategy_pipeline;         /* engine/strategies/pipeline.c */
+extern const dt_strategy_ops dt_strategy_zero;             /* engine/strategies/zero.c */
+extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/strategies/zero.c */
+extern const dt_strategy_ops dt_strategy_zero3;            /* engine/strategies/zero.c */
+extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/strategies/localsgd.c */
+extern const dt_strategy_ops dt_strategy_ps;               /* engine/strategies/ps.c */
 
 #endif

@@ -11,8 +11,8 @@
 #include "dtrain/gpt.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
-#include "engine/codec.h"
-#include "engine/task.h"
+#include "engine/codecs/codec.h"
+#include "engine/tasks/task.h"
 
 #include <stdio.h>
 #include <stdlib.h>

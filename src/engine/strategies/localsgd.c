@@ -31,7 +31,7 @@
  * mean of the momenta follows the same recurrence as the momentum of the
  * mean gradient. AdamW's per-element normalisation and per-rank clipping
  * are not linear, so there they differ. */
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 
 #include <stdlib.h>
 

@@ -9,7 +9,7 @@
  * adds the ranks' sums. Integer addition is associative, so the result does
  * not depend on how the shards were spread over the ranks or in what order
  * they were added. The state stays replicated, as in "dp". */
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 
 #include <stdlib.h>
 #include <string.h>

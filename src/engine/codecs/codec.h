@@ -1,5 +1,5 @@
 /* Gradient codecs: how a piece of the gradient block becomes the sum over
- * the ranks, under the data-parallel strategy (engine/dp.c), like PyTorch
+ * the ranks, under the data-parallel strategy (engine/strategies/dp.c), like PyTorch
  * DDP's communication hooks.
  *
  * For each contiguous piece grads[lo, hi) of a bucket, dp.c calls start()
@@ -13,8 +13,8 @@
  * of ([train] seed, piece, rank, the piece's step), so they need none.
  *
  * Registered in codec.c's table, one row per [compression] method (the
- * compressing ones in codec_cast.c, codec_quant.c, codec_sparse.c and
- * codec_powersgd.c, docs/compression.md); "fp32" (a plain fp32 sum
+ * compressing ones in cast.c, quant.c, sparse.c and
+ * powersgd.c, docs/compression.md); "fp32" (a plain fp32 sum
  * allreduce, method = none) is the last, the fallback. */
 #ifndef DT_ENGINE_CODEC_H
 #define DT_ENGINE_CODEC_H
@@ -145,10 +145,10 @@ dt_status dt_codec_plain_finish(dt_codec *k, float *g, size_t lo, size_t hi, dt_
 /* Error feedback: g[lo, hi) += residual (nothing when off). */
 void dt_codec_ef_add(dt_codec *k, float *g, size_t lo, size_t hi);
 
-extern const dt_codec_ops dt_codec_cast16;   /* codec_cast.c: fp16, bf16 */
-extern const dt_codec_ops dt_codec_quant;    /* codec_quant.c: int8, qsgd, sign */
-extern const dt_codec_ops dt_codec_topk;     /* codec_sparse.c */
-extern const dt_codec_ops dt_codec_randomk;  /* codec_sparse.c */
-extern const dt_codec_ops dt_codec_powersgd; /* codec_powersgd.c */
+extern const dt_codec_ops dt_codec_cast16;   /* cast.c: fp16, bf16 */
+extern const dt_codec_ops dt_codec_quant;    /* quant.c: int8, qsgd, sign */
+extern const dt_codec_ops dt_codec_topk;     /* sparse.c */
+extern const dt_codec_ops dt_codec_randomk;  /* sparse.c */
+extern const dt_codec_ops dt_codec_powersgd; /* powersgd.c */
 
 #endif

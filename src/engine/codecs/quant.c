@@ -15,7 +15,7 @@
  * each rank decodes and adds the W messages in rank order: the same sum on
  * every rank. With error feedback each rank keeps x - decoded(x). A
  * parameter server's push is the rank's message. */
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 
 #include <math.h>
 #include <string.h>

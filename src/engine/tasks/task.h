@@ -1,7 +1,7 @@
 /* A model's side of the run loop: the table the one loop (engine/loop.c)
  * trains through, as ggml_opt takes callbacks. The classifier
- * (engine/task_classifier.c: IDX images, dt_model) and the GPT
- * (engine/task_gpt.c: token windows, dt_gpt) are two such tables; the loop
+ * (engine/tasks/classifier.c: IDX images, dt_model) and the GPT
+ * (engine/tasks/gpt.c: token windows, dt_gpt) are two such tables; the loop
  * never names either.
  *
  * A task owns its model, its data and its evaluation; it tells the loop the
@@ -109,7 +109,7 @@ typedef struct dt_task_ops {
      * with the embedding when l0 = 0 and the head and loss when l1 =
      * n_layer; a sequential model's [model] layers, the loss after the last)
      * on one micro-batch at a time per dt_task_stage; several may be
-     * alive at once (engine/pipeline.c). */
+     * alive at once (engine/strategies/pipeline.c). */
     dt_status (*stage_create)(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out);
     void (*stage_free)(dt_task_stage *st);
     /* Starts samples [off, off + len) of the global batch of step `step` on
@@ -141,7 +141,7 @@ typedef struct dt_task_ops {
      * order (dt_loader_set_shares). NULL: a task whose batches split
      * evenly only. */
     dt_status (*set_shares)(dt_task *t, const int *units, int nunits);
-    /* Federated clients (engine/federate.c); both NULL for a task that
+    /* Federated clients (engine/federated/federate.c); both NULL for a task that
      * cannot have them. The labels of the training samples: *y[n], n
      * returned. */
     int (*train_labels)(dt_task *t, const int32_t **y);
@@ -154,7 +154,7 @@ typedef struct dt_task_ops {
 /* The task for a config (the registry in loop.c). */
 const dt_task_ops *dt_task_for(const dt_config *c);
 
-extern const dt_task_ops dt_task_classifier; /* engine/task_classifier.c */
-extern const dt_task_ops dt_task_gpt;        /* engine/task_gpt.c */
+extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
+extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
 
 #endif

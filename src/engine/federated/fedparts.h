@@ -1,6 +1,6 @@
-/* Federated averaging's parts that stand alone (engine/fedparts.c): how
+/* Federated averaging's parts that stand alone (engine/federated/fedparts.c): how
  * the training set is split over simulated clients, and the pairwise masks
- * of secure aggregation. engine/federate.c runs the rounds with them
+ * of secure aggregation. engine/federated/federate.c runs the rounds with them
  * (dt_federate, docs/federated.md). */
 #ifndef DT_ENGINE_FEDPARTS_H
 #define DT_ENGINE_FEDPARTS_H

@@ -61,7 +61,7 @@
  * fixed pieces (micro_shards / D a replica), each one's gradient goes into
  * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
  * an int64 allreduce: bitwise the same for any D and schedule. */
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
 #include <cjson/cJSON.h>

@@ -33,9 +33,9 @@
  * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer). */
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
-#include "engine/fedparts.h"
-#include "engine/strategy.h"
-#include "engine/task.h"
+#include "engine/federated/fedparts.h"
+#include "engine/strategies/strategy.h"
+#include "engine/tasks/task.h"
 #include "engine/worker.h"
 #include "obs/json.h"
 #include "obs/obs.h"

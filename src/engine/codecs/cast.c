@@ -3,7 +3,7 @@
  * sum once more to 16 bits), like DDP's fp16_compress_hook. Half the bytes
  * of fp32; with error feedback, each rank keeps its rounding error. A
  * parameter server's push is the piece's 16-bit values. */
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 
 
 // [parallel] grad_dtype = bf16 under plain data parallel is this codec

@@ -1,6 +1,6 @@
 /* The gradient codecs (codec.h), their registry, and the parts the
  * compressing codecs share. */
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -38,7 +38,7 @@
  * and therefore the weights are bitwise those of dp-deterministic for any
  * number of ranks and any stage. Its fixed-point sums span the whole block
  * (8 bytes a parameter), as dp-deterministic's do. */
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
 #include <stdio.h>

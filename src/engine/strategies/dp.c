@@ -10,14 +10,14 @@
  * of the block, or several where it spans ranges that do not touch. During
  * the last micro-batch's backward, the model's grad hook reports how far the
  * final part of the order has grown; every bucket wholly inside it is handed
- * to the gradient codec at once (engine/codec.h: for fp32, one dt_iallreduce
+ * to the gradient codec at once (engine/codecs/codec.h: for fp32, one dt_iallreduce
  * per piece on the communicator's progress thread), so that its transfer
  * overlaps the rest of backward. sync() starts what is left and finishes
  * every piece. Gradients already carry the weight local / global batch (the
  * loop's loss scale), so the SUM is the global mean. */
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 #include "engine/dynbatch.h"
-#include "engine/strategy.h"
+#include "engine/strategies/strategy.h"
 
 #include <stdio.h>
 #include <stdlib.h>

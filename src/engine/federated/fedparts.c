@@ -1,5 +1,5 @@
 /* Client partitions and secure-aggregation masks (fedparts.h). */
-#include "engine/fedparts.h"
+#include "engine/federated/fedparts.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -25,7 +25,7 @@
  * approximation missed (0 where the values went as fp32). The first
  * [compression] warmup_steps steps of a piece go as a plain fp32 sum (DDP's
  * start_powerSGD_iter). */
-#include "engine/codec.h"
+#include "engine/codecs/codec.h"
 
 #include <math.h>
 #include <stdlib.h>
