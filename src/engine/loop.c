@@ -336,440 +336,611 @@ static void scaler_from_state(dt_loss_scaler *sc, const dt_train_state *ts) {
     sc->skipped = ts->scale_skipped;
 }
 
-dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
-                   dt_train_result *res) {
-    double t_start = dt_now();
-    memset(res, 0, sizeof *res);
-    res->test_loss = -1;
-    res->test_accuracy = -1;
-    const dt_task_ops *tops = dt_task_for(c);
-    const dt_strategy_ops *sops = dt_strategy_for(c);
-    dt_task *task = NULL;
-    dt_strategy *strat = NULL;
-    dt_dynbatch *dyn = NULL;
-    dt_comm_t comm = NULL;
-    dt_run_ckpt ck = {0};
-    dt_obs *obs = NULL;
-    char path[4096];
-    int threads;
-    dt_status st = dt_worker_init(c, &comm, &threads);
-    if (st != DT_OK) return st;
-    // Spares (docs/checkpoints.md): a rank whose collective fails on a peer's
-    // death waits for a spare to take its place and goes on (`recover`
-    // below); a newcomer (that spare) gets its state there. A death in the
-    // start's collectives is the same: the others rejoin there (in
-    // dt_worker_init's barrier, or below: lost_start), skip the rest of the
-    // start's collectives and meet the newcomer in `recover`.
-    int newcomer = dt_spare_rank() >= 0, have_state = !newcomer;
-    int lost_start = !newcomer && dt_comm_generation(comm) > 0;
-    dt_comm_t all = comm;  // every rank; comm becomes the workers' when the strategy has servers
-    DT_TRY(dt_train_check_spares(c, dt_worker_spares()), done);
-    int served;
-    DT_TRY(split_roles(sops, c, all, run_dir, &comm, &served), done);
-    if (served) {
-        res->rank = -1;  // not a worker: nothing to report
-        goto done;
-    }
-    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
-    if (!newcomer && (st = dt_fault_at(rank, 0, "metrics")) != DT_OK) goto done;  // (a test's fault)
-    st = dt_obs_create(&obs, c, run_dir, comm, progress, user);
-    if (dt_worker_recoverable(st) && !newcomer && !lost_start) {  // a death in its barrier; again without it
-        DT_TRY(lose_start(comm, &lost_start), done);
-        st = dt_obs_create(&obs, c, run_dir, comm, progress, user);
-    }
-    if (st != DT_OK) goto done;
-    dt_obs_set_all(obs, all);
-    const char *ckpt_run_dir = run_dir;  // sharded checkpoints: every rank writes
-    if (rank != 0) {  // only rank 0 writes files and reports progress
-        run_dir = NULL;
-        progress = NULL;
-    }
-    res->rank = rank;
-    res->workers = W;
-    res->threads = threads;
-    DT_TRY(dt_train_check(c, W), done);
-    int model_rows;  // the largest batch the model runs, from the memory check
-    DT_TRY(dt_check_memory(c, DT_MEM_TRAIN, W, 0, &model_rows), done);
-    DT_TRY(dt_worker_run_dir(c, run_dir), done);
+// ---- the run: its state, then its phases in the order they run ------------
 
-    // The model and its data; every rank starts from rank 0's parameters.
+/* How this process came to its rank, and where it stands in a recovery
+ * (docs/internals.md, "Replacement"). A process that takes a dead rank's
+ * place is either a spare (it gets the state of a replica, in recover) or
+ * restarted alone (the strategy's checkpoint restore says where it joins:
+ * the parameter servers' workers and servers). */
+typedef struct {
+    dt_place place;    // at the start, a spare, or restarted alone (dt_worker_place)
+    int have_state;    // holds a training state: all but a spare before its first recover
+    int lost_start;    // a death broke the start's collectives: the rest of the start was skipped
+    int owed;          // restarted: the meeting after its predecessor's last step comes first
+    int repair;        // the failure just returned is one a spare repairs: recover, then go on
+    double failed_at;  // when the step being recovered failed (0: none is)
+} recovery;
+
+typedef struct {
+    const dt_config *c;
+    dt_config fresh;  // c as checkpoints take it (the run's checkpoint state keeps a pointer to it)
+    const dt_task_ops *tops;
+    const dt_strategy_ops *sops;
+    dt_task *task;
     dt_task_info info;
-    DT_TRY(tops->create(&task, c, comm, sops->max_micro(c, W), model_rows, &info), done);
-    // A replacement for a worker that died (dt_comm_incarnation) skips the
-    // start's collectives, which the others made long ago with its
-    // predecessor: it gets the weights and its step from the strategy.
-    int rejoining = dt_comm_incarnation(comm) > 0;
-    if (!newcomer && (st = dt_fault_at(rank, 0, "start")) != DT_OK) goto done;  // (a test's fault)
-    if (!newcomer && !lost_start && !rejoining &&
-        (st = dt_broadcast(info.params, info.params, info.nparams, DT_F32, 0, info.replicas ? info.replicas : comm)) != DT_OK) {
-        if (dt_worker_recoverable(st)) st = lose_start(comm, &lost_start);
-        if (st != DT_OK) {
-            st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
-            goto done;
-        }
+    dt_strategy *strat;
+    dt_dynbatch *dyn;
+    dt_comm_t comm, all;  // the workers'; every rank's (the same without servers)
+    dt_obs *obs;
+    dt_run_ckpt ck;
+    dt_train_result *res;
+    const char *run_dir, *ckpt_run_dir;  // rank 0's files (NULL on the others); the checkpoints' (every rank's)
+    dt_progress_fn progress;
+    void *user;
+    int rank, W, threads, model_rows;
+    int over;  // this rank's part ended early: a server ran its own loop, or its predecessor had finished
+    recovery rec;
+    // the position and the figures of the steps
+    dt_train_state ts;  // at the last meeting, or as resumed or shared
+    dt_rng rng;         // the data's stream
+    int64_t step, samples, loss_n, total, spe;
+    int epochs, nunits;
+    int pieces;  // [ps] share = dynamic: the servers hand out the pieces of an epoch's batches
+    int alone;   // ranks at their own pace: rank 0 evaluates alone
+    int fp16, stop, evaluated;
+    double t_start, t_train, loss_sum;
+    uint64_t bytes_sent;  // by this rank during the steps (dt_obs_bytes_sent)
+    dt_schedule sched;
+    dt_loss_scaler scaler;
+} run_state;
+
+// Joins the workers: a role (a server runs its own loop to the end of the
+// run), the observer, and the checks every worker makes before it
+// allocates. Spares (docs/checkpoints.md): a rank whose collective fails on
+// a peer's death waits for a spare to take its place and goes on
+// (recover); a spare gets its state there. A death in the start's
+// collectives is the same: the others rejoin there (in dt_worker_init's
+// barrier, or here: lose_start), skip the rest of the start's collectives
+// and meet the spare in recover.
+static dt_status join(run_state *r) {
+    const dt_config *c = r->c;
+    recovery *rec = &r->rec;
+    dt_status st;
+    int served;
+    rec->place = dt_worker_place(r->comm);
+    rec->have_state = rec->place != DT_PLACE_SPARE;
+    rec->lost_start = rec->have_state && dt_comm_generation(r->comm) > 0;
+    if ((st = dt_train_check_spares(c, dt_worker_spares())) != DT_OK) return st;
+    if ((st = split_roles(r->sops, c, r->all, r->run_dir, &r->comm, &served)) != DT_OK) return st;
+    if (served) {
+        r->res->rank = -1;  // not a worker: nothing to report
+        r->over = 1;
+        return DT_OK;
     }
-    dt_strategy_args sa = {c, comm, info.params, info.grads, info.nparams, info.order, info.norder, obs, info.order_layer,
-                           all, info.order_split, info.nwhole, info.shard_copy, info.shard_user,
-                           info.replicas, info.tensor_group, info.matrices, info.nmatrices};
-    DT_TRY(dt_strategy_create(&strat, sops, &sa), done);
+    r->rank = dt_comm_rank(r->comm);
+    r->W = dt_comm_size(r->comm);
+    if (rec->have_state && (st = dt_fault_at(r->rank, 0, "metrics")) != DT_OK) return st;  // (a test's fault)
+    st = dt_obs_create(&r->obs, c, r->run_dir, r->comm, r->progress, r->user);
+    if (dt_worker_recoverable(st) && rec->have_state && !rec->lost_start) {  // a death in its barrier; again without it
+        if ((st = lose_start(r->comm, &rec->lost_start)) != DT_OK) return st;
+        st = dt_obs_create(&r->obs, c, r->run_dir, r->comm, r->progress, r->user);
+    }
+    if (st != DT_OK) return st;
+    dt_obs_set_all(r->obs, r->all);
+    r->ckpt_run_dir = r->run_dir;  // sharded checkpoints: every rank writes
+    if (r->rank != 0) r->run_dir = NULL;  // only rank 0 writes files and reports progress
+    r->res->rank = r->rank;
+    r->res->workers = r->W;
+    r->res->threads = r->threads;
+    if ((st = dt_train_check(c, r->W)) != DT_OK) return st;
+    // the largest batch the model runs, from the memory check
+    if ((st = dt_check_memory(c, DT_MEM_TRAIN, r->W, 0, &r->model_rows)) != DT_OK) return st;
+    return dt_worker_run_dir(c, r->run_dir);
+}
+
+// The model and its data, every rank from rank 0's parameters, and the
+// strategy over them. A rank restarted alone skips the start's
+// collectives, which the others made long ago with its predecessor: it
+// gets the weights and its step from the strategy (resume_or_join).
+static dt_status build(run_state *r) {
+    const dt_config *c = r->c;
+    const dt_task_ops *tops = r->tops;
+    dt_task_info *info = &r->info;
+    recovery *rec = &r->rec;
+    dt_status st = tops->create(&r->task, c, r->comm, r->sops->max_micro(c, r->W), r->model_rows, info);
+    if (st != DT_OK) return st;
+    if (rec->have_state && (st = dt_fault_at(r->rank, 0, "start")) != DT_OK) return st;  // (a test's fault)
+    if (rec->place == DT_PLACE_START && !rec->lost_start &&
+        (st = dt_broadcast(info->params, info->params, info->nparams, DT_F32, 0,
+                           info->replicas ? info->replicas : r->comm)) != DT_OK) {
+        if (dt_worker_recoverable(st)) st = lose_start(r->comm, &rec->lost_start);
+        if (st != DT_OK) return dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+    }
+    dt_strategy_args sa = {c, r->comm, info->params, info->grads, info->nparams, info->order, info->norder, r->obs,
+                           info->order_layer, r->all, info->order_split, info->nwhole, info->shard_copy,
+                           info->shard_user, info->replicas, info->tensor_group, info->matrices, info->nmatrices};
+    if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
     dt_memory_kinds mk;
-    dt_memory_model_state(c, DT_MEM_TRAIN, info.nparams, c->zero, W, &mk);
-    dt_obs_set_memory(obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients, (double)mk.optimizer,
-                                                      (double)mk.comm, (double)dt_memory_activations(c, W)});
-    if (sops->params_needed) {
-        if (!tops->set_layer_hook) {
-            st = dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no layers to hook",
-                          sops->name, tops->name);
-            goto done;
-        }
-        tops->set_layer_hook(task, params_needed, strat);
+    dt_memory_model_state(c, DT_MEM_TRAIN, info->nparams, c->zero, r->W, &mk);
+    dt_obs_set_memory(r->obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients,
+                                                         (double)mk.optimizer, (double)mk.comm,
+                                                         (double)dt_memory_activations(c, r->W)});
+    if (r->sops->params_needed) {
+        if (!tops->set_layer_hook)
+            return dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no "
+                                           "layers to hook",
+                            r->sops->name, tops->name);
+        tops->set_layer_hook(r->task, params_needed, r->strat);
     }
     // Dynamic batching: units of the global batch (its samples, or the
     // deterministic mode's fixed shards) dealt by speed.
-    int nunits = c->deterministic ? c->micro_shards : c->batch;
-    if (c->dynamic_batch && !tops->set_shares) {
-        st = dt_error(DT_ERR_CONFIG, "[train] dynamic_batch: the %s model's batches cannot be split unevenly", tops->name);
-        goto done;
-    }
-    if (c->dynamic_batch && W > 1) DT_TRY(dt_dynbatch_create(&dyn, W, c->batch, nunits), done);
+    r->nunits = c->deterministic ? c->micro_shards : c->batch;
+    if (c->dynamic_batch && !tops->set_shares)
+        return dt_error(DT_ERR_CONFIG, "[train] dynamic_batch: the %s model's batches cannot be split unevenly",
+                        tops->name);
+    return c->dynamic_batch && r->W > 1 ? dt_dynbatch_create(&r->dyn, r->W, c->batch, r->nunits) : DT_OK;
+}
 
-    // Checkpoints: the weights, the optimizer state as this rank holds it,
-    // the loop's position and its data stream.
-    dt_ckpt_model cm = {.tensors = info.tensors,
-                        .ntensors = info.ntensors,
-                        .weights_meta = info.weights_meta,
-                        .nweights_meta = info.nweights_meta};
-    dt_strategy_ckpt_view(strat, &cm);
-    dt_train_state ts = {.rng = info.rng};
-    dt_config fresh = *c;  // a replacement resumes nothing: it rejoins
-    if (rejoining) fresh.resume[0] = 0;
-    st = dt_run_ckpt_begin(&ck, &fresh, ckpt_run_dir, comm, &cm, &ts);
+// A rank restarted alone (the strategy's `rejoined`: ps.c) takes its
+// predecessor's place in the loop, so that it meets the others where they
+// meet; when its predecessor had made step `at`, it runs the meeting after
+// that step first (owed: the others may be in it), as at the end of that
+// step.
+static void join_at(run_state *r) {
+    dt_strategy *s = r->strat;
+    dt_train_state *ts = &r->ts;
+    int64_t at = s->rejoin_step, spe = r->info.steps_per_epoch > 0 ? r->info.steps_per_epoch : 1,
+            every = r->c->ckpt_every_steps;
+    int owed = s->rejoin_meet && at > 0;
+    r->rec.owed = owed;
+    ts->step = at;
+    ts->epoch = (owed ? at - 1 : at) / spe;
+    ts->epoch_batch = at - ts->epoch * spe;
+    // (the save the meeting it owes may make: every K steps, or at the end)
+    r->ck.last_step = every > 0 ? at - (owed && at % every == 0 ? every : at % every) : owed ? at - 1 : at;
+    if (s->rejoin_pieces) {  // dynamic sharing: the workers' steps say nothing of the epoch; server 0 does
+        ts->epoch = s->rejoin_epoch;
+        ts->epoch_batch = s->unit < 0 ? spe : 0;  // (spe: its epoch's end, whose meeting it runs first)
+    }
+}
+
+// Checkpoints: the weights, the optimizer state as this rank holds it, the
+// loop's position and its data stream. Resumed from one when asked; a rank
+// restarted alone resumes nothing: the strategy's restore says where it
+// joins (join_at).
+static dt_status resume_or_join(run_state *r) {
+    const dt_config *c = r->c;
+    dt_strategy *s = r->strat;
+    dt_ckpt_model cm = {.tensors = r->info.tensors,
+                        .ntensors = r->info.ntensors,
+                        .weights_meta = r->info.weights_meta,
+                        .nweights_meta = r->info.nweights_meta};
+    dt_strategy_ckpt_view(s, &cm);
+    r->ts = (dt_train_state){.rng = r->info.rng};
+    r->fresh = *c;
+    if (r->rec.place == DT_PLACE_RESTARTED) r->fresh.resume[0] = 0;
+    dt_status st = dt_run_ckpt_begin(&r->ck, &r->fresh, r->ckpt_run_dir, r->comm, &cm, &r->ts);
     // Resumed: rank 0 reads the checkpoint and shares it in a collective,
     // which a death at the start broke, or which the others skipped.
-    if ((dt_worker_recoverable(st) || (st == DT_OK && lost_start)) && c->resume[0] && !rejoining) {
-        st = dt_error(DT_ERR_COMM, "rank %d: a worker died while the run started, before the checkpoint to resume "
-                                   "from was shared; a spare cannot resume it (--max-restarts restarts the run)%s%s",
-                      rank, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
-        goto done;
+    if ((dt_worker_recoverable(st) || (st == DT_OK && r->rec.lost_start)) && r->fresh.resume[0])
+        return dt_error(DT_ERR_COMM, "rank %d: a worker died while the run started, before the checkpoint to resume "
+                                     "from was shared; a spare cannot resume it (--max-restarts restarts the run)%s%s",
+                        r->rank, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    if (st != DT_OK) return st;
+    if (s->ckpt_saves) dt_run_ckpt_set_saver(&r->ck, save_by_strategy, s);
+    s->ckpt_model = &r->ck.model;
+    s->ckpt_dir = r->ck.dir;
+    s->start_step = r->ts.step;
+    if ((st = dt_strategy_ckpt_restore(s, r->ck.from, r->ck.from_parts)) != DT_OK) return st;
+    if (s->rejoin_done) {  // a replacement for a rank that had finished: its files are written
+        r->res->rank = -1;
+        dt_obs_leave(r->obs);
+        r->over = 1;
+        return DT_OK;
     }
-    if (st != DT_OK) goto done;
-    if (strat->ckpt_saves) dt_run_ckpt_set_saver(&ck, save_by_strategy, strat);
-    strat->ckpt_model = &ck.model;
-    strat->ckpt_dir = ck.dir;
-    strat->start_step = ts.step;
-    DT_TRY(dt_strategy_ckpt_restore(strat, ck.from, ck.from_parts), done);
-    if (strat->rejoin_done) {  // a replacement for a rank that had finished: its files are written
-        res->rank = -1;
-        dt_obs_leave(obs);
-        goto done;
-    }
-    // A replacement for a rank restarted alone (ps.c): its predecessor's place
-    // in the loop, so that it meets the others where they meet; when its
-    // predecessor had made step `at`, it runs the meeting after that step
-    // first (owed: the others may be in it), as at the end of that step.
-    int owed = strat->rejoined && strat->rejoin_meet && strat->rejoin_step > 0;
-    if (strat->rejoined) {
-        int64_t at = strat->rejoin_step, spe0 = info.steps_per_epoch > 0 ? info.steps_per_epoch : 1,
-                every = c->ckpt_every_steps;
-        ts.step = at;
-        ts.epoch = (owed ? at - 1 : at) / spe0;
-        ts.epoch_batch = at - ts.epoch * spe0;
-        // (the save the meeting it owes may make: every K steps, or at the end)
-        ck.last_step = every > 0 ? at - (owed && at % every == 0 ? every : at % every) : owed ? at - 1 : at;
-        if (strat->rejoin_pieces) {  // dynamic sharing: the workers' steps say nothing of the epoch; server 0 does
-            ts.epoch = strat->rejoin_epoch;
-            ts.epoch_batch = strat->unit < 0 ? spe0 : 0;  // (spe: its epoch's end, whose meeting it runs first)
-        }
-    }
-    ck.obs = obs;
-    dt_rng rng = ts.rng;
-    res->resumed_step = ts.step;
-    if (!newcomer) dt_heartbeat(ts.step);  // a newcomer's first beat is the step it redoes
+    if (s->rejoined) join_at(r);
+    r->ck.obs = r->obs;
+    r->rng = r->ts.rng;
+    r->res->resumed_step = r->ts.step;
+    if (r->rec.have_state) dt_heartbeat(r->ts.step);  // a spare's first beat is the step it redoes
+    return DT_OK;
+}
 
-    int64_t total = info.total_steps, spe = info.steps_per_epoch;
-    int epochs = info.epochs;
+// Rank 0's line about the run, before its first step.
+static void describe(const run_state *r, const char *wcopy) {
+    const dt_config *c = r->c;
+    char ep[64] = "";
+    if (r->epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", r->epochs, (long long)r->spe);
+    const dt_cpu *cpu = dt_cpu_get();
+    dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s, precision %s%s; %s (%s)",
+           c->name, r->info.describe, (long long)r->total, ep, r->W, r->W > 1 ? "s" : "", r->threads,
+           r->threads > 1 ? "s" : "", r->sops->name, c->deterministic ? ", deterministic" : "",
+           dt_kernels_describe((dt_dtype)c->precision), wcopy, cpu->name, dt_isa_name(cpu->isa));
+}
+
+// What the steps run with: the run's length, dynamic sharing's pieces, the
+// schedule, fp16's loss scaler, the weights' 16-bit copy, the position.
+static dt_status prepare(run_state *r) {
+    const dt_config *c = r->c;
+    dt_strategy *s = r->strat;
+    dt_status st;
+    r->total = r->info.total_steps;
+    r->spe = r->info.steps_per_epoch;
+    r->epochs = r->info.epochs;
     // [ps] share = dynamic (ps.c): the pieces of an epoch's batches (a
     // batch's even split among the workers) go to whichever worker is free,
     // from the servers: a worker trains as many as its speed takes, and its
     // epoch ends when they are all out, not after `spe` steps.
-    int pieces = c->ps_share && strat->own_pace;
-    if (pieces && !tops->seek) {
-        st = dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the %s model's batches cannot be handed out in pieces",
-                      tops->name);
-        goto done;
+    r->pieces = c->ps_share && s->own_pace;
+    if (r->pieces && !r->tops->seek)
+        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the %s model's batches cannot be handed out in pieces",
+                        r->tops->name);
+    if (r->pieces) s->units = r->spe * r->W;
+    if (r->pieces && r->ts.epoch_batch != 0 && !s->rejoined)  // resumed inside an epoch
+        return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic resumes only from a checkpoint at an epoch's end: this "
+                                       "one is at batch %lld of epoch %lld's %lld (the pieces handed out are not in it)",
+                        (long long)r->ts.epoch_batch, (long long)r->ts.epoch + 1, (long long)r->spe);
+    r->sched = dt_worker_schedule(c, r->total);
+    // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the
+    // control plane; resumed, where the checkpoint's run left it.
+    r->fp16 = c->precision == DT_F16;
+    r->scaler = dt_loss_scaler_default();
+    if (r->fp16) {
+        scaler_from_state(&r->scaler, &r->ts);
+        s->loss_scale = r->scaler.scale;
     }
-    if (pieces) strat->units = spe * W;
-    if (pieces && ts.epoch_batch != 0 && !strat->rejoined) {  // resumed inside an epoch
-        st = dt_error(DT_ERR_CONFIG, "[ps] share = dynamic resumes only from a checkpoint at an epoch's end: this one "
-                                     "is at batch %lld of epoch %lld's %lld (the pieces handed out are not in it)",
-                      (long long)ts.epoch_batch, (long long)ts.epoch + 1, (long long)spe);
-        goto done;
-    }
-    dt_schedule sched = dt_worker_schedule(c, total);
-    // fp16: dynamic loss scaling (optim.h), its overflow agreed on by the control plane.
-    int fp16 = c->precision == DT_F16;
     // A low precision: the GEMMs read the weights from a 16-bit copy,
     // converted once after each change (a new step, an evaluation after an
     // update) instead of at every call (kernels.h).
     char wcopy[64] = "";
     if (c->precision != DT_F32) {
-        DT_TRY(dt_kernels_set_weights(info.params, info.nparams), done);
-        snprintf(wcopy, sizeof wcopy, ", weights' %s copy %.1f MiB", fp16 ? "fp16" : "bf16",
-                 (double)info.nparams * 2 / (1 << 20));
+        if ((st = dt_kernels_set_weights(r->info.params, r->info.nparams)) != DT_OK) return st;
+        snprintf(wcopy, sizeof wcopy, ", weights' %s copy %.1f MiB", r->fp16 ? "fp16" : "bf16",
+                 (double)r->info.nparams * 2 / (1 << 20));
     }
-    dt_loss_scaler scaler = dt_loss_scaler_default();
-    if (fp16) {  // resumed: where the checkpoint's run left it
-        scaler_from_state(&scaler, &ts);
-        strat->loss_scale = scaler.scale;
-    }
-    if (rank == 0) {
-        char ep[64] = "";
-        if (epochs > 1) snprintf(ep, sizeof ep, " (%d epochs of %lld)", epochs, (long long)spe);
-        const dt_cpu *cpu = dt_cpu_get();
-        dt_log(DT_LOG_INFO, "%s: %s, %lld steps%s, %d worker%s x %d thread%s, strategy %s%s, precision %s%s; %s (%s)",
-               c->name, info.describe, (long long)total, ep, W, W > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
-               sops->name, c->deterministic ? ", deterministic" : "", dt_kernels_describe((dt_dtype)c->precision),
-               wcopy, cpu->name, dt_isa_name(cpu->isa));
-    }
-
+    if (r->rank == 0) describe(r, wcopy);
     // Ranks at their own pace (parameter servers outside mode sync) meet
     // only in the strategy's collectives, which a replacement for a rank
     // that died inside a meeting can join (ps.c): rank 0 evaluates alone.
-    int alone = strat->own_pace && W > 1;
-    int64_t step = ts.step, samples = 0, loss_n = ts.epoch_steps;
-    double t_train = 0, loss_sum = ts.epoch_loss;
-    uint64_t bytes_sent = 0;  // by this rank during the steps (dt_obs_bytes_sent)
-    int stop = 0, evaluated = 0;
-    double failed_at = 0;
-    if (newcomer || lost_start) goto recover;
-again:
-    for (int e = (int)ts.epoch; e < epochs && (pieces || step < total || owed) && !stop; e++) {
-        int64_t ebatch = e == ts.epoch ? ts.epoch_batch : 0;  // mid-epoch on resume
-        tops->start_epoch(task, e, ebatch);
+    r->alone = s->own_pace && r->W > 1;
+    r->step = r->ts.step;
+    r->loss_n = r->ts.epoch_steps;
+    r->loss_sum = r->ts.epoch_loss;
+    return DT_OK;
+}
+
+// ---- the steps and their meetings -------------------------------------------
+
+// The observer's position at step r->step, for a meeting without a step of
+// this rank's before it.
+static void at_step(const run_state *r, int e) {
+    dt_obs_at(r->obs, &(dt_obs_step_info){.step = r->step, .total_steps = r->total, .epoch = e + 1,
+                                          .epochs = r->epochs});
+}
+
+// A step made without this rank (ps.c, backup): its batch is passed over.
+// *end: the epoch's data ran out (never: no step is made past a meeting, at
+// the epoch's end, without every rank).
+static dt_status skip_step(run_state *r, int e, int64_t *ebatch, int *end) {
+    dt_task_batch b;
+    int more;
+    r->strat->skip_steps--;
+    dt_status st = r->tops->next_batch(r->task, &r->rng, &b, &more);
+    if (st != DT_OK) return st;
+    if (!more) {
+        r->strat->skip_steps = 0;
+        *end = 1;
+        return DT_OK;
+    }
+    r->step++;
+    (*ebatch)++;
+    at_step(r, e);
+    return DT_OK;
+}
+
+// One step: the next batch (with dynamic sharing, the next piece's), the
+// micro-batches or the strategy's own schedule, then the rest of the step;
+// *end: the epoch's data or pieces ran out first. A failure that a spare
+// repairs is marked r->rec.repair.
+static dt_status train_step(run_state *r, int e, int64_t *ebatch, dt_control *ctl, int *end) {
+    dt_strategy *s = r->strat;
+    if (r->pieces && s->unit < 0) return *end = 1, DT_OK;  // this epoch's pieces are all out
+    int64_t piece = r->pieces ? s->unit % s->units : -1, at = r->step;  // at: the schedule's step
+    double t0 = dt_now();
+    dt_task_batch b;
+    int more;
+    dt_obs_begin(r->obs, DT_OBS_DATA);
+    if (r->pieces) {
+        at = e * r->spe + piece / r->W;
+        r->tops->seek(r->task, piece / r->W, (int)(piece % r->W));
+    }
+    dt_status st = r->tops->next_batch(r->task, &r->rng, &b, &more);
+    dt_obs_end(r->obs, DT_OBS_DATA);
+    if (st != DT_OK) return st;
+    if (!more) return *end = 1, DT_OK;
+    dt_obs_set_share(r->obs, b.share);
+    if (!s->grads_zero) r->tops->zero_grad(r->task);
+    uint64_t sent0 = dt_obs_bytes_sent(r->obs);
+    dt_kernels_weights_changed();  // by the last step's update (or the resume)
+    double lsum;
+    float lr, gnorm;
+    int64_t skipped0 = r->scaler.skipped;
+    st = r->sops->run_step ? r->sops->run_step(s, r->tops, r->task, r->step, &b, &lsum)
+                           : micro_steps(r->tops, r->task, s, r->obs, r->step, &b, &lsum);
+    if (st == DT_OK)
+        st = finish_step(s, &r->ck, r->obs, &r->sched, at, lsum, b.global, r->fp16 ? &r->scaler : NULL, ctl, &lr,
+                         &gnorm);
+    if (st == DT_OK && r->dyn) st = rebalance(r->dyn, r->obs, r->tops, r->task, r->rank, r->W, r->nunits, r->step + 1);
+    if (st != DT_OK) {
+        st = dt_error(st, "rank %d, step %lld: %s", r->rank, (long long)r->step + 1, dt_last_error());
+        r->rec.repair = dt_worker_recoverable(st);
+        return st;
+    }
+    r->bytes_sent += dt_obs_bytes_sent(r->obs) - sent0;
+    r->step++;
+    // (pieces: the batch of the next piece, or the epoch's end when none is left)
+    *ebatch = !r->pieces ? *ebatch + 1 : s->unit < 0 ? r->spe : s->unit % s->units / r->W;
+    r->loss_sum += ctl->loss;
+    r->loss_n++;
+    r->samples += b.global;
+    r->stop = ctl->stop;
+    r->t_train += dt_now() - t0;
+    r->ck.state_opt = *r->ck.model.opt_step;  // the optimizer step of the state below (ZeRO's slices, --spares)
+    dt_obs_step(r->obs, &(dt_obs_step_info){r->step, r->total, e + 1, r->epochs, ctl->loss, lr, gnorm, b.global,
+                                            (int64_t)b.global * r->info.tokens_per_sample, s->has_staleness,
+                                            s->staleness, r->fp16 ? r->scaler.scale : 0,
+                                            r->scaler.skipped > skipped0, r->scaler.skipped, piece + 1});
+    return DT_OK;
+}
+
+// The loop's state after step r->step, batch ebatch of epoch e.
+static dt_train_state state_at(const run_state *r, int e, int64_t ebatch) {
+    int end = ebatch == r->spe;
+    return (dt_train_state){r->step, end ? e + 1 : e, end ? 0 : ebatch, r->loss_n, r->loss_sum, r->rng, r->W,
+                            r->fp16 ? r->scaler.scale : 0, r->scaler.clean, r->scaler.skipped};
+}
+
+// An evaluation after step r->step (the training loss beside it is the mean
+// since the one before). redo: a restarted worker 0 runs again a meeting
+// whose evaluation its predecessor may have recorded (its metrics log
+// says). A failure that a spare repairs is marked: the evaluation is not
+// redone.
+static dt_status evaluate(run_state *r, int e, int redo) {
+    float train_loss = (float)(r->loss_sum / (r->loss_n ? r->loss_n : 1)), tl, ta;
+    dt_status st;
+    if (r->info.has_eval) {
+        if ((st = dt_strategy_params_sync(r->strat)) != DT_OK) return st;
+        if ((st = dt_fault_at(r->rank, r->step, "eval")) != DT_OK) return st;  // (a test's fault)
+        if (redo && r->alone && r->rank == 0 && dt_obs_logged_eval(r->obs, r->step, &tl, &ta)) {
+            dt_log(DT_LOG_INFO, "worker 0 (restarted): the evaluation after step %lld is in its predecessor's "
+                                "metrics log; not done again", (long long)r->step);
+            r->res->test_loss = tl;
+            r->res->test_accuracy = ta;
+        } else if (!r->alone || r->rank == 0) {
+            dt_obs_begin(r->obs, DT_OBS_EVAL);
+            st = dt_strategy_params_whole(r->strat, 1);
+            dt_kernels_weights_changed();  // by this step's update
+            if (st == DT_OK) st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, &tl, &ta);
+            if (st == DT_OK) st = dt_strategy_params_whole(r->strat, 0);
+            dt_obs_end(r->obs, DT_OBS_EVAL);
+            r->rec.repair = dt_worker_recoverable(st);
+            if (st != DT_OK) return st;
+            r->res->test_loss = tl;
+            r->res->test_accuracy = ta;
+            dt_obs_eval(r->obs, train_loss, tl, ta);
+        }
+        r->evaluated = 1;
+    }
+    r->res->final_train_loss = train_loss;
+    r->res->epochs = e + 1;
+    r->loss_sum = 0;
+    r->loss_n = 0;
+    return DT_OK;
+}
+
+// The meeting after step r->step: the evaluation at the end of the epoch
+// and of the run and every eval_every steps, then the checkpoint that the
+// schedule, the votes (ctl) or a stop ask for, and the heartbeat.
+static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl, int redo) {
+    const dt_config *c = r->c;
+    int epoch_end = ebatch == r->spe, last = r->pieces ? epoch_end && e + 1 == r->epochs : r->step == r->total;
+    dt_status st;
+    r->ts = state_at(r, e, ebatch);  // this step's state, should the evaluation be interrupted by a failure
+    if ((epoch_end || last || (c->eval_every > 0 && r->step % c->eval_every == 0)) &&
+        (st = evaluate(r, e, redo)) != DT_OK)
+        return st;
+    r->ts = state_at(r, e, ebatch);
+    // Dynamic sharing: the workers' step counts differ, so their only
+    // shared places, epochs' ends, are the checkpoints' (every
+    // ceil(K / steps an epoch)-th epoch; their step the run's batches,
+    // epoch x steps), decided by the epoch alone, as a replacement can.
+    dt_train_state tc = r->ts;
+    int save = ctl->save, here = 1;
+    if (r->pieces && !r->stop) {
+        int64_t every = c->ckpt_every_steps, ke = every > 0 ? (every + r->spe - 1) / r->spe : 0;
+        here = epoch_end;
+        tc.step = (e + 1) * r->spe;
+        r->ck.last_step = tc.step - 1;  // (not due by a count of steps)
+        save |= ke > 0 && (e + 1) % ke == 0;
+    }
+    if (here && dt_run_ckpt_due(&r->ck, tc.step, last, r->stop, save) && r->ck.dir[0] &&
+        (st = dt_strategy_params_sync(r->strat)) != DT_OK)
+        return st;
+    if (here && (st = dt_run_ckpt_step(&r->ck, &tc, last, r->stop, save)) != DT_OK) return st;
+    dt_heartbeat(r->step);
+    return DT_OK;
+}
+
+// Steps are left: a count, dynamic sharing's pieces, or the meeting a
+// restarted rank owes.
+static int steps_left(const run_state *r) {
+    return r->pieces || r->step < r->total || r->rec.owed;
+}
+
+// The epochs from r->ts on: each step, then the meeting after it.
+static dt_status epochs(run_state *r) {
+    dt_strategy *s = r->strat;
+    for (int e = (int)r->ts.epoch; e < r->epochs && steps_left(r) && !r->stop; e++) {
+        int64_t ebatch = e == r->ts.epoch ? r->ts.epoch_batch : 0;  // mid-epoch on resume
+        r->tops->start_epoch(r->task, e, ebatch);
         // every worker's first piece is its own share of batch 0 (a replacement's first: server 0's word)
-        if (pieces && !strat->rejoin_pieces) strat->unit = e * strat->units + rank;
-        strat->rejoin_pieces = 0;
-        while (!stop && (pieces || step < total || owed)) {
+        if (r->pieces && !s->rejoin_pieces) s->unit = e * s->units + r->rank;
+        s->rejoin_pieces = 0;
+        while (!r->stop && steps_left(r)) {
             dt_control ctl = {0};
-            int redo = owed;  // this step's meeting, which its predecessor may have made in part
-            if (owed) {  // a replacement: the meeting after its predecessor's last step, then on
-                owed = 0;
-                dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
-                goto meet;
+            int redo = r->rec.owed, end = 0;  // redo: a meeting its predecessor may have made in part
+            dt_status st = DT_OK;
+            if (r->rec.owed) {  // restarted: the meeting after its predecessor's last step, then on
+                r->rec.owed = 0;
+                at_step(r, e);
+            } else if (s->skip_steps > 0) {
+                st = skip_step(r, e, &ebatch, &end);
+            } else {
+                st = train_step(r, e, &ebatch, &ctl, &end);
             }
-            if (strat->skip_steps > 0) {  // a step made without this rank (ps.c, backup): its batch passed over
-                dt_task_batch b;
-                int more;
-                strat->skip_steps--;
-                if ((st = tops->next_batch(task, &rng, &b, &more)) != DT_OK) goto done;
-                if (!more) {  // (never: no step is made past a meeting, at the epoch's end, without every rank)
-                    strat->skip_steps = 0;
-                    break;
-                }
-                step++;
-                ebatch++;
-                dt_obs_at(obs, &(dt_obs_step_info){.step = step, .total_steps = total, .epoch = e + 1, .epochs = epochs});
-                goto meet;
-            }
-            if (pieces && strat->unit < 0) break;  // this epoch's pieces are all out
-            int64_t piece = pieces ? strat->unit % strat->units : -1, at = step;  // at: the schedule's step
-            double t0 = dt_now();
-            dt_task_batch b;
-            int more;
-            dt_obs_begin(obs, DT_OBS_DATA);
-            if (pieces) {
-                at = e * spe + piece / W;
-                tops->seek(task, piece / W, (int)(piece % W));
-            }
-            st = tops->next_batch(task, &rng, &b, &more);
-            dt_obs_end(obs, DT_OBS_DATA);
-            if (st != DT_OK) goto done;
-            if (!more) break;
-            dt_obs_set_share(obs, b.share);
-            if (!strat->grads_zero) tops->zero_grad(task);
-            uint64_t sent0 = dt_obs_bytes_sent(obs);
-            dt_kernels_weights_changed();  // by the last step's update (or the resume)
-            double lsum;
-            float lr, gnorm;
-            int64_t skipped0 = scaler.skipped;
-            st = sops->run_step ? sops->run_step(strat, tops, task, step, &b, &lsum)
-                                : micro_steps(tops, task, strat, obs, step, &b, &lsum);
-            if (st == DT_OK)
-                st = finish_step(strat, &ck, obs, &sched, at, lsum, b.global, fp16 ? &scaler : NULL, &ctl, &lr, &gnorm);
-            if (st == DT_OK && dyn) st = rebalance(dyn, obs, tops, task, rank, W, nunits, step + 1);
-            if (st != DT_OK) {
-                st = dt_error(st, "rank %d, step %lld: %s", rank, (long long)step + 1, dt_last_error());
-                if (dt_worker_recoverable(st)) goto recover;
-                goto done;
-            }
-            bytes_sent += dt_obs_bytes_sent(obs) - sent0;
-            step++;
-            // (pieces: the batch of the next piece, or the epoch's end when none is left)
-            ebatch = !pieces ? ebatch + 1 : strat->unit < 0 ? spe : strat->unit % strat->units / W;
-            loss_sum += ctl.loss;
-            loss_n++;
-            samples += b.global;
-            stop = ctl.stop;
-            t_train += dt_now() - t0;
-            ck.state_opt = *ck.model.opt_step;  // the optimizer step of the state below (ZeRO's slices, --spares)
-            dt_obs_step(obs, &(dt_obs_step_info){step, total, e + 1, epochs, ctl.loss, lr, gnorm, b.global,
-                                                 (int64_t)b.global * info.tokens_per_sample, strat->has_staleness,
-                                                 strat->staleness, fp16 ? scaler.scale : 0, scaler.skipped > skipped0,
-                                                 scaler.skipped, piece + 1});
-        meet:;  // the end of step `step`: what follows uses nothing of the step above but its count and ctl
-            int epoch_end = ebatch == spe, last = pieces ? epoch_end && e + 1 == epochs : step == total;
-            // this step's state, should the evaluation below be interrupted by a failure
-            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
-                                  fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
-            // Evaluation at the end of the epoch and of the run, and every
-            // eval_every steps; the training loss beside it is the mean
-            // since the one before.
-            if (epoch_end || last || (c->eval_every > 0 && step % c->eval_every == 0)) {
-                float train_loss = (float)(loss_sum / (loss_n ? loss_n : 1));
-                if (info.has_eval) {
-                    float tl, ta;
-                    if ((st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
-                    if ((st = dt_fault_at(rank, step, "eval")) != DT_OK) goto done;  // (a test's fault)
-                    if (redo && alone && rank == 0 && dt_obs_logged_eval(obs, step, &tl, &ta)) {
-                        dt_log(DT_LOG_INFO, "worker 0 (restarted): the evaluation after step %lld is in its "
-                                            "predecessor's metrics log; not done again", (long long)step);
-                        res->test_loss = tl;
-                        res->test_accuracy = ta;
-                    } else if (!alone || rank == 0) {
-                        dt_obs_begin(obs, DT_OBS_EVAL);
-                        st = dt_strategy_params_whole(strat, 1);
-                        dt_kernels_weights_changed();  // by this step's update
-                        if (st == DT_OK) st = tops->evaluate(task, alone ? NULL : comm, step, train_loss, &tl, &ta);
-                        if (st == DT_OK) st = dt_strategy_params_whole(strat, 0);
-                        dt_obs_end(obs, DT_OBS_EVAL);
-                        if (dt_worker_recoverable(st)) goto recover;  // the evaluation is not redone
-                        if (st != DT_OK) goto done;
-                        res->test_loss = tl;
-                        res->test_accuracy = ta;
-                        dt_obs_eval(obs, train_loss, tl, ta);
-                    }
-                    evaluated = 1;
-                }
-                res->final_train_loss = train_loss;
-                res->epochs = e + 1;
-                loss_sum = 0;
-                loss_n = 0;
-            }
-            ts = (dt_train_state){step, epoch_end ? e + 1 : e, epoch_end ? 0 : ebatch, loss_n, loss_sum, rng, W,
-                                  fp16 ? scaler.scale : 0, scaler.clean, scaler.skipped};
-            // Dynamic sharing: the workers' step counts differ, so their only
-            // shared places, epochs' ends, are the checkpoints' (every
-            // ceil(K / steps an epoch)-th epoch; their step the run's batches,
-            // epoch x steps), decided by the epoch alone, as a replacement can.
-            dt_train_state tc = ts;
-            int save = ctl.save, here = 1;
-            if (pieces && !stop) {
-                int64_t every = c->ckpt_every_steps, ke = every > 0 ? (every + spe - 1) / spe : 0;
-                here = epoch_end;
-                tc.step = (e + 1) * spe;
-                ck.last_step = tc.step - 1;  // (not due by a count of steps)
-                save |= ke > 0 && (e + 1) % ke == 0;
-            }
-            if (here && dt_run_ckpt_due(&ck, tc.step, last, stop, save) && ck.dir[0] &&
-                (st = dt_strategy_params_sync(strat)) != DT_OK)
-                goto done;
-            if (here && (st = dt_run_ckpt_step(&ck, &tc, last, stop, save)) != DT_OK) goto done;
-            dt_heartbeat(step);
+            if (st == DT_OK && !end) st = meet(r, e, ebatch, &ctl, redo);
+            if (st != DT_OK) return st;
+            if (end) break;
         }
     }
-    if (0) {
-    recover:  // a spare took a dead rank's place: rejoin, take the furthest replica's state, redo the step
-        if (!failed_at) failed_at = dt_now();
-        if (have_state) dt_log(DT_LOG_DEBUG, "%s; waiting for a spare to take the dead rank's place", dt_last_error());
-        if (have_state && sops->abandon) sops->abandon(strat);  // its transfers over, the step to be redone
-        if (have_state && !lost_start && (st = dt_comm_rejoin(comm, 0)) != DT_OK) {
-            st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
-            goto done;
-        }
-        lost_start = 0;  // (rejoined in the start)
-        int from;
-        if ((st = dt_run_ckpt_share(&ck, &ts, have_state, &from)) != DT_OK) {
-            st = dt_error(st, "rank %d, taking the state of a replica: %s", rank, dt_last_error());
-            if (dt_worker_recoverable(st)) {  // another death meanwhile: again, with a new generation
-                if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
-                goto recover;
-            }
-            goto done;
-        }
-        // A sharded strategy's slices: each rank's own, or from its buddy's
-        // copy; before the first step, a newcomer's own (the seeded start's).
-        int lost = 0;
-        if (sops->take_over && (st = sops->take_over(strat, have_state || ts.step == 0, &lost)) != DT_OK) {
-            st = dt_error(st, "rank %d, after step %lld: %s", rank, (long long)ts.step, dt_last_error());
-            if (!lost && dt_worker_recoverable(st)) {  // another death meanwhile: again, with a new generation
-                if (!have_state && (st = dt_comm_rejoin(comm, 0)) != DT_OK) goto done;
-                goto recover;
-            }
-            goto done;
-        }
-        if (fp16) {  // the loss scale and its count of clean steps came with the state
-            scaler_from_state(&scaler, &ts);
-            strat->loss_scale = scaler.scale;
-        }
-        have_state = 1;
-        newcomer = 0;
-        step = ts.step;
-        loss_n = ts.epoch_steps;
-        loss_sum = ts.epoch_loss;
-        rng = ts.rng;
-        stop = 0;
-        if (rank == 0)
-            dt_log(DT_LOG_INFO, "spares: every worker rejoined and took rank %d's state at step %lld in %.2f s; "
-                                "redoing step %lld",
-                   from, (long long)step, dt_now() - failed_at, (long long)step + 1);
-        failed_at = 0;
-        dt_heartbeat(step);
-        goto again;
+    return DT_OK;
+}
+
+// One try at a recovery: rejoin (a new generation of the communicator,
+// with the spare in the dead rank's place), then the state of the replica
+// that got furthest, and a sharded strategy's slices (each rank's own, or
+// from its buddy's copy; before the first step, a spare's own seeded
+// one). *again: another death broke it, and this rank is ready for the
+// next try.
+static dt_status take_state(run_state *r, int *from, int *again) {
+    recovery *rec = &r->rec;
+    int have = rec->have_state, lost = 0;
+    dt_status st;
+    *again = 0;
+    if (have) dt_log(DT_LOG_DEBUG, "%s; waiting for a spare to take the dead rank's place", dt_last_error());
+    if (have && r->sops->abandon) r->sops->abandon(r->strat);  // its transfers over, the step to be redone
+    if (have && !rec->lost_start && (st = dt_comm_rejoin(r->comm, 0)) != DT_OK)
+        return dt_error(st, "rank %d, after step %lld: %s", r->rank, (long long)r->ts.step, dt_last_error());
+    rec->lost_start = 0;  // (rejoined in the start)
+    if ((st = dt_run_ckpt_share(&r->ck, &r->ts, have, from)) != DT_OK)
+        st = dt_error(st, "rank %d, taking the state of a replica: %s", r->rank, dt_last_error());
+    else if (r->sops->take_over && (st = r->sops->take_over(r->strat, have || r->ts.step == 0, &lost)) != DT_OK)
+        st = dt_error(st, "rank %d, after step %lld: %s", r->rank, (long long)r->ts.step, dt_last_error());
+    if (st == DT_OK || lost || !dt_worker_recoverable(st)) return st;
+    // another death meanwhile: again, with a new generation (a rank with no
+    // state rejoins here, the others as they start the next try)
+    if (!have && (st = dt_comm_rejoin(r->comm, 0)) != DT_OK) return st;
+    *again = 1;
+    return DT_OK;
+}
+
+// A spare took a dead rank's place (or this rank is that spare, or a death
+// broke the start): every rank takes the furthest replica's state, and the
+// steps go on from there, the failed one redone.
+static dt_status recover(run_state *r) {
+    recovery *rec = &r->rec;
+    int from, again;
+    dt_status st;
+    rec->repair = 0;
+    if (!rec->failed_at) rec->failed_at = dt_now();
+    do st = take_state(r, &from, &again);
+    while (st == DT_OK && again);
+    if (st != DT_OK) return st;
+    if (r->fp16) {  // the loss scale and its count of clean steps came with the state
+        scaler_from_state(&r->scaler, &r->ts);
+        r->strat->loss_scale = r->scaler.scale;
     }
-    if (stop) {  // asked to stop: the checkpoint has the state, no final files
-        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)step);
+    rec->have_state = 1;
+    r->step = r->ts.step;
+    r->loss_n = r->ts.epoch_steps;
+    r->loss_sum = r->ts.epoch_loss;
+    r->rng = r->ts.rng;
+    r->stop = 0;
+    if (r->rank == 0)
+        dt_log(DT_LOG_INFO, "spares: every worker rejoined and took rank %d's state at step %lld in %.2f s; "
+                            "redoing step %lld",
+               from, (long long)r->step, dt_now() - rec->failed_at, (long long)r->step + 1);
+    rec->failed_at = 0;
+    dt_heartbeat(r->step);
+    return DT_OK;
+}
+
+// The steps, from the start or the resumed state, with every recovery
+// that spares make on the way; a spare (or every rank after a death in the
+// start) begins with one.
+static dt_status steps(run_state *r) {
+    dt_status st = r->rec.have_state && !r->rec.lost_start ? DT_OK : recover(r);
+    while (st == DT_OK) {
+        st = epochs(r);
+        if (st == DT_OK || !r->rec.repair) break;
+        st = recover(r);
+    }
+    return st;
+}
+
+// The run's end: after a stop request the checkpoint has the state and no
+// final files are written; otherwise the evaluation that a run resumed from
+// its last checkpoint has not made, the weights file and summary.json.
+static dt_status finish(run_state *r) {
+    dt_train_result *res = r->res;
+    dt_strategy *s = r->strat;
+    dt_status st = DT_OK;
+    char path[4096];
+    if (r->stop) {
+        dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)r->step);
         res->stopped = 1;
-        run_dir = NULL;
-    } else if (!evaluated && info.has_eval && (!alone || rank == 0)) {  // resumed from the run's last checkpoint
-        dt_obs_begin(obs, DT_OBS_EVAL);
-        st = dt_strategy_params_whole(strat, 1);
+        r->run_dir = NULL;
+    } else if (!r->evaluated && r->info.has_eval && (!r->alone || r->rank == 0)) {
+        dt_obs_begin(r->obs, DT_OBS_EVAL);
+        st = dt_strategy_params_whole(s, 1);
         dt_kernels_weights_changed();
         if (st == DT_OK)
-            st = tops->evaluate(task, alone ? NULL : comm, step, res->final_train_loss, &res->test_loss,
-                                &res->test_accuracy);
-        dt_obs_end(obs, DT_OBS_EVAL);
-        if (st != DT_OK) goto done;
+            st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, res->final_train_loss,
+                                   &res->test_loss, &res->test_accuracy);
+        dt_obs_end(r->obs, DT_OBS_EVAL);
+        if (st != DT_OK) return st;
     }
-    if (loss_n) res->final_train_loss = (float)(loss_sum / loss_n);
-    res->steps = step;
-    res->train_seconds = t_train;
-    res->samples_per_sec = t_train > 0 ? (double)samples / t_train : 0;
-    res->comm_seconds = strat->comm_seconds;
-    res->comm_exposed_seconds = strat->comm_exposed_seconds;
-    res->loss_scale = fp16 ? scaler.scale : 0;
-    res->skipped_steps = scaler.skipped;
-    if (!stop) DT_TRY(dt_strategy_params_whole(strat, 1), done);  // the weights file, from every rank's slice
-    res->bytes_sent = bytes_sent;
-    if (!stop && (st = dt_strategy_params_sync(strat)) != DT_OK) goto done;
-    if (!stop && (st = dt_fault_at(rank, step, "end")) != DT_OK) goto done;  // (a test's fault)
-    if (run_dir) snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
-    if (!stop) DT_TRY(tops->save(task, run_dir ? path : NULL), done);
-    res->wall_seconds = dt_now() - t_start;
-    if (run_dir) {
-        snprintf(path, sizeof path, "%s/summary.json", run_dir);
-        st = write_summary(path, c, tops, task, strat, res, info.nparams);
-    }
-done:
+    if (r->loss_n) res->final_train_loss = (float)(r->loss_sum / r->loss_n);
+    res->steps = r->step;
+    res->train_seconds = r->t_train;
+    res->samples_per_sec = r->t_train > 0 ? (double)r->samples / r->t_train : 0;
+    res->comm_seconds = s->comm_seconds;
+    res->comm_exposed_seconds = s->comm_exposed_seconds;
+    res->loss_scale = r->fp16 ? r->scaler.scale : 0;
+    res->skipped_steps = r->scaler.skipped;
+    if (!r->stop && (st = dt_strategy_params_whole(s, 1)) != DT_OK) return st;  // the weights, from every rank's slice
+    res->bytes_sent = r->bytes_sent;
+    if (!r->stop && (st = dt_strategy_params_sync(s)) != DT_OK) return st;
+    if (!r->stop && (st = dt_fault_at(r->rank, r->step, "end")) != DT_OK) return st;  // (a test's fault)
+    if (r->run_dir) snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+    if (!r->stop && (st = r->tops->save(r->task, r->run_dir ? path : NULL)) != DT_OK) return st;
+    res->wall_seconds = dt_now() - r->t_start;
+    if (!r->run_dir) return DT_OK;
+    snprintf(path, sizeof path, "%s/summary.json", r->run_dir);
+    return write_summary(path, r->c, r->tops, r->task, s, res, r->info.nparams);
+}
+
+// Everything ends, in order: the observer (its closing barrier, unless a
+// replacement's predecessor made it), the strategy's transfers, the task,
+// the workers' communicator before the world's (a failed run aborts them,
+// so the others stop with its message), the checkpoint write in flight.
+static dt_status tear_down(run_state *r, dt_status st) {
     dt_kernels_set_weights(NULL, 0);
-    if (strat && strat->skip_barriers > 0) dt_obs_leave(obs);  // its predecessor made the trace's closing barrier
-    st = dt_obs_close(obs, st);
-    if (st == DT_OK && res->steps > 0) st = dt_fault_at(rank, res->steps, "closed");  // (a test's fault)
-    dt_strategy_free(strat);  // its transfers end before the communicator does
-    dt_dynbatch_free(dyn);
-    if (task && tops->close) tops->close(task);
-    if (comm != all) st = dt_worker_exit(comm, st);  // the workers' own, before the world
-    st = dt_worker_exit(all, st);
-    st = dt_run_ckpt_end(&ck, st);  // the write in flight completes
-    if (task) tops->destroy(task);
+    if (r->strat && r->strat->skip_barriers > 0) dt_obs_leave(r->obs);
+    st = dt_obs_close(r->obs, st);
+    if (st == DT_OK && r->res->steps > 0) st = dt_fault_at(r->rank, r->res->steps, "closed");  // (a test's fault)
+    dt_strategy_free(r->strat);
+    dt_dynbatch_free(r->dyn);
+    if (r->task && r->tops->close) r->tops->close(r->task);
+    if (r->comm != r->all) st = dt_worker_exit(r->comm, st);
+    st = dt_worker_exit(r->all, st);
+    st = dt_run_ckpt_end(&r->ck, st);
+    if (r->task) r->tops->destroy(r->task);
     return st;
+}
+
+dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progress, void *user,
+                   dt_train_result *res) {
+    static dt_status (*const phases[])(run_state *) = {join, build, resume_or_join, prepare, steps, finish};
+    run_state r = {.c = c, .tops = dt_task_for(c), .sops = dt_strategy_for(c), .res = res, .run_dir = run_dir,
+                   .progress = progress, .user = user, .t_start = dt_now()};
+    memset(res, 0, sizeof *res);
+    res->test_loss = -1;
+    res->test_accuracy = -1;
+    dt_status st = dt_worker_init(c, &r.comm, &r.threads);
+    if (st != DT_OK) return st;
+    r.all = r.comm;
+    for (size_t i = 0; i < sizeof phases / sizeof *phases && st == DT_OK && !r.over; i++) st = phases[i](&r);
+    return tear_down(&r, st);
 }

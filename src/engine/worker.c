@@ -90,6 +90,10 @@ int dt_worker_spares(void) {
     return k && atoi(k) > 0 ? atoi(k) : 0;
 }
 
+dt_place dt_worker_place(dt_comm_t comm) {
+    return dt_spare_rank() >= 0 ? DT_PLACE_SPARE : dt_comm_incarnation(comm) > 0 ? DT_PLACE_RESTARTED : DT_PLACE_START;
+}
+
 int dt_worker_recoverable(dt_status st) {
     return (st == DT_ERR_COMM || st == DT_ERR_TIMEOUT) && dt_worker_spares() > 0;
 }

@@ -24,6 +24,15 @@ const char *dt_worker_mem_cap(void);
  * without: a rank whose collective fails on a peer's death then waits for
  * a spare and goes on (engine/loop.c). */
 int dt_worker_spares(void);
+/* How this process came to its rank: one of the run's first processes,
+ * or one that takes a dead rank's place (docs/internals.md,
+ * "Replacement"): a spare the launcher gave the rank (dt_spare_rank),
+ * which gets its state from a surviving replica after every rank rejoins
+ * (dt_comm_rejoin), or a process the launcher restarted alone in it
+ * (dt_comm_incarnation > 0), which takes its state and its place in the
+ * loop from the strategy's restore (the parameter servers). */
+typedef enum { DT_PLACE_START, DT_PLACE_SPARE, DT_PLACE_RESTARTED } dt_place;
+dt_place dt_worker_place(dt_comm_t comm);
 /* A failure a spare can repair: there are spares and st says a peer died
  * or hung in a collective (DT_ERR_COMM, DT_ERR_TIMEOUT). */
 int dt_worker_recoverable(dt_status st);
