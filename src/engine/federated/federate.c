@@ -197,76 +197,78 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
     return DT_OK;
 }
 
-// One round: this rank's clients, the allreduce, the server step. Fills
-// *reported, *loss, *norm (of the mean update); *applied = 0 when too few
-// clients reported.
-static dt_status run_round(fed *f, int r, int *reported, float *loss, float *norm, int *applied) {
+// Client f->sampled[j] of the round's m, on this rank: its local training,
+// then its update, weighted by its share of the round's `total` samples,
+// into this rank's sums (masked with the round's key when secure) and its
+// loss; it reports. One that fails, diverges or misses the deadline is
+// left out (it does not report).
+static dt_status client_update(fed *f, int r, int j, long total, uint64_t key) {
     const dt_config *c = f->c;
     size_t n = f->n;
     int m = f->m, secure = c->fed_secure;
-    sample_clients(f, r);
-    long total = 0;  // samples of the round's clients
-    for (int j = 0; j < m; j++) total += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
-    memset(f->acc, 0, sizeof(int64_t) * (n + (size_t)m + 1));
-    if (secure) memset(f->msum, 0, sizeof(uint32_t) * n);
-    uint64_t key = round_key(c, r, -2);
-    for (int j = f->rank; j < m; j += f->W) {
-        int k = f->sampled[j];
-        if (f->start[k + 1] == f->start[k]) {  // no samples: reports, with weight 0
-            f->acc[n + (size_t)j] = 1;
-            continue;
-        }
-        double fault_s = injected(f, r, k);
-        if (fault_s < 0) {
-            dt_log(DT_LOG_INFO, "round %d: client %d failed (injected)", r, k);
-            continue;
-        }
-        double t0 = dt_now();
-        float closs = 0;
-        dt_status st = train_client(f, r, k, &closs);
-        if (st == DT_ERR_NUMERIC) {  // its local training diverged: a failed client, left out of the round
-            dt_log(DT_LOG_WARN, "round %d: client %d left out: %s", r, k, dt_last_error());
-            continue;
-        }
-        if (st != DT_OK) return st;
-        if (fault_s > 0) {
-            struct timespec ts = {(time_t)fault_s, (long)((fault_s - floor(fault_s)) * 1e9)};
-            nanosleep(&ts, NULL);
-        }
-        double took = dt_now() - t0;
-        if (c->fed_deadline > 0 && took > c->fed_deadline) {
-            dt_log(DT_LOG_INFO, "round %d: client %d took %.2f s, past the %.2f s deadline: left out", r, k, took,
-                   c->fed_deadline);
-            continue;
-        }
-        double p = total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
-        float big = 0;
-#pragma omp parallel for schedule(static) reduction(max : big)
-        for (size_t i = 0; i < n; i++) {
-            f->grads[i] = f->params[i] - f->global[i];
-            big = fmaxf(big, fabsf(f->grads[i]));
-        }
-        // The int64 fixed-point sum holds m contributions of up to 4e18 / m
-        // each: a client whose update or loss would not fit (one that all
-        // but diverged) is left out too.
-        if (!((double)fmaxf(big, fabsf(closs)) * p * DT_FIXED_SCALE <= 4e18 / m)) {
-            dt_log(DT_LOG_WARN, "round %d: client %d left out: its update (largest change %g) or loss (%g) is too large "
-                   "to sum", r, k, (double)big, (double)closs);
-            continue;
-        }
-        if (secure) {
-            dt_secagg_mask(f->masked, f->grads, n, p, k, f->sampled, m, key);
-            for (size_t i = 0; i < n; i++) f->msum[i] += f->masked[i];
-        } else {
-            dt_fixed_add(f->acc, f->grads, n, p * DT_FIXED_SCALE);
-        }
+    int k = f->sampled[j];
+    if (f->start[k + 1] == f->start[k]) {  // no samples: reports, with weight 0
         f->acc[n + (size_t)j] = 1;
-        f->acc[n + (size_t)m] += llrint((double)closs * p * DT_FIXED_SCALE);
+        return DT_OK;
     }
-    if (secure)
-        for (size_t i = 0; i < n; i++) f->acc[i] = f->msum[i];  // what the server receives: masked sums
-    dt_status st = dt_allreduce(f->acc, f->acc, n + (size_t)m + 1, DT_I64, DT_SUM, f->comm);
-    if (st != DT_OK) return dt_error(st, "round %d: update allreduce: %s", r, dt_last_error());
+    double fault_s = injected(f, r, k);
+    if (fault_s < 0) {
+        dt_log(DT_LOG_INFO, "round %d: client %d failed (injected)", r, k);
+        return DT_OK;
+    }
+    double t0 = dt_now();
+    float closs = 0;
+    dt_status st = train_client(f, r, k, &closs);
+    if (st == DT_ERR_NUMERIC) {  // its local training diverged: a failed client, left out of the round
+        dt_log(DT_LOG_WARN, "round %d: client %d left out: %s", r, k, dt_last_error());
+        return DT_OK;
+    }
+    if (st != DT_OK) return st;
+    if (fault_s > 0) {
+        struct timespec ts = {(time_t)fault_s, (long)((fault_s - floor(fault_s)) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    double took = dt_now() - t0;
+    if (c->fed_deadline > 0 && took > c->fed_deadline) {
+        dt_log(DT_LOG_INFO, "round %d: client %d took %.2f s, past the %.2f s deadline: left out", r, k, took,
+               c->fed_deadline);
+        return DT_OK;
+    }
+    double p = total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
+    float big = 0;
+#pragma omp parallel for schedule(static) reduction(max : big)
+    for (size_t i = 0; i < n; i++) {
+        f->grads[i] = f->params[i] - f->global[i];
+        big = fmaxf(big, fabsf(f->grads[i]));
+    }
+    // The int64 fixed-point sum holds m contributions of up to 4e18 / m
+    // each: a client whose update or loss would not fit (one that all
+    // but diverged) is left out too.
+    if (!((double)fmaxf(big, fabsf(closs)) * p * DT_FIXED_SCALE <= 4e18 / m)) {
+        dt_log(DT_LOG_WARN, "round %d: client %d left out: its update (largest change %g) or loss (%g) is too large "
+               "to sum", r, k, (double)big, (double)closs);
+        return DT_OK;
+    }
+    if (secure) {
+        dt_secagg_mask(f->masked, f->grads, n, p, k, f->sampled, m, key);
+        for (size_t i = 0; i < n; i++) f->msum[i] += f->masked[i];
+    } else {
+        dt_fixed_add(f->acc, f->grads, n, p * DT_FIXED_SCALE);
+    }
+    f->acc[n + (size_t)j] = 1;
+    f->acc[n + (size_t)m] += llrint((double)closs * p * DT_FIXED_SCALE);
+    return DT_OK;
+}
+
+// The server step of round r from the allreduced sums (f->acc): which
+// clients reported, their mean update renormalised over their share of
+// the round's `total` samples (unmasked with the round's key when secure),
+// the server optimizer's step. Fills the outputs of run_round.
+static dt_status server_step(fed *f, int r, long total, uint64_t key, int *reported, float *loss, float *norm,
+                             int *applied) {
+    const dt_config *c = f->c;
+    size_t n = f->n;
+    int m = f->m, secure = c->fed_secure;
     // Which clients reported, and their share of the round's samples.
     int *surv = malloc(sizeof(int) * (size_t)m * 2), *drop = surv + m, ns = 0, nd = 0;
     if (!surv) return dt_error(DT_ERR_NOMEM, "out of memory");
@@ -307,6 +309,30 @@ static dt_status run_round(fed *f, int r, int *reported, float *loss, float *nor
     dt_optim_step(f->server_opt, f->global, f->grads, c->fed_server_lr, 1);
     *applied = 1;
     return DT_OK;
+}
+
+// One round: this rank's clients, the allreduce, the server step. Fills
+// *reported, *loss, *norm (of the mean update); *applied = 0 when too few
+// clients reported.
+static dt_status run_round(fed *f, int r, int *reported, float *loss, float *norm, int *applied) {
+    const dt_config *c = f->c;
+    size_t n = f->n;
+    int m = f->m, secure = c->fed_secure;
+    sample_clients(f, r);
+    long total = 0;  // samples of the round's clients
+    for (int j = 0; j < m; j++) total += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
+    memset(f->acc, 0, sizeof(int64_t) * (n + (size_t)m + 1));
+    if (secure) memset(f->msum, 0, sizeof(uint32_t) * n);
+    uint64_t key = round_key(c, r, -2);
+    for (int j = f->rank; j < m; j += f->W) {
+        dt_status st = client_update(f, r, j, total, key);
+        if (st != DT_OK) return st;
+    }
+    if (secure)
+        for (size_t i = 0; i < n; i++) f->acc[i] = f->msum[i];  // what the server receives: masked sums
+    dt_status st = dt_allreduce(f->acc, f->acc, n + (size_t)m + 1, DT_I64, DT_SUM, f->comm);
+    if (st != DT_OK) return dt_error(st, "round %d: update allreduce: %s", r, dt_last_error());
+    return server_step(f, r, total, key, reported, loss, norm, applied);
 }
 
 // RUN_DIR/clients.json: every client's sample count and class histogram.
