@@ -372,6 +372,37 @@ static void faults(void) {
                servers[i].servers > 1 ? "s" : "", sv, servers[i].fault, took);
         near_clean(servers[i].name, refs[servers[i].ref], rlosses[servers[i].ref], servers[i].tol, servers[i].rel);
     }
+    // Spares: a ready spare takes a dead worker's or server's place the way
+    // a restart does, let in alone by its peers (no --max-restarts: the
+    // spare is the only replacement there is); worker 2 killed at step 9 as
+    // in "async" above, server 1 after step 12 as in "fault-server".
+    static const struct {
+        const char *name, *fault, *said, *said2;
+    } spares[] = {
+        {"spare-worker", "2:9:kill", "server 0: worker 2 died at its step 9 (",
+         "worker 2 (restarted, incarnation 1) rejoined at server version "},
+        {"spare-server", "-2:12:kill", "server 1 (restarted, incarnation 1): its range [26325, 52650) from ",
+         "worker 0: server 1 died; it is back (incarnation 1, from its checkpoint)"},
+    };
+    for (size_t i = 0; i < sizeof spares / sizeof *spares; i++) {
+        char env[600];
+        snprintf(env, sizeof env, "DTRAIN_FAULT_STEP=%s DTRAIN_FAULT_ONCE=%s/once-%s", spares[i].fault, g_tmp,
+                 spares[i].name);
+        int rc = train(env, spares[i].name,
+                       "--workers 3 --servers 2 --set ps.mode=async --set optim.lr=0.0015 --checkpoint-every 5 "
+                       "--spares 1");
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed)") &&
+                  strstr(g_out, "; spare 0 (pid") && strstr(g_out, "takes its place alone (0 spares left)") &&
+                  strstr(g_out, spares[i].said) && strstr(g_out, spares[i].said2) &&
+                  !strstr(g_out, "restarting it alone") && !strstr(g_out, "from the newest checkpoint"),
+              "%s (%s): exit %d, a spare let in alone in its place\n%s", spares[i].name, spares[i].fault, rc, g_out);
+        near_clean(spares[i].name, refs[0], rlosses[0], 0.03, 0.35);
+    }
+    CHECK(ps_number("spare-worker", "applied") == ps_number("clean-async-0", "applied") &&
+              ps_number("spare-worker", "workers_died") == 1 && ps_number("spare-worker", "workers_rejoined") == 1,
+          "spare-worker: %g gradients applied (clean %g), %g death, %g rejoin", ps_number("spare-worker", "applied"),
+          ps_number("clean-async-0", "applied"), ps_number("spare-worker", "workers_died"),
+          ps_number("spare-worker", "workers_rejoined"));
     // Server 1 killed after step 12 and, once it is back, worker 2 killed
     // before it said HELLO to it (at whichever step it is then): the
     // restarted server lets worker 2's replacement in as it would any,

@@ -82,17 +82,25 @@ DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_f
  * DT_ERR_CONFIG naming the field otherwise. */
 DT_API dt_status dt_train_check(const dt_config *c, int W);
 
-/* Checks c against a run with `spares` idle workers (--spares,
- * docs/checkpoints.md): a spare takes a dead worker's place and its state
- * from a surviving replica, which needs a strategy whose ranks all hold the
- * whole state (data parallel, deterministic or not) or whose slices are
- * copied to a buddy rank (ZeRO, stages 1-3), and no state of a
- * rank's own (gradient compression's residuals, dynamic batching's speed
- * estimates), and, for data parallel, whole checkpoints (a dead worker's
- * shard of a sharded one in flight would never be written). DT_OK for
- * spares <= 0; DT_ERR_CONFIG
- * naming what does not fit otherwise. */
+/* Whether a run of config c can take spares (--spares K, docs/checkpoints.md):
+ * a spare takes a dead worker's place and its state from a surviving
+ * replica, which needs a strategy whose ranks all hold the whole state
+ * (data parallel, deterministic or not) or whose slices are copied to a
+ * buddy rank (ZeRO, stages 1-3), and no state of a rank's own (gradient
+ * compression's residuals; dynamic batching's split is handed over), and, for
+ * data parallel, whole checkpoints (a dead worker's shard of a sharded one
+ * in flight would never be written); or a strategy whose ranks are let in
+ * alone by their peers (dt_train_alone_from), where a spare is a restart
+ * that is ready. DT_OK for spares <= 0; DT_ERR_CONFIG naming what does
+ * not fit otherwise. */
 DT_API dt_status dt_train_check_spares(const dt_config *c, int spares);
+/* The first rank whose place a new process can take while the others go on
+ * (the launcher's dt_launch_params.respawn_from): the parameter servers'
+ * ranks outside mode sync, from rank 1 with dynamic sharing (server 0
+ * holds the hand-out of the pieces); -1 when the run's ranks are not let
+ * in alone (a death is then repaired by a spare in a new generation, or
+ * by a restart of the whole group). */
+DT_API int dt_train_alone_from(const dt_config *c);
 
 /* A spare's preparation while it idles: loads the data of c's model (the
  * classifiers' splits, the GPT's token files) and keeps it for this

@@ -91,3 +91,25 @@ int dt_dynbatch_update(dt_dynbatch *d, const double *seconds, const int *share, 
     memcpy(d->units, units, sizeof(int) * (size_t)W);
     return 1;
 }
+
+dt_status dt_dynbatch_share(dt_dynbatch *d, dt_comm_t comm, int from, int *units) {
+    int W = d->W;
+    size_t n = 1 + 2 * (size_t)W;
+    double *buf = malloc(sizeof *buf * n);  // (the estimates' bits, and counts exact in a double)
+    if (!buf) return dt_error(DT_ERR_NOMEM, "dynamic batch: out of memory");
+    buf[0] = d->steps;
+    for (int r = 0; r < W; r++) {
+        buf[1 + r] = d->spp[r];
+        buf[1 + W + r] = d->units[r];
+    }
+    dt_status st = dt_broadcast(buf, buf, n * 2, DT_I32, from, comm);  // (doubles as pairs of 32-bit words)
+    if (st == DT_OK) {
+        d->steps = (int)buf[0];
+        for (int r = 0; r < W; r++) {
+            d->spp[r] = buf[1 + r];
+            units[r] = d->units[r] = (int)buf[1 + W + r];
+        }
+    }
+    free(buf);
+    return st == DT_OK ? DT_OK : dt_error(st, "dynamic batch: taking rank %d's split: %s", from, dt_last_error());
+}

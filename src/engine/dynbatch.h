@@ -17,6 +17,7 @@
 #ifndef DT_ENGINE_DYNBATCH_H
 #define DT_ENGINE_DYNBATCH_H
 
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 
 typedef struct dt_dynbatch dt_dynbatch;
@@ -33,4 +34,9 @@ void dt_dynbatch_free(dt_dynbatch *d);
  * time and samples. Returns 1 and fills units[W] when the split changes. */
 int dt_dynbatch_update(dt_dynbatch *d, const double *seconds, const int *share, int *units);
 
+/* After a spare took a dead rank's place (--spares): every rank takes
+ * rank `from`'s estimates and split, one broadcast over comm, and units[W]
+ * gets the split in force, for the task's set_shares (the spare's own is
+ * the even one it started with). */
+dt_status dt_dynbatch_share(dt_dynbatch *d, dt_comm_t comm, int from, int *units);
 #endif

@@ -101,22 +101,25 @@ dt_status dt_train_warm(const dt_config *c) {
     return t->warm ? t->warm(c) : DT_OK;
 }
 
+int dt_train_alone_from(const dt_config *c) {
+    const dt_strategy_ops *s = dt_strategy_for(c);
+    return s->alone_from ? s->alone_from(c) : -1;
+}
+
 dt_status dt_train_check_spares(const dt_config *c, int spares) {
-    if (spares <= 0) return DT_OK;
+    if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
     const dt_strategy_ops *s = dt_strategy_for(c);
     if (!s->replicated && !s->take_over)
         return dt_error(DT_ERR_CONFIG, "--spares: strategy %s is not supported: a spare takes a dead worker's state "
                                        "from a surviving replica (data parallel: dp, dp-deterministic) or its slice "
-                                       "from a buddy rank's copy (ZeRO: zero, zero-deterministic, zero-3); use "
+                                       "from a buddy rank's copy (ZeRO: zero, zero-deterministic, zero-3), or is let "
+                                       "in alone by its peers (parameter servers outside [ps] mode = sync); use "
                                        "--max-restarts",
                         s->name);
     if (c->comp_method != DT_COMP_NONE)
         return dt_error(DT_ERR_CONFIG, "--spares with [compression] method = %s: each rank's codec state (residuals) is "
                                        "its own and cannot be had from another rank; use --max-restarts",
                         dt_comp_method_name(c->comp_method));
-    if (c->dynamic_batch)
-        return dt_error(DT_ERR_CONFIG, "--spares with [train] dynamic_batch: the split by speed is not handed to a "
-                                       "spare; use --max-restarts");
     if (c->ckpt_sharded && s->replicated)  // ZeRO's own shards: a missing one is given up (dt_ckpt_writer_abandon)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
                                        "checkpoint being written would never come; use whole checkpoints");
@@ -209,7 +212,7 @@ static dt_status split_roles(const dt_strategy_ops *sops, const dt_config *c, dt
         return dt_error(DT_ERR_CONFIG, "strategy %s: the first %d of the %d ranks are servers; none is left to train",
                         sops->name, k, size);
     dt_comm_t mine;
-    // A worker or server restarted alone (ps.c, outside mode sync) takes
+    // A worker or server restarted alone (ps/, outside mode sync) takes
     // its predecessor's place among its peers without them.
     dt_status st = dt_comm_incarnation(all) > 0 ? dt_comm_split_rejoin(all, r < k, &mine)
                                                  : dt_comm_split(all, r < k, r, &mine);
@@ -340,14 +343,14 @@ static void scaler_from_state(dt_loss_scaler *sc, const dt_train_state *ts) {
 
 /* How this process came to its rank, and where it stands in a recovery
  * (docs/internals.md, "Replacement"). A process that takes a dead rank's
- * place is either a spare (it gets the state of a replica, in recover) or
- * restarted alone (the strategy's checkpoint restore says where it joins:
- * the parameter servers' workers and servers). */
+ * place is met by every rank in a new generation and gets the state of a
+ * replica (recover), or is let in alone by its peers and takes its state
+ * and its place in the loop from the strategy's restore (join_at). */
 typedef struct {
-    dt_place place;    // at the start, a spare, or restarted alone (dt_worker_place)
-    int have_state;    // holds a training state: all but a spare before its first recover
+    dt_place place;    // at the start, met in a new generation, or let in alone (dt_worker_place)
+    int have_state;    // holds a training state: all but a replica's newcomer before its first recover
     int lost_start;    // a death broke the start's collectives: the rest of the start was skipped
-    int owed;          // restarted: the meeting after its predecessor's last step comes first
+    int owed;          // let in alone: the meeting after its predecessor's last step comes first
     int repair;        // the failure just returned is one a spare repairs: recover, then go on
     double failed_at;  // when the step being recovered failed (0: none is)
 } recovery;
@@ -399,7 +402,7 @@ static dt_status join(run_state *r) {
     dt_status st;
     int served;
     rec->place = dt_worker_place(r->comm);
-    rec->have_state = rec->place != DT_PLACE_SPARE;
+    rec->have_state = rec->place != DT_PLACE_REPLICA;
     rec->lost_start = rec->have_state && dt_comm_generation(r->comm) > 0;
     if ((st = dt_train_check_spares(c, dt_worker_spares())) != DT_OK) return st;
     if ((st = split_roles(r->sops, c, r->all, r->run_dir, &r->comm, &served)) != DT_OK) return st;
@@ -430,9 +433,9 @@ static dt_status join(run_state *r) {
 }
 
 // The model and its data, every rank from rank 0's parameters, and the
-// strategy over them. A rank restarted alone skips the start's
-// collectives, which the others made long ago with its predecessor: it
-// gets the weights and its step from the strategy (resume_or_join).
+// strategy over them. A rank let in alone skips the start's collectives,
+// which the others made long ago with its predecessor: it gets the weights
+// and its step from the strategy (resume_or_join).
 static dt_status build(run_state *r) {
     const dt_config *c = r->c;
     const dt_task_ops *tops = r->tops;
@@ -472,7 +475,7 @@ static dt_status build(run_state *r) {
     return c->dynamic_batch && r->W > 1 ? dt_dynbatch_create(&r->dyn, r->W, c->batch, r->nunits) : DT_OK;
 }
 
-// A rank restarted alone (the strategy's `rejoined`: ps.c) takes its
+// A rank let in alone (the strategy's `rejoined`: ps/) takes its
 // predecessor's place in the loop, so that it meets the others where they
 // meet; when its predecessor had made step `at`, it runs the meeting after
 // that step first (owed: the others may be in it), as at the end of that
@@ -497,8 +500,8 @@ static void join_at(run_state *r) {
 
 // Checkpoints: the weights, the optimizer state as this rank holds it, the
 // loop's position and its data stream. Resumed from one when asked; a rank
-// restarted alone resumes nothing: the strategy's restore says where it
-// joins (join_at).
+// let in alone resumes nothing: the strategy's restore says where it joins
+// (join_at).
 static dt_status resume_or_join(run_state *r) {
     const dt_config *c = r->c;
     dt_strategy *s = r->strat;
@@ -509,7 +512,7 @@ static dt_status resume_or_join(run_state *r) {
     dt_strategy_ckpt_view(s, &cm);
     r->ts = (dt_train_state){.rng = r->info.rng};
     r->fresh = *c;
-    if (r->rec.place == DT_PLACE_RESTARTED) r->fresh.resume[0] = 0;
+    if (r->rec.place == DT_PLACE_ALONE) r->fresh.resume[0] = 0;
     dt_status st = dt_run_ckpt_begin(&r->ck, &r->fresh, r->ckpt_run_dir, r->comm, &cm, &r->ts);
     // Resumed: rank 0 reads the checkpoint and shares it in a collective,
     // which a death at the start broke, or which the others skipped.
@@ -558,7 +561,7 @@ static dt_status prepare(run_state *r) {
     r->total = r->info.total_steps;
     r->spe = r->info.steps_per_epoch;
     r->epochs = r->info.epochs;
-    // [ps] share = dynamic (ps.c): the pieces of an epoch's batches (a
+    // [ps] share = dynamic (ps/): the pieces of an epoch's batches (a
     // batch's even split among the workers) go to whichever worker is free,
     // from the servers: a worker trains as many as its speed takes, and its
     // epoch ends when they are all out, not after `spe` steps.
@@ -592,7 +595,7 @@ static dt_status prepare(run_state *r) {
     if (r->rank == 0) describe(r, wcopy);
     // Ranks at their own pace (parameter servers outside mode sync) meet
     // only in the strategy's collectives, which a replacement for a rank
-    // that died inside a meeting can join (ps.c): rank 0 evaluates alone.
+    // that died inside a meeting can join (ps/): rank 0 evaluates alone.
     r->alone = s->own_pace && r->W > 1;
     r->step = r->ts.step;
     r->loss_n = r->ts.epoch_steps;
@@ -609,7 +612,7 @@ static void at_step(const run_state *r, int e) {
                                           .epochs = r->epochs});
 }
 
-// A step made without this rank (ps.c, backup): its batch is passed over.
+// A step made without this rank (ps/, backup): its batch is passed over.
 // *end: the epoch's data ran out (never: no step is made past a meeting, at
 // the epoch's end, without every rank).
 static dt_status skip_step(run_state *r, int e, int64_t *ebatch, int *end) {
@@ -797,6 +800,13 @@ static dt_status epochs(run_state *r) {
     return DT_OK;
 }
 
+// Dynamic batching's estimates and split, from rank `from` to every rank.
+static dt_status share_split(run_state *r, int from) {
+    int units[r->W];
+    dt_status st = dt_dynbatch_share(r->dyn, r->comm, from, units);
+    return st == DT_OK ? r->tops->set_shares(r->task, units, r->nunits) : st;
+}
+
 // One try at a recovery: rejoin (a new generation of the communicator,
 // with the spare in the dead rank's place), then the state of the replica
 // that got furthest, and a sharded strategy's slices (each rank's own, or
@@ -817,6 +827,8 @@ static dt_status take_state(run_state *r, int *from, int *again) {
         st = dt_error(st, "rank %d, taking the state of a replica: %s", r->rank, dt_last_error());
     else if (r->sops->take_over && (st = r->sops->take_over(r->strat, have || r->ts.step == 0, &lost)) != DT_OK)
         st = dt_error(st, "rank %d, after step %lld: %s", r->rank, (long long)r->ts.step, dt_last_error());
+    else if (r->dyn)  // dynamic batching: the split in force, which a spare does not have
+        st = share_split(r, *from);
     if (st == DT_OK || lost || !dt_worker_recoverable(st)) return st;
     // another death meanwhile: again, with a new generation (a rank with no
     // state rejoins here, the others as they start the next try)

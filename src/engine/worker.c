@@ -23,10 +23,10 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_comm_set_wait_hook(wait_beat);
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
-    // A spare in a dead rank's place joins the running group (dt_comm_rejoin);
-    // the start-up collectives are over.
-    int newcomer = dt_spare_rank() >= 0;
-    if (newcomer && (st = dt_comm_rejoin(*comm, 0)) != DT_OK) {
+    // A spare in a dead rank's place that every rank meets again joins the
+    // running group (dt_comm_rejoin); the start-up collectives are over.
+    dt_place place = dt_worker_place(*comm);
+    if (place == DT_PLACE_REPLICA && (st = dt_comm_rejoin(*comm, 0)) != DT_OK) {
         st = dt_error(st, "rank %d (a spare in a dead worker's place), joining the group: %s", dt_comm_rank(*comm),
                       dt_last_error());
         dt_worker_exit(*comm, st);
@@ -58,17 +58,17 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_set_threads(t);
     *threads = t;
     dt_kernels_set_precision((dt_dtype)c->precision);
-    if (!newcomer && (st = dt_fault_at(dt_comm_rank(*comm), 0, "join")) != DT_OK) {  // (a test's fault)
+    if (place != DT_PLACE_REPLICA && (st = dt_fault_at(dt_comm_rank(*comm), 0, "join")) != DT_OK) {  // (a test's fault)
         dt_worker_exit(*comm, st);
         *comm = NULL;
         return st;
     }
     // Rank 0 took the run directory (dt_run_dir_lock) before it joined: the
     // others touch nothing there until it has, nor when it was refused.
-    // (A rank restarted alone, dt_comm_incarnation, joins no start either.)
+    // (A rank let in alone, dt_comm_incarnation, joins no start either.)
     // A death here with spares (--spares): the spare in the dead rank's
     // place joins, and the start's state comes from a replica (dt_train).
-    if (dt_comm_size(*comm) > 1 && !newcomer && dt_comm_incarnation(*comm) == 0) {
+    if (dt_comm_size(*comm) > 1 && place == DT_PLACE_START) {
         st = dt_barrier(*comm);
         if (dt_worker_recoverable(st)) st = dt_comm_rejoin(*comm, 0);
         if (st != DT_OK) {
@@ -87,11 +87,11 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
 
 int dt_worker_spares(void) {
     const char *k = getenv("DTRAIN_SPARES");
-    return k && atoi(k) > 0 ? atoi(k) : 0;
+    return k && atoi(k) > 0 && !getenv("DTRAIN_ALONE_FROM") ? atoi(k) : 0;
 }
 
 dt_place dt_worker_place(dt_comm_t comm) {
-    return dt_spare_rank() >= 0 ? DT_PLACE_SPARE : dt_comm_incarnation(comm) > 0 ? DT_PLACE_RESTARTED : DT_PLACE_START;
+    return dt_comm_incarnation(comm) > 0 ? DT_PLACE_ALONE : dt_spare_rank() >= 0 ? DT_PLACE_REPLICA : DT_PLACE_START;
 }
 
 int dt_worker_recoverable(dt_status st) {

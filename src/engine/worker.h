@@ -20,18 +20,22 @@ dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads);
  * is first capped at it (dt_mem_cap); dt_worker_mem_cap() then says how
  * ("" when not capped). */
 const char *dt_worker_mem_cap(void);
-/* The spares the launcher started beside the workers (DTRAIN_SPARES), 0
- * without: a rank whose collective fails on a peer's death then waits for
- * a spare and goes on (engine/loop.c). */
+/* The spares the launcher started beside the workers for a dead rank's
+ * place in a new generation (DTRAIN_SPARES), 0 without, and where ranks
+ * are let in alone (DTRAIN_ALONE_FROM: a spare there takes a place as a
+ * restart does): a rank whose collective fails on a peer's death then
+ * waits for a spare and goes on (engine/loop.c). */
 int dt_worker_spares(void);
-/* How this process came to its rank: one of the run's first processes,
- * or one that takes a dead rank's place (docs/internals.md,
- * "Replacement"): a spare the launcher gave the rank (dt_spare_rank),
- * which gets its state from a surviving replica after every rank rejoins
- * (dt_comm_rejoin), or a process the launcher restarted alone in it
- * (dt_comm_incarnation > 0), which takes its state and its place in the
- * loop from the strategy's restore (the parameter servers). */
-typedef enum { DT_PLACE_START, DT_PLACE_SPARE, DT_PLACE_RESTARTED } dt_place;
+/* How this process came to its rank, which says what it receives and
+ * where it joins (docs/internals.md, "Replacement"): one of the run's
+ * first processes; or one that takes a dead rank's place, given it by the
+ * launcher (a spare, or a process started for the place), and either met
+ * by every rank in a new generation (DT_PLACE_REPLICA: dt_comm_rejoin,
+ * then the state of the replica that got furthest) or let in alone by its
+ * peers while the others go on (DT_PLACE_ALONE, its incarnation above 0:
+ * the strategy's restore gives its state and its place in the loop; the
+ * parameter servers' ranks). */
+typedef enum { DT_PLACE_START, DT_PLACE_REPLICA, DT_PLACE_ALONE } dt_place;
 dt_place dt_worker_place(dt_comm_t comm);
 /* A failure a spare can repair: there are spares and st says a peer died
  * or hung in a collective (DT_ERR_COMM, DT_ERR_TIMEOUT). */
@@ -54,7 +58,7 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
  *       default: the step returns an error), kill (SIGKILL to itself) or
  *       hang (stops, without heartbeats); R = -1 - j is parameter server j
- *       (engine/strategies/ps.c), after its step S; several faults separated by
+ *       (engine/strategies/ps/), after its step S; several faults separated by
  *       commas (R:S:kill,R2:S2:kill) fire each at its own step;
  *   DTRAIN_FAULT_STEP=R:S:KIND:PLACE  the same inside the meeting after
  *       step S (parameter servers outside mode sync: dt_fault_at): PLACE

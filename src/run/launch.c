@@ -256,7 +256,7 @@ static void set_env_int(const char *k, int v) {
 /* In the child, after fork: environment, default signals, exec. A spare
  * (rank < 0) gets DTRAIN_SPARE=its index instead of a rank. */
 static void child_exec(char *const argv[], int rank, int n, const char *shm_name, int beat_fd, pid_t parent,
-                       int nspares, int spare) {
+                       int nspares, int alone_from, int spare) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
@@ -277,6 +277,9 @@ static void child_exec(char *const argv[], int rank, int n, const char *shm_name
     setenv(DT_ENV_SHM_NAME, shm_name, 1);
     if (nspares > 0) set_env_int("DTRAIN_SPARES", nspares);
     else unsetenv("DTRAIN_SPARES");
+    // ranks let in alone (a spare there takes a place as a restart does)
+    if (alone_from >= 0) set_env_int("DTRAIN_ALONE_FROM", alone_from);
+    else unsetenv("DTRAIN_ALONE_FROM");
     if (beat_fd >= 0) set_env_int("DTRAIN_HEARTBEAT_FD", beat_fd);
     execvp(argv[0], argv);
     if (rank >= 0)
@@ -303,86 +306,405 @@ static void unlink_splits(const char *name) {
     closedir(d);
 }
 
-static void signal_all(const pid_t *pids, const int *alive, int n, int sig) {
-    for (int r = 0; r < n; r++)
-        if (alive[r]) kill(pids[r], sig);
+// ----------------------------------------------------------------------------
+// the supervisor: its state, then its parts in the order a pass runs them
+
+typedef struct {
+    const dt_launch_params *p;
+    char *const *argv;
+    dt_launch_result *res;
+    int n, K;                 // ranks, spares
+    beat_slot *beats;         // the ranks' slots, then the spares'
+    int beat_fd;
+    size_t beat_size, size;
+    void *base;               // the shared-memory segment
+    char name[64];
+    pid_t self, *pids;        // pids[n + k], alive[n + k]: spare k while it is idle
+    int *alive;
+    double *replaced_at;      // when a rank's place was taken, until its new process's first step
+    int nalive, nspare;       // ranks, idle spares
+    int first_fail;           // the first rank that failed the group (-1: none)
+    int forwarded;            // a signal was passed on to every rank
+    int unlinked, nstopped, stop_sent, released;
+    int hung;                 // the rank killed for its silence, to be replaced when reaped (-1: none)
+    double hung_quiet;        // ... and how long it was silent
+    double term_at, kill_at, t_start, next_check, spare_kill_at;
+    int64_t start_ns;
+} sup;
+
+static void signal_all(const sup *s, int sig) {
+    for (int r = 0; r < s->n; r++)
+        if (s->alive[r]) kill(s->pids[r], sig);
+}
+
+static void sup_close(sup *s) {
+    if (s->base && s->base != MAP_FAILED) munmap(s->base, s->size);
+    if (s->name[0] && !s->unlinked) shm_unlink(s->name);
+    if (s->name[0] && s->p->respawn_from >= 0) unlink_splits(s->name);
+    if (s->beats && s->beats != MAP_FAILED) munmap(s->beats, s->beat_size);
+    if (s->beat_fd >= 0) close(s->beat_fd);
+    free(s->pids);
+    free(s->alive);
+    free(s->replaced_at);
+}
+
+// The heartbeat table (inherited by the ranks), the shared-memory segment,
+// and the supervisor's own arrays. On failure sup_close undoes what was made.
+static dt_status sup_open(sup *s) {
+    int n = s->n, K = s->K;
+    s->beat_size = sizeof(beat_slot) * (size_t)(n + K);  // the ranks', then the spares'
+    s->beat_fd = memfd_create("dtrain-heartbeat", 0);
+    if (s->beat_fd >= 0 && ftruncate(s->beat_fd, (off_t)s->beat_size) == 0)
+        s->beats = mmap(NULL, s->beat_size, PROT_READ | PROT_WRITE, MAP_SHARED, s->beat_fd, 0);
+    if (!s->beats || s->beats == MAP_FAILED)
+        return dt_error(DT_ERR_INTERNAL, "dtrain run: cannot create the heartbeat table: %s", strerror(errno));
+    for (int r = 0; r < n + K; r++) beat_reset(&s->beats[r], 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char name[64];
+    snprintf(name, sizeof name, "/dtrain-%d-%lx", (int)getpid(), (unsigned long)ts.tv_nsec);
+    s->size = dt_shm_segment_size(n);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return dt_error(DT_ERR_COMM, "dtrain run: cannot create shared memory '%s': %s", name, strerror(errno));
+    memcpy(s->name, name, sizeof name);
+    if (ftruncate(fd, (off_t)s->size) != 0) {
+        int e = errno;
+        close(fd);
+        return dt_error(DT_ERR_COMM, "dtrain run: cannot size shared memory to %zu bytes: %s", s->size, strerror(e));
+    }
+    s->base = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (s->base == MAP_FAILED) return dt_error(DT_ERR_COMM, "dtrain run: mmap of shared memory failed: %s", strerror(errno));
+    dt_shm_segment_init(s->base, n);
+    if (s->p->respawn_from >= 0) dt_shm_set_respawn(s->base);
+    s->pids = calloc((size_t)(n + K), sizeof *s->pids);
+    s->alive = calloc((size_t)(n + K), sizeof *s->alive);
+    s->replaced_at = calloc((size_t)n, sizeof *s->replaced_at);
+    if (!s->pids || !s->alive || !s->replaced_at) return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
+    return DT_OK;
+}
+
+// The ranks, then the spares. A failed fork stops the ones started.
+static dt_status start_all(sup *s) {
+    for (int r = 0; r < s->n + s->K; r++) {
+        const char *what = r < s->n ? "rank" : "spare";
+        int id = r < s->n ? r : r - s->n;
+        pid_t pid = fork();
+        if (pid == 0) child_exec(s->argv, r < s->n ? r : -1, s->n, s->name, s->beat_fd, s->self, s->K, s->p->respawn_from, id);
+        if (pid < 0) {
+            g_signal = SIGTERM; /* stop the ranks already started */
+            return dt_error(DT_ERR_INTERNAL, "dtrain run: fork of %s %d failed: %s", what, id, strerror(errno));
+        }
+        s->pids[r] = pid;
+        s->alive[r] = 1;
+        if (r < s->n) s->nalive++;
+        else s->nspare++;
+        if (s->p->verbose) dt_log(DT_LOG_INFO, "run: %s %d is pid %d", what, id, (int)pid);
+    }
+    return DT_OK;
+}
+
+/* The spares go when the ranks are done or the group is stopped: released
+ * (they exit 0), killed if they do not. */
+static void release_spares(sup *s) {
+    if (s->nspare > 0 && !s->released && (s->nalive == 0 || s->first_fail >= 0 || s->forwarded)) {
+        s->released = 1;
+        for (int k = 0; k < s->K; k++) spare_set(&s->beats[s->n + k], SPARE_RELEASED);
+        s->spare_kill_at = dt_now() + s->p->term_grace + 1;
+    }
+    if (s->spare_kill_at && dt_now() >= s->spare_kill_at) {
+        for (int k = 0; k < s->K; k++)
+            if (s->alive[s->n + k]) kill(s->pids[s->n + k], SIGKILL);
+        s->spare_kill_at = 0;
+    }
+}
+
+// Progress so far, read before an exit is handled so that a failure sees
+// the last steps; a replaced rank's new process that finished its first
+// step ends that recovery, and the group's first step after a restart of
+// the run ends the run's.
+static void note_progress(sup *s) {
+    const dt_launch_params *p = s->p;
+    dt_launch_result *res = s->res;
+    for (int r = 0; r < s->n; r++) {
+        int64_t s0 = atomic_load(&s->beats[r].start_step), s1 = atomic_load(&s->beats[r].step);
+        if (s->replaced_at[r] && s0 >= 0 && s1 > s0) {
+            dt_log(DT_LOG_INFO, "run: rank %d recovered in %.2f s (its death to its replacement's first step, step "
+                                "%lld); 0 steps lost",
+                   r, dt_now() - s->replaced_at[r], (long long)s0 + 1);
+            s->replaced_at[r] = 0;
+        }
+    }
+    for (int r = 0; r < s->n; r++) {
+        int64_t s0 = atomic_load(&s->beats[r].start_step), s1 = atomic_load(&s->beats[r].step);
+        if (s1 > res->last_step) res->last_step = s1;
+        if (r == 0 && s0 >= 0) res->start_step = s0;
+        if (res->first_step_at || s0 < 0 || s1 <= s0) continue;
+        res->first_step_at = dt_now();
+        if (p->failed_at > 0 && p->failed_step >= 0)
+            dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, "
+                                "%lld step%s lost (last step before the failure: %lld)",
+                   res->first_step_at - p->failed_at, (long long)s0, (long long)(p->failed_step - s0),
+                   p->failed_step - s0 == 1 ? "" : "s", (long long)p->failed_step);
+        else if (p->failed_at > 0)
+            dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step)", res->first_step_at - p->failed_at);
+    }
+}
+
+/* Whether a dead rank's place can be taken, and how the others meet the
+ * process that takes it. Ranks from respawn_from on (the parameter
+ * servers' ranks outside mode sync) are let in alone by their peers: the
+ * others go on (*alone = 1). Otherwise every rank meets it in a new
+ * generation of the segment (dt_comm_rejoin), which needs a survivor that
+ * holds the state and a death by a signal (an error exit would repeat). */
+static int replaceable(const sup *s, int r, int signaled, int *alone) {
+    const dt_launch_params *p = s->p;
+    *alone = p->respawn_from >= 0;
+    if (s->first_fail >= 0 || s->forwarded) return 0;
+    if (*alone) return r >= p->respawn_from && !s->stop_sent;
+    return signaled && s->n > 1 && !g_signal;
+}
+
+/* The one way a dead rank's place is taken (docs/internals.md,
+ * "Replacement"): by a ready spare, else, where ranks are let in alone, by
+ * a process started for it (up to max_respawns). Returns 1 when it is. */
+static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
+    const dt_launch_params *p = s->p;
+    dt_launch_result *res = s->res;
+    int alone;
+    if (!replaceable(s, r, WIFSIGNALED(st), &alone)) return 0;
+    int k = ready_spare(s->beats, s->pids, s->alive, s->n, s->K);
+    if (k < 0 && !(alone && res->respawns < p->max_respawns)) return 0;
+    char why[96], who[128], at[48] = "";
+    if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", s->hung_quiet);
+    else if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(st));
+    int64_t last = atomic_load(&s->beats[r].step);
+    if (last >= 0 && alone) snprintf(at, sizeof at, " at step %lld", (long long)last);
+    if (!alone) dt_shm_mark_rank(s->base, r, 2, WTERMSIG(st));
+    beat_reset(&s->beats[r], mono_ns());
+    int inc = dt_shm_take_place(s->base, r, alone);
+    if (k < 0) {  // a process started for the place
+        res->respawns++;
+        snprintf(who, sizeof who, "restarting it alone (restart %d of %d, incarnation %d)", res->respawns,
+                 p->max_respawns, inc);
+        fflush(NULL);
+        pid_t np = fork();
+        if (np == 0) child_exec(s->argv, r, s->n, s->name, s->beat_fd, s->self, s->K, s->p->respawn_from, -1);
+        if (np < 0) {
+            dt_log(DT_LOG_ERROR, "run: fork of rank %d failed: %s", r, strerror(errno));
+            return 0;
+        }
+        s->pids[r] = np;
+    } else {  // a spare: it wakes with the rank
+        s->pids[r] = s->pids[s->n + k];
+        s->alive[s->n + k] = 0;
+        s->nspare--;
+        atomic_store(&s->beats[s->n + k].spare_rank, r);
+        spare_set(&s->beats[s->n + k], SPARE_ASSIGNED);
+        res->replaced++;
+        s->replaced_at[r] = dt_now();
+        snprintf(who, sizeof who, "spare %d (pid %d) takes its place%s (%d spare%s left)", k, (int)s->pids[r],
+                 alone ? " alone" : "", s->nspare, s->nspare == 1 ? "" : "s");
+    }
+    s->alive[r] = 1;
+    s->nalive++;
+    dt_log(DT_LOG_WARN, "run: rank %d (pid %d) %s%s; %s", r, (int)pid, why, at, who);
+    return 1;
+}
+
+// The group fails with rank r (the first failure; the others are told
+// within `grace`, then stopped).
+static void fail(sup *s, int r, pid_t pid, int st, int code) {
+    dt_launch_result *res = s->res;
+    dt_shm_mark_rank(s->base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
+    dt_shm_refuse_rejoin(s->base);  // nobody takes its place: ranks in dt_comm_rejoin fail now
+    if (s->first_fail >= 0 || s->forwarded) return;
+    s->first_fail = r;
+    res->exit_code = code;
+    res->failed_rank = r;
+    res->signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    res->failed_at = dt_now();
+    res->failed_early = atomic_load(&s->beats[r].step) <= atomic_load(&s->beats[r].start_step);
+    if (WIFSIGNALED(st))
+        dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) killed by signal %d (%s)%s", r, (int)pid, WTERMSIG(st),
+               strsignal(WTERMSIG(st)), s->nalive ? "; stopping the other ranks" : "");
+    else
+        dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) exited with status %d%s", r, (int)pid, code,
+               s->nalive ? "; stopping the other ranks" : "");
+    s->term_at = dt_now() + s->p->grace;
+}
+
+// A child's exit: an idle spare's, a rank that finished, a rank whose
+// place is taken, or the group's failure.
+static void reap(sup *s, pid_t pid, int st) {
+    int r = 0;
+    while (r < s->n + s->K && (s->pids[r] != pid || !s->alive[r])) r++;
+    if (r == s->n + s->K) return;
+    s->alive[r] = 0;
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (r >= s->n) {  // an idle spare
+        s->nspare--;
+        if (!s->released)
+            dt_log(DT_LOG_WARN, "run: spare %d (pid %d) %s %d while idle; %d spare%s left", r - s->n, (int)pid,
+                   WIFSIGNALED(st) ? "killed by signal" : "exited with status", WIFSIGNALED(st) ? WTERMSIG(st) : code,
+                   s->nspare, s->nspare == 1 ? "" : "s");
+        return;
+    }
+    s->nalive--;
+    int hung = s->hung == r;
+    if (hung) s->hung = -1;
+    if (code == 0 || (code == DT_EXIT_STOPPED && s->stop_sent)) {
+        dt_shm_mark_rank(s->base, r, 1, 0);
+        s->nstopped += code == DT_EXIT_STOPPED;
+        if (s->p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited%s", r, code ? " (stopped on request)" : "");
+        return;
+    }
+    if (!take_place(s, r, pid, st, hung)) fail(s, r, pid, st, code);
+}
+
+// A silent rank is taken for hung: waiting ranks beat, so the silent one
+// is the culprit. The message says what the others wait in, and where it
+// was itself; every rank is stopped.
+static void hang_fails(sup *s, int r, double quiet, int64_t s0, int64_t s1, int64_t last) {
+    dt_launch_result *res = s->res;
+    s->first_fail = r;
+    res->exit_code = 128 + SIGKILL;
+    res->failed_rank = r;
+    res->hung = 1;
+    res->failed_at = dt_now();
+    res->failed_early = s1 <= s0;
+    char others[1024], wait[96], own[160] = "before its first step";
+    describe_waiters(s->beats, s->alive, s->n, r, others, sizeof others);
+    if (s1 >= 0) snprintf(own, sizeof own, "at step %lld", (long long)s1);
+    if (beat_waiting(&s->beats[r], wait, sizeof wait))
+        snprintf(own + strlen(own), sizeof own - strlen(own), ", itself waiting%s", wait);
+    if (last)
+        dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last %s): hung%s; stopping all ranks",
+               r, (int)s->pids[r], quiet, own, others);
+    else
+        dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat in the %.1f s since it started: hung%s; "
+                             "stopping all ranks",
+               r, (int)s->pids[r], quiet, others);
+    kill(s->pids[r], SIGKILL);
+    dt_shm_mark_rank(s->base, r, 2, SIGKILL);
+    dt_shm_refuse_rejoin(s->base);
+    s->term_at = dt_now() + s->p->grace;
+}
+
+// Heartbeats, ten times a second: a rank silent for heartbeat_timeout is
+// killed for a new process to take its place (take_place, when it is
+// reaped), or else fails the group.
+static void check_heartbeats(sup *s, double now) {
+    const dt_launch_params *p = s->p;
+    if (now < s->next_check) return;
+    s->next_check = now + 0.1;
+    int64_t ns = mono_ns();
+    for (int r = 0; r < s->n; r++) {
+        int64_t s0 = atomic_load(&s->beats[r].start_step), s1 = atomic_load(&s->beats[r].step);
+        int64_t last = atomic_load(&s->beats[r].time_ns);
+        if (!s->alive[r] || s->first_fail >= 0 || s->forwarded || p->heartbeat_timeout <= 0) continue;
+        double quiet = (double)(ns - (last ? last : s->start_ns)) * 1e-9;
+        if (quiet < p->heartbeat_timeout || s->hung == r) continue;
+        int alone, ready = 0;
+        for (int k = 0; k < s->K; k++)
+            ready += s->alive[s->n + k] && atomic_load(&s->beats[s->n + k].spare_state) == SPARE_READY;
+        if (replaceable(s, r, 1, &alone) && (ready || (alone && s->res->respawns < p->max_respawns))) {
+            dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s: hung; killing it for %s to "
+                                 "take its place",
+                   r, (int)s->pids[r], quiet, ready ? "a spare" : "a new process");
+            kill(s->pids[r], SIGKILL);
+            s->hung = r;
+            s->hung_quiet = quiet;
+            continue;
+        }
+        hang_fails(s, r, quiet, s0, s1, last);
+    }
+}
+
+// Requests to stop (after stop_after, or SIGUSR1: checkpoint and stop),
+// signals passed on, and the escalation from SIGTERM to SIGKILL.
+static void pass_signals(sup *s, double now) {
+    const dt_launch_params *p = s->p;
+    if (p->stop_after > 0 && !s->stop_sent && !s->forwarded && s->first_fail < 0 && now - s->t_start >= p->stop_after) {
+        s->stop_sent = 1;
+        if (p->verbose) dt_log(DT_LOG_INFO, "run: asking every rank to checkpoint and stop");
+        signal_all(s, SIGUSR1);
+    }
+    if (g_usr1 && !s->forwarded) {  // passed on: every rank checkpoints and stops
+        g_usr1 = 0;
+        s->stop_sent = s->res->stop_asked = 1;
+        dt_log(DT_LOG_INFO, "run: SIGUSR1: asking every rank to checkpoint and stop");
+        signal_all(s, SIGUSR1);
+    }
+    if (g_signal && !s->forwarded) {
+        s->forwarded = 1;
+        if (s->first_fail < 0) s->res->exit_code = 128 + g_signal;
+        dt_log(DT_LOG_WARN, "run: %s, stopping %d ranks", strsignal(g_signal), s->nalive);
+        signal_all(s, SIGTERM);
+        s->kill_at = now + p->term_grace;
+        s->term_at = 0;
+    }
+    if (s->term_at && now >= s->term_at) {
+        signal_all(s, SIGTERM);
+        s->term_at = 0;
+        s->kill_at = now + p->term_grace;
+    }
+    if (s->forwarded && g_nsignals >= 2 && s->kill_at) /* a second Ctrl-C: no more waiting */
+        s->kill_at = now;
+    if (s->kill_at && now >= s->kill_at) {
+        signal_all(s, SIGKILL);
+        s->kill_at = 0;
+    }
+}
+
+// The supervisor's loop: every 5 ms, until no rank or spare is left.
+static void supervise(sup *s) {
+    s->t_start = dt_now();
+    s->start_ns = mono_ns();
+    while (s->nalive > 0 || s->nspare > 0) {
+        release_spares(s);
+        note_progress(s);
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            reap(s, pid, st);
+            continue;
+        }
+        if (pid < 0 && errno != EINTR) break; /* no children left */
+        /* once every rank has mapped the segment its name is not needed:
+         * unlink it now, so that nothing is left even if we are killed */
+        int spares_mapped = 1;
+        for (int k = 0; k < s->K; k++)
+            if (s->alive[s->n + k] && atomic_load(&s->beats[s->n + k].spare_state) == SPARE_STARTING) spares_mapped = 0;
+        if (!s->unlinked && s->p->respawn_from < 0 && spares_mapped && dt_shm_all_attached(s->base)) {
+            shm_unlink(s->name);
+            s->unlinked = 1;
+        }
+        double now = dt_now();
+        check_heartbeats(s, now);
+        pass_signals(s, now);
+        struct timespec nap = {0, 5000000};
+        nanosleep(&nap, NULL);
+    }
 }
 
 dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_result *res) {
-    if (!p || !argv || !argv[0] || !res)
-        return dt_error(DT_ERR_ARG, "dt_launch: missing program or parameters");
-    int n = p->nranks, K = p->nspares;
-    if (n < 1 || n > 4096) return dt_error(DT_ERR_ARG, "dt_launch: %d ranks (expected 1..4096)", n);
-    if (K < 0 || K > 4096) return dt_error(DT_ERR_ARG, "dt_launch: %d spares (expected 0..4096)", K);
+    if (!p || !argv || !argv[0] || !res) return dt_error(DT_ERR_ARG, "dt_launch: missing program or parameters");
+    if (p->nranks < 1 || p->nranks > 4096)
+        return dt_error(DT_ERR_ARG, "dt_launch: %d ranks (expected 1..4096)", p->nranks);
+    if (p->nspares < 0 || p->nspares > 4096)
+        return dt_error(DT_ERR_ARG, "dt_launch: %d spares (expected 0..4096)", p->nspares);
     memset(res, 0, sizeof *res);
     res->failed_rank = -1;
     res->start_step = res->last_step = -1;
-    int *exit_code = &res->exit_code;
-
-    // ---- the heartbeat table (inherited by the ranks) --------------------------
-    size_t beat_size = sizeof(beat_slot) * (size_t)(n + K);  // the ranks', then the spares'
-    int beat_fd = memfd_create("dtrain-heartbeat", 0);
-    beat_slot *beats = MAP_FAILED;
-    if (beat_fd >= 0 && ftruncate(beat_fd, (off_t)beat_size) == 0)
-        beats = mmap(NULL, beat_size, PROT_READ | PROT_WRITE, MAP_SHARED, beat_fd, 0);
-    if (beats == MAP_FAILED) {
-        if (beat_fd >= 0) close(beat_fd);
-        return dt_error(DT_ERR_INTERNAL, "dtrain run: cannot create the heartbeat table: %s", strerror(errno));
+    sup s = {.p = p, .argv = argv, .res = res, .n = p->nranks, .K = p->nspares, .beat_fd = -1, .self = getpid(),
+             .first_fail = -1, .hung = -1};
+    dt_status rc = sup_open(&s);
+    if (rc != DT_OK) {
+        sup_close(&s);
+        return rc;
     }
-    for (int r = 0; r < n + K; r++) {
-        beat_reset(&beats[r], 0);
-    }
-
-    // ---- the shared-memory segment -----------------------------------------
-    char name[64];
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(name, sizeof name, "/dtrain-%d-%lx", (int)getpid(), (unsigned long)ts.tv_nsec);
-    size_t size = dt_shm_segment_size(n);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        int e = errno;
-        munmap(beats, beat_size);
-        close(beat_fd);
-        return dt_error(DT_ERR_COMM, "dtrain run: cannot create shared memory '%s': %s", name, strerror(e));
-    }
-    if (ftruncate(fd, (off_t)size) != 0) {
-        int e = errno;
-        close(fd);
-        shm_unlink(name);
-        munmap(beats, beat_size);
-        close(beat_fd);
-        return dt_error(DT_ERR_COMM, "dtrain run: cannot size shared memory to %zu bytes: %s",
-                        size, strerror(e));
-    }
-    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) {
-        int e = errno;
-        shm_unlink(name);
-        munmap(beats, beat_size);
-        close(beat_fd);
-        return dt_error(DT_ERR_COMM, "dtrain run: mmap of shared memory failed: %s", strerror(e));
-    }
-    dt_shm_segment_init(base, n);
-    if (p->respawn_from >= 0) dt_shm_set_respawn(base);
-
-    // pids[n + k], alive[n + k]: spare k while it is idle
-    pid_t *pids = calloc((size_t)(n + K), sizeof *pids);
-    int *alive = calloc((size_t)(n + K), sizeof *alive);
-    double *replaced_at = calloc((size_t)n, sizeof *replaced_at);
-    if (!pids || !alive || !replaced_at) {
-        free(pids);
-        free(alive);
-        free(replaced_at);
-        munmap(base, size);
-        shm_unlink(name);
-        munmap(beats, beat_size);
-        close(beat_fd);
-        return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
-    }
-
-    // ---- signals and fork ----------------------------------------------------
     struct sigaction sa, old_int, old_term, old_hup, old_usr1;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -396,275 +718,13 @@ dt_status dt_launch(const dt_launch_params *p, char *const argv[], dt_launch_res
     g_usr1 = 0;
     sigaction(SIGUSR1, &sa, &old_usr1);
     fflush(NULL);
-
-    dt_status rc = DT_OK;
-    pid_t self = getpid();
-    int nalive = 0, nspare = 0;  // ranks, idle spares
-    for (int r = 0; r < n + K; r++) {
-        pid_t pid = fork();
-        if (pid == 0) child_exec(argv, r < n ? r : -1, n, name, beat_fd, self, K, r - n);
-        if (pid < 0) {
-            rc = dt_error(DT_ERR_INTERNAL, "dtrain run: fork of %s %d failed: %s", r < n ? "rank" : "spare",
-                          r < n ? r : r - n, strerror(errno));
-            g_signal = SIGTERM; /* stop the ranks already started */
-            break;
-        }
-        pids[r] = pid;
-        alive[r] = 1;
-        if (r < n) nalive++;
-        else nspare++;
-        if (p->verbose) dt_log(DT_LOG_INFO, "run: %s %d is pid %d", r < n ? "rank" : "spare", r < n ? r : r - n, (int)pid);
-    }
-
-    // ---- supervise -------------------------------------------------------------
-    int first_fail = -1, forwarded = 0, unlinked = 0, nstopped = 0, stop_sent = 0, released = 0, respawn_hung = -1;
-    double term_at = 0, kill_at = 0, t_start = dt_now(), next_check = 0, spare_kill_at = 0;
-    int64_t start_ns = mono_ns();
-    while (nalive > 0 || nspare > 0) {
-        /* The spares go when the ranks are done or the group is stopped:
-         * released (they exit 0), killed if they do not. */
-        if (nspare > 0 && !released && (nalive == 0 || first_fail >= 0 || forwarded)) {
-            released = 1;
-            for (int k = 0; k < K; k++) spare_set(&beats[n + k], SPARE_RELEASED);
-            spare_kill_at = dt_now() + p->term_grace + 1;
-        }
-        if (spare_kill_at && dt_now() >= spare_kill_at) {
-            for (int k = 0; k < K; k++)
-                if (alive[n + k]) kill(pids[n + k], SIGKILL);
-            spare_kill_at = 0;
-        }
-        // A replaced rank's newcomer finished its first step: the recovery's end.
-        for (int r = 0; r < n; r++) {
-            if (!replaced_at[r]) continue;
-            int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
-            if (s0 < 0 || s1 <= s0) continue;
-            dt_log(DT_LOG_INFO, "run: rank %d recovered in %.2f s (its death to its replacement's first step, step %lld); "
-                                "0 steps lost",
-                   r, dt_now() - replaced_at[r], (long long)s0 + 1);
-            replaced_at[r] = 0;
-        }
-        // Progress so far, read before an exit is handled so that a failure
-        // sees the last steps.
-        for (int r = 0; r < n; r++) {
-            int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
-            if (s1 > res->last_step) res->last_step = s1;
-            if (r == 0 && s0 >= 0) res->start_step = s0;
-            if (!res->first_step_at && s0 >= 0 && s1 > s0) {
-                res->first_step_at = dt_now();
-                if (p->failed_at > 0 && p->failed_step >= 0)
-                    dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step); resumed at step %lld, "
-                                        "%lld step%s lost (last step before the failure: %lld)",
-                           res->first_step_at - p->failed_at, (long long)s0, (long long)(p->failed_step - s0),
-                           p->failed_step - s0 == 1 ? "" : "s", (long long)p->failed_step);
-                else if (p->failed_at > 0)
-                    dt_log(DT_LOG_INFO, "recovered in %.2f s (failure to the first new step)",
-                           res->first_step_at - p->failed_at);
-            }
-        }
-        int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
-        if (pid > 0) {
-            int r = 0;
-            while (r < n + K && (pids[r] != pid || !alive[r])) r++;
-            if (r == n + K) continue;
-            alive[r] = 0;
-            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            if (r >= n) {  // an idle spare
-                nspare--;
-                if (!released)
-                    dt_log(DT_LOG_WARN, "run: spare %d (pid %d) %s %d while idle; %d spare%s left", r - n, (int)pid,
-                           WIFSIGNALED(st) ? "killed by signal" : "exited with status",
-                           WIFSIGNALED(st) ? WTERMSIG(st) : code, nspare, nspare == 1 ? "" : "s");
-                continue;
-            }
-            nalive--;
-            /* A rank killed (or hung, and killed for it) while a spare is
-             * ready: the spare takes its place, the others rejoin. */
-            int spare = -1;
-            if (WIFSIGNALED(st) && n > 1 && first_fail < 0 && !forwarded && !g_signal)  // a survivor has the state
-                spare = ready_spare(beats, pids, alive, n, K);
-            if (spare >= 0) {
-                dt_shm_mark_rank(base, r, 2, WTERMSIG(st));
-                beat_reset(&beats[r], mono_ns());
-                dt_shm_replace_rank(base, r);
-                pids[r] = pids[n + spare];
-                alive[r] = 1;
-                alive[n + spare] = 0;
-                nalive++;
-                nspare--;
-                atomic_store(&beats[n + spare].spare_rank, r);
-                spare_set(&beats[n + spare], SPARE_ASSIGNED);
-                replaced_at[r] = dt_now();
-                res->replaced++;
-                dt_log(DT_LOG_WARN, "run: rank %d (pid %d) killed by signal %d (%s); spare %d (pid %d) takes its place "
-                                    "(%d spare%s left)",
-                       r, (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)), spare, (int)pids[r], nspare,
-                       nspare == 1 ? "" : "s");
-                continue;
-            }
-            if (code == 0 || (code == DT_EXIT_STOPPED && stop_sent)) {
-                dt_shm_mark_rank(base, r, 1, 0);
-                nstopped += code == DT_EXIT_STOPPED;
-                if (p->verbose) dt_log(DT_LOG_INFO, "run: rank %d exited%s", r, code ? " (stopped on request)" : "");
-                continue;
-            }
-            int hung = respawn_hung == r;
-            if (hung) respawn_hung = -1;
-            if (p->respawn_from >= 0 && r >= p->respawn_from && res->respawns < p->max_respawns && first_fail < 0 &&
-                !forwarded && !stop_sent) {
-                // Restarted alone: the others go on and take it back.
-                res->respawns++;
-                int inc = dt_shm_restart_rank(base, r);
-                char why[96];
-                if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", p->heartbeat_timeout);
-                else if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
-                else snprintf(why, sizeof why, "exited with status %d", code);
-                char at[48] = "";
-                int64_t last = atomic_load(&beats[r].step);
-                if (last >= 0) snprintf(at, sizeof at, " at step %lld", (long long)last);
-                dt_log(DT_LOG_WARN, "run: rank %d (pid %d) %s%s; restarting it alone (restart %d of %d, incarnation %d)",
-                       r, (int)pid, why, at, res->respawns, p->max_respawns, inc);
-                beat_reset(&beats[r], mono_ns());
-                fflush(NULL);
-                pid_t np = fork();
-                if (np == 0) child_exec(argv, r, n, name, beat_fd, self, K, -1);
-                if (np > 0) {
-                    pids[r] = np;
-                    alive[r] = 1;
-                    nalive++;
-                    continue;
-                }
-                dt_log(DT_LOG_ERROR, "run: fork of rank %d failed: %s", r, strerror(errno));
-            }
-            dt_shm_mark_rank(base, r, 2, WIFSIGNALED(st) ? WTERMSIG(st) : -code);
-            dt_shm_refuse_rejoin(base);  // nobody takes its place: ranks in dt_comm_rejoin fail now
-            if (first_fail < 0 && !forwarded) {
-                first_fail = r;
-                *exit_code = code;
-                res->failed_rank = r;
-                res->signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-                res->failed_at = dt_now();
-                res->failed_early = atomic_load(&beats[r].step) <= atomic_load(&beats[r].start_step);
-                if (WIFSIGNALED(st))
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) killed by signal %d (%s)%s",
-                           r, (int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)),
-                           nalive ? "; stopping the other ranks" : "");
-                else
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) exited with status %d%s", r,
-                           (int)pid, code, nalive ? "; stopping the other ranks" : "");
-                term_at = dt_now() + p->grace;
-            }
-            continue;
-        }
-        if (pid < 0 && errno != EINTR) break; /* no children left */
-
-        /* once every rank has mapped the segment its name is not needed:
-         * unlink it now, so that nothing is left even if we are killed */
-        int spares_mapped = 1;
-        for (int k = 0; k < K; k++)
-            if (alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_STARTING) spares_mapped = 0;
-        if (!unlinked && p->respawn_from < 0 && spares_mapped && dt_shm_all_attached(base)) {
-            shm_unlink(name);
-            unlinked = 1;
-        }
-        double now = dt_now();
-        if (now >= next_check) {  // heartbeats, ten times a second
-            next_check = now + 0.1;
-            int64_t ns = mono_ns();
-            for (int r = 0; r < n; r++) {
-                int64_t s0 = atomic_load(&beats[r].start_step), s1 = atomic_load(&beats[r].step);
-                int64_t last = atomic_load(&beats[r].time_ns);
-                if (!alive[r] || first_fail >= 0 || forwarded || p->heartbeat_timeout <= 0) continue;
-                double quiet = (double)(ns - (last ? last : start_ns)) * 1e-9;
-                if (quiet < p->heartbeat_timeout) continue;
-                if (p->respawn_from >= 0 && r >= p->respawn_from && res->respawns < p->max_respawns) {
-                    // killed here, restarted alone when reaped
-                    if (respawn_hung != r) kill(pids[r], SIGKILL);
-                    respawn_hung = r;
-                    continue;
-                }
-                int ready = 0;
-                for (int k = 0; k < K; k++)
-                    ready += alive[n + k] && atomic_load(&beats[n + k].spare_state) == SPARE_READY;
-                if (ready) {  // killed here, replaced when reaped (above)
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s: hung; killing it for a spare "
-                                         "to take its place",
-                           r, (int)pids[r], quiet);
-                    kill(pids[r], SIGKILL);
-                    atomic_store(&beats[r].time_ns, ns);
-                    continue;
-                }
-                first_fail = r;
-                *exit_code = 128 + SIGKILL;
-                res->failed_rank = r;
-                res->hung = 1;
-                res->failed_at = now;
-                res->failed_early = s1 <= s0;
-                // Waiting ranks beat, so the silent one is the culprit;
-                // say what the others wait in, and where it was itself.
-                char others[1024], wait[96], own[160] = "before its first step";
-                describe_waiters(beats, alive, n, r, others, sizeof others);
-                if (s1 >= 0) snprintf(own, sizeof own, "at step %lld", (long long)s1);
-                if (beat_waiting(&beats[r], wait, sizeof wait))
-                    snprintf(own + strlen(own), sizeof own - strlen(own), ", itself waiting%s", wait);
-                if (last)
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat for %.1f s (last %s): hung%s; stopping all ranks",
-                           r, (int)pids[r], quiet, own, others);
-                else
-                    dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) sent no heartbeat in the %.1f s since it started: hung%s; stopping all ranks",
-                           r, (int)pids[r], quiet, others);
-                kill(pids[r], SIGKILL);
-                dt_shm_mark_rank(base, r, 2, SIGKILL);
-                dt_shm_refuse_rejoin(base);
-                term_at = now + p->grace;
-            }
-        }
-        if (p->stop_after > 0 && !stop_sent && !forwarded && first_fail < 0 && now - t_start >= p->stop_after) {
-            stop_sent = 1;
-            if (p->verbose) dt_log(DT_LOG_INFO, "run: asking every rank to checkpoint and stop");
-            signal_all(pids, alive, n, SIGUSR1);
-        }
-        if (g_usr1 && !forwarded) {  // passed on: every rank checkpoints and stops
-            g_usr1 = 0;
-            stop_sent = res->stop_asked = 1;
-            dt_log(DT_LOG_INFO, "run: SIGUSR1: asking every rank to checkpoint and stop");
-            signal_all(pids, alive, n, SIGUSR1);
-        }
-        if (g_signal && !forwarded) {
-            forwarded = 1;
-            if (first_fail < 0) *exit_code = 128 + g_signal;
-            dt_log(DT_LOG_WARN, "run: %s, stopping %d ranks", strsignal(g_signal), nalive);
-            signal_all(pids, alive, n, SIGTERM);
-            kill_at = now + p->term_grace;
-            term_at = 0;
-        }
-        if (term_at && now >= term_at) {
-            signal_all(pids, alive, n, SIGTERM);
-            term_at = 0;
-            kill_at = now + p->term_grace;
-        }
-        if (forwarded && g_nsignals >= 2 && kill_at) /* a second Ctrl-C: no more waiting */
-            kill_at = now;
-        if (kill_at && now >= kill_at) {
-            signal_all(pids, alive, n, SIGKILL);
-            kill_at = 0;
-        }
-        struct timespec nap = {0, 5000000};
-        nanosleep(&nap, NULL);
-    }
-
+    rc = start_all(&s);
+    supervise(&s);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGHUP, &old_hup, NULL);
     sigaction(SIGUSR1, &old_usr1, NULL);
-    munmap(base, size);
-    if (!unlinked) shm_unlink(name);
-    if (p->respawn_from >= 0) unlink_splits(name);
-    res->stopped = first_fail < 0 && !forwarded && nstopped > 0;
-    munmap(beats, beat_size);
-    close(beat_fd);
-    free(pids);
-    free(alive);
-    free(replaced_at);
+    res->stopped = s.first_fail < 0 && !s.forwarded && s.nstopped > 0;
+    sup_close(&s);
     return rc;
 }

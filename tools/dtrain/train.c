@@ -107,9 +107,11 @@ static const char train_help[] =
     "                  worker (no disk), and the step in flight is redone, so no\n"
     "                  step is lost; without a spare left, --max-restarts as\n"
     "                  above (default 0; data parallel and ZeRO, whose slices\n"
-    "                  come from a buddy rank's in-memory copy; not model or\n"
-    "                  parameter-server parallelism, compression, dynamic batches\n"
-    "                  or sharded checkpoints of data parallel)\n"
+    "                  come from a buddy rank's in-memory copy; parameter servers\n"
+    "                  outside mode sync, where a spare takes a dead worker's or\n"
+    "                  server's place alone, as a restart does; not model\n"
+    "                  parallelism, local SGD, compression or sharded\n"
+    "                  checkpoints of data parallel)\n"
     "  --heartbeat-timeout S  a worker that reports no progress for S seconds\n"
     "                  counts as hung (default 120; 0 = off); workers waiting\n"
     "                  for it in a collective are alive, and say so\n"
@@ -387,7 +389,7 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         if ((n > 1 || c->ps_servers > 0) && ((n - a->min_workers) % g == 0 || n == a->workers) &&
             dt_train_check(c, n) != DT_OK)
             return cli_error("--workers %d: %s", n, dt_last_error()), EXIT_USAGE;
-    if (a->spares > 0 && a->min_workers < 2)
+    if (a->spares > 0 && a->min_workers < 2 && dt_train_alone_from(c) < 0)
         return cli_error("--spares: a spare takes the state of a surviving worker; it needs --workers 2 or more%s",
                          a->min_workers < a->workers ? " (the elastic minimum included)" : ""),
                EXIT_USAGE;
@@ -472,14 +474,17 @@ static int supervise(const args_t *a, const dt_config *c) {
         lp.failed_at = failed_at;
         lp.failed_step = failed_step;
         // Parameter servers outside mode sync: a worker that dies or hangs
-        // is restarted alone and rejoins, and so is a server (from its range
-        // of the newest checkpoint); the others go on. With dynamic sharing
-        // server 0 (rank 0) holds the hand-out of the epoch's pieces: its
-        // death is the group's, which restarts from the newest checkpoint
-        // (at an epoch's end).
-        if (c->ps_servers > 0 && c->ps_mode != 0 && a->max_restarts > restarts) {
-            lp.respawn_from = c->ps_share ? 1 : 0;
-            lp.max_respawns = a->max_restarts - restarts;
+        // is let in alone again and rejoins, and so is a server (from its
+        // range of the newest checkpoint); the others go on. The process
+        // that takes its place is a spare when one is ready, else one
+        // started for it (a restart). With dynamic sharing server 0 (rank
+        // 0) holds the hand-out of the epoch's pieces: its death is the
+        // group's, which restarts from the newest checkpoint (at an epoch's
+        // end).
+        int alone = dt_train_alone_from(c);
+        if (alone >= 0 && (a->max_restarts > restarts || a->spares > 0)) {
+            lp.respawn_from = alone;
+            lp.max_respawns = a->max_restarts > restarts ? a->max_restarts - restarts : 0;
         }
         dt_launch_result r;
         if (dt_launch(&lp, args, &r) != DT_OK) {

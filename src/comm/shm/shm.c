@@ -186,27 +186,23 @@ void dt_shm_mark_rank(void *base, int rank, int state, int detail) {
 
 void dt_shm_set_respawn(void *base) { atomic_store(&((seg_header *)base)->respawn, 1); }
 
-int dt_shm_restart_rank(void *base, int rank) {
+int dt_shm_take_place(void *base, int rank, int alone) {
     seg_header *h = base;
     if (rank < 0 || rank >= h->nranks) return -1;
     rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
-    int inc = atomic_fetch_add(&ctl[rank].incarnation, 1) + 1;
     atomic_store(&ctl[rank].detail, 0);
-    atomic_store(&ctl[rank].state, RANK_RESTARTING);
-    return inc;
-}
-
-void dt_shm_replace_rank(void *base, int rank) {
-    seg_header *h = base;
-    if (rank < 0 || rank >= h->nranks) return;
-    rank_ctl *ctl = (rank_ctl *)((char *)base + layout_for(h->nranks).ctl);
+    if (alone) {
+        int inc = atomic_fetch_add(&ctl[rank].incarnation, 1) + 1;
+        atomic_store(&ctl[rank].state, RANK_RESTARTING);
+        return inc;
+    }
     atomic_store(&ctl[rank].pid, 0);
-    atomic_store(&ctl[rank].detail, 0);
     atomic_store(&ctl[rank].state, RANK_RUNNING);
     atomic_store(&h->replaced_rank, rank);
-    atomic_fetch_add(&h->gen, 1);
+    int gen = (int)atomic_fetch_add(&h->gen, 1) + 1;
     atomic_fetch_add(&h->epoch, 1); /* wake sleepers: they look again */
     syscall(SYS_futex, &h->epoch, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    return gen;
 }
 
 void dt_shm_refuse_rejoin(void *base) {
@@ -503,6 +499,16 @@ static const char *peer_gone_how(shm_state *s, int p, char *buf, size_t n, int p
         if (st == RANK_RESTARTING && !p2p) return NULL;
         if (st == RANK_RESTARTING) {
             snprintf(buf, n, "rank %d died and is being restarted", p);
+            return buf;
+        }
+        /* A new process in p's place since this rank last emptied the
+         * channels between them (peer_reset stamps them with p's
+         * incarnation + 1): what was in flight is lost, however soon the
+         * replacement marked itself running (a spare is quick). */
+        int inc = atomic_load(&g_world_ctl[w].incarnation);
+        uint64_t stamp = p2p && p != s->me ? atomic_load(&chan_of(s, s->me, p)->gen[1]) : 0;
+        if (p2p && p != s->me && (uint64_t)inc > (stamp ? stamp - 1 : 0)) {
+            snprintf(buf, n, "rank %d died and a new process took its place (incarnation %d)", p, inc);
             return buf;
         }
         if (st == RANK_DIED) {
@@ -1276,7 +1282,7 @@ static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members
 // replaceable ranks (comm.h: dt_comm_peer_state, dt_comm_peer_reset,
 // dt_comm_rejoin_peers, dt_comm_split_rejoin)
 //
-// The launcher restarts a dead rank alone (dt_shm_restart_rank): the rank's
+// The launcher restarts a dead rank alone (dt_shm_take_place, alone): the rank's
 // incarnation grows and it is marked restarting. A survivor that talked to
 // it point to point sees its transfers fail (peer_gone_how), and empties
 // the channels between the two (peer_reset), stamping them with the
@@ -1408,7 +1414,7 @@ static dt_status shm_split_rejoin(dt_comm_t parent, dt_comm_t child, int color) 
 // rejoin: a new process in a dead rank's place (dt_comm_rejoin)
 //
 // The launcher reaps the dead process, marks its rank running again and
-// bumps the segment's generation (dt_shm_replace_rank). Every rank of the
+// bumps the segment's generation (dt_shm_take_place). Every rank of the
 // world then calls rejoin: the survivors, whose collectives failed on the
 // death, and the newcomer, which attached as the dead rank. Each
 //   0. waits until no rank is marked gone and the generation G is newer

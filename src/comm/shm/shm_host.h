@@ -36,16 +36,16 @@ DT_HIDDEN int dt_shm_all_attached(void *base);
  * their names (the launcher removes them at the end) so that a replacement
  * can attach to them. */
 DT_HIDDEN void dt_shm_set_respawn(void *base);
-/* The launcher is about to start a replacement for `rank`: its incarnation
- * grows by one (returned) and it is marked restarting: point-to-point
- * transfers with it fail, collectives wait for the replacement. */
-DT_HIDDEN int dt_shm_restart_rank(void *base, int rank);
-
-/* Replacing a dead rank (dt_comm_rejoin): after the dead process is
- * reaped, marks `rank` running again and starts a new generation; the
- * process that takes the place then joins as that rank and calls
- * dt_comm_rejoin, as do the survivors. */
-DT_HIDDEN void dt_shm_replace_rank(void *base, int rank);
+/* A new process takes `rank`'s place (the launcher's one way to replace a
+ * dead rank: a spare, or a process it starts for the place). alone = 1:
+ * only its peers notice: its incarnation grows by one and it is marked
+ * restarting, so point-to-point transfers with it fail and collectives
+ * wait for the replacement (dt_comm_rejoin_peers); returns the
+ * incarnation. alone = 0 (after the dead process is reaped): every rank
+ * meets it in a new generation: it is marked running, the generation
+ * grows, and the process that takes the place joins as that rank and
+ * calls dt_comm_rejoin, as do the survivors; returns the generation. */
+DT_HIDDEN int dt_shm_take_place(void *base, int rank, int alone);
 /* Tells ranks waiting in dt_comm_rejoin that no process will come: they
  * fail at once instead of at their timeout. */
 DT_HIDDEN void dt_shm_refuse_rejoin(void *base);

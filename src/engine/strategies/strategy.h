@@ -31,7 +31,7 @@
  * parallel, engine/strategies/zero.c, docs/zero.md), "model-parallel" (the GPT's
  * tensor-parallel shards and pipeline stages, engine/strategies/pipeline.c), "local-sgd" (each rank steps on its own share's
  * gradient and the parameters are averaged every [parallel] sync_every
- * steps) and "ps" (parameter servers, engine/strategies/ps.c: ranks of another role,
+ * steps) and "ps" (parameter servers, engine/strategies/ps/: ranks of another role,
  * the servers, which run their own loop through `serve`). A new strategy is a new file with its table, added to the one
  * registry in strategy.c; the loop never names one.
  *
@@ -126,6 +126,10 @@ typedef struct dt_strategy_ops {
      * with the world and its role's communicator. */
     int (*other_ranks)(const dt_config *c);
     dt_status (*serve)(const dt_config *c, dt_comm_t world, dt_comm_t mine, const char *run_dir);
+    /* Optional: the first rank whose place a new process can take while
+     * the others go on, let in alone by its peers (dt_shm_take_place,
+     * docs/internals.md "Replacement"), or -1 when none can under c. */
+    int (*alone_from)(const dt_config *c);
     /* Optional: the checkpoint of the loop's state *ts, written by the
      * strategy's own ranks instead of the loop's writer (when
      * s->ckpt_saves), called on every rank at the same steps. */
@@ -200,16 +204,16 @@ struct dt_strategy {
     int rejoin_meet;           /* ... after the meeting that follows that step (evaluation, checkpoint, end;
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
-    int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps.c) */
+    int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps/) */
     uint64_t skip_barriers;    /* ... the workers' barriers its predecessor had made past its last step,
-                                  which it skips: the meetings' (ps.c), then the trace's closing one */
+                                  which it skips: the meetings' (ps/), then the trace's closing one */
     int rejoin_pieces;         /* [ps] share = dynamic: the servers said where it goes on: in epoch
                                   rejoin_epoch with the piece `unit`, or after the meeting at that
                                   epoch's end (unit -1: its pieces were all out); the loop clears it
                                   once that epoch starts */
     int64_t rejoin_epoch;
     int64_t skip_steps;        /* steps made without this rank, which it catches up with: the loop passes
-                                  their batches over, untrained (parameter servers, mode backup: ps.c) */
+                                  their batches over, untrained (parameter servers, mode backup: ps/) */
     int64_t units;             /* [ps] share = dynamic: the pieces of an epoch's batches (steps x workers),
                                   which the servers hand to whichever worker is free (0: every rank trains
                                   its own share of every batch); set by the loop */
@@ -313,6 +317,6 @@ extern const dt_strategy_ops dt_strategy_zero;             /* engine/strategies/
 extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/strategies/zero.c */
 extern const dt_strategy_ops dt_strategy_zero3;            /* engine/strategies/zero.c */
 extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/strategies/localsgd.c */
-extern const dt_strategy_ops dt_strategy_ps;               /* engine/strategies/ps.c */
+extern const dt_strategy_ops dt_strategy_ps;               /* engine/strategies/ps/ */
 
 #endif

@@ -184,42 +184,38 @@ static void shard_copy(void *user, int tp, float *local, float *whole, int to_wh
     dt_model_shard_copy(t->m, tp, local, whole, to_whole);
 }
 
-static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
-                            dt_task_info *info) {
-    (void)max_micro;
-    dt_task *t = calloc(1, sizeof *t);
-    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
-    t->c = c;
+// The model, or with [parallel] tensor = T this rank's shard of it: the T
+// consecutive ranks from rank - rank % T hold the T shards of one copy of
+// the model (docs/model-parallel.md's layout, as the GPT's); the ranks of
+// the same shard evaluate together.
+static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int model_rows) {
     dt_status st;
-    DT_TRY(load_split(c, "train", &t->train), done);
-    DT_TRY(load_split(c, "test", &t->test), done);
-    // [parallel] tensor = T: the T consecutive ranks from rank - rank % T
-    // hold the T shards of one copy of the model (docs/model-parallel.md's
-    // layout, as the GPT's); the ranks of the same shard evaluate together.
     t->ntp = c->tensor > 1 ? c->tensor : 1;
     t->tp = dt_comm_rank(comm) % t->ntp;
     if (t->ntp > 1) {
         int rank = dt_comm_rank(comm);
         st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
         if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
-        if (st != DT_OK) {
-            st = dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
-            goto done;
-        }
+        if (st != DT_OK) return dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
     }
-    DT_TRY(dt_model_create_shard(&t->m, c->input, c->layers, c->nlayers, model_rows, t->tp, t->ntp), done);
-    if (dt_model_num_classes(t->m) != t->train.classes) {
-        st = dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
-                      dt_model_num_classes(t->m), t->train.classes);
-        goto done;
-    }
+    if ((st = dt_model_create_shard(&t->m, c->input, c->layers, c->nlayers, model_rows, t->tp, t->ntp)) != DT_OK)
+        return st;
+    if (dt_model_num_classes(t->m) != t->train.classes)
+        return dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
+                        dt_model_num_classes(t->m), t->train.classes);
     dt_model_init(t->m, c->seed);
     if (t->ntp > 1) {  // a shard's part of the whole model's initial parameters
-        DT_TRY(dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1), done);
+        if ((st = dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1)) != DT_OK) return st;
         dt_model_init(t->whole, c->seed);
         dt_model_shard_copy(t->m, t->tp, dt_model_params(t->m), dt_model_params(t->whole), 0);
         dt_model_set_reduce(t->m, tp_reduce, t);
     }
+    return DT_OK;
+}
+
+// The training split's loader: this rank's share of each batch (a model
+// parallel replica's ranks take theirs together).
+static dt_status cls_loader(dt_task *t, const dt_config *c, dt_comm_t comm) {
     dt_loader_params lp = dt_loader_default_params();
     lp.batch = c->batch;
     lp.shuffle = c->shuffle;
@@ -235,34 +231,40 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         lp.rank = lp.rank / c->tensor % lp.world;
     }
     lp.aug.crop_pad = c->crop_pad;
-    DT_TRY(dt_augment_parse(c->augment, lp.augment, &lp.naugment), done);
+    dt_status st = dt_augment_parse(c->augment, lp.augment, &lp.naugment);
+    if (st != DT_OK) return st;
     lp.max_share = c->dynamic_batch ? dt_dynbatch_max_share(c->batch < t->train.n ? c->batch : t->train.n, lp.world) : 0;
-    DT_TRY(dt_loader_create(&t->full, &t->train, &lp), done);
+    if ((st = dt_loader_create(&t->full, &t->train, &lp)) != DT_OK) return st;
     t->loader = t->full;
-    int nt = dt_model_num_tensors(t->m);
-    if (!(t->tinfo = malloc(sizeof *t->tinfo * (nt > 0 ? nt : 1)))) {
-        st = dt_error(DT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    // (checkpoints name the whole model's tensors)
-    for (int i = 0; i < nt; i++) t->tinfo[i] = *dt_model_tensor(t->whole ? t->whole : t->m, i);
-    // The gradient order for a strategy that gathers layer by layer: the
-    // tensors in block order (their names start with the layer index).
-    t->order = malloc(sizeof *t->order * (nt > 0 ? nt : 1));
-    t->order_layer = malloc(sizeof(int) * (nt > 0 ? nt : 1));
-    t->order_split = malloc((size_t)(nt > 0 ? nt : 1));
-    t->mats = malloc(sizeof *t->mats * (nt > 0 ? nt : 1));
-    if (!t->order || !t->order_layer || !t->order_split || !t->mats) {
-        st = dt_error(DT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    return DT_OK;
+}
+
+// The tensors as checkpoints name them (the whole model's), and the
+// gradient order for a strategy that gathers layer by layer: the tensors
+// in block order (their names start with the layer index), with the
+// codecs' matrices.
+static dt_status cls_tensors(dt_task *t, int nt) {
+    size_t n = nt > 0 ? (size_t)nt : 1;
+    t->tinfo = malloc(sizeof *t->tinfo * n);
+    t->order = malloc(sizeof *t->order * n);
+    t->order_layer = malloc(sizeof(int) * n);
+    t->order_split = malloc(n);
+    t->mats = malloc(sizeof *t->mats * n);
+    if (!t->tinfo || !t->order || !t->order_layer || !t->order_split || !t->mats)
+        return dt_error(DT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nt; i++) {
         const dt_tensor_info *ti = dt_model_tensor(t->m, i);
+        t->tinfo[i] = *dt_model_tensor(t->whole ? t->whole : t->m, i);
         t->nmats += dt_codec_matrices(ti, 0, t->mats + t->nmats);
         t->order[i] = (dt_grad_range){ti->offset, ti->numel};
         t->order_layer[i] = atoi(ti->name);
         t->order_split[i] = (unsigned char)dt_model_tensor_split(t->m, i);
     }
+    return DT_OK;
+}
+
+// What the loop needs to know of the task, and its line for the run's start.
+static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info) {
     t->wmeta[0] = (dt_st_meta){"format", "dtrain-weights"};
     t->wmeta[1] = (dt_st_meta){"name", c->name};
     int64_t spe = dt_loader_steps_per_epoch(t->loader);
@@ -300,6 +302,21 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
                  c->precision == DT_F16 ? "fp16" : "bf16");
     snprintf(info->describe, sizeof info->describe, "%zu parameters%s, %d train / %d test samples%s",
              dt_model_whole_params(t->m), shard, t->train.n, t->test.n, acts);
+}
+
+static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
+                            dt_task_info *info) {
+    (void)max_micro;
+    dt_task *t = calloc(1, sizeof *t);
+    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
+    t->c = c;
+    dt_status st;
+    DT_TRY(load_split(c, "train", &t->train), done);
+    DT_TRY(load_split(c, "test", &t->test), done);
+    DT_TRY(cls_model(t, c, comm, model_rows), done);
+    DT_TRY(cls_loader(t, c, comm), done);
+    DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
+    cls_info(t, c, dt_model_num_tensors(t->m), info);
 done:
     if (st != DT_OK) {
         cls_close(t);

@@ -229,49 +229,14 @@ static void shard_copy(void *user, int tp, float *local, float *whole, int to_wh
     dt_gpt_shard_copy(&t->gc, tp, t->ntp, local, whole, to_whole);
 }
 
-static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
-                            dt_task_info *info) {
-    (void)model_rows;
-    dt_task *t = calloc(1, sizeof *t);
-    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
-    t->c = c;
-    t->gc = gpt_config(c);
-    t->B = c->batch;
-    t->T = c->seq_len;
-    t->Bm = max_micro;
-    int rank = dt_comm_rank(comm), W = dt_comm_size(comm);
-    t->first = (int)((long)t->B * rank / W);
-    t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
-    dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
-    if (st != DT_OK) goto done;
-    DT_TRY(open_tokens(&t->train, c->train_file, c), done);
-    if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
-    DT_TRY(tensor_groups(t, comm), done);
-    DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, t->Bm, t->T, t->tp, t->ntp), done);
-    if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
-    DT_TRY(init_params(t), done);
-    t->x = malloc(sizeof(int32_t) * t->B * t->T);
-    t->y = malloc(sizeof(int32_t) * t->B * t->T);
-    if (!t->x || !t->y) {
-        st = dt_error(DT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
-    int norder;
-    const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
-    // wte, wpe (the embedding), 12 slices a block, lnfw, lnfb (the head).
-    if (!(t->order_layer = malloc(sizeof(int) * (size_t)norder))) {
-        st = dt_error(DT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (!(t->order_split = malloc((size_t)norder))) {
-        st = dt_error(DT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (!(t->mats = malloc(sizeof *t->mats * (size_t)norder))) {  // at most one a range of the order
-        st = dt_error(DT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+// The gradient order's layers (wte, wpe: the embedding; 12 slices a
+// block; lnfw, lnfb: the head), which ranges a tensor-parallel shard
+// splits, and the codecs' matrices.
+static dt_status gpt_order(dt_task *t, int norder) {
+    t->order_layer = malloc(sizeof(int) * (size_t)norder);
+    t->order_split = malloc((size_t)norder);
+    t->mats = malloc(sizeof *t->mats * (size_t)norder);  // at most one a range of the order
+    if (!t->order_layer || !t->order_split || !t->mats) return dt_error(DT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < dt_gpt_num_tensors(t->m); i++)  // the embeddings, 12 tensors stacked over the layers, lnf
         t->nmats += dt_codec_matrices(dt_gpt_tensor(t->m, i), i >= 2 && i < 14 ? t->gc.n_layer : 0, t->mats + t->nmats);
     for (int i = 0; i < norder; i++) {
@@ -279,6 +244,11 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
         int tensor = i < 2 ? i : i < norder - 2 ? 2 + (i - 2) % 12 : 14 + i - (norder - 2);
         t->order_split[i] = t->ntp > 1 && dt_gpt_tensor_split(tensor);
     }
+    return DT_OK;
+}
+
+// What the loop needs to know of the task, and its line for the run's start.
+static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order, int norder, dt_task_info *info) {
     *info = (dt_task_info){.params = dt_gpt_params(t->m),
                            .grads = dt_gpt_grads(t->m),
                            .nparams = dt_gpt_num_params(t->m),
@@ -316,6 +286,39 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
              "GPT L%d H%d C%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d%s", t->gc.n_layer,
              t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, dt_gpt_config_num_params(&t->gc), shard, t->train.n,
              t->val.n, t->B, t->T, acts);
+}
+
+static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
+                            dt_task_info *info) {
+    (void)model_rows;
+    dt_task *t = calloc(1, sizeof *t);
+    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
+    t->c = c;
+    t->gc = gpt_config(c);
+    t->B = c->batch;
+    t->T = c->seq_len;
+    t->Bm = max_micro;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm), norder;
+    t->first = (int)((long)t->B * rank / W);
+    t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
+    dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st != DT_OK) goto done;
+    DT_TRY(open_tokens(&t->train, c->train_file, c), done);
+    if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
+    DT_TRY(tensor_groups(t, comm), done);
+    DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, t->Bm, t->T, t->tp, t->ntp), done);
+    if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
+    DT_TRY(init_params(t), done);
+    t->x = malloc(sizeof(int32_t) * t->B * t->T);
+    t->y = malloc(sizeof(int32_t) * t->B * t->T);
+    if (!t->x || !t->y) {
+        st = dt_error(DT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
+    const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
+    DT_TRY(gpt_order(t, norder), done);
+    gpt_info(t, c, order, norder, info);
 done:
     if (st != DT_OK) {
         gpt_close(t);

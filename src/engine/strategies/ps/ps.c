@@ -108,6 +108,11 @@ static int group_of(int rank, int N, int G) { return (int)((long)rank * G / N); 
 
 static int ps_other_ranks(const dt_config *c) { return c->ps_servers; }
 
+// Outside mode sync a dead worker or server is let in alone again while the
+// others go on (faults.c); with dynamic sharing server 0 holds the hand-out
+// of the pieces, and its death is the group's.
+static int ps_alone_from(const dt_config *c) { return c->ps_mode == MODE_SYNC ? -1 : c->ps_share ? 1 : 0; }
+
 static int ps_wants(const dt_config *c) { return c->ps_servers > 0; }
 
 const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup"};
@@ -362,6 +367,7 @@ const dt_strategy_ops dt_strategy_ps = {
     .ckpt_restore = ps_ckpt_restore,
     .ckpt_save = ps_ckpt_save,
     .other_ranks = ps_other_ranks,
+    .alone_from = ps_alone_from,
     .serve = ps_serve,
     .summary = ps_summary,
 };

@@ -392,6 +392,7 @@ static dt_status start(server *sv) {
     sv->len = hi - lo;
     sv->step = h[H_STEP];
     sv->version = h[H_VERSION];
+    dt_heartbeat(sv->step);  // the step the run starts from (resumed: the checkpoint's), as the workers' first beat
     if ((st = ps_setup(sv)) != DT_OK) return st;
     if (h[H_A] != dt_optim_num_states(sv->opt))
         return dt_error(DT_ERR_COMM, "server %d: INIT brings %lld optimizer states, the optimizer has %d", sv->me,
