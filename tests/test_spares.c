@@ -140,11 +140,11 @@ static void test_replaced(void) {
     CHECK(same_as("refdp", "sparedp"), "dp, rank 2 replaced: bitwise equal to the uninterrupted dp run");
 
     // Dynamic batching: the spare takes the split in force (rank 1 slowed
-    // 3x has the smallest share by then); deterministic sums make any split
+    // 4x has the smallest share by then); deterministic sums make any split
     // bitwise the fixed one's, so a spare on another split than the others'
     // (the even one it starts with) would count some samples twice and miss
     // others.
-    setenv("DTRAIN_SLOW_RANK", "1:x3", 1);
+    setenv("DTRAIN_SLOW_RANK", "1:x4", 1);
     faults("2:20:kill", "once-dyn");
     rc = train("sparedyn", "--spares 1 --set train.dynamic_batch=true");
     no_faults();
@@ -154,6 +154,40 @@ static void test_replaced(void) {
           "dynamic batch, rank 2 killed in step 20: exit %d, rank 1's share %d of 40, the spare's %d\n%s", rc, s1, s2,
           g_out);
     CHECK(same_as("ref", "sparedyn"), "dynamic batch, rank 2 replaced: bitwise equal to the uninterrupted run");
+
+    // State no replica holds (local SGD's drift and each rank's optimizer
+    // state; a codec's residuals): every rank goes back to the newest
+    // checkpoint (step 10) and redoes the steps since, as the restart of
+    // the whole group from that checkpoint (--max-restarts) does.
+    static const struct {
+        const char *name, *flags;
+    } own[] = {
+        {"local-sgd", "--set parallel.deterministic=false --set parallel.sync_every=4"},
+        {"int8", "--set parallel.deterministic=false --set compression.method=int8"},
+        {"topk", "--set parallel.deterministic=false --set compression.method=topk --set compression.ratio=0.1"},
+    };
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) {
+        char flags[512], restarted[64], spared[64], once[64];
+        snprintf(restarted, sizeof restarted, "restart-%s", own[i].name);
+        snprintf(spared, sizeof spared, "spare-%s", own[i].name);
+        snprintf(once, sizeof once, "once-r-%s", own[i].name);
+        faults("1:13:kill", once);
+        snprintf(flags, sizeof flags, "--max-restarts 1 --checkpoint-every 5 %s", own[i].flags);
+        rc = train(restarted, flags);
+        CHECK(rc == 0 && strstr(g_out, "from the newest checkpoint"), "%s, rank 1 killed, restarted: exit %d\n%s",
+              own[i].name, rc, g_out);
+        snprintf(once, sizeof once, "once-s-%s", own[i].name);
+        faults("1:13:kill", once);
+        snprintf(flags, sizeof flags, "--spares 1 --checkpoint-every 5 %s", own[i].flags);
+        rc = train(spared, flags);
+        no_faults();
+        CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") &&
+                  strstr(g_out, "went back to ") && strstr(g_out, "step-00000010") &&
+                  strstr(g_out, "(step 10) in ") && !strstr(g_out, "from the newest checkpoint"),
+              "%s, rank 1 killed, a spare: exit %d, every rank back to step 10\n%s", own[i].name, rc, g_out);
+        CHECK(same_as(restarted, spared), "%s, rank 1 replaced: bitwise equal to the restart from the checkpoint",
+              own[i].name);
+    }
 
     // fp16: the loss scale (and its count of clean steps) comes with the
     // state; an overflow at step 4 halved it before the kill.
@@ -337,9 +371,10 @@ static void test_refused(void) {
         const char *extra, *want;
     } bad[] = {
         {"--spares 1 --set parallel.deterministic=false --set compression.method=int8",
-         "--spares with [compression] method = int8"},
+         "--spares with [compression] method: each rank's codec state (residuals) is its own"},
         {"--spares 1 --set parallel.deterministic=false --set parallel.sync_every=4",
-         "--spares: strategy local-sgd is not supported"},
+         "--spares with [parallel] sync_every (local SGD): each rank's drift since the last average is its own"},
+        {"--spares 1 --set parallel.pipeline=3", "--spares: strategy model-parallel is not supported"},
         {"--spares 1 --checkpoint-every 5 --checkpoint-sharded", "--spares with [checkpoint] sharded = true"},
         {"--spares 1 --servers 1 --set ps.mode=sync", "--spares: strategy ps is not supported"},
         {"--spares -1", "--spares"},

@@ -120,6 +120,31 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
     return broadcast_blocks(r, root);
 }
 
+dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have) {
+    int found = 0, parts = 1;
+    char used[4200] = "";
+    if (have && r->writer) dt_ckpt_writer_abandon(r->writer);
+    dt_status st = dt_barrier(r->comm);  // every rank's write in flight is over before rank 0 looks
+    if (st == DT_OK && dt_comm_rank(r->comm) == 0) {
+        st = r->dir[0] ? dt_ckpt_load_newest(r->dir, &r->model, s, &found, used, sizeof used) : DT_OK;
+        if (st == DT_OK && !found)
+            st = dt_error(DT_ERR_IO, "going back to the newest checkpoint: there is none yet in %s",
+                          r->dir[0] ? r->dir : "(no run directory)");
+        if (st == DT_OK) st = dt_ckpt_open_part(used, -1, NULL, &parts);
+        s->world = dt_comm_size(r->comm);
+    }
+    // (a failure on rank 0 reaches the others through the abort that follows)
+    if (st == DT_OK) st = broadcast_state(r, s, &found, &parts, used, sizeof used);
+    if (st != DT_OK) return st;
+    snprintf(r->from, sizeof r->from, "%s", used);
+    r->from_parts = parts;
+    r->last_step = s->step;
+    r->state_opt = *r->model.opt_step;
+    if (r->dir[0] && !r->writer && !r->save && (r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0))
+        st = make_writer(r);
+    return st;
+}
+
 // A resumed checkpoint's state beyond the model that this run does not keep
 // (its ranks' extra tensors: a compressed run's codec state, resumed
 // without compression or on one worker) is left where it is, said once.

@@ -68,6 +68,17 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
  * over; on rank 0 a sharded checkpoint in flight whose shard is missing is
  * given up (dt_ckpt_writer_abandon). */
 dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *from);
+/* After a spare took a dead rank's place and every rank rejoined, for a
+ * strategy whose ranks hold state that no other rank has a copy of (m.extra:
+ * a gradient codec's residuals; local SGD's drift and optimizer state):
+ * every rank goes back to the newest complete checkpoint in r->dir, where
+ * every rank's state was last saved. The writes in flight end first (one
+ * missing a shard is given up); rank 0 finds it and shares it as a resume
+ * does (the training state, the path in r->from for the strategy's restore
+ * of each rank's own part, the replicated blocks); the steps since are
+ * then redone. A rank that joined (have = 0) starts its writer. A
+ * collective; DT_ERR_IO on rank 0 when there is no checkpoint yet. */
+dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have);
 /* Rank 0's vote for a save by time (T seconds since the last one): the
  * control plane sums the votes (engine/control.h), so that all ranks save at
  * the same step. */

@@ -109,17 +109,21 @@ int dt_train_alone_from(const dt_config *c) {
 dt_status dt_train_check_spares(const dt_config *c, int spares) {
     if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
     const dt_strategy_ops *s = dt_strategy_for(c);
-    if (!s->replicated && !s->take_over)
+    int own = c->comp_method != DT_COMP_NONE || s->own_state;  // state no other rank has
+    if (!s->replicated && !s->take_over && !own)
         return dt_error(DT_ERR_CONFIG, "--spares: strategy %s is not supported: a spare takes a dead worker's state "
                                        "from a surviving replica (data parallel: dp, dp-deterministic) or its slice "
                                        "from a buddy rank's copy (ZeRO: zero, zero-deterministic, zero-3), or is let "
-                                       "in alone by its peers (parameter servers outside [ps] mode = sync); use "
+                                       "in alone by its peers (parameter servers outside [ps] mode = sync), or every "
+                                       "rank goes back to the newest checkpoint (local SGD, compression); use "
                                        "--max-restarts",
                         s->name);
-    if (c->comp_method != DT_COMP_NONE)
-        return dt_error(DT_ERR_CONFIG, "--spares with [compression] method = %s: each rank's codec state (residuals) is "
-                                       "its own and cannot be had from another rank; use --max-restarts",
-                        dt_comp_method_name(c->comp_method));
+    if (own && c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0)
+        return dt_error(DT_ERR_CONFIG, "--spares with %s: each rank's %s is its own, so after a death every rank goes "
+                                       "back to the newest checkpoint and redoes the steps since; checkpoints are off "
+                                       "(add --checkpoint-every N)",
+                        c->comp_method != DT_COMP_NONE ? "[compression] method" : "[parallel] sync_every (local SGD)",
+                        c->comp_method != DT_COMP_NONE ? "codec state (residuals)" : "drift since the last average");
     if (c->ckpt_sharded && s->replicated)  // ZeRO's own shards: a missing one is given up (dt_ckpt_writer_abandon)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
                                        "checkpoint being written would never come; use whole checkpoints");
@@ -807,6 +811,14 @@ static dt_status share_split(run_state *r, int from) {
     return st == DT_OK ? r->tops->set_shares(r->task, units, r->nunits) : st;
 }
 
+// Whether a recovery goes back to the newest checkpoint: the ranks hold
+// state that no other rank has a copy of (a codec's residuals, local SGD's
+// drift), which the checkpoint holds as each rank left it; otherwise a
+// replica's state (and a buddy's copy of a slice) is taken as it is now.
+static int by_checkpoint(const run_state *r) {
+    return r->ck.model.extra || r->sops->own_state;
+}
+
 // One try at a recovery: rejoin (a new generation of the communicator,
 // with the spare in the dead rank's place), then the state of the replica
 // that got furthest, and a sharded strategy's slices (each rank's own, or
@@ -823,7 +835,12 @@ static dt_status take_state(run_state *r, int *from, int *again) {
     if (have && !rec->lost_start && (st = dt_comm_rejoin(r->comm, 0)) != DT_OK)
         return dt_error(st, "rank %d, after step %lld: %s", r->rank, (long long)r->ts.step, dt_last_error());
     rec->lost_start = 0;  // (rejoined in the start)
-    if ((st = dt_run_ckpt_share(&r->ck, &r->ts, have, from)) != DT_OK)
+    if (by_checkpoint(r)) {  // each rank's own state, as the newest checkpoint has it
+        *from = 0;
+        if ((st = dt_run_ckpt_rollback(&r->ck, &r->ts, have)) == DT_OK)
+            st = dt_strategy_ckpt_restore(r->strat, r->ck.from, r->ck.from_parts);
+        if (st != DT_OK) st = dt_error(st, "rank %d, going back to the newest checkpoint: %s", r->rank, dt_last_error());
+    } else if ((st = dt_run_ckpt_share(&r->ck, &r->ts, have, from)) != DT_OK)
         st = dt_error(st, "rank %d, taking the state of a replica: %s", r->rank, dt_last_error());
     else if (r->sops->take_over && (st = r->sops->take_over(r->strat, have || r->ts.step == 0, &lost)) != DT_OK)
         st = dt_error(st, "rank %d, after step %lld: %s", r->rank, (long long)r->ts.step, dt_last_error());
@@ -859,7 +876,11 @@ static dt_status recover(run_state *r) {
     r->loss_sum = r->ts.epoch_loss;
     r->rng = r->ts.rng;
     r->stop = 0;
-    if (r->rank == 0)
+    if (r->rank == 0 && by_checkpoint(r))
+        dt_log(DT_LOG_INFO, "spares: every worker rejoined and went back to %s (step %lld) in %.2f s; redoing the "
+                            "steps from %lld",
+               r->ck.from, (long long)r->step, dt_now() - rec->failed_at, (long long)r->step + 1);
+    else if (r->rank == 0)
         dt_log(DT_LOG_INFO, "spares: every worker rejoined and took rank %d's state at step %lld in %.2f s; "
                             "redoing step %lld",
                from, (long long)r->step, dt_now() - rec->failed_at, (long long)r->step + 1);

@@ -386,6 +386,121 @@ static void fed_free(fed *f) {
     if (f->task) f->tops->destroy(f->task);
 }
 
+static const char *const algos[] = {"fedavg", "fedavgm", "fedadam"};
+
+// The task, the clients' partitions, the injected faults, the rounds'
+// buffers and the two optimizers; clients.json on rank 0 (run_dir).
+static dt_status fed_setup(fed *f, const char *run_dir, int rows, float **history) {
+    const dt_config *c = f->c;
+    dt_task_info info;
+    dt_status st = f->tops->create(&f->task, c, f->comm, c->batch, rows, &info);
+    if (st != DT_OK) return st;
+    f->params = info.params;
+    f->grads = info.grads;
+    f->n = info.nparams;
+    if ((st = dt_broadcast(f->params, f->params, f->n, DT_F32, 0, f->comm)) != DT_OK)
+        return dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
+    const int32_t *y;
+    int ny = f->tops->train_labels(f->task, &y), classes = 0;
+    for (int i = 0; i < ny; i++) classes = y[i] + 1 > classes ? y[i] + 1 : classes;
+    if ((st = dt_fed_partition(c, y, ny, classes, &f->idx, &f->start)) != DT_OK) return st;
+    if ((st = parse_faults(f, "DTRAIN_FED_FAIL", 0)) != DT_OK) return st;
+    if ((st = parse_faults(f, "DTRAIN_FED_DELAY", 1)) != DT_OK) return st;
+    size_t scratch = f->n > (size_t)f->C ? f->n : (size_t)f->C;
+    f->global = dt_alloc(sizeof(float) * (f->n ? f->n : 1));
+    f->acc = dt_alloc(sizeof(int64_t) * (f->n + (size_t)f->m + 1));
+    f->masked = dt_alloc(sizeof(uint32_t) * scratch);
+    f->msum = dt_alloc(sizeof(uint32_t) * (f->n ? f->n : 1));
+    f->sampled = malloc(sizeof(int) * (size_t)f->m);
+    *history = malloc(sizeof(float) * (size_t)c->fed_rounds);
+    if (!f->global || !f->acc || !f->masked || !f->msum || !f->sampled || !*history)
+        return dt_error(DT_ERR_NOMEM, "federated state for %zu parameters: out of memory", f->n);
+    memcpy(f->global, f->params, sizeof(float) * f->n);
+    if ((st = dt_optim_create(&f->client_opt, &c->optim, f->n)) != DT_OK) return st;
+    if ((st = make_server_optim(f)) != DT_OK) return st;
+    if (run_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/clients.json", run_dir);
+        if ((st = write_clients(f, path, y, classes)) != DT_OK) return st;
+    }
+    if (f->rank == 0)
+        dt_log(DT_LOG_INFO, "%s: %s; %d clients, %d per round, %d rounds of %d local epoch%s at batch %d, %s%s%s, %d worker%s",
+               c->name, info.describe, f->C, f->m, c->fed_rounds, c->fed_local_epochs, c->fed_local_epochs > 1 ? "s" : "",
+               c->fed_local_batch, algos[c->fed_algorithm], c->fed_mu > 0 ? " + FedProx" : "",
+               c->fed_secure ? ", secure aggregation" : "", f->W, f->W > 1 ? "s" : "");
+    return DT_OK;
+}
+
+// The rounds: the clients' local training and the server update
+// (run_round), every rank's phase times to rank 0, and an evaluation each;
+// *skipped counts the rounds without an update, *samples the clients'.
+static dt_status fed_rounds(fed *f, dt_obs *obs, float *history, dt_train_result *res, int *skipped, long *samples) {
+    const dt_config *c = f->c;
+    dt_status st = DT_OK;
+    for (int r = 1; r <= c->fed_rounds; r++) {
+        int reported = 0, applied = 0;
+        float loss = 0, norm = 0;
+        dt_obs_begin(obs, DT_OBS_FORWARD);  // the clients' local training
+        st = run_round(f, r, &reported, &loss, &norm, &applied);
+        dt_obs_end(obs, DT_OBS_FORWARD);
+        if (st != DT_OK) return st;
+        *skipped += !applied;
+        float v[2] = {0, 0};  // every rank's phase times to rank 0 (the sums are already global)
+        dt_obs_begin(obs, DT_OBS_COMM);
+        st = dt_obs_allreduce(obs, v, 2, f->comm);
+        dt_obs_end(obs, DT_OBS_COMM);
+        if (st != DT_OK) return st;
+        memcpy(f->params, f->global, sizeof(float) * f->n);
+        long round_samples = 0;
+        for (int j = 0; j < f->m; j++) round_samples += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
+        *samples += round_samples;
+        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, round_samples,
+                                             0, 0, 0, 0, 0, 0, 0});
+        float tl, ta;
+        dt_obs_begin(obs, DT_OBS_EVAL);
+        st = f->tops->evaluate(f->task, f->comm, r, loss, &tl, &ta);
+        dt_obs_end(obs, DT_OBS_EVAL);
+        if (st != DT_OK) return st;
+        dt_obs_eval(obs, loss, tl, ta);
+        history[r - 1] = ta;
+        res->test_loss = tl;
+        res->test_accuracy = ta;
+        res->final_train_loss = loss;
+        res->steps = r;
+        dt_heartbeat(r);
+    }
+    return st;
+}
+
+// Rank 0's summary.json; bytes: the update allreduce's per round, as rank 0
+// counts them (comm.h).
+static dt_status fed_summary(const fed *f, const char *path, const dt_train_result *res, const float *history,
+                             int skipped, double bytes) {
+    const dt_config *c = f->c;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+    cJSON_AddStringToObject(o, "mode", "federated");
+    cJSON_AddStringToObject(o, "algorithm", algos[c->fed_algorithm]);
+    cJSON_AddNumberToObject(o, "params", (double)f->n);
+    cJSON_AddNumberToObject(o, "clients", f->C);
+    cJSON_AddNumberToObject(o, "clients_per_round", f->m);
+    cJSON_AddNumberToObject(o, "rounds", c->fed_rounds);
+    cJSON_AddNumberToObject(o, "rounds_skipped", skipped);
+    cJSON_AddNumberToObject(o, "final_train_loss", res->final_train_loss);
+    cJSON_AddNumberToObject(o, "test_loss", res->test_loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", res->test_accuracy);
+    cJSON_AddItemToObject(o, "round_test_accuracy", cJSON_CreateFloatArray(history, c->fed_rounds));
+    int to85 = 0;
+    for (int r = 0; r < c->fed_rounds && !to85; r++)
+        if (history[r] >= 0.85f) to85 = r + 1;
+    cJSON_AddNumberToObject(o, "rounds_to_85", to85 ? to85 : -1);
+    cJSON_AddNumberToObject(o, "bytes_sent_per_round", bytes);
+    cJSON_AddNumberToObject(o, "wall_seconds", res->wall_seconds);
+    dt_json_add_parallel(o, res);
+    return dt_json_write(path, o);
+}
+
 dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn progress, void *user,
                       dt_train_result *res) {
     double t_start = dt_now();
@@ -401,7 +516,8 @@ dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn 
     fed f = {.c = c, .tops = dt_task_for(c), .C = c->fed_clients, .m = clients_per_round(c)};
     dt_obs *obs = NULL;
     float *history = NULL;
-    int threads, rows;
+    int threads, rows, skipped = 0;
+    long samples = 0;
     dt_status st = dt_worker_init(c, &f.comm, &threads);
     if (st != DT_OK) return st;
     f.rank = dt_comm_rank(f.comm);
@@ -418,113 +534,21 @@ dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn 
     }
     DT_TRY(dt_check_memory(c, DT_MEM_TRAIN, f.W, 0, &rows), done);
     DT_TRY(dt_worker_run_dir(c, run_dir), done);
-    dt_task_info info;
-    DT_TRY(f.tops->create(&f.task, c, f.comm, c->batch, rows, &info), done);
-    f.params = info.params;
-    f.grads = info.grads;
-    f.n = info.nparams;
-    if ((st = dt_broadcast(f.params, f.params, f.n, DT_F32, 0, f.comm)) != DT_OK) {
-        st = dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
-        goto done;
-    }
-    const int32_t *y;
-    int ny = f.tops->train_labels(f.task, &y), classes = 0;
-    for (int i = 0; i < ny; i++) classes = y[i] + 1 > classes ? y[i] + 1 : classes;
-    DT_TRY(dt_fed_partition(c, y, ny, classes, &f.idx, &f.start), done);
-    DT_TRY(parse_faults(&f, "DTRAIN_FED_FAIL", 0), done);
-    DT_TRY(parse_faults(&f, "DTRAIN_FED_DELAY", 1), done);
-    size_t scratch = f.n > (size_t)f.C ? f.n : (size_t)f.C;
-    f.global = dt_alloc(sizeof(float) * (f.n ? f.n : 1));
-    f.acc = dt_alloc(sizeof(int64_t) * (f.n + (size_t)f.m + 1));
-    f.masked = dt_alloc(sizeof(uint32_t) * scratch);
-    f.msum = dt_alloc(sizeof(uint32_t) * (f.n ? f.n : 1));
-    f.sampled = malloc(sizeof(int) * (size_t)f.m);
-    history = malloc(sizeof(float) * (size_t)c->fed_rounds);
-    if (!f.global || !f.acc || !f.masked || !f.msum || !f.sampled || !history) {
-        st = dt_error(DT_ERR_NOMEM, "federated state for %zu parameters: out of memory", f.n);
-        goto done;
-    }
-    memcpy(f.global, f.params, sizeof(float) * f.n);
-    DT_TRY(dt_optim_create(&f.client_opt, &c->optim, f.n), done);
-    DT_TRY(make_server_optim(&f), done);
-    char path[4096];
-    if (run_dir) {
-        snprintf(path, sizeof path, "%s/clients.json", run_dir);
-        DT_TRY(write_clients(&f, path, y, classes), done);
-    }
-    const char *algos[] = {"fedavg", "fedavgm", "fedadam"};
-    if (f.rank == 0)
-        dt_log(DT_LOG_INFO, "%s: %s; %d clients, %d per round, %d rounds of %d local epoch%s at batch %d, %s%s%s, %d worker%s",
-               c->name, info.describe, f.C, f.m, c->fed_rounds, c->fed_local_epochs, c->fed_local_epochs > 1 ? "s" : "",
-               c->fed_local_batch, algos[c->fed_algorithm], c->fed_mu > 0 ? " + FedProx" : "",
-               c->fed_secure ? ", secure aggregation" : "", f.W, f.W > 1 ? "s" : "");
-    int skipped = 0;
-    long samples_total = 0;
+    DT_TRY(fed_setup(&f, run_dir, rows, &history), done);
     dt_comm_stats cs0, cs1;
     dt_comm_get_stats(f.comm, &cs0);
-    for (int r = 1; r <= c->fed_rounds; r++) {
-        int reported = 0, applied = 0;
-        float loss = 0, norm = 0;
-        dt_obs_begin(obs, DT_OBS_FORWARD);  // the clients' local training
-        st = run_round(&f, r, &reported, &loss, &norm, &applied);
-        dt_obs_end(obs, DT_OBS_FORWARD);
-        if (st != DT_OK) goto done;
-        skipped += !applied;
-        float v[2] = {0, 0};  // every rank's phase times to rank 0 (the sums are already global)
-        dt_obs_begin(obs, DT_OBS_COMM);
-        st = dt_obs_allreduce(obs, v, 2, f.comm);
-        dt_obs_end(obs, DT_OBS_COMM);
-        if (st != DT_OK) goto done;
-        memcpy(f.params, f.global, sizeof(float) * f.n);
-        long samples = 0;
-        for (int j = 0; j < f.m; j++) samples += f.start[f.sampled[j] + 1] - f.start[f.sampled[j]];
-        samples_total += samples;
-        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, samples, 0, 0, 0, 0, 0, 0, 0});
-        float tl, ta;
-        dt_obs_begin(obs, DT_OBS_EVAL);
-        st = f.tops->evaluate(f.task, f.comm, r, loss, &tl, &ta);
-        dt_obs_end(obs, DT_OBS_EVAL);
-        if (st != DT_OK) goto done;
-        dt_obs_eval(obs, loss, tl, ta);
-        history[r - 1] = ta;
-        res->test_loss = tl;
-        res->test_accuracy = ta;
-        res->final_train_loss = loss;
-        res->steps = r;
-        dt_heartbeat(r);
-    }
+    DT_TRY(fed_rounds(&f, obs, history, res, &skipped, &samples), done);
     dt_comm_get_stats(f.comm, &cs1);
     res->epochs = c->fed_rounds;
     res->wall_seconds = dt_now() - t_start;
     res->train_seconds = res->wall_seconds;
-    res->samples_per_sec = res->wall_seconds > 0 ? (double)samples_total * c->fed_local_epochs / res->wall_seconds : 0;
+    res->samples_per_sec = res->wall_seconds > 0 ? (double)samples * c->fed_local_epochs / res->wall_seconds : 0;
     if (run_dir) {
+        char path[4096];
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
         DT_TRY(f.tops->save(f.task, path), done);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "name", c->name);
-        cJSON_AddStringToObject(o, "dtrain_version", dt_version());
-        cJSON_AddStringToObject(o, "mode", "federated");
-        cJSON_AddStringToObject(o, "algorithm", algos[c->fed_algorithm]);
-        cJSON_AddNumberToObject(o, "params", (double)f.n);
-        cJSON_AddNumberToObject(o, "clients", f.C);
-        cJSON_AddNumberToObject(o, "clients_per_round", f.m);
-        cJSON_AddNumberToObject(o, "rounds", c->fed_rounds);
-        cJSON_AddNumberToObject(o, "rounds_skipped", skipped);
-        cJSON_AddNumberToObject(o, "final_train_loss", res->final_train_loss);
-        cJSON_AddNumberToObject(o, "test_loss", res->test_loss);
-        cJSON_AddNumberToObject(o, "test_accuracy", res->test_accuracy);
-        cJSON_AddItemToObject(o, "round_test_accuracy", cJSON_CreateFloatArray(history, c->fed_rounds));
-        int to85 = 0;
-        for (int r = 0; r < c->fed_rounds && !to85; r++)
-            if (history[r] >= 0.85f) to85 = r + 1;
-        cJSON_AddNumberToObject(o, "rounds_to_85", to85 ? to85 : -1);
-        // The update allreduce's bytes, as rank 0 counts them (comm.h), per round.
-        cJSON_AddNumberToObject(o, "bytes_sent_per_round", (double)(cs1.bytes_sent - cs0.bytes_sent) / c->fed_rounds);
-        cJSON_AddNumberToObject(o, "wall_seconds", res->wall_seconds);
-        dt_json_add_parallel(o, res);
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
-        st = dt_json_write(path, o);
+        st = fed_summary(&f, path, res, history, skipped, (double)(cs1.bytes_sent - cs0.bytes_sent) / c->fed_rounds);
     }
 done:
     st = dt_obs_close(obs, st);

@@ -107,6 +107,10 @@ static dt_status lsgd_update(dt_strategy *s, float lr, float scale) {
     return lsgd_params_sync(s);
 }
 
+// A death with spares: every rank goes back to the newest checkpoint,
+// whose parameters are the same everywhere (own_state).
+static void lsgd_abandon(dt_strategy *s) { ((local_sgd *)s)->dirty = 0; }
+
 const dt_strategy_ops dt_strategy_local_sgd = {
     .name = "local-sgd",
     .size = sizeof(local_sgd),
@@ -119,4 +123,6 @@ const dt_strategy_ops dt_strategy_local_sgd = {
     .grad_norm = dt_strategy_norm_replicated,
     .update = lsgd_update,
     .params_sync = lsgd_params_sync,
+    .own_state = 1,
+    .abandon = lsgd_abandon,
 };

@@ -140,6 +140,13 @@ typedef struct dt_strategy_ops {
      * between steps, so a spare that takes a dead rank's place can have it
      * from any surviving replica (dt_run_ckpt_share, --spares). */
     int replicated;
+    /* 1: each rank holds state between steps that no other rank has a copy
+     * of (local SGD's drift since the last average, its own optimizer
+     * state), so after a spare took a dead rank's place every rank goes
+     * back to the newest checkpoint (dt_run_ckpt_rollback), as it does for
+     * a gradient codec's residuals; abandon (below) drops what the failed
+     * steps left. */
+    int own_state;
     /* Spares for a strategy whose ranks hold slices (not replicated): each
      * rank keeps a copy of a buddy rank's slice, so that a spare in a dead
      * rank's place can have its slice from memory (zero.c). abandon: after
