@@ -86,8 +86,9 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
  * a spare takes a dead worker's place and its state from a surviving
  * replica, which needs a strategy whose ranks all hold the whole state
  * (data parallel, deterministic or not) or whose slices are copied to a
- * buddy rank (ZeRO, stages 1-3), and no state of a rank's own (gradient
- * compression's residuals; dynamic batching's split is handed over), and, for
+ * buddy rank (ZeRO, stages 1-3; dynamic batching's split is handed over),
+ * or, where each rank holds state of its own (local SGD, gradient
+ * compression's residuals), checkpoints that every rank goes back to; and, for
  * data parallel, whole checkpoints (a dead worker's shard of a sharded one
  * in flight would never be written); or a strategy whose ranks are let in
  * alone by their peers (dt_train_alone_from), where a spare is a restart
