@@ -6,13 +6,13 @@ same minutes.
 For each model (the MLP at batch 256, the CNN at batch 64, gpt-small at 8 x
 256 tokens) and each layout (1 worker x 1 thread, 1 x 2, 2 workers x 1),
 the two builds' `dtrain train` runs alternate (BASE, NEW, BASE, NEW, ...)
---repeat times each, exactly as bench/dp.py runs dtrain; the best of each
-is kept and NEW / BASE printed. Needs no PyTorch.
+--repeat times each, exactly as bench/dp.py runs dtrain; NEW / BASE is
+printed for the best of each and for the median of each. Needs no PyTorch.
 
     /usr/bin/python3 bench/ab.py BASE_BUILD_DIR NEW_BUILD_DIR [--repeat N]
         [--models mlp,cnn,gpt-small] [--steps N]
 """
-import argparse, os, sys
+import argparse, os, statistics, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -29,7 +29,8 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: bench/dp.py's per model)")
     a = ap.parse_args()
     print(cpu.banner())
-    print(f"{'model':9} {'workers x threads':>17} {'base/s':>9} {'new/s':>9} {'new/base':>8}")
+    print(f"{'model':9} {'workers x threads':>17} {'base/s':>9} {'new/s':>9} {'new/base':>8}"
+          f" {'median base/s':>13} {'median new/s':>12} {'new/base':>8}")
     for model in a.models.split(","):
         steps = a.steps or dp.STEPS[model]
         key = "samples_per_sec" if model in dp.CONFIGS else "tokens_per_sec"
@@ -39,7 +40,9 @@ def main():
                 for i, build in enumerate((a.base, a.new)):
                     got[i].append(dp.run_dtrain(build, model, w, t, steps)[key])
             b, n = max(got[0]), max(got[1])
-            print(f"{model:9} {f'{w} x {t}':>17} {b:9.0f} {n:9.0f} {n / b:8.3f}", flush=True)
+            mb, mn = statistics.median(got[0]), statistics.median(got[1])
+            print(f"{model:9} {f'{w} x {t}':>17} {b:9.0f} {n:9.0f} {n / b:8.3f} {mb:13.0f} {mn:12.0f} {mn / mb:8.3f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,13 @@
  *     publishes what it waits on (dt_heartbeat_wait), so the rank named is
  *     the one that stopped, and the message says which collective (and
  *     sequence number) the others wait in;
- *   - with respawn_from >= 0, a rank from there on that dies or hangs is
- *     restarted alone in its place (its incarnation one higher, shm_host.h),
- *     up to max_respawns times, while the others go on; the segment's name
- *     and its splits' names then stay until the end, for the replacement;
+ *   - a dead rank's place taken by a new process (one path for every
+ *     replacement, docs/internals.md "Replacement"): a ready spare (below),
+ *     else, with respawn_from >= 0, a process started for it, up to
+ *     max_respawns times. Ranks from respawn_from on are let in alone by
+ *     their peers (their incarnation one higher, shm_host.h) while the
+ *     others go on; the segment's name and its splits' names then stay
+ *     until the end, for the replacement;
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.
  *
@@ -38,6 +41,8 @@
  *     launcher reaps it, gives its rank to the spare (dt_spare_wait
  *     returns) and starts a new generation of the segment; the survivors
  *     and the newcomer meet in dt_comm_rejoin (dtrain/comm.h) and go on.
+ *     With respawn_from >= 0 a spare takes a rank's place from there on as
+ *     a restart does, let in alone (DTRAIN_ALONE_FROM tells the ranks).
  *     Without a spare left, or for a rank that exits with an error status
  *     (which a new process would repeat), the group is stopped as above
  *     and ranks waiting in dt_comm_rejoin fail at once. Spares left at the
@@ -74,10 +79,13 @@ typedef struct {
                           failed_step */
     int64_t failed_step;
     int respawn_from;  /* >= 0: a rank >= this one that dies or hangs is
-                          restarted alone, in its place, while the others
-                          go on (the parameter servers' workers outside
-                          mode sync); -1 (default): every failure stops all */
-    int max_respawns;  /* how many such restarts, in all */
+                          replaced alone, by a ready spare or a process
+                          started for it, while the others go on (the
+                          parameter servers' ranks outside mode sync,
+                          dt_train_alone_from); -1 (default): a death is
+                          repaired by a spare in a new generation, or
+                          stops all */
+    int max_respawns;  /* how many processes started for a place, in all */
     int nspares;       /* idle processes started beside the ranks (spares,
                           below); default 0 */
 } dt_launch_params;
