@@ -9,7 +9,12 @@
  *      does not block the next; a run that fails leaves no summary.json of
  *      an earlier run that would look like its own; in a group of
  *      `dtrain run` or mpirun, rank 0 holds the lock and a refused group's
- *      other ranks write nothing. */
+ *      other ranks write nothing.
+ *   3. Ctrl-C is the user's stop, never a failure to repair: one SIGINT to
+ *      `dtrain train --workers 2 --max-restarts 3` makes every worker
+ *      checkpoint and stop at the end of its step, one line names the step
+ *      and the checkpoint, the exit status is 130 and nothing restarts; two
+ *      stop it at once; the same with a parameter server. */
 #include "testlib.h"
 
 #include <signal.h>
@@ -229,6 +234,31 @@ static void test_lock_launched(void) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// 3: Ctrl-C stops the run; it is never restarted
+
+static void test_interrupt(const char *dir, const char *args, int twice) {
+    char log[64], path[700];
+    snprintf(log, sizeof log, "%s.log", dir);
+    setenv("DTRAIN_SLOW_RANK", "*:20", 1);
+    pid_t pid = start(dir, args, log);
+    unsetenv("DTRAIN_SLOW_RANK");
+    int going = wait_steps(dir, 0, 3);
+    kill(pid, SIGINT);
+    if (twice) kill(pid, SIGINT);
+    int rc = finish(pid, 90);
+    char *out = tl_read_file(tmp(log), NULL);
+    const char *at = out ? strstr(out, "stopped at step ") : NULL;
+    long step = at ? atol(at + 16) : -1;
+    snprintf(path, sizeof path, "%s/checkpoints/step-%08ld.safetensors", tmp(dir), step);
+    int ckpt = step > 0 && (access(path, F_OK) == 0 || (path[strlen(path) - 12] = 0, access(path, F_OK) == 0));
+    CHECK(going && rc == 130 && out && !strstr(out, "restarting") && !strstr(out, "server -1") &&
+              (twice || (ckpt && strstr(out, "(checkpoint ") && strstr(out, "continue with --resume auto"))),
+          "%s: SIGINT%s: exit %d (expected 130), %s, no restart\n%s", args, twice ? " twice" : "", rc,
+          twice ? "stopped" : "the step and its checkpoint named", out ? out : "(no log)");
+    free(out);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-supervise-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -246,6 +276,11 @@ int main(void) {
     test_hung_rank(3);
     test_lock();
     test_lock_launched();
+    const char *sup = "--workers 2 --max-restarts 3 --checkpoint-every 50 --set train.max_steps=100000";
+    test_interrupt("int", sup, 0);
+    test_interrupt("int2", sup, 1);
+    test_interrupt("int-ps", "--workers 2 --servers 1 --set ps.mode=async --max-restarts 3 --set train.max_steps=100000",
+                   0);
     tl_cleanup(g_tmp);
     return tl_finish();
 }

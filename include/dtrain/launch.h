@@ -88,6 +88,12 @@ typedef struct {
     int max_respawns;  /* how many processes started for a place, in all */
     int nspares;       /* idle processes started beside the ranks (spares,
                           below); default 0 */
+    double graceful;   /* > 0: the first SIGINT, SIGTERM or SIGHUP the
+                          launcher gets is passed on as SIGUSR1 (every rank
+                          checkpoints and stops at the end of its step,
+                          DT_EXIT_STOPPED), the ranks stopped for good after
+                          this many seconds; a second signal stops them at
+                          once. 0 (default): passed on as SIGTERM at once */
 } dt_launch_params;
 
 /* How a launch ended. */
@@ -105,6 +111,9 @@ typedef struct {
     double failed_at;      /* dt_now() when the failure was seen, or 0 */
     int respawns;          /* ranks restarted alone (respawn_from) */
     int replaced;          /* ranks whose place a spare took */
+    int interrupted;       /* the signal the launcher got from outside
+                              (SIGINT, SIGTERM, SIGHUP), or 0: the user's
+                              stop, never a failure to repair */
 } dt_launch_result;
 
 /* The exit status of a rank that stopped on request at a checkpoint. */

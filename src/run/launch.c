@@ -254,10 +254,13 @@ static void set_env_int(const char *k, int v) {
 }
 
 /* In the child, after fork: environment, default signals, exec. A spare
- * (rank < 0) gets DTRAIN_SPARE=its index instead of a rank. */
+ * (rank < 0) gets DTRAIN_SPARE=its index instead of a rank. With
+ * p->graceful the terminal's Ctrl-C is the launcher's to pass on (a rank
+ * ignores SIGINT and stops on the SIGUSR1 it gets instead). */
 static void child_exec(char *const argv[], int rank, int n, const char *shm_name, int beat_fd, pid_t parent,
-                       int nspares, int alone_from, int spare) {
-    signal(SIGINT, SIG_DFL);
+                       const dt_launch_params *p, int spare) {
+    int nspares = p->nspares, alone_from = p->respawn_from;
+    signal(SIGINT, p->graceful > 0 ? SIG_IGN : SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
     /* die with the launcher, even if it is killed with SIGKILL */
@@ -390,7 +393,7 @@ static dt_status start_all(sup *s) {
         const char *what = r < s->n ? "rank" : "spare";
         int id = r < s->n ? r : r - s->n;
         pid_t pid = fork();
-        if (pid == 0) child_exec(s->argv, r < s->n ? r : -1, s->n, s->name, s->beat_fd, s->self, s->K, s->p->respawn_from, id);
+        if (pid == 0) child_exec(s->argv, r < s->n ? r : -1, s->n, s->name, s->beat_fd, s->self, s->p, id);
         if (pid < 0) {
             g_signal = SIGTERM; /* stop the ranks already started */
             return dt_error(DT_ERR_INTERNAL, "dtrain run: fork of %s %d failed: %s", what, id, strerror(errno));
@@ -475,22 +478,23 @@ static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
     if (!replaceable(s, r, WIFSIGNALED(st), &alone)) return 0;
     int k = ready_spare(s->beats, s->pids, s->alive, s->n, s->K);
     if (k < 0 && !(alone && res->respawns < p->max_respawns)) return 0;
+    int64_t last = atomic_load(&s->beats[r].step);
+    // the segment first: the survivors' errors name the replacement
+    if (!alone) dt_shm_mark_rank(s->base, r, 2, WTERMSIG(st));
+    int inc = dt_shm_take_place(s->base, r, alone);
+    beat_reset(&s->beats[r], mono_ns());
     char why[96], who[128], at[48] = "";
     if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", s->hung_quiet);
     else if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
     else snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(st));
-    int64_t last = atomic_load(&s->beats[r].step);
     if (last >= 0 && alone) snprintf(at, sizeof at, " at step %lld", (long long)last);
-    if (!alone) dt_shm_mark_rank(s->base, r, 2, WTERMSIG(st));
-    beat_reset(&s->beats[r], mono_ns());
-    int inc = dt_shm_take_place(s->base, r, alone);
     if (k < 0) {  // a process started for the place
         res->respawns++;
         snprintf(who, sizeof who, "restarting it alone (restart %d of %d, incarnation %d)", res->respawns,
                  p->max_respawns, inc);
         fflush(NULL);
         pid_t np = fork();
-        if (np == 0) child_exec(s->argv, r, s->n, s->name, s->beat_fd, s->self, s->K, s->p->respawn_from, -1);
+        if (np == 0) child_exec(s->argv, r, s->n, s->name, s->beat_fd, s->self, s->p, -1);
         if (np < 0) {
             dt_log(DT_LOG_ERROR, "run: fork of rank %d failed: %s", r, strerror(errno));
             return 0;
@@ -623,9 +627,18 @@ static void check_heartbeats(sup *s, double now) {
 }
 
 // Requests to stop (after stop_after, or SIGUSR1: checkpoint and stop),
-// signals passed on, and the escalation from SIGTERM to SIGKILL.
+// signals passed on (with `graceful`, the first as a request to stop), and
+// the escalation from SIGTERM to SIGKILL.
 static void pass_signals(sup *s, double now) {
     const dt_launch_params *p = s->p;
+    if (g_signal && !s->forwarded && !s->res->interrupted) s->res->interrupted = g_signal;
+    if (g_signal && !s->forwarded && p->graceful > 0 && g_nsignals == 1 && !s->stop_sent) {
+        s->stop_sent = 1;
+        dt_log(DT_LOG_WARN, "run: %s: every rank checkpoints and stops at the end of its step (again to stop at once)",
+               strsignal(g_signal));
+        signal_all(s, SIGUSR1);
+        s->term_at = now + p->graceful;  // (bounded: then stopped for good)
+    }
     if (p->stop_after > 0 && !s->stop_sent && !s->forwarded && s->first_fail < 0 && now - s->t_start >= p->stop_after) {
         s->stop_sent = 1;
         if (p->verbose) dt_log(DT_LOG_INFO, "run: asking every rank to checkpoint and stop");
@@ -637,7 +650,7 @@ static void pass_signals(sup *s, double now) {
         dt_log(DT_LOG_INFO, "run: SIGUSR1: asking every rank to checkpoint and stop");
         signal_all(s, SIGUSR1);
     }
-    if (g_signal && !s->forwarded) {
+    if (g_signal && !s->forwarded && (p->graceful <= 0 || g_nsignals >= 2)) {
         s->forwarded = 1;
         if (s->first_fail < 0) s->res->exit_code = 128 + g_signal;
         dt_log(DT_LOG_WARN, "run: %s, stopping %d ranks", strsignal(g_signal), s->nalive);

@@ -85,7 +85,7 @@ int cmd_sample(int argc, char **argv) {
             return cli_error("--prompt byte %zu (%u) is outside the vocabulary [0, %d)", i, (unsigned char)prompt[i], V), EXIT_USAGE;
     dt_set_threads(c.threads);
     dt_gpt_config gc = {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.padded_vocab_size};
-    dt_gpt *m;
+    dt_gpt *m = NULL;
     if (dt_check_memory(&c, DT_MEM_SAMPLE, 1, 0, NULL) != DT_OK || dt_gpt_create(&m, &gc, 1, T) != DT_OK ||
         dt_gpt_load(m, ckpt) != DT_OK) {
         cli_error("%s", dt_last_error());

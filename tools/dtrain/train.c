@@ -419,6 +419,19 @@ static void warm_spare(void *user) {
     if (dt_train_warm(user) != DT_OK) dt_log(DT_LOG_DEBUG, "spare: loading ahead: %s", dt_last_error());
 }
 
+// Rank 0's line after a stop on request: the step, the checkpoint that
+// holds it (the newest in the run directory) and how to go on.
+static void print_stopped(const dt_train_result *r, const char *run_dir) {
+    char dir[1100], **list = NULL;
+    int n = 0;
+    snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+    if (dt_ckpt_list(dir, &list, &n) != DT_OK) n = 0;
+    fprintf(stderr, "stopped at step %lld%s%s%s; continue with --resume auto --run-dir %s\n", (long long)r->steps,
+            n ? " (checkpoint " : "", n ? list[0] : "", n ? ")" : "", run_dir);
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+}
+
 static void on_stop_signal(int sig) {
     (void)sig;
     dt_train_request_stop();
@@ -471,6 +484,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         lp.nranks = n + c->ps_servers;  // parameter servers: the first ranks
         lp.heartbeat_timeout = a->heartbeat;
         lp.nspares = a->spares;
+        lp.graceful = 60;  // Ctrl-C: every worker checkpoints and stops at the end of its step
         lp.stop_after = elastic && n < a->workers ? a->elastic_retry : 0;
         lp.failed_at = failed_at;
         lp.failed_step = failed_step;
@@ -498,6 +512,11 @@ static int supervise(const args_t *a, const dt_config *c) {
                    r.respawns == 1 ? "" : "s", restarts);
         if (r.first_step_at > 0) failed_at = 0;  // the launcher logged the recovery
         if (r.exit_code == 0 && !r.stopped) return 0;
+        if (r.interrupted) {  // the user's stop (Ctrl-C), never a failure to repair
+            if (!r.stopped) cli_error("%s: the workers were stopped at once, without a checkpoint of their step",
+                                      strsignal(r.interrupted));
+            return 128 + r.interrupted;  // (stopped at a step: rank 0 named it and its checkpoint)
+        }
         if (r.stopped && r.stop_asked) return DT_EXIT_STOPPED;  // rank 0 said how to go on
         if (r.stopped) {  // stopped at a checkpoint to grow
             n += replica_ranks(c);
@@ -507,7 +526,8 @@ static int supervise(const args_t *a, const dt_config *c) {
         }
         const char *why = r.hung ? "hung" : r.signal ? strsignal(r.signal) : "failed";
         char who[32];  // with parameter servers, the first ranks are the servers
-        if (r.failed_rank < c->ps_servers) snprintf(who, sizeof who, "server %d", r.failed_rank);
+        if (r.failed_rank < 0) snprintf(who, sizeof who, "the group");
+        else if (r.failed_rank < c->ps_servers) snprintf(who, sizeof who, "server %d", r.failed_rank);
         else snprintf(who, sizeof who, "worker %d", r.failed_rank - c->ps_servers);
         if (!failed_at) {
             failed_at = r.failed_at;
@@ -639,9 +659,7 @@ int cmd_train(int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     if (r.stopped) {
-        if (r.rank == 0)
-            fprintf(stderr, "stopped at step %lld; continue with --resume auto --run-dir %s\n", (long long)r.steps,
-                    a.run_dir);
+        if (r.rank == 0) print_stopped(&r, a.run_dir);
         return DT_EXIT_STOPPED;
     }
     if (a.json) {
