@@ -287,18 +287,23 @@ static void test_gpt(void) {
             "eval_batches = 2\nthreads = 1\n",
             tmp("corpus"), tmp("corpus"));
     fclose(f);
-    const char *runs[] = {"gptref", "gptspare"};
-    for (int i = 0; i < 2; i++) {
-        if (i) faults("2:14:kill", "once-gpt");
-        snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --run-dir %s %s 2>&1", tl_dtrain(), tmp("gpt.ini"),
-                 tmp(runs[i]), i ? "--spares 1" : "--quiet");
+    // data parallel on 3 workers; tensor parallel (the heads split in two) on 4
+    const char *runs[] = {"gptref", "gptspare", "gpttpref", "gpttpspare"};
+    const char *layout[] = {"--workers 3", "--workers 4 --set parallel.tensor=2"};
+    for (int i = 0; i < 4; i++) {
+        if (i % 2) faults("2:14:kill", i < 2 ? "once-gpt" : "once-gpttp");
+        snprintf(cmd, sizeof cmd, "%s train %s %s --run-dir %s %s 2>&1", tl_dtrain(), tmp("gpt.ini"), layout[i / 2],
+                 tmp(runs[i]), i % 2 ? "--spares 1" : "--quiet");
         rc = tl_run(cmd, g_out, sizeof g_out);
         no_faults();
         CHECK(rc == 0, "GPT %s: exit %d\n%s", runs[i], rc, g_out);
+        int step;
+        if (i % 2)
+            CHECK(spare_recovery(2, &step) >= 0 && step == 14, "GPT %s: rank 2 replaced, step 14 redone\n%s",
+                  layout[i / 2], g_out);
     }
-    int step;
-    CHECK(spare_recovery(2, &step) >= 0 && step == 14, "GPT: rank 2 replaced, step 14 redone\n%s", g_out);
     CHECK(same_as("gptref", "gptspare"), "GPT, rank 2 replaced: bitwise equal to the uninterrupted run");
+    CHECK(same_as("gpttpref", "gpttpspare"), "GPT tensor = 2, rank 2 replaced: bitwise equal to the uninterrupted run");
 }
 
 // ZeRO: each rank keeps a copy of rank + 1's slice (parameters, optimizer
@@ -374,7 +379,7 @@ static void test_refused(void) {
          "--spares with [compression] method: each rank's codec state (residuals) is its own"},
         {"--spares 1 --set parallel.deterministic=false --set parallel.sync_every=4",
          "--spares with [parallel] sync_every (local SGD): each rank's drift since the last average is its own"},
-        {"--spares 1 --set parallel.pipeline=3", "--spares: strategy model-parallel is not supported"},
+        {"--spares 1 --set parallel.pipeline=3 --zero 1", "--spares with model parallelism and [parallel] zero = 1"},
         {"--spares 1 --checkpoint-every 5 --checkpoint-sharded", "--spares with [checkpoint] sharded = true"},
         {"--spares 1 --servers 1 --set ps.mode=sync", "--spares: strategy ps is not supported"},
         {"--spares -1", "--spares"},
@@ -401,6 +406,51 @@ static void test_refused(void) {
           rc, g_out);
 }
 
+// Model parallel: every rank of a tensor rank holds the same shard (T = 1:
+// every rank the whole block), so the spare in a dead rank's place takes its
+// shard from a twin and the stages' cut from a survivor, after every rank
+// split the pipelines' and the shard groups' communicators again; bitwise
+// equal to the uninterrupted run in each layout. (The tensor-parallel MLP has
+// no dropout between its linear layers: tp.ini.)
+static void test_model_parallel(void) {
+    static const struct {
+        const char *name, *ini, *layout;
+        int workers, kill;
+    } runs[] = {
+        {"pp3", "run.ini", "--set parallel.pipeline=3", 3, 1},
+        {"tp2", "tp.ini", "--set parallel.tensor=2", 4, 1},
+        {"tp2pp2", "tp.ini", "--set parallel.tensor=2 --set parallel.pipeline=2", 4, 2},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char cmd[4096], ref[64], spare[64], once[64];
+        snprintf(ref, sizeof ref, "ref-%s", runs[i].name);
+        snprintf(spare, sizeof spare, "spare-%s", runs[i].name);
+        snprintf(once, sizeof once, "once-%s", runs[i].name);
+        for (int k = 0; k < 2; k++) {
+            char f[32];
+            snprintf(f, sizeof f, "%d:13:kill", runs[i].kill);
+            if (k) faults(f, once);
+            snprintf(cmd, sizeof cmd, "%s train %s --workers %d %s --run-dir %s %s 2>&1", tl_dtrain(),
+                     tmp(runs[i].ini), runs[i].workers, runs[i].layout, tmp(k ? spare : ref),
+                     k ? "--spares 1" : "--quiet");
+            int rc = tl_run(cmd, g_out, sizeof g_out);
+            no_faults();
+            CHECK(rc == 0, "%s %s: exit %d\n%s", runs[i].layout, k ? "with a spare" : "uninterrupted", rc, g_out);
+        }
+        int step;
+        CHECK(spare_recovery(runs[i].kill, &step) >= 0 && step == 13, "%s: rank %d replaced, step 13 redone\n%s",
+              runs[i].layout, runs[i].kill, g_out);
+        CHECK(same_as(ref, spare), "%s, rank %d replaced: bitwise equal to the uninterrupted run", runs[i].layout,
+              runs[i].kill);
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 3 --set parallel.tensor=3 --spares 1 --run-dir %s 2>&1",
+             tl_dtrain(), tmp("tp.ini"), tmp("refused"));
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "--spares with [parallel] tensor = 3 on 3 workers: each shard is on one worker alone"),
+          "tensor = 3 on 3 workers with a spare: exit %d, refused by name\n%s", rc, g_out);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-spares-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -409,11 +459,19 @@ int main(void) {
     FILE *f = fopen(tmp("run.ini"), "w");
     fprintf(f, "%s[data]\ndir = %s\n", cfg, g_tmp);
     fclose(f);
+    char tp[1024];  // the same without the dropout: tensor parallel splits linear layers with only relu between
+    snprintf(tp, sizeof tp, "%s", cfg);
+    char *drop = strstr(tp, "layer = dropout p=0.2\n");
+    memmove(drop, drop + strlen("layer = dropout p=0.2\n"), strlen(drop + strlen("layer = dropout p=0.2\n")) + 1);
+    f = fopen(tmp("tp.ini"), "w");
+    fprintf(f, "%s[data]\ndir = %s\n", tp, g_tmp);
+    fclose(f);
     test_refused();
     test_zero();
     test_replaced();
     test_start();
     test_gpt();
+    test_model_parallel();
     tl_cleanup(g_tmp);
     return tl_finish();
 }

@@ -92,9 +92,11 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
  * data parallel, whole checkpoints (a dead worker's shard of a sharded one
  * in flight would never be written); or a strategy whose ranks are let in
  * alone by their peers (dt_train_alone_from), where a spare is a restart
- * that is ready. DT_OK for spares <= 0; DT_ERR_CONFIG naming what does
- * not fit otherwise. */
-DT_API dt_status dt_train_check_spares(const dt_config *c, int spares);
+ * that is ready; model parallelism, whose ranks of a tensor rank hold the
+ * same shard (a twin: W / tensor >= 2 workers, and no ZeRO slices). W: the
+ * workers. DT_OK for spares <= 0; DT_ERR_CONFIG naming what does not fit
+ * otherwise. */
+DT_API dt_status dt_train_check_spares(const dt_config *c, int W, int spares);
 /* The first rank whose place a new process can take while the others go on
  * (the launcher's dt_launch_params.respawn_from): the parameter servers'
  * ranks outside mode sync, from rank 1 with dynamic sharing (server 0

@@ -237,6 +237,7 @@ dt_status dt_comm_rejoin(dt_comm_t c, double timeout) {
     if (rc != DT_OK) return rc;
     pthread_mutex_lock(&c->err_lock);
     c->seq = 0;
+    c->nsplits = 0;  // (a split's name has the generation in it: the newcomer's count starts at 0 too)
     c->gen = gen;
     c->err_msg[0] = 0;
     atomic_store(&c->err, DT_OK);

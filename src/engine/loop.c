@@ -106,9 +106,17 @@ int dt_train_alone_from(const dt_config *c) {
     return s->alone_from ? s->alone_from(c) : -1;
 }
 
-dt_status dt_train_check_spares(const dt_config *c, int spares) {
+dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
     if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
     const dt_strategy_ops *s = dt_strategy_for(c);
+    if ((c->pipeline > 1 || c->tensor > 1) && c->zero == 1)
+        return dt_error(DT_ERR_CONFIG, "--spares with model parallelism and [parallel] zero = 1: each rank's slice of "
+                                       "the optimizer state is on it alone; use --max-restarts");
+    if (c->tensor > 1 && W / c->tensor < 2)
+        return dt_error(DT_ERR_CONFIG, "--spares with [parallel] tensor = %d on %d workers: each shard is on one "
+                                       "worker alone, and a spare takes a dead worker's shard from a twin (the %d "
+                                       "workers of its tensor rank); use %d workers or more, or --max-restarts",
+                        c->tensor, W, W / c->tensor, 2 * c->tensor);
     int own = c->comp_method != DT_COMP_NONE || s->own_state;  // state no other rank has
     if (!s->replicated && !s->take_over && !own)
         return dt_error(DT_ERR_CONFIG, "--spares: strategy %s is not supported: a spare takes a dead worker's state "
@@ -377,6 +385,7 @@ typedef struct {
     void *user;
     int rank, W, threads, model_rows;
     int over;  // this rank's part ended early: a server ran its own loop, or its predecessor had finished
+    uint64_t split_gen;  // the generation the task's and the strategy's sub-communicators were split in
     recovery rec;
     // the position and the figures of the steps
     dt_train_state ts;  // at the last meeting, or as resumed or shared
@@ -408,7 +417,8 @@ static dt_status join(run_state *r) {
     rec->place = dt_worker_place(r->comm);
     rec->have_state = rec->place != DT_PLACE_REPLICA;
     rec->lost_start = rec->have_state && dt_comm_generation(r->comm) > 0;
-    if ((st = dt_train_check_spares(c, dt_worker_spares())) != DT_OK) return st;
+    int world = dt_comm_size(r->comm) - (r->sops->other_ranks ? r->sops->other_ranks(c) : 0);
+    if ((st = dt_train_check_spares(c, world, dt_worker_spares())) != DT_OK) return st;
     if ((st = split_roles(r->sops, c, r->all, r->run_dir, &r->comm, &served)) != DT_OK) return st;
     if (served) {
         r->res->rank = -1;  // not a worker: nothing to report
@@ -458,6 +468,7 @@ static dt_status build(run_state *r) {
                            info->order_layer, r->all, info->order_split, info->nwhole, info->shard_copy,
                            info->shard_user, info->replicas, info->tensor_group, info->matrices, info->nmatrices};
     if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
+    r->split_gen = dt_comm_generation(r->comm);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info->nparams, c->zero, r->W, &mk);
     dt_obs_set_memory(r->obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients,
@@ -811,6 +822,17 @@ static dt_status share_split(run_state *r, int from) {
     return st == DT_OK ? r->tops->set_shares(r->task, units, r->nunits) : st;
 }
 
+// Sub-communicators split in an older generation, which the rejoin broke
+// (the task's shard groups, the strategy's pipelines): split again in the
+// order a spare's start splits them, so that the two meet.
+static dt_status regroup(run_state *r) {
+    dt_status st = DT_OK;
+    if (r->tops->regroup) st = r->tops->regroup(r->task, r->comm, &r->strat->replicas, &r->strat->tensor_group);
+    if (st == DT_OK && r->sops->regroup) st = r->sops->regroup(r->strat);
+    if (st == DT_OK) r->split_gen = dt_comm_generation(r->comm);
+    return st;
+}
+
 // Whether a recovery goes back to the newest checkpoint: the ranks hold
 // state that no other rank has a copy of (a codec's residuals, local SGD's
 // drift), which the checkpoint holds as each rank left it; otherwise a
@@ -835,6 +857,8 @@ static dt_status take_state(run_state *r, int *from, int *again) {
     if (have && !rec->lost_start && (st = dt_comm_rejoin(r->comm, 0)) != DT_OK)
         return dt_error(st, "rank %d, after step %lld: %s", r->rank, (long long)r->ts.step, dt_last_error());
     rec->lost_start = 0;  // (rejoined in the start)
+    if (dt_comm_generation(r->comm) != r->split_gen && (st = regroup(r)) != DT_OK)
+        return dt_error(st, "rank %d, splitting the workers again: %s", r->rank, dt_last_error());
     if (by_checkpoint(r)) {  // each rank's own state, as the newest checkpoint has it
         *from = 0;
         if ((st = dt_run_ckpt_rollback(&r->ck, &r->ts, have)) == DT_OK)

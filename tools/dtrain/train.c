@@ -111,8 +111,10 @@ static const char train_help[] =
     "                  outside mode sync, where a spare takes a dead worker's or\n"
     "                  server's place alone, as a restart does; local SGD and\n"
     "                  compression, where every worker goes back to the newest\n"
-    "                  checkpoint in place (needs --checkpoint-every); not model\n"
-    "                  parallelism or sharded checkpoints of data parallel)\n"
+    "                  checkpoint in place (needs --checkpoint-every); tensor and\n"
+    "                  pipeline parallel, from a twin of the dead worker's shard\n"
+    "                  (2 x tensor workers or more); not with --zero 1 under\n"
+    "                  model parallelism or sharded checkpoints of data parallel)\n"
     "  --heartbeat-timeout S  a worker that reports no progress for S seconds\n"
     "                  counts as hung (default 120; 0 = off); workers waiting\n"
     "                  for it in a collective are alive, and say so\n"
@@ -394,7 +396,7 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         return cli_error("--spares: a spare takes the state of a surviving worker; it needs --workers 2 or more%s",
                          a->min_workers < a->workers ? " (the elastic minimum included)" : ""),
                EXIT_USAGE;
-    if (dt_train_check_spares(c, a->spares) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_USAGE;
+    if (dt_train_check_spares(c, a->min_workers, a->spares) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_USAGE;
     char img[1024], lab[1024];
     int hdf5 = !strcmp(c->dataset, "hdf5");
     if (!c->gpt && !hdf5 && (dt_idx_find_split(c->data_dir, "train", img, lab, sizeof img) != DT_OK ||

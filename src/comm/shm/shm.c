@@ -1254,7 +1254,10 @@ static dt_status shm_split(dt_comm_t parent, dt_comm_t child, const int *members
     (void)color;
     shm_state *ps = ST(parent);
     char name[200];
-    if (ps->name[0])
+    if (ps->name[0] && ps->gen)  // split again after a rejoin (dt_comm_rejoin), with a newcomer among them
+        snprintf(name, sizeof name, "%.150s.g%llu.s%d.%d", ps->name, (unsigned long long)ps->gen, parent->nsplits,
+                 color_index);
+    else if (ps->name[0])
         snprintf(name, sizeof name, "%.150s.s%d.%d", ps->name, parent->nsplits, color_index);
     else
         snprintf(name, sizeof name, "/dtrain-p%d.s%d.%d", (int)getpid(), parent->nsplits,

@@ -376,6 +376,20 @@ static void plan_ops(pipe *p) {
 #undef BWD
 }
 
+// The P ranks of (replica, t): one pipeline (V > 1: twice, the gradients
+// on their own). Tensor parallel: the task made the shard groups (the
+// model's sums run on them), in the same layout.
+static dt_status split_pipelines(pipe *p) {
+    dt_strategy *s = &p->base;
+    dt_status st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
+    if (st == DT_OK && p->V > 1) st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->ppb);
+    if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
+    if (!p->ppb) p->ppb = p->pp;
+    p->shard = s->replicas;
+    p->tp = s->tensor_group;
+    return DT_OK;
+}
+
 static dt_status pp_init(dt_strategy *s) {
     pipe *p = (pipe *)s;
     const dt_config *c = s->c;
@@ -420,17 +434,10 @@ static dt_status pp_init(dt_strategy *s) {
         if (!(ch->slots = calloc((size_t)ch->nslots, sizeof *ch->slots)))
             return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     }
-    st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
-    if (st == DT_OK && p->V > 1) st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->ppb);
-    if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
-    // Tensor parallel: the task made the shard groups (the model's sums run
-    // on them), in the same layout.
-    p->shard = s->replicas;
-    p->tp = s->tensor_group;
+    if ((st = split_pipelines(p)) != DT_OK) return st;
     if (p->T > 1 && (!p->shard || !p->tp || dt_comm_size(p->tp) != p->T))
         return dt_error(DT_ERR_CONFIG, "model parallel: [parallel] tensor = %d, but the %s model is not split into shards",
                         p->T, c->gpt ? "GPT" : "classifier");
-    if (!p->ppb) p->ppb = p->pp;
     if (c->zero == 1) {  // ZeRO stage 1: rank r of the ranks holding this block updates (and keeps
                          // the optimizer state of) its slice
         dt_comm_t zc = p->shard ? p->shard : s->comm;
@@ -831,6 +838,76 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
     }
 }
 
+// ---- spares: a dead rank's place, its state from a twin -----------------------
+//
+// Every rank of tensor rank t holds the same shard block and optimizer state
+// (T = 1: every rank the whole block), so a spare in a dead rank's place
+// takes them from a rank of its tensor rank that has them, and the stages'
+// cut from a survivor; the pipelines' communicators, which the new
+// generation broke, are split again (regroup, as a spare's init does).
+
+// A failed step: the pipelines' transfers end (their communicators aborted,
+// so no wait lasts) and the communicators go; what the step summed of its
+// micro-batches is dropped.
+static void pp_abandon(dt_strategy *s) {
+    pipe *p = (pipe *)s;
+    if (p->acc) memset(p->acc, 0, sizeof(int64_t) * s->n);
+    if (p->pp) dt_comm_abort(p->pp, "a worker died: the step is redone");
+    if (p->ppb && p->ppb != p->pp) dt_comm_abort(p->ppb, "a worker died: the step is redone");
+    for (int v = 0; v < p->V && p->ch; v++)
+        for (int i = 0; i < p->ch[v].nslots && p->ch[v].slots; i++) {
+            dt_wait(&p->ch[v].slots[i].send_out);
+            dt_wait(&p->ch[v].slots[i].send_d);
+        }
+    if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
+    dt_comm_destroy(p->pp);
+    p->pp = p->ppb = NULL;
+}
+
+static dt_status pp_regroup(dt_strategy *s) {
+    pp_abandon(s);  // (what a try before this one left)
+    return split_pipelines((pipe *)s);
+}
+
+// The lowest rank of c that has the state (have), or -1.
+static dt_status holder(dt_comm_t c, int have, int *root) {
+    int64_t v = have ? dt_comm_rank(c) : INT32_MAX;
+    dt_status st = dt_allreduce(&v, &v, 1, DT_I64, DT_MIN, c);
+    *root = st == DT_OK && v < INT32_MAX ? (int)v : -1;
+    return st;
+}
+
+static dt_status pp_take_over(dt_strategy *s, int have, int *lost) {
+    pipe *p = (pipe *)s;
+    int L = model_layers(s->c), nb = p->P * p->V + 1, root;
+    *lost = 0;
+    dt_status st = holder(s->comm, have, &root);
+    if (st == DT_OK && root < 0) st = dt_error(DT_ERR_INTERNAL, "model parallel: no worker holds the stages' cut");
+    int64_t m = p->measure;
+    if (st == DT_OK) st = dt_broadcast(p->bounds, p->bounds, (size_t)nb, DT_I32, root, s->comm);
+    if (st == DT_OK) st = dt_broadcast(&m, &m, 1, DT_I64, root, s->comm);
+    if (st == DT_OK && !m && !p->layer_cost && !(p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost)))
+        st = dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    if (st == DT_OK && !m) st = dt_broadcast(p->layer_cost, p->layer_cost, (size_t)L * 2, DT_I32, root, s->comm);
+    if (st != DT_OK) return st;
+    p->measure = (int)m;
+    for (int v = 0; v < p->V; v++) {
+        p->ch[v].l0 = p->bounds[p->ch[v].vstage];
+        p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
+    }
+    if (p->T == 1) return DT_OK;  // (the whole block came with the loop's state)
+    // The shard: from a rank of this tensor rank that has it.
+    if ((st = holder(p->shard, have, &root)) != DT_OK) return st;
+    if (root < 0) {
+        *lost = 1;
+        return dt_error(DT_ERR_COMM, "model parallel: no surviving worker holds tensor rank %d's shard", p->t);
+    }
+    st = dt_broadcast(s->params, s->params, s->n, DT_F32, root, p->shard);
+    for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK; j++)
+        st = dt_broadcast(dt_optim_state(s->opt, j), dt_optim_state(s->opt, j), s->hi - s->lo, DT_F32, root, p->shard);
+    return st;
+}
+
 const dt_strategy_ops dt_strategy_pipeline = {
     .name = "model-parallel",
     .size = sizeof(pipe),
@@ -846,4 +923,7 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .params_sync = pp_params_sync,
     .ckpt_restore = pp_ckpt_restore,
     .summary = pp_summary,
+    .abandon = pp_abandon,
+    .take_over = pp_take_over,
+    .regroup = pp_regroup,
 };

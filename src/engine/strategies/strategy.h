@@ -163,6 +163,12 @@ typedef struct dt_strategy_ops {
      * replicated. */
     void (*abandon)(dt_strategy *s);
     dt_status (*take_over)(dt_strategy *s, int have, int *lost);
+    /* After every rank rejoined in a new generation: the communicators the
+     * strategy split from s->comm at init (a pipeline's), which the new
+     * generation broke, split again in the same order, so that a spare's
+     * init meets them (s->replicas and s->tensor_group are the task's new
+     * ones by then). NULL: a strategy that splits none. */
+    dt_status (*regroup)(dt_strategy *s);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */

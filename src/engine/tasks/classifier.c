@@ -188,16 +188,29 @@ static void shard_copy(void *user, int tp, float *local, float *whole, int to_wh
 // consecutive ranks from rank - rank % T hold the T shards of one copy of
 // the model (docs/model-parallel.md's layout, as the GPT's); the ranks of
 // the same shard evaluate together.
+static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
+    int rank = dt_comm_rank(comm);
+    t->ntp = t->c->tensor > 1 ? t->c->tensor : 1;
+    t->tp = rank % t->ntp;
+    if (t->ntp == 1) return DT_OK;
+    dt_status st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
+    if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+}
+
+static dt_status cls_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
+    dt_comm_destroy(t->tpc);
+    dt_comm_destroy(t->rest);
+    t->tpc = t->rest = NULL;
+    dt_status st = tensor_groups(t, comm);
+    *replicas = t->rest;
+    *tensor_group = t->tpc;
+    return st;
+}
+
 static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int model_rows) {
-    dt_status st;
-    t->ntp = c->tensor > 1 ? c->tensor : 1;
-    t->tp = dt_comm_rank(comm) % t->ntp;
-    if (t->ntp > 1) {
-        int rank = dt_comm_rank(comm);
-        st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
-        if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
-        if (st != DT_OK) return dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
-    }
+    dt_status st = tensor_groups(t, comm);
+    if (st != DT_OK) return st;
     if ((st = dt_model_create_shard(&t->m, c->input, c->layers, c->nlayers, model_rows, t->tp, t->ntp)) != DT_OK)
         return st;
     if (dt_model_num_classes(t->m) != t->train.classes)
@@ -532,6 +545,7 @@ const dt_task_ops dt_task_classifier = {
     .save = cls_save,
     .summary = cls_summary,
     .set_shares = cls_set_shares,
+    .regroup = cls_regroup,
     .train_labels = cls_train_labels,
     .set_subset = cls_set_subset,
 };

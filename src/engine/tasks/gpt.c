@@ -209,6 +209,16 @@ static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
     return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
 }
 
+static dt_status gpt_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
+    dt_comm_destroy(t->tpc);
+    dt_comm_destroy(t->rest);
+    t->tpc = t->rest = NULL;
+    dt_status st = tensor_groups(t, comm);
+    *replicas = t->rest;
+    *tensor_group = t->tpc;
+    return st;
+}
+
 // The initial parameters: c's seed, or [model] init_from, on a shard its
 // part of the whole model's.
 static dt_status init_params(dt_task *t) {
@@ -489,6 +499,7 @@ const dt_task_ops dt_task_gpt = {
     .forward = gpt_forward,
     .backward = gpt_backward,
     .set_layer_hook = gpt_set_layer_hook,
+    .regroup = gpt_regroup,
     .stage_create = gpt_stage_create,
     .stage_free = gpt_stage_free,
     .stage_begin = gpt_stage_begin,

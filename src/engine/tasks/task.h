@@ -141,6 +141,13 @@ typedef struct dt_task_ops {
      * order (dt_loader_set_shares). NULL: a task whose batches split
      * evenly only. */
     dt_status (*set_shares)(dt_task *t, const int *units, int nunits);
+    /* After every rank rejoined in a new generation with a spare in a dead
+     * rank's place (dt_comm_rejoin): the communicators the task split from
+     * comm at its create (a tensor-parallel model's shard groups), which
+     * the new generation broke, split again in the same order, so that a
+     * spare's create meets them; *replicas and *tensor_group get the new
+     * ones (as dt_task_info's). NULL: a task that splits none. */
+    dt_status (*regroup)(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group);
     /* Federated clients (engine/federated/federate.c); both NULL for a task that
      * cannot have them. The labels of the training samples: *y[n], n
      * returned. */
