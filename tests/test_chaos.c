@@ -8,7 +8,9 @@
  * replaced by a spare, no group restarts, no step is lost, and the final
  * parameters are again bitwise those of the clean run. And with spares
  * under ZeRO stage 3, where a dead rank's slice comes from its buddy's
- * in-memory copy.
+ * in-memory copy, and under a pipeline of 3 stages, where a spare takes
+ * the block and the stages' cut from a twin (deterministic mode's fixed
+ * point makes the pipeline's result the data-parallel one's).
  *
  * CHAOS_KILLS (default 4) and CHAOS_STEPS (default 240) make it longer;
  * bench/chaos.sh runs a long version. */
@@ -347,8 +349,10 @@ int main(int argc, char **argv) {
     unsetenv("DTRAIN_SLOW_RANK");
     // ZeRO 3 with spares: a dead rank's slice (parameters, optimizer state)
     // from its buddy's copy; bitwise the clean run too (zero-deterministic).
+    // A pipeline of 3 stages with spares: the block and the cut from a twin.
     static const struct { const char *name; int spares; const char *extra; } runs[] = {
-        {"chaos", 0, ""}, {"chaos-spares", -1, ""}, {"chaos-zero-spares", -1, "--zero 3"}};
+        {"chaos", 0, ""}, {"chaos-spares", -1, ""}, {"chaos-zero-spares", -1, "--zero 3"},
+        {"chaos-pipeline-spares", -1, "--set parallel.pipeline=3"}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         chaos(cfg, runs[i].name, kills, runs[i].spares < 0 ? kills : runs[i].spares, runs[i].extra);
         int bw;
