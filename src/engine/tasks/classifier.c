@@ -184,30 +184,21 @@ static void shard_copy(void *user, int tp, float *local, float *whole, int to_wh
     dt_model_shard_copy(t->m, tp, local, whole, to_whole);
 }
 
-// The model, or with [parallel] tensor = T this rank's shard of it: the T
-// consecutive ranks from rank - rank % T hold the T shards of one copy of
-// the model (docs/model-parallel.md's layout, as the GPT's); the ranks of
-// the same shard evaluate together.
 static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
-    int rank = dt_comm_rank(comm);
-    t->ntp = t->c->tensor > 1 ? t->c->tensor : 1;
-    t->tp = rank % t->ntp;
-    if (t->ntp == 1) return DT_OK;
-    dt_status st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
-    if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
-    return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+    return dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
 }
 
 static dt_status cls_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
-    dt_comm_destroy(t->tpc);
-    dt_comm_destroy(t->rest);
-    t->tpc = t->rest = NULL;
     dt_status st = tensor_groups(t, comm);
     *replicas = t->rest;
     *tensor_group = t->tpc;
     return st;
 }
 
+// The model, or with [parallel] tensor = T this rank's shard of it: the T
+// consecutive ranks from rank - rank % T hold the T shards of one copy of
+// the model (docs/model-parallel.md's layout, as the GPT's); the ranks of
+// the same shard evaluate together.
 static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int model_rows) {
     dt_status st = tensor_groups(t, comm);
     if (st != DT_OK) return st;

@@ -200,19 +200,10 @@ static dt_status tp_reduce(float *buf, size_t n, int max, void *user) {
 // the T shards of one copy of the model (tensor innermost in the layout of
 // docs/model-parallel.md); the ranks of the same shard evaluate together.
 static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
-    int rank = dt_comm_rank(comm);
-    t->ntp = t->c->tensor > 1 ? t->c->tensor : 1;
-    t->tp = rank % t->ntp;
-    if (t->ntp == 1) return DT_OK;
-    dt_status st = dt_comm_split(comm, rank / t->ntp, t->tp, &t->tpc);
-    if (st == DT_OK) st = dt_comm_split(comm, t->tp, rank, &t->rest);
-    return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+    return dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
 }
 
 static dt_status gpt_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
-    dt_comm_destroy(t->tpc);
-    dt_comm_destroy(t->rest);
-    t->tpc = t->rest = NULL;
     dt_status st = tensor_groups(t, comm);
     *replicas = t->rest;
     *tensor_group = t->tpc;

@@ -160,6 +160,13 @@ typedef struct dt_task_ops {
 
 /* The task for a config (the registry in loop.c). */
 const dt_task_ops *dt_task_for(const dt_config *c);
+/* A model split over [parallel] tensor = T (docs/model-parallel.md's layout):
+ * the T consecutive ranks from rank - rank % T hold one copy's T shards
+ * (*tpc, whose sums the model runs), the ranks of the same shard evaluate
+ * and sum their gradients together (*rest); *tp is this rank's shard of
+ * *ntp. The groups there were go (the task's regroup after a rejoin), new
+ * ones are split from comm; with T <= 1 there are none. */
+dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest);
 
 extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
 extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
