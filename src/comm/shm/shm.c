@@ -245,6 +245,11 @@ typedef struct {
  * communicators look up their members' liveness there. */
 static seg_header *g_world_hdr;
 static rank_ctl *g_world_ctl;
+/* Each world rank's incarnation as this process last knew it: when it
+ * attached to the world, or when it emptied the channels with the rank's
+ * replacement (peer_reset). A point-to-point transfer with a rank whose
+ * incarnation grew since fails (peer_gone_how). */
+static _Atomic int32_t *g_known_inc;
 static int g_host_ranks = 1; /* ranks sharing this host: decides spinning */
 
 static inline shm_state *ST(dt_comm_t c) { return c->be; }
@@ -382,6 +387,9 @@ dt_status dt_shm_init_world(dt_comm_t c, const char *name) {
     for (int i = 0; i < c->size; i++) s->world[i] = i;
     g_world_hdr = s->hdr;
     g_world_ctl = s->ctl;
+    free((void *)g_known_inc);
+    if ((g_known_inc = malloc(sizeof *g_known_inc * (size_t)c->size)))
+        for (int i = 0; i < c->size; i++) atomic_store(&g_known_inc[i], atomic_load(&g_world_ctl[i].incarnation));
     g_host_ranks = c->size;
     c->be = s;
     c->ops = &dt_shm_ops;
@@ -501,13 +509,12 @@ static const char *peer_gone_how(shm_state *s, int p, char *buf, size_t n, int p
             snprintf(buf, n, "rank %d died and is being restarted", p);
             return buf;
         }
-        /* A new process in p's place since this rank last emptied the
-         * channels between them (peer_reset stamps them with p's
-         * incarnation + 1): what was in flight is lost, however soon the
-         * replacement marked itself running (a spare is quick). */
+        /* A new process in p's place since this one attached or last
+         * emptied the channels between them (g_known_inc): what was in
+         * flight is lost, however soon the replacement marked itself
+         * running (a spare is quick). */
         int inc = atomic_load(&g_world_ctl[w].incarnation);
-        uint64_t stamp = p2p && p != s->me ? atomic_load(&chan_of(s, s->me, p)->gen[1]) : 0;
-        if (p2p && p != s->me && (uint64_t)inc > (stamp ? stamp - 1 : 0)) {
+        if (p2p && p != s->me && g_known_inc && inc > atomic_load(&g_known_inc[w])) {
             snprintf(buf, n, "rank %d died and a new process took its place (incarnation %d)", p, inc);
             return buf;
         }
@@ -1328,6 +1335,7 @@ static dt_status shm_peer_reset(dt_comm_t c, int peer) {
     shm_state *s = ST(c);
     int w = s->world[peer];
     uint64_t inc = g_world_ctl && w >= 0 && w < g_world_hdr->nranks ? (uint64_t)atomic_load(&g_world_ctl[w].incarnation) : 0;
+    if (g_known_inc && w >= 0 && g_world_hdr && w < g_world_hdr->nranks) atomic_store(&g_known_inc[w], (int32_t)inc);
     p2p_chan *ch[2] = {chan_of(s, s->me, peer), chan_of(s, peer, s->me)};
     for (int k = 0; k < 2; k++) {
         atomic_store(&ch[k]->head, 0);
@@ -1535,6 +1543,8 @@ static void shm_destroy(dt_comm_t c) {
     if (s->hdr == g_world_hdr) {
         g_world_hdr = NULL;
         g_world_ctl = NULL;
+        free((void *)g_known_inc);
+        g_known_inc = NULL;
     }
     state_free(s);
     c->be = NULL;
