@@ -1328,7 +1328,11 @@ static int shm_peer_state(dt_comm_t c, int peer, int *incarnation) {
     if (st == RANK_RESTARTING) return DT_PEER_RESTARTING;
     if (st != RANK_RUNNING) return DT_PEER_GONE;
     int pid = atomic_load(&s->ctl[peer].pid);
-    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH ? DT_PEER_GONE : DT_PEER_RUNNING;
+    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) return DT_PEER_RUNNING;
+    // Reaped but not marked yet: where ranks are let in alone the launcher
+    // is about to say whether a replacement comes (restarting) or not
+    // (gone): not gone for good before it has.
+    return atomic_load(&g_world_hdr->respawn) ? DT_PEER_RUNNING : DT_PEER_GONE;
 }
 
 static dt_status shm_peer_reset(dt_comm_t c, int peer) {
