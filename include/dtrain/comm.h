@@ -157,8 +157,9 @@ DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
  * Collectives wait for a peer that is being restarted (up to the timeout).
  *
  * dt_comm_peer_state: DT_PEER_RUNNING, DT_PEER_RESTARTING (dead, a
- * replacement is on its way) or DT_PEER_GONE (dead for good, or exited);
- * *incarnation (may be NULL) its incarnation. Never blocks.
+ * replacement is on its way) or DT_PEER_GONE (dead for good, or exited, as
+ * the launcher marked it: a dead process it has not marked yet is still
+ * running here); *incarnation (may be NULL) its incarnation. Never blocks.
  *
  * dt_comm_peer_reset: a survivor, once it has no transfer in flight with a
  * restarting peer, empties the point-to-point channels between the two and
