@@ -100,10 +100,10 @@ static int member(dt_comm_t all, int r) {
     if (inc > 0) {  // a replacement
         int h = 0;
         if ((st = dt_comm_split_rejoin(all, 1, &mem)) != DT_OK) return fail("split rejoin", st);
-        if ((st = dt_comm_rejoin_peers(all, &h, 1)) != DT_OK) return fail("rejoin", st);
+        if ((st = dt_comm_rejoin_peers(all, &h, 1)) != DT_OK) return dt_comm_destroy(mem), fail("rejoin", st);
         m[0] = r, m[1] = -1, m[2] = inc;
         if ((st = dt_send(m, 3, DT_I64, 0, all)) != DT_OK || (st = dt_recv(&ack, 1, DT_I64, 0, all)) != DT_OK)
-            return fail("asking where to go on", st);
+            return dt_comm_destroy(mem), fail("asking where to go on", st);
         i0 = (int)ack;
         printf("member %d (incarnation %d): rank %d of %d among the members, going on with message %d\n", r, inc,
                dt_comm_rank(mem), dt_comm_size(mem), i0);
@@ -114,12 +114,13 @@ static int member(dt_comm_t all, int r) {
         if (r == 2 && inc == 0 && i == 6) raise(SIGKILL);
         m[0] = r, m[1] = i, m[2] = inc;
         if ((st = dt_send(m, 3, DT_I64, 0, all)) != DT_OK || (st = dt_recv(&ack, 1, DT_I64, 0, all)) != DT_OK)
-            return fail("a message", st);
-        if (ack != i) return fail("a wrong ack", DT_OK);
-        if ((i == 4 || i == 8) && (st = dt_barrier(mem)) != DT_OK) return fail("the members' barrier", st);
+            return dt_comm_destroy(mem), fail("a message", st);
+        if (ack != i) return dt_comm_destroy(mem), fail("a wrong ack", DT_OK);
+        if ((i == 4 || i == 8) && (st = dt_barrier(mem)) != DT_OK)
+            return dt_comm_destroy(mem), fail("the members' barrier", st);
     }
     m[0] = r, m[1] = K, m[2] = inc;
-    if ((st = dt_send(m, 3, DT_I64, 0, all)) != DT_OK) return fail("the end", st);
+    if ((st = dt_send(m, 3, DT_I64, 0, all)) != DT_OK) return dt_comm_destroy(mem), fail("the end", st);
     dt_comm_destroy(mem);
     return 0;
 }
