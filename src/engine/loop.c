@@ -709,6 +709,19 @@ static dt_train_state state_at(const run_state *r, int e, int64_t ebatch) {
                             r->fp16 ? r->scaler.scale : 0, r->scaler.clean, r->scaler.skipped};
 }
 
+// The task's evaluation on the whole parameters (gathered from the ranks'
+// slices where the strategy keeps slices, and given back after it unless
+// `keep`: the final weights need them too), timed as the observer's eval.
+static dt_status eval_whole(run_state *r, float train_loss, int keep, float *tl, float *ta) {
+    dt_obs_begin(r->obs, DT_OBS_EVAL);
+    dt_status st = dt_strategy_params_whole(r->strat, 1);
+    dt_kernels_weights_changed();  // by the last update
+    if (st == DT_OK) st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, tl, ta);
+    if (st == DT_OK && !keep) st = dt_strategy_params_whole(r->strat, 0);
+    dt_obs_end(r->obs, DT_OBS_EVAL);
+    return st;
+}
+
 // An evaluation after step r->step (the training loss beside it is the mean
 // since the one before). redo: a restarted worker 0 runs again a meeting
 // whose evaluation its predecessor may have recorded (its metrics log
@@ -726,12 +739,7 @@ static dt_status evaluate(run_state *r, int e, int redo) {
             r->res->test_loss = tl;
             r->res->test_accuracy = ta;
         } else if (!r->alone || r->rank == 0) {
-            dt_obs_begin(r->obs, DT_OBS_EVAL);
-            st = dt_strategy_params_whole(r->strat, 1);
-            dt_kernels_weights_changed();  // by this step's update
-            if (st == DT_OK) st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, &tl, &ta);
-            if (st == DT_OK) st = dt_strategy_params_whole(r->strat, 0);
-            dt_obs_end(r->obs, DT_OBS_EVAL);
+            st = eval_whole(r, train_loss, 0, &tl, &ta);
             r->rec.repair = dt_worker_recoverable(st);
             if (st != DT_OK) return st;
             r->res->test_loss = tl;
@@ -939,14 +947,7 @@ static dt_status finish(run_state *r) {
         res->stopped = 1;
         r->run_dir = NULL;
     } else if (!r->evaluated && r->info.has_eval && (!r->alone || r->rank == 0)) {
-        dt_obs_begin(r->obs, DT_OBS_EVAL);
-        st = dt_strategy_params_whole(s, 1);
-        dt_kernels_weights_changed();
-        if (st == DT_OK)
-            st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, res->final_train_loss,
-                                   &res->test_loss, &res->test_accuracy);
-        dt_obs_end(r->obs, DT_OBS_EVAL);
-        if (st != DT_OK) return st;
+        if ((st = eval_whole(r, res->final_train_loss, 1, &res->test_loss, &res->test_accuracy)) != DT_OK) return st;
     }
     if (r->loss_n) res->final_train_loss = (float)(r->loss_sum / r->loss_n);
     res->steps = r->step;
