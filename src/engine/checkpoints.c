@@ -81,6 +81,14 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
 
 static dt_status make_writer(dt_run_ckpt *r);
 
+// A rank that joined (a spare) starts its writer once it has the state,
+// where the loop's writer saves at all.
+static dt_status joined_writer(dt_run_ckpt *r) {
+    if (!r->dir[0] || r->writer || r->save || (r->c->ckpt_every_steps <= 0 && r->c->ckpt_every_seconds <= 0))
+        return DT_OK;
+    return make_writer(r);
+}
+
 dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *from) {
     int W = dt_comm_size(r->comm), rank = dt_comm_rank(r->comm);
     *from = -1;
@@ -109,9 +117,7 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
     }
     s->world = W;
     *from = root;
-    if (r->dir[0] && !r->writer && !r->save && (r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0) &&
-        (st = make_writer(r)) != DT_OK)
-        return st;
+    if ((st = joined_writer(r)) != DT_OK) return st;
     if (slices) {
         *r->model.opt_step = v[S_OPT];
         r->state_opt = v[S_OPT];
@@ -140,9 +146,7 @@ dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have) {
     r->from_parts = parts;
     r->last_step = s->step;
     r->state_opt = *r->model.opt_step;
-    if (r->dir[0] && !r->writer && !r->save && (r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0))
-        st = make_writer(r);
-    return st;
+    return joined_writer(r);
 }
 
 // A resumed checkpoint's state beyond the model that this run does not keep
