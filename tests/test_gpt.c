@@ -423,6 +423,23 @@ enum { SB = 2, ST = 5 };
 static const dt_gpt_config stage_cfg = {.n_layer = 3, .n_head = 2, .n_embd = 16, .block_size = 8,
                                         .vocab_size = 30, .padded_vocab_size = 32};
 
+// A set of layers [l0, l1) of the whole model (recompute: g_recompute).
+static int g_recompute;
+static dt_status acts_range(dt_gpt_acts **a, const dt_gpt_config *c, int B, int T, int l0, int l1) {
+    dt_gpt_acts_params p = {B, T, l0, l1, 1, g_recompute};
+    return dt_gpt_acts_create_with(a, c, &p);
+}
+static size_t acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1, int ntp, int recompute) {
+    dt_gpt_acts_params p = {B, T, l0, l1, ntp, recompute};
+    return dt_gpt_acts_size(c, &p);
+}
+// Shard r of ntp with a default set for B x T (recompute: the set keeps the
+// blocks' inputs alone).
+static dt_status create_shard(dt_gpt **m, const dt_gpt_config *c, int B, int T, int r, int ntp, int recompute) {
+    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute};
+    return dt_gpt_create_shard(m, c, &p, r);
+}
+
 // Two pipeline stages, layers [0,k) (with the embedding) and [k,L) (with the
 // head), as separate sets (split) or one whole-model set per micro-batch;
 // the stream between them in a buffer of the caller's (mid). The schedule
@@ -436,8 +453,8 @@ static void run_stages(dt_gpt *m, int k, int split, const int32_t *x, const int3
     int ok = 1;
     for (int mb = 0; mb < 2; mb++) {
         if (split) {
-            ok &= dt_gpt_acts_create_range(&lo[mb], &stage_cfg, SB, ST, 0, k) == DT_OK;
-            ok &= dt_gpt_acts_create_range(&hi[mb], &stage_cfg, SB, ST, k, L) == DT_OK;
+            ok &= acts_range(&lo[mb], &stage_cfg, SB, ST, 0, k) == DT_OK;
+            ok &= acts_range(&hi[mb], &stage_cfg, SB, ST, k, L) == DT_OK;
         } else {
             ok &= dt_gpt_acts_create(&lo[mb], &stage_cfg, SB, ST) == DT_OK;
             hi[mb] = lo[mb];
@@ -519,17 +536,22 @@ static void test_stages(void) {
         dt_gpt_backward(m);
     }
     const float *gref = dt_gpt_grads(m);
-    for (int k = 1; k < L; k++)
-        for (int split = 0; split < 2; split++) {
-            float loss[2] = {0, 0};
-            dt_gpt_zero_grad(mp);
-            run_stages(mp, k, split, x, y, loss);
-            CHECK(loss[0] == ref[0] && loss[1] == ref[1], "stages [0,%d) [%d,%d) %s: losses %.7g %.7g, whole model %.7g %.7g",
-                  k, k, L, split ? "in two sets" : "in one set", loss[0], loss[1], ref[0], ref[1]);
-            CHECK(memcmp(dt_gpt_grads(mp), gref, sizeof(float) * np) == 0,
-                  "stages [0,%d) [%d,%d) %s, 2 micro-batches in flight: gradients bitwise the whole model's", k, k, L,
-                  split ? "in two sets" : "in one set");
-        }
+    // Recomputation (sets that keep the blocks' inputs alone) changes no bit.
+    for (g_recompute = 0; g_recompute < 2; g_recompute++)
+        for (int k = 1; k < L; k++)
+            for (int split = 0; split < 2; split++) {
+                float loss[2] = {0, 0};
+                dt_gpt_zero_grad(mp);
+                run_stages(mp, k, split, x, y, loss);
+                CHECK(loss[0] == ref[0] && loss[1] == ref[1],
+                      "stages [0,%d) [%d,%d) %s%s: losses %.7g %.7g, whole model %.7g %.7g", k, k, L,
+                      split ? "in two sets" : "in one set", g_recompute ? ", recomputed" : "", loss[0], loss[1], ref[0],
+                      ref[1]);
+                CHECK(memcmp(dt_gpt_grads(mp), gref, sizeof(float) * np) == 0,
+                      "stages [0,%d) [%d,%d) %s%s, 2 micro-batches in flight: gradients bitwise the whole model's", k, k,
+                      L, split ? "in two sets" : "in one set", g_recompute ? ", recomputed" : "");
+            }
+    g_recompute = 0;
     // A whole-model forward between a micro-batch's forward and backward
     // does not disturb it (it uses the default set).
     {
@@ -570,7 +592,7 @@ static void test_stages(void) {
         for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) want += (head[i] + r16 - 1) / r16 * r16;
         dt_gpt_acts *a;
         CHECK(dt_gpt_acts_create(&a, c, SB, ST) == DT_OK, "acts: %s", dt_last_error());
-        CHECK(dt_gpt_acts_bytes(a) == 4 * want && dt_gpt_acts_size(c, SB, ST, 0, L) == 4 * want,
+        CHECK(dt_gpt_acts_bytes(a) == 4 * want && acts_size(c, SB, ST, 0, L, 1, 0) == 4 * want,
               "acts bytes %zu, expected %zu", dt_gpt_acts_bytes(a), 4 * want);
         dt_gpt_acts_free(a);
         // gpt-small at B=8, T=256: against the old in-model buffers
@@ -579,16 +601,31 @@ static void test_stages(void) {
         dt_gpt_preset("gpt-small", &s);
         size_t bt = 8 * 256, Cs = s.n_embd, Ls = s.n_layer, atts = bt * s.n_head * 256, Vs = s.vocab_size;
         size_t old = 4 * (bt * Cs + Ls * bt * (18 * Cs + 4) + Ls * atts + bt * (Cs + 2) + 2 * bt * Vs + 14 * bt * Cs + atts);
-        size_t now = dt_gpt_acts_size(&s, 8, 256, 0, Ls);
+        size_t now = acts_size(&s, 8, 256, 0, Ls, 1, 0);
         printf("  gpt-small B=8 T=256: one activation set %zu bytes (%.1f MiB); before: %zu bytes (%.1f MiB) in the model\n",
                now, now / 1048576.0, old, old / 1048576.0);
         CHECK(now < old, "gpt-small activation set (%zu bytes) smaller than the old buffers (%zu)", now, old);
-        size_t parts = dt_gpt_acts_size(&s, 8, 256, 0, 3) + dt_gpt_acts_size(&s, 8, 256, 3, Ls);
+        size_t parts = acts_size(&s, 8, 256, 0, 3, 1, 0) + acts_size(&s, 8, 256, 3, Ls, 1, 0);
         CHECK(parts == now + 4 * bt * Cs, "two stage sets = one whole set + the shared boundary stream (%zu vs %zu)", parts, now);
+        // Recomputation keeps the stream before each block and one block's
+        // activations; a tensor-parallel shard 1/T of the qkv, attention,
+        // MLP and logit parts. (Every part here is a multiple of 16 floats.)
+        size_t stream = (Ls + 1) * bt * Cs, block = bt * (15 * Cs + 4) + atts, hd = bt * (Cs + 4 + 2 * Vs);
+        CHECK(now == 4 * (stream + Ls * block + hd), "gpt-small set: %zu bytes, expected %zu", now,
+              4 * (stream + Ls * block + hd));
+        size_t rec = acts_size(&s, 8, 256, 0, Ls, 1, 1);
+        CHECK(rec == 4 * (stream + block + hd), "recomputed set: %zu bytes, expected the stream, one block and the head %zu",
+              rec, 4 * (stream + block + hd));
+        size_t blk2 = bt * (3 * Cs + 4) + bt * 12 * Cs / 2 + atts / 2, head2 = bt * (Cs + 4) + bt * s.padded_vocab_size;
+        size_t tp2 = acts_size(&s, 8, 256, 0, Ls, 2, 0);
+        CHECK(tp2 == 4 * (stream + Ls * blk2 + head2), "a shard of 2's set: %zu bytes, expected %zu", tp2,
+              4 * (stream + Ls * blk2 + head2));
+        printf("  gpt-small B=8 T=256: recomputed %.1f MiB (%.2fx smaller), a shard of 2 %.1f MiB\n", rec / 1048576.0,
+               (double)now / rec, tp2 / 1048576.0);
     }
 
     // The layer hook: before each stage, layers ascending on forward and
-    // descending on backward (embedding -1, head L).
+    // descending on backward (embedding -1, hd L).
     layer_log g = {.fail_layer = 99};
     float loss;
     dt_gpt_set_layer_hook(m, log_layer, &g);
@@ -620,8 +657,8 @@ static void test_stages(void) {
     // Misuse: every case a clear DT_ERR_ARG.
     dt_gpt_acts *lo, *hi, *ao_unused;
     dt_gpt *m_unused;
-    dt_gpt_acts_create_range(&lo, c, SB, ST, 0, 1);
-    dt_gpt_acts_create_range(&hi, c, SB, ST, 1, L);
+    acts_range(&lo, c, SB, ST, 0, 1);
+    acts_range(&hi, c, SB, ST, 1, L);
     float lossx;
 #define REJECTS(call, msg, what) \
     CHECK((call) == DT_ERR_ARG && strstr(dt_last_error(), msg), "%s rejected: %s", what, dt_last_error())
@@ -634,7 +671,7 @@ static void test_stages(void) {
     REJECTS(dt_gpt_embed_backward(m, lo, d), "has not run forward", "embedding backward before forward");
     REJECTS(dt_gpt_head_backward(m, hi, d, d), "no targets", "head backward before forward");
     REJECTS(dt_gpt_acts_set_shape(a, SB, ST + 1), "context", "shape beyond the set's");
-    REJECTS(dt_gpt_acts_create_range(&ao_unused, c, SB, ST, 1, L + 1), "n_layer", "set beyond the layers");
+    REJECTS(acts_range(&ao_unused, c, SB, ST, 1, L + 1), "n_layer", "set beyond the layers");
     REJECTS(dt_gpt_forward(mp, x, y, SB, ST, &lossx), "without activations", "whole forward on a model without its set");
     REJECTS(dt_gpt_backward(mp), "without activations", "whole backward on a model without its set");
     REJECTS(dt_gpt_create(&m_unused, c, 0, ST), "batch 0", "B = 0 with T > 0");
@@ -732,7 +769,12 @@ static void test_tensor_parallel(void) {
     CHECK(dt_gpt_forward(whole, x, y, TPB, TPT, &ref) == DT_OK && dt_gpt_backward(whole) == DT_OK,
           "whole model forward/backward: %s", dt_last_error());
     size_t nw = dt_gpt_num_params(whole);
-    for (int ntp = 2; ntp <= 4; ntp *= 2) {
+    // T = 2, 4, and 2 again with recomputation (its gradients bitwise the
+    // first T = 2's, kept in g2).
+    const int cases[3][2] = {{2, 0}, {4, 0}, {2, 1}};
+    float *g2[2] = {0};
+    for (int ci = 0; ci < 3; ci++) {
+        int ntp = cases[ci][0], rec = cases[ci][1];
         tp_group g = {.ntp = ntp};
         pthread_barrier_init(&g.bar, NULL, (unsigned)ntp);
         tp_shard sh[4] = {{0}};
@@ -741,7 +783,7 @@ static void test_tensor_parallel(void) {
         int ok = 1;
         for (int r = 0; r < ntp && ok; r++) {
             sh[r] = (tp_shard){.g = &g, .r = r, .x = x, .y = y};
-            ok = dt_gpt_create_shard(&sh[r].m, &c, TPB, TPT, r, ntp) == DT_OK && dt_gpt_init(sh[r].m, 7) == DT_OK;
+            ok = create_shard(&sh[r].m, &c, TPB, TPT, r, ntp, rec) == DT_OK && dt_gpt_init(sh[r].m, 7) == DT_OK;
             CHECK(ok, "create shard %d of %d: %s", r, ntp, dt_last_error());
             if (!ok) break;
             dt_gpt_set_reduce(sh[r].m, tp_reduce_threads, &sh[r]);
@@ -761,9 +803,16 @@ static void test_tensor_parallel(void) {
             // One sum per attention and per MLP block each way; the
             // embedding, the head's max and sums forward, the head's
             // layernorm input backward.
-            CHECK(s->fwd_calls == 2 * L + 3 && s->bwd_calls == 2 * L + 1,
-                  "T=%d shard %d: %d reductions forward (expected 2 x %d layers + 3), %d backward (expected 2 x %d + 1)",
-                  ntp, r, s->fwd_calls, L, s->bwd_calls, L);
+            // (Recomputation: the forward's two of each block but the last
+            // again in backward.)
+            CHECK(s->fwd_calls == 2 * L + 3 && s->bwd_calls == 2 * L + 1 + (rec ? 2 * (L - 1) : 0),
+                  "T=%d shard %d%s: %d reductions forward (expected 2 x %d layers + 3), %d backward (expected 2 x %d + 1%s)",
+                  ntp, r, rec ? " recomputed" : "", s->fwd_calls, L, s->bwd_calls, L, rec ? " + 2 x (L - 1)" : "");
+            size_t ns = dt_gpt_num_params(s->m);
+            if (ntp == 2 && !rec && (g2[r] = malloc(sizeof(float) * ns))) memcpy(g2[r], dt_gpt_grads(s->m), sizeof(float) * ns);
+            if (rec)
+                CHECK(g2[r] && memcmp(g2[r], dt_gpt_grads(s->m), sizeof(float) * ns) == 0,
+                      "T=2 shard %d recomputed: gradients bitwise those without recomputation", r);
             dt_gpt_shard_copy(&c, r, ntp, want, dt_gpt_grads(whole), 0);
             for (int i = 0; i < dt_gpt_num_tensors(s->m); i++) {
                 const dt_tensor_info *t = dt_gpt_tensor(s->m, i);
@@ -798,14 +847,16 @@ static void test_tensor_parallel(void) {
         for (int r = 0; r < ntp; r++) dt_gpt_free(sh[r].m);
         pthread_barrier_destroy(&g.bar);
     }
+    free(g2[0]);
+    free(g2[1]);
     dt_gpt *bad;
-    CHECK(dt_gpt_create_shard(&bad, &c, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "hidden size 32"),
+    CHECK(create_shard(&bad, &c, 1, 1, 0, 3, 0) == DT_ERR_ARG && strstr(dt_last_error(), "hidden size 32"),
           "3 shards of a hidden size of 32 refused: %s", dt_last_error());
     const dt_gpt_config c2 = {1, 2, 32, 16, 90, 128};
-    CHECK(dt_gpt_create_shard(&bad, &c2, 1, 1, 0, 4) == DT_ERR_ARG && strstr(dt_last_error(), "2 attention heads"),
+    CHECK(create_shard(&bad, &c2, 1, 1, 0, 4, 0) == DT_ERR_ARG && strstr(dt_last_error(), "2 attention heads"),
           "4 shards of 2 heads refused: %s", dt_last_error());
     const dt_gpt_config c6 = {1, 6, 36, 16, 90, 100};
-    CHECK(dt_gpt_create_shard(&bad, &c6, 1, 1, 0, 3) == DT_ERR_ARG && strstr(dt_last_error(), "100 rows"),
+    CHECK(create_shard(&bad, &c6, 1, 1, 0, 3, 0) == DT_ERR_ARG && strstr(dt_last_error(), "100 rows"),
           "3 shards of 100 vocabulary rows refused: %s", dt_last_error());
     dt_gpt_free(whole);
 }
@@ -821,7 +872,7 @@ static void test_shard_bytes(void) {
     for (int i = 0; i < 16; i++) split += dt_gpt_tensor_split(i) ? t[i].numel : 0;
     for (int T = 1; T <= 4; T *= 2) {
         dt_gpt *m;
-        if (dt_gpt_create_shard(&m, &c, 0, 0, T - 1, T) != DT_OK) {
+        if (create_shard(&m, &c, 0, 0, T - 1, T, 0) != DT_OK) {
             CHECK(0, "gpt2-124m shard of %d: %s", T, dt_last_error());
             continue;
         }

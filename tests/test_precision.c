@@ -405,10 +405,11 @@ static void gpt_acts16(void) {
     dt_gpt_config g124;
     CHECK(dt_gpt_preset("gpt2-124m", &g124) == DT_OK, "preset");
     g124.block_size = 1024;
+    dt_gpt_acts_params ap = dt_gpt_acts_whole(&g124, 8, 1024);
     dt_kernels_set_precision(DT_F32);
-    size_t f32 = dt_gpt_acts_size(&g124, 8, 1024, 0, g124.n_layer);
+    size_t f32 = dt_gpt_acts_size(&g124, &ap);
     dt_kernels_set_precision(DT_BF16);
-    size_t bf = dt_gpt_acts_size(&g124, 8, 1024, 0, g124.n_layer);
+    size_t bf = dt_gpt_acts_size(&g124, &ap);
     dt_kernels_set_precision(DT_F32);
     CHECK(f32 - bf == want_saved(12, 8 * 1024, 768), "gpt2-124m B=8 T=1024: %zu saved", f32 - bf);
     printf("gpt2-124m B=8 T=1024 activation set: %.0f MiB in fp32, %.0f MiB in bf16 (%.1f%% saved)\n",
@@ -918,10 +919,11 @@ static void gpt_run(void) {
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/gpt-bf16 --precision bf16", tl_dtrain(), path, g_tmp);
     int rc = tl_run(cmd, g_out, sizeof g_out);
     dt_gpt_config gc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 32, .padded_vocab_size = 32};
+    dt_gpt_acts_params ap = dt_gpt_acts_whole(&gc, 8, 16);
     dt_kernels_set_precision(DT_F32);
-    size_t b32 = dt_gpt_acts_size(&gc, 8, 16, 0, 2);
+    size_t b32 = dt_gpt_acts_size(&gc, &ap);
     dt_kernels_set_precision(DT_BF16);
-    size_t b16 = dt_gpt_acts_size(&gc, 8, 16, 0, 2);
+    size_t b16 = dt_gpt_acts_size(&gc, &ap);
     dt_kernels_set_precision(DT_F32);
     const char *sp = tl_path(g_tmp, "gpt-bf16/summary.json");
     double ab = tl_json_number(sp, "activation_bytes"), as = tl_json_number(sp, "activation_bytes_saved");

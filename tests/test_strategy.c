@@ -95,6 +95,7 @@ static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 #define ILV "--set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
 #define GPIPE "--set parallel.schedule=gpipe "
 #define DET "--deterministic "
+#define REC "--set train.recompute=blocks "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -350,6 +351,13 @@ static const row rows[] = {
     // tolerance) and with parameter servers (each worker's GEMMs as data parallel's: as tight as fp32's)
     {"precision", "gptt", 2, 0, TP20 "--precision bf16 --set parallel.tensor=2", TP20 "--precision bf16", 5e-2, 0},
     {"precision", "mlp", 2, 0, "--precision bf16 --servers 1", "--precision bf16", 1e-6, 2},
+    // [train] recompute = blocks (docs/model-parallel.md): each block's activations made again in backward
+    // from its input, the same kernels on the same input: bitwise the same layout without it
+    {"recompute", "gpt", 1, 0, REC, "", 0, 0},
+    {"recompute", "gpt", 2, 0, REC "--precision bf16", "--precision bf16", 0, 2},
+    {"recompute", "gpt", 2, 0, REC "--zero 3", "--zero 3", 0, 2},
+    {"recompute", "gpt4", 2, 0, REC PP2 "--set parallel.micro_batches=4", PP2 "--set parallel.micro_batches=4", 0, 2},
+    {"recompute", "gptt4", 4, 0, TP20 REC "--set parallel.tensor=2 " PP2, TP20 "--set parallel.tensor=2 " PP2, 0, 4},
 };
 
 static const char *model_cfg(const char *model) {

@@ -14,7 +14,8 @@
  *             beta1, beta2, eps, clip_norm, lr_scaling, base_batch
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
- *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16)
+ *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16),
+ *             recompute (none|blocks)
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
  *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
@@ -93,6 +94,7 @@ typedef struct {
     int lr_scaling;                /* 0 none, 1 linear: lr x batch / base_batch */
     int base_batch;
     int precision;                 /* dt_dtype of the matmuls and convolutions: DT_F32, DT_BF16, DT_F16 (docs/mixed-precision.md) */
+    int recompute;                 /* [train] recompute: 0 none, 1 blocks (a GPT keeps only each block's input; docs/model-parallel.md) */
     /* [parallel] (data-parallel workers) */
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */

@@ -100,17 +100,33 @@ typedef struct dt_gpt dt_gpt;
  * frees *out with dt_gpt_free(). */
 DT_API dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T);
 DT_API void dt_gpt_free(dt_gpt *m);
+
+/* What a set of activations (dt_gpt_acts, below) is made for: batches of up
+ * to B x T tokens (T <= block_size); layers [l0, l1) (0 <= l0 <= l1 <=
+ * n_layer), with the embedding's when l0 = 0 and the head's when l1 =
+ * n_layer; the parts of a tensor-parallel shard of ntp (1: the whole model;
+ * a shard keeps 1/ntp of the qkv, attention, MLP and logit activations:
+ * its heads, hidden units and vocabulary rows); recompute = 1 keeps only
+ * the residual stream before each block and one block's activations, which
+ * backward makes again block by block from the stream (the same kernels on
+ * the same input: results bitwise those without recomputation, for one more
+ * forward of the blocks). */
+typedef struct {
+    int B, T, l0, l1, ntp, recompute;
+} dt_gpt_acts_params;
+/* {B, T, 0, n_layer, 1, 0}: the whole model's, every activation kept. */
+DT_API dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T);
 /* Bytes of the activation buffers (saved activations, backward scratch,
- * inputs and targets) that dt_gpt_create(c, B, T) allocates beside the
- * parameter and gradient blocks (2 x dt_gpt_config_num_params floats). */
-DT_API size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T);
+ * inputs and targets) of a model running sets of p beside its parameter and
+ * gradient blocks (2 x dt_gpt_config_num_params floats, whole). */
+DT_API size_t dt_gpt_activation_bytes(const dt_gpt_config *c, const dt_gpt_acts_params *p);
 DT_API const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
 
 /* GPT-2's initialisation from `seed`: weights normal(0, 0.02), the two
  * residual projections (attprojw, fcprojw) normal(0, 0.02/sqrt(2L)), biases
- * 0, layernorm weights 1; wte's padding rows 0. A tensor-parallel shard
- * gets its part of the whole model's initialisation (DT_ERR_NOMEM if the
- * whole block, made for a moment, does not fit). */
+ * 0, layernorm weights 1; wte's padding rows 0. The values are drawn in
+ * block order from one stream; a tensor-parallel shard keeps its parts of
+ * the whole model's (bitwise the same numbers) and never holds the rest. */
 DT_API dt_status dt_gpt_init(dt_gpt *m, uint64_t seed);
 
 DT_API size_t dt_gpt_num_params(const dt_gpt *m);
@@ -168,13 +184,10 @@ DT_API void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user);
 
 typedef struct dt_gpt_acts dt_gpt_acts;
 
-/* Activations for layers [l0, l1), 0 <= l0 <= l1 <= n_layer, for batches of
- * up to B x T tokens (T <= block_size) of a model of config c; with the
- * embedding's when l0 = 0 and the head's when l1 = n_layer. The current
- * shape starts as B x T. Free *out with dt_gpt_acts_free. */
-DT_API dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, int B,
-                                          int T, int l0, int l1);
-/* The same for the whole model: layers [0, n_layer), embedding and head. */
+/* A set as p says (above). The current shape starts as p's B x T. Free
+ * *out with dt_gpt_acts_free. */
+DT_API dt_status dt_gpt_acts_create_with(dt_gpt_acts **out, const dt_gpt_config *c, const dt_gpt_acts_params *p);
+/* The whole model's set (dt_gpt_acts_whole). */
 DT_API dt_status dt_gpt_acts_create(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T);
 DT_API void dt_gpt_acts_free(dt_gpt_acts *a);
 /* The model's default set (NULL if it was created with B = T = 0). Owned by m. */
@@ -193,15 +206,14 @@ DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
  * NULL without a head. */
 DT_API const float *dt_gpt_acts_logits(const dt_gpt_acts *a);
 /* Bytes allocated for the set; dt_gpt_acts_size: the bytes a set for
- * (c, B, T, l0, l1) would take, without allocating (arguments as above,
- * unchecked), in the kernels' precision at the call. A set made while the
+ * (c, p) would take, without allocating (arguments as above, unchecked), in the kernels' precision at the call. A set made while the
  * kernels run bf16 or fp16 (kernels.h) keeps each layer's four matmul
  * inputs (ln1, the attention's output, ln2, the GELU's output) in that
  * type, 2 bytes an element, and must run in it (else forward_range fails
  * with DT_ERR_ARG); dt_gpt_acts_saved: the bytes that saves against fp32
  * (0 for a set made in fp32). */
 DT_API size_t dt_gpt_acts_bytes(const dt_gpt_acts *a);
-DT_API size_t dt_gpt_acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1);
+DT_API size_t dt_gpt_acts_size(const dt_gpt_config *c, const dt_gpt_acts_params *p);
 DT_API size_t dt_gpt_acts_saved(const dt_gpt_acts *a);
 
 /* Stage forwards, over the set's current shape B x T. Each fails with
@@ -277,16 +289,20 @@ DT_API void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user);
 /* Sums (max = 0) or maxes (max = 1) buf[n] in place over the ntp shards;
  * every shard gets the same result. */
 typedef dt_status (*dt_gpt_reduce_fn)(float *buf, size_t n, int max, void *user);
-/* dt_gpt_create for shard tp of ntp (dt_gpt_create: 0 of 1). The
- * parameter and gradient blocks hold the shard's tensors, named as the
- * whole model's and shaped as above (dt_gpt_tensor). DT_ERR_ARG when ntp
- * does not divide the heads, the hidden size or the padded vocabulary
- * (dt_gpt_tensor_parallel_check). */
-DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, int B, int T, int tp, int ntp);
+/* dt_gpt_create for shard tp of acts->ntp (dt_gpt_create: 0 of 1), its
+ * default set of activations made as acts says (every layer, whatever
+ * acts->l0 and l1 are; acts->B = T = 0: none). The parameter and gradient
+ * blocks hold the shard's tensors, named as the whole model's and shaped as
+ * above (dt_gpt_tensor). DT_ERR_ARG when ntp does not divide the heads, the
+ * hidden size or the padded vocabulary (dt_gpt_tensor_parallel_check). */
+DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt_acts_params *acts,
+                                     int tp);
 /* The shard's rank; *ntp the number of shards (1: a whole model). A shard
  * cannot be saved or loaded (dt_gpt_save, dt_gpt_load): copy to and from a
  * whole block instead. */
 DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
+/* Parameters of a shard of ntp (dt_gpt_config_num_params: of 1). */
+DT_API size_t dt_gpt_shard_num_params(const dt_gpt_config *c, int ntp);
 /* The reduce function a shard calls (ntp > 1 needs one). */
 DT_API void dt_gpt_set_reduce(dt_gpt *m, dt_gpt_reduce_fn fn, void *user);
 /* Whether tensor i (block order) is divided among the shards (else every

@@ -136,8 +136,11 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // the model needs all the rows whatever the file's length.
     int B = use == DT_MEM_SAMPLE ? 1 : use == DT_MEM_EVAL ? c->batch : dt_strategy_for(c)->max_micro(c, W);
     n->rows = B;
-    size_t np = dt_gpt_config_num_params(&gc);
-    n->act = dt_gpt_activation_bytes(&gc, B, T);
+    int ntp = c->tensor > 1 && W >= c->tensor ? c->tensor : 1;
+    size_t np = dt_gpt_shard_num_params(&gc, ntp);
+    // A tensor-parallel shard's sets hold its parts (the evaluation's too).
+    dt_gpt_acts_params ap = {B, T, 0, c->n_layer, ntp, c->recompute};
+    n->act = dt_gpt_activation_bytes(&gc, &ap);
     if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
     if (use == DT_MEM_SAMPLE) {
         snprintf(n->field, sizeof n->field, "model.block_size");

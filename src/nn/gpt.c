@@ -25,7 +25,9 @@ enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FC
 
 // One micro-batch's saved activations (llm.c's ActivationTensors) for
 // layers [l0, l1), sized for maxB x maxT; per-layer ones are [l1-l0, B, T, ...]
-// at the current B x T's stride. The attention and MLP projections are not
+// at the current B x T's stride (recompute: [1, B, T, ...], one layer's). A
+// shard's qkv, atty, att, fch, fch_gelu, logits and probs are its heads',
+// hidden units' and vocabulary rows' (C/ntp, NH/ntp, 4C/ntp, Vp/ntp). The attention and MLP projections are not
 // kept: backward does not read them, so they are summed into the residual
 // stream in place. In a low precision (the kernels' when the set is made:
 // `store`) the four matmul inputs that only matmuls read, ln1, atty, ln2 and
@@ -35,6 +37,9 @@ enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FC
 struct dt_gpt_acts {
     dt_gpt_config c;
     int l0, l1, maxB, maxT, B, T;
+    int ntp;                          // sized for a shard of ntp (1: the whole model)
+    int recompute;                    // the per-layer parts below hold one layer: `slot`'s
+    int slot;                         // recompute: the layer whose activations they hold (-1: none)
     float *resid;                     // [l1-l0+1, B,T,C]: the stream before each layer, and after l1-1
     dt_dtype store;                   // of ln1, atty, ln2, fch_gelu: DT_F32, DT_BF16 or DT_F16
     float *ln1, *ln1_mean, *ln1_rstd; // [.., B,T,C], [.., B,T]
@@ -108,11 +113,13 @@ static void shard_shapes(const dt_gpt_config *c, int ntp, dt_tensor_info t[NPT])
 
 void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[NPT]) { shard_shapes(c, 1, t); }
 
-size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
+size_t dt_gpt_shard_num_params(const dt_gpt_config *c, int ntp) {
     dt_tensor_info t[NPT];
-    dt_gpt_param_shapes(c, t);
+    shard_shapes(c, ntp, t);
     return t[NPT - 1].offset + t[NPT - 1].numel;
 }
+
+size_t dt_gpt_config_num_params(const dt_gpt_config *c) { return dt_gpt_shard_num_params(c, 1); }
 
 // ----------------------------------------------------------------------------
 // activations
@@ -128,14 +135,17 @@ static dt_status check_batch(const dt_gpt_config *c, int B, int T, const char *w
 // 64 bytes so that every part starts aligned; returns the bytes in all. With
 // half, the 16-bit parts (ln1, atty, ln2, fch_gelu) take half the room.
 #define NACTS 20
-static size_t acts_sizes(const dt_gpt_config *c, int B, int T, int l0, int l1, int half, size_t n[NACTS]) {
-    size_t head = l1 == c->n_layer, embed = l0 == 0, nl = (size_t)(l1 - l0);
-    size_t C = c->n_embd, NH = c->n_head, V = c->vocab_size, BT = (size_t)B * T, att = BT * NH * T;
+static size_t acts_sizes(const dt_gpt_config *c, const dt_gpt_acts_params *p, int half, size_t n[NACTS]) {
+    size_t head = p->l1 == c->n_layer, embed = p->l0 == 0, nl = (size_t)(p->l1 - p->l0);
+    size_t nk = p->recompute && nl ? 1 : nl, ntp = (size_t)p->ntp;  // layers whose activations are kept
+    size_t C = c->n_embd, Cl = C / ntp, F = 4 * C / ntp, NHl = c->n_head / ntp;
+    size_t V = ntp > 1 ? (size_t)c->padded_vocab_size / ntp : (size_t)c->vocab_size;
+    size_t BT = (size_t)p->B * p->T, att = BT * NHl * p->T;
     const size_t want[NACTS] = {
         (nl + 1) * BT * C,                                                 // resid
-        nl * BT * C, nl * BT, nl * BT, nl * BT * 3 * C, nl * BT * C,       // ln1, mean, rstd, qkv, atty
-        nl * att, nl * BT * C, nl * BT * C, nl * BT, nl * BT,              // att, residual2, ln2, mean, rstd
-        nl * BT * 4 * C, nl * BT * 4 * C,                                  // fch, fch_gelu
+        nk * BT * C, nk * BT, nk * BT, nk * BT * 3 * Cl, nk * BT * Cl,     // ln1, mean, rstd, qkv, atty
+        nk * att, nk * BT * C, nk * BT * C, nk * BT, nk * BT,              // att, residual2, ln2, mean, rstd
+        nk * BT * F, nk * BT * F,                                          // fch, fch_gelu
         head * BT * C, head * BT, head * BT, head * BT * V, head * BT * V, // lnf, mean, rstd, logits, probs
         head * BT, embed * BT};                                            // targets, inputs
     size_t total = 0;
@@ -146,6 +156,10 @@ static size_t acts_sizes(const dt_gpt_config *c, int B, int T, int l0, int l1, i
     return total * 4;
 }
 
+dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T) {
+    return (dt_gpt_acts_params){B, T, 0, c->n_layer, 1, 0};
+}
+
 void dt_gpt_acts_free(dt_gpt_acts *a) {
     if (!a) return;
     dt_free(a->block);
@@ -153,25 +167,27 @@ void dt_gpt_acts_free(dt_gpt_acts *a) {
     free(a);
 }
 
-dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T, int l0, int l1) {
+dt_status dt_gpt_acts_create_with(dt_gpt_acts **out, const dt_gpt_config *c, const dt_gpt_acts_params *p) {
     *out = NULL;
+    int B = p->B, T = p->T, l0 = p->l0, l1 = p->l1;
     dt_status st = dt_gpt_config_check(c, "gpt activations");
     if (st == DT_OK) st = check_batch(c, B, T, "gpt activations");
+    if (st == DT_OK) st = dt_gpt_tensor_parallel_check(c, p->ntp, "gpt activations: tensor-parallel ranks");
     if (st != DT_OK) return st;
     if (l0 < 0 || l0 > l1 || l1 > c->n_layer)
         return dt_error(DT_ERR_ARG, "gpt activations: layers [%d, %d): expected 0 <= l0 <= l1 <= n_layer (%d)",
                         l0, l1, c->n_layer);
     dt_gpt_acts *a = calloc(1, sizeof *a);
     if (!a) return dt_error(DT_ERR_NOMEM, "gpt activations: out of memory");
-    *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T,
-                       .store = dt_kernels_precision()};
+    *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T, .ntp = p->ntp,
+                       .recompute = p->recompute != 0, .slot = -1, .store = dt_kernels_precision()};
     // In acts_sizes' order.
     void *parts[NACTS] = {&a->resid, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
                           &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
                           &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->probs, &a->targets,
                           &a->inputs};
     size_t n[NACTS];
-    a->bytes = acts_sizes(c, B, T, l0, l1, a->store != DT_F32, n);
+    a->bytes = acts_sizes(c, p, a->store != DT_F32, n);
     a->block = dt_alloc(a->bytes);
     a->saved = calloc((size_t)(l1 - l0) + 1, 1);
     if (!a->block || !a->saved) {
@@ -190,34 +206,41 @@ dt_status dt_gpt_acts_create_range(dt_gpt_acts **out, const dt_gpt_config *c, in
     return DT_OK;
 }
 
-size_t dt_gpt_acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1) {
+size_t dt_gpt_acts_size(const dt_gpt_config *c, const dt_gpt_acts_params *p) {
     size_t n[NACTS];
-    return acts_sizes(c, B, T, l0, l1, dt_kernels_precision() != DT_F32, n);
+    return acts_sizes(c, p, dt_kernels_precision() != DT_F32, n);
+}
+
+static dt_gpt_acts_params params_of(const dt_gpt_acts *a) {
+    return (dt_gpt_acts_params){a->maxB, a->maxT, a->l0, a->l1, a->ntp, a->recompute};
 }
 
 size_t dt_gpt_acts_saved(const dt_gpt_acts *a) {
     size_t n[NACTS];
-    return acts_sizes(&a->c, a->maxB, a->maxT, a->l0, a->l1, 0, n) - a->bytes;
+    dt_gpt_acts_params p = params_of(a);
+    return acts_sizes(&a->c, &p, 0, n) - a->bytes;
 }
 
-// The backward scratch a set of B x T needs (reserve_scratch), in floats.
-static size_t scratch_floats(const dt_gpt_config *c, int B, int T) {
-    size_t BT = (size_t)B * T, C = c->n_embd;
-    return BT * C * 3 + BT * 3 * C + BT * 4 * C * 2 + BT * c->n_head * T;
+// The backward scratch a set of B x T of a shard of ntp needs
+// (reserve_scratch), in floats.
+static size_t scratch_floats(const dt_gpt_config *c, int B, int T, int ntp) {
+    size_t BT = (size_t)B * T, C = c->n_embd, F = 4 * C / ntp, CF = C > F ? C : F;
+    return BT * C * 3 + BT * 3 * (C / ntp) + BT * (F + CF) + BT * (c->n_head / ntp) * T;
 }
 
-size_t dt_gpt_activation_bytes(const dt_gpt_config *c, int B, int T) {
+size_t dt_gpt_activation_bytes(const dt_gpt_config *c, const dt_gpt_acts_params *p) {
     // Products of valid sizes can pass 2^64 (B and T up to 2^20 each): an
     // upper bound in double first, so that the estimate reports them rather
     // than wrap.
-    double BT = (double)B * T, C = c->n_embd, L = c->n_layer;
-    double bound = 4.0 * BT * ((L + 2) * (16 * C + 2.0 * c->n_head * T + 8) + 2.0 * c->vocab_size + 64);
+    double BT = (double)p->B * p->T, C = c->n_embd, L = c->n_layer;
+    double bound = 4.0 * BT * ((L + 2) * (16 * C + 2.0 * c->n_head * p->T + 8) + 2.0 * c->vocab_size + 64);
     if (!(bound < 0x1p60)) return SIZE_MAX;
-    return dt_gpt_acts_size(c, B, T, 0, c->n_layer) + sizeof(float) * scratch_floats(c, B, T);
+    return dt_gpt_acts_size(c, p) + sizeof(float) * scratch_floats(c, p->B, p->T, p->ntp);
 }
 
 dt_status dt_gpt_acts_create(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T) {
-    return dt_gpt_acts_create_range(out, c, B, T, 0, c->n_layer);
+    dt_gpt_acts_params p = dt_gpt_acts_whole(c, B, T);
+    return dt_gpt_acts_create_with(out, c, &p);
 }
 
 dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T) {
@@ -226,6 +249,7 @@ dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T) {
                         B, T, a->maxB, a->maxT, a->c.block_size);
     a->B = B;
     a->T = T;
+    a->slot = -1;
     memset(a->saved, 0, (size_t)(a->l1 - a->l0));
     a->have_inputs = a->have_targets = 0;
     return DT_OK;
@@ -253,14 +277,17 @@ static void free_scratch(dt_gpt *m) {
 // Makes the backward scratch hold a layer of a's current shape. Grows only;
 // the model's own set is reserved at create, so its backward never allocates.
 static dt_status reserve_scratch(dt_gpt *m, const dt_gpt_acts *a) {
-    size_t BT = (size_t)a->B * a->T, att = BT * m->c.n_head * a->T, C = m->c.n_embd;
+    size_t NHl = (size_t)m->c.n_head / m->ntp, BT = (size_t)a->B * a->T, att = BT * NHl * a->T, C = m->c.n_embd;
+    size_t Cl = C / m->ntp, F = 4 * C / m->ntp, CF = C > F ? C : F;
     if (BT <= m->scratch_bt && att <= m->scratch_att) return DT_OK;
     if (m->scratch_bt > BT) BT = m->scratch_bt;
     if (m->scratch_att > att) att = m->scratch_att;
     free_scratch(m);
+    // datty and dfch_gelu also hold a whole-width 16-bit input widened, and
+    // dfch_gelu a forward's before it is rounded (C floats a token).
     struct { float **p; size_t n; } want[] = {
-        {&m->dresidual, BT * C}, {&m->dln, BT * C}, {&m->datty, BT * C}, {&m->dqkv, BT * 3 * C},
-        {&m->dfch, BT * 4 * C}, {&m->dfch_gelu, BT * 4 * C}, {&m->datt, att}};
+        {&m->dresidual, BT * C}, {&m->dln, BT * C}, {&m->datty, BT * C}, {&m->dqkv, BT * 3 * Cl},
+        {&m->dfch, BT * F}, {&m->dfch_gelu, BT * CF}, {&m->datt, att}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!(*want[i].p = dt_alloc(sizeof(float) * want[i].n))) {
             free_scratch(m);
@@ -282,11 +309,13 @@ void dt_gpt_free(dt_gpt *m) {
 }
 
 dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *c, int B, int T) {
-    return dt_gpt_create_shard(out, c, B, T, 0, 1);
+    dt_gpt_acts_params p = dt_gpt_acts_whole(c, B, T);
+    return dt_gpt_create_shard(out, c, &p, 0);
 }
 
-dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, int B, int T, int tp, int ntp) {
+dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt_acts_params *acts, int tp) {
     *out = NULL;
+    int B = acts->B, T = acts->T, ntp = acts->ntp;
     dt_status st = dt_gpt_config_check(c, "gpt");
     if (st == DT_OK) st = dt_gpt_tensor_parallel_check(c, ntp, "gpt: tensor-parallel ranks");
     if (st == DT_OK && (tp < 0 || tp >= ntp))
@@ -311,7 +340,10 @@ dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, int B, int T
         return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and gradients)",
                         m->nparams * 8 >> 20);
     }
-    if (with_acts && ((st = dt_gpt_acts_create(&m->acts, c, B, T)) != DT_OK ||
+    dt_gpt_acts_params whole = *acts;  // the default set: every layer
+    whole.l0 = 0;
+    whole.l1 = c->n_layer;
+    if (with_acts && ((st = dt_gpt_acts_create_with(&m->acts, c, &whole)) != DT_OK ||
                       (st = reserve_scratch(m, m->acts)) != DT_OK)) {
         dt_gpt_free(m);
         return st;
@@ -359,41 +391,6 @@ void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user) {
     m->layer_hook_user = user;
 }
 
-// GPT-2's initialisation of a whole parameter block (tensors t).
-static void init_block(const dt_gpt_config *c, const dt_tensor_info *t, float *params, uint64_t seed) {
-    dt_rng r;
-    dt_rng_seed(&r, seed);
-    float resid_std = 0.02f / sqrtf(2.0f * c->n_layer);
-    memset(params, 0, sizeof(float) * (t[NPT - 1].offset + t[NPT - 1].numel));
-    for (int i = 0; i < NPT; i++) {
-        float *p = params + t[i].offset;
-        size_t n = t[i].numel;
-        if (i == WTE) n = (size_t)c->vocab_size * c->n_embd;  // padding rows stay 0
-        if (i == LN1W || i == LN2W || i == LNFW) {
-            for (size_t j = 0; j < n; j++) p[j] = 1.0f;
-        } else if (i == WTE || i == WPE || i == QKVW || i == FCW || i == ATTPROJW || i == FCPROJW) {
-            float sd = (i == ATTPROJW || i == FCPROJW) ? resid_std : 0.02f;
-            for (size_t j = 0; j < n; j++) p[j] = sd * dt_rng_normal(&r);
-        }
-    }
-}
-
-dt_status dt_gpt_init(dt_gpt *m, uint64_t seed) {
-    if (m->ntp == 1) {
-        init_block(&m->c, m->tensors, m->params, seed);
-        return DT_OK;
-    }
-    // A shard: its part of the whole model's initialisation.
-    dt_tensor_info t[NPT];
-    shard_shapes(&m->c, 1, t);
-    float *whole = dt_alloc(sizeof(float) * dt_gpt_config_num_params(&m->c));
-    if (!whole) return dt_error(DT_ERR_NOMEM, "gpt init: out of memory for the whole model (tensor-parallel shard)");
-    init_block(&m->c, t, whole, seed);
-    dt_gpt_shard_copy(&m->c, m->tp, m->ntp, m->params, whole, 0);
-    dt_free(whole);
-    return DT_OK;
-}
-
 // ----------------------------------------------------------------------------
 // tensor parallel: shards of the whole block
 
@@ -401,43 +398,109 @@ int dt_gpt_tensor_split(int i) {
     return i == WTE || i == QKVW || i == QKVB || i == ATTPROJW || i == FCW || i == FCB || i == FCPROJW;
 }
 
+// Where shard tp of ntp's part of tensor i lies: fn(user, local, whole, n)
+// for each run of n floats at offset `local` of the shard's tensor and
+// `whole` of the whole model's, in increasing order of both.
+typedef void (*run_fn)(void *user, size_t local, size_t whole, size_t n);
+static void shard_runs(const dt_gpt_config *c, int tp, int ntp, int i, run_fn fn, void *user) {
+    size_t L = c->n_layer, C = c->n_embd, Cl = C / ntp, F = 4 * C / ntp, r = tp;
+    size_t row = (i == QKVW || i == FCW) ? C : 1;
+    dt_tensor_info w[NPT];
+    shard_shapes(c, 1, w);
+    switch (ntp > 1 ? i : -1) {
+    case WTE: fn(user, 0, r * (w[i].numel / ntp), w[i].numel / ntp); break;
+    case QKVW:
+    case QKVB:  // each of q, k, v: the columns of this rank's heads
+        for (size_t l = 0; l < L; l++)
+            for (size_t part = 0; part < 3; part++)
+                fn(user, (l * 3 + part) * Cl * row, (l * 3 * C + part * C + r * Cl) * row, Cl * row);
+        break;
+    case FCW:
+    case FCB:
+        for (size_t l = 0; l < L; l++) fn(user, l * F * row, (l * 4 * C + r * F) * row, F * row);
+        break;
+    case ATTPROJW:  // the rows of the inputs this rank holds
+        for (size_t l = 0; l < L; l++)
+            for (size_t o = 0; o < C; o++) fn(user, (l * C + o) * Cl, (l * C + o) * C + r * Cl, Cl);
+        break;
+    case FCPROJW:
+        for (size_t l = 0; l < L; l++)
+            for (size_t o = 0; o < C; o++) fn(user, (l * C + o) * F, (l * C + o) * 4 * C + r * F, F);
+        break;
+    default: fn(user, 0, 0, w[i].numel);  // replicated (or the whole model)
+    }
+}
+
+typedef struct {
+    float *local, *whole;
+    int to_whole;
+} copy_run;
+
+static void copy_one(void *user, size_t local, size_t whole, size_t n) {
+    copy_run *u = user;
+    if (u->to_whole) memcpy(u->whole + whole, u->local + local, sizeof(float) * n);
+    else memcpy(u->local + local, u->whole + whole, sizeof(float) * n);
+}
+
 void dt_gpt_shard_copy(const dt_gpt_config *c, int tp, int ntp, float *local, float *whole, int to_whole) {
     dt_tensor_info w[NPT], s[NPT];
     shard_shapes(c, 1, w);
     shard_shapes(c, ntp, s);
-    size_t L = c->n_layer, C = c->n_embd, Cl = C / ntp, F = 4 * C / ntp, r = tp;
-#define RUN(lo, wo, n)                                                                   \
-    do {                                                                                 \
-        float *l_ = local + s[i].offset + (lo), *w_ = whole + w[i].offset + (wo);        \
-        if (to_whole) memcpy(w_, l_, sizeof(float) * (n));                               \
-        else memcpy(l_, w_, sizeof(float) * (n));                                        \
-    } while (0)
     for (int i = 0; i < NPT; i++) {
-        size_t row = (i == QKVW || i == FCW) ? C : 1;
-        switch (i) {
-        case WTE: RUN(0, r * s[i].numel, s[i].numel); break;
-        case QKVW:
-        case QKVB:  // each of q, k, v: the columns of this rank's heads
-            for (size_t l = 0; l < L; l++)
-                for (size_t part = 0; part < 3; part++)
-                    RUN((l * 3 + part) * Cl * row, (l * 3 * C + part * C + r * Cl) * row, Cl * row);
-            break;
-        case FCW:
-        case FCB:
-            for (size_t l = 0; l < L; l++) RUN(l * F * row, (l * 4 * C + r * F) * row, F * row);
-            break;
-        case ATTPROJW:  // the rows of the inputs this rank holds
-            for (size_t l = 0; l < L; l++)
-                for (size_t o = 0; o < C; o++) RUN((l * C + o) * Cl, (l * C + o) * C + r * Cl, Cl);
-            break;
-        case FCPROJW:
-            for (size_t l = 0; l < L; l++)
-                for (size_t o = 0; o < C; o++) RUN((l * C + o) * F, (l * C + o) * 4 * C + r * F, F);
-            break;
-        default: RUN(0, 0, w[i].numel);  // replicated
+        copy_run u = {local + s[i].offset, whole + w[i].offset, to_whole};
+        shard_runs(c, tp, ntp, i, copy_one, &u);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// initialisation
+
+// A piece [lo, lo + n) of a whole tensor, and the shard's copy of what of
+// it falls in its runs.
+typedef struct {
+    const float *piece;
+    size_t lo, n;
+    float *local;
+} init_run;
+
+static void init_one(void *user, size_t local, size_t whole, size_t n) {
+    init_run *u = user;
+    size_t a = whole > u->lo ? whole : u->lo, b = whole + n < u->lo + u->n ? whole + n : u->lo + u->n;
+    if (a < b) memcpy(u->local + local + (a - whole), u->piece + (a - u->lo), sizeof(float) * (b - a));
+}
+
+#define INIT_PIECE ((size_t)1 << 18)  // floats of the whole model's values made at a time
+
+// GPT-2's initialisation: the whole model's values drawn in block order
+// from one stream (a shard keeps its parts of them, drawing the rest: the
+// same numbers as the whole model's, without ever holding it).
+static void init_shard(dt_gpt *m, uint64_t seed, float *piece) {
+    const dt_gpt_config *c = &m->c;
+    dt_tensor_info w[NPT];
+    shard_shapes(c, 1, w);
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    float resid_std = 0.02f / sqrtf(2.0f * c->n_layer);
+    memset(m->params, 0, sizeof(float) * m->nparams);
+    for (int i = 0; i < NPT; i++) {
+        size_t n = i == WTE ? (size_t)c->vocab_size * c->n_embd : w[i].numel;  // wte's padding rows stay 0
+        int one = i == LN1W || i == LN2W || i == LNFW;
+        int normal = i == WTE || i == WPE || i == QKVW || i == FCW || i == ATTPROJW || i == FCPROJW;
+        float sd = (i == ATTPROJW || i == FCPROJW) ? resid_std : 0.02f;
+        for (size_t lo = 0; (one || normal) && lo < n; lo += INIT_PIECE) {
+            init_run u = {piece, lo, n - lo < INIT_PIECE ? n - lo : INIT_PIECE, m->p[i]};
+            for (size_t j = 0; j < u.n; j++) piece[j] = one ? 1.0f : sd * dt_rng_normal(&r);
+            shard_runs(c, m->tp, m->ntp, i, init_one, &u);
         }
     }
-#undef RUN
+}
+
+dt_status dt_gpt_init(dt_gpt *m, uint64_t seed) {
+    float *piece = malloc(sizeof(float) * INIT_PIECE);
+    if (!piece) return dt_error(DT_ERR_NOMEM, "gpt init: out of memory");
+    init_shard(m, seed, piece);
+    free(piece);
+    return DT_OK;
 }
 
 int dt_gpt_shard(const dt_gpt *m, int *ntp) {
@@ -484,12 +547,13 @@ typedef struct {
 } layer_acts;
 
 static layer_acts layer_acts_of(const dt_gpt_acts *a, int l) {
-    size_t i = (size_t)(l - a->l0), BT = (size_t)a->B * a->T, sC = BT * a->c.n_embd;
-    size_t satt = BT * a->c.n_head * a->T, es = a->store == DT_F32 ? 4 : 2;
-    return (layer_acts){a->ln1_mean + i * BT, a->ln1_rstd + i * BT, a->qkv + i * 3 * sC, a->att + i * satt,
-                        a->residual2 + i * sC, a->ln2_mean + i * BT, a->ln2_rstd + i * BT, a->fch + i * 4 * sC,
-                        (char *)a->ln1 + i * sC * es, (char *)a->atty + i * sC * es, (char *)a->ln2 + i * sC * es,
-                        (char *)a->fch_gelu + i * 4 * sC * es};
+    size_t i = a->recompute ? 0 : (size_t)(l - a->l0), BT = (size_t)a->B * a->T, C = a->c.n_embd;
+    size_t sC = BT * C, sCl = sC / a->ntp, sF = 4 * sCl, es = a->store == DT_F32 ? 4 : 2;
+    size_t satt = BT * (a->c.n_head / a->ntp) * a->T;
+    return (layer_acts){a->ln1_mean + i * BT, a->ln1_rstd + i * BT, a->qkv + i * 3 * sCl, a->att + i * satt,
+                        a->residual2 + i * sC, a->ln2_mean + i * BT, a->ln2_rstd + i * BT, a->fch + i * sF,
+                        (char *)a->ln1 + i * sC * es, (char *)a->atty + i * sCl * es, (char *)a->ln2 + i * sC * es,
+                        (char *)a->fch_gelu + i * sF * es};
 }
 
 // a belongs to m and holds the part a stage needs: the embedding, the head,
@@ -499,6 +563,9 @@ static dt_status check_stage(const dt_gpt *m, const dt_gpt_acts *a, int part, in
     int L = m->c.n_layer;
     if (memcmp(&a->c, &m->c, sizeof m->c))
         return dt_error(DT_ERR_ARG, "%s: the activations were created for another model config", what);
+    if (a->ntp != m->ntp)
+        return dt_error(DT_ERR_ARG, "%s: the activations were sized for %d tensor-parallel shards, the model is one of %d",
+                        what, a->ntp, m->ntp);
     if (part == EMBED && a->l0 != 0)
         return dt_error(DT_ERR_ARG, "%s: the activations hold layers [%d, %d), without the embedding (only a set from layer 0 has it)",
                         what, a->l0, a->l1);
@@ -628,6 +695,7 @@ dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const 
                            l == l1 - 1 ? resid_out : dt_gpt_acts_resid(a, l + 1));
         if (st != DT_OK) return st;
         a->saved[l - a->l0] = 1;
+        a->slot = l;
     }
     return DT_OK;
 }
@@ -815,6 +883,17 @@ static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *r
     return DT_OK;
 }
 
+// Recomputation: layer l's activations made again from the stream before
+// it (the same kernels on the same input: the same bits), its output into
+// dln, free until the layer's backward. The layer hook has already run for
+// the backward (ZeRO-3 gathered the layer).
+static dt_status recompute(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual) {
+    if (!a->recompute || a->slot == l) return DT_OK;
+    dt_status st = layer_forward(m, a, l, residual, m->dln);
+    if (st == DT_OK) a->slot = l;
+    return st;
+}
+
 dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const float *resid_in,
                                 float *dresid) {
     dt_status st = check_stage(m, a, LAYERS, l0, l1, "gpt backward_range");
@@ -822,9 +901,11 @@ dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const
         if (!a->saved[l - a->l0])
             st = dt_error(DT_ERR_ARG, "gpt backward_range: layer %d has not run forward on these activations", l);
     if (st == DT_OK) st = reserve_scratch(m, a);
-    for (int l = l1 - 1; st == DT_OK && l >= l0; l--)
-        if ((st = layer_hook(m, l, DT_GPT_BACKWARD)) == DT_OK)
-            st = layer_backward(m, a, l, l == l0 ? resid_in : dt_gpt_acts_resid(a, l), dresid);
+    for (int l = l1 - 1; st == DT_OK && l >= l0; l--) {
+        const float *in = l == l0 ? resid_in : dt_gpt_acts_resid(a, l);
+        if ((st = layer_hook(m, l, DT_GPT_BACKWARD)) == DT_OK && (st = recompute(m, a, l, in)) == DT_OK)
+            st = layer_backward(m, a, l, in, dresid);
+    }
     return st;
 }
 

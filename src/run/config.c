@@ -125,6 +125,7 @@ static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NU
 static const char *const ps_share_names[] = {"fixed", "dynamic", NULL};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
 static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
+static const char *const recompute_names[] = {"none", "blocks", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -244,11 +245,12 @@ static const field fields[] = {
     {"train", "eval_every", F_INT, O(eval_every), 0, 1e9, NULL},
     {"train", "eval_batches", F_INT, O(eval_batches), 0, 1e6, NULL},
     {"model", "init_from", F_STR, O(init_from), 0, 0, NULL},
+    {"train", "recompute", F_ENUM, O(recompute), 0, 0, recompute_names},
     // ---- end of GPT fields ----
 };
 #undef O
 #define NFIELDS (int)(sizeof fields / sizeof fields[0])
-#define NGPT_FIELDS 12  // the GPT block at the end of the table
+#define NGPT_FIELDS 13  // the GPT block at the end of the table
 static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
 
 const char *dt_comp_method_name(int method) {
@@ -651,6 +653,8 @@ static dt_status finish_layers(dt_config *c, const char *what) {
     }
     if (c->nlayers == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
+    if (c->recompute)
+        return dt_error(DT_ERR_CONFIG, "%s: [train] recompute = blocks: only a GPT has transformer blocks to recompute; use none", what);
     if (c->epochs == 0 && c->max_steps == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
     return DT_OK;

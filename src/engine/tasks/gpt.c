@@ -289,6 +289,12 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
              t->val.n, t->B, t->T, acts);
 }
 
+// Sets of activations for micro-batches of B windows through layers [l0,
+// l1): the shard's parts, recomputed as [train] recompute says.
+static dt_gpt_acts_params acts_params(const dt_task *t, int B, int l0, int l1) {
+    return (dt_gpt_acts_params){B, t->T, l0, l1, t->ntp, t->c->recompute};
+}
+
 static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                             dt_task_info *info) {
     (void)model_rows;
@@ -307,7 +313,8 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(open_tokens(&t->train, c->train_file, c), done);
     if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
     DT_TRY(tensor_groups(t, comm), done);
-    DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, t->Bm, t->T, t->tp, t->ntp), done);
+    dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
+    DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);
     if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
     DT_TRY(init_params(t), done);
     t->x = malloc(sizeof(int32_t) * t->B * t->T);
@@ -377,7 +384,8 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
     if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
     *st = (dt_task_stage){.l0 = l0, .l1 = l1};
     dt_gpt_set_grad_hook(t->m, NULL, NULL);
-    dt_status st_ = dt_gpt_acts_create_range(&st->a, &t->gc, max_len, t->T, l0, l1);
+    dt_gpt_acts_params ap = acts_params(t, max_len, l0, l1);
+    dt_status st_ = dt_gpt_acts_create_with(&st->a, &t->gc, &ap);
     if (st_ == DT_OK) count_acts(t, st->a);
     if (st_ != DT_OK) {
         free(st);
