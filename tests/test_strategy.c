@@ -36,7 +36,6 @@
 #include "engine/strategies/strategy.h"
 #include "testlib.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +157,10 @@ static const row rows[] = {
     {"zero-3", "cnn", 2, 0, "--zero 3 --set optim.clip_norm=0.5 --set schedule.name=cosine",
      "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 2},
     {"zero-3", "mlp", 3, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
+    // (the evaluation gathers layer by layer and the weights file is written from the slices: both bitwise
+    // those of replicated data parallel on as many workers)
+    {"zero-3", "mlp", 3, 0, "--deterministic --zero 3 --set train.eval_batch=11", "--deterministic --set train.eval_batch=11", 0, 3},
+    {"zero-3", "gpt", 3, 0, "--deterministic --zero 3", "--deterministic", 0, 3},
     {"zero-3", "cnn", 4, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
     {"zero-3", "gpt", 2, 0, "--zero 3", "", 1e-6, 2},
     {"zero-3", "gpt", 3, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
@@ -426,6 +429,17 @@ static void run_row(int i, const row *r) {
     else
         CHECK(d >= 0 && d <= r->tol, "row %d (%s, %s, %d workers%s %s): max relative difference %.3g to %d process(es) (tolerance %.1g)",
               i, r->strategy, r->model, r->workers, r->mpi ? " under mpirun" : "", r->flags, d, refw, r->tol);
+    // Bitwise on as many workers (the same split of the evaluation): the
+    // evaluation's figures too, however the layout holds the weights.
+    const char *keys[] = {"test_loss", "test_accuracy", "val_loss"};
+    for (int k = 0; k < 3 && r->tol == 0 && refw == r->workers; k++) {
+        char pa[4200], pb[4200];
+        snprintf(pa, sizeof pa, "%s/%s/summary.json", g_tmp, ref);
+        snprintf(pb, sizeof pb, "%s/%s/summary.json", g_tmp, name);
+        double a = tl_json_number(pa, keys[k]), b = tl_json_number(pb, keys[k]);
+        CHECK(a == b, "row %d (%s, %s, %d workers %s): %s %.9g, the reference's %.9g", i,
+              r->strategy, r->model, r->workers, r->flags, keys[k], b, a);
+    }
     printf("%-18s %-3s %d worker%s%-10s %-40s vs %d process%s %-28s: %s (max rel diff %.3g)\n", r->strategy, r->model,
            r->workers, r->workers > 1 ? "s" : " ", r->mpi ? " (mpirun)" : "", r->flags, refw, refw > 1 ? "es" : "  ",
            *r->ref ? r->ref : "(plain)", bw ? "bitwise" : "within tolerance", d);

@@ -38,6 +38,13 @@ typedef struct {
 DT_API dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n,
                              const dt_st_meta *meta, int nmeta);
 
+/* What dt_st_write writes before the data: the 8-byte length and the JSON
+ * header of tensors[n] (their data is not read), padded so that the data
+ * starts 8-byte aligned, into *hdr (malloc'd; the caller frees) of *hlen
+ * bytes. The data that follows is the tensors' bytes in their order. */
+DT_API dt_status dt_st_header(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta,
+                              int nmeta, char **hdr, size_t *hlen);
+
 typedef struct dt_st_file dt_st_file;
 
 /* Reads and validates a whole file: header length, JSON, dtypes, shapes

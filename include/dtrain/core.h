@@ -222,6 +222,14 @@ DT_API dt_status dt_make_dirs(const char *path);
  * whole new one, never a torn write. */
 DT_API dt_status dt_write_atomic(const char *path, const void *const *parts,
                                  const size_t *sizes, int n);
+/* The same written piece by piece: dt_atomic_open makes the temporary file,
+ * dt_atomic_append adds bytes to it, dt_atomic_commit makes it `path` (and
+ * frees f, whatever it returns), dt_atomic_abort removes it (f NULL: none). */
+typedef struct dt_atomic_file dt_atomic_file;
+DT_API dt_status dt_atomic_open(dt_atomic_file **f, const char *path);
+DT_API dt_status dt_atomic_append(dt_atomic_file *f, const void *data, size_t n);
+DT_API dt_status dt_atomic_commit(dt_atomic_file *f);
+DT_API void dt_atomic_abort(dt_atomic_file *f);
 
 /* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
  * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the

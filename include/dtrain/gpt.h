@@ -301,6 +301,12 @@ DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const
  * cannot be saved or loaded (dt_gpt_save, dt_gpt_load): copy to and from a
  * whole block instead. */
 DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
+/* The elements [lo, hi) of a whole model's block that shard tp of ntp
+ * (parameter block `local`) holds, into buf[0, hi - lo); the others are
+ * left as they are. The tensors every shard holds whole count as shard
+ * 0's alone, so each element has one shard that fills it. */
+DT_API void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi,
+                              float *buf);
 /* Parameters of a shard of ntp (dt_gpt_config_num_params: of 1). */
 DT_API size_t dt_gpt_shard_num_params(const dt_gpt_config *c, int ntp);
 /* The reduce function a shard calls (ntp > 1 needs one). */

@@ -26,11 +26,8 @@ static int dtype_from_name(const char *s) {
     return -1;
 }
 
-// The 8-byte length and the JSON header of tensors[n] (data offsets in
-// order), padded so that the data starts 8-byte aligned: *hdr (malloc'd),
-// *hlen bytes.
-static dt_status encode_header(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta,
-                               int nmeta, char **hdr, size_t *hlen) {
+dt_status dt_st_header(const char *path, const dt_st_tensor *tensors, int n, const dt_st_meta *meta, int nmeta,
+                      char **hdr, size_t *hlen) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     if (nmeta > 0) {
@@ -81,7 +78,7 @@ dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n, cons
                       int nmeta) {
     char *hdr;
     size_t hlen;
-    dt_status st = encode_header(path, tensors, n, meta, nmeta, &hdr, &hlen);
+    dt_status st = dt_st_header(path, tensors, n, meta, nmeta, &hdr, &hlen);
     if (st != DT_OK) return st;
     const void **parts = malloc(sizeof(void *) * (n + 1));
     size_t *sizes = malloc(sizeof(size_t) * (n + 1));
@@ -263,7 +260,7 @@ dt_status dt_st_build(dt_st_file **out, const dt_st_tensor *tensors, int n, cons
     *out = NULL;
     char *hdr;
     size_t hlen, len;
-    dt_status st = encode_header(what, tensors, n, meta, nmeta, &hdr, &hlen);
+    dt_status st = dt_st_header(what, tensors, n, meta, nmeta, &hdr, &hlen);
     if (st != DT_OK) return st;
     len = hlen;
     for (int i = 0; i < n; i++) len += tensors[i].nbytes;

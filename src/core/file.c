@@ -13,47 +13,80 @@
 // ----------------------------------------------------------------------------
 // atomic file writes: temp file, fsync, rename, fsync the directory
 
-dt_status dt_write_atomic(const char *path, const void *const *parts, const size_t *sizes,
-                          int n) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+struct dt_atomic_file {
+    int fd;
+    char tmp[4096], path[4096];
+};
+
+dt_status dt_atomic_open(dt_atomic_file **out, const char *path) {
+    *out = NULL;
+    dt_atomic_file *f = malloc(sizeof *f);
+    if (!f) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    if (snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof f->tmp ||
+        snprintf(f->path, sizeof f->path, "%s", path) >= (int)sizeof f->path) {
+        free(f);
         return dt_error(DT_ERR_ARG, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    for (int i = 0; i < n; i++) {
-        const char *p = parts[i];
-        size_t left = sizes[i];
-        while (left > 0) {
-            ssize_t w = write(fd, p, left);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                int e = errno;
-                close(fd);
-                unlink(tmp);
-                return dt_error(DT_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
-            }
-            p += w;
-            left -= (size_t)w;
+    }
+    if ((f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+        dt_status st = dt_error(DT_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
+        free(f);
+        return st;
+    }
+    *out = f;
+    return DT_OK;
+}
+
+dt_status dt_atomic_append(dt_atomic_file *f, const void *data, size_t n) {
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(f->fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return dt_error(DT_ERR_IO, "%s: write failed: %s", f->tmp, strerror(errno));
         }
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return dt_error(DT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return dt_error(DT_ERR_IO, "%s: rename failed: %s", path, strerror(e));
-    }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
+        p += w;
+        n -= (size_t)w;
     }
     return DT_OK;
+}
+
+void dt_atomic_abort(dt_atomic_file *f) {
+    if (!f) return;
+    close(f->fd);
+    unlink(f->tmp);
+    free(f);
+}
+
+dt_status dt_atomic_commit(dt_atomic_file *f) {
+    dt_status st = DT_OK;
+    if (fsync(f->fd) != 0 || close(f->fd) != 0) {
+        st = dt_error(DT_ERR_IO, "%s: fsync failed: %s", f->tmp, strerror(errno));
+        unlink(f->tmp);
+    } else if (rename(f->tmp, f->path) != 0) {
+        st = dt_error(DT_ERR_IO, "%s: rename failed: %s", f->path, strerror(errno));
+        unlink(f->tmp);
+    } else {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", f->path);
+        int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+    free(f);
+    return st;
+}
+
+dt_status dt_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int n) {
+    dt_atomic_file *f;
+    dt_status st = dt_atomic_open(&f, path);
+    for (int i = 0; i < n && st == DT_OK; i++) st = dt_atomic_append(f, parts[i], sizes[i]);
+    if (st != DT_OK) {
+        dt_atomic_abort(f);
+        return st;
+    }
+    return dt_atomic_commit(f);
 }
 
 // ----------------------------------------------------------------------------

@@ -308,3 +308,44 @@ dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
     memset(r, 0, sizeof *r);
     return st;
 }
+
+// ----------------------------------------------------------------------------
+// weights files from pieces held across ranks
+
+#define WEIGHTS_PIECE ((size_t)4 << 20)  // floats
+
+dt_status dt_run_weights_write(const char *path, const dt_tensor_info *tensors, int n, const dt_st_meta *meta,
+                               int nmeta, dt_comm_t comm, dt_weights_fill_fn fill, void *user) {
+    int root = !comm || dt_comm_rank(comm) == 0;
+    dt_st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    float *buf = dt_alloc(sizeof(float) * WEIGHTS_PIECE), *sum = root && comm ? dt_alloc(sizeof(float) * WEIGHTS_PIECE) : NULL;
+    dt_status st = t && buf && (!root || !comm || sum) ? DT_OK : dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    dt_status wst = DT_OK;  // rank 0's writing: the sums go on after it fails
+    char *hdr = NULL;
+    size_t hlen = 0;
+    dt_atomic_file *f = NULL;
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        t[i] = (dt_st_tensor){.name = tensors[i].name, .dtype = DT_F32, .ndim = tensors[i].ndim,
+                              .nbytes = tensors[i].numel * sizeof(float)};
+        memcpy(t[i].shape, tensors[i].shape, sizeof t[i].shape);
+    }
+    if (st == DT_OK && root && (wst = dt_st_header(path, t, n, meta, nmeta, &hdr, &hlen)) == DT_OK &&
+        (wst = dt_atomic_open(&f, path)) == DT_OK)
+        wst = dt_atomic_append(f, hdr, hlen);
+    for (int i = 0; i < n && st == DT_OK; i++)
+        for (size_t lo = tensors[i].offset, end = lo + tensors[i].numel; lo < end && st == DT_OK; lo += WEIGHTS_PIECE) {
+            size_t hi = end - lo < WEIGHTS_PIECE ? end : lo + WEIGHTS_PIECE;
+            for (size_t j = 0; j < hi - lo; j++) buf[j] = -0.0f;
+            fill(user, lo, hi, buf);
+            if (comm && (st = dt_reduce(buf, sum, hi - lo, DT_F32, DT_SUM, 0, comm)) != DT_OK)
+                st = dt_error(st, "%s: gathering the weights: %s", path, dt_last_error());
+            if (st == DT_OK && root && wst == DT_OK) wst = dt_atomic_append(f, comm ? sum : buf, sizeof(float) * (hi - lo));
+        }
+    if (f && st == DT_OK && wst == DT_OK) wst = dt_atomic_commit(f);
+    else dt_atomic_abort(f);
+    free(hdr);
+    free(t);
+    dt_free(buf);
+    dt_free(sum);
+    return st != DT_OK ? st : wst;
+}

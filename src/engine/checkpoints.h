@@ -100,4 +100,20 @@ static inline int dt_run_ckpt_due(const dt_run_ckpt *r, int64_t step, int end, i
  * error (st when st is already an error). */
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st);
 
+/* A weights file of the whole model written from what the ranks of comm
+ * hold, a piece at a time, so that no rank ever holds the whole block:
+ * tensors[n] (whole shapes, their data unread) lie in the whole model's
+ * block at their offsets; for each piece [lo, hi) of a tensor,
+ * fill(user, lo, hi, buf) puts the elements this rank holds into
+ * buf[0, hi - lo), and the pieces are summed onto rank 0 of comm with every
+ * other element -0.0 (adding -0.0 changes no value, not even a zero's sign:
+ * each element must be filled by exactly one rank), which appends them to
+ * `path` (read on rank 0 alone; written atomically). comm NULL: this rank
+ * holds everything and writes alone. A collective: every rank of comm calls
+ * it; a failed write on rank 0 still takes part in every sum and returns its
+ * error at the end. Each rank holds two pieces of at most 16 MiB. */
+typedef void (*dt_weights_fill_fn)(void *user, size_t lo, size_t hi, float *buf);
+dt_status dt_run_weights_write(const char *path, const dt_tensor_info *tensors, int n, const dt_st_meta *meta,
+                               int nmeta, dt_comm_t comm, dt_weights_fill_fn fill, void *user);
+
 #endif

@@ -709,15 +709,14 @@ static dt_train_state state_at(const run_state *r, int e, int64_t ebatch) {
                             r->fp16 ? r->scaler.scale : 0, r->scaler.clean, r->scaler.skipped};
 }
 
-// The task's evaluation on the whole parameters (gathered from the ranks'
-// slices where the strategy keeps slices, and given back after it unless
-// `keep`: the final weights need them too), timed as the observer's eval.
-static dt_status eval_whole(run_state *r, float train_loss, int keep, float *tl, float *ta) {
+// The task's evaluation, timed as the observer's eval. A strategy that
+// keeps slices gathers the layers through the layer hook as in a step, and
+// gives them back after it.
+static dt_status eval_run(run_state *r, float train_loss, float *tl, float *ta) {
     dt_obs_begin(r->obs, DT_OBS_EVAL);
-    dt_status st = dt_strategy_params_whole(r->strat, 1);
     dt_kernels_weights_changed();  // by the last update
-    if (st == DT_OK) st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, tl, ta);
-    if (st == DT_OK && !keep) st = dt_strategy_params_whole(r->strat, 0);
+    dt_status st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, tl, ta);
+    if (st == DT_OK) st = dt_strategy_params_release(r->strat);
     dt_obs_end(r->obs, DT_OBS_EVAL);
     return st;
 }
@@ -739,7 +738,7 @@ static dt_status evaluate(run_state *r, int e, int redo) {
             r->res->test_loss = tl;
             r->res->test_accuracy = ta;
         } else if (!r->alone || r->rank == 0) {
-            st = eval_whole(r, train_loss, 0, &tl, &ta);
+            st = eval_run(r, train_loss, &tl, &ta);
             r->rec.repair = dt_worker_recoverable(st);
             if (st != DT_OK) return st;
             r->res->test_loss = tl;
@@ -947,7 +946,7 @@ static dt_status finish(run_state *r) {
         res->stopped = 1;
         r->run_dir = NULL;
     } else if (!r->evaluated && r->info.has_eval && (!r->alone || r->rank == 0)) {
-        if ((st = eval_whole(r, res->final_train_loss, 1, &res->test_loss, &res->test_accuracy)) != DT_OK) return st;
+        if ((st = eval_run(r, res->final_train_loss, &res->test_loss, &res->test_accuracy)) != DT_OK) return st;
     }
     if (r->loss_n) res->final_train_loss = (float)(r->loss_sum / r->loss_n);
     res->steps = r->step;
@@ -957,12 +956,14 @@ static dt_status finish(run_state *r) {
     res->comm_exposed_seconds = s->comm_exposed_seconds;
     res->loss_scale = r->fp16 ? r->scaler.scale : 0;
     res->skipped_steps = r->scaler.skipped;
-    if (!r->stop && (st = dt_strategy_params_whole(s, 1)) != DT_OK) return st;  // the weights, from every rank's slice
     res->bytes_sent = r->bytes_sent;
     if (!r->stop && (st = dt_strategy_params_sync(s)) != DT_OK) return st;
     if (!r->stop && (st = dt_fault_at(r->rank, r->step, "end")) != DT_OK) return st;  // (a test's fault)
     if (r->run_dir) snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
-    if (!r->stop && (st = r->tops->save(r->task, r->run_dir ? path : NULL)) != DT_OK) return st;
+    // The weights: from every rank's slice where the strategy keeps slices.
+    if (!r->stop && (st = r->tops->save(r->task, r->run_dir ? path : NULL, s->params_sliced ? r->comm : NULL,
+                                        s->params_sliced ? s->lo : 0, s->params_sliced ? s->hi : s->n)) != DT_OK)
+        return st;
     res->wall_seconds = dt_now() - r->t_start;
     if (!r->run_dir) return DT_OK;
     snprintf(path, sizeof path, "%s/summary.json", r->run_dir);

@@ -452,6 +452,31 @@ void dt_gpt_shard_copy(const dt_gpt_config *c, int tp, int ntp, float *local, fl
     }
 }
 
+typedef struct {
+    const float *local;
+    size_t base, lo, hi;  // the tensor's offset in the whole block; the range asked
+    float *buf;
+} fill_run;
+
+static void fill_one(void *user, size_t local, size_t whole, size_t n) {
+    fill_run *u = user;
+    size_t a = u->base + whole, b = a + n;
+    a = a > u->lo ? a : u->lo;
+    b = b < u->hi ? b : u->hi;
+    if (a < b) memcpy(u->buf + (a - u->lo), u->local + local + (a - u->base - whole), sizeof(float) * (b - a));
+}
+
+void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi, float *buf) {
+    dt_tensor_info w[NPT], s[NPT];
+    shard_shapes(c, 1, w);
+    shard_shapes(c, ntp, s);
+    for (int i = 0; i < NPT; i++) {
+        if (w[i].offset >= hi || w[i].offset + w[i].numel <= lo || (tp > 0 && !dt_gpt_tensor_split(i))) continue;
+        fill_run u = {local + s[i].offset, w[i].offset, lo, hi, buf};
+        shard_runs(c, tp, ntp, i, fill_one, &u);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // initialisation
 

@@ -562,27 +562,62 @@ int dt_model_tensor_split(const dt_model *m, int i) {
     return l->tp == 1 || (l->tp == 2 && m->tensors[i].offset == l->w_off && l->w_n);
 }
 
-void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole) {
+// Where shard tp's parameters lie in the whole model's block: fn(user,
+// local, whole, n) for each run of n floats. sole: the layers every shard
+// holds whole are shard 0's alone (none of another shard's runs).
+typedef void (*run_fn)(void *user, size_t local, size_t whole, size_t n);
+static void shard_runs(const dt_model *m, int tp, int sole, run_fn fn, void *user) {
     for (int i = 0; i < m->nlayers; i++) {
         const layer_t *l = &m->L[i];
         size_t wo = m->ntp > 1 ? l->ww_off : l->w_off, bo = m->ntp > 1 ? l->wb_off : l->b_off;
-        float *lw = local + l->w_off, *lb = local + l->b_off, *ww = whole + wo, *wb = whole + bo;
         size_t wn = l->w_n, bn = l->b_n;
+        if (l->tp == 0 && sole && tp > 0) continue;
         if (l->tp == 1) {  // rows [tp out, (tp + 1) out) of [ntp out, in], and that slice of the bias
-            ww += (size_t)tp * wn;
-            wb += (size_t)tp * bn;
+            wo += (size_t)tp * wn;
+            bo += (size_t)tp * bn;
         }
         if (l->tp == 2) {  // columns [tp in, (tp + 1) in) of each of the out rows of [out, ntp in]
             size_t in = (size_t)l->in[0], rows = (size_t)l->out[0];
-            for (size_t r = 0; r < rows; r++) {
-                float *a = lw + r * in, *z = ww + r * in * m->ntp + (size_t)tp * in;
-                memcpy(to_whole ? z : a, to_whole ? a : z, sizeof(float) * in);
-            }
+            for (size_t r = 0; r < rows; r++) fn(user, l->w_off + r * in, wo + r * in * m->ntp + (size_t)tp * in, in);
             wn = 0;
+            if (sole && tp > 0) bn = 0;  // the bias is whole, added by shard 0
         }
-        if (wn) memcpy(to_whole ? ww : lw, to_whole ? lw : ww, sizeof(float) * wn);
-        if (bn) memcpy(to_whole ? wb : lb, to_whole ? lb : wb, sizeof(float) * bn);
+        if (wn) fn(user, l->w_off, wo, wn);
+        if (bn) fn(user, l->b_off, bo, bn);
     }
+}
+
+typedef struct {
+    float *local, *whole;
+    int to_whole;
+} copy_run;
+
+static void copy_one(void *user, size_t local, size_t whole, size_t n) {
+    copy_run *u = user;
+    if (u->to_whole) memcpy(u->whole + whole, u->local + local, sizeof(float) * n);
+    else memcpy(u->local + local, u->whole + whole, sizeof(float) * n);
+}
+
+void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole) {
+    copy_run u = {local, whole, to_whole};
+    shard_runs(m, tp, 0, copy_one, &u);
+}
+
+typedef struct {
+    const float *local;
+    size_t lo, hi;
+    float *buf;
+} fill_run;
+
+static void fill_one(void *user, size_t local, size_t whole, size_t n) {
+    fill_run *u = user;
+    size_t a = whole > u->lo ? whole : u->lo, b = whole + n < u->hi ? whole + n : u->hi;
+    if (a < b) memcpy(u->buf + (a - u->lo), u->local + local + (a - whole), sizeof(float) * (b - a));
+}
+
+void dt_model_shard_fill(const dt_model *m, int tp, const float *local, size_t lo, size_t hi, float *buf) {
+    fill_run u = {local, lo, hi, buf};
+    shard_runs(m, tp, 1, fill_one, &u);
 }
 
 void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *user) {

@@ -546,7 +546,7 @@ dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn 
     if (run_dir) {
         char path[4096];
         snprintf(path, sizeof path, "%s/model.safetensors", run_dir);
-        DT_TRY(f.tops->save(f.task, path), done);
+        DT_TRY(f.tops->save(f.task, path, NULL, 0, SIZE_MAX), done);
         snprintf(path, sizeof path, "%s/summary.json", run_dir);
         st = fed_summary(&f, path, res, history, skipped, (double)(cs1.bytes_sent - cs0.bytes_sent) / c->fed_rounds);
     }

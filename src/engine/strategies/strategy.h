@@ -19,7 +19,7 @@
  *     (the control plane agrees on loss, stop and save: engine/control.h)
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
- *   dt_strategy_params_whole(s, 1 / 0)     around evaluation and the weights file
+ *   dt_strategy_params_release(s)        after an evaluation (which gathers through the layer hook)
  *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *   dt_strategy_ckpt_restore(s, path, W0)  its own state from the checkpoint resumed
@@ -103,10 +103,10 @@ typedef struct dt_strategy_ops {
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
-    /* whole = 1: every rank holds the whole parameter block until whole = 0
-     * (evaluation, the final weights file); a collective. NULL: it always
-     * does. */
-    dt_status (*params_whole)(dt_strategy *s, int whole);
+    /* After an evaluation, which runs forwards through the layer hook as a
+     * step does: gives back what the hook gathered outside this rank's
+     * slice (params_needed). NULL: a strategy that gathers nothing. */
+    dt_status (*params_release)(dt_strategy *s);
     /* Makes every rank's parameters the same, before an evaluation, a
      * checkpoint and the final weights; NULL when they always are (every
      * peer but local SGD). */
@@ -264,8 +264,8 @@ static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { re
 static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
     return s->ops->update(s, lr, scale);
 }
-static inline dt_status dt_strategy_params_whole(dt_strategy *s, int whole) {
-    return s->ops->params_whole ? s->ops->params_whole(s, whole) : DT_OK;
+static inline dt_status dt_strategy_params_release(dt_strategy *s) {
+    return s->ops->params_release ? s->ops->params_release(s) : DT_OK;
 }
 static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
     return s->ops->params_sync ? s->ops->params_sync(s) : DT_OK;

@@ -70,7 +70,6 @@ typedef struct {
     dt_request_t *rq;      // one gather per range of the order
     char *held;            // per block: 0 released, 1 gather in flight, 2 held
     int persist_ok;        // the ranges outside the blocks are whole
-    int all_held;          // params_whole(1): everything is whole
     int lmin, lmax;        // the layers the order names
     int nmax;              // the most micro-batches a rank runs this step
     size_t backed;         // offload = disk at stage 3: bytes of the parameter slice on disk
@@ -252,12 +251,13 @@ static dt_status wait_block(zero *z, int l) {
     return DT_OK;
 }
 
-// Gives back the parts of block l (l < 0: of every block) this rank does
-// not own.
+// Gives back the parts of block l (l < 0: of every block held) this rank
+// does not own.
 static dt_status drop_block(zero *z, int l) {
     dt_strategy *s = &z->base;
     for (int b = l < 0 ? 0 : l; b < (l < 0 ? z->L : l + 1); b++) {
         if (b >= z->L) break;
+        if (!z->held[b]) continue;
         dt_status st = wait_block(z, b);
         if (st != DT_OK) return st;
         int no;
@@ -278,7 +278,7 @@ static dt_status drop_block(zero *z, int l) {
 // backward). Backward: the same downwards.
 static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
     zero *z = (zero *)s;
-    if (s->world == 1 || z->all_held) return DT_OK;
+    if (s->world == 1) return DT_OK;
     dt_status st = DT_OK;
     if (phase == 0 && !z->persist_ok) {  // the first forward hook after an update: nothing is in flight
         int no;
@@ -301,22 +301,11 @@ static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
     return st;
 }
 
-static dt_status zero_params_whole(dt_strategy *s, int whole) {
+// After an evaluation, which gathers the blocks through the layer hook as a
+// forward does: the blocks still held are given back.
+static dt_status zero_params_release(dt_strategy *s) {
     zero *z = (zero *)s;
-    if (s->world == 1 || whole == z->all_held) return DT_OK;
-    dt_status st = DT_OK;
-    for (int l = 0; l < z->L && st == DT_OK; l++)
-        if (z->held[l] == 1) st = wait_block(z, l);
-    if (st != DT_OK) return st;
-    if (whole) {
-        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, z->counts, z->displs, DT_F32, s->comm);
-        if (st != DT_OK) return dt_error(st, "parameter allgather: %s", dt_last_error());
-        z->persist_ok = 1;
-    } else {
-        st = drop_block(z, -1);
-    }
-    z->all_held = whole;
-    return st;
+    return s->world == 1 ? DT_OK : drop_block(z, -1);
 }
 
 static dt_status zero_init(dt_strategy *s) {
@@ -594,7 +583,7 @@ static void zero_abandon(dt_strategy *s) {
         for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
         memset(z->held, 0, (size_t)(z->L ? z->L : 1));
     }
-    z->persist_ok = z->all_held = 0;
+    z->persist_ok = 0;
     if (s->params_sliced) {
         release(s->params, 0, s->lo);
         release(s->params, s->hi, s->n);
@@ -742,7 +731,7 @@ const dt_strategy_ops dt_strategy_zero3 = {
     .sync = zero_sync,
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
-    .params_whole = zero_params_whole,
+    .params_release = zero_params_release,
     .abandon = zero_abandon,
     .take_over = zero_take_over,
 };

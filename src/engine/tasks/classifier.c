@@ -6,6 +6,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/dynbatch.h"
+#include "engine/checkpoints.h"
 #include "engine/codecs/codec.h"
 #include "engine/tasks/task.h"
 
@@ -29,6 +30,9 @@ struct dt_task {
     dt_batch b;                    // the batch in flight: this rank's share
     dt_st_meta wmeta[2];
     // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
+    int rank;                      // in the world
+    dt_task_layer_fn layer_fn;     // the loop's layer hook, and its argument
+    void *layer_user;
     int tp, ntp;
     dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
     dt_model *whole;               // the whole model's plan and block (init, names, the weights file)
@@ -314,6 +318,7 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;
+    t->rank = dt_comm_rank(comm);
     dt_status st;
     DT_TRY(load_split(c, "train", &t->train), done);
     DT_TRY(load_split(c, "test", &t->test), done);
@@ -357,7 +362,11 @@ static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     dt_model_backward(t->m);
 }
 
-static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) { dt_model_set_layer_hook(t->m, fn, user); }
+static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
+    t->layer_fn = fn;
+    t->layer_user = user;
+    dt_model_set_layer_hook(t->m, fn, user);
+}
 
 // ----------------------------------------------------------------------------
 // pipeline stages: layers [l0, l1) of the model on activations of their own
@@ -427,11 +436,12 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     (void)step, (void)train_loss;
     const dt_dataset *ds = &t->test;
     if (t->ntp > 1) comm = t->rest;  // the shards of one model run the same samples
-    int r = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
-    int lo = (int)((long)ds->n * r / W), hi = (int)((long)ds->n * (r + 1) / W);
+    int r = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1, lo, hi, extra;
+    dt_task_eval_share(ds->n, r, W, t->c->eval_batch, &lo, &hi, &extra);
     double sum;
     long correct;
     dt_status st = eval_range(t->m, ds, lo, hi, t->c->eval_batch, &sum, &correct);
+    if (st == DT_OK) st = dt_task_replay(t->layer_fn, t->layer_user, 0, t->c->nlayers - 1, extra);
     if (st != DT_OK) return st;
     float v[2] = {(float)sum, (float)correct};
     if (comm && (st = dt_allreduce(v, v, 2, DT_F32, DT_SUM, comm)) != DT_OK)
@@ -441,20 +451,34 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
-// A shard's group gathers the whole model for the rank that writes it.
-static dt_status cls_save(dt_task *t, const char *path) {
+// What of the whole block this rank holds: its slice [lo, hi), or (tensor
+// parallel) its shard's parts.
+typedef struct {
+    dt_task *t;
+    size_t lo, hi;
+} held;
+
+static void cls_fill(void *user, size_t lo, size_t hi, float *buf) {
+    held *h = user;
+    const float *p = dt_model_params(h->t->m);
+    if (h->t->ntp > 1) return dt_model_shard_fill(h->t->m, h->t->tp, p, lo, hi, buf);
+    size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
+    if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
+}
+
+// The shards of the writer's group (world ranks [0, T)) gather theirs; the
+// other groups hold copies.
+static dt_status cls_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {
+    if (t->ntp > 1) {
+        if (t->rank >= t->ntp) return DT_OK;
+        comm = t->tpc;
+    } else if (!path && !comm) {
+        return DT_OK;
+    }
     dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
-    if (t->ntp == 1) return path ? dt_model_save(t->m, path, meta, 3) : DT_OK;
-    size_t n = dt_model_num_params(t->m);
-    float *all = dt_alloc(sizeof(float) * n * (size_t)t->ntp);
-    if (!all) return dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the tensor-parallel shards");
-    dt_status st = dt_allgather(dt_model_params(t->m), all, n, DT_F32, t->tpc);
-    if (st != DT_OK) st = dt_error(st, "saving the model: gathering the tensor-parallel shards: %s", dt_last_error());
-    for (int r = 0; r < t->ntp && st == DT_OK && path; r++)
-        dt_model_shard_copy(t->m, r, all + n * r, dt_model_params(t->whole), 1);
-    if (st == DT_OK && path) st = dt_model_save(t->whole, path, meta, 3);
-    dt_free(all);
-    return st;
+    held h = {t, lo, hi};
+    dt_status st = dt_run_weights_write(path, t->tinfo, dt_model_num_tensors(t->m), meta, 3, comm, cls_fill, &h);
+    return st == DT_OK ? DT_OK : dt_error(st, "saving the model: %s", dt_last_error());
 }
 
 static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {

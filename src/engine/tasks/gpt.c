@@ -11,6 +11,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
+#include "engine/checkpoints.h"
 #include "engine/codecs/codec.h"
 #include "engine/tasks/task.h"
 
@@ -24,6 +25,7 @@ struct dt_task {
     unsigned char *order_split;  // the ranges divided among the tensor-parallel ranks
     dt_grad_matrix *mats;        // the block's 2-D tensors, layer by layer (dt_codec_matrices), nmats
     int nmats;
+    int rank;                    // in the world
     int tp, ntp;                 // [parallel] tensor: this rank's shard of ntp (0 of 1: the whole model)
     dt_comm_t tpc, rest;         // its shard's group (tensor innermost), and the ranks of its shard
     dt_gpt_config gc;
@@ -54,10 +56,10 @@ static void count_acts(dt_task *t, const dt_gpt_acts *a) {
 // model's batch), and the sums meet in one allreduce (comm may be NULL for
 // one process).
 static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, int T, int32_t *x,
-                          int32_t *y, float *out, float *acc, dt_comm_t comm) {
-    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
+                          int32_t *y, float *out, float *acc, dt_comm_t comm, dt_task *t) {
+    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1, lo, hi, extra;
     int V = dt_gpt_get_config(m)->vocab_size;
-    int lo = (int)((long)windows * rank / W), hi = (int)((long)windows * (rank + 1) / W);
+    dt_task_eval_share(windows, rank, W, Bc, &lo, &hi, &extra);
     double sums[2] = {0, 0};  // sum of window losses, correct predictions
     float fs[2];
     for (int i = lo; i < hi; i += Bc) {
@@ -80,11 +82,12 @@ static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, 
             }
         }
     }
+    dt_status st = t ? dt_task_replay(t->layer_fn, t->layer_user, DT_GPT_EMBED, t->gc.n_layer, extra) : DT_OK;
+    if (st != DT_OK) return st;
     if (W > 1) {  // (counts stay exact in float up to 2^24 tokens)
         fs[0] = (float)sums[0];
         fs[1] = (float)sums[1];
-        dt_status st = dt_allreduce(fs, fs, 2, DT_F32, DT_SUM, comm);
-        if (st != DT_OK) return st;
+        if ((st = dt_allreduce(fs, fs, 2, DT_F32, DT_SUM, comm)) != DT_OK) return st;
         sums[0] = fs[0];
         sums[1] = fs[1];
     }
@@ -111,7 +114,7 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
-    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL);
+    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL, NULL);
     if (n) *n = c->eval_batches * B * T;
     dt_gpt_free(m);
     dt_tokens_close(&val);
@@ -305,7 +308,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     t->B = c->batch;
     t->T = c->seq_len;
     t->Bm = max_micro;
-    int rank = dt_comm_rank(comm), W = dt_comm_size(comm), norder;
+    int rank = t->rank = dt_comm_rank(comm), W = dt_comm_size(comm), norder;
     t->first = (int)((long)t->B * rank / W);
     t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
     dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
@@ -440,7 +443,7 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     *accuracy = -1;
     // Tensor parallel: the shards of one model run the same windows.
     dt_status st = val_loss(t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL,
-                            t->ntp > 1 ? t->rest : comm);
+                            t->ntp > 1 ? t->rest : comm, t);
     if (st != DT_OK) return st;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "step", (double)step);
@@ -450,23 +453,36 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
-// A shard's group gathers the whole model for the rank that writes it.
-static dt_status gpt_save(dt_task *t, const char *path) {
-    if (t->ntp == 1) return path ? dt_gpt_save(t->m, path) : DT_OK;
-    size_t n = dt_gpt_num_params(t->m);
-    float *all = dt_alloc(sizeof(float) * n * (size_t)t->ntp), *whole = NULL;
-    if (!all) return dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the tensor-parallel shards");
-    dt_status st = dt_allgather(dt_gpt_params(t->m), all, n, DT_F32, t->tpc);
-    if (st != DT_OK) st = dt_error(st, "saving the model: gathering the tensor-parallel shards: %s", dt_last_error());
-    else if (path && !(whole = dt_alloc(sizeof(float) * dt_gpt_config_num_params(&t->gc))))
-        st = dt_error(DT_ERR_NOMEM, "saving the model: out of memory for the whole model");
-    if (st == DT_OK && path) {
-        for (int r = 0; r < t->ntp; r++) dt_gpt_shard_copy(&t->gc, r, t->ntp, all + n * r, whole, 1);
-        st = dt_gpt_weights_save(path, &t->gc, whole);
+// What of the whole block this rank holds: its slice [lo, hi), or (tensor
+// parallel) its shard's parts.
+typedef struct {
+    dt_task *t;
+    size_t lo, hi;
+} held;
+
+static void gpt_fill(void *user, size_t lo, size_t hi, float *buf) {
+    held *h = user;
+    const float *p = dt_gpt_params(h->t->m);
+    if (h->t->ntp > 1) return dt_gpt_shard_fill(&h->t->gc, h->t->tp, h->t->ntp, p, lo, hi, buf);
+    size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
+    if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
+}
+
+// The shards of the writer's group (world ranks [0, T)) gather theirs; the
+// other groups hold copies.
+static dt_status gpt_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {
+    if (t->ntp > 1) {
+        if (t->rank >= t->ntp) return DT_OK;
+        comm = t->tpc;
+    } else if (!path && !comm) {
+        return DT_OK;
     }
-    dt_free(all);
-    dt_free(whole);
-    return st;
+    dt_st_meta meta[8];
+    dt_gpt_weights_meta(&t->gc, t->mvals, meta);
+    meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
+    held h = {t, lo, hi};
+    dt_status st = dt_run_weights_write(path, t->tinfo, 16, meta, 8, comm, gpt_fill, &h);
+    return st == DT_OK ? DT_OK : dt_error(st, "saving the model: %s", dt_last_error());
 }
 
 static void gpt_summary(dt_task *t, cJSON *o, const dt_train_result *r) {

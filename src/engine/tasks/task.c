@@ -1,5 +1,5 @@
 /* What the model tables share (task.h): a tensor-parallel model's shard
- * groups. */
+ * groups, an evaluation's split over the ranks. */
 #include "engine/tasks/task.h"
 
 dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest) {
@@ -13,4 +13,18 @@ dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt
     dt_status st = dt_comm_split(comm, rank / *ntp, *tp, tpc);
     if (st == DT_OK) st = dt_comm_split(comm, *tp, rank, rest);
     return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+}
+
+void dt_task_eval_share(long n, int r, int W, int chunk, int *lo, int *hi, int *extra) {
+    *lo = (int)(n * r / W);
+    *hi = (int)(n * (r + 1) / W);
+    long most = (n + W - 1) / W, mine = *hi - *lo;
+    *extra = (int)((most + chunk - 1) / chunk - (mine + chunk - 1) / chunk);
+}
+
+dt_status dt_task_replay(dt_task_layer_fn fn, void *user, int first, int last, int times) {
+    dt_status st = DT_OK;
+    for (int k = 0; fn && k < times && st == DT_OK; k++)
+        for (int l = first; l <= last && st == DT_OK; l++) st = fn(l, 0, user);
+    return st;
 }

@@ -131,9 +131,14 @@ typedef struct dt_task_ops {
      * rank alone); *accuracy < 0: none. step and
      * train_loss are where the run stands (for the task's history). */
     dt_status (*evaluate)(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss, float *accuracy);
-    /* The final weights file; called on every rank, path NULL but on the
-     * rank that writes it (a collective for a model split over ranks). */
-    dt_status (*save)(dt_task *t, const char *path);
+    /* The final weights file, written a piece at a time
+     * (dt_run_weights_write), never from a whole block in one process:
+     * called on every rank, path NULL but on the one that writes it (rank 0
+     * of the world). This rank's parameter block is valid in [lo, hi) (a
+     * strategy's slice: ZeRO-3's; else all of it), the rest is on the other
+     * ranks of comm (NULL: none); a model split over tensor-parallel shards
+     * gathers them from its shard group (the writer's). */
+    dt_status (*save)(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi);
     /* The task's own fields of summary.json. */
     void (*summary)(dt_task *t, cJSON *o, const dt_train_result *r);
     /* [train] dynamic_batch: the global batches assembled from now on are
@@ -167,6 +172,16 @@ const dt_task_ops *dt_task_for(const dt_config *c);
  * *ntp. The groups there were go (the task's regroup after a rejoin), new
  * ones are split from comm; with T <= 1 there are none. */
 dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest);
+
+/* An evaluation of n items split over W ranks: rank r takes [*lo, *hi) =
+ * [n r / W, n (r + 1) / W) in chunks of up to `chunk`; *extra is how many
+ * more forwards the busiest rank runs, which this rank must make the layer
+ * hook's calls of too where a strategy gathers through it (ZeRO-3: every
+ * rank takes part in every gather): dt_task_replay. */
+void dt_task_eval_share(long n, int r, int W, int chunk, int *lo, int *hi, int *extra);
+/* The layer hook's calls of `times` forwards of layers first..last (phase
+ * 0), without the forwards. fn NULL: none. */
+dt_status dt_task_replay(dt_task_layer_fn fn, void *user, int first, int last, int times);
 
 extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
 extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
