@@ -307,6 +307,10 @@ DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
  * 0's alone, so each element has one shard that fills it. */
 DT_API void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi,
                               float *buf);
+/* The elements of shard tp of ntp's block `local` that lie in [lo, hi) of
+ * the whole model's block, from buf[0, hi - lo) (the whole tensors too). */
+DT_API void dt_gpt_shard_take(const dt_gpt_config *c, int tp, int ntp, float *local, size_t lo, size_t hi,
+                              const float *buf);
 /* Parameters of a shard of ntp (dt_gpt_config_num_params: of 1). */
 DT_API size_t dt_gpt_shard_num_params(const dt_gpt_config *c, int ntp);
 /* The reduce function a shard calls (ntp > 1 needs one). */
@@ -314,12 +318,6 @@ DT_API void dt_gpt_set_reduce(dt_gpt *m, dt_gpt_reduce_fn fn, void *user);
 /* Whether tensor i (block order) is divided among the shards (else every
  * shard holds it whole and computes the same gradient for it). */
 DT_API int dt_gpt_tensor_split(int i);
-/* Copies between shard tp of ntp's parameter block local and a whole
- * model's block `whole` of config c: into whole (to_whole = 1: the shard's
- * parts of it; whole tensors too) or out of it. */
-DT_API void dt_gpt_shard_copy(const dt_gpt_config *c, int tp, int ntp, float *local, float *whole,
-                              int to_whole);
-
 /* ---- weights ------------------------------------------------------------ */
 
 /* safetensors with the 16 llm.c-named tensors and the sizes as metadata

@@ -217,15 +217,14 @@ DT_API size_t dt_model_whole_params(const dt_model *m);
 /* Whether tensor i is divided among the shards (else every shard holds it
  * whole and computes the same gradient for it). */
 DT_API int dt_model_tensor_split(const dt_model *m, int i);
-/* Copies between shard tp's parameter block `local` (m's layout) and the
- * whole model's `whole`: into whole (to_whole = 1, shard tp's parts) or out
- * of it. */
-DT_API void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole);
 /* The elements [lo, hi) of the whole model's block that shard tp (its block
  * `local`) holds, into buf[0, hi - lo); the others are left as they are.
  * What every shard holds whole counts as shard 0's alone, so each element
  * has one shard that fills it. */
 DT_API void dt_model_shard_fill(const dt_model *m, int tp, const float *local, size_t lo, size_t hi, float *buf);
+/* The elements of shard tp's block `local` that lie in [lo, hi) of the
+ * whole model's block, from buf[0, hi - lo) (the whole layers too). */
+DT_API void dt_model_shard_take(const dt_model *m, int tp, float *local, size_t lo, size_t hi, const float *buf);
 
 /* ---- pipeline stages of a sequential model --------------------------------
  * A stage runs layers [l0, l1) of a model on activations of its own, one

@@ -465,8 +465,9 @@ static dt_status build(run_state *r) {
         if (st != DT_OK) return dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
     }
     dt_strategy_args sa = {c, r->comm, info->params, info->grads, info->nparams, info->order, info->norder, r->obs,
-                           info->order_layer, r->all, info->order_split, info->nwhole, info->shard_copy,
-                           info->shard_user, info->replicas, info->tensor_group, info->matrices, info->nmatrices};
+                           info->order_layer, r->all, info->order_split, info->nwhole, info->part_fill,
+                           info->part_take, info->part_user, info->replicas, info->tensor_group, info->matrices,
+                           info->nmatrices};
     if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
     r->split_gen = dt_comm_generation(r->comm);
     dt_memory_kinds mk;
@@ -780,7 +781,7 @@ static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl
         save |= ke > 0 && (e + 1) % ke == 0;
     }
     if (here && dt_run_ckpt_due(&r->ck, tc.step, last, r->stop, save) && r->ck.dir[0] &&
-        (st = dt_strategy_params_sync(r->strat)) != DT_OK)
+        ((st = dt_strategy_params_sync(r->strat)) != DT_OK || (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
         return st;
     if (here && (st = dt_run_ckpt_step(&r->ck, &tc, last, r->stop, save)) != DT_OK) return st;
     dt_heartbeat(r->step);

@@ -431,50 +431,45 @@ static void shard_runs(const dt_gpt_config *c, int tp, int ntp, int i, run_fn fn
     }
 }
 
+// A run of a shard against a range [lo, hi) of the whole block: the part
+// of [base + whole, base + whole + n) inside it, copied out of the shard
+// (fill) or into it (take).
 typedef struct {
-    float *local, *whole;
-    int to_whole;
-} copy_run;
+    float *local;
+    size_t base, lo, hi;  // the tensor's offset in the whole block; the range
+    float *buf;           // [hi - lo]
+    int into;             // take: into the shard
+} range_run;
 
-static void copy_one(void *user, size_t local, size_t whole, size_t n) {
-    copy_run *u = user;
-    if (u->to_whole) memcpy(u->whole + whole, u->local + local, sizeof(float) * n);
-    else memcpy(u->local + local, u->whole + whole, sizeof(float) * n);
-}
-
-void dt_gpt_shard_copy(const dt_gpt_config *c, int tp, int ntp, float *local, float *whole, int to_whole) {
-    dt_tensor_info w[NPT], s[NPT];
-    shard_shapes(c, 1, w);
-    shard_shapes(c, ntp, s);
-    for (int i = 0; i < NPT; i++) {
-        copy_run u = {local + s[i].offset, whole + w[i].offset, to_whole};
-        shard_runs(c, tp, ntp, i, copy_one, &u);
-    }
-}
-
-typedef struct {
-    const float *local;
-    size_t base, lo, hi;  // the tensor's offset in the whole block; the range asked
-    float *buf;
-} fill_run;
-
-static void fill_one(void *user, size_t local, size_t whole, size_t n) {
-    fill_run *u = user;
+static void range_one(void *user, size_t local, size_t whole, size_t n) {
+    range_run *u = user;
     size_t a = u->base + whole, b = a + n;
     a = a > u->lo ? a : u->lo;
     b = b < u->hi ? b : u->hi;
-    if (a < b) memcpy(u->buf + (a - u->lo), u->local + local + (a - u->base - whole), sizeof(float) * (b - a));
+    if (a >= b) return;
+    float *l = u->local + local + (a - u->base - whole), *w = u->buf + (a - u->lo);
+    memcpy(u->into ? l : w, u->into ? w : l, sizeof(float) * (b - a));
 }
 
-void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi, float *buf) {
+static void shard_range(const dt_gpt_config *c, int tp, int ntp, float *local, size_t lo, size_t hi, float *buf,
+                        int into) {
     dt_tensor_info w[NPT], s[NPT];
     shard_shapes(c, 1, w);
     shard_shapes(c, ntp, s);
     for (int i = 0; i < NPT; i++) {
-        if (w[i].offset >= hi || w[i].offset + w[i].numel <= lo || (tp > 0 && !dt_gpt_tensor_split(i))) continue;
-        fill_run u = {local + s[i].offset, w[i].offset, lo, hi, buf};
-        shard_runs(c, tp, ntp, i, fill_one, &u);
+        if (w[i].offset >= hi || w[i].offset + w[i].numel <= lo || (!into && tp > 0 && !dt_gpt_tensor_split(i)))
+            continue;
+        range_run u = {local + s[i].offset, w[i].offset, lo, hi, buf, into};
+        shard_runs(c, tp, ntp, i, range_one, &u);
     }
+}
+
+void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi, float *buf) {
+    shard_range(c, tp, ntp, (float *)local, lo, hi, buf, 0);
+}
+
+void dt_gpt_shard_take(const dt_gpt_config *c, int tp, int ntp, float *local, size_t lo, size_t hi, const float *buf) {
+    shard_range(c, tp, ntp, local, lo, hi, (float *)buf, 1);
 }
 
 // ----------------------------------------------------------------------------

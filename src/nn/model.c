@@ -587,37 +587,31 @@ static void shard_runs(const dt_model *m, int tp, int sole, run_fn fn, void *use
     }
 }
 
+// A run of a shard against a range [lo, hi) of the whole block, copied out
+// of the shard (fill) or into it (take).
 typedef struct {
-    float *local, *whole;
-    int to_whole;
-} copy_run;
-
-static void copy_one(void *user, size_t local, size_t whole, size_t n) {
-    copy_run *u = user;
-    if (u->to_whole) memcpy(u->whole + whole, u->local + local, sizeof(float) * n);
-    else memcpy(u->local + local, u->whole + whole, sizeof(float) * n);
-}
-
-void dt_model_shard_copy(const dt_model *m, int tp, float *local, float *whole, int to_whole) {
-    copy_run u = {local, whole, to_whole};
-    shard_runs(m, tp, 0, copy_one, &u);
-}
-
-typedef struct {
-    const float *local;
+    float *local;
     size_t lo, hi;
-    float *buf;
-} fill_run;
+    float *buf;  // [hi - lo]
+    int into;
+} range_run;
 
-static void fill_one(void *user, size_t local, size_t whole, size_t n) {
-    fill_run *u = user;
+static void range_one(void *user, size_t local, size_t whole, size_t n) {
+    range_run *u = user;
     size_t a = whole > u->lo ? whole : u->lo, b = whole + n < u->hi ? whole + n : u->hi;
-    if (a < b) memcpy(u->buf + (a - u->lo), u->local + local + (a - whole), sizeof(float) * (b - a));
+    if (a >= b) return;
+    float *l = u->local + local + (a - whole), *w = u->buf + (a - u->lo);
+    memcpy(u->into ? l : w, u->into ? w : l, sizeof(float) * (b - a));
 }
 
 void dt_model_shard_fill(const dt_model *m, int tp, const float *local, size_t lo, size_t hi, float *buf) {
-    fill_run u = {local, lo, hi, buf};
-    shard_runs(m, tp, 1, fill_one, &u);
+    range_run u = {(float *)local, lo, hi, buf, 0};
+    shard_runs(m, tp, 1, range_one, &u);
+}
+
+void dt_model_shard_take(const dt_model *m, int tp, float *local, size_t lo, size_t hi, const float *buf) {
+    range_run u = {local, lo, hi, (float *)buf, 1};
+    shard_runs(m, tp, 0, range_one, &u);
 }
 
 void dt_model_set_layer_hook(dt_model *m, dt_model_layer_fn fn, void *user) {

@@ -103,6 +103,7 @@ typedef struct {
     dt_comm_t ppb;         // V > 1: the same ranks, for the gradients (both ways between a pair)
     dt_comm_t shard;       // the ranks of this tensor rank (the task's; T = 1: the world)
     dt_comm_t tp;          // this (stage, replica)'s tensor ranks (the task's; T > 1)
+    dt_comm_t rep;         // T > 1: this replica's T x P ranks, which hold one copy of the model (checkpoints)
     const dt_task_ops *tops;
     chunk *ch;             // [V]
     op *ops;               // [2 M V]
@@ -383,6 +384,7 @@ static dt_status split_pipelines(pipe *p) {
     dt_strategy *s = &p->base;
     dt_status st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
     if (st == DT_OK && p->V > 1) st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->ppb);
+    if (st == DT_OK && s->nwhole) st = dt_comm_split(s->comm, p->replica, s->rank, &p->rep);
     if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
     if (!p->ppb) p->ppb = p->pp;
     p->shard = s->replicas;
@@ -486,6 +488,7 @@ static void pp_fini(dt_strategy *s) {
     }
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
+    dt_comm_destroy(p->rep);
     for (int v = 0; v < p->V && p->ch; v++) free(p->ch[v].slots);
     free(p->ch);
     free(p->ops);
@@ -764,46 +767,85 @@ static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
     return DT_OK;
 }
 
-// Shards: the whole model's parameters and optimizer state for a
-// checkpoint, gathered from the shard group (every group holds the same).
-static dt_status pp_params_sync(dt_strategy *s) {
+// ---- checkpoints of a model in parts (tensor parallel) ----
+//
+// A checkpoint holds the whole model's tensors, sharded as a sliced run's
+// are: rank r keeps dt_shard_range(nwhole, r, W) of the whole block and of
+// each optimizer state (strategy.h's ckpt_*). No rank ever holds more.
+
+#define CKPT_PIECE ((size_t)4 << 20)  // floats of the whole block moved at a time
+
+// Before a save: each replica's T x P ranks hold one copy of the model
+// between them, and assemble their slices from it: for each rank of the
+// replica in turn, a piece of its slice at a time, every rank puts in what
+// it holds of the piece (the task's part_fill; stage 0's ranks alone, as
+// every stage holds its shard's whole block) and the pieces are summed onto
+// that rank, -0.0 elsewhere (which adds nothing, not even to a zero's sign).
+// Under ZeRO-1 the shard's optimizer state is gathered from its slices first.
+static dt_status pp_ckpt_stage(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    if (!s->whole) return DT_OK;
-    size_t n = s->n;
-    float *all = dt_alloc(sizeof(float) * n * (size_t)p->T), *full = p->counts ? dt_alloc(sizeof(float) * n) : NULL;
-    if (!all || (p->counts && !full)) {
-        dt_free(all);
-        return dt_error(DT_ERR_NOMEM, "model parallel: out of memory gathering the shards for a checkpoint");
-    }
-    dt_status st = DT_OK;
+    if (!s->ckpt_params) return DT_OK;
+    int G = p->T * p->P, me = dt_comm_rank(p->rep);
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
+    dt_status st = piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
-        float *local = j < 0 ? s->params : dt_optim_state(s->opt, j), *whole = j < 0 ? s->whole : s->whole_states[j];
-        if (j >= 0 && full) {  // ZeRO 1: the state's slices first, over the ranks of this shard
+        const float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
+        float *slice = j < 0 ? s->ckpt_params : s->ckpt_states[j];
+        if (j >= 0 && full) {
             st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
             local = full;
         }
-        if (st == DT_OK) st = dt_allgather(local, all, n, DT_F32, p->tp);
-        for (int r = 0; r < p->T && st == DT_OK; r++) s->shard_copy(s->shard_user, r, all + n * r, whole, 1);
+        for (int g = 0; g < G && st == DT_OK; g++) {  // replica rank g = stage x T + t
+            size_t lo, hi;
+            dt_shard_range(s->nwhole, (g / p->T * p->D + p->replica) * p->T + g % p->T, s->world, &lo, &hi);
+            for (size_t a = lo; a < hi && st == DT_OK; a += CKPT_PIECE) {
+                size_t b = hi - a < CKPT_PIECE ? hi : a + CKPT_PIECE;
+                for (size_t i = 0; i < b - a; i++) piece[i] = -0.0f;
+                if (p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
+                st = dt_reduce(piece, g == me ? slice + (a - lo) : NULL, b - a, DT_F32, DT_SUM, g, p->rep);
+            }
+        }
     }
-    dt_free(all);
+    dt_free(piece);
     dt_free(full);
-    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gathering the shards for a checkpoint: %s", dt_last_error());
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: assembling the checkpoint's slices: %s", dt_last_error());
 }
 
-// After a resume (every rank holds the whole model's state): this shard's.
+// After a resume every rank has read its slice: a piece of the whole block
+// at a time is gathered from the slices' ranks, and every rank takes its
+// part of it (part_take; under ZeRO-1 into the shard's whole state, then
+// its own slice of that).
 static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
-    pipe *p = (pipe *)s;
     (void)parts;
-    if (!s->whole || !path[0]) return DT_OK;
-    s->shard_copy(s->shard_user, p->t, s->params, s->whole, 0);
-    float *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;  // ZeRO 1: the shard's state, then the slice
-    if (p->counts && !full) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory restoring the optimizer state");
-    for (int j = 0; j < dt_optim_num_states(s->opt); j++) {
-        s->shard_copy(s->shard_user, p->t, full ? full : dt_optim_state(s->opt, j), s->whole_states[j], 0);
-        if (full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
+    pipe *p = (pipe *)s;
+    if (!s->ckpt_params || !path[0]) return DT_OK;
+    int W = s->world;
+    size_t *cnt = malloc(sizeof(size_t) * 2 * (size_t)W), *dsp = cnt ? cnt + W : NULL;
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
+    dt_status st = cnt && piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
+        float *dst = j < 0 ? s->params : full ? full : dt_optim_state(s->opt, j);
+        const float *slice = j < 0 ? s->ckpt_params : s->ckpt_states[j];
+        for (size_t a = 0; a < s->nwhole && st == DT_OK; a += CKPT_PIECE) {
+            size_t b = s->nwhole - a < CKPT_PIECE ? s->nwhole : a + CKPT_PIECE;
+            for (int r = 0; r < W; r++) {
+                size_t x, y;
+                dt_shard_range(s->nwhole, r, W, &x, &y);
+                x = x < a ? a : x > b ? b : x;
+                y = y < a ? a : y > b ? b : y;
+                cnt[r] = y - x;
+                dsp[r] = x - a;
+            }
+            st = dt_allgatherv(slice + (a + dsp[s->rank] - s->ckpt_lo) * (cnt[s->rank] > 0), cnt[s->rank], piece, cnt,
+                               dsp, DT_F32, s->comm);
+            if (st == DT_OK) s->part_take(s->part_user, dst, a, b, piece);
+        }
+        if (st == DT_OK && j >= 0 && full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
     }
+    free(cnt);
+    dt_free(piece);
     dt_free(full);
-    return DT_OK;
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: spreading the checkpoint's slices: %s", dt_last_error());
 }
 
 // summary.json's "pipeline": the grid, how the stages were cut, each
@@ -861,7 +903,8 @@ static void pp_abandon(dt_strategy *s) {
         }
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
-    p->pp = p->ppb = NULL;
+    dt_comm_destroy(p->rep);
+    p->pp = p->ppb = p->rep = NULL;
 }
 
 static dt_status pp_regroup(dt_strategy *s) {
@@ -920,7 +963,7 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .sync = pp_sync,
     .grad_norm = pp_grad_norm,
     .update = pp_update,
-    .params_sync = pp_params_sync,
+    .ckpt_stage = pp_ckpt_stage,
     .ckpt_restore = pp_ckpt_restore,
     .summary = pp_summary,
     .abandon = pp_abandon,

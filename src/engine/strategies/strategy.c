@@ -42,8 +42,9 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->matrices = a->matrices;
     s->nmatrices = a->nmatrices;
     s->nwhole = a->nwhole > a->n ? a->nwhole : 0;
-    s->shard_copy = a->shard_copy;
-    s->shard_user = a->shard_user;
+    s->part_fill = a->part_fill;
+    s->part_take = a->part_take;
+    s->part_user = a->part_user;
     s->replicas = a->replicas;
     s->tensor_group = a->tensor_group;
     s->obs = a->obs;
@@ -58,13 +59,14 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
     const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
     if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
-    if (st == DT_OK && s->nwhole) {  // shards: checkpoints of the whole model
-        s->whole = dt_alloc(sizeof(float) * s->nwhole);
-        for (int j = 0; j < dt_optim_num_states(s->opt) && j < 2; j++)
-            s->whole_states[j] = dt_alloc(sizeof(float) * s->nwhole);
-        if (!s->whole || (dt_optim_num_states(s->opt) > 0 && !s->whole_states[0]) ||
-            (dt_optim_num_states(s->opt) > 1 && !s->whole_states[1]))
-            st = dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for the whole model's checkpoint state", ops->name);
+    if (st == DT_OK && s->nwhole) {  // parts: this rank's slice of the whole model's checkpoint
+        dt_shard_range(s->nwhole, s->rank, s->world, &s->ckpt_lo, &s->ckpt_hi);
+        size_t len = s->ckpt_hi - s->ckpt_lo + 1;
+        s->ckpt_params = dt_alloc(sizeof(float) * len);
+        for (int j = 0; j < dt_optim_num_states(s->opt) && j < 2; j++) s->ckpt_states[j] = dt_alloc(sizeof(float) * len);
+        if (!s->ckpt_params || (dt_optim_num_states(s->opt) > 0 && !s->ckpt_states[0]) ||
+            (dt_optim_num_states(s->opt) > 1 && !s->ckpt_states[1]))
+            st = dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for the checkpoint's slice", ops->name);
     }
     if (st != DT_OK) {
         dt_strategy_free(s);
@@ -78,8 +80,8 @@ void dt_strategy_free(dt_strategy *s) {
     if (!s) return;
     if (s->ops->fini) s->ops->fini(s);
     dt_optim_free(s->opt);
-    dt_free(s->whole);
-    for (int j = 0; j < 2; j++) dt_free(s->whole_states[j]);
+    dt_free(s->ckpt_params);
+    for (int j = 0; j < 2; j++) dt_free(s->ckpt_states[j]);
     free(s->wire);
     free(s->off);
     free(s->len);
@@ -105,12 +107,12 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
     m->states_hi = s->hi;
     m->extra = s->ops->ckpt_extra && s->ops->ckpt_extra(s, NULL, 0) > 0 ? ckpt_extra : NULL;
     m->extra_user = s;
-    if (s->whole) {  // shards: the whole model, staged
-        m->params = s->whole;
+    if (s->ckpt_params) {  // parts: this rank's slice of the whole model, staged
+        m->params = s->ckpt_params;
         m->nparams = s->nwhole;
-        for (int j = 0; j < m->nstates; j++) m->states[j] = s->whole_states[j];
-        m->params_lo = m->states_lo = 0;
-        m->params_hi = m->states_hi = s->nwhole;
+        for (int j = 0; j < m->nstates; j++) m->states[j] = s->ckpt_states[j];
+        m->params_lo = m->states_lo = s->ckpt_lo;
+        m->params_hi = m->states_hi = s->ckpt_hi;
     }
 }
 

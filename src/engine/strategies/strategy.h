@@ -21,6 +21,7 @@
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
  *   dt_strategy_params_release(s)        after an evaluation (which gathers through the layer hook)
  *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
+ *   dt_strategy_ckpt_stage(s)              before a checkpoint
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *   dt_strategy_ckpt_restore(s, path, W0)  its own state from the checkpoint resumed
  *
@@ -65,9 +66,10 @@ typedef struct {
     const int *order_layer;      /* the layer using each range of the order (NULL: none) */
     dt_comm_t all;               /* every rank of the run (NULL: comm; other than comm with ranks of another role) */
     const unsigned char *order_split; /* ranges divided among tensor-parallel ranks (NULL: none) */
-    size_t nwhole;               /* the whole model's floats (n, or 0, unless the blocks are shards) */
-    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole); /* (task.h) */
-    void *shard_user;
+    size_t nwhole;               /* the whole model's floats (n, or 0, unless the blocks are parts of it) */
+    dt_part_fill_fn part_fill;   /* where the parts lie in the whole block (task.h) */
+    dt_part_take_fn part_take;
+    void *part_user;
     dt_comm_t replicas, tensor_group; /* the task's (task.h), NULL without shards */
     const dt_grad_matrix *matrices;   /* the block's 2-D tensors, for the gradient codec (NULL, 0: none) */
     int nmatrices;
@@ -111,6 +113,10 @@ typedef struct dt_strategy_ops {
      * checkpoint and the final weights; NULL when they always are (every
      * peer but local SGD). */
     dt_status (*params_sync)(dt_strategy *s);
+    /* Before a checkpoint is saved: makes what the checkpoint view shows
+     * current (a model in parts assembles this rank's slice of the whole
+     * model); a collective. NULL: the view is the live state. */
+    dt_status (*ckpt_stage)(dt_strategy *s);
     /* State a rank keeps across steps beyond the blocks (dp's gradient
      * codec), for checkpoints: ckpt_extra is dt_ckpt_model's extra (0
      * tensors: none); ckpt_restore continues from that state in checkpoint
@@ -195,14 +201,18 @@ struct dt_strategy {
                                   batch (set before plan), or what plan puts there (local SGD:
                                   the share, whose gradient is then the share's mean) */
     double comm_seconds, comm_exposed_seconds; /* gradient communication windows, summed over steps */
-    /* Shards of a model (tensor parallel, nwhole > n): checkpoints hold the
-     * whole model, staged in whole[nwhole] and whole_states[] (the
-     * optimizer's, whole), which the strategy fills before a save
-     * (params_sync) and reads back after a resume (ckpt_restore). */
-    size_t nwhole;
-    float *whole, *whole_states[2];
-    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
-    void *shard_user;
+    /* Blocks that are parts of the whole model's (tensor-parallel shards,
+     * nwhole > n): checkpoints hold the whole model's tensors, sharded as a
+     * sliced run's are: this rank keeps [ckpt_lo, ckpt_hi) =
+     * dt_shard_range(nwhole, rank, world) of the whole block and of each
+     * optimizer state in ckpt_params and ckpt_states[], which the strategy
+     * assembles from the parts before a save (ckpt_stage) and spreads back
+     * to them after a resume (ckpt_restore). */
+    size_t nwhole, ckpt_lo, ckpt_hi;
+    float *ckpt_params, *ckpt_states[2];
+    dt_part_fill_fn part_fill;
+    dt_part_take_fn part_take;
+    void *part_user;
     dt_comm_t replicas, tensor_group;  /* the task's: the ranks of this shard, the shards of one copy */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
@@ -269,6 +279,9 @@ static inline dt_status dt_strategy_params_release(dt_strategy *s) {
 }
 static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
     return s->ops->params_sync ? s->ops->params_sync(s) : DT_OK;
+}
+static inline dt_status dt_strategy_ckpt_stage(dt_strategy *s) {
+    return s->ops->ckpt_stage ? s->ops->ckpt_stage(s) : DT_OK;
 }
 
 /* The checkpoint view of what this rank holds: the parameter block and

@@ -183,9 +183,14 @@ static dt_status tp_reduce(float *buf, size_t n, void *user) {
     return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
 }
 
-static void shard_copy(void *user, int tp, float *local, float *whole, int to_whole) {
+static void part_fill(void *user, const float *local, size_t lo, size_t hi, float *buf) {
     dt_task *t = user;
-    dt_model_shard_copy(t->m, tp, local, whole, to_whole);
+    dt_model_shard_fill(t->m, t->tp, local, lo, hi, buf);
+}
+
+static void part_take(void *user, float *local, size_t lo, size_t hi, const float *buf) {
+    dt_task *t = user;
+    dt_model_shard_take(t->m, t->tp, local, lo, hi, buf);
 }
 
 static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
@@ -215,7 +220,7 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
     if (t->ntp > 1) {  // a shard's part of the whole model's initial parameters
         if ((st = dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1)) != DT_OK) return st;
         dt_model_init(t->whole, c->seed);
-        dt_model_shard_copy(t->m, t->tp, dt_model_params(t->m), dt_model_params(t->whole), 0);
+        dt_model_shard_take(t->m, t->tp, dt_model_params(t->m), 0, dt_model_num_params(t->whole), dt_model_params(t->whole));
         dt_model_set_reduce(t->m, tp_reduce, t);
     }
     return DT_OK;
@@ -291,8 +296,9 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
                            .tensor_group = t->tpc,
                            .tensors = t->tinfo,
                            .nwhole = dt_model_whole_params(t->m),
-                           .shard_copy = t->ntp > 1 ? shard_copy : NULL,
-                           .shard_user = t,
+                           .part_fill = t->ntp > 1 ? part_fill : NULL,
+                           .part_take = t->ntp > 1 ? part_take : NULL,
+                           .part_user = t,
                            .ntensors = nt,
                            .weights_meta = t->wmeta,
                            .nweights_meta = 2,
@@ -461,7 +467,7 @@ typedef struct {
 static void cls_fill(void *user, size_t lo, size_t hi, float *buf) {
     held *h = user;
     const float *p = dt_model_params(h->t->m);
-    if (h->t->ntp > 1) return dt_model_shard_fill(h->t->m, h->t->tp, p, lo, hi, buf);
+    if (h->t->ntp > 1) return part_fill(h->t, p, lo, hi, buf);
     size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
     if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
 }

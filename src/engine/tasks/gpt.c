@@ -223,14 +223,19 @@ static dt_status init_params(dt_task *t) {
     dt_gpt *whole;
     if ((st = dt_gpt_create(&whole, &t->gc, 0, 0)) != DT_OK) return st;
     if ((st = dt_gpt_load(whole, c->init_from)) == DT_OK)
-        dt_gpt_shard_copy(&t->gc, t->tp, t->ntp, dt_gpt_params(t->m), dt_gpt_params(whole), 0);
+        dt_gpt_shard_take(&t->gc, t->tp, t->ntp, dt_gpt_params(t->m), 0, dt_gpt_num_params(whole), dt_gpt_params(whole));
     dt_gpt_free(whole);
     return st;
 }
 
-static void shard_copy(void *user, int tp, float *local, float *whole, int to_whole) {
+static void part_fill(void *user, const float *local, size_t lo, size_t hi, float *buf) {
     dt_task *t = user;
-    dt_gpt_shard_copy(&t->gc, tp, t->ntp, local, whole, to_whole);
+    dt_gpt_shard_fill(&t->gc, t->tp, t->ntp, local, lo, hi, buf);
+}
+
+static void part_take(void *user, float *local, size_t lo, size_t hi, const float *buf) {
+    dt_task *t = user;
+    dt_gpt_shard_take(&t->gc, t->tp, t->ntp, local, lo, hi, buf);
 }
 
 // The gradient order's layers (wte, wpe: the embedding; 12 slices a
@@ -266,8 +271,9 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
                            .tensor_group = t->tpc,
                            .tensors = t->tinfo,
                            .nwhole = dt_gpt_config_num_params(&t->gc),
-                           .shard_copy = t->ntp > 1 ? shard_copy : NULL,
-                           .shard_user = t,
+                           .part_fill = t->ntp > 1 ? part_fill : NULL,
+                           .part_take = t->ntp > 1 ? part_take : NULL,
+                           .part_user = t,
                            .ntensors = 16,
                            .weights_meta = t->wmeta,
                            .nweights_meta = dt_gpt_weights_meta(&t->gc, t->mvals, t->wmeta),
@@ -463,7 +469,7 @@ typedef struct {
 static void gpt_fill(void *user, size_t lo, size_t hi, float *buf) {
     held *h = user;
     const float *p = dt_gpt_params(h->t->m);
-    if (h->t->ntp > 1) return dt_gpt_shard_fill(&h->t->gc, h->t->tp, h->t->ntp, p, lo, hi, buf);
+    if (h->t->ntp > 1) return part_fill(h->t, p, lo, hi, buf);
     size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
     if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
 }

@@ -23,6 +23,16 @@
 
 typedef struct dt_task dt_task;
 
+/* Where a rank's block lies in the whole model's (a tensor-parallel
+ * shard's): fill puts the elements of [lo, hi) of the whole block that
+ * `local` holds into buf[0, hi - lo) and leaves the others; an element
+ * every part holds (a whole tensor) is filled by one part alone (shard 0's),
+ * so that each element of a copy of the model has one filler. take sets the
+ * elements of `local` that lie in [lo, hi) from buf[0, hi - lo). user:
+ * dt_task_info's part_user. */
+typedef void (*dt_part_fill_fn)(void *user, const float *local, size_t lo, size_t hi, float *buf);
+typedef void (*dt_part_take_fn)(void *user, float *local, size_t lo, size_t hi, const float *buf);
+
 /* What a task tells the loop when it is created. */
 typedef struct {
     float *params, *grads;            /* the model's blocks */
@@ -42,10 +52,9 @@ typedef struct {
     int nmatrices;
     const dt_tensor_info *tensors;    /* for checkpoints: the whole model's (also when ranks hold shards) */
     size_t nwhole;                    /* floats of the whole model's block (nparams unless sharded) */
-    /* A shard's block to and from the whole model's (NULL unless sharded):
-     * shard tp's parts of whole, into it (to_whole = 1) or out of it. */
-    void (*shard_copy)(void *user, int tp, float *local, float *whole, int to_whole);
-    void *shard_user;
+    dt_part_fill_fn part_fill;        /* where this rank's block lies in the whole (NULL unless sharded) */
+    dt_part_take_fn part_take;
+    void *part_user;
     int ntensors;
     const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */
     int nweights_meta;
