@@ -1053,6 +1053,58 @@ static void pipeline_refusals(void) {
 }
 
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
+// The memory rows (docs/model-parallel.md, Memory of a rank): every rank's
+// peak over a run with an evaluation, a checkpoint and the weights file
+// against the formula the run printed: its model-sized parts (the
+// difference to the same layout's on a GPT of width 16) on the measured
+// peak of that small run (the program, its threads, the transport). Within
+// 10%.
+static double mem_peak(const char *run, double *formula) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s/summary.json", g_tmp, run);
+    char *t = tl_read_file(p, NULL), *r = t ? strstr(t, "\"ranks_peak_rss_bytes\"") : NULL;
+    *formula = tl_json_number(p, "formula_bytes");
+    double worst = tl_json_number(p, "peak_rss_bytes");
+    for (char *q = r ? strchr(r, '[') + 1 : NULL; q && *q && *q != ']'; q = strchr(q, ',') ? strchr(q, ',') + 1 : "") {
+        double v = atof(q);
+        if (v > worst) worst = v;
+    }
+    free(t);
+    return worst;
+}
+
+static void memory_rows(void) {
+    const char *model = "[model]\npreset = gpt\nn_layer = 4\nn_head = %d\nn_embd = %d\nblock_size = 64\nvocab_size = 32\n"
+                        "[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\nval_file = %s/tok_val.bin\n"
+                        "[optim]\nname = adamw\n[train]\nbatch = 8\nseq_len = 64\nmax_steps = 2\neval_batches = 1\n"
+                        "[checkpoint]\nevery_steps = 2\n";
+    const struct {
+        const char *name, *flags;
+        int workers;
+    } rows[] = {{"one", "", 1},
+                {"tensor2", "--set parallel.tensor=2", 2},
+                {"pipeline2", "--set parallel.pipeline=2", 2},
+                {"zero3", "--zero 3", 2},
+                {"zero3-recompute", "--zero 3 --set train.recompute=blocks", 2}};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        char small[2048], big[2048], a[64], b[64];
+        snprintf(small, sizeof small, model, 4, 16, g_tmp, g_tmp);
+        snprintf(big, sizeof big, model, 6, 384, g_tmp, g_tmp);
+        snprintf(a, sizeof a, "mem-%s-small", rows[i].name);
+        snprintf(b, sizeof b, "mem-%s", rows[i].name);
+        int rc = tl_train(g_tmp, a, small, rows[i].workers, rows[i].flags, g_out, sizeof g_out);
+        if (rc == 0) rc = tl_train(g_tmp, b, big, rows[i].workers, rows[i].flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "memory row %s: exit %d\n%s", rows[i].name, rc, g_out);
+        if (rc) continue;
+        double fs, fb, ps = mem_peak(a, &fs), pb = mem_peak(b, &fb), want = fb - fs + ps;
+        CHECK(fb > 0 && pb >= 0.9 * want && pb <= 1.1 * want,
+              "memory row %s: the worst rank's peak %.1f MB, the formula %.1f MB (%.1f of the model on a baseline of %.1f)",
+              rows[i].name, pb / 1e6, want / 1e6, (fb - fs) / 1e6, ps / 1e6);
+        printf("memory             gpt %d worker%s %-40s: worst rank's peak %.1f MB, formula %.1f MB: %.3f\n",
+               rows[i].workers, rows[i].workers > 1 ? "s" : " ", rows[i].flags, pb / 1e6, want / 1e6, pb / want);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-strategy-XXXXXX");
@@ -1088,6 +1140,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "tensor")) tensor_parallel();
     if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
     if (!only || !strcmp(only, "pipeline-zero")) pipeline_zero();
+    if (!only || !strcmp(only, "memory")) memory_rows();
     if (!only || !strcmp(only, "memory")) memory_limit();
     if (!only || !strcmp(only, "pipeline-balance")) pipeline_balance();
     if (only && !strcmp(only, "refusals")) pipeline_refusals();

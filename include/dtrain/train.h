@@ -203,6 +203,15 @@ DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t n
  * dt_check_memory counts them) on W workers; 0 when the data files'
  * headers cannot be read. */
 DT_API size_t dt_memory_activations(const dt_config *c, int W);
+/* The bytes a training worker of W needs by dt_check_memory's formula:
+ * activations, model state, checkpoints (the writer's snapshot, a
+ * tensor-parallel run's staged slice, the weights file's pieces), data and
+ * this process's resident memory now (the program's baseline); the parts
+ * into *k (may be NULL). 0 when the data files' headers cannot be read. */
+typedef struct {
+    size_t activations, model, checkpoints, data, program, total;
+} dt_memory_need;
+DT_API size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k);
 
 /* [parallel] offload = disk: offload_dir is set, a directory, and a file
  * can be created there; DT_ERR_CONFIG naming the field otherwise. (Its free

@@ -139,7 +139,7 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
 }
 
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
-                               dt_strategy *strat, const dt_train_result *r, size_t nparams) {
+                               dt_strategy *strat, const dt_train_result *r, size_t nparams, const double *peaks) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
@@ -196,6 +196,8 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
         if (io) fclose(io);
     }
     cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
+    cJSON_AddNumberToObject(m, "formula_bytes", (double)dt_memory_worker(c, r->workers, NULL));
+    if (peaks) cJSON_AddItemToObject(m, "ranks_peak_rss_bytes", cJSON_CreateDoubleArray(peaks, r->workers));
     const char *lname;
     if (dt_worker_mem_cap()[0]) {  // --memory-limit, and how the kernel enforces it
         cJSON_AddNumberToObject(m, "cap_bytes", (double)dt_mem_limit(&lname));
@@ -566,6 +568,12 @@ static void describe(const run_state *r, const char *wcopy) {
            c->name, r->info.describe, (long long)r->total, ep, r->W, r->W > 1 ? "s" : "", r->threads,
            r->threads > 1 ? "s" : "", r->sops->name, c->deterministic ? ", deterministic" : "",
            dt_kernels_describe((dt_dtype)c->precision), wcopy, cpu->name, dt_isa_name(cpu->isa));
+    dt_memory_need m;
+    if (dt_memory_worker(c, r->W, &m))
+        dt_log(DT_LOG_INFO, "memory of a worker by the formula: %.1f MiB = model state %.1f + activations %.1f + "
+                            "checkpoints %.1f + data %.1f + the program %.1f MiB (docs/model-parallel.md)",
+               m.total / 1048576.0, m.model / 1048576.0, m.activations / 1048576.0, m.checkpoints / 1048576.0,
+               m.data / 1048576.0, m.program / 1048576.0);
 }
 
 // What the steps run with: the run's length, dynamic sharing's pieces, the
@@ -966,9 +974,21 @@ static dt_status finish(run_state *r) {
                                         s->params_sliced ? s->lo : 0, s->params_sliced ? s->hi : s->n)) != DT_OK)
         return st;
     res->wall_seconds = dt_now() - r->t_start;
-    if (!r->run_dir) return DT_OK;
-    snprintf(path, sizeof path, "%s/summary.json", r->run_dir);
-    return write_summary(path, r->c, r->tops, r->task, s, res, r->info.nparams);
+    // Every rank's peak resident memory over the run (its steps,
+    // evaluations, checkpoints and the weights file), for summary.json.
+    struct rusage ru;
+    double peak = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0, *peaks = NULL;
+    if (!r->alone && r->W > 1 && !(peaks = malloc(sizeof(double) * (size_t)r->W))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    if (peaks && (st = dt_allgather(&peak, peaks, sizeof peak, DT_U8, r->comm)) != DT_OK) {
+        free(peaks);
+        return st;
+    }
+    if (r->run_dir) {
+        snprintf(path, sizeof path, "%s/summary.json", r->run_dir);
+        st = write_summary(path, r->c, r->tops, r->task, s, res, r->info.nparams, peaks);
+    }
+    free(peaks);
+    return st;
 }
 
 // Everything ends, in order: the observer (its closing barrier, unless a

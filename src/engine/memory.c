@@ -22,6 +22,7 @@
 // activations.
 typedef struct {
     size_t act, model, data;
+    size_t ckpt;         // checkpoints' staging and snapshot, the weights file's pieces
     size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
     char field[64], value[64];
@@ -30,6 +31,15 @@ typedef struct {
 } need_t;
 
 static int min_int(int64_t a, int64_t b) { return (int)(a < b ? a : b); }
+
+// The program's own resident memory (code, libraries, the runtime's
+// arenas), taken at the first check of this process, before the run
+// allocates: what every later estimate of the same process adds.
+static size_t baseline(void) {
+    static size_t b;
+    if (!b) b = dt_mem_resident();
+    return b;
+}
 
 // a + b and a * b, stopping at SIZE_MAX.
 static size_t sat_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
@@ -90,6 +100,22 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
     return all == SIZE_MAX ? all : all - m.offloaded;
 }
 
+// What checkpoints and the final weights file add on the worker that holds
+// most of them: the background writer's snapshot of what the rank writes
+// (a slice of the whole model's np_whole floats and optimizer state when
+// the state is sliced or split into tensor-parallel shards, else rank 0's
+// whole block), the shards' staged slice (engine/strategies/pipeline.c),
+// and the weights file's pieces (dt_run_weights_write: up to 4 Mi floats,
+// or the largest tensor, `big`; rank 0 sums the others' into a second).
+static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W) {
+    size_t F = sizeof(float), per = (size_t)(1 + optim_states(c)), piece = (size_t)4 << 20;
+    int tp = c->tensor > 1 && W >= c->tensor, sliced = W > 1 && (c->zero > 0 || tp || c->ckpt_sharded);
+    size_t pieces = (tp || (W > 1 && c->zero >= 3) ? 2 : 1) * F * (big < piece ? big : piece);
+    if (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) return pieces;
+    size_t slice = sliced ? (np_whole + (size_t)W - 1) / (size_t)W : np_whole;
+    return sat_add(pieces, sat_mul(sat_mul(F * per, slice), tp ? 2 : 1));
+}
+
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     char img[1100];
     int64_t ntest, ntrain = 0;
@@ -119,6 +145,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     if ((st = dt_model_memory(c->input, c->layers, c->nlayers, n->rows, &np, &n->act)) != DT_OK) return st;
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
+    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, np, np, W);
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
@@ -127,6 +154,21 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
         n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
     snprintf(n->data_what, sizeof n->data_what, "data.data_dir = %s", c->data_dir);
     return DT_OK;
+}
+
+// A model-parallel run's stages keep activation sets of their layers for
+// the micro-batches alive beside the model's whole set (which evaluation
+// uses, and a stage of every layer borrows): the busiest rank, stage 0,
+// holds M of them (gpipe) or up to P (1f1b, interleaved), each of
+// ceil(L / P) layers (docs/model-parallel.md's schedules).
+static size_t stage_sets(const dt_config *c, const dt_gpt_config *gc, const dt_gpt_acts_params *whole) {
+    if (c->pipeline <= 1 && c->tensor <= 1) return 0;
+    int P = c->pipeline, M = c->micro_batches > 0 ? c->micro_batches : P, gpipe = c->pipeline_schedule == 0;
+    int sets = gpipe ? M : M < P ? M : P;
+    dt_gpt_acts_params p = *whole;
+    p.l1 = (c->n_layer + P - 1) / P;
+    if (P == 1) sets--;  // (the first is the whole set)
+    return sat_mul(dt_gpt_acts_size(gc, &p), (size_t)(sets > 0 ? sets : 0));
 }
 
 static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
@@ -141,6 +183,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // A tensor-parallel shard's sets hold its parts (the evaluation's too).
     dt_gpt_acts_params ap = {B, T, 0, c->n_layer, ntp, c->recompute};
     n->act = dt_gpt_activation_bytes(&gc, &ap);
+    if (use == DT_MEM_TRAIN) n->act = sat_add(n->act, stage_sets(c, &gc, &ap));
     if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
     if (use == DT_MEM_SAMPLE) {
         snprintf(n->field, sizeof n->field, "model.block_size");
@@ -154,11 +197,33 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // while it loads.
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 3;
+    dt_tensor_info t[16];
+    dt_gpt_param_shapes(&gc, t);
+    size_t big = 0;
+    for (int i = 0; i < 16; i++) big = t[i].numel > big ? t[i].numel : big;
+    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, dt_gpt_config_num_params(&gc), big, W);
+    // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
+    // slice of it: the one running, the next one prefetched and the last
+    // one kept for backward, and the gradients of two blocks in flight to
+    // their owners.
+    size_t C = (size_t)c->n_embd, block = sizeof(float) * (12 * C * C + 13 * C) / (size_t)W * (size_t)(W - 1);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block);
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
     snprintf(n->data_what, sizeof n->data_what, "data.%s = %s", use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);
+}
+
+size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {
+    need_t n;
+    memset(&n, 0, sizeof n);
+    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
+    else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
+    dt_memory_need m = {n.act, n.model, n.ckpt, n.data, baseline(), 0};
+    m.total = sat_add(sat_add(sat_add(m.activations, m.model), sat_add(m.data, m.checkpoints)), m.program);
+    if (k) *k = m;
+    return m.total;
 }
 
 size_t dt_memory_activations(const dt_config *c, int W) {
@@ -268,8 +333,9 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
     }
     // This process's own memory (program, libraries) comes on top; before the
     // start the launcher's stands for each worker's.
-    n.self = dt_mem_resident();
-    size_t per = sat_add(sat_add(sat_add(n.act, n.model), n.data), n.self), total = sat_mul(per, (size_t)count);
+    n.self = baseline();
+    size_t per = sat_add(sat_add(sat_add(n.act, n.model), sat_add(n.data, n.ckpt)), n.self);
+    size_t total = sat_mul(per, (size_t)count);
     const char *src, *lname;
     size_t lim = dt_mem_limit(&lname);
     room_t room = {lim ? lim : SIZE_MAX, dt_mem_machine(&src), count};
@@ -303,9 +369,9 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
     char zero[300] = "";
     if (use == DT_MEM_TRAIN) suggest_zero(c, W, &n, &room, starting || share > 1, zero, sizeof zero);
     return dt_error(DT_ERR_NOMEM,
-                    "not enough memory: %s; in all a worker needs %s (activations %zu, model %zu, data %zu, the program "
-                    "%zu bytes)%s, but %s is available (%s). Lower %s%s%s",
-                    part, dt_mem_format(per, b, sizeof b), n.act, n.model, n.data, n.self, times,
+                    "not enough memory: %s; in all a worker needs %s (activations %zu, model %zu, checkpoints %zu, data "
+                    "%zu, the program %zu bytes)%s, but %s is available (%s). Lower %s%s%s",
+                    part, dt_mem_format(per, b, sizeof b), n.act, n.model, n.ckpt, n.data, n.self, times,
                     dt_mem_format(avail, v, sizeof v), src, fix, count > 1 && per <= room.lim ? " or the number of workers" : "",
                     zero);
 }

@@ -41,6 +41,7 @@ struct dt_task {
     dt_task_layer_fn layer_fn;  // the loop's layer hook, and its argument
     void *layer_user;
     size_t act_bytes, act_saved;  // the activation sets made, and what 16-bit matmul inputs save in them
+    int lent;                     // the default set serves a pipeline stage too (gpt_stage_create)
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save).
@@ -384,15 +385,24 @@ static void gpt_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
 
 struct dt_task_stage {
     dt_gpt_acts *a;
+    dt_task *t;
+    int lent;  // a is the model's default set (the stages of one stage are the whole model)
     int l0, l1, off, len;
     float scale;
 };
 
+// A stage of the whole model takes the model's default set, once: the
+// evaluation, between steps, uses it while the stage does not.
 static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
     dt_task_stage *st = calloc(1, sizeof *st);
     if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
-    *st = (dt_task_stage){.l0 = l0, .l1 = l1};
+    *st = (dt_task_stage){.t = t, .l0 = l0, .l1 = l1};
     dt_gpt_set_grad_hook(t->m, NULL, NULL);
+    if (l0 == 0 && l1 == t->gc.n_layer && max_len <= t->Bm && !t->lent) {
+        st->a = dt_gpt_default_acts(t->m);
+        st->lent = t->lent = 1;
+        return DT_OK;
+    }
     dt_gpt_acts_params ap = acts_params(t, max_len, l0, l1);
     dt_status st_ = dt_gpt_acts_create_with(&st->a, &t->gc, &ap);
     if (st_ == DT_OK) count_acts(t, st->a);
@@ -405,7 +415,8 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
 
 static void gpt_stage_free(dt_task_stage *st) {
     if (!st) return;
-    dt_gpt_acts_free(st->a);
+    if (st->lent) st->t->lent = 0;
+    else dt_gpt_acts_free(st->a);
     free(st);
 }
 
@@ -499,6 +510,7 @@ static void gpt_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
     else cJSON_AddNullToObject(o, "val_loss");
     cJSON_AddItemReferenceToObject(o, "val_history", t->history);
     cJSON_AddNumberToObject(o, "tokens_per_sec", r->samples_per_sec * t->T);
+    cJSON_AddStringToObject(o, "recompute", t->c->recompute ? "blocks" : "none");
     // The activation sets' bytes as allocated (docs/mixed-precision.md).
     cJSON *pr = cJSON_GetObjectItem(o, "precision");
     if (pr) {
