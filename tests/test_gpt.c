@@ -789,7 +789,7 @@ static void test_tensor_parallel(void) {
             dt_gpt_set_reduce(sh[r].m, tp_reduce_threads, &sh[r]);
             // The shard's parameters: its part of the whole model's.
             size_t n = dt_gpt_num_params(sh[r].m);
-            dt_gpt_shard_take(&c, r, ntp, want, 0, nw, dt_gpt_params(whole));
+            dt_gpt_part_take(sh[r].m, want, 0, nw, dt_gpt_params(whole));
             CHECK(memcmp(want, dt_gpt_params(sh[r].m), sizeof(float) * n) == 0,
                   "T=%d shard %d: init is the whole model's initialisation, sliced", ntp, r);
         }
@@ -813,7 +813,7 @@ static void test_tensor_parallel(void) {
             if (rec)
                 CHECK(g2[r] && memcmp(g2[r], dt_gpt_grads(s->m), sizeof(float) * ns) == 0,
                       "T=2 shard %d recomputed: gradients bitwise those without recomputation", r);
-            dt_gpt_shard_take(&c, r, ntp, want, 0, nw, dt_gpt_grads(whole));
+            dt_gpt_part_take(sh[r].m, want, 0, nw, dt_gpt_grads(whole));
             for (int i = 0; i < dt_gpt_num_tensors(s->m); i++) {
                 const dt_tensor_info *t = dt_gpt_tensor(s->m, i);
                 const float *gs = dt_gpt_grads(s->m) + t->offset, *gw = want + t->offset;
@@ -845,7 +845,7 @@ static void test_tensor_parallel(void) {
             for (int r = 0; r < ntp; r++) {
                 float mine[97];
                 for (size_t j = 0; j < hi - lo; j++) mine[j] = -0.0f;
-                dt_gpt_shard_fill(&c, r, ntp, dt_gpt_params(sh[r].m), lo, hi, mine);
+                dt_gpt_part_fill(sh[r].m, dt_gpt_params(sh[r].m), lo, hi, mine);
                 for (size_t j = 0; j < hi - lo; j++) piece[j] += mine[j];
             }
             memcpy(back + lo, piece, sizeof(float) * (hi - lo));
@@ -871,6 +871,86 @@ static void test_tensor_parallel(void) {
     CHECK(create_shard(&bad, &c6, 1, 1, 0, 3, 0) == DT_ERR_ARG && strstr(dt_last_error(), "100 rows"),
           "3 shards of 100 vocabulary rows refused: %s", dt_last_error());
     dt_gpt_free(whole);
+}
+
+// A model that keeps some blocks (a pipeline stage's, dt_gpt_set_held):
+// stage A the embedding and blocks 0, 1, stage B blocks 2, 3 and the head.
+// Each initialises its parts bitwise as the whole model does and nothing
+// else; their parts put together (fill, every element from one of them) are
+// the whole block; take puts a whole block's parts back; run as two
+// stages, their losses and gradients are the whole model's (the tied wte
+// within rounding: its two parts are summed apart).
+static void test_held(void) {
+    const dt_gpt_config c = {4, 4, 32, 16, 90, 128};
+    const unsigned char ha[4] = {1, 1, 0, 0}, hb[4] = {0, 0, 1, 1};
+    dt_gpt *w, *a, *b;
+    int ok = dt_gpt_create(&w, &c, 2, 8) == DT_OK && dt_gpt_create(&a, &c, 0, 0) == DT_OK &&
+             dt_gpt_create(&b, &c, 0, 0) == DT_OK;
+    ok = ok && dt_gpt_set_held(a, ha) == DT_OK && dt_gpt_set_held(b, hb) == DT_OK;
+    ok = ok && dt_gpt_init(w, 5) == DT_OK && dt_gpt_init(a, 5) == DT_OK && dt_gpt_init(b, 5) == DT_OK;
+    CHECK(ok, "models keeping blocks: %s", dt_last_error());
+    if (!ok) return;
+    size_t n = dt_gpt_num_params(w);
+    const dt_tensor_info *wte = dt_gpt_tensor(w, 0), *lnf = dt_gpt_tensor(w, 14), *qkv = dt_gpt_tensor(w, 4);
+    int na, nb;
+    const dt_grad_range *ra = dt_gpt_held_ranges(a, &na), *rb = dt_gpt_held_ranges(b, &nb);
+    // A: wte, wpe and ln1w..fcprojb [0, 2) each; B: wte, the same [2, 4), lnf
+    // (adjacent ranges as one: wte, wpe, ln1w [0, 2); fcprojb [2, 4), lnf)
+    CHECK(na == 12 && ra[0].offset == 0 && ra[0].len == wte->numel + dt_gpt_tensor(w, 1)->numel + 2 * 32 && nb == 13 &&
+              rb[0].offset == 0 && rb[0].len == wte->numel && rb[nb - 1].offset + rb[nb - 1].len == n,
+          "held ranges: A %d (wte, wpe and ln1w's first two as one), B %d (wte, 11 slices, fcprojb's last two and lnf)",
+          na, nb);
+    size_t q2 = qkv->numel / 4 * 2;
+    const float *pw = dt_gpt_params(w), *pa = dt_gpt_params(a), *pb = dt_gpt_params(b);
+    CHECK(!memcmp(pa + qkv->offset, pw + qkv->offset, q2 * 4) && !memcmp(pb + qkv->offset + q2, pw + qkv->offset + q2, q2 * 4) &&
+              !memcmp(pb, pw, wte->numel * 4) && pa[qkv->offset + q2] == 0 && pb[qkv->offset] == 0 && pb[wte->numel] == 0,
+          "each keeps its blocks' initial values, bitwise the whole model's, and nothing else");
+    float *back = zeros(n), *pc = zeros(n);
+    for (size_t i = 0; i < n; i++) back[i] = -0.0f;
+    float *fa = zeros(n), *fb = zeros(n);
+    for (size_t i = 0; i < n; i++) fa[i] = fb[i] = -0.0f;
+    dt_gpt_part_fill(a, pa, 0, n, fa);
+    dt_gpt_part_fill(b, pb, 0, n, fb);
+    for (size_t i = 0; i < n; i++) back[i] = fa[i] + fb[i];
+    CHECK(!memcmp(back, pw, n * 4), "the two parts' fills add up to the whole block, bitwise");
+    dt_gpt_part_take(b, pc, 0, n, pw);
+    CHECK(!memcmp(pc + qkv->offset + q2, pw + qkv->offset + q2, q2 * 4) && pc[qkv->offset] == 0 && !memcmp(pc, pw, wte->numel * 4),
+          "take: a whole block's parts into B's layout, nothing else");
+    // Two stages against the whole model.
+    int32_t x[16], y[16];
+    random_tokens(x, 16, c.vocab_size);
+    random_tokens(y, 16, c.vocab_size);
+    dt_gpt_acts *sa, *sb;
+    dt_gpt_acts_params p0 = {2, 8, 0, 2, 1, 0}, p1 = {2, 8, 2, 4, 1, 0};
+    float lw, lb = 0;
+    ok = dt_gpt_acts_create_with(&sa, &c, &p0) == DT_OK && dt_gpt_acts_create_with(&sb, &c, &p1) == DT_OK;
+    float *mid = dt_gpt_acts_resid(sb, 2), *d = zeros(16 * 32);
+    dt_gpt_zero_grad(w);
+    dt_gpt_zero_grad(a);
+    dt_gpt_zero_grad(b);
+    ok = ok && dt_gpt_forward(w, x, y, 2, 8, &lw) == DT_OK && dt_gpt_backward(w) == DT_OK;
+    ok = ok && dt_gpt_embed_forward(a, sa, x, dt_gpt_acts_resid(sa, 0)) == DT_OK &&
+         dt_gpt_forward_range(a, sa, 0, 2, dt_gpt_acts_resid(sa, 0), mid) == DT_OK &&
+         dt_gpt_forward_range(b, sb, 2, 4, mid, dt_gpt_acts_resid(sb, 4)) == DT_OK &&
+         dt_gpt_head_forward(b, sb, dt_gpt_acts_resid(sb, 4), y, &lb) == DT_OK &&
+         dt_gpt_head_backward(b, sb, dt_gpt_acts_resid(sb, 4), d) == DT_OK &&
+         dt_gpt_backward_range(b, sb, 2, 4, mid, d) == DT_OK &&
+         dt_gpt_backward_range(a, sa, 0, 2, dt_gpt_acts_resid(sa, 0), d) == DT_OK &&
+         dt_gpt_embed_backward(a, sa, d) == DT_OK;
+    CHECK(ok && lw == lb, "two stages of models keeping blocks: loss %.7g, the whole model's %.7g: %s", lb, lw,
+          ok ? "" : dt_last_error());
+    const float *gw = dt_gpt_grads(w), *ga = dt_gpt_grads(a), *gb = dt_gpt_grads(b);
+    double worst = 0;
+    for (size_t i = 0; i < wte->numel; i++) worst = fmax(worst, fabs((double)ga[i] + gb[i] - gw[i]));
+    CHECK(ok && !memcmp(ga + qkv->offset, gw + qkv->offset, q2 * 4) && !memcmp(gb + qkv->offset + q2, gw + qkv->offset + q2, q2 * 4) &&
+              !memcmp(gb + lnf->offset, gw + lnf->offset, lnf->numel * 4) && worst < 1e-6,
+          "their gradients: the blocks' bitwise the whole model's, the tied wte's two parts summed within %.2g", worst);
+    dt_gpt_acts_free(sa);
+    dt_gpt_acts_free(sb);
+    free(d), free(back), free(pc), free(fa), free(fb);
+    unsigned char none[4] = {0};
+    CHECK(dt_gpt_set_held(a, none) == DT_ERR_ARG && strstr(dt_last_error(), "none"), "a model keeping no block refused");
+    dt_gpt_free(w), dt_gpt_free(a), dt_gpt_free(b);
 }
 
 // Parameter bytes a rank holds at T = 1, 2, 4 for GPT-2 124M: the split
@@ -919,6 +999,7 @@ int main(void) {
     test_stages();
     test_tensor_parallel();
     test_shard_bytes();
+    test_held();
     test_presets();
     return tl_finish();
 }

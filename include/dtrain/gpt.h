@@ -301,16 +301,28 @@ DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const
  * cannot be saved or loaded (dt_gpt_save, dt_gpt_load): copy to and from a
  * whole block instead. */
 DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
-/* The elements [lo, hi) of a whole model's block that shard tp of ntp
- * (parameter block `local`) holds, into buf[0, hi - lo); the others are
- * left as they are. The tensors every shard holds whole count as shard
- * 0's alone, so each element has one shard that fills it. */
-DT_API void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi,
-                              float *buf);
-/* The elements of shard tp of ntp's block `local` that lie in [lo, hi) of
- * the whole model's block, from buf[0, hi - lo) (the whole tensors too). */
-DT_API void dt_gpt_shard_take(const dt_gpt_config *c, int tp, int ntp, float *local, size_t lo, size_t hi,
-                              const float *buf);
+/* The elements [lo, hi) of a whole model's block that model m (a shard,
+ * or a model that keeps some blocks: dt_gpt_set_held) holds in its block
+ * `local` (its parameters, gradients, or an optimizer state laid out as
+ * them), into buf[0, hi - lo); the others are left as they are. The tensors
+ * every shard holds whole count as shard 0's alone and the tied wte as the
+ * embedding's, so that each element has one model that fills it. */
+DT_API void dt_gpt_part_fill(const dt_gpt *m, const float *local, size_t lo, size_t hi, float *buf);
+/* The elements of m's block `local` that lie in [lo, hi) of the whole
+ * model's block, from buf[0, hi - lo) (every one m holds). */
+DT_API void dt_gpt_part_take(const dt_gpt *m, float *local, size_t lo, size_t hi, const float *buf);
+/* Keeps only the blocks held[l] says (l < n_layer; NULL: all), with the
+ * embedding where it keeps block 0 and the final layernorm and the tied
+ * wte where it keeps the last: the parameters and gradients of the rest
+ * are never touched (their pages of the blocks are never made), by
+ * dt_gpt_init, dt_gpt_zero_grad, dt_gpt_part_fill and _take; the caller
+ * runs stages of its blocks only (a pipeline stage's). Before dt_gpt_init.
+ * DT_ERR_ARG when it keeps none. */
+DT_API dt_status dt_gpt_set_held(dt_gpt *m, const unsigned char *held);
+/* The ranges of the block the model keeps, in block order (*n of them;
+ * the whole block, as one range, unless dt_gpt_set_held said otherwise).
+ * Owned by m. */
+DT_API const dt_grad_range *dt_gpt_held_ranges(const dt_gpt *m, int *n);
 /* Parameters of a shard of ntp (dt_gpt_config_num_params: of 1). */
 DT_API size_t dt_gpt_shard_num_params(const dt_gpt_config *c, int ntp);
 /* The reduce function a shard calls (ntp > 1 needs one). */

@@ -105,7 +105,7 @@ dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *cfg, const 
 static dt_status whole_model(const dt_gpt *m, const char *path) {
     int ntp, tp = dt_gpt_shard(m, &ntp);
     if (ntp > 1)
-        return dt_error(DT_ERR_ARG, "%s: the model is tensor-parallel shard %d of %d: save or load the whole model's block (dt_gpt_shard_fill, dt_gpt_shard_take)",
+        return dt_error(DT_ERR_ARG, "%s: the model is tensor-parallel shard %d of %d: save or load the whole model's block (dt_gpt_part_fill, dt_gpt_part_take)",
                         path, tp, ntp);
     return DT_OK;
 }

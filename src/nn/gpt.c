@@ -73,6 +73,12 @@ struct dt_gpt {
     size_t scratch_bt, scratch_att;
     float *dresidual, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *datt;
 
+    // The blocks kept (dt_gpt_set_held; NULL: all) and the ranges of the
+    // block they, the embedding and the head take, in block order.
+    unsigned char *held;
+    dt_grad_range *hranges;
+    int nheld;
+
     // Tensor parallel: this shard is rank tp of ntp (1: the whole model);
     // reduce sums (or maxes) a buffer over the ntp shards.
     int tp, ntp;
@@ -85,6 +91,8 @@ struct dt_gpt {
     dt_gpt_layer_fn layer_hook;
     void *layer_hook_user;
 };
+
+static void held_ranges(dt_gpt *m);
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -300,6 +308,8 @@ static dt_status reserve_scratch(dt_gpt *m, const dt_gpt_acts *a) {
 
 void dt_gpt_free(dt_gpt *m) {
     if (!m) return;
+    free(m->held);
+    free(m->hranges);
     dt_free(m->params);
     dt_free(m->grads);
     free_scratch(m);
@@ -335,7 +345,8 @@ dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt
     m->params = dt_alloc(sizeof(float) * m->nparams);
     m->grads = dt_alloc(sizeof(float) * m->nparams);
     m->order = malloc(sizeof(dt_grad_range) * (12 * L + 4));
-    if (!m->params || !m->grads || !m->order) {
+    m->hranges = malloc(sizeof(dt_grad_range) * (12 * L + 4));
+    if (!m->params || !m->grads || !m->order || !m->hranges) {
         dt_gpt_free(m);
         return dt_error(DT_ERR_NOMEM, "gpt: out of memory (%zu MiB of parameters and gradients)",
                         m->nparams * 8 >> 20);
@@ -352,6 +363,7 @@ dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt
         m->p[i] = m->params + m->tensors[i].offset;
         m->g[i] = m->grads + m->tensors[i].offset;
     }
+    held_ranges(m);
     // The gradient order: layer by layer, as the block would be laid out if
     // it were not stacked (see grads_final).
     int n = 0;
@@ -370,7 +382,9 @@ const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m) { return &m->c; }
 size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }
 float *dt_gpt_params(dt_gpt *m) { return m->params; }
 float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
-void dt_gpt_zero_grad(dt_gpt *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
+void dt_gpt_zero_grad(dt_gpt *m) {
+    for (int i = 0; i < m->nheld; i++) memset(m->grads + m->hranges[i].offset, 0, sizeof(float) * m->hranges[i].len);
+}
 int dt_gpt_num_tensors(const dt_gpt *m) { (void)m; return NPT; }
 const dt_tensor_info *dt_gpt_tensor(const dt_gpt *m, int i) {
     return i >= 0 && i < NPT ? &m->tensors[i] : NULL;
@@ -389,6 +403,66 @@ void dt_gpt_set_grad_hook(dt_gpt *m, dt_grad_ready_fn fn, void *user) {
 void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user) {
     m->layer_hook = fn;
     m->layer_hook_user = user;
+}
+
+// ----------------------------------------------------------------------------
+// the blocks a model keeps (a pipeline stage's)
+
+static int holds(const dt_gpt *m, int l) { return !m->held || m->held[l]; }
+static int holds_embed(const dt_gpt *m) { return holds(m, 0); }
+static int holds_head(const dt_gpt *m) { return holds(m, m->c.n_layer - 1); }
+
+// Whether the model keeps element range [off, off + n) of tensor i
+// (stacked tensors: whole layers).
+static int keeps_tensor(const dt_gpt *m, int i) {
+    return i == WTE ? holds_embed(m) || holds_head(m) : i == WPE ? holds_embed(m) : i >= LNFW ? holds_head(m) : 1;
+}
+
+static void held_ranges(dt_gpt *m) {
+    int L = m->c.n_layer, n = 0;
+    dt_grad_range *r = m->hranges;
+    for (int i = 0; i < NPT; i++) {
+        const dt_tensor_info *t = &m->tensors[i];
+        if (!keeps_tensor(m, i) || !t->numel) continue;
+        if (i < LN1W || i > FCPROJB) {
+            r[n++] = (dt_grad_range){t->offset, t->numel};
+            continue;
+        }
+        size_t per = t->numel / (size_t)L;
+        for (int l = 0; l < L;) {
+            if (!holds(m, l)) {
+                l++;
+                continue;
+            }
+            int e = l;
+            while (e < L && holds(m, e)) e++;
+            r[n++] = (dt_grad_range){t->offset + (size_t)l * per, (size_t)(e - l) * per};
+            l = e;
+        }
+    }
+    // adjacent ranges as one
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (k && r[k - 1].offset + r[k - 1].len == r[i].offset) r[k - 1].len += r[i].len;
+        else r[k++] = r[i];
+    m->nheld = k;
+}
+
+dt_status dt_gpt_set_held(dt_gpt *m, const unsigned char *held) {
+    int L = m->c.n_layer, any = 0;
+    for (int l = 0; held && l < L; l++) any |= held[l];
+    if (held && !any) return dt_error(DT_ERR_ARG, "gpt: a model that keeps none of its %d blocks", L);
+    free(m->held);
+    m->held = NULL;
+    if (held && !(m->held = malloc((size_t)L))) return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
+    if (held) memcpy(m->held, held, (size_t)L);
+    held_ranges(m);
+    return DT_OK;
+}
+
+const dt_grad_range *dt_gpt_held_ranges(const dt_gpt *m, int *n) {
+    *n = m->nheld;
+    return m->hranges;
 }
 
 // ----------------------------------------------------------------------------
@@ -431,14 +505,39 @@ static void shard_runs(const dt_gpt_config *c, int tp, int ntp, int i, run_fn fn
     }
 }
 
-// A run of a shard against a range [lo, hi) of the whole block: the part
-// of [base + whole, base + whole + n) inside it, copied out of the shard
+// The runs of tensor i that model m keeps (dt_gpt_set_held): shard_runs
+// cut to the held ranges of its block.
+typedef struct {
+    run_fn fn;
+    void *user;
+    const dt_gpt *m;
+    size_t base;  // the tensor's offset in m's block
+} held_run;
+
+static void held_one(void *user, size_t local, size_t whole, size_t n) {
+    held_run *u = user;
+    size_t a0 = u->base + local, b0 = a0 + n;
+    for (int k = 0; k < u->m->nheld; k++) {
+        const dt_grad_range *h = &u->m->hranges[k];
+        size_t a = h->offset > a0 ? h->offset : a0, b = h->offset + h->len < b0 ? h->offset + h->len : b0;
+        if (a < b) u->fn(u->user, local + (a - a0), whole + (a - a0), b - a);
+    }
+}
+
+static void held_runs(const dt_gpt *m, int i, run_fn fn, void *user) {
+    if (!keeps_tensor(m, i)) return;
+    held_run u = {fn, user, m, m->tensors[i].offset};
+    shard_runs(&m->c, m->tp, m->ntp, i, m->held ? held_one : fn, m->held ? (void *)&u : user);
+}
+
+// A run of a part against a range [lo, hi) of the whole block: the part
+// of [base + whole, base + whole + n) inside it, copied out of the part
 // (fill) or into it (take).
 typedef struct {
     float *local;
     size_t base, lo, hi;  // the tensor's offset in the whole block; the range
     float *buf;           // [hi - lo]
-    int into;             // take: into the shard
+    int into;             // take: into the part
 } range_run;
 
 static void range_one(void *user, size_t local, size_t whole, size_t n) {
@@ -451,31 +550,31 @@ static void range_one(void *user, size_t local, size_t whole, size_t n) {
     memcpy(u->into ? l : w, u->into ? w : l, sizeof(float) * (b - a));
 }
 
-static void shard_range(const dt_gpt_config *c, int tp, int ntp, float *local, size_t lo, size_t hi, float *buf,
-                        int into) {
-    dt_tensor_info w[NPT], s[NPT];
-    shard_shapes(c, 1, w);
-    shard_shapes(c, ntp, s);
+// (fill: what every shard holds whole is shard 0's alone, and the tied wte
+// the embedding's, where the model keeps the head without it)
+static void part_range(const dt_gpt *m, float *local, size_t lo, size_t hi, float *buf, int into) {
+    dt_tensor_info w[NPT];
+    shard_shapes(&m->c, 1, w);
     for (int i = 0; i < NPT; i++) {
-        if (w[i].offset >= hi || w[i].offset + w[i].numel <= lo || (!into && tp > 0 && !dt_gpt_tensor_split(i)))
-            continue;
-        range_run u = {local + s[i].offset, w[i].offset, lo, hi, buf, into};
-        shard_runs(c, tp, ntp, i, range_one, &u);
+        if (w[i].offset >= hi || w[i].offset + w[i].numel <= lo) continue;
+        if (!into && ((m->tp > 0 && !dt_gpt_tensor_split(i)) || (i == WTE && !holds_embed(m)))) continue;
+        range_run u = {local + m->tensors[i].offset, w[i].offset, lo, hi, buf, into};
+        held_runs(m, i, range_one, &u);
     }
 }
 
-void dt_gpt_shard_fill(const dt_gpt_config *c, int tp, int ntp, const float *local, size_t lo, size_t hi, float *buf) {
-    shard_range(c, tp, ntp, (float *)local, lo, hi, buf, 0);
+void dt_gpt_part_fill(const dt_gpt *m, const float *local, size_t lo, size_t hi, float *buf) {
+    part_range(m, (float *)local, lo, hi, buf, 0);
 }
 
-void dt_gpt_shard_take(const dt_gpt_config *c, int tp, int ntp, float *local, size_t lo, size_t hi, const float *buf) {
-    shard_range(c, tp, ntp, local, lo, hi, (float *)buf, 1);
+void dt_gpt_part_take(const dt_gpt *m, float *local, size_t lo, size_t hi, const float *buf) {
+    part_range(m, local, lo, hi, (float *)buf, 1);
 }
 
 // ----------------------------------------------------------------------------
 // initialisation
 
-// A piece [lo, lo + n) of a whole tensor, and the shard's copy of what of
+// A piece [lo, lo + n) of a whole tensor, and the part's copy of what of
 // it falls in its runs.
 typedef struct {
     const float *piece;
@@ -492,8 +591,9 @@ static void init_one(void *user, size_t local, size_t whole, size_t n) {
 #define INIT_PIECE ((size_t)1 << 18)  // floats of the whole model's values made at a time
 
 // GPT-2's initialisation: the whole model's values drawn in block order
-// from one stream (a shard keeps its parts of them, drawing the rest: the
-// same numbers as the whole model's, without ever holding it).
+// from one stream (a shard, or a model that keeps some blocks, keeps its
+// parts of them, drawing the rest: the same numbers as the whole model's,
+// without ever holding it).
 static void init_shard(dt_gpt *m, uint64_t seed, float *piece) {
     const dt_gpt_config *c = &m->c;
     dt_tensor_info w[NPT];
@@ -501,7 +601,7 @@ static void init_shard(dt_gpt *m, uint64_t seed, float *piece) {
     dt_rng r;
     dt_rng_seed(&r, seed);
     float resid_std = 0.02f / sqrtf(2.0f * c->n_layer);
-    memset(m->params, 0, sizeof(float) * m->nparams);
+    for (int i = 0; i < m->nheld; i++) memset(m->params + m->hranges[i].offset, 0, sizeof(float) * m->hranges[i].len);
     for (int i = 0; i < NPT; i++) {
         size_t n = i == WTE ? (size_t)c->vocab_size * c->n_embd : w[i].numel;  // wte's padding rows stay 0
         int one = i == LN1W || i == LN2W || i == LNFW;
@@ -510,7 +610,7 @@ static void init_shard(dt_gpt *m, uint64_t seed, float *piece) {
         for (size_t lo = 0; (one || normal) && lo < n; lo += INIT_PIECE) {
             init_run u = {piece, lo, n - lo < INIT_PIECE ? n - lo : INIT_PIECE, m->p[i]};
             for (size_t j = 0; j < u.n; j++) piece[j] = one ? 1.0f : sd * dt_rng_normal(&r);
-            shard_runs(c, m->tp, m->ntp, i, init_one, &u);
+            held_runs(m, i, init_one, &u);
         }
     }
 }

@@ -224,19 +224,19 @@ static dt_status init_params(dt_task *t) {
     dt_gpt *whole;
     if ((st = dt_gpt_create(&whole, &t->gc, 0, 0)) != DT_OK) return st;
     if ((st = dt_gpt_load(whole, c->init_from)) == DT_OK)
-        dt_gpt_shard_take(&t->gc, t->tp, t->ntp, dt_gpt_params(t->m), 0, dt_gpt_num_params(whole), dt_gpt_params(whole));
+        dt_gpt_part_take(t->m, dt_gpt_params(t->m), 0, dt_gpt_num_params(whole), dt_gpt_params(whole));
     dt_gpt_free(whole);
     return st;
 }
 
 static void part_fill(void *user, const float *local, size_t lo, size_t hi, float *buf) {
     dt_task *t = user;
-    dt_gpt_shard_fill(&t->gc, t->tp, t->ntp, local, lo, hi, buf);
+    dt_gpt_part_fill(t->m, local, lo, hi, buf);
 }
 
 static void part_take(void *user, float *local, size_t lo, size_t hi, const float *buf) {
     dt_task *t = user;
-    dt_gpt_shard_take(&t->gc, t->tp, t->ntp, local, lo, hi, buf);
+    dt_gpt_part_take(t->m, local, lo, hi, buf);
 }
 
 // The gradient order's layers (wte, wpe: the embedding; 12 slices a
