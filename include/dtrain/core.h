@@ -163,6 +163,12 @@ DT_API void dt_free(void *p);
  * (madvise MADV_DONTNEED: they read as zero and take no memory until
  * touched again), the edges are cleared. */
 DT_API void dt_zero_pages(void *p, size_t bytes);
+/* A dt_alloc'd block of `count` elements of `size` bytes of which only the
+ * ranges keep[n] (element offsets and lengths, ascending) will be used:
+ * the rest gets no huge pages (madvise MADV_NOHUGEPAGE), so that touching
+ * a kept range near its edge makes 4 KiB pages, not a 2 MiB one that
+ * spans the unused neighbours. */
+DT_API void dt_pages_unused(void *base, size_t size, size_t count, const size_t *keep, int n);
 
 /* ---- memory budget --------------------------------------------------------- */
 

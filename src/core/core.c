@@ -203,6 +203,22 @@ void *dt_alloc(size_t n) {
     return p;
 }
 
+// [a, b) of the block, widened to whole 4 KiB pages, without huge pages.
+static void no_huge(char *base, size_t a, size_t b) {
+    uintptr_t g = (uintptr_t)sysconf(_SC_PAGESIZE), x = ((uintptr_t)base + a) / g * g,
+              y = ((uintptr_t)base + b + g - 1) / g * g;
+    if (y > x) madvise((void *)x, y - x, MADV_NOHUGEPAGE);
+}
+
+void dt_pages_unused(void *base, size_t size, size_t count, const size_t *keep, int n) {
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (keep[2 * i] > at) no_huge(base, at * size, keep[2 * i] * size);
+        at = keep[2 * i] + keep[2 * i + 1];
+    }
+    if (at < count) no_huge(base, at * size, count * size);
+}
+
 void dt_zero_pages(void *p, size_t bytes) {
     // The whole huge pages inside the range when there are any (a 4 KiB
     // page given back would split one, and its refill would fault 4 KiB at

@@ -460,7 +460,7 @@ static dt_status build(run_state *r) {
     dt_status st = tops->create(&r->task, c, r->comm, r->sops->max_micro(c, r->W), r->model_rows, info);
     if (st != DT_OK) return st;
     if (rec->have_state && (st = dt_fault_at(r->rank, 0, "start")) != DT_OK) return st;  // (a test's fault)
-    if (rec->place == DT_PLACE_START && !rec->lost_start &&
+    if (rec->place == DT_PLACE_START && !rec->lost_start && !info->deferred &&
         (st = dt_broadcast(info->params, info->params, info->nparams, DT_F32, 0,
                            info->replicas ? info->replicas : r->comm)) != DT_OK) {
         if (dt_worker_recoverable(st)) st = lose_start(r->comm, &rec->lost_start);
@@ -471,6 +471,12 @@ static dt_status build(run_state *r) {
                            info->part_take, info->part_user, info->replicas, info->tensor_group, info->matrices,
                            info->nmatrices};
     if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
+    // What this rank keeps of the model (a pipeline stage: its layers).
+    if (r->sops->layout &&
+        (st = r->sops->layout(r->strat, tops, r->task, rec->place != DT_PLACE_START || rec->lost_start)) != DT_OK) {
+        if (!dt_worker_recoverable(st) || rec->place != DT_PLACE_START || (st = lose_start(r->comm, &rec->lost_start)) != DT_OK)
+            return st;
+    }
     r->split_gen = dt_comm_generation(r->comm);
     dt_memory_kinds mk;
     dt_memory_model_state(c, DT_MEM_TRAIN, info->nparams, c->zero, r->W, &mk);
@@ -718,14 +724,15 @@ static dt_train_state state_at(const run_state *r, int e, int64_t ebatch) {
                             r->fp16 ? r->scaler.scale : 0, r->scaler.clean, r->scaler.skipped};
 }
 
-// The task's evaluation, timed as the observer's eval. A strategy that
-// keeps slices gathers the layers through the layer hook as in a step, and
-// gives them back after it.
+// The task's evaluation, timed as the observer's eval. A strategy whose
+// ranks keep parts of the model (slices, a stage's layers) gathers the
+// layers through the layer hook as in a step, and gives them back after it.
 static dt_status eval_run(run_state *r, float train_loss, float *tl, float *ta) {
     dt_obs_begin(r->obs, DT_OBS_EVAL);
     dt_kernels_weights_changed();  // by the last update
-    dt_status st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, tl, ta);
-    if (st == DT_OK) st = dt_strategy_params_release(r->strat);
+    dt_status st = dt_strategy_params_eval(r->strat, 1);
+    if (st == DT_OK) st = r->tops->evaluate(r->task, r->alone ? NULL : r->comm, r->step, train_loss, tl, ta);
+    if (st == DT_OK) st = dt_strategy_params_eval(r->strat, 0);
     dt_obs_end(r->obs, DT_OBS_EVAL);
     return st;
 }
@@ -969,9 +976,12 @@ static dt_status finish(run_state *r) {
     if (!r->stop && (st = dt_strategy_params_sync(s)) != DT_OK) return st;
     if (!r->stop && (st = dt_fault_at(r->rank, r->step, "end")) != DT_OK) return st;  // (a test's fault)
     if (r->run_dir) snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
-    // The weights: from every rank's slice where the strategy keeps slices.
-    if (!r->stop && (st = r->tops->save(r->task, r->run_dir ? path : NULL, s->params_sliced ? r->comm : NULL,
-                                        s->params_sliced ? s->lo : 0, s->params_sliced ? s->hi : s->n)) != DT_OK)
+    // The weights: from every rank's slice where the strategy keeps slices,
+    // from the ranks of one copy of the model where ranks keep parts of it.
+    dt_comm_t from = s->params_sliced ? r->comm : s->copy;
+    if (!r->stop && (!s->copy || s->copy_first) &&
+        (st = r->tops->save(r->task, r->run_dir ? path : NULL, from, s->params_sliced ? s->lo : 0,
+                            s->params_sliced ? s->hi : s->n)) != DT_OK)
         return st;
     res->wall_seconds = dt_now() - r->t_start;
     // Every rank's peak resident memory over the run (its steps,

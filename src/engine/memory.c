@@ -106,13 +106,17 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
 // the state is sliced or split into tensor-parallel shards, else rank 0's
 // whole block), the shards' staged slice (engine/strategies/pipeline.c),
 // and the weights file's pieces (dt_run_weights_write: up to 4 Mi floats,
-// or the largest tensor, `big`; rank 0 sums the others' into a second).
-static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W) {
+// or the largest tensor, `big`; rank 0 sums the others' into a second);
+// parts: a pipeline's stages keep their layers alone.
+static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts) {
     size_t F = sizeof(float), per = (size_t)(1 + optim_states(c)), piece = (size_t)4 << 20;
-    int tp = c->tensor > 1 && W >= c->tensor, sliced = W > 1 && (c->zero > 0 || tp || c->ckpt_sharded);
+    int tp = parts || (c->tensor > 1 && W >= c->tensor);  // (ranks keeping parts: staged slices)
+    int sliced = W > 1 && (c->zero > 0 || tp || c->ckpt_sharded);
     size_t pieces = (tp || (W > 1 && c->zero >= 3) ? 2 : 1) * F * (big < piece ? big : piece);
     if (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) return pieces;
     size_t slice = sliced ? (np_whole + (size_t)W - 1) / (size_t)W : np_whole;
+    // (parts: the slice staged beside the snapshot, and the piece it is assembled in)
+    if (tp) pieces += F * (slice < piece ? slice : piece);
     return sat_add(pieces, sat_mul(sat_mul(F * per, slice), tp ? 2 : 1));
 }
 
@@ -145,7 +149,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     if ((st = dt_model_memory(c->input, c->layers, c->nlayers, n->rows, &np, &n->act)) != DT_OK) return st;
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
-    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, np, np, W);
+    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, np, np, W, 0);
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
@@ -154,6 +158,20 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
         n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
     snprintf(n->data_what, sizeof n->data_what, "data.data_dir = %s", c->data_dir);
     return DT_OK;
+}
+
+// What a rank of a pipeline keeps of its shard's np parameters (the
+// pipeline strategy's layout; under ZeRO-1 every layer): its stage's share
+// of the blocks, ceil(L / P) of them, with the embedding and the head (the
+// stage holding both ends, the bound). np = 0: one block with both.
+static size_t held_params(const dt_config *c, const dt_gpt_config *gc, int ntp, size_t np) {
+    if (np && (c->pipeline <= 1 || c->zero == 1)) return np;
+    dt_gpt_config one = *gc, two = *gc;
+    one.n_layer = 1;
+    two.n_layer = 2;
+    size_t block = dt_gpt_shard_num_params(&two, ntp) - dt_gpt_shard_num_params(&one, ntp);
+    size_t ends = dt_gpt_shard_num_params(&one, ntp) - block;
+    return ends + block * (np ? (size_t)((c->n_layer + c->pipeline - 1) / c->pipeline) : 1);
 }
 
 // A model-parallel run's stages keep activation sets of their layers for
@@ -196,12 +214,15 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // Parameters and gradients, the optimizer's state, and a weights file
     // while it loads.
     n->np = np;
-    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 3;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, held_params(c, &gc, ntp, np), c->zero, W, NULL)
+                                   : sizeof(float) * np * 3;
+    if (use == DT_MEM_TRAIN && np != held_params(c, &gc, ntp, np))  // evaluation: a block, the embedding, the head
+        n->model = sat_add(n->model, sizeof(float) * held_params(c, &gc, ntp, 0));
     dt_tensor_info t[16];
     dt_gpt_param_shapes(&gc, t);
     size_t big = 0;
     for (int i = 0; i < 16; i++) big = t[i].numel > big ? t[i].numel : big;
-    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, dt_gpt_config_num_params(&gc), big, W);
+    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, np != held_params(c, &gc, ntp, np));
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last
     // one kept for backward, and the gradients of two blocks in flight to

@@ -457,6 +457,10 @@ dt_status dt_gpt_set_held(dt_gpt *m, const unsigned char *held) {
     if (held && !(m->held = malloc((size_t)L))) return dt_error(DT_ERR_NOMEM, "gpt: out of memory");
     if (held) memcpy(m->held, held, (size_t)L);
     held_ranges(m);
+    if (held) {  // (dt_grad_range is two size_t: the pairs dt_pages_unused takes)
+        dt_pages_unused(m->params, sizeof(float), m->nparams, (const size_t *)m->hranges, m->nheld);
+        dt_pages_unused(m->grads, sizeof(float), m->nparams, (const size_t *)m->hranges, m->nheld);
+    }
     return DT_OK;
 }
 

@@ -103,7 +103,14 @@ typedef struct {
     dt_comm_t ppb;         // V > 1: the same ranks, for the gradients (both ways between a pair)
     dt_comm_t shard;       // the ranks of this tensor rank (the task's; T = 1: the world)
     dt_comm_t tp;          // this (stage, replica)'s tensor ranks (the task's; T > 1)
-    dt_comm_t rep;         // T > 1: this replica's T x P ranks, which hold one copy of the model (checkpoints)
+    dt_comm_t rep;         // this replica's T x P ranks, which hold one copy of the model (checkpoints, the norm)
+    dt_comm_t dp;          // the ranks of this (stage, t): the replicas, which hold the same layers
+    dt_comm_t tie;         // P > 1, the first and the last stage of (replica, t): the tied embedding's two parts
+    const dt_grad_range *held; // the layers' ranges of the block this rank keeps (the task's hold), nheld;
+    int nheld;             // NULL: the whole block
+    int evaluating;        // between params_eval(1) and (0): other stages' layers gathered for a whole forward
+    int gathered;          // the layer gathered last (DT_GPT_EMBED - 1: none)
+    dt_grad_range all;     // [0, n)
     const dt_task_ops *tops;
     chunk *ch;             // [V]
     op *ops;               // [2 M V]
@@ -384,11 +391,18 @@ static dt_status split_pipelines(pipe *p) {
     dt_strategy *s = &p->base;
     dt_status st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->pp);
     if (st == DT_OK && p->V > 1) st = dt_comm_split(s->comm, p->replica * p->T + p->t, p->stage, &p->ppb);
-    if (st == DT_OK && s->nwhole) st = dt_comm_split(s->comm, p->replica, s->rank, &p->rep);
+    if (st == DT_OK) st = dt_comm_split(s->comm, p->replica, s->rank, &p->rep);
+    if (st == DT_OK) st = dt_comm_split(s->comm, p->stage * p->T + p->t, p->replica, &p->dp);
+    int ends = p->P > 1 && (p->stage == 0 || p->stage == p->P - 1);
+    if (st == DT_OK && p->P > 1)
+        st = dt_comm_split(s->comm, ends ? p->replica * p->T + p->t : DT_COMM_UNDEFINED, p->stage, &p->tie);
     if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
     if (!p->ppb) p->ppb = p->pp;
     p->shard = s->replicas;
     p->tp = s->tensor_group;
+    // (every stage keeping its shard's whole block: one copy is a shard group's)
+    s->copy = p->held ? p->rep : p->T > 1 ? p->tp : NULL;
+    s->copy_first = p->replica == 0 && (p->held || p->stage == 0);
     return DT_OK;
 }
 
@@ -402,6 +416,8 @@ static dt_status pp_init(dt_strategy *s) {
     p->measure = measured_balance(c);
     dt_status st = stage_bounds(c, NULL, bounds);
     if (st != DT_OK) return st;
+    p->all = (dt_grad_range){0, s->n};
+    p->gathered = -2;
     p->T = c->tensor;
     p->P = c->pipeline;
     p->V = virtual_stages(c);
@@ -489,6 +505,8 @@ static void pp_fini(dt_strategy *s) {
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
     dt_comm_destroy(p->rep);
+    dt_comm_destroy(p->dp);
+    dt_comm_destroy(p->tie);
     for (int v = 0; v < p->V && p->ch; v++) free(p->ch[v].slots);
     free(p->ch);
     free(p->ops);
@@ -499,6 +517,12 @@ static void pp_fini(dt_strategy *s) {
     free(p->counts);
     free(p->bounds);
     free(p->layer_cost);
+}
+
+// The ranges of the block this rank keeps: the task's hold, or all of it.
+static const dt_grad_range *kept(const pipe *p, int *n) {
+    *n = p->held ? p->nheld : 1;
+    return p->held ? p->held : &p->all;
 }
 
 // Waits for a transfer, the time counted as the stage waiting.
@@ -581,80 +605,142 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
         st = dt_isend(sl->din, sl->in_count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
     // Deterministic: each micro-batch's gradient on its own into int64
     // fixed point, whose sums do not depend on their order (dp_det.c).
-    if (st == DT_OK && p->acc) {
-        dt_fixed_add(p->acc, p->base.grads, p->base.n, DT_FIXED_SCALE);
-        memset(p->base.grads, 0, sizeof(float) * p->base.n);
+    for (int i = 0, n = 0; st == DT_OK && p->acc && (i == 0 || i < n); i++) {
+        const dt_grad_range *k = kept(p, &n);
+        dt_fixed_add(p->acc + k[i].offset, p->base.grads + k[i].offset, k[i].len, DT_FIXED_SCALE);
+        memset(p->base.grads + k[i].offset, 0, sizeof(float) * k[i].len);
     }
     p->alive--;
     return st;
 }
 
-// Measured balance, at the first step: every rank runs its replica's first
-// micro-batch of the step through the whole model one layer at a time (a
-// stage of the task's per layer, each fed the one before's output, the
-// backward from the loss back), MEASURE_REPS times, and takes each layer's
-// median forward + median backward. The first layer's includes the
-// embedding (the images), the last one's the head and the loss, which stay
-// on the end stages. The ranks agree on the largest of each layer's figures
-// (an int64 allreduce max of nanoseconds: exact, so every rank cuts the
-// same stages from the same numbers), and the gradients are cleared.
-// Tensor-parallel shards of one copy run the same layers together (their
-// sums inside the layers match).
-static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task, int64_t step) {
+// The lowest rank of c that has the state (have), or -1.
+static dt_status holder(dt_comm_t c, int have, int *root) {
+    int64_t v = have ? dt_comm_rank(c) : INT32_MAX;
+    dt_status st = dt_allreduce(&v, &v, 1, DT_I64, DT_MIN, c);
+    *root = st == DT_OK && v < INT32_MAX ? (int)v : -1;
+    return st;
+}
+
+// Measured balance, before the model's parameters are set (pp_layout):
+// every rank times each layer, a stage of the task's for that layer alone
+// on a scratch micro-batch of the largest size (the task's scratch_batch;
+// the layer's input and its output's gradient zeros), forward then
+// backward, MEASURE_REPS times, and takes the median forward + median
+// backward. The first layer's includes the embedding (the images), the
+// last one's the head and the loss, which stay on the end stages. Only
+// one layer's activations exist at a time, and the gradients the
+// measurement leaves are given back (their pages too). The ranks agree on
+// the largest of each layer's figures (an int64 allreduce max of
+// nanoseconds: exact, so every rank cuts the same stages from the same
+// numbers). Tensor-parallel shards of one copy run the same layers
+// together (their sums inside the layers match).
+static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int l, int len, double *f, double *b) {
     dt_strategy *s = &p->base;
-    int L = model_layers(s->c), k = 0;
-    while (k < p->M && p->len[k] == 0) k++;
-    dt_task_stage **st = calloc((size_t)L, sizeof *st);
-    float **in = calloc((size_t)L, sizeof *in), **out = calloc((size_t)L, sizeof *out), *g = NULL;
-    size_t *inc = calloc((size_t)L, sizeof *inc), *outc = calloc((size_t)L, sizeof *outc), gn = 0;
-    double *t = calloc((size_t)L * 2 * MEASURE_REPS, sizeof *t);
+    dt_task_stage *st = NULL;
+    float *in, *out, *d = NULL, *din;
+    size_t inc, outc;
+    dt_status rc = tops->stage_create(task, l, l + 1, len, &st);
+    for (int r = 0; r < MEASURE_REPS && rc == DT_OK; r++) {
+        rc = tops->stage_begin(task, st, 0, 0, len, 1.0f / (float)len, &in, &inc, &out, &outc);
+        if (rc == DT_OK && !d && !(d = calloc(outc > inc ? outc : inc, sizeof(float))))
+            rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
+        if (rc != DT_OK) break;
+        if (l > 0) memset(in, 0, sizeof(float) * inc);
+        double t0 = dt_now();
+        float loss;
+        rc = tops->stage_forward(task, st, &loss);
+        dt_fault_slow_layer(s->rank, l);
+        f[r] = dt_now() - t0;
+        memset(d, 0, sizeof(float) * outc);
+        t0 = dt_now();
+        if (rc == DT_OK) rc = tops->stage_backward(task, st, d, &din);
+        b[r] = dt_now() - t0;
+    }
+    if (st) tops->stage_free(st);
+    free(d);
+    return rc;
+}
+
+static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task) {
+    dt_strategy *s = &p->base;
+    int L = model_layers(s->c), len = pp_max_micro(s->c, s->world);
+    double f[MEASURE_REPS], b[MEASURE_REPS];
     int64_t *ns = calloc((size_t)L, sizeof *ns);
     p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost);
-    dt_status rc = DT_OK;
-    if (!st || !in || !out || !inc || !outc || !t || !ns || !p->layer_cost)
-        rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
-    int len = k < p->M ? p->len[k] : 0;  // (no samples on this replica: it adds zeros)
-    float scale = (float)len / (float)s->global * s->loss_scale;
-    for (int l = 0; l < L && rc == DT_OK && len > 0; l++) rc = tops->stage_create(task, l, l + 1, len, &st[l]);
-    for (int r = 0; r < MEASURE_REPS && rc == DT_OK && len > 0; r++) {
-        for (int l = 0; l < L && rc == DT_OK; l++) {
-            rc = tops->stage_begin(task, st[l], step, p->off[k], len, scale, &in[l], &inc[l], &out[l], &outc[l]);
-            if (rc == DT_OK && l > 0 && inc[l] != outc[l - 1])
-                rc = dt_error(DT_ERR_ARG, "pipeline: measuring: layer %d takes %zu floats, layer %d gives %zu", l,
-                              inc[l], l - 1, outc[l - 1]);
-            if (rc != DT_OK) break;
-            if (l > 0) memcpy(in[l], out[l - 1], sizeof(float) * inc[l]);
-            double t0 = dt_now();
-            float loss;
-            rc = tops->stage_forward(task, st[l], &loss);
-            dt_fault_slow_layer(s->rank, l);
-            t[(size_t)l * 2 * MEASURE_REPS + r] = dt_now() - t0;
-            if (inc[l] > gn) gn = inc[l];
-            if (outc[l] > gn) gn = outc[l];
-        }
-        if (rc == DT_OK && !g && !(g = calloc(gn, sizeof(float))))
-            rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
-        float *din = g;
-        for (int l = L - 1; l >= 0 && rc == DT_OK; l--) {
-            if (din != g) memcpy(g, din, sizeof(float) * outc[l]);  // (the layer after's input gradient)
-            double t0 = dt_now();
-            rc = tops->stage_backward(task, st[l], g, &din);
-            t[(size_t)l * 2 * MEASURE_REPS + MEASURE_REPS + r] = dt_now() - t0;
-        }
-    }
-    for (int l = 0; l < L && st; l++)
-        if (st[l]) tops->stage_free(st[l]);
-    memset(s->grads, 0, sizeof(float) * s->n);
-    for (int l = 0; l < L && rc == DT_OK && len > 0; l++) {
-        double *f = t + (size_t)l * 2 * MEASURE_REPS, *b = f + MEASURE_REPS;
-        ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
+    dt_status rc = ns && p->layer_cost && tops->scratch_batch ? DT_OK
+                   : dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
+    if (rc == DT_OK) rc = tops->scratch_batch(task, len);
+    for (int l = 0; l < L && rc == DT_OK; l++) {
+        if ((rc = time_layer(p, tops, task, l, len, f, b)) == DT_OK)
+            ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
+        dt_zero_pages(s->grads, sizeof(float) * s->n);  // (the layer's, at once: one layer's at a time)
     }
     // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
     dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;
     if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "pipeline: agreeing on the layers' costs: %s", dt_last_error());
     for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[l] * 1e-9;
-    free(st), free(in), free(out), free(inc), free(outc), free(t), free(ns), free(g);
+    free(ns);
     return rc;
+}
+
+// The cut (bounds, whether measured, the layers' costs) from the lowest
+// rank that has it to every rank: a replacement, which meets the others
+// in its layout as they meet it in their regroup.
+static dt_status share_cut(pipe *p, int have) {
+    dt_strategy *s = &p->base;
+    int L = model_layers(s->c), nb = p->P * p->V + 1, root;
+    dt_status st = holder(s->comm, have, &root);
+    if (st == DT_OK && root < 0) st = dt_error(DT_ERR_INTERNAL, "model parallel: no worker holds the stages' cut");
+    int64_t m = p->layer_cost != NULL;
+    if (st == DT_OK) st = dt_broadcast(p->bounds, p->bounds, (size_t)nb, DT_I32, root, s->comm);
+    if (st == DT_OK) st = dt_broadcast(&m, &m, 1, DT_I64, root, s->comm);
+    if (st == DT_OK && m && !p->layer_cost && !(p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost)))
+        st = dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    if (st == DT_OK && m) st = dt_broadcast(p->layer_cost, p->layer_cost, (size_t)L * 2, DT_I32, root, s->comm);
+    if (st != DT_OK) return st;
+    for (int v = 0; v < p->V; v++) {
+        p->ch[v].l0 = p->bounds[p->ch[v].vstage];
+        p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
+    }
+    return DT_OK;
+}
+
+// Before the first step, after the model and this strategy are made: the
+// cut (measured now, or from a rank that has it when this rank replaces
+// one), then this rank's layers: a model that can keep only some (the
+// task's hold) keeps its chunks' layers, whose parameters it sets now and,
+// at the start, takes from the first replica of its stage (dp): no rank
+// ever holds the other stages'. Under ZeRO-1 the stages keep every layer
+// (its slices span the block).
+static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int joining) {
+    pipe *p = (pipe *)s;
+    int L = model_layers(s->c);
+    dt_status st = DT_OK;
+    if (joining) st = share_cut(p, 0);
+    else if (p->measure) st = measure_layers(p, tops, task);
+    if (st == DT_OK && p->measure && !joining) st = stage_bounds(s->c, p->layer_cost, p->bounds);
+    if (st != DT_OK) return st;
+    for (int v = 0; v < p->V; v++) {
+        p->ch[v].l0 = p->bounds[p->ch[v].vstage];
+        p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
+    }
+    if (p->measure && !joining) print_stages(p);
+    if (!tops->hold || p->P == 1 || p->counts) return DT_OK;  // (every layer kept: the task set them all)
+    unsigned char *held = calloc((size_t)L, 1);
+    if (!held) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    for (int v = 0; v < p->V; v++) memset(held + p->ch[v].l0, 1, (size_t)(p->ch[v].l1 - p->ch[v].l0));
+    st = tops->hold(task, held, &p->held, &p->nheld);
+    free(held);
+    for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK; j++)  // (the blocks' pages: the model's own)
+        dt_pages_unused(dt_optim_state(s->opt, j), sizeof(float), s->n, (const size_t *)p->held, p->nheld);
+    if (st == DT_OK && p->acc) dt_pages_unused(p->acc, sizeof(int64_t), s->n, (const size_t *)p->held, p->nheld);
+    s->copy = p->rep;
+    s->copy_first = p->replica == 0;
+    if (st == DT_OK) st = dt_strategy_ckpt_slices(s);
+    for (int i = 0; i < p->nheld && st == DT_OK && !joining; i++)
+        st = dt_broadcast(s->params + p->held[i].offset, s->params + p->held[i].offset, p->held[i].len, DT_F32, 0, p->dp);
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the stage's layers: %s", dt_last_error());
 }
 
 static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int64_t step,
@@ -678,20 +764,10 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     }
     s->nmicro = p->M;
     s->global = b->global;
-    if (!p->tops) {  // at the first step: the measured cut, then the activation sets
+    if (!p->tops) {  // at the first step: the activation sets
         if (!tops->stage_create)
             return dt_error(DT_ERR_CONFIG, "strategy model-parallel: the %s model has no stages", tops->name);
         p->tops = tops;
-        if (p->measure) {
-            dt_status st = measure_layers(p, tops, task, step);
-            if (st == DT_OK) st = stage_bounds(s->c, p->layer_cost, p->bounds);
-            if (st != DT_OK) return st;
-            for (int v = 0; v < p->V; v++) {
-                p->ch[v].l0 = p->bounds[p->ch[v].vstage];
-                p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
-            }
-            print_stages(p);
-        }
         for (int v = 0; v < p->V; v++)
             for (int i = 0; i < p->ch[v].nslots; i++) {
                 dt_status st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
@@ -722,15 +798,41 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     return st;
 }
 
-// Every rank's gradient block becomes the global one of its shard (see the top).
+// Every rank's gradient block becomes the global one of its shard (see the
+// top). A stage that keeps only its layers sums them over its stage's
+// replicas alone (dp), and the tied embedding's two parts are then summed
+// between the first and the last stage (tie); else the whole block over
+// the ranks of its tensor rank, every stage adding its layers' part.
+// (deterministic: the fixed-point sums; [parallel] grad_dtype = bf16: sent
+// in bf16, as dt_strategy_sum_grads does)
+static dt_status sum_range(pipe *p, size_t off, size_t len, dt_comm_t c) {
+    dt_strategy *s = &p->base;
+    if (p->acc) return dt_allreduce(p->acc + off, p->acc + off, len, DT_I64, DT_SUM, c);
+    float *g = s->grads + off;
+    if (!s->c->grad_dtype) return dt_allreduce(g, g, len, DT_F32, DT_SUM, c);
+    uint16_t *w = dt_strategy_wire(s);
+    if (!w) return DT_ERR_NOMEM;
+    dt_from_f32(w + off, g, len, DT_BF16);
+    dt_status st = dt_allreduce(w + off, w + off, len, DT_BF16, DT_SUM, c);
+    if (st == DT_OK) dt_to_f32(g, w + off, len, DT_BF16);
+    return st;
+}
+
 static dt_status pp_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    dt_comm_t comm = p->shard ? p->shard : s->comm;
-    if (!p->acc) return dt_strategy_sum_grads(s, comm, "model parallel");
+    if (!p->held && !p->acc) return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
     double t0 = dt_now();
-    dt_status st = dt_allreduce(p->acc, p->acc, s->n, DT_I64, DT_SUM, comm);
-    if (st == DT_OK) dt_fixed_to_float(s->grads, p->acc, s->n);
-    memset(p->acc, 0, sizeof(int64_t) * s->n);
+    int n;
+    const dt_grad_range *k = kept(p, &n);
+    dt_comm_t c = p->held ? p->dp : p->shard ? p->shard : s->comm;
+    dt_status st = DT_OK;
+    for (int i = 0; i < n && st == DT_OK; i++) st = sum_range(p, k[i].offset, k[i].len, c);
+    // (the order's first range is wte: the embedding's, and the head's on the last stage)
+    if (st == DT_OK && p->held && p->tie && s->order) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
+    for (int i = 0; i < n && p->acc; i++) {
+        dt_fixed_to_float(s->grads + k[i].offset, p->acc + k[i].offset, k[i].len);
+        memset(p->acc + k[i].offset, 0, sizeof(int64_t) * k[i].len);
+    }
     s->comm_seconds += dt_now() - t0;
     s->comm_exposed_seconds += dt_now() - t0;
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
@@ -741,6 +843,14 @@ static dt_status pp_sync(dt_strategy *s) {
 // the gradient block is whole on every rank after sync()).
 static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     pipe *p = (pipe *)s;
+    if (p->held) {  // its layers' ranges alone
+        dt_optim_begin_step(s->opt);
+        for (int i = 0; i < p->nheld; i++) {
+            size_t o = p->held[i].offset;
+            dt_optim_update(s->opt, o, p->held[i].len, s->params + o, s->grads + o, lr, scale);
+        }
+        return DT_OK;
+    }
     dt_status st = dt_strategy_update_slice(s, lr, scale);
     dt_comm_t zc = p->shard ? p->shard : s->comm;
     if (st == DT_OK && p->counts && dt_comm_size(zc) > 1) {
@@ -750,20 +860,107 @@ static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     return st;
 }
 
-// The whole model's gradient norm from the shards: the split ranges' squares
-// of every shard, the whole ones of shard 0, summed in shard order.
+// The whole model's gradient norm from the parts: each rank sums the
+// squares of the order's ranges it is the one holder of in its replica
+// (the split ranges of every shard, the whole ones of shard 0; of a stage
+// that keeps only its layers, those layers, and the tied embedding on the
+// first stage), and the replica's T x P figures are added in rank order.
+// Every layer kept (T = 1): the replicated block's norm.
+static int sole_holder(const pipe *p, int i) {
+    const dt_strategy *s = &p->base;
+    if (p->T > 1 && !(s->order_split && s->order_split[i]) && p->t != 0) return 0;
+    if (!p->held) return p->stage == 0;
+    int l = s->order_layer ? s->order_layer[i] : 0, L = model_layers(s->c);
+    l = l < 0 ? 0 : l >= L ? L - 1 : l;  // (the embedding with block 0, the head with the last)
+    for (int v = 0; v < p->V; v++)
+        if (l >= p->ch[v].l0 && l < p->ch[v].l1) return 1;
+    return 0;
+}
+
 static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
     pipe *p = (pipe *)s;
-    if (p->T == 1) return dt_strategy_norm_replicated(s, norm);
-    double mine = 0, all[MAX_STAGES];
+    if (p->T == 1 && !p->held) return dt_strategy_norm_replicated(s, norm);
+    int G = p->T * p->P;
+    double mine = 0, *all = malloc(sizeof(double) * (size_t)G);
+    if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     for (int i = 0; i < s->norder; i++)
-        if (s->order_split[i] || p->t == 0) mine += dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
+        if (sole_holder(p, i)) mine += dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
     // (doubles moved as their 8 bytes: no reduction touches them)
-    dt_status st = p->T <= MAX_STAGES ? dt_allgather(&mine, all, 1, DT_I64, p->tp) : DT_ERR_ARG;
-    if (st != DT_OK) return dt_error(st, "model parallel: gradient norm: %s", dt_last_error());
+    dt_status st = dt_allgather(&mine, all, 1, DT_I64, p->rep);
     double sum = 0;
-    for (int r = 0; r < p->T; r++) sum += all[r];
+    for (int r = 0; r < G && st == DT_OK; r++) sum += all[r];
+    free(all);
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient norm: %s", dt_last_error());
     *norm = sqrt(sum);
+    return DT_OK;
+}
+
+// ---- evaluation of stages that keep only their layers ----
+//
+// The task evaluates with whole forwards, every rank its windows (a rank
+// with fewer chunks replays the busiest's layer hooks: dt_task_replay), so
+// every rank of a pipeline calls the hook for the same layers in the same
+// order. Before layer l's forward its ranges (the order's ranges of that
+// layer) come from the stage that keeps it, a broadcast over the pipeline,
+// and the block gathered before is given back (its pages too); the
+// embedding (wte, which the head uses too) and the head stay until the
+// evaluation ends. A rank thus holds its own layers, one more block, the
+// embedding and the head.
+
+// Whether this rank keeps element `off` of the block.
+static int keeps(const pipe *p, size_t off) {
+    int n;
+    const dt_grad_range *k = kept(p, &n);
+    for (int i = 0; i < n; i++)
+        if (off >= k[i].offset && off < k[i].offset + k[i].len) return 1;
+    return 0;
+}
+
+static int owner(const pipe *p, int layer) {
+    int L = model_layers(p->base.c), l = layer < 0 ? 0 : layer >= L ? L - 1 : layer;
+    for (int k = 0; k < p->P * p->V; k++)
+        if (l >= p->bounds[k] && l < p->bounds[k + 1]) return k % p->P;
+    return 0;
+}
+
+// The parameters of `layer` (as the order names them) on this rank: taken
+// from their owner (get), or given back where another stage owns them.
+static dt_status eval_layer(pipe *p, int layer, int get) {
+    dt_strategy *s = &p->base;
+    int root = owner(p, layer);
+    dt_status st = DT_OK;
+    for (int i = 0; i < s->norder && st == DT_OK; i++) {
+        if (s->order_layer[i] != layer) continue;
+        float *w = s->params + s->order[i].offset;
+        if (get) st = dt_broadcast(w, w, s->order[i].len, DT_F32, root, p->pp);
+        else if (!keeps(p, s->order[i].offset)) dt_zero_pages(w, sizeof(float) * s->order[i].len);
+    }
+    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: evaluation: gathering layer %d: %s", layer, dt_last_error());
+}
+
+static dt_status pp_params_needed(dt_strategy *s, int layer, int phase) {
+    pipe *p = (pipe *)s;
+    int L = model_layers(s->c), block = layer >= 0 && layer < L;
+    if (!p->evaluating || phase != 0) return DT_OK;
+    if (!block && (layer < 0 ? p->evaluating & 2 : p->evaluating & 4)) return DT_OK;  // (kept)
+    dt_status st = eval_layer(p, layer, 1);
+    if (st == DT_OK && block && p->gathered >= 0 && p->gathered != layer) st = eval_layer(p, p->gathered, 0);
+    if (block) p->gathered = layer;
+    else p->evaluating |= layer < 0 ? 2 : 4;
+    return st;
+}
+
+static dt_status pp_params_eval(dt_strategy *s, int begin) {
+    pipe *p = (pipe *)s;
+    if (!p->held || s->world == 1) return DT_OK;
+    if (!begin) {
+        int L = model_layers(s->c);
+        if (p->gathered >= 0) eval_layer(p, p->gathered, 0);
+        if (p->evaluating & 2) eval_layer(p, -1, 0);  // (the embedding: the layer hook's -1)
+        if (p->evaluating & 4) eval_layer(p, L, 0);
+    }
+    p->evaluating = begin;
+    p->gathered = -2;
     return DT_OK;
 }
 
@@ -778,8 +975,8 @@ static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
 // Before a save: each replica's T x P ranks hold one copy of the model
 // between them, and assemble their slices from it: for each rank of the
 // replica in turn, a piece of its slice at a time, every rank puts in what
-// it holds of the piece (the task's part_fill; stage 0's ranks alone, as
-// every stage holds its shard's whole block) and the pieces are summed onto
+// it holds of the piece (the task's part_fill; where every stage keeps its
+// shard's whole block, stage 0's ranks alone) and the pieces are summed onto
 // that rank, -0.0 elsewhere (which adds nothing, not even to a zero's sign).
 // Under ZeRO-1 the shard's optimizer state is gathered from its slices first.
 static dt_status pp_ckpt_stage(dt_strategy *s) {
@@ -801,7 +998,7 @@ static dt_status pp_ckpt_stage(dt_strategy *s) {
             for (size_t a = lo; a < hi && st == DT_OK; a += CKPT_PIECE) {
                 size_t b = hi - a < CKPT_PIECE ? hi : a + CKPT_PIECE;
                 for (size_t i = 0; i < b - a; i++) piece[i] = -0.0f;
-                if (p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
+                if (p->held || p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
                 st = dt_reduce(piece, g == me ? slice + (a - lo) : NULL, b - a, DT_F32, DT_SUM, g, p->rep);
             }
         }
@@ -904,50 +1101,45 @@ static void pp_abandon(dt_strategy *s) {
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
     dt_comm_destroy(p->rep);
-    p->pp = p->ppb = p->rep = NULL;
+    dt_comm_destroy(p->dp);
+    dt_comm_destroy(p->tie);
+    p->pp = p->ppb = p->rep = p->dp = p->tie = NULL;
 }
 
 static dt_status pp_regroup(dt_strategy *s) {
     pp_abandon(s);  // (what a try before this one left)
-    return split_pipelines((pipe *)s);
+    dt_status st = split_pipelines((pipe *)s);
+    return st == DT_OK ? share_cut((pipe *)s, 1) : st;  // (as a replacement's layout takes it)
 }
 
-// The lowest rank of c that has the state (have), or -1.
-static dt_status holder(dt_comm_t c, int have, int *root) {
-    int64_t v = have ? dt_comm_rank(c) : INT32_MAX;
-    dt_status st = dt_allreduce(&v, &v, 1, DT_I64, DT_MIN, c);
-    *root = st == DT_OK && v < INT32_MAX ? (int)v : -1;
-    return st;
-}
-
+// After a spare took a dead rank's place (every rank regrouped; the cut
+// came in the spare's layout): a rank's block from a twin that has it, the
+// ranks of its stage and tensor rank in the other replicas (what it keeps
+// of the block and its optimizer state; with T = 1 and every layer kept,
+// the whole block came with the loop's state).
 static dt_status pp_take_over(dt_strategy *s, int have, int *lost) {
     pipe *p = (pipe *)s;
-    int L = model_layers(s->c), nb = p->P * p->V + 1, root;
     *lost = 0;
-    dt_status st = holder(s->comm, have, &root);
-    if (st == DT_OK && root < 0) st = dt_error(DT_ERR_INTERNAL, "model parallel: no worker holds the stages' cut");
-    int64_t m = p->measure;
-    if (st == DT_OK) st = dt_broadcast(p->bounds, p->bounds, (size_t)nb, DT_I32, root, s->comm);
-    if (st == DT_OK) st = dt_broadcast(&m, &m, 1, DT_I64, root, s->comm);
-    if (st == DT_OK && !m && !p->layer_cost && !(p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost)))
-        st = dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
-    if (st == DT_OK && !m) st = dt_broadcast(p->layer_cost, p->layer_cost, (size_t)L * 2, DT_I32, root, s->comm);
+    if (p->T == 1 && !p->held) return DT_OK;
+    dt_comm_t twins = p->held ? p->dp : p->shard;
+    int root, n;
+    dt_status st = holder(twins, have, &root);
     if (st != DT_OK) return st;
-    p->measure = (int)m;
-    for (int v = 0; v < p->V; v++) {
-        p->ch[v].l0 = p->bounds[p->ch[v].vstage];
-        p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
-    }
-    if (p->T == 1) return DT_OK;  // (the whole block came with the loop's state)
-    // The shard: from a rank of this tensor rank that has it.
-    if ((st = holder(p->shard, have, &root)) != DT_OK) return st;
     if (root < 0) {
         *lost = 1;
-        return dt_error(DT_ERR_COMM, "model parallel: no surviving worker holds tensor rank %d's shard", p->t);
+        return dt_error(DT_ERR_COMM, "model parallel: no surviving worker holds stage %d, tensor rank %d's layers",
+                        p->stage, p->t);
     }
-    st = dt_broadcast(s->params, s->params, s->n, DT_F32, root, p->shard);
-    for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK; j++)
-        st = dt_broadcast(dt_optim_state(s->opt, j), dt_optim_state(s->opt, j), s->hi - s->lo, DT_F32, root, p->shard);
+    const dt_grad_range *k = kept(p, &n);
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        st = dt_broadcast(s->params + k[i].offset, s->params + k[i].offset, k[i].len, DT_F32, root, twins);
+        for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK && !p->counts; j++) {
+            float *o = dt_optim_state(s->opt, j) + k[i].offset;
+            st = dt_broadcast(o, o, k[i].len, DT_F32, root, twins);
+        }
+    }
+    for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK && p->counts; j++)
+        st = dt_broadcast(dt_optim_state(s->opt, j), dt_optim_state(s->opt, j), s->hi - s->lo, DT_F32, root, twins);
     return st;
 }
 
@@ -964,9 +1156,12 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .grad_norm = pp_grad_norm,
     .update = pp_update,
     .ckpt_stage = pp_ckpt_stage,
+    .params_needed = pp_params_needed,
+    .params_eval = pp_params_eval,
     .ckpt_restore = pp_ckpt_restore,
     .summary = pp_summary,
     .abandon = pp_abandon,
     .take_over = pp_take_over,
+    .layout = pp_layout,
     .regroup = pp_regroup,
 };

@@ -59,20 +59,25 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
     const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
     if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
-    if (st == DT_OK && s->nwhole) {  // parts: this rank's slice of the whole model's checkpoint
-        dt_shard_range(s->nwhole, s->rank, s->world, &s->ckpt_lo, &s->ckpt_hi);
-        size_t len = s->ckpt_hi - s->ckpt_lo + 1;
-        s->ckpt_params = dt_alloc(sizeof(float) * len);
-        for (int j = 0; j < dt_optim_num_states(s->opt) && j < 2; j++) s->ckpt_states[j] = dt_alloc(sizeof(float) * len);
-        if (!s->ckpt_params || (dt_optim_num_states(s->opt) > 0 && !s->ckpt_states[0]) ||
-            (dt_optim_num_states(s->opt) > 1 && !s->ckpt_states[1]))
-            st = dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for the checkpoint's slice", ops->name);
-    }
+    if (st == DT_OK && s->nwhole) st = dt_strategy_ckpt_slices(s);
     if (st != DT_OK) {
         dt_strategy_free(s);
         return st;
     }
     *out = s;
+    return DT_OK;
+}
+
+dt_status dt_strategy_ckpt_slices(dt_strategy *s) {
+    if (s->ckpt_params) return DT_OK;
+    if (!s->nwhole) s->nwhole = s->n;
+    dt_shard_range(s->nwhole, s->rank, s->world, &s->ckpt_lo, &s->ckpt_hi);
+    size_t len = s->ckpt_hi - s->ckpt_lo + 1;
+    s->ckpt_params = dt_alloc(sizeof(float) * len);
+    for (int j = 0; j < dt_optim_num_states(s->opt) && j < 2; j++) s->ckpt_states[j] = dt_alloc(sizeof(float) * len);
+    if (!s->ckpt_params || (dt_optim_num_states(s->opt) > 0 && !s->ckpt_states[0]) ||
+        (dt_optim_num_states(s->opt) > 1 && !s->ckpt_states[1]))
+        return dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for the checkpoint's slice", s->ops->name);
     return DT_OK;
 }
 

@@ -19,7 +19,7 @@
  *     (the control plane agrees on loss, stop and save: engine/control.h)
  *     dt_strategy_grad_norm(s, &norm)      the global gradient norm
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
- *   dt_strategy_params_release(s)        after an evaluation (which gathers through the layer hook)
+ *   dt_strategy_params_eval(s, 1 / 0)     around an evaluation (which gathers through the layer hook)
  *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
  *   dt_strategy_ckpt_stage(s)              before a checkpoint
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
@@ -105,10 +105,12 @@ typedef struct dt_strategy_ops {
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
-    /* After an evaluation, which runs forwards through the layer hook as a
-     * step does: gives back what the hook gathered outside this rank's
-     * slice (params_needed). NULL: a strategy that gathers nothing. */
-    dt_status (*params_release)(dt_strategy *s);
+    /* Around an evaluation (begin = 1 before, 0 after), which runs whole
+     * forwards through the layer hook (params_needed): a strategy whose
+     * ranks keep parts of the model gathers the others' there, and gives
+     * back what it gathered after it. NULL: a strategy that gathers
+     * nothing. */
+    dt_status (*params_eval)(dt_strategy *s, int begin);
     /* Makes every rank's parameters the same, before an evaluation, a
      * checkpoint and the final weights; NULL when they always are (every
      * peer but local SGD). */
@@ -175,6 +177,15 @@ typedef struct dt_strategy_ops {
      * init meets them (s->replicas and s->tensor_group are the task's new
      * ones by then). NULL: a strategy that splits none. */
     dt_status (*regroup)(dt_strategy *s);
+    /* After the strategy is made, before anything of the model is shared:
+     * what this rank keeps of it (a pipeline's stages: the cut, measured
+     * through the task's stages, and the task's hold of this rank's layers,
+     * which sets their parameters and takes them from the first replica).
+     * joining: this rank replaces one that died; it takes what the others
+     * decided (they meet it in their regroup) and sets nothing itself, its
+     * state comes in take_over. NULL: the rank keeps the whole model, which
+     * the loop shares from rank 0 before making the strategy. */
+    dt_status (*layout)(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int joining);
 } dt_strategy_ops;
 
 /* The part every strategy shares; a peer's struct begins with it. */
@@ -216,6 +227,9 @@ struct dt_strategy {
     dt_comm_t replicas, tensor_group;  /* the task's: the ranks of this shard, the shards of one copy */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
+    dt_comm_t copy;            /* the ranks holding one copy of the model with this one, where ranks
+                                  keep parts of it (a model-parallel replica); NULL: this rank holds it */
+    int copy_first;            /* this rank's copy is the first (rank 0's: it writes the weights file) */
     int has_staleness, staleness; /* of this rank's last gradient as applied (parameter servers; obs.h) */
     int ckpt_saves;            /* checkpoints are the strategy's (ckpt_save), not the loop's writer */
     const dt_ckpt_model *ckpt_model; /* the loop's checkpoint view and directory ("" none), set before ckpt_restore */
@@ -274,8 +288,8 @@ static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { re
 static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
     return s->ops->update(s, lr, scale);
 }
-static inline dt_status dt_strategy_params_release(dt_strategy *s) {
-    return s->ops->params_release ? s->ops->params_release(s) : DT_OK;
+static inline dt_status dt_strategy_params_eval(dt_strategy *s, int begin) {
+    return s->ops->params_eval ? s->ops->params_eval(s, begin) : DT_OK;
 }
 static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
     return s->ops->params_sync ? s->ops->params_sync(s) : DT_OK;
@@ -284,6 +298,10 @@ static inline dt_status dt_strategy_ckpt_stage(dt_strategy *s) {
     return s->ops->ckpt_stage ? s->ops->ckpt_stage(s) : DT_OK;
 }
 
+/* A model whose ranks keep parts of it (the task's part_fill): this
+ * rank's slice of the whole model's checkpoint (ckpt_params ...), made
+ * once. */
+dt_status dt_strategy_ckpt_slices(dt_strategy *s);
 /* The checkpoint view of what this rank holds: the parameter block and
  * the optimizer state (its slice [lo, hi) of each), the step count, and
  * any state of the strategy's own (ckpt_extra). Fills those fields of m;

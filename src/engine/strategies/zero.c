@@ -303,9 +303,9 @@ static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
 
 // After an evaluation, which gathers the blocks through the layer hook as a
 // forward does: the blocks still held are given back.
-static dt_status zero_params_release(dt_strategy *s) {
+static dt_status zero_params_eval(dt_strategy *s, int begin) {
     zero *z = (zero *)s;
-    return s->world == 1 ? DT_OK : drop_block(z, -1);
+    return s->world == 1 || begin ? DT_OK : drop_block(z, -1);
 }
 
 static dt_status zero_init(dt_strategy *s) {
@@ -731,7 +731,7 @@ const dt_strategy_ops dt_strategy_zero3 = {
     .sync = zero_sync,
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
-    .params_release = zero_params_release,
+    .params_eval = zero_params_eval,
     .abandon = zero_abandon,
     .take_over = zero_take_over,
 };

@@ -28,6 +28,7 @@ struct dt_task {
     dt_grad_matrix *mats;          // the block's 2-D tensors (dt_codec_matrices), nmats
     int nmats;
     dt_batch b;                    // the batch in flight: this rank's share
+    float *scratch;                // a scratch batch's images and labels (scratch_batch)
     dt_st_meta wmeta[2];
     // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
     int rank;                      // in the world
@@ -161,6 +162,7 @@ static dt_status cls_warm(const dt_config *c) {
 
 static void cls_destroy(dt_task *t) {
     if (!t) return;
+    free(t->scratch);
     dt_model_free(t->whole);
     free(t->order_split);
     free(t->tinfo);
@@ -435,6 +437,14 @@ static dt_status cls_stage_backward(dt_task *t, dt_task_stage *st, float *d, flo
     return dt_model_backward_range(t->m, st->a, d, din);
 }
 
+static dt_status cls_scratch_batch(dt_task *t, int len) {
+    size_t ss = dt_dataset_sample_size(&t->train);
+    free(t->scratch);
+    if (!(t->scratch = calloc((size_t)len * (ss + 1), sizeof(float)))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    t->b = (dt_batch){t->scratch, (const int32_t *)(t->scratch + (size_t)len * ss), len, len, 0};
+    return DT_OK;
+}
+
 // Evaluation sharded across the ranks of comm and reduced (comm NULL: all
 // of it on this rank).
 static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
@@ -562,6 +572,7 @@ const dt_task_ops dt_task_classifier = {
     .stage_begin = cls_stage_begin,
     .stage_forward = cls_stage_forward,
     .stage_backward = cls_stage_backward,
+    .scratch_batch = cls_scratch_batch,
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,

@@ -42,6 +42,7 @@ struct dt_task {
     void *layer_user;
     size_t act_bytes, act_saved;  // the activation sets made, and what 16-bit matmul inputs save in them
     int lent;                     // the default set serves a pipeline stage too (gpt_stage_create)
+    int deferred;                 // the parameters come at hold (a pipeline stage's layers)
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save).
@@ -272,9 +273,10 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
                            .tensor_group = t->tpc,
                            .tensors = t->tinfo,
                            .nwhole = dt_gpt_config_num_params(&t->gc),
-                           .part_fill = t->ntp > 1 ? part_fill : NULL,
-                           .part_take = t->ntp > 1 ? part_take : NULL,
+                           .part_fill = t->ntp > 1 || t->deferred ? part_fill : NULL,
+                           .part_take = t->ntp > 1 || t->deferred ? part_take : NULL,
                            .part_user = t,
+                           .deferred = t->deferred,
                            .ntensors = 16,
                            .weights_meta = t->wmeta,
                            .nweights_meta = dt_gpt_weights_meta(&t->gc, t->mvals, t->wmeta),
@@ -326,9 +328,12 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
     DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);
     if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
-    DT_TRY(init_params(t), done);
-    t->x = malloc(sizeof(int32_t) * t->B * t->T);
-    t->y = malloc(sizeof(int32_t) * t->B * t->T);
+    // A pipeline's stage keeps its layers alone: their parameters come when
+    // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
+    t->deferred = c->pipeline > 1 && c->zero != 1;
+    if (!t->deferred) DT_TRY(init_params(t), done);
+    t->x = calloc((size_t)t->B * t->T, sizeof(int32_t));
+    t->y = calloc((size_t)t->B * t->T, sizeof(int32_t));
     if (!t->x || !t->y) {
         st = dt_error(DT_ERR_NOMEM, "out of memory");
         goto done;
@@ -344,6 +349,20 @@ done:
         *out = NULL;
     }
     return st;
+}
+
+static dt_status gpt_hold(dt_task *t, const unsigned char *held, const dt_grad_range **ranges, int *n) {
+    dt_status st = dt_gpt_set_held(t->m, held);
+    if (st == DT_OK) st = init_params(t);
+    *ranges = dt_gpt_held_ranges(t->m, n);
+    return st;
+}
+
+static dt_status gpt_scratch_batch(dt_task *t, int len) {
+    if (len > t->B) return dt_error(DT_ERR_ARG, "gpt: a scratch batch of %d windows, more than the batch's %d", len, t->B);
+    memset(t->x, 0, sizeof(int32_t) * (size_t)len * t->T);
+    memset(t->y, 0, sizeof(int32_t) * (size_t)len * t->T);
+    return DT_OK;
 }
 
 static void gpt_start_epoch(dt_task *t, int64_t epoch, int64_t batch) { (void)t, (void)epoch, (void)batch; }
@@ -480,20 +499,13 @@ typedef struct {
 static void gpt_fill(void *user, size_t lo, size_t hi, float *buf) {
     held *h = user;
     const float *p = dt_gpt_params(h->t->m);
-    if (h->t->ntp > 1) return part_fill(h->t, p, lo, hi, buf);
+    if (h->t->ntp > 1 || h->t->deferred) return part_fill(h->t, p, lo, hi, buf);
     size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
     if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
 }
 
-// The shards of the writer's group (world ranks [0, T)) gather theirs; the
-// other groups hold copies.
 static dt_status gpt_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {
-    if (t->ntp > 1) {
-        if (t->rank >= t->ntp) return DT_OK;
-        comm = t->tpc;
-    } else if (!path && !comm) {
-        return DT_OK;
-    }
+    if (!path && !comm) return DT_OK;
     dt_st_meta meta[8];
     dt_gpt_weights_meta(&t->gc, t->mvals, meta);
     meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
@@ -538,6 +550,8 @@ const dt_task_ops dt_task_gpt = {
     .stage_begin = gpt_stage_begin,
     .stage_forward = gpt_stage_forward,
     .stage_backward = gpt_stage_backward,
+    .scratch_batch = gpt_scratch_batch,
+    .hold = gpt_hold,
     .evaluate = gpt_evaluate,
     .save = gpt_save,
     .summary = gpt_summary,

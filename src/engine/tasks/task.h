@@ -52,9 +52,12 @@ typedef struct {
     int nmatrices;
     const dt_tensor_info *tensors;    /* for checkpoints: the whole model's (also when ranks hold shards) */
     size_t nwhole;                    /* floats of the whole model's block (nparams unless sharded) */
-    dt_part_fill_fn part_fill;        /* where this rank's block lies in the whole (NULL unless sharded) */
+    dt_part_fill_fn part_fill;        /* where this rank's block lies in the whole (NULL unless sharded, or
+                                         the model can keep some layers: hold) */
     dt_part_take_fn part_take;
     void *part_user;
+    int deferred;                     /* the parameters are set by hold (a pipeline stage's layers), not at
+                                         create: the loop does not share them at the start */
     int ntensors;
     const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */
     int nweights_meta;
@@ -136,6 +139,15 @@ typedef struct dt_task_ops {
      * (in_count floats, d itself or the stage's own buffer, valid until
      * the stage's next backward); parameter gradients accumulate. */
     dt_status (*stage_backward)(dt_task *t, dt_task_stage *st, float *d, float **din);
+    /* Makes the step's batch a scratch one of len samples (zeros), so that
+     * the stages can be timed before the first step (stage_begin with off
+     * 0; the results are not used). */
+    dt_status (*scratch_batch)(dt_task *t, int len);
+    /* A model whose parameters create left unset (info's deferred): keeps
+     * only the layers held[l] says and sets their parameters (c's seed, or
+     * [model] init_from); *ranges (*n of them, owned by the task) are the
+     * block's ranges it keeps. NULL: a model that keeps every layer. */
+    dt_status (*hold)(dt_task *t, const unsigned char *held, const dt_grad_range **ranges, int *n);
     /* Evaluation sharded over comm's ranks (NULL: the whole set on this
      * rank alone); *accuracy < 0: none. step and
      * train_loss are where the run stands (for the task's history). */
