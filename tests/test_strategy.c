@@ -1053,6 +1053,43 @@ static void pipeline_refusals(void) {
 }
 
 // test_strategy [STRATEGY]: with an argument, only that strategy's rows and checks.
+// Gradient traffic by the formula (docs/model-parallel.md): a stage sums
+// its own layers' gradients over its D replicas and the tied embedding
+// between the first and the last stage, nothing else. Rank 0 (stage 0,
+// tensor rank 0) keeps wte's shard, wpe and blocks [0, L / P) (its shard of
+// the split tensors); an allreduce of S bytes over n ranks sends
+// 2 (n - 1) S / n of them (dt_comm_stats' ring count). summary.json's
+// gradient_bytes_per_step is rank 0's.
+static void gradient_traffic(void) {
+    const struct {
+        int T, P, D;
+    } g[] = {{1, 2, 1}, {1, 2, 2}, {1, 4, 1}, {2, 2, 1}, {2, 2, 2}};
+    for (size_t i = 0; i < sizeof g / sizeof *g; i++) {
+        const char *cfg = g[i].T > 1 ? cfg_gptt4 : cfg_gpt4;
+        dt_gpt_config c = {4, g[i].T > 1 ? 4 : 2, 16, 8, 32, g[i].T > 1 ? 32 : dt_gpt_pad_vocab(32)};
+        dt_tensor_info t[16];
+        dt_gpt_param_shapes(&c, t);
+        size_t S = 0;
+        for (int k = 0; k < 14; k++) {  // (lnf is the last stage's)
+            size_t n = k >= 2 ? t[k].numel / 4 * (4 / g[i].P) : t[k].numel;
+            S += dt_gpt_tensor_split(k) ? n / g[i].T : n;
+        }
+        double want = 4.0 * S * 2 * (g[i].D - 1) / g[i].D + 4.0 * t[0].numel / g[i].T;
+        char name[64], flags[256];
+        snprintf(name, sizeof name, "grad-bytes-%d", (int)i);
+        snprintf(flags, sizeof flags, "--set train.max_steps=4 --set parallel.tensor=%d --set parallel.pipeline=%d "
+                 "--set parallel.pipeline_balance=count", g[i].T, g[i].P);
+        int W = g[i].T * g[i].P * g[i].D, rc = train(name, cfg, W, flags);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, name);
+        double got = rc == 0 ? tl_json_number(path, "gradient_bytes_per_step") : -1;
+        CHECK(got == want, "tensor %d x pipeline %d x data %d: rank 0's gradient sums sent %.0f bytes a step, the formula %.0f",
+              g[i].T, g[i].P, g[i].D, got, want);
+        printf("gradient bytes   tensor %d x pipeline %d x data %d: %.0f a step on rank 0 (formula %.0f)\n", g[i].T,
+               g[i].P, g[i].D, got, want);
+    }
+}
+
 // The memory rows (docs/model-parallel.md, Memory of a rank): every rank's
 // peak over a run with an evaluation, a checkpoint and the weights file
 // against the formula the run printed: its model-sized parts (the
@@ -1141,6 +1178,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
     if (!only || !strcmp(only, "pipeline-zero")) pipeline_zero();
     if (!only || !strcmp(only, "memory")) memory_rows();
+    if (!only || !strcmp(only, "pipeline")) gradient_traffic();
     if (!only || !strcmp(only, "memory")) memory_limit();
     if (!only || !strcmp(only, "pipeline-balance")) pipeline_balance();
     if (only && !strcmp(only, "refusals")) pipeline_refusals();

@@ -110,6 +110,7 @@ typedef struct {
     int nheld;             // NULL: the whole block
     int evaluating;        // between params_eval(1) and (0): other stages' layers gathered for a whole forward
     int gathered;          // the layer gathered last (DT_GPT_EMBED - 1: none)
+    uint64_t grad_sent0;   // grad_sent() after the layout (the start's broadcast)
     dt_grad_range all;     // [0, n)
     const dt_task_ops *tops;
     chunk *ch;             // [V]
@@ -706,6 +707,15 @@ static dt_status share_cut(pipe *p, int have) {
     return DT_OK;
 }
 
+// Bytes this rank's gradient sums sent so far (over its stage's replicas
+// and the tied embedding's pair).
+static uint64_t grad_sent(const pipe *p) {
+    dt_comm_stats a, b;
+    dt_comm_get_stats(p->dp, &a);
+    dt_comm_get_stats(p->tie, &b);
+    return a.bytes_sent + b.bytes_sent;
+}
+
 // Before the first step, after the model and this strategy are made: the
 // cut (measured now, or from a rank that has it when this rank replaces
 // one), then this rank's layers: a model that can keep only some (the
@@ -740,6 +750,7 @@ static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *tas
     if (st == DT_OK) st = dt_strategy_ckpt_slices(s);
     for (int i = 0; i < p->nheld && st == DT_OK && !joining; i++)
         st = dt_broadcast(s->params + p->held[i].offset, s->params + p->held[i].offset, p->held[i].len, DT_F32, 0, p->dp);
+    p->grad_sent0 = grad_sent(p);
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the stage's layers: %s", dt_last_error());
 }
 
@@ -1058,6 +1069,8 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(j, "stages", p->P);
     cJSON_AddNumberToObject(j, "virtual_stages", p->V);
     cJSON_AddNumberToObject(j, "micro_batches", p->M);
+    if (p->held && p->steps > 0)  // what the gradient sums sent a step (the comm's count, dt_comm_stats)
+        cJSON_AddNumberToObject(j, "gradient_bytes_per_step", (double)(grad_sent(p) - p->grad_sent0) / (double)p->steps);
     if (S == 1) return;
     cJSON_AddStringToObject(j, "balance", balance_name(c, p->layer_cost != NULL));
     cJSON *a = cJSON_AddArrayToObject(j, "stage_layers");  // [first layer, end] of each (virtual) stage
