@@ -39,20 +39,24 @@
  * activation set from the task's stage calls (task.h). With P = 1 the
  * one stage runs the M micro-batches one after the other.
  *
- * Parameters: every rank holds its shard's whole flat block (the whole
- * model when T = 1) and its optimizer state, as replicated data parallel
- * does; a stage computes the gradients of its own layers only (the others
- * stay zero). sync() then sums the gradient block over the W / T ranks of
- * the same shard: per replica every parameter has one stage that computed
- * it -- except the tied token embedding, whose two parts (embedding on the
- * first stage, head on the last) are added there, as the tie requires --
- * and over the replicas the sum is the global mean (gradients carry the
- * weight len / global). The ranks of a shard then hold the same gradient,
- * take the same norm (the split tensors' squares summed over the T shards,
- * the whole ones counted once) and make the same update, so the weights
- * stay equal on them. The cost of this version: every rank stores and
- * updates all the layers of its shard, and the gradient sum moves the
- * whole block (docs/model-parallel.md).
+ * Parameters: a GPT's stage keeps only its layers (pp_layout cuts the
+ * stages before any parameter is set, timing the layers on a scratch
+ * micro-batch; the task's hold keeps its chunks' blocks, with the
+ * embedding on the first stage and the final layernorm and the tied wte on
+ * the last): its blocks keep the whole model's layout but only its ranges
+ * are touched. sync() sums those ranges over the stage's replicas (dp) and
+ * the tied wte's two parts between the end stages (tie); the update goes
+ * range by range; evaluation gathers the other stages' layers one at a
+ * time through the layer hook (params_needed). A sequential model's stage
+ * and any under ZeRO-1 keep their shard's whole block instead: a stage
+ * computes the gradients of its own layers only (the others stay zero),
+ * and sync() sums the block over the W / T ranks of the same shard (which
+ * adds the tied embedding's parts). Over the replicas the sum is the
+ * global mean (gradients carry the weight len / global). The norm adds
+ * each range's one holder's squares over the replica (the split tensors of
+ * every shard, the whole ones of shard 0). Checkpoints of a model in parts
+ * (shards, or stages that keep their layers) hold the whole model's
+ * tensors, a slice a rank, assembled a piece at a time (ckpt_stage).
  *
  * The loss: only the last stage's tensor rank 0 reports it; the others add
  * 0 to the control plane's sum, which divides by the global batch.

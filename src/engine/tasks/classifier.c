@@ -6,7 +6,6 @@
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/dynbatch.h"
-#include "engine/checkpoints.h"
 #include "engine/codecs/codec.h"
 #include "engine/tasks/task.h"
 
@@ -31,7 +30,6 @@ struct dt_task {
     float *scratch;                // a scratch batch's images and labels (scratch_batch)
     dt_st_meta wmeta[2];
     // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
-    int rank;                      // in the world
     dt_task_layer_fn layer_fn;     // the loop's layer hook, and its argument
     void *layer_user;
     int tp, ntp;
@@ -326,7 +324,6 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;
-    t->rank = dt_comm_rank(comm);
     dt_status st;
     DT_TRY(load_split(c, "train", &t->train), done);
     DT_TRY(load_split(c, "test", &t->test), done);
@@ -467,34 +464,10 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
-// What of the whole block this rank holds: its slice [lo, hi), or (tensor
-// parallel) its shard's parts.
-typedef struct {
-    dt_task *t;
-    size_t lo, hi;
-} held;
-
-static void cls_fill(void *user, size_t lo, size_t hi, float *buf) {
-    held *h = user;
-    const float *p = dt_model_params(h->t->m);
-    if (h->t->ntp > 1) return part_fill(h->t, p, lo, hi, buf);
-    size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
-    if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
-}
-
-// The shards of the writer's group (world ranks [0, T)) gather theirs; the
-// other groups hold copies.
 static dt_status cls_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {
-    if (t->ntp > 1) {
-        if (t->rank >= t->ntp) return DT_OK;
-        comm = t->tpc;
-    } else if (!path && !comm) {
-        return DT_OK;
-    }
     dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
-    held h = {t, lo, hi};
-    dt_status st = dt_run_weights_write(path, t->tinfo, dt_model_num_tensors(t->m), meta, 3, comm, cls_fill, &h);
-    return st == DT_OK ? DT_OK : dt_error(st, "saving the model: %s", dt_last_error());
+    return dt_task_write_weights(path, t->tinfo, dt_model_num_tensors(t->m), meta, 3, dt_model_params(t->m),
+                                 t->ntp > 1 ? part_fill : NULL, t, comm, lo, hi);
 }
 
 static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {

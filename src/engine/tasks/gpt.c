@@ -11,7 +11,6 @@
 #include "dtrain/gpt.h"
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
-#include "engine/checkpoints.h"
 #include "engine/codecs/codec.h"
 #include "engine/tasks/task.h"
 
@@ -25,7 +24,6 @@ struct dt_task {
     unsigned char *order_split;  // the ranges divided among the tensor-parallel ranks
     dt_grad_matrix *mats;        // the block's 2-D tensors, layer by layer (dt_codec_matrices), nmats
     int nmats;
-    int rank;                    // in the world
     int tp, ntp;                 // [parallel] tensor: this rank's shard of ntp (0 of 1: the whole model)
     dt_comm_t tpc, rest;         // its shard's group (tensor innermost), and the ranks of its shard
     dt_gpt_config gc;
@@ -317,7 +315,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     t->B = c->batch;
     t->T = c->seq_len;
     t->Bm = max_micro;
-    int rank = t->rank = dt_comm_rank(comm), W = dt_comm_size(comm), norder;
+    int rank = dt_comm_rank(comm), W = dt_comm_size(comm), norder;
     t->first = (int)((long)t->B * rank / W);
     t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
     dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
@@ -489,29 +487,12 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     return DT_OK;
 }
 
-// What of the whole block this rank holds: its slice [lo, hi), or (tensor
-// parallel) its shard's parts.
-typedef struct {
-    dt_task *t;
-    size_t lo, hi;
-} held;
-
-static void gpt_fill(void *user, size_t lo, size_t hi, float *buf) {
-    held *h = user;
-    const float *p = dt_gpt_params(h->t->m);
-    if (h->t->ntp > 1 || h->t->deferred) return part_fill(h->t, p, lo, hi, buf);
-    size_t a = lo > h->lo ? lo : h->lo, b = hi < h->hi ? hi : h->hi;
-    if (a < b) memcpy(buf + (a - lo), p + a, sizeof(float) * (b - a));
-}
-
 static dt_status gpt_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {
-    if (!path && !comm) return DT_OK;
     dt_st_meta meta[8];
     dt_gpt_weights_meta(&t->gc, t->mvals, meta);
     meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
-    held h = {t, lo, hi};
-    dt_status st = dt_run_weights_write(path, t->tinfo, 16, meta, 8, comm, gpt_fill, &h);
-    return st == DT_OK ? DT_OK : dt_error(st, "saving the model: %s", dt_last_error());
+    return dt_task_write_weights(path, t->tinfo, 16, meta, 8, dt_gpt_params(t->m),
+                                 t->ntp > 1 || t->deferred ? part_fill : NULL, t, comm, lo, hi);
 }
 
 static void gpt_summary(dt_task *t, cJSON *o, const dt_train_result *r) {

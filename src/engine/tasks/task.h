@@ -204,6 +204,14 @@ void dt_task_eval_share(long n, int r, int W, int chunk, int *lo, int *hi, int *
  * 0), without the forwards. fn NULL: none. */
 dt_status dt_task_replay(dt_task_layer_fn fn, void *user, int first, int last, int times);
 
+/* A task's save (above): the weights file of tensors[n] from params (this
+ * rank's block, valid in [lo, hi); or its parts, through fill and user:
+ * dt_task_info's part_fill) and what the other ranks of comm hold
+ * (dt_run_weights_write). */
+dt_status dt_task_write_weights(const char *path, const dt_tensor_info *tensors, int n, const dt_st_meta *meta,
+                                int nmeta, const float *params, dt_part_fill_fn fill, void *user, dt_comm_t comm,
+                                size_t lo, size_t hi);
+
 extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
 extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
 
