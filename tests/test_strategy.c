@@ -253,6 +253,8 @@ static const row rows[] = {
     // gradients, layer by layer), the GPT on a grid within 1e-5 (tensor
     // shards add partial sums in another order)
     {"model-parallel-det", "mlp", 4, 0, SEQ20 DET PP2, SEQ20 DET, 0, 0},
+    // (a stage of the relu alone keeps no parameters)
+    {"model-parallel-det", "mlp", 3, 0, SEQ20 DET "--set parallel.pipeline=3 --set parallel.pipeline_split=1,1,3", SEQ20 DET, 0, 0},
     {"model-parallel-det", "gptt4", 4, 0, TP20 DET "--set parallel.tensor=2 " PP2, TP20 DET, 1e-5, 0},
     // tensor parallel, alone and on grids with data and pipeline parallel
     // (T x P x data <= 8), 20 steps; "gptt" has 4 heads, a vocabulary of

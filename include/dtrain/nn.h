@@ -225,6 +225,16 @@ DT_API void dt_model_shard_fill(const dt_model *m, int tp, const float *local, s
 /* The elements of shard tp's block `local` that lie in [lo, hi) of the
  * whole model's block, from buf[0, hi - lo) (the whole layers too). */
 DT_API void dt_model_shard_take(const dt_model *m, int tp, float *local, size_t lo, size_t hi, const float *buf);
+/* Keeps only the layers held[l] says (NULL: all; a pipeline stage's): the
+ * parameters and gradients of the rest are never touched (their pages of
+ * the blocks are never made) by dt_model_init (which draws their values
+ * all the same, so the kept ones are the whole model's),
+ * dt_model_zero_grad, dt_model_shard_fill and _take; the caller runs
+ * stages of its layers only. Before dt_model_init. DT_ERR_ARG when it
+ * keeps none. dt_model_held_ranges: the block's ranges they take, in
+ * block order (*n of them; owned by m; after dt_model_set_held). */
+DT_API dt_status dt_model_set_held(dt_model *m, const unsigned char *held);
+DT_API const dt_grad_range *dt_model_held_ranges(const dt_model *m, int *n);
 
 /* ---- pipeline stages of a sequential model --------------------------------
  * A stage runs layers [l0, l1) of a model on activations of its own, one

@@ -40,6 +40,9 @@ struct dt_model {
     int nlayers, max_batch, in_shape[3];
     layer_t *L;
     size_t nparams;
+    unsigned char *held;        // the layers kept (dt_model_set_held; NULL: all)
+    dt_grad_range *hranges;     // the block's ranges they take, nheld
+    int nheld;
     float *params, *grads;
     float *probs;          // [max_batch, classes]
     const float *input;    // last forward's input
@@ -218,6 +221,8 @@ static void free_layer_acts(layer_t *l, int own_act) {
 
 void dt_model_free(dt_model *m) {
     if (!m) return;
+    free(m->held);
+    free(m->hranges);
     for (int i = 0; i < m->nlayers; i++) free_layer_acts(&m->L[i], 0);
     dt_free(m->cscratch);
     free(m->L);
@@ -516,23 +521,60 @@ nomem:
                     max_batch);
 }
 
+// (a layer the model does not keep draws its values all the same: the
+// others get the whole model's)
 void dt_model_init(dt_model *m, uint64_t seed) {
     dt_rng r;
     dt_rng_seed(&r, seed);
     for (int i = 0; i < m->nlayers; i++) {
         layer_t *l = &m->L[i];
-        float *w = m->params + l->w_off, *b = m->params + l->b_off;
+        float *w = m->params + l->w_off, *b = m->params + l->b_off, v;
+        int keep = !m->held || m->held[i];
         if (l->spec.kind == DT_LAYER_LAYERNORM) {
-            for (size_t j = 0; j < l->w_n; j++) w[j] = 1.0f;
-            for (size_t j = 0; j < l->b_n; j++) b[j] = 0.0f;
+            for (size_t j = 0; j < l->w_n && keep; j++) w[j] = 1.0f;
+            for (size_t j = 0; j < l->b_n && keep; j++) b[j] = 0.0f;
         } else if (l->w_n) {
             size_t fan_in = l->w_n / (size_t)l->spec.out;
             float bound = 1.0f / sqrtf((float)fan_in);
-            for (size_t j = 0; j < l->w_n; j++) w[j] = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound;
-            for (size_t j = 0; j < l->b_n; j++) b[j] = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound;
+            for (size_t j = 0; j < l->w_n; j++)
+                if (v = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound, keep) w[j] = v;
+            for (size_t j = 0; j < l->b_n; j++)
+                if (v = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound, keep) b[j] = v;
         }
     }
     m->seed = seed;
+}
+
+dt_status dt_model_set_held(dt_model *m, const unsigned char *held) {
+    int any = 0, n = 0;
+    for (int i = 0; held && i < m->nlayers; i++) any |= held[i];
+    if (held && !any) return dt_error(DT_ERR_ARG, "model: keeps none of its %d layers", m->nlayers);
+    free(m->held);
+    free(m->hranges);
+    m->held = held ? malloc((size_t)m->nlayers) : NULL;
+    m->hranges = malloc(sizeof *m->hranges * (2 * (size_t)m->nlayers + 1));
+    if ((held && !m->held) || !m->hranges) return dt_error(DT_ERR_NOMEM, "model: out of memory");
+    if (held) memcpy(m->held, held, (size_t)m->nlayers);
+    for (int i = 0; i < m->nlayers; i++) {
+        const layer_t *l = &m->L[i];
+        size_t r[2][2] = {{l->w_off, l->w_n}, {l->b_off, l->b_n}};
+        for (int k = 0; k < 2; k++) {
+            if ((held && !held[i]) || !r[k][1]) continue;
+            if (n && m->hranges[n - 1].offset + m->hranges[n - 1].len == r[k][0]) m->hranges[n - 1].len += r[k][1];
+            else m->hranges[n++] = (dt_grad_range){r[k][0], r[k][1]};
+        }
+    }
+    m->nheld = n;
+    if (held) {  // (dt_grad_range is two size_t: the pairs dt_pages_unused takes)
+        dt_pages_unused(m->params, sizeof(float), m->nparams, (const size_t *)m->hranges, n);
+        dt_pages_unused(m->grads, sizeof(float), m->nparams, (const size_t *)m->hranges, n);
+    }
+    return DT_OK;
+}
+
+const dt_grad_range *dt_model_held_ranges(const dt_model *m, int *n) {
+    *n = m->nheld;
+    return m->hranges;
 }
 
 size_t dt_model_num_params(const dt_model *m) { return m->nparams; }
@@ -569,6 +611,7 @@ typedef void (*run_fn)(void *user, size_t local, size_t whole, size_t n);
 static void shard_runs(const dt_model *m, int tp, int sole, run_fn fn, void *user) {
     for (int i = 0; i < m->nlayers; i++) {
         const layer_t *l = &m->L[i];
+        if (m->held && !m->held[i]) continue;
         size_t wo = m->ntp > 1 ? l->ww_off : l->w_off, bo = m->ntp > 1 ? l->wb_off : l->b_off;
         size_t wn = l->w_n, bn = l->b_n;
         if (l->tp == 0 && sole && tp > 0) continue;
@@ -630,7 +673,11 @@ const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
 const float *dt_model_logits(const dt_model *m) { return m->L[m->nlayers - 1].act; }
 const float *dt_model_probs(const dt_model *m) { return m->probs; }
 
-void dt_model_zero_grad(dt_model *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
+void dt_model_zero_grad(dt_model *m) {
+    if (!m->held) memset(m->grads, 0, sizeof(float) * m->nparams);
+    for (int i = 0; m->held && i < m->nheld; i++)
+        memset(m->grads + m->hranges[i].offset, 0, sizeof(float) * m->hranges[i].len);
+}
 
 // Layers [l0, l1) of L on B samples (L: the model's layers, or a pipeline
 // stage's copy, dt_model_acts): their input is x when l0 = 0, else layer

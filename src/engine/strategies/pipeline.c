@@ -39,16 +39,16 @@
  * activation set from the task's stage calls (task.h). With P = 1 the
  * one stage runs the M micro-batches one after the other.
  *
- * Parameters: a GPT's stage keeps only its layers (pp_layout cuts the
- * stages before any parameter is set, timing the layers on a scratch
- * micro-batch; the task's hold keeps its chunks' blocks, with the
- * embedding on the first stage and the final layernorm and the tied wte on
- * the last): its blocks keep the whole model's layout but only its ranges
- * are touched. sync() sums those ranges over the stage's replicas (dp) and
+ * Parameters: a stage keeps only its layers (pp_layout cuts the stages
+ * before any parameter is set, timing the layers on a scratch
+ * micro-batch; the task's hold keeps its chunks' layers: a GPT's blocks,
+ * with the embedding on the first stage and the final layernorm and the
+ * tied wte on the last): its blocks keep the whole model's layout but only
+ * its ranges are touched. sync() sums those ranges over the stage's replicas (dp) and
  * the tied wte's two parts between the end stages (tie); the update goes
  * range by range; evaluation gathers the other stages' layers one at a
- * time through the layer hook (params_needed). A sequential model's stage
- * and any under ZeRO-1 keep their shard's whole block instead: a stage
+ * time through the layer hook (params_needed). A stage under ZeRO-1, or
+ * of one replica with spares, keeps its shard's whole block instead: it
  * computes the gradients of its own layers only (the others stay zero),
  * and sync() sums the block over the W / T ranks of the same shard (which
  * adds the tied embedding's parts). Over the replicas the sum is the
@@ -110,6 +110,7 @@ typedef struct {
     dt_comm_t rep;         // this replica's T x P ranks, which hold one copy of the model (checkpoints, the norm)
     dt_comm_t dp;          // the ranks of this (stage, t): the replicas, which hold the same layers
     dt_comm_t tie;         // P > 1, the first and the last stage of (replica, t): the tied embedding's two parts
+    int tied;              // both keep the order's first range (a tied head's, s->tied): summed over tie
     const dt_grad_range *held; // the layers' ranges of the block this rank keeps (the task's hold), nheld;
     int nheld;             // NULL: the whole block
     int evaluating;        // between params_eval(1) and (0): other stages' layers gathered for a whole forward
@@ -610,10 +611,11 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
         st = dt_isend(sl->din, sl->in_count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
     // Deterministic: each micro-batch's gradient on its own into int64
     // fixed point, whose sums do not depend on their order (dp_det.c).
-    for (int i = 0, n = 0; st == DT_OK && p->acc && (i == 0 || i < n); i++) {
-        const dt_grad_range *k = kept(p, &n);
-        dt_fixed_add(p->acc + k[i].offset, p->base.grads + k[i].offset, k[i].len, DT_FIXED_SCALE);
-        memset(p->base.grads + k[i].offset, 0, sizeof(float) * k[i].len);
+    int n;
+    const dt_grad_range *r = kept(p, &n);
+    for (int i = 0; st == DT_OK && p->acc && i < n; i++) {
+        dt_fixed_add(p->acc + r[i].offset, p->base.grads + r[i].offset, r[i].len, DT_FIXED_SCALE);
+        memset(p->base.grads + r[i].offset, 0, sizeof(float) * r[i].len);
     }
     p->alive--;
     return st;
@@ -720,6 +722,18 @@ static uint64_t grad_sent(const pipe *p) {
     return a.bytes_sent + b.bytes_sent;
 }
 
+// A stage that keeps every layer, its parameters set after the cut all the
+// same (the task deferred them): every rank's from rank 0 of its tensor
+// rank, as the loop shares a whole model's.
+static dt_status keep_all(pipe *p, const dt_task_ops *tops, dt_task *task, int joining) {
+    dt_strategy *s = &p->base;
+    const dt_grad_range *r;
+    int n;
+    dt_status st = tops->hold(task, NULL, &r, &n);
+    if (st == DT_OK && !joining) st = dt_broadcast(s->params, s->params, s->n, DT_F32, 0, p->shard ? p->shard : s->comm);
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the stage's layers: %s", dt_last_error());
+}
+
 // Before the first step, after the model and this strategy are made: the
 // cut (measured now, or from a rank that has it when this rank replaces
 // one), then this rank's layers: a model that can keep only some (the
@@ -740,7 +754,11 @@ static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *tas
         p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
     }
     if (p->measure && !joining) print_stages(p);
-    if (!tops->hold || p->P == 1 || p->counts) return DT_OK;  // (every layer kept: the task set them all)
+    // Every layer kept: under ZeRO-1, and with spares where a stage has no
+    // twin to give a spare its layers (one replica): any survivor can.
+    int whole = p->counts || (p->D == 1 && dt_worker_spares() > 0);
+    if (!tops->hold || p->P == 1 || p->counts) return DT_OK;  // (the task set them all at create)
+    if (whole) return keep_all(p, tops, task, joining);
     unsigned char *held = calloc((size_t)L, 1);
     if (!held) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     for (int v = 0; v < p->V; v++) memset(held + p->ch[v].l0, 1, (size_t)(p->ch[v].l1 - p->ch[v].l0));
@@ -749,6 +767,9 @@ static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *tas
     for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK; j++)  // (the blocks' pages: the model's own)
         dt_pages_unused(dt_optim_state(s->opt, j), sizeof(float), s->n, (const size_t *)p->held, p->nheld);
     if (st == DT_OK && p->acc) dt_pages_unused(p->acc, sizeof(int64_t), s->n, (const size_t *)p->held, p->nheld);
+    // A tied embedding (the GPT's wte, the order's first range) is kept by
+    // the first and the last stage alike.
+    p->tied = s->tied && p->tie && s->order;
     s->copy = p->rep;
     s->copy_first = p->replica == 0;
     if (st == DT_OK) st = dt_strategy_ckpt_slices(s);
@@ -843,7 +864,7 @@ static dt_status pp_sync(dt_strategy *s) {
     dt_status st = DT_OK;
     for (int i = 0; i < n && st == DT_OK; i++) st = sum_range(p, k[i].offset, k[i].len, c);
     // (the order's first range is wte: the embedding's, and the head's on the last stage)
-    if (st == DT_OK && p->held && p->tie && s->order) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
+    if (st == DT_OK && p->tied) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
     for (int i = 0; i < n && p->acc; i++) {
         dt_fixed_to_float(s->grads + k[i].offset, p->acc + k[i].offset, k[i].len);
         memset(p->acc + k[i].offset, 0, sizeof(int64_t) * k[i].len);

@@ -45,6 +45,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->part_fill = a->part_fill;
     s->part_take = a->part_take;
     s->part_user = a->part_user;
+    s->tied = a->tied;
     s->replicas = a->replicas;
     s->tensor_group = a->tensor_group;
     s->obs = a->obs;

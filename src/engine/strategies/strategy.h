@@ -73,6 +73,7 @@ typedef struct {
     dt_comm_t replicas, tensor_group; /* the task's (task.h), NULL without shards */
     const dt_grad_matrix *matrices;   /* the block's 2-D tensors, for the gradient codec (NULL, 0: none) */
     int nmatrices;
+    int tied;                    /* the order's first range is used by the first and the last layer (task.h) */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -227,6 +228,7 @@ struct dt_strategy {
     dt_comm_t replicas, tensor_group;  /* the task's: the ranks of this shard, the shards of one copy */
     int grads_zero;            /* the update leaves the gradient block zero: the loop skips the task's zero_grad */
     int params_sliced;         /* only params[lo, hi) is kept between steps (checkpoints hold that) */
+    int tied;                  /* the order's first range is used by the first and the last layer (task.h) */
     dt_comm_t copy;            /* the ranks holding one copy of the model with this one, where ranks
                                   keep parts of it (a model-parallel replica); NULL: this rank holds it */
     int copy_first;            /* this rank's copy is the first (rank 0's: it writes the weights file) */

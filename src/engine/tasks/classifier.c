@@ -28,6 +28,7 @@ struct dt_task {
     int nmats;
     dt_batch b;                    // the batch in flight: this rank's share
     float *scratch;                // a scratch batch's images and labels (scratch_batch)
+    int deferred;                  // the parameters come at hold (a pipeline stage's layers)
     dt_st_meta wmeta[2];
     // [parallel] tensor: this rank's shard tp of ntp (0 of 1: the whole model)
     dt_task_layer_fn layer_fn;     // the loop's layer hook, and its argument
@@ -208,6 +209,8 @@ static dt_status cls_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt
 // consecutive ranks from rank - rank % T hold the T shards of one copy of
 // the model (docs/model-parallel.md's layout, as the GPT's); the ranks of
 // the same shard evaluate together.
+static void init_params(dt_task *t);
+
 static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int model_rows) {
     dt_status st = tensor_groups(t, comm);
     if (st != DT_OK) return st;
@@ -216,14 +219,31 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
     if (dt_model_num_classes(t->m) != t->train.classes)
         return dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                         dt_model_num_classes(t->m), t->train.classes);
-    dt_model_init(t->m, c->seed);
-    if (t->ntp > 1) {  // a shard's part of the whole model's initial parameters
+    if (t->ntp > 1) {
         if ((st = dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1)) != DT_OK) return st;
-        dt_model_init(t->whole, c->seed);
-        dt_model_shard_take(t->m, t->tp, dt_model_params(t->m), 0, dt_model_num_params(t->whole), dt_model_params(t->whole));
         dt_model_set_reduce(t->m, tp_reduce, t);
     }
+    // A pipeline's stage keeps its layers alone: their parameters come when
+    // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
+    t->deferred = c->pipeline > 1 && c->zero != 1;
+    if (!t->deferred) init_params(t);
     return DT_OK;
+}
+
+// The initial parameters from c's seed; a shard's part of the whole
+// model's.
+static void init_params(dt_task *t) {
+    dt_model_init(t->m, t->c->seed);
+    if (t->ntp == 1) return;
+    dt_model_init(t->whole, t->c->seed);
+    dt_model_shard_take(t->m, t->tp, dt_model_params(t->m), 0, dt_model_num_params(t->whole), dt_model_params(t->whole));
+}
+
+static dt_status cls_hold(dt_task *t, const unsigned char *held, const dt_grad_range **ranges, int *n) {
+    dt_status st = dt_model_set_held(t->m, held);
+    if (st == DT_OK) init_params(t);
+    *ranges = dt_model_held_ranges(t->m, n);
+    return st;
 }
 
 // The training split's loader: this rank's share of each batch (a model
@@ -296,9 +316,10 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
                            .tensor_group = t->tpc,
                            .tensors = t->tinfo,
                            .nwhole = dt_model_whole_params(t->m),
-                           .part_fill = t->ntp > 1 ? part_fill : NULL,
-                           .part_take = t->ntp > 1 ? part_take : NULL,
+                           .part_fill = t->ntp > 1 || t->deferred ? part_fill : NULL,
+                           .part_take = t->ntp > 1 || t->deferred ? part_take : NULL,
                            .part_user = t,
+                           .deferred = t->deferred,
                            .ntensors = nt,
                            .weights_meta = t->wmeta,
                            .nweights_meta = 2,
@@ -467,7 +488,7 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
 static dt_status cls_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {
     dt_st_meta meta[] = {{"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"name", t->c->name}};
     return dt_task_write_weights(path, t->tinfo, dt_model_num_tensors(t->m), meta, 3, dt_model_params(t->m),
-                                 t->ntp > 1 ? part_fill : NULL, t, comm, lo, hi);
+                                 t->ntp > 1 || t->deferred ? part_fill : NULL, t, comm, lo, hi);
 }
 
 static void cls_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
@@ -546,6 +567,7 @@ const dt_task_ops dt_task_classifier = {
     .stage_forward = cls_stage_forward,
     .stage_backward = cls_stage_backward,
     .scratch_batch = cls_scratch_batch,
+    .hold = cls_hold,
     .evaluate = cls_evaluate,
     .save = cls_save,
     .summary = cls_summary,

@@ -58,6 +58,8 @@ typedef struct {
     void *part_user;
     int deferred;                     /* the parameters are set by hold (a pipeline stage's layers), not at
                                          create: the loop does not share them at the start */
+    int tied;                         /* the order's first range is used by the first and the last layer
+                                         too (the GPT's wte, its tied head): a pipeline's end stages keep it */
     int ntensors;
     const dt_st_meta *weights_meta;   /* the weights file's metadata (a GPT's shape) */
     int nweights_meta;
