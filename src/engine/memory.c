@@ -9,6 +9,7 @@
 #include "dtrain/train.h"
 
 #include "engine/strategies/strategy.h"
+#include "engine/worker.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,8 +165,9 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
 // pipeline strategy's layout; under ZeRO-1 every layer): its stage's share
 // of the blocks, ceil(L / P) of them, with the embedding and the head (the
 // stage holding both ends, the bound). np = 0: one block with both.
-static size_t held_params(const dt_config *c, const dt_gpt_config *gc, int ntp, size_t np) {
-    if (np && (c->pipeline <= 1 || c->zero == 1)) return np;
+static size_t held_params(const dt_config *c, const dt_gpt_config *gc, int ntp, size_t np, int W) {
+    int D = W / (c->tensor * c->pipeline);  // (one replica with spares: every layer, pipeline.c's keep_all)
+    if (np && (c->pipeline <= 1 || c->zero == 1 || (D <= 1 && dt_worker_spares() > 0))) return np;
     dt_gpt_config one = *gc, two = *gc;
     one.n_layer = 1;
     two.n_layer = 2;
@@ -214,21 +216,25 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // Parameters and gradients, the optimizer's state, and a weights file
     // while it loads.
     n->np = np;
-    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, held_params(c, &gc, ntp, np), c->zero, W, NULL)
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, held_params(c, &gc, ntp, np, W), c->zero, W, NULL)
                                    : sizeof(float) * np * 3;
-    if (use == DT_MEM_TRAIN && np != held_params(c, &gc, ntp, np))  // evaluation: a block, the embedding, the head
-        n->model = sat_add(n->model, sizeof(float) * held_params(c, &gc, ntp, 0));
+    if (use == DT_MEM_TRAIN && np != held_params(c, &gc, ntp, np, W))  // evaluation: a block, the embedding, the head
+        n->model = sat_add(n->model, sizeof(float) * held_params(c, &gc, ntp, 0, W));
     dt_tensor_info t[16];
     dt_gpt_param_shapes(&gc, t);
     size_t big = 0;
     for (int i = 0; i < 16; i++) big = t[i].numel > big ? t[i].numel : big;
-    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, np != held_params(c, &gc, ntp, np));
+    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, np != held_params(c, &gc, ntp, np, W));
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last
     // one kept for backward, and the gradients of two blocks in flight to
     // their owners.
+    // The embedding and the head (wte, wpe, lnf) are gathered whole for the
+    // step, and their gradients are whole until the step's reduction.
     size_t C = (size_t)c->n_embd, block = sizeof(float) * (12 * C * C + 13 * C) / (size_t)W * (size_t)(W - 1);
-    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block);
+    size_t ends = sizeof(float) * (t[0].numel + t[1].numel + 2 * C);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1)
+        n->model = sat_add(n->model, 5 * block + ends / (size_t)W * (size_t)(W - 1) + ends);
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
