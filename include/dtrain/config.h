@@ -193,6 +193,9 @@ DT_API dt_status dt_parse_u64(const char *what, const char *text, uint64_t max, 
 
 /* The [compression] method's name ("none", "fp16", ...; "?" out of range). */
 DT_API const char *dt_comp_method_name(int method);
+/* The section of config key `key` (its first, where several sections have
+ * one), or NULL when no section has it: for "did you mean --set ...". */
+DT_API const char *dt_config_key_section(const char *key);
 
 /* Defaults for every field (the values docs/config.md lists). */
 DT_API void dt_config_defaults(dt_config *c);

@@ -220,6 +220,12 @@ DT_API uint32_t dt_crc32c(uint32_t crc, const void *p, size_t n);
  * Returns out. */
 DT_API char *dt_escape_text(char *out, size_t n, const char *s, size_t len);
 
+/* The candidate closest to `word` by edit distance (insertions, deletions,
+ * substitutions and swaps of neighbours), when it is close enough to be
+ * what was meant (at most 2 edits, and fewer than half of word's length);
+ * NULL otherwise. For "did you mean" in messages about names. */
+DT_API const char *dt_suggest(const char *word, const char *const *cands, int n);
+
 /* Creates directory `path` and its missing parents (mkdir -p). */
 DT_API dt_status dt_make_dirs(const char *path);
 

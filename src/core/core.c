@@ -590,3 +590,33 @@ char *dt_escape_text(char *out, size_t n, const char *s, size_t len) {
     out[w] = 0;
     return out;
 }
+
+// Optimal string alignment distance of a and b, given up past `cap`.
+static int edits(const char *a, const char *b, int cap) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63 || abs(la - lb) > cap) return cap + 1;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int c = a[i - 1] != b[j - 1], v = d[i - 1][j - 1] + c;
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[la][lb];
+}
+
+const char *dt_suggest(const char *word, const char *const *cands, int n) {
+    int cap = (int)strlen(word) / 2 - (strlen(word) % 2 == 0), best = 3;
+    if (cap > 2) cap = 2;
+    const char *pick = NULL;
+    for (int i = 0; i < n && cap > 0; i++) {
+        int e = edits(word, cands[i], cap);
+        if (e <= cap && e < best) best = e, pick = cands[i];
+    }
+    return pick;
+}

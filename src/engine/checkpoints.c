@@ -327,7 +327,7 @@ dt_status dt_run_weights_write(const char *path, const dt_tensor_info *tensors, 
     for (int i = 0; i < n && st == DT_OK; i++) {
         t[i] = (dt_st_tensor){.name = tensors[i].name, .dtype = DT_F32, .ndim = tensors[i].ndim,
                               .nbytes = tensors[i].numel * sizeof(float)};
-        memcpy(t[i].shape, tensors[i].shape, sizeof t[i].shape);
+        for (int d = 0; d < tensors[i].ndim; d++) t[i].shape[d] = tensors[i].shape[d];
     }
     if (st == DT_OK && root && (wst = dt_st_header(path, t, n, meta, nmeta, &hdr, &hlen)) == DT_OK &&
         (wst = dt_atomic_open(&f, path)) == DT_OK)

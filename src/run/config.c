@@ -253,6 +253,12 @@ static const field fields[] = {
 #define NGPT_FIELDS 13  // the GPT block at the end of the table
 static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
 
+const char *dt_config_key_section(const char *key) {
+    for (int i = 0; i < NFIELDS; i++)
+        if (!strcmp(fields[i].key, key)) return fields[i].sec;
+    return NULL;
+}
+
 const char *dt_comp_method_name(int method) {
     return method >= 0 && method <= DT_COMP_POWERSGD ? comp_names[method] : "?";
 }
@@ -572,12 +578,19 @@ static int handle(void *user, const char *sec, const char *key, const char *val)
     if (!*sec) return fail(p, sec, key, "key before any [section] header");
     if (!known_sec)
         return fail(p, sec, key, "unknown section [%s] (expected run, model, data, optim, schedule, train, parallel, obs, checkpoint or compression)", sec);
-    char keys[400] = "";
+    char keys[400] = "", mean[96] = "";
+    const char *names[NFIELDS + 3];
+    int nn = 0;
     if (!strcmp(sec, "model")) snprintf(keys, sizeof keys, "preset, input, layer");
+    if (!strcmp(sec, "model")) names[nn++] = "preset", names[nn++] = "input", names[nn++] = "layer";
     for (int i = 0; i < NFIELDS; i++)
-        if (!strcmp(fields[i].sec, sec) && strcmp(fields[i].key, "preset"))
+        if (!strcmp(fields[i].sec, sec) && strcmp(fields[i].key, "preset")) {
             snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s%s", *keys ? ", " : "", fields[i].key);
-    return fail(p, sec, key, "unknown key (keys of [%s]: %s)", sec, keys);
+            names[nn++] = fields[i].key;
+        }
+    const char *near = dt_suggest(key, names, nn);
+    if (near) snprintf(mean, sizeof mean, "did you mean '%s'? ", near);
+    return fail(p, sec, key, "unknown key (%skeys of [%s]: %s)", mean, sec, keys);
 }
 
 // ini_reader over a string that counts lines.

@@ -17,6 +17,7 @@
 
 static const char train_help[] =
     "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
+    "                    [--zero N] [--precision P] [--memory-limit SIZE] [--deterministic]\n"
     "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
     "                    [--checkpoint-every N] [--resume auto] [--max-restarts N] [--spares K]\n"
     "\n"
@@ -242,6 +243,24 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, i
     return NULL;
 }
 
+// Local workers far beyond the cores run, but each gets a sliver of a core:
+// said once, before they start (train.threads 0: one thread a worker then).
+static void warn_oversubscribed(int workers, int threads) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long want = (long)workers * (threads > 0 ? threads : 1);
+    if (cores > 0 && want > 4 * cores)
+        dt_log(DT_LOG_WARN, "%d workers x %d thread%s on %ld cores: each gets about 1/%ld of a core, so steps will be "
+                            "far slower than on %ld workers (fine for testing a layout)",
+               workers, threads > 0 ? threads : 1, threads > 1 ? "s" : "", cores, (want + cores - 1) / cores, cores);
+}
+
+// Every option of train and eval, for "did you mean".
+static const char *const train_flags[] = {
+    "--workers", "--set", "--run-dir", "--log-format", "--metrics-port", "--metrics-addr", "--trace",
+    "--checkpoint-every", "--checkpoint-seconds", "--keep", "--resume", "--max-restarts", "--spares", "--zero",
+    "--servers", "--precision", "--memory-limit", "--deterministic", "--checkpoint-sharded", "--heartbeat-timeout",
+    "--elastic-retry", "--quiet", "--help", "--checkpoint"};
+
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
     memset(a, 0, sizeof *a);
     a->heartbeat = 120;
@@ -270,6 +289,8 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         if (!is_eval && k < NCK) {
             if (missing || !*v) return cli_error("%s needs a value", ck[k].flag), EXIT_USAGE;
             if (ck[k].hi > 0 && parse_number(ck[k].flag, v, ck[k].lo, ck[k].hi, ck[k].whole, &x)) return EXIT_USAGE;
+            if (!strcmp(ck[k].flag, "--precision") && strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16"))
+                return cli_error("--precision: expected fp32, bf16 or fp16, got '%s'", v), EXIT_USAGE;
             if (a->nsets == MAX_SETS || nbuf == NCK) return cli_error("too many options"), EXIT_USAGE;
             snprintf(a->set_buf[nbuf], sizeof a->set_buf[nbuf], "%s=%s", ck[k].field, v);
             a->sets[a->nsets++] = a->set_buf[nbuf++];
@@ -346,7 +367,12 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         } else if (!strcmp(s, "-q") || !strcmp(s, "--quiet")) {
             a->quiet = 1;
         } else if (s[0] == '-' && s[1]) {
-            cli_error("unknown option '%s' (see 'dtrain %s --help')", s, argv[0]);
+            const char *near = dt_suggest(s, train_flags, sizeof train_flags / sizeof *train_flags);
+            const char *sec = s[1] == '-' ? dt_config_key_section(s + 2) : NULL;  // (a config key as a flag)
+            char mean[160] = "";
+            if (near) snprintf(mean, sizeof mean, "did you mean '%s'? ", near);
+            else if (sec) snprintf(mean, sizeof mean, "did you mean '--set %s.%.60s=...'? ", sec, s + 2);
+            cli_error("unknown option '%s' (%ssee 'dtrain %s --help')", s, mean, argv[0]);
             return EXIT_USAGE;
         } else if (!a->config) {
             a->config = s;
@@ -367,8 +393,11 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
 }
 
 // A config error is the user's input: usage-class exit code 2 for flags
-// (--set), 1 for a bad file, as for any other runtime input error.
+// (--set) and a file that is not there, 1 for a bad file, as for any other
+// runtime input error.
 static int load_config(const args_t *a, dt_config *c) {
+    if (access(a->config, F_OK) != 0)  // (a name that is not there is a usage error)
+        return cli_error("%s: no such config file (see 'dtrain train --help')", a->config), EXIT_USAGE;
     dt_status st = dt_config_load(c, a->config, a->sets, a->nsets);
     if (st != DT_OK) {
         cli_error("%s", dt_last_error());
@@ -643,6 +672,7 @@ int cmd_train(int argc, char **argv) {
             cli_error("%s", dt_last_error());
             return EXIT_RUNTIME;
         }
+        warn_oversubscribed(a.workers + c.ps_servers, c.threads);
         return supervise(&a, &c);
     }
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
