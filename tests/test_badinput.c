@@ -540,6 +540,13 @@ static void test_cli(void) {
     cli(2, "", "usage", NULL);
     cli(2, "frobnicate", "unknown command 'frobnicate'", NULL);
     cli(2, "train --frob configs/fashion-mlp.ini", "unknown option '--frob'", NULL);
+    // Near misses get a suggestion: an option, a config key given as one, a
+    // config key; a bad --precision names itself.
+    cli(2, "train --worker 2 configs/fashion-mlp.ini", "unknown option '--worker'", "did you mean '--workers'?");
+    cli(2, "train --epochs 2 configs/fashion-mlp.ini", "unknown option '--epochs'", "did you mean '--set train.epochs=...'?");
+    cli(2, "train configs/fashion-mlp.ini --set train.epoch=2", "[train] epoch: unknown key", "did you mean 'epochs'?");
+    cli(2, "train configs/fashion-mlp.ini --precision fp8", "--precision: expected fp32, bf16 or fp16, got 'fp8'", NULL);
+    cli(0, "train --help", "[--zero N] [--precision P] [--memory-limit SIZE]", NULL);
     cli(2, "eval configs/fashion-mlp.ini --run-dir x", "unknown option", NULL);
     cli(2, "train", "missing CONFIG", NULL);
     cli(2, "train a.ini b.ini", "unexpected argument", NULL);
@@ -550,9 +557,10 @@ static void test_cli(void) {
     cli(0, "eval --help", "usage: dtrain eval", NULL);
     cli(0, "--version", "dtrain 0.", NULL);
 
-    // Missing and bad config files: exit 1, the path (and line) named.
+    // A config file that is not there: a usage error (2); a bad one: exit 1,
+    // the path (and line) named.
     snprintf(args, sizeof args, "train %s", tmp_path("nope.ini"));
-    cli(1, args, tmp_path("nope.ini"), NULL);
+    cli(2, args, tmp_path("nope.ini"), "no such config file");
     const char *bad = tmp_path("bad-cli.ini");
     const char text[] = "[model]\npreset = mlp\n[train]\nbatch = many\n";
     write_file(bad, text, sizeof text - 1);
