@@ -44,6 +44,22 @@
 static char g_tmp[256];
 static char g_out[1 << 17];
 
+// The progress line: steps and epochs; federated averaging's rounds.
+static void test_progress_line(void) {
+    char buf[256];
+    dt_progress p = {.step = 5, .total_steps = 100, .epoch = 1, .epochs = 2, .loss = 0.5f, .lr = 0.1f,
+                     .samples_per_sec = 10, .workers = 1, .slowest_stage = -1};
+    dt_progress_format(&p, buf, sizeof buf);
+    CHECK(!strncmp(buf, "step 5/100 | epoch 1/2 | loss 0.5000", 36), "progress line: %s", buf);
+    p.rounds = 1;
+    p.epoch = 5, p.epochs = 100;
+    dt_progress_format(&p, buf, sizeof buf);
+    CHECK(!strncmp(buf, "round 5/100 | loss 0.5000", 25) && !strstr(buf, "epoch"), "federated progress line: %s", buf);
+    p.is_eval = 1, p.eval_loss = 0.4f, p.eval_accuracy = 0.9f;
+    dt_progress_format(&p, buf, sizeof buf);
+    CHECK(!strncmp(buf, "round 5/100 done", 16), "federated evaluation line: %s", buf);
+}
+
 static void test_straggler(void) {
     // 4 ranks; rank 2 is 50% slower, in its backward phase (index 2).
     dt_straggler *s = dt_straggler_create(4, 0.2, 3);
@@ -67,6 +83,23 @@ static void test_straggler(void) {
     }
     CHECK(reports == 1 && at == 5, "straggler: %d reports, last at step %d (want 1 at step 5)", reports, at);
     CHECK(dt_straggler_flagged(s, 2) && !dt_straggler_flagged(s, 0), "straggler: flags");
+    // A rank that flips in and out (a shared machine): reported each time,
+    // warned of once every DT_STRAGGLER_QUIET steps.
+    {
+        dt_straggler *f = dt_straggler_create(4, 0.2, 1);
+        int shown = 0, total = 0;
+        for (int t = 0; t < 3 * DT_STRAGGLER_QUIET; t++) {
+            double b[4] = {0.1, 0.1, t % 2 ? 0.2 : 0.1, 0.1}, p4[16] = {0};
+            int n = dt_straggler_update(f, b, p4, 4, rep);
+            total += n;
+            shown += n && rep[0].loud;
+        }
+        int loud, counted = dt_straggler_reports(f, 2, &loud);
+        CHECK(total == 3 * DT_STRAGGLER_QUIET / 2 && counted == total && shown == 3 && loud == 3,
+              "straggler flipping every step: %d reports (%d counted), %d loud (want %d, 3)", total, counted, shown,
+              3 * DT_STRAGGLER_QUIET / 2);
+        dt_straggler_free(f);
+    }
     // Back under the margin: the flag clears, and a new episode is reported again.
     for (int r = 0; r < 4; r++) busy[r] = 0.05;
     dt_straggler_update(s, busy, ph, 4, rep);
@@ -653,6 +686,7 @@ int main(void) {
     tl_make_images(g_tmp, "train", 480, 1);
     tl_make_images(g_tmp, "t10k", 100, 2);
     test_straggler();
+    test_progress_line();
     test_comm_stats();
     test_run();
     test_report();

@@ -38,6 +38,7 @@ typedef struct {
     double slowest_step_seconds; /* its own work in the step (data + forward +
                                     backward + optimizer), not waiting for others */
     int slowest_stage;           /* a pipeline's: the slowest rank's stage; else -1 */
+    int rounds;                  /* 1: the steps are federated averaging's rounds (no epochs) */
 } dt_progress;
 
 typedef void (*dt_progress_fn)(const dt_progress *p, void *user);

@@ -713,7 +713,7 @@ static dt_status train_step(run_state *r, int e, int64_t *ebatch, dt_control *ct
     dt_obs_step(r->obs, &(dt_obs_step_info){r->step, r->total, e + 1, r->epochs, ctl->loss, lr, gnorm, b.global,
                                             (int64_t)b.global * r->info.tokens_per_sample, s->has_staleness,
                                             s->staleness, r->fp16 ? r->scaler.scale : 0,
-                                            r->scaler.skipped > skipped0, r->scaler.skipped, piece + 1});
+                                            r->scaler.skipped > skipped0, r->scaler.skipped, piece + 1, 0});
     return DT_OK;
 }
 

@@ -469,11 +469,13 @@ static int rank0_step(dt_obs *o, int64_t step, double now) {
     for (int i = 0; i < n; i++) {
         const dt_straggler_report *s = &o->reports[i];
         const char *ph = phase_names[work_phases[s->phase]];
-        dt_log(DT_LOG_WARN,
-               "straggler: rank %d at step %lld: step time %.1f ms is %.0f%% above the median %.1f ms "
-               "(straggler_margin %.0f%%), %d steps in a row; slow phase: %s (+%.1f ms over the other ranks' median)",
-               s->rank, (long long)step, s->seconds * 1e3, 100 * (s->seconds / s->median - 1), s->median * 1e3,
-               100.0 * o->margin, o->strag_steps, ph, s->excess * 1e3);
+        if (s->loud)
+            dt_log(DT_LOG_WARN,
+                   "straggler: rank %d at step %lld: step time %.1f ms is %.0f%% above the median %.1f ms "
+                   "(straggler_margin %.0f%%), %d steps in a row; slow phase: %s (+%.1f ms over the other ranks' "
+                   "median)",
+                   s->rank, (long long)step, s->seconds * 1e3, 100 * (s->seconds / s->median - 1), s->median * 1e3,
+                   100.0 * o->margin, o->strag_steps, ph, s->excess * 1e3);
         cJSON *j = record(o, "straggler", step, now);
         cJSON_AddNumberToObject(j, "rank", s->rank);
         cJSON_AddStringToObject(j, "phase", ph);
@@ -607,7 +609,7 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
 
     if (o->progress) {
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, s->loss, s->lr, o->rate, eta, 0, 0, 0,
-                         o->trate, o->W, slowest, work_seconds(o, slowest), sstage};
+                         o->trate, o->W, slowest, work_seconds(o, slowest), sstage, s->rounds};
         o->progress(&p, o->user);
     }
     o->prev_opt = o->acc[DT_OBS_OPTIMIZER];
@@ -635,7 +637,7 @@ void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accura
     pthread_mutex_unlock(&o->mu);
     if (o->progress) {
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, train_loss, s->lr, o->rate, 0, 1, eval_loss,
-                         eval_accuracy, o->trate, o->W, -1, 0, -1};
+                         eval_accuracy, o->trate, o->W, -1, 0, -1, s->rounds};
         o->progress(&p, o->user);
     }
 }
@@ -675,6 +677,12 @@ dt_status dt_obs_close(dt_obs *o, dt_status st) {
     }
     if (o->log && fclose(o->log) != 0 && !o->log_failed)
         dt_log(DT_LOG_WARN, "%s: cannot write the metrics log: %s", o->log_path, strerror(errno));
+    for (int r = 0; o->strag && r < o->W; r++) {  // (the reports not shown, summed)
+        int loud, n = dt_straggler_reports(o->strag, r, &loud);
+        if (n > loud)
+            dt_log(DT_LOG_WARN, "straggler: rank %d was reported %d times in all (%d warned of: one at most every %d steps; "
+                                "every report is in the metrics log)", r, n, loud, DT_STRAGGLER_QUIET);
+    }
     dt_straggler_free(o->strag);
     free(o->reports);
     free(o->x);

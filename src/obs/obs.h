@@ -72,6 +72,7 @@ typedef struct {
     int64_t piece;             /* parameter servers' dynamic sharing: 1 + the piece of the epoch this rank
                                   trained (batch x workers + part: part `part` of the batch's even split);
                                   0: none, the rank's own share */
+    int rounds;                /* 1: the steps are federated averaging's rounds (dt_progress) */
 } dt_obs_step_info;
 
 /* Collective over comm. Opens this rank's metrics log (run_dir may be NULL:

@@ -19,8 +19,8 @@ void dt_progress_format(const dt_progress *p, char *buf, size_t n) {
         return;
     }
     if (p->is_eval) {
-        snprintf(buf, n, "epoch %d/%d done | train loss %.4f | test loss %.4f | test accuracy %.2f%%",
-                 p->epoch, p->epochs, p->loss, p->eval_loss, 100.0 * p->eval_accuracy);
+        snprintf(buf, n, "%s %d/%d done | train loss %.4f | test loss %.4f | test accuracy %.2f%%",
+                 p->rounds ? "round" : "epoch", p->epoch, p->epochs, p->loss, p->eval_loss, 100.0 * p->eval_accuracy);
         return;
     }
     char eta[32], rate[48], slow[64] = "";
@@ -32,8 +32,12 @@ void dt_progress_format(const dt_progress *p, char *buf, size_t n) {
                  p->slowest_step_seconds * 1e3);
     else if (p->workers > 1)
         snprintf(slow, sizeof slow, " | slowest rank %d (%.0f ms)", p->slowest_rank, p->slowest_step_seconds * 1e3);
-    snprintf(buf, n, "step %lld/%lld | epoch %d/%d | loss %.4f | lr %.2e | %s | ETA %s%s", (long long)p->step,
-             (long long)p->total_steps, p->epoch, p->epochs, p->loss, p->lr, rate, eta, slow);
+    if (p->rounds)  // (a round is a step, and there are no epochs)
+        snprintf(buf, n, "round %lld/%lld | loss %.4f | lr %.2e | %s | ETA %s%s", (long long)p->step,
+                 (long long)p->total_steps, p->loss, p->lr, rate, eta, slow);
+    else
+        snprintf(buf, n, "step %lld/%lld | epoch %d/%d | loss %.4f | lr %.2e | %s | ETA %s%s", (long long)p->step,
+                 (long long)p->total_steps, p->epoch, p->epochs, p->loss, p->lr, rate, eta, slow);
 }
 
 void dt_progress_format_json(const dt_progress *p, char *buf, size_t n) {

@@ -3,6 +3,7 @@
 
 #include "dtrain/core.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 struct dt_straggler {
@@ -10,6 +11,9 @@ struct dt_straggler {
     double margin;
     int *run;      // consecutive steps above the threshold, per rank
     char *flagged;
+    int64_t t;     // updates so far
+    int64_t *shown;  // the update of each rank's last loud report (-1: none)
+    int *reports, *loud;
     double *tmp;   // n values, for medians
 };
 
@@ -22,7 +26,11 @@ dt_straggler *dt_straggler_create(int nranks, double margin, int steps) {
     s->run = calloc(nranks, sizeof *s->run);
     s->flagged = calloc(nranks, 1);
     s->tmp = calloc(nranks, sizeof *s->tmp);
-    if (!s->run || !s->flagged || !s->tmp) {
+    s->shown = malloc(sizeof *s->shown * (size_t)(nranks > 0 ? nranks : 1));
+    s->reports = calloc(nranks, sizeof *s->reports);
+    s->loud = calloc(nranks, sizeof *s->loud);
+    for (int r = 0; s->shown && r < nranks; r++) s->shown[r] = -1;
+    if (!s->run || !s->flagged || !s->tmp || !s->shown || !s->reports || !s->loud) {
         dt_straggler_free(s);
         return NULL;
     }
@@ -34,6 +42,9 @@ void dt_straggler_free(dt_straggler *s) {
     free(s->run);
     free(s->flagged);
     free(s->tmp);
+    free(s->shown);
+    free(s->reports);
+    free(s->loud);
     free(s);
 }
 
@@ -57,6 +68,7 @@ static int slow_phase(dt_straggler *s, int r, const double *phases, int nphases,
 int dt_straggler_update(dt_straggler *s, const double *busy, const double *phases, int nphases,
                         dt_straggler_report *out) {
     if (!s || s->n < 2 || s->steps <= 0) return 0;
+    s->t++;
     for (int r = 0; r < s->n; r++) s->tmp[r] = busy[r];
     double med = dt_median(s->tmp, s->n);
     int k = 0;
@@ -73,8 +85,16 @@ int dt_straggler_update(dt_straggler *s, const double *busy, const double *phase
         o->seconds = busy[r];
         o->median = med;
         o->phase = slow_phase(s, r, phases, nphases, &o->excess);
+        o->loud = s->shown[r] < 0 || s->t - s->shown[r] >= DT_STRAGGLER_QUIET;
+        if (o->loud) s->shown[r] = s->t, s->loud[r]++;
+        s->reports[r]++;
     }
     return k;
+}
+
+int dt_straggler_reports(const dt_straggler *s, int r, int *loud) {
+    *loud = s && r >= 0 && r < s->n ? s->loud[r] : 0;
+    return s && r >= 0 && r < s->n ? s->reports[r] : 0;
 }
 
 int dt_straggler_flagged(const dt_straggler *s, int r) { return s && r >= 0 && r < s->n && s->flagged[r]; }

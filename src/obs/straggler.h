@@ -17,7 +17,12 @@ typedef struct {
     double seconds;     /* its step time */
     double median;      /* the median step time of all ranks */
     double excess;      /* its time in `phase` minus the others' median there */
+    int loud;           /* worth a warning: the rank's first report, or the first after
+                           DT_STRAGGLER_QUIET steps without one shown (a shared machine
+                           makes the same ranks flip in and out) */
 } dt_straggler_report;
+
+#define DT_STRAGGLER_QUIET 100
 
 /* nranks ranks, margin (0.2: 20% above the median), steps in a row before
  * a report (0: never). NULL when out of memory. */
@@ -31,5 +36,7 @@ int dt_straggler_update(dt_straggler *s, const double *busy, const double *phase
                         dt_straggler_report *out);
 /* 1 while rank r is a reported straggler. */
 int dt_straggler_flagged(const dt_straggler *s, int r);
+/* Rank r's reports so far, and how many of them were loud. */
+int dt_straggler_reports(const dt_straggler *s, int r, int *loud);
 
 #endif

@@ -454,8 +454,9 @@ static dt_status fed_rounds(fed *f, dt_obs *obs, float *history, dt_train_result
         long round_samples = 0;
         for (int j = 0; j < f->m; j++) round_samples += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
         *samples += round_samples;
-        dt_obs_step(obs, &(dt_obs_step_info){r, c->fed_rounds, r, c->fed_rounds, loss, c->optim.lr, norm, round_samples,
-                                             0, 0, 0, 0, 0, 0, 0});
+        dt_obs_step(obs, &(dt_obs_step_info){.step = r, .total_steps = c->fed_rounds, .epoch = r,
+                                             .epochs = c->fed_rounds, .loss = loss, .lr = c->optim.lr,
+                                             .grad_norm = norm, .samples = round_samples, .rounds = 1});
         float tl, ta;
         dt_obs_begin(obs, DT_OBS_EVAL);
         st = f->tops->evaluate(f->task, f->comm, r, loss, &tl, &ta);
