@@ -561,6 +561,13 @@ static void test_cli(void) {
     // the path (and line) named.
     snprintf(args, sizeof args, "train %s", tmp_path("nope.ini"));
     cli(2, args, tmp_path("nope.ini"), "no such config file");
+    // A GPT's missing token file: how to make one.
+    const char *notok = tmp_path("no-tokens.ini");
+    const char ntext[] = "[model]\npreset = gpt-tiny\n[data]\ndataset = tokens\ntrain_file = /nonexistent/tok.bin\n"
+                         "[train]\nmax_steps = 2\n";
+    write_file(notok, ntext, sizeof ntext - 1);
+    snprintf(args, sizeof args, "train %s --run-dir %s", notok, tmp_path("run-notok"));
+    cli(1, args, "[data] train_file: /nonexistent/tok.bin", "dtrain prepare-text");
     const char *bad = tmp_path("bad-cli.ini");
     const char text[] = "[model]\npreset = mlp\n[train]\nbatch = many\n";
     write_file(bad, text, sizeof text - 1);

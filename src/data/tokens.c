@@ -49,7 +49,9 @@ dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int 
 dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab) {
     memset(t, 0, sizeof *t);
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot open token file: %s", path, strerror(errno));
+    if (fd < 0)
+        return dt_error(DT_ERR_IO, "%s: cannot open token file: %s%s", path, strerror(errno),
+                        errno == ENOENT ? " (make token files from text with: dtrain prepare-text FILE... -o PREFIX)" : "");
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);

@@ -440,7 +440,10 @@ static int check_before_start(const args_t *a, const dt_config *c) {
     };
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         if (files[i].path[0] && access(files[i].path, F_OK) != 0)
-            return cli_error("%s: %s: %s", files[i].field, files[i].path, strerror(errno)), EXIT_RUNTIME;
+            return cli_error("%s: %s: %s%s", files[i].field, files[i].path, strerror(errno),
+                             strstr(files[i].field, "_file") ? " (make token files from text with: dtrain prepare-text "
+                                                               "FILE... -o PREFIX; docs/gpt.md)" : ""),
+                   EXIT_RUNTIME;
     return 0;
 }
 
