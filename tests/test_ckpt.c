@@ -582,6 +582,22 @@ static void test_runs(void) {
     CHECK(rc == 1, "failing run: exit %d", rc);
     CHECK(access(tmp("up/checkpoints/step-00000016.safetensors"), F_OK) == 0, "checkpoint at step 16 written");
     CHECK(access(tmp("up/checkpoints/step-00000004.safetensors"), F_OK) != 0, "keep 3: step 4 deleted");
+    // A resume on other data is refused, naming the key old -> new
+    // (nothing written: the resume below is still bitwise); one with another
+    // optimizer setting goes on, saying so (a copy of the run).
+    char cmd[4096], flags[4400];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/*-ubyte.gz %s", tmp("data2"), g_tmp, tmp("data2"));
+    CHECK(system(cmd) == 0, "a copy of the data");
+    snprintf(flags, sizeof flags, "--resume auto --set data.dir=%s", tmp("data2"));
+    rc = train("up", 3, flags);
+    CHECK(rc == 1 && strstr(g_out, "written with another model or data") && strstr(g_out, "data.dir: ") &&
+              strstr(g_out, "allow_changes"),
+          "resume on other data refused, naming the key: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", tmp("up"), tmp("up-lr"));
+    CHECK(system(cmd) == 0, "copy of the run");
+    rc = train("up-lr", 3, "--resume auto --set optim.lr=0.02");
+    CHECK(rc == 0 && strstr(g_out, "written with another config") && strstr(g_out, "optim.lr: "),
+          "resume with another lr: goes on, naming it: exit %d\n%s", rc, g_out);
     rc = train("up", 3, "--resume auto --checkpoint-every 4 --keep 2");
     CHECK(rc == 0, "resume on 3 workers: exit %d\n%s", rc, g_out);
     CHECK(same_as_ref("up"), "2 -> 3 workers: resumed run bitwise equal to the uninterrupted one");

@@ -110,6 +110,12 @@ typedef struct {
     int64_t *opt_step;             /* the optimizer's step count */
     const char *optimizer;         /* its name ("sgd", "adamw") */
     const char *config;            /* resolved config text (dt_config_format) */
+    /* Called by the readers with the config text a checkpoint was written
+     * with, when it differs from `config`, before any buffer is touched: a
+     * status other than DT_OK refuses the checkpoint (with its message).
+     * NULL: a warning with the stored config's hash. */
+    dt_status (*config_check)(void *user, const char *path, const char *stored);
+    void *config_user;
     const dt_st_meta *weights_meta;/* metadata the weights file of this model
                                       carries (a GPT's shape), kept for export */
     int nweights_meta;

@@ -23,7 +23,7 @@
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
- *   [checkpoint] every_steps, every_seconds, keep, resume
+ *   [checkpoint] every_steps, every_seconds, keep, resume, sharded, allow_changes
  *   [compression] method (none|fp16|bf16|int8|qsgd|sign|topk|randomk|powersgd),
  *             ratio, levels, rank, error_feedback, warmup_steps, momentum,
  *             clip_norm, min_bytes (docs/compression.md)
@@ -151,6 +151,7 @@ typedef struct {
     float ckpt_every_seconds;      /* 0 = not by time */
     int ckpt_keep;                 /* newest checkpoints kept */
     int ckpt_sharded;              /* every rank writes its slice (step-N/ directories) */
+    int ckpt_allow_changes;        /* resume a checkpoint written with another [model] or [data] */
     char resume[512];              /* "" none, "auto" RUN_DIR's newest, or a file/dir */
     /* [compression] (docs/compression.md) */
     int comp_method;               /* dt_comp_method */

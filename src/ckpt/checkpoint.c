@@ -395,6 +395,16 @@ static dt_status not_a_ckpt(const char *path, int kind, const dt_st_file *f) {
 
 static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_state *s);
 
+// The config a checkpoint was written with against the run's (m->config):
+// the model's check, or a warning.
+static dt_status check_config(const dt_ckpt_model *m, const char *path, const char **vals) {
+    if (!m->config || !strcmp(vals[K_CONFIG], m->config)) return DT_OK;
+    if (m->config_check) return m->config_check(m->config_user, path, vals[K_CONFIG]);
+    dt_log(DT_LOG_WARN, "%s: written with a different config (hash %.16s); continuing with this one", path,
+           vals[K_CONFIG_HASH]);
+    return DT_OK;
+}
+
 dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state *s) {
     if (is_dir(path)) return read_sharded(path, m, s);
     dt_st_file *f;
@@ -426,6 +436,7 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
     for (int j = 0; j < m->nstates && st == DT_OK; j++)
         st = dt_st_expect(f, path, state_names[j], DT_F32, 1, &np, DT_ERR_CONFIG, &states[j]);
     if (st == DT_OK) st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_CONFIG, &step);
+    if (st == DT_OK) st = check_config(m, path, vals);
     if (st != DT_OK) goto done;
     size_t plo, phi, slo, shi;
     held(m, &plo, &phi, &slo, &shi);
@@ -434,9 +445,6 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
     for (int j = 0; j < m->nstates; j++) copy_overlap(m->states[j], slo, shi, states[j]->data, 0, m->nparams);
     memcpy(m->opt_step, step->data, sizeof(int64_t));
     *s = ns;
-    if (m->config && strcmp(vals[K_CONFIG], m->config))
-        dt_log(DT_LOG_WARN, "%s: written with a different config (hash %.16s); continuing with this one", path,
-               vals[K_CONFIG_HASH]);
 done:
     dt_st_close(f);
     return st;
@@ -715,6 +723,7 @@ static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckp
             (r == 0 || (b <= plo && plo < e)))
             memcpy(dst->opt_step, step->data, sizeof(int64_t));
         if (st == DT_OK && r == 0) *s = ns;
+        if (st == DT_OK && r == 0) st = check_config(dst, sp, vals);
         dt_st_close(f);
     }
     return st;

@@ -81,6 +81,85 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
 
 static dt_status make_writer(dt_run_ckpt *r);
 
+// The "key = value" lines of a config as dt_config_format writes it, named
+// "section.key" (a repeated key's values joined: a model's layer lines).
+typedef struct {
+    char name[96], value[1024];
+} config_line;
+
+static int config_lines(const char *text, config_line *out, int max) {
+    char sec[64] = "";
+    int n = 0;
+    for (const char *p = text; p && *p && n < max;) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char line[1200];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), p);
+        char *eq = strstr(line, " = ");
+        if (line[0] == '[') sscanf(line, "[%63[^]]", sec);
+        else if (eq && line[0] != ';') {
+            *eq = 0;
+            char name[96];
+            snprintf(name, sizeof name, "%s.%.80s", sec, line);
+            if (n && !strcmp(out[n - 1].name, name))
+                snprintf(out[n - 1].value + strlen(out[n - 1].value), sizeof out[n - 1].value - strlen(out[n - 1].value),
+                         "; %s", eq + 3);
+            else snprintf(out[n].name, sizeof out[n].name, "%s", name), snprintf(out[n++].value, sizeof out[0].value, "%s", eq + 3);
+        }
+        p = e ? e + 1 : NULL;
+    }
+    return n;
+}
+
+// Changes that make a resumed run another one: the model's, or its data.
+static int changes_the_run(const char *name) {
+    static const char *const data[] = {"data.dataset", "data.dir", "data.file", "data.train_file", "data.val_file",
+                                       "data.train_images", "data.train_labels", "data.test_images", "data.test_labels"};
+    if (!strncmp(name, "model.", 6)) return 1;
+    for (size_t i = 0; i < sizeof data / sizeof *data; i++)
+        if (!strcmp(name, data[i])) return 1;
+    return 0;
+}
+
+// A resumed checkpoint written with another config (dt_ckpt_model's
+// config_check): which keys differ, old -> new; a change of the model or
+// of the data is refused unless [checkpoint] allow_changes says so.
+static dt_status config_changes(void *user, const char *path, const char *stored) {
+    dt_run_ckpt *r = user;
+    enum { MAXL = 400 };
+    config_line *a = calloc(2 * MAXL, sizeof *a), *b = a ? a + MAXL : NULL;
+    if (!a) return dt_error(DT_ERR_NOMEM, "out of memory");
+    int na = config_lines(stored, a, MAXL), nb = config_lines(r->config_text, b, MAXL), serious = 0, shown = 0, more = 0;
+    char list[2048] = "";
+    for (int i = 0; i < na + nb; i++) {  // (a's keys, then b's that a lacks)
+        const config_line *x = i < na ? &a[i] : &b[i - na];
+        const char *ov = i < na ? x->value : "(none)", *nv = "(none)";
+        int k = 0;
+        if (i >= na) {
+            while (k < na && strcmp(a[k].name, x->name)) k++;
+            if (k < na) continue;
+            nv = x->value;
+        } else {
+            while (k < nb && strcmp(b[k].name, x->name)) k++;
+            if (k < nb) nv = b[k].value;
+        }
+        if (!strcmp(ov, nv) || !strncmp(x->name, "checkpoint.", 11)) continue;  // (how it saves: not the run)
+        serious |= changes_the_run(x->name);
+        size_t l = strlen(list);
+        if (shown < 8 && l < sizeof list - 200)
+            snprintf(list + l, sizeof list - l, "%s%s: %.60s -> %.60s", shown ? ", " : "", x->name, ov, nv), shown++;
+        else more++;
+    }
+    free(a);
+    char tail[48] = "";
+    if (more) snprintf(tail, sizeof tail, " and %d more", more);
+    if (serious && !r->c->ckpt_allow_changes)
+        return dt_error(DT_ERR_CONFIG, "%s: written with another model or data (%s%s): resuming it would go on with another "
+                        "run; set [checkpoint] allow_changes = true to resume it all the same", path, list, tail);
+    dt_log(DT_LOG_WARN, "%s: written with another config; going on with this one: %s%s", path, list, tail);
+    return DT_OK;
+}
+
 // A rank that joined (a spare) starts its writer once it has the state,
 // where the loop's writer saves at all.
 static dt_status joined_writer(dt_run_ckpt *r) {
@@ -195,11 +274,14 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     plain.ckpt_every_seconds = d.ckpt_every_seconds;
     plain.ckpt_keep = d.ckpt_keep;
     plain.ckpt_sharded = d.ckpt_sharded;
+    plain.ckpt_allow_changes = d.ckpt_allow_changes;
     plain.metrics_port = d.metrics_port;
     memcpy(plain.metrics_addr, d.metrics_addr, sizeof d.metrics_addr);
     memcpy(plain.trace, d.trace, sizeof d.trace);
     if (!(r->config_text = dt_config_format(&plain))) return dt_error(DT_ERR_NOMEM, "out of memory");
     r->model.config = r->config_text;
+    r->model.config_check = config_changes;
+    r->model.config_user = r;
     dt_rng rng = s->rng;  // the caller's fresh generator, kept unless resumed
     memset(s, 0, sizeof *s);
     s->rng = rng;
@@ -225,6 +307,9 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
             st = dt_error(DT_ERR_IO, "[checkpoint] resume: no checkpoint at %s (a file, or a directory holding step-N checkpoints)", from);
         else if (st == DT_OK)
             dt_log(DT_LOG_INFO, "no checkpoint in %s: starting from step 0", from);
+        if (st == DT_OK && found && s->world != W)
+            dt_log(DT_LOG_INFO, "resuming on %d worker%s (the checkpoint holds the whole state: any number can take it up)",
+                   W, W > 1 ? "s" : "");
         if (st == DT_OK && found) st = dt_ckpt_open_part(used, -1, NULL, &parts);
         if (st == DT_OK && found && parts > 1 && !m->extra) st = note_unused(used);
         s->world = W;

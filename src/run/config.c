@@ -222,6 +222,7 @@ static const field fields[] = {
     {"checkpoint", "every_seconds", F_FLOAT, O(ckpt_every_seconds), 0, 1e9, NULL},
     {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
     {"checkpoint", "sharded", F_BOOL, O(ckpt_sharded), 0, 1, NULL},
+    {"checkpoint", "allow_changes", F_BOOL, O(ckpt_allow_changes), 0, 1, NULL},
     {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
     {"compression", "method", F_ENUM, O(comp_method), 0, 0, comp_names},
     {"compression", "ratio", F_FLOAT, O(comp_ratio), 1e-6, 1, NULL},
