@@ -295,6 +295,18 @@ static void test_report(void) {
         }
         CHECK(strstr(html, "<script") == NULL, "report has no script");
         CHECK(strstr(html, "rank 1 (flagged)") != NULL, "report flags rank 1");
+        // The smoothed train loss beside the raw one; no "-0.0" tick; the
+        // breakdown chart tall enough for its five phases' legend.
+        CHECK(strstr(html, ">train, smoothed<") != NULL, "report has the smoothed train loss");
+        CHECK(strstr(html, ">-0.0<") == NULL && strstr(html, ">-0<") == NULL, "report has no negative zero tick");
+        const char *bd = strstr(html, "id=\"breakdown\""), *hh = bd ? strstr(bd, "height=\"") : NULL;
+        const char *opt = bd ? strstr(bd, ">optimizer<") : NULL;
+        int height = hh ? atoi(hh + 8) : 0;
+        double ly = 0;
+        for (const char *q = opt; q && q > bd && !ly; q--)
+            if (!strncmp(q, " y=\"", 4)) ly = atof(q + 4);
+        CHECK(opt && ly > 0 && ly + 4 < height - 44, "the breakdown's 'optimizer' legend (y %.0f) above its axis labels "
+              "(the chart's height %d less its bottom margin 44)", ly, height);
         free(html);
     }
     // Bad input: clear messages, exit 1 (2 for usage), never a crash.

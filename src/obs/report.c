@@ -239,6 +239,7 @@ static double nice_step(double span, int n) {
 }
 
 static void fmt_tick(char *b, size_t n, double v, double step) {
+    if (fabs(v) < step * 1e-6) v = 0;  // (a sum of steps that lands near 0: never "-0.0")
     if (fabs(v) >= 1e6 || (fabs(v) < 1e-3 && v != 0)) snprintf(b, n, "%.2g", v);
     else if (step >= 1) snprintf(b, n, "%.0f", v);
     else snprintf(b, n, "%.*f", (int)ceil(-log10(step)), v);
@@ -384,6 +385,7 @@ static void breakdown_chart(FILE *f, const run_data *d, const char *unit) {
         xmax = fmax(xmax, t);
     }
     int h = MT + MB + W * (bh + 6);
+    if (h < MT + 18 * 5 + MB) h = MT + 18 * 5 + MB;  // (the five phases' legend above the axis labels)
     box b = {0, xmax > 0 ? xmax * 1.05 : 1, 0, 1};
     fprintf(f, "<svg class=\"chart\" id=\"breakdown\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" role=\"img\"><title>Time per %s by phase</title>"
@@ -657,7 +659,8 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     const rank_log *r0 = &d->r[0];
     int W = d->nranks, n = r0->step.n, nb = n < 600 ? n : 600;
     const char *unit = federated_run(run_dir) ? "round" : "step";  // the x axis of the per-step charts
-    double *bx = malloc(sizeof(double) * (n + 1) * 3), *by = bx + n + 1, *sm = by + n + 1;
+    double *bx = malloc(sizeof(double) * (n + 1) * 5), *by = bx + n + 1, *sm = by + n + 1, *sx = sm + n + 1,
+           *sy = sx + n + 1;
     if (!bx) return;
     fputs("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>dtrain report: ", f);
     html_text(f, d->name);
@@ -668,12 +671,16 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
     fprintf(f, "</code>: %d rank%s, %d %ss logged.</p>\n", W, W > 1 ? "s" : "", n, unit);
     summary_table(f, run_dir);
 
-    // Loss: training (binned) and evaluation.
+    // Loss: training (binned, thin), its moving average over a twentieth of
+    // the run, and evaluation.
     fputs("<h2>Loss</h2>\n", f);
     int k = bin(r0->step.v, r0->loss.v, n, nb, bx, by);
-    series ls[2] = {{"train", bx, by, k, palette[0], 0, 0, 2, }, {"evaluation", r0->eval_step.v, r0->eval_loss.v,
-                                                                  r0->eval_step.n, palette[1], 0, 1, 2}};
-    line_chart(f, "loss", "Loss", unit, "loss", ls, r0->eval_step.n ? 2 : 1, NAN, 0);
+    smooth(r0->loss.v, n, n / 20 + 1, sm);
+    int ks = bin(r0->step.v, sm, n, nb, sx, sy);
+    series ls[3] = {{"train", bx, by, k, "#9ecae1", 0, 0, 1},
+                    {"train, smoothed", sx, sy, ks, palette[0], 0, 0, 2},
+                    {"evaluation", r0->eval_step.v, r0->eval_loss.v, r0->eval_step.n, palette[1], 0, 1, 2}};
+    line_chart(f, "loss", "Loss", unit, "loss", ls, r0->eval_step.n ? 3 : 2, NAN, 0);
     int has_acc = 0;
     for (int i = 0; i < r0->eval_acc.n; i++) has_acc |= isfinite(r0->eval_acc.v[i]);
     if (has_acc) {
@@ -744,7 +751,7 @@ static void write_page(FILE *f, const char *run_dir, const run_data *d) {
             int kk = bin(r0->step.v, rr, m, mb, xs + (size_t)r * (m + 1), ys + (size_t)r * (m + 1));
             snprintf(names[r], sizeof names[r], "rank %d%s", r, flagged[r] ? " (flagged)" : "");
             ss[r] = (series){names[r], xs + (size_t)r * (m + 1), ys + (size_t)r * (m + 1), kk,
-                             flagged[r] ? "#d62728" : palette[(r % 9) == 3 ? 9 : r % 9], 0, 0, flagged[r] ? 3 : 1};
+                             palette[(r % 9) == 3 ? 9 : r % 9], 0, 0, flagged[r] ? 3 : 1};
         }
         char title[80];
         snprintf(title, sizeof title, "Each rank's work per %s / median of all ranks", unit);
