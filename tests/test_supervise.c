@@ -15,6 +15,7 @@
  *      checkpoint and stop at the end of its step, one line names the step
  *      and the checkpoint, the exit status is 130 and nothing restarts; two
  *      stop it at once; the same with a parameter server. */
+#include "dtrain/core.h"
 #include "testlib.h"
 
 #include <signal.h>
@@ -259,6 +260,36 @@ static void test_interrupt(const char *dir, const char *args, int twice) {
     free(out);
 }
 
+// A worker killed by its memory cgroup's out-of-memory killer is told apart
+// from any other SIGKILL (the launcher names it, the cap and the use): a
+// child caps itself at 64 MiB (dt_mem_cap) and touches 512 MiB.
+static void test_oom_kill(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char how[256];
+        if (dt_mem_cap(64u << 20, how, sizeof how) != DT_OK || !strstr(how, "cgroup")) _exit(77);
+        size_t n = 512u << 20;
+        volatile char *p = malloc(n);
+        for (size_t i = 0; p && i < n; i += 4096) p[i] = 1;
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+        printf("skipped: the out-of-memory report (no memory cgroup can be made here)\n");
+        return;
+    }
+    char why[256] = "";
+    int oom = dt_mem_cap_oom((long)pid, why, sizeof why);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && oom && strstr(why, "out-of-memory killer") &&
+              strstr(why, "64.00 MiB"),
+          "a child over its 64 MiB cap: killed by SIGKILL (%d), told as its cgroup's OOM kill: %s", st, why);
+    printf("out of memory: %s\n", why);
+    char ok[256];
+    CHECK(dt_mem_cap_oom((long)getpid(), ok, sizeof ok) == 0, "a process without an OOM kill is not one");
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-supervise-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -272,6 +303,7 @@ int main(void) {
             "eval_batch = 100\nseed = 5\nthreads = 1\n[data]\ndir = %s\n",
             g_tmp);
     fclose(f);
+    test_oom_kill();
     test_hung_rank(2);
     test_hung_rank(3);
     test_lock();

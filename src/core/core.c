@@ -433,6 +433,37 @@ static int put(const char *dir, const char *name, const char *text) {
     return fclose(f) != 0 || bad ? -1 : 0;
 }
 
+// The number after `key` in dir/name (a "key value" line), or -1.
+static long long cg_value(const char *dir, const char *name, const char *key) {
+    char path[1400], line[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    size_t kl = key ? strlen(key) : 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!key) v = atoll(line);
+        else if (!strncmp(line, key, kl) && line[kl] == ' ') v = atoll(line + kl + 1);
+    if (f) fclose(f);
+    return v;
+}
+
+int dt_mem_cap_oom(long pid, char *out, size_t n) {
+    char own[1024], dir[1100];
+    int v1 = 0;
+    if (!own_cgroup(own, sizeof own, &v1)) return 0;
+    snprintf(dir, sizeof dir, "%s/dtrain-%ld", own, pid);
+    long long kills = cg_value(dir, v1 ? "memory.oom_control" : "memory.events", "oom_kill");
+    if (kills <= 0) return 0;
+    long long cap = cg_value(dir, v1 ? "memory.limit_in_bytes" : "memory.max", NULL);
+    long long peak = cg_value(dir, v1 ? "memory.max_usage_in_bytes" : "memory.peak", NULL);
+    char a[64], b[64] = "";
+    dt_mem_format(cap > 0 ? (size_t)cap : 0, a, sizeof a);
+    if (peak > 0) dt_mem_format((size_t)peak, b, sizeof b);
+    snprintf(out, n, "killed by its memory cgroup's out-of-memory killer: its cap (--memory-limit) is %s%s%s", a,
+             peak > 0 ? ", its use reached " : "", b);
+    return 1;
+}
+
 dt_status dt_mem_cap(size_t bytes, char *how, size_t len) {
     char num[32], own[1024], pid[32];
     snprintf(num, sizeof num, "%zu", bytes);

@@ -468,6 +468,14 @@ static int replaceable(const sup *s, int r, int signaled, int *alone) {
     return signaled && s->n > 1 && !g_signal;
 }
 
+// Why a rank's process ended by a signal: its memory cgroup's OOM killer
+// (dt_mem_cap_oom: the cap and the use), or the signal.
+static void oom_why(char *why, size_t n, pid_t pid, int st) {
+    char oom[256];
+    if (WTERMSIG(st) == SIGKILL && dt_mem_cap_oom((long)pid, oom, sizeof oom)) snprintf(why, n, "%s", oom);
+    else snprintf(why, n, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+}
+
 /* The one way a dead rank's place is taken (docs/internals.md,
  * "Replacement"): by a ready spare, else, where ranks are let in alone, by
  * a process started for it (up to max_respawns). Returns 1 when it is. */
@@ -483,9 +491,9 @@ static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
     if (!alone) dt_shm_mark_rank(s->base, r, 2, WTERMSIG(st));
     int inc = dt_shm_take_place(s->base, r, alone);
     beat_reset(&s->beats[r], mono_ns());
-    char why[96], who[128], at[48] = "";
+    char why[320], who[128], at[48] = "";
     if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", s->hung_quiet);
-    else if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else if (WIFSIGNALED(st)) oom_why(why, sizeof why, pid, st);
     else snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(st));
     if (last >= 0 && alone) snprintf(at, sizeof at, " at step %lld", (long long)last);
     if (k < 0) {  // a process started for the place
@@ -530,9 +538,13 @@ static void fail(sup *s, int r, pid_t pid, int st, int code) {
     res->signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
     res->failed_at = dt_now();
     res->failed_early = atomic_load(&s->beats[r].step) <= atomic_load(&s->beats[r].start_step);
+    char why[320], at[64] = "";
+    int64_t last = atomic_load(&s->beats[r].step);
+    if (WIFSIGNALED(st)) oom_why(why, sizeof why, pid, st);
+    if (WIFSIGNALED(st) && last >= 0) snprintf(at, sizeof at, " after step %lld", (long long)last);
     if (WIFSIGNALED(st))
-        dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) killed by signal %d (%s)%s", r, (int)pid, WTERMSIG(st),
-               strsignal(WTERMSIG(st)), s->nalive ? "; stopping the other ranks" : "");
+        dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) %s%s%s", r, (int)pid, why, at,
+               s->nalive ? "; stopping the other ranks" : "");
     else
         dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) exited with status %d%s", r, (int)pid, code,
                s->nalive ? "; stopping the other ranks" : "");
