@@ -13,12 +13,17 @@ ifdef CI
 CMAKE_FLAGS += -DDTRAIN_WERROR=ON
 endif
 
-.PHONY: all deps build demo test test-asan test-tsan install bench fuzz clean
+.PHONY: all deps deps-test build demo test test-asan test-tsan install bench fuzz clean
 
 all: build
 
+# What building, running and the demo need; the tests add their own tools
+# (clang, Prometheus, Chromium, Slurm).
 deps:
 	@scripts/install-deps.sh
+
+deps-test:
+	@scripts/install-deps.sh --test
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
@@ -27,13 +32,13 @@ build: deps
 demo: build
 	$(BUILD)/dtrain train configs/fashion-cnn.ini --workers 2 --run-dir runs/demo
 
-test: build
+test: deps-test build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
-test-asan: deps
+test-asan: deps-test
 	JOBS=$(JOBS) scripts/sanitize-test.sh asan
 
-test-tsan: deps
+test-tsan: deps-test
 	JOBS=$(JOBS) scripts/sanitize-test.sh tsan
 
 install: build

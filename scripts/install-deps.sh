@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Installs what dtrain needs to build, test and run its demo, from Debian's
-# package archive. Idempotent: asks apt-get only for packages that are missing,
-# and does nothing at all when everything is present.
+# Installs what dtrain needs from Debian's package archive. Idempotent: asks
+# apt-get only for packages that are missing, and does nothing at all when
+# everything is present.
 #
-#   scripts/install-deps.sh          build + test + demo dependencies
+#   scripts/install-deps.sh          build + run + demo (make, make demo)
+#   scripts/install-deps.sh --test   also what the tests use (make test)
 #   scripts/install-deps.sh --bench  also what bench/ compares against (PyTorch)
 set -euo pipefail
 
-pkgs=(build-essential cmake clang libomp-dev pkg-config
+pkgs=(build-essential cmake libomp-dev pkg-config
       zlib1g-dev libinih-dev libcjson-dev libdnnl-dev libmicrohttpd-dev libhdf5-dev
       libopenmpi-dev openmpi-bin
-      dataset-fashion-mnist fortunes
-      prometheus chromium    # tests of the metrics endpoint and the HTML report
-      slurmctld slurmd slurm-client munge)   # the one-machine Slurm test
+      dataset-fashion-mnist fortunes)
+if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--bench" ]; then
+    pkgs+=(clang                         # the sanitizer builds (make test-asan, test-tsan)
+           prometheus chromium           # tests of the metrics endpoint and the HTML report
+           slurmctld slurmd slurm-client munge)   # the one-machine Slurm test
+fi
 if [ "${1:-}" = "--bench" ]; then
     # PyTorch, and an optimised BLAS for it (Debian's torch otherwise runs on
     # the reference BLAS): the peer must be measured at its best.
