@@ -116,6 +116,11 @@ typedef struct {
      * NULL: a warning with the stored config's hash. */
     dt_status (*config_check)(void *user, const char *path, const char *stored);
     void *config_user;
+    /* The buffers stay as they are from a save until that write ends (the
+     * caller waits for the writer before it changes them: a strategy's
+     * staged slice): the background writer writes from them, with no
+     * snapshot copy of its own. */
+    int stable;
     const dt_st_meta *weights_meta;/* metadata the weights file of this model
                                       carries (a GPT's shape), kept for export */
     int nweights_meta;

@@ -1322,13 +1322,17 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     w->snap = *m;
     w->snap.params_lo = w->snap.states_lo = w->begin;
     w->snap.params_hi = w->snap.states_hi = w->end;
-    w->buf = dt_alloc(sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates));
-    if (!w->buf) {
+    w->buf = m->stable ? NULL : dt_alloc(sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates));
+    if (!w->buf && !m->stable) {
         free(w);
         return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: out of memory (%zu parameters)", m->nparams);
     }
     w->snap.params = w->buf;
-    for (int j = 0; j < m->nstates; j++) w->snap.states[j] = w->buf + len * (size_t)(1 + j);
+    for (int j = 0; j < m->nstates && w->buf; j++) w->snap.states[j] = w->buf + len * (size_t)(1 + j);
+    if (m->stable) {  // the live buffers are the snapshot
+        w->snap.params = m->params + (w->begin - plo);
+        for (int j = 0; j < m->nstates; j++) w->snap.states[j] = m->states[j] + (w->begin - slo);
+    }
     w->snap.opt_step = &w->snap_step;
     if (m->extra) {
         w->snap.extra = snap_extra;
@@ -1427,8 +1431,8 @@ dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s) {
         size_t len = w->end - w->begin;
         size_t plo, phi, slo, shi;
         held(&w->live, &plo, &phi, &slo, &shi);
-        memcpy(w->snap.params, w->live.params + (w->begin - plo), sizeof(float) * len);
-        for (int j = 0; j < w->live.nstates; j++)
+        if (!w->live.stable) memcpy(w->snap.params, w->live.params + (w->begin - plo), sizeof(float) * len);
+        for (int j = 0; j < w->live.nstates && !w->live.stable; j++)
             memcpy(w->snap.states[j], w->live.states[j] + (w->begin - slo), sizeof(float) * len);
         w->snap_step = *w->live.opt_step;
         w->state = *s;

@@ -795,8 +795,11 @@ static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl
         r->ck.last_step = tc.step - 1;  // (not due by a count of steps)
         save |= ke > 0 && (e + 1) % ke == 0;
     }
+    // (a staged view is the writer's snapshot: staged again only after its write)
     if (here && dt_run_ckpt_due(&r->ck, tc.step, last, r->stop, save) && r->ck.dir[0] &&
-        ((st = dt_strategy_params_sync(r->strat)) != DT_OK || (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
+        ((st = dt_strategy_params_sync(r->strat)) != DT_OK ||
+         (r->ck.model.stable && r->ck.writer && (st = dt_ckpt_writer_wait(r->ck.writer)) != DT_OK) ||
+         (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
         return st;
     if (here && (st = dt_run_ckpt_step(&r->ck, &tc, last, r->stop, save)) != DT_OK) return st;
     dt_heartbeat(r->step);
@@ -1004,12 +1007,14 @@ static dt_status finish(run_state *r) {
 // Everything ends, in order: the observer (its closing barrier, unless a
 // replacement's predecessor made it), the strategy's transfers, the task,
 // the workers' communicator before the world's (a failed run aborts them,
-// so the others stop with its message), the checkpoint write in flight.
+// so the others stop with its message), the checkpoint write in flight
+// (before the strategy where that write reads the strategy's staged slice).
 static dt_status tear_down(run_state *r, dt_status st) {
     dt_kernels_set_weights(NULL, 0);
     if (r->strat && r->strat->skip_barriers > 0) dt_obs_leave(r->obs);
     st = dt_obs_close(r->obs, st);
     if (st == DT_OK && r->res->steps > 0) st = dt_fault_at(r->rank, r->res->steps, "closed");  // (a test's fault)
+    if (r->ck.model.stable) st = dt_run_ckpt_end(&r->ck, st);
     dt_strategy_free(r->strat);
     dt_dynbatch_free(r->dyn);
     if (r->task && r->tops->close) r->tops->close(r->task);

@@ -104,8 +104,8 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
 // What checkpoints and the final weights file add on the worker that holds
 // most of them: the background writer's snapshot of what the rank writes
 // (a slice of the whole model's np_whole floats and optimizer state when
-// the state is sliced or split into tensor-parallel shards, else rank 0's
-// whole block), the shards' staged slice (engine/strategies/pipeline.c),
+// the state is sliced or split into parts, else rank 0's whole block; a
+// model in parts' staged slice is that snapshot, engine/strategies/pipeline.c),
 // and the weights file's pieces (dt_run_weights_write: up to 4 Mi floats,
 // or the largest tensor, `big`; rank 0 sums the others' into a second);
 // parts: a pipeline's stages keep their layers alone.
@@ -116,9 +116,9 @@ static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, 
     size_t pieces = (tp || (W > 1 && c->zero >= 3) ? 2 : 1) * F * (big < piece ? big : piece);
     if (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) return pieces;
     size_t slice = sliced ? (np_whole + (size_t)W - 1) / (size_t)W : np_whole;
-    // (parts: the slice staged beside the snapshot, and the piece it is assembled in)
+    // (parts: the staged slice is the writer's snapshot; the piece it is assembled in)
     if (tp) pieces += F * (slice < piece ? slice : piece);
-    return sat_add(pieces, sat_mul(sat_mul(F * per, slice), tp ? 2 : 1));
+    return sat_add(pieces, sat_mul(F * per, slice));
 }
 
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {

@@ -119,6 +119,7 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
         for (int j = 0; j < m->nstates; j++) m->states[j] = s->ckpt_states[j];
         m->params_lo = m->states_lo = s->ckpt_lo;
         m->params_hi = m->states_hi = s->ckpt_hi;
+        m->stable = 1;  // (ckpt_stage changes the slice only after the write in flight: the loop waits)
     }
 }
 
