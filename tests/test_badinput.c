@@ -753,7 +753,8 @@ static void test_memory(void) {
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         CHECK(dt_mem_parse_size(ok[i].s, &b) == DT_OK && b == ok[i].want, "size '%s' = %zu, got %zu", ok[i].s,
               ok[i].want, b);
-    const char *bad[] = {"", "0", "-1G", "2X", "G", "1.5", "nan", "inf", "2G2", "99999999T"};
+    const char *bad[] = {"", "0", "-1G", "2X", "G", "1.5", "nan", "inf", "2G2", "99999999T",
+                         "0x40000000", "010M", "0x1p30", "00", "1e", "infinity", " 1G"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(dt_mem_parse_size(bad[i], &b) == DT_ERR_ARG, "size '%s' refused", bad[i]);
     const char *src = NULL;

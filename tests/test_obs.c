@@ -687,6 +687,14 @@ static void test_simulate(void) {
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 2 && strstr(g_out, "--allreduce: '1X': expected sizes"), "simulate --allreduce 1X: exit %d\n%s", rc,
           g_out);
+    // hex, a leading zero and inf: refused by the one decimal rule (dt_decimal_scan)
+    const char *odd[][2] = {{"--allreduce 0x10", "--allreduce: '0x10'"}, {"--allreduce 010M", "--allreduce: '010M'"},
+                            {"--allreduce 1M --link 0x10gbit,1us", "--link"}, {"--allreduce 1M --link 1gbit,infus", "--link"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "%s simulate %s", tl_dtrain(), odd[i][0]);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 2 && strstr(g_out, odd[i][1]), "simulate %s: exit %d\n%s", odd[i][0], rc, g_out);
+    }
     snprintf(cmd, sizeof cmd, "%s simulate", tl_dtrain());
     CHECK(tl_run(cmd, g_out, sizeof g_out) == 2 && strstr(g_out, "missing RUN_DIR"), "simulate without RUN_DIR\n%s",
           g_out);

@@ -206,8 +206,15 @@ DT_API int dt_mem_cap_oom(long pid, char *out, size_t n);
 DT_API void dt_mem_set_limit(size_t bytes, const char *name);
 /* That limit (0: none) and its name. */
 DT_API size_t dt_mem_limit(const char **name);
+/* The decimal number at the start of s, as configs and flags write one: a
+ * sign, digits, a fraction, an exponent; no hex, inf or nan, no leading
+ * zeros ("010" is neither octal 8 nor 10). NULL with *end after it, or
+ * what is wrong (a clause for a message, "" when there is no number).
+ * *digits (may be NULL): it is only digits, with a sign. */
+DT_API const char *dt_decimal_scan(const char *s, const char **end, int *digits);
 /* Parses a size: a whole number of bytes, or a number with a suffix K, M,
- * G or T (powers of 1024; "1.5G" allowed; a trailing "B" or "iB" too).
+ * G or T (powers of 1024; "1.5G" allowed; a trailing "B" or "iB" too),
+ * the number by dt_decimal_scan's rules.
  * DT_ERR_ARG (nothing recorded) for anything else, zero, or more than
  * 2^60. */
 DT_API dt_status dt_mem_parse_size(const char *s, size_t *bytes);

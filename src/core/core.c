@@ -3,6 +3,7 @@
 #include "dtrain/core.h"
 #include "version.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -505,11 +506,40 @@ dt_status dt_mem_cap(size_t bytes, char *how, size_t len) {
                     "setrlimit(RLIMIT_DATA): %s", bytes, strerror(errno));
 }
 
+const char *dt_decimal_scan(const char *s, const char **end, int *digits) {
+    const char *q = s;
+    int only = 0;
+    if (*q == '+' || *q == '-') q++;
+    const char *int_part = q;
+    while (isdigit((unsigned char)*q)) q++;
+    size_t nint = (size_t)(q - int_part), nfrac = 0;
+    only = nint > 0;
+    if (*q == '.') {
+        const char *f = ++q;
+        while (isdigit((unsigned char)*q)) q++;
+        nfrac = (size_t)(q - f);
+        only = 0;
+    }
+    *end = q;
+    if (digits) *digits = only;
+    if (nint + nfrac == 0) return "";
+    if (nint > 1 && int_part[0] == '0') return " (no leading zeros: '010' is neither octal 8 nor 10)";
+    if (*q == 'e' || *q == 'E') {
+        const char *e = q + 1 + (q[1] == '+' || q[1] == '-');
+        if (!isdigit((unsigned char)*e)) return "";
+        while (isdigit((unsigned char)*e)) e++;
+        *end = e;
+        if (digits) *digits = 0;
+    }
+    return NULL;
+}
+
 dt_status dt_mem_parse_size(const char *s, size_t *bytes) {
+    const char *num;
+    if (!s || !*s || *s == '-' || *s == '+' || dt_decimal_scan(s, &num, NULL)) return DT_ERR_ARG;
     char *end;
-    if (!s || !*s || *s == '-' || *s == '+') return DT_ERR_ARG;
     double x = strtod(s, &end);
-    if (end == s || !(x > 0)) return DT_ERR_ARG;
+    if (end != num || !(x > 0)) return DT_ERR_ARG;
     double mul = 1;
     const char *u = "KMGT", *p = *end ? strchr(u, *end & ~0x20) : NULL;
     if (*end && p) {

@@ -17,32 +17,11 @@
 // numbers: the one reader of config values and command-line flags
 
 // Checks that s is, whole, a decimal number; NULL if so, else what is
-// wrong. *digits: it is only digits (with a sign), so strtoull reads it
-// exactly.
+// wrong (dt_decimal_scan's rules). *digits: it is only digits (with a
+// sign), so strtoull reads it exactly.
 static const char *decimal_syntax(const char *s, int *digits) {
-    const char *q = s;
-    if (*q == '+' || *q == '-') q++;
-    const char *int_part = q;
-    while (isdigit((unsigned char)*q)) q++;
-    size_t nint = (size_t)(q - int_part), nfrac = 0;
-    *digits = nint > 0;
-    if (*q == '.') {
-        const char *f = ++q;
-        while (isdigit((unsigned char)*q)) q++;
-        nfrac = (size_t)(q - f);
-        *digits = 0;
-    }
-    if (nint + nfrac == 0) return "";
-    if (nint > 1 && int_part[0] == '0') return " (no leading zeros: '010' is neither octal 8 nor 10)";
-    if (*q == 'e' || *q == 'E') {
-        q++;
-        if (*q == '+' || *q == '-') q++;
-        const char *e = q;
-        while (isdigit((unsigned char)*q)) q++;
-        if (q == e) return "";
-        *digits = 0;
-    }
-    return *q ? "" : NULL;
+    const char *end, *why = dt_decimal_scan(s, &end, digits);
+    return why ? why : *end ? "" : NULL;
 }
 
 // Formats the range "from LO to HI" of a message.
@@ -79,7 +58,7 @@ dt_status dt_parse_number(const char *what, const char *text, double lo, double 
 
 dt_status dt_parse_u64(const char *what, const char *text, uint64_t max, uint64_t *out) {
     int digits = 0;
-    double v, hi = (double)max;  // rounds up for max near 2^64: the exact check below decides
+    double v = 0, hi = (double)max;  // rounds up for max near 2^64: the exact check below decides
     dt_status st = parse_decimal(what, text, 0, hi, 1, &v, &digits);
     if (st != DT_OK) return st;
     char range[100];

@@ -44,27 +44,36 @@ static const char help[] =
     "                    1024, comma-separated) on each host count\n"
     "  -h, --help        this help\n";
 
+// A decimal number (dt_decimal_scan: no hex, inf or nan) and its unit.
+static int number_unit(const char *s, double *x, const char **unit) {
+    char *end;
+    if (dt_decimal_scan(s, unit, NULL)) return -1;
+    *x = strtod(s, &end);
+    return end == *unit && isfinite(*x) ? 0 : -1;
+}
+
 // "100gbit" -> bytes per second
 static int parse_rate(const char *v, size_t n, double *out) {
-    char s[64], *end;
+    char s[64];
+    const char *u;
+    double x;
     if (n == 0 || n >= sizeof s) return -1;
     memcpy(s, v, n);
     s[n] = 0;
-    double x = strtod(s, &end);
-    double m = !strcmp(end, "gbit") ? 1e9 : !strcmp(end, "mbit") ? 1e6 : !strcmp(end, "kbit") ? 1e3
-             : !strcmp(end, "bit") ? 1 : -1;
-    if (end == s || m < 0 || !(x > 0) || !isfinite(x)) return -1;
+    if (number_unit(s, &x, &u)) return -1;
+    double m = !strcmp(u, "gbit") ? 1e9 : !strcmp(u, "mbit") ? 1e6 : !strcmp(u, "kbit") ? 1e3 : !strcmp(u, "bit") ? 1 : -1;
+    if (m < 0 || !(x > 0)) return -1;
     *out = x * m / 8;
     return 0;
 }
 
 // "50us" -> seconds
 static int parse_time(const char *v, double *out) {
-    char *end;
-    double x = strtod(v, &end);
-    double m = !strcmp(end, "us") ? 1e-6 : !strcmp(end, "ms") ? 1e-3 : !strcmp(end, "s") ? 1
-             : !strcmp(end, "ns") ? 1e-9 : -1;
-    if (end == v || m < 0 || !(x >= 0) || !isfinite(x)) return -1;
+    const char *u;
+    double x;
+    if (number_unit(v, &x, &u)) return -1;
+    double m = !strcmp(u, "us") ? 1e-6 : !strcmp(u, "ms") ? 1e-3 : !strcmp(u, "s") ? 1 : !strcmp(u, "ns") ? 1e-9 : -1;
+    if (m < 0 || !(x >= 0)) return -1;
     *out = x * m;
     return 0;
 }
