@@ -49,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
@@ -1257,6 +1258,88 @@ static void test_hdf5(void) {
     cfg_err(BASE "[data]\nloader_threads = 0\n", NULL, 0, "[data] loader_threads", "from 1 to 256", NULL);
 }
 
+// Special files and planted links: every input is a regular file, read
+// without waiting on a FIFO's writer; files made in a run directory never
+// write through a symbolic link; an output never replaces a device or a link.
+static void test_special_files(void) {
+    char cmd[4096], args[2048];
+    int cases = 0;
+    const char *fifo = tmp_path("fifo");
+    snprintf(cmd, sizeof cmd, "mkfifo %s && mkdir %s-idx && cd %s-idx && for s in train t10k; do mkfifo $s-images-idx3-ubyte.gz "
+             "$s-labels-idx1-ubyte.gz; done", fifo, fifo, fifo);
+    CHECK(tl_run(cmd, NULL, 0) == 0, "mkfifo %s", fifo);
+    // (timeout: a regression shows as a failed case, not a hung suite)
+    struct { const char *args, *want; } in[] = {
+        {"train %s", "not a regular file (a FIFO)"},
+        {"train configs/fashion-mlp.ini --set data.dataset=hdf5 --set data.file=%s", "not a regular file (a FIFO)"},
+        {"prepare-text %s -o " "%s.tok", "not a regular file (a FIFO)"},
+        {"inspect %s", "not a regular file (a FIFO)"},
+        {"train configs/fashion-mlp.ini --set data.dir=%s-idx", "not a regular file (a FIFO)"},
+        {"train configs/gpt-fortunes.ini --set model.init_from=%s", "not a regular file"},
+        {"train /dev/zero", "not a regular file (a device)"},
+        {"train /tmp", "not a regular file (a directory)"},
+    };
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++, cases++) {
+        snprintf(args, sizeof args, in[i].args, i == 6 || i == 7 ? "" : fifo, fifo);
+        snprintf(cmd, sizeof cmd, "timeout 60 %s %s --run-dir %s", tl_dtrain(), args, tmp_path("run-special"));
+        if (!strncmp(args, "inspect", 7) || !strncmp(args, "prepare", 7))
+            snprintf(cmd, sizeof cmd, "timeout 60 %s %s", tl_dtrain(), args);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK((rc == 1 || rc == 2) && contains(g_out, in[i].want), "dtrain %s: exit %d, wants '%s'\n%s", args, rc,
+              in[i].want, g_out);
+    }
+    // A sharded checkpoint whose index.json is a FIFO; a run whose metrics log is one.
+    const char *sd = tmp_path("sharded-fifo");
+    CHECK(make_sharded(sd) == 0, "sharded checkpoint: %s", dt_last_error());
+    snprintf(cmd, sizeof cmd, "rm %s/step-00000001/index.json && mkfifo %s/step-00000001/index.json", sd, sd);
+    tl_run(cmd, NULL, 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s inspect %s/step-00000001", tl_dtrain(), sd);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && contains(g_out, "index.json: not a regular file (a FIFO)"), "inspect, index.json a FIFO: exit %d\n%s", rc, g_out);
+    const char *rd = tmp_path("run-fifo-log");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/metrics && mkfifo %s/metrics/rank-00000.jsonl", rd, rd);
+    tl_run(cmd, NULL, 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s report %s -o %s/r.html", tl_dtrain(), rd, rd);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && contains(g_out, "not a regular file (a FIFO)"), "report, a FIFO metrics log: exit %d\n%s", rc, g_out);
+    cases += 2;
+
+    // Planted links: a run directory's .lock, its metrics log, an output.
+    const char *victim = tmp_path("victim"), *run = tmp_path("run-links");
+    write_file(victim, "precious\n", 9);
+    struct { const char *name, *want; } links[] = {{".lock", "a symbolic link; not written through"},
+                                                    {"metrics/rank-00000.jsonl", "a symbolic link; not written through"}};
+    for (size_t i = 0; i < 2; i++, cases++) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/metrics && ln -s %s %s/%s", run, run, victim, run, links[i].name);
+        tl_run(cmd, NULL, 0);
+        snprintf(cmd, sizeof cmd, "timeout 120 %s train configs/fashion-mlp.ini --set data.dir=%s --set train.max_steps=1 "
+                 "--set train.threads=1 -q --run-dir %s", tl_dtrain(), tmp_path("small"), run);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        char *v = tl_read_file(victim, NULL);
+        CHECK(rc == 1 && contains(g_out, links[i].want) && v && !strcmp(v, "precious\n"),
+              "train with %s a planted link: exit %d, the file it points at %s\n%s", links[i].name, rc,
+              v && !strcmp(v, "precious\n") ? "kept" : "changed", g_out);
+        free(v);
+    }
+    const char *dev = tmp_path("devnull"), *lnk = tmp_path("out-link"), *good = tmp_path("sharded-good");
+    CHECK(make_sharded(good) == 0, "sharded checkpoint: %s", dt_last_error());
+    snprintf(cmd, sizeof cmd, "mknod %s c 1 3 && ln -s %s %s", dev, victim, lnk);
+    int have_dev = tl_run(cmd, NULL, 0) == 0;
+    const char *outs[] = {dev, lnk};
+    for (int i = have_dev ? 0 : 1; i < 2; i++, cases++) {
+        snprintf(cmd, sizeof cmd, "timeout 60 %s export %s/step-00000001 -o %s", tl_dtrain(), good, outs[i]);
+        rc = tl_run(cmd, g_out, sizeof g_out);
+        struct stat sb;
+        CHECK(rc == 1 && contains(g_out, "not replaced") && lstat(outs[i], &sb) == 0 &&
+                  (i == 0 ? S_ISCHR(sb.st_mode) : S_ISLNK(sb.st_mode)),
+              "export -o %s: exit %d, left as it was\n%s", i == 0 ? "a device" : "a link", rc, g_out);
+    }
+    char *v = tl_read_file(victim, NULL);
+    CHECK(v && !strcmp(v, "precious\n"), "the planted links' target is untouched");
+    free(v);
+    printf("special files and planted links: %d cases\n", cases);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/dtrain-badinput-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
@@ -1274,6 +1357,7 @@ int main(void) {
     test_escape();
     test_weights_cli();
     test_hdf5();
+    test_special_files();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);

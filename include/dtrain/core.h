@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -242,9 +243,11 @@ DT_API const char *dt_suggest(const char *word, const char *const *cands, int n)
 /* Creates directory `path` and its missing parents (mkdir -p). */
 DT_API dt_status dt_make_dirs(const char *path);
 
-/* Writes n parts to `path` atomically: a temporary file beside it, fsync,
- * rename over path, fsync of the directory. Readers see the old file or the
- * whole new one, never a torn write. */
+/* Writes n parts to `path` atomically: a temporary file beside it (made
+ * new: never through a planted link), fsync, rename over path, fsync of
+ * the directory. Readers see the old file or the whole new one, never a
+ * torn write. Only a regular file or a new name is replaced: a device, a
+ * link or a directory at path is refused. */
 DT_API dt_status dt_write_atomic(const char *path, const void *const *parts,
                                  const size_t *sizes, int n);
 /* The same written piece by piece: dt_atomic_open makes the temporary file,
@@ -255,6 +258,18 @@ DT_API dt_status dt_atomic_open(dt_atomic_file **f, const char *path);
 DT_API dt_status dt_atomic_append(dt_atomic_file *f, const void *data, size_t n);
 DT_API dt_status dt_atomic_commit(dt_atomic_file *f);
 DT_API void dt_atomic_abort(dt_atomic_file *f);
+
+/* Opens path for reading, refusing anything but a regular file (a FIFO, a
+ * device, a socket, a directory: opened without blocking, then checked,
+ * so nothing waits on a writer that never comes). */
+DT_API dt_status dt_open_read(const char *path, int *fd);
+/* The same as a stream ("rb"); NULL with the error recorded. */
+DT_API FILE *dt_fopen_read(const char *path);
+/* Opens or creates path for reading and writing (flags: O_APPEND, O_TRUNC
+ * to empty it once checked, or 0), refusing a symbolic link as its last
+ * component and anything but a regular file: a planted link never
+ * redirects a write. */
+DT_API dt_status dt_open_write(const char *path, int flags, int *fd);
 
 /* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
  * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the

@@ -117,8 +117,8 @@ dt_status dt_gpt_save(const dt_gpt *m, const char *path) {
 }
 
 static dt_status read_all(const char *path, uint8_t **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = dt_fopen_read(path);
+    if (!f) return DT_ERR_IO;  // (recorded)
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);
     rewind(f);
@@ -156,7 +156,7 @@ static dt_status st_config(const dt_st_file *f, const char *path, dt_gpt_config 
 }
 
 static int is_llmc(const char *path) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = dt_fopen_read(path);
     if (!f) return 0;
     uint8_t h[4] = {0};
     size_t n = fread(h, 1, 4, f);
@@ -167,7 +167,7 @@ static int is_llmc(const char *path) {
 dt_status dt_gpt_read_config(const char *path, dt_gpt_config *c) {
     dt_status st;
     if (is_llmc(path)) {
-        FILE *f = fopen(path, "rb");
+        FILE *f = dt_fopen_read(path);
         uint8_t h[HEADER_BYTES];
         size_t n = f ? fread(h, 1, sizeof h, f) : 0;
         if (f) fclose(f);

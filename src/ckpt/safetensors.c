@@ -278,13 +278,8 @@ dt_status dt_st_build(dt_st_file **out, const dt_st_tensor *tensors, int n, cons
 
 dt_status dt_st_open(dt_st_file **out, const char *path) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(fp);
-        return dt_error(DT_ERR_IO, "%s: not a regular file", path);
-    }
+    FILE *fp = dt_fopen_read(path);
+    if (!fp) return DT_ERR_IO;  // (recorded)
     if (fseek(fp, 0, SEEK_END) != 0) {
         fclose(fp);
         return dt_error(DT_ERR_IO, "%s: cannot seek", path);

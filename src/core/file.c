@@ -7,8 +7,63 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+
+// ----------------------------------------------------------------------------
+// opening: regular files only
+
+static const char *kind_of(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+         : S_ISSOCK(m) ? "a socket" : S_ISLNK(m) ? "a symbolic link" : "not a regular file";
+}
+
+// fd, opened without blocking, as a blocking descriptor of a regular file.
+static dt_status regular(const char *path, int fd, int *out) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        dt_status st = dt_error(DT_ERR_IO, "%s: not a regular file (%s)", path, kind_of(sb.st_mode));
+        close(fd);
+        return st;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *out = fd;
+    return DT_OK;
+}
+
+dt_status dt_open_read(const char *path, int *fd) {
+    *fd = -1;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (f < 0) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    return regular(path, f, fd);
+}
+
+FILE *dt_fopen_read(const char *path) {
+    int fd;
+    if (dt_open_read(path, &fd) != DT_OK) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+        close(fd);
+    }
+    return f;
+}
+
+dt_status dt_open_write(const char *path, int flags, int *fd) {
+    *fd = -1;
+    int f = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (flags & O_APPEND), 0644);
+    if (f < 0 && errno == ELOOP) return dt_error(DT_ERR_IO, "%s: a symbolic link; not written through", path);
+    if (f < 0) return dt_error(DT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    dt_status st = regular(path, f, fd);
+    if (st == DT_OK && (flags & O_TRUNC) && ftruncate(*fd, 0) != 0) {
+        st = dt_error(DT_ERR_IO, "%s: cannot empty: %s", path, strerror(errno));
+        close(*fd);
+        *fd = -1;
+    }
+    return st;
+}
 
 // ----------------------------------------------------------------------------
 // atomic file writes: temp file, fsync, rename, fsync the directory
@@ -27,7 +82,8 @@ dt_status dt_atomic_open(dt_atomic_file **out, const char *path) {
         free(f);
         return dt_error(DT_ERR_ARG, "%s: path too long", path);
     }
-    if ((f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+    unlink(f->tmp);  // (an earlier process's with this pid)
+    if ((f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0) {
         dt_status st = dt_error(DT_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
         free(f);
         return st;
@@ -59,7 +115,12 @@ void dt_atomic_abort(dt_atomic_file *f) {
 
 dt_status dt_atomic_commit(dt_atomic_file *f) {
     dt_status st = DT_OK;
-    if (fsync(f->fd) != 0 || close(f->fd) != 0) {
+    struct stat sb;
+    if (lstat(f->path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        st = dt_error(DT_ERR_IO, "%s: exists and is %s; not replaced", f->path, kind_of(sb.st_mode));
+        close(f->fd);
+        unlink(f->tmp);
+    } else if (fsync(f->fd) != 0 || close(f->fd) != 0) {
         st = dt_error(DT_ERR_IO, "%s: fsync failed: %s", f->tmp, strerror(errno));
         unlink(f->tmp);
     } else if (rename(f->tmp, f->path) != 0) {
@@ -97,8 +158,14 @@ dt_status dt_write_atomic(const char *path, const void *const *parts, const size
 dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
-    gzFile f = gzopen(path, "rb");  // reads plain files as they are, too
-    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
+    int fd;
+    dt_status st0 = dt_open_read(path, &fd);
+    if (st0 != DT_OK) return st0;
+    gzFile f = gzdopen(fd, "rb");  // reads plain files as they are, too
+    if (!f) {
+        close(fd);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
     size_t cap = 1 << 20, n = 0;
     uint8_t *b = malloc(cap);
     if (!b) {

@@ -17,7 +17,9 @@
 static dt_status open_file(const char *path, hid_t *f) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);  // errors come back as statuses, not printed
     *f = -1;
-    if (access(path, R_OK) != 0) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;  // (a FIFO or a device would block libhdf5's open)
+    if (dt_open_read(path, &fd) != DT_OK) return DT_ERR_IO;
+    close(fd);
     if ((*f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
         return dt_error(DT_ERR_FORMAT, "%s: not an HDF5 file (or a damaged one): libhdf5 cannot open it", path);
     return DT_OK;

@@ -67,8 +67,13 @@ static dt_status parse_header(const uint8_t *buf, size_t len, const char *what, 
 
 dt_status dt_idx_read_header(const char *path, dt_idx *out) {
     memset(out, 0, sizeof *out);
-    gzFile f = gzopen(path, "rb");
-    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
+    int fd;
+    if (dt_open_read(path, &fd) != DT_OK) return DT_ERR_IO;
+    gzFile f = gzdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
     uint8_t buf[20];
     int r = gzread(f, buf, sizeof buf);
     gzclose(f);

@@ -48,14 +48,14 @@ dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int 
 
 dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab) {
     memset(t, 0, sizeof *t);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return dt_error(DT_ERR_IO, "%s: cannot open token file: %s%s", path, strerror(errno),
-                        errno == ENOENT ? " (make token files from text with: dtrain prepare-text FILE... -o PREFIX)" : "");
+    int fd;
+    if (dt_open_read(path, &fd) != DT_OK)
+        return dt_error(DT_ERR_IO, "token file %s%s", dt_last_error(),
+                        access(path, F_OK) != 0 ? " (make token files from text with: dtrain prepare-text FILE... -o PREFIX)" : "");
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
         close(fd);
-        return dt_error(DT_ERR_IO, "%s: not a regular file", path);
+        return dt_error(DT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
     }
     size_t len = (size_t)sb.st_size;
     if (len < HEADER_BYTES) {

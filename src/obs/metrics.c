@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -325,8 +326,10 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
         if ((st = dt_make_dirs(dir)) != DT_OK) goto fail;
         snprintf(o->log_path, sizeof o->log_path, "%s/metrics/rank-%05d.jsonl", run_dir, o->rank);
         // Appended to: a run resumed from a checkpoint goes on in the same log.
-        if (!(o->log = fopen(o->log_path, "a"))) {
-            st = dt_error(DT_ERR_IO, "%s: cannot create the metrics log: %s", o->log_path, strerror(errno));
+        int fd = -1;
+        if (dt_open_write(o->log_path, O_APPEND, &fd) != DT_OK || !(o->log = fdopen(fd, "a"))) {
+            st = dt_error(DT_ERR_IO, "the metrics log %s", fd < 0 ? dt_last_error() : strerror(errno));
+            if (fd >= 0) close(fd);
             goto fail;
         }
     }
@@ -643,7 +646,7 @@ void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accura
 }
 
 int dt_obs_logged_eval(dt_obs *o, int64_t step, float *eval_loss, float *eval_accuracy) {
-    FILE *f = o && o->log_path[0] ? fopen(o->log_path, "r") : NULL;
+    FILE *f = o && o->log_path[0] ? dt_fopen_read(o->log_path) : NULL;
     if (!f) return 0;
     char key[64], line[8192];
     snprintf(key, sizeof key, "\"type\":\"eval\",\"step\":%lld,", (long long)step);

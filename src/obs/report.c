@@ -98,9 +98,17 @@ static double get(const cJSON *j, const char *key, double def) {
 // A step record must have these; the others default to 0.
 static const char *const required[] = {"step", "time", "loss"};
 
+#define REPORT_MAX_LOG (1 << 30)
+
 static dt_status read_log(const char *path, run_data *d, rank_log *r) {
-    FILE *f = fopen(path, "r");
-    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = dt_fopen_read(path);
+    if (!f) return DT_ERR_IO;  // (recorded)
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && sb.st_size > REPORT_MAX_LOG) {  // (a run of millions of steps logs less)
+        fclose(f);
+        return dt_error(DT_ERR_FORMAT, "%s: %lld bytes, more than the %d MiB a metrics log may have for report", path,
+                        (long long)sb.st_size, REPORT_MAX_LOG >> 20);
+    }
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -423,7 +431,7 @@ static void breakdown_chart(FILE *f, const run_data *d, const char *unit) {
 static void clients_chart(FILE *f, const char *run_dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/clients.json", run_dir);
-    FILE *s = fopen(path, "r");
+    FILE *s = dt_fopen_read(path);
     if (!s) return;
     size_t cap = 1 << 20, n = 0;
     char *buf = malloc(cap);
@@ -536,7 +544,7 @@ static const char style[] =
 static void summary_table(FILE *f, const char *run_dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/summary.json", run_dir);
-    FILE *s = fopen(path, "r");
+    FILE *s = dt_fopen_read(path);
     if (!s) return;
     char buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf - 1, s);
@@ -569,7 +577,7 @@ static void summary_table(FILE *f, const char *run_dir) {
 static int federated_run(const char *run_dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/summary.json", run_dir);
-    FILE *s = fopen(path, "r");
+    FILE *s = dt_fopen_read(path);
     if (!s) {
         snprintf(path, sizeof path, "%s/clients.json", run_dir);
         struct stat sb;

@@ -21,7 +21,7 @@ static double num(const cJSON *j, const char *key) {
 static double bucket_kb(const char *run_dir, double def) {
     char path[4096], line[256];
     snprintf(path, sizeof path, "%s/config.ini", run_dir);
-    FILE *f = fopen(path, "r");
+    FILE *f = dt_fopen_read(path);
     if (!f) return def;
     int in_parallel = 0;
     double v = def;

@@ -4,9 +4,11 @@
 #include "obs/trace.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct dt_trace {
     FILE *f;
@@ -25,8 +27,10 @@ dt_status dt_trace_open(dt_trace **out, const char *path, int rank, const char *
     if (!t) return dt_error(DT_ERR_NOMEM, "trace: out of memory");
     t->rank = rank;
     part_path(t->part, sizeof t->part, path, rank);
-    if (!(t->f = fopen(t->part, "w"))) {
-        dt_status st = dt_error(DT_ERR_IO, "trace %s: cannot create: %s", t->part, strerror(errno));
+    int fd = -1;
+    if (dt_open_write(t->part, O_TRUNC, &fd) != DT_OK || !(t->f = fdopen(fd, "w"))) {
+        dt_status st = dt_error(DT_ERR_IO, "trace: %s", fd < 0 ? dt_last_error() : strerror(errno));
+        if (fd >= 0) close(fd);
         free(t);
         return st;
     }
@@ -57,8 +61,8 @@ dt_status dt_trace_finish(dt_trace *t) {
 }
 
 static dt_status read_all(const char *path, char **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dt_error(DT_ERR_IO, "trace %s: cannot open: %s", path, strerror(errno));
+    FILE *f = dt_fopen_read(path);
+    if (!f) return dt_error(DT_ERR_IO, "trace: %s", dt_last_error());
     char *b = NULL;
     size_t n = 0, cap = 0, got;
     do {

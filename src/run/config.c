@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // numbers: the one reader of config values and command-line flags
@@ -741,8 +742,9 @@ dt_status dt_config_parse(dt_config *c, const char *text, const char *what, cons
 dt_status dt_config_load(dt_config *c, const char *path, const char *const *overrides, int noverrides) {
     uint8_t *buf;
     size_t len;
-    FILE *f = fopen(path, "rb");
-    if (!f) return dt_error(DT_ERR_IO, "%s: cannot open config: %s", path, strerror(errno));
+    FILE *f = dt_fopen_read(path);
+    if (!f)  // (there but not a file: a config error, as a file that is not a config)
+        return dt_error(access(path, F_OK) == 0 ? DT_ERR_CONFIG : DT_ERR_IO, "config %s", dt_last_error());
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);
     rewind(f);

@@ -45,8 +45,9 @@ dt_status dt_run_dir_lock(const char *dir, int *out) {
     if (st != DT_OK) return st;
     char path[4096];
     snprintf(path, sizeof path, "%s/.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return dt_error(DT_ERR_IO, "%s: cannot open the run directory's lock file: %s", path, strerror(errno));
+    int fd;
+    if (dt_open_write(path, 0, &fd) != DT_OK)
+        return dt_error(DT_ERR_IO, "the run directory's lock file %s", dt_last_error());
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EINTR) continue;
         int e = errno;

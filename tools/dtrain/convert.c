@@ -29,7 +29,7 @@ int cmd_convert(int argc, char **argv) {
 
     // The reader tells the two formats apart by content; check that IN is
     // what the user said, so that a mix-up is reported, not converted.
-    FILE *f = fopen(in, "rb");
+    FILE *f = dt_fopen_read(in);
     unsigned char h[4] = {0};
     if (f) {
         if (fread(h, 1, 4, f) != 4) h[0] = h[1] = h[2] = h[3] = 0;

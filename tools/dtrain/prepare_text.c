@@ -38,8 +38,8 @@ typedef struct {
 } bytes;
 
 static int append_file(bytes *b, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
+    FILE *f = dt_fopen_read(path);
+    if (!f) return cli_error("%s", dt_last_error()), -1;
     for (;;) {
         if (b->n > MAX_TEXT) {
             fclose(f);
