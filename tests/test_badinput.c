@@ -49,8 +49,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 
@@ -133,6 +135,11 @@ static void write_idx(const char *name, const uint32_t *dims, int nd, const uint
 // ---------------------------------------------------------------------------
 // 1. IDX data files
 
+static size_t peak_rss(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (size_t)ru.ru_maxrss * 1024 : 0;
+}
+
 static void test_idx(void) {
     dt_dataset ds;
     dt_idx idx;
@@ -152,9 +159,9 @@ static void test_idx(void) {
     EXPECT_ERR(dt_dataset_load_idx(&ds, img, missing, 10, 0.0f, 1.0f, 1), DT_ERR_IO, missing);
     uint8_t *buf;
     size_t len;
-    EXPECT_ERR(dt_read_file_gz(missing, &buf, &len), DT_ERR_IO, missing, "cannot open");
+    EXPECT_ERR(dt_read_file_gz(missing, 0, &buf, &len), DT_ERR_IO, missing, "cannot open");
     CHECK(buf == NULL, "failed read leaves *buf NULL");
-    EXPECT_ERR(dt_read_file_gz(g_tmp, &buf, &len), DT_ERR_IO, g_tmp);  // a directory
+    EXPECT_ERR(dt_read_file_gz(g_tmp, 0, &buf, &len), DT_ERR_IO, g_tmp);  // a directory
 
     // A split's files are found as NAME.gz, else as NAME (plain).
     char fi[600], fl[600], want[700];
@@ -179,17 +186,37 @@ static void test_idx(void) {
         const char *whole = tmp_path("whole-labels.gz"), *cut = tmp_path("cut-labels.gz"),
                    *bad = tmp_path("corrupt-labels.gz");
         write_file(whole, gz, gzn);
-        st = dt_read_file_gz(whole, &buf, &len);
+        st = dt_read_file_gz(whole, 0, &buf, &len);
         CHECK(st == DT_OK && len == 8 + 10000, "whole copy reads: %s", dt_last_error());
         if (st == DT_OK) free(buf);
         write_file(cut, gz, gzn / 2);
-        EXPECT_ERR(dt_read_file_gz(cut, &buf, &len), DT_ERR_FORMAT, cut, "truncated");
+        EXPECT_ERR(dt_read_file_gz(cut, 0, &buf, &len), DT_ERR_FORMAT, cut, "truncated");
         EXPECT_ERR(dt_dataset_load_idx(&ds, img, cut, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT, cut);
         for (size_t i = 100; i < 200; i++) gz[i] ^= 0x5a;
         write_file(bad, gz, gzn);
-        EXPECT_ERR(dt_read_file_gz(bad, &buf, &len), DT_ERR_FORMAT, bad, "gzip");
+        EXPECT_ERR(dt_read_file_gz(bad, 0, &buf, &len), DT_ERR_FORMAT, bad, "gzip");
         free(gz);
     }
+
+    // Gzip bombs: a header announcing 3x2x2 bytes over 64 MiB of zeros is
+    // stopped one byte past the claim; one announcing 4.7 GB before inflating.
+    const char *bomb = tmp_path("bomb-idx.gz"), *claim = tmp_path("claim-idx.gz");
+    const uint8_t hb[2][16] = {{0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 2},
+                               {0, 0, 8, 3, 0, 0, 0xea, 0x60, 0, 0, 1, 0x18, 0, 0, 1, 0x18}};  // 60000x280x280
+    for (int k = 0; k < 2; k++) {
+        gzFile g = gzopen(k ? claim : bomb, "wb9");
+        static uint8_t zeros[1 << 20];
+        gzwrite(g, hb[k], 16);
+        for (int i = 0; i < 64; i++) gzwrite(g, zeros, sizeof zeros);
+        gzclose(g);
+    }
+    size_t rss0 = peak_rss();
+    EXPECT_ERR(dt_idx_read(bomb, &buf, &idx), DT_ERR_FORMAT, bomb, "more than 29 bytes once uncompressed",
+               "what its header announces");
+    EXPECT_ERR(dt_dataset_load_idx(&ds, bomb, lab, 10, 0.0f, 1.0f, 1), DT_ERR_FORMAT, bomb, "header announces");
+    EXPECT_ERR(dt_idx_read(claim, &buf, &idx), DT_ERR_FORMAT, claim, "more than 4 GiB");
+    CHECK(peak_rss() < rss0 + (16 << 20), "the bombs were stopped before inflating (peak RSS %zu -> %zu)", rss0,
+          peak_rss());
 
     // Wrong magic (a gzip header where the IDX magic belongs), element type
     // (0x0D = float), and header/data size mismatches.
@@ -513,7 +540,7 @@ static int make_small_data(const char *dir, int n) {
         uint8_t *buf;
         size_t len;
         dt_idx idx;
-        if (dt_read_file_gz(src[k], &buf, &len) != DT_OK) return -1;
+        if (dt_read_file_gz(src[k], 0, &buf, &len) != DT_OK) return -1;
         if (dt_idx_parse(buf, len, src[k], &idx) != DT_OK || idx.dims[0] < n) {
             free(buf);
             return -1;
@@ -1193,6 +1220,23 @@ static void h5_put(const char *path, const char *name, hid_t t, int ndim, const 
     H5Fclose(f);
 }
 
+// A chunked dataset of `dims` with nothing written: a claim with no data.
+static void h5_claim(const char *path, const char *name, int ndim, const hsize_t *dims, const hsize_t *chunk) {
+    hid_t f = access(path, F_OK) == 0 ? H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT)
+                                      : H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    H5Pset_chunk(dcpl, ndim, chunk);
+    hid_t sp = H5Screate_simple(ndim, dims, NULL);
+    hid_t d = H5Dcreate2(f, name, H5T_NATIVE_UINT8, sp, lcpl, dcpl, H5P_DEFAULT);
+    CHECK(f >= 0 && d >= 0, "creating %s:%s", path, name);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Pclose(dcpl);
+    H5Pclose(lcpl);
+    H5Fclose(f);
+}
+
 static void test_hdf5(void) {
     dt_dataset ds;
     uint8_t px[4 * 2 * 3] = {0};
@@ -1232,6 +1276,21 @@ static void test_hdf5(void) {
     H5_ERR("train/images", "x/labels_10", DT_ERR_FORMAT, "dataset 'x/labels_10'", "label 10 of sample 2 is outside 0..9");
     H5_ERR("train/images", "x/labels_neg", DT_ERR_FORMAT, "dataset 'x/labels_neg'", "label -1 of sample 2");
 #undef H5_ERR
+    // Size claims: a small file claiming 2e6 images, or more than a data file may hold.
+    const char *claim = tmp_path("claim.h5");
+    const hsize_t big[3] = {2000000, 28, 28}, bigc[3] = {1000, 28, 28}, huge[3] = {6000000, 28, 28};
+    const hsize_t nl[1] = {2000000}, nlc[1] = {1000}, nh[1] = {6000000};
+    h5_claim(claim, "a/images", 3, big, bigc);
+    h5_claim(claim, "a/labels", 1, nl, nlc);
+    h5_claim(claim, "b/images", 3, huge, bigc);
+    h5_claim(claim, "b/labels", 1, nh, nlc);
+    size_t rss0 = peak_rss();
+    EXPECT_ERR(dt_dataset_load_hdf5(&ds, claim, "a/images", "a/labels", 10, 0, 1, 1), DT_ERR_FORMAT,
+               "dataset 'a/images' (the images) claims 1568000000 bytes but the file stores 0", "crafted");
+    EXPECT_ERR(dt_dataset_load_hdf5(&ds, claim, "b/images", "b/labels", 10, 0, 1, 1), DT_ERR_FORMAT,
+               "dataset 'b/images' (the images): more than 4294967296 bytes");
+    CHECK(peak_rss() < rss0 + (64 << 20), "the claims were refused before anything was allocated (peak RSS %zu -> %zu)",
+          rss0, peak_rss());
     CHECK(ds.x == NULL && ds.y == NULL && ds.raw == NULL && ds.n == 0, "a failed HDF5 load leaves the dataset empty");
     const char *missing = tmp_path("missing.h5"), *text = tmp_path("text.h5");
     write_file(text, "not hdf5\n", 9);

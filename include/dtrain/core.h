@@ -271,11 +271,13 @@ DT_API FILE *dt_fopen_read(const char *path);
  * redirects a write. */
 DT_API dt_status dt_open_write(const char *path, int flags, int *fd);
 
-/* Reads a whole file, gunzipping it when it is gzip-compressed, up to 4 GiB
- * uncompressed (more is DT_ERR_FORMAT: a gzip bomb must not take the
- * machine's memory). On success *buf is malloc'ed (caller frees) and *len
- * its size. */
-DT_API dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len);
+/* Reads a whole file, gunzipping it when it is gzip-compressed, up to max
+ * bytes uncompressed (what the caller knows the file holds: a header's
+ * claim) and never more than 4 GiB (max 0: that limit); more is
+ * DT_ERR_FORMAT, found once max + 1 bytes are inflated: a gzip bomb never
+ * takes the machine's memory. On success *buf is malloc'ed (caller frees)
+ * and *len its size. */
+DT_API dt_status dt_read_file_gz(const char *path, size_t max, uint8_t **buf, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,11 @@ DT_API dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, 
  * count, data NULL. Checks as dt_idx_parse does, but not the data's length. */
 DT_API dt_status dt_idx_read_header(const char *path, dt_idx *out);
 
+/* Reads and parses a whole IDX file (plain or gzip), inflating no more than
+ * its header announces (at most 4 GiB): *buf is malloc'ed (caller frees),
+ * out->data points into it. */
+DT_API dt_status dt_idx_read(const char *path, uint8_t **buf, dt_idx *out);
+
 /* The image and label files of one split of an IDX data set in dir, named
  * the MNIST family's way: DIR/PREFIX-images-idx3-ubyte and
  * DIR/PREFIX-labels-idx1-ubyte (PREFIX "train" or "t10k"), each found as
@@ -100,12 +105,17 @@ typedef struct {
     int is_signed;
     int ndim;
     int64_t dims[8];    /* the first min(ndim, 8) */
+    int64_t stored;     /* bytes the file stores for it (compressed or not); -1 unknown */
 } dt_hdf5_desc;
 
 /* Checks an images and a labels description of the file `file`: both exist
  * and are datasets, images of unsigned bytes with 3 or 4 dimensions (none
- * zero, at most 2^40 bytes in all), labels of integers of at most 8 bytes
- * with one dimension as long as the images' first. Fills shape[3] (C, H, W)
+ * zero, at most 4 GiB in all, the limit of a data file), labels of
+ * integers of at most 8 bytes with one dimension as long as the images'
+ * first; each stores enough to hold what its shape claims (at most 1100
+ * bytes for one stored: deflate expands 1032-fold at most), so a small
+ * file claiming millions of samples is refused before anything is
+ * allocated. Fills shape[3] (C, H, W)
  * and *n. The message names the file and the dataset. */
 DT_API dt_status dt_hdf5_check(const char *file, const dt_hdf5_desc *images, const dt_hdf5_desc *labels,
                                int shape[3], int64_t *n);

@@ -653,7 +653,7 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
     snprintf(path, sizeof path, "%s/index.json", dir);
     uint8_t *buf;
     size_t len;
-    dt_status st = dt_read_file_gz(path, &buf, &len);
+    dt_status st = dt_read_file_gz(path, 0, &buf, &len);
     if (st != DT_OK) return st;
     st = index_parse((const char *)buf, len, path, ix);
     free(buf);

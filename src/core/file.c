@@ -155,7 +155,7 @@ dt_status dt_write_atomic(const char *path, const void *const *parts, const size
 
 #define DT_MAX_FILE_BYTES ((size_t)1 << 32)  // 4 GiB
 
-dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
+dt_status dt_read_file_gz(const char *path, size_t max, uint8_t **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
     int fd;
@@ -166,7 +166,8 @@ dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
         close(fd);
         return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
-    size_t cap = 1 << 20, n = 0;
+    size_t lim = max && max < DT_MAX_FILE_BYTES ? max : DT_MAX_FILE_BYTES;
+    size_t cap = lim < (1 << 20) ? lim + 1 : 1 << 20, n = 0;  // (lim + 1: one byte more says "too long")
     uint8_t *b = malloc(cap);
     if (!b) {
         gzclose(f);
@@ -175,20 +176,21 @@ dt_status dt_read_file_gz(const char *path, uint8_t **buf, size_t *len) {
     for (;;) {
         if (n == cap) {
             // A bound on what a small compressed file may expand to.
-            if (cap >= DT_MAX_FILE_BYTES) {
+            if (cap > lim) {
                 free(b);
                 gzclose(f);
-                return dt_error(DT_ERR_FORMAT, "%s: more than %zu bytes once uncompressed (the limit for a data file)",
-                                path, (size_t)DT_MAX_FILE_BYTES);
+                return dt_error(DT_ERR_FORMAT, "%s: more than %zu bytes once uncompressed (%s)", path, lim,
+                                lim == max ? "what its header announces" : "the limit for a data file");
             }
-            uint8_t *nb = realloc(b, cap * 2);
+            size_t grow = cap * 2 > lim + 1 ? lim + 1 : cap * 2;
+            uint8_t *nb = realloc(b, grow);
             if (!nb) {
                 free(b);
                 gzclose(f);
                 return dt_error(DT_ERR_NOMEM, "%s: out of memory (file larger than %zu bytes)", path, cap);
             }
             b = nb;
-            cap *= 2;
+            cap = grow;
         }
         size_t want = cap - n;
         if (want > (1u << 30)) want = 1u << 30;

@@ -65,6 +65,8 @@ static void describe(hid_t f, const char *name, dt_hdf5_desc *d, hid_t *ds) {
         H5Sget_simple_extent_dims(sp, dims, NULL);
         for (int i = 0; i < nd && i < 8; i++) d->dims[i] = dims[i] > INT64_MAX ? INT64_MAX : (int64_t)dims[i];
     }
+    hsize_t stored = H5Dget_storage_size(*ds);  // (0 where none is allocated: a claim with no data)
+    d->stored = stored > INT64_MAX ? INT64_MAX : (int64_t)stored;
     H5Tclose(t);
     H5Sclose(sp);
 }
@@ -94,7 +96,7 @@ dt_status dt_hdf5_images_shape(const char *path, const char *images, int64_t *n,
     dt_hdf5_desc im;
     describe(f, images, &im, &di);
     // Checked against a stand-in for labels that fits whatever the images are.
-    dt_hdf5_desc lb = {.name = "", .found = 1, .is_dataset = 1, .type_size = 1, .ndim = 1, .dims = {im.dims[0]}};
+    dt_hdf5_desc lb = {.name = "", .found = 1, .is_dataset = 1, .type_size = 1, .ndim = 1, .dims = {im.dims[0]}, .stored = -1};
     int shape[3];
     st = dt_hdf5_check(path, &im, &lb, shape, n);
     *ss = st == DT_OK ? (size_t)shape[0] * shape[1] * shape[2] : 0;
@@ -170,13 +172,10 @@ dt_status dt_hdf5_from_idx(const char *dir, const char *path) {
     for (int s = 0; s < 2 && st == DT_OK; s++) {
         char img[1024], lab[1024], name[64];
         uint8_t *ib = NULL, *lb = NULL;
-        size_t il, ll;
         dt_idx ii, li;
         st = dt_idx_find_split(dir, splits[s][0], img, lab, sizeof img);
-        if (st == DT_OK) st = dt_read_file_gz(img, &ib, &il);
-        if (st == DT_OK) st = dt_idx_parse(ib, il, img, &ii);
-        if (st == DT_OK) st = dt_read_file_gz(lab, &lb, &ll);
-        if (st == DT_OK) st = dt_idx_parse(lb, ll, lab, &li);
+        if (st == DT_OK) st = dt_idx_read(img, &ib, &ii);
+        if (st == DT_OK) st = dt_idx_read(lab, &lb, &li);
         if (st == DT_OK && (ii.ndim != 3 || li.ndim != 1 || li.dims[0] != ii.dims[0]))
             st = dt_error(DT_ERR_FORMAT, "%s, %s: expected images (N, H, W) and N labels, got %d-D and %d-D", img, lab,
                           ii.ndim, li.ndim);

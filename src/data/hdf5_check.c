@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#define DT_HDF5_MAX_BYTES ((int64_t)1 << 32)  // as dt_read_file_gz: 4 GiB
+
 static const char *type_name(const dt_hdf5_desc *d, char *buf, size_t n) {
     const char *cls = d->type_class == 0 ? (d->is_signed ? "signed integers" : "unsigned integers")
                       : d->type_class == 1 ? "floats" : "a non-numeric type";
@@ -26,6 +28,14 @@ static dt_status exists(const char *file, const dt_hdf5_desc *d, const char *wha
     return DT_OK;
 }
 
+// Whether d's stored bytes can hold the `claim` bytes of its shape.
+static dt_status holds(const char *file, const dt_hdf5_desc *d, const char *what, int64_t claim) {
+    if (d->stored < 0 || d->stored >= (claim + 1099) / 1100) return DT_OK;
+    return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the %s) claims %lld bytes but the file stores %lld for it, too "
+                    "few to hold them even compressed (a damaged or crafted file)", file, d->name, what,
+                    (long long)claim, (long long)d->stored);
+}
+
 dt_status dt_hdf5_check(const char *file, const dt_hdf5_desc *im, const dt_hdf5_desc *lb, int shape[3],
                         int64_t *n) {
     char t[64];
@@ -44,10 +54,12 @@ dt_status dt_hdf5_check(const char *file, const dt_hdf5_desc *im, const dt_hdf5_
         if (d <= 0 || d > 0x7fffffff)
             return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the images): dimension %d is %lld", file, im->name, i,
                             (long long)d);
-        if (total > ((int64_t)1 << 40) / d)
-            return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the images): more than 2^40 bytes", file, im->name);
+        if (total > DT_HDF5_MAX_BYTES / d)
+            return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the images): more than %lld bytes (4 GiB, the limit of a "
+                            "data file)", file, im->name, (long long)DT_HDF5_MAX_BYTES);
         total *= d;
     }
+    if ((st = holds(file, im, "images", total)) != DT_OK) return st;
     if (lb->type_class != 0 || lb->type_size < 1 || lb->type_size > 8)
         return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the labels) holds %s, expected integers (class numbers)", file,
                         lb->name, type_name(lb, t, sizeof t));
@@ -57,6 +69,7 @@ dt_status dt_hdf5_check(const char *file, const dt_hdf5_desc *im, const dt_hdf5_
     if (lb->dims[0] != im->dims[0])
         return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' has %lld labels but '%s' has %lld images", file, lb->name,
                         (long long)lb->dims[0], im->name, (long long)im->dims[0]);
+    if ((st = holds(file, lb, "labels", lb->dims[0] * lb->type_size)) != DT_OK) return st;
     int four = im->ndim == 4;
     shape[0] = four ? (int)im->dims[1] : 1;
     shape[1] = (int)im->dims[1 + four];

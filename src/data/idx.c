@@ -56,8 +56,8 @@ static dt_status parse_header(const uint8_t *buf, size_t len, const char *what, 
         if (d == 0 || d > 0x7fffffff)
             return dt_error(DT_ERR_FORMAT, "%s: IDX dimension %d is %u", what, i, d);
         out->dims[i] = (int32_t)d;
-        if (count > ((size_t)1 << 40) / d)
-            return dt_error(DT_ERR_FORMAT, "%s: IDX dimensions too large", what);
+        if (count > ((size_t)1 << 32) / d)  // (dt_read_file_gz's limit)
+            return dt_error(DT_ERR_FORMAT, "%s: IDX dimensions announce more than 4 GiB of data, the limit of a data file", what);
         count *= d;
     }
     out->ndim = nd;
@@ -75,11 +75,29 @@ dt_status dt_idx_read_header(const char *path, dt_idx *out) {
         return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
     uint8_t buf[20];
-    int r = gzread(f, buf, sizeof buf);
+    int r = gzread(f, buf, sizeof buf), e = Z_OK;
+    const char *msg = r < 0 ? gzerror(f, &e) : "";
+    dt_status st = r >= 0 ? DT_OK
+                 : e == Z_ERRNO ? dt_error(DT_ERR_IO, "%s: cannot read: %s", path, strerror(errno))
+                                : dt_error(DT_ERR_FORMAT, "%s: corrupt gzip data (%s)", path, msg);
     gzclose(f);
-    if (r < 0) return dt_error(DT_ERR_IO, "%s: cannot read", path);
+    if (st != DT_OK) return st;
     size_t hdr = 0;
     return parse_header(buf, (size_t)r, path, out, &hdr);
+}
+
+dt_status dt_idx_read(const char *path, uint8_t **buf, dt_idx *out) {
+    *buf = NULL;
+    size_t len;
+    dt_status st = dt_idx_read_header(path, out);
+    if (st != DT_OK) return st;
+    // (a byte past the claim: dt_idx_parse names trailing bytes)
+    if ((st = dt_read_file_gz(path, 4 + 4 * (size_t)out->ndim + out->count + 1, buf, &len)) != DT_OK) return st;
+    if ((st = dt_idx_parse(*buf, len, path, out)) != DT_OK) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return st;
 }
 
 dt_status dt_idx_parse(const uint8_t *buf, size_t len, const char *what, dt_idx *out) {
@@ -153,12 +171,9 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images, const char *la
     if (!(std > 0.0f)) return dt_error(DT_ERR_ARG, "dataset: std must be > 0");
     uint8_t *ib = NULL, *lb = NULL;
     int64_t *y = NULL;
-    size_t il, ll;
     dt_idx ii, li;
-    dt_status st = dt_read_file_gz(images, &ib, &il);
-    if (st == DT_OK) st = dt_idx_parse(ib, il, images, &ii);
-    if (st == DT_OK) st = dt_read_file_gz(labels, &lb, &ll);
-    if (st == DT_OK) st = dt_idx_parse(lb, ll, labels, &li);
+    dt_status st = dt_idx_read(images, &ib, &ii);
+    if (st == DT_OK) st = dt_idx_read(labels, &lb, &li);
     if (st != DT_OK) goto done;
     if (ii.ndim != 3) {
         st = dt_error(DT_ERR_FORMAT, "%s: images must be a 3-D IDX array (count, rows, cols), got %d-D", images, ii.ndim);

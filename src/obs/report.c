@@ -495,7 +495,7 @@ static void staleness_chart(FILE *f, const char *run_dir) {
     snprintf(path, sizeof path, "%s/summary.json", run_dir);
     uint8_t *text = NULL;
     size_t len;
-    if (dt_read_file_gz(path, &text, &len) != DT_OK) return;
+    if (dt_read_file_gz(path, 0, &text, &len) != DT_OK) return;
     cJSON *j = cJSON_ParseWithLength((const char *)text, len);
     free(text);
     const cJSON *ps = cJSON_GetObjectItem(j, "ps"), *h = cJSON_GetObjectItem(ps, "staleness_histogram"), *e;

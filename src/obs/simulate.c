@@ -41,7 +41,7 @@ dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
     snprintf(path, sizeof path, "%s/summary.json", run_dir);
     uint8_t *buf = NULL;
     size_t len = 0;
-    if ((st = dt_read_file_gz(path, &buf, &len)) != DT_OK) return st;
+    if ((st = dt_read_file_gz(path, 0, &buf, &len)) != DT_OK) return st;
     cJSON *j = cJSON_ParseWithLength((const char *)buf, len);
     free(buf);
     if (!cJSON_IsObject(j)) {

@@ -33,6 +33,7 @@ static void desc(const uint8_t *p, dt_hdf5_desc *d, const char *name) {
         for (int b = 7; b >= 0; b--) v = v << 8 | p[6 + 8 * i + b];
         d->dims[i] = (int64_t)v;
     }
+    d->stored = p[4] & 2 ? -1 : (int64_t)(p[4] >> 2) << (p[3] & 31);  // unknown, or 0 to 63 x 2^31
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -54,7 +55,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (shape[i] <= 0) abort();
         total *= shape[i];
     }
-    if (total > ((int64_t)1 << 40) || total <= 0) abort();
+    if (total > ((int64_t)1 << 32) || total <= 0) abort();
+    if (im.stored >= 0 && im.stored * 1100 < total) abort();  // more than deflate can expand to
     // Build it when the rest of the input holds n labels and n samples.
     const uint8_t *rest = data + 2 * DESC;
     size_t left = size - 2 * DESC, ss = (size_t)shape[0] * shape[1] * shape[2];
