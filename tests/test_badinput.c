@@ -1098,7 +1098,8 @@ static void test_weights_cli(void) {
         {"no shards and no parameters", NULL, NULL, NULL, "\"nparams\" is 0"},
         {"a negative dimension", "15", "-3,4", "15", "shape[0]"},
         {"dimensions that wrap around", "15", "4294967296,4294967296", "15", "more elements than"},
-        {"5e8 parameters", "500000000", "3,4", "500000000", "bytes"},
+        {"5e8 parameters", "500000000", "499999997", "500000000", "bytes"},
+        {"a gap between the tensors", "16", "3,4", "16", "leaves a gap"},
     };
     const char *tmpdir = tmp_path("tmpdir");
     tl_run((snprintf(args, sizeof args, "mkdir -p %s", tmpdir), args), NULL, 0);
@@ -1110,8 +1111,8 @@ static void test_weights_cli(void) {
             snprintf(shards, sizeof shards, sh, cases[i].end);
             snprintf(json, sizeof json,
                      "%s\"nparams\":%s,\"tensors\":[{\"name\":\"0.weight\",\"shape\":[%s],\"offset\":0},"
-                     "{\"name\":\"0.bias\",\"shape\":[3],\"offset\":12}],%s",
-                     hdr, cases[i].nparams, cases[i].shape, shards);
+                     "{\"name\":\"0.bias\",\"shape\":[3],\"offset\":%s}],%s",
+                     hdr, cases[i].nparams, cases[i].shape, i == 3 ? "499999997" : i == 4 ? "13" : "12", shards);
         }
         write_file(ip, json, strlen(json));
         const char *out = tmp_path("exported.safetensors");

@@ -257,8 +257,15 @@ static int test_index(const char *dir, net *h) {
         {"dimension 2^62", "shape[0]", .dims0 = "4611686018427387904,16"},
         {"dimensions whose product wraps around", "more elements than", .dims0 = "4294967296,4294967296"},
         {"five dimensions", "4 dimensions", .dims0 = "1,1,1,5,16"},
-        {"5e8 parameters", "bytes", .nparams = claims[0], .shards = claim[0]},
-        {"2^49 parameters", "bytes", .nparams = claims[1], .shards = claim[1]},
+        {"5e8 parameters", "cover the block once", .nparams = claims[0], .shards = claim[0]},
+        {"2^49 parameters", "cover the block once", .nparams = claims[1], .shards = claim[1]},
+        {"5e8 parameters in one tensor", "bytes",
+         .raw = "{\"format\":\"dtrain-checkpoint-index\",\"format_version\":1,\"step\":7,\"world_size\":3,"
+         "\"nparams\":500000000,\"nstates\":2,\"optimizer\":\"adamw\",\"tensors\":[{\"name\":\"1.weight\","
+         "\"shape\":[500000000],\"offset\":0}],\"shards\":[{\"file\":\"shard-00000-of-00003.safetensors\",\"begin\":0,"
+         "\"end\":166666667},{\"file\":\"shard-00001-of-00003.safetensors\",\"begin\":166666667,\"end\":333333334},"
+         "{\"file\":\"shard-00002-of-00003.safetensors\",\"begin\":333333334,\"end\":500000000}]}"},
+        {"a tensor dropped", "cover the block once", .offset_last = "0"},
         {"nparams 1e300", "nparams", .nparams = "1e300"},
         {"nparams -1", "nparams", .nparams = "-1"},
         {"offset past the end", "ends past", .offset_last = "101"},
@@ -303,6 +310,24 @@ static int test_index(const char *dir, net *h) {
              g_tmp);
     tl_run(cmd, g_out, sizeof g_out);
     CHECK(!strcmp(g_out, "0\n0\n"), "no temp files left by failed reads and exports: %s", g_out);
+    // Sound fields without the writer's checksum, and a value edited under it.
+    struct { const char *what, *want; int edit; } sums[] = {{"no checksum", "no \"checksum\"", 0},
+                                                           {"the step edited", "checksum mismatch", 1}};
+    for (int i = 0; i < 2; i++, n++) {
+        char body[4096];
+        index_case as_written = {.what = "as written", .want = ""};
+        if (sums[i].edit) {
+            snprintf(body, sizeof body, "%s", orig);
+            char *st = strstr(body, "\"step\":");
+            for (char *q = st; q && *q && *q != ','; q++)
+                if (*q == '7') *q = '8';
+        } else index_json(body, sizeof body, h, &as_written);
+        write_file(ip, (const unsigned char *)body, strlen(body));
+        dt_train_state r;
+        dt_status st = dt_ckpt_read(dir, &h->cm, &r);
+        CHECK(st == DT_ERR_FORMAT && strstr(dt_last_error(), sums[i].want) && strstr(dt_last_error(), "index.json"),
+              "index with %s: refused: %s", sums[i].what, dt_last_error());
+    }
     write_file(ip, (const unsigned char *)orig, ilen);
     free(orig);
     return n;

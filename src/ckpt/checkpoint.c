@@ -465,6 +465,17 @@ static void own_path(char *buf, size_t n, const char *dir, int rank, int world) 
     snprintf(buf, n, "%s/worker-%05d-of-%05d.safetensors", dir, rank, world);
 }
 
+// The CRC-32C of an index without its "checksum" (its compact JSON, which
+// cJSON prints the same from the same values), as 8 hex digits.
+static int index_sum(cJSON *o, char out[16]) {
+    cJSON *had = cJSON_DetachItemFromObjectCaseSensitive(o, "checksum");
+    char *text = cJSON_PrintUnformatted(o);
+    if (text) snprintf(out, 16, "%08x", dt_crc32c(0, text, strlen(text)));
+    free(text);
+    if (had) cJSON_AddItemToObject(o, "checksum", had);
+    return text != NULL;
+}
+
 // index.json, then COMPLETE (both atomic).
 static dt_status write_index(const char *dir, const dt_ckpt_model *m, const dt_train_state *s, int world) {
     cJSON *o = cJSON_CreateObject();
@@ -497,8 +508,13 @@ static dt_status write_index(const char *dir, const dt_ckpt_model *m, const dt_t
         cJSON_AddNumberToObject(x, "end", (double)e);
         cJSON_AddItemToArray(sa, x);
     }
-    char path[4400];
+    char path[4400], sum[16];
     snprintf(path, sizeof path, "%s/index.json", dir);
+    if (!index_sum(o, sum)) {
+        cJSON_Delete(o);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    cJSON_AddStringToObject(o, "checksum", sum);
     dt_status st = dt_json_write(path, o);
     if (st != DT_OK) return st;
     snprintf(path, sizeof path, "%s/COMPLETE", dir);
@@ -548,6 +564,32 @@ static dt_status index_int(const cJSON *o, const char *key, const char *where, c
     if (cJSON_IsNumber(v)) snprintf(got, sizeof got, "%.17g", v->valuedouble);
     return dt_error(DT_ERR_FORMAT, "%s: %s\"%s\" is %s, expected a whole number from %lld to %lld", path, where, key,
                     got, (long long)lo, (long long)hi);
+}
+
+static int cmp_offset(const void *a, const void *b) {
+    const dt_tensor_info *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+// The tensors cover [0, nparams) exactly once: in order of offset, each
+// begins where the one before ends.
+static dt_status index_covers(const ckpt_index *ix, const char *path) {
+    dt_tensor_info *t = malloc(sizeof *t * (size_t)ix->ntensors);
+    if (!t) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    memcpy(t, ix->tensors, sizeof *t * (size_t)ix->ntensors);
+    qsort(t, (size_t)ix->ntensors, sizeof *t, cmp_offset);
+    size_t next = 0;
+    dt_status st = DT_OK;
+    for (int i = 0; i < ix->ntensors && st == DT_OK; next = t[i].offset + t[i].numel, i++)
+        if (t[i].offset != next)
+            st = dt_error(DT_ERR_FORMAT, "%s: tensor '%.64s' at offset %zu %s the tensor before (which ends at %zu): "
+                          "the tensors must cover the block once", path, t[i].name, t[i].offset,
+                          t[i].offset < next ? "overlaps" : "leaves a gap after", next);
+    if (st == DT_OK && next != (size_t)ix->nparams)
+        st = dt_error(DT_ERR_FORMAT, "%s: the tensors end at %zu of \"nparams\" %lld: the tensors must cover the block "
+                      "once", path, next, (long long)ix->nparams);
+    free(t);
+    return st;
 }
 
 // Parses index.json text (len bytes; path names it in errors).
@@ -637,6 +679,18 @@ static dt_status index_parse(const char *text, size_t len, const char *path, ckp
     }
     if (next != np)
         return dt_error(DT_ERR_FORMAT, "%s: the shards end at %zu of \"nparams\" %zu", path, next, np);
+    return index_covers(ix, path);
+}
+
+// The checksum, checked once the fields are (which name what is wrong).
+static dt_status index_check_sum(const ckpt_index *ix, const char *path) {
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(ix->root, "checksum");
+    char sum[16];
+    if (!cJSON_IsString(want)) return dt_error(DT_ERR_FORMAT, "%s: no \"checksum\" (damaged, or edited by hand)", path);
+    if (!index_sum(ix->root, sum)) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    if (strcmp(sum, want->valuestring))
+        return dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (stored %.16s, computed %s): the index is damaged", path,
+                        want->valuestring, sum);
     return DT_OK;
 }
 
@@ -673,6 +727,7 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
                           path, (long long)r, ix->shards[r].begin, ix->shards[r].end, (long long)ix->nparams,
                           (long long)ix->nstates, need, ix->shards[r].file, (long long)sb.st_size);
     }
+    if (st == DT_OK) st = index_check_sum(ix, path);
     if (st != DT_OK) index_free(ix);
     return st;
 }
