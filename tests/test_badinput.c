@@ -42,6 +42,7 @@
 #include "dtrain/data.h"
 #include "dtrain/gpt.h"
 #include "dtrain/nn.h"
+#include "dtrain/optim.h"
 #include "testlib.h"
 
 #include <hdf5.h>
@@ -1400,6 +1401,49 @@ static void test_special_files(void) {
     printf("special files and planted links: %d cases\n", cases);
 }
 
+// A checkpoint whose position is outside the run (batch 1e12 of an epoch
+// of a few), written soundly with the run's own model and config: refused
+// before a step, not trained from.
+static void test_position(void) {
+    dt_config c;
+    char dset[700], cmd[2048];
+    snprintf(dset, sizeof dset, "data.dir=%s", tmp_path("small"));
+    const char *sets[] = {dset, "train.threads=1", "train.eval_batch=50"};
+    if (dt_config_load(&c, "configs/fashion-mlp.ini", sets, 3) != DT_OK) {
+        CHECK(0, "config: %s", dt_last_error());
+        return;
+    }
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    CHECK(dt_model_create(&m, c.input, c.layers, c.nlayers, 4) == DT_OK &&
+              dt_optim_create(&o, &c.optim, dt_model_num_params(m)) == DT_OK, "model: %s", dt_last_error());
+    dt_model_init(m, 1);
+    dt_tensor_info t[32];
+    int nt = dt_model_num_tensors(m);
+    for (int i = 0; i < nt && i < 32; i++) t[i] = *dt_model_tensor(m, i);
+    char *text = dt_config_format(&c);
+    dt_ckpt_model cm = {.tensors = t, .ntensors = nt, .params = dt_model_params(m), .nparams = dt_model_num_params(m),
+                        .nstates = dt_optim_num_states(o), .opt_step = dt_optim_step_count(o),
+                        .optimizer = dt_optim_kind_name(c.optim.kind), .config = text};
+    for (int j = 0; j < cm.nstates; j++) cm.states[j] = dt_optim_state(o, j);
+    const char *dir = tmp_path("far-ckpt");
+    struct { int64_t epoch, batch; } at[] = {{0, 1000000000000}, {9999, 0}, {3, 100000}};
+    for (int k = 0; k < 3; k++) {
+        dt_train_state st = {.step = 3, .epoch = at[k].epoch, .epoch_batch = at[k].batch, .world = 1};
+        snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
+        tl_run(cmd, NULL, 0);
+        CHECK(dt_ckpt_write(tl_path(dir, "step-00000003.safetensors"), &cm, &st) == DT_OK, "written: %s", dt_last_error());
+        snprintf(cmd, sizeof cmd, "timeout 120 %s train configs/fashion-mlp.ini --set %s --set train.threads=1 -q "
+                 "--run-dir %s --resume %s", tl_dtrain(), dset, tmp_path("far-run"), dir);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK((rc == 1 || rc == 2) && contains(g_out, "is outside this run") && !contains(g_out, "step 4"),
+              "resume at epoch %lld batch %lld: exit %d\n%s", (long long)at[k].epoch, (long long)at[k].batch, rc, g_out);
+    }
+    free(text);
+    dt_optim_free(o);
+    dt_model_free(m);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/dtrain-badinput-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
@@ -1418,6 +1462,7 @@ int main(void) {
     test_weights_cli();
     test_hdf5();
     test_special_files();
+    test_position();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (!tl_failed && !getenv("KEEP")) tl_run(cmd, NULL, 0);

@@ -1000,10 +1000,43 @@ static void test_slices(void) {
           "slices: a writer for a shard this rank does not hold is refused: %s", dt_last_error());
 }
 
+// NaN or Inf weights under a sound checksum: resume, export and loading
+// refuse them naming the tensor; inspect says so and exits 0.
+static void test_nonfinite(void) {
+    net a, b;
+    net_make(&a, 5, DT_OPTIM_ADAMW, 1);
+    net_make(&b, 5, DT_OPTIM_ADAMW, 2);
+    float *p = dt_model_params(a.m);
+    p[a.t[1].offset + 2] = NAN;  // in the second tensor
+    p[a.t[2].offset] = INFINITY;
+    dt_train_state s = {.step = 3, .world = 1}, r;
+    char ck[600], w[600], ex[600], cmd[2000];
+    snprintf(ck, sizeof ck, "%s", tmp("nan.safetensors"));
+    snprintf(w, sizeof w, "%s", tmp("nan-weights.safetensors"));
+    snprintf(ex, sizeof ex, "%s", tmp("nan-export.safetensors"));
+    CHECK(dt_ckpt_write(ck, &a.cm, &s) == DT_OK && dt_model_save(a.m, w, NULL, 0) == DT_OK, "written: %s",
+          dt_last_error());
+    float before = dt_model_params(b.m)[0];
+    dt_status st = dt_ckpt_read(ck, &b.cm, &r);
+    CHECK(st == DT_ERR_NUMERIC && strstr(dt_last_error(), "2 values are NaN or Inf") &&
+              strstr(dt_last_error(), a.t[1].name) && dt_model_params(b.m)[0] == before,
+          "resume refuses NaN weights, the model untouched: %s", dt_last_error());
+    st = dt_ckpt_export_weights(ck, ex);
+    CHECK(st == DT_ERR_NUMERIC && access(ex, F_OK) != 0, "export refuses them, nothing written: %s", dt_last_error());
+    st = dt_model_load(b.m, w);
+    CHECK(st == DT_ERR_NUMERIC && strstr(dt_last_error(), w), "loading NaN weights refused: %s", dt_last_error());
+    snprintf(cmd, sizeof cmd, "%s inspect %s", tl_dtrain(), ck);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "values: 2 values are NaN or Inf") && strstr(g_out, "checksum"),
+          "inspect says so: exit %d\n%s", rc, g_out);
+    net_free(&a), net_free(&b);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-ckpt-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
     test_file();
+    test_nonfinite();
     test_slices();
     test_runs();
     test_elastic("elastic", "");

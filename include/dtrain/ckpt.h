@@ -59,6 +59,13 @@ DT_API const dt_st_tensor *dt_st_get(const dt_st_file *f, int i);
 DT_API const dt_st_tensor *dt_st_find(const dt_st_file *f, const char *name);
 /* Metadata value for key, or NULL. */
 DT_API const char *dt_st_meta_get(const dt_st_file *f, const char *key);
+/* How many of n values of type (F32, BF16, F16; others: 0) are NaN or Inf. */
+DT_API size_t dt_count_nonfinite(const void *data, size_t n, dt_dtype type);
+/* DT_ERR_NUMERIC naming the first tensor of f with a NaN or Inf and how
+ * many f holds, else DT_OK: weights a checksum vouches for may still be
+ * the result of a diverged run, which resume, export, eval and init_from
+ * refuse (inspect says so). */
+DT_API dt_status dt_st_check_finite(const dt_st_file *f, const char *path);
 
 /* Saves every parameter tensor of m under its name (dt_model_tensor). */
 DT_API dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, int nmeta);

@@ -437,6 +437,7 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
         st = dt_st_expect(f, path, state_names[j], DT_F32, 1, &np, DT_ERR_CONFIG, &states[j]);
     if (st == DT_OK) st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_CONFIG, &step);
     if (st == DT_OK) st = check_config(m, path, vals);
+    if (st == DT_OK) st = dt_st_check_finite(f, path);
     if (st != DT_OK) goto done;
     size_t plo, phi, slo, shi;
     held(m, &plo, &phi, &slo, &shi);
@@ -750,6 +751,10 @@ static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckp
         dt_train_state ns;
         int kind;
         if ((st = open_verified(sp, &f, vals, &ns, &kind)) != DT_OK) break;
+        if ((st = dt_st_check_finite(f, sp)) != DT_OK) {
+            dt_st_close(f);
+            break;
+        }
         char want[128];
         snprintf(want, sizeof want, "%zu:%zu:%zu:%d:%lld", b, e, np, r, (long long)ix->world);
         int64_t len = (int64_t)(e - b), one = 1;
@@ -985,6 +990,8 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
         bytes += t->nbytes;
     }
     fprintf(out, "  %zu bytes of tensor data\n", bytes);
+    if (dt_st_check_finite(f, path) != DT_OK)  // (said, not refused: inspect shows what is there)
+        fprintf(out, "  values: %s\n", esc(e1, sizeof e1, strchr(dt_last_error(), ' ') + 1));
     if (is_ckpt && !sharded && (st = check_ckpt(f, path, vals, &s, &kind)) != DT_OK) {
         fprintf(out, "  checksum: FAILED: %s\n", esc(e1, sizeof e1, dt_last_error()));
     } else if (is_ckpt) {
@@ -1007,8 +1014,8 @@ dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype 
     int kind;
     dt_status st = open_verified(ckpt, &f, vals, &s, &kind);
     if (st != DT_OK) return st;
-    if (kind != KIND_WHOLE) {
-        st = not_a_ckpt(ckpt, kind, f);
+    if (kind != KIND_WHOLE || (st = dt_st_check_finite(f, ckpt)) != DT_OK) {
+        if (kind != KIND_WHOLE) st = not_a_ckpt(ckpt, kind, f);
         dt_st_close(f);
         return st;
     }

@@ -227,7 +227,12 @@ static dt_status read_weights(const char *path, dt_gpt_config *c, dest_fn dest, 
         size_t len = 0;
         const float *src;
         if ((st = read_all(path, &buf, &len)) != DT_OK) return st;
-        if ((st = dt_llmc_parse(buf, len, path, c, &src)) == DT_OK && (st = dest(ctx, c, &p)) == DT_OK)
+        size_t np = 0, bad = 0;
+        if ((st = dt_llmc_parse(buf, len, path, c, &src)) == DT_OK &&
+            (bad = dt_count_nonfinite(src, np = dt_gpt_config_num_params(c), DT_F32)) > 0)
+            st = dt_error(DT_ERR_NUMERIC, "%s: %zu of %zu values are NaN or Inf (weights of a run that diverged?); "
+                          "refused", path, bad, np);
+        if (st == DT_OK && (st = dest(ctx, c, &p)) == DT_OK)
             memcpy(p, src, dt_gpt_config_num_params(c) * sizeof(float));
         free(buf);
         return st;
@@ -236,7 +241,7 @@ static dt_status read_weights(const char *path, dt_gpt_config *c, dest_fn dest, 
     dt_tensor_info ti[16];
     const dt_st_tensor *t[16];
     if ((st = dt_ckpt_open(path, &f, NULL)) != DT_OK) return st;
-    if ((st = st_config(f, path, c)) == DT_OK && (st = st_tensors(f, path, c, ti, t)) == DT_OK &&
+    if ((st = dt_st_check_finite(f, path)) == DT_OK && (st = st_config(f, path, c)) == DT_OK && (st = st_tensors(f, path, c, ti, t)) == DT_OK &&
         (st = dest(ctx, c, &p)) == DT_OK)
         for (int i = 0; i < 16; i++) memcpy(p + ti[i].offset, t[i]->data, t[i]->nbytes);
     dt_st_close(f);

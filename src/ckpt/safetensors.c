@@ -276,6 +276,41 @@ dt_status dt_st_build(dt_st_file **out, const dt_st_tensor *tensors, int n, cons
     return parse_owned(out, buf, len, what);
 }
 
+size_t dt_count_nonfinite(const void *data, size_t n, dt_dtype type) {
+    const uint8_t *p = data;
+    size_t bad = 0;
+    if (type == DT_F32)
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, p + 4 * i, 4);  // (a file's data may not be aligned for floats)
+            bad += (v & 0x7f800000u) == 0x7f800000u;
+        }
+    else if (type == DT_BF16 || type == DT_F16) {
+        uint16_t e = type == DT_BF16 ? 0x7f80 : 0x7c00;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v;
+            memcpy(&v, p + 2 * i, 2);
+            bad += (v & e) == e;
+        }
+    }
+    return bad;
+}
+
+dt_status dt_st_check_finite(const dt_st_file *f, const char *path) {
+    size_t bad = 0, size;
+    const char *first = NULL;
+    for (int i = 0; i < f->n; i++) {
+        const dt_st_tensor *t = &f->t[i];
+        size = dt_dtype_size(t->dtype);
+        size_t k = size ? dt_count_nonfinite(t->data, t->nbytes / size, t->dtype) : 0;
+        if (k && !first) first = t->name;
+        bad += k;
+    }
+    if (!bad) return DT_OK;
+    return dt_error(DT_ERR_NUMERIC, "%s: %zu values are NaN or Inf, the first in tensor '%.64s' (weights of a run that "
+                    "diverged?); refused", path, bad, first);
+}
+
 dt_status dt_st_open(dt_st_file **out, const char *path) {
     *out = NULL;
     FILE *fp = dt_fopen_read(path);
@@ -366,6 +401,7 @@ dt_status dt_model_load(dt_model *m, const char *path) {
     dt_st_file *f;
     dt_status st = dt_ckpt_open(path, &f, NULL);
     if (st != DT_OK) return st;
+    st = dt_st_check_finite(f, path);
     // Every tensor checked before the first is copied.
     float *p = dt_model_params(m);
     for (int pass = 0; pass < 2; pass++)

@@ -596,6 +596,12 @@ static dt_status prepare(run_state *r) {
     // from the servers: a worker trains as many as its speed takes, and its
     // epoch ends when they are all out, not after `spe` steps.
     r->pieces = c->ps_share && s->own_pace;
+    // A checkpoint's position inside this run (a damaged or crafted one's may be anywhere).
+    if (r->ts.epoch < 0 || r->ts.epoch > r->epochs || r->ts.epoch_batch < 0 ||
+        (!r->pieces && r->spe > 0 && r->ts.epoch_batch > r->spe))
+        return dt_error(DT_ERR_CONFIG, "the checkpoint's position, batch %lld of epoch %lld, is outside this run (%d "
+                        "epochs of %lld batches): a damaged checkpoint, or one of a run with another data set or batch",
+                        (long long)r->ts.epoch_batch, (long long)r->ts.epoch + 1, r->epochs, (long long)r->spe);
     if (r->pieces && !r->tops->seek)
         return dt_error(DT_ERR_CONFIG, "[ps] share = dynamic: the %s model's batches cannot be handed out in pieces",
                         r->tops->name);
