@@ -64,6 +64,9 @@ while [ $# -gt 0 ]; do
        die "$cmd: unknown argument '$1'" ;;
     esac
 done
+# (tc's netem would read it: checked here, so that a bad value is named as such)
+[ -z "$delay" ] || [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] ||
+    die "--delay '$delay': expected a time such as 50us, 2ms or 0.1s"
 [[ "$prefix" =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "--prefix '$prefix': expected 1 to 6 lowercase letters or digits, starting with a letter"
 [[ "$subnet" =~ ^(10|192\.168|172\.(1[6-9]|2[0-9]|3[01]))(\.[0-9]{1,3}){1,2}$ ]] && [ "$(echo "$subnet" | tr -cd . | wc -c)" -eq 2 ] ||
     die "--subnet '$subnet': expected the first three numbers of a private /24 (10.x.y, 172.16-31.y or 192.168.y)"

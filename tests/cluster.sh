@@ -57,7 +57,7 @@ hostfile=$(tail -1 "$tmp/up")
 [ "$("$cluster" up 4 --prefix "$prefix" --subnet "$subnet" | tail -1)" = "$hostfile" ] || fail "up again did not print the same hostfile"
 if "$cluster" up 3 --prefix "$prefix" --subnet "$subnet" >"$tmp/err" 2>&1; then fail "up 3 over a 4-host cluster succeeded"; fi
 grep -q "already up" "$tmp/err" || { cat "$tmp/err"; fail "up 3: no 'already up' message"; }
-for bad in "up 0" "up 2 --bw fast" "up 2 --subnet 8.8.8" "up 2 --prefix Bad_Name" "frobnicate"; do
+for bad in "up 0" "up 2 --bw fast" "up 2 --delay soon" "up 2 --subnet 8.8.8" "up 2 --prefix Bad_Name" "frobnicate"; do
     # shellcheck disable=SC2086
     if "$cluster" $bad >"$tmp/err" 2>&1; then fail "cluster.sh $bad succeeded"; fi
     grep -q "cluster.sh: " "$tmp/err" || { cat "$tmp/err"; fail "cluster.sh $bad: no message"; }

@@ -1317,6 +1317,53 @@ static void test_hdf5(void) {
     cfg_err(BASE "[data]\nsampler = balanced\nshuffle = false\n", NULL, 0, "[data] sampler", "shuffle = false", NULL);
     cfg_err(BASE "[data]\nsampler = classwise\n", NULL, 0, "[data] sampler", "shuffled", "balanced");
     cfg_err(BASE "[data]\nloader_threads = 0\n", NULL, 0, "[data] loader_threads", "from 1 to 256", NULL);
+
+    // Data outside the file: external raw storage naming another file.
+    const char *ext = tmp_path("external.h5"), *raw = tmp_path("external.raw");
+    write_file(raw, px, sizeof px);
+    hid_t f = H5Fcreate(ext, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, raw, 0, sizeof px);
+    hid_t sp = H5Screate_simple(3, d3, NULL);
+    hid_t ds_ext = H5Dcreate2(f, "images", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    CHECK(f >= 0 && ds_ext >= 0, "an HDF5 file with external storage");
+    H5Dclose(ds_ext), H5Sclose(sp), H5Pclose(dcpl), H5Fclose(f);
+    h5_put(ext, "labels", H5T_NATIVE_UINT8, 1, d1, lab_ok);
+    EXPECT_ERR(dt_dataset_load_hdf5(&ds, ext, "images", "labels", 10, 0, 1, 1), DT_ERR_FORMAT, "dataset 'images'",
+               "keeps its data outside the file");
+
+    // Settings that a layout would not apply: refused by name.
+    cfg_err(BASE "[parallel]\nschedule = interleaved\n", NULL, 0, "[parallel] schedule = interleaved", "pipeline is 1",
+            NULL);
+    cfg_err(BASE "[parallel]\nvirtual_stages = 2\n", NULL, 0, "[parallel] virtual_stages", "pipeline >= 2", NULL);
+    char run[700];
+    snprintf(run, sizeof run, "--set data.dir=%s --set train.threads=1 -q --run-dir %s", tmp_path("small"),
+             tmp_path("run-ps-bad"));
+    snprintf(args, sizeof args, "train configs/fashion-mlp-ps.ini --set ps.mode=sync --set ps.staleness=0 --set ps.staleness_lr=true %s", run);
+    cli(2, args, "[ps] staleness_lr", "mode = sync applies no stale gradient");
+    snprintf(args, sizeof args, "train configs/fashion-mlp-ps.ini --set parallel.grad_dtype=bf16 %s", run);
+    cli(2, args, "[parallel] grad_dtype = bf16", "parameter servers");
+
+    // A damaged checkpoint under parameter servers: every error names it
+    // first (the servers' included: none reports the consequence alone).
+    const char *psr = tmp_path("run-ps-damaged");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s train configs/fashion-mlp-ps.ini --workers 2 --set data.dir=%s --set train.threads=1 "
+             "--set train.max_steps=2 --set checkpoint.every_steps=2 -q --run-dir %s && "
+             "printf 'XXXX' | dd of=%s/checkpoints/step-00000002/shard-00000-of-00002.safetensors bs=1 seek=200 "
+             "conv=notrunc 2>/dev/null", tl_dtrain(), tmp_path("small"), psr, psr);
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "a parameter-server run with a checkpoint: %s", g_out);
+    snprintf(cmd, sizeof cmd, "timeout 120 %s train configs/fashion-mlp-ps.ini --workers 2 --set data.dir=%s "
+             "--set train.threads=1 --set train.max_steps=4 --set checkpoint.every_steps=2 -q --run-dir %s --resume auto",
+             tl_dtrain(), tmp_path("small"), psr);
+    int rc = tl_run(cmd, g_out, sizeof g_out), lines = 0, named = 0;
+    for (const char *e = strstr(g_out, "error: "); e; e = strstr(e + 1, "error: "), lines++) {
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(e, "\n"), e);
+        named += strstr(line, "/checkpoints") != NULL || !strncmp(line, "error: run: rank", 16);  // (the launcher's)
+    }
+    CHECK(rc == 1 && lines > 0 && named == lines && !contains(g_out, "the first message from worker"),
+          "resume of a damaged checkpoint under servers: exit %d, %d of %d errors name the checkpoints\n%s", rc, named,
+          lines, g_out);
 }
 
 // Special files and planted links: every input is a regular file, read

@@ -399,6 +399,13 @@ static void bad_input(void) {
         {"--set federated.partition=shards --set federated.shards=30", NULL, "[federated] shards = 30", "243", 1},
         {"--set parallel.sync_every=2", NULL, "[parallel] sync_every", "dtrain train", 2},
         {"--set checkpoint.every_steps=5", NULL, "[checkpoint]", "federate", 2},
+        // dtrain train's settings: refused by name, never ignored
+        {"--servers 1", NULL, "[parallel] servers", "not to dtrain federate", 2},
+        {"--zero 2", NULL, "[parallel] zero", "not to dtrain federate", 2},
+        {"--set parallel.tensor=2", NULL, "[parallel] tensor", "not to dtrain federate", 2},
+        {"--set parallel.pipeline=2", NULL, "[parallel] pipeline", "not to dtrain federate", 2},
+        {"--set compression.method=qsgd", NULL, "[compression] method", "not to dtrain federate", 2},
+        {"--set train.max_steps=3", NULL, "[train] max_steps", "not to dtrain federate", 2},
         {"", "1:x", "DTRAIN_FED_FAIL", "ROUND:CLIENT", 1},
         {"", "0:1", "DTRAIN_FED_FAIL", "R >= 1", 1},
     };

@@ -366,16 +366,23 @@ static void test_files_and_memory(void) {
           "an empty token file: %s", out);
 
     // prepare-text: no text, and an endless input.
+    snprintf(cmd, sizeof cmd, ": > %s/empty.txt && %s prepare-text %s/empty.txt -o %s/null", g_dir, tl_dtrain(), g_dir, g_dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "empty.txt: 0 bytes of text"), "prepare-text of an empty file: %s", out);
     snprintf(cmd, sizeof cmd, "%s prepare-text /dev/null -o %s/null", tl_dtrain(), g_dir);
-    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "/dev/null: 0 bytes of text"), "prepare-text /dev/null: %s", out);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "/dev/null: not a regular file (a device)"),
+          "prepare-text /dev/null: %s", out);
     snprintf(cmd, sizeof cmd, "%s/null_train.bin", g_dir);
     CHECK(access(cmd, F_OK) != 0, "prepare-text /dev/null writes no token file");
     snprintf(cmd, sizeof cmd, "mkdir -p %s/emptydir && %s prepare-text %s/emptydir -o %s/null", g_dir, tl_dtrain(), g_dir,
              g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "0 bytes of text"), "prepare-text of an empty directory: %s", out);
-    snprintf(cmd, sizeof cmd, "%s prepare-text /dev/zero -o %s/zero", tl_dtrain(), g_dir);
-    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "/dev/zero") && strstr(out, "1073741824 bytes"),
-          "prepare-text /dev/zero stops at the 1 GiB limit: %s", out);
+    snprintf(cmd, sizeof cmd, "truncate -s 1100M %s/huge.txt && %s prepare-text %s/huge.txt -o %s/zero", g_dir,
+             tl_dtrain(), g_dir, g_dir);
+    int rc = tl_run(cmd, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "huge.txt") && strstr(out, "1073741824 bytes"),
+          "prepare-text of a 1.1 GB file stops at the 1 GiB limit: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s/huge.txt", g_dir);
+    unlink(cmd);
 
     // Memory: B x T activations of a GPT, for train, eval and sample.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --set train.batch=1048576 --memory-limit 1G",

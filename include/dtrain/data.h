@@ -106,6 +106,7 @@ typedef struct {
     int ndim;
     int64_t dims[8];    /* the first min(ndim, 8) */
     int64_t stored;     /* bytes the file stores for it (compressed or not); -1 unknown */
+    int external;       /* its data lies outside the file (external raw storage, a virtual dataset) */
 } dt_hdf5_desc;
 
 /* Checks an images and a labels description of the file `file`: both exist
@@ -115,7 +116,8 @@ typedef struct {
  * first; each stores enough to hold what its shape claims (at most 1100
  * bytes for one stored: deflate expands 1032-fold at most), so a small
  * file claiming millions of samples is refused before anything is
- * allocated. Fills shape[3] (C, H, W)
+ * allocated; neither keeps its data outside the file (external raw storage
+ * or a virtual dataset could name any file on the machine). Fills shape[3] (C, H, W)
  * and *n. The message names the file and the dataset. */
 DT_API dt_status dt_hdf5_check(const char *file, const dt_hdf5_desc *images, const dt_hdf5_desc *labels,
                                int shape[3], int64_t *n);

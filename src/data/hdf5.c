@@ -65,6 +65,9 @@ static void describe(hid_t f, const char *name, dt_hdf5_desc *d, hid_t *ds) {
         H5Sget_simple_extent_dims(sp, dims, NULL);
         for (int i = 0; i < nd && i < 8; i++) d->dims[i] = dims[i] > INT64_MAX ? INT64_MAX : (int64_t)dims[i];
     }
+    hid_t dcpl = H5Dget_create_plist(*ds);
+    d->external = dcpl < 0 || H5Pget_external_count(dcpl) != 0 || H5Pget_layout(dcpl) == H5D_VIRTUAL;
+    if (dcpl >= 0) H5Pclose(dcpl);
     hsize_t stored = H5Dget_storage_size(*ds);  // (0 where none is allocated: a claim with no data)
     d->stored = stored > INT64_MAX ? INT64_MAX : (int64_t)stored;
     H5Tclose(t);

@@ -28,8 +28,11 @@ static dt_status exists(const char *file, const dt_hdf5_desc *d, const char *wha
     return DT_OK;
 }
 
-// Whether d's stored bytes can hold the `claim` bytes of its shape.
+// Whether d's stored bytes can hold the `claim` bytes of its shape, inside the file.
 static dt_status holds(const char *file, const dt_hdf5_desc *d, const char *what, int64_t claim) {
+    if (d->external)
+        return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the %s) keeps its data outside the file (external raw storage "
+                        "or a virtual dataset); only data inside the file is read", file, d->name, what);
     if (d->stored < 0 || d->stored >= (claim + 1099) / 1100) return DT_OK;
     return dt_error(DT_ERR_FORMAT, "%s: dataset '%s' (the %s) claims %lld bytes but the file stores %lld for it, too "
                     "few to hold them even compressed (a damaged or crafted file)", file, d->name, what,

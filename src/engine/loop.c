@@ -1021,6 +1021,7 @@ static dt_status tear_down(run_state *r, dt_status st) {
     st = dt_obs_close(r->obs, st);
     if (st == DT_OK && r->res->steps > 0) st = dt_fault_at(r->rank, r->res->steps, "closed");  // (a test's fault)
     if (r->ck.model.stable) st = dt_run_ckpt_end(&r->ck, st);
+    if (r->strat) r->strat->failed = st != DT_OK;
     dt_strategy_free(r->strat);
     dt_dynbatch_free(r->dyn);
     if (r->task && r->tops->close) r->tops->close(r->task);

@@ -157,7 +157,8 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     n->data = (size_t)(ntrain + ntest) * per + (size_t)(ntrain > ntest ? ntrain : ntest) * ss;
     if (use == DT_MEM_TRAIN)
         n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
-    snprintf(n->data_what, sizeof n->data_what, "data.data_dir = %s", c->data_dir);
+    if (!strcmp(c->dataset, "hdf5")) snprintf(n->data_what, sizeof n->data_what, "[data] file = %s", c->data_file);
+    else snprintf(n->data_what, sizeof n->data_what, "[data] dir = %s", c->data_dir);
     return DT_OK;
 }
 
@@ -238,7 +239,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
-    snprintf(n->data_what, sizeof n->data_what, "data.%s = %s", use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
+    snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s", use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);
 }
 

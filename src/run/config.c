@@ -698,6 +698,10 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);
     if (c->min_lr > c->optim.lr)
         return dt_error(DT_ERR_CONFIG, "%s: [schedule] min_lr (%g) is above [optim] lr (%g)", what, c->min_lr, c->optim.lr);
+    if (c->pipeline < 2 && (c->pipeline_schedule == 2 || c->virtual_stages > 1))
+        return dt_error(DT_ERR_CONFIG, "%s: [parallel] %s: interleaving runs virtual stages of a pipeline, and pipeline is "
+                        "%d; set pipeline >= 2 or leave it unset", what,
+                        c->pipeline_schedule == 2 ? "schedule = interleaved" : "virtual_stages", c->pipeline);
     return finish_compression(c, what);
 }
 

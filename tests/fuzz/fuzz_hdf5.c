@@ -34,6 +34,7 @@ static void desc(const uint8_t *p, dt_hdf5_desc *d, const char *name) {
         d->dims[i] = (int64_t)v;
     }
     d->stored = p[4] & 2 ? -1 : (int64_t)(p[4] >> 2) << (p[3] & 31);  // unknown, or 0 to 63 x 2^31
+    d->external = (p[2] & 0x80) != 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -57,6 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (total > ((int64_t)1 << 32) || total <= 0) abort();
     if (im.stored >= 0 && im.stored * 1100 < total) abort();  // more than deflate can expand to
+    if (im.external || lb.external) abort();                     // data outside the file
     // Build it when the rest of the input holds n labels and n samples.
     const uint8_t *rest = data + 2 * DESC;
     size_t left = size - 2 * DESC, ss = (size_t)shape[0] * shape[1] * shape[2];

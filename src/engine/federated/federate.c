@@ -90,10 +90,29 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     if (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0 || c->resume[0])
         return dt_error(DT_ERR_CONFIG, "[checkpoint]: dtrain federate does not write or resume checkpoints; "
                                        "leave every_steps, every_seconds and resume unset");
-    if (c->sync_every > 0 || c->deterministic || c->grad_dtype)
-        return dt_error(DT_ERR_CONFIG, "[parallel] %s: applies to dtrain train; federated sums are already the same for "
-                                       "any worker count",
-                        c->sync_every > 0 ? "sync_every" : c->deterministic ? "deterministic" : "grad_dtype");
+    // dtrain train's settings, which a federated run would not apply: refused by name.
+    dt_config d;
+    dt_config_defaults(&d);
+    const struct { const char *key; int set; } only[] = {
+        {"[parallel] servers (--servers)", c->ps_servers != d.ps_servers},
+        {"[ps] mode", c->ps_mode != d.ps_mode},
+        {"[parallel] zero (--zero)", c->zero != d.zero},
+        {"[parallel] offload", c->offload != d.offload},
+        {"[parallel] pipeline", c->pipeline != d.pipeline},
+        {"[parallel] tensor", c->tensor != d.tensor},
+        {"[parallel] micro_batches", c->micro_batches != d.micro_batches},
+        {"[parallel] sync_every", c->sync_every != d.sync_every},
+        {"[parallel] deterministic (--deterministic)", c->deterministic != d.deterministic},
+        {"[parallel] grad_dtype", c->grad_dtype != d.grad_dtype},
+        {"[compression] method", c->comp_method != d.comp_method},
+        {"[train] max_steps", c->max_steps != d.max_steps},
+        {"[train] grad_accum", c->grad_accum != d.grad_accum},
+        {"[train] dynamic_batch", c->dynamic_batch != d.dynamic_batch},
+    };
+    for (size_t i = 0; i < sizeof only / sizeof *only; i++)
+        if (only[i].set)
+            return dt_error(DT_ERR_CONFIG, "%s: applies to dtrain train, not to dtrain federate (its rounds, clients "
+                            "and local epochs are set in [federated]); leave it unset", only[i].key);
     if (c->precision == DT_F16)
         return dt_error(DT_ERR_CONFIG, "[train] precision = fp16: dtrain federate has no loss scaling (fp16 gradients "
                                        "would underflow); use bf16 or fp32");

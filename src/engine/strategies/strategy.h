@@ -244,6 +244,8 @@ struct dt_strategy {
                                   none if no meeting is due then), which its predecessor may have been in:
                                   the loop runs it, the strategy skips the collectives already made */
     int rejoin_done;           /* its predecessor had finished the run: nothing is left to do (ps/) */
+    int failed;                /* the run failed on this rank (set before fini): it tells no peer it ended
+                                  well, and the abort that follows carries its error */
     uint64_t skip_barriers;    /* ... the workers' barriers its predecessor had made past its last step,
                                   which it skips: the meetings' (ps/), then the trace's closing one */
     int rejoin_pieces;         /* [ps] share = dynamic: the servers said where it goes on: in epoch

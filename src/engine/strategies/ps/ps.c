@@ -149,6 +149,11 @@ static dt_status ps_check(const dt_config *c, int W) {
                                        "not available with it (the epochs are its only places)", by_steps);
     if (c->ps_mode != MODE_SSP && c->ps_staleness > 0)
         return dt_error(DT_ERR_CONFIG, "[ps] staleness works with mode = ssp (mode is %s)", m);
+    if ((c->ps_mode == MODE_SYNC || c->ps_mode == MODE_BACKUP) && c->ps_staleness_lr)
+        return dt_error(DT_ERR_CONFIG, "[ps] staleness_lr: mode = %s applies no stale gradient (async and ssp do)", m);
+    if (c->grad_dtype)
+        return dt_error(DT_ERR_CONFIG, "[parallel] grad_dtype = bf16: workers push fp32 gradients to parameter servers; "
+                        "leave it unset with [parallel] servers");
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
 }
 
@@ -265,9 +270,10 @@ static dt_status ps_init(dt_strategy *s) {
 static void ps_fini(dt_strategy *s) {
     ps_worker *w = (ps_worker *)s;
     if (w->req) ps_wait_all(w->req, 2 * w->np + 3 * w->S);
-    // Done: the servers end when every worker said so. A broken world has
-    // nobody to tell (the abort reaches the servers).
-    if (w->slo && w->leader && !s->rejoin_done && dt_comm_get_async_error(s->all) == DT_OK)
+    // Done: the servers end when every worker said so. A broken world, or
+    // a failed worker, has nobody to tell (the abort reaches the servers,
+    // with the failure's own message).
+    if (w->slo && w->leader && !s->rejoin_done && !s->failed && dt_comm_get_async_error(s->all) == DT_OK)
         for (int j = 0; j < w->S; j++) {
             dt_status st = ps_back_if_lost(w, j);
             int64_t h[H_N] = {M_END, w->step, w->ver[j], 0, 0, 0, 0, 0};
