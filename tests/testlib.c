@@ -26,8 +26,8 @@ void tl_check(int ok, const char *file, int line, const char *fmt, ...) {
 }
 
 double tl_rel(double a, double b, double floor) {
+    if (!isfinite(a) || !isfinite(b)) return a == b ? 0 : INFINITY;  // the same infinity agrees; NaN never
     double m = fmax(fmax(fabs(a), fabs(b)), floor);
-    if (isnan(a) || isnan(b)) return INFINITY;
     return fabs(a - b) / m;
 }
 
@@ -224,8 +224,19 @@ double tl_weights_diff(const char *a, const char *b, int *bitwise) {
         const float *x = ta->data, *y = tb->data;
         size_t k = ta->nbytes / 4;
         double mx = 1e-3;
-        for (size_t j = 0; j < k; j++) mx = fmax(mx, fabs(x[j]));
-        for (size_t j = 0; j < k; j++) worst = fmax(worst, fabs(x[j] - y[j]) / mx);
+        for (size_t j = 0; j < k; j++) {
+            if (!isfinite(x[j]) || !isfinite(y[j])) {  // broken weights never agree, not even with themselves
+                fprintf(stderr, "%s: %s[%zu] = %g, %s: %g\n", a, ta->name, j, x[j], b, y[j]);
+                worst = NAN;
+                *bitwise = 0;
+                goto out;
+            }
+            mx = fmax(mx, fabs(x[j]));
+        }
+        for (size_t j = 0; j < k; j++) {
+            double d = fabs((double)x[j] - y[j]) / mx;
+            if (d > worst) worst = d;
+        }
     }
     if (n == 0) worst = -1;
 out:

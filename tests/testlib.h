@@ -10,7 +10,8 @@ extern int tl_passed, tl_failed;
 
 void tl_check(int ok, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Relative difference |a-b| / max(|a|,|b|,floor). */
+/* Relative difference |a-b| / max(|a|,|b|,floor); INFINITY when either is
+ * NaN or only one is infinite (the same infinity on both sides: 0). */
 double tl_rel(double a, double b, double floor);
 /* Largest relative difference over n elements. */
 double tl_max_rel(const float *a, const float *b, size_t n, double floor);
@@ -48,9 +49,12 @@ int tl_rank_pid(int launcher, int rank);
  * images whose label is visible in them (a bright block at a label-dependent
  * place), so that models learn something. */
 void tl_make_images(const char *dir, const char *prefix, int n, unsigned long long seed);
-/* Largest |a-b| / (max|a| + 1e-3) over all tensors of two weight files
- * (weights or checkpoints: tensors matched by name); -1 if they differ in
- * names or shapes. *bitwise says whether every byte agrees. */
+/* Largest |a-b| / max(max|a|, 1e-3) over all F32 tensors of two weight
+ * files (weights or checkpoints: tensors matched by name); -1 if they
+ * differ in names or shapes; NaN (and *bitwise 0) if either holds a NaN or
+ * an infinity, so that every comparison with a tolerance (d <= tol, d > x,
+ * d >= 0) fails: test `d >= 0 && d <= tol` or `d > x`, never `!(d > tol)`
+ * or `d != 0`. *bitwise says whether every byte agrees. */
 double tl_weights_diff(const char *a, const char *b, int *bitwise);
 
 /* tl_weights_diff of the final weights of the runs DIR/a and DIR/b. */
