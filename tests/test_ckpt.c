@@ -15,6 +15,8 @@
  *      checkpoint was damaged; --max-restarts brings a run through a
  *      SIGKILLed worker and a hung one (heartbeats); --workers MIN:MAX
  *      shrinks when a worker cannot come back and grows again later.
+ *      A GPT run checkpointed on 2 workers resumes on 3, one checkpointed
+ *      (sharded) on 3 resumes on 1, each bitwise the uninterrupted run.
  *      ZeRO (docs/zero.md): each rank writes its own shard; the state
  *      resumes at another worker count and stage (3 on 4 -> 0 on 1, 1 on 2
  *      -> 3 on 3), after a SIGKILLed worker (zero 3), through an elastic
@@ -23,6 +25,7 @@
  *      checkpoint intact.
  *   4. Bad flags and a refused resume: clear errors. */
 #include "dtrain/ckpt.h"
+#include "dtrain/gpt.h"
 #include "dtrain/optim.h"
 #include "testlib.h"
 
@@ -740,6 +743,88 @@ static void test_runs(void) {
           g_out);
 }
 
+// A GPT run (deterministic mode, so bitwise) stopped by a failure and
+// resumed on another worker count: 2 -> 3 workers from a whole checkpoint,
+// 3 -> 1 from a sharded one; each ends with the parameters of the
+// uninterrupted 2-worker run. The window sampler's generator travels in the
+// checkpoint ('rng').
+static void test_gpt_runs(void) {
+    const size_t n = 4000;
+    uint16_t *t = malloc(sizeof(uint16_t) * n);
+    dt_rng r;
+    dt_rng_seed(&r, 11);
+    t[0] = 0;
+    for (size_t i = 1; i < n; i++)  // mostly t -> 5t + 3 (mod 32), with random jumps
+        t[i] = dt_rng_below(&r, 8) ? (uint16_t)((5 * t[i - 1] + 3) % 32) : (uint16_t)dt_rng_below(&r, 32);
+    CHECK(dt_tokens_write(tmp("gpt_train.bin"), t, n) == DT_OK && dt_tokens_write(tmp("gpt_val.bin"), t, 1000) == DT_OK,
+          "token files: %s", dt_last_error());
+    free(t);
+    FILE *f = fopen(tmp("gpt.ini"), "w");
+    fprintf(f,
+            "[model]\npreset = gpt\nn_layer = 2\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 32\n"
+            "[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n"
+            "[optim]\nname = adamw\nlr = 0.003\n[schedule]\nname = cosine\nwarmup_steps = 5\n"
+            "[train]\nbatch = 20\nseq_len = 8\nmax_steps = 30\neval_batches = 1\nseed = 5\n"
+            "[parallel]\ndeterministic = true\n",
+            tmp("gpt_train.bin"), tmp("gpt_val.bin"));
+    fclose(f);
+    char cmd[4096], ini[600];
+    snprintf(ini, sizeof ini, "%s", tmp("gpt.ini"));
+#define GPT_TRAIN(name, N, extra)                                                                               \
+    (snprintf(cmd, sizeof cmd, "%s train %s --workers %d --quiet --run-dir %s %s 2>&1", tl_dtrain(), ini, N, \
+              tmp(name), extra),                                                                              \
+     tl_run(cmd, g_out, sizeof g_out))
+    int rc = GPT_TRAIN("gpt-ref", 2, "");
+    CHECK(rc == 0, "GPT, uninterrupted on 2 workers: exit %d\n%s", rc, g_out);
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/model.safetensors", tmp("gpt-ref"));
+    static const struct {
+        const char *name, *fault, *flags, *resume_flags;
+        int from, to, step;
+    } runs[] = {
+        {"gpt-up", "1:18", "--checkpoint-every 4", "", 2, 3, 16},
+        {"gpt-down", "2:17", "--checkpoint-every 5 --checkpoint-sharded", "--checkpoint-sharded", 3, 1, 15},
+    };
+    for (int i = 0; i < 2; i++) {
+        setenv("DTRAIN_FAULT_STEP", runs[i].fault, 1);
+        rc = GPT_TRAIN(runs[i].name, runs[i].from, runs[i].flags);
+        unsetenv("DTRAIN_FAULT_STEP");
+        CHECK(rc == 1, "GPT %s: the failing run on %d workers: exit %d\n%s", runs[i].name, runs[i].from, rc, g_out);
+        char ck[700];
+        snprintf(ck, sizeof ck, "%s/checkpoints/step-%08d%s", tmp(runs[i].name), runs[i].step,
+                 i ? "/COMPLETE" : ".safetensors");
+        CHECK(access(ck, F_OK) == 0, "GPT %s: the %s checkpoint of step %d (%s)", runs[i].name, i ? "sharded" : "whole",
+              runs[i].step, ck);
+        char flags[200], at[64];
+        snprintf(flags, sizeof flags, "--resume auto %s", runs[i].resume_flags);
+        rc = GPT_TRAIN(runs[i].name, runs[i].to, flags);
+        // Resumed, not started again (which deterministic mode would make
+        // bitwise too): rank 0's metrics after the second run record, the
+        // one on the new worker count, begin at the step after the checkpoint.
+        char mpath[700], want[96];
+        snprintf(mpath, sizeof mpath, "%s/metrics/rank-00000.jsonl", tmp(runs[i].name));
+        snprintf(at, sizeof at, "\"workers\":%d,", runs[i].to);
+        snprintf(want, sizeof want, "\"type\":\"step\",\"step\":%d,", runs[i].step + 1);
+        char *m = tl_read_file(mpath, NULL);
+        const char *run2 = m ? strstr(m, "\"type\":\"run\"") : NULL;
+        run2 = run2 ? strstr(run2 + 1, "\"type\":\"run\"") : NULL;
+        const char *nl = run2 ? strchr(run2, '\n') : NULL, *first = nl ? strstr(nl, "\"type\":\"step\"") : NULL;
+        CHECK(rc == 0 && nl && memmem(run2, (size_t)(nl - run2), at, strlen(at)) && first &&
+                  !strncmp(first, want, strlen(want)),
+              "GPT %s: resumed on %d workers at step %d: exit %d, rank 0's metrics:\n%s\n%s", runs[i].name, runs[i].to,
+              runs[i].step + 1, rc, m ? m : "(none)", g_out);
+        free(m);
+        int bw;
+        snprintf(b, sizeof b, "%s/model.safetensors", tmp(runs[i].name));
+        double d = tl_weights_diff(a, b, &bw);
+        CHECK(bw, "GPT checkpointed on %d workers at step %d, resumed on %d: not bitwise the uninterrupted run (max "
+              "rel diff %.3g)", runs[i].from, runs[i].step, runs[i].to, d);
+        printf("GPT, deterministic: checkpointed on %d workers at step %d, resumed on %d: %s\n", runs[i].from,
+               runs[i].step, runs[i].to, bw ? "bitwise the uninterrupted run" : "DIFFERS");
+    }
+#undef GPT_TRAIN
+}
+
 // Elastic: worker 2 cannot start while a file exists. The group shrinks to
 // 2, tries to grow every second, and grows once the file is gone. With
 // `extra` flags (ZeRO: the state re-sharded at each change of size) and
@@ -981,6 +1066,7 @@ int main(void) {
     test_file();
     test_slices();
     test_runs();
+    test_gpt_runs();
     test_elastic("elastic", "");
     test_elastic("elastic-zero3", "--zero 3");
     test_disk_full();
