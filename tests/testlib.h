@@ -26,9 +26,23 @@ int tl_run(const char *cmd, char *out, size_t n);
  * text appeared. */
 int tl_run_released(const char *cmd, const char *log, const char *text, const char *release, double wait_s,
                     double end_s, int *seen);
+/* Caps this process's address space (RLIMIT_AS) at what it maps now plus
+ * `extra` bytes, so that a call that tries to allocate more than that fails
+ * (the way to show that a refusal allocated nothing, rather than timing
+ * it); tl_uncap_memory() lifts the cap. Returns 0, setting nothing, under
+ * AddressSanitizer or ThreadSanitizer (they reserve terabytes up front) or
+ * where the limit cannot be set. */
+int tl_cap_memory(size_t extra);
+void tl_uncap_memory(void);
 /* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
 const char *tl_dtrain(void);
+/* Prints "N passed, N failed"; returns 1 if a check failed, else 77 if
+ * tl_skip was called (ctest's "skipped", with SKIP_RETURN_CODE 77), else 0. */
 int tl_finish(void);
+/* Says why a part cannot run here ("SKIPPED: ..."). Only for a test (or
+ * one mode of a test) registered with SKIP_RETURN_CODE 77 that runs that
+ * part alone, so that ctest shows the part skipped rather than passed. */
+void tl_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Removes the temp directory dir unless a check failed or KEEP is set in
  * the environment (then says where the files are). */
 void tl_cleanup(const char *dir);
