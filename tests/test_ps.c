@@ -715,8 +715,13 @@ static void dynamic_share(void) {
                                    "at batch 1 of epoch 3's 7"),
           "dynamic sharing from a checkpoint inside an epoch: exit %d, refused by name\n%s", rc, g_out);
     // Server 0 holds the hand-out of the pieces: its death is the group's,
-    // which restarts from the newest checkpoint, at an epoch's end.
-    snprintf(env, sizeof env, "%s DTRAIN_FAULT_STEP=-1:30:kill DTRAIN_FAULT_ONCE=%s/once-dyn-server", slow, g_tmp);
+    // which restarts from the newest checkpoint, at an epoch's end. (Its
+    // step is the furthest worker's: with workers 1 and 2 both slowed,
+    // worker 0 trains most of the 63 pieces and surely reaches step 30,
+    // past the first epoch's 21; with one slowed, the two fast workers
+    // could split the pieces so that neither got there.)
+    snprintf(env, sizeof env, "DTRAIN_SLOW_RANK=1:30,2:30 DTRAIN_FAULT_STEP=-1:30:kill DTRAIN_FAULT_ONCE=%s/once-dyn-server",
+             g_tmp);
     snprintf(flags, sizeof flags, "%s --checkpoint-every 7 --max-restarts 2", dflags);
     rc = train(env, "dyn-server", flags);
     CHECK(rc == 0 && strstr(g_out, "server 0 Killed at step ") &&
