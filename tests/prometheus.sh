@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real Prometheus server scrapes `dtrain train --metrics-port`: it starts
 # with a generated config that scrapes the endpoint every second, a 2-worker
-# run (slowed to a few seconds by DTRAIN_SLOW_RANK) serves /metrics, and the
-# series are read back through Prometheus's HTTP API (/api/v1/query),
+# run (slowed by DTRAIN_SLOW_RANK, and stopped with SIGUSR1 once the checks
+# are done, so that it outlasts them however slow the machine) serves
+# /metrics, and the series are read back through Prometheus's HTTP API (/api/v1/query),
 # including the per-rank ones with their rank label. The endpoint's answers
 # to a bad request and a NUL byte (400), a wrong path (404) and a wrong
 # method (405) are checked directly.
@@ -60,9 +61,10 @@ print("Prometheus did not come up in 30 s")
 sys.exit(1)
 PY
 
-# About 6 s of training: rank 1 sleeps 100 ms in each step's forward pass.
+# Training until the checks are done: rank 1 sleeps 100 ms in each step's
+# forward pass (10 steps a second, far more steps than the checks take).
 DTRAIN_SLOW_RANK=1:100 "$build/dtrain" train "$src/tests/fixtures/obs-mlp.ini" --workers 2 --quiet \
-    --set data.dir="$tmp" --set train.epochs=100 --set train.max_steps=60 --run-dir "$tmp/run" \
+    --set data.dir="$tmp" --set train.epochs=1000000 --set train.max_steps=100000000 --run-dir "$tmp/run" \
     --metrics-port "$mport" >"$tmp/train.log" 2>&1 &
 train=$!
 pids+=($train)
@@ -140,5 +142,10 @@ check(bool(up) and up[0]["value"][1] == "1", "the scrape target is up")
 print(f"{6 + len(want) + 2 - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
-wait "$train" || { echo "training failed:"; cat "$tmp/train.log"; exit 1; }
+# SIGUSR1: every worker checkpoints and stops (exit 75); anything else
+# means the run did not last through the checks.
+kill -USR1 "$train"
+trc=0
+wait "$train" || trc=$?
+[ "$trc" = 75 ] || { echo "training ended with $trc before it was stopped (expected 75):"; cat "$tmp/train.log"; exit 1; }
 exit $rc

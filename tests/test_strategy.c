@@ -135,36 +135,36 @@ static const row rows[] = {
     {"dp-deterministic", "gpt", 4, 0, "--deterministic", "--deterministic", 0, 0},
     // ZeRO against plain data parallel on as many workers, and its
     // deterministic mode against one deterministic process, bitwise.
-    {"zero", "mlp", 2, 0, "--zero 1", "", 1e-6, 2},
-    {"zero", "mlp", 3, 0, "--zero 1", "", 1e-6, 3},
-    {"zero", "mlp", 4, 0, "--zero 2", "", 1e-6, 4},
-    {"zero", "mlp", 3, 0, "--zero 2 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
-    {"zero", "cnn", 2, 0, "--zero 2", "", 1e-6, 2},
-    {"zero", "cnn", 3, 0, "--zero 1", "", 1e-6, 3},
+    {"zero", "mlp", 2, 0, "--zero 1", "", 0, 2},
+    {"zero", "mlp", 3, 0, "--zero 1", "", 0, 3},
+    {"zero", "mlp", 4, 0, "--zero 2", "", 0, 4},
+    {"zero", "mlp", 3, 0, "--zero 2 --set train.grad_accum=4", "--set train.grad_accum=4", 0, 3},
+    {"zero", "cnn", 2, 0, "--zero 2", "", 0, 2},
+    {"zero", "cnn", 3, 0, "--zero 1", "", 0, 3},
     {"zero", "cnn", 4, 0, "--zero 2 --set optim.clip_norm=0.5 --set schedule.name=cosine",
-     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 4},
-    {"zero", "gpt", 2, 0, "--zero 2", "", 1e-6, 2},
-    {"zero", "gpt", 3, 0, "--zero 1", "", 1e-6, 3},
-    {"zero", "gpt", 4, 0, "--zero 2 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 4},
+     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 0, 4},
+    {"zero", "gpt", 2, 0, "--zero 2", "", 0, 2},
+    {"zero", "gpt", 3, 0, "--zero 1", "", 0, 3},
+    {"zero", "gpt", 4, 0, "--zero 2 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 0, 4},
     {"zero", "gpt", 3, 1, "--zero 2", "", 1e-4, 0},
     {"zero", "mlp", 1, 0, "--zero 2", "", 0, 0},
     {"zero", "cnn", 2, 0, "--zero 1 --set parallel.offload=disk --set parallel.offload_dir=/tmp", "", 0, 2},
     {"zero-3", "gpt", 3, 0, "--deterministic --zero 3 --set parallel.offload=disk --set parallel.offload_dir=/tmp",
      "--deterministic", 0, 0},
-    {"zero-3", "mlp", 2, 0, "--zero 3", "", 1e-6, 2},
-    {"zero-3", "mlp", 4, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 4},
-    {"zero-3", "cnn", 3, 0, "--zero 3", "", 1e-6, 3},
+    {"zero-3", "mlp", 2, 0, "--zero 3", "", 0, 2},
+    {"zero-3", "mlp", 4, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 0, 4},
+    {"zero-3", "cnn", 3, 0, "--zero 3", "", 0, 3},
     {"zero-3", "cnn", 2, 0, "--zero 3 --set optim.clip_norm=0.5 --set schedule.name=cosine",
-     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 2},
+     "--set optim.clip_norm=0.5 --set schedule.name=cosine", 0, 2},
     {"zero-3", "mlp", 3, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
     // (the evaluation gathers layer by layer and the weights file is written from the slices: both bitwise
     // those of replicated data parallel on as many workers)
     {"zero-3", "mlp", 3, 0, "--deterministic --zero 3 --set train.eval_batch=11", "--deterministic --set train.eval_batch=11", 0, 3},
     {"zero-3", "gpt", 3, 0, "--deterministic --zero 3", "--deterministic", 0, 3},
     {"zero-3", "cnn", 4, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
-    {"zero-3", "gpt", 2, 0, "--zero 3", "", 1e-6, 2},
-    {"zero-3", "gpt", 3, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 1e-6, 3},
-    {"zero-3", "gpt", 4, 0, "--zero 3 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 4},
+    {"zero-3", "gpt", 2, 0, "--zero 3", "", 0, 2},
+    {"zero-3", "gpt", 3, 0, "--zero 3 --set train.grad_accum=4", "--set train.grad_accum=4", 0, 3},
+    {"zero-3", "gpt", 4, 0, "--zero 3 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 0, 4},
     {"zero-3", "gpt", 3, 1, "--zero 3", "", 1e-4, 0},
     {"zero-3", "gpt", 1, 0, "--zero 3", "", 0, 0},
     {"zero-3", "gpt", 2, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
@@ -592,13 +592,13 @@ static void fault(const char *model, const char *cfg) {
     char name[64];
     snprintf(name, sizeof name, "%s-fault", model);
     setenv("DTRAIN_FAULT_STEP", "2:7", 1);
-    double t0 = dt_now();
     int rc = train(name, cfg, 3, NULL);
     unsetenv("DTRAIN_FAULT_STEP");
     CHECK(rc == 1, "%s, failing worker: exit %d, expected 1", model, rc);
     CHECK(strstr(g_out, "rank 2, step 7") != NULL, "%s: error names the failing rank and step:\n%s", model, g_out);
     CHECK(strstr(g_out, "rank 0") && strstr(g_out, "aborted"), "%s: the other ranks report the abort:\n%s", model, g_out);
-    CHECK(dt_now() - t0 < 60, "%s: failure stopped the job in %.1f s", model, dt_now() - t0);
+    // at once: by the abort, not by a communicator's timeout
+    CHECK(!strstr(g_out, "timed out"), "%s: a rank timed out instead of seeing the abort:\n%s", model, g_out);
 }
 
 // Sums a number field over the step records of rank 0's metrics log.

@@ -10,7 +10,8 @@ extern int tl_passed, tl_failed;
 
 void tl_check(int ok, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Relative difference |a-b| / max(|a|,|b|,floor). */
+/* Relative difference |a-b| / max(|a|,|b|,floor); INFINITY when either is
+ * NaN or only one is infinite (the same infinity on both sides: 0). */
 double tl_rel(double a, double b, double floor);
 /* Largest relative difference over n elements. */
 double tl_max_rel(const float *a, const float *b, size_t n, double floor);
@@ -25,9 +26,23 @@ int tl_run(const char *cmd, char *out, size_t n);
  * text appeared. */
 int tl_run_released(const char *cmd, const char *log, const char *text, const char *release, double wait_s,
                     double end_s, int *seen);
+/* Caps this process's address space (RLIMIT_AS) at what it maps now plus
+ * `extra` bytes, so that a call that tries to allocate more than that fails
+ * (the way to show that a refusal allocated nothing, rather than timing
+ * it); tl_uncap_memory() lifts the cap. Returns 0, setting nothing, under
+ * AddressSanitizer or ThreadSanitizer (they reserve terabytes up front) or
+ * where the limit cannot be set. */
+int tl_cap_memory(size_t extra);
+void tl_uncap_memory(void);
 /* Path of the dtrain binary (DTRAIN_BIN, else build/dtrain). */
 const char *tl_dtrain(void);
+/* Prints "N passed, N failed"; returns 1 if a check failed, else 77 if
+ * tl_skip was called (ctest's "skipped", with SKIP_RETURN_CODE 77), else 0. */
 int tl_finish(void);
+/* Says why a part cannot run here ("SKIPPED: ..."). Only for a test (or
+ * one mode of a test) registered with SKIP_RETURN_CODE 77 that runs that
+ * part alone, so that ctest shows the part skipped rather than passed. */
+void tl_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Removes the temp directory dir unless a check failed or KEEP is set in
  * the environment (then says where the files are). */
 void tl_cleanup(const char *dir);
@@ -48,9 +63,12 @@ int tl_rank_pid(int launcher, int rank);
  * images whose label is visible in them (a bright block at a label-dependent
  * place), so that models learn something. */
 void tl_make_images(const char *dir, const char *prefix, int n, unsigned long long seed);
-/* Largest |a-b| / (max|a| + 1e-3) over all tensors of two weight files
- * (weights or checkpoints: tensors matched by name); -1 if they differ in
- * names or shapes. *bitwise says whether every byte agrees. */
+/* Largest |a-b| / max(max|a|, 1e-3) over all F32 tensors of two weight
+ * files (weights or checkpoints: tensors matched by name); -1 if they
+ * differ in names or shapes; NaN (and *bitwise 0) if either holds a NaN or
+ * an infinity, so that every comparison with a tolerance (d <= tol, d > x,
+ * d >= 0) fails: test `d >= 0 && d <= tol` or `d > x`, never `!(d > tol)`
+ * or `d != 0`. *bitwise says whether every byte agrees. */
 double tl_weights_diff(const char *a, const char *b, int *bitwise);
 
 /* tl_weights_diff of the final weights of the runs DIR/a and DIR/b. */

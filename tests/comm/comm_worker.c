@@ -39,7 +39,7 @@
  *             stream goes on; after the last victim, every collective of a
  *             short suite against the serial reference (exit 0), on the
  *             survivors and the newcomers alike. A spare released at the
- *             end exits 0.
+ *             end says so ("comm_worker spare: released") and exits 0.
  * A second argument names the backend the ranks must have picked.
  * Exit status 0 = all checks passed, 1 = a check failed, 2 = setup error.
  */
@@ -1055,7 +1055,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "comm_worker spare: %s\n", dt_last_error());
             return 2;
         }
-        if (r < 0) return 0; /* released: the run is over */
+        if (r < 0) { /* released: the run is over */
+            fprintf(stderr, "comm_worker spare: released\n");
+            return 0;
+        }
         joined = 1;
     }
     if (dt_comm_init_env(&W) != DT_OK) {
