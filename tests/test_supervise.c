@@ -14,7 +14,10 @@
  *      `dtrain train --workers 2 --max-restarts 3` makes every worker
  *      checkpoint and stop at the end of its step, one line names the step
  *      and the checkpoint, the exit status is 130 and nothing restarts; two
- *      stop it at once; the same with a parameter server. */
+ *      stop it at once; the same with a parameter server.
+ *   4. A death after the last step (in the final evaluation) names where
+ *      the rank was, rank 0 writes the trained weights anyway (bitwise the
+ *      uninterrupted run's), and the newest checkpoint is named. */
 #include "dtrain/core.h"
 #include "testlib.h"
 
@@ -284,6 +287,28 @@ static void test_oom_kill(void) {
     CHECK(dt_mem_cap_oom((long)getpid(), ok, sizeof ok) == 0, "a process without an OOM kill is not one");
 }
 
+// ---------------------------------------------------------------------------
+// 4: a death after the last step: named with where the rank was, the
+// trained weights written anyway by rank 0, the checkpoint to go on from
+
+static void test_end_death(void) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s train %s --quiet --workers 2 --set train.max_steps=6 --checkpoint-every 2 --run-dir %s",
+             tl_dtrain(), tmp("run.ini"), tmp("end-ok"));
+    CHECK(tl_run(cmd, g_out, sizeof g_out) == 0, "the uninterrupted run: %s", g_out);
+    snprintf(cmd, sizeof cmd, "DTRAIN_FAULT_STEP=1:6:kill:eval %s train %s --quiet --workers 2 --set train.max_steps=6 "
+             "--checkpoint-every 2 --run-dir %s", tl_dtrain(), tmp("run.ini"), tmp("end-dead"));
+    int rc = tl_run(cmd, g_out, sizeof g_out), bw = 0;
+    char ck[700];
+    snprintf(ck, sizeof ck, "the newest checkpoint is %s/checkpoints/step-00000004", tmp("end-dead"));
+    CHECK(rc == 1 && strstr(g_out, "rank 1") && strstr(g_out, "(in an evaluation after step 6)") &&
+              strstr(g_out, "rank 0 wrote the trained weights of step 6") && strstr(g_out, ck),
+          "rank 1 killed in the last evaluation: exit %d, where it was, the weights and the checkpoint named\n%s", rc,
+          g_out);
+    double d = tl_runs_diff(g_tmp, "end-dead", "end-ok", &bw);
+    CHECK(d >= 0 && bw, "the weights written after the death are the trained ones (max rel diff %.3g)", d);
+}
+
 // `test_supervise oom` (ctest test_supervise_oom) runs the out-of-memory
 // report alone: it needs a memory cgroup, and is reported skipped where
 // none can be made.
@@ -313,6 +338,7 @@ int main(int argc, char **argv) {
     test_interrupt("int2", sup, 1);
     test_interrupt("int-ps", "--workers 2 --servers 1 --set ps.mode=async --max-restarts 3 --set train.max_steps=100000",
                    0);
+    test_end_death();
     tl_cleanup(g_tmp);
     return tl_finish();
 }

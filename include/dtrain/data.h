@@ -90,8 +90,9 @@ DT_API dt_status dt_hdf5_images_shape(const char *path, const char *images, int6
 /* Writes both splits of the IDX data set in dir (dt_idx_find_split's
  * "train" and "t10k") to a new HDF5 file at path, atomically: datasets
  * train/images, train/labels, test/images, test/labels, the bytes as the
- * IDX files hold them. */
-DT_API dt_status dt_hdf5_from_idx(const char *dir, const char *path);
+ * IDX files hold them. *max_label: the largest label of either split (a
+ * model reading the file needs more outputs than that). */
+DT_API dt_status dt_hdf5_from_idx(const char *dir, const char *path, int *max_label);
 
 /* What the HDF5 reader found for one dataset name, checked by
  * dt_hdf5_check before anything is read (no libhdf5 in it, so that a

@@ -125,6 +125,13 @@ typedef struct {
  * launcher. Thread-safe. */
 DT_API void dt_heartbeat(int64_t step);
 
+/* What a rank is doing, for the launcher's word on its death ("killed
+ * ... in an evaluation after step 5"). A no-op outside a dtrain launcher. */
+typedef enum {
+    DT_PHASE_START, DT_PHASE_STEP, DT_PHASE_EVAL, DT_PHASE_CKPT, DT_PHASE_WEIGHTS, DT_PHASE_END
+} dt_phase;
+DT_API void dt_heartbeat_phase(dt_phase phase);
+
 /* Reports "alive, blocked in collective `op` number `seq`, waiting for
  * rank `peer`" (-1: unknown); op == NULL: that wait is over. Shaped to be
  * called from a dt_comm_set_wait_hook() hook, as dtrain's training loops

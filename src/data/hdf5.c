@@ -160,7 +160,8 @@ static int write_u8(hid_t f, const char *name, const uint8_t *data, int ndim, co
     return ok;
 }
 
-dt_status dt_hdf5_from_idx(const char *dir, const char *path) {
+dt_status dt_hdf5_from_idx(const char *dir, const char *path, int *max_label) {
+    *max_label = 0;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     // The file is built in memory (the core driver, no backing store) and
     // written with dt_write_atomic.
@@ -188,6 +189,7 @@ dt_status dt_hdf5_from_idx(const char *dir, const char *path) {
         int ok = st == DT_OK && g >= 0 && write_u8(f, name, ii.data, 3, ii.dims);
         snprintf(name, sizeof name, "%s/labels", splits[s][1]);
         ok = ok && write_u8(f, name, li.data, 1, li.dims);
+        for (size_t i = 0; ok && i < li.count; i++) *max_label = li.data[i] > *max_label ? li.data[i] : *max_label;
         if (st == DT_OK && !ok) st = dt_error(DT_ERR_INTERNAL, "%s: libhdf5 cannot write the %s split", path, splits[s][1]);
         free(ib);
         free(lb);

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 // The model tables, in one place: the first that wants the config.
 static const dt_task_ops *const tasks[] = {&dt_task_gpt, &dt_task_classifier};
@@ -752,6 +753,7 @@ static dt_status evaluate(run_state *r, int e, int redo) {
     float train_loss = (float)(r->loss_sum / (r->loss_n ? r->loss_n : 1)), tl, ta;
     dt_status st;
     if (r->info.has_eval) {
+        dt_heartbeat_phase(DT_PHASE_EVAL);
         if ((st = dt_strategy_params_sync(r->strat)) != DT_OK) return st;
         if ((st = dt_fault_at(r->rank, r->step, "eval")) != DT_OK) return st;  // (a test's fault)
         if (redo && r->alone && r->rank == 0 && dt_obs_logged_eval(r->obs, r->step, &tl, &ta)) {
@@ -783,6 +785,7 @@ static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl
     const dt_config *c = r->c;
     int epoch_end = ebatch == r->spe, last = r->pieces ? epoch_end && e + 1 == r->epochs : r->step == r->total;
     dt_status st;
+    dt_heartbeat(r->step);  // (the step is done: a death in the meeting is after it)
     r->ts = state_at(r, e, ebatch);  // this step's state, should the evaluation be interrupted by a failure
     if ((epoch_end || last || (c->eval_every > 0 && r->step % c->eval_every == 0)) &&
         (st = evaluate(r, e, redo)) != DT_OK)
@@ -803,12 +806,13 @@ static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl
     }
     // (a staged view is the writer's snapshot: staged again only after its write)
     if (here && dt_run_ckpt_due(&r->ck, tc.step, last, r->stop, save) && r->ck.dir[0] &&
-        ((st = dt_strategy_params_sync(r->strat)) != DT_OK ||
+        (dt_heartbeat_phase(DT_PHASE_CKPT), (st = dt_strategy_params_sync(r->strat)) != DT_OK ||
          (r->ck.model.stable && r->ck.writer && (st = dt_ckpt_writer_wait(r->ck.writer)) != DT_OK) ||
          (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
         return st;
     if (here && (st = dt_run_ckpt_step(&r->ck, &tc, last, r->stop, save)) != DT_OK) return st;
     dt_heartbeat(r->step);
+    dt_heartbeat_phase(DT_PHASE_STEP);
     return DT_OK;
 }
 
@@ -949,6 +953,7 @@ static dt_status recover(run_state *r) {
 // that spares make on the way; a spare (or every rank after a death in the
 // start) begins with one.
 static dt_status steps(run_state *r) {
+    dt_heartbeat_phase(DT_PHASE_STEP);
     dt_status st = r->rec.have_state && !r->rec.lost_start ? DT_OK : recover(r);
     while (st == DT_OK) {
         st = epochs(r);
@@ -966,11 +971,13 @@ static dt_status finish(run_state *r) {
     dt_strategy *s = r->strat;
     dt_status st = DT_OK;
     char path[4096];
+    dt_heartbeat_phase(DT_PHASE_END);
     if (r->stop) {
         dt_log(DT_LOG_INFO, "stopped on request after step %lld", (long long)r->step);
         res->stopped = 1;
         r->run_dir = NULL;
     } else if (!r->evaluated && r->info.has_eval && (!r->alone || r->rank == 0)) {
+        dt_heartbeat_phase(DT_PHASE_EVAL);
         if ((st = eval_run(r, res->final_train_loss, &res->test_loss, &res->test_accuracy)) != DT_OK) return st;
     }
     if (r->loss_n) res->final_train_loss = (float)(r->loss_sum / r->loss_n);
@@ -985,6 +992,7 @@ static dt_status finish(run_state *r) {
     if (!r->stop && (st = dt_strategy_params_sync(s)) != DT_OK) return st;
     if (!r->stop && (st = dt_fault_at(r->rank, r->step, "end")) != DT_OK) return st;  // (a test's fault)
     if (r->run_dir) snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+    dt_heartbeat_phase(DT_PHASE_WEIGHTS);
     // The weights: from every rank's slice where the strategy keeps slices,
     // from the ranks of one copy of the model where ranks keep parts of it.
     dt_comm_t from = s->params_sliced ? r->comm : s->copy;
@@ -1010,12 +1018,32 @@ static dt_status finish(run_state *r) {
     return st;
 }
 
+// A run that failed after its last step (a peer's death in the final
+// evaluation or the weights file): rank 0 still writes the trained
+// weights where it holds them all (the parameters are replicated), alone.
+static void last_weights(run_state *r) {
+    dt_strategy *s = r->strat;
+    char path[4096];
+    if (!s || !r->run_dir || r->rank != 0 || r->step < r->total || r->total <= 0 || s->params_sliced || s->copy ||
+        r->stop)
+        return;
+    snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+    if (access(path, F_OK) == 0) return;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", dt_last_error());  // (the failure's message stays the one reported)
+    if (r->tops->save(r->task, path, NULL, 0, s->n) == DT_OK)
+        dt_log(DT_LOG_WARN, "the run failed after its last step; rank 0 wrote the trained weights of step %lld to %s",
+               (long long)r->step, path);
+    dt_error(DT_ERR_INTERNAL, "%s", err);
+}
+
 // Everything ends, in order: the observer (its closing barrier, unless a
 // replacement's predecessor made it), the strategy's transfers, the task,
 // the workers' communicator before the world's (a failed run aborts them,
 // so the others stop with its message), the checkpoint write in flight
 // (before the strategy where that write reads the strategy's staged slice).
 static dt_status tear_down(run_state *r, dt_status st) {
+    dt_heartbeat_phase(DT_PHASE_END);
     dt_kernels_set_weights(NULL, 0);
     if (r->strat && r->strat->skip_barriers > 0) dt_obs_leave(r->obs);
     st = dt_obs_close(r->obs, st);
@@ -1044,5 +1072,6 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     if (st != DT_OK) return st;
     r.all = r.comm;
     for (size_t i = 0; i < sizeof phases / sizeof *phases && st == DT_OK && !r.over; i++) st = phases[i](&r);
+    if (st != DT_OK) last_weights(&r);
     return tear_down(&r, st);
 }

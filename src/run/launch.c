@@ -47,7 +47,15 @@ typedef struct {
     /* a spare's slot (after the ranks'): SPARE_*, and the rank it takes */
     _Atomic int32_t spare_state;
     _Atomic int32_t spare_rank;
+    _Atomic int32_t phase;                   /* dt_phase */
 } beat_slot;
+
+// Where a rank was (dt_phase), for the words on its death.
+static const char *phase_words(int p) {
+    static const char *const w[] = {"while starting", "in a training step", "in an evaluation",
+                                    "while saving a checkpoint", "while writing the final weights", "while ending"};
+    return p >= 0 && p <= DT_PHASE_END ? w[p] : "";
+}
 
 enum { SPARE_STARTING = 0, SPARE_READY = 1, SPARE_ASSIGNED = 2, SPARE_RELEASED = 3 };
 
@@ -58,6 +66,7 @@ static void beat_reset(beat_slot *b, int64_t now_ns) {
     atomic_store(&b->step, -1);
     atomic_store(&b->time_ns, now_ns);
     atomic_store(&b->wait_peer, -2);
+    atomic_store(&b->phase, DT_PHASE_START);
 }
 
 /* A ready spare's index, or -1. A death early in the run may come while
@@ -113,6 +122,11 @@ void dt_heartbeat(int64_t step) {
         atomic_store(&g_beat->step, step);
     }
     atomic_store(&g_beat->time_ns, mono_ns());
+}
+
+void dt_heartbeat_phase(dt_phase phase) {
+    pthread_once(&g_beat_once, beat_attach);
+    if (g_beat) atomic_store(&g_beat->phase, (int32_t)phase);
 }
 
 void dt_heartbeat_wait(const char *op, uint64_t seq, int peer) {
@@ -468,6 +482,14 @@ static int replaceable(const sup *s, int r, int signaled, int *alone) {
     return signaled && s->n > 1 && !g_signal;
 }
 
+// " (in an evaluation after step 5)": where a rank was when it died.
+static void where(char *at, size_t n, beat_slot *b) {
+    int64_t last = atomic_load(&b->step);
+    const char *w = phase_words(atomic_load(&b->phase));
+    if (last >= 0) snprintf(at, n, " (%s after step %lld)", w, (long long)last);
+    else snprintf(at, n, " (%s, before the first step)", w);
+}
+
 // Why a rank's process ended by a signal: its memory cgroup's OOM killer
 // (dt_mem_cap_oom: the cap and the use), or the signal.
 static void oom_why(char *why, size_t n, pid_t pid, int st) {
@@ -489,13 +511,14 @@ static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
     int64_t last = atomic_load(&s->beats[r].step);
     // the segment first: the survivors' errors name the replacement
     if (!alone) dt_shm_mark_rank(s->base, r, 2, WTERMSIG(st));
+    char why[320], who[128], at[96] = "";
+    if (!hung) where(at, sizeof at, &s->beats[r]);  // (before the slot is reset for the new process)
+    else if (last >= 0 && alone) snprintf(at, sizeof at, " at step %lld", (long long)last);
     int inc = dt_shm_take_place(s->base, r, alone);
     beat_reset(&s->beats[r], mono_ns());
-    char why[320], who[128], at[48] = "";
     if (hung) snprintf(why, sizeof why, "hung (no heartbeat for %.1f s), killed", s->hung_quiet);
     else if (WIFSIGNALED(st)) oom_why(why, sizeof why, pid, st);
     else snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(st));
-    if (last >= 0 && alone) snprintf(at, sizeof at, " at step %lld", (long long)last);
     if (k < 0) {  // a process started for the place
         res->respawns++;
         snprintf(who, sizeof who, "restarting it alone (restart %d of %d, incarnation %d)", res->respawns,
@@ -538,10 +561,9 @@ static void fail(sup *s, int r, pid_t pid, int st, int code) {
     res->signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
     res->failed_at = dt_now();
     res->failed_early = atomic_load(&s->beats[r].step) <= atomic_load(&s->beats[r].start_step);
-    char why[320], at[64] = "";
-    int64_t last = atomic_load(&s->beats[r].step);
+    char why[320], at[96] = "";
     if (WIFSIGNALED(st)) oom_why(why, sizeof why, pid, st);
-    if (WIFSIGNALED(st) && last >= 0) snprintf(at, sizeof at, " after step %lld", (long long)last);
+    if (WIFSIGNALED(st)) where(at, sizeof at, &s->beats[r]);
     if (WIFSIGNALED(st))
         dt_log(DT_LOG_ERROR, "run: rank %d (pid %d) %s%s%s", r, (int)pid, why, at,
                s->nalive ? "; stopping the other ranks" : "");

@@ -29,12 +29,15 @@ int cmd_convert_data(int argc, char **argv) {
     int rc = cli_from_to(argc, argv, help, "DIR", "FILE.h5", &from, &in, &out);
     if (rc >= 0) return rc;
     if (strcmp(from, "idx")) return cli_error("--from '%s': expected idx", from), EXIT_USAGE;
-    if (dt_hdf5_from_idx(in, out) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    int top;
+    if (dt_hdf5_from_idx(in, out, &top) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
     int64_t n[2];
     size_t ss;
     const char *names[2] = {"train/images", "test/images"};
     for (int s = 0; s < 2; s++)
         if (dt_hdf5_images_shape(out, names[s], &n[s], &ss) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
-    printf("%s -> %s: %lld train and %lld test samples of %zu bytes\n", in, out, (long long)n[0], (long long)n[1], ss);
+    printf("%s -> %s: %lld train and %lld test samples of %zu bytes, labels 0 to %d (a model reading it needs %d "
+           "outputs or more: the reader refuses a label past its last)\n", in, out, (long long)n[0], (long long)n[1], ss,
+           top, top + 1);
     return 0;
 }

@@ -453,17 +453,33 @@ static void warm_spare(void *user) {
     if (dt_train_warm(user) != DT_OK) dt_log(DT_LOG_DEBUG, "spare: loading ahead: %s", dt_last_error());
 }
 
-// Rank 0's line after a stop on request: the step, the checkpoint that
-// holds it (the newest in the run directory) and how to go on.
-static void print_stopped(const dt_train_result *r, const char *run_dir) {
+// The newest checkpoint of the run directory into out ("" when none).
+static void newest_ckpt(const char *run_dir, char *out, size_t len) {
     char dir[1100], **list = NULL;
     int n = 0;
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     if (dt_ckpt_list(dir, &list, &n) != DT_OK) n = 0;
-    fprintf(stderr, "stopped at step %lld%s%s%s; continue with --resume auto --run-dir %s\n", (long long)r->steps,
-            n ? " (checkpoint " : "", n ? list[0] : "", n ? ")" : "", run_dir);
+    snprintf(out, len, "%s", n ? list[0] : "");
     for (int i = 0; i < n; i++) free(list[i]);
     free(list);
+}
+
+// Rank 0's line after a stop on request: the step, the checkpoint that
+// holds it (the newest in the run directory) and how to go on.
+static void print_stopped(const dt_train_result *r, const char *run_dir) {
+    char ck[1200];
+    newest_ckpt(run_dir, ck, sizeof ck);
+    fprintf(stderr, "stopped at step %lld%s%s%s; continue with --resume auto --run-dir %s\n", (long long)r->steps,
+            ck[0] ? " (checkpoint " : "", ck, ck[0] ? ")" : "", run_dir);
+}
+
+// After a failure the supervisor cannot repair: where the run can go on from.
+static int failed_run(const char *run_dir) {
+    char ck[1200];
+    newest_ckpt(run_dir, ck, sizeof ck);
+    if (ck[0]) dt_log(DT_LOG_INFO, "the newest checkpoint is %s: continue with --resume auto --run-dir %s", ck, run_dir);
+    else dt_log(DT_LOG_INFO, "no checkpoint was written in %s (--checkpoint-every N makes them)", run_dir);
+    return EXIT_RUNTIME;
 }
 
 static void on_stop_signal(int sig) {
@@ -581,7 +597,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         if (restarts >= a->max_restarts) {
             if (a->max_restarts > 0)
                 cli_error("%s %s; giving up after %d restart%s", who, why, restarts, restarts == 1 ? "" : "s");
-            return EXIT_RUNTIME;
+            return failed_run(a->run_dir);
         }
         restarts++;
         char at[48] = " before the first step";
