@@ -97,7 +97,8 @@ static void test_replaced(void) {
     rc = train("spare", "--spares 1");
     no_faults();
     CHECK(rc == 0, "rank 1 killed, one spare: exit %d\n%s", rc, g_out);
-    CHECK(strstr(g_out, "run: rank 1 (pid") && strstr(g_out, "killed by signal 9 (Killed); spare 0 (pid") &&
+    CHECK(strstr(g_out, "run: rank 1 (pid") &&
+              strstr(g_out, "killed by signal 9 (Killed) (in a training step after step 12); spare 0 (pid") &&
               strstr(g_out, "takes its place (0 spares left)"),
           "the launcher names the dead rank and the spare:\n%s", g_out);
     int step;
@@ -250,7 +251,7 @@ static void test_start(void) {
         faults(runs[i].fault, once);
         int rc = train(runs[i].name, runs[i].extra), step;
         no_faults();
-        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed); spare 0 (pid") &&
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed) (while starting, before the first step); spare 0 (pid") &&
                   spare_recovery(runs[i].rank, &step) >= 0 && step == 1,
               "%s: rank %d killed at the start, replaced, step 1 its first: exit %d\n%s", runs[i].fault, runs[i].rank,
               rc, g_out);
@@ -324,7 +325,7 @@ static void test_zero(void) {
         snprintf(extra, sizeof extra, "--spares 1 --zero %d", z);
         rc = train(name, extra);
         no_faults();
-        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed); spare 0 (pid"),
+        CHECK(rc == 0 && strstr(g_out, "killed by signal 9 (Killed) (in a training step after step 12); spare 0 (pid"),
               "zero %d, rank 1 killed, one spare: exit %d\n%s", z, rc, g_out);
         CHECK(spare_recovery(1, &step) >= 0 && step == 13, "zero %d: rank 1 recovered, step 13 redone, 0 lost:\n%s", z,
               g_out);

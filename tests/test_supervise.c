@@ -285,6 +285,40 @@ static void test_oom_kill(void) {
     printf("out of memory: %s\n", why);
     char ok[256];
     CHECK(dt_mem_cap_oom((long)getpid(), ok, sizeof ok) == 0, "a process without an OOM kill is not one");
+    // A process killed by the limit of a cgroup it did not make (a
+    // container's): told from the kernel's log, where it is readable.
+    if (access("/dev/kmsg", R_OK) != 0) {
+        printf("out of memory in a cgroup around the run: not tested (/dev/kmsg is not readable here)\n");
+        return;
+    }
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {  // caps itself, then its child (in the same cgroup, not its own) goes over
+        char how[256], line[256] = "";
+        if (dt_mem_cap(64u << 20, how, sizeof how) != DT_OK) _exit(77);
+        pid_t g = fork();
+        if (g == 0) {
+            size_t m = 512u << 20;
+            volatile char *q = malloc(m);
+            for (size_t i = 0; q && i < m; i += 4096) q[i] = 1;
+            _exit(0);
+        }
+        int gs = 0;
+        waitpid(g, &gs, 0);
+        int said = dt_mem_cap_oom((long)g, line, sizeof line);
+        if (write(fds[1], line, strlen(line) + 1) < 0) _exit(3);
+        _exit(said ? 0 : 1);
+    }
+    close(fds[1]);
+    char line[256] = "";
+    ssize_t got = read(fds[0], line, sizeof line - 1);
+    close(fds[0]);
+    line[got > 0 ? got : 0] = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(line, "a memory cgroup around the run"),
+          "a kill by a cgroup around the run, told from the kernel's log: %s", line);
 }
 
 // ---------------------------------------------------------------------------

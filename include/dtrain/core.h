@@ -196,11 +196,13 @@ DT_API size_t dt_mem_resident(void);
  * RLIMIT_DATA (which counts mapped, not resident, private memory). `how` gets which, for logs and summary.json.
  * DT_ERR_IO when none can be set. */
 DT_API dt_status dt_mem_cap(size_t bytes, char *how, size_t len);
-/* After process pid, which capped itself with dt_mem_cap's cgroup, was
- * killed: 1 and a line into out[n] when that cgroup's out-of-memory killer
- * did it ("killed by its memory cgroup's out-of-memory killer: its cap ...
- * is 2.44 GiB, its use reached 2.44 GiB"); 0 when not, or when it cannot
- * be told (no such cgroup: RLIMIT_DATA, or none). */
+/* After process pid was killed: 1 and a line into out[n] when an
+ * out-of-memory killer did it: the one of the cgroup it capped itself with
+ * (dt_mem_cap: "killed by its memory cgroup's out-of-memory killer: its cap
+ * ... is 2.44 GiB, its use reached 2.44 GiB"), or the kernel's, as its log
+ * says where it is readable (/dev/kmsg: "killed by the kernel's
+ * out-of-memory killer: the machine ran out of memory"); 0 when not, or
+ * when it cannot be told. */
 DT_API int dt_mem_cap_oom(long pid, char *out, size_t n);
 /* A limit for dt_mem_available() (0: none); `name` describes it in
  * messages, e.g. "--memory-limit 2G" (copied). */

@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -448,13 +449,39 @@ static long long cg_value(const char *dir, const char *name, const char *key) {
     return v;
 }
 
+// Whether the kernel's log (/dev/kmsg, where readable) says an
+// out-of-memory killer killed pid ("Killed process PID (...)"): 1 and the
+// line into out, naming a memory cgroup's (a container's or a job's
+// limit: "Memory cgroup out of memory") or the whole machine's.
+static int kernel_oom(long pid, char *out, size_t n) {
+    int fd = open("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char rec[8192], want[48];
+    snprintf(want, sizeof want, "Killed process %ld ", pid);
+    int found = 0, memcg = 0;
+    for (int i = 0; i < 100000 && !found; i++) {  // (one record a read; the ring holds at most a few MB)
+        ssize_t k = read(fd, rec, sizeof rec - 1);
+        if (k < 0 && errno == EPIPE) continue;  // (records overwritten while read)
+        if (k <= 0) break;
+        rec[k] = 0;
+        found = strstr(rec, want) != NULL;
+        memcg = found && strstr(rec, "Memory cgroup out of memory") != NULL;
+    }
+    close(fd);
+    if (found)
+        snprintf(out, n, "killed by %s (the kernel's log says so)",
+                 memcg ? "the out-of-memory killer of a memory cgroup around the run (a container's or a job's limit)"
+                       : "the kernel's out-of-memory killer: the machine ran out of memory");
+    return found;
+}
+
 int dt_mem_cap_oom(long pid, char *out, size_t n) {
     char own[1024], dir[1100];
     int v1 = 0;
-    if (!own_cgroup(own, sizeof own, &v1)) return 0;
+    if (!own_cgroup(own, sizeof own, &v1)) return kernel_oom(pid, out, n);
     snprintf(dir, sizeof dir, "%s/dtrain-%ld", own, pid);
     long long kills = cg_value(dir, v1 ? "memory.oom_control" : "memory.events", "oom_kill");
-    if (kills <= 0) return 0;
+    if (kills <= 0) return kernel_oom(pid, out, n);
     long long cap = cg_value(dir, v1 ? "memory.limit_in_bytes" : "memory.max", NULL);
     long long peak = cg_value(dir, v1 ? "memory.max_usage_in_bytes" : "memory.peak", NULL);
     char a[64], b[64] = "";
