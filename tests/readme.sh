@@ -3,10 +3,9 @@
 # scratch directory (runs/ and data/ as the README's paths say): every one
 # must exit 0. Each runs with the README's own arguments, and only what
 # bounds its time added after them:
-#   - train: --set train.max_steps=2 (federate: --set federated.rounds=1);
-#   - the ZeRO-3 showcase of configs/gpt2-350m.ini: also
-#     --set model.n_layer=2 (its width, its 4 workers, ZeRO-3 and the
-#     2500M cap as written; all 24 layers take many minutes a step here);
+#   - train: --set train.max_steps=2 (the ZeRO-3 showcase of
+#     configs/gpt2-350m.ini: 1, its evaluation and final weights inside
+#     the 2500M caps as written); federate: --set federated.rounds=1;
 #   - convert --from llmc reads gpt2_124M.bin, which llm.c's scripts
 #     download: the script makes that file first from the GPT the README
 #     trained (dtrain convert --from safetensors).
@@ -42,7 +41,7 @@ n=0
 for cmd in "${cmds[@]}"; do
     extra=
     case "$cmd" in
-    "build/dtrain train "*gpt2-350m*) extra="--set train.max_steps=1 --set model.n_layer=2" ;;
+    "build/dtrain train "*gpt2-350m*) extra="--set train.max_steps=1" ;;
     "build/dtrain train "*) extra="--set train.max_steps=2" ;;
     "build/dtrain federate "*) extra="--set federated.rounds=1" ;;
     "build/dtrain convert --from llmc gpt2_124M.bin"*)
