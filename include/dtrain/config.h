@@ -146,6 +146,7 @@ typedef struct {
     int metrics_port;              /* Prometheus endpoint on rank 0 (0: none) */
     char metrics_addr[64];         /* address it listens on */
     char trace[512];               /* Chrome trace-event JSON file ("" : none) */
+    char device[16];               /* [train] device: "cpu", "cuda" or "cuda:N" (docs/gpu.md) */
     /* [checkpoint] (RUN_DIR/checkpoints, docs/checkpoints.md) */
     int64_t ckpt_every_steps;      /* 0 = not by steps */
     float ckpt_every_seconds;      /* 0 = not by time */
@@ -197,6 +198,9 @@ DT_API const char *dt_comp_method_name(int method);
 /* The section of config key `key` (its first, where several sections have
  * one), or NULL when no section has it: for "did you mean --set ...". */
 DT_API const char *dt_config_key_section(const char *key);
+/* A device name ([train] device, --device) as a GPU index: -1 for "cpu",
+ * N for "cuda:N" ("cuda": 0); -2 when it is none of those. */
+DT_API int dt_device_index(const char *device);
 
 /* Defaults for every field (the values docs/config.md lists). */
 DT_API void dt_config_defaults(dt_config *c);

@@ -82,6 +82,11 @@ DT_API dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_f
  * least W samples; in deterministic mode micro_shards a multiple of W);
  * DT_ERR_CONFIG naming the field otherwise. */
 DT_API dt_status dt_train_check(const dt_config *c, int W);
+/* Checks [train] device against this build and machine: "cpu" is always
+ * there; "cuda" or "cuda:N" needs a CUDA build, a driver and the GPU, and
+ * is refused naming what is missing, never run on the CPU instead
+ * (docs/gpu.md). dt_train checks it first. */
+DT_API dt_status dt_train_check_device(const dt_config *c);
 
 /* Whether a run of config c can take spares (--spares K, docs/checkpoints.md):
  * a spare takes a dead worker's place and its state from a surviving

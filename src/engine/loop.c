@@ -1068,7 +1068,9 @@ dt_status dt_train(const dt_config *c, const char *run_dir, dt_progress_fn progr
     memset(res, 0, sizeof *res);
     res->test_loss = -1;
     res->test_accuracy = -1;
-    dt_status st = dt_worker_init(c, &r.comm, &r.threads);
+    dt_status st = dt_train_check_device(c);
+    if (st != DT_OK) return st;
+    st = dt_worker_init(c, &r.comm, &r.threads);
     if (st != DT_OK) return st;
     r.all = r.comm;
     for (size_t i = 0; i < sizeof phases / sizeof *phases && st == DT_OK && !r.over; i++) st = phases[i](&r);

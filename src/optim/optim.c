@@ -2,6 +2,7 @@
  * the update rules of torch.optim.SGD and torch.optim.AdamW; global-norm
  * clipping; learning-rate schedules. */
 #include "dtrain/optim.h"
+#include "optim/elem.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -59,35 +60,34 @@ void dt_optim_begin_step(dt_optim *o) {
     if (!o->skip) o->t++;
 }
 
+dt_adamw_k dt_optim_adamw_k(const dt_optim *o, float lr, float grad_scale) {
+    const dt_optim_params *p = &o->p;
+    float bc1 = 1.0f - powf(p->beta1, (float)o->t), bc2 = 1.0f - powf(p->beta2, (float)o->t);
+    return (dt_adamw_k){p->beta1, p->beta2, p->eps, lr, p->weight_decay, lr / bc1, 1.0f / sqrtf(bc2), grad_scale};
+}
+
+dt_sgd_k dt_optim_sgd_k(const dt_optim *o, float lr, float grad_scale) {
+    const dt_optim_params *p = &o->p;
+    return (dt_sgd_k){lr, p->momentum, p->weight_decay, grad_scale, p->nesterov, o->t == 1};
+}
+
 void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
                      float grad_scale) {
-    const dt_optim_params *p = &o->p;
     if (o->skip) return;
-    if (p->kind == DT_OPTIM_ADAMW) {
-        float b1 = p->beta1, b2 = p->beta2, eps = p->eps, wd = p->weight_decay;
-        float bc1 = 1.0f - powf(b1, (float)o->t), bc2 = 1.0f - powf(b2, (float)o->t);
-        float step = lr / bc1, rbc2 = 1.0f / sqrtf(bc2);
+    if (o->p.kind == DT_OPTIM_ADAMW) {
+        const dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
         float *m = o->s0 + off, *v = o->s1 + off;
 #pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            float g = grads[i] * grad_scale;
-            m[i] = b1 * m[i] + (1.0f - b1) * g;
-            v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-            float w = params[i] * (1.0f - lr * wd);
-            params[i] = w - step * m[i] / (sqrtf(v[i]) * rbc2 + eps);
-        }
+        for (size_t i = 0; i < n; i++) dt_adamw_elem(&params[i], grads[i], &m[i], &v[i], &k);
     } else {
-        float mu = p->momentum, wd = p->weight_decay;
+        const dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
         float *buf = o->s0 ? o->s0 + off : NULL;
-        int first = o->t == 1, nesterov = p->nesterov;
+        if (buf) {
 #pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            float g = grads[i] * grad_scale + wd * params[i];
-            if (buf) {
-                buf[i] = first ? g : mu * buf[i] + g;
-                g = nesterov ? g + mu * buf[i] : buf[i];
-            }
-            params[i] -= lr * g;
+            for (size_t i = 0; i < n; i++) dt_sgd_elem(&params[i], grads[i], &buf[i], &k);
+        } else {
+#pragma omp parallel for simd schedule(static)
+            for (size_t i = 0; i < n; i++) dt_sgd_elem(&params[i], grads[i], NULL, &k);
         }
     }
 }

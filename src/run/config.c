@@ -152,6 +152,7 @@ static const field fields[] = {
     {"train", "log_every", F_INT, O(log_every), 1, 1e9, NULL},
     {"train", "grad_accum", F_INT, O(grad_accum), 1, 1 << 16, NULL},
     {"train", "precision", F_ENUM, O(precision), 0, 0, precision_names},
+    {"train", "device", F_STR, O(device), 0, 0, NULL},
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
@@ -276,6 +277,7 @@ void dt_config_defaults(dt_config *c) {
     c->pipeline = 1;
     c->tensor = 1;
     c->virtual_stages = 1;
+    snprintf(c->device, sizeof c->device, "cpu");
     c->pipeline_schedule = 1;
     c->fed_clients = 100;
     c->fed_fraction = 0.1f;
@@ -698,11 +700,23 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [train] grad_accum (%d) must divide batch (%d)", what, c->grad_accum, c->batch);
     if (c->min_lr > c->optim.lr)
         return dt_error(DT_ERR_CONFIG, "%s: [schedule] min_lr (%g) is above [optim] lr (%g)", what, c->min_lr, c->optim.lr);
+    if (dt_device_index(c->device) < -1)
+        return dt_error(DT_ERR_CONFIG, "%s: [train] device: expected cpu, cuda or cuda:N (N a GPU's index, from 0), "
+                        "got '%s'", what, c->device);
     if (c->pipeline < 2 && (c->pipeline_schedule == 2 || c->virtual_stages > 1))
         return dt_error(DT_ERR_CONFIG, "%s: [parallel] %s: interleaving runs virtual stages of a pipeline, and pipeline is "
                         "%d; set pipeline >= 2 or leave it unset", what,
                         c->pipeline_schedule == 2 ? "schedule = interleaved" : "virtual_stages", c->pipeline);
     return finish_compression(c, what);
+}
+
+int dt_device_index(const char *d) {
+    int n = -1, used = 0;
+    if (!strcmp(d, "cpu")) return -1;
+    if (!strcmp(d, "cuda")) return 0;
+    if (sscanf(d, "cuda:%3d%n", &n, &used) == 1 && !d[used] && isdigit((unsigned char)d[5]) && (d[5] != '0' || !d[6]))
+        return n;
+    return -2;
 }
 
 dt_status dt_config_parse(dt_config *c, const char *text, const char *what, const char *const *overrides,

@@ -17,7 +17,7 @@
 
 static const char train_help[] =
     "usage: dtrain train CONFIG [--workers N] [--set SECTION.KEY=VALUE]... [--run-dir DIR]\n"
-    "                    [--zero N] [--precision P] [--memory-limit SIZE] [--deterministic]\n"
+    "                    [--zero N] [--precision P] [--device D] [--memory-limit SIZE] [--deterministic]\n"
     "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
     "                    [--checkpoint-every N] [--resume auto] [--max-restarts N] [--spares K]\n"
     "\n"
@@ -70,6 +70,10 @@ static const char train_help[] =
     "                  in P, fp32 master weights and optimizer state; fp16 with\n"
     "                  dynamic loss scaling (train.precision,\n"
     "                  docs/mixed-precision.md)\n"
+    "  --device D      cpu (default), cuda or cuda:N (train.device): where the\n"
+    "                  model trains. A GPU that is not there, or a build without\n"
+    "                  CUDA, is an error naming what is missing, never a CPU\n"
+    "                  run; training on a GPU is not in dtrain yet (docs/gpu.md)\n"
     "  --set train.dynamic_batch=true  each worker's share of the global\n"
     "                  batch follows its measured step time (a slow worker gets\n"
     "                  less), with the same result (docs/data-parallel.md)\n"
@@ -258,7 +262,7 @@ static void warn_oversubscribed(int workers, int threads) {
 static const char *const train_flags[] = {
     "--workers", "--set", "--run-dir", "--log-format", "--metrics-port", "--metrics-addr", "--trace",
     "--checkpoint-every", "--checkpoint-seconds", "--keep", "--resume", "--max-restarts", "--spares", "--zero",
-    "--servers", "--precision", "--memory-limit", "--deterministic", "--checkpoint-sharded", "--heartbeat-timeout",
+    "--servers", "--precision", "--device", "--memory-limit", "--deterministic", "--checkpoint-sharded", "--heartbeat-timeout",
     "--elastic-retry", "--quiet", "--help", "--checkpoint"};
 
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
@@ -282,6 +286,7 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             {"--zero", "parallel.zero", 0, 3, 1},
             {"--servers", "parallel.servers", 0, 1024, 1},
             {"--precision", "train.precision", 0, 0, 0},
+            {"--device", "train.device", 0, 0, 0},
         };
         enum { NCK = sizeof ck / sizeof ck[0] };
         int k = 0;
@@ -291,6 +296,8 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             if (ck[k].hi > 0 && parse_number(ck[k].flag, v, ck[k].lo, ck[k].hi, ck[k].whole, &x)) return EXIT_USAGE;
             if (!strcmp(ck[k].flag, "--precision") && strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16"))
                 return cli_error("--precision: expected fp32, bf16 or fp16, got '%s'", v), EXIT_USAGE;
+            if (!strcmp(ck[k].flag, "--device") && dt_device_index(v) < -1)
+                return cli_error("--device: expected cpu, cuda or cuda:N (N a GPU's index, from 0), got '%s'", v), EXIT_USAGE;
             if (a->nsets == MAX_SETS || nbuf == NCK) return cli_error("too many options"), EXIT_USAGE;
             snprintf(a->set_buf[nbuf], sizeof a->set_buf[nbuf], "%s=%s", ck[k].field, v);
             a->sets[a->nsets++] = a->set_buf[nbuf++];
@@ -414,6 +421,7 @@ static int replica_ranks(const dt_config *c) { return c->tensor * c->pipeline; }
 // the batch (dt_train_check, for every count an elastic group may have), and
 // that the files the config names exist. 0, or an exit code.
 static int check_before_start(const args_t *a, const dt_config *c) {
+    if (dt_train_check_device(c) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_USAGE;
     if (g_federate && dt_federate_check(c, a->workers > 1 ? a->workers : 1) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
     int g = replica_ranks(c);  // an elastic group changes by whole replicas

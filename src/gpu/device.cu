@@ -1,0 +1,62 @@
+/* The CUDA device: query, memory, copies (gpu.h). */
+#include "gpu/cuda_check.h"
+#include "gpu/gpu.h"
+
+#include <stdio.h>
+
+const char *dt_gpu_build(void) {
+    static char b[64];
+    snprintf(b, sizeof b, "CUDA %d.%d (sm_90 and its PTX)", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    return b;
+}
+
+int dt_gpu_count(char *why, size_t n) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        snprintf(why, n, "no usable GPU: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        return 0;
+    }
+    if (count == 0) snprintf(why, n, "no usable GPU: the CUDA driver sees no device");
+    return count;
+}
+
+dt_status dt_gpu_describe(int index, char *out, size_t n) {
+    cudaDeviceProp p;
+    DT_CUDA(cudaGetDeviceProperties(&p, index));
+    snprintf(out, n, "%s, %.1f GiB, sm_%d%d", p.name, (double)p.totalGlobalMem / (1u << 30), p.major, p.minor);
+    return DT_OK;
+}
+
+dt_status dt_gpu_use(int index) {
+    DT_CUDA(cudaSetDevice(index));
+    return DT_OK;
+}
+
+dt_status dt_gpu_alloc(void **dev, size_t bytes) {
+    *dev = NULL;
+    cudaError_t e = cudaMalloc(dev, bytes ? bytes : 1);
+    if (e != cudaSuccess)
+        return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
+                        "GPU: cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    return DT_OK;
+}
+
+void dt_gpu_free(void *dev) {
+    if (dev) cudaFree(dev);
+}
+
+dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
+    DT_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    return DT_OK;
+}
+
+dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
+    DT_CUDA(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    return DT_OK;
+}
+
+dt_status dt_gpu_sync(void) {
+    DT_CUDA(cudaDeviceSynchronize());
+    return DT_OK;
+}

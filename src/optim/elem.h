@@ -1,0 +1,60 @@
+/* The optimizers' per-element rules, one definition for the CPU loops
+ * (optim.c) and the GPU kernels (gpu/optim.cu): compiled by nvcc they are
+ * __host__ __device__, so the CPU tests run the same arithmetic the GPU
+ * does. The per-step constants (bias corrections) are computed once by the
+ * caller, on the host (dt_optim_adamw_k, dt_optim_sgd_k). */
+#ifndef DT_OPTIM_ELEM_H
+#define DT_OPTIM_ELEM_H
+
+#include "dtrain/optim.h"
+
+#include <math.h>
+
+#ifdef __CUDACC__
+#define DT_HD __host__ __device__ __forceinline__
+#else
+#define DT_HD static inline
+#endif
+
+/* AdamW's step constants: torch.optim.AdamW's update with its bias
+ * corrections folded in (step = lr / bc1, rbc2 = 1 / sqrt(bc2)). */
+typedef struct {
+    float b1, b2, eps, lr, wd, step, rbc2, grad_scale;
+} dt_adamw_k;
+
+/* SGD's: momentum mu (0: none), Nesterov, weight decay; first: the
+ * momentum buffer starts as the gradient (the first step). */
+typedef struct {
+    float lr, mu, wd, grad_scale;
+    int nesterov, first;
+} dt_sgd_k;
+
+DT_HD void dt_adamw_elem(float *w, float g, float *m, float *v, const dt_adamw_k *k) {
+    g *= k->grad_scale;
+    *m = k->b1 * *m + (1.0f - k->b1) * g;
+    *v = k->b2 * *v + (1.0f - k->b2) * g * g;
+    float d = *w * (1.0f - k->lr * k->wd);
+    *w = d - k->step * *m / (sqrtf(*v) * k->rbc2 + k->eps);
+}
+
+/* buf NULL: no momentum. */
+DT_HD void dt_sgd_elem(float *w, float g, float *buf, const dt_sgd_k *k) {
+    g = g * k->grad_scale + k->wd * *w;
+    if (buf) {
+        *buf = k->first ? g : k->mu * *buf + g;
+        g = k->nesterov ? g + k->mu * *buf : *buf;
+    }
+    *w -= k->lr * g;
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* o's constants for its next update (after dt_optim_begin_step). */
+dt_adamw_k dt_optim_adamw_k(const dt_optim *o, float lr, float grad_scale);
+dt_sgd_k dt_optim_sgd_k(const dt_optim *o, float lr, float grad_scale);
+#ifdef __cplusplus
+}
+#endif
+
+#endif
