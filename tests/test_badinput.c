@@ -575,7 +575,7 @@ static void test_cli(void) {
     cli(2, "train --epochs 2 configs/fashion-mlp.ini", "unknown option '--epochs'", "did you mean '--set train.epochs=...'?");
     cli(2, "train configs/fashion-mlp.ini --set train.epoch=2", "[train] epoch: unknown key", "did you mean 'epochs'?");
     cli(2, "train configs/fashion-mlp.ini --precision fp8", "--precision: expected fp32, bf16 or fp16, got 'fp8'", NULL);
-    cli(0, "train --help", "[--zero N] [--precision P] [--memory-limit SIZE]", NULL);
+    cli(0, "train --help", "[--zero N] [--precision P] [--device D] [--memory-limit SIZE]", NULL);
     cli(2, "eval configs/fashion-mlp.ini --run-dir x", "unknown option", NULL);
     cli(2, "train", "missing CONFIG", NULL);
     cli(2, "train a.ini b.ini", "unexpected argument", NULL);
