@@ -1393,6 +1393,9 @@ static void test_special_files(void) {
     snprintf(cmd, sizeof cmd, "mkfifo %s && mkdir %s-idx && cd %s-idx && for s in train t10k; do mkfifo $s-images-idx3-ubyte.gz "
              "$s-labels-idx1-ubyte.gz; done", fifo, fifo, fifo);
     CHECK(tl_run(cmd, NULL, 0) == 0, "mkfifo %s", fifo);
+    // Token files of its own: a clean checkout has no data/fortunes_*.bin.
+    snprintf(cmd, sizeof cmd, "%s prepare-text README.md -o %s-tok", tl_dtrain(), fifo);
+    CHECK(tl_run(cmd, NULL, 0) == 0, "prepare-text README.md");
     // (timeout: a regression shows as a failed case, not a hung suite)
     struct { const char *args, *want; } in[] = {
         {"train %s", "not a regular file (a FIFO)"},
@@ -1400,12 +1403,13 @@ static void test_special_files(void) {
         {"prepare-text %s -o " "%s.tok", "not a regular file (a FIFO)"},
         {"inspect %s", "not a regular file (a FIFO)"},
         {"train configs/fashion-mlp.ini --set data.dir=%s-idx", "not a regular file (a FIFO)"},
-        {"train configs/gpt-fortunes.ini --set model.init_from=%s", "not a regular file"},
+        {"train configs/gpt-fortunes.ini --set model.init_from=%s --set data.train_file=%s-tok_train.bin "
+         "--set data.val_file=%s-tok_val.bin", "not a regular file"},
         {"train /dev/zero", "not a regular file (a device)"},
         {"train /tmp", "not a regular file (a directory)"},
     };
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++, cases++) {
-        snprintf(args, sizeof args, in[i].args, i == 6 || i == 7 ? "" : fifo, fifo);
+        snprintf(args, sizeof args, in[i].args, i == 6 || i == 7 ? "" : fifo, fifo, fifo);
         snprintf(cmd, sizeof cmd, "timeout 60 %s %s --run-dir %s", tl_dtrain(), args, tmp_path("run-special"));
         if (!strncmp(args, "inspect", 7) || !strncmp(args, "prepare", 7))
             snprintf(cmd, sizeof cmd, "timeout 60 %s %s", tl_dtrain(), args);

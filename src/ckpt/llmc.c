@@ -241,7 +241,8 @@ static dt_status read_weights(const char *path, dt_gpt_config *c, dest_fn dest, 
     dt_tensor_info ti[16];
     const dt_st_tensor *t[16];
     if ((st = dt_ckpt_open(path, &f, NULL)) != DT_OK) return st;
-    if ((st = dt_st_check_finite(f, path)) == DT_OK && (st = st_config(f, path, c)) == DT_OK && (st = st_tensors(f, path, c, ti, t)) == DT_OK &&
+    if ((st = dt_st_check_finite(f, path)) == DT_OK && (st = st_config(f, path, c)) == DT_OK &&
+        (st = st_tensors(f, path, c, ti, t)) == DT_OK &&
         (st = dest(ctx, c, &p)) == DT_OK)
         for (int i = 0; i < 16; i++) memcpy(p + ti[i].offset, t[i]->data, t[i]->nbytes);
     dt_st_close(f);

@@ -99,7 +99,8 @@ dt_status dt_hdf5_images_shape(const char *path, const char *images, int64_t *n,
     dt_hdf5_desc im;
     describe(f, images, &im, &di);
     // Checked against a stand-in for labels that fits whatever the images are.
-    dt_hdf5_desc lb = {.name = "", .found = 1, .is_dataset = 1, .type_size = 1, .ndim = 1, .dims = {im.dims[0]}, .stored = -1};
+    dt_hdf5_desc lb = {.name = "", .found = 1, .is_dataset = 1, .type_size = 1, .ndim = 1, .dims = {im.dims[0]},
+                       .stored = -1};
     int shape[3];
     st = dt_hdf5_check(path, &im, &lb, shape, n);
     *ss = st == DT_OK ? (size_t)shape[0] * shape[1] * shape[2] : 0;

@@ -57,7 +57,8 @@ static dt_status parse_header(const uint8_t *buf, size_t len, const char *what, 
             return dt_error(DT_ERR_FORMAT, "%s: IDX dimension %d is %u", what, i, d);
         out->dims[i] = (int32_t)d;
         if (count > ((size_t)1 << 32) / d)  // (dt_read_file_gz's limit)
-            return dt_error(DT_ERR_FORMAT, "%s: IDX dimensions announce more than 4 GiB of data, the limit of a data file", what);
+            return dt_error(DT_ERR_FORMAT, "%s: IDX dimensions announce more than 4 GiB of data, the limit of a data file",
+                            what);
         count *= d;
     }
     out->ndim = nd;

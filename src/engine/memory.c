@@ -239,7 +239,8 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
-    snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s", use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
+    snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s",
+             use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);
 }
 

@@ -23,8 +23,12 @@ dt_status dt_gpu_describe(int index, char *out, size_t n) {
 dt_status dt_gpu_use(int index) { return (void)index, no_gpu(); }
 dt_status dt_gpu_alloc(void **dev, size_t bytes) { return (void)bytes, *dev = NULL, no_gpu(); }
 void dt_gpu_free(void *dev) { (void)dev; }
-dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) { return (void)dev, (void)host, (void)bytes, no_gpu(); }
-dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) { return (void)host, (void)dev, (void)bytes, no_gpu(); }
+dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
+    return (void)dev, (void)host, (void)bytes, no_gpu();
+}
+dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
+    return (void)host, (void)dev, (void)bytes, no_gpu();
+}
 dt_status dt_gpu_sync(void) { return no_gpu(); }
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k) {
     return (void)w, (void)g, (void)m, (void)v, (void)n, (void)k, no_gpu();
