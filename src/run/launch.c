@@ -459,13 +459,16 @@ static void note_progress(sup *s) {
  * servers' ranks outside mode sync) are let in alone by their peers: the
  * others go on (*alone = 1). Otherwise every rank meets it in a new
  * generation of the segment (dt_comm_rejoin), which needs a survivor that
- * holds the state and a death by a signal (an error exit would repeat). */
+ * holds the state. Either way only a death by a signal: a rank that exits
+ * with an error said why (a replacement that could not rejoin, a wait that
+ * timed out) and aborted the communicator, so a process in its place
+ * would find its peers failing; the group restarts instead. */
 static int replaceable(const sup *s, int r, int signaled, int *alone) {
     const dt_launch_params *p = s->p;
     *alone = p->respawn_from >= 0;
-    if (s->first_fail >= 0 || s->forwarded) return 0;
+    if (s->first_fail >= 0 || s->forwarded || !signaled) return 0;
     if (*alone) return r >= p->respawn_from && !s->stop_sent;
-    return signaled && s->n > 1 && !g_signal;
+    return s->n > 1 && !g_signal;
 }
 
 // Why a rank's process ended by a signal: its memory cgroup's OOM killer
