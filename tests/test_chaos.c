@@ -432,6 +432,32 @@ static int ps_servers(void) {
             }
         }
     }
+    // A replacement that cannot rejoin: server 1 killed after step 12, and
+    // worker 2 hung (without heartbeats, no --heartbeat-timeout) before it
+    // says HELLO to the replacement. The waits end at the protocol's bound
+    // (DTRAIN_COMM_TIMEOUT=8: the replacement's wait for the HELLO, or the
+    // others' waits for worker 2, whichever first), each failing with an
+    // error that names the peer, and the run falls back to the group
+    // restart from the newest checkpoint, which ends it.
+    {
+        char at[1024] = "";
+        for (int k = 1; k <= 21; k++) snprintf(at + strlen(at), sizeof at - strlen(at), ",2:%d:hang:hello", k);
+        snprintf(cmd, sizeof cmd, "DTRAIN_COMM_TIMEOUT=8 DTRAIN_FAULT_STEP=-2:12:kill%s DTRAIN_FAULT_ONCE=%s/once-norejoin "
+                                  "timeout -s KILL 120 %s train %s --workers 3 --quiet --checkpoint-every 3 --set "
+                                  "ps.mode=async --max-restarts 3 --run-dir %s/norejoin",
+                 at, g_tmp, tl_dtrain(), cfg, g_tmp);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        hangs += rc == 137;
+        cases++;
+        snprintf(path, sizeof path, "%s/norejoin/summary.json", g_tmp);
+        CHECK(rc == 0 && strstr(g_out, "restarting it alone (restart 1 of 3") &&
+                  (strstr(g_out, "within 8 s") || strstr(g_out, "timed out after 8 s")) &&
+                  strstr(g_out, "restarting 3 workers from the newest checkpoint (restart 2 of 3)") &&
+                  tl_json_number(path, "test_accuracy") > 0.5,
+              "server 1 killed, worker 2 hung before its HELLO to the replacement: exit %d%s, the waits ended at 8 s "
+              "naming the peer, the group restarted from the newest checkpoint\n%s",
+              rc, rc == 137 ? " (hung)" : "", g_out);
+    }
     printf("%d runs with a server stopped or killed: %d hung\n", cases, hangs);
     tl_cleanup(g_tmp);
     return tl_finish();
