@@ -432,6 +432,24 @@ static int ps_servers(void) {
             }
         }
     }
+    // Server 1 stopped in the run's start (before the workers' join
+    // barrier): a process let in alone would skip the start's collectives,
+    // in which the others wait for it, so the launcher does not start one:
+    // the group restarts.
+    {
+        snprintf(cmd, sizeof cmd, "DTRAIN_COMM_TIMEOUT=30 DTRAIN_FAULT_STEP=1:0:stop:join DTRAIN_FAULT_ONCE=%s/once-start "
+                                  "timeout -s KILL 120 %s train %s %s --set ps.mode=async --max-restarts 2 --run-dir "
+                                  "%s/start",
+                 g_tmp, tl_dtrain(), cfg, common, g_tmp);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        hangs += rc == 137;
+        cases++;
+        CHECK(rc == 0 && strstr(g_out, "run: rank 1 (pid") && strstr(g_out, "since it started: hung") &&
+                  !strstr(g_out, "restarting it alone") &&
+                  strstr(g_out, "server 1 hung before the first step; restarting 3 workers from the newest checkpoint"),
+              "server 1 stopped in the run's start: exit %d%s, the group restarted (not the server alone)\n%s", rc,
+              rc == 137 ? " (hung)" : "", g_out);
+    }
     // A replacement that cannot rejoin: server 1 killed after step 12, and
     // worker 2 hung (without heartbeats, no --heartbeat-timeout) before it
     // says HELLO to the replacement. The waits end at the protocol's bound
