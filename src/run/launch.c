@@ -474,7 +474,8 @@ static int replaceable(const sup *s, int r, int signaled, int *alone) {
     const dt_launch_params *p = s->p;
     *alone = p->respawn_from >= 0;
     if (s->first_fail >= 0 || s->forwarded || !signaled) return 0;
-    if (*alone) return r >= p->respawn_from && !s->stop_sent && (s->started[r] || atomic_load(&s->beats[r].step) >= 0);
+    int started = s->started[r] || atomic_load(&s->beats[r].step) >= 0;
+    if (*alone) return r >= p->respawn_from && !s->stop_sent && started;
     return s->n > 1 && !g_signal;
 }
 

@@ -329,7 +329,7 @@ dt_status ps_tend(server *sv, int *moved) {
                 *moved = 1;
                 dt_status st = ps_post_header(sv, wi);
                 if (st != DT_OK) return st;
-            } else if (dt_now() - p->dead_at > T) {  // (dead_at: when this server started)
+            } else if (dt_now() - p->dead_at > T) {  // (dead_at: this server's start)
                 return dt_error(DT_ERR_TIMEOUT, "server %d (restarted, incarnation %d) could not rejoin: worker %d %s "
                                 "within %.0f s", sv->me, dt_comm_incarnation(sv->all), wi,
                                 p->dropped == 4 ? "did not let it in" : "let it in but did not say its step (HELLO)", T);
