@@ -207,8 +207,10 @@ DT_API int dt_comm_nnodes(dt_comm_t c);
 /* "shm", "mpi" or "hier". The string is static. */
 DT_API const char *dt_comm_backend(dt_comm_t c);
 
-/* Timeout of every blocking wait on this communicator, in seconds (> 0). */
+/* Timeout of every blocking wait on this communicator, in seconds (> 0);
+ * dt_comm_timeout says it (0 for NULL). */
 DT_API void dt_comm_set_timeout(dt_comm_t c, double seconds);
+DT_API double dt_comm_timeout(dt_comm_t c);
 /* Turns the argument check on (1) or off (0). Every rank must use the same
  * setting, because the check is itself a small collective. */
 DT_API void dt_comm_set_check(dt_comm_t c, int on);

@@ -193,6 +193,7 @@ const char *dt_comm_backend(dt_comm_t c) { return c && c->ops ? c->ops->name : "
 void dt_comm_set_timeout(dt_comm_t c, double seconds) {
     if (c && seconds > 0) c->timeout = seconds;
 }
+double dt_comm_timeout(dt_comm_t c) { return c ? c->timeout : 0; }
 void dt_comm_set_check(dt_comm_t c, int on) {
     if (c) c->check = !!on;
 }

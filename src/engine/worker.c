@@ -180,6 +180,10 @@ dt_status dt_fault_at(int rank, int64_t step, const char *place) {
     if (!strcmp(kind, "kill")) raise(SIGKILL);
     if (!strcmp(kind, "hang"))
         for (;;) pause();
+    if (!strcmp(kind, "stop")) {  // SIGSTOP to itself: the launcher's heartbeat finds it silent and kills it
+        raise(SIGSTOP);
+        return DT_OK;
+    }
     return dt_error(DT_ERR_INTERNAL, "injected fault (DTRAIN_FAULT_STEP%s%s)", place ? " at " : "", place ? place : "");
 }
 

@@ -56,16 +56,21 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
 
 /* Injected faults, testing aids that show how failures are handled:
  *   DTRAIN_FAULT_STEP=R:S[:KIND]  rank R fails at step S: KIND error (the
- *       default: the step returns an error), kill (SIGKILL to itself) or
- *       hang (stops, without heartbeats); R = -1 - j is parameter server j
- *       (engine/strategies/ps/), after its step S; several faults separated by
- *       commas (R:S:kill,R2:S2:kill) fire each at its own step;
+ *       default: the step returns an error), kill (SIGKILL to itself),
+ *       hang (stops, without heartbeats) or stop (SIGSTOP to itself); R =
+ *       -1 - j is parameter server j (engine/strategies/ps/), after its step
+ *       S; several faults separated by commas (R:S:kill,R2:S2:kill) fire each
+ *       at its own step;
  *   DTRAIN_FAULT_STEP=R:S:KIND:PLACE  the same inside the meeting after
  *       step S (parameter servers outside mode sync: dt_fault_at): PLACE
  *       fetch (a worker that fetched the weights, before the barrier after
  *       it), eval (before the evaluation), save (in the servers'
  *       checkpoint: worker 0 once it asked the servers to save) or end
  *       (after the final weights were fetched, before they are written);
+ *       for a server (R = -1 - j, any mode) fetch (as it answers a FETCH
+ *       of step S, before it sends its range: the meetings' and, in mode
+ *       sync, the checkpoints' fetch) and save (outside mode sync, once it
+ *       has the SAVE of step S, before its shard is written);
  *   DTRAIN_FAULT_ONCE=FILE  the step fault fires only if FILE does not
  *       exist, and creates it (so that a restarted run gets past it); the
  *       k-th fault of a list (from 0) uses FILE.k for k > 0;

@@ -339,6 +339,7 @@ typedef struct {
     pid_t self, *pids;        // pids[n + k], alive[n + k]: spare k while it is idle
     int *alive;
     double *replaced_at;      // when a rank's place was taken, until its new process's first step
+    int *started;             // a rank that reported a step (a process in its place skips the run's start)
     int nalive, nspare;       // ranks, idle spares
     int first_fail;           // the first rank that failed the group (-1: none)
     int forwarded;            // a signal was passed on to every rank
@@ -363,6 +364,7 @@ static void sup_close(sup *s) {
     free(s->pids);
     free(s->alive);
     free(s->replaced_at);
+    free(s->started);
 }
 
 // The heartbeat table (inherited by the ranks), the shared-memory segment,
@@ -397,7 +399,9 @@ static dt_status sup_open(sup *s) {
     s->pids = calloc((size_t)(n + K), sizeof *s->pids);
     s->alive = calloc((size_t)(n + K), sizeof *s->alive);
     s->replaced_at = calloc((size_t)n, sizeof *s->replaced_at);
-    if (!s->pids || !s->alive || !s->replaced_at) return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
+    s->started = calloc((size_t)n, sizeof *s->started);
+    if (!s->pids || !s->alive || !s->replaced_at || !s->started)
+        return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
     return DT_OK;
 }
 
@@ -445,6 +449,7 @@ static void note_progress(sup *s) {
     dt_launch_result *res = s->res;
     for (int r = 0; r < s->n; r++) {
         int64_t s0 = atomic_load(&s->beats[r].start_step), s1 = atomic_load(&s->beats[r].step);
+        if (s1 >= 0) s->started[r] = 1;
         if (s->replaced_at[r] && s0 >= 0 && s1 > s0) {
             dt_log(DT_LOG_INFO, "run: rank %d recovered in %.2f s (its death to its replacement's first step, step "
                                 "%lld); 0 steps lost",
@@ -471,15 +476,21 @@ static void note_progress(sup *s) {
 /* Whether a dead rank's place can be taken, and how the others meet the
  * process that takes it. Ranks from respawn_from on (the parameter
  * servers' ranks outside mode sync) are let in alone by their peers: the
- * others go on (*alone = 1). Otherwise every rank meets it in a new
+ * others go on (*alone = 1), once the rank is past the run's start (it
+ * reported a step): a process let in alone skips the start's collectives,
+ * in which the others would wait for it. Otherwise every rank meets it in a new
  * generation of the segment (dt_comm_rejoin), which needs a survivor that
- * holds the state and a death by a signal (an error exit would repeat). */
+ * holds the state. Either way only a death by a signal: a rank that exits
+ * with an error said why (a replacement that could not rejoin, a wait that
+ * timed out) and aborted the communicator, so a process in its place
+ * would find its peers failing; the group restarts instead. */
 static int replaceable(const sup *s, int r, int signaled, int *alone) {
     const dt_launch_params *p = s->p;
     *alone = p->respawn_from >= 0;
-    if (s->first_fail >= 0 || s->forwarded) return 0;
-    if (*alone) return r >= p->respawn_from && !s->stop_sent;
-    return signaled && s->n > 1 && !g_signal;
+    if (s->first_fail >= 0 || s->forwarded || !signaled) return 0;
+    int started = s->started[r] || atomic_load(&s->beats[r].step) >= 0;
+    if (*alone) return r >= p->respawn_from && !s->stop_sent && started;
+    return s->n > 1 && !g_signal;
 }
 
 // " (in an evaluation after step 5)": where a rank was when it died.
@@ -505,7 +516,13 @@ static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
     const dt_launch_params *p = s->p;
     dt_launch_result *res = s->res;
     int alone;
-    if (!replaceable(s, r, WIFSIGNALED(st), &alone)) return 0;
+    if (!replaceable(s, r, WIFSIGNALED(st), &alone)) {
+        if (alone && WIFSIGNALED(st) && r >= p->respawn_from && !s->started[r] && s->first_fail < 0 && !s->forwarded &&
+            !s->stop_sent)
+            dt_log(DT_LOG_WARN, "run: rank %d died in the run's start, which a process let in alone does not join: "
+                                "the group stops", r);
+        return 0;
+    }
     int k = ready_spare(s->beats, s->pids, s->alive, s->n, s->K);
     if (k < 0 && !(alone && res->respawns < p->max_respawns)) return 0;
     int64_t last = atomic_load(&s->beats[r].step);

@@ -185,7 +185,14 @@ dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
         free(sent);
         return st;
     }
-    for (int j = 0; j < w->S && st == DT_OK && s->rank == 0; j++) {
+    // SAVED from server 0 last: it completes the checkpoint once every
+    // other shard is durable, so its answer waits for theirs. A server
+    // that died with the SAVE unwritten gets it again (ps_server_back)
+    // while worker 0 waits for that server itself, never for server 0
+    // behind it (which waited for the shard of a replacement that nobody
+    // told to write it).
+    for (int k = 1; k <= w->S && st == DT_OK && s->rank == 0; k++) {
+        int j = k % w->S;
         int64_t h[H_N];
         st = sent[j] == DT_OK ? ps_expect(w, j, h, M_SAVED) : sent[j];
         for (int t = 0; st != DT_OK && t < 3 && ps_server_lost(w, j); t++) {
@@ -254,7 +261,7 @@ dt_status ps_make_writer(server *sv) {
     m->params_lo = m->states_lo = sv->lo;
     m->params_hi = m->states_hi = sv->lo + sv->len;
     if ((st = (dt_comm_incarnation(sv->all) > 0 ? dt_ckpt_writer_rejoin : dt_ckpt_writer_create)(
-             &sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, 120)) != DT_OK)
+             &sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, ps_timeout(sv->all))) != DT_OK)
         return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());
     // The workers' codec states, each in its own file (ps_ckpt_save).
     if (sv->c->comp_method != DT_COMP_NONE) dt_ckpt_writer_expect_own(sv->writer, sv->N);
@@ -278,6 +285,8 @@ dt_status ps_save(server *sv, int wi) {
     if (!sv->writer) return dt_error(DT_ERR_COMM, "server %d: SAVE from worker %d before the model's DESC", sv->me, wi);
     dt_train_state ts = {0};
     ts_unpack(v, &ts);
+    // (a test's fault: server j, rank -1 - j, once it has a SAVE, before it writes)
+    if ((st = dt_fault_at(-1 - sv->me, ts.step, "save")) != DT_OK) return st;
     if (ts.step != sv->saved_step && (st = dt_ckpt_writer_save(sv->writer, &ts)) != DT_OK)
         return dt_error(st, "server %d, checkpoint of step %lld: %s", sv->me, (long long)ts.step, dt_last_error());
     sv->saved_step = ts.step;

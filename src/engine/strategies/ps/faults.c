@@ -31,11 +31,14 @@ int ps_server_lost(ps_worker *w, int j) {
 // holds.
 dt_status ps_server_back(ps_worker *w, int j) {
     dt_strategy *s = &w->base;
-    double t0 = dt_now();
+    double t0 = dt_now(), T = ps_timeout(s->all);
     int inc = 0, state = dt_comm_peer_state(s->all, j, &inc);
     for (; inc <= w->sinc[j]; state = dt_comm_peer_state(s->all, j, &inc)) {
-        if (dt_now() - t0 > 60)
-            return dt_error(DT_ERR_COMM, "worker %d: server %d died and was not restarted", s->rank, j);
+        if (state == DT_PEER_GONE)  // the launcher stops the group: nobody takes its place
+            return dt_error(DT_ERR_COMM, "worker %d: server %d died and is not restarted", s->rank, j);
+        if (dt_now() - t0 > T)
+            return dt_error(DT_ERR_TIMEOUT, "worker %d: server %d died and was not restarted within %.0f s", s->rank,
+                            j, T);
         dt_heartbeat(-1);
         usleep(2000);
     }
@@ -46,8 +49,12 @@ dt_status ps_server_back(ps_worker *w, int j) {
             st = dt_comm_peer_reset(s->all, j);
             w->sinc[j] = inc;
         }
-        if (state == DT_PEER_GONE || dt_now() - t0 > 120)
-            return dt_error(DT_ERR_COMM, "worker %d: server %d was restarted but did not come back", s->rank, j);
+        if (state == DT_PEER_GONE)
+            return dt_error(DT_ERR_COMM, "worker %d: server %d was restarted (incarnation %d) but is gone", s->rank, j,
+                            inc);
+        if (dt_now() - t0 > T)
+            return dt_error(DT_ERR_TIMEOUT, "worker %d: server %d was restarted (incarnation %d) but did not come back "
+                            "within %.0f s", s->rank, j, inc, T);
         dt_heartbeat(-1);
         usleep(2000);
     }
@@ -286,6 +293,7 @@ dt_status ps_survive(server *sv, int wi, dt_status st) {
 // stops the group long before when it does not restart it). *moved:
 // something changed.
 dt_status ps_tend(server *sv, int *moved) {
+    double T = ps_timeout(sv->all);
     for (int wi = 0; wi < sv->N; wi++) {
         peer *p = &sv->w[wi];
         if (!p->dropped && !p->ended) continue;  // taking part: nothing to tend
@@ -321,6 +329,10 @@ dt_status ps_tend(server *sv, int *moved) {
                 *moved = 1;
                 dt_status st = ps_post_header(sv, wi);
                 if (st != DT_OK) return st;
+            } else if (dt_now() - p->dead_at > T) {  // (dead_at: this server's start)
+                return dt_error(DT_ERR_TIMEOUT, "server %d (restarted, incarnation %d) could not rejoin: worker %d %s "
+                                "within %.0f s", sv->me, dt_comm_incarnation(sv->all), wi,
+                                p->dropped == 4 ? "did not let it in" : "let it in but did not say its step (HELLO)", T);
             }
             continue;
         }
@@ -336,9 +348,12 @@ dt_status ps_tend(server *sv, int *moved) {
             *moved = 1;
             dt_status st = ps_post_header(sv, wi);
             if (st != DT_OK) return st;
-        } else if (p->dropped == 1 && dt_now() - p->dead_at > 60) {
-            return dt_error(DT_ERR_COMM, "server %d: worker %d died %.0f s ago and was not restarted", sv->me, wi,
-                            dt_now() - p->dead_at);
+        } else if (p->dropped <= 3 && dt_now() - p->dead_at > T) {
+            return dt_error(DT_ERR_TIMEOUT, "server %d: worker %d died %.0f s ago and %s", sv->me, wi,
+                            dt_now() - p->dead_at,
+                            p->dropped == 1   ? "was not restarted"
+                            : p->dropped == 2 ? "its replacement did not start"
+                                              : "its replacement did not rejoin (JOIN, RESUME)");
         }
     }
     return DT_OK;
@@ -352,7 +367,8 @@ dt_status ps_restart(server *sv) {
     if (!(sv->w = calloc((size_t)sv->N, sizeof *sv->w))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     for (int wi = 0; wi < sv->N; wi++) {
         sv->w[wi].rank = sv->S + wi;
-        sv->w[wi].dropped = 4;  // each lets it in, then says HELLO
+        sv->w[wi].dropped = 4;  // each lets it in, then says HELLO (within ps_timeout of now)
+        sv->w[wi].dead_at = dt_now();
         (void)dt_comm_peer_state(sv->all, sv->w[wi].rank, &sv->w[wi].inc);  // (a higher one later: it died)
     }
     return dt_comm_rejoin_peers(sv->all, NULL, 0);

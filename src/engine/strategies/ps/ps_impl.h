@@ -183,6 +183,14 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // across the files
 
+// The one bound of the protocol's waits outside a transfer (a dead peer's
+// restart, a replacement let in by its peers, a checkpoint's shards): the
+// world communicator's timeout (DTRAIN_COMM_TIMEOUT, 300 s by default),
+// which bounds every transfer that does not move too. A wait past it fails
+// the process with an error naming the peer; the launcher never restarts a
+// process that failed alone, so the group restarts (--max-restarts).
+static inline double ps_timeout(dt_comm_t all) { return dt_comm_timeout(all); }
+
 // msg.c
 const char *ps_kind_name(int64_t k);
 dt_status ps_wait_all(dt_request_t *r, int n);

@@ -14,6 +14,9 @@
 
 // The newest weights, the optimizer state and the statistics.
 static dt_status send_states(server *sv, int wi) {
+    // (a test's fault: server j, rank -1 - j, as a worker fetches its range after step S)
+    dt_status fst = dt_fault_at(-1 - sv->me, sv->w[wi].step, "fetch");
+    if (fst != DT_OK) return fst;
     int ns = dt_optim_num_states(sv->opt);
     int64_t h[H_N] = {M_STATES, sv->w[wi].step, sv->version, (int64_t)sv->lo, (int64_t)sv->len, ns, 0, 0};
     dt_status st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
