@@ -30,7 +30,10 @@
  *     else, with respawn_from >= 0, a process started for it, up to
  *     max_respawns times. Ranks from respawn_from on are let in alone by
  *     their peers (their incarnation one higher, shm_host.h) while the
- *     others go on; the segment's name and its splits' names then stay
+ *     others go on, once they are past the run's start (they reported a
+ *     step with dt_heartbeat: a process let in alone skips the start, in
+ *     whose collectives the others would wait for it; a death before that
+ *     stops the group); the segment's name and its splits' names then stay
  *     until the end, for the replacement;
  *   - the exit status is the first failing rank's (128 + signal number if
  *     it was killed), else 0.

@@ -2,7 +2,8 @@
  * rank 0, the hub, talks point to point with ranks 1 and 2, the members,
  * which also meet in barriers over a communicator of their own. Rank 2
  * kills itself after its 6th message; the launcher restarts it alone
- * (respawn_from = 1). The hub, with peer faults tolerated, sees its
+ * (respawn_from = 1: each acknowledged message is reported as a step, so
+ * the rank is past the run's start). The hub, with peer faults tolerated, sees its
  * transfer fail, empties the channels once rank 2 is restarting and takes
  * the replacement back; the replacement takes its place among the members
  * (dt_comm_split_rejoin), waits to be let in (dt_comm_rejoin_peers), asks where
@@ -117,6 +118,7 @@ static int member(dt_comm_t all, int r) {
         if ((st = dt_send(m, 3, DT_I64, 0, all)) != DT_OK || (st = dt_recv(&ack, 1, DT_I64, 0, all)) != DT_OK)
             return dt_comm_destroy(mem), fail("a message", st);
         if (ack != i) return dt_comm_destroy(mem), fail("a wrong ack", DT_OK);
+        dt_heartbeat(i);  // past the start: a death from here on is replaced alone
         if ((i == 4 || i == 8) && (st = dt_barrier(mem)) != DT_OK)
             return dt_comm_destroy(mem), fail("the members' barrier", st);
     }
