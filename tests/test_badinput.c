@@ -1431,7 +1431,14 @@ static void test_special_files(void) {
     snprintf(cmd, sizeof cmd, "timeout 60 %s report %s -o %s/r.html", tl_dtrain(), rd, rd);
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 1 && contains(g_out, "not a regular file (a FIFO)"), "report, a FIFO metrics log: exit %d\n%s", rc, g_out);
-    cases += 2;
+    // A metrics log past what report reads (a sparse file: nothing is stored).
+    snprintf(cmd, sizeof cmd, "rm %s/metrics/rank-00000.jsonl && truncate -s 1100M %s/metrics/rank-00000.jsonl", rd, rd);
+    tl_run(cmd, NULL, 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s report %s -o %s/r.html", tl_dtrain(), rd, rd);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && contains(g_out, "1153433600 bytes, more than the 1024 MiB"), "report, a 1.1 GB metrics log: exit %d\n%s",
+          rc, g_out);
+    cases += 3;
 
     // Planted links: a run directory's .lock, its metrics log, an output.
     const char *victim = tmp_path("victim"), *run = tmp_path("run-links");
