@@ -182,9 +182,12 @@ static void test_replaced(void) {
         snprintf(flags, sizeof flags, "--spares 1 --checkpoint-every 5 %s", own[i].flags);
         rc = train(spared, flags);
         no_faults();
-        CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") &&
-                  strstr(g_out, "went back to ") && strstr(g_out, "step-00000010") &&
-                  strstr(g_out, "(step 10) in ") && !strstr(g_out, "from the newest checkpoint"),
+        // (step 10's background write may not have finished by the death at
+        // step 13 on a loaded machine: then step 5's, the newest complete)
+        int back10 = strstr(g_out, "step-00000010") && strstr(g_out, "(step 10) in ");
+        int back5 = strstr(g_out, "step-00000010: its writing never finished") && strstr(g_out, "(step 5) in ");
+        CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && strstr(g_out, "went back to ") &&
+                  (back10 || back5) && !strstr(g_out, "from the newest checkpoint"),
               "%s, rank 1 killed, a spare: exit %d, every rank back to step 10\n%s", own[i].name, rc, g_out);
         CHECK(same_as(restarted, spared), "%s, rank 1 replaced: bitwise equal to the restart from the checkpoint",
               own[i].name);

@@ -536,8 +536,10 @@ static const char *peer_gone_how(shm_state *s, int p, char *buf, size_t n, int p
         if (g_world_ctl && w >= 0 && w < g_world_hdr->nranks &&
             atomic_load(&g_world_ctl[w].state) != RANK_RUNNING)
             return peer_gone_how(s, p, buf, n, p2p);
-        /* a replaceable rank: the launcher is about to restart it */
-        if (g_world_hdr && atomic_load(&g_world_hdr->respawn) && !p2p) return NULL;
+        /* a replaceable rank: the launcher is about to say whether it
+         * restarts it; a transfer waits for that (a survivor asks the
+         * peer's state as soon as its transfer fails) */
+        if (g_world_hdr && atomic_load(&g_world_hdr->respawn)) return NULL;
         snprintf(buf, n, "rank %d died (pid %d is gone)", p, pid);
         return buf;
     }
