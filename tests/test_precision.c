@@ -179,6 +179,55 @@ static void conv_case(const cshape *s, dt_dtype t) {
 }
 
 
+// The portable GEMM (the build without oneDNN's) against double sums and
+// against dt_sgemm (oneDNN's here): every transpose, strided operands,
+// sizes past its panels (K > 256, N > 512), beta 0 over NaN, alpha 0.
+static void portable_gemm(void) {
+    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 513, 17}, {64, 40, 300}, {129, 600, 515}};
+    static const float ab[][2] = {{1, 0}, {0.5f, 1}, {-2, 0.25f}, {0, 2}};
+    int cases = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tt = 0; tt < 4; tt++, cases++) {
+            int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ta = tt & 1, tb = tt >> 1;
+            float alpha = ab[(s + tt) % 4][0], beta = ab[(s + tt) % 4][1];
+            int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+            size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+            float *A = malloc(4 * na), *B = malloc(4 * nb), *C = malloc(4 * nc), *D = malloc(4 * nc);
+            dt_rng r;
+            dt_rng_seed(&r, 7 + s * 4 + (uint64_t)tt);
+            for (size_t i = 0; i < na; i++) A[i] = frand(&r);
+            for (size_t i = 0; i < nb; i++) B[i] = frand(&r);
+            for (size_t i = 0; i < nc; i++) C[i] = D[i] = beta == 0 && i % 7 == 0 ? NAN : frand(&r);
+            float *C0 = malloc(4 * nc);
+            memcpy(C0, C, 4 * nc);
+            dt_sgemm_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, D, ldc);
+            double worst = 0, worst_dnn = 0;
+            int pad = 1;
+            for (int i = 0; i < M; i++) {
+                for (int j = 0; j < N; j++) {
+                    double e = 0, mag = 0;
+                    for (int k = 0; k < K; k++) {
+                        double p = (double)A[ta ? (size_t)k * lda + i : (size_t)i * lda + k] *
+                                   B[tb ? (size_t)j * ldb + k : (size_t)k * ldb + j];
+                        e += p, mag += fabs(p);
+                    }
+                    double c0 = beta == 0 ? 0 : beta * (double)C0[(size_t)i * ldc + j];
+                    double want = alpha * e + c0, bound = (K + 2) * 0x1p-23 * (fabs(alpha) * mag + fabs(c0)) + 1e-30;
+                    double got = C[(size_t)i * ldc + j];
+                    worst = fmax(worst, isfinite(got) ? fabs(got - want) / bound : INFINITY);
+                    worst_dnn = fmax(worst_dnn, fabs(D[(size_t)i * ldc + j] - want) / bound);
+                }
+                for (int j = N; j < ldc; j++) pad &= memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], 4) == 0;
+            }
+            CHECK(worst <= 1 && worst_dnn <= 1 && pad,
+                  "portable gemm ta=%d tb=%d %dx%dx%d alpha %g beta %g: error / fp32 bound %.3g (dt_sgemm's %.3g), "
+                  "padding kept %d", ta, tb, M, N, K, alpha, beta, worst, worst_dnn, pad);
+            free(A), free(B), free(C), free(D), free(C0);
+        }
+    printf("portable gemm: %d cases against double sums and dt_sgemm\n", cases);
+}
+
 static void kernels(void) {
     // /proc/cpuinfo's flags, not cpuid's (dt_cpu_get), as the independent reference
     char *info = tl_read_file("/proc/cpuinfo", NULL);
@@ -186,6 +235,9 @@ static void kernels(void) {
     free(info);
     const dt_cpu *cpu = dt_cpu_get();
     int expect = has && cpu->isa >= DT_ISA_AVX512_BF16;
+#ifndef DTRAIN_HAVE_ONEDNN
+    expect = 0;  // the portable GEMM: fp32 compute in every precision
+#endif
     CHECK(dt_kernels_native(DT_BF16) == expect, "oneDNN's bf16 kernels %s here (CPU avx512_bf16 %d, used: %s)",
           dt_kernels_native(DT_BF16) ? "run" : "do not run", has, dt_isa_name(cpu->isa));
     CHECK(!dt_kernels_native(DT_F16) && !dt_kernels_native(DT_F32), "fp16 and fp32 are never 'native' low precision");
@@ -200,6 +252,7 @@ static void kernels(void) {
         gemm_case(0, 1, 64, 64, 16, 0.25f, 0.0f, ts[k]);  // attention scores
         gemm_case(1, 1, 8, 5, 300, -0.5f, 2.0f, ts[k]);
         cshape a = {2, 3, 9, 9, 5, 3, 1, 1, 9, 9}, b = {3, 4, 10, 10, 6, 5, 2, 2, 5, 5};
+        if (!dt_conv_available()) continue;  // (a build without oneDNN)
         conv_case(&a, ts[k]);
         conv_case(&b, ts[k]);
     }
@@ -980,6 +1033,7 @@ static void mlp_run(void) {
 
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
+    portable_gemm();
     kernels();
     working_copy();
     gpt_acts16();

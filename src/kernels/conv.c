@@ -25,6 +25,26 @@
  * widened into scratch for backward weights, so that it takes the same two
  * bytes an element on every CPU. */
 #include "kernels/kernels.h"
+
+#ifndef DTRAIN_HAVE_ONEDNN
+#include <stdlib.h>
+
+// Built without oneDNN: no convolutions (the model refuses the layers
+// before any of these is called).
+int dt_conv_available(void) { return 0; }
+void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) { (void)s, *save = *scratch = 0; }
+void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) { (void)s, *src = *dst = 0; }
+void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
+                     const dt_conv_shape *s) {
+    (void)out, (void)save, (void)scratch, (void)inp, (void)w, (void)b, (void)s;
+    abort();
+}
+void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
+                      const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
+    (void)dinp, (void)dw, (void)db, (void)scratch, (void)out, (void)dout, (void)save, (void)w, (void)s, (void)set_dinp;
+    abort();
+}
+#else
 #include "kernels/onednn.h"
 
 #include <omp.h>
@@ -334,6 +354,8 @@ static const float *bring_in(const plan *p, const view *v, dnnl_stream_t st, con
     return area + v->off;
 }
 
+int dt_conv_available(void) { return 1; }
+
 void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
     plan *p = get_plan(s);
     *save = p->save_size;
@@ -444,3 +466,4 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
     dnnl_stream_destroy(st);
     pthread_mutex_unlock(&p->lock);
 }
+#endif

@@ -1,4 +1,5 @@
-/* dt_sgemm on oneDNN. In fp32 it is oneDNN's sgemm: on this class of CPU
+/* dt_sgemm on oneDNN (without it, built where oneDNN is absent: the
+ * portable GEMM of gemm_portable.c, fp32 compute in every precision). In fp32 it is oneDNN's sgemm: on this class of CPU
  * (AVX-512) it runs at 150/250 GFLOPS on 1/2 cores with no tuning, where
  * Debian's OpenBLAS mis-detects the core type and reaches 20-36 unless told
  * by environment variables (docs/benchmarks.md has the measurements).
@@ -11,7 +12,9 @@
  * fp32 and go to sgemm, which computes the same products (exact in fp32)
  * and sums them in fp32, in its own order. docs/mixed-precision.md. */
 #include "kernels/kernels.h"
+#ifdef DTRAIN_HAVE_ONEDNN
 #include "kernels/onednn.h"
+#endif
 
 #include <omp.h>
 #include <pthread.h>
@@ -24,9 +27,11 @@
 // ----------------------------------------------------------------------------
 // the engine and the precision (shared with conv.c through onednn.h)
 
+static dt_dtype g_precision = DT_F32;
+
+#ifdef DTRAIN_HAVE_ONEDNN
 static dnnl_engine_t g_engine;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static dt_dtype g_precision = DT_F32;
 
 void dt_onednn_check(dnnl_status_t s, const char *what) {
     if (s == dnnl_success) return;
@@ -64,6 +69,15 @@ const char *dt_kernels_describe(dt_dtype t) {
     return (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx ? "bf16 on AMX (oneDNN brgemm)"
                                                                                  : "bf16 on AVX-512 BF16 (oneDNN brgemm)";
 }
+#else  // built without oneDNN: the portable GEMM, fp32 compute in every precision
+int dt_kernels_native(dt_dtype t) { return (void)t, 0; }
+
+const char *dt_kernels_describe(dt_dtype t) {
+    return t == DT_F32   ? "fp32 (portable GEMM: this dtrain was built without oneDNN)"
+           : t == DT_BF16 ? "bf16 storage, fp32 compute (portable GEMM: built without oneDNN)"
+                          : "fp16 storage, fp32 compute (portable GEMM: built without oneDNN)";
+}
+#endif
 
 dt_status dt_kernels_set_precision(dt_dtype t) {
     if (t != DT_F32 && t != DT_BF16 && t != DT_F16) return DT_ERR_ARG;
@@ -73,22 +87,28 @@ dt_status dt_kernels_set_precision(dt_dtype t) {
 
 dt_dtype dt_kernels_precision(void) { return g_precision; }
 
+#ifdef DTRAIN_HAVE_ONEDNN
 dt_dtype dt_onednn_precision(int *native) {
     *native = g_precision != DT_F32 && dt_kernels_native(g_precision);
     return g_precision;
 }
+#endif
 
 // ----------------------------------------------------------------------------
 // fp32
 
 static void sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                   float beta, float *C, int ldc) {
+#ifndef DTRAIN_HAVE_ONEDNN
+    dt_sgemm_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
     dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (s != dnnl_success) {
         // Only argument errors are possible here: a programmer error.
         fprintf(stderr, "dtrain: internal error: dnnl_sgemm status %d (M=%d N=%d K=%d)\n", (int)s, M, N, K);
         abort();
     }
+#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -100,8 +120,7 @@ typedef struct {
     void *p;
     size_t cap;
 } tbuf;
-static _Thread_local tbuf tl_a, tl_b, tl_scratch;
-static _Thread_local dnnl_stream_t tl_stream;
+static _Thread_local tbuf tl_a, tl_b;
 
 static void *room(tbuf *b, size_t bytes) {
     if (bytes <= b->cap) return b->p;
@@ -237,6 +256,13 @@ static const void *from_copy(tbuf *b, const float *X, int rows, int cols, int ld
     return d;
 }
 
+// ----------------------------------------------------------------------------
+// native low-precision products (oneDNN's matmul)
+
+#ifdef DTRAIN_HAVE_ONEDNN
+static _Thread_local tbuf tl_scratch;
+static _Thread_local dnnl_stream_t tl_stream;
+
 // A matmul primitive of one shape (the operands packed, so their strides
 // follow from the shape), made on first use and kept: a hash table of
 // lists, never changed after insertion but at a list's head.
@@ -325,6 +351,14 @@ static void matmul(int ta, int tb, int M, int N, int K, float alpha, const void 
     dnnl_memory_destroy(mc);
     dnnl_memory_destroy(msc);
 }
+#else
+static void matmul(int ta, int tb, int M, int N, int K, float alpha, const void *A, const void *B, float beta,
+                   float *C, int ldc, dt_dtype t) {
+    (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)B, (void)beta, (void)C, (void)ldc,
+        (void)t;
+    abort();  // never: nothing is native without oneDNN
+}
+#endif
 
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc) {

@@ -6,6 +6,10 @@
 
 #include "dtrain/core.h"
 
+#ifndef DTRAIN_HAVE_ONEDNN
+void dt_kernels_init(void) {}
+const char *dt_kernels_isa(void) { return "none (built without oneDNN)"; }
+#else
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 #include <pthread.h>
@@ -31,3 +35,4 @@ const char *dt_kernels_isa(void) {
     dt_kernels_init();
     return dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
 }
+#endif

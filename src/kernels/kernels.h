@@ -53,6 +53,10 @@ void dt_kernels_weights_stats(dt_kernels_wstats *s);
  * inside an OpenMP parallel region. Deterministic for a fixed thread count. */
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
+/* The same product by the portable GEMM (gemm_portable.c): what dt_sgemm
+ * runs in a build without oneDNN; in every build, for the tests. */
+void dt_sgemm_portable(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc);
 
 /* 2-D convolution, square kernel K, stride S, zero padding P, on inputs
  * inp[B,IC,H,W], weights w[OC,IC,K,K], bias b[OC] (may be NULL) and outputs
@@ -83,6 +87,9 @@ typedef struct {
                    // 16 bits: the reference tests compare the 16-bit one with
 } dt_conv_shape;
 #define DT_CONV_BLOCK 16
+/* Whether this build has convolutions (oneDNN's; 0: built without it, and
+ * the model refuses convolution layers by name). */
+int dt_conv_available(void);
 void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
 /* Whether the primitives of shape s (layouts ignored) work on blocked
  * inputs and outputs: where they do, a caller gains by keeping tensors

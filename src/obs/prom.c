@@ -3,7 +3,9 @@
 
 #include <errno.h>
 #include <math.h>
+#ifdef DTRAIN_HAVE_MHD
 #include <microhttpd.h>
+#endif
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -22,6 +24,7 @@
 #define MAX_HEADER 8192            // bytes of request line and headers
 #define CONNECTION_MEMORY (32 * 1024)  // libmicrohttpd's buffer per connection
 
+#ifdef DTRAIN_HAVE_MHD
 struct waiting {
     int fd;  // -1: free slot
     double deadline;
@@ -40,6 +43,7 @@ struct dt_prom {
     struct waiting w[MAX_WAITING];
     char buf[MAX_HEADER];
 };
+#endif
 
 void dt_prom_family(FILE *f, const char *name, const char *type, const char *help) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -50,6 +54,17 @@ void dt_prom_sample(FILE *f, const char *name, const char *labels, double v) {
     else fprintf(f, "%s%s%s%s %.10g\n", name, *labels ? "{" : "", labels, *labels ? "}" : "", v);
 }
 
+#ifndef DTRAIN_HAVE_MHD
+// Built without libmicrohttpd: no endpoint.
+dt_status dt_prom_start(dt_prom **out, const char *addr, int port, dt_prom_render_fn render, void *user) {
+    (void)addr, (void)port, (void)render, (void)user;
+    *out = NULL;
+    return dt_error(DT_ERR_ARG, "the metrics endpoint (--metrics-port, [obs] metrics_port) needs libmicrohttpd, which "
+                    "this build of dtrain lacks (install libmicrohttpd-dev and rebuild)");
+}
+int dt_prom_port(const dt_prom *p) { return (void)p, -1; }
+void dt_prom_stop(dt_prom *p) { (void)p; }
+#else
 static enum MHD_Result answer(struct MHD_Connection *c, unsigned code, const char *ctype, char *body, size_t n,
                               enum MHD_ResponseMemoryMode mode) {
     struct MHD_Response *r = MHD_create_response_from_buffer(n, body, mode);
@@ -303,3 +318,4 @@ void dt_prom_stop(dt_prom *p) {
     close(p->listen_fd);
     free(p);
 }
+#endif

@@ -6,10 +6,10 @@
 #   2. ops: every GPU op against the CPU's (test_gpu ops), every launch
 #      synchronous (CUDA_LAUNCH_BLOCKING=1) so that an error names its op
 #   3. memcheck and initcheck: compute-sanitizer over the same op tests
-# Run from the source tree on the GPU machine, with build/ built here and
-# carried, and build/gpu-libs/ (scripts/gpu-bundle.sh: the shared libraries
-# the binaries need that the GPU machine lacks):
-#   tests/gpu/run.sh OUT_DIR
+# Run from the source tree on the GPU machine, with BUILD (default build/)
+# built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
+# shared libraries the binaries need that the GPU machine lacks):
+#   [BUILD=build-gpu] tests/gpu/run.sh OUT_DIR
 # Exit status: 0 when every stage that ran passed; the summary is
 # OUT_DIR/summary.txt, one line a stage.
 set -uo pipefail
@@ -17,7 +17,8 @@ out=${1:?usage: tests/gpu/run.sh OUT_DIR}
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-export LD_LIBRARY_PATH="$root/build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+build=${BUILD:-build}
+export LD_LIBRARY_PATH="$root/$build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fails=0
 stage() {  # stage NAME SECONDS COMMAND...
     local name=$1 limit=$2
@@ -33,10 +34,10 @@ stage() {  # stage NAME SECONDS COMMAND...
 }
 : >"$out/summary.txt"
 stage device 60 sh -c 'nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv'
-CUDA_LAUNCH_BLOCKING=1 stage ops 120 build/tests/test_gpu ops
+CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
 if command -v compute-sanitizer >/dev/null; then
-    stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu ops
-    stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 build/tests/test_gpu ops
+    stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_gpu" ops
+    stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 "$build/tests/test_gpu" ops
 else
     echo "memcheck: not run (no compute-sanitizer here)" | tee -a "$out/summary.txt"
 fi
