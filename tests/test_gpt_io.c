@@ -298,6 +298,21 @@ static void test_cli(void) {
     char *vl = NULL;
     CHECK(tl_run(cmd, out, sizeof out) == 0 && (vl = strstr(out, "val loss ")) && atof(vl + 9) < 4.0,
           "init_from continues from saved weights: %s", out);
+    // init_from where no rank keeps the whole model (a tensor-parallel
+    // shard reads its part a piece at a time, a ZeRO-3 rank its block): one
+    // step of lr 1e-12 ends where it started.
+    const char *lays[] = {"--set parallel.tensor=2", "--zero 3"};
+    for (int i = 0; i < 2; i++) {
+        char a[600], b[600];
+        snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --run-dir %s/run5-%d -q --set model.init_from=%s/model.safetensors "
+                 "--set train.max_steps=1 --set optim.lr=1e-12 %s", tl_dtrain(), ini, g_dir, i, run, lays[i]);
+        snprintf(a, sizeof a, "%s/model.safetensors", run);
+        snprintf(b, sizeof b, "%s/run5-%d/model.safetensors", g_dir, i);
+        int bw, rc = tl_run(cmd, out, sizeof out);
+        double d = rc == 0 ? tl_weights_diff(a, b, &bw) : -1;
+        CHECK(rc == 0 && d >= 0 && d <= 1e-6, "init_from on 2 workers %s: exit %d, max rel diff %.3g to the file\n%s",
+              lays[i], rc, d, out);
+    }
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run3 -q --set model.init_from=%s/nothing.bin", tl_dtrain(), ini,
              g_dir, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "nothing.bin"), "init_from missing file: %s", out);
