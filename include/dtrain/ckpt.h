@@ -184,8 +184,9 @@ typedef struct {
  * shard-R-of-W.safetensors per rank (its slice of the parameter block and
  * of the optimizer state, with the same metadata), index.json (the model's
  * tensors and the slices) and COMPLETE, written last, once every shard is
- * durable. dt_ckpt_read and everything below read either kind; a sharded
- * one is gathered whole, so it resumes on any number of workers. Rank r of
+ * durable. dt_ckpt_read and everything below read either kind (a rank
+ * reads the ranges it holds, from a whole file or from the shards), so
+ * either resumes on any number of workers. Rank r of
  * W holds dt_shard_range(n, r, W) of the n parameters (core.h). */
 
 /* Writes a checkpoint atomically (temp file, fsync, rename, fsync dir). */

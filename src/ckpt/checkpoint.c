@@ -53,7 +53,7 @@ static uint32_t crc_meta(uint32_t c, const char *const *vals, const char *scaler
     return scaler ? dt_crc32c(c, scaler, strlen(scaler) + 1) : c;
 }
 
-// t[n] in name order, in *sorted (malloc'd); NULL (recorded) when out of memory.
+// t[n] sorted by name, in a malloc'd array; NULL (recorded) when out of memory.
 static const dt_st_tensor **by_name(const dt_st_tensor *const *t, int n, const char *what) {
     const dt_st_tensor **s = malloc(sizeof *s * (n > 0 ? n : 1));
     if (!s) {
@@ -247,10 +247,12 @@ static dt_status write_shard(const char *path, const dt_ckpt_model *m, const dt_
 // the one verified reader
 //
 // Every reader of a checkpoint or weights file (resume, eval, sample,
-// convert, inspect, export) opens it through open_verified: a sharded
-// checkpoint's directory is gathered whole in memory from its index and its
-// verified shards; a file that carries a checkpoint's metadata is verified
-// (format version, checksum, every value in range) before anyone uses it.
+// convert, inspect, export, init_from) opens it through open_verified: a
+// sharded checkpoint's directory becomes a view of its verified shards
+// (gather); a file that carries a checkpoint's metadata is verified (format
+// version, checksum, every value in range) before anyone uses it. None is
+// read into memory: the verification streams it a piece at a time, then
+// each reader reads the ranges it needs (dt_st_read).
 
 // Limits of the integers a checkpoint or its index may hold: beyond them a
 // value is damage, not a run, and arithmetic on it could wrap around.
@@ -995,8 +997,11 @@ static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt
                 cJSON_Delete(meta), meta = NULL;
         const char *sc = dt_st_meta_get(kids[0], KEY_SCALER);
         if (meta && sc && !cJSON_AddStringToObject(meta, KEY_SCALER, sc)) cJSON_Delete(meta), meta = NULL;
-        if (!meta || !(v = dt_st_compose(dir, meta, kids, W))) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
-        memset(kids, 0, sizeof *kids * (size_t)W);  // (the view's now, or freed)
+        if (meta) {
+            v = dt_st_compose(dir, meta, kids, W);
+            memset(kids, 0, sizeof *kids * (size_t)W);  // (the view's now, or freed by it)
+        }
+        if (!v) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
     }
     for (int r = 0; kids && r < W; r++) dt_st_close(kids[r]);
     free(kids);
@@ -1118,7 +1123,8 @@ dt_status dt_ckpt_export_weights(const char *ckpt, const char *out) {
 // A tensor's bytes from f appended to w, converted to `as`, DT_ST_PIECE
 // bytes of it at a time through buf.
 static dt_status copy_tensor(dt_atomic_file *w, const dt_st_file *f, const dt_st_tensor *t, dt_dtype as, void *buf) {
-    size_t es = dt_dtype_size(as), n = t->nbytes / dt_dtype_size(t->dtype), piece = DT_ST_PIECE / 4;
+    size_t es = dt_dtype_size(as), n = t->nbytes / dt_dtype_size(t->dtype),
+           piece = DT_ST_PIECE / (es > dt_dtype_size(t->dtype) ? es : dt_dtype_size(t->dtype));
     dt_status st = DT_OK;
     for (size_t a = 0, m; a < n && st == DT_OK; a += m) {
         m = n - a < piece ? n - a : piece;
