@@ -142,8 +142,8 @@ const void *tl_st_data(const dt_st_file *f, const dt_st_tensor *t) {
     void *p = malloc(t->nbytes + 1), **l = realloc(tl_bufs, sizeof *l * (size_t)(tl_nbufs + 1));
     if (l) tl_bufs = l;
     dt_status st = p && l ? dt_st_read(f, t, 0, t->nbytes / dt_dtype_size(t->dtype), t->dtype, p) : DT_ERR_NOMEM;
-    CHECK(st == DT_OK, "reading tensor '%s': %s", t->name, dt_last_error());
     if (st != DT_OK) {
+        CHECK(0, "reading tensor '%s': %s", t->name, dt_last_error());
         free(p);
         return NULL;
     }
