@@ -1157,7 +1157,7 @@ static void test_weights_cli(void) {
         dt_st_meta meta[7];
         int nm = dt_gpt_weights_meta(&big, vals, meta);
         dt_st_tensor t[16];
-        for (int i = 0; i < dt_st_count(f); i++) t[i] = *dt_st_get(f, i);
+        for (int i = 0; i < dt_st_count(f); i++) t[i] = *dt_st_get(f, i), t[i].data = tl_st_data(f, dt_st_get(f, i));
         CHECK(dt_st_write(tmp_path("big-claim2.safetensors"), t, dt_st_count(f), meta, nm) == DT_OK, "write: %s",
               dt_last_error());
         dt_st_close(f);

@@ -710,6 +710,11 @@ static void test_runs(void) {
     snprintf(zb, sizeof zb, "%s", tmp("z4-16.safetensors"));
     double zd = tl_weights_diff(za, zb, &zbw);
     CHECK(zbw, "exported ZeRO shards = the weights of a plain run at step 16 (max rel diff %.3g)", zd);
+    // That whole file resumed under ZeRO-3: each of the 3 ranks reads its
+    // slice of it, none the whole file.
+    rc = train("z16", 3, "--zero 3 --resume auto");
+    CHECK(rc == 0 && same_as_ref("z16"), "a whole-file checkpoint -> zero 3 on 3 workers: exit %d, bitwise equal\n%s", rc,
+          g_out);
 
     // The supervisor: a worker SIGKILLed in step 13 comes back from step 10.
     setenv("DTRAIN_FAULT_STEP", "1:13:kill", 1);
@@ -1044,7 +1049,8 @@ static void test_slices(void) {
         dt_st_file *f = NULL;
         const dt_st_tensor *t = dt_ckpt_open_part(ck, r, &f, &parts) == DT_OK ? dt_st_find(f, "extra.state") : NULL;
         float want[4] = {(float)(10 * r), (float)(10 * r + 1), (float)(10 * r + 2), (float)(10 * r + 3)};
-        CHECK(t && t->nbytes == sizeof want && !memcmp(t->data, want, sizeof want),
+        const void *got = t && t->nbytes == sizeof want ? tl_st_data(f, t) : NULL;
+        CHECK(got && !memcmp(got, want, sizeof want),
               "slices: part %d holds rank %d's extra state as saved: %s", r, r, t ? "wrong values" : dt_last_error());
         dt_st_close(f);
     }
@@ -1132,6 +1138,90 @@ static void test_nonfinite(void) {
     net_free(&a), net_free(&b);
 }
 
+// A checkpoint larger than the memory its readers may take: with the
+// address space capped at 48 MiB above what the process uses, a 72 MB
+// checkpoint is inspected, exported (fp32, bf16, fp16) and read by a rank
+// that holds a slice (each reads 16 MiB at a time, and the rank only its
+// slice), and every export holds the bytes the in-memory writer
+// (dt_st_write) writes for the same weights.
+static float stream_value(size_t i, int j) {
+    return j == 0 ? (float)(i % 1009) * 0.001f - 0.25f : j == 1 ? (float)(i % 13) * 0.5f : (float)(i % 7);
+}
+
+static void test_streaming(void) {
+    enum { ROWS = 3, COLS = 2000000, LO = 4194300, N = 1000 };  // (LO: across a 16 MiB piece's end)
+    size_t nw = (size_t)ROWS * COLS, np = nw + 5;
+    dt_tensor_info t[2] = {{"w", 2, {ROWS, COLS}, 0, nw}, {"b", 1, {5}, nw, 5}};
+    float *v[3] = {malloc(np * sizeof(float)), malloc(np * sizeof(float)), malloc(np * sizeof(float))};
+    uint16_t *half = malloc(np * sizeof(uint16_t));
+    if (!v[0] || !v[1] || !v[2] || !half) {
+        CHECK(0, "out of memory");
+        return;
+    }
+    for (int j = 0; j < 3; j++)
+        for (size_t i = 0; i < np; i++) v[j][i] = stream_value(i, j);
+    int64_t step = 42;
+    dt_st_meta wm[1] = {{"n_layer", "1"}};
+    dt_ckpt_model cm = {.tensors = t, .ntensors = 2, .params = v[0], .nparams = np, .nstates = 2, .states = {v[1], v[2]},
+                        .opt_step = &step, .optimizer = "adamw", .config = "", .weights_meta = wm, .nweights_meta = 1};
+    dt_train_state s = {.step = 7, .world = 1}, r;
+    char ck[600], ref[3][600], ex[3][600];
+    const char *names[3] = {"fp32", "bf16", "fp16"};
+    const dt_dtype types[3] = {DT_F32, DT_BF16, DT_F16};
+    snprintf(ck, sizeof ck, "%s", tmp("big.safetensors"));
+    CHECK(dt_ckpt_write(ck, &cm, &s) == DT_OK, "big checkpoint: %s", dt_last_error());
+    // The references: the weights file as dt_st_write writes it from memory.
+    dt_st_meta meta[4] = {{"n_layer", "1"}, {"format", "dtrain-weights"}, {"dtrain_version", dt_version()}, {"step", "7"}};
+    for (int k = 0; k < 3; k++) {
+        snprintf(ref[k], sizeof ref[k], "%s/ref-%s.safetensors", g_tmp, names[k]);
+        snprintf(ex[k], sizeof ex[k], "%s/export-%s.safetensors", g_tmp, names[k]);
+        const void *d = v[0];
+        size_t es = k ? 2 : 4;
+        if (k) dt_from_f32(half, v[0], np, types[k]), d = half;
+        dt_st_tensor w[2] = {{"w", types[k], 2, {ROWS, COLS}, d, nw * es},
+                             {"b", types[k], 1, {5}, (const char *)d + nw * es, 5 * es}};
+        CHECK(dt_st_write(ref[k], w, 2, meta, 4) == DT_OK, "reference %s: %s", names[k], dt_last_error());
+    }
+    for (int j = 0; j < 3; j++) free(v[j]);
+    free(half);
+    struct stat sb;
+    CHECK(stat(ck, &sb) == 0 && sb.st_size > (48 << 20) + (16 << 20), "the checkpoint (%lld bytes) is larger than the cap",
+          (long long)sb.st_size);
+    FILE *devnull = fopen("/dev/null", "w");
+    float slice[3][N];
+    int64_t got_step = -1;
+    dt_ckpt_model mine = cm;
+    mine.params = slice[0], mine.states[0] = slice[1], mine.states[1] = slice[2], mine.opt_step = &got_step;
+    mine.params_lo = mine.states_lo = LO, mine.params_hi = mine.states_hi = LO + N;
+    int capped = tl_cap_memory((size_t)48 << 20);
+    dt_status ist = devnull ? dt_ckpt_inspect(ck, devnull) : DT_ERR_IO;
+    char ierr[512];
+    snprintf(ierr, sizeof ierr, "%s", ist == DT_OK ? "" : dt_last_error());
+    dt_status est[3];
+    for (int k = 0; k < 3; k++) est[k] = dt_ckpt_export_weights_as(ck, ex[k], types[k]);
+    dt_status rst = dt_ckpt_read(ck, &mine, &r);
+    tl_uncap_memory();
+    if (devnull) fclose(devnull);
+    printf("streaming: a %lld-byte checkpoint read with the address space %s\n", (long long)sb.st_size,
+           capped ? "capped at 48 MiB above the process's" : "uncapped (sanitizers)");
+    CHECK(ist == DT_OK, "inspect under the cap: %s", ierr);
+    for (int k = 0; k < 3; k++) {
+        CHECK(est[k] == DT_OK, "export %s under the cap: %s", names[k], dt_status_string(est[k]));
+        size_t na, nb;
+        char *a = tl_read_file(ref[k], &na), *b = tl_read_file(ex[k], &nb);
+        CHECK(a && b && na == nb && !memcmp(a, b, na), "export %s: the bytes dt_st_write writes (%zu and %zu bytes)",
+              names[k], na, nb);
+        free(a), free(b);
+        unlink(ref[k]), unlink(ex[k]);
+    }
+    int same = rst == DT_OK && got_step == 42 && r.step == 7;
+    for (int j = 0; j < 3 && same; j++)
+        for (size_t i = 0; i < N && same; i++) same = slice[j][i] == stream_value(LO + i, j);
+    CHECK(same, "a rank's slice [%d, %d) of the parameters and both states read under the cap: %s", LO, LO + N,
+          rst == DT_OK ? "wrong values" : dt_status_string(rst));
+    unlink(ck);
+}
+
 // `test_ckpt disk-full` (ctest test_ckpt_disk-full) runs the disk-full
 // case alone: it needs to mount a tmpfs (root), and is reported skipped
 // where it cannot.
@@ -1146,6 +1236,7 @@ int main(int argc, char **argv) {
     }
     test_file();
     test_nonfinite();
+    test_streaming();
     test_slices();
     runs_setup();
     test_runs();

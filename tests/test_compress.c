@@ -734,11 +734,12 @@ static void *part_tensor(const char *dir, int p, const char *method, const char 
     char name[64];
     snprintf(name, sizeof name, "codec.%s.%s", method, what);
     const dt_st_tensor *t = dt_st_find(f, name);
-    void *v = t ? malloc(t->nbytes) : NULL;
-    if (v) {
-        memcpy(v, t->data, t->nbytes);
-        *n = t->nbytes / dt_dtype_size(t->dtype);
+    void *v = t ? malloc(t->nbytes + 1) : NULL;
+    if (v && dt_st_read(f, t, 0, t->nbytes / dt_dtype_size(t->dtype), t->dtype, v) != DT_OK) {
+        free(v);
+        v = NULL;
     }
+    if (v) *n = t->nbytes / dt_dtype_size(t->dtype);
     dt_st_close(f);
     return v;
 }

@@ -298,6 +298,21 @@ static void test_cli(void) {
     char *vl = NULL;
     CHECK(tl_run(cmd, out, sizeof out) == 0 && (vl = strstr(out, "val loss ")) && atof(vl + 9) < 4.0,
           "init_from continues from saved weights: %s", out);
+    // init_from where no rank keeps the whole model (a tensor-parallel
+    // shard reads its part a piece at a time, a ZeRO-3 rank its block): one
+    // step of lr 1e-12 ends where it started.
+    const char *lays[] = {"--set parallel.tensor=2", "--zero 3"};
+    for (int i = 0; i < 2; i++) {
+        char a[600], b[600];
+        snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --run-dir %s/run5-%d -q --set model.init_from=%s/model.safetensors "
+                 "--set train.max_steps=1 --set optim.lr=1e-12 %s", tl_dtrain(), ini, g_dir, i, run, lays[i]);
+        snprintf(a, sizeof a, "%s/model.safetensors", run);
+        snprintf(b, sizeof b, "%s/run5-%d/model.safetensors", g_dir, i);
+        int bw, rc = tl_run(cmd, out, sizeof out);
+        double d = rc == 0 ? tl_weights_diff(a, b, &bw) : -1;
+        CHECK(rc == 0 && d >= 0 && d <= 1e-6, "init_from on 2 workers %s: exit %d, max rel diff %.3g to the file\n%s",
+              lays[i], rc, d, out);
+    }
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run3 -q --set model.init_from=%s/nothing.bin", tl_dtrain(), ini,
              g_dir, g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "nothing.bin"), "init_from missing file: %s", out);
@@ -419,12 +434,75 @@ static void test_files_and_memory(void) {
     CHECK(tl_run(cmd, out, sizeof out) == 0, "sample under a limit it fits: %s", out);
 }
 
+// ----------------------------------------------------------------------------
+// converting and loading a piece at a time
+
+// Whether files a and b hold the same bytes.
+static int same_file(const char *a, const char *b) {
+    size_t na, nb;
+    uint8_t *x = read_bytes(a, &na), *y = read_bytes(b, &nb);
+    int same = x && y && na == nb && !memcmp(x, y, na);
+    free(x), free(y);
+    return same;
+}
+
+// A model of 7.4 M parameters (wte alone is 4 M floats: more than one
+// 16 MiB piece, with a piece boundary inside a tensor): `dtrain convert`
+// writes the bytes that the in-memory writers write (dt_llmc_write,
+// dt_gpt_weights_save) both ways, and a tensor-parallel shard loads its
+// part of the file (init_from) as it would take it from the whole block.
+static void test_piecewise(void) {
+    dt_gpt_config c = {1, 4, 512, 8, 8000, 8192};
+    size_t np = dt_gpt_config_num_params(&c);
+    float *p = dt_alloc(np * sizeof(float));
+    if (!p) {
+        CHECK(0, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < np; i++) p[i] = (float)((i * 2654435761u) % 1000003) * 1e-6f - 0.5f;
+    char bin[512], st[512], bin2[512], st2[512], cmd[4096], out[4096];
+    snprintf(bin, sizeof bin, "%s/big.bin", g_dir);
+    snprintf(st, sizeof st, "%s/big.safetensors", g_dir);
+    snprintf(bin2, sizeof bin2, "%s/big2.bin", g_dir);
+    snprintf(st2, sizeof st2, "%s/big2.safetensors", g_dir);
+    CHECK(dt_llmc_write(bin, &c, p) == DT_OK && dt_gpt_weights_save(st, &c, p) == DT_OK, "reference files: %s",
+          dt_last_error());
+    snprintf(cmd, sizeof cmd, "%s convert --from llmc %s --to %s && %s convert --from safetensors %s --to %s",
+             tl_dtrain(), bin, st2, tl_dtrain(), st, bin2);
+    int rc = tl_run(cmd, out, sizeof out);
+    CHECK(rc == 0 && same_file(st, st2), "convert llmc -> safetensors, in pieces: the bytes dt_gpt_weights_save writes\n%s",
+          out);
+    CHECK(rc == 0 && same_file(bin, bin2), "convert safetensors -> llmc, in pieces: the bytes dt_llmc_write writes");
+    // A shard of 2 loads its part: what dt_gpt_part_take takes from the block.
+    for (int tp = 0; tp < 2; tp++) {
+        dt_gpt *m = NULL, *want = NULL;
+        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, 2, 0};
+        if (dt_gpt_create_shard(&m, &c, &a, tp) != DT_OK || dt_gpt_create_shard(&want, &c, &a, tp) != DT_OK) {
+            CHECK(0, "shard %d: %s", tp, dt_last_error());
+            dt_gpt_free(m);
+            break;
+        }
+        dt_gpt_part_take(want, dt_gpt_params(want), 0, np, p);
+        for (int f = 0; f < 2; f++) {
+            memset(dt_gpt_params(m), 0, sizeof(float) * dt_gpt_num_params(m));
+            CHECK(dt_gpt_load(m, f ? bin : st) == DT_OK &&
+                      !memcmp(dt_gpt_params(m), dt_gpt_params(want), sizeof(float) * dt_gpt_num_params(m)),
+                  "tensor-parallel shard %d of 2 loads its part of %s: %s", tp, f ? "an llm.c file" : "safetensors",
+                  dt_last_error());
+        }
+        dt_gpt_free(m);
+        dt_gpt_free(want);
+    }
+    dt_free(p);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-gpt-io-XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
     dt_set_threads(1);
     test_tokens();
     test_weights();
+    test_piecewise();
     test_config();
     test_cli();
     test_files_and_memory();

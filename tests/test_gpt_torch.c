@@ -81,7 +81,7 @@ static double grads_err(dt_gpt *m, dt_st_file *f, double tol, const char *what) 
         const dt_st_tensor *t = need(f, name);
         if (!t) continue;
         CHECK(t->nbytes == ti->numel * 4, "%s size", name);
-        double e = tensor_err(dt_gpt_grads(m) + ti->offset, t->data, ti->numel);
+        double e = tensor_err(dt_gpt_grads(m) + ti->offset, tl_st_data(f, t), ti->numel);
         worst = fmax(worst, e);
         CHECK(e <= tol, "%s (%s): rel err %.2e", name, what, e);
     }
@@ -102,17 +102,17 @@ static void run(dt_st_file *f, int threads) {
     init_formula(m);
     const dt_st_tensor *x = need(f, "x"), *y = need(f, "y");
     if (!x || !y) return;
-    const int32_t *xs = x->data, *ys = y->data;
+    const int32_t *xs = tl_st_data(f, x), *ys = tl_st_data(f, y);
     float loss;
     dt_gpt_zero_grad(m);
     CHECK(dt_gpt_forward(m, xs, ys, B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
     const dt_st_tensor *tl = need(f, "loss"), *tg = need(f, "logits");
     char what[128];
     snprintf(what, sizeof what, "loss (%d threads)", threads);
-    CHECK_NEAR(loss, ((const float *)tl->data)[0], TOL_LOSS, what);
-    double e = tensor_err(dt_gpt_logits(m), tg->data, (size_t)B * T * c.vocab_size);
+    CHECK_NEAR(loss, ((const float *)tl_st_data(f, tl))[0], TOL_LOSS, what);
+    double e = tensor_err(dt_gpt_logits(m), tl_st_data(f, tg), (size_t)B * T * c.vocab_size);
     CHECK(e <= TOL_LOGITS, "logits (%d threads): rel err %.2e", threads, e);
-    printf("threads %d: loss %.7f (torch %.7f), logits err %.2e\n", threads, loss, ((const float *)tl->data)[0], e);
+    printf("threads %d: loss %.7f (torch %.7f), logits err %.2e\n", threads, loss, ((const float *)tl_st_data(f, tl))[0], e);
     dt_gpt_backward(m);
     snprintf(what, sizeof what, "%d threads", threads);
     double worst = grads_err(m, f, TOL_GRAD, what);
@@ -128,7 +128,7 @@ static void run(dt_st_file *f, int threads) {
     dt_optim *o;
     dt_optim_create(&o, &op, dt_gpt_num_params(m));
     init_formula(m);
-    const float *tlosses = need(f, "losses")->data;
+    const float *tlosses = tl_st_data(f, need(f, "losses"));
     worst = 0;
     for (int s = 0; s < steps; s++) {
         dt_gpt_zero_grad(m);
@@ -145,7 +145,7 @@ static void run(dt_st_file *f, int threads) {
         snprintf(name, sizeof name, "final.%s", ti->name);
         const dt_st_tensor *t = need(f, name);
         if (!t) continue;
-        const float *a = dt_gpt_params(m) + ti->offset, *b = t->data;
+        const float *a = dt_gpt_params(m) + ti->offset, *b = tl_st_data(f, t);
         if (!strcmp(ti->name, "qkvb")) {
             // The key bias adds q.b_k to every score of a row, which the
             // softmax cancels: its gradient is exactly 0 in exact arithmetic
@@ -197,14 +197,14 @@ static void autocast_step(void) {
         init_formula(m);
         float loss;
         dt_gpt_zero_grad(m);
-        CHECK(dt_gpt_forward(m, x->data, y->data, B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
-        CHECK_NEAR(loss, ((const float *)tl->data)[0], 4e-3, "bf16 loss against autocast");
-        double e = tensor_err(dt_gpt_logits(m), tg->data, (size_t)B * T * c.vocab_size);
+        CHECK(dt_gpt_forward(m, tl_st_data(f, x), tl_st_data(f, y), B, T, &loss) == DT_OK, "forward: %s", dt_last_error());
+        CHECK_NEAR(loss, ((const float *)tl_st_data(f, tl))[0], 4e-3, "bf16 loss against autocast");
+        double e = tensor_err(dt_gpt_logits(m), tl_st_data(f, tg), (size_t)B * T * c.vocab_size);
         CHECK(e <= 1e-2, "bf16 logits against autocast: rel err %.2e", e);
         dt_gpt_backward(m);
         double worst = grads_err(m, f, 1e-1, "bf16 against autocast");
         printf("bf16 against autocast bf16: loss %.7f (torch %.7f), logits err %.2e, worst gradient err %.2e\n", loss,
-               ((const float *)tl->data)[0], e, worst);
+               ((const float *)tl_st_data(f, tl))[0], e, worst);
         dt_gpt_free(m);
     }
     dt_kernels_set_precision(DT_F32);

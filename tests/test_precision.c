@@ -863,10 +863,10 @@ static void learn_and_resume(void) {
         const dt_st_tensor *x = dt_st_get(a, i), *y = dt_st_get(b, i);
         size_t n = x->nbytes / 4;
         float *f = malloc(4 * n), *g = malloc(4 * n);
-        memcpy(f, x->data, 4 * n);
+        memcpy(f, tl_st_data(a, x), 4 * n);
         dt_round_f32(f, f, n, DT_BF16);
         same = x->dtype == DT_F32 && y->dtype == DT_BF16 && y->nbytes == 2 * n && !strcmp(x->name, y->name);
-        if (same) dt_to_f32(g, y->data, n, DT_BF16);
+        if (same) dt_to_f32(g, tl_st_data(b, y), n, DT_BF16);
         same = same && !memcmp(f, g, 4 * n);
         bytes32 += x->nbytes, bytes16 += y->nbytes;
         free(f), free(g);

@@ -113,7 +113,11 @@ static void *load(const dt_st_file *f, const char *file, const char *name, dt_dt
     const dt_st_tensor *t = need(f, file, name, dtype, n);
     if (!t) return NULL;
     void *p = malloc(t->nbytes ? t->nbytes : 1);
-    memcpy(p, t->data, t->nbytes);
+    if (dt_st_read(f, t, 0, numel(t), dtype, p) != DT_OK) {
+        CHECK(0, "%s: '%s': %s", file, name, dt_last_error());
+        free(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -150,7 +154,7 @@ static dt_model *build_model(const dt_st_file *f, const char *file, const char *
         int same = t->ndim == ti->ndim;
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ti->shape[d];
         CHECK(same, "%s: '%s' has a different shape from the model's", file, name);
-        memcpy(params + ti->offset, t->data, t->nbytes);
+        CHECK(dt_st_read(f, t, 0, ti->numel, DT_F32, params + ti->offset) == DT_OK, "%s: %s", file, dt_last_error());
     }
     size_t bad = 0;
     for (size_t j = 0; j < dt_model_num_params(m); j++) bad += !isfinite(params[j]);

@@ -3,6 +3,8 @@
 #ifndef DT_TESTLIB_H
 #define DT_TESTLIB_H
 
+#include "dtrain/ckpt.h"
+
 #include <stddef.h>
 #include <stdio.h>
 
@@ -70,6 +72,9 @@ void tl_make_images(const char *dir, const char *prefix, int n, unsigned long lo
  * d >= 0) fails: test `d >= 0 && d <= tol` or `d > x`, never `!(d > tol)`
  * or `d != 0`. *bitwise says whether every byte agrees. */
 double tl_weights_diff(const char *a, const char *b, int *bitwise);
+/* Tensor t of f, its bytes read whole into a buffer that lives until
+ * tl_finish (NULL after a failed CHECK). */
+const void *tl_st_data(const dt_st_file *f, const dt_st_tensor *t);
 
 /* tl_weights_diff of the final weights of the runs DIR/a and DIR/b. */
 double tl_runs_diff(const char *dir, const char *a, const char *b, int *bitwise);

@@ -24,7 +24,10 @@ typedef struct {
     dt_dtype dtype;
     int ndim;
     int64_t shape[8];
-    const void *data;  /* nbytes of raw little-endian elements */
+    /* To write: nbytes of raw little-endian elements. A file's tensor
+     * (dt_st_get, dt_st_find): NULL; its bytes stay in the file, read with
+     * dt_st_read or dt_st_scan. */
+    const void *data;
     size_t nbytes;
 } dt_st_tensor;
 
@@ -47,25 +50,49 @@ DT_API dt_status dt_st_header(const char *path, const dt_st_tensor *tensors, int
 
 typedef struct dt_st_file dt_st_file;
 
-/* Reads and validates a whole file: header length, JSON, dtypes, shapes
- * against byte ranges, ranges inside the file and not overlapping. */
+/* Opens a file and validates its header: the 8-byte length (checked
+ * against the file's size and DT_ST_MAX_HEADER before anything is
+ * allocated), the JSON, dtypes, shapes against byte ranges, ranges inside
+ * the file and not overlapping. Only the header is read: the file holds the
+ * header and a descriptor, whatever the file's size; the data is read with
+ * dt_st_read (ranges) and dt_st_scan (every byte once, in pieces). */
 DT_API dt_status dt_st_open(dt_st_file **out, const char *path);
-/* The same from a buffer, which is copied; `what` names it in errors. */
+/* The same over a buffer, which is copied; `what` names it in errors. */
 DT_API dt_status dt_st_parse(dt_st_file **out, const uint8_t *buf, size_t len,
                              const char *what);
+#define DT_ST_MAX_HEADER ((uint64_t)100 << 20)
 DT_API void dt_st_close(dt_st_file *f);
 DT_API int dt_st_count(const dt_st_file *f);
 DT_API const dt_st_tensor *dt_st_get(const dt_st_file *f, int i);
 DT_API const dt_st_tensor *dt_st_find(const dt_st_file *f, const char *name);
 /* Metadata value for key, or NULL. */
 DT_API const char *dt_st_meta_get(const dt_st_file *f, const char *key);
+/* Elements [first, first + n) of t (a tensor of f) into dst, as `as`: t's
+ * own dtype (its bytes as stored), F32 from BF16 or F16, or BF16 / F16 from
+ * F32 (rounded to nearest even). Reads only those bytes (pread); a
+ * conversion goes through a buffer of 64 Ki elements. DT_ERR_ARG: a range
+ * outside t, a tensor of another file, a conversion not listed; DT_ERR_IO: a
+ * failed read (a file cut short since it was opened). */
+DT_API dt_status dt_st_read(const dt_st_file *f, const dt_st_tensor *t, size_t first, size_t n, dt_dtype as,
+                            void *dst);
+/* The streaming pass: every tensor's bytes once, read DT_ST_PIECE bytes at
+ * a time into one buffer (never the whole file), in the order order[]
+ * (dt_st_count(f) tensors of f, each once; NULL: as they lie on disk);
+ * fn(user, t, at, bytes, len) sees each piece (at: its byte offset in t; an
+ * empty tensor gets one call with len 0; fn may be NULL), and a status other
+ * than DT_OK from it stops the pass. The pass counts the NaN and Inf values
+ * too, which dt_st_check_finite then reports without reading again. */
+#define DT_ST_PIECE ((size_t)16 << 20)
+typedef dt_status (*dt_st_piece_fn)(void *user, const dt_st_tensor *t, size_t at, const void *bytes, size_t len);
+DT_API dt_status dt_st_scan(dt_st_file *f, const dt_st_tensor *const *order, dt_st_piece_fn fn, void *user);
 /* How many of n values of type (F32, BF16, F16; others: 0) are NaN or Inf. */
 DT_API size_t dt_count_nonfinite(const void *data, size_t n, dt_dtype type);
 /* DT_ERR_NUMERIC naming the first tensor of f with a NaN or Inf and how
  * many f holds, else DT_OK: weights a checksum vouches for may still be
  * the result of a diverged run, which resume, export, eval and init_from
- * refuse (inspect says so). */
-DT_API dt_status dt_st_check_finite(const dt_st_file *f, const char *path);
+ * refuse (inspect says so). The count is the streaming pass's (dt_st_scan;
+ * one is made when none was). */
+DT_API dt_status dt_st_check_finite(dt_st_file *f, const char *path);
 
 /* Saves every parameter tensor of m under its name (dt_model_tensor). */
 DT_API dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, int nmeta);
@@ -157,8 +184,9 @@ typedef struct {
  * shard-R-of-W.safetensors per rank (its slice of the parameter block and
  * of the optimizer state, with the same metadata), index.json (the model's
  * tensors and the slices) and COMPLETE, written last, once every shard is
- * durable. dt_ckpt_read and everything below read either kind; a sharded
- * one is gathered whole, so it resumes on any number of workers. Rank r of
+ * durable. dt_ckpt_read and everything below read either kind (a rank
+ * reads the ranges it holds, from a whole file or from the shards), so
+ * either resumes on any number of workers. Rank r of
  * W holds dt_shard_range(n, r, W) of the n parameters (core.h). */
 
 /* Writes a checkpoint atomically (temp file, fsync, rename, fsync dir). */

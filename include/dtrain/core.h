@@ -267,6 +267,9 @@ DT_API void dt_atomic_abort(dt_atomic_file *f);
 DT_API dt_status dt_open_read(const char *path, int *fd);
 /* The same as a stream ("rb"); NULL with the error recorded. */
 DT_API FILE *dt_fopen_read(const char *path);
+/* Bytes [off, off + n) of fd (pread, retried until all are read) into dst;
+ * DT_ERR_IO naming path on a failed read or a file that ends before. */
+DT_API dt_status dt_read_at(int fd, uint64_t off, void *dst, size_t n, const char *path);
 /* Opens or creates path for reading and writing (flags: O_APPEND, O_TRUNC
  * to empty it once checked, or 0), refusing a symbolic link as its last
  * component and anything but a regular file: a planted link never

@@ -298,8 +298,8 @@ typedef dt_status (*dt_gpt_reduce_fn)(float *buf, size_t n, int max, void *user)
 DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt_acts_params *acts,
                                      int tp);
 /* The shard's rank; *ntp the number of shards (1: a whole model). A shard
- * cannot be saved or loaded (dt_gpt_save, dt_gpt_load): copy to and from a
- * whole block instead. */
+ * cannot be saved (dt_gpt_save: copy its part into a whole block instead,
+ * dt_gpt_part_fill); dt_gpt_load gives it its part. */
 DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
 /* The elements [lo, hi) of a whole model's block that model m (a shard,
  * or a model that keeps some blocks: dt_gpt_set_held) holds in its block
@@ -342,12 +342,31 @@ DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_m
  * its magic number); their sizes must equal the model's. The sizes a file
  * claims are checked against its bytes, and every tensor's shape, before
  * anything is copied or allocated; a safetensors file that is a checkpoint
- * is verified first (dt_model_load). */
+ * is verified first (dt_model_load), and values NaN or Inf are refused
+ * (dt_gpt_weights_open). Only what m keeps is read, straight into its
+ * block: a model that keeps some blocks (dt_gpt_set_held) reads those
+ * ranges; a tensor-parallel shard reads the whole block 16 MiB at a time
+ * and keeps its part of each piece (dt_gpt_part_take). */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
 /* The same without a model: writes a parameter block of config c, and reads
  * one (either format) into *params (dt_alloc'ed; free with dt_free) and *c. */
 DT_API dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *c, const float *params);
 DT_API dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params);
+/* GPT weights open for reading ranges of their block (either format; a
+ * safetensors checkpoint, file or sharded directory, is verified): the
+ * header is read, the values are streamed once in pieces of DT_ST_PIECE
+ * bytes (their NaN and Inf refused: DT_ERR_NUMERIC) and left on disk; *c
+ * gets the sizes. dt_gpt_weights_read reads elements [lo, hi) of the whole
+ * block into dst. Memory: the headers, and the pieces. */
+typedef struct dt_gpt_weights dt_gpt_weights;
+DT_API dt_status dt_gpt_weights_open(dt_gpt_weights **out, const char *path, dt_gpt_config *c);
+DT_API dt_status dt_gpt_weights_read(const dt_gpt_weights *w, size_t lo, size_t hi, float *dst);
+DT_API void dt_gpt_weights_close(dt_gpt_weights *w);
+/* `dtrain convert`: the weights of `in` written to `out` as an llm.c file
+ * (to_llmc) or as safetensors, the same bytes dt_llmc_write and
+ * dt_gpt_weights_save write, a piece of DT_ST_PIECE bytes at a time (no
+ * whole block); *c gets the sizes. */
+DT_API dt_status dt_gpt_weights_convert(const char *in, const char *out, int to_llmc, dt_gpt_config *c);
 /* Shapes and block offsets of the 16 tensors of a config (names as above). */
 DT_API void dt_gpt_param_shapes(const dt_gpt_config *c, dt_tensor_info t[16]);
 /* Reads only the sizes of a weights file (safetensors or llm.c). */

@@ -38,25 +38,68 @@ static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp((*(const dt_st_tensor *const *)a)->name, (*(const dt_st_tensor *const *)b)->name);
 }
 
-// CRC-32C over the tensors in name order (name, dtype, shape, bytes), the
-// metadata values in key order, then the scaler's value (NULL: none).
-static uint32_t checksum(const dt_st_tensor *const *t, int n, const char *const *vals, const char *scaler) {
+// The checksum: a CRC-32C over the tensors in name order (each one's name,
+// dtype, shape, then bytes), the metadata values in key order, then the
+// scaler's value (NULL: none).
+static uint32_t crc_head(uint32_t c, const dt_st_tensor *t) {
+    c = dt_crc32c(c, t->name, strlen(t->name) + 1);
+    int32_t d[2] = {(int32_t)t->dtype, t->ndim};
+    c = dt_crc32c(c, d, sizeof d);
+    return dt_crc32c(c, t->shape, sizeof(int64_t) * t->ndim);
+}
+
+static uint32_t crc_meta(uint32_t c, const char *const *vals, const char *scaler) {
+    for (int k = 0; k < NKEYS; k++) c = dt_crc32c(c, vals[k], strlen(vals[k]) + 1);
+    return scaler ? dt_crc32c(c, scaler, strlen(scaler) + 1) : c;
+}
+
+// t[n] sorted by name, in a malloc'd array; NULL (recorded) when out of memory.
+static const dt_st_tensor **by_name(const dt_st_tensor *const *t, int n, const char *what) {
     const dt_st_tensor **s = malloc(sizeof *s * (n > 0 ? n : 1));
-    if (!s) return 0;
+    if (!s) {
+        dt_error(DT_ERR_NOMEM, "%s: out of memory", what);
+        return NULL;
+    }
     memcpy(s, t, sizeof *s * n);
     qsort(s, n, sizeof *s, cmp_tensor_name);
+    return s;
+}
+
+// The checksum of tensors whose bytes are in memory (a checkpoint being written).
+static dt_status checksum(const dt_st_tensor *const *t, int n, const char *const *vals, const char *scaler,
+                          const char *what, uint32_t *out) {
+    const dt_st_tensor **s = by_name(t, n, what);
+    if (!s) return DT_ERR_NOMEM;
     uint32_t c = 0;
-    for (int i = 0; i < n; i++) {
-        c = dt_crc32c(c, s[i]->name, strlen(s[i]->name) + 1);
-        int32_t d[2] = {(int32_t)s[i]->dtype, s[i]->ndim};
-        c = dt_crc32c(c, d, sizeof d);
-        c = dt_crc32c(c, s[i]->shape, sizeof(int64_t) * s[i]->ndim);
-        c = dt_crc32c(c, s[i]->data, s[i]->nbytes);
-    }
-    for (int k = 0; k < NKEYS; k++) c = dt_crc32c(c, vals[k], strlen(vals[k]) + 1);
-    if (scaler) c = dt_crc32c(c, scaler, strlen(scaler) + 1);
+    for (int i = 0; i < n; i++) c = dt_crc32c(crc_head(c, s[i]), s[i]->data, s[i]->nbytes);
+    *out = crc_meta(c, vals, scaler);
     free(s);
-    return c;
+    return DT_OK;
+}
+
+static dt_status crc_piece(void *user, const dt_st_tensor *t, size_t at, const void *bytes, size_t len) {
+    uint32_t *c = user;
+    if (at == 0) *c = crc_head(*c, t);
+    *c = dt_crc32c(*c, bytes, len);
+    return DT_OK;
+}
+
+// The checksum of a file's tensors, read in the streaming pass (dt_st_scan,
+// which counts the NaN and Inf values on the way).
+static dt_status checksum_file(dt_st_file *f, const char *const *vals, const char *scaler, const char *what,
+                               uint32_t *out) {
+    int n = dt_st_count(f);
+    const dt_st_tensor **tp = malloc(sizeof *tp * (n > 0 ? n : 1)), **s = NULL;
+    if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", what);
+    for (int i = 0; i < n; i++) tp[i] = dt_st_get(f, i);
+    s = by_name(tp, n, what);
+    free(tp);
+    if (!s) return DT_ERR_NOMEM;
+    uint32_t c = 0;
+    dt_status st = dt_st_scan(f, s, crc_piece, &c);
+    free(s);
+    *out = crc_meta(c, vals, scaler);
+    return st;
 }
 
 // FNV-1a of the config text: a short name for "the same config".
@@ -85,18 +128,18 @@ static int holds_all(const dt_ckpt_model *m) {
     return plo == 0 && phi == m->nparams && slo == 0 && shi == m->nparams;
 }
 
-// The part of src, block positions [lo, hi), that falls inside [dlo, dhi),
-// into dst (dst[0] is position dlo).
-static void copy_overlap(float *dst, size_t dlo, size_t dhi, const void *src, size_t lo, size_t hi) {
+// The part of tensor t of f, block positions [lo, hi), that falls inside
+// [dlo, dhi), read into dst (dst[0] is position dlo): only those bytes.
+static dt_status read_overlap(float *dst, size_t dlo, size_t dhi, const dt_st_file *f, const dt_st_tensor *t,
+                              size_t lo, size_t hi) {
     size_t a = lo > dlo ? lo : dlo, b = hi < dhi ? hi : dhi;
-    if (a < b) memcpy(dst + (a - dlo), (const float *)src + (a - lo), sizeof(float) * (b - a));
+    return a < b ? dt_st_read(f, t, a - lo, b - a, DT_F32, dst + (a - dlo)) : DT_OK;
 }
 
 // Writes tensors t[n] with the training state as metadata and the checksum.
 // shard: "" for a whole checkpoint, "BEGIN:END:NPARAMS:RANK:WORLD" for a shard.
-// mem: NULL to write path, else the file is built in memory (path names it).
 static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, const dt_ckpt_model *m,
-                            const dt_train_state *s, const char *shard, dt_st_file **mem) {
+                            const dt_train_state *s, const char *shard) {
     const dt_st_tensor **tp = calloc((size_t)n, sizeof *tp);
     if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n; i++) tp[i] = &t[i];
@@ -130,18 +173,20 @@ static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, cons
     if (s->loss_scale > 0)
         snprintf(scaler, sizeof scaler, "%a %" PRId64 " %" PRId64, (double)s->loss_scale, s->scale_clean,
                  s->scale_skipped);
-    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals, *scaler ? scaler : NULL));
+    uint32_t sum = 0;
+    dt_status st = checksum(tp, n, vals, *scaler ? scaler : NULL, path, &sum);
     free(tp);
+    if (st != DT_OK) return st;
+    snprintf(crc, sizeof crc, "%08x", sum);
     dt_st_meta meta[NKEYS + 2];
     for (int k = 0; k < NKEYS; k++) meta[k] = (dt_st_meta){keys[k], vals[k]};
     meta[NKEYS] = (dt_st_meta){"checksum", crc};
     int nmeta = NKEYS + 1;
     if (*scaler) meta[nmeta++] = (dt_st_meta){KEY_SCALER, scaler};
-    return mem ? dt_st_build(mem, t, n, meta, nmeta, path) : dt_st_write(path, t, n, meta, nmeta);
+    return dt_st_write(path, t, n, meta, nmeta);
 }
 
-// A whole checkpoint of m and s: written to path, or built in memory (mem).
-static dt_status whole_ckpt(const char *path, const dt_ckpt_model *m, const dt_train_state *s, dt_st_file **mem) {
+dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s) {
     int n = m->ntensors + m->nstates + 1;
     if (m->ntensors < 0 || n > MAX_TENSORS) return dt_error(DT_ERR_ARG, "%s: %d tensors", path, m->ntensors);
     if (!holds_all(m))
@@ -161,13 +206,9 @@ static dt_status whole_ckpt(const char *path, const dt_ckpt_model *m, const dt_t
         t[m->ntensors + j] = (dt_st_tensor){state_names[j], DT_F32, 1, {(int64_t)m->nparams}, m->states[j],
                                             m->nparams * sizeof(float)};
     t[n - 1] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
-    dt_status st = write_ckpt(path, t, n, m, s, "", mem);
+    dt_status st = write_ckpt(path, t, n, m, s, "");
     free(t);
     return st;
-}
-
-dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s) {
-    return whole_ckpt(path, m, s, NULL);
 }
 
 // m's extra tensors (the state a rank keeps for itself) into t, *n of
@@ -199,17 +240,19 @@ static dt_status write_shard(const char *path, const dt_ckpt_model *m, const dt_
     n += nx;
     char shard[128];
     snprintf(shard, sizeof shard, "%zu:%zu:%zu:%d:%d", begin, end, m->nparams, rank, world);
-    return write_ckpt(path, t, n, m, s, shard, NULL);
+    return write_ckpt(path, t, n, m, s, shard);
 }
 
 // ----------------------------------------------------------------------------
 // the one verified reader
 //
 // Every reader of a checkpoint or weights file (resume, eval, sample,
-// convert, inspect, export) opens it through open_verified: a sharded
-// checkpoint's directory is gathered whole in memory from its index and its
-// verified shards; a file that carries a checkpoint's metadata is verified
-// (format version, checksum, every value in range) before anyone uses it.
+// convert, inspect, export, init_from) opens it through open_verified: a
+// sharded checkpoint's directory becomes a view of its verified shards
+// (gather); a file that carries a checkpoint's metadata is verified (format
+// version, checksum, every value in range) before anyone uses it. None is
+// read into memory: the verification streams it a piece at a time, then
+// each reader reads the ranges it needs (dt_st_read).
 
 // Limits of the integers a checkpoint or its index may hold: beyond them a
 // value is damage, not a run, and arithmetic on it could wrap around.
@@ -300,11 +343,12 @@ static dt_status parse_state(const char **vals, const char *scaler, const char *
 enum { KIND_WEIGHTS, KIND_WHOLE, KIND_SHARD };
 
 // Verifies f, which looks like a checkpoint: a format version this build
-// reads, every metadata key, the checksum, then the values the checksum
-// covers (format, training state, optimizer step) in range. vals gets the
-// metadata values, *s the training state, *kind whole or shard.
-static dt_status check_ckpt(const dt_st_file *f, const char *path, const char **vals, dt_train_state *s,
-                            int *kind) {
+// reads, every metadata key, the checksum (the streaming pass: the file is
+// read once, a piece at a time, and the NaN/Inf count comes with it), then
+// the values the checksum covers (format, training state, optimizer step) in
+// range. vals gets the metadata values, *s the training state, *kind whole
+// or shard.
+static dt_status check_ckpt(dt_st_file *f, const char *path, const char **vals, dt_train_state *s, int *kind) {
     int64_t ver;
     const char *v = dt_st_meta_get(f, "format_version");
     if (!parse_i64(v, &ver))
@@ -314,14 +358,11 @@ static dt_status check_ckpt(const dt_st_file *f, const char *path, const char **
                         (long long)ver, dt_version(), DT_CKPT_VERSION);
     dt_status st = get_meta(f, path, vals);
     if (st != DT_OK) return st;
-    int n = dt_st_count(f);
-    const dt_st_tensor **tp = malloc(sizeof *tp * (n > 0 ? n : 1));
-    if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    for (int i = 0; i < n; i++) tp[i] = dt_st_get(f, i);
     char crc[16];
     const char *scaler = dt_st_meta_get(f, KEY_SCALER);
-    snprintf(crc, sizeof crc, "%08x", checksum(tp, n, vals, scaler));
-    free(tp);
+    uint32_t sum = 0;
+    if ((st = checksum_file(f, vals, scaler, path, &sum)) != DT_OK) return st;
+    snprintf(crc, sizeof crc, "%08x", sum);
     const char *want = dt_st_meta_get(f, "checksum");
     if (!want || strcmp(want, crc))
         return dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (stored %.16s, computed %s): the file is damaged", path,
@@ -336,8 +377,9 @@ static dt_status check_ckpt(const dt_st_file *f, const char *path, const char **
     if ((st = parse_state(vals, scaler, path, s)) != DT_OK) return st;
     const dt_st_tensor *step;
     int64_t one = 1, opt_step;
-    if ((st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) != DT_OK) return st;
-    memcpy(&opt_step, step->data, sizeof opt_step);
+    if ((st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) != DT_OK ||
+        (st = dt_st_read(f, step, 0, 1, DT_I64, &opt_step)) != DT_OK)
+        return st;
     if (opt_step < 0 || opt_step > MAX_COUNT)
         return dt_error(DT_ERR_FORMAT, "%s: tensor 'optimizer.step' is %lld, expected 0 to %lld", path,
                         (long long)opt_step, (long long)MAX_COUNT);
@@ -350,15 +392,18 @@ static int is_dir(const char *path) {
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-static dt_status gather(const char *dir, dt_st_file **out);
+static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind);
 
-// Opens path (a file, or a sharded checkpoint's directory, gathered whole)
-// and verifies it when it is a checkpoint. *kind: KIND_WEIGHTS (vals and *s
-// untouched), KIND_WHOLE or KIND_SHARD.
+// Opens path (a file, or a sharded checkpoint's directory, gathered as a
+// view of its verified shards) and verifies it when it is a checkpoint.
+// *kind: KIND_WEIGHTS (vals and *s untouched), KIND_WHOLE or KIND_SHARD.
+// The checkpoint's values are read only as far as the checksum needs (a
+// piece at a time); the caller reads the ranges it needs (dt_st_read).
 static dt_status open_verified(const char *path, dt_st_file **out, const char **vals, dt_train_state *s,
                                int *kind) {
+    if (is_dir(path)) return gather(path, out, vals, s, kind);
     dt_st_file *f;
-    dt_status st = is_dir(path) ? gather(path, &f) : dt_st_open(&f, path);
+    dt_status st = dt_st_open(&f, path);
     if (st != DT_OK) return st;
     *kind = KIND_WEIGHTS;
     if (looks_like_ckpt(f) && (st = check_ckpt(f, path, vals, s, kind)) != DT_OK) {
@@ -439,13 +484,15 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
     if (st == DT_OK) st = check_config(m, path, vals);
     if (st == DT_OK) st = dt_st_check_finite(f, path);
     if (st != DT_OK) goto done;
+    // Only this rank's part of each tensor is read (its slice: held()).
     size_t plo, phi, slo, shi;
     held(m, &plo, &phi, &slo, &shi);
-    for (int i = 0; i < m->ntensors; i++)
-        copy_overlap(m->params, plo, phi, w[i]->data, m->tensors[i].offset, m->tensors[i].offset + m->tensors[i].numel);
-    for (int j = 0; j < m->nstates; j++) copy_overlap(m->states[j], slo, shi, states[j]->data, 0, m->nparams);
-    memcpy(m->opt_step, step->data, sizeof(int64_t));
-    *s = ns;
+    for (int i = 0; i < m->ntensors && st == DT_OK; i++)
+        st = read_overlap(m->params, plo, phi, f, w[i], m->tensors[i].offset, m->tensors[i].offset + m->tensors[i].numel);
+    for (int j = 0; j < m->nstates && st == DT_OK; j++)
+        st = read_overlap(m->states[j], slo, shi, f, states[j], 0, m->nparams);
+    if (st == DT_OK) st = dt_st_read(f, step, 0, 1, DT_I64, m->opt_step);
+    if (st == DT_OK) *s = ns;
 done:
     dt_st_close(f);
     return st;
@@ -733,6 +780,53 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
     return st;
 }
 
+// Shard r of ix, open in *out once verified (its checksum, its values
+// finite: the streaming pass) and checked against the index and, for r > 0,
+// against shard 0's training state *s0; vals gets its metadata, *ns its
+// training state; sp[n] its path.
+static dt_status open_shard(const char *dir, const ckpt_index *ix, int r, const dt_train_state *s0,
+                            dt_st_file **out, const char **vals, dt_train_state *ns, char *sp, size_t n) {
+    size_t b = ix->shards[r].begin, e = ix->shards[r].end, np = (size_t)ix->nparams;
+    snprintf(sp, n, "%s/%s", dir, ix->shards[r].file);
+    dt_st_file *f;
+    int kind;
+    dt_status st = open_verified(sp, &f, vals, ns, &kind);
+    if (st != DT_OK) return st;
+    char want[128];
+    snprintf(want, sizeof want, "%zu:%zu:%zu:%d:%lld", b, e, np, r, (long long)ix->world);
+    int64_t len = (int64_t)(e - b), one = 1;
+    const dt_st_tensor *t;
+    if ((st = dt_st_check_finite(f, sp)) != DT_OK) {
+    } else if (kind != KIND_SHARD)
+        st = dt_error(DT_ERR_FORMAT, "%s: not a checkpoint shard", sp);
+    else if (strcmp(vals[K_SHARD], want))
+        st = dt_error(DT_ERR_FORMAT, "%s: holds slice %.40s, the index says %s", sp, vals[K_SHARD], want);
+    else if (strcmp(vals[K_OPTIMIZER], ix->optimizer))
+        st = dt_error(DT_ERR_FORMAT, "%s: written with optimizer '%.40s', the index says '%.40s'", sp,
+                      vals[K_OPTIMIZER], ix->optimizer);
+    else if (ns->step != ix->step)
+        st = dt_error(DT_ERR_FORMAT, "%s: step %lld, the index says %lld", sp, (long long)ns->step,
+                      (long long)ix->step);
+    else if (r > 0 && memcmp(ns, s0, sizeof *ns))
+        st = dt_error(DT_ERR_FORMAT, "%s: a training state that differs from shard 0's", sp);
+    if (st == DT_OK) st = dt_st_expect(f, sp, "params", DT_F32, 1, &len, DT_ERR_FORMAT, &t);
+    for (int j = 0; j < ix->nstates && st == DT_OK; j++)
+        st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_FORMAT, &t);
+    if (st == DT_OK) st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &t);
+    if (st != DT_OK) {
+        dt_st_close(f);
+        return st;
+    }
+    *out = f;
+    return DT_OK;
+}
+
+// Whether shard r ([b, e)) gives the optimizer's step count of a reader
+// whose part starts at block position lo: the shard that holds element lo
+// (shard 0's for an empty range), since writers that count apart (the
+// parameter servers) each keep their own.
+static int step_from(int r, size_t b, size_t e, size_t lo) { return r == 0 || (b <= lo && lo < e); }
+
 // Every shard of ix, verified, into dst's buffers: the part of each shard
 // that falls inside what dst holds (held(); its params, states and
 // opt_step are written, nothing else is read from it); the training state
@@ -740,48 +834,19 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
 static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckpt_model *dst, dt_train_state *s) {
     size_t plo, phi, slo, shi;
     held(dst, &plo, &phi, &slo, &shi);
-    size_t np = (size_t)ix->nparams;
     dt_status st = DT_OK;
     for (int r = 0; r < (int)ix->world && st == DT_OK; r++) {
         size_t b = ix->shards[r].begin, e = ix->shards[r].end;
         char sp[4500];
-        snprintf(sp, sizeof sp, "%s/%s", dir, ix->shards[r].file);
         dt_st_file *f;
         const char *vals[NKEYS];
         dt_train_state ns;
-        int kind;
-        if ((st = open_verified(sp, &f, vals, &ns, &kind)) != DT_OK) break;
-        if ((st = dt_st_check_finite(f, sp)) != DT_OK) {
-            dt_st_close(f);
-            break;
-        }
-        char want[128];
-        snprintf(want, sizeof want, "%zu:%zu:%zu:%d:%lld", b, e, np, r, (long long)ix->world);
-        int64_t len = (int64_t)(e - b), one = 1;
-        const dt_st_tensor *t, *step;
-        if (kind != KIND_SHARD)
-            st = dt_error(DT_ERR_FORMAT, "%s: not a checkpoint shard", sp);
-        else if (strcmp(vals[K_SHARD], want))
-            st = dt_error(DT_ERR_FORMAT, "%s: holds slice %.40s, the index says %s", sp, vals[K_SHARD], want);
-        else if (strcmp(vals[K_OPTIMIZER], ix->optimizer))
-            st = dt_error(DT_ERR_FORMAT, "%s: written with optimizer '%.40s', the index says '%.40s'", sp,
-                          vals[K_OPTIMIZER], ix->optimizer);
-        else if (ns.step != ix->step)
-            st = dt_error(DT_ERR_FORMAT, "%s: step %lld, the index says %lld", sp, (long long)ns.step,
-                          (long long)ix->step);
-        else if (r > 0 && memcmp(&ns, s, sizeof ns))
-            st = dt_error(DT_ERR_FORMAT, "%s: a training state that differs from shard 0's", sp);
-        if (st == DT_OK && (st = dt_st_expect(f, sp, "params", DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
-            copy_overlap(dst->params, plo, phi, t->data, b, e);
+        if ((st = open_shard(dir, ix, r, s, &f, vals, &ns, sp, sizeof sp)) != DT_OK) break;
+        st = read_overlap(dst->params, plo, phi, f, dt_st_find(f, "params"), b, e);
         for (int j = 0; j < ix->nstates && st == DT_OK; j++)
-            if ((st = dt_st_expect(f, sp, state_names[j], DT_F32, 1, &len, DT_ERR_FORMAT, &t)) == DT_OK)
-                copy_overlap(dst->states[j], slo, shi, t->data, b, e);
-        // The step count of the shard that holds the first element read
-        // (shard 0's for an empty range): writers that count apart (the
-        // parameter servers) each keep their own.
-        if (st == DT_OK && (st = dt_st_expect(f, sp, "optimizer.step", DT_I64, 1, &one, DT_ERR_FORMAT, &step)) == DT_OK &&
-            (r == 0 || (b <= plo && plo < e)))
-            memcpy(dst->opt_step, step->data, sizeof(int64_t));
+            st = read_overlap(dst->states[j], slo, shi, f, dt_st_find(f, state_names[j]), b, e);
+        if (st == DT_OK && step_from(r, b, e, plo))
+            st = dt_st_read(f, dt_st_find(f, "optimizer.step"), 0, 1, DT_I64, dst->opt_step);
         if (st == DT_OK && r == 0) *s = ns;
         if (st == DT_OK && r == 0) st = check_config(dst, sp, vals);
         dt_st_close(f);
@@ -905,44 +970,81 @@ const char *dt_st_weights_meta_get(const dt_st_file *f, const char *key, char *b
     return v;
 }
 
-// A sharded checkpoint gathered into one whole checkpoint, in memory.
-static dt_status gather(const char *dir, dt_st_file **out) {
+// A sharded checkpoint gathered into one whole checkpoint: every shard
+// verified (open_shard), then a view of them (dt_st_compose) that has a
+// whole checkpoint's tensors (the model's, each optimizer state, the step
+// count) and metadata (shard 0's, as a whole checkpoint's, with no checksum
+// of its own: each shard's was verified). Nothing is read into memory but
+// the shards' headers; the view reads the shards' bytes when asked.
+static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind) {
     *out = NULL;
     ckpt_index ix;
     dt_status st = index_read(dir, &ix);
     if (st != DT_OK) return st;
+    int W = (int)ix.world;
+    dt_st_file **kids = calloc((size_t)W, sizeof *kids), *v = NULL;
+    if (!kids) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
+    dt_train_state s0 = {0}, ns;
+    const char *kv[NKEYS];
+    char sp[4500];
+    for (int r = 0; r < W && st == DT_OK; r++)
+        if ((st = open_shard(dir, &ix, r, &s0, &kids[r], kv, &ns, sp, sizeof sp)) == DT_OK && r == 0) s0 = ns;
+    cJSON *meta = st == DT_OK ? cJSON_CreateObject() : NULL;
+    if (st == DT_OK) {  // (shard 0's values, kv's the last shard's: the same but for the slice)
+        for (int k = 0; k < NKEYS && meta; k++)
+            if (!cJSON_AddStringToObject(meta, keys[k], k == K_FORMAT ? "dtrain-checkpoint" : k == K_SHARD ? ""
+                                                                                  : dt_st_meta_get(kids[0], keys[k])))
+                cJSON_Delete(meta), meta = NULL;
+        const char *sc = dt_st_meta_get(kids[0], KEY_SCALER);
+        if (meta && sc && !cJSON_AddStringToObject(meta, KEY_SCALER, sc)) cJSON_Delete(meta), meta = NULL;
+        if (meta) {
+            v = dt_st_compose(dir, meta, kids, W);
+            memset(kids, 0, sizeof *kids * (size_t)W);  // (the view's now, or freed by it)
+        }
+        if (!v) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    for (int r = 0; kids && r < W; r++) dt_st_close(kids[r]);
+    free(kids);
     size_t np = (size_t)ix.nparams;
-    int64_t step = 0;
-    float *buf = dt_alloc(sizeof(float) * np * (size_t)(1 + ix.nstates));
-    if (!buf) st = dt_error(DT_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, np);
-    dt_ckpt_model m = {.tensors = ix.tensors, .ntensors = ix.ntensors, .params = buf, .nparams = np,
-                       .nstates = (int)ix.nstates, .opt_step = &step, .optimizer = ix.optimizer};
-    for (int j = 0; j < m.nstates; j++) m.states[j] = buf + np * (size_t)(1 + j);
-    dt_train_state s;
-    if (st == DT_OK) st = load_shards(dir, &ix, &m, &s);
-    // The config and the weights' metadata, from shard 0.
-    dt_st_file *f = NULL;
-    const char *vals[NKEYS];
-    if (st == DT_OK) {
-        char sp[4500];
-        dt_train_state s0;
-        int kind;
-        snprintf(sp, sizeof sp, "%s/%s", dir, ix.shards[0].file);
-        st = open_verified(sp, &f, vals, &s0, &kind);
+    for (int i = 0; i < ix.ntensors && st == DT_OK; i++) {  // the model's tensors from the shards' params
+        const dt_tensor_info *ti = &ix.tensors[i];
+        dt_st_tensor t = {ti->name, DT_F32, ti->ndim, {0}, NULL, ti->numel * sizeof(float)};
+        memcpy(t.shape, ti->shape, sizeof ti->shape);
+        st = dt_st_compose_add(v, &t);
+        for (int r = 0; r < W && st == DT_OK; r++) {
+            size_t b = ix.shards[r].begin, e = ix.shards[r].end, x = ti->offset > b ? ti->offset : b,
+                   y = ti->offset + ti->numel < e ? ti->offset + ti->numel : e;
+            dt_st_file *k = dt_st_compose_kid(v, r);
+            if (x < y) st = dt_st_compose_take(v, k, dt_st_find(k, "params"), x - b, y - x);
+        }
     }
-    if (st == DT_OK) {
-        char *lines = strdup(vals[K_WEIGHTS_META]);
-        dt_st_meta meta[32];
-        m.config = vals[K_CONFIG];
-        m.weights_meta = meta;
-        m.nweights_meta = lines ? parse_wmeta(lines, meta, 32) : 0;
-        st = lines ? whole_ckpt(dir, &m, &s, out) : dt_error(DT_ERR_NOMEM, "out of memory");
-        free(lines);
+    for (int j = 0; j < ix.nstates && st == DT_OK; j++) {
+        st = dt_st_compose_add(v, &(dt_st_tensor){state_names[j], DT_F32, 1, {(int64_t)np}, NULL, np * sizeof(float)});
+        for (int r = 0; r < W && st == DT_OK; r++) {
+            dt_st_file *k = dt_st_compose_kid(v, r);
+            size_t len = ix.shards[r].end - ix.shards[r].begin;
+            if (len) st = dt_st_compose_take(v, k, dt_st_find(k, state_names[j]), 0, len);
+        }
     }
-    dt_st_close(f);
-    dt_free(buf);
+    if (st == DT_OK) st = dt_st_compose_add(v, &(dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, NULL, sizeof(int64_t)});
+    if (st == DT_OK) {
+        int r0 = 0;
+        for (int r = 0; r < W; r++)
+            if (step_from(r, ix.shards[r].begin, ix.shards[r].end, 0)) r0 = r;  // (the last one load_shards would read)
+        dt_st_file *k = dt_st_compose_kid(v, r0);
+        st = dt_st_compose_take(v, k, dt_st_find(k, "optimizer.step"), 0, 1);
+    }
+    if (st == DT_OK) st = dt_st_compose_end(v);
+    if (st == DT_OK) st = get_meta(v, dir, vals);
     index_free(&ix);
-    return st;
+    if (st != DT_OK) {
+        dt_st_close(v);
+        return st;
+    }
+    *s = s0;
+    *kind = KIND_WHOLE;
+    *out = v;
+    return DT_OK;
 }
 
 // Text from the file, escaped for the terminal (dt_escape_text).
@@ -990,10 +1092,23 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
         bytes += t->nbytes;
     }
     fprintf(out, "  %zu bytes of tensor data\n", bytes);
-    if (dt_st_check_finite(f, path) != DT_OK)  // (said, not refused: inspect shows what is there)
+    // One streaming pass gives a file's checksum and its NaN/Inf count (a
+    // checksum that fails before it reads any value leaves the count to a
+    // pass of its own). A sharded checkpoint's shards were verified as it
+    // was gathered.
+    char why[1024] = "";
+    if (is_ckpt && !sharded && (st = check_ckpt(f, path, vals, &s, &kind)) != DT_OK)
+        snprintf(why, sizeof why, "%s", dt_last_error());
+    dt_status fin = dt_st_check_finite(f, path);
+    if (fin == DT_ERR_NUMERIC)  // (said, not refused: inspect shows what is there)
         fprintf(out, "  values: %s\n", esc(e1, sizeof e1, strchr(dt_last_error(), ' ') + 1));
-    if (is_ckpt && !sharded && (st = check_ckpt(f, path, vals, &s, &kind)) != DT_OK) {
-        fprintf(out, "  checksum: FAILED: %s\n", esc(e1, sizeof e1, dt_last_error()));
+    if (*why) {
+        fprintf(out, "  checksum: FAILED: %s\n", esc(e1, sizeof e1, why));
+        dt_error(st, "%s", why);
+    } else if (fin != DT_OK && fin != DT_ERR_NUMERIC) {
+        st = fin;  // (the file could not be read to its end)
+    } else if (is_ckpt && sharded) {
+        fprintf(out, "  checksums: ok (every shard's)\n");
     } else if (is_ckpt) {
         fprintf(out, "  checksum %s: ok\n", esc(e1, sizeof e1, dt_st_meta_get(f, "checksum")));
     }
@@ -1003,6 +1118,19 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
 
 dt_status dt_ckpt_export_weights(const char *ckpt, const char *out) {
     return dt_ckpt_export_weights_as(ckpt, out, DT_F32);
+}
+
+// A tensor's bytes from f appended to w, converted to `as`, DT_ST_PIECE
+// bytes of it at a time through buf.
+static dt_status copy_tensor(dt_atomic_file *w, const dt_st_file *f, const dt_st_tensor *t, dt_dtype as, void *buf) {
+    size_t es = dt_dtype_size(as), n = t->nbytes / dt_dtype_size(t->dtype),
+           piece = DT_ST_PIECE / (es > dt_dtype_size(t->dtype) ? es : dt_dtype_size(t->dtype));
+    dt_status st = DT_OK;
+    for (size_t a = 0, m; a < n && st == DT_OK; a += m) {
+        m = n - a < piece ? n - a : piece;
+        if ((st = dt_st_read(f, t, a, m, as, buf)) == DT_OK) st = dt_atomic_append(w, buf, m * es);
+    }
+    return st;
 }
 
 dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype type) {
@@ -1019,53 +1147,42 @@ dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype 
         dt_st_close(f);
         return st;
     }
+    // The weights' tensors as they will be written (16-bit weights: the F32
+    // tensors converted), their data unread until the copy.
     int n = 0;
     dt_st_tensor *t = calloc((size_t)dt_st_count(f) + 1, sizeof *t);
-    if (!t) {
-        dt_st_close(f);
-        return dt_error(DT_ERR_NOMEM, "%s: out of memory", ckpt);
-    }
-    for (int i = 0; i < dt_st_count(f); i++)
-        if (strncmp(dt_st_get(f, i)->name, "optimizer.", 10)) t[n++] = *dt_st_get(f, i);
-    // 16-bit weights: the F32 tensors converted, in one buffer.
-    size_t half = 0;
-    for (int i = 0; type != DT_F32 && i < n; i++)
-        if (t[i].dtype == DT_F32) half += t[i].nbytes / 2;
-    uint16_t *conv = half ? malloc(half + 2) : NULL;
-    if (half && !conv) {
-        free(t);
-        dt_st_close(f);
-        return dt_error(DT_ERR_NOMEM, "%s: out of memory", ckpt);
-    }
-    size_t at = 0;
-    for (int i = 0; half && i < n; i++) {
-        if (t[i].dtype != DT_F32) continue;
-        size_t ne = t[i].nbytes / 4;
-        float *tmp = malloc(ne * sizeof(float) + 1);  // the mapped data may not be aligned for floats
-        if (!tmp) {
-            free(conv), free(t);
-            dt_st_close(f);
-            return dt_error(DT_ERR_NOMEM, "%s: out of memory", ckpt);
-        }
-        memcpy(tmp, t[i].data, t[i].nbytes);
-        dt_from_f32(conv + at, tmp, ne, type);
-        free(tmp);
-        t[i].dtype = type;
-        t[i].data = conv + at;
-        t[i].nbytes = ne * 2;
-        at += ne;
+    const dt_st_tensor **src = calloc((size_t)dt_st_count(f) + 1, sizeof *src);
+    void *buf = dt_alloc(DT_ST_PIECE);
+    char *lines = strdup(vals[K_WEIGHTS_META]), *hdr = NULL;
+    if (!t || !src || !buf || !lines) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", ckpt);
+    for (int i = 0; i < dt_st_count(f) && st == DT_OK; i++) {
+        if (!strncmp(dt_st_get(f, i)->name, "optimizer.", 10)) continue;
+        src[n] = dt_st_get(f, i);
+        t[n] = *src[n];
+        if (t[n].dtype == DT_F32 && type != DT_F32) t[n].dtype = type, t[n].nbytes /= 2;
+        n++;
     }
     // The weights file's own metadata, then ours where it has none.
-    char *lines = strdup(vals[K_WEIGHTS_META]);
     dt_st_meta meta[35];
     int nm = lines ? parse_wmeta(lines, meta, 32) : 0, has_format = 0;
     for (int i = 0; i < nm; i++) has_format |= !strcmp(meta[i].key, "format");
     if (!has_format) meta[nm++] = (dt_st_meta){"format", "dtrain-weights"};
     meta[nm++] = (dt_st_meta){"dtrain_version", dt_version()};
     meta[nm++] = (dt_st_meta){"step", vals[K_STEP]};
-    st = lines ? dt_st_write(out, t, n, meta, nm) : dt_error(DT_ERR_NOMEM, "out of memory");
+    // The header, then each tensor a piece at a time: what dt_st_write
+    // writes, never held whole.
+    size_t hlen;
+    dt_atomic_file *w = NULL;
+    if (st == DT_OK && (st = dt_st_header(out, t, n, meta, nm, &hdr, &hlen)) == DT_OK &&
+        (st = dt_atomic_open(&w, out)) == DT_OK)
+        st = dt_atomic_append(w, hdr, hlen);
+    for (int i = 0; i < n && st == DT_OK; i++) st = copy_tensor(w, f, src[i], t[i].dtype, buf);
+    if (w && st == DT_OK) st = dt_atomic_commit(w);
+    else dt_atomic_abort(w);
+    free(hdr);
     free(lines);
-    free(conv);
+    dt_free(buf);
+    free(src);
     free(t);
     dt_st_close(f);
     return st;
@@ -1437,7 +1554,7 @@ dt_status dt_ckpt_write_own(const char *dir, const dt_ckpt_model *m, const dt_tr
     if ((st = extra_tensors(m, t + 1, path, &nx)) != DT_OK) return st;
     char shard[128];  // a shard of none of the parameters
     snprintf(shard, sizeof shard, "0:0:%zu:%d:%d", m->nparams, rank, world);
-    return write_ckpt(path, t, 1 + nx, m, s, shard, NULL);
+    return write_ckpt(path, t, 1 + nx, m, s, shard);
 }
 
 dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *parts) {

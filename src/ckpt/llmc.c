@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define HEADER_INTS 256
 #define HEADER_BYTES (HEADER_INTS * 4)
@@ -23,8 +25,9 @@ static int32_t rd32(const uint8_t *p) {
     return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
 
-dt_status dt_llmc_parse(const uint8_t *buf, size_t len, const char *what, dt_gpt_config *c,
-                        const float **params) {
+// The header at buf (HEADER_BYTES of them, when len allows) of an llm.c
+// file of len bytes: *c, every size checked against len.
+static dt_status llmc_header(const uint8_t *buf, size_t len, const char *what, dt_gpt_config *c) {
     if (len < HEADER_BYTES)
         return dt_error(DT_ERR_FORMAT, "%s: %zu bytes is shorter than the %d-byte header of an llm.c checkpoint (truncated?)",
                         what, len, HEADER_BYTES);
@@ -47,15 +50,28 @@ dt_status dt_llmc_parse(const uint8_t *buf, size_t len, const char *what, dt_gpt
         return dt_error(DT_ERR_FORMAT, "%s: header describes %zu parameters (%zu bytes) but the file has %zu bytes (%s)",
                         what, np, want, len, len < want ? "truncated" : "trailing data");
     *c = g;
-    *params = (const float *)(buf + HEADER_BYTES);
     return DT_OK;
+}
+
+dt_status dt_llmc_parse(const uint8_t *buf, size_t len, const char *what, dt_gpt_config *c,
+                        const float **params) {
+    dt_status st = llmc_header(buf, len, what, c);
+    if (st == DT_OK) *params = (const float *)(buf + HEADER_BYTES);
+    return st;
+}
+
+static void llmc_head(int32_t h[HEADER_INTS], const dt_gpt_config *c) {
+    int32_t v[8] = {DT_LLMC_MAGIC, DT_LLMC_VERSION, c->block_size, c->vocab_size,
+                    c->n_layer, c->n_head, c->n_embd, c->padded_vocab_size};
+    memset(h, 0, HEADER_BYTES);
+    memcpy(h, v, sizeof v);
 }
 
 dt_status dt_llmc_write(const char *path, const dt_gpt_config *c, const float *params) {
     dt_status st = dt_gpt_config_check(c, path);
     if (st != DT_OK) return st;
-    int32_t h[HEADER_INTS] = {DT_LLMC_MAGIC, DT_LLMC_VERSION, c->block_size, c->vocab_size,
-                              c->n_layer, c->n_head, c->n_embd, c->padded_vocab_size};
+    int32_t h[HEADER_INTS];
+    llmc_head(h, c);
     const void *parts[] = {h, params};
     size_t sizes[] = {sizeof h, dt_gpt_config_num_params(c) * sizeof(float)};
     return dt_write_atomic(path, parts, sizes, 2);
@@ -82,22 +98,28 @@ int dt_gpt_weights_meta(const dt_gpt_config *cfg, char vals[6][16], dt_st_meta m
     return 7;
 }
 
+// The safetensors form of config c's weights: its metadata (vals, meta[8])
+// and its 16 tensors (ti, t; data from block p, or NULL).
+static void st_form(const dt_gpt_config *c, const float *p, char vals[6][16], dt_st_meta meta[8],
+                    dt_tensor_info ti[16], dt_st_tensor t[16]) {
+    dt_gpt_weights_meta(c, vals, meta);
+    meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
+    dt_gpt_param_shapes(c, ti);
+    for (int i = 0; i < 16; i++) {
+        t[i] = (dt_st_tensor){.name = ti[i].name, .dtype = DT_F32, .ndim = ti[i].ndim,
+                              .data = p ? p + ti[i].offset : NULL, .nbytes = ti[i].numel * sizeof(float)};
+        for (int d = 0; d < ti[i].ndim; d++) t[i].shape[d] = ti[i].shape[d];
+    }
+}
+
 dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *cfg, const float *p) {
     dt_status st = dt_gpt_config_check(cfg, path);
     if (st != DT_OK) return st;
-    dt_gpt_config c = *cfg;
     char vals[6][16];
     dt_st_meta meta[8];
-    dt_gpt_weights_meta(&c, vals, meta);
-    meta[7] = (dt_st_meta){"dtrain_version", dt_version()};
     dt_tensor_info ti[16];
-    dt_gpt_param_shapes(&c, ti);
     dt_st_tensor t[16];
-    for (int i = 0; i < 16; i++) {
-        t[i] = (dt_st_tensor){.name = ti[i].name, .dtype = DT_F32, .ndim = ti[i].ndim, .data = p + ti[i].offset,
-                              .nbytes = ti[i].numel * sizeof(float)};
-        for (int d = 0; d < ti[i].ndim; d++) t[i].shape[d] = ti[i].shape[d];
-    }
+    st_form(cfg, p, vals, meta, ti, t);
     return dt_st_write(path, t, 16, meta, 8);
 }
 
@@ -114,30 +136,6 @@ dt_status dt_gpt_save(const dt_gpt *m, const char *path) {
     dt_status st = whole_model(m, path);
     if (st != DT_OK) return st;
     return dt_gpt_weights_save(path, dt_gpt_get_config(m), dt_gpt_params((dt_gpt *)m));
-}
-
-static dt_status read_all(const char *path, uint8_t **buf, size_t *len) {
-    FILE *f = dt_fopen_read(path);
-    if (!f) return DT_ERR_IO;  // (recorded)
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    rewind(f);
-    if (sz < 0) {
-        fclose(f);
-        return dt_error(DT_ERR_IO, "%s: cannot determine size", path);
-    }
-    *buf = malloc((size_t)sz + 1);
-    if (!*buf) {
-        fclose(f);
-        return dt_error(DT_ERR_NOMEM, "%s: out of memory for %ld bytes", path, sz);
-    }
-    *len = fread(*buf, 1, (size_t)sz, f);
-    fclose(f);
-    if (*len != (size_t)sz) {
-        free(*buf);
-        return dt_error(DT_ERR_IO, "%s: short read", path);
-    }
-    return DT_OK;
 }
 
 static dt_status st_config(const dt_st_file *f, const char *path, dt_gpt_config *c) {
@@ -214,75 +212,168 @@ static dt_status st_tensors(const dt_st_file *f, const char *path, const dt_gpt_
     return DT_OK;
 }
 
-// Reads the GPT weights of path (llm.c or safetensors), every size checked
-// against the file; then *c gets the config, and dest(ctx, c, &p) the block
-// p to copy the parameters into (or an error).
-typedef dt_status (*dest_fn)(void *ctx, const dt_gpt_config *c, float **p);
+// ----------------------------------------------------------------------------
+// reading: a piece at a time
 
-static dt_status read_weights(const char *path, dt_gpt_config *c, dest_fn dest, void *ctx) {
-    dt_status st;
-    float *p;
-    if (is_llmc(path)) {
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        const float *src;
-        if ((st = read_all(path, &buf, &len)) != DT_OK) return st;
-        size_t np = 0, bad = 0;
-        if ((st = dt_llmc_parse(buf, len, path, c, &src)) == DT_OK &&
-            (bad = dt_count_nonfinite(src, np = dt_gpt_config_num_params(c), DT_F32)) > 0)
-            st = dt_error(DT_ERR_NUMERIC, "%s: %zu of %zu values are NaN or Inf (weights of a run that diverged?); "
-                          "refused", path, bad, np);
-        if (st == DT_OK && (st = dest(ctx, c, &p)) == DT_OK)
-            memcpy(p, src, dt_gpt_config_num_params(c) * sizeof(float));
-        free(buf);
-        return st;
-    }
+struct dt_gpt_weights {
+    char path[4096];
+    dt_gpt_config c;
+    int fd;                     // an llm.c file; -1: safetensors (f)
     dt_st_file *f;
     dt_tensor_info ti[16];
     const dt_st_tensor *t[16];
-    if ((st = dt_ckpt_open(path, &f, NULL)) != DT_OK) return st;
-    if ((st = dt_st_check_finite(f, path)) == DT_OK && (st = st_config(f, path, c)) == DT_OK &&
-        (st = st_tensors(f, path, c, ti, t)) == DT_OK &&
-        (st = dest(ctx, c, &p)) == DT_OK)
-        for (int i = 0; i < 16; i++) memcpy(p + ti[i].offset, t[i]->data, t[i]->nbytes);
-    dt_st_close(f);
+};
+
+void dt_gpt_weights_close(dt_gpt_weights *w) {
+    if (!w) return;
+    if (w->fd >= 0) close(w->fd);
+    dt_st_close(w->f);
+    free(w);
+}
+
+// An llm.c file: its header, checked against its size, then its values,
+// streamed a piece at a time for NaN and Inf.
+static dt_status open_llmc(dt_gpt_weights *w) {
+    const char *path = w->path;
+    dt_status st = dt_open_read(path, &w->fd);
+    if (st != DT_OK) return st;
+    struct stat sb;
+    if (fstat(w->fd, &sb) != 0) return dt_error(DT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    size_t len = (size_t)sb.st_size;
+    uint8_t h[HEADER_BYTES];
+    if ((st = dt_read_at(w->fd, 0, h, len < HEADER_BYTES ? len : HEADER_BYTES, path)) != DT_OK ||
+        (st = llmc_header(h, len, path, &w->c)) != DT_OK)
+        return st;
+    size_t np = dt_gpt_config_num_params(&w->c), bad = 0, piece = DT_ST_PIECE / sizeof(float);
+    float *buf = malloc(sizeof(float) * (np < piece ? np : piece));
+    if (!buf) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    for (size_t a = 0, m; a < np && st == DT_OK; a += m) {
+        m = np - a < piece ? np - a : piece;
+        if ((st = dt_read_at(w->fd, HEADER_BYTES + sizeof(float) * a, buf, sizeof(float) * m, path)) == DT_OK)
+            bad += dt_count_nonfinite(buf, m, DT_F32);
+    }
+    free(buf);
+    if (st == DT_OK && bad)
+        st = dt_error(DT_ERR_NUMERIC, "%s: %zu of %zu values are NaN or Inf (weights of a run that diverged?); "
+                      "refused", path, bad, np);
     return st;
 }
 
-// dest for dt_gpt_weights_load: a new block.
-static dt_status alloc_params(void *out, const dt_gpt_config *c, float **p) {
-    *p = *(float **)out = dt_alloc(dt_gpt_config_num_params(c) * sizeof(float));
-    return *p ? DT_OK : DT_ERR_NOMEM;  // dt_alloc recorded the message
+dt_status dt_gpt_weights_open(dt_gpt_weights **out, const char *path, dt_gpt_config *c) {
+    *out = NULL;
+    dt_gpt_weights *w = calloc(1, sizeof *w);
+    if (!w) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    w->fd = -1;
+    snprintf(w->path, sizeof w->path, "%s", path);
+    dt_status st;
+    if (is_llmc(path)) st = open_llmc(w);
+    else if ((st = dt_ckpt_open(path, &w->f, NULL)) == DT_OK && (st = dt_st_check_finite(w->f, path)) == DT_OK &&
+             (st = st_config(w->f, path, &w->c)) == DT_OK)
+        st = st_tensors(w->f, path, &w->c, w->ti, w->t);
+    if (st != DT_OK) {
+        dt_gpt_weights_close(w);
+        return st;
+    }
+    *c = w->c;
+    *out = w;
+    return DT_OK;
+}
+
+dt_status dt_gpt_weights_read(const dt_gpt_weights *w, size_t lo, size_t hi, float *dst) {
+    size_t np = dt_gpt_config_num_params(&w->c);
+    if (lo > hi || hi > np)
+        return dt_error(DT_ERR_ARG, "%s: elements [%zu, %zu) of a %zu-parameter block", w->path, lo, hi, np);
+    if (w->fd >= 0) return dt_read_at(w->fd, HEADER_BYTES + sizeof(float) * lo, dst, sizeof(float) * (hi - lo), w->path);
+    dt_status st = DT_OK;
+    for (int i = 0; i < 16 && st == DT_OK; i++) {
+        size_t b = w->ti[i].offset, e = b + w->ti[i].numel, x = lo > b ? lo : b, y = hi < e ? hi : e;
+        if (x < y) st = dt_st_read(w->f, w->t[i], x - b, y - x, DT_F32, dst + (x - lo));
+    }
+    return st;
 }
 
 dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params) {
     *params = NULL;
-    return read_weights(path, c, alloc_params, params);
-}
-
-// dest for dt_gpt_load: the model's own block, when the sizes agree.
-typedef struct {
-    dt_gpt *m;
-    const char *path;
-} model_dest;
-
-static dt_status model_params(void *ctx, const dt_gpt_config *fc, float **p) {
-    const model_dest *d = ctx;
-    const dt_gpt_config *mc = dt_gpt_get_config(d->m);
-    if (!same_config(fc, mc))
-        return dt_error(DT_ERR_FORMAT,
-                        "%s: weights are for L%d H%d C%d block_size %d vocab %d (padded %d) but the model is L%d H%d C%d block_size %d vocab %d (padded %d)",
-                        d->path, fc->n_layer, fc->n_head, fc->n_embd, fc->block_size, fc->vocab_size,
-                        fc->padded_vocab_size, mc->n_layer, mc->n_head, mc->n_embd, mc->block_size, mc->vocab_size,
-                        mc->padded_vocab_size);
-    *p = dt_gpt_params(d->m);
-    return DT_OK;
+    dt_gpt_weights *w;
+    dt_status st = dt_gpt_weights_open(&w, path, c);
+    if (st != DT_OK) return st;
+    size_t np = dt_gpt_config_num_params(c);
+    float *p = dt_alloc(np * sizeof(float));
+    st = p ? dt_gpt_weights_read(w, 0, np, p) : DT_ERR_NOMEM;  // (dt_alloc recorded the message)
+    dt_gpt_weights_close(w);
+    if (st != DT_OK) dt_free(p);
+    else *params = p;
+    return st;
 }
 
 dt_status dt_gpt_load(dt_gpt *m, const char *path) {
     dt_gpt_config fc;
-    model_dest d = {m, path};
-    dt_status st = whole_model(m, path);
+    dt_gpt_weights *w;
+    dt_status st = dt_gpt_weights_open(&w, path, &fc);
     if (st != DT_OK) return st;
-    return read_weights(path, &fc, model_params, &d);
+    const dt_gpt_config *mc = dt_gpt_get_config(m);
+    if (!same_config(&fc, mc)) {
+        st = dt_error(DT_ERR_FORMAT,
+                      "%s: weights are for L%d H%d C%d block_size %d vocab %d (padded %d) but the model is L%d H%d C%d block_size %d vocab %d (padded %d)",
+                      path, fc.n_layer, fc.n_head, fc.n_embd, fc.block_size, fc.vocab_size, fc.padded_vocab_size,
+                      mc->n_layer, mc->n_head, mc->n_embd, mc->block_size, mc->vocab_size, mc->padded_vocab_size);
+        dt_gpt_weights_close(w);
+        return st;
+    }
+    int ntp, nr;
+    dt_gpt_shard(m, &ntp);
+    float *p = dt_gpt_params(m);
+    if (ntp == 1) {  // straight into the block: the ranges it keeps
+        const dt_grad_range *r = dt_gpt_held_ranges(m, &nr);
+        for (int i = 0; i < nr && st == DT_OK; i++) st = dt_gpt_weights_read(w, r[i].offset, r[i].offset + r[i].len, p + r[i].offset);
+    } else {  // a shard: the whole block a piece at a time, its part of each kept
+        size_t np = dt_gpt_config_num_params(&fc), piece = DT_ST_PIECE / sizeof(float);
+        float *buf = dt_alloc(sizeof(float) * piece);
+        if (!buf) st = DT_ERR_NOMEM;  // (recorded)
+        for (size_t a = 0, b; a < np && st == DT_OK; a = b) {
+            b = np - a < piece ? np : a + piece;
+            if ((st = dt_gpt_weights_read(w, a, b, buf)) == DT_OK) dt_gpt_part_take(m, p, a, b, buf);
+        }
+        dt_free(buf);
+    }
+    dt_gpt_weights_close(w);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// converting: a piece at a time
+
+dt_status dt_gpt_weights_convert(const char *in, const char *out, int to_llmc, dt_gpt_config *c) {
+    dt_gpt_weights *w;
+    dt_status st = dt_gpt_weights_open(&w, in, c);
+    if (st != DT_OK) return st;
+    size_t np = dt_gpt_config_num_params(c), piece = DT_ST_PIECE / sizeof(float);
+    int32_t h[HEADER_INTS];
+    char vals[6][16], *hdr = NULL;
+    dt_st_meta meta[8];
+    dt_tensor_info ti[16];
+    dt_st_tensor t[16];
+    size_t hlen = HEADER_BYTES;
+    // The header dt_llmc_write or dt_gpt_weights_save writes, then the
+    // block (the 16 tensors in block order, as both write them).
+    st_form(c, NULL, vals, meta, ti, t);
+    for (int i = 1; i < 16; i++)
+        if (ti[i].offset != ti[i - 1].offset + ti[i - 1].numel)
+            st = dt_error(DT_ERR_INTERNAL, "%s: GPT tensors out of block order", in);
+    if (to_llmc) llmc_head(h, c);
+    else if (st == DT_OK) st = dt_st_header(out, t, 16, meta, 8, &hdr, &hlen);
+    float *buf = st == DT_OK ? dt_alloc(sizeof(float) * piece) : NULL;
+    dt_atomic_file *f = NULL;
+    if (st == DT_OK && !buf) st = DT_ERR_NOMEM;  // (recorded)
+    if (st == DT_OK && (st = dt_atomic_open(&f, out)) == DT_OK) st = dt_atomic_append(f, to_llmc ? (void *)h : hdr, hlen);
+    for (size_t a = 0, b; a < np && st == DT_OK; a = b) {
+        b = np - a < piece ? np : a + piece;
+        if ((st = dt_gpt_weights_read(w, a, b, buf)) == DT_OK) st = dt_atomic_append(f, buf, sizeof(float) * (b - a));
+    }
+    if (f && st == DT_OK) st = dt_atomic_commit(f);
+    else dt_atomic_abort(f);
+    dt_free(buf);
+    free(hdr);
+    dt_gpt_weights_close(w);
+    return st;
 }

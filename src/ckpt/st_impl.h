@@ -9,14 +9,26 @@
 dt_status dt_st_expect(const dt_st_file *f, const char *path, const char *name, dt_dtype dtype, int ndim,
                        const int64_t *shape, dt_status code, const dt_st_tensor **out);
 
-/* A safetensors file built in memory, as dt_st_write would write it, and
- * parsed back (`what` names it in errors). */
-dt_status dt_st_build(dt_st_file **out, const dt_st_tensor *tensors, int n, const dt_st_meta *meta, int nmeta,
-                      const char *what);
+/* A view of tensors that lie in other files (a sharded checkpoint's
+ * shards, gathered): metadata meta (a cJSON object; NULL: none), reading
+ * kids[nkids] (both taken: freed with the view, also on failure; NULL when
+ * out of memory, recorded). Tensors are added one at a time
+ * (dt_st_compose_add: t's name, dtype, shape, nbytes), each followed by the
+ * ranges of the kids' tensors that make it, in order (dt_st_compose_take:
+ * elements [first, first + n) of kt, a tensor of kid); dt_st_compose_end
+ * checks that every tensor is whole. The view reads through the kids'
+ * descriptors: nothing is copied. */
+struct cJSON;
+dt_st_file *dt_st_compose(const char *what, struct cJSON *meta, dt_st_file **kids, int nkids);
+dt_status dt_st_compose_add(dt_st_file *v, const dt_st_tensor *t);
+/* The view's kid i (as given to dt_st_compose), or NULL. */
+dt_st_file *dt_st_compose_kid(const dt_st_file *v, int i);
+dt_status dt_st_compose_take(dt_st_file *v, const dt_st_file *kid, const dt_st_tensor *kt, size_t first, size_t n);
+dt_status dt_st_compose_end(dt_st_file *v);
 
 /* The one reader of weights and checkpoints (checkpoint.c): path is a file
- * or a sharded checkpoint's directory (gathered whole in memory, every shard
- * verified); a file that carries a checkpoint's metadata is verified (format
+ * or a sharded checkpoint's directory (every shard verified, then gathered
+ * as a view of the shards: dt_st_compose); a file that carries a checkpoint's metadata is verified (format
  * version, checksum, every value in range) before it is returned. A lone
  * shard is DT_ERR_CONFIG. *is_ckpt (may be NULL): whether it is a
  * checkpoint rather than plain weights. */

@@ -40,6 +40,19 @@ dt_status dt_open_read(const char *path, int *fd) {
     return regular(path, f, fd);
 }
 
+dt_status dt_read_at(int fd, uint64_t off, void *dst, size_t n, const char *path) {
+    for (uint8_t *p = dst; n;) {
+        ssize_t r = pread(fd, p, n < ((size_t)1 << 30) ? n : (size_t)1 << 30, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return dt_error(DT_ERR_IO, "%s: reading at byte %llu: %s", path, (unsigned long long)off, strerror(errno));
+        if (r == 0)
+            return dt_error(DT_ERR_IO, "%s: ends before byte %llu (cut short while it was read?)", path,
+                            (unsigned long long)(off + n));
+        p += r, off += (uint64_t)r, n -= (size_t)r;
+    }
+    return DT_OK;
+}
+
 FILE *dt_fopen_read(const char *path) {
     int fd;
     if (dt_open_read(path, &fd) != DT_OK) return NULL;

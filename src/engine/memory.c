@@ -4,6 +4,7 @@
  * before it allocates. Sizes come from the model code (dt_model_memory,
  * dt_gpt_activation_bytes), the data files' headers and sizes, and the
  * optimizer's state count; available memory from dt_mem_available(). */
+#include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
@@ -23,7 +24,7 @@
 // activations.
 typedef struct {
     size_t act, model, data;
-    size_t ckpt;         // checkpoints' staging and snapshot, the weights file's pieces
+    size_t ckpt;         // checkpoints' staging and snapshot, the weights file's pieces, or reading one
     size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
     char field[64], value[64];
@@ -94,7 +95,7 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
         if (c->offload) m.offloaded = m.optimizer + (zero >= 3 && W > 1 ? m.weights : 0);
         if (c->deterministic) m.comm = sat_mul(sizeof(int64_t), np);  // the fixed-point sums
     } else if (use == DT_MEM_EVAL) {
-        m.gradients = sat_mul(F, np);  // the model's blocks; a weights file loading
+        m.gradients = sat_mul(F, np);  // the model's gradient block (made with it; the weights are read into its parameters)
     }
     if (k) *k = m;
     size_t all = sat_add(sat_add(m.weights, m.gradients), sat_add(m.optimizer, m.comm));
@@ -109,6 +110,23 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
 // and the weights file's pieces (dt_run_weights_write: up to 4 Mi floats,
 // or the largest tensor, `big`; rank 0 sums the others' into a second);
 // parts: a pipeline's stages keep their layers alone.
+static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts);
+
+// Reading a checkpoint or a weights file ([checkpoint] resume, [model]
+// init_from, the weights eval and sample load) holds the headers and one
+// piece of DT_ST_PIECE bytes: the streaming pass that verifies the file
+// (its checksum, its values finite) goes through it, then the values are
+// read straight into what the rank keeps (its slice of the state, its
+// stage's blocks), or, for a tensor-parallel shard, a piece of the whole
+// block at a time into it. Nothing of the file is held whole. It happens
+// before the first step, before any checkpoint is written: the larger of
+// this and ckpt_need counts.
+static size_t read_need(const dt_config *c, dt_mem_use use) {
+    return use != DT_MEM_TRAIN || c->resume[0] || c->init_from[0] ? DT_ST_PIECE : 0;
+}
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
 static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts) {
     size_t F = sizeof(float), per = (size_t)(1 + optim_states(c)), piece = (size_t)4 << 20;
     int tp = parts || (c->tensor > 1 && W >= c->tensor);  // (ranks keeping parts: staged slices)
@@ -150,7 +168,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     if ((st = dt_model_memory(c->input, c->layers, c->nlayers, n->rows, &np, &n->act)) != DT_OK) return st;
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
-    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, np, np, W, 0);
+    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, np, np, W, 0) : 0);
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
@@ -225,7 +243,9 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     dt_gpt_param_shapes(&gc, t);
     size_t big = 0;
     for (int i = 0; i < 16; i++) big = t[i].numel > big ? t[i].numel : big;
-    if (use == DT_MEM_TRAIN) n->ckpt = ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, np != held_params(c, &gc, ntp, np, W));
+    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, dt_gpt_config_num_params(&gc), big, W,
+                                                                         np != held_params(c, &gc, ntp, np, W))
+                                                               : 0);
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last
     // one kept for backward, and the gradients of two blocks in flight to

@@ -2,8 +2,9 @@
  * the result.
  *
  * A file that parses must be safe to use: each tensor's bytes lie inside the
- * buffer (read back in full, so ASan flags an overrun), its byte count
- * matches its shape and dtype, and lookups by name and metadata key work. */
+ * buffer (read back in full with dt_st_read, so ASan flags an overrun, and
+ * streamed by dt_st_scan), its byte count matches its shape and dtype, a
+ * range past its end is refused, and lookups by name and metadata key work. */
 #include "dtrain/ckpt.h"
 
 #include <stdint.h>
@@ -30,11 +31,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int d = 0; d < t->ndim; d++)
             if (t->shape[d] < 0 || __builtin_mul_overflow(bytes, (size_t)t->shape[d], &bytes)) abort();
         if (bytes != t->nbytes) abort();
-        const uint8_t *p = t->data;
+        if (t->data) abort();  // (a file's tensors are read, never mapped)
+        uint8_t *p = malloc(t->nbytes + 1);
+        size_t ne = t->nbytes / dt_dtype_size(t->dtype);
+        if (!p) abort();
+        if (dt_st_read(f, t, 0, ne, t->dtype, p) != DT_OK) abort();
         for (size_t b = 0; b < t->nbytes; b++) sum += p[b];
+        if (ne && dt_st_read(f, t, ne - 1, 1, t->dtype, p) != DT_OK) abort();
+        if (dt_st_read(f, t, ne, 1, t->dtype, p) != DT_ERR_ARG) abort();
+        free(p);
         const dt_st_tensor *u = dt_st_find(f, t->name);
         if (!u || strcmp(u->name, t->name)) abort();
     }
+    if (dt_st_scan(f, NULL, NULL, NULL) != DT_OK) abort();
+    dt_status fin = dt_st_check_finite(f, "fuzz.safetensors");
+    if (fin != DT_OK && fin != DT_ERR_NUMERIC) abort();
     if (dt_st_get(f, -1) || dt_st_get(f, n)) abort();
     if (dt_st_find(f, "no such tensor \x01")) abort();
     const char *keys[] = {"format", "dtrain_version", "name", ""};

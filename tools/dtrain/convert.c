@@ -41,11 +41,7 @@ int cmd_convert(int argc, char **argv) {
                EXIT_RUNTIME;
 
     dt_gpt_config c;
-    float *p;
-    if (dt_gpt_weights_load(in, &c, &p) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
-    dt_status st = to_llmc ? dt_llmc_write(out, &c, p) : dt_gpt_weights_save(out, &c, p);
-    dt_free(p);
-    if (st != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
+    if (dt_gpt_weights_convert(in, out, to_llmc, &c) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
     printf("%s -> %s (%s): L%d H%d C%d block_size %d vocab %d (padded %d), %zu parameters\n", in, out,
            to_llmc ? "llmc" : "safetensors", c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size,
            c.padded_vocab_size, dt_gpt_config_num_params(&c));

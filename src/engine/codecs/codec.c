@@ -239,7 +239,8 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
                              float **q) {
     const dt_st_tensor *t = find(f, k->names[X_STEP], DT_I64, 1, 0);
     if (!t) return DT_OK;
-    memcpy(&head[H_STEP], t->data, sizeof(int64_t));
+    dt_status st = dt_st_read(f, t, 0, 1, DT_I64, &head[H_STEP]);
+    if (st != DT_OK) return st;
     if (head[H_STEP] < 0 || head[H_STEP] > ((int64_t)1 << 50))
         return dt_error(DT_ERR_FORMAT, "%s: tensor '%s' is %lld, expected 0 to 2^50", path, k->names[X_STEP],
                         (long long)head[H_STEP]);
@@ -252,13 +253,13 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
     if (!tb || !tq) return DT_OK;
     int64_t np = tb->shape[0], nq = tq->shape[0], sum = 0;
     if (np < 1) return DT_OK;
-    // Copied first: a tensor's data in the file need not be aligned for
-    // int64 loads (the caller frees both on every path).
+    // (the caller frees both on every path)
     *table = malloc(tb->nbytes ? tb->nbytes : 1);
     *q = malloc(tq->nbytes ? tq->nbytes : 1);
     if (!*table || !*q) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    memcpy(*table, tb->data, tb->nbytes);
-    memcpy(*q, tq->data, tq->nbytes);
+    if ((st = dt_st_read(f, tb, 0, tb->nbytes / 8, DT_I64, *table)) != DT_OK ||
+        (st = dt_st_read(f, tq, 0, tq->nbytes / 4, DT_F32, *q)) != DT_OK)
+        return st;
     const int64_t *r = *table;
     for (int64_t i = 0; i < np; i++) {
         const int64_t *e = r + NT * i;
@@ -277,6 +278,20 @@ static dt_status load_shared(dt_codec *k, const dt_st_file *f, const char *path,
     head[H_Q] = nq;
     head[H_FLAGS] |= F_Q;
     return DT_OK;
+}
+
+// dst[n] += tensor t of f (n floats), read a piece at a time.
+static dt_status add_tensor(const dt_st_file *f, const dt_st_tensor *t, float *dst, size_t n, const char *path) {
+    enum { PIECE = 1 << 16 };
+    float *v = malloc(sizeof(float) * PIECE);
+    dt_status st = v ? DT_OK : dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    for (size_t a = 0, m; a < n && st == DT_OK; a += m) {
+        m = n - a < PIECE ? n - a : PIECE;
+        if ((st = dt_st_read(f, t, a, m, DT_F32, v)) == DT_OK)
+            for (size_t e = 0; e < m; e++) dst[a + e] += v[e];
+    }
+    free(v);
+    return st;
 }
 
 // The parts of a checkpoint that hold the ranks' codec states: the
@@ -306,10 +321,7 @@ static dt_status load(dt_codec *k, const char *path, part_opener open, int first
             const dt_st_tensor *t = buf[j] ? find(f, k->names[x[j]], DT_F32, (int64_t)k->n, 0) : NULL;
             if (!t) head[H_FLAGS] &= ~flag[j];
             if (!(head[H_FLAGS] & flag[j])) continue;
-            const float *v = t->data;
-            if (i == 0) memcpy(buf[j], v, k->n * sizeof(float));
-            else
-                for (size_t e = 0; e < k->n; e++) buf[j][e] += v[e];
+            st = i == 0 ? dt_st_read(f, t, 0, k->n, DT_F32, buf[j]) : add_tensor(f, t, buf[j], k->n, path);
         }
         dt_st_close(f);
     }

@@ -213,19 +213,14 @@ static dt_status gpt_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt
     return st;
 }
 
-// The initial parameters: c's seed, or [model] init_from, on a shard its
-// part of the whole model's.
+// The initial parameters: c's seed, or [model] init_from, of which only
+// what this rank keeps is read (a shard's part, a stage's blocks:
+// dt_gpt_load), never a whole copy beside the model.
 static dt_status init_params(dt_task *t) {
     const dt_config *c = t->c;
     dt_status st = dt_gpt_init(t->m, c->seed);
     if (st != DT_OK || !c->init_from[0]) return st;
-    if (t->ntp == 1) return dt_gpt_load(t->m, c->init_from);
-    dt_gpt *whole;
-    if ((st = dt_gpt_create(&whole, &t->gc, 0, 0)) != DT_OK) return st;
-    if ((st = dt_gpt_load(whole, c->init_from)) == DT_OK)
-        dt_gpt_part_take(t->m, dt_gpt_params(t->m), 0, dt_gpt_num_params(whole), dt_gpt_params(whole));
-    dt_gpt_free(whole);
-    return st;
+    return dt_gpt_load(t->m, c->init_from);
 }
 
 static void part_fill(void *user, const float *local, size_t lo, size_t hi, float *buf) {
