@@ -158,6 +158,7 @@ static const field fields[] = {
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
     {"parallel", "pipeline", F_INT, O(pipeline), 1, 1024, NULL},
     {"parallel", "tensor", F_INT, O(tensor), 1, 1024, NULL},
+    {"parallel", "sequence", F_BOOL, O(sequence), 0, 1, NULL},
     {"parallel", "virtual_stages", F_INT, O(virtual_stages), 1, 1024, NULL},
     {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
     {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},
@@ -628,6 +629,13 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
     if (!c->train_file[0]) return dt_error(DT_ERR_CONFIG, "%s: [data] train_file: expected the path of a token file", what);
     if (c->max_steps == 0) return dt_error(DT_ERR_CONFIG, "%s: [train] max_steps: a GPT run needs max_steps > 0", what);
     if (c->eval_batches == 0) c->eval_batches = 10;
+    if (c->sequence && c->tensor < 2)
+        return dt_error(DT_ERR_CONFIG, "%s: [parallel] sequence = true divides what tensor-parallel ranks hold whole "
+                        "along the tokens, and tensor = %d; set tensor >= 2 or sequence = false", what, c->tensor);
+    if (c->sequence && c->seq_len % c->tensor)
+        return dt_error(DT_ERR_CONFIG, "%s: [parallel] sequence = true: tensor = %d does not divide [train] seq_len = %d "
+                        "(each tensor rank keeps 1 / tensor of every micro-batch's tokens); choose a seq_len that it "
+                        "divides, or sequence = false", what, c->tensor, c->seq_len);
     c->gpt = 1;
     c->nlayers = 0;
     return DT_OK;
@@ -651,6 +659,9 @@ static dt_status finish_layers(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
     if (c->recompute)
         return dt_error(DT_ERR_CONFIG, "%s: [train] recompute = blocks: only a GPT has transformer blocks to recompute; use none", what);
+    if (c->sequence)
+        return dt_error(DT_ERR_CONFIG, "%s: [parallel] sequence = true: only a GPT's tensor parallel divides its layernorms "
+                        "and residual stream along the tokens; use sequence = false", what);
     if (c->epochs == 0 && c->max_steps == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
     return DT_OK;
