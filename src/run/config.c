@@ -629,13 +629,6 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
     if (!c->train_file[0]) return dt_error(DT_ERR_CONFIG, "%s: [data] train_file: expected the path of a token file", what);
     if (c->max_steps == 0) return dt_error(DT_ERR_CONFIG, "%s: [train] max_steps: a GPT run needs max_steps > 0", what);
     if (c->eval_batches == 0) c->eval_batches = 10;
-    if (c->sequence && c->tensor < 2)
-        return dt_error(DT_ERR_CONFIG, "%s: [parallel] sequence = true divides what tensor-parallel ranks hold whole "
-                        "along the tokens, and tensor = %d; set tensor >= 2 or sequence = false", what, c->tensor);
-    if (c->sequence && c->seq_len % c->tensor)
-        return dt_error(DT_ERR_CONFIG, "%s: [parallel] sequence = true: tensor = %d does not divide [train] seq_len = %d "
-                        "(each tensor rank keeps 1 / tensor of every micro-batch's tokens); choose a seq_len that it "
-                        "divides, or sequence = false", what, c->tensor, c->seq_len);
     c->gpt = 1;
     c->nlayers = 0;
     return DT_OK;
@@ -659,9 +652,6 @@ static dt_status finish_layers(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
     if (c->recompute)
         return dt_error(DT_ERR_CONFIG, "%s: [train] recompute = blocks: only a GPT has transformer blocks to recompute; use none", what);
-    if (c->sequence)
-        return dt_error(DT_ERR_CONFIG, "%s: [parallel] sequence = true: only a GPT's tensor parallel divides its layernorms "
-                        "and residual stream along the tokens; use sequence = false", what);
     if (c->epochs == 0 && c->max_steps == 0)
         return dt_error(DT_ERR_CONFIG, "%s: [train]: epochs and max_steps are both 0; set one to bound the run", what);
     return DT_OK;
