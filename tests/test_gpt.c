@@ -748,6 +748,7 @@ typedef struct {
     const int32_t *x, *y;
     float loss;
     int fwd_calls, bwd_calls;
+    double moved;  // floats a rank sends, as dt_comm_stats counts them
     dt_status st;
 } tp_shard;
 
@@ -757,6 +758,9 @@ static dt_status tp_reduce_threads(dt_gpt_coll op, const float *send, float *rec
     tp_shard *s = user;
     tp_group *g = s->g;
     s->calls++;
+    // (an allreduce of n: 2 (T - 1) / T n; a reduce-scatter or an allgather
+    // of blocks of n: (T - 1) n)
+    s->moved += op == DT_GPT_SUM || op == DT_GPT_MAX ? 2.0 * (g->ntp - 1) / g->ntp * (double)n : (double)(g->ntp - 1) * n;
     g->bufs[s->r] = (float *)send;
     pthread_barrier_wait(&g->bar);
     size_t out = op == DT_GPT_ALLGATHER ? n * (size_t)g->ntp : n;
@@ -858,6 +862,16 @@ static void test_tensor_parallel(void) {
             CHECK(s->fwd_calls == fw && s->bwd_calls == bw,
                   "T=%d%s shard %d%s: %d collectives forward (expected %d), %d backward (expected %d)", ntp, sp, r,
                   rec ? " recomputed" : "", s->fwd_calls, fw, s->bwd_calls, bw);
+            // The floats a rank sends, S = BT C a stream: tensor parallel
+            // (8L + 4) (T - 1)/T S, sequence parallel (10L + 5) (T - 1)/T S,
+            // and the allreduces of the cross-entropy's 3 BT floats and
+            // sequence parallel's layernorm gradients (4C a layer, 2C).
+            double S = (double)TPB * TPT * c.n_embd, f = (double)(ntp - 1) / ntp;
+            double small = 2 * f * (3.0 * TPB * TPT + (seq ? 4.0 * L * c.n_embd + 2.0 * c.n_embd : 0));
+            double sent = (seq ? 10 * L + 5 : 2 * (4 * L + 2)) * f * S + small;
+            if (!rec)
+                CHECK(fabs(s->moved - sent) < 0.5, "T=%d%s shard %d: %.0f floats sent, expected %.0f", ntp, sp, r, s->moved,
+                      sent);
             size_t ns = dt_gpt_num_params(s->m);
             if ((gk[ci][r] = malloc(sizeof(float) * ns))) memcpy(gk[ci][r], dt_gpt_grads(s->m), sizeof(float) * ns);
             lk[ci] = s->loss;
