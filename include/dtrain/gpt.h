@@ -282,7 +282,7 @@ DT_API void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user);
  * token embedding and the tied head vocab-parallel (padded_vocab_size / ntp
  * rows of wte each); layernorms, wpe and the row-parallel linears' biases
  * are whole on every rank. Activations between the blocks are whole on
- * every rank; the model sums its partial results over the shards through
+ * every rank (but with sequence parallelism, below); the model sums its partial results over the shards through
  * the reduce function: after each row-parallel linear in forward and after
  * each column-parallel linear's input gradient in backward (one sum per
  * attention and per MLP block each way, 2 + 2 a layer), the embedding's
