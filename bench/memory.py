@@ -13,6 +13,9 @@ fixed cost of a process -- the program, its threads, the shared-memory
 transport -- is measured, not guessed). The worst rank's peak over the
 formula is the figure to judge (goal: within 10%).
 
+The tokens/s column is the run's own (summary.json), a few steps with an
+evaluation and a checkpoint: a rough figure, not a benchmark.
+
     /usr/bin/python3 bench/memory.py [--dtrain build] [--layouts one,pp2,...]
         [--steps 2] [--batch 8] [--seq 256] [--layers 12] [--width 768]
 
@@ -33,6 +36,8 @@ LAYOUTS = {
     "pp4": (4, ["--set", "parallel.pipeline=4"]),
     "tp2": (2, ["--set", "parallel.tensor=2"]),
     "tp4": (4, ["--set", "parallel.tensor=4"]),
+    "tp2-seq": (2, ["--set", "parallel.tensor=2", "--set", "parallel.sequence=true"]),
+    "tp4-seq": (4, ["--set", "parallel.tensor=4", "--set", "parallel.sequence=true"]),
     "tp2pp2": (4, ["--set", "parallel.tensor=2", "--set", "parallel.pipeline=2"]),
     "zero3": (4, ["--zero", "3"]),
     "zero3-rec": (4, ["--zero", "3", "--set", "train.recompute=blocks"]),
@@ -82,9 +87,10 @@ def run(dtrain, tmp, name, text, workers, flags):
     if p.returncode:
         sys.exit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
     with open(os.path.join(rd, "summary.json")) as f:
-        m = json.load(f)["memory"]
+        s = json.load(f)
+    m = s["memory"]
     peaks = m.get("ranks_peak_rss_bytes") or [m["peak_rss_bytes"]]
-    return peaks, m["formula_bytes"]
+    return peaks, m["formula_bytes"], s.get("tokens_per_sec", 0)
 
 
 def main():
@@ -108,18 +114,18 @@ def main():
     print(f"# GPT L{a.layers} C{a.width}, batch {a.batch} x {a.seq} tokens, AdamW, {a.steps} steps, an evaluation, "
           f"a checkpoint and the weights file; MB = 1e6 bytes")
     print(f"{'layout':10} {'workers':>7} {'peak of each rank, MB':>32} {'worst':>7} {'formula':>8} {'baseline':>8} "
-          f"{'worst/formula':>13}")
+          f"{'worst/formula':>13} {'tokens/s':>8}")
     for name in a.layouts.split(","):
         workers, flags = LAYOUTS[name]
-        base, base_formula = run(a.dtrain, tmp, name + "-tiny", tiny, workers, flags)
-        peaks, formula = run(a.dtrain, tmp, name, big, workers, flags)
+        base, base_formula, _ = run(a.dtrain, tmp, name + "-tiny", tiny, workers, flags)
+        peaks, formula, tps = run(a.dtrain, tmp, name, big, workers, flags)
         # the formula's model-sized parts (its difference to the tiny
         # model's), on the tiny layout's measured peak: the baseline
         baseline = max(base)
         total = (formula - base_formula) + baseline
         worst = max(peaks)
         print(f"{name:10} {workers:7} {' '.join(f'{p / 1e6:6.0f}' for p in peaks):>32} {worst / 1e6:7.0f} "
-              f"{total / 1e6:8.0f} {baseline / 1e6:8.0f} {worst / total:13.2f}", flush=True)
+              f"{total / 1e6:8.0f} {baseline / 1e6:8.0f} {worst / total:13.2f} {tps:8.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ thread a worker so that every layout uses the same two cores:
 
     one process x 1 thread, one process x 2 threads
     data = 2
-    tensor = 2
+    tensor = 2, with and without sequence parallelism
     pipeline = 2, M = 8: gpipe, 1f1b, interleaved (V = 2)
 
 From summary.json: tokens/s (steps after the first). From each stage's
@@ -22,7 +22,10 @@ ranks, stretched by the formula's bubble for a pipeline, plus the measured
 gradient communication.
 
     /usr/bin/python3 bench/model_parallel.py [--dtrain BUILD_DIR] [--steps N]
-        [--preset gpt-small] [--json]
+        [--preset gpt-small] [--json] [--only TEXT]
+
+--only runs the layouts whose name contains TEXT (and the one-process,
+one-thread run the model needs); the PyTorch peer runs with a pipeline.
 
 The peer: PyTorch 1.13's GPipe (torch.distributed.pipeline.sync.Pipe,
 bench/torch_pipe.py) on the same model cut in two, M = 8 chunks, one
@@ -43,6 +46,7 @@ LAYOUTS = [  # name, workers, threads, --set options
     ("one process x 2 threads", 1, 2, []),
     ("data = 2", 2, 1, []),
     ("tensor = 2", 2, 1, ["parallel.tensor=2"]),
+    ("tensor = 2, sequence parallel", 2, 1, ["parallel.tensor=2", "parallel.sequence=true"]),
     ("pipeline = 2, gpipe, M = 8", 2, 1, ["parallel.pipeline=2", "parallel.micro_batches=8", "parallel.schedule=gpipe"]),
     ("pipeline = 2, 1f1b, M = 8", 2, 1, ["parallel.pipeline=2", "parallel.micro_batches=8", "parallel.schedule=1f1b"]),
     ("pipeline = 2, interleaved V = 2, M = 8", 2, 1,
@@ -93,6 +97,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--preset", default="gpt-small")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", default="")
     a = ap.parse_args()
     print(cpu.banner(a.json), flush=True)
     preset, batch, seq, _ = gpt.CASES[a.preset]
@@ -102,7 +107,9 @@ def main():
         with open(ini, "w") as f:
             f.write(GPT_INI.format(preset=preset, tokens=tokens, batch=batch, seq=seq))
         rows, base = [], None
-        for name, w, t, sets in LAYOUTS:
+        for i, (name, w, t, sets) in enumerate(LAYOUTS):
+            if i > 0 and a.only not in name:
+                continue
             s, idle, formula = run(a.dtrain, ini, w, t, a.steps, sets, 1)
             step = batch * seq / s["tokens_per_sec"]
             comm = s["comm_exposed_seconds"] / max(s["steps"], 1)
@@ -121,12 +128,15 @@ def main():
             if a.json:
                 print(json.dumps(r), flush=True)
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "torch_pipe.py"), "--preset", a.preset, "--batch",
-                          str(batch), "--seq", str(seq), "--chunks", "8", "--threads", "2",
-                          "--steps", str(max(a.steps // 2, 2))], capture_output=True, text=True, env=env)
+    if not any(r["layout"].startswith("pipeline") for r in rows):
+        out = subprocess.CompletedProcess([], 1, "", "no pipeline layout run")
+    else:
+        out = subprocess.run([sys.executable, os.path.join(HERE, "torch_pipe.py"), "--preset", a.preset, "--batch",
+                              str(batch), "--seq", str(seq), "--chunks", "8", "--threads", "2",
+                              "--steps", str(max(a.steps // 2, 2))], capture_output=True, text=True, env=env)
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
     pipe = json.loads(lines[-1]) if out.returncode == 0 and lines else None
-    if pipe is None:  # the peer failed: reported, our rows still printed
+    if pipe is None and out.args:  # the peer failed: reported, our rows still printed
         err = (out.stderr.strip().splitlines() or ["no output"])[-1]
         print(f"PyTorch Pipe failed (exit {out.returncode}): {err}", file=sys.stderr)
     ours = [r for r in rows if r["layout"].startswith("pipeline")] if pipe else []

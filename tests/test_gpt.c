@@ -426,18 +426,47 @@ static const dt_gpt_config stage_cfg = {.n_layer = 3, .n_head = 2, .n_embd = 16,
 // A set of layers [l0, l1) of the whole model (recompute: g_recompute).
 static int g_recompute;
 static dt_status acts_range(dt_gpt_acts **a, const dt_gpt_config *c, int B, int T, int l0, int l1) {
-    dt_gpt_acts_params p = {B, T, l0, l1, 1, g_recompute};
+    dt_gpt_acts_params p = {B, T, l0, l1, 1, g_recompute, 0};
     return dt_gpt_acts_create_with(a, c, &p);
 }
 static size_t acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1, int ntp, int recompute) {
-    dt_gpt_acts_params p = {B, T, l0, l1, ntp, recompute};
+    dt_gpt_acts_params p = {B, T, l0, l1, ntp, recompute, 0};
+    return dt_gpt_acts_size(c, &p);
+}
+// The same, sequence parallel.
+static size_t acts_size_seq(const dt_gpt_config *c, int B, int T, int ntp, int recompute) {
+    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute, 1};
     return dt_gpt_acts_size(c, &p);
 }
 // Shard r of ntp with a default set for B x T (recompute: the set keeps the
-// blocks' inputs alone).
-static dt_status create_shard(dt_gpt **m, const dt_gpt_config *c, int B, int T, int r, int ntp, int recompute) {
-    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute};
+// blocks' inputs alone; seq: sequence parallel).
+static dt_status create_shard_seq(dt_gpt **m, const dt_gpt_config *c, int B, int T, int r, int ntp, int recompute,
+                                  int seq) {
+    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute, seq};
     return dt_gpt_create_shard(m, c, &p, r);
+}
+static dt_status create_shard(dt_gpt **m, const dt_gpt_config *c, int B, int T, int r, int ntp, int recompute) {
+    return create_shard_seq(m, c, B, T, r, ntp, recompute, 0);
+}
+
+// A sequence-parallel shard of T's set at B=8 T=256 against the expected
+// sizes: the stream, the layernorms' outputs (ln1, ln2, lnf), residual2 and
+// the statistics 1/T too (R = BT / T rows), the rest as without (1/T of the
+// qkv, attention, MLP and logit parts; the token ids whole). (Every part
+// here is a multiple of 16 floats.)
+static void seq_sizes(const dt_gpt_config *s, const char *name, int T) {
+    size_t bt = 8 * 256, C = s->n_embd, L = s->n_layer, att = bt * s->n_head * 256, R = bt / T;
+    size_t st = (L + 1) * R * C, blk = R * (3 * C + 4) + bt * 12 * C / T + att / T;
+    size_t hd = R * (C + 2) + 2 * bt + 2 * bt * s->padded_vocab_size / T;
+    size_t sp = acts_size_seq(s, 8, 256, T, 0), rec = acts_size_seq(s, 8, 256, T, 1);
+    size_t tp = acts_size(s, 8, 256, 0, (int)L, T, 0), tprec = acts_size(s, 8, 256, 0, (int)L, T, 1);
+    CHECK(sp == 4 * (st + L * blk + hd), "%s: a sequence-parallel shard of %d's set: %zu bytes, expected %zu", name, T,
+          sp, 4 * (st + L * blk + hd));
+    CHECK(rec == 4 * (st + blk + hd), "%s: a sequence-parallel shard of %d recomputed: %zu bytes, expected %zu", name, T,
+          rec, 4 * (st + blk + hd));
+    printf("  %s B=8 T=256, tensor %d: a shard's set %.1f MiB, sequence parallel %.1f MiB (%.2fx smaller); "
+           "recomputed %.1f and %.1f MiB\n", name, T, tp / 1048576.0, sp / 1048576.0, (double)tp / sp,
+           tprec / 1048576.0, rec / 1048576.0);
 }
 
 // Two pipeline stages, layers [0,k) (with the embedding) and [k,L) (with the
@@ -622,6 +651,10 @@ static void test_stages(void) {
               4 * (stream + Ls * blk2 + head2));
         printf("  gpt-small B=8 T=256: recomputed %.1f MiB (%.2fx smaller), a shard of 2 %.1f MiB\n", rec / 1048576.0,
                (double)now / rec, tp2 / 1048576.0);
+        seq_sizes(&s, "gpt-small", 2);
+        dt_gpt_config g85 = {12, 12, 768, 256, 256, 256};  // bench/memory.py's 85 M model
+        seq_sizes(&g85, "L12 C768", 2);
+        seq_sizes(&g85, "L12 C768", 4);
     }
 
     // The layer hook: before each stage, layers ascending on forward and
@@ -715,25 +748,35 @@ typedef struct {
     const int32_t *x, *y;
     float loss;
     int fwd_calls, bwd_calls;
+    double moved;  // floats a rank sends, as dt_comm_stats counts them
     dt_status st;
 } tp_shard;
 
 // Sums or maxes in rank order, as an allreduce that gives every rank the
-// same bits.
-static dt_status tp_reduce_threads(float *buf, size_t n, int max, void *user) {
+// same bits; a reduce-scatter sums in the same order; an allgather.
+static dt_status tp_reduce_threads(dt_gpt_coll op, const float *send, float *recv, size_t n, void *user) {
     tp_shard *s = user;
     tp_group *g = s->g;
     s->calls++;
-    g->bufs[s->r] = buf;
+    // (an allreduce of n: 2 (T - 1) / T n; a reduce-scatter or an allgather
+    // of blocks of n: (T - 1) n)
+    s->moved += op == DT_GPT_SUM || op == DT_GPT_MAX ? 2.0 * (g->ntp - 1) / g->ntp * (double)n : (double)(g->ntp - 1) * n;
+    g->bufs[s->r] = (float *)send;
     pthread_barrier_wait(&g->bar);
-    float *tmp = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) {
-        float v = g->bufs[0][i];
-        for (int r = 1; r < g->ntp; r++) v = max ? fmaxf(v, g->bufs[r][i]) : v + g->bufs[r][i];
+    size_t out = op == DT_GPT_ALLGATHER ? n * (size_t)g->ntp : n;
+    float *tmp = malloc(sizeof(float) * (out ? out : 1));
+    for (size_t i = 0; i < out; i++) {
+        if (op == DT_GPT_ALLGATHER) {
+            tmp[i] = g->bufs[i / n][i % n];
+            continue;
+        }
+        size_t at = op == DT_GPT_REDUCE_SCATTER ? (size_t)s->r * n + i : i;
+        float v = g->bufs[0][at];
+        for (int r = 1; r < g->ntp; r++) v = op == DT_GPT_MAX ? fmaxf(v, g->bufs[r][at]) : v + g->bufs[r][at];
         tmp[i] = v;
     }
     pthread_barrier_wait(&g->bar);
-    memcpy(buf, tmp, sizeof(float) * n);
+    memcpy(recv, tmp, sizeof(float) * out);
     free(tmp);
     return DT_OK;
 }
@@ -770,11 +813,14 @@ static void test_tensor_parallel(void) {
           "whole model forward/backward: %s", dt_last_error());
     size_t nw = dt_gpt_num_params(whole);
     // T = 2, 4, and 2 again with recomputation (its gradients bitwise the
-    // first T = 2's, kept in g2).
-    const int cases[3][2] = {{2, 0}, {4, 0}, {2, 1}};
-    float *g2[2] = {0};
-    for (int ci = 0; ci < 3; ci++) {
-        int ntp = cases[ci][0], rec = cases[ci][1];
+    // first T = 2's); the three again sequence parallel (against the same
+    // T without: loss and every gradient but the layernorms' bitwise, and
+    // recomputed bitwise its own). Each case's gradients are kept in gk.
+    enum { NCASE = 6 };
+    const int cases[NCASE][4] = {{2, 0, 0, -1}, {4, 0, 0, -1}, {2, 1, 0, 0}, {2, 0, 1, 0}, {4, 0, 1, 1}, {2, 1, 1, 3}};
+    float *gk[NCASE][4] = {{0}}, lk[NCASE] = {0};
+    for (int ci = 0; ci < NCASE; ci++) {
+        int ntp = cases[ci][0], rec = cases[ci][1], seq = cases[ci][2], ref_case = cases[ci][3];
         tp_group g = {.ntp = ntp};
         pthread_barrier_init(&g.bar, NULL, (unsigned)ntp);
         tp_shard sh[4] = {{0}};
@@ -783,8 +829,8 @@ static void test_tensor_parallel(void) {
         int ok = 1;
         for (int r = 0; r < ntp && ok; r++) {
             sh[r] = (tp_shard){.g = &g, .r = r, .x = x, .y = y};
-            ok = create_shard(&sh[r].m, &c, TPB, TPT, r, ntp, rec) == DT_OK && dt_gpt_init(sh[r].m, 7) == DT_OK;
-            CHECK(ok, "create shard %d of %d: %s", r, ntp, dt_last_error());
+            ok = create_shard_seq(&sh[r].m, &c, TPB, TPT, r, ntp, rec, seq) == DT_OK && dt_gpt_init(sh[r].m, 7) == DT_OK;
+            CHECK(ok, "create shard %d of %d%s: %s", r, ntp, seq ? " sequence parallel" : "", dt_last_error());
             if (!ok) break;
             dt_gpt_set_reduce(sh[r].m, tp_reduce_threads, &sh[r]);
             // The shard's parameters: its part of the whole model's.
@@ -797,22 +843,55 @@ static void test_tensor_parallel(void) {
         for (int r = 0; r < ntp && ok; r++) pthread_join(th[r], NULL);
         for (int r = 0; r < ntp && ok; r++) {
             tp_shard *s = &sh[r];
-            CHECK(s->st == DT_OK, "T=%d shard %d: forward/backward: %s", ntp, r, dt_last_error());
+            const char *sp = seq ? " sequence-parallel" : "";
+            CHECK(s->st == DT_OK, "T=%d%s shard %d: forward/backward: %s", ntp, sp, r, dt_last_error());
             CHECK(fabsf(s->loss - ref) <= 1e-6f * fabsf(ref) && s->loss == sh[0].loss,
-                  "T=%d shard %d: loss %.8g, whole model %.8g (every shard the same)", ntp, r, s->loss, ref);
+                  "T=%d%s shard %d: loss %.8g, whole model %.8g (every shard the same)", ntp, sp, r, s->loss, ref);
             // One sum per attention and per MLP block each way; the
             // embedding, the head's max and sums forward, the head's
             // layernorm input backward.
             // (Recomputation: the forward's two of each block but the last
             // again in backward.)
-            CHECK(s->fwd_calls == 2 * L + 3 && s->bwd_calls == 2 * L + 1 + (rec ? 2 * (L - 1) : 0),
-                  "T=%d shard %d%s: %d reductions forward (expected 2 x %d layers + 3), %d backward (expected 2 x %d + 1%s)",
-                  ntp, r, rec ? " recomputed" : "", s->fwd_calls, L, s->bwd_calls, L, rec ? " + 2 x (L - 1)" : "");
+            // Sequence parallel, forward: the embedding's reduce-scatter; a
+            // gather and a reduce-scatter per half; the head's gather, max
+            // and sums. Backward: the head's gather, reduce-scatter and
+            // layernorm sum; per layer 2 gathers of the output gradient, 2
+            // of the layernorms, 2 reduce-scatters and the layernorms' sum;
+            // the embedding's gather. (Recomputation: 4 per block again.)
+            int fw = seq ? 4 * L + 4 : 2 * L + 3, bw = seq ? 7 * L + 4 + (rec ? 4 * (L - 1) : 0) : 2 * L + 1 + (rec ? 2 * (L - 1) : 0);
+            CHECK(s->fwd_calls == fw && s->bwd_calls == bw,
+                  "T=%d%s shard %d%s: %d collectives forward (expected %d), %d backward (expected %d)", ntp, sp, r,
+                  rec ? " recomputed" : "", s->fwd_calls, fw, s->bwd_calls, bw);
+            // The floats a rank sends, S = BT C a stream: tensor parallel
+            // (8L + 4) (T - 1)/T S, sequence parallel (10L + 5) (T - 1)/T S,
+            // and the allreduces of the cross-entropy's 3 BT floats and
+            // sequence parallel's layernorm gradients (4C a layer, 2C).
+            double S = (double)TPB * TPT * c.n_embd, f = (double)(ntp - 1) / ntp;
+            double small = 2 * f * (3.0 * TPB * TPT + (seq ? 4.0 * L * c.n_embd + 2.0 * c.n_embd : 0));
+            double sent = (seq ? 10 * L + 5 : 2 * (4 * L + 2)) * f * S + small;
+            if (!rec)
+                CHECK(fabs(s->moved - sent) < 0.5, "T=%d%s shard %d: %.0f floats sent, expected %.0f", ntp, sp, r, s->moved,
+                      sent);
             size_t ns = dt_gpt_num_params(s->m);
-            if (ntp == 2 && !rec && (g2[r] = malloc(sizeof(float) * ns))) memcpy(g2[r], dt_gpt_grads(s->m), sizeof(float) * ns);
+            if ((gk[ci][r] = malloc(sizeof(float) * ns))) memcpy(gk[ci][r], dt_gpt_grads(s->m), sizeof(float) * ns);
+            lk[ci] = s->loss;
             if (rec)
-                CHECK(g2[r] && memcmp(g2[r], dt_gpt_grads(s->m), sizeof(float) * ns) == 0,
-                      "T=2 shard %d recomputed: gradients bitwise those without recomputation", r);
+                CHECK(gk[ref_case][r] && memcmp(gk[ref_case][r], dt_gpt_grads(s->m), sizeof(float) * ns) == 0,
+                      "T=2%s shard %d recomputed: gradients bitwise those without recomputation", sp, r);
+            if (seq && !rec) {
+                // The same sums in the same order but for the layernorms'
+                // weights (summed by rows on each shard, then over them).
+                CHECK(s->loss == lk[ref_case], "T=%d sequence-parallel shard %d: loss bitwise without (%.9g, %.9g)", ntp,
+                      r, s->loss, lk[ref_case]);
+                for (int i = 0; i < dt_gpt_num_tensors(s->m); i++) {
+                    const dt_tensor_info *t = dt_gpt_tensor(s->m, i);
+                    int ln = i == 2 || i == 3 || i == 8 || i == 9 || i == 14 || i == 15;
+                    if (!ln)
+                        CHECK(gk[ref_case][r] && !memcmp(gk[ref_case][r] + t->offset, dt_gpt_grads(s->m) + t->offset,
+                                                         sizeof(float) * t->numel),
+                              "T=%d sequence-parallel shard %d: gradient of %s bitwise without", ntp, r, t->name);
+                }
+            }
             dt_gpt_part_take(sh[r].m, want, 0, nw, dt_gpt_grads(whole));
             for (int i = 0; i < dt_gpt_num_tensors(s->m); i++) {
                 const dt_tensor_info *t = dt_gpt_tensor(s->m, i);
@@ -822,11 +901,11 @@ static void test_tensor_parallel(void) {
                     mx = fmax(mx, fabs(gw[j]));
                     d = fmax(d, fabs((double)gs[j] - gw[j]));
                 }
-                CHECK(d <= 1e-5 * mx, "T=%d shard %d: gradient of %s within 1e-5 of its largest (%.3g): off by %.3g",
-                      ntp, r, t->name, mx, d);
+                CHECK(d <= 1e-5 * mx, "T=%d%s shard %d: gradient of %s within 1e-5 of its largest (%.3g): off by %.3g",
+                      ntp, sp, r, t->name, mx, d);
                 if (!dt_gpt_tensor_split(i))
                     CHECK(memcmp(gs, dt_gpt_grads(sh[0].m) + t->offset, sizeof(float) * t->numel) == 0,
-                          "T=%d shard %d: gradient of the whole tensor %s bitwise shard 0's", ntp, r, t->name);
+                          "T=%d%s shard %d: gradient of the whole tensor %s bitwise shard 0's", ntp, sp, r, t->name);
             }
         }
         // Shard tensors: 1/T of the split ones, the rest whole.
@@ -859,8 +938,8 @@ static void test_tensor_parallel(void) {
         for (int r = 0; r < ntp; r++) dt_gpt_free(sh[r].m);
         pthread_barrier_destroy(&g.bar);
     }
-    free(g2[0]);
-    free(g2[1]);
+    for (int ci = 0; ci < NCASE; ci++)
+        for (int r = 0; r < 4; r++) free(gk[ci][r]);
     dt_gpt *bad;
     CHECK(create_shard(&bad, &c, 1, 1, 0, 3, 0) == DT_ERR_ARG && strstr(dt_last_error(), "hidden size 32"),
           "3 shards of a hidden size of 32 refused: %s", dt_last_error());
@@ -870,6 +949,29 @@ static void test_tensor_parallel(void) {
     const dt_gpt_config c6 = {1, 6, 36, 16, 90, 100};
     CHECK(create_shard(&bad, &c6, 1, 1, 0, 3, 0) == DT_ERR_ARG && strstr(dt_last_error(), "100 rows"),
           "3 shards of 100 vocabulary rows refused: %s", dt_last_error());
+    CHECK(create_shard_seq(&bad, &c, 2, 8, 0, 1, 0, 1) == DT_ERR_ARG && strstr(dt_last_error(), "needs tensor-parallel shards"),
+          "sequence parallel on one shard refused: %s", dt_last_error());
+    CHECK(create_shard_seq(&bad, &c, 1, 6, 0, 4, 0, 1) == DT_ERR_ARG && strstr(dt_last_error(), "1 x 6 = 6 tokens"),
+          "sequence parallel over 4 shards of 6 tokens refused: %s", dt_last_error());
+    // A set of another kind than the model's, and a shape the shards do not divide.
+    dt_gpt *sq;
+    dt_gpt_acts *plain, *a6;
+    dt_gpt_acts_params pp = {2, 8, 0, c.n_layer, 2, 0, 0}, p6 = {2, 8, 0, c.n_layer, 2, 0, 1};
+    int ok = create_shard_seq(&sq, &c, 0, 0, 0, 2, 0, 1) == DT_OK && dt_gpt_acts_create_with(&plain, &c, &pp) == DT_OK &&
+             dt_gpt_acts_create_with(&a6, &c, &p6) == DT_OK;
+    CHECK(ok, "a sequence-parallel shard and sets: %s", dt_last_error());
+    if (ok) {
+        CHECK(dt_gpt_embed_forward(sq, plain, x, dt_gpt_acts_resid(plain, 0)) == DT_ERR_ARG &&
+                  strstr(dt_last_error(), "made without sequence parallel"),
+              "a set without sequence parallel refused by a model with it: %s", dt_last_error());
+        CHECK(dt_gpt_acts_set_shape(a6, 1, 7) == DT_ERR_ARG && strstr(dt_last_error(), "1 x 7 = 7 tokens"),
+              "a shape of 7 tokens over 2 shards refused: %s", dt_last_error());
+        CHECK(dt_gpt_acts_resid(a6, 1) - dt_gpt_acts_resid(a6, 0) == 8 * c.n_embd,
+              "a sequence-parallel set's stream: 16 / 2 rows a layer");
+        dt_gpt_acts_free(plain);
+        dt_gpt_acts_free(a6);
+        dt_gpt_free(sq);
+    }
     dt_gpt_free(whole);
 }
 
@@ -921,7 +1023,7 @@ static void test_held(void) {
     random_tokens(x, 16, c.vocab_size);
     random_tokens(y, 16, c.vocab_size);
     dt_gpt_acts *sa, *sb;
-    dt_gpt_acts_params p0 = {2, 8, 0, 2, 1, 0}, p1 = {2, 8, 2, 4, 1, 0};
+    dt_gpt_acts_params p0 = {2, 8, 0, 2, 1, 0, 0}, p1 = {2, 8, 2, 4, 1, 0, 0};
     float lw, lb = 0;
     ok = dt_gpt_acts_create_with(&sa, &c, &p0) == DT_OK && dt_gpt_acts_create_with(&sb, &c, &p1) == DT_OK;
     float *mid = dt_gpt_acts_resid(sb, 2), *d = zeros(16 * 32);

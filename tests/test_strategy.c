@@ -95,6 +95,7 @@ static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 #define GPIPE "--set parallel.schedule=gpipe "
 #define DET "--deterministic "
 #define REC "--set train.recompute=blocks "
+#define SEQP "--set parallel.sequence=true "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
@@ -238,6 +239,8 @@ static const row rows[] = {
     {"pipeline-zero", "mlp", 4, 0, SEQ20 "--zero 1 --set parallel.tensor=2", SEQ20, 1e-5, 0},
     {"pipeline-zero", "gptt", 4, 0, TP20 "--zero 1 --set parallel.tensor=2 --set parallel.micro_batches=3",
      TP20 "--set parallel.tensor=2 --set parallel.micro_batches=3", 0, 4},
+    {"pipeline-zero", "gptt", 4, 0, TP20 SEQP "--zero 1 --set parallel.tensor=2 --set parallel.micro_batches=3",
+     TP20 SEQP "--set parallel.tensor=2 --set parallel.micro_batches=3", 0, 4},
     // --deterministic with pipeline and tensor parallel: bitwise equal
     // across data-parallel sizes (against data 1, ref_workers = T x P) and
     // across repeats (the same layout twice)
@@ -249,6 +252,7 @@ static const row rows[] = {
     {"model-parallel-det", "gpt4", 6, 0, DET PP2, DET PP2, 0, 2},
     {"model-parallel-det", "gptt", 4, 0, TP20 DET "--set parallel.tensor=2", TP20 DET "--set parallel.tensor=2", 0, 2},
     {"model-parallel-det", "gptt4", 8, 0, TP20 DET "--set parallel.tensor=2 " PP2, TP20 DET "--set parallel.tensor=2 " PP2, 0, 4},
+    {"model-parallel-det", "gptt", 4, 0, TP20 DET SEQP "--set parallel.tensor=2", TP20 DET SEQP "--set parallel.tensor=2", 0, 2},
     // ... and one deterministic process: the MLP bitwise (the same micro-batch
     // gradients, layer by layer), the GPT on a grid within 1e-5 (tensor
     // shards add partial sums in another order)
@@ -276,6 +280,20 @@ static const row rows[] = {
     {"tensor", "gptt4", 4, 0, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 --set parallel.micro_batches=2", TP20, 1e-5, 0},
     {"tensor", "gptt", 2, 1, TP20 "--set parallel.tensor=2", TP20, 1e-5, 0},
     {"tensor", "gptt4", 4, 1, TP20 "--set parallel.tensor=2 --set parallel.pipeline=2", TP20, 1e-5, 0},
+    // sequence parallelism (the stream, layernorms and residual adds divided
+    // along the tokens): against one process as the tensor rows, and against
+    // tensor parallel without it on as many workers
+    {"sequence", "gptt", 2, 0, TP20 SEQP "--set parallel.tensor=2", TP20, 1e-5, 0},
+    {"sequence", "gptt", 4, 0, TP20 SEQP "--set parallel.tensor=4", TP20, 1e-5, 0},
+    {"sequence", "gptt", 2, 0, TP20 SEQP "--set parallel.tensor=2", TP20 "--set parallel.tensor=2", 1e-5, 2},
+    {"sequence", "gptt", 4, 0, TP20 SEQP "--set parallel.tensor=4", TP20 "--set parallel.tensor=4", 1e-5, 4},
+    {"sequence", "gptt", 4, 0, TP20 SEQP "--set parallel.tensor=2 --set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"sequence", "gptt4", 4, 0, TP20 SEQP "--set parallel.tensor=2 " PP2 GPIPE "--set parallel.micro_batches=4", TP20, 1e-5, 0},
+    {"sequence", "gptt4", 8, 0, TP20 SEQP "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=3", TP20, 1e-5, 0},
+    {"sequence", "gptt4", 4, 0, TP20 SEQP "--set optim.clip_norm=0.5 --set parallel.tensor=2 " PP2,
+     TP20 "--set optim.clip_norm=0.5", 1e-5, 0},
+    {"sequence", "gptt4", 4, 0, TP20 SEQP "--set parallel.tensor=2 " PP2 ILV "--set parallel.micro_batches=2", TP20, 1e-5, 0},
+    {"sequence", "gptt", 2, 1, TP20 SEQP "--set parallel.tensor=2", TP20, 1e-5, 0},
     // Gradient compression (docs/compression.md): the settings that send
     // everything are exact; the lossy ones stay close over 50 steps.
     {"dp+topk", "mlp", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4, 0},
@@ -355,6 +373,7 @@ static const row rows[] = {
     // bf16 with tensor parallel (shards' partial sums in fp32, then a bf16 rounding: the GPT rows'
     // tolerance) and with parameter servers (each worker's GEMMs as data parallel's: as tight as fp32's)
     {"precision", "gptt", 2, 0, TP20 "--precision bf16 --set parallel.tensor=2", TP20 "--precision bf16", 5e-2, 0},
+    {"precision", "gptt", 2, 0, TP20 "--precision bf16 " SEQP "--set parallel.tensor=2", TP20 "--precision bf16", 5e-2, 0},
     {"precision", "mlp", 2, 0, "--precision bf16 --servers 1", "--precision bf16", 1e-6, 2},
     // [train] recompute = blocks (docs/model-parallel.md): each block's activations made again in backward
     // from its input, the same kernels on the same input: bitwise the same layout without it
@@ -363,6 +382,8 @@ static const row rows[] = {
     {"recompute", "gpt", 2, 0, REC "--zero 3", "--zero 3", 0, 2},
     {"recompute", "gpt4", 2, 0, REC PP2 "--set parallel.micro_batches=4", PP2 "--set parallel.micro_batches=4", 0, 2},
     {"recompute", "gptt4", 4, 0, TP20 REC "--set parallel.tensor=2 " PP2, TP20 "--set parallel.tensor=2 " PP2, 0, 4},
+    {"recompute", "gptt", 4, 0, TP20 REC SEQP "--set parallel.tensor=4", TP20 SEQP "--set parallel.tensor=4", 0, 4},
+    {"recompute", "gptt4", 4, 0, TP20 REC SEQP "--set parallel.tensor=2 " PP2, TP20 SEQP "--set parallel.tensor=2 " PP2, 0, 4},
 };
 
 static const char *model_cfg(const char *model) {
@@ -837,6 +858,60 @@ static void tensor_parallel(void) {
     check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
+// Sequence parallelism around the table's "sequence" rows: a checkpoint
+// (the same format, the same weights) resumes across sequence-parallel and
+// plain tensor-parallel layouts: on its own layout bitwise, on the other,
+// on tensor 4 and on one process within 1e-5; summary.json says it; what it does not apply to is refused at start.
+static void sequence_parallel(void) {
+    const char *g = "--set train.max_steps=20 --set checkpoint.every_steps=10";
+    const char *t2 = "--set parallel.tensor=2", *t2s = "--set parallel.tensor=2 --set parallel.sequence=true";
+    char flags[1024];
+    snprintf(flags, sizeof flags, "%s %s", g, t2s);
+    int rc = train("sp-ck", cfg_gptt4, 2, flags);
+    CHECK(rc == 0, "tensor 2, sequence parallel, with checkpoints: exit %d", rc);
+    snprintf(flags, sizeof flags, "%s %s", g, t2);
+    CHECK(train("sp-tp2-ck", cfg_gptt4, 2, flags) == 0, "tensor 2 with checkpoints");
+    const struct {
+        const char *name, *from, *flags, *vs;
+        int workers;
+        double tol;
+    } resume[] = {
+        {"sp-res-same", "sp-ck", t2s, "sp-ck", 2, 0},
+        {"sp-res-plain", "sp-ck", t2, "sp-ck", 2, 1e-5},
+        {"sp-res-from-plain", "sp-tp2-ck", t2s, "sp-tp2-ck", 2, 1e-5},
+        {"sp-res-t4", "sp-ck", "--set parallel.tensor=4 --set parallel.sequence=true", "sp-ck", 4, 1e-5},
+        {"sp-res-1", "sp-ck", "", "sp-ck", 1, 1e-5},
+    };
+    for (int i = 0; i < (int)(sizeof resume / sizeof *resume); i++) {
+        snprintf(flags, sizeof flags, "--set train.max_steps=20 %s --set checkpoint.resume=%s/%s/checkpoints/step-00000010",
+                 resume[i].flags, g_tmp, resume[i].from);
+        rc = train(resume[i].name, cfg_gptt4, resume[i].workers, flags);
+        int bw = 0;
+        double d = rc == 0 ? compare(resume[i].vs, resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "%s's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g to %s (%s)", resume[i].from,
+              resume[i].workers, resume[i].flags, rc, d, resume[i].vs, resume[i].tol == 0 ? "bitwise" : "tolerance 1e-5");
+        printf("sequence parallel: %s's checkpoint resumed on %d workers %s: %s (max rel diff %.3g)\n", resume[i].from,
+               resume[i].workers, *resume[i].flags ? resume[i].flags : "(one process)",
+               bw && d == 0 ? "bitwise" : "within 1e-5", d);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/sp-ck/summary.json", g_tmp);
+    char *sum = tl_read_file(path, NULL);
+    const char *sq = sum ? strstr(sum, "\"sequence\":") : NULL;
+    CHECK(sq && !strncmp(sq + 11 + strspn(sq + 11, " \t"), "true", 4), "summary.json's pipeline object says sequence: true");
+    free(sum);
+    const refusal bad[] = {
+        {cfg_gptt, 2, "--set parallel.sequence=true",
+         "[parallel] sequence = true divides what tensor-parallel ranks hold whole along the tokens, and tensor = 1"},
+        {cfg_gptt, 2, "--set parallel.tensor=2 --set parallel.sequence=true --set train.seq_len=7",
+         "[parallel] sequence = true: tensor = 2 does not divide [train] seq_len = 7"},
+        {cfg_mlp, 2, "--set parallel.tensor=2 --set parallel.sequence=true",
+         "[parallel] sequence = true: only a GPT's tensor parallel divides"},
+    };
+    check_refused(bad, (int)(sizeof bad / sizeof *bad));
+}
+
 // Tensor parallel of a sequential model around the table's "tensor-seq"
 // rows: a shard holds its part of the pair (summary.json's count), its
 // checkpoints hold the whole model's tensors and resume on the same layout
@@ -1132,6 +1207,7 @@ static void memory_rows(void) {
         int workers;
     } rows[] = {{"one", "", 1},
                 {"tensor2", "--set parallel.tensor=2", 2},
+                {"tensor2-seq", "--set parallel.tensor=2 --set parallel.sequence=true", 2},
                 {"pipeline2", "--set parallel.pipeline=2", 2},
                 {"zero3", "--zero 3", 2},
                 {"zero3-recompute", "--zero 3 --set train.recompute=blocks", 2}};
@@ -1188,6 +1264,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
     if (!only || !strcmp(only, "tensor")) tensor_parallel();
     if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
+    if (!only || !strcmp(only, "sequence")) sequence_parallel();
     if (!only || !strcmp(only, "pipeline-zero")) pipeline_zero();
     if (!only || !strcmp(only, "memory")) memory_rows();
     if (!only || !strcmp(only, "pipeline")) gradient_traffic();

@@ -17,7 +17,7 @@
  *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16),
  *             recompute (none|blocks)
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
- *             offload_dir, pipeline, tensor, micro_batches, schedule, virtual_stages,
+ *             offload_dir, pipeline, tensor, sequence, micro_batches, schedule, virtual_stages,
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups, share
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
@@ -102,6 +102,7 @@ typedef struct {
     /* model parallel (docs/model-parallel.md) */
     int pipeline;                  /* stages P (1: none) */
     int tensor;                    /* tensor-parallel ranks T (1: none) */
+    int sequence;                  /* [parallel] sequence: a GPT's sequence parallelism over the T ranks (0: off) */
     int micro_batches;             /* per data-parallel replica and step (0: P) */
     int pipeline_schedule;         /* 0 gpipe, 1 1f1b, 2 interleaved (1f1b over virtual stages) */
     int virtual_stages;            /* V: chunks of layers a stage runs (schedule = interleaved) */

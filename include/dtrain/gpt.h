@@ -110,11 +110,16 @@ DT_API void dt_gpt_free(dt_gpt *m);
  * the residual stream before each block and one block's activations, which
  * backward makes again block by block from the stream (the same kernels on
  * the same input: results bitwise those without recomputation, for one more
- * forward of the blocks). */
+ * forward of the blocks); seq = 1 (sequence parallel, ntp > 1) divides
+ * the rest along the tokens: the shard keeps rows [tp R, (tp + 1) R), R =
+ * B T / ntp, of the residual stream, the layernorms' outputs and their
+ * statistics (B T must be a multiple of ntp), where without it every shard
+ * keeps all B T rows. */
 typedef struct {
     int B, T, l0, l1, ntp, recompute;
+    int seq;
 } dt_gpt_acts_params;
-/* {B, T, 0, n_layer, 1, 0}: the whole model's, every activation kept. */
+/* {B, T, 0, n_layer, 1, 0, 0}: the whole model's, every activation kept. */
 DT_API dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T);
 /* Bytes of the activation buffers (saved activations, backward scratch,
  * inputs and targets) of a model running sets of p beside its parameter and
@@ -197,10 +202,12 @@ DT_API dt_gpt_acts *dt_gpt_default_acts(dt_gpt *m);
  * forward. */
 DT_API dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T);
 /* The residual stream [B,T,C] before layer l (l1: after the last layer),
- * for l0 <= l <= l1; NULL otherwise. Where it lies depends on the current
+ * for l0 <= l <= l1; NULL otherwise. (A sequence-parallel set's: the
+ * shard's rows of it, [B*T/ntp, C]; the stage calls below then take and
+ * give the stream and its gradient as those rows.) Where it lies depends on the current
  * shape: ask after dt_gpt_acts_set_shape, not before. The stage calls may use these as
  * resid_in/resid_out (the whole-model calls do: no copies), or any other
- * buffers of B*T*C floats. */
+ * buffers of B*T*C floats (B*T*C/ntp sequence-parallel). */
 DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
 /* Logits [B,T,V] of the last head forward, valid until the head backward;
  * NULL without a head. */
@@ -275,7 +282,7 @@ DT_API void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user);
  * token embedding and the tied head vocab-parallel (padded_vocab_size / ntp
  * rows of wte each); layernorms, wpe and the row-parallel linears' biases
  * are whole on every rank. Activations between the blocks are whole on
- * every rank; the model sums its partial results over the shards through
+ * every rank (but with sequence parallelism, below); the model sums its partial results over the shards through
  * the reduce function: after each row-parallel linear in forward and after
  * each column-parallel linear's input gradient in backward (one sum per
  * attention and per MLP block each way, 2 + 2 a layer), the embedding's
@@ -284,14 +291,35 @@ DT_API void dt_gpt_set_layer_hook(dt_gpt *m, dt_gpt_layer_fn fn, void *user);
  * whole row of logits) and the layernorm's input gradient backward. The
  * shards' calls must run in the same order on every rank. The shard's
  * logits (dt_gpt_logits) are its columns [BT, its rows of wte below
- * vocab_size]. */
+ * vocab_size].
+ *
+ * Sequence parallel (Megatron-LM's; acts->seq = 1): the stream between the
+ * blocks, the layernorms and the residual adds are divided along the B*T
+ * tokens, each shard holding its rows [tp R, (tp + 1) R), R = B*T / ntp.
+ * An allgather of the layernorm's rows enters each column-parallel part
+ * (qkv, fc, the head's logits) and a reduce-scatter of the partial outputs
+ * leaves each row-parallel one (the projections; the embedding's rows);
+ * backward gathers the output gradient before the row-parallel linears and
+ * the layernorm's rows again before the column-parallel weight gradients,
+ * and reduce-scatters the column-parallel input gradients. The layernorm
+ * weights' gradients (from the shard's rows) are summed over the shards
+ * once a layer (ln1, ln2 together) and once in the head (lnf), so that the
+ * whole tensors' gradients are the same on every shard again. */
 
-/* Sums (max = 0) or maxes (max = 1) buf[n] in place over the ntp shards;
- * every shard gets the same result. */
-typedef dt_status (*dt_gpt_reduce_fn)(float *buf, size_t n, int max, void *user);
+/* The collectives over the ntp shards, every shard calling the same in
+ * the same order:
+ *   DT_GPT_SUM, DT_GPT_MAX: recv[n] = the sum (max) of the shards' send[n]
+ *     (send == recv: in place); every shard gets the same result;
+ *   DT_GPT_REDUCE_SCATTER: send[ntp n] summed over the shards, shard t
+ *     getting block t of the sum in recv[n] (recv == send: at its start);
+ *   DT_GPT_ALLGATHER: recv[ntp n] = the shards' send[n] in shard order.
+ * The last two serve sequence parallelism only. */
+typedef enum { DT_GPT_SUM, DT_GPT_MAX, DT_GPT_REDUCE_SCATTER, DT_GPT_ALLGATHER } dt_gpt_coll;
+typedef dt_status (*dt_gpt_reduce_fn)(dt_gpt_coll op, const float *send, float *recv, size_t n, void *user);
 /* dt_gpt_create for shard tp of acts->ntp (dt_gpt_create: 0 of 1), its
  * default set of activations made as acts says (every layer, whatever
- * acts->l0 and l1 are; acts->B = T = 0: none). The parameter and gradient
+ * acts->l0 and l1 are; acts->B = T = 0: none); sequence parallel where
+ * acts->seq is (its sets must be too; DT_ERR_ARG with ntp = 1). The parameter and gradient
  * blocks hold the shard's tensors, named as the whole model's and shaped as
  * above (dt_gpt_tensor). DT_ERR_ARG when ntp does not divide the heads, the
  * hidden size or the padded vocabulary (dt_gpt_tensor_parallel_check). */

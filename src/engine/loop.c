@@ -39,6 +39,23 @@ const dt_task_ops *dt_task_for(const dt_config *c) {
     return &dt_task_classifier;
 }
 
+// [parallel] sequence divides a GPT's tensor-parallel shards' stream along
+// the tokens of every micro-batch (engine/tasks/gpt.c).
+static dt_status sequence_check(const dt_config *c) {
+    if (!c->sequence) return DT_OK;
+    if (!c->gpt)
+        return dt_error(DT_ERR_CONFIG, "[parallel] sequence = true: only a GPT's tensor parallel divides its layernorms "
+                                       "and residual stream along the tokens; use sequence = false");
+    if (c->tensor < 2)
+        return dt_error(DT_ERR_CONFIG, "[parallel] sequence = true divides what tensor-parallel ranks hold whole along "
+                                       "the tokens, and tensor = %d; set tensor >= 2 or sequence = false", c->tensor);
+    if (c->seq_len % c->tensor)
+        return dt_error(DT_ERR_CONFIG, "[parallel] sequence = true: tensor = %d does not divide [train] seq_len = %d "
+                                       "(each tensor rank keeps 1 / tensor of every micro-batch's tokens); choose a "
+                                       "seq_len that it divides, or sequence = false", c->tensor, c->seq_len);
+    return DT_OK;
+}
+
 dt_status dt_train_check(const dt_config *c, int W) {
     // One way of spreading the work at a time: the registry takes the
     // first strategy that wants the config, so a second one asked for
@@ -88,7 +105,8 @@ dt_status dt_train_check(const dt_config *c, int W) {
                         c->comp_method == DT_COMP_RANDOMK ? "random-k's indices are drawn alike by the ranks of one "
                                                             "allreduce"
                                                           : "PowerSGD needs two allreduces over the workers a piece");
-    dt_status st = dt_strategy_for(c)->check(c, W);
+    dt_status st = sequence_check(c);
+    if (st == DT_OK) st = dt_strategy_for(c)->check(c, W);
     return st == DT_OK ? dt_check_offload(c) : st;
 }
 

@@ -27,7 +27,9 @@ enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FC
 // layers [l0, l1), sized for maxB x maxT; per-layer ones are [l1-l0, B, T, ...]
 // at the current B x T's stride (recompute: [1, B, T, ...], one layer's). A
 // shard's qkv, atty, att, fch, fch_gelu, logits and probs are its heads',
-// hidden units' and vocabulary rows' (C/ntp, NH/ntp, 4C/ntp, Vp/ntp). The attention and MLP projections are not
+// hidden units' and vocabulary rows' (C/ntp, NH/ntp, 4C/ntp, Vp/ntp); a
+// sequence-parallel set's resid, ln1, ln2, residual2, lnf and the layernorm
+// statistics are the shard's R = BT/ntp rows. The attention and MLP projections are not
 // kept: backward does not read them, so they are summed into the residual
 // stream in place. In a low precision (the kernels' when the set is made:
 // `store`) the four matmul inputs that only matmuls read, ln1, atty, ln2 and
@@ -38,9 +40,10 @@ struct dt_gpt_acts {
     dt_gpt_config c;
     int l0, l1, maxB, maxT, B, T;
     int ntp;                          // sized for a shard of ntp (1: the whole model)
+    int seq;                          // sequence parallel: the stream and the layernorms are R = BT/ntp rows
     int recompute;                    // the per-layer parts below hold one layer: `slot`'s
     int slot;                         // recompute: the layer whose activations they hold (-1: none)
-    float *resid;                     // [l1-l0+1, B,T,C]: the stream before each layer, and after l1-1
+    float *resid;                     // [l1-l0+1, R,C]: the stream before each layer, and after l1-1 (R = BT or BT/ntp)
     dt_dtype store;                   // of ln1, atty, ln2, fch_gelu: DT_F32, DT_BF16 or DT_F16
     float *ln1, *ln1_mean, *ln1_rstd; // [.., B,T,C], [.., B,T]
     float *qkv;                       // [.., B,T,3C]
@@ -71,7 +74,10 @@ struct dt_gpt {
     // scratch_att attention floats, reused layer after layer and by every
     // activation set; dresidual is the whole-model backward's stream gradient.
     size_t scratch_bt, scratch_att;
-    float *dresidual, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *datt;
+    // Sequence parallel: dresidual is the shard's rows, datty and dln hold
+    // the gathered rows of a layernorm or a gradient, dlnw [4C] a layer's
+    // layernorm weight gradients on their way to the sum over the shards.
+    float *dresidual, *dln, *datty, *dqkv, *dfch, *dfch_gelu, *datt, *dlnw;
 
     // The blocks kept (dt_gpt_set_held; NULL: all) and the ranges of the
     // block they, the embedding and the head take, in block order.
@@ -80,8 +86,8 @@ struct dt_gpt {
     int nheld;
 
     // Tensor parallel: this shard is rank tp of ntp (1: the whole model);
-    // reduce sums (or maxes) a buffer over the ntp shards.
-    int tp, ntp;
+    // reduce runs the collectives over the ntp shards; seq: sequence parallel.
+    int tp, ntp, seq;
     dt_gpt_reduce_fn reduce;
     void *reduce_user;
 
@@ -139,6 +145,16 @@ static dt_status check_batch(const dt_gpt_config *c, int B, int T, const char *w
     return DT_OK;
 }
 
+// Sequence parallel divides the B*T tokens of a batch among the ntp shards.
+static dt_status check_seq(int ntp, int B, int T, const char *what) {
+    if (ntp < 2)
+        return dt_error(DT_ERR_ARG, "%s: sequence parallel needs tensor-parallel shards (ntp = %d)", what, ntp);
+    if (((int64_t)B * T) % ntp)
+        return dt_error(DT_ERR_ARG, "%s: sequence parallel: %d tensor-parallel shards do not divide the batch's %d x %d = %lld tokens",
+                        what, ntp, B, T, (long long)B * T);
+    return DT_OK;
+}
+
 // Elements (4 bytes: float or int32) of each part of a set, rounded up to
 // 64 bytes so that every part starts aligned; returns the bytes in all. With
 // half, the 16-bit parts (ln1, atty, ln2, fch_gelu) take half the room.
@@ -148,13 +164,13 @@ static size_t acts_sizes(const dt_gpt_config *c, const dt_gpt_acts_params *p, in
     size_t nk = p->recompute && nl ? 1 : nl, ntp = (size_t)p->ntp;  // layers whose activations are kept
     size_t C = c->n_embd, Cl = C / ntp, F = 4 * C / ntp, NHl = c->n_head / ntp;
     size_t V = ntp > 1 ? (size_t)c->padded_vocab_size / ntp : (size_t)c->vocab_size;
-    size_t BT = (size_t)p->B * p->T, att = BT * NHl * p->T;
+    size_t BT = (size_t)p->B * p->T, att = BT * NHl * p->T, R = p->seq ? BT / ntp : BT;  // the stream's rows
     const size_t want[NACTS] = {
-        (nl + 1) * BT * C,                                                 // resid
-        nk * BT * C, nk * BT, nk * BT, nk * BT * 3 * Cl, nk * BT * Cl,     // ln1, mean, rstd, qkv, atty
-        nk * att, nk * BT * C, nk * BT * C, nk * BT, nk * BT,              // att, residual2, ln2, mean, rstd
+        (nl + 1) * R * C,                                                  // resid
+        nk * R * C, nk * R, nk * R, nk * BT * 3 * Cl, nk * BT * Cl,        // ln1, mean, rstd, qkv, atty
+        nk * att, nk * R * C, nk * R * C, nk * R, nk * R,                  // att, residual2, ln2, mean, rstd
         nk * BT * F, nk * BT * F,                                          // fch, fch_gelu
-        head * BT * C, head * BT, head * BT, head * BT * V, head * BT * V, // lnf, mean, rstd, logits, probs
+        head * R * C, head * R, head * R, head * BT * V, head * BT * V,    // lnf, mean, rstd, logits, probs
         head * BT, embed * BT};                                            // targets, inputs
     size_t total = 0;
     for (int i = 0; i < NACTS; i++) {
@@ -165,7 +181,7 @@ static size_t acts_sizes(const dt_gpt_config *c, const dt_gpt_acts_params *p, in
 }
 
 dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T) {
-    return (dt_gpt_acts_params){B, T, 0, c->n_layer, 1, 0};
+    return (dt_gpt_acts_params){B, T, 0, c->n_layer, 1, 0, 0};
 }
 
 void dt_gpt_acts_free(dt_gpt_acts *a) {
@@ -185,10 +201,11 @@ dt_status dt_gpt_acts_create_with(dt_gpt_acts **out, const dt_gpt_config *c, con
     if (l0 < 0 || l0 > l1 || l1 > c->n_layer)
         return dt_error(DT_ERR_ARG, "gpt activations: layers [%d, %d): expected 0 <= l0 <= l1 <= n_layer (%d)",
                         l0, l1, c->n_layer);
+    if (p->seq && (st = check_seq(p->ntp, B, T, "gpt activations")) != DT_OK) return st;
     dt_gpt_acts *a = calloc(1, sizeof *a);
     if (!a) return dt_error(DT_ERR_NOMEM, "gpt activations: out of memory");
     *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T, .ntp = p->ntp,
-                       .recompute = p->recompute != 0, .slot = -1, .store = dt_kernels_precision()};
+                       .seq = p->seq != 0, .recompute = p->recompute != 0, .slot = -1, .store = dt_kernels_precision()};
     // In acts_sizes' order.
     void *parts[NACTS] = {&a->resid, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
                           &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
@@ -220,7 +237,7 @@ size_t dt_gpt_acts_size(const dt_gpt_config *c, const dt_gpt_acts_params *p) {
 }
 
 static dt_gpt_acts_params params_of(const dt_gpt_acts *a) {
-    return (dt_gpt_acts_params){a->maxB, a->maxT, a->l0, a->l1, a->ntp, a->recompute};
+    return (dt_gpt_acts_params){a->maxB, a->maxT, a->l0, a->l1, a->ntp, a->recompute, a->seq};
 }
 
 size_t dt_gpt_acts_saved(const dt_gpt_acts *a) {
@@ -231,9 +248,9 @@ size_t dt_gpt_acts_saved(const dt_gpt_acts *a) {
 
 // The backward scratch a set of B x T of a shard of ntp needs
 // (reserve_scratch), in floats.
-static size_t scratch_floats(const dt_gpt_config *c, int B, int T, int ntp) {
-    size_t BT = (size_t)B * T, C = c->n_embd, F = 4 * C / ntp, CF = C > F ? C : F;
-    return BT * C * 3 + BT * 3 * (C / ntp) + BT * (F + CF) + BT * (c->n_head / ntp) * T;
+static size_t scratch_floats(const dt_gpt_config *c, int B, int T, int ntp, int seq) {
+    size_t BT = (size_t)B * T, C = c->n_embd, F = 4 * C / ntp, CF = C > F ? C : F, R = seq ? BT / ntp : BT;
+    return R * C + BT * C * 2 + BT * 3 * (C / ntp) + BT * (F + CF) + BT * (c->n_head / ntp) * T + 4 * C;
 }
 
 size_t dt_gpt_activation_bytes(const dt_gpt_config *c, const dt_gpt_acts_params *p) {
@@ -243,7 +260,7 @@ size_t dt_gpt_activation_bytes(const dt_gpt_config *c, const dt_gpt_acts_params 
     double BT = (double)p->B * p->T, C = c->n_embd, L = c->n_layer;
     double bound = 4.0 * BT * ((L + 2) * (16 * C + 2.0 * c->n_head * p->T + 8) + 2.0 * c->vocab_size + 64);
     if (!(bound < 0x1p60)) return SIZE_MAX;
-    return dt_gpt_acts_size(c, p) + sizeof(float) * scratch_floats(c, p->B, p->T, p->ntp);
+    return dt_gpt_acts_size(c, p) + sizeof(float) * scratch_floats(c, p->B, p->T, p->ntp, p->seq);
 }
 
 dt_status dt_gpt_acts_create(dt_gpt_acts **out, const dt_gpt_config *c, int B, int T) {
@@ -255,6 +272,8 @@ dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T) {
     if (B < 1 || B > a->maxB || T < 1 || T > a->maxT)
         return dt_error(DT_ERR_ARG, "gpt forward: batch %d x context %d exceeds the %d x %d the activations were built for (block_size %d)",
                         B, T, a->maxB, a->maxT, a->c.block_size);
+    dt_status st = a->seq ? check_seq(a->ntp, B, T, "gpt forward") : DT_OK;
+    if (st != DT_OK) return st;
     a->B = B;
     a->T = T;
     a->slot = -1;
@@ -265,7 +284,7 @@ dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T) {
 
 float *dt_gpt_acts_resid(dt_gpt_acts *a, int l) {
     if (l < a->l0 || l > a->l1) return NULL;
-    return a->resid + (size_t)(l - a->l0) * a->B * a->T * a->c.n_embd;
+    return a->resid + (size_t)(l - a->l0) * a->B * a->T / (a->seq ? a->ntp : 1) * a->c.n_embd;
 }
 const float *dt_gpt_acts_logits(const dt_gpt_acts *a) { return a->logits; }
 size_t dt_gpt_acts_bytes(const dt_gpt_acts *a) { return a->bytes; }
@@ -274,7 +293,7 @@ size_t dt_gpt_acts_bytes(const dt_gpt_acts *a) { return a->bytes; }
 // create / free
 
 static void free_scratch(dt_gpt *m) {
-    float **bufs[] = {&m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu, &m->datt};
+    float **bufs[] = {&m->dresidual, &m->dln, &m->datty, &m->dqkv, &m->dfch, &m->dfch_gelu, &m->datt, &m->dlnw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         dt_free(*bufs[i]);
         *bufs[i] = NULL;
@@ -293,9 +312,10 @@ static dt_status reserve_scratch(dt_gpt *m, const dt_gpt_acts *a) {
     free_scratch(m);
     // datty and dfch_gelu also hold a whole-width 16-bit input widened, and
     // dfch_gelu a forward's before it is rounded (C floats a token).
+    // (In scratch_floats' order.)
     struct { float **p; size_t n; } want[] = {
-        {&m->dresidual, BT * C}, {&m->dln, BT * C}, {&m->datty, BT * C}, {&m->dqkv, BT * 3 * Cl},
-        {&m->dfch, BT * F}, {&m->dfch_gelu, BT * CF}, {&m->datt, att}};
+        {&m->dresidual, (m->seq ? (BT + m->ntp - 1) / m->ntp : BT) * C}, {&m->dln, BT * C}, {&m->datty, BT * C},
+        {&m->dqkv, BT * 3 * Cl}, {&m->dfch, BT * F}, {&m->dfch_gelu, BT * CF}, {&m->datt, att}, {&m->dlnw, 4 * C}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!(*want[i].p = dt_alloc(sizeof(float) * want[i].n))) {
             free_scratch(m);
@@ -328,6 +348,7 @@ dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt
     int B = acts->B, T = acts->T, ntp = acts->ntp;
     dt_status st = dt_gpt_config_check(c, "gpt");
     if (st == DT_OK) st = dt_gpt_tensor_parallel_check(c, ntp, "gpt: tensor-parallel ranks");
+    if (st == DT_OK && acts->seq && ntp < 2) st = check_seq(ntp, 1, 1, "gpt");
     if (st == DT_OK && (tp < 0 || tp >= ntp))
         st = dt_error(DT_ERR_ARG, "gpt: tensor-parallel rank %d of %d: expected 0 <= rank < %d", tp, ntp, ntp);
     if (st != DT_OK) return st;
@@ -339,6 +360,7 @@ dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const dt_gpt
     m->loss_scale = 1.0f;
     m->tp = tp;
     m->ntp = ntp;
+    m->seq = acts->seq != 0;
     shard_shapes(c, ntp, m->tensors);
     m->nparams = m->tensors[NPT - 1].offset + m->tensors[NPT - 1].numel;
     size_t L = c->n_layer;
@@ -637,13 +659,53 @@ void dt_gpt_set_reduce(dt_gpt *m, dt_gpt_reduce_fn fn, void *user) {
     m->reduce_user = user;
 }
 
-// Sums (max = 1: maxes) buf over the shards; nothing for the whole model.
-static dt_status tp_reduce(dt_gpt *m, float *buf, size_t n, int max) {
+// A collective over the shards (dt_gpt_coll); nothing for the whole model.
+static dt_status tp_coll(dt_gpt *m, dt_gpt_coll op, const float *send, float *recv, size_t n) {
     if (m->ntp == 1) return DT_OK;
     if (!m->reduce)
         return dt_error(DT_ERR_ARG, "gpt: tensor-parallel shard %d of %d has no reduce function (dt_gpt_set_reduce)",
                         m->tp, m->ntp);
-    return m->reduce(buf, n, max, m->reduce_user);
+    return m->reduce(op, send, recv, n, m->reduce_user);
+}
+
+// Sums (max = 1: maxes) buf over the shards in place.
+static dt_status tp_reduce(dt_gpt *m, float *buf, size_t n, int max) {
+    return tp_coll(m, max ? DT_GPT_MAX : DT_GPT_SUM, buf, buf, n);
+}
+
+// Sequence parallel: the rows of the B*T tokens this shard holds (all of
+// them without).
+static int stream_rows(const dt_gpt *m, int BT) { return m->seq ? BT / m->ntp : BT; }
+
+// Sequence parallel: every shard's rows[R, C] into whole[BT, C] (the
+// input of a column-parallel linear, or a row-parallel linear's output
+// gradient); returns the rows to read: whole, or rows themselves without.
+static dt_status gather_rows(dt_gpt *m, const float *rows, float *whole, int BT, const float **out) {
+    *out = rows;
+    if (!m->seq) return DT_OK;
+    *out = whole;
+    return tp_coll(m, DT_GPT_ALLGATHER, rows, whole, (size_t)stream_rows(m, BT) * m->c.n_embd);
+}
+
+// The shards' partial sums part[BT, C] (a row-parallel linear's output, or
+// a column-parallel linear's input gradient) summed: over all the rows in
+// place, or sequence-parallel reduce-scattered into this shard's rows
+// rows[R, C] (rows may be part).
+static dt_status sum_rows(dt_gpt *m, float *part, float *rows, int BT) {
+    size_t C = m->c.n_embd;
+    if (!m->seq) return tp_reduce(m, part, (size_t)BT * C, 0);
+    return tp_coll(m, DT_GPT_REDUCE_SCATTER, part, rows, (size_t)stream_rows(m, BT) * C);
+}
+
+// Sequence parallel: the layernorm weights' gradients of the shard's rows,
+// dlnw[n] (n = 2C a layernorm), summed over the shards and added to the
+// gradients g[k] (k = 0..n/C-1, C floats each): the same on every shard.
+static dt_status add_ln_grads(dt_gpt *m, float *const *g, int n) {
+    dt_status st = tp_reduce(m, m->dlnw, (size_t)n, 0);
+    size_t C = m->c.n_embd;
+    for (int k = 0; st == DT_OK && k < n / (int)C; k++)
+        for (size_t i = 0; i < C; i++) g[k][i] += m->dlnw[k * C + i];
+    return st;
 }
 
 // ----------------------------------------------------------------------------
@@ -672,11 +734,12 @@ typedef struct {
 
 static layer_acts layer_acts_of(const dt_gpt_acts *a, int l) {
     size_t i = a->recompute ? 0 : (size_t)(l - a->l0), BT = (size_t)a->B * a->T, C = a->c.n_embd;
-    size_t sC = BT * C, sCl = sC / a->ntp, sF = 4 * sCl, es = a->store == DT_F32 ? 4 : 2;
+    size_t R = a->seq ? BT / a->ntp : BT, rC = R * C;  // the stream's rows
+    size_t sCl = BT * C / a->ntp, sF = 4 * sCl, es = a->store == DT_F32 ? 4 : 2;
     size_t satt = BT * (a->c.n_head / a->ntp) * a->T;
-    return (layer_acts){a->ln1_mean + i * BT, a->ln1_rstd + i * BT, a->qkv + i * 3 * sCl, a->att + i * satt,
-                        a->residual2 + i * sC, a->ln2_mean + i * BT, a->ln2_rstd + i * BT, a->fch + i * sF,
-                        (char *)a->ln1 + i * sC * es, (char *)a->atty + i * sCl * es, (char *)a->ln2 + i * sC * es,
+    return (layer_acts){a->ln1_mean + i * R, a->ln1_rstd + i * R, a->qkv + i * 3 * sCl, a->att + i * satt,
+                        a->residual2 + i * rC, a->ln2_mean + i * R, a->ln2_rstd + i * R, a->fch + i * sF,
+                        (char *)a->ln1 + i * rC * es, (char *)a->atty + i * sCl * es, (char *)a->ln2 + i * rC * es,
                         (char *)a->fch_gelu + i * sF * es};
 }
 
@@ -690,6 +753,9 @@ static dt_status check_stage(const dt_gpt *m, const dt_gpt_acts *a, int part, in
     if (a->ntp != m->ntp)
         return dt_error(DT_ERR_ARG, "%s: the activations were sized for %d tensor-parallel shards, the model is one of %d",
                         what, a->ntp, m->ntp);
+    if (a->seq != m->seq)
+        return dt_error(DT_ERR_ARG, "%s: the activations were made %s sequence parallel, the model %s", what,
+                        a->seq ? "for" : "without", m->seq ? "runs it" : "does not run it");
     if (part == EMBED && a->l0 != 0)
         return dt_error(DT_ERR_ARG, "%s: the activations hold layers [%d, %d), without the embedding (only a set from layer 0 has it)",
                         what, a->l0, a->l1);
@@ -722,14 +788,17 @@ dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs,
     int BT = a->B * a->T;
     if (st == DT_OK) st = check_tokens(inputs, BT, m->c.vocab_size, "input");
     if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_FORWARD);
+    if (st == DT_OK && m->seq) st = reserve_scratch(m, a);
     if (st != DT_OK) return st;
     memcpy(a->inputs, inputs, sizeof(int32_t) * BT);
     if (m->ntp == 1) dt_encoder_forward(resid_out, inputs, m->p[WTE], m->p[WPE], a->B, a->T, m->c.n_embd);
     else {  // vocab-parallel: the rank that holds a token's row writes it, the others 0, summed
+        // (sequence parallel: every row made, then reduce-scattered into the shard's)
         int C = m->c.n_embd, Vl = m->c.padded_vocab_size / m->ntp, v0 = m->tp * Vl;
+        float *part = m->seq ? m->datty : resid_out;
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < BT; i++) {
-            float *o = resid_out + (size_t)i * C;
+            float *o = part + (size_t)i * C;
             const float *pe = m->p[WPE] + (size_t)(i % a->T) * C;
             if (inputs[i] >= v0 && inputs[i] < v0 + Vl) {
                 const float *we = m->p[WTE] + (size_t)(inputs[i] - v0) * C;
@@ -738,7 +807,7 @@ dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs,
                 memset(o, 0, sizeof(float) * C);
             }
         }
-        if ((st = tp_reduce(m, resid_out, (size_t)BT * C, 0)) != DT_OK) return st;
+        if ((st = sum_rows(m, part, resid_out, BT)) != DT_OK) return st;
     }
     a->have_inputs = 1;
     return DT_OK;
@@ -751,12 +820,13 @@ static void add_bias(float *out, const float *b, int N, int C) {
         for (int c = 0; c < C; c++) out[(size_t)i * C + c] += b[c];
 }
 
-// A row-parallel linear's output: the shards' partial products summed,
-// then the bias (the whole model adds it in the GEMM).
-static dt_status row_parallel_sum(dt_gpt *m, float *out, const float *b, int N, int C) {
+// A row-parallel linear's output: the shards' partial products part[BT, C]
+// summed into out (the shard's rows of the sum; out = part without
+// sequence parallel), then the bias (the whole model adds it in the GEMM).
+static dt_status row_parallel_sum(dt_gpt *m, float *part, float *out, const float *b, int BT, int C) {
     if (m->ntp == 1) return DT_OK;
-    dt_status st = tp_reduce(m, out, (size_t)N * C, 0);
-    if (st == DT_OK) add_bias(out, b, N, C);
+    dt_status st = sum_rows(m, part, out, BT);
+    if (st == DT_OK) add_bias(out, b, stream_rows(m, BT), C);
     return st;
 }
 
@@ -766,10 +836,14 @@ static dt_status row_parallel_sum(dt_gpt *m, float *out, const float *b, int N, 
 // (Megatron's layout) the qkv and fc linears are column-parallel (this
 // rank's heads, its 4C / ntp of the MLP's hidden units), the two projections
 // row-parallel: one sum over the shards after each (attention, MLP).
+// Sequence parallel: residual, out, the layernorms and res2 are the shard's
+// R rows; each layernorm's rows are gathered (into datty, free in a
+// forward and in a recomputation) for its column-parallel linear, and each
+// projection is made whole there and reduce-scattered into the rows.
 static dt_status layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *out) {
-    int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp;
+    int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp, R = stream_rows(m, BT);
     int Cl = C / ntp, NHl = m->c.n_head / ntp, F = 4 * C / ntp;
-    size_t sC = (size_t)BT * C;
+    size_t rC = (size_t)R * C;
     layer_acts s = layer_acts_of(a, l);
     layer_params p = layer_params_of(m->p, l, C, ntp);
     // 16-bit matmul inputs are made in fp32 in the backward scratch (free
@@ -777,26 +851,30 @@ static dt_status layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *re
     dt_dtype t = a->store;
     float *tmp = m->dfch_gelu;
     float *ln1 = t != DT_F32 ? tmp : s.ln1;
-    dt_layernorm_forward(ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, BT, C, 1e-5f);
-    dt_linear_forward(s.qkv, ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
-    if (t != DT_F32) dt_keep16(s.ln1, tmp, sC, t);
-    float *atty = t != DT_F32 ? tmp : s.atty;
-    dt_attention_forward(atty, s.att, s.qkv, B, T, Cl, NHl);
-    dt_linear_forward(s.res2, atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
-    if (t != DT_F32) dt_keep16(s.atty, tmp, (size_t)BT * Cl, t);
-    dt_status st = row_parallel_sum(m, s.res2, p.attprojb, BT, C);
+    const float *in;
+    dt_layernorm_forward(ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, R, C, 1e-5f);
+    dt_status st = gather_rows(m, ln1, m->datty, BT, &in);
     if (st != DT_OK) return st;
-    dt_residual_forward(s.res2, residual, s.res2, sC);
+    dt_linear_forward(s.qkv, in, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    if (t != DT_F32) dt_keep16(s.ln1, tmp, rC, t);
+    float *atty = t != DT_F32 ? tmp : s.atty, *proj = m->seq ? m->datty : s.res2;
+    dt_attention_forward(atty, s.att, s.qkv, B, T, Cl, NHl);
+    dt_linear_forward(proj, atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
+    if (t != DT_F32) dt_keep16(s.atty, tmp, (size_t)BT * Cl, t);
+    if ((st = row_parallel_sum(m, proj, s.res2, p.attprojb, BT, C)) != DT_OK) return st;
+    dt_residual_forward(s.res2, residual, s.res2, rC);
     float *ln2 = t != DT_F32 ? tmp : s.ln2;
-    dt_layernorm_forward(ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, BT, C, 1e-5f);
-    dt_linear_forward(s.fch, ln2, p.fcw, p.fcb, BT, C, F);
-    if (t != DT_F32) dt_keep16(s.ln2, tmp, sC, t);
+    dt_layernorm_forward(ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, R, C, 1e-5f);
+    if ((st = gather_rows(m, ln2, m->datty, BT, &in)) != DT_OK) return st;
+    dt_linear_forward(s.fch, in, p.fcw, p.fcb, BT, C, F);
+    if (t != DT_F32) dt_keep16(s.ln2, tmp, rC, t);
     float *fchg = t != DT_F32 ? tmp : s.fchg;
+    proj = m->seq ? m->datty : out;
     dt_gelu_forward(fchg, s.fch, (size_t)BT * F);
-    dt_linear_forward(out, fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
+    dt_linear_forward(proj, fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
     if (t != DT_F32) dt_keep16(s.fchg, tmp, (size_t)BT * F, t);
-    if ((st = row_parallel_sum(m, out, p.fcprojb, BT, C)) != DT_OK) return st;
-    dt_residual_forward(out, s.res2, out, sC);
+    if ((st = row_parallel_sum(m, proj, out, p.fcprojb, BT, C)) != DT_OK) return st;
+    dt_residual_forward(out, s.res2, out, rC);
     return DT_OK;
 }
 
@@ -808,7 +886,8 @@ dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const 
         return dt_error(DT_ERR_ARG, "gpt forward_range: the activations keep matmul inputs in %s, the kernels run %s "
                         "(make the set in the precision it runs in)", dt_dtype_name(a->store),
                         dt_dtype_name(dt_kernels_precision()));
-    if (a->store != DT_F32 && (st = reserve_scratch(m, a)) != DT_OK) return st;  // the 16-bit inputs' room
+    // (the 16-bit inputs' room; sequence parallel: the gathered rows')
+    if ((a->store != DT_F32 || m->seq) && (st = reserve_scratch(m, a)) != DT_OK) return st;
     if (resid_in == resid_out)
         return dt_error(DT_ERR_ARG, "gpt forward_range: resid_in and resid_out are the same buffer (backward needs the input)");
     // Layer l reads the stream before it from the set (resid_in for l0) and
@@ -881,13 +960,18 @@ dt_status dt_gpt_head_forward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, 
     dt_status st = check_stage(m, a, HEAD, 0, 0, "gpt head forward");
     if (st == DT_OK && targets) st = check_tokens(targets, BT, V, "target");
     if (st == DT_OK) st = layer_hook(m, L, DT_GPT_FORWARD);
+    if (st == DT_OK && m->seq) st = reserve_scratch(m, a);
     a->have_targets = 0;
     if (st != DT_OK) return st;
-    dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_in, m->p[LNFW], m->p[LNFB], BT, C, 1e-5f);
+    dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_in, m->p[LNFW], m->p[LNFB], stream_rows(m, BT), C,
+                         1e-5f);
     // Tied head: the first V rows of wte are the output projection (of a
-    // shard's rows, those below V: logits [BT, Vv]).
+    // shard's rows, those below V: logits [BT, Vv]), on every token's row
+    // (sequence parallel: gathered).
+    const float *lnf;
+    if ((st = gather_rows(m, a->lnf, m->datty, BT, &lnf)) != DT_OK) return st;
     int v0, Vv = head_vocab(m, &v0);
-    if (Vv > 0) dt_linear_forward(a->logits, a->lnf, m->p[WTE], NULL, BT, C, Vv);
+    if (Vv > 0) dt_linear_forward(a->logits, lnf, m->p[WTE], NULL, BT, C, Vv);
     if (targets) {
         // The targets as this shard's columns (outside [0, Vv): another's).
         for (int i = 0; i < BT; i++) a->targets[i] = targets[i] - v0;
@@ -945,17 +1029,22 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
     if (st == DT_OK) st = layer_hook(m, L, DT_GPT_BACKWARD);
     if (st != DT_OK) return st;
     size_t sC = (size_t)BT * C;
+    int R = stream_rows(m, BT);
     // dlogits overwrites the logits (no longer needed).
     float *dlogits = a->logits;
     int v0, Vv = head_vocab(m, &v0);
+    const float *lnf;
+    if ((st = gather_rows(m, a->lnf, m->datty, BT, &lnf)) != DT_OK) return st;
     memset(dlogits, 0, sizeof(float) * BT * Vv);
     dt_crossentropy_backward(dlogits, a->probs, a->targets, BT, Vv, m->loss_scale);
     memset(m->dln, 0, sizeof(float) * sC);
-    if (Vv > 0) dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, a->lnf, m->p[WTE], BT, C, Vv);
-    if ((st = tp_reduce(m, m->dln, sC, 0)) != DT_OK) return st;
-    memset(dresid, 0, sizeof(float) * sC);
-    dt_layernorm_backward(dresid, m->g[LNFW], m->g[LNFB], m->dln, resid_in, m->p[LNFW], a->lnf_mean,
-                          a->lnf_rstd, BT, C);
+    if (Vv > 0) dt_linear_backward(m->dln, m->g[WTE], NULL, dlogits, lnf, m->p[WTE], BT, C, Vv);
+    if ((st = sum_rows(m, m->dln, m->dln, BT)) != DT_OK) return st;
+    memset(dresid, 0, sizeof(float) * R * C);
+    // (sequence parallel: the weights' gradients of the shard's rows, then summed)
+    float *dw = m->seq ? memset(m->dlnw, 0, sizeof(float) * 2 * C) : m->g[LNFW], *db = m->seq ? dw + C : m->g[LNFB];
+    dt_layernorm_backward(dresid, dw, db, m->dln, resid_in, m->p[LNFW], a->lnf_mean, a->lnf_rstd, R, C);
+    if (m->seq && (st = add_ln_grads(m, (float *[]){m->g[LNFW], m->g[LNFB]}, 2 * C)) != DT_OK) return st;
     grads_final(m, LNFW, L - 1);
     a->have_targets = 0;  // the logits are gone: a second backward would be wrong
     return DT_OK;
@@ -966,43 +1055,66 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
 // d(fcproj) and, after the MLP branch adds in, d(residual2).
 // In a shard, the gradients of the column-parallel linears' inputs are the
 // shards' partial sums: one sum over them in each of the two halves.
+// Sequence parallel: dresid and the layernorms are the shard's rows. The
+// row-parallel linears' backward reads every row's output gradient
+// (gathered), the column-parallel weight gradients every row of their
+// input (the layernorm's rows gathered again), and the input gradients'
+// sums are reduce-scattered into the rows; the layernorms' weight
+// gradients, of the shard's rows, are summed over the shards at the end of
+// the layer, and their grad hooks wait for it.
 static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *dresid) {
-    int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp;
-    int Cl = C / ntp, NHl = m->c.n_head / ntp, F = 4 * C / ntp;
-    size_t sC = (size_t)BT * C, sF = (size_t)BT * F;
+    int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp, R = stream_rows(m, BT);
+    int Cl = C / ntp, NHl = m->c.n_head / ntp, F = 4 * C / ntp, seq = m->seq;
+    size_t sC = (size_t)BT * C, sF = (size_t)BT * F, rC = (size_t)R * C;
     layer_acts s = layer_acts_of(a, l);
     layer_params p = layer_params_of(m->p, l, C, ntp), g = layer_params_of(m->g, l, C, ntp);
+    // The layernorms' weight gradients: into dlnw [ln2w, ln2b, ln1w, ln1b]
+    // first, sequence-parallel.
+    float *ln2w = seq ? memset(m->dlnw, 0, sizeof(float) * 4 * C) : g.ln2w, *ln2b = seq ? ln2w + C : g.ln2b;
+    float *ln1w = seq ? ln2w + 2 * C : g.ln1w, *ln1b = seq ? ln2w + 3 * C : g.ln1b;
 
     // A 16-bit matmul input is widened into a scratch buffer that is free
-    // until after its matmul's backward.
+    // until after its matmul's backward (a sequence-parallel layernorm's
+    // rows into dfch_gelu, then gathered into datty).
     dt_dtype t = a->store;
+    const float *dout, *ln;
+    dt_status st = gather_rows(m, dresid, m->datty, BT, &dout);
+    if (st != DT_OK) return st;
     const float *fchg = t != DT_F32 ? dt_widen16(m->dfch, s.fchg, sF, t) : s.fchg;
     memset(m->dfch_gelu, 0, sizeof(float) * sF);
-    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dresid, fchg, p.fcprojw, BT, F, C);
+    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dout, fchg, p.fcprojw, BT, F, C);
     grads_final(m, FCPROJW, l);
     memset(m->dfch, 0, sizeof(float) * sF);
     dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, sF);
-    const float *ln2 = t != DT_F32 ? dt_widen16(m->dfch_gelu, s.ln2, sC, t) : s.ln2;
+    const float *ln2 = t != DT_F32 ? dt_widen16(m->dfch_gelu, s.ln2, rC, t) : s.ln2;
+    if ((st = gather_rows(m, ln2, m->datty, BT, &ln)) != DT_OK) return st;
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, ln2, p.fcw, BT, C, F);
+    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, ln, p.fcw, BT, C, F);
     grads_final(m, FCW, l);
-    dt_status st = tp_reduce(m, m->dln, sC, 0);
-    if (st != DT_OK) return st;
-    dt_layernorm_backward(dresid, g.ln2w, g.ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, BT, C);
-    grads_final(m, LN2W, l);
+    if ((st = sum_rows(m, m->dln, m->dln, BT)) != DT_OK) return st;
+    dt_layernorm_backward(dresid, ln2w, ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, R, C);
+    if (!seq) grads_final(m, LN2W, l);
 
+    if ((st = gather_rows(m, dresid, m->dln, BT, &dout)) != DT_OK) return st;  // (dln is free again)
     const float *atty = t != DT_F32 ? dt_widen16(m->dqkv, s.atty, (size_t)BT * Cl, t) : s.atty;
     memset(m->datty, 0, sizeof(float) * (size_t)BT * Cl);
-    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dresid, atty, p.attprojw, BT, Cl, C);
-    grads_final(m, ATTPROJW, l);
+    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dout, atty, p.attprojw, BT, Cl, C);
+    if (!seq) grads_final(m, ATTPROJW, l);
     memset(m->dqkv, 0, sizeof(float) * 3 * (size_t)BT * Cl);
     dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, Cl, NHl);
-    const float *ln1 = t != DT_F32 ? dt_widen16(m->datty, s.ln1, sC, t) : s.ln1;
+    const float *ln1 = t != DT_F32 ? dt_widen16(seq ? m->dfch_gelu : m->datty, s.ln1, rC, t) : s.ln1;
+    if ((st = gather_rows(m, ln1, m->datty, BT, &ln)) != DT_OK) return st;
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, ln1, p.qkvw, BT, C, 3 * Cl);
-    grads_final(m, QKVW, l);
-    if ((st = tp_reduce(m, m->dln, sC, 0)) != DT_OK) return st;
-    dt_layernorm_backward(dresid, g.ln1w, g.ln1b, m->dln, residual, p.ln1w, s.ln1_mean, s.ln1_rstd, BT, C);
+    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, ln, p.qkvw, BT, C, 3 * Cl);
+    if (!seq) grads_final(m, QKVW, l);
+    if ((st = sum_rows(m, m->dln, m->dln, BT)) != DT_OK) return st;
+    dt_layernorm_backward(dresid, ln1w, ln1b, m->dln, residual, p.ln1w, s.ln1_mean, s.ln1_rstd, R, C);
+    if (seq) {
+        if ((st = add_ln_grads(m, (float *[]){g.ln2w, g.ln2b, g.ln1w, g.ln1b}, 4 * C)) != DT_OK) return st;
+        grads_final(m, LN2W, l);
+        grads_final(m, ATTPROJW, l);
+        grads_final(m, QKVW, l);
+    }
     grads_final(m, LN1W, l);
     return DT_OK;
 }
@@ -1038,6 +1150,9 @@ dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *dresid) 
     if (st == DT_OK && !a->have_inputs)
         st = dt_error(DT_ERR_ARG, "gpt embed backward: the embedding has not run forward on these activations");
     if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_BACKWARD);
+    if (st == DT_OK && m->seq) st = reserve_scratch(m, a);
+    // (sequence parallel: every token's row of the gradient, gathered)
+    if (st == DT_OK) st = gather_rows(m, dresid, m->datty, a->B * a->T, &dresid);
     if (st != DT_OK) return st;
     if (m->ntp == 1) dt_encoder_backward(m->g[WTE], m->g[WPE], dresid, a->inputs, a->B, a->T, m->c.n_embd);
     else {  // this shard's rows of wte; wpe whole

@@ -158,6 +158,7 @@ static const field fields[] = {
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
     {"parallel", "pipeline", F_INT, O(pipeline), 1, 1024, NULL},
     {"parallel", "tensor", F_INT, O(tensor), 1, 1024, NULL},
+    {"parallel", "sequence", F_BOOL, O(sequence), 0, 1, NULL},
     {"parallel", "virtual_stages", F_INT, O(virtual_stages), 1, 1024, NULL},
     {"parallel", "micro_batches", F_INT, O(micro_batches), 0, 1 << 16, NULL},
     {"parallel", "schedule", F_ENUM, O(pipeline_schedule), 0, 0, pipeline_schedule_names},

@@ -1090,6 +1090,7 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
     if (!j) return;
     cJSON_AddNumberToObject(j, "tensor", p->T);
+    cJSON_AddBoolToObject(j, "sequence", p->T > 1 && c->sequence);
     cJSON_AddNumberToObject(j, "data", p->D);
     cJSON_AddNumberToObject(j, "stages", p->P);
     cJSON_AddNumberToObject(j, "virtual_stages", p->V);

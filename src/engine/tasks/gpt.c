@@ -192,11 +192,15 @@ static dt_status gpt_warm(const dt_config *c) {
     return DT_OK;
 }
 
-// The model's sums over the tensor-parallel shards (dt_gpt_set_reduce).
-static dt_status tp_reduce(float *buf, size_t n, int max, void *user) {
+// The model's collectives over the tensor-parallel shards (dt_gpt_set_reduce):
+// sums and maxes, and sequence parallel's reduce-scatters and allgathers.
+static dt_status tp_reduce(dt_gpt_coll op, const float *send, float *recv, size_t n, void *user) {
     dt_task *t = user;
-    dt_status st = dt_allreduce(buf, buf, n, DT_F32, max ? DT_MAX : DT_SUM, t->tpc);
-    return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
+    const char *what = op == DT_GPT_REDUCE_SCATTER ? "reduce-scatter" : op == DT_GPT_ALLGATHER ? "allgather" : "allreduce";
+    dt_status st = op == DT_GPT_REDUCE_SCATTER ? dt_reduce_scatter(send, recv, n, DT_F32, DT_SUM, t->tpc)
+                   : op == DT_GPT_ALLGATHER    ? dt_allgather(send, recv, n, DT_F32, t->tpc)
+                                               : dt_allreduce(send, recv, n, DT_F32, op == DT_GPT_MAX ? DT_MAX : DT_SUM, t->tpc);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel %s: %s", what, dt_last_error());
 }
 
 // [parallel] tensor = T: the T consecutive ranks from rank - rank % T hold
@@ -282,7 +286,8 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
     dt_rng_seed(&info->rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, apart from init's
     char shard[96] = "";
     if (t->ntp > 1)
-        snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
+        snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks%s)", info->nparams, t->ntp,
+                 c->sequence ? ", sequence parallel" : "");
     count_acts(t, dt_gpt_default_acts(t->m));
     char acts[96] = "";
     if (t->act_saved)
@@ -296,9 +301,10 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
 }
 
 // Sets of activations for micro-batches of B windows through layers [l0,
-// l1): the shard's parts, recomputed as [train] recompute says.
+// l1): the shard's parts, recomputed as [train] recompute says, its rows of
+// the stream with [parallel] sequence.
 static dt_gpt_acts_params acts_params(const dt_task *t, int B, int l0, int l1) {
-    return (dt_gpt_acts_params){B, t->T, l0, l1, t->ntp, t->c->recompute};
+    return (dt_gpt_acts_params){B, t->T, l0, l1, t->ntp, t->c->recompute, t->ntp > 1 && t->c->sequence};
 }
 
 static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
@@ -442,7 +448,8 @@ static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
     dt_status s = dt_gpt_acts_set_shape(st->a, len, t->T);  // (the streams' places depend on the shape)
     *in = dt_gpt_acts_resid(st->a, st->l0);
     *out = dt_gpt_acts_resid(st->a, st->l1);
-    *in_count = *out_count = (size_t)len * t->T * t->gc.n_embd;
+    // (sequence parallel: the shard's rows of the stream)
+    *in_count = *out_count = (size_t)len * t->T * t->gc.n_embd / (t->ntp > 1 && t->c->sequence ? t->ntp : 1);
     return s;
 }
 
