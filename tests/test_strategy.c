@@ -228,6 +228,8 @@ static const row rows[] = {
     {"tensor-seq", "cnn", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
     {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
     {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    // (cut inside the convolutions' pair: the divided activations pass between the same tensor ranks)
+    {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2 --set parallel.pipeline_split=2,8", SEQ20, 1e-5, 0},
     {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
     // (SGD: AdamW's normalised steps turn the partial sums' rounding in the
     // near-zero gradients into 2-3e-5 at T = 4 and with 8 channels at T = 2)
