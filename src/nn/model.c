@@ -417,10 +417,10 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
         int *kind = malloc(sizeof(int) * (size_t)nlayers);
         if (!kind) return dt_model_free(m), dt_error(DT_ERR_NOMEM, "model: out of memory");
         find_pairs(layers, nlayers, kind);
-        for (int i = 0, in = 0; i < nlayers; i++) {
+        for (int i = 0, inside = 0; i < nlayers; i++) {
             m->L[i].tp = kind[i];
-            in = kind[i] == 1 || (in && kind[i] != 2);
-            m->L[i].part = in;
+            inside = kind[i] == 1 || (inside && kind[i] != 2);
+            m->L[i].part = inside;
         }
         free(kind);
     }
