@@ -476,7 +476,7 @@ static void test_piecewise(void) {
     // A shard of 2 loads its part: what dt_gpt_part_take takes from the block.
     for (int tp = 0; tp < 2; tp++) {
         dt_gpt *m = NULL, *want = NULL;
-        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, 2, 0};
+        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, 2, 0, 0};
         if (dt_gpt_create_shard(&m, &c, &a, tp) != DT_OK || dt_gpt_create_shard(&want, &c, &a, tp) != DT_OK) {
             CHECK(0, "shard %d: %s", tp, dt_last_error());
             dt_gpt_free(m);

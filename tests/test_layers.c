@@ -6,8 +6,11 @@
  * (relu, maxpool) the inputs are kept further than e from them. Then:
  * backward accumulates (+=); the forward passes agree with naive double
  * references; dropout's mask has the right statistics and is reproducible; a
- * small CNN's flat gradient block matches finite differences of its loss; and
- * the same thread count gives bitwise-identical results. */
+ * small CNN's flat gradient block matches finite differences of its loss;
+ * its pipeline stages and its tensor-parallel shards (convolutions and
+ * linear layers split over channels, run as coroutines) give the whole model's
+ * loss and gradients; and the same thread count gives bitwise-identical
+ * results. */
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "testlib.h"
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ucontext.h>
 
 #define RTOL 1e-2 /* finite differences vs backward */
 
@@ -688,6 +692,217 @@ static void test_model_stages(void) {
     dt_model_free(m);
 }
 
+// ----------------------------------------------------------------------------
+// tensor-parallel shards of a sequential model against the whole
+//
+// The shards run as coroutines on the main thread (ucontext), each on a
+// stack of its own: a shard's sum switches back to a scheduler, which adds
+// the shards' buffers in rank order (an allreduce giving every shard the
+// same bits) once every shard has reached its sum. (Not threads: oneDNN's
+// convolutions run from two threads at once fail.)
+
+typedef struct {
+    ucontext_t sched;
+    float *bufs[4];
+    size_t n[4];
+    int ntp;
+} tp_group;
+
+typedef struct {
+    tp_group *g;
+    ucontext_t ctx;
+    char *stack;
+    int r, calls, fwd_calls, done;
+    dt_model *m;
+    const float *x;
+    const int32_t *y;
+    float loss;
+    dt_status st;
+} tp_shard;
+
+static dt_status tp_sum(float *buf, size_t n, void *user) {
+    tp_shard *s = user;
+    s->calls++;
+    s->g->bufs[s->r] = buf;
+    s->g->n[s->r] = n;
+    swapcontext(&s->ctx, &s->g->sched);
+    return DT_OK;
+}
+
+enum { TP_B = 4 };
+static tp_shard *g_tp_cur;  // the shard the scheduler starts
+
+static void tp_step(void) {
+    tp_shard *s = g_tp_cur;
+    dt_model_zero_grad(s->m);
+    dt_model_set_dropout_key(s->m, 5, 20);
+    s->st = dt_model_forward(s->m, s->x, s->y, TP_B, 1, &s->loss);
+    s->fwd_calls = s->calls;
+    if (s->st == DT_OK) s->st = dt_model_backward(s->m);
+    s->done = 1;
+}
+
+// Runs the shards' steps to their ends; 0 when they met at different sums.
+static int tp_run(tp_shard *sh, int ntp) {
+    tp_group *g = sh[0].g;
+    for (int r = 0; r < ntp; r++) {
+        getcontext(&sh[r].ctx);
+        sh[r].stack = malloc((size_t)16 << 20);
+        sh[r].ctx.uc_stack.ss_sp = sh[r].stack;
+        sh[r].ctx.uc_stack.ss_size = (size_t)16 << 20;
+        sh[r].ctx.uc_link = &g->sched;
+        makecontext(&sh[r].ctx, tp_step, 0);
+    }
+    for (;;) {
+        int at = 0, done = 0;
+        for (int r = 0; r < ntp; r++) {
+            if (sh[r].done) {
+                done++;
+                continue;
+            }
+            g_tp_cur = &sh[r];
+            swapcontext(&g->sched, &sh[r].ctx);
+            if (sh[r].done) done++;
+            else at++;
+        }
+        if (done == ntp) return 1;
+        if (at != ntp) return 0;
+        size_t n = g->n[0];
+        for (int r = 1; r < ntp; r++)
+            if (g->n[r] != n) return 0;
+        for (size_t i = 0; i < n; i++) {
+            float v = g->bufs[0][i];
+            for (int r = 1; r < ntp; r++) v += g->bufs[r][i];
+            for (int r = 0; r < ntp; r++) g->bufs[r][i] = v;
+        }
+    }
+}
+
+// Pairs: conv 32 (column) | relu, maxpool, dropout | conv 8 (row, its relu
+// after the sum); conv 4 (column) | gelu, flatten | linear 10 (row); then
+// linear 12 followed by layernorm pairs with nothing: whole.
+static const dt_layer_spec TP_NET[] = {
+    {.kind = DT_LAYER_CONV2D, .out = 32, .kernel = 3, .stride = 1, .pad = 1},
+    {.kind = DT_LAYER_RELU},
+    {.kind = DT_LAYER_MAXPOOL, .kernel = 2},
+    {.kind = DT_LAYER_DROPOUT, .p = 0.25f},
+    {.kind = DT_LAYER_CONV2D, .out = 8, .kernel = 3, .stride = 1, .pad = 1},
+    {.kind = DT_LAYER_RELU},
+    {.kind = DT_LAYER_CONV2D, .out = 4, .kernel = 3, .stride = 1},
+    {.kind = DT_LAYER_GELU},
+    {.kind = DT_LAYER_FLATTEN},
+    {.kind = DT_LAYER_LINEAR, .out = 10},
+    {.kind = DT_LAYER_LINEAR, .out = 12},
+    {.kind = DT_LAYER_LAYERNORM},
+    {.kind = DT_LAYER_LINEAR, .out = 5},
+};
+#define TP_N ((int)(sizeof TP_NET / sizeof *TP_NET))
+static const int TP_IN[3] = {3, 8, 8};
+
+// One layout of ntp shards against the whole model m (its loss, logits
+// and gradient block from the same step): a shard's initial parameters are
+// its part of the whole model's bitwise; loss and logits agree within 1e-5,
+// the gradients assembled from the shards within 1e-4 (single gradients of
+// a step: the partial sums' rounding, as 1 and 2 threads differ below);
+// one sum a pair forward, one backward but for the pair starting at layer
+// 0 (it has no input gradient).
+static void test_tp_layout(dt_model *whole, float wloss, const float *wlogits, const float *wgrads, const float *x,
+                           const int32_t *y, int ntp) {
+    size_t nw = dt_model_num_params(whole);
+    tp_group g = {.ntp = ntp};
+    tp_shard sh[4] = {{0}};
+    float *init = malloc(sizeof(float) * nw), *grads = malloc(sizeof(float) * nw);
+    for (size_t i = 0; i < nw; i++) init[i] = grads[i] = NAN;
+    int ok = 1;
+    for (int r = 0; r < ntp && ok; r++) {
+        sh[r] = (tp_shard){.g = &g, .r = r, .x = x, .y = y};
+        ok = dt_model_create_shard(&sh[r].m, TP_IN, TP_NET, TP_N, TP_B, r, ntp) == DT_OK;
+        CHECK(ok, "tensor %d: shard %d: %s", ntp, r, dt_last_error());
+        if (!ok) break;
+        dt_model_init(sh[r].m, 11);
+        dt_model_set_reduce(sh[r].m, tp_sum, &sh[r]);
+        dt_model_shard_fill(sh[r].m, r, dt_model_params(sh[r].m), 0, nw, init);
+    }
+    if (ok) {
+        CHECK(!memcmp(init, dt_model_params(whole), sizeof(float) * nw),
+              "tensor %d: the shards' initial parameters are not the whole model's bitwise", ntp);
+        size_t np, act;
+        CHECK(dt_model_shard_memory(TP_IN, TP_NET, TP_N, TP_B, ntp, &np, &act) == DT_OK &&
+                  np == dt_model_num_params(sh[0].m) && act == dt_model_act_bytes(sh[0].m, NULL),
+              "tensor %d: dt_model_shard_memory %zu parameters, %zu bytes; the shard %zu, %zu", ntp, np, act,
+              dt_model_num_params(sh[0].m), dt_model_act_bytes(sh[0].m, NULL));
+        CHECK(tp_run(sh, ntp), "tensor %d: the shards met at different sums", ntp);
+        for (int r = 0; r < ntp; r++) {
+            CHECK(sh[r].st == DT_OK && sh[r].done && sh[r].fwd_calls == 2 && sh[r].calls == 3,
+                  "tensor %d: shard %d: %s; %d sums forward, %d backward (want 2, 1)", ntp, r,
+                  sh[r].st == DT_OK ? "ok" : dt_last_error(), sh[r].fwd_calls, sh[r].calls - sh[r].fwd_calls);
+            CHECK_NEAR(sh[r].loss, wloss, 1e-5, "tensor-parallel loss");
+            double d = tl_max_rel(dt_model_logits(sh[r].m), wlogits, (size_t)TP_B * 5, 1e-3);
+            CHECK(d <= 1e-5, "tensor %d: shard %d's logits differ from the whole model's by rel %.3g", ntp, r, d);
+            dt_model_shard_fill(sh[r].m, r, dt_model_grads(sh[r].m), 0, nw, grads);
+        }
+        double d = tl_max_rel(grads, wgrads, nw, 1e-3);
+        CHECK(d <= 1e-4, "tensor %d: the shards' gradients differ from the whole model's by rel %.3g", ntp, d);
+        printf("tensor parallel %d: %zu of %zu parameters a shard; initial parameters bitwise, loss %.9g vs %.9g, "
+               "gradients max rel diff %.2e\n", ntp, dt_model_num_params(sh[0].m), nw, sh[0].loss, wloss, d);
+    }
+    for (int r = 0; r < ntp; r++) dt_model_free(sh[r].m), free(sh[r].stack);
+    free(init), free(grads);
+}
+
+static void test_tensor_parallel(void) {
+    dt_model *m;
+    if (dt_model_create(&m, TP_IN, TP_NET, TP_N, TP_B) != DT_OK) {
+        CHECK(0, "tensor parallel: whole model: %s", dt_last_error());
+        return;
+    }
+    dt_model_init(m, 11);
+    size_t nw = dt_model_num_params(m);
+    float *x = randn((size_t)TP_B * dt_model_input_size(m), 1);
+    int32_t y[TP_B] = {1, 4, 0, 3};
+    float loss = NAN;
+    dt_model_zero_grad(m);
+    dt_model_set_dropout_key(m, 5, 20);
+    CHECK(dt_model_forward(m, x, y, TP_B, 1, &loss) == DT_OK && dt_model_backward(m) == DT_OK,
+          "tensor parallel: whole model: %s", dt_last_error());
+    float *logits = copy(dt_model_logits(m), (size_t)TP_B * 5), *g = copy(dt_model_grads(m), nw);
+    test_tp_layout(m, loss, logits, g, x, y, 2);
+    test_tp_layout(m, loss, logits, g, x, y, 4);
+
+    // A shard's tensors: its part, the whole model's shape beside it.
+    dt_model *s;
+    if (dt_model_create_shard(&s, TP_IN, TP_NET, TP_N, TP_B, 1, 2) == DT_OK) {
+        const dt_tensor_info *c0 = dt_model_tensor(s, 0), *w0 = dt_model_whole_tensor(s, 0);
+        const dt_tensor_info *c4 = dt_model_tensor(s, 2), *w4 = dt_model_whole_tensor(s, 2);
+        const dt_tensor_info *l9 = dt_model_tensor(s, 6), *w9 = dt_model_whole_tensor(s, 6);
+        CHECK(c0->shape[0] == 16 && w0->shape[0] == 32 && w0->shape[1] == 3 && w0->offset == 0,
+              "tensor 2: 0.weight [%lld, ...] of [%lld, %lld, ...]", (long long)c0->shape[0], (long long)w0->shape[0],
+              (long long)w0->shape[1]);
+        CHECK(!strcmp(c4->name, "4.weight") && c4->shape[0] == 8 && c4->shape[1] == 16 && w4->shape[1] == 32 &&
+                  w4->offset == 32 * 27 + 32,
+              "tensor 2: %s [%lld, %lld] of [%lld, %lld] at %zu", c4->name, (long long)c4->shape[0],
+              (long long)c4->shape[1], (long long)w4->shape[0], (long long)w4->shape[1], w4->offset);
+        CHECK(!strcmp(l9->name, "9.weight") && l9->shape[1] == 8 && w9->shape[1] == 16 && dt_model_tensor_split(s, 6) &&
+                  !dt_model_tensor_split(s, 7) && dt_model_tensor_split(s, 1) && !dt_model_tensor_split(s, 8),
+              "tensor 2: %s [10, %lld] of [10, %lld]; split 9.weight, not 9.bias, 0.bias, not 10.weight", l9->name,
+              (long long)l9->shape[1], (long long)w9->shape[1]);
+        dt_model_free(s);
+    }
+    // T must divide a column-parallel convolution's channels; a model with
+    // no pair (a convolution, then layernorm) is refused.
+    CHECK(dt_model_tensor_parallel_check(TP_NET, TP_N, 3, "tensor") == DT_ERR_CONFIG &&
+              strstr(dt_last_error(), "tensor = 3 does not divide the 32 output channels of layer 0 (conv2d out=32)"),
+          "tensor 3: %s", dt_last_error());
+    static const dt_layer_spec none[] = {
+        {.kind = DT_LAYER_CONV2D, .out = 4, .kernel = 3}, {.kind = DT_LAYER_FLATTEN}, {.kind = DT_LAYER_LAYERNORM},
+        {.kind = DT_LAYER_LINEAR, .out = 5}};
+    CHECK(dt_model_tensor_parallel_check(none, 4, 2, "tensor") == DT_ERR_CONFIG &&
+              strstr(dt_last_error(), "tensor = 2: the model has no two linear or conv2d layers"),
+          "conv, flatten, layernorm, linear: %s", dt_last_error());
+    free(x), free(logits), free(g);
+    dt_model_free(m);
+}
+
 /* Forward, backward and three AdamW steps with a given thread count; returns
  * the concatenation of losses, logits, gradients and final parameters. */
 static float *model_run(int threads, size_t *len) {
@@ -784,6 +999,7 @@ int main(void) {
 
     test_model_grad();
     test_model_stages();
+    test_tensor_parallel();
     test_determinism();
 
     printf("worst layer finite-difference rel error %.2e, whole model %.2e\n", g_worst_fd,

@@ -64,6 +64,7 @@ static const char *cfg_mlp =
     "layer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\n";
 static const char *cfg_cnn = tl_cfg_cnn;
 static char cfg_cnnt[1024];  // the CNN without its dropout layer
+static char cfg_cnn8[1024];  // the CNN with 8 channels in its first convolution (tensor 4 divides them)
 
 // Trains with N workers; returns the exit code. The run dir is TMP/name.
 static int train(const char *name, const char *cfg, int N, const char *extra) {
@@ -212,8 +213,10 @@ static const row rows[] = {
      SEQ20 "--set optim.clip_norm=0.5", 1e-5, 0},
     // tensor parallel of the sequential models: the MLP's linear 784->64,
     // relu, linear 64->32 pair (column- then row-parallel), the rest whole;
-    // "cnnt" is the CNN without its dropout (its linear 32, relu, linear 10
-    // then pair up)
+    // the CNN's conv 6, relu, maxpool, conv 8 pair (split over channels) and
+    // its linear 32, relu, dropout, linear 10 pair; "cnnt" is the CNN
+    // without its dropout, "cnn8" with 8 channels in its first convolution
+    // (T = 4 divides them)
     {"tensor-seq", "mlp", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
     {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=4", SEQ20, 1e-5, 0},
     {"tensor-seq", "mlp", 4, 0, SEQ20 "--set parallel.tensor=2 --set parallel.micro_batches=3", SEQ20, 1e-5, 0},
@@ -223,6 +226,17 @@ static const row rows[] = {
     {"tensor-seq", "mlp", 2, 1, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
     {"tensor-seq", "cnnt", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
     {"tensor-seq", "cnnt", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnn", 2, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},
+    // (cut inside the convolutions' pair: the divided activations pass between the same tensor ranks)
+    {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2 " PP2 "--set parallel.micro_batches=2 --set parallel.pipeline_split=2,8", SEQ20, 1e-5, 0},
+    {"tensor-seq", "cnn", 4, 0, SEQ20 "--set parallel.tensor=2", SEQ20, 1e-5, 0},
+    // (SGD: AdamW's normalised steps turn the partial sums' rounding in the
+    // near-zero gradients into 2-3e-5 at T = 4 and with 8 channels at T = 2)
+    {"tensor-seq", "cnn8", 4, 0, SEQ20 LSGD_SGD " --set parallel.tensor=4", SEQ20 LSGD_SGD, 1e-5, 0},
+    {"tensor-seq", "cnn8", 2, 0, SEQ20 LSGD_SGD " --set parallel.tensor=2", SEQ20 LSGD_SGD, 1e-5, 0},
+    {"tensor-seq", "cnn", 4, 0, SEQ20 DET "--set parallel.tensor=2", SEQ20 DET "--set parallel.tensor=2", 0, 2},
     {"tensor-seq", "mlp", 4, 0, SEQ20 DET "--set parallel.tensor=2", SEQ20 DET "--set parallel.tensor=2", 0, 2},
     // ZeRO stage 1 under a pipeline: the optimizer state sharded over all
     // ranks (the CNN's AdamW moments, the others' momentum)
@@ -390,6 +404,7 @@ static const char *model_cfg(const char *model) {
     return !strcmp(model, "mlp")     ? cfg_mlp
            : !strcmp(model, "cnn")   ? cfg_cnn
            : !strcmp(model, "cnnt")  ? cfg_cnnt
+           : !strcmp(model, "cnn8")  ? cfg_cnn8
            : !strcmp(model, "gpt4")  ? cfg_gpt4
            : !strcmp(model, "gptt")  ? cfg_gptt
            : !strcmp(model, "gptt4") ? cfg_gptt4
@@ -912,6 +927,47 @@ static void sequence_parallel(void) {
     check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
+// The CNN's: its convolutions split over channels (conv 6 -> 3 a shard,
+// conv 8's input channels), and its linear pair; the checkpoint holds the
+// whole model's tensors and resumes on the same layout bitwise and on one
+// process within 1e-5.
+static void tensor_seq_cnn(void) {
+    const char *g = SEQ20 "--set checkpoint.every_steps=10";
+    char flags[2048], path[1024];
+    snprintf(flags, sizeof flags, "%s --set parallel.tensor=2", g);
+    CHECK(train("tpc-ck", cfg_cnn, 2, flags) == 0, "cnn, tensor 2, with checkpoints:\n%s", g_out);
+    // the whole model: 6x1x5x5+6 + 8x6x3x3+8 + 32x288+32 + 10x32+10 = 10174;
+    // a shard: 3x1x5x5+3 + 8x3x3x3+8 + 16x288+16 + 10x16+10 = 5096
+    double np = summary_number("tpc-ck", "params");
+    CHECK(np == 5096, "a shard of the CNN holds 5096 of its 10174 parameters: summary.json says %.0f", np);
+    snprintf(path, sizeof path, "%s/tpc-ck/checkpoints/step-00000010/index.json", g_tmp);
+    char *ix = tl_read_file(path, NULL);
+    const char *want[][2] = {{"\"0.weight\"", "[6, 1, 5, 5]"}, {"\"0.bias\"", "[6]"}, {"\"3.weight\"", "[8, 6, 3, 3]"},
+                             {"\"6.weight\"", "[32, 288]"}};
+    for (int i = 0; i < 4; i++) {
+        char *t = ix ? strstr(ix, want[i][0]) : NULL, *sh = t ? strstr(t, "[") : NULL;
+        CHECK(sh && !strncmp(sh, want[i][1], strlen(want[i][1])), "the checkpoint of 2 CNN shards holds %s %s, the whole model's",
+              want[i][0], want[i][1]);
+    }
+    free(ix);
+    snprintf(path, sizeof path, "%s/tpc-ck/checkpoints/step-00000010", g_tmp);
+    const struct {
+        const char *name, *flags;
+        int workers;
+        double tol;
+    } resume[] = {{"tpc-res-same", "--set parallel.tensor=2", 2, 0}, {"tpc-res-1", "", 1, 1e-5}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(flags, sizeof flags, SEQ20 "%s --set checkpoint.resume=%s", resume[i].flags, path);
+        int rc = train(resume[i].name, cfg_cnn, resume[i].workers, flags), bw = 0;
+        double d = rc == 0 ? compare("tpc-ck", resume[i].name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "cnn tensor 2's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g", resume[i].workers,
+              resume[i].flags, rc, d);
+        printf("tensor-seq: the CNN's step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n",
+               resume[i].workers, resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
+    }
+}
+
 // Tensor parallel of a sequential model around the table's "tensor-seq"
 // rows: a shard holds its part of the pair (summary.json's count), its
 // checkpoints hold the whole model's tensors and resume on the same layout
@@ -948,6 +1004,7 @@ static void tensor_seq(void) {
         printf("tensor-seq: the step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n", resume[i].workers,
                resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
     }
+    tensor_seq_cnn();
 }
 
 // ZeRO stage 1 under a pipeline, around the table's "pipeline-zero" rows:
@@ -1123,8 +1180,11 @@ static void pipeline_refusals(void) {
         {cfg_cnn, 2, "--set parallel.pipeline=2 --set parallel.pipeline_split=3,3,4", "gives more than 2 stages; pipeline = 2 needs 2"},
         {cfg_mlp, 2, "--set parallel.pipeline=2 " ILV "--set parallel.virtual_stages=3",
          "pipeline = 2 x virtual_stages = 3 = 6 virtual stages is more than the model's 5 layers ([model] layer = ... lines)"},
-        {cfg_cnn, 2, "--set parallel.tensor=2", "[parallel] tensor = 2: the model has no two linear layers with only relu or gelu layers between them"},
+        // (a convolution, then layernorm: nothing pairs)
+        {"[model]\nlayer = conv2d out=4 kernel=3\nlayer = flatten\nlayer = layernorm\nlayer = linear out=10\n[optim]\nname = sgd\n",
+         2, "--set parallel.tensor=2", "[parallel] tensor = 2: the model has no two linear or conv2d layers with only relu, gelu, maxpool, dropout or flatten layers between them"},
         {cfg_mlp, 3, "--set parallel.tensor=3", "[parallel] tensor = 3 does not divide the 64 outputs of layer 0 (linear out=64)"},
+        {cfg_cnn, 4, "--set parallel.tensor=4", "[parallel] tensor = 4 does not divide the 6 output channels of layer 0 (conv2d out=6)"},
         {cfg_mlp, 2, "--set parallel.pipeline=2 --set train.dynamic_batch=true", "not with [parallel] pipeline"},
         {cfg_mlp, 4, PP2 "--zero 2", "[parallel] pipeline and [parallel] zero cannot be combined"},
         {cfg_gptt, 2, "--set parallel.tensor=2 --zero 2", "[parallel] tensor and [parallel] zero cannot be combined"},
@@ -1239,6 +1299,8 @@ int main(int argc, char **argv) {
 
     const char *drop = strstr(cfg_cnn, "layer = dropout p=0.3\n");
     snprintf(cfg_cnnt, sizeof cfg_cnnt, "%.*s%s", (int)(drop - cfg_cnn), cfg_cnn, drop + strlen("layer = dropout p=0.3\n"));
+    const char *c6 = strstr(cfg_cnn, "conv2d out=6");
+    snprintf(cfg_cnn8, sizeof cfg_cnn8, "%.*sconv2d out=8%s", (int)(c6 - cfg_cnn), cfg_cnn, c6 + strlen("conv2d out=6"));
     make_tokens("tok_train.bin", 4000, 5);
     make_tokens("tok_val.bin", 1000, 6);
     snprintf(cfg_gpt, sizeof cfg_gpt,

@@ -106,6 +106,11 @@ DT_API void dt_model_free(dt_model *m);
  * max_batch. Fails as dt_model_create() does on shapes that do not fit. */
 DT_API dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers,
                                  int max_batch, size_t *nparams, size_t *act_bytes);
+/* dt_model_memory for a shard of ntp (dt_model_create_shard; every shard
+ * the same sizes): its parameters and its activations. Fails as
+ * dt_model_tensor_parallel_check does on a model ntp cannot split. */
+DT_API dt_status dt_model_shard_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers,
+                                       int max_batch, int ntp, size_t *nparams, size_t *act_bytes);
 /* Bytes of the model's activations, their gradients and scratch as
  * allocated (dt_model_memory's figure for its max_batch, in the precision
  * it was made in); *saved (when not
@@ -120,7 +125,8 @@ DT_API size_t dt_model_act_bytes(const dt_model *m, size_t *saved);
 
 /* Initialises parameters as PyTorch does by default (weights and biases
  * uniform in +-1/sqrt(fan_in); layernorm 1 and 0) from `seed`, which also
- * keys the dropout masks. */
+ * keys the dropout masks. A tensor-parallel shard gets its part of the
+ * whole model's values, bitwise. */
 DT_API void dt_model_init(dt_model *m, uint64_t seed);
 
 DT_API size_t dt_model_num_params(const dt_model *m);
@@ -176,6 +182,10 @@ typedef struct {
 } dt_tensor_info;
 DT_API int dt_model_num_tensors(const dt_model *m);
 DT_API const dt_tensor_info *dt_model_tensor(const dt_model *m, int i);
+/* Tensor i as the whole model has it, for a tensor-parallel shard
+ * (dt_model_create_shard): the whole shape, the offset in the whole model's
+ * block (dt_model_whole_params floats); dt_model_tensor on the whole model. */
+DT_API const dt_tensor_info *dt_model_whole_tensor(const dt_model *m, int i);
 
 /* Forward pass over x[B, input_size]. With targets, computes the mean
  * softmax cross-entropy into *loss (may be NULL otherwise). `train` enables
@@ -191,15 +201,22 @@ DT_API dt_status dt_model_backward(dt_model *m);
 DT_API void dt_model_zero_grad(dt_model *m);
 
 /* ---- tensor parallel shards of a sequential model -------------------------
- * Consecutive linear layers with only relu or gelu layers between them form
- * pairs, as Megatron-LM's MLP: the first column-parallel (shard tp of ntp
- * holds rows [tp out/ntp, (tp+1) out/ntp) of its weight and bias, so its
- * outputs and the activations after it are divided), the second
- * row-parallel (the matching columns of its weight; its bias whole). A
- * shard sums the second's partial outputs over the shards after its
- * forward, and the first's partial input gradients after its backward,
- * through the reduce function: one sum a pair each way. The other layers
- * are whole on every shard. */
+ * Two linear or conv2d layers with only relu, gelu, maxpool, dropout or
+ * flatten layers between them (layers that act on each channel alone, or
+ * keep each channel's values together) form a pair, as Megatron-LM's MLP:
+ * the first column-parallel (shard tp of ntp holds output rows (channels)
+ * [tp out/ntp, (tp+1) out/ntp) of its weight and bias, so its outputs and
+ * the activations after it up to the second are divided by channel), the
+ * second row-parallel (the matching input columns of its weight: a
+ * convolution's input channels, a linear layer's inputs, channel c's H W
+ * of them after a flatten; its bias whole, added by shard 0). A shard sums
+ * the second's partial outputs over the shards after its forward, and the
+ * first's partial input gradients after its backward, through the reduce
+ * function: one sum a pair each way. Pairs are taken from the first layer
+ * on, each layer in one at most; a linear or conv2d layer followed by any
+ * other layer (layernorm) pairs with nothing. The other layers are whole on
+ * every shard. A dropout layer in a pair draws the whole layer's mask and
+ * keeps its part. */
 /* Sums buf[n] in place over the shards; every shard gets the result. */
 typedef dt_status (*dt_model_reduce_fn)(float *buf, size_t n, void *user);
 /* DT_ERR_CONFIG, its message starting with `what` (a config field), when
@@ -207,7 +224,9 @@ typedef dt_status (*dt_model_reduce_fn)(float *buf, size_t n, void *user);
  * layer's outputs. */
 DT_API dt_status dt_model_tensor_parallel_check(const dt_layer_spec *layers, int nlayers, int ntp, const char *what);
 /* dt_model_create for shard tp of ntp (0 of 1: dt_model_create). Its
- * tensors keep their names with the shard's shapes; ntp > 1 needs a reduce
+ * tensors keep their names with the shard's shapes (dt_model_tensor; the
+ * whole model's shapes and offsets: dt_model_whole_tensor); dt_model_init
+ * gives it its part of the whole model's values; ntp > 1 needs a reduce
  * function before a forward. */
 DT_API dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
                                        int nlayers, int max_batch, int tp, int ntp);

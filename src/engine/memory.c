@@ -164,11 +164,17 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     snprintf(n->field, sizeof n->field, "train.%s", ev ? "eval_batch" : "batch");
     snprintf(n->value, sizeof n->value, " = %d", ev ? c->eval_batch : c->batch);
     snprintf(n->act_what, sizeof n->act_what, "activations for %d samples", n->rows);
-    size_t np;
-    if ((st = dt_model_memory(c->input, c->layers, c->nlayers, n->rows, &np, &n->act)) != DT_OK) return st;
+    // A tensor-parallel shard's parameters and activations (its part of the
+    // pairs' layers, the rest whole); the checkpoints' slices are the whole
+    // model's.
+    int ntp = c->tensor > 1 && W >= c->tensor ? c->tensor : 1;
+    size_t np, whole, wact;
+    if ((st = dt_model_shard_memory(c->input, c->layers, c->nlayers, n->rows, ntp, &np, &n->act)) != DT_OK) return st;
+    if (ntp == 1) whole = np;
+    else if ((st = dt_model_memory(c->input, c->layers, c->nlayers, 1, &whole, &wact)) != DT_OK) return st;
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
-    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, np, np, W, 0) : 0);
+    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, whole, whole, W, 0) : 0);
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
     size_t per = sizeof(float) * ss + sizeof(int32_t);

@@ -5,6 +5,7 @@
 #include "nn/nn_impl.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +32,12 @@ typedef struct {
     int fused;             // conv: applies the relu after it; relu: done by that conv,
                            // whose act it shares (relu(x) > 0 exactly where x > 0)
     int pooled;            // relu: its backward is done by the maxpool after it
-    int tp;                // tensor parallel: 1 column-parallel linear (its outputs divided among
-                           // the shards), 2 row-parallel (its inputs; outputs summed); 0 whole
+    int tp;                // tensor parallel: 1 column-parallel linear or convolution (its outputs
+                           // divided among the shards), 2 row-parallel (its inputs; outputs summed);
+                           // 0 whole
+    int part;              // its output is divided among the shards (a column-parallel layer, and the
+                           // layers from it up to its row-parallel one): the shard's part of each
+                           // sample is [tp n, (tp + 1) n) of the whole layer's n ntp values
     size_t ww_off, wb_off; // a shard's: the offsets of its tensors in the whole model's block
 } layer_t;
 
@@ -50,6 +55,7 @@ struct dt_model {
     int last_B, last_train;
     int ntensors;
     dt_tensor_info *tensors;
+    dt_tensor_info *wtensors;   // as the whole model has them (its shapes and offsets)
     char (*names)[32];
     uint64_t seed, drop_step;   // dropout key (dt_model_set_dropout_key)
     int64_t drop_first;
@@ -180,7 +186,8 @@ static void plan_layouts(dt_model *m) {
         for (int k = i; k < j; k++) m->L[k].blk = DT_CONV_BLOCK;
     }
     for (int i = 0; i + 1 < m->nlayers; i++)
-        if (m->L[i].spec.kind == DT_LAYER_CONV2D && m->L[i + 1].spec.kind == DT_LAYER_RELU)
+        // (not a row-parallel one: its relu comes after the sum over the shards)
+        if (m->L[i].spec.kind == DT_LAYER_CONV2D && m->L[i].tp != 2 && m->L[i + 1].spec.kind == DT_LAYER_RELU)
             m->L[i].fused = m->L[i + 1].fused = 1;
     for (int i = 1; i + 1 < m->nlayers; i++)
         m->L[i].pooled = m->L[i].spec.kind == DT_LAYER_RELU &&
@@ -233,6 +240,7 @@ void dt_model_free(dt_model *m) {
     dt_free(m->grads);
     dt_free(m->probs);
     free(m->tensors);
+    free(m->wtensors);
     free(m->names);
     free(m);
 }
@@ -338,18 +346,29 @@ static size_t plan_bytes(const layer_t *L, int l0, int l1, int B, int classes, s
     return bytes + sizeof(float) * scratch;
 }
 
-// A model's plan without its buffers: shapes, offsets, layouts.
-// Tensor parallel's pairs: a linear layer, any relu or gelu layers, then a
-// linear layer: the first column-parallel (kind 1), the second row-parallel
-// (kind 2), each layer in one pair at most. Returns the number of pairs.
+// Tensor parallel's pairs: a linear layer or a convolution (column-
+// parallel, kind 1: its outputs divided among the shards by channel), then
+// any layers that act on each channel alone (relu, gelu, max pooling,
+// dropout) or keep each channel's values together (flatten: NCHW, channel
+// c's H W values contiguous), then a linear layer or a convolution
+// (row-parallel, kind 2: its inputs divided, its outputs summed). Any other
+// layer between them (layernorm, which mixes the channels) leaves the first
+// whole and the search goes on after it. Each layer in one pair at most,
+// from the first layer on. Returns the number of pairs.
+static int splits(dt_layer_kind k) { return k == DT_LAYER_LINEAR || k == DT_LAYER_CONV2D; }
+static int per_channel(dt_layer_kind k) {
+    return k == DT_LAYER_RELU || k == DT_LAYER_GELU || k == DT_LAYER_MAXPOOL || k == DT_LAYER_DROPOUT ||
+           k == DT_LAYER_FLATTEN;
+}
+
 static int find_pairs(const dt_layer_spec *layers, int nlayers, int *kind) {
     int n = 0;
     for (int i = 0; i < nlayers; i++) kind[i] = 0;
     for (int i = 0; i < nlayers; i++) {
-        if (layers[i].kind != DT_LAYER_LINEAR) continue;
+        if (!splits(layers[i].kind)) continue;
         int j = i + 1;
-        while (j < nlayers && (layers[j].kind == DT_LAYER_RELU || layers[j].kind == DT_LAYER_GELU)) j++;
-        if (j < nlayers && layers[j].kind == DT_LAYER_LINEAR) {
+        while (j < nlayers && per_channel(layers[j].kind)) j++;
+        if (j < nlayers && splits(layers[j].kind)) {
             kind[i] = 1, kind[j] = 2, n++;
             i = j;
         }
@@ -362,16 +381,18 @@ dt_status dt_model_tensor_parallel_check(const dt_layer_spec *layers, int nlayer
     if (!kind) return dt_error(DT_ERR_NOMEM, "model: out of memory");
     dt_status st = DT_OK;
     if (find_pairs(layers, nlayers, kind) == 0)
-        st = dt_error(DT_ERR_CONFIG, "%s = %d: the model has no two linear layers with only relu or gelu layers between them to split (a column-parallel linear, then a row-parallel one)",
+        st = dt_error(DT_ERR_CONFIG, "%s = %d: the model has no two linear or conv2d layers with only relu, gelu, maxpool, dropout or flatten layers between them to split (a column-parallel layer, then a row-parallel one)",
                       what, ntp);
     for (int i = 0; i < nlayers && st == DT_OK; i++)
         if (kind[i] == 1 && layers[i].out % ntp)
-            st = dt_error(DT_ERR_CONFIG, "%s = %d does not divide the %d outputs of layer %d (linear out=%d), whose outputs the ranks share",
-                          what, ntp, layers[i].out, i, layers[i].out);
+            st = dt_error(DT_ERR_CONFIG, "%s = %d does not divide the %d %s of layer %d (%s out=%d), which the ranks share",
+                          what, ntp, layers[i].out, layers[i].kind == DT_LAYER_CONV2D ? "output channels" : "outputs", i,
+                          dt_layer_kind_name(layers[i].kind), layers[i].out);
     free(kind);
     return st;
 }
 
+// A model's plan without its buffers: shapes, offsets, layouts.
 static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
                             int max_batch, int tp, int ntp) {
     *out = NULL;
@@ -388,9 +409,10 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     memcpy(m->in_shape, in_shape, sizeof m->in_shape);
     m->L = calloc(nlayers, sizeof *m->L);
     m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
+    m->wtensors = calloc(2 * nlayers, sizeof *m->wtensors);
     m->names = calloc(2 * nlayers, sizeof *m->names);
     if (m->L) m->nlayers = nlayers;
-    if (!m->L || !m->tensors || !m->names) {
+    if (!m->L || !m->tensors || !m->wtensors || !m->names) {
         dt_model_free(m);
         return dt_error(DT_ERR_NOMEM, "model: out of memory");
     }
@@ -398,7 +420,11 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
         int *kind = malloc(sizeof(int) * (size_t)nlayers);
         if (!kind) return dt_model_free(m), dt_error(DT_ERR_NOMEM, "model: out of memory");
         find_pairs(layers, nlayers, kind);
-        for (int i = 0; i < nlayers; i++) m->L[i].tp = kind[i];
+        for (int i = 0, inside = 0; i < nlayers; i++) {
+            m->L[i].tp = kind[i];
+            inside = kind[i] == 1 || (inside && kind[i] != 2);
+            m->L[i].part = inside;
+        }
         free(kind);
     }
     size_t off = 0;
@@ -441,8 +467,14 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
 
 dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers, int max_batch,
                           size_t *nparams, size_t *act_bytes) {
+    return dt_model_shard_memory(in_shape, layers, nlayers, max_batch, 1, nparams, act_bytes);
+}
+
+dt_status dt_model_shard_memory(const int in_shape[3], const dt_layer_spec *layers, int nlayers, int max_batch, int ntp,
+                                size_t *nparams, size_t *act_bytes) {
     dt_model *m;
-    dt_status st = plan_model(&m, in_shape, layers, nlayers, max_batch, 0, 1);
+    dt_status st = ntp > 1 ? dt_model_tensor_parallel_check(layers, nlayers, ntp, "tensor parallel") : DT_OK;
+    if (st == DT_OK) st = plan_model(&m, in_shape, layers, nlayers, max_batch, 0, ntp < 1 ? 1 : ntp);
     if (st != DT_OK) return st;
     *nparams = m->nparams;
     *act_bytes = plan_bytes(m->L, 0, nlayers, max_batch, m->L[nlayers - 1].out[0], NULL);
@@ -453,6 +485,27 @@ dt_status dt_model_memory(const int in_shape[3], const dt_layer_spec *layers, in
 dt_status dt_model_create(dt_model **out, const int in_shape[3], const dt_layer_spec *layers,
                           int nlayers, int max_batch) {
     return dt_model_create_shard(out, in_shape, layers, nlayers, max_batch, 0, 1);
+}
+
+// Layer l's weight (bias: its bias) at `offset` as k shards of it make it
+// (k = 1: a shard's own; the model's ntp: the whole layer's).
+static void tensor_of(dt_tensor_info *t, const layer_t *l, int bias, int k, size_t offset) {
+    const dt_layer_spec *s = &l->spec;
+    int64_t kout = l->tp == 1 ? k : 1, kin = l->tp == 2 ? k : 1;
+    *t = (dt_tensor_info){.offset = offset, .numel = (bias ? l->b_n : l->w_n) * (size_t)(bias ? kout : kout * kin)};
+    if (!bias && s->kind == DT_LAYER_CONV2D) {
+        t->ndim = 4;
+        t->shape[0] = s->out * kout;
+        t->shape[1] = l->in[0] * kin;
+        t->shape[2] = t->shape[3] = s->kernel;
+    } else if (!bias && s->kind == DT_LAYER_LINEAR) {
+        t->ndim = 2;
+        t->shape[0] = s->out * kout;
+        t->shape[1] = l->in[0] * kin;
+    } else {
+        t->ndim = 1;
+        t->shape[0] = (int64_t)t->numel;
+    }
 }
 
 dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
@@ -475,7 +528,6 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
 
     for (int i = 0; i < nlayers; i++) {
         layer_t *l = &m->L[i];
-        const dt_layer_spec *s = &l->spec;
         layer_bufs z = buffer_sizes(m->L, i, max_batch);
         l->dact = dt_alloc(sizeof(float) * z.dact);
         l->act = z.act ? dt_alloc(sizeof(float) * z.act) : l->t16 || l->drop ? l->dact : m->L[i - 1].act;
@@ -484,34 +536,13 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
             (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
             goto nomem;
         // Named tensors, PyTorch nn.Sequential style: "<index>.weight".
-        if (l->w_n) {
-            dt_tensor_info *t = &m->tensors[m->ntensors];
-            snprintf(m->names[m->ntensors], 32, "%d.weight", i);
-            t->name = m->names[m->ntensors++];
-            t->offset = l->w_off;
-            t->numel = l->w_n;
-            if (s->kind == DT_LAYER_CONV2D) {
-                t->ndim = 4;
-                t->shape[0] = s->out;
-                t->shape[1] = l->in[0];
-                t->shape[2] = t->shape[3] = s->kernel;
-            } else if (s->kind == DT_LAYER_LINEAR) {
-                t->ndim = 2;
-                t->shape[0] = s->out;
-                t->shape[1] = l->in[0];
-            } else {
-                t->ndim = 1;
-                t->shape[0] = (int64_t)l->w_n;
-            }
-        }
-        if (l->b_n) {
-            dt_tensor_info *t = &m->tensors[m->ntensors];
-            snprintf(m->names[m->ntensors], 32, "%d.bias", i);
-            t->name = m->names[m->ntensors++];
-            t->offset = l->b_off;
-            t->numel = l->b_n;
-            t->ndim = 1;
-            t->shape[0] = (int64_t)l->b_n;
+        for (int bias = 0; bias < 2; bias++) {
+            if (!(bias ? l->b_n : l->w_n)) continue;
+            snprintf(m->names[m->ntensors], 32, "%d.%s", i, bias ? "bias" : "weight");
+            tensor_of(&m->tensors[m->ntensors], l, bias, 1, bias ? l->b_off : l->w_off);
+            tensor_of(&m->wtensors[m->ntensors], l, bias, ntp, ntp > 1 ? (bias ? l->wb_off : l->ww_off) : bias ? l->b_off : l->w_off);
+            m->tensors[m->ntensors].name = m->wtensors[m->ntensors].name = m->names[m->ntensors];
+            m->ntensors++;
         }
     }
     if (conv_scratch(m->L, 0, nlayers, max_batch, &m->cscratch) != DT_OK) goto nomem;
@@ -524,25 +555,44 @@ nomem:
                     max_batch);
 }
 
-// (a layer the model does not keep draws its values all the same: the
-// others get the whole model's)
+// Where element j of layer l's whole weight (bias: its bias) lies in shard
+// tp's tensor of it; SIZE_MAX: in another shard's.
+static size_t local_index(const layer_t *l, int tp, int ntp, int bias, size_t j) {
+    size_t n = bias ? l->b_n : l->w_n;
+    if (l->tp == 1) return j / n == (size_t)tp ? j % n : SIZE_MAX;
+    if (l->tp == 2 && !bias) {  // [out, ntp in] (a convolution's [out, ntp in, K, K])
+        size_t in = n / (size_t)l->out[0], row = in * (size_t)ntp, c = j % row;
+        return c / in == (size_t)tp ? j / row * in + c % in : SIZE_MAX;
+    }
+    return j;
+}
+
+// Each layer draws the whole layer's values from the one stream in block
+// order; a shard keeps its part of them (and a layer the model does not
+// keep draws its values all the same), so every value is the whole
+// model's.
 void dt_model_init(dt_model *m, uint64_t seed) {
     dt_rng r;
     dt_rng_seed(&r, seed);
     for (int i = 0; i < m->nlayers; i++) {
         layer_t *l = &m->L[i];
-        float *w = m->params + l->w_off, *b = m->params + l->b_off, v;
+        float *w = m->params + l->w_off, *b = m->params + l->b_off;
         int keep = !m->held || m->held[i];
         if (l->spec.kind == DT_LAYER_LAYERNORM) {
             for (size_t j = 0; j < l->w_n && keep; j++) w[j] = 1.0f;
             for (size_t j = 0; j < l->b_n && keep; j++) b[j] = 0.0f;
         } else if (l->w_n) {
-            size_t fan_in = l->w_n / (size_t)l->spec.out;
-            float bound = 1.0f / sqrtf((float)fan_in);
-            for (size_t j = 0; j < l->w_n; j++)
-                if (v = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound, keep) w[j] = v;
-            for (size_t j = 0; j < l->b_n; j++)
-                if (v = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound, keep) b[j] = v;
+            size_t k = l->tp ? (size_t)m->ntp : 1, kout = l->tp == 1 ? k : 1;
+            float bound = 1.0f / sqrtf((float)(l->w_n * k / ((size_t)l->spec.out * kout)));  // 1/sqrt(fan in)
+            for (int bias = 0; bias < 2; bias++) {
+                size_t n = bias ? l->b_n * kout : l->w_n * k;
+                float *t = bias ? b : w;
+                for (size_t j = 0; j < n; j++) {
+                    float v = (2.0f * dt_rng_uniform(&r) - 1.0f) * bound;
+                    size_t q = local_index(l, m->tp, m->ntp, bias, j);
+                    if (keep && q != SIZE_MAX) t[q] = v;
+                }
+            }
         }
     }
     m->seed = seed;
@@ -618,12 +668,13 @@ static void shard_runs(const dt_model *m, int tp, int sole, run_fn fn, void *use
         size_t wo = m->ntp > 1 ? l->ww_off : l->w_off, bo = m->ntp > 1 ? l->wb_off : l->b_off;
         size_t wn = l->w_n, bn = l->b_n;
         if (l->tp == 0 && sole && tp > 0) continue;
+        // (a convolution's weight [out, in, K, K] as a matrix [out, in K K])
         if (l->tp == 1) {  // rows [tp out, (tp + 1) out) of [ntp out, in], and that slice of the bias
             wo += (size_t)tp * wn;
             bo += (size_t)tp * bn;
         }
         if (l->tp == 2) {  // columns [tp in, (tp + 1) in) of each of the out rows of [out, ntp in]
-            size_t in = (size_t)l->in[0], rows = (size_t)l->out[0];
+            size_t rows = (size_t)l->out[0], in = wn / rows;
             for (size_t r = 0; r < rows; r++) fn(user, l->w_off + r * in, wo + r * in * m->ntp + (size_t)tp * in, in);
             wn = 0;
             if (sole && tp > 0) bn = 0;  // the bias is whole, added by shard 0
@@ -673,6 +724,9 @@ int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
 }
+const dt_tensor_info *dt_model_whole_tensor(const dt_model *m, int i) {
+    return i >= 0 && i < m->ntensors ? &m->wtensors[i] : NULL;
+}
 const float *dt_model_logits(const dt_model *m) { return m->L[m->nlayers - 1].act; }
 const float *dt_model_probs(const dt_model *m) { return m->probs; }
 
@@ -703,11 +757,10 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
             dt_linear_forward(l->act, in, w, l->tp == 2 && m->tp ? NULL : b, B, l->in[0], l->out[0]);
             // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
             if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
-            if (l->tp == 2 && m->reduce && (st = m->reduce(l->act, n, m->reduce_user)) != DT_OK) return st;
             break;
-        case DT_LAYER_CONV2D: {
+        case DT_LAYER_CONV2D: {  // (row-parallel: as the linear layer's)
             dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_forward(l->act, l->aux, l->aux2, in, w, b, &cs);
+            dt_conv_forward(l->act, l->aux, l->aux2, in, w, l->tp == 2 && m->tp ? NULL : b, &cs);
             break;
         }
         case DT_LAYER_MAXPOOL:
@@ -724,13 +777,15 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
             break;
         case DT_LAYER_DROPOUT:
             if (train && s->p > 0.0f) {
-                size_t ns = numel3(l->out);
+                // (a shard's part of a sample: the whole layer's mask there, its draws skipped to)
+                size_t ns = numel3(l->out), skip = l->part ? (size_t)m->tp * ns : 0;
 #pragma omp parallel for schedule(static)
                 for (int j = 0; j < B; j++) {
                     dt_rng r;
                     dt_rng_seed(&r, m->seed ^ (m->drop_step * 0x9e3779b97f4a7c15ULL) ^
                                         ((uint64_t)(m->drop_first + j) * 0xc2b2ae3d27d4eb4fULL) ^
                                         ((uint64_t)i << 56));
+                    for (size_t k = 0; k < skip; k++) dt_rng_uniform(&r);
                     dt_dropout_forward(l->act + j * ns, l->aux + j * ns, in + j * ns, ns, s->p, &r);
                 }
             } else {
@@ -744,6 +799,8 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
                 memcpy(l->act, in, sizeof(float) * n);
             break;
         }
+        // row-parallel: the shards' partial outputs summed (the bias added by shard 0 alone)
+        if (l->tp == 2 && m->reduce && (st = m->reduce(l->act, n, m->reduce_user)) != DT_OK) return st;
         in = l->act;
     }
     return DT_OK;
@@ -820,10 +877,6 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
             } else {
                 dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
             }
-            // column-parallel: each shard's input gradient is a part of the sum
-            if (l->tp == 1 && din && m->reduce &&
-                (st = m->reduce(din, (size_t)B * l->in[0], m->reduce_user)) != DT_OK)
-                return st;
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(L, i, B);
@@ -862,6 +915,10 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
                 memcpy(din, l->dact, sizeof(float) * n);
             break;
         }
+        // column-parallel: each shard's input gradient is a part of the sum
+        if (l->tp == 1 && din && m->reduce &&
+            (st = m->reduce(din, (size_t)B * out_numel(&L[i - 1]), m->reduce_user)) != DT_OK)
+            return st;
         if (hooks && m->hook && (l->w_n || l->b_n)) m->hook(l->w_off, m->hook_user);
     }
     return DT_OK;

@@ -6,7 +6,7 @@
  * [parallel] tensor = T splits the model over T ranks (its shards, made by
  * the task, whose sums run on its shard's group: the GPT's every layer,
  * dtrain/gpt.h, heads, MLP units and vocabulary divided, two allreduces a
- * layer each way; a sequential model's pairs of linear layers,
+ * layer each way; a sequential model's pairs of linear and conv2d layers split over channels,
  * dtrain/nn.h, one allreduce a pair each way).
  * [parallel] pipeline = P cuts the GPT's n_layer blocks or a sequential
  * model's layers into P contiguous stages, pipeline_split = "a,b,..." layers

@@ -35,7 +35,6 @@ struct dt_task {
     void *layer_user;
     int tp, ntp;
     dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
-    dt_model *whole;               // the whole model's plan and block (init, names, the weights file)
     unsigned char *order_split;    // the order's ranges divided among the shards
     size_t act_bytes, act_saved;   // the activation sets made, and what 16-bit linear inputs save in them
 };
@@ -162,7 +161,6 @@ static dt_status cls_warm(const dt_config *c) {
 static void cls_destroy(dt_task *t) {
     if (!t) return;
     free(t->scratch);
-    dt_model_free(t->whole);
     free(t->order_split);
     free(t->tinfo);
     free(t->order);
@@ -219,10 +217,7 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
     if (dt_model_num_classes(t->m) != t->train.classes)
         return dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                         dt_model_num_classes(t->m), t->train.classes);
-    if (t->ntp > 1) {
-        if ((st = dt_model_create(&t->whole, c->input, c->layers, c->nlayers, 1)) != DT_OK) return st;
-        dt_model_set_reduce(t->m, tp_reduce, t);
-    }
+    if (t->ntp > 1) dt_model_set_reduce(t->m, tp_reduce, t);
     // A pipeline's stage keeps its layers alone: their parameters come when
     // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
     t->deferred = c->pipeline > 1 && c->zero != 1;
@@ -230,14 +225,9 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
     return DT_OK;
 }
 
-// The initial parameters from c's seed; a shard's part of the whole
-// model's.
-static void init_params(dt_task *t) {
-    dt_model_init(t->m, t->c->seed);
-    if (t->ntp == 1) return;
-    dt_model_init(t->whole, t->c->seed);
-    dt_model_shard_take(t->m, t->tp, dt_model_params(t->m), 0, dt_model_num_params(t->whole), dt_model_params(t->whole));
-}
+// The initial parameters from c's seed (a shard's part of the whole
+// model's).
+static void init_params(dt_task *t) { dt_model_init(t->m, t->c->seed); }
 
 static dt_status cls_hold(dt_task *t, const unsigned char *held, const dt_grad_range **ranges, int *n) {
     dt_status st = dt_model_set_held(t->m, held);
@@ -287,7 +277,7 @@ static dt_status cls_tensors(dt_task *t, int nt) {
         return dt_error(DT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nt; i++) {
         const dt_tensor_info *ti = dt_model_tensor(t->m, i);
-        t->tinfo[i] = *dt_model_tensor(t->whole ? t->whole : t->m, i);
+        t->tinfo[i] = *dt_model_whole_tensor(t->m, i);
         t->nmats += dt_codec_matrices(ti, 0, t->mats + t->nmats);
         t->order[i] = (dt_grad_range){ti->offset, ti->numel};
         t->order_layer[i] = atoi(ti->name);
