@@ -927,6 +927,30 @@ static void sequence_parallel(void) {
     check_refused(bad, (int)(sizeof bad / sizeof *bad));
 }
 
+// A tensor-2 run's step-10 checkpoint (run TAG-ck) resumed on the same
+// layout (bitwise) and on one process (within 1e-5), each to step 20.
+static void resume_t2(const char *model, const char *cfg, const char *tag) {
+    const struct {
+        const char *name, *flags;
+        int workers;
+        double tol;
+    } resume[] = {{"res-same", "--set parallel.tensor=2", 2, 0}, {"res-1", "", 1, 1e-5}};
+    char flags[2048], ck[64], name[64];
+    snprintf(ck, sizeof ck, "%s-ck", tag);
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s-%s", tag, resume[i].name);
+        snprintf(flags, sizeof flags, SEQ20 "%s --set checkpoint.resume=%s/%s/checkpoints/step-00000010",
+                 resume[i].flags, g_tmp, ck);
+        int rc = train(name, cfg, resume[i].workers, flags), bw = 0;
+        double d = rc == 0 ? compare(ck, name, &bw) : -1;
+        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
+              "%s tensor 2's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g", model,
+              resume[i].workers, resume[i].flags, rc, d);
+        printf("tensor-seq: the %s's step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n", model,
+               resume[i].workers, resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
+    }
+}
+
 // The CNN's: its convolutions split over channels (conv 6 -> 3 a shard,
 // conv 8's input channels), and its linear pair; the checkpoint holds the
 // whole model's tensors and resumes on the same layout bitwise and on one
@@ -950,22 +974,7 @@ static void tensor_seq_cnn(void) {
               want[i][0], want[i][1]);
     }
     free(ix);
-    snprintf(path, sizeof path, "%s/tpc-ck/checkpoints/step-00000010", g_tmp);
-    const struct {
-        const char *name, *flags;
-        int workers;
-        double tol;
-    } resume[] = {{"tpc-res-same", "--set parallel.tensor=2", 2, 0}, {"tpc-res-1", "", 1, 1e-5}};
-    for (int i = 0; i < 2; i++) {
-        snprintf(flags, sizeof flags, SEQ20 "%s --set checkpoint.resume=%s", resume[i].flags, path);
-        int rc = train(resume[i].name, cfg_cnn, resume[i].workers, flags), bw = 0;
-        double d = rc == 0 ? compare("tpc-ck", resume[i].name, &bw) : -1;
-        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
-              "cnn tensor 2's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g", resume[i].workers,
-              resume[i].flags, rc, d);
-        printf("tensor-seq: the CNN's step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n",
-               resume[i].workers, resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
-    }
+    resume_t2("cnn", cfg_cnn, "tpc");
 }
 
 // Tensor parallel of a sequential model around the table's "tensor-seq"
@@ -988,22 +997,7 @@ static void tensor_seq(void) {
               !strncmp(strstr(w2, "[") ? strstr(w2, "[") : "", "[32, 64]", 8),
           "the checkpoint of 2 shards holds 0.weight [64, 784] and 2.weight [32, 64], the whole model's");
     free(ix);
-    snprintf(path, sizeof path, "%s/tps-ck/checkpoints/step-00000010", g_tmp);
-    const struct {
-        const char *name, *flags;
-        int workers;
-        double tol;
-    } resume[] = {{"tps-res-same", "--set parallel.tensor=2", 2, 0}, {"tps-res-1", "", 1, 1e-5}};
-    for (int i = 0; i < 2; i++) {
-        snprintf(flags, sizeof flags, SEQ20 "%s --set checkpoint.resume=%s", resume[i].flags, path);
-        int rc = train(resume[i].name, cfg_mlp, resume[i].workers, flags), bw = 0;
-        double d = rc == 0 ? compare("tps-ck", resume[i].name, &bw) : -1;
-        CHECK(rc == 0 && (resume[i].tol == 0 ? bw : d >= 0 && d <= resume[i].tol),
-              "mlp tensor 2's step-10 checkpoint resumed on %d workers %s: exit %d, max rel diff %.3g", resume[i].workers,
-              resume[i].flags, rc, d);
-        printf("tensor-seq: the step-10 checkpoint resumed on %d worker%s: %s (max rel diff %.3g)\n", resume[i].workers,
-               resume[i].workers > 1 ? "s (tensor 2)" : "", bw ? "bitwise" : "within 1e-5", d);
-    }
+    resume_t2("mlp", cfg_mlp, "tps");
     tensor_seq_cnn();
 }
 
