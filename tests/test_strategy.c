@@ -951,54 +951,44 @@ static void resume_t2(const char *model, const char *cfg, const char *tag) {
     }
 }
 
-// The CNN's: its convolutions split over channels (conv 6 -> 3 a shard,
-// conv 8's input channels), and its linear pair; the checkpoint holds the
-// whole model's tensors and resumes on the same layout bitwise and on one
-// process within 1e-5.
-static void tensor_seq_cnn(void) {
-    const char *g = SEQ20 "--set checkpoint.every_steps=10";
-    char flags[2048], path[1024];
-    snprintf(flags, sizeof flags, "%s --set parallel.tensor=2", g);
-    CHECK(train("tpc-ck", cfg_cnn, 2, flags) == 0, "cnn, tensor 2, with checkpoints:\n%s", g_out);
-    // the whole model: 6x1x5x5+6 + 8x6x3x3+8 + 32x288+32 + 10x32+10 = 10174;
-    // a shard: 3x1x5x5+3 + 8x3x3x3+8 + 16x288+16 + 10x16+10 = 5096
-    double np = summary_number("tpc-ck", "params");
-    CHECK(np == 5096, "a shard of the CNN holds 5096 of its 10174 parameters: summary.json says %.0f", np);
-    snprintf(path, sizeof path, "%s/tpc-ck/checkpoints/step-00000010/index.json", g_tmp);
+// A model at tensor 2 with checkpoints (run TAG-ck): a shard holds its
+// part (summary.json's params), the checkpoint the whole model's tensors
+// (names and shapes), and it resumes as resume_t2 says.
+typedef struct {
+    const char *name, *shape;
+} tshape;
+
+static void tensor2_ckpt(const char *model, const char *cfg, const char *tag, double params, const tshape *want,
+                         int nwant) {
+    char flags[2048], path[1024], ck[64];
+    snprintf(ck, sizeof ck, "%s-ck", tag);
+    snprintf(flags, sizeof flags, SEQ20 "--set checkpoint.every_steps=10 --set parallel.tensor=2");
+    CHECK(train(ck, cfg, 2, flags) == 0, "%s, tensor 2, with checkpoints:\n%s", model, g_out);
+    double np = summary_number(ck, "params");
+    CHECK(np == params, "a shard of the %s holds %.0f parameters: summary.json says %.0f", model, params, np);
+    snprintf(path, sizeof path, "%s/%s/checkpoints/step-00000010/index.json", g_tmp, ck);
     char *ix = tl_read_file(path, NULL);
-    const char *want[][2] = {{"\"0.weight\"", "[6, 1, 5, 5]"}, {"\"0.bias\"", "[6]"}, {"\"3.weight\"", "[8, 6, 3, 3]"},
-                             {"\"6.weight\"", "[32, 288]"}};
-    for (int i = 0; i < 4; i++) {
-        char *t = ix ? strstr(ix, want[i][0]) : NULL, *sh = t ? strstr(t, "[") : NULL;
-        CHECK(sh && !strncmp(sh, want[i][1], strlen(want[i][1])), "the checkpoint of 2 CNN shards holds %s %s, the whole model's",
-              want[i][0], want[i][1]);
+    for (int i = 0; i < nwant; i++) {
+        char *t = ix ? strstr(ix, want[i].name) : NULL, *sh = t ? strstr(t, "[") : NULL;
+        CHECK(sh && !strncmp(sh, want[i].shape, strlen(want[i].shape)),
+              "the checkpoint of 2 %s shards holds %s %s, the whole model's", model, want[i].name, want[i].shape);
     }
     free(ix);
-    resume_t2("cnn", cfg_cnn, "tpc");
+    resume_t2(model, cfg, tag);
 }
 
 // Tensor parallel of a sequential model around the table's "tensor-seq"
-// rows: a shard holds its part of the pair (summary.json's count), its
-// checkpoints hold the whole model's tensors and resume on the same layout
-// bitwise and on one process within 1e-5.
+// rows. The MLP: 784x64+64 + 64x32+32 + 32x10+10 = 52650 parameters, a
+// shard 784x32+32 + 32x32+32 + 330 = 26506. The CNN, its convolutions split
+// over channels (conv 6 -> 3 a shard, conv 8's input channels) and its
+// linear pair: 6x1x5x5+6 + 8x6x3x3+8 + 32x288+32 + 10x32+10 = 10174, a shard
+// 3x1x5x5+3 + 8x3x3x3+8 + 16x288+16 + 10x16+10 = 5096.
 static void tensor_seq(void) {
-    const char *g = SEQ20 "--set checkpoint.every_steps=10";
-    char flags[2048], path[1024];
-    snprintf(flags, sizeof flags, "%s --set parallel.tensor=2", g);
-    CHECK(train("tps-ck", cfg_mlp, 2, flags) == 0, "mlp, tensor 2, with checkpoints:\n%s", g_out);
-    // the whole model: 784x64+64 + 64x32+32 + 32x10+10 = 52650; a shard:
-    // 784x32+32 + 32x32+32 + 330 = 26506 (summary.json's params, a rank's)
-    double np = summary_number("tps-ck", "params");
-    CHECK(np == 26506, "a shard of the MLP holds 26506 of its 52650 parameters: summary.json says %.0f", np);
-    snprintf(path, sizeof path, "%s/tps-ck/checkpoints/step-00000010/index.json", g_tmp);
-    char *ix = tl_read_file(path, NULL), *w0 = ix ? strstr(ix, "\"0.weight\"") : NULL;
-    char *w2 = ix ? strstr(ix, "\"2.weight\"") : NULL;
-    CHECK(w0 && w2 && !strncmp(strstr(w0, "[") ? strstr(w0, "[") : "", "[64, 784]", 9) &&
-              !strncmp(strstr(w2, "[") ? strstr(w2, "[") : "", "[32, 64]", 8),
-          "the checkpoint of 2 shards holds 0.weight [64, 784] and 2.weight [32, 64], the whole model's");
-    free(ix);
-    resume_t2("mlp", cfg_mlp, "tps");
-    tensor_seq_cnn();
+    const tshape mlp[] = {{"\"0.weight\"", "[64, 784]"}, {"\"2.weight\"", "[32, 64]"}};
+    const tshape cnn[] = {{"\"0.weight\"", "[6, 1, 5, 5]"}, {"\"0.bias\"", "[6]"}, {"\"3.weight\"", "[8, 6, 3, 3]"},
+                          {"\"6.weight\"", "[32, 288]"}};
+    tensor2_ckpt("mlp", cfg_mlp, "tps", 26506, mlp, 2);
+    tensor2_ckpt("cnn", cfg_cnn, "tpc", 5096, cnn, 4);
 }
 
 // ZeRO stage 1 under a pipeline, around the table's "pipeline-zero" rows:
