@@ -1,8 +1,9 @@
 /* dt_sgemm on oneDNN (in a build without it, the portable GEMM of
  * gemm_portable.c, fp32 compute in every precision). In fp32 it is
- * oneDNN's sgemm: on this class of CPU (AVX-512) it runs at 150/250 GFLOPS on 1/2 cores with no tuning, where
- * Debian's OpenBLAS mis-detects the core type and reaches 20-36 unless told
- * by environment variables (docs/benchmarks.md has the measurements).
+ * oneDNN's sgemm: on this class of CPU (AVX-512) it runs at 150/250
+ * GFLOPS on 1/2 cores with no tuning, where Debian's OpenBLAS mis-detects
+ * the core type and reaches 20-36 unless told by environment variables
+ * (docs/benchmarks.md has the measurements).
  *
  * In a low precision (dt_kernels_set_precision) the operands are first
  * rounded to it, packed into per-thread buffers. Where oneDNN has kernels
