@@ -12,7 +12,8 @@
  * OpenBLAS's rows stay fp32). First it measures the core's fp32 FMA peak
  * (independent FMAs on registers, the widest vectors the CPU runs, per
  * dt_cpu_get: AVX-512 or AVX2) on the same threads, and gives every GEMM
- * as a share of it. */
+ * as a share of it. The last column is dtrain's portable GEMM (what a build
+ * without oneDNN runs; fp32). */
 #include "dtrain/core.h"
 #include "kernels/kernels.h"
 
@@ -37,6 +38,7 @@ static double time_gemm(int which, cblas_sgemm_fn ob, int ta, int tb, int M, int
         t0 = dt_now();
         do {
             if (which == 0) dt_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+            else if (which == 2) dt_sgemm_portable(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
             else ob(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
             reps++;
             t = dt_now() - t0;
@@ -129,19 +131,23 @@ int main(int argc, char **argv) {
                "\"peak_isa\": \"%s\"}\n", cpu->name, cpu->family, cpu->model, threads, peak, isa);
     else
         printf("# CPU: %s (family %d model %d), %d thread%s, dtrain in %s: fp32 FMA peak %.1f GFLOPS (%s)\n"
-               "%-30s %8s %5s %14s %5s\n", cpu->name, cpu->family, cpu->model, threads, threads > 1 ? "s" : "", prec,
-               peak, isa, "shape (MxNxK)", "oneDNN", "peak", ob ? "OpenBLAS" : "(no OpenBLAS)", "peak");
+               "%-30s %8s %5s %14s %5s %9s %5s\n", cpu->name, cpu->family, cpu->model, threads, threads > 1 ? "s" : "", prec,
+               peak, isa, "shape (MxNxK)", "oneDNN", "peak", ob ? "OpenBLAS" : "(no OpenBLAS)", "peak", "portable", "peak");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         double g0 = time_gemm(0, NULL, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C);
         double g1 = ob ? time_gemm(1, ob, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C) : 0;
+        double g2 = time_gemm(2, NULL, shapes[s].ta, shapes[s].tb, shapes[s].M, shapes[s].N, shapes[s].K, A, B, C);
         if (json) {
             printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"onednn\", \"precision\": \"%s\", \"gflops\": %.1f, "
                    "\"of_peak\": %.3f}\n", shapes[s].name, threads, prec, g0, g0 / peak);
             if (ob)
                 printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"openblas\", \"coretype\": \"%s\", \"gflops\": %.1f, "
                        "\"of_peak\": %.3f}\n", shapes[s].name, threads, core ? core : "auto", g1, g1 / peak);
+            printf("{\"shape\": \"%s\", \"threads\": %d, \"impl\": \"portable\", \"gflops\": %.1f, \"of_peak\": %.3f}\n",
+                   shapes[s].name, threads, g2, g2 / peak);
         } else {
-            printf("%-30s %8.1f %4.0f%% %14.1f %4.0f%%\n", shapes[s].name, g0, 100 * g0 / peak, g1, 100 * g1 / peak);
+            printf("%-30s %8.1f %4.0f%% %14.1f %4.0f%% %9.1f %4.0f%%\n", shapes[s].name, g0, 100 * g0 / peak, g1,
+                   100 * g1 / peak, g2, 100 * g2 / peak);
         }
     }
     free(A), free(B), free(C);
