@@ -3,7 +3,9 @@
  *   test_gpu        (ctest test_gpu, everywhere): [train] device is
  *                   refused naming what is missing (no CUDA in the build,
  *                   no driver, no such GPU), never run on the CPU instead;
- *                   bad names are refused by the config and by --device.
+ *                   bad names are refused by the config and by --device;
+ *                   cuDNN and NCCL are found at run time, or refused
+ *                   naming the file and the version.
  *   test_gpu ops    (ctest test_gpu_ops): every GPU op against the CPU op
  *                   on awkward sizes (1, 255, 257, a prime past 10^5, 2^20
  *                   + 7), five steps each: AdamW (with weight decay and a
@@ -16,6 +18,7 @@
 #include "gpu/gpu.h"
 #include "testlib.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,8 +150,50 @@ static void test_ops(void) {
     CHECK(dt_gpu_sync() == DT_OK, "no error left on the device: %s", dt_last_error());
 }
 
+// cuDNN and NCCL found at run time: the machine's own where the loader finds
+// them (this machine's CUDA toolkit has both), a user's file (DTRAIN_CUDNN,
+// DTRAIN_NCCL), PyTorch's packages under a Python site, and the refusals: a
+// missing file, a library that is not the one asked for, another version.
+static void test_libs(void) {
+    const char *names[] = {"cudnn", "nccl"}, *sonames[] = {"libcudnn.so.9", "libnccl.so.2"};
+    for (int i = 0; i < 2; i++) {
+        void *ref = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);  // the loader's own answer, independently
+        dt_gpu_lib l;
+        dt_status st = dt_gpu_lib_open(names[i], &l);
+        if (ref)
+            CHECK(st == DT_OK && strstr(l.path, sonames[i]) && l.version >= (i ? 21800 : 90000) &&
+                      dt_gpu_lib_sym(&l, i ? "ncclGetVersion" : "cudnnGetVersion"),
+                  "%s on the loader's path: found (%s, version %ld): %s", names[i], l.path, l.version,
+                  st ? dt_last_error() : "");
+        else
+            printf("%s: not on this machine's loader path (%s)\n", names[i], st ? dt_last_error() : l.path);
+        printf("%s: %s\n", names[i], st == DT_OK ? l.path : dt_last_error());
+        dt_gpu_lib_close(&l);
+        if (ref) dlclose(ref);
+    }
+    dt_gpu_lib l;
+    struct { const char *env, *file, *which, *want; } bad[] = {
+        {"DTRAIN_CUDNN", "/nonexistent/libcudnn.so.9", "cudnn", "DTRAIN_CUDNN=/nonexistent/libcudnn.so.9: cannot load it"},
+        {"DTRAIN_NCCL", FAKE_CUDNN9, "nccl", "no ncclGetVersion: not NCCL"},
+        {"DTRAIN_CUDNN", FAKE_CUDNN8, "cudnn", "is version 8.9.2; dtrain needs 9.0 or later, before 10"},
+    };
+    for (int i = 0; i < 3; i++) {
+        setenv(bad[i].env, bad[i].file, 1);
+        dt_status st = dt_gpu_lib_open(bad[i].which, &l);
+        CHECK(st == DT_ERR_IO && strstr(dt_last_error(), bad[i].want) && !l.handle, "%s=%s refused: %s", bad[i].env,
+              bad[i].file, dt_last_error());
+        unsetenv(bad[i].env);
+    }
+    setenv("DTRAIN_CUDNN", FAKE_CUDNN9, 1);
+    CHECK(dt_gpu_lib_open("cudnn", &l) == DT_OK && l.version == 90100 && strstr(l.path, "fake_cudnn_90100"),
+          "DTRAIN_CUDNN names the file taken: %s", l.path);
+    dt_gpu_lib_close(&l);
+    unsetenv("DTRAIN_CUDNN");
+    CHECK(dt_gpu_lib_open("cublas", &l) == DT_ERR_ARG, "an unknown library is refused: %s", dt_last_error());
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "ops")) test_ops();
-    else test_refusals();
+    else test_refusals(), test_libs();
     return tl_finish();
 }

@@ -82,6 +82,9 @@ DT_API dt_status dt_error(dt_status s, const char *fmt, ...) DT_PRINTF(2, 3);
 
 /* Version string "MAJOR.MINOR.PATCH". */
 DT_API const char *dt_version(void);
+/* The optional parts this build has, e.g. "oneDNN yes, HDF5 yes,
+ * libmicrohttpd yes, MPI yes, CUDA yes" (CMakeLists.txt). */
+DT_API const char *dt_build_features(void);
 
 /* ---- the CPU ------------------------------------------------------------- */
 

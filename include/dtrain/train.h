@@ -87,6 +87,10 @@ DT_API dt_status dt_train_check(const dt_config *c, int W);
  * is refused naming what is missing, never run on the CPU instead
  * (docs/gpu.md). dt_train checks it first. */
 DT_API dt_status dt_train_check_device(const dt_config *c);
+/* What this machine offers the GPU device, a line each into out[n]: the
+ * build's CUDA, the usable GPUs (or why none), cuDNN and NCCL as found at
+ * run time (version and file, or why not). dtrain --version prints it. */
+DT_API void dt_device_report(char *out, size_t n);
 
 /* Whether a run of config c can take spares (--spares K, docs/checkpoints.md):
  * a spare takes a dead worker's place and its state from a surviving

@@ -24,6 +24,35 @@
 
 const char *dt_version(void) { return DT_VERSION_STRING; }
 
+#ifdef DTRAIN_HAVE_ONEDNN
+#define DT_F_ONEDNN "yes"
+#else
+#define DT_F_ONEDNN "no"
+#endif
+#ifdef DTRAIN_HAVE_HDF5
+#define DT_F_HDF5 "yes"
+#else
+#define DT_F_HDF5 "no"
+#endif
+#ifdef DTRAIN_HAVE_MHD
+#define DT_F_MHD "yes"
+#else
+#define DT_F_MHD "no"
+#endif
+#ifdef DTRAIN_HAVE_MPI
+#define DT_F_MPI "yes"
+#else
+#define DT_F_MPI "no"
+#endif
+#ifdef DTRAIN_HAVE_CUDA
+#define DT_F_CUDA "yes"
+#else
+#define DT_F_CUDA "no"
+#endif
+const char *dt_build_features(void) {
+    return "oneDNN " DT_F_ONEDNN ", HDF5 " DT_F_HDF5 ", libmicrohttpd " DT_F_MHD ", MPI " DT_F_MPI ", CUDA " DT_F_CUDA;
+}
+
 // ----------------------------------------------------------------------------
 // status and errors
 

@@ -17,3 +17,25 @@ dt_status dt_train_check_device(const dt_config *c) {
     return dt_error(DT_ERR_CONFIG, "[train] device = %s (%s): training on a GPU is not in this dtrain yet; %s has its "
                     "kernels and their tests against the CPU's (docs/gpu.md)", c->device, what, dt_gpu_build());
 }
+
+void dt_device_report(char *out, size_t n) {
+    char why[512] = "", what[200] = "";
+    int gpus = dt_gpu_count(why, sizeof why);
+    size_t k = (size_t)snprintf(out, n, "cuda: %s\ngpus: %d", dt_gpu_build(), gpus);
+    for (int i = 0; i < gpus && k < n; i++)
+        if (dt_gpu_describe(i, what, sizeof what) == DT_OK) k += (size_t)snprintf(out + k, n - k, "%s cuda:%d %s",
+                                                                                  i ? ";" : " (", i, what);
+    if (k < n) k += (size_t)snprintf(out + k, n - k, "%s", gpus ? ")" : "");
+    if (!gpus && k < n) k += (size_t)snprintf(out + k, n - k, " (%s)", why);
+    const char *libs[] = {"cudnn", "nccl"};
+    for (int i = 0; i < 2 && k < n; i++) {
+        dt_gpu_lib l;
+        if (dt_gpu_lib_open(libs[i], &l) == DT_OK) {
+            k += (size_t)snprintf(out + k, n - k, "\n%s: %ld.%ld.%ld (%s)", libs[i], l.version / 10000,
+                                  l.version / 100 % 100, l.version % 100, l.path);
+            dt_gpu_lib_close(&l);
+        } else {
+            k += (size_t)snprintf(out + k, n - k, "\n%s: %s", libs[i], dt_last_error());
+        }
+    }
+}

@@ -40,6 +40,22 @@ dt_status dt_gpu_sync(void);
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k);
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k);
 
+/* cuDNN and NCCL, loaded at run time (never linked; src/gpu/dl.c, every
+ * build): `which` "cudnn" (libcudnn.so.9, 9.x) or "nccl" (libnccl.so.2,
+ * 2.18 or later). Looked for where DTRAIN_CUDNN / DTRAIN_NCCL say (that
+ * file only), else on the loader's path, else in PyTorch's packages
+ * (nvidia/cudnn/lib, nvidia/nccl/lib under a Python site). A library not
+ * found, not loadable, not the library or of another version is an error
+ * naming the file and the version. */
+typedef struct {
+    void *handle;
+    char path[1024];
+    long version;  // major*10000 + minor*100 + patch
+} dt_gpu_lib;
+dt_status dt_gpu_lib_open(const char *which, dt_gpu_lib *out);
+void *dt_gpu_lib_sym(const dt_gpu_lib *lib, const char *name);
+void dt_gpu_lib_close(dt_gpu_lib *lib);
+
 #ifdef __cplusplus
 }
 #endif

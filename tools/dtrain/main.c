@@ -71,7 +71,10 @@ int main(int argc, char **argv) {
         printf("dtrain %s\ncpu: %s (%s family %d model %d), instruction set %s", dt_version(), cpu->name,
                cpu->vendor, cpu->family, cpu->model, dt_isa_name(cpu->found));
         if (cpu->isa != cpu->found) printf(", capped to %s by DTRAIN_ISA", dt_isa_name(cpu->isa));
-        printf("\n");
+        printf("\nbuilt with: %s\n", dt_build_features());
+        char dev[4096];
+        dt_device_report(dev, sizeof dev);
+        printf("%s\n", dev);
         return 0;
     }
     const dt_cpu *cpu;
