@@ -12,6 +12,7 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define DT_STR_(x) #x
@@ -26,7 +27,7 @@
     X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                         \
     X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
 
-static const size_t WORKSPACE = 32u << 20;  // cuBLASLt's scratch (its kernels' split-K and the like)
+static const uint64_t WORKSPACE = 32u << 20;  // cuBLASLt's scratch (its kernels' split-K and the like)
 
 static struct {
 #define LT_FIELD(f) decltype(&::f) f;
@@ -91,6 +92,15 @@ struct lt_call {
     cublasLtMatmulPreference_t pref;
 };
 
+// The alignment of a device pointer, as cuBLASLt's preferences take it:
+// the largest power of two up to 256 dividing its address (cuBLASLt assumes
+// 256 unless told; a block inside a larger one may be aligned to 4 bytes).
+static uint32_t alignment(const void *p) {
+    uint32_t a = 256;
+    while (a > 4 && (uintptr_t)p % a) a /= 2;
+    return a;
+}
+
 static dt_status lt_matmul(lt_call *x, const dt_cm_gemm *g, float alpha, const float *first, const float *second,
                            float beta, float *C) {
     DT_LT(cublasLtMatmulDescCreate(&x->op, g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -103,6 +113,11 @@ static dt_status lt_matmul(lt_call *x, const dt_cm_gemm *g, float alpha, const f
     DT_LT(cublasLtMatmulPreferenceCreate(&x->pref));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WORKSPACE,
                                                sizeof WORKSPACE));
+    uint32_t al[3] = {alignment(first), alignment(second), alignment(C)};
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof *al));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof *al));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof *al));
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     DT_LT(cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, &found));
