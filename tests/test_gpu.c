@@ -10,12 +10,25 @@
  *                   on awkward sizes (1, 255, 257, a prime past 10^5, 2^20
  *                   + 7), five steps each: AdamW (with weight decay and a
  *                   gradient scale), SGD with and without momentum and
- *                   Nesterov; within 1e-6 relative. Reported skipped
+ *                   Nesterov; within 1e-6 relative. The GEMM (cuBLASLt)
+ *                   against dt_sgemm for every transpose, non-square,
+ *                   strided, beta 0 and 1, K = 0, operands aligned to
+ *                   4 bytes only: each element within
+ *                   1e-5 (fp32) or 4e-3 (TF32) of its sum of |products|.
+ *                   The GPT's layers against the CPU's (dtrain/nn.h):
+ *                   layernorm (C = 1, 97, 256, 771 over 2 x 37 rows),
+ *                   GELU (the sizes above), softmax cross-entropy (V =
+ *                   50257 padded to 50304, 257 padded to 260, 1000, 1),
+ *                   forward and backward (accumulating), within 1e-5
+ *                   relative (floors by op), padding never written.
+ *                   Reported skipped
  *                   (exit 77, the reason said) where no GPU can be used. */
 #include "dtrain/config.h"
+#include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
 #include "gpu/gpu.h"
+#include "kernels/kernels.h"
 #include "testlib.h"
 
 #include <dlfcn.h>
@@ -122,6 +135,223 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
     return worst;
 }
 
+static float draw(uint64_t *x) {
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    return (float)((double)(*x >> 11) / 9007199254740992.0 - 0.5);
+}
+
+// n floats to the device, after `off` zeros (a block inside a larger one:
+// the pointer to free is the returned one minus off); NULL on failure.
+static float *upload_at(const float *h, size_t n, int off) {
+    void *d = NULL;
+    float *z = calloc(n + off + 1, sizeof(float));
+    if (n) memcpy(z + off, h, sizeof(float) * n);
+    dt_status st = dt_gpu_alloc(&d, sizeof(float) * (n + off + 1));
+    if (st == DT_OK) st = dt_gpu_to_device(d, z, sizeof(float) * (n + off + 1));
+    free(z);
+    if (st != DT_OK) return dt_gpu_free(d), NULL;
+    return (float *)d + off;
+}
+
+static float *upload(const float *h, size_t n) { return upload_at(h, n, 0); }
+
+// The GPU's GEMM against dt_sgemm on the same operands: the largest
+// |difference| of an element over its sum of |products| (and |beta c|), a
+// bound of the rounding error of any order of the sums; INFINITY if the GPU
+// failed. off: each operand `off` floats into its block (off 1: aligned to
+// 4 bytes only).
+static double gemm_case(int ta, int tb, int M, int N, int K, int pad, float beta, int off) {
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = malloc(sizeof(float) * (na + nb + 3 * nc)), *B = A + na, *C = B + nb, *Cc = C + nc, *G = Cc + nc;
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(M * 131 + N * 7 + K);
+    for (size_t i = 0; i < na + nb + nc; i++) A[i] = draw(&x);  // (the padding too: initcheck)
+    memcpy(Cc, C, sizeof(float) * nc);
+    float *dA = upload_at(A, na, off), *dB = upload_at(B, nb, off), *dC = upload_at(C, nc, off);
+    dt_status st = dA && dB && dC ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_sgemm(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, beta, dC, ldc);
+    if (st == DT_OK) st = dt_gpu_to_host(G, dC, sizeof(float) * nc);
+    if (st != DT_OK) printf("GPU: %s\n", dt_last_error());
+    // (K = 0: C = beta C by BLAS's definition, which the GPU follows; oneDNN's
+    // sgemm leaves C as it was for some transposes when beta is 0)
+    if (K > 0) dt_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, Cc, ldc);
+    else
+        for (size_t e = 0; e < nc; e++) Cc[e] = (int)(e % ldc) < N ? beta * C[e] : C[e];
+    double worst = st == DT_OK ? 0 : INFINITY;
+    for (int i = 0; i < M && st == DT_OK; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t e = (size_t)i * ldc + j;
+            if (j >= N) {  // the padding as it was
+                if (G[e] != C[e]) worst = INFINITY;
+                continue;
+            }
+            double mag = beta != 0.0f ? fabs((double)beta * C[e]) : 0.0;
+            for (int k = 0; k < K; k++)
+                mag += fabs((double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                            (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]));
+            double d = fabs((double)G[e] - Cc[e]) / (mag > 1e-30 ? mag : 1e-30);
+            worst = d > worst || isnan(d) ? d : worst;
+        }
+    dt_gpu_free(dA ? dA - off : NULL), dt_gpu_free(dB ? dB - off : NULL), dt_gpu_free(dC ? dC - off : NULL);
+    free(A);
+    return worst;
+}
+
+static void test_gemm(void) {
+    // (M, N, K, pad): odd and non-square; the GPT's shapes in small (BT = 2
+    // x 65 rows, C = 96, 3C, 4C, a vocabulary of 509); strided; K = 0.
+    const int shapes[][4] = {{1, 1, 1, 0}, {7, 5, 3, 0}, {3, 130, 17, 5}, {130, 288, 96, 0},
+                             {130, 96, 384, 3}, {130, 509, 96, 1}, {255, 257, 33, 0}, {5, 7, 0, 2}};
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        dt_gpu_set_tf32(tf32);
+        double tol = tf32 ? 4e-3 : 1e-5;
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+                    for (int b = 0; b < 2; b++) {
+                        const int *h = shapes[s];
+                        int off = (int)(s + b) % 3 == 2;  // some operands aligned to 4 bytes only
+                        double d = gemm_case(ta, tb, h[0], h[1], h[2], h[3], (float)b, off);
+                        CHECK(d >= 0 && d <= tol, "sgemm%s ta %d tb %d M %d N %d K %d pad %d beta %d offset %d: GPU "
+                              "against dt_sgemm, max |diff| / sum |products| %.3g (<= %g)", tf32 ? " tf32" : "", ta,
+                              tb, h[0], h[1], h[2], h[3], b, off, d, tol);
+                    }
+    }
+    dt_gpu_set_tf32(0);
+}
+
+// ---- the GPT's layers against the CPU's (dtrain/nn.h)
+
+// n floats uniform in [-r/2, r/2).
+static float *randoms(size_t n, float r, uint64_t seed) {
+    float *a = malloc(sizeof(float) * (n ? n : 1));
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) a[i] = draw(&x) * r;
+    return a;
+}
+
+// The GPU's block d (n floats) read back; its largest relative difference
+// from the CPU's c (floor as tl_max_rel); INFINITY when the read failed.
+static double against(const float *c, const float *d, size_t n, double floor) {
+    float *g = malloc(sizeof(float) * (n ? n : 1));
+    double r = d && dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK ? tl_max_rel(c, g, n, floor) : INFINITY;
+    free(g);
+    return r;
+}
+
+static void test_layernorm(size_t N, int C) {
+    size_t n = N * C;
+    float *x = randoms(n, 4.0f, 1), *w = randoms(C, 2.0f, 2), *b = randoms(C, 1.0f, 3), *out = randoms(n, 1, 4);
+    float *mean = randoms(N, 1, 5), *rstd = randoms(N, 1, 6), *dout = randoms(n, 1.0f, 7);
+    float *dx = randoms(n, 0.1f, 8), *dw = randoms(C, 0.1f, 9), *db = randoms(C, 0.1f, 10);
+    // Outputs start as what the CPU's start as (the backward accumulates).
+    float *gx = upload(x, n), *gw = upload(w, C), *gb = upload(b, C), *gout = upload(out, n), *gmean = upload(mean, N);
+    float *grstd = upload(rstd, N), *gdout = upload(dout, n), *gdx = upload(dx, n), *gdw = upload(dw, C),
+          *gdb = upload(db, C);
+    dt_layernorm_forward(out, mean, rstd, x, w, b, (int)N, C, 1e-5f);
+    dt_status st = gx && gw && gb && gout && gmean && grstd && gdout && gdx && gdw && gdb ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
+    double dof = st == DT_OK ? against(out, gout, n, 1.0) : INFINITY;
+    double dm = st == DT_OK ? against(mean, gmean, N, 1.0) : INFINITY;
+    double dr = st == DT_OK ? against(rstd, grstd, N, 1.0) : INFINITY;
+    CHECK(dof <= 1e-5 && dm <= 1e-5 && dr <= 1e-5, "layernorm forward N %zu C %d: out %.3g, mean %.3g, rstd %.3g (<= 1e-5)%s%s",
+          N, C, dof, dm, dr, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    // The backward on the same saved mean and rstd (the CPU's) on both sides.
+    if (st == DT_OK) st = dt_gpu_to_device(gmean, mean, sizeof(float) * N);
+    if (st == DT_OK) st = dt_gpu_to_device(grstd, rstd, sizeof(float) * N);
+    if (st == DT_OK) st = dt_gpu_layernorm_backward(gdx, gdw, gdb, gdout, gx, gw, gmean, grstd, N, C);
+    dt_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, (int)N, C);
+    double ddx = st == DT_OK ? against(dx, gdx, n, 1.0) : INFINITY;
+    double ddw = st == DT_OK ? against(dw, gdw, C, 1.0) : INFINITY;
+    double ddb = st == DT_OK ? against(db, gdb, C, 1.0) : INFINITY;
+    CHECK(ddx <= 1e-5 && ddw <= 1e-5 && ddb <= 1e-5, "layernorm backward N %zu C %d: dinp %.3g, dw %.3g, db %.3g (<= 1e-5)%s%s",
+          N, C, ddx, ddw, ddb, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    float *hs[] = {x, w, b, out, mean, rstd, dout, dx, dw, db}, *gs[] = {gx, gw, gb, gout, gmean, grstd, gdout, gdx, gdw, gdb};
+    for (int i = 0; i < 10; i++) free(hs[i]), dt_gpu_free(gs[i]);
+}
+
+static void test_gelu(size_t n) {
+    float *x = randoms(n, 12.0f, 11), *out = randoms(n, 1, 12), *dout = randoms(n, 1, 13), *dx = randoms(n, 1, 14);
+    float *gx = upload(x, n), *gout = upload(out, n), *gdout = upload(dout, n), *gdx = upload(dx, n);
+    dt_status st = gx && gout && gdout && gdx ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_gelu_forward(gout, gx, n);
+    if (st == DT_OK) st = dt_gpu_gelu_backward(gdx, gdout, gx, n);
+    dt_gelu_forward(out, x, n);
+    dt_gelu_backward(dx, dout, x, n);
+    double df = st == DT_OK ? against(out, gout, n, 1e-3) : INFINITY;
+    double db = st == DT_OK ? against(dx, gdx, n, 1e-3) : INFINITY;
+    CHECK(df <= 1e-5 && db <= 1e-5, "gelu n %zu (x in [-6, 6)): forward %.3g, backward %.3g (<= 1e-5)%s%s", n, df, db,
+          st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    free(x), free(out), free(dout), free(dx);
+    dt_gpu_free(gx), dt_gpu_free(gout), dt_gpu_free(gdout), dt_gpu_free(gdx);
+}
+
+// N rows of V logits; the GPU's rows ld apart (a padded vocabulary: the
+// padding holds -7 and must keep it, in probs and in dlogits).
+static void test_crossentropy(size_t N, int V, size_t ld) {
+    size_t n = N * V, nl = N * ld;
+    float *l = randoms(n, 8.0f, 15), *p = malloc(sizeof(float) * n), *d = randoms(n, 1e-3f, 16);
+    float *pl = malloc(sizeof(float) * nl), *pad = malloc(sizeof(float) * nl);  // (ld apart)
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    uint64_t x = 17;
+    for (size_t i = 0; i < N; i++) t[i] = (int32_t)((draw(&x) + 0.5f) * V) % V;
+    for (size_t i = 0; i < nl; i++) pl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f, pad[i] = -7.0f;
+    float *gl = upload(pl, nl), *gp = upload(pad, nl), *gloss = upload(pad, 1);
+    for (size_t i = 0; i < nl; i++) pl[i] = i % ld < (size_t)V ? d[i / ld * V + i % ld] : -7.0f;
+    float *gd = upload(pl, nl);
+    void *gt = NULL, *grow = NULL;
+    dt_status st = gl && gp && gloss && gd ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_alloc(&gt, sizeof(int32_t) * N);
+    if (st == DT_OK) st = dt_gpu_alloc(&grow, sizeof(double) * N);
+    if (st == DT_OK) st = dt_gpu_to_device(gt, t, sizeof(int32_t) * N);
+    if (st == DT_OK) st = dt_gpu_crossentropy_forward(gp, grow, gloss, gl, gt, N, V, ld);
+    float loss = dt_crossentropy_forward(p, l, t, (int)N, V), gloss_h = NAN;
+    // probs: the V columns of each row, the padding as it was
+    float *back = malloc(sizeof(float) * nl), *rows = malloc(sizeof(float) * n);
+    if (st == DT_OK) st = dt_gpu_to_host(back, gp, sizeof(float) * nl);
+    if (st == DT_OK) st = dt_gpu_to_host(&gloss_h, gloss, sizeof(float));
+    int kept = 1;
+    for (size_t i = 0; i < nl && st == DT_OK; i++)
+        if (i % ld < (size_t)V) rows[i / ld * V + i % ld] = back[i];
+        else kept &= back[i] == -7.0f;
+    double dp = st == DT_OK ? tl_max_rel(p, rows, n, 1e-30) : INFINITY;
+    double dl = st == DT_OK ? tl_rel(loss, gloss_h, 1e-6) : INFINITY;
+    CHECK(dp <= 1e-5 && dl <= 1e-5 && kept, "crossentropy forward N %zu V %d ld %zu: probs %.3g, loss %.9g against %.9g "
+          "(%.3g; <= 1e-5), padding %s%s%s", N, V, ld, dp, gloss_h, loss, dl, kept ? "kept" : "WRITTEN",
+          st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    // The backward on the CPU's probabilities on both sides.
+    for (size_t i = 0; i < nl; i++) pl[i] = i % ld < (size_t)V ? p[i / ld * V + i % ld] : -7.0f;
+    if (st == DT_OK) st = dt_gpu_to_device(gp, pl, sizeof(float) * nl);
+    if (st == DT_OK) st = dt_gpu_crossentropy_backward(gd, gp, gt, N, V, ld, 0.75f);
+    dt_crossentropy_backward(d, p, t, (int)N, V, 0.75f);
+    if (st == DT_OK) st = dt_gpu_to_host(back, gd, sizeof(float) * nl);
+    kept = 1;
+    for (size_t i = 0; i < nl && st == DT_OK; i++)
+        if (i % ld < (size_t)V) rows[i / ld * V + i % ld] = back[i];
+        else kept &= back[i] == -7.0f;
+    double dd = st == DT_OK ? tl_max_rel(d, rows, n, 1e-6) : INFINITY;
+    CHECK(dd <= 1e-5 && kept, "crossentropy backward N %zu V %d ld %zu: dlogits %.3g (<= 1e-5), padding %s%s%s", N, V,
+          ld, dd, kept ? "kept" : "WRITTEN", st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    free(l), free(p), free(d), free(pl), free(pad), free(t), free(back), free(rows);
+    dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gloss), dt_gpu_free(gd), dt_gpu_free(gt), dt_gpu_free(grow);
+}
+
+static void test_layers(void) {
+    // Rows B x T with T = 37 (not a multiple of 32); C odd, below, at and
+    // above a block of 256; one row of one channel.
+    const int Cs[] = {1, 97, 256, 771};
+    for (size_t i = 0; i < sizeof Cs / sizeof *Cs; i++) test_layernorm(2 * 37, Cs[i]);
+    test_layernorm(1, 771);
+    const size_t ns[] = {1, 255, 257, 100003, (1u << 20) + 7};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_gelu(ns[i]);
+    // GPT-2's vocabulary padded as the GPT pads it (50257 to 50304), a small
+    // one padded, one unpadded, one column.
+    test_crossentropy(2 * 37, 50257, 50304);
+    test_crossentropy(3, 257, 260);
+    test_crossentropy(5, 1000, 1000);
+    test_crossentropy(4, 1, 1);
+}
+
 static void test_ops(void) {
     char why[512], what[200] = "";
     if (dt_gpu_count(why, sizeof why) == 0) {
@@ -147,6 +377,8 @@ static void test_ops(void) {
             CHECK(d >= 0 && d <= 1e-6, "%s, n = %zu, 5 steps: GPU against CPU, max rel diff %.3g", opts[a].name,
                   sizes[i], d);
         }
+    test_gemm();
+    test_layers();
     CHECK(dt_gpu_sync() == DT_OK, "no error left on the device: %s", dt_last_error());
 }
 

@@ -181,9 +181,10 @@ static void conv_case(const cshape *s, dt_dtype t) {
 
 // The portable GEMM (the build without oneDNN's) against double sums and
 // against dt_sgemm (oneDNN's here): every transpose, strided operands,
-// sizes past its panels (K > 256, N > 512), beta 0 over NaN, alpha 0.
+// sizes past its panels (K > 256, N > 512), beta 0 over NaN, alpha 0, and
+// K = 0 (C = beta C, exactly: 0 over NaN where beta is 0).
 static void portable_gemm(void) {
-    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 513, 17}, {64, 40, 300}, {129, 600, 515}};
+    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 513, 17}, {64, 40, 300}, {129, 600, 515}, {5, 3, 0}};
     static const float ab[][2] = {{1, 0}, {0.5f, 1}, {-2, 0.25f}, {0, 2}};
     int cases = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)

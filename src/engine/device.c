@@ -27,8 +27,8 @@ void dt_device_report(char *out, size_t n) {
                                                                                   i ? ";" : " (", i, what);
     if (k < n) k += (size_t)snprintf(out + k, n - k, "%s", gpus ? ")" : "");
     if (!gpus && k < n) k += (size_t)snprintf(out + k, n - k, " (%s)", why);
-    const char *libs[] = {"cudnn", "nccl"};
-    for (int i = 0; i < 2 && k < n; i++) {
+    const char *libs[] = {"cublaslt", "cudnn", "nccl"};
+    for (int i = 0; i < 3 && k < n; i++) {
         dt_gpu_lib l;
         if (dt_gpu_lib_open(libs[i], &l) == DT_OK) {
             k += (size_t)snprintf(out + k, n - k, "\n%s: %ld.%ld.%ld (%s)", libs[i], l.version / 10000,

@@ -16,11 +16,4 @@
                             cudaGetErrorName(dt_e_));                                                   \
     } while (0)
 
-/* Blocks of 256 threads over n elements, at most 2^31 - 1 blocks (a
- * grid-stride loop covers the rest). */
-static inline unsigned dt_cuda_blocks(size_t n) {
-    size_t b = (n + 255) / 256;
-    return (unsigned)(b == 0 ? 1 : b > 0x7fffffffu ? 0x7fffffffu : b);
-}
-
 #endif

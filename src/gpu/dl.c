@@ -1,7 +1,7 @@
-/* cuDNN and NCCL, found at run time (gpu.h: dt_gpu_lib_open). They are
- * never linked: a binary built here starts where neither is installed,
- * and a GPU machine may have them only inside PyTorch's packages
- * (site-packages/nvidia/cudnn/lib, .../nccl/lib). Compiled in every build:
+/* cuBLASLt, cuDNN and NCCL, found at run time (gpu.h: dt_gpu_lib_open).
+ * They are never linked: a binary built here starts where none is
+ * installed, and a GPU machine may have them only inside PyTorch's
+ * packages (site-packages/nvidia/cublas/lib, .../cudnn/lib, .../nccl/lib). Compiled in every build:
  * it needs no CUDA header, only the loader. */
 #include "gpu/gpu.h"
 
@@ -17,8 +17,17 @@ typedef struct {
     long min, below;  // accepted versions: [min, below)
 } libspec;
 
-// Version codes: cuDNN 9 major*10000 + minor*100 + patch; NCCL the same.
+#ifndef DT_CUDA_MAJOR
+#define DT_CUDA_MAJOR 13  // (CMake sets the toolkit's)
+#endif
+#define DT_STR_(x) #x
+#define DT_STR(x) DT_STR_(x)
+
+// Version codes: major*10000 + minor*100 + patch. cuBLASLt's major is the
+// CUDA toolkit's this dtrain was built with.
 static const libspec g_libs[] = {
+    {"cublaslt", "cuBLASLt", "libcublasLt.so." DT_STR(DT_CUDA_MAJOR), "DTRAIN_CUBLASLT", "nvidia/cublas/lib",
+     "cublasLtGetVersion", DT_CUDA_MAJOR * 10000L, (DT_CUDA_MAJOR + 1) * 10000L},
     {"cudnn", "cuDNN", "libcudnn.so.9", "DTRAIN_CUDNN", "nvidia/cudnn/lib", "cudnnGetVersion", 90000, 100000},
     {"nccl", "NCCL", "libnccl.so.2", "DTRAIN_NCCL", "nvidia/nccl/lib", "ncclGetVersion", 21800, 30000},
 };
@@ -49,7 +58,7 @@ static void *open_in_sites(const libspec *l) {
 static long version_of(const libspec *l, void *h) {
     void *f = dlsym(h, l->version_fn);
     if (!f) return -1;
-    if (!strcmp(l->which, "cudnn")) return (long)((size_t (*)(void))f)();
+    if (strcmp(l->which, "nccl")) return (long)((size_t (*)(void))f)();  // (cuBLASLt's, cuDNN's)
     int v = 0;
     return ((int (*)(int *))f)(&v) == 0 ? v : -1;
 }
@@ -80,7 +89,7 @@ dt_status dt_gpu_lib_open(const char *which, dt_gpu_lib *out) {
     const libspec *l = NULL;
     for (size_t i = 0; i < sizeof g_libs / sizeof *g_libs; i++)
         if (!strcmp(which, g_libs[i].which)) l = &g_libs[i];
-    if (!l) return dt_error(DT_ERR_ARG, "no GPU library '%s' (cudnn or nccl)", which);
+    if (!l) return dt_error(DT_ERR_ARG, "no GPU library '%s' (cublaslt, cudnn or nccl)", which);
     const char *forced = getenv(l->env);
     if (forced && *forced) {  // the user's file, and only it
         void *h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);

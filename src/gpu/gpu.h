@@ -10,6 +10,7 @@
 #include "optim/elem.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,11 +41,44 @@ dt_status dt_gpu_sync(void);
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k);
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k);
 
-/* cuDNN and NCCL, loaded at run time (never linked; src/gpu/dl.c, every
- * build): `which` "cudnn" (libcudnn.so.9, 9.x) or "nccl" (libnccl.so.2,
- * 2.18 or later). Looked for where DTRAIN_CUDNN / DTRAIN_NCCL say (that
- * file only), else on the loader's path, else in PyTorch's packages
- * (nvidia/cudnn/lib, nvidia/nccl/lib under a Python site). A library not
+/* C = alpha op(A) op(B) + beta C on device blocks: dt_sgemm's row-major
+ * contract (ta, tb: A, B transposed; lda, ldb, ldc the row strides), by
+ * cuBLASLt (loaded at the first call) in fp32, or TF32 after
+ * dt_gpu_set_tf32(1) (the inputs rounded to 10 bits of mantissa, fp32
+ * sums). beta 0: C is not read. */
+dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc);
+void dt_gpu_set_tf32(int on);
+
+/* The GPT's layers on device blocks, the CPU's contracts (dtrain/nn.h:
+ * backward accumulates with +=) over N rows, each element's arithmetic
+ * nn/rows.h's; a row's sums in a block's fixed tree (the CPU's in order).
+ * Layernorm over rows of C (mean, rstd [N]); dinp, dw or db NULL: not
+ * computed. */
+dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                   const float *b, size_t N, int C, float eps);
+dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                    const float *w, const float *mean, const float *rstd, size_t N, int C);
+/* GELU (tanh approximation) over n elements. */
+dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n);
+dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
+/* Softmax cross-entropy over N rows of V logits stored ld apart (ld >= V: a
+ * padded vocabulary's columns past V are neither read nor written): probs
+ * as the logits; row_loss [N] (doubles) each row's loss, *loss (one float,
+ * device) their mean in order. A target outside [0, V) gives a NaN loss.
+ * Backward: dlogits += (probs - onehot) dloss / N. */
+dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *loss, const float *logits,
+                                      const int32_t *targets, size_t N, int V, size_t ld);
+dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                       size_t ld, float dloss);
+
+/* cuBLASLt, cuDNN and NCCL, loaded at run time (never linked;
+ * src/gpu/dl.c, every build): `which` "cublaslt" (libcublasLt.so.<the
+ * build's CUDA major>, that major), "cudnn" (libcudnn.so.9, 9.x) or "nccl"
+ * (libnccl.so.2, 2.18 or later). Looked for where DTRAIN_CUBLASLT /
+ * DTRAIN_CUDNN / DTRAIN_NCCL say (that file only), else on the loader's
+ * path, else in PyTorch's packages (nvidia/cublas/lib, nvidia/cudnn/lib,
+ * nvidia/nccl/lib under a Python site). A library not
  * found, not loadable, not the library or of another version is an error
  * naming the file and the version. */
 typedef struct {

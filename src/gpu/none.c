@@ -36,3 +36,30 @@ dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, c
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k) {
     return (void)w, (void)g, (void)buf, (void)n, (void)k, no_gpu();
 }
+dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    return (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
+           (void)beta, (void)C, (void)ldc, no_gpu();
+}
+void dt_gpu_set_tf32(int on) { (void)on; }
+dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                   const float *b, size_t N, int C, float eps) {
+    return (void)out, (void)mean, (void)rstd, (void)inp, (void)w, (void)b, (void)N, (void)C, (void)eps, no_gpu();
+}
+dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                    const float *w, const float *mean, const float *rstd, size_t N, int C) {
+    return (void)dinp, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)mean, (void)rstd, (void)N, (void)C,
+           no_gpu();
+}
+dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) { return (void)out, (void)inp, (void)n, no_gpu(); }
+dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+    return (void)dinp, (void)dout, (void)inp, (void)n, no_gpu();
+}
+dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *loss, const float *logits,
+                                      const int32_t *targets, size_t N, int V, size_t ld) {
+    return (void)probs, (void)row_loss, (void)loss, (void)logits, (void)targets, (void)N, (void)V, (void)ld, no_gpu();
+}
+dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                       size_t ld, float dloss) {
+    return (void)dlogits, (void)probs, (void)targets, (void)N, (void)V, (void)ld, (void)dloss, no_gpu();
+}

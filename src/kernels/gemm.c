@@ -366,7 +366,11 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
     dt_kernels_init();
     if (M == 0 || N == 0) return;
     dt_dtype t = g_precision;
-    if (t == DT_F32 || K == 0) {
+    if (K == 0) {  // C = beta C, as BLAS defines it (dnnl_sgemm leaves C as it was for some transposes)
+        dt_sgemm_portable(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (t == DT_F32) {
         sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }

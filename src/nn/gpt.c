@@ -7,6 +7,7 @@
 #include "dtrain/gpt.h"
 #include "kernels/kernels.h"
 #include "nn/nn_impl.h"
+#include "nn/rows.h"
 
 #include <float.h>
 #include <math.h>
@@ -933,7 +934,7 @@ static dt_status parallel_crossentropy(dt_gpt *m, float *probs, const float *log
         float *p = probs + (size_t)i * Vl;
         double s = 0;
         for (int j = 0; j < Vl; j++) {
-            p[j] = expf(l[j] - mx[i]);
+            p[j] = dt_ce_exp(l[j], mx[i]);
             s += p[j];
         }
         sum[i] = (float)s;

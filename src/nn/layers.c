@@ -6,6 +6,7 @@
 #include "dtrain/nn.h"
 #include "kernels/kernels.h"
 #include "nn/nn_impl.h"
+#include "nn/rows.h"
 
 #include <float.h>
 #include <math.h>
@@ -197,54 +198,25 @@ const float *dt_widen16(float *room, const void *kept, size_t n, dt_dtype t) {
     return room;
 }
 
-#define GELU_SCALE 0.7978845608028654f // sqrt(2/pi)
-
-// tanh for the GELU, in a form the compiler vectorises: tanh(u) =
-// sign(u) (1 - e) / (1 + e) with e = exp(-2|u|), exp by Cody-Waite range
-// reduction, Cephes' degree-6 polynomial and an exponent assembled from
-// bits. libm's tanhf is one scalar call per element, which made GELU a
-// third of a GPT training step. The absolute error is below 2e-7, which is
-// what counts here: GELU uses 1 + tanh and 1 - tanh^2.
-static inline float gelu_tanh(float u) {
-    float x = -2.0f * fabsf(u);
-    x = x < -87.0f ? -87.0f : x;  // exp(-87) is still a normal float
-    float n = rintf(x * 1.44269504088896341f);
-    float r = fmaf(n, -0.693359375f, x);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p * r, r, r) + 1.0f;
-    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
-    float e = p * scale.f;
-    return copysignf((1.0f - e) / (1.0f + e), u);
-}
+// GELU: its arithmetic is nn/rows.h's (dt_gelu, dt_gelu_grad), shared with the GPU.
 
 void dt_gelu_forward(float *out, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + gelu_tanh(GELU_SCALE * (x + 0.044715f * x * x * x)));
+        out[i] = dt_gelu(inp[i]);
     }
 }
 
 void dt_gelu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float t = gelu_tanh(u);
-        float sech2 = 1.0f - t * t;
-        float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += g * dout[i];
+        dinp[i] += dt_gelu_grad(inp[i]) * dout[i];
     }
 }
 
 // ----------------------------------------------------------------------------
-// layernorm
+// layernorm: each element's arithmetic and each row's closing step are
+// nn/rows.h's, shared with the GPU; the sums run in order here.
 
 void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                           const float *b, int N, int C, float eps) {
@@ -253,13 +225,12 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
         const float *x = inp + (size_t)i * C;
         float m = 0.0f;
         for (int c = 0; c < C; c++) m += x[c];
-        m /= C;
+        m = dt_ln_mean(m, C);
         float v = 0.0f;
-        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-        v /= C;
-        float s = 1.0f / sqrtf(v + eps);
+        for (int c = 0; c < C; c++) v += dt_ln_sq(x[c], m);
+        float s = dt_ln_rstd(v, C, eps);
         float *o = out + (size_t)i * C;
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        for (int c = 0; c < C; c++) o[c] = dt_ln_out(x[c], m, s, w[c], b[c]);
         mean[i] = m;
         rstd[i] = s;
     }
@@ -274,17 +245,15 @@ void dt_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
             float m = mean[i], s = rstd[i];
             float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
             for (int c = 0; c < C; c++) {
-                float norm = (x[c] - m) * s, dn = w[c] * d[c];
+                float norm = dt_ln_norm(x[c], m, s), dn = w[c] * d[c];
                 dnorm_mean += dn;
                 dnorm_norm_mean += dn * norm;
             }
-            dnorm_mean /= C;
-            dnorm_norm_mean /= C;
+            dnorm_mean = dt_ln_mean(dnorm_mean, C);
+            dnorm_norm_mean = dt_ln_mean(dnorm_norm_mean, C);
             float *dx = dinp + (size_t)i * C;
-            for (int c = 0; c < C; c++) {
-                float norm = (x[c] - m) * s, dn = w[c] * d[c];
-                dx[c] += (dn - dnorm_mean - norm * dnorm_norm_mean) * s;
-            }
+            for (int c = 0; c < C; c++)
+                dx[c] += dt_ln_dx(w[c] * d[c], dt_ln_norm(x[c], m, s), dnorm_mean, dnorm_norm_mean, s);
         }
     }
     // Parameter gradients: each thread owns a block of channels and walks
@@ -300,7 +269,7 @@ void dt_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
             float m = mean[i], s = rstd[i];
             if (dw) {
 #pragma omp simd
-                for (int c = lo; c < hi; c++) dw[c] += (x[c] - m) * s * d[c];
+                for (int c = lo; c < hi; c++) dw[c] += dt_ln_norm(x[c], m, s) * d[c];
             }
             if (db) {
 #pragma omp simd
@@ -327,7 +296,8 @@ void dt_dropout_backward(float *dinp, const float *dout, const float *mask, size
 }
 
 // ----------------------------------------------------------------------------
-// softmax cross-entropy
+// softmax cross-entropy: each element's and each row's arithmetic are
+// nn/rows.h's, shared with the GPU; the sums run in order here.
 
 float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *targets, int B,
                               int V) {
@@ -343,12 +313,12 @@ float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *
         for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
         double s = 0.0;
         for (int v = 0; v < V; v++) {
-            p[v] = expf(l[v] - mx);
+            p[v] = dt_ce_exp(l[v], mx);
             s += p[v];
         }
-        float inv = (float)(1.0 / s);
+        float inv = dt_ce_inv(s);
         for (int v = 0; v < V; v++) p[v] *= inv;
-        row_loss[i] = (double)mx + log(s) - l[targets[i]];
+        row_loss[i] = dt_ce_row_loss(mx, s, l[targets[i]]);
     }
     double loss = 0.0;
     for (int i = 0; i < B; i++) loss += row_loss[i];
@@ -358,11 +328,11 @@ float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *
 
 void dt_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, int B,
                               int V, float dloss) {
-    float scale = dloss / B;
+    float scale = dt_ce_scale(dloss, (float)B);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < B; i++) {
         float *d = dlogits + (size_t)i * V;
         const float *p = probs + (size_t)i * V;
-        for (int v = 0; v < V; v++) d[v] += (p[v] - (v == targets[i] ? 1.0f : 0.0f)) * scale;
+        for (int v = 0; v < V; v++) d[v] += dt_ce_grad(p[v], v == targets[i], scale);
     }
 }

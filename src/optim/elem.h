@@ -6,15 +6,10 @@
 #ifndef DT_OPTIM_ELEM_H
 #define DT_OPTIM_ELEM_H
 
+#include "core/hd.h"
 #include "dtrain/optim.h"
 
 #include <math.h>
-
-#ifdef __CUDACC__
-#define DT_HD __host__ __device__ __forceinline__
-#else
-#define DT_HD static inline
-#endif
 
 /* AdamW's step constants: torch.optim.AdamW's update with its bias
  * corrections folded in (step = lr / bc1, rbc2 = 1 / sqrt(bc2)). */

@@ -19,6 +19,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=${BUILD:-build}
 export LD_LIBRARY_PATH="$root/$build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLASLt, which the GPU's GEMM loads at its first call: the machine's CUDA toolkit's
+[ -d /usr/local/cuda/lib64 ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 fails=0
 stage() {  # stage NAME SECONDS COMMAND...
     local name=$1 limit=$2

@@ -1,0 +1,160 @@
+/* The GEMM on the GPU: dt_sgemm's row-major contract by cublasLtMatmul in
+ * fp32 (TF32 where dt_gpu_set_tf32 says), its column-major arguments from
+ * gemm_args.h. cuBLASLt is loaded at its first use (dt_gpu_lib_open, dl.c:
+ * libcublasLt.so.<the build's major>), so that dtrain needs no CUDA library
+ * to start and a machine without cuBLAS is told so by name. One device: the
+ * handle and the workspace belong to the device current at that first use. */
+#include "gpu/cuda_check.h"
+#include "gpu/gemm_args.h"
+#include "gpu/gpu.h"
+#include "gpu/launch.h"
+
+#include <cublasLt.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+
+// The functions of cuBLASLt dtrain calls, resolved from the library.
+#define LT_FUNCS(X)                                                                                     \
+    X(cublasLtGetVersion) X(cublasLtGetStatusName) X(cublasLtGetStatusString) X(cublasLtCreate)         \
+    X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)          \
+    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)      \
+    X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                         \
+    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+
+static const uint64_t WORKSPACE = 32u << 20;  // cuBLASLt's scratch (its kernels' split-K and the like)
+
+static struct {
+#define LT_FIELD(f) decltype(&::f) f;
+    LT_FUNCS(LT_FIELD)
+#undef LT_FIELD
+    cublasLtHandle_t handle;
+    void *workspace;
+    int device;
+    dt_status st;  // of the first use: DT_OK, or the error, kept in why
+    char why[512];
+} lt;
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+static int g_tf32;
+
+static void lt_load(void) {
+    lt.st = DT_ERR_INTERNAL;
+    dt_gpu_lib lib;
+    if (dt_gpu_lib_open("cublaslt", &lib) != DT_OK) {  // (found, its version checked: dl.c)
+        snprintf(lt.why, sizeof lt.why, "GPU: %s", dt_last_error());
+        return;
+    }
+#define LT_SYM(f)                                                                                       \
+    if (!(lt.f = (decltype(&::f))dt_gpu_lib_sym(&lib, #f))) {                                           \
+        snprintf(lt.why, sizeof lt.why, "GPU: %.400s has no %s", lib.path, #f);                         \
+        return;                                                                                         \
+    }
+    LT_FUNCS(LT_SYM)
+#undef LT_SYM
+    cudaError_t e = cudaGetDevice(&lt.device);
+    if (e == cudaSuccess) e = cudaMalloc(&lt.workspace, WORKSPACE);
+    if (e != cudaSuccess) {
+        snprintf(lt.why, sizeof lt.why, "GPU: cuBLASLt's workspace: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        return;
+    }
+    cublasStatus_t s = lt.cublasLtCreate(&lt.handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(lt.why, sizeof lt.why, "GPU: cublasLtCreate: %s (%s)", lt.cublasLtGetStatusString(s),
+                 lt.cublasLtGetStatusName(s));
+        return;
+    }
+    lt.st = DT_OK;
+}
+
+#define DT_LT(call)                                                                                     \
+    do {                                                                                                \
+        cublasStatus_t dt_s_ = lt.call;                                                                 \
+        if (dt_s_ != CUBLAS_STATUS_SUCCESS)                                                             \
+            return dt_error(DT_ERR_INTERNAL, "GPU: %s: %s (%s)", #call, lt.cublasLtGetStatusString(dt_s_), \
+                            lt.cublasLtGetStatusName(dt_s_));                                           \
+    } while (0)
+
+// What one matmul creates, destroyed by its caller whatever happened.
+struct lt_call {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulPreference_t pref;
+};
+
+// The alignment of a device pointer, as cuBLASLt's preferences take it:
+// the largest power of two up to 256 dividing its address (cuBLASLt assumes
+// 256 unless told; a block inside a larger one may be aligned to 4 bytes).
+static uint32_t alignment(const void *p) {
+    uint32_t a = 256;
+    while (a > 4 && (uintptr_t)p % a) a /= 2;
+    return a;
+}
+
+static dt_status lt_matmul(lt_call *x, const dt_cm_gemm *g, float alpha, const float *first, const float *second,
+                           float beta, float *C) {
+    DT_LT(cublasLtMatmulDescCreate(&x->op, g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    DT_LT(cublasLtMatrixLayoutCreate(&x->a, CUDA_R_32F, g->a.rows, g->a.cols, g->a.ld));
+    DT_LT(cublasLtMatrixLayoutCreate(&x->b, CUDA_R_32F, g->b.rows, g->b.cols, g->b.ld));
+    DT_LT(cublasLtMatrixLayoutCreate(&x->c, CUDA_R_32F, g->c.rows, g->c.cols, g->c.ld));
+    DT_LT(cublasLtMatmulPreferenceCreate(&x->pref));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WORKSPACE,
+                                               sizeof WORKSPACE));
+    uint32_t al[3] = {alignment(first), alignment(second), alignment(C)};
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof *al));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof *al));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
+    DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof *al));
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    DT_LT(cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, &found));
+    if (found < 1)
+        return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the GEMM m %d n %d k %d (transa %d, transb %d)",
+                        g->m, g->n, g->k, g->transa, g->transb);
+    DT_LT(cublasLtMatmul(lt.handle, x->op, &alpha, first, x->a, second, x->b, &beta, C, x->c, C, x->c, &h.algo,
+                         lt.workspace, WORKSPACE, 0));
+    return DT_OK;
+}
+
+// C = beta C over M rows of N (beta 0: zeros, C not read): a product over K = 0.
+__global__ static void scale_kernel(float *C, size_t M, size_t N, size_t ldc, float beta) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < M * N; i += (size_t)gridDim.x * blockDim.x) {
+        float *c = &C[i / N * ldc + i % N];
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+void dt_gpu_set_tf32(int on) { g_tf32 = on != 0; }
+
+dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    dt_cm_gemm g;
+    if (dt_gemm_colmajor(ta, tb, M, N, K, lda, ldb, ldc, &g) != 0)
+        return dt_error(DT_ERR_ARG, "GPU sgemm: bad arguments (ta %d tb %d M %d N %d K %d lda %d ldb %d ldc %d)", ta, tb,
+                        M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0) return DT_OK;
+    if (K == 0) {
+        size_t n = (size_t)M * N;
+        scale_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(C, M, N, ldc, beta);
+        DT_CUDA(cudaGetLastError());
+        return DT_OK;
+    }
+    pthread_once(&lt_once, lt_load);
+    if (lt.st != DT_OK) return dt_error(lt.st, "%s", lt.why);
+    int dev = -1;
+    DT_CUDA(cudaGetDevice(&dev));
+    if (dev != lt.device)
+        return dt_error(DT_ERR_INTERNAL, "GPU sgemm: cuBLASLt was set up on cuda:%d, this thread uses cuda:%d", lt.device,
+                        dev);
+    lt_call x = {};
+    dt_status st = lt_matmul(&x, &g, alpha, g.b_first ? B : A, g.b_first ? A : B, beta, C);
+    if (x.pref) lt.cublasLtMatmulPreferenceDestroy(x.pref);
+    if (x.c) lt.cublasLtMatrixLayoutDestroy(x.c);
+    if (x.b) lt.cublasLtMatrixLayoutDestroy(x.b);
+    if (x.a) lt.cublasLtMatrixLayoutDestroy(x.a);
+    if (x.op) lt.cublasLtMatmulDescDestroy(x.op);
+    if (st == DT_OK) DT_CUDA(cudaGetLastError());
+    return st;
+}

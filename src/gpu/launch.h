@@ -1,0 +1,31 @@
+/* The kernels' launch configurations: plain C, in every build, so that
+ * tests/test_gpu_host.c checks them without a GPU (sizes 0, 1, the edges of
+ * a block, past 2^31 elements and past the grid's limit).
+ *
+ * Two shapes: a grid-stride loop over n elements (blocks of DT_THREADS,
+ * `for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i
+ * += (size_t)gridDim.x * blockDim.x)`), and one block per row (a row's
+ * sums reduced in the block; `for (size_t r = blockIdx.x; r < rows; r +=
+ * gridDim.x)` covers rows past the grid's limit). A count of 0 gives 0
+ * blocks: the caller launches nothing (a grid of 0 is an error in CUDA). */
+#ifndef DT_GPU_LAUNCH_H
+#define DT_GPU_LAUNCH_H
+
+#include <stddef.h>
+
+#define DT_THREADS 256              // threads a block; a power of two (the row kernels' tree reductions)
+#define DT_MAX_BLOCKS 0x7fffffffu   // gridDim.x's limit (2^31 - 1)
+
+/* Blocks of `threads` over n elements: ceil(n / threads), at most
+ * DT_MAX_BLOCKS; 0 for n = 0. */
+static inline unsigned dt_launch_blocks(size_t n, unsigned threads) {
+    size_t b = n / threads + (n % threads != 0);
+    return (unsigned)(b > DT_MAX_BLOCKS ? DT_MAX_BLOCKS : b);
+}
+
+/* One block per row: rows, at most DT_MAX_BLOCKS; 0 for none. */
+static inline unsigned dt_launch_rows(size_t rows) {
+    return (unsigned)(rows > DT_MAX_BLOCKS ? DT_MAX_BLOCKS : rows);
+}
+
+#endif

@@ -1,0 +1,213 @@
+/* The GPT's layers on the GPU: layernorm, GELU, softmax cross-entropy, each
+ * element's arithmetic nn/rows.h's (the CPU's). Kept simple: one block of
+ * DT_THREADS a row, a row's sums reduced in a fixed tree (the same result
+ * every run), 64-bit indices everywhere (rows x columns may pass 2^31);
+ * launch configurations from launch.h. Nothing here has run on a GPU yet
+ * (docs/gpu.md): tests/test_gpu.c's `ops` compares each with the CPU's. */
+#include "gpu/cuda_check.h"
+#include "gpu/gpu.h"
+#include "gpu/launch.h"
+#include "nn/rows.h"
+
+#include <float.h>
+
+// The block's sum of v (every thread gets it): sh holds DT_THREADS values,
+// blockDim.x == DT_THREADS (a power of two). Every thread of the block
+// must call it.
+template <typename T> __device__ static T block_sum(T v, T *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = DT_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    T r = sh[0];
+    __syncthreads();  // (before sh is written again)
+    return r;
+}
+
+// The block's maximum, as the CPU's loop: a NaN never wins.
+__device__ static float block_max(float v, float *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = DT_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] = sh[threadIdx.x + s] > sh[threadIdx.x] ? sh[threadIdx.x + s] : sh[threadIdx.x];
+        __syncthreads();
+    }
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// ---- layernorm
+
+__global__ static void __launch_bounds__(DT_THREADS)
+    ln_forward_kernel(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, size_t N,
+                      int C, float eps) {
+    __shared__ float sh[DT_THREADS];
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *x = inp + r * C;
+        float s = 0.0f;
+        for (int c = threadIdx.x; c < C; c += DT_THREADS) s += x[c];
+        float m = dt_ln_mean(block_sum(s, sh), C);
+        float q = 0.0f;
+        for (int c = threadIdx.x; c < C; c += DT_THREADS) q += dt_ln_sq(x[c], m);
+        float rs = dt_ln_rstd(block_sum(q, sh), C, eps);
+        float *o = out + r * C;
+        for (int c = threadIdx.x; c < C; c += DT_THREADS) o[c] = dt_ln_out(x[c], m, rs, w[c], b[c]);
+        if (threadIdx.x == 0) mean[r] = m, rstd[r] = rs;
+    }
+}
+
+__global__ static void __launch_bounds__(DT_THREADS)
+    ln_backward_kernel(float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
+                       const float *rstd, size_t N, int C) {
+    __shared__ float sh[DT_THREADS];
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *x = inp + r * C, *d = dout + r * C;
+        float m = mean[r], s = rstd[r], a = 0.0f, an = 0.0f;
+        for (int c = threadIdx.x; c < C; c += DT_THREADS) {
+            float dn = w[c] * d[c];
+            a += dn;
+            an += dn * dt_ln_norm(x[c], m, s);
+        }
+        float dn_mean = dt_ln_mean(block_sum(a, sh), C), dnn_mean = dt_ln_mean(block_sum(an, sh), C);
+        float *dx = dinp + r * C;
+        for (int c = threadIdx.x; c < C; c += DT_THREADS)
+            dx[c] += dt_ln_dx(w[c] * d[c], dt_ln_norm(x[c], m, s), dn_mean, dnn_mean, s);
+    }
+}
+
+// The weights' gradients: a thread a channel, the rows in order (as the CPU).
+__global__ static void ln_params_kernel(float *dw, float *db, const float *dout, const float *inp, const float *mean,
+                                        const float *rstd, size_t N, int C) {
+    for (size_t c = blockIdx.x * (size_t)blockDim.x + threadIdx.x; c < (size_t)C; c += (size_t)gridDim.x * blockDim.x) {
+        float gw = dw ? dw[c] : 0.0f, gb = db ? db[c] : 0.0f;
+        for (size_t r = 0; r < N; r++) {
+            float d = dout[r * C + c];
+            gw += dt_ln_norm(inp[r * C + c], mean[r], rstd[r]) * d;
+            gb += d;
+        }
+        if (dw) dw[c] = gw;
+        if (db) db[c] = gb;
+    }
+}
+
+dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                   const float *b, size_t N, int C, float eps) {
+    if (N == 0 || C <= 0) return DT_OK;
+    ln_forward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(out, mean, rstd, inp, w, b, N, C, eps);
+    DT_CUDA(cudaGetLastError());
+    return DT_OK;
+}
+
+dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                    const float *w, const float *mean, const float *rstd, size_t N, int C) {
+    if (N == 0 || C <= 0) return DT_OK;
+    if (dinp) {
+        ln_backward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
+        DT_CUDA(cudaGetLastError());
+    }
+    if (dw || db) {
+        ln_params_kernel<<<dt_launch_blocks((size_t)C, DT_THREADS), DT_THREADS>>>(dw, db, dout, inp, mean, rstd, N, C);
+        DT_CUDA(cudaGetLastError());
+    }
+    return DT_OK;
+}
+
+// ---- GELU
+
+__global__ static void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = dt_gelu(inp[i]);
+}
+
+__global__ static void gelu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dinp[i] += dt_gelu_grad(inp[i]) * dout[i];
+}
+
+dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) {
+    if (n == 0) return DT_OK;
+    gelu_forward_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(out, inp, n);
+    DT_CUDA(cudaGetLastError());
+    return DT_OK;
+}
+
+dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+    if (n == 0) return DT_OK;
+    gelu_backward_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(dinp, dout, inp, n);
+    DT_CUDA(cudaGetLastError());
+    return DT_OK;
+}
+
+// ---- softmax cross-entropy
+
+// A row's probabilities and loss (row_loss[r], double); a target outside
+// [0, V) gives a NaN loss (the CPU checks the tokens before).
+__global__ static void __launch_bounds__(DT_THREADS)
+    ce_forward_kernel(float *probs, double *row_loss, const float *logits, const int32_t *targets, size_t N, int V,
+                      size_t ld) {
+    __shared__ float shf[DT_THREADS];
+    __shared__ double shd[DT_THREADS];
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *l = logits + r * ld;
+        float *p = probs + r * ld;
+        float mx = -FLT_MAX;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) mx = l[v] > mx ? l[v] : mx;
+        mx = block_max(mx, shf);
+        double s = 0.0;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) {
+            float e = dt_ce_exp(l[v], mx);
+            p[v] = e;
+            s += e;
+        }
+        s = block_sum(s, shd);
+        float inv = dt_ce_inv(s);
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) p[v] *= inv;
+        if (threadIdx.x == 0) {
+            int32_t t = targets[r];
+            row_loss[r] = t >= 0 && t < V ? dt_ce_row_loss(mx, s, l[t]) : (double)NAN;
+        }
+    }
+}
+
+// The mean of the rows' losses, summed in order (as the CPU): one thread.
+__global__ static void ce_mean_kernel(float *loss, const double *row_loss, size_t N) {
+    double s = 0.0;
+    for (size_t r = 0; r < N; r++) s += row_loss[r];
+    *loss = (float)(s / N);
+}
+
+__global__ static void ce_backward_kernel(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                          size_t ld, float scale) {
+    size_t n = N * (size_t)V;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / V, v = i % V;
+        dlogits[r * ld + v] += dt_ce_grad(probs[r * ld + v], (int64_t)v == targets[r], scale);
+    }
+}
+
+dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *loss, const float *logits,
+                                      const int32_t *targets, size_t N, int V, size_t ld) {
+    if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
+    if (N == 0) {
+        DT_CUDA(cudaMemset(loss, 0, sizeof(float)));
+        return DT_OK;
+    }
+    ce_forward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(probs, row_loss, logits, targets, N, V, ld);
+    DT_CUDA(cudaGetLastError());
+    ce_mean_kernel<<<1, 1>>>(loss, row_loss, N);
+    DT_CUDA(cudaGetLastError());
+    return DT_OK;
+}
+
+dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                       size_t ld, float dloss) {
+    if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
+    if (N == 0) return DT_OK;
+    ce_backward_kernel<<<dt_launch_blocks(N * (size_t)V, DT_THREADS), DT_THREADS>>>(dlogits, probs, targets, N, V, ld,
+                                                                                     dt_ce_scale(dloss, (float)N));
+    DT_CUDA(cudaGetLastError());
+    return DT_OK;
+}
