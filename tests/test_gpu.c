@@ -33,6 +33,10 @@
 
 #include <dlfcn.h>
 #include <math.h>
+
+#ifndef DT_CUDA_MAJOR
+#define DT_CUDA_MAJOR 13  // (a build without CUDA: the toolkit's soname looked for)
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -382,19 +386,23 @@ static void test_ops(void) {
     CHECK(dt_gpu_sync() == DT_OK, "no error left on the device: %s", dt_last_error());
 }
 
-// cuDNN and NCCL found at run time: the machine's own where the loader finds
-// them (this machine's CUDA toolkit has both), a user's file (DTRAIN_CUDNN,
+// cuBLASLt, cuDNN and NCCL found at run time: the machine's own where the
+// loader finds them (this machine's CUDA toolkit has all three), a user's file (DTRAIN_CUDNN,
 // DTRAIN_NCCL), PyTorch's packages under a Python site, and the refusals: a
 // missing file, a library that is not the one asked for, another version.
 static void test_libs(void) {
-    const char *names[] = {"cudnn", "nccl"}, *sonames[] = {"libcudnn.so.9", "libnccl.so.2"};
-    for (int i = 0; i < 2; i++) {
+    const char *names[] = {"cudnn", "nccl", "cublaslt"}, *sonames[] = {"libcudnn.so.9", "libnccl.so.2", NULL};
+    const char *fns[] = {"cudnnGetVersion", "ncclGetVersion", "cublasLtGetVersion"};
+    const long lows[] = {90000, 21800, 10000};
+    char lt[32];
+    snprintf(lt, sizeof lt, "libcublasLt.so.%d", DT_CUDA_MAJOR);
+    sonames[2] = lt;
+    for (int i = 0; i < 3; i++) {
         void *ref = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);  // the loader's own answer, independently
         dt_gpu_lib l;
         dt_status st = dt_gpu_lib_open(names[i], &l);
         if (ref)
-            CHECK(st == DT_OK && strstr(l.path, sonames[i]) && l.version >= (i ? 21800 : 90000) &&
-                      dt_gpu_lib_sym(&l, i ? "ncclGetVersion" : "cudnnGetVersion"),
+            CHECK(st == DT_OK && strstr(l.path, sonames[i]) && l.version >= lows[i] && dt_gpu_lib_sym(&l, fns[i]),
                   "%s on the loader's path: found (%s, version %ld): %s", names[i], l.path, l.version,
                   st ? dt_last_error() : "");
         else
