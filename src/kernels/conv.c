@@ -24,9 +24,13 @@
  * Where oneDNN chose its reference implementation ("ref:any") for any of a
  * plan's three passes, the plan runs on the portable path instead
  * (conv_portable.c, im2col and GEMMs): the reference kernels run the whole
- * convolution in scalar loops, ~200 times slower on the CNN's shapes
- * (docs/model-parallel.md). Such a plan's primitives are made all the same,
- * so that the sizes cover both paths.
+ * convolution in scalar loops, ~1000 times slower on the CNN's shapes
+ * (docs/model-parallel.md). Where only backward weights is on a reference
+ * kernel and forward saves the input plain (NCHW, which the portable path
+ * reads), that pass alone goes portable (DT_CONV_MIXED): oneDNN's forward
+ * and backward data are 2-3 times faster than the portable ones. Such a
+ * plan's primitives are made all the same, so that the sizes cover both
+ * paths.
  *
  * In a low precision (kernels.h) the primitives take the input, the weights
  * and the output gradient in bf16 where oneDNN has bf16 kernels on this CPU
@@ -82,7 +86,7 @@ typedef struct plan {
     int key[18];
     int src16, dst16;  // the forward's own layouts are blocked
     dt_dtype round;    // the operands' copies are rounded to this (DT_F32: not)
-    int portable;      // runs on conv_portable.c (oneDNN's choice was a reference kernel)
+    int path;          // DT_CONV_ONEDNN, _PORTABLE (oneDNN's choice was a reference kernel) or _MIXED
     char impls[192];   // oneDNN's implementations of the three passes (dt_conv_path)
     dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
     dnnl_primitive_t fwd, bwd_data, bwd_weights;
@@ -193,7 +197,7 @@ static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
 }
 
 // "forward X, backward data Y, backward weights Z" (oneDNN's names) into
-// buf; 1 when any of the three is a reference implementation.
+// buf; which of the three are reference implementations (1, 2, 4).
 static int name_impls(char *buf, size_t n, const_dnnl_primitive_desc_t f, const_dnnl_primitive_desc_t d,
                       const_dnnl_primitive_desc_t w) {
     const char *a = "?", *b = "?", *c = "?";
@@ -201,7 +205,7 @@ static int name_impls(char *buf, size_t n, const_dnnl_primitive_desc_t f, const_
     dnnl_primitive_desc_query(d, dnnl_query_impl_info_str, 0, &b);
     dnnl_primitive_desc_query(w, dnnl_query_impl_info_str, 0, &c);
     snprintf(buf, n, "forward %s, backward data %s, backward weights %s", a, b, c);
-    return !strncmp(a, "ref", 3) || !strncmp(b, "ref", 3) || !strncmp(c, "ref", 3);
+    return (strncmp(a, "ref", 3) ? 0 : 1) | (strncmp(b, "ref", 3) ? 0 : 2) | (strncmp(c, "ref", 3) ? 0 : 4);
 }
 
 static size_t pad_size(dnnl_primitive_t prim) {
@@ -275,10 +279,19 @@ static plan *make_plan(const dt_conv_shape *s, const int key[18], dnnl_data_type
                         "backward weights descriptor");
         bwpd = conv_pd(&bwd, fpd, 0);
     }
-    if (fpd && bdpd && bwpd) p->portable = name_impls(p->impls, sizeof p->impls, fpd, bdpd, bwpd) && key[17];
+    // Backward weights alone on a reference kernel, reading an input saved
+    // plain (NCHW, as the portable path saves it): that pass alone goes
+    // portable. Any other reference kernel: the whole plan.
+    int refs = fpd && bdpd && bwpd && key[17] ? name_impls(p->impls, sizeof p->impls, fpd, bdpd, bwpd) : 0;
+    p->path = !refs ? DT_CONV_ONEDNN
+              : refs == 4 && dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0),
+                                                    &p->plain_src) && !s->src_blocked
+                  ? DT_CONV_MIXED
+                  : DT_CONV_PORTABLE;
+    if (fpd && bdpd && bwpd && !key[17]) name_impls(p->impls, sizeof p->impls, fpd, bdpd, bwpd);
     // Only a low precision can lack an implementation; a native one on a
     // reference kernel gives way to fp32's (rounded operands).
-    if (!fpd || !bdpd || !bwpd || (p->portable && lt != dnnl_f32)) {
+    if (!fpd || !bdpd || !bwpd || (refs && lt != dnnl_f32)) {
         if (lt == dnnl_f32) dt_onednn_check(dnnl_unimplemented, "convolution");
         if (fpd) dnnl_primitive_desc_destroy(fpd);
         if (bdpd) dnnl_primitive_desc_destroy(bdpd);
@@ -444,14 +457,14 @@ void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
     dt_conv_shape own = *s;
     own.src_blocked = own.dst_blocked = own.relu = own.no_dinp = own.out_room = own.keep32 = 0;
     plan *p = get_plan(&own);
-    *src = !p->portable && p->src16;
-    *dst = !p->portable && p->dst16;
+    *src = p->path != DT_CONV_PORTABLE && p->src16;
+    *dst = p->path != DT_CONV_PORTABLE && p->dst16;
 }
 
 int dt_conv_path(const dt_conv_shape *s, const char **impls) {
     plan *p = get_plan(s);
     if (impls) *impls = p->impls;
-    return p->portable ? DT_CONV_PORTABLE : DT_CONV_ONEDNN;
+    return p->path;
 }
 
 // The saved input between 16 bits (save) and fp32 (x), n elements: to16
@@ -468,7 +481,7 @@ static void keep16(uint16_t *save, float *x, size_t n, dt_dtype t, int to16) {
 void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s) {
     plan *p = get_plan(s);
-    if (p->portable) {
+    if (p->path == DT_CONV_PORTABLE) {
         dt_conv_portable_forward(out, save, scratch, inp, w, b, s);
         return;
     }
@@ -500,7 +513,7 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
     plan *p = get_plan(s);
     if ((dinp && s->no_dinp) || (s->out_room && !out)) dt_onednn_check(dnnl_invalid_arguments, "convolution backward");
-    if (p->portable) {
+    if (p->path == DT_CONV_PORTABLE) {
         dt_conv_portable_backward(dinp, dw, db, scratch, out, dout, save, w, s, set_dinp);
         return;
     }
@@ -523,7 +536,10 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
         dnnl_memory_destroy(mw);
         dnnl_memory_destroy(mds);
     }
-    if (dw || db) {
+    if ((dw || db) && p->path == DT_CONV_MIXED) {  // (from the input forward saved plain)
+        dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
+        dt_conv_portable_backward(NULL, dw, db, scratch, out, dout, save, w, s, 0);
+    } else if (dw || db) {
         // The same layout as backward data's diff_dst reuses that copy.
         const float *dd;
         if (dinp && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))

@@ -101,14 +101,17 @@ void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, 
                      const dt_conv_shape *s);
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp);
-/* The path that runs shape s: DT_CONV_ONEDNN or DT_CONV_PORTABLE. oneDNN's
+/* The path that runs shape s: DT_CONV_ONEDNN, DT_CONV_PORTABLE or
+ * DT_CONV_MIXED (backward weights portable, the rest oneDNN's). oneDNN's
  * plan is made for every shape where this build has oneDNN, and a shape
  * goes portable when oneDNN chose its reference implementation ("ref...")
- * for any of the three passes (with layouts and precision as given). *impls
+ * for any of the three passes (with layouts and precision as given); mixed
+ * when that is backward weights alone and forward saves the input plain
+ * (NCHW), as the portable path reads it. *impls
  * (may be NULL): oneDNN's implementation names of the passes, e.g.
  * "forward jit:avx512_core, backward data jit:avx512_core, backward weights
  * ref:any" (kept with the plan; "no oneDNN in this build" without it). */
-enum { DT_CONV_ONEDNN = 0, DT_CONV_PORTABLE = 1 };
+enum { DT_CONV_ONEDNN = 0, DT_CONV_PORTABLE = 1, DT_CONV_MIXED = 2 };
 int dt_conv_path(const dt_conv_shape *s, const char **impls);
 /* Routing on (the default) or off: every shape made after this on
  * oneDNN's primitives, its reference kernels included (plans are kept per
