@@ -38,14 +38,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #ifdef DTRAIN_HAVE_MPI
 #define DTRAIN_MPI_BUILT 1
 #else
 #define DTRAIN_MPI_BUILT 0
 #endif
-#include <string.h>
-#include <unistd.h>
 
 static char g_tmp[256];
 static char g_out[1 << 16];

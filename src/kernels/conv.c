@@ -24,7 +24,7 @@
  * Where oneDNN chose its reference implementation ("ref:any") for any of a
  * plan's three passes, the plan runs on the portable path instead
  * (conv_portable.c, im2col and GEMMs): the reference kernels run the whole
- * convolution in scalar loops, ~1000 times slower on the CNN's shapes
+ * convolution in scalar loops, hundreds of times slower on the CNN's shapes
  * (docs/model-parallel.md). Where only backward weights is on a reference
  * kernel and forward saves the input plain (NCHW, which the portable path
  * reads), that pass alone goes portable (DT_CONV_MIXED): oneDNN's forward
@@ -409,7 +409,7 @@ static void run(dnnl_primitive_t prim, const exec *ex, int n, const dnnl_exec_ar
         all[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, pad};
     }
     dt_onednn_check(dnnl_primitive_execute(prim, ex->st, n, all), "execute");
-    if (pad) {  // (the memory object may go before the primitive has run)
+    if (pad) {  // (its memory object goes once the primitive has run)
         dt_onednn_check(dnnl_stream_wait(ex->st), "stream wait");
         dnnl_memory_destroy(pad);
     }

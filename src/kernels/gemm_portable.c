@@ -3,9 +3,10 @@
  * packed a panel of KB x NB at a time into a contiguous buffer, and each
  * row of C takes its panel's products in a loop over k then j that the
  * compiler vectorises, summed apart and then added to C (so that C's old
- * value is added once a panel: accumulating twice gives twice); rows go to the OpenMP threads (outside a parallel
- * region). Far from oneDNN's speed (a few times slower), always there, and
- * compiled in every build so that its tests compare it with oneDNN's. */
+ * value is added once a panel: accumulating twice gives twice); rows go to
+ * the OpenMP threads (outside a parallel region). Far from oneDNN's speed
+ * (a few times slower), always there, and compiled in every build so that
+ * its tests compare it with oneDNN's. */
 #include "kernels/kernels.h"
 
 #include <omp.h>

@@ -107,10 +107,10 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
  * goes portable when oneDNN chose its reference implementation ("ref...")
  * for any of the three passes (with layouts and precision as given); mixed
  * when that is backward weights alone and forward saves the input plain
- * (NCHW), as the portable path reads it. *impls
- * (may be NULL): oneDNN's implementation names of the passes, e.g.
- * "forward jit:avx512_core, backward data jit:avx512_core, backward weights
- * ref:any" (kept with the plan; "no oneDNN in this build" without it). */
+ * (NCHW), as the portable path reads it. *impls (may be NULL): oneDNN's
+ * implementation names of the passes, e.g. "forward jit:avx512_core,
+ * backward data jit:avx512_core, backward weights ref:any" (kept with the
+ * plan; "no oneDNN in this build" without it). */
 enum { DT_CONV_ONEDNN = 0, DT_CONV_PORTABLE = 1, DT_CONV_MIXED = 2 };
 int dt_conv_path(const dt_conv_shape *s, const char **impls);
 /* Routing on (the default) or off: every shape made after this on
