@@ -698,8 +698,8 @@ static void test_model_stages(void) {
 // The shards run as coroutines on the main thread (ucontext), each on a
 // stack of its own: a shard's sum switches back to a scheduler, which adds
 // the shards' buffers in rank order (an allreduce giving every shard the
-// same bits) once every shard has reached its sum. (Not threads: oneDNN's
-// convolutions run from two threads at once fail.)
+// same bits) once every shard has reached its sum. (test_conv runs shards
+// in threads.)
 
 typedef struct {
     ucontext_t sched;

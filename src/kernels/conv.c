@@ -13,8 +13,24 @@
  * and the output gradient's copies, results in the primitives' layouts) is
  * `scratch`, free again when a call returns, so that one scratch serves all
  * the convolutions of a model in turn; the output gradient's copies go in
- * the forward's output buffer instead when the caller offers it (out_room). oneDNN's library
- * scratchpad is per primitive, so each plan's execution is under its lock.
+ * the forward's output buffer instead when the caller offers it (out_room).
+ * oneDNN's own scratchpad is in `scratch` too (scratchpad mode "user"): in
+ * its default mode a primitive's scratchpad is one buffer per primitive,
+ * shared by concurrent calls, and for some implementations (the GEMM-based
+ * convolutions, "gemm:jit") a buffer of the thread that made the primitive,
+ * which another thread running it does not have: two threads running the
+ * same plan crashed inside oneDNN.
+ *
+ * Where oneDNN chose its reference implementation ("ref:any") for any of a
+ * plan's three passes, the plan runs on the portable path instead
+ * (conv_portable.c, im2col and GEMMs): the reference kernels run the whole
+ * convolution in scalar loops, hundreds of times slower on the CNN's shapes
+ * (docs/model-parallel.md). Where only backward weights is on a reference
+ * kernel and forward saves the input plain (NCHW, which the portable path
+ * reads), that pass alone goes portable (DT_CONV_MIXED): oneDNN's forward
+ * and backward data are 2-3 times faster than the portable ones. Such a
+ * plan's primitives are made all the same, so that the sizes cover both
+ * paths.
  *
  * In a low precision (kernels.h) the primitives take the input, the weights
  * and the output gradient in bf16 where oneDNN has bf16 kernels on this CPU
@@ -27,28 +43,29 @@
 #include "kernels/kernels.h"
 
 #ifndef DTRAIN_HAVE_ONEDNN
-#include <stdlib.h>
-
-// Built without oneDNN: no convolutions (the model refuses the layers
-// before any of these is called).
-int dt_conv_available(void) { return 0; }
-void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) { (void)s, *save = *scratch = 0; }
+// Built without oneDNN: every convolution on the portable path.
+void dt_conv_set_routing(int on) { (void)on; }
+void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) { dt_conv_portable_size(s, save, scratch); }
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) { (void)s, *src = *dst = 0; }
+int dt_conv_path(const dt_conv_shape *s, const char **impls) {
+    (void)s;
+    if (impls) *impls = "no oneDNN in this build";
+    return DT_CONV_PORTABLE;
+}
 void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s) {
-    (void)out, (void)save, (void)scratch, (void)inp, (void)w, (void)b, (void)s;
-    abort();
+    dt_conv_portable_forward(out, save, scratch, inp, w, b, s);
 }
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
-    (void)dinp, (void)dw, (void)db, (void)scratch, (void)out, (void)dout, (void)save, (void)w, (void)s, (void)set_dinp;
-    abort();
+    dt_conv_portable_backward(dinp, dw, db, scratch, out, dout, save, w, s, set_dinp);
 }
 #else
 #include "kernels/onednn.h"
 
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,10 +83,11 @@ typedef struct {
 
 typedef struct plan {
     struct plan *next;
-    int key[17];
+    int key[18];
     int src16, dst16;  // the forward's own layouts are blocked
     dt_dtype round;    // the operands' copies are rounded to this (DT_F32: not)
-    pthread_mutex_t lock;
+    int path;          // DT_CONV_ONEDNN, _PORTABLE (oneDNN's choice was a reference kernel) or _MIXED
+    char impls[192];   // oneDNN's implementations of the three passes (dt_conv_path)
     dnnl_memory_desc_t plain_src, plain_wei, plain_dst, bias_md;
     dnnl_primitive_t fwd, bwd_data, bwd_weights;
     // In `save`: the input as backward weights reads it (round == DT_F32),
@@ -80,29 +98,41 @@ typedef struct plan {
     view src, fwei, fdst;
     size_t zero_bias, save_size, keep_n, wsrc;
     view ddst, bwei, dsrc, wddst, dwei;
-    size_t dbias, scratch_size;
+    size_t dbias, pad, scratch_size;  // pad: oneDNN's scratchpad, for every primitive in turn
 } plan;
 
 static pthread_mutex_t g_plans_lock = PTHREAD_MUTEX_INITIALIZER;
 static plan *g_plans;
+static _Atomic int g_routing = 1;  // dt_conv_set_routing
 
-static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
-                                     int accumulate) {
-    dnnl_primitive_attr_t attr = NULL;
-    if (accumulate) {
+void dt_conv_set_routing(int on) { g_routing = on != 0; }
+
+// Attributes with the scratchpad in the caller's memory and, optionally, a
+// post-op: sum (accumulate into the destination) or relu.
+static dnnl_primitive_attr_t make_attr(int sum, int relu) {
+    dnnl_primitive_attr_t attr;
+    dt_onednn_check(dnnl_primitive_attr_create(&attr), "attr");
+    dt_onednn_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+    if (sum || relu) {
         dnnl_post_ops_t ops;
         dt_onednn_check(dnnl_post_ops_create(&ops), "post-ops");
-        dt_onednn_check(dnnl_post_ops_append_sum(ops, 1.0f), "sum post-op");
-        dt_onednn_check(dnnl_primitive_attr_create(&attr), "attr");
+        if (sum) dt_onednn_check(dnnl_post_ops_append_sum(ops, 1.0f), "sum post-op");
+        if (relu) dt_onednn_check(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f), "relu post-op");
         dt_onednn_check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
         dnnl_post_ops_destroy(ops);
     }
+    return attr;
+}
+
+static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
+                                     int accumulate) {
+    dnnl_primitive_attr_t attr = make_attr(accumulate, 0);
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t p;
     dt_onednn_check(dnnl_reorder_primitive_desc_create(&pd, from, dt_onednn_engine(), to, dt_onednn_engine(), attr), "reorder");
     dt_onednn_check(dnnl_primitive_create(&p, pd), "reorder primitive");
     dnnl_primitive_desc_destroy(pd);
-    if (attr) dnnl_primitive_attr_destroy(attr);
+    dnnl_primitive_attr_destroy(attr);
     return p;
 }
 
@@ -151,19 +181,10 @@ static void place_dout(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q, 
 // NULL when oneDNN has no implementation (a low precision on some shapes).
 static dnnl_primitive_desc_t conv_pd(const dnnl_convolution_desc_t *d,
                                      const_dnnl_primitive_desc_t hint, int relu) {
-    dnnl_primitive_attr_t attr = NULL;
-    if (relu) {
-        dnnl_post_ops_t ops;
-        dt_onednn_check(dnnl_post_ops_create(&ops), "post-ops");
-        dt_onednn_check(dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
-              "relu post-op");
-        dt_onednn_check(dnnl_primitive_attr_create(&attr), "attr");
-        dt_onednn_check(dnnl_primitive_attr_set_post_ops(attr, ops), "attr post-ops");
-        dnnl_post_ops_destroy(ops);
-    }
+    dnnl_primitive_attr_t attr = make_attr(0, relu);
     dnnl_primitive_desc_t pd;
     dnnl_status_t st = dnnl_primitive_desc_create(&pd, d, attr, dt_onednn_engine(), hint);
-    if (attr) dnnl_primitive_attr_destroy(attr);
+    dnnl_primitive_attr_destroy(attr);
     if (st == dnnl_unimplemented) return NULL;
     dt_onednn_check(st, "convolution");
     return pd;
@@ -175,15 +196,47 @@ static dnnl_primitive_t primitive(const_dnnl_primitive_desc_t pd) {
     return p;
 }
 
+// "forward X, backward data Y, backward weights Z" (oneDNN's names) into
+// buf; which of the three are reference implementations (1, 2, 4).
+static int name_impls(char *buf, size_t n, const_dnnl_primitive_desc_t f, const_dnnl_primitive_desc_t d,
+                      const_dnnl_primitive_desc_t w) {
+    const char *a = "?", *b = "?", *c = "?";
+    dnnl_primitive_desc_query(f, dnnl_query_impl_info_str, 0, &a);
+    dnnl_primitive_desc_query(d, dnnl_query_impl_info_str, 0, &b);
+    dnnl_primitive_desc_query(w, dnnl_query_impl_info_str, 0, &c);
+    snprintf(buf, n, "forward %s, backward data %s, backward weights %s", a, b, c);
+    return (strncmp(a, "ref", 3) ? 0 : 1) | (strncmp(b, "ref", 3) ? 0 : 2) | (strncmp(c, "ref", 3) ? 0 : 4);
+}
+
+static size_t pad_size(dnnl_primitive_t prim) {
+    const_dnnl_primitive_desc_t pd;
+    if (!prim) return 0;
+    dt_onednn_check(dnnl_primitive_get_primitive_desc(prim, &pd), "primitive descriptor");
+    return dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+}
+
+// The floats of the largest scratchpad of the plan's primitives.
+static size_t pad_floats(const plan *p) {
+    const view *vs[] = {&p->src, &p->fwei, &p->fdst, &p->ddst, &p->bwei, &p->dsrc, &p->wddst, &p->dwei};
+    size_t m = pad_size(p->fwd);
+    if (pad_size(p->bwd_data) > m) m = pad_size(p->bwd_data);
+    if (pad_size(p->bwd_weights) > m) m = pad_size(p->bwd_weights);
+    for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
+        dnnl_primitive_t r[3] = {vs[i]->in, vs[i]->out, vs[i]->set};
+        for (int k = 0; k < 3; k++)
+            if (pad_size(r[k]) > m) m = pad_size(r[k]);
+    }
+    return (m / sizeof(float) + 15) & ~(size_t)15;
+}
+
 // lt: the type of the operands the primitives take (dnnl_f32, or bf16
 // where native); NULL when oneDNN has no implementation for it.
-static plan *make_plan(const dt_conv_shape *s, const int key[17], dnnl_data_type_t lt) {
+static plan *make_plan(const dt_conv_shape *s, const int key[18], dnnl_data_type_t lt) {
     plan *p = calloc(1, sizeof *p);
     if (!p) dt_onednn_check(dnnl_out_of_memory, "plan");
     memcpy(p->key, key, sizeof p->key);
     p->round = lt == dnnl_f32 ? (dt_dtype)key[12] : DT_F32;
     int always = p->round != DT_F32;  // copies to round even when the layout is the caller's
-    pthread_mutex_init(&p->lock, NULL);
     int OH = (s->H + 2 * s->P - s->K) / s->S + 1, OW = (s->W + 2 * s->P - s->K) / s->S + 1;
     dnnl_dims_t sd = {s->B, s->IC, s->H, s->W}, wd = {s->OC, s->IC, s->K, s->K},
                 dd = {s->B, s->OC, OH, OW}, bd = {s->OC};
@@ -226,11 +279,23 @@ static plan *make_plan(const dt_conv_shape *s, const int key[17], dnnl_data_type
                         "backward weights descriptor");
         bwpd = conv_pd(&bwd, fpd, 0);
     }
-    if (!fpd || !bdpd || !bwpd) {  // only a low precision can lack an implementation
+    // Backward weights alone on a reference kernel, reading an input saved
+    // plain (NCHW, as the portable path saves it): that pass alone goes
+    // portable. Any other reference kernel: the whole plan.
+    int refs = fpd && bdpd && bwpd && key[17] ? name_impls(p->impls, sizeof p->impls, fpd, bdpd, bwpd) : 0;
+    p->path = !refs ? DT_CONV_ONEDNN
+              : refs == 4 && dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0),
+                                                    &p->plain_src) && !s->src_blocked
+                  ? DT_CONV_MIXED
+                  : DT_CONV_PORTABLE;
+    if (fpd && bdpd && bwpd && !key[17]) name_impls(p->impls, sizeof p->impls, fpd, bdpd, bwpd);
+    // Only a low precision can lack an implementation; a native one on a
+    // reference kernel gives way to fp32's (rounded operands).
+    if (!fpd || !bdpd || !bwpd || (refs && lt != dnnl_f32)) {
         if (lt == dnnl_f32) dt_onednn_check(dnnl_unimplemented, "convolution");
         if (fpd) dnnl_primitive_desc_destroy(fpd);
         if (bdpd) dnnl_primitive_desc_destroy(bdpd);
-        pthread_mutex_destroy(&p->lock);
+        if (bwpd) dnnl_primitive_desc_destroy(bwpd);
         free(p);
         return NULL;
     }
@@ -292,6 +357,13 @@ static plan *make_plan(const dt_conv_shape *s, const int key[17], dnnl_data_type
     dnnl_primitive_desc_destroy(fpd);
     dnnl_primitive_desc_destroy(bdpd);
     dnnl_primitive_desc_destroy(bwpd);
+    // oneDNN's scratchpad after the rest; the sizes cover the portable path too
+    p->pad = p->scratch_size;
+    p->scratch_size += pad_floats(p);
+    size_t psave, pscratch;
+    dt_conv_portable_size(s, &psave, &pscratch);
+    if (psave > p->save_size) p->save_size = psave;
+    if (pscratch > p->scratch_size) p->scratch_size = pscratch;
     return p;
 }
 
@@ -300,8 +372,9 @@ static plan *make_plan(const dt_conv_shape *s, const int key[17], dnnl_data_type
 static plan *get_plan(const dt_conv_shape *s) {
     int native;
     dt_dtype t = dt_onednn_precision(&native);
-    int key[17] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
-                   s->src_blocked, s->dst_blocked, s->relu, (int)t, native, s->no_dinp, s->out_room, s->keep32};
+    int key[18] = {s->B, s->IC, s->H, s->W, s->OC, s->K, s->S, s->P, omp_get_max_threads(),
+                   s->src_blocked, s->dst_blocked, s->relu, (int)t, native, s->no_dinp, s->out_room, s->keep32,
+                   g_routing};
     pthread_mutex_lock(&g_plans_lock);
     plan *p = g_plans;
     while (p && memcmp(p->key, key, sizeof key)) p = p->next;
@@ -318,17 +391,37 @@ static plan *get_plan(const dt_conv_shape *s) {
 // ----------------------------------------------------------------------------
 // execution
 
-static void run(dnnl_primitive_t prim, dnnl_stream_t st, int n, const dnnl_exec_arg_t *args) {
-    dt_onednn_check(dnnl_primitive_execute(prim, st, n, args), "execute");
+// A call's stream and oneDNN's scratchpad (in the caller's scratch).
+typedef struct {
+    dnnl_stream_t st;
+    float *pad;
+} exec;
+
+static void run(dnnl_primitive_t prim, const exec *ex, int n, const dnnl_exec_arg_t *args) {
+    const_dnnl_primitive_desc_t pd;
+    dt_onednn_check(dnnl_primitive_get_primitive_desc(prim, &pd), "primitive descriptor");
+    const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    dnnl_exec_arg_t all[8];
+    memcpy(all, args, sizeof *args * n);
+    dnnl_memory_t pad = NULL;
+    if (dnnl_memory_desc_get_size(pmd)) {
+        pad = dt_onednn_memory(pmd, ex->pad);
+        all[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, pad};
+    }
+    dt_onednn_check(dnnl_primitive_execute(prim, ex->st, n, all), "execute");
+    if (pad) {  // (its memory object goes once the primitive has run)
+        dt_onednn_check(dnnl_stream_wait(ex->st), "stream wait");
+        dnnl_memory_destroy(pad);
+    }
 }
 
 // Reorders between a plain tensor and its place in scratch (to_view: plain
 // -> view; otherwise view -> plain, adding).
-static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc_t *from_md,
+static void reorder(dnnl_primitive_t r, const exec *ex, const dnnl_memory_desc_t *from_md,
                     const void *from, const dnnl_memory_desc_t *to_md, void *to) {
     dnnl_memory_t a = dt_onednn_memory(from_md, from), b = dt_onednn_memory(to_md, to);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
-    run(r, st, 2, args);
+    run(r, ex, 2, args);
     dnnl_memory_destroy(a);
     dnnl_memory_destroy(b);
 }
@@ -337,14 +430,14 @@ static void reorder(dnnl_primitive_t r, dnnl_stream_t st, const dnnl_memory_desc
 // in the primitive's layout (made first when v has a reorder in, and then
 // rounded to the plan's precision when the primitive is fp32), in `area`
 // or, for a view placed there, in the output's room.
-static const float *bring_in(const plan *p, const view *v, dnnl_stream_t st, const dnnl_memory_desc_t *plain,
+static const float *bring_in(const plan *p, const view *v, const exec *ex, const dnnl_memory_desc_t *plain,
                              const float *x, float *area, float *room) {
     if (v->off == (size_t)-1) return x;
     if (v->room) area = room;
     if (v->in) {
-        reorder(v->in, st, plain, x, &v->md, area + v->off);
+        reorder(v->in, ex, plain, x, &v->md, area + v->off);
         if (p->round != DT_F32) {
-            dt_onednn_check(dnnl_stream_wait(st), "stream wait");
+            dt_onednn_check(dnnl_stream_wait(ex->st), "stream wait");
             float *c = area + v->off;
             size_t n = dnnl_memory_desc_get_size(&v->md) / sizeof(float);
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -353,8 +446,6 @@ static const float *bring_in(const plan *p, const view *v, dnnl_stream_t st, con
     }
     return area + v->off;
 }
-
-int dt_conv_available(void) { return 1; }
 
 void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch) {
     plan *p = get_plan(s);
@@ -366,8 +457,14 @@ void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst) {
     dt_conv_shape own = *s;
     own.src_blocked = own.dst_blocked = own.relu = own.no_dinp = own.out_room = own.keep32 = 0;
     plan *p = get_plan(&own);
-    *src = p->src16;
-    *dst = p->dst16;
+    *src = p->path != DT_CONV_PORTABLE && p->src16;
+    *dst = p->path != DT_CONV_PORTABLE && p->dst16;
+}
+
+int dt_conv_path(const dt_conv_shape *s, const char **impls) {
+    plan *p = get_plan(s);
+    if (impls) *impls = p->impls;
+    return p->path;
 }
 
 // The saved input between 16 bits (save) and fp32 (x), n elements: to16
@@ -384,12 +481,15 @@ static void keep16(uint16_t *save, float *x, size_t n, dt_dtype t, int to16) {
 void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s) {
     plan *p = get_plan(s);
-    pthread_mutex_lock(&p->lock);
-    dnnl_stream_t st;
-    dt_onednn_check(dnnl_stream_create(&st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
-    const float *src = bring_in(p, &p->src, st, &p->plain_src, inp, p->keep_n ? scratch : save, NULL);
+    if (p->path == DT_CONV_PORTABLE) {
+        dt_conv_portable_forward(out, save, scratch, inp, w, b, s);
+        return;
+    }
+    exec ex = {NULL, scratch + p->pad};
+    dt_onednn_check(dnnl_stream_create(&ex.st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
+    const float *src = bring_in(p, &p->src, &ex, &p->plain_src, inp, p->keep_n ? scratch : save, NULL);
     if (p->keep_n) keep16((uint16_t *)save, (float *)src, p->keep_n, p->round, 1);
-    const float *wei = bring_in(p, &p->fwei, st, &p->plain_wei, w, scratch, NULL);
+    const float *wei = bring_in(p, &p->fwei, &ex, &p->plain_wei, w, scratch, NULL);
     if (!b) {
         memset(scratch + p->zero_bias, 0, sizeof(float) * s->OC);
         b = scratch + p->zero_bias;
@@ -399,27 +499,29 @@ void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, 
                   md = dt_onednn_memory(&p->fdst.md, dst);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb},
                               {DNNL_ARG_DST, md}};
-    run(p->fwd, st, 4, args);
-    if (p->fdst.out) reorder(p->fdst.out, st, &p->fdst.md, dst, &p->plain_dst, out);
-    dt_onednn_check(dnnl_stream_wait(st), "stream wait");
+    run(p->fwd, &ex, 4, args);
+    if (p->fdst.out) reorder(p->fdst.out, &ex, &p->fdst.md, dst, &p->plain_dst, out);
+    dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
     dnnl_memory_destroy(ms);
     dnnl_memory_destroy(mw);
     dnnl_memory_destroy(mb);
     dnnl_memory_destroy(md);
-    dnnl_stream_destroy(st);
-    pthread_mutex_unlock(&p->lock);
+    dnnl_stream_destroy(ex.st);
 }
 
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
     plan *p = get_plan(s);
     if ((dinp && s->no_dinp) || (s->out_room && !out)) dt_onednn_check(dnnl_invalid_arguments, "convolution backward");
-    pthread_mutex_lock(&p->lock);
-    dnnl_stream_t st;
-    dt_onednn_check(dnnl_stream_create(&st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
+    if (p->path == DT_CONV_PORTABLE) {
+        dt_conv_portable_backward(dinp, dw, db, scratch, out, dout, save, w, s, set_dinp);
+        return;
+    }
+    exec ex = {NULL, scratch + p->pad};
+    dt_onednn_check(dnnl_stream_create(&ex.st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
     if (dinp) {
-        const float *dd = bring_in(p, &p->ddst, st, &p->plain_dst, dout, scratch, out);
-        const float *wei = bring_in(p, &p->bwei, st, &p->plain_wei, w, scratch, NULL);
+        const float *dd = bring_in(p, &p->ddst, &ex, &p->plain_dst, dout, scratch, out);
+        const float *wei = bring_in(p, &p->bwei, &ex, &p->plain_wei, w, scratch, NULL);
         // Overwriting a tensor already in the primitive's layout: in place.
         int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
         float *ds = direct ? dinp : scratch + p->dsrc.off;
@@ -427,24 +529,27 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
                       mds = dt_onednn_memory(&p->dsrc.md, ds);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw},
                                   {DNNL_ARG_DIFF_SRC, mds}};
-        run(p->bwd_data, st, 3, args);
+        run(p->bwd_data, &ex, 3, args);
         if (!direct)
-            reorder(set_dinp ? p->dsrc.set : p->dsrc.out, st, &p->dsrc.md, ds, &p->plain_src, dinp);
+            reorder(set_dinp ? p->dsrc.set : p->dsrc.out, &ex, &p->dsrc.md, ds, &p->plain_src, dinp);
         dnnl_memory_destroy(mdd);
         dnnl_memory_destroy(mw);
         dnnl_memory_destroy(mds);
     }
-    if (dw || db) {
+    if ((dw || db) && p->path == DT_CONV_MIXED) {  // (from the input forward saved plain)
+        dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
+        dt_conv_portable_backward(NULL, dw, db, scratch, out, dout, save, w, s, 0);
+    } else if (dw || db) {
         // The same layout as backward data's diff_dst reuses that copy.
         const float *dd;
         if (dinp && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))
             dd = p->ddst.off == (size_t)-1 ? dout : (p->ddst.room ? out : scratch) + p->ddst.off;
         else
-            dd = bring_in(p, &p->wddst, st, &p->plain_dst, dout, scratch, out);
+            dd = bring_in(p, &p->wddst, &ex, &p->plain_dst, dout, scratch, out);
         float *dbias = scratch + p->dbias;
         const float *src = save + p->src.off;
         if (p->keep_n) {  // into room backward data may have used
-            dt_onednn_check(dnnl_stream_wait(st), "stream wait");
+            dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
             keep16((uint16_t *)save, scratch + p->wsrc, p->keep_n, p->round, 0);
             src = scratch + p->wsrc;
         }
@@ -452,9 +557,9 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
                       mdw = dt_onednn_memory(&p->dwei.md, scratch + p->dwei.off), mdb = dt_onednn_memory(&p->bias_md, dbias);
         dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
                                   {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};
-        run(p->bwd_weights, st, 4, args);
-        if (dw) reorder(p->dwei.out, st, &p->dwei.md, scratch + p->dwei.off, &p->plain_wei, dw);
-        dt_onednn_check(dnnl_stream_wait(st), "stream wait");
+        run(p->bwd_weights, &ex, 4, args);
+        if (dw) reorder(p->dwei.out, &ex, &p->dwei.md, scratch + p->dwei.off, &p->plain_wei, dw);
+        dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
         if (db)
             for (int o = 0; o < s->OC; o++) db[o] += dbias[o];
         dnnl_memory_destroy(ms);
@@ -462,8 +567,7 @@ void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *
         dnnl_memory_destroy(mdw);
         dnnl_memory_destroy(mdb);
     }
-    dt_onednn_check(dnnl_stream_wait(st), "stream wait");
-    dnnl_stream_destroy(st);
-    pthread_mutex_unlock(&p->lock);
+    dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
+    dnnl_stream_destroy(ex.st);
 }
 #endif

@@ -2,9 +2,11 @@
  * row-major as dnnl_sgemm, C = alpha op(A) op(B) + beta C. op(B) is
  * packed a panel of KB x NB at a time into a contiguous buffer, and each
  * row of C takes its panel's products in a loop over k then j that the
- * compiler vectorises; rows go to the OpenMP threads (outside a parallel
- * region). Far from oneDNN's speed (a few times slower), always there, and
- * compiled in every build so that its tests compare it with oneDNN's. */
+ * compiler vectorises, summed apart and then added to C (so that C's old
+ * value is added once a panel: accumulating twice gives twice); rows go to
+ * the OpenMP threads (outside a parallel region). Far from oneDNN's speed
+ * (a few times slower), always there, and compiled in every build so that
+ * its tests compare it with oneDNN's. */
 #include "kernels/kernels.h"
 
 #include <omp.h>
@@ -42,12 +44,13 @@ void dt_sgemm_portable(int ta, int tb, int M, int N, int K, float alpha, const f
             pack_b(P, tb, B, ldb, k0, kn, j0, jn);
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && (size_t)M * jn * kn > 65536)
             for (int i = 0; i < M; i++) {
-                float *c = C + (size_t)i * ldc + j0;
+                float *c = C + (size_t)i * ldc + j0, acc[NB] = {0};
                 for (int k = 0; k < kn; k++) {
                     float a = alpha * (ta ? A[(size_t)(k0 + k) * lda + i] : A[(size_t)i * lda + k0 + k]);
                     const float *p = P + (size_t)k * jn;
-                    for (int j = 0; j < jn; j++) c[j] += a * p[j];
+                    for (int j = 0; j < jn; j++) acc[j] += a * p[j];
                 }
+                for (int j = 0; j < jn; j++) c[j] += acc[j];  // (C's old value added once)
             }
         }
     }

@@ -62,18 +62,23 @@ void dt_sgemm_portable(int ta, int tb, int M, int N, int K, float alpha, const f
  * inp[B,IC,H,W], weights w[OC,IC,K,K], bias b[OC] (may be NULL) and outputs
  * out[B,OC,OH,OW], NCHW (or blocked, below) and OIHW: oneDNN's direct
  * convolutions, which run in their own blocked layouts and reorder at the
- * edges. `save` is written by forward (the input in the convolution's
+ * edges, or the portable path (im2col and dt_sgemm, below) where this
+ * build has no oneDNN or oneDNN would run the shape on its reference
+ * kernel. `save` is written by forward (the input in the convolution's
  * layout: in 16 bits in a low precision, on every CPU) and read by
  * backward, so forward's caller may reuse inp afterwards; `scratch` is the
  * room both use during a call and holds nothing between calls (one can
  * serve several convolutions run one after another). dt_conv_size() gives
- * the floats each needs for a shape; the sizes grow with B. Backward ADDS
- * into dw and db, and into dinp unless set_dinp (then it overwrites dinp);
- * any of the three may be NULL (dinp must be with no_dinp). With out_room,
- * backward also uses `out`, the forward's output buffer, as room for its
- * copies of dout (the caller no longer needs the output then). Deterministic
- * for a fixed thread count; the primitives of each shape are made on first
- * use and kept. */
+ * the floats each needs for a shape; the sizes grow with B and cover both
+ * paths, so the sizes for B serve every smaller batch whichever path it
+ * takes. Backward ADDS into dw and db, and into dinp unless set_dinp (then
+ * it overwrites dinp); any of the three may be NULL (dinp must be with
+ * no_dinp). With out_room, backward may also use `out`, the forward's
+ * output buffer, as room for its copies of dout (the caller no longer needs
+ * the output then). Deterministic for a fixed thread count; the plan of each
+ * shape (its path, oneDNN's primitives) is made on first use and kept.
+ * Reentrant: every call writes only the caller's buffers, so calls from
+ * several threads at once are safe (each with its own save and scratch). */
 typedef struct {
     int B, IC, H, W, OC, K, S, P;
     // Layout of inp/dinp and of out/dout: 0 NCHW, 1 blocked by
@@ -87,17 +92,37 @@ typedef struct {
                    // 16 bits: the reference tests compare the 16-bit one with
 } dt_conv_shape;
 #define DT_CONV_BLOCK 16
-/* Whether this build has convolutions (oneDNN's; 0: built without it, and
- * the model refuses convolution layers by name). */
-int dt_conv_available(void);
 void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
 /* Whether the primitives of shape s (layouts ignored) work on blocked
  * inputs and outputs: where they do, a caller gains by keeping tensors
- * blocked between convolutions. */
+ * blocked between convolutions (never on the portable path). */
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst);
 void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
                      const dt_conv_shape *s);
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp);
+/* The path that runs shape s: DT_CONV_ONEDNN, DT_CONV_PORTABLE or
+ * DT_CONV_MIXED (backward weights portable, the rest oneDNN's). oneDNN's
+ * plan is made for every shape where this build has oneDNN, and a shape
+ * goes portable when oneDNN chose its reference implementation ("ref...")
+ * for any of the three passes (with layouts and precision as given); mixed
+ * when that is backward weights alone and forward saves the input plain
+ * (NCHW), as the portable path reads it. *impls (may be NULL): oneDNN's
+ * implementation names of the passes, e.g. "forward jit:avx512_core,
+ * backward data jit:avx512_core, backward weights ref:any" (kept with the
+ * plan; "no oneDNN in this build" without it). */
+enum { DT_CONV_ONEDNN = 0, DT_CONV_PORTABLE = 1, DT_CONV_MIXED = 2 };
+int dt_conv_path(const dt_conv_shape *s, const char **impls);
+/* Routing on (the default) or off: every shape made after this on
+ * oneDNN's primitives, its reference kernels included (plans are kept per
+ * setting). For the tests and benchmarks that compare the two paths. */
+void dt_conv_set_routing(int on);
+/* The portable path itself (conv_portable.c), with dt_conv_*'s contract
+ * (plain NCHW preferred; out_room unused); its sizes are its own. */
+void dt_conv_portable_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
+void dt_conv_portable_forward(float *out, float *save, float *scratch, const float *inp, const float *w,
+                              const float *b, const dt_conv_shape *s);
+void dt_conv_portable_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
+                               const float *save, const float *w, const dt_conv_shape *s, int set_dinp);
 
 #endif

@@ -50,8 +50,9 @@ void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, co
 }
 
 // ----------------------------------------------------------------------------
-// conv2d: oneDNN's direct convolutions (src/kernels/conv.c). `col` keeps what
-// forward saves for backward, then forward's scratch; `dcol` is backward's.
+// conv2d: src/kernels/conv.c (oneDNN's direct convolutions, or the portable
+// path). `col` keeps what forward saves for backward, then forward's
+// scratch; `dcol` is backward's.
 
 size_t dt_conv2d_col_size(int B, int IC, int H, int W, int OC, int K, int S, int P) {
     dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0, 0, 0, 0};

@@ -104,9 +104,6 @@ static dt_status plan_layer(layer_t *l, int idx) {
     }
     case DT_LAYER_CONV2D: {
         int K = s->kernel, S = s->stride ? s->stride : 1, P = s->pad;
-        if (!dt_conv_available())
-            return dt_error(DT_ERR_ARG, "layer %d (%s): convolutions need oneDNN, which this build of dtrain lacks "
-                            "(install libdnnl-dev and rebuild)", idx, kn);
         if (s->out <= 0 || K <= 0 || S <= 0 || P < 0)
             return dt_error(DT_ERR_ARG, "layer %d (%s): need out > 0, kernel > 0, stride > 0, pad >= 0",
                             idx, kn);
