@@ -242,7 +242,7 @@ DT_API dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt
  * synchronously. m is the model (state_only: its blocks' buffers are not
  * read; opt_step, tensors, the extra state are), s the training state;
  * rank r of `world` writes DIR/step-N/shard-r-of-world, its range [begin,
- * end) of dt_shard_range(m->nparams, r, world) (dt_ckpt_pieces_range).
+ * end) = dt_shard_range(m->nparams, r, world).
  * Pieces come in the checksum's order: each optimizer state's range in
  * turn (j = 0, 1), then the parameters' (j = -1), each from its begin,
  * contiguous; anything else is DT_ERR_INTERNAL. close writes the checksum
@@ -253,7 +253,6 @@ DT_API dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt
 typedef struct dt_ckpt_pieces dt_ckpt_pieces;
 DT_API dt_status dt_ckpt_pieces_open(dt_ckpt_pieces **w, const char *dir, const dt_ckpt_model *m,
                                      const dt_train_state *s, int rank, int world);
-DT_API void dt_ckpt_pieces_range(const dt_ckpt_pieces *w, size_t *begin, size_t *end);
 DT_API dt_status dt_ckpt_pieces_put(dt_ckpt_pieces *w, int j, size_t at, const float *x, size_t n);
 DT_API dt_status dt_ckpt_pieces_close(dt_ckpt_pieces *w, int keep, double timeout);
 DT_API void dt_ckpt_pieces_abort(dt_ckpt_pieces *w);

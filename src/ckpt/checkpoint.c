@@ -1764,12 +1764,15 @@ struct dt_ckpt_pieces {
 static dt_status pieces_feed(dt_ckpt_pieces *w, const dt_st_tensor *t, size_t at, const void *bytes, size_t len) {
     while (w->next < w->n && w->sorted[w->next] != t) {
         const dt_st_tensor *u = w->sorted[w->next];
-        if (!u->data || w->done)
+        if ((!u->data && u->nbytes) || w->done)  // (an empty range has nothing to come)
             return dt_error(DT_ERR_INTERNAL, "%s: tensor '%s' written before '%s' is complete", w->path, t ? t->name : "(end)",
                             u->name);
-        w->crc = dt_crc32c(crc_head(w->crc, u), u->data, u->nbytes);
-        dt_status st = dt_atomic_write_at(w->f, w->off[u - w->t], u->data, u->nbytes);
-        if (st != DT_OK) return st;
+        w->crc = crc_head(w->crc, u);
+        if (u->nbytes) {
+            w->crc = dt_crc32c(w->crc, u->data, u->nbytes);
+            dt_status st = dt_atomic_write_at(w->f, w->off[u - w->t], u->data, u->nbytes);
+            if (st != DT_OK) return st;
+        }
         w->next++;
     }
     if (!t) return DT_OK;
@@ -1825,11 +1828,6 @@ dt_status dt_ckpt_pieces_open(dt_ckpt_pieces **out, const char *dir, const dt_ck
     }
     *out = w;
     return DT_OK;
-}
-
-void dt_ckpt_pieces_range(const dt_ckpt_pieces *w, size_t *begin, size_t *end) {
-    *begin = w->begin;
-    *end = w->end;
 }
 
 dt_status dt_ckpt_pieces_put(dt_ckpt_pieces *w, int j, size_t at, const float *x, size_t n) {
