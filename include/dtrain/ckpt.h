@@ -155,6 +155,11 @@ typedef struct {
      * staged slice): the background writer writes from them, with no
      * snapshot copy of its own. */
     int stable;
+    /* The buffers (params, states) are not there: readers fill the training
+     * state and opt_step alone, and the strategy reads and writes the
+     * blocks itself, a piece at a time (dt_ckpt_read_range,
+     * dt_ckpt_pieces); the background writer refuses to save it. */
+    int state_only;
     const dt_st_meta *weights_meta;/* metadata the weights file of this model
                                       carries (a GPT's shape), kept for export */
     int nweights_meta;
@@ -204,6 +209,20 @@ DT_API dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train
  * with dt_st_close. part = -1 opens nothing (out may be NULL): *parts
  * alone, from the index. */
 DT_API dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *parts);
+/* The one reader of weights and checkpoints: path is a file or a sharded
+ * checkpoint's directory (every shard verified, then gathered as a view of
+ * the shards, which reads through them); a file that carries a
+ * checkpoint's metadata is verified (format version, checksum, every value
+ * in range) before it is returned. A lone shard is DT_ERR_CONFIG.
+ * *is_ckpt (may be NULL): whether it is a checkpoint rather than plain
+ * weights. Close *out with dt_st_close. */
+DT_API dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt);
+/* Elements [lo, hi) of checkpoint f's parameter block (j = -1: through
+ * m's tensors, by name and offset) or of its optimizer state j, read into
+ * dst (hi - lo floats); `what` names f in errors. DT_ERR_FORMAT when f
+ * lacks a tensor of m's size. Only those bytes are read. */
+DT_API dt_status dt_ckpt_read_range(const dt_st_file *f, const char *what, const dt_ckpt_model *m, int j, size_t lo,
+                                    size_t hi, float *dst);
 /* Prints a checkpoint's (or weights file's) metadata and tensors, and
  * whether its checksum holds; DT_ERR_FORMAT if it does not. */
 DT_API dt_status dt_ckpt_inspect(const char *path, FILE *out);
@@ -215,6 +234,28 @@ DT_API dt_status dt_ckpt_export_weights(const char *ckpt, const char *out);
  * DT_BF16 or DT_F16 (rounded to nearest even; inference weights for other
  * tools, half the bytes). */
 DT_API dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype t);
+
+/* A rank's shard of a sharded checkpoint written a piece at a time, for a
+ * rank that never holds its slice of the state whole (a model in parts,
+ * assembled a piece at a time: docs/checkpoints.md "Staging"): the same
+ * file write_shard's background writer writes, byte for byte, written
+ * synchronously. m is the model (state_only: its blocks' buffers are not
+ * read; opt_step, tensors, the extra state are), s the training state;
+ * rank r of `world` writes DIR/step-N/shard-r-of-world, its range [begin,
+ * end) = dt_shard_range(m->nparams, r, world).
+ * Pieces come in the checksum's order: each optimizer state's range in
+ * turn (j = 0, 1), then the parameters' (j = -1), each from its begin,
+ * contiguous; anything else is DT_ERR_INTERNAL. close writes the checksum
+ * into the header and commits the file (temp file, fsync, rename); on rank
+ * 0 it then waits up to `timeout` seconds for every other shard, writes
+ * index.json and COMPLETE, and keeps the newest `keep` checkpoints. It
+ * frees w whatever it returns; abort drops an unfinished file. */
+typedef struct dt_ckpt_pieces dt_ckpt_pieces;
+DT_API dt_status dt_ckpt_pieces_open(dt_ckpt_pieces **w, const char *dir, const dt_ckpt_model *m,
+                                     const dt_train_state *s, int rank, int world);
+DT_API dt_status dt_ckpt_pieces_put(dt_ckpt_pieces *w, int j, size_t at, const float *x, size_t n);
+DT_API dt_status dt_ckpt_pieces_close(dt_ckpt_pieces *w, int keep, double timeout);
+DT_API void dt_ckpt_pieces_abort(dt_ckpt_pieces *w);
 
 /* The checkpoints of a directory, newest step first:
  * DIR/step-NNNNNNNN.safetensors files and DIR/step-NNNNNNNN/ sharded ones.

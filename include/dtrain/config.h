@@ -58,6 +58,9 @@ typedef enum {
     DT_COMP_TOPK, DT_COMP_RANDOMK, DT_COMP_POWERSGD
 } dt_comp_method;
 
+/* [checkpoint] staging (docs/checkpoints.md "Staging"). */
+typedef enum { DT_STAGING_AUTO, DT_STAGING_SLICE, DT_STAGING_PIECES } dt_staging;
+
 typedef struct {
     char name[64];                 /* run name (default: config file stem) */
     /* [model] */
@@ -153,6 +156,8 @@ typedef struct {
     float ckpt_every_seconds;      /* 0 = not by time */
     int ckpt_keep;                 /* newest checkpoints kept */
     int ckpt_sharded;              /* every rank writes its slice (step-N/ directories) */
+    int ckpt_staging;              /* a model in parts' checkpoints: DT_STAGING_AUTO, _SLICE (staged, written in
+                                      the background) or _PIECES (written a piece at a time, synchronously) */
     int ckpt_allow_changes;        /* resume a checkpoint written with another [model] or [data] */
     char resume[512];              /* "" none, "auto" RUN_DIR's newest, or a file/dir */
     /* [compression] (docs/compression.md) */

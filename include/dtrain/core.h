@@ -261,6 +261,9 @@ DT_API dt_status dt_write_atomic(const char *path, const void *const *parts,
 typedef struct dt_atomic_file dt_atomic_file;
 DT_API dt_status dt_atomic_open(dt_atomic_file **f, const char *path);
 DT_API dt_status dt_atomic_append(dt_atomic_file *f, const void *data, size_t n);
+/* Writes n bytes at byte offset `at` of the temporary file (a file written
+ * out of order: a header rewritten once the bytes after it are known). */
+DT_API dt_status dt_atomic_write_at(dt_atomic_file *f, size_t at, const void *data, size_t n);
 DT_API dt_status dt_atomic_commit(dt_atomic_file *f);
 DT_API void dt_atomic_abort(dt_atomic_file *f);
 

@@ -220,8 +220,17 @@ DT_API size_t dt_memory_activations(const dt_config *c, int W);
  * into *k (may be NULL). 0 when the data files' headers cannot be read. */
 typedef struct {
     size_t activations, model, checkpoints, data, program, total;
+    int ckpt_pieces;  /* checkpoints: a model in parts' written in pieces (dt_memory_ckpt_pieces) */
 } dt_memory_need;
 DT_API size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k);
+/* Whether a worker of W whose ranks keep parts of the model (tensor
+ * parallel, pipeline stages keeping their layers) writes its checkpoints a
+ * piece at a time, synchronously, rather than from a staged slice written
+ * in the background ([checkpoint] staging, docs/checkpoints.md "Staging"):
+ * staging = pieces, or auto with a cap (--memory-limit, dt_mem_limit) that
+ * the formula's need with the slice exceeds (the program counted as 64
+ * MiB, the same on every rank). 0 for a model not in parts. */
+DT_API int dt_memory_ckpt_pieces(const dt_config *c, int W);
 
 /* [parallel] offload = disk: offload_dir is set, a directory, and a file
  * can be created there; DT_ERR_CONFIG naming the field otherwise. (Its free

@@ -114,8 +114,13 @@ static uint64_t config_hash(const char *text) {
 static const char *const state_names[2] = {"optimizer.state.0", "optimizer.state.1"};
 
 // What m's buffers hold (ckpt.h): [*plo, *phi) of the parameter block and
-// [*slo, *shi) of each optimizer state; hi 0 means all.
+// [*slo, *shi) of each optimizer state (m's fields: hi 0 means all).
+// A model of state_only holds none of them: [0, 0).
 static void held(const dt_ckpt_model *m, size_t *plo, size_t *phi, size_t *slo, size_t *shi) {
+    if (m->state_only) {
+        *plo = *phi = *slo = *shi = 0;
+        return;
+    }
     *plo = m->params_hi ? m->params_lo : 0;
     *phi = m->params_hi ? m->params_hi : m->nparams;
     *slo = m->states_hi ? m->states_lo : 0;
@@ -124,6 +129,7 @@ static void held(const dt_ckpt_model *m, size_t *plo, size_t *phi, size_t *slo, 
 
 static int holds_all(const dt_ckpt_model *m) {
     size_t plo, phi, slo, shi;
+    if (m->state_only) return 0;
     held(m, &plo, &phi, &slo, &shi);
     return plo == 0 && phi == m->nparams && slo == 0 && shi == m->nparams;
 }
@@ -136,54 +142,81 @@ static dt_status read_overlap(float *dst, size_t dlo, size_t dhi, const dt_st_fi
     return a < b ? dt_st_read(f, t, a - lo, b - a, DT_F32, dst + (a - dlo)) : DT_OK;
 }
 
-// Writes tensors t[n] with the training state as metadata and the checksum.
+// A checkpoint's metadata: the values in key order (vals, pointing into
+// the struct itself: not to be copied), the loss scaler's ("" none), and,
+// once the checksum is known (meta_sum), the file's metadata list.
+typedef struct {
+    char num[NKEYS][64], rng[80], hash[24], crc[16], wmeta[2048], scaler[96], shard[128];
+    const char *vals[NKEYS];
+    dt_st_meta meta[NKEYS + 2];
+    int nmeta;
+} ckpt_meta;
+
 // shard: "" for a whole checkpoint, "BEGIN:END:NPARAMS:RANK:WORLD" for a shard.
+static void meta_make(ckpt_meta *k, const dt_ckpt_model *m, const dt_train_state *s, const char *shard) {
+    k->wmeta[0] = k->scaler[0] = 0;
+    // The weights file's metadata as "key=value" lines.
+    for (int i = 0; i < m->nweights_meta; i++) {
+        size_t l = strlen(k->wmeta);
+        snprintf(k->wmeta + l, sizeof k->wmeta - l, "%s=%s\n", m->weights_meta[i].key, m->weights_meta[i].value);
+    }
+    snprintf(k->num[K_VERSION], 64, "%d", DT_CKPT_VERSION);
+    snprintf(k->num[K_STEP], 64, "%" PRId64, s->step);
+    snprintf(k->num[K_EPOCH], 64, "%" PRId64, s->epoch);
+    snprintf(k->num[K_EPOCH_BATCH], 64, "%" PRId64, s->epoch_batch);
+    snprintf(k->num[K_EPOCH_STEPS], 64, "%" PRId64, s->epoch_steps);
+    snprintf(k->num[K_EPOCH_LOSS], 64, "%a", s->epoch_loss);  // hex float: exact
+    snprintf(k->num[K_WORLD], 64, "%d", s->world);
+    snprintf(k->rng, sizeof k->rng, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, s->rng.s[0], s->rng.s[1],
+             s->rng.s[2], s->rng.s[3]);
+    const char *cfg = m->config ? m->config : "";
+    snprintf(k->hash, sizeof k->hash, "%016" PRIx64, config_hash(cfg));
+    for (int i = 0; i < NKEYS; i++) k->vals[i] = k->num[i];
+    k->vals[K_FORMAT] = *shard ? "dtrain-checkpoint-shard" : "dtrain-checkpoint";
+    k->vals[K_RNG] = k->rng;
+    k->vals[K_OPTIMIZER] = m->optimizer ? m->optimizer : "";
+    k->vals[K_CONFIG] = cfg;
+    k->vals[K_CONFIG_HASH] = k->hash;
+    k->vals[K_WEIGHTS_META] = k->wmeta;
+    snprintf(k->shard, sizeof k->shard, "%s", shard);
+    k->vals[K_SHARD] = k->shard;
+    k->vals[K_DTRAIN_VERSION] = dt_version();
+    if (s->loss_scale > 0)
+        snprintf(k->scaler, sizeof k->scaler, "%a %" PRId64 " %" PRId64, (double)s->loss_scale, s->scale_clean,
+                 s->scale_skipped);
+}
+
+// The metadata list with the checksum `sum` (always 8 hex digits: a file's
+// header has the same length whatever its checksum).
+static void meta_sum(ckpt_meta *k, uint32_t sum) {
+    snprintf(k->crc, sizeof k->crc, "%08x", sum);
+    for (int i = 0; i < NKEYS; i++) k->meta[i] = (dt_st_meta){keys[i], k->vals[i]};
+    k->meta[NKEYS] = (dt_st_meta){"checksum", k->crc};
+    k->nmeta = NKEYS + 1;
+    if (*k->scaler) k->meta[k->nmeta++] = (dt_st_meta){KEY_SCALER, k->scaler};
+}
+
+// Writes tensors t[n] with the training state as metadata and the checksum.
 static dt_status write_ckpt(const char *path, const dt_st_tensor *t, int n, const dt_ckpt_model *m,
                             const dt_train_state *s, const char *shard) {
     const dt_st_tensor **tp = calloc((size_t)n, sizeof *tp);
-    if (!tp) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
-    for (int i = 0; i < n; i++) tp[i] = &t[i];
-    char num[NKEYS][64], rng[80], hash[24], crc[16], wmeta[2048] = "", scaler[96] = "";
-    // The weights file's metadata as "key=value" lines.
-    for (int i = 0; i < m->nweights_meta; i++) {
-        size_t l = strlen(wmeta);
-        snprintf(wmeta + l, sizeof wmeta - l, "%s=%s\n", m->weights_meta[i].key, m->weights_meta[i].value);
+    ckpt_meta *k = malloc(sizeof *k);
+    if (!tp || !k) {
+        free(tp);
+        free(k);
+        return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
-    const char *vals[NKEYS];
-    snprintf(num[K_VERSION], 64, "%d", DT_CKPT_VERSION);
-    snprintf(num[K_STEP], 64, "%" PRId64, s->step);
-    snprintf(num[K_EPOCH], 64, "%" PRId64, s->epoch);
-    snprintf(num[K_EPOCH_BATCH], 64, "%" PRId64, s->epoch_batch);
-    snprintf(num[K_EPOCH_STEPS], 64, "%" PRId64, s->epoch_steps);
-    snprintf(num[K_EPOCH_LOSS], 64, "%a", s->epoch_loss);  // hex float: exact
-    snprintf(num[K_WORLD], 64, "%d", s->world);
-    snprintf(rng, sizeof rng, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, s->rng.s[0], s->rng.s[1],
-             s->rng.s[2], s->rng.s[3]);
-    const char *cfg = m->config ? m->config : "";
-    snprintf(hash, sizeof hash, "%016" PRIx64, config_hash(cfg));
-    for (int k = 0; k < NKEYS; k++) vals[k] = num[k];
-    vals[K_FORMAT] = *shard ? "dtrain-checkpoint-shard" : "dtrain-checkpoint";
-    vals[K_RNG] = rng;
-    vals[K_OPTIMIZER] = m->optimizer ? m->optimizer : "";
-    vals[K_CONFIG] = cfg;
-    vals[K_CONFIG_HASH] = hash;
-    vals[K_WEIGHTS_META] = wmeta;
-    vals[K_SHARD] = shard;
-    vals[K_DTRAIN_VERSION] = dt_version();
-    if (s->loss_scale > 0)
-        snprintf(scaler, sizeof scaler, "%a %" PRId64 " %" PRId64, (double)s->loss_scale, s->scale_clean,
-                 s->scale_skipped);
+    for (int i = 0; i < n; i++) tp[i] = &t[i];
+    meta_make(k, m, s, shard);
     uint32_t sum = 0;
-    dt_status st = checksum(tp, n, vals, *scaler ? scaler : NULL, path, &sum);
+    dt_status st = checksum(tp, n, k->vals, *k->scaler ? k->scaler : NULL, path, &sum);
     free(tp);
-    if (st != DT_OK) return st;
-    snprintf(crc, sizeof crc, "%08x", sum);
-    dt_st_meta meta[NKEYS + 2];
-    for (int k = 0; k < NKEYS; k++) meta[k] = (dt_st_meta){keys[k], vals[k]};
-    meta[NKEYS] = (dt_st_meta){"checksum", crc};
-    int nmeta = NKEYS + 1;
-    if (*scaler) meta[nmeta++] = (dt_st_meta){KEY_SCALER, scaler};
-    return dt_st_write(path, t, n, meta, nmeta);
+    if (st == DT_OK) {
+        meta_sum(k, sum);
+        st = dt_st_write(path, t, n, k->meta, k->nmeta);
+    }
+    free(k);
+    return st;
 }
 
 dt_status dt_ckpt_write(const char *path, const dt_ckpt_model *m, const dt_train_state *s) {
@@ -221,25 +254,37 @@ static dt_status extra_tensors(const dt_ckpt_model *m, dt_st_tensor *t, const ch
     return DT_OK;
 }
 
-// A shard: the slice [begin, end) of the parameter block and of each
-// optimizer state, as "params" and "optimizer.state.J" (m's buffers hold
-// that slice at their start: a snapshot), the step count, and the rank's
-// extra state.
+// A shard's tensors: the slice [begin, end) of the parameter block and of
+// each optimizer state, as "params" and "optimizer.state.J" (their data m's
+// buffers, which hold that slice at their start: a snapshot; NULL in a
+// model of state_only), the step count, and the rank's extra state; into
+// t[4 + DT_CKPT_MAX_EXTRA], *n of them.
+static dt_status shard_tensors(const dt_ckpt_model *m, size_t begin, size_t end, const char *what, dt_st_tensor *t,
+                               int *n) {
+    int64_t len = (int64_t)(end - begin);
+    int k = 0;
+    t[k++] = (dt_st_tensor){"params", DT_F32, 1, {len}, m->params, (size_t)len * sizeof(float)};
+    for (int j = 0; j < m->nstates; j++)
+        t[k++] = (dt_st_tensor){state_names[j], DT_F32, 1, {len}, m->states[j], (size_t)len * sizeof(float)};
+    t[k++] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
+    int nx;
+    dt_status st = extra_tensors(m, t + k, what, &nx);
+    *n = k + (st == DT_OK ? nx : 0);
+    return st;
+}
+
+static void shard_label(char *buf, size_t n, const dt_ckpt_model *m, size_t begin, size_t end, int rank, int world) {
+    snprintf(buf, n, "%zu:%zu:%zu:%d:%d", begin, end, m->nparams, rank, world);
+}
+
 static dt_status write_shard(const char *path, const dt_ckpt_model *m, const dt_train_state *s, size_t begin,
                              size_t end, int rank, int world) {
-    int64_t len = (int64_t)(end - begin);
     dt_st_tensor t[4 + DT_CKPT_MAX_EXTRA];
-    int n = 0;
-    t[n++] = (dt_st_tensor){"params", DT_F32, 1, {len}, m->params, (size_t)len * sizeof(float)};
-    for (int j = 0; j < m->nstates; j++)
-        t[n++] = (dt_st_tensor){state_names[j], DT_F32, 1, {len}, m->states[j], (size_t)len * sizeof(float)};
-    t[n++] = (dt_st_tensor){"optimizer.step", DT_I64, 1, {1}, m->opt_step, sizeof(int64_t)};
-    int nx;
-    dt_status st = extra_tensors(m, t + n, path, &nx);
+    int n;
+    dt_status st = shard_tensors(m, begin, end, path, t, &n);
     if (st != DT_OK) return st;
-    n += nx;
     char shard[128];
-    snprintf(shard, sizeof shard, "%zu:%zu:%zu:%d:%d", begin, end, m->nparams, rank, world);
+    shard_label(shard, sizeof shard, m, begin, end, rank, world);
     return write_ckpt(path, t, n, m, s, shard);
 }
 
@@ -898,8 +943,8 @@ static dt_status read_sharded(const char *dir, const dt_ckpt_model *m, dt_train_
     scratch.opt_step = &opt_step;
     dt_train_state ns;
     if ((st = load_shards(dir, &ix, &scratch, &ns)) != DT_OK) goto done;
-    memcpy(m->params, tmp, sizeof(float) * pn);
-    for (int j = 0; j < m->nstates; j++) memcpy(m->states[j], scratch.states[j], sizeof(float) * sn);
+    if (pn) memcpy(m->params, tmp, sizeof(float) * pn);
+    for (int j = 0; j < m->nstates && sn; j++) memcpy(m->states[j], scratch.states[j], sizeof(float) * sn);
     *m->opt_step = opt_step;
     *s = ns;
 done:
@@ -1361,30 +1406,38 @@ static void prune(const char *dir, int keep) {
     free_list(paths, n);
 }
 
+// Rank 0, its shard written: waits (up to `timeout` seconds; *cancel stops
+// it) for the other ranks' shards of checkpoint dir (a shard's final name
+// appears only once it is durable), then for the workers' own files
+// (dt_ckpt_write_own, `own` of them), and marks the checkpoint complete.
+static dt_status finish_sharded(const char *dir, const dt_ckpt_model *m, const dt_train_state *s, int world, int own,
+                                double timeout, const _Atomic int *cancel) {
+    char path[4400];
+    double deadline = dt_now() + timeout;
+    for (int r = 1; r < world + own; r++) {
+        int is_own = r >= world, k = is_own ? r - world : r;
+        if (is_own) own_path(path, sizeof path, dir, k, own);
+        else shard_path(path, sizeof path, dir, k, world);
+        while (access(path, F_OK) != 0) {
+            if (cancel && *cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
+            if (dt_now() > deadline)
+                return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path,
+                                is_own ? "worker" : "rank", k, is_own ? "own state" : "shard", timeout);
+            usleep(5000);
+        }
+    }
+    return write_index(dir, m, s, world);
+}
+
 // Sharded: this rank's shard into DIR/step-N/; rank 0 then waits for the
-// others' shards (a shard's final name appears only once it is durable) and
-// marks the checkpoint complete.
+// others' shards and marks the checkpoint complete.
 static dt_status write_sharded(dt_ckpt_writer *w, const char *dir, const dt_train_state *s) {
     dt_status st = dt_make_dirs(dir);
     char path[4400];
     shard_path(path, sizeof path, dir, w->rank, w->world);
     if (st == DT_OK) st = write_shard(path, &w->snap, s, w->begin, w->end, w->rank, w->world);
     if (st != DT_OK || w->rank != 0) return st;
-    double deadline = dt_now() + w->shard_timeout;
-    // the other ranks' shards, then the workers' own files (dt_ckpt_write_own)
-    for (int r = 1; r < w->world + w->own; r++) {
-        int own = r >= w->world, k = own ? r - w->world : r;
-        if (own) own_path(path, sizeof path, dir, k, w->own);
-        else shard_path(path, sizeof path, dir, k, w->world);
-        while (access(path, F_OK) != 0) {
-            if (w->cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
-            if (dt_now() > deadline)
-                return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path, own ? "worker" : "rank",
-                                k, own ? "own state" : "shard", w->shard_timeout);
-            usleep(5000);
-        }
-    }
-    return write_index(dir, &w->live, s, w->world);
+    return finish_sharded(dir, &w->live, s, w->world, w->own, w->shard_timeout, &w->cancel);
 }
 
 // The snapshot's extra tensors: the model's extra() for the writer thread.
@@ -1490,7 +1543,7 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     // slice comes from the same dt_shard_range).
     size_t plo, phi, slo, shi;
     held(m, &plo, &phi, &slo, &shi);
-    if (w->begin < plo || w->end > phi || w->begin < slo || w->end > shi) {
+    if (!m->state_only && (w->begin < plo || w->end > phi || w->begin < slo || w->end > shi)) {
         st = dt_error(DT_ERR_ARG, "checkpoint writer, rank %d of %d: its shard [%zu, %zu) is not inside what it holds (parameters [%zu, %zu), optimizer state [%zu, %zu))",
                       rank, world, w->begin, w->end, plo, phi, slo, shi);
         free(w);
@@ -1501,14 +1554,14 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     w->snap = *m;
     w->snap.params_lo = w->snap.states_lo = w->begin;
     w->snap.params_hi = w->snap.states_hi = w->end;
-    w->buf = m->stable ? NULL : dt_alloc(sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates));
-    if (!w->buf && !m->stable) {
+    w->buf = m->stable || m->state_only ? NULL : dt_alloc(sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates));
+    if (!w->buf && !m->stable && !m->state_only) {
         free(w);
         return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: out of memory (%zu parameters)", m->nparams);
     }
     w->snap.params = w->buf;
     for (int j = 0; j < m->nstates && w->buf; j++) w->snap.states[j] = w->buf + len * (size_t)(1 + j);
-    if (m->stable) {  // the live buffers are the snapshot
+    if (m->stable && !m->state_only) {  // the live buffers are the snapshot
         w->snap.params = m->params + (w->begin - plo);
         for (int j = 0; j < m->nstates; j++) w->snap.states[j] = m->states[j] + (w->begin - slo);
     }
@@ -1606,6 +1659,10 @@ dt_status dt_ckpt_writer_save(dt_ckpt_writer *w, const dt_train_state *s) {
     pthread_mutex_lock(&w->mu);
     while (w->pending || w->busy) pthread_cond_wait(&w->cv, &w->mu);
     dt_status st = w->err, snap = DT_OK;
+    if (w->live.state_only) {  // (nothing to write from: the strategy writes it, dt_ckpt_pieces)
+        pthread_mutex_unlock(&w->mu);
+        return dt_error(DT_ERR_INTERNAL, "checkpoint writer: the model holds the training state alone");
+    }
     if (st == DT_OK) {
         size_t len = w->end - w->begin;
         size_t plo, phi, slo, shi;
@@ -1673,4 +1730,167 @@ void dt_ckpt_writer_free(dt_ckpt_writer *w) {
     dt_free(w->buf);
     free(w->xbuf);
     free(w);
+}
+
+// ----------------------------------------------------------------------------
+// a shard written a piece at a time (dt_ckpt_pieces)
+//
+// The file is what write_shard writes, byte for byte: the header (made
+// first with a placeholder checksum: 8 hex digits either way, so the same
+// length), the tensors' bytes at their offsets as the pieces come, the
+// checksum over them in name order (crc_head, then the bytes), and the
+// header again with it.
+
+struct dt_ckpt_pieces {
+    char dir[4200], path[4400];
+    const dt_ckpt_model *m;
+    dt_train_state s;
+    int rank, world;
+    size_t begin, end;
+    dt_st_tensor t[4 + DT_CKPT_MAX_EXTRA];
+    int n;
+    const dt_st_tensor *sorted[4 + DT_CKPT_MAX_EXTRA];  // t in name order: the checksum's
+    size_t off[4 + DT_CKPT_MAX_EXTRA];                  // each one's bytes in the file
+    int next;                                           // the sorted tensor the checksum is in
+    size_t done;                                        // ... and its bytes summed so far
+    uint32_t crc;
+    ckpt_meta k;
+    dt_atomic_file *f;
+};
+
+// Sums (and writes) t's bytes [at, at + len) into the checksum: the tensors
+// before it in name order must be complete, those held in memory (data
+// set: the step count, the extra state) are summed and written on the way.
+static dt_status pieces_feed(dt_ckpt_pieces *w, const dt_st_tensor *t, size_t at, const void *bytes, size_t len) {
+    while (w->next < w->n && w->sorted[w->next] != t) {
+        const dt_st_tensor *u = w->sorted[w->next];
+        if ((!u->data && u->nbytes) || w->done)  // (an empty range has nothing to come)
+            return dt_error(DT_ERR_INTERNAL, "%s: tensor '%s' written before '%s' is complete", w->path, t ? t->name : "(end)",
+                            u->name);
+        w->crc = crc_head(w->crc, u);
+        if (u->nbytes) {
+            w->crc = dt_crc32c(w->crc, u->data, u->nbytes);
+            dt_status st = dt_atomic_write_at(w->f, w->off[u - w->t], u->data, u->nbytes);
+            if (st != DT_OK) return st;
+        }
+        w->next++;
+    }
+    if (!t) return DT_OK;
+    if (w->next == w->n || at != w->done || at + len > t->nbytes)
+        return dt_error(DT_ERR_INTERNAL, "%s: tensor '%s': bytes [%zu, %zu) out of order (%zu of %zu written)", w->path,
+                        t->name, at, at + len, w->done, t->nbytes);
+    if (at == 0) w->crc = crc_head(w->crc, t);
+    w->crc = dt_crc32c(w->crc, bytes, len);
+    dt_status st = dt_atomic_write_at(w->f, w->off[t - w->t] + at, bytes, len);
+    if (st != DT_OK) return st;
+    w->done += len;
+    if (w->done == t->nbytes) w->next++, w->done = 0;
+    return DT_OK;
+}
+
+dt_status dt_ckpt_pieces_open(dt_ckpt_pieces **out, const char *dir, const dt_ckpt_model *m, const dt_train_state *s,
+                              int rank, int world) {
+    *out = NULL;
+    dt_ckpt_pieces *w = calloc(1, sizeof *w);
+    if (!w) return dt_error(DT_ERR_NOMEM, "%s: out of memory", dir);
+    snprintf(w->dir, sizeof w->dir, "%s/step-%08lld", dir, (long long)s->step);
+    shard_path(w->path, sizeof w->path, w->dir, rank, world);
+    w->m = m;
+    w->s = *s;
+    w->rank = rank;
+    w->world = world;
+    dt_shard_range(m->nparams, rank, world, &w->begin, &w->end);
+    dt_ckpt_model none = *m;  // (the blocks' data come in pieces)
+    none.params = NULL;
+    for (int j = 0; j < 2; j++) none.states[j] = NULL;
+    char shard[128], *hdr = NULL;
+    size_t hlen = 0;
+    shard_label(shard, sizeof shard, m, w->begin, w->end, rank, world);
+    meta_make(&w->k, m, s, shard);
+    meta_sum(&w->k, 0);
+    dt_status st = shard_tensors(&none, w->begin, w->end, w->path, w->t, &w->n);
+    const dt_st_tensor *tp[4 + DT_CKPT_MAX_EXTRA];
+    for (int i = 0; i < w->n; i++) tp[i] = &w->t[i];
+    const dt_st_tensor **by = st == DT_OK ? by_name(tp, w->n, w->path) : NULL;
+    if (st == DT_OK && !by) st = DT_ERR_NOMEM;
+    if (by) memcpy(w->sorted, by, sizeof *by * (size_t)w->n);
+    free(by);
+    if (st == DT_OK) st = dt_st_header(w->path, w->t, w->n, w->k.meta, w->k.nmeta, &hdr, &hlen);
+    for (int i = 0; i < w->n && st == DT_OK; i++)
+        w->off[i] = hlen + (i ? w->off[i - 1] - hlen + w->t[i - 1].nbytes : 0);
+    if (st == DT_OK) st = dt_make_dirs(w->dir);
+    if (st == DT_OK) st = dt_atomic_open(&w->f, w->path);
+    if (st == DT_OK) st = dt_atomic_write_at(w->f, 0, hdr, hlen);
+    free(hdr);
+    if (st != DT_OK) {
+        dt_ckpt_pieces_abort(w);
+        return st;
+    }
+    *out = w;
+    return DT_OK;
+}
+
+dt_status dt_ckpt_pieces_put(dt_ckpt_pieces *w, int j, size_t at, const float *x, size_t n) {
+    if (j < -1 || j >= w->m->nstates || at < w->begin || at + n > w->end)
+        return dt_error(DT_ERR_INTERNAL, "%s: a piece [%zu, %zu) of block %d outside the shard [%zu, %zu)", w->path, at,
+                        at + n, j, w->begin, w->end);
+    return pieces_feed(w, &w->t[j + 1], sizeof(float) * (at - w->begin), x, sizeof(float) * n);
+}
+
+dt_status dt_ckpt_pieces_close(dt_ckpt_pieces *w, int keep, double timeout) {
+    dt_status st = pieces_feed(w, NULL, 0, NULL, 0);  // (what is held in memory, after the last piece)
+    if (st == DT_OK && (w->next != w->n || w->done))
+        st = dt_error(DT_ERR_INTERNAL, "%s: tensor '%s' incomplete", w->path, w->sorted[w->next]->name);
+    char *hdr = NULL;
+    size_t hlen;
+    if (st == DT_OK) {
+        meta_sum(&w->k, crc_meta(w->crc, w->k.vals, *w->k.scaler ? w->k.scaler : NULL));
+        st = dt_st_header(w->path, w->t, w->n, w->k.meta, w->k.nmeta, &hdr, &hlen);
+    }
+    if (st == DT_OK && hlen != w->off[0])
+        st = dt_error(DT_ERR_INTERNAL, "%s: the header's length changed with its checksum (%zu, %zu)", w->path, hlen, w->off[0]);
+    if (st == DT_OK) st = dt_atomic_write_at(w->f, 0, hdr, hlen);
+    free(hdr);
+    if (st == DT_OK) {
+        st = dt_atomic_commit(w->f);
+        w->f = NULL;
+    }
+    if (st == DT_OK && w->rank == 0) {
+        char parent[4200];
+        snprintf(parent, sizeof parent, "%s", w->dir);
+        *strrchr(parent, '/') = 0;
+        st = finish_sharded(w->dir, w->m, &w->s, w->world, 0, timeout, NULL);
+        if (st == DT_OK) prune(parent, keep < 1 ? 1 : keep);
+    }
+    dt_ckpt_pieces_abort(w);
+    return st;
+}
+
+void dt_ckpt_pieces_abort(dt_ckpt_pieces *w) {
+    if (!w) return;
+    dt_atomic_abort(w->f);
+    free(w);
+}
+
+// ----------------------------------------------------------------------------
+// a range of a checkpoint's block
+
+dt_status dt_ckpt_read_range(const dt_st_file *f, const char *what, const dt_ckpt_model *m, int j, size_t lo, size_t hi,
+                             float *dst) {
+    if (j >= 0) {
+        const dt_st_tensor *t = j < 2 ? dt_st_find(f, state_names[j]) : NULL;
+        if (!t || t->dtype != DT_F32 || t->nbytes != sizeof(float) * m->nparams)
+            return dt_error(DT_ERR_FORMAT, "%s: no optimizer state %d of %zu F32 values", what, j, m->nparams);
+        return read_overlap(dst, lo, hi, f, t, 0, m->nparams);
+    }
+    dt_status st = DT_OK;
+    for (int i = 0; i < m->ntensors && st == DT_OK; i++) {
+        const dt_tensor_info *ti = &m->tensors[i];
+        if (ti->offset >= hi || ti->offset + ti->numel <= lo) continue;
+        const dt_st_tensor *t = dt_st_find(f, ti->name);
+        if (!t || t->dtype != DT_F32 || t->nbytes != sizeof(float) * ti->numel)
+            return dt_error(DT_ERR_FORMAT, "%s: no tensor '%s' of %zu F32 values", what, ti->name, ti->numel);
+        st = read_overlap(dst, lo, hi, f, t, ti->offset, ti->offset + ti->numel);
+    }
+    return st;
 }

@@ -26,14 +26,6 @@ dt_st_file *dt_st_compose_kid(const dt_st_file *v, int i);
 dt_status dt_st_compose_take(dt_st_file *v, const dt_st_file *kid, const dt_st_tensor *kt, size_t first, size_t n);
 dt_status dt_st_compose_end(dt_st_file *v);
 
-/* The one reader of weights and checkpoints (checkpoint.c): path is a file
- * or a sharded checkpoint's directory (every shard verified, then gathered
- * as a view of the shards: dt_st_compose); a file that carries a checkpoint's metadata is verified (format
- * version, checksum, every value in range) before it is returned. A lone
- * shard is DT_ERR_CONFIG. *is_ckpt (may be NULL): whether it is a
- * checkpoint rather than plain weights. */
-dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt);
-
 /* Metadata value for key, or for a checkpoint the value its weights file
  * had (the "key=value" lines of its weights_meta, copied into buf of n
  * bytes); NULL if neither. */

@@ -119,6 +119,21 @@ dt_status dt_atomic_append(dt_atomic_file *f, const void *data, size_t n) {
     return DT_OK;
 }
 
+dt_status dt_atomic_write_at(dt_atomic_file *f, size_t at, const void *data, size_t n) {
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = pwrite(f->fd, p, n, (off_t)at);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return dt_error(DT_ERR_IO, "%s: write at byte %zu failed: %s", f->tmp, at, strerror(errno));
+        }
+        p += w;
+        at += (size_t)w;
+        n -= (size_t)w;
+    }
+    return DT_OK;
+}
+
 void dt_atomic_abort(dt_atomic_file *f) {
     if (!f) return;
     close(f->fd);

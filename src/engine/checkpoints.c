@@ -70,7 +70,7 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     if ((st = dt_broadcast(used, used, n, DT_U8, 0, r->comm)) != DT_OK) return st;
     used[n - 1] = 0;
     if (sliced(&r->model)) {
-        if (dt_comm_rank(r->comm) == 0) return DT_OK;
+        if (dt_comm_rank(r->comm) == 0 || r->model.state_only) return DT_OK;  // (state_only: the strategy reads it)
         dt_train_state mine;
         if ((st = dt_ckpt_read(used, &r->model, &mine)) != DT_OK)
             return dt_error(st, "rank %d, reading its slice of %s: %s", dt_comm_rank(r->comm), used, dt_last_error());
@@ -274,6 +274,7 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     plain.ckpt_every_seconds = d.ckpt_every_seconds;
     plain.ckpt_keep = d.ckpt_keep;
     plain.ckpt_sharded = d.ckpt_sharded;
+    plain.ckpt_staging = d.ckpt_staging;
     plain.ckpt_allow_changes = d.ckpt_allow_changes;
     plain.metrics_port = d.metrics_port;
     memcpy(plain.metrics_addr, d.metrics_addr, sizeof d.metrics_addr);

@@ -596,8 +596,9 @@ static void describe(const run_state *r, const char *wcopy) {
     dt_memory_need m;
     if (dt_memory_worker(c, r->W, &m))
         dt_log(DT_LOG_INFO, "memory of a worker by the formula: %.1f MiB = model state %.1f + activations %.1f + "
-                            "checkpoints %.1f + data %.1f + the program %.1f MiB (docs/model-parallel.md)",
+                            "checkpoints %.1f%s + data %.1f + the program %.1f MiB (docs/model-parallel.md)",
                m.total / 1048576.0, m.model / 1048576.0, m.activations / 1048576.0, m.checkpoints / 1048576.0,
+               m.ckpt_pieces ? " (written in pieces)" : "",
                m.data / 1048576.0, m.program / 1048576.0);
 }
 

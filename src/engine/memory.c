@@ -25,6 +25,8 @@
 typedef struct {
     size_t act, model, data;
     size_t ckpt;         // checkpoints' staging and snapshot, the weights file's pieces, or reading one
+    size_t ckpt_pieces;  // ... with a model in parts' checkpoints written in pieces (0: not in parts)
+    int pieces;          // ckpt is that figure ([checkpoint] staging: staging())
     size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
     char field[64], value[64];
@@ -109,8 +111,11 @@ size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int 
 // model in parts' staged slice is that snapshot, engine/strategies/pipeline.c),
 // and the weights file's pieces (dt_run_weights_write: up to 4 Mi floats,
 // or the largest tensor, `big`; rank 0 sums the others' into a second);
-// parts: a pipeline's stages keep their layers alone.
-static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts);
+// parts: a pipeline's stages keep their layers alone. in_pieces: a model
+// in parts writes its checkpoints a piece at a time ([checkpoint] staging
+// = pieces): two pieces (what the rank puts in, the sum it writes) instead
+// of the slice.
+static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts, int in_pieces);
 
 // Reading a checkpoint or a weights file ([checkpoint] resume, [model]
 // init_from, the weights eval and sample load) holds the headers and one
@@ -127,16 +132,37 @@ static size_t read_need(const dt_config *c, dt_mem_use use) {
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
-static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts) {
+// Ranks keep parts of the model (tensor-parallel shards, or pipeline
+// stages that keep their layers: parts): checkpoints are staged or written
+// in pieces ([checkpoint] staging).
+static int in_parts(const dt_config *c, int W, int parts) { return parts || (c->tensor > 1 && W >= c->tensor); }
+
+static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts, int in_pieces) {
     size_t F = sizeof(float), per = (size_t)(1 + optim_states(c)), piece = (size_t)4 << 20;
-    int tp = parts || (c->tensor > 1 && W >= c->tensor);  // (ranks keeping parts: staged slices)
+    int tp = in_parts(c, W, parts);  // (ranks keeping parts: staged slices)
     int sliced = W > 1 && (c->zero > 0 || tp || c->ckpt_sharded);
     size_t pieces = (tp || (W > 1 && c->zero >= 3) ? 2 : 1) * F * (big < piece ? big : piece);
     if (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) return pieces;
     size_t slice = sliced ? (np_whole + (size_t)W - 1) / (size_t)W : np_whole;
+    if (tp && in_pieces) return sat_add(pieces, 2 * F * (slice < piece ? slice : piece));
     // (parts: the staged slice is the writer's snapshot; the piece it is assembled in)
     if (tp) pieces += F * (slice < piece ? slice : piece);
     return sat_add(pieces, sat_mul(F * per, slice));
+}
+
+// The program's memory as the choice of staging counts it: a constant, so
+// that every rank makes the same choice (its own resident memory differs).
+#define STAGING_PROGRAM ((size_t)64 << 20)
+
+// [checkpoint] staging for a model in parts (n->ckpt_pieces set): pieces
+// when asked, or (auto) when a worker's cap (--memory-limit) is set and the
+// staged slice would take its need past it; n->ckpt gets that figure.
+static void staging(const dt_config *c, need_t *n) {
+    size_t lim = dt_mem_limit(NULL);
+    if (!n->ckpt_pieces || c->ckpt_staging == DT_STAGING_SLICE) return;
+    size_t with_slice = sat_add(sat_add(sat_add(n->act, n->model), sat_add(n->data, n->ckpt)), STAGING_PROGRAM);
+    n->pieces = c->ckpt_staging == DT_STAGING_PIECES || (lim && with_slice > lim);
+    if (n->pieces) n->ckpt = n->ckpt_pieces;
 }
 
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
@@ -174,7 +200,9 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     else if ((st = dt_model_memory(c->input, c->layers, c->nlayers, 1, &whole, &wact)) != DT_OK) return st;
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
-    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, whole, whole, W, 0) : 0);
+    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, whole, whole, W, 0, 0) : 0);
+    if (use == DT_MEM_TRAIN && in_parts(c, W, 0))
+        n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, whole, whole, W, 0, 1));
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
@@ -183,6 +211,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
         n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
     if (!strcmp(c->dataset, "hdf5")) snprintf(n->data_what, sizeof n->data_what, "[data] file = %s", c->data_file);
     else snprintf(n->data_what, sizeof n->data_what, "[data] dir = %s", c->data_dir);
+    staging(c, n);
     return DT_OK;
 }
 
@@ -249,9 +278,11 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     dt_gpt_param_shapes(&gc, t);
     size_t big = 0;
     for (int i = 0; i < 16; i++) big = t[i].numel > big ? t[i].numel : big;
-    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, dt_gpt_config_num_params(&gc), big, W,
-                                                                         np != held_params(c, &gc, ntp, np, W))
-                                                               : 0);
+    int parts = np != held_params(c, &gc, ntp, np, W);
+    n->ckpt = max_size(read_need(c, use),
+                       use == DT_MEM_TRAIN ? ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, parts, 0) : 0);
+    if (use == DT_MEM_TRAIN && in_parts(c, W, parts))
+        n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, parts, 1));
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last
     // one kept for backward, and the gradients of two blocks in flight to
@@ -268,6 +299,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s",
              use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);
+    staging(c, n);
 }
 
 size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {
@@ -275,10 +307,18 @@ size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {
     memset(&n, 0, sizeof n);
     if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
     else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
-    dt_memory_need m = {n.act, n.model, n.ckpt, n.data, baseline(), 0};
+    dt_memory_need m = {n.act, n.model, n.ckpt, n.data, baseline(), 0, n.pieces};
     m.total = sat_add(sat_add(sat_add(m.activations, m.model), sat_add(m.data, m.checkpoints)), m.program);
     if (k) *k = m;
     return m.total;
+}
+
+int dt_memory_ckpt_pieces(const dt_config *c, int W) {
+    need_t n;
+    memset(&n, 0, sizeof n);
+    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
+    else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return c->ckpt_staging == DT_STAGING_PIECES;
+    return n.pieces;
 }
 
 size_t dt_memory_activations(const dt_config *c, int W) {

@@ -99,6 +99,7 @@ static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", "interlea
 static const char *const pipeline_balance_names[] = {"measured", "flops", "count", NULL};  // dt_pipeline_balance_kind
 static const char *const offload_names[] = {"none", "disk", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
+static const char *const staging_names[] = {"auto", "slice", "pieces", NULL};  // dt_staging
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
 static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NULL};
@@ -204,6 +205,7 @@ static const field fields[] = {
     {"checkpoint", "every_seconds", F_FLOAT, O(ckpt_every_seconds), 0, 1e9, NULL},
     {"checkpoint", "keep", F_INT, O(ckpt_keep), 1, 1e6, NULL},
     {"checkpoint", "sharded", F_BOOL, O(ckpt_sharded), 0, 1, NULL},
+    {"checkpoint", "staging", F_ENUM, O(ckpt_staging), 0, 0, staging_names},
     {"checkpoint", "allow_changes", F_BOOL, O(ckpt_allow_changes), 0, 1, NULL},
     {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
     {"compression", "method", F_ENUM, O(comp_method), 0, 0, comp_names},

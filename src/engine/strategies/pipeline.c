@@ -56,7 +56,9 @@
  * each range's one holder's squares over the replica (the split tensors of
  * every shard, the whole ones of shard 0). Checkpoints of a model in parts
  * (shards, or stages that keep their layers) hold the whole model's
- * tensors, a slice a rank, assembled a piece at a time (ckpt_stage).
+ * tensors, a slice a rank, assembled a piece at a time (ckpt_stage), or,
+ * [checkpoint] staging = pieces, written a piece at a time with no slice
+ * (ckpt_save: docs/checkpoints.md "Staging").
  *
  * The loss: only the last stage's tensor rank 0 reports it; the others add
  * 0 to the control plane's sum, which divides by the global batch.
@@ -1044,6 +1046,74 @@ static dt_status pp_ckpt_stage(dt_strategy *s) {
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: assembling the checkpoint's slices: %s", dt_last_error());
 }
 
+// [checkpoint] staging = pieces: the checkpoint written without the slice.
+// The same assembly as pp_ckpt_stage, in the checksum's order (each
+// optimizer state, then the parameters: dt_ckpt_pieces), each piece summed
+// onto its rank, which writes it at its place in its shard file at once:
+// a rank holds two pieces beyond its live state, and the training waits
+// for the save.
+static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
+    pipe *p = (pipe *)s;
+    int G = p->T * p->P, me = dt_comm_rank(p->rep), nst = dt_optim_num_states(s->opt);
+    dt_ckpt_pieces *w = NULL;
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *sum = dt_alloc(sizeof(float) * CKPT_PIECE),
+          *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
+    dt_status st = piece && sum && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK) st = dt_ckpt_pieces_open(&w, s->ckpt_dir, s->ckpt_model, ts, s->rank, s->world);
+    for (int k = 0; k <= nst && st == DT_OK; k++) {
+        int j = k < nst ? k : -1;
+        const float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
+        if (j >= 0 && full) {
+            st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
+            local = full;
+        }
+        for (int g = 0; g < G && st == DT_OK; g++) {  // replica rank g = stage x T + t
+            size_t lo, hi;
+            dt_shard_range(s->nwhole, (g / p->T * p->D + p->replica) * p->T + g % p->T, s->world, &lo, &hi);
+            for (size_t a = lo; a < hi && st == DT_OK; a += CKPT_PIECE) {
+                size_t b = hi - a < CKPT_PIECE ? hi : a + CKPT_PIECE;
+                for (size_t i = 0; i < b - a; i++) piece[i] = -0.0f;
+                if (p->held || p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
+                st = dt_reduce(piece, g == me ? sum : NULL, b - a, DT_F32, DT_SUM, g, p->rep);
+                if (st == DT_OK && g == me) st = dt_ckpt_pieces_put(w, j, a, sum, b - a);
+            }
+        }
+    }
+    dt_free(piece);
+    dt_free(sum);
+    dt_free(full);
+    if (st != DT_OK) {
+        dt_ckpt_pieces_abort(w);
+        return dt_error(st, "model parallel: the checkpoint of step %lld in pieces: %s", (long long)ts->step,
+                        dt_last_error());
+    }
+    return dt_ckpt_pieces_close(w, s->c->ckpt_keep, 300);
+}
+
+// In pieces: every rank reads the whole block from the checkpoint, a piece
+// at a time, and takes its part of each (part_take; under ZeRO-1 into the
+// shard's whole state, then its own slice of that).
+static dt_status restore_pieces(dt_strategy *s, const char *path) {
+    pipe *p = (pipe *)s;
+    dt_st_file *f = NULL;
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
+    dt_status st = piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK) st = dt_ckpt_open(path, &f, NULL);
+    for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
+        float *dst = j < 0 ? s->params : full ? full : dt_optim_state(s->opt, j);
+        for (size_t a = 0; a < s->nwhole && st == DT_OK; a += CKPT_PIECE) {
+            size_t b = s->nwhole - a < CKPT_PIECE ? s->nwhole : a + CKPT_PIECE;
+            st = dt_ckpt_read_range(f, path, s->ckpt_model, j, a, b, piece);
+            if (st == DT_OK) s->part_take(s->part_user, dst, a, b, piece);
+        }
+        if (st == DT_OK && j >= 0 && full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
+    }
+    dt_st_close(f);
+    dt_free(piece);
+    dt_free(full);
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: reading %s in pieces: %s", path, dt_last_error());
+}
+
 // After a resume every rank has read its slice: a piece of the whole block
 // at a time is gathered from the slices' ranks, and every rank takes its
 // part of it (part_take; under ZeRO-1 into the shard's whole state, then
@@ -1051,6 +1121,7 @@ static dt_status pp_ckpt_stage(dt_strategy *s) {
 static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     (void)parts;
     pipe *p = (pipe *)s;
+    if (s->ckpt_pieces && path[0]) return restore_pieces(s, path);
     if (!s->ckpt_params || !path[0]) return DT_OK;
     int W = s->world;
     size_t *cnt = malloc(sizeof(size_t) * 2 * (size_t)W), *dsp = cnt ? cnt + W : NULL;
@@ -1195,6 +1266,7 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .grad_norm = pp_grad_norm,
     .update = pp_update,
     .ckpt_stage = pp_ckpt_stage,
+    .ckpt_save = pp_ckpt_save,
     .params_needed = pp_params_needed,
     .params_eval = pp_params_eval,
     .ckpt_restore = pp_ckpt_restore,

@@ -1,5 +1,6 @@
 /* The strategy registry and what the peers share (strategy.h). */
 #include "engine/strategies/strategy.h"
+#include "dtrain/train.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -73,6 +74,11 @@ dt_status dt_strategy_ckpt_slices(dt_strategy *s) {
     if (s->ckpt_params) return DT_OK;
     if (!s->nwhole) s->nwhole = s->n;
     dt_shard_range(s->nwhole, s->rank, s->world, &s->ckpt_lo, &s->ckpt_hi);
+    if (s->ops->ckpt_save && dt_memory_ckpt_pieces(s->c, s->world)) {  // written a piece at a time: no slice
+        s->ckpt_pieces = 1;
+        s->ckpt_saves = 1;
+        return DT_OK;
+    }
     size_t len = s->ckpt_hi - s->ckpt_lo + 1;
     s->ckpt_params = dt_alloc(sizeof(float) * len);
     for (int j = 0; j < dt_optim_num_states(s->opt) && j < 2; j++) s->ckpt_states[j] = dt_alloc(sizeof(float) * len);
@@ -113,13 +119,15 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
     m->states_hi = s->hi;
     m->extra = s->ops->ckpt_extra && s->ops->ckpt_extra(s, NULL, 0) > 0 ? ckpt_extra : NULL;
     m->extra_user = s;
-    if (s->ckpt_params) {  // parts: this rank's slice of the whole model, staged
+    if (s->ckpt_params || s->ckpt_pieces) {  // parts: this rank's slice of the whole model, staged (or none:
+                                              // in pieces, the strategy's ckpt_save and ckpt_restore)
         m->params = s->ckpt_params;
         m->nparams = s->nwhole;
         for (int j = 0; j < m->nstates; j++) m->states[j] = s->ckpt_states[j];
         m->params_lo = m->states_lo = s->ckpt_lo;
         m->params_hi = m->states_hi = s->ckpt_hi;
         m->stable = 1;  // (ckpt_stage changes the slice only after the write in flight: the loop waits)
+        m->state_only = s->ckpt_pieces;
     }
 }
 

@@ -222,6 +222,8 @@ struct dt_strategy {
      * to them after a resume (ckpt_restore). */
     size_t nwhole, ckpt_lo, ckpt_hi;
     float *ckpt_params, *ckpt_states[2];
+    int ckpt_pieces;           /* ... or none of them, the checkpoints written and read a piece at a time by the
+                                  strategy (ckpt_save, ckpt_restore: [checkpoint] staging, dt_memory_ckpt_pieces) */
     dt_part_fill_fn part_fill;
     dt_part_take_fn part_take;
     void *part_user;
@@ -304,7 +306,8 @@ static inline dt_status dt_strategy_ckpt_stage(dt_strategy *s) {
 
 /* A model whose ranks keep parts of it (the task's part_fill): this
  * rank's slice of the whole model's checkpoint (ckpt_params ...), made
- * once. */
+ * once; or, when the strategy has a ckpt_save and the checkpoints go in
+ * pieces (dt_memory_ckpt_pieces), none: ckpt_pieces and ckpt_saves set. */
 dt_status dt_strategy_ckpt_slices(dt_strategy *s);
 /* The checkpoint view of what this rank holds: the parameter block and
  * the optimizer state (its slice [lo, hi) of each), the step count, and
