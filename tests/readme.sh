@@ -9,10 +9,10 @@
 #   - convert --from llmc reads gpt2_124M.bin, which llm.c's scripts
 #     download: the script makes that file first from the GPT the README
 #     trained (dtrain convert --from safetensors).
-# Not run here: configs/gpt2-large-tp.ini's two commands (8 workers of
-# 2.6-2.9 GB: 20-23 GB, which a shared test machine must not be asked
-# for; tests/large_tp.sh runs their scaled-down twin under caps of 1.25 x
-# the formula), mpirun across machines (tests/cluster.sh runs that on
+# Not run here: configs/gpt2-large-tp.ini's command (8 workers of 2.6 GB:
+# 20 GB, which a shared test machine must not be asked for;
+# tests/large_tp.sh runs its scaled-down twin under caps of 1.25 x the
+# formula, with a resume on another layout), mpirun across machines (tests/cluster.sh runs that on
 # pretend hosts) and scripts/cluster.sh up (the same test).
 #   tests/readme.sh BUILD_DIR
 # Skipped (exit 77) when the Fashion-MNIST or fortune files the README
