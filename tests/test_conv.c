@@ -25,6 +25,7 @@
 #include "dtrain/nn.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
+#include "tp_net.h"
 
 #include <math.h>
 #include <omp.h>
@@ -365,25 +366,6 @@ static void kernel_threads(void) {
     }
 }
 
-// Pairs: conv 32 (column) | relu, maxpool, dropout | conv 8 (row); conv 4 |
-// gelu, flatten | linear 10 (row); a whole linear and layernorm (test_layers' TP_NET).
-static const dt_layer_spec NET[] = {
-    {.kind = DT_LAYER_CONV2D, .out = 32, .kernel = 3, .stride = 1, .pad = 1},
-    {.kind = DT_LAYER_RELU},
-    {.kind = DT_LAYER_MAXPOOL, .kernel = 2},
-    {.kind = DT_LAYER_DROPOUT, .p = 0.25f},
-    {.kind = DT_LAYER_CONV2D, .out = 8, .kernel = 3, .stride = 1, .pad = 1},
-    {.kind = DT_LAYER_RELU},
-    {.kind = DT_LAYER_CONV2D, .out = 4, .kernel = 3, .stride = 1},
-    {.kind = DT_LAYER_GELU},
-    {.kind = DT_LAYER_FLATTEN},
-    {.kind = DT_LAYER_LINEAR, .out = 10},
-    {.kind = DT_LAYER_LINEAR, .out = 12},
-    {.kind = DT_LAYER_LAYERNORM},
-    {.kind = DT_LAYER_LINEAR, .out = 5},
-};
-#define NET_N ((int)(sizeof NET / sizeof *NET))
-static const int NET_IN[3] = {3, 8, 8};
 enum { NB = 4 };
 static float g_x[NB * 3 * 64];
 static int32_t g_y[NB] = {1, 4, 0, 3};
@@ -431,7 +413,7 @@ static void model_threads(void) {
     member w[2] = {{0}};
     size_t np = 0;
     for (int k = 0; k < 2; k++) {
-        CHECK(dt_model_create(&w[k].m, NET_IN, NET, NET_N, NB) == DT_OK, "model: %s", dt_last_error());
+        CHECK(dt_model_create(&w[k].m, TP_IN, TP_NET, TP_N, NB) == DT_OK, "model: %s", dt_last_error());
         dt_model_init(w[k].m, 11 + k);
         np = dt_model_num_params(w[k].m);
         w[k].threads = omp_get_max_threads();
@@ -464,7 +446,7 @@ static void model_threads(void) {
         member sh[4];
         for (int r = 0; r < ntp; r++) {
             sh[r] = (member){r, ntp, omp_get_max_threads(), NULL, &bar, bufs, NAN, NULL, DT_OK};
-            CHECK(dt_model_create_shard(&sh[r].m, NET_IN, NET, NET_N, NB, r, ntp) == DT_OK, "shard: %s",
+            CHECK(dt_model_create_shard(&sh[r].m, TP_IN, TP_NET, TP_N, NB, r, ntp) == DT_OK, "shard: %s",
                   dt_last_error());
             dt_model_init(sh[r].m, 11);
             dt_model_set_reduce(sh[r].m, member_sum, &sh[r]);

@@ -1017,29 +1017,51 @@ static dt_status pp_params_eval(dt_strategy *s, int begin) {
 // shard's whole block, stage 0's ranks alone) and the pieces are summed onto
 // that rank, -0.0 elsewhere (which adds nothing, not even to a zero's sign).
 // Under ZeRO-1 the shard's optimizer state is gathered from its slices first.
+// Where one block's summed pieces go: the rank's staged slice of it
+// (pp_ckpt_stage), or, in pieces (slice NULL), `sum` and then the rank's
+// shard file at once (pp_ckpt_save).
+typedef struct {
+    float *slice, *sum;
+    dt_ckpt_pieces *w;
+} ckpt_sink;
+
+// One block (the parameters, j < 0, or optimizer state j) assembled over
+// the replica: each replica rank's slice of the whole model's block, a
+// piece at a time, each piece summed onto its rank from the parts the
+// others hold (-0.0 elsewhere). Under ZeRO-1 the shard's whole state is
+// gathered first (full).
+static dt_status assemble_block(dt_strategy *s, int j, float *piece, float *full, ckpt_sink *k) {
+    pipe *p = (pipe *)s;
+    int G = p->T * p->P, me = dt_comm_rank(p->rep);
+    const float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
+    dt_status st = DT_OK;
+    if (j >= 0 && full) {
+        st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
+        local = full;
+    }
+    for (int g = 0; g < G && st == DT_OK; g++) {  // replica rank g = stage x T + t
+        size_t lo, hi;
+        dt_shard_range(s->nwhole, (g / p->T * p->D + p->replica) * p->T + g % p->T, s->world, &lo, &hi);
+        for (size_t a = lo; a < hi && st == DT_OK; a += CKPT_PIECE) {
+            size_t b = hi - a < CKPT_PIECE ? hi : a + CKPT_PIECE;
+            for (size_t i = 0; i < b - a; i++) piece[i] = -0.0f;
+            if (p->held || p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
+            float *dst = g != me ? NULL : k->slice ? k->slice + (a - lo) : k->sum;
+            st = dt_reduce(piece, dst, b - a, DT_F32, DT_SUM, g, p->rep);
+            if (st == DT_OK && g == me && !k->slice) st = dt_ckpt_pieces_put(k->w, j, a, k->sum, b - a);
+        }
+    }
+    return st;
+}
+
 static dt_status pp_ckpt_stage(dt_strategy *s) {
     pipe *p = (pipe *)s;
     if (!s->ckpt_params) return DT_OK;
-    int G = p->T * p->P, me = dt_comm_rank(p->rep);
     float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
     dt_status st = piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
-        const float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
-        float *slice = j < 0 ? s->ckpt_params : s->ckpt_states[j];
-        if (j >= 0 && full) {
-            st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
-            local = full;
-        }
-        for (int g = 0; g < G && st == DT_OK; g++) {  // replica rank g = stage x T + t
-            size_t lo, hi;
-            dt_shard_range(s->nwhole, (g / p->T * p->D + p->replica) * p->T + g % p->T, s->world, &lo, &hi);
-            for (size_t a = lo; a < hi && st == DT_OK; a += CKPT_PIECE) {
-                size_t b = hi - a < CKPT_PIECE ? hi : a + CKPT_PIECE;
-                for (size_t i = 0; i < b - a; i++) piece[i] = -0.0f;
-                if (p->held || p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
-                st = dt_reduce(piece, g == me ? slice + (a - lo) : NULL, b - a, DT_F32, DT_SUM, g, p->rep);
-            }
-        }
+        ckpt_sink k = {j < 0 ? s->ckpt_params : s->ckpt_states[j], NULL, NULL};
+        st = assemble_block(s, j, piece, full, &k);
     }
     dt_free(piece);
     dt_free(full);
@@ -1054,40 +1076,21 @@ static dt_status pp_ckpt_stage(dt_strategy *s) {
 // for the save.
 static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     pipe *p = (pipe *)s;
-    int G = p->T * p->P, me = dt_comm_rank(p->rep), nst = dt_optim_num_states(s->opt);
-    dt_ckpt_pieces *w = NULL;
-    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *sum = dt_alloc(sizeof(float) * CKPT_PIECE),
-          *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
-    dt_status st = piece && sum && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
-    if (st == DT_OK) st = dt_ckpt_pieces_open(&w, s->ckpt_dir, s->ckpt_model, ts, s->rank, s->world);
-    for (int k = 0; k <= nst && st == DT_OK; k++) {
-        int j = k < nst ? k : -1;
-        const float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
-        if (j >= 0 && full) {
-            st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
-            local = full;
-        }
-        for (int g = 0; g < G && st == DT_OK; g++) {  // replica rank g = stage x T + t
-            size_t lo, hi;
-            dt_shard_range(s->nwhole, (g / p->T * p->D + p->replica) * p->T + g % p->T, s->world, &lo, &hi);
-            for (size_t a = lo; a < hi && st == DT_OK; a += CKPT_PIECE) {
-                size_t b = hi - a < CKPT_PIECE ? hi : a + CKPT_PIECE;
-                for (size_t i = 0; i < b - a; i++) piece[i] = -0.0f;
-                if (p->held || p->stage == 0) s->part_fill(s->part_user, local, a, b, piece);
-                st = dt_reduce(piece, g == me ? sum : NULL, b - a, DT_F32, DT_SUM, g, p->rep);
-                if (st == DT_OK && g == me) st = dt_ckpt_pieces_put(w, j, a, sum, b - a);
-            }
-        }
-    }
+    int nst = dt_optim_num_states(s->opt);
+    ckpt_sink k = {NULL, dt_alloc(sizeof(float) * CKPT_PIECE), NULL};
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
+    dt_status st = piece && k.sum && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK) st = dt_ckpt_pieces_open(&k.w, s->ckpt_dir, s->ckpt_model, ts, s->rank, s->world);
+    for (int i = 0; i <= nst && st == DT_OK; i++) st = assemble_block(s, i < nst ? i : -1, piece, full, &k);
     dt_free(piece);
-    dt_free(sum);
+    dt_free(k.sum);
     dt_free(full);
     if (st != DT_OK) {
-        dt_ckpt_pieces_abort(w);
+        dt_ckpt_pieces_abort(k.w);
         return dt_error(st, "model parallel: the checkpoint of step %lld in pieces: %s", (long long)ts->step,
                         dt_last_error());
     }
-    return dt_ckpt_pieces_close(w, s->c->ckpt_keep, 300);
+    return dt_ckpt_pieces_close(k.w, s->c->ckpt_keep, 300);
 }
 
 // In pieces: every rank reads the whole block from the checkpoint, a piece
