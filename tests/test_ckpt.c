@@ -866,6 +866,19 @@ static void test_gpt_runs(void) {
         printf("GPT, deterministic: checkpointed on %d workers at step %d, resumed on %d: %s\n", runs[i].from,
                runs[i].step, runs[i].to, bw ? "bitwise the uninterrupted run" : "DIFFERS");
     }
+    // A finished run resumed with more steps (the GPT's epoch is its run):
+    // it goes on from its last checkpoint's step to the new end.
+    rc = GPT_TRAIN("gpt-more", 2, "--set train.max_steps=10 --checkpoint-every 5");
+    if (rc == 0) rc = GPT_TRAIN("gpt-more", 2, "--set train.max_steps=14 --checkpoint-every 5 --resume auto");
+    char mpath[700], last[700];
+    snprintf(mpath, sizeof mpath, "%s/metrics/rank-00000.jsonl", tmp("gpt-more"));
+    snprintf(last, sizeof last, "%s/checkpoints/step-00000014.safetensors", tmp("gpt-more"));
+    char *m = tl_read_file(mpath, NULL);
+    CHECK(rc == 0 && m && strstr(m, "\"type\":\"step\",\"step\":11,") && strstr(m, "\"type\":\"step\",\"step\":14,") &&
+              !strstr(m, "\"type\":\"step\",\"step\":15,") && access(last, F_OK) == 0,
+          "GPT run of 10 steps resumed with max_steps 14: exit %d, steps 11 to 14 trained, the step-14 checkpoint "
+          "written\n%s", rc, g_out);
+    free(m);
 #undef GPT_TRAIN
 }
 

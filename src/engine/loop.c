@@ -616,6 +616,14 @@ static dt_status prepare(run_state *r) {
     // from the servers: a worker trains as many as its speed takes, and its
     // epoch ends when they are all out, not after `spe` steps.
     r->pieces = c->ps_share && s->own_pace;
+    // A task whose one epoch is its whole run (the GPT's sampled windows:
+    // max_steps steps): a checkpoint of its last step (epoch 1, batch 0)
+    // resumed with more steps goes on from its step.
+    if (r->epochs == 1 && r->spe == r->total && r->ts.epoch == 1 && r->ts.epoch_batch == 0 && r->ts.step > 0 &&
+        r->ts.step < r->total) {
+        r->ts.epoch = 0;
+        r->ts.epoch_batch = r->ts.step;
+    }
     // A checkpoint's position inside this run (a damaged or crafted one's may be anywhere).
     if (r->ts.epoch < 0 || r->ts.epoch > r->epochs || r->ts.epoch_batch < 0 ||
         (!r->pieces && r->spe > 0 && r->ts.epoch_batch > r->spe))
