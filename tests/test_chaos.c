@@ -340,7 +340,9 @@ static int ps_chaos(void) {
 //     from a checkpoint, no group restart), step 9's checkpoint complete,
 //     and the test accuracy and loss near a clean run's of the mode (the
 //     replacement's range goes back to its checkpoint: measured loss up to
-//     20% higher, see test_ps's faults);
+//     20% higher, see test_ps's faults; accuracy within 0.1: on 243
+//     samples the clean runs of a mode that is not deterministic, backup's,
+//     themselves end at 0.907 or 1.000);
 //   - in sync, with the group restarted from the newest checkpoint (one
 //     restart) and the final weights bitwise the clean run's
 //     (deterministic mode).
@@ -422,7 +424,7 @@ static int ps_servers(void) {
                     ok = rc == 0 && strstr(g_out, server) && strstr(g_out, how) &&
                          strstr(g_out, "restarting it alone (restart 1 of 2") && strstr(g_out, back) &&
                          strstr(g_out, "(restarts: 1)") && !strstr(g_out, "from the newest checkpoint") && complete &&
-                         acc >= ref - 0.05 && loss > 0 && fabs(loss - rloss) <= 0.5 * rloss;
+                         acc >= ref - 0.1 && loss > 0 && fabs(loss - rloss) <= 0.5 * rloss;
                     CHECK(ok, "%s (DTRAIN_FAULT_STEP=%s): exit %d%s, server %d restarted alone and back, step 9's "
                               "checkpoint complete (%d), accuracy %.4f loss %.4f (clean %.4f, %.4f)\n%s",
                           name, fault, rc, rc == 137 ? " (hung)" : "", sv, complete, acc, loss, ref, rloss, g_out);
