@@ -9,7 +9,9 @@
 # 4) and the weights file; then the step-2 checkpoint resumed on tensor 2 x
 # pipeline 4 under its own cap, to step 4: its weights within 1e-4 of the
 # uninterrupted run's (the sums' order differs). Every rank's peak
-# (summary.json's ranks_peak_rss_bytes) under its cap.
+# (summary.json's ranks_peak_rss_bytes) under its cap, and the checkpoint
+# read once over the ranks on resume, beside rank 0's verifying pass
+# (io.ranks_read_bytes).
 #   tests/large_tp.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -61,6 +63,14 @@ out=$("$build/dtrain" train twin.ini --workers 8 --memory-limit $cap2 --run-dir 
 echo "$out" | grep -q "resuming from .*step-00000002: step 2" || fail "not resumed from the step-2 checkpoint"
 [ -f run-t2p4/checkpoints/step-00000004/COMPLETE ] && [ -s run-t2p4/model.safetensors ] || fail "no step-4 checkpoint or weights file"
 under_cap run-t2p4 $cap2 || fail "tensor 2 x pipeline 4: a rank's peak over its cap"
+# The checkpoint read once over the ranks, beside rank 0's verifying pass:
+# rank 0 about 1 + 1/8 of it, every other rank about 1/8.
+python3 - run-t2p4/summary.json "$(cat run/checkpoints/step-00000002/*.safetensors | wc -c)" <<'PY' || fail "the resume read more of the checkpoint than rank 0's pass and one read"
+import json, sys
+rd, size = json.load(open(sys.argv[1]))["io"]["ranks_read_bytes"], int(sys.argv[2])
+print("resume: each rank read", " ".join("%.2f" % (b / size) for b in rd), "of the checkpoint's", size, "bytes")
+sys.exit(0 if len(rd) == 8 and 1.0 <= rd[0] / size < 1.2 and max(rd[1:]) / size < 0.2 and sum(rd) / size < 2.1 else 1)
+PY
 # (the same steps on another layout: the sums' order alone differs)
 python3 - run/model.safetensors run-t2p4/model.safetensors <<'PY' || fail "the resumed run's weights are not the uninterrupted run's"
 import array, json, struct, sys

@@ -93,6 +93,10 @@ DT_API size_t dt_count_nonfinite(const void *data, size_t n, dt_dtype type);
  * refuse (inspect says so). The count is the streaming pass's (dt_st_scan;
  * one is made when none was). */
 DT_API dt_status dt_st_check_finite(dt_st_file *f, const char *path);
+/* Bytes this process has read from the tensor data of safetensors files
+ * (weights, checkpoints) since it started: summary.json's
+ * io.ranks_read_bytes. */
+DT_API uint64_t dt_st_bytes_read(void);
 
 /* Saves every parameter tensor of m under its name (dt_model_tensor). */
 DT_API dt_status dt_model_save(dt_model *m, const char *path, const dt_st_meta *meta, int nmeta);
@@ -160,6 +164,11 @@ typedef struct {
      * blocks itself, a piece at a time (dt_ckpt_read_range,
      * dt_ckpt_pieces); the background writer refuses to save it. */
     int state_only;
+    /* The checkpoint a reader is given was verified by another reader of
+     * the run, which chose it (dt_ckpt_open_chosen): dt_ckpt_read checks
+     * what it says and reads this rank's ranges, with no pass of its own
+     * over the whole checkpoint. */
+    int verified;
     const dt_st_meta *weights_meta;/* metadata the weights file of this model
                                       carries (a GPT's shape), kept for export */
     int nweights_meta;
@@ -217,6 +226,13 @@ DT_API dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out,
  * *is_ckpt (may be NULL): whether it is a checkpoint rather than plain
  * weights. Close *out with dt_st_close. */
 DT_API dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt);
+/* dt_ckpt_open (part < 0) or dt_ckpt_open_part (part >= 0) of a
+ * checkpoint another reader of this run has verified (rank 0, which chose
+ * it for every rank: dt_ckpt_load_newest): its structure and metadata are
+ * checked, its bytes are not read again for the checksum and the
+ * finite-values pass (a pass each rank would make over the whole
+ * checkpoint). */
+DT_API dt_status dt_ckpt_open_chosen(const char *path, int part, dt_st_file **out);
 /* Elements [lo, hi) of checkpoint f's parameter block (j = -1: through
  * m's tensors, by name and offset) or of its optimizer state j, read into
  * dst (hi - lo floats); `what` names f in errors. DT_ERR_FORMAT when f

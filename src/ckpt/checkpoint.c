@@ -393,7 +393,10 @@ enum { KIND_WEIGHTS, KIND_WHOLE, KIND_SHARD };
 // the values the checksum covers (format, training state, optimizer step) in
 // range. vals gets the metadata values, *s the training state, *kind whole
 // or shard.
-static dt_status check_ckpt(dt_st_file *f, const char *path, const char **vals, dt_train_state *s, int *kind) {
+// verify = 0: what the file says, without the checksum pass (a checkpoint
+// another reader of the run verified: dt_ckpt_model.verified).
+static dt_status check_ckpt(dt_st_file *f, const char *path, const char **vals, dt_train_state *s, int *kind,
+                            int verify) {
     int64_t ver;
     const char *v = dt_st_meta_get(f, "format_version");
     if (!parse_i64(v, &ver))
@@ -406,10 +409,10 @@ static dt_status check_ckpt(dt_st_file *f, const char *path, const char **vals, 
     char crc[16];
     const char *scaler = dt_st_meta_get(f, KEY_SCALER);
     uint32_t sum = 0;
-    if ((st = checksum_file(f, vals, scaler, path, &sum)) != DT_OK) return st;
+    if (verify && (st = checksum_file(f, vals, scaler, path, &sum)) != DT_OK) return st;
     snprintf(crc, sizeof crc, "%08x", sum);
     const char *want = dt_st_meta_get(f, "checksum");
-    if (!want || strcmp(want, crc))
+    if (verify && (!want || strcmp(want, crc)))
         return dt_error(DT_ERR_FORMAT, "%s: checksum mismatch (stored %.16s, computed %s): the file is damaged", path,
                         want ? want : "none", crc);
     // Sound bytes; now what they say.
@@ -437,21 +440,23 @@ static int is_dir(const char *path) {
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind);
+static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind,
+                        int verify);
 
 // Opens path (a file, or a sharded checkpoint's directory, gathered as a
-// view of its verified shards) and verifies it when it is a checkpoint.
+// view of its verified shards) and verifies it when it is a checkpoint
+// (verify = 0: checks what it says alone, check_ckpt).
 // *kind: KIND_WEIGHTS (vals and *s untouched), KIND_WHOLE or KIND_SHARD.
 // The checkpoint's values are read only as far as the checksum needs (a
 // piece at a time); the caller reads the ranges it needs (dt_st_read).
 static dt_status open_verified(const char *path, dt_st_file **out, const char **vals, dt_train_state *s,
-                               int *kind) {
-    if (is_dir(path)) return gather(path, out, vals, s, kind);
+                               int *kind, int verify) {
+    if (is_dir(path)) return gather(path, out, vals, s, kind, verify);
     dt_st_file *f;
     dt_status st = dt_st_open(&f, path);
     if (st != DT_OK) return st;
     *kind = KIND_WEIGHTS;
-    if (looks_like_ckpt(f) && (st = check_ckpt(f, path, vals, s, kind)) != DT_OK) {
+    if (looks_like_ckpt(f) && (st = check_ckpt(f, path, vals, s, kind, verify)) != DT_OK) {
         dt_st_close(f);
         return st;
     }
@@ -459,11 +464,11 @@ static dt_status open_verified(const char *path, dt_st_file **out, const char **
     return DT_OK;
 }
 
-dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt) {
+static dt_status open_ckpt(const char *path, dt_st_file **out, int *is_ckpt, int verify) {
     const char *vals[NKEYS];
     dt_train_state s;
     int kind;
-    dt_status st = open_verified(path, out, vals, &s, &kind);
+    dt_status st = open_verified(path, out, vals, &s, &kind, verify);
     if (st != DT_OK) return st;
     if (kind == KIND_SHARD) {
         dt_st_close(*out);
@@ -473,6 +478,9 @@ dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt) {
     if (is_ckpt) *is_ckpt = kind == KIND_WHOLE;
     return DT_OK;
 }
+
+dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt) { return open_ckpt(path, out, is_ckpt, 1); }
+
 
 // The error for a file that is not the checkpoint wanted.
 static dt_status not_a_ckpt(const char *path, int kind, const dt_st_file *f) {
@@ -501,7 +509,7 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
     const char *vals[NKEYS];
     dt_train_state ns;
     int kind;
-    dt_status st = open_verified(path, &f, vals, &ns, &kind);
+    dt_status st = open_verified(path, &f, vals, &ns, &kind, !m->verified);
     if (st != DT_OK) return st;
     // Check everything before touching the caller's buffers.
     const dt_st_tensor *w[MAX_TENSORS], *states[2] = {0}, *step = NULL;
@@ -527,7 +535,7 @@ dt_status dt_ckpt_read(const char *path, const dt_ckpt_model *m, dt_train_state 
         st = dt_st_expect(f, path, state_names[j], DT_F32, 1, &np, DT_ERR_CONFIG, &states[j]);
     if (st == DT_OK) st = dt_st_expect(f, path, "optimizer.step", DT_I64, 1, &one, DT_ERR_CONFIG, &step);
     if (st == DT_OK) st = check_config(m, path, vals);
-    if (st == DT_OK) st = dt_st_check_finite(f, path);
+    if (st == DT_OK && !m->verified) st = dt_st_check_finite(f, path);
     if (st != DT_OK) goto done;
     // Only this rank's part of each tensor is read (its slice: held()).
     size_t plo, phi, slo, shi;
@@ -830,18 +838,18 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
 // against shard 0's training state *s0; vals gets its metadata, *ns its
 // training state; sp[n] its path.
 static dt_status open_shard(const char *dir, const ckpt_index *ix, int r, const dt_train_state *s0,
-                            dt_st_file **out, const char **vals, dt_train_state *ns, char *sp, size_t n) {
+                            dt_st_file **out, const char **vals, dt_train_state *ns, char *sp, size_t n, int verify) {
     size_t b = ix->shards[r].begin, e = ix->shards[r].end, np = (size_t)ix->nparams;
     snprintf(sp, n, "%s/%s", dir, ix->shards[r].file);
     dt_st_file *f;
     int kind;
-    dt_status st = open_verified(sp, &f, vals, ns, &kind);
+    dt_status st = open_verified(sp, &f, vals, ns, &kind, verify);
     if (st != DT_OK) return st;
     char want[128];
     snprintf(want, sizeof want, "%zu:%zu:%zu:%d:%lld", b, e, np, r, (long long)ix->world);
     int64_t len = (int64_t)(e - b), one = 1;
     const dt_st_tensor *t;
-    if ((st = dt_st_check_finite(f, sp)) != DT_OK) {
+    if (verify && (st = dt_st_check_finite(f, sp)) != DT_OK) {
     } else if (kind != KIND_SHARD)
         st = dt_error(DT_ERR_FORMAT, "%s: not a checkpoint shard", sp);
     else if (strcmp(vals[K_SHARD], want))
@@ -886,7 +894,7 @@ static dt_status load_shards(const char *dir, const ckpt_index *ix, const dt_ckp
         dt_st_file *f;
         const char *vals[NKEYS];
         dt_train_state ns;
-        if ((st = open_shard(dir, ix, r, s, &f, vals, &ns, sp, sizeof sp)) != DT_OK) break;
+        if ((st = open_shard(dir, ix, r, s, &f, vals, &ns, sp, sizeof sp, !dst->verified)) != DT_OK) break;
         st = read_overlap(dst->params, plo, phi, f, dt_st_find(f, "params"), b, e);
         for (int j = 0; j < ix->nstates && st == DT_OK; j++)
             st = read_overlap(dst->states[j], slo, shi, f, dt_st_find(f, state_names[j]), b, e);
@@ -953,7 +961,7 @@ done:
     return st;
 }
 
-dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *parts) {
+static dt_status open_part(const char *path, int part, dt_st_file **out, int *parts, int verify) {
     if (out) *out = NULL;
     *parts = 1;
     const char *vals[NKEYS];
@@ -962,7 +970,7 @@ dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *p
     if (!is_dir(path)) {
         if (part == -1) return DT_OK;
         if (part != 0) return dt_error(DT_ERR_ARG, "%s: a whole checkpoint has no part %d", path, part);
-        dt_status st = open_verified(path, out, vals, &s, &kind);
+        dt_status st = open_verified(path, out, vals, &s, &kind, verify);
         if (st == DT_OK && kind != KIND_WHOLE) {
             st = not_a_ckpt(path, kind, *out);
             dt_st_close(*out);
@@ -980,7 +988,7 @@ dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *p
         st = dt_error(DT_ERR_ARG, "%s: written by %lld ranks, has no part %d", path, (long long)ix.world, part);
     } else {
         snprintf(sp, sizeof sp, "%s/%s", path, ix.shards[part].file);
-        st = open_verified(sp, out, vals, &s, &kind);
+        st = open_verified(sp, out, vals, &s, &kind, verify);
         if (st == DT_OK && kind != KIND_SHARD) st = dt_error(DT_ERR_FORMAT, "%s: not a checkpoint shard", sp);
         if (st != DT_OK) {
             dt_st_close(*out);
@@ -989,6 +997,15 @@ dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *p
     }
     index_free(&ix);
     return st;
+}
+
+dt_status dt_ckpt_open_part(const char *path, int part, dt_st_file **out, int *parts) {
+    return open_part(path, part, out, parts, 1);
+}
+
+dt_status dt_ckpt_open_chosen(const char *path, int part, dt_st_file **out) {
+    int parts;
+    return part < 0 ? open_ckpt(path, out, NULL, 0) : open_part(path, part, out, &parts, 0);
 }
 
 // "key=value" lines (a checkpoint's weights_meta) into meta, in place.
@@ -1021,7 +1038,8 @@ const char *dt_st_weights_meta_get(const dt_st_file *f, const char *key, char *b
 // count) and metadata (shard 0's, as a whole checkpoint's, with no checksum
 // of its own: each shard's was verified). Nothing is read into memory but
 // the shards' headers; the view reads the shards' bytes when asked.
-static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind) {
+static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind,
+                        int verify) {
     *out = NULL;
     ckpt_index ix;
     dt_status st = index_read(dir, &ix);
@@ -1033,7 +1051,7 @@ static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt
     const char *kv[NKEYS];
     char sp[4500];
     for (int r = 0; r < W && st == DT_OK; r++)
-        if ((st = open_shard(dir, &ix, r, &s0, &kids[r], kv, &ns, sp, sizeof sp)) == DT_OK && r == 0) s0 = ns;
+        if ((st = open_shard(dir, &ix, r, &s0, &kids[r], kv, &ns, sp, sizeof sp, verify)) == DT_OK && r == 0) s0 = ns;
     cJSON *meta = st == DT_OK ? cJSON_CreateObject() : NULL;
     if (st == DT_OK) {  // (shard 0's values, kv's the last shard's: the same but for the slice)
         for (int k = 0; k < NKEYS && meta; k++)
@@ -1103,7 +1121,7 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
     char e1[4096], e2[4096];
     // A sharded checkpoint is verified as it is gathered; a file is shown
     // first, then verified.
-    dt_status st = sharded ? open_verified(path, &f, vals, &s, &kind) : dt_st_open(&f, path);
+    dt_status st = sharded ? open_verified(path, &f, vals, &s, &kind, 1) : dt_st_open(&f, path);
     if (st != DT_OK) return st;
     if (sharded) fprintf(out, "%s: sharded checkpoint, every shard verified and gathered:\n", esc(e1, sizeof e1, path));
     const char *fmt = dt_st_meta_get(f, "format");
@@ -1142,7 +1160,7 @@ dt_status dt_ckpt_inspect(const char *path, FILE *out) {
     // pass of its own). A sharded checkpoint's shards were verified as it
     // was gathered.
     char why[1024] = "";
-    if (is_ckpt && !sharded && (st = check_ckpt(f, path, vals, &s, &kind)) != DT_OK)
+    if (is_ckpt && !sharded && (st = check_ckpt(f, path, vals, &s, &kind, 1)) != DT_OK)
         snprintf(why, sizeof why, "%s", dt_last_error());
     dt_status fin = dt_st_check_finite(f, path);
     if (fin == DT_ERR_NUMERIC)  // (said, not refused: inspect shows what is there)
@@ -1185,7 +1203,7 @@ dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt_dtype 
     const char *vals[NKEYS];
     dt_train_state s;
     int kind;
-    dt_status st = open_verified(ckpt, &f, vals, &s, &kind);
+    dt_status st = open_verified(ckpt, &f, vals, &s, &kind, 1);
     if (st != DT_OK) return st;
     if (kind != KIND_WHOLE || (st = dt_st_check_finite(f, ckpt)) != DT_OK) {
         if (kind != KIND_WHOLE) st = not_a_ckpt(ckpt, kind, f);
@@ -1630,7 +1648,7 @@ dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *pa
     const char *vals[NKEYS];
     dt_train_state s;
     int kind, r = -1, n = -1;
-    dt_status st = open_verified(p, out, vals, &s, &kind);
+    dt_status st = open_verified(p, out, vals, &s, &kind, 1);
     if (st == DT_OK && (kind != KIND_SHARD || sscanf(vals[K_SHARD], "0:0:%*[0-9]:%d:%d", &r, &n) != 2 || r != part ||
                         n != *parts))
         st = dt_error(DT_ERR_FORMAT, "%s: not worker %d of %d's own state in a checkpoint", p, part, *parts);

@@ -1,6 +1,7 @@
 /* safetensors read/write, and model weights in that format. */
 #include "dtrain/ckpt.h"
 #include "ckpt/st_impl.h"
+#include "dtrain/launch.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +43,8 @@ struct dt_st_file {
     size_t nonfinite;      //   the NaN and Inf values it counted,
     int first_bad;         //   the first tensor (in t's order) with one (-1: none)
 };
+
+static _Atomic uint64_t g_read;  // bytes read from files' data (dt_st_bytes_read)
 
 static int dtype_from_name(const char *s) {
     for (int t = DT_F32; t <= DT_U8; t++)
@@ -180,8 +184,11 @@ static dt_status read_src(const dt_st_file *s, uint64_t off, void *dst, size_t n
         if (n) memcpy(dst, s->mem + off, n);
         return DT_OK;
     }
+    atomic_fetch_add(&g_read, (uint64_t)n);
     return dt_read_at(s->fd, off, dst, n, s->path);
 }
+
+uint64_t dt_st_bytes_read(void) { return atomic_load(&g_read); }
 
 // Bytes [at, at + n) of tensor i of f, through its extents, into dst.
 static dt_status read_bytes(const dt_st_file *f, int i, uint64_t at, void *dst, size_t n) {
@@ -286,6 +293,7 @@ dt_status dt_st_scan(dt_st_file *f, const dt_st_tensor *const *order, dt_st_piec
             if (b && (first < 0 || i < first)) first = i;
             bad += b;
             if (fn && (st = fn(user, t, at, buf, m)) != DT_OK) break;
+            dt_heartbeat(-1);  // (a pass over gigabytes is progress, not a hang: launch.h)
             at += m;
         } while (at < t->nbytes);
     }

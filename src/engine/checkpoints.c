@@ -72,7 +72,9 @@ static dt_status broadcast_state(dt_run_ckpt *r, dt_train_state *s, int *found, 
     if (sliced(&r->model)) {
         if (dt_comm_rank(r->comm) == 0 || r->model.state_only) return DT_OK;  // (state_only: the strategy reads it)
         dt_train_state mine;
-        if ((st = dt_ckpt_read(used, &r->model, &mine)) != DT_OK)
+        dt_ckpt_model m = r->model;
+        m.verified = 1;  // (rank 0 verified the checkpoint it chose: each rank reads its slice alone)
+        if ((st = dt_ckpt_read(used, &m, &mine)) != DT_OK)
             return dt_error(st, "rank %d, reading its slice of %s: %s", dt_comm_rank(r->comm), used, dt_last_error());
         return DT_OK;
     }
@@ -233,8 +235,7 @@ dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have) {
 // without compression or on one worker) is left where it is, said once.
 static dt_status note_unused(const char *path) {
     dt_st_file *f;
-    int parts;
-    dt_status st = dt_ckpt_open_part(path, 0, &f, &parts);
+    dt_status st = dt_ckpt_open_chosen(path, 0, &f);  // (verified as it was chosen)
     if (st != DT_OK) return st;
     char names[200] = "";
     int n = 0;

@@ -216,7 +216,15 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     }
     cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
     cJSON_AddNumberToObject(m, "formula_bytes", (double)dt_memory_worker(c, r->workers, NULL));
-    if (peaks) cJSON_AddItemToObject(m, "ranks_peak_rss_bytes", cJSON_CreateDoubleArray(peaks, r->workers));
+    // (peaks: each rank's peak and bytes read, in pairs; NULL: one rank)
+    double one[2] = {0, (double)dt_st_bytes_read()};
+    const double *v = peaks ? peaks : one;
+    cJSON *rp = peaks ? cJSON_AddArrayToObject(m, "ranks_peak_rss_bytes") : NULL,
+          *rr = cJSON_AddArrayToObject(cJSON_AddObjectToObject(o, "io"), "ranks_read_bytes");
+    for (int i = 0; i < (peaks ? r->workers : 1); i++) {
+        if (rp) cJSON_AddItemToArray(rp, cJSON_CreateNumber(v[2 * i]));
+        if (rr) cJSON_AddItemToArray(rr, cJSON_CreateNumber(v[2 * i + 1]));
+    }
     const char *lname;
     if (dt_worker_mem_cap()[0]) {  // --memory-limit, and how the kernel enforces it
         cJSON_AddNumberToObject(m, "cap_bytes", (double)dt_mem_limit(&lname));
@@ -1030,10 +1038,12 @@ static dt_status finish(run_state *r) {
     res->wall_seconds = dt_now() - r->t_start;
     // Every rank's peak resident memory over the run (its steps,
     // evaluations, checkpoints and the weights file), for summary.json.
+    // And what it read of weights and checkpoint files.
     struct rusage ru;
-    double peak = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0, *peaks = NULL;
-    if (!r->alone && r->W > 1 && !(peaks = malloc(sizeof(double) * (size_t)r->W))) return dt_error(DT_ERR_NOMEM, "out of memory");
-    if (peaks && (st = dt_allgather(&peak, peaks, sizeof peak, DT_U8, r->comm)) != DT_OK) {
+    double mine[2] = {getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0, (double)dt_st_bytes_read()},
+           *peaks = NULL;
+    if (!r->alone && r->W > 1 && !(peaks = malloc(sizeof(double) * 2 * (size_t)r->W))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    if (peaks && (st = dt_allgather(mine, peaks, sizeof mine, DT_U8, r->comm)) != DT_OK) {
         free(peaks);
         return st;
     }

@@ -1093,46 +1093,21 @@ static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
     return dt_ckpt_pieces_close(k.w, s->c->ckpt_keep, 300);
 }
 
-// In pieces: every rank reads the whole block from the checkpoint, a piece
-// at a time, and takes its part of each (part_take; under ZeRO-1 into the
-// shard's whole state, then its own slice of that).
-static dt_status restore_pieces(dt_strategy *s, const char *path) {
-    pipe *p = (pipe *)s;
-    dt_st_file *f = NULL;
-    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
-    dt_status st = piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
-    if (st == DT_OK) st = dt_ckpt_open(path, &f, NULL);
+// After a resume the whole block is spread a piece at a time: each piece
+// is gathered from the ranks whose slices it crosses (dt_shard_range of
+// the whole block over the W ranks), and every rank takes its part of it
+// (part_take; under ZeRO-1 into the shard's whole state, then its own slice
+// of that). A rank's part of the piece comes from its staged slice, which
+// it read on resume; in pieces (f: [checkpoint] staging = pieces), from
+// the checkpoint itself, read just then. Either way the checkpoint is read
+// once over all the ranks, and in pieces a rank holds two pieces and no
+// slice.
+static dt_status spread(dt_strategy *s, dt_st_file *f, const char *path, float *piece, float *mine, float *full,
+                        size_t *cnt, size_t *dsp) {
+    int W = s->world, me = s->rank;
+    dt_status st = DT_OK;
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
         float *dst = j < 0 ? s->params : full ? full : dt_optim_state(s->opt, j);
-        for (size_t a = 0; a < s->nwhole && st == DT_OK; a += CKPT_PIECE) {
-            size_t b = s->nwhole - a < CKPT_PIECE ? s->nwhole : a + CKPT_PIECE;
-            st = dt_ckpt_read_range(f, path, s->ckpt_model, j, a, b, piece);
-            if (st == DT_OK) s->part_take(s->part_user, dst, a, b, piece);
-        }
-        if (st == DT_OK && j >= 0 && full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
-    }
-    dt_st_close(f);
-    dt_free(piece);
-    dt_free(full);
-    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: reading %s in pieces: %s", path, dt_last_error());
-}
-
-// After a resume every rank has read its slice: a piece of the whole block
-// at a time is gathered from the slices' ranks, and every rank takes its
-// part of it (part_take; under ZeRO-1 into the shard's whole state, then
-// its own slice of that).
-static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
-    (void)parts;
-    pipe *p = (pipe *)s;
-    if (s->ckpt_pieces && path[0]) return restore_pieces(s, path);
-    if (!s->ckpt_params || !path[0]) return DT_OK;
-    int W = s->world;
-    size_t *cnt = malloc(sizeof(size_t) * 2 * (size_t)W), *dsp = cnt ? cnt + W : NULL;
-    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
-    dt_status st = cnt && piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
-    for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
-        float *dst = j < 0 ? s->params : full ? full : dt_optim_state(s->opt, j);
-        const float *slice = j < 0 ? s->ckpt_params : s->ckpt_states[j];
         for (size_t a = 0; a < s->nwhole && st == DT_OK; a += CKPT_PIECE) {
             size_t b = s->nwhole - a < CKPT_PIECE ? s->nwhole : a + CKPT_PIECE;
             for (int r = 0; r < W; r++) {
@@ -1143,16 +1118,37 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
                 cnt[r] = y - x;
                 dsp[r] = x - a;
             }
-            st = dt_allgatherv(slice + (a + dsp[s->rank] - s->ckpt_lo) * (cnt[s->rank] > 0), cnt[s->rank], piece, cnt,
-                               dsp, DT_F32, s->comm);
+            const float *src = mine;
+            if (!f && cnt[me]) src = (j < 0 ? s->ckpt_params : s->ckpt_states[j]) + (a + dsp[me] - s->ckpt_lo);
+            else if (cnt[me])
+                st = dt_ckpt_read_range(f, path, s->ckpt_model, j, a + dsp[me], a + dsp[me] + cnt[me], mine);
+            if (st == DT_OK) st = dt_allgatherv(src, cnt[me], piece, cnt, dsp, DT_F32, s->comm);
             if (st == DT_OK) s->part_take(s->part_user, dst, a, b, piece);
         }
         if (st == DT_OK && j >= 0 && full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
     }
+    return st;
+}
+
+static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    (void)parts;
+    pipe *p = (pipe *)s;
+    int pieces = s->ckpt_pieces != 0;
+    if (!path[0] || (!pieces && !s->ckpt_params)) return DT_OK;
+    dt_st_file *f = NULL;
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *mine = pieces ? dt_alloc(sizeof(float) * CKPT_PIECE) : NULL;
+    float *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
+    size_t *cnt = malloc(sizeof(size_t) * 2 * (size_t)s->world);
+    dt_status st = piece && (!pieces || mine) && (!p->counts || full) && cnt ? DT_OK
+                                                                             : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK && pieces) st = dt_ckpt_open_chosen(path, -1, &f);  // (rank 0 verified it: dt_run_ckpt_begin)
+    if (st == DT_OK) st = spread(s, f, path, piece, mine, full, cnt, cnt + s->world);
+    dt_st_close(f);
     free(cnt);
     dt_free(piece);
+    dt_free(mine);
     dt_free(full);
-    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: spreading the checkpoint's slices: %s", dt_last_error());
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: spreading the checkpoint %s: %s", path, dt_last_error());
 }
 
 // summary.json's "pipeline": the grid, how the stages were cut, each
