@@ -975,6 +975,31 @@ static void test_tensor_parallel(void) {
     dt_gpt_free(whole);
 }
 
+// dt_gpt_init_range (a ZeRO-3 rank's slice): the range's values bitwise
+// dt_gpt_init's, every element outside it left as it was (zero), for
+// ranges that start and end inside tensors, a range inside one tensor and
+// an empty one.
+static void test_init_range(void) {
+    const dt_gpt_config c = {4, 4, 32, 16, 90, 128};
+    dt_gpt *w, *r;
+    int ok = dt_gpt_create(&w, &c, 1, 4) == DT_OK && dt_gpt_create(&r, &c, 1, 4) == DT_OK && dt_gpt_init(w, 5) == DT_OK;
+    CHECK(ok, "models: %s", dt_last_error());
+    if (!ok) return;
+    size_t n = dt_gpt_num_params(w), cuts[][2] = {{0, n / 3}, {n / 3, 2 * n / 3 + 7}, {2 * n / 3 + 7, n}, {101, 203},
+                                                    {500, 500}};
+    const float *pw = dt_gpt_params(w), *pr = dt_gpt_params(r);
+    for (size_t k = 0; k < sizeof cuts / sizeof *cuts; k++) {
+        size_t lo = cuts[k][0], hi = cuts[k][1], bad = 0;
+        memset(dt_gpt_params(r), 0, n * sizeof(float));
+        CHECK(dt_gpt_init_range(r, 5, lo, hi) == DT_OK, "init_range: %s", dt_last_error());
+        for (size_t i = 0; i < n; i++) bad += i >= lo && i < hi ? memcmp(&pr[i], &pw[i], 4) != 0 : pr[i] != 0;
+        CHECK(bad == 0, "init_range [%zu, %zu) of %zu: %zu elements differ from dt_gpt_init's inside or are set outside",
+              lo, hi, n, bad);
+    }
+    dt_gpt_free(w);
+    dt_gpt_free(r);
+}
+
 // A model that keeps some blocks (a pipeline stage's, dt_gpt_set_held):
 // stage A the embedding and blocks 0, 1, stage B blocks 2, 3 and the head.
 // Each initialises its parts bitwise as the whole model does and nothing
@@ -1102,6 +1127,7 @@ int main(void) {
     test_tensor_parallel();
     test_shard_bytes();
     test_held();
+    test_init_range();
     test_presets();
     return tl_finish();
 }

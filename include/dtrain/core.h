@@ -167,6 +167,12 @@ DT_API void dt_free(void *p);
  * (madvise MADV_DONTNEED: they read as zero and take no memory until
  * touched again), the edges are cleared. */
 DT_API void dt_zero_pages(void *p, size_t bytes);
+/* dt_zero_pages giving back every whole 4 KiB page inside the range, the
+ * huge pages at its edges split: only the sub-page ends stay resident.
+ * For a block given back range by range every step (ZeRO-3's gathered
+ * layers), where dt_zero_pages's cleared edges, up to a huge page each
+ * side, add up to much of what was to be given back. */
+DT_API void dt_give_pages(void *p, size_t bytes);
 /* A dt_alloc'd block of `count` elements of `size` bytes of which only the
  * ranges keep[n] (element offsets and lengths, ascending) will be used:
  * the rest gets no huge pages (madvise MADV_NOHUGEPAGE), so that touching

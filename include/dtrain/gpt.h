@@ -133,6 +133,10 @@ DT_API const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
  * block order from one stream; a tensor-parallel shard keeps its parts of
  * the whole model's (bitwise the same numbers) and never holds the rest. */
 DT_API dt_status dt_gpt_init(dt_gpt *m, uint64_t seed);
+/* dt_gpt_init of the parameter block's elements [lo, hi) alone, the rest
+ * left untouched (not even its pages: a ZeRO-3 rank's slice). The values
+ * are those dt_gpt_init gives them, bitwise. */
+DT_API dt_status dt_gpt_init_range(dt_gpt *m, uint64_t seed, size_t lo, size_t hi);
 
 DT_API size_t dt_gpt_num_params(const dt_gpt *m);
 DT_API float *dt_gpt_params(dt_gpt *m);

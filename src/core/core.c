@@ -267,6 +267,17 @@ void dt_zero_pages(void *p, size_t bytes) {
     }
 }
 
+void dt_give_pages(void *p, size_t bytes) {
+    uintptr_t g = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + bytes, pa = (a + g - 1) / g * g,
+              pb = b / g * g;
+    if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
+        memset(p, 0, pa - a);
+        memset((void *)pb, 0, b - pb);
+    } else {
+        memset(p, 0, bytes);
+    }
+}
+
 void dt_free(void *p) { free(p); }
 
 dt_status dt_make_dirs(const char *path) {

@@ -487,7 +487,7 @@ static dt_status build(run_state *r) {
     dt_status st = tops->create(&r->task, c, r->comm, r->sops->max_micro(c, r->W), r->model_rows, info);
     if (st != DT_OK) return st;
     if (rec->have_state && (st = dt_fault_at(r->rank, 0, "start")) != DT_OK) return st;  // (a test's fault)
-    if (rec->place == DT_PLACE_START && !rec->lost_start && !info->deferred &&
+    if (rec->place == DT_PLACE_START && !rec->lost_start && !info->deferred && !info->sliced &&
         (st = dt_broadcast(info->params, info->params, info->nparams, DT_F32, 0,
                            info->replicas ? info->replicas : r->comm)) != DT_OK) {
         if (dt_worker_recoverable(st)) st = lose_start(r->comm, &rec->lost_start);

@@ -288,11 +288,11 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // one kept for backward, and the gradients of two blocks in flight to
     // their owners.
     // The embedding and the head (wte, wpe, lnf) are gathered whole for the
-    // step, and their gradients are whole until the step's reduction.
+    // step, and their gradients are whole until the step's reduction: on
+    // a rank whose slice holds none of them (the worst), twice their bytes.
     size_t C = (size_t)c->n_embd, block = sizeof(float) * (12 * C * C + 13 * C) / (size_t)W * (size_t)(W - 1);
     size_t ends = sizeof(float) * (t[0].numel + t[1].numel + 2 * C);
-    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1)
-        n->model = sat_add(n->model, 5 * block + ends / (size_t)W * (size_t)(W - 1) + ends);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);

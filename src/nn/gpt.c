@@ -602,17 +602,22 @@ void dt_gpt_part_take(const dt_gpt *m, float *local, size_t lo, size_t hi, const
 // initialisation
 
 // A piece [lo, lo + n) of a whole tensor, and the part's copy of what of
-// it falls in its runs.
+// it falls in its runs and in the block's elements [wlo, whi)
+// (dt_gpt_init_range).
 typedef struct {
     const float *piece;
     size_t lo, n;
-    float *local;
+    float *params;  // the block; the tensor's local part starts at base in it
+    size_t base, wlo, whi;
 } init_run;
 
 static void init_one(void *user, size_t local, size_t whole, size_t n) {
     init_run *u = user;
     size_t a = whole > u->lo ? whole : u->lo, b = whole + n < u->lo + u->n ? whole + n : u->lo + u->n;
-    if (a < b) memcpy(u->local + local + (a - whole), u->piece + (a - u->lo), sizeof(float) * (b - a));
+    if (a >= b) return;
+    size_t at = u->base + local - whole;  // (whole element e sits at e + at of the block)
+    size_t x = a + at > u->wlo ? a + at : u->wlo, y = b + at < u->whi ? b + at : u->whi;
+    if (x < y) memcpy(u->params + x, u->piece + (x - at - u->lo), sizeof(float) * (y - x));
 }
 
 #define INIT_PIECE ((size_t)1 << 18)  // floats of the whole model's values made at a time
@@ -621,31 +626,39 @@ static void init_one(void *user, size_t local, size_t whole, size_t n) {
 // from one stream (a shard, or a model that keeps some blocks, keeps its
 // parts of them, drawing the rest: the same numbers as the whole model's,
 // without ever holding it).
-static void init_shard(dt_gpt *m, uint64_t seed, float *piece) {
+static void init_shard(dt_gpt *m, uint64_t seed, float *piece, size_t wlo, size_t whi) {
     const dt_gpt_config *c = &m->c;
     dt_tensor_info w[NPT];
     shard_shapes(c, 1, w);
     dt_rng r;
     dt_rng_seed(&r, seed);
     float resid_std = 0.02f / sqrtf(2.0f * c->n_layer);
-    for (int i = 0; i < m->nheld; i++) memset(m->params + m->hranges[i].offset, 0, sizeof(float) * m->hranges[i].len);
+    for (int i = 0; i < m->nheld; i++) {
+        size_t a = m->hranges[i].offset, b = a + m->hranges[i].len;
+        a = a > wlo ? a : wlo;
+        b = b < whi ? b : whi;
+        if (a < b) memset(m->params + a, 0, sizeof(float) * (b - a));
+    }
     for (int i = 0; i < NPT; i++) {
         size_t n = i == WTE ? (size_t)c->vocab_size * c->n_embd : w[i].numel;  // wte's padding rows stay 0
         int one = i == LN1W || i == LN2W || i == LNFW;
         int normal = i == WTE || i == WPE || i == QKVW || i == FCW || i == ATTPROJW || i == FCPROJW;
         float sd = (i == ATTPROJW || i == FCPROJW) ? resid_std : 0.02f;
         for (size_t lo = 0; (one || normal) && lo < n; lo += INIT_PIECE) {
-            init_run u = {piece, lo, n - lo < INIT_PIECE ? n - lo : INIT_PIECE, m->p[i]};
+            init_run u = {piece, lo, n - lo < INIT_PIECE ? n - lo : INIT_PIECE, m->params,
+                          (size_t)(m->p[i] - m->params), wlo, whi};
             for (size_t j = 0; j < u.n; j++) piece[j] = one ? 1.0f : sd * dt_rng_normal(&r);
             held_runs(m, i, init_one, &u);
         }
     }
 }
 
-dt_status dt_gpt_init(dt_gpt *m, uint64_t seed) {
+dt_status dt_gpt_init(dt_gpt *m, uint64_t seed) { return dt_gpt_init_range(m, seed, 0, SIZE_MAX); }
+
+dt_status dt_gpt_init_range(dt_gpt *m, uint64_t seed, size_t lo, size_t hi) {
     float *piece = malloc(sizeof(float) * INIT_PIECE);
     if (!piece) return dt_error(DT_ERR_NOMEM, "gpt init: out of memory");
-    init_shard(m, seed, piece);
+    init_shard(m, seed, piece, lo, hi);
     free(piece);
     return DT_OK;
 }

@@ -101,6 +101,13 @@ static void release(float *g, size_t lo, size_t hi) {
     if (hi > lo) dt_zero_pages(g + lo, (hi - lo) * sizeof(float));
 }
 
+// The same for the parts of a layer's parameters given back after their
+// use, every step: every 4 KiB page (dt_give_pages), not just the whole
+// huge pages, or the cleared edges of a layer's ranges stay resident.
+static void give_back(float *p, size_t lo, size_t hi) {
+    if (hi > lo) dt_give_pages(p + lo, (hi - lo) * sizeof(float));
+}
+
 // The rank whose slice holds element i.
 static int owner(const zero *z, size_t i) {
     int lo = 0, hi = z->base.world - 1;
@@ -265,8 +272,8 @@ static dt_status drop_block(zero *z, int l) {
         for (int i = 0; i < no; i++)
             if (in_block(z, i, b)) {
                 size_t a = o[i].offset, e = a + o[i].len;
-                release(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
-                release(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
+                give_back(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
+                give_back(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
             }
         z->held[b] = 0;
     }
@@ -473,6 +480,10 @@ static dt_status zero_sync(dt_strategy *s) {
         reduce_order(z, 0, z->done);
         z->done = 0;
         settle(z, 1);
+        if (z->stage >= 2) {  // (and the edges of what settle gave back a part at a time)
+            release(s->grads, 0, s->lo);
+            release(s->grads, s->hi, s->n);
+        }
     }
     z->t_done = dt_now();
     if (!z->t_first) z->t_first = z->t_backward_end;

@@ -41,6 +41,7 @@ struct dt_task {
     size_t act_bytes, act_saved;  // the activation sets made, and what 16-bit matmul inputs save in them
     int lent;                     // the default set serves a pipeline stage too (gpt_stage_create)
     int deferred;                 // the parameters come at hold (a pipeline stage's layers)
+    int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save).
@@ -222,7 +223,9 @@ static dt_status gpt_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt
 // dt_gpt_load), never a whole copy beside the model.
 static dt_status init_params(dt_task *t) {
     const dt_config *c = t->c;
-    dt_status st = dt_gpt_init(t->m, c->seed);
+    size_t lo = 0, hi = SIZE_MAX;
+    if (t->sliced) dt_shard_range(dt_gpt_num_params(t->m), t->rank, t->W, &lo, &hi);
+    dt_status st = dt_gpt_init_range(t->m, c->seed, lo, hi);
     if (st != DT_OK || !c->init_from[0]) return st;
     return dt_gpt_load(t->m, c->init_from);
 }
@@ -274,6 +277,7 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
                            .part_take = t->ntp > 1 || t->deferred ? part_take : NULL,
                            .part_user = t,
                            .deferred = t->deferred,
+                           .sliced = t->sliced,
                            .tied = 1,
                            .ntensors = 16,
                            .weights_meta = t->wmeta,
@@ -331,6 +335,10 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     // A pipeline's stage keeps its layers alone: their parameters come when
     // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
     t->deferred = c->pipeline > 1 && c->zero != 1;
+    // ZeRO-3 keeps a rank's slice of the parameters alone: that is all it
+    // makes (each rank its own, from the same stream; nothing broadcast).
+    t->sliced = c->zero >= 3 && W > 1 && !c->init_from[0];
+    t->rank = rank, t->W = W;
     if (!t->deferred) DT_TRY(init_params(t), done);
     t->x = calloc((size_t)t->B * t->T, sizeof(int32_t));
     t->y = calloc((size_t)t->B * t->T, sizeof(int32_t));

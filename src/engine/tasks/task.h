@@ -58,6 +58,9 @@ typedef struct {
     void *part_user;
     int deferred;                     /* the parameters are set by hold (a pipeline stage's layers), not at
                                          create: the loop does not share them at the start */
+    int sliced;                       /* create set this rank's ZeRO-3 slice of the parameters alone
+                                         (dt_shard_range over the ranks), every rank its own from the same
+                                         stream: the loop does not share them at the start either */
     int tied;                         /* the order's first range is used by the first and the last layer
                                          too (the GPT's wte, its tied head): a pipeline's end stages keep it */
     int ntensors;
