@@ -373,6 +373,7 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
     r->last_time = now;
     dt_obs_begin(r->obs, DT_OBS_CHECKPOINT);
     dt_status st = dt_ckpt_writer_save(r->writer, s);
+    if (st == DT_OK && r->wait) st = dt_ckpt_writer_wait(r->writer);
     dt_obs_end(r->obs, DT_OBS_CHECKPOINT);
     return st;
 }
@@ -384,7 +385,11 @@ dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
         int saves;
         double maxp, total, maxw;
         dt_ckpt_writer_stats(r->writer, &saves, &maxp, &total, &maxw);
-        if (saves)
+        if (saves && r->wait)
+            dt_log(DT_LOG_INFO, "%d checkpoint%s written from the live state, no snapshot: training waited for "
+                                "each write, up to %.1f ms",
+                   saves, saves > 1 ? "s" : "", maxw * 1e3);
+        else if (saves)
             dt_log(DT_LOG_INFO, "%d checkpoint%s; training paused %.1f ms at most (%.1f ms in all) to snapshot "
                                 "them, the writes took up to %.1f ms in the background",
                    saves, saves > 1 ? "s" : "", maxp * 1e3, total * 1e3, maxw * 1e3);

@@ -33,6 +33,8 @@ typedef struct dt_run_ckpt {
     int from_parts;           /* the ranks that wrote it (dt_ckpt_open_part) */
     dt_status (*save)(void *user, const dt_train_state *s);  /* dt_run_ckpt_set_saver */
     void *save_user;
+    int wait;                 /* each save waited for: the model's buffers are the live state, no snapshot
+                                 (a ZeRO rank's slice under [checkpoint] staging = pieces) */
     int64_t state_opt;        /* the optimizer's step count when the loop's state was last set (the
                                  loop sets it with its state; a sharded strategy's slices must be
                                  taken back to it after a failure: dt_run_ckpt_share) */

@@ -573,6 +573,7 @@ static dt_status resume_or_join(run_state *r) {
                         r->rank, st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
     if (st != DT_OK) return st;
     if (s->ckpt_saves) dt_run_ckpt_set_saver(&r->ck, save_by_strategy, s);
+    r->ck.wait = s->ckpt_live;
     s->ckpt_model = &r->ck.model;
     s->ckpt_dir = r->ck.dir;
     s->start_step = r->ts.step;
@@ -606,7 +607,9 @@ static void describe(const run_state *r, const char *wcopy) {
         dt_log(DT_LOG_INFO, "memory of a worker by the formula: %.1f MiB = model state %.1f + activations %.1f + "
                             "checkpoints %.1f%s + data %.1f + the program %.1f MiB (docs/model-parallel.md)",
                m.total / 1048576.0, m.model / 1048576.0, m.activations / 1048576.0, m.checkpoints / 1048576.0,
-               m.ckpt_pieces ? " (written in pieces)" : "",
+               !m.ckpt_pieces ? ""
+               : c->zero > 0 && c->tensor <= 1 && c->pipeline <= 1 ? " (written from the live state)"
+                                                                   : " (written in pieces)",
                m.data / 1048576.0, m.program / 1048576.0);
 }
 

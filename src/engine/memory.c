@@ -25,7 +25,8 @@
 typedef struct {
     size_t act, model, data;
     size_t ckpt;         // checkpoints' staging and snapshot, the weights file's pieces, or reading one
-    size_t ckpt_pieces;  // ... with a model in parts' checkpoints written in pieces (0: not in parts)
+    size_t ckpt_pieces;  // ... with checkpoints written without a snapshot: a model in parts' in pieces, a
+                         // ZeRO rank's from its live slice (0: neither can be)
     int pieces;          // ckpt is that figure ([checkpoint] staging: staging())
     size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
@@ -137,6 +138,11 @@ static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 // in pieces ([checkpoint] staging).
 static int in_parts(const dt_config *c, int W, int parts) { return parts || (c->tensor > 1 && W >= c->tensor); }
 
+// Checkpoints that may be written without a snapshot ([checkpoint]
+// staging): a model in parts' in pieces, a ZeRO rank's slice (of data
+// parallel: its own, whole) straight from its live buffers.
+static int unstaged(const dt_config *c, int W, int parts) { return in_parts(c, W, parts) || (W > 1 && c->zero > 0); }
+
 static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, int parts, int in_pieces) {
     size_t F = sizeof(float), per = (size_t)(1 + optim_states(c)), piece = (size_t)4 << 20;
     int tp = in_parts(c, W, parts);  // (ranks keeping parts: staged slices)
@@ -145,6 +151,7 @@ static size_t ckpt_need(const dt_config *c, size_t np_whole, size_t big, int W, 
     if (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) return pieces;
     size_t slice = sliced ? (np_whole + (size_t)W - 1) / (size_t)W : np_whole;
     if (tp && in_pieces) return sat_add(pieces, 2 * F * (slice < piece ? slice : piece));
+    if (in_pieces) return pieces;  // (a ZeRO slice written from the live buffers, the training waiting)
     // (parts: the staged slice is the writer's snapshot; the piece it is assembled in)
     if (tp) pieces += F * (slice < piece ? slice : piece);
     return sat_add(pieces, sat_mul(F * per, slice));
@@ -201,7 +208,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     n->np = np;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
     n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, whole, whole, W, 0, 0) : 0);
-    if (use == DT_MEM_TRAIN && in_parts(c, W, 0))
+    if (use == DT_MEM_TRAIN && unstaged(c, W, 0))
         n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, whole, whole, W, 0, 1));
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
@@ -281,7 +288,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     int parts = np != held_params(c, &gc, ntp, np, W);
     n->ckpt = max_size(read_need(c, use),
                        use == DT_MEM_TRAIN ? ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, parts, 0) : 0);
-    if (use == DT_MEM_TRAIN && in_parts(c, W, parts))
+    if (use == DT_MEM_TRAIN && unstaged(c, W, parts))
         n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, dt_gpt_config_num_params(&gc), big, W, parts, 1));
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last

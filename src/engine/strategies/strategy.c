@@ -129,6 +129,11 @@ void dt_strategy_ckpt_view(dt_strategy *s, dt_ckpt_model *m) {
         m->stable = 1;  // (ckpt_stage changes the slice only after the write in flight: the loop waits)
         m->state_only = s->ckpt_pieces;
     }
+    // [checkpoint] staging = pieces (or auto under a cap) of a ZeRO rank:
+    // its slice written from the live buffers, no snapshot, each save
+    // waiting for its write (ckpt_live).
+    s->ckpt_live = !s->ops->ckpt_save && s->world > 1 && s->c->zero > 0 && dt_memory_ckpt_pieces(s->c, s->world);
+    if (s->ckpt_live) m->stable = 1;
 }
 
 int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global) {

@@ -224,6 +224,8 @@ struct dt_strategy {
     float *ckpt_params, *ckpt_states[2];
     int ckpt_pieces;           /* ... or none of them, the checkpoints written and read a piece at a time by the
                                   strategy (ckpt_save, ckpt_restore: [checkpoint] staging, dt_memory_ckpt_pieces) */
+    int ckpt_live;             /* a ZeRO rank's checkpoints written from its live slice, no snapshot: each
+                                  save waits for its write (dt_run_ckpt's wait; [checkpoint] staging) */
     dt_part_fill_fn part_fill;
     dt_part_take_fn part_take;
     void *part_user;
