@@ -299,7 +299,7 @@ static void test_cli(void) {
     CHECK(tl_run(cmd, out, sizeof out) == 0 && (vl = strstr(out, "val loss ")) && atof(vl + 9) < 4.0,
           "init_from continues from saved weights: %s", out);
     // init_from where no rank keeps the whole model (a tensor-parallel
-    // shard reads its part a piece at a time, a ZeRO-3 rank its block): one
+    // shard reads its part a piece at a time, a ZeRO-3 rank its slice): one
     // step of lr 1e-12 ends where it started.
     const char *lays[] = {"--set parallel.tensor=2", "--zero 3"};
     for (int i = 0; i < 2; i++) {

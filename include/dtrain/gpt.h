@@ -380,6 +380,10 @@ DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_m
  * ranges; a tensor-parallel shard reads the whole block 16 MiB at a time
  * and keeps its part of each piece (dt_gpt_part_take). */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
+/* dt_gpt_load of the parameter block's elements [lo, hi) alone (a ZeRO-3
+ * rank's slice), the rest left untouched; a tensor-parallel shard takes
+ * its part of the whole block as dt_gpt_load does (lo, hi unused). */
+DT_API dt_status dt_gpt_load_range(dt_gpt *m, const char *path, size_t lo, size_t hi);
 /* The same without a model: writes a parameter block of config c, and reads
  * one (either format) into *params (dt_alloc'ed; free with dt_free) and *c. */
 DT_API dt_status dt_gpt_weights_save(const char *path, const dt_gpt_config *c, const float *params);

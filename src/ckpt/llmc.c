@@ -306,7 +306,9 @@ dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params
     return st;
 }
 
-dt_status dt_gpt_load(dt_gpt *m, const char *path) {
+dt_status dt_gpt_load(dt_gpt *m, const char *path) { return dt_gpt_load_range(m, path, 0, SIZE_MAX); }
+
+dt_status dt_gpt_load_range(dt_gpt *m, const char *path, size_t lo, size_t hi) {
     dt_gpt_config fc;
     dt_gpt_weights *w;
     dt_status st = dt_gpt_weights_open(&w, path, &fc);
@@ -325,7 +327,10 @@ dt_status dt_gpt_load(dt_gpt *m, const char *path) {
     float *p = dt_gpt_params(m);
     if (ntp == 1) {  // straight into the block: the ranges it keeps
         const dt_grad_range *r = dt_gpt_held_ranges(m, &nr);
-        for (int i = 0; i < nr && st == DT_OK; i++) st = dt_gpt_weights_read(w, r[i].offset, r[i].offset + r[i].len, p + r[i].offset);
+        for (int i = 0; i < nr && st == DT_OK; i++) {
+            size_t a = r[i].offset > lo ? r[i].offset : lo, b = r[i].offset + r[i].len < hi ? r[i].offset + r[i].len : hi;
+            if (a < b) st = dt_gpt_weights_read(w, a, b, p + a);
+        }
     } else {  // a shard: the whole block a piece at a time, its part of each kept
         size_t np = dt_gpt_config_num_params(&fc), piece = DT_ST_PIECE / sizeof(float);
         float *buf = dt_alloc(sizeof(float) * piece);

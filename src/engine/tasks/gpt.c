@@ -227,7 +227,7 @@ static dt_status init_params(dt_task *t) {
     if (t->sliced) dt_shard_range(dt_gpt_num_params(t->m), t->rank, t->W, &lo, &hi);
     dt_status st = dt_gpt_init_range(t->m, c->seed, lo, hi);
     if (st != DT_OK || !c->init_from[0]) return st;
-    return dt_gpt_load(t->m, c->init_from);
+    return dt_gpt_load_range(t->m, c->init_from, lo, hi);
 }
 
 static void part_fill(void *user, const float *local, size_t lo, size_t hi, float *buf) {
@@ -337,7 +337,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     t->deferred = c->pipeline > 1 && c->zero != 1;
     // ZeRO-3 keeps a rank's slice of the parameters alone: that is all it
     // makes (each rank its own, from the same stream; nothing broadcast).
-    t->sliced = c->zero >= 3 && W > 1 && !c->init_from[0];
+    t->sliced = c->zero >= 3 && W > 1;
     t->rank = rank, t->W = W;
     if (!t->deferred) DT_TRY(init_params(t), done);
     t->x = calloc((size_t)t->B * t->T, sizeof(int32_t));
