@@ -339,6 +339,12 @@ DT_API void dt_gpt_part_fill(const dt_gpt *m, const float *local, size_t lo, siz
 /* The elements of m's block `local` that lie in [lo, hi) of the whole
  * model's block, from buf[0, hi - lo) (every one m holds). */
 DT_API void dt_gpt_part_take(const dt_gpt *m, float *local, size_t lo, size_t hi, const float *buf);
+/* Where m's part lies: fn(user, local, whole, n) for each run of n floats
+ * it holds at offset `local` of its block and `whole` of the whole model's,
+ * every element it holds once (the tensors every shard holds whole
+ * included), tensor by tensor in block order, increasing in both. */
+typedef void (*dt_gpt_run_fn)(void *user, size_t local, size_t whole, size_t n);
+DT_API void dt_gpt_part_runs(const dt_gpt *m, dt_gpt_run_fn fn, void *user);
 /* Keeps only the blocks held[l] says (l < n_layer; NULL: all), with the
  * embedding where it keeps block 0 and the final layernorm and the tied
  * wte where it keeps the last: the parameters and gradients of the rest
@@ -371,10 +377,11 @@ DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_m
  * claims are checked against its bytes, and every tensor's shape, before
  * anything is copied or allocated; a safetensors file that is a checkpoint
  * is verified first (dt_model_load), and values NaN or Inf are refused
- * (dt_gpt_weights_open). Only what m keeps is read, straight into its
- * block: a model that keeps some blocks (dt_gpt_set_held) reads those
- * ranges; a tensor-parallel shard reads the whole block 16 MiB at a time
- * and keeps its part of each piece (dt_gpt_part_take). */
+ * (dt_gpt_weights_open: a pass over the whole file, a piece at a time).
+ * Then only what m keeps is read, straight into its block, by ranges
+ * (dt_gpt_part_runs: a stage's blocks, a tensor-parallel shard's part of
+ * each tensor), with no buffer: the same values as dt_gpt_part_take of
+ * the whole block. */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
 /* The same without a model: writes a parameter block of config c, and reads
  * one (either format) into *params (dt_alloc'ed; free with dt_free) and *c. */

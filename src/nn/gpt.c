@@ -590,6 +590,27 @@ static void part_range(const dt_gpt *m, float *local, size_t lo, size_t hi, floa
     }
 }
 
+// The runs in whole-block coordinates: the tensor's offsets added.
+typedef struct {
+    dt_gpt_run_fn fn;
+    void *user;
+    size_t local, whole;  // tensor i's offset in m's block and in the whole model's
+} block_run;
+
+static void block_one(void *user, size_t local, size_t whole, size_t n) {
+    block_run *u = user;
+    u->fn(u->user, u->local + local, u->whole + whole, n);
+}
+
+void dt_gpt_part_runs(const dt_gpt *m, dt_gpt_run_fn fn, void *user) {
+    dt_tensor_info w[NPT];
+    shard_shapes(&m->c, 1, w);
+    for (int i = 0; i < NPT; i++) {
+        block_run u = {fn, user, m->tensors[i].offset, w[i].offset};
+        held_runs(m, i, block_one, &u);
+    }
+}
+
 void dt_gpt_part_fill(const dt_gpt *m, const float *local, size_t lo, size_t hi, float *buf) {
     part_range(m, (float *)local, lo, hi, buf, 0);
 }
