@@ -363,9 +363,12 @@ static void print_stages(pipe *p) {
         for (int l = bounds[k]; l < bounds[k + 1]; l++) sum += p->layer_cost[l];
         n += (size_t)snprintf(sc + n, sizeof sc - n, "%s%d: %.3f", k ? ", " : "", k, sum * 1e3);
     }
+    char same[96] = "";
+    if (c->gpt && L > 3)
+        snprintf(same, sizeof same, " (layers 0, 1 and %d timed, the others cost layer 1's: the blocks are alike)", L - 1);
     dt_log(DT_LOG_INFO,
-           "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s",
-           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc);
+           "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s%s",
+           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc, same);
 }
 
 // A step's order of work on stage s (Megatron's schedules). gpipe: every
@@ -632,18 +635,19 @@ static dt_status holder(dt_comm_t c, int have, int *root) {
 }
 
 // Measured balance, before the model's parameters are set (pp_layout):
-// every rank times each layer, a stage of the task's for that layer alone
-// on a scratch micro-batch of the largest size (the task's scratch_batch;
-// the layer's input and its output's gradient zeros), forward then
-// backward, MEASURE_REPS times, and takes the median forward + median
-// backward. The first layer's includes the embedding (the images), the
-// last one's the head and the loss, which stay on the end stages. Only
-// one layer's activations exist at a time, and the gradients the
-// measurement leaves are given back (their pages too). The ranks agree on
-// the largest of each layer's figures (an int64 allreduce max of
-// nanoseconds: exact, so every rank cuts the same stages from the same
-// numbers). Tensor-parallel shards of one copy run the same layers
-// together (their sums inside the layers match).
+// every rank times each layer (a GPT three of them: timed_as), a stage of
+// the task's for that layer alone on a scratch micro-batch of the largest
+// size (the task's scratch_batch; the layer's input and its output's
+// gradient zeros), forward then backward, MEASURE_REPS times, and takes
+// the median forward + median backward. The first layer's includes the
+// embedding (the images), the last one's the head and the loss, which stay
+// on the end stages. Only one layer's activations exist at a time, on the
+// layer's own (unset: untouched) parameters, and the gradients the
+// measurement leaves are given back (their pages too): the scratch is one
+// layer's. The ranks agree on the largest of each layer's figures (an
+// int64 allreduce max of nanoseconds: exact, so every rank cuts the same
+// stages from the same numbers). Tensor-parallel shards of one copy run
+// the same layers together (their sums inside the layers match).
 static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int l, int len, double *f, double *b) {
     dt_strategy *s = &p->base;
     dt_task_stage *st = NULL;
@@ -671,6 +675,15 @@ static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int
     return rc;
 }
 
+// The layer whose time stands for layer l's: l itself, but for a GPT,
+// whose blocks all cost the same: its first layer (with the embedding),
+// its last (with the head) and the second (a block alone), which stands
+// for the others. Three stages of one block are timed, not L.
+static int timed_as(const dt_config *c, int l) {
+    int L = model_layers(c);
+    return !c->gpt || l == 0 || l == L - 1 ? l : 1;
+}
+
 static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task) {
     dt_strategy *s = &p->base;
     int L = model_layers(s->c), len = pp_max_micro(s->c, s->world);
@@ -681,6 +694,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task)
                    : dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
     if (rc == DT_OK) rc = tops->scratch_batch(task, len);
     for (int l = 0; l < L && rc == DT_OK; l++) {
+        if (timed_as(s->c, l) != l) continue;
         if ((rc = time_layer(p, tops, task, l, len, f, b)) == DT_OK)
             ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
         dt_zero_pages(s->grads, sizeof(float) * s->n);  // (the layer's, at once: one layer's at a time)
@@ -688,7 +702,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task)
     // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
     dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;
     if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "pipeline: agreeing on the layers' costs: %s", dt_last_error());
-    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[l] * 1e-9;
+    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[timed_as(s->c, l)] * 1e-9;
     free(ns);
     return rc;
 }
