@@ -84,8 +84,10 @@ static size_t file_size(const char *path) {
 
 size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W, dt_memory_kinds *k) {
     dt_memory_kinds m = {0};
-    // (tensor parallel: a shard's state is sliced over the ranks holding that shard)
+    // (tensor parallel: a shard's state is sliced over the ranks holding
+    // that shard; a pipeline's, over the replicas of its stage)
     if (c->tensor > 1 && W >= c->tensor) W /= c->tensor;
+    if (c->pipeline > 1 && W >= c->pipeline) W /= c->pipeline;
     size_t F = sizeof(float), slice = (np + (size_t)W - 1) / (size_t)W;  // the largest slice
     if (W < 1 || zero < 0) W = 1, zero = 0, slice = np;
     m.weights = sat_mul(F, zero >= 3 ? slice : np);
@@ -216,12 +218,12 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
 }
 
 // What a rank of a pipeline keeps of its shard's np parameters (the
-// pipeline strategy's layout; under ZeRO-1 every layer): its stage's share
+// pipeline strategy's layout): its stage's share
 // of the blocks, ceil(L / P) of them, with the embedding and the head (the
 // stage holding both ends, the bound). np = 0: one block with both.
 static size_t held_params(const dt_config *c, const dt_gpt_config *gc, int ntp, size_t np, int W) {
     int D = W / (c->tensor * c->pipeline);  // (one replica with spares: every layer, pipeline.c's keep_all)
-    if (np && (c->pipeline <= 1 || c->zero == 1 || (D <= 1 && dt_worker_spares() > 0))) return np;
+    if (np && (c->pipeline <= 1 || (D <= 1 && dt_worker_spares() > 0))) return np;
     dt_gpt_config one = *gc, two = *gc;
     one.n_layer = 1;
     two.n_layer = 2;

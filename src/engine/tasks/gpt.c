@@ -329,8 +329,8 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);
     if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
     // A pipeline's stage keeps its layers alone: their parameters come when
-    // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
-    t->deferred = c->pipeline > 1 && c->zero != 1;
+    // the strategy has cut the stages (hold), under ZeRO-1 too.
+    t->deferred = c->pipeline > 1;
     if (!t->deferred) DT_TRY(init_params(t), done);
     t->x = calloc((size_t)t->B * t->T, sizeof(int32_t));
     t->y = calloc((size_t)t->B * t->T, sizeof(int32_t));
