@@ -510,7 +510,7 @@ static void test_piecewise(void) {
     for (int k = 0; k < 6; k++) {
         int ntp = k < 4 ? 2 : 1, tp = k % 2, held = k % 4 >= 2 || k == 5;
         dt_gpt *m = NULL, *want = NULL;
-        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, ntp, 0, 0};
+        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, ntp, 0, 0, 0};
         if (dt_gpt_create_shard(&m, &c, &a, tp * (ntp > 1)) != DT_OK ||
             dt_gpt_create_shard(&want, &c, &a, tp * (ntp > 1)) != DT_OK ||
             (held && (dt_gpt_set_held(m, last) != DT_OK || dt_gpt_set_held(want, last) != DT_OK))) {

@@ -114,10 +114,15 @@ DT_API void dt_gpt_free(dt_gpt *m);
  * the rest along the tokens: the shard keeps rows [tp R, (tp + 1) R), R =
  * B T / ntp, of the residual stream, the layernorms' outputs and their
  * statistics (B T must be a multiple of ntp), where without it every shard
- * keeps all B T rows. */
+ * keeps all B T rows; forward_only = 1 makes a set for forwards alone (an
+ * evaluation's): the residual stream in two buffers that the blocks write
+ * in turn (dt_gpt_acts_resid(a, l) is buffer (l - l0) % 2) and one
+ * block's activations, the same results to the bit as a whole set's;
+ * every backward call refuses it. */
 typedef struct {
     int B, T, l0, l1, ntp, recompute;
     int seq;
+    int forward_only;
 } dt_gpt_acts_params;
 /* {B, T, 0, n_layer, 1, 0, 0}: the whole model's, every activation kept. */
 DT_API dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T);
@@ -212,6 +217,11 @@ DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
 /* Logits [B,T,V] of the last head forward, valid until the head backward;
  * NULL without a head. */
 DT_API const float *dt_gpt_acts_logits(const dt_gpt_acts *a);
+/* dt_gpt_forward over the whole model into set a instead of the default
+ * set (a set of every layer: a forward-only one for an evaluation); its
+ * logits are then dt_gpt_acts_logits(a). */
+DT_API dt_status dt_gpt_forward_with(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs, const int32_t *targets,
+                                     int B, int T, float *loss);
 /* Bytes allocated for the set; dt_gpt_acts_size: the bytes a set for
  * (c, p) would take, without allocating (arguments as above, unchecked), in the kernels' precision at the call. A set made while the
  * kernels run bf16 or fp16 (kernels.h) keeps each layer's four matmul

@@ -257,8 +257,14 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     int ntp = c->tensor > 1 && W >= c->tensor ? c->tensor : 1;
     size_t np = dt_gpt_shard_num_params(&gc, ntp);
     // A tensor-parallel shard's sets hold its parts (the evaluation's too).
-    dt_gpt_acts_params ap = {B, T, 0, c->n_layer, ntp, c->recompute, ntp > 1 && c->sequence};
+    dt_gpt_acts_params ap = {B, T, 0, c->n_layer, ntp, c->recompute, ntp > 1 && c->sequence, 0};
     n->act = dt_gpt_activation_bytes(&gc, &ap);
+    if (use == DT_MEM_TRAIN && c->pipeline > 1) {  // its evaluation's set is forward-only (the default set unused)
+        dt_gpt_acts_params fw = ap;
+        fw.recompute = 0;
+        fw.forward_only = 1;
+        n->act = n->act - dt_gpt_acts_size(&gc, &ap) + dt_gpt_acts_size(&gc, &fw);
+    }
     if (use == DT_MEM_TRAIN) n->act = sat_add(n->act, stage_sets(c, &gc, &ap));
     if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
     if (use == DT_MEM_SAMPLE) {
