@@ -968,14 +968,14 @@ static dt_status pp_sync(dt_strategy *s) {
     if (!p->held && !p->acc && !p->units) return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
     double t0 = dt_now();
     uint64_t sent = grad_sent(p);
-    int n;
+    int n, scatter = p->units && !p->acc;
     const dt_grad_range *k = kept(p, &n);
     dt_comm_t c = p->held ? p->dp : p->shard ? p->shard : s->comm;
     dt_status st = DT_OK;
-    if (p->units && !p->acc) st = zero_sum(p);
-    for (int i = 0; i < n && st == DT_OK && !(p->units && !p->acc); i++) st = sum_range(p, k[i].offset, k[i].len, c);
+    if (scatter) st = zero_sum(p);
+    for (int i = 0; i < n && st == DT_OK && !scatter; i++) st = sum_range(p, k[i].offset, k[i].len, c);
     // (the order's first range is wte: the embedding's, and the head's on the last stage)
-    if (st == DT_OK && p->tied && !(p->units && !p->acc)) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
+    if (st == DT_OK && p->tied && !scatter) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
     for (int i = 0; i < n && p->acc; i++) {
         dt_fixed_to_float(s->grads + k[i].offset, p->acc + k[i].offset, k[i].len);
         memset(p->acc + k[i].offset, 0, sizeof(int64_t) * k[i].len);
@@ -983,8 +983,8 @@ static dt_status pp_sync(dt_strategy *s) {
     p->grad_bytes += grad_sent(p) - sent;
     s->comm_seconds += dt_now() - t0;
     s->comm_exposed_seconds += dt_now() - t0;
-    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gradient %s: %s", p->units && !p->acc ? "reduce-scatter" : "allreduce",
-                                          dt_last_error());
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient %s: %s", scatter ? "reduce-scatter" : "allreduce", dt_last_error());
+    return DT_OK;
 }
 
 // The update of the ranges this rank keeps: its layers' (or the whole
