@@ -426,23 +426,23 @@ static const dt_gpt_config stage_cfg = {.n_layer = 3, .n_head = 2, .n_embd = 16,
 // A set of layers [l0, l1) of the whole model (recompute: g_recompute).
 static int g_recompute;
 static dt_status acts_range(dt_gpt_acts **a, const dt_gpt_config *c, int B, int T, int l0, int l1) {
-    dt_gpt_acts_params p = {B, T, l0, l1, 1, g_recompute, 0};
+    dt_gpt_acts_params p = {B, T, l0, l1, 1, g_recompute, 0, 0};
     return dt_gpt_acts_create_with(a, c, &p);
 }
 static size_t acts_size(const dt_gpt_config *c, int B, int T, int l0, int l1, int ntp, int recompute) {
-    dt_gpt_acts_params p = {B, T, l0, l1, ntp, recompute, 0};
+    dt_gpt_acts_params p = {B, T, l0, l1, ntp, recompute, 0, 0};
     return dt_gpt_acts_size(c, &p);
 }
 // The same, sequence parallel.
 static size_t acts_size_seq(const dt_gpt_config *c, int B, int T, int ntp, int recompute) {
-    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute, 1};
+    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute, 1, 0};
     return dt_gpt_acts_size(c, &p);
 }
 // Shard r of ntp with a default set for B x T (recompute: the set keeps the
 // blocks' inputs alone; seq: sequence parallel).
 static dt_status create_shard_seq(dt_gpt **m, const dt_gpt_config *c, int B, int T, int r, int ntp, int recompute,
                                   int seq) {
-    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute, seq};
+    dt_gpt_acts_params p = {B, T, 0, c->n_layer, ntp, recompute, seq, 0};
     return dt_gpt_create_shard(m, c, &p, r);
 }
 static dt_status create_shard(dt_gpt **m, const dt_gpt_config *c, int B, int T, int r, int ntp, int recompute) {
@@ -535,6 +535,53 @@ static int log_is(const layer_log *g, int at, int from, int to, int phase) {
     for (int l = from;; l += step, at++) {
         if (at >= g->n || g->layer[at] != l || g->phase[at] != phase) return 0;
         if (l == to) return 1;
+    }
+}
+
+// A forward-only set (an evaluation's): the loss and the logits of the
+// default set's forward to the bit, with the stream in two buffers (3 and
+// 4 layers: an odd and an even count of turns) and one block's
+// activations; every backward call refuses it.
+static void test_forward_only(void) {
+    for (int L = 3; L <= 4; L++) {
+        dt_gpt_config c = stage_cfg;
+        c.n_layer = L;
+        dt_gpt *m;
+        dt_gpt_acts *a = NULL;
+        dt_gpt_acts_params fw = {SB, ST, 0, L, 1, 0, 0, 1};
+        if (dt_gpt_create(&m, &c, SB, ST) != DT_OK || dt_gpt_acts_create_with(&a, &c, &fw) != DT_OK) {
+            CHECK(0, "forward-only set of %d layers: %s", L, dt_last_error());
+            return;
+        }
+        random_params(m);
+        int32_t x[SB * ST], y[SB * ST];
+        random_tokens(x, SB * ST, c.vocab_size);
+        random_tokens(y, SB * ST, c.vocab_size);
+        float l0 = 0, l1 = -1;
+        size_t nl = (size_t)SB * ST * c.vocab_size;
+        int ok = dt_gpt_forward(m, x, y, SB, ST, &l0) == DT_OK;
+        float *lg = malloc(sizeof(float) * nl);
+        if (ok && lg) memcpy(lg, dt_gpt_logits(m), sizeof(float) * nl);
+        ok &= lg && dt_gpt_forward_with(m, a, x, y, SB, ST, &l1) == DT_OK;
+        CHECK(ok && l0 == l1 && !memcmp(lg, dt_gpt_acts_logits(a), sizeof(float) * nl),
+              "%d layers: the forward-only set's loss %.9g and logits are the default set's (%.9g) to the bit: %s", L, l1,
+              l0, dt_last_error());
+        // Two streams, not L + 1; one block's activations, as recomputation's.
+        size_t stream = sizeof(float) * SB * ST * c.n_embd;
+        CHECK(dt_gpt_acts_bytes(a) + (size_t)(L - 1) * stream == acts_size(&c, SB, ST, 0, L, 1, 1) &&
+                  dt_gpt_acts_bytes(a) < acts_size(&c, SB, ST, 0, L, 1, 0) / 2,
+              "%d layers: forward-only set %zu bytes, recomputation's %zu less %d streams, a whole set %zu", L,
+              dt_gpt_acts_bytes(a), acts_size(&c, SB, ST, 0, L, 1, 1), L - 1, acts_size(&c, SB, ST, 0, L, 1, 0));
+        float *d = calloc((size_t)SB * ST * c.n_embd, sizeof(float));
+        CHECK(d && dt_gpt_head_backward(m, a, dt_gpt_acts_resid(a, L), d) == DT_ERR_ARG &&
+                  strstr(dt_last_error(), "forward-only"),
+              "%d layers: backward of a forward-only set refused: %s", L, dt_last_error());
+        CHECK(d && dt_gpt_backward_range(m, a, 0, L, dt_gpt_acts_resid(a, 0), d) == DT_ERR_ARG,
+              "%d layers: backward_range of a forward-only set refused", L);
+        free(d);
+        free(lg);
+        dt_gpt_acts_free(a);
+        dt_gpt_free(m);
     }
 }
 
@@ -956,7 +1003,7 @@ static void test_tensor_parallel(void) {
     // A set of another kind than the model's, and a shape the shards do not divide.
     dt_gpt *sq;
     dt_gpt_acts *plain, *a6;
-    dt_gpt_acts_params pp = {2, 8, 0, c.n_layer, 2, 0, 0}, p6 = {2, 8, 0, c.n_layer, 2, 0, 1};
+    dt_gpt_acts_params pp = {2, 8, 0, c.n_layer, 2, 0, 0, 0}, p6 = {2, 8, 0, c.n_layer, 2, 0, 1, 0};
     int ok = create_shard_seq(&sq, &c, 0, 0, 0, 2, 0, 1) == DT_OK && dt_gpt_acts_create_with(&plain, &c, &pp) == DT_OK &&
              dt_gpt_acts_create_with(&a6, &c, &p6) == DT_OK;
     CHECK(ok, "a sequence-parallel shard and sets: %s", dt_last_error());
@@ -1048,7 +1095,7 @@ static void test_held(void) {
     random_tokens(x, 16, c.vocab_size);
     random_tokens(y, 16, c.vocab_size);
     dt_gpt_acts *sa, *sb;
-    dt_gpt_acts_params p0 = {2, 8, 0, 2, 1, 0, 0}, p1 = {2, 8, 2, 4, 1, 0, 0};
+    dt_gpt_acts_params p0 = {2, 8, 0, 2, 1, 0, 0, 0}, p1 = {2, 8, 2, 4, 1, 0, 0, 0};
     float lw, lb = 0;
     ok = dt_gpt_acts_create_with(&sa, &c, &p0) == DT_OK && dt_gpt_acts_create_with(&sb, &c, &p1) == DT_OK;
     float *mid = dt_gpt_acts_resid(sb, 2), *d = zeros(16 * 32);
@@ -1124,6 +1171,7 @@ int main(void) {
     test_encoder_residual();
     test_model();
     test_stages();
+    test_forward_only();
     test_tensor_parallel();
     test_shard_bytes();
     test_held();

@@ -446,13 +446,43 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
-// A model of 7.4 M parameters (wte alone is 4 M floats: more than one
+// Bytes this process has read (/proc/self/io's rchar: every read and
+// pread); -1 where the kernel does not count them.
+static long long bytes_read(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    long long v = -1;
+    char line[128];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "rchar: ", 7)) v = atoll(line + 7);
+    if (f) fclose(f);
+    return v;
+}
+
+// What dt_gpt_load of `path` reads beyond opening it (dt_gpt_weights_open,
+// which checks every value, a piece at a time): the bytes of the ranges m
+// keeps, none more (up to a few bytes another thread of the process may
+// read meanwhile: 1 was seen once). -1: not counted here.
+static long long load_reads(dt_gpt *m, const char *path) {
+    dt_gpt_config c;
+    dt_gpt_weights *w = NULL;
+    long long a = bytes_read();
+    if (dt_gpt_weights_open(&w, path, &c) != DT_OK) return -2;
+    dt_gpt_weights_close(w);
+    long long b = bytes_read();
+    if (dt_gpt_load(m, path) != DT_OK) return -2;
+    long long e = bytes_read();
+    return a < 0 ? -1 : (e - b) - (b - a);
+}
+
+// A model of 10.5 M parameters (wte alone is 4 M floats: more than one
 // 16 MiB piece, with a piece boundary inside a tensor): `dtrain convert`
 // writes the bytes that the in-memory writers write (dt_llmc_write,
-// dt_gpt_weights_save) both ways, and a tensor-parallel shard loads its
-// part of the file (init_from) as it would take it from the whole block.
+// dt_gpt_weights_save) both ways, and a tensor-parallel shard, a model
+// that keeps some blocks (a pipeline stage's) and both at once load their
+// part of the file (init_from) as they would take it from the whole block,
+// reading the bytes of that part alone (into the model's block: no buffer).
 static void test_piecewise(void) {
-    dt_gpt_config c = {1, 4, 512, 8, 8000, 8192};
+    dt_gpt_config c = {2, 4, 512, 8, 8000, 8192};
     size_t np = dt_gpt_config_num_params(&c);
     float *p = dt_alloc(np * sizeof(float));
     if (!p) {
@@ -473,22 +503,38 @@ static void test_piecewise(void) {
     CHECK(rc == 0 && same_file(st, st2), "convert llmc -> safetensors, in pieces: the bytes dt_gpt_weights_save writes\n%s",
           out);
     CHECK(rc == 0 && same_file(bin, bin2), "convert safetensors -> llmc, in pieces: the bytes dt_llmc_write writes");
-    // A shard of 2 loads its part: what dt_gpt_part_take takes from the block.
-    for (int tp = 0; tp < 2; tp++) {
+    // Shards of 2 (and the whole model), keeping both blocks or the last
+    // one (with the head and the tied wte, without wpe), load their part:
+    // what dt_gpt_part_take takes from the block, read alone.
+    unsigned char last[2] = {0, 1};
+    for (int k = 0; k < 6; k++) {
+        int ntp = k < 4 ? 2 : 1, tp = k % 2, held = k % 4 >= 2 || k == 5;
         dt_gpt *m = NULL, *want = NULL;
-        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, 2, 0, 0};
-        if (dt_gpt_create_shard(&m, &c, &a, tp) != DT_OK || dt_gpt_create_shard(&want, &c, &a, tp) != DT_OK) {
-            CHECK(0, "shard %d: %s", tp, dt_last_error());
+        dt_gpt_acts_params a = {0, 0, 0, c.n_layer, ntp, 0, 0, 0};
+        if (dt_gpt_create_shard(&m, &c, &a, tp * (ntp > 1)) != DT_OK ||
+            dt_gpt_create_shard(&want, &c, &a, tp * (ntp > 1)) != DT_OK ||
+            (held && (dt_gpt_set_held(m, last) != DT_OK || dt_gpt_set_held(want, last) != DT_OK))) {
+            CHECK(0, "shard %d of %d: %s", tp, ntp, dt_last_error());
             dt_gpt_free(m);
+            dt_gpt_free(want);
             break;
         }
+        int nr;
+        const dt_grad_range *r = dt_gpt_held_ranges(m, &nr);
+        long long part = 0;
+        for (int i = 0; i < nr; i++) part += (long long)(sizeof(float) * r[i].len);
         dt_gpt_part_take(want, dt_gpt_params(want), 0, np, p);
         for (int f = 0; f < 2; f++) {
             memset(dt_gpt_params(m), 0, sizeof(float) * dt_gpt_num_params(m));
-            CHECK(dt_gpt_load(m, f ? bin : st) == DT_OK &&
-                      !memcmp(dt_gpt_params(m), dt_gpt_params(want), sizeof(float) * dt_gpt_num_params(m)),
-                  "tensor-parallel shard %d of 2 loads its part of %s: %s", tp, f ? "an llm.c file" : "safetensors",
-                  dt_last_error());
+            long long got = load_reads(m, f ? bin : st);
+            CHECK(got != -2 && !memcmp(dt_gpt_params(m), dt_gpt_params(want), sizeof(float) * dt_gpt_num_params(m)),
+                  "shard %d of %d%s loads its part of %s: %s", tp, ntp, held ? " keeping block 1" : "",
+                  f ? "an llm.c file" : "safetensors", dt_last_error());
+            if (got == -1) printf("note: /proc/self/io is not there: bytes read not checked\n");
+            else
+                CHECK(got >= part && got < part + 4096, "shard %d of %d%s reads %lld bytes of %s beyond opening it, expected its part's %lld (the file's %zu)",
+                      tp, ntp, held ? " keeping block 1" : "", got, f ? "an llm.c file" : "safetensors", part,
+                      sizeof(float) * np);
         }
         dt_gpt_free(m);
         dt_gpt_free(want);

@@ -1130,14 +1130,21 @@ static void pipeline_balance(void) {
     int rc = tl_run(cmd, g_out, sizeof g_out);
     unsetenv("DTRAIN_SLOW_LAYER");
     CHECK(rc == 0 && strstr(g_out, "layers of stage 0: [0, 1), 1: [1, 4) (balanced by measured time)") &&
-              strstr(g_out, "measured forward + backward of one micro-batch, ms (median of 5, the largest over the 4 ranks); layers 0: "),
+              strstr(g_out, "measured forward + backward of one micro-batch, ms (median of 5, the largest over the 4 ranks); layers 0: ") &&
+              strstr(g_out, "(layers 0, 1 and 3 timed, the others cost layer 1's: the blocks are alike)"),
           "measured cut printed: exit %d\n%s", rc, g_out);
+    // The GPT's blocks cost the same: layers 0 (the embedding's), 1 and 3
+    // (the head's) are timed, layer 2 costs layer 1's to the bit.
     for (int r = 0; r < 4; r++) {
         split_record("pb-measured", r, rec[r], sizeof rec[r]);
         const char *l0 = strstr(rec[r], "\"layer_seconds\":[");
+        char *e = NULL;
+        double ls[4] = {0};
+        for (int l = 0; l < 4 && l0; l++) ls[l] = strtod(l ? e + 1 : l0 + 17, &e);
         CHECK(strstr(rec[r], "\"balance\":\"measured\",\"stages\":[[0,1],[1,4]],\"layer_seconds\":[") && l0 &&
-                  atof(l0 + 17) >= 0.2 && !strcmp(rec[r], rec[0]),
-              "rank %d's recorded cut (%s) is rank 0's (%s), layer 0 at least 0.2 s", r, rec[r], rec[0]);
+                  ls[0] >= 0.2 && ls[1] > 0 && ls[2] == ls[1] && ls[3] > 0 && !strcmp(rec[r], rec[0]),
+              "rank %d's recorded cut (%s) is rank 0's (%s), layer 0 at least 0.2 s, layer 2 layer 1's", r, rec[r],
+              rec[0]);
     }
     char path[1024];
     snprintf(path, sizeof path, "%s/pb-measured/summary.json", g_tmp);
@@ -1242,30 +1249,43 @@ static void pipeline_refusals(void) {
 static void gradient_traffic(void) {
     const struct {
         int T, P, D;
-    } g[] = {{1, 2, 1}, {1, 2, 2}, {1, 4, 1}, {2, 2, 1}, {2, 2, 2}};
-    for (size_t i = 0; i < sizeof g / sizeof *g; i++) {
-        const char *cfg = g[i].T > 1 ? cfg_gptt4 : cfg_gpt4;
-        dt_gpt_config c = {4, g[i].T > 1 ? 4 : 2, 16, 8, 32, g[i].T > 1 ? 32 : dt_gpt_pad_vocab(32)};
+    } g[] = {{1, 2, 1}, {1, 2, 2}, {1, 4, 1}, {2, 2, 1}, {2, 2, 2}, {1, 4, 2}};
+    for (size_t i = 0; i < 2 * sizeof g / sizeof *g; i++) {
+        int T = g[i / 2].T, P = g[i / 2].P, D = g[i / 2].D, zero = i % 2;
+        const char *cfg = T > 1 ? cfg_gptt4 : cfg_gpt4;
+        dt_gpt_config c = {4, T > 1 ? 4 : 2, 16, 8, 32, T > 1 ? 32 : dt_gpt_pad_vocab(32)};
         dt_tensor_info t[16];
         dt_gpt_param_shapes(&c, t);
-        size_t S = 0;
+        // Stage 0's ranges: wte, then wpe with ln1w's layers (adjacent in
+        // the block), then the 11 other stacked tensors' layers.
+        size_t S = 0, unit[13] = {0};
         for (int k = 0; k < 14; k++) {  // (lnf is the last stage's)
-            size_t n = k >= 2 ? t[k].numel / 4 * (4 / g[i].P) : t[k].numel;
-            S += dt_gpt_tensor_split(k) ? n / g[i].T : n;
+            size_t n = k >= 2 ? t[k].numel / 4 * (4 / P) : t[k].numel;
+            n = dt_gpt_tensor_split(k) ? n / T : n;
+            S += n;
+            unit[k < 2 ? k : k - 1] += n;
         }
-        double want = 4.0 * S * 2 * (g[i].D - 1) / g[i].D + 4.0 * t[0].numel / g[i].T;
+        // Allreduce: 2 (D - 1) / D of the stage's bytes, and wte's between
+        // the end stages. ZeRO-1's reduce-scatter: each range but the
+        // rank's own slice of it (dt_shard_range: replica 0's is the first
+        // floor(n / D)), and that slice of wte between the end stages.
+        double want = 4.0 * S * 2 * (D - 1) / D + 4.0 * unit[0];
+        if (zero) {
+            want = 4.0 * (double)(unit[0] / D);
+            for (int u = 0; u < 13; u++) want += 4.0 * (double)(unit[u] - unit[u] / D);
+        }
         char name[64], flags[256];
         snprintf(name, sizeof name, "grad-bytes-%d", (int)i);
         snprintf(flags, sizeof flags, "--set train.max_steps=4 --set parallel.tensor=%d --set parallel.pipeline=%d "
-                 "--set parallel.pipeline_balance=count", g[i].T, g[i].P);
-        int W = g[i].T * g[i].P * g[i].D, rc = train(name, cfg, W, flags);
+                 "--set parallel.pipeline_balance=count%s", T, P, zero ? " --zero 1" : "");
+        int rc = train(name, cfg, T * P * D, flags);
         char path[4200];
         snprintf(path, sizeof path, "%s/%s/summary.json", g_tmp, name);
         double got = rc == 0 ? tl_json_number(path, "gradient_bytes_per_step") : -1;
-        CHECK(got == want, "tensor %d x pipeline %d x data %d: rank 0's gradient sums sent %.0f bytes a step, the formula %.0f",
-              g[i].T, g[i].P, g[i].D, got, want);
-        printf("gradient bytes   tensor %d x pipeline %d x data %d: %.0f a step on rank 0 (formula %.0f)\n", g[i].T,
-               g[i].P, g[i].D, got, want);
+        CHECK(got == want, "tensor %d x pipeline %d x data %d%s: rank 0's gradient sums sent %.0f bytes a step, the formula %.0f",
+              T, P, D, zero ? ", zero 1" : "", got, want);
+        printf("gradient bytes   tensor %d x pipeline %d x data %d%s: %.0f a step on rank 0 (formula %.0f)\n", T, P, D,
+               zero ? ", zero 1 (reduce-scatter)" : "", got, want);
     }
 }
 
@@ -1306,6 +1326,7 @@ static void memory_rows(void) {
                 {"tensor2", "--set parallel.tensor=2", 2},
                 {"tensor2-seq", "--set parallel.tensor=2 --set parallel.sequence=true", 2},
                 {"pipeline2", "--set parallel.pipeline=2", 2},
+                {"pipeline2-zero1", "--set parallel.pipeline=2 --zero 1", 4},
                 {"zero3", "--zero 3", 2},
                 {"zero3-recompute", "--zero 3 --set train.recompute=blocks", 2}};
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {

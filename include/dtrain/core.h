@@ -167,6 +167,13 @@ DT_API void dt_free(void *p);
  * (madvise MADV_DONTNEED: they read as zero and take no memory until
  * touched again), the edges are cleared. */
 DT_API void dt_zero_pages(void *p, size_t bytes);
+/* Long work inside one call (the streaming pass over a checkpoint, a large
+ * model's initialisation) reports that it goes on with dt_alive(),
+ * which calls the process's hook (a worker's: a launcher heartbeat, so
+ * that such work is not taken for a hang); none installed: nothing. The
+ * hook must be quick. */
+DT_API void dt_set_alive_hook(void (*fn)(void));
+DT_API void dt_alive(void);
 /* dt_zero_pages giving back every whole 4 KiB page inside the range, the
  * huge pages at its edges split: only the sub-page ends stay resident.
  * For a block given back range by range every step (ZeRO-3's gathered

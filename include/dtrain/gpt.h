@@ -114,10 +114,15 @@ DT_API void dt_gpt_free(dt_gpt *m);
  * the rest along the tokens: the shard keeps rows [tp R, (tp + 1) R), R =
  * B T / ntp, of the residual stream, the layernorms' outputs and their
  * statistics (B T must be a multiple of ntp), where without it every shard
- * keeps all B T rows. */
+ * keeps all B T rows; forward_only = 1 makes a set for forwards alone (an
+ * evaluation's): the residual stream in two buffers that the blocks write
+ * in turn (dt_gpt_acts_resid(a, l) is buffer (l - l0) % 2) and one
+ * block's activations, the same results to the bit as a whole set's;
+ * every backward call refuses it. */
 typedef struct {
     int B, T, l0, l1, ntp, recompute;
     int seq;
+    int forward_only;
 } dt_gpt_acts_params;
 /* {B, T, 0, n_layer, 1, 0, 0}: the whole model's, every activation kept. */
 DT_API dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T);
@@ -216,6 +221,11 @@ DT_API float *dt_gpt_acts_resid(dt_gpt_acts *a, int l);
 /* Logits [B,T,V] of the last head forward, valid until the head backward;
  * NULL without a head. */
 DT_API const float *dt_gpt_acts_logits(const dt_gpt_acts *a);
+/* dt_gpt_forward over the whole model into set a instead of the default
+ * set (a set of every layer: a forward-only one for an evaluation); its
+ * logits are then dt_gpt_acts_logits(a). */
+DT_API dt_status dt_gpt_forward_with(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs, const int32_t *targets,
+                                     int B, int T, float *loss);
 /* Bytes allocated for the set; dt_gpt_acts_size: the bytes a set for
  * (c, p) would take, without allocating (arguments as above, unchecked), in the kernels' precision at the call. A set made while the
  * kernels run bf16 or fp16 (kernels.h) keeps each layer's four matmul
@@ -343,6 +353,12 @@ DT_API void dt_gpt_part_fill(const dt_gpt *m, const float *local, size_t lo, siz
 /* The elements of m's block `local` that lie in [lo, hi) of the whole
  * model's block, from buf[0, hi - lo) (every one m holds). */
 DT_API void dt_gpt_part_take(const dt_gpt *m, float *local, size_t lo, size_t hi, const float *buf);
+/* Where m's part lies: fn(user, local, whole, n) for each run of n floats
+ * it holds at offset `local` of its block and `whole` of the whole model's,
+ * every element it holds once (the tensors every shard holds whole
+ * included), tensor by tensor in block order, increasing in both. */
+typedef void (*dt_gpt_run_fn)(void *user, size_t local, size_t whole, size_t n);
+DT_API void dt_gpt_part_runs(const dt_gpt *m, dt_gpt_run_fn fn, void *user);
 /* Keeps only the blocks held[l] says (l < n_layer; NULL: all), with the
  * embedding where it keeps block 0 and the final layernorm and the tied
  * wte where it keeps the last: the parameters and gradients of the rest
@@ -375,14 +391,14 @@ DT_API int dt_gpt_weights_meta(const dt_gpt_config *c, char vals[6][16], dt_st_m
  * claims are checked against its bytes, and every tensor's shape, before
  * anything is copied or allocated; a safetensors file that is a checkpoint
  * is verified first (dt_model_load), and values NaN or Inf are refused
- * (dt_gpt_weights_open). Only what m keeps is read, straight into its
- * block: a model that keeps some blocks (dt_gpt_set_held) reads those
- * ranges; a tensor-parallel shard reads the whole block 16 MiB at a time
- * and keeps its part of each piece (dt_gpt_part_take). */
+ * (dt_gpt_weights_open: a pass over the whole file, a piece at a time).
+ * Then only what m keeps is read, straight into its block, by ranges
+ * (dt_gpt_part_runs: a stage's blocks, a tensor-parallel shard's part of
+ * each tensor), with no buffer: the same values as dt_gpt_part_take of
+ * the whole block. */
 DT_API dt_status dt_gpt_load(dt_gpt *m, const char *path);
-/* dt_gpt_load of the parameter block's elements [lo, hi) alone (a ZeRO-3
- * rank's slice), the rest left untouched; a tensor-parallel shard takes
- * its part of the whole block as dt_gpt_load does (lo, hi unused). */
+/* dt_gpt_load of the elements [lo, hi) of the model's own block alone (a
+ * ZeRO-3 rank's slice), the rest left untouched. */
 DT_API dt_status dt_gpt_load_range(dt_gpt *m, const char *path, size_t lo, size_t hi);
 /* The same without a model: writes a parameter block of config c, and reads
  * one (either format) into *params (dt_alloc'ed; free with dt_free) and *c. */

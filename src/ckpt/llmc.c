@@ -306,6 +306,35 @@ dt_status dt_gpt_weights_load(const char *path, dt_gpt_config *c, float **params
     return st;
 }
 
+// dt_gpt_load's reading: the runs of the model's part (dt_gpt_part_runs)
+// inside the block's [lo, hi), adjacent ones (in the file and in the
+// block) joined into one read.
+typedef struct {
+    const dt_gpt_weights *w;
+    float *p;
+    size_t local, whole, n;  // the run not read yet
+    dt_status st;
+    size_t lo, hi;
+} load_run;
+
+static void load_flush(load_run *u) {
+    if (u->n && u->st == DT_OK) u->st = dt_gpt_weights_read(u->w, u->whole, u->whole + u->n, u->p + u->local);
+    u->n = 0;
+}
+
+static void load_one(void *user, size_t local, size_t whole, size_t n) {
+    load_run *u = user;
+    size_t a = local > u->lo ? local : u->lo, b = local + n < u->hi ? local + n : u->hi;
+    if (a >= b) return;
+    whole += a - local, local = a, n = b - a;
+    if (u->n && u->local + u->n == local && u->whole + u->n == whole) {
+        u->n += n;
+        return;
+    }
+    load_flush(u);
+    u->local = local, u->whole = whole, u->n = n;
+}
+
 dt_status dt_gpt_load(dt_gpt *m, const char *path) { return dt_gpt_load_range(m, path, 0, SIZE_MAX); }
 
 dt_status dt_gpt_load_range(dt_gpt *m, const char *path, size_t lo, size_t hi) {
@@ -322,25 +351,10 @@ dt_status dt_gpt_load_range(dt_gpt *m, const char *path, size_t lo, size_t hi) {
         dt_gpt_weights_close(w);
         return st;
     }
-    int ntp, nr;
-    dt_gpt_shard(m, &ntp);
-    float *p = dt_gpt_params(m);
-    if (ntp == 1) {  // straight into the block: the ranges it keeps
-        const dt_grad_range *r = dt_gpt_held_ranges(m, &nr);
-        for (int i = 0; i < nr && st == DT_OK; i++) {
-            size_t a = r[i].offset > lo ? r[i].offset : lo, b = r[i].offset + r[i].len < hi ? r[i].offset + r[i].len : hi;
-            if (a < b) st = dt_gpt_weights_read(w, a, b, p + a);
-        }
-    } else {  // a shard: the whole block a piece at a time, its part of each kept
-        size_t np = dt_gpt_config_num_params(&fc), piece = DT_ST_PIECE / sizeof(float);
-        float *buf = dt_alloc(sizeof(float) * piece);
-        if (!buf) st = DT_ERR_NOMEM;  // (recorded)
-        for (size_t a = 0, b; a < np && st == DT_OK; a = b) {
-            b = np - a < piece ? np : a + piece;
-            if ((st = dt_gpt_weights_read(w, a, b, buf)) == DT_OK) dt_gpt_part_take(m, p, a, b, buf);
-        }
-        dt_free(buf);
-    }
+    load_run u = {w, dt_gpt_params(m), 0, 0, 0, DT_OK, lo, hi};
+    dt_gpt_part_runs(m, load_one, &u);
+    load_flush(&u);
+    st = u.st;
     dt_gpt_weights_close(w);
     return st;
 }

@@ -1,7 +1,6 @@
 /* safetensors read/write, and model weights in that format. */
 #include "dtrain/ckpt.h"
 #include "ckpt/st_impl.h"
-#include "dtrain/launch.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -293,7 +292,7 @@ dt_status dt_st_scan(dt_st_file *f, const dt_st_tensor *const *order, dt_st_piec
             if (b && (first < 0 || i < first)) first = i;
             bad += b;
             if (fn && (st = fn(user, t, at, buf, m)) != DT_OK) break;
-            dt_heartbeat(-1);  // (a pass over gigabytes is progress, not a hang: launch.h)
+            dt_alive();  // (a pass over gigabytes goes on: not a hang)
             at += m;
         } while (at < t->nbytes);
     }

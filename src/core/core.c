@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,6 +277,15 @@ void dt_give_pages(void *p, size_t bytes) {
     } else {
         memset(p, 0, bytes);
     }
+}
+
+static void (*_Atomic g_alive)(void);
+
+void dt_set_alive_hook(void (*fn)(void)) { g_alive = fn; }
+
+void dt_alive(void) {
+    void (*fn)(void) = g_alive;
+    if (fn) fn();
 }
 
 void dt_free(void *p) { free(p); }

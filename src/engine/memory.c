@@ -85,8 +85,10 @@ static size_t file_size(const char *path) {
 
 size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W, dt_memory_kinds *k) {
     dt_memory_kinds m = {0};
-    // (tensor parallel: a shard's state is sliced over the ranks holding that shard)
+    // (tensor parallel: a shard's state is sliced over the ranks holding
+    // that shard; a pipeline's, over the replicas of its stage)
     if (c->tensor > 1 && W >= c->tensor) W /= c->tensor;
+    if (c->pipeline > 1 && W >= c->pipeline) W /= c->pipeline;
     size_t F = sizeof(float), slice = (np + (size_t)W - 1) / (size_t)W;  // the largest slice
     if (W < 1 || zero < 0) W = 1, zero = 0, slice = np;
     m.weights = sat_mul(F, zero >= 3 ? slice : np);
@@ -223,12 +225,12 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
 }
 
 // What a rank of a pipeline keeps of its shard's np parameters (the
-// pipeline strategy's layout; under ZeRO-1 every layer): its stage's share
+// pipeline strategy's layout): its stage's share
 // of the blocks, ceil(L / P) of them, with the embedding and the head (the
 // stage holding both ends, the bound). np = 0: one block with both.
 static size_t held_params(const dt_config *c, const dt_gpt_config *gc, int ntp, size_t np, int W) {
     int D = W / (c->tensor * c->pipeline);  // (one replica with spares: every layer, pipeline.c's keep_all)
-    if (np && (c->pipeline <= 1 || c->zero == 1 || (D <= 1 && dt_worker_spares() > 0))) return np;
+    if (np && (c->pipeline <= 1 || (D <= 1 && dt_worker_spares() > 0))) return np;
     dt_gpt_config one = *gc, two = *gc;
     one.n_layer = 1;
     two.n_layer = 2;
@@ -262,8 +264,14 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     int ntp = c->tensor > 1 && W >= c->tensor ? c->tensor : 1;
     size_t np = dt_gpt_shard_num_params(&gc, ntp);
     // A tensor-parallel shard's sets hold its parts (the evaluation's too).
-    dt_gpt_acts_params ap = {B, T, 0, c->n_layer, ntp, c->recompute, ntp > 1 && c->sequence};
+    dt_gpt_acts_params ap = {B, T, 0, c->n_layer, ntp, c->recompute, ntp > 1 && c->sequence, 0};
     n->act = dt_gpt_activation_bytes(&gc, &ap);
+    if (use == DT_MEM_TRAIN && c->pipeline > 1) {  // its evaluation's set is forward-only (the default set unused)
+        dt_gpt_acts_params fw = ap;
+        fw.recompute = 0;
+        fw.forward_only = 1;
+        n->act = n->act - dt_gpt_acts_size(&gc, &ap) + dt_gpt_acts_size(&gc, &fw);
+    }
     if (use == DT_MEM_TRAIN) n->act = sat_add(n->act, stage_sets(c, &gc, &ap));
     if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
     if (use == DT_MEM_SAMPLE) {

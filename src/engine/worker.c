@@ -15,12 +15,16 @@ static void wait_beat(const dt_comm_wait_info *w) {
     dt_heartbeat_wait(w ? w->op : NULL, w ? w->seq : 0, w ? w->peer : -1);
 }
 
+// Long work inside a call (dt_progress) is a heartbeat.
+static void alive_beat(void) { dt_heartbeat(-1); }
+
 static char cap_how[512];
 
 const char *dt_worker_mem_cap(void) { return cap_how; }
 
 dt_status dt_worker_init(const dt_config *c, dt_comm_t *comm, int *threads) {
     dt_comm_set_wait_hook(wait_beat);
+    dt_set_alive_hook(alive_beat);
     dt_status st = dt_comm_init_env(comm);
     if (st != DT_OK) return st;
     // A spare in a dead rank's place that every rank meets again joins the

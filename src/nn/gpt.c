@@ -43,8 +43,10 @@ struct dt_gpt_acts {
     int ntp;                          // sized for a shard of ntp (1: the whole model)
     int seq;                          // sequence parallel: the stream and the layernorms are R = BT/ntp rows
     int recompute;                    // the per-layer parts below hold one layer: `slot`'s
+    int fwd_only;                     // forwards alone: resid is two buffers used in turn (recompute set too)
     int slot;                         // recompute: the layer whose activations they hold (-1: none)
-    float *resid;                     // [l1-l0+1, R,C]: the stream before each layer, and after l1-1 (R = BT or BT/ntp)
+    float *resid;                     // [l1-l0+1, R,C]: the stream before each layer, and after l1-1 (R = BT or BT/ntp);
+                                      // forward only: [2, R,C], layer l's input in (l - l0) % 2
     dt_dtype store;                   // of ln1, atty, ln2, fch_gelu: DT_F32, DT_BF16 or DT_F16
     float *ln1, *ln1_mean, *ln1_rstd; // [.., B,T,C], [.., B,T]
     float *qkv;                       // [.., B,T,3C]
@@ -162,12 +164,13 @@ static dt_status check_seq(int ntp, int B, int T, const char *what) {
 #define NACTS 20
 static size_t acts_sizes(const dt_gpt_config *c, const dt_gpt_acts_params *p, int half, size_t n[NACTS]) {
     size_t head = p->l1 == c->n_layer, embed = p->l0 == 0, nl = (size_t)(p->l1 - p->l0);
-    size_t nk = p->recompute && nl ? 1 : nl, ntp = (size_t)p->ntp;  // layers whose activations are kept
+    size_t nk = (p->recompute || p->forward_only) && nl ? 1 : nl, ntp = (size_t)p->ntp;  // layers whose activations are kept
+    size_t ns = p->forward_only && nl > 0 ? 2 : nl + 1;  // streams kept
     size_t C = c->n_embd, Cl = C / ntp, F = 4 * C / ntp, NHl = c->n_head / ntp;
     size_t V = ntp > 1 ? (size_t)c->padded_vocab_size / ntp : (size_t)c->vocab_size;
     size_t BT = (size_t)p->B * p->T, att = BT * NHl * p->T, R = p->seq ? BT / ntp : BT;  // the stream's rows
     const size_t want[NACTS] = {
-        (nl + 1) * R * C,                                                  // resid
+        ns * R * C,                                                        // resid
         nk * R * C, nk * R, nk * R, nk * BT * 3 * Cl, nk * BT * Cl,        // ln1, mean, rstd, qkv, atty
         nk * att, nk * R * C, nk * R * C, nk * R, nk * R,                  // att, residual2, ln2, mean, rstd
         nk * BT * F, nk * BT * F,                                          // fch, fch_gelu
@@ -182,7 +185,7 @@ static size_t acts_sizes(const dt_gpt_config *c, const dt_gpt_acts_params *p, in
 }
 
 dt_gpt_acts_params dt_gpt_acts_whole(const dt_gpt_config *c, int B, int T) {
-    return (dt_gpt_acts_params){B, T, 0, c->n_layer, 1, 0, 0};
+    return (dt_gpt_acts_params){B, T, 0, c->n_layer, 1, 0, 0, 0};
 }
 
 void dt_gpt_acts_free(dt_gpt_acts *a) {
@@ -206,7 +209,8 @@ dt_status dt_gpt_acts_create_with(dt_gpt_acts **out, const dt_gpt_config *c, con
     dt_gpt_acts *a = calloc(1, sizeof *a);
     if (!a) return dt_error(DT_ERR_NOMEM, "gpt activations: out of memory");
     *a = (dt_gpt_acts){.c = *c, .l0 = l0, .l1 = l1, .maxB = B, .maxT = T, .B = B, .T = T, .ntp = p->ntp,
-                       .seq = p->seq != 0, .recompute = p->recompute != 0, .slot = -1, .store = dt_kernels_precision()};
+                       .seq = p->seq != 0, .recompute = p->recompute || p->forward_only, .fwd_only = p->forward_only != 0,
+                       .slot = -1, .store = dt_kernels_precision()};
     // In acts_sizes' order.
     void *parts[NACTS] = {&a->resid, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
                           &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
@@ -238,7 +242,7 @@ size_t dt_gpt_acts_size(const dt_gpt_config *c, const dt_gpt_acts_params *p) {
 }
 
 static dt_gpt_acts_params params_of(const dt_gpt_acts *a) {
-    return (dt_gpt_acts_params){a->maxB, a->maxT, a->l0, a->l1, a->ntp, a->recompute, a->seq};
+    return (dt_gpt_acts_params){a->maxB, a->maxT, a->l0, a->l1, a->ntp, a->recompute && !a->fwd_only, a->seq, a->fwd_only};
 }
 
 size_t dt_gpt_acts_saved(const dt_gpt_acts *a) {
@@ -285,7 +289,8 @@ dt_status dt_gpt_acts_set_shape(dt_gpt_acts *a, int B, int T) {
 
 float *dt_gpt_acts_resid(dt_gpt_acts *a, int l) {
     if (l < a->l0 || l > a->l1) return NULL;
-    return a->resid + (size_t)(l - a->l0) * a->B * a->T / (a->seq ? a->ntp : 1) * a->c.n_embd;
+    size_t k = a->fwd_only ? (size_t)(l - a->l0) % 2 : (size_t)(l - a->l0);
+    return a->resid + k * a->B * a->T / (a->seq ? a->ntp : 1) * a->c.n_embd;
 }
 const float *dt_gpt_acts_logits(const dt_gpt_acts *a) { return a->logits; }
 size_t dt_gpt_acts_bytes(const dt_gpt_acts *a) { return a->bytes; }
@@ -590,6 +595,27 @@ static void part_range(const dt_gpt *m, float *local, size_t lo, size_t hi, floa
     }
 }
 
+// The runs in whole-block coordinates: the tensor's offsets added.
+typedef struct {
+    dt_gpt_run_fn fn;
+    void *user;
+    size_t local, whole;  // tensor i's offset in m's block and in the whole model's
+} block_run;
+
+static void block_one(void *user, size_t local, size_t whole, size_t n) {
+    block_run *u = user;
+    u->fn(u->user, u->local + local, u->whole + whole, n);
+}
+
+void dt_gpt_part_runs(const dt_gpt *m, dt_gpt_run_fn fn, void *user) {
+    dt_tensor_info w[NPT];
+    shard_shapes(&m->c, 1, w);
+    for (int i = 0; i < NPT; i++) {
+        block_run u = {fn, user, m->tensors[i].offset, w[i].offset};
+        held_runs(m, i, block_one, &u);
+    }
+}
+
 void dt_gpt_part_fill(const dt_gpt *m, const float *local, size_t lo, size_t hi, float *buf) {
     part_range(m, (float *)local, lo, hi, buf, 0);
 }
@@ -649,6 +675,7 @@ static void init_shard(dt_gpt *m, uint64_t seed, float *piece, size_t wlo, size_
                           (size_t)(m->p[i] - m->params), wlo, whi};
             for (size_t j = 0; j < u.n; j++) piece[j] = one ? 1.0f : sd * dt_rng_normal(&r);
             held_runs(m, i, init_one, &u);
+            dt_alive();  // (drawing a large model's stream goes on: not a hang)
         }
     }
 }
@@ -782,6 +809,11 @@ static dt_status check_stage(const dt_gpt *m, const dt_gpt_acts *a, int part, in
     return DT_OK;
 }
 
+// A backward call's set: one that keeps what backward reads.
+static dt_status backward_set(const dt_gpt_acts *a, const char *what) {
+    return a->fwd_only ? dt_error(DT_ERR_ARG, "%s: the activations are a forward-only set (forward_only = 1)", what) : DT_OK;
+}
+
 static dt_status layer_hook(dt_gpt *m, int layer, dt_gpt_phase phase) {
     return m->layer_hook ? m->layer_hook(layer, phase, m->layer_hook_user) : DT_OK;
 }
@@ -902,7 +934,7 @@ dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const 
                         dt_dtype_name(dt_kernels_precision()));
     // (the 16-bit inputs' room; sequence parallel: the gathered rows')
     if ((a->store != DT_F32 || m->seq) && (st = reserve_scratch(m, a)) != DT_OK) return st;
-    if (resid_in == resid_out)
+    if (resid_in == resid_out && !a->fwd_only)  // (forwards alone: only each layer's own input and output differ)
         return dt_error(DT_ERR_ARG, "gpt forward_range: resid_in and resid_out are the same buffer (backward needs the input)");
     // Layer l reads the stream before it from the set (resid_in for l0) and
     // writes the one after it there (resid_out for l1-1).
@@ -1006,8 +1038,12 @@ static dt_status no_default_acts(const char *what) {
 
 dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                          float *loss) {
-    dt_gpt_acts *a = m->acts;
-    if (!a) return no_default_acts("forward");
+    if (!m->acts) return no_default_acts("forward");
+    return dt_gpt_forward_with(m, m->acts, inputs, targets, B, T, loss);
+}
+
+dt_status dt_gpt_forward_with(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs, const int32_t *targets, int B, int T,
+                              float *loss) {
     int L = m->c.n_layer;
     dt_status st = dt_gpt_acts_set_shape(a, B, T);
     if (st == DT_OK) st = dt_gpt_embed_forward(m, a, inputs, dt_gpt_acts_resid(a, 0));
@@ -1037,6 +1073,7 @@ static void grads_final(dt_gpt *m, int k, int l) {
 dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, float *dresid) {
     int L = m->c.n_layer, BT = a->B * a->T, C = m->c.n_embd;
     dt_status st = check_stage(m, a, HEAD, 0, 0, "gpt head backward");
+    if (st == DT_OK) st = backward_set(a, "gpt head backward");
     if (st == DT_OK && !a->have_targets)
         st = dt_error(DT_ERR_ARG, "gpt backward: the last forward had no targets (or was already backpropagated)");
     if (st == DT_OK) st = reserve_scratch(m, a);
@@ -1147,6 +1184,7 @@ static dt_status recompute(dt_gpt *m, dt_gpt_acts *a, int l, const float *residu
 dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const float *resid_in,
                                 float *dresid) {
     dt_status st = check_stage(m, a, LAYERS, l0, l1, "gpt backward_range");
+    if (st == DT_OK) st = backward_set(a, "gpt backward_range");
     for (int l = l0; st == DT_OK && l < l1; l++)
         if (!a->saved[l - a->l0])
             st = dt_error(DT_ERR_ARG, "gpt backward_range: layer %d has not run forward on these activations", l);
@@ -1161,6 +1199,7 @@ dt_status dt_gpt_backward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const
 
 dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *dresid) {
     dt_status st = check_stage(m, a, EMBED, 0, 0, "gpt embed backward");
+    if (st == DT_OK) st = backward_set(a, "gpt embed backward");
     if (st == DT_OK && !a->have_inputs)
         st = dt_error(DT_ERR_ARG, "gpt embed backward: the embedding has not run forward on these activations");
     if (st == DT_OK) st = layer_hook(m, DT_GPT_EMBED, DT_GPT_BACKWARD);

@@ -47,11 +47,14 @@
  * its ranges are touched. sync() sums those ranges over the stage's replicas (dp) and
  * the tied wte's two parts between the end stages (tie); the update goes
  * range by range; evaluation gathers the other stages' layers one at a
- * time through the layer hook (params_needed). A stage under ZeRO-1, or
- * of one replica with spares, keeps its shard's whole block instead: it
- * computes the gradients of its own layers only (the others stay zero),
- * and sync() sums the block over the W / T ranks of the same shard (which
- * adds the tied embedding's parts). Over the replicas the sum is the
+ * time through the layer hook (params_needed). A stage of one replica
+ * with spares keeps its shard's whole block instead: it computes the
+ * gradients of its own layers only (the others stay zero), and sync()
+ * sums the block over the W / T ranks of the same shard (which adds the
+ * tied embedding's parts). Under ZeRO-1 the kept ranges (the tied wte on
+ * its own) are cut into D slices, one a replica: sync() reduces each
+ * slice onto its replica (a reduce-scatter over dp), the update is the
+ * rank's slices', then allgathered over dp (zero_units). Over the replicas the sum is the
  * global mean (gradients carry the weight len / global). The norm adds
  * each range's one holder's squares over the replica (the split tensors of
  * every shard, the whole ones of shard 0). Checkpoints of a model in parts
@@ -117,7 +120,6 @@ typedef struct {
     int nheld;             // NULL: the whole block
     int evaluating;        // between params_eval(1) and (0): other stages' layers gathered for a whole forward
     int gathered;          // the layer gathered last (DT_GPT_EMBED - 1: none)
-    uint64_t grad_sent0;   // grad_sent() after the layout (the start's broadcast)
     dt_grad_range all;     // [0, n)
     const dt_task_ops *tops;
     chunk *ch;             // [V]
@@ -132,7 +134,14 @@ typedef struct {
     int *bounds;           // [P V + 1]: the first layer of each virtual stage
     int measure;           // the cut waits for the layers' times, measured at the first step
     double *layer_cost;    // [layers]: each layer's measured seconds (when measured)
-    size_t *counts, *displs; // [parallel] zero = 1: every rank's slice of the state, for the allgather
+    // [parallel] zero = 1: the kept ranges (the tied range on its own) are
+    // the units, each cut over the D replicas (dt_shard_range of its length);
+    // replica r keeps slice r of each (mine: this rank's), its optimizer state
+    // and its gradient sum.
+    dt_grad_range *units, *mine; // [nunits] each
+    int nunits;
+    size_t *zc, *zd;       // [D] each: one unit's slices, for its allgatherv
+    uint64_t grad_bytes;   // what the gradient sums (sync) sent so far
 } pipe;
 
 // Deterministic mode cuts the global batch into micro_shards fixed pieces,
@@ -363,9 +372,12 @@ static void print_stages(pipe *p) {
         for (int l = bounds[k]; l < bounds[k + 1]; l++) sum += p->layer_cost[l];
         n += (size_t)snprintf(sc + n, sizeof sc - n, "%s%d: %.3f", k ? ", " : "", k, sum * 1e3);
     }
+    char same[96] = "";
+    if (c->gpt && L > 3)
+        snprintf(same, sizeof same, " (layers 0, 1 and %d timed, the others cost layer 1's: the blocks are alike)", L - 1);
     dt_log(DT_LOG_INFO,
-           "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s",
-           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc);
+           "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s%s",
+           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc, same);
 }
 
 // A step's order of work on stage s (Megatron's schedules). gpipe: every
@@ -464,21 +476,9 @@ static dt_status pp_init(dt_strategy *s) {
     if (p->T > 1 && (!p->shard || !p->tp || dt_comm_size(p->tp) != p->T))
         return dt_error(DT_ERR_CONFIG, "model parallel: [parallel] tensor = %d, but the %s model is not split into shards",
                         p->T, c->gpt ? "GPT" : "classifier");
-    if (c->zero == 1) {  // ZeRO stage 1: rank r of the ranks holding this block updates (and keeps
-                         // the optimizer state of) its slice
-        dt_comm_t zc = p->shard ? p->shard : s->comm;
-        int W = dt_comm_size(zc);
-        if (!(p->counts = malloc(sizeof(size_t) * 2 * (size_t)W)))
-            return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
-        p->displs = p->counts + W;
-        for (int r = 0; r < W; r++) {
-            size_t a, b;
-            dt_shard_range(s->n, r, W, &a, &b);
-            p->displs[r] = a;
-            p->counts[r] = b - a;
-        }
-        dt_shard_range(s->n, dt_comm_rank(zc), W, &s->lo, &s->hi);
-    }
+    if (c->zero == 1 && !(p->zc = malloc(sizeof(size_t) * 2 * (size_t)p->D)))
+        return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    p->zd = p->zc ? p->zc + p->D : NULL;
     if (s->rank == 0) print_layout(p);
     if (s->rank == 0 && c->deterministic && c->pipeline_balance == DT_BALANCE_MEASURED && !c->pipeline_split[0] &&
         p->P * p->V > 1)
@@ -522,7 +522,9 @@ static void pp_fini(dt_strategy *s) {
     free(p->off);
     free(p->len);
     dt_free(p->acc);
-    free(p->counts);
+    free(p->units);
+    free(p->mine);
+    free(p->zc);
     free(p->bounds);
     free(p->layer_cost);
 }
@@ -531,6 +533,81 @@ static void pp_fini(dt_strategy *s) {
 static const dt_grad_range *kept(const pipe *p, int *n) {
     *n = p->held ? p->nheld : 1;
     return p->held ? p->held : &p->all;
+}
+
+// ---- ZeRO stage 1: the units' slices over the replicas ----
+
+// Slice r of unit u: dt_shard_range of its length over the D replicas.
+static dt_grad_range unit_slice(const pipe *p, int u, int r) {
+    size_t a, b;
+    dt_shard_range(p->units[u].len, r, p->D, &a, &b);
+    return (dt_grad_range){p->units[u].offset + a, b - a};
+}
+
+// A block laid out as the parameters (an optimizer state, gathered or
+// read whole) given back in the units outside this rank's slices: zeros,
+// their pages too (dt_zero_pages; nothing outside the units was touched).
+static void release_outside(const pipe *p, float *x) {
+    for (int u = 0; u < p->nunits; u++) {
+        size_t a = p->units[u].offset, b = a + p->units[u].len, m0 = p->mine[u].offset, m1 = m0 + p->mine[u].len;
+        if (m0 > a) dt_zero_pages(x + a, sizeof(float) * (m0 - a));
+        if (b > m1) dt_zero_pages(x + m1, sizeof(float) * (b - m1));
+    }
+}
+
+// The units: the kept ranges, with the tied range (the order's first: the
+// GPT's wte) cut out on its own, so that replica r of the first and of the
+// last stage keep the same slice of it; then this rank's slices, outside
+// which the optimizer state (not touched yet) is never made.
+static dt_status zero_units(pipe *p) {
+    dt_strategy *s = &p->base;
+    int n;
+    const dt_grad_range *k = kept(p, &n);
+    p->units = malloc(sizeof(dt_grad_range) * (size_t)(n + 2));
+    p->mine = malloc(sizeof(dt_grad_range) * (size_t)(n + 2));
+    if (!p->units || !p->mine) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    size_t ta = p->tied ? s->order[0].offset : 0, tb = p->tied ? ta + s->order[0].len : 0;
+    p->nunits = 0;
+    for (int i = 0; i < n; i++) {
+        size_t a = k[i].offset, b = a + k[i].len;
+        size_t cut[4] = {a, ta < a ? a : ta > b ? b : ta, tb < a ? a : tb > b ? b : tb, b};
+        for (int c = 0; c < 3; c++)
+            if (cut[c + 1] > cut[c]) p->units[p->nunits++] = (dt_grad_range){cut[c], cut[c + 1] - cut[c]};
+    }
+    for (int u = 0; u < p->nunits; u++) p->mine[u] = unit_slice(p, u, p->replica);
+    for (int j = 0; j < dt_optim_num_states(s->opt); j++)  // (no huge page across a slice's edge)
+        dt_pages_unused(dt_optim_state(s->opt, j), sizeof(float), s->n, (const size_t *)p->mine, p->nunits);
+    return DT_OK;
+}
+
+// Block x's units gathered over the replicas from each one's slices (the
+// parameters after an update; an optimizer state before a checkpoint).
+static dt_status gather_units(pipe *p, float *x) {
+    dt_status st = DT_OK;
+    for (int u = 0; u < p->nunits && st == DT_OK && p->D > 1; u++) {
+        for (int r = 0; r < p->D; r++) {
+            dt_grad_range g = unit_slice(p, u, r);
+            p->zc[r] = g.len;
+            p->zd[r] = g.offset - p->units[u].offset;
+        }
+        st = dt_allgatherv(x + p->mine[u].offset, p->mine[u].len, x + p->units[u].offset, p->zc, p->zd, DT_F32, p->dp);
+    }
+    return st;
+}
+
+// Slice g of the gradients summed over the replicas onto replica `root`
+// (a reduce; [parallel] grad_dtype = bf16: sent in bf16, as sum_range).
+static dt_status reduce_slice(pipe *p, dt_grad_range g, int root) {
+    dt_strategy *s = &p->base;
+    int me = root == p->replica;
+    float *x = s->grads + g.offset;
+    if (!s->c->grad_dtype) return dt_reduce(x, me ? x : NULL, g.len, DT_F32, DT_SUM, root, p->dp);
+    uint16_t *w = dt_strategy_wire(s);
+    if (!w) return DT_ERR_NOMEM;
+    dt_from_f32(w + g.offset, x, g.len, DT_BF16);
+    dt_status st = dt_reduce(w + g.offset, me ? w + g.offset : NULL, g.len, DT_BF16, DT_SUM, root, p->dp);
+    if (st == DT_OK && me) dt_to_f32(x, w + g.offset, g.len, DT_BF16);
+    return st;
 }
 
 // Waits for a transfer, the time counted as the stage waiting.
@@ -632,18 +709,19 @@ static dt_status holder(dt_comm_t c, int have, int *root) {
 }
 
 // Measured balance, before the model's parameters are set (pp_layout):
-// every rank times each layer, a stage of the task's for that layer alone
-// on a scratch micro-batch of the largest size (the task's scratch_batch;
-// the layer's input and its output's gradient zeros), forward then
-// backward, MEASURE_REPS times, and takes the median forward + median
-// backward. The first layer's includes the embedding (the images), the
-// last one's the head and the loss, which stay on the end stages. Only
-// one layer's activations exist at a time, and the gradients the
-// measurement leaves are given back (their pages too). The ranks agree on
-// the largest of each layer's figures (an int64 allreduce max of
-// nanoseconds: exact, so every rank cuts the same stages from the same
-// numbers). Tensor-parallel shards of one copy run the same layers
-// together (their sums inside the layers match).
+// every rank times each layer (a GPT three of them: timed_as), a stage of
+// the task's for that layer alone on a scratch micro-batch of the largest
+// size (the task's scratch_batch; the layer's input and its output's
+// gradient zeros), forward then backward, MEASURE_REPS times, and takes
+// the median forward + median backward. The first layer's includes the
+// embedding (the images), the last one's the head and the loss, which stay
+// on the end stages. Only one layer's activations exist at a time, on the
+// layer's own (unset: untouched) parameters, and the gradients the
+// measurement leaves are given back (their pages too): the scratch is one
+// layer's. The ranks agree on the largest of each layer's figures (an
+// int64 allreduce max of nanoseconds: exact, so every rank cuts the same
+// stages from the same numbers). Tensor-parallel shards of one copy run
+// the same layers together (their sums inside the layers match).
 static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int l, int len, double *f, double *b) {
     dt_strategy *s = &p->base;
     dt_task_stage *st = NULL;
@@ -671,6 +749,15 @@ static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int
     return rc;
 }
 
+// The layer whose time stands for layer l's: l itself, but for a GPT,
+// whose blocks all cost the same: its first layer (with the embedding),
+// its last (with the head) and the second (a block alone), which stands
+// for the others. Three stages of one block are timed, not L.
+static int timed_as(const dt_config *c, int l) {
+    int L = model_layers(c);
+    return !c->gpt || l == 0 || l == L - 1 ? l : 1;
+}
+
 static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task) {
     dt_strategy *s = &p->base;
     int L = model_layers(s->c), len = pp_max_micro(s->c, s->world);
@@ -681,6 +768,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task)
                    : dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
     if (rc == DT_OK) rc = tops->scratch_batch(task, len);
     for (int l = 0; l < L && rc == DT_OK; l++) {
+        if (timed_as(s->c, l) != l) continue;
         if ((rc = time_layer(p, tops, task, l, len, f, b)) == DT_OK)
             ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
         dt_zero_pages(s->grads, sizeof(float) * s->n);  // (the layer's, at once: one layer's at a time)
@@ -688,7 +776,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task)
     // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
     dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;
     if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "pipeline: agreeing on the layers' costs: %s", dt_last_error());
-    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[l] * 1e-9;
+    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[timed_as(s->c, l)] * 1e-9;
     free(ns);
     return rc;
 }
@@ -741,8 +829,8 @@ static dt_status keep_all(pipe *p, const dt_task_ops *tops, dt_task *task, int j
 // one), then this rank's layers: a model that can keep only some (the
 // task's hold) keeps its chunks' layers, whose parameters it sets now and,
 // at the start, takes from the first replica of its stage (dp): no rank
-// ever holds the other stages'. Under ZeRO-1 the stages keep every layer
-// (its slices span the block).
+// ever holds the other stages'. Under ZeRO-1 the kept ranges are then cut
+// into the replicas' slices (zero_units).
 static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int joining) {
     pipe *p = (pipe *)s;
     int L = model_layers(s->c);
@@ -756,10 +844,10 @@ static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *tas
         p->ch[v].l1 = p->bounds[p->ch[v].vstage + 1];
     }
     if (p->measure && !joining) print_stages(p);
-    // Every layer kept: under ZeRO-1, and with spares where a stage has no
-    // twin to give a spare its layers (one replica): any survivor can.
-    int whole = p->counts || (p->D == 1 && dt_worker_spares() > 0);
-    if (!tops->hold || p->P == 1 || p->counts) return DT_OK;  // (the task set them all at create)
+    // Every layer kept with spares where a stage has no twin to give a
+    // spare its layers (one replica): any survivor can.
+    int whole = p->D == 1 && dt_worker_spares() > 0;
+    if (!tops->hold || p->P == 1) return p->zc ? zero_units(p) : DT_OK;  // (the task set them all at create)
     if (whole) return keep_all(p, tops, task, joining);
     unsigned char *held = calloc((size_t)L, 1);
     if (!held) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
@@ -777,7 +865,7 @@ static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *tas
     if (st == DT_OK) st = dt_strategy_ckpt_slices(s);
     for (int i = 0; i < p->nheld && st == DT_OK && !joining; i++)
         st = dt_broadcast(s->params + p->held[i].offset, s->params + p->held[i].offset, p->held[i].len, DT_F32, 0, p->dp);
-    p->grad_sent0 = grad_sent(p);
+    if (st == DT_OK && p->zc) st = zero_units(p);
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the stage's layers: %s", dt_last_error());
 }
 
@@ -856,46 +944,60 @@ static dt_status sum_range(pipe *p, size_t off, size_t len, dt_comm_t c) {
     return st;
 }
 
+// ZeRO-1 (not deterministic): each unit's slices reduced onto their
+// replicas (a reduce-scatter of the stage's own ranges), then the tied
+// range's slice between the end stages.
+static dt_status zero_sum(pipe *p) {
+    dt_status st = DT_OK;
+    int tu = -1;
+    for (int u = 0; u < p->nunits && st == DT_OK; u++) {
+        if (p->tied && p->units[u].offset == p->base.order[0].offset) tu = u;
+        for (int r = 0; r < p->D && st == DT_OK; r++) {
+            dt_grad_range g = unit_slice(p, u, r);
+            if (g.len) st = reduce_slice(p, g, r);
+        }
+    }
+    if (st == DT_OK && tu >= 0 && p->mine[tu].len) st = sum_range(p, p->mine[tu].offset, p->mine[tu].len, p->tie);
+    return st;
+}
+
 static dt_status pp_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    if (!p->held && !p->acc) return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
+    if (!p->held && !p->acc && !p->units) return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
     double t0 = dt_now();
-    int n;
+    uint64_t sent = grad_sent(p);
+    int n, scatter = p->units && !p->acc;
     const dt_grad_range *k = kept(p, &n);
     dt_comm_t c = p->held ? p->dp : p->shard ? p->shard : s->comm;
     dt_status st = DT_OK;
-    for (int i = 0; i < n && st == DT_OK; i++) st = sum_range(p, k[i].offset, k[i].len, c);
+    if (scatter) st = zero_sum(p);
+    for (int i = 0; i < n && st == DT_OK && !scatter; i++) st = sum_range(p, k[i].offset, k[i].len, c);
     // (the order's first range is wte: the embedding's, and the head's on the last stage)
-    if (st == DT_OK && p->tied) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
+    if (st == DT_OK && p->tied && !scatter) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
     for (int i = 0; i < n && p->acc; i++) {
         dt_fixed_to_float(s->grads + k[i].offset, p->acc + k[i].offset, k[i].len);
         memset(p->acc + k[i].offset, 0, sizeof(int64_t) * k[i].len);
     }
+    p->grad_bytes += grad_sent(p) - sent;
     s->comm_seconds += dt_now() - t0;
     s->comm_exposed_seconds += dt_now() - t0;
-    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: gradient allreduce: %s", dt_last_error());
+    if (st != DT_OK) return dt_error(st, "model parallel: gradient %s: %s", scatter ? "reduce-scatter" : "allreduce", dt_last_error());
+    return DT_OK;
 }
 
-// The update of this rank's slice ([0, n) without ZeRO); with [parallel]
-// zero = 1 every rank's slice then goes to every rank (as zero.c's stage 1;
-// the gradient block is whole on every rank after sync()).
+// The update of the ranges this rank keeps: its layers' (or the whole
+// block); under [parallel] zero = 1 its slices of them, and every
+// replica's slices then go to every replica (gather_units).
 static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     pipe *p = (pipe *)s;
-    if (p->held) {  // its layers' ranges alone
-        dt_optim_begin_step(s->opt);
-        for (int i = 0; i < p->nheld; i++) {
-            size_t o = p->held[i].offset;
-            dt_optim_update(s->opt, o, p->held[i].len, s->params + o, s->grads + o, lr, scale);
-        }
-        return DT_OK;
-    }
-    dt_status st = dt_strategy_update_slice(s, lr, scale);
-    dt_comm_t zc = p->shard ? p->shard : s->comm;
-    if (st == DT_OK && p->counts && dt_comm_size(zc) > 1) {
-        st = dt_allgatherv(s->params + s->lo, s->hi - s->lo, s->params, p->counts, p->displs, DT_F32, zc);
-        if (st != DT_OK) st = dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
-    }
-    return st;
+    int n;
+    const dt_grad_range *k = p->units ? p->mine : kept(p, &n);
+    if (p->units) n = p->nunits;
+    dt_optim_begin_step(s->opt);
+    for (int i = 0; i < n; i++)
+        if (k[i].len) dt_optim_update(s->opt, k[i].offset, k[i].len, s->params + k[i].offset, s->grads + k[i].offset, lr, scale);
+    dt_status st = p->units ? gather_units(p, s->params) : DT_OK;
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
 }
 
 // The whole model's gradient norm from the parts: each rank sums the
@@ -903,7 +1005,9 @@ static dt_status pp_update(dt_strategy *s, float lr, float scale) {
 // (the split ranges of every shard, the whole ones of shard 0; of a stage
 // that keeps only its layers, those layers, and the tied embedding on the
 // first stage), and the replica's T x P figures are added in rank order.
-// Every layer kept (T = 1): the replicated block's norm.
+// Under ZeRO-1 a rank has the sums of its slices alone: its squares of
+// those, the D replicas' figures added in replica order first. Every
+// layer kept (T = 1): the replicated block's norm.
 static int sole_holder(const pipe *p, int i) {
     const dt_strategy *s = &p->base;
     if (p->T > 1 && !(s->order_split && s->order_split[i]) && p->t != 0) return 0;
@@ -915,16 +1019,34 @@ static int sole_holder(const pipe *p, int i) {
     return 0;
 }
 
+// Squares of range i of the order, in this rank's slices.
+static double slice_squares(const pipe *p, int i) {
+    const dt_grad_range *o = &p->base.order[i];
+    double sum = 0;
+    for (int u = 0; u < p->nunits; u++) {
+        size_t a = p->mine[u].offset, b = a + p->mine[u].len;
+        a = a > o->offset ? a : o->offset;
+        b = b < o->offset + o->len ? b : o->offset + o->len;
+        if (a < b) sum += dt_sum_squares(p->base.grads + a, b - a);
+    }
+    return sum;
+}
+
 static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
     pipe *p = (pipe *)s;
     if (p->T == 1 && !p->held) return dt_strategy_norm_replicated(s, norm);
-    int G = p->T * p->P;
-    double mine = 0, *all = malloc(sizeof(double) * (size_t)G);
+    int G = p->T * p->P, sliced = p->units && !p->acc;
+    double mine = 0, *all = malloc(sizeof(double) * (size_t)(G > p->D ? G : p->D));
     if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     for (int i = 0; i < s->norder; i++)
-        if (sole_holder(p, i)) mine += dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
+        if (sole_holder(p, i)) mine += sliced ? slice_squares(p, i) : dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
     // (doubles moved as their 8 bytes: no reduction touches them)
-    dt_status st = dt_allgather(&mine, all, 1, DT_I64, p->rep);
+    dt_status st = sliced && p->D > 1 ? dt_allgather(&mine, all, 1, DT_I64, p->dp) : DT_OK;
+    if (sliced && p->D > 1 && st == DT_OK) {
+        mine = 0;
+        for (int r = 0; r < p->D; r++) mine += all[r];
+    }
+    if (st == DT_OK) st = dt_allgather(&mine, all, 1, DT_I64, p->rep);
     double sum = 0;
     for (int r = 0; r < G && st == DT_OK; r++) sum += all[r];
     free(all);
@@ -1016,7 +1138,8 @@ static dt_status pp_params_eval(dt_strategy *s, int begin) {
 // it holds of the piece (the task's part_fill; where every stage keeps its
 // shard's whole block, stage 0's ranks alone) and the pieces are summed onto
 // that rank, -0.0 elsewhere (which adds nothing, not even to a zero's sign).
-// Under ZeRO-1 the shard's optimizer state is gathered from its slices first.
+// Under ZeRO-1 each optimizer state's units are gathered from the
+// replicas' slices first, and given back after (gather_units).
 // Where one block's summed pieces go: the rank's staged slice of it
 // (pp_ckpt_stage), or, in pieces (slice NULL), `sum` and then the rank's
 // shard file at once (pp_ckpt_save).
@@ -1028,17 +1151,13 @@ typedef struct {
 // One block (the parameters, j < 0, or optimizer state j) assembled over
 // the replica: each replica rank's slice of the whole model's block, a
 // piece at a time, each piece summed onto its rank from the parts the
-// others hold (-0.0 elsewhere). Under ZeRO-1 the shard's whole state is
-// gathered first (full).
-static dt_status assemble_block(dt_strategy *s, int j, float *piece, float *full, ckpt_sink *k) {
+// others hold (-0.0 elsewhere). Under ZeRO-1 a state's units are
+// gathered first from the replicas' slices, and given back after.
+static dt_status assemble_block(dt_strategy *s, int j, float *piece, ckpt_sink *k) {
     pipe *p = (pipe *)s;
     int G = p->T * p->P, me = dt_comm_rank(p->rep);
-    const float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
-    dt_status st = DT_OK;
-    if (j >= 0 && full) {
-        st = dt_allgatherv(local, s->hi - s->lo, full, p->counts, p->displs, DT_F32, p->shard);
-        local = full;
-    }
+    float *local = j < 0 ? s->params : dt_optim_state(s->opt, j);
+    dt_status st = j >= 0 && p->units ? gather_units(p, local) : DT_OK;
     for (int g = 0; g < G && st == DT_OK; g++) {  // replica rank g = stage x T + t
         size_t lo, hi;
         dt_shard_range(s->nwhole, (g / p->T * p->D + p->replica) * p->T + g % p->T, s->world, &lo, &hi);
@@ -1051,20 +1170,19 @@ static dt_status assemble_block(dt_strategy *s, int j, float *piece, float *full
             if (st == DT_OK && g == me && !k->slice) st = dt_ckpt_pieces_put(k->w, j, a, k->sum, b - a);
         }
     }
+    if (j >= 0 && p->units) release_outside(p, local);
     return st;
 }
 
 static dt_status pp_ckpt_stage(dt_strategy *s) {
-    pipe *p = (pipe *)s;
     if (!s->ckpt_params) return DT_OK;
-    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
-    dt_status st = piece && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE);
+    dt_status st = piece ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
         ckpt_sink k = {j < 0 ? s->ckpt_params : s->ckpt_states[j], NULL, NULL};
-        st = assemble_block(s, j, piece, full, &k);
+        st = assemble_block(s, j, piece, &k);
     }
     dt_free(piece);
-    dt_free(full);
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: assembling the checkpoint's slices: %s", dt_last_error());
 }
 
@@ -1075,16 +1193,14 @@ static dt_status pp_ckpt_stage(dt_strategy *s) {
 // a rank holds two pieces beyond its live state, and the training waits
 // for the save.
 static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
-    pipe *p = (pipe *)s;
     int nst = dt_optim_num_states(s->opt);
     ckpt_sink k = {NULL, dt_alloc(sizeof(float) * CKPT_PIECE), NULL};
-    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
-    dt_status st = piece && k.sum && (!p->counts || full) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
+    float *piece = dt_alloc(sizeof(float) * CKPT_PIECE);
+    dt_status st = piece && k.sum ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     if (st == DT_OK) st = dt_ckpt_pieces_open(&k.w, s->ckpt_dir, s->ckpt_model, ts, s->rank, s->world);
-    for (int i = 0; i <= nst && st == DT_OK; i++) st = assemble_block(s, i < nst ? i : -1, piece, full, &k);
+    for (int i = 0; i <= nst && st == DT_OK; i++) st = assemble_block(s, i < nst ? i : -1, piece, &k);
     dt_free(piece);
     dt_free(k.sum);
-    dt_free(full);
     if (st != DT_OK) {
         dt_ckpt_pieces_abort(k.w);
         return dt_error(st, "model parallel: the checkpoint of step %lld in pieces: %s", (long long)ts->step,
@@ -1096,18 +1212,18 @@ static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
 // After a resume the whole block is spread a piece at a time: each piece
 // is gathered from the ranks whose slices it crosses (dt_shard_range of
 // the whole block over the W ranks), and every rank takes its part of it
-// (part_take; under ZeRO-1 into the shard's whole state, then its own slice
-// of that). A rank's part of the piece comes from its staged slice, which
+// (part_take; under ZeRO-1 into its stage's whole state, of which it then
+// keeps its slices). A rank's part of the piece comes from its staged slice, which
 // it read on resume; in pieces (f: [checkpoint] staging = pieces), from
 // the checkpoint itself, read just then. Either way the checkpoint is read
 // once over all the ranks, and in pieces a rank holds two pieces and no
 // slice.
-static dt_status spread(dt_strategy *s, dt_st_file *f, const char *path, float *piece, float *mine, float *full,
-                        size_t *cnt, size_t *dsp) {
+static dt_status spread(dt_strategy *s, dt_st_file *f, const char *path, float *piece, float *mine, size_t *cnt,
+                        size_t *dsp) {
     int W = s->world, me = s->rank;
     dt_status st = DT_OK;
     for (int j = -1; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
-        float *dst = j < 0 ? s->params : full ? full : dt_optim_state(s->opt, j);
+        float *dst = j < 0 ? s->params : dt_optim_state(s->opt, j);
         for (size_t a = 0; a < s->nwhole && st == DT_OK; a += CKPT_PIECE) {
             size_t b = s->nwhole - a < CKPT_PIECE ? s->nwhole : a + CKPT_PIECE;
             for (int r = 0; r < W; r++) {
@@ -1125,7 +1241,6 @@ static dt_status spread(dt_strategy *s, dt_st_file *f, const char *path, float *
             if (st == DT_OK) st = dt_allgatherv(src, cnt[me], piece, cnt, dsp, DT_F32, s->comm);
             if (st == DT_OK) s->part_take(s->part_user, dst, a, b, piece);
         }
-        if (st == DT_OK && j >= 0 && full) memcpy(dt_optim_state(s->opt, j), full + s->lo, sizeof(float) * (s->hi - s->lo));
     }
     return st;
 }
@@ -1137,17 +1252,17 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     if (!path[0] || (!pieces && !s->ckpt_params)) return DT_OK;
     dt_st_file *f = NULL;
     float *piece = dt_alloc(sizeof(float) * CKPT_PIECE), *mine = pieces ? dt_alloc(sizeof(float) * CKPT_PIECE) : NULL;
-    float *full = p->counts ? dt_alloc(sizeof(float) * s->n) : NULL;
     size_t *cnt = malloc(sizeof(size_t) * 2 * (size_t)s->world);
-    dt_status st = piece && (!pieces || mine) && (!p->counts || full) && cnt ? DT_OK
-                                                                             : dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status st = piece && (!pieces || mine) && cnt ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     if (st == DT_OK && pieces) st = dt_ckpt_open_chosen(path, -1, &f);  // (rank 0 verified it: dt_run_ckpt_begin)
-    if (st == DT_OK) st = spread(s, f, path, piece, mine, full, cnt, cnt + s->world);
+    if (st == DT_OK) st = spread(s, f, path, piece, mine, cnt, cnt + s->world);
+    // (every replica took its layers' whole optimizer state: under ZeRO-1 a rank keeps its slices alone)
+    for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK && p->units; j++)
+        release_outside(p, dt_optim_state(s->opt, j));
     dt_st_close(f);
     free(cnt);
     dt_free(piece);
     dt_free(mine);
-    dt_free(full);
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: spreading the checkpoint %s: %s", path, dt_last_error());
 }
 
@@ -1165,8 +1280,8 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(j, "stages", p->P);
     cJSON_AddNumberToObject(j, "virtual_stages", p->V);
     cJSON_AddNumberToObject(j, "micro_batches", p->M);
-    if (p->held && p->steps > 0)  // what the gradient sums sent a step (the comm's count, dt_comm_stats)
-        cJSON_AddNumberToObject(j, "gradient_bytes_per_step", (double)(grad_sent(p) - p->grad_sent0) / (double)p->steps);
+    if ((p->held || p->units) && p->steps > 0)  // what the gradient sums sent a step (the comm's count, dt_comm_stats)
+        cJSON_AddNumberToObject(j, "gradient_bytes_per_step", (double)p->grad_bytes / (double)p->steps);
     if (S == 1) return;
     cJSON_AddStringToObject(j, "balance", balance_name(c, p->layer_cost != NULL));
     cJSON *a = cJSON_AddArrayToObject(j, "stage_layers");  // [first layer, end] of each (virtual) stage
@@ -1242,13 +1357,11 @@ static dt_status pp_take_over(dt_strategy *s, int have, int *lost) {
     const dt_grad_range *k = kept(p, &n);
     for (int i = 0; i < n && st == DT_OK; i++) {
         st = dt_broadcast(s->params + k[i].offset, s->params + k[i].offset, k[i].len, DT_F32, root, twins);
-        for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK && !p->counts; j++) {
+        for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK; j++) {
             float *o = dt_optim_state(s->opt, j) + k[i].offset;
             st = dt_broadcast(o, o, k[i].len, DT_F32, root, twins);
         }
     }
-    for (int j = 0; j < dt_optim_num_states(s->opt) && st == DT_OK && p->counts; j++)
-        st = dt_broadcast(dt_optim_state(s->opt, j), dt_optim_state(s->opt, j), s->hi - s->lo, DT_F32, root, twins);
     return st;
 }
 

@@ -219,8 +219,8 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
                         dt_model_num_classes(t->m), t->train.classes);
     if (t->ntp > 1) dt_model_set_reduce(t->m, tp_reduce, t);
     // A pipeline's stage keeps its layers alone: their parameters come when
-    // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
-    t->deferred = c->pipeline > 1 && c->zero != 1;
+    // the strategy has cut the stages (hold), under ZeRO-1 too.
+    t->deferred = c->pipeline > 1;
     if (!t->deferred) init_params(t);
     return DT_OK;
 }

@@ -42,6 +42,7 @@ struct dt_task {
     int lent;                     // the default set serves a pipeline stage too (gpt_stage_create)
     int deferred;                 // the parameters come at hold (a pipeline stage's layers)
     int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
+    dt_gpt_acts *eval;            // a pipeline's evaluation set: forwards alone (made at the first)
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save).
@@ -55,8 +56,8 @@ static void count_acts(dt_task *t, const dt_gpt_acts *a) {
 // `windows` consecutive windows of the validation file: rank r takes
 // windows windows*r/W up to windows*(r+1)/W, in chunks of up to Bc (the
 // model's batch), and the sums meet in one allreduce (comm may be NULL for
-// one process).
-static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, int T, int32_t *x,
+// one process). The forwards run in set a (NULL: the model's default set).
+static dt_status val_loss(dt_gpt *m, dt_gpt_acts *a, const dt_tokens *val, int windows, int Bc, int T, int32_t *x,
                           int32_t *y, float *out, float *acc, dt_comm_t comm, dt_task *t) {
     int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1, lo, hi, extra;
     int V = dt_gpt_get_config(m)->vocab_size;
@@ -70,11 +71,11 @@ static dt_status val_loss(dt_gpt *m, const dt_tokens *val, int windows, int Bc, 
         dt_heartbeat(-1);
         for (int b = 0; b < n && st == DT_OK; b++)
             st = dt_tokens_window(val, i + b, 1, T, x + (size_t)b * T, y + (size_t)b * T);
-        if (st == DT_OK) st = dt_gpt_forward(m, x, y, n, T, &l);
+        if (st == DT_OK) st = a ? dt_gpt_forward_with(m, a, x, y, n, T, &l) : dt_gpt_forward(m, x, y, n, T, &l);
         if (st != DT_OK) return st;
         sums[0] += (double)l * n;
         if (acc) {
-            const float *lg = dt_gpt_logits(m);
+            const float *lg = a ? dt_gpt_acts_logits(a) : dt_gpt_logits(m);
             for (int r = 0; r < n * T; r++) {
                 int arg = 0;
                 for (int v = 1; v < V; v++)
@@ -115,7 +116,7 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
-    if (st == DT_OK) st = val_loss(m, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL, NULL);
+    if (st == DT_OK) st = val_loss(m, NULL, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL, NULL);
     if (n) *n = c->eval_batches * B * T;
     dt_gpt_free(m);
     dt_tokens_close(&val);
@@ -143,6 +144,7 @@ static void gpt_destroy(dt_task *t) {
     cJSON_Delete(t->history);
     free(t->x);
     free(t->y);
+    dt_gpt_acts_free(t->eval);
     dt_gpt_free(t->m);
     dt_tokens_close(&t->train);
     dt_tokens_close(&t->val);
@@ -308,7 +310,7 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
 // l1): the shard's parts, recomputed as [train] recompute says, its rows of
 // the stream with [parallel] sequence.
 static dt_gpt_acts_params acts_params(const dt_task *t, int B, int l0, int l1) {
-    return (dt_gpt_acts_params){B, t->T, l0, l1, t->ntp, t->c->recompute, t->ntp > 1 && t->c->sequence};
+    return (dt_gpt_acts_params){B, t->T, l0, l1, t->ntp, t->c->recompute, t->ntp > 1 && t->c->sequence, 0};
 }
 
 static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
@@ -333,8 +335,8 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);
     if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
     // A pipeline's stage keeps its layers alone: their parameters come when
-    // the strategy has cut the stages (hold); under ZeRO-1 it keeps all.
-    t->deferred = c->pipeline > 1 && c->zero != 1;
+    // the strategy has cut the stages (hold), under ZeRO-1 too.
+    t->deferred = c->pipeline > 1;
     // ZeRO-3 keeps a rank's slice of the parameters alone: that is all it
     // makes (each rank its own, from the same stream; nothing broadcast).
     t->sliced = c->zero >= 3 && W > 1;
@@ -486,9 +488,21 @@ static dt_status gpt_stage_backward(dt_task *t, dt_task_stage *st, float *d, flo
 static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                               float *accuracy) {
     *accuracy = -1;
+    // A pipeline's stages train in sets of their own layers: its whole
+    // forwards run in a forward-only set (two streams and one block's
+    // activations), never touching the default set's every layer. Others
+    // train in the default set, which the evaluation then reuses.
+    dt_status st = DT_OK;
+    if (t->c->pipeline > 1 && !t->eval) {
+        dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
+        ap.recompute = 0;
+        ap.forward_only = 1;
+        if ((st = dt_gpt_acts_create_with(&t->eval, &t->gc, &ap)) != DT_OK) return st;
+        count_acts(t, t->eval);
+    }
     // Tensor parallel: the shards of one model run the same windows.
-    dt_status st = val_loss(t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL,
-                            t->ntp > 1 ? t->rest : comm, t);
+    st = val_loss(t->m, t->eval, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL,
+                  t->ntp > 1 ? t->rest : comm, t);
     if (st != DT_OK) return st;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "step", (double)step);
