@@ -76,8 +76,10 @@ typedef struct {
     fault *faults;
     int nfaults;
     int gather;             // the updates go to every rank in the clear (a robust aggregator, the "lie" attack)
-    dt_attack attack;       // DTRAIN_ATTACK (tests, benches): clients 0 .. evil - 1 attack
+    dt_attack attack;       // DTRAIN_ATTACK (tests, benches): the round's clients 0 .. evil - 1 attack
     int evil;
+    int32_t *labels;        // the training labels (labelflip flips an attacker's while it trains)
+    int classes;
     double sigma, q;        // DP-FedAvg: noise multiplier, sampling rate (sigma 0: no DP)
     float *eps;             // DP: the epsilon spent after each round
     cJSON *left_out;        // [{round, client, reason}] of the screened-out updates
@@ -248,6 +250,11 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
     return DT_OK;
 }
 
+// Client k's labels y -> classes - 1 - y (twice: as they were).
+static void flip_labels(fed *f, int k) {
+    for (int i = f->start[k]; i < f->start[k + 1]; i++) f->labels[f->idx[i]] = f->classes - 1 - f->labels[f->idx[i]];
+}
+
 static void put_double(int64_t *slot, double x) { memcpy(slot, &x, sizeof x); }
 static double get_double(const int64_t *slot) {
     double x;
@@ -282,7 +289,10 @@ static dt_status client_update(fed *f, int r, int j, long total) {
     }
     double t0 = dt_now();
     float closs = 0;
+    int flip = j < f->evil && f->attack.kind == DT_ATTACK_LABELFLIP;
+    if (flip) flip_labels(f, k);
     dt_status st = train_client(f, r, k, &closs);
+    if (flip) flip_labels(f, k);
     if (st == DT_ERR_NUMERIC) {  // its local training diverged: a failed client, left out of the round
         dt_log(DT_LOG_WARN, "round %d: client %d left out: %s", r, k, dt_last_error());
         return DT_OK;
@@ -300,7 +310,7 @@ static dt_status client_update(fed *f, int r, int j, long total) {
     }
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) row[i] = f->params[i] - f->global[i];
-    if (k < f->evil && f->attack.kind != DT_ATTACK_LIE && f->attack.kind != DT_ATTACK_LABELFLIP)
+    if (j < f->evil && f->attack.kind != DT_ATTACK_LIE && f->attack.kind != DT_ATTACK_LABELFLIP)
         dt_attack_row(&f->attack, row, n, round_key(c, r, k) ^ 0x61747461636bull);
     double sq = dt_sum_squares(row, n), p = share_of(f, k, total), weight = f->sigma > 0 ? 1 : p;
     if (f->sigma > 0 && sqrt(sq) > c->fed_dp_clip) {  // DP: the client clips its own update
@@ -399,7 +409,7 @@ static void combine_rows(fed *f, long total) {
         }
         if (f->attack.kind == DT_ATTACK_LIE) {
             uint8_t *evil = calloc((size_t)m, 1);
-            for (int j = 0; j < m && evil; j++) evil[j] = f->sampled[j] < f->evil && !f->bad[j];
+            for (int j = 0; j < m && evil; j++) evil[j] = j < f->evil && !f->bad[j];
             if (evil) dt_attack_lie(rows, m, evil, 0, n);
             free(evil);
         }
@@ -556,25 +566,25 @@ static void fed_free(fed *f) {
 
 static const char *const algos[] = {"fedavg", "fedavgm", "fedadam"};
 
-// The simulated attack (DTRAIN_ATTACK: clients 0 .. evil - 1; labelflip
-// flips their samples' labels now), whether the updates are gathered, and
+// The simulated attack (DTRAIN_ATTACK: the first evil of each round's
+// clients, in ascending order), whether the updates are gathered, and
 // DP-FedAvg's noise multiplier (dp_noise, or solved for dp_epsilon over
 // the rounds at the sampling rate m / C).
 static dt_status robust_setup(fed *f, int32_t *y, int classes) {
     const dt_config *c = f->c;
     dt_status st = dt_attack_from_env(&f->attack);
     if (st != DT_OK) return st;
-    f->evil = dt_attack_count(&f->attack, f->C);
-    for (int k = 0; k < f->evil && f->attack.kind == DT_ATTACK_LABELFLIP; k++)
-        for (int i = f->start[k]; i < f->start[k + 1]; i++) y[f->idx[i]] = classes - 1 - y[f->idx[i]];
+    f->evil = dt_attack_count(&f->attack, f->m);
+    f->labels = y;
+    f->classes = classes;
     f->gather = c->fed_robust.kind != DT_AGG_MEAN || f->attack.kind == DT_ATTACK_LIE;
     f->q = (double)f->m / f->C;
     if (c->fed_dp_clip > 0)
         f->sigma = c->fed_dp_noise > 0 ? c->fed_dp_noise
                                        : dt_rdp_noise_for(f->q, c->fed_rounds, c->fed_dp_delta, c->fed_dp_epsilon);
     if (f->rank == 0 && f->attack.kind)
-        dt_log(DT_LOG_WARN, "DTRAIN_ATTACK: clients 0 to %d of %d attack (a simulation for tests and benches)",
-               f->evil - 1, f->C);
+        dt_log(DT_LOG_WARN, "DTRAIN_ATTACK: %d of each round's %d clients attack (a simulation for tests and benches)",
+               f->evil, f->m);
     if (f->rank == 0 && f->sigma > 0)
         dt_log(DT_LOG_INFO, "DP-FedAvg: updates clipped to %g, noise multiplier %.4f, sampling rate %g, delta %g: "
                "epsilon %.3f after %d rounds", (double)c->fed_dp_clip, f->sigma, f->q, (double)c->fed_dp_delta,

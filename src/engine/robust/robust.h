@@ -70,9 +70,10 @@ int dt_robust_combine(const dt_robust_params *p, const float *const *rows, const
 dt_status dt_robust_check(const dt_robust_params *p, int k, const char *where, int secure);
 
 /* ---- simulated attacks (tests and benches only, never a training option) --
- * DTRAIN_ATTACK="KIND:FRACTION" makes the first round(FRACTION x K) of K
- * clients (dtrain federate) or workers (the parameter servers' mode sync)
- * attackers:
+ * DTRAIN_ATTACK="KIND:FRACTION" makes the first round(FRACTION x K) of the
+ * K updates of a step attackers: of each round's sampled clients, in
+ * ascending order (dtrain federate), or of the workers (the parameter
+ * servers' mode sync):
  *   signflip   send -x instead of their update x
  *   scale      send -10 x
  *   random     send Gaussian noise, N(0, 1) per value
@@ -93,7 +94,7 @@ typedef struct {
 /* DTRAIN_ATTACK into *a (kind NONE when unset); DT_ERR_CONFIG naming the
  * variable and what is expected. */
 dt_status dt_attack_from_env(dt_attack *a);
-/* The attackers among K: indices 0 .. dt_attack_count(a, K) - 1. */
+/* The attackers among K updates: indices 0 .. dt_attack_count(a, K) - 1. */
 int dt_attack_count(const dt_attack *a, int K);
 /* Row x[n] of an attacker, replaced in place (signflip, scale, random: from
  * seed; nan), for the kinds that need no other update. */

@@ -136,28 +136,14 @@ static dt_status handle(server *sv, int wi) {
     return st == DT_OK ? ps_post_header(sv, wi) : st;
 }
 
-// Sync: every worker's push is in: their sum (in worker order), the global
-// norm over the servers, and server 0 tells the workers.
+// Sync: every worker's push is in: their sum (in worker order; or screened
+// and combined, robust.c), the global norm over the servers, and server 0
+// tells the workers.
 static dt_status reduce(server *sv) {
-    size_t len = sv->len;
-    if (sv->det) {
-        int64_t *a = sv->w[0].buf;
-        for (int wi = 1; wi < sv->N; wi++) {
-            const int64_t *b = sv->w[wi].buf;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < len; i++) a[i] += b[i];
-        }
-        dt_fixed_to_float(sv->grad, a, len);
-    } else {
-        memcpy(sv->grad, sv->w[0].buf, sizeof(float) * len);
-        for (int wi = 1; wi < sv->N; wi++) {
-            const float *b = sv->w[wi].buf;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < len; i++) sv->grad[i] += b[i];
-        }
-    }
+    dt_status st = ps_reduce_pushes(sv);  // (robust.c: screened and combined when set so)
+    if (st != DT_OK) return st;
     double norm;
-    dt_status st = dt_norm_sharded(sv->grad, sv->n, sv->lo, sv->lo + sv->len, sv->mine, &norm);
+    st = dt_norm_sharded(sv->grad, sv->n, sv->lo, sv->lo + sv->len, sv->mine, &norm);
     if (st != DT_OK || sv->me != 0) return st;
     int64_t h[H_N] = {M_NORM, sv->step, sv->version, 0, 0, bits_of(norm), 0, 0};
     for (int wi = 0; wi < sv->N && st == DT_OK; wi++) st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
@@ -365,6 +351,11 @@ dt_status ps_setup(server *sv) {
         p->doing = -1;
         p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
+    const dt_robust_params *rp = &sv->c->ps_robust;
+    sv->robust = sv->mode == MODE_SYNC && (rp->kind != DT_AGG_MEAN || rp->outlier > 0 || sv->attack.kind);
+    if (sv->robust && sv->det && (rp->kind != DT_AGG_MEAN || sv->attack.kind) && !sv->rows &&
+        !(sv->rows = dt_alloc(sizeof(float) * sv->len * (size_t)sv->N)))
+        return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
     if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
     return st;
@@ -423,6 +414,7 @@ static dt_status server_free(server *sv, dt_status st) {
     free(sv->w);
     dt_free(sv->params);
     dt_free(sv->grad);
+    dt_free(sv->rows);
     dt_optim_free(sv->opt);
     return st;
 }
@@ -469,11 +461,13 @@ dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, const char
     sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
     if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
     int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
-    dt_status st = again ? ps_restart(&sv) : start(&sv);
+    dt_status st = dt_attack_from_env(&sv.attack);
+    if (st == DT_OK) st = again ? ps_restart(&sv) : start(&sv);
     if (st == DT_OK && sv.me == 0 && !again)
-        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s%s%s", sv.S, sv.len, sv.n, sv.N,
                sv.N < dt_comm_size(all) - sv.S ? "groups' leaders" : "workers",
-               ps_mode_names[sv.mode], sv.det ? ", deterministic" : "");
+               ps_mode_names[sv.mode], sv.det ? ", deterministic" : "", c->ps_robust.kind ? ", aggregator " : "",
+               c->ps_robust.kind ? dt_agg_names[c->ps_robust.kind] : "");
     for (int wi = 0; wi < sv.N && st == DT_OK && !again; wi++) st = ps_post_header(&sv, wi);
     int idle = 0;
     double beat = dt_now();
