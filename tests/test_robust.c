@@ -211,6 +211,13 @@ static void private(void) {
     snprintf(line, sizeof line, "round 6: DP (epsilon, delta) = (%.4f, 1e-05) spent", want);
     CHECK(rc == 0 && fabs(got - want) < 1e-5 * want && strstr(g_out, line) && strstr(g_out, "round 1: DP"),
           "DP run: exit %d, epsilon %.6f, want %.6f ('%s')\n%s", rc, got, want, line, g_out);
+    // Under secure aggregation: the same noise on the masked fixed-point sum (2^-24 resolution).
+    rc = run("", "federate", cfg_fed, "dp-secure",
+             "--workers 2 --set federated.dp_clip=0.5 --set federated.dp_noise=1.1 --set federated.secure=true");
+    int bw;
+    double d = tl_runs_diff(g_tmp, "dp", "dp-secure", &bw);
+    CHECK(rc == 0 && d >= 0 && d < 1e-4 && fabs(summary("dp-secure", "epsilon") - want) < 1e-5 * want,
+          "DP under secure aggregation: exit %d, weights within %g of the plain DP run's (want < 1e-4)\n%s", rc, d, g_out);
     rc = run("", "federate", cfg_fed, "dp-eps", "--workers 2 --set federated.dp_clip=0.5 --set federated.dp_epsilon=4");
     got = summary("dp-eps", "epsilon");
     double sigma = summary("dp-eps", "noise_multiplier");
@@ -236,6 +243,8 @@ static void bad_input(void) {
         {"federate", "--set federated.dp_clip=1 --set federated.dp_noise=1 --set federated.aggregator=median",
          "[federated] aggregator = median", "use aggregator = mean"},
         {"federate", "--set federated.dp_noise=-1", "dp_noise", "expected"},
+        {"federate", "--set federated.dp_clip=13 --set federated.dp_noise=1 --set federated.secure=true",
+         "[federated] dp_clip = 13", "sum of the 10 clipped updates must stay within"},
         {"federate", "--set federated.dp_clip=nan", "dp_clip", "expected"},
         {"train", "--servers 1 --workers 2 --set ps.aggregator=median --set ps.mode=async",
          "[ps] aggregator = median", "mode = sync (mode is async)"},

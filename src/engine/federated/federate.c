@@ -9,11 +9,20 @@
  * ordinary forward and backward and a fresh client optimizer ([optim]),
  * with FedProx's proximal term mu (w - w_global) added to its gradient,
  * and contributes its update w - w_global weighted by its share of the
- * round's samples. The weighted updates are summed in int64 fixed point
+ * round's samples. A first small allreduce carries which clients
+ * reported, their updates' squared norms and their losses; every rank
+ * then screens the same way (robust.h: an update holding NaN or Inf, or
+ * with a norm above [federated] outlier x the median, is left out and
+ * named). The kept weighted updates are summed in int64 fixed point
  * (the same bits for any worker count and any order; strategy.h's
  * dt_fixed_add), or, with secure aggregation, as masked 32-bit fixed-point
- * vectors whose masks cancel in the sum (fedparts.h). One int64 allreduce
- * carries the sums, which clients reported, and the loss.
+ * vectors whose masks cancel in the sum (fedparts.h), in one int64
+ * allreduce. With a robust [federated] aggregator the updates themselves
+ * go to every rank instead (one fp32 allreduce of m x n, each slot one
+ * client's) and every rank combines them alike. DP-FedAvg: each client
+ * clips its update to dp_clip, the sum is unweighted, and the server adds
+ * Gaussian noise of sigma x dp_clip and divides by m (privacy.h accounts
+ * the epsilon spent).
  *
  * Clients that fail (an injected fault, local training whose loss is no
  * longer finite, or an update too large for the fixed-point sum) or miss
@@ -92,7 +101,7 @@ static int clients_per_round(const dt_config *c) {
 }
 
 // DP-FedAvg's keys: dp_clip turns it on, with dp_noise or dp_epsilon.
-static dt_status dp_check(const dt_config *c) {
+static dt_status dp_check(const dt_config *c, int m) {
     int noise = c->fed_dp_noise > 0, eps = c->fed_dp_epsilon > 0;
     if (c->fed_dp_clip <= 0 && (noise || eps))
         return dt_error(DT_ERR_CONFIG, "[federated] dp_clip = %g: DP-FedAvg (dp_noise = %g, dp_epsilon = %g) needs a "
@@ -107,6 +116,10 @@ static dt_status dp_check(const dt_config *c) {
         return dt_error(DT_ERR_CONFIG, "[federated] aggregator = %s: DP-FedAvg (dp_clip = %g) adds its noise to the "
                         "sum of the clipped updates; use aggregator = mean", dt_agg_names[c->fed_robust.kind],
                         (double)c->fed_dp_clip);
+    if (c->fed_secure && (double)c->fed_dp_clip * m >= 128)
+        return dt_error(DT_ERR_CONFIG, "[federated] dp_clip = %g: with secure aggregation the sum of the %d clipped "
+                        "updates must stay within the masks' fixed point (+-128): use dp_clip < %g",
+                        (double)c->fed_dp_clip, m, 128.0 / m);
     return DT_OK;
 }
 
@@ -150,7 +163,7 @@ dt_status dt_federate_check(const dt_config *c, int W) {
         return dt_error(DT_ERR_CONFIG, "[train] precision = fp16: dtrain federate has no loss scaling (fp16 gradients "
                                        "would underflow); use bf16 or fp32");
     dt_status st = dt_robust_check(&c->fed_robust, m, "[federated]", c->fed_secure);
-    return st != DT_OK ? st : dp_check(c);
+    return st != DT_OK ? st : dp_check(c, m);
 }
 
 // DTRAIN_FED_FAIL / DTRAIN_FED_DELAY into f->faults.
