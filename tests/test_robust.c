@@ -193,6 +193,12 @@ static void faulty(void) {
               strstr(g_out, "step 1: worker 0 (rank 2) left out: its gradient holds NaN or Inf"),
           "ps NaN worker: exit %d, %d steps, summary %s\n%s", rc, steps, text ? text : "(none)", g_out);
     free(text);
+    // Async: each server leaves out the NaN pushes of its range.
+    rc = run("DTRAIN_ATTACK=nan:0.34", "train", cfg_train, "ps-async", "--workers 3 --servers 2 --set ps.mode=async");
+    steps = (int)summary("ps-async", "steps");
+    CHECK(rc == 0 && summary("ps-async", "left_out") > 0 && summary("ps-async", "test_accuracy") > 0.5 &&
+              strstr(g_out, "worker 0 (rank 2) left out: its gradient holds NaN or Inf"),
+          "ps async NaN worker: exit %d, left out %g\n%s", rc, summary("ps-async", "left_out"), g_out);
     // Data parallel: an Inf in the exchanged gradient of step 3 on rank 1: the step is skipped by both.
     rc = run("DTRAIN_FAULT_OVERFLOW=1:3", "train", cfg_train, "dp-inf", "--workers 2");
     CHECK(rc == 0 && summary("dp-inf", "skipped_steps") == 1 &&

@@ -5,6 +5,7 @@
  * gradients, and dynamic sharing's pieces. */
 #include "engine/strategies/ps/ps_impl.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,11 +218,34 @@ static int64_t min_step(const server *sv) {
 
 // Async and ssp: worker wi's gradient on its own, on arrival, at the rate
 // its staleness allows; ssp holds the reply of a worker too far ahead.
+// A push to apply alone (async, ssp, backup) whose range holds NaN or Inf:
+// left out by this server (the others judge their ranges), named and
+// counted. Mode sync screens whole pushes (robust.c). (Here too the first
+// workers' pushes are replaced first under DTRAIN_ATTACK, but for "lie",
+// which needs a step's set.)
+static int faulty(server *sv, int wi) {
+    if (wi < dt_attack_count(&sv->attack, sv->N) && sv->attack.kind != DT_ATTACK_LIE)
+        dt_attack_row(&sv->attack, sv->w[wi].buf, sv->len, (uint64_t)sv->w[wi].step * 0x9e3779b97f4a7c15ull ^ sv->lo);
+    if (isfinite(dt_sum_squares(sv->w[wi].buf, sv->len))) return 0;
+    sv->stats[ST_LEFT_OUT]++;
+    dt_log(DT_LOG_WARN, "server %d, step %lld: worker %d (rank %d) left out: its gradient holds NaN or Inf", sv->me,
+           (long long)sv->w[wi].step + 1, wi, sv->w[wi].rank);
+    return 1;
+}
+
 static dt_status apply_one(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t stale = sv->version - p->sent;
     float lr = (float)p->lr;
     if (sv->c->ps_staleness_lr && stale > 1) lr /= (float)stale;
+    if (faulty(sv, wi)) {  // answered with the newest weights, as a dropped gradient is
+        sv->stats[ST_DROPPED]++;
+        p->stale = -1;
+        next_step(sv, p);
+        if (p->step > sv->step) sv->step = p->step;
+        p->held = 1;
+        return DT_OK;
+    }
     dt_optim_begin_step(sv->opt);
     dt_optim_update(sv->opt, 0, sv->len, sv->params, p->buf, lr, (float)p->scale);
     sv->version++;
@@ -304,10 +328,13 @@ static dt_status backup(server *sv, int *moved) {
         use[k] = best;
     }
     memset(sv->grad, 0, sizeof(float) * sv->len);
+    int fine = 0;
+    for (int k = 0; k < need; k++) fine += !faulty(sv, use[k]);
     for (int k = 0; k < need; k++) {
         const peer *p = &sv->w[use[k]];
         const float *g = p->buf;
-        float f = (float)(p->scale / need);
+        if (!isfinite(dt_sum_squares(g, sv->len))) continue;  // (left out above)
+        float f = (float)(p->scale / fine);
         for (size_t i = 0; i < sv->len; i++) sv->grad[i] += f * g[i];
         int64_t stale = sv->version - p->sent;
         sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
