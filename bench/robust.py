@@ -13,6 +13,10 @@ rounds and seconds per round, for FedAvg and every aggregator.
   nice -n 19 /usr/bin/python3 bench/robust.py --dtrain build --model mlp --rounds 50 \
       --attacks signflip,random,lie,labelflip --fractions 0.2
   nice -n 19 /usr/bin/python3 bench/robust.py --dtrain build --model mlp --rounds 20 --fraction 1 --dp 1,4,8,inf
+  nice -n 19 /usr/bin/python3 bench/robust.py --dtrain build --ps 5 --attacks scale,nan --fractions 0,0.2
+
+--ps N runs `dtrain train` with N workers and one parameter server (mode
+sync, the MLP, batch 64, one epoch) instead, the aggregators as [ps] keys.
 
 The aggregators run with [federated] outlier = 0 (no screen), so that each
 row measures the aggregator alone; the row "mean+screen" is FedAvg with the
@@ -69,14 +73,14 @@ def config(model, rounds, data):
     return head + COMMON.format(rounds=rounds, data=data)
 
 
-def run(args, name, cfg, sets, attack):
+def run(args, name, cfg, sets, attack, how=None):
     out = os.path.join(args.out, name)
     ini = out + ".ini"
     os.makedirs(args.out, exist_ok=True)
     with open(ini, "w") as f:
         f.write(cfg)
-    cmd = [os.path.join(args.dtrain, "dtrain"), "federate", ini, "--workers", str(args.workers), "--quiet",
-           "--run-dir", out]
+    how = how or ["federate", "--workers", str(args.workers)]
+    cmd = [os.path.join(args.dtrain, "dtrain"), how[0], ini] + how[1:] + ["--quiet", "--run-dir", out]
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ)
@@ -84,9 +88,32 @@ def run(args, name, cfg, sets, attack):
     if attack:
         env["DTRAIN_ATTACK"] = attack
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0 and "loss is NaN" in p.stdout + p.stderr:
+        return None  # the training diverged: a collapse
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}{p.stderr}")
     return json.load(open(os.path.join(out, "summary.json")))
+
+
+PS_TRAIN = """[optim]
+name = sgd
+lr = 0.05
+[train]
+batch = 64
+epochs = 1
+eval_batch = 1000
+seed = 1
+"""
+
+
+def ps_sets(sets, N):
+    # The federated keys as [ps] keys; krum's f and m for N workers.
+    out = [x.replace("federated.", "ps.") for x in sets]
+    if any("krum" in x for x in out):
+        out = [x for x in out if "krum_" not in x] + [f"ps.krum_f={max(1, (N - 3) // 2)}", "ps.krum_m=1"]
+    if any("trim=" in x for x in out):
+        out = [x for x in out if "trim=" not in x] + ["ps.trim=0.2"]
+    return out
 
 
 def attacks_table(args, cfg):
@@ -97,9 +124,21 @@ def attacks_table(args, cfg):
             cells = []
             for agg, sets in AGGREGATORS.items():
                 name = f"{args.model}-{attack}-{f}-{agg.replace(' ', '_').replace('=', '')}"
-                s = run(args, name, cfg, sets, f"{attack}:{f}" if f > 0 else None)
-                cells.append(f"{s['test_accuracy']:.4f} ({s['wall_seconds'] / s['rounds']:.2f} s)")
-                print(f"  {name}: {cells[-1]}, left out {s['updates_left_out']}", file=sys.stderr)
+                if args.ps:
+                    s = run(args, "ps-" + name, cfg, ps_sets(sets, args.ps), f"{attack}:{f}" if f > 0 else None,
+                            ["train", "--servers", "1", "--workers", str(args.ps)])
+                    if s is None:
+                        cells.append("diverged")
+                        left = "-"
+                    else:
+                        per = s["train_seconds"] / s["steps"] * 1000
+                        cells.append(f"{s['test_accuracy']:.4f} ({per:.1f} ms)")
+                        left = s["ps"]["left_out"]
+                else:
+                    s = run(args, name, cfg, sets, f"{attack}:{f}" if f > 0 else None)
+                    cells.append(f"{s['test_accuracy']:.4f} ({s['wall_seconds'] / s['rounds']:.2f} s)")
+                    left = s["updates_left_out"]
+                print(f"  {name}: {cells[-1]}, left out {left}", file=sys.stderr)
             print(f"| {attack} | {f:g} | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -129,11 +168,14 @@ def main():
     ap.add_argument("--aggregators", default=",".join(AGGREGATORS), help="a subset of: " + ", ".join(AGGREGATORS))
     ap.add_argument("--dp", default="", help="DP-FedAvg instead: target epsilons, e.g. 1,4,8,inf")
     ap.add_argument("--dp-clip", default="1", help="dp_clip of the DP runs")
+    ap.add_argument("--ps", type=int, default=0, help="N workers and one parameter server instead of federate")
     ap.add_argument("--fraction", default="0.1", help="[federated] fraction (clients sampled per round, of 100)")
     args = ap.parse_args()
     for k in [k for k in AGGREGATORS if k not in args.aggregators.split(",")]:
         del AGGREGATORS[k]
     cfg = config(args.model, args.rounds, args.data).replace("fraction = 0.1", "fraction = " + args.fraction)
+    if args.ps:
+        cfg = cfg[:cfg.index("[optim]")] + PS_TRAIN
     if args.dp:
         dp_table(args, cfg)
     else:

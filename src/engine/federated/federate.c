@@ -142,6 +142,7 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     const struct { const char *key; int set; } only[] = {
         {"[parallel] servers (--servers)", c->ps_servers != d.ps_servers},
         {"[ps] mode", c->ps_mode != d.ps_mode},
+        {"[ps] aggregator", c->ps_robust.kind != d.ps_robust.kind},
         {"[parallel] zero (--zero)", c->zero != d.zero},
         {"[parallel] offload", c->offload != d.offload},
         {"[parallel] pipeline", c->pipeline != d.pipeline},
