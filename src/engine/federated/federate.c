@@ -292,10 +292,7 @@ static dt_status client_update(fed *f, int r, int j, long total) {
     size_t n = f->n;
     int m = f->m, k = f->sampled[j];
     float *row = f->rows + (size_t)j * n;
-    if (f->start[k + 1] == f->start[k]) {  // no samples: reports a zero update, with weight 0
-        f->meta[j] = 1;
-        return DT_OK;
-    }
+    if (f->start[k + 1] == f->start[k]) return DT_OK;  // no samples: nothing to send
     double fault_s = injected(f, r, k);
     if (fault_s < 0) {
         dt_log(DT_LOG_INFO, "round %d: client %d failed (injected)", r, k);
@@ -357,8 +354,9 @@ static void screen(fed *f, int r) {
     int m = f->m;
     double *sq = malloc(sizeof(double) * (size_t)m);
     if (!sq) return;
-    for (int j = 0; j < m; j++) {
-        f->bad[j] = !f->meta[j];
+    for (int j = 0; j < m; j++) {  // (a client without samples sends nothing: out of the median and the sums)
+        int k = f->sampled[j];
+        f->bad[j] = !f->meta[j] || f->start[k + 1] == f->start[k];
         sq[j] = get_double(&f->meta[m + j]);
     }
     float outlier = f->sigma > 0 ? 0 : f->c->fed_robust.outlier;
@@ -393,7 +391,7 @@ static void sum_rows(fed *f, long total, uint64_t key) {
     if (f->c->fed_secure) memset(f->msum, 0, sizeof(uint32_t) * n);
     for (int j = f->rank; j < f->m; j += f->W) {
         int k = f->sampled[j];
-        if (f->bad[j] || f->start[k + 1] == f->start[k]) continue;
+        if (f->bad[j]) continue;
         double weight = f->sigma > 0 ? 1 : share_of(f, k, total);
         const float *row = f->rows + (size_t)j * n;
         if (f->c->fed_secure) {
