@@ -224,6 +224,19 @@ static void private(void) {
     double d = tl_runs_diff(g_tmp, "dp", "dp-secure", &bw);
     CHECK(rc == 0 && d >= 0 && d < 1e-4 && fabs(summary("dp-secure", "epsilon") - want) < 1e-5 * want,
           "DP under secure aggregation: exit %d, weights within %g of the plain DP run's (want < 1e-4)\n%s", rc, d, g_out);
+    // Clients without samples (Dirichlet 0.05 over 243 samples) send nothing: under secure aggregation
+    // their pairs' masks are removed as a dropout's, and the run ends where a plain one does.
+    const char *dir = "--workers 2 --set federated.partition=dirichlet --set federated.alpha=0.05";
+    char flags[256];
+    snprintf(flags, sizeof flags, "%s --set federated.secure=true", dir);
+    rc = run("", "federate", cfg_fed, "dir-plain", dir);
+    int rc2 = run("", "federate", cfg_fed, "dir-secure", flags);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/dir-plain/clients.json", g_tmp);
+    int empty = tl_count(path, "\"samples\":\t0,");
+    d = tl_runs_diff(g_tmp, "dir-plain", "dir-secure", &bw);
+    CHECK(rc == 0 && rc2 == 0 && empty > 0 && d >= 0 && d < 1e-4,
+          "secure with %d clients without samples: exit %d/%d, weights within %g of plain\n%s", empty, rc, rc2, d, g_out);
     rc = run("", "federate", cfg_fed, "dp-eps", "--workers 2 --set federated.dp_clip=0.5 --set federated.dp_epsilon=4");
     got = summary("dp-eps", "epsilon");
     double sigma = summary("dp-eps", "noise_multiplier");
