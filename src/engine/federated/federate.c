@@ -39,7 +39,8 @@
  *
  * Failures and delays are injected by round and client for tests:
  * DTRAIN_FED_FAIL="R:K,..." (client K fails in round R, counted from 1)
- * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer). */
+ * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer);
+ * attackers by DTRAIN_ATTACK="KIND:FRACTION" (engine/robust/robust.h). */
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/federated/fedparts.h"
@@ -586,6 +587,9 @@ static dt_status robust_setup(fed *f, int32_t *y, int classes) {
     const dt_config *c = f->c;
     dt_status st = dt_attack_from_env(&f->attack);
     if (st != DT_OK) return st;
+    if (f->attack.kind == DT_ATTACK_LIE && c->fed_secure)
+        return dt_error(DT_ERR_CONFIG, "DTRAIN_ATTACK=lie: the attack reads the honest updates, which secure "
+                        "aggregation hides; use secure = false");
     f->evil = dt_attack_count(&f->attack, f->m);
     f->labels = y;
     f->classes = classes;
