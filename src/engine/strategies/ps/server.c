@@ -216,8 +216,6 @@ static int64_t min_step(const server *sv) {
     return m;
 }
 
-// Async and ssp: worker wi's gradient on its own, on arrival, at the rate
-// its staleness allows; ssp holds the reply of a worker too far ahead.
 // A push to apply alone (async, ssp, backup) whose range holds NaN or Inf:
 // left out by this server (the others judge their ranges), named and
 // counted. Mode sync screens whole pushes (robust.c). (Here too the first
@@ -233,6 +231,9 @@ static int faulty(server *sv, int wi) {
     return 1;
 }
 
+// Async and ssp: worker wi's gradient on its own, on arrival, at the rate
+// its staleness allows (a faulty one left out); ssp holds the reply of a
+// worker too far ahead.
 static dt_status apply_one(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t stale = sv->version - p->sent;
