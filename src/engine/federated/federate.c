@@ -45,6 +45,7 @@
 #include "dtrain/train.h"
 #include "engine/federated/fedparts.h"
 #include "engine/federated/privacy.h"
+#include "engine/federated/round.h"
 #include "engine/robust/robust.h"
 #include "engine/strategies/strategy.h"
 #include "engine/tasks/task.h"
@@ -59,42 +60,6 @@
 #include <time.h>
 
 
-typedef struct {
-    int round, client;
-    double delay;  // seconds; < 0: the client fails
-} fault;
-
-typedef struct {
-    const dt_config *c;
-    const dt_task_ops *tops;
-    dt_task *task;
-    dt_comm_t comm;
-    int rank, W;
-    float *params, *grads;  // the task's model: a client trains in them
-    size_t n;
-    float *global;          // the server's model
-    dt_optim *client_opt, *server_opt;
-    uint32_t *idx;          // the partition: client k's samples idx[start[k] .. start[k + 1])
-    int *start;
-    int C, m;               // clients, clients per round
-    int *sampled;           // this round's, ascending
-    int64_t *acc;           // the n update sums
-    float *rows;            // m x n: the round's updates (this rank's clients'; every client's when gathered)
-    int64_t *meta;          // [m reported][m squared norm][m loss]: the doubles' bits, one client's each
-    uint8_t *bad;           // m: a client that did not report or was screened out
-    uint32_t *masked, *msum;
-    fault *faults;
-    int nfaults;
-    int gather;             // the updates go to every rank in the clear (a robust aggregator, the "lie" attack)
-    dt_attack attack;       // DTRAIN_ATTACK (tests, benches): the round's clients 0 .. evil - 1 attack
-    int evil;
-    int32_t *labels;        // the training labels (labelflip flips an attacker's while it trains)
-    int classes;
-    double sigma, q;        // DP-FedAvg: noise multiplier, sampling rate (sigma 0: no DP)
-    float *eps;             // DP: the epsilon spent after each round
-    cJSON *left_out;        // [{round, client, reason}] of the screened-out updates
-    int nleft;
-} fed;
 
 static int clients_per_round(const dt_config *c) {
     long m = lround((double)c->fed_clients * c->fed_fraction);
@@ -196,18 +161,12 @@ static double injected(const fed *f, int r, int k) {
     return 0;
 }
 
-static uint64_t round_key(const dt_config *c, int r, int k) {
-    uint64_t z = c->seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + (uint64_t)(k + 1);
-    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 29);
-}
-
 // The round's clients: the first m of a seeded permutation, ascending.
 static void sample_clients(fed *f, int r) {
     uint32_t *perm = (uint32_t *)f->masked;  // scratch of at least C entries, see alloc
     for (int k = 0; k < f->C; k++) perm[k] = (uint32_t)k;
     dt_rng g;
-    dt_rng_seed(&g, round_key(f->c, r, -1));
+    dt_rng_seed(&g, fed_round_key(f->c, r, -1));
     dt_rng_shuffle(&g, perm, (size_t)f->C);
     for (int j = 0; j < f->m; j++) f->sampled[j] = (int)perm[j];
     for (int a = 1; a < f->m; a++)  // insertion sort: m is small
@@ -231,7 +190,7 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
     memcpy(f->params, f->global, sizeof(float) * n);
     reset_optim(f->client_opt, n);
     int nk = f->start[k + 1] - f->start[k];
-    dt_status st = f->tops->set_subset(f->task, f->idx + f->start[k], nk, c->fed_local_batch, round_key(c, r, k));
+    dt_status st = f->tops->set_subset(f->task, f->idx + f->start[k], nk, c->fed_local_batch, fed_round_key(c, r, k));
     double loss_sum = 0;
     long seen = 0;
     int64_t local = 0;
@@ -268,18 +227,6 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
 // Client k's labels y -> classes - 1 - y (twice: as they were).
 static void flip_labels(fed *f, int k) {
     for (int i = f->start[k]; i < f->start[k + 1]; i++) f->labels[f->idx[i]] = f->classes - 1 - f->labels[f->idx[i]];
-}
-
-static void put_double(int64_t *slot, double x) { memcpy(slot, &x, sizeof x); }
-static double get_double(const int64_t *slot) {
-    double x;
-    memcpy(&x, slot, sizeof x);
-    return x;
-}
-
-// Client k's share of the round's `total` samples.
-static double share_of(const fed *f, int k, long total) {
-    return total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
 }
 
 // Client f->sampled[j] of the round's m, on this rank: its local training,
@@ -323,8 +270,8 @@ static dt_status client_update(fed *f, int r, int j, long total) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) row[i] = f->params[i] - f->global[i];
     if (j < f->evil && f->attack.kind != DT_ATTACK_LIE && f->attack.kind != DT_ATTACK_LABELFLIP)
-        dt_attack_row(&f->attack, row, n, round_key(c, r, k) ^ 0x61747461636bull);
-    double sq = dt_sum_squares(row, n), p = share_of(f, k, total), weight = f->sigma > 0 ? 1 : p;
+        dt_attack_row(&f->attack, row, n, fed_round_key(c, r, k) ^ 0x61747461636bull);
+    double sq = dt_sum_squares(row, n), p = fed_share_of(f, k, total), weight = f->sigma > 0 ? 1 : p;
     if (f->sigma > 0 && sqrt(sq) > c->fed_dp_clip) {  // DP: the client clips its own update
         float s = (float)(c->fed_dp_clip / sqrt(sq));
         for (size_t i = 0; i < n; i++) row[i] *= s;
@@ -342,152 +289,8 @@ static dt_status client_update(fed *f, int r, int j, long total) {
         return DT_OK;
     }
     f->meta[j] = 1;
-    put_double(&f->meta[m + j], sq);
-    put_double(&f->meta[2 * m + j], isfinite(closs) ? closs : 0);
-    return DT_OK;
-}
-
-// Every rank the same: which of the round's clients are left out (did not
-// report, or screened: a NaN or Inf in the update, or a norm above
-// [federated] outlier x the median; under DP non-finite ones only), each
-// screened one named in the log and in summary.json's left_out.
-static void screen(fed *f, int r) {
-    int m = f->m;
-    double *sq = malloc(sizeof(double) * (size_t)m);
-    if (!sq) return;
-    for (int j = 0; j < m; j++) {  // (a client without samples sends nothing: out of the median and the sums)
-        int k = f->sampled[j];
-        f->bad[j] = !f->meta[j] || f->start[k + 1] == f->start[k];
-        sq[j] = get_double(&f->meta[m + j]);
-    }
-    float outlier = f->sigma > 0 ? 0 : f->c->fed_robust.outlier;
-    uint8_t *before = malloc((size_t)m);
-    if (before) memcpy(before, f->bad, (size_t)m);
-    dt_robust_screen(sq, m, outlier, f->bad);
-    for (int j = 0; j < m && before; j++) {
-        if (!f->bad[j] || before[j]) continue;
-        const char *why = isfinite(sq[j]) ? "norm" : "nonfinite";
-        if (f->rank == 0)
-            dt_log(DT_LOG_WARN, "round %d: client %d left out: its update %s", r, f->sampled[j],
-                   isfinite(sq[j]) ? "has a norm above [federated] outlier x the round's median norm"
-                                   : "holds NaN or Inf");
-        f->nleft++;
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "round", r);
-        cJSON_AddNumberToObject(e, "client", f->sampled[j]);
-        cJSON_AddNumberToObject(e, "norm", isfinite(sq[j]) ? sqrt(sq[j]) : -1);
-        cJSON_AddStringToObject(e, "reason", why);
-        if (f->left_out && cJSON_GetArraySize(f->left_out) < 1000) cJSON_AddItemToArray(f->left_out, e);
-        else cJSON_Delete(e);
-    }
-    free(before);
-    free(sq);
-}
-
-// This rank's kept clients' updates into the sums, weighted by their share
-// of the round (1 each under DP), masked when secure.
-static void sum_rows(fed *f, long total, uint64_t key) {
-    size_t n = f->n;
-    memset(f->acc, 0, sizeof(int64_t) * n);
-    if (f->c->fed_secure) memset(f->msum, 0, sizeof(uint32_t) * n);
-    for (int j = f->rank; j < f->m; j += f->W) {
-        int k = f->sampled[j];
-        if (f->bad[j]) continue;
-        double weight = f->sigma > 0 ? 1 : share_of(f, k, total);
-        const float *row = f->rows + (size_t)j * n;
-        if (f->c->fed_secure) {
-            dt_secagg_mask(f->masked, row, n, weight, k, f->sampled, f->m, key);
-            for (size_t i = 0; i < n; i++) f->msum[i] += f->masked[i];
-        } else {
-            dt_fixed_add(f->acc, row, n, weight * DT_FIXED_SCALE);
-        }
-    }
-    if (f->c->fed_secure)
-        for (size_t i = 0; i < n; i++) f->acc[i] = f->msum[i];  // what the server receives: masked sums
-}
-
-// The aggregate of the gathered rows (robust.h) into f->grads: FedAvg's
-// weights (the clients' shares) for mean and clip, equal ones otherwise.
-static void combine_rows(fed *f, long total) {
-    int m = f->m;
-    size_t n = f->n;
-    const dt_robust_params *p = &f->c->fed_robust;
-    float **rows = malloc(sizeof(float *) * (size_t)m);
-    double *w = malloc(sizeof(double) * (size_t)m), *sq = malloc(sizeof(double) * (size_t)m);
-    double *d2 = dt_robust_needs_d2(p) ? malloc(sizeof(double) * (size_t)m * m) : NULL;
-    if (rows && w && sq) {
-        for (int j = 0; j < m; j++) {
-            rows[j] = f->rows + (size_t)j * n;
-            w[j] = share_of(f, f->sampled[j], total);
-        }
-        if (f->attack.kind == DT_ATTACK_LIE) {
-            uint8_t *evil = calloc((size_t)m, 1);
-            for (int j = 0; j < m && evil; j++) evil[j] = j < f->evil && !f->bad[j];
-            if (evil) dt_attack_lie(rows, m, evil, 0, n);
-            free(evil);
-        }
-        dt_robust_stats((const float *const *)rows, m, 0, n, sq, d2);
-        dt_robust_combine(p, (const float *const *)rows, w, m, n, sq, d2, f->bad, f->grads, NULL);
-    }
-    free(rows), free(w), free(sq), free(d2);
-}
-
-// The server step of round r from the allreduced sums or rows: the mean
-// update (renormalised over the kept clients' share of the round's
-// `total` samples, unmasked with the round's key when secure; the robust
-// aggregate when gathered; the noisy sum over the m sampled under DP), the
-// server optimizer's step. Fills the outputs of run_round.
-static dt_status server_step(fed *f, int r, long total, uint64_t key, int *reported, float *loss, float *norm,
-                             int *applied) {
-    const dt_config *c = f->c;
-    size_t n = f->n;
-    int m = f->m;
-    int *surv = malloc(sizeof(int) * (size_t)m * 2), *drop = surv + m, ns = 0, nd = 0;
-    if (!surv) return dt_error(DT_ERR_NOMEM, "out of memory");
-    double P = 0, L = 0;
-    for (int j = 0; j < m; j++) {
-        int k = f->sampled[j];
-        if (f->bad[j]) {
-            drop[nd++] = k;
-            continue;
-        }
-        surv[ns++] = k;
-        P += share_of(f, k, total);
-        L += share_of(f, k, total) * get_double(&f->meta[2 * m + j]);
-    }
-    *reported = ns;
-    *applied = 0;
-    *norm = 0;
-    *loss = P > 0 ? (float)(L / P) : 0;
-    if (ns < c->fed_min_clients || P <= 0) {
-        dt_log(DT_LOG_WARN, "round %d: %d of %d clients reported, fewer than min_clients = %d: the model is unchanged",
-               r, ns, m, c->fed_min_clients);
-        free(surv);
-        return DT_OK;
-    }
-    if (f->gather) {
-        combine_rows(f, total);
-    } else if (c->fed_secure) {
-        for (size_t i = 0; i < n; i++) f->msum[i] = (uint32_t)f->acc[i];
-        dt_secagg_unmask(f->msum, n, surv, ns, drop, nd, key);
-        dt_secagg_decode(f->msum, f->grads, n);
-    } else {
-        dt_fixed_to_float(f->grads, f->acc, n);
-    }
-    free(surv);
-    // The mean update as the server optimizer's negative gradient. DP: the
-    // sum of the clipped updates plus N(0, (sigma C)^2), over the m sampled
-    // (the same noise on every rank: drawn from the round's key).
-    float inv = (float)(f->gather ? -1.0 : f->sigma > 0 ? -1.0 / m : -1.0 / P);
-    dt_rng g;
-    dt_rng_seed(&g, round_key(c, r, -3));
-    double sd = f->sigma * c->fed_dp_clip;
-    for (size_t i = 0; i < n && f->sigma > 0; i++) f->grads[i] += (float)(sd * dt_rng_normal(&g));
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) f->grads[i] *= inv;
-    *norm = (float)sqrt(dt_sum_squares(f->grads, n));
-    dt_optim_step(f->server_opt, f->global, f->grads, c->fed_server_lr, 1);
-    *applied = 1;
+    fed_put_double(&f->meta[m + j], sq);
+    fed_put_double(&f->meta[2 * m + j], isfinite(closs) ? closs : 0);
     return DT_OK;
 }
 
@@ -503,22 +306,22 @@ static dt_status run_round(fed *f, int r, int *reported, float *loss, float *nor
     for (int j = 0; j < m; j++) total += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
     memset(f->meta, 0, sizeof(int64_t) * 3 * (size_t)m);
     memset(f->rows, 0, sizeof(float) * n * (size_t)m);
-    uint64_t key = round_key(f->c, r, -2);
+    uint64_t key = fed_round_key(f->c, r, -2);
     for (int j = f->rank; j < m; j += f->W) {
         dt_status st = client_update(f, r, j, total);
         if (st != DT_OK) return st;
     }
     dt_status st = dt_allreduce(f->meta, f->meta, 3 * (size_t)m, DT_I64, DT_SUM, f->comm);
     if (st != DT_OK) return dt_error(st, "round %d: reports allreduce: %s", r, dt_last_error());
-    screen(f, r);
+    fed_screen(f, r);
     if (f->gather) {  // every slot is one client's (zeros elsewhere): the sum is exact
         st = dt_allreduce(f->rows, f->rows, n * (size_t)m, DT_F32, DT_SUM, f->comm);
     } else {
-        sum_rows(f, total, key);
+        fed_sum_rows(f, total, key);
         st = dt_allreduce(f->acc, f->acc, n, DT_I64, DT_SUM, f->comm);
     }
     if (st != DT_OK) return dt_error(st, "round %d: update allreduce: %s", r, dt_last_error());
-    return server_step(f, r, total, key, reported, loss, norm, applied);
+    return fed_server_step(f, r, total, key, reported, loss, norm, applied);
 }
 
 // RUN_DIR/clients.json: every client's sample count and class histogram.
