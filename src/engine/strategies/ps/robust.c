@@ -98,9 +98,10 @@ static void report(server *sv, const uint8_t *bad, const double *sq) {
     }
 }
 
-// The step's gradient from the N pushes (mode sync), into sv->grad: their
-// sum; or, screened (outlier, or any aggregator but mean), the sum of the
-// kept ones renormalised to N (mean), or N x [ps] aggregator's combination.
+// The step's gradient from the N pushes (mode sync), into sv->grad: the
+// pushes screened (NaN/Inf always, outlier's norm rule when set), then the
+// sum of the kept ones renormalised to N (mean: with none left out, the
+// plain sum bit for bit), or N x [ps] aggregator's combination.
 dt_status ps_reduce_pushes(server *sv) {
     int N = sv->N;
     const dt_robust_params *p = &sv->c->ps_robust;

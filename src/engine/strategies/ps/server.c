@@ -380,7 +380,7 @@ dt_status ps_setup(server *sv) {
         p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
     const dt_robust_params *rp = &sv->c->ps_robust;
-    sv->robust = sv->mode == MODE_SYNC && (rp->kind != DT_AGG_MEAN || rp->outlier > 0 || sv->attack.kind);
+    sv->robust = sv->mode == MODE_SYNC;  // (the NaN/Inf screen is always on)
     if (sv->robust && sv->det && (rp->kind != DT_AGG_MEAN || sv->attack.kind) && !sv->rows &&
         !(sv->rows = dt_alloc(sizeof(float) * sv->len * (size_t)sv->N)))
         return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
