@@ -61,6 +61,18 @@ typedef enum {
 /* [checkpoint] staging (docs/checkpoints.md "Staging"). */
 typedef enum { DT_STAGING_AUTO, DT_STAGING_SLICE, DT_STAGING_PIECES } dt_staging;
 
+/* Robust aggregation of updates ([federated] / [ps] aggregator and its
+ * keys; engine/robust/robust.h). */
+typedef enum { DT_AGG_MEAN = 0, DT_AGG_MEDIAN, DT_AGG_TRIMMED, DT_AGG_KRUM, DT_AGG_CLIP } dt_agg_kind;
+typedef struct {
+    int kind;        /* dt_agg_kind */
+    float trim;      /* trimmed: the fraction beta cut at each end of every coordinate */
+    int krum_f;      /* krum: the Byzantine updates it tolerates (needs n > 2f + 2) */
+    int krum_m;      /* krum: the best-scored updates averaged (1: Krum, more: multi-Krum) */
+    float clip;      /* clip: every update's L2 norm bounded by this */
+    float outlier;   /* an update whose norm is above outlier x the median norm is left out (0: off) */
+} dt_robust_params;
+
 typedef struct {
     char name[64];                 /* run name (default: config file stem) */
     /* [model] */
@@ -124,6 +136,7 @@ typedef struct {
     int ps_backup;                 /* backup: workers whose gradients a step may go without */
     int ps_staleness_lr;           /* a stale gradient's learning rate divided by its staleness */
     int ps_groups;                 /* workers allreduce in G groups, one leader each talks to the servers (0: none) */
+    dt_robust_params ps_robust;    /* [ps] aggregator and its parameters (sync mode; docs/parameter-server.md) */
     int ps_share;                  /* [ps] share: 0 fixed (each worker its share of every batch), 1 dynamic (async,
                                       ssp: the epoch's pieces of batches to whichever worker is free) */
     /* [federated] (dtrain federate, docs/federated.md) */
@@ -143,6 +156,11 @@ typedef struct {
     int fed_min_clients;           /* fewest clients a round may aggregate */
     float fed_deadline;            /* seconds a client may train in a round (0: no deadline) */
     int fed_secure;                /* secure aggregation: pairwise masks mod 2^32 */
+    dt_robust_params fed_robust;   /* [federated] aggregator and its parameters (docs/federated.md) */
+    float fed_dp_clip;             /* DP-FedAvg: every client's update clipped to this L2 norm (0: no DP) */
+    float fed_dp_noise;            /* ... Gaussian noise sigma x dp_clip on the sum (0: from dp_epsilon) */
+    float fed_dp_epsilon;          /* ... the epsilon the rounds may spend, sigma solved for it (0: dp_noise) */
+    float fed_dp_delta;            /* ... the delta of (epsilon, delta) */
     /* straggler detection (rank 0, docs/observability.md) */
     float straggler_margin;        /* a rank's step time above the median by this fraction */
     int straggler_steps;           /* ... for this many steps in a row is reported (0: off) */

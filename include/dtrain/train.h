@@ -62,7 +62,7 @@ typedef struct {
                                     gradients and the per-step exchange of loss
                                     and control), summed over steps */
     float loss_scale;            /* precision fp16: the dynamic loss scale at the end (else 0) */
-    int64_t skipped_steps;       /* precision fp16: steps skipped for an inf/NaN gradient */
+    int64_t skipped_steps;       /* steps skipped for an inf/NaN gradient (fp16 overflow; any precision: a faulty one) */
 } dt_train_result;
 
 /* Trains as c says. run_dir (created if missing, may be NULL for no files).

@@ -176,10 +176,8 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
         cJSON_AddNumberToObject(wc, "converted", (double)ws.converted);
         cJSON_AddNumberToObject(wc, "conversions_saved", (double)ws.reused);
     }
-    if (c->precision == DT_F16) {
-        cJSON_AddNumberToObject(pr, "loss_scale", r->loss_scale);
-        cJSON_AddNumberToObject(pr, "skipped_steps", (double)r->skipped_steps);
-    }
+    if (c->precision == DT_F16) cJSON_AddNumberToObject(pr, "loss_scale", r->loss_scale);
+    if (c->precision == DT_F16 || r->skipped_steps > 0) cJSON_AddNumberToObject(pr, "skipped_steps", (double)r->skipped_steps);
     cJSON_AddNumberToObject(o, "params", (double)nparams);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     cJSON_AddNumberToObject(o, "batch", c->batch);
@@ -342,14 +340,19 @@ static int grads_overflow(dt_strategy *s, int64_t step) {
 // agreement, then the norm, clipping, the schedule and the update. With a
 // loss scaler (fp16) the gradients are the loss scale's multiple: the norm
 // and the update divide it out, and a step that overflowed on any rank is
-// skipped by all.
+// skipped by all. In any precision, a step whose synchronised gradient
+// holds NaN or Inf on any rank (a worker's faulty gradient, which the
+// allreduce spread: it cannot tell whose) is skipped by all, logged and
+// counted in *skipped; parameter servers screen the pushes themselves
+// (ps/robust.c).
 static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const dt_schedule *sched, int64_t step,
                              double loss_sum, int global, dt_loss_scaler *scaler, dt_control *ctl, float *lr,
-                             float *gnorm) {
+                             float *gnorm, int64_t *skipped) {
     int vote = dt_run_ckpt_vote(ck);
     dt_obs_begin(obs, DT_OBS_COMM);
     dt_status st = dt_strategy_sync(s);
-    int overflow = scaler && st == DT_OK ? grads_overflow(s, step + 1) : 0;
+    int watch = scaler || (s->opt && s->c->ps_servers == 0);
+    int overflow = watch && st == DT_OK ? grads_overflow(s, step + 1) : 0;
     if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, overflow, ctl);
     else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, overflow, ctl);
     dt_obs_end(obs, DT_OBS_COMM);
@@ -364,6 +367,12 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     if (scaler) {
         dt_optim_set_skip(s->opt, !dt_loss_scaler_update(scaler, ctl->overflow));
         s->loss_scale = scaler->scale;
+    } else if (watch && ctl->overflow) {
+        dt_optim_set_skip(s->opt, 1);
+        (*skipped)++;
+        if (s->rank == 0)
+            dt_log(DT_LOG_WARN, "step %lld: the gradient holds NaN or Inf after the gradients' exchange: the step is "
+                   "skipped (%lld so far)", (long long)step + 1, (long long)*skipped);
     }
     if (st == DT_OK) st = dt_strategy_update(s, *lr, scale);
     dt_optim_set_skip(s->opt, 0);
@@ -738,7 +747,7 @@ static dt_status train_step(run_state *r, int e, int64_t *ebatch, dt_control *ct
                            : micro_steps(r->tops, r->task, s, r->obs, r->step, &b, &lsum);
     if (st == DT_OK)
         st = finish_step(s, &r->ck, r->obs, &r->sched, at, lsum, b.global, r->fp16 ? &r->scaler : NULL, ctl, &lr,
-                         &gnorm);
+                         &gnorm, &r->scaler.skipped);
     if (st == DT_OK && r->dyn) st = rebalance(r->dyn, r->obs, r->tops, r->task, r->rank, r->W, r->nunits, r->step + 1);
     if (st != DT_OK) {
         st = dt_error(st, "rank %d, step %lld: %s", r->rank, (long long)r->step + 1, dt_last_error());

@@ -192,7 +192,10 @@ static void render(FILE *f, void *user) {
     if (o->last.loss_scale > 0) {
         dt_prom_family(f, "dtrain_loss_scale", "gauge", "fp16 dynamic loss scale after the last step.");
         dt_prom_sample(f, "dtrain_loss_scale", "", o->last.loss_scale);
-        dt_prom_family(f, "dtrain_skipped_steps", "counter", "fp16 steps skipped for an inf/NaN gradient.");
+    }
+    if (o->last.loss_scale > 0 || o->last.skipped_total > 0) {
+        dt_prom_family(f, "dtrain_skipped_steps", "counter", "Steps skipped for an inf/NaN gradient (fp16 overflow, "
+                       "or a faulty gradient in any precision).");
         dt_prom_sample(f, "dtrain_skipped_steps", "", (double)o->last.skipped_total);
     }
     dt_prom_family(f, "dtrain_samples_per_second", "gauge", "Training throughput over the last >= 0.5 s.");
@@ -580,8 +583,8 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
         cJSON_AddNumberToObject(j, "batch", (double)((s->piece - 1) / (o->W > 0 ? o->W : 1)));
         cJSON_AddNumberToObject(j, "part", (double)((s->piece - 1) % (o->W > 0 ? o->W : 1)));
     }
-    if (s->loss_scale > 0) {  // fp16's dynamic loss scaling
-        num(j, "loss_scale", s->loss_scale);
+    if (s->loss_scale > 0) num(j, "loss_scale", s->loss_scale);  // fp16's dynamic loss scaling
+    if (s->loss_scale > 0 || s->skipped_total > 0) {  // (any precision: a step skipped for a NaN/Inf gradient)
         cJSON_AddBoolToObject(j, "skipped", s->skipped);
         cJSON_AddNumberToObject(j, "skipped_steps", (double)s->skipped_total);
     }

@@ -103,6 +103,7 @@ static const char *const staging_names[] = {"auto", "slice", "pieces", NULL};  /
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
 static const char *const fed_algorithm_names[] = {"fedavg", "fedavgm", "fedadam", NULL};
 static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NULL};
+static const char *const aggregator_names[] = {"mean", "median", "trimmed", "krum", "clip", NULL};  // dt_agg_kind
 static const char *const ps_share_names[] = {"fixed", "dynamic", NULL};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
 static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
@@ -177,6 +178,12 @@ static const field fields[] = {
     {"ps", "staleness_lr", F_BOOL, O(ps_staleness_lr), 0, 1, NULL},
     {"ps", "groups", F_INT, O(ps_groups), 0, 1024, NULL},
     {"ps", "share", F_ENUM, O(ps_share), 0, 0, ps_share_names},
+    {"ps", "aggregator", F_ENUM, O(ps_robust.kind), 0, 0, aggregator_names},
+    {"ps", "trim", F_FLOAT, O(ps_robust.trim), 0, 0.5, NULL},
+    {"ps", "krum_f", F_INT, O(ps_robust.krum_f), 0, 1e6, NULL},
+    {"ps", "krum_m", F_INT, O(ps_robust.krum_m), 1, 1e6, NULL},
+    {"ps", "clip_bound", F_FLOAT, O(ps_robust.clip), 0, 1e9, NULL},
+    {"ps", "outlier", F_FLOAT, O(ps_robust.outlier), 0, 1e9, NULL},
     {"parallel", "grad_dtype", F_ENUM, O(grad_dtype), 0, 0, grad_dtype_names},
     {"federated", "clients", F_INT, O(fed_clients), 1, 1e6, NULL},
     {"federated", "fraction", F_FLOAT, O(fed_fraction), 1e-6, 1, NULL},
@@ -196,6 +203,16 @@ static const field fields[] = {
     {"federated", "min_clients", F_INT, O(fed_min_clients), 1, 1e6, NULL},
     {"federated", "deadline", F_FLOAT, O(fed_deadline), 0, 1e9, NULL},
     {"federated", "secure", F_BOOL, O(fed_secure), 0, 1, NULL},
+    {"federated", "aggregator", F_ENUM, O(fed_robust.kind), 0, 0, aggregator_names},
+    {"federated", "trim", F_FLOAT, O(fed_robust.trim), 0, 0.5, NULL},
+    {"federated", "krum_f", F_INT, O(fed_robust.krum_f), 0, 1e6, NULL},
+    {"federated", "krum_m", F_INT, O(fed_robust.krum_m), 1, 1e6, NULL},
+    {"federated", "clip_bound", F_FLOAT, O(fed_robust.clip), 0, 1e9, NULL},
+    {"federated", "outlier", F_FLOAT, O(fed_robust.outlier), 0, 1e9, NULL},
+    {"federated", "dp_clip", F_FLOAT, O(fed_dp_clip), 0, 1e9, NULL},
+    {"federated", "dp_noise", F_FLOAT, O(fed_dp_noise), 0, 1e6, NULL},
+    {"federated", "dp_epsilon", F_FLOAT, O(fed_dp_epsilon), 0, 1e6, NULL},
+    {"federated", "dp_delta", F_FLOAT, O(fed_dp_delta), 1e-30, 0.5, NULL},
     {"train", "straggler_margin", F_FLOAT, O(straggler_margin), 0.01, 100, NULL},
     {"train", "straggler_steps", F_INT, O(straggler_steps), 0, 1e9, NULL},
     {"obs", "metrics_port", F_INT, O(metrics_port), 0, 65535, NULL},
@@ -295,6 +312,8 @@ void dt_config_defaults(dt_config *c) {
     c->fed_server_beta2 = 0.99f;
     c->fed_server_eps = 1e-3f;
     c->fed_min_clients = 1;
+    c->fed_dp_delta = 1e-5f;
+    c->fed_robust = c->ps_robust = (dt_robust_params){.trim = 0.1f, .krum_f = 1, .krum_m = 1, .outlier = 10};
     c->straggler_margin = 0.2f;
     c->straggler_steps = 10;
     snprintf(c->metrics_addr, sizeof c->metrics_addr, "127.0.0.1");

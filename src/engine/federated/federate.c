@@ -9,11 +9,20 @@
  * ordinary forward and backward and a fresh client optimizer ([optim]),
  * with FedProx's proximal term mu (w - w_global) added to its gradient,
  * and contributes its update w - w_global weighted by its share of the
- * round's samples. The weighted updates are summed in int64 fixed point
+ * round's samples. A first small allreduce carries which clients
+ * reported, their updates' squared norms and their losses; every rank
+ * then screens the same way (robust.h: an update holding NaN or Inf, or
+ * with a norm above [federated] outlier x the median, is left out and
+ * named). The kept weighted updates are summed in int64 fixed point
  * (the same bits for any worker count and any order; strategy.h's
  * dt_fixed_add), or, with secure aggregation, as masked 32-bit fixed-point
- * vectors whose masks cancel in the sum (fedparts.h). One int64 allreduce
- * carries the sums, which clients reported, and the loss.
+ * vectors whose masks cancel in the sum (fedparts.h), in one int64
+ * allreduce. With a robust [federated] aggregator the updates themselves
+ * go to every rank instead (one fp32 allreduce of m x n, each slot one
+ * client's) and every rank combines them alike. DP-FedAvg: each client
+ * clips its update to dp_clip, the sum is unweighted, and the server adds
+ * Gaussian noise of sigma x dp_clip and divides by m (privacy.h accounts
+ * the epsilon spent).
  *
  * Clients that fail (an injected fault, local training whose loss is no
  * longer finite, or an update too large for the fixed-point sum) or miss
@@ -30,10 +39,14 @@
  *
  * Failures and delays are injected by round and client for tests:
  * DTRAIN_FED_FAIL="R:K,..." (client K fails in round R, counted from 1)
- * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer). */
+ * and DTRAIN_FED_DELAY="R:K:SECONDS,..." (client K takes that much longer);
+ * attackers by DTRAIN_ATTACK="KIND:FRACTION" (engine/robust/robust.h). */
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/federated/fedparts.h"
+#include "engine/federated/privacy.h"
+#include "engine/federated/round.h"
+#include "engine/robust/robust.h"
 #include "engine/strategies/strategy.h"
 #include "engine/tasks/task.h"
 #include "engine/worker.h"
@@ -47,34 +60,33 @@
 #include <time.h>
 
 
-typedef struct {
-    int round, client;
-    double delay;  // seconds; < 0: the client fails
-} fault;
-
-typedef struct {
-    const dt_config *c;
-    const dt_task_ops *tops;
-    dt_task *task;
-    dt_comm_t comm;
-    int rank, W;
-    float *params, *grads;  // the task's model: a client trains in them
-    size_t n;
-    float *global;          // the server's model
-    dt_optim *client_opt, *server_opt;
-    uint32_t *idx;          // the partition: client k's samples idx[start[k] .. start[k + 1])
-    int *start;
-    int C, m;               // clients, clients per round
-    int *sampled;           // this round's, ascending
-    int64_t *acc;           // [n update sums][m reported][loss]
-    uint32_t *masked, *msum;
-    fault *faults;
-    int nfaults;
-} fed;
 
 static int clients_per_round(const dt_config *c) {
     long m = lround((double)c->fed_clients * c->fed_fraction);
     return m < 1 ? 1 : m > c->fed_clients ? c->fed_clients : (int)m;
+}
+
+// DP-FedAvg's keys: dp_clip turns it on, with dp_noise or dp_epsilon.
+static dt_status dp_check(const dt_config *c, int m) {
+    int noise = c->fed_dp_noise > 0, eps = c->fed_dp_epsilon > 0;
+    if (c->fed_dp_clip <= 0 && (noise || eps))
+        return dt_error(DT_ERR_CONFIG, "[federated] dp_clip = %g: DP-FedAvg (dp_noise = %g, dp_epsilon = %g) needs a "
+                        "finite, positive bound on every client's update", (double)c->fed_dp_clip,
+                        (double)c->fed_dp_noise, (double)c->fed_dp_epsilon);
+    if (c->fed_dp_clip <= 0) return DT_OK;
+    if (noise == eps)
+        return dt_error(DT_ERR_CONFIG, "[federated] dp_clip = %g: DP-FedAvg needs exactly one of dp_noise (the noise "
+                        "multiplier, finite and positive) and dp_epsilon (the epsilon to spend); got dp_noise = %g, "
+                        "dp_epsilon = %g", (double)c->fed_dp_clip, (double)c->fed_dp_noise, (double)c->fed_dp_epsilon);
+    if (c->fed_robust.kind != DT_AGG_MEAN)
+        return dt_error(DT_ERR_CONFIG, "[federated] aggregator = %s: DP-FedAvg (dp_clip = %g) adds its noise to the "
+                        "sum of the clipped updates; use aggregator = mean", dt_agg_names[c->fed_robust.kind],
+                        (double)c->fed_dp_clip);
+    if (c->fed_secure && (double)c->fed_dp_clip * m >= 128)
+        return dt_error(DT_ERR_CONFIG, "[federated] dp_clip = %g: with secure aggregation the sum of the %d clipped "
+                        "updates must stay within the masks' fixed point (+-128): use dp_clip < %g",
+                        (double)c->fed_dp_clip, m, 128.0 / m);
+    return DT_OK;
 }
 
 dt_status dt_federate_check(const dt_config *c, int W) {
@@ -96,6 +108,7 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     const struct { const char *key; int set; } only[] = {
         {"[parallel] servers (--servers)", c->ps_servers != d.ps_servers},
         {"[ps] mode", c->ps_mode != d.ps_mode},
+        {"[ps] aggregator", c->ps_robust.kind != d.ps_robust.kind},
         {"[parallel] zero (--zero)", c->zero != d.zero},
         {"[parallel] offload", c->offload != d.offload},
         {"[parallel] pipeline", c->pipeline != d.pipeline},
@@ -116,7 +129,8 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     if (c->precision == DT_F16)
         return dt_error(DT_ERR_CONFIG, "[train] precision = fp16: dtrain federate has no loss scaling (fp16 gradients "
                                        "would underflow); use bf16 or fp32");
-    return DT_OK;
+    dt_status st = dt_robust_check(&c->fed_robust, m, "[federated]", c->fed_secure);
+    return st != DT_OK ? st : dp_check(c, m);
 }
 
 // DTRAIN_FED_FAIL / DTRAIN_FED_DELAY into f->faults.
@@ -147,18 +161,12 @@ static double injected(const fed *f, int r, int k) {
     return 0;
 }
 
-static uint64_t round_key(const dt_config *c, int r, int k) {
-    uint64_t z = c->seed * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + (uint64_t)(k + 1);
-    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 29);
-}
-
 // The round's clients: the first m of a seeded permutation, ascending.
 static void sample_clients(fed *f, int r) {
     uint32_t *perm = (uint32_t *)f->masked;  // scratch of at least C entries, see alloc
     for (int k = 0; k < f->C; k++) perm[k] = (uint32_t)k;
     dt_rng g;
-    dt_rng_seed(&g, round_key(f->c, r, -1));
+    dt_rng_seed(&g, fed_round_key(f->c, r, -1));
     dt_rng_shuffle(&g, perm, (size_t)f->C);
     for (int j = 0; j < f->m; j++) f->sampled[j] = (int)perm[j];
     for (int a = 1; a < f->m; a++)  // insertion sort: m is small
@@ -182,7 +190,7 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
     memcpy(f->params, f->global, sizeof(float) * n);
     reset_optim(f->client_opt, n);
     int nk = f->start[k + 1] - f->start[k];
-    dt_status st = f->tops->set_subset(f->task, f->idx + f->start[k], nk, c->fed_local_batch, round_key(c, r, k));
+    dt_status st = f->tops->set_subset(f->task, f->idx + f->start[k], nk, c->fed_local_batch, fed_round_key(c, r, k));
     double loss_sum = 0;
     long seen = 0;
     int64_t local = 0;
@@ -216,20 +224,23 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
     return DT_OK;
 }
 
+// Client k's labels y -> classes - 1 - y (twice: as they were).
+static void flip_labels(fed *f, int k) {
+    for (int i = f->start[k]; i < f->start[k + 1]; i++) f->labels[f->idx[i]] = f->classes - 1 - f->labels[f->idx[i]];
+}
+
 // Client f->sampled[j] of the round's m, on this rank: its local training,
-// then its update, weighted by its share of the round's `total` samples,
-// into this rank's sums (masked with the round's key when secure) and its
-// loss; it reports. One that fails, diverges or misses the deadline is
-// left out (it does not report).
-static dt_status client_update(fed *f, int r, int j, long total, uint64_t key) {
+// then its update w_k - w into row j of f->rows (an attacker's replaced,
+// DTRAIN_ATTACK; clipped to dp_clip under DP), and into the round's meta
+// that it reported, its squared norm and its loss. One that fails,
+// diverges, misses the deadline or whose update would not fit the
+// fixed-point sum does not report.
+static dt_status client_update(fed *f, int r, int j, long total) {
     const dt_config *c = f->c;
     size_t n = f->n;
-    int m = f->m, secure = c->fed_secure;
-    int k = f->sampled[j];
-    if (f->start[k + 1] == f->start[k]) {  // no samples: reports, with weight 0
-        f->acc[n + (size_t)j] = 1;
-        return DT_OK;
-    }
+    int m = f->m, k = f->sampled[j];
+    float *row = f->rows + (size_t)j * n;
+    if (f->start[k + 1] == f->start[k]) return DT_OK;  // no samples: nothing to send
     double fault_s = injected(f, r, k);
     if (fault_s < 0) {
         dt_log(DT_LOG_INFO, "round %d: client %d failed (injected)", r, k);
@@ -237,7 +248,10 @@ static dt_status client_update(fed *f, int r, int j, long total, uint64_t key) {
     }
     double t0 = dt_now();
     float closs = 0;
+    int flip = j < f->evil && f->attack.kind == DT_ATTACK_LABELFLIP;
+    if (flip) flip_labels(f, k);
     dt_status st = train_client(f, r, k, &closs);
+    if (flip) flip_labels(f, k);
     if (st == DT_ERR_NUMERIC) {  // its local training diverged: a failed client, left out of the round
         dt_log(DT_LOG_WARN, "round %d: client %d left out: %s", r, k, dt_last_error());
         return DT_OK;
@@ -253,105 +267,61 @@ static dt_status client_update(fed *f, int r, int j, long total, uint64_t key) {
                c->fed_deadline);
         return DT_OK;
     }
-    double p = total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
-    float big = 0;
-#pragma omp parallel for schedule(static) reduction(max : big)
-    for (size_t i = 0; i < n; i++) {
-        f->grads[i] = f->params[i] - f->global[i];
-        big = fmaxf(big, fabsf(f->grads[i]));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) row[i] = f->params[i] - f->global[i];
+    if (j < f->evil && f->attack.kind != DT_ATTACK_LIE && f->attack.kind != DT_ATTACK_LABELFLIP)
+        dt_attack_row(&f->attack, row, n, fed_round_key(c, r, k) ^ 0x61747461636bull);
+    double sq = dt_sum_squares(row, n), p = fed_share_of(f, k, total), weight = f->sigma > 0 ? 1 : p;
+    if (f->sigma > 0 && sqrt(sq) > c->fed_dp_clip) {  // DP: the client clips its own update
+        float s = (float)(c->fed_dp_clip / sqrt(sq));
+        for (size_t i = 0; i < n; i++) row[i] *= s;
+        sq = dt_sum_squares(row, n);
     }
     // The int64 fixed-point sum holds m contributions of up to 4e18 / m
-    // each: a client whose update or loss would not fit (one that all
-    // but diverged) is left out too.
-    if (!((double)fmaxf(big, fabsf(closs)) * p * DT_FIXED_SCALE <= 4e18 / m)) {
+    // each: a client whose finite update or loss would not fit (one that
+    // all but diverged) is left out too. A non-finite one reports and is
+    // screened out by name (screen).
+    float big = 0;
+    for (size_t i = 0; i < n && isfinite(sq); i++) big = fmaxf(big, fabsf(row[i]));
+    if (!f->gather && isfinite(sq) && !((double)fmaxf(big, fabsf(closs)) * weight * DT_FIXED_SCALE <= 4e18 / m)) {
         dt_log(DT_LOG_WARN, "round %d: client %d left out: its update (largest change %g) or loss (%g) is too large "
                "to sum", r, k, (double)big, (double)closs);
         return DT_OK;
     }
-    if (secure) {
-        dt_secagg_mask(f->masked, f->grads, n, p, k, f->sampled, m, key);
-        for (size_t i = 0; i < n; i++) f->msum[i] += f->masked[i];
-    } else {
-        dt_fixed_add(f->acc, f->grads, n, p * DT_FIXED_SCALE);
-    }
-    f->acc[n + (size_t)j] = 1;
-    f->acc[n + (size_t)m] += llrint((double)closs * p * DT_FIXED_SCALE);
+    f->meta[j] = 1;
+    fed_put_double(&f->meta[m + j], sq);
+    fed_put_double(&f->meta[2 * m + j], isfinite(closs) ? closs : 0);
     return DT_OK;
 }
 
-// The server step of round r from the allreduced sums (f->acc): which
-// clients reported, their mean update renormalised over their share of
-// the round's `total` samples (unmasked with the round's key when secure),
-// the server optimizer's step. Fills the outputs of run_round.
-static dt_status server_step(fed *f, int r, long total, uint64_t key, int *reported, float *loss, float *norm,
-                             int *applied) {
-    const dt_config *c = f->c;
-    size_t n = f->n;
-    int m = f->m, secure = c->fed_secure;
-    // Which clients reported, and their share of the round's samples.
-    int *surv = malloc(sizeof(int) * (size_t)m * 2), *drop = surv + m, ns = 0, nd = 0;
-    if (!surv) return dt_error(DT_ERR_NOMEM, "out of memory");
-    double P = 0;
-    for (int j = 0; j < m; j++) {
-        int k = f->sampled[j];
-        if (f->acc[n + (size_t)j]) {
-            surv[ns++] = k;
-            P += total ? (double)(f->start[k + 1] - f->start[k]) / (double)total : 0;
-        } else {
-            drop[nd++] = k;
-        }
-    }
-    *reported = ns;
-    *applied = 0;
-    *norm = 0;
-    *loss = P > 0 ? (float)((double)f->acc[n + (size_t)m] / DT_FIXED_SCALE / P) : 0;
-    if (ns < c->fed_min_clients || P <= 0) {
-        dt_log(DT_LOG_WARN, "round %d: %d of %d clients reported, fewer than min_clients = %d: the model is unchanged",
-               r, ns, m, c->fed_min_clients);
-        free(surv);
-        return DT_OK;
-    }
-    if (secure) {
-        for (size_t i = 0; i < n; i++) f->msum[i] = (uint32_t)f->acc[i];
-        dt_secagg_unmask(f->msum, n, surv, ns, drop, nd, key);
-        dt_secagg_decode(f->msum, f->grads, n);
-    } else {
-        dt_fixed_to_float(f->grads, f->acc, n);
-    }
-    free(surv);
-    // The mean update, renormalised over the clients that reported, as the
-    // server optimizer's negative gradient.
-    float inv = (float)(-1.0 / P);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) f->grads[i] *= inv;
-    *norm = (float)sqrt(dt_sum_squares(f->grads, n));
-    dt_optim_step(f->server_opt, f->global, f->grads, c->fed_server_lr, 1);
-    *applied = 1;
-    return DT_OK;
-}
-
-// One round: this rank's clients, the allreduce, the server step. Fills
-// *reported, *loss, *norm (of the mean update); *applied = 0 when too few
-// clients reported.
+// One round: this rank's clients, the reports' allreduce and the screen,
+// the updates' allreduce (sums, or the rows in the clear when gathered),
+// the server step. Fills *reported, *loss, *norm (of the mean update);
+// *applied = 0 when too few clients reported.
 static dt_status run_round(fed *f, int r, int *reported, float *loss, float *norm, int *applied) {
-    const dt_config *c = f->c;
     size_t n = f->n;
-    int m = f->m, secure = c->fed_secure;
+    int m = f->m;
     sample_clients(f, r);
     long total = 0;  // samples of the round's clients
     for (int j = 0; j < m; j++) total += f->start[f->sampled[j] + 1] - f->start[f->sampled[j]];
-    memset(f->acc, 0, sizeof(int64_t) * (n + (size_t)m + 1));
-    if (secure) memset(f->msum, 0, sizeof(uint32_t) * n);
-    uint64_t key = round_key(c, r, -2);
+    memset(f->meta, 0, sizeof(int64_t) * 3 * (size_t)m);
+    memset(f->rows, 0, sizeof(float) * n * (size_t)m);
+    uint64_t key = fed_round_key(f->c, r, -2);
     for (int j = f->rank; j < m; j += f->W) {
-        dt_status st = client_update(f, r, j, total, key);
+        dt_status st = client_update(f, r, j, total);
         if (st != DT_OK) return st;
     }
-    if (secure)
-        for (size_t i = 0; i < n; i++) f->acc[i] = f->msum[i];  // what the server receives: masked sums
-    dt_status st = dt_allreduce(f->acc, f->acc, n + (size_t)m + 1, DT_I64, DT_SUM, f->comm);
+    dt_status st = dt_allreduce(f->meta, f->meta, 3 * (size_t)m, DT_I64, DT_SUM, f->comm);
+    if (st != DT_OK) return dt_error(st, "round %d: reports allreduce: %s", r, dt_last_error());
+    fed_screen(f, r);
+    if (f->gather) {  // every slot is one client's (zeros elsewhere): the sum is exact
+        st = dt_allreduce(f->rows, f->rows, n * (size_t)m, DT_F32, DT_SUM, f->comm);
+    } else {
+        fed_sum_rows(f, total, key);
+        st = dt_allreduce(f->acc, f->acc, n, DT_I64, DT_SUM, f->comm);
+    }
     if (st != DT_OK) return dt_error(st, "round %d: update allreduce: %s", r, dt_last_error());
-    return server_step(f, r, total, key, reported, loss, norm, applied);
+    return fed_server_step(f, r, total, key, reported, loss, norm, applied);
 }
 
 // RUN_DIR/clients.json: every client's sample count and class histogram.
@@ -398,6 +368,11 @@ static void fed_free(fed *f) {
     dt_free(f->acc);
     dt_free(f->masked);
     dt_free(f->msum);
+    dt_free(f->rows);
+    free(f->meta);
+    free(f->bad);
+    free(f->eps);
+    cJSON_Delete(f->left_out);
     free(f->idx);
     free(f->start);
     free(f->sampled);
@@ -406,6 +381,35 @@ static void fed_free(fed *f) {
 }
 
 static const char *const algos[] = {"fedavg", "fedavgm", "fedadam"};
+
+// The simulated attack (DTRAIN_ATTACK: the first evil of each round's
+// clients, in ascending order), whether the updates are gathered, and
+// DP-FedAvg's noise multiplier (dp_noise, or solved for dp_epsilon over
+// the rounds at the sampling rate m / C).
+static dt_status robust_setup(fed *f, int32_t *y, int classes) {
+    const dt_config *c = f->c;
+    dt_status st = dt_attack_from_env(&f->attack);
+    if (st != DT_OK) return st;
+    if (f->attack.kind == DT_ATTACK_LIE && c->fed_secure)
+        return dt_error(DT_ERR_CONFIG, "DTRAIN_ATTACK=lie: the attack reads the honest updates, which secure "
+                        "aggregation hides; use secure = false");
+    f->evil = dt_attack_count(&f->attack, f->m);
+    f->labels = y;
+    f->classes = classes;
+    f->gather = c->fed_robust.kind != DT_AGG_MEAN || f->attack.kind == DT_ATTACK_LIE;
+    f->q = (double)f->m / f->C;
+    if (c->fed_dp_clip > 0)
+        f->sigma = c->fed_dp_noise > 0 ? c->fed_dp_noise
+                                       : dt_rdp_noise_for(f->q, c->fed_rounds, c->fed_dp_delta, c->fed_dp_epsilon);
+    if (f->rank == 0 && f->attack.kind)
+        dt_log(DT_LOG_WARN, "DTRAIN_ATTACK: %d of each round's %d clients attack (a simulation for tests and benches)",
+               f->evil, f->m);
+    if (f->rank == 0 && f->sigma > 0)
+        dt_log(DT_LOG_INFO, "DP-FedAvg: updates clipped to %g, noise multiplier %.4f, sampling rate %g, delta %g: "
+               "epsilon %.3f after %d rounds", (double)c->fed_dp_clip, f->sigma, f->q, (double)c->fed_dp_delta,
+               dt_rdp_epsilon(f->q, f->sigma, c->fed_rounds, c->fed_dp_delta, NULL), c->fed_rounds);
+    return DT_OK;
+}
 
 // The task, the clients' partitions, the injected faults, the rounds'
 // buffers and the two optimizers; clients.json on rank 0 (run_dir).
@@ -419,20 +423,27 @@ static dt_status fed_setup(fed *f, const char *run_dir, int rows, float **histor
     f->n = info.nparams;
     if ((st = dt_broadcast(f->params, f->params, f->n, DT_F32, 0, f->comm)) != DT_OK)
         return dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
-    const int32_t *y;
+    int32_t *y;
     int ny = f->tops->train_labels(f->task, &y), classes = 0;
     for (int i = 0; i < ny; i++) classes = y[i] + 1 > classes ? y[i] + 1 : classes;
     if ((st = dt_fed_partition(c, y, ny, classes, &f->idx, &f->start)) != DT_OK) return st;
     if ((st = parse_faults(f, "DTRAIN_FED_FAIL", 0)) != DT_OK) return st;
     if ((st = parse_faults(f, "DTRAIN_FED_DELAY", 1)) != DT_OK) return st;
+    if ((st = robust_setup(f, y, classes)) != DT_OK) return st;
     size_t scratch = f->n > (size_t)f->C ? f->n : (size_t)f->C;
     f->global = dt_alloc(sizeof(float) * (f->n ? f->n : 1));
     f->acc = dt_alloc(sizeof(int64_t) * (f->n + (size_t)f->m + 1));
     f->masked = dt_alloc(sizeof(uint32_t) * scratch);
     f->msum = dt_alloc(sizeof(uint32_t) * (f->n ? f->n : 1));
     f->sampled = malloc(sizeof(int) * (size_t)f->m);
+    f->rows = dt_alloc(sizeof(float) * (f->n ? f->n : 1) * (size_t)f->m);
+    f->meta = malloc(sizeof(int64_t) * 3 * (size_t)f->m);
+    f->bad = malloc((size_t)f->m);
+    f->eps = malloc(sizeof(float) * (size_t)c->fed_rounds);
+    f->left_out = cJSON_CreateArray();
     *history = malloc(sizeof(float) * (size_t)c->fed_rounds);
-    if (!f->global || !f->acc || !f->masked || !f->msum || !f->sampled || !*history)
+    if (!f->global || !f->acc || !f->masked || !f->msum || !f->sampled || !f->rows || !f->meta || !f->bad || !f->eps ||
+        !*history)
         return dt_error(DT_ERR_NOMEM, "federated state for %zu parameters: out of memory", f->n);
     memcpy(f->global, f->params, sizeof(float) * f->n);
     if ((st = dt_optim_create(&f->client_opt, &c->optim, f->n)) != DT_OK) return st;
@@ -443,10 +454,12 @@ static dt_status fed_setup(fed *f, const char *run_dir, int rows, float **histor
         if ((st = write_clients(f, path, y, classes)) != DT_OK) return st;
     }
     if (f->rank == 0)
-        dt_log(DT_LOG_INFO, "%s: %s; %d clients, %d per round, %d rounds of %d local epoch%s at batch %d, %s%s%s, %d worker%s",
-               c->name, info.describe, f->C, f->m, c->fed_rounds, c->fed_local_epochs, c->fed_local_epochs > 1 ? "s" : "",
-               c->fed_local_batch, algos[c->fed_algorithm], c->fed_mu > 0 ? " + FedProx" : "",
-               c->fed_secure ? ", secure aggregation" : "", f->W, f->W > 1 ? "s" : "");
+        dt_log(DT_LOG_INFO, "%s: %s; %d clients, %d per round, %d rounds of %d local epoch%s at batch %d, %s%s%s%s%s, "
+               "%d worker%s", c->name, info.describe, f->C, f->m, c->fed_rounds, c->fed_local_epochs,
+               c->fed_local_epochs > 1 ? "s" : "", c->fed_local_batch, algos[c->fed_algorithm],
+               c->fed_mu > 0 ? " + FedProx" : "", c->fed_robust.kind ? ", aggregator " : "",
+               c->fed_robust.kind ? dt_agg_names[c->fed_robust.kind] : "", c->fed_secure ? ", secure aggregation" : "",
+               f->W, f->W > 1 ? "s" : "");
     return DT_OK;
 }
 
@@ -483,6 +496,10 @@ static dt_status fed_rounds(fed *f, dt_obs *obs, float *history, dt_train_result
         if (st != DT_OK) return st;
         dt_obs_eval(obs, loss, tl, ta);
         history[r - 1] = ta;
+        f->eps[r - 1] = f->sigma > 0 ? (float)dt_rdp_epsilon(f->q, f->sigma, r, c->fed_dp_delta, NULL) : INFINITY;
+        if (f->sigma > 0 && f->rank == 0)
+            dt_log(DT_LOG_INFO, "round %d: DP (epsilon, delta) = (%.4f, %g) spent", r, (double)f->eps[r - 1],
+                   (double)c->fed_dp_delta);
         res->test_loss = tl;
         res->test_accuracy = ta;
         res->final_train_loss = loss;
@@ -516,6 +533,18 @@ static dt_status fed_summary(const fed *f, const char *path, const dt_train_resu
         if (history[r] >= 0.85f) to85 = r + 1;
     cJSON_AddNumberToObject(o, "rounds_to_85", to85 ? to85 : -1);
     cJSON_AddNumberToObject(o, "bytes_sent_per_round", bytes);
+    cJSON_AddStringToObject(o, "aggregator", dt_agg_names[c->fed_robust.kind]);
+    cJSON_AddNumberToObject(o, "updates_left_out", f->nleft);
+    cJSON_AddItemToObject(o, "left_out", cJSON_Duplicate(f->left_out, 1));
+    if (f->sigma > 0) {
+        cJSON *dp = cJSON_AddObjectToObject(o, "dp");
+        cJSON_AddNumberToObject(dp, "clip", c->fed_dp_clip);
+        cJSON_AddNumberToObject(dp, "noise_multiplier", f->sigma);
+        cJSON_AddNumberToObject(dp, "sampling_rate", f->q);
+        cJSON_AddNumberToObject(dp, "delta", c->fed_dp_delta);
+        cJSON_AddNumberToObject(dp, "epsilon", f->eps[c->fed_rounds - 1]);
+        cJSON_AddItemToObject(dp, "round_epsilon", cJSON_CreateFloatArray(f->eps, c->fed_rounds));
+    }
     cJSON_AddNumberToObject(o, "wall_seconds", res->wall_seconds);
     dt_json_add_parallel(o, res);
     return dt_json_write(path, o);

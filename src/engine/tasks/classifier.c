@@ -497,7 +497,7 @@ static dt_status cls_set_shares(dt_task *t, const int *units, int nunits) {
     return dt_loader_set_shares(t->full, units, nunits);
 }
 
-static int cls_train_labels(dt_task *t, const int32_t **y) {
+static int cls_train_labels(dt_task *t, int32_t **y) {
     *y = t->train.y;
     return t->train.n;
 }

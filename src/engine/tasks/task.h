@@ -181,8 +181,9 @@ typedef struct dt_task_ops {
     dt_status (*regroup)(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group);
     /* Federated clients (engine/federated/federate.c); both NULL for a task that
      * cannot have them. The labels of the training samples: *y[n], n
-     * returned. */
-    int (*train_labels)(dt_task *t, const int32_t **y);
+     * returned; the caller may change them (the label-flipping attack that
+     * tests and benches simulate, engine/robust/robust.h). */
+    int (*train_labels)(dt_task *t, int32_t **y);
     /* Trains, until the next call, on the training samples idx[n] alone, on
      * this rank alone (share = global), in batches of `batch` reshuffled
      * each epoch from seed; n = 0: the whole set as created. */

@@ -154,6 +154,11 @@ static dt_status ps_check(const dt_config *c, int W) {
     if (c->grad_dtype)
         return dt_error(DT_ERR_CONFIG, "[parallel] grad_dtype = bf16: workers push fp32 gradients to parameter servers; "
                         "leave it unset with [parallel] servers");
+    if (c->ps_robust.kind != DT_AGG_MEAN && c->ps_mode != MODE_SYNC)
+        return dt_error(DT_ERR_CONFIG, "[ps] aggregator = %s combines the gradients of a step: it needs mode = sync "
+                        "(mode is %s)", dt_agg_names[c->ps_robust.kind], m);
+    dt_status rst = dt_robust_check(&c->ps_robust, c->ps_groups > 0 ? c->ps_groups : W, "[ps]", 0);
+    if (rst != DT_OK) return rst;
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
 }
 
@@ -337,6 +342,8 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "groups", w->group ? w->G : 0);
     cJSON_AddNumberToObject(ps, "applied", (double)t[ST_APPLIED]);
     cJSON_AddNumberToObject(ps, "dropped", (double)t[ST_DROPPED]);
+    cJSON_AddStringToObject(ps, "aggregator", dt_agg_names[s->c->ps_robust.kind]);
+    cJSON_AddNumberToObject(ps, "left_out", (double)t[ST_LEFT_OUT]);
     if (s->c->ps_mode == MODE_BACKUP) cJSON_AddNumberToObject(ps, "skipped", (double)t[ST_SKIPPED]);
     cJSON_AddNumberToObject(ps, "max_step_gap", (double)t[ST_MAX_GAP]);
     cJSON_AddNumberToObject(ps, "min_gradients_per_step", (double)t[ST_MIN_PER_STEP]);

@@ -12,6 +12,7 @@
  *             each mode applies the gradients and answers
  *   msg.c     the message kinds' names, the waits and checks of headers,
  *             a push's check and receipt
+ *   robust.c  mode sync's screen of faulty gradients and [ps] aggregator
  *   ckpt.c    the servers' checkpoints outside mode sync: the model's
  *             description (DESC), SAVE and SAVED, the writer
  *   faults.c  faults outside mode sync: a worker's death and its
@@ -22,6 +23,7 @@
 
 #include "dtrain/launch.h"
 #include "engine/codecs/codec.h"
+#include "engine/robust/robust.h"
 #include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
@@ -58,7 +60,7 @@ enum {
 // computed from and its own; the last bin counts HIST_MAX and above),
 // then the figures below.
 enum { HIST_MAX = 63, ST_APPLIED = 64, ST_DROPPED, ST_STEPS, ST_MAX_GAP, ST_MIN_PER_STEP, ST_MAX_PER_STEP, ST_MAX_QUEUED,
-       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_PIECES, ST_SKIPPED, ST_N };
+       ST_PEAK_RSS, ST_DIED, ST_REJOINED, ST_PIECES, ST_SKIPPED, ST_LEFT_OUT, ST_N };
 
 enum { MODE_SYNC, MODE_ASYNC, MODE_SSP, MODE_BACKUP };
 extern const char *const ps_mode_names[];  // ([ps] mode's names, by MODE_*)
@@ -178,6 +180,9 @@ typedef struct {
     int seeded;         // restarted alone with no checkpoint: its range from a worker's weights (restore)
     int64_t units;      // dynamic sharing: pieces an epoch (steps x workers; 0: fixed shares)
     int64_t next_unit;  // server 0: the next piece to hand out, numbered over the run
+    int robust;         // mode sync: the pushes are screened and combined by [ps] aggregator (robust.c)
+    dt_attack attack;   // DTRAIN_ATTACK (tests, benches): the first workers' pushes replaced
+    float *rows;        // deterministic and robust: the N pushes as floats (N x len)
 } server;
 
 // ----------------------------------------------------------------------------
@@ -235,6 +240,9 @@ dt_status ps_restart(server *sv);
 dt_status ps_hello(server *sv, int wi);
 dt_status ps_joined(server *sv, int wi);
 dt_status ps_resume(server *sv, int wi);
+
+// robust.c
+dt_status ps_reduce_pushes(server *sv);
 
 // server.c
 dt_status ps_setup(server *sv);

@@ -5,6 +5,7 @@
  * gradients, and dynamic sharing's pieces. */
 #include "engine/strategies/ps/ps_impl.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,28 +137,14 @@ static dt_status handle(server *sv, int wi) {
     return st == DT_OK ? ps_post_header(sv, wi) : st;
 }
 
-// Sync: every worker's push is in: their sum (in worker order), the global
-// norm over the servers, and server 0 tells the workers.
+// Sync: every worker's push is in: their sum (in worker order; or screened
+// and combined, robust.c), the global norm over the servers, and server 0
+// tells the workers.
 static dt_status reduce(server *sv) {
-    size_t len = sv->len;
-    if (sv->det) {
-        int64_t *a = sv->w[0].buf;
-        for (int wi = 1; wi < sv->N; wi++) {
-            const int64_t *b = sv->w[wi].buf;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < len; i++) a[i] += b[i];
-        }
-        dt_fixed_to_float(sv->grad, a, len);
-    } else {
-        memcpy(sv->grad, sv->w[0].buf, sizeof(float) * len);
-        for (int wi = 1; wi < sv->N; wi++) {
-            const float *b = sv->w[wi].buf;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < len; i++) sv->grad[i] += b[i];
-        }
-    }
+    dt_status st = ps_reduce_pushes(sv);  // (robust.c: screened and combined when set so)
+    if (st != DT_OK) return st;
     double norm;
-    dt_status st = dt_norm_sharded(sv->grad, sv->n, sv->lo, sv->lo + sv->len, sv->mine, &norm);
+    st = dt_norm_sharded(sv->grad, sv->n, sv->lo, sv->lo + sv->len, sv->mine, &norm);
     if (st != DT_OK || sv->me != 0) return st;
     int64_t h[H_N] = {M_NORM, sv->step, sv->version, 0, 0, bits_of(norm), 0, 0};
     for (int wi = 0; wi < sv->N && st == DT_OK; wi++) st = dt_send(h, H_N, DT_I64, sv->w[wi].rank, sv->all);
@@ -229,13 +216,37 @@ static int64_t min_step(const server *sv) {
     return m;
 }
 
+// A push to apply alone (async, ssp, backup) whose range holds NaN or Inf:
+// left out by this server (the others judge their ranges), named and
+// counted. Mode sync screens whole pushes (robust.c). (Here too the first
+// workers' pushes are replaced first under DTRAIN_ATTACK, but for "lie",
+// which needs a step's set.)
+static int faulty(server *sv, int wi) {
+    if (wi < dt_attack_count(&sv->attack, sv->N) && sv->attack.kind != DT_ATTACK_LIE)
+        dt_attack_row(&sv->attack, sv->w[wi].buf, sv->len, (uint64_t)sv->w[wi].step * 0x9e3779b97f4a7c15ull ^ sv->lo);
+    if (isfinite(dt_sum_squares(sv->w[wi].buf, sv->len))) return 0;
+    sv->stats[ST_LEFT_OUT]++;
+    dt_log(DT_LOG_WARN, "server %d, step %lld: worker %d (rank %d) left out: its gradient holds NaN or Inf", sv->me,
+           (long long)sv->w[wi].step + 1, wi, sv->w[wi].rank);
+    return 1;
+}
+
 // Async and ssp: worker wi's gradient on its own, on arrival, at the rate
-// its staleness allows; ssp holds the reply of a worker too far ahead.
+// its staleness allows (a faulty one left out); ssp holds the reply of a
+// worker too far ahead.
 static dt_status apply_one(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t stale = sv->version - p->sent;
     float lr = (float)p->lr;
     if (sv->c->ps_staleness_lr && stale > 1) lr /= (float)stale;
+    if (faulty(sv, wi)) {  // answered with the newest weights, as a dropped gradient is
+        sv->stats[ST_DROPPED]++;
+        p->stale = -1;
+        next_step(sv, p);
+        if (p->step > sv->step) sv->step = p->step;
+        p->held = 1;
+        return DT_OK;
+    }
     dt_optim_begin_step(sv->opt);
     dt_optim_update(sv->opt, 0, sv->len, sv->params, p->buf, lr, (float)p->scale);
     sv->version++;
@@ -318,10 +329,13 @@ static dt_status backup(server *sv, int *moved) {
         use[k] = best;
     }
     memset(sv->grad, 0, sizeof(float) * sv->len);
+    int fine = 0;
+    for (int k = 0; k < need; k++) fine += !faulty(sv, use[k]);
     for (int k = 0; k < need; k++) {
         const peer *p = &sv->w[use[k]];
         const float *g = p->buf;
-        float f = (float)(p->scale / need);
+        if (!isfinite(dt_sum_squares(g, sv->len))) continue;  // (left out above)
+        float f = (float)(p->scale / fine);
         for (size_t i = 0; i < sv->len; i++) sv->grad[i] += f * g[i];
         int64_t stale = sv->version - p->sent;
         sv->stats[stale < HIST_MAX ? stale : HIST_MAX]++;
@@ -365,6 +379,11 @@ dt_status ps_setup(server *sv) {
         p->doing = -1;
         p->rank = sv->ranks ? (int)sv->ranks[wi] : sv->S + wi;
     }
+    const dt_robust_params *rp = &sv->c->ps_robust;
+    sv->robust = sv->mode == MODE_SYNC;  // (the NaN/Inf screen is always on)
+    if (sv->robust && sv->det && (rp->kind != DT_AGG_MEAN || sv->attack.kind) && !sv->rows &&
+        !(sv->rows = dt_alloc(sizeof(float) * sv->len * (size_t)sv->N)))
+        return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
     if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
     return st;
@@ -423,6 +442,7 @@ static dt_status server_free(server *sv, dt_status st) {
     free(sv->w);
     dt_free(sv->params);
     dt_free(sv->grad);
+    dt_free(sv->rows);
     dt_optim_free(sv->opt);
     return st;
 }
@@ -469,11 +489,13 @@ dt_status ps_serve(const dt_config *c, dt_comm_t all, dt_comm_t mine, const char
     sv.N = dt_comm_size(all) - sv.S;  // its peers: the workers (INIT says the groups' leaders in mode sync)
     if (sv.mode != MODE_SYNC) dt_comm_set_peer_faults(all, 1);  // a worker's death is not the server's
     int again = dt_comm_incarnation(all) > 0;  // restarted alone (outside mode sync)
-    dt_status st = again ? ps_restart(&sv) : start(&sv);
+    dt_status st = dt_attack_from_env(&sv.attack);
+    if (st == DT_OK) st = again ? ps_restart(&sv) : start(&sv);
     if (st == DT_OK && sv.me == 0 && !again)
-        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s", sv.S, sv.len, sv.n, sv.N,
+        dt_log(DT_LOG_INFO, "server 0 of %d: %zu of %zu parameters, %d %s, mode %s%s%s%s", sv.S, sv.len, sv.n, sv.N,
                sv.N < dt_comm_size(all) - sv.S ? "groups' leaders" : "workers",
-               ps_mode_names[sv.mode], sv.det ? ", deterministic" : "");
+               ps_mode_names[sv.mode], sv.det ? ", deterministic" : "", c->ps_robust.kind ? ", aggregator " : "",
+               c->ps_robust.kind ? dt_agg_names[c->ps_robust.kind] : "");
     for (int wi = 0; wi < sv.N && st == DT_OK && !again; wi++) st = ps_post_header(&sv, wi);
     int idle = 0;
     double beat = dt_now();
