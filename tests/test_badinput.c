@@ -673,6 +673,11 @@ static void test_cli(void) {
     cli(2, args, "--workers 8", "batch 4");
     snprintf(cmd, sizeof cmd, "test -e %s", wdir);
     CHECK(tl_run(cmd, NULL, 0) != 0, "no worker started: %s does not exist", wdir);
+    // No room on the run directory's file system for the checkpoints it
+    // would keep: refused before anything trains, naming the bytes.
+    snprintf(args, sizeof args, "train configs/gpt-fortunes.ini --set checkpoint.keep=1000000 --set checkpoint.every_steps=1 "
+             "--set train.max_steps=100000000 --run-dir %s-disk", wdir);
+    cli(1, args, "not enough disk for the run directory", "keep = 1000000");
 
     // --resume PATH: a path that is missing, or holds no checkpoint, is an
     // error; only auto may find nothing.

@@ -236,6 +236,12 @@ DT_API int dt_memory_ckpt_pieces(const dt_config *c, int W);
  * can be created there; DT_ERR_CONFIG naming the field otherwise. (Its free
  * space is checked by dt_check_memory.) */
 DT_API dt_status dt_check_offload(const dt_config *c);
+/* Room on run_dir's file system for what the run writes: the checkpoints
+ * it keeps on disk at once ([checkpoint] keep, and the one being written;
+ * fewer where it saves fewer; those already in run_dir/checkpoints count
+ * as written) and the final weights file. DT_ERR_IO with a message naming
+ * the bytes where there is not. */
+DT_API dt_status dt_check_disk(const dt_config *c, const char *run_dir);
 
 /* Formats a progress line into buf: "step 120/2340 | epoch 1/10 | loss 0.4312
  * | lr 1.0e-03 | 5123 samples/s | ETA 1m02s | slowest rank 1 (12 ms)". */

@@ -30,6 +30,7 @@ typedef struct {
     int pieces;          // ckpt is that figure ([checkpoint] staging: staging())
     size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
+    size_t np_whole;     // ... of the whole model (what checkpoints and the weights file hold)
     char field[64], value[64];
     char act_what[128], data_what[600];
     int rows;
@@ -208,6 +209,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     if (ntp == 1) whole = np;
     else if ((st = dt_model_memory(c->input, c->layers, c->nlayers, 1, &whole, &wact)) != DT_OK) return st;
     n->np = np;
+    n->np_whole = whole;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
     n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, whole, whole, W, 0, 0) : 0);
     if (use == DT_MEM_TRAIN && unstaged(c, W, 0))
@@ -285,6 +287,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // Parameters and gradients, the optimizer's state, and a weights file
     // while it loads.
     n->np = np;
+    n->np_whole = dt_gpt_config_num_params(&gc);
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, held_params(c, &gc, ntp, np, W), c->zero, W, NULL)
                                    : sizeof(float) * np * 3;
     if (use == DT_MEM_TRAIN && np != held_params(c, &gc, ntp, np, W))  // evaluation: a block, the embedding, the head
@@ -422,6 +425,49 @@ static dt_status check_disk(const dt_config *c, const need_t *n, int W, int coun
                         c->offload_dir, dt_mem_format(need, a, sizeof a), need, count > 1 ? " for all workers" : "",
                         dt_mem_format(free_b, b, sizeof b));
     return DT_OK;
+}
+
+// The checkpoints a run writes that are on disk at once: keep of them and
+// the one being written, fewer where the run saves fewer (every
+// every_steps up to max_steps, and at its end); those already in dir count
+// as written.
+static size_t ckpts_at_once(const dt_config *c, const char *dir) {
+    if (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) return 0;
+    size_t n = (size_t)c->ckpt_keep + 1;  // (keep >= 1: the config's range)
+    if (c->ckpt_every_seconds <= 0 && c->max_steps > 0) {
+        size_t saves = (size_t)(c->max_steps / c->ckpt_every_steps) + (c->max_steps % c->ckpt_every_steps != 0);
+        n = saves < n ? saves : n;
+    }
+    char **paths;
+    int have = 0;
+    if (dt_ckpt_list(dir, &paths, &have) == DT_OK) {
+        for (int i = 0; i < have; i++) free(paths[i]);
+        free(paths);
+    }
+    return n > (size_t)have ? n - (size_t)have : 0;
+}
+
+dt_status dt_check_disk(const dt_config *c, const char *run_dir) {
+    need_t n;
+    memset(&n, 0, sizeof n);
+    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, 1, &n);
+    else if (classifier_needs(c, DT_MEM_TRAIN, 1, &n) != DT_OK) return DT_OK;  // (the workers report it in full)
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+    size_t F = sizeof(float), ck = sat_mul(F * (size_t)(1 + optim_states(c)), n.np_whole), k = ckpts_at_once(c, dir);
+    size_t need = sat_add(sat_mul(ck, k), F * n.np_whole);  // (and the weights file at the end)
+    struct statvfs vf;
+    const char *at = access(dir, F_OK) == 0 ? dir : run_dir;
+    if (statvfs(at, &vf) != 0 && statvfs(".", &vf) != 0) return DT_OK;  // (not made yet: its parent's, or the work dir's)
+    size_t free_b = sat_mul((size_t)vf.f_bavail, (size_t)vf.f_frsize);
+    if (need <= free_b) return DT_OK;
+    char a[64], b[64], w[64], f[64];
+    return dt_error(DT_ERR_IO, "not enough disk for the run directory %s: %zu checkpoint%s of %s each ([checkpoint] "
+                    "keep = %d, and the one being written) and the weights file of %s need %s, but its file system "
+                    "has %s free; lower [checkpoint] keep or every_steps, or choose another --run-dir",
+                    run_dir, k, k == 1 ? "" : "s", dt_mem_format(ck, a, sizeof a), c->ckpt_keep,
+                    dt_mem_format(F * n.np_whole, w, sizeof w), dt_mem_format(need, b, sizeof b),
+                    dt_mem_format(free_b, f, sizeof f));
 }
 
 dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting, int *model_rows) {

@@ -701,6 +701,11 @@ int cmd_train(int argc, char **argv) {
         cli_error("%s", dt_last_error());
         return EXIT_RUNTIME;
     }
+    // Before anything is trained: room for its checkpoints and weights.
+    if (!dt_comm_env_launched() && dt_check_disk(&c, a.run_dir) != DT_OK) {
+        cli_error("%s", dt_last_error());
+        return EXIT_RUNTIME;
+    }
     if ((a.workers > 1 || a.max_restarts > 0 || a.spares > 0 || c.ps_servers > 0) && !dt_comm_env_launched()) {
         // Before any worker starts: all of them must fit. (Errors reading the
         // data are left to the workers, which report them in full.)
