@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -504,6 +505,41 @@ static void on_stop_signal(int sig) {
     dt_train_request_stop();
 }
 
+// SIGUSR1 (finish the step, checkpoint, exit DT_EXIT_STOPPED) is taken by
+// a thread of its own, in sigwait, and blocked in the threads that train:
+// a handler run on a thread inside oneDNN's JIT GEMM (whose kernels point
+// the stack pointer into the heap, up to oneDNN 3.11.0: its issue 4845)
+// writes its signal frame there, which corrupts the heap. The handler stays
+// installed for a thread made before the block (it would run there as it
+// did before); the block is inherited by every thread made after it.
+static void *stop_waiter(void *arg) {
+    sigset_t set = *(sigset_t *)arg;
+    free(arg);
+    for (int sig;;)
+        if (sigwait(&set, &sig) == 0) dt_train_request_stop();
+    return NULL;
+}
+
+static void take_stop_signal(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigset_t *set = malloc(sizeof *set);
+    pthread_t t;
+    if (!set) return;
+    sigemptyset(set);
+    sigaddset(set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+    if (pthread_create(&t, NULL, stop_waiter, set) != 0) {
+        pthread_sigmask(SIG_UNBLOCK, set, NULL);  // (the handler then, as before)
+        free(set);
+        return;
+    }
+    pthread_detach(t);
+}
+
 // Starts the workers (this program again, as ranks of a local shared-memory
 // world, with the same arguments and one run directory) and watches them:
 // when one dies or hangs, the group starts again from the newest checkpoint,
@@ -717,12 +753,7 @@ int cmd_train(int argc, char **argv) {
         return supervise(&a, &c);
     }
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
-    // SIGUSR1: finish the step, checkpoint, exit DT_EXIT_STOPPED.
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
+    take_stop_signal();
     progress_state ps = {isatty(2), a.quiet, c.log_every, a.json, 0, 0};
     dt_train_result r;
     dt_status st = (g_federate ? dt_federate : dt_train)(&c, a.run_dir, on_progress, &ps, &r);
