@@ -347,6 +347,8 @@ typedef struct {
     double link_bytes_per_s, link_latency_s;  /* between hosts */
     double host_bytes_per_s, host_latency_s;  /* inside a host (shared memory) */
     int lossy;             /* also the lossy gradient codecs fp16, bf16 and int8 */
+    double memory_extra;   /* bytes a worker holds beyond the formula (measured: the calibration
+                              run's peak less its formula), added to every layout's */
 } dt_plan_params;
 
 /* W workers on one host of this machine's cores, one thread a core
@@ -359,8 +361,9 @@ typedef struct {
     double step_s;     /* predicted step time */
     double compute_s;  /* ... of it the replica's compute (bubbles, tensor-parallel exchanges included) */
     double exposed_s;  /* ... the data-parallel exchange not hidden behind backward */
-    size_t memory;     /* the busiest rank's bytes by dt_memory_worker (the start check's formula) */
-    int fits;          /* memory <= the limit (and W x memory <= the machine, one host) */
+    size_t formula;    /* the busiest rank's bytes by dt_memory_worker (the start check's formula) */
+    size_t memory;     /* formula + memory_extra: its predicted peak */
+    int fits;          /* memory <= the limit (and the ranks on a host x memory <= this machine's) */
 } dt_plan_row;
 
 /* Ranks every layout of c (its model, data, batch and optimizer kept) on

@@ -208,8 +208,9 @@ static void consider(plan_t *pl, const dt_layout *l) {
     }
     dt_plan_row *row = &pl->rows[pl->n];
     predict(&cc, l, pl->s, &pl->rc, row);
-    row->memory = dt_memory_worker(&cc, W, NULL);
-    if (row->memory == 0) return;  // (the data files' headers could not be read)
+    row->formula = dt_memory_worker(&cc, W, NULL);
+    if (row->formula == 0) return;  // (the data files' headers could not be read)
+    row->memory = row->formula + (size_t)(pl->s->memory_extra > 0 ? pl->s->memory_extra : 0);
     int here = pl->s->hosts > 1 ? W / pl->s->hosts : W;  // ranks sharing this machine's memory
     row->fits = (!pl->limit || row->memory <= pl->limit) && row->memory <= pl->machine / (size_t)here;
     pl->n++;

@@ -116,6 +116,8 @@ static int train_run(const plan_args *a, const char *extra, const char *run_dir,
 
 // ---- the profile: measured once, cached ----
 
+static double measured_peak(const char *run_dir);
+
 // What the measured times depend on, as text: the model's shape, the
 // batch, precision, optimizer, the CPU and the threads.
 static void profile_key(const dt_config *c, int threads, char *key, size_t len) {
@@ -156,8 +158,15 @@ static double jnum(const cJSON *j, const char *k) {
     return cJSON_IsNumber(x) ? x->valuedouble : NAN;
 }
 
+// The model's profile and the calibration run's peak resident memory.
+typedef struct {
+    dt_sim_profile p;
+    double peak;
+} profile_t;
+
 // The cached profile for key; 0 when there, -1 when not (or not this key's).
-static int cache_read(const char *path, const char *key, dt_sim_profile *p) {
+static int cache_read(const char *path, const char *key, profile_t *pr) {
+    dt_sim_profile *p = &pr->p;
     char *text = NULL;
     size_t n = 0;
     if (dt_read_file_gz(path, 1 << 20, (uint8_t **)&text, &n) != DT_OK) return -1;
@@ -169,14 +178,16 @@ static int cache_read(const char *path, const char *key, dt_sim_profile *p) {
         *p = (dt_sim_profile){.compute_s = jnum(j, "compute_s"), .backward_share = jnum(j, "backward_share"),
                               .data_s = jnum(j, "data_s"), .optimizer_s = jnum(j, "optimizer_s"),
                               .params = jnum(j, "params"), .batch = (int)jnum(j, "batch"), .workers = 1};
-        ok = p->compute_s > 0 && p->params > 0 && p->data_s >= 0 && p->optimizer_s >= 0;
+        pr->peak = jnum(j, "peak_bytes");
+        ok = pr->peak > 0 && p->compute_s > 0 && p->params > 0 && p->data_s >= 0 && p->optimizer_s >= 0;
     }
     cJSON_Delete(j);
     return ok ? 0 : -1;
 }
 
-static void cache_write(const char *path, const char *key, const dt_sim_profile *p) {
-    char dir[2100];
+static void cache_write(const char *path, const char *key, const profile_t *pr) {
+    const dt_sim_profile *p = &pr->p;
+    char dir[2200];
     snprintf(dir, sizeof dir, "%s", path);
     *strrchr(dir, '/') = 0;
     if (dt_make_dirs(dir) != DT_OK) {
@@ -186,8 +197,8 @@ static void cache_write(const char *path, const char *key, const dt_sim_profile 
     char text[4096];
     int n = snprintf(text, sizeof text,
                      "{\"key\": \"%s\", \"compute_s\": %.9g, \"backward_share\": %.6g, \"data_s\": %.9g, "
-                     "\"optimizer_s\": %.9g, \"params\": %.0f, \"batch\": %d}\n",
-                     key, p->compute_s, p->backward_share, p->data_s, p->optimizer_s, p->params, p->batch);
+                     "\"optimizer_s\": %.9g, \"params\": %.0f, \"batch\": %d, \"peak_bytes\": %.0f}\n",
+                     key, p->compute_s, p->backward_share, p->data_s, p->optimizer_s, p->params, p->batch, pr->peak);
     const void *parts[1] = {text};
     size_t sizes[1] = {(size_t)n};
     if (dt_write_atomic(path, parts, sizes, 1) != DT_OK)
@@ -196,7 +207,7 @@ static void cache_write(const char *path, const char *key, const dt_sim_profile 
 
 // A short run of the model alone (one worker, `threads` threads, no
 // layout of its own) measures its profile; 0 or an exit code.
-static int calibrate(const plan_args *a, int threads, const char *dir, dt_sim_profile *p) {
+static int calibrate(const plan_args *a, int threads, const char *dir, profile_t *pr) {
     char extra[512];
     snprintf(extra, sizeof extra,
              "--set parallel.zero=0 --set parallel.tensor=1 --set parallel.pipeline=1 --set compression.method=none "
@@ -207,13 +218,14 @@ static int calibrate(const plan_args *a, int threads, const char *dir, dt_sim_pr
            threads > 1 ? "s" : "", dir);
     int rc = train_run(a, extra, dir, 1, "", 0);
     if (rc != 0) return cli_error("plan: the calibration run (%s) failed with exit code %d", dir, rc), EXIT_RUNTIME;
-    if (dt_sim_profile_load(dir, p) != DT_OK) return cli_error("plan: %s", dt_last_error()), EXIT_RUNTIME;
+    if (dt_sim_profile_load(dir, &pr->p) != DT_OK) return cli_error("plan: %s", dt_last_error()), EXIT_RUNTIME;
+    pr->peak = measured_peak(dir);
     return 0;
 }
 
 // The model's profile at `threads` threads: from the cache, else measured
 // into dir and kept.
-static int profile_for(const plan_args *a, const dt_config *c, int threads, const char *dir, dt_sim_profile *p) {
+static int profile_for(const plan_args *a, const dt_config *c, int threads, const char *dir, profile_t *p) {
     char key[4096], path[2200];
     profile_key(c, threads, key, sizeof key);
     cache_path(key, path, sizeof path);
@@ -226,6 +238,15 @@ static int profile_for(const plan_args *a, const dt_config *c, int threads, cons
     return rc;
 }
 
+// 1536 -> "1.5 KiB"
+static const char *short_size(double b, char *out, size_t len) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) b /= 1024, i++;
+    snprintf(out, len, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+    return out;
+}
+
 // ---- planning ----
 
 typedef struct {
@@ -233,7 +254,7 @@ typedef struct {
     dt_plan_params s;
     dt_plan_row *rows;
     int n, nfit;
-    size_t limit;
+    size_t limit, machine_share;  // the worker's own limit (0: none); this machine's free memory a rank
 } plan_t;
 
 static int load(const plan_args *a, dt_config *c) {
@@ -246,23 +267,37 @@ static int load(const plan_args *a, dt_config *c) {
     return 0;
 }
 
-// Worker counts near W that some layout runs on, as ": 2, 4 or 8 workers do".
+// The formula's bytes for the calibration run's layout (one worker, nothing
+// sharded), as this process works it out.
+static size_t calibrated_formula(const dt_config *c) {
+    dt_config one = *c;
+    dt_layout l = {.tensor = 1, .pipeline = 1, .micro_batches = c->micro_batches, .schedule = c->pipeline_schedule,
+                   .bucket_kb = c->bucket_kb};
+    dt_plan_apply(&one, &l);
+    return dt_memory_worker(&one, 1, NULL);
+}
+
+// The worker counts nearest W that some layout runs on, as "; layouts run
+// on 6, 8 or 4 workers".
 static void counts_that_run(const dt_config *c, const dt_sim_profile *p, const dt_plan_params *s, char *out,
                             size_t len) {
     int found = 0;
     size_t o = 0;
     out[0] = 0;
-    for (int w = 1; w <= 4 * s->workers && w <= 1024 && found < 4; w++) {
-        dt_plan_params t = *s;
-        t.workers = w;
-        t.hosts = w % s->hosts ? 1 : s->hosts;
-        dt_plan_row *rows = NULL;
-        int n, nf;
-        if (w == s->workers || dt_plan_rank(c, p, &t, 0, &rows, &n, &nf) != DT_OK) continue;
-        free(rows);
-        o += (size_t)snprintf(out + o, len > o ? len - o : 0, "%s%d", found ? ", " : "; layouts run on ", w);
-        found++;
-    }
+    for (int d = 1; d < 2048 && found < 3; d++)
+        for (int sign = -1; sign <= 1 && found < 3; sign += 2) {
+            int w = s->workers + sign * d;
+            if (w < 1 || w > 1024) continue;
+            dt_plan_params t = *s;
+            t.workers = w;
+            t.hosts = w % s->hosts ? 1 : s->hosts;
+            dt_plan_row *rows = NULL;
+            int n, nf;
+            if (dt_plan_rank(c, p, &t, 0, &rows, &n, &nf) != DT_OK) continue;
+            free(rows);
+            o += (size_t)snprintf(out + o, len > o ? len - o : 0, "%s%d", found ? ", " : "; layouts run on ", w);
+            found++;
+        }
     if (found) snprintf(out + o, len > o ? len - o : 0, " workers");
 }
 
@@ -279,7 +314,8 @@ static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
     if (pl->c.threads > 0) pl->s.threads = pl->c.threads;
     if (cli_parse_link(a->link, &pl->s.link_bytes_per_s, &pl->s.link_latency_s)) return EXIT_USAGE;
     pl->limit = dt_mem_limit(NULL);
-    dt_sim_profile p;
+    pl->machine_share = dt_mem_machine(NULL) / (size_t)R;
+    profile_t p;
     // (nothing accepted on W workers: said before anything is measured)
     dt_plan_row *probe;
     dt_sim_profile unit = {.compute_s = 1e-3, .backward_share = 0.67, .params = 1, .batch = 1, .workers = 1};
@@ -291,29 +327,25 @@ static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
     }
     free(probe);
     if ((rc = profile_for(a, &pl->c, pl->s.threads, calib_dir, &p))) return rc;
-    if (dt_plan_rank(&pl->c, &p, &pl->s, pl->limit, &pl->rows, &pl->n, &pl->nfit) != DT_OK)
+    pl->s.memory_extra = p.peak - (double)calibrated_formula(&pl->c);
+    if (dt_plan_rank(&pl->c, &p.p, &pl->s, pl->limit, &pl->rows, &pl->n, &pl->nfit) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
     if (pl->nfit == 0) {
         const dt_plan_row *m = &pl->rows[0];  // (the smallest, of those that do not fit)
         char what[256], sets[1024], b[64], l[64];
         dt_plan_describe(&m->l, what, sizeof what);
         dt_plan_sets(&pl->c, &m->l, sets, sizeof sets);
-        return cli_error("no layout of %s on %d workers fits in %s a worker; the smallest (%s) needs %s: give "
-                         "--memory-limit %s or more (dtrain train %s --workers %d%s)",
-                         a->config, a->workers, pl->limit ? dt_mem_format(pl->limit, l, sizeof l) : "the memory available",
-                         what, dt_mem_format(m->memory, b, sizeof b), b, a->config, a->workers, sets),
+        size_t mib = (m->memory + ((size_t)1 << 20) - 1) >> 20;  // (rounded up: a limit that passes)
+        return cli_error("no layout of %s on %d workers fits in %s a worker (%d layouts tried); the smallest, %s, "
+                         "needs %s: give --memory-limit %zuM or more%s (dtrain train %s --workers %d%s)",
+                         a->config, a->workers,
+                         pl->limit ? short_size((double)pl->limit, l, sizeof l) : "the memory available", pl->n, what,
+                         short_size((double)m->memory, b, sizeof b), mib,
+                         pl->limit && m->memory <= pl->machine_share ? "" : " (more than this machine has free)",
+                         a->config, a->workers, sets),
                EXIT_USAGE;
     }
     return 0;
-}
-
-// 1536 -> "1.5 KiB"
-static const char *short_size(double b, char *out, size_t len) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) b /= 1024, i++;
-    snprintf(out, len, i ? "%.1f %s" : "%.0f %s", b, u[i]);
-    return out;
 }
 
 static void print_rows(const plan_args *a, const plan_t *pl, int k) {
