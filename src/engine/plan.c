@@ -133,7 +133,8 @@ static double replica_step(const dt_config *c, const dt_layout *l, const dt_plan
                         .host_bytes_per_s = s->host_bytes_per_s, .host_latency_s = s->host_latency_s};
     double tp = T > 1 ? 2 * nar * dt_sim_allreduce(4 * floats * b / M, &grp, NULL) : 0;
     // a pipeline's activations and their gradients, a stage's neighbour away
-    double width = c->gpt ? floats : (double)c->input[0] * (c->input[1] > 0 ? c->input[1] : 1) * (c->input[2] > 0 ? c->input[2] : 1);
+    double width = c->gpt ? floats
+                          : (double)c->input[0] * (c->input[1] > 0 ? c->input[1] : 1) * (c->input[2] > 0 ? c->input[2] : 1);
     double bytes = 4 * b / M * width, lat = s->host_latency_s, bw = s->host_bytes_per_s;
     if (s->hosts > 1 && s->workers / P >= R) lat = s->link_latency_s, bw = s->link_bytes_per_s;
     double pp = P > 1 ? 2 * (lat + bytes / bw) : 0;
@@ -239,11 +240,18 @@ static void each_detail(plan_t *pl, dt_layout l) {
                     }
 }
 
+// Fitting rows first, fastest first (equal times: less memory, then the
+// simpler layout), then the rest by memory.
 static int by_speed(const void *a, const void *b) {
     const dt_plan_row *x = a, *y = b;
     if (x->fits != y->fits) return y->fits - x->fits;
     double u = x->fits ? x->step_s : (double)x->memory, v = y->fits ? y->step_s : (double)y->memory;
-    return u < v ? -1 : u > v;
+    if (u != v) return u < v ? -1 : 1;
+    if (x->memory != y->memory) return x->memory < y->memory ? -1 : 1;
+    const int *p = &x->l.zero, *q = &y->l.zero;  // (dt_layout: ints only)
+    for (size_t i = 0; i < sizeof x->l / sizeof(int); i++)
+        if (p[i] != q[i]) return p[i] < q[i] ? -1 : 1;
+    return 0;
 }
 
 dt_status dt_plan_rank(const dt_config *c, const dt_sim_profile *p, const dt_plan_params *s, size_t limit,

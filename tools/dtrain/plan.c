@@ -532,7 +532,6 @@ int cli_plan_best(const char *config, const char *const *sets, int nsets, int wo
     plan_args a = {.config = config, .workers = workers > 0 ? workers : 1, .hosts = 1, .link = "10gbit,50us"};
     a.nsets = nsets < MAX_SETS ? nsets : MAX_SETS;
     for (int i = 0; i < a.nsets; i++) a.sets[i] = sets[i];
-    a.limit = dt_mem_limit(NULL) ? "set" : NULL;
     char calib[2200];
     snprintf(calib, sizeof calib, "%s/plan-calibration", run_dir);
     plan_t pl = {0};
