@@ -301,6 +301,24 @@ static void counts_that_run(const dt_config *c, const dt_sim_profile *p, const d
     if (found) snprintf(out + o, len > o ? len - o : 0, " workers");
 }
 
+// Nothing fits: the smallest layout, the memory that would do (rounded up
+// to a whole MiB) and its train line; exit 2.
+static int nothing_fits(const plan_args *a, const plan_t *pl) {
+    const dt_plan_row *m = &pl->rows[0];  // (the smallest, of those that do not fit)
+    char what[256], sets[1024], b[64], l[64];
+    dt_plan_describe(&m->l, what, sizeof what);
+    dt_plan_sets(&pl->c, &m->l, sets, sizeof sets);
+    size_t mib = (m->memory + ((size_t)1 << 20) - 1) >> 20;  // (rounded up: a limit that passes)
+    return cli_error("no layout of %s on %d workers fits in %s a worker (%d layouts tried); the smallest, %s, "
+                     "needs %s: give --memory-limit %zuM or more%s (dtrain train %s --workers %d%s)",
+                     a->config, a->workers,
+                     pl->limit ? short_size((double)pl->limit, l, sizeof l) : "the memory available", pl->n, what,
+                     short_size((double)m->memory, b, sizeof b), mib,
+                     pl->limit && m->memory <= pl->machine_share ? "" : " (more than this machine has free)",
+                     a->config, a->workers, sets),
+           EXIT_USAGE;
+}
+
 // The ranking of a's config on its workers; 0 or an exit code (the
 // refusals: nothing runs on W workers, nothing fits the limit).
 static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
@@ -330,22 +348,7 @@ static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
     pl->s.memory_extra = p.peak - (double)calibrated_formula(&pl->c);
     if (dt_plan_rank(&pl->c, &p.p, &pl->s, pl->limit, &pl->rows, &pl->n, &pl->nfit) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
-    if (pl->nfit == 0) {
-        const dt_plan_row *m = &pl->rows[0];  // (the smallest, of those that do not fit)
-        char what[256], sets[1024], b[64], l[64];
-        dt_plan_describe(&m->l, what, sizeof what);
-        dt_plan_sets(&pl->c, &m->l, sets, sizeof sets);
-        size_t mib = (m->memory + ((size_t)1 << 20) - 1) >> 20;  // (rounded up: a limit that passes)
-        return cli_error("no layout of %s on %d workers fits in %s a worker (%d layouts tried); the smallest, %s, "
-                         "needs %s: give --memory-limit %zuM or more%s (dtrain train %s --workers %d%s)",
-                         a->config, a->workers,
-                         pl->limit ? short_size((double)pl->limit, l, sizeof l) : "the memory available", pl->n, what,
-                         short_size((double)m->memory, b, sizeof b), mib,
-                         pl->limit && m->memory <= pl->machine_share ? "" : " (more than this machine has free)",
-                         a->config, a->workers, sets),
-               EXIT_USAGE;
-    }
-    return 0;
+    return pl->nfit ? 0 : nothing_fits(a, pl);
 }
 
 static void print_rows(const plan_args *a, const plan_t *pl, int k) {
