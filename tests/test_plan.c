@@ -113,6 +113,35 @@ static void test_library(void) {
         if (i > nfit) CHECK(rows[i].memory >= rows[i - 1].memory, "unfit rows by memory: %d", i);
     }
     free(rows);
+    // --lossy: codecs on plain data parallel alone (3 codecs x 3 buckets x recompute on and off); none without it
+    for (int lossy = 0; lossy <= 1; lossy++) {
+        s = dt_plan_default_params(4);
+        s.lossy = lossy;
+        int codecs = 0, misplaced = 0;
+        CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK, "lossy %d", lossy);
+        for (int i = 0; rows && i < n; i++) {
+            codecs += rows[i].l.codec != DT_COMP_NONE;
+            misplaced += rows[i].l.codec && (rows[i].l.zero || rows[i].l.tensor > 1 || rows[i].l.pipeline > 1);
+        }
+        CHECK(lossy ? codecs == 3 * 3 * 2 && !misplaced : codecs == 0, "lossy %d: %d codec rows, %d not plain", lossy,
+              codecs, misplaced);
+        free(rows);
+    }
+    // hosts behind a slow link: plain data parallel's exchange is exposed, more than on one host
+    double exposed[2] = {-1, -1};
+    for (int h = 0; h < 2; h++) {
+        s = dt_plan_default_params(4);
+        s.hosts = h ? 4 : 1;
+        s.link_bytes_per_s = 1e6;
+        CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK, "hosts %d", s.hosts);
+        for (int i = 0; rows && i < n; i++)
+            if (rows[i].l.zero == 0 && rows[i].l.tensor == 1 && rows[i].l.pipeline == 1 && !rows[i].l.recompute &&
+                rows[i].l.bucket_kb == c.bucket_kb)
+                exposed[h] = rows[i].exposed_s;
+        free(rows);
+    }
+    CHECK(exposed[0] >= 0 && exposed[1] > exposed[0] + 0.5, "4 hosts at 1 MB/s: exposed %g s, one host %g s",
+          exposed[1], exposed[0]);
     // a batch that 300 workers cannot share: refused naming why
     s = dt_plan_default_params(300);
     CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_ERR_CONFIG && strstr(dt_last_error(), "300 workers") &&
