@@ -402,9 +402,9 @@ static double measured_peak(const char *run_dir) {
     free(buf);
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "memory"), *x;
     double peak = jnum(m, "peak_rss_bytes");
-    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(m, "ranks_peak_rss_bytes")) if (cJSON_IsNumber(x) &&
-                                                                                            x->valuedouble > peak) peak =
-        x->valuedouble;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(m, "ranks_peak_rss_bytes")) {
+        if (cJSON_IsNumber(x) && x->valuedouble > peak) peak = x->valuedouble;
+    }
     cJSON_Delete(j);
     return isfinite(peak) ? peak : 0;
 }
