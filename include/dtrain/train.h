@@ -285,6 +285,7 @@ typedef struct {
     int hosts, ranks_per_host;
     double link_bytes_per_s, link_latency_s; /* each host's link */
     double host_bytes_per_s;                 /* shared memory inside a host */
+    double host_latency_s;                   /* each collective's fixed cost inside a host (0: none) */
     int zero;                                /* 1: ZeRO (reduce-scatter + allgather,
                                                 optimizer on 1/N); 0: dp (allreduce) */
     int weak;                                /* keep the profiled batch per rank;
@@ -302,7 +303,7 @@ typedef struct {
 } dt_sim_point;
 
 /* The predicted step: compute scales with the local batch; the allreduce
- * of 4 x params bytes costs 2 x bytes / host_bytes_per_s inside a host
+ * of 4 x params bytes costs 2 x (host_latency_s + bytes / host_bytes_per_s) inside a host
  * (reduce to the leader, broadcast back) plus the cheapest of ring
  * (2(h-1) alpha + 2(h-1)/h S/beta), recursive halving-doubling
  * (2 log2 h alpha + 2(h-1)/h S/beta) and tree (2 log2 h (alpha + S/beta))
@@ -321,6 +322,75 @@ DT_API double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char 
 DT_API dt_status dt_sim_html(const char *path, const char *title, const char *body_html, const char *xlabel,
                              const char *ylabel, const char *const *names, const double *x,
                              const double *const *y, int ns, int n);
+
+/* ---- the planner (dtrain plan, dtrain train --plan auto) -------------------
+ * Every layout of a run on W workers that the strategies accept
+ * (dt_train_check), its memory by dt_memory_worker's formula (the start
+ * check's) and its step time by the simulator (dt_sim_predict for the
+ * data-parallel exchange, on top of a model of tensor and pipeline
+ * parallelism from the profile's measured per-sample time, split over the
+ * layers by their FLOPs; docs/plan.md):
+ *
+ *   dt_plan_params s = dt_plan_default_params(4);   // 4 workers on this host
+ *   dt_plan_row *rows; int n, nfit;
+ *   dt_plan_rank(&cfg, &profile, &s, (size_t)1 << 30, &rows, &n, &nfit);
+ *   dt_plan_apply(&cfg, &rows[0].l);                 // the fastest that fits
+ *   free(rows); */
+typedef struct {
+    int zero;           /* [parallel] zero */
+    int tensor, pipeline;
+    int micro_batches;  /* [parallel] micro_batches (0: the strategy's default) */
+    int schedule;       /* [parallel] schedule: 0 gpipe, 1 1f1b */
+    int recompute;      /* [train] recompute (a GPT's blocks) */
+    int bucket_kb;      /* [parallel] bucket_kb */
+    int codec;          /* [compression] method (dt_comp_method) */
+} dt_layout;
+
+typedef struct {
+    int workers, hosts;    /* W ranks on `hosts` hosts, W / hosts on each */
+    int cores;             /* each host's cores (this machine's) */
+    int threads;           /* each rank's threads (what the profile was measured with) */
+    double link_bytes_per_s, link_latency_s;  /* between hosts */
+    double host_bytes_per_s, host_latency_s;  /* inside a host (shared memory) */
+    int lossy;             /* also the lossy gradient codecs fp16, bf16 and int8 */
+    double memory_extra;   /* bytes a worker holds beyond the formula (measured: the calibration
+                              run's peak less its formula), added to every layout's */
+} dt_plan_params;
+
+/* W workers on one host of this machine's cores, one thread a core
+ * shared out, a 10 Gbit/s 50 us link, shared memory at 5 GB/s and 20 us a
+ * collective, no lossy codecs. */
+DT_API dt_plan_params dt_plan_default_params(int workers);
+
+typedef struct {
+    dt_layout l;
+    double step_s;     /* predicted step time */
+    double compute_s;  /* ... of it the replica's compute (bubbles, tensor-parallel exchanges included) */
+    double exposed_s;  /* ... the data-parallel exchange not hidden behind backward */
+    size_t formula;    /* the busiest rank's bytes by dt_memory_worker (the start check's formula) */
+    size_t memory;     /* formula + memory_extra: its predicted peak */
+    int fits;          /* memory <= the limit (and the ranks on a host x memory <= this machine's) */
+} dt_plan_row;
+
+/* Ranks every layout of c (its model, data, batch and optimizer kept) on
+ * s->workers: *rows (malloc'd, the caller frees) gets the *n layouts the
+ * strategies accept, the *nfit that fit in `limit` bytes a worker first,
+ * fastest first, then the rest, smallest first. limit 0: no limit of the
+ * worker's own. p: the model's profile, its per-sample times measured with
+ * s->threads threads. DT_ERR_CONFIG, naming why, when no layout is
+ * accepted on that many workers (a batch they cannot divide, say). */
+DT_API dt_status dt_plan_rank(const dt_config *c, const dt_sim_profile *p, const dt_plan_params *s, size_t limit,
+                              dt_plan_row **rows, int *n, int *nfit);
+
+/* Sets l's fields in c. */
+DT_API void dt_plan_apply(dt_config *c, const dt_layout *l);
+
+/* The --set options (" --set parallel.zero=2 ...") that turn `base`'s
+ * layout into l, into out; l's fields that base already has are left out. */
+DT_API void dt_plan_sets(const dt_config *base, const dt_layout *l, char *out, size_t len);
+
+/* l in words: "zero 2, tensor 1, pipeline 2 x 4 micro-batches 1f1b, ...". */
+DT_API void dt_plan_describe(const dt_layout *l, char *out, size_t len);
 
 #ifdef __cplusplus
 }

@@ -85,7 +85,7 @@ static double inter_allreduce(double S, int h, double a, double b, const char **
 double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo) {
     int R = s->ranks_per_host > 0 ? s->ranks_per_host : 1, H = s->hosts > 0 ? s->hosts : 1;
     // inside a host (hier): reduce to the leader and broadcast back, over shm
-    double intra = R > 1 ? 2 * bytes / s->host_bytes_per_s : 0;
+    double intra = R > 1 ? 2 * (s->host_latency_s + bytes / s->host_bytes_per_s) : 0;
     const char *a;
     double inter = inter_allreduce(bytes, H, s->link_latency_s, s->link_bytes_per_s, &a);
     if (algo) *algo = a;

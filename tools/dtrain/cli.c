@@ -4,8 +4,10 @@
 
 #include "dtrain/core.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void cli_error(const char *fmt, ...) {
@@ -63,3 +65,46 @@ int cli_from_to(int argc, char **argv, const char *help, const char *in_name, co
                EXIT_USAGE;
     return -1;
 }
+
+// A decimal number (dt_decimal_scan: no hex, inf or nan) and its unit.
+static int number_unit(const char *s, double *x, const char **unit) {
+    char *end;
+    if (dt_decimal_scan(s, unit, NULL)) return -1;
+    *x = strtod(s, &end);
+    return end == *unit && isfinite(*x) ? 0 : -1;
+}
+
+// "100gbit" -> bytes per second
+static int parse_rate(const char *v, size_t n, double *out) {
+    char s[64];
+    const char *u;
+    double x;
+    if (n == 0 || n >= sizeof s) return -1;
+    memcpy(s, v, n);
+    s[n] = 0;
+    if (number_unit(s, &x, &u)) return -1;
+    double m = !strcmp(u, "gbit") ? 1e9 : !strcmp(u, "mbit") ? 1e6 : !strcmp(u, "kbit") ? 1e3 : !strcmp(u, "bit") ? 1 : -1;
+    if (m < 0 || !(x > 0)) return -1;
+    *out = x * m / 8;
+    return 0;
+}
+
+// "50us" -> seconds
+static int parse_time(const char *v, double *out) {
+    const char *u;
+    double x;
+    if (number_unit(v, &x, &u)) return -1;
+    double m = !strcmp(u, "us") ? 1e-6 : !strcmp(u, "ms") ? 1e-3 : !strcmp(u, "s") ? 1 : !strcmp(u, "ns") ? 1e-9 : -1;
+    if (m < 0 || !(x >= 0)) return -1;
+    *out = x * m;
+    return 0;
+}
+
+int cli_parse_link(const char *link, double *bytes_per_s, double *latency_s) {
+    const char *comma = strchr(link, ',');
+    if (comma && !parse_rate(link, (size_t)(comma - link), bytes_per_s) && !parse_time(comma + 1, latency_s)) return 0;
+    cli_error("--link: expected BW,LATENCY such as 100gbit,5us or 1gbit,0.1ms (rates in gbit, mbit, kbit or bit "
+              "a second; latencies in s, ms, us or ns), got '%s'", link);
+    return -1;
+}
+

@@ -4,6 +4,8 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
 
+#include <stddef.h>
+
 #define EXIT_RUNTIME 1
 #define EXIT_USAGE 2
 
@@ -19,6 +21,7 @@ int cmd_report(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Prints "dtrain: error: ..." to stderr, control characters escaped
  * (dt_escape_text). */
@@ -49,5 +52,22 @@ int cli_from_to(int argc, char **argv, const char *help, const char *in_name, co
  * in [lo, hi], whole if asked; NULL = the value is missing). Returns 0, or
  * prints the error naming the flag and returns -1. */
 int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out);
+
+/* --link BW,LATENCY ("10gbit,50us": a rate in gbit, mbit, kbit or bit a
+ * second, a one-way latency in s, ms, us or ns): *bytes_per_s and
+ * *latency_s. Returns 0, or prints the error and returns -1. */
+int cli_parse_link(const char *link, double *bytes_per_s, double *latency_s);
+
+/* dtrain train --plan auto: the fastest layout of CONFIG (with the --set
+ * options) on `workers` workers that fits the memory limit
+ * (cli_memory_limit's), as " --set ..." options into sets (len bytes),
+ * logged; its prediction kept for cli_plan_record. A calibration run,
+ * when the model's profile is not cached, goes to RUN_DIR/plan-calibration. Returns 0, or the exit
+ * code after printing the error. */
+int cli_plan_best(const char *config, const char *const *sets, int nsets, int workers, const char *run_dir,
+                  char *sets_out, size_t len);
+/* Adds "plan" (the layout, its predicted step and memory) to
+ * RUN_DIR/summary.json after a run that cli_plan_best chose. */
+void cli_plan_record(const char *run_dir);
 
 #endif

@@ -24,6 +24,7 @@ static const struct {
     {"inspect", cmd_inspect, "show a checkpoint's training state and tensors, verify it"},
     {"export", cmd_export, "a checkpoint's weights alone, for inference"},
     {"simulate", cmd_simulate, "predict step time and scaling on many hosts from a profiled run"},
+    {"plan", cmd_plan, "the fastest layout that fits: ZeRO, tensor, pipeline, ... ranked"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 

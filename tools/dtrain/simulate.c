@@ -44,40 +44,6 @@ static const char help[] =
     "                    1024, comma-separated) on each host count\n"
     "  -h, --help        this help\n";
 
-// A decimal number (dt_decimal_scan: no hex, inf or nan) and its unit.
-static int number_unit(const char *s, double *x, const char **unit) {
-    char *end;
-    if (dt_decimal_scan(s, unit, NULL)) return -1;
-    *x = strtod(s, &end);
-    return end == *unit && isfinite(*x) ? 0 : -1;
-}
-
-// "100gbit" -> bytes per second
-static int parse_rate(const char *v, size_t n, double *out) {
-    char s[64];
-    const char *u;
-    double x;
-    if (n == 0 || n >= sizeof s) return -1;
-    memcpy(s, v, n);
-    s[n] = 0;
-    if (number_unit(s, &x, &u)) return -1;
-    double m = !strcmp(u, "gbit") ? 1e9 : !strcmp(u, "mbit") ? 1e6 : !strcmp(u, "kbit") ? 1e3 : !strcmp(u, "bit") ? 1 : -1;
-    if (m < 0 || !(x > 0)) return -1;
-    *out = x * m / 8;
-    return 0;
-}
-
-// "50us" -> seconds
-static int parse_time(const char *v, double *out) {
-    const char *u;
-    double x;
-    if (number_unit(v, &x, &u)) return -1;
-    double m = !strcmp(u, "us") ? 1e-6 : !strcmp(u, "ms") ? 1e-3 : !strcmp(u, "s") ? 1 : !strcmp(u, "ns") ? 1e-9 : -1;
-    if (m < 0 || !(x >= 0)) return -1;
-    *out = x * m;
-    return 0;
-}
-
 #define MAXH 64
 
 static int parse_hosts(const char *v, int *h) {
@@ -177,9 +143,7 @@ int cmd_simulate(int argc, char **argv) {
         return cli_error("missing RUN_DIR, a finished 'dtrain train' run (see 'dtrain simulate --help')"), EXIT_USAGE;
     if (dir && sizes) return cli_error("--allreduce takes no RUN_DIR"), EXIT_USAGE;
     double bw, lat;
-    const char *comma = strchr(link, ',');
-    if (!comma || parse_rate(link, (size_t)(comma - link), &bw) || parse_time(comma + 1, &lat))
-        return cli_error("--link: expected BW,LATENCY such as 100gbit,5us or 1gbit,0.1ms, got '%s'", link), EXIT_USAGE;
+    if (cli_parse_link(link, &bw, &lat)) return EXIT_USAGE;
     if (sizes) return allreduce_table(sizes, hosts, nh, (int)rph, bw, lat, host_gbs);
     int zero_of[2], ns = 0;
     char sl[64];

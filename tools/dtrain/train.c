@@ -21,6 +21,7 @@ static const char train_help[] =
     "                    [--zero N] [--precision P] [--device D] [--memory-limit SIZE] [--deterministic]\n"
     "                    [--log-format text|json] [--metrics-port P] [--trace FILE]\n"
     "                    [--checkpoint-every N] [--resume auto] [--max-restarts N] [--spares K]\n"
+    "                    [--plan auto]\n"
     "\n"
     "Trains the model CONFIG describes and writes into the run directory:\n"
     "  config.ini          the resolved config (every field, presets expanded)\n"
@@ -88,6 +89,11 @@ static const char train_help[] =
     "                  data.dataset=hdf5 with data.file=F.h5 (written by dtrain\n"
     "                  convert-data): docs/data.md\n"
     CLI_MEMORY_LIMIT_HELP
+    "  --plan auto     train the fastest layout that fits (ZeRO stage, tensor,\n"
+    "                  pipeline, micro-batches, recompute, bucket), as 'dtrain\n"
+    "                  plan' ranks them for --workers N and --memory-limit\n"
+    "                  (docs/plan.md): logged with its prediction and kept in\n"
+    "                  summary.json's \"plan\"; the config's own layout is replaced\n"
     "\n"
     "observability (docs/observability.md):\n"
     "  --log-format F  text (default): a live line on a terminal, plain lines\n"
@@ -240,6 +246,7 @@ typedef struct {
     int nsets, quiet, json;
     int workers, min_workers;  // min_workers < workers: elastic
     int max_restarts, spares;
+    int plan;                  // --plan auto
     double heartbeat, elastic_retry;
     char set_buf[9][600];      // --set texts made from the flags that are config fields
 } args_t;
@@ -273,7 +280,7 @@ static const char *const train_flags[] = {
     "--workers", "--set", "--run-dir", "--log-format", "--metrics-port", "--metrics-addr", "--trace",
     "--checkpoint-every", "--checkpoint-seconds", "--keep", "--resume", "--max-restarts", "--spares", "--zero",
     "--servers", "--precision", "--device", "--memory-limit", "--deterministic", "--checkpoint-sharded", "--heartbeat-timeout",
-    "--elastic-retry", "--quiet", "--help", "--checkpoint"};
+    "--elastic-retry", "--quiet", "--help", "--checkpoint", "--plan"};
 
 static int parse_args(int argc, char **argv, args_t *a, const char *help, int is_eval) {
     memset(a, 0, sizeof *a);
@@ -335,6 +342,13 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
         }
         if (!is_eval && ((v = flag_value(argc, argv, &i, "--elastic-retry", &missing)) || missing)) {
             if (parse_number("--elastic-retry", v, 0.1, 1e9, 0, &a->elastic_retry)) return EXIT_USAGE;
+            continue;
+        }
+        if (!is_eval && ((v = flag_value(argc, argv, &i, "--plan", &missing)) || missing)) {
+            if (!v || strcmp(v, "auto"))
+                return cli_error("--plan: expected auto (the fastest layout that fits; 'dtrain plan' shows the "
+                                 "ranking), got '%s'", v ? v : ""), EXIT_USAGE;
+            a->plan = 1;
             continue;
         }
         if ((v = flag_value(argc, argv, &i, "--memory-limit", &missing)) || missing) {
@@ -679,6 +693,23 @@ static void print_result_json(const dt_config *c, const dt_train_result *r, cons
     cJSON_Delete(j);
 }
 
+// --plan auto: the planner's choice for a's workers and memory limit,
+// added to a's --set options (their text in buf) and c reloaded with it.
+static int plan_layout(args_t *a, dt_config *c, char *buf, size_t len) {
+    if (dt_comm_env_launched() || g_federate || a->min_workers < a->workers || c->ps_servers > 0 || c->sync_every > 0)
+        return cli_error("--plan auto plans data parallel, ZeRO, tensor and pipeline layouts for dtrain's own "
+                         "launcher on a fixed --workers N (not under mpirun or srun, elastic, federated, with "
+                         "parameter servers or local SGD)"), EXIT_USAGE;
+    int rc = cli_plan_best(a->config, a->sets, a->nsets, a->workers, a->run_dir, buf, len);
+    if (rc) return rc;
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        if (!strcmp(t, "--set")) continue;
+        if (a->nsets == MAX_SETS) return cli_error("too many --set options"), EXIT_USAGE;
+        a->sets[a->nsets++] = t;
+    }
+    return load_config(a, c);
+}
+
 int cmd_federate(int argc, char **argv) {
     g_federate = 1;
     return cmd_train(argc, argv);
@@ -721,7 +752,6 @@ int cmd_train(int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (c.ps_servers > 0 && a.workers == 0) a.workers = a.min_workers = 1;  // one worker besides the servers
-    if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     char dir[1024];
     if (!a.run_dir) {
         char ts[32];
@@ -730,6 +760,9 @@ int cmd_train(int argc, char **argv) {
         snprintf(dir, sizeof dir, "runs/%s-%s", c.name, ts);
         a.run_dir = dir;
     }
+    static char plan_sets[1024];
+    if (a.plan && (rc = plan_layout(&a, &c, plan_sets, sizeof plan_sets))) return rc;
+    if (!dt_comm_env_launched() && (rc = check_before_start(&a, &c))) return rc;
     // One run per directory: this process (the launcher, for --workers) or
     // rank 0 of an mpirun group holds the lock until it exits.
     int lock_fd;
@@ -750,7 +783,9 @@ int cmd_train(int argc, char **argv) {
             return EXIT_RUNTIME;
         }
         warn_oversubscribed(a.workers + c.ps_servers, c.threads);
-        return supervise(&a, &c);
+        rc = supervise(&a, &c);
+        if (rc == 0) cli_plan_record(a.run_dir);
+        return rc;
     }
     if (a.quiet) dt_log_set_level(DT_LOG_WARN);
     take_stop_signal();
@@ -777,6 +812,7 @@ int cmd_train(int argc, char **argv) {
                    r.test_loss, a.run_dir);
         return 0;
     }
+    if (r.rank == 0) cli_plan_record(a.run_dir);
     if (c.gpt) {
         if (r.rank != 0) return 0;
         char val[64] = "no val_file";

@@ -1,0 +1,280 @@
+/* The planner (dtrain plan, dtrain train --plan auto, dt_plan_*):
+ *  - the library: every layout's memory is dt_memory_worker's bytes for it
+ *    (the start check's formula) plus the measured extra; the one-worker
+ *    layout's step is the profile's batch x (compute + data) + optimizer;
+ *    rows that fit come first, fastest first, each within the limit;
+ *  - the MLP, the CNN, a small GPT and a GPT that fits only sharded, under
+ *    caps and worker counts: the layout chosen by --plan auto trains, its
+ *    choice in summary.json, its predicted memory within the cap, the
+ *    largest rank's peak within it too;
+ *  - a cap that nothing fits: exit 2 naming the smallest memory that does,
+ *    and that memory does; the profile cached (the second plan measures
+ *    nothing); --verify's table;
+ *  - --help, and bad flags, worker counts and links refused with exit 2. */
+#include "dtrain/dtrain.h"
+#include "testlib.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_tmp[256];
+static char g_out[1 << 16];
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char cmd[4096], args[3500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s/cache %s %s", g_tmp, tl_dtrain(), args);
+    return tl_run(cmd, g_out, sizeof g_out);
+}
+
+// `dtrain plan ARGS` with a run directory of its own under the temp dir.
+static int plan(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int plan(const char *fmt, ...) {
+    static int k;
+    char args[3000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return run("plan %s --run-dir %s/plan-%d", args, g_tmp, ++k);
+}
+
+static void write_cfg(const char *name, const char *text) {
+    FILE *f = fopen(tl_path(g_tmp, name), "w");
+    if (f) fputs(text, f), fclose(f);
+}
+
+static void make_configs(void) {
+    char t[2048];
+    snprintf(t, sizeof t,
+             "[model]\ninput = 784\nlayer = linear out=64\nlayer = relu\nlayer = linear out=32\nlayer = relu\n"
+             "layer = linear out=10\n[data]\ndir = %s\n[train]\nbatch = 32\nmax_steps = 4\nthreads = 1\n", g_tmp);
+    write_cfg("mlp.ini", t);
+    snprintf(t, sizeof t, "%s[data]\ndir = %s\n[train]\nbatch = 32\nmax_steps = 4\nthreads = 1\n", tl_cfg_cnn, g_tmp);
+    write_cfg("cnn.ini", t);
+    const char *gpt = "[model]\npreset = gpt\nn_layer = 4\nn_head = 4\nn_embd = %d\nblock_size = 16\nvocab_size = 256\n"
+                      "[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\nval_file = %s/tok_val.bin\n"
+                      "[optim]\nname = adamw\n[train]\nbatch = 8\nseq_len = 16\nmax_steps = 4\neval_batches = 1\n"
+                      "threads = 1\n";
+    snprintf(t, sizeof t, gpt, 64, g_tmp, g_tmp);
+    write_cfg("gpt.ini", t);
+    // 3.2 M parameters: 51 MB of AdamW state a worker replicated, 13 MB at ZeRO-3 on 4
+    snprintf(t, sizeof t, gpt, 256, g_tmp, g_tmp);
+    write_cfg("big.ini", t);
+}
+
+// ---- the library ----
+
+static void test_library(void) {
+    dt_config c;
+    const char *sets[1] = {NULL};
+    CHECK(dt_config_load(&c, tl_path(g_tmp, "gpt.ini"), sets, 0) == DT_OK, "load gpt.ini: %s", dt_last_error());
+    dt_sim_profile p = {.compute_s = 2e-3, .backward_share = 0.6, .data_s = 1e-4, .optimizer_s = 3e-3,
+                        .params = 200000, .batch = 8, .workers = 1};
+    dt_plan_params s = dt_plan_default_params(1);
+    s.threads = s.cores;  // (no contention: one rank, the profile's threads)
+    s.memory_extra = 1000;
+    dt_plan_row *rows = NULL;
+    int n = 0, nfit = 0;
+    CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK && n >= 2 && nfit == n, "one worker: %d layouts, %d fit",
+          n, nfit);
+    for (int i = 0; rows && i < n; i++) {
+        dt_config cc = c;
+        dt_plan_apply(&cc, &rows[i].l);
+        size_t want = dt_memory_worker(&cc, 1, NULL);
+        CHECK(rows[i].formula == want && rows[i].memory == want + 1000, "row %d: formula %zu, want %zu; memory %zu", i,
+              rows[i].formula, want, rows[i].memory);
+        if (rows[i].l.recompute == 0 && rows[i].l.zero == 0)
+            CHECK(fabs(rows[i].step_s - (8 * (2e-3 + 1e-4) + 3e-3)) < 1e-12, "one worker's step %.9g, want %.9g",
+                  rows[i].step_s, 8 * (2e-3 + 1e-4) + 3e-3);
+        if (i) CHECK(rows[i].step_s >= rows[i - 1].step_s, "sorted: row %d %.9g after %.9g", i, rows[i].step_s,
+                     rows[i - 1].step_s);
+    }
+    free(rows);
+    // 4 workers under a limit: the fitting rows first, each within it, then the rest by memory
+    s = dt_plan_default_params(4);
+    size_t limit = 0;
+    CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK && n > 8, "4 workers: %d layouts", n);
+    for (int i = 0; rows && i < n; i++) limit += rows[i].memory / (size_t)n;  // (about the average)
+    free(rows);
+    CHECK(dt_plan_rank(&c, &p, &s, limit, &rows, &n, &nfit) == DT_OK && nfit > 0 && nfit < n,
+          "4 workers, limit %zu: %d of %d fit", limit, nfit, n);
+    for (int i = 0; rows && i < n; i++) {
+        CHECK(rows[i].fits == (i < nfit) && (i >= nfit || rows[i].memory <= limit), "row %d: fits %d, memory %zu", i,
+              rows[i].fits, rows[i].memory);
+        if (i > nfit) CHECK(rows[i].memory >= rows[i - 1].memory, "unfit rows by memory: %d", i);
+    }
+    free(rows);
+    // --lossy: codecs on plain data parallel alone (3 codecs x 3 buckets x recompute on and off); none without it
+    for (int lossy = 0; lossy <= 1; lossy++) {
+        s = dt_plan_default_params(4);
+        s.lossy = lossy;
+        int codecs = 0, misplaced = 0;
+        CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK, "lossy %d", lossy);
+        for (int i = 0; rows && i < n; i++) {
+            codecs += rows[i].l.codec != DT_COMP_NONE;
+            misplaced += rows[i].l.codec && (rows[i].l.zero || rows[i].l.tensor > 1 || rows[i].l.pipeline > 1);
+        }
+        CHECK(lossy ? codecs == 3 * 3 * 2 && !misplaced : codecs == 0, "lossy %d: %d codec rows, %d not plain", lossy,
+              codecs, misplaced);
+        free(rows);
+    }
+    // hosts behind a slow link: plain data parallel's exchange is exposed, more than on one host
+    double exposed[2] = {-1, -1};
+    for (int h = 0; h < 2; h++) {
+        s = dt_plan_default_params(4);
+        s.hosts = h ? 4 : 1;
+        s.link_bytes_per_s = 1e6;
+        CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK, "hosts %d", s.hosts);
+        for (int i = 0; rows && i < n; i++)
+            if (rows[i].l.zero == 0 && rows[i].l.tensor == 1 && rows[i].l.pipeline == 1 && !rows[i].l.recompute &&
+                rows[i].l.bucket_kb == c.bucket_kb)
+                exposed[h] = rows[i].exposed_s;
+        free(rows);
+    }
+    CHECK(exposed[0] >= 0 && exposed[1] > exposed[0] + 0.5, "4 hosts at 1 MB/s: exposed %g s, one host %g s",
+          exposed[1], exposed[0]);
+    // a batch that 300 workers cannot share: refused naming why
+    s = dt_plan_default_params(300);
+    CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_ERR_CONFIG && strstr(dt_last_error(), "300 workers") &&
+              strstr(dt_last_error(), "batch 8"), "300 workers for batch 8: %s", dt_last_error());
+}
+
+// ---- the CLI ----
+
+// `train --plan auto` of cfg on W workers under cap (NULL: none): trains,
+// summary.json's plan within the cap, every rank's peak within it.
+static void plan_auto(const char *cfg, int W, const char *cap, size_t cap_bytes, int sharded) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/auto-%s-%d-%s", g_tmp, cfg, W, cap ? cap : "none");
+    int rc = run("train %s/%s --workers %d --plan auto --quiet --run-dir %s %s%s", g_tmp, cfg, W, dir,
+                 cap ? "--memory-limit " : "", cap ? cap : "");
+    const char *sum = tl_path(dir, "summary.json");
+    double mem = tl_json_number(sum, "predicted_memory_bytes"), zero = tl_json_number(sum, "zero");
+    double tensor = tl_json_number(sum, "tensor"), pipe = tl_json_number(sum, "pipeline");
+    double pred = tl_json_number(sum, "predicted_step_seconds"), meas = tl_json_number(sum, "measured_step_seconds");
+    CHECK(rc == 0 && mem > 0 && pred > 0 && meas > 0 && (!cap || mem <= (double)cap_bytes),
+          "%s on %d under %s: exit %d, predicted %g bytes, step %g s (measured %g)\n%s", cfg, W, cap ? cap : "none", rc,
+          mem, pred, meas, g_out);
+    CHECK(!sharded || zero >= 1 || tensor > 1 || pipe > 1, "%s under %s: sharded (zero %g, tensor %g, pipeline %g)",
+          cfg, cap, zero, tensor, pipe);
+    char *text = tl_read_file(sum, NULL);
+    const char *peaks = text ? strstr(text, "\"ranks_peak_rss_bytes\"") : NULL;
+    CHECK(text && strstr(text, "\"plan\"") && strstr(text, "\"layout\""), "%s: summary.json has the plan", cfg);
+    // (the kernel holds each worker to the cap: a run that went over it would have been killed)
+    for (const char *q = peaks ? strchr(peaks, '[') + 1 : NULL; cap && q && *q && *q != ']';) {
+        double v = strtod(q, (char **)&q);
+        CHECK(v > 0 && v <= (double)cap_bytes, "%s: a rank's peak %g within %zu", cfg, v, cap_bytes);
+        while (*q == ',' || *q == ' ' || *q == '\n' || *q == '\t') q++;
+    }
+    free(text);
+}
+
+static void test_models(void) {
+    plan_auto("mlp.ini", 2, NULL, 0, 0);
+    plan_auto("mlp.ini", 4, "200M", (size_t)200 << 20, 0);
+    plan_auto("cnn.ini", 2, "200M", (size_t)200 << 20, 0);
+    plan_auto("gpt.ini", 2, NULL, 0, 0);
+    plan_auto("gpt.ini", 4, "150M", (size_t)150 << 20, 0);
+    // the big GPT replicated does not fit in 75M a worker on 4 workers; sharded it does
+    int rc = plan("%s/big.ini --workers 4 --top 100", g_tmp);
+    CHECK(rc == 0 && strstr(g_out, "  zero 0, tensor 1, pipeline 1, bucket"), "big.ini, no cap: exit %d\n%s", rc, g_out);
+    rc = plan("%s/big.ini --workers 4 --top 100 --memory-limit 75M", g_tmp);
+    CHECK(rc == 0 && !strstr(g_out, "  zero 0, tensor 1, pipeline 1, bucket") && strstr(g_out, "  zero 3, tensor 1"),
+          "big.ini under 75M: replicated left out, ZeRO-3 in: exit %d\n%s", rc, g_out);
+    plan_auto("big.ini", 4, "75M", (size_t)75 << 20, 1);
+}
+
+static void test_refusal(void) {
+    int rc = plan("%s/gpt.ini --workers 2 --memory-limit 8M", g_tmp);
+    const char *at = strstr(g_out, "give --memory-limit ");
+    long need = at ? atol(at + 20) : 0;
+    CHECK(rc == 2 && strstr(g_out, "no layout of") && strstr(g_out, "fits in 8.0 MiB a worker") && need > 8,
+          "a cap nothing fits: exit %d\n%s", rc, g_out);
+    char lim[32];
+    snprintf(lim, sizeof lim, "%ldM", need);
+    rc = plan("%s/gpt.ini --workers 2 --memory-limit %s --top 1", g_tmp, lim);
+    CHECK(rc == 0 && strstr(g_out, "dtrain train"), "the memory named (%s) does: exit %d\n%s", lim, rc, g_out);
+    snprintf(lim, sizeof lim, "%ldM", need - 1);
+    rc = plan("%s/gpt.ini --workers 2 --memory-limit %s --top 1", g_tmp, lim);
+    CHECK(rc == 2 && strstr(g_out, "no layout"), "1 MiB less (%s) does not: exit %d\n%s", lim, rc, g_out);
+    // the same refused by train --plan auto, nothing trained
+    rc = run("train %s/gpt.ini --workers 2 --plan auto --memory-limit 8M --run-dir %s/refused", g_tmp, g_tmp);
+    CHECK(rc == 2 && strstr(g_out, "give --memory-limit") && access(tl_path(g_tmp, "refused/summary.json"), F_OK) != 0,
+          "train --plan auto under 8M: exit %d\n%s", rc, g_out);
+}
+
+static void test_cache_verify(void) {
+    int rc = plan("%s/cnn.ini --workers 2 --top 2", g_tmp);
+    CHECK(rc == 0 && strstr(g_out, "profile from") && !strstr(g_out, "measuring"), "cached profile: exit %d\n%s", rc,
+          g_out);
+    rc = run("plan %s/cnn.ini --workers 2 --top 2 --recalibrate --run-dir %s/recal", g_tmp, g_tmp);
+    CHECK(rc == 0 && strstr(g_out, "measuring"), "--recalibrate: exit %d\n%s", rc, g_out);
+    rc = run("plan %s/mlp.ini --workers 2 --verify 2 --steps 6 --run-dir %s/verify", g_tmp, g_tmp);
+    CHECK(rc == 0 && strstr(g_out, "predicted ms  measured ms") && strstr(g_out, "measured fastest: #") &&
+              access(tl_path(g_tmp, "verify/verify-2/summary.json"), F_OK) == 0,
+          "--verify 2: exit %d\n%s", rc, g_out);
+}
+
+static void test_bad_input(void) {
+    CHECK(run("plan --help") == 0 && strstr(g_out, "usage: dtrain plan CONFIG --workers N") &&
+              strstr(g_out, "--verify K"), "plan --help\n%s", g_out);
+    CHECK(run("train --help") == 0 && strstr(g_out, "--plan auto"), "train --help names --plan auto");
+    static const char *const bad[][2] = {
+        {"", "missing --workers N"},
+        {"--workers 0", "--workers"},
+        {"--workers 4 --hosts 3", "--hosts 3: the 4 workers cannot be spread evenly"},
+        {"--workers 2 --link 10gbit", "--link: expected BW,LATENCY"},
+        {"--workers 2 --link fast,5us", "--link: expected BW,LATENCY"},
+        {"--workers 2 --link 1gbit,5parsecs", "--link: expected BW,LATENCY"},
+        {"--workers 4 --hosts 2 --verify 1", "--verify runs on this machine alone"},
+        {"--workers 2 --memory-limit lots", "--memory-limit needs a size"},
+        {"--workers 2 --frobnicate", "unknown option '--frobnicate'"},
+        {"--workers 2 --set train.nope=1", "nope"},
+        {"--workers 2 --top 0", "--top"},
+        {"--workers 300", "no layout of the model runs on 300 workers: [train] batch 8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = plan("%s/gpt.ini %s", g_tmp, bad[i][0]);
+        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "plan %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1], g_out);
+    }
+    int rc = plan("%s/gpt.ini --workers 300", g_tmp);
+    CHECK(strstr(g_out, "; layouts run on ") && strstr(g_out, " workers"), "a count that does not run names counts "
+          "that do\n%s", g_out);
+    rc = plan("%s/nope.ini --workers 2", g_tmp);
+    CHECK(rc == 2 && strstr(g_out, "nope.ini: no such config file"), "missing config: exit %d\n%s", rc, g_out);
+    rc = run("train %s/gpt.ini --plan manual", g_tmp);
+    CHECK(rc == 2 && strstr(g_out, "--plan: expected auto"), "--plan manual: exit %d\n%s", rc, g_out);
+    rc = run("train %s/gpt.ini --workers 1:2 --plan auto", g_tmp);
+    CHECK(rc == 2 && strstr(g_out, "--plan auto plans"), "--plan auto, elastic: exit %d\n%s", rc, g_out);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-plan-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    tl_make_images(g_tmp, "train", 243, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    char text[600];
+    snprintf(text, sizeof text, "%s/words.txt", g_tmp);
+    FILE *f = fopen(text, "w");
+    for (int i = 0; f && i < 3000; i++) fprintf(f, "the planner ranks layout %d by time and memory. ", i % 97);
+    if (f) fclose(f);
+    snprintf(text, sizeof text, "%s prepare-text %s/words.txt -o %s/tok", tl_dtrain(), g_tmp, g_tmp);
+    CHECK(tl_run(text, g_out, sizeof g_out) == 0, "prepare-text\n%s", g_out);
+    make_configs();
+    test_library();
+    test_bad_input();
+    test_refusal();
+    test_models();
+    test_cache_verify();
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
