@@ -947,10 +947,13 @@ static void test_elastic(const char *name, const char *extra) {
     free(out);
 }
 
-// A disk that fills during a run (a tmpfs of 2.5 checkpoints, root only):
-// ZeRO training stops with exit 1 naming the file that could not be
-// written; the newest complete checkpoint verifies, and a run resumed from
-// it ends bitwise equal to the uninterrupted one.
+// A disk that fills during a run (root only: a tmpfs with room for the
+// run's checkpoints at its start, which the start's disk check wants, then
+// filled by another file once the step-5 checkpoint is complete, rank 0
+// slowed to 100 ms a step meanwhile): ZeRO training stops with exit 1
+// naming the file that could not be written; the newest complete
+// checkpoint verifies, and a run resumed from it ends bitwise equal to the
+// uninterrupted one.
 static void test_disk_full(void) {
     int rc = train("full-size", 2, "--zero 1 --checkpoint-every 5 --set train.max_steps=5");
     char cmd[4096], out[256] = "";
@@ -961,7 +964,7 @@ static void test_disk_full(void) {
     char mnt[600];  // (a copy: tmp()'s buffers are reused, and the unmount at the end needs it)
     snprintf(mnt, sizeof mnt, "%s", tmp("full"));
     mkdir(mnt, 0755);
-    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=%ldk tmpfs %s 2>&1", one * 5 / 2 / 1024 + 1, mnt);
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=%ldk tmpfs %s 2>&1", one * 8 / 1024 + 1, mnt);
     if (tl_run(cmd, out, sizeof out) != 0) {
         tl_skip("the disk-full case: cannot mount a tmpfs here: %s", out);
         return;
@@ -969,7 +972,11 @@ static void test_disk_full(void) {
     char run[700], extra[1200];
     snprintf(run, sizeof run, "%s/run", mnt);
     snprintf(extra, sizeof extra, "--zero 1 --checkpoint-every 5 --keep 20 --set train.max_steps=30 --run-dir %s", run);
-    snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --quiet %s 2>&1", tl_dtrain(), tmp("run.ini"), extra);
+    snprintf(cmd, sizeof cmd,
+             "(DTRAIN_SLOW_RANK=0:100 %s train %s --workers 2 --quiet %s 2>&1 & P=$!; i=0; "
+             "while [ $i -lt 600 ] && [ ! -e %s/checkpoints/step-00000005/COMPLETE ]; do sleep 0.05; i=$((i+1)); done; "
+             "dd if=/dev/zero of=%s/filler bs=64k 2>/dev/null; wait $P)",
+             tl_dtrain(), tmp("run.ini"), extra, run, mnt);
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "No space left on device") && strstr(g_out, run),
           "disk full: exit %d, the error names the file:\n%s", rc, g_out);

@@ -61,6 +61,7 @@ typedef struct {
     piece *p;              // this step's reductions, in the order started
     int np, cap, settled;  // p[0, settled) are complete
     size_t rel_lo, rel_hi; // stage 2: settled parts not owned, still to give back
+    int tight;             // ... every 4 KiB page of them (a worker under a memory cap)
     size_t *counts, *displs;  // every rank's slice, for the allgather
     int64_t *acc;          // deterministic: fixed-point sums of the block
     // stage 3: blocks 0..L-1 (the ranges of the order whose layer is one of
@@ -164,18 +165,22 @@ static void reduce_order(zero *z, size_t a, size_t b) {
 // joined and given back in one call once they reach two buckets, and the
 // rest when the step's reductions are done (flush): each call is one
 // madvise, whose TLB flush must reach every CPU running the process, a
-// stall per call on a busy VM.
+// stall per call on a busy VM. Under a memory cap (--memory-limit) every
+// 4 KiB page goes back (give_back), else the whole huge pages (their
+// refill costs a few faults, not hundreds), the edges of each call,
+// cleared, staying resident until the step's end gives the rest back.
 static void release_later(zero *z, size_t lo, size_t hi, int flush) {
     float *g = z->base.grads;
+    void (*back)(float *, size_t, size_t) = z->tight ? give_back : release;
     if (hi > lo && z->rel_hi > z->rel_lo && (hi == z->rel_lo || lo == z->rel_hi)) {
         z->rel_lo = lo < z->rel_lo ? lo : z->rel_lo;
         z->rel_hi = hi > z->rel_hi ? hi : z->rel_hi;
     } else if (hi > lo) {
-        release(g, z->rel_lo, z->rel_hi);
+        back(g, z->rel_lo, z->rel_hi);
         z->rel_lo = lo, z->rel_hi = hi;
     }
     if (flush || z->rel_hi - z->rel_lo >= 2 * z->bucket) {
-        release(g, z->rel_lo, z->rel_hi);
+        back(g, z->rel_lo, z->rel_hi);
         z->rel_lo = z->rel_hi = 0;
     }
 }
@@ -364,6 +369,7 @@ static dt_status zero_init(dt_strategy *s) {
         }
     }
     z->buddy = W > 1 && dt_worker_spares() > 0;
+    z->tight = dt_mem_limit(NULL) != 0;
     z->copy_t[0] = z->copy_t[1] = z->prev_t = -1;
     if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
     if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
