@@ -239,6 +239,25 @@ static void test_bad_config(void) {
     CHECK(dt_llama_preset("llama-3", &c) == DT_ERR_ARG && strstr(dt_last_error(), "llama-3"), "unknown preset refused");
 }
 
+// The same refusals at `dtrain train`'s start, before any data is read:
+// exit 1 (as every config error) naming the numbers; and what is not there yet.
+static void test_cli_refusals(void) {
+    struct { const char *set, *want; } bad[] = {
+        {"model.n_kv_head=3", "[model]: n_kv_head = 3 does not divide n_head = 4"},
+        {"model.rope_theta=0.5", "[model]: rope_theta = 0.5: expected 1 <= rope_theta <= 1e9"},
+        {"model.norm_eps=1", "[model]: norm_eps = 1: expected 0 < norm_eps <= 0.1"},
+        {"parallel.tensor=2", "[parallel] tensor: not yet with arch = llama"},
+        {"parallel.pipeline=2", "[parallel] pipeline: not yet with arch = llama"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[512], out[4096];
+        snprintf(cmd, sizeof cmd, "%s train configs/llama-fortunes.ini --set %s --set data.train_file=/nonexistent",
+                 tl_dtrain(), bad[i].set);
+        int rc = tl_run(cmd, out, sizeof out);
+        CHECK(rc == 1 && strstr(out, bad[i].want), "dtrain train --set %s: exit %d, %s", bad[i].set, rc, out);
+    }
+}
+
 int main(void) {
     dt_rng_seed(&g_rng, 42);
     dt_set_threads(1);
@@ -250,5 +269,6 @@ int main(void) {
     test_gqa(4, 1);
     test_model();
     test_bad_config();
+    test_cli_refusals();
     return tl_finish();
 }
