@@ -8,8 +8,10 @@
  *   llama_hf: Hugging Face's layout: loaded, it is the fixture's initial
  *     model (bitwise) and gives the logits PyTorch computed from it with
  *     rotate_half; saved again, the same tensors bitwise; files with a
- *     tensor missing, extra or mis-shaped refused naming it. */
+ *     tensor missing, extra or mis-shaped refused naming it; and as a
+ *     run's [model] init_from. */
 #include "dtrain/ckpt.h"
+#include "dtrain/gpt.h"  /* dt_tokens_write */
 #include "dtrain/llama.h"
 #include "dtrain/optim.h"
 #include "testlib.h"
@@ -273,6 +275,53 @@ static void hf(dt_st_file *tiny) {
     dt_llama_free(b);
 }
 
+// [model] init_from = the HF fixture: a run of 2 SGD steps at lr 1e-12 ends
+// with the fixture's initial model in its weights file (dtrain's names), to
+// 1e-9 (the steps' bound; q and k rows in a wrong order would be O(0.1) off).
+static void init_from(dt_st_file *tiny) {
+    const char *dir = "build/llama-init-from";
+    char cmd[1024], out[4096], tok[256], cfg[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 0, "%s", out);
+    snprintf(tok, sizeof tok, "%s/tok.bin", dir);
+    snprintf(cfg, sizeof cfg, "%s/llama.ini", dir);
+    uint16_t t[512];
+    for (int i = 0; i < 512; i++) t[i] = (uint16_t)(i * 7 % 60);
+    CHECK(dt_tokens_write(tok, t, 512) == DT_OK, "tokens: %s", dt_last_error());
+    FILE *f = fopen(cfg, "w");
+    if (!f) return;
+    fprintf(f, "[model]\narch = llama\npreset = llama\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 64\n"
+               "ffn_hidden = 96\nblock_size = 16\nvocab_size = 60\ninit_from = tests/fixtures/llama_hf.safetensors\n"
+               "[data]\ndataset = tokens\ntrain_file = %s\n[optim]\nname = sgd\nlr = 1e-12\nweight_decay = 0\n"
+               "[train]\nbatch = 2\nseq_len = 16\nmax_steps = 2\n", tok);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run", tl_dtrain(), cfg, dir);
+    int rc = tl_run(cmd, out, sizeof out);
+    CHECK(rc == 0, "init_from run: exit %d: %s", rc, out);
+    char w[256];
+    snprintf(w, sizeof w, "%s/run/model.safetensors", dir);
+    dt_st_file *wf;
+    dt_llama *m;
+    dt_llama_config c = fixture_config(tiny);
+    if (rc != 0 || dt_st_open(&wf, w) != DT_OK || dt_llama_create(&m, &c, 0, 0) != DT_OK) return;
+    init_formula(m);
+    double worst = 0;
+    for (int k = 0; k < DT_LLAMA_NTENSORS; k++) {
+        const dt_tensor_info *ti = dt_llama_tensor(m, k);
+        const dt_st_tensor *st = dt_st_find(wf, ti->name);
+        if (!st || st->nbytes != 4 * ti->numel) {
+            worst = INFINITY;
+            continue;
+        }
+        const float *a = tl_st_data(wf, st), *b = dt_llama_params(m) + ti->offset;
+        for (size_t i = 0; i < ti->numel; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+    }
+    CHECK(worst <= 1e-9, "init_from the HF file: the run's weights are the fixture's initial model (max |diff| %.2e)", worst);
+    printf("init_from the HF file: max |diff| %.2e from the fixture's initial model\n", worst);
+    dt_st_close(wf);
+    dt_llama_free(m);
+}
+
 int main(void) {
     layers();
     dt_st_file *f;
@@ -283,6 +332,7 @@ int main(void) {
     model(f, 1);
     model(f, 2);
     hf(f);
+    init_from(f);
     dt_st_close(f);
     return tl_finish();
 }

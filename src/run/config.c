@@ -682,8 +682,7 @@ static dt_status finish_llama(dt_config *c, const char *what) {
     if (dt_llama_config_check(&r, "[model]") != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
     const char *no = c->tensor > 1 ? "[parallel] tensor" : c->pipeline > 1 ? "[parallel] pipeline"
-                   : c->recompute ? "[train] recompute" : c->precision != DT_F32 ? "[train] precision"
-                   : c->init_from[0] ? "[model] init_from" : NULL;
+                   : c->recompute ? "[train] recompute" : c->precision != DT_F32 ? "[train] precision" : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "%s: %s: not yet with arch = llama (it trains on one process, data parallel and "
                         "ZeRO 1-3 in fp32; docs/llama.md)", what, no);

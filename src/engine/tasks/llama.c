@@ -136,6 +136,8 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     size_t lo = 0, hi = SIZE_MAX;
     if (t->sliced) dt_shard_range(dt_llama_num_params(t->m), rank, W, &lo, &hi);
     DT_TRY(dt_llama_init_range(t->m, c->seed, lo, hi), done);
+    // [model] init_from: Hugging Face Llama weights (dt_llama_load_hf; the whole block is read)
+    if (c->init_from[0]) DT_TRY(dt_llama_load_hf(t->m, c->init_from), done);
     t->x = calloc((size_t)t->B * t->T, sizeof(int32_t));
     t->y = calloc((size_t)t->B * t->T, sizeof(int32_t));
     if (!t->x || !t->y) {
