@@ -243,6 +243,8 @@ static void test_bad_config(void) {
 // exit 1 (as every config error) naming the numbers; and what is not there yet.
 static void test_cli_refusals(void) {
     struct { const char *set, *want; } bad[] = {
+        {"model.arch=gpt --set model.preset=gpt-tiny --set model.ffn_hidden=96",
+         "[model] ffn_hidden: only arch = llama has it (the model is a GPT, preset 'gpt-tiny')"},
         {"model.n_kv_head=3", "[model]: n_kv_head = 3 does not divide n_head = 4"},
         {"model.rope_theta=0.5", "[model]: rope_theta = 0.5: expected 1 <= rope_theta <= 1e9"},
         {"model.norm_eps=1", "[model]: norm_eps = 1: expected 0 < norm_eps <= 0.1"},

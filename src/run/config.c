@@ -637,6 +637,11 @@ static dt_status finish_llama(dt_config *c, const char *what);
 
 static dt_status finish_gpt(dt_config *c, const char *what) {
     if (c->arch == DT_ARCH_LLAMA || !strncmp(c->preset, "llama", 5)) return finish_llama(c, what);
+    const char *llama_key = c->n_kv_head ? "n_kv_head" : c->ffn_hidden ? "ffn_hidden" : c->rope_theta != 0 ? "rope_theta"
+                          : c->norm_eps != 0 ? "norm_eps" : NULL;
+    if (llama_key)
+        return dt_error(DT_ERR_CONFIG, "%s: [model] %s: only arch = llama has it (the model is a GPT, preset '%s')", what,
+                        llama_key, c->preset);
     dt_gpt_config g = {0};
     if (strcmp(c->preset, "gpt") && dt_gpt_preset(c->preset, &g) != DT_OK)
         return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected mlp, cnn, gpt-tiny, gpt-small, gpt2-124m or gpt, got '%s'", what, c->preset);
