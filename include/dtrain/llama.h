@@ -96,6 +96,9 @@ typedef struct dt_llama dt_llama;
  * load. */
 DT_API dt_status dt_llama_create(dt_llama **out, const dt_llama_config *c, int B, int T);
 DT_API void dt_llama_free(dt_llama *m);
+/* Bytes of the activations and backward scratch dt_llama_create(c, B, T)
+ * allocates beside the parameter and gradient blocks. */
+DT_API size_t dt_llama_activation_bytes(const dt_llama_config *c, int B, int T);
 DT_API const dt_llama_config *dt_llama_get_config(const dt_llama *m);
 /* Weights normal(0, 0.02), wo and w_down normal(0, 0.02/sqrt(2L)), norm
  * weights 1, drawn in block order from one stream; _range sets elements

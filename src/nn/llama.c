@@ -127,6 +127,11 @@ static size_t acts_layout(dt_llama *m, float *base) {
     return at;
 }
 
+size_t dt_llama_activation_bytes(const dt_llama_config *c, int B, int T) {
+    dt_llama m = {.c = *c, .maxB = B, .maxT = T};
+    return sizeof(float) * acts_layout(&m, NULL);
+}
+
 void dt_llama_free(dt_llama *m) {
     if (!m) return;
     dt_free(m->params);
