@@ -134,6 +134,75 @@ DT_API void dt_llama_set_grad_hook(dt_llama *m, dt_grad_ready_fn fn, void *user)
 typedef dt_status (*dt_llama_layer_fn)(int layer, int phase, void *user);
 DT_API void dt_llama_set_layer_hook(dt_llama *m, dt_llama_layer_fn fn, void *user);
 
+/* ---- activation sets and stages (micro-batches, pipeline stages) --------
+ *
+ * As the GPT's (dtrain/gpt.h): a dt_llama_acts holds what one forward of
+ * one micro-batch through layers [l0, l1) saves for its backward (the
+ * embedding's token ids when l0 = 0, the head's when l1 = L), and the
+ * stage calls run and backpropagate the parts on the residual stream
+ * [B,T,C]; dt_llama_forward/backward are the composition over the
+ * model's own set. Sets share the model's parameters, gradients and
+ * backward scratch (calls on one model must not run concurrently). */
+typedef struct dt_llama_acts dt_llama_acts;
+/* A set for micro-batches of up to B x T tokens through layers [l0, l1)
+ * of a model (or of a shard of ntp: its heads' and hidden units' parts). */
+DT_API dt_status dt_llama_acts_create(dt_llama_acts **out, const dt_llama_config *c, int B, int T, int l0, int l1,
+                                      int ntp);
+DT_API void dt_llama_acts_free(dt_llama_acts *a);
+/* The model's own set (NULL when created with B = T = 0). */
+DT_API dt_llama_acts *dt_llama_default_acts(dt_llama *m);
+/* The next forward's shape (at most the create's); forgets what was saved. */
+DT_API dt_status dt_llama_acts_set_shape(dt_llama_acts *a, int B, int T);
+/* The stream [B,T,C] before layer l (l1: after the last), l0 <= l <= l1;
+ * a fixed place whatever the shape. NULL otherwise. */
+DT_API float *dt_llama_acts_resid(dt_llama_acts *a, int l);
+DT_API const float *dt_llama_acts_logits(const dt_llama_acts *a);
+DT_API dt_status dt_llama_embed_forward(dt_llama *m, dt_llama_acts *a, const int32_t *inputs, float *resid_out);
+DT_API dt_status dt_llama_forward_range(dt_llama *m, dt_llama_acts *a, int l0, int l1, const float *resid_in,
+                                        float *resid_out);
+/* Final norm and head; with targets the mean cross-entropy into *loss. */
+DT_API dt_status dt_llama_head_forward(dt_llama *m, dt_llama_acts *a, const float *resid_in, const int32_t *targets,
+                                       float *loss);
+/* WRITES dresid, the loss's gradient with respect to the head's resid_in. */
+DT_API dt_status dt_llama_head_backward(dt_llama *m, dt_llama_acts *a, const float *resid_in, float *dresid);
+/* dresid: the gradient after block l1-1, turned in place into the one
+ * before block l0. */
+DT_API dt_status dt_llama_backward_range(dt_llama *m, dt_llama_acts *a, int l0, int l1, const float *resid_in,
+                                         float *dresid);
+DT_API dt_status dt_llama_embed_backward(dt_llama *m, dt_llama_acts *a, const float *dresid);
+
+/* ---- tensor parallel and kept layers -------------------------------------
+ *
+ * Shard tp of ntp holds, Megatron-style, its n_head / ntp query heads and
+ * n_kv_head / ntp key/value heads (the rows of wq, wk and wv: a group's
+ * queries stay with their key/value head), wo's matching input columns
+ * (row-parallel), its ffn_hidden / ntp rows of w_gate and w_up and w_down's
+ * matching columns; the embedding, the head and the norms are whole on
+ * every shard. The partial outputs of wo and w_down are summed over the
+ * shards in forward, and the partial input gradients of the column-parallel
+ * linears in backward: 2 + 2 sums a layer, through the reduce function. */
+typedef dt_status (*dt_llama_reduce_fn)(float *buf, size_t n, void *user);  /* sum over the shards, in place */
+/* DT_ERR_ARG naming the numbers when ntp does not divide n_head, n_kv_head
+ * or ffn_hidden. */
+DT_API dt_status dt_llama_tensor_parallel_check(const dt_llama_config *c, int ntp, const char *what);
+/* dt_llama_create for shard tp of ntp (its own set for B x T, or none). */
+DT_API dt_status dt_llama_create_shard(dt_llama **out, const dt_llama_config *c, int B, int T, int tp, int ntp);
+DT_API void dt_llama_set_reduce(dt_llama *m, dt_llama_reduce_fn fn, void *user);
+/* Whether tensor i is divided among the shards. */
+DT_API int dt_llama_tensor_split(int i);
+/* Keeps only the blocks held[l] says (NULL: all), the embedding with block
+ * 0 and the final norm and head with the last (a pipeline stage's); the
+ * rest of the blocks is never touched. Before dt_llama_init. */
+DT_API dt_status dt_llama_set_held(dt_llama *m, const unsigned char *held);
+/* The ranges of its block the model keeps, in block order. Owned by m. */
+DT_API const dt_grad_range *dt_llama_held_ranges(const dt_llama *m, int *n);
+/* The elements of [lo, hi) of the whole model's block that m (a shard, or
+ * a model keeping some blocks) holds, from its block `local` into buf[0,
+ * hi - lo) (a tensor every shard holds whole: shard 0's alone); take: the
+ * other way. */
+DT_API void dt_llama_part_fill(const dt_llama *m, const float *local, size_t lo, size_t hi, float *buf);
+DT_API void dt_llama_part_take(const dt_llama *m, float *local, size_t lo, size_t hi, const float *buf);
+
 /* ---- weights ----------------------------------------------------------- */
 
 /* Hugging Face's LlamaForCausalLM tensor names and layout, one fp32 tensor

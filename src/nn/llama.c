@@ -1,8 +1,8 @@
-/* The Llama-style decoder (dtrain/llama.h): one parameter block in the
- * order the header lists, one block of saved activations for B x T tokens,
- * forward and backward layer by layer with the kernels of llama_layers.c
- * and layers.c, the grad and layer hooks the GPT has (nn/gpt.c). */
-#include "dtrain/llama.h"
+/* The Llama-style decoder (dtrain/llama.h): configuration, the one
+ * parameter block in the order the header lists (a tensor-parallel
+ * shard's parts, the blocks a pipeline stage keeps), the gradient order,
+ * initialisation. The forward and backward are llama_run.c's. */
+#include "nn/llama_impl.h"
 #include "nn/nn_impl.h"
 
 #include <math.h>
@@ -10,37 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NPT DT_LLAMA_NTENSORS
-#define NPL 9  // per-layer tensors
-
-enum { EMB, ATTN_NORM, WQ, WK, WV, WO, MLP_NORM, W_GATE, W_UP, W_DOWN, NORM, HEAD };
-
 static const char *const names[NPT] = {"tok_embeddings", "attn_norm", "wq", "wk", "wv", "wo",
                                        "mlp_norm", "w_gate", "w_up", "w_down", "norm", "lm_head"};
-
-// One layer's saved activations ([BT, ...] each) and the stream before it.
-typedef struct {
-    float *x, *xn1, *rstd1, *q, *k, *v, *att, *y, *x2, *xn2, *rstd2, *gate, *up, *h;
-} layer_acts;
-
-struct dt_llama {
-    dt_llama_config c;
-    size_t nparams;
-    dt_tensor_info t[NPT];
-    float *params, *grads, *p[NPT], *g[NPT];
-    dt_grad_range *ord;      // the gradient order
-    int maxB, maxT, B, T, have_targets;
-    float *acts;             // the one allocation below point into
-    layer_acts *la;          // [L]
-    float *xL, *xnf, *rstdf, *logits, *probs;  // the stream after the last layer, the head's
-    int32_t *inputs, *targets;
-    float *d0, *d1, *dF0, *dF1, *dF2, *datt, *dq, *dk, *dv;  // backward scratch
-    float loss_scale;
-    dt_grad_ready_fn hook;
-    void *hook_user;
-    dt_llama_layer_fn layer_hook;
-    void *layer_user;
-};
 
 // ----------------------------------------------------------------------------
 // configuration
@@ -77,10 +48,12 @@ dt_status dt_llama_config_check(const dt_llama_config *c, const char *what) {
     return DT_OK;
 }
 
-void dt_llama_param_shapes(const dt_llama_config *c, dt_tensor_info t[NPT]) {
-    int64_t L = c->n_layer, C = c->n_embd, V = c->vocab_size, F = c->ffn_hidden;
-    int64_t KC = (int64_t)c->n_kv_head * (C / c->n_head);
-    const int64_t sh[NPT][3] = {{V, C}, {L, C}, {L, C, C}, {L, KC, C}, {L, KC, C}, {L, C, C},
+// In a shard of ntp: the rows of wq, wk, wv, w_gate and w_up and the
+// columns of wo and w_down divided by ntp.
+void dt_llama_shard_shapes(const dt_llama_config *c, int ntp, dt_tensor_info t[NPT]) {
+    llama_dims d = llama_dims_of(c, ntp);
+    int64_t L = c->n_layer, C = d.C, V = d.V, Cl = d.Cl, KC = d.KCl, F = d.Fl;
+    const int64_t sh[NPT][3] = {{V, C}, {L, C}, {L, Cl, C}, {L, KC, C}, {L, KC, C}, {L, C, Cl},
                                 {L, C}, {L, F, C}, {L, F, C}, {L, C, F}, {C}, {V, C}};
     size_t off = 0;
     for (int i = 0; i < NPT; i++) {
@@ -94,6 +67,8 @@ void dt_llama_param_shapes(const dt_llama_config *c, dt_tensor_info t[NPT]) {
     }
 }
 
+void dt_llama_param_shapes(const dt_llama_config *c, dt_tensor_info t[NPT]) { dt_llama_shard_shapes(c, 1, t); }
+
 size_t dt_llama_config_num_params(const dt_llama_config *c) {
     dt_tensor_info t[NPT];
     dt_llama_param_shapes(c, t);
@@ -101,44 +76,158 @@ size_t dt_llama_config_num_params(const dt_llama_config *c) {
 }
 
 // ----------------------------------------------------------------------------
-// create / free
+// tensor parallel
 
-// Floats of the saved activations and the scratch for B x T tokens; with
-// base, points the views into it.
-static size_t acts_layout(dt_llama *m, float *base) {
-    size_t L = m->c.n_layer, BT = (size_t)m->maxB * m->maxT, C = m->c.n_embd, F = m->c.ffn_hidden;
-    size_t KC = (size_t)m->c.n_kv_head * (C / m->c.n_head), V = m->c.vocab_size;
-    size_t att = BT * m->c.n_head * m->maxT, at = 0;
-#define TAKE(p, n) do { if (base) (p) = base + at; at += ((n) + 15) / 16 * 16; } while (0)
-    for (size_t l = 0; l < L; l++) {
-        layer_acts *a = base ? &m->la[l] : &(layer_acts){0};
-        TAKE(a->x, BT * C); TAKE(a->xn1, BT * C); TAKE(a->rstd1, BT); TAKE(a->q, BT * C); TAKE(a->k, BT * KC);
-        TAKE(a->v, BT * KC); TAKE(a->att, att); TAKE(a->y, BT * C); TAKE(a->x2, BT * C); TAKE(a->xn2, BT * C);
-        TAKE(a->rstd2, BT); TAKE(a->gate, BT * F); TAKE(a->up, BT * F); TAKE(a->h, BT * F);
+dt_status dt_llama_tensor_parallel_check(const dt_llama_config *c, int ntp, const char *what) {
+    if (ntp < 1) return dt_error(DT_ERR_ARG, "%s: %d shards: expected >= 1", what, ntp);
+    if (c->n_head % ntp || c->n_kv_head % ntp || c->ffn_hidden % ntp)
+        return dt_error(DT_ERR_ARG, "%s: %d tensor-parallel ranks do not divide the model's %d query heads (n_head), "
+                        "%d key/value heads (n_kv_head) and %d hidden units (ffn_hidden): each rank holds whole "
+                        "key/value groups", what, ntp, c->n_head, c->n_kv_head, c->ffn_hidden);
+    return DT_OK;
+}
+
+int dt_llama_tensor_split(int i) { return i == WQ || i == WK || i == WV || i == WO || i == W_GATE || i == W_UP || i == W_DOWN; }
+
+// Where shard tp of ntp's part of tensor i lies: fn(user, local, whole, n)
+// for each run of n floats at offset `local` of the shard's tensor and
+// `whole` of the whole model's, increasing in both.
+typedef void (*run_fn)(void *user, size_t local, size_t whole, size_t n);
+static void shard_runs(const dt_llama *m, int i, run_fn fn, void *user) {
+    size_t L = m->c.n_layer, C = m->c.n_embd, ntp = m->ntp, r = m->tp;
+    size_t rows = m->t[i].ndim == 3 ? (size_t)m->t[i].shape[1] : 0, cols = m->t[i].ndim == 3 ? (size_t)m->t[i].shape[2] : 0;
+    if (ntp == 1 || !dt_llama_tensor_split(i)) {
+        fn(user, 0, 0, m->t[i].numel);
+        return;
     }
-    TAKE(m->xL, BT * C); TAKE(m->xnf, BT * C); TAKE(m->rstdf, BT); TAKE(m->logits, BT * V); TAKE(m->probs, BT * V);
-    float *ip = NULL, *tp = NULL;
-    TAKE(ip, BT); TAKE(tp, BT);
-    m->inputs = (int32_t *)ip;
-    m->targets = (int32_t *)tp;
-    TAKE(m->d0, BT * C); TAKE(m->d1, BT * C); TAKE(m->dF0, BT * F); TAKE(m->dF1, BT * F); TAKE(m->dF2, BT * F);
-    TAKE(m->datt, att); TAKE(m->dq, BT * C); TAKE(m->dk, BT * KC); TAKE(m->dv, BT * KC);
-#undef TAKE
-    return at;
+    if (i == WO || i == W_DOWN)  // row-parallel: the columns of this rank's inputs
+        for (size_t l = 0; l < L; l++)
+            for (size_t o = 0; o < C; o++) fn(user, (l * C + o) * cols, (l * C + o) * cols * ntp + r * cols, cols);
+    else  // column-parallel: this rank's rows (its heads, its hidden units)
+        for (size_t l = 0; l < L; l++) fn(user, l * rows * cols, (l * rows * ntp + r * rows) * cols, rows * cols);
 }
 
-size_t dt_llama_activation_bytes(const dt_llama_config *c, int B, int T) {
-    dt_llama m = {.c = *c, .maxB = B, .maxT = T};
-    return sizeof(float) * acts_layout(&m, NULL);
+// ----------------------------------------------------------------------------
+// the blocks a model keeps (a pipeline stage's)
+
+static int holds(const dt_llama *m, int l) { return !m->held || m->held[l]; }
+static int keeps_tensor(const dt_llama *m, int i) {
+    return i == EMB ? holds(m, 0) : i >= NORM ? holds(m, m->c.n_layer - 1) : 1;
 }
+
+static void held_ranges(dt_llama *m) {
+    int L = m->c.n_layer, n = 0;
+    for (int i = 0; i < NPT; i++) {
+        const dt_tensor_info *t = &m->t[i];
+        if (!keeps_tensor(m, i)) continue;
+        if (i == EMB || i >= NORM) {
+            m->hranges[n++] = (dt_grad_range){t->offset, t->numel};
+            continue;
+        }
+        size_t per = t->numel / (size_t)L;
+        for (int l = 0; l < L; l++)
+            if (holds(m, l)) m->hranges[n++] = (dt_grad_range){t->offset + (size_t)l * per, per};
+    }
+    int k = 0;  // adjacent ranges as one
+    for (int i = 0; i < n; i++)
+        if (k && m->hranges[k - 1].offset + m->hranges[k - 1].len == m->hranges[i].offset) m->hranges[k - 1].len += m->hranges[i].len;
+        else m->hranges[k++] = m->hranges[i];
+    m->nheld = k;
+}
+
+dt_status dt_llama_set_held(dt_llama *m, const unsigned char *held) {
+    int L = m->c.n_layer, any = 0;
+    for (int l = 0; held && l < L; l++) any |= held[l];
+    if (held && !any) return dt_error(DT_ERR_ARG, "llama: a model that keeps none of its %d blocks", L);
+    free(m->held);
+    m->held = NULL;
+    if (held && !(m->held = malloc((size_t)L))) return dt_error(DT_ERR_NOMEM, "llama: out of memory");
+    if (held) memcpy(m->held, held, (size_t)L);
+    held_ranges(m);
+    if (held) {
+        dt_pages_unused(m->params, sizeof(float), m->nparams, (const size_t *)m->hranges, m->nheld);
+        dt_pages_unused(m->grads, sizeof(float), m->nparams, (const size_t *)m->hranges, m->nheld);
+    }
+    return DT_OK;
+}
+
+const dt_grad_range *dt_llama_held_ranges(const dt_llama *m, int *n) {
+    *n = m->nheld;
+    return m->hranges;
+}
+
+// shard_runs of tensor i cut to the ranges m keeps.
+typedef struct {
+    run_fn fn;
+    void *user;
+    const dt_llama *m;
+    size_t base;  // the tensor's offset in m's block
+} held_run;
+
+static void held_one(void *user, size_t local, size_t whole, size_t n) {
+    held_run *u = user;
+    size_t a0 = u->base + local, b0 = a0 + n;
+    for (int k = 0; k < u->m->nheld; k++) {
+        const dt_grad_range *h = &u->m->hranges[k];
+        size_t a = h->offset > a0 ? h->offset : a0, b = h->offset + h->len < b0 ? h->offset + h->len : b0;
+        if (a < b) u->fn(u->user, local + (a - a0), whole + (a - a0), b - a);
+    }
+}
+
+static void held_runs(const dt_llama *m, int i, run_fn fn, void *user) {
+    if (!keeps_tensor(m, i)) return;
+    held_run u = {fn, user, m, m->t[i].offset};
+    shard_runs(m, i, m->held ? held_one : fn, m->held ? (void *)&u : user);
+}
+
+typedef struct {
+    float *local;
+    size_t base, lo, hi;  // the tensor's offset in the whole block; the range
+    float *buf;
+    int into;
+} range_run;
+
+static void range_one(void *user, size_t local, size_t whole, size_t n) {
+    range_run *u = user;
+    size_t a = u->base + whole, b = a + n;
+    a = a > u->lo ? a : u->lo;
+    b = b < u->hi ? b : u->hi;
+    if (a >= b) return;
+    float *l = u->local + local + (a - u->base - whole), *w = u->buf + (a - u->lo);
+    memcpy(u->into ? l : w, u->into ? w : l, sizeof(float) * (b - a));
+}
+
+static void part_range(const dt_llama *m, float *local, size_t lo, size_t hi, float *buf, int into) {
+    dt_tensor_info w[NPT];
+    dt_llama_shard_shapes(&m->c, 1, w);
+    for (int i = 0; i < NPT; i++) {
+        if (w[i].offset >= hi || w[i].offset + w[i].numel <= lo) continue;
+        if (!into && m->tp > 0 && !dt_llama_tensor_split(i)) continue;  // (shard 0's alone)
+        range_run u = {local + m->t[i].offset, w[i].offset, lo, hi, buf, into};
+        held_runs(m, i, range_one, &u);
+    }
+}
+
+void dt_llama_part_fill(const dt_llama *m, const float *local, size_t lo, size_t hi, float *buf) {
+    part_range(m, (float *)local, lo, hi, buf, 0);
+}
+
+void dt_llama_part_take(const dt_llama *m, float *local, size_t lo, size_t hi, const float *buf) {
+    part_range(m, local, lo, hi, (float *)buf, 1);
+}
+
+// ----------------------------------------------------------------------------
+// create / free
 
 void dt_llama_free(dt_llama *m) {
     if (!m) return;
     dt_free(m->params);
     dt_free(m->grads);
-    dt_free(m->acts);
-    free(m->la);
+    dt_llama_free_scratch(m);
+    dt_llama_acts_free(m->acts);
     free(m->ord);
+    free(m->held);
+    free(m->hranges);
     free(m);
 }
 
@@ -154,39 +243,42 @@ static void make_order(dt_llama *m) {
 }
 
 dt_status dt_llama_create(dt_llama **out, const dt_llama_config *c, int B, int T) {
+    return dt_llama_create_shard(out, c, B, T, 0, 1);
+}
+
+dt_status dt_llama_create_shard(dt_llama **out, const dt_llama_config *c, int B, int T, int tp, int ntp) {
     *out = NULL;
     dt_status st = dt_llama_config_check(c, "llama");
+    if (st == DT_OK) st = dt_llama_tensor_parallel_check(c, ntp, "llama");
     if (st != DT_OK) return st;
-    if (B < 0 || T < 0 || T > c->block_size || (B == 0) != (T == 0))
-        return dt_error(DT_ERR_ARG, "llama: batch %d x context %d: expected B >= 1 and 1 <= T <= block_size (%d), or both 0",
-                        B, T, c->block_size);
+    if (tp < 0 || tp >= ntp) return dt_error(DT_ERR_ARG, "llama: tensor-parallel rank %d of %d: expected 0 <= rank < %d", tp, ntp, ntp);
     dt_llama *m = calloc(1, sizeof *m);
     if (!m) return dt_error(DT_ERR_NOMEM, "llama: out of memory");
     m->c = *c;
-    m->maxB = m->B = B;
-    m->maxT = m->T = T;
+    m->tp = tp;
+    m->ntp = ntp;
     m->loss_scale = 1.0f;
-    dt_llama_param_shapes(c, m->t);
-    m->nparams = dt_llama_config_num_params(c);
+    dt_llama_shard_shapes(c, ntp, m->t);
+    m->nparams = m->t[NPT - 1].offset + m->t[NPT - 1].numel;
     m->params = dt_alloc(sizeof(float) * m->nparams);
     m->grads = dt_alloc(sizeof(float) * m->nparams);
     m->ord = malloc(sizeof(dt_grad_range) * (NPL * (size_t)c->n_layer + 3));
-    m->la = calloc((size_t)c->n_layer, sizeof *m->la);
-    size_t na = B ? acts_layout(m, NULL) : 0;
-    m->acts = na ? dt_alloc(sizeof(float) * na) : NULL;
-    if (!m->params || !m->grads || !m->ord || !m->la || (na && !m->acts)) {
+    m->hranges = malloc(sizeof(dt_grad_range) * (NPL * (size_t)c->n_layer + 3));
+    if (!m->params || !m->grads || !m->ord || !m->hranges) {
         dt_llama_free(m);
-        return dt_error(DT_ERR_NOMEM, "llama: out of memory (%zu MiB of parameters and gradients, %zu MiB of activations)",
-                        m->nparams * 8 >> 20, na * 4 >> 20);
+        return dt_error(DT_ERR_NOMEM, "llama: out of memory (%zu MiB of parameters and gradients)", m->nparams * 8 >> 20);
     }
-    if (na) acts_layout(m, m->acts);
-    memset(m->params, 0, sizeof(float) * m->nparams);
-    memset(m->grads, 0, sizeof(float) * m->nparams);
     for (int i = 0; i < NPT; i++) {
         m->p[i] = m->params + m->t[i].offset;
         m->g[i] = m->grads + m->t[i].offset;
     }
     make_order(m);
+    held_ranges(m);
+    if ((B || T) && ((st = dt_llama_acts_create(&m->acts, c, B, T, 0, c->n_layer, ntp)) != DT_OK ||
+                     (st = dt_llama_reserve_scratch(m, B, T)) != DT_OK)) {
+        dt_llama_free(m);
+        return st;
+    }
     *out = m;
     return DT_OK;
 }
@@ -195,9 +287,10 @@ const dt_llama_config *dt_llama_get_config(const dt_llama *m) { return &m->c; }
 size_t dt_llama_num_params(const dt_llama *m) { return m->nparams; }
 float *dt_llama_params(dt_llama *m) { return m->params; }
 float *dt_llama_grads(dt_llama *m) { return m->grads; }
-void dt_llama_zero_grad(dt_llama *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
+void dt_llama_zero_grad(dt_llama *m) {
+    for (int i = 0; i < m->nheld; i++) memset(m->grads + m->hranges[i].offset, 0, sizeof(float) * m->hranges[i].len);
+}
 const dt_tensor_info *dt_llama_tensor(const dt_llama *m, int i) { return i >= 0 && i < NPT ? &m->t[i] : NULL; }
-const float *dt_llama_logits(const dt_llama *m) { return m->logits; }
 void dt_llama_set_loss_scale(dt_llama *m, float s) { m->loss_scale = s; }
 const dt_grad_range *dt_llama_grad_order(const dt_llama *m, int *n) {
     *n = NPL * m->c.n_layer + 3;
@@ -211,209 +304,51 @@ void dt_llama_set_layer_hook(dt_llama *m, dt_llama_layer_fn fn, void *user) {
     m->layer_hook = fn;
     m->layer_user = user;
 }
+void dt_llama_set_reduce(dt_llama *m, dt_llama_reduce_fn fn, void *user) {
+    m->reduce = fn;
+    m->reduce_user = user;
+}
 
 // ----------------------------------------------------------------------------
 // initialisation
 
+// The whole model's values of a tensor drawn in order from one stream; the
+// runs this model keeps copied where they fall in [lo, hi) of its block
+// (the values in between drawn and dropped).
+typedef struct {
+    dt_rng *r;
+    size_t drawn;       // the tensor's values drawn so far
+    float sd, *params;
+    int one;
+    size_t base, lo, hi;
+} init_run;
+
+static float draw(init_run *u) { return u->one ? 1.0f : u->sd * dt_rng_normal(u->r); }
+
+static void init_one(void *user, size_t local, size_t whole, size_t n) {
+    init_run *u = user;
+    for (; u->drawn < whole; u->drawn++) draw(u);
+    for (size_t j = 0; j < n; j++, u->drawn++) {
+        float v = draw(u);
+        size_t e = u->base + local + j;
+        if (e >= u->lo && e < u->hi) u->params[e] = v;
+    }
+}
+
 dt_status dt_llama_init(dt_llama *m, uint64_t seed) { return dt_llama_init_range(m, seed, 0, SIZE_MAX); }
 
-// Every value of the block drawn in order from one stream; those in [lo, hi) kept.
 dt_status dt_llama_init_range(dt_llama *m, uint64_t seed, size_t lo, size_t hi) {
     dt_rng r;
     dt_rng_seed(&r, seed);
+    dt_tensor_info w[NPT];
+    dt_llama_shard_shapes(&m->c, 1, w);
     float resid = 0.02f / sqrtf(2.0f * m->c.n_layer);
     for (int i = 0; i < NPT; i++) {
-        const dt_tensor_info *t = &m->t[i];
-        int one = i == ATTN_NORM || i == MLP_NORM || i == NORM;
-        float sd = i == WO || i == W_DOWN ? resid : 0.02f;
-        for (size_t j = 0; j < t->numel; j++) {
-            float v = one ? 1.0f : sd * dt_rng_normal(&r);
-            size_t e = t->offset + j;
-            if (e >= lo && e < hi) m->params[e] = v;
-        }
+        init_run u = {&r, 0, i == WO || i == W_DOWN ? resid : 0.02f, m->params,
+                      i == ATTN_NORM || i == MLP_NORM || i == NORM, m->t[i].offset, lo, hi};
+        held_runs(m, i, init_one, &u);
+        for (; u.drawn < w[i].numel; u.drawn++) draw(&u);  // (the rest of the whole tensor's stream)
         dt_alive();
     }
-    return DT_OK;
-}
-
-// ----------------------------------------------------------------------------
-// forward
-
-typedef struct {
-    float *an, *wq, *wk, *wv, *wo, *mn, *wg, *wu, *wd;
-} layer_params;
-
-static layer_params layer_params_of(float *const t[NPT], const dt_tensor_info *ti, int l, int L) {
-    float *v[NPL];
-    for (int i = 0; i < NPL; i++) v[i] = t[ATTN_NORM + i] + (size_t)l * (ti[ATTN_NORM + i].numel / (size_t)L);
-    return (layer_params){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
-}
-
-static dt_status hook(dt_llama *m, int layer, int phase) {
-    return m->layer_hook ? m->layer_hook(layer, phase, m->layer_user) : DT_OK;
-}
-
-// out = x2 + down(swiglu(gate(n2), up(n2))), x2 = x + wo(gqa(rope(q), rope(k), v)).
-static void layer_forward(dt_llama *m, int l, float *out) {
-    const dt_llama_config *c = &m->c;
-    int B = m->B, T = m->T, BT = B * T, C = c->n_embd, F = c->ffn_hidden, hs = C / c->n_head;
-    int KC = c->n_kv_head * hs;
-    layer_acts *a = &m->la[l];
-    layer_params p = layer_params_of(m->p, m->t, l, c->n_layer);
-    dt_rmsnorm_forward(a->xn1, a->rstd1, a->x, p.an, BT, C, c->norm_eps);
-    dt_linear_forward(a->q, a->xn1, p.wq, NULL, BT, C, C);
-    dt_linear_forward(a->k, a->xn1, p.wk, NULL, BT, C, KC);
-    dt_linear_forward(a->v, a->xn1, p.wv, NULL, BT, C, KC);
-    dt_rope(a->q, B, T, c->n_head, hs, c->rope_theta, 1);
-    dt_rope(a->k, B, T, c->n_kv_head, hs, c->rope_theta, 1);
-    dt_gqa_forward(a->y, a->att, a->q, a->k, a->v, B, T, c->n_head, c->n_kv_head, hs);
-    dt_linear_forward(a->x2, a->y, p.wo, NULL, BT, C, C);
-    for (size_t i = 0; i < (size_t)BT * C; i++) a->x2[i] += a->x[i];
-    dt_rmsnorm_forward(a->xn2, a->rstd2, a->x2, p.mn, BT, C, c->norm_eps);
-    dt_linear_forward(a->gate, a->xn2, p.wg, NULL, BT, C, F);
-    dt_linear_forward(a->up, a->xn2, p.wu, NULL, BT, C, F);
-    dt_swiglu_forward(a->h, a->gate, a->up, (size_t)BT * F);
-    dt_linear_forward(out, a->h, p.wd, NULL, BT, F, C);
-    for (size_t i = 0; i < (size_t)BT * C; i++) out[i] += a->x2[i];
-}
-
-static dt_status check_tokens(const int32_t *tok, int n, int V, const char *what) {
-    for (int i = 0; i < n; i++)
-        if (tok[i] < 0 || tok[i] >= V)
-            return dt_error(DT_ERR_ARG, "llama forward: %s token %d at position %d is outside the vocabulary [0, %d)",
-                            what, tok[i], i, V);
-    return DT_OK;
-}
-
-static void embed(dt_llama *m, float *out) {
-    int C = m->c.n_embd, BT = m->B * m->T;
-    for (int i = 0; i < BT; i++)
-        memcpy(out + (size_t)i * C, m->p[EMB] + (size_t)m->inputs[i] * C, sizeof(float) * C);
-}
-
-static dt_status head_forward(dt_llama *m, const int32_t *targets, float *loss) {
-    int BT = m->B * m->T, C = m->c.n_embd, V = m->c.vocab_size;
-    dt_rmsnorm_forward(m->xnf, m->rstdf, m->xL, m->p[NORM], BT, C, m->c.norm_eps);
-    dt_linear_forward(m->logits, m->xnf, m->p[HEAD], NULL, BT, C, V);
-    if (!targets) return DT_OK;
-    memcpy(m->targets, targets, sizeof(int32_t) * BT);
-    float l = dt_crossentropy_forward(m->probs, m->logits, targets, BT, V);
-    if (!isfinite(l)) return dt_error(DT_ERR_NUMERIC, "llama forward: loss is %g", l);
-    m->have_targets = 1;
-    if (loss) *loss = l;
-    return DT_OK;
-}
-
-dt_status dt_llama_forward(dt_llama *m, const int32_t *inputs, const int32_t *targets, int B, int T, float *loss) {
-    int L = m->c.n_layer, V = m->c.vocab_size;
-    if (B < 1 || B > m->maxB || T < 1 || T > m->maxT)
-        return dt_error(DT_ERR_ARG, "llama forward: batch %d x context %d exceeds the %d x %d the model was built for",
-                        B, T, m->maxB, m->maxT);
-    m->have_targets = 0;
-    m->B = B;
-    m->T = T;
-    dt_status st = check_tokens(inputs, B * T, V, "input");
-    if (st == DT_OK && targets) st = check_tokens(targets, B * T, V, "target");
-    if (st == DT_OK) st = hook(m, -1, 0);
-    if (st != DT_OK) return st;
-    // (the layer views were laid out for maxB x maxT: at a smaller shape
-    // each buffer's prefix is used)
-    memcpy(m->inputs, inputs, sizeof(int32_t) * B * T);
-    embed(m, m->la[0].x);
-    for (int l = 0; l < L; l++) {
-        if ((st = hook(m, l, 0)) != DT_OK) return st;
-        layer_forward(m, l, l + 1 < L ? m->la[l + 1].x : m->xL);
-    }
-    if ((st = hook(m, L, 0)) != DT_OK) return st;
-    return head_forward(m, targets, loss);
-}
-
-// ----------------------------------------------------------------------------
-// backward
-
-// The gradient order's position after which all is final once layer l's
-// tensor k (ATTN_NORM..W_DOWN) and those after it in the layer are done
-// (k = NORM: every layer's, l ignored).
-static void grads_final(dt_llama *m, int k, int l) {
-    if (!m->hook) return;
-    size_t L = m->c.n_layer, pos = m->t[EMB].numel;
-    for (int i = ATTN_NORM; i <= W_DOWN; i++)
-        pos += (k == NORM ? L : (size_t)(i < k ? l + 1 : l)) * (m->t[i].numel / L);
-    m->hook(pos, m->hook_user);
-}
-
-static void layer_backward(dt_llama *m, int l, float *dx) {
-    const dt_llama_config *c = &m->c;
-    int B = m->B, T = m->T, BT = B * T, C = c->n_embd, F = c->ffn_hidden, hs = C / c->n_head;
-    int KC = c->n_kv_head * hs;
-    size_t sC = (size_t)BT * C, sF = (size_t)BT * F, sK = (size_t)BT * KC;
-    layer_acts *a = &m->la[l];
-    layer_params p = layer_params_of(m->p, m->t, l, c->n_layer), g = layer_params_of(m->g, m->t, l, c->n_layer);
-    // dx holds d(out); the residual passes it to x2 unchanged.
-    memset(m->dF0, 0, sizeof(float) * sF);
-    dt_linear_backward(m->dF0, g.wd, NULL, dx, a->h, p.wd, BT, F, C);
-    grads_final(m, W_DOWN, l);
-    memset(m->dF1, 0, sizeof(float) * sF);
-    memset(m->dF2, 0, sizeof(float) * sF);
-    dt_swiglu_backward(m->dF1, m->dF2, m->dF0, a->gate, a->up, sF);
-    memset(m->d0, 0, sizeof(float) * sC);
-    dt_linear_backward(m->d0, g.wg, NULL, m->dF1, a->xn2, p.wg, BT, C, F);
-    dt_linear_backward(m->d0, g.wu, NULL, m->dF2, a->xn2, p.wu, BT, C, F);
-    grads_final(m, W_GATE, l);
-    dt_rmsnorm_backward(dx, g.mn, m->d0, a->x2, p.mn, a->rstd2, BT, C);
-    grads_final(m, MLP_NORM, l);
-    // dx now holds d(x2); the residual passes it to x.
-    memset(m->d1, 0, sizeof(float) * sC);
-    dt_linear_backward(m->d1, g.wo, NULL, dx, a->y, p.wo, BT, C, C);
-    grads_final(m, WO, l);
-    memset(m->dq, 0, sizeof(float) * sC);
-    memset(m->dk, 0, sizeof(float) * sK);
-    memset(m->dv, 0, sizeof(float) * sK);
-    dt_gqa_backward(m->dq, m->dk, m->dv, m->datt, m->d1, a->q, a->k, a->v, a->att, B, T, c->n_head, c->n_kv_head, hs);
-    dt_rope(m->dq, B, T, c->n_head, hs, c->rope_theta, -1);
-    dt_rope(m->dk, B, T, c->n_kv_head, hs, c->rope_theta, -1);
-    memset(m->d0, 0, sizeof(float) * sC);
-    dt_linear_backward(m->d0, g.wq, NULL, m->dq, a->xn1, p.wq, BT, C, C);
-    dt_linear_backward(m->d0, g.wk, NULL, m->dk, a->xn1, p.wk, BT, C, KC);
-    dt_linear_backward(m->d0, g.wv, NULL, m->dv, a->xn1, p.wv, BT, C, KC);
-    grads_final(m, WQ, l);
-    dt_rmsnorm_backward(dx, g.an, m->d0, a->x, p.an, a->rstd1, BT, C);
-    grads_final(m, ATTN_NORM, l);
-}
-
-// The head's backward into dx [BT, C] (written; it may be xnf, read before).
-static void head_backward(dt_llama *m, float *dx) {
-    int BT = m->B * m->T, C = m->c.n_embd, V = m->c.vocab_size;
-    float *dlogits = m->logits;  // (the logits are not needed again)
-    memset(dlogits, 0, sizeof(float) * BT * V);
-    dt_crossentropy_backward(dlogits, m->probs, m->targets, BT, V, m->loss_scale);
-    memset(m->d0, 0, sizeof(float) * BT * C);
-    dt_linear_backward(m->d0, m->g[HEAD], NULL, dlogits, m->xnf, m->p[HEAD], BT, C, V);
-    memset(dx, 0, sizeof(float) * BT * C);
-    dt_rmsnorm_backward(dx, m->g[NORM], m->d0, m->xL, m->p[NORM], m->rstdf, BT, C);
-    grads_final(m, NORM, 0);
-}
-
-dt_status dt_llama_backward(dt_llama *m) {
-    int L = m->c.n_layer, C = m->c.n_embd, BT = m->B * m->T;
-    if (!m->have_targets)
-        return dt_error(DT_ERR_ARG, "llama backward: the last forward had no targets (or was already backpropagated)");
-    m->have_targets = 0;
-    dt_status st = hook(m, L, 1);
-    if (st != DT_OK) return st;
-    // The stream's gradient goes down in xnf, free once the head's weight
-    // gradient has read it.
-    float *d = m->xnf;
-    head_backward(m, d);
-    for (int l = L - 1; l >= 0; l--) {
-        if ((st = hook(m, l, 1)) != DT_OK) return st;
-        layer_backward(m, l, d);
-    }
-    if ((st = hook(m, -1, 1)) != DT_OK) return st;
-    for (int i = 0; i < BT; i++) {
-        float *e = m->g[EMB] + (size_t)m->inputs[i] * C;
-        for (int j = 0; j < C; j++) e[j] += d[(size_t)i * C + j];
-    }
-    if (m->hook) m->hook(0, m->hook_user);
     return DT_OK;
 }
