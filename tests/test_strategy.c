@@ -140,6 +140,11 @@ static const row rows[] = {
     {"zero", "llama", 3, 0, "--zero 2", "", 0, 3},
     {"zero-3", "llama", 3, 0, "--zero 3", "", 1e-4, 0},
     {"zero-3", "llama", 2, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
+    // the Llama's tensor parallel: 2 shards of 2 query heads and 1 key/value head each, alone and
+    // beside data parallel (with ZeRO-1), against one process
+    {"tensor", "llama", 2, 0, TP20 "--set parallel.tensor=2", TP20, 1e-4, 0},
+    {"tensor", "llama", 4, 0, TP20 "--set parallel.tensor=2", TP20, 1e-4, 0},
+    {"tensor", "llama", 4, 0, TP20 "--set parallel.tensor=2 --zero 1 --set parallel.micro_batches=2", TP20, 1e-4, 0},
     {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3, 0},
     {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0, 0},
     {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0, 0},

@@ -2,9 +2,10 @@
  * random windows of seq_len + 1 tokens from [data] train_file, every rank
  * the same global batch, its share of it) -> dt_llama; the validation loss
  * over [data] val_file. The model exposes the GPT's seams (one flat block,
- * its gradient order, a grad hook, a layer hook), so the loop's data
- * parallel and ZeRO 1-3 run it as they run the GPT; tensor and pipeline
- * parallel are not there yet (config refuses them). */
+ * its gradient order, a grad hook, a layer hook, stages), so the loop's
+ * data parallel and ZeRO 1-3 run it as they run the GPT, and the
+ * model-parallel strategy its tensor-parallel shards (one stage of every
+ * layer); pipeline stages are not there yet (config refuses them). */
 #include "dtrain/gpt.h"  /* the token files */
 #include "dtrain/launch.h"
 #include "dtrain/llama.h"
@@ -27,6 +28,10 @@ struct dt_task {
     dt_grad_matrix *mats;
     int nmats;
     int sliced;                  // ZeRO-3: create made this rank's slice alone
+    int tp, ntp;                 // [parallel] tensor: this rank's shard of ntp (0 of 1: the whole model)
+    dt_comm_t tpc, rest;         // its shard's group, and the ranks of its shard
+    unsigned char *order_split;  // the ranges divided among the shards
+    int lent;                    // the default set serves the stage
     dt_tensor_info tinfo[DT_LLAMA_NTENSORS];
     char mvals[9][24];
     dt_st_meta wmeta[11];
@@ -42,9 +47,16 @@ static dt_llama_config llama_config(const dt_config *c) {
 
 static int llama_wants(const dt_config *c) { return c->gpt && c->arch == DT_ARCH_LLAMA; }
 
+static void llama_close(dt_task *t) {
+    dt_comm_destroy(t->tpc);
+    dt_comm_destroy(t->rest);
+    t->tpc = t->rest = NULL;
+}
+
 static void llama_destroy(dt_task *t) {
     if (!t) return;
     free(t->order_layer);
+    free(t->order_split);
     free(t->mats);
     cJSON_Delete(t->history);
     free(t->x);
@@ -82,12 +94,38 @@ static int weights_meta(dt_task *t) {
 static dt_status llama_order(dt_task *t, int norder) {
     int L = t->lc.n_layer;
     t->order_layer = malloc(sizeof(int) * (size_t)norder);
+    t->order_split = malloc((size_t)norder);
     t->mats = malloc(sizeof *t->mats * (size_t)(norder + DT_LLAMA_NTENSORS));
-    if (!t->order_layer || !t->mats) return dt_error(DT_ERR_NOMEM, "out of memory");
+    if (!t->order_layer || !t->order_split || !t->mats) return dt_error(DT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < DT_LLAMA_NTENSORS; i++)
         t->nmats += dt_codec_matrices(dt_llama_tensor(t->m, i), i >= 1 && i <= 9 ? L : 0, t->mats + t->nmats);
-    for (int i = 0; i < norder; i++) t->order_layer[i] = i == 0 ? -1 : i < norder - 2 ? (i - 1) / 9 : L;
+    for (int i = 0; i < norder; i++) {
+        t->order_layer[i] = i == 0 ? -1 : i < norder - 2 ? (i - 1) / 9 : L;
+        int tensor = i == 0 ? 0 : i < norder - 2 ? 1 + (i - 1) % 9 : 10 + i - (norder - 2);
+        t->order_split[i] = t->ntp > 1 && dt_llama_tensor_split(tensor);
+    }
     return DT_OK;
+}
+
+static void part_fill(void *user, const float *local, size_t lo, size_t hi, float *buf) {
+    dt_llama_part_fill(((dt_task *)user)->m, local, lo, hi, buf);
+}
+
+static void part_take(void *user, float *local, size_t lo, size_t hi, const float *buf) {
+    dt_llama_part_take(((dt_task *)user)->m, local, lo, hi, buf);
+}
+
+// The model's sums over the tensor-parallel shards (dt_llama_set_reduce).
+static dt_status tp_reduce(float *buf, size_t n, void *user) {
+    dt_status st = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, ((dt_task *)user)->tpc);
+    return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
+}
+
+static dt_status llama_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
+    dt_status st = dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
+    *replicas = t->rest;
+    *tensor_group = t->tpc;
+    return st;
 }
 
 static void llama_info(dt_task *t, const dt_config *c, const dt_grad_range *order, int norder, dt_task_info *info) {
@@ -97,10 +135,16 @@ static void llama_info(dt_task *t, const dt_config *c, const dt_grad_range *orde
                            .order = order,
                            .norder = norder,
                            .order_layer = t->order_layer,
+                           .order_split = t->ntp > 1 ? t->order_split : NULL,
+                           .replicas = t->rest,
+                           .tensor_group = t->tpc,
+                           .part_fill = t->ntp > 1 ? part_fill : NULL,
+                           .part_take = t->ntp > 1 ? part_take : NULL,
+                           .part_user = t,
                            .matrices = t->mats,
                            .nmatrices = t->nmats,
                            .tensors = t->tinfo,
-                           .nwhole = dt_llama_num_params(t->m),
+                           .nwhole = dt_llama_config_num_params(&t->lc),
                            .sliced = t->sliced,
                            .ntensors = DT_LLAMA_NTENSORS,
                            .weights_meta = t->wmeta,
@@ -111,9 +155,11 @@ static void llama_info(dt_task *t, const dt_config *c, const dt_grad_range *orde
                            .tokens_per_sample = t->T,
                            .has_eval = t->val.tokens != NULL};
     dt_rng_seed(&info->rng, c->seed ^ 0x746f6b656e73ull);  // the data stream, as the GPT's
+    char shard[64] = "";
+    if (t->ntp > 1) snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks)", info->nparams, t->ntp);
     snprintf(info->describe, sizeof info->describe,
-             "Llama L%d H%d KV%d C%d F%d V%d, %zu parameters; %zu train / %zu val tokens; B=%d T=%d", t->lc.n_layer,
-             t->lc.n_head, t->lc.n_kv_head, t->lc.n_embd, t->lc.ffn_hidden, t->lc.vocab_size, info->nparams,
+             "Llama L%d H%d KV%d C%d F%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d", t->lc.n_layer,
+             t->lc.n_head, t->lc.n_kv_head, t->lc.n_embd, t->lc.ffn_hidden, t->lc.vocab_size, info->nwhole, shard,
              t->train.n, t->val.n, t->B, t->T);
 }
 
@@ -130,7 +176,9 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     if (st != DT_OK) goto done;
     DT_TRY(open_tokens(&t->train, c->train_file, c), done);
     if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
-    DT_TRY(dt_llama_create(&t->m, &t->lc, t->Bm, t->T), done);
+    DT_TRY(dt_task_shard_groups(comm, c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest), done);
+    DT_TRY(dt_llama_create_shard(&t->m, &t->lc, t->Bm, t->T, t->tp, t->ntp), done);
+    if (t->ntp > 1) dt_llama_set_reduce(t->m, tp_reduce, t);
     // ZeRO-3 keeps a rank's slice of the parameters alone (each its own from the same stream).
     t->sliced = c->zero >= 3 && W > 1;
     size_t lo = 0, hi = SIZE_MAX;
@@ -150,6 +198,7 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     llama_info(t, c, order, norder, info);
 done:
     if (st != DT_OK) {
+        llama_close(t);
         llama_destroy(t);
         *out = NULL;
     }
@@ -189,12 +238,90 @@ static void llama_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
     dt_llama_set_layer_hook(t->m, fn ? layer_hook : NULL, t);
 }
 
+// ----------------------------------------------------------------------------
+// stages: the whole model's (tensor parallel runs one stage of every layer)
+
+struct dt_task_stage {
+    dt_llama_acts *a;
+    dt_task *t;
+    int lent, off, len;
+    float scale;
+};
+
+// The first stage takes the model's own set; the evaluation, between
+// steps, uses it while the stage does not.
+static dt_status llama_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
+    *out = NULL;
+    if (l0 != 0 || l1 != t->lc.n_layer)
+        return dt_error(DT_ERR_CONFIG, "llama: a pipeline stage of layers [%d, %d): not yet (one stage of every layer only)",
+                        l0, l1);
+    dt_task_stage *st = calloc(1, sizeof *st);
+    if (!st) return dt_error(DT_ERR_NOMEM, "stage: out of memory");
+    *st = (dt_task_stage){.t = t};
+    dt_llama_set_grad_hook(t->m, NULL, NULL);
+    if (max_len <= t->Bm && !t->lent) {
+        st->a = dt_llama_default_acts(t->m);
+        st->lent = t->lent = 1;
+    } else {
+        dt_status s = dt_llama_acts_create(&st->a, &t->lc, max_len, t->T, 0, t->lc.n_layer, t->ntp);
+        if (s != DT_OK) return free(st), s;
+    }
+    *out = st;
+    return DT_OK;
+}
+
+static void llama_stage_free(dt_task_stage *st) {
+    if (!st) return;
+    if (st->lent) st->t->lent = 0;
+    else dt_llama_acts_free(st->a);
+    free(st);
+}
+
+static dt_status llama_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, int off, int len, float loss_scale,
+                                   float **in, size_t *in_count, float **out, size_t *out_count) {
+    (void)step;
+    st->off = off, st->len = len, st->scale = loss_scale;
+    dt_status s = dt_llama_acts_set_shape(st->a, len, t->T);
+    *in = dt_llama_acts_resid(st->a, 0);
+    *out = dt_llama_acts_resid(st->a, t->lc.n_layer);
+    *in_count = *out_count = (size_t)len * t->T * t->lc.n_embd;
+    return s;
+}
+
+static dt_status llama_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
+    size_t o = (size_t)st->off * t->T;
+    int L = t->lc.n_layer;
+    float *in = dt_llama_acts_resid(st->a, 0), *out = dt_llama_acts_resid(st->a, L);
+    dt_status s = dt_llama_embed_forward(t->m, st->a, t->x + o, in);
+    if (s == DT_OK) s = dt_llama_forward_range(t->m, st->a, 0, L, in, out);
+    if (s == DT_OK) s = dt_llama_head_forward(t->m, st->a, out, t->y + o, loss);
+    return s;
+}
+
+static dt_status llama_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
+    int L = t->lc.n_layer;
+    *din = d;
+    dt_llama_set_loss_scale(t->m, st->scale);
+    dt_status s = dt_llama_head_backward(t->m, st->a, dt_llama_acts_resid(st->a, L), d);
+    if (s == DT_OK) s = dt_llama_backward_range(t->m, st->a, 0, L, dt_llama_acts_resid(st->a, 0), d);
+    if (s == DT_OK) s = dt_llama_embed_backward(t->m, st->a, d);
+    return s;
+}
+
+static dt_status llama_scratch_batch(dt_task *t, int len) {
+    if (len > t->B) return dt_error(DT_ERR_ARG, "llama: a scratch batch of %d windows, more than the batch's %d", len, t->B);
+    memset(t->x, 0, sizeof(int32_t) * (size_t)len * t->T);
+    memset(t->y, 0, sizeof(int32_t) * (size_t)len * t->T);
+    return DT_OK;
+}
+
 // Mean loss over eval_batches * B consecutive validation windows, split
 // over comm's ranks as the GPT's (dt_task_eval_share), the sums in one
 // allreduce.
 static dt_status llama_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                                 float *accuracy) {
     *accuracy = -1;
+    if (t->ntp > 1) comm = t->rest;  // (the shards of one model run the same windows)
     int windows = t->c->eval_batches * t->B, Bc = t->Bm, T = t->T, lo, hi, extra;
     int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
     dt_task_eval_share(windows, rank, W, Bc, &lo, &hi, &extra);
@@ -226,8 +353,8 @@ static dt_status llama_save(dt_task *t, const char *path, dt_comm_t comm, size_t
     dt_st_meta meta[11];
     memcpy(meta, t->wmeta, sizeof(dt_st_meta) * 10);
     meta[10] = (dt_st_meta){"dtrain_version", dt_version()};
-    return dt_task_write_weights(path, t->tinfo, DT_LLAMA_NTENSORS, meta, 11, dt_llama_params(t->m), NULL, t, comm,
-                                 lo, hi);
+    return dt_task_write_weights(path, t->tinfo, DT_LLAMA_NTENSORS, meta, 11, dt_llama_params(t->m),
+                                 t->ntp > 1 ? part_fill : NULL, t, comm, lo, hi);
 }
 
 static void llama_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
@@ -245,6 +372,14 @@ const dt_task_ops dt_task_llama = {
     .wants = llama_wants,
     .create = llama_create,
     .destroy = llama_destroy,
+    .close = llama_close,
+    .regroup = llama_regroup,
+    .stage_create = llama_stage_create,
+    .stage_free = llama_stage_free,
+    .stage_begin = llama_stage_begin,
+    .stage_forward = llama_stage_forward,
+    .stage_backward = llama_stage_backward,
+    .scratch_batch = llama_scratch_batch,
     .start_epoch = llama_start_epoch,
     .next_batch = llama_next_batch,
     .zero_grad = llama_zero_grad,
