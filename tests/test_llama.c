@@ -252,7 +252,9 @@ static void test_cli_refusals(void) {
         {"parallel.tensor=4 --workers 4", "[parallel] tensor: 4 tensor-parallel ranks do not divide the model's 4 query "
                                           "heads (n_head), 2 key/value heads (n_kv_head) and 176 hidden units", 2},
         {"parallel.tensor=2 --set parallel.sequence=true --workers 2", "[parallel] sequence: not yet with arch = llama", 1},
-        {"parallel.pipeline=2", "[parallel] pipeline: not yet with arch = llama", 1},
+        {"parallel.pipeline=2 --set model.init_from=x.safetensors --workers 2",
+         "[model] init_from with model parallelism: not yet with arch = llama", 1},
+        {"train.recompute=blocks", "[train] recompute: not yet with arch = llama", 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[512], out[4096];

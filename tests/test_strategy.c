@@ -145,6 +145,11 @@ static const row rows[] = {
     {"tensor", "llama", 2, 0, TP20 "--set parallel.tensor=2", TP20, 1e-4, 0},
     {"tensor", "llama", 4, 0, TP20 "--set parallel.tensor=2", TP20, 1e-4, 0},
     {"tensor", "llama", 4, 0, TP20 "--set parallel.tensor=2 --zero 1 --set parallel.micro_batches=2", TP20, 1e-4, 0},
+    // its pipeline: a stage a block (each keeping its block's parameters), gpipe, 1f1b, with ZeRO-1, with tensor 2
+    {"pipeline", "llama", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
+    {"pipeline", "llama", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=1f1b", "", 1e-5, 0},
+    {"pipeline", "llama", 4, 0, "--zero 1 --set parallel.pipeline=2 --set parallel.micro_batches=3", "", 1e-5, 0},
+    {"pipeline", "llama", 4, 0, TP20 "--set parallel.pipeline=2 --set parallel.tensor=2 --set parallel.micro_batches=2", TP20, 1e-4, 0},
     {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3, 0},
     {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0, 0},
     {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0, 0},

@@ -4,8 +4,8 @@
  * over [data] val_file. The model exposes the GPT's seams (one flat block,
  * its gradient order, a grad hook, a layer hook, stages), so the loop's
  * data parallel and ZeRO 1-3 run it as they run the GPT, and the
- * model-parallel strategy its tensor-parallel shards (one stage of every
- * layer); pipeline stages are not there yet (config refuses them). */
+ * model-parallel strategy its tensor-parallel shards and pipeline stages
+ * (each keeping its blocks' parameters, set at hold). */
 #include "dtrain/gpt.h"  /* the token files */
 #include "dtrain/launch.h"
 #include "dtrain/llama.h"
@@ -32,6 +32,7 @@ struct dt_task {
     dt_comm_t tpc, rest;         // its shard's group, and the ranks of its shard
     unsigned char *order_split;  // the ranges divided among the shards
     int lent;                    // the default set serves the stage
+    int deferred;                // the parameters come at hold (a pipeline stage's blocks)
     dt_tensor_info tinfo[DT_LLAMA_NTENSORS];
     char mvals[9][24];
     dt_st_meta wmeta[11];
@@ -138,8 +139,9 @@ static void llama_info(dt_task *t, const dt_config *c, const dt_grad_range *orde
                            .order_split = t->ntp > 1 ? t->order_split : NULL,
                            .replicas = t->rest,
                            .tensor_group = t->tpc,
-                           .part_fill = t->ntp > 1 ? part_fill : NULL,
-                           .part_take = t->ntp > 1 ? part_take : NULL,
+                           .part_fill = t->ntp > 1 || t->deferred ? part_fill : NULL,
+                           .part_take = t->ntp > 1 || t->deferred ? part_take : NULL,
+                           .deferred = t->deferred,
                            .part_user = t,
                            .matrices = t->mats,
                            .nmatrices = t->nmats,
@@ -179,12 +181,14 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     DT_TRY(dt_task_shard_groups(comm, c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest), done);
     DT_TRY(dt_llama_create_shard(&t->m, &t->lc, t->Bm, t->T, t->tp, t->ntp), done);
     if (t->ntp > 1) dt_llama_set_reduce(t->m, tp_reduce, t);
-    // ZeRO-3 keeps a rank's slice of the parameters alone (each its own from the same stream).
+    // ZeRO-3 keeps a rank's slice of the parameters alone (each its own
+    // from the same stream); a pipeline stage its blocks', set at hold.
     t->sliced = c->zero >= 3 && W > 1;
+    t->deferred = c->pipeline > 1;
     size_t lo = 0, hi = SIZE_MAX;
     if (t->sliced) dt_shard_range(dt_llama_num_params(t->m), rank, W, &lo, &hi);
-    DT_TRY(dt_llama_init_range(t->m, c->seed, lo, hi), done);
-    // [model] init_from: Hugging Face Llama weights (dt_llama_load_hf; the whole block is read)
+    if (!t->deferred) DT_TRY(dt_llama_init_range(t->m, c->seed, lo, hi), done);
+    // [model] init_from: Hugging Face Llama weights (dt_llama_load_hf: a whole model's block)
     if (c->init_from[0]) DT_TRY(dt_llama_load_hf(t->m, c->init_from), done);
     t->x = calloc((size_t)t->B * t->T, sizeof(int32_t));
     t->y = calloc((size_t)t->B * t->T, sizeof(int32_t));
@@ -239,35 +243,31 @@ static void llama_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
 }
 
 // ----------------------------------------------------------------------------
-// stages: the whole model's (tensor parallel runs one stage of every layer)
+// stages: the model's stage calls on one set each (a pipeline's, or tensor
+// parallel's one stage of every layer)
 
 struct dt_task_stage {
     dt_llama_acts *a;
     dt_task *t;
-    int lent, off, len;
+    int lent, l0, l1, off, len;
     float scale;
 };
 
-// The first stage takes the model's own set; the evaluation, between
-// steps, uses it while the stage does not.
+// A stage of every layer takes the model's own set, once; the evaluation,
+// between steps, uses it while the stage does not.
 static dt_status llama_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
-    *out = NULL;
-    if (l0 != 0 || l1 != t->lc.n_layer)
-        return dt_error(DT_ERR_CONFIG, "llama: a pipeline stage of layers [%d, %d): not yet (one stage of every layer only)",
-                        l0, l1);
     dt_task_stage *st = calloc(1, sizeof *st);
-    if (!st) return dt_error(DT_ERR_NOMEM, "stage: out of memory");
-    *st = (dt_task_stage){.t = t};
+    if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "stage: out of memory");
+    *st = (dt_task_stage){.t = t, .l0 = l0, .l1 = l1};
     dt_llama_set_grad_hook(t->m, NULL, NULL);
-    if (max_len <= t->Bm && !t->lent) {
+    if (l0 == 0 && l1 == t->lc.n_layer && max_len <= t->Bm && !t->lent) {
         st->a = dt_llama_default_acts(t->m);
         st->lent = t->lent = 1;
-    } else {
-        dt_status s = dt_llama_acts_create(&st->a, &t->lc, max_len, t->T, 0, t->lc.n_layer, t->ntp);
-        if (s != DT_OK) return free(st), s;
+        return DT_OK;
     }
-    *out = st;
-    return DT_OK;
+    dt_status s = dt_llama_acts_create(&st->a, &t->lc, max_len, t->T, l0, l1, t->ntp);
+    if (s != DT_OK) free(st), *out = NULL;
+    return s;
 }
 
 static void llama_stage_free(dt_task_stage *st) {
@@ -282,30 +282,39 @@ static dt_status llama_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, 
     (void)step;
     st->off = off, st->len = len, st->scale = loss_scale;
     dt_status s = dt_llama_acts_set_shape(st->a, len, t->T);
-    *in = dt_llama_acts_resid(st->a, 0);
-    *out = dt_llama_acts_resid(st->a, t->lc.n_layer);
+    *in = dt_llama_acts_resid(st->a, st->l0);
+    *out = dt_llama_acts_resid(st->a, st->l1);
     *in_count = *out_count = (size_t)len * t->T * t->lc.n_embd;
     return s;
 }
 
 static dt_status llama_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     size_t o = (size_t)st->off * t->T;
-    int L = t->lc.n_layer;
-    float *in = dt_llama_acts_resid(st->a, 0), *out = dt_llama_acts_resid(st->a, L);
-    dt_status s = dt_llama_embed_forward(t->m, st->a, t->x + o, in);
-    if (s == DT_OK) s = dt_llama_forward_range(t->m, st->a, 0, L, in, out);
-    if (s == DT_OK) s = dt_llama_head_forward(t->m, st->a, out, t->y + o, loss);
+    float *in = dt_llama_acts_resid(st->a, st->l0), *out = dt_llama_acts_resid(st->a, st->l1);
+    dt_status s = DT_OK;
+    if (st->l0 == 0) s = dt_llama_embed_forward(t->m, st->a, t->x + o, in);
+    if (s == DT_OK) s = dt_llama_forward_range(t->m, st->a, st->l0, st->l1, in, out);
+    if (s == DT_OK && st->l1 == t->lc.n_layer) s = dt_llama_head_forward(t->m, st->a, out, t->y + o, loss);
     return s;
 }
 
+// (in place: the stream's gradient has the same size at both ends)
 static dt_status llama_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
-    int L = t->lc.n_layer;
     *din = d;
+    float *in = dt_llama_acts_resid(st->a, st->l0), *out = dt_llama_acts_resid(st->a, st->l1);
     dt_llama_set_loss_scale(t->m, st->scale);
-    dt_status s = dt_llama_head_backward(t->m, st->a, dt_llama_acts_resid(st->a, L), d);
-    if (s == DT_OK) s = dt_llama_backward_range(t->m, st->a, 0, L, dt_llama_acts_resid(st->a, 0), d);
-    if (s == DT_OK) s = dt_llama_embed_backward(t->m, st->a, d);
+    dt_status s = DT_OK;
+    if (st->l1 == t->lc.n_layer) s = dt_llama_head_backward(t->m, st->a, out, d);
+    if (s == DT_OK) s = dt_llama_backward_range(t->m, st->a, st->l0, st->l1, in, d);
+    if (s == DT_OK && st->l0 == 0) s = dt_llama_embed_backward(t->m, st->a, d);
     return s;
+}
+
+static dt_status llama_hold(dt_task *t, const unsigned char *held, const dt_grad_range **ranges, int *n) {
+    dt_status st = dt_llama_set_held(t->m, held);
+    if (st == DT_OK) st = dt_llama_init(t->m, t->c->seed);
+    *ranges = dt_llama_held_ranges(t->m, n);
+    return st;
 }
 
 static dt_status llama_scratch_batch(dt_task *t, int len) {
@@ -354,7 +363,7 @@ static dt_status llama_save(dt_task *t, const char *path, dt_comm_t comm, size_t
     memcpy(meta, t->wmeta, sizeof(dt_st_meta) * 10);
     meta[10] = (dt_st_meta){"dtrain_version", dt_version()};
     return dt_task_write_weights(path, t->tinfo, DT_LLAMA_NTENSORS, meta, 11, dt_llama_params(t->m),
-                                 t->ntp > 1 ? part_fill : NULL, t, comm, lo, hi);
+                                 t->ntp > 1 || t->deferred ? part_fill : NULL, t, comm, lo, hi);
 }
 
 static void llama_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
@@ -380,6 +389,7 @@ const dt_task_ops dt_task_llama = {
     .stage_forward = llama_stage_forward,
     .stage_backward = llama_stage_backward,
     .scratch_batch = llama_scratch_batch,
+    .hold = llama_hold,
     .start_epoch = llama_start_epoch,
     .next_batch = llama_next_batch,
     .zero_grad = llama_zero_grad,
