@@ -1,12 +1,14 @@
 /* The Llama layers and model against central finite differences: RMSNorm,
  * rotary embeddings, SwiGLU and grouped-query attention, each on random
  * inputs with the loss sum(out * R); then the whole model's gradient on a
- * sample of its parameters, the gradient order and its hook, and configs
- * refused naming the numbers. */
+ * sample of its parameters, the gradient order and its hook; tensor-parallel
+ * shards (threads summing through the reduce function) against the whole
+ * model; and configs refused naming the numbers. */
 #include "dtrain/llama.h"
 #include "testlib.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +219,104 @@ static void test_model(void) {
     dt_llama_free(m);
 }
 
+// ---- tensor parallel: shards in threads against the whole model
+
+typedef struct {
+    pthread_barrier_t bar;
+    float *bufs[4];
+    int ntp;
+} tp_group;
+
+typedef struct {
+    tp_group *g;
+    int r;
+    dt_llama *m;
+    const int32_t *x, *y;
+    float loss;
+    dt_status st;
+} tp_shard;
+
+// The sum over the shards, in shard order on every shard (the same bits).
+static dt_status tp_sum(float *buf, size_t n, void *user) {
+    tp_shard *s = user;
+    tp_group *g = s->g;
+    g->bufs[s->r] = buf;
+    pthread_barrier_wait(&g->bar);
+    float *tmp = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) {
+        float v = g->bufs[0][i];
+        for (int r = 1; r < g->ntp; r++) v += g->bufs[r][i];
+        tmp[i] = v;
+    }
+    pthread_barrier_wait(&g->bar);
+    memcpy(buf, tmp, sizeof(float) * n);
+    free(tmp);
+    return DT_OK;
+}
+
+static void *tp_run(void *arg) {
+    tp_shard *s = arg;
+    dt_llama_zero_grad(s->m);
+    s->st = dt_llama_forward(s->m, s->x, s->y, 2, 6, &s->loss);
+    if (s->st == DT_OK) s->st = dt_llama_backward(s->m);
+    return NULL;
+}
+
+static void test_tensor_parallel(int ntp, int kv) {
+    dt_llama_config c = tiny;
+    c.n_kv_head = kv;
+    dt_llama *whole;
+    if (dt_llama_create(&whole, &c, 2, 6) != DT_OK || dt_llama_init(whole, 7) != DT_OK) {
+        CHECK(0, "whole model: %s", dt_last_error());
+        return;
+    }
+    int32_t x[12], y[12];
+    for (int i = 0; i < 12; i++) x[i] = (int32_t)dt_rng_below(&g_rng, 11), y[i] = (int32_t)dt_rng_below(&g_rng, 11);
+    float ref;
+    dt_llama_zero_grad(whole);
+    CHECK(dt_llama_forward(whole, x, y, 2, 6, &ref) == DT_OK && dt_llama_backward(whole) == DT_OK, "whole: %s",
+          dt_last_error());
+    size_t nw = dt_llama_num_params(whole);
+    float *want = malloc(sizeof(float) * nw), *got = calloc(nw, sizeof(float));
+    tp_group g = {.ntp = ntp};
+    pthread_barrier_init(&g.bar, NULL, (unsigned)ntp);
+    tp_shard sh[4];
+    pthread_t th[4];
+    int ok = 1;
+    for (int r = 0; r < ntp && ok; r++) {
+        sh[r] = (tp_shard){.g = &g, .r = r, .x = x, .y = y};
+        ok = dt_llama_create_shard(&sh[r].m, &c, 2, 6, r, ntp) == DT_OK && dt_llama_init(sh[r].m, 7) == DT_OK;
+        CHECK(ok, "shard %d of %d: %s", r, ntp, dt_last_error());
+        if (!ok) break;
+        dt_llama_set_reduce(sh[r].m, tp_sum, &sh[r]);
+        dt_llama_part_take(sh[r].m, want, 0, nw, dt_llama_params(whole));
+        CHECK(!memcmp(want, dt_llama_params(sh[r].m), sizeof(float) * dt_llama_num_params(sh[r].m)),
+              "T=%d KV%d shard %d: its initialisation is the whole model's, sliced", ntp, kv, r);
+    }
+    for (int r = 0; r < ntp && ok; r++) pthread_create(&th[r], NULL, tp_run, &sh[r]);
+    for (int r = 0; r < ntp && ok; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < ntp && ok; r++) {
+        CHECK(sh[r].st == DT_OK && fabsf(sh[r].loss - ref) <= 1e-6f * ref && sh[r].loss == sh[0].loss,
+              "T=%d KV%d shard %d: loss %.8g, whole model %.8g", ntp, kv, r, sh[r].loss, ref);
+        dt_llama_part_fill(sh[r].m, dt_llama_grads(sh[r].m), 0, nw, got);
+    }
+    // (summation orders differ: within 1e-5 of the largest gradient)
+    const float *gw = dt_llama_grads(whole);
+    double mg = 1e-12, e = 0;
+    for (size_t i = 0; i < nw; i++) mg = fmax(mg, fabs(gw[i]));
+    for (size_t i = 0; i < nw; i++) e = fmax(e, fabs((double)got[i] - gw[i]) / mg);
+    CHECK(ok && e <= 1e-5, "T=%d KV%d: the shards' gradients, assembled, are the whole model's (max err %.2e of the largest)",
+          ntp, kv, e);
+    printf("tensor parallel T=%d KV%d: loss %.8g (whole %.8g), gradients max err %.2e of the largest\n", ntp, kv, sh[0].loss, ref, e);
+    for (int r = 0; r < ntp; r++) dt_llama_free(sh[r].m);
+    dt_llama *bad = NULL;
+    CHECK(dt_llama_create_shard(&bad, &c, 1, 1, 0, 2 * kv) == DT_ERR_ARG && strstr(dt_last_error(), "key/value heads"),
+          "T=%d with %d key/value heads refused: %s", 2 * kv, kv, dt_last_error());
+    pthread_barrier_destroy(&g.bar);
+    free(want), free(got);
+    dt_llama_free(whole);
+}
+
 static void test_bad_config(void) {
     struct { dt_llama_config c; const char *want; } bad[] = {
         {{2, 4, 3, 16, 24, 8, 11, 10000.0f, 1e-5f}, "n_kv_head = 3 does not divide n_head = 4"},
@@ -275,6 +375,9 @@ int main(void) {
     test_gqa(4, 4);
     test_gqa(4, 1);
     test_model();
+    test_tensor_parallel(2, 2);
+    test_tensor_parallel(2, 4);
+    test_tensor_parallel(4, 4);
     test_bad_config();
     test_cli_refusals();
     return tl_finish();
