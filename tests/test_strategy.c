@@ -80,6 +80,8 @@ static double compare(const char *a, const char *b, int *bitwise) { return tl_ru
 // AdamW: the key bias's gradient is zero but for rounding, which AdamW
 // would normalise into full steps of noise.
 static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
+// The Llama-style decoder on the GPT's tokens and optimizer: L2 C16, 4 query heads sharing 2 key/value heads.
+static char cfg_llama[1024];
 
 // The CNN with SGD and momentum, for rows that need an optimizer linear in the gradients.
 #define LSGD_SGD "--set optim.name=sgd --set optim.lr=0.05 --set optim.momentum=0.9 --set optim.weight_decay=0"
@@ -100,7 +102,7 @@ static char cfg_gpt[1024], cfg_gpt4[1024], cfg_gptt[1024], cfg_gptt4[1024];
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
-    const char *model;    // "mlp", "cnn", "gpt"
+    const char *model;    // "mlp", "cnn", "gpt", "llama"
     int workers;
     int mpi;              // 1: mpirun -np workers instead of --workers
     const char *flags;    // the row's run
@@ -131,6 +133,23 @@ static const row rows[] = {
     {"dp", "gpt", 3, 1, "", "", 1e-4, 0},
     {"dp", "gpt", 1, 0, "--set train.grad_accum=4", "", 1e-4, 0},
     {"dp", "gpt", 3, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp", "llama", 2, 0, "", "", 1e-4, 0},
+    {"dp", "llama", 3, 0, "--set train.grad_accum=4", "", 1e-4, 0},
+    {"dp-deterministic", "llama", 3, 0, "--deterministic", "--deterministic", 0, 0},
+    {"zero", "llama", 2, 0, "--zero 1", "", 1e-4, 0},
+    {"zero", "llama", 3, 0, "--zero 2", "", 0, 3},
+    {"zero-3", "llama", 3, 0, "--zero 3", "", 1e-4, 0},
+    {"zero-3", "llama", 2, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
+    // the Llama's tensor parallel: 2 shards of 2 query heads and 1 key/value head each, alone and
+    // beside data parallel (with ZeRO-1), against one process
+    {"tensor", "llama", 2, 0, TP20 "--set parallel.tensor=2", TP20, 1e-4, 0},
+    {"tensor", "llama", 4, 0, TP20 "--set parallel.tensor=2", TP20, 1e-4, 0},
+    {"tensor", "llama", 4, 0, TP20 "--set parallel.tensor=2 --zero 1 --set parallel.micro_batches=2", TP20, 1e-4, 0},
+    // its pipeline: a stage a block (each keeping its block's parameters), gpipe, 1f1b, with ZeRO-1, with tensor 2
+    {"pipeline", "llama", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
+    {"pipeline", "llama", 2, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=1f1b", "", 1e-5, 0},
+    {"pipeline", "llama", 4, 0, "--zero 1 --set parallel.pipeline=2 --set parallel.micro_batches=3", "", 1e-5, 0},
+    {"pipeline", "llama", 4, 0, TP20 "--set parallel.pipeline=2 --set parallel.tensor=2 --set parallel.micro_batches=2", TP20, 1e-4, 0},
     {"dp-deterministic", "gpt", 1, 0, "--deterministic", "", 1e-3, 0},
     {"dp-deterministic", "gpt", 2, 0, "--deterministic", "--deterministic", 0, 0},
     {"dp-deterministic", "gpt", 3, 0, "--deterministic", "--deterministic", 0, 0},
@@ -408,6 +427,7 @@ static const char *model_cfg(const char *model) {
            : !strcmp(model, "gpt4")  ? cfg_gpt4
            : !strcmp(model, "gptt")  ? cfg_gptt
            : !strcmp(model, "gptt4") ? cfg_gptt4
+           : !strcmp(model, "llama") ? cfg_llama
                                      : cfg_gpt;
 }
 
@@ -1442,12 +1462,15 @@ int main(int argc, char **argv) {
              h2 + strlen("n_head = 2"));
     char *lr = strstr(cfg_gptt, "lr = 0.1\n");
     memcpy(lr, "lr = .03", 8);
+    const char *p = strstr(cfg_gpt, "preset = gpt\nn_layer = 2\nn_head = 2\n");
+    snprintf(cfg_llama, sizeof cfg_llama, "%.*sarch = llama\npreset = llama\nn_layer = 2\nn_head = 4\nn_kv_head = 2\n"
+             "ffn_hidden = 24\n%s", (int)(p - cfg_gpt), cfg_gpt, p + strlen("preset = gpt\nn_layer = 2\nn_head = 2\n"));
     l2 = strstr(cfg_gptt, "n_layer = 2");
     snprintf(cfg_gptt4, sizeof cfg_gptt4, "%.*sn_layer = 4%s", (int)(l2 - cfg_gptt), cfg_gptt, l2 + strlen("n_layer = 2"));
 
     // The table.
     for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++)
-        if (!only || !strcmp(only, rows[i].strategy)) run_row(i, &rows[i]);
+        if (!only || !strcmp(only, rows[i].strategy) || !strcmp(only, rows[i].model)) run_row(i, &rows[i]);
 
     if (!only || !strcmp(only, "local-sgd")) local_sgd();
     if (!only || !strcmp(only, "tensor")) tensor_parallel();

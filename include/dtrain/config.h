@@ -202,7 +202,16 @@ typedef struct {
     int seq_len;                   /* tokens per training sequence */
     int eval_every;                /* steps between validation losses (0 = end only) */
     int eval_batches;              /* batches per validation loss */
+    /* [model] arch = llama (docs/llama.md): a Llama-style decoder on the same
+     * token files (gpt is set too: a language model), presets llama-tiny,
+     * llama-small, llama2-7b or llama (every size given); n_kv_head (0 =
+     * n_head), ffn_hidden, rope_theta, norm_eps (0 = the preset's). */
+    int arch;                      /* DT_ARCH_GPT or DT_ARCH_LLAMA */
+    int n_kv_head, ffn_hidden;
+    float rope_theta, norm_eps;
 } dt_config;
+
+enum { DT_ARCH_GPT = 0, DT_ARCH_LLAMA = 1 };
 
 /* The one number reader of configs and command-line flags. `text` must be,
  * whole, a decimal number: an optional sign, digits (no leading zeros: "010"

@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 // The model tables, in one place: the first that wants the config.
-static const dt_task_ops *const tasks[] = {&dt_task_gpt, &dt_task_classifier};
+static const dt_task_ops *const tasks[] = {&dt_task_llama, &dt_task_gpt, &dt_task_classifier};
 
 const dt_task_ops *dt_task_for(const dt_config *c) {
     for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++)

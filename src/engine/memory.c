@@ -6,6 +6,7 @@
  * optimizer's state count; available memory from dt_mem_available(). */
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
+#include "dtrain/llama.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
 
@@ -256,6 +257,32 @@ static size_t stage_sets(const dt_config *c, const dt_gpt_config *gc, const dt_g
     return sat_mul(dt_gpt_acts_size(gc, &p), (size_t)(sets > 0 ? sets : 0));
 }
 
+// A Llama-style model (dtrain/llama.h): its own parameters, activations
+// (every layer's, for B x T tokens) and ZeRO-3 gathers over what
+// gpt_needs found for the same sizes; the data, the fields' names and the
+// staging as the GPT's. (Data parallel and ZeRO alone: it has no shards
+// or stages yet.)
+static void llama_needs(const dt_config *c, dt_mem_use use, int W, int B, int T, need_t *n) {
+    dt_llama_config lc = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
+                          c->vocab_size, c->rope_theta, c->norm_eps};
+    dt_tensor_info t[DT_LLAMA_NTENSORS];
+    dt_llama_param_shapes(&lc, t);
+    size_t np = dt_llama_config_num_params(&lc), big = 0, L = (size_t)c->n_layer, layer = 0;
+    for (int i = 0; i < DT_LLAMA_NTENSORS; i++) big = t[i].numel > big ? t[i].numel : big;
+    for (int i = 1; i <= 9; i++) layer += t[i].numel / L;  // (the stacked tensors' slices of one layer)
+    n->np = n->np_whole = np;
+    n->act = dt_llama_activation_bytes(&lc, B, T);
+    if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 3;
+    n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, np, big, W, 0, 0) : 0);
+    n->ckpt_pieces = use == DT_MEM_TRAIN && unstaged(c, W, 0) ? max_size(read_need(c, use), ckpt_need(c, np, big, W, 0, 1)) : 0;
+    // ZeRO-3, as the GPT's below: three layers gathered and two layers'
+    // gradients in flight, the embedding, the head and the final norm whole twice.
+    size_t block = sizeof(float) * layer / (size_t)W * (size_t)(W - 1);
+    size_t ends = sizeof(float) * (t[0].numel + t[10].numel + t[11].numel);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+}
+
 static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
     int T = use == DT_MEM_SAMPLE ? c->block_size : c->seq_len;
@@ -317,6 +344,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s",
              use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);
+    if (c->arch == DT_ARCH_LLAMA) llama_needs(c, use, W, B, T, n);
     staging(c, n);
 }
 

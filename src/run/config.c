@@ -2,6 +2,7 @@
  * table that also drives validation, defaults and dt_config_write(). */
 #include "dtrain/config.h"
 #include "dtrain/data.h"
+#include "dtrain/llama.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -108,6 +109,7 @@ static const char *const ps_share_names[] = {"fixed", "dynamic", NULL};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
 static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "blocks", NULL};
+static const char *const arch_names[] = {"gpt", "llama", NULL};  // dt_arch
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -248,11 +250,16 @@ static const field fields[] = {
     {"train", "eval_batches", F_INT, O(eval_batches), 0, 1e6, NULL},
     {"model", "init_from", F_STR, O(init_from), 0, 0, NULL},
     {"train", "recompute", F_ENUM, O(recompute), 0, 0, recompute_names},
+    {"model", "arch", F_ENUM, O(arch), 0, 0, arch_names},
+    {"model", "n_kv_head", F_INT, O(n_kv_head), 0, 1024, NULL},
+    {"model", "ffn_hidden", F_INT, O(ffn_hidden), 0, 1 << 20, NULL},
+    {"model", "rope_theta", F_FLOAT, O(rope_theta), 0, 1e30, NULL},
+    {"model", "norm_eps", F_FLOAT, O(norm_eps), 0, 1e30, NULL},
     // ---- end of GPT fields ----
 };
 #undef O
 #define NFIELDS (int)(sizeof fields / sizeof fields[0])
-#define NGPT_FIELDS 13  // the GPT block at the end of the table
+#define NGPT_FIELDS 18  // the GPT block at the end of the table (with the Llama's)
 static const field *const gpt_fields = &fields[NFIELDS - NGPT_FIELDS];
 
 const char *dt_config_key_section(const char *key) {
@@ -625,7 +632,16 @@ static char *read_line(char *str, int num, void *stream) {
 // ---- GPT models (docs/gpt.md) ----
 // A preset naming a GPT resolves the sizes (fields left 0 take the preset's
 // value) and checks the GPT-only fields.
+static dt_status finish_tokens(dt_config *c, const char *what);
+static dt_status finish_llama(dt_config *c, const char *what);
+
 static dt_status finish_gpt(dt_config *c, const char *what) {
+    if (c->arch == DT_ARCH_LLAMA || !strncmp(c->preset, "llama", 5)) return finish_llama(c, what);
+    const char *llama_key = c->n_kv_head ? "n_kv_head" : c->ffn_hidden ? "ffn_hidden" : c->rope_theta != 0 ? "rope_theta"
+                          : c->norm_eps != 0 ? "norm_eps" : NULL;
+    if (llama_key)
+        return dt_error(DT_ERR_CONFIG, "%s: [model] %s: only arch = llama has it (the model is a GPT, preset '%s')", what,
+                        llama_key, c->preset);
     dt_gpt_config g = {0};
     if (strcmp(c->preset, "gpt") && dt_gpt_preset(c->preset, &g) != DT_OK)
         return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected mlp, cnn, gpt-tiny, gpt-small, gpt2-124m or gpt, got '%s'", what, c->preset);
@@ -642,6 +658,45 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
     char msg[512];
     if (dt_gpt_config_check(&r, "[model]") != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
+    return finish_tokens(c, what);
+}
+
+// A Llama-style model (dtrain/llama.h): the preset's sizes where a field
+// is 0 (preset "llama": every size given), checked as the model checks
+// them; the strategies it does not run yet refused.
+static dt_status finish_llama(dt_config *c, const char *what) {
+    dt_llama_config g = {0};
+    c->arch = DT_ARCH_LLAMA;
+    if (!c->preset[0]) snprintf(c->preset, sizeof c->preset, "llama");
+    if (strcmp(c->preset, "llama") && dt_llama_preset(c->preset, &g) != DT_OK)
+        return dt_error(DT_ERR_CONFIG, "%s: [model] preset: arch = llama takes llama-tiny, llama-small, llama2-7b or llama, got '%s'",
+                        what, c->preset);
+    int *f[] = {&c->n_layer, &c->n_head, &c->n_kv_head, &c->n_embd, &c->ffn_hidden, &c->block_size, &c->vocab_size};
+    int d[] = {g.n_layer, g.n_head, g.n_kv_head, g.n_embd, g.ffn_hidden, g.block_size, g.vocab_size};
+    const char *names[] = {"n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size", "vocab_size"};
+    for (int i = 0; i < 7; i++) {
+        if (*f[i] == 0) *f[i] = i == 2 && !d[i] ? c->n_head : d[i];  // (n_kv_head: n_head's by default)
+        if (*f[i] == 0) return dt_error(DT_ERR_CONFIG, "%s: [model] %s: preset 'llama' needs it set", what, names[i]);
+    }
+    if (c->rope_theta == 0) c->rope_theta = g.rope_theta ? g.rope_theta : 10000.0f;
+    if (c->norm_eps == 0) c->norm_eps = g.norm_eps ? g.norm_eps : 1e-5f;
+    c->padded_vocab_size = c->vocab_size;
+    dt_llama_config r = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size, c->vocab_size,
+                         c->rope_theta, c->norm_eps};
+    char msg[512];
+    if (dt_llama_config_check(&r, "[model]") != DT_OK)
+        return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
+    const char *no = c->sequence ? "[parallel] sequence" : c->recompute ? "[train] recompute"
+                   : c->precision != DT_F32 ? "[train] precision"
+                   : (c->tensor > 1 || c->pipeline > 1) && c->init_from[0] ? "[model] init_from with model parallelism" : NULL;
+    if (no)
+        return dt_error(DT_ERR_CONFIG, "%s: %s: not yet with arch = llama (it trains on one process, data parallel, "
+                        "ZeRO 1-3, tensor and pipeline parallel in fp32; docs/llama.md)", what, no);
+    return finish_tokens(c, what);
+}
+
+// What every language model on token files needs.
+static dt_status finish_tokens(dt_config *c, const char *what) {
     if (c->seq_len == 0) c->seq_len = c->block_size;
     if (c->seq_len > c->block_size)
         return dt_error(DT_ERR_CONFIG, "%s: [train] seq_len: %d is longer than the model's context ([model] block_size = %d)", what, c->seq_len, c->block_size);
@@ -715,7 +770,8 @@ static dt_status finish_data(const dt_config *c, const char *what) {
 }
 
 static dt_status finish(dt_config *c, const char *what) {
-    dt_status st = !strncmp(c->preset, "gpt", 3) ? finish_gpt(c, what) : finish_layers(c, what);
+    int lm = !strncmp(c->preset, "gpt", 3) || !strncmp(c->preset, "llama", 5) || c->arch == DT_ARCH_LLAMA;
+    dt_status st = lm ? finish_gpt(c, what) : finish_layers(c, what);
     if (st == DT_OK) st = finish_data(c, what);
     if (st != DT_OK) return st;
     if (c->batch % c->grad_accum)

@@ -73,6 +73,8 @@ int cmd_sample(int argc, char **argv) {
     dt_config c;
     if (dt_config_load(&c, config, sets, nsets) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
     if (!c.gpt) return cli_error("%s: [model] is not a GPT (preset gpt-tiny, gpt-small, gpt2-124m or gpt)", config), EXIT_RUNTIME;
+    if (c.arch == DT_ARCH_LLAMA)
+        return cli_error("%s: [model] arch = llama: sample does not run Llama models yet (docs/llama.md)", config), EXIT_RUNTIME;
     if (c.vocab_size > 256)
         return cli_error("%s: vocab_size %d: sample reads and prints bytes, so it needs a byte-level model (vocab_size <= 256)",
                          config, c.vocab_size), EXIT_RUNTIME;

@@ -70,6 +70,7 @@
  * fixed pieces (micro_shards / D a replica), each one's gradient goes into
  * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
  * an int64 allreduce: bitwise the same for any D and schedule. */
+#include "dtrain/llama.h"
 #include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
@@ -290,7 +291,12 @@ static dt_status pp_check(const dt_config *c, int W) {
         dt_status st = dt_model_tensor_parallel_check(c->layers, c->nlayers, T, "[parallel] tensor");
         if (st != DT_OK) return st;
     }
-    if (T > 1 && c->gpt) {
+    if (T > 1 && c->gpt && c->arch == DT_ARCH_LLAMA) {
+        dt_llama_config lc = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
+                              c->vocab_size, c->rope_theta, c->norm_eps};
+        if (dt_llama_tensor_parallel_check(&lc, T, "[parallel] tensor") != DT_OK)
+            return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());
+    } else if (T > 1 && c->gpt) {
         dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
         dt_status st = dt_gpt_tensor_parallel_check(&gc, T, "[parallel] tensor");
         if (st != DT_OK) return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());

@@ -134,7 +134,7 @@ dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progress_fn p
 // ----------------------------------------------------------------------------
 // the task
 
-static int gpt_wants(const dt_config *c) { return c->gpt; }
+static int gpt_wants(const dt_config *c) { return c->gpt && c->arch == DT_ARCH_GPT; }
 
 static void gpt_destroy(dt_task *t) {
     if (!t) return;

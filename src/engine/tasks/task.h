@@ -220,5 +220,6 @@ dt_status dt_task_write_weights(const char *path, const dt_tensor_info *tensors,
 
 extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
 extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
+extern const dt_task_ops dt_task_llama;      /* engine/tasks/llama.c */
 
 #endif
