@@ -9,8 +9,8 @@
 #   - convert --from llmc reads gpt2_124M.bin, which llm.c's scripts
 #     download: the script makes that file first from the GPT the README
 #     trained (dtrain convert --from safetensors).
-# Not run here: configs/gpt2-large-tp.ini's command (8 workers of 2.6 GB:
-# 20 GB, which a shared test machine must not be asked for;
+# Not run here: configs/gpt2-large-tp.ini's commands (8 workers of 2.5
+# and 3.2 GB: 20 GB, which a shared test machine must not be asked for;
 # tests/large_tp.sh runs its scaled-down twin under caps of 1.25 x the
 # formula, with a resume on another layout), mpirun across machines (tests/cluster.sh runs that on
 # pretend hosts) and scripts/cluster.sh up (the same test).
@@ -26,6 +26,7 @@ skip() { echo "SKIPPED: $*"; exit 77; }
     skip "Fashion-MNIST is not in /usr/share/datasets/fashion-mnist (scripts/install-deps.sh installs it)"
 [ -e /usr/share/games/fortunes ] || skip "no /usr/share/games/fortunes (scripts/install-deps.sh installs the fortunes package)"
 work=$(mktemp -d /tmp/dtrain-readme-XXXXXX)
+export XDG_CACHE_HOME="$work/cache"  # (dtrain plan's calibration: not the user's cache)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/build" "$work/data"
 ln -s "$build/dtrain" "$work/build/dtrain"
