@@ -4,6 +4,7 @@
  * sample of its parameters, the gradient order and its hook; tensor-parallel
  * shards (threads summing through the reduce function) against the whole
  * model; and configs refused naming the numbers. */
+#include "dtrain/config.h"
 #include "dtrain/llama.h"
 #include "testlib.h"
 
@@ -339,6 +340,23 @@ static void test_bad_config(void) {
     CHECK(dt_llama_preset("llama-3", &c) == DT_ERR_ARG && strstr(dt_last_error(), "llama-3"), "unknown preset refused");
 }
 
+// A GPT's resolved config text (what its checkpoints record and a resume
+// compares) has none of the Llama's keys, as before they came, so that a
+// GPT checkpoint written before them resumes; a Llama's has them.
+static void test_config_text(void) {
+    const char *cfgs[] = {"configs/gpt-fortunes.ini", "configs/llama-fortunes.ini"};
+    for (int i = 0; i < 2; i++) {
+        dt_config c;
+        char *t = dt_config_load(&c, cfgs[i], NULL, 0) == DT_OK ? dt_config_format(&c) : NULL;
+        int has = t && strstr(t, "\narch = ") && strstr(t, "\nn_kv_head = ") && strstr(t, "\nrope_theta = ");
+        int none = t && !strstr(t, "\narch = ") && !strstr(t, "n_kv_head") && !strstr(t, "ffn_hidden") &&
+                   !strstr(t, "rope_theta") && !strstr(t, "norm_eps");
+        CHECK(i == 0 ? none : has, "%s: the resolved config text %s the Llama's keys (%s)", cfgs[i],
+              i == 0 ? "lacks" : "has", t ? "" : dt_last_error());
+        free(t);
+    }
+}
+
 // The same refusals at `dtrain train`'s start, before any data is read:
 // exit 1 (a config error; 2 where --workers makes it a usage error) naming
 // the numbers; and what is not there yet.
@@ -379,6 +397,7 @@ int main(void) {
     test_tensor_parallel(2, 4);
     test_tensor_parallel(4, 4);
     test_bad_config();
+    test_config_text();
     test_cli_refusals();
     return tl_finish();
 }

@@ -865,6 +865,17 @@ dt_status dt_config_load(dt_config *c, const char *path, const char *const *over
 // ----------------------------------------------------------------------------
 // writing
 
+// The [model] keys of arch = llama alone (arch itself: a GPT's is the
+// default), which a GPT's resolved text leaves out: its checkpoints'
+// config texts stay comparable with those written before the keys came.
+static int llama_only(const field *f) {
+    static const char *const keys[] = {"arch", "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"};
+    if (strcmp(f->sec, "model")) return 0;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (!strcmp(f->key, keys[i])) return 1;
+    return 0;
+}
+
 char *dt_config_format(const dt_config *c) {
     char *text = NULL;
     size_t len = 0;
@@ -894,6 +905,7 @@ char *dt_config_format(const dt_config *c) {
             if (strcmp(f->sec, secs[k])) continue;
             if (!c->gpt && f >= gpt_fields) continue;  // GPT fields only for GPTs
             if (!strcmp(f->key, "preset") && !c->gpt) continue;  // written out as layers above
+            if (c->arch != DT_ARCH_LLAMA && llama_only(f)) continue;  // (a GPT's text is as it was before them)
             const char *src = (const char *)c + f->off;
             switch (f->type) {
             case F_STR:
