@@ -481,7 +481,6 @@ static dt_status open_ckpt(const char *path, dt_st_file **out, int *is_ckpt, int
 
 dt_status dt_ckpt_open(const char *path, dt_st_file **out, int *is_ckpt) { return open_ckpt(path, out, is_ckpt, 1); }
 
-
 // The error for a file that is not the checkpoint wanted.
 static dt_status not_a_ckpt(const char *path, int kind, const dt_st_file *f) {
     if (kind == KIND_SHARD)
