@@ -675,8 +675,11 @@ static void test_cli(void) {
     CHECK(tl_run(cmd, NULL, 0) != 0, "no worker started: %s does not exist", wdir);
     // No room on the run directory's file system for the checkpoints it
     // would keep: refused before anything trains, naming the bytes.
+    snprintf(cmd, sizeof cmd, "%s prepare-text README.md -o %s/disk-tok", tl_dtrain(), g_tmp);
+    CHECK(tl_run(cmd, NULL, 0) == 0, "prepare-text README.md");
     snprintf(args, sizeof args, "train configs/gpt-fortunes.ini --set checkpoint.keep=1000000 --set checkpoint.every_steps=1 "
-             "--set train.max_steps=100000000 --run-dir %s-disk", wdir);
+             "--set train.max_steps=100000000 --set data.train_file=%s/disk-tok_train.bin "
+             "--set data.val_file=%s/disk-tok_val.bin --run-dir %s-disk", g_tmp, g_tmp, wdir);
     cli(1, args, "not enough disk for the run directory", "keep = 1000000");
 
     // --resume PATH: a path that is missing, or holds no checkpoint, is an
