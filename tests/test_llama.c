@@ -357,6 +357,31 @@ static void test_config_text(void) {
     }
 }
 
+// A Llama run checkpointed at step 6 and resumed (2 workers, ZeRO-1: the
+// optimizer state in slices) ends bitwise where the uninterrupted run
+// does, on token files of the project's README.
+static void test_resume(void) {
+    char dir[] = "/tmp/dtrain-llama-XXXXXX", cmd[2048], out[8192], a[600], b[600];
+    if (!mkdtemp(dir)) return;
+    snprintf(cmd, sizeof cmd, "%s prepare-text README.md -o %s/tok", tl_dtrain(), dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 0, "prepare-text: %s", out);
+    const char *runs[] = {"whole", "part", "part"}, *extra[] = {"", "--set train.max_steps=6", "--resume auto"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s train configs/llama-fortunes.ini --workers 2 --zero 1 -q --run-dir %s/%s "
+                 "--set data.train_file=%s/tok_train.bin --set data.val_file=%s/tok_val.bin --set train.max_steps=12 "
+                 "--set train.eval_every=0 --set train.batch=4 --set train.seq_len=32 --checkpoint-every 6 %s",
+                 tl_dtrain(), dir, runs[i], dir, dir, extra[i]);
+        CHECK(tl_run(cmd, out, sizeof out) == 0, "llama run %d (%s): %s", i, extra[i], out);
+    }
+    snprintf(a, sizeof a, "%s/whole/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/part/model.safetensors", dir);
+    int bw = 0;
+    double d = tl_weights_diff(a, b, &bw);
+    CHECK(bw, "llama resumed at step 6 of 12: bitwise the uninterrupted run's weights (max rel diff %.3g)", d);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    tl_run(cmd, NULL, 0);
+}
+
 // The same refusals at `dtrain train`'s start, before any data is read:
 // exit 1 (a config error; 2 where --workers makes it a usage error) naming
 // the numbers; and what is not there yet.
@@ -398,6 +423,7 @@ int main(void) {
     test_tensor_parallel(4, 4);
     test_bad_config();
     test_config_text();
+    test_resume();
     test_cli_refusals();
     return tl_finish();
 }
