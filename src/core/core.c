@@ -251,32 +251,27 @@ void dt_pages_unused(void *base, size_t size, size_t count, const size_t *keep, 
     if (at < count) no_huge(base, at * size, count * size);
 }
 
+// Gives back the whole g-byte pages inside p[0, bytes) when they span at
+// least min bytes (madvise MADV_DONTNEED: they read as zero and take no
+// memory until touched again) and clears the edges; 0 where it did not.
+static int drop_pages(void *p, size_t bytes, uintptr_t g, size_t min) {
+    uintptr_t a = (uintptr_t)p, b = a + bytes, pa = (a + g - 1) / g * g, pb = b / g * g;
+    if (pb <= pa || pb - pa < min || madvise((void *)pa, pb - pa, MADV_DONTNEED) != 0) return 0;
+    memset(p, 0, pa - a);
+    memset((void *)pb, 0, b - pb);
+    return 1;
+}
+
 void dt_zero_pages(void *p, size_t bytes) {
     // The whole huge pages inside the range when there are any (a 4 KiB
     // page given back would split one, and its refill would fault 4 KiB at
-    // a time), else the whole pages; memset for the rest.
-    uintptr_t g = HUGE_PAGE, a = (uintptr_t)p, b = a + bytes, pa = (a + g - 1) / g * g, pb = b / g * g;
-    if (pb <= pa) {
-        g = (uintptr_t)sysconf(_SC_PAGESIZE);
-        pa = (a + g - 1) / g * g, pb = b / g * g;
-    }
-    if (pb > pa && pb - pa >= 64 * 1024 && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
-        memset(p, 0, pa - a);
-        memset((void *)pb, 0, b - pb);
-    } else {
+    // a time), else the whole pages of 64 KiB or more; memset for the rest.
+    if (!drop_pages(p, bytes, HUGE_PAGE, 1) && !drop_pages(p, bytes, (uintptr_t)sysconf(_SC_PAGESIZE), 64 * 1024))
         memset(p, 0, bytes);
-    }
 }
 
 void dt_give_pages(void *p, size_t bytes) {
-    uintptr_t g = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + bytes, pa = (a + g - 1) / g * g,
-              pb = b / g * g;
-    if (pb > pa && madvise((void *)pa, pb - pa, MADV_DONTNEED) == 0) {
-        memset(p, 0, pa - a);
-        memset((void *)pb, 0, b - pb);
-    } else {
-        memset(p, 0, bytes);
-    }
+    if (!drop_pages(p, bytes, (uintptr_t)sysconf(_SC_PAGESIZE), 1)) memset(p, 0, bytes);
 }
 
 static void (*_Atomic g_alive)(void);
