@@ -703,11 +703,7 @@ static void test_runs(void) {
         char pa[600], pb[600];
         snprintf(pa, sizeof pa, "z4/checkpoints/step-00000016/%s", zf[i]);
         snprintf(pb, sizeof pb, "z4-live/checkpoints/step-00000016/%s", zf[i]);
-        size_t la, lb;
-        char *x = tl_read_file(tmp(pa), &la), *y = tl_read_file(tmp(pb), &lb);
-        CHECK(x && y && la == lb && !memcmp(x, y, la), "zero 3, staging = pieces: %s is not the snapshot's bytes", zf[i]);
-        free(x);
-        free(y);
+        CHECK(tl_same_file(tmp(pa), tmp(pb)), "zero 3, staging = pieces: %s is not the snapshot's bytes", zf[i]);
     }
     rc = train("z4-live", 4, "--zero 3 --resume auto --set checkpoint.staging=pieces --set run.name=run");
     CHECK(rc == 0 && same_as_ref("z4-live"), "zero 3 from the live state, resumed: exit %d, bitwise equal\n%s", rc, g_out);

@@ -741,14 +741,9 @@ static void check_refused(const refusal *bad, int n) {
 // Whether file NAME of two directories holds the same bytes.
 static int same_bytes(const char *a, const char *b, const char *name) {
     char pa[4200], pb[4200];
-    size_t la, lb;
     snprintf(pa, sizeof pa, "%s/%s", a, name);
     snprintf(pb, sizeof pb, "%s/%s", b, name);
-    char *x = tl_read_file(pa, &la), *y = tl_read_file(pb, &lb);
-    int same = x && y && la == lb && !memcmp(x, y, la);
-    free(x);
-    free(y);
-    return same;
+    return tl_same_file(pa, pb);
 }
 
 // [checkpoint] staging = pieces (docs/checkpoints.md "Staging"): run tp-ck

@@ -179,6 +179,15 @@ char *tl_read_file(const char *path, size_t *len) {
     return b;
 }
 
+int tl_same_file(const char *a, const char *b) {
+    size_t la, lb;
+    char *x = tl_read_file(a, &la), *y = tl_read_file(b, &lb);
+    int same = x && y && la == lb && !memcmp(x, y, la);
+    free(x);
+    free(y);
+    return same;
+}
+
 const char *tl_path(const char *dir, const char *name) {
     static char buf[4][1024];
     static int k;

@@ -51,6 +51,8 @@ void tl_cleanup(const char *dir);
 /* The whole file at path, NUL-terminated, malloc'd (free with free()); NULL
  * if it cannot be read. *len (may be NULL) gets its size. */
 char *tl_read_file(const char *path, size_t *len);
+/* Whether the files at a and b both read and hold the same bytes. */
+int tl_same_file(const char *a, const char *b);
 /* The number after the first "KEY": in the file at path (summary.json and
  * the like); -1 when the file or the key is missing. */
 double tl_json_number(const char *path, const char *key);
