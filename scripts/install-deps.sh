@@ -11,7 +11,7 @@ set -euo pipefail
 pkgs=(build-essential cmake libomp-dev pkg-config
       zlib1g-dev libinih-dev libcjson-dev libdnnl-dev libmicrohttpd-dev libhdf5-dev
       libopenmpi-dev openmpi-bin
-      dataset-fashion-mnist fortunes)
+      dataset-fashion-mnist fortunes linux-doc-6.1)   # data: images, and two text corpora
 if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--bench" ]; then
     pkgs+=(clang                         # the sanitizer builds (make test-asan, test-tsan)
            prometheus chromium           # tests of the metrics endpoint and the HTML report

@@ -239,6 +239,16 @@ static void test_cli(void) {
     snprintf(prefix, sizeof prefix, "%s/corpus", g_dir);
     snprintf(cmd, sizeof cmd, "%s prepare-text %s -o %s", tl_dtrain(), txt, prefix);
     CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "vocab 256"), "prepare-text: %s", out);
+    // The same text gzip-compressed, in a subdirectory: the same tokens.
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/gz/a/b && gzip -c %s > %s/gz/a/b/corpus.txt.gz && %s prepare-text %s/gz -o %s-gz",
+             g_dir, txt, g_dir, tl_dtrain(), g_dir, prefix);
+    CHECK(tl_run(cmd, out, sizeof out) == 0 && strstr(out, "read 1 files"), "prepare-text of a gzip file: %s", out);
+    for (int i = 0; i < 2; i++) {
+        char a[600], b[600];
+        snprintf(a, sizeof a, "%s_%s.bin", prefix, i ? "val" : "train");
+        snprintf(b, sizeof b, "%s-gz_%s.bin", prefix, i ? "val" : "train");
+        CHECK(tl_same_file(a, b), "%s equals %s", b, a);
+    }
 
     snprintf(ini, sizeof ini, "%s/tiny.ini", g_dir);
     f = fopen(ini, "w");
@@ -396,13 +406,25 @@ static void test_files_and_memory(void) {
     snprintf(cmd, sizeof cmd, "mkdir -p %s/emptydir && %s prepare-text %s/emptydir -o %s/null", g_dir, tl_dtrain(), g_dir,
              g_dir);
     CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "0 bytes of text"), "prepare-text of an empty directory: %s", out);
-    snprintf(cmd, sizeof cmd, "truncate -s 1100M %s/huge.txt && %s prepare-text %s/huge.txt -o %s/zero", g_dir,
+    // Past the token files' int32 count: refused before a byte is written.
+    snprintf(cmd, sizeof cmd, "truncate -s 2100M %s/huge.txt && %s prepare-text %s/huge.txt -o %s/zero", g_dir,
              tl_dtrain(), g_dir, g_dir);
     int rc = tl_run(cmd, out, sizeof out);
-    CHECK(rc == 1 && strstr(out, "huge.txt") && strstr(out, "1073741824 bytes"),
-          "prepare-text of a 1.1 GB file stops at the 1 GiB limit: exit %d: %s", rc, out);
+    CHECK(rc == 1 && strstr(out, "huge.txt") && strstr(out, "2147483647 bytes"),
+          "prepare-text of a 2.1 GB file stops at the 2 GiB - 1 limit: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s/zero_train.bin", g_dir);
+    CHECK(access(cmd, F_OK) != 0, "prepare-text past the limit writes no token file");
     snprintf(cmd, sizeof cmd, "%s/huge.txt", g_dir);
     unlink(cmd);
+    // Streamed: 64 MB of text in 200 MB of address space (a whole-corpus
+    // copy and its tokens would take 5 bytes a byte).
+    snprintf(cmd, sizeof cmd, "truncate -s 64M %s/big.txt && (ulimit -v 200000; %s prepare-text %s/big.txt -o %s/big)",
+             g_dir, tl_dtrain(), g_dir, g_dir);
+    rc = tl_run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "(60399616 tokens)") && strstr(out, "(6709248 tokens)"),
+          "prepare-text of 64 MB under a 200 MB address-space limit: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "rm -f %s/big.txt %s/big_train.bin %s/big_val.bin", g_dir, g_dir, g_dir);
+    tl_run(cmd, NULL, 0);
 
     // Memory: B x T activations of a GPT, for train, eval and sample.
     snprintf(cmd, sizeof cmd, "%s train %s --run-dir %s/run-mem -q --set train.batch=1048576 --memory-limit 1G",

@@ -378,6 +378,28 @@ static void test_resume(void) {
     int bw = 0;
     double d = tl_weights_diff(a, b, &bw);
     CHECK(bw, "llama resumed at step 6 of 12: bitwise the uninterrupted run's weights (max rel diff %.3g)", d);
+    // eval and sample read the weights file and the last checkpoint alike.
+    char first[2][8192];
+    const char *files[] = {"model.safetensors", "checkpoints/step-00000012*"};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 2; i++) {
+            snprintf(cmd, sizeof cmd, "%s %s configs/llama-fortunes.ini --checkpoint %s/whole/%s --set "
+                     "data.train_file=%s/tok_train.bin --set data.val_file=%s/tok_val.bin --set train.batch=4 --set "
+                     "train.seq_len=32 %s", tl_dtrain(), k ? "sample" : "eval", dir, files[i], dir, dir,
+                     k ? "--prompt 'The ' -n 40 --seed 3" : "");
+            int rc = tl_run(cmd, out, sizeof out);
+            CHECK(rc == 0 && (k || strstr(out, "validation tokens 1280: next-token accuracy")),
+                  "llama %s of %s: exit %d: %s", k ? "sample" : "eval", files[i], rc, out);
+            if (i == 0) snprintf(first[k], sizeof first[k], "%s", out);
+            else CHECK(!strcmp(first[k], out), "llama %s: the checkpoint's output is the weights file's: %s / %s",
+                       k ? "sample" : "eval", first[k], out);
+        }
+    CHECK(!strncmp(first[1], "The ", 4) && strlen(first[1]) == 4 + 40 + 1, "llama sample: the prompt and 40 bytes: %s",
+          first[1]);
+    snprintf(cmd, sizeof cmd, "%s eval configs/llama-fortunes.ini --checkpoint %s/whole/model.safetensors --set "
+             "data.val_file=%s/tok_val.bin --set model.n_layer=3", tl_dtrain(), dir, dir);
+    CHECK(tl_run(cmd, out, sizeof out) == 1 && strstr(out, "weights of n_layer 2, but the model has n_layer = 3"),
+          "llama eval of weights of another size: %s", out);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     tl_run(cmd, NULL, 0);
 }

@@ -464,6 +464,16 @@ DT_API dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab);
 DT_API void dt_tokens_close(dt_tokens *t);
 /* Writes tokens to path atomically in the format above. */
 DT_API dt_status dt_tokens_write(const char *path, const uint16_t *tokens, size_t n);
+/* The same written piece by piece, in bounded memory: open makes a
+ * temporary file beside path, put appends tokens (more than the format's
+ * int32 count is refused), close(commit = 1) writes the count into the
+ * header and makes the file path; close(commit = 0) removes it. close
+ * frees w either way (NULL: nothing to do). */
+typedef struct dt_tokens_writer dt_tokens_writer;
+DT_API dt_status dt_tokens_writer_open(dt_tokens_writer **w, const char *path);
+DT_API dt_status dt_tokens_writer_put(dt_tokens_writer *w, const uint16_t *tokens, size_t n);
+DT_API size_t dt_tokens_writer_count(const dt_tokens_writer *w);
+DT_API dt_status dt_tokens_writer_close(dt_tokens_writer *w, int commit);
 /* B random windows of T+1 tokens: inputs[b,t] = tok[s_b + t],
  * targets[b,t] = tok[s_b + t + 1], starts s_b drawn from rng. The file must
  * hold at least T+1 tokens (DT_ERR_ARG otherwise). */

@@ -216,6 +216,13 @@ DT_API void dt_llama_part_take(const dt_llama *m, float *local, size_t lo, size_
  * missing, extra or mis-shaped tensor is refused naming it). */
 DT_API dt_status dt_llama_save_hf(const dt_llama *m, const char *path);
 DT_API dt_status dt_llama_load_hf(dt_llama *m, const char *path);
+/* Reads weights into m from a training run's weights file (metadata
+ * format dtrain-llama: the block's stacked tensors under dt_llama_tensor's
+ * names, the sizes as metadata, checked against m's), one of its
+ * checkpoints (verified first), or Hugging Face's layout (as
+ * dt_llama_load_hf). A wrong size, a missing or mis-shaped tensor is
+ * refused naming it; non-finite values are refused. */
+DT_API dt_status dt_llama_load(dt_llama *m, const char *path);
 
 #ifdef __cplusplus
 }

@@ -158,9 +158,12 @@ DT_API dt_status dt_gpt_train(const dt_config *c, const char *run_dir, dt_progre
                               void *user, dt_train_result *res);
 /* A GPT's loss and next-token accuracy over eval_batches batches of
  * consecutive windows of [data] val_file (train_file when there is none);
- * *n is the number of tokens. dt_eval_checkpoint calls this for GPTs. */
+ * *n is the number of tokens. dt_eval_checkpoint calls this for GPTs, and
+ * the Llama's twin for arch = llama (weights as dt_llama_load reads). */
 DT_API dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float *loss,
                                         float *accuracy, int *n);
+DT_API dt_status dt_llama_eval_checkpoint(const dt_config *c, const char *weights, float *loss,
+                                          float *accuracy, int *n);
 
 /* Mean loss and accuracy of m over ds, in batches of `batch`. */
 DT_API dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss,

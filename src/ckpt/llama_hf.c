@@ -1,7 +1,8 @@
-/* Llama weights in Hugging Face's layout (dtrain/llama.h): the stacked
+/* Llama weights (dtrain/llama.h). In Hugging Face's layout: the stacked
  * block's tensors written and read one layer's slice at a time under
  * LlamaForCausalLM's names, wq and wk with their rows permuted between
- * dtrain's rotary pairs (2i, 2i+1) and rotate_half's (i, i + hs/2). */
+ * dtrain's rotary pairs (2i, 2i+1) and rotate_half's (i, i + hs/2). A training run's own weights file or
+ * checkpoint (dt_llama_load): the stacked tensors as they are. */
 #include "dtrain/ckpt.h"
 #include "dtrain/llama.h"
 
@@ -158,4 +159,48 @@ dt_status dt_llama_load_hf(dt_llama *m, const char *path) {
     dt_st_close(f);
     free(h);
     return s;
+}
+
+// ----------------------------------------------------------------------------
+// a training run's weights file (format dtrain-llama)
+
+static dt_status check_sizes(const dt_st_file *f, const dt_llama_config *c, const char *path) {
+    const char *k[7] = {"n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size", "vocab_size"};
+    int v[7] = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size, c->vocab_size};
+    for (int i = 0; i < 7; i++) {
+        const char *have = dt_st_meta_get(f, k[i]);
+        if (!have || atoi(have) != v[i])
+            return dt_error(DT_ERR_FORMAT, "%s: weights of %s %s, but the model has %s = %d", path, k[i],
+                            have ? have : "(missing)", k[i], v[i]);
+    }
+    return DT_OK;
+}
+
+static dt_status load_own(dt_llama *m, dt_st_file *f, const char *path, int is_ckpt) {
+    // (a checkpoint carries its config, not the sizes: its tensors' sizes are checked)
+    dt_status s = is_ckpt ? DT_OK : check_sizes(f, dt_llama_get_config(m), path);
+    float *P = dt_llama_params(m);
+    for (int i = 0; s == DT_OK && i < DT_LLAMA_NTENSORS; i++) {
+        const dt_tensor_info *ti = dt_llama_tensor(m, i);
+        const dt_st_tensor *t = dt_st_find(f, ti->name);
+        size_t n = 1;
+        for (int d = 0; t && d < t->ndim; d++) n *= (size_t)t->shape[d];
+        if (!t) s = dt_error(DT_ERR_FORMAT, "%s: no tensor %s", path, ti->name);
+        else if (n != ti->numel)
+            s = dt_error(DT_ERR_FORMAT, "%s: tensor %s has %zu elements, the model's %zu", path, ti->name, n, ti->numel);
+        else s = dt_st_read(f, t, 0, n, DT_F32, P + ti->offset);
+    }
+    return s == DT_OK && !is_ckpt ? dt_st_check_finite(f, path) : s;  // (a checkpoint was checked when opened)
+}
+
+dt_status dt_llama_load(dt_llama *m, const char *path) {
+    dt_st_file *f = NULL;
+    int is_ckpt = 0;
+    dt_status s = dt_ckpt_open(path, &f, &is_ckpt);
+    if (s != DT_OK) return s;
+    const char *format = dt_st_meta_get(f, "format");
+    int own = is_ckpt || (format && !strcmp(format, "dtrain-llama"));
+    if (own) s = load_own(m, f, path, is_ckpt);
+    dt_st_close(f);
+    return own ? s : dt_llama_load_hf(m, path);
 }

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -98,12 +99,64 @@ void dt_tokens_close(dt_tokens *t) {
     memset(t, 0, sizeof *t);
 }
 
+// ----------------------------------------------------------------------------
+// writing: a header whose count is filled in last, the tokens appended
+
+struct dt_tokens_writer {
+    dt_atomic_file *f;
+    char path[4096];
+    size_t n;
+};
+
+dt_status dt_tokens_writer_open(dt_tokens_writer **out, const char *path) {
+    *out = NULL;
+    dt_tokens_writer *w = calloc(1, sizeof *w);
+    if (!w) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
+    snprintf(w->path, sizeof w->path, "%s", path);
+    static const int32_t header[HEADER_INTS] = {DT_TOKENS_MAGIC, DT_TOKENS_VERSION};
+    dt_status st = dt_atomic_open(&w->f, path);
+    if (st == DT_OK) st = dt_atomic_append(w->f, header, sizeof header);
+    if (st != DT_OK) {
+        dt_tokens_writer_close(w, 0);
+        return st;
+    }
+    *out = w;
+    return DT_OK;
+}
+
+dt_status dt_tokens_writer_put(dt_tokens_writer *w, const uint16_t *tokens, size_t n) {
+    if (n > (size_t)INT32_MAX - w->n)
+        return dt_error(DT_ERR_ARG, "%s: %zu tokens exceed the format's int32 count", w->path, w->n + n);
+    w->n += n;
+    return dt_atomic_append(w->f, tokens, 2 * n);
+}
+
+size_t dt_tokens_writer_count(const dt_tokens_writer *w) { return w->n; }
+
+dt_status dt_tokens_writer_close(dt_tokens_writer *w, int commit) {
+    if (!w) return DT_OK;
+    dt_status st = DT_OK;
+    if (commit) {
+        int32_t count = (int32_t)w->n;
+        st = dt_atomic_write_at(w->f, 8, &count, sizeof count);
+        if (st == DT_OK) {
+            st = dt_atomic_commit(w->f);
+            w->f = NULL;
+        }
+    }
+    dt_atomic_abort(w->f);
+    free(w);
+    return st;
+}
+
 dt_status dt_tokens_write(const char *path, const uint16_t *tokens, size_t n) {
     if (n > INT32_MAX) return dt_error(DT_ERR_ARG, "%s: %zu tokens exceed the format's int32 count", path, n);
-    int32_t header[HEADER_INTS] = {DT_TOKENS_MAGIC, DT_TOKENS_VERSION, (int32_t)n};
-    const void *parts[] = {header, tokens};
-    size_t sizes[] = {sizeof header, 2 * n};
-    return dt_write_atomic(path, parts, sizes, 2);
+    dt_tokens_writer *w;
+    dt_status st = dt_tokens_writer_open(&w, path);
+    if (st != DT_OK) return st;
+    st = dt_tokens_writer_put(w, tokens, n);
+    dt_status done = dt_tokens_writer_close(w, st == DT_OK);
+    return st != DT_OK ? st : done;
 }
 
 dt_status dt_tokens_sample(const dt_tokens *t, dt_rng *rng, int B, int T, int32_t *inputs,

@@ -1,6 +1,7 @@
-/* dtrain sample: text from a byte-level GPT. */
+/* dtrain sample: text from a byte-level GPT or Llama-style model. */
 #include "cli.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/llama.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,10 +13,11 @@ static const char help[] =
     "                    [--temperature T] [--top-k K] [--seed S] [--set S.K=V]...\n"
     "                    [--memory-limit SIZE]\n"
     "\n"
-    "Generates N (default 200) tokens after TEXT with the GPT that CONFIG\n"
-    "describes and WEIGHTS holds (a run's model.safetensors, one of its\n"
-    "checkpoints, verified first, or an llm.c checkpoint of the same sizes),\n"
-    "and prints the prompt and the sample.\n"
+    "Generates N (default 200) tokens after TEXT with the GPT or Llama-style\n"
+    "model that CONFIG describes and WEIGHTS holds (a run's model.safetensors,\n"
+    "one of its checkpoints, verified first; for a GPT an llm.c checkpoint,\n"
+    "for a Llama Hugging Face's weights, of the same sizes), and prints the\n"
+    "prompt and the sample.\n"
     "Tokens are bytes, so the model must be byte-level (vocab_size 256, as\n"
     "'dtrain prepare-text' makes). Each next token is drawn from\n"
     "softmax(logits / T) (T 0 = always the most likely; default 0.8),\n"
@@ -26,6 +28,35 @@ static const char help[] =
     "\n"
     "options:\n"
     CLI_MEMORY_LIMIT_HELP;
+
+// The two language models behind one forward: logits of a window.
+typedef struct {
+    dt_gpt *gpt;
+    dt_llama *llama;
+} lm;
+
+static dt_status lm_open(lm *m, const dt_config *c, const char *weights) {
+    *m = (lm){0};
+    if (c->arch == DT_ARCH_LLAMA) {
+        dt_llama_config lc = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
+                              c->vocab_size, c->rope_theta, c->norm_eps};
+        dt_status st = dt_llama_create(&m->llama, &lc, 1, c->block_size);
+        return st == DT_OK ? dt_llama_load(m->llama, weights) : st;
+    }
+    dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    dt_status st = dt_gpt_create(&m->gpt, &gc, 1, c->block_size);
+    return st == DT_OK ? dt_gpt_load(m->gpt, weights) : st;
+}
+
+static const float *lm_logits(lm *m, const int32_t *w, int T) {
+    if (m->llama) return dt_llama_forward(m->llama, w, NULL, 1, T, NULL) == DT_OK ? dt_llama_logits(m->llama) : NULL;
+    return dt_gpt_forward(m->gpt, w, NULL, 1, T, NULL) == DT_OK ? dt_gpt_logits(m->gpt) : NULL;
+}
+
+static void lm_close(lm *m) {
+    dt_gpt_free(m->gpt);
+    dt_llama_free(m->llama);
+}
 
 int cmd_sample(int argc, char **argv) {
     const char *config = NULL, *ckpt = NULL, *prompt = "", *sets[256];
@@ -72,9 +103,9 @@ int cmd_sample(int argc, char **argv) {
     if (!config || !ckpt) return cli_error("need CONFIG and --checkpoint WEIGHTS (see 'dtrain sample --help')"), EXIT_USAGE;
     dt_config c;
     if (dt_config_load(&c, config, sets, nsets) != DT_OK) return cli_error("%s", dt_last_error()), EXIT_RUNTIME;
-    if (!c.gpt) return cli_error("%s: [model] is not a GPT (preset gpt-tiny, gpt-small, gpt2-124m or gpt)", config), EXIT_RUNTIME;
-    if (c.arch == DT_ARCH_LLAMA)
-        return cli_error("%s: [model] arch = llama: sample does not run Llama models yet (docs/llama.md)", config), EXIT_RUNTIME;
+    if (!c.gpt)
+        return cli_error("%s: [model] is not a language model (a gpt-* or llama-* preset, gpt or llama)", config),
+               EXIT_RUNTIME;
     if (c.vocab_size > 256)
         return cli_error("%s: vocab_size %d: sample reads and prints bytes, so it needs a byte-level model (vocab_size <= 256)",
                          config, c.vocab_size), EXIT_RUNTIME;
@@ -86,19 +117,17 @@ int cmd_sample(int argc, char **argv) {
         if ((unsigned char)prompt[i] >= V)
             return cli_error("--prompt byte %zu (%u) is outside the vocabulary [0, %d)", i, (unsigned char)prompt[i], V), EXIT_USAGE;
     dt_set_threads(c.threads);
-    dt_gpt_config gc = {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.padded_vocab_size};
-    dt_gpt *m = NULL;
-    if (dt_check_memory(&c, DT_MEM_SAMPLE, 1, 0, NULL) != DT_OK || dt_gpt_create(&m, &gc, 1, T) != DT_OK ||
-        dt_gpt_load(m, ckpt) != DT_OK) {
+    lm m = {0};
+    if (dt_check_memory(&c, DT_MEM_SAMPLE, 1, 0, NULL) != DT_OK || lm_open(&m, &c, ckpt) != DT_OK) {
         cli_error("%s", dt_last_error());
-        dt_gpt_free(m);  // NULL if create failed
+        lm_close(&m);
         return EXIT_RUNTIME;
     }
     size_t total = plen + (size_t)n;
     int32_t *tok = malloc(sizeof(int32_t) * (total + 1));
     float *prob = malloc(sizeof(float) * V);
     if (!tok || !prob) {
-        dt_gpt_free(m);
+        lm_close(&m);
         return cli_error("out of memory"), EXIT_RUNTIME;
     }
     // An empty prompt starts from a newline: the model needs one token.
@@ -112,12 +141,13 @@ int cmd_sample(int argc, char **argv) {
     for (size_t k = 0; k < (size_t)n; k++) {
         size_t ctx = len > (size_t)T ? (size_t)T : len;
         const int32_t *w = tok + len - ctx;
-        if (dt_gpt_forward(m, w, NULL, 1, (int)ctx, NULL) != DT_OK) {
+        const float *lg = lm_logits(&m, w, (int)ctx);
+        if (!lg) {
             cli_error("%s", dt_last_error());
             rc = EXIT_RUNTIME;
             break;
         }
-        const float *lg = dt_gpt_logits(m) + (ctx - 1) * V;
+        lg += (ctx - 1) * V;
         int next = 0;
         if (temp == 0) {
             for (int v = 1; v < V; v++)
@@ -158,6 +188,6 @@ int cmd_sample(int argc, char **argv) {
     putchar('\n');
     free(tok);
     free(prob);
-    dt_gpt_free(m);
+    lm_close(&m);
     return rc;
 }

@@ -116,8 +116,7 @@ dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss,
 }
 
 dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
-    if (c->gpt && c->arch == DT_ARCH_LLAMA)
-        return dt_error(DT_ERR_CONFIG, "[model] arch = llama: eval does not run Llama models yet (docs/llama.md)");
+    if (c->gpt && c->arch == DT_ARCH_LLAMA) return dt_llama_eval_checkpoint(c, weights, loss, accuracy, n);
     if (c->gpt) return dt_gpt_eval_checkpoint(c, weights, loss, accuracy, n);
     dt_set_threads(c->threads);
     dt_dataset test = {0};

@@ -52,50 +52,18 @@ static void count_acts(dt_task *t, const dt_gpt_acts *a) {
     t->act_saved += dt_gpt_acts_saved(a);
 }
 
-// Mean loss (and next-token accuracy when acc is not NULL) over the first
-// `windows` consecutive windows of the validation file: rank r takes
-// windows windows*r/W up to windows*(r+1)/W, in chunks of up to Bc (the
-// model's batch), and the sums meet in one allreduce (comm may be NULL for
-// one process). The forwards run in set a (NULL: the model's default set).
-static dt_status val_loss(dt_gpt *m, dt_gpt_acts *a, const dt_tokens *val, int windows, int Bc, int T, int32_t *x,
-                          int32_t *y, float *out, float *acc, dt_comm_t comm, dt_task *t) {
-    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1, lo, hi, extra;
-    int V = dt_gpt_get_config(m)->vocab_size;
-    dt_task_eval_share(windows, rank, W, Bc, &lo, &hi, &extra);
-    double sums[2] = {0, 0};  // sum of window losses, correct predictions
-    float fs[2];
-    for (int i = lo; i < hi; i += Bc) {
-        int n = hi - i < Bc ? hi - i : Bc;
-        float l;
-        dt_status st = DT_OK;
-        dt_heartbeat(-1);
-        for (int b = 0; b < n && st == DT_OK; b++)
-            st = dt_tokens_window(val, i + b, 1, T, x + (size_t)b * T, y + (size_t)b * T);
-        if (st == DT_OK) st = a ? dt_gpt_forward_with(m, a, x, y, n, T, &l) : dt_gpt_forward(m, x, y, n, T, &l);
-        if (st != DT_OK) return st;
-        sums[0] += (double)l * n;
-        if (acc) {
-            const float *lg = a ? dt_gpt_acts_logits(a) : dt_gpt_logits(m);
-            for (int r = 0; r < n * T; r++) {
-                int arg = 0;
-                for (int v = 1; v < V; v++)
-                    if (lg[(size_t)r * V + v] > lg[(size_t)r * V + arg]) arg = v;
-                sums[1] += arg == y[r];
-            }
-        }
-    }
-    dt_status st = t ? dt_task_replay(t->layer_fn, t->layer_user, DT_GPT_EMBED, t->gc.n_layer, extra) : DT_OK;
-    if (st != DT_OK) return st;
-    if (W > 1) {  // (counts stay exact in float up to 2^24 tokens)
-        fs[0] = (float)sums[0];
-        fs[1] = (float)sums[1];
-        if ((st = dt_allreduce(fs, fs, 2, DT_F32, DT_SUM, comm)) != DT_OK) return st;
-        sums[0] = fs[0];
-        sums[1] = fs[1];
-    }
-    *out = (float)(sums[0] / windows);
-    if (acc) *acc = (float)(sums[1] / ((double)windows * T));
-    return DT_OK;
+// The evaluation's forward (dt_task_val_loss): in set a, else the default.
+typedef struct {
+    dt_gpt *m;
+    dt_gpt_acts *a;
+} gpt_fwd;
+
+static dt_status gpt_lm_forward(void *user, const int32_t *x, const int32_t *y, int n, int T, float *loss,
+                                const float **logits) {
+    gpt_fwd *f = user;
+    dt_status st = f->a ? dt_gpt_forward_with(f->m, f->a, x, y, n, T, loss) : dt_gpt_forward(f->m, x, y, n, T, loss);
+    *logits = f->a ? dt_gpt_acts_logits(f->a) : dt_gpt_logits(f->m);
+    return st;
 }
 
 static dt_gpt_config gpt_config(const dt_config *c) {
@@ -116,7 +84,10 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
-    if (st == DT_OK) st = val_loss(m, NULL, &val, c->eval_batches * B, B, T, x, y, loss, accuracy, NULL, NULL);
+    gpt_fwd f = {m, NULL};
+    if (st == DT_OK)
+        st = dt_task_val_loss(gpt_lm_forward, &f, &val, c->eval_batches * B, B, T, c->vocab_size, x, y, NULL, NULL,
+                              loss, accuracy);
     if (n) *n = c->eval_batches * B * T;
     dt_gpt_free(m);
     dt_tokens_close(&val);
@@ -501,8 +472,10 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
         count_acts(t, t->eval);
     }
     // Tensor parallel: the shards of one model run the same windows.
-    st = val_loss(t->m, t->eval, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->x, t->y, loss, NULL,
-                  t->ntp > 1 ? t->rest : comm, t);
+    gpt_fwd f = {t->m, t->eval};
+    dt_task_hook hook = {t->layer_fn, t->layer_user, DT_GPT_EMBED, t->gc.n_layer};
+    st = dt_task_val_loss(gpt_lm_forward, &f, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->gc.vocab_size, t->x,
+                          t->y, t->ntp > 1 ? t->rest : comm, &hook, loss, NULL);
     if (st != DT_OK) return st;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "step", (double)step);

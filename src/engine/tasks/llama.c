@@ -324,38 +324,52 @@ static dt_status llama_scratch_batch(dt_task *t, int len) {
     return DT_OK;
 }
 
-// Mean loss over eval_batches * B consecutive validation windows, split
-// over comm's ranks as the GPT's (dt_task_eval_share), the sums in one
-// allreduce.
+// The evaluation's forward (dt_task_val_loss).
+static dt_status llama_lm_forward(void *user, const int32_t *x, const int32_t *y, int n, int T, float *loss,
+                                  const float **logits) {
+    dt_status st = dt_llama_forward(user, x, y, n, T, loss);
+    *logits = dt_llama_logits(user);
+    return st;
+}
+
 static dt_status llama_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float train_loss, float *loss,
                                 float *accuracy) {
     *accuracy = -1;
     if (t->ntp > 1) comm = t->rest;  // (the shards of one model run the same windows)
-    int windows = t->c->eval_batches * t->B, Bc = t->Bm, T = t->T, lo, hi, extra;
-    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1;
-    dt_task_eval_share(windows, rank, W, Bc, &lo, &hi, &extra);
-    double sum = 0;
-    dt_status st = DT_OK;
-    for (int i = lo; st == DT_OK && i < hi; i += Bc) {
-        int n = hi - i < Bc ? hi - i : Bc;
-        float l = 0;
-        dt_heartbeat(-1);
-        for (int b = 0; b < n && st == DT_OK; b++)
-            st = dt_tokens_window(&t->val, i + b, 1, T, t->x + (size_t)b * T, t->y + (size_t)b * T);
-        if (st == DT_OK) st = dt_llama_forward(t->m, t->x, t->y, n, T, &l);
-        sum += (double)l * n;
-    }
-    if (st == DT_OK) st = dt_task_replay(t->layer_fn, t->layer_user, -1, t->lc.n_layer, extra);
-    float s = (float)sum;
-    if (st == DT_OK && W > 1) st = dt_allreduce(&s, &s, 1, DT_F32, DT_SUM, comm);
+    dt_task_hook hook = {t->layer_fn, t->layer_user, -1, t->lc.n_layer};
+    dt_status st = dt_task_val_loss(llama_lm_forward, t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T,
+                                    t->lc.vocab_size, t->x, t->y, comm, &hook, loss, NULL);
     if (st != DT_OK) return st;
-    *loss = s / (float)windows;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "step", (double)step);
     cJSON_AddNumberToObject(e, "train_loss", train_loss);
     cJSON_AddNumberToObject(e, "val_loss", *loss);
     cJSON_AddItemToArray(t->history, e);
     return DT_OK;
+}
+
+dt_status dt_llama_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
+    dt_set_threads(c->threads);
+    const char *file = c->val_file[0] ? c->val_file : c->train_file;
+    dt_llama_config lc = llama_config(c);
+    int B = c->batch, T = c->seq_len;
+    dt_tokens val = {0};
+    dt_llama *m = NULL;
+    dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
+    int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
+    if (st == DT_OK && !(x && y)) st = dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK) st = dt_llama_create(&m, &lc, B, T);
+    if (st == DT_OK) st = dt_llama_load(m, weights);  // (the weights first: a wrong file before the data loads)
+    if (st == DT_OK) st = open_tokens(&val, file, c);
+    if (st == DT_OK)
+        st = dt_task_val_loss(llama_lm_forward, m, &val, c->eval_batches * B, B, T, c->vocab_size, x, y, NULL, NULL,
+                              loss, accuracy);
+    if (n) *n = c->eval_batches * B * T;
+    dt_llama_free(m);
+    dt_tokens_close(&val);
+    free(x);
+    free(y);
+    return st;
 }
 
 static dt_status llama_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {

@@ -1,5 +1,7 @@
 /* What the model tables share (task.h): a tensor-parallel model's shard
- * groups, an evaluation's split over the ranks, the weights file. */
+ * groups, an evaluation's split over the ranks, a language model's
+ * validation loss, the weights file. */
+#include "dtrain/launch.h"
 #include "engine/tasks/task.h"
 #include "engine/checkpoints.h"
 
@@ -30,6 +32,42 @@ dt_status dt_task_replay(dt_task_layer_fn fn, void *user, int first, int last, i
     for (int k = 0; fn && k < times && st == DT_OK; k++)
         for (int l = first; l <= last && st == DT_OK; l++) st = fn(l, 0, user);
     return st;
+}
+
+dt_status dt_task_val_loss(dt_task_lm_fn fwd, void *user, const dt_tokens *val, int windows, int Bc, int T, int V,
+                           int32_t *x, int32_t *y, dt_comm_t comm, const dt_task_hook *hook, float *loss, float *acc) {
+    int rank = comm ? dt_comm_rank(comm) : 0, W = comm ? dt_comm_size(comm) : 1, lo, hi, extra;
+    dt_task_eval_share(windows, rank, W, Bc, &lo, &hi, &extra);
+    double sums[2] = {0, 0};  // sum of window losses, correct predictions
+    for (int i = lo; i < hi; i += Bc) {
+        int n = hi - i < Bc ? hi - i : Bc;
+        float l = 0;
+        dt_status st = DT_OK;
+        dt_heartbeat(-1);
+        for (int b = 0; b < n && st == DT_OK; b++)
+            st = dt_tokens_window(val, i + b, 1, T, x + (size_t)b * T, y + (size_t)b * T);
+        const float *lg = NULL;
+        if (st == DT_OK) st = fwd(user, x, y, n, T, &l, &lg);
+        if (st != DT_OK) return st;
+        sums[0] += (double)l * n;
+        for (int r = 0; acc && r < n * T; r++) {
+            int arg = 0;
+            for (int v = 1; v < V; v++)
+                if (lg[(size_t)r * V + v] > lg[(size_t)r * V + arg]) arg = v;
+            sums[1] += arg == y[r];
+        }
+    }
+    dt_status st = hook ? dt_task_replay(hook->fn, hook->user, hook->first, hook->last, extra) : DT_OK;
+    if (st != DT_OK) return st;
+    if (W > 1) {  // (counts stay exact in float up to 2^24 tokens)
+        float fs[2] = {(float)sums[0], (float)sums[1]};
+        if ((st = dt_allreduce(fs, fs, 2, DT_F32, DT_SUM, comm)) != DT_OK) return st;
+        sums[0] = fs[0];
+        sums[1] = fs[1];
+    }
+    *loss = (float)(sums[0] / windows);
+    if (acc) *acc = (float)(sums[1] / ((double)windows * T));
+    return DT_OK;
 }
 
 // What of the whole block this rank holds: its parts (fill), or its slice

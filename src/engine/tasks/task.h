@@ -16,6 +16,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
+#include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
 
@@ -209,6 +210,26 @@ void dt_task_eval_share(long n, int r, int W, int chunk, int *lo, int *hi, int *
 /* The layer hook's calls of `times` forwards of layers first..last (phase
  * 0), without the forwards. fn NULL: none. */
 dt_status dt_task_replay(dt_task_layer_fn fn, void *user, int first, int last, int times);
+
+/* A language model's forward over n windows of T tokens x with targets y:
+ * their mean loss into *loss, *logits its logits [n T, V]. */
+typedef dt_status (*dt_task_lm_fn)(void *user, const int32_t *x, const int32_t *y, int n, int T, float *loss,
+                                   const float **logits);
+/* The layer hook's calls a rank owes for the forwards it did not run
+ * (dt_task_replay's fn, user, first and last). */
+typedef struct {
+    dt_task_layer_fn fn;
+    void *user;
+    int first, last;
+} dt_task_hook;
+/* The mean loss, and the next-token accuracy where acc is not NULL, over
+ * `windows` consecutive windows of T tokens of val: this rank's share
+ * (dt_task_eval_share) in forwards of up to Bc windows through x and y
+ * ([Bc, T] each), then the hook's calls of the forwards the busiest rank
+ * runs beyond this one's (hook NULL: none), the sums added over comm (NULL:
+ * this rank's alone). */
+dt_status dt_task_val_loss(dt_task_lm_fn fwd, void *user, const dt_tokens *val, int windows, int Bc, int T, int V,
+                           int32_t *x, int32_t *y, dt_comm_t comm, const dt_task_hook *hook, float *loss, float *acc);
 
 /* A task's save (above): the weights file of tensors[n] from params (this
  * rank's block, valid in [lo, hi); or its parts, through fill and user:
