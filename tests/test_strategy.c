@@ -337,6 +337,9 @@ static const row rows[] = {
     // magnitude, as the key bias's rounding-only one; the projection's
     // rounding, relative to the piece's largest values, moves the small ones)
     {"dp+powersgd", "gpt", 3, 0, "--set compression.method=powersgd --set compression.rank=1024", "", 3e-2, 0},
+    {"dp+topk", "llama", 3, 0, "--set compression.method=topk --set compression.ratio=1", "", 1e-4, 0},
+    {"dp+powersgd", "llama", 2, 0, "--set compression.method=powersgd --set compression.rank=1024", "", 3e-2, 0},
+    {"dp+int8", "llama", 2, 0, "--set compression.method=int8", "", 5e-2, 0},
     {"dp+fp16", "mlp", 2, 0, "--set compression.method=fp16", "", 1e-2, 0},
     {"dp+bf16", "cnn", 2, 0, "--set compression.method=bf16", "", 5e-2, 0},
     {"dp+int8", "mlp", 4, 0, "--set compression.method=int8", "", 5e-2, 0},
@@ -365,6 +368,7 @@ static const row rows[] = {
      "--set optim.clip_norm=0.5 --set schedule.name=cosine", 1e-6, 2},
     {"ps", "cnn", 4, 0, "--servers 1", "", 1e-6, 4},
     {"ps", "gpt", 2, 0, "--servers 1", "", 1e-6, 2},
+    {"ps", "llama", 2, 0, "--servers 2", "", 1e-6, 2},
     {"ps", "gpt", 3, 0, "--servers 2 --set optim.clip_norm=0.1", "--set optim.clip_norm=0.1", 1e-6, 3},
     {"ps", "mlp", 4, 1, "--servers 2", "", 1e-6, 2},
     {"ps", "mlp", 3, 0, "--deterministic --servers 2", "--deterministic", 0, 0},
@@ -385,6 +389,9 @@ static const row rows[] = {
     // rounding boundary now and then, one ulp (2^-8 relative) at a time, and 50 SGD steps with momentum
     // carry that on: a few ulps of the largest weight (fp32 rows: 1e-4, for the same reason in fp32).
     {"precision", "gpt", 2, 0, "--precision bf16", "--precision bf16", 5e-2, 0},
+    {"precision", "llama", 2, 0, "--precision bf16", "--precision bf16", 5e-2, 0},
+    {"precision", "llama", 2, 0, "--precision bf16 --zero 3", "--precision bf16", 1e-6, 2},
+    {"precision", "llama", 2, 0, "--precision fp16", "--precision fp16", 5e-2, 0},
     {"precision", "cnn", 2, 0, "--precision bf16 --deterministic", "--precision bf16 --deterministic", 0, 0},
     {"precision", "gpt", 2, 0, "--precision bf16 --zero 1", "--precision bf16", 1e-6, 2},
     {"precision", "mlp", 2, 0, "--precision bf16 --zero 2", "--precision bf16", 1e-6, 2},

@@ -687,11 +687,10 @@ static dt_status finish_llama(dt_config *c, const char *what) {
     if (dt_llama_config_check(&r, "[model]") != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
     const char *no = c->sequence ? "[parallel] sequence" : c->recompute ? "[train] recompute"
-                   : c->precision != DT_F32 ? "[train] precision"
                    : (c->tensor > 1 || c->pipeline > 1) && c->init_from[0] ? "[model] init_from with model parallelism" : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "%s: %s: not yet with arch = llama (it trains on one process, data parallel, "
-                        "ZeRO 1-3, tensor and pipeline parallel in fp32; docs/llama.md)", what, no);
+                        "ZeRO 1-3, tensor and pipeline parallel; docs/llama.md)", what, no);
     return finish_tokens(c, what);
 }
 
