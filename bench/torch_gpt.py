@@ -5,6 +5,9 @@ step as bench_gpt, on random tokens. Prints one JSON object.
 
 gpt.py runs it under the environments that make PyTorch fastest here
 (OPENBLAS_CORETYPE=SkylakeX for Debian's OpenBLAS, OMP_WAIT_POLICY=passive).
+On a GPU (--device cuda, tests/gpu/run.sh's bench stage) it is the peer of
+docs/gpu.md: bf16 autocast (--autocast), fused AdamW, scaled_dot_product_
+attention, TF32 matmuls for fp32 (--tf32), torch.compile (--compile).
 """
 import argparse, json, math, time
 import torch
@@ -66,23 +69,41 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.h:
             x = b(x)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def make(preset, batch, seq, vocab=0):
+def make(preset, batch, seq, vocab=0, device="cpu"):
     """The model of `preset` (vocabulary `vocab` if not 0), its AdamW step
-    (bench_gpt's) and a batch of random tokens: (model, optimizer, x, y)."""
+    (bench_gpt's; fused on a GPU) and a batch of random tokens: (model,
+    optimizer, x, y)."""
     L, NH, C, maxT, V = PRESETS[preset]
     V = vocab or V
-    m = GPT(L, NH, C, maxT, V)
-    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1)
-    x = torch.randint(0, V, (batch, seq))
-    y = torch.randint(0, V, (batch, seq))
+    m = GPT(L, NH, C, maxT, V).to(device)
+    fused = {"fused": True} if device != "cpu" else {}
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1, **fused)
+    x = torch.randint(0, V, (batch, seq), device=device)
+    y = torch.randint(0, V, (batch, seq), device=device)
     return m, opt, x, y
+
+
+def run(a, f, opt, x, y, sync, dev, n):
+    """n steps, the last a.steps timed (all of them if fewer): (loss, seconds)."""
+    t0 = time.perf_counter()
+    for s in range(n):
+        if s == n - a.steps:
+            sync()
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=a.autocast):
+            loss = f(x, y)
+        loss.backward()
+        opt.step()
+    sync()
+    return loss, time.perf_counter() - t0
 
 
 def main():
@@ -92,29 +113,43 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--autocast", action="store_true", help="CPU autocast in bf16 (bench/precision.py)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--autocast", action="store_true", help="autocast in bf16 (bench/precision.py; docs/gpu.md)")
+    ap.add_argument("--tf32", action="store_true", help="fp32 matmuls on TF32 tensor cores (a GPU)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile, default mode")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    m, opt, x, y = make(a.preset, a.batch, a.seq, a.vocab)
+    if a.tf32:
+        torch.set_float32_matmul_precision("high")
+    m, opt, x, y = make(a.preset, a.batch, a.seq, a.vocab, a.device)
     V = a.vocab or PRESETS[a.preset][4]
-    for s in range(a.warmup + a.steps):
-        if s == a.warmup:
-            t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=a.autocast):
-            loss = m(x, y)
-        loss.backward()
-        opt.step()
-    dt = time.perf_counter() - t0
-    print(json.dumps({"impl": "pytorch", "version": torch.__version__, "preset": a.preset,
-                      "batch": a.batch, "seq": a.seq, "vocab": V, "threads": a.threads,
-                      "steps": a.steps, "precision": "autocast-bf16" if a.autocast else "fp32", "params": sum(p.numel() for p in m.parameters()),
+    f = torch.compile(m) if a.compile and hasattr(torch, "compile") else m
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
+    dev = "cuda" if a.device.startswith("cuda") else "cpu"
+    try:
+        run(a, f, opt, x, y, sync, dev, 1)  # (compiles here when --compile)
+    except Exception as e:  # torch.compile may lack a compiler where it runs: said, not failed
+        if not a.compile:
+            raise
+        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "preset": a.preset, "compile":
+                          "unavailable: %s" % str(e).splitlines()[0][:200]}))
+        return
+    if a.compile and f is m:
+        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "preset": a.preset,
+                          "compile": "unavailable: torch %s has no torch.compile" % torch.__version__}))
+        return
+    loss, dt = run(a, f, opt, x, y, sync, dev, a.warmup + a.steps)
+    mem = torch.cuda.max_memory_allocated() if dev == "cuda" else 0
+    print(json.dumps({"impl": "pytorch", "version": torch.__version__, "preset": a.preset, "device": a.device,
+                      "batch": a.batch, "seq": a.seq, "vocab": V, "threads": a.threads, "steps": a.steps,
+                      "precision": "autocast-bf16" if a.autocast else "tf32" if a.tf32 else "fp32",
+                      "compile": a.compile, "params": sum(p.numel() for p in m.parameters()),
                       "loss": round(loss.item(), 4),
                       "tokens_per_sec": round(a.steps * a.batch * a.seq / dt, 1),
-                      "ms_per_step": round(1e3 * dt / a.steps, 2)}))
+                      "ms_per_step": round(1e3 * dt / a.steps, 2), "max_memory_allocated": mem}))
 
 
 if __name__ == "__main__":
