@@ -181,6 +181,16 @@ typedef struct {
     size_t numel;
 } dt_tensor_info;
 DT_API int dt_model_num_tensors(const dt_model *m);
+/* Layer i's plan (0 <= i < dt_model_num_layers): its spec, its per-sample
+ * input and output sizes and where its weight and bias lie in the blocks
+ * (w_n, b_n floats; 0: none). A device's step over the same blocks reads
+ * it (gpu/dev_model.c). */
+typedef struct {
+    dt_layer_spec spec;
+    size_t in, out, w_off, b_off, w_n, b_n;
+} dt_model_layer_plan;
+DT_API int dt_model_num_layers(const dt_model *m);
+DT_API void dt_model_layer(const dt_model *m, int i, dt_model_layer_plan *out);
 DT_API const dt_tensor_info *dt_model_tensor(const dt_model *m, int i);
 /* Tensor i as the whole model has it, for a tensor-parallel shard
  * (dt_model_create_shard): the whole shape, the offset in the whole model's

@@ -57,6 +57,8 @@ DT_API void dt_optim_set_skip(dt_optim *o, int skip);
  * state arrays of n floats (SGD: momentum buffer; AdamW: m, v). */
 DT_API int64_t *dt_optim_step_count(dt_optim *o);
 DT_API int dt_optim_num_states(const dt_optim *o);
+/* The same for an optimizer of p, before one is made. */
+DT_API int dt_optim_params_states(const dt_optim_params *p);
 DT_API float *dt_optim_state(dt_optim *o, int i);
 
 /* Sum of squares of g[n], accumulated in double. */

@@ -1,30 +1,77 @@
-/* [train] device against this build and this machine (docs/gpu.md). */
+/* [train] device against this build and this machine (docs/gpu.md), through
+ * the device seam (gpu/dev.h: the CUDA device, or dtrain's simulated GPU
+ * under DTRAIN_GPU=sim). */
 #include "dtrain/train.h"
+#include "gpu/dev.h"
 #include "gpu/gpu.h"
 
 #include <stdio.h>
 
+// The kernels a model's device step calls (gpu/dev_model.c).
+static const char *const mlp_ops[] = {"sgemm", "bias_forward", "bias_backward", "relu_forward", "relu_backward",
+                                      "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
+                                      "crossentropy_forward", "crossentropy_backward", "sumsq", NULL};
+static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backward", "layernorm_forward",
+                                      "layernorm_backward", "attention_forward", "attention_backward",
+                                      "residual_forward", "residual_backward", "gelu_forward", "gelu_backward",
+                                      "bias_forward", "bias_backward", "crossentropy_forward",
+                                      "crossentropy_backward", "sumsq", NULL};
+
+// What trains on a device: one worker, plain data parallel, fp32, a GPT or
+// a sequential model of dense layers; the rest refused by name.
+static dt_status supported(const dt_config *c) {
+    const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
+                     : c->pipeline > 1 ? "[parallel] pipeline"
+                     : c->tensor > 1   ? "[parallel] tensor"
+                     : c->zero > 0     ? "[parallel] zero (ZeRO)"
+                     : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
+                     : c->deterministic  ? "[parallel] deterministic = true"
+                     : c->comp_method != DT_COMP_NONE ? "[compression] method"
+                     : c->grad_dtype     ? "[parallel] grad_dtype = bf16"
+                     : c->offload        ? "[parallel] offload"
+                     : c->dynamic_batch  ? "[train] dynamic_batch"
+                     : c->precision != DT_F32 ? "[train] precision other than fp32"
+                     : c->recompute      ? "[train] recompute"
+                     : c->gpt && c->arch == DT_ARCH_LLAMA ? "[model] arch = llama"
+                                                          : NULL;
+    for (int i = 0; !no && !c->gpt && i < c->nlayers; i++) {
+        dt_layer_kind k = c->layers[i].kind;
+        if (k == DT_LAYER_CONV2D) no = "a conv2d layer";
+        else if (k == DT_LAYER_MAXPOOL) no = "a maxpool layer";
+        else if (k == DT_LAYER_DROPOUT && c->layers[i].p > 0.0f) no = "dropout with p > 0 (its masks on the device)";
+    }
+    if (no)
+        return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (a GPU trains one worker, "
+                        "plain data parallel, fp32, a GPT or dense layers; docs/gpu.md)", c->device, no);
+    return DT_OK;
+}
+
 dt_status dt_train_check_device(const dt_config *c) {
     int want = dt_device_index(c->device);
     if (want < 0) return DT_OK;
-    char why[512], what[200] = "";
-    int n = dt_gpu_count(why, sizeof why);
+    const dt_dev *d = dt_dev_get();
+    char why[512], what[300] = "";
+    int n = d->count(why, sizeof why);
     if (n == 0) return dt_error(DT_ERR_CONFIG, "[train] device = %s: %s", c->device, why);
     if (want >= n)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s: this machine has %d GPU%s (cuda:0%s%.0d)", c->device, n,
                         n > 1 ? "s" : "", n > 1 ? " to cuda:" : "", n > 1 ? n - 1 : 0);
-    dt_gpu_describe(want, what, sizeof what);
-    return dt_error(DT_ERR_CONFIG, "[train] device = %s (%s): training on a GPU is not in this dtrain yet; %s has its "
-                    "kernels and their tests against the CPU's (docs/gpu.md)", c->device, what, dt_gpu_build());
+    dt_status st = supported(c);
+    if (st != DT_OK) return st;
+    d->describe(want, what, sizeof what);
+    char who[400];
+    snprintf(who, sizeof who, "[train] device = %s (%s)", c->device, what);
+    return dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
 }
 
 void dt_device_report(char *out, size_t n) {
-    char why[512] = "", what[200] = "";
-    int gpus = dt_gpu_count(why, sizeof why);
+    const dt_dev *d = dt_dev_get();
+    char why[512] = "", what[300] = "";
+    int gpus = d->count(why, sizeof why);
     size_t k = (size_t)snprintf(out, n, "cuda: %s\ngpus: %d", dt_gpu_build(), gpus);
     for (int i = 0; i < gpus && k < n; i++)
-        if (dt_gpu_describe(i, what, sizeof what) == DT_OK) k += (size_t)snprintf(out + k, n - k, "%s cuda:%d %s",
-                                                                                  i ? ";" : " (", i, what);
+        if (d->describe(i, what, sizeof what) == DT_OK) k += (size_t)snprintf(out + k, n - k, "%s cuda:%d %s",
+                                                                               i ? ";" : " (", i, what);
     if (k < n) k += (size_t)snprintf(out + k, n - k, "%s", gpus ? ")" : "");
     if (!gpus && k < n) k += (size_t)snprintf(out + k, n - k, " (%s)", why);
     const char *libs[] = {"cublaslt", "cudnn", "nccl"};

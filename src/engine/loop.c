@@ -352,7 +352,9 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     dt_obs_begin(obs, DT_OBS_COMM);
     dt_status st = dt_strategy_sync(s);
     int watch = scaler || (s->opt && s->c->ps_servers == 0);
-    int overflow = watch && st == DT_OK ? grads_overflow(s, step + 1) : 0;
+    int overflow = 0;
+    if (watch && st == DT_OK && s->ops->grads_nonfinite) st = s->ops->grads_nonfinite(s, &overflow);
+    else if (watch && st == DT_OK) overflow = grads_overflow(s, step + 1);
     if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, overflow, ctl);
     else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, overflow, ctl);
     dt_obs_end(obs, DT_OBS_COMM);
@@ -505,7 +507,7 @@ static dt_status build(run_state *r) {
     dt_strategy_args sa = {c, r->comm, info->params, info->grads, info->nparams, info->order, info->norder, r->obs,
                            info->order_layer, r->all, info->order_split, info->nwhole, info->part_fill,
                            info->part_take, info->part_user, info->replicas, info->tensor_group, info->matrices,
-                           info->nmatrices, info->tied};
+                           info->nmatrices, info->tied, info->device};
     if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
     // What this rank keeps of the model (a pipeline stage: its layers).
     if (r->sops->layout &&

@@ -56,6 +56,34 @@ dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
     return DT_OK;
 }
 
+dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes) {
+    DT_CUDA(cudaMemcpy(dev_to, dev_from, bytes, cudaMemcpyDeviceToDevice));
+    return DT_OK;
+}
+
+dt_status dt_gpu_memset0(void *dev, size_t bytes) {
+    DT_CUDA(cudaMemset(dev, 0, bytes));
+    return DT_OK;
+}
+
+dt_status dt_gpu_mem_info(size_t *free_bytes, size_t *total) {
+    DT_CUDA(cudaMemGetInfo(free_bytes, total));
+    return DT_OK;
+}
+
+dt_status dt_gpu_host_alloc(void **host, size_t bytes) {
+    *host = NULL;
+    cudaError_t e = cudaMallocHost(host, bytes ? bytes : 1);
+    if (e != cudaSuccess)
+        return dt_error(DT_ERR_NOMEM, "GPU: cudaMallocHost of %zu bytes (pinned host memory): %s", bytes,
+                        cudaGetErrorString(e));
+    return DT_OK;
+}
+
+void dt_gpu_host_free(void *host) {
+    if (host) cudaFreeHost(host);
+}
+
 dt_status dt_gpu_sync(void) {
     DT_CUDA(cudaDeviceSynchronize());
     return DT_OK;

@@ -32,6 +32,13 @@ dt_status dt_gpu_alloc(void **dev, size_t bytes);
 void dt_gpu_free(void *dev);
 dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes);
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes);
+dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes);
+dt_status dt_gpu_memset0(void *dev, size_t bytes);
+/* The current device's free and total memory. */
+dt_status dt_gpu_mem_info(size_t *free_bytes, size_t *total);
+/* Page-locked host memory (cudaMallocHost): the copies' pinned buffers. */
+dt_status dt_gpu_host_alloc(void **host, size_t bytes);
+void dt_gpu_host_free(void *host);
 /* Waits for every launch so far; an error a kernel raised is named here. */
 dt_status dt_gpu_sync(void);
 

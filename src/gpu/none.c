@@ -29,6 +29,13 @@ dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
     return (void)host, (void)dev, (void)bytes, no_gpu();
 }
+dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes) {
+    return (void)dev_to, (void)dev_from, (void)bytes, no_gpu();
+}
+dt_status dt_gpu_memset0(void *dev, size_t bytes) { return (void)dev, (void)bytes, no_gpu(); }
+dt_status dt_gpu_mem_info(size_t *free_bytes, size_t *total) { return *free_bytes = *total = 0, no_gpu(); }
+dt_status dt_gpu_host_alloc(void **host, size_t bytes) { return (void)bytes, *host = NULL, no_gpu(); }
+void dt_gpu_host_free(void *host) { (void)host; }
 dt_status dt_gpu_sync(void) { return no_gpu(); }
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k) {
     return (void)w, (void)g, (void)m, (void)v, (void)n, (void)k, no_gpu();

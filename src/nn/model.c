@@ -718,6 +718,11 @@ void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user) {
     m->hook_user = user;
 }
 int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
+int dt_model_num_layers(const dt_model *m) { return m->nlayers; }
+void dt_model_layer(const dt_model *m, int i, dt_model_layer_plan *out) {
+    const layer_t *l = &m->L[i];
+    *out = (dt_model_layer_plan){l->spec, numel3(l->in), out_numel(l), l->w_off, l->b_off, l->w_n, l->b_n};
+}
 const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
 }

@@ -48,6 +48,10 @@ extern "C" {
 /* o's constants for its next update (after dt_optim_begin_step). */
 dt_adamw_k dt_optim_adamw_k(const dt_optim *o, float lr, float grad_scale);
 dt_sgd_k dt_optim_sgd_k(const dt_optim *o, float lr, float grad_scale);
+/* o's kind, and whether its steps are skipped (dt_optim_set_skip): an
+ * update elsewhere (a device's) follows dt_optim_update's rules. */
+dt_optim_kind dt_optim_kind_of(const dt_optim *o);
+int dt_optim_skipping(const dt_optim *o);
 #ifdef __cplusplus
 }
 #endif

@@ -47,14 +47,18 @@ void dt_optim_free(dt_optim *o) {
 
 int64_t *dt_optim_step_count(dt_optim *o) { return &o->t; }
 
-int dt_optim_num_states(const dt_optim *o) {
-    if (o->p.kind == DT_OPTIM_ADAMW) return 2;
-    return o->p.momentum != 0.0f ? 1 : 0;
+int dt_optim_num_states(const dt_optim *o) { return dt_optim_params_states(&o->p); }
+
+int dt_optim_params_states(const dt_optim_params *p) {
+    if (p->kind == DT_OPTIM_ADAMW) return 2;
+    return p->momentum != 0.0f ? 1 : 0;
 }
 
 float *dt_optim_state(dt_optim *o, int i) { return i == 0 ? o->s0 : i == 1 ? o->s1 : NULL; }
 
 void dt_optim_set_skip(dt_optim *o, int skip) { o->skip = skip; }
+dt_optim_kind dt_optim_kind_of(const dt_optim *o) { return o->p.kind; }
+int dt_optim_skipping(const dt_optim *o) { return o->skip; }
 
 void dt_optim_begin_step(dt_optim *o) {
     if (!o->skip) o->t++;

@@ -91,6 +91,9 @@ static dt_status dp_check(const dt_config *c, int m) {
 
 dt_status dt_federate_check(const dt_config *c, int W) {
     (void)W;
+    if (dt_device_index(c->device) >= 0)
+        return dt_error(DT_ERR_CONFIG, "[train] device = %s: dtrain federate on a GPU is not in this dtrain yet "
+                        "(docs/gpu.md)", c->device);
     if (c->gpt)
         return dt_error(DT_ERR_CONFIG, "[model] preset = %s: dtrain federate trains classifiers on IDX images, not GPT models",
                         c->preset);

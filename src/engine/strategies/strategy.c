@@ -8,6 +8,7 @@
 
 // The one registry: the first strategy that wants the config runs it.
 static const dt_strategy_ops *const strategies[] = {
+    &dt_strategy_device,
     &dt_strategy_ps,
     &dt_strategy_pipeline,
     &dt_strategy_zero3,
@@ -47,6 +48,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     s->part_take = a->part_take;
     s->part_user = a->part_user;
     s->tied = a->tied;
+    s->device = a->device;
     s->replicas = a->replicas;
     s->tensor_group = a->tensor_group;
     s->obs = a->obs;

@@ -74,6 +74,7 @@ typedef struct {
     const dt_grad_matrix *matrices;   /* the block's 2-D tensors, for the gradient codec (NULL, 0: none) */
     int nmatrices;
     int tied;                    /* the order's first range is used by the first and the last layer (task.h) */
+    dt_dev_blocks *device;       /* the task's blocks on a device (task.h; NULL: the CPU's) */
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {
@@ -105,6 +106,10 @@ typedef struct dt_strategy_ops {
                           const dt_task_batch *b, double *loss_sum);
     dt_status (*sync)(dt_strategy *s);             /* the gradients this rank updates are the global mean */
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
+    /* The synchronised gradient's check for NaN and Inf (*nonfinite),
+     * where its blocks are not the host's (a device's); NULL: the loop
+     * sums the squares of grads[lo, hi) itself. */
+    dt_status (*grads_nonfinite)(dt_strategy *s, int *nonfinite);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
     /* Around an evaluation (begin = 1 before, 0 after), which runs whole
      * forwards through the layer hook (params_needed): a strategy whose
@@ -271,6 +276,7 @@ struct dt_strategy {
     uint16_t *wire;            /* [parallel] grad_dtype = bf16: the gradients as sent (dt_strategy_wire) */
     float loss_scale;          /* fp16's dynamic loss scale: every micro-batch's loss is also scaled by it
                                   (1 otherwise); the loop divides it out of the update */
+    dt_dev_blocks *device;     /* the blocks the steps use, on a device (params, grads: the host's copy) */
 };
 
 /* The strategy the config asks for (the registry in strategy.c). */
@@ -371,5 +377,6 @@ extern const dt_strategy_ops dt_strategy_zero_deterministic; /* engine/strategie
 extern const dt_strategy_ops dt_strategy_zero3;            /* engine/strategies/zero.c */
 extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/strategies/localsgd.c */
 extern const dt_strategy_ops dt_strategy_ps;               /* engine/strategies/ps/ */
+extern const dt_strategy_ops dt_strategy_device;           /* engine/strategies/device.c */
 
 #endif

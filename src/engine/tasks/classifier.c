@@ -8,6 +8,7 @@
 #include "engine/dynbatch.h"
 #include "engine/codecs/codec.h"
 #include "engine/tasks/task.h"
+#include "gpu/dev_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,8 @@ struct dt_task {
     dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
     unsigned char *order_split;    // the order's ranges divided among the shards
     size_t act_bytes, act_saved;   // the activation sets made, and what 16-bit linear inputs save in them
+    dt_dev_mlp *dm;                // [train] device = cuda: the model's steps on the device (m: the host copy)
+    dt_status dev_err;             // ... the last backward's failure, returned by the next forward
 };
 
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
@@ -167,6 +170,7 @@ static void cls_destroy(dt_task *t) {
     free(t->order);
     free(t->order_layer);
     free(t->mats);
+    dt_dev_mlp_free(t->dm);
     dt_loader_free(t->subl);
     dt_dataset_free(&t->sub);
     dt_loader_free(t->full);
@@ -332,7 +336,6 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
 
 static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                             dt_task_info *info) {
-    (void)max_micro;
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;
@@ -342,7 +345,10 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_model(t, c, comm, model_rows), done);
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
+    if (dt_device_index(c->device) >= 0)
+        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim)), done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
+    info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;
 done:
     if (st != DT_OK) {
         cls_close(t);
@@ -365,16 +371,25 @@ static dt_status cls_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *
     return DT_OK;
 }
 
-static void cls_zero_grad(dt_task *t) { dt_model_zero_grad(t->m); }
+static void cls_zero_grad(dt_task *t) {
+    if (!t->dm) dt_model_zero_grad(t->m);
+    else if (t->dev_err == DT_OK) t->dev_err = dt_dev_blocks_zero_grad(dt_dev_mlp_blocks(t->dm));
+}
 
 static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
     size_t ss = dt_dataset_sample_size(&t->train);
+    if (t->dm && t->dev_err != DT_OK) return t->dev_err;
+    if (t->dm) return dt_dev_mlp_forward(t->dm, t->b.x + (size_t)off * ss, t->b.y + off, len, loss_scale, loss);
     dt_model_set_dropout_key(t->m, (uint64_t)step, (int64_t)t->b.first + off);
     dt_model_set_loss_scale(t->m, loss_scale);
     return dt_model_forward(t->m, t->b.x + (size_t)off * ss, t->b.y + off, len, 1, loss);
 }
 
 static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+    if (t->dm) {
+        if (t->dev_err == DT_OK) t->dev_err = dt_dev_mlp_backward(t->dm);
+        return;
+    }
     dt_model_set_grad_hook(t->m, hook, user);
     dt_model_backward(t->m);
 }

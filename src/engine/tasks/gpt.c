@@ -43,6 +43,8 @@ struct dt_task {
     int deferred;                 // the parameters come at hold (a pipeline stage's layers)
     int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
     dt_gpt_acts *eval;            // a pipeline's evaluation set: forwards alone (made at the first)
+    dt_dev_gpt *dg;               // [train] device = cuda: the model's steps on the device (m: the host copy)
+    dt_status dev_err;            // ... the last backward's failure, returned by the next forward
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save).
@@ -116,6 +118,7 @@ static void gpt_destroy(dt_task *t) {
     free(t->x);
     free(t->y);
     dt_gpt_acts_free(t->eval);
+    dt_dev_gpt_free(t->dg);
     dt_gpt_free(t->m);
     dt_tokens_close(&t->train);
     dt_tokens_close(&t->val);
@@ -322,7 +325,10 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     DT_TRY(gpt_order(t, norder), done);
+    if (dt_device_index(c->device) >= 0)
+        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim)), done);
     gpt_info(t, c, order, norder, info);
+    info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
 done:
     if (st != DT_OK) {
         gpt_close(t);
@@ -355,16 +361,25 @@ static dt_status gpt_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *
     return dt_tokens_sample(&t->train, rng, t->B, t->T, t->x, t->y);
 }
 
-static void gpt_zero_grad(dt_task *t) { dt_gpt_zero_grad(t->m); }
+static void gpt_zero_grad(dt_task *t) {
+    if (!t->dg) dt_gpt_zero_grad(t->m);
+    else if (t->dev_err == DT_OK) t->dev_err = dt_dev_blocks_zero_grad(dt_dev_gpt_blocks(t->dg));
+}
 
 static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
     (void)step;
     size_t o = (size_t)(t->first + off) * t->T;
+    if (t->dg && t->dev_err != DT_OK) return t->dev_err;
+    if (t->dg) return dt_dev_gpt_forward(t->dg, t->x + o, t->y + o, len, t->T, loss_scale, loss);
     dt_gpt_set_loss_scale(t->m, loss_scale);
     return dt_gpt_forward(t->m, t->x + o, t->y + o, len, t->T, loss);
 }
 
 static void gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+    if (t->dg) {
+        if (t->dev_err == DT_OK) t->dev_err = dt_dev_gpt_backward(t->dg);
+        return;
+    }
     dt_gpt_set_grad_hook(t->m, hook, user);
     dt_gpt_backward(t->m);
 }

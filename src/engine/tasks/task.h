@@ -19,6 +19,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
+#include "gpu/dev_model.h"
 
 #include <cjson/cJSON.h>
 
@@ -73,6 +74,9 @@ typedef struct {
     int has_eval;                     /* evaluate() has data to run on */
     dt_rng rng;                       /* the data stream's initial state (checkpointed) */
     char describe[512];               /* model and data, for the start line */
+    dt_dev_blocks *device;            /* [train] device = cuda: the blocks the steps use are these, on the
+                                         device (params and grads above are the host's copy, kept current
+                                         by the strategy for evaluations and checkpoints); NULL: the CPU */
 } dt_task_info;
 
 /* This rank's part of a global batch. */

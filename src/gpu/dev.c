@@ -1,0 +1,120 @@
+/* The device seam (dev.h): the CUDA device's table, the choice between it
+ * and the simulated GPU, and the one arena a run's blocks come from. */
+#include "gpu/dev.h"
+#include "gpu/gpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The kernels whose CUDA versions are not written yet stay NULL: each is
+// wired in by one line here when its dt_gpu_<name> lands (dev.h).
+const dt_dev dt_dev_cuda = {
+    .name = "cuda",
+    .count = dt_gpu_count,
+    .describe = dt_gpu_describe,
+    .use = dt_gpu_use,
+    .mem_info = dt_gpu_mem_info,
+    .alloc = dt_gpu_alloc,
+    .free = dt_gpu_free,
+    .host_alloc = dt_gpu_host_alloc,
+    .host_free = dt_gpu_host_free,
+    .memset0 = dt_gpu_memset0,
+    .to_device = dt_gpu_to_device,
+    .to_host = dt_gpu_to_host,
+    .copy = dt_gpu_copy,
+    .sync = dt_gpu_sync,
+    .sgemm = dt_gpu_sgemm,
+    .layernorm_forward = dt_gpu_layernorm_forward,
+    .layernorm_backward = dt_gpu_layernorm_backward,
+    .gelu_forward = dt_gpu_gelu_forward,
+    .gelu_backward = dt_gpu_gelu_backward,
+    .crossentropy_forward = dt_gpu_crossentropy_forward,
+    .crossentropy_backward = dt_gpu_crossentropy_backward,
+    .adamw = dt_gpu_adamw,
+    .sgd = dt_gpu_sgd,
+};
+
+const dt_dev *dt_dev_get(void) {
+    const char *e = getenv("DTRAIN_GPU");
+    return e && !strcmp(e, "sim") ? &dt_dev_sim : &dt_dev_cuda;
+}
+
+// The kernels by name, for dt_dev_lacks.
+#define OP(f) {#f, offsetof(dt_dev, f)}
+static const struct {
+    const char *name;
+    size_t off;
+} ops[] = {OP(sgemm), OP(layernorm_forward), OP(layernorm_backward), OP(gelu_forward), OP(gelu_backward),
+           OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd), OP(encoder_forward),
+           OP(encoder_backward), OP(residual_forward), OP(residual_backward), OP(attention_forward),
+           OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward), OP(bias_backward),
+           OP(sumsq), OP(scale)};
+
+const char *dt_dev_lacks(const dt_dev *d, const char *const *names) {
+    for (; *names; names++) {
+        size_t i = 0;
+        while (i < sizeof ops / sizeof *ops && strcmp(ops[i].name, *names)) i++;
+        if (i == sizeof ops / sizeof *ops) return *names;  // (no such op: lacking too)
+        void *fn;
+        memcpy(&fn, (const char *)d + ops[i].off, sizeof fn);
+        if (!fn) return *names;
+    }
+    return NULL;
+}
+
+dt_status dt_dev_require(const dt_dev *d, const char *const *names, const char *what) {
+    const char *op = dt_dev_lacks(d, names);
+    if (!op) return DT_OK;
+    return dt_error(DT_ERR_CONFIG, "%s: the GPU's %s is not in this dtrain yet (docs/gpu.md)", what, op);
+}
+
+// ---- the arena ---------------------------------------------------------------
+
+const char *const dt_dev_kind_names[DT_DEV_KINDS] = {"weights", "gradients", "optimizer_state", "activations",
+                                                     "workspace"};
+
+enum { ALIGN = 256 };
+
+void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes) {
+    size_t n = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+    if (!a->base) {
+        a->planned[kind] += n;
+        a->size += n;
+        return NULL;
+    }
+    if (a->at + n > a->size) return NULL;  // (a second pass that differs from the plan: the caller checks)
+    void *p = a->base + a->at;
+    a->at += n;
+    a->used[kind] += n;
+    return p;
+}
+
+static void mib(char *out, size_t n, size_t bytes) { snprintf(out, n, "%.1f MiB", (double)bytes / (1 << 20)); }
+
+dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what) {
+    size_t free_b = 0, total = 0;
+    dt_status st = a->d->mem_info(&free_b, &total);
+    if (st != DT_OK) return st;
+    if (a->size > free_b) {
+        char line[512], m[32];
+        int k = snprintf(line, sizeof line, "%s: the run needs %zu bytes of GPU memory (", what, a->size);
+        for (int i = 0; i < DT_DEV_KINDS && k < (int)sizeof line; i++) {
+            mib(m, sizeof m, a->planned[i]);
+            k += snprintf(line + k, sizeof line - k, "%s%s %s", i ? ", " : "", dt_dev_kind_names[i], m);
+        }
+        return dt_error(DT_ERR_NOMEM, "%s) and the GPU has %zu free of %zu: use a smaller model or batch", line,
+                        free_b, total);
+    }
+    void *p;
+    if ((st = a->d->alloc(&p, a->size)) != DT_OK) return dt_error(st, "%s: %s", what, dt_last_error());
+    a->base = p;
+    a->at = 0;
+    memset(a->used, 0, sizeof a->used);
+    return DT_OK;
+}
+
+void dt_dev_arena_close(dt_dev_arena *a) {
+    if (a->base) a->d->free(a->base);
+    a->base = NULL;
+}

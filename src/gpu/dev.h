@@ -1,0 +1,113 @@
+/* The device seam (docs/gpu.md): the operations a model trained on a device
+ * calls, as one table chosen at run time, as ggml's backends are.
+ *
+ *   dt_dev_cuda: the CUDA device, gpu.h's dt_gpu_* functions (the .cu files of src/gpu/;
+ *                none.c's refusals in a build without CUDA). A kernel the
+ *                device has no CUDA version of yet is NULL: a run that needs
+ *                it is refused at its start, naming the op (dt_dev_lacks).
+ *   dt_dev_sim:  dtrain's simulated GPU, for tests, in every build
+ *                (DTRAIN_GPU=sim): device memory is mmap'ed and kept
+ *                PROT_NONE except inside an op, which opens it, runs the
+ *                CPU's own kernel (the op's twin: dt_sgemm,
+ *                dt_layernorm_forward, ...) and closes it again; so any host
+ *                read of a device pointer outside an op dies with SIGSEGV.
+ *
+ * Pointers called `dev` (and every float/int pointer a kernel takes) are
+ * device memory; the kernels' contracts are their CPU twins' (dtrain/nn.h,
+ * dtrain/gpt.h; backward accumulates with +=), gpu.h says where they
+ * differ. */
+#ifndef DT_GPU_DEV_H
+#define DT_GPU_DEV_H
+
+#include "dtrain/core.h"
+#include "optim/elem.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dt_dev {
+    const char *name;                                  /* "cuda" or "sim" */
+    int (*count)(char *why, size_t n);                 /* usable devices, 0 with the reason */
+    dt_status (*describe)(int index, char *out, size_t n);
+    dt_status (*use)(int index);
+    /* Device memory: free and total bytes of the device in use. */
+    dt_status (*mem_info)(size_t *free_bytes, size_t *total);
+    dt_status (*alloc)(void **dev, size_t bytes);
+    void (*free)(void *dev);
+    /* Page-locked host memory, which copies to and from the device read and
+     * write directly (pinned buffers); plain memory on the simulated GPU. */
+    dt_status (*host_alloc)(void **host, size_t bytes);
+    void (*host_free)(void *host);
+    dt_status (*memset0)(void *dev, size_t bytes);
+    dt_status (*to_device)(void *dev, const void *host, size_t bytes);
+    dt_status (*to_host)(void *host, const void *dev, size_t bytes);
+    dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
+    dt_status (*sync)(void);
+    /* ---- kernels (NULL: not in this dtrain yet) ---- */
+    dt_status (*sgemm)(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc);
+    dt_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                   const float *b, size_t N, int C, float eps);
+    dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                    const float *w, const float *mean, const float *rstd, size_t N, int C);
+    dt_status (*gelu_forward)(float *out, const float *inp, size_t n);
+    dt_status (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
+    dt_status (*crossentropy_forward)(float *probs, double *row_loss, float *loss, const float *logits,
+                                      const int32_t *targets, size_t N, int V, size_t ld);
+    dt_status (*crossentropy_backward)(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                       size_t ld, float dloss);
+    dt_status (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k);
+    dt_status (*sgd)(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k);
+    /* The CPU twins' argument lists (dtrain/gpt.h, dtrain/nn.h) on device
+     * pointers; bias: out[N,OC] += b, db += the column sums of dout (rows in
+     * order); sumsq: the sum of squares of x[n] into one device double (as
+     * dt_sum_squares); scale: x *= *s_dev. */
+    dt_status (*encoder_forward)(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
+                                 int C);
+    dt_status (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                                  int C);
+    dt_status (*residual_forward)(float *out, const float *a, const float *b, size_t N);
+    dt_status (*residual_backward)(float *da, float *db, const float *dout, size_t N);
+    dt_status (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+    dt_status (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                                    int B, int T, int C, int NH);
+    dt_status (*relu_forward)(float *out, const float *inp, size_t N);
+    dt_status (*relu_backward)(float *dinp, const float *dout, const float *inp, size_t N);
+    dt_status (*bias_forward)(float *out, const float *b, size_t N, int OC);
+    dt_status (*bias_backward)(float *db, const float *dout, size_t N, int OC);
+    dt_status (*sumsq)(double *out_dev, const float *x, size_t n);
+    dt_status (*scale)(float *x, size_t n, const float *s_dev);
+} dt_dev;
+
+extern const dt_dev dt_dev_cuda; /* gpu/dev.c */
+extern const dt_dev dt_dev_sim;  /* gpu/dev_sim.c */
+
+/* The device this process trains on: the simulated GPU when DTRAIN_GPU=sim,
+ * else the CUDA device. */
+const dt_dev *dt_dev_get(void);
+/* The first of the NULL-terminated op names (as the table's fields: "sgemm",
+ * "bias_forward", ...) that d lacks, or NULL when it has them all. */
+const char *dt_dev_lacks(const dt_dev *d, const char *const *ops);
+/* The same, refused: "<what>: the GPU's <op> is not in this dtrain yet". */
+dt_status dt_dev_require(const dt_dev *d, const char *const *ops, const char *what);
+
+/* ---- one arena: every block a run keeps on the device, planned at start ---- */
+
+enum { DT_DEV_WEIGHTS, DT_DEV_GRADS, DT_DEV_OPTIM, DT_DEV_ACTS, DT_DEV_WORK, DT_DEV_KINDS };
+extern const char *const dt_dev_kind_names[DT_DEV_KINDS]; /* "weights", "gradients", ... */
+
+typedef struct {
+    const dt_dev *d;
+    size_t planned[DT_DEV_KINDS], used[DT_DEV_KINDS], size, at;
+    char *base;  /* device memory, NULL while planning */
+} dt_dev_arena;
+
+/* Planning: dt_dev_take with base NULL counts the bytes (each block 256-byte
+ * aligned) and returns NULL; dt_dev_arena_open then allocates them all at
+ * once, refusing a plan larger than the device's free memory with the bytes
+ * by kind; a second pass of the same takes hands out the blocks. */
+void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes);
+dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what);
+void dt_dev_arena_close(dt_dev_arena *a);
+
+#endif

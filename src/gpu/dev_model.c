@@ -1,0 +1,234 @@
+/* What every device model keeps (dev_model.h), and the sequential model of
+ * dense layers on the device: nn/model.c's forward and backward, kernel for
+ * kernel, on the same blocks. */
+#include "gpu/dev_model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(call)                                                                                                  \
+    do {                                                                                                           \
+        dt_status st_ = (call);                                                                                    \
+        if (st_ != DT_OK) return st_;                                                                              \
+    } while (0)
+
+void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
+    dt_dev_arena *a = &b->arena;
+    size_t n = b->n * sizeof(float);
+    b->params = dt_dev_take(a, DT_DEV_WEIGHTS, n);
+    b->grads = dt_dev_take(a, DT_DEV_GRADS, n);
+    for (int j = 0; j < 2; j++) b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, n) : NULL;
+    b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
+    b->sumsq = dt_dev_take(a, DT_DEV_WORK, sizeof(double));
+    b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
+}
+
+dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what) {
+    TRY(dt_dev_arena_open(&b->arena, what));
+    b->pinned_bytes = pinned_bytes;
+    return b->d->host_alloc(&b->pinned, pinned_bytes);
+}
+
+void dt_dev_blocks_close(dt_dev_blocks *b) {
+    if (b->pinned) b->d->host_free(b->pinned);
+    b->pinned = NULL;
+    dt_dev_arena_close(&b->arena);
+}
+
+dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states) {
+    size_t n = b->n * sizeof(float);
+    TRY(b->d->to_device(b->params, params, n));
+    for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_device(b->state[j], states[j], n));
+    return DT_OK;
+}
+
+dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states) {
+    size_t n = b->n * sizeof(float);
+    TRY(b->d->to_host(params, b->params, n));
+    for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_host(states[j], b->state[j], n));
+    return DT_OK;
+}
+
+dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b) { return b->d->memset0(b->grads, b->n * sizeof(float)); }
+
+dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out) {
+    TRY(b->d->sumsq(b->sumsq, b->grads, b->n));
+    return b->d->to_host(out, b->sumsq, sizeof *out);
+}
+
+dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale) {
+    if (dt_optim_skipping(o)) return DT_OK;
+    if (dt_optim_kind_of(o) == DT_OPTIM_ADAMW) {
+        dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
+        return b->d->adamw(b->params, b->grads, b->state[0], b->state[1], b->n, &k);
+    }
+    dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
+    return b->d->sgd(b->params, b->grads, b->nstates ? b->state[0] : NULL, b->n, &k);
+}
+
+void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
+    for (int i = 0; i < DT_DEV_KINDS; i++) bytes[i] = b->arena.planned[i];
+}
+
+// ---- the sequential model of dense layers --------------------------------------
+
+struct dt_dev_mlp {
+    dt_dev_blocks b;
+    int nl, max_batch, in, V, B;
+    float loss_scale;
+    dt_model_layer_plan *L;
+    float **act, **dact, **stats;  // per layer: [max_batch, out] each; layernorm: mean, rstd [2, max_batch]
+    float *x, *probs;
+    int32_t *y;
+};
+
+// Both passes of the arena: counting (base NULL), then taking.
+static void mlp_take(dt_dev_mlp *dm) {
+    dt_dev_arena *a = &dm->b.arena;
+    size_t mb = (size_t)dm->max_batch;
+    dt_dev_blocks_take(&dm->b, dm->max_batch);
+    dm->x = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->in);
+    dm->y = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * mb);
+    for (int i = 0; i < dm->nl; i++) {
+        size_t o = sizeof(float) * mb * dm->L[i].out;
+        dm->act[i] = dt_dev_take(a, DT_DEV_ACTS, o);
+        dm->dact[i] = dt_dev_take(a, DT_DEV_ACTS, o);
+        dm->stats[i] = dm->L[i].spec.kind == DT_LAYER_LAYERNORM ? dt_dev_take(a, DT_DEV_ACTS, 2 * sizeof(float) * mb)
+                                                                : NULL;
+    }
+    dm->probs = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->V);
+}
+
+dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates) {
+    dt_dev_mlp *dm = calloc(1, sizeof *dm);
+    int nl = dt_model_num_layers(m);
+    if (dm) {
+        dm->L = calloc((size_t)nl, sizeof *dm->L);
+        dm->act = calloc((size_t)nl * 3, sizeof(float *));
+    }
+    if (!(*out = dm) || !dm->L || !dm->act) return dt_dev_mlp_free(dm), *out = NULL, dt_error(DT_ERR_NOMEM, "out of memory");
+    dm->dact = dm->act + nl;
+    dm->stats = dm->act + 2 * nl;
+    *dm = (dt_dev_mlp){.b = {.d = d, .arena = {.d = d}, .n = dt_model_num_params(m), .nstates = nstates},
+                       .nl = nl, .max_batch = max_batch, .in = dt_model_input_size(m), .V = dt_model_num_classes(m),
+                       .L = dm->L, .act = dm->act, .dact = dm->dact, .stats = dm->stats};
+    for (int i = 0; i < nl; i++) {
+        dt_model_layer(m, i, &dm->L[i]);
+        dt_layer_kind k = dm->L[i].spec.kind;
+        if (k == DT_LAYER_CONV2D || k == DT_LAYER_MAXPOOL || (k == DT_LAYER_DROPOUT && dm->L[i].spec.p > 0)) {
+            dt_dev_mlp_free(dm);
+            *out = NULL;
+            return dt_error(DT_ERR_CONFIG, "device model: layer %d (%s%s) is not in this dtrain's device step yet", i,
+                            dt_layer_kind_name(k), k == DT_LAYER_DROPOUT ? " with p > 0" : "");
+        }
+    }
+    mlp_take(dm);  // (counting)
+    size_t pinned = ((size_t)max_batch * dm->in + 1) * sizeof(float) + (size_t)max_batch * sizeof(int32_t);
+    dt_status st = dt_dev_blocks_open(&dm->b, pinned, "the device model");
+    if (st != DT_OK) {
+        dt_dev_mlp_free(dm);
+        *out = NULL;
+        return st;
+    }
+    mlp_take(dm);
+    return DT_OK;
+}
+
+void dt_dev_mlp_free(dt_dev_mlp *dm) {
+    if (!dm) return;
+    dt_dev_blocks_close(&dm->b);
+    free(dm->L);
+    free(dm->act);
+    free(dm);
+}
+
+dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm) { return &dm->b; }
+
+static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
+    const dt_dev *d = dm->b.d;
+    const dt_model_layer_plan *l = &dm->L[i];
+    const float *w = dm->b.params + l->w_off, *b = dm->b.params + l->b_off;
+    float *act = dm->act[i];
+    size_t n = (size_t)B * l->out;
+    switch (l->spec.kind) {
+    case DT_LAYER_LINEAR:  // dt_linear_forward: the bias written first, the GEMM adds onto it
+        if (l->b_n) {
+            TRY(d->memset0(act, n * sizeof(float)));
+            TRY(d->bias_forward(act, b, (size_t)B, (int)l->out));
+        }
+        return d->sgemm(0, 1, B, (int)l->out, (int)l->in, 1.0f, in, (int)l->in, w, (int)l->in, l->b_n ? 1.0f : 0.0f,
+                        act, (int)l->out);
+    case DT_LAYER_RELU: return d->relu_forward(act, in, n);
+    case DT_LAYER_GELU: return d->gelu_forward(act, in, n);
+    case DT_LAYER_LAYERNORM:
+        return d->layernorm_forward(act, dm->stats[i], dm->stats[i] + dm->max_batch, in, w, b, (size_t)B,
+                                    (int)l->in, l->spec.eps > 0 ? l->spec.eps : 1e-5f);
+    default: return d->copy(act, in, n * sizeof(float));  // flatten, dropout with p = 0
+    }
+}
+
+dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
+                             float *loss) {
+    const dt_dev *d = dm->b.d;
+    if (B <= 0 || B > dm->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, dm->max_batch);
+    for (int i = 0; i < B; i++)
+        if (y[i] < 0 || y[i] >= dm->V)
+            return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)y[i], i, dm->V - 1);
+    // the batch through the pinned buffer
+    size_t nx = (size_t)B * dm->in;
+    float *px = dm->b.pinned;
+    int32_t *py = (int32_t *)(px + (size_t)dm->max_batch * dm->in);
+    memcpy(px, x, nx * sizeof(float));
+    memcpy(py, y, (size_t)B * sizeof(int32_t));
+    TRY(d->to_device(dm->x, px, nx * sizeof(float)));
+    TRY(d->to_device(dm->y, py, (size_t)B * sizeof(int32_t)));
+    const float *in = dm->x;
+    for (int i = 0; i < dm->nl; i++) {
+        TRY(layer_forward(dm, i, in, B));
+        in = dm->act[i];
+    }
+    TRY(d->crossentropy_forward(dm->probs, dm->b.row_loss, dm->b.loss, in, dm->y, (size_t)B, dm->V, (size_t)dm->V));
+    float l;
+    TRY(d->to_host(&l, dm->b.loss, sizeof l));
+    dm->B = B;
+    dm->loss_scale = loss_scale;
+    *loss = l;
+    if (!isfinite(l))
+        return dt_error(DT_ERR_NUMERIC, "model: loss is %s (diverged: lower the learning rate or clip gradients)",
+                        isnan(l) ? "NaN" : "Inf");
+    return DT_OK;
+}
+
+static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
+    const dt_dev *d = dm->b.d;
+    const dt_model_layer_plan *l = &dm->L[i];
+    const float *in = i > 0 ? dm->act[i - 1] : dm->x, *w = dm->b.params + l->w_off, *dout = dm->dact[i];
+    float *din = i > 0 ? dm->dact[i - 1] : NULL, *dw = dm->b.grads + l->w_off, *db = dm->b.grads + l->b_off;
+    size_t n = (size_t)B * l->out;
+    int C = (int)l->in, OC = (int)l->out;
+    switch (l->spec.kind) {
+    case DT_LAYER_LINEAR:  // dt_linear_backward
+        if (din) TRY(d->sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, din, C));
+        TRY(d->sgemm(1, 0, OC, C, B, 1.0f, dout, OC, in, C, 1.0f, dw, C));
+        return l->b_n ? d->bias_backward(db, dout, (size_t)B, OC) : DT_OK;
+    case DT_LAYER_RELU: return din ? d->relu_backward(din, dout, in, n) : DT_OK;
+    case DT_LAYER_GELU: return din ? d->gelu_backward(din, dout, in, n) : DT_OK;
+    case DT_LAYER_LAYERNORM:
+        return d->layernorm_backward(din, dw, db, dout, in, w, dm->stats[i], dm->stats[i] + dm->max_batch, (size_t)B,
+                                     C);
+    default: return din ? d->copy(din, dout, n * sizeof(float)) : DT_OK;  // (din is zero: += is a copy)
+    }
+}
+
+dt_status dt_dev_mlp_backward(dt_dev_mlp *dm) {
+    const dt_dev *d = dm->b.d;
+    int B = dm->B;
+    if (!B) return dt_error(DT_ERR_ARG, "device model: backward needs a forward first");
+    for (int i = 0; i < dm->nl; i++) TRY(d->memset0(dm->dact[i], sizeof(float) * (size_t)B * dm->L[i].out));
+    TRY(d->crossentropy_backward(dm->dact[dm->nl - 1], dm->probs, dm->y, (size_t)B, dm->V, (size_t)dm->V,
+                                 dm->loss_scale));
+    for (int i = dm->nl - 1; i >= 0; i--) TRY(layer_backward(dm, i, B));
+    dm->B = 0;
+    return DT_OK;
+}

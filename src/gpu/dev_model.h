@@ -1,0 +1,78 @@
+/* Models trained on a device (docs/gpu.md): the CPU model's parameter and
+ * gradient blocks in the same layout (so checkpoints are the same bytes),
+ * the optimizer state, the activations and the workspace in one arena
+ * (dev.h) planned at the start; every kernel through the seam.
+ *
+ *   dt_dev_blocks  what every device model keeps: the blocks, the
+ *                  optimizer's state, the step's two scalars (the loss, the
+ *                  gradient's sum of squares) and a pinned host buffer that
+ *                  batches go through.
+ *   dt_dev_mlp     a dt_model of dense layers (linear, relu, gelu,
+ *                  layernorm, flatten, dropout with p = 0).
+ *   dt_dev_gpt     the GPT (dev_gpt.c). */
+#ifndef DT_GPU_DEV_MODEL_H
+#define DT_GPU_DEV_MODEL_H
+
+#include "dtrain/gpt.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "gpu/dev.h"
+
+typedef struct {
+    const dt_dev *d;
+    dt_dev_arena arena;
+    size_t n;                 /* floats of each block */
+    int nstates;              /* the optimizer's state blocks (AdamW 2, SGD with momentum 1) */
+    float *params, *grads, *state[2];
+    float *loss;              /* the last forward's loss (one float) */
+    double *sumsq;            /* the gradient's sum of squares (one double) */
+    double *row_loss;         /* the cross-entropy's rows (workspace) */
+    void *pinned;             /* host staging of pinned_bytes */
+    size_t pinned_bytes;
+} dt_dev_blocks;
+
+/* Planning pass (arena base NULL: counts) and taking pass alike: the
+ * blocks of n floats, nstates state blocks, the scalars, rows for the
+ * cross-entropy of up to `rows` rows. */
+void dt_dev_blocks_take(dt_dev_blocks *b, int rows);
+/* The host's blocks (params[n], states[nstates][n]) onto the device, and
+ * back (params alone when states is NULL), a copy each. */
+dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states);
+dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
+dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
+/* The gradient's sum of squares, computed on the device, read back (one
+ * double). */
+dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
+/* One optimizer step on the device: o's constants for this step (after
+ * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale). */
+dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale);
+/* The bytes of each kind (dev.h's order) the arena holds. */
+void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]);
+/* Opens the arena after the planning pass (refusing, with the bytes by
+ * kind, a plan the device cannot hold) and the pinned buffer. */
+dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what);
+void dt_dev_blocks_close(dt_dev_blocks *b);
+
+typedef struct dt_dev_mlp dt_dev_mlp;
+/* The device's twin of m (its plan and blocks' layout; m stays the host
+ * copy) for batches of up to max_batch, with nstates optimizer blocks. */
+dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates);
+void dt_dev_mlp_free(dt_dev_mlp *dm);
+dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
+/* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
+ * (host): through the pinned buffer to the device; *loss read back. */
+dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
+                             float *loss);
+dt_status dt_dev_mlp_backward(dt_dev_mlp *dm);
+
+typedef struct dt_dev_gpt dt_dev_gpt;
+/* The device's twin of m for B x T tokens, nstates optimizer blocks. */
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates);
+void dt_dev_gpt_free(dt_dev_gpt *g);
+dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
+/* dt_gpt_forward on tokens inputs, targets [B, T] (host). */
+dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                             float loss_scale, float *loss);
+dt_status dt_dev_gpt_backward(dt_dev_gpt *g);
+
+#endif

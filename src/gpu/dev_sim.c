@@ -1,0 +1,355 @@
+/* dtrain's simulated GPU (dev.h), chosen by DTRAIN_GPU=sim, in every build:
+ * a device whose memory the host cannot touch outside its ops. Each
+ * allocation is its own mmap, kept PROT_NONE; an op makes every one of them
+ * readable and writable, runs the CPU's kernel on them (its twin) and
+ * protects them again, so a host read of a device pointer anywhere else
+ * dies with SIGSEGV. A run takes one arena, so an op flips one region.
+ * DTRAIN_GPU_SIM_MEM (a size: "2G") is the device's memory; else what the
+ * host has available. */
+#include "dtrain/gpt.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "gpu/dev.h"
+#include "kernels/kernels.h"
+#include "nn/rows.h"
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+enum { MAX_REGIONS = 64 };
+
+static struct {
+    pthread_mutex_t mu;
+    void *at[MAX_REGIONS];
+    size_t len[MAX_REGIONS];
+    int open;  // ops inside one another (a twin that calls another op)
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void protect(int prot) {
+    for (int i = 0; i < MAX_REGIONS; i++)
+        if (g.at[i] && mprotect(g.at[i], g.len[i], prot) != 0) abort();  // (a region of ours: cannot fail)
+}
+
+// An op's bracket: the device memory is the host's between open and shut.
+static void open_dev(void) {
+    pthread_mutex_lock(&g.mu);
+    if (g.open++ == 0) protect(PROT_READ | PROT_WRITE);
+}
+
+static dt_status shut(void) {
+    if (--g.open == 0) protect(PROT_NONE);
+    pthread_mutex_unlock(&g.mu);
+    return DT_OK;
+}
+
+static size_t mem_bytes(void) {
+    const char *e = getenv("DTRAIN_GPU_SIM_MEM");
+    size_t b;
+    if (e && *e && dt_mem_parse_size(e, &b) == DT_OK) return b;
+    return dt_mem_available(NULL);
+}
+
+static int sim_count(char *why, size_t n) {
+    if (n) why[0] = 0;
+    return 1;
+}
+
+static dt_status sim_describe(int index, char *out, size_t n) {
+    if (index != 0) return dt_error(DT_ERR_ARG, "the simulated GPU is cuda:0 alone, not cuda:%d", index);
+    snprintf(out, n, "dtrain's simulated GPU (DTRAIN_GPU=sim: the CPU's kernels on memory the host cannot read "
+             "outside them), %.1f GiB", (double)mem_bytes() / (1u << 30));
+    return DT_OK;
+}
+
+static dt_status sim_use(int index) {
+    return index == 0 ? DT_OK : dt_error(DT_ERR_ARG, "the simulated GPU is cuda:0 alone, not cuda:%d", index);
+}
+
+static dt_status sim_mem_info(size_t *free_b, size_t *total) {
+    size_t used = 0;
+    pthread_mutex_lock(&g.mu);
+    for (int i = 0; i < MAX_REGIONS; i++) used += g.at[i] ? g.len[i] : 0;
+    pthread_mutex_unlock(&g.mu);
+    *total = mem_bytes();
+    *free_b = *total > used ? *total - used : 0;
+    return DT_OK;
+}
+
+static dt_status sim_alloc(void **dev, size_t bytes) {
+    *dev = NULL;
+    size_t len = bytes ? bytes : 1;
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return dt_error(DT_ERR_NOMEM, "simulated GPU: mmap of %zu bytes failed", bytes);
+    pthread_mutex_lock(&g.mu);
+    int i = 0;
+    while (i < MAX_REGIONS && g.at[i]) i++;
+    if (i < MAX_REGIONS) {
+        g.at[i] = p;
+        g.len[i] = len;
+        // (allocated inside an op: open like the others until it ends)
+        if (g.open) mprotect(p, len, PROT_READ | PROT_WRITE);
+    }
+    pthread_mutex_unlock(&g.mu);
+    if (i == MAX_REGIONS) {
+        munmap(p, len);
+        return dt_error(DT_ERR_NOMEM, "simulated GPU: more than %d allocations at once", MAX_REGIONS);
+    }
+    *dev = p;
+    return DT_OK;
+}
+
+static void sim_free(void *dev) {
+    if (!dev) return;
+    pthread_mutex_lock(&g.mu);
+    for (int i = 0; i < MAX_REGIONS; i++)
+        if (g.at[i] == dev) {
+            munmap(dev, g.len[i]);
+            g.at[i] = NULL;
+        }
+    pthread_mutex_unlock(&g.mu);
+}
+
+static dt_status sim_host_alloc(void **host, size_t bytes) {
+    *host = dt_alloc(bytes ? bytes : 1);
+    return *host ? DT_OK : dt_error(DT_ERR_NOMEM, "simulated GPU: out of host memory for %zu bytes", bytes);
+}
+
+static void sim_host_free(void *host) { dt_free(host); }
+
+static dt_status sim_memset0(void *dev, size_t bytes) {
+    open_dev();
+    memset(dev, 0, bytes);
+    return shut();
+}
+
+static dt_status sim_to_device(void *dev, const void *host, size_t bytes) {
+    open_dev();
+    memcpy(dev, host, bytes);
+    return shut();
+}
+
+static dt_status sim_to_host(void *host, const void *dev, size_t bytes) {
+    open_dev();
+    memcpy(host, dev, bytes);
+    return shut();
+}
+
+static dt_status sim_copy(void *to, const void *from, size_t bytes) {
+    open_dev();
+    memmove(to, from, bytes);
+    return shut();
+}
+
+static dt_status sim_sync(void) { return DT_OK; }
+
+// ---- kernels: the CPU's twins -------------------------------------------------
+
+static dt_status sim_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                           const float *B, int ldb, float beta, float *C, int ldc) {
+    open_dev();
+    dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return shut();
+}
+
+static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                const float *b, size_t N, int C, float eps) {
+    open_dev();
+    dt_layernorm_forward(out, mean, rstd, inp, w, b, (int)N, C, eps);
+    return shut();
+}
+
+static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, const float *mean, const float *rstd, size_t N, int C) {
+    open_dev();
+    dt_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, (int)N, C);
+    return shut();
+}
+
+static dt_status sim_gelu_forward(float *out, const float *inp, size_t n) {
+    open_dev();
+    dt_gelu_forward(out, inp, n);
+    return shut();
+}
+
+static dt_status sim_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+    open_dev();
+    dt_gelu_backward(dinp, dout, inp, n);
+    return shut();
+}
+
+// dt_crossentropy_forward over rows stored ld apart (nn/rows.h's steps).
+static dt_status sim_ce_forward(float *probs, double *row_loss, float *loss, const float *logits,
+                                const int32_t *targets, size_t N, int V, size_t ld) {
+    open_dev();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        const float *l = logits + i * ld;
+        float *p = probs + i * ld, mx = -FLT_MAX;
+        for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+        double s = 0.0;
+        for (int v = 0; v < V; v++) {
+            p[v] = dt_ce_exp(l[v], mx);
+            s += p[v];
+        }
+        float inv = dt_ce_inv(s);
+        for (int v = 0; v < V; v++) p[v] *= inv;
+        row_loss[i] = targets[i] >= 0 && targets[i] < V ? dt_ce_row_loss(mx, s, l[targets[i]]) : NAN;
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < N; i++) sum += row_loss[i];
+    *loss = N > 0 ? (float)(sum / (double)N) : 0.0f;
+    return shut();
+}
+
+static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                 size_t ld, float dloss) {
+    open_dev();
+    float scale = dt_ce_scale(dloss, (float)N);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++)
+        for (int v = 0; v < V; v++) dlogits[i * ld + v] += dt_ce_grad(probs[i * ld + v], v == targets[i], scale);
+    return shut();
+}
+
+static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k) {
+    open_dev();
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) dt_adamw_elem(&w[i], gr[i], &m[i], &v[i], k);
+    return shut();
+}
+
+static dt_status sim_sgd(float *w, const float *gr, float *buf, size_t n, const dt_sgd_k *k) {
+    open_dev();
+    if (buf) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) dt_sgd_elem(&w[i], gr[i], &buf[i], k);
+    } else {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) dt_sgd_elem(&w[i], gr[i], NULL, k);
+    }
+    return shut();
+}
+
+static dt_status sim_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                                     int T, int C) {
+    open_dev();
+    dt_encoder_forward(out, inp, wte, wpe, B, T, C);
+    return shut();
+}
+
+static dt_status sim_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                                      int C) {
+    open_dev();
+    dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+    return shut();
+}
+
+static dt_status sim_residual_forward(float *out, const float *a, const float *b, size_t N) {
+    open_dev();
+    dt_residual_forward(out, a, b, N);
+    return shut();
+}
+
+static dt_status sim_residual_backward(float *da, float *db, const float *dout, size_t N) {
+    open_dev();
+    dt_residual_backward(da, db, dout, N);
+    return shut();
+}
+
+static dt_status sim_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    open_dev();
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    return shut();
+}
+
+static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                                        const float *att, int B, int T, int C, int NH) {
+    open_dev();
+    dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    return shut();
+}
+
+static dt_status sim_relu_forward(float *out, const float *inp, size_t N) {
+    open_dev();
+    dt_relu_forward(out, inp, N);
+    return shut();
+}
+
+static dt_status sim_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
+    open_dev();
+    dt_relu_backward(dinp, dout, inp, N);
+    return shut();
+}
+
+static dt_status sim_bias_forward(float *out, const float *b, size_t N, int OC) {
+    open_dev();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) out[i * OC + o] += b[o];
+    return shut();
+}
+
+// The column sums with the rows in order, as dt_linear_backward's.
+static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
+    open_dev();
+    for (size_t i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) db[o] += dout[i * OC + o];
+    return shut();
+}
+
+static dt_status sim_sumsq(double *out, const float *x, size_t n) {
+    open_dev();
+    *out = dt_sum_squares(x, n);
+    return shut();
+}
+
+static dt_status sim_scale(float *x, size_t n, const float *s) {
+    open_dev();
+    float k = *s;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= k;
+    return shut();
+}
+
+const dt_dev dt_dev_sim = {
+    .name = "sim",
+    .count = sim_count,
+    .describe = sim_describe,
+    .use = sim_use,
+    .mem_info = sim_mem_info,
+    .alloc = sim_alloc,
+    .free = sim_free,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
+    .memset0 = sim_memset0,
+    .to_device = sim_to_device,
+    .to_host = sim_to_host,
+    .copy = sim_copy,
+    .sync = sim_sync,
+    .sgemm = sim_sgemm,
+    .layernorm_forward = sim_ln_forward,
+    .layernorm_backward = sim_ln_backward,
+    .gelu_forward = sim_gelu_forward,
+    .gelu_backward = sim_gelu_backward,
+    .crossentropy_forward = sim_ce_forward,
+    .crossentropy_backward = sim_ce_backward,
+    .adamw = sim_adamw,
+    .sgd = sim_sgd,
+    .encoder_forward = sim_encoder_forward,
+    .encoder_backward = sim_encoder_backward,
+    .residual_forward = sim_residual_forward,
+    .residual_backward = sim_residual_backward,
+    .attention_forward = sim_attention_forward,
+    .attention_backward = sim_attention_backward,
+    .relu_forward = sim_relu_forward,
+    .relu_backward = sim_relu_backward,
+    .bias_forward = sim_bias_forward,
+    .bias_backward = sim_bias_backward,
+    .sumsq = sim_sumsq,
+    .scale = sim_scale,
+};

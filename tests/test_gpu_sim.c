@@ -1,0 +1,308 @@
+/* Training on a device without a GPU (docs/gpu.md): the device seam
+ * (gpu/dev.h) and dtrain's simulated GPU (DTRAIN_GPU=sim), whose memory the
+ * host cannot read outside its ops. Runs of the MLP and of a tiny GPT on
+ * the simulated device against the CPU's on the same data (the first
+ * step's loss within 1e-5, the 20th's within 1e-4, and, since the
+ * simulated GPU runs the CPU's own kernels, the same weights bitwise);
+ * checkpoints resumed across the two; the refusals. */
+#include "dtrain/ckpt.h"
+#include "dtrain/config.h"
+#include "dtrain/data.h"
+#include "dtrain/train.h"
+#include "gpu/dev.h"
+#include "gpu/dev_model.h"
+#include "testlib.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_tmp[64];
+static char g_out[1 << 15];
+
+static const char *tmp(const char *name) { return tl_path(g_tmp, name); }
+
+// ---- the seam -------------------------------------------------------------------
+
+// A host read of device memory outside an op dies with SIGSEGV (in a child).
+static void test_protection(void) {
+    const dt_dev *d = dt_dev_get();
+    CHECK(d == &dt_dev_sim && d->count(g_out, sizeof g_out) == 1, "DTRAIN_GPU=sim: the simulated GPU, one device");
+    float host[5] = {1, 2, 3, 4, 5}, back[5] = {0};
+    float *dev = NULL;
+    CHECK(d->alloc((void **)&dev, sizeof host) == DT_OK && d->to_device(dev, host, sizeof host) == DT_OK &&
+              d->to_host(back, dev, sizeof back) == DT_OK && !memcmp(host, back, sizeof host),
+          "device memory: a copy there and back: %s", dt_last_error());
+    double ss = 0;
+    double *dss = NULL;
+    CHECK(d->alloc((void **)&dss, sizeof ss) == DT_OK && d->sumsq(dss, dev, 5) == DT_OK &&
+              d->to_host(&ss, dss, sizeof ss) == DT_OK && ss == 55.0,
+          "sumsq on the device: %g (55)", ss);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        volatile float x = dev[2];  // the host read that must crash
+        (void)x;
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "a host read of a device pointer dies with SIGSEGV "
+          "(status %d)", status);
+    pid = fork();
+    if (pid == 0) {
+        dev[0] = 7.0f;  // and a write
+        _exit(0);
+    }
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "a host write of a device pointer dies with SIGSEGV");
+    d->free(dev);
+    d->free(dss);
+}
+
+// The cross-entropy over padded rows (ld > V): the padding never written,
+// the loss the CPU's.
+static void test_ce_padded(void) {
+    const dt_dev *d = &dt_dev_sim;
+    enum { N = 3, V = 5, LD = 7 };
+    float logits[N * LD], probs[N * LD], cpu_p[N * V], row[N * V];
+    int32_t y[N] = {0, 4, 2};
+    for (int i = 0; i < N * LD; i++) logits[i] = (float)((i * 37) % 11) / 3.0f - 1.0f;
+    for (int i = 0; i < N; i++) memcpy(row + i * V, logits + i * LD, sizeof(float) * V);
+    float cpu = dt_crossentropy_forward(cpu_p, row, y, N, V), loss = 0;
+    char *m;
+    size_t bytes = sizeof logits * 2 + sizeof y + 4 + sizeof(double) * N + sizeof(float);
+    CHECK(d->alloc((void **)&m, bytes) == DT_OK, "alloc");
+    float *dl = (float *)m, *dp = dl + N * LD;
+    int32_t *dy = (int32_t *)(dp + N * LD);
+    double *drow = (double *)(m + 2 * sizeof logits + sizeof y + 4);
+    float *dloss = (float *)(drow + N);
+    for (int i = 0; i < N * LD; i++) probs[i] = -9.0f;
+    d->to_device(dl, logits, sizeof logits);
+    d->to_device(dp, probs, sizeof probs);
+    d->to_device(dy, y, sizeof y);
+    CHECK(d->crossentropy_forward(dp, drow, dloss, dl, dy, N, V, LD) == DT_OK, "ce forward");
+    d->to_host(probs, dp, sizeof probs);
+    d->to_host(&loss, dloss, sizeof loss);
+    int pad = 1, same = 1;
+    for (int i = 0; i < N; i++)
+        for (int v = 0; v < LD; v++) {
+            if (v >= V) pad &= probs[i * LD + v] == -9.0f;
+            else same &= probs[i * LD + v] == cpu_p[i * V + v];
+        }
+    CHECK(pad && same && loss == cpu, "padded rows: padding untouched %d, probabilities the CPU's %d, loss %.9g vs "
+          "%.9g", pad, same, loss, cpu);
+    d->free(m);
+}
+
+// A CUDA table entry still NULL is named, as a run on a real GPU would be
+// refused; the arena refuses a plan larger than the device, naming bytes.
+static void test_table(void) {
+    const char *mlp[] = {"sgemm", "adamw", "bias_forward", NULL}, *have[] = {"sgemm", "layernorm_forward", NULL};
+    CHECK(dt_dev_lacks(&dt_dev_cuda, have) == NULL, "the CUDA device has sgemm and layernorm_forward");
+    const char *op = dt_dev_lacks(&dt_dev_cuda, mlp);
+    CHECK(op && !strcmp(op, "bias_forward"), "the CUDA device lacks bias_forward (yet): %s", op ? op : "none");
+    CHECK(dt_dev_require(&dt_dev_cuda, mlp, "[train] device = cuda") == DT_ERR_CONFIG &&
+              !strcmp(dt_last_error(), "[train] device = cuda: the GPU's bias_forward is not in this dtrain yet "
+                                       "(docs/gpu.md)"),
+          "refused naming the op: %s", dt_last_error());
+    CHECK(dt_dev_lacks(&dt_dev_sim, mlp) == NULL, "the simulated GPU has every op");
+    setenv("DTRAIN_GPU_SIM_MEM", "1M", 1);
+    dt_dev_arena a = {.d = &dt_dev_sim};
+    dt_dev_take(&a, DT_DEV_WEIGHTS, 600 << 10);
+    dt_dev_take(&a, DT_DEV_ACTS, 600 << 10);
+    CHECK(dt_dev_arena_open(&a, "the device model") == DT_ERR_NOMEM &&
+              strstr(dt_last_error(), "needs 1228800 bytes of GPU memory (weights 0.6 MiB, gradients 0.0 MiB") &&
+              strstr(dt_last_error(), "free of 1048576"),
+          "a plan larger than the device refused with its bytes: %s", dt_last_error());
+    unsetenv("DTRAIN_GPU_SIM_MEM");
+    CHECK(dt_dev_arena_open(&a, "x") == DT_OK && a.base, "the same plan on a larger device: %s", dt_last_error());
+    CHECK(dt_dev_take(&a, DT_DEV_WEIGHTS, 600 << 10) == a.base && dt_dev_take(&a, DT_DEV_ACTS, 600 << 10) ==
+          a.base + (600 << 10) && a.used[DT_DEV_ACTS] == 600 << 10, "the second pass takes the planned blocks");
+    dt_dev_arena_close(&a);
+}
+
+// ---- runs ------------------------------------------------------------------------
+
+// The loss of step `step` in run dir's metrics (NAN: not found).
+static double step_loss(const char *dir, int step) {
+    char path[600], key[64];
+    snprintf(path, sizeof path, "%s/metrics/rank-00000.jsonl", dir);
+    snprintf(key, sizeof key, "{\"type\":\"step\",\"step\":%d,", step);
+    size_t len;
+    char *s = tl_read_file(path, &len), *at = s ? strstr(s, key) : NULL, *l = at ? strstr(at, "\"loss\":") : NULL;
+    double v = l ? atof(l + 7) : NAN;
+    free(s);
+    return v;
+}
+
+// name (CPU) and name-dev (the simulated GPU) trained on text with extra;
+// their losses and weights compared.
+static void compare_runs(const char *name, const char *text, const char *what) {
+    char dev[64], flags[600];
+    snprintf(dev, sizeof dev, "%s-dev", name);
+    snprintf(flags, sizeof flags, "--set train.log_every=1");
+    CHECK(tl_train(g_tmp, name, text, 1, flags, g_out, sizeof g_out) == 0, "%s on the CPU: %s", what, g_out);
+    snprintf(flags, sizeof flags, "--set train.log_every=1 --device cuda");
+    CHECK(tl_train(g_tmp, dev, text, 1, flags, g_out, sizeof g_out) == 0, "%s on the device: %s", what, g_out);
+    char a[600], b[600], msg[128];
+    snprintf(a, sizeof a, "%s", tmp(name));
+    snprintf(b, sizeof b, "%s", tmp(dev));
+    snprintf(msg, sizeof msg, "%s: step 1's loss", what);
+    CHECK_NEAR(step_loss(b, 1), step_loss(a, 1), 1e-5, msg);
+    snprintf(msg, sizeof msg, "%s: step 20's loss", what);
+    CHECK_NEAR(step_loss(b, 20), step_loss(a, 20), 1e-4, msg);
+    int bitwise = 0;
+    double diff = tl_runs_diff(g_tmp, name, dev, &bitwise);
+    CHECK(diff == 0 && bitwise, "%s: the simulated GPU's weights are the CPU's bitwise (its kernels are the CPU's): "
+          "diff %g", what, diff);
+    char sum[700];
+    snprintf(sum, sizeof sum, "%s/summary.json", b);
+    CHECK(tl_count(sum, "\"strategy\":\t\"device\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
+              tl_json_number(sum, "weights_bytes") > 0,
+          "%s: summary.json says the device and its memory by kind", what);
+}
+
+static const char cfg_mlp[] =
+    "[model]\nlayer = flatten\nlayer = linear out=48\nlayer = relu\nlayer = layernorm\nlayer = linear out=24\n"
+    "layer = gelu\nlayer = dropout p=0\nlayer = linear out=10\n"
+    "[train]\nbatch = 16\nepochs = 1\nmax_steps = 20\nseed = 3\n";
+static const char opt_adamw[] = "[optim]\nname = adamw\nlr = 0.003\nweight_decay = 0.01\nclip_norm = 0.5\n",
+                  opt_sgd[] = "[optim]\nname = sgd\nlr = 0.05\nmomentum = 0.9\nnesterov = true\n";
+
+static char cfg_mlp_full[2048], cfg_gpt[2048];
+
+static void test_mlp(void) {
+    char text[4096];
+    snprintf(text, sizeof text, "%s%s", cfg_mlp_full, opt_adamw);
+    compare_runs("mlp", text, "the MLP (AdamW, clipping)");
+    snprintf(text, sizeof text, "%s%s", cfg_mlp_full, opt_sgd);
+    compare_runs("mlp-sgd", text, "the MLP (SGD, Nesterov)");
+}
+
+static void test_gpt(void) {
+    compare_runs("gpt", cfg_gpt, "a tiny GPT");
+    char cmd[2048];
+    // the device run's weights evaluated (on the CPU): the CPU run's numbers
+    snprintf(cmd, sizeof cmd, "%s eval %s --checkpoint %s 2>&1", tl_dtrain(), tmp("gpt.ini"),
+             tmp("gpt-dev/model.safetensors"));
+    char out2[4096];
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(cmd, sizeof cmd, "%s eval %s --checkpoint %s 2>&1", tl_dtrain(), tmp("gpt.ini"), tmp("gpt/model.safetensors"));
+    int rc2 = tl_run(cmd, out2, sizeof out2);
+    CHECK(rc == 0 && rc2 == 0 && !strcmp(g_out, out2), "dtrain eval reads the device run's weights: exit %d\n%s\n%s",
+          rc, g_out, out2);
+}
+
+// A checkpoint of the device resumed on the CPU, and the other way: the
+// uninterrupted run's weights bitwise.
+static void test_resume(void) {
+    char ck[4096], flags[1200];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
+    CHECK(tl_train(g_tmp, "ck-dev", ck, 1, "--device cuda", g_out, sizeof g_out) == 0, "the device, checkpoints: %s",
+          g_out);
+    CHECK(tl_train(g_tmp, "ck-cpu", ck, 1, "", g_out, sizeof g_out) == 0, "the CPU, checkpoints: %s", g_out);
+    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ck-dev/checkpoints/step-00000010.safetensors"));
+    CHECK(tl_train(g_tmp, "from-dev", ck, 1, flags, g_out, sizeof g_out) == 0, "the CPU resumes the device's step 10: "
+          "%s", g_out);
+    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
+             tmp("ck-cpu/checkpoints/step-00000010.safetensors"));
+    CHECK(tl_train(g_tmp, "from-cpu", ck, 1, flags, g_out, sizeof g_out) == 0, "the device resumes the CPU's step 10: "
+          "%s", g_out);
+    int bw[3] = {0};
+    double d[3] = {tl_runs_diff(g_tmp, "gpt", "ck-dev", &bw[0]), tl_runs_diff(g_tmp, "gpt", "from-dev", &bw[1]),
+                   tl_runs_diff(g_tmp, "gpt", "from-cpu", &bw[2])};
+    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
+          "resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
+    // (its tensors: the metadata names the run and its config, which differ)
+    char a[600];
+    int same = 0;
+    snprintf(a, sizeof a, "%s", tmp("ck-dev/checkpoints/step-00000020.safetensors"));
+    double dc = tl_weights_diff(a, tmp("ck-cpu/checkpoints/step-00000020.safetensors"), &same);
+    CHECK(dc == 0 && same, "the device's checkpoint holds the CPU's tensors (weights, optimizer state) bitwise: %g", dc);
+}
+
+// What a device run refuses, by name, before its first step.
+static void test_refusals(void) {
+    struct {
+        const char *cfg, *flags, *says;
+    } no[] = {
+        {cfg_mlp_full, "--device cuda --workers 2", "with 2 workers: training on a GPU is one worker"},
+        {cfg_mlp_full, "--device cuda --set parallel.zero=1", "with [parallel] zero (ZeRO): not in this dtrain yet"},
+        {cfg_mlp_full, "--device cuda --set train.precision=bf16", "with [train] precision other than fp32"},
+        {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method"},
+        {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
+        {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
+        {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},
+    };
+    char text[2048];
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        const char *cfg = no[i].cfg;
+        if (cfg == tl_cfg_cnn) snprintf(text, sizeof text, "%s[data]\ndir = %s\n[train]\nbatch = 16\n", cfg, g_tmp);
+        else snprintf(text, sizeof text, "%s", cfg);
+        int rc = tl_train(g_tmp, "refused", text, 1, no[i].flags, g_out, sizeof g_out);
+        CHECK(rc == 2 && strstr(g_out, no[i].says) && !strstr(g_out, "step 1"), "%s: exit %d, '%s'\n%s", no[i].flags,
+              rc, no[i].says, g_out);
+    }
+    snprintf(text, sizeof text, "%s[data]\ndir = %s\n[train]\nbatch = 16\n", tl_cfg_cnn, g_tmp);
+    int rc = tl_train(g_tmp, "refused", text, 1, "--device cuda", g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "with a conv2d layer: not in this dtrain yet"), "a CNN on the device: exit %d\n%s",
+          rc, g_out);
+    // a device too small: refused before the first step, with the bytes
+    setenv("DTRAIN_GPU_SIM_MEM", "64K", 1);
+    rc = tl_train(g_tmp, "small", cfg_gpt, 1, "--device cuda", g_out, sizeof g_out);
+    unsetenv("DTRAIN_GPU_SIM_MEM");
+    CHECK(rc != 0 && strstr(g_out, "bytes of GPU memory (weights 0.") && strstr(g_out, "free of 65536") &&
+              !strstr(g_out, "step 1"),
+          "a model larger than the device refused naming the bytes: exit %d\n%s", rc, g_out);
+    // no simulated GPU asked for: the CUDA device (none here, or one that lacks ops), never the CPU
+    unsetenv("DTRAIN_GPU");
+    rc = tl_train(g_tmp, "nogpu", cfg_mlp_full, 1, "--device cuda", g_out, sizeof g_out);
+    setenv("DTRAIN_GPU", "sim", 1);
+    CHECK(rc == 2 && strstr(g_out, "[train] device = cuda") && !strstr(g_out, "step 1"),
+          "without DTRAIN_GPU=sim: the CUDA device's refusal, no CPU run: exit %d\n%s", rc, g_out);
+}
+
+static void make_data(void) {
+    tl_make_images(g_tmp, "train", 400, 1);
+    tl_make_images(g_tmp, "t10k", 64, 2);
+    snprintf(cfg_mlp_full, sizeof cfg_mlp_full, "%s[data]\ndir = %s\n", cfg_mlp, g_tmp);
+    enum { N = 4000 };
+    uint16_t *t = malloc(sizeof(uint16_t) * N);
+    dt_rng r;
+    dt_rng_seed(&r, 11);
+    t[0] = 0;
+    for (size_t i = 1; i < N; i++)
+        t[i] = dt_rng_below(&r, 8) ? (uint16_t)((5 * t[i - 1] + 3) % 32) : (uint16_t)dt_rng_below(&r, 32);
+    CHECK(dt_tokens_write(tmp("train.bin"), t, N) == DT_OK && dt_tokens_write(tmp("val.bin"), t, 1000) == DT_OK,
+          "token files: %s", dt_last_error());
+    free(t);
+    char train[600];
+    snprintf(train, sizeof train, "%s", tmp("train.bin"));
+    snprintf(cfg_gpt, sizeof cfg_gpt,
+             "[model]\npreset = gpt\nn_layer = 2\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 32\n"
+             "[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n"
+             "[optim]\nname = adamw\nlr = 0.01\nclip_norm = 1.0\n[schedule]\nname = cosine\nwarmup_steps = 5\n"
+             "[train]\nbatch = 6\nseq_len = 8\nmax_steps = 20\neval_every = 10\neval_batches = 1\nseed = 5\n",
+             train, tmp("val.bin"));
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-gpu-sim-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    setenv("DTRAIN_GPU", "sim", 1);
+    test_protection();
+    test_ce_padded();
+    test_table();
+    make_data();
+    test_mlp();
+    test_gpt();
+    test_resume();
+    test_refusals();
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
