@@ -140,6 +140,48 @@ static double step_loss(const char *dir, int step) {
     return v;
 }
 
+// ---- the CPU's numbers, shipped for the GPU machine -----------------------------
+
+// tests/fixtures/gpu-train-losses.txt: "NAME STEP LOSS" lines, the CPU's
+// losses of the runs below at steps 1 to 20 (`test_gpu_sim --write-fixtures`
+// writes them). Here the CPU's fresh run must equal them, so they stay
+// current; on a GPU machine (`test_gpu_sim gpu`) the device's run is
+// compared with them and the CPU's path never runs there.
+#define FIXTURES "tests/fixtures/gpu-train-losses.txt"
+#define STEPS 20
+
+static int g_write;  // --write-fixtures
+
+static int fixture(const char *name, double loss[STEPS + 1]) {
+    FILE *f = fopen(FIXTURES, "r");
+    char n[64];
+    int step, found = 0;
+    double v;
+    while (f && fscanf(f, "%63s %d %lf", n, &step, &v) == 3)
+        if (!strcmp(n, name) && step >= 1 && step <= STEPS) loss[step] = v, found++;
+    if (f) fclose(f);
+    return found == STEPS;
+}
+
+static void check_fixture(const char *name, const char *dir, int cpu) {
+    double want[STEPS + 1];
+    if (g_write && cpu) {
+        FILE *f = fopen(FIXTURES, "a");
+        for (int s = 1; f && s <= STEPS; s++) fprintf(f, "%s %d %.9g\n", name, s, step_loss(dir, s));
+        if (f) fclose(f);
+        return;
+    }
+    int ok = fixture(name, want);
+    CHECK(ok, "%s: %d steps in %s (test_gpu_sim --write-fixtures)", name, STEPS, FIXTURES);
+    for (int s = 1; ok && s <= STEPS; s++) {
+        double got = step_loss(dir, s), tol = cpu ? 1e-7 : s == 1 ? 1e-5 : 1e-4;
+        ok = fabs(got - want[s]) <= tol * fabs(want[s]);
+        CHECK(ok, "%s step %d: loss %.9g, the CPU's %.9g (%s; relative tolerance %g)", name, s, got, want[s],
+              cpu ? "the CPU's fresh run against " FIXTURES : "the GPU against the CPU's", tol);
+    }
+    if (ok) printf("%s: %d steps' losses %s the CPU's shipped ones\n", name, STEPS, cpu ? "equal" : "within tolerance of");
+}
+
 // name (CPU) and name-dev (the simulated GPU) trained on text with extra;
 // their losses and weights compared.
 static void compare_runs(const char *name, const char *text, const char *what) {
@@ -152,6 +194,7 @@ static void compare_runs(const char *name, const char *text, const char *what) {
     char a[600], b[600], msg[128];
     snprintf(a, sizeof a, "%s", tmp(name));
     snprintf(b, sizeof b, "%s", tmp(dev));
+    check_fixture(name, a, 1);
     snprintf(msg, sizeof msg, "%s: step 1's loss", what);
     CHECK_NEAR(step_loss(b, 1), step_loss(a, 1), 1e-5, msg);
     snprintf(msg, sizeof msg, "%s: step 20's loss", what);
@@ -291,9 +334,35 @@ static void make_data(void) {
              train, tmp("val.bin"));
 }
 
-int main(void) {
+// On a GPU machine: the device's runs against the CPU's shipped losses.
+static int on_gpu(void) {
+    unsetenv("DTRAIN_GPU");
+    char why[512];
+    if (dt_dev_get()->count(why, sizeof why) == 0) {
+        printf("skipped: no usable GPU (%s)\n", why);
+        tl_cleanup(g_tmp);
+        return 77;
+    }
+    make_data();
+    const char *names[] = {"mlp", "mlp-sgd", "gpt"};
+    char text[4096];
+    for (int i = 0; i < 3; i++) {
+        if (i < 2) snprintf(text, sizeof text, "%s%s", cfg_mlp_full, i ? opt_sgd : opt_adamw);
+        else snprintf(text, sizeof text, "%s", cfg_gpt);
+        int rc = tl_train(g_tmp, names[i], text, 1, "--set train.log_every=1 --device cuda", g_out, sizeof g_out);
+        CHECK(rc == 0, "%s on the GPU: exit %d\n%s", names[i], rc, g_out);
+        if (rc == 0) check_fixture(names[i], tmp(names[i]), 0);
+    }
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
+
+int main(int argc, char **argv) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-gpu-sim-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    if (argc > 1 && !strcmp(argv[1], "gpu")) return on_gpu();
+    g_write = argc > 1 && !strcmp(argv[1], "--write-fixtures");
+    if (g_write) remove(FIXTURES);
     setenv("DTRAIN_GPU", "sim", 1);
     test_protection();
     test_ce_padded();

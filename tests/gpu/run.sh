@@ -6,6 +6,12 @@
 #   2. ops: every GPU op against the CPU's (test_gpu ops), every launch
 #      synchronous (CUDA_LAUNCH_BLOCKING=1) so that an error names its op
 #   3. memcheck and initcheck: compute-sanitizer over the same op tests
+#   4. train: the MLP and a tiny GPT trained 20 steps on the GPU against the
+#      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt
+#      (test_gpu_sim gpu; the CPU's path never runs there)
+#   5. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
+#      autocast and TF32) and llm.c (BUILD/llmc/train_gpt2cu, built here by
+#      bench/llmc_gpu.sh, where it was carried) on GPT-2 124M, B=16, T=1024
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
@@ -42,5 +48,15 @@ if command -v compute-sanitizer >/dev/null; then
     stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 "$build/tests/test_gpu" ops
 else
     echo "memcheck: not run (no compute-sanitizer here)" | tee -a "$out/summary.txt"
+fi
+stage train 300 "$build/tests/test_gpu_sim" gpu
+peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --seq 1024 --steps 20 --warmup 3"
+stage torch-bf16 300 $peer --autocast
+stage torch-bf16-compile 420 $peer --autocast --compile
+stage torch-tf32 300 $peer --tf32
+if [ -x "$build/llmc/train_gpt2cu" ]; then
+    stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
+else
+    echo "llmc-bf16: not run ($build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build)" | tee -a "$out/summary.txt"
 fi
 exit $((fails > 0))
