@@ -349,7 +349,8 @@ static int on_gpu(void) {
     for (int i = 0; i < 3; i++) {
         if (i < 2) snprintf(text, sizeof text, "%s%s", cfg_mlp_full, i ? opt_sgd : opt_adamw);
         else snprintf(text, sizeof text, "%s", cfg_gpt);
-        int rc = tl_train(g_tmp, names[i], text, 1, "--set train.log_every=1 --device cuda", g_out, sizeof g_out);
+        int rc = tl_train(g_tmp, names[i], text, 1, "--set train.log_every=1 --set train.tf32=false --device cuda", g_out,
+                          sizeof g_out);
         CHECK(rc == 0, "%s on the GPU: exit %d\n%s", names[i], rc, g_out);
         if (rc == 0) check_fixture(names[i], tmp(names[i]), 0);
     }

@@ -49,7 +49,7 @@ if command -v compute-sanitizer >/dev/null; then
 else
     echo "memcheck: not run (no compute-sanitizer here)" | tee -a "$out/summary.txt"
 fi
-stage train 300 "$build/tests/test_gpu_sim" gpu
+NVIDIA_TF32_OVERRIDE=0 stage train 300 "$build/tests/test_gpu_sim" gpu
 peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --seq 1024 --steps 20 --warmup 3"
 stage torch-bf16 300 $peer --autocast
 stage torch-bf16-compile 420 $peer --autocast --compile

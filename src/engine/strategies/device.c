@@ -14,10 +14,12 @@
  * start's, or a checkpoint's) onto the device. */
 #include "engine/strategies/strategy.h"
 #include "gpu/dev_model.h"
+#include "gpu/gpu.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef struct {
     dt_strategy base;
@@ -49,6 +51,7 @@ static dt_status dev_init(dt_strategy *s) {
     if (b->n != s->n) return dt_error(DT_ERR_INTERNAL, "device blocks of %zu floats, the model's %zu", b->n, s->n);
     size_t k[DT_DEV_KINDS];
     dt_dev_blocks_kinds(b, k);
+    dt_gpu_set_tf32(s->c->tf32);  // (the CUDA GEMM's; the simulated GPU's is the CPU's fp32)
     dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
            "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory",
            b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
@@ -115,6 +118,7 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddStringToObject(g, "device", s->c->device);
     cJSON_AddStringToObject(g, "implementation", b->d->name);
     cJSON_AddStringToObject(g, "name", what);
+    cJSON_AddBoolToObject(g, "tf32", s->c->tf32 && !strcmp(b->d->name, "cuda"));
     cJSON_AddNumberToObject(g, "arena_bytes", (double)b->arena.size);
     for (int i = 0; i < DT_DEV_KINDS; i++) {
         char key[64];
