@@ -11,6 +11,8 @@
 #ifndef DT_GPU_LAUNCH_H
 #define DT_GPU_LAUNCH_H
 
+#include "optim/elem.h"
+
 #include <stddef.h>
 
 #define DT_THREADS 256              // threads a block; a power of two (the row kernels' tree reductions)
@@ -27,5 +29,21 @@ static inline unsigned dt_launch_blocks(size_t n, unsigned threads) {
 static inline unsigned dt_launch_rows(size_t rows) {
     return (unsigned)(rows > DT_MAX_BLOCKS ? DT_MAX_BLOCKS : rows);
 }
+
+/* The attention's kernels (attention.cu): one block of DT_THREADS a row
+ * (b, h, t), its DT_ATT_PARTS warps each summing every DT_ATT_PARTS-th
+ * position into a partial row of hs in shared memory, the partials then
+ * added in order. Dynamic shared memory: the row's own vector (hs) and
+ * `parts_rows` partial rows (DT_ATT_PARTS for the forward and the backward's
+ * row pass, 2 DT_ATT_PARTS for its column pass) of hs floats; within the
+ * 48 KiB every GPU gives a block unasked up to hs = DT_ATT_MAX_HS. */
+#define DT_ATT_PARTS (DT_THREADS / 32)
+#define DT_ATT_MAX_HS 512
+static inline size_t dt_att_smem(int hs, int parts_rows) { return sizeof(float) * (size_t)hs * (1 + parts_rows); }
+
+/* The sum of squares (dt_gpu_sumsq): dt_sum_squares's blocks of
+ * DT_SUMSQ_BLOCK elements (optim/elem.h), a thread each, into partial
+ * sums; then one thread sums those in order. */
+static inline size_t dt_sumsq_chunks(size_t n) { return n / DT_SUMSQ_BLOCK + (n % DT_SUMSQ_BLOCK != 0); }
 
 #endif
