@@ -41,24 +41,6 @@ template <bool MAX> __device__ static float block_reduce(float v, float *sh) {
     return r;
 }
 
-// Row r of B NH T rows: its (b, h, t) and the offsets of its q in qkv, its
-// row of att, and its output (or dout) row.
-struct att_row {
-    size_t b, h, t, qkv, att, out;
-};
-
-__device__ static att_row row_of(size_t r, int T, int C, int NH) {
-    att_row a;
-    a.t = r % T;
-    a.h = r / T % NH;
-    a.b = r / ((size_t)T * NH);
-    int hs = C / NH;
-    a.qkv = (a.b * T + a.t) * 3 * (size_t)C + a.h * hs;
-    a.att = r * T;
-    a.out = (a.b * T + a.t) * C + a.h * hs;
-    return a;
-}
-
 // y[d] += sum over j <= t of p[j] x_j[d] (x_j = x + j 3C, the rows of
 // one head's keys or values), by partial rows part[DT_ATT_PARTS][hs] added
 // in order. Every thread of the block calls it; p is in global memory,
@@ -101,7 +83,7 @@ __global__ static void __launch_bounds__(DT_THREADS)
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs), *q = sm, *part = sm + hs;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        att_row a = row_of(r, T, C, NH);
+        dt_att_row a = dt_att_row_of(r, T, C, NH);
         const float *k = qkv + (a.qkv - a.t * 3 * (size_t)C) + C, *v = k + C;  // (position 0's)
         float *p = att + a.att;
         for (int d = threadIdx.x; d < hs; d += DT_THREADS) q[d] = qkv[a.qkv + d];
@@ -135,7 +117,7 @@ __global__ static void __launch_bounds__(DT_THREADS)
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs), *dy = sm, *part = sm + hs;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        att_row a = row_of(r, T, C, NH);
+        dt_att_row a = dt_att_row_of(r, T, C, NH);
         const float *k = qkv + (a.qkv - a.t * 3 * (size_t)C) + C, *v = k + C, *A = att + a.att;
         float *D = datt + a.att;
         for (int d = threadIdx.x; d < hs; d += DT_THREADS) dy[d] = dout[a.out + d];
@@ -160,7 +142,7 @@ __global__ static void __launch_bounds__(DT_THREADS)
     int hs = C / NH, w = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *pk = sm + hs, *pv = pk + DT_ATT_PARTS * hs;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        att_row a = row_of(r, T, C, NH);  // (its t is the key position j)
+        dt_att_row a = dt_att_row_of(r, T, C, NH);  // (its t: the key position j)
         size_t j = a.t;  // att[b, h, t, j] at (r - j + t) T + j
         const float *q0 = qkv + (a.qkv - j * 3 * (size_t)C), *dy0 = dout + (a.out - j * (size_t)C);
         const float *A0 = att + (r - j) * T + j, *D0 = datt + (r - j) * T + j;

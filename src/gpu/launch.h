@@ -11,6 +11,7 @@
 #ifndef DT_GPU_LAUNCH_H
 #define DT_GPU_LAUNCH_H
 
+#include "core/hd.h"
 #include "optim/elem.h"
 
 #include <stddef.h>
@@ -40,6 +41,26 @@ static inline unsigned dt_launch_rows(size_t rows) {
 #define DT_ATT_PARTS (DT_THREADS / 32)
 #define DT_ATT_MAX_HS 512
 static inline size_t dt_att_smem(int hs, int parts_rows) { return sizeof(float) * (size_t)hs * (1 + parts_rows); }
+
+/* Row r of the B NH T rows of att: its (b, h, t) and, 64-bit, the offsets
+ * of its query in qkv [B,T,3C], of its row in att [B,NH,T,T], and of its
+ * output (dout) in [B,T,C]. The column pass reads att[b, h, t, j] for
+ * its row r = (b, h, j) at (r - j + t) T + j. */
+typedef struct {
+    size_t b, h, t, qkv, att, out;
+} dt_att_row;
+
+DT_HD dt_att_row dt_att_row_of(size_t r, int T, int C, int NH) {
+    dt_att_row a;
+    a.t = r % T;
+    a.h = r / T % NH;
+    a.b = r / ((size_t)T * NH);
+    size_t hs = (size_t)(C / NH);
+    a.qkv = (a.b * T + a.t) * 3 * (size_t)C + a.h * hs;
+    a.att = r * T;
+    a.out = (a.b * T + a.t) * C + a.h * hs;
+    return a;
+}
 
 /* The sum of squares (dt_gpu_sumsq): dt_sum_squares's blocks of
  * DT_SUMSQ_BLOCK elements (optim/elem.h), a thread each, into partial
