@@ -4,8 +4,11 @@
 # minutes on a GPU always yield something (docs/gpu.md):
 #   1. device: nvidia-smi's list of the GPUs, their memory and driver
 #   2. ops: every GPU op against the CPU's (test_gpu ops), every launch
-#      synchronous (CUDA_LAUNCH_BLOCKING=1) so that an error names its op
-#   3. memcheck and initcheck: compute-sanitizer over the same op tests
+#      waited for (DTRAIN_CUDA_SYNC=1, CUDA_LAUNCH_BLOCKING=1) so that an
+#      error names its kernel
+#   3. fault: a kernel's fault named with it under DTRAIN_CUDA_SYNC=1
+#      (test_gpu fault; its faults are meant, so never under the sanitizer)
+#   4. memcheck and initcheck: compute-sanitizer over the op tests
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
@@ -36,7 +39,8 @@ stage() {  # stage NAME SECONDS COMMAND...
 }
 : >"$out/summary.txt"
 stage device 60 sh -c 'nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv'
-CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
+DTRAIN_CUDA_SYNC=1 CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
+stage fault 60 "$build/tests/test_gpu" fault
 if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_gpu" ops
     stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 "$build/tests/test_gpu" ops
