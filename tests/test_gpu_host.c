@@ -175,7 +175,8 @@ static void test_attention_rows(void) {
     CHECK((size_t)3 * 5 * 40000 * 40000 > ((size_t)1 << 31), "the big shape passes 2^31 elements of att");
     CHECK(DT_ATT_PARTS * 32 == DT_THREADS, "a partial row a warp: %d warps", DT_ATT_PARTS);
     size_t most = dt_att_smem(DT_ATT_MAX_HS, 2 * DT_ATT_PARTS);
-    CHECK(most <= 48 * 1024 && dt_att_smem(1, DT_ATT_PARTS) == sizeof(float) * (1 + DT_ATT_PARTS),
+    CHECK(most <= 48 * 1024 && dt_att_smem(DT_ATT_MAX_HS, 1 + DT_ATT_PARTS) <= most &&
+              dt_att_smem(3, 1 + DT_ATT_PARTS) == sizeof(float) * 3 * (1 + DT_ATT_PARTS),
           "attention's shared memory at hs %d: %zu bytes (<= 48 KiB)", DT_ATT_MAX_HS, most);
     const size_t ns[] = {0, 1, DT_SUMSQ_BLOCK - 1, DT_SUMSQ_BLOCK, DT_SUMSQ_BLOCK + 1, ((size_t)1 << 31) + 7};
     const size_t want[] = {0, 1, 1, 1, 2, ((size_t)1 << 31) / DT_SUMSQ_BLOCK + 1};

@@ -138,9 +138,9 @@ __global__ static void __launch_bounds__(DT_THREADS)
 __global__ static void __launch_bounds__(DT_THREADS)
     att_backward_cols_kernel(float *dqkv, const float *datt, const float *dout, const float *qkv, const float *att,
                              size_t rows, int T, int C, int NH) {
-    extern __shared__ float sm[];  // (unused [hs]), partial rows of dk, dv [2 DT_ATT_PARTS][hs]
+    extern __shared__ float sm[];  // partial rows of dk, dv [2 DT_ATT_PARTS][hs]
     int hs = C / NH, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float *pk = sm + hs, *pv = pk + DT_ATT_PARTS * hs;
+    float *pk = sm, *pv = pk + DT_ATT_PARTS * hs;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
         dt_att_row a = dt_att_row_of(r, T, C, NH);  // (its t: the key position j)
         size_t j = a.t;  // att[b, h, t, j] at (r - j + t) T + j
@@ -180,8 +180,8 @@ dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int
     dt_status st = att_check("forward", B, T, C, NH);
     size_t rows = (size_t)B * NH * T;
     if (st != DT_OK || rows == 0) return st;
-    att_forward_kernel<<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, DT_ATT_PARTS)>>>(out, att, qkv, rows, T,
-                                                                                                C, NH);
+    size_t smem = dt_att_smem(C / NH, 1 + DT_ATT_PARTS);
+    att_forward_kernel<<<dt_launch_rows(rows), DT_THREADS, smem>>>(out, att, qkv, rows, T, C, NH);
     DT_LAUNCHED(att_forward_kernel);
     return DT_OK;
 }
@@ -191,7 +191,7 @@ dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout,
     dt_status st = att_check("backward", B, T, C, NH);
     size_t rows = (size_t)B * NH * T;
     if (st != DT_OK || rows == 0) return st;
-    att_backward_rows_kernel<<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, DT_ATT_PARTS)>>>(
+    att_backward_rows_kernel<<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, 1 + DT_ATT_PARTS)>>>(
         dqkv, datt, dout, qkv, att, rows, T, C, NH);
     DT_LAUNCHED(att_backward_rows_kernel);
     att_backward_cols_kernel<<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, 2 * DT_ATT_PARTS)>>>(

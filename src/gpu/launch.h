@@ -34,13 +34,14 @@ static inline unsigned dt_launch_rows(size_t rows) {
 /* The attention's kernels (attention.cu): one block of DT_THREADS a row
  * (b, h, t), its DT_ATT_PARTS warps each summing every DT_ATT_PARTS-th
  * position into a partial row of hs in shared memory, the partials then
- * added in order. Dynamic shared memory: the row's own vector (hs) and
- * `parts_rows` partial rows (DT_ATT_PARTS for the forward and the backward's
- * row pass, 2 DT_ATT_PARTS for its column pass) of hs floats; within the
- * 48 KiB every GPU gives a block unasked up to hs = DT_ATT_MAX_HS. */
+ * added in order. Dynamic shared memory: `rows` rows of hs floats (the
+ * row's own vector and DT_ATT_PARTS partial rows for the forward and the
+ * backward's row pass; 2 DT_ATT_PARTS partial rows for its column pass);
+ * within the 48 KiB every GPU gives a block unasked up to hs =
+ * DT_ATT_MAX_HS. */
 #define DT_ATT_PARTS (DT_THREADS / 32)
 #define DT_ATT_MAX_HS 512
-static inline size_t dt_att_smem(int hs, int parts_rows) { return sizeof(float) * (size_t)hs * (1 + parts_rows); }
+static inline size_t dt_att_smem(int hs, int rows) { return sizeof(float) * (size_t)hs * rows; }
 
 /* Row r of the B NH T rows of att: its (b, h, t) and, 64-bit, the offsets
  * of its query in qkv [B,T,3C], of its row in att [B,NH,T,T], and of its
