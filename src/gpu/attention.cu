@@ -10,11 +10,13 @@
  * memory, and the partial rows are added in order. Backward in two passes:
  * rows (the softmax's gradient into datt, dq) and columns (a block a key
  * position j: dk and dv, over the rows t >= j). Every sum in a fixed order:
- * the same bits every run. Indices 64-bit (B NH T T may pass 2^31). Nothing
- * here has run on a GPU yet (docs/gpu.md). */
+ * the same bits every run. Each element's arithmetic nn/rows.h's (the
+ * CPU's). Indices 64-bit (B NH T T may pass 2^31). Nothing here has run on
+ * a GPU yet (docs/gpu.md). */
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
+#include "nn/rows.h"
 
 #include <float.h>
 #include <math.h>
@@ -94,7 +96,7 @@ __global__ static void __launch_bounds__(DT_THREADS)
         mx = block_reduce<true>(mx, red);
         float s = 0.0f;
         for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) {
-            float e = expf(p[j] - mx);
+            float e = dt_att_exp(p[j], mx);
             p[j] = e;
             s += e;
         }
@@ -126,7 +128,7 @@ __global__ static void __launch_bounds__(DT_THREADS)
         float s = 0.0f;
         for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) s += D[j] * A[j];
         s = block_reduce<false>(s, red);
-        for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) D[j] = A[j] * (D[j] - s) * scale;
+        for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) D[j] = dt_att_grad(A[j], D[j], s, scale);
         __syncthreads();
         weighted_sum(dqkv + a.qkv, D, k, a.t, hs, C, part);
     }

@@ -77,7 +77,7 @@ static void lt_load(void) {
                             lt.cublasLtGetStatusName(dt_s_));                                           \
     } while (0)
 
-// What one matmul creates, destroyed by lt_run whatever happened.
+// What one matmul creates, destroyed by dt_gpu_lt_run whatever happened.
 struct lt_call {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;

@@ -112,7 +112,7 @@ dt_status dt_gpu_linear_forward(float *out, const float *inp, const float *w, co
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, int B, int C, int OC);
 /* The linear layer followed by GELU, fused where cuBLASLt can (OC a
- * multiple of 8: GELU_AUX_BIAS, its own GELU, tanh approximation):
+ * multiple of 8: GELU_AUX_BIAS, with cuBLASLt's own GELU):
  * pre[B,OC] = inp w^T + b, out = gelu(pre). Elsewhere the linear layer and
  * dt_gpu_gelu_forward. */
 dt_status dt_gpu_linear_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b, int B,

@@ -217,12 +217,12 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
 
 __global__ static void relu_forward_kernel(float *out, const float *inp, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+        out[i] = dt_relu(inp[i]);
 }
 
 __global__ static void relu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+        dinp[i] += dt_relu_grad(inp[i], dout[i]);
 }
 
 dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N) {
