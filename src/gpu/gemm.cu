@@ -122,7 +122,13 @@ static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof *al));
     cublasLtMatmulHeuristicResult_t h;
-    DT_LT(cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, found));
+    // (no algorithm for this epilogue or layout: NOT_SUPPORTED, or none found)
+    cublasStatus_t hs = lt.cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, found);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && *found > 0 && h.state != CUBLAS_STATUS_SUCCESS))
+        *found = 0;
+    else if (hs != CUBLAS_STATUS_SUCCESS)
+        return dt_error(DT_ERR_INTERNAL, "GPU: cublasLtMatmulAlgoGetHeuristic: %s (%s)", lt.cublasLtGetStatusString(hs),
+                        lt.cublasLtGetStatusName(hs));
     if (*found < 1) return DT_OK;
     DT_LT(cublasLtMatmul(lt.handle, x->op, &o->alpha, o->first, x->a, o->second, x->b, &o->beta, o->C, x->c, o->C, x->c,
                          &h.algo, lt.workspace, WORKSPACE, 0));

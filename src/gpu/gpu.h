@@ -79,7 +79,8 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
  * positions by token, on the device: no float atomics), dwpe over the
  * batch in order. inp (int32) must hold valid rows of wte (unchecked, as
  * on the CPU). The backward's scratch (3 B T ints and the sort's) is taken
- * from the stream's pool and given back in the call. */
+ * from the stream's pool and given back in the call; B T below 2^31 (the
+ * sort's count; else DT_ERR_ARG). */
 dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
                                  int C);
 dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C);

@@ -28,7 +28,8 @@ typedef struct {
 } dt_lt_op;
 
 /* Runs o; *found 0 (and nothing run, DT_OK) when cuBLASLt has no algorithm
- * for it (an epilogue with this layout), for the caller's plain path. */
+ * for it (its heuristic finds none or answers NOT_SUPPORTED: an epilogue
+ * with this layout), for the caller's plain path. */
 dt_status dt_gpu_lt_run(const dt_lt_op *o, int *found);
 
 #endif
