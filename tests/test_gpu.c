@@ -21,9 +21,23 @@
  *                   50257 padded to 50304, 257 padded to 260, 1000, 1),
  *                   forward and backward (accumulating), within 1e-5
  *                   relative (floors by op), padding never written.
+ *                   The bf16 GEMM (the GEMM's cases, 1e-4). The GPT's
+ *                   other ops: the embedding (repeated tokens, a
+ *                   vocabulary-sized table), residual, ReLU, bias, the
+ *                   sum of squares and the scale, bf16 conversions: the
+ *                   CPU's bits; attention (T = 1, 37, 70, 257; head
+ *                   sizes 1 to 512) within 1e-5 (normwise where sums
+ *                   cancel), the upper triangles zeros; the linear layer
+ *                   with and without bias and with GELU (cuBLASLt's
+ *                   epilogues, or the plain path) within 1e-5 of each
+ *                   element's sum of |terms| (1e-3 for cuBLASLt's GELU).
  *                   Reported skipped
- *                   (exit 77, the reason said) where no GPU can be used. */
+ *                   (exit 77, the reason said) where no GPU can be used.
+ *   test_gpu fault  (ctest test_gpu_fault): DTRAIN_CUDA_SYNC=1 names the
+ *                   kernel that faulted; without it the next wait does.
+ *                   Skipped likewise. */
 #include "dtrain/config.h"
+#include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
@@ -32,6 +46,7 @@
 #include "testlib.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 #include <math.h>
 
 #ifndef DT_CUDA_MAJOR
@@ -53,9 +68,16 @@ static void test_refusals(void) {
     if (n == 0)
         CHECK(st == DT_ERR_CONFIG && strstr(dt_last_error(), "[train] device = cuda: ") && strstr(dt_last_error(), why),
               "no GPU: device = cuda refused with the reason: %s", dt_last_error());
-    else  // (a GPU: the MLP's device step needs kernels whose CUDA versions are not there yet, named)
-        CHECK(st == DT_ERR_CONFIG && strstr(dt_last_error(), "the GPU's bias_forward is not in this dtrain yet"),
-              "a GPU: device = cuda refused naming the missing op: %s", dt_last_error());
+    else  // (a GPU: every op of the MLP's device step is in the cuda table)
+        CHECK(st == DT_OK, "a GPU: device = cuda taken: %s", dt_last_error());
+    if (strncmp(dt_gpu_build(), "CUDA ", 5) == 0) {  // a CUDA build (refused before any device call)
+        st = dt_gpu_attention_forward(NULL, NULL, NULL, 1, 1, 1026, 2);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "head size 513 (C 1026 / NH 2) is past the kernel's 512"),
+              "GPU attention: a head past 512 refused: %s", dt_last_error());
+        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "NH must divide C"), "GPU attention: NH 5 of C 96 refused: %s",
+              dt_last_error());
+    }
     const char *far[] = {"train.device=cuda:63"};
     CHECK(dt_config_load(&c, "configs/fashion-mlp.ini", far, 1) == DT_OK && dt_train_check_device(&c) == DT_ERR_CONFIG &&
               strstr(dt_last_error(), "cuda:63"),
@@ -159,21 +181,42 @@ static float *upload_at(const float *h, size_t n, int off) {
 
 static float *upload(const float *h, size_t n) { return upload_at(h, n, 0); }
 
+// n floats to the device as bf16 (dt_from_f32), after `off` zeros (the
+// pointer to free: the returned one minus off); NULL on failure.
+static uint16_t *upload_bf16_at(const float *h, size_t n, int off) {
+    void *d = NULL;
+    uint16_t *z = calloc(n + off + 1, sizeof(uint16_t));
+    dt_from_f32(z + off, h, n, DT_BF16);
+    dt_status st = dt_gpu_alloc(&d, sizeof(uint16_t) * (n + off + 1));
+    if (st == DT_OK) st = dt_gpu_to_device(d, z, sizeof(uint16_t) * (n + off + 1));
+    free(z);
+    if (st != DT_OK) return dt_gpu_free(d), NULL;
+    return (uint16_t *)d + off;
+}
+
 // The GPU's GEMM against dt_sgemm on the same operands: the largest
 // |difference| of an element over its sum of |products| (and |beta c|), a
 // bound of the rounding error of any order of the sums; INFINITY if the GPU
-// failed. off: each operand `off` floats into its block (off 1: aligned to
-// 4 bytes only).
-static double gemm_case(int ta, int tb, int M, int N, int K, int pad, float beta, int off) {
+// failed. off: each operand `off` elements into its block (off 1: aligned
+// to 4 bytes only, 2 for bf16). bf16: dt_gpu_gemm_bf16 on the operands
+// rounded to bf16, against dt_sgemm on the same rounded values (their
+// products exact in fp32).
+static double gemm_case(int ta, int tb, int M, int N, int K, int pad, float beta, int off, int bf16) {
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
     float *A = malloc(sizeof(float) * (na + nb + 3 * nc)), *B = A + na, *C = B + nb, *Cc = C + nc, *G = Cc + nc;
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(M * 131 + N * 7 + K);
     for (size_t i = 0; i < na + nb + nc; i++) A[i] = draw(&x);  // (the padding too: initcheck)
+    if (bf16) dt_round_f32(A, A, na + nb, DT_BF16);
     memcpy(Cc, C, sizeof(float) * nc);
-    float *dA = upload_at(A, na, off), *dB = upload_at(B, nb, off), *dC = upload_at(C, nc, off);
-    dt_status st = dA && dB && dC ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_sgemm(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, beta, dC, ldc);
+    float *dA = NULL, *dB = NULL, *dC = upload_at(C, nc, off);
+    uint16_t *hA = NULL, *hB = NULL;
+    if (bf16) hA = upload_bf16_at(A, na, off), hB = upload_bf16_at(B, nb, off);
+    else dA = upload_at(A, na, off), dB = upload_at(B, nb, off);
+    dt_status st = (bf16 ? hA && hB : dA && dB) && dC ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK)
+        st = bf16 ? dt_gpu_gemm_bf16(ta, tb, M, N, K, 1.0f, hA, lda, hB, ldb, beta, dC, ldc)
+                  : dt_gpu_sgemm(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, beta, dC, ldc);
     if (st == DT_OK) st = dt_gpu_to_host(G, dC, sizeof(float) * nc);
     if (st != DT_OK) printf("GPU: %s\n", dt_last_error());
     // (K = 0: C = beta C by BLAS's definition, which the GPU follows; oneDNN's
@@ -197,6 +240,7 @@ static double gemm_case(int ta, int tb, int M, int N, int K, int pad, float beta
             worst = d > worst || isnan(d) ? d : worst;
         }
     dt_gpu_free(dA ? dA - off : NULL), dt_gpu_free(dB ? dB - off : NULL), dt_gpu_free(dC ? dC - off : NULL);
+    dt_gpu_free(hA ? hA - off : NULL), dt_gpu_free(hB ? hB - off : NULL);
     free(A);
     return worst;
 }
@@ -206,18 +250,19 @@ static void test_gemm(void) {
     // x 65 rows, C = 96, 3C, 4C, a vocabulary of 509); strided; K = 0.
     const int shapes[][4] = {{1, 1, 1, 0}, {7, 5, 3, 0}, {3, 130, 17, 5}, {130, 288, 96, 0},
                              {130, 96, 384, 3}, {130, 509, 96, 1}, {255, 257, 33, 0}, {5, 7, 0, 2}};
-    for (int tf32 = 0; tf32 < 2; tf32++) {
-        dt_gpu_set_tf32(tf32);
-        double tol = tf32 ? 4e-3 : 1e-5;
+    const char *names[] = {"sgemm", "sgemm tf32", "bf16 GEMM"};
+    for (int prec = 0; prec < 3; prec++) {  // fp32, TF32, bf16 operands
+        dt_gpu_set_tf32(prec == 1);
+        double tol = prec == 0 ? 1e-5 : prec == 1 ? 4e-3 : 1e-4;
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
                 for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
                     for (int b = 0; b < 2; b++) {
                         const int *h = shapes[s];
-                        int off = (int)(s + b) % 3 == 2;  // some operands aligned to 4 bytes only
-                        double d = gemm_case(ta, tb, h[0], h[1], h[2], h[3], (float)b, off);
-                        CHECK(d >= 0 && d <= tol, "sgemm%s ta %d tb %d M %d N %d K %d pad %d beta %d offset %d: GPU "
-                              "against dt_sgemm, max |diff| / sum |products| %.3g (<= %g)", tf32 ? " tf32" : "", ta,
+                        int off = (int)(s + b) % 3 == 2;  // some operands aligned to 4 bytes (bf16: 2) only
+                        double d = gemm_case(ta, tb, h[0], h[1], h[2], h[3], (float)b, off, prec == 2);
+                        CHECK(d >= 0 && d <= tol, "%s ta %d tb %d M %d N %d K %d pad %d beta %d offset %d: GPU "
+                              "against dt_sgemm, max |diff| / sum |products| %.3g (<= %g)", names[prec], ta,
                               tb, h[0], h[1], h[2], h[3], b, off, d, tol);
                     }
     }
@@ -340,6 +385,327 @@ static void test_crossentropy(size_t N, int V, size_t ld) {
     dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gloss), dt_gpu_free(gd), dt_gpu_free(gt), dt_gpu_free(grow);
 }
 
+// The elements of the GPU's block d (n floats) that differ in their bits
+// from the CPU's c; SIZE_MAX when the read failed.
+static size_t differ(const float *c, const float *d, size_t n) {
+    float *g = malloc(sizeof(float) * (n ? n : 1));
+    size_t bad = d && dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK ? 0 : SIZE_MAX;
+    for (size_t i = 0; i < n && bad != SIZE_MAX; i++) bad += memcmp(&c[i], &g[i], sizeof(float)) != 0;
+    free(g);
+    return bad;
+}
+
+// The GPU's block d against the CPU's c, normwise: max |difference| over
+// max |c|; INFINITY when the read failed.
+static double against_norm(const float *c, const float *d, size_t n) {
+    float *g = malloc(sizeof(float) * (n ? n : 1));
+    double r = INFINITY;
+    if (d && dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK) {
+        double big = 1e-30, diff = 0;
+        for (size_t i = 0; i < n; i++) {
+            big = fmax(big, fabs(c[i]));
+            double e = fabs((double)c[i] - g[i]);
+            diff = e > diff || isnan(e) ? e : diff;
+        }
+        r = diff / big;
+    }
+    free(g);
+    return r;
+}
+
+// The GPU's block d against the CPU's c, each element over its magnitude
+// mag (the sum of |terms| of its sums, computed on the CPU).
+static double against_mag(const float *c, const float *d, const float *mag, size_t n) {
+    float *g = malloc(sizeof(float) * (n ? n : 1));
+    double r = INFINITY;
+    if (d && dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK) {
+        r = 0;
+        for (size_t i = 0; i < n; i++) {
+            double e = fabs((double)c[i] - g[i]) / fmax(mag[i], 1e-30);
+            r = e > r || isnan(e) ? e : r;
+        }
+    }
+    free(g);
+    return r;
+}
+
+static int32_t *upload_i32(const int32_t *h, size_t n) {
+    void *d = NULL;
+    if (dt_gpu_alloc(&d, sizeof(int32_t) * (n ? n : 1)) != DT_OK) return NULL;
+    if (n && dt_gpu_to_device(d, h, sizeof(int32_t) * n) != DT_OK) return dt_gpu_free(d), NULL;
+    return d;
+}
+
+#define GPU_ERR(st) ((st) == DT_OK ? "" : ": "), ((st) == DT_OK ? "" : dt_last_error())
+
+// Tokens of a vocabulary of V (repeated: V small against B T) and the
+// embedding, forward and backward: the CPU's bits.
+static void test_encoder(int B, int T, int C, int V) {
+    size_t BT = (size_t)B * T, n = BT * C;
+    int32_t *inp = malloc(sizeof(int32_t) * BT);
+    uint64_t x = 23;
+    for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)((draw(&x) + 0.5f) * V) % V;
+    float *wte = randoms((size_t)V * C, 2, 24), *wpe = randoms((size_t)T * C, 2, 25), *out = randoms(n, 1, 26);
+    float *dout = randoms(n, 1, 27), *dwte = randoms((size_t)V * C, 0.1f, 28), *dwpe = randoms((size_t)T * C, 0.1f, 29);
+    int32_t *gi = upload_i32(inp, BT);
+    float *gwte = upload(wte, (size_t)V * C), *gwpe = upload(wpe, (size_t)T * C), *gout = upload(out, n);
+    float *gdout = upload(dout, n), *gdwte = upload(dwte, (size_t)V * C), *gdwpe = upload(dwpe, (size_t)T * C);
+    dt_status st = gi && gwte && gwpe && gout && gdout && gdwte && gdwpe ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_encoder_forward(gout, gi, gwte, gwpe, B, T, C);
+    if (st == DT_OK) st = dt_gpu_encoder_backward(gdwte, gdwpe, gdout, gi, B, T, C);
+    dt_encoder_forward(out, inp, wte, wpe, B, T, C);
+    dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+    size_t bo = st == DT_OK ? differ(out, gout, n) : SIZE_MAX;
+    size_t bt = st == DT_OK ? differ(dwte, gdwte, (size_t)V * C) : SIZE_MAX;
+    size_t bp = st == DT_OK ? differ(dwpe, gdwpe, (size_t)T * C) : SIZE_MAX;
+    CHECK(bo == 0 && bt == 0 && bp == 0, "encoder B %d T %d C %d V %d: elements differing from the CPU's bits: out "
+          "%zu, dwte %zu, dwpe %zu (0)%s%s", B, T, C, V, bo, bt, bp, GPU_ERR(st));
+    free(inp), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    dt_gpu_free(gi), dt_gpu_free(gwte), dt_gpu_free(gwpe), dt_gpu_free(gout), dt_gpu_free(gdout), dt_gpu_free(gdwte),
+        dt_gpu_free(gdwpe);
+}
+
+// Residual add and ReLU: the CPU's bits (backward accumulating).
+static void test_elementwise(size_t n) {
+    float *a = randoms(n, 2, 31), *b = randoms(n, 2, 32), *out = randoms(n, 1, 33), *dout = randoms(n, 1, 34);
+    float *da = randoms(n, 1, 35), *db = randoms(n, 1, 36), *r = randoms(n, 1, 37), *dr = randoms(n, 1, 38);
+    float *ga = upload(a, n), *gb = upload(b, n), *gout = upload(out, n), *gdout = upload(dout, n), *gda = upload(da, n);
+    float *gdb = upload(db, n), *gr = upload(r, n), *gdr = upload(dr, n);
+    dt_status st = ga && gb && gout && gdout && gda && gdb && gr && gdr ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_residual_forward(gout, ga, gb, n);
+    if (st == DT_OK) st = dt_gpu_residual_backward(gda, gdb, gdout, n);
+    if (st == DT_OK) st = dt_gpu_relu_forward(gr, ga, n);
+    if (st == DT_OK) st = dt_gpu_relu_backward(gdr, gdout, ga, n);
+    dt_residual_forward(out, a, b, n);
+    dt_residual_backward(da, db, dout, n);
+    dt_relu_forward(r, a, n);
+    dt_relu_backward(dr, dout, a, n);
+    size_t d[5] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+    if (st == DT_OK)
+        d[0] = differ(out, gout, n), d[1] = differ(da, gda, n), d[2] = differ(db, gdb, n), d[3] = differ(r, gr, n),
+        d[4] = differ(dr, gdr, n);
+    CHECK(d[0] == 0 && d[1] == 0 && d[2] == 0 && d[3] == 0 && d[4] == 0, "residual, relu n %zu: elements differing "
+          "from the CPU's bits: out %zu, da %zu, db %zu, relu %zu, its backward %zu (0)%s%s", n, d[0], d[1], d[2], d[3],
+          d[4], GPU_ERR(st));
+    float *hs[] = {a, b, out, dout, da, db, r, dr}, *gs[] = {ga, gb, gout, gdout, gda, gdb, gr, gdr};
+    for (int i = 0; i < 8; i++) free(hs[i]), dt_gpu_free(gs[i]);
+}
+
+// Whether the entries right of the diagonal of the GPU's [BH, T, T] block d
+// are all zeros.
+static int upper_zero(const float *d, size_t BH, int T) {
+    size_t n = BH * T * T;
+    float *g = malloc(sizeof(float) * (n ? n : 1));
+    int ok = dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK;
+    for (size_t i = 0; i < n && ok; i++) ok = i % T <= i / T % T || g[i] == 0.0f;
+    free(g);
+    return ok;
+}
+
+// Attention forward and backward: out and dqkv normwise within 1e-5, the
+// probabilities each within 1e-5 relative, datt normwise; the upper
+// triangles zeros.
+static void test_attention(int B, int T, int C, int NH) {
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float *qkv = randoms(n3, 2, 41), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *dout = randoms(n, 1, 44);
+    float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46);
+    float *gq = upload(qkv, n3), *gout = upload(out, n), *gatt = upload(att, na), *gdout = upload(dout, n);
+    float *gdq = upload(dqkv, n3), *gdatt = upload(datt, na);
+    dt_status st = gq && gout && gatt && gdout && gdq && gdatt ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, B, T, C, NH);
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    double dy = st == DT_OK ? against_norm(out, gout, n) : INFINITY;
+    double dp = st == DT_OK ? against(att, gatt, na, 1e-30) : INFINITY;
+    int z = st == DT_OK && upper_zero(gatt, (size_t)B * NH, T);
+    CHECK(dy <= 1e-5 && dp <= 1e-5 && z, "attention forward B %d T %d C %d NH %d: out %.3g (normwise), att %.3g (<= "
+          "1e-5), right of the diagonal %s%s%s", B, T, C, NH, dy, dp, z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
+    // The backward on the CPU's probabilities on both sides.
+    if (st == DT_OK) st = dt_gpu_to_device(gatt, att, sizeof(float) * na);
+    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, B, T, C, NH);
+    dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    for (size_t i = 0; i < na; i++)  // (the CPU leaves part of its scratch right of the diagonal as it was)
+        if (i % T > i / T % T) datt[i] = 0.0f;
+    double dq = st == DT_OK ? against_norm(dqkv, gdq, n3) : INFINITY;
+    double dd = st == DT_OK ? against_norm(datt, gdatt, na) : INFINITY;
+    z = st == DT_OK && upper_zero(gdatt, (size_t)B * NH, T);
+    CHECK(dq <= 1e-5 && dd <= 1e-5 && z, "attention backward B %d T %d C %d NH %d: dqkv %.3g, datt %.3g (normwise, <= "
+          "1e-5), datt right of the diagonal %s%s%s", B, T, C, NH, dq, dd, z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
+    float *hs[] = {qkv, out, att, dout, dqkv, datt}, *gs[] = {gq, gout, gatt, gdout, gdq, gdatt};
+    for (int i = 0; i < 6; i++) free(hs[i]), dt_gpu_free(gs[i]);
+}
+
+// The bias: out += b (the CPU's bits of that sum) and its gradient against
+// dt_linear_backward's db (bitwise: the rows in order).
+static void test_bias(size_t N, int OC) {
+    size_t n = N * OC;
+    float *out = randoms(n, 2, 51), *b = randoms(OC, 2, 52), *dout = randoms(n, 1, 53), *db = randoms(OC, 1, 54);
+    float *gout = upload(out, n), *gb = upload(b, OC), *gdout = upload(dout, n), *gdb = upload(db, OC);
+    dt_status st = gout && gb && gdout && gdb ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_bias_forward(gout, gb, N, OC);
+    if (st == DT_OK) st = dt_gpu_bias_backward(gdb, gdout, N, OC);
+    for (size_t i = 0; i < n; i++) out[i] += b[i % OC];
+    dt_linear_backward(NULL, NULL, db, dout, NULL, NULL, (int)N, 1, OC);
+    size_t bo = st == DT_OK ? differ(out, gout, n) : SIZE_MAX, bd = st == DT_OK ? differ(db, gdb, OC) : SIZE_MAX;
+    CHECK(bo == 0 && bd == 0, "bias N %zu OC %d: elements differing from the CPU's bits: forward %zu, db %zu (0)%s%s", N,
+          OC, bo, bd, GPU_ERR(st));
+    free(out), free(b), free(dout), free(db);
+    dt_gpu_free(gout), dt_gpu_free(gb), dt_gpu_free(gdout), dt_gpu_free(gdb);
+}
+
+static float *absolute(const float *a, size_t n) {
+    float *r = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) r[i] = fabsf(a[i]);
+    return r;
+}
+
+// The linear layer against dt_linear_* (each element within tol of its
+// sum of |terms|, the CPU's linear layer on absolute values), the bias's
+// gradient bitwise; backward accumulating.
+static void test_linear(int B, int C, int OC, int bias) {
+    size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
+    float *inp = randoms(ni, 2, 61), *w = randoms(nw, 2, 62), *b = bias ? randoms(OC, 2, 63) : NULL;
+    float *out = randoms(no, 1, 64), *dout = randoms(no, 1, 65), *dinp = randoms(ni, 1, 66), *dw = randoms(nw, 1, 67);
+    float *db = randoms(OC, 1, 68);
+    float *ai = absolute(inp, ni), *aw = absolute(w, nw), *ab = b ? absolute(b, OC) : NULL, *ad = absolute(dout, no);
+    float *mo = malloc(sizeof(float) * no), *mi = absolute(dinp, ni), *mw = absolute(dw, nw);
+    float *gi = upload(inp, ni), *gw = upload(w, nw), *gb = b ? upload(b, OC) : NULL, *gout = upload(out, no);
+    float *gdout = upload(dout, no), *gdi = upload(dinp, ni), *gdw = upload(dw, nw), *gdb = upload(db, OC);
+    dt_status st = gi && gw && (gb || !b) && gout && gdout && gdi && gdw && gdb ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_linear_forward(gout, gi, gw, gb, B, C, OC);
+    if (st == DT_OK) st = dt_gpu_linear_backward(gdi, gdw, gdb, gdout, gi, gw, B, C, OC);
+    dt_linear_forward(out, inp, w, b, B, C, OC);
+    dt_linear_forward(mo, ai, aw, ab, B, C, OC);
+    dt_linear_backward(dinp, dw, db, dout, inp, w, B, C, OC);
+    dt_linear_backward(mi, mw, NULL, ad, ai, aw, B, C, OC);
+    double eo = st == DT_OK ? against_mag(out, gout, mo, no) : INFINITY;
+    double ei = st == DT_OK ? against_mag(dinp, gdi, mi, ni) : INFINITY;
+    double ew = st == DT_OK ? against_mag(dw, gdw, mw, nw) : INFINITY;
+    size_t bd = st == DT_OK ? differ(db, gdb, OC) : SIZE_MAX;
+    CHECK(eo <= 1e-5 && ei <= 1e-5 && ew <= 1e-5 && bd == 0, "linear B %d C %d OC %d%s: out %.3g, dinp %.3g, dw %.3g "
+          "(|diff| / sum |terms| <= 1e-5), db: %zu elements differ from the CPU's bits%s%s", B, C, OC,
+          bias ? " with bias" : "", eo, ei, ew, bd, GPU_ERR(st));
+    float *hs[] = {inp, w, b, out, dout, dinp, dw, db, ai, aw, ab, ad, mo, mi, mw};
+    float *gs[] = {gi, gw, gb, gout, gdout, gdi, gdw, gdb};
+    for (int i = 0; i < 15; i++) free(hs[i]);
+    for (int i = 0; i < 8; i++) dt_gpu_free(gs[i]);
+}
+
+// The linear layer with GELU after it (forward) and before it (backward:
+// dpre written): against dt_linear_* and dt_gelu_*. cuBLASLt's epilogues
+// (OC, C multiples of 8) bring their own GELU: within 1e-3 of the sum of
+// |terms|; the plain path's is nn/rows.h's: 2e-5.
+static void test_linear_gelu(int B, int C, int OC) {
+    size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
+    float *inp = randoms(ni, 2, 71), *w = randoms(nw, 2, 72), *b = randoms(OC, 2, 73), *pre = randoms(no, 1, 74);
+    float *out = randoms(no, 1, 75), *mo = malloc(sizeof(float) * no);
+    float *ai = absolute(inp, ni), *aw = absolute(w, nw), *ab = absolute(b, OC);
+    float *gi = upload(inp, ni), *gw = upload(w, nw), *gb = upload(b, OC), *gpre = upload(pre, no), *gout = upload(out, no);
+    dt_status st = gi && gw && gb && gpre && gout ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_linear_gelu_forward(gout, gpre, gi, gw, gb, B, C, OC);
+    dt_linear_forward(pre, inp, w, b, B, C, OC);
+    dt_gelu_forward(out, pre, no);
+    dt_linear_forward(mo, ai, aw, ab, B, C, OC);
+    double tf = OC % 8 == 0 ? 1e-3 : 2e-5;
+    double ep = st == DT_OK ? against_mag(pre, gpre, mo, no) : INFINITY;
+    double eo = st == DT_OK ? against_mag(out, gout, mo, no) : INFINITY;
+    CHECK(ep <= 1e-5 && eo <= tf, "linear+gelu forward B %d C %d OC %d: pre %.3g (<= 1e-5), out %.3g (<= %g)%s%s", B, C,
+          OC, ep, eo, tf, GPU_ERR(st));
+    // Backward of a layer [B,C] -> [B,OC] whose input is gelu(p), p [B,C].
+    float *p = randoms(ni, 6, 76), *x = malloc(sizeof(float) * ni), *dout = randoms(no, 1, 77), *dw = randoms(nw, 1, 78);
+    float *db = randoms(OC, 1, 79), *tmp = calloc(ni, sizeof(float)), *dp = calloc(ni, sizeof(float));
+    float *mt = calloc(ni, sizeof(float)), *ad = absolute(dout, no), *mw = absolute(dw, nw);
+    dt_gelu_forward(x, p, ni);
+    float *gp = upload(p, ni), *gx = upload(x, ni), *gdout = upload(dout, no), *gdw = upload(dw, nw), *gdb = upload(db, OC);
+    float *gdp = upload(dp, ni), *ax = absolute(x, ni);
+    if (st == DT_OK) st = gp && gx && gdout && gdw && gdb && gdp ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_linear_backward_dgelu(gdp, gdw, gdb, gdout, gx, gw, gp, B, C, OC);
+    dt_linear_backward(tmp, dw, db, dout, x, w, B, C, OC);
+    dt_gelu_backward(dp, tmp, p, ni);
+    dt_linear_backward(mt, mw, NULL, ad, ax, aw, B, C, OC);
+    for (size_t i = 0; i < ni; i++) mt[i] *= 1.2f;  // (|gelu'| < 1.13)
+    double tb = C % 8 == 0 ? 1e-3 : 2e-5;
+    double ed = st == DT_OK ? against_mag(dp, gdp, mt, ni) : INFINITY;
+    double ew = st == DT_OK ? against_mag(dw, gdw, mw, nw) : INFINITY;
+    size_t bd = st == DT_OK ? differ(db, gdb, OC) : SIZE_MAX;
+    CHECK(ed <= tb && ew <= 1e-5 && bd == 0, "linear backward through gelu B %d C %d OC %d: dpre %.3g (<= %g), dw %.3g "
+          "(<= 1e-5), db: %zu elements differ from the CPU's bits%s%s", B, C, OC, ed, tb, ew, bd, GPU_ERR(st));
+    float *hs[] = {inp, w, b, pre, out, mo, ai, aw, ab, p, x, dout, dw, db, tmp, dp, mt, ad, mw, ax};
+    float *gs[] = {gi, gw, gb, gpre, gout, gp, gx, gdout, gdw, gdb, gdp};
+    for (int i = 0; i < 20; i++) free(hs[i]);
+    for (int i = 0; i < 11; i++) dt_gpu_free(gs[i]);
+}
+
+// The sum of squares: dt_sum_squares's bits; the scale read on the device.
+static void test_sumsq(size_t n) {
+    float *x = randoms(n, 20, 81), s = 0.37f;
+    float *gx = upload(x, n), *gs = upload(&s, 1);
+    void *gd = NULL;
+    dt_status st = gx && gs ? dt_gpu_alloc(&gd, sizeof(double)) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_sumsq(gd, gx, n);
+    double want = dt_sum_squares(x, n), got = NAN;
+    if (st == DT_OK) st = dt_gpu_to_host(&got, gd, sizeof(double));
+    if (st == DT_OK) st = dt_gpu_scale(gx, n, gs);
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    size_t bs = st == DT_OK ? differ(x, gx, n) : SIZE_MAX;
+    CHECK(st == DT_OK && memcmp(&want, &got, sizeof want) == 0 && bs == 0, "sum of squares n %zu: %.17g against "
+          "dt_sum_squares's %.17g (bitwise); scale: %zu elements differ%s%s", n, got, want, bs, GPU_ERR(st));
+    free(x), dt_gpu_free(gx), dt_gpu_free(gs), dt_gpu_free(gd);
+}
+
+// fp32 <-> bf16 on the device: dt_from_f32 / dt_to_f32's bits, on every
+// kind of value (ties, NaNs with payloads, infinities, subnormals, the
+// largest, -0) and random ones.
+static void test_bf16_convert(void) {
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x7f7fffffu,
+                                0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+                                0x7fbfffffu, 0x00000001u, 0x807fffffu, 0x00400000u, 0x7f7f8000u, 0x3f7fffffu};
+    size_t ns = sizeof special / sizeof *special, n = 100003 + ns;
+    float *x = randoms(n, 1e4f, 91), *back = malloc(sizeof(float) * n);
+    memcpy(x, special, sizeof special);
+    uint16_t *h = malloc(sizeof(uint16_t) * n), *g = malloc(sizeof(uint16_t) * n);
+    dt_from_f32(h, x, n, DT_BF16);
+    dt_to_f32(back, h, n, DT_BF16);
+    float *gx = upload(x, n), *gback = upload(back, n);
+    void *gh = NULL;
+    dt_status st = gx && gback ? dt_gpu_alloc(&gh, sizeof(uint16_t) * n) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_from_f32(gh, gx, n, DT_BF16);
+    if (st == DT_OK) st = dt_gpu_to_host(g, gh, sizeof(uint16_t) * n);
+    if (st == DT_OK) st = dt_gpu_to_f32(gback, gh, n, DT_BF16);
+    size_t bh = st == DT_OK ? 0 : SIZE_MAX;
+    for (size_t i = 0; i < n && st == DT_OK; i++) bh += h[i] != g[i];
+    size_t bb = st == DT_OK ? differ(back, gback, n) : SIZE_MAX;
+    CHECK(bh == 0 && bb == 0, "bf16 conversions, %zu values (%zu special): to bf16 %zu differ, back %zu differ (0)%s%s",
+          n, ns, bh, bb, GPU_ERR(st));
+    CHECK(dt_gpu_from_f32(gh, gx, 1, DT_F16) == DT_ERR_ARG && strstr(dt_last_error(), "bf16 only"),
+          "fp16 refused on the GPU: %s", dt_last_error());
+    free(x), free(back), free(h), free(g), dt_gpu_free(gx), dt_gpu_free(gback), dt_gpu_free(gh);
+}
+
+static void test_gpt_ops(void) {
+    // Repeated tokens (V 7 against B T 74), a vocabulary-sized table, T = 1.
+    test_encoder(2, 37, 97, 7);
+    test_encoder(3, 65, 64, 50257);
+    test_encoder(1, 1, 1, 1);
+    const size_t ns[] = {1, 255, 257, 100003, (1u << 20) + 7};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_elementwise(ns[i]);
+    // (B, T, C, NH): T not a multiple of 32, past a block's 256 threads and
+    // the CPU's 64-row blocks; T = 1; head sizes 1, 18, 32, 64, 512.
+    const int att[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 70, 72, 4}, {1, 257, 128, 2}, {2, 5, 1024, 2}, {1, 33, 5, 5}};
+    for (size_t i = 0; i < sizeof att / sizeof *att; i++) test_attention(att[i][0], att[i][1], att[i][2], att[i][3]);
+    test_bias(74, 1), test_bias(37, 97), test_bias(3, 50257), test_bias(1, 768);
+    // (B, C, OC): the epilogues' shapes (multiples of 8), odd ones (the plain
+    // path), a vocabulary-wide one, one of each.
+    const int lin[][3] = {{130, 96, 288}, {37, 97, 51}, {1, 1, 1}, {7, 64, 50304}, {74, 96, 384}, {5, 384, 96}};
+    for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) {
+        test_linear(lin[i][0], lin[i][1], lin[i][2], 1);
+        test_linear(lin[i][0], lin[i][1], lin[i][2], 0);
+        test_linear_gelu(lin[i][0], lin[i][1], lin[i][2]);
+    }
+    const size_t sq[] = {0, 1, 4095, 4097, 100003, (1u << 20) + 7};
+    for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i]);
+    test_bf16_convert();
+}
+
 static void test_layers(void) {
     // Rows B x T with T = 37 (not a multiple of 32); C odd, below, at and
     // above a block of 256; one row of one channel.
@@ -383,6 +749,7 @@ static void test_ops(void) {
         }
     test_gemm();
     test_layers();
+    test_gpt_ops();
     CHECK(dt_gpu_sync() == DT_OK, "no error left on the device: %s", dt_last_error());
 }
 
@@ -432,8 +799,42 @@ static void test_libs(void) {
     CHECK(dt_gpu_lib_open("cublas", &l) == DT_ERR_ARG, "an unknown library is refused: %s", dt_last_error());
 }
 
+// DTRAIN_CUDA_SYNC=1: a kernel's fault is named with the kernel, at its
+// launch; without it, at the next wait. In a child process each (the
+// fault ends the CUDA context): `test_gpu fault-child` reads through a bad
+// device pointer.
+static int fault_child(void) {
+    if (dt_gpu_use(0) != DT_OK) return printf("GPU: %s\n", dt_last_error()), 2;
+    float *bad = (float *)(uintptr_t)0x100;
+    dt_status st = dt_gpu_residual_forward(bad, bad, bad, 1024);
+    if (st == DT_OK) st = dt_gpu_sync();
+    printf("status %d: %s\n", (int)st, st == DT_OK ? "no error" : dt_last_error());
+    return st == DT_OK ? 0 : 1;
+}
+
+static void test_fault(void) {
+    char why[512], self[1024];
+    if (dt_gpu_count(why, sizeof why) == 0) {
+        tl_skip("no GPU to fault on: %s", why);
+        return;
+    }
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[len > 0 ? len : 0] = 0;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "DTRAIN_CUDA_SYNC=1 %s fault-child", self);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "GPU: residual_forward_kernel (DTRAIN_CUDA_SYNC): an illegal memory access"),
+          "DTRAIN_CUDA_SYNC=1: the fault named with its kernel: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "DTRAIN_CUDA_SYNC=0 %s fault-child", self);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "GPU: cudaDeviceSynchronize(): an illegal memory access"),
+          "without it: the fault found at the next wait: exit %d\n%s", rc, g_out);
+}
+
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "ops")) test_ops();
+    if (argc > 1 && !strcmp(argv[1], "fault-child")) return fault_child();
+    if (argc > 1 && !strcmp(argv[1], "fault")) test_fault();
+    else if (argc > 1 && !strcmp(argv[1], "ops")) test_ops();
     else test_refusals(), test_libs();
     return tl_finish();
 }

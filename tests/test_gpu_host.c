@@ -11,7 +11,9 @@
  *     beta; bad sizes are refused.
  *   - launch.h: the grid of a grid-stride loop covers n elements (n = 0: no
  *     launch; 1; a block's edges; past 2^31 and past the grid's limit), and
- *     one block a row likewise. */
+ *     one block a row likewise; the attention's rows and their 64-bit
+ *     offsets (past 2^31 elements of att), its shared memory; the sum of
+ *     squares' chunks. */
 #include "gpu/gemm_args.h"
 #include "gpu/launch.h"
 #include "testlib.h"
@@ -143,8 +145,49 @@ static void test_launch(void) {
           last, n - 1);
 }
 
+// The attention's rows (launch.h): every (b, h, t) once, the offsets where
+// the CPU's layout has them, past 2^31 (B NH T T of 3 x 5 x 40000^2); the
+// shared memory within the 48 KiB a block gets unasked; the sum of
+// squares' chunks.
+static void test_attention_rows(void) {
+    const int shapes[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 40000, 20, 5}};  // B, T, C, NH
+    for (int s = 0; s < 3; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3], hs = C / NH;
+        size_t rows = (size_t)B * NH * T, bad = 0, checked = 0;
+        for (size_t r = 0; r < rows; r += rows > 1000 ? rows / 997 : 1) {  // (a sample of the big one)
+            size_t probe[] = {r, rows - 1};
+            for (int k = 0; k < 2; k++, checked++) {
+                dt_att_row a = dt_att_row_of(probe[k], T, C, NH);
+                int ok = a.b < (size_t)B && a.h < (size_t)NH && a.t < (size_t)T &&
+                         (a.b * NH + a.h) * T + a.t == probe[k] &&
+                         a.att == (((a.b * NH + a.h) * (size_t)T + a.t) * T) &&
+                         a.qkv == (a.b * T + a.t) * 3 * (size_t)C + a.h * hs &&
+                         a.qkv + 2 * (size_t)C + hs <= (size_t)B * T * 3 * C && a.out + hs <= (size_t)B * T * C;
+                bad += !ok;
+            }
+        }
+        dt_att_row last = dt_att_row_of(rows - 1, T, C, NH);
+        size_t end = last.att + T;  // one past att's last element
+        CHECK(bad == 0 && end == rows * T && last.b == (size_t)B - 1 && last.t == (size_t)T - 1,
+              "attention rows B %d T %d C %d NH %d: %zu of %zu sampled rows wrong; att ends at %zu (%zu)", B, T, C, NH,
+              bad, checked, end, rows * T);
+    }
+    CHECK((size_t)3 * 5 * 40000 * 40000 > ((size_t)1 << 31), "the big shape passes 2^31 elements of att");
+    CHECK(DT_ATT_PARTS * 32 == DT_THREADS, "a partial row a warp: %d warps", DT_ATT_PARTS);
+    size_t most = dt_att_smem(DT_ATT_MAX_HS, 2 * DT_ATT_PARTS);
+    CHECK(most <= 48 * 1024 && dt_att_smem(DT_ATT_MAX_HS, 1 + DT_ATT_PARTS) <= most &&
+              dt_att_smem(3, 1 + DT_ATT_PARTS) == sizeof(float) * 3 * (1 + DT_ATT_PARTS),
+          "attention's shared memory at hs %d: %zu bytes (<= 48 KiB)", DT_ATT_MAX_HS, most);
+    const size_t ns[] = {0, 1, DT_SUMSQ_BLOCK - 1, DT_SUMSQ_BLOCK, DT_SUMSQ_BLOCK + 1, ((size_t)1 << 31) + 7};
+    const size_t want[] = {0, 1, 1, 1, 2, ((size_t)1 << 31) / DT_SUMSQ_BLOCK + 1};
+    for (int i = 0; i < 6; i++)
+        CHECK(dt_sumsq_chunks(ns[i]) == want[i], "sum of squares over %zu: %zu chunks (%zu)", ns[i],
+              dt_sumsq_chunks(ns[i]), want[i]);
+}
+
 int main(void) {
     test_gemm_args();
     test_launch();
+    test_attention_rows();
     return tl_finish();
 }

@@ -99,14 +99,23 @@ static void test_ce_padded(void) {
     d->free(m);
 }
 
-// A CUDA table entry still NULL is named, as a run on a real GPU would be
-// refused; the arena refuses a plan larger than the device, naming bytes.
+// Every op is in the CUDA table; an entry that is NULL (a device without
+// it) is named, as a run would be refused; the arena refuses a plan larger
+// than the device, naming bytes.
 static void test_table(void) {
-    const char *mlp[] = {"sgemm", "adamw", "bias_forward", NULL}, *have[] = {"sgemm", "layernorm_forward", NULL};
-    CHECK(dt_dev_lacks(&dt_dev_cuda, have) == NULL, "the CUDA device has sgemm and layernorm_forward");
-    const char *op = dt_dev_lacks(&dt_dev_cuda, mlp);
-    CHECK(op && !strcmp(op, "bias_forward"), "the CUDA device lacks bias_forward (yet): %s", op ? op : "none");
-    CHECK(dt_dev_require(&dt_dev_cuda, mlp, "[train] device = cuda") == DT_ERR_CONFIG &&
+    const char *mlp[] = {"sgemm", "adamw", "bias_forward", NULL};
+    const char *all[] = {"sgemm", "layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward",
+                         "crossentropy_forward", "crossentropy_backward", "adamw", "sgd", "encoder_forward",
+                         "encoder_backward", "residual_forward", "residual_backward", "attention_forward",
+                         "attention_backward", "relu_forward", "relu_backward", "bias_forward", "bias_backward",
+                         "sumsq", "scale", NULL};
+    const char *op = dt_dev_lacks(&dt_dev_cuda, all);
+    CHECK(op == NULL, "the CUDA device has every op: lacks %s", op ? op : "none");
+    dt_dev without = dt_dev_cuda;
+    without.bias_forward = NULL;
+    op = dt_dev_lacks(&without, mlp);
+    CHECK(op && !strcmp(op, "bias_forward"), "a device without bias_forward lacks it: %s", op ? op : "none");
+    CHECK(dt_dev_require(&without, mlp, "[train] device = cuda") == DT_ERR_CONFIG &&
               !strcmp(dt_last_error(), "[train] device = cuda: the GPU's bias_forward is not in this dtrain yet "
                                        "(docs/gpu.md)"),
           "refused naming the op: %s", dt_last_error());

@@ -1,26 +1,12 @@
 /* Element conversions between fp32 and the 16-bit float types (round to
  * nearest even, NaN stays NaN), used by the communication layer's fp16/bf16
  * reductions and the kernels' 16-bit copy of the weights; and the one
- * shard function (core.h). */
+ * shard function (core.h). The bf16 element is core/bf16.h's, which the
+ * GPU's conversions share. */
+#include "core/bf16.h"
 #include "dtrain/core.h"
 
 #include <string.h>
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-// Branch-free, so that the loops below vectorise (the mixed-precision
-// GEMMs convert every operand).
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40; /* q: quiet NaN */
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
 
 #if defined(__FLT16_MAX__)
 static inline float f16_to_f32(uint16_t h) {
@@ -73,7 +59,7 @@ void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
     const uint16_t *s = src;
     if (t == DT_BF16)
 #pragma omp simd
-        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+        for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(s[i]);
     else
         for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
 }
@@ -82,7 +68,7 @@ void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
     uint16_t *d = dst;
     if (t == DT_BF16)
 #pragma omp simd
-        for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+        for (size_t i = 0; i < n; i++) d[i] = dt_f32_to_bf16(src[i]);
     else
         for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
 }
@@ -90,7 +76,7 @@ void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
 void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t) {
     if (t == DT_BF16)
 #pragma omp simd
-        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(f32_to_bf16(src[i]));
+        for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(dt_f32_to_bf16(src[i]));
     else
         for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(f32_to_f16(src[i]));
 }

@@ -1,6 +1,13 @@
 /* Every CUDA call checked: DT_CUDA(call) returns its error, named with the
  * call and CUDA's words, from the enclosing function. A sticky error (an
- * illegal address kills the context) comes back from every later call. */
+ * illegal address kills the context) comes back from every later call.
+ *
+ * DT_LAUNCHED(kernel) follows every kernel launch: it returns the launch's
+ * error (a bad configuration) naming the kernel, and with DTRAIN_CUDA_SYNC=1
+ * in the environment it also waits for the kernel, so that an error the
+ * kernel raises (an illegal address) is named with it rather than by a later
+ * call (slow: for debugging; CUDA_LAUNCH_BLOCKING=1 makes the launches
+ * synchronous too, but the error still surfaces at the next checked call). */
 #ifndef DT_GPU_CUDA_CHECK_H
 #define DT_GPU_CUDA_CHECK_H
 
@@ -15,5 +22,21 @@
             return dt_error(DT_ERR_INTERNAL, "GPU: %s: %s (%s)", #call, cudaGetErrorString(dt_e_),      \
                             cudaGetErrorName(dt_e_));                                                   \
     } while (0)
+
+/* The check after a launch of `kernel` (its name): DT_OK, or the error
+ * recorded naming it (device.cu). */
+dt_status dt_gpu_launched(const char *kernel);
+
+#define DT_LAUNCHED(kernel)                                                                             \
+    do {                                                                                                \
+        dt_status dt_l_ = dt_gpu_launched(#kernel);                                                     \
+        if (dt_l_ != DT_OK) return dt_l_;                                                               \
+    } while (0)
+
+/* Scratch for a call's own use, from the default stream's pool
+ * (cudaMallocAsync: no wait), given back with dt_gpu_scratch_free once the
+ * call's kernels are launched (they run before any later use of it). */
+dt_status dt_gpu_scratch(void **p, size_t bytes);
+void dt_gpu_scratch_free(void *p);
 
 #endif

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-// The kernels whose CUDA versions are not written yet stay NULL: each is
-// wired in by one line here when its dt_gpu_<name> lands (dev.h).
+// A kernel whose CUDA version is not written yet stays NULL (dt_dev_lacks
+// names it); each dt_gpu_<name> that lands is wired in by one line here.
 const dt_dev dt_dev_cuda = {
     .name = "cuda",
     .count = dt_gpu_count,
@@ -33,6 +33,18 @@ const dt_dev dt_dev_cuda = {
     .crossentropy_backward = dt_gpu_crossentropy_backward,
     .adamw = dt_gpu_adamw,
     .sgd = dt_gpu_sgd,
+    .encoder_forward = dt_gpu_encoder_forward,
+    .encoder_backward = dt_gpu_encoder_backward,
+    .residual_forward = dt_gpu_residual_forward,
+    .residual_backward = dt_gpu_residual_backward,
+    .attention_forward = dt_gpu_attention_forward,
+    .attention_backward = dt_gpu_attention_backward,
+    .relu_forward = dt_gpu_relu_forward,
+    .relu_backward = dt_gpu_relu_backward,
+    .bias_forward = dt_gpu_bias_forward,
+    .bias_backward = dt_gpu_bias_backward,
+    .sumsq = dt_gpu_sumsq,
+    .scale = dt_gpu_scale,
 };
 
 const dt_dev *dt_dev_get(void) {

@@ -3,6 +3,8 @@
 #include "gpu/gpu.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 const char *dt_gpu_build(void) {
     static char b[64];
@@ -87,4 +89,36 @@ void dt_gpu_host_free(void *host) {
 dt_status dt_gpu_sync(void) {
     DT_CUDA(cudaDeviceSynchronize());
     return DT_OK;
+}
+
+// DTRAIN_CUDA_SYNC=1: every launch waited for (read once; cuda_check.h).
+static int sync_each(void) {
+    static int on = -1;  // (a race here writes the same value)
+    if (on < 0) {
+        const char *e = getenv("DTRAIN_CUDA_SYNC");
+        on = e && e[0] && strcmp(e, "0") != 0;
+    }
+    return on;
+}
+
+dt_status dt_gpu_launched(const char *kernel) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && sync_each()) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return dt_error(DT_ERR_INTERNAL, "GPU: %s%s: %s (%s)", kernel, sync_each() ? " (DTRAIN_CUDA_SYNC)" : "",
+                        cudaGetErrorString(e), cudaGetErrorName(e));
+    return DT_OK;
+}
+
+dt_status dt_gpu_scratch(void **p, size_t bytes) {
+    *p = NULL;
+    cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, 0);
+    if (e != cudaSuccess)
+        return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
+                        "GPU: scratch of %zu bytes (cudaMallocAsync): %s", bytes, cudaGetErrorString(e));
+    return DT_OK;
+}
+
+void dt_gpu_scratch_free(void *p) {
+    if (p) cudaFreeAsync(p, 0);
 }

@@ -1,13 +1,16 @@
 /* The GEMM on the GPU: dt_sgemm's row-major contract by cublasLtMatmul in
- * fp32 (TF32 where dt_gpu_set_tf32 says), its column-major arguments from
- * gemm_args.h. cuBLASLt is loaded at its first use (dt_gpu_lib_open, dl.c:
- * libcublasLt.so.<the build's major>), so that dtrain needs no CUDA library
- * to start and a machine without cuBLAS is told so by name. One device: the
- * handle and the workspace belong to the device current at that first use. */
+ * fp32 (TF32 where dt_gpu_set_tf32 says) or on bf16 operands
+ * (dt_gpu_gemm_bf16), its column-major arguments from gemm_args.h, and the
+ * epilogues the linear layer asks for (lt.h). cuBLASLt is loaded at its
+ * first use (dt_gpu_lib_open, dl.c: libcublasLt.so.<the build's major>), so
+ * that dtrain needs no CUDA library to start and a machine without cuBLAS
+ * is told so by name. One device: the handle and the workspace belong to
+ * the device current at that first use. */
 #include "gpu/cuda_check.h"
 #include "gpu/gemm_args.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
+#include "gpu/lt.h"
 
 #include <cublasLt.h>
 #include <pthread.h>
@@ -74,7 +77,7 @@ static void lt_load(void) {
                             lt.cublasLtGetStatusName(dt_s_));                                           \
     } while (0)
 
-// What one matmul creates, destroyed by its caller whatever happened.
+// What one matmul creates, destroyed by dt_gpu_lt_run whatever happened.
 struct lt_call {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -83,39 +86,93 @@ struct lt_call {
 
 // The alignment of a device pointer, as cuBLASLt's preferences take it:
 // the largest power of two up to 256 dividing its address (cuBLASLt assumes
-// 256 unless told; a block inside a larger one may be aligned to 4 bytes).
+// 256 unless told; a block inside a larger one may be aligned to 4 bytes,
+// a bf16 one to 2).
 static uint32_t alignment(const void *p) {
     uint32_t a = 256;
-    while (a > 4 && (uintptr_t)p % a) a /= 2;
+    while (a > 2 && (uintptr_t)p % a) a /= 2;
     return a;
 }
 
-static dt_status lt_matmul(lt_call *x, const dt_cm_gemm *g, float alpha, const float *first, const float *second,
-                           float beta, float *C) {
-    DT_LT(cublasLtMatmulDescCreate(&x->op, g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
+    const dt_cm_gemm *g = o->g;
+    DT_LT(cublasLtMatmulDescCreate(&x->op, g_tf32 && o->ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                   CUDA_R_32F));
     cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    DT_LT(cublasLtMatrixLayoutCreate(&x->a, CUDA_R_32F, g->a.rows, g->a.cols, g->a.ld));
-    DT_LT(cublasLtMatrixLayoutCreate(&x->b, CUDA_R_32F, g->b.rows, g->b.cols, g->b.ld));
+    if (o->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &o->epilogue, sizeof o->epilogue));
+        if (o->bias) DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o->bias, sizeof o->bias));
+        if (o->aux) {
+            int64_t ld = o->aux_ld;
+            DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o->aux, sizeof o->aux));
+            DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+        }
+    }
+    DT_LT(cublasLtMatrixLayoutCreate(&x->a, o->ab, g->a.rows, g->a.cols, g->a.ld));
+    DT_LT(cublasLtMatrixLayoutCreate(&x->b, o->ab, g->b.rows, g->b.cols, g->b.ld));
     DT_LT(cublasLtMatrixLayoutCreate(&x->c, CUDA_R_32F, g->c.rows, g->c.cols, g->c.ld));
     DT_LT(cublasLtMatmulPreferenceCreate(&x->pref));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WORKSPACE,
                                                sizeof WORKSPACE));
-    uint32_t al[3] = {alignment(first), alignment(second), alignment(C)};
+    uint32_t al[3] = {alignment(o->first), alignment(o->second), alignment(o->C)};
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof *al));
     cublasLtMatmulHeuristicResult_t h;
-    int found = 0;
-    DT_LT(cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, &found));
-    if (found < 1)
-        return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the GEMM m %d n %d k %d (transa %d, transb %d)",
-                        g->m, g->n, g->k, g->transa, g->transb);
-    DT_LT(cublasLtMatmul(lt.handle, x->op, &alpha, first, x->a, second, x->b, &beta, C, x->c, C, x->c, &h.algo,
-                         lt.workspace, WORKSPACE, 0));
+    // (no algorithm for this epilogue or layout: NOT_SUPPORTED, or none found)
+    cublasStatus_t hs = lt.cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, found);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && *found > 0 && h.state != CUBLAS_STATUS_SUCCESS))
+        *found = 0;
+    else if (hs != CUBLAS_STATUS_SUCCESS)
+        return dt_error(DT_ERR_INTERNAL, "GPU: cublasLtMatmulAlgoGetHeuristic: %s (%s)", lt.cublasLtGetStatusString(hs),
+                        lt.cublasLtGetStatusName(hs));
+    if (*found < 1) return DT_OK;
+    DT_LT(cublasLtMatmul(lt.handle, x->op, &o->alpha, o->first, x->a, o->second, x->b, &o->beta, o->C, x->c, o->C, x->c,
+                         &h.algo, lt.workspace, WORKSPACE, 0));
     return DT_OK;
+}
+
+// cuBLASLt loaded, on the device this thread uses.
+static dt_status lt_ready(void) {
+    pthread_once(&lt_once, lt_load);
+    if (lt.st != DT_OK) return dt_error(lt.st, "%s", lt.why);
+    int dev = -1;
+    DT_CUDA(cudaGetDevice(&dev));
+    if (dev != lt.device)
+        return dt_error(DT_ERR_INTERNAL, "GPU GEMM: cuBLASLt was set up on cuda:%d, this thread uses cuda:%d", lt.device,
+                        dev);
+    return DT_OK;
+}
+
+dt_status dt_gpu_lt_run(const dt_lt_op *o, int *found) {
+    *found = 0;
+    dt_status st = lt_ready();
+    if (st != DT_OK) return st;
+    lt_call x = {};
+    st = lt_matmul(&x, o, found);
+    if (x.pref) lt.cublasLtMatmulPreferenceDestroy(x.pref);
+    if (x.c) lt.cublasLtMatrixLayoutDestroy(x.c);
+    if (x.b) lt.cublasLtMatrixLayoutDestroy(x.b);
+    if (x.a) lt.cublasLtMatrixLayoutDestroy(x.a);
+    if (x.op) lt.cublasLtMatmulDescDestroy(x.op);
+    if (st == DT_OK && *found) DT_CUDA(cudaGetLastError());
+    return st;
+}
+
+// The plain GEMM (no epilogue) of g on operands of type ab: an error when
+// cuBLASLt has no algorithm for it.
+static dt_status lt_gemm(const dt_cm_gemm *g, cudaDataType_t ab, float alpha, const void *A, const void *B, float beta,
+                         float *C) {
+    dt_lt_op o = {g, ab, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, alpha, beta, g->b_first ? B : A, g->b_first ? A : B, C};
+    int found = 0;
+    dt_status st = dt_gpu_lt_run(&o, &found);
+    if (st == DT_OK && !found)
+        return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the %s GEMM m %d n %d k %d (transa %d, transb %d)",
+                        ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->transa, g->transb);
+    return st;
 }
 
 // C = beta C over M rows of N (beta 0: zeros, C not read): a product over K = 0.
@@ -128,33 +185,39 @@ __global__ static void scale_kernel(float *C, size_t M, size_t N, size_t ldc, fl
 
 void dt_gpu_set_tf32(int on) { g_tf32 = on != 0; }
 
-dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                       int ldb, float beta, float *C, int ldc) {
-    dt_cm_gemm g;
-    if (dt_gemm_colmajor(ta, tb, M, N, K, lda, ldb, ldc, &g) != 0)
-        return dt_error(DT_ERR_ARG, "GPU sgemm: bad arguments (ta %d tb %d M %d N %d K %d lda %d ldb %d ldc %d)", ta, tb,
-                        M, N, K, lda, ldb, ldc);
+// dt_sgemm's arguments checked and made column-major; *done when nothing
+// is left for cuBLASLt (an empty C; K = 0: C = beta C).
+static dt_status prepare(const char *what, int ta, int tb, int M, int N, int K, int lda, int ldb, float beta, float *C,
+                         int ldc, dt_cm_gemm *g, int *done) {
+    *done = 1;
+    if (dt_gemm_colmajor(ta, tb, M, N, K, lda, ldb, ldc, g) != 0)
+        return dt_error(DT_ERR_ARG, "GPU %s: bad arguments (ta %d tb %d M %d N %d K %d lda %d ldb %d ldc %d)", what, ta,
+                        tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return DT_OK;
     if (K == 0) {
         size_t n = (size_t)M * N;
         scale_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(C, M, N, ldc, beta);
-        DT_CUDA(cudaGetLastError());
+        DT_LAUNCHED(scale_kernel);
         return DT_OK;
     }
-    pthread_once(&lt_once, lt_load);
-    if (lt.st != DT_OK) return dt_error(lt.st, "%s", lt.why);
-    int dev = -1;
-    DT_CUDA(cudaGetDevice(&dev));
-    if (dev != lt.device)
-        return dt_error(DT_ERR_INTERNAL, "GPU sgemm: cuBLASLt was set up on cuda:%d, this thread uses cuda:%d", lt.device,
-                        dev);
-    lt_call x = {};
-    dt_status st = lt_matmul(&x, &g, alpha, g.b_first ? B : A, g.b_first ? A : B, beta, C);
-    if (x.pref) lt.cublasLtMatmulPreferenceDestroy(x.pref);
-    if (x.c) lt.cublasLtMatrixLayoutDestroy(x.c);
-    if (x.b) lt.cublasLtMatrixLayoutDestroy(x.b);
-    if (x.a) lt.cublasLtMatrixLayoutDestroy(x.a);
-    if (x.op) lt.cublasLtMatmulDescDestroy(x.op);
-    if (st == DT_OK) DT_CUDA(cudaGetLastError());
-    return st;
+    *done = 0;
+    return DT_OK;
+}
+
+dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    dt_cm_gemm g;
+    int done;
+    dt_status st = prepare("sgemm", ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
+    if (st != DT_OK || done) return st;
+    return lt_gemm(&g, CUDA_R_32F, alpha, A, B, beta, C);
+}
+
+dt_status dt_gpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
+                           const uint16_t *B, int ldb, float beta, float *C, int ldc) {
+    dt_cm_gemm g;
+    int done;
+    dt_status st = prepare("bf16 GEMM", ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
+    if (st != DT_OK || done) return st;
+    return lt_gemm(&g, CUDA_R_16BF, alpha, A, B, beta, C);
 }

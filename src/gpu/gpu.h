@@ -79,6 +79,79 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
 dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
                                        size_t ld, float dloss);
 
+/* The GPT's embedding, residual add and attention on device blocks,
+ * dtrain/gpt.h's contracts and argument lists. The encoder is the CPU's
+ * bits: forward one sum an element; backward each dwte row summed over
+ * the positions holding its token in order (a stable sort of the
+ * positions by token, on the device: no float atomics), dwpe over the
+ * batch in order. inp (int32) must hold valid rows of wte (unchecked, as
+ * on the CPU). The backward's scratch (3 B T ints and the sort's) is taken
+ * from the stream's pool and given back in the call; B T below 2^31 (the
+ * sort's count; else DT_ERR_ARG). */
+dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
+                                 int C);
+dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C);
+/* out = a + b; backward: da += dout, db += dout (either NULL: skipped). */
+dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N);
+dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N);
+/* Causal multi-head attention over qkv [B,T,3C], NH heads of hs = C / NH:
+ * out [B,T,C], att [B,NH,T,T] the probabilities (zeros right of the
+ * diagonal), as the CPU's; backward: dqkv += the gradient, datt [B,NH,T,T]
+ * scratch (written whole: the softmax's gradient, zeros right of the
+ * diagonal). One block a row (b, h, t); sums in fixed trees, so the same
+ * bits every run, the CPU's to rounding. hs at most DT_ATT_MAX_HS
+ * (launch.h; else DT_ERR_ARG), NH dividing C. */
+dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                                    int B, int T, int C, int NH);
+
+/* ReLU over N elements (backward accumulates). */
+dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N);
+dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp, size_t N);
+/* out[N,OC] += b[OC]; db[OC] += the column sums of dout[N,OC], each column's
+ * rows in order (the CPU linear layer's bits). */
+dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC);
+dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC);
+/* The linear layer, dt_linear_*'s contract (dtrain/nn.h): out[B,OC] =
+ * inp[B,C] w[OC,C]^T + b (b NULL: none; the bias added by cuBLASLt's BIAS
+ * epilogue); backward dinp, dw, db += (each NULL: skipped; db by
+ * dt_gpu_bias_backward). */
+dt_status dt_gpu_linear_forward(float *out, const float *inp, const float *w, const float *b, int B, int C, int OC);
+dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, int B, int C, int OC);
+/* The linear layer followed by GELU, fused where cuBLASLt can (OC a
+ * multiple of 8: GELU_AUX_BIAS, with cuBLASLt's own GELU):
+ * pre[B,OC] = inp w^T + b, out = gelu(pre). Elsewhere the linear layer and
+ * dt_gpu_gelu_forward. */
+dt_status dt_gpu_linear_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b, int B,
+                                     int C, int OC);
+/* The backward of a linear layer whose input is gelu(pre) (pre [B,C]):
+ * dpre = gelu'(pre) (dout w), WRITTEN, not accumulated (C a multiple of 8:
+ * cuBLASLt's DGELU epilogue; elsewhere the GEMM and nn/rows.h's GELU
+ * gradient); dw, db += as dt_gpu_linear_backward. inp = gelu(pre) is the
+ * layer's input, for dw. */
+dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
+                                       const float *w, const float *pre, int B, int C, int OC);
+
+/* The global norm's sum of squares of x[n] into *out_dev (one device
+ * double): dt_sum_squares's blocks of 4096 summed in order, each block in
+ * order, so the CPU's bits. Its partial sums in scratch from the stream's
+ * pool. */
+dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n);
+/* x[n] *= *s_dev (a float on the device, such as the clipping factor): no
+ * wait for the host. */
+dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev);
+
+/* C[M,N] = alpha op(A) op(B) + beta C as dt_gpu_sgemm, on bf16 operands A
+ * and B (uint16_t, dt_from_f32's DT_BF16), fp32 sums and C. */
+dt_status dt_gpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
+                           const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* dt_to_f32 / dt_from_f32 on device blocks: t DT_BF16 (round to nearest
+ * even, NaN kept quiet: core/bf16.h's bits, the CPU's); DT_F16 is not on
+ * the GPU yet (DT_ERR_ARG). */
+dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
+dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+
 /* cuBLASLt, cuDNN and NCCL, loaded at run time (never linked;
  * src/gpu/dl.c, every build): `which` "cublaslt" (libcublasLt.so.<the
  * build's CUDA major>, that major), "cudnn" (libcudnn.so.9, 9.x) or "nccl"

@@ -1,9 +1,10 @@
-/* The GPT's layers on the GPU: layernorm, GELU, softmax cross-entropy, each
- * element's arithmetic nn/rows.h's (the CPU's). Kept simple: one block of
- * DT_THREADS a row, a row's sums reduced in a fixed tree (the same result
- * every run), 64-bit indices everywhere (rows x columns may pass 2^31);
- * launch configurations from launch.h. Nothing here has run on a GPU yet
- * (docs/gpu.md): tests/test_gpu.c's `ops` compares each with the CPU's. */
+/* The GPT's layers on the GPU: layernorm, GELU, softmax cross-entropy,
+ * ReLU and the bias, each element's arithmetic nn/rows.h's (the CPU's).
+ * Kept simple: one block of DT_THREADS a row, a row's sums reduced in a
+ * fixed tree (the same result every run), 64-bit indices everywhere (rows x
+ * columns may pass 2^31); launch configurations from launch.h. Nothing here
+ * has run on a GPU yet (docs/gpu.md): tests/test_gpu.c's `ops` compares each
+ * with the CPU's. */
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
@@ -97,7 +98,7 @@ dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const f
                                    const float *b, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
     ln_forward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(out, mean, rstd, inp, w, b, N, C, eps);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
 
@@ -106,11 +107,11 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
     if (N == 0 || C <= 0) return DT_OK;
     if (dinp) {
         ln_backward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
-        DT_CUDA(cudaGetLastError());
+        DT_LAUNCHED(ln_backward_kernel);
     }
     if (dw || db) {
         ln_params_kernel<<<dt_launch_blocks((size_t)C, DT_THREADS), DT_THREADS>>>(dw, db, dout, inp, mean, rstd, N, C);
-        DT_CUDA(cudaGetLastError());
+        DT_LAUNCHED(ln_params_kernel);
     }
     return DT_OK;
 }
@@ -130,14 +131,14 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *dout, cons
 dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) {
     if (n == 0) return DT_OK;
     gelu_forward_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(out, inp, n);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(gelu_forward_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
     if (n == 0) return DT_OK;
     gelu_backward_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(dinp, dout, inp, n);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(gelu_backward_kernel);
     return DT_OK;
 }
 
@@ -196,9 +197,9 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
         return DT_OK;
     }
     ce_forward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(probs, row_loss, logits, targets, N, V, ld);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(ce_forward_kernel);
     ce_mean_kernel<<<1, 1>>>(loss, row_loss, N);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
 }
 
@@ -208,6 +209,63 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
     if (N == 0) return DT_OK;
     ce_backward_kernel<<<dt_launch_blocks(N * (size_t)V, DT_THREADS), DT_THREADS>>>(dlogits, probs, targets, N, V, ld,
                                                                                      dt_ce_scale(dloss, (float)N));
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(ce_backward_kernel);
+    return DT_OK;
+}
+
+// ---- ReLU
+
+__global__ static void relu_forward_kernel(float *out, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = dt_relu(inp[i]);
+}
+
+__global__ static void relu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dinp[i] += dt_relu_grad(inp[i], dout[i]);
+}
+
+dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N) {
+    if (N == 0) return DT_OK;
+    relu_forward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS>>>(out, inp, N);
+    DT_LAUNCHED(relu_forward_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
+    if (N == 0) return DT_OK;
+    relu_backward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS>>>(dinp, dout, inp, N);
+    DT_LAUNCHED(relu_backward_kernel);
+    return DT_OK;
+}
+
+// ---- bias
+
+__global__ static void bias_forward_kernel(float *out, const float *b, size_t n, int OC) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] += b[i % OC];
+}
+
+// A thread a column, the rows in order (the CPU's sums; adjacent threads
+// read adjacent columns).
+__global__ static void bias_backward_kernel(float *db, const float *dout, size_t N, int OC) {
+    for (size_t c = blockIdx.x * (size_t)blockDim.x + threadIdx.x; c < (size_t)OC; c += (size_t)gridDim.x * blockDim.x) {
+        float acc = db[c];
+        for (size_t r = 0; r < N; r++) acc += dout[r * OC + c];
+        db[c] = acc;
+    }
+}
+
+dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
+    if (N == 0 || OC <= 0) return DT_OK;
+    bias_forward_kernel<<<dt_launch_blocks(N * OC, DT_THREADS), DT_THREADS>>>(out, b, N * OC, OC);
+    DT_LAUNCHED(bias_forward_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC) {
+    if (N == 0 || OC <= 0) return DT_OK;
+    bias_backward_kernel<<<dt_launch_blocks((size_t)OC, DT_THREADS), DT_THREADS>>>(db, dout, N, OC);
+    DT_LAUNCHED(bias_backward_kernel);
     return DT_OK;
 }

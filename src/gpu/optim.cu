@@ -1,5 +1,6 @@
 /* The optimizers' kernels over flat device blocks: the CPU's per-element
- * rules (optim/elem.h), a grid-stride loop with 64-bit indices. */
+ * rules (optim/elem.h), a grid-stride loop with 64-bit indices; the global
+ * norm's sum of squares (dt_sum_squares's bits) and the clipping scale. */
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
@@ -17,13 +18,65 @@ __global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k) {
     if (n == 0) return DT_OK;
     adamw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(w, g, m, v, n, *k);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(adamw_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k) {
     if (n == 0) return DT_OK;
     sgd_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(w, g, buf, n, *k);
-    DT_CUDA(cudaGetLastError());
+    DT_LAUNCHED(sgd_kernel);
+    return DT_OK;
+}
+
+// ---- the global norm's sum of squares, and the clipping scale
+
+// A thread a chunk of DT_SUMSQ_BLOCK elements, summed in order in double
+// (dt_sum_squares's blocks: (double)x x is exact, so a fused multiply-add
+// gives the same bits).
+__global__ static void sumsq_chunks_kernel(double *part, const float *x, size_t n, size_t chunks) {
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < chunks; b += (size_t)gridDim.x * blockDim.x) {
+        size_t lo = b * DT_SUMSQ_BLOCK, hi = lo + DT_SUMSQ_BLOCK < n ? lo + DT_SUMSQ_BLOCK : n;
+        double s = 0.0;
+        for (size_t i = lo; i < hi; i++) s += (double)x[i] * x[i];
+        part[b] = s;
+    }
+}
+
+// The chunks' sums in order, one thread (as the CPU).
+__global__ static void sumsq_total_kernel(double *out, const double *part, size_t chunks) {
+    double s = 0.0;
+    for (size_t b = 0; b < chunks; b++) s += part[b];
+    *out = s;
+}
+
+dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) {
+    size_t chunks = dt_sumsq_chunks(n);
+    if (chunks == 0) {
+        DT_CUDA(cudaMemset(out_dev, 0, sizeof(double)));
+        return DT_OK;
+    }
+    void *part = NULL;
+    dt_status st = dt_gpu_scratch(&part, sizeof(double) * chunks);
+    if (st != DT_OK) return st;
+    sumsq_chunks_kernel<<<dt_launch_blocks(chunks, DT_THREADS), DT_THREADS>>>((double *)part, x, n, chunks);
+    st = dt_gpu_launched("sumsq_chunks_kernel");
+    if (st == DT_OK) {
+        sumsq_total_kernel<<<1, 1>>>(out_dev, (const double *)part, chunks);
+        st = dt_gpu_launched("sumsq_total_kernel");
+    }
+    dt_gpu_scratch_free(part);
+    return st;
+}
+
+__global__ static void scale_by_kernel(float *x, size_t n, const float *s) {
+    float k = *s;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= k;
+}
+
+dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev) {
+    if (n == 0) return DT_OK;
+    scale_by_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(x, n, s_dev);
+    DT_LAUNCHED(scale_by_kernel);
     return DT_OK;
 }

@@ -3,6 +3,7 @@
  * Layernorm, GELU, linear and cross-entropy come from layers.c. */
 #include "dtrain/gpt.h"
 #include "kernels/kernels.h"
+#include "nn/rows.h"
 
 #include <float.h>
 #include <math.h>
@@ -112,7 +113,7 @@ void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T
                     for (int j = 0; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
                     float s = 0.0f;
                     for (int j = 0; j <= t; j++) {
-                        r[j] = expf(r[j] - mx);
+                        r[j] = dt_att_exp(r[j], mx);
                         s += r[j];
                     }
                     float inv = 1.0f / s;
@@ -149,7 +150,7 @@ void dt_attention_backward(float *dqkv, float *datt, const float *dout, const fl
                     const float *a = A + (size_t)t * T;
                     float s = 0.0f;
                     for (int j = 0; j <= t; j++) s += d[j] * a[j];
-                    for (int j = 0; j <= t; j++) d[j] = a[j] * (d[j] - s) * scale;
+                    for (int j = 0; j <= t; j++) d[j] = dt_att_grad(a[j], d[j], s, scale);
                     for (int j = t + 1; j < nk; j++) d[j] = 0.0f;
                 }
                 dt_sgemm(0, 0, nr, hs, nk, 1.0f, Db, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);  // dq += dS k

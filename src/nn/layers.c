@@ -172,17 +172,17 @@ void dt_maxpool_backward(float *dinp, const float *dout, const int32_t *argmax, 
 
 void dt_relu_forward(float *out, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < N; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+    for (size_t i = 0; i < N; i++) out[i] = dt_relu(inp[i]);
 }
 
 void dt_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < N; i++) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+    for (size_t i = 0; i < N; i++) dinp[i] += dt_relu_grad(inp[i], dout[i]);
 }
 
 void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < N; i++) dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f;
+    for (size_t i = 0; i < N; i++) dinp[i] = dt_relu_grad(inp[i], dout[i]);
 }
 
 // ----------------------------------------------------------------------------

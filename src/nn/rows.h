@@ -16,7 +16,11 @@
  *   softmax cross-entropy of a row of logits l[V] (a padded row's columns
  *     past V are not part of it): mx = max l, p = exp(l - mx) / sum (the
  *     sum in double), loss = mx + log(sum) - l[target] in double, the batch's
- *     loss the mean of the rows' in order; dl += (p - [v = target]) dloss / N. */
+ *     loss the mean of the rows' in order; dl += (p - [v = target]) dloss / N.
+ *   ReLU: max(x, 0); its gradient dout where x > 0.
+ *   causal attention's row t (nn/attention.c, gpu/attention.cu): scores s_j
+ *     = q k_j / sqrt(hs), p_j = exp(s_j - max) / sum over j <= t; backward
+ *     dS_j = p_j (dp_j - sum_j dp_j p_j) / sqrt(hs). */
 #ifndef DT_NN_ROWS_H
 #define DT_NN_ROWS_H
 
@@ -92,5 +96,18 @@ DT_HD double dt_ce_row_loss(float mx, double sum, float l_target) { return (doub
 /* The loss gradient's scale: dloss over the N rows the loss is the mean of. */
 DT_HD float dt_ce_scale(float dloss, float rows) { return dloss / rows; }
 DT_HD float dt_ce_grad(float p, int is_target, float scale) { return (p - (is_target ? 1.0f : 0.0f)) * scale; }
+
+// ---- ReLU
+
+DT_HD float dt_relu(float x) { return x > 0.0f ? x : 0.0f; }
+DT_HD float dt_relu_grad(float x, float dout) { return x > 0.0f ? dout : 0.0f; }
+
+// ---- causal attention
+
+/* A score's share before the row is normalised: exp(s - the row's max). */
+DT_HD float dt_att_exp(float s, float mx) { return expf(s - mx); }
+/* The softmax's gradient at a score: p (dp - sum dp p) / sqrt(hs), with
+ * dot = the row's sum of dp p and scale = 1 / sqrt(hs). */
+DT_HD float dt_att_grad(float p, float dp, float dot, float scale) { return p * (dp - dot) * scale; }
 
 #endif

@@ -11,6 +11,11 @@
 
 #include <math.h>
 
+/* dt_sum_squares's blocks: each summed in order in double, then the
+ * blocks' sums in order, on the CPU (optim.c) and the GPU (gpu/optim.cu),
+ * so that both give the same bits for any thread count. */
+#define DT_SUMSQ_BLOCK 4096
+
 /* AdamW's step constants: torch.optim.AdamW's update with its bias
  * corrections folded in (step = lr / bc1, rbc2 = 1 / sqrt(bc2)). */
 typedef struct {

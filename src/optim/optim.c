@@ -104,7 +104,7 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, flo
 double dt_sum_squares(const float *g, size_t n) {
     // Fixed-size blocks summed in order: the result does not depend on the
     // thread count.
-    enum { BLK = 4096 };
+    enum { BLK = DT_SUMSQ_BLOCK };
     size_t nb = (n + BLK - 1) / BLK;
     double *part = malloc(sizeof(double) * (nb ? nb : 1));
     if (!part) {

@@ -4,12 +4,15 @@
 # minutes on a GPU always yield something (docs/gpu.md):
 #   1. device: nvidia-smi's list of the GPUs, their memory and driver
 #   2. ops: every GPU op against the CPU's (test_gpu ops), every launch
-#      synchronous (CUDA_LAUNCH_BLOCKING=1) so that an error names its op
-#   3. memcheck and initcheck: compute-sanitizer over the same op tests
-#   4. train: the MLP and a tiny GPT trained 20 steps on the GPU against the
+#      waited for (DTRAIN_CUDA_SYNC=1, CUDA_LAUNCH_BLOCKING=1) so that an
+#      error names its kernel
+#   3. fault: a kernel's fault named with it under DTRAIN_CUDA_SYNC=1
+#      (test_gpu fault; its faults are meant, so never under the sanitizer)
+#   4. memcheck and initcheck: compute-sanitizer over the op tests
+#   5. train: the MLP and a tiny GPT trained 20 steps on the GPU against the
 #      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt
 #      (test_gpu_sim gpu; the CPU's path never runs there)
-#   5. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
+#   6. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
 #      autocast and TF32) and llm.c (BUILD/llmc/train_gpt2cu, built here by
 #      bench/llmc_gpu.sh, where it was carried) on GPT-2 124M, B=16, T=1024
 # Run from the source tree on the GPU machine, with BUILD (default build/)
@@ -42,7 +45,8 @@ stage() {  # stage NAME SECONDS COMMAND...
 }
 : >"$out/summary.txt"
 stage device 60 sh -c 'nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv'
-CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
+DTRAIN_CUDA_SYNC=1 CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
+stage fault 60 "$build/tests/test_gpu" fault
 if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_gpu" ops
     stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 "$build/tests/test_gpu" ops

@@ -1,0 +1,133 @@
+/* The GPT's embedding and residual add on the GPU (gpu.h): the CPU's
+ * arithmetic and order of sums (nn/attention.c), so the CPU's bits. The
+ * embedding's backward groups the positions by token with a stable radix
+ * sort (CUB) and gives each token's row to one block, which adds the
+ * positions in order as the CPU does: no float atomics. Nothing here has
+ * run on a GPU yet (docs/gpu.md). */
+#include "gpu/cuda_check.h"
+#include "gpu/gpu.h"
+#include "gpu/launch.h"
+
+#include <cub/device/device_radix_sort.cuh>
+
+// ---- encoder: token + position embedding
+
+__global__ static void encoder_forward_kernel(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                                              size_t BT, int T, int C) {
+    size_t n = BT * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t bt = i / C, c = i % C, t = bt % T;
+        out[i] = wte[(size_t)inp[bt] * C + c] + wpe[t * C + c];
+    }
+}
+
+// Position positions p (ascending) for the stable sort's values.
+__global__ static void iota_kernel(int32_t *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (int32_t)i;
+}
+
+// tok[n], pos[n]: the positions sorted by token, ascending within one. A
+// block at the first position of a token's run owns that token's row of
+// dwte and adds the run's gradients to it in order (the CPU's order).
+__global__ static void __launch_bounds__(DT_THREADS)
+    wte_grad_kernel(float *dwte, const float *dout, const int32_t *tok, const int32_t *pos, size_t n, int C) {
+    for (size_t i = blockIdx.x; i < n; i += gridDim.x) {
+        int32_t t = tok[i];
+        if (i > 0 && tok[i - 1] == t) continue;  // (the whole block: not a run's start)
+        float *d = dwte + (size_t)t * C;
+        for (int c = threadIdx.x; c < C; c += DT_THREADS) {
+            float acc = d[c];
+            for (size_t j = i; j < n && tok[j] == t; j++) acc += dout[(size_t)pos[j] * C + c];
+            d[c] = acc;
+        }
+    }
+}
+
+// dwpe[t, c] += dout[b, t, c] over the batch in order.
+__global__ static void wpe_grad_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+    size_t n = (size_t)T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float acc = dwpe[i];
+        for (int b = 0; b < B; b++) acc += dout[(size_t)b * n + i];
+        dwpe[i] = acc;
+    }
+}
+
+dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
+                                 int C) {
+    if (B <= 0 || T <= 0 || C <= 0) return DT_OK;
+    size_t BT = (size_t)B * T;
+    encoder_forward_kernel<<<dt_launch_blocks(BT * C, DT_THREADS), DT_THREADS>>>(out, inp, wte, wpe, BT, T, C);
+    DT_LAUNCHED(encoder_forward_kernel);
+    return DT_OK;
+}
+
+// dwte's part: the positions sorted by token in scratch, then one block a run.
+static dt_status wte_grad(float *dwte, const float *dout, const int32_t *inp, size_t n, int C) {
+    if (n > INT32_MAX) return dt_error(DT_ERR_ARG, "GPU encoder backward: %zu positions (at most 2^31 - 1)", n);
+    size_t sort_bytes = 0;
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, inp, (int32_t *)NULL, (const int32_t *)NULL,
+                                                    (int32_t *)NULL, (int)n, 0, 32, (cudaStream_t)0);
+    if (e != cudaSuccess)
+        return dt_error(DT_ERR_INTERNAL, "GPU encoder backward: the sort's size: %s", cudaGetErrorString(e));
+    size_t ints = (3 * n + 63) / 64 * 64;  // (the sort's scratch 256-byte aligned after them)
+    void *scratch = NULL;
+    dt_status st = dt_gpu_scratch(&scratch, sizeof(int32_t) * ints + sort_bytes);
+    if (st != DT_OK) return st;
+    int32_t *tok = (int32_t *)scratch, *pos = tok + n, *seq = pos + n;
+    iota_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(seq, n);
+    st = dt_gpu_launched("iota_kernel");
+    if (st == DT_OK) {
+        e = cub::DeviceRadixSort::SortPairs((int32_t *)scratch + ints, sort_bytes, inp, tok, seq, pos, (int)n, 0, 32,
+                                            (cudaStream_t)0);
+        if (e != cudaSuccess) st = dt_error(DT_ERR_INTERNAL, "GPU encoder backward: the sort: %s", cudaGetErrorString(e));
+    }
+    if (st == DT_OK) {
+        wte_grad_kernel<<<dt_launch_rows(n), DT_THREADS>>>(dwte, dout, tok, pos, n, C);
+        st = dt_gpu_launched("wte_grad_kernel");
+    }
+    dt_gpu_scratch_free(scratch);
+    return st;
+}
+
+dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C) {
+    if (B <= 0 || T <= 0 || C <= 0) return DT_OK;
+    if (dwte) {
+        dt_status st = wte_grad(dwte, dout, inp, (size_t)B * T, C);
+        if (st != DT_OK) return st;
+    }
+    if (dwpe) {
+        wpe_grad_kernel<<<dt_launch_blocks((size_t)T * C, DT_THREADS), DT_THREADS>>>(dwpe, dout, B, T, C);
+        DT_LAUNCHED(wpe_grad_kernel);
+    }
+    return DT_OK;
+}
+
+// ---- residual
+
+__global__ static void residual_forward_kernel(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+__global__ static void residual_backward_kernel(float *da, float *db, const float *dout, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (da) da[i] += dout[i];
+        if (db) db[i] += dout[i];
+    }
+}
+
+dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N) {
+    if (N == 0) return DT_OK;
+    residual_forward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS>>>(out, a, b, N);
+    DT_LAUNCHED(residual_forward_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N) {
+    if (N == 0 || (!da && !db)) return DT_OK;
+    residual_backward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS>>>(da, db, dout, N);
+    DT_LAUNCHED(residual_backward_kernel);
+    return DT_OK;
+}

@@ -1,0 +1,100 @@
+/* The linear layer on the GPU (gpu.h), dt_linear_*'s row-major contract,
+ * by cuBLASLt with its epilogues where they fit: the bias (BIAS), the bias
+ * and GELU with its input kept (GELU_AUX_BIAS), GELU's gradient (DGELU).
+ * In column-major terms (gemm_args.h) out[B,OC] is [OC,B]: a bias of OC is
+ * the epilogue's vector of m, and pre [B,OC] the aux matrix with ld OC,
+ * which cuBLASLt wants a multiple of 8. Where an epilogue does not fit (or
+ * cuBLASLt has no algorithm for it), the plain GEMM and the kernels of
+ * layers.cu do the same. The bias's gradient is always
+ * dt_gpu_bias_backward's (the CPU's order of sums). Nothing here has run
+ * on a GPU yet (docs/gpu.md). */
+#include "gpu/cuda_check.h"
+#include "gpu/gpu.h"
+#include "gpu/launch.h"
+#include "gpu/lt.h"
+#include "nn/rows.h"
+
+#include <stdint.h>
+
+// dpre[i] = gelu'(pre[i]) dpre[i]: the DGELU epilogue's work, where it is not.
+__global__ static void dgelu_kernel(float *dpre, const float *pre, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dpre[i] = dt_gelu_grad(pre[i]) * dpre[i];
+}
+
+// out (+)= inp w^T through cuBLASLt with `epi` (bias, aux as lt.h says);
+// *found 0 when it has no algorithm (nothing run).
+static dt_status linear_lt(float *out, const float *inp, const float *w, int B, int C, int OC, cublasLtEpilogue_t epi,
+                           const float *bias, float *aux, int *found) {
+    dt_cm_gemm g;
+    if (dt_gemm_colmajor(0, 1, B, OC, C, C, C, OC, &g) != 0)
+        return dt_error(DT_ERR_ARG, "GPU linear: B %d, C %d, OC %d", B, C, OC);
+    dt_lt_op o = {&g, CUDA_R_32F, epi, bias, aux, OC, 1.0f, 0.0f, w, inp, out};
+    return dt_gpu_lt_run(&o, found);
+}
+
+// Whether p is aligned to 16 bytes (what the epilogues' vectors and aux
+// matrix are given in dtrain's blocks; cuBLASLt asks no less of them).
+static int aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+dt_status dt_gpu_linear_forward(float *out, const float *inp, const float *w, const float *b, int B, int C, int OC) {
+    if (B <= 0 || OC <= 0) return DT_OK;
+    if (b && C > 0 && aligned16(b)) {
+        int found = 0;
+        dt_status st = linear_lt(out, inp, w, B, C, OC, CUBLASLT_EPILOGUE_BIAS, b, NULL, &found);
+        if (st != DT_OK || found) return st;
+    }
+    dt_status st = dt_gpu_sgemm(0, 1, B, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+    if (st == DT_OK && b) st = dt_gpu_bias_forward(out, b, (size_t)B, OC);
+    return st;
+}
+
+dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, int B, int C, int OC) {
+    dt_status st = DT_OK;
+    if (dinp) st = dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);  // dout w
+    if (st == DT_OK && dw) st = dt_gpu_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dw, C);  // dout^T inp
+    if (st == DT_OK && db && B > 0) st = dt_gpu_bias_backward(db, dout, (size_t)B, OC);
+    return st;
+}
+
+dt_status dt_gpu_linear_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b, int B,
+                                     int C, int OC) {
+    if (B <= 0 || OC <= 0) return DT_OK;
+    if (OC % 8 == 0 && C > 0 && aligned16(pre) && (!b || aligned16(b))) {
+        int found = 0;
+        dt_status st = linear_lt(out, inp, w, B, C, OC, b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                                 b, pre, &found);
+        if (st != DT_OK || found) return st;
+    }
+    dt_status st = dt_gpu_linear_forward(pre, inp, w, b, B, C, OC);
+    if (st == DT_OK) st = dt_gpu_gelu_forward(out, pre, (size_t)B * OC);
+    return st;
+}
+
+// dpre = gelu'(pre) (dout w): the GEMM [B,OC] x [OC,C] with the DGELU
+// epilogue (aux pre, ld C), or the GEMM and dgelu_kernel.
+static dt_status dgelu_grad(float *dpre, const float *dout, const float *w, const float *pre, int B, int C, int OC) {
+    if (C % 8 == 0 && OC > 0 && aligned16(pre)) {
+        dt_cm_gemm g;
+        if (dt_gemm_colmajor(0, 0, B, C, OC, OC, C, C, &g) != 0)
+            return dt_error(DT_ERR_ARG, "GPU linear backward: B %d, C %d, OC %d", B, C, OC);
+        dt_lt_op o = {&g, CUDA_R_32F, CUBLASLT_EPILOGUE_DGELU, NULL, (float *)pre, C, 1.0f, 0.0f, w, dout, dpre};
+        int found = 0;
+        dt_status st = dt_gpu_lt_run(&o, &found);
+        if (st != DT_OK || found) return st;
+    }
+    dt_status st = dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
+    if (st != DT_OK) return st;
+    size_t n = (size_t)B * C;
+    dgelu_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(dpre, pre, n);
+    DT_LAUNCHED(dgelu_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
+                                       const float *w, const float *pre, int B, int C, int OC) {
+    if (B <= 0 || C <= 0) return DT_OK;
+    dt_status st = dgelu_grad(dpre, dout, w, pre, B, C, OC);
+    return st == DT_OK ? dt_gpu_linear_backward(NULL, dw, db, dout, inp, w, B, C, OC) : st;
+}
