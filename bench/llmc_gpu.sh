@@ -11,12 +11,15 @@
 #       attention was written against (later ones also need NVRTC). It needs
 #       libcublasLt.so.13 and libcudnn.so.9 where it runs (the GPU machine's
 #       toolkit, or PyTorch's nvidia/*/lib: run sets LD_LIBRARY_PATH)
+#   bench/llmc_gpu.sh data DIR
+#       random GPT-2 tokens (vocabulary 50257) in llm.c's format, which is
+#       dtrain's too: DIR/tok_train.bin (4 Mi tokens), DIR/tok_val.bin
 #   bench/llmc_gpu.sh run OUT_DIR B T STEPS
 #       on the GPU machine: random GPT-2 tokens in llm.c's format (made
 #       there with python3), a GPT-2 124M from scratch (-e d12), STEPS
 #       steps of B x T; prints llm.c's own lines (tokens/s, MFU)
 set -euo pipefail
-cmd=${1:?usage: bench/llmc_gpu.sh build LLMC_DIR CUDNN_FRONTEND_DIR OUT_DIR | run OUT_DIR B T STEPS}
+cmd=${1:?usage: bench/llmc_gpu.sh build LLMC_DIR CUDNN_FRONTEND_DIR OUT_DIR | data DIR | run OUT_DIR B T STEPS}
 case "$cmd" in
 build)
     llmc=${2:?LLMC_DIR} fe=${3:?CUDNN_FRONTEND_DIR} out=${4:?OUT_DIR}
@@ -40,28 +43,32 @@ build)
     cp "$llmc/train_gpt2cu" "$out/"
     ls -la "$out/train_gpt2cu"
     ;;
-run)
-    out=${2:?OUT_DIR} B=${3:?B} T=${4:?T} steps=${5:?STEPS}
-    data="$out/data"
-    mkdir -p "$data"
-    for d in $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null) /usr/local/cuda/lib64; do
-        LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
-    done
-    export LD_LIBRARY_PATH
-    python3 - "$data" <<'PY'
-import os, sys, numpy as np
+data)
+    mkdir -p "${2:?DIR}"
+    python3 - "$2" <<'PY'
+import array, os, random, sys
 d = sys.argv[1]
-rng = np.random.default_rng(1)
+rng = random.Random(1)
 for name, n in (("train", 4 << 20), ("val", 1 << 20)):
     p = os.path.join(d, "tok_%s.bin" % name)
     if os.path.exists(p):
         continue
-    h = np.zeros(256, np.int32)
-    h[:3] = (20240520, 1, n)
-    with open(p, "wb") as f:
+    h = array.array("i", [20240520, 1, n] + [0] * 253)
+    t = array.array("H", (rng.randrange(50257) for _ in range(n)))
+    with open(p + ".tmp", "wb") as f:
         f.write(h.tobytes())
-        f.write(rng.integers(0, 50257, n, dtype=np.uint16).tobytes())
+        f.write(t.tobytes())
+    os.replace(p + ".tmp", p)
 PY
+    ;;
+run)
+    out=${2:?OUT_DIR} B=${3:?B} T=${4:?T} steps=${5:?STEPS}
+    data="$out/data"
+    "$0" data "$data"
+    for d in $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null) /usr/local/cuda/lib64; do
+        LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
+    done
+    export LD_LIBRARY_PATH
     # -e d12: GPT-2 124M from scratch; no logs; validation only at the last
     # step, one batch (-v: a period past the run; 0 would divide by zero),
     # no sampling; no ZeRO; AdamW as bench/torch_gpt.py's (lr 3e-4, wd 0.1)

@@ -13,8 +13,9 @@
 #      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt
 #      (test_gpu_sim gpu; the CPU's path never runs there)
 #   6. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
-#      autocast and TF32) and llm.c (BUILD/llmc/train_gpt2cu, built here by
-#      bench/llmc_gpu.sh, where it was carried) on GPT-2 124M, B=16, T=1024
+#      autocast and TF32), dtrain itself (--device cuda, TF32) and llm.c
+#      (BUILD/llmc/train_gpt2cu, built here by bench/llmc_gpu.sh, where it
+#      was carried) on GPT-2 124M, B=16, T=1024
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
@@ -58,6 +59,11 @@ peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --s
 stage torch-bf16 300 $peer --autocast
 stage torch-bf16-compile 420 $peer --autocast --compile
 stage torch-tf32 300 $peer --tf32
+# dtrain itself on the same model and tokens (fp32 with TF32: bf16 on the GPU is not there yet)
+bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
+printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
+    "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
+stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "$out/dtrain-tf32"
 if [ -x "$build/llmc/train_gpt2cu" ]; then
     stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
 else
