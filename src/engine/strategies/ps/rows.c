@@ -105,7 +105,6 @@ static dt_status exchange(ps_worker *w, int64_t kind, const int64_t *ids, size_t
                           (long long)h[j][H_COUNT]);
     free(h);
     free(r);
-    w->table_bytes += n * (sizeof(int64_t) + sizeof(float) * (size_t)dim);
     return st;
 }
 
@@ -115,8 +114,11 @@ dt_status ps_rows_pull(dt_strategy *s, const int64_t *ids, size_t n, float *vals
 
 dt_status ps_rows_push(dt_strategy *s, const int64_t *ids, size_t n, const float *g) {
     ps_worker *w = (ps_worker *)s;
+    // A step's bytes: its rows' numbers and values pulled, their numbers
+    // and gradients pushed (headers apart); the block's pushes and weights.
     w->table_steps++;
-    w->dense_bytes += 2 * sizeof(float) * s->n;  // the block's pushes and its weights, this step
+    w->table_bytes += 2 * n * (sizeof(int64_t) + sizeof(float) * (size_t)s->c->dlrm.dim);
+    w->dense_bytes += 2 * sizeof(float) * s->n;
     return exchange(w, M_SPUSH, ids, n, NULL, g);
 }
 
