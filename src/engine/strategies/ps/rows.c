@@ -138,9 +138,9 @@ dt_status ps_tables_setup(server *sv) {
     size_t avail = dt_mem_available(&src);
     char a[64], b[64];
     if (need > avail)
-        return dt_error(DT_ERR_NOMEM, "server %d: the tables' rows [%lld, %lld) need %s (%zu bytes: %zu rows of %zu "
-                        "floats, the optimizer's sums and the step's index), but %s is available (%s); add servers",
-                        sv->me, (long long)sv->tb.lo, (long long)hi, dt_mem_format(need, a, sizeof a), need, n, dim,
+        return dt_error(DT_ERR_NOMEM, "server %d: the tables' rows [%lld, %lld) need %s (%zu rows of %zu floats, the "
+                        "optimizer's sums and the step's index: %zu bytes), but %s is available (%s); add servers",
+                        sv->me, (long long)sv->tb.lo, (long long)hi, dt_mem_format(need, a, sizeof a), n, dim, need,
                         dt_mem_format(avail, b, sizeof b), src);
     sv->tb.tab = dt_alloc(sizeof(float) * (n * dim + 1));
     sv->tb.acc = adagrad ? dt_alloc(sizeof(float) * (n + 1)) : NULL;
