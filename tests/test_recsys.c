@@ -8,6 +8,7 @@
  * against a count made here from the data; async and ssp; a table past a
  * worker's memory cap trained on the servers, and refused naming its
  * bytes where it fits nowhere. */
+#include "dtrain/ckpt.h"
 #include "dtrain/optim.h"
 #include "dtrain/recsys.h"
 #include "testlib.h"
@@ -98,6 +99,55 @@ static void gradients(void) {
     CHECK(acc[0] == 0 && fabsf(acc[1] - 12.5f) < 1e-6f && tab[0] == 1 &&
               fabsf(tab[2] - (2 - 0.5f * 3 / sqrtf(12.5f))) < 1e-6f && fabsf(tab[3] - (2 - 0.5f * 4 / sqrtf(12.5f))) < 1e-6f,
           "row-wise adagrad: acc %g, row 1 = %g %g", acc[1], tab[2], tab[3]);
+}
+
+// The same model in PyTorch (tests/fixtures/make_dlrm_fixtures.py): loss,
+// probabilities, every gradient.
+static const float *fx(const dt_st_file *f, const char *name) {
+    const dt_st_tensor *t = dt_st_find(f, name);
+    CHECK(t != NULL, "fixture: tensor %s", name);
+    return t ? tl_st_data(f, t) : NULL;
+}
+
+static void torch_fixture(void) {
+    dt_st_file *f;
+    if (dt_st_open(&f, "tests/fixtures/dlrm.safetensors") != DT_OK) {
+        CHECK(0, "fixture: %s", dt_last_error());
+        return;
+    }
+    dt_dlrm_spec s = {.ntables = 3, .rows = {1, 1, 1}, .dim = 4, .ndense = 3, .nbottom = 1, .bottom = {8},
+                      .ntop = 2, .top = {8, 4}};
+    const int B = 6;
+    dt_dlrm *m;
+    CHECK(dt_dlrm_create(&m, &s, B) == DT_OK, "create: %s", dt_last_error());
+    for (int i = 0; i < dt_dlrm_num_tensors(m); i++) {
+        const dt_tensor_info *ti = dt_dlrm_tensor(m, i);
+        const float *v = fx(f, ti->name);
+        if (v) memcpy(dt_dlrm_params(m) + ti->offset, v, sizeof(float) * ti->numel);
+    }
+    const float *dense = fx(f, "dense"), *emb = fx(f, "emb"), *lab = fx(f, "labels");
+    if (!dense || !emb || !lab) return;
+    uint8_t y[6];
+    for (int b = 0; b < B; b++) y[b] = lab[b] > 0.5f;
+    float loss, demb[6 * 3 * 4];
+    memset(dt_dlrm_grads(m), 0, sizeof(float) * dt_dlrm_num_params(m));
+    CHECK(dt_dlrm_forward(m, dense, emb, y, B, &loss) == DT_OK, "forward");
+    dt_dlrm_backward(m, demb, 1.0f);
+    double worst = tl_rel(loss, fx(f, "loss")[0], 1e-6);
+    worst = fmax(worst, tl_max_rel(dt_dlrm_probs(m), fx(f, "probs"), B, 1e-6));
+    worst = fmax(worst, tl_max_rel(demb, fx(f, "grad.emb"), sizeof demb / sizeof *demb, 1e-4));
+    for (int i = 0; i < dt_dlrm_num_tensors(m); i++) {
+        const dt_tensor_info *ti = dt_dlrm_tensor(m, i);
+        char name[64];
+        snprintf(name, sizeof name, "grad.%s", ti->name);
+        const float *g = fx(f, name);
+        if (g) worst = fmax(worst, tl_max_rel(dt_dlrm_grads(m) + ti->offset, g, ti->numel, 1e-4));
+    }
+    CHECK(worst < 1e-5, "against PyTorch: worst relative difference %.3g (loss %.8g, torch %.8g)", worst, loss,
+          fx(f, "loss")[0]);
+    printf("against PyTorch (loss, probabilities, every gradient): worst relative difference %.2e\n", worst);
+    dt_dlrm_free(m);
+    dt_st_close(f);
 }
 
 // ----------------------------------------------------------------------------
@@ -339,7 +389,7 @@ int main(int argc, char **argv) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain_recsys_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
     const char *only = argc > 1 ? argv[1] : "";
-    if (!*only || !strcmp(only, "grad")) gradients(), auc();
+    if (!*only || !strcmp(only, "grad")) gradients(), torch_fixture(), auc();
     if (!*only || !strcmp(only, "logs")) logs();
     if (!*only || !strcmp(only, "learn")) learns();
     if (!*only || !strcmp(only, "ps")) sharded(), refused();
