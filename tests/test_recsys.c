@@ -277,7 +277,8 @@ static void learns(void) {
 }
 
 // The tables on 1, 2 and 3 servers against one process holding them in
-// its block: the same steps (plain SGD, the tables' rate the block's).
+// its block: the same steps (plain SGD, the tables' rate the block's); and
+// the tables in the block under data parallel, ZeRO-1 and the servers.
 static void sharded(void) {
     dt_clicks_gen g = dt_clicks_gen_default();
     g.train = 6000, g.test = 2000;
@@ -287,8 +288,13 @@ static void sharded(void) {
              "0.05", 100, 1);
     CHECK(run("dense", text, 1, "") == 0, "one process, tables in the block: %s", g_out);
     double l0 = num("dense", "test_loss"), a0 = num("dense", "test_auc");
-    const char *rows[][3] = {{"ps1", "1", "--servers 1"}, {"ps2", "2", "--servers 2"}, {"ps3", "3", "--servers 3"}};
-    for (int i = 0; i < 3; i++) {
+    const char *rows[][3] = {{"ps1", "1", "--servers 1"},
+                             {"ps2", "2", "--servers 2"},
+                             {"ps3", "3", "--servers 3"},
+                             {"dp2", "2", ""},
+                             {"zero1", "2", "--set parallel.zero=1"},
+                             {"psdense", "2", "--servers 2 --set recsys.sparse=false"}};
+    for (int i = 0; i < 6; i++) {
         CHECK(run(rows[i][0], text, atoi(rows[i][1]), rows[i][2]) == 0, "%s: %s", rows[i][0], g_out);
         double l = num(rows[i][0], "test_loss"), a = num(rows[i][0], "test_auc");
         CHECK(tl_rel(l, l0, 1e-6) < 1e-5 && tl_rel(a, a0, 1e-6) < 1e-5,

@@ -825,6 +825,10 @@ static dt_status finish_recsys(dt_config *c, const char *what) {
         for (int i = 0; i < n; i++) w[k][i] = (int)v[i];
     }
     if (!c->rs_train[0]) return dt_error(DT_ERR_CONFIG, "%s: [recsys] train: preset dlrm needs a click log", what);
+    if (c->pipeline > 1 || c->tensor > 1)
+        return dt_error(DT_ERR_CONFIG, "%s: [parallel] %s: preset dlrm has no stages or shards of its MLPs; its tables "
+                        "shard by row over parameter servers ([parallel] servers)", what,
+                        c->pipeline > 1 ? "pipeline" : "tensor");
     char msg[512];
     if (dt_dlrm_spec_check(s, "[recsys]") != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
