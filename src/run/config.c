@@ -237,7 +237,7 @@ static const field fields[] = {
     {"compression", "momentum", F_FLOAT, O(comp_momentum), 0, 0.999999, NULL},
     {"compression", "clip_norm", F_FLOAT, O(comp_clip_norm), 0, 1e9, NULL},
     {"compression", "min_bytes", F_INT, O(comp_min_bytes), 0, 1 << 30, NULL},
-    // ---- GPT fields (docs/gpt.md) ----
+    // ---- the recommender's (docs/recommender.md), written out for preset dlrm alone ----
     {"recsys", "tables", F_STR, O(rs_tables), 0, 0, NULL},
     {"recsys", "dim", F_INT, O(dlrm.dim), 1, 4096, NULL},
     {"recsys", "dense", F_INT, O(dlrm.ndense), 0, 4096, NULL},
@@ -249,6 +249,7 @@ static const field fields[] = {
     {"recsys", "table_lr", F_FLOAT, O(rs_table_lr), 0, 1e6, NULL},
     {"recsys", "table_eps", F_FLOAT, O(rs_table_eps), 0, 1, NULL},
     {"recsys", "sparse", F_BOOL, O(rs_sparse), 0, 1, NULL},
+    // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
     {"model", "n_embd", F_INT, O(n_embd), 0, 65536, NULL},

@@ -127,6 +127,9 @@ dt_status ps_rows_push(dt_strategy *s, const int64_t *ids, size_t n, const float
 
 dt_status ps_tables_setup(server *sv) {
     const dt_config *c = sv->c;
+    if (dt_comm_incarnation(sv->all) > 0)  // restarted alone: its rows would start again from the seed
+        return dt_error(DT_ERR_COMM, "server %d was restarted, and its rows of the tables were not kept (a server's "
+                        "shard of the tables is not checkpointed yet: docs/recommender.md)", sv->me);
     int64_t hi;
     range_of(c, sv->me, sv->S, &sv->tb.lo, &hi);
     sv->tb.n = hi - sv->tb.lo;
