@@ -274,6 +274,12 @@ static void learns(void) {
     CHECK(rc == 0 && fabs(a - planted) <= 0.01, "one process: test AUC %.4f, the planted model's %.4f (within 0.01)", a,
           planted);
     printf("one process: test AUC %.4f, the planted model's %.4f\n", a, planted);
+    // the tables on 2 servers, row-wise AdaGrad, 2 workers in mode sync
+    rc = run("learn-ps", text, 2, "--servers 2");
+    double b = num("learn-ps", "test_auc");
+    CHECK(rc == 0 && fabs(b - planted) <= 0.01, "tables on 2 servers: test AUC %.4f, the planted model's %.4f", b,
+          planted);
+    printf("tables on 2 servers (row-wise adagrad): test AUC %.4f\n", b);
 }
 
 // The tables on 1, 2 and 3 servers against one process holding them in
