@@ -224,7 +224,7 @@ static dt_status release_pulls(server *sv) {
 dt_status ps_take_pull(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t k = p->h[H_COUNT];
-    if (!sv->tb.n || k < 0 || k > sv->tb.n)
+    if (k < 0 || k > sv->tb.n)  // (a server with no rows, more servers than rows, gets empty pulls)
         return dt_error(DT_ERR_COMM, "server %d: refused a pull from worker %d: %lld rows of this server's %lld", sv->me,
                         wi, (long long)k, (long long)sv->tb.n);
     if ((size_t)k > p->cap) {
@@ -252,7 +252,7 @@ dt_status ps_take_rows(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t k = p->h[H_COUNT];
     size_t dim = (size_t)sv->tb.dim;
-    if (!sv->tb.n || k < 0 || k > sv->tb.n)
+    if (k < 0 || k > sv->tb.n)
         return dt_error(DT_ERR_COMM, "server %d: refused rows from worker %d: %lld rows of this server's %lld", sv->me,
                         wi, (long long)k, (long long)sv->tb.n);
     if (sv->mode == MODE_SYNC && p->h[H_STEP] != p->rows_pushed)
