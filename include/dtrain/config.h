@@ -20,6 +20,8 @@
  *             offload_dir, pipeline, tensor, sequence, micro_batches, schedule, virtual_stages,
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups, share
+ *   [recsys]  tables, dim, dense, bottom, top, train, test, table_optim, table_lr,
+ *             table_eps, sparse (docs/recommender.md)
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
@@ -210,6 +212,19 @@ typedef struct {
     int arch;                      /* DT_ARCH_GPT or DT_ARCH_LLAMA */
     int n_kv_head, ffn_hidden;
     float rope_theta, norm_eps;
+    /* [model] preset = dlrm (docs/recommender.md): the click model, its
+     * shape from [recsys] tables, dim, dense, bottom, top; its data the
+     * click logs [recsys] train and test; its tables' own optimizer
+     * (table_optim: adagrad or sgd, table_lr, table_eps) and, with
+     * [parallel] servers, where they live (sparse: on the servers, a row
+     * range each, pulled and pushed row by row). */
+    int recsys;                    /* set by validation: the model is the recommender */
+    dt_dlrm_spec dlrm;
+    char rs_tables[512], rs_bottom[128], rs_top[128];
+    char rs_train[512], rs_test[512];
+    int rs_table_optim;            /* 0 adagrad (row-wise), 1 sgd */
+    float rs_table_lr, rs_table_eps;
+    int rs_sparse;
 } dt_config;
 
 enum { DT_ARCH_GPT = 0, DT_ARCH_LLAMA = 1 };

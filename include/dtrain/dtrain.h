@@ -45,6 +45,7 @@
 #include "dtrain/config.h"
 #include "dtrain/train.h"
 #include "dtrain/gpt.h"
+#include "dtrain/recsys.h"
 #include "dtrain/comm.h"
 #include "dtrain/launch.h"
 

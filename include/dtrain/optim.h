@@ -61,6 +61,15 @@ DT_API int dt_optim_num_states(const dt_optim *o);
 DT_API int dt_optim_params_states(const dt_optim_params *p);
 DT_API float *dt_optim_state(dt_optim *o, int i);
 
+/* Row-wise AdaGrad on n rows of an embedding table (the recommender's,
+ * docs/recommender.md): for each i, row r = rows[i] of table[., dim] and
+ * its gradient g[i, dim]: acc[r] += mean_k g[i,k]^2, then row r -= lr g[i]
+ * / (sqrt(acc[r]) + eps). acc NULL: plain SGD (row r -= lr g[i]). A row
+ * with a zero gradient is left as it was, so applying it to the rows a
+ * batch touched is applying it to the whole table. */
+DT_API void dt_adagrad_rows(float *table, float *acc, const int64_t *rows, const float *g, size_t n, int dim,
+                            float lr, float eps);
+
 /* Sum of squares of g[n], accumulated in double. */
 DT_API double dt_sum_squares(const float *g, size_t n);
 

@@ -43,6 +43,31 @@ typedef struct {
 /* Name of a layer kind as used in configs ("linear", "conv2d", ...). */
 DT_API const char *dt_layer_kind_name(dt_layer_kind k);
 
+/* ---- recommender shapes (recsys.h) ---------------------------------------- */
+
+#define DT_DLRM_MAX_TABLES 32
+#define DT_DLRM_MAX_MLP 8
+
+/* A DLRM-style click model: ntables embedding tables of `dim` columns,
+ * looked up by one id each per record; a bottom MLP over the ndense dense
+ * features (widths bottom[], each layer followed by a relu, then a last
+ * layer of `dim` outputs and its relu); the interaction (the bottom
+ * output, then the dot product of every pair of the ntables + 1 vectors);
+ * a top MLP (widths top[], relus between, a last layer of one output) and
+ * the logistic loss. */
+typedef struct {
+    int ntables;
+    int64_t rows[DT_DLRM_MAX_TABLES];
+    int dim;
+    int ndense;
+    int nbottom, bottom[DT_DLRM_MAX_MLP];
+    int ntop, top[DT_DLRM_MAX_MLP];
+} dt_dlrm_spec;
+
+/* Checks the spec (sizes in range); errors (DT_ERR_CONFIG) name the field
+ * after `what`. */
+DT_API dt_status dt_dlrm_spec_check(const dt_dlrm_spec *s, const char *what);
+
 /* ---- GPT shapes (gpt.h) --------------------------------------------------- */
 
 typedef struct {

@@ -39,6 +39,7 @@ typedef struct {
                                     backward + optimizer), not waiting for others */
     int slowest_stage;           /* a pipeline's: the slowest rank's stage; else -1 */
     int rounds;                  /* 1: the steps are federated averaging's rounds (no epochs) */
+    int eval_auc;                /* 1: eval_accuracy is the area under the ROC curve (the recommender) */
 } dt_progress;
 
 typedef void (*dt_progress_fn)(const dt_progress *p, void *user);

@@ -80,3 +80,22 @@ const char *dt_sched_kind_name(dt_sched_kind kind) {
     }
 }
 
+dt_status dt_dlrm_spec_check(const dt_dlrm_spec *s, const char *what) {
+    if (s->ntables < 1 || s->ntables > DT_DLRM_MAX_TABLES)
+        return dt_error(DT_ERR_CONFIG, "%s tables: %d tables, expected 1 to %d", what, s->ntables, DT_DLRM_MAX_TABLES);
+    for (int t = 0; t < s->ntables; t++)
+        if (s->rows[t] < 1 || s->rows[t] > (1ll << 32))
+            return dt_error(DT_ERR_CONFIG, "%s tables: table %d has %lld rows, expected 1 to 2^32", what, t,
+                            (long long)s->rows[t]);
+    if (s->dim < 1 || s->dim > 4096) return dt_error(DT_ERR_CONFIG, "%s dim: %d, expected 1 to 4096", what, s->dim);
+    if (s->ndense < 0 || s->ndense > 4096)
+        return dt_error(DT_ERR_CONFIG, "%s dense: %d, expected 0 to 4096", what, s->ndense);
+    if (s->nbottom < 0 || s->nbottom > DT_DLRM_MAX_MLP || s->ntop < 0 || s->ntop > DT_DLRM_MAX_MLP)
+        return dt_error(DT_ERR_CONFIG, "%s bottom, top: at most %d widths each", what, DT_DLRM_MAX_MLP);
+    for (int i = 0; i < s->nbottom + s->ntop; i++) {
+        int w = i < s->nbottom ? s->bottom[i] : s->top[i - s->nbottom];
+        if (w < 1 || w > 65536)
+            return dt_error(DT_ERR_CONFIG, "%s %s: width %d, expected 1 to 65536", what, i < s->nbottom ? "bottom" : "top", w);
+    }
+    return DT_OK;
+}

@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 // The model tables, in one place: the first that wants the config.
-static const dt_task_ops *const tasks[] = {&dt_task_llama, &dt_task_gpt, &dt_task_classifier};
+static const dt_task_ops *const tasks[] = {&dt_task_dlrm, &dt_task_llama, &dt_task_gpt, &dt_task_classifier};
 
 const dt_task_ops *dt_task_for(const dt_config *c) {
     for (size_t i = 0; i < sizeof tasks / sizeof *tasks; i++)
@@ -282,6 +282,23 @@ static dt_status save_by_strategy(void *user, const dt_train_state *ts) {
     return s->ops->ckpt_save(s, ts);
 }
 
+// A recommender's rows from the strategy's servers (tables_remote).
+static dt_status pull_rows(void *user, const int64_t *ids, size_t n, float *vals) {
+    dt_strategy *s = user;
+    return s->ops->rows_pull(s, ids, n, vals);
+}
+
+// Before a step's forward and after its backward: the rows its share
+// touches from the servers, then their gradients back (tables_remote).
+static dt_status step_rows(const dt_task_ops *tops, dt_task *task, dt_strategy *s, int push) {
+    const int64_t *ids;
+    size_t n;
+    float *vals, *grads;
+    tops->rows(task, &ids, &n, &vals, &grads);
+    dt_status st = push ? s->ops->rows_push(s, ids, n, grads) : s->ops->rows_pull(s, ids, n, vals);
+    return st == DT_OK ? DT_OK : dt_error(st, "the tables' rows: %s", dt_last_error());
+}
+
 // One step's micro-batches, forward and backward, on this rank; *loss_sum
 // gets the sum of their losses weighted by their sizes.
 static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy *s, dt_obs *obs, int64_t step,
@@ -521,6 +538,12 @@ static dt_status build(run_state *r) {
     dt_obs_set_memory(r->obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients,
                                                          (double)mk.optimizer, (double)mk.comm,
                                                          (double)dt_memory_activations(c, r->W)});
+    if (info->tables_remote) {  // the recommender's tables on the servers: evaluation pulls its rows too
+        if (!r->sops->rows_pull || !tops->rows || !tops->set_rows_source)
+            return dt_error(DT_ERR_CONFIG, "the %s model's tables are on parameter servers, but strategy %s holds "
+                                           "no tables", tops->name, r->sops->name);
+        tops->set_rows_source(r->task, pull_rows, r->strat);
+    }
     if (r->sops->params_needed) {
         if (!tops->set_layer_hook)
             return dt_error(DT_ERR_CONFIG, "strategy %s gathers parameters layer by layer; the %s model has no "
@@ -745,8 +768,11 @@ static dt_status train_step(run_state *r, int e, int64_t *ebatch, dt_control *ct
     double lsum;
     float lr, gnorm;
     int64_t skipped0 = r->scaler.skipped;
-    st = r->sops->run_step ? r->sops->run_step(s, r->tops, r->task, r->step, &b, &lsum)
-                           : micro_steps(r->tops, r->task, s, r->obs, r->step, &b, &lsum);
+    if (r->info.tables_remote) st = step_rows(r->tops, r->task, s, 0);
+    if (st == DT_OK)
+        st = r->sops->run_step ? r->sops->run_step(s, r->tops, r->task, r->step, &b, &lsum)
+                               : micro_steps(r->tops, r->task, s, r->obs, r->step, &b, &lsum);
+    if (st == DT_OK && r->info.tables_remote) st = step_rows(r->tops, r->task, s, 1);
     if (st == DT_OK)
         st = finish_step(s, &r->ck, r->obs, &r->sched, at, lsum, b.global, r->fp16 ? &r->scaler : NULL, ctl, &lr,
                          &gnorm, &r->scaler.skipped);

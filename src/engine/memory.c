@@ -8,6 +8,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/llama.h"
 #include "dtrain/optim.h"
+#include "dtrain/recsys.h"
 #include "dtrain/train.h"
 
 #include "engine/strategies/strategy.h"
@@ -348,11 +349,41 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     staging(c, n);
 }
 
+// The recommender (docs/recommender.md): its MLPs, and the tables where
+// the worker holds them (in the block: weights, gradients and the
+// optimizer's state), or with the tables on the parameter servers a
+// batch's rows alone (the looked-up values and their gradients); the
+// click logs read whole.
+static void recsys_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
+    const dt_dlrm_spec *d = &c->dlrm;
+    size_t mlp = dt_dlrm_mlp_params(d), tables = (size_t)dt_dlrm_total_rows(d) * (size_t)d->dim;
+    int remote = c->ps_servers > 0 && c->rs_sparse;
+    n->np = n->np_whole = remote ? mlp : mlp + tables;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, n->np, c->zero, W, NULL) : sizeof(float) * n->np;
+    int B = c->batch > c->eval_batch ? c->batch : c->eval_batch, wide = dt_dlrm_interaction_size(d);
+    for (int i = 0; i < d->nbottom; i++) wide += d->bottom[i];
+    for (int i = 0; i < d->ntop; i++) wide += d->top[i];
+    size_t per = sizeof(float) * ((size_t)wide + 4 * (size_t)d->ntables * d->dim + d->ndense + 8) + 16 * (size_t)d->ntables;
+    n->rows = B;
+    n->act = per * (size_t)B;
+    snprintf(n->field, sizeof n->field, "train.batch or train.eval_batch");
+    snprintf(n->value, sizeof n->value, " (%d)", B);
+    snprintf(n->act_what, sizeof n->act_what, "activations and looked-up rows for %d records", B);
+    n->data = file_size(c->rs_train) + file_size(c->rs_test);
+    snprintf(n->data_what, sizeof n->data_what, "the click logs [recsys] train = %.250s and test = %.250s", c->rs_train,
+             c->rs_test);
+}
+
+static dt_status model_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
+    if (c->recsys) return recsys_needs(c, use, W, n), DT_OK;
+    if (c->gpt) return gpt_needs(c, use, W, n), DT_OK;
+    return classifier_needs(c, use, W, n);
+}
+
 size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {
     need_t n;
     memset(&n, 0, sizeof n);
-    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
-    else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
+    if (model_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
     dt_memory_need m = {n.act, n.model, n.ckpt, n.data, baseline(), 0, n.pieces};
     m.total = sat_add(sat_add(sat_add(m.activations, m.model), sat_add(m.data, m.checkpoints)), m.program);
     if (k) *k = m;
@@ -362,16 +393,14 @@ size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {
 int dt_memory_ckpt_pieces(const dt_config *c, int W) {
     need_t n;
     memset(&n, 0, sizeof n);
-    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
-    else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return c->ckpt_staging == DT_STAGING_PIECES;
+    if (model_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return c->ckpt_staging == DT_STAGING_PIECES;
     return n.pieces;
 }
 
 size_t dt_memory_activations(const dt_config *c, int W) {
     need_t n;
     memset(&n, 0, sizeof n);
-    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, W, &n);
-    else if (classifier_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
+    if (model_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
     return n.act;
 }
 
@@ -478,8 +507,7 @@ static size_t ckpts_at_once(const dt_config *c, const char *dir) {
 dt_status dt_check_disk(const dt_config *c, const char *run_dir) {
     need_t n;
     memset(&n, 0, sizeof n);
-    if (c->gpt) gpt_needs(c, DT_MEM_TRAIN, 1, &n);
-    else if (classifier_needs(c, DT_MEM_TRAIN, 1, &n) != DT_OK) return DT_OK;  // (the workers report it in full)
+    if (model_needs(c, DT_MEM_TRAIN, 1, &n) != DT_OK) return DT_OK;  // (the workers report it in full)
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     size_t F = sizeof(float), ck = sat_mul(F * (size_t)(1 + optim_states(c)), n.np_whole), k = ckpts_at_once(c, dir);
@@ -505,11 +533,8 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
     // Before the start: all W workers against the machine, each against its
     // limit. In a worker: its own need, against both.
     int count = starting ? W : 1, share = starting ? 1 : local_workers();
-    if (c->gpt) gpt_needs(c, use, W, &n);
-    else {
-        dt_status st = classifier_needs(c, use, W, &n);
-        if (st != DT_OK) return st;
-    }
+    dt_status mst = model_needs(c, use, W, &n);
+    if (mst != DT_OK) return mst;
     if (model_rows) *model_rows = n.rows;
     if (use == DT_MEM_TRAIN && c->offload) {
         dt_status st = check_disk(c, &n, W, starting ? W : 1);

@@ -42,6 +42,7 @@ struct dt_obs {
     int left;       // dt_obs_leave: no closing barrier
     int rank, W;
     int pipeline;                 // [parallel] pipeline: stages, to name the slowest rank's
+    int auc;                      // the evaluation's figure is an AUC (the recommender), not an accuracy
     dt_progress_fn progress;
     void *user;
     char name[64];
@@ -308,6 +309,7 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
     o->rank = dt_comm_rank(comm);
     o->W = dt_comm_size(comm);
     o->pipeline = c->pipeline;
+    o->auc = c->recsys;
     if (o->rank == 0) {
         o->progress = progress;
         o->user = user;
@@ -615,7 +617,7 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
 
     if (o->progress) {
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, s->loss, s->lr, o->rate, eta, 0, 0, 0,
-                         o->trate, o->W, slowest, work_seconds(o, slowest), sstage, s->rounds};
+                         o->trate, o->W, slowest, work_seconds(o, slowest), sstage, s->rounds, o->auc};
         o->progress(&p, o->user);
     }
     o->prev_opt = o->acc[DT_OBS_OPTIMIZER];
@@ -632,7 +634,7 @@ void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accura
     cJSON_AddNumberToObject(j, "epoch", s->epoch);
     num(j, "train_loss", train_loss);
     num(j, "loss", eval_loss);
-    if (eval_accuracy >= 0) num(j, "accuracy", eval_accuracy);
+    if (eval_accuracy >= 0) num(j, "accuracy", eval_accuracy);  // (the recommender's: its AUC)
     num(j, "seconds", o->acc[DT_OBS_EVAL]);
     log_record(o, j);
     o->acc[DT_OBS_EVAL] = 0;
@@ -643,7 +645,7 @@ void dt_obs_eval(dt_obs *o, float train_loss, float eval_loss, float eval_accura
     pthread_mutex_unlock(&o->mu);
     if (o->progress) {
         dt_progress p = {s->step, s->total_steps, s->epoch, s->epochs, train_loss, s->lr, o->rate, 0, 1, eval_loss,
-                         eval_accuracy, o->trate, o->W, -1, 0, -1, s->rounds};
+                         eval_accuracy, o->trate, o->W, -1, 0, -1, s->rounds, o->auc};
         o->progress(&p, o->user);
     }
 }

@@ -18,6 +18,11 @@ void dt_progress_format(const dt_progress *p, char *buf, size_t n) {
                  (long long)p->total_steps, p->loss, p->eval_loss);
         return;
     }
+    if (p->is_eval && p->eval_auc) {
+        snprintf(buf, n, "%s %d/%d done | train loss %.4f | test loss %.4f | test AUC %.4f", "epoch", p->epoch,
+                 p->epochs, p->loss, p->eval_loss, p->eval_accuracy);
+        return;
+    }
     if (p->is_eval) {
         snprintf(buf, n, "%s %d/%d done | train loss %.4f | test loss %.4f | test accuracy %.2f%%",
                  p->rounds ? "round" : "epoch", p->epoch, p->epochs, p->loss, p->eval_loss, 100.0 * p->eval_accuracy);

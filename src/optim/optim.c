@@ -101,6 +101,22 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, flo
     dt_optim_update(o, 0, o->n, params, grads, lr, grad_scale);
 }
 
+void dt_adagrad_rows(float *table, float *acc, const int64_t *rows, const float *g, size_t n, int dim, float lr,
+                     float eps) {
+    for (size_t i = 0; i < n; i++) {
+        float *w = table + (size_t)rows[i] * dim;
+        const float *gi = g + i * (size_t)dim;
+        float step = lr;
+        if (acc) {
+            float ss = 0;
+            for (int k = 0; k < dim; k++) ss += gi[k] * gi[k];
+            acc[rows[i]] += ss / (float)dim;
+            step = lr / (sqrtf(acc[rows[i]]) + eps);
+        }
+        for (int k = 0; k < dim; k++) w[k] -= step * gi[k];
+    }
+}
+
 double dt_sum_squares(const float *g, size_t n) {
     // Fixed-size blocks summed in order: the result does not depend on the
     // thread count.

@@ -110,6 +110,7 @@ static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  //
 static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "blocks", NULL};
 static const char *const arch_names[] = {"gpt", "llama", NULL};  // dt_arch
+static const char *const table_optim_names[] = {"adagrad", "sgd", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -237,6 +238,18 @@ static const field fields[] = {
     {"compression", "momentum", F_FLOAT, O(comp_momentum), 0, 0.999999, NULL},
     {"compression", "clip_norm", F_FLOAT, O(comp_clip_norm), 0, 1e9, NULL},
     {"compression", "min_bytes", F_INT, O(comp_min_bytes), 0, 1 << 30, NULL},
+    // ---- the recommender's (docs/recommender.md), written out for preset dlrm alone ----
+    {"recsys", "tables", F_STR, O(rs_tables), 0, 0, NULL},
+    {"recsys", "dim", F_INT, O(dlrm.dim), 1, 4096, NULL},
+    {"recsys", "dense", F_INT, O(dlrm.ndense), 0, 4096, NULL},
+    {"recsys", "bottom", F_STR, O(rs_bottom), 0, 0, NULL},
+    {"recsys", "top", F_STR, O(rs_top), 0, 0, NULL},
+    {"recsys", "train", F_STR, O(rs_train), 0, 0, NULL},
+    {"recsys", "test", F_STR, O(rs_test), 0, 0, NULL},
+    {"recsys", "table_optim", F_ENUM, O(rs_table_optim), 0, 0, table_optim_names},
+    {"recsys", "table_lr", F_FLOAT, O(rs_table_lr), 0, 1e6, NULL},
+    {"recsys", "table_eps", F_FLOAT, O(rs_table_eps), 0, 1, NULL},
+    {"recsys", "sparse", F_BOOL, O(rs_sparse), 0, 1, NULL},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},
@@ -293,6 +306,13 @@ void dt_config_defaults(dt_config *c) {
     const char *h5[4] = {"train/images", "train/labels", "test/images", "test/labels"};
     for (int i = 0; i < 4; i++) snprintf(c->h5_names[i], sizeof c->h5_names[i], "%s", h5[i]);
     c->optim = dt_optim_default_params(DT_OPTIM_SGD);
+    c->dlrm.dim = 16;
+    c->dlrm.ndense = 4;
+    snprintf(c->rs_bottom, sizeof c->rs_bottom, "32");
+    snprintf(c->rs_top, sizeof c->rs_top, "32");
+    c->rs_table_lr = 0.05f;
+    c->rs_table_eps = 1e-8f;
+    c->rs_sparse = 1;
     c->sched = DT_SCHED_CONSTANT;
     c->batch = 64;
     c->eval_batch = 1000;
@@ -770,9 +790,58 @@ static dt_status finish_data(const dt_config *c, const char *what) {
     return DT_OK;
 }
 
+// A list of whole numbers "a,b,c" into out[max]; the count, or -1.
+static int int_list(const char *text, int64_t lo, int64_t hi, int64_t *out, int max) {
+    int n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        while (*p == ' ') p++;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < lo || v > hi || n == max) return -1;
+        out[n++] = v;
+        for (p = end; *p == ' '; p++) {}
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return n;
+}
+
+// [model] preset = dlrm: the shape from [recsys]'s lists.
+static dt_status finish_recsys(dt_config *c, const char *what) {
+    c->recsys = 1;
+    dt_dlrm_spec *s = &c->dlrm;
+    int64_t v[DT_DLRM_MAX_TABLES];
+    int n = int_list(c->rs_tables, 1, 1ll << 32, s->rows, DT_DLRM_MAX_TABLES);
+    if (n < 1)
+        return dt_error(DT_ERR_CONFIG, "%s: [recsys] tables: expected the row counts of 1 to %d tables, as "
+                        "'100000,5000,300' (each 1 to 2^32), got '%s'", what, DT_DLRM_MAX_TABLES, c->rs_tables);
+    s->ntables = n;
+    const char *key[2] = {"bottom", "top"};
+    const char *text[2] = {c->rs_bottom, c->rs_top};
+    int *cnt[2] = {&s->nbottom, &s->ntop}, *w[2] = {s->bottom, s->top};
+    for (int k = 0; k < 2; k++) {
+        if ((n = int_list(text[k], 1, 65536, v, DT_DLRM_MAX_MLP)) < 0)
+            return dt_error(DT_ERR_CONFIG, "%s: [recsys] %s: expected up to %d hidden widths, as '64,32' (each 1 to "
+                            "65536; empty: none), got '%s'", what, key[k], DT_DLRM_MAX_MLP, text[k]);
+        *cnt[k] = n;
+        for (int i = 0; i < n; i++) w[k][i] = (int)v[i];
+    }
+    if (!c->rs_train[0]) return dt_error(DT_ERR_CONFIG, "%s: [recsys] train: preset dlrm needs a click log", what);
+    if (c->pipeline > 1 || c->tensor > 1)
+        return dt_error(DT_ERR_CONFIG, "%s: [parallel] %s: preset dlrm has no stages or shards of its MLPs; its tables "
+                        "shard by row over parameter servers ([parallel] servers)", what,
+                        c->pipeline > 1 ? "pipeline" : "tensor");
+    char msg[512];
+    if (dt_dlrm_spec_check(s, "[recsys]") != DT_OK)
+        return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
+    return DT_OK;
+}
+
 static dt_status finish(dt_config *c, const char *what) {
     int lm = !strncmp(c->preset, "gpt", 3) || !strncmp(c->preset, "llama", 5) || c->arch == DT_ARCH_LLAMA;
-    dt_status st = lm ? finish_gpt(c, what) : finish_layers(c, what);
+    c->recsys = 0;
+    dt_status st = lm ? finish_gpt(c, what) : !strcmp(c->preset, "dlrm") ? finish_recsys(c, what) : finish_layers(c, what);
     if (st == DT_OK) st = finish_data(c, what);
     if (st != DT_OK) return st;
     if (c->batch % c->grad_accum)
@@ -893,7 +962,7 @@ char *dt_config_format(const dt_config *c) {
     }
     for (int k = 0; k < ns; k++) {
         fprintf(m, "\n[%s]\n", secs[k]);
-        if (!strcmp(secs[k], "model") && !c->gpt) {
+        if (!strcmp(secs[k], "model") && !c->gpt && !c->recsys) {
             fprintf(m, "input = %dx%dx%d\n", c->input[0], c->input[1], c->input[2]);
             for (int l = 0; l < c->nlayers; l++) {
                 char b[128];
@@ -905,7 +974,8 @@ char *dt_config_format(const dt_config *c) {
             const field *f = &fields[i];
             if (strcmp(f->sec, secs[k])) continue;
             if (!c->gpt && f >= gpt_fields) continue;  // GPT fields only for GPTs
-            if (!strcmp(f->key, "preset") && !c->gpt) continue;  // written out as layers above
+            if (!c->recsys && !strcmp(f->sec, "recsys")) continue;  // the recommender's only for it
+            if (!strcmp(f->key, "preset") && !c->gpt && !c->recsys) continue;  // written out as layers above
             if (c->arch != DT_ARCH_LLAMA && llama_only(f)) continue;  // (a GPT's text is as it was before them)
             const char *src = (const char *)c + f->off;
             switch (f->type) {

@@ -22,6 +22,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_make_clicks(int argc, char **argv);
 
 /* Prints "dtrain: error: ..." to stderr, control characters escaped
  * (dt_escape_text). */

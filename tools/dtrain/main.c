@@ -19,6 +19,7 @@ static const struct {
     {"prepare-text", cmd_prepare_text, "text files -> byte-level GPT token files"},
     {"convert", cmd_convert, "GPT weights between llm.c and safetensors"},
     {"convert-data", cmd_convert_data, "an IDX data set into one HDF5 file"},
+    {"make-clicks", cmd_make_clicks, "a synthetic click log from a planted model (the recommender)"},
     {"sample", cmd_sample, "generate text with a trained GPT"},
     {"report", cmd_report, "an HTML report of a run directory (charts, per-rank times)"},
     {"inspect", cmd_inspect, "show a checkpoint's training state and tensors, verify it"},

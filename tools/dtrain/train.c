@@ -824,10 +824,11 @@ int cmd_train(int argc, char **argv) {
         return 0;
     }
     if (r.rank == 0)
-        printf("trained %lld steps in %.1f s (%.0f samples/s, %d worker%s x %d thread%s): test accuracy %.4f, "
+        printf("trained %lld steps in %.1f s (%.0f samples/s, %d worker%s x %d thread%s): test %s %.4f, "
                "test loss %.4f\nrun directory: %s\n",
                (long long)r.steps, r.wall_seconds, r.samples_per_sec, r.workers, r.workers > 1 ? "s" : "",
-               r.threads, r.threads > 1 ? "s" : "", r.test_accuracy, r.test_loss, a.run_dir);
+               r.threads, r.threads > 1 ? "s" : "", c.recsys ? "AUC" : "accuracy", r.test_accuracy, r.test_loss,
+               a.run_dir);
     return 0;
 }
 

@@ -148,6 +148,13 @@ typedef struct dt_strategy_ops {
      * strategy's own ranks instead of the loop's writer (when
      * s->ckpt_saves), called on every rank at the same steps. */
     dt_status (*ckpt_save)(dt_strategy *s, const dt_train_state *ts);
+    /* A recommender's tables held by the strategy's servers (task.h's
+     * tables_remote; docs/recommender.md): rows_pull fills vals[n, dim]
+     * with rows ids[n] (global numbers, sorted, distinct) as of this
+     * rank's step; rows_push sends their gradients g[n, dim] of the step
+     * (sent every step, n = 0 too). NULL: a strategy that holds no tables. */
+    dt_status (*rows_pull)(dt_strategy *s, const int64_t *ids, size_t n, float *vals);
+    dt_status (*rows_push)(dt_strategy *s, const int64_t *ids, size_t n, const float *g);
     /* Fields of its own for rank 0's summary.json (a JSON object; NULL: none). */
     void (*summary)(dt_strategy *s, struct cJSON *o);
     /* 1: every rank holds the whole state (parameters, optimizer state)

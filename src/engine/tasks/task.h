@@ -73,11 +73,17 @@ typedef struct {
     int64_t tokens_per_sample;        /* language models: tokens a sample trains; else 0 */
     int has_eval;                     /* evaluate() has data to run on */
     dt_rng rng;                       /* the data stream's initial state (checkpointed) */
+    int tables_remote;                /* the model's embedding tables are on the strategy's servers, not in the
+                                         block: the loop pulls and pushes each step's rows (rows) */
     char describe[512];               /* model and data, for the start line */
     dt_dev_blocks *device;            /* [train] device = cuda: the blocks the steps use are these, on the
                                          device (params and grads above are the host's copy, kept current
                                          by the strategy for evaluations and checkpoints); NULL: the CPU */
 } dt_task_info;
+
+/* Rows [n, dim] of embedding tables by their global numbers ids[n]
+ * (sorted, distinct) into vals: where a recommender's tables live. */
+typedef dt_status (*dt_task_rows_fn)(void *user, const int64_t *ids, size_t n, float *vals);
 
 /* This rank's part of a global batch. */
 typedef struct {
@@ -193,6 +199,15 @@ typedef struct dt_task_ops {
      * this rank alone (share = global), in batches of `batch` reshuffled
      * each epoch from seed; n = 0: the whole set as created. */
     dt_status (*set_subset)(dt_task *t, const uint32_t *idx, int n, int batch, uint64_t seed);
+    /* A recommender whose tables are on the servers (dt_task_info's
+     * tables_remote): the distinct rows this rank's share of the batch
+     * touches, which next_batch lists: their global numbers ids[n], the
+     * buffer their values go into before forward (vals[n, dim]) and the one
+     * backward adds their gradients to (grads[n, dim]; zero_grad clears
+     * it). set_rows_source: where evaluation gets its rows. NULL: a model
+     * without such tables. */
+    void (*rows)(dt_task *t, const int64_t **ids, size_t *n, float **vals, float **grads);
+    void (*set_rows_source)(dt_task *t, dt_task_rows_fn fn, void *user);
 } dt_task_ops;
 
 /* The task for a config (the registry in loop.c). */
@@ -246,5 +261,6 @@ dt_status dt_task_write_weights(const char *path, const dt_tensor_info *tensors,
 extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
 extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
 extern const dt_task_ops dt_task_llama;      /* engine/tasks/llama.c */
+extern const dt_task_ops dt_task_dlrm;       /* engine/tasks/dlrm.c */
 
 #endif

@@ -11,8 +11,9 @@
 
 const char *ps_kind_name(int64_t k) {
     static const char *names[] = {"INIT", "PUSH", "COMMIT", "FETCH", "END", "NORM", "WEIGHTS", "STATES",
-                                  "JOIN", "JOINED", "RESUME", "DESC", "SAVE", "SAVED", "HELLO", "HELLOED"};
-    return k > PS_MAGIC && k <= M_HELLOED ? names[k - PS_MAGIC - 1] : "unknown";
+                                  "JOIN", "JOINED", "RESUME", "DESC", "SAVE", "SAVED", "HELLO", "HELLOED",
+                                  "PULL", "SPUSH", "ROWS"};
+    return k > PS_MAGIC && k <= M_ROWS ? names[k - PS_MAGIC - 1] : "unknown";
 }
 
 // Waits for every request of r[0..n) (NULL ones are skipped); the first error.

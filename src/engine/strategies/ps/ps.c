@@ -119,6 +119,10 @@ const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup"};
 
 static dt_status ps_check(const dt_config *c, int W) {
     const char *m = ps_mode_names[c->ps_mode];
+    if (ps_has_tables(c)) {
+        dt_status tst = ps_tables_check(c);
+        if (tst != DT_OK) return tst;
+    }
     if (c->ps_groups > W)
         return dt_error(DT_ERR_CONFIG, "[ps] groups = %d: more groups than the %d workers", c->ps_groups, W);
     if (c->ps_groups > 0 && c->ps_mode != MODE_SYNC)
@@ -292,6 +296,7 @@ static void ps_fini(dt_strategy *s) {
         }
     dt_comm_destroy(w->group);
     dt_codec_free(w->codec);
+    free(w->rlo);
     free(w->slo);
     free(w->ver);
     free(w->sinc);
@@ -354,6 +359,11 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
     cJSON_AddNumberToObject(ps, "workers_rejoined", (double)t[ST_REJOINED]);
     cJSON_AddStringToObject(ps, "share", s->units > 0 ? "dynamic" : "fixed");
     if (s->units > 0) cJSON_AddNumberToObject(ps, "pieces", (double)t[ST_PIECES]);
+    if (ps_has_tables(s->c)) {  // the recommender's tables: bytes a worker moves a step, rows and block apart
+        double n = w->table_steps > 0 ? (double)w->table_steps : 1;
+        cJSON_AddNumberToObject(ps, "table_bytes_per_step", (double)w->table_bytes / n);
+        cJSON_AddNumberToObject(ps, "dense_bytes_per_step", (double)w->dense_bytes / n);
+    }
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)
         if (t[k]) last = k;
@@ -383,4 +393,6 @@ const dt_strategy_ops dt_strategy_ps = {
     .alone_from = ps_alone_from,
     .serve = ps_serve,
     .summary = ps_summary,
+    .rows_pull = ps_rows_pull,
+    .rows_push = ps_rows_push,
 };

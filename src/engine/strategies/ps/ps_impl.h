@@ -53,6 +53,9 @@ enum {
     M_SAVED,
     M_HELLO,
     M_HELLOED,
+    M_PULL,
+    M_SPUSH,
+    M_ROWS,
 };
 
 // Statistics a server keeps (sent with STATES): the staleness of every
@@ -121,6 +124,9 @@ typedef struct {
     int leader;           // this worker talks to the servers
     float weight;         // async, ssp: the share's part of the global batch, which the server's learning rate scales by
     double t_first, t_backward_end;
+    int64_t *rlo;         // the recommender's tables (rows.c): each server's first row, S + 1 of them
+    uint64_t table_bytes, dense_bytes;  // bytes of rows pulled and pushed, and of the block's pushes and weights
+    int64_t table_steps;  // steps that pulled and pushed rows
     dt_status err;
     char errmsg[1024];
 } ps_worker;
@@ -150,6 +156,11 @@ typedef struct {
     int64_t doing;    // server 0: the piece it trains now (-1: none, its epoch's are all out)
     int64_t cseq;     // the workers' collectives its COMMIT says it had made (ps_rejoin), and those of
     int64_t done_cseq;// its last step done with (before `step`; -1: none since the start)
+    int64_t rows_pushed;  // the recommender's tables (rows.c): steps whose rows it pushed
+    int64_t *ids;     // its held pull's rows (a pull waits for the rows of the steps before it: sync)
+    size_t nids, cap;
+    int64_t pull_step;
+    int pull_held;
     int save_owed;    // its SAVE's checkpoint is being written: SAVED (of save_step) once it is (ps_saved)
     int64_t save_step;
     double lr, scale;
@@ -183,6 +194,15 @@ typedef struct {
     int robust;         // mode sync: the pushes are screened and combined by [ps] aggregator (robust.c)
     dt_attack attack;   // DTRAIN_ATTACK (tests, benches): the first workers' pushes replaced
     float *rows;        // deterministic and robust: the N pushes as floats (N x len)
+    struct {            // the recommender's tables: rows [lo, lo + n) of them (rows.c); n = 0: none
+        int64_t lo, n, step;  // step: the steps applied (sync: every worker's rows of a step summed first)
+        int dim;
+        float *tab, *acc;     // [n, dim]; row-wise AdaGrad's sums [n] (NULL: sgd)
+        int32_t *slot;        // [n]: a row's place among the step's summed gradients (-1: none yet)
+        float *sg, *g;        // the step's summed gradients [cap, dim]; a push's [cap, dim]
+        int64_t *sids, *ids;  // their rows (local numbers); a push's rows
+        size_t ns, cap;
+    } tb;
 } server;
 
 // ----------------------------------------------------------------------------
@@ -243,6 +263,16 @@ dt_status ps_resume(server *sv, int wi);
 
 // robust.c
 dt_status ps_reduce_pushes(server *sv);
+
+// rows.c: the recommender's tables on the servers
+dt_status ps_rows_pull(dt_strategy *s, const int64_t *ids, size_t n, float *vals);
+dt_status ps_rows_push(dt_strategy *s, const int64_t *ids, size_t n, const float *g);
+int ps_has_tables(const dt_config *c);
+dt_status ps_tables_check(const dt_config *c);
+dt_status ps_tables_setup(server *sv);
+void ps_tables_free(server *sv);
+dt_status ps_take_pull(server *sv, int wi);
+dt_status ps_take_rows(server *sv, int wi);
 
 // server.c
 dt_status ps_setup(server *sv);

@@ -128,6 +128,12 @@ static dt_status handle(server *sv, int wi) {
     case M_RESUME:  // ... going on from that step, with the newest weights
         st = ps_resume(sv, wi);
         break;
+    case M_PULL:  // the recommender's rows (rows.c)
+        st = ps_take_pull(sv, wi);
+        break;
+    case M_SPUSH:  // ... and their gradients
+        st = ps_take_rows(sv, wi);
+        break;
     case M_END:
         return take_end(sv, wi);  // no further header from it
     default:
@@ -386,6 +392,7 @@ dt_status ps_setup(server *sv) {
         return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
     if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
+    if (st == DT_OK && ps_has_tables(sv->c)) st = ps_tables_setup(sv);
     return st;
 }
 
@@ -436,6 +443,7 @@ static dt_status server_free(server *sv, dt_status st) {
         if (st == DT_OK && w != DT_OK) st = dt_error(w, "server %d, checkpoint: %s", sv->me, dt_last_error());
         dt_ckpt_writer_free(sv->writer);
     }
+    ps_tables_free(sv);
     ps_desc_free(&sv->desc);
     free(sv->ranks);
     free(sv->msg);
