@@ -75,26 +75,14 @@ static dt_gpt_config gpt_config(const dt_config *c) {
 dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy,
                                  int *n) {
     dt_set_threads(c->threads);
-    const char *file = c->val_file[0] ? c->val_file : c->train_file;
     dt_gpt_config gc = gpt_config(c);
-    int B = c->batch, T = c->seq_len;
-    dt_tokens val = {0};
     dt_gpt *m = NULL;
     dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
-    int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
-    if (st == DT_OK && !(x && y)) st = dt_error(DT_ERR_NOMEM, "out of memory");
-    if (st == DT_OK) st = dt_tokens_open(&val, file, c->vocab_size);
-    if (st == DT_OK) st = dt_gpt_create(&m, &gc, B, T);
+    if (st == DT_OK) st = dt_gpt_create(&m, &gc, c->batch, c->seq_len);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
     gpt_fwd f = {m, NULL};
-    if (st == DT_OK)
-        st = dt_task_val_loss(gpt_lm_forward, &f, &val, c->eval_batches * B, B, T, c->vocab_size, x, y, NULL, NULL,
-                              loss, accuracy);
-    if (n) *n = c->eval_batches * B * T;
+    if (st == DT_OK) st = dt_task_eval_tokens(c, gpt_lm_forward, &f, loss, accuracy, n);
     dt_gpt_free(m);
-    dt_tokens_close(&val);
-    free(x);
-    free(y);
     return st;
 }
 
@@ -491,13 +479,8 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     dt_task_hook hook = {t->layer_fn, t->layer_user, DT_GPT_EMBED, t->gc.n_layer};
     st = dt_task_val_loss(gpt_lm_forward, &f, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->gc.vocab_size, t->x,
                           t->y, t->ntp > 1 ? t->rest : comm, &hook, loss, NULL);
-    if (st != DT_OK) return st;
-    cJSON *e = cJSON_CreateObject();
-    cJSON_AddNumberToObject(e, "step", (double)step);
-    cJSON_AddNumberToObject(e, "train_loss", train_loss);
-    cJSON_AddNumberToObject(e, "val_loss", *loss);
-    cJSON_AddItemToArray(t->history, e);
-    return DT_OK;
+    if (st == DT_OK) dt_task_history_add(t->history, step, train_loss, *loss);
+    return st;
 }
 
 static dt_status gpt_save(dt_task *t, const char *path, dt_comm_t comm, size_t lo, size_t hi) {

@@ -339,36 +339,19 @@ static dt_status llama_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float 
     dt_task_hook hook = {t->layer_fn, t->layer_user, -1, t->lc.n_layer};
     dt_status st = dt_task_val_loss(llama_lm_forward, t->m, &t->val, t->c->eval_batches * t->B, t->Bm, t->T,
                                     t->lc.vocab_size, t->x, t->y, comm, &hook, loss, NULL);
-    if (st != DT_OK) return st;
-    cJSON *e = cJSON_CreateObject();
-    cJSON_AddNumberToObject(e, "step", (double)step);
-    cJSON_AddNumberToObject(e, "train_loss", train_loss);
-    cJSON_AddNumberToObject(e, "val_loss", *loss);
-    cJSON_AddItemToArray(t->history, e);
-    return DT_OK;
+    if (st == DT_OK) dt_task_history_add(t->history, step, train_loss, *loss);
+    return st;
 }
 
 dt_status dt_llama_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
     dt_set_threads(c->threads);
-    const char *file = c->val_file[0] ? c->val_file : c->train_file;
     dt_llama_config lc = llama_config(c);
-    int B = c->batch, T = c->seq_len;
-    dt_tokens val = {0};
     dt_llama *m = NULL;
     dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
-    int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
-    if (st == DT_OK && !(x && y)) st = dt_error(DT_ERR_NOMEM, "out of memory");
-    if (st == DT_OK) st = dt_llama_create(&m, &lc, B, T);
+    if (st == DT_OK) st = dt_llama_create(&m, &lc, c->batch, c->seq_len);
     if (st == DT_OK) st = dt_llama_load(m, weights);  // (the weights first: a wrong file before the data loads)
-    if (st == DT_OK) st = open_tokens(&val, file, c);
-    if (st == DT_OK)
-        st = dt_task_val_loss(llama_lm_forward, m, &val, c->eval_batches * B, B, T, c->vocab_size, x, y, NULL, NULL,
-                              loss, accuracy);
-    if (n) *n = c->eval_batches * B * T;
+    if (st == DT_OK) st = dt_task_eval_tokens(c, llama_lm_forward, m, loss, accuracy, n);
     dt_llama_free(m);
-    dt_tokens_close(&val);
-    free(x);
-    free(y);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include "engine/tasks/task.h"
 #include "engine/checkpoints.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest) {
@@ -68,6 +69,29 @@ dt_status dt_task_val_loss(dt_task_lm_fn fwd, void *user, const dt_tokens *val, 
     *loss = (float)(sums[0] / windows);
     if (acc) *acc = (float)(sums[1] / ((double)windows * T));
     return DT_OK;
+}
+
+dt_status dt_task_eval_tokens(const dt_config *c, dt_task_lm_fn fwd, void *user, float *loss, float *acc, int *n) {
+    const char *file = c->val_file[0] ? c->val_file : c->train_file;
+    int B = c->batch, T = c->seq_len;
+    dt_tokens val = {0};
+    int32_t *x = malloc(sizeof(int32_t) * B * T), *y = malloc(sizeof(int32_t) * B * T);
+    dt_status st = x && y ? dt_tokens_open(&val, file, c->vocab_size) : dt_error(DT_ERR_NOMEM, "out of memory");
+    if (st == DT_OK)
+        st = dt_task_val_loss(fwd, user, &val, c->eval_batches * B, B, T, c->vocab_size, x, y, NULL, NULL, loss, acc);
+    if (n) *n = c->eval_batches * B * T;
+    dt_tokens_close(&val);
+    free(x);
+    free(y);
+    return st;
+}
+
+void dt_task_history_add(cJSON *history, int64_t step, float train_loss, float val_loss) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "step", (double)step);
+    cJSON_AddNumberToObject(e, "train_loss", train_loss);
+    cJSON_AddNumberToObject(e, "val_loss", val_loss);
+    cJSON_AddItemToArray(history, e);
 }
 
 // What of the whole block this rank holds: its parts (fill), or its slice

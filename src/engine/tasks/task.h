@@ -249,6 +249,14 @@ typedef struct {
  * this rank's alone). */
 dt_status dt_task_val_loss(dt_task_lm_fn fwd, void *user, const dt_tokens *val, int windows, int Bc, int T, int V,
                            int32_t *x, int32_t *y, dt_comm_t comm, const dt_task_hook *hook, float *loss, float *acc);
+/* `dtrain eval` of a language model (built and loaded by the caller): its
+ * loss and next-token accuracy through fwd over eval_batches batches of
+ * [data] val_file's windows (train_file's where there is none); *n the
+ * tokens. */
+dt_status dt_task_eval_tokens(const dt_config *c, dt_task_lm_fn fwd, void *user, float *loss, float *acc, int *n);
+/* One evaluation's entry {step, train_loss, val_loss} appended to a
+ * language model's val_history. */
+void dt_task_history_add(cJSON *history, int64_t step, float train_loss, float val_loss);
 
 /* A task's save (above): the weights file of tensors[n] from params (this
  * rank's block, valid in [lo, hi); or its parts, through fill and user:
