@@ -505,7 +505,7 @@ static dt_status build(run_state *r) {
     dt_strategy_args sa = {c, r->comm, info->params, info->grads, info->nparams, info->order, info->norder, r->obs,
                            info->order_layer, r->all, info->order_split, info->nwhole, info->part_fill,
                            info->part_take, info->part_user, info->replicas, info->tensor_group, info->matrices,
-                           info->nmatrices, info->tied};
+                           info->nmatrices, info->tied, info->frozen, info->nfrozen};
     if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
     // What this rank keeps of the model (a pipeline stage: its layers).
     if (r->sops->layout &&

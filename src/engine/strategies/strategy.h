@@ -74,6 +74,8 @@ typedef struct {
     const dt_grad_matrix *matrices;   /* the block's 2-D tensors, for the gradient codec (NULL, 0: none) */
     int nmatrices;
     int tied;                    /* the order's first range is used by the first and the last layer (task.h) */
+    const dt_grad_range *frozen; /* ranges the optimizer leaves alone (task.h), nfrozen */
+    int nfrozen;
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {

@@ -61,6 +61,9 @@ typedef struct {
     int sliced;                       /* create set this rank's ZeRO-3 slice of the parameters alone
                                          (dt_shard_range over the ranks), every rank its own from the same
                                          stream: the loop does not share them at the start either */
+    const dt_grad_range *frozen;      /* ranges of the block the optimizer leaves alone (batch norm's running
+                                         statistics: nn.h dt_model_buffer_ranges), in order; NULL, 0: none */
+    int nfrozen;
     int tied;                         /* the order's first range is used by the first and the last layer
                                          too (the GPT's wte, its tied head): a pipeline's end stages keep it */
     int ntensors;
