@@ -60,7 +60,7 @@ struct dt_model {
     int ntensors;
     dt_tensor_info *tensors;
     dt_tensor_info *wtensors;   // as the whole model has them (its shapes and offsets)
-    char (*names)[40];
+    char (*names)[48];
     uint64_t seed, drop_step;   // dropout key (dt_model_set_dropout_key)
     int64_t drop_first;
     dt_grad_ready_fn hook;
@@ -129,7 +129,7 @@ static dt_status plan_layer(layer_t *l, int idx) {
                             "layer %d (%s): input is %dx%dx%d; add a flatten layer before it",
                             idx, kn, l->in[0], l->in[1], l->in[2]);
         l->w_n = (size_t)s->out * inf;
-        l->b_n = s->out;
+        l->b_n = s->nobias ? 0 : s->out;
         l->out[0] = s->out;
         break;
     }
@@ -602,7 +602,7 @@ static void tensor_of(dt_tensor_info *t, const layer_t *l, int bias, int k, size
 // The named tensors of a batchnorm or block layer (PyTorch's names after
 // "<index>."), offsets from its w_off; returns how many (0 for other kinds).
 typedef struct {
-    char name[24];
+    char name[32];
     int ndim;
     int64_t shape[4];
     size_t off, n;
@@ -708,7 +708,7 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
         int nsub = layer_subs(l, sub);
         for (int k = 0; k < nsub; k++) {
             dt_tensor_info *ti = &m->tensors[m->ntensors];
-            snprintf(m->names[m->ntensors], sizeof m->names[0], "%d.%.24s", i, sub[k].name);
+            snprintf(m->names[m->ntensors], sizeof m->names[0], "%d.%.31s", i, sub[k].name);
             *ti = (dt_tensor_info){.name = m->names[m->ntensors], .ndim = sub[k].ndim, .offset = l->w_off + sub[k].off,
                                    .numel = sub[k].n};
             memcpy(ti->shape, sub[k].shape, sizeof ti->shape);
@@ -1120,7 +1120,7 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             // row-parallel: the shards' partial outputs are summed, the bias added once
-            dt_linear_forward(l->act, in, w, l->tp == 2 && m->tp ? NULL : b, B, l->in[0], l->out[0]);
+            dt_linear_forward(l->act, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, B, l->in[0], l->out[0]);
             // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
             if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
             break;
@@ -1232,7 +1232,7 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
         const float *in = i > 0 ? L[i - 1].act : x;
         float *din = i > 0 ? L[i - 1].dact : NULL;
         const float *w = m->params + l->w_off;
-        float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
+        float *dw = m->grads + l->w_off, *db = l->b_n ? m->grads + l->b_off : NULL;
         dt_status st = hooks && m->layer_hook ? m->layer_hook(i, 1, m->layer_hook_user) : DT_OK;
         if (st != DT_OK) return st;
         size_t n = (size_t)B * out_numel(l);
@@ -1255,7 +1255,7 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
             break;
         case DT_LAYER_CONV2D: {
             dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_backward(din, dw, l->b_n ? db : NULL, l->aux2, l->act, l->dact, l->aux, w, &cs, 1);
+            dt_conv_backward(din, dw, db, l->aux2, l->act, l->dact, l->aux, w, &cs, 1);
             break;
         }
         case DT_LAYER_BATCHNORM:

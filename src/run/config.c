@@ -382,7 +382,7 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
         return snprintf(err, errn, "unknown layer '%s' (expected linear, conv2d, maxpool, relu, gelu, layernorm, dropout, flatten, batchnorm, block or avgpool)", tok), -1;
     s->kind = (dt_layer_kind)k;
     // Which parameters each kind takes.
-    const char *allowed = s->kind == DT_LAYER_LINEAR    ? "out"
+    const char *allowed = s->kind == DT_LAYER_LINEAR    ? "out bias"
                           : s->kind == DT_LAYER_CONV2D  ? "out kernel stride pad bias"
                           : s->kind == DT_LAYER_MAXPOOL ? "kernel stride"
                           : s->kind == DT_LAYER_DROPOUT ? "p"
@@ -441,7 +441,7 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
 static void format_layer(const dt_layer_spec *s, char *buf, size_t n) {
     int w = snprintf(buf, n, "%s", dt_layer_kind_name(s->kind));
     switch (s->kind) {
-    case DT_LAYER_LINEAR: snprintf(buf + w, n - w, " out=%d", s->out); break;
+    case DT_LAYER_LINEAR: snprintf(buf + w, n - w, " out=%d%s", s->out, s->nobias ? " bias=false" : ""); break;
     case DT_LAYER_CONV2D:
         w += snprintf(buf + w, n - w, " out=%d kernel=%d stride=%d pad=%d", s->out, s->kernel,
                       s->stride ? s->stride : 1, s->pad);
