@@ -252,6 +252,11 @@ typedef dt_status (*dt_model_isum_fn)(int64_t *buf, size_t n, void *user);
  * the same ones. Every worker must run the same number of training
  * forwards. */
 DT_API void dt_model_set_batch_sum(dt_model *m, dt_model_isum_fn fn, void *user, int sync);
+/* The workers' sums of a training forward and backward with no samples of
+ * this worker's (a share, or a micro-batch, that another worker has and
+ * this one has not): the same calls with zeros, so that the others' sums
+ * pair up. DT_OK at once without a sum function. */
+DT_API dt_status dt_model_batch_norm_idle(dt_model *m);
 /* Whether the layers have a batch norm (a batchnorm layer or a block). */
 DT_API int dt_layers_have_batchnorm(const dt_layer_spec *layers, int nlayers);
 

@@ -306,7 +306,7 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
         dt_obs_end(obs, DT_OBS_BACKWARD);
         *loss_sum += (double)loss * s->len[k];
     }
-    return DT_OK;
+    return tops->micro_pad ? tops->micro_pad(task, nm) : DT_OK;
 }
 
 // Dynamic batching: every rank's forward and backward time and share of

@@ -939,11 +939,11 @@ static float bn_momentum(const dt_layer_spec *s) { return s->momentum > 0 ? s->m
 
 // The mean over the workers of each one's upd[2C] (its batch mean and
 // unbiased variance): sync = 0's running statistics.
-static dt_status bn_average(dt_model *m, double *upd, int C) {
+static dt_status bn_average(dt_model *m, double *upd, int C, int have) {
     int64_t *acc = m->bacc;
     memset(acc, 0, sizeof(int64_t) * (4 * (size_t)C + 1));
-    for (int c = 0; c < 2 * C; c++) dt_fixed48_add(acc + 2 * (size_t)c, upd[c]);
-    acc[4 * (size_t)C] = 1;
+    for (int c = 0; c < 2 * C && have; c++) dt_fixed48_add(acc + 2 * (size_t)c, upd[c]);
+    acc[4 * (size_t)C] = have;
     dt_status st = m->bsum(acc, 4 * (size_t)C + 1, m->bsum_user);
     for (int c = 0; c < 2 * C && st == DT_OK; c++) upd[c] = dt_fixed48_value(acc + 2 * (size_t)c) / (double)acc[4 * (size_t)C];
     return st;
@@ -953,14 +953,23 @@ static dt_status bn_stats(dt_model *m, int idx, float *w, float *ms, double *cnt
                           const dt_layer_spec *s) {
     int64_t *acc = m->bacc;
     dt_status st = DT_OK;
-    double *upd = malloc(sizeof(double) * 2 * (size_t)C);
-    if (!upd || dt_batchnorm_stats(acc, x, B, C, HW)) {
+    double *upd = calloc(2 * (size_t)C, sizeof(double));
+    if (x) {
+        if (upd && dt_batchnorm_stats(acc, x, B, C, HW)) free(upd), upd = NULL;
+    } else {
+        memset(acc, 0, sizeof(int64_t) * 4 * (size_t)C);  // (dt_model_batch_norm_idle: no samples here)
+    }
+    if (!upd) {
         free(upd);
         return dt_error(DT_ERR_NOMEM, "model: layer %d (%s): out of memory", idx, dt_layer_kind_name(s->kind));
     }
     acc[4 * (size_t)C] = (int64_t)B * HW;
     if (m->bsync && (st = m->bsum(acc, 4 * (size_t)C + 1, m->bsum_user)) != DT_OK) goto done;
     double N = (double)acc[4 * (size_t)C];
+    if (!x && !m->bsync) {  // an idle worker without sync: the others' mean alone
+        if ((st = bn_average(m, upd, C, 0)) != DT_OK) goto done;
+        goto update;
+    }
     if (N <= 1) {
         st = dt_error(DT_ERR_ARG, "model: layer %d (%s): expected more than 1 value per channel when training, got %.0f "
                       "(batch %d x %d value%s a sample%s); use a larger batch, or sync_bn", idx, dt_layer_kind_name(s->kind),
@@ -976,7 +985,8 @@ static dt_status bn_stats(dt_model *m, int idx, float *w, float *ms, double *cnt
         upd[c] = mean;
         upd[C + c] = var * N / (N - 1);
     }
-    if (m->bsum && !m->bsync && (st = bn_average(m, upd, C)) != DT_OK) goto done;
+    if (m->bsum && !m->bsync && (st = bn_average(m, upd, C, 1)) != DT_OK) goto done;
+update:;
     float mom = bn_momentum(s), *rm = w + 2 * (size_t)C, *rv = w + 3 * (size_t)C;
     for (int c = 0; c < C; c++) {
         rm[c] = (1.0f - mom) * rm[c] + mom * (float)upd[c];
@@ -1025,6 +1035,43 @@ static dt_status bn_backward(dt_model *m, int idx, float *din, float *dw, const 
     if (cnt <= 0) memset(sd, 0, sizeof(double) * 2 * (size_t)C), cnt = 1;
     if (din && st == DT_OK) dt_batchnorm_backward(din, dout, x, w, ms, ms + C, sd, sd + C, cnt, B, C, HW);
     free(sd);
+    return st;
+}
+
+// The batch norms of layer i in the order its forward runs them (a block's
+// bn1, bn2, then its downsample's): their 4C floats at w[k], *C channels;
+// returns how many.
+static int layer_bns(dt_model *m, int i, float **w, int *C) {
+    layer_t *l = &m->L[i];
+    float *p = m->params + l->w_off;
+    if (l->spec.kind == DT_LAYER_BATCHNORM) return *C = l->in[0], w[0] = p, 1;
+    if (l->spec.kind != DT_LAYER_BLOCK) return 0;
+    block_parts q = block_of(l);
+    *C = l->out[0];
+    w[0] = p + q.bn1, w[1] = p + q.bn2, w[2] = p + q.bnd;
+    return q.proj ? 3 : 2;
+}
+
+dt_status dt_model_batch_norm_idle(dt_model *m) {
+    dt_status st = DT_OK;
+    if (!m->bsum) return DT_OK;
+    // forward: the sums with nothing of this worker's, and the running
+    // statistics updated as the other workers update theirs
+    float *w[3], ms[2 * 4096];
+    double cnt;
+    int C;
+    for (int i = 0; i < m->nlayers && st == DT_OK; i++) {
+        int n = layer_bns(m, i, w, &C);
+        float *scratch = C <= 4096 ? ms : m->L[i].aux;  // (mean and rstd, unused: no backward of its own)
+        for (int k = 0; k < n && st == DT_OK; k++)
+            st = bn_stats(m, i, w[k], scratch, &cnt, NULL, 0, C, 1, &m->L[i].spec);
+    }
+    // backward (sync): last layer first, a block's bn2, bn1, then its downsample's: zeros
+    for (int i = m->nlayers - 1; i >= 0 && st == DT_OK && m->bsync; i--)
+        for (int k = 0, n = layer_bns(m, i, w, &C); k < n && st == DT_OK; k++) {
+            memset(m->bacc, 0, sizeof(int64_t) * 4 * (size_t)C);
+            st = m->bsum(m->bacc, 4 * (size_t)C, m->bsum_user);
+        }
     return st;
 }
 

@@ -401,6 +401,18 @@ static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float l
     return dt_model_forward(t->m, t->b.x + (size_t)off * ss, t->b.y + off, len, 1, loss);
 }
 
+// The most micro-batches a rank runs this step: grad_accum, or the largest
+// share (ceil(global / workers), the loader's even split) when smaller
+// (dt_strategy_plan_accum); the others' batch norm sums are made with zeros.
+static dt_status cls_micro_pad(dt_task *t, int done) {
+    if (!t->bnc) return DT_OK;
+    int W = dt_comm_size(t->bnc), most = (t->b.global_B + W - 1) / W, want = t->c->grad_accum;
+    if (most < want) want = most;
+    dt_status st = DT_OK;
+    for (int k = done; k < want && st == DT_OK; k++) st = dt_model_batch_norm_idle(t->m);
+    return st;
+}
+
 static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     dt_model_set_grad_hook(t->m, hook, user);
     dt_model_backward(t->m);
@@ -578,6 +590,7 @@ const dt_task_ops dt_task_classifier = {
     .zero_grad = cls_zero_grad,
     .forward = cls_forward,
     .backward = cls_backward,
+    .micro_pad = cls_micro_pad,
     .set_layer_hook = cls_set_layer_hook,
     .stage_create = cls_stage_create,
     .stage_free = cls_stage_free,
