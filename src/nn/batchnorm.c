@@ -38,11 +38,14 @@ static int sums(int64_t *acc, const float *a, const float *x, const float *mean,
         for (int c = 0; c < C; c++) {
             const float *ap = a + ((size_t)b * C + c) * HW;
             double s0 = 0, s1 = 0;
+            // (a vectorised reduction: its order is the build's, the same whatever the split of the batch)
             if (!x) {
+#pragma omp simd reduction(+ : s0, s1)
                 for (int i = 0; i < HW; i++) s0 += ap[i], s1 += (double)ap[i] * ap[i];
             } else {
                 const float *xp = x + ((size_t)b * C + c) * HW;
                 float m = mean[c], r = rstd[c];
+#pragma omp simd reduction(+ : s0, s1)
                 for (int i = 0; i < HW; i++) s0 += ap[i], s1 += (double)ap[i] * ((xp[i] - m) * r);
             }
             s[((size_t)b * C + c) * 2] = s0;
