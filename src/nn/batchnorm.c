@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-// A double as hi 2^-16 + lo 2^-48 with 0 <= lo < 2^32 (q - floor(q) is
-// exact in double; |x| must stay below 2^46).
+// A double as hi 2^-16 + lo 2^-48 with 0 <= lo <= 2^32 (q - floor(q) is
+// exact in double); |x| is clamped to 1.4e11 (hi to 9e15), far above any
+// sample's sum of activations, so that thousands of them add without
+// overflow.
 void dt_fixed48_add(int64_t acc[2], double x) {
     double q = x * 65536.0, f = floor(q);
     if (f > 9.0e15) f = 9.0e15;
