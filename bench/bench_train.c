@@ -1,7 +1,8 @@
 /* Training throughput of one process: samples/s of full SGD steps (forward,
- * backward, optimizer) on synthetic data for the mlp or cnn preset.
+ * backward, optimizer) on synthetic data for the mlp, cnn or resnet18 preset
+ * (the running statistics left alone by the optimizer, as the run loop does).
  *
- *   bench_train --model mlp|cnn [--batch B] [--threads T] [--steps N] [--json]
+ *   bench_train --model mlp|cnn|resnet18 [--width W] [--batch B] [--threads T] [--steps N] [--json]
  */
 #include "dtrain/dtrain.h"
 #include "kernels/kernels.h"
@@ -12,7 +13,7 @@
 
 int main(int argc, char **argv) {
     const char *model = "mlp";
-    int batch = 0, threads = 1, steps = 0, json = 0;
+    int batch = 0, threads = 1, steps = 0, json = 0, width = 16;
     const char *prec = "fp32";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
@@ -20,18 +21,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
+        else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json")) json = 1;
         else {
-            fprintf(stderr, "usage: bench_train --model mlp|cnn [--batch B] [--threads T] [--steps N] "
+            fprintf(stderr, "usage: bench_train --model mlp|cnn|resnet18 [--width W] [--batch B] [--threads T] [--steps N] "
                             "[--precision fp32|bf16|fp16] [--json]\n");
             return 2;
         }
     }
-    int is_cnn = !strcmp(model, "cnn");
-    if (!batch) batch = is_cnn ? 64 : 256;
-    if (!steps) steps = is_cnn ? 60 : 200;
-    char text[64];
-    snprintf(text, sizeof text, "[model]\npreset = %s\n", is_cnn ? "cnn" : "mlp");
+    int is_cnn = !strcmp(model, "cnn"), is_resnet = !strcmp(model, "resnet18");
+    if (!batch) batch = is_cnn || is_resnet ? 64 : 256;
+    if (!steps) steps = is_resnet ? 20 : is_cnn ? 60 : 200;
+    char text[96];
+    snprintf(text, sizeof text, "[model]\npreset = %s\nwidth = %d\n", is_resnet ? "resnet18" : is_cnn ? "cnn" : "mlp",
+             is_resnet ? width : 0);
     dt_config c;
     if (dt_config_parse(&c, text, "bench", NULL, 0) != DT_OK) {
         fprintf(stderr, "%s\n", dt_last_error());
@@ -49,6 +52,9 @@ int main(int argc, char **argv) {
     op.momentum = 0.9f;
     dt_optim *o;
     dt_optim_create(&o, &op, dt_model_num_params(m));
+    int nb;
+    const dt_grad_range *bufs = dt_model_buffer_ranges(m, &nb);
+    dt_optim_set_frozen(o, (const size_t *)bufs, nb);
     int in = dt_model_input_size(m);
     float *x = malloc(sizeof(float) * in * batch);
     int32_t *y = malloc(sizeof(int32_t) * batch);

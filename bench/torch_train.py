@@ -10,7 +10,39 @@ import torch
 import torch.nn as nn
 
 
-def make(model):
+class BasicBlock(nn.Module):
+    """torchvision.models.resnet.BasicBlock."""
+
+    def __init__(self, cin, cout, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+def resnet18(w):
+    """torchvision's ResNet-18 for 28x28 single-channel inputs, as dtrain's
+    preset: a 3x3 stride-1 stem, no max pooling, stages of w, 2w, 4w, 8w."""
+    layers = [nn.Conv2d(1, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU()]
+    cin = w
+    for k, s in ((1, 1), (2, 2), (4, 2), (8, 2)):
+        layers += [BasicBlock(cin, k * w, s), BasicBlock(k * w, k * w)]
+        cin = k * w
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+
+
+def make(model, width=16):
+    if model == "resnet18":
+        return resnet18(width)
     if model == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(),
                              nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -27,13 +59,14 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--autocast", action="store_true", help="CPU autocast in bf16 (bench/precision.py)")
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--width", type=int, default=16, help="resnet18: the first stage's channels")
     a = ap.parse_args()
-    cnn = a.model == "cnn"
+    cnn = a.model in ("cnn", "resnet18")
     batch = a.batch or (64 if cnn else 256)
-    steps = a.steps or (60 if cnn else 200)
+    steps = a.steps or (20 if a.model == "resnet18" else 60 if cnn else 200)
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    m = make(a.model)
+    m = make(a.model, a.width)
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 1, 28, 28)
     y = torch.randint(0, 10, (batch,))

@@ -307,7 +307,20 @@ static void test_config(void) {
     cfg_err("[model]\nlayer = dropout p=1\n", NULL, 0, "bad.ini:2:", "[model] layer", "probability");
     cfg_err("[model]\ninput = 1x28x28x\npreset = mlp\n", NULL, 0, "bad.ini:2:", "[model] input", NULL);
     cfg_err("[model]\ninput = 4096x4096x4096\npreset = mlp\n", NULL, 0, "bad.ini:2:", "[model] input", NULL);
-    cfg_err("[model]\npreset = resnet\n", NULL, 0, "bad.ini", "preset", "mlp or cnn");
+    cfg_err("[model]\npreset = resnet\n", NULL, 0, "bad.ini", "preset", "mlp, cnn or resnet18");
+    cfg_err("[model]\npreset = resnet34\n", NULL, 0, "bad.ini", "'resnet34'", "mlp, cnn or resnet18");
+    cfg_err("[model]\npreset = mlp\nwidth = 16\n", NULL, 0, "bad.ini", "[model] width", "only preset = resnet18");
+    // batch norm where a strategy cannot take it yet: refused by name
+    cfg_err("[model]\npreset = resnet18\n[parallel]\ntensor = 2\n", NULL, 0, "layer 1 (batchnorm)",
+            "batch norm cannot be used with [parallel] tensor", NULL);
+    cfg_err("[model]\npreset = resnet18\n[parallel]\npipeline = 2\n", NULL, 0, "layer 1 (batchnorm)", "pipeline parallel", NULL);
+    cfg_err("[model]\nlayer = block out=4\nlayer = avgpool\nlayer = linear out=10\n[parallel]\ndeterministic = true\n", NULL, 0,
+            "layer 0 (block)", "[parallel] deterministic", NULL);
+    cfg_err("[model]\npreset = resnet18\nsync_bn = true\n[train]\ndevice = cuda\n", NULL, 0, "batchnorm", "device = cuda", NULL);
+    cfg_err("[model]\nlayer = batchnorm momentum=2\nlayer = linear out=3\n", NULL, 0, "[model] layer: momentum", "from 0 to 1", NULL);
+    cfg_err("[model]\nlayer = conv2d out=4 kernel=3 bias=maybe\n", NULL, 0, "[model] layer", "true or false", NULL);
+    cfg_err("[model]\nlayer = block stride=2\n", NULL, 0, "[model] layer", "block needs out=N", NULL);
+    cfg_err("[model]\nlayer = avgpool out=3\n", NULL, 0, "[model] layer", "takes no parameter", NULL);
     cfg_err("[model]\npreset = cnn\nlayer = relu\n", NULL, 0, "bad.ini", "preset", "not both");
     cfg_err("[model\npreset = mlp\n", NULL, 0, "bad.ini:1:", "syntax error", NULL);
     cfg_err(BASE "[train]\nbatch\n", NULL, 0, "bad.ini:4:", "syntax error", NULL);

@@ -327,9 +327,9 @@ static void wc_pass(wc_net *n, float *loss, float *g) {
 // weight matrix is converted once until the weights change, then read from
 // the copy by the backward's GEMM that needs it (the saved conversion).
 static void working_copy(void) {
-    dt_layer_spec mlp[] = {{DT_LAYER_CONV2D, 4, 3, 1, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-                           {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0},
-                           {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0},    {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    dt_layer_spec mlp[] = {{DT_LAYER_CONV2D, 4, 3, 1, 1, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0, 0, 0},    {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
     int shape[3] = {1, 6, 6};
     dt_gpt_config gc = {.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 8, .vocab_size = 40, .padded_vocab_size = 48};
     const char *names[2] = {"conv+MLP", "GPT"};
@@ -482,22 +482,22 @@ static void gpt_acts16(void) {
 // layernorm, gelu, linear: their outputs kept in 16 bits) and a relu and a
 // layernorm read by their backward (fp32); a CNN like configs/fashion-cnn.ini.
 static const dt_layer_spec seq_mlp[] = {
-    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 48, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-    {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.25f, 0}, {DT_LAYER_LINEAR, 40, 0, 0, 0, 0, 0},
-    {DT_LAYER_LAYERNORM, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0}, {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0},
-    {DT_LAYER_LINEAR, 24, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 48, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.25f, 0, 0, 0}, {DT_LAYER_LINEAR, 40, 0, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_LAYERNORM, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_LINEAR, 24, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
 static const dt_layer_spec seq_cnn[] = {
-    {DT_LAYER_CONV2D, 8, 3, 1, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
-    {DT_LAYER_CONV2D, 16, 3, 1, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
-    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-    {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    {DT_LAYER_CONV2D, 8, 3, 1, 1, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_CONV2D, 16, 3, 1, 1, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 32, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0, 0, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
 // A convolution read by a convolution (its output lives in its gradient
 // buffer), one whose fused relu is a stage's output stream, one before a
 // gelu (its output buffer the room of its backward), strides and no padding.
 static const dt_layer_spec seq_cnn2[] = {
-    {DT_LAYER_CONV2D, 8, 3, 1, 1, 0, 0}, {DT_LAYER_CONV2D, 12, 3, 2, 1, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-    {DT_LAYER_CONV2D, 16, 3, 1, 0, 0, 0}, {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
-    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    {DT_LAYER_CONV2D, 8, 3, 1, 1, 0, 0, 0, 0}, {DT_LAYER_CONV2D, 12, 3, 2, 1, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_CONV2D, 16, 3, 1, 0, 0, 0, 0, 0}, {DT_LAYER_GELU, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0, 0, 0},
+    {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
 
 typedef struct {
     const char *name;
@@ -653,16 +653,16 @@ static void seq_acts16(void) {
 // than fp32, the CNN too, on every CPU (test_precision_avx2 checks the other
 // path); the MLP saves its linear inputs' 2 bytes an element exactly.
 static void shipped_sizes(void) {
-    dt_layer_spec mlp[] = {{DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0},
-                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-                           {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
-    dt_layer_spec cnn[] = {{DT_LAYER_CONV2D, 32, 5, 1, 2, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-                           {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},  {DT_LAYER_CONV2D, 64, 5, 1, 2, 0, 0},
-                           {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},     {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0},
-                           {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0},  {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0},
-                           {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},     {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0},
-                           {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+    dt_layer_spec mlp[] = {{DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
+    dt_layer_spec cnn[] = {{DT_LAYER_CONV2D, 32, 5, 1, 2, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0, 0, 0},  {DT_LAYER_CONV2D, 64, 5, 1, 2, 0, 0, 0, 0},
+                           {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},     {DT_LAYER_MAXPOOL, 0, 2, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_FLATTEN, 0, 0, 0, 0, 0, 0, 0, 0},  {DT_LAYER_LINEAR, 1024, 0, 0, 0, 0, 0, 0, 0},
+                           {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},     {DT_LAYER_DROPOUT, 0, 0, 0, 0, 0.4f, 0, 0, 0},
+                           {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
     struct { const char *name; dt_layer_spec *l; int n, shape[3], B; size_t half; } c[4] = {
         {"fashion-mlp", mlp, 6, {1, 28, 28}, 256, 784 + 2 * 1024}, {"fashion-cnn", cnn, 11, {1, 28, 28}, 64, 3136 + 1024},
         {"fashion-mlp", mlp, 6, {1, 28, 28}, 1000, 784 + 2 * 1024},
@@ -1023,8 +1023,8 @@ static void mlp_run(void) {
         snprintf(want, sizeof want, "saved: matmul inputs kept in %s", ts[i]);
         CHECK(rc == 0 && strstr(g_out, want), "an MLP run in %s names its activations' saving on the start line: exit %d\n%.1500s",
               ts[i], rc, g_out);
-        dt_layer_spec l[3] = {{DT_LAYER_LINEAR, 64, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0},
-                              {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0}};
+        dt_layer_spec l[3] = {{DT_LAYER_LINEAR, 64, 0, 0, 0, 0, 0, 0, 0}, {DT_LAYER_RELU, 0, 0, 0, 0, 0, 0, 0, 0},
+                              {DT_LAYER_LINEAR, 10, 0, 0, 0, 0, 0, 0, 0}};
         int shape[3] = {784, 1, 1};
         size_t np, b16 = 0;
         dt_kernels_set_precision(i == 0 ? DT_BF16 : DT_F16);

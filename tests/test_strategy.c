@@ -65,6 +65,11 @@ static const char *cfg_mlp =
 static const char *cfg_cnn = tl_cfg_cnn;
 static char cfg_cnnt[1024];  // the CNN without its dropout layer
 static char cfg_cnn8[1024];  // the CNN with 8 channels in its first convolution (tensor 4 divides them)
+// A ResNet of two basic blocks (the second with a projection) on the 28x28 images.
+static const char *cfg_resnet =
+    "[model]\nlayer = conv2d out=4 kernel=3 pad=1 bias=false\nlayer = batchnorm\nlayer = relu\nlayer = block out=4\n"
+    "layer = block out=8 stride=2\nlayer = avgpool\nlayer = linear out=10\n[optim]\nname = sgd\nlr = 0.05\n"
+    "momentum = 0.9\nweight_decay = 0.0005\n";
 
 // Trains with N workers; returns the exit code. The run dir is TMP/name.
 static int train(const char *name, const char *cfg, int N, const char *extra) {
@@ -99,10 +104,11 @@ static char cfg_llama[1024];
 #define DET "--deterministic "
 #define REC "--set train.recompute=blocks "
 #define SEQP "--set parallel.sequence=true "
+#define SBN "--set model.sync_bn=true "
 
 typedef struct {
     const char *strategy; // what the row tests (the strategy the flags select)
-    const char *model;    // "mlp", "cnn", "gpt", "llama"
+    const char *model;    // "mlp", "cnn", "gpt", "llama", "resnet"
     int workers;
     int mpi;              // 1: mpirun -np workers instead of --workers
     const char *flags;    // the row's run
@@ -424,6 +430,23 @@ static const row rows[] = {
     {"recompute", "gptt4", 4, 0, TP20 REC "--set parallel.tensor=2 " PP2, TP20 "--set parallel.tensor=2 " PP2, 0, 4},
     {"recompute", "gptt", 4, 0, TP20 REC SEQP "--set parallel.tensor=4", TP20 SEQP "--set parallel.tensor=4", 0, 4},
     {"recompute", "gptt4", 4, 0, TP20 REC SEQP "--set parallel.tensor=2 " PP2, TP20 SEQP "--set parallel.tensor=2 " PP2, 0, 4},
+    // A small ResNet (batch norm, basic blocks, average pooling). sync_bn: the batch statistics over every
+    // worker's samples, as one process on the whole batch (the same bits of the statistics; the gradients'
+    // sum in another order). One worker: a no-op, bitwise.
+    {"sync-bn", "resnet", 1, 0, SBN, "", 0, 0},
+    {"sync-bn", "resnet", 2, 0, SBN, "", 1e-5, 0},
+    {"sync-bn", "resnet", 3, 0, SBN, "", 1e-5, 0},
+    {"sync-bn", "resnet", 4, 0, SBN, "", 1e-5, 0},
+    {"sync-bn", "resnet", 2, 0, SBN "--zero 1", "", 1e-5, 0},
+    {"sync-bn", "resnet", 4, 0, SBN "--zero 2", "", 1e-5, 0},
+    {"sync-bn", "resnet", 2, 0, SBN "--zero 3", "", 1e-5, 0},
+    {"sync-bn", "resnet", 2, 1, SBN, "", 1e-5, 0},
+    // Without it each worker normalises its own share (PyTorch DDP's default): ZeRO's slices of the same
+    // run, bitwise (the running statistics, the mean of the workers', left alone by the optimizer).
+    {"dp-bn", "resnet", 2, 0, "--zero 1", "", 0, 2},
+    {"dp-bn", "resnet", 3, 0, "--zero 2", "", 0, 3},
+    {"dp-bn", "resnet", 2, 0, "--zero 3", "", 0, 2},
+    {"dp-bn", "resnet", 4, 0, "--zero 1", "", 0, 4},  // (an epoch's last 3 samples leave a worker idle)
 };
 
 static const char *model_cfg(const char *model) {
@@ -435,6 +458,7 @@ static const char *model_cfg(const char *model) {
            : !strcmp(model, "gptt")  ? cfg_gptt
            : !strcmp(model, "gptt4") ? cfg_gptt4
            : !strcmp(model, "llama") ? cfg_llama
+           : !strcmp(model, "resnet") ? cfg_resnet
                                      : cfg_gpt;
 }
 
@@ -1101,6 +1125,28 @@ static void pipeline_zero(void) {
     }
 }
 
+// Batch norm's running statistics are checkpointed with the parameters: a
+// ResNet's run with sync_bn on 2 workers (and without, under ZeRO-2)
+// resumed at step 4 (of 7) ends bitwise where the uninterrupted run does.
+static void batchnorm_resume(void) {
+    const char *runs[2] = {SBN, "--zero 2 "}, *kind[2] = {".safetensors", ""};  // (ZeRO's: sharded, a directory)
+    for (int i = 0; i < 2; i++) {
+        char flags[1024], ck[32], res[32];
+        snprintf(ck, sizeof ck, "bn-ck%d", i);
+        snprintf(res, sizeof res, "bn-res%d", i);
+        snprintf(flags, sizeof flags, "%s--set checkpoint.every_steps=4", runs[i]);
+        CHECK(train(ck, cfg_resnet, 2, flags) == 0, "resnet %s with checkpoints:\n%s", runs[i], g_out);
+        snprintf(flags, sizeof flags, "%s--set checkpoint.resume=%s/%s/checkpoints/step-00000004%s", runs[i], g_tmp, ck,
+                 kind[i]);
+        int rc = train(res, cfg_resnet, 2, flags), bw = 0;
+        double d = rc == 0 ? compare(ck, res, &bw) : -1;
+        CHECK(rc == 0 && bw, "resnet %s resumed at step 4: exit %d, max rel diff %.3g (bitwise expected)\n%s", runs[i], rc,
+              d, g_out);
+        printf("batch norm: resnet %son 2 workers resumed at step 4 (of 7): %s (max rel diff %.3g)\n", runs[i],
+               bw ? "bitwise" : "NOT bitwise", d);
+    }
+}
+
 // The "pipeline_split" record of rank r's metrics log in run `run`, from
 // its "stages" on ("" when there is none).
 static void split_record(const char *run, int r, char *out, size_t n) {
@@ -1479,6 +1525,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "tensor-seq")) tensor_seq();
     if (!only || !strcmp(only, "sequence")) sequence_parallel();
     if (!only || !strcmp(only, "pipeline-zero")) pipeline_zero();
+    if (!only || !strcmp(only, "sync-bn")) batchnorm_resume();
     if (!only || !strcmp(only, "memory")) memory_rows();
     if (!only || !strcmp(only, "pipeline")) gradient_traffic();
     if (!only || !strcmp(only, "memory")) memory_limit();

@@ -78,8 +78,10 @@ typedef struct {
 typedef struct {
     char name[64];                 /* run name (default: config file stem) */
     /* [model] */
-    char preset[32];               /* "mlp", "cnn", or "" for explicit layers */
+    char preset[32];               /* "mlp", "cnn", "resnet18", or "" for explicit layers */
     int input[3];                  /* C, H, W */
+    int width;                     /* resnet18: channels of the first stage (stages W, 2W, 4W, 8W; 0 = 64) */
+    int sync_bn;                   /* batch norm's statistics over every data-parallel worker's samples */
     int nlayers;
     dt_layer_spec layers[DT_MAX_LAYERS];
     /* [data] */

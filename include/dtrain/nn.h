@@ -87,6 +87,34 @@ DT_API float dt_crossentropy_forward(float *probs, const float *logits, const in
 DT_API void dt_crossentropy_backward(float *dlogits, const float *probs,
                                      const int32_t *targets, int B, int V, float dloss);
 
+/* Batch normalisation per channel of inp[B,C,HW] (HW = H*W: BatchNorm2d;
+ * 1 for a flat input: BatchNorm1d). The statistics are sums over every
+ * value of a channel, each sample's part taken in double and the parts
+ * added in 48-bit fixed point (dt_fixed48_add: an acc pair hi 2^-16 +
+ * lo 2^-48), so they are the same bits however the batch is split over
+ * workers or threads; summing the acc arrays of several workers as
+ * integers gives the whole batch's.
+ * stats: acc[4C] = (sum x, sum x^2) of each channel, channel c's pair k
+ * at acc[(k C + c) 2]; dsums: (sum dy, sum dy xhat), xhat = (x - mean)
+ * rstd. Both return -1 when out of memory. forward: out = xhat w + b,
+ * from mean[C], rstd[C]. backward ADDS to dinp the input gradient
+ * w rstd (dy - sdy/count - xhat sdyx/count), from the sums over the
+ * count values of each channel the statistics came from (the weight and
+ * bias gradients are the local sums of dy xhat and dy). */
+DT_API void dt_fixed48_add(int64_t acc[2], double x);
+DT_API double dt_fixed48_value(const int64_t acc[2]);
+DT_API int dt_batchnorm_stats(int64_t *acc, const float *inp, int B, int C, int HW);
+DT_API int dt_batchnorm_dsums(int64_t *acc, const float *dout, const float *inp, const float *mean,
+                              const float *rstd, int B, int C, int HW);
+DT_API void dt_batchnorm_forward(float *out, const float *inp, const float *mean, const float *rstd,
+                                 const float *w, const float *b, int B, int C, int HW);
+DT_API void dt_batchnorm_backward(float *dinp, const float *dout, const float *inp, const float *w,
+                                  const float *mean, const float *rstd, const double *sdy,
+                                  const double *sdyx, double count, int B, int C, int HW);
+/* Global average pooling: out[B,C] = mean of inp[B,C,HW]; backward adds. */
+DT_API void dt_avgpool_forward(float *out, const float *inp, int B, int C, int HW);
+DT_API void dt_avgpool_backward(float *dinp, const float *dout, int B, int C, int HW);
+
 /* ---- sequential models --------------------------------------------------- */
 
 
@@ -209,6 +237,38 @@ DT_API const float *dt_model_probs(const dt_model *m);
  * ACCUMULATES parameter gradients into the gradient block. */
 DT_API dt_status dt_model_backward(dt_model *m);
 DT_API void dt_model_zero_grad(dt_model *m);
+
+/* ---- batch norm's running statistics and synchronized batch norm --------
+ * A batchnorm layer (and each of a block's) holds four tensors in the
+ * parameter block: weight, bias, running_mean, running_var (PyTorch's
+ * names; "<i>.running_mean", "<i>.bn1.running_mean" in a block). The
+ * running statistics are no gradient-trained parameters: their gradient
+ * is always zero, a training forward sets them (momentum m, default 0.1:
+ * r = (1 - m) r + m batch, the variance unbiased, count/(count - 1)), and
+ * the optimizer must leave them alone (dt_optim_set_frozen over
+ * dt_model_buffer_ranges). Being in the block, they are saved, resumed,
+ * broadcast and sharded with the parameters. A forward with train = 0
+ * normalises with them. */
+DT_API const dt_grad_range *dt_model_buffer_ranges(const dt_model *m, int *n);
+/* Sums buf[n] (int64) in place over the data-parallel workers. */
+typedef dt_status (*dt_model_isum_fn)(int64_t *buf, size_t n, void *user);
+/* The workers' sum for batch norm in training forwards and backwards
+ * (NULL: one worker). sync = 1 (synchronized batch norm): the batch
+ * statistics, and the backward's sums of dy and dy xhat, are those of
+ * every worker's samples together, bitwise what one process computes on
+ * the whole batch. sync = 0: each worker normalises its own samples, and
+ * the running statistics are updated with the mean over the workers of
+ * each one's batch mean and unbiased variance, so that every worker keeps
+ * the same ones. Every worker must run the same number of training
+ * forwards. */
+DT_API void dt_model_set_batch_sum(dt_model *m, dt_model_isum_fn fn, void *user, int sync);
+/* The workers' sums of a training forward and backward with no samples of
+ * this worker's (a share, or a micro-batch, that another worker has and
+ * this one has not): the same calls with zeros, so that the others' sums
+ * pair up. DT_OK at once without a sum function. */
+DT_API dt_status dt_model_batch_norm_idle(dt_model *m);
+/* Whether the layers have a batch norm (a batchnorm layer or a block). */
+DT_API int dt_layers_have_batchnorm(const dt_layer_spec *layers, int nlayers);
 
 /* ---- tensor parallel shards of a sequential model -------------------------
  * Two linear or conv2d layers with only relu, gelu, maxpool, dropout or

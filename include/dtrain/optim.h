@@ -53,6 +53,13 @@ DT_API void dt_optim_update(dt_optim *o, size_t off, size_t len, float *params,
  * are taken. */
 DT_API void dt_optim_set_skip(dt_optim *o, int skip);
 
+/* Elements the updates leave alone, parameters and state: ranges[2i] is
+ * the offset (in the optimizer's n) of a range of ranges[2i + 1] elements,
+ * in increasing order (parts past n are dropped). For state that lives in
+ * the parameter block without being trained by its gradient: batch norm's
+ * running statistics (nn.h dt_model_buffer_ranges). n = 0: none. */
+DT_API dt_status dt_optim_set_frozen(dt_optim *o, const size_t *ranges, int n);
+
 /* Optimizer state for checkpoints: the number of steps taken and up to two
  * state arrays of n floats (SGD: momentum buffer; AdamW: m, v). */
 DT_API int64_t *dt_optim_step_count(dt_optim *o);

@@ -27,17 +27,23 @@ typedef enum {
     DT_LAYER_LAYERNORM,
     DT_LAYER_DROPOUT,
     DT_LAYER_FLATTEN,
+    DT_LAYER_BATCHNORM, /* per channel over batch x H x W (BatchNorm2d; on a flat input BatchNorm1d) */
+    DT_LAYER_BLOCK,     /* ResNet basic block: conv3x3(stride)-bn-relu-conv3x3-bn, plus the input (or a 1x1
+                           conv(stride)-bn projection of it when the shape changes), then relu */
+    DT_LAYER_AVGPOOL,   /* global average pooling: [C,H,W] -> [C,1,1] */
 } dt_layer_kind;
 
 /* One layer of a sequential model. Fields a kind does not use are ignored. */
 typedef struct {
     dt_layer_kind kind;
-    int out;      /* linear: output features; conv2d: output channels */
+    int out;      /* linear: output features; conv2d, block: output channels */
     int kernel;   /* conv2d, maxpool: window size */
-    int stride;   /* conv2d (default 1), maxpool (default = kernel); 0 = default */
+    int stride;   /* conv2d, block (default 1), maxpool (default = kernel); 0 = default */
     int pad;      /* conv2d: zero padding on each side */
     float p;      /* dropout: probability of zeroing */
-    float eps;    /* layernorm: epsilon (0 = 1e-5) */
+    float eps;    /* layernorm, batchnorm: epsilon (0 = 1e-5) */
+    int nobias;   /* conv2d: no bias (bias=false; before a batchnorm) */
+    float momentum; /* batchnorm: of the running statistics (0 = 0.1, PyTorch's) */
 } dt_layer_spec;
 
 /* Name of a layer kind as used in configs ("linear", "conv2d", ...). */

@@ -6,7 +6,7 @@
 
 const char *dt_layer_kind_name(dt_layer_kind k) {
     static const char *n[] = {"linear", "conv2d", "maxpool", "relu", "gelu",
-                              "layernorm", "dropout", "flatten"};
+                              "layernorm", "dropout", "flatten", "batchnorm", "block", "avgpool"};
     return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "?";
 }
 

@@ -323,7 +323,7 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
         dt_obs_end(obs, DT_OBS_BACKWARD);
         *loss_sum += (double)loss * s->len[k];
     }
-    return DT_OK;
+    return tops->micro_pad ? tops->micro_pad(task, nm) : DT_OK;
 }
 
 // Dynamic batching: every rank's forward and backward time and share of
@@ -524,7 +524,7 @@ static dt_status build(run_state *r) {
     dt_strategy_args sa = {c, r->comm, info->params, info->grads, info->nparams, info->order, info->norder, r->obs,
                            info->order_layer, r->all, info->order_split, info->nwhole, info->part_fill,
                            info->part_take, info->part_user, info->replicas, info->tensor_group, info->matrices,
-                           info->nmatrices, info->tied, info->device};
+                           info->nmatrices, info->tied, info->device, info->frozen, info->nfrozen};
     if ((st = dt_strategy_create(&r->strat, r->sops, &sa)) != DT_OK) return st;
     // What this rank keeps of the model (a pipeline stage: its layers).
     if (r->sops->layout &&

@@ -8,6 +8,7 @@
  * allreduces and the pipeline's transfers (dt_sim_allreduce). What `dtrain
  * plan` prints and `dtrain train --plan auto` trains (docs/plan.md). */
 #include "dtrain/gpt.h"
+#include "dtrain/nn.h"
 #include "dtrain/train.h"
 
 #include <math.h>
@@ -267,6 +268,8 @@ dt_status dt_plan_rank(const dt_config *c, const dt_sim_profile *p, const dt_pla
     for (int T = 1; T <= W; T++)
         for (int P = 1; T * P <= W; P++) {
             if (W % (T * P)) continue;
+            // (batch norm takes no model parallelism yet: the config refuses it)
+            if (T * P > 1 && !c->gpt && dt_layers_have_batchnorm(c->layers, c->nlayers)) continue;
             for (int z = 0; z <= (T * P == 1 ? 3 : 1); z++)
                 each_detail(&pl, (dt_layout){.zero = z, .tensor = T, .pipeline = P});
         }

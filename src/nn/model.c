@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_SUBS 15  // the most named tensors a layer has (a block with a projection)
+
 typedef struct {
     dt_layer_spec spec;
     int in[3], out[3];     // per-sample shapes {C,H,W}
@@ -39,6 +41,8 @@ typedef struct {
                            // layers from it up to its row-parallel one): the shard's part of each
                            // sample is [tp n, (tp + 1) n) of the whole layer's n ntp values
     size_t ww_off, wb_off; // a shard's: the offsets of its tensors in the whole model's block
+    double cnt[3];         // batchnorm (block: its bn1, bn2, downsample's): the values per channel of the
+                           // last training forward's statistics (over the workers with sync)
 } layer_t;
 
 struct dt_model {
@@ -56,7 +60,7 @@ struct dt_model {
     int ntensors;
     dt_tensor_info *tensors;
     dt_tensor_info *wtensors;   // as the whole model has them (its shapes and offsets)
-    char (*names)[32];
+    char (*names)[48];
     uint64_t seed, drop_step;   // dropout key (dt_model_set_dropout_key)
     int64_t drop_first;
     dt_grad_ready_fn hook;
@@ -71,6 +75,12 @@ struct dt_model {
     size_t nwhole;         // the whole model's parameters
     dt_model_reduce_fn reduce;
     void *reduce_user;
+    dt_model_isum_fn bsum;      // batch norm's sum over the workers (dt_model_set_batch_sum)
+    void *bsum_user;
+    int bsync;
+    int64_t *bacc;              // [4 maxC + 2] the sums of one batch norm
+    dt_grad_range *bufs;        // the running statistics' ranges, nbufs
+    int nbufs;
 };
 
 static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
@@ -80,6 +90,27 @@ static size_t numel3(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
 static size_t out_numel(const layer_t *l) {
     size_t c = l->blk ? (size_t)(l->out[0] + l->blk - 1) / l->blk * l->blk : (size_t)l->out[0];
     return c * l->out[1] * l->out[2];
+}
+
+// A block's tensors in its part of the block (offsets from w_off): conv1
+// [C, IC, 3, 3], bn1 (weight, bias, running mean, running var: 4C), conv2
+// [C, C, 3, 3], bn2, and with a projection (stride > 1 or IC != C) the
+// downsample's conv [C, IC, 1, 1] and bn.
+typedef struct {
+    int proj;
+    size_t c1, bn1, c2, bn2, cd, bnd, total;
+} block_parts;
+
+static block_parts block_of(const layer_t *l) {
+    size_t C = (size_t)l->spec.out, IC = (size_t)l->in[0];
+    block_parts p = {(l->spec.stride > 1) || l->in[0] != l->spec.out, 0, 0, 0, 0, 0, 0, 0};
+    p.bn1 = C * IC * 9;
+    p.c2 = p.bn1 + 4 * C;
+    p.bn2 = p.c2 + C * C * 9;
+    p.cd = p.bn2 + 4 * C;
+    p.bnd = p.cd + (p.proj ? C * IC : 0);
+    p.total = p.bnd + (p.proj ? 4 * C : 0);
+    return p;
 }
 
 // Works out a layer's output shape and parameter count; fails on shapes that
@@ -98,7 +129,7 @@ static dt_status plan_layer(layer_t *l, int idx) {
                             "layer %d (%s): input is %dx%dx%d; add a flatten layer before it",
                             idx, kn, l->in[0], l->in[1], l->in[2]);
         l->w_n = (size_t)s->out * inf;
-        l->b_n = s->out;
+        l->b_n = s->nobias ? 0 : s->out;
         l->out[0] = s->out;
         break;
     }
@@ -112,7 +143,7 @@ static dt_status plan_layer(layer_t *l, int idx) {
             return dt_error(DT_ERR_ARG, "layer %d (%s): kernel %d larger than padded input %dx%d",
                             idx, kn, K, l->in[1], l->in[2]);
         l->w_n = (size_t)s->out * l->in[0] * K * K;
-        l->b_n = s->out;
+        l->b_n = s->nobias ? 0 : s->out;
         l->out[0] = s->out;
         l->out[1] = OH;
         l->out[2] = OW;
@@ -140,6 +171,23 @@ static dt_status plan_layer(layer_t *l, int idx) {
         l->out[0] = (int)numel3(l->in);
         l->out[1] = l->out[2] = 1;
         break;
+    case DT_LAYER_BATCHNORM:
+        l->w_n = 4 * (size_t)l->in[0];  // weight, bias, running mean, running var
+        break;
+    case DT_LAYER_BLOCK: {
+        int S = s->stride ? s->stride : 1;
+        if (s->out <= 0 || S <= 0)
+            return dt_error(DT_ERR_ARG, "layer %d (%s): need out > 0 and stride > 0", idx, kn);
+        l->out[0] = s->out;
+        l->out[1] = (l->in[1] - 1) / S + 1;
+        l->out[2] = (l->in[2] - 1) / S + 1;
+        block_parts p = block_of(l);
+        l->w_n = p.total;
+        break;
+    }
+    case DT_LAYER_AVGPOOL:
+        l->out[1] = l->out[2] = 1;
+        break;
     case DT_LAYER_RELU:
     case DT_LAYER_GELU:
         break;
@@ -157,6 +205,44 @@ static dt_conv_shape conv_shape(const layer_t *L, int i, int B) {
                        s->stride ? s->stride : 1, s->pad, i > 0 && L[i - 1].blk, l->blk != 0,
                        l->fused, i == 0, l->room, l->keep32};
     return c;
+}
+
+// Convolution k of block layer i (0 conv1, 1 conv2, 2 the downsample's).
+static dt_conv_shape block_conv(const layer_t *L, int i, int k, int B) {
+    const layer_t *l = &L[i];
+    int C = l->out[0], S = l->spec.stride ? l->spec.stride : 1;
+    dt_conv_shape c = {B, k == 1 ? C : l->in[0], k == 1 ? l->out[1] : l->in[1], k == 1 ? l->out[2] : l->in[2], C,
+                       k == 2 ? 1 : 3, k == 1 ? 1 : S, k == 2 ? 0 : 1, 0, 0, 0, i == 0 && k != 1, 0, l->keep32};
+    return c;
+}
+
+// A block's buffers, carved from its aux for batches of up to B: y1, r1, y2,
+// yd (with a projection), g1, g2, g3 ([B, C, OH, OW] each), st (mean and
+// rstd of bn1, bn2, the downsample's: 6C), the three convolutions' saves.
+// Returns the floats they take (base NULL: sizes alone); *scratch: the
+// convolutions' shared scratch they need.
+typedef struct {
+    float *y1, *r1, *y2, *yd, *g1, *g2, *g3, *st, *s1, *s2, *sd;
+} block_bufs;
+
+static size_t block_carve(const layer_t *L, int i, int B, float *base, block_bufs *b, size_t *scratch) {
+    const layer_t *l = &L[i];
+    block_parts p = block_of(l);
+    size_t n = (size_t)B * l->out[0] * l->out[1] * l->out[2], off = 0, sv[3], sc[3];
+    for (int k = 0; k < 3; k++) {
+        dt_conv_shape cs = block_conv(L, i, k, B);
+        sv[k] = sc[k] = 0;
+        if (k < 2 || p.proj) dt_conv_size(&cs, &sv[k], &sc[k]);
+    }
+    *scratch = sc[0] > sc[1] ? sc[0] : sc[1];
+    if (sc[2] > *scratch) *scratch = sc[2];
+    float **f[] = {&b->y1, &b->r1, &b->y2, &b->yd, &b->g1, &b->g2, &b->g3, &b->st, &b->s1, &b->s2, &b->sd};
+    size_t len[] = {n, n, n, p.proj ? n : 0, n, n, n, 6 * (size_t)l->out[0], sv[0], sv[1], sv[2]};
+    for (int k = 0; k < 11; k++) {
+        *f[k] = base ? base + off : NULL;
+        off += (len[k] + 15) / 16 * 16;  // (64-byte aligned parts)
+    }
+    return off;
 }
 
 // Activations stay in the convolutions' blocked layout from a convolution
@@ -239,6 +325,8 @@ void dt_model_free(dt_model *m) {
     free(m->tensors);
     free(m->wtensors);
     free(m->names);
+    free(m->bufs);
+    free(m->bacc);
     free(m);
 }
 
@@ -263,6 +351,12 @@ static layer_bufs buffer_sizes(const layer_t *L, int i, int B) {
         break;
     }
     case DT_LAYER_LAYERNORM: z.aux = 2 * (size_t)B; break;
+    case DT_LAYER_BATCHNORM: z.aux = 2 * (size_t)l->in[0]; break;
+    case DT_LAYER_BLOCK: {
+        block_bufs bb;
+        z.aux = block_carve(L, i, B, NULL, &bb, &z.aux2);
+        break;
+    }
     case DT_LAYER_DROPOUT: z.aux = n_out; break;
     case DT_LAYER_MAXPOOL: z.argmax = n_out; break;
     default: break;
@@ -321,7 +415,7 @@ static dt_status conv_scratch(layer_t *L, int l0, int l1, int B, float **out) {
     *out = n ? dt_alloc(sizeof(float) * n) : NULL;
     if (n && !*out) return DT_ERR_NOMEM;
     for (int i = l0; i < l1; i++)
-        if (L[i].spec.kind == DT_LAYER_CONV2D) L[i].aux2 = *out;
+        if (L[i].spec.kind == DT_LAYER_CONV2D || L[i].spec.kind == DT_LAYER_BLOCK) L[i].aux2 = *out;
     return DT_OK;
 }
 
@@ -405,9 +499,9 @@ static dt_status plan_model(dt_model **out, const int in_shape[3], const dt_laye
     m->ntp = ntp;
     memcpy(m->in_shape, in_shape, sizeof m->in_shape);
     m->L = calloc(nlayers, sizeof *m->L);
-    m->tensors = calloc(2 * nlayers, sizeof *m->tensors);
-    m->wtensors = calloc(2 * nlayers, sizeof *m->wtensors);
-    m->names = calloc(2 * nlayers, sizeof *m->names);
+    m->tensors = calloc(MAX_SUBS * (size_t)nlayers, sizeof *m->tensors);
+    m->wtensors = calloc(MAX_SUBS * (size_t)nlayers, sizeof *m->wtensors);
+    m->names = calloc(MAX_SUBS * (size_t)nlayers, sizeof *m->names);
     if (m->L) m->nlayers = nlayers;
     if (!m->L || !m->tensors || !m->wtensors || !m->names) {
         dt_model_free(m);
@@ -505,6 +599,83 @@ static void tensor_of(dt_tensor_info *t, const layer_t *l, int bias, int k, size
     }
 }
 
+// The named tensors of a batchnorm or block layer (PyTorch's names after
+// "<index>."), offsets from its w_off; returns how many (0 for other kinds).
+typedef struct {
+    char name[32];
+    int ndim;
+    int64_t shape[4];
+    size_t off, n;
+} sub_tensor;
+
+static int bn_subs(sub_tensor *t, const char *pre, size_t off, int C) {
+    static const char *const nm[] = {"weight", "bias", "running_mean", "running_var"};
+    for (int k = 0; k < 4; k++) {
+        t[k] = (sub_tensor){.ndim = 1, .shape = {C}, .off = off + (size_t)k * C, .n = (size_t)C};
+        snprintf(t[k].name, sizeof t[k].name, "%s%s", pre, nm[k]);
+    }
+    return 4;
+}
+
+static int conv_sub(sub_tensor *t, const char *name, size_t off, int OC, int IC, int K) {
+    *t = (sub_tensor){.ndim = 4, .shape = {OC, IC, K, K}, .off = off, .n = (size_t)OC * IC * K * K};
+    snprintf(t->name, sizeof t->name, "%s", name);
+    return 1;
+}
+
+static int layer_subs(const layer_t *l, sub_tensor *t) {
+    if (l->spec.kind == DT_LAYER_BATCHNORM) return bn_subs(t, "", 0, l->in[0]);
+    if (l->spec.kind != DT_LAYER_BLOCK) return 0;
+    block_parts p = block_of(l);
+    int C = l->out[0], IC = l->in[0], n = 0;
+    n += conv_sub(t + n, "conv1.weight", p.c1, C, IC, 3);
+    n += bn_subs(t + n, "bn1.", p.bn1, C);
+    n += conv_sub(t + n, "conv2.weight", p.c2, C, C, 3);
+    n += bn_subs(t + n, "bn2.", p.bn2, C);
+    if (p.proj) {
+        n += conv_sub(t + n, "downsample.0.weight", p.cd, C, IC, 1);
+        n += bn_subs(t + n, "downsample.1.", p.bnd, C);
+    }
+    return n;
+}
+
+// The running statistics' ranges (the last two tensors of each batch norm).
+static dt_status plan_buffers(dt_model *m) {
+    sub_tensor t[MAX_SUBS];
+    int n = 0, cap = 0;
+    for (int i = 0; i < m->nlayers; i++) cap += layer_subs(&m->L[i], t) / 4;
+    if (!cap) return DT_OK;
+    if (!(m->bufs = malloc(sizeof *m->bufs * (size_t)cap))) return DT_ERR_NOMEM;
+    size_t maxc = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        int k = layer_subs(&m->L[i], t);
+        for (int j = 0; j < k; j++)
+            if (strstr(t[j].name, "running_mean")) {
+                m->bufs[n++] = (dt_grad_range){m->L[i].w_off + t[j].off, 2 * t[j].n};
+                if (t[j].n > maxc) maxc = t[j].n;
+            }
+    }
+    m->nbufs = n;
+    return (m->bacc = malloc(sizeof(int64_t) * (4 * maxc + 2))) ? DT_OK : DT_ERR_NOMEM;
+}
+
+const dt_grad_range *dt_model_buffer_ranges(const dt_model *m, int *n) {
+    *n = m->nbufs;
+    return m->bufs;
+}
+
+void dt_model_set_batch_sum(dt_model *m, dt_model_isum_fn fn, void *user, int sync) {
+    m->bsum = fn;
+    m->bsum_user = user;
+    m->bsync = fn && sync;
+}
+
+int dt_layers_have_batchnorm(const dt_layer_spec *layers, int nlayers) {
+    for (int i = 0; i < nlayers; i++)
+        if (layers[i].kind == DT_LAYER_BATCHNORM || layers[i].kind == DT_LAYER_BLOCK) return 1;
+    return 0;
+}
+
 dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_layer_spec *layers, int nlayers,
                                 int max_batch, int tp, int ntp) {
     dt_model *m;
@@ -533,7 +704,17 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
             (z.argmax && !(l->argmax = dt_alloc(sizeof(int32_t) * z.argmax))))
             goto nomem;
         // Named tensors, PyTorch nn.Sequential style: "<index>.weight".
-        for (int bias = 0; bias < 2; bias++) {
+        sub_tensor sub[MAX_SUBS];
+        int nsub = layer_subs(l, sub);
+        for (int k = 0; k < nsub; k++) {
+            dt_tensor_info *ti = &m->tensors[m->ntensors];
+            snprintf(m->names[m->ntensors], sizeof m->names[0], "%d.%.31s", i, sub[k].name);
+            *ti = (dt_tensor_info){.name = m->names[m->ntensors], .ndim = sub[k].ndim, .offset = l->w_off + sub[k].off,
+                                   .numel = sub[k].n};
+            memcpy(ti->shape, sub[k].shape, sizeof ti->shape);
+            m->wtensors[m->ntensors++] = *ti;
+        }
+        for (int bias = 0; bias < 2 && !nsub; bias++) {
             if (!(bias ? l->b_n : l->w_n)) continue;
             snprintf(m->names[m->ntensors], 32, "%d.%s", i, bias ? "bias" : "weight");
             tensor_of(&m->tensors[m->ntensors], l, bias, 1, bias ? l->b_off : l->w_off);
@@ -543,6 +724,7 @@ dt_status dt_model_create_shard(dt_model **out, const int in_shape[3], const dt_
         }
     }
     if (conv_scratch(m->L, 0, nlayers, max_batch, &m->cscratch) != DT_OK) goto nomem;
+    if (plan_buffers(m) != DT_OK) goto nomem;
     m->act_bytes = plan_bytes(m->L, 0, nlayers, max_batch, m->L[nlayers - 1].out[0], &m->act_saved);
     *out = m;
     return DT_OK;
@@ -575,6 +757,19 @@ void dt_model_init(dt_model *m, uint64_t seed) {
         layer_t *l = &m->L[i];
         float *w = m->params + l->w_off, *b = m->params + l->b_off;
         int keep = !m->held || m->held[i];
+        sub_tensor sub[MAX_SUBS];
+        int nsub = layer_subs(l, sub);
+        for (int k = 0; k < nsub && keep; k++) {  // batch norms 1, 0, 0, 1; convolutions as below
+            float *t = w + sub[k].off;
+            const char *nm = sub[k].name;
+            size_t fan = sub[k].ndim == 4 ? sub[k].n / (size_t)sub[k].shape[0] : 0;
+            for (size_t j = 0; j < sub[k].n; j++)
+                t[j] = fan ? (2.0f * dt_rng_uniform(&r) - 1.0f) / sqrtf((float)fan)
+                           : strstr(nm, "weight") || strstr(nm, "running_var") ? 1.0f : 0.0f;
+        }
+        for (int k = 0; k < nsub && !keep; k++)  // (the same draws)
+            for (size_t j = 0; sub[k].ndim == 4 && j < sub[k].n; j++) dt_rng_uniform(&r);
+        if (nsub) continue;
         if (l->spec.kind == DT_LAYER_LAYERNORM) {
             for (size_t j = 0; j < l->w_n && keep; j++) w[j] = 1.0f;
             for (size_t j = 0; j < l->b_n && keep; j++) b[j] = 0.0f;
@@ -738,6 +933,227 @@ void dt_model_zero_grad(dt_model *m) {
         memset(m->grads + m->hranges[i].offset, 0, sizeof(float) * m->hranges[i].len);
 }
 
+// ----------------------------------------------------------------------------
+// batch norm: a batchnorm layer's, or one of a block's three, over x[B, C, HW]
+// with its 4C floats w (weight, bias, running mean, running var); ms[2C]
+// keeps the mean and rstd it normalised with, *cnt the values per channel
+// (over the workers with sync) for the backward.
+
+static float bn_eps(const dt_layer_spec *s) { return s->eps > 0 ? s->eps : 1e-5f; }
+static float bn_momentum(const dt_layer_spec *s) { return s->momentum > 0 ? s->momentum : 0.1f; }
+
+// The mean over the workers of each one's upd[2C] (its batch mean and
+// unbiased variance): sync = 0's running statistics.
+static dt_status bn_average(dt_model *m, double *upd, int C, int have) {
+    int64_t *acc = m->bacc;
+    memset(acc, 0, sizeof(int64_t) * (4 * (size_t)C + 1));
+    for (int c = 0; c < 2 * C && have; c++) dt_fixed48_add(acc + 2 * (size_t)c, upd[c]);
+    acc[4 * (size_t)C] = have;
+    dt_status st = m->bsum(acc, 4 * (size_t)C + 1, m->bsum_user);
+    for (int c = 0; c < 2 * C && st == DT_OK; c++) upd[c] = dt_fixed48_value(acc + 2 * (size_t)c) / (double)acc[4 * (size_t)C];
+    return st;
+}
+
+static dt_status bn_stats(dt_model *m, int idx, float *w, float *ms, double *cnt, const float *x, int B, int C, int HW,
+                          const dt_layer_spec *s) {
+    int64_t *acc = m->bacc;
+    dt_status st = DT_OK;
+    double *upd = calloc(2 * (size_t)C, sizeof(double));
+    if (x) {
+        if (upd && dt_batchnorm_stats(acc, x, B, C, HW)) free(upd), upd = NULL;
+    } else {
+        memset(acc, 0, sizeof(int64_t) * 4 * (size_t)C);  // (dt_model_batch_norm_idle: no samples here)
+    }
+    if (!upd) {
+        free(upd);
+        return dt_error(DT_ERR_NOMEM, "model: layer %d (%s): out of memory", idx, dt_layer_kind_name(s->kind));
+    }
+    acc[4 * (size_t)C] = (int64_t)B * HW;
+    if (m->bsync && (st = m->bsum(acc, 4 * (size_t)C + 1, m->bsum_user)) != DT_OK) goto done;
+    double N = (double)acc[4 * (size_t)C];
+    if (!x && !m->bsync) {  // an idle worker without sync: the others' mean alone
+        if ((st = bn_average(m, upd, C, 0)) != DT_OK) goto done;
+        goto update;
+    }
+    if (N <= 1) {
+        st = dt_error(DT_ERR_ARG, "model: layer %d (%s): expected more than 1 value per channel when training, got %.0f "
+                      "(batch %d x %d value%s a sample%s); use a larger batch, or sync_bn", idx, dt_layer_kind_name(s->kind),
+                      N, B, HW, HW == 1 ? "" : "s", m->bsync ? ", over every worker" : "");
+        goto done;
+    }
+    for (int c = 0; c < C; c++) {
+        double mean = dt_fixed48_value(acc + 2 * (size_t)c) / N;
+        double var = dt_fixed48_value(acc + 2 * ((size_t)C + c)) / N - mean * mean;
+        if (var < 0) var = 0;
+        ms[c] = (float)mean;
+        ms[C + c] = (float)(1.0 / sqrt(var + bn_eps(s)));
+        upd[c] = mean;
+        upd[C + c] = var * N / (N - 1);
+    }
+    if (m->bsum && !m->bsync && (st = bn_average(m, upd, C, 1)) != DT_OK) goto done;
+update:;
+    float mom = bn_momentum(s), *rm = w + 2 * (size_t)C, *rv = w + 3 * (size_t)C;
+    for (int c = 0; c < C; c++) {
+        rm[c] = (1.0f - mom) * rm[c] + mom * (float)upd[c];
+        rv[c] = (1.0f - mom) * rv[c] + mom * (float)upd[C + c];
+    }
+    *cnt = N;
+done:
+    free(upd);
+    return st;
+}
+
+// out = bn(x): the batch's statistics in training, the running ones else.
+static dt_status bn_forward(dt_model *m, int idx, float *out, const float *x, float *w, float *ms, double *cnt, int B,
+                            int C, int HW, const dt_layer_spec *s, int train) {
+    if (train) {
+        dt_status st = bn_stats(m, idx, w, ms, cnt, x, B, C, HW, s);
+        if (st != DT_OK) return st;
+    } else {
+        for (int c = 0; c < C; c++) {
+            ms[c] = w[2 * C + c];
+            ms[C + c] = 1.0f / sqrtf(w[3 * C + c] + bn_eps(s));
+        }
+        *cnt = 0;  // (the backward of an evaluation: the statistics are constants)
+    }
+    dt_batchnorm_forward(out, x, ms, ms + C, w, w + C, B, C, HW);
+    return DT_OK;
+}
+
+// Its backward: dw[0, 2C) += the local sums of dy xhat and dy; din (when
+// not NULL) += the input gradient, from the sums over the workers with sync.
+static dt_status bn_backward(dt_model *m, int idx, float *din, float *dw, const float *dout, const float *x,
+                             const float *w, const float *ms, double cnt, int B, int C, int HW) {
+    int64_t *acc = m->bacc;
+    double *sd = malloc(sizeof(double) * 2 * (size_t)C);
+    if (!sd || dt_batchnorm_dsums(acc, dout, x, ms, ms + C, B, C, HW)) {
+        free(sd);
+        return dt_error(DT_ERR_NOMEM, "model: layer %d: batch norm backward: out of memory", idx);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int c = 0; c < C; c++) sd[(size_t)k * C + c] = dt_fixed48_value(acc + 2 * ((size_t)k * C + c));
+    for (int c = 0; c < C; c++) dw[c] += (float)sd[C + c], dw[C + c] += (float)sd[c];
+    dt_status st = DT_OK;
+    if (cnt > 0 && m->bsync && (st = m->bsum(acc, 4 * (size_t)C, m->bsum_user)) == DT_OK)
+        for (int k = 0; k < 2; k++)
+            for (int c = 0; c < C; c++) sd[(size_t)k * C + c] = dt_fixed48_value(acc + 2 * ((size_t)k * C + c));
+    if (cnt <= 0) memset(sd, 0, sizeof(double) * 2 * (size_t)C), cnt = 1;
+    if (din && st == DT_OK) dt_batchnorm_backward(din, dout, x, w, ms, ms + C, sd, sd + C, cnt, B, C, HW);
+    free(sd);
+    return st;
+}
+
+// The batch norms of layer i in the order its forward runs them (a block's
+// bn1, bn2, then its downsample's): their 4C floats at w[k], *C channels;
+// returns how many.
+static int layer_bns(dt_model *m, int i, float **w, int *C) {
+    layer_t *l = &m->L[i];
+    float *p = m->params + l->w_off;
+    if (l->spec.kind == DT_LAYER_BATCHNORM) return *C = l->in[0], w[0] = p, 1;
+    if (l->spec.kind != DT_LAYER_BLOCK) return 0;
+    block_parts q = block_of(l);
+    *C = l->out[0];
+    w[0] = p + q.bn1, w[1] = p + q.bn2, w[2] = p + q.bnd;
+    return q.proj ? 3 : 2;
+}
+
+dt_status dt_model_batch_norm_idle(dt_model *m) {
+    dt_status st = DT_OK;
+    if (!m->bsum) return DT_OK;
+    // forward: the sums with nothing of this worker's, and the running
+    // statistics updated as the other workers update theirs
+    float *w[3], ms[2 * 4096];
+    double cnt;
+    int C;
+    for (int i = 0; i < m->nlayers && st == DT_OK; i++) {
+        int n = layer_bns(m, i, w, &C);
+        float *scratch = C <= 4096 ? ms : m->L[i].aux;  // (mean and rstd, unused: no backward of its own)
+        for (int k = 0; k < n && st == DT_OK; k++)
+            st = bn_stats(m, i, w[k], scratch, &cnt, NULL, 0, C, 1, &m->L[i].spec);
+    }
+    // backward (sync): last layer first, a block's bn2, bn1, then its downsample's: zeros
+    for (int i = m->nlayers - 1; i >= 0 && st == DT_OK && m->bsync; i--)
+        for (int k = 0, n = layer_bns(m, i, w, &C); k < n && st == DT_OK; k++) {
+            memset(m->bacc, 0, sizeof(int64_t) * 4 * (size_t)C);
+            st = m->bsum(m->bacc, 4 * (size_t)C, m->bsum_user);
+        }
+    return st;
+}
+
+static void relu_inplace(float *x, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) x[j] = x[j] > 0.0f ? x[j] : 0.0f;
+}
+
+// A basic block's forward: act = relu(bn2(conv2(relu(bn1(conv1(in))))) + sc),
+// sc = in, or bn(conv1x1(in)) with a projection.
+static dt_status block_forward(dt_model *m, layer_t *L, int i, const float *in, int B, int train, int max_batch) {
+    layer_t *l = &L[i];
+    block_parts p = block_of(l);
+    block_bufs b;
+    size_t sc;
+    block_carve(L, i, max_batch, l->aux, &b, &sc);
+    float *w = m->params + l->w_off;
+    int C = l->out[0], P = l->out[1] * l->out[2];
+    size_t n = (size_t)B * C * P;
+    dt_conv_shape c1 = block_conv(L, i, 0, B), c2 = block_conv(L, i, 1, B), cd = block_conv(L, i, 2, B);
+    dt_conv_forward(b.y1, b.s1, l->aux2, in, w + p.c1, NULL, &c1);
+    dt_status st = bn_forward(m, i, b.r1, b.y1, w + p.bn1, b.st, &l->cnt[0], B, C, P, &l->spec, train);
+    if (st != DT_OK) return st;
+    relu_inplace(b.r1, n);
+    dt_conv_forward(b.y2, b.s2, l->aux2, b.r1, w + p.c2, NULL, &c2);
+    if ((st = bn_forward(m, i, l->act, b.y2, w + p.bn2, b.st + 2 * C, &l->cnt[1], B, C, P, &l->spec, train)) != DT_OK)
+        return st;
+    const float *short_cut = in;
+    if (p.proj) {
+        dt_conv_forward(b.yd, b.sd, l->aux2, in, w + p.cd, NULL, &cd);
+        st = bn_forward(m, i, b.g2, b.yd, w + p.bnd, b.st + 4 * C, &l->cnt[2], B, C, P, &l->spec, train);
+        if (st != DT_OK) return st;
+        short_cut = b.g2;
+    }
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) {
+        float v = l->act[j] + short_cut[j];
+        l->act[j] = v > 0.0f ? v : 0.0f;
+    }
+    return DT_OK;
+}
+
+// Its backward from l->dact; din (NULL for the first layer) += the input's.
+static dt_status block_backward(dt_model *m, layer_t *L, int i, float *din, int B, int max_batch) {
+    layer_t *l = &L[i];
+    block_parts p = block_of(l);
+    block_bufs b;
+    size_t sc;
+    block_carve(L, i, max_batch, l->aux, &b, &sc);
+    const float *w = m->params + l->w_off;
+    float *dw = m->grads + l->w_off;
+    int C = l->out[0], P = l->out[1] * l->out[2];
+    size_t n = (size_t)B * C * P;
+    dt_conv_shape c1 = block_conv(L, i, 0, B), c2 = block_conv(L, i, 1, B), cd = block_conv(L, i, 2, B);
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) b.g2[j] = l->act[j] > 0.0f ? l->dact[j] : 0.0f;
+    memset(b.g1, 0, sizeof(float) * n);
+    dt_status st = bn_backward(m, i, b.g1, dw + p.bn2, b.g2, b.y2, w + p.bn2, b.st + 2 * C, l->cnt[1], B, C, P);
+    if (st != DT_OK) return st;
+    dt_conv_backward(b.g3, dw + p.c2, NULL, l->aux2, b.y2, b.g1, b.s2, w + p.c2, &c2, 1);
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) b.g3[j] = b.r1[j] > 0.0f ? b.g3[j] : 0.0f;
+    memset(b.g1, 0, sizeof(float) * n);
+    if ((st = bn_backward(m, i, b.g1, dw + p.bn1, b.g3, b.y1, w + p.bn1, b.st, l->cnt[0], B, C, P)) != DT_OK) return st;
+    dt_conv_backward(din, dw + p.c1, NULL, l->aux2, b.y1, b.g1, b.s1, w + p.c1, &c1, 0);
+    if (p.proj) {
+        memset(b.g1, 0, sizeof(float) * n);
+        st = bn_backward(m, i, b.g1, dw + p.bnd, b.g2, b.yd, w + p.bnd, b.st + 4 * C, l->cnt[2], B, C, P);
+        if (st != DT_OK) return st;
+        dt_conv_backward(din, dw + p.cd, NULL, l->aux2, b.yd, b.g1, b.sd, w + p.cd, &cd, 0);
+    } else if (din) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t j = 0; j < n; j++) din[j] += b.g2[j];
+    }
+    return DT_OK;
+}
+
 // Layers [l0, l1) of L on B samples (L: the model's layers, or a pipeline
 // stage's copy, dt_model_acts): their input is x when l0 = 0, else layer
 // l0 - 1's act; buffers sized for max_batch. hooks: call the model's layer
@@ -756,15 +1172,24 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             // row-parallel: the shards' partial outputs are summed, the bias added once
-            dt_linear_forward(l->act, in, w, l->tp == 2 && m->tp ? NULL : b, B, l->in[0], l->out[0]);
+            dt_linear_forward(l->act, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, B, l->in[0], l->out[0]);
             // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
             if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
             break;
         case DT_LAYER_CONV2D: {  // (row-parallel: as the linear layer's)
             dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_forward(l->act, l->aux, l->aux2, in, w, l->tp == 2 && m->tp ? NULL : b, &cs);
+            dt_conv_forward(l->act, l->aux, l->aux2, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, &cs);
             break;
         }
+        case DT_LAYER_BATCHNORM:
+            st = bn_forward(m, i, l->act, in, m->params + l->w_off, l->aux, &l->cnt[0], B, l->in[0],
+                            l->in[1] * l->in[2], s, train);
+            if (st != DT_OK) return st;
+            break;
+        case DT_LAYER_BLOCK:
+            if ((st = block_forward(m, L, i, in, B, train, max_batch)) != DT_OK) return st;
+            break;
+        case DT_LAYER_AVGPOOL: dt_avgpool_forward(l->act, in, B, l->in[0], l->in[1] * l->in[2]); break;
         case DT_LAYER_MAXPOOL:
             dt_maxpool_forward_v(l->act, l->argmax, in, B, (l->in[0] + V - 1) / V, l->in[1],
                                  l->in[2], s->kernel, s->stride ? s->stride : s->kernel, V);
@@ -859,7 +1284,7 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
         const float *in = i > 0 ? L[i - 1].act : x;
         float *din = i > 0 ? L[i - 1].dact : NULL;
         const float *w = m->params + l->w_off;
-        float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
+        float *dw = m->grads + l->w_off, *db = l->b_n ? m->grads + l->b_off : NULL;
         dt_status st = hooks && m->layer_hook ? m->layer_hook(i, 1, m->layer_hook_user) : DT_OK;
         if (st != DT_OK) return st;
         size_t n = (size_t)B * out_numel(l);
@@ -885,6 +1310,16 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
             dt_conv_backward(din, dw, db, l->aux2, l->act, l->dact, l->aux, w, &cs, 1);
             break;
         }
+        case DT_LAYER_BATCHNORM:
+            st = bn_backward(m, i, din, dw, l->dact, in, w, l->aux, l->cnt[0], B, l->in[0], l->in[1] * l->in[2]);
+            if (st != DT_OK) return st;
+            break;
+        case DT_LAYER_BLOCK:
+            if ((st = block_backward(m, L, i, din, B, max_batch)) != DT_OK) return st;
+            break;
+        case DT_LAYER_AVGPOOL:
+            if (din) dt_avgpool_backward(din, l->dact, B, l->in[0], l->in[1] * l->in[2]);
+            break;
         case DT_LAYER_MAXPOOL: {
             // Through the relu before it, when that one leaves its backward here.
             int fold = din && L[i - 1].pooled;
@@ -1071,6 +1506,9 @@ dt_status dt_model_layer_costs(const int in_shape[3], const dt_layer_spec *layer
         case DT_LAYER_CONV2D: flops[i] = 2.0 * (double)l->w_n * (double)l->out[1] * l->out[2]; break;
         case DT_LAYER_MAXPOOL: flops[i] = outn * l->spec.kernel * l->spec.kernel; break;
         case DT_LAYER_LAYERNORM: flops[i] = 8.0 * outn; break;
+        case DT_LAYER_BATCHNORM: flops[i] = 8.0 * outn; break;
+        case DT_LAYER_BLOCK: flops[i] = 2.0 * (double)l->w_n * outn / l->out[0] + 24.0 * outn; break;
+        case DT_LAYER_AVGPOOL: flops[i] = (double)numel3(l->in); break;
         default: flops[i] = outn; break;  // element-wise: one a value
         }
     }

@@ -14,6 +14,8 @@ struct dt_optim {
     float *s0, *s1;   // SGD: momentum; AdamW: m, v
     const char *state_dir;  // the state's file-backed mapping (dt_state_alloc), or NULL
     int skip;         // steps are skipped (dt_optim_set_skip)
+    size_t *frozen;   // (offset, length) pairs of elements never updated, in order (dt_optim_set_frozen)
+    int nfrozen;
 };
 
 dt_status dt_optim_create(dt_optim **out, const dt_optim_params *p, size_t n) {
@@ -42,6 +44,7 @@ void dt_optim_free(dt_optim *o) {
     if (!o) return;
     dt_state_free(o->s0, o->n, o->state_dir);
     dt_state_free(o->s1, o->n, o->state_dir);
+    free(o->frozen);
     free(o);
 }
 
@@ -60,6 +63,25 @@ void dt_optim_set_skip(dt_optim *o, int skip) { o->skip = skip; }
 dt_optim_kind dt_optim_kind_of(const dt_optim *o) { return o->p.kind; }
 int dt_optim_skipping(const dt_optim *o) { return o->skip; }
 
+dt_status dt_optim_set_frozen(dt_optim *o, const size_t *ranges, int n) {
+    free(o->frozen);
+    o->frozen = NULL;
+    o->nfrozen = 0;
+    if (n <= 0) return DT_OK;
+    if (!(o->frozen = malloc(sizeof(size_t) * 2 * (size_t)n))) return dt_error(DT_ERR_NOMEM, "optimizer: out of memory");
+    for (int i = 0; i < n; i++) {
+        size_t a = ranges[2 * i], b = a + ranges[2 * i + 1];
+        if (i && a < o->frozen[2 * (o->nfrozen - 1)] + o->frozen[2 * (o->nfrozen - 1) + 1])
+            return free(o->frozen), o->frozen = NULL, o->nfrozen = 0,
+                   dt_error(DT_ERR_INTERNAL, "optimizer: frozen ranges out of order");
+        if (a >= o->n || b <= a) continue;
+        o->frozen[2 * o->nfrozen] = a;
+        o->frozen[2 * o->nfrozen + 1] = (b < o->n ? b : o->n) - a;
+        o->nfrozen++;
+    }
+    return DT_OK;
+}
+
 void dt_optim_begin_step(dt_optim *o) {
     if (!o->skip) o->t++;
 }
@@ -75,9 +97,28 @@ dt_sgd_k dt_optim_sgd_k(const dt_optim *o, float lr, float grad_scale) {
     return (dt_sgd_k){lr, p->momentum, p->weight_decay, grad_scale, p->nesterov, o->t == 1};
 }
 
+static void update_span(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
+                        float grad_scale);
+
+// The elements of [off, off + n) outside the frozen ranges, span by span.
 void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
                      float grad_scale) {
     if (o->skip) return;
+    size_t at = off, end = off + n;
+    for (int i = 0; i < o->nfrozen && at < end; i++) {
+        size_t a = o->frozen[2 * i], b = a + o->frozen[2 * i + 1];
+        if (b <= at) continue;
+        if (a > at) {
+            size_t e = a < end ? a : end;
+            update_span(o, at, e - at, params + (at - off), grads + (at - off), lr, grad_scale);
+        }
+        at = b;
+    }
+    if (at < end) update_span(o, at, end - at, params + (at - off), grads + (at - off), lr, grad_scale);
+}
+
+static void update_span(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
+                        float grad_scale) {
     if (o->p.kind == DT_OPTIM_ADAMW) {
         const dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
         float *m = o->s0 + off, *v = o->s1 + off;

@@ -116,6 +116,8 @@ static const char *const table_optim_names[] = {"adagrad", "sgd", NULL};
 static const field fields[] = {
     {"run", "name", F_NAME, O(name), 0, 0, NULL},
     {"model", "preset", F_STR, O(preset), 0, 0, NULL},
+    {"model", "width", F_INT, O(width), 0, 4096, NULL},
+    {"model", "sync_bn", F_BOOL, O(sync_bn), 0, 1, NULL},
     {"data", "dataset", F_ENUM, O(dataset), 0, 0, dataset_names},
     {"data", "dir", F_STR, O(data_dir), 0, 0, NULL},
     {"data", "mean", F_FLOAT, O(mean), -1e6, 1e6, NULL},
@@ -363,10 +365,30 @@ static const char *const preset_cnn[] = {
     "relu", "maxpool kernel=2", "flatten", "linear out=1024", "relu", "dropout p=0.4",
     "linear out=10", NULL};
 
+// ResNet-18 for small images (28x28): a 3x3 stride-1 stem without max
+// pooling, four stages of two basic blocks of W, 2W, 4W, 8W channels
+// ([model] width W, torchvision's 64 by default), global average pooling.
+// "%k" is replaced by k x W.
+static const char *const preset_resnet18[] = {
+    "conv2d out=%1 kernel=3 pad=1 bias=false", "batchnorm", "relu", "block out=%1", "block out=%1",
+    "block out=%2 stride=2", "block out=%2", "block out=%4 stride=2", "block out=%4", "block out=%8 stride=2",
+    "block out=%8", "avgpool", "linear out=10", NULL};
+
 static const struct {
     const char *name;
     const char *const *layers;
-} presets[] = {{"mlp", preset_mlp}, {"cnn", preset_cnn}};
+} presets[] = {{"mlp", preset_mlp}, {"cnn", preset_cnn}, {"resnet18", preset_resnet18}};
+#define PRESET_NAMES "mlp, cnn or resnet18"
+
+// A preset's layer line with "%k" replaced by k x width.
+static void preset_line(const char *in, int width, char *out, size_t n) {
+    size_t o = 0;
+    for (const char *p = in; *p && o + 16 < n; p++) {
+        if (*p == '%' && p[1] >= '1' && p[1] <= '9') o += (size_t)snprintf(out + o, n - o, "%d", (p[1] - '0') * width), p++;
+        else out[o++] = *p;
+    }
+    out[o] = 0;
+}
 
 // Parses "conv2d out=32 kernel=5 pad=2" into *s; on error writes why to err.
 static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t errn) {
@@ -376,17 +398,19 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
     char *save = NULL, *tok = strtok_r(buf, " \t", &save);
     if (!tok) return snprintf(err, errn, "empty layer"), -1;
     int k;
-    for (k = DT_LAYER_LINEAR; k <= DT_LAYER_FLATTEN; k++)
+    for (k = DT_LAYER_LINEAR; k <= DT_LAYER_AVGPOOL; k++)
         if (!strcmp(tok, dt_layer_kind_name((dt_layer_kind)k))) break;
-    if (k > DT_LAYER_FLATTEN)
-        return snprintf(err, errn, "unknown layer '%s' (expected linear, conv2d, maxpool, relu, gelu, layernorm, dropout or flatten)", tok), -1;
+    if (k > DT_LAYER_AVGPOOL)
+        return snprintf(err, errn, "unknown layer '%s' (expected linear, conv2d, maxpool, relu, gelu, layernorm, dropout, flatten, batchnorm, block or avgpool)", tok), -1;
     s->kind = (dt_layer_kind)k;
     // Which parameters each kind takes.
-    const char *allowed = s->kind == DT_LAYER_LINEAR    ? "out"
-                          : s->kind == DT_LAYER_CONV2D  ? "out kernel stride pad"
+    const char *allowed = s->kind == DT_LAYER_LINEAR    ? "out bias"
+                          : s->kind == DT_LAYER_CONV2D  ? "out kernel stride pad bias"
                           : s->kind == DT_LAYER_MAXPOOL ? "kernel stride"
                           : s->kind == DT_LAYER_DROPOUT ? "p"
-                          : s->kind == DT_LAYER_LAYERNORM ? "eps" : "";
+                          : s->kind == DT_LAYER_LAYERNORM ? "eps"
+                          : s->kind == DT_LAYER_BATCHNORM ? "eps momentum"
+                          : s->kind == DT_LAYER_BLOCK ? "out stride eps momentum" : "";
     char seen[64] = " ";  // parameters given so far, " out kernel "
     while ((tok = strtok_r(NULL, " \t", &save))) {
         char *eq = strchr(tok, '=');
@@ -403,7 +427,13 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
                             dt_layer_kind_name(s->kind), name, *allowed ? allowed : "none"), -1;
         if (strstr(seen, pat)) return snprintf(err, errn, "parameter '%s' given twice", name), -1;
         snprintf(seen + strlen(seen), sizeof seen - strlen(seen), "%s ", name);
-        int is_int = strcmp(name, "p") && strcmp(name, "eps");
+        if (!strcmp(name, "bias")) {
+            if (strcmp(val, "true") && strcmp(val, "false"))
+                return snprintf(err, errn, "bias=%s: expected true or false", val), -1;
+            s->nobias = !strcmp(val, "false");
+            continue;
+        }
+        int is_int = strcmp(name, "p") && strcmp(name, "eps") && strcmp(name, "momentum");
         double v;
         if (dt_parse_number(name, val, 0, is_int ? 1e6 : 1, is_int, &v) != DT_OK)
             return snprintf(err, errn, "%s", dt_last_error()), -1;
@@ -417,9 +447,12 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
         } else if (!strcmp(name, "eps")) {
             if (!(v > 0 && v < 1)) return snprintf(err, errn, "eps=%s: expected a number in (0, 1)", val), -1;
             s->eps = (float)v;
+        } else if (!strcmp(name, "momentum")) {
+            if (!(v > 0 && v <= 1)) return snprintf(err, errn, "momentum=%s: expected a number in (0, 1]", val), -1;
+            s->momentum = (float)v;
         }
     }
-    if ((s->kind == DT_LAYER_LINEAR || s->kind == DT_LAYER_CONV2D) && s->out <= 0)
+    if ((s->kind == DT_LAYER_LINEAR || s->kind == DT_LAYER_CONV2D || s->kind == DT_LAYER_BLOCK) && s->out <= 0)
         return snprintf(err, errn, "%s needs out=N (N > 0)", dt_layer_kind_name(s->kind)), -1;
     if ((s->kind == DT_LAYER_CONV2D || s->kind == DT_LAYER_MAXPOOL) && s->kernel <= 0)
         return snprintf(err, errn, "%s needs kernel=N (N > 0)", dt_layer_kind_name(s->kind)), -1;
@@ -430,10 +463,18 @@ static int parse_layer(const char *text, dt_layer_spec *s, char *err, size_t err
 static void format_layer(const dt_layer_spec *s, char *buf, size_t n) {
     int w = snprintf(buf, n, "%s", dt_layer_kind_name(s->kind));
     switch (s->kind) {
-    case DT_LAYER_LINEAR: snprintf(buf + w, n - w, " out=%d", s->out); break;
+    case DT_LAYER_LINEAR: snprintf(buf + w, n - w, " out=%d%s", s->out, s->nobias ? " bias=false" : ""); break;
     case DT_LAYER_CONV2D:
-        snprintf(buf + w, n - w, " out=%d kernel=%d stride=%d pad=%d", s->out, s->kernel,
-                 s->stride ? s->stride : 1, s->pad);
+        w += snprintf(buf + w, n - w, " out=%d kernel=%d stride=%d pad=%d", s->out, s->kernel,
+                      s->stride ? s->stride : 1, s->pad);
+        if (s->nobias) snprintf(buf + w, n - w, " bias=false");
+        break;
+    case DT_LAYER_BLOCK:
+        w += snprintf(buf + w, n - w, " out=%d stride=%d", s->out, s->stride ? s->stride : 1);
+        snprintf(buf + w, n - w, " eps=%.9g momentum=%.9g", s->eps > 0 ? s->eps : 1e-5, s->momentum > 0 ? s->momentum : 0.1);
+        break;
+    case DT_LAYER_BATCHNORM:
+        snprintf(buf + w, n - w, " eps=%.9g momentum=%.9g", s->eps > 0 ? s->eps : 1e-5, s->momentum > 0 ? s->momentum : 0.1);
         break;
     case DT_LAYER_MAXPOOL:
         snprintf(buf + w, n - w, " kernel=%d stride=%d", s->kernel, s->stride ? s->stride : s->kernel);
@@ -666,7 +707,7 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
                         llama_key, c->preset);
     dt_gpt_config g = {0};
     if (strcmp(c->preset, "gpt") && dt_gpt_preset(c->preset, &g) != DT_OK)
-        return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected mlp, cnn, gpt-tiny, gpt-small, gpt2-124m or gpt, got '%s'", what, c->preset);
+        return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected " PRESET_NAMES ", gpt-tiny, gpt-small, gpt2-124m or gpt, got '%s'", what, c->preset);
     int *f[] = {&c->n_layer, &c->n_head, &c->n_embd, &c->block_size, &c->vocab_size, &c->padded_vocab_size};
     int *d[] = {&g.n_layer, &g.n_head, &g.n_embd, &g.block_size, &g.vocab_size, &g.padded_vocab_size};
     const char *names[] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size"};
@@ -732,21 +773,47 @@ static dt_status finish_tokens(dt_config *c, const char *what) {
 }
 // ---- end of GPT models ----
 
+// Batch norm's limits: what each strategy can take of it yet.
+static dt_status finish_batchnorm(const dt_config *c, const char *what) {
+    int bn = -1;
+    for (int i = 0; i < c->nlayers && bn < 0; i++)
+        if (c->layers[i].kind == DT_LAYER_BATCHNORM || c->layers[i].kind == DT_LAYER_BLOCK) bn = i;
+    if (bn < 0) return DT_OK;
+    const char *l = dt_layer_kind_name(c->layers[bn].kind), *no = NULL;
+    if (c->tensor > 1) no = "[parallel] tensor > 1 (tensor parallel)";
+    else if (c->pipeline > 1) no = "[parallel] pipeline > 1 (pipeline parallel)";
+    else if (c->ps_servers > 0) no = "[parallel] servers (parameter servers)";
+    else if (c->deterministic) no = "[parallel] deterministic = true (its fixed shards run one at a time, each would normalise alone)";
+    else if (c->dynamic_batch) no = "[train] dynamic_batch = true (the workers' forwards must pair up)";
+    else if (dt_device_index(c->device) >= 0) no = "[train] device = cuda (no GPU batch norm yet)";
+    if (no)
+        return dt_error(DT_ERR_CONFIG, "%s: [model] layer %d (%s): batch norm cannot be used with %s yet "
+                        "(docs/data-parallel.md, batch norm)", what, bn, l, no);
+    return DT_OK;
+}
+
 static dt_status finish_layers(dt_config *c, const char *what) {
+    dt_status st;
     if (c->preset[0]) {
         int found = -1;
         for (int i = 0; i < (int)(sizeof presets / sizeof presets[0]); i++)
             if (!strcmp(c->preset, presets[i].name)) found = i;
-        if (found < 0) return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected mlp or cnn, got '%s'", what, c->preset);
+        if (found < 0)
+            return dt_error(DT_ERR_CONFIG, "%s: [model] preset: expected " PRESET_NAMES ", gpt-tiny, gpt-small, gpt2-124m, "
+                            "gpt or llama (arch = llama), got '%s'", what, c->preset);
+        if (c->width && strcmp(c->preset, "resnet18"))
+            return dt_error(DT_ERR_CONFIG, "%s: [model] width: only preset = resnet18 has it (preset '%s')", what, c->preset);
         c->nlayers = 0;
         for (const char *const *l = presets[found].layers; *l; l++) {
-            char err[300];
-            if (parse_layer(*l, &c->layers[c->nlayers++], err, sizeof err) != 0)
+            char err[300], line[128];
+            preset_line(*l, c->width ? c->width : 64, line, sizeof line);
+            if (parse_layer(line, &c->layers[c->nlayers++], err, sizeof err) != 0)
                 return dt_error(DT_ERR_INTERNAL, "preset %s: %s", c->preset, err);
         }
     }
     if (c->nlayers == 0)
-        return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn' or 'layer = ...' lines)", what);
+        return dt_error(DT_ERR_CONFIG, "%s: [model]: no layers (give 'preset = mlp|cnn|resnet18' or 'layer = ...' lines)", what);
+    if ((st = finish_batchnorm(c, what)) != DT_OK) return st;
     if (c->recompute)
         return dt_error(DT_ERR_CONFIG, "%s: [train] recompute = blocks: only a GPT has transformer blocks to recompute; use none", what);
     if (c->epochs == 0 && c->max_steps == 0)
@@ -977,6 +1044,10 @@ char *dt_config_format(const dt_config *c) {
             if (!c->recsys && !strcmp(f->sec, "recsys")) continue;  // the recommender's only for it
             if (!strcmp(f->key, "preset") && !c->gpt && !c->recsys) continue;  // written out as layers above
             if (c->arch != DT_ARCH_LLAMA && llama_only(f)) continue;  // (a GPT's text is as it was before them)
+            // (width is the preset's, written out as its layers; sync_bn when set, so that the texts of runs
+            // before it stay as they were)
+            if (!strcmp(f->sec, "model") && (!strcmp(f->key, "width") || (!strcmp(f->key, "sync_bn") && !c->sync_bn)))
+                continue;
             const char *src = (const char *)c + f->off;
             switch (f->type) {
             case F_STR:

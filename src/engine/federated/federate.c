@@ -97,6 +97,9 @@ dt_status dt_federate_check(const dt_config *c, int W) {
     if (c->gpt)
         return dt_error(DT_ERR_CONFIG, "[model] preset = %s: dtrain federate trains classifiers on IDX images, not GPT models",
                         c->preset);
+    if (dt_layers_have_batchnorm(c->layers, c->nlayers))
+        return dt_error(DT_ERR_CONFIG, "[model]: batch norm (a batchnorm or block layer) cannot be used with dtrain "
+                        "federate yet: its clients' optimizer would change the running statistics");
     int m = clients_per_round(c);
     if (c->fed_min_clients > m)
         return dt_error(DT_ERR_CONFIG, "[federated] min_clients = %d: more than the %d clients sampled per round "

@@ -25,6 +25,20 @@ const dt_strategy_ops *dt_strategy_for(const dt_config *c) {
     return &dt_strategy_dp;
 }
 
+// The frozen ranges (task.h) that lie in the optimizer's slice [lo, hi).
+static dt_status set_frozen(dt_optim *o, const dt_grad_range *r, int n, size_t lo, size_t hi) {
+    size_t *v = malloc(sizeof(size_t) * 2 * (size_t)n);
+    int k = 0;
+    if (!v) return dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        size_t a = r[i].offset > lo ? r[i].offset : lo, b = r[i].offset + r[i].len < hi ? r[i].offset + r[i].len : hi;
+        if (a < b) v[2 * k] = a - lo, v[2 * k + 1] = b - a, k++;
+    }
+    dt_status st = dt_optim_set_frozen(o, v, k);
+    free(v);
+    return st;
+}
+
 dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, const dt_strategy_args *a) {
     *out = NULL;
     dt_strategy *s = calloc(1, ops->size);
@@ -63,6 +77,7 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
     const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
     if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
+    if (st == DT_OK && a->nfrozen) st = set_frozen(s->opt, a->frozen, a->nfrozen, s->lo, s->hi);
     if (st == DT_OK && s->nwhole) st = dt_strategy_ckpt_slices(s);
     if (st != DT_OK) {
         dt_strategy_free(s);

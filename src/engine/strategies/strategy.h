@@ -75,6 +75,8 @@ typedef struct {
     int nmatrices;
     int tied;                    /* the order's first range is used by the first and the last layer (task.h) */
     dt_dev_blocks *device;       /* the task's blocks on a device (task.h; NULL: the CPU's) */
+    const dt_grad_range *frozen; /* ranges the optimizer leaves alone (task.h), nfrozen */
+    int nfrozen;
 } dt_strategy_args;
 
 typedef struct dt_strategy_ops {

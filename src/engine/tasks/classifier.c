@@ -36,6 +36,8 @@ struct dt_task {
     void *layer_user;
     int tp, ntp;
     dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
+    dt_comm_t bnc;                 // batch norm's sums over the data-parallel workers (a communicator of
+                                   // their own: the strategy's may be busy with gradients meanwhile)
     unsigned char *order_split;    // the order's ranges divided among the shards
     size_t act_bytes, act_saved;   // the activation sets made, and what 16-bit linear inputs save in them
     dt_dev_mlp *dm;                // [train] device = cuda: the model's steps on the device (m: the host copy)
@@ -145,7 +147,8 @@ static int cls_wants(const dt_config *c) { return !c->gpt; }
 static void cls_close(dt_task *t) {
     dt_comm_destroy(t->tpc);
     dt_comm_destroy(t->rest);
-    t->tpc = t->rest = NULL;
+    dt_comm_destroy(t->bnc);
+    t->tpc = t->rest = t->bnc = NULL;
 }
 
 static dt_status cls_warm(const dt_config *c) {
@@ -197,8 +200,26 @@ static void part_take(void *user, float *local, size_t lo, size_t hi, const floa
     dt_model_shard_take(t->m, t->tp, local, lo, hi, buf);
 }
 
+// Batch norm's sums over the workers (dt_model_set_batch_sum).
+static dt_status bn_sum(int64_t *buf, size_t n, void *user) {
+    dt_task *t = user;
+    dt_status st = dt_allreduce(buf, buf, n, DT_I64, DT_SUM, t->bnc);
+    return st == DT_OK ? DT_OK : dt_error(st, "batch norm's allreduce: %s", dt_last_error());
+}
+
+// The model's groups: tensor parallel's shards, and a model with batch
+// norm on several workers its own communicator for the statistics (the
+// config refuses batch norm with model parallelism and parameter servers,
+// so every rank is a data-parallel worker).
 static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
-    return dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
+    dt_status st = dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
+    if (st != DT_OK || !dt_layers_have_batchnorm(t->c->layers, t->c->nlayers) || dt_comm_size(comm) < 2) return st;
+    dt_comm_destroy(t->bnc);
+    t->bnc = NULL;
+    if ((st = dt_comm_split(comm, 0, dt_comm_rank(comm), &t->bnc)) != DT_OK)
+        return dt_error(st, "batch norm's communicator: %s", dt_last_error());
+    if (t->m) dt_model_set_batch_sum(t->m, bn_sum, t, t->c->sync_bn);
+    return DT_OK;
 }
 
 static dt_status cls_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
@@ -223,6 +244,7 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
         return dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                         dt_model_num_classes(t->m), t->train.classes);
     if (t->ntp > 1) dt_model_set_reduce(t->m, tp_reduce, t);
+    if (t->bnc) dt_model_set_batch_sum(t->m, bn_sum, t, c->sync_bn);
     // A pipeline's stage keeps its layers alone: their parameters come when
     // the strategy has cut the stages (hold), under ZeRO-1 too.
     t->deferred = c->pipeline > 1;
@@ -297,6 +319,8 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
     t->wmeta[1] = (dt_st_meta){"name", c->name};
     int64_t spe = dt_loader_steps_per_epoch(t->loader);
     int64_t total = c->epochs > 0 ? (int64_t)c->epochs * spe : c->max_steps;
+    int nfrozen;
+    const dt_grad_range *frozen = dt_model_buffer_ranges(t->m, &nfrozen);
     if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
     *info = (dt_task_info){.params = dt_model_params(t->m),
                            .grads = dt_model_grads(t->m),
@@ -315,6 +339,8 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
                            .part_take = t->ntp > 1 || t->deferred ? part_take : NULL,
                            .part_user = t,
                            .deferred = t->deferred,
+                           .frozen = frozen,
+                           .nfrozen = nfrozen,
                            .ntensors = nt,
                            .weights_meta = t->wmeta,
                            .nweights_meta = 2,
@@ -383,6 +409,18 @@ static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float l
     dt_model_set_dropout_key(t->m, (uint64_t)step, (int64_t)t->b.first + off);
     dt_model_set_loss_scale(t->m, loss_scale);
     return dt_model_forward(t->m, t->b.x + (size_t)off * ss, t->b.y + off, len, 1, loss);
+}
+
+// The most micro-batches a rank runs this step: grad_accum, or the largest
+// share (ceil(global / workers), the loader's even split) when smaller
+// (dt_strategy_plan_accum); the others' batch norm sums are made with zeros.
+static dt_status cls_micro_pad(dt_task *t, int done) {
+    if (!t->bnc) return DT_OK;
+    int W = dt_comm_size(t->bnc), most = (t->b.global_B + W - 1) / W, want = t->c->grad_accum;
+    if (most < want) want = most;
+    dt_status st = DT_OK;
+    for (int k = done; k < want && st == DT_OK; k++) st = dt_model_batch_norm_idle(t->m);
+    return st;
 }
 
 static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
@@ -566,6 +604,7 @@ const dt_task_ops dt_task_classifier = {
     .zero_grad = cls_zero_grad,
     .forward = cls_forward,
     .backward = cls_backward,
+    .micro_pad = cls_micro_pad,
     .set_layer_hook = cls_set_layer_hook,
     .stage_create = cls_stage_create,
     .stage_free = cls_stage_free,

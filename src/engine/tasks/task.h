@@ -63,6 +63,9 @@ typedef struct {
     int sliced;                       /* create set this rank's ZeRO-3 slice of the parameters alone
                                          (dt_shard_range over the ranks), every rank its own from the same
                                          stream: the loop does not share them at the start either */
+    const dt_grad_range *frozen;      /* ranges of the block the optimizer leaves alone (batch norm's running
+                                         statistics: nn.h dt_model_buffer_ranges), in order; NULL, 0: none */
+    int nfrozen;
     int tied;                         /* the order's first range is used by the first and the last layer
                                          too (the GPT's wte, its tied head): a pipeline's end stages keep it */
     int ntensors;
@@ -129,6 +132,11 @@ typedef struct dt_task_ops {
      * loss_scale in the backward that follows; step keys dropout. */
     dt_status (*forward)(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss);
     void (*backward)(dt_task *t, dt_grad_ready_fn hook, void *user);
+    /* After a step's `done` micro-batches on this rank (0 for an empty
+     * share): a model whose forward and backward sum over the workers
+     * (synchronized batch norm) makes the sums of the micro-batches other
+     * ranks run and this one has not. NULL: nothing to pair up. */
+    dt_status (*micro_pad)(dt_task *t, int done);
     /* Sets the hook before each layer's forward and backward (NULL: the
      * model has no layers to hook, as the classifier). */
     void (*set_layer_hook)(dt_task *t, dt_task_layer_fn fn, void *user);
