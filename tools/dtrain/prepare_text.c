@@ -145,6 +145,11 @@ static dt_status split_bytes(splitter *s, const uint8_t *p, size_t n) {
     return DT_OK;
 }
 
+static int too_much(const char *path) {
+    return cli_error("%s: the input passes %zu bytes (2 GiB - 1), the most prepare-text reads (the token files count "
+                     "tokens in an int32: split the corpus)", path, MAX_TEXT), -1;
+}
+
 // Streams one input (gunzipped when it is gzip) into the splits, at most
 // MAX_TEXT bytes in all.
 static int stream_file(splitter *s, const char *path) {
@@ -159,8 +164,7 @@ static int stream_file(splitter *s, const char *path) {
     int r, rc = 0;
     while (rc == 0 && (r = gzread(f, buf, sizeof buf)) > 0) {
         if ((size_t)r > MAX_TEXT - s->at)
-            rc = (cli_error("%s: the input passes %zu bytes (2 GiB - 1), the most prepare-text reads (the token files "
-                           "count tokens in an int32: split the corpus)", path, MAX_TEXT), -1);
+            rc = too_much(path);
         else if (split_bytes(s, buf, (size_t)r) != DT_OK)
             rc = (cli_error("%s", dt_last_error()), -1);
     }
@@ -257,8 +261,7 @@ int cmd_prepare_text(int argc, char **argv) {
     for (int i = 0; i < nin && rc == 0; i++) rc = collect(&in, ins[i], 0);
     for (int i = 0; i < in.n && rc == 0; i++) {
         if (in.size[i] > MAX_TEXT - total)
-            rc = (cli_error("%s: the input passes %zu bytes (2 GiB - 1), the most prepare-text reads (the token files "
-                           "count tokens in an int32: split the corpus)", in.path[i], MAX_TEXT), -1);
+            rc = too_much(in.path[i]);
         total += in.size[i];
     }
     if (rc == 0 && total < 2)
