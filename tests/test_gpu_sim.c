@@ -217,6 +217,11 @@ static void compare_runs(const char *name, const char *text, const char *what) {
     CHECK(tl_count(sum, "\"strategy\":\t\"device\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
               tl_json_number(sum, "weights_bytes") > 0,
           "%s: summary.json says the device and its memory by kind", what);
+    snprintf(sum, sizeof sum, "%s/metrics/rank-00000.jsonl", b);
+    CHECK(tl_count(sum, "\"gpu_memory_bytes\":{\"weights\":") >= 20, "%s: every step's metrics record has the GPU's "
+          "memory by kind", what);
+    snprintf(sum, sizeof sum, "%s/metrics/rank-00000.jsonl", a);
+    CHECK(tl_count(sum, "gpu_memory_bytes") == 0, "%s: the CPU run's records have none", what);
 }
 
 static const char cfg_mlp[] =

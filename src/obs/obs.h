@@ -104,6 +104,12 @@ dt_status dt_obs_allreduce(dt_obs *o, float *v, int n, dt_comm_t comm);
  * carries them, and rank 0's endpoint shows every rank's. */
 #define DT_OBS_MEM_KINDS 5
 void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]);
+/* A device run's GPU bytes by kind (weights, gradients, optimizer state,
+ * activations, workspace: the arena's, gpu/dev.h): each step's record then
+ * carries them ("gpu_memory_bytes"), and the endpoint shows them
+ * (dtrain_gpu_memory_bytes{kind}). Not called: no GPU, neither appears. */
+#define DT_OBS_GPU_KINDS 5
+void dt_obs_set_gpu_memory(dt_obs *o, const double bytes[DT_OBS_GPU_KINDS]);
 /* This rank's samples in the step under way (its record's "share"); the
  * allgather of dt_obs_allreduce carries it to every rank. */
 void dt_obs_set_share(dt_obs *o, int share);
