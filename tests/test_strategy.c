@@ -441,6 +441,10 @@ static const row rows[] = {
     {"sync-bn", "resnet", 4, 0, SBN "--zero 2", "", 1e-5, 0},
     {"sync-bn", "resnet", 2, 0, SBN "--zero 3", "", 1e-5, 0},
     {"sync-bn", "resnet", 2, 1, SBN, "", 1e-5, 0},
+    // in bf16 (the convolutions' operands rounded; batch norm's sums fp32): against one bf16 process, and ZeRO-2
+    // bitwise against bf16 data parallel
+    {"sync-bn", "resnet", 2, 0, SBN "--precision bf16", "--precision bf16", 1e-4, 0},
+    {"sync-bn", "resnet", 2, 0, SBN "--precision bf16 --zero 2", SBN "--precision bf16", 0, 2},
     // Without it each worker normalises its own share (PyTorch DDP's default): ZeRO's slices of the same
     // run, bitwise (the running statistics, the mean of the workers', left alone by the optimizer).
     {"dp-bn", "resnet", 2, 0, "--zero 1", "", 0, 2},
