@@ -38,6 +38,8 @@
 #define DTRAIN_CONFIG_H
 
 #include "dtrain/core.h"
+#include "dtrain/gpt.h"
+#include "dtrain/llama.h"
 #include "dtrain/spec.h"
 
 #ifdef __cplusplus
@@ -255,6 +257,10 @@ DT_API int dt_device_index(const char *device);
 
 /* Defaults for every field (the values docs/config.md lists). */
 DT_API void dt_config_defaults(dt_config *c);
+/* A language model's config ([model]'s sizes) as its model takes it: a
+ * GPT's, or a Llama's (arch = llama). */
+DT_API dt_gpt_config dt_config_gpt(const dt_config *c);
+DT_API dt_llama_config dt_config_llama(const dt_config *c);
 
 /* Loads `path` over the defaults, then applies overrides given as
  * "section.key=value" strings (the CLI's --set), then validates the whole.

@@ -264,8 +264,7 @@ static size_t stage_sets(const dt_config *c, const dt_gpt_config *gc, const dt_g
 // staging as the GPT's. (Data parallel and ZeRO alone: it has no shards
 // or stages yet.)
 static void llama_needs(const dt_config *c, dt_mem_use use, int W, int B, int T, need_t *n) {
-    dt_llama_config lc = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
-                          c->vocab_size, c->rope_theta, c->norm_eps};
+    dt_llama_config lc = dt_config_llama(c);
     dt_tensor_info t[DT_LLAMA_NTENSORS];
     dt_llama_param_shapes(&lc, t);
     size_t np = dt_llama_config_num_params(&lc), big = 0, L = (size_t)c->n_layer, layer = 0;
@@ -285,7 +284,7 @@ static void llama_needs(const dt_config *c, dt_mem_use use, int W, int B, int T,
 }
 
 static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
-    dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    dt_gpt_config gc = dt_config_gpt(c);
     int T = use == DT_MEM_SAMPLE ? c->block_size : c->seq_len;
     // A training step runs micro-batches of windows drawn with replacement:
     // the model needs all the rows whatever the file's length.

@@ -288,6 +288,15 @@ const char *dt_comp_method_name(int method) {
     return method >= 0 && method <= DT_COMP_POWERSGD ? comp_names[method] : "?";
 }
 
+dt_gpt_config dt_config_gpt(const dt_config *c) {
+    return (dt_gpt_config){c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+}
+
+dt_llama_config dt_config_llama(const dt_config *c) {
+    return (dt_llama_config){c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
+                             c->vocab_size, c->rope_theta, c->norm_eps};
+}
+
 void dt_config_defaults(dt_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "run");
@@ -717,7 +726,7 @@ static dt_status finish_gpt(dt_config *c, const char *what) {
         if (*f[i] == 0) *f[i] = *d[i];
         if (*f[i] == 0) return dt_error(DT_ERR_CONFIG, "%s: [model] %s: preset 'gpt' needs it set", what, names[i]);
     }
-    dt_gpt_config r = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    dt_gpt_config r = dt_config_gpt(c);
     char msg[512];
     if (dt_gpt_config_check(&r, "[model]") != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);
@@ -744,8 +753,7 @@ static dt_status finish_llama(dt_config *c, const char *what) {
     if (c->rope_theta == 0) c->rope_theta = g.rope_theta ? g.rope_theta : 10000.0f;
     if (c->norm_eps == 0) c->norm_eps = g.norm_eps ? g.norm_eps : 1e-5f;
     c->padded_vocab_size = c->vocab_size;
-    dt_llama_config r = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size, c->vocab_size,
-                         c->rope_theta, c->norm_eps};
+    dt_llama_config r = dt_config_llama(c);
     char msg[512];
     if (dt_llama_config_check(&r, "[model]") != DT_OK)
         return snprintf(msg, sizeof msg, "%s", dt_last_error()), dt_error(DT_ERR_CONFIG, "%s: %s", what, msg);

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check(const dt_config *c) {
     if (c->gpt) {  // a GPT: sizes consistent, a context that fits, a bounded run
-        dt_gpt_config g = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+        dt_gpt_config g = dt_config_gpt(c);
         if (dt_gpt_config_check(&g, "fuzz") != DT_OK || c->nlayers != 0) abort();
         if (c->seq_len < 1 || c->seq_len > c->block_size || c->max_steps < 1 || !c->train_file[0]) abort();
         if (!memchr(c->train_file, 0, sizeof c->train_file) || !memchr(c->val_file, 0, sizeof c->val_file) ||

@@ -38,12 +38,11 @@ typedef struct {
 static dt_status lm_open(lm *m, const dt_config *c, const char *weights) {
     *m = (lm){0};
     if (c->arch == DT_ARCH_LLAMA) {
-        dt_llama_config lc = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
-                              c->vocab_size, c->rope_theta, c->norm_eps};
+        dt_llama_config lc = dt_config_llama(c);
         dt_status st = dt_llama_create(&m->llama, &lc, 1, c->block_size);
         return st == DT_OK ? dt_llama_load(m->llama, weights) : st;
     }
-    dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+    dt_gpt_config gc = dt_config_gpt(c);
     dt_status st = dt_gpt_create(&m->gpt, &gc, 1, c->block_size);
     return st == DT_OK ? dt_gpt_load(m->gpt, weights) : st;
 }

@@ -292,12 +292,11 @@ static dt_status pp_check(const dt_config *c, int W) {
         if (st != DT_OK) return st;
     }
     if (T > 1 && c->gpt && c->arch == DT_ARCH_LLAMA) {
-        dt_llama_config lc = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
-                              c->vocab_size, c->rope_theta, c->norm_eps};
+        dt_llama_config lc = dt_config_llama(c);
         if (dt_llama_tensor_parallel_check(&lc, T, "[parallel] tensor") != DT_OK)
             return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());
     } else if (T > 1 && c->gpt) {
-        dt_gpt_config gc = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
+        dt_gpt_config gc = dt_config_gpt(c);
         dt_status st = dt_gpt_tensor_parallel_check(&gc, T, "[parallel] tensor");
         if (st != DT_OK) return dt_error(DT_ERR_CONFIG, "%s", dt_last_error());
     }

@@ -68,14 +68,10 @@ static dt_status gpt_lm_forward(void *user, const int32_t *x, const int32_t *y, 
     return st;
 }
 
-static dt_gpt_config gpt_config(const dt_config *c) {
-    return (dt_gpt_config){c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size, c->padded_vocab_size};
-}
-
 dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy,
                                  int *n) {
     dt_set_threads(c->threads);
-    dt_gpt_config gc = gpt_config(c);
+    dt_gpt_config gc = dt_config_gpt(c);
     dt_gpt *m = NULL;
     dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, c->batch, c->seq_len);
@@ -281,7 +277,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;
-    t->gc = gpt_config(c);
+    t->gc = dt_config_gpt(c);
     t->B = c->batch;
     t->T = c->seq_len;
     t->Bm = max_micro;

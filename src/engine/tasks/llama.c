@@ -41,11 +41,6 @@ struct dt_task {
     void *layer_user;
 };
 
-static dt_llama_config llama_config(const dt_config *c) {
-    return (dt_llama_config){c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size,
-                             c->vocab_size, c->rope_theta, c->norm_eps};
-}
-
 static int llama_wants(const dt_config *c) { return c->gpt && c->arch == DT_ARCH_LLAMA; }
 
 static void llama_close(dt_task *t) {
@@ -170,7 +165,7 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     (void)model_rows;
     dt_task *t = calloc(1, sizeof *t);
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
-    *t = (dt_task){.c = c, .lc = llama_config(c), .B = c->batch, .T = c->seq_len, .Bm = max_micro};
+    *t = (dt_task){.c = c, .lc = dt_config_llama(c), .B = c->batch, .T = c->seq_len, .Bm = max_micro};
     int rank = dt_comm_rank(comm), W = dt_comm_size(comm), norder;
     t->first = (int)((long)t->B * rank / W);
     t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
@@ -345,7 +340,7 @@ static dt_status llama_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float 
 
 dt_status dt_llama_eval_checkpoint(const dt_config *c, const char *weights, float *loss, float *accuracy, int *n) {
     dt_set_threads(c->threads);
-    dt_llama_config lc = llama_config(c);
+    dt_llama_config lc = dt_config_llama(c);
     dt_llama *m = NULL;
     dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
     if (st == DT_OK) st = dt_llama_create(&m, &lc, c->batch, c->seq_len);
