@@ -23,8 +23,6 @@
 // X_OPTIM follow DT_OBS_DATA .. DT_OBS_OPTIMIZER.
 enum { X_DATA, X_FORWARD, X_BACKWARD, X_COMM, X_OPTIM, X_COMM_BUSY, X_SENT, X_RECV, X_PEAK, X_MEM,
        X_SHARE = X_MEM + DT_OBS_MEM_KINDS, X_SUMS, NX = X_SUMS + DT_OBS_MAX_SUMS };
-static const char *const gpu_kinds[DT_OBS_GPU_KINDS] = {"weights", "gradients", "optimizer_state", "activations",
-                                                          "workspace"};
 static const char *const mem_kinds[DT_OBS_MEM_KINDS] = {"weights", "gradients", "optimizer_state", "comm_buffers",
                                                             "activations"};
 // The phases that make up a rank's own work in a step (straggler step time).
@@ -84,7 +82,7 @@ struct dt_obs {
     int have_eval;
     uint64_t stragglers_total;
     double mem[DT_OBS_MEM_KINDS]; // this rank's bytes by kind (dt_obs_set_memory)
-    double gpu[DT_OBS_GPU_KINDS]; // a device run's GPU bytes by kind (dt_obs_set_gpu_memory)
+    double gpu[DT_DEV_KINDS];     // a device run's GPU bytes by kind (dt_obs_set_gpu_memory)
     int has_gpu;
     int share;                    // this rank's samples in the step (dt_obs_set_share)
 };
@@ -252,8 +250,8 @@ static void render(FILE *f, void *user) {
     if (o->has_gpu) {
         dt_prom_family(f, "dtrain_gpu_memory_bytes", "gauge",
                        "GPU memory of a device run by kind, in the one arena planned at its start (docs/gpu.md).");
-        for (int k = 0; k < DT_OBS_GPU_KINDS; k++) {
-            snprintf(lab, sizeof lab, "kind=\"%s\"", gpu_kinds[k]);
+        for (int k = 0; k < DT_DEV_KINDS; k++) {
+            snprintf(lab, sizeof lab, "kind=\"%s\"", dt_dev_kind_names[k]);
             dt_prom_sample(f, "dtrain_gpu_memory_bytes", lab, o->gpu[k]);
         }
     }
@@ -272,7 +270,7 @@ void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]) {
     if (o) memcpy(o->mem, bytes, sizeof o->mem);
 }
 
-void dt_obs_set_gpu_memory(dt_obs *o, const double bytes[DT_OBS_GPU_KINDS]) {
+void dt_obs_set_gpu_memory(dt_obs *o, const double bytes[DT_DEV_KINDS]) {
     if (!o) return;
     memcpy(o->gpu, bytes, sizeof o->gpu);
     o->has_gpu = 1;
@@ -627,7 +625,7 @@ void dt_obs_step(dt_obs *o, const dt_obs_step_info *s) {
     for (int k = 0; k < DT_OBS_MEM_KINDS; k++) cJSON_AddNumberToObject(mb, mem_kinds[k], o->mem[k]);
     if (o->has_gpu) {
         cJSON *gb = cJSON_AddObjectToObject(j, "gpu_memory_bytes");
-        for (int k = 0; k < DT_OBS_GPU_KINDS; k++) cJSON_AddNumberToObject(gb, gpu_kinds[k], o->gpu[k]);
+        for (int k = 0; k < DT_DEV_KINDS; k++) cJSON_AddNumberToObject(gb, dt_dev_kind_names[k], o->gpu[k]);
     }
     int sstage = stage_of(o, slowest);
     if (o->rank == 0 && o->W > 1) {

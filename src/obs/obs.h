@@ -37,6 +37,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
 #include "dtrain/train.h"
+#include "gpu/dev.h"
 
 typedef struct dt_obs dt_obs;
 
@@ -108,8 +109,7 @@ void dt_obs_set_memory(dt_obs *o, const double bytes[DT_OBS_MEM_KINDS]);
  * activations, workspace: the arena's, gpu/dev.h): each step's record then
  * carries them ("gpu_memory_bytes"), and the endpoint shows them
  * (dtrain_gpu_memory_bytes{kind}). Not called: no GPU, neither appears. */
-#define DT_OBS_GPU_KINDS 5
-void dt_obs_set_gpu_memory(dt_obs *o, const double bytes[DT_OBS_GPU_KINDS]);
+void dt_obs_set_gpu_memory(dt_obs *o, const double bytes[DT_DEV_KINDS]);
 /* This rank's samples in the step under way (its record's "share"); the
  * allgather of dt_obs_allreduce carries it to every rank. */
 void dt_obs_set_share(dt_obs *o, int share);

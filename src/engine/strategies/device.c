@@ -52,9 +52,8 @@ static dt_status dev_init(dt_strategy *s) {
     size_t k[DT_DEV_KINDS];
     dt_dev_blocks_kinds(b, k);
     dt_gpu_set_tf32(s->c->tf32);  // (the CUDA GEMM's; the simulated GPU's is the CPU's fp32)
-    _Static_assert(DT_OBS_GPU_KINDS == DT_DEV_KINDS, "the metrics' GPU kinds are the arena's");
-    double g[DT_OBS_GPU_KINDS];
-    for (int i = 0; i < DT_OBS_GPU_KINDS; i++) g[i] = (double)k[i];
+    double g[DT_DEV_KINDS];
+    for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
     dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
            "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory",
