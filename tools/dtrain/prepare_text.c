@@ -175,15 +175,20 @@ static int stream_file(splitter *s, const char *path) {
     return rc;
 }
 
+// The directory OUT_PREFIX's files go in ("." for a bare prefix).
+static void parent_of(const char *out, char dir[4096]) {
+    snprintf(dir, 4096, "%s", out);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, 4096, ".");
+    else slash[slash == dir] = 0;  // ("/x": "/")
+}
+
 // Free bytes where OUT_PREFIX's files go.
 static int check_room(const char *out, size_t text) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", out);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    parent_of(out, dir);
     struct statvfs v;
-    if (statvfs(dir[0] ? dir : "/", &v) != 0) return 0;  // (the writes say it if they fail)
+    if (statvfs(dir, &v) != 0) return 0;  // (the writes say it if they fail)
     size_t need = 2 * text + 4096, room = (size_t)v.f_bavail * v.f_frsize;
     char a[64], b[64];
     if (need > room)
@@ -195,10 +200,7 @@ static int check_room(const char *out, size_t text) {
 // Creates OUT_PREFIX's directory (mkdir -p), as 'train' does for runs.
 static int make_parent(const char *out) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", out);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir) return 0;
-    *slash = 0;
+    parent_of(out, dir);
     return dt_make_dirs(dir) == DT_OK ? 0 : (cli_error("%s", dt_last_error()), -1);
 }
 
