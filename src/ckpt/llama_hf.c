@@ -127,13 +127,13 @@ static const char *extra_tensor(const dt_st_file *f, const hf_tensor *h, int n) 
     return NULL;
 }
 
-dt_status dt_llama_load_hf(dt_llama *m, const char *path) {
+// Hugging Face's tensors of the open file f into m.
+static dt_status load_hf(dt_llama *m, dt_st_file *f, const char *path) {
     hf_tensor *h = alloc_tensors(m);
     if (!h) return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     int n = hf_tensors(m, h);
-    dt_st_file *f = NULL;
-    dt_status s = dt_st_open(&f, path);
-    const char *extra = s == DT_OK ? extra_tensor(f, h, n) : NULL;
+    dt_status s = DT_OK;
+    const char *extra = extra_tensor(f, h, n);
     if (extra) s = dt_error(DT_ERR_FORMAT, "%s: tensor %s is not one of this Llama model's (%d layers)", path, extra,
                             dt_llama_get_config(m)->n_layer);
     const dt_st_tensor *t;
@@ -156,8 +156,15 @@ dt_status dt_llama_load_hf(dt_llama *m, const char *path) {
     }
     if (s == DT_OK) s = dt_st_check_finite(f, path);
     free(tmp);
-    dt_st_close(f);
     free(h);
+    return s;
+}
+
+dt_status dt_llama_load_hf(dt_llama *m, const char *path) {
+    dt_st_file *f = NULL;
+    dt_status s = dt_st_open(&f, path);
+    if (s == DT_OK) s = load_hf(m, f, path);
+    dt_st_close(f);
     return s;
 }
 
@@ -199,8 +206,7 @@ dt_status dt_llama_load(dt_llama *m, const char *path) {
     dt_status s = dt_ckpt_open(path, &f, &is_ckpt);
     if (s != DT_OK) return s;
     const char *format = dt_st_meta_get(f, "format");
-    int own = is_ckpt || (format && !strcmp(format, "dtrain-llama"));
-    if (own) s = load_own(m, f, path, is_ckpt);
+    s = is_ckpt || (format && !strcmp(format, "dtrain-llama")) ? load_own(m, f, path, is_ckpt) : load_hf(m, f, path);
     dt_st_close(f);
-    return own ? s : dt_llama_load_hf(m, path);
+    return s;
 }
