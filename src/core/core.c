@@ -494,21 +494,47 @@ static long long cg_value(const char *dir, const char *name, const char *key) {
     return v;
 }
 
+// This process's start in microseconds of the monotonic clock, the one the
+// kernel's log stamps its records with (/proc/self/stat's start is on the
+// boot clock, which also counts suspended time); 0 where unknown.
+static unsigned long long own_start_us(void) {
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    size_t k = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[k] = 0;
+    char *p = strrchr(buf, ')');  // (the name may hold spaces)
+    unsigned long long ticks = 0;
+    for (int field = 2; p && *p && field < 22; field++) p = strchr(p + 1, ' ');
+    if (!p || sscanf(p, " %llu", &ticks) != 1) return 0;
+    struct timespec boot, mono;
+    clock_gettime(CLOCK_BOOTTIME, &boot);
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    double suspended = (double)(boot.tv_sec - mono.tv_sec) + 1e-9 * (double)(boot.tv_nsec - mono.tv_nsec);
+    double start = (double)ticks / (double)sysconf(_SC_CLK_TCK) - suspended;
+    return start > 1 ? (unsigned long long)((start - 1) * 1e6) : 0;  // (a second's slack for the clocks' rounding)
+}
+
 // Whether the kernel's log (/dev/kmsg, where readable) says an
-// out-of-memory killer killed pid ("Killed process PID (...)"): 1 and the
-// line into out, naming a memory cgroup's (a container's or a job's
-// limit: "Memory cgroup out of memory") or the whole machine's.
+// out-of-memory killer killed pid ("Killed process PID (...)") since this
+// process started (an older record names another process that had the same
+// number, perhaps in another container): 1 and the line into out, naming a
+// memory cgroup's (a container's or a job's limit: "Memory cgroup out of
+// memory") or the whole machine's.
 static int kernel_oom(long pid, char *out, size_t n) {
     int fd = open("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return 0;
     char rec[8192], want[48];
     snprintf(want, sizeof want, "Killed process %ld ", pid);
+    unsigned long long since = own_start_us(), at;
     int found = 0, memcg = 0;
     for (int i = 0; i < 100000 && !found; i++) {  // (one record a read; the ring holds at most a few MB)
         ssize_t k = read(fd, rec, sizeof rec - 1);
         if (k < 0 && errno == EPIPE) continue;  // (records overwritten while read)
         if (k <= 0) break;
         rec[k] = 0;
+        // "PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;TEXT"
+        if (sscanf(rec, "%*u,%*u,%llu", &at) != 1 || at < since) continue;
         found = strstr(rec, want) != NULL;
         memcg = found && strstr(rec, "Memory cgroup out of memory") != NULL;
     }
