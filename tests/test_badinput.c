@@ -315,7 +315,7 @@ static void test_config(void) {
             "batch norm cannot be used with [parallel] tensor", NULL);
     cfg_err("[model]\npreset = resnet18\n[parallel]\npipeline = 2\n", NULL, 0, "layer 1 (batchnorm)", "pipeline parallel", NULL);
     cfg_err("[model]\nlayer = block out=4\nlayer = avgpool\nlayer = linear out=10\n[parallel]\ndeterministic = true\n", NULL, 0,
-            "layer 0 (block)", "[parallel] deterministic", NULL);
+            "layer 0 (block)", "[parallel] deterministic = true without [model] sync_bn = true", NULL);
     cfg_err("[model]\npreset = resnet18\nsync_bn = true\n[train]\ndevice = cuda\n", NULL, 0, "batchnorm", "device = cuda", NULL);
     cfg_err("[model]\nlayer = batchnorm momentum=2\nlayer = linear out=3\n", NULL, 0, "[model] layer: momentum", "from 0 to 1", NULL);
     cfg_err("[model]\nlayer = conv2d out=4 kernel=3 bias=maybe\n", NULL, 0, "[model] layer", "true or false", NULL);

@@ -445,6 +445,16 @@ static const row rows[] = {
     // bitwise against bf16 data parallel
     {"sync-bn", "resnet", 2, 0, SBN "--precision bf16", "--precision bf16", 1e-4, 0},
     {"sync-bn", "resnet", 2, 0, SBN "--precision bf16 --zero 2", SBN "--precision bf16", 0, 2},
+    // --deterministic: a rank's fixed shards run together, normalised over the whole batch, each shard's
+    // gradient summed alone in fixed point: bitwise one process for any worker count and ZeRO stage, and
+    // one process without --deterministic up to the gradients' float sums.
+    {"sync-bn", "resnet", 1, 0, DET SBN, "", 1e-5, 0},
+    {"sync-bn", "resnet", 2, 0, DET SBN, DET SBN, 0, 0},
+    {"sync-bn", "resnet", 4, 0, DET SBN, DET SBN, 0, 0},
+    {"sync-bn", "resnet", 4, 0, DET SBN "--zero 2", DET SBN, 0, 0},
+    {"sync-bn", "resnet", 2, 0, DET SBN "--zero 3", DET SBN, 0, 0},
+    {"sync-bn", "resnet", 2, 1, DET SBN, DET SBN, 0, 0},
+    {"sync-bn", "resnet", 2, 0, DET SBN "--precision bf16", DET SBN "--precision bf16", 0, 0},
     // Without it each worker normalises its own share (PyTorch DDP's default): ZeRO's slices of the same
     // run, bitwise (the running statistics, the mean of the workers', left alone by the optimizer).
     {"dp-bn", "resnet", 2, 0, "--zero 1", "", 0, 2},
@@ -1133,8 +1143,8 @@ static void pipeline_zero(void) {
 // ResNet's run with sync_bn on 2 workers (and without, under ZeRO-2)
 // resumed at step 4 (of 7) ends bitwise where the uninterrupted run does.
 static void batchnorm_resume(void) {
-    const char *runs[2] = {SBN, "--zero 2 "}, *kind[2] = {".safetensors", ""};  // (ZeRO's: sharded, a directory)
-    for (int i = 0; i < 2; i++) {
+    const char *runs[3] = {SBN, "--zero 2 ", DET SBN}, *kind[3] = {".safetensors", "", ".safetensors"};  // (ZeRO's: sharded)
+    for (int i = 0; i < 3; i++) {
         char flags[1024], ck[32], res[32];
         snprintf(ck, sizeof ck, "bn-ck%d", i);
         snprintf(res, sizeof res, "bn-res%d", i);

@@ -267,6 +267,21 @@ DT_API void dt_model_set_batch_sum(dt_model *m, dt_model_isum_fn fn, void *user,
  * this one has not): the same calls with zeros, so that the others' sums
  * pair up. DT_OK at once without a sum function. */
 DT_API dt_status dt_model_batch_norm_idle(dt_model *m);
+/* Batch norm in deterministic mode: the next training forward and its
+ * backward run their B samples as n consecutive segments of len[0..n)
+ * samples (summing to B). Every layer but batch norm runs each segment as
+ * a batch of its own, the bits of a forward and backward of that segment
+ * alone; batch norm normalises all of them together (with the sum
+ * function: every worker's), its sums being exact. Each segment's
+ * gradient of each tensor goes to fn(offset, count, values, user), which
+ * takes it (the gradient block is zero again afterwards), and its loss
+ * gradient is scaled by scale[k] (dt_model_set_loss_scale's, for a
+ * segment alone). So the gradient of each segment is what a pass over it
+ * alone would make, whatever else is in the batch. n = 0: off; the
+ * backward turns it off. */
+typedef void (*dt_grad_part_fn)(size_t offset, size_t count, const float *g, void *user);
+DT_API dt_status dt_model_set_segments(dt_model *m, int n, const int *len, const float *scale, dt_grad_part_fn fn,
+                                       void *user);
 /* Whether the layers have a batch norm (a batchnorm layer or a block). */
 DT_API int dt_layers_have_batchnorm(const dt_layer_spec *layers, int nlayers);
 

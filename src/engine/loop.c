@@ -299,6 +299,22 @@ static dt_status step_rows(const dt_task_ops *tops, dt_task *task, dt_strategy *
     return st == DT_OK ? DT_OK : dt_error(st, "the tables' rows: %s", dt_last_error());
 }
 
+// A fixed shard's gradient of one tensor into the strategy's fixed-point
+// sums (dt_grad_part_fn; segments).
+static void shard_part(size_t offset, size_t count, const float *g, void *user) {
+    dt_strategy *s = user;
+    dt_fixed_add(s->fixed + offset, g, count, DT_FIXED_SCALE);
+}
+
+// The strategy's segments of micro-batch 0 (its fixed shards run together)
+// to the task, each loss scaled as its own micro-batch's would be.
+static dt_status segments(const dt_task_ops *tops, dt_task *task, dt_strategy *s) {
+    if (!tops->segments) return dt_error(DT_ERR_CONFIG, "task %s: the strategy's shards cannot run together", tops->name);
+    float scale[s->nseg];
+    for (int j = 0; j < s->nseg; j++) scale[j] = (float)s->seg_len[j] / (float)s->loss_denom * s->loss_scale;
+    return tops->segments(task, s->nseg, s->seg_len, scale, shard_part, s);
+}
+
 // One step's micro-batches, forward and backward, on this rank; *loss_sum
 // gets the sum of their losses weighted by their sizes.
 static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy *s, dt_obs *obs, int64_t step,
@@ -308,9 +324,11 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
     for (int k = 0; k < nm; k++) {
         float loss;
         double t0 = dt_now();
+        dt_status st = s->nseg ? segments(tops, task, s) : DT_OK;
+        if (st != DT_OK) return st;
         dt_obs_begin(obs, DT_OBS_FORWARD);
-        dt_status st = tops->forward(task, step, s->off[k], s->len[k],
-                                     (float)s->len[k] / (float)s->loss_denom * s->loss_scale, &loss);
+        st = tops->forward(task, step, s->off[k], s->len[k], (float)s->len[k] / (float)s->loss_denom * s->loss_scale,
+                           &loss);
         if (st == DT_OK && k == 0) st = dt_fault_step(s->rank, step + 1);
         dt_obs_end(obs, DT_OBS_FORWARD);
         if (st != DT_OK) return st;

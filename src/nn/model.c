@@ -78,6 +78,13 @@ struct dt_model {
     dt_model_isum_fn bsum;      // batch norm's sum over the workers (dt_model_set_batch_sum)
     void *bsum_user;
     int bsync;
+    int nseg, seg_cap;          // segments of the next training pass (dt_model_set_segments; 0: none)
+    int *seg_len;               // [nseg] samples each
+    float *seg_scale;           // [nseg] loss scales
+    dt_grad_part_fn seg_fn;     // takes each segment's gradient of each tensor
+    void *seg_user;
+    float *seg_save;            // the convolutions' saves of each segment, at seg_off: [nlayers][3][nseg]
+    size_t seg_save_n, *seg_off;
     int64_t *bacc;              // [4 maxC + 2] the sums of one batch norm
     dt_grad_range *bufs;        // the running statistics' ranges, nbufs
     int nbufs;
@@ -327,6 +334,10 @@ void dt_model_free(dt_model *m) {
     free(m->names);
     free(m->bufs);
     free(m->bacc);
+    free(m->seg_len);
+    free(m->seg_scale);
+    free(m->seg_off);
+    dt_free(m->seg_save);
     free(m);
 }
 
@@ -934,6 +945,127 @@ void dt_model_zero_grad(dt_model *m) {
 }
 
 // ----------------------------------------------------------------------------
+// segments (dt_model_set_segments): a batch run in pieces, each with the
+// bits of a pass over it alone, batch norm's statistics over all of them
+
+// Convolution k of layer i (a conv2d's: 0; a block's conv1, conv2 and
+// downsample's: 0, 1, 2) for batches of B into *cs; 0 when it has none.
+static int seg_conv(const layer_t *L, int i, int k, int B, dt_conv_shape *cs) {
+    const layer_t *l = &L[i];
+    if (l->spec.kind == DT_LAYER_CONV2D && k == 0) return *cs = conv_shape(L, i, B), 1;
+    if (l->spec.kind == DT_LAYER_BLOCK && (k < 2 || block_of(l).proj)) return *cs = block_conv(L, i, k, B), 1;
+    return 0;
+}
+
+dt_status dt_model_set_segments(dt_model *m, int n, const int *len, const float *scale, dt_grad_part_fn fn,
+                                void *user) {
+    m->nseg = 0;
+    if (n <= 0) return DT_OK;
+    int B = 0;
+    for (int j = 0; j < n; j++) {
+        if (len[j] < 1) return dt_error(DT_ERR_ARG, "model: segment %d has %d samples", j, len[j]);
+        B += len[j];
+    }
+    if (!fn || B > m->max_batch)
+        return dt_error(DT_ERR_ARG, "model: %d segments of %d samples in all (at most %d)%s", n, B, m->max_batch,
+                        fn ? "" : ", no function for their gradients");
+    if (n > m->seg_cap) {
+        free(m->seg_len), free(m->seg_scale), free(m->seg_off);
+        m->seg_len = malloc(sizeof(int) * n), m->seg_scale = malloc(sizeof(float) * n);
+        m->seg_off = malloc(sizeof(size_t) * 3 * n * (size_t)m->nlayers);
+        m->seg_cap = m->seg_len && m->seg_scale && m->seg_off ? n : 0;
+        if (!m->seg_cap) return dt_error(DT_ERR_NOMEM, "model: segments: out of memory");
+    }
+    size_t off = 0, save, scratch;
+    for (int i = 0; i < m->nlayers; i++)
+        for (int k = 0; k < 3; k++)
+            for (int j = 0; j < n; j++) {
+                dt_conv_shape cs;
+                m->seg_off[((size_t)i * 3 + k) * n + j] = off;
+                if (seg_conv(m->L, i, k, len[j], &cs)) dt_conv_size(&cs, &save, &scratch), off += (save + 15) / 16 * 16;
+            }
+    if (off > m->seg_save_n) {
+        dt_free(m->seg_save);
+        m->seg_save_n = (m->seg_save = dt_alloc(sizeof(float) * off)) ? off : 0;
+        if (!m->seg_save) return dt_error(DT_ERR_NOMEM, "model: segments: out of memory for %zu floats", off);
+    }
+    memcpy(m->seg_len, len, sizeof(int) * n);
+    memcpy(m->seg_scale, scale, sizeof(float) * n);
+    m->seg_fn = fn, m->seg_user = user, m->nseg = n;
+    return DT_OK;
+}
+
+// Hands g[0, n) of the gradient block, the part of a segment just made, to
+// the segments' function, and zeroes it.
+static void seg_take(dt_model *m, float *g, size_t n) {
+    if (!g || !n) return;
+    m->seg_fn((size_t)(g - m->grads), n, g, m->seg_user);
+    memset(g, 0, sizeof(float) * n);
+}
+
+// Floats per sample of a convolution's input and output (layouts as cs).
+static size_t conv_numel(const dt_conv_shape *cs, int output) {
+    int C = output ? cs->OC : cs->IC, blocked = output ? cs->dst_blocked : cs->src_blocked;
+    size_t c = blocked ? (size_t)(C + DT_CONV_BLOCK - 1) / DT_CONV_BLOCK * DT_CONV_BLOCK : (size_t)C;
+    if (!output) return c * cs->H * cs->W;
+    return c * ((cs->H + 2 * cs->P - cs->K) / cs->S + 1) * ((cs->W + 2 * cs->P - cs->K) / cs->S + 1);
+}
+
+// Convolution k of layer i (seg_conv) forward on B samples: at once, or
+// each segment alone with a save of its own.
+static void conv_fwd(dt_model *m, const layer_t *L, int i, int k, float *out, float *save, const float *in,
+                     const float *w, const float *b, int B) {
+    dt_conv_shape cs;
+    seg_conv(L, i, k, B, &cs);
+    if (!m->nseg) {
+        dt_conv_forward(out, save, L[i].aux2, in, w, b, &cs);
+        return;
+    }
+    size_t ni = conv_numel(&cs, 0), no = conv_numel(&cs, 1);
+    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++]) {
+        seg_conv(L, i, k, m->seg_len[j], &cs);
+        dt_conv_forward(out + o * no, m->seg_save + m->seg_off[((size_t)i * 3 + k) * m->nseg + j], L[i].aux2,
+                        in + o * ni, w, b, &cs);
+    }
+}
+
+// Its backward (dt_conv_backward's arguments); segments: each one's dw and
+// db handed over (seg_take).
+static void conv_bwd(dt_model *m, const layer_t *L, int i, int k, float *din, float *dw, float *db, float *out,
+                     const float *dout, const float *save, const float *w, int B, int set_din) {
+    dt_conv_shape cs;
+    seg_conv(L, i, k, B, &cs);
+    if (!m->nseg) {
+        dt_conv_backward(din, dw, db, L[i].aux2, out, dout, save, w, &cs, set_din);
+        return;
+    }
+    size_t ni = conv_numel(&cs, 0), no = conv_numel(&cs, 1), nw = (size_t)cs.OC * cs.IC * cs.K * cs.K;
+    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++]) {
+        seg_conv(L, i, k, m->seg_len[j], &cs);
+        dt_conv_backward(din ? din + o * ni : NULL, dw, db, L[i].aux2, out + o * no, dout + o * no,
+                         m->seg_save + m->seg_off[((size_t)i * 3 + k) * m->nseg + j], w, &cs, set_din);
+        seg_take(m, dw, nw);
+        seg_take(m, db, (size_t)cs.OC);
+    }
+}
+
+// The linear layer's backward on B rows of C inputs and OC outputs (any of
+// din, dw, inp NULL as dt_linear_backward takes them), by segments.
+static void linear_bwd(dt_model *m, float *din, float *dw, float *db, const float *dout, const float *inp,
+                       const float *w, int B, int C, int OC) {
+    if (!m->nseg) {
+        dt_linear_backward(din, dw, db, dout, inp, w, B, C, OC);
+        return;
+    }
+    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++]) {
+        dt_linear_backward(din ? din + (size_t)o * C : NULL, dw, db, dout + (size_t)o * OC,
+                           inp ? inp + (size_t)o * C : NULL, w, m->seg_len[j], C, OC);
+        seg_take(m, dw, (size_t)C * OC);
+        seg_take(m, db, (size_t)OC);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // batch norm: a batchnorm layer's, or one of a block's three, over x[B, C, HW]
 // with its 4C floats w (weight, bias, running mean, running var); ms[2C]
 // keeps the mean and rstd it normalised with, *cnt the values per channel
@@ -1020,19 +1152,43 @@ static dt_status bn_forward(dt_model *m, int idx, float *out, const float *x, fl
     return DT_OK;
 }
 
+// acc[4C] = the local sums of dy and dy xhat (dt_batchnorm_dsums), dw[0,
+// 2C) += those of dy xhat and dy in float; segments: each one's sums into
+// dw alone, handed over (seg_take), and added up exactly in acc. 0 when out
+// of memory.
+static int bn_dsums(dt_model *m, int64_t *acc, float *dw, const float *dout, const float *x, const float *ms, int B,
+                    int C, int HW) {
+    int64_t *part = m->nseg ? malloc(sizeof(int64_t) * 4 * (size_t)C) : acc;
+    size_t per = (size_t)C * HW;
+    int ok = part != NULL, parts = m->nseg ? m->nseg : 1;
+    if (ok && m->nseg) memset(acc, 0, sizeof(int64_t) * 4 * (size_t)C);
+    for (int j = 0, o = 0; j < parts && ok; j++) {
+        int n = m->nseg ? m->seg_len[j] : B;
+        ok = !dt_batchnorm_dsums(part, dout + o * per, x + o * per, ms, ms + C, n, C, HW);
+        for (int c = 0; c < C && ok; c++)
+            dw[c] += (float)dt_fixed48_value(part + 2 * ((size_t)C + c)), dw[C + c] += (float)dt_fixed48_value(part + 2 * (size_t)c);
+        if (ok && m->nseg) {
+            seg_take(m, dw, 2 * (size_t)C);
+            for (size_t q = 0; q < 4 * (size_t)C; q++) acc[q] += part[q];
+        }
+        o += n;
+    }
+    if (part != acc) free(part);
+    return ok;
+}
+
 // Its backward: dw[0, 2C) += the local sums of dy xhat and dy; din (when
 // not NULL) += the input gradient, from the sums over the workers with sync.
 static dt_status bn_backward(dt_model *m, int idx, float *din, float *dw, const float *dout, const float *x,
                              const float *w, const float *ms, double cnt, int B, int C, int HW) {
     int64_t *acc = m->bacc;
     double *sd = malloc(sizeof(double) * 2 * (size_t)C);
-    if (!sd || dt_batchnorm_dsums(acc, dout, x, ms, ms + C, B, C, HW)) {
+    if (!sd || !bn_dsums(m, acc, dw, dout, x, ms, B, C, HW)) {
         free(sd);
         return dt_error(DT_ERR_NOMEM, "model: layer %d: batch norm backward: out of memory", idx);
     }
     for (int k = 0; k < 2; k++)
         for (int c = 0; c < C; c++) sd[(size_t)k * C + c] = dt_fixed48_value(acc + 2 * ((size_t)k * C + c));
-    for (int c = 0; c < C; c++) dw[c] += (float)sd[C + c], dw[C + c] += (float)sd[c];
     dt_status st = DT_OK;
     if (cnt > 0 && m->bsync && (st = m->bsum(acc, 4 * (size_t)C, m->bsum_user)) == DT_OK)
         for (int k = 0; k < 2; k++)
@@ -1096,17 +1252,16 @@ static dt_status block_forward(dt_model *m, layer_t *L, int i, const float *in, 
     float *w = m->params + l->w_off;
     int C = l->out[0], P = l->out[1] * l->out[2];
     size_t n = (size_t)B * C * P;
-    dt_conv_shape c1 = block_conv(L, i, 0, B), c2 = block_conv(L, i, 1, B), cd = block_conv(L, i, 2, B);
-    dt_conv_forward(b.y1, b.s1, l->aux2, in, w + p.c1, NULL, &c1);
+    conv_fwd(m, L, i, 0, b.y1, b.s1, in, w + p.c1, NULL, B);
     dt_status st = bn_forward(m, i, b.r1, b.y1, w + p.bn1, b.st, &l->cnt[0], B, C, P, &l->spec, train);
     if (st != DT_OK) return st;
     relu_inplace(b.r1, n);
-    dt_conv_forward(b.y2, b.s2, l->aux2, b.r1, w + p.c2, NULL, &c2);
+    conv_fwd(m, L, i, 1, b.y2, b.s2, b.r1, w + p.c2, NULL, B);
     if ((st = bn_forward(m, i, l->act, b.y2, w + p.bn2, b.st + 2 * C, &l->cnt[1], B, C, P, &l->spec, train)) != DT_OK)
         return st;
     const float *short_cut = in;
     if (p.proj) {
-        dt_conv_forward(b.yd, b.sd, l->aux2, in, w + p.cd, NULL, &cd);
+        conv_fwd(m, L, i, 2, b.yd, b.sd, in, w + p.cd, NULL, B);
         st = bn_forward(m, i, b.g2, b.yd, w + p.bnd, b.st + 4 * C, &l->cnt[2], B, C, P, &l->spec, train);
         if (st != DT_OK) return st;
         short_cut = b.g2;
@@ -1130,23 +1285,22 @@ static dt_status block_backward(dt_model *m, layer_t *L, int i, float *din, int 
     float *dw = m->grads + l->w_off;
     int C = l->out[0], P = l->out[1] * l->out[2];
     size_t n = (size_t)B * C * P;
-    dt_conv_shape c1 = block_conv(L, i, 0, B), c2 = block_conv(L, i, 1, B), cd = block_conv(L, i, 2, B);
 #pragma omp parallel for simd schedule(static)
     for (size_t j = 0; j < n; j++) b.g2[j] = l->act[j] > 0.0f ? l->dact[j] : 0.0f;
     memset(b.g1, 0, sizeof(float) * n);
     dt_status st = bn_backward(m, i, b.g1, dw + p.bn2, b.g2, b.y2, w + p.bn2, b.st + 2 * C, l->cnt[1], B, C, P);
     if (st != DT_OK) return st;
-    dt_conv_backward(b.g3, dw + p.c2, NULL, l->aux2, b.y2, b.g1, b.s2, w + p.c2, &c2, 1);
+    conv_bwd(m, L, i, 1, b.g3, dw + p.c2, NULL, b.y2, b.g1, b.s2, w + p.c2, B, 1);
 #pragma omp parallel for simd schedule(static)
     for (size_t j = 0; j < n; j++) b.g3[j] = b.r1[j] > 0.0f ? b.g3[j] : 0.0f;
     memset(b.g1, 0, sizeof(float) * n);
     if ((st = bn_backward(m, i, b.g1, dw + p.bn1, b.g3, b.y1, w + p.bn1, b.st, l->cnt[0], B, C, P)) != DT_OK) return st;
-    dt_conv_backward(din, dw + p.c1, NULL, l->aux2, b.y1, b.g1, b.s1, w + p.c1, &c1, 0);
+    conv_bwd(m, L, i, 0, din, dw + p.c1, NULL, b.y1, b.g1, b.s1, w + p.c1, B, 0);
     if (p.proj) {
         memset(b.g1, 0, sizeof(float) * n);
         st = bn_backward(m, i, b.g1, dw + p.bnd, b.g2, b.yd, w + p.bnd, b.st + 4 * C, l->cnt[2], B, C, P);
         if (st != DT_OK) return st;
-        dt_conv_backward(din, dw + p.cd, NULL, l->aux2, b.yd, b.g1, b.sd, w + p.cd, &cd, 0);
+        conv_bwd(m, L, i, 2, din, dw + p.cd, NULL, b.yd, b.g1, b.sd, w + p.cd, B, 0);
     } else if (din) {
 #pragma omp parallel for simd schedule(static)
         for (size_t j = 0; j < n; j++) din[j] += b.g2[j];
@@ -1172,15 +1326,16 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             // row-parallel: the shards' partial outputs are summed, the bias added once
-            dt_linear_forward(l->act, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, B, l->in[0], l->out[0]);
+            for (int j = 0, o = 0; j < (m->nseg ? m->nseg : 1); o += m->nseg ? m->seg_len[j] : 0, j++)
+                dt_linear_forward(l->act + (size_t)o * l->out[0], in + (size_t)o * l->in[0], w,
+                                  (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, m->nseg ? m->seg_len[j] : B, l->in[0],
+                                  l->out[0]);
             // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
             if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
             break;
-        case DT_LAYER_CONV2D: {  // (row-parallel: as the linear layer's)
-            dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_forward(l->act, l->aux, l->aux2, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, &cs);
+        case DT_LAYER_CONV2D:  // (row-parallel: as the linear layer's)
+            conv_fwd(m, L, i, 0, l->act, l->aux, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, B);
             break;
-        }
         case DT_LAYER_BATCHNORM:
             st = bn_forward(m, i, l->act, in, m->params + l->w_off, l->aux, &l->cnt[0], B, l->in[0],
                             l->in[1] * l->in[2], s, train);
@@ -1262,6 +1417,11 @@ dt_status dt_model_forward(dt_model *m, const float *x, const int32_t *targets, 
     if (B <= 0 || B > m->max_batch)
         return dt_error(DT_ERR_ARG, "model: batch %d outside 1..%d", B, m->max_batch);
     if (check_store(m->store) != DT_OK) return DT_ERR_ARG;
+    if (!train) m->nseg = 0;  // (segments are a training pass's)
+    int segs = 0;
+    for (int j = 0; j < m->nseg; j++) segs += m->seg_len[j];
+    if (m->nseg && segs != B)
+        return dt_error(DT_ERR_ARG, "model: a batch of %d samples in segments of %d in all", B, segs);
     dt_status st = forward_layers(m, m->L, 0, m->nlayers, x, B, train, m->max_batch, 1);
     if (st != DT_OK) return st;
     m->input = x;
@@ -1297,19 +1457,15 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
                 // then overwrites (cleared: it accumulates). The two GEMMs are
                 // independent: the same bits in this order.
                 size_t ni = (size_t)B * l->in[0];
-                dt_linear_backward(NULL, dw, db, l->dact, dt_widen16(din, L[i - 1].act16, ni, L[i - 1].t16), w, B,
-                                   l->in[0], l->out[0]);
+                linear_bwd(m, NULL, dw, db, l->dact, dt_widen16(din, L[i - 1].act16, ni, L[i - 1].t16), w, B,
+                           l->in[0], l->out[0]);
                 memset(din, 0, sizeof(float) * ni);
-                dt_linear_backward(din, NULL, NULL, l->dact, NULL, w, B, l->in[0], l->out[0]);
+                linear_bwd(m, din, NULL, NULL, l->dact, NULL, w, B, l->in[0], l->out[0]);
             } else {
-                dt_linear_backward(din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
+                linear_bwd(m, din, dw, db, l->dact, in, w, B, l->in[0], l->out[0]);
             }
             break;
-        case DT_LAYER_CONV2D: {
-            dt_conv_shape cs = conv_shape(L, i, B);
-            dt_conv_backward(din, dw, db, l->aux2, l->act, l->dact, l->aux, w, &cs, 1);
-            break;
-        }
+        case DT_LAYER_CONV2D: conv_bwd(m, L, i, 0, din, dw, db, l->act, l->dact, l->aux, w, B, 1); break;
         case DT_LAYER_BATCHNORM:
             st = bn_backward(m, i, din, dw, l->dact, in, w, l->aux, l->cnt[0], B, l->in[0], l->in[1] * l->in[2]);
             if (st != DT_OK) return st;
@@ -1336,8 +1492,12 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
             if (din) dt_gelu_backward(din, l->dact, in, n);
             break;
         case DT_LAYER_LAYERNORM:
-            dt_layernorm_backward(din, dw, db, l->dact, in, w, l->aux, l->aux + max_batch, B,
-                                  l->in[0]);
+            for (int j = 0, o = 0, C = l->in[0]; j < (m->nseg ? m->nseg : 1); o += m->nseg ? m->seg_len[j] : 0, j++) {
+                dt_layernorm_backward(din ? din + (size_t)o * C : NULL, dw, db, l->dact + (size_t)o * C,
+                                      in + (size_t)o * C, w, l->aux + o, l->aux + max_batch + o,
+                                      m->nseg ? m->seg_len[j] : B, C);
+                if (m->nseg) seg_take(m, dw, (size_t)C), seg_take(m, db, (size_t)C);
+            }
             break;
         case DT_LAYER_DROPOUT:
             if (!din) break;
@@ -1365,9 +1525,15 @@ dt_status dt_model_backward(dt_model *m) {
     if (!m->targets) return dt_error(DT_ERR_ARG, "model: backward needs a forward with targets");
     int B = m->last_B;
     layer_t *last = &m->L[m->nlayers - 1];
+    int V = last->out[0];
     memset(last->dact, 0, sizeof(float) * B * out_numel(last));
-    dt_crossentropy_backward(last->dact, m->probs, m->targets, B, last->out[0], m->loss_scale);
-    return backward_layers(m, m->L, 0, m->nlayers, m->input, B, m->last_train, m->max_batch, 1);
+    if (!m->nseg) dt_crossentropy_backward(last->dact, m->probs, m->targets, B, V, m->loss_scale);
+    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++])
+        dt_crossentropy_backward(last->dact + (size_t)o * V, m->probs + (size_t)o * V, m->targets + o, m->seg_len[j],
+                                 V, m->seg_scale[j]);
+    dt_status st = backward_layers(m, m->L, 0, m->nlayers, m->input, B, m->last_train, m->max_batch, 1);
+    m->nseg = 0;
+    return st;
 }
 
 // ----------------------------------------------------------------------------

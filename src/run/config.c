@@ -791,7 +791,9 @@ static dt_status finish_batchnorm(const dt_config *c, const char *what) {
     if (c->tensor > 1) no = "[parallel] tensor > 1 (tensor parallel)";
     else if (c->pipeline > 1) no = "[parallel] pipeline > 1 (pipeline parallel)";
     else if (c->ps_servers > 0) no = "[parallel] servers (parameter servers)";
-    else if (c->deterministic) no = "[parallel] deterministic = true (its fixed shards run one at a time, each would normalise alone)";
+    else if (c->deterministic && !c->sync_bn)
+        no = "[parallel] deterministic = true without [model] sync_bn = true (each worker's own statistics change with "
+             "the number of workers; sync_bn's are the whole batch's)";
     else if (c->dynamic_batch) no = "[train] dynamic_batch = true (the workers' forwards must pair up)";
     else if (dt_device_index(c->device) >= 0) no = "[train] device = cuda (no GPU batch norm yet)";
     if (no)

@@ -8,7 +8,12 @@
  * int64 fixed-point sums (round(g * 2^32)); one int64 SUM allreduce then
  * adds the ranks' sums. Integer addition is associative, so the result does
  * not depend on how the shards were spread over the ranks or in what order
- * they were added. The state stays replicated, as in "dp". */
+ * they were added. The state stays replicated, as in "dp".
+ *
+ * A model with batch norm normalises over the whole global batch (sync_bn,
+ * which the config requires here): a rank's shards then run together as
+ * one micro-batch whose segments are the shards (dt_model_set_segments),
+ * each shard's gradient still going into the sums on its own. */
 #include "engine/strategies/strategy.h"
 
 #include <stdlib.h>
@@ -31,19 +36,21 @@ static dt_status det_check(const dt_config *c, int W) {
 }
 
 static int det_max_micro(const dt_config *c, int W) {
-    (void)W;
-    return (c->batch + c->micro_shards - 1) / c->micro_shards;
+    int shard = (c->batch + c->micro_shards - 1) / c->micro_shards;
+    return dt_layers_have_batchnorm(c->layers, c->nlayers) ? shard * (c->micro_shards / W) : shard;
 }
 
 static dt_status det_init(dt_strategy *s) {
     dp_det *d = (dp_det *)s;
     if (!(d->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
+    s->fixed = d->acc;
     return DT_OK;
 }
 
 static void det_fini(dt_strategy *s) { dt_free(((dp_det *)s)->acc); }
 
-// The fixed shards of the global batch that fall inside the share.
+// The fixed shards of the global batch that fall inside the share: each a
+// micro-batch, or with batch norm the segments of one.
 static int det_plan(dt_strategy *s, int first, int share, int global) {
     int M = s->c->micro_shards, k = 0;
     for (int j = 0; j < M; j++) {
@@ -52,6 +59,13 @@ static int det_plan(dt_strategy *s, int first, int share, int global) {
             s->off[k] = lo - first;
             s->len[k++] = hi - lo;
         }
+    }
+    s->nseg = 0;
+    if (k > 0 && dt_layers_have_batchnorm(s->c->layers, s->c->nlayers)) {
+        memcpy(s->seg_len, s->len, sizeof(int) * (size_t)k);
+        s->nseg = k;
+        s->len[0] = s->off[k - 1] + s->len[k - 1] - s->off[0];
+        k = 1;
     }
     s->nmicro = k;
     s->global = global;

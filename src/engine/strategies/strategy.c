@@ -73,7 +73,8 @@ dt_status dt_strategy_create(dt_strategy **out, const dt_strategy_ops *ops, cons
     int nmax = a->c->grad_accum > a->c->micro_shards ? a->c->grad_accum : a->c->micro_shards;
     s->off = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
     s->len = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
-    dt_status st = s->off && s->len ? DT_OK : dt_error(DT_ERR_NOMEM, "strategy %s: out of memory", ops->name);
+    s->seg_len = malloc(sizeof(int) * (size_t)(nmax > 0 ? nmax : 1));
+    dt_status st = s->off && s->len && s->seg_len ? DT_OK : dt_error(DT_ERR_NOMEM, "strategy %s: out of memory", ops->name);
     if (st == DT_OK) st = ops->init(s);  // sets lo, hi for a sharded state
     const char *dir = a->c->offload ? a->c->offload_dir : NULL;  // [parallel] offload = disk
     if (st == DT_OK) st = dt_optim_create_at(&s->opt, &a->c->optim, s->hi - s->lo, dir);
@@ -114,6 +115,7 @@ void dt_strategy_free(dt_strategy *s) {
     free(s->wire);
     free(s->off);
     free(s->len);
+    free(s->seg_len);
     free(s);
 }
 

@@ -222,6 +222,9 @@ struct dt_strategy {
     dt_optim *opt;             /* over the slice [lo, hi) */
     size_t lo, hi;             /* the slice of the state this rank updates */
     int nmicro, *off, *len;    /* this step's micro-batches, from its first sample */
+    int nseg, *seg_len;        /* ... or, in deterministic mode with batch norm, one micro-batch of nseg fixed
+                                  shards of seg_len samples, run together (dt_model_set_segments) */
+    int64_t *fixed;            /* deterministic mode: the fixed-point sums the shards' gradients go into */
     int global;                /* samples in this step's global batch */
     int loss_denom;            /* a micro-batch's loss is scaled by len / loss_denom: the global
                                   batch (set before plan), or what plan puts there (local SGD:

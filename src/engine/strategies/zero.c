@@ -371,7 +371,8 @@ static dt_status zero_init(dt_strategy *s) {
     z->buddy = W > 1 && dt_worker_spares() > 0;
     z->tight = dt_mem_limit(NULL) != 0;
     z->copy_t[0] = z->copy_t[1] = z->prev_t = -1;
-    if (s->c->deterministic && !(z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1)))) return DT_ERR_NOMEM;
+    if (s->c->deterministic && !(s->fixed = z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1))))
+        return DT_ERR_NOMEM;
     if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
         release(s->grads, 0, s->lo);
         release(s->grads, s->hi, s->n);

@@ -423,6 +423,11 @@ static dt_status cls_micro_pad(dt_task *t, int done) {
     return st;
 }
 
+static dt_status cls_segments(dt_task *t, int n, const int *len, const float *scale, dt_grad_part_fn fn,
+                              void *user) {
+    return dt_model_set_segments(t->m, n, len, scale, fn, user);
+}
+
 static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     if (t->dm) {
         if (t->dev_err == DT_OK) t->dev_err = dt_dev_mlp_backward(t->dm);
@@ -605,6 +610,7 @@ const dt_task_ops dt_task_classifier = {
     .forward = cls_forward,
     .backward = cls_backward,
     .micro_pad = cls_micro_pad,
+    .segments = cls_segments,
     .set_layer_hook = cls_set_layer_hook,
     .stage_create = cls_stage_create,
     .stage_free = cls_stage_free,

@@ -137,6 +137,12 @@ typedef struct dt_task_ops {
      * (synchronized batch norm) makes the sums of the micro-batches other
      * ranks run and this one has not. NULL: nothing to pair up. */
     dt_status (*micro_pad)(dt_task *t, int done);
+    /* The next forward and backward run their samples as n segments of
+     * len[k] samples, each with the bits of a pass over it alone, its loss
+     * scaled by scale[k], its gradient of each tensor handed to fn (the
+     * block left zero): a model with batch norm in deterministic mode
+     * (dt_model_set_segments). NULL: a task without batch norm. */
+    dt_status (*segments)(dt_task *t, int n, const int *len, const float *scale, dt_grad_part_fn fn, void *user);
     /* Sets the hook before each layer's forward and backward (NULL: the
      * model has no layers to hook, as the classifier). */
     void (*set_layer_hook)(dt_task *t, dt_task_layer_fn fn, void *user);
