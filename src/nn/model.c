@@ -1236,9 +1236,31 @@ dt_status dt_model_batch_norm_idle(dt_model *m) {
     return st;
 }
 
-static void relu_inplace(float *x, size_t n) {
+// The blocks' element-wise passes, on pointers that alias nothing else
+// (so that they vectorise: through the layer's fields they would not).
+static void relu_inplace(float *restrict x, size_t n) {
 #pragma omp parallel for simd schedule(static)
     for (size_t j = 0; j < n; j++) x[j] = x[j] > 0.0f ? x[j] : 0.0f;
+}
+
+// a = relu(a + s)
+static void add_relu(float *restrict a, const float *restrict s, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) {
+        float v = a[j] + s[j];
+        a[j] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+// g = y > 0 ? d : 0 (the relu's backward from its output y; g may be d)
+static void relu_mask(float *g, const float *restrict y, const float *d, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) g[j] = y[j] > 0.0f ? d[j] : 0.0f;
+}
+
+static void add_into(float *restrict a, const float *restrict s, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t j = 0; j < n; j++) a[j] += s[j];
 }
 
 // A basic block's forward: act = relu(bn2(conv2(relu(bn1(conv1(in))))) + sc),
@@ -1266,11 +1288,7 @@ static dt_status block_forward(dt_model *m, layer_t *L, int i, const float *in, 
         if (st != DT_OK) return st;
         short_cut = b.g2;
     }
-#pragma omp parallel for simd schedule(static)
-    for (size_t j = 0; j < n; j++) {
-        float v = l->act[j] + short_cut[j];
-        l->act[j] = v > 0.0f ? v : 0.0f;
-    }
+    add_relu(l->act, short_cut, n);
     return DT_OK;
 }
 
@@ -1285,14 +1303,12 @@ static dt_status block_backward(dt_model *m, layer_t *L, int i, float *din, int 
     float *dw = m->grads + l->w_off;
     int C = l->out[0], P = l->out[1] * l->out[2];
     size_t n = (size_t)B * C * P;
-#pragma omp parallel for simd schedule(static)
-    for (size_t j = 0; j < n; j++) b.g2[j] = l->act[j] > 0.0f ? l->dact[j] : 0.0f;
+    relu_mask(b.g2, l->act, l->dact, n);
     memset(b.g1, 0, sizeof(float) * n);
     dt_status st = bn_backward(m, i, b.g1, dw + p.bn2, b.g2, b.y2, w + p.bn2, b.st + 2 * C, l->cnt[1], B, C, P);
     if (st != DT_OK) return st;
     conv_bwd(m, L, i, 1, b.g3, dw + p.c2, NULL, b.y2, b.g1, b.s2, w + p.c2, B, 1);
-#pragma omp parallel for simd schedule(static)
-    for (size_t j = 0; j < n; j++) b.g3[j] = b.r1[j] > 0.0f ? b.g3[j] : 0.0f;
+    relu_mask(b.g3, b.r1, b.g3, n);
     memset(b.g1, 0, sizeof(float) * n);
     if ((st = bn_backward(m, i, b.g1, dw + p.bn1, b.g3, b.y1, w + p.bn1, b.st, l->cnt[0], B, C, P)) != DT_OK) return st;
     conv_bwd(m, L, i, 0, din, dw + p.c1, NULL, b.y1, b.g1, b.s1, w + p.c1, B, 0);
@@ -1302,8 +1318,7 @@ static dt_status block_backward(dt_model *m, layer_t *L, int i, float *din, int 
         if (st != DT_OK) return st;
         conv_bwd(m, L, i, 2, din, dw + p.cd, NULL, b.yd, b.g1, b.sd, w + p.cd, B, 0);
     } else if (din) {
-#pragma omp parallel for simd schedule(static)
-        for (size_t j = 0; j < n; j++) din[j] += b.g2[j];
+        add_into(din, b.g2, n);
     }
     return DT_OK;
 }
