@@ -539,6 +539,30 @@ static void ref_powersgd(dt_codec *k, int rank, int W, const float *xs, size_t n
     }
 }
 
+// The two-phase quantized sum's second phase over piece [lo, hi) of W
+// chunks: each chunk's sum want (+ its residual res2 with error feedback)
+// re-quantized; QSGD: its step added to the bound of the plain sum.
+static void phase2(const setup *u, float *want, float *bound, float *res2, size_t lo, size_t hi, int W) {
+    size_t len = hi - lo;
+    for (int j = 0; j < W; j++) {
+        size_t a = lo + len * j / W, b = lo + len * (j + 1) / W;
+        if (u->method == DT_COMP_QSGD) {  // |the decoded sum| <= |the plain sum| + the first phase's bound
+            for (size_t c = a; c < b; c += 512) {
+                size_t e = c + 512 < b ? c + 512 : b;
+                double mx = 0;
+                for (size_t i = c; i < e; i++) mx = fmax(mx, fabs((double)want[i]) + bound[i]);
+                for (size_t i = c; i < e; i++) bound[i] += (float)(mx / u->levels) * 1.0001f;
+            }
+            continue;
+        }
+        float *sum = malloc((b - a) * sizeof *sum);
+        for (size_t i = a; i < b; i++) sum[i - a] = want[i] + (u->ef ? res2[i] : 0);
+        ref_encode(u, sum, b - a, want + a);
+        for (size_t i = a; i < b && u->ef; i++) res2[i] = sum[i - a] - want[i];
+        free(sum);
+    }
+}
+
 // The rank side: three steps, every rank's result checked; exit status.
 static int rank_main(const setup *u) {
     dt_comm_t comm;
@@ -557,6 +581,8 @@ static int rank_main(const setup *u) {
     float *qs[3] = {NULL};
     if (!k) return 1;
     float *g = malloc(n * sizeof *g), *x = malloc(n * sizeof *x), *d = malloc(n * sizeof *d);
+    int quant = u->method == DT_COMP_INT8 || u->method == DT_COMP_QSGD || u->method == DT_COMP_SIGN;
+    float *res2 = calloc(n, sizeof *res2);  // the re-quantized sums' residuals (each position's owner's)
     float *res = calloc((size_t)W * n, sizeof *res), *xall = malloc((size_t)W * n * sizeof *xall), *want = malloc(n * sizeof *want), *bound = malloc(n * sizeof *bound);
     int bad = 0;
     for (int s = 0; s < 3 && !bad; s++) {
@@ -587,6 +613,9 @@ static int rank_main(const setup *u) {
                             for (size_t i = a; i < b; i++) mx = fabs((double)x[i]) > mx ? fabs((double)x[i]) : mx;
                             for (size_t i = a; i < b; i++) bound[i] += (float)(mx / u->levels) * 1.0001f;
                         }
+                } else if (quant && W >= 3) {  // the two-phase sum: each rank's W chunks encoded alone
+                    for (int j = 0; j < W; j++)
+                        ref_encode(&at, x + lo + len * j / W, len * (j + 1) / W - len * j / W, d + lo + len * j / W);
                 } else {
                     ref_encode(&at, x + lo, len, d + lo);
                 }
@@ -596,6 +625,8 @@ static int rank_main(const setup *u) {
             for (size_t i = 0; i < n; i++) want[i] += d[i];
             memcpy(xall + (size_t)q * n, x, n * sizeof *x);
         }
+        for (int p = 0; p < 3 && quant && W >= 3; p++)  // ... and each chunk's sum re-quantized
+            if ((cut[p + 1] - cut[p]) * 4 >= (size_t)u->min_bytes) phase2(u, want, bound, res2, cut[p], cut[p + 1], W);
         for (int p = 0; p < 3 && u->method == DT_COMP_POWERSGD && s >= u->levels; p++)
             if ((cut[p + 1] - cut[p]) * 4 >= (size_t)u->min_bytes)
                 ref_powersgd(k, u->rank, W, xall, n, cut[p], cut[p + 1], s, &qs[p], want, u->ef ? res : NULL);
@@ -632,7 +663,7 @@ static int rank_main(const setup *u) {
     dt_codec_free(k);
     dt_comm_destroy(comm);
     if (!bad) printf("rank %d of %d: %s matches the serial reference\n", me, W, methods[u->method]);
-    free(g), free(x), free(d), free(res), free(xall), free(want), free(bound), free(qs[0]), free(qs[1]), free(qs[2]);
+    free(res2), free(g), free(x), free(d), free(res), free(xall), free(want), free(bound), free(qs[0]), free(qs[1]), free(qs[2]);
     return bad ? 1 : 0;
 }
 
@@ -646,6 +677,68 @@ static void ranks(const char *self, int N, const setup *u) {
     if (rc == 0)
         printf("%d ranks: %-8s ratio %g levels %d rank %d error_feedback %d: every rank matches the serial reference\n",
                N, methods[u->method], u->ratio, u->levels, u->rank, u->ef);
+}
+
+// ----------------------------------------------------------------------------
+// bytes: what a worker sends for the quantized sums, at any number of ranks
+
+enum { BYTES_N = 3 * 4096 + 7 };  // one piece, not a multiple of the ranks or of a chunk of 512
+
+// The rank side: two steps of a quantized sum of one piece; prints this
+// rank's bytes sent and what fp32's allreduce would send; exit status.
+static int bytes_main(int method) {
+    dt_comm_t comm;
+    if (dt_comm_init_env(&comm) != DT_OK) return fprintf(stderr, "comm: %s\n", dt_last_error()), 1;
+    dt_config c;
+    config(&c, method, 1);
+    dt_codec *k = codec(&c, comm, BYTES_N);
+    float *g = malloc(BYTES_N * sizeof *g);
+    size_t cut[] = {0, BYTES_N};
+    dt_status st = k && g ? DT_OK : DT_ERR_NOMEM;
+    for (int s = 0; s < 2 && st == DT_OK; s++) {
+        input(g, BYTES_N, dt_comm_rank(comm), s);
+        st = step(k, g, cut, 1);
+    }
+    dt_comm_stats cs;
+    dt_comm_get_stats(comm, &cs);
+    if (st == DT_OK && dt_comm_rank(comm) == 0) printf("sent %llu\n", (unsigned long long)cs.bytes_sent);
+    if (st != DT_OK) fprintf(stderr, "rank %d: %s\n", dt_comm_rank(comm), dt_last_error());
+    dt_codec_free(k);
+    free(g);
+    dt_comm_destroy(comm);
+    return st == DT_OK ? 0 : 1;
+}
+
+// A message's bytes for len values: an fp32 scale a chunk of 512, the codes.
+static double msg(int method, size_t len) {
+    size_t bits = method == DT_COMP_SIGN ? 1 : method == DT_COMP_QSGD ? 4 : 8;
+    return (double)(((len + 511) / 512 * 4 + (len * bits + 7) / 8 + 3) / 4 * 4);
+}
+
+// W ranks (oversubscribed) for int8, qsgd and sign: rank 0's bytes over two
+// steps are the formula's (one message to each peer on 2 ranks; from 3,
+// 2 (W - 1) messages of the largest of the W chunks), the same share of
+// fp32's at every W.
+static void bytes_per_worker(const char *self) {
+    static const int ws[] = {2, 3, 4, 8, 16, 64}, ms[] = {DT_COMP_INT8, DT_COMP_QSGD, DT_COMP_SIGN};
+    for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
+        char line[512] = "";
+        size_t at = 0;
+        for (size_t j = 0; j < sizeof ws / sizeof *ws; j++) {
+            int W = ws[j], m = ms[i];
+            if (m != DT_COMP_INT8 && W == 64) continue;  // (one 64-rank run is enough)
+            char cmd[2048];
+            snprintf(cmd, sizeof cmd, "%s run -n %d -- %s bytes %d", tl_dtrain(), W, self, m);
+            int rc = tl_run(cmd, g_out, sizeof g_out);
+            const char *sent = strstr(g_out, "sent ");
+            double got = rc == 0 && sent ? atof(sent + 5) : -1, fp32 = 2.0 * 2 * (W - 1) * BYTES_N * 4 / W;
+            double want = 2 * (W <= 2 ? (W - 1) * msg(m, BYTES_N) : 2.0 * (W - 1) * msg(m, (BYTES_N + W - 1) / W));
+            CHECK(got == want, "%s on %d ranks: rank 0 sent %.0f bytes in 2 steps, the formula %.0f (exit %d)\n%s",
+                  methods[m], W, got, want, rc, g_out);
+            at += (size_t)snprintf(line + at, sizeof line - at, " W=%d %.3f", W, got / fp32);
+        }
+        printf("bytes per worker, %s, of fp32's:%s\n", methods[ms[i]], line);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -942,6 +1035,7 @@ static void checkpoints(const char *self) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "reshard")) return reshard_main(atoi(argv[2]), argv[3]);
+    if (argc == 3 && !strcmp(argv[1], "bytes")) return bytes_main(atoi(argv[2]));
     if (argc == 8 && !strcmp(argv[1], "rank")) {
         setup u = {atoi(argv[2]), atoi(argv[3]), 0, (float)atof(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7])};
         return rank_main(&u);
@@ -979,6 +1073,7 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof us / sizeof *us; i++)
             if (N == 3 || i % 2 == (size_t)(N / 2) % 2) ranks(self, N, &us[i]);
 
+    bytes_per_worker(self);
     training();
     checkpoints(self);
     tl_cleanup(g_tmp);

@@ -30,8 +30,9 @@ static const dt_codec_ops codec_fp32 = {"fp32", sizeof(dt_codec), fp32_wants, NU
 // the registry: the first codec that wants the config
 
 // The state's tensors (codec.h), as k->names holds their names.
-enum { X_STEP, X_RESIDUAL, X_VELOCITY, X_PIECES, X_Q, NX };
-static const char *const xnames[NX] = {"step", "residual", "velocity", "pieces", "q"};
+enum { X_STEP, X_RESIDUAL, X_VELOCITY, X_PIECES, X_Q, X_RESIDUAL2, NX };
+static const char *const xnames[NX] = {"step", "residual", "velocity", "pieces", "q", "sum_residual"};
+_Static_assert(NX == sizeof ((dt_codec *)0)->names / sizeof ((dt_codec *)0)->names[0], "a name for each tensor");
 // The columns of "pieces": lo, hi, the Qs' length, the matrices'.
 enum { NT = 4 };
 
@@ -104,6 +105,8 @@ void dt_codec_free(dt_codec *k) {
     if (!k) return;
     if (k->ops->fini) k->ops->fini(k);
     for (int i = 0; i < k->npieces; i++) {
+        for (int j = 0; j < k->pieces[i].nreqs; j++) dt_wait(&k->pieces[i].reqs[j]);
+        free(k->pieces[i].reqs);
         free(k->pieces[i].buf);
         free(k->pieces[i].q);
         free(k->pieces[i].perm);
@@ -111,6 +114,7 @@ void dt_codec_free(dt_codec *k) {
     free(k->pieces);
     free(k->mats);
     free(k->residual);
+    free(k->residual2);
     free(k->velocity);
     free(k->table);
     free(k->packed);
@@ -195,6 +199,8 @@ int dt_codec_state(dt_codec *k, dt_st_tensor *t, int max) {
         x[n++] = (dt_st_tensor){k->names[X_RESIDUAL], DT_F32, 1, {(int64_t)k->n}, k->residual, k->n * sizeof(float)};
     if (k->velocity)
         x[n++] = (dt_st_tensor){k->names[X_VELOCITY], DT_F32, 1, {(int64_t)k->n}, k->velocity, k->n * sizeof(float)};
+    if (k->residual2)
+        x[n++] = (dt_st_tensor){k->names[X_RESIDUAL2], DT_F32, 1, {(int64_t)k->n}, k->residual2, k->n * sizeof(float)};
     if (np && max > n) {  // the Qs packed, in the pieces' order
         int64_t *tb = realloc(k->table, sizeof *tb * NT * (size_t)np);
         if (tb) k->table = tb;
@@ -220,7 +226,7 @@ int dt_codec_state(dt_codec *k, dt_st_tensor *t, int max) {
 }
 
 // What a checkpoint held of the state (head[H_FLAGS]).
-enum { F_STEP = 1, F_RESIDUAL = 2, F_VELOCITY = 4, F_Q = 8 };
+enum { F_STEP = 1, F_RESIDUAL = 2, F_VELOCITY = 4, F_Q = 8, F_RESIDUAL2 = 16 };
 // The state's size and step, as rank 0 broadcasts them before the buffers.
 enum { H_FLAGS, H_STEP, H_PIECES, H_Q, NH };
 
@@ -302,11 +308,13 @@ typedef dt_status (*part_opener)(const char *path, int part, dt_st_file **out, i
 // the first; the mean of their residuals and velocities into k's buffers
 // (the part's own when count is 1). other: the method of any codec state
 // there that is not this codec's.
+enum { NBUF = 3 };
 static dt_status load(dt_codec *k, const char *path, part_opener open, int first, int count, int64_t *head,
                       int64_t **table, float **q, char *other, size_t nother) {
-    float *buf[2] = {k->residual, k->velocity};
-    int flag[2] = {F_RESIDUAL, F_VELOCITY}, x[2] = {X_RESIDUAL, X_VELOCITY};
-    head[H_FLAGS] = (k->residual ? F_RESIDUAL : 0) | (k->velocity ? F_VELOCITY : 0);
+    float *buf[NBUF] = {k->residual, k->velocity, k->residual2};
+    int flag[NBUF] = {F_RESIDUAL, F_VELOCITY, F_RESIDUAL2}, x[NBUF] = {X_RESIDUAL, X_VELOCITY, X_RESIDUAL2};
+    head[H_FLAGS] = 0;
+    for (int j = 0; j < NBUF; j++) head[H_FLAGS] |= buf[j] ? flag[j] : 0;
     dt_status st = DT_OK;
     for (int i = 0; i < count && st == DT_OK; i++) {
         dt_st_file *f;
@@ -317,7 +325,7 @@ static dt_status load(dt_codec *k, const char *path, part_opener open, int first
             const char *nm = dt_st_get(f, e)->name, *dot = strncmp(nm, "codec.", 6) ? NULL : strchr(nm + 6, '.');
             if (dot) snprintf(other, nother, "%.*s", (int)(dot - nm - 6), nm + 6);
         }
-        for (int j = 0; j < 2 && st == DT_OK; j++) {
+        for (int j = 0; j < NBUF && st == DT_OK; j++) {
             const dt_st_tensor *t = buf[j] ? find(f, k->names[x[j]], DT_F32, (int64_t)k->n, 0) : NULL;
             if (!t) head[H_FLAGS] &= ~flag[j];
             if (!(head[H_FLAGS] & flag[j])) continue;
@@ -327,7 +335,7 @@ static dt_status load(dt_codec *k, const char *path, part_opener open, int first
     }
     if (st != DT_OK) return st;
     if (!(head[H_FLAGS] & F_STEP)) head[H_FLAGS] = 0;  // not this method's state: none of it
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < NBUF; j++) {
         if (!buf[j]) continue;
         if (!(head[H_FLAGS] & flag[j])) memset(buf[j], 0, k->n * sizeof(float));
         else if (count > 1)
@@ -343,6 +351,8 @@ static dt_status share(dt_codec *k, int64_t *head, int64_t **table, float **q) {
         st = dt_broadcast(k->residual, k->residual, k->n, DT_F32, 0, k->comm);
     if (st == DT_OK && (head[H_FLAGS] & F_VELOCITY))
         st = dt_broadcast(k->velocity, k->velocity, k->n, DT_F32, 0, k->comm);
+    if (st == DT_OK && (head[H_FLAGS] & F_RESIDUAL2))
+        st = dt_broadcast(k->residual2, k->residual2, k->n, DT_F32, 0, k->comm);
     if (st != DT_OK || !(head[H_FLAGS] & F_Q)) return st;
     if (k->rank != 0) {
         *table = malloc(sizeof **table * NT * (size_t)head[H_PIECES]);
@@ -404,6 +414,7 @@ dt_status dt_codec_restore(dt_codec *k, const char *path, int parts) {
     size_t l = strlen(what);
     if (f & F_RESIDUAL) l += (size_t)snprintf(what + l, sizeof what - l, ", residuals");
     if (f & F_VELOCITY) l += (size_t)snprintf(what + l, sizeof what - l, ", DGC momentum");
+    if (f & F_RESIDUAL2) l += (size_t)snprintf(what + l, sizeof what - l, ", the re-quantized sums' residuals");
     if (f & F_Q) l += (size_t)snprintf(what + l, sizeof what - l, ", PowerSGD's Q");
     if ((k->residual && !(f & F_RESIDUAL)) || (k->velocity && !(f & F_VELOCITY)))
         snprintf(what + l, sizeof what - l, "; not there, so from zero: %s%s",

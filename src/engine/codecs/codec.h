@@ -56,6 +56,9 @@ typedef struct {
     dt_rng rng;        /* dt_codec_piece_begin's: seeded from [train] seed, lo, a salt and step */
     int64_t step;      /* steps begun so far (dt_codec_piece_begin) */
     size_t sent;       /* what start() chose for finish() (top-k, random-k: k; top-k 0: a dense warm-up step) */
+    dt_request_t *reqs; /* requests start() left in flight besides the one it returned, nreqs (the two-phase
+                           quantized sum's point-to-point messages); awaited by finish(), else by dt_codec_free */
+    int nreqs;
 } dt_codec_piece;
 
 struct dt_codec {
@@ -67,11 +70,13 @@ struct dt_codec {
     int nmats;
     int rank, world;
     float *residual;   /* error feedback: what was not sent, per position (NULL: off) */
+    float *residual2;  /* ... and of the sums this rank re-quantizes in the two-phase quantized sum, at the
+                          positions of its chunks (NULL: off, or one phase) */
     float *velocity;   /* top-k momentum correction (NULL: off) */
     dt_codec_piece *pieces;
     int npieces, cappieces;
     int64_t step0;     /* a new piece's step: 0, or the step the restored state had reached */
-    char names[5][48]; /* of the state's checkpoint tensors, "codec.METHOD.residual", ... */
+    char names[6][48]; /* of the state's checkpoint tensors, "codec.METHOD.residual", ... */
     int64_t *table;    /* dt_codec_state's scratch: the pieces' (lo, hi, nq), their Qs packed */
     float *packed;
     int64_t saved_step;
