@@ -983,6 +983,25 @@ static void checkpoints(const char *self) {
                at, bw ? "bitwise the uninterrupted run" : "differs");
     }
 
+    // int8's two-phase sum on 3 workers: both residuals in the checkpoint,
+    // the resumed run bitwise the uninterrupted one.
+    const char *i8 = "--set compression.method=int8";
+    CHECK(train("int8-w3", 3, i8) == 0, "an int8 run on 3 workers");
+    snprintf(extra, sizeof extra, "%s --checkpoint-every 10", i8);
+    setenv("DTRAIN_FAULT_STEP", "1:25", 1);
+    int rc1 = train("int8-w3-resumed", 3, extra), bw = 0;
+    unsetenv("DTRAIN_FAULT_STEP");
+    snprintf(extra, sizeof extra, "%s --resume auto", i8);
+    int rc2 = train("int8-w3-resumed", 3, extra);
+    snprintf(a, sizeof a, "%s/int8-w3/model.safetensors", g_tmp);
+    snprintf(b, sizeof b, "%s/int8-w3-resumed/model.safetensors", g_tmp);
+    double d = tl_weights_diff(a, b, &bw);
+    CHECK(rc1 != 0 && rc2 == 0 && bw && strstr(g_out, "the re-quantized sums' residuals"),
+          "int8 on 3 workers failed at step 25 (exit %d), resumed (exit %d) with both residuals: bitwise the "
+          "uninterrupted run (max rel diff %.3g)\n%s", rc1, rc2, d, g_out);
+    printf("checkpoints: int8 on 3 workers (two phases) failed at step 25, resumed: %s\n",
+           bw ? "bitwise the uninterrupted run" : "differs");
+
     // 3 writers, restored on 2 (the mean), on 3 (each its own) and on 1.
     snprintf(extra, sizeof extra, "%s --checkpoint-every 10 --set train.max_steps=20", dgc);
     CHECK(train("w3", 3, extra) == 0, "a 3-worker top-k run with checkpoints");
