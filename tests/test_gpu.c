@@ -706,7 +706,60 @@ static void test_gpt_ops(void) {
     test_bf16_convert();
 }
 
+// The CNN's ops against their host loops over cnn_hd.h's elements (the
+// simulated GPU's, whose CNN run equals the CPU's: test_gpu_sim), max
+// pooling and dropout against the CPU's own kernels: bitwise. Shapes with
+// padding, stride 2, odd sizes; an image past 2^31 is not tried here.
+static void test_cnn_ops(int B, int C, int H, int W, int K, int S, int P) {
+    dt_im2col_t g = {C, H, W, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1};
+    size_t nx = (size_t)B * C * H * W, ncol = (size_t)B * g.OH * g.OW, nc = (size_t)C * K * K * ncol;
+    float *x = randoms(nx, 2, 61), *col = calloc(nc, sizeof(float)), *dx = randoms(nx, 1, 62), *t = calloc(nc, sizeof(float));
+    float *gx = upload(x, nx), *gcol = upload(col, nc), *gdx = upload(dx, nx), *gt = upload(t, nc);
+    dt_status st = gx && gcol && gdx && gt ? DT_OK : DT_ERR_INTERNAL;
+    for (size_t i = 0; i < nc; i++) col[i] = dt_im2col_at(x, &g, i / ncol, i % ncol);
+    if (st == DT_OK) st = dt_gpu_im2col(gcol, gx, (size_t)B, &g);
+    size_t d1 = st == DT_OK ? differ(col, gcol, nc) : SIZE_MAX;
+    for (size_t i = 0; i < nx; i++) dx[i] += dt_col2im_at(col, &g, (size_t)B, i);
+    if (st == DT_OK) st = dt_gpu_col2im(gdx, gcol, (size_t)B, &g);
+    size_t d2 = st == DT_OK ? differ(dx, gdx, nx) : SIZE_MAX;
+    for (size_t i = 0; i < nc; i++) t[i] = col[dt_transpose_src(i, (size_t)C * K * K, ncol)];
+    if (st == DT_OK) st = dt_gpu_transpose(gt, gcol, 1, (size_t)C * K * K, ncol);
+    size_t d3 = st == DT_OK ? differ(t, gt, nc) : SIZE_MAX;
+    CHECK(d1 == 0 && d2 == 0 && d3 == 0, "im2col B %d C %d %dx%d K %d S %d P %d: elements differing from the host's: "
+          "columns %zu, their gradient back %zu, transposed %zu (0)%s%s", B, C, H, W, K, S, P, d1, d2, d3, GPU_ERR(st));
+    // max pooling (K x K, stride K) and dropout p = 0.3 on the same values
+    int OH = (H - K) / K + 1, OW = (W - K) / K + 1;
+    size_t no = (size_t)B * C * OH * OW;
+    float *out = calloc(no + nx, sizeof(float)), *mask = calloc(nx, sizeof(float)), *dy = randoms(no, 1, 63);
+    int32_t *arg = calloc(no, sizeof(int32_t));
+    float *gout = upload(out, no), *gdy = upload(dy, no), *gmask = upload(mask, nx), *gdrop = upload(out, nx);
+    int32_t *garg = upload_i32(arg, no);
+    if (st == DT_OK) st = gout && gdy && gmask && gdrop && garg ? DT_OK : DT_ERR_INTERNAL;
+    dt_maxpool_forward(out, arg, x, B, C, H, W, K, K);
+    dt_maxpool_backward(dx, dy, arg, B, C, H, W, K, K);
+    if (st == DT_OK) st = dt_gpu_maxpool_forward(gout, garg, gx, (size_t)B * C, H, W, K, K);
+    if (st == DT_OK) st = dt_gpu_maxpool_backward(gdx, gdy, garg, (size_t)B * C, H, W, K, K);
+    size_t d4 = st == DT_OK ? differ(out, gout, no) : SIZE_MAX, d5 = st == DT_OK ? differ(dx, gdx, nx) : SIZE_MAX;
+    size_t per = (size_t)C * H * W;
+    for (int j = 0; j < B; j++) {
+        dt_rng r;
+        dt_rng_seed(&r, dt_dropout_seed(5, 9, (uint64_t)(40 + j), 3));
+        dt_dropout_forward(out + (size_t)j * per, mask + (size_t)j * per, x + (size_t)j * per, per, 0.3f, &r);
+    }
+    if (st == DT_OK) st = dt_gpu_dropout_forward(gdrop, gmask, gx, B, per, 0.3f, 5, 9, 40, 3);
+    size_t d6 = st == DT_OK ? differ(mask, gmask, nx) : SIZE_MAX, d7 = st == DT_OK ? differ(out, gdrop, nx) : SIZE_MAX;
+    CHECK(d4 == 0 && d5 == 0 && d6 == 0 && d7 == 0, "max pooling and dropout B %d C %d %dx%d K %d: elements differing "
+          "from the CPU's bits: pooled %zu, its gradient %zu, masks %zu, dropped %zu (0)%s%s", B, C, H, W, K, d4, d5, d6,
+          d7, GPU_ERR(st));
+    free(x), free(col), free(dx), free(t), free(out), free(mask), free(dy), free(arg);
+    dt_gpu_free(gx), dt_gpu_free(gcol), dt_gpu_free(gdx), dt_gpu_free(gt), dt_gpu_free(gout), dt_gpu_free(gdy);
+    dt_gpu_free(gmask), dt_gpu_free(gdrop), dt_gpu_free(garg);
+}
+
 static void test_layers(void) {
+    test_cnn_ops(3, 5, 13, 11, 3, 2, 1);
+    test_cnn_ops(2, 6, 28, 28, 5, 1, 2);
+    test_cnn_ops(1, 1, 7, 9, 2, 1, 0);
     // Rows B x T with T = 37 (not a multiple of 32); C odd, below, at and
     // above a block of 256; one row of one channel.
     const int Cs[] = {1, 97, 256, 771};

@@ -216,6 +216,7 @@ DT_API int dt_model_num_tensors(const dt_model *m);
 typedef struct {
     dt_layer_spec spec;
     size_t in, out, w_off, b_off, w_n, b_n;
+    int in_shape[3], out_shape[3];  /* {C, H, W} a sample */
 } dt_model_layer_plan;
 DT_API int dt_model_num_layers(const dt_model *m);
 DT_API void dt_model_layer(const dt_model *m, int i, dt_model_layer_plan *out);

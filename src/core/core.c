@@ -1,6 +1,7 @@
 /* Status codes, per-thread error messages, logging, rng, threads, time,
  * aligned allocation and atomic file writes. */
 #include "dtrain/core.h"
+#include "core/rng_hd.h"
 #include "version.h"
 
 #include <ctype.h>
@@ -134,30 +135,9 @@ void dt_log(dt_log_level level, const char *fmt, ...) {
 // ----------------------------------------------------------------------------
 // rng: xoshiro256** seeded through splitmix64
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+void dt_rng_seed(dt_rng *r, uint64_t seed) { dt_xoshiro_seed(r->s, seed); }
 
-void dt_rng_seed(dt_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t dt_rng_u64(dt_rng *r) {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+uint64_t dt_rng_u64(dt_rng *r) { return dt_xoshiro_next(r->s); }
 
 uint32_t dt_rng_below(dt_rng *r, uint32_t n) {
     // Lemire's multiply-shift with rejection: unbiased.
@@ -173,7 +153,7 @@ uint32_t dt_rng_below(dt_rng *r, uint32_t n) {
     return (uint32_t)(m >> 32);
 }
 
-float dt_rng_uniform(dt_rng *r) { return (float)(dt_rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+float dt_rng_uniform(dt_rng *r) { return dt_xoshiro_uniform(r->s); }
 
 float dt_rng_normal(dt_rng *r) {
     double u1 = ((dt_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);

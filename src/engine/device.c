@@ -10,7 +10,9 @@
 // The kernels a model's device step calls (gpu/dev_model.c).
 static const char *const mlp_ops[] = {"sgemm", "bias_forward", "bias_backward", "relu_forward", "relu_backward",
                                       "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_backward",
-                                      "crossentropy_forward", "crossentropy_backward", "sumsq", NULL};
+                                      "crossentropy_forward", "crossentropy_backward", "sumsq", "im2col", "col2im",
+                                      "transpose", "maxpool_forward", "maxpool_backward", "dropout_forward",
+                                      "dropout_backward", NULL};
 static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backward", "layernorm_forward",
                                       "layernorm_backward", "attention_forward", "attention_backward",
                                       "residual_forward", "residual_backward", "gelu_forward", "gelu_backward",
@@ -18,7 +20,8 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
                                       "crossentropy_backward", "sumsq", NULL};
 
 // What trains on a device: one worker, plain data parallel, fp32, a GPT or
-// a sequential model of dense layers; the rest refused by name.
+// a sequential model (dense, convolution, pooling and dropout layers); the
+// rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
@@ -34,15 +37,9 @@ static dt_status supported(const dt_config *c) {
                      : c->recompute      ? "[train] recompute"
                      : c->gpt && c->arch == DT_ARCH_LLAMA ? "[model] arch = llama"
                                                           : NULL;
-    for (int i = 0; !no && !c->gpt && i < c->nlayers; i++) {
-        dt_layer_kind k = c->layers[i].kind;
-        if (k == DT_LAYER_CONV2D) no = "a conv2d layer";
-        else if (k == DT_LAYER_MAXPOOL) no = "a maxpool layer";
-        else if (k == DT_LAYER_DROPOUT && c->layers[i].p > 0.0f) no = "dropout with p > 0 (its masks on the device)";
-    }
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (a GPU trains one worker, "
-                        "plain data parallel, fp32, a GPT or dense layers; docs/gpu.md)", c->device, no);
+                        "plain data parallel, fp32, a GPT or a sequential model; docs/gpu.md)", c->device, no);
     return DT_OK;
 }
 

@@ -45,6 +45,13 @@ const dt_dev dt_dev_cuda = {
     .bias_backward = dt_gpu_bias_backward,
     .sumsq = dt_gpu_sumsq,
     .scale = dt_gpu_scale,
+    .im2col = dt_gpu_im2col,
+    .col2im = dt_gpu_col2im,
+    .transpose = dt_gpu_transpose,
+    .maxpool_forward = dt_gpu_maxpool_forward,
+    .maxpool_backward = dt_gpu_maxpool_backward,
+    .dropout_forward = dt_gpu_dropout_forward,
+    .dropout_backward = dt_gpu_dropout_backward,
 };
 
 const dt_dev *dt_dev_get(void) {
@@ -61,7 +68,8 @@ static const struct {
            OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd), OP(encoder_forward),
            OP(encoder_backward), OP(residual_forward), OP(residual_backward), OP(attention_forward),
            OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward), OP(bias_backward),
-           OP(sumsq), OP(scale)};
+           OP(sumsq), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward), OP(maxpool_backward),
+           OP(dropout_forward), OP(dropout_backward)};
 
 const char *dt_dev_lacks(const dt_dev *d, const char *const *names) {
     for (; *names; names++) {

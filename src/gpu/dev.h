@@ -20,6 +20,7 @@
 #define DT_GPU_DEV_H
 
 #include "dtrain/core.h"
+#include "gpu/cnn_hd.h"
 #include "optim/elem.h"
 
 #include <stddef.h>
@@ -77,6 +78,16 @@ typedef struct dt_dev {
     dt_status (*bias_backward)(float *db, const float *dout, size_t N, int OC);
     dt_status (*sumsq)(double *out_dev, const float *x, size_t n);
     dt_status (*scale)(float *x, size_t n, const float *s_dev);
+    /* The CNN's (gpu.h's dt_gpu_im2col and the rest; cnn_hd.h's arithmetic). */
+    dt_status (*im2col)(float *col, const float *x, size_t B, const dt_im2col_t *g);
+    dt_status (*col2im)(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);
+    dt_status (*transpose)(float *out, const float *in, size_t nb, size_t R, size_t C);
+    dt_status (*maxpool_forward)(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K, int S);
+    dt_status (*maxpool_backward)(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
+                                  int S);
+    dt_status (*dropout_forward)(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
+                                 uint64_t step, int64_t first, int layer);
+    dt_status (*dropout_backward)(float *dx, const float *dout, const float *mask, size_t N);
 } dt_dev;
 
 extern const dt_dev dt_dev_cuda; /* gpu/dev.c */

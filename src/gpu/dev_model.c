@@ -71,36 +71,71 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     for (int i = 0; i < DT_DEV_KINDS; i++) bytes[i] = b->arena.planned[i];
 }
 
-// ---- the sequential model of dense layers --------------------------------------
+// ---- the sequential model --------------------------------------------------------
+// Its layers as nn/model.c has them, in NCHW: a convolution is im2col (its
+// columns kept for the backward) and a GEMM into NHWC rows, where the bias
+// is a row bias, then transposed to NCHW; pooling and dropout cnn_hd.h's.
 
 struct dt_dev_mlp {
     dt_dev_blocks b;
     int nl, max_batch, in, V, B;
     float loss_scale;
+    uint64_t seed, step;   // dropout's key (dt_dev_mlp_forward's step and first sample)
+    int64_t first;
     dt_model_layer_plan *L;
-    float **act, **dact, **stats;  // per layer: [max_batch, out] each; layernorm: mean, rstd [2, max_batch]
-    float *x, *probs;
+    float **act, **dact, **keep;  // per layer: [max_batch, out] each; keep: layernorm's mean and rstd [2,
+                                  // max_batch], a convolution's columns, max pooling's argmax, dropout's mask
+    float *x, *probs, *rows, *dcol;  // rows, dcol: the convolutions' NHWC rows and column gradients (shared)
     int32_t *y;
 };
+
+// Layer i's convolution geometry (a conv2d's, or for max pooling its
+// window in K and S).
+static dt_im2col_t geometry(const dt_model_layer_plan *l) {
+    const dt_layer_spec *s = &l->spec;
+    int pool = s->kind == DT_LAYER_MAXPOOL;
+    dt_im2col_t g = {l->in_shape[0], l->in_shape[1], l->in_shape[2], s->kernel,
+                     s->stride ? s->stride : pool ? s->kernel : 1, pool ? 0 : s->pad, l->out_shape[1], l->out_shape[2]};
+    return g;
+}
+
+// Floats of layer i's kept buffer, and of the shared rows and column
+// gradients it needs (*rows, *cols), for batches of mb.
+static size_t keep_floats(const dt_model_layer_plan *l, size_t mb, size_t *rows, size_t *cols) {
+    dt_im2col_t g = geometry(l);
+    size_t ckk = (size_t)g.C * g.K * g.K, n = mb * g.OH * g.OW;
+    *rows = *cols = 0;
+    switch (l->spec.kind) {
+    case DT_LAYER_LAYERNORM: return 2 * mb;
+    case DT_LAYER_CONV2D: *rows = n * (size_t)l->out_shape[0], *cols = ckk * n; return ckk * n;
+    case DT_LAYER_MAXPOOL: return mb * l->out;  // (int32s)
+    case DT_LAYER_DROPOUT: return l->spec.p > 0 ? mb * l->out : 0;
+    default: return 0;
+    }
+}
 
 // Both passes of the arena: counting (base NULL), then taking.
 static void mlp_take(dt_dev_mlp *dm) {
     dt_dev_arena *a = &dm->b.arena;
-    size_t mb = (size_t)dm->max_batch;
+    size_t mb = (size_t)dm->max_batch, rows = 0, cols = 0, r, c;
     dt_dev_blocks_take(&dm->b, dm->max_batch);
     dm->x = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->in);
     dm->y = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * mb);
     for (int i = 0; i < dm->nl; i++) {
-        size_t o = sizeof(float) * mb * dm->L[i].out;
+        size_t o = sizeof(float) * mb * dm->L[i].out, k = keep_floats(&dm->L[i], mb, &r, &c);
         dm->act[i] = dt_dev_take(a, DT_DEV_ACTS, o);
         dm->dact[i] = dt_dev_take(a, DT_DEV_ACTS, o);
-        dm->stats[i] = dm->L[i].spec.kind == DT_LAYER_LAYERNORM ? dt_dev_take(a, DT_DEV_ACTS, 2 * sizeof(float) * mb)
-                                                                : NULL;
+        dm->keep[i] = k ? dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * k) : NULL;
+        rows = r > rows ? r : rows;
+        cols = c > cols ? c : cols;
     }
+    dm->rows = rows ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * rows) : NULL;
+    dm->dcol = cols ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * cols) : NULL;
     dm->probs = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->V);
 }
 
-dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates) {
+dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
+                            uint64_t seed) {
     dt_dev_mlp *dm = calloc(1, sizeof *dm);
     int nl = dt_model_num_layers(m);
     if (dm) {
@@ -109,20 +144,11 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
     }
     if (!(*out = dm) || !dm->L || !dm->act) return dt_dev_mlp_free(dm), *out = NULL, dt_error(DT_ERR_NOMEM, "out of memory");
     dm->dact = dm->act + nl;
-    dm->stats = dm->act + 2 * nl;
+    dm->keep = dm->act + 2 * nl;
     *dm = (dt_dev_mlp){.b = {.d = d, .arena = {.d = d}, .n = dt_model_num_params(m), .nstates = nstates},
                        .nl = nl, .max_batch = max_batch, .in = dt_model_input_size(m), .V = dt_model_num_classes(m),
-                       .L = dm->L, .act = dm->act, .dact = dm->dact, .stats = dm->stats};
-    for (int i = 0; i < nl; i++) {
-        dt_model_layer(m, i, &dm->L[i]);
-        dt_layer_kind k = dm->L[i].spec.kind;
-        if (k == DT_LAYER_CONV2D || k == DT_LAYER_MAXPOOL || (k == DT_LAYER_DROPOUT && dm->L[i].spec.p > 0)) {
-            dt_dev_mlp_free(dm);
-            *out = NULL;
-            return dt_error(DT_ERR_CONFIG, "device model: layer %d (%s%s) is not in this dtrain's device step yet", i,
-                            dt_layer_kind_name(k), k == DT_LAYER_DROPOUT ? " with p > 0" : "");
-        }
-    }
+                       .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep};
+    for (int i = 0; i < nl; i++) dt_model_layer(m, i, &dm->L[i]);
     mlp_take(dm);  // (counting)
     size_t pinned = ((size_t)max_batch * dm->in + 1) * sizeof(float) + (size_t)max_batch * sizeof(int32_t);
     dt_status st = dt_dev_blocks_open(&dm->b, pinned, "the device model");
@@ -145,12 +171,42 @@ void dt_dev_mlp_free(dt_dev_mlp *dm) {
 
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm) { return &dm->b; }
 
+// A convolution: the columns, out rows [B OH OW, OC] = columns^T w^T (+ b),
+// transposed into act [B, OC, OH OW].
+static dt_status conv_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
+    const dt_dev *d = dm->b.d;
+    const dt_model_layer_plan *l = &dm->L[i];
+    dt_im2col_t g = geometry(l);
+    int OC = l->out_shape[0], ckk = g.C * g.K * g.K, N = B * g.OH * g.OW;
+    TRY(d->im2col(dm->keep[i], in, (size_t)B, &g));
+    TRY(d->sgemm(1, 1, N, OC, ckk, 1.0f, dm->keep[i], N, dm->b.params + l->w_off, ckk, 0.0f, dm->rows, OC));
+    if (l->b_n) TRY(d->bias_forward(dm->rows, dm->b.params + l->b_off, (size_t)N, OC));
+    return d->transpose(dm->act[i], dm->rows, (size_t)B, (size_t)g.OH * g.OW, (size_t)OC);
+}
+
+// Its backward: dout to NHWC rows; db, dw += from them; din += the columns'
+// gradient gathered back.
+static dt_status conv_backward(dt_dev_mlp *dm, int i, float *din, int B) {
+    const dt_dev *d = dm->b.d;
+    const dt_model_layer_plan *l = &dm->L[i];
+    dt_im2col_t g = geometry(l);
+    int OC = l->out_shape[0], ckk = g.C * g.K * g.K, N = B * g.OH * g.OW;
+    const float *w = dm->b.params + l->w_off;
+    TRY(d->transpose(dm->rows, dm->dact[i], (size_t)B, (size_t)OC, (size_t)g.OH * g.OW));
+    if (l->b_n) TRY(d->bias_backward(dm->b.grads + l->b_off, dm->rows, (size_t)N, OC));
+    TRY(d->sgemm(1, 1, OC, ckk, N, 1.0f, dm->rows, OC, dm->keep[i], N, 1.0f, dm->b.grads + l->w_off, ckk));
+    if (!din) return DT_OK;
+    TRY(d->sgemm(1, 1, ckk, N, OC, 1.0f, w, ckk, dm->rows, OC, 0.0f, dm->dcol, N));
+    return d->col2im(din, dm->dcol, (size_t)B, &g);
+}
+
 static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     const dt_dev *d = dm->b.d;
     const dt_model_layer_plan *l = &dm->L[i];
     const float *w = dm->b.params + l->w_off, *b = dm->b.params + l->b_off;
     float *act = dm->act[i];
     size_t n = (size_t)B * l->out;
+    dt_im2col_t g = geometry(l);
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:  // dt_linear_forward: the bias written first, the GEMM adds onto it
         if (l->b_n) {
@@ -159,17 +215,23 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
         }
         return d->sgemm(0, 1, B, (int)l->out, (int)l->in, 1.0f, in, (int)l->in, w, (int)l->in, l->b_n ? 1.0f : 0.0f,
                         act, (int)l->out);
+    case DT_LAYER_CONV2D: return conv_forward(dm, i, in, B);
+    case DT_LAYER_MAXPOOL:
+        return d->maxpool_forward(act, (int32_t *)dm->keep[i], in, (size_t)B * g.C, g.H, g.W, g.K, g.S);
+    case DT_LAYER_DROPOUT:
+        if (l->spec.p <= 0.0f) return d->copy(act, in, n * sizeof(float));
+        return d->dropout_forward(act, dm->keep[i], in, B, l->out, l->spec.p, dm->seed, dm->step, dm->first, i);
     case DT_LAYER_RELU: return d->relu_forward(act, in, n);
     case DT_LAYER_GELU: return d->gelu_forward(act, in, n);
     case DT_LAYER_LAYERNORM:
-        return d->layernorm_forward(act, dm->stats[i], dm->stats[i] + dm->max_batch, in, w, b, (size_t)B,
-                                    (int)l->in, l->spec.eps > 0 ? l->spec.eps : 1e-5f);
-    default: return d->copy(act, in, n * sizeof(float));  // flatten, dropout with p = 0
+        return d->layernorm_forward(act, dm->keep[i], dm->keep[i] + dm->max_batch, in, w, b, (size_t)B, (int)l->in,
+                                    l->spec.eps > 0 ? l->spec.eps : 1e-5f);
+    default: return d->copy(act, in, n * sizeof(float));  // flatten (NCHW: the same order)
     }
 }
 
 dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
-                             float *loss) {
+                             uint64_t step, int64_t first, float *loss) {
     const dt_dev *d = dm->b.d;
     if (B <= 0 || B > dm->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, dm->max_batch);
     for (int i = 0; i < B; i++)
@@ -183,6 +245,8 @@ dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
     memcpy(py, y, (size_t)B * sizeof(int32_t));
     TRY(d->to_device(dm->x, px, nx * sizeof(float)));
     TRY(d->to_device(dm->y, py, (size_t)B * sizeof(int32_t)));
+    dm->step = step;
+    dm->first = first;
     const float *in = dm->x;
     for (int i = 0; i < dm->nl; i++) {
         TRY(layer_forward(dm, i, in, B));
@@ -207,16 +271,23 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     float *din = i > 0 ? dm->dact[i - 1] : NULL, *dw = dm->b.grads + l->w_off, *db = dm->b.grads + l->b_off;
     size_t n = (size_t)B * l->out;
     int C = (int)l->in, OC = (int)l->out;
+    dt_im2col_t g = geometry(l);
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:  // dt_linear_backward
         if (din) TRY(d->sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, din, C));
         TRY(d->sgemm(1, 0, OC, C, B, 1.0f, dout, OC, in, C, 1.0f, dw, C));
         return l->b_n ? d->bias_backward(db, dout, (size_t)B, OC) : DT_OK;
+    case DT_LAYER_CONV2D: return conv_backward(dm, i, din, B);
+    case DT_LAYER_MAXPOOL:
+        return din ? d->maxpool_backward(din, dout, (const int32_t *)dm->keep[i], (size_t)B * g.C, g.H, g.W, g.K, g.S)
+                   : DT_OK;
+    case DT_LAYER_DROPOUT:
+        if (din && l->spec.p > 0.0f) return d->dropout_backward(din, dout, dm->keep[i], n);
+        return din ? d->copy(din, dout, n * sizeof(float)) : DT_OK;  // (din is zero: += is a copy)
     case DT_LAYER_RELU: return din ? d->relu_backward(din, dout, in, n) : DT_OK;
     case DT_LAYER_GELU: return din ? d->gelu_backward(din, dout, in, n) : DT_OK;
     case DT_LAYER_LAYERNORM:
-        return d->layernorm_backward(din, dw, db, dout, in, w, dm->stats[i], dm->stats[i] + dm->max_batch, (size_t)B,
-                                     C);
+        return d->layernorm_backward(din, dw, db, dout, in, w, dm->keep[i], dm->keep[i] + dm->max_batch, (size_t)B, C);
     default: return din ? d->copy(din, dout, n * sizeof(float)) : DT_OK;  // (din is zero: += is a copy)
     }
 }

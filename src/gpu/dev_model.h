@@ -54,15 +54,18 @@ dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *
 void dt_dev_blocks_close(dt_dev_blocks *b);
 
 typedef struct dt_dev_mlp dt_dev_mlp;
-/* The device's twin of m (its plan and blocks' layout; m stays the host
- * copy) for batches of up to max_batch, with nstates optimizer blocks. */
-dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates);
+/* The device's twin of the sequential model m (its plan and blocks'
+ * layout; m stays the host copy) for batches of up to max_batch, with
+ * nstates optimizer blocks; seed: dropout's, as dt_model_init's. */
+dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
+                            uint64_t seed);
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
- * (host): through the pinned buffer to the device; *loss read back. */
+ * (host): through the pinned buffer to the device; *loss read back. step
+ * and first: dropout's key (dt_model_set_dropout_key's). */
 dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
-                             float *loss);
+                             uint64_t step, int64_t first, float *loss);
 dt_status dt_dev_mlp_backward(dt_dev_mlp *dm);
 
 typedef struct dt_dev_gpt dt_dev_gpt;

@@ -316,6 +316,64 @@ static dt_status sim_scale(float *x, size_t n, const float *s) {
     return shut();
 }
 
+// The CNN's: im2col, its inverse and the transpose have no CPU twin (the
+// CPU's convolutions are oneDNN's): cnn_hd.h's elements in loops, as the
+// kernels run them; max pooling the CPU's own; dropout's masks cnn_hd.h's
+// streams, which nn/model.c's draws equal.
+static dt_status sim_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g) {
+    open_dev();
+    size_t ncol = B * g->OH * g->OW, n = (size_t)g->C * g->K * g->K * ncol;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) col[i] = dt_im2col_at(x, g, i / ncol, i % ncol);
+    return shut();
+}
+
+static dt_status sim_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g) {
+    open_dev();
+    size_t n = B * g->C * g->H * g->W;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dx[i] += dt_col2im_at(dcol, g, B, i);
+    return shut();
+}
+
+static dt_status sim_transpose(float *out, const float *in, size_t nb, size_t R, size_t C) {
+    open_dev();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nb * R * C; i++) out[i] = in[dt_transpose_src(i, R, C)];
+    return shut();
+}
+
+static dt_status sim_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K,
+                                     int S) {
+    open_dev();
+    dt_maxpool_forward(out, arg, x, 1, (int)images, H, W, K, S);
+    return shut();
+}
+
+static dt_status sim_maxpool_backward(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W,
+                                      int K, int S) {
+    open_dev();
+    dt_maxpool_backward(dx, dout, arg, 1, (int)images, H, W, K, S);
+    return shut();
+}
+
+static dt_status sim_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
+                                     uint64_t step, int64_t first, int layer) {
+    open_dev();
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < B; j++) {
+        dt_dropout_mask(mask + (size_t)j * n, n, p, seed, step, (uint64_t)(first + j), layer);
+        for (size_t i = (size_t)j * n; i < (size_t)(j + 1) * n; i++) out[i] = x[i] * mask[i];
+    }
+    return shut();
+}
+
+static dt_status sim_dropout_backward(float *dx, const float *dout, const float *mask, size_t N) {
+    open_dev();
+    dt_dropout_backward(dx, dout, mask, N);
+    return shut();
+}
+
 const dt_dev dt_dev_sim = {
     .name = "sim",
     .count = sim_count,
@@ -352,4 +410,11 @@ const dt_dev dt_dev_sim = {
     .bias_backward = sim_bias_backward,
     .sumsq = sim_sumsq,
     .scale = sim_scale,
+    .im2col = sim_im2col,
+    .col2im = sim_col2im,
+    .transpose = sim_transpose,
+    .maxpool_forward = sim_maxpool_forward,
+    .maxpool_backward = sim_maxpool_backward,
+    .dropout_forward = sim_dropout_forward,
+    .dropout_backward = sim_dropout_backward,
 };

@@ -7,6 +7,7 @@
 #define DT_GPU_H
 
 #include "dtrain/core.h"
+#include "gpu/cnn_hd.h"
 #include "optim/elem.h"
 
 #include <stddef.h>
@@ -104,6 +105,23 @@ dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                                     int B, int T, int C, int NH);
+
+/* The CNN's layers (gpu/cnn_hd.h's arithmetic, docs/gpu.md): the columns
+ * col[C K K, B OH OW] of x[B, C, H, W]; dx += the input's gradient from the
+ * columns' dcol; out[nb, C, R] = each of the nb matrices of in[nb, R, C]
+ * transposed; K x K max pooling, stride S, over `images` images of H x W
+ * (out and arg [images, OH, OW]; dx += the gradient); dropout of B samples
+ * of n values with the CPU's masks (dt_dropout_mask: mask[B, n]; backward
+ * dx += dout mask). */
+dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g);
+dt_status dt_gpu_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);
+dt_status dt_gpu_transpose(float *out, const float *in, size_t nb, size_t R, size_t C);
+dt_status dt_gpu_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K, int S);
+dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
+                                  int S);
+dt_status dt_gpu_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
+                                 uint64_t step, int64_t first, int layer);
+dt_status dt_gpu_dropout_backward(float *dx, const float *dout, const float *mask, size_t N);
 
 /* ReLU over N elements (backward accumulates). */
 dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N);

@@ -90,6 +90,30 @@ dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout,
                                     int B, int T, int C, int NH) {
     return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)B, (void)T, (void)C, (void)NH, no_gpu();
 }
+dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g) {
+    return (void)col, (void)x, (void)B, (void)g, no_gpu();
+}
+dt_status dt_gpu_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g) {
+    return (void)dx, (void)dcol, (void)B, (void)g, no_gpu();
+}
+dt_status dt_gpu_transpose(float *out, const float *in, size_t nb, size_t R, size_t C) {
+    return (void)out, (void)in, (void)nb, (void)R, (void)C, no_gpu();
+}
+dt_status dt_gpu_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K, int S) {
+    return (void)out, (void)arg, (void)x, (void)images, (void)H, (void)W, (void)K, (void)S, no_gpu();
+}
+dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
+                                  int S) {
+    return (void)dx, (void)dout, (void)arg, (void)images, (void)H, (void)W, (void)K, (void)S, no_gpu();
+}
+dt_status dt_gpu_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
+                                 uint64_t step, int64_t first, int layer) {
+    return (void)out, (void)mask, (void)x, (void)B, (void)n, (void)p, (void)seed, (void)step, (void)first, (void)layer,
+           no_gpu();
+}
+dt_status dt_gpu_dropout_backward(float *dx, const float *dout, const float *mask, size_t N) {
+    return (void)dx, (void)dout, (void)mask, (void)N, no_gpu();
+}
 dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N) { return (void)out, (void)inp, (void)N, no_gpu(); }
 dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
     return (void)dinp, (void)dout, (void)inp, (void)N, no_gpu();

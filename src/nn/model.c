@@ -2,6 +2,7 @@
  * flat gradient block, with activation buffers sized for max_batch. */
 #include "dtrain/nn.h"
 #include "kernels/kernels.h"
+#include "core/rng_hd.h"
 #include "nn/nn_impl.h"
 
 #include <math.h>
@@ -927,7 +928,8 @@ int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 int dt_model_num_layers(const dt_model *m) { return m->nlayers; }
 void dt_model_layer(const dt_model *m, int i, dt_model_layer_plan *out) {
     const layer_t *l = &m->L[i];
-    *out = (dt_model_layer_plan){l->spec, numel3(l->in), out_numel(l), l->w_off, l->b_off, l->w_n, l->b_n};
+    *out = (dt_model_layer_plan){l->spec,    numel3(l->in), numel3(l->out), l->w_off, l->b_off, l->w_n, l->b_n,
+                                 {l->in[0], l->in[1], l->in[2]}, {l->out[0], l->out[1], l->out[2]}};
 }
 const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
@@ -1379,9 +1381,7 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
 #pragma omp parallel for schedule(static)
                 for (int j = 0; j < B; j++) {
                     dt_rng r;
-                    dt_rng_seed(&r, m->seed ^ (m->drop_step * 0x9e3779b97f4a7c15ULL) ^
-                                        ((uint64_t)(m->drop_first + j) * 0xc2b2ae3d27d4eb4fULL) ^
-                                        ((uint64_t)i << 56));
+                    dt_rng_seed(&r, dt_dropout_seed(m->seed, m->drop_step, (uint64_t)(m->drop_first + j), i));
                     for (size_t k = 0; k < skip; k++) dt_rng_uniform(&r);
                     dt_dropout_forward(l->act + j * ns, l->aux + j * ns, in + j * ns, ns, s->p, &r);
                 }

@@ -372,7 +372,8 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim)), done);
+        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim), c->seed),
+               done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;
 done:
@@ -405,7 +406,9 @@ static void cls_zero_grad(dt_task *t) {
 static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
     size_t ss = dt_dataset_sample_size(&t->train);
     if (t->dm && t->dev_err != DT_OK) return t->dev_err;
-    if (t->dm) return dt_dev_mlp_forward(t->dm, t->b.x + (size_t)off * ss, t->b.y + off, len, loss_scale, loss);
+    if (t->dm)
+        return dt_dev_mlp_forward(t->dm, t->b.x + (size_t)off * ss, t->b.y + off, len, loss_scale, (uint64_t)step,
+                                  (int64_t)t->b.first + off, loss);
     dt_model_set_dropout_key(t->m, (uint64_t)step, (int64_t)t->b.first + off);
     dt_model_set_loss_scale(t->m, loss_scale);
     return dt_model_forward(t->m, t->b.x + (size_t)off * ss, t->b.y + off, len, 1, loss);
