@@ -123,28 +123,37 @@ static int changes_the_run(const char *name) {
     return 0;
 }
 
+// The value of key `name` among lines l[n], or NULL.
+static const char *config_value(const config_line *l, int n, const char *name) {
+    for (int k = 0; k < n; k++)
+        if (!strcmp(l[k].name, name)) return l[k].value;
+    return NULL;
+}
+
 // A resumed checkpoint written with another config (dt_ckpt_model's
-// config_check): which keys differ, old -> new; a change of the model or
-// of the data is refused unless [checkpoint] allow_changes says so.
+// config_check): which keys differ, old -> new (a key one side lacks has
+// its default there: the other version of dtrain did not write it); a
+// change of the model or of the data is refused unless [checkpoint]
+// allow_changes says so.
 static dt_status config_changes(void *user, const char *path, const char *stored) {
     dt_run_ckpt *r = user;
     enum { MAXL = 400 };
-    config_line *a = calloc(2 * MAXL, sizeof *a), *b = a ? a + MAXL : NULL;
-    if (!a) return dt_error(DT_ERR_NOMEM, "out of memory");
-    int na = config_lines(stored, a, MAXL), nb = config_lines(r->config_text, b, MAXL), serious = 0, shown = 0, more = 0;
+    dt_config def;
+    dt_config_defaults(&def);
+    char *deftext = dt_config_format(&def);
+    config_line *a = deftext ? calloc(3 * MAXL, sizeof *a) : NULL, *b = a ? a + MAXL : NULL, *d = a ? a + 2 * MAXL : NULL;
+    if (!a) return free(deftext), dt_error(DT_ERR_NOMEM, "out of memory");
+    int na = config_lines(stored, a, MAXL), nb = config_lines(r->config_text, b, MAXL), nd = config_lines(deftext, d, MAXL);
+    int serious = 0, shown = 0, more = 0;
+    free(deftext);
     char list[2048] = "";
     for (int i = 0; i < na + nb; i++) {  // (a's keys, then b's that a lacks)
         const config_line *x = i < na ? &a[i] : &b[i - na];
-        const char *ov = i < na ? x->value : "(none)", *nv = "(none)";
-        int k = 0;
-        if (i >= na) {
-            while (k < na && strcmp(a[k].name, x->name)) k++;
-            if (k < na) continue;
-            nv = x->value;
-        } else {
-            while (k < nb && strcmp(b[k].name, x->name)) k++;
-            if (k < nb) nv = b[k].value;
-        }
+        if (i >= na && config_value(a, na, x->name)) continue;
+        const char *ov = i < na ? x->value : config_value(d, nd, x->name), *nv = config_value(b, nb, x->name);
+        if (!nv) nv = config_value(d, nd, x->name);
+        if (!ov) ov = "(none)";
+        if (!nv) nv = "(none)";
         if (!strcmp(ov, nv) || !strncmp(x->name, "checkpoint.", 11)) continue;  // (how it saves: not the run)
         serious |= changes_the_run(x->name);
         size_t l = strlen(list);
