@@ -283,12 +283,102 @@ static void test_resume(void) {
     CHECK(dc == 0 && same, "the device's checkpoint holds the CPU's tensors (weights, optimizer state) bitwise: %g", dc);
 }
 
+// ---- several ranks on the device ------------------------------------------------
+
+// Rows of {model, workers, flags, the reference's workers}: the row's run on
+// the simulated GPU (its ranks share cuda:0, so their gradients are staged
+// through host memory) against the CPU's run with the same flags on as many
+// workers, and, where ref1 is set, against one CPU process; bitwise (the
+// simulated GPU's kernels are the CPU's, and both sum the ranks' gradients
+// with the host's communicator in rank order, or in deterministic mode as
+// integers).
+typedef struct {
+    const char *model;  // "mlp" (AdamW, clipping) or "gpt"
+    int workers;
+    const char *flags;
+    int ref1;           // also bitwise one CPU process (deterministic mode)
+} dev_row;
+
+static const dev_row dev_rows[] = {
+    {"mlp", 2, "", 0},
+    {"mlp", 3, "--set train.grad_accum=2", 0},
+    {"gpt", 2, "", 0},
+    {"gpt", 3, "--set parallel.bucket_kb=4", 0},
+    {"mlp", 2, "--deterministic", 1},
+    {"mlp", 3, "--deterministic --set parallel.bucket_kb=4", 1},
+    {"gpt", 2, "--deterministic", 1},
+    {"gpt", 3, "--deterministic", 1},
+};
+
+static const char *row_cfg(const char *model, char *buf, size_t n) {
+    if (!strcmp(model, "gpt")) return cfg_gpt;
+    snprintf(buf, n, "%s%s", cfg_mlp_full, opt_adamw);
+    return buf;
+}
+
+static void test_ranks(void) {
+    char text[4096], flags[600], name[64], ref[64], one[64];
+    for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
+        const dev_row *r = &dev_rows[i];
+        const char *cfg = row_cfg(r->model, text, sizeof text);
+        snprintf(name, sizeof name, "row%zu-dev", i);
+        snprintf(ref, sizeof ref, "row%zu-cpu", i);
+        snprintf(one, sizeof one, "row%zu-one", i);
+        snprintf(flags, sizeof flags, "%s --device cuda", r->flags);
+        int rc = tl_train(g_tmp, name, cfg, r->workers, flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "%s x %d %s on the device: exit %d", r->model, r->workers, r->flags, rc);
+        CHECK(tl_train(g_tmp, ref, cfg, r->workers, r->flags, g_out, sizeof g_out) == 0, "the CPU's run");
+        int bw = 0;
+        double diff = tl_runs_diff(g_tmp, ref, name, &bw);
+        CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s: the device's weights are the CPU's on %d workers bitwise "
+              "(diff %g)", r->model, r->workers, r->flags, r->workers, diff);
+        if (!r->ref1) continue;
+        CHECK(tl_train(g_tmp, one, cfg, 1, r->flags, g_out, sizeof g_out) == 0, "one CPU process");
+        diff = tl_runs_diff(g_tmp, one, name, &bw);
+        CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s: the device's weights are one CPU process's bitwise (diff %g)",
+              r->model, r->workers, r->flags, diff);
+    }
+    // the log says how the gradients travel, summary.json too
+    char cmd[2048], sum[700];
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --device cuda --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"),
+             tmp("said"));
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "gradients staged through host memory (pinned host buffers and the host's "
+                                   "communicator; not nccl: 2 ranks of this host on 1 GPU, and NCCL takes one GPU a "
+                                   "rank)"),
+          "ranks sharing the GPU: the staging logged with why: exit %d\n%s", rc, g_out);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("said"));
+    CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1, "summary.json: the GPUs' collectives staged");
+}
+
+// A checkpoint of 2 ranks on the device resumed by 2 CPU workers, and the
+// other way: the uninterrupted runs' weights bitwise.
+static void test_ranks_resume(void) {
+    char ck[4096], flags[1200];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
+    CHECK(tl_train(g_tmp, "ck2-dev", ck, 2, "--device cuda", g_out, sizeof g_out) == 0, "2 ranks on the device, "
+          "checkpoints");
+    CHECK(tl_train(g_tmp, "ck2-cpu", ck, 2, "", g_out, sizeof g_out) == 0, "2 CPU workers, checkpoints");
+    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ck2-dev/checkpoints/step-00000010.safetensors"));
+    CHECK(tl_train(g_tmp, "from2-dev", ck, 2, flags, g_out, sizeof g_out) == 0, "2 CPU workers resume the device's "
+          "step 10");
+    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
+             tmp("ck2-cpu/checkpoints/step-00000010.safetensors"));
+    CHECK(tl_train(g_tmp, "from2-cpu", ck, 2, flags, g_out, sizeof g_out) == 0, "2 ranks on the device resume the "
+          "CPU's step 10");
+    int bw[3] = {0};
+    double d[3] = {tl_runs_diff(g_tmp, "ck2-cpu", "ck2-dev", &bw[0]), tl_runs_diff(g_tmp, "ck2-cpu", "from2-dev", &bw[1]),
+                   tl_runs_diff(g_tmp, "ck2-cpu", "from2-cpu", &bw[2])};
+    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
+          "2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
+}
+
 // What a device run refuses, by name, before its first step.
 static void test_refusals(void) {
     struct {
         const char *cfg, *flags, *says;
     } no[] = {
-        {cfg_mlp_full, "--device cuda --workers 2", "with 2 workers: training on a GPU is one worker"},
+        {cfg_mlp_full, "--device cuda --workers 2 --spares 1", "--spares with [train] device = cuda: a spare joining"},
         {cfg_mlp_full, "--device cuda --set parallel.zero=1", "with [parallel] zero (ZeRO): not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --set train.precision=bf16", "with [train] precision other than fp32"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method"},
@@ -386,6 +476,8 @@ int main(int argc, char **argv) {
     test_mlp();
     test_gpt();
     test_resume();
+    test_ranks();
+    test_ranks_resume();
     test_refusals();
     tl_cleanup(g_tmp);
     return tl_finish();

@@ -43,21 +43,6 @@ static dt_status det_init(dt_strategy *s) {
 
 static void det_fini(dt_strategy *s) { dt_free(((dp_det *)s)->acc); }
 
-// The fixed shards of the global batch that fall inside the share.
-static int det_plan(dt_strategy *s, int first, int share, int global) {
-    int M = s->c->micro_shards, k = 0;
-    for (int j = 0; j < M; j++) {
-        int lo = (int)((long)global * j / M), hi = (int)((long)global * (j + 1) / M);
-        if (lo >= first && hi <= first + share && hi > lo) {
-            s->off[k] = lo - first;
-            s->len[k++] = hi - lo;
-        }
-    }
-    s->nmicro = k;
-    s->global = global;
-    return k;
-}
-
 // Each shard's gradient on its own, from zero.
 static void det_micro_end(dt_strategy *s, int k) {
     (void)k;
@@ -87,7 +72,7 @@ const dt_strategy_ops dt_strategy_dp_deterministic = {
     .max_micro = det_max_micro,
     .init = det_init,
     .fini = det_fini,
-    .plan = det_plan,
+    .plan = dt_strategy_plan_shards,
     .micro_end = det_micro_end,
     .sync = det_sync,
     .grad_norm = dt_strategy_norm_replicated,
