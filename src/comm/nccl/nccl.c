@@ -46,12 +46,12 @@ typedef struct {
     nccl_reduce_fn reduce;
     ncclComm_t comm;
     const dt_dev *d;
+    int device;           /* this rank's GPU */
     void *stream;
     void *word;           /* 8 bytes of device memory: the barrier's allreduce */
     dt_comm_t host;       /* the split: the unique id, who is behind */
     dt_comm_t parent;     /* the host communicator: its peers' liveness */
     uint64_t issued;      /* the last collective this rank handed to NCCL */
-    int broken;           /* aborted: destroy must not wait for it */
 } nccl_state;
 
 #define NS(c) ((nccl_state *)(c)->be)
@@ -132,7 +132,7 @@ static void behind(nccl_state *s, uint64_t seq, char *out, size_t n) {
         return;
     }
     if (dt_allgather(&mine, all, 1, DT_I64, s->host) != DT_OK) {
-        snprintf(out, n, "asked on the host: %s", dt_last_error());
+        snprintf(out, n, "unknown to NCCL; the host communicator, asked: %s", dt_last_error());
         free(all);
         return;
     }
@@ -203,9 +203,12 @@ static ncclRedOp_t nccl_op(dt_redop op) {
     return op == DT_AVG ? ncclAvg : op == DT_MAX ? ncclMax : op == DT_MIN ? ncclMin : ncclSum;
 }
 
-// Before a collective is queued: it reads what the kernels queued so far wrote.
+// Before a collective is queued: it reads what the kernels queued so far
+// wrote (on this rank's GPU, whichever thread calls: a non-blocking twin
+// runs on the front end's thread).
 static dt_status before(dt_comm_t c, const dt_coll_args *a) {
-    dt_status st = NS(c)->d->stream_after_compute(NS(c)->stream);
+    dt_status st = NS(c)->d->use(NS(c)->device);
+    if (st == DT_OK) st = NS(c)->d->stream_after_compute(NS(c)->stream);
     if (st == DT_OK) return DT_OK;
     return dt_error(DT_ERR_COMM, "NCCL %s (seq %llu) on rank %d: %s", dt_coll_name(a->kind),
                     (unsigned long long)a->seq, c->rank, dt_last_error());
@@ -282,17 +285,19 @@ static dt_status nc_broadcast(dt_comm_t c, const dt_coll_args *a) {
 static dt_status nc_barrier(dt_comm_t c, const dt_coll_args *a) {
     nccl_state *s = NS(c);
     ncclResult_t r;
+    dt_status st = before(c, a);
+    if (st != DT_OK) return st;
     NCCL(s, r, s->all_reduce(s->word, s->word, 1, ncclInt64, ncclSum, s->comm, s->stream));
     return issued(c, a, r);
 }
 
 static void nc_abort(dt_comm_t c, const char *reason) {
     nccl_state *s = NS(c);
-    if (s->comm && !s->broken) {
+    if (s->comm) {  // (NCCL frees it)
         ncclResult_t r;
         NCCL(s, r, s->abort(s->comm));
         (void)r;
-        s->broken = 1;
+        s->comm = NULL;
     }
     if (s->host) dt_comm_abort(s->host, reason);
 }
@@ -302,7 +307,7 @@ static void nc_destroy(dt_comm_t c) {
     if (!s) return;
     if (s->comm) {
         ncclResult_t r;
-        NCCL(s, r, (s->broken || atomic_load(&c->err) != DT_OK ? s->abort : s->destroy)(s->comm));
+        NCCL(s, r, (atomic_load(&c->err) != DT_OK ? s->abort : s->destroy)(s->comm));
         (void)r;
     }
     if (s->word) s->d->free(s->word);
@@ -351,6 +356,7 @@ dt_status dt_nccl_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_params 
     nccl_state *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "NCCL: out of memory");
     s->d = p->d;
+    s->device = p->device;
     s->parent = host;
     c->be = s;
     c->ops = &nccl_ops;

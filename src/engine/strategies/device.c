@@ -84,10 +84,11 @@ static dt_status dev_init(dt_strategy *s) {
     double g[DT_DEV_KINDS];
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
-    dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
-           "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory",
-           b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
-           k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0);
+    if (s->rank == 0)
+        dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
+               "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory",
+               b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
+               k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0);
     devs *d = (devs *)s;
     dt_status st = DT_OK;
     if (s->c->deterministic) {  // (outside the arena: the strategy's, 8 bytes a parameter)
