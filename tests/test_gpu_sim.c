@@ -108,7 +108,7 @@ static void test_table(void) {
                          "crossentropy_forward", "crossentropy_backward", "adamw", "sgd", "encoder_forward",
                          "encoder_backward", "residual_forward", "residual_backward", "attention_forward",
                          "attention_backward", "relu_forward", "relu_backward", "bias_forward", "bias_backward",
-                         "sumsq", "scale", NULL};
+                         "sumsq", "scale", "fixed_add", "fixed_to_float", NULL};
     const char *op = dt_dev_lacks(&dt_dev_cuda, all);
     CHECK(op == NULL, "the CUDA device has every op: lacks %s", op ? op : "none");
     dt_dev without = dt_dev_cuda;
