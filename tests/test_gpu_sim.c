@@ -438,6 +438,10 @@ static void test_nccl_faults(void) {
           "(ncclResult 2): fake NCCL: an error injected at op 5 on rank 1", "rank 1 (pid"}},
         // rank 1 dies inside NCCL
         {"DTRAIN_FAKE_NCCL_FAULT=abort:5:1", {"rank 1 aborts in op 5", "killed by signal 6"}},
+        // rank 1 never joins the communicator's init
+        {"DTRAIN_FAKE_NCCL_FAULT=hang:0:1",
+         {"NCCL's communicator init on rank 0: timed out after 2 s; ranks not arrived: none (every rank began it: "
+          "stuck inside NCCL)", "exited with status 1"}},
         // rank 1 stopped before its step 5: rank 0 waits in NCCL, and the host names rank 1
         {"DTRAIN_FAULT_STEP=1:5:stop",
          {"NCCL allreduce (seq 5, 39202 x F32) on rank 0: timed out after 2 s; ranks not arrived: unknown to NCCL; "

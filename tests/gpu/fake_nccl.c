@@ -18,7 +18,8 @@
  *
  * DTRAIN_FAKE_NCCL_FAULT=KIND:K[:R] breaks op K on rank R (default: the
  * last rank):
- *   hang   rank R never posts op K: every rank's op K stays in progress;
+ *   hang   rank R never posts op K: every rank's op K stays in progress
+ *          (K = 0: the init, which rank R never joins);
  *   error  rank R's ncclCommGetAsyncError says ncclSystemError at op K;
  *   abort  rank R's process aborts (SIGABRT) in its call of op K.
  * DTRAIN_FAKE_NCCL_VERSION: the version it reports (default 22809). */
@@ -150,7 +151,7 @@ API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueI
     }
     c->h = m;
     c->slots = (char *)m + sizeof(header);
-    atomic_fetch_add(&c->h->joined, 1);
+    if (!fault_at(c, "hang")) atomic_fetch_add(&c->h->joined, 1);
     c->ph = INIT;
     *out = c;
     return ncclInProgress;

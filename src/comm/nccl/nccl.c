@@ -51,7 +51,7 @@ typedef struct {
     void *word;           /* 8 bytes of device memory: the barrier's allreduce */
     dt_comm_t host;       /* the split: the unique id, who is behind */
     dt_comm_t parent;     /* the host communicator: its peers' liveness */
-    uint64_t issued;      /* the last collective this rank handed to NCCL */
+    int64_t issued;       /* the last collective this rank handed to NCCL (0: the init, -1: none) */
 } nccl_state;
 
 #define NS(c) ((nccl_state *)(c)->be)
@@ -122,9 +122,10 @@ static int first_gone(nccl_state *s) {
     return -1;
 }
 
-// After a timeout: the ranks that had not issued collective seq, asked over
-// the host split (ranks that do not answer there are named by its error).
-static void behind(nccl_state *s, uint64_t seq, char *out, size_t n) {
+// After a timeout: the ranks that had not issued collective seq (0: the
+// init), asked over the host split (ranks that do not answer there are
+// named by its error).
+static void behind(nccl_state *s, int64_t seq, char *out, size_t n) {
     int W = dt_comm_size(s->host);
     int64_t mine = (int64_t)s->issued, *all = calloc((size_t)W, sizeof *all);
     if (!all) {
@@ -139,9 +140,10 @@ static void behind(nccl_state *s, uint64_t seq, char *out, size_t n) {
     size_t k = 0;
     out[0] = 0;
     for (int p = 0; p < W && k + 40 < n; p++)
-        if ((uint64_t)all[p] < seq)
+        if (all[p] < seq)
             k += (size_t)snprintf(out + k, n - k, "%s%d (at seq %lld)", k ? ", " : "", p, (long long)all[p]);
-    if (!k) snprintf(out, n, "none (every rank issued seq %llu: stuck inside NCCL)", (unsigned long long)seq);
+    if (!k && seq) snprintf(out, n, "none (every rank issued seq %lld: stuck inside NCCL)", (long long)seq);
+    else if (!k) snprintf(out, n, "none (every rank began it: stuck inside NCCL)");
     free(all);
 }
 
@@ -184,7 +186,7 @@ static dt_status await(dt_comm_t c, const dt_coll_args *a, void *stream) {
             return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d exited; ranks not arrived: %d", what, c->rank, gone,
                             gone);
         if (dt_waiter_expired(&w)) {
-            behind(s, a->kind == DT_COLL_COUNT_ ? 0 : a->seq, why, sizeof why);
+            behind(s, a->kind == DT_COLL_COUNT_ ? 0 : (int64_t)a->seq, why, sizeof why);
             return dt_error(DT_ERR_TIMEOUT, "%s on rank %d: timed out after %.3g s; ranks not arrived: %s", what,
                             c->rank, c->timeout, why);
         }
@@ -224,7 +226,7 @@ static dt_status issued(dt_comm_t c, const dt_coll_args *a, ncclResult_t r) {
         return dt_error(r == ncclInvalidArgument || r == ncclInvalidUsage ? DT_ERR_ARG : DT_ERR_COMM,
                         "%s on rank %d: %s", what, c->rank, why);
     }
-    s->issued = a->seq;
+    s->issued = (int64_t)a->seq;
     return await(c, a, s->stream);
 }
 
@@ -358,6 +360,7 @@ dt_status dt_nccl_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_params 
     s->d = p->d;
     s->device = p->device;
     s->parent = host;
+    s->issued = -1;
     c->be = s;
     c->ops = &nccl_ops;
     dt_status st = load(s);
@@ -373,6 +376,7 @@ dt_status dt_nccl_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_params 
                           DT_NCCL_UNDEF_INT, DT_NCCL_UNDEF_INT, NULL, DT_NCCL_UNDEF_INT};
     ncclResult_t r;
     NCCL(s, r, s->init_rank_config(&s->comm, c->size, id, c->rank, &cfg));
+    s->issued = 0;
     dt_coll_args init = {.kind = DT_COLL_COUNT_};
     if (r != ncclSuccess && r != ncclInProgress) {
         char why[600];
