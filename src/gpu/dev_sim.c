@@ -9,9 +9,9 @@
  * GPUs the machine seems to have (cuda:0, cuda:1, ...: each process has its
  * own simulated memory whichever it uses), so that ranks can take one GPU
  * each as on a machine of several. */
+#include "core/fixed.h"
 #include "dtrain/gpt.h"
 #include "dtrain/nn.h"
-#include "core/fixed.h"
 #include "dtrain/optim.h"
 #include "gpu/dev.h"
 #include "kernels/kernels.h"
