@@ -24,8 +24,9 @@
  *                   The bf16 GEMM (the GEMM's cases, 1e-4). The GPT's
  *                   other ops: the embedding (repeated tokens, a
  *                   vocabulary-sized table), residual, ReLU, bias, the
- *                   sum of squares and the scale, bf16 conversions: the
- *                   CPU's bits; attention (T = 1, 37, 70, 257; head
+ *                   sum of squares and the scale, bf16 conversions,
+ *                   deterministic mode's fixed point: the CPU's bits;
+ *                   the communication stream (after the kernels, done); attention (T = 1, 37, 70, 257; head
  *                   sizes 1 to 512) within 1e-5 (normwise where sums
  *                   cancel), the upper triangles zeros; the linear layer
  *                   with and without bias and with GELU (cuBLASLt's
@@ -36,6 +37,7 @@
  *   test_gpu fault  (ctest test_gpu_fault): DTRAIN_CUDA_SYNC=1 names the
  *                   kernel that faulted; without it the next wait does.
  *                   Skipped likewise. */
+#include "core/fixed.h"
 #include "dtrain/config.h"
 #include "dtrain/gpt.h"
 #include "dtrain/nn.h"
@@ -652,6 +654,48 @@ static void test_sumsq(size_t n) {
     free(x), dt_gpu_free(gx), dt_gpu_free(gs), dt_gpu_free(gd);
 }
 
+// Deterministic mode's fixed point: two gradients into the sums, then back
+// to floats, the CPU's bits (core/fixed.h), clamping and ties included.
+static void test_fixed(size_t n) {
+    float *g = randoms(n, 20, 95), *h = randoms(n, 1, 96), *back = malloc(sizeof(float) * n);
+    const float special[] = {0.0f, -0.0f, 1e12f, -1e12f, 1e-12f, 0x1p-33f, 0x3p-33f, -0x5p-33f};
+    for (size_t i = 0; i < n && i < sizeof special / sizeof *special; i++) g[i] = special[i];
+    int64_t *acc = calloc(n ? n : 1, sizeof(int64_t)), *got = malloc(sizeof(int64_t) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) acc[i] = dt_fixed_of(g[i], DT_FIXED_SCALE) + dt_fixed_of(h[i], DT_FIXED_SCALE);
+    for (size_t i = 0; i < n; i++) back[i] = dt_fixed_value(acc[i]);
+    float *gg = upload(g, n), *gh = upload(h, n), *gback = upload(back, n);
+    void *gacc = NULL;
+    dt_status st = gg && gh && gback ? dt_gpu_alloc(&gacc, sizeof(int64_t) * (n ? n : 1)) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_memset0(gacc, sizeof(int64_t) * n);
+    if (st == DT_OK) st = dt_gpu_fixed_add(gacc, gg, n);
+    if (st == DT_OK) st = dt_gpu_fixed_add(gacc, gh, n);
+    if (st == DT_OK) st = dt_gpu_fixed_to_float(gback, gacc, n);
+    if (st == DT_OK) st = dt_gpu_to_host(got, gacc, sizeof(int64_t) * n);
+    size_t ba = st == DT_OK ? 0 : SIZE_MAX;
+    for (size_t i = 0; i < n && st == DT_OK; i++) ba += got[i] != acc[i];
+    size_t bb = st == DT_OK ? differ(back, gback, n) : SIZE_MAX;
+    CHECK(ba == 0 && bb == 0, "fixed point n %zu: sums %zu differ, floats %zu differ from the CPU's bits (0)%s%s", n, ba,
+          bb, GPU_ERR(st));
+    free(g), free(h), free(back), free(acc), free(got), dt_gpu_free(gg), dt_gpu_free(gh), dt_gpu_free(gback),
+        dt_gpu_free(gacc);
+}
+
+// The communication stream: after the kernels queued so far, then done.
+static void test_stream(void) {
+    void *s = NULL;
+    float x[1000];
+    for (int i = 0; i < 1000; i++) x[i] = (float)i;
+    float *gx = upload(x, 1000);
+    dt_status st = gx ? dt_gpu_stream_create(&s) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_gelu_forward(gx, gx, 1000);
+    if (st == DT_OK) st = dt_gpu_stream_after_compute(s);
+    int done = 0;
+    for (double until = dt_now() + 10; st == DT_OK && !done && dt_now() < until;) st = dt_gpu_stream_query(s, &done);
+    CHECK(st == DT_OK && done, "a communication stream after the kernels: done %d%s%s", done, GPU_ERR(st));
+    dt_gpu_stream_destroy(s);
+    dt_gpu_free(gx);
+}
+
 // fp32 <-> bf16 on the device: dt_from_f32 / dt_to_f32's bits, on every
 // kind of value (ties, NaNs with payloads, infinities, subnormals, the
 // largest, -0) and random ones.
@@ -703,6 +747,8 @@ static void test_gpt_ops(void) {
     }
     const size_t sq[] = {0, 1, 4095, 4097, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i]);
+    for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_fixed(sq[i]);
+    test_stream();
     test_bf16_convert();
 }
 

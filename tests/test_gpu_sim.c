@@ -108,7 +108,7 @@ static void test_table(void) {
                          "crossentropy_forward", "crossentropy_backward", "adamw", "sgd", "encoder_forward",
                          "encoder_backward", "residual_forward", "residual_backward", "attention_forward",
                          "attention_backward", "relu_forward", "relu_backward", "bias_forward", "bias_backward",
-                         "sumsq", "scale", NULL};
+                         "sumsq", "scale", "fixed_add", "fixed_to_float", NULL};
     const char *op = dt_dev_lacks(&dt_dev_cuda, all);
     CHECK(op == NULL, "the CUDA device has every op: lacks %s", op ? op : "none");
     dt_dev without = dt_dev_cuda;
@@ -295,12 +295,218 @@ static void test_resume(void) {
     CHECK(dc == 0 && same, "the device's checkpoint holds the CPU's tensors (weights, optimizer state) bitwise: %g", dc);
 }
 
+// ---- several ranks on the device ------------------------------------------------
+
+// Rows of {model, workers, flags, the reference's workers}: the row's run on
+// the simulated GPU (its ranks share cuda:0, so their gradients are staged
+// through host memory) against the CPU's run with the same flags on as many
+// workers, and, where ref1 is set, against one CPU process; bitwise (the
+// simulated GPU's kernels are the CPU's, and both sum the ranks' gradients
+// with the host's communicator in rank order, or in deterministic mode as
+// integers).
+typedef struct {
+    const char *model;  // "mlp" (AdamW, clipping) or "gpt"
+    int workers;
+    const char *flags;
+    int ref1;           // also bitwise one CPU process (deterministic mode)
+} dev_row;
+
+static const dev_row dev_rows[] = {
+    {"mlp", 2, "", 0},
+    {"mlp", 3, "--set train.grad_accum=2", 0},
+    {"gpt", 2, "", 0},
+    {"gpt", 3, "--set parallel.bucket_kb=4", 0},
+    {"mlp", 2, "--deterministic", 1},
+    {"mlp", 3, "--deterministic --set parallel.bucket_kb=4", 1},
+    {"gpt", 2, "--deterministic", 1},
+    {"gpt", 3, "--deterministic", 1},
+};
+
+static const char *row_cfg(const char *model, char *buf, size_t n) {
+    if (!strcmp(model, "gpt")) return cfg_gpt;
+    snprintf(buf, n, "%s%s", cfg_mlp_full, opt_adamw);
+    return buf;
+}
+
+static void test_ranks(void) {
+    char text[4096], flags[600], name[64], ref[64], one[64];
+    for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
+        const dev_row *r = &dev_rows[i];
+        const char *cfg = row_cfg(r->model, text, sizeof text);
+        snprintf(name, sizeof name, "row%zu-dev", i);
+        snprintf(ref, sizeof ref, "row%zu-cpu", i);
+        snprintf(one, sizeof one, "row%zu-one", i);
+        snprintf(flags, sizeof flags, "%s --device cuda", r->flags);
+        int rc = tl_train(g_tmp, name, cfg, r->workers, flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "%s x %d %s on the device: exit %d", r->model, r->workers, r->flags, rc);
+        CHECK(tl_train(g_tmp, ref, cfg, r->workers, r->flags, g_out, sizeof g_out) == 0, "the CPU's run");
+        int bw = 0;
+        double diff = tl_runs_diff(g_tmp, ref, name, &bw);
+        CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s: the device's weights are the CPU's on %d workers bitwise "
+              "(diff %g)", r->model, r->workers, r->flags, r->workers, diff);
+        if (!r->ref1) continue;
+        CHECK(tl_train(g_tmp, one, cfg, 1, r->flags, g_out, sizeof g_out) == 0, "one CPU process");
+        diff = tl_runs_diff(g_tmp, one, name, &bw);
+        CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s: the device's weights are one CPU process's bitwise (diff %g)",
+              r->model, r->workers, r->flags, diff);
+    }
+    // the log says how the gradients travel, summary.json too
+    char cmd[2048], sum[700];
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --device cuda --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"),
+             tmp("said"));
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "gradients staged through host memory (pinned host buffers and the host's "
+                                   "communicator; not nccl: 2 ranks of this host on 1 GPU, and NCCL takes one GPU a "
+                                   "rank)"),
+          "ranks sharing the GPU: the staging logged with why: exit %d\n%s", rc, g_out);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("said"));
+    CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1, "summary.json: the GPUs' collectives staged");
+}
+
+// A checkpoint of 2 ranks on the device resumed by 2 CPU workers, and the
+// other way: the uninterrupted runs' weights bitwise.
+static void test_ranks_resume(void) {
+    char ck[4096], flags[1200];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
+    CHECK(tl_train(g_tmp, "ck2-dev", ck, 2, "--device cuda", g_out, sizeof g_out) == 0, "2 ranks on the device, "
+          "checkpoints");
+    CHECK(tl_train(g_tmp, "ck2-cpu", ck, 2, "", g_out, sizeof g_out) == 0, "2 CPU workers, checkpoints");
+    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ck2-dev/checkpoints/step-00000010.safetensors"));
+    CHECK(tl_train(g_tmp, "from2-dev", ck, 2, flags, g_out, sizeof g_out) == 0, "2 CPU workers resume the device's "
+          "step 10");
+    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
+             tmp("ck2-cpu/checkpoints/step-00000010.safetensors"));
+    CHECK(tl_train(g_tmp, "from2-cpu", ck, 2, flags, g_out, sizeof g_out) == 0, "2 ranks on the device resume the "
+          "CPU's step 10");
+    int bw[3] = {0};
+    double d[3] = {tl_runs_diff(g_tmp, "ck2-cpu", "ck2-dev", &bw[0]), tl_runs_diff(g_tmp, "ck2-cpu", "from2-dev", &bw[1]),
+                   tl_runs_diff(g_tmp, "ck2-cpu", "from2-cpu", &bw[2])};
+    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
+          "2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
+}
+
+// ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
+
+// A run of the MLP on the device with the environment env ("NAME=VALUE
+// ..."), its output in g_out; the exit code, *seconds the run's.
+static int run_env(const char *name, int workers, const char *env, const char *flags, double *seconds) {
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd, "env %s %s train %s --workers %d --device cuda --run-dir %s %s 2>&1", env,
+             tl_dtrain(), tmp("row0-dev.ini"), workers, tmp(name), flags);
+    double t0 = dt_now();
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    if (seconds) *seconds = dt_now() - t0;
+    return rc;
+}
+
+// With as many simulated GPUs as ranks and the fake NCCL, the rows above
+// run on the nccl backend: the CPU's weights bitwise (the fake reduces in
+// rank order, as the host's communicator does).
+static void test_nccl_rows(void) {
+    char text[4096], flags[600], name[64], ref[64];
+    setenv("DTRAIN_GPU_SIM_DEVICES", "3", 1);
+    setenv("DTRAIN_NCCL", FAKE_NCCL, 1);
+    for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
+        const dev_row *r = &dev_rows[i];
+        const char *cfg = row_cfg(r->model, text, sizeof text);
+        snprintf(name, sizeof name, "row%zu-nccl", i);
+        snprintf(ref, sizeof ref, "row%zu-cpu", i);
+        snprintf(flags, sizeof flags, "%s --device cuda", r->flags);
+        int rc = tl_train(g_tmp, name, cfg, r->workers, flags, g_out, sizeof g_out), bw = 0;
+        double diff = tl_runs_diff(g_tmp, ref, name, &bw);
+        CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s on NCCL: the CPU's weights on %d workers bitwise (exit %d, "
+              "diff %g)", r->model, r->workers, r->flags, r->workers, rc, diff);
+    }
+    char cmd[2048], sum[700];
+    snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --device cuda --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"),
+             tmp("said-nccl"));
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "gradients summed on the GPUs by NCCL 2.28.9 (" FAKE_NCCL "), one GPU a rank"),
+          "a GPU a rank and NCCL: NCCL logged: exit %d\n%s", rc, g_out);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("said-nccl"));
+    CHECK(tl_count(sum, "\"collectives\":\t\"nccl\"") == 1, "summary.json: the GPUs' collectives on NCCL");
+    // staging asked for: staging, the same bits
+    rc = run_env("forced-staging", 2, "DTRAIN_GPU_COMM=staging", "--set train.log_every=1", NULL);
+    int bw = 0;
+    double diff = tl_runs_diff(g_tmp, "row0-cpu", "forced-staging", &bw);
+    CHECK(rc == 0 && diff == 0 && bw, "DTRAIN_GPU_COMM=staging beside NCCL: staged, the same weights (exit %d, "
+          "diff %g)\n%s", rc, diff, g_out);
+}
+
+// Faults in NCCL, each ending the run with a non-zero exit and an error
+// naming the op, its sequence number and the ranks, within the timeout
+// (2 s) and the launcher's stop: never a silent hang.
+static void test_nccl_faults(void) {
+    struct {
+        const char *env, *says[2];
+    } f[] = {
+        // rank 1's part of allreduce 5 never comes: every rank times out, each had issued it
+        {"DTRAIN_FAKE_NCCL_FAULT=hang:5:1",
+         {"NCCL allreduce (seq 5, 39202 x F32) on rank 0: timed out after 2 s; ranks not arrived: none (every rank "
+          "issued seq 5: stuck inside NCCL)", "exited with status 1"}},
+        // NCCL's asynchronous error on rank 1, by name
+        {"DTRAIN_FAKE_NCCL_FAULT=error:5:1",
+         {"NCCL allreduce (seq 5, 39202 x F32) on rank 1: NCCL's asynchronous error: unhandled system error "
+          "(ncclResult 2): fake NCCL: an error injected at op 5 on rank 1", "rank 1 (pid"}},
+        // rank 1 dies inside NCCL
+        {"DTRAIN_FAKE_NCCL_FAULT=abort:5:1", {"rank 1 aborts in op 5", "killed by signal 6"}},
+        // rank 1 never joins the communicator's init
+        {"DTRAIN_FAKE_NCCL_FAULT=hang:0:1",
+         {"NCCL's communicator init on rank 0: timed out after 2 s; ranks not arrived: none (every rank began it: "
+          "stuck inside NCCL)", "exited with status 1"}},
+        // rank 1 stopped before its step 5: rank 0 waits in NCCL, and the host names rank 1
+        {"DTRAIN_FAULT_STEP=1:5:stop",
+         {"NCCL allreduce (seq 5, 39202 x F32) on rank 0: timed out after 2 s; ranks not arrived: unknown to NCCL; "
+          "the host communicator, asked:", "ranks not arrived: 1"}},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        char env[300];
+        double secs = 0;
+        snprintf(env, sizeof env, "DTRAIN_COMM_TIMEOUT=2 %s", f[i].env);
+        int rc = run_env("fault", 2, env, "", &secs);
+        CHECK(rc != 0 && strstr(g_out, f[i].says[0]) && strstr(g_out, f[i].says[1]) && secs < 60,
+              "%s: exit %d after %.1f s, '%s' and '%s'\n%s", f[i].env, rc, secs, f[i].says[0], f[i].says[1], g_out);
+    }
+    // the fake's segments are unlinked once every rank has its own, so even dead ranks leave none
+    int left = system("ls /dev/shm | grep -q dtrain-fake-nccl");
+    CHECK(left != 0, "no segment of the fake NCCL left in /dev/shm");
+}
+
+// Refused with a clear error: NCCL asked for where ranks share a GPU, an
+// unknown backend, an NCCL too old (which auto passes over, saying why),
+// a GPU out of range.
+static void test_nccl_refusals(void) {
+    struct {
+        const char *env;
+        int workers;
+        const char *flags, *says;
+        int ok;
+    } f[] = {
+        {"DTRAIN_GPU_SIM_DEVICES=1 DTRAIN_GPU_COMM=nccl", 2, "",
+         "DTRAIN_GPU_COMM=nccl on rank 0: 2 ranks of this host on 1 GPU, and NCCL takes one GPU a rank", 0},
+        {"DTRAIN_GPU_SIM_DEVICES=2 DTRAIN_GPU_COMM=nccl", 2, "--set train.device=cuda:1",
+         "DTRAIN_GPU_COMM=nccl on rank 0: 2 ranks of this host on cuda:1, and NCCL takes one GPU a rank", 0},
+        {"DTRAIN_GPU_COMM=gloo", 2, "", "DTRAIN_GPU_COMM=gloo: expected nccl, staging, or auto", 0},
+        {"DTRAIN_FAKE_NCCL_VERSION=21703 DTRAIN_GPU_COMM=nccl", 2, "",
+         "is version 2.17.3; dtrain needs 2.18 or later, before 3", 0},
+        {"DTRAIN_FAKE_NCCL_VERSION=21703", 2, "",
+         "gradients staged through host memory (pinned host buffers and the host's communicator; not nccl: NCCL at "
+         FAKE_NCCL " is version 2.17.3; dtrain needs 2.18 or later, before 3)", 1},
+        {"DTRAIN_GPU_SIM_DEVICES=3", 2, "--set train.device=cuda:3", "device = cuda:3: this machine has 3 GPUs", 0},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        int rc = run_env("refused-nccl", f[i].workers, f[i].env, f[i].flags, NULL);
+        CHECK((f[i].ok ? rc == 0 : rc != 0) && strstr(g_out, f[i].says), "%s %s: exit %d, '%s'\n%s", f[i].env,
+              f[i].flags, rc, f[i].says, g_out);
+    }
+}
+
 // What a device run refuses, by name, before its first step.
 static void test_refusals(void) {
     struct {
         const char *cfg, *flags, *says;
     } no[] = {
-        {cfg_mlp_full, "--device cuda --workers 2", "with 2 workers: training on a GPU is one worker"},
+        {cfg_mlp_full, "--device cuda --workers 2 --spares 1", "--spares with [train] device = cuda: a spare joining"},
         {cfg_mlp_full, "--device cuda --set parallel.zero=1", "with [parallel] zero (ZeRO): not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --set train.precision=bf16", "with [train] precision other than fp32"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method"},
@@ -397,6 +603,13 @@ int main(int argc, char **argv) {
     test_gpt();
     test_cnn();
     test_resume();
+    test_ranks();
+    test_ranks_resume();
+    test_nccl_rows();
+    test_nccl_faults();
+    test_nccl_refusals();
+    unsetenv("DTRAIN_GPU_SIM_DEVICES");
+    unsetenv("DTRAIN_NCCL");
     test_refusals();
     tl_cleanup(g_tmp);
     return tl_finish();

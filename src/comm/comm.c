@@ -596,6 +596,9 @@ static void *p2p_main(void *arg) {
 }
 
 static dt_status p2p_submit(dt_comm_t c, const dt_coll_args *a, dt_request_t *req) {
+    if (!c->ops->p2p_progress)
+        return dt_error(DT_ERR_ARG, "%s on rank %d: a %s communicator has no point to point", dt_coll_name(a->kind),
+                        c->rank, c->ops->name);
     struct dt_request *r = request_new(c, a);
     if (!r) return DT_ERR_NOMEM;
     r->is_p2p = 1;
@@ -965,6 +968,7 @@ dt_status dt_comm_split(dt_comm_t c, int color, int key, dt_comm_t *out) {
     *out = NULL;
     if (color < 0 && color != DT_COMM_UNDEFINED)
         return dt_error(DT_ERR_ARG, "dt_comm_split: color %d is negative", color);
+    if (!c->ops->split) return dt_error(DT_ERR_ARG, "dt_comm_split: a %s communicator cannot be split", c->ops->name);
     /* order with the non-blocking calls already queued */
     dt_barrier(c);
     dt_status s = sticky(c);

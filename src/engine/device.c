@@ -2,10 +2,12 @@
  * the device seam (gpu/dev.h: the CUDA device, or dtrain's simulated GPU
  * under DTRAIN_GPU=sim). */
 #include "dtrain/train.h"
+#include "engine/device.h"
 #include "gpu/dev.h"
 #include "gpu/gpu.h"
 
 #include <stdio.h>
+#include <string.h>
 
 // The kernels a model's device step calls (gpu/dev_model.c).
 static const char *const mlp_ops[] = {"sgemm", "bias_forward", "bias_backward", "relu_forward", "relu_backward",
@@ -19,16 +21,15 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
                                       "bias_forward", "bias_backward", "crossentropy_forward",
                                       "crossentropy_backward", "sumsq", NULL};
 
-// What trains on a device: one worker, plain data parallel, fp32, a GPT or
-// a sequential model (dense, convolution, pooling and dropout layers); the
-// rest refused by name.
+// What trains on a device: data parallel (plain or deterministic), fp32, a
+// GPT or a sequential model (dense, convolution, pooling and dropout
+// layers); the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
                      : c->tensor > 1   ? "[parallel] tensor"
                      : c->zero > 0     ? "[parallel] zero (ZeRO)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
-                     : c->deterministic  ? "[parallel] deterministic = true"
                      : c->comp_method != DT_COMP_NONE ? "[compression] method"
                      : c->grad_dtype     ? "[parallel] grad_dtype = bf16"
                      : c->offload        ? "[parallel] offload"
@@ -38,8 +39,8 @@ static dt_status supported(const dt_config *c) {
                      : c->gpt && c->arch == DT_ARCH_LLAMA ? "[model] arch = llama"
                                                           : NULL;
     if (no)
-        return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (a GPU trains one worker, "
-                        "plain data parallel, fp32, a GPT or a sequential model; docs/gpu.md)", c->device, no);
+        return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
+                        "plain or deterministic, in fp32, a GPT or a sequential model; docs/gpu.md)", c->device, no);
     return DT_OK;
 }
 
@@ -59,6 +60,34 @@ dt_status dt_train_check_device(const dt_config *c) {
     char who[400];
     snprintf(who, sizeof who, "[train] device = %s (%s)", c->device, what);
     return dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
+}
+
+dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, char *shared, size_t n) {
+    char why[512];
+    int gpus = dt_dev_get()->count(why, sizeof why), L = dt_comm_local_size(comm);
+    int named = strcmp(c->device, "cuda") != 0;
+    *index = dt_device_index(c->device);
+    if (gpus < 1) return dt_error(DT_ERR_CONFIG, "[train] device = %s: %s", c->device, why);
+    if (!named) *index = dt_comm_local_rank(comm) % gpus;
+    if (*index >= gpus)
+        return dt_error(DT_ERR_CONFIG, "[train] device = %s: this machine has %d GPU%s", c->device, gpus,
+                        gpus > 1 ? "s" : "");
+    shared[0] = 0;
+    if (named && L > 1) snprintf(shared, n, "%d ranks of this host on %s", L, c->device);
+    else if (!named && L > gpus) snprintf(shared, n, "%d ranks of this host on %d GPU%s", L, gpus, gpus > 1 ? "s" : "");
+    return DT_OK;
+}
+
+dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
+    if (dt_device_index(c->device) < 0) return DT_OK;
+    int index;
+    char shared[128];
+    dt_status st = dt_train_device_for(c, comm, &index, shared, sizeof shared);
+    if (st == DT_OK && (st = dt_dev_get()->use(index)) != DT_OK)
+        st = dt_error(st, "[train] device = %s: cuda:%d on rank %d: %s", c->device, index, dt_comm_rank(comm),
+                      dt_last_error());
+    if (st == DT_OK) dt_log(DT_LOG_DEBUG, "rank %d trains on cuda:%d%s%s", dt_comm_rank(comm), index, *shared ? ": " : "", shared);
+    return st;
 }
 
 void dt_device_report(char *out, size_t n) {

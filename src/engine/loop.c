@@ -15,6 +15,7 @@
 #include "engine/checkpoints.h"
 #include "engine/codecs/codec.h"
 #include "engine/control.h"
+#include "engine/device.h"
 #include "engine/dynbatch.h"
 #include "engine/strategies/strategy.h"
 #include "engine/tasks/task.h"
@@ -126,6 +127,9 @@ int dt_train_alone_from(const dt_config *c) {
 }
 
 dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
+    if (spares > 0 && dt_device_index(c->device) >= 0)
+        return dt_error(DT_ERR_CONFIG, "--spares with [train] device = %s: a spare joining ranks on GPUs is not in "
+                                       "this dtrain yet; use --max-restarts", c->device);
     if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
     const dt_strategy_ops *s = dt_strategy_for(c);
     if ((c->pipeline > 1 || c->tensor > 1) && c->zero == 1)
@@ -516,6 +520,7 @@ static dt_status join(run_state *r) {
     r->res->workers = r->W;
     r->res->threads = r->threads;
     if ((st = dt_train_check(c, r->W)) != DT_OK) return st;
+    if ((st = dt_train_device_use(c, r->comm)) != DT_OK) return st;
     // the largest batch the model runs, from the memory check
     if ((st = dt_check_memory(c, DT_MEM_TRAIN, r->W, 0, &r->model_rows)) != DT_OK) return st;
     return dt_worker_run_dir(c, r->run_dir);

@@ -24,6 +24,10 @@ const dt_dev dt_dev_cuda = {
     .to_host = dt_gpu_to_host,
     .copy = dt_gpu_copy,
     .sync = dt_gpu_sync,
+    .stream_create = dt_gpu_stream_create,
+    .stream_destroy = dt_gpu_stream_destroy,
+    .stream_after_compute = dt_gpu_stream_after_compute,
+    .stream_query = dt_gpu_stream_query,
     .sgemm = dt_gpu_sgemm,
     .layernorm_forward = dt_gpu_layernorm_forward,
     .layernorm_backward = dt_gpu_layernorm_backward,
@@ -52,6 +56,8 @@ const dt_dev dt_dev_cuda = {
     .maxpool_backward = dt_gpu_maxpool_backward,
     .dropout_forward = dt_gpu_dropout_forward,
     .dropout_backward = dt_gpu_dropout_backward,
+    .fixed_add = dt_gpu_fixed_add,
+    .fixed_to_float = dt_gpu_fixed_to_float,
 };
 
 const dt_dev *dt_dev_get(void) {
@@ -69,7 +75,7 @@ static const struct {
            OP(encoder_backward), OP(residual_forward), OP(residual_backward), OP(attention_forward),
            OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward), OP(bias_backward),
            OP(sumsq), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward), OP(maxpool_backward),
-           OP(dropout_forward), OP(dropout_backward)};
+           OP(dropout_forward), OP(dropout_backward), OP(fixed_add), OP(fixed_to_float)};
 
 const char *dt_dev_lacks(const dt_dev *d, const char *const *names) {
     for (; *names; names++) {

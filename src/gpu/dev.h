@@ -44,6 +44,22 @@ typedef struct dt_dev {
     dt_status (*to_host)(void *host, const void *dev, size_t bytes);
     dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
     dt_status (*sync)(void);
+    /* A stream for communication (NCCL's): work queued on it runs beside
+     * the kernels, which all go to one stream (the default one).
+     * stream_after_compute: what is queued on it from now on starts after
+     * every kernel queued so far. stream_query: *done = 1 once everything
+     * queued on it has finished (never blocks). On the simulated GPU every
+     * op is done when it returns: a stream is a token, always done. */
+    dt_status (*stream_create)(void **stream);
+    void (*stream_destroy)(void *stream);
+    dt_status (*stream_after_compute)(void *stream);
+    dt_status (*stream_query)(void *stream, int *done);
+    /* The simulated GPU only (NULL on cuda): opens (on = 1) its memory to
+     * the calling thread's host code until the matching on = 0, as an op
+     * does, for a library that stands in for one of the device's own: the
+     * fake NCCL of the tests reads and writes device pointers on the CPU.
+     * Other ops wait meanwhile. */
+    void (*host_open)(int on);
     /* ---- kernels (NULL: not in this dtrain yet) ---- */
     dt_status (*sgemm)(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc);
@@ -88,6 +104,10 @@ typedef struct dt_dev {
     dt_status (*dropout_forward)(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
                                  uint64_t step, int64_t first, int layer);
     dt_status (*dropout_backward)(float *dx, const float *dout, const float *mask, size_t N);
+    /* Deterministic mode's fixed point (core/fixed.h): acc[n] +=
+     * round(g x 2^32); g[n] = acc / 2^32. */
+    dt_status (*fixed_add)(int64_t *acc, const float *g, size_t n);
+    dt_status (*fixed_to_float)(float *g, const int64_t *acc, size_t n);
 } dt_dev;
 
 extern const dt_dev dt_dev_cuda; /* gpu/dev.c */

@@ -5,7 +5,11 @@
  * protects them again, so a host read of a device pointer anywhere else
  * dies with SIGSEGV. A run takes one arena, so an op flips one region.
  * DTRAIN_GPU_SIM_MEM (a size: "2G") is the device's memory; else what the
- * host has available. */
+ * host has available. DTRAIN_GPU_SIM_DEVICES (1 to 16, default 1): how many
+ * GPUs the machine seems to have (cuda:0, cuda:1, ...: each process has its
+ * own simulated memory whichever it uses), so that ranks can take one GPU
+ * each as on a machine of several. */
+#include "core/fixed.h"
 #include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -56,19 +60,26 @@ static size_t mem_bytes(void) {
 
 static int sim_count(char *why, size_t n) {
     if (n) why[0] = 0;
-    return 1;
+    const char *e = getenv("DTRAIN_GPU_SIM_DEVICES");
+    int k = e && *e ? atoi(e) : 1;
+    return k >= 1 && k <= 16 ? k : 1;
+}
+
+static dt_status sim_index(int index) {
+    int k = sim_count(NULL, 0);
+    if (index >= 0 && index < k) return DT_OK;
+    return dt_error(DT_ERR_ARG, "the simulated GPUs are cuda:0 to cuda:%d (DTRAIN_GPU_SIM_DEVICES=%d), not cuda:%d",
+                    k - 1, k, index);
 }
 
 static dt_status sim_describe(int index, char *out, size_t n) {
-    if (index != 0) return dt_error(DT_ERR_ARG, "the simulated GPU is cuda:0 alone, not cuda:%d", index);
+    if (sim_index(index) != DT_OK) return DT_ERR_ARG;
     snprintf(out, n, "dtrain's simulated GPU (DTRAIN_GPU=sim: the CPU's kernels on memory the host cannot read "
              "outside them), %.1f GiB", (double)mem_bytes() / (1u << 30));
     return DT_OK;
 }
 
-static dt_status sim_use(int index) {
-    return index == 0 ? DT_OK : dt_error(DT_ERR_ARG, "the simulated GPU is cuda:0 alone, not cuda:%d", index);
-}
+static dt_status sim_use(int index) { return sim_index(index); }
 
 static dt_status sim_mem_info(size_t *free_b, size_t *total) {
     size_t used = 0;
@@ -146,6 +157,29 @@ static dt_status sim_copy(void *to, const void *from, size_t bytes) {
 }
 
 static dt_status sim_sync(void) { return DT_OK; }
+
+// Every op is done when it returns: a stream is a token, always done.
+static char g_stream_token;
+
+static dt_status sim_stream_create(void **stream) {
+    *stream = &g_stream_token;
+    return DT_OK;
+}
+
+static void sim_stream_destroy(void *stream) { (void)stream; }
+
+static dt_status sim_stream_after_compute(void *stream) { return (void)stream, DT_OK; }
+
+static dt_status sim_stream_query(void *stream, int *done) {
+    (void)stream;
+    *done = 1;
+    return DT_OK;
+}
+
+static void sim_host_open(int on) {
+    if (on) open_dev();
+    else shut();
+}
 
 // ---- kernels: the CPU's twins -------------------------------------------------
 
@@ -374,6 +408,20 @@ static dt_status sim_dropout_backward(float *dx, const float *dout, const float 
     return shut();
 }
 
+static dt_status sim_fixed_add(int64_t *acc, const float *gr, size_t n) {
+    open_dev();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) acc[i] += dt_fixed_of(gr[i], DT_FIXED_SCALE);
+    return shut();
+}
+
+static dt_status sim_fixed_to_float(float *gr, const int64_t *acc, size_t n) {
+    open_dev();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) gr[i] = dt_fixed_value(acc[i]);
+    return shut();
+}
+
 const dt_dev dt_dev_sim = {
     .name = "sim",
     .count = sim_count,
@@ -389,6 +437,11 @@ const dt_dev dt_dev_sim = {
     .to_host = sim_to_host,
     .copy = sim_copy,
     .sync = sim_sync,
+    .stream_create = sim_stream_create,
+    .stream_destroy = sim_stream_destroy,
+    .stream_after_compute = sim_stream_after_compute,
+    .stream_query = sim_stream_query,
+    .host_open = sim_host_open,
     .sgemm = sim_sgemm,
     .layernorm_forward = sim_ln_forward,
     .layernorm_backward = sim_ln_backward,
@@ -417,4 +470,6 @@ const dt_dev dt_dev_sim = {
     .maxpool_backward = sim_maxpool_backward,
     .dropout_forward = sim_dropout_forward,
     .dropout_backward = sim_dropout_backward,
+    .fixed_add = sim_fixed_add,
+    .fixed_to_float = sim_fixed_to_float,
 };

@@ -91,6 +91,38 @@ dt_status dt_gpu_sync(void) {
     return DT_OK;
 }
 
+// The communication stream: non-blocking, so it waits for the default
+// stream only where told (an event: the gradients' kernels queued so far).
+dt_status dt_gpu_stream_create(void **stream) {
+    cudaStream_t s = NULL;
+    *stream = NULL;
+    DT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *stream = (void *)s;
+    return DT_OK;
+}
+
+void dt_gpu_stream_destroy(void *stream) {
+    if (stream) cudaStreamDestroy((cudaStream_t)stream);
+}
+
+dt_status dt_gpu_stream_after_compute(void *stream) {
+    cudaEvent_t ev;
+    DT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, 0);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);
+    cudaEventDestroy(ev);  // (released once the wait queued on it is done)
+    DT_CUDA(e);
+    return DT_OK;
+}
+
+dt_status dt_gpu_stream_query(void *stream, int *done) {
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    *done = e == cudaSuccess;
+    if (e == cudaErrorNotReady) return DT_OK;
+    DT_CUDA(e);
+    return DT_OK;
+}
+
 // DTRAIN_CUDA_SYNC=1: every launch waited for (read once; cuda_check.h).
 static int sync_each(void) {
     static int on = -1;  // (a race here writes the same value)

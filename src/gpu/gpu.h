@@ -42,6 +42,15 @@ dt_status dt_gpu_host_alloc(void **host, size_t bytes);
 void dt_gpu_host_free(void *host);
 /* Waits for every launch so far; an error a kernel raised is named here. */
 dt_status dt_gpu_sync(void);
+/* A stream of the current device (a cudaStream_t, as NCCL takes it) that
+ * does not wait for the default stream by itself; after_compute: what is
+ * queued on it from now on waits for what the default stream has queued
+ * so far (an event); query: *done once it has run everything queued
+ * (cudaStreamQuery, never blocks; an error a kernel raised is named). */
+dt_status dt_gpu_stream_create(void **stream);
+void dt_gpu_stream_destroy(void *stream);
+dt_status dt_gpu_stream_after_compute(void *stream);
+dt_status dt_gpu_stream_query(void *stream, int *done);
 
 /* The optimizers over n elements of device blocks, the CPU's rules
  * (optim/elem.h) with the constants the host computed. m, v, buf: the
@@ -159,6 +168,11 @@ dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n);
 /* x[n] *= *s_dev (a float on the device, such as the clipping factor): no
  * wait for the host. */
 dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev);
+
+/* Deterministic mode's fixed point (core/fixed.h's rules, the CPU's
+ * bits): acc[n] += round(g x 2^32) clamped; g[n] = acc / 2^32. */
+dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n);
+dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n);
 
 /* C[M,N] = alpha op(A) op(B) + beta C as dt_gpu_sgemm, on bf16 operands A
  * and B (uint16_t, dt_from_f32's DT_BF16), fp32 sums and C. */

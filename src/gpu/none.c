@@ -37,6 +37,14 @@ dt_status dt_gpu_mem_info(size_t *free_bytes, size_t *total) { return *free_byte
 dt_status dt_gpu_host_alloc(void **host, size_t bytes) { return (void)bytes, *host = NULL, no_gpu(); }
 void dt_gpu_host_free(void *host) { (void)host; }
 dt_status dt_gpu_sync(void) { return no_gpu(); }
+dt_status dt_gpu_stream_create(void **stream) { return *stream = NULL, no_gpu(); }
+void dt_gpu_stream_destroy(void *stream) { (void)stream; }
+dt_status dt_gpu_stream_after_compute(void *stream) { return (void)stream, no_gpu(); }
+dt_status dt_gpu_stream_query(void *stream, int *done) { return (void)stream, *done = 0, no_gpu(); }
+dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n) { return (void)acc, (void)g, (void)n, no_gpu(); }
+dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n) {
+    return (void)g, (void)acc, (void)n, no_gpu();
+}
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k) {
     return (void)w, (void)g, (void)m, (void)v, (void)n, (void)k, no_gpu();
 }

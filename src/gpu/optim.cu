@@ -1,6 +1,7 @@
 /* The optimizers' kernels over flat device blocks: the CPU's per-element
  * rules (optim/elem.h), a grid-stride loop with 64-bit indices; the global
  * norm's sum of squares (dt_sum_squares's bits) and the clipping scale. */
+#include "core/fixed.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
@@ -78,5 +79,31 @@ dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev) {
     if (n == 0) return DT_OK;
     scale_by_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(x, n, s_dev);
     DT_LAUNCHED(scale_by_kernel);
+    return DT_OK;
+}
+
+// ---- deterministic mode's fixed point (core/fixed.h: the CPU's bits)
+
+__global__ static void fixed_add_kernel(int64_t *acc, const float *g, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += dt_fixed_of(g[i], DT_FIXED_SCALE);
+}
+
+__global__ static void fixed_to_float_kernel(float *g, const int64_t *acc, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g[i] = dt_fixed_value(acc[i]);
+}
+
+dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n) {
+    if (n == 0) return DT_OK;
+    fixed_add_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(acc, g, n);
+    DT_LAUNCHED(fixed_add_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n) {
+    if (n == 0) return DT_OK;
+    fixed_to_float_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(g, acc, n);
+    DT_LAUNCHED(fixed_to_float_kernel);
     return DT_OK;
 }

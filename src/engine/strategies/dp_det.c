@@ -49,29 +49,6 @@ static dt_status det_init(dt_strategy *s) {
 
 static void det_fini(dt_strategy *s) { dt_free(((dp_det *)s)->acc); }
 
-// The fixed shards of the global batch that fall inside the share: each a
-// micro-batch, or with batch norm the segments of one.
-static int det_plan(dt_strategy *s, int first, int share, int global) {
-    int M = s->c->micro_shards, k = 0;
-    for (int j = 0; j < M; j++) {
-        int lo = (int)((long)global * j / M), hi = (int)((long)global * (j + 1) / M);
-        if (lo >= first && hi <= first + share && hi > lo) {
-            s->off[k] = lo - first;
-            s->len[k++] = hi - lo;
-        }
-    }
-    s->nseg = 0;
-    if (k > 0 && dt_layers_have_batchnorm(s->c->layers, s->c->nlayers)) {
-        memcpy(s->seg_len, s->len, sizeof(int) * (size_t)k);
-        s->nseg = k;
-        s->len[0] = s->off[k - 1] + s->len[k - 1] - s->off[0];
-        k = 1;
-    }
-    s->nmicro = k;
-    s->global = global;
-    return k;
-}
-
 // Each shard's gradient on its own, from zero.
 static void det_micro_end(dt_strategy *s, int k) {
     (void)k;
@@ -101,7 +78,7 @@ const dt_strategy_ops dt_strategy_dp_deterministic = {
     .max_micro = det_max_micro,
     .init = det_init,
     .fini = det_fini,
-    .plan = det_plan,
+    .plan = dt_strategy_plan_shards,
     .micro_end = det_micro_end,
     .sync = det_sync,
     .grad_norm = dt_strategy_norm_replicated,

@@ -170,6 +170,27 @@ int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global) {
     return k;
 }
 
+int dt_strategy_plan_shards(dt_strategy *s, int first, int share, int global) {
+    int M = s->c->micro_shards, k = 0;
+    for (int j = 0; j < M; j++) {
+        int lo = (int)((long)global * j / M), hi = (int)((long)global * (j + 1) / M);
+        if (lo >= first && hi <= first + share && hi > lo) {
+            s->off[k] = lo - first;
+            s->len[k++] = hi - lo;
+        }
+    }
+    s->nseg = 0;
+    if (k > 0 && dt_layers_have_batchnorm(s->c->layers, s->c->nlayers)) {  // (batch norm: the segments of one)
+        memcpy(s->seg_len, s->len, sizeof(int) * (size_t)k);
+        s->nseg = k;
+        s->len[0] = s->off[k - 1] + s->len[k - 1] - s->off[0];
+        k = 1;
+    }
+    s->nmicro = k;
+    s->global = global;
+    return k;
+}
+
 uint16_t *dt_strategy_wire(dt_strategy *s) {
     if (!s->wire && !(s->wire = malloc(sizeof(uint16_t) * (s->n ? s->n : 1))))
         dt_error(DT_ERR_NOMEM, "strategy %s: out of memory for %zu bf16 gradients", s->ops->name, s->n);
@@ -202,8 +223,7 @@ dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm) {
 void dt_fixed_add(int64_t *acc, const float *g, size_t n, double scale) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        double x = (double)g[i] * scale;
-        acc[i] += (int64_t)llrint(x > 4e18 ? 4e18 : x < -4e18 ? -4e18 : x);
+        acc[i] += dt_fixed_of(g[i], scale);
     }
 }
 
@@ -215,7 +235,7 @@ dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale) {
 
 void dt_fixed_to_float(float *g, const int64_t *acc, size_t n) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) g[i] = (float)((double)acc[i] / DT_FIXED_SCALE);
+    for (size_t i = 0; i < n; i++) g[i] = dt_fixed_value(acc[i]);
 }
 
 // dt_sum_squares's blocks (optim.c), summed here slice by slice.

@@ -42,6 +42,7 @@
 #ifndef DT_ENGINE_STRATEGY_H
 #define DT_ENGINE_STRATEGY_H
 
+#include "core/fixed.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
@@ -344,6 +345,11 @@ static inline dt_status dt_strategy_ckpt_restore(dt_strategy *s, const char *pat
 
 /* grad_accum parts of the share (train.grad_accum). */
 int dt_strategy_plan_accum(dt_strategy *s, int first, int share, int global);
+/* Deterministic mode's micro-batches: the [parallel] micro_shards fixed
+ * shards of the global batch (the same cut for any number of workers) that
+ * fall inside the share; with batch norm, one micro-batch whose segments
+ * they are (nseg, seg_len). */
+int dt_strategy_plan_shards(dt_strategy *s, int first, int share, int global);
 /* The norm of a replicated gradient block: every rank computes it alone. */
 dt_status dt_strategy_norm_replicated(dt_strategy *s, double *norm);
 /* acc[i] += round(g[i] x scale), clamped to +-4e18 so that a diverging run
@@ -370,10 +376,10 @@ dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm);
 /* The same over comm's ranks, each holding slice = block[lo, hi) of a
  * block of n (its dt_shard_range slice over comm). */
 dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt_comm_t comm, double *norm);
-/* Deterministic mode's fixed point: gradients go in with
- * dt_fixed_add(acc, g, n, DT_FIXED_SCALE) and come back as g[i] = acc[i] /
- * 2^32. Integer sums do not depend on their order. */
-#define DT_FIXED_SCALE 4294967296.0  // 2^32
+/* Deterministic mode's fixed point (core/fixed.h's rules, which the GPU
+ * shares): gradients go in with dt_fixed_add(acc, g, n, DT_FIXED_SCALE)
+ * and come back as g[i] = acc[i] / 2^32. Integer sums do not depend on
+ * their order. */
 void dt_fixed_to_float(float *g, const int64_t *acc, size_t n);
 /* A pipeline's stages from the costs of its layers (engine/strategies/pipeline.c):
  * bounds[0..P] cut costs[L] into P contiguous non-empty stages (1 <= P <=

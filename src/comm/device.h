@@ -1,0 +1,39 @@
+/* Communicators over device memory (docs/gpu.md, "Several ranks"): the
+ * collectives of dtrain/comm.h on buffers that are a GPU's, made over a
+ * host communicator and taking its ranks. Two backends, in registry.c's
+ * second table:
+ *
+ *   nccl     NCCL (loaded at run time: gpu.h's dt_gpu_lib_open), one GPU
+ *            a rank; its communicator bootstrapped through the host's
+ *            (rank 0's unique id broadcast) and non-blocking, so that
+ *            every wait is a poll under the host communicator's timeout
+ *            (comm/nccl/nccl.c).
+ *   staging  each collective copied to a pinned host buffer, run by the
+ *            host's backend (shm, MPI) and copied back: ranks that share a
+ *            GPU, or no NCCL (comm/staging/staging.c).
+ *
+ * A device communicator is a dt_comm_t: the front end numbers its
+ * collectives, times them out, keeps its sticky error and its
+ * non-blocking twins; it has no split, point to point, rejoin or check
+ * mode (the staging's host communicator checks its own). */
+#ifndef DT_COMM_DEVICE_H
+#define DT_COMM_DEVICE_H
+
+#include "dtrain/comm.h"
+#include "gpu/dev.h"
+
+typedef struct {
+    const dt_dev *d;    /* the device seam; its buffers are d's */
+    int device;         /* the GPU this rank uses (d->use done) */
+    const char *shared; /* NULL: no other rank of this host uses it; else
+                           why it is shared, for the log ("2 ranks on 1 GPU") */
+} dt_comm_device_params;
+
+/* Makes *out over `host` (a collective over host, which must outlive
+ * *out): the backend DTRAIN_GPU_COMM names ("nccl", "staging"), or with
+ * "auto" (or unset) nccl where every rank can use it, else staging. why[n]
+ * says why that one (for the log). A forced backend that some rank cannot
+ * use is refused on every rank, naming the rank and why. */
+dt_status dt_comm_init_device(dt_comm_t host, const dt_comm_device_params *p, dt_comm_t *out, char *why, size_t n);
+
+#endif

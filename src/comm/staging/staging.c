@@ -1,0 +1,163 @@
+/* staging.c - device communicators whose collectives go through host memory
+ * (comm/device.h): ranks that share a GPU (NCCL takes one GPU a rank), or
+ * no NCCL. Each collective copies what this rank sends from the device to
+ * a pinned host buffer (the seam's host_alloc), runs the same collective
+ * on the host communicator (a split of the one it was made over, so that
+ * its numbering is its own: shm or MPI, their timeouts and their errors
+ * naming the missing ranks) and copies the result back to the device.
+ * One collective at a time (the front end runs a communicator's calls in
+ * order), so one buffer, grown to the largest. */
+#include "comm/staging/staging.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    const dt_dev *d;
+    dt_comm_t host;     /* the split of the host communicator */
+    char *buf;          /* pinned */
+    size_t cap;
+} staging;
+
+#define ST(c) ((staging *)(c)->be)
+
+static dt_status room(staging *s, size_t bytes) {
+    if (bytes <= s->cap) return DT_OK;
+    size_t want = s->cap * 2 > bytes ? s->cap * 2 : bytes;
+    void *p = NULL;
+    dt_status st = s->d->host_alloc(&p, want);
+    if (st != DT_OK) return dt_error(st, "staging through host memory: %s", dt_last_error());
+    s->d->host_free(s->buf);
+    s->buf = p;
+    s->cap = want;
+    return DT_OK;
+}
+
+// The host collective's failure, as this communicator's (the front end
+// marks it broken on DT_ERR_COMM / DT_ERR_TIMEOUT).
+static dt_status host_failed(dt_status st) {
+    return dt_error(st, "staged through host memory: %s", dt_last_error());
+}
+
+static dt_status copy_failed(const dt_coll_args *a, const char *way, dt_status st) {
+    return dt_error(st, "%s (seq %llu) on the device, the copy %s host memory: %s", dt_coll_name(a->kind),
+                    (unsigned long long)a->seq, way, dt_last_error());
+}
+
+static dt_status to_host(staging *s, const dt_coll_args *a, void *h, const void *dev, size_t bytes) {
+    dt_status st = bytes ? s->d->to_host(h, dev, bytes) : DT_OK;
+    return st == DT_OK ? DT_OK : copy_failed(a, "to", st);
+}
+
+static dt_status to_device(staging *s, const dt_coll_args *a, void *dev, const void *h, size_t bytes) {
+    dt_status st = bytes ? s->d->to_device(dev, h, bytes) : DT_OK;
+    return st == DT_OK ? DT_OK : copy_failed(a, "from", st);
+}
+
+static dt_status st_allreduce(dt_comm_t c, const dt_coll_args *a) {
+    staging *s = ST(c);
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    dt_status st;
+    DT_TRY(room(s, bytes), done);
+    DT_TRY(to_host(s, a, s->buf, a->send, bytes), done);
+    if ((st = dt_allreduce(s->buf, s->buf, a->count, a->dtype, a->op, s->host)) != DT_OK) return host_failed(st);
+    st = to_device(s, a, a->recv, s->buf, bytes);
+done:
+    return st;
+}
+
+static dt_status st_reduce(dt_comm_t c, const dt_coll_args *a) {
+    staging *s = ST(c);
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    dt_status st;
+    DT_TRY(room(s, bytes), done);
+    DT_TRY(to_host(s, a, s->buf, a->send, bytes), done);
+    if ((st = dt_reduce(s->buf, s->buf, a->count, a->dtype, a->op, a->root, s->host)) != DT_OK)
+        return host_failed(st);
+    st = c->rank == a->root ? to_device(s, a, a->recv, s->buf, bytes) : DT_OK;
+done:
+    return st;
+}
+
+// send [count x size] in the buffer, this rank's block after it.
+static dt_status st_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
+    staging *s = ST(c);
+    size_t es = dt_dtype_size(a->dtype), bytes = a->count * es, all = bytes * (size_t)c->size;
+    dt_status st;
+    DT_TRY(room(s, all + bytes), done);
+    DT_TRY(to_host(s, a, s->buf, a->send, all), done);
+    if ((st = dt_reduce_scatter(s->buf, s->buf + all, a->count, a->dtype, a->op, s->host)) != DT_OK)
+        return host_failed(st);
+    st = to_device(s, a, a->recv, s->buf + all, bytes);
+done:
+    return st;
+}
+
+// The gathered blocks in the buffer, this rank's own after them.
+static dt_status st_allgatherv(dt_comm_t c, const dt_coll_args *a) {
+    staging *s = ST(c);
+    size_t es = dt_dtype_size(a->dtype), total = 0, mine = a->count * es;
+    for (int p = 0; p < c->size; p++)
+        if (a->displs[p] + a->counts[p] > total) total = a->displs[p] + a->counts[p];
+    total *= es;
+    dt_status st;
+    DT_TRY(room(s, total + mine), done);
+    DT_TRY(to_host(s, a, s->buf + total, a->send, mine), done);
+    st = dt_allgatherv(s->buf + total, a->count, s->buf, a->counts, a->displs, a->dtype, s->host);
+    if (st != DT_OK) return host_failed(st);
+    st = to_device(s, a, a->recv, s->buf, total);
+done:
+    return st;
+}
+
+static dt_status st_broadcast(dt_comm_t c, const dt_coll_args *a) {
+    staging *s = ST(c);
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    dt_status st;
+    DT_TRY(room(s, bytes), done);
+    if (c->rank == a->root) DT_TRY(to_host(s, a, s->buf, a->send, bytes), done);
+    if ((st = dt_broadcast(s->buf, s->buf, a->count, a->dtype, a->root, s->host)) != DT_OK) return host_failed(st);
+    st = to_device(s, a, a->recv, s->buf, bytes);
+done:
+    return st;
+}
+
+static dt_status st_barrier(dt_comm_t c, const dt_coll_args *a) {
+    (void)a;
+    dt_status st = dt_barrier(ST(c)->host);
+    return st == DT_OK ? DT_OK : host_failed(st);
+}
+
+static void st_abort(dt_comm_t c, const char *reason) { dt_comm_abort(ST(c)->host, reason); }
+
+static void st_destroy(dt_comm_t c) {
+    staging *s = ST(c);
+    if (!s) return;
+    dt_comm_destroy(s->host);
+    if (s->buf) s->d->host_free(s->buf);
+    free(s);
+    c->be = NULL;
+}
+
+static const struct dt_comm_ops staging_ops = {
+    .name = "staging",
+    .allreduce = st_allreduce,
+    .reduce_scatter = st_reduce_scatter,
+    .allgatherv = st_allgatherv,
+    .broadcast = st_broadcast,
+    .reduce = st_reduce,
+    .barrier = st_barrier,
+    .abort = st_abort,
+    .destroy = st_destroy,
+};
+
+dt_status dt_staging_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_params *p) {
+    staging *s = calloc(1, sizeof *s);
+    if (!s) return dt_error(DT_ERR_NOMEM, "staging through host memory: out of memory");
+    s->d = p->d;
+    c->be = s;
+    c->ops = &staging_ops;
+    dt_status st = dt_comm_split(host, 0, dt_comm_rank(host), &s->host);
+    if (st != DT_OK) return dt_error(st, "staging through host memory: its host communicator: %s", dt_last_error());
+    return DT_OK;
+}

@@ -1,0 +1,21 @@
+/* Which GPU a rank trains on (engine/device.c; docs/gpu.md, "Several
+ * ranks"): [train] device = cuda:N puts every rank of a host on GPU N;
+ * cuda spreads them over the host's GPUs by local rank, one GPU each where
+ * there are enough. */
+#ifndef DT_ENGINE_DEVICE_H
+#define DT_ENGINE_DEVICE_H
+
+#include "dtrain/comm.h"
+#include "dtrain/config.h"
+
+#include <stddef.h>
+
+/* This rank's GPU under c, over comm's ranks (*index), and shared[n]: ""
+ * when no other rank of this host uses it, else why ("2 ranks of this host
+ * on 1 GPU"). */
+dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, char *shared, size_t n);
+/* The same, made this process's device (the seam's use), before anything
+ * is allocated on it. A CPU run: nothing. */
+dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
+
+#endif
