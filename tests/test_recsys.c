@@ -518,7 +518,10 @@ static void checkpoints(void) {
 
 // Tables of 4M rows x 16 (256 MiB): past a worker's cap of 200M in its
 // block, trained with the rows on 2 servers (128 MiB each), refused on one
-// (naming the bytes).
+// before any process starts (naming the bytes and the servers that would
+// fit), trained on one with its rows in a file ([parallel] offload =
+// disk); 10^8 rows refused on 4 servers under a cap of 1G, naming the
+// bytes (nothing is allocated: the check is the launcher's).
 static void too_big(void) {
     dt_clicks_gen g = dt_clicks_gen_default();
     g.ntables = 2, g.rows[0] = 4000000, g.rows[1] = 100, g.train = 2000, g.test = 500;
@@ -534,8 +537,29 @@ static void too_big(void) {
     rc = run("big-ps", text, 1, "--memory-limit 200M --servers 2");
     CHECK(rc == 0 && num("big-ps", "test_auc") > 0.5, "the tables on 2 servers under the cap: exit %d, %s", rc, g_out);
     rc = run("big-ps1", text, 1, "--memory-limit 200M --servers 1");
-    CHECK(rc != 0 && strstr(g_out, "server 0: the tables' rows [0, 4000100) need") && strstr(g_out, "bytes"),
-          "the tables on 1 server under the cap: exit %d, '%s'", rc, g_out);
+    // 4000100 rows x (16 + 1) floats = 272006800 bytes, and the MLPs' range and the program
+    CHECK(rc == 1 && strstr(g_out, "not enough memory for the 1 parameter server: a server holds up to 4000100 rows of "
+                                   "the tables (16 floats and an AdaGrad sum a row: 259.41 MiB (272006800 bytes))") &&
+              strstr(g_out, "but 200.00 MiB (209715200 bytes) is available (--memory-limit, each process); 2 servers "
+                            "would fit") && strstr(g_out, "[parallel] offload = disk") &&
+              !strstr(g_out, "server 0:"),
+          "the tables on 1 server under the cap, refused before the start: exit %d, '%s'", rc, g_out);
+    char flags[800];
+    snprintf(flags, sizeof flags, "--memory-limit 200M --servers 1 --set parallel.offload=disk --set "
+             "parallel.offload_dir=%s", g_tmp);
+    rc = run("big-off", text, 1, flags);
+    CHECK(rc == 0 && num("big-off", "test_auc") > 0.5 && num("big-off", "test_auc") == num("big-ps", "test_auc"),
+          "the tables on 1 server under the cap, its rows in a file: exit %d, test AUC %.6f (2 servers in memory: "
+          "%.6f)\n%s", rc, num("big-off", "test_auc"), num("big-ps", "test_auc"), g_out);
+    snprintf(text, sizeof text,
+             "[model]\npreset = dlrm\n[recsys]\ntables = 100000000,100\ndim = 16\ndense = 4\ntrain = %s\ntest = %s\n"
+             "[optim]\nname = sgd\nlr = 0.05\n[train]\nbatch = 100\nepochs = 1\neval_batch = 500\n",
+             tmp("big.bin"), tmp("bigt.bin"));
+    rc = run("huge", text, 2, "--memory-limit 1G --servers 4");
+    CHECK(rc == 1 && strstr(g_out, "not enough memory for the 4 parameter servers: a server holds up to 25000025 rows "
+                                   "of the tables (16 floats and an AdaGrad sum a row: 1.58 GiB (1700001700 bytes))") &&
+              strstr(g_out, "servers would fit"),
+          "10^8 rows on 4 servers under a cap of 1G: exit %d, '%s'", rc, g_out);
 }
 
 // Refusals before training: the sparse tables with what they lack, a bad

@@ -372,6 +372,17 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
         double n = w->table_steps > 0 ? (double)w->table_steps : 1;
         cJSON_AddNumberToObject(ps, "table_bytes_per_step", (double)w->table_bytes / n);
         cJSON_AddNumberToObject(ps, "dense_bytes_per_step", (double)w->dense_bytes / n);
+        // the servers' balance: the rows this worker pushed to each a step, the most over their mean
+        cJSON_AddStringToObject(ps, "table_placement", s->c->rs_placement ? "hash" : "range");
+        cJSON *per = cJSON_AddArrayToObject(ps, "table_rows_per_server");
+        double most = 0, all = 0;
+        for (int j = 0; j < w->S && w->rows_to; j++) {
+            double r = (double)w->rows_to[j] / n;
+            cJSON_AddItemToArray(per, cJSON_CreateNumber(r));
+            most = r > most ? r : most;
+            all += r;
+        }
+        cJSON_AddNumberToObject(ps, "table_balance", all > 0 ? most / (all / w->S) : 0);
     }
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)
