@@ -6,7 +6,10 @@ mode sync, for each total table size (--sizes: R rows in 4 tables of 0.889,
 0.1, 0.01 and 0.001 R), each server count (--servers) and each case:
 `rows-range` and `rows-hash` (the rows on the servers, [recsys] placement
 range or hash) and `dense` (the tables in the block, [recsys] sparse =
-false). Prints, per case, worker 0's bytes sent a step as the communicator
+false); and once a size `tp-range` and `tp-hash`, the tables under tensor
+parallel ([recsys] shard = workers: sharded across the 2 workers, no
+servers; its bytes are the tables' all-to-all, sent and received, and the
+MLPs' allreduce). Prints, per case, worker 0's bytes sent a step as the communicator
 measured them (summary.json's bytes_sent over the steps: pushes, pull
 requests, headers), the bytes of rows it moved a step both ways (counted:
 ps.table_bytes_per_step), its step time (the training seconds over the
@@ -65,17 +68,20 @@ def run(a, d, name, text, servers, case):
         f.write(text)
     cmd = [a.dtrain, "train", ini, "--quiet", "--workers", "2", "--servers", str(servers), "--run-dir",
            os.path.join(d, name), "--set", "recsys.sparse=" + ("false" if case == "dense" else "true")]
-    if case == "rows-hash":
+    if case.endswith("-hash"):
         cmd += ["--set", "recsys.placement=hash"]
+    if case.startswith("tp-"):
+        cmd += ["--set", "recsys.shard=workers"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(d, name, "summary.json")) as f:
         s = json.load(f)
     shutil.rmtree(os.path.join(d, name), ignore_errors=True)
     steps = s["steps"]
-    ps = s.get("ps", {})
+    ps = s.get("ps", s.get("tables", {}))
     return {"case": case, "servers": servers, "sent_per_step": s["bytes_sent"] / steps,
             "rows_bytes_per_step": ps.get("table_bytes_per_step", 0),
-            "rows_per_server": ps.get("table_rows_per_server", []), "balance": ps.get("table_balance", 0),
+            "rows_per_server": ps.get("table_rows_per_server", ps.get("table_rows_per_worker", [])),
+            "balance": ps.get("table_balance", 0),
             "step_ms": 1000 * s["train_seconds"] / steps, "test_auc": s["test_auc"], "params": s["params"]}
 
 
@@ -84,7 +90,7 @@ def main():
     ap.add_argument("--dtrain", default="build/dtrain")
     ap.add_argument("--sizes", default="100000,1000000,10000000")
     ap.add_argument("--servers", default="1,2,4")
-    ap.add_argument("--cases", default="rows-range,rows-hash,dense")
+    ap.add_argument("--cases", default="rows-range,rows-hash,dense,tp-range,tp-hash")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--records", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=256)
@@ -99,20 +105,22 @@ def main():
         subprocess.run([a.dtrain, "make-clicks", "--train", tr, "--test", te, "--tables", tables, "--records",
                         str(a.records), "--test-records", "5000"], check=True, stdout=subprocess.DEVNULL)
         text = CFG.format(tables=tables, train=tr, test=te, batch=a.batch, steps=a.steps)
-        for S in [int(x) for x in a.servers.split(",")]:
-            for case in a.cases.split(","):
-                r = run(a, d, "%s-%d-S%d" % (case, R, S), text, S, case)
-                r["rows"] = R
-                r["tables"] = tables
-                rows.append(r)
-                print("  %s" % json.dumps(r), file=sys.stderr)
+        cases = [(S, c) for S in [int(x) for x in a.servers.split(",")] for c in a.cases.split(",")
+                 if not c.startswith("tp-")]
+        cases += [(0, c) for c in a.cases.split(",") if c.startswith("tp-")]
+        for S, case in cases:
+            r = run(a, d, "%s-%d-S%d" % (case, R, S), text, S, case)
+            r["rows"] = R
+            r["tables"] = tables
+            rows.append(r)
+            print("  %s" % json.dumps(r), file=sys.stderr)
     print("load average after: %s" % open("/proc/loadavg").read().strip(), file=sys.stderr)
     shutil.rmtree(d, ignore_errors=True)
     if a.json:
         json.dump(rows, sys.stdout, indent=1)
         return
     print("| rows | case | servers | bytes sent a step (worker 0) | rows moved a step | step (ms) | rows a step to each "
-          "server | most / mean | test AUC |")
+          "server (tp: worker) | most / mean | test AUC |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         per = " / ".join("%.1f" % x for x in r["rows_per_server"]) or "—"

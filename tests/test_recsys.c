@@ -13,6 +13,7 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/optim.h"
 #include "dtrain/recsys.h"
+#include "engine/tables.h"
 #include "testlib.h"
 
 #include <math.h>
@@ -285,8 +286,10 @@ static void learns(void) {
 }
 
 // The tables on 1, 2 and 3 servers against one process holding them in
-// its block: the same steps (plain SGD, the tables' rate the block's); and
-// the tables in the block under data parallel, ZeRO-1 and the servers.
+// its block: the same steps (plain SGD, the tables' rate the block's); the
+// tables under tensor parallel (sharded across 2 and 3 workers, with 3
+// an evaluation of uneven chunks: 666 and 667 records in chunks of 333);
+// and the tables in the block under data parallel, ZeRO-1 and the servers.
 static void sharded(void) {
     dt_clicks_gen g = dt_clicks_gen_default();
     g.train = 6000, g.test = 2000;
@@ -299,10 +302,14 @@ static void sharded(void) {
     const char *rows[][3] = {{"ps1", "1", "--servers 1"},
                              {"ps2", "2", "--servers 2"},
                              {"ps3", "3", "--servers 3"},
+                             {"ps2h", "2", "--servers 2 --set recsys.placement=hash"},
+                             {"tp2", "2", "--set recsys.shard=workers"},
+                             {"tp3", "3", "--set recsys.shard=workers --set train.eval_batch=333"},
+                             {"tp2h", "2", "--set recsys.shard=workers --set recsys.placement=hash"},
                              {"dp2", "2", ""},
                              {"zero1", "2", "--set parallel.zero=1"},
                              {"psdense", "2", "--servers 2 --set recsys.sparse=false"}};
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 10; i++) {
         CHECK(run(rows[i][0], text, atoi(rows[i][1]), rows[i][2]) == 0, "%s: %s", rows[i][0], g_out);
         double l = num(rows[i][0], "test_loss"), a = num(rows[i][0], "test_auc");
         CHECK(tl_rel(l, l0, 1e-6) < 1e-5 && tl_rel(a, a0, 1e-6) < 1e-5,
@@ -335,6 +342,24 @@ static void sharded(void) {
     printf("rows a step on worker 0: %.0f bytes (%.1f distinct rows), against %.0f for the tables whole\n", got,
            (double)total / steps, dense);
     CHECK(got < dense / 5, "the rows' bytes (%.0f) are a small part of the whole tables' (%.0f)", got, dense);
+    // under tensor parallel (2 workers, worker 0 holding rows [0, 900)):
+    // each row of worker 0's share held by worker 1 and each of worker 1's
+    // held by worker 0 crosses once each way, 8 + 4 dim out, 4 dim back
+    int64_t cross = 0;
+    for (int64_t s = 0; s < steps; s++)
+        for (int w = 0; w < 2; w++) {
+            memset(seen, 0, 1800);
+            for (int b = 50 * w; b < 50 * w + 50; b++)
+                for (int t = 0; t < 4; t++) {
+                    int64_t row = off[t] + c.ids[(size_t)perm[s * 100 + b] * 4 + t];
+                    cross += !seen[row] && (row >= 900) != w;
+                    seen[row] = 1;
+                }
+        }
+    double tpwant = (8 + 8.0 * 8) * (double)cross / (double)steps, tpgot = num("tp2", "table_bytes_per_step");
+    CHECK(fabs(tpgot - tpwant) < 1e-6 * tpwant, "tensor parallel, 2 workers: %.1f bytes of rows a step, counted from "
+          "the log %.1f", tpgot, tpwant);
+    printf("tables across 2 workers: %.0f bytes of rows a step on worker 0 (the servers' %.0f)\n", tpgot, got);
     free(seen), free(perm);
     dt_clicks_free(&c);
     // a batch twice as large moves more rows
@@ -354,6 +379,115 @@ static void sharded(void) {
     // vary from run to run, 0.718 to 0.724 here against sync's 0.738)
     CHECK(as > 0.7 && fabs(aa - as) < 0.04 && fabs(ap - as) < 0.04, "test AUC sync %.4f, async %.4f, ssp %.4f", as, aa, ap);
     printf("2 workers, 2 servers, row-wise adagrad: test AUC sync %.4f, async %.4f, ssp %.4f\n", as, aa, ap);
+}
+
+// ----------------------------------------------------------------------------
+// hot rows: the servers' balance under the ids' power law
+
+// The placements (engine/tables.h): hash is a permutation of the rows,
+// undone by dt_rows_global, that spreads each table evenly over the
+// shards; a step's sum is each row's gradients in the senders' order.
+static void placements(void) {
+    int64_t Rs[] = {1800, 1000003, 4000100, 100000000};
+    for (int k = 0; k < 4; k++) {
+        dt_rows_layout L;
+        dt_rows_layout_init(&L, Rs[k], 4, 1);
+        int64_t R = Rs[k], n = R < 2000000 ? R : 100000, bad = 0;
+        uint8_t *seen = R < 2000000 ? calloc((size_t)R, 1) : NULL;
+        int64_t per[4] = {0};  // table 0 (the first tenth of the rows) on each shard
+        for (int64_t i = 0; i < n; i++) {
+            int64_t g = R < 2000000 ? i : (i * 7919) % R, q = dt_rows_place(&L, g);
+            bad += q < 0 || q >= R || dt_rows_global(&L, q) != g || (seen && seen[q]++);
+            if (g < R / 10) per[(int)((unsigned __int128)q * 4 / (uint64_t)R)]++;
+        }
+        int64_t lo = per[0], hi = per[0];
+        for (int j = 1; j < 4; j++) lo = per[j] < lo ? per[j] : lo, hi = per[j] > hi ? per[j] : hi;
+        CHECK(!bad && hi <= lo + lo / 20 + 2, "placement hash of %lld rows: %lld of %lld not a permutation undone by "
+              "dt_rows_global; the first tenth's rows on 4 shards %lld..%lld", (long long)R, (long long)bad,
+              (long long)n, (long long)lo, (long long)hi);
+        free(seen);
+    }
+    // a step of 3 senders: each row 0 + sender 0's + sender 1's + sender 2's, then sgd
+    dt_rows_layout L;
+    dt_rows_layout_init(&L, 10, 1, 0);
+    dt_rows_shard sh;
+    CHECK(dt_rows_shard_create(&sh, &L, 0, 2, 0, 1, NULL) == DT_OK, "a shard: %s", dt_last_error());
+    float before[20];
+    memcpy(before, sh.tab, sizeof before);
+    int64_t q0[] = {1, 4}, q1[] = {4}, q2[] = {0, 1, 4}, *q[] = {q0, q1, q2};
+    // (row 4's first column: 1e8 + 1 - 1e8 is 0 in that order, 1 in the order 2, 0, 1)
+    float g0[] = {1, 1, 1e8f, 2}, g1[] = {1, 3}, g2[] = {5, 5, 7, 7, -1e8f, 4}, *g[] = {g0, g1, g2};
+    size_t k[] = {2, 1, 3}, rows = 0;
+    CHECK(dt_rows_shard_step(&sh, 3, q, g, k, 0.5f, 0, &rows) == DT_OK && rows == 3, "a step's rows: %zu", rows);
+    volatile float big = 1e8f, one = 1;
+    float s4 = ((0.0f + big) + one) + -big, want4 = before[8] - 0.5f * s4, want4b = before[9] - 0.5f * ((0.0f + 2) + 3 + 4);
+    CHECK(s4 == 0 && sh.tab[8] == want4 && sh.tab[9] == want4b && sh.tab[2] == before[2] - 0.5f * (1 + 7) &&
+              sh.tab[0] == before[0] - 2.5f && sh.tab[6] == before[6],
+          "a step summed in the senders' order: row 4 %.9g %.9g (want %.9g %.9g)", sh.tab[8], sh.tab[9], want4,
+          want4b);
+    dt_rows_shard_free(&sh);
+}
+
+// Worker 0's rows a step on each of 2 servers (its share of every batch,
+// counted from the log in the task's order), by placement.
+static void count_per_server(const char *log, int hash, double per[2]) {
+    dt_clicks c;
+    dt_clicks_load(&c, log, NULL);
+    uint32_t *perm = malloc(sizeof(uint32_t) * (size_t)c.n);
+    for (int64_t i = 0; i < c.n; i++) perm[i] = (uint32_t)i;
+    dt_rng r;
+    dt_rng_seed(&r, 1 * 1000003ull + 0);
+    dt_rng_shuffle(&r, perm, (size_t)c.n);
+    dt_rows_layout L;
+    dt_rows_layout_init(&L, 1800, 2, hash);
+    int64_t off[4] = {0, 1000, 1500, 1700}, steps = c.n / 100, n[2] = {0, 0};
+    unsigned char *seen = calloc(1800, 1);
+    for (int64_t s = 0; s < steps; s++) {
+        memset(seen, 0, 1800);
+        for (int b = 0; b < 50; b++)
+            for (int t = 0; t < 4; t++) {
+                int64_t row = off[t] + c.ids[(size_t)perm[s * 100 + b] * 4 + t];
+                n[dt_rows_place(&L, row) >= 900] += !seen[row];
+                seen[row] = 1;
+            }
+    }
+    per[0] = (double)n[0] / steps, per[1] = (double)n[1] / steps;
+    free(seen), free(perm);
+    dt_clicks_free(&c);
+}
+
+static void hot_rows(void) {
+    placements();
+    char text[2048];
+    snprintf(text, sizeof text, cfg_fmt, "1000,500,200,100", "32", tmp("s.bin"), tmp("st.bin"), "adagrad", "0.05",
+             "adamw", "0.003", 100, 1);
+    const char *name[2] = {"hot-range", "hot-hash"};
+    double bal[2];
+    for (int h = 0; h < 2; h++) {
+        int rc = run(name[h], text, 2, h ? "--servers 2 --set recsys.placement=hash" : "--servers 2");
+        double want[2], got[2];
+        count_per_server(tmp("s.bin"), h, want);
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s/summary.json", g_tmp, name[h]);
+        char *js = tl_read_file(p, NULL), *at = js ? strstr(js, "\"table_rows_per_server\"") : NULL;
+        int got_n = at ? sscanf(strchr(at, '[') + 1, "%lf , %lf", &got[0], &got[1]) : 0;
+        free(js);
+        bal[h] = num(name[h], "table_balance");
+        double mean = (want[0] + want[1]) / 2, wb = (want[0] > want[1] ? want[0] : want[1]) / mean;
+        CHECK(rc == 0 && got_n == 2 && fabs(got[0] - want[0]) < 1e-9 * mean && fabs(got[1] - want[1]) < 1e-9 * mean &&
+                  fabs(bal[h] - wb) < 1e-9,
+              "placement %s: rows a step on each server %.3f / %.3f (counted from the log %.3f / %.3f), most / mean "
+              "%.4f (%.4f)", h ? "hash" : "range", got[0], got[1], want[0], want[1], bal[h], wb);
+        printf("placement %s: worker 0's rows a step on 2 servers %.1f / %.1f, most / mean %.3f\n", h ? "hash" : "range",
+               want[0], want[1], wb);
+    }
+    // range puts table 0's first 900 rows on server 0 and the rest, with
+    // the three smaller (hotter) tables, on server 1; hash spreads them
+    CHECK(bal[0] > 1.2 && bal[1] < 1.05, "most / mean rows a server: range %.3f, hash %.3f", bal[0], bal[1]);
+    CHECK(num("hot-range", "test_loss") == num("hot-hash", "test_loss") &&
+              num("hot-range", "test_auc") == num("hot-hash", "test_auc"),
+          "the same model whatever the placement (mode sync): test loss %.9g / %.9g", num("hot-range", "test_loss"),
+          num("hot-hash", "test_loss"));
 }
 
 // ----------------------------------------------------------------------------
@@ -461,6 +595,30 @@ static void checkpoints(void) {
     int rc = run("ck12", text, 2, path);
     CHECK(rc == 0 && same_weights("ck", "ck12") && same_rows("ck", "ck12", "step-00000120", &n),
           "1 server's checkpoint of step 100 resumed on 2: exit %d, bitwise\n%s", rc, g_out);
+    // the tables under tensor parallel write the same checkpoints: resumed
+    // at step 75 on the same 2 workers, and the servers' step 75 resumed
+    // with the tables on the workers, and theirs on 3 servers: bitwise
+    rc = run("tpck", text, 2, "--set recsys.shard=workers --checkpoint-every 25");
+    CHECK(rc == 0 && same_weights("ck", "tpck") && same_rows("ck", "tpck", "step-00000120", &n),
+          "tensor parallel, checkpoints: exit %d, bitwise the servers' run\n%s", rc, g_out);
+    const char *swap[][3] = {{"tpck2", "tpck", "--set recsys.shard=workers"},
+                             {"tpck-ps", "tpck", "--servers 3"},
+                             {"ps-tpck", "ck", "--set recsys.shard=workers"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s --checkpoint-every 25 --resume %s/%s/checkpoints/step-00000075", swap[i][2],
+                 g_tmp, swap[i][1]);
+        rc = run(swap[i][0], text, 2, path);
+        CHECK(rc == 0 && same_weights("ck", swap[i][0]) && same_rows("ck", swap[i][0], "step-00000120", &n),
+              "%s's step 75 resumed with %s: exit %d, bitwise\n%s", swap[i][1], swap[i][2], rc, g_out);
+    }
+    // placement hash: resumed on 3 servers, the rows re-sharded in placed order
+    rc = run("ckh", text, 2, "--servers 2 --checkpoint-every 25 --set recsys.placement=hash");
+    snprintf(path, sizeof path, "--servers 3 --checkpoint-every 25 --set recsys.placement=hash --resume "
+             "%s/ckh/checkpoints/step-00000075", g_tmp);
+    if (rc == 0) rc = run("ckh3", text, 2, path);
+    CHECK(rc == 0 && same_weights("ck", "ckh3") && same_rows("ckh", "ckh3", "step-00000120", &n) && n == 1800,
+          "placement hash, resumed at step 75 on 3 servers: exit %d, bitwise the uninterrupted run (and the placement "
+          "range's weights)\n%s", rc, g_out);
     // sync: server 1 (rank -2) killed after step 90, worker 1 at step 90:
     // the group restarts from step 75's checkpoint, bitwise the clean run
     const char *kills[][2] = {{"ck-server", "-2:90:kill"}, {"ck-worker", "1:90:kill"}};
@@ -572,6 +730,16 @@ static void refused(void) {
     CHECK(rc != 0 && strstr(g_out, "[recsys] sparse = true") && strstr(g_out, "[ps] groups"), "groups: %d '%s'", rc, g_out);
     rc = run("bk", text, 2, "--servers 1 --set ps.mode=backup --set ps.backup_workers=1");
     CHECK(rc != 0 && strstr(g_out, "[ps] mode = backup"), "backup: %d '%s'", rc, g_out);
+    rc = run("tpps", text, 2, "--servers 1 --set recsys.shard=workers");
+    CHECK(rc != 0 && strstr(g_out, "cannot be combined with [recsys] shard = workers"), "shard = workers with servers: "
+          "%d '%s'", rc, g_out);
+    rc = run("tpdet", text, 2, "--deterministic --set recsys.shard=workers");
+    CHECK(rc != 0 && strstr(g_out, "[recsys] shard = workers (the tables sharded across the workers, the MLPs data "
+                                   "parallel) cannot be combined with [parallel] deterministic"),
+          "shard = workers, deterministic: %d '%s'", rc, g_out);
+    rc = run("tpspare", text, 2, "--spares 1 --set recsys.shard=workers");
+    CHECK(rc != 0 && strstr(g_out, "--spares with [recsys] shard = workers"), "shard = workers, spares: %d '%s'", rc,
+          g_out);
     uint32_t big = 500;  // record 9's id of table 1 (500 rows)
     patched(tmp("s.bin"), tmp("sid.bin"), 32 + 8 * 4 + 9 * 33 + 1 + 16 + 4, &big, 4);
     snprintf(text, sizeof text, cfg_fmt, "1000,500,200,100", "32", tmp("sid.bin"), tmp("st.bin"), "sgd", "0.05", "sgd",
@@ -593,6 +761,10 @@ int main(int argc, char **argv) {
     if (!*only || !strcmp(only, "logs")) logs();
     if (!*only || !strcmp(only, "learn")) learns();
     if (!*only || !strcmp(only, "ps")) sharded(), refused();
+    if (!*only || !strcmp(only, "hot")) {
+        if (*only) sharded();  // (its log)
+        hot_rows();
+    }
     if (!*only || !strcmp(only, "ckpt")) {
         if (*only) sharded();  // (its log)
         checkpoints();

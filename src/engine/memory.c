@@ -357,9 +357,13 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
 static void recsys_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     const dt_dlrm_spec *d = &c->dlrm;
     size_t mlp = dt_dlrm_mlp_params(d), tables = (size_t)dt_dlrm_total_rows(d) * (size_t)d->dim;
-    int remote = c->ps_servers > 0 && c->rs_sparse;
+    int remote = (c->ps_servers > 0 && c->rs_sparse) || dt_tables_on_workers(c);
     n->np = n->np_whole = remote ? mlp : mlp + tables;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, n->np, c->zero, W, NULL) : sizeof(float) * n->np;
+    if (use == DT_MEM_TRAIN && dt_tables_on_workers(c) && !c->offload)  // its shard of the tables, and its snapshot
+        n->model = sat_add(n->model, dt_rows_shard_bytes((dt_dlrm_total_rows(d) + W - 1) / W, d->dim,
+                                                         c->rs_table_optim == 0, c->ckpt_every_steps > 0 ||
+                                                                                     c->ckpt_every_seconds > 0));
     int B = c->batch > c->eval_batch ? c->batch : c->eval_batch, wide = dt_dlrm_interaction_size(d);
     for (int i = 0; i < d->nbottom; i++) wide += d->bottom[i];
     for (int i = 0; i < d->ntop; i++) wide += d->top[i];

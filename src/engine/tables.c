@@ -306,6 +306,203 @@ dt_status dt_rows_shard_load(dt_rows_shard *sh, const dt_rows_layout *L, const c
     return st;
 }
 
-int dt_tables_on_workers(const dt_config *c) {
-    return c->recsys && c->rs_sparse && c->ps_servers == 0 && c->rs_shard == 1;
+// ----------------------------------------------------------------------------
+// the tables under tensor parallel
+
+int dt_tables_on_workers(const dt_config *c) { return c->recsys && c->rs_sparse && c->ps_servers == 0 && c->rs_shard == 1; }
+
+dt_status dt_tables_tp_check(const dt_config *c) {
+    const char *no = c->deterministic     ? "[parallel] deterministic"
+                     : c->zero > 0         ? "[parallel] zero"
+                     : c->tensor > 1       ? "[parallel] tensor"
+                     : c->pipeline > 1     ? "[parallel] pipeline"
+                     : c->sync_every > 0   ? "[parallel] sync_every"
+                     : c->dynamic_batch    ? "[train] dynamic_batch"
+                                           : NULL;
+    if (no)
+        return dt_error(DT_ERR_CONFIG, "[recsys] shard = workers (the tables sharded across the workers, the MLPs data "
+                        "parallel) cannot be combined with %s yet", no);
+    return DT_OK;
+}
+
+struct dt_tp_tables {
+    const dt_config *c;
+    dt_comm_t comm;
+    int W, me, dim;
+    dt_rows_layout L;
+    dt_rows_shard sh;
+    dt_rows_plan plan;   // this step's rows, by owner
+    int64_t *counts;     // [W, W]: counts[i W + j], the rows worker i asks of worker j
+    int64_t **rq;        // the rows each worker asked of this one (placed numbers) ...
+    float **rg;          // ... and their gradients
+    size_t *rk, *rcap;
+    float *out;          // the rows this one answers, worker after worker
+    size_t ocap;
+    dt_request_t *req;   // 2 W
+    uint64_t bytes;      // the tables' bytes sent and received in steps (pulls and pushes, this worker's own apart)
+    uint64_t cur;        // ... since the last pull (an evaluation's pulls have no push: not counted)
+    int64_t steps, *asked;
+};
+
+dt_status dt_tp_tables_create(dt_tp_tables **out, const dt_config *c, dt_comm_t comm) {
+    dt_tp_tables *t = calloc(1, sizeof *t);
+    if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
+    t->c = c;
+    t->comm = comm;
+    t->W = comm ? dt_comm_size(comm) : 1;
+    t->me = comm ? dt_comm_rank(comm) : 0;
+    t->dim = c->dlrm.dim;
+    size_t W = (size_t)t->W;
+    t->counts = calloc(W * W, sizeof *t->counts);
+    t->rq = calloc(W, sizeof *t->rq);
+    t->rg = calloc(W, sizeof *t->rg);
+    t->rk = calloc(W, sizeof *t->rk);
+    t->rcap = calloc(W, sizeof *t->rcap);
+    t->req = calloc(2 * W, sizeof *t->req);
+    t->asked = calloc(W, sizeof *t->asked);
+    if (!t->counts || !t->rq || !t->rg || !t->rk || !t->rcap || !t->req || !t->asked)
+        return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_rows_layout_init(&t->L, dt_dlrm_total_rows(&c->dlrm), t->W, c->rs_placement == 1);
+    dt_status st = dt_rows_shard_create(&t->sh, &t->L, t->me, t->dim, c->rs_table_optim == 0, c->seed,
+                                        c->offload ? c->offload_dir : NULL);
+    return st == DT_OK ? DT_OK : dt_error(st, "worker %d: %s", t->me, dt_last_error());
+}
+
+void dt_tp_tables_free(dt_tp_tables *t) {
+    if (!t) return;
+    for (int i = 0; i < t->W && t->rq; i++) {
+        free(t->rq[i]);
+        dt_free(t->rg ? t->rg[i] : NULL);
+    }
+    dt_rows_shard_free(&t->sh);
+    dt_rows_plan_free(&t->plan);
+    free(t->counts), free(t->rq), free(t->rg), free(t->rk), free(t->rcap), free(t->req), free(t->asked);
+    dt_free(t->out);
+    free(t);
+}
+
+// One phase of the all-to-all: from each worker i into in(i) (n_in(i)
+// elements), to each worker j from out(j) (n_out(j)); this worker's own
+// part copied. Counts 0 send nothing.
+static dt_status exchange(dt_tp_tables *t, dt_dtype type, size_t esz, void *const *in, const size_t *nin,
+                          void *const *out, const size_t *nout, const char *what) {
+    dt_status st = DT_OK;
+    for (int i = 0; i < t->W && st == DT_OK; i++)
+        if (i != t->me && nin[i]) st = dt_irecv(in[i], nin[i], type, i, t->comm, &t->req[i]);
+    for (int j = 0; j < t->W && st == DT_OK; j++)
+        if (j != t->me && nout[j]) st = dt_isend(out[j], nout[j], type, j, t->comm, &t->req[t->W + j]);
+    if (nin[t->me]) memcpy(in[t->me], out[t->me], esz * nin[t->me]);
+    dt_status w = DT_OK;
+    char msg[512] = "";
+    for (int i = 0; i < 2 * t->W; i++) {
+        dt_status x = t->req[i] ? dt_wait(&t->req[i]) : DT_OK;
+        if (x != DT_OK && w == DT_OK) w = x, snprintf(msg, sizeof msg, "%s", dt_last_error());
+    }
+    if (st == DT_OK && w != DT_OK) st = dt_error(w, "%s", msg);
+    if (st == DT_OK)
+        for (int i = 0; i < t->W; i++)
+            if (i != t->me) t->cur += esz * (nin[i] + nout[i]);
+    return st == DT_OK ? DT_OK : dt_error(st, "worker %d, the tables' %s across the workers: %s", t->me, what, dt_last_error());
+}
+
+static dt_status grow(dt_tp_tables *t, int i, size_t k) {
+    if (k <= t->rcap[i]) return DT_OK;
+    free(t->rq[i]), dt_free(t->rg[i]);
+    t->rq[i] = malloc(sizeof(int64_t) * k);
+    t->rg[i] = dt_alloc(sizeof(float) * k * (size_t)t->dim);
+    t->rcap[i] = t->rq[i] && t->rg[i] ? k : 0;
+    return t->rcap[i] ? DT_OK : dt_error(DT_ERR_NOMEM, "worker %d: %zu rows: out of memory", t->me, k);
+}
+
+dt_status dt_tp_tables_pull(dt_tp_tables *t, const int64_t *ids, size_t n, float *vals) {
+    int W = t->W, me = t->me;
+    size_t dim = (size_t)t->dim;
+    dt_status st = dt_rows_plan_make(&t->plan, &t->L, ids, n, t->dim);
+    if (st != DT_OK) return st;
+    t->cur = 0;
+    const size_t *cut = t->plan.cut;
+    int64_t *mine = t->counts + (size_t)me * W;
+    for (int j = 0; j < W; j++) mine[j] = (int64_t)(cut[j + 1] - cut[j]);
+    if (W > 1 && (st = dt_allgather(mine, t->counts, (size_t)W, DT_I64, t->comm)) != DT_OK)
+        return dt_error(st, "worker %d, the tables' rows across the workers: %s", me, dt_last_error());
+    size_t total = 0, *nin = calloc(2 * (size_t)W, sizeof(size_t)), *nout = nin ? nin + W : NULL;
+    void **in = calloc(2 * (size_t)W, sizeof(void *)), **out = in ? in + W : NULL;
+    if (!nin || !in) return free(nin), free(in), dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < W && st == DT_OK; i++) {
+        t->rk[i] = (size_t)t->counts[(size_t)i * W + me];
+        total += t->rk[i];
+        st = grow(t, i, t->rk[i] + 1);
+    }
+    if (st == DT_OK && total * dim > t->ocap) {
+        dt_free(t->out);
+        t->ocap = (t->out = dt_alloc(sizeof(float) * (total * dim + 1))) ? total * dim : 0;
+        if (!t->out) st = dt_error(DT_ERR_NOMEM, "worker %d: %zu rows: out of memory", me, total);
+    }
+    // the placed numbers to their owners
+    for (int i = 0; i < W && st == DT_OK; i++) {
+        in[i] = t->rq[i], nin[i] = t->rk[i];
+        out[i] = t->plan.q + cut[i], nout[i] = cut[i + 1] - cut[i];
+    }
+    if (st == DT_OK) st = exchange(t, DT_I64, sizeof(int64_t), in, nin, out, nout, "rows' numbers");
+    // each owner's rows back
+    for (int i = 0, at = 0; i < W && st == DT_OK; i++) {
+        for (size_t r = 0; r < t->rk[i]; r++)
+            if (t->rq[i][r] < t->sh.lo || t->rq[i][r] >= t->sh.lo + t->sh.n)
+                st = dt_error(DT_ERR_COMM, "worker %d: worker %d asked for row %lld, outside this worker's rows [%lld, "
+                              "%lld)", me, i, (long long)t->rq[i][r], (long long)t->sh.lo,
+                              (long long)(t->sh.lo + t->sh.n));
+        if (st != DT_OK) break;
+        dt_rows_shard_read(&t->sh, t->rq[i], t->rk[i], t->out + (size_t)at * dim);
+        out[i] = t->out + (size_t)at * dim, nout[i] = t->rk[i] * dim;
+        in[i] = t->plan.buf + cut[i] * dim, nin[i] = (cut[i + 1] - cut[i]) * dim;
+        at += (int)t->rk[i];
+    }
+    if (st == DT_OK) st = exchange(t, DT_F32, sizeof(float), in, nin, out, nout, "rows");
+    free(nin), free(in);
+    if (st == DT_OK) dt_rows_plan_scatter(&t->plan, vals, t->dim);
+    return st;
+}
+
+dt_status dt_tp_tables_push(dt_tp_tables *t, const int64_t *ids, size_t n, const float *g) {
+    int W = t->W;
+    size_t dim = (size_t)t->dim;
+    (void)ids;
+    if (n != t->plan.n)
+        return dt_error(DT_ERR_INTERNAL, "worker %d: a push of %zu rows after a pull of %zu", t->me, n, t->plan.n);
+    dt_rows_plan_gather(&t->plan, g, t->dim);
+    size_t *nin = calloc(2 * (size_t)W, sizeof(size_t)), *nout = nin ? nin + W : NULL, rows;
+    void **in = calloc(2 * (size_t)W, sizeof(void *)), **out = in ? in + W : NULL;
+    if (!nin || !in) return free(nin), free(in), dt_error(DT_ERR_NOMEM, "out of memory");
+    const size_t *cut = t->plan.cut;
+    for (int i = 0; i < W; i++) {
+        in[i] = t->rg[i], nin[i] = t->rk[i] * dim;
+        out[i] = t->plan.buf + cut[i] * dim, nout[i] = (cut[i + 1] - cut[i]) * dim;
+        t->asked[i] += (int64_t)(cut[i + 1] - cut[i]);
+    }
+    dt_status st = exchange(t, DT_F32, sizeof(float), in, nin, out, nout, "rows' gradients");
+    free(nin), free(in);
+    if (st == DT_OK)
+        st = dt_rows_shard_step(&t->sh, W, t->rq, t->rg, t->rk, t->c->rs_table_lr, t->c->rs_table_eps, &rows);
+    t->steps++;
+    t->bytes += t->cur;
+    return st;
+}
+
+int dt_tp_tables_tensors(dt_tp_tables *t, dt_st_tensor *tt, int max) { return dt_rows_shard_tensors(&t->sh, tt, max); }
+
+dt_status dt_tp_tables_restore(dt_tp_tables *t, const char *path) {
+    if (!path || !*path) return DT_OK;
+    dt_status st = dt_rows_shard_load(&t->sh, &t->L, path);
+    return st == DT_OK ? DT_OK : dt_error(st, "worker %d: %s", t->me, dt_last_error());
+}
+
+void dt_tp_tables_stats(const dt_tp_tables *t, double *bytes, double *per, double *balance) {
+    double n = t->steps > 0 ? (double)t->steps : 1, most = 0, all = 0;
+    *bytes = (double)t->bytes / n;
+    for (int j = 0; j < t->W; j++) {
+        per[j] = (double)t->asked[j] / n;
+        most = per[j] > most ? per[j] : most;
+        all += per[j];
+    }
+    *balance = all > 0 ? most / (all / t->W) : 0;
 }

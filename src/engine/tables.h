@@ -25,6 +25,7 @@
 #define DT_ENGINE_TABLES_H
 
 #include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
 #include "dtrain/config.h"
 
 #include <stddef.h>
@@ -102,8 +103,40 @@ int dt_rows_shard_tensors(dt_rows_shard *sh, dt_st_tensor *t, int max);
  * AdaGrad sums where they are needed, no rows at all. */
 dt_status dt_rows_shard_load(dt_rows_shard *sh, const dt_rows_layout *L, const char *path);
 
-/* The tables under tensor parallel: [recsys] shard = workers on more
- * than one worker without servers (rows_tp.c). */
+/* ---- the tables under tensor parallel -------------------------------------
+ *
+ * [recsys] shard = workers, without servers (as TorchRec's and HugeCTR's
+ * row-wise sharding): each of the W workers of comm holds shard r of the
+ * rows (dt_rows_shard, placement as above) while the MLPs are data
+ * parallel. A step is an all-to-all, point to point over comm, of the
+ * rows each worker's share touches: the placed numbers to their owners
+ * (after an allgather of the W x W counts), the rows back; after
+ * backward the rows' gradients to their owners, each of which sums a
+ * row's gradients in worker order and applies row-wise AdaGrad (or sgd)
+ * once, as a parameter server does in mode sync: the same rows and sums
+ * as the tables on servers, or one process's. Pulls and pushes are
+ * collectives: every worker calls them the same number of times (an
+ * evaluation's pulls too: a worker with fewer chunks pulls no rows). */
+typedef struct dt_tp_tables dt_tp_tables;
+
+/* Whether c puts the tables on the workers. */
 int dt_tables_on_workers(const dt_config *c);
+/* The combinations it is refused with, naming the key. */
+dt_status dt_tables_tp_check(const dt_config *c);
+/* This worker's shard, from the seed. */
+dt_status dt_tp_tables_create(dt_tp_tables **out, const dt_config *c, dt_comm_t comm);
+void dt_tp_tables_free(dt_tp_tables *t);
+/* Rows ids[n] (global, sorted, distinct) into vals[n, dim]; then their
+ * gradients g[n, dim] (the same rows) applied by their owners. */
+dt_status dt_tp_tables_pull(dt_tp_tables *t, const int64_t *ids, size_t n, float *vals);
+dt_status dt_tp_tables_push(dt_tp_tables *t, const int64_t *ids, size_t n, const float *g);
+/* The shard as checkpoint tensors (dt_ckpt_model's extra), and back from
+ * checkpoint path (written on any number of workers). */
+int dt_tp_tables_tensors(dt_tp_tables *t, dt_st_tensor *tt, int max);
+dt_status dt_tp_tables_restore(dt_tp_tables *t, const char *path);
+/* summary.json's figures: the tables' bytes this worker sent and received
+ * a step, the rows it asked of each worker a step (W of them, into per),
+ * their most over their mean. */
+void dt_tp_tables_stats(const dt_tp_tables *t, double *bytes, double *per, double *balance);
 
 #endif
