@@ -138,7 +138,6 @@ static float *block(size_t n, const char *dir) {
 
 dt_status dt_rows_shard_create(dt_rows_shard *sh, const dt_rows_layout *L, int j, int dim, int adagrad,
                                uint64_t seed, const char *offload_dir) {
-    memset(sh, 0, sizeof *sh);
     int64_t lo, hi;
     dt_rows_range(L, j, &lo, &hi);
     *sh = (dt_rows_shard){.lo = lo, .n = hi - lo, .dim = dim, .adagrad = adagrad, .dir = offload_dir,
