@@ -9,16 +9,18 @@ range or hash) and `dense` (the tables in the block, [recsys] sparse =
 false); and once a size `tp-range` and `tp-hash`, the tables under tensor
 parallel ([recsys] shard = workers: sharded across the 2 workers, no
 servers; its bytes are the tables' all-to-all, sent and received, and the
-MLPs' allreduce). Prints, per case, worker 0's bytes sent a step as the communicator
-measured them (summary.json's bytes_sent over the steps: pushes, pull
-requests, headers), the bytes of rows it moved a step both ways (counted:
-ps.table_bytes_per_step), its step time (the training seconds over the
-steps), the rows it pushed to each server a step and their most over
-their mean (ps.table_rows_per_server, ps.table_balance: the servers'
-balance under the ids' power law), and the test AUC.
+MLPs' allreduce). Prints, per case, worker 0's bytes sent a step as the
+communicator measured them (the median of its step records' bytes_sent,
+metrics/rank-00000.jsonl: pushes, pull requests, headers), the bytes of
+rows it moved a step both ways (counted: ps.table_bytes_per_step), its
+step time (the median of its step records' step_seconds, the first step
+left out: it waits for the servers to draw their rows), the rows it
+pushed to each server a step and their most over their mean
+(ps.table_rows_per_server, ps.table_balance: the servers' balance under
+the ids' power law), and the test AUC.
 
     /usr/bin/python3 bench/recsys.py [--dtrain build/dtrain] [--sizes 100000,1000000,10000000]
-        [--servers 1,2,4] [--cases rows-range,rows-hash,dense] [--steps 40] [--batch 256]
+        [--servers 1,2,4] [--cases rows-range,rows-hash,dense,tp-range,tp-hash] [--steps 40] [--batch 256]
         [--records 20000] [--json]
 
 The logs are written once a size into a temporary directory by `dtrain
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,14 +78,17 @@ def run(a, d, name, text, servers, case):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(d, name, "summary.json")) as f:
         s = json.load(f)
+    with open(os.path.join(d, name, "metrics", "rank-00000.jsonl")) as f:
+        recs = [json.loads(l) for l in f if '"type":"step"' in l]
     shutil.rmtree(os.path.join(d, name), ignore_errors=True)
-    steps = s["steps"]
+    later = [r for r in recs if r["step"] > 1] or recs
     ps = s.get("ps", s.get("tables", {}))
-    return {"case": case, "servers": servers, "sent_per_step": s["bytes_sent"] / steps,
+    return {"case": case, "servers": servers, "sent_per_step": statistics.median(r["bytes_sent"] for r in later),
             "rows_bytes_per_step": ps.get("table_bytes_per_step", 0),
             "rows_per_server": ps.get("table_rows_per_server", ps.get("table_rows_per_worker", [])),
             "balance": ps.get("table_balance", 0),
-            "step_ms": 1000 * s["train_seconds"] / steps, "test_auc": s["test_auc"], "params": s["params"]}
+            "step_ms": 1000 * statistics.median(r["step_seconds"] for r in later), "test_auc": s["test_auc"],
+            "params": s["params"]}
 
 
 def main():
