@@ -757,6 +757,9 @@ static void refused(void) {
     CHECK(rc != 0 && strstr(g_out, "[recsys] shard = workers (the tables sharded across the workers, the MLPs data "
                                    "parallel) cannot be combined with [parallel] deterministic"),
           "shard = workers, deterministic: %d '%s'", rc, g_out);
+    rc = run("tpblock", text, 2, "--set recsys.shard=workers --set recsys.sparse=false");
+    CHECK(rc != 0 && strstr(g_out, "[recsys] shard = workers holds the tables by row: it needs sparse = true"),
+          "shard = workers, sparse = false: %d '%s'", rc, g_out);
     rc = run("tpspare", text, 2, "--spares 1 --set recsys.shard=workers");
     CHECK(rc != 0 && strstr(g_out, "--spares with [recsys] shard = workers"), "shard = workers, spares: %d '%s'", rc,
           g_out);

@@ -108,6 +108,9 @@ dt_status dt_train_check(const dt_config *c, int W) {
                                                           : "PowerSGD needs two allreduces over the workers a piece");
     dt_status st = sequence_check(c);
     if (st == DT_OK && dt_tables_on_workers(c)) st = dt_tables_tp_check(c);
+    if (st == DT_OK && c->recsys && c->rs_shard == 1 && !c->rs_sparse)
+        st = dt_error(DT_ERR_CONFIG, "[recsys] shard = workers holds the tables by row: it needs sparse = true (false "
+                                     "puts them in the block)");
     if (st == DT_OK) st = dt_strategy_for(c)->check(c, W);
     return st == DT_OK ? dt_check_offload(c) : st;
 }

@@ -515,7 +515,7 @@ dt_status dt_check_disk(const dt_config *c, const char *run_dir) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     size_t F = sizeof(float), ck = sat_mul(F * (size_t)(1 + optim_states(c)), n.np_whole), k = ckpts_at_once(c, dir);
-    if (c->recsys && c->rs_sparse && c->ps_servers > 0)  // the servers' shards of the tables go in them too
+    if (c->recsys && c->rs_sparse && (c->ps_servers > 0 || dt_tables_on_workers(c)))  // the tables' shards go in them too
         ck = sat_add(ck, dt_rows_shard_bytes(dt_dlrm_total_rows(&c->dlrm), c->dlrm.dim, c->rs_table_optim == 0, 0));
     size_t need = sat_add(sat_mul(ck, k), F * n.np_whole);  // (and the weights file at the end)
     struct statvfs vf;
