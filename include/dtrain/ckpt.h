@@ -185,10 +185,17 @@ typedef struct {
      * the snapshot copies; t may be NULL when max is 0) and returns how many
      * there are, or -1 when out of memory (dt_error set). NULL: none. Since a
      * whole file is rank 0's alone, a model with extra state is written
-     * sharded (dt_ckpt_write refuses it). Readers of the model skip these
-     * tensors; their owner reads them with dt_ckpt_open_part. */
+     * sharded (dt_ckpt_write refuses it; the background writer of one rank
+     * writes a sharded checkpoint of one shard). Readers of the model skip
+     * these tensors; their owner reads them with dt_ckpt_open_part. */
     int (*extra)(void *user, dt_st_tensor *t, int max);
     void *extra_user;
+    /* The extra tensors' buffers stay as they are from a save until its
+     * write ends (as `stable` says of the blocks): the background writer
+     * writes them from there, with no snapshot copy (a parameter server's
+     * rows of the recommender's tables, which may be larger than memory
+     * would hold twice). */
+    int extra_stable;
 } dt_ckpt_model;
 
 /* At most this many extra tensors per rank. */

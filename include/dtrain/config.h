@@ -21,7 +21,7 @@
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups, share
  *   [recsys]  tables, dim, dense, bottom, top, train, test, table_optim, table_lr,
- *             table_eps, sparse (docs/recommender.md)
+ *             table_eps, sparse, placement (range|hash), shard (servers|workers) (docs/recommender.md)
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
@@ -229,6 +229,8 @@ typedef struct {
     int rs_table_optim;            /* 0 adagrad (row-wise), 1 sgd */
     float rs_table_lr, rs_table_eps;
     int rs_sparse;
+    int rs_placement;              /* the rows' placement on their shards: 0 range, 1 hash (tables.h) */
+    int rs_shard;                  /* who holds the rows with sparse = true: 0 the servers, 1 the workers (tensor parallel) */
 } dt_config;
 
 enum { DT_ARCH_GPT = 0, DT_ARCH_LLAMA = 1 };

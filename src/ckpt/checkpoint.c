@@ -1471,7 +1471,7 @@ static dt_status snap_extras(dt_ckpt_writer *w) {
     dt_status st = extra_tensors(&w->live, t, "checkpoint snapshot", &n);
     if (st != DT_OK) return st;
     size_t bytes = 0;
-    for (int i = 0; i < n; i++) bytes += (t[i].nbytes + 7) / 8 * 8;
+    for (int i = 0; i < n && !w->live.extra_stable; i++) bytes += (t[i].nbytes + 7) / 8 * 8;
     if (bytes > w->xcap) {
         free(w->xbuf);
         w->xcap = 0;
@@ -1485,6 +1485,7 @@ static dt_status snap_extras(dt_ckpt_writer *w) {
             return dt_error(DT_ERR_ARG, "checkpoint snapshot: extra tensor name '%.64s...' too long", t[i].name);
         w->xt[i] = t[i];
         w->xt[i].name = strcpy(w->xname[i], t[i].name);
+        if (w->live.extra_stable) continue;  // (written from the live buffers)
         w->xt[i].data = memcpy(w->xbuf + at, t[i].data, t[i].nbytes);
         at += (t[i].nbytes + 7) / 8 * 8;
     }
@@ -1505,7 +1506,7 @@ static void *writer_main(void *arg) {
         char path[4200];
         double t0 = dt_now();
         dt_status st;
-        if (w->world > 1 || w->own) {
+        if (w->world > 1 || w->own || w->live.extra) {  // (extra state: a rank's own, in its shard)
             snprintf(path, sizeof path, "%s/step-%08lld", w->dir, (long long)s.step);
             st = write_sharded(w, path, &s);
         } else {

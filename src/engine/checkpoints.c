@@ -242,6 +242,8 @@ dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have) {
 // A resumed checkpoint's state beyond the model that this run does not keep
 // (its ranks' extra tensors: a compressed run's codec state, resumed
 // without compression or on one worker) is left where it is, said once.
+// (The recommender's tables, "tables.*", are read by the ranks that hold
+// them: engine/tables.h.)
 static dt_status note_unused(const char *path) {
     dt_st_file *f;
     dt_status st = dt_ckpt_open_chosen(path, 0, &f);  // (verified as it was chosen)
@@ -250,7 +252,7 @@ static dt_status note_unused(const char *path) {
     int n = 0;
     for (int i = 0; i < dt_st_count(f); i++) {
         const char *nm = dt_st_get(f, i)->name;
-        if (!strcmp(nm, "params") || !strncmp(nm, "optimizer.", 10)) continue;
+        if (!strcmp(nm, "params") || !strncmp(nm, "optimizer.", 10) || !strncmp(nm, "tables.", 7)) continue;
         size_t l = strlen(names);
         if (n++ < 3) snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", nm);
     }

@@ -18,6 +18,7 @@
 #include "engine/device.h"
 #include "engine/dynbatch.h"
 #include "engine/strategies/strategy.h"
+#include "engine/tables.h"
 #include "engine/tasks/task.h"
 #include "engine/worker.h"
 #include "kernels/kernels.h"
@@ -107,6 +108,10 @@ dt_status dt_train_check(const dt_config *c, int W) {
                                                             "allreduce"
                                                           : "PowerSGD needs two allreduces over the workers a piece");
     dt_status st = sequence_check(c);
+    if (st == DT_OK && dt_tables_on_workers(c)) st = dt_tables_tp_check(c);
+    if (st == DT_OK && c->recsys && c->rs_shard == 1 && !c->rs_sparse)
+        st = dt_error(DT_ERR_CONFIG, "[recsys] shard = workers holds the tables by row: it needs sparse = true (false "
+                                     "puts them in the block)");
     if (st == DT_OK) st = dt_strategy_for(c)->check(c, W);
     return st == DT_OK ? dt_check_offload(c) : st;
 }
@@ -131,6 +136,9 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
         return dt_error(DT_ERR_CONFIG, "--spares with [train] device = %s: a spare joining ranks on GPUs is not in "
                                        "this dtrain yet; use --max-restarts", c->device);
     if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
+    if (dt_tables_on_workers(c))
+        return dt_error(DT_ERR_CONFIG, "--spares with [recsys] shard = workers: each worker's shard of the tables is on "
+                                       "it alone; use --max-restarts");
     const dt_strategy_ops *s = dt_strategy_for(c);
     if ((c->pipeline > 1 || c->tensor > 1) && c->zero == 1)
         return dt_error(DT_ERR_CONFIG, "--spares with model parallelism and [parallel] zero = 1: each rank's slice of "

@@ -12,6 +12,7 @@
 #include "dtrain/train.h"
 
 #include "engine/strategies/strategy.h"
+#include "engine/tables.h"
 #include "engine/worker.h"
 
 #include <stdio.h>
@@ -356,9 +357,13 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
 static void recsys_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     const dt_dlrm_spec *d = &c->dlrm;
     size_t mlp = dt_dlrm_mlp_params(d), tables = (size_t)dt_dlrm_total_rows(d) * (size_t)d->dim;
-    int remote = c->ps_servers > 0 && c->rs_sparse;
+    int remote = (c->ps_servers > 0 && c->rs_sparse) || dt_tables_on_workers(c);
     n->np = n->np_whole = remote ? mlp : mlp + tables;
     n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, n->np, c->zero, W, NULL) : sizeof(float) * n->np;
+    if (use == DT_MEM_TRAIN && dt_tables_on_workers(c) && !c->offload)  // its shard of the tables, and its snapshot
+        n->model = sat_add(n->model, dt_rows_shard_bytes((dt_dlrm_total_rows(d) + W - 1) / W, d->dim,
+                                                         c->rs_table_optim == 0, c->ckpt_every_steps > 0 ||
+                                                                                     c->ckpt_every_seconds > 0));
     int B = c->batch > c->eval_batch ? c->batch : c->eval_batch, wide = dt_dlrm_interaction_size(d);
     for (int i = 0; i < d->nbottom; i++) wide += d->bottom[i];
     for (int i = 0; i < d->ntop; i++) wide += d->top[i];
@@ -510,6 +515,8 @@ dt_status dt_check_disk(const dt_config *c, const char *run_dir) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     size_t F = sizeof(float), ck = sat_mul(F * (size_t)(1 + optim_states(c)), n.np_whole), k = ckpts_at_once(c, dir);
+    if (c->recsys && c->rs_sparse && (c->ps_servers > 0 || dt_tables_on_workers(c)))  // the tables' shards go in them too
+        ck = sat_add(ck, dt_rows_shard_bytes(dt_dlrm_total_rows(&c->dlrm), c->dlrm.dim, c->rs_table_optim == 0, 0));
     size_t need = sat_add(sat_mul(ck, k), F * n.np_whole);  // (and the weights file at the end)
     struct statvfs vf;
     const char *at = access(dir, F_OK) == 0 ? dir : run_dir;
@@ -523,6 +530,65 @@ dt_status dt_check_disk(const dt_config *c, const char *run_dir) {
                     run_dir, k, k == 1 ? "" : "s", dt_mem_format(ck, a, sizeof a), c->ckpt_keep,
                     dt_mem_format(F * n.np_whole, w, sizeof w), dt_mem_format(need, b, sizeof b),
                     dt_mem_format(free_b, f, sizeof f));
+}
+
+// ---- the parameter servers holding the recommender's tables ----------------
+
+// The bytes of the largest shard of the tables among S servers (rows and
+// AdaGrad's sums), into *rows its row count.
+static size_t shard_bytes(const dt_config *c, int S, int64_t *rows) {
+    int64_t R = dt_dlrm_total_rows(&c->dlrm);
+    *rows = (R + S - 1) / S;  // (dt_shard_range's largest)
+    return dt_rows_shard_bytes(*rows, c->dlrm.dim, c->rs_table_optim == 0, 0);
+}
+
+// A server's memory with S servers and W workers: its shard of the tables
+// (none in memory with offload = disk), its range of the MLPs' block
+// (weights, summed gradient, optimizer state, a push buffer a worker) and
+// the program.
+static size_t server_bytes(const dt_config *c, int S, int W) {
+    int64_t rows;
+    size_t tab = c->offload ? 0 : shard_bytes(c, S, &rows), mlp = dt_dlrm_mlp_params(&c->dlrm);
+    size_t range = (mlp + (size_t)S - 1) / (size_t)S;
+    return sat_add(sat_add(tab, sizeof(float) * range * (size_t)(2 + W + optim_states(c))), baseline());
+}
+
+// Before the start, with the tables on the servers: each of the S servers
+// against its own limit, and the S servers and W workers (each needing
+// `worker`) against the machine; with offload = disk, their shards
+// against the offload directory's file system. Refused naming the bytes,
+// and the number of servers that would fit, or offload.
+static dt_status check_servers(const dt_config *c, int W, size_t worker, const room_t *r) {
+    int S = c->ps_servers;
+    int64_t rows;
+    size_t tab = shard_bytes(c, S, &rows), per = server_bytes(c, S, W);
+    char a[64], b[64], d[64], t[64], more[256] = "";
+    if (c->offload) {
+        struct statvfs vf;
+        size_t all = sat_mul(tab, (size_t)S), free_b = 0;
+        if (statvfs(c->offload_dir, &vf) == 0) free_b = sat_mul((size_t)vf.f_bavail, (size_t)vf.f_frsize);
+        if (all > free_b)
+            return dt_error(DT_ERR_IO, "[parallel] offload_dir %s: the %d servers' shards of the tables need %s (%zu "
+                            "bytes), but its file system has %s free", c->offload_dir, S,
+                            dt_mem_format(all, a, sizeof a), all, dt_mem_format(free_b, b, sizeof b));
+    }
+    int on_lim = per > r->lim;
+    if (!on_lim && sat_add(sat_mul(per, (size_t)S), sat_mul(worker, (size_t)W)) <= r->machine) return DT_OK;
+    for (int s = S + 1; on_lim && s <= 4096; s++) {  // what would fit: more servers, each a smaller shard
+        size_t p = server_bytes(c, s, W);
+        if (p <= r->lim && sat_add(sat_mul(p, (size_t)s), sat_mul(worker, (size_t)W)) <= r->machine) {
+            snprintf(more, sizeof more, "%d servers would fit (%s each), or ", s, dt_mem_format(p, d, sizeof d));
+            break;
+        }
+    }
+    size_t avail = on_lim ? r->lim : r->machine;
+    return dt_error(DT_ERR_NOMEM, "not enough memory for the %d parameter server%s: a server holds up to %lld rows of the "
+                    "tables (%d floats%s a row: %s) and its range of the MLPs, %s in all%s, but %s is available (%s); "
+                    "%sset [parallel] offload = disk to keep the rows in files",
+                    S, S > 1 ? "s" : "", (long long)rows, c->dlrm.dim, c->rs_table_optim == 0 ? " and an AdaGrad sum" : "",
+                    dt_mem_format(tab, t, sizeof t), dt_mem_format(per, a, sizeof a),
+                    on_lim ? "" : ", with the workers, on this machine", dt_mem_format(avail, b, sizeof b),
+                    on_lim ? "--memory-limit, each process" : "the machine", more);
 }
 
 dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int starting, int *model_rows) {
@@ -558,7 +624,10 @@ dt_status dt_check_memory(const dt_config *c, dt_mem_use use, int workers, int s
         snprintf(srcbuf, sizeof srcbuf, "%s, with %d workers on this machine", src, share);
         src = srcbuf;
     }
-    if (fits(&room, per, count)) return DT_OK;
+    if (fits(&room, per, count))
+        return starting && use == DT_MEM_TRAIN && c->recsys && c->rs_sparse && c->ps_servers > 0
+                   ? check_servers(c, W, per, &room)
+                   : DT_OK;
     // Name what weighs most: the batch field, the model, or the data.
     char a[64], b[64], t[64], v[64], part[800], times[96] = "";
     const char *fix = n.field;

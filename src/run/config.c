@@ -111,6 +111,8 @@ static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "blocks", NULL};
 static const char *const arch_names[] = {"gpt", "llama", NULL};  // dt_arch
 static const char *const table_optim_names[] = {"adagrad", "sgd", NULL};
+static const char *const placement_names[] = {"range", "hash", NULL};
+static const char *const shard_names[] = {"servers", "workers", NULL};
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -252,6 +254,8 @@ static const field fields[] = {
     {"recsys", "table_lr", F_FLOAT, O(rs_table_lr), 0, 1e6, NULL},
     {"recsys", "table_eps", F_FLOAT, O(rs_table_eps), 0, 1, NULL},
     {"recsys", "sparse", F_BOOL, O(rs_sparse), 0, 1, NULL},
+    {"recsys", "placement", F_ENUM, O(rs_placement), 0, 0, placement_names},
+    {"recsys", "shard", F_ENUM, O(rs_shard), 0, 0, shard_names},
     // ---- GPT fields (docs/gpt.md) ----
     {"model", "n_layer", F_INT, O(n_layer), 0, 1024, NULL},
     {"model", "n_head", F_INT, O(n_head), 0, 1024, NULL},

@@ -14,10 +14,19 @@
  * per piece on the communicator's progress thread), so that its transfer
  * overlaps the rest of backward. sync() starts what is left and finishes
  * every piece. Gradients already carry the weight local / global batch (the
- * loop's loss scale), so the SUM is the global mean. */
+ * loop's loss scale), so the SUM is the global mean.
+ *
+ * A recommender's tables under tensor parallel ([recsys] shard = workers):
+ * each rank holds a shard of their rows (engine/tables.h's dt_tp_tables:
+ * an all-to-all of a step's rows and their gradients) beside the
+ * replicated MLPs, and its shard goes into its own file of the sharded
+ * checkpoints (ckpt_extra). */
 #include "engine/codecs/codec.h"
 #include "engine/dynbatch.h"
 #include "engine/strategies/strategy.h"
+#include "engine/tables.h"
+
+#include <cjson/cJSON.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +54,7 @@ typedef struct {
     dt_status err;
     char errmsg[1024];
     double t_first, t_backward_end, t_done;
+    dt_tp_tables *tables;  // [recsys] shard = workers: this rank's shard of the tables (NULL: none)
 } dp;
 
 // Cuts the order into buckets [pos, pos + bucket_floats) from its end, and
@@ -73,6 +83,10 @@ static void cut(dp *d, size_t n, size_t bucket_floats, const dt_grad_range *orde
 
 static dt_status dp_init(dt_strategy *s) {
     dp *d = (dp *)s;
+    if (dt_tables_on_workers(s->c)) {  // (one rank: all the rows)
+        dt_status st = dt_tp_tables_create(&d->tables, s->c, s->comm);
+        if (st != DT_OK) return st;
+    }
     if (s->world == 1) return DT_OK;  // one rank: nothing to sum
     size_t n = s->n, bucket_floats = (size_t)s->c->bucket_kb * 1024 / sizeof(float);
     dt_grad_range whole = {0, n};
@@ -100,6 +114,7 @@ static void dp_fini(dt_strategy *s) {
     for (int i = 0; i < d->np; i++)
         if (d->p[i].req) dt_wait(&d->p[i].req);
     dt_codec_free(d->codec);
+    dt_tp_tables_free(d->tables);
     free(d->b);
     free(d->p);
 }
@@ -157,15 +172,50 @@ static dt_status dp_sync(dt_strategy *s) {
     return DT_OK;
 }
 
-// The codec's state in checkpoints (one worker has no codec, and no state).
+// The codec's state in checkpoints (one worker has no codec, and no
+// state), then this rank's shard of the tables.
 static int dp_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
     dp *d = (dp *)s;
-    return d->codec ? dt_codec_state(d->codec, t, max) : 0;
+    int n = d->codec ? dt_codec_state(d->codec, t, max) : 0;
+    if (n < 0 || !d->tables) return n;
+    int m = dt_tp_tables_tensors(d->tables, t && n < max ? t + n : NULL, t ? max - n : 0);
+    return n + m;
 }
 
 static dt_status dp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     dp *d = (dp *)s;
-    return d->codec ? dt_codec_restore(d->codec, path, parts) : DT_OK;
+    dt_status st = d->codec ? dt_codec_restore(d->codec, path, parts) : DT_OK;
+    return st == DT_OK && d->tables ? dt_tp_tables_restore(d->tables, path) : st;
+}
+
+static dt_status dp_rows_pull(dt_strategy *s, const int64_t *ids, size_t n, float *vals) {
+    dp *d = (dp *)s;
+    if (!d->tables) return dt_error(DT_ERR_CONFIG, "strategy dp holds no tables ([recsys] shard = workers)");
+    return dt_tp_tables_pull(d->tables, ids, n, vals);
+}
+
+static dt_status dp_rows_push(dt_strategy *s, const int64_t *ids, size_t n, const float *g) {
+    dp *d = (dp *)s;
+    if (!d->tables) return dt_error(DT_ERR_CONFIG, "strategy dp holds no tables ([recsys] shard = workers)");
+    return dt_tp_tables_push(d->tables, ids, n, g);
+}
+
+// summary.json: the tables under tensor parallel, as the servers' are
+// (ps.c): bytes a step, the rows asked of each worker, their balance.
+static void dp_summary(dt_strategy *s, cJSON *o) {
+    dp *d = (dp *)s;
+    if (!d->tables) return;
+    double bytes, bal, *per = calloc((size_t)s->world, sizeof *per);
+    if (!per) return;
+    dt_tp_tables_stats(d->tables, &bytes, per, &bal);
+    cJSON *t = cJSON_AddObjectToObject(o, "tables");
+    cJSON_AddStringToObject(t, "shard", "workers");
+    cJSON_AddStringToObject(t, "placement", s->c->rs_placement ? "hash" : "range");
+    cJSON_AddNumberToObject(t, "table_bytes_per_step", bytes);
+    cJSON *a = cJSON_AddArrayToObject(t, "table_rows_per_worker");
+    for (int j = 0; j < s->world; j++) cJSON_AddItemToArray(a, cJSON_CreateNumber(per[j]));
+    cJSON_AddNumberToObject(t, "table_balance", bal);
+    free(per);
 }
 
 static int dp_wants(const dt_config *c) { return !c->deterministic; }
@@ -195,5 +245,8 @@ const dt_strategy_ops dt_strategy_dp = {
     .update = dt_strategy_update_slice,
     .ckpt_extra = dp_ckpt_extra,
     .ckpt_restore = dp_ckpt_restore,
+    .rows_pull = dp_rows_pull,
+    .rows_push = dp_rows_push,
+    .summary = dp_summary,
     .replicated = 1, /* but a compressing codec's state is each rank's own: dt_train_check_spares */
 };

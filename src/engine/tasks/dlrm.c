@@ -16,6 +16,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/recsys.h"
 #include "dtrain/train.h"
+#include "engine/tables.h"
 #include "engine/tasks/task.h"
 
 #include <math.h>
@@ -204,7 +205,7 @@ static dt_status rs_create(dt_task **out, const dt_config *c, dt_comm_t comm, in
     t->T = c->dlrm.ntables;
     t->dim = c->dlrm.dim;
     t->R = dt_dlrm_total_rows(t->sp);
-    t->remote = c->ps_servers > 0 && c->rs_sparse;
+    t->remote = (c->ps_servers > 0 && c->rs_sparse) || dt_tables_on_workers(c);
     t->rank = dt_comm_rank(comm);
     t->W = dt_comm_size(comm);
     t->pull = local_rows;
@@ -231,7 +232,8 @@ static dt_status rs_create(dt_task **out, const dt_config *c, dt_comm_t comm, in
                            .epochs = (int)((total + t->spe - 1) / t->spe), .has_eval = t->test.n > 0,
                            .tables_remote = t->remote};
     char where[160];
-    if (t->remote) snprintf(where, sizeof where, "on the %d servers, by row", c->ps_servers);
+    if (dt_tables_on_workers(c)) snprintf(where, sizeof where, "sharded by row across the %d workers", t->W);
+    else if (t->remote) snprintf(where, sizeof where, "on the %d servers, by row", c->ps_servers);
     else snprintf(where, sizeof where, "in the block");
     snprintf(info->describe, sizeof info->describe, "%zu MLP parameters, %d tables of %lld rows x %d (%s), %lld train / %lld test records",
              t->mlp, t->T, (long long)t->R, t->dim, where, (long long)t->train.n, (long long)t->test.n);
@@ -347,6 +349,8 @@ static dt_status rs_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tra
         if ((st = dt_dlrm_forward(t->m, t->dense, t->emb, NULL, n, NULL)) != DT_OK) break;
         memcpy(p + i, dt_dlrm_probs(t->m), sizeof(float) * n);
     }
+    // (the tables across the workers: every worker pulls as often, no rows for chunks it lacks)
+    for (int e = 0; e < extra && st == DT_OK && dt_tables_on_workers(t->c); e++) st = t->pull(t->pull_user, t->ids, 0, t->vals);
     free(rec);
     if (st == DT_OK && comm && W > 1 && (st = dt_allreduce(p, p, (size_t)ds->n, DT_F32, DT_SUM, comm)) != DT_OK)
         st = dt_error(st, "evaluation: %s", dt_last_error());
@@ -374,7 +378,7 @@ static void rs_summary(dt_task *t, cJSON *o, const dt_train_result *r) {
     cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
     cJSON_AddNumberToObject(o, "test_auc", t->last_auc);
     cJSON *rs = cJSON_AddObjectToObject(o, "recsys");
-    cJSON_AddStringToObject(rs, "tables", t->remote ? "servers" : "block");
+    cJSON_AddStringToObject(rs, "tables", dt_tables_on_workers(t->c) ? "workers" : t->remote ? "servers" : "block");
     cJSON_AddNumberToObject(rs, "rows", (double)t->R);
     cJSON_AddNumberToObject(rs, "dim", t->dim);
     cJSON_AddNumberToObject(rs, "mlp_parameters", (double)t->mlp);

@@ -260,6 +260,11 @@ dt_status ps_make_writer(server *sv) {
     m->nweights_meta = sv->desc.nmeta;
     m->params_lo = m->states_lo = sv->lo;
     m->params_hi = m->states_hi = sv->lo + sv->len;
+    if (ps_has_tables(sv->c)) {  // its shard of the recommender's tables (rows.c), written from the live rows:
+        m->extra = ps_tables_extra;  // nothing changes them before SAVED (the workers wait for it)
+        m->extra_user = sv;
+        m->extra_stable = 1;
+    }
     if ((st = (dt_comm_incarnation(sv->all) > 0 ? dt_ckpt_writer_rejoin : dt_ckpt_writer_create)(
              &sv->writer, sv->desc.dir, sv->c->ckpt_keep, m, sv->me, sv->S, ps_timeout(sv->all))) != DT_OK)
         return dt_error(st, "server %d, its checkpoint writer: %s", sv->me, dt_last_error());

@@ -86,8 +86,12 @@ dt_status ps_server_back(ps_worker *w, int j) {
 // (ps_server_back); a message sent first would wait for it for ever.
 dt_status ps_back_if_lost(ps_worker *w, int j) { return ps_server_lost(w, j) ? ps_server_back(w, j) : DT_OK; }
 
-// This step's pieces for server j again (blocking), to a restarted server.
+// This step's pieces for server j again (blocking), to a restarted server
+// (those sent to its predecessor first waited for: they failed, or went
+// to a channel the restart emptied).
 dt_status ps_repush(ps_worker *w, int j) {
+    for (int i = 0; i < w->np; i++)
+        if (w->p[i].server == j) (void)ps_wait_all(&w->req[2 * i], 2);
     w->err = DT_OK;
     for (int i = 0; i < w->np; i++)
         if (w->p[i].server == j) ps_push(w, i);
@@ -374,6 +378,24 @@ dt_status ps_restart(server *sv) {
     return dt_comm_rejoin_peers(sv->all, NULL, 0);
 }
 
+// The recommender's tables (rows.c): its shard of them from checkpoint
+// `from` (whatever number of servers wrote it), or without one from the
+// seed: no worker holds them, so their training on this server is lost.
+static dt_status restore_tables(server *sv, const char *from) {
+    if (!ps_has_tables(sv->c)) return DT_OK;
+    dt_status st = ps_tables_setup(sv, from);
+    if (st != DT_OK) return st;
+    const dt_rows_shard *sh = &sv->tb.sh;
+    if (from)
+        dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its rows [%lld, %lld) of the tables from %s", sv->me,
+               dt_comm_incarnation(sv->all), (long long)sh->lo, (long long)(sh->lo + sh->n), from);
+    else
+        dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): no checkpoint holds its rows [%lld, %lld) of the "
+                            "tables: drawn from the seed again (their training is lost)",
+               sv->me, dt_comm_incarnation(sv->all), (long long)sh->lo, (long long)(sh->lo + sh->n));
+    return DT_OK;
+}
+
 // Its range of the n parameters, the optimizer state and the version (the
 // updates it held then) from the newest checkpoint in the model's
 // directory (sv->desc), whatever its layout: a whole file (one server), or
@@ -407,13 +429,13 @@ static dt_status restore(server *sv, size_t n, int wi, int *seeded) {
                             "weights from worker %d's newest (its step %lld), its optimizer state fresh",
                sv->me, dt_comm_incarnation(sv->all), sv->desc.dir ? "in " : "", sv->desc.dir ? sv->desc.dir : "", lo,
                hi, wi, (long long)sv->step + 1);
-        return DT_OK;
+        return restore_tables(sv, NULL);
     }
     sv->version = *m.opt_step;
     sv->step = ts.step;
     dt_log(DT_LOG_WARN, "server %d (restarted, incarnation %d): its range [%zu, %zu) from %s (step %lld, version %lld)",
            sv->me, dt_comm_incarnation(sv->all), lo, hi, used, (long long)sv->step, (long long)sv->version);
-    return DT_OK;
+    return restore_tables(sv, used);
 }
 
 // HELLO from worker wi, which found this restarted server back: the step it

@@ -213,6 +213,9 @@ static dt_status ps_init(dt_strategy *s) {
     // Outside mode sync the servers write the checkpoints, and a server's
     // death is survived: the worker waits for it to come back (ps_server_back).
     s->ckpt_saves = s->own_pace;
+    // The recommender's tables are the servers' alone: their checkpoints
+    // are the servers' in every mode (rows.c).
+    if (ps_has_tables(s->c)) s->ckpt_saves = 1;
     if (s->own_pace) dt_comm_set_peer_faults(s->all, 1);
     for (int j = 0; j < w->S; j++) dt_comm_peer_state(s->all, j, &w->sinc[j]);
     w->leader = 1;
@@ -296,7 +299,8 @@ static void ps_fini(dt_strategy *s) {
         }
     dt_comm_destroy(w->group);
     dt_codec_free(w->codec);
-    free(w->rlo);
+    dt_rows_plan_free(&w->plan);
+    free(w->rows_to);
     free(w->slo);
     free(w->ver);
     free(w->sinc);
@@ -332,6 +336,11 @@ static dt_status ps_ckpt_restore(dt_strategy *s, const char *path, int parts) {
         if (st == DT_OK) st = dt_send(w->leaders, (size_t)w->G, DT_I64, j, s->all);
         if (st == DT_OK) st = dt_send(s->params + lo, len, DT_F32, j, s->all);
         for (int k = 0; k < ns && st == DT_OK; k++) st = dt_send(dt_optim_state(s->opt, k) + lo, len, DT_F32, j, s->all);
+        if (st == DT_OK && ps_has_tables(s->c)) {  // the checkpoint its rows of the tables come from ("": none)
+            int64_t n = path && *path ? (int64_t)strlen(path) + 1 : 0;
+            st = dt_send(&n, 1, DT_I64, j, s->all);
+            if (st == DT_OK && n) st = dt_send(path, (size_t)n, DT_U8, j, s->all);
+        }
         if (st == DT_OK) st = ps_send_desc(w, j);
     }
     return st == DT_OK ? DT_OK : dt_error(st, "starting the servers: %s", dt_last_error());
@@ -363,6 +372,17 @@ static void ps_summary(dt_strategy *s, struct cJSON *o) {
         double n = w->table_steps > 0 ? (double)w->table_steps : 1;
         cJSON_AddNumberToObject(ps, "table_bytes_per_step", (double)w->table_bytes / n);
         cJSON_AddNumberToObject(ps, "dense_bytes_per_step", (double)w->dense_bytes / n);
+        // the servers' balance: the rows this worker pushed to each a step, the most over their mean
+        cJSON_AddStringToObject(ps, "table_placement", s->c->rs_placement ? "hash" : "range");
+        cJSON *per = cJSON_AddArrayToObject(ps, "table_rows_per_server");
+        double most = 0, all = 0;
+        for (int j = 0; j < w->S && w->rows_to; j++) {
+            double r = (double)w->rows_to[j] / n;
+            cJSON_AddItemToArray(per, cJSON_CreateNumber(r));
+            most = r > most ? r : most;
+            all += r;
+        }
+        cJSON_AddNumberToObject(ps, "table_balance", all > 0 ? most / (all / w->S) : 0);
     }
     int last = 0;
     for (int k = 0; k <= HIST_MAX; k++)

@@ -25,6 +25,7 @@
 #include "engine/codecs/codec.h"
 #include "engine/robust/robust.h"
 #include "engine/strategies/strategy.h"
+#include "engine/tables.h"
 #include "engine/worker.h"
 
 #include <stddef.h>
@@ -124,9 +125,11 @@ typedef struct {
     int leader;           // this worker talks to the servers
     float weight;         // async, ssp: the share's part of the global batch, which the server's learning rate scales by
     double t_first, t_backward_end;
-    int64_t *rlo;         // the recommender's tables (rows.c): each server's first row, S + 1 of them
+    dt_rows_layout rl;    // the recommender's tables (rows.c): the rows' placement on the servers
+    dt_rows_plan plan;    // ... a message's rows, placed and cut by server
     uint64_t table_bytes, dense_bytes;  // bytes of rows pulled and pushed, and of the block's pushes and weights
     int64_t table_steps;  // steps that pulled and pushed rows
+    int64_t *rows_to;     // rows pushed to each server (S): the servers' balance
     dt_status err;
     char errmsg[1024];
 } ps_worker;
@@ -161,6 +164,9 @@ typedef struct {
     size_t nids, cap;
     int64_t pull_step;
     int pull_held;
+    int64_t *pq;      // sync: its push of the step's rows (placed numbers), until every worker's is in
+    float *pg;        // ... their gradients [pk, dim]
+    size_t pk, pcap;
     int save_owed;    // its SAVE's checkpoint is being written: SAVED (of save_step) once it is (ps_saved)
     int64_t save_step;
     double lr, scale;
@@ -194,14 +200,12 @@ typedef struct {
     int robust;         // mode sync: the pushes are screened and combined by [ps] aggregator (robust.c)
     dt_attack attack;   // DTRAIN_ATTACK (tests, benches): the first workers' pushes replaced
     float *rows;        // deterministic and robust: the N pushes as floats (N x len)
-    struct {            // the recommender's tables: rows [lo, lo + n) of them (rows.c); n = 0: none
-        int64_t lo, n, step;  // step: the steps applied (sync: every worker's rows of a step summed first)
-        int dim;
-        float *tab, *acc;     // [n, dim]; row-wise AdaGrad's sums [n] (NULL: sgd)
-        int32_t *slot;        // [n]: a row's place among the step's summed gradients (-1: none yet)
-        float *sg, *g;        // the step's summed gradients [cap, dim]; a push's [cap, dim]
-        int64_t *sids, *ids;  // their rows (local numbers); a push's rows
-        size_t ns, cap;
+    struct {            // the recommender's tables (rows.c): sh.n = 0, none
+        dt_rows_layout L;
+        dt_rows_shard sh;
+        int64_t step;   // the steps applied (sync: every worker's rows of a step summed first)
+        float *buf;     // a pull's rows [buf_rows, dim]
+        size_t buf_rows;
     } tb;
 } server;
 
@@ -269,7 +273,8 @@ dt_status ps_rows_pull(dt_strategy *s, const int64_t *ids, size_t n, float *vals
 dt_status ps_rows_push(dt_strategy *s, const int64_t *ids, size_t n, const float *g);
 int ps_has_tables(const dt_config *c);
 dt_status ps_tables_check(const dt_config *c);
-dt_status ps_tables_setup(server *sv);
+dt_status ps_tables_setup(server *sv, const char *from);
+int ps_tables_extra(void *user, dt_st_tensor *t, int max);
 void ps_tables_free(server *sv);
 dt_status ps_take_pull(server *sv, int wi);
 dt_status ps_take_rows(server *sv, int wi);

@@ -1,28 +1,35 @@
 /* The recommender's embedding tables on the parameter servers
  * (docs/recommender.md): [model] preset = dlrm with [recsys] sparse = true.
  *
- * The tables' rows, numbered globally (table t's row r is offset(t) + r),
- * are cut into S balanced contiguous ranges (dt_shard_range over the rows,
- * the project's one shard function): server j holds rows [lo_j, hi_j),
- * drawn at its start from the run's seed row by row
- * (dt_dlrm_init_rows), so no worker ever holds a whole table, and the
- * row-wise optimizer's state ([recsys] table_optim: adagrad's one sum a
- * row, or sgd's none). The dense block (the MLPs) goes through the usual
+ * The tables' rows are cut among the S servers by engine/tables.h's
+ * placement ([recsys] placement: contiguous ranges of the rows, or rows
+ * scattered by a fixed permutation): server j holds the placed numbers
+ * dt_shard_range(R, j, S), drawn at its start from the run's seed row by
+ * row (dt_dlrm_init_rows) or read from a checkpoint, whatever the number
+ * of servers that wrote it, so no worker ever holds a whole table, and
+ * the row-wise optimizer's state ([recsys] table_optim: adagrad's one sum
+ * a row, or sgd's none). The dense block (the MLPs) goes through the usual
  * protocol (ps.c); the rows have three messages of their own:
  *
- *   worker -> server  PULL   step, count; then the rows' numbers (int64, sorted, distinct, in its range)
+ *   worker -> server  PULL   step, count; then the rows' placed numbers (int64, increasing, in its shard)
  *                     SPUSH  step, count, the learning rate's factor; the numbers, then their gradients
  *   server -> worker  ROWS   step, count; then the rows [count, dim]
  *
  * Each step a worker pulls the rows its share touches before its forward
  * and pushes their gradients after its backward (every step, count 0
- * too). Sync: a server sums the pushes of a step as they arrive and
- * applies the step's update to the rows touched once every worker's are
- * in; a pull for step s waits until the rows of steps before s are
- * applied, so every worker computes from the same rows, as one process
- * would. Async and ssp: a push is applied on arrival at the share's part
- * of [recsys] table_lr (as the block's learning rate), a pull is answered
- * at once. Bytes a step: 8 + 4 dim a row each way, headers apart. */
+ * too). Sync: a server keeps each worker's push of a step until every
+ * worker's is in, then sums each row's gradients in worker order (the
+ * sum does not depend on the order the pushes arrived in) and applies the
+ * step's update to the rows touched; a pull for step s waits until the
+ * rows of the steps before s are applied, so every worker computes from
+ * the same rows, as one process would. Async and ssp: a push is applied on
+ * arrival at the share's part of [recsys] table_lr (as the block's
+ * learning rate), a pull is answered at once; a server that died is
+ * waited for and asked again (faults.c), as the block's pushes are.
+ *
+ * A server's rows go into its shard of the servers' checkpoints
+ * (ckpt.c's writer; tables.h's tensors). Bytes a step: 8 + 4 dim a row
+ * each way, headers apart. */
 #include "engine/strategies/ps/ps_impl.h"
 #include "dtrain/recsys.h"
 
@@ -33,78 +40,92 @@
 int ps_has_tables(const dt_config *c) { return c->recsys && c->rs_sparse && c->ps_servers > 0; }
 
 dt_status ps_tables_check(const dt_config *c) {
-    const char *no = c->ps_groups > 0                            ? "[ps] groups"
-                     : c->deterministic                          ? "[parallel] deterministic"
-                     : c->ps_mode == MODE_BACKUP                 ? "[ps] mode = backup"
-                     : c->ps_share                               ? "[ps] share = dynamic"
-                     : c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0 ? "[checkpoint] every_steps or every_seconds"
-                                                                 : NULL;
+    const char *no = c->ps_groups > 0                ? "[ps] groups"
+                     : c->deterministic              ? "[parallel] deterministic"
+                     : c->ps_mode == MODE_BACKUP     ? "[ps] mode = backup"
+                     : c->ps_share                   ? "[ps] share = dynamic"
+                     : c->rs_shard == 1              ? "[recsys] shard = workers (the tables on the workers)"
+                                                     : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "[recsys] sparse = true (the tables on the parameter servers) cannot be combined "
                         "with %s yet; use sparse = false (the tables as part of the block) or leave it unset", no);
     return DT_OK;
 }
 
-// Server j's rows: [lo, hi) of the tables' R.
-static void range_of(const dt_config *c, int j, int S, int64_t *lo, int64_t *hi) {
-    size_t a, b;
-    dt_shard_range((size_t)dt_dlrm_total_rows(&c->dlrm), j, S, &a, &b);
-    *lo = (int64_t)a;
-    *hi = (int64_t)b;
+static void layout_of(const dt_config *c, int S, dt_rows_layout *L) {
+    dt_rows_layout_init(L, dt_dlrm_total_rows(&c->dlrm), S, c->rs_placement == 1);
 }
 
 // ----------------------------------------------------------------------------
 // the worker's side
 
-static dt_status ranges(ps_worker *w) {
-    if (w->rlo) return DT_OK;
-    if (!(w->rlo = malloc(sizeof(int64_t) * (size_t)(w->S + 1)))) return dt_error(DT_ERR_NOMEM, "out of memory");
-    int64_t hi = 0;
-    for (int j = 0; j < w->S; j++) range_of(w->base.c, j, w->S, &w->rlo[j], &hi);
-    w->rlo[w->S] = hi;
-    return DT_OK;
+// The messages of one exchange with server j, posted (5 requests): PULL
+// (the reply's header into rep, its rows into the plan's buffer) or
+// SPUSH (the plan's gradients with the numbers).
+static dt_status post(ps_worker *w, int j, int64_t kind, int64_t *q, int64_t *rep, dt_request_t *r) {
+    dt_strategy *s = &w->base;
+    dt_rows_plan *p = &w->plan;
+    size_t dim = (size_t)s->c->dlrm.dim, a = p->cut[j], k = p->cut[j + 1] - a;
+    memset(q, 0, sizeof(int64_t) * H_N);
+    q[H_KIND] = kind, q[H_STEP] = w->step, q[H_COUNT] = (int64_t)k, q[H_A] = bits_of(w->weight);
+    dt_status st = DT_OK;
+    if (kind == M_PULL) {  // the replies' receives first, then the requests
+        st = dt_irecv(rep, H_N, DT_I64, j, s->all, &r[0]);
+        if (st == DT_OK && k) st = dt_irecv(p->buf + a * dim, k * dim, DT_F32, j, s->all, &r[1]);
+    }
+    if (st == DT_OK) st = dt_isend(q, H_N, DT_I64, j, s->all, &r[2]);
+    if (st == DT_OK && k) st = dt_isend(p->q + a, k, DT_I64, j, s->all, &r[3]);
+    if (st == DT_OK && k && kind == M_SPUSH) st = dt_isend(p->buf + a * dim, k * dim, DT_F32, j, s->all, &r[4]);
+    return st;
 }
 
-// ids[a, b): the rows of ids[a...] on server j.
-static size_t cut(const ps_worker *w, const int64_t *ids, size_t n, size_t a, int j) {
-    while (a < n && ids[a] < w->rlo[j + 1]) a++;
-    return a;
+// Server j found dead (outside mode sync): waited for and let in
+// (ps_server_back); after backward (SPUSH) the block's pieces of this
+// step, which went to the dead server, go again, as ps_sync sends them to
+// a server it finds dead.
+static dt_status back(ps_worker *w, int j, int64_t kind) {
+    dt_status st = ps_server_back(w, j);
+    return st == DT_OK && kind == M_SPUSH ? ps_repush(w, j) : st;
 }
 
 // One exchange with every server: PULL (vals non-NULL: the rows come back
-// into it) or SPUSH (g: the gradients go with the numbers).
+// into it) or SPUSH (g: the gradients go with the numbers). Outside mode
+// sync a server found dead is waited for and asked again.
 static dt_status exchange(ps_worker *w, int64_t kind, const int64_t *ids, size_t n, float *vals, const float *g) {
     dt_strategy *s = &w->base;
     int S = w->S, dim = s->c->dlrm.dim;
-    dt_status st = ranges(w);
+    if (!w->rl.S) layout_of(s->c, S, &w->rl);
+    dt_status st = dt_rows_plan_make(&w->plan, &w->rl, ids, n, dim);
     if (st != DT_OK) return st;
+    if (g) dt_rows_plan_gather(&w->plan, g, dim);
     int64_t(*h)[H_N] = calloc(2 * (size_t)S, sizeof *h);
-    dt_request_t *r = calloc(4 * (size_t)S, sizeof *r);
-    if (!h || !r) return free(h), free(r), dt_error(DT_ERR_NOMEM, "out of memory");
-    size_t a = 0;
-    for (int j = 0; j < S && st == DT_OK; j++) {
-        size_t b = cut(w, ids, n, a, j), k = b - a;
-        int64_t *q = h[j], *rep = h[S + j];
-        q[H_KIND] = kind, q[H_STEP] = w->step, q[H_COUNT] = (int64_t)k, q[H_A] = bits_of(w->weight);
-        if (kind == M_PULL) {  // the replies' receives first, then the requests
-            st = dt_irecv(rep, H_N, DT_I64, j, s->all, &r[4 * j]);
-            if (st == DT_OK && k) st = dt_irecv(vals + a * dim, k * dim, DT_F32, j, s->all, &r[4 * j + 1]);
+    dt_request_t *r = calloc(5 * (size_t)S, sizeof *r);
+    dt_status *sj = calloc((size_t)S, sizeof *sj);
+    if (!h || !r || !sj) return free(h), free(r), free(sj), dt_error(DT_ERR_NOMEM, "out of memory");
+    for (int j = 0; j < S; j++)
+        if ((sj[j] = ps_server_lost(w, j) ? back(w, j, kind) : DT_OK) == DT_OK)
+            sj[j] = post(w, j, kind, h[j], h[S + j], &r[5 * j]);
+    for (int j = 0; j < S; j++) {
+        dt_status c = ps_wait_all(&r[5 * j], 5);
+        if (sj[j] == DT_OK) sj[j] = c;
+        for (int t = 0; sj[j] != DT_OK && t < 3 && ps_server_lost(w, j); t++) {
+            sj[j] = back(w, j, kind);
+            if (sj[j] == DT_OK) sj[j] = post(w, j, kind, h[j], h[S + j], &r[5 * j]);
+            c = ps_wait_all(&r[5 * j], 5);
+            if (sj[j] == DT_OK) sj[j] = c;
         }
-        if (st == DT_OK) st = dt_isend(q, H_N, DT_I64, j, s->all, &r[4 * j + 2]);
-        if (st == DT_OK && k) st = dt_isend(ids + a, k, DT_I64, j, s->all, &r[4 * j + 3]);
-        if (st == DT_OK && k && g) st = dt_send(g + a * dim, k * dim, DT_F32, j, s->all);
-        a = b;
+        if (st == DT_OK) st = sj[j];
     }
-    dt_status w2 = ps_wait_all(r, 4 * S);
-    if (st == DT_OK) st = w2;
     for (int j = 0; j < S && st == DT_OK && kind == M_PULL; j++)
         if (h[S + j][H_KIND] != M_ROWS || h[S + j][H_STEP] != w->step || h[S + j][H_COUNT] != h[j][H_COUNT])
             st = dt_error(DT_ERR_COMM, "worker %d: server %d sent %s for step %lld with %lld rows, expected ROWS for "
                           "step %lld with %lld", s->rank, j, ps_kind_name(h[S + j][H_KIND]),
                           (long long)h[S + j][H_STEP] + 1, (long long)h[S + j][H_COUNT], (long long)w->step + 1,
                           (long long)h[j][H_COUNT]);
+    if (st == DT_OK && vals) dt_rows_plan_scatter(&w->plan, vals, dim);
     free(h);
     free(r);
+    free(sj);
     return st;
 }
 
@@ -114,88 +135,88 @@ dt_status ps_rows_pull(dt_strategy *s, const int64_t *ids, size_t n, float *vals
 
 dt_status ps_rows_push(dt_strategy *s, const int64_t *ids, size_t n, const float *g) {
     ps_worker *w = (ps_worker *)s;
+    if (!w->rows_to && !(w->rows_to = calloc((size_t)w->S, sizeof *w->rows_to)))
+        return dt_error(DT_ERR_NOMEM, "out of memory");
+    dt_status st = exchange(w, M_SPUSH, ids, n, NULL, g);
     // A step's bytes: its rows' numbers and values pulled, their numbers
-    // and gradients pushed (headers apart); the block's pushes and weights.
+    // and gradients pushed (headers apart); the block's pushes and
+    // weights; the rows each server got (its load).
     w->table_steps++;
     w->table_bytes += 2 * n * (sizeof(int64_t) + sizeof(float) * (size_t)s->c->dlrm.dim);
     w->dense_bytes += 2 * sizeof(float) * s->n;
-    return exchange(w, M_SPUSH, ids, n, NULL, g);
+    for (int j = 0; j < w->S && st == DT_OK; j++) w->rows_to[j] += (int64_t)(w->plan.cut[j + 1] - w->plan.cut[j]);
+    return st;
 }
 
 // ----------------------------------------------------------------------------
 // the server's side
 
-dt_status ps_tables_setup(server *sv) {
+// This server's shard of the tables: drawn from the seed, then (from: a
+// checkpoint's path, "" or NULL none) its rows and sums from it, written
+// on any number of servers. Refused where it does not fit, naming the
+// bytes.
+dt_status ps_tables_setup(server *sv, const char *from) {
     const dt_config *c = sv->c;
-    if (dt_comm_incarnation(sv->all) > 0)  // restarted alone: its rows would start again from the seed
-        return dt_error(DT_ERR_COMM, "server %d was restarted, and its rows of the tables were not kept (a server's "
-                        "shard of the tables is not checkpointed yet: docs/recommender.md)", sv->me);
-    int64_t hi;
-    range_of(c, sv->me, sv->S, &sv->tb.lo, &hi);
-    sv->tb.n = hi - sv->tb.lo;
-    sv->tb.dim = c->dlrm.dim;
-    sv->tb.step = sv->step;
-    size_t n = (size_t)sv->tb.n, dim = (size_t)sv->tb.dim, adagrad = c->rs_table_optim == 0;
-    size_t need = n * (sizeof(float) * dim + sizeof(int32_t) + (adagrad ? sizeof(float) : 0));
+    dt_rows_layout *L = &sv->tb.L;
+    layout_of(c, sv->S, L);
+    int64_t lo, hi;
+    dt_rows_range(L, sv->me, &lo, &hi);
+    int adagrad = c->rs_table_optim == 0, dim = c->dlrm.dim;
+    const char *dir = c->offload ? c->offload_dir : NULL;
+    size_t need = dir ? 0 : dt_rows_shard_bytes(hi - lo, dim, adagrad, 0);
     const char *src;
     size_t avail = dt_mem_available(&src);
     char a[64], b[64];
     if (need > avail)
-        return dt_error(DT_ERR_NOMEM, "server %d: the tables' rows [%lld, %lld) need %s (%zu rows of %zu floats, the "
-                        "optimizer's sums and the step's index: %zu bytes), but %s is available (%s); add servers",
-                        sv->me, (long long)sv->tb.lo, (long long)hi, dt_mem_format(need, a, sizeof a), n, dim, need,
-                        dt_mem_format(avail, b, sizeof b), src);
-    sv->tb.tab = dt_alloc(sizeof(float) * (n * dim + 1));
-    sv->tb.acc = adagrad ? dt_alloc(sizeof(float) * (n + 1)) : NULL;
-    sv->tb.slot = malloc(sizeof(int32_t) * (n + 1));
-    if (!sv->tb.tab || (adagrad && !sv->tb.acc) || !sv->tb.slot)
-        return dt_error(DT_ERR_NOMEM, "server %d: the tables' %zu rows: out of memory", sv->me, n);
-    dt_dlrm_init_rows(sv->tb.tab, sv->tb.lo, sv->tb.n, sv->tb.dim, c->seed);
-    memset(sv->tb.slot, 0xff, sizeof(int32_t) * n);
+        return dt_error(DT_ERR_NOMEM, "server %d: the tables' rows [%lld, %lld) need %s (%lld rows of %d floats%s: "
+                        "%zu bytes), but %s is available (%s); add servers, or set [parallel] offload = disk",
+                        sv->me, (long long)lo, (long long)hi, dt_mem_format(need, a, sizeof a), (long long)(hi - lo),
+                        dim, adagrad ? " and their AdaGrad sums" : "", need, dt_mem_format(avail, b, sizeof b), src);
+    dt_status st = dt_rows_shard_create(&sv->tb.sh, L, sv->me, dim, adagrad, c->seed, dir);
+    if (st == DT_OK && from && *from) st = dt_rows_shard_load(&sv->tb.sh, L, from);
+    if (st != DT_OK) return dt_error(st, "server %d: %s", sv->me, dt_last_error());
+    sv->tb.step = sv->step;
     for (int wi = 0; wi < sv->N; wi++) sv->w[wi].rows_pushed = sv->step;
     return DT_OK;
 }
 
-void ps_tables_free(server *sv) {
-    dt_free(sv->tb.tab);
-    dt_free(sv->tb.acc);
-    free(sv->tb.slot);
-    dt_free(sv->tb.sg);
-    dt_free(sv->tb.g);
-    free(sv->tb.sids);
-    free(sv->tb.ids);
-    for (int wi = 0; sv->w && wi < sv->N; wi++) free(sv->w[wi].ids);
+int ps_tables_extra(void *user, dt_st_tensor *t, int max) {
+    server *sv = user;
+    return dt_rows_shard_tensors(&sv->tb.sh, t, max);
 }
 
-static dt_status grow(server *sv, size_t k) {
-    if (k <= sv->tb.cap) return DT_OK;
-    size_t cap = k > 2 * sv->tb.cap ? k : 2 * sv->tb.cap, row = sizeof(float) * (size_t)sv->tb.dim;
-    float *sg = dt_alloc(row * cap), *g = dt_alloc(row * cap);
-    int64_t *sids = malloc(sizeof(int64_t) * cap), *ids = malloc(sizeof(int64_t) * cap);
-    if (!sg || !g || !sids || !ids) {
-        dt_free(sg), dt_free(g), free(sids), free(ids);
-        return dt_error(DT_ERR_NOMEM, "server %d: %zu rows' gradients: out of memory", sv->me, cap);
+void ps_tables_free(server *sv) {
+    dt_rows_shard_free(&sv->tb.sh);
+    dt_free(sv->tb.buf);
+    for (int wi = 0; sv->w && wi < sv->N; wi++) {
+        free(sv->w[wi].ids);
+        free(sv->w[wi].pq);
+        dt_free(sv->w[wi].pg);
     }
-    if (sv->tb.ns) memcpy(sg, sv->tb.sg, row * sv->tb.ns), memcpy(sids, sv->tb.sids, sizeof(int64_t) * sv->tb.ns);
-    dt_free(sv->tb.sg), dt_free(sv->tb.g), free(sv->tb.sids), free(sv->tb.ids);
-    sv->tb.sg = sg, sv->tb.g = g, sv->tb.sids = sids, sv->tb.ids = ids, sv->tb.cap = cap;
-    return DT_OK;
+}
+
+// Room for k numbers in *ids (capacity *cap) and, with g, k rows in *g.
+static dt_status room(server *sv, int64_t **ids, float **g, size_t *cap, size_t k) {
+    if (k <= *cap) return DT_OK;
+    free(*ids);
+    if (g) dt_free(*g);
+    *ids = malloc(sizeof(int64_t) * k);
+    if (g) *g = dt_alloc(sizeof(float) * k * (size_t)sv->tb.sh.dim);
+    *cap = *ids && (!g || *g) ? k : 0;
+    return *cap ? DT_OK : dt_error(DT_ERR_NOMEM, "server %d: %zu rows: out of memory", sv->me, k);
 }
 
 // A message's rows, received into ids[k] and checked: inside this
-// server's range, increasing; made local numbers.
+// server's shard, increasing.
 static dt_status take_ids(server *sv, int wi, const char *what, int64_t *ids, size_t k) {
     dt_status st = k ? dt_recv(ids, k, DT_I64, sv->w[wi].rank, sv->all) : DT_OK;
     if (st != DT_OK) return st;
-    int64_t lo = sv->tb.lo, hi = lo + sv->tb.n;
-    for (size_t i = 0; i < k; i++) {
-        if (ids[i] < lo || ids[i] >= hi || (i > 0 && ids[i] <= ids[i - 1] + lo))
+    int64_t lo = sv->tb.sh.lo, hi = lo + sv->tb.sh.n;
+    for (size_t i = 0; i < k; i++)
+        if (ids[i] < lo || ids[i] >= hi || (i > 0 && ids[i] <= ids[i - 1]))
             return dt_error(DT_ERR_COMM, "server %d: refused %s from worker %d at step %lld: field ids[%zu]: row %lld %s",
                             sv->me, what, wi, (long long)sv->w[wi].h[H_STEP] + 1, i, (long long)ids[i],
                             ids[i] < lo || ids[i] >= hi ? "outside this server's rows" : "not after the one before");
-        ids[i] -= lo;
-    }
-    (void)hi;
     return DT_OK;
 }
 
@@ -203,9 +224,17 @@ static dt_status send_rows(server *sv, int wi, const int64_t *ids, size_t k, int
     peer *p = &sv->w[wi];
     int64_t h[H_N] = {M_ROWS, step, sv->tb.step, 0, (int64_t)k, 0, 0, 0};
     dt_status st = dt_send(h, H_N, DT_I64, p->rank, sv->all);
-    size_t dim = (size_t)sv->tb.dim;
-    for (size_t i = 0; i < k && st == DT_OK; i++) memcpy(sv->tb.g + i * dim, sv->tb.tab + (size_t)ids[i] * dim, sizeof(float) * dim);
-    if (st == DT_OK && k) st = dt_send(sv->tb.g, k * dim, DT_F32, p->rank, sv->all);
+    if (st == DT_OK && k) {
+        if (k > sv->tb.buf_rows) {
+            dt_free(sv->tb.buf);
+            sv->tb.buf_rows = 0;
+            if (!(sv->tb.buf = dt_alloc(sizeof(float) * k * (size_t)sv->tb.sh.dim)))
+                return dt_error(DT_ERR_NOMEM, "server %d: %zu rows: out of memory", sv->me, k);
+            sv->tb.buf_rows = k;
+        }
+        dt_rows_shard_read(&sv->tb.sh, ids, k, sv->tb.buf);
+        st = dt_send(sv->tb.buf, k * (size_t)sv->tb.sh.dim, DT_F32, p->rank, sv->all);
+    }
     return st;
 }
 
@@ -216,7 +245,7 @@ static dt_status release_pulls(server *sv) {
         peer *p = &sv->w[wi];
         if (!p->pull_held || (sv->mode == MODE_SYNC && p->pull_step > sv->tb.step)) continue;
         p->pull_held = 0;
-        if ((st = grow(sv, p->nids)) == DT_OK) st = send_rows(sv, wi, p->ids, p->nids, p->pull_step);
+        st = ps_survive(sv, wi, send_rows(sv, wi, p->ids, p->nids, p->pull_step));
     }
     return st;
 }
@@ -224,16 +253,11 @@ static dt_status release_pulls(server *sv) {
 dt_status ps_take_pull(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t k = p->h[H_COUNT];
-    if (k < 0 || k > sv->tb.n)  // (a server with no rows, more servers than rows, gets empty pulls)
+    if (k < 0 || k > sv->tb.sh.n)  // (a server with no rows, more servers than rows, gets empty pulls)
         return dt_error(DT_ERR_COMM, "server %d: refused a pull from worker %d: %lld rows of this server's %lld", sv->me,
-                        wi, (long long)k, (long long)sv->tb.n);
-    if ((size_t)k > p->cap) {
-        free(p->ids);
-        p->cap = 0;
-        if (!(p->ids = malloc(sizeof(int64_t) * (size_t)k))) return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
-        p->cap = (size_t)k;
-    }
-    dt_status st = take_ids(sv, wi, "a pull", p->ids, (size_t)k);
+                        wi, (long long)k, (long long)sv->tb.sh.n);
+    dt_status st = room(sv, &p->ids, NULL, &p->cap, (size_t)k);
+    if (st == DT_OK) st = take_ids(sv, wi, "a pull", p->ids, (size_t)k);
     if (st != DT_OK) return st;
     p->nids = (size_t)k;
     p->pull_step = p->h[H_STEP];
@@ -241,50 +265,39 @@ dt_status ps_take_pull(server *sv, int wi) {
     return release_pulls(sv);
 }
 
-// Sync: the step's summed gradients, once every worker's are in.
-static dt_status apply_rows(server *sv, const int64_t *ids, const float *g, size_t k, float lr) {
-    const dt_config *c = sv->c;
-    dt_adagrad_rows(sv->tb.tab, sv->tb.acc, ids, g, k, sv->tb.dim, lr, c->rs_table_eps);
-    return DT_OK;
-}
-
 dt_status ps_take_rows(server *sv, int wi) {
     peer *p = &sv->w[wi];
     int64_t k = p->h[H_COUNT];
-    size_t dim = (size_t)sv->tb.dim;
-    if (k < 0 || k > sv->tb.n)
+    size_t dim = (size_t)sv->tb.sh.dim;
+    const dt_config *c = sv->c;
+    if (k < 0 || k > sv->tb.sh.n)
         return dt_error(DT_ERR_COMM, "server %d: refused rows from worker %d: %lld rows of this server's %lld", sv->me,
-                        wi, (long long)k, (long long)sv->tb.n);
+                        wi, (long long)k, (long long)sv->tb.sh.n);
     if (sv->mode == MODE_SYNC && p->h[H_STEP] != p->rows_pushed)
         return dt_error(DT_ERR_COMM, "server %d: refused rows from worker %d: step %lld, expected step %lld", sv->me, wi,
                         (long long)p->h[H_STEP] + 1, (long long)p->rows_pushed + 1);
-    dt_status st = grow(sv, sv->tb.ns + (size_t)k);
-    if (st == DT_OK) st = take_ids(sv, wi, "rows", sv->tb.ids, (size_t)k);
-    if (st == DT_OK && k) st = dt_recv(sv->tb.g, (size_t)k * dim, DT_F32, p->rank, sv->all);
+    dt_status st = room(sv, &p->pq, &p->pg, &p->pcap, (size_t)k);
+    if (st == DT_OK) st = take_ids(sv, wi, "rows", p->pq, (size_t)k);
+    if (st == DT_OK && k) st = dt_recv(p->pg, (size_t)k * dim, DT_F32, p->rank, sv->all);
     if (st != DT_OK) return st;
+    p->pk = (size_t)k;
     p->rows_pushed++;
-    float lr = sv->c->rs_table_lr;
     if (sv->mode != MODE_SYNC) {  // on arrival, at the share's part of the rate
         sv->tb.step++;
-        return apply_rows(sv, sv->tb.ids, sv->tb.g, (size_t)k, lr * (float)double_of(p->h[H_A]));
-    }
-    for (int64_t i = 0; i < k; i++) {  // summed as they arrive, into the step's rows
-        int64_t r = sv->tb.ids[i];
-        if (sv->tb.slot[r] < 0) {
-            sv->tb.slot[r] = (int32_t)sv->tb.ns;
-            sv->tb.sids[sv->tb.ns] = r;
-            memset(sv->tb.sg + sv->tb.ns * dim, 0, sizeof(float) * dim);
-            sv->tb.ns++;
-        }
-        float *dst = sv->tb.sg + (size_t)sv->tb.slot[r] * dim;
-        const float *src = sv->tb.g + (size_t)i * dim;
-        for (size_t e = 0; e < dim; e++) dst[e] += src[e];
+        dt_rows_shard_apply(&sv->tb.sh, p->pq, p->pg, p->pk, c->rs_table_lr * (float)double_of(p->h[H_A]),
+                            c->rs_table_eps);
+        return DT_OK;
     }
     for (int q = 0; q < sv->N; q++)
         if (sv->w[q].rows_pushed <= sv->tb.step) return DT_OK;  // not every worker's yet
-    apply_rows(sv, sv->tb.sids, sv->tb.sg, sv->tb.ns, lr);
-    for (size_t i = 0; i < sv->tb.ns; i++) sv->tb.slot[sv->tb.sids[i]] = -1;
-    sv->tb.ns = 0;
+    int64_t **ids = malloc(sizeof *ids * (size_t)sv->N);
+    float **g = malloc(sizeof *g * (size_t)sv->N);
+    size_t *ks = malloc(sizeof *ks * (size_t)sv->N), rows;
+    if (!ids || !g || !ks) st = dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
+    for (int q = 0; q < sv->N && st == DT_OK; q++) ids[q] = sv->w[q].pq, g[q] = sv->w[q].pg, ks[q] = sv->w[q].pk;
+    if (st == DT_OK) st = dt_rows_shard_step(&sv->tb.sh, sv->N, ids, g, ks, c->rs_table_lr, c->rs_table_eps, &rows);
+    free(ids), free(g), free(ks);
+    if (st != DT_OK) return dt_error(st, "server %d: %s", sv->me, dt_last_error());
     sv->tb.step++;
     return release_pulls(sv);
 }

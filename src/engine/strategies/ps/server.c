@@ -392,8 +392,20 @@ dt_status ps_setup(server *sv) {
         return dt_error(DT_ERR_NOMEM, "server %d: out of memory", sv->me);
     dt_status st = dt_optim_create_at(&sv->opt, &sv->c->optim, sv->len, NULL);
     if (st == DT_OK) *dt_optim_step_count(sv->opt) = sv->version;
-    if (st == DT_OK && ps_has_tables(sv->c)) st = ps_tables_setup(sv);
     return st;
+}
+
+// The recommender's tables (rows.c), after INIT: worker 0 names the
+// checkpoint the run resumes from ("": none), whose rows this server takes.
+static dt_status tables_from(server *sv, int w0) {
+    int64_t n;
+    dt_status st = dt_recv(&n, 1, DT_I64, w0, sv->all);
+    if (st != DT_OK) return st;
+    if (n < 0 || n > 8192) return dt_error(DT_ERR_COMM, "server %d: INIT names a checkpoint of %lld bytes", sv->me, (long long)n);
+    char path[8193] = "";
+    if (n && (st = dt_recv(path, (size_t)n, DT_U8, w0, sv->all)) != DT_OK) return st;
+    path[n ? n - 1 : 0] = 0;
+    return ps_tables_setup(sv, path);
 }
 
 // The start: worker 0's INIT with the range's weights and optimizer state.
@@ -429,7 +441,7 @@ static dt_status start(server *sv) {
     st = dt_recv(sv->params, sv->len, DT_F32, w0, sv->all);
     for (int k = 0; k < dt_optim_num_states(sv->opt) && st == DT_OK; k++)
         st = dt_recv(dt_optim_state(sv->opt, k), sv->len, DT_F32, w0, sv->all);
-    return st;
+    return st == DT_OK && ps_has_tables(sv->c) ? tables_from(sv, w0) : st;
 }
 
 static dt_status server_free(server *sv, dt_status st) {
