@@ -25,6 +25,7 @@
 #include "comm/device.h"
 #include "engine/device.h"
 #include "engine/strategies/strategy.h"
+#include "engine/worker.h"
 #include "gpu/dev_model.h"
 #include "gpu/gpu.h"
 
@@ -163,9 +164,16 @@ static dt_status dev_sync(dt_strategy *s) {
     return st;
 }
 
-static dt_status dev_nonfinite(dt_strategy *s, int *nonfinite) {
+// The gradient's sum of squares, made on the device and read once a step:
+// the NaN/Inf check (fp16's loss scaler skips the step and halves its
+// scale on it), the norm and the clipping come from it.
+// DTRAIN_FAULT_OVERFLOW=RANK:STEP puts an inf among the gradients first.
+static dt_status dev_nonfinite(dt_strategy *s, int64_t step, int *nonfinite) {
     devs *d = (devs *)s;
-    dt_status st = dt_dev_blocks_sumsq(s->device, &d->sumsq);
+    dt_dev_blocks *b = s->device;
+    static const float inf = INFINITY;
+    dt_status st = b->n && dt_fault_overflow(s->rank, step) ? b->d->to_device(b->grads, &inf, sizeof inf) : DT_OK;
+    if (st == DT_OK) st = dt_dev_blocks_sumsq(b, &d->sumsq);
     d->have_sumsq = st == DT_OK;
     *nonfinite = st == DT_OK && !isfinite(d->sumsq);
     return st;
@@ -173,7 +181,7 @@ static dt_status dev_nonfinite(dt_strategy *s, int *nonfinite) {
 
 static dt_status dev_norm(dt_strategy *s, double *norm) {
     devs *d = (devs *)s;
-    dt_status st = d->have_sumsq ? DT_OK : dev_nonfinite(s, &(int){0});
+    dt_status st = d->have_sumsq ? DT_OK : dev_nonfinite(s, 0, &(int){0});
     *norm = sqrt(d->sumsq);
     return st;
 }
