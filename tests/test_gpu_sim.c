@@ -390,34 +390,55 @@ static const struct {
 };
 
 static void test_half(void) {
-    char text[4096];
-    for (size_t i = 0; i < sizeof half_rows / sizeof *half_rows; i++)
+    char text[4096], sum[700], want[64];
+    for (size_t i = 0; i < sizeof half_rows / sizeof *half_rows; i++) {
         compare_runs(half_rows[i].name, model_text(half_rows[i].model, text, sizeof text), half_rows[i].what,
                      half_rows[i].extra, half_rows[i].tol, half_rows[i].ltol);
+        snprintf(sum, sizeof sum, "%s-dev/summary.json", tmp(half_rows[i].name));
+        snprintf(want, sizeof want, "\"gemm_operands\":\t\"%s\"", strstr(half_rows[i].extra, "bf16") ? "bf16" : "fp16");
+        CHECK(tl_count(sum, want) == 1, "%s: summary.json says the GEMMs' operands: %s", half_rows[i].what, want);
+    }
 }
 
 // fp16's loss scaler on the device: an overflow at step 5 (DTRAIN_FAULT_OVERFLOW
 // puts an inf among the device's gradients, read back with the sum of
 // squares) skips the step and halves the scale, as on the CPU: the same
-// weights bitwise, one skipped step and a scale of 2^15 in both summaries.
+// weights bitwise, one skipped step and a scale of 2^15 in the summaries.
+// Then each run's checkpoint of step 10 (the scaler in it) resumed on the
+// other: the uninterrupted run's weights, scale and count.
 static void test_fp16_skip(void) {
-    char text[4096], sum[2][700];
-    const char *cfg = model_text("gpt", text, sizeof text), *names[] = {"skip-cpu", "skip-dev"};
+    char text[4096], ck[4096], flags[1200];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", model_text("gpt", text, sizeof text));
+    struct {
+        const char *name, *flags, *resume;
+    } runs[] = {
+        {"skip-cpu", "", NULL},
+        {"skip-dev", "--device cuda", NULL},
+        {"skip-from-dev", "", "skip-dev"},
+        {"skip-from-cpu", "--device cuda", "skip-cpu"},
+    };
     setenv("DTRAIN_FAULT_OVERFLOW", "0:5", 1);
-    for (int i = 0; i < 2; i++) {
-        int rc = tl_train(g_tmp, names[i], cfg, 1, i ? "--precision fp16 --device cuda" : "--precision fp16", g_out,
-                          sizeof g_out);
-        CHECK(rc == 0, "fp16 with an overflow at step 5 on the %s: exit %d\n%s", i ? "device" : "CPU", rc, g_out);
-        snprintf(sum[i], sizeof sum[i], "%s/summary.json", tmp(names[i]));
+    for (int i = 0; i < 4; i++) {
+        int k = snprintf(flags, sizeof flags, "--precision fp16 %s", runs[i].flags);
+        if (runs[i].resume) {
+            char from[300];
+            snprintf(from, sizeof from, "%s/checkpoints/step-00000010.safetensors", runs[i].resume);
+            snprintf(flags + k, sizeof flags - k, " --set checkpoint.resume=%s", tmp(from));
+        }
+        int rc = tl_train(g_tmp, runs[i].name, ck, 1, flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "fp16 with an overflow at step 5, %s: exit %d\n%s", runs[i].name, rc, g_out);
+        char sum[700];
+        snprintf(sum, sizeof sum, "%s/summary.json", tmp(runs[i].name));
+        CHECK(tl_json_number(sum, "skipped_steps") == 1 && tl_json_number(sum, "loss_scale") == 32768,
+              "fp16, %s: one step skipped, the scale halved to 32768: skipped %g, scale %g", runs[i].name,
+              tl_json_number(sum, "skipped_steps"), tl_json_number(sum, "loss_scale"));
+        if (i == 0) continue;
+        int bw = 0;
+        double diff = tl_runs_diff(g_tmp, "skip-cpu", runs[i].name, &bw);
+        CHECK(diff == 0 && bw, "fp16, a step skipped: %s's weights are the CPU's uninterrupted run's bitwise (diff %g)",
+              runs[i].name, diff);
     }
     unsetenv("DTRAIN_FAULT_OVERFLOW");
-    int bw = 0;
-    double diff = tl_runs_diff(g_tmp, names[0], names[1], &bw);
-    CHECK(diff == 0 && bw, "fp16, a step skipped: the device's weights are the CPU's bitwise (diff %g)", diff);
-    for (int i = 0; i < 2; i++)
-        CHECK(tl_json_number(sum[i], "skipped_steps") == 1 && tl_json_number(sum[i], "loss_scale") == 32768,
-              "fp16 on the %s: one step skipped, the scale halved to 32768: skipped %g, scale %g", i ? "device" : "CPU",
-              tl_json_number(sum[i], "skipped_steps"), tl_json_number(sum[i], "loss_scale"));
 }
 
 // A checkpoint of the device resumed on the CPU, and the other way: the
@@ -473,6 +494,9 @@ static const dev_row dev_rows[] = {
     {"mlp", 3, "--deterministic --set parallel.bucket_kb=4", 1},
     {"gpt", 2, "--deterministic", 1},
     {"gpt", 3, "--deterministic", 1},
+    {"gpt", 2, "--precision bf16", 0},
+    {"mlp", 2, "--precision fp16", 0},
+    {"mlp", 3, "--deterministic --precision bf16", 1},
 };
 
 static void test_ranks(void) {

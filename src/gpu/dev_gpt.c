@@ -7,10 +7,11 @@
  * operands, as the CPU's GPT in that precision: the four inputs of a
  * layer's linears (ln1, the attention's output, ln2, the GELU's output) and
  * the final layernorm's output are kept in 16 bits (nn/gpt.c keeps the
- * four so too), each made in fp32 in one shared buffer (x32) and converted;
- * the output gradients are converted into dout16 (the head's, [BT, V], into
- * the probabilities' buffer, which the cross-entropy's backward has read by
- * then). */
+ * four so too), each made in fp32 in one buffer (x32: the backward's
+ * dfchg, unused in the forward) and converted; the output gradients are
+ * converted into dout16 (the attention backward's scratch datt, unused by
+ * the linears' backward; the head's, [BT, V], into the probabilities'
+ * buffer, which the cross-entropy's backward has read by then). */
 #include "gpu/dev_model.h"
 
 #include <math.h>
@@ -43,8 +44,8 @@ struct dt_dev_gpt {
     void *lnf16;
     int32_t *inputs, *targets;
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
-    float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, 4C])
-    void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, 4C])
+    float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, 4C]; dfchg's room)
+    void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, 4C]; datt's room)
 };
 
 // A kept activation: fp32 (per layer), or in 16 bits made in x32 and kept
@@ -59,11 +60,19 @@ static float *kept(dt_dev_gpt *g, void **h, size_t n) {
 static void gpt_take(dt_dev_gpt *g) {
     dt_dev_arena *a = &g->b.arena;
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, V = (size_t)g->c.vocab_size, f = sizeof(float);
-    size_t att = (size_t)g->maxB * g->c.n_head * g->maxT * g->maxT;
-    int half = g->b.t != DT_F32;
+    size_t att = f * g->maxB * g->c.n_head * g->maxT * g->maxT, h16 = g->b.t != DT_F32 ? 2 * BT * 4 * C : 0;
     dt_dev_blocks_take(&g->b, (int)BT);
-    g->x32 = half ? dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C) : NULL;
-    g->dout16 = half ? dt_dev_take(a, DT_DEV_WORK, 2 * BT * 4 * C) : NULL;
+    // the backward's scratch first: x32 is dfchg (the backward's, free in the forward), dout16 datt's room
+    // (the attention's backward's, free in the linears' backward)
+    g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+    g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+    g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+    g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * C);
+    g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
+    g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
+    g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
+    g->x32 = h16 ? g->dfchg : NULL;
+    g->dout16 = h16 ? g->datt : NULL;
     g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(g->c.n_layer + 1));
     for (int l = 0; l < g->c.n_layer; l++) {
         layer_acts *s = &g->la[l];
@@ -72,7 +81,7 @@ static void gpt_take(dt_dev_gpt *g) {
         s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * C);
         s->atty = kept(g, &s->atty16, BT * C);
-        s->att = dt_dev_take(a, DT_DEV_ACTS, f * att);
+        s->att = dt_dev_take(a, DT_DEV_ACTS, att);
         s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
         s->ln2 = kept(g, &s->ln2_16, BT * C);
         s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
@@ -87,13 +96,6 @@ static void gpt_take(dt_dev_gpt *g) {
     g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
     g->inputs = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
     g->targets = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
-    g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-    g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-    g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-    g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * C);
-    g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
-    g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
-    g->datt = dt_dev_take(a, DT_DEV_WORK, f * att);
 }
 
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,

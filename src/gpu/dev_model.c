@@ -168,8 +168,11 @@ static void mlp_take(dt_dev_mlp *dm) {
         const dt_model_layer_plan *l = &dm->L[i];
         size_t o = sizeof(float) * mb * l->out, k = keep_bytes(l, mb, half ? 2 : sizeof(float), &r, &c);
         int linear = l->spec.kind == DT_LAYER_LINEAR;
-        dm->act[i] = dt_dev_take(a, DT_DEV_ACTS, o);
+        int to_linear = i + 1 < dm->nl && dm->L[i + 1].spec.kind == DT_LAYER_LINEAR;
         dm->dact[i] = dt_dev_take(a, DT_DEV_ACTS, o);
+        // (an output only the next linear reads: in 16 bits made in its gradient's room, unused until the
+        // backward, and kept in the linear's in16, as nn/model.c's plan_half)
+        dm->act[i] = half && to_linear ? dm->dact[i] : dt_dev_take(a, DT_DEV_ACTS, o);
         dm->keep[i] = k ? dt_dev_take(a, DT_DEV_ACTS, k) : NULL;
         dm->in16[i] = half && linear ? dt_dev_take(a, DT_DEV_ACTS, 2 * mb * l->in) : NULL;
         size_t gn = linear ? mb * l->out : r;  // (a convolution's rows: its output gradient)

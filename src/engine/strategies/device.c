@@ -85,11 +85,16 @@ static dt_status dev_init(dt_strategy *s) {
     double g[DT_DEV_KINDS];
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
+    char half[160] = "";
+    if (b->t != DT_F32)
+        snprintf(half, sizeof half, "; GEMMs on %s operands with fp32 sums (the weights hold the parameters' %s copy, "
+                 "%.1f MiB)", b->t == DT_BF16 ? "bf16" : "fp16", b->t == DT_BF16 ? "bf16" : "fp16",
+                 (double)b->n * 2 / 1048576.0);
     if (s->rank == 0)
         dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
-               "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory",
+               "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory%s",
                b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
-               k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0);
+               k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
     devs *d = (devs *)s;
     dt_status st = DT_OK;
     if (s->c->deterministic) {  // (outside the arena: the strategy's, 8 bytes a parameter)
@@ -223,7 +228,8 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddStringToObject(g, "device", s->c->device);
     cJSON_AddStringToObject(g, "implementation", b->d->name);
     cJSON_AddStringToObject(g, "name", what);
-    cJSON_AddBoolToObject(g, "tf32", s->c->tf32 && !strcmp(b->d->name, "cuda"));
+    cJSON_AddBoolToObject(g, "tf32", s->c->tf32 && !strcmp(b->d->name, "cuda") && b->t == DT_F32);
+    cJSON_AddStringToObject(g, "gemm_operands", b->t == DT_BF16 ? "bf16" : b->t == DT_F16 ? "fp16" : "fp32");
     cJSON_AddNumberToObject(g, "arena_bytes", (double)b->arena.size);
     for (int i = 0; i < DT_DEV_KINDS; i++) {
         char key[64];
