@@ -21,14 +21,16 @@
  *                   50257 padded to 50304, 257 padded to 260, 1000, 1),
  *                   forward and backward (accumulating), within 1e-5
  *                   relative (floors by op), padding never written.
- *                   The bf16 GEMM (the GEMM's cases, 1e-4). The GPT's
+ *                   The bf16 and fp16 GEMMs (the GEMM's cases, 1e-4). The GPT's
  *                   other ops: the embedding (repeated tokens, a
  *                   vocabulary-sized table), residual, ReLU, bias, the
- *                   sum of squares and the scale, bf16 conversions,
+ *                   sum of squares and the scale, bf16 and fp16 conversions,
  *                   deterministic mode's fixed point: the CPU's bits;
  *                   the communication stream (after the kernels, done); attention (T = 1, 37, 70, 257; head
  *                   sizes 1 to 512) within 1e-5 (normwise where sums
- *                   cancel), the upper triangles zeros; the linear layer
+ *                   cancel), the upper triangles zeros, and with its
+ *                   products in bf16 and fp16 against the CPU's in that
+ *                   precision (1e-2, 2e-3 normwise); the linear layer
  *                   with and without bias and with GELU (cuBLASLt's
  *                   epilogues, or the plain path) within 1e-5 of each
  *                   element's sum of |terms| (1e-3 for cuBLASLt's GELU).
@@ -73,12 +75,18 @@ static void test_refusals(void) {
     else  // (a GPU: every op of the MLP's device step is in the cuda table)
         CHECK(st == DT_OK, "a GPU: device = cuda taken: %s", dt_last_error());
     if (strncmp(dt_gpu_build(), "CUDA ", 5) == 0) {  // a CUDA build (refused before any device call)
-        st = dt_gpu_attention_forward(NULL, NULL, NULL, 1, 1, 1026, 2);
+        st = dt_gpu_attention_forward(NULL, NULL, NULL, 1, 1, 1026, 2, DT_F32);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "head size 513 (C 1026 / NH 2) is past the kernel's 512"),
               "GPU attention: a head past 512 refused: %s", dt_last_error());
-        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5);
+        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5, DT_F32);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "NH must divide C"), "GPU attention: NH 5 of C 96 refused: %s",
               dt_last_error());
+        st = dt_gpu_attention_forward(NULL, NULL, NULL, 1, 1, 96, 2, DT_I64);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "products in type I64 (F32, BF16 or F16 only)"),
+              "GPU attention: products in int64 refused: %s", dt_last_error());
+        st = dt_gpu_gemm16(DT_F32, 0, 0, 1, 1, 1, 1.0f, NULL, 1, NULL, 1, 0.0f, NULL, 1);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "16-bit GEMM: operands of type F32 (BF16 or F16 only)"),
+              "GPU 16-bit GEMM: fp32 operands refused: %s", dt_last_error());
     }
     const char *far[] = {"train.device=cuda:63"};
     CHECK(dt_config_load(&c, "configs/fashion-mlp.ini", far, 1) == DT_OK && dt_train_check_device(&c) == DT_ERR_CONFIG &&
@@ -183,12 +191,12 @@ static float *upload_at(const float *h, size_t n, int off) {
 
 static float *upload(const float *h, size_t n) { return upload_at(h, n, 0); }
 
-// n floats to the device as bf16 (dt_from_f32), after `off` zeros (the
-// pointer to free: the returned one minus off); NULL on failure.
-static uint16_t *upload_bf16_at(const float *h, size_t n, int off) {
+// n floats to the device as t's 16-bit values (dt_from_f32), after `off`
+// zeros (the pointer to free: the returned one minus off); NULL on failure.
+static uint16_t *upload16_at(const float *h, size_t n, int off, dt_dtype t) {
     void *d = NULL;
     uint16_t *z = calloc(n + off + 1, sizeof(uint16_t));
-    dt_from_f32(z + off, h, n, DT_BF16);
+    dt_from_f32(z + off, h, n, t);
     dt_status st = dt_gpu_alloc(&d, sizeof(uint16_t) * (n + off + 1));
     if (st == DT_OK) st = dt_gpu_to_device(d, z, sizeof(uint16_t) * (n + off + 1));
     free(z);
@@ -200,25 +208,25 @@ static uint16_t *upload_bf16_at(const float *h, size_t n, int off) {
 // |difference| of an element over its sum of |products| (and |beta c|), a
 // bound of the rounding error of any order of the sums; INFINITY if the GPU
 // failed. off: each operand `off` elements into its block (off 1: aligned
-// to 4 bytes only, 2 for bf16). bf16: dt_gpu_gemm_bf16 on the operands
-// rounded to bf16, against dt_sgemm on the same rounded values (their
-// products exact in fp32).
-static double gemm_case(int ta, int tb, int M, int N, int K, int pad, float beta, int off, int bf16) {
+// to 4 bytes only, 2 for 16 bits). t DT_BF16 or DT_F16: dt_gpu_gemm16 on
+// the operands rounded to t, against dt_sgemm on the same rounded values
+// (their products exact in fp32); DT_F32: dt_gpu_sgemm.
+static double gemm_case(int ta, int tb, int M, int N, int K, int pad, float beta, int off, dt_dtype t) {
+    int h16 = t != DT_F32;
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
     float *A = malloc(sizeof(float) * (na + nb + 3 * nc)), *B = A + na, *C = B + nb, *Cc = C + nc, *G = Cc + nc;
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(M * 131 + N * 7 + K);
     for (size_t i = 0; i < na + nb + nc; i++) A[i] = draw(&x);  // (the padding too: initcheck)
-    if (bf16) dt_round_f32(A, A, na + nb, DT_BF16);
+    if (h16) dt_round_f32(A, A, na + nb, t);
     memcpy(Cc, C, sizeof(float) * nc);
     float *dA = NULL, *dB = NULL, *dC = upload_at(C, nc, off);
     uint16_t *hA = NULL, *hB = NULL;
-    if (bf16) hA = upload_bf16_at(A, na, off), hB = upload_bf16_at(B, nb, off);
+    if (h16) hA = upload16_at(A, na, off, t), hB = upload16_at(B, nb, off, t);
     else dA = upload_at(A, na, off), dB = upload_at(B, nb, off);
-    dt_status st = (bf16 ? hA && hB : dA && dB) && dC ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK)
-        st = bf16 ? dt_gpu_gemm_bf16(ta, tb, M, N, K, 1.0f, hA, lda, hB, ldb, beta, dC, ldc)
-                  : dt_gpu_sgemm(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, beta, dC, ldc);
+    dt_status st = (h16 ? hA && hB : dA && dB) && dC ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK && h16) st = dt_gpu_gemm16(t, ta, tb, M, N, K, 1.0f, hA, lda, hB, ldb, beta, dC, ldc);
+    else if (st == DT_OK) st = dt_gpu_sgemm(ta, tb, M, N, K, 1.0f, dA, lda, dB, ldb, beta, dC, ldc);
     if (st == DT_OK) st = dt_gpu_to_host(G, dC, sizeof(float) * nc);
     if (st != DT_OK) printf("GPU: %s\n", dt_last_error());
     // (K = 0: C = beta C by BLAS's definition, which the GPU follows; oneDNN's
@@ -252,8 +260,9 @@ static void test_gemm(void) {
     // x 65 rows, C = 96, 3C, 4C, a vocabulary of 509); strided; K = 0.
     const int shapes[][4] = {{1, 1, 1, 0}, {7, 5, 3, 0}, {3, 130, 17, 5}, {130, 288, 96, 0},
                              {130, 96, 384, 3}, {130, 509, 96, 1}, {255, 257, 33, 0}, {5, 7, 0, 2}};
-    const char *names[] = {"sgemm", "sgemm tf32", "bf16 GEMM"};
-    for (int prec = 0; prec < 3; prec++) {  // fp32, TF32, bf16 operands
+    const char *names[] = {"sgemm", "sgemm tf32", "bf16 GEMM", "fp16 GEMM"};
+    const dt_dtype types[] = {DT_F32, DT_F32, DT_BF16, DT_F16};
+    for (int prec = 0; prec < 4; prec++) {  // fp32, TF32, bf16 and fp16 operands
         dt_gpu_set_tf32(prec == 1);
         double tol = prec == 0 ? 1e-5 : prec == 1 ? 4e-3 : 1e-4;
         for (int ta = 0; ta < 2; ta++)
@@ -262,7 +271,7 @@ static void test_gemm(void) {
                     for (int b = 0; b < 2; b++) {
                         const int *h = shapes[s];
                         int off = (int)(s + b) % 3 == 2;  // some operands aligned to 4 bytes (bf16: 2) only
-                        double d = gemm_case(ta, tb, h[0], h[1], h[2], h[3], (float)b, off, prec == 2);
+                        double d = gemm_case(ta, tb, h[0], h[1], h[2], h[3], (float)b, off, types[prec]);
                         CHECK(d >= 0 && d <= tol, "%s ta %d tb %d M %d N %d K %d pad %d beta %d offset %d: GPU "
                               "against dt_sgemm, max |diff| / sum |products| %.3g (<= %g)", names[prec], ta,
                               tb, h[0], h[1], h[2], h[3], b, off, d, tol);
@@ -506,32 +515,42 @@ static int upper_zero(const float *d, size_t BH, int T) {
 
 // Attention forward and backward: out and dqkv normwise within 1e-5, the
 // probabilities each within 1e-5 relative, datt normwise; the upper
-// triangles zeros.
-static void test_attention(int B, int T, int C, int NH) {
+// triangles zeros. Products in t: against the CPU's attention in t (its
+// GEMMs' precision), out, dqkv and datt normwise within 1e-2 (bf16) or
+// 2e-3 (fp16): the same rounded operands, but a sum made in another order
+// may move a probability or a gradient across a 16-bit rounding boundary,
+// an ulp (2^-8, 2^-11) of one factor.
+static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
+    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
+    const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : "";
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     float *qkv = randoms(n3, 2, 41), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *dout = randoms(n, 1, 44);
     float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46);
     float *gq = upload(qkv, n3), *gout = upload(out, n), *gatt = upload(att, na), *gdout = upload(dout, n);
     float *gdq = upload(dqkv, n3), *gdatt = upload(datt, na);
     dt_status st = gq && gout && gatt && gdout && gdq && gdatt ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, B, T, C, NH);
+    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, B, T, C, NH, t);
+    dt_kernels_set_precision(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     double dy = st == DT_OK ? against_norm(out, gout, n) : INFINITY;
     double dp = st == DT_OK ? against(att, gatt, na, 1e-30) : INFINITY;
     int z = st == DT_OK && upper_zero(gatt, (size_t)B * NH, T);
-    CHECK(dy <= 1e-5 && dp <= 1e-5 && z, "attention forward B %d T %d C %d NH %d: out %.3g (normwise), att %.3g (<= "
-          "1e-5), right of the diagonal %s%s%s", B, T, C, NH, dy, dp, z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
+    CHECK(dy <= tol && dp <= 1e-5 && z, "attention%s forward B %d T %d C %d NH %d: out %.3g (normwise, <= %g), att "
+          "%.3g (<= 1e-5), right of the diagonal %s%s%s", tn, B, T, C, NH, dy, tol, dp, z ? "zeros" : "NOT ZEROS",
+          GPU_ERR(st));
     // The backward on the CPU's probabilities on both sides.
     if (st == DT_OK) st = dt_gpu_to_device(gatt, att, sizeof(float) * na);
-    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, B, T, C, NH);
+    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, B, T, C, NH, t);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    dt_kernels_set_precision(DT_F32);
     for (size_t i = 0; i < na; i++)  // (the CPU leaves part of its scratch right of the diagonal as it was)
         if (i % T > i / T % T) datt[i] = 0.0f;
     double dq = st == DT_OK ? against_norm(dqkv, gdq, n3) : INFINITY;
     double dd = st == DT_OK ? against_norm(datt, gdatt, na) : INFINITY;
     z = st == DT_OK && upper_zero(gdatt, (size_t)B * NH, T);
-    CHECK(dq <= 1e-5 && dd <= 1e-5 && z, "attention backward B %d T %d C %d NH %d: dqkv %.3g, datt %.3g (normwise, <= "
-          "1e-5), datt right of the diagonal %s%s%s", B, T, C, NH, dq, dd, z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
+    CHECK(dq <= tol && dd <= tol && z, "attention%s backward B %d T %d C %d NH %d: dqkv %.3g, datt %.3g (normwise, <= "
+          "%g), datt right of the diagonal %s%s%s", tn, B, T, C, NH, dq, dd, tol, z ? "zeros" : "NOT ZEROS",
+          GPU_ERR(st));
     float *hs[] = {qkv, out, att, dout, dqkv, datt}, *gs[] = {gq, gout, gatt, gdout, gdq, gdatt};
     for (int i = 0; i < 6; i++) free(hs[i]), dt_gpu_free(gs[i]);
 }
@@ -696,33 +715,48 @@ static void test_stream(void) {
     dt_gpu_free(gx);
 }
 
-// fp32 <-> bf16 on the device: dt_from_f32 / dt_to_f32's bits, on every
-// kind of value (ties, NaNs with payloads, infinities, subnormals, the
-// largest, -0) and random ones.
-static void test_bf16_convert(void) {
+// fp32 <-> bf16 and fp16 on the device: dt_from_f32 / dt_to_f32's bits (an
+// fp16 NaN's payload aside: CUDA's conversions make one NaN, the CPU's keep
+// the payload's top), on every kind of value (ties, NaNs with payloads,
+// infinities, subnormals, the largest, -0, fp16's overflow and subnormal
+// ties) and random ones.
+static int is_nan16(uint16_t h, dt_dtype t) {
+    return t == DT_BF16 ? (h & 0x7fffu) > 0x7f80u : (h & 0x7fffu) > 0x7c00u;
+}
+
+static void test_convert(dt_dtype t) {
     const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x7f7fffffu,
                                 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
-                                0x7fbfffffu, 0x00000001u, 0x807fffffu, 0x00400000u, 0x7f7f8000u, 0x3f7fffffu};
+                                0x7fbfffffu, 0x00000001u, 0x807fffffu, 0x00400000u, 0x7f7f8000u, 0x3f7fffffu,
+                                0x477fe000u, 0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u, 0x387fc000u,
+                                0x3f801000u, 0x3f803000u};
     size_t ns = sizeof special / sizeof *special, n = 100003 + ns;
-    float *x = randoms(n, 1e4f, 91), *back = malloc(sizeof(float) * n);
+    const char *tn = t == DT_BF16 ? "bf16" : "fp16";
+    float *x = randoms(n, t == DT_BF16 ? 1e4f : 1e3f, 91), *back = malloc(sizeof(float) * n);
     memcpy(x, special, sizeof special);
     uint16_t *h = malloc(sizeof(uint16_t) * n), *g = malloc(sizeof(uint16_t) * n);
-    dt_from_f32(h, x, n, DT_BF16);
-    dt_to_f32(back, h, n, DT_BF16);
+    float *gbf = malloc(sizeof(float) * n);
+    dt_from_f32(h, x, n, t);
+    dt_to_f32(back, h, n, t);
     float *gx = upload(x, n), *gback = upload(back, n);
-    void *gh = NULL;
+    void *gh = NULL, *gb16 = NULL;
     dt_status st = gx && gback ? dt_gpu_alloc(&gh, sizeof(uint16_t) * n) : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_from_f32(gh, gx, n, DT_BF16);
+    if (st == DT_OK) st = dt_gpu_alloc(&gb16, sizeof(uint16_t) * n);
+    if (st == DT_OK) st = dt_gpu_from_f32(gh, gx, n, t);
     if (st == DT_OK) st = dt_gpu_to_host(g, gh, sizeof(uint16_t) * n);
-    if (st == DT_OK) st = dt_gpu_to_f32(gback, gh, n, DT_BF16);
-    size_t bh = st == DT_OK ? 0 : SIZE_MAX;
-    for (size_t i = 0; i < n && st == DT_OK; i++) bh += h[i] != g[i];
-    size_t bb = st == DT_OK ? differ(back, gback, n) : SIZE_MAX;
-    CHECK(bh == 0 && bb == 0, "bf16 conversions, %zu values (%zu special): to bf16 %zu differ, back %zu differ (0)%s%s",
-          n, ns, bh, bb, GPU_ERR(st));
-    CHECK(dt_gpu_from_f32(gh, gx, 1, DT_F16) == DT_ERR_ARG && strstr(dt_last_error(), "bf16 only"),
-          "fp16 refused on the GPU: %s", dt_last_error());
-    free(x), free(back), free(h), free(g), dt_gpu_free(gx), dt_gpu_free(gback), dt_gpu_free(gh);
+    if (st == DT_OK) st = dt_gpu_to_device(gb16, h, sizeof(uint16_t) * n);  // (the CPU's values widened)
+    if (st == DT_OK) st = dt_gpu_to_f32(gback, gb16, n, t);
+    if (st == DT_OK) st = dt_gpu_to_host(gbf, gback, sizeof(float) * n);
+    size_t bh = st == DT_OK ? 0 : SIZE_MAX, bb = 0;
+    for (size_t i = 0; i < n && st == DT_OK; i++) bh += h[i] != g[i] && !(is_nan16(h[i], t) && is_nan16(g[i], t));
+    for (size_t i = 0; i < n && st == DT_OK; i++)
+        bb += memcmp(&back[i], &gbf[i], 4) && !(isnan(back[i]) && isnan(gbf[i]));
+    CHECK(st == DT_OK && bh == 0 && bb == 0, "%s conversions, %zu values (%zu special): to %s %zu differ, back %zu "
+          "differ (0)%s%s", tn, n, ns, tn, bh, bb, GPU_ERR(st));
+    CHECK(dt_gpu_from_f32(gh, gx, 1, DT_F32) == DT_ERR_ARG && strstr(dt_last_error(), "type F32 is not a 16-bit float"),
+          "fp32 refused as a 16-bit type: %s", dt_last_error());
+    free(x), free(back), free(h), free(g), free(gbf);
+    dt_gpu_free(gx), dt_gpu_free(gback), dt_gpu_free(gh), dt_gpu_free(gb16);
 }
 
 static void test_gpt_ops(void) {
@@ -735,7 +769,13 @@ static void test_gpt_ops(void) {
     // (B, T, C, NH): T not a multiple of 32, past a block's 256 threads and
     // the CPU's 64-row blocks; T = 1; head sizes 1, 18, 32, 64, 512.
     const int att[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 70, 72, 4}, {1, 257, 128, 2}, {2, 5, 1024, 2}, {1, 33, 5, 5}};
-    for (size_t i = 0; i < sizeof att / sizeof *att; i++) test_attention(att[i][0], att[i][1], att[i][2], att[i][3]);
+    for (size_t i = 0; i < sizeof att / sizeof *att; i++)
+        test_attention(att[i][0], att[i][1], att[i][2], att[i][3], DT_F32);
+    for (int h = 0; h < 2; h++) {  // products in bf16 and fp16: T past the CPU's 64-row blocks, head sizes 5 to 64
+        test_attention(2, 37, 96, 3, h ? DT_F16 : DT_BF16);
+        test_attention(3, 70, 72, 4, h ? DT_F16 : DT_BF16);
+        test_attention(1, 33, 5, 1, h ? DT_F16 : DT_BF16);
+    }
     test_bias(74, 1), test_bias(37, 97), test_bias(3, 50257), test_bias(1, 768);
     // (B, C, OC): the epilogues' shapes (multiples of 8), odd ones (the plain
     // path), a vocabulary-wide one, one of each.
@@ -749,7 +789,8 @@ static void test_gpt_ops(void) {
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i]);
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_fixed(sq[i]);
     test_stream();
-    test_bf16_convert();
+    test_convert(DT_BF16);
+    test_convert(DT_F16);
 }
 
 // The CNN's ops against their host loops over cnn_hd.h's elements (the

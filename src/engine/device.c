@@ -20,10 +20,12 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
                                       "residual_forward", "residual_backward", "gelu_forward", "gelu_backward",
                                       "bias_forward", "bias_backward", "crossentropy_forward",
                                       "crossentropy_backward", "sumsq", NULL};
+// ... and in bf16 or fp16 (the GEMMs on 16-bit operands).
+static const char *const half_ops[] = {"gemm16", "to16", NULL};
 
-// What trains on a device: data parallel (plain or deterministic), fp32, a
-// GPT or a sequential model (dense, convolution, pooling and dropout
-// layers); the rest refused by name.
+// What trains on a device: data parallel (plain or deterministic), in fp32,
+// bf16 or fp16, a GPT or a sequential model (dense, convolution, pooling
+// and dropout layers); the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
@@ -34,13 +36,12 @@ static dt_status supported(const dt_config *c) {
                      : c->grad_dtype     ? "[parallel] grad_dtype = bf16"
                      : c->offload        ? "[parallel] offload"
                      : c->dynamic_batch  ? "[train] dynamic_batch"
-                     : c->precision != DT_F32 ? "[train] precision other than fp32"
                      : c->recompute      ? "[train] recompute"
                      : c->gpt && c->arch == DT_ARCH_LLAMA ? "[model] arch = llama"
                                                           : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
-                        "plain or deterministic, in fp32, a GPT or a sequential model; docs/gpu.md)", c->device, no);
+                        "plain or deterministic, a GPT or a sequential model; docs/gpu.md)", c->device, no);
     return DT_OK;
 }
 
@@ -59,7 +60,8 @@ dt_status dt_train_check_device(const dt_config *c) {
     d->describe(want, what, sizeof what);
     char who[400];
     snprintf(who, sizeof who, "[train] device = %s (%s)", c->device, what);
-    return dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
+    st = dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
+    return st == DT_OK && c->precision != DT_F32 ? dt_dev_require(d, half_ops, who) : st;
 }
 
 dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, char *shared, size_t n) {

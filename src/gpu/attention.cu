@@ -1,6 +1,9 @@
-/* Causal multi-head attention on the GPU, fp32, the CPU's layout and
- * contract (nn/attention.c, dtrain/gpt.h): qkv [B,T,3C], out [B,T,C], att
- * [B,NH,T,T] the probabilities, zeros right of the diagonal.
+/* Causal multi-head attention on the GPU, the CPU's layout and contract
+ * (nn/attention.c, dtrain/gpt.h): qkv [B,T,3C], out [B,T,C], att
+ * [B,NH,T,T] the probabilities, zeros right of the diagonal. Its products
+ * in fp32, or, as the CPU's GEMMs in bf16 or fp16, with both factors
+ * rounded to that type first (R below: the kernels' template parameter);
+ * sums, softmax and results fp32.
  *
  * Kept simple (correct first; fast later): one block of DT_THREADS a row
  * (b, h, t). A row's scores: a warp a position, its lanes over the head's
@@ -13,13 +16,24 @@
  * the same bits every run. Each element's arithmetic nn/rows.h's (the
  * CPU's). Indices 64-bit (B NH T T may pass 2^31). Nothing here has run on
  * a GPU yet (docs/gpu.md). */
+#include "core/bf16.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 #include "nn/rows.h"
 
+#include <cuda_fp16.h>
 #include <float.h>
 #include <math.h>
+
+// A product's factor in the products' precision R: 0 fp32 (as it is), 1
+// bf16, 2 fp16 (rounded to nearest even, the CPU's dt_round_f32).
+enum { R32, RBF16, RF16 };
+template <int R> __device__ static float rnd(float x) {
+    if (R == RBF16) return dt_bf16_to_f32(dt_f32_to_bf16(x));
+    if (R == RF16) return __half2float(__float2half_rn(x));
+    return x;
+}
 
 // The sum of v over the warp's lanes, every lane the same bits (a
 // butterfly: each step adds the same two values on both sides).
@@ -47,13 +61,14 @@ template <bool MAX> __device__ static float block_reduce(float v, float *sh) {
 // one head's keys or values), by partial rows part[DT_ATT_PARTS][hs] added
 // in order. Every thread of the block calls it; p is in global memory,
 // written before by this block and synchronised.
+template <int R>
 __device__ static void weighted_sum(float *y, const float *p, const float *x, size_t t, int hs, int C, float *part) {
     int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int d = lane; d < hs; d += 32) part[w * hs + d] = 0.0f;
     for (size_t j = w; j <= t; j += DT_ATT_PARTS) {
-        float pj = p[j];
+        float pj = rnd<R>(p[j]);
         const float *xj = x + j * 3 * (size_t)C;
-        for (int d = lane; d < hs; d += 32) part[w * hs + d] += pj * xj[d];
+        for (int d = lane; d < hs; d += 32) part[w * hs + d] += pj * rnd<R>(xj[d]);
     }
     __syncthreads();
     for (int d = threadIdx.x; d < hs; d += DT_THREADS) {
@@ -64,13 +79,15 @@ __device__ static void weighted_sum(float *y, const float *p, const float *x, si
     __syncthreads();
 }
 
-// row[j] = scale (a . x_j) for j <= t, zeros after (to T); a in shared memory.
+// row[j] = scale (a . x_j) for j <= t, zeros after (to T); a in shared
+// memory, already in R.
+template <int R>
 __device__ static void dots(float *row, const float *a, const float *x, size_t t, int T, int hs, int C, float scale) {
     int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (size_t j = w; j <= t; j += DT_ATT_PARTS) {
         const float *xj = x + j * 3 * (size_t)C;
         float s = 0.0f;
-        for (int d = lane; d < hs; d += 32) s += a[d] * xj[d];
+        for (int d = lane; d < hs; d += 32) s += a[d] * rnd<R>(xj[d]);
         s = warp_sum(s);
         if (lane == 0) row[j] = s * scale;
     }
@@ -78,6 +95,7 @@ __device__ static void dots(float *row, const float *a, const float *x, size_t t
     __syncthreads();
 }
 
+template <int R>
 __global__ static void __launch_bounds__(DT_THREADS)
     att_forward_kernel(float *out, float *att, const float *qkv, size_t rows, int T, int C, int NH) {
     extern __shared__ float sm[];  // q [hs], partial rows [DT_ATT_PARTS][hs]
@@ -88,9 +106,9 @@ __global__ static void __launch_bounds__(DT_THREADS)
         dt_att_row a = dt_att_row_of(r, T, C, NH);
         const float *k = qkv + (a.qkv - a.t * 3 * (size_t)C) + C, *v = k + C;  // (position 0's)
         float *p = att + a.att;
-        for (int d = threadIdx.x; d < hs; d += DT_THREADS) q[d] = qkv[a.qkv + d];
+        for (int d = threadIdx.x; d < hs; d += DT_THREADS) q[d] = rnd<R>(qkv[a.qkv + d]);
         __syncthreads();
-        dots(p, q, k, a.t, T, hs, C, scale);
+        dots<R>(p, q, k, a.t, T, hs, C, scale);
         float mx = -FLT_MAX;
         for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) mx = p[j] > mx ? p[j] : mx;
         mx = block_reduce<true>(mx, red);
@@ -105,12 +123,13 @@ __global__ static void __launch_bounds__(DT_THREADS)
         __syncthreads();
         float *y = out + a.out;
         for (int d = threadIdx.x; d < hs; d += DT_THREADS) y[d] = 0.0f;
-        weighted_sum(y, p, v, a.t, hs, C, part);  // (its first sync orders the zeros before the adds)
+        weighted_sum<R>(y, p, v, a.t, hs, C, part);  // (its first sync orders the zeros before the adds)
     }
 }
 
 // The row pass: dA[j] = dy . v_j, the softmax's gradient dS[j] = A[j] (dA[j]
 // - sum_j dA A) scale into datt (zeros after t), dq += sum_j dS[j] k_j.
+template <int R>
 __global__ static void __launch_bounds__(DT_THREADS)
     att_backward_rows_kernel(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                              size_t rows, int T, int C, int NH) {
@@ -122,21 +141,22 @@ __global__ static void __launch_bounds__(DT_THREADS)
         dt_att_row a = dt_att_row_of(r, T, C, NH);
         const float *k = qkv + (a.qkv - a.t * 3 * (size_t)C) + C, *v = k + C, *A = att + a.att;
         float *D = datt + a.att;
-        for (int d = threadIdx.x; d < hs; d += DT_THREADS) dy[d] = dout[a.out + d];
+        for (int d = threadIdx.x; d < hs; d += DT_THREADS) dy[d] = rnd<R>(dout[a.out + d]);
         __syncthreads();
-        dots(D, dy, v, a.t, T, hs, C, 1.0f);
+        dots<R>(D, dy, v, a.t, T, hs, C, 1.0f);
         float s = 0.0f;
         for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) s += D[j] * A[j];
         s = block_reduce<false>(s, red);
         for (size_t j = threadIdx.x; j <= a.t; j += DT_THREADS) D[j] = dt_att_grad(A[j], D[j], s, scale);
         __syncthreads();
-        weighted_sum(dqkv + a.qkv, D, k, a.t, hs, C, part);
+        weighted_sum<R>(dqkv + a.qkv, D, k, a.t, hs, C, part);
     }
 }
 
 // The column pass, a block a key position j of (b, h): dk_j += sum over t
 // >= j of dS[t, j] q_t, dv_j += sum of A[t, j] dy_t; warp w takes the rows
 // j + w, j + w + DT_ATT_PARTS, ... into partial rows, added in order.
+template <int R>
 __global__ static void __launch_bounds__(DT_THREADS)
     att_backward_cols_kernel(float *dqkv, const float *datt, const float *dout, const float *qkv, const float *att,
                              size_t rows, int T, int C, int NH) {
@@ -150,11 +170,11 @@ __global__ static void __launch_bounds__(DT_THREADS)
         const float *A0 = att + (r - j) * T + j, *D0 = datt + (r - j) * T + j;
         for (int d = lane; d < hs; d += 32) pk[w * hs + d] = 0.0f, pv[w * hs + d] = 0.0f;
         for (size_t t = j + w; t < (size_t)T; t += DT_ATT_PARTS) {
-            float ds = D0[t * T], p = A0[t * T];
+            float ds = rnd<R>(D0[t * T]), p = rnd<R>(A0[t * T]);
             const float *qt = q0 + t * 3 * (size_t)C, *dyt = dy0 + t * (size_t)C;
             for (int d = lane; d < hs; d += 32) {
-                pk[w * hs + d] += ds * qt[d];
-                pv[w * hs + d] += p * dyt[d];
+                pk[w * hs + d] += ds * rnd<R>(qt[d]);
+                pv[w * hs + d] += p * rnd<R>(dyt[d]);
             }
         }
         __syncthreads();
@@ -169,35 +189,53 @@ __global__ static void __launch_bounds__(DT_THREADS)
     }
 }
 
-static dt_status att_check(const char *what, int B, int T, int C, int NH) {
+static dt_status att_check(const char *what, int B, int T, int C, int NH, dt_dtype t) {
     if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
         return dt_error(DT_ERR_ARG, "GPU attention %s: B %d, T %d, C %d, NH %d (NH must divide C)", what, B, T, C, NH);
     if (C / NH > DT_ATT_MAX_HS)
         return dt_error(DT_ERR_ARG, "GPU attention %s: head size %d (C %d / NH %d) is past the kernel's %d", what, C / NH,
                         C, NH, DT_ATT_MAX_HS);
+    if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU attention %s: products in type %s (F32, BF16 or F16 only)", what,
+                        dt_dtype_name(t));
     return DT_OK;
 }
 
-dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    dt_status st = att_check("forward", B, T, C, NH);
-    size_t rows = (size_t)B * NH * T;
-    if (st != DT_OK || rows == 0) return st;
+template <int R>
+static dt_status att_forward(float *out, float *att, const float *qkv, size_t rows, int T, int C, int NH) {
     size_t smem = dt_att_smem(C / NH, 1 + DT_ATT_PARTS);
-    att_forward_kernel<<<dt_launch_rows(rows), DT_THREADS, smem>>>(out, att, qkv, rows, T, C, NH);
+    att_forward_kernel<R><<<dt_launch_rows(rows), DT_THREADS, smem>>>(out, att, qkv, rows, T, C, NH);
     DT_LAUNCHED(att_forward_kernel);
     return DT_OK;
 }
 
-dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH) {
-    dt_status st = att_check("backward", B, T, C, NH);
-    size_t rows = (size_t)B * NH * T;
-    if (st != DT_OK || rows == 0) return st;
-    att_backward_rows_kernel<<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, 1 + DT_ATT_PARTS)>>>(
+template <int R>
+static dt_status att_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                              size_t rows, int T, int C, int NH) {
+    att_backward_rows_kernel<R><<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, 1 + DT_ATT_PARTS)>>>(
         dqkv, datt, dout, qkv, att, rows, T, C, NH);
     DT_LAUNCHED(att_backward_rows_kernel);
-    att_backward_cols_kernel<<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, 2 * DT_ATT_PARTS)>>>(
+    att_backward_cols_kernel<R><<<dt_launch_rows(rows), DT_THREADS, dt_att_smem(C / NH, 2 * DT_ATT_PARTS)>>>(
         dqkv, datt, dout, qkv, att, rows, T, C, NH);
     DT_LAUNCHED(att_backward_cols_kernel);
     return DT_OK;
+}
+
+dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
+    dt_status st = att_check("forward", B, T, C, NH, t);
+    size_t rows = (size_t)B * NH * T;
+    if (st != DT_OK || rows == 0) return st;
+    return t == DT_BF16 ? att_forward<RBF16>(out, att, qkv, rows, T, C, NH)
+           : t == DT_F16 ? att_forward<RF16>(out, att, qkv, rows, T, C, NH)
+                         : att_forward<R32>(out, att, qkv, rows, T, C, NH);
+}
+
+dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                                    int B, int T, int C, int NH, dt_dtype t) {
+    dt_status st = att_check("backward", B, T, C, NH, t);
+    size_t rows = (size_t)B * NH * T;
+    if (st != DT_OK || rows == 0) return st;
+    return t == DT_BF16 ? att_backward<RBF16>(dqkv, datt, dout, qkv, att, rows, T, C, NH)
+           : t == DT_F16 ? att_backward<RF16>(dqkv, datt, dout, qkv, att, rows, T, C, NH)
+                         : att_backward<R32>(dqkv, datt, dout, qkv, att, rows, T, C, NH);
 }

@@ -1,36 +1,58 @@
-/* fp32 <-> bf16 on the GPU (gpu.h): core/bf16.h's element, the CPU's bits. */
+/* fp32 <-> 16-bit floats on the GPU (gpu.h): bf16 by core/bf16.h's element,
+ * the CPU's bits; fp16 by CUDA's round-to-nearest-even conversions (IEEE
+ * binary16, as the CPU's: the same bits but for a NaN's payload). */
 #include "core/bf16.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 
-__global__ static void bf16_to_f32_kernel(float *dst, const uint16_t *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = dt_bf16_to_f32(src[i]);
+#include <cuda_fp16.h>
+
+template <bool BF16> __device__ static float widen(uint16_t h) {
+    return BF16 ? dt_bf16_to_f32(h) : __half2float(__ushort_as_half(h));
 }
 
-__global__ static void f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = dt_f32_to_bf16(src[i]);
+template <bool BF16> __device__ static uint16_t narrow(float f) {
+    return BF16 ? dt_f32_to_bf16(f) : __half_as_ushort(__float2half_rn(f));
 }
 
-static dt_status bf16_only(dt_dtype t) {
-    if (t == DT_BF16) return DT_OK;
-    return dt_error(DT_ERR_ARG, "GPU conversion: %s is not on the GPU yet (bf16 only)", dt_dtype_name(t));
+template <bool BF16> __global__ static void to_f32_kernel(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = widen<BF16>(src[i]);
+}
+
+template <bool BF16> __global__ static void from_f32_kernel(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = narrow<BF16>(src[i]);
+}
+
+static dt_status sixteen(dt_dtype t) {
+    if (t == DT_BF16 || t == DT_F16) return DT_OK;
+    return dt_error(DT_ERR_ARG, "GPU conversion: type %s is not a 16-bit float (BF16 or F16 only)", dt_dtype_name(t));
 }
 
 dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
-    dt_status st = bf16_only(t);
+    dt_status st = sixteen(t);
     if (st != DT_OK || n == 0) return st;
-    bf16_to_f32_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(dst, (const uint16_t *)src, n);
-    DT_LAUNCHED(bf16_to_f32_kernel);
+    if (t == DT_BF16) {
+        to_f32_kernel<true><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(dst, (const uint16_t *)src, n);
+        DT_LAUNCHED(to_f32_kernel<bf16>);
+    } else {
+        to_f32_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(dst, (const uint16_t *)src, n);
+        DT_LAUNCHED(to_f32_kernel<fp16>);
+    }
     return DT_OK;
 }
 
 dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
-    dt_status st = bf16_only(t);
+    dt_status st = sixteen(t);
     if (st != DT_OK || n == 0) return st;
-    f32_to_bf16_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>((uint16_t *)dst, src, n);
-    DT_LAUNCHED(f32_to_bf16_kernel);
+    if (t == DT_BF16) {
+        from_f32_kernel<true><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>((uint16_t *)dst, src, n);
+        DT_LAUNCHED(from_f32_kernel<bf16>);
+    } else {
+        from_f32_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>((uint16_t *)dst, src, n);
+        DT_LAUNCHED(from_f32_kernel<fp16>);
+    }
     return DT_OK;
 }

@@ -29,6 +29,8 @@ const dt_dev dt_dev_cuda = {
     .stream_after_compute = dt_gpu_stream_after_compute,
     .stream_query = dt_gpu_stream_query,
     .sgemm = dt_gpu_sgemm,
+    .gemm16 = dt_gpu_gemm16,
+    .to16 = dt_gpu_from_f32,
     .layernorm_forward = dt_gpu_layernorm_forward,
     .layernorm_backward = dt_gpu_layernorm_backward,
     .gelu_forward = dt_gpu_gelu_forward,
@@ -70,12 +72,12 @@ const dt_dev *dt_dev_get(void) {
 static const struct {
     const char *name;
     size_t off;
-} ops[] = {OP(sgemm), OP(layernorm_forward), OP(layernorm_backward), OP(gelu_forward), OP(gelu_backward),
-           OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd), OP(encoder_forward),
-           OP(encoder_backward), OP(residual_forward), OP(residual_backward), OP(attention_forward),
-           OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward), OP(bias_backward),
-           OP(sumsq), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward), OP(maxpool_backward),
-           OP(dropout_forward), OP(dropout_backward), OP(fixed_add), OP(fixed_to_float)};
+} ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(layernorm_forward), OP(layernorm_backward), OP(gelu_forward),
+           OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
+           OP(encoder_forward), OP(encoder_backward), OP(residual_forward), OP(residual_backward),
+           OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),
+           OP(bias_backward), OP(sumsq), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),
+           OP(maxpool_backward), OP(dropout_forward), OP(dropout_backward), OP(fixed_add), OP(fixed_to_float)};
 
 const char *dt_dev_lacks(const dt_dev *d, const char *const *names) {
     for (; *names; names++) {

@@ -61,8 +61,15 @@ typedef struct dt_dev {
      * Other ops wait meanwhile. */
     void (*host_open)(int on);
     /* ---- kernels (NULL: not in this dtrain yet) ---- */
+    /* sgemm: dt_sgemm in fp32. gemm16: the same on 16-bit operands of type
+     * t (DT_BF16 or DT_F16: the values to16 makes), fp32 sums and C, as
+     * dt_gemm16 (kernels.h). to16: dst[n] = src rounded to t (nearest
+     * even; dt_from_f32's bits). docs/gpu.md, "Mixed precision". */
     dt_status (*sgemm)(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc);
+    dt_status (*gemm16)(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, float *C, int ldc);
+    dt_status (*to16)(void *dst, const float *src, size_t n, dt_dtype t);
     dt_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps);
     dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
@@ -85,9 +92,11 @@ typedef struct dt_dev {
                                   int C);
     dt_status (*residual_forward)(float *out, const float *a, const float *b, size_t N);
     dt_status (*residual_backward)(float *da, float *db, const float *dout, size_t N);
-    dt_status (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+    /* The attention's products in precision t (DT_F32; DT_BF16, DT_F16:
+     * their operands rounded to t, fp32 sums, as the CPU's attention in t). */
+    dt_status (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
     dt_status (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH);
+                                    int B, int T, int C, int NH, dt_dtype t);
     dt_status (*relu_forward)(float *out, const float *inp, size_t N);
     dt_status (*relu_backward)(float *dinp, const float *dout, const float *inp, size_t N);
     dt_status (*bias_forward)(float *out, const float *b, size_t N, int OC);

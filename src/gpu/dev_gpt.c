@@ -1,7 +1,17 @@
 /* The GPT on the device (dev_model.h): nn/gpt.c's whole-model forward and
- * backward (one copy of the model, fp32, no recomputation), kernel for
- * kernel, over the same parameter and gradient blocks. A linear is the
- * bias written first and the GEMM adding onto it, as dt_linear_forward. */
+ * backward (one copy of the model, no recomputation), kernel for kernel,
+ * over the same parameter and gradient blocks. A linear is the bias
+ * written first and the GEMM adding onto it, as dt_linear_forward.
+ *
+ * In bf16 or fp16 the GEMMs and the attention's products take 16-bit
+ * operands, as the CPU's GPT in that precision: the four inputs of a
+ * layer's linears (ln1, the attention's output, ln2, the GELU's output) and
+ * the final layernorm's output are kept in 16 bits (nn/gpt.c keeps the
+ * four so too), each made in fp32 in one buffer (x32: the backward's
+ * dfchg, unused in the forward) and converted; the output gradients are
+ * converted into dout16 (the attention backward's scratch datt, unused by
+ * the linears' backward; the head's, [BT, V], into the probabilities'
+ * buffer, which the cross-entropy's backward has read by then). */
 #include "gpu/dev_model.h"
 
 #include <math.h>
@@ -17,8 +27,9 @@
 enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
        NPT };
 
-typedef struct {  // one layer's saved activations
+typedef struct {  // one layer's saved activations; in 16 bits ln1, atty, ln2, fchg are x32 and *16 are kept
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg;
+    void *ln1_16, *atty16, *ln2_16, *fchg16;
 } layer_acts;
 
 struct dt_dev_gpt {
@@ -30,48 +41,65 @@ struct dt_dev_gpt {
     float *resid;  // [L + 1, B, T, C]
     layer_acts *la;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
+    void *lnf16;
     int32_t *inputs, *targets;
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
+    float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, 4C]; dfchg's room)
+    void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, 4C]; datt's room)
 };
+
+// A kept activation: fp32 (per layer), or in 16 bits made in x32 and kept
+// in t.
+static float *kept(dt_dev_gpt *g, void **h, size_t n) {
+    dt_dev_arena *a = &g->b.arena;
+    if (g->b.t == DT_F32) return *h = NULL, dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * n);
+    *h = dt_dev_take(a, DT_DEV_ACTS, 2 * n);
+    return g->x32;
+}
 
 static void gpt_take(dt_dev_gpt *g) {
     dt_dev_arena *a = &g->b.arena;
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, V = (size_t)g->c.vocab_size, f = sizeof(float);
-    size_t att = (size_t)g->maxB * g->c.n_head * g->maxT * g->maxT;
+    size_t att = f * g->maxB * g->c.n_head * g->maxT * g->maxT, h16 = g->b.t != DT_F32 ? 2 * BT * 4 * C : 0;
     dt_dev_blocks_take(&g->b, (int)BT);
-    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(g->c.n_layer + 1));
-    for (int l = 0; l < g->c.n_layer; l++) {
-        layer_acts *s = &g->la[l];
-        s->ln1 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-        s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * C);
-        s->atty = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-        s->att = dt_dev_take(a, DT_DEV_ACTS, f * att);
-        s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-        s->ln2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-        s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->ln2_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->fch = dt_dev_take(a, DT_DEV_ACTS, f * BT * 4 * C);
-        s->fchg = dt_dev_take(a, DT_DEV_ACTS, f * BT * 4 * C);
-    }
-    g->lnf = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-    g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-    g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-    g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
-    g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
-    g->inputs = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
-    g->targets = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
+    // the backward's scratch first: x32 is dfchg (the backward's, free in the forward), dout16 datt's room
+    // (the attention's backward's, free in the linears' backward)
     g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
     g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
     g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
     g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * C);
     g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
     g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
-    g->datt = dt_dev_take(a, DT_DEV_WORK, f * att);
+    g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
+    g->x32 = h16 ? g->dfchg : NULL;
+    g->dout16 = h16 ? g->datt : NULL;
+    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(g->c.n_layer + 1));
+    for (int l = 0; l < g->c.n_layer; l++) {
+        layer_acts *s = &g->la[l];
+        s->ln1 = kept(g, &s->ln1_16, BT * C);
+        s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * C);
+        s->atty = kept(g, &s->atty16, BT * C);
+        s->att = dt_dev_take(a, DT_DEV_ACTS, att);
+        s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
+        s->ln2 = kept(g, &s->ln2_16, BT * C);
+        s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        s->ln2_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        s->fch = dt_dev_take(a, DT_DEV_ACTS, f * BT * 4 * C);
+        s->fchg = kept(g, &s->fchg16, BT * 4 * C);
+    }
+    g->lnf = kept(g, &g->lnf16, BT * C);
+    g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+    g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+    g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
+    g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
+    g->inputs = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
+    g->targets = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
 }
 
-dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates) {
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
+                            dt_dtype t) {
     dt_dev_gpt *g = calloc(1, sizeof *g);
     const dt_gpt_config *c = dt_gpt_get_config(m);
     layer_acts *la = calloc((size_t)c->n_layer, sizeof *la);
@@ -81,7 +109,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
         *out = NULL;
         return dt_error(DT_ERR_NOMEM, "out of memory");
     }
-    *g = (dt_dev_gpt){.b = {.d = d, .arena = {.d = d}, .n = dt_gpt_num_params(m), .nstates = nstates}, .c = *c,
+    *g = (dt_dev_gpt){.b = {.d = d, .arena = {.d = d}, .t = t, .n = dt_gpt_num_params(m), .nstates = nstates}, .c = *c,
                       .maxB = B, .maxT = T, .la = la};
     for (int i = 0; i < NPT; i++) g->off[i] = dt_gpt_tensor(m, i)->offset;
     *out = g;
@@ -106,44 +134,39 @@ void dt_dev_gpt_free(dt_dev_gpt *g) {
 
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g) { return &g->b; }
 
-// A tensor's layer l slice in block `blk` (params or grads): per-layer
-// tensors are [L, rows of `per` floats].
-static float *at(const dt_dev_gpt *g, float *blk, int i, int l, size_t per) { return blk + g->off[i] + l * per; }
+// A tensor's layer l slice: its offset in the blocks; per-layer tensors are
+// [L, rows of `per` floats].
+static size_t at(const dt_dev_gpt *g, int i, int l, size_t per) { return g->off[i] + l * per; }
 
-static dt_status linear_forward(const dt_dev *d, float *out, const float *inp, const float *w, const float *b, int N,
-                                int C, int OC) {
-    if (b) {
-        TRY(d->memset0(out, sizeof(float) * (size_t)N * OC));
-        TRY(d->bias_forward(out, b, (size_t)N, OC));
-    }
-    return d->sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, b ? 1.0f : 0.0f, out, OC);
-}
-
-// dt_linear_backward; din NULL: not computed; db NULL: no bias.
-static dt_status linear_backward(const dt_dev *d, float *din, float *dw, float *db, const float *dout,
-                                 const float *inp, const float *w, int N, int C, int OC) {
-    if (din) TRY(d->sgemm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, din, C));
-    TRY(d->sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C));
-    return db ? d->bias_backward(db, dout, (size_t)N, OC) : DT_OK;
+// x (fp32, [n]) as a GEMM's input: in 16 bits converted into the kept h.
+static dt_status input(dt_dev_gpt *g, dt_dev_x *in, const float *x, void *h, size_t n) {
+    *in = (dt_dev_x){x, h};
+    return g->b.t != DT_F32 ? g->b.d->to16(h, x, n, g->b.t) : DT_OK;
 }
 
 static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, float *out) {
     const dt_dev *d = g->b.d;
+    const dt_dev_blocks *b = &g->b;
     int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = 4 * C;
     size_t rC = (size_t)BT * C, uC = (size_t)C;
     layer_acts *s = &g->la[l];
     float *p = g->b.params;
-    TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, at(g, p, LN1W, l, uC), at(g, p, LN1B, l, uC),
-                             (size_t)BT, C, 1e-5f));
-    TRY(linear_forward(d, s->qkv, s->ln1, at(g, p, QKVW, l, 3 * uC * uC), at(g, p, QKVB, l, 3 * uC), BT, C, 3 * C));
-    TRY(d->attention_forward(s->atty, s->att, s->qkv, B, T, C, g->c.n_head));
-    TRY(linear_forward(d, s->res2, s->atty, at(g, p, ATTPROJW, l, uC * uC), at(g, p, ATTPROJB, l, uC), BT, C, C));
+    dt_dev_x in;
+    TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l, uC),
+                             p + at(g, LN1B, l, uC), (size_t)BT, C, 1e-5f));
+    TRY(input(g, &in, s->ln1, s->ln1_16, rC));
+    TRY(dt_dev_linear_forward(b, s->qkv, in, at(g, QKVW, l, 3 * uC * uC), p + at(g, QKVB, l, 3 * uC), BT, C, 3 * C));
+    TRY(d->attention_forward(s->atty, s->att, s->qkv, B, T, C, g->c.n_head, b->t));
+    TRY(input(g, &in, s->atty, s->atty16, rC));
+    TRY(dt_dev_linear_forward(b, s->res2, in, at(g, ATTPROJW, l, uC * uC), p + at(g, ATTPROJB, l, uC), BT, C, C));
     TRY(d->residual_forward(s->res2, residual, s->res2, rC));
-    TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, at(g, p, LN2W, l, uC), at(g, p, LN2B, l, uC),
-                             (size_t)BT, C, 1e-5f));
-    TRY(linear_forward(d, s->fch, s->ln2, at(g, p, FCW, l, 4 * uC * uC), at(g, p, FCB, l, 4 * uC), BT, C, F));
+    TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, p + at(g, LN2W, l, uC),
+                             p + at(g, LN2B, l, uC), (size_t)BT, C, 1e-5f));
+    TRY(input(g, &in, s->ln2, s->ln2_16, rC));
+    TRY(dt_dev_linear_forward(b, s->fch, in, at(g, FCW, l, 4 * uC * uC), p + at(g, FCB, l, 4 * uC), BT, C, F));
     TRY(d->gelu_forward(s->fchg, s->fch, (size_t)BT * F));
-    TRY(linear_forward(d, out, s->fchg, at(g, p, FCPROJW, l, 4 * uC * uC), at(g, p, FCPROJB, l, uC), BT, F, C));
+    TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
+    TRY(dt_dev_linear_forward(b, out, in, at(g, FCPROJW, l, 4 * uC * uC), p + at(g, FCPROJB, l, uC), BT, F, C));
     return d->residual_forward(out, s->res2, out, rC);
 }
 
@@ -176,7 +199,9 @@ dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t
     for (int l = 0; l < L; l++) TRY(layer_forward(g, l, g->resid + l * rC, g->resid + (l + 1) * rC));
     TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, g->resid + L * rC, p + g->off[LNFW], p + g->off[LNFB],
                              (size_t)BT, C, 1e-5f));
-    TRY(linear_forward(d, g->logits, g->lnf, p + g->off[WTE], NULL, BT, C, V));  // the tied head
+    dt_dev_x in;
+    TRY(input(g, &in, g->lnf, g->lnf16, rC));
+    TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, V));  // the tied head
     TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
     float l;
     TRY(d->to_host(&l, g->b.loss, sizeof l));
@@ -188,30 +213,34 @@ dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t
 
 static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
+    const dt_dev_blocks *b = &g->b;
     int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = 4 * C;
     size_t sC = (size_t)BT * C, sF = (size_t)BT * F, uC = (size_t)C, f = sizeof(float);
     layer_acts *s = &g->la[l];
     float *p = g->b.params, *gr = g->b.grads;
+    void *h = g->dout16;
+    dt_dev_x fchg = {s->fchg, s->fchg16}, ln2 = {s->ln2, s->ln2_16}, atty = {s->atty, s->atty16},
+             ln1 = {s->ln1, s->ln1_16};
     TRY(d->memset0(g->dfchg, f * sF));
-    TRY(linear_backward(d, g->dfchg, at(g, gr, FCPROJW, l, 4 * uC * uC), at(g, gr, FCPROJB, l, uC), g->dresid, s->fchg,
-                        at(g, p, FCPROJW, l, 4 * uC * uC), BT, F, C));
+    TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l, 4 * uC * uC), gr + at(g, FCPROJB, l, uC), g->dresid, h,
+                               fchg, BT, F, C));
     TRY(d->memset0(g->dfch, f * sF));
     TRY(d->gelu_backward(g->dfch, g->dfchg, s->fch, sF));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(linear_backward(d, g->dln, at(g, gr, FCW, l, 4 * uC * uC), at(g, gr, FCB, l, 4 * uC), g->dfch, s->ln2,
-                        at(g, p, FCW, l, 4 * uC * uC), BT, C, F));
-    TRY(d->layernorm_backward(g->dresid, at(g, gr, LN2W, l, uC), at(g, gr, LN2B, l, uC), g->dln, s->res2,
-                              at(g, p, LN2W, l, uC), s->ln2_mean, s->ln2_rstd, (size_t)BT, C));
+    TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l, 4 * uC * uC), gr + at(g, FCB, l, 4 * uC), g->dfch, h, ln2, BT,
+                               C, F));
+    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN2W, l, uC), gr + at(g, LN2B, l, uC), g->dln, s->res2,
+                              p + at(g, LN2W, l, uC), s->ln2_mean, s->ln2_rstd, (size_t)BT, C));
     TRY(d->memset0(g->datty, f * sC));
-    TRY(linear_backward(d, g->datty, at(g, gr, ATTPROJW, l, uC * uC), at(g, gr, ATTPROJB, l, uC), g->dresid, s->atty,
-                        at(g, p, ATTPROJW, l, uC * uC), BT, C, C));
+    TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l, uC * uC), gr + at(g, ATTPROJB, l, uC), g->dresid, h,
+                               atty, BT, C, C));
     TRY(d->memset0(g->dqkv, f * 3 * sC));
-    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, B, T, C, g->c.n_head));
+    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, B, T, C, g->c.n_head, b->t));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(linear_backward(d, g->dln, at(g, gr, QKVW, l, 3 * uC * uC), at(g, gr, QKVB, l, 3 * uC), g->dqkv, s->ln1,
-                        at(g, p, QKVW, l, 3 * uC * uC), BT, C, 3 * C));
-    return d->layernorm_backward(g->dresid, at(g, gr, LN1W, l, uC), at(g, gr, LN1B, l, uC), g->dln, residual,
-                                 at(g, p, LN1W, l, uC), s->ln1_mean, s->ln1_rstd, (size_t)BT, C);
+    TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l, 3 * uC * uC), gr + at(g, QKVB, l, 3 * uC), g->dqkv, h, ln1,
+                               BT, C, 3 * C));
+    return d->layernorm_backward(g->dresid, gr + at(g, LN1W, l, uC), gr + at(g, LN1B, l, uC), g->dln, residual,
+                                 p + at(g, LN1W, l, uC), s->ln1_mean, s->ln1_rstd, (size_t)BT, C);
 }
 
 dt_status dt_dev_gpt_backward(dt_dev_gpt *g) {
@@ -220,10 +249,12 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g) {
     if (!B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
     size_t sC = (size_t)BT * C, f = sizeof(float);
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
+    dt_dev_x lnf = {g->lnf, g->lnf16};
     TRY(d->memset0(dlogits, f * (size_t)BT * V));
     TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, V, (size_t)V, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(linear_backward(d, g->dln, gr + g->off[WTE], NULL, dlogits, g->lnf, p + g->off[WTE], BT, C, V));
+    // (the head's output gradient in 16 bits: in the probabilities' room, read by now)
+    TRY(dt_dev_linear_backward(&g->b, g->dln, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, V));
     TRY(d->memset0(g->dresid, f * sC));
     TRY(d->layernorm_backward(g->dresid, gr + g->off[LNFW], gr + g->off[LNFB], g->dln, g->resid + L * sC,
                               p + g->off[LNFW], g->lnf_mean, g->lnf_rstd, (size_t)BT, C));

@@ -17,6 +17,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     dt_dev_arena *a = &b->arena;
     size_t n = b->n * sizeof(float);
     b->params = dt_dev_take(a, DT_DEV_WEIGHTS, n);
+    b->w16 = b->t != DT_F32 ? dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2) : NULL;
     b->grads = dt_dev_take(a, DT_DEV_GRADS, n);
     for (int j = 0; j < 2; j++) b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, n) : NULL;
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
@@ -36,11 +37,16 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     dt_dev_arena_close(&b->arena);
 }
 
+// The parameters' 16-bit copy, after they changed.
+static dt_status weights16(dt_dev_blocks *b) {
+    return b->t != DT_F32 ? b->d->to16(b->w16, b->params, b->n, b->t) : DT_OK;
+}
+
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states) {
     size_t n = b->n * sizeof(float);
     TRY(b->d->to_device(b->params, params, n));
     for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_device(b->state[j], states[j], n));
-    return DT_OK;
+    return weights16(b);
 }
 
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states) {
@@ -61,10 +67,41 @@ dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, fl
     if (dt_optim_skipping(o)) return DT_OK;
     if (dt_optim_kind_of(o) == DT_OPTIM_ADAMW) {
         dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
-        return b->d->adamw(b->params, b->grads, b->state[0], b->state[1], b->n, &k);
+        TRY(b->d->adamw(b->params, b->grads, b->state[0], b->state[1], b->n, &k));
+    } else {
+        dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
+        TRY(b->d->sgd(b->params, b->grads, b->nstates ? b->state[0] : NULL, b->n, &k));
     }
-    dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
-    return b->d->sgd(b->params, b->grads, b->nstates ? b->state[0] : NULL, b->n, &k);
+    return weights16(b);
+}
+
+dt_status dt_dev_gemm(const dt_dev_blocks *b, int ta, int tb, int M, int N, int K, float alpha, dt_dev_x A, int lda,
+                      dt_dev_x B, int ldb, float beta, float *C, int ldc) {
+    if (b->t == DT_F32) return b->d->sgemm(ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C, ldc);
+    return b->d->gemm16(b->t, ta, tb, M, N, K, alpha, A.h, lda, B.h, ldb, beta, C, ldc);
+}
+
+dt_dev_x dt_dev_weights(const dt_dev_blocks *b, size_t w_off) {
+    dt_dev_x x = {b->params + w_off, b->w16 ? (const uint16_t *)b->w16 + w_off : NULL};
+    return x;
+}
+
+dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, dt_dev_x in, size_t w_off, const float *bias, int N,
+                                int C, int OC) {
+    if (bias) {
+        TRY(b->d->memset0(out, sizeof(float) * (size_t)N * OC));
+        TRY(b->d->bias_forward(out, bias, (size_t)N, OC));
+    }
+    return dt_dev_gemm(b, 0, 1, N, OC, C, 1.0f, in, C, dt_dev_weights(b, w_off), C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
+                                 void *dout16, dt_dev_x in, int N, int C, int OC) {
+    dt_dev_x g = {dout, dout16};
+    if (b->t != DT_F32) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
+    if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, dt_dev_weights(b, w_off), C, 1.0f, din, C));
+    TRY(dt_dev_gemm(b, 1, 0, OC, C, N, 1.0f, g, OC, in, C, 1.0f, b->grads + w_off, C));
+    return db ? b->d->bias_backward(db, dout, (size_t)N, OC) : DT_OK;
 }
 
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
@@ -84,8 +121,12 @@ struct dt_dev_mlp {
     int64_t first;
     dt_model_layer_plan *L;
     float **act, **dact, **keep;  // per layer: [max_batch, out] each; keep: layernorm's mean and rstd [2,
-                                  // max_batch], a convolution's columns, max pooling's argmax, dropout's mask
-    float *x, *probs, *rows, *dcol;  // rows, dcol: the convolutions' NHWC rows and column gradients (shared)
+                                  // max_batch], a convolution's columns (in t in 16 bits), max pooling's
+                                  // argmax, dropout's mask
+    void **in16;                  // in 16 bits: a linear layer's input [max_batch, in] in t (else NULL)
+    float *x, *probs, *rows, *dcol;  // rows, dcol: the convolutions' NHWC rows and column gradients (shared;
+                                     // in 16 bits dcol is also the forward's fp32 columns before they are kept)
+    void *g16;                    // in 16 bits: a GEMM's output gradient in t (a linear's, a convolution's rows)
     int32_t *y;
 };
 
@@ -99,17 +140,18 @@ static dt_im2col_t geometry(const dt_model_layer_plan *l) {
     return g;
 }
 
-// Floats of layer i's kept buffer, and of the shared rows and column
-// gradients it needs (*rows, *cols), for batches of mb.
-static size_t keep_floats(const dt_model_layer_plan *l, size_t mb, size_t *rows, size_t *cols) {
+// Bytes of layer i's kept buffer (es: a convolution's columns' element
+// size), and the floats of the shared rows and column gradients it needs
+// (*rows, *cols), for batches of mb.
+static size_t keep_bytes(const dt_model_layer_plan *l, size_t mb, size_t es, size_t *rows, size_t *cols) {
     dt_im2col_t g = geometry(l);
-    size_t ckk = (size_t)g.C * g.K * g.K, n = mb * g.OH * g.OW;
+    size_t ckk = (size_t)g.C * g.K * g.K, n = mb * g.OH * g.OW, f = sizeof(float);
     *rows = *cols = 0;
     switch (l->spec.kind) {
-    case DT_LAYER_LAYERNORM: return 2 * mb;
-    case DT_LAYER_CONV2D: *rows = n * (size_t)l->out_shape[0], *cols = ckk * n; return ckk * n;
-    case DT_LAYER_MAXPOOL: return mb * l->out;  // (int32s)
-    case DT_LAYER_DROPOUT: return l->spec.p > 0 ? mb * l->out : 0;
+    case DT_LAYER_LAYERNORM: return f * 2 * mb;
+    case DT_LAYER_CONV2D: *rows = n * (size_t)l->out_shape[0], *cols = ckk * n; return es * ckk * n;
+    case DT_LAYER_MAXPOOL: return sizeof(int32_t) * mb * l->out;
+    case DT_LAYER_DROPOUT: return l->spec.p > 0 ? f * mb * l->out : 0;
     default: return 0;
     }
 }
@@ -117,37 +159,50 @@ static size_t keep_floats(const dt_model_layer_plan *l, size_t mb, size_t *rows,
 // Both passes of the arena: counting (base NULL), then taking.
 static void mlp_take(dt_dev_mlp *dm) {
     dt_dev_arena *a = &dm->b.arena;
-    size_t mb = (size_t)dm->max_batch, rows = 0, cols = 0, r, c;
+    int half = dm->b.t != DT_F32;
+    size_t mb = (size_t)dm->max_batch, rows = 0, cols = 0, g16 = 0, r, c;
     dt_dev_blocks_take(&dm->b, dm->max_batch);
     dm->x = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->in);
     dm->y = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * mb);
     for (int i = 0; i < dm->nl; i++) {
-        size_t o = sizeof(float) * mb * dm->L[i].out, k = keep_floats(&dm->L[i], mb, &r, &c);
-        dm->act[i] = dt_dev_take(a, DT_DEV_ACTS, o);
+        const dt_model_layer_plan *l = &dm->L[i];
+        size_t o = sizeof(float) * mb * l->out, k = keep_bytes(l, mb, half ? 2 : sizeof(float), &r, &c);
+        int linear = l->spec.kind == DT_LAYER_LINEAR;
+        int to_linear = i + 1 < dm->nl && dm->L[i + 1].spec.kind == DT_LAYER_LINEAR;
         dm->dact[i] = dt_dev_take(a, DT_DEV_ACTS, o);
-        dm->keep[i] = k ? dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * k) : NULL;
+        // (an output only the next linear reads: in 16 bits made in its gradient's room, unused until the
+        // backward, and kept in the linear's in16, as nn/model.c's plan_half)
+        dm->act[i] = half && to_linear ? dm->dact[i] : dt_dev_take(a, DT_DEV_ACTS, o);
+        dm->keep[i] = k ? dt_dev_take(a, DT_DEV_ACTS, k) : NULL;
+        dm->in16[i] = half && linear ? dt_dev_take(a, DT_DEV_ACTS, 2 * mb * l->in) : NULL;
+        size_t gn = linear ? mb * l->out : r;  // (a convolution's rows: its output gradient)
+        g16 = gn > g16 ? gn : g16;
         rows = r > rows ? r : rows;
         cols = c > cols ? c : cols;
     }
     dm->rows = rows ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * rows) : NULL;
     dm->dcol = cols ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * cols) : NULL;
+    dm->g16 = half && g16 ? dt_dev_take(a, DT_DEV_WORK, 2 * g16) : NULL;
     dm->probs = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->V);
 }
 
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
-                            uint64_t seed) {
+                            dt_dtype t, uint64_t seed) {
     dt_dev_mlp *dm = calloc(1, sizeof *dm);
     int nl = dt_model_num_layers(m);
     if (dm) {
         dm->L = calloc((size_t)nl, sizeof *dm->L);
         dm->act = calloc((size_t)nl * 3, sizeof(float *));
+        dm->in16 = calloc((size_t)nl, sizeof(void *));
     }
-    if (!(*out = dm) || !dm->L || !dm->act) return dt_dev_mlp_free(dm), *out = NULL, dt_error(DT_ERR_NOMEM, "out of memory");
+    if (!(*out = dm) || !dm->L || !dm->act || !dm->in16)
+        return dt_dev_mlp_free(dm), *out = NULL, dt_error(DT_ERR_NOMEM, "out of memory");
     dm->dact = dm->act + nl;
     dm->keep = dm->act + 2 * nl;
-    *dm = (dt_dev_mlp){.b = {.d = d, .arena = {.d = d}, .n = dt_model_num_params(m), .nstates = nstates},
+    *dm = (dt_dev_mlp){.b = {.d = d, .arena = {.d = d}, .t = t, .n = dt_model_num_params(m), .nstates = nstates},
                        .nl = nl, .max_batch = max_batch, .in = dt_model_input_size(m), .V = dt_model_num_classes(m),
-                       .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep};
+                       .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep,
+                       .in16 = dm->in16};
     for (int i = 0; i < nl; i++) dt_model_layer(m, i, &dm->L[i]);
     mlp_take(dm);  // (counting)
     size_t pinned = ((size_t)max_batch * dm->in + 1) * sizeof(float) + (size_t)max_batch * sizeof(int32_t);
@@ -166,20 +221,25 @@ void dt_dev_mlp_free(dt_dev_mlp *dm) {
     dt_dev_blocks_close(&dm->b);
     free(dm->L);
     free(dm->act);
+    free(dm->in16);
     free(dm);
 }
 
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm) { return &dm->b; }
 
 // A convolution: the columns, out rows [B OH OW, OC] = columns^T w^T (+ b),
-// transposed into act [B, OC, OH OW].
+// transposed into act [B, OC, OH OW]. In 16 bits the columns are made in
+// the shared dcol and kept in t.
 static dt_status conv_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     const dt_dev *d = dm->b.d;
     const dt_model_layer_plan *l = &dm->L[i];
     dt_im2col_t g = geometry(l);
     int OC = l->out_shape[0], ckk = g.C * g.K * g.K, N = B * g.OH * g.OW;
-    TRY(d->im2col(dm->keep[i], in, (size_t)B, &g));
-    TRY(d->sgemm(1, 1, N, OC, ckk, 1.0f, dm->keep[i], N, dm->b.params + l->w_off, ckk, 0.0f, dm->rows, OC));
+    float *cols = dm->b.t == DT_F32 ? dm->keep[i] : dm->dcol;
+    dt_dev_x c = {cols, dm->keep[i]};
+    TRY(d->im2col(cols, in, (size_t)B, &g));
+    if (dm->b.t != DT_F32) TRY(d->to16(dm->keep[i], cols, (size_t)ckk * N, dm->b.t));
+    TRY(dt_dev_gemm(&dm->b, 1, 1, N, OC, ckk, 1.0f, c, N, dt_dev_weights(&dm->b, l->w_off), ckk, 0.0f, dm->rows, OC));
     if (l->b_n) TRY(d->bias_forward(dm->rows, dm->b.params + l->b_off, (size_t)N, OC));
     return d->transpose(dm->act[i], dm->rows, (size_t)B, (size_t)g.OH * g.OW, (size_t)OC);
 }
@@ -191,12 +251,13 @@ static dt_status conv_backward(dt_dev_mlp *dm, int i, float *din, int B) {
     const dt_model_layer_plan *l = &dm->L[i];
     dt_im2col_t g = geometry(l);
     int OC = l->out_shape[0], ckk = g.C * g.K * g.K, N = B * g.OH * g.OW;
-    const float *w = dm->b.params + l->w_off;
+    dt_dev_x r = {dm->rows, dm->g16}, c = {dm->keep[i], dm->keep[i]};
     TRY(d->transpose(dm->rows, dm->dact[i], (size_t)B, (size_t)OC, (size_t)g.OH * g.OW));
     if (l->b_n) TRY(d->bias_backward(dm->b.grads + l->b_off, dm->rows, (size_t)N, OC));
-    TRY(d->sgemm(1, 1, OC, ckk, N, 1.0f, dm->rows, OC, dm->keep[i], N, 1.0f, dm->b.grads + l->w_off, ckk));
+    if (dm->b.t != DT_F32) TRY(d->to16(dm->g16, dm->rows, (size_t)N * OC, dm->b.t));
+    TRY(dt_dev_gemm(&dm->b, 1, 1, OC, ckk, N, 1.0f, r, OC, c, N, 1.0f, dm->b.grads + l->w_off, ckk));
     if (!din) return DT_OK;
-    TRY(d->sgemm(1, 1, ckk, N, OC, 1.0f, w, ckk, dm->rows, OC, 0.0f, dm->dcol, N));
+    TRY(dt_dev_gemm(&dm->b, 1, 1, ckk, N, OC, 1.0f, dt_dev_weights(&dm->b, l->w_off), ckk, r, OC, 0.0f, dm->dcol, N));
     return d->col2im(din, dm->dcol, (size_t)B, &g);
 }
 
@@ -207,14 +268,11 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     float *act = dm->act[i];
     size_t n = (size_t)B * l->out;
     dt_im2col_t g = geometry(l);
+    dt_dev_x x = {in, dm->in16[i]};
     switch (l->spec.kind) {
-    case DT_LAYER_LINEAR:  // dt_linear_forward: the bias written first, the GEMM adds onto it
-        if (l->b_n) {
-            TRY(d->memset0(act, n * sizeof(float)));
-            TRY(d->bias_forward(act, b, (size_t)B, (int)l->out));
-        }
-        return d->sgemm(0, 1, B, (int)l->out, (int)l->in, 1.0f, in, (int)l->in, w, (int)l->in, l->b_n ? 1.0f : 0.0f,
-                        act, (int)l->out);
+    case DT_LAYER_LINEAR:  // (in 16 bits its input kept in t for the backward)
+        if (dm->in16[i]) TRY(d->to16(dm->in16[i], in, (size_t)B * l->in, dm->b.t));
+        return dt_dev_linear_forward(&dm->b, act, x, l->w_off, l->b_n ? b : NULL, B, (int)l->in, (int)l->out);
     case DT_LAYER_CONV2D: return conv_forward(dm, i, in, B);
     case DT_LAYER_MAXPOOL:
         return d->maxpool_forward(act, (int32_t *)dm->keep[i], in, (size_t)B * g.C, g.H, g.W, g.K, g.S);
@@ -272,11 +330,10 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     size_t n = (size_t)B * l->out;
     int C = (int)l->in, OC = (int)l->out;
     dt_im2col_t g = geometry(l);
+    dt_dev_x x = {in, dm->in16[i]};
     switch (l->spec.kind) {
-    case DT_LAYER_LINEAR:  // dt_linear_backward
-        if (din) TRY(d->sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, din, C));
-        TRY(d->sgemm(1, 0, OC, C, B, 1.0f, dout, OC, in, C, 1.0f, dw, C));
-        return l->b_n ? d->bias_backward(db, dout, (size_t)B, OC) : DT_OK;
+    case DT_LAYER_LINEAR:
+        return dt_dev_linear_backward(&dm->b, din, l->w_off, l->b_n ? db : NULL, dout, dm->g16, x, B, C, OC);
     case DT_LAYER_CONV2D: return conv_backward(dm, i, din, B);
     case DT_LAYER_MAXPOOL:
         return din ? d->maxpool_backward(din, dout, (const int32_t *)dm->keep[i], (size_t)B * g.C, g.H, g.W, g.K, g.S)

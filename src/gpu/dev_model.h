@@ -5,11 +5,19 @@
  *
  *   dt_dev_blocks  what every device model keeps: the blocks, the
  *                  optimizer's state, the step's two scalars (the loss, the
- *                  gradient's sum of squares) and a pinned host buffer that
- *                  batches go through.
- *   dt_dev_mlp     a dt_model of dense layers (linear, relu, gelu,
- *                  layernorm, flatten, dropout with p = 0).
- *   dt_dev_gpt     the GPT (dev_gpt.c). */
+ *                  gradient's sum of squares), a pinned host buffer that
+ *                  batches go through and, in bf16 or fp16, the
+ *                  parameters' 16-bit copy that the GEMMs read.
+ *   dt_dev_mlp     a sequential dt_model (linear, conv2d, maxpool, relu,
+ *                  gelu, layernorm, flatten, dropout).
+ *   dt_dev_gpt     the GPT (dev_gpt.c).
+ *
+ * In bf16 or fp16 (the run's [train] precision) every GEMM multiplies
+ * 16-bit operands with fp32 sums, as the CPU's dt_sgemm in that precision:
+ * the weights from the 16-bit copy, the GEMMs' inputs kept in 16 bits by
+ * the forward (for the backward's weight gradients), the output gradients
+ * converted before their two GEMMs; everything else fp32 (docs/gpu.md,
+ * "Mixed precision"). */
 #ifndef DT_GPU_DEV_MODEL_H
 #define DT_GPU_DEV_MODEL_H
 
@@ -21,9 +29,11 @@
 typedef struct {
     const dt_dev *d;
     dt_dev_arena arena;
+    dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
     int nstates;              /* the optimizer's state blocks (AdamW 2, SGD with momentum 1) */
     float *params, *grads, *state[2];
+    void *w16;                /* t 16-bit: the parameters in t (n values), converted after each change */
     float *loss;              /* the last forward's loss (one float) */
     double *sumsq;            /* the gradient's sum of squares (one double) */
     double *row_loss;         /* the cross-entropy's rows (workspace) */
@@ -32,11 +42,12 @@ typedef struct {
 } dt_dev_blocks;
 
 /* Planning pass (arena base NULL: counts) and taking pass alike: the
- * blocks of n floats, nstates state blocks, the scalars, rows for the
- * cross-entropy of up to `rows` rows. */
+ * blocks of n floats, nstates state blocks, the parameters' 16-bit copy
+ * (t 16-bit), the scalars, rows for the cross-entropy of up to `rows` rows. */
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows);
-/* The host's blocks (params[n], states[nstates][n]) onto the device, and
- * back (params alone when states is NULL), a copy each. */
+/* The host's blocks (params[n], states[nstates][n]) onto the device (and
+ * the parameters' 16-bit copy made), and back (params alone when states is
+ * NULL), a copy each. */
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states);
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
@@ -44,8 +55,32 @@ dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
  * double). */
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
 /* One optimizer step on the device: o's constants for this step (after
- * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale). */
+ * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale);
+ * then the parameters' 16-bit copy made again. */
 dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale);
+/* A GEMM operand in the blocks' precision: fp32 (f) when b->t is DT_F32,
+ * else t's 16-bit values (h). */
+typedef struct {
+    const float *f;
+    const void *h;
+} dt_dev_x;
+/* C = alpha op(A) op(B) + beta C (dt_sgemm's contract) in the blocks'
+ * precision: sgemm on A.f, B.f, or gemm16 on A.h, B.h. */
+dt_status dt_dev_gemm(const dt_dev_blocks *b, int ta, int tb, int M, int N, int K, float alpha, dt_dev_x A, int lda,
+                      dt_dev_x B, int ldb, float beta, float *C, int ldc);
+/* The weight matrix at offset w_off of the blocks as an operand (the
+ * parameters, or their 16-bit copy). */
+dt_dev_x dt_dev_weights(const dt_dev_blocks *b, size_t w_off);
+/* dt_linear_forward / _backward on the device, as the CPU's: out[N,OC] =
+ * in w^T (+ bias: written first, the GEMM adding onto it), w the matrix
+ * [OC,C] at w_off; backward din (NULL: not computed), the weights'
+ * gradient at w_off of the gradients, db (NULL: no bias) +=. In 16 bits,
+ * in is the input in t and dout (fp32) is converted first into dout16 (room
+ * for N OC 16-bit values), which both GEMMs read. */
+dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, dt_dev_x in, size_t w_off, const float *bias, int N,
+                                int C, int OC);
+dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
+                                 void *dout16, dt_dev_x in, int N, int C, int OC);
 /* The bytes of each kind (dev.h's order) the arena holds. */
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]);
 /* Opens the arena after the planning pass (refusing, with the bytes by
@@ -56,9 +91,10 @@ void dt_dev_blocks_close(dt_dev_blocks *b);
 typedef struct dt_dev_mlp dt_dev_mlp;
 /* The device's twin of the sequential model m (its plan and blocks'
  * layout; m stays the host copy) for batches of up to max_batch, with
- * nstates optimizer blocks; seed: dropout's, as dt_model_init's. */
+ * nstates optimizer blocks, its GEMMs in precision t (DT_F32, DT_BF16,
+ * DT_F16: the run's); seed: dropout's, as dt_model_init's. */
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
-                            uint64_t seed);
+                            dt_dtype t, uint64_t seed);
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
@@ -69,8 +105,10 @@ dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
 dt_status dt_dev_mlp_backward(dt_dev_mlp *dm);
 
 typedef struct dt_dev_gpt dt_dev_gpt;
-/* The device's twin of m for B x T tokens, nstates optimizer blocks. */
-dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates);
+/* The device's twin of m for B x T tokens, nstates optimizer blocks, its
+ * GEMMs and the attention's products in precision t. */
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
+                            dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
 /* dt_gpt_forward on tokens inputs, targets [B, T] (host). */

@@ -183,10 +183,44 @@ static void sim_host_open(int on) {
 
 // ---- kernels: the CPU's twins -------------------------------------------------
 
+// The CPU's GEMMs take their precision from the kernels' (process-wide, the
+// run's: bf16 in a bf16 run, for the host's model); an op whose products
+// are in a precision of its own (sgemm's fp32, the attention's t) sets it
+// for its call and puts the run's back. The training thread alone calls
+// the kernels meanwhile (the host's model runs between steps), and the
+// ops hold the simulated GPU's lock.
+static dt_dtype products_in(dt_dtype t) {
+    dt_dtype was = dt_kernels_precision();
+    dt_kernels_set_precision(t);
+    return was;
+}
+
 static dt_status sim_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                            const float *B, int ldb, float beta, float *C, int ldc) {
     open_dev();
+    dt_dtype was = products_in(DT_F32);
     dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dt_kernels_set_precision(was);
+    return shut();
+}
+
+static dt_status sim_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                            const void *B, int ldb, float beta, float *C, int ldc) {
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "simulated GPU's 16-bit GEMM: operands of type %s (BF16 or F16 only)",
+                        dt_dtype_name(t));
+    open_dev();
+    dt_gemm16(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return shut();
+}
+
+static dt_status sim_to16(void *dst, const float *src, size_t n, dt_dtype t) {
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "simulated GPU's conversion: type %s is not a 16-bit float (BF16 or F16 only)",
+                        dt_dtype_name(t));
+    open_dev();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i += 4096) dt_from_f32((uint16_t *)dst + i, src + i, n - i < 4096 ? n - i : 4096, t);
     return shut();
 }
 
@@ -295,16 +329,21 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
     return shut();
 }
 
-static dt_status sim_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+static dt_status sim_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                       dt_dtype t) {
     open_dev();
+    dt_dtype was = products_in(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
+    dt_kernels_set_precision(was);
     return shut();
 }
 
 static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                        const float *att, int B, int T, int C, int NH) {
+                                        const float *att, int B, int T, int C, int NH, dt_dtype t) {
     open_dev();
+    dt_dtype was = products_in(t);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    dt_kernels_set_precision(was);
     return shut();
 }
 
@@ -443,6 +482,8 @@ const dt_dev dt_dev_sim = {
     .stream_query = sim_stream_query,
     .host_open = sim_host_open,
     .sgemm = sim_sgemm,
+    .gemm16 = sim_gemm16,
+    .to16 = sim_to16,
     .layernorm_forward = sim_ln_forward,
     .layernorm_backward = sim_ln_backward,
     .gelu_forward = sim_gelu_forward,

@@ -1,6 +1,6 @@
 /* The GEMM on the GPU: dt_sgemm's row-major contract by cublasLtMatmul in
- * fp32 (TF32 where dt_gpu_set_tf32 says) or on bf16 operands
- * (dt_gpu_gemm_bf16), its column-major arguments from gemm_args.h, and the
+ * fp32 (TF32 where dt_gpu_set_tf32 says) or on 16-bit operands, bf16 or
+ * fp16 (dt_gpu_gemm16), its column-major arguments from gemm_args.h, and the
  * epilogues the linear layer asks for (lt.h). cuBLASLt is loaded at its
  * first use (dt_gpu_lib_open, dl.c: libcublasLt.so.<the build's major>), so
  * that dtrain needs no CUDA library to start and a machine without cuBLAS
@@ -171,7 +171,8 @@ static dt_status lt_gemm(const dt_cm_gemm *g, cudaDataType_t ab, float alpha, co
     dt_status st = dt_gpu_lt_run(&o, &found);
     if (st == DT_OK && !found)
         return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the %s GEMM m %d n %d k %d (transa %d, transb %d)",
-                        ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->transa, g->transb);
+                        ab == CUDA_R_16BF ? "bf16" : ab == CUDA_R_16F ? "fp16" : "fp32", g->m, g->n, g->k, g->transa,
+                        g->transb);
     return st;
 }
 
@@ -213,11 +214,14 @@ dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const f
     return lt_gemm(&g, CUDA_R_32F, alpha, A, B, beta, C);
 }
 
-dt_status dt_gpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
-                           const uint16_t *B, int ldb, float beta, float *C, int ldc) {
+dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, float *C, int ldc) {
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU 16-bit GEMM: operands of type %s (BF16 or F16 only)", dt_dtype_name(t));
     dt_cm_gemm g;
     int done;
-    dt_status st = prepare("bf16 GEMM", ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
+    const char *what = t == DT_BF16 ? "bf16 GEMM" : "fp16 GEMM";
+    dt_status st = prepare(what, ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
     if (st != DT_OK || done) return st;
-    return lt_gemm(&g, CUDA_R_16BF, alpha, A, B, beta, C);
+    return lt_gemm(&g, t == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F, alpha, A, B, beta, C);
 }

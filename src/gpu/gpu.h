@@ -110,10 +110,13 @@ dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size
  * scratch (written whole: the softmax's gradient, zeros right of the
  * diagonal). One block a row (b, h, t); sums in fixed trees, so the same
  * bits every run, the CPU's to rounding. hs at most DT_ATT_MAX_HS
- * (launch.h; else DT_ERR_ARG), NH dividing C. */
-dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+ * (launch.h; else DT_ERR_ARG), NH dividing C. t: the precision of its
+ * products, as the CPU's attention's GEMMs in t: DT_F32, or DT_BF16 /
+ * DT_F16, each product's two factors (q, k, v, the probabilities; in
+ * backward dout and the softmax's gradient) rounded to t, fp32 sums. */
+dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH);
+                                    int B, int T, int C, int NH, dt_dtype t);
 
 /* The CNN's layers (gpu/cnn_hd.h's arithmetic, docs/gpu.md): the columns
  * col[C K K, B OH OW] of x[B, C, H, W]; dx += the input's gradient from the
@@ -174,13 +177,15 @@ dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev);
 dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n);
 dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n);
 
-/* C[M,N] = alpha op(A) op(B) + beta C as dt_gpu_sgemm, on bf16 operands A
- * and B (uint16_t, dt_from_f32's DT_BF16), fp32 sums and C. */
-dt_status dt_gpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
-                           const uint16_t *B, int ldb, float beta, float *C, int ldc);
-/* dt_to_f32 / dt_from_f32 on device blocks: t DT_BF16 (round to nearest
- * even, NaN kept quiet: core/bf16.h's bits, the CPU's); DT_F16 is not on
- * the GPU yet (DT_ERR_ARG). */
+/* C[M,N] = alpha op(A) op(B) + beta C as dt_gpu_sgemm, on 16-bit operands
+ * A and B of type t (DT_BF16 or DT_F16: dt_from_f32's values), fp32 sums
+ * and C (cuBLASLt's CUBLAS_COMPUTE_32F): dt_gemm16's contract. */
+dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, float *C, int ldc);
+/* dt_to_f32 / dt_from_f32 on device blocks, t DT_BF16 (round to nearest
+ * even, NaN kept quiet: core/bf16.h's bits, the CPU's) or DT_F16 (CUDA's
+ * round-to-nearest-even conversions: IEEE binary16, the CPU's bits but for
+ * a NaN's payload); another t is DT_ERR_ARG. */
 dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
 dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
 

@@ -91,12 +91,13 @@ dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, si
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N) {
     return (void)da, (void)db, (void)dout, (void)N, no_gpu();
 }
-dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    return (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH, no_gpu();
+dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
+    return (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH, (void)t, no_gpu();
 }
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH) {
-    return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)B, (void)T, (void)C, (void)NH, no_gpu();
+                                    int B, int T, int C, int NH, dt_dtype t) {
+    return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)B, (void)T, (void)C, (void)NH, (void)t,
+           no_gpu();
 }
 dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g) {
     return (void)col, (void)x, (void)B, (void)g, no_gpu();
@@ -150,9 +151,9 @@ dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const 
 }
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) { return (void)out_dev, (void)x, (void)n, no_gpu(); }
 dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev) { return (void)x, (void)n, (void)s_dev, no_gpu(); }
-dt_status dt_gpu_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
-                           const uint16_t *B, int ldb, float beta, float *C, int ldc) {
-    return (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
+dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, float *C, int ldc) {
+    return (void)t, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
            (void)beta, (void)C, (void)ldc, no_gpu();
 }
 dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {

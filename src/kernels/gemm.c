@@ -383,3 +383,31 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
     if (native) matmul(ta, tb, M, N, K, alpha, pa, pb, beta, C, ldc, t);
     else sgemm(ta, tb, M, N, K, alpha, pa, ac, pb, bc, beta, C, ldc);
 }
+
+// The stored matrix X[rows, cols] of t's 16-bit values (row stride ld)
+// packed as pack() packs its fp32 values: t itself (native) or widened.
+static void *pack16(tbuf *b, const uint16_t *X, int rows, int cols, int ld, dt_dtype t, int native) {
+    size_t es = native ? 2 : 4;
+    char *d = room(b, (size_t)rows * cols * es);
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (size_t)rows * cols > 65536)
+    for (int i = 0; i < rows; i++) {
+        if (native) memcpy(d + (size_t)i * cols * es, X + (size_t)i * ld, (size_t)cols * es);
+        else dt_to_f32((float *)(d + (size_t)i * cols * es), X + (size_t)i * ld, (size_t)cols, t);
+    }
+    return d;
+}
+
+void dt_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
+               int ldb, float beta, float *C, int ldc) {
+    dt_kernels_init();
+    if (M == 0 || N == 0) return;
+    if (K == 0) {  // C = beta C (dt_sgemm's)
+        dt_sgemm_portable(ta, tb, M, N, K, alpha, NULL, lda, NULL, ldb, beta, C, ldc);
+        return;
+    }
+    int native = dt_kernels_native(t);
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const void *pa = pack16(&tl_a, A, ar, ac, lda, t, native), *pb = pack16(&tl_b, B, br, bc, ldb, t, native);
+    if (native) matmul(ta, tb, M, N, K, alpha, pa, pb, beta, C, ldc, t);
+    else sgemm(ta, tb, M, N, K, alpha, pa, ac, pb, bc, beta, C, ldc);
+}

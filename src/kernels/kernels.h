@@ -53,6 +53,13 @@ void dt_kernels_weights_stats(dt_kernels_wstats *s);
  * inside an OpenMP parallel region. Deterministic for a fixed thread count. */
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
+/* dt_sgemm in precision t (DT_BF16 or DT_F16), whatever the kernels'
+ * precision, on operands already in t: A and B hold t's 16-bit values
+ * (dt_from_f32's), strided as dt_sgemm's. The same bits as dt_sgemm in t
+ * on their fp32 values (rounding them again changes nothing): the
+ * simulated GPU's 16-bit GEMM (gpu/dev_sim.c) is this one. */
+void dt_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
+               int ldb, float beta, float *C, int ldc);
 /* The same product by the portable GEMM (gemm_portable.c): what dt_sgemm
  * runs in a build without oneDNN; in every build, for the tests. */
 void dt_sgemm_portable(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,

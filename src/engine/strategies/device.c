@@ -25,6 +25,7 @@
 #include "comm/device.h"
 #include "engine/device.h"
 #include "engine/strategies/strategy.h"
+#include "engine/worker.h"
 #include "gpu/dev_model.h"
 #include "gpu/gpu.h"
 
@@ -84,11 +85,16 @@ static dt_status dev_init(dt_strategy *s) {
     double g[DT_DEV_KINDS];
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
+    char half[160] = "";
+    if (b->t != DT_F32)
+        snprintf(half, sizeof half, "; GEMMs on %s operands with fp32 sums (the weights hold the parameters' %s copy, "
+                 "%.1f MiB)", b->t == DT_BF16 ? "bf16" : "fp16", b->t == DT_BF16 ? "bf16" : "fp16",
+                 (double)b->n * 2 / 1048576.0);
     if (s->rank == 0)
         dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
-               "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory",
+               "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory%s",
                b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
-               k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0);
+               k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
     devs *d = (devs *)s;
     dt_status st = DT_OK;
     if (s->c->deterministic) {  // (outside the arena: the strategy's, 8 bytes a parameter)
@@ -163,9 +169,16 @@ static dt_status dev_sync(dt_strategy *s) {
     return st;
 }
 
-static dt_status dev_nonfinite(dt_strategy *s, int *nonfinite) {
+// The gradient's sum of squares, made on the device and read once a step:
+// the NaN/Inf check (fp16's loss scaler skips the step and halves its
+// scale on it), the norm and the clipping come from it.
+// DTRAIN_FAULT_OVERFLOW=RANK:STEP puts an inf among the gradients first.
+static dt_status dev_nonfinite(dt_strategy *s, int64_t step, int *nonfinite) {
     devs *d = (devs *)s;
-    dt_status st = dt_dev_blocks_sumsq(s->device, &d->sumsq);
+    dt_dev_blocks *b = s->device;
+    static const float inf = INFINITY;
+    dt_status st = b->n && dt_fault_overflow(s->rank, step) ? b->d->to_device(b->grads, &inf, sizeof inf) : DT_OK;
+    if (st == DT_OK) st = dt_dev_blocks_sumsq(b, &d->sumsq);
     d->have_sumsq = st == DT_OK;
     *nonfinite = st == DT_OK && !isfinite(d->sumsq);
     return st;
@@ -173,7 +186,7 @@ static dt_status dev_nonfinite(dt_strategy *s, int *nonfinite) {
 
 static dt_status dev_norm(dt_strategy *s, double *norm) {
     devs *d = (devs *)s;
-    dt_status st = d->have_sumsq ? DT_OK : dev_nonfinite(s, &(int){0});
+    dt_status st = d->have_sumsq ? DT_OK : dev_nonfinite(s, 0, &(int){0});
     *norm = sqrt(d->sumsq);
     return st;
 }
@@ -215,7 +228,8 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddStringToObject(g, "device", s->c->device);
     cJSON_AddStringToObject(g, "implementation", b->d->name);
     cJSON_AddStringToObject(g, "name", what);
-    cJSON_AddBoolToObject(g, "tf32", s->c->tf32 && !strcmp(b->d->name, "cuda"));
+    cJSON_AddBoolToObject(g, "tf32", s->c->tf32 && !strcmp(b->d->name, "cuda") && b->t == DT_F32);
+    cJSON_AddStringToObject(g, "gemm_operands", b->t == DT_BF16 ? "bf16" : b->t == DT_F16 ? "fp16" : "fp32");
     cJSON_AddNumberToObject(g, "arena_bytes", (double)b->arena.size);
     for (int i = 0; i < DT_DEV_KINDS; i++) {
         char key[64];

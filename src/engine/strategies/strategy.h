@@ -111,8 +111,9 @@ typedef struct dt_strategy_ops {
     dt_status (*grad_norm)(dt_strategy *s, double *norm);
     /* The synchronised gradient's check for NaN and Inf (*nonfinite),
      * where its blocks are not the host's (a device's); NULL: the loop
-     * sums the squares of grads[lo, hi) itself. */
-    dt_status (*grads_nonfinite)(dt_strategy *s, int *nonfinite);
+     * sums the squares of grads[lo, hi) itself. step: the step's number
+     * (from 1), for DTRAIN_FAULT_OVERFLOW (dt_fault_overflow). */
+    dt_status (*grads_nonfinite)(dt_strategy *s, int64_t step, int *nonfinite);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
     /* Around an evaluation (begin = 1 before, 0 after), which runs whole
      * forwards through the layer hook (params_needed): a strategy whose

@@ -372,7 +372,8 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim), c->seed),
+        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim),
+                                 (dt_dtype)c->precision, c->seed),
                done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;

@@ -310,7 +310,8 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     DT_TRY(gpt_order(t, norder), done);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim)), done);
+        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim),
+                                 (dt_dtype)c->precision), done);
     gpt_info(t, c, order, norder, info);
     info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
 done:
