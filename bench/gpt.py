@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """GPT training speed, dtrain against PyTorch in the same run.
 
-Cases (the issue's): gpt-small at T=256, B=8 (tokens/s) and gpt2-124m at
+Cases: gpt-small at T=256, B=8 (tokens/s) and gpt2-124m at
 T=64, B=4 (ms/step), each at 1 and 2 threads. Each side does full AdamW
 steps (forward, backward, update) on random tokens with the same model
 (GPT-2: pre-LN, GELU tanh, tied head, fp32); the best of --repeat runs is
