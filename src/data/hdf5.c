@@ -19,8 +19,13 @@ static dt_status open_file(const char *path, hid_t *f) {
     *f = -1;
     int fd;  // (a FIFO or a device would block libhdf5's open)
     if (dt_open_read(path, &fd) != DT_OK) return DT_ERR_IO;
+    // An object (s3://) is read whole into an unlinked temporary file
+    // (dt_open_read), which libhdf5 opens again through /proc.
+    char staged[64];
+    snprintf(staged, sizeof staged, "/proc/self/fd/%d", fd);
+    *f = H5Fopen(dt_path_remote(path) ? staged : path, H5F_ACC_RDONLY, H5P_DEFAULT);
     close(fd);
-    if ((*f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
+    if (*f < 0)
         return dt_error(DT_ERR_FORMAT, "%s: not an HDF5 file (or a damaged one): libhdf5 cannot open it", path);
     return DT_OK;
 }
