@@ -17,7 +17,7 @@ if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--bench" ]; then
     pkgs+=(clang                         # the sanitizer builds (make test-asan, test-tsan)
            prometheus chromium           # tests of the metrics endpoint and the HTML report
            slurmctld slurmd slurm-client munge    # the one-machine Slurm test
-           radosgw ceph-mon ceph-osd)             # a real S3 server for the s3:// tests (tests/s3_server.sh)
+           radosgw ceph-mon ceph-osd curl)        # a real S3 server for the s3:// tests (tests/s3_server.sh)
 fi
 if [ "${1:-}" = "--bench" ]; then
     # PyTorch, and an optimised BLAS for it (Debian's torch otherwise runs on

@@ -14,6 +14,9 @@ the request line) fits and whose "count" is not used up applies:
         answer with that status and an S3 error body instead of forwarding
     {"match": "...", "count": 1000, "drop": true}
         close the connection without an answer (a server that is gone)
+    {"match": "...", "count": 1, "delay": 3}
+        hold the request that long, then forward it (to a server the test
+        may have stopped meanwhile: an upload caught in the middle)
 
 A rule's "count" goes down by one at each use (the file is rewritten).
 """
@@ -24,6 +27,7 @@ import os
 import re
 import sys
 import threading
+import time
 
 PORT, UPSTREAM, CONTROL, LOG = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 lock = threading.Lock()
@@ -60,6 +64,9 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         rule = rule_for(line)
+        if rule and rule.get("delay"):
+            time.sleep(rule["delay"])
+            rule = None
         if rule and rule.get("drop"):
             self.close_connection = True
             self.connection.shutdown(2)

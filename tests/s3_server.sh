@@ -11,6 +11,7 @@
 #                                  AWS_* variables to source) and prints it
 #   tests/s3_server.sh stop-gw DIR kill the gateway (SIGKILL): the server is gone
 #   tests/s3_server.sh start-gw DIR start the gateway again on the same port
+#   tests/s3_server.sh mb DIR BUCKET  make a bucket (curl's SigV4)
 #   tests/s3_server.sh stop DIR    stop everything (DIR is left to the caller)
 #
 # Exit 77 (with the reason) when radosgw or the Ceph daemons are not
@@ -121,6 +122,13 @@ export AWS_SECRET_ACCESS_KEY=$secret
 export AWS_REGION=us-east-1
 EOF
     cat "$dir/env"
+    ;;
+mb)
+    . "$dir/env"
+    code=$(curl -s -o "$dir/log/mb.out" -w '%{http_code}' -m 30 --aws-sigv4 "aws:amz:$AWS_REGION:s3" \
+        -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+        -X PUT "$AWS_ENDPOINT_URL/${3:?usage: s3_server.sh mb DIR BUCKET}")
+    [ "$code" = 200 ] || { echo "s3_server: making bucket $3: HTTP $code $(cat "$dir/log/mb.out")" >&2; exit 1; }
     ;;
 stop-gw) stop_pid gw -KILL ;;
 start-gw) start_gw ;;

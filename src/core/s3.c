@@ -442,9 +442,15 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     dt_status st = req_init(&q, "HEAD", url);
     if (st == DT_OK && !q.name.key[0]) st = dt_error(DT_ERR_ARG, "%s: names a bucket, not an object", url);
     if (st == DT_OK) st = run(&q, 1);
-    // A HEAD's 404 has no body to tell a missing bucket: the bucket answers.
+    // A HEAD's 404 or 403 has no body to say why (a missing bucket, a
+    // wrong secret): the bucket's listing says.
     if (st == DT_OK && q.code == 404) st = dt_s3_check_bucket(url);
-    else if (st == DT_OK) {
+    else if (st != DT_OK && q.code == 403) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_status b = dt_s3_check_bucket(url);
+        st = b != DT_OK ? b : dt_error(st, "%s", msg);
+    } else if (st == DT_OK) {
         *exists = 1;
         if (size) *size = q.length > 0 ? (uint64_t)q.length : 0;
     }
@@ -454,9 +460,10 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
 
 dt_status dt_s3_check_bucket(const char *url) {
     s3_req q;
-    dt_status st = req_init(&q, "HEAD", url);
+    dt_status st = req_init(&q, "GET", url);
     if (st == DT_OK) {
         q.name.key[0] = 0;
+        q.query = "list-type=2&max-keys=1";
         st = run(&q, 1);
         if (st == DT_OK && q.code == 404) {
             char endpoint[512], region[64];
