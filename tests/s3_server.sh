@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A real S3 server on this machine for the tests: Ceph's RADOS Gateway
 # (radosgw, Debian's package) on a one-node Ceph cluster made in a
-# directory: a monitor, one OSD keeping its objects in memory (memstore),
-# cephx off, every daemon on 127.0.0.1 at free ports. It checks SigV4
+# directory: a monitor, one OSD keeping its objects in memory (memstore,
+# 4 GiB at most; S3_SERVER_STORE=bluestore: in a 16 GiB sparse file in DIR
+# instead, for the benchmark's gigabytes), cephx off, every daemon on
+# 127.0.0.1 at free ports. Deleted objects are collected at once (the
+# gateway's default waits two hours). It checks SigV4
 # signatures as AWS does (a wrong secret is refused), keeps multipart
 # uploads, and can be stopped and started again while the cluster keeps
 # its objects (the "server stopped mid-upload" faults).
@@ -69,6 +72,13 @@ start)
     mon_port=$(free_port)
     free_port >"$dir/gw_port"
     fsid=$(cat /proc/sys/kernel/random/uuid)
+    if [ "${S3_SERVER_STORE:-memstore}" = bluestore ]; then
+        store=$(printf '%s\n' "osd objectstore = bluestore" "bluestore block create = true" \
+            "bluestore block size = 17179869184" "bluestore block db create = false" "bluestore block wal create = false" \
+            "osd memory target = 1073741824" "bluestore cache autotune = false" "bluestore cache size = 268435456")
+    else
+        store=$(printf '%s\n' "osd objectstore = memstore" "memstore device bytes = 4294967296")
+    fi
     cat >"$conf" <<EOF
 [global]
 fsid = $fsid
@@ -88,8 +98,10 @@ mon max pg per osd = 1000
 mon warn on pool no redundancy = false
 mon data avail warn = 1
 mon data avail crit = 1
-osd objectstore = memstore
-memstore device bytes = 4294967296
+$store
+rgw gc obj min wait = 0
+rgw gc processor period = 10
+rgw gc processor max time = 10
 osd crush chooseleaf type = 0
 run dir = $dir/run
 log file = $dir/log/\$name.log
