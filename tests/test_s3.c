@@ -10,7 +10,8 @@
  *      bucket named.
  *   2. Runs (deterministic, so "the same" is bitwise): whole and sharded
  *      checkpoints in s3://, keep, a run stopped by a failure and resumed
- *      on another worker count, equal to the uninterrupted local run; ZeRO-3
+ *      on another worker count, equal to the uninterrupted local run; a
+ *      killed worker's group restarted from s3:// (--max-restarts); ZeRO-3
  *      resumed from s3:// with each rank reading its own slice (summary's
  *      io.ranks_read_bytes); inspect, export and eval of s3:// checkpoints;
  *      IDX, HDF5 and token files read from s3:// train the same model as
@@ -286,6 +287,15 @@ static void test_runs(void) {
           "inspect s3:// sharded: exit %d\n%s", rc, g_out);
     rc = train("sharded", 2, "--checkpoint-every 4 --checkpoint-sharded --checkpoint-dir s3://ckpt/sharded --resume auto");
     CHECK(rc == 0 && same("ref", "sharded"), "sharded 3 -> 2 from s3://: exit %d\n%s", rc, g_out);
+
+    // a worker killed, the group restarted from the newest checkpoint in s3://
+    setenv("DTRAIN_FAULT_STEP", "1:18:kill", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("killed-once"), 1);
+    rc = train("restart", 2, "--checkpoint-every 4 --checkpoint-dir s3://ckpt/restart --max-restarts 2");
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    CHECK(rc == 0 && strstr(g_out, "restarting 2 workers from the newest checkpoint") && same("ref", "restart"),
+          "--max-restarts from s3://: exit %d, bitwise the uninterrupted run\n%s", rc, g_out);
 
     // ZeRO-3: each rank reads its slice
     rc = train("zref", 2, "--zero 3");
