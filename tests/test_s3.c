@@ -485,6 +485,15 @@ static void test_gone(void) {
               strstr(g_out, "skipping s3://ckpt/gone/step-00000012: its writing never finished") &&
               same("ref", "gone"),
           "resume fell back to step 8: exit %d\n%s", rc, g_out);
+    // a run that goes on past a given-up checkpoint: keep counts complete
+    // ones, and the unfinished one goes once a complete one is newer
+    rules("[{\"match\": \"PUT /ckpt/gone2/step-00000012/(index.json|COMPLETE)\", \"count\": 1000, \"drop\": true}]");
+    rc = train("gone2", 2, "--checkpoint-every 4 --checkpoint-sharded --keep 2 --checkpoint-dir s3://ckpt/gone2");
+    rules("[]");
+    CHECK(rc == 0 && strstr(g_out, "checkpoint at step 12 not written") && there("s3://ckpt/gone2/step-00000012") == 0 &&
+              there("s3://ckpt/gone2/step-00000024") == 0 && there("s3://ckpt/gone2/step-00000028/COMPLETE") == 1 &&
+              there("s3://ckpt/gone2/step-00000030/COMPLETE") == 1,
+          "given up at step 12, the run went on; keep 2 left steps 28 and 30: exit %d\n%s", rc, g_out);
     // the run's last checkpoint lost: exit 1, saying so
     rules("[{\"match\": \"/ckpt/last/step-00000030\", \"count\": 1000, \"drop\": true}]");
     rc = train("last", 2, "--checkpoint-every 10 --checkpoint-dir s3://ckpt/last");

@@ -1430,12 +1430,22 @@ static void remove_ckpt(const char *path) {
     dt_path_rmdir(path);
 }
 
-// Deletes all but the newest `keep` checkpoints.
+// Deletes all but the newest `keep` complete checkpoints. An unfinished one
+// (no COMPLETE: a write given up, or abandoned after a rank's death) counts
+// for nothing and goes once a complete one is newer; one whose marker
+// cannot be looked at stays, as if complete.
 static void prune(const char *dir, int keep) {
     char **paths;
-    int n;
+    int n, kept = 0;
     if (dt_ckpt_list(dir, &paths, &n) != DT_OK) return;
-    for (int i = keep; i < n; i++) remove_ckpt(paths[i]);
+    for (int i = 0; i < n; i++) {
+        char done[4400];
+        snprintf(done, sizeof done, "%s/COMPLETE", paths[i]);
+        int complete = 1;
+        if (is_dir(paths[i]) && there(done, &complete) != DT_OK) complete = 1;
+        if (complete && kept < keep) kept++;
+        else if (complete || kept) remove_ckpt(paths[i]);
+    }
     free_list(paths, n);
 }
 
