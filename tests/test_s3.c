@@ -530,6 +530,7 @@ int main(void) {
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
     if (!dt_s3_available()) {
         tl_skip("this build has no libcurl: s3:// paths are refused (install libcurl4-openssl-dev and rebuild)");
+        rmdir(g_tmp);
         return tl_finish();
     }
     setenv("DTRAIN_S3_PART_MB", "5", 1);  // (multipart uploads for objects over 5 MiB)
