@@ -10,12 +10,14 @@ set -euo pipefail
 
 pkgs=(build-essential cmake libomp-dev pkg-config
       zlib1g-dev libinih-dev libcjson-dev libdnnl-dev libmicrohttpd-dev libhdf5-dev
+      libcurl4-openssl-dev                            # s3:// checkpoints and data (docs/s3.md)
       libopenmpi-dev openmpi-bin
       dataset-fashion-mnist fortunes linux-doc-6.1)   # data: images, and two text corpora
 if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--bench" ]; then
     pkgs+=(clang                         # the sanitizer builds (make test-asan, test-tsan)
            prometheus chromium           # tests of the metrics endpoint and the HTML report
-           slurmctld slurmd slurm-client munge)   # the one-machine Slurm test
+           slurmctld slurmd slurm-client munge    # the one-machine Slurm test
+           radosgw ceph-mon ceph-osd curl)        # a real S3 server for the s3:// tests (tests/s3_server.sh)
 fi
 if [ "${1:-}" = "--bench" ]; then
     # PyTorch, and an optimised BLAS for it (Debian's torch otherwise runs on

@@ -2,13 +2,13 @@
 # The shared libraries dtrain's binaries name (ELF NEEDED) are the allowed
 # ones: glibc's, the compiler's runtimes, the required libraries (zlib,
 # inih, cJSON) and the optional ones this build found (oneDNN, HDF5,
-# libmicrohttpd, MPI). Never a CUDA library: the runtime is linked
+# libmicrohttpd, MPI, libcurl). Never a CUDA library: the runtime is linked
 # statically and the driver (libcuda) is loaded by it at run time, so the
 # same binary starts on a machine without a GPU or a driver.
 #   tests/needed-libs.sh BUILD
 set -u
 build=${1:?usage: needed-libs.sh BUILD}
-allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libgcc_s|libstdc\+\+|libgomp|libz|libinih|libcjson|libdnnl|libhdf5_serial|libmicrohttpd|libmpi|libdtrain)\.so'
+allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libgcc_s|libstdc\+\+|libgomp|libz|libinih|libcjson|libdnnl|libhdf5_serial|libmicrohttpd|libmpi|libcurl|libdtrain)\.so'
 fail=0
 for bin in "$build/dtrain" "$build"/libdtrain.so "$build/tests/test_gpu"; do
     [ -e "$bin" ] || continue

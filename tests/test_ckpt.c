@@ -1021,6 +1021,18 @@ static void test_flags(void) {
     int rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "step-000000") && strstr(g_out, "different model"),
           "resume with another model: exit %d\n%s", rc, g_out);
+    // --checkpoint-dir: the checkpoints elsewhere, where --resume auto finds them
+    char flags[1200];
+    snprintf(flags, sizeof flags, "--checkpoint-every 4 --checkpoint-dir %s", tmp("elsewhere"));
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    rc = train("cdir", 2, flags);
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1 && access(tl_path(tmp("elsewhere"), "step-00000016.safetensors"), F_OK) == 0 &&
+              access(tl_path(tmp("cdir"), "checkpoints"), F_OK) != 0,
+          "--checkpoint-dir: step 16 there, no RUN_DIR/checkpoints: exit %d\n%s", rc, g_out);
+    snprintf(flags, sizeof flags, "--checkpoint-every 4 --checkpoint-dir %s --resume auto", tmp("elsewhere"));
+    rc = train("cdir", 3, flags);
+    CHECK(rc == 0 && same_as_ref("cdir"), "resumed from --checkpoint-dir: exit %d\n%s", rc, g_out);
 }
 
 // ---------------------------------------------------------------------------

@@ -299,7 +299,13 @@ DT_API dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt
  * slice and writes its shard into DIR/step-N/; rank 0's writer then waits
  * (up to shard_timeout seconds) for every shard file to appear, and writes
  * index.json and COMPLETE. Every rank must save at the same steps.
- * world <= 1: one file, written by the one writer (rank 0's). */
+ * world <= 1: one file, written by the one writer (rank 0's).
+ *
+ * In object storage (dir s3://..., docs/s3.md) a write that fails for
+ * good after the client's retries (the server gone, a shard that never
+ * came) is given up with a warning instead: the checkpoint is not marked
+ * complete, training goes on, and the next save tries again;
+ * dt_ckpt_writer_failed says whether the newest write was given up. */
 typedef struct dt_ckpt_writer dt_ckpt_writer;
 DT_API dt_status dt_ckpt_writer_create(dt_ckpt_writer **out, const char *dir, int keep,
                                        const dt_ckpt_model *m, int rank, int world,
@@ -334,6 +340,9 @@ DT_API dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, 
 DT_API void dt_ckpt_writer_abandon(dt_ckpt_writer *w);
 /* Waits for the write in flight; returns the first failed write's status. */
 DT_API dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w);
+/* 1 when the newest write was given up (object storage, above), its
+ * message into msg[n]; 0 when it was written (or none was). */
+DT_API int dt_ckpt_writer_failed(dt_ckpt_writer *w, char *msg, size_t n);
 /* 1 when no save is waiting or being written (dt_ckpt_writer_wait would
  * return at once); never blocks. */
 DT_API int dt_ckpt_writer_idle(dt_ckpt_writer *w);

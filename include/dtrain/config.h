@@ -25,7 +25,8 @@
  *   [federated] clients, fraction, rounds, local_epochs, local_batch,
  *             partition, alpha, shards, algorithm, server_lr, ... (dtrain federate)
  *   [obs]     metrics_port, metrics_addr, trace
- *   [checkpoint] every_steps, every_seconds, keep, resume, sharded, allow_changes
+ *   [checkpoint] every_steps, every_seconds, keep, resume, sharded, allow_changes, staging, dir
+ *   [s3]      endpoint, region (docs/s3.md)
  *   [compression] method (none|fp16|bf16|int8|qsgd|sign|topk|randomk|powersgd),
  *             ratio, levels, rank, error_feedback, warmup_steps, momentum,
  *             clip_norm, min_bytes (docs/compression.md)
@@ -185,6 +186,10 @@ typedef struct {
                                       the background) or _PIECES (written a piece at a time, synchronously) */
     int ckpt_allow_changes;        /* resume a checkpoint written with another [model] or [data] */
     char resume[512];              /* "" none, "auto" RUN_DIR's newest, or a file/dir */
+    char ckpt_dir[1024];           /* where checkpoints go ("" RUN_DIR/checkpoints; s3://BUCKET/PREFIX, docs/s3.md) */
+    /* [s3] the object store's endpoint and region where the environment names none (docs/s3.md) */
+    char s3_endpoint[512];
+    char s3_region[64];
     /* [compression] (docs/compression.md) */
     int comp_method;               /* dt_comp_method */
     float comp_ratio;              /* top-k, random-k: the fraction of a piece sent, in (0, 1] */
@@ -279,6 +284,10 @@ DT_API dt_status dt_config_parse(dt_config *c, const char *text, const char *wha
 DT_API char *dt_config_format(const dt_config *c);
 /* Writes dt_config_format's text to path atomically. */
 DT_API dt_status dt_config_write(const dt_config *c, const char *path);
+/* Where a run's checkpoints go, into buf[n] (returned): [checkpoint] dir
+ * when set (a directory, or s3://BUCKET/PREFIX), else RUN_DIR/checkpoints,
+ * else (run_dir NULL) "": none. */
+DT_API const char *dt_config_ckpt_dir(const dt_config *c, const char *run_dir, char *buf, size_t n);
 
 #ifdef __cplusplus
 }

@@ -295,6 +295,51 @@ DT_API dt_status dt_read_at(int fd, uint64_t off, void *dst, size_t n, const cha
  * redirects a write. */
 DT_API dt_status dt_open_write(const char *path, int flags, int *fd);
 
+/* ---- files and objects: local paths and s3://BUCKET/KEY -------------------
+ *
+ * Every path dtrain reads or writes may name an object in S3-compatible
+ * storage, "s3://BUCKET/KEY" (docs/s3.md): the atomic writes above upload
+ * at commit (the bytes staged in an unlinked file under TMPDIR; a
+ * multipart upload when large), dt_open_read and dt_read_file_gz read the
+ * whole object, and the calls below see an object as a file and a key
+ * prefix ("s3://b/dir/" with objects under it) as a directory. A build
+ * without libcurl refuses s3:// paths by name. */
+
+/* Whether path names an object in S3-compatible storage ("s3://..."). */
+DT_API int dt_path_remote(const char *path);
+/* Whether this build reads and writes s3:// paths (it has libcurl). */
+DT_API int dt_s3_available(void);
+/* The S3 endpoint and region from a config ([s3] endpoint, region; NULL
+ * or "" none): used where the environment names none (AWS_ENDPOINT_URL,
+ * AWS_REGION). */
+DT_API void dt_s3_configure(const char *endpoint, const char *region);
+/* What is at path: *kind 0 nothing, 1 a file (or object; *size its bytes,
+ * size may be NULL), 2 a directory (or a prefix with objects under it).
+ * DT_ERR_IO only when it cannot be told (a server that refuses or does not
+ * answer). */
+DT_API dt_status dt_path_kind(const char *path, int *kind, uint64_t *size);
+/* The names in directory dir (its entries but "." and ".."; an S3 prefix's
+ * objects and sub-prefixes), in no order, as a malloc'd array of malloc'd
+ * strings (*n of them; dt_path_list_free frees it). A directory that does
+ * not exist has none (DT_OK). */
+DT_API dt_status dt_path_list(const char *dir, char ***names, int *n);
+DT_API void dt_path_list_free(char **names, int n);
+/* Removes a file or object (one that is not there: DT_OK). */
+DT_API dt_status dt_path_remove(const char *path);
+/* Removes an empty directory (an S3 prefix: nothing to remove). */
+DT_API void dt_path_rmdir(const char *path);
+
+/* A file or object open for reading by ranges: dt_rfile_read gives bytes
+ * [off, off + n) (all of them, or DT_ERR_IO naming the path and where it
+ * ends). A local file is read with pread; an object by ranged GETs, small
+ * reads through a 1 MiB block kept from the last one, large ones in 8 MiB
+ * pieces fetched four at a time. Safe to read from several threads. */
+typedef struct dt_rfile dt_rfile;
+DT_API dt_status dt_rfile_open(dt_rfile **f, const char *path);
+DT_API uint64_t dt_rfile_size(const dt_rfile *f);
+DT_API dt_status dt_rfile_read(dt_rfile *f, uint64_t off, void *dst, size_t n);
+DT_API void dt_rfile_close(dt_rfile *f);
+
 /* Reads a whole file, gunzipping it when it is gzip-compressed, up to max
  * bytes uncompressed (what the caller knows the file holds: a header's
  * claim) and never more than 4 GiB (max 0: that limit); more is

@@ -435,9 +435,21 @@ static dt_status check_ckpt(dt_st_file *f, const char *path, const char **vals, 
     return DT_OK;
 }
 
+// Paths are files or objects (s3://, dtrain/core.h): a sharded checkpoint's
+// directory is a prefix there.
 static int is_dir(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    int k;
+    return dt_path_kind(path, &k, NULL) == DT_OK && k == 2;
+}
+
+// Whether path is there: *there 1 or 0, or an error when that cannot be
+// told (object storage that does not answer), which is never taken for
+// "not there": nothing is skipped or deleted on a guess.
+static dt_status there(const char *path, int *yes) {
+    int k;
+    dt_status st = dt_path_kind(path, &k, NULL);
+    *yes = st == DT_OK && k != 0;
+    return st;
 }
 
 static dt_status gather(const char *dir, dt_st_file **out, const char **vals, dt_train_state *s, int *kind,
@@ -801,31 +813,35 @@ static dt_status index_read(const char *dir, ckpt_index *ix) {
     memset(ix, 0, sizeof *ix);
     char path[4200];
     snprintf(path, sizeof path, "%s/COMPLETE", dir);
-    if (access(path, F_OK) != 0)
+    int done;
+    dt_status st = there(path, &done);
+    if (st != DT_OK) return st;
+    if (!done)
         return dt_error(DT_ERR_FORMAT, "%s: incomplete sharded checkpoint (no COMPLETE marker: not every shard was written)",
                         dir);
     snprintf(path, sizeof path, "%s/index.json", dir);
     uint8_t *buf;
     size_t len;
-    dt_status st = dt_read_file_gz(path, 0, &buf, &len);
-    if (st != DT_OK) return st;
+    if ((st = dt_read_file_gz(path, 0, &buf, &len)) != DT_OK) return st;
     st = index_parse((const char *)buf, len, path, ix);
     free(buf);
     for (int64_t r = 0; st == DT_OK && r < ix->world; r++) {
         char sp[4500];
         snprintf(sp, sizeof sp, "%s/%s", dir, ix->shards[r].file);
-        struct stat sb;
-        if (stat(sp, &sb) != 0) {
-            st = dt_error(DT_ERR_IO, "%s: cannot open: %s", sp, strerror(errno));
+        int kind;
+        uint64_t size;
+        if ((st = dt_path_kind(sp, &kind, &size)) != DT_OK) break;
+        if (kind != 1) {
+            st = dt_error(DT_ERR_IO, "%s: cannot open: %s", sp, kind ? "a directory" : "no such file");
             break;
         }
         // The slice and each optimizer state, 4 bytes an element.
         unsigned long long need = (unsigned long long)(ix->shards[r].end - ix->shards[r].begin) * 4u *
                                   (unsigned long long)(1 + ix->nstates);
-        if ((unsigned long long)sb.st_size < need)
+        if ((unsigned long long)size < need)
             st = dt_error(DT_ERR_FORMAT, "%s: shard %lld: [%zu, %zu) of \"nparams\" %lld with \"nstates\" %lld needs %llu bytes, but %s has %lld bytes",
                           path, (long long)r, ix->shards[r].begin, ix->shards[r].end, (long long)ix->nparams,
-                          (long long)ix->nstates, need, ix->shards[r].file, (long long)sb.st_size);
+                          (long long)ix->nstates, need, ix->shards[r].file, (long long)size);
     }
     if (st == DT_OK) st = index_check_sum(ix, path);
     if (st != DT_OK) index_free(ix);
@@ -1268,33 +1284,24 @@ static int cmp_desc(const void *a, const void *b) {
 dt_status dt_ckpt_list(const char *dir, char ***paths, int *n) {
     *paths = NULL;
     *n = 0;
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT) return DT_OK;
-        return dt_error(DT_ERR_IO, "%s: cannot read directory: %s", dir, strerror(errno));
-    }
-    struct dirent *e;
-    int cap = 0;
-    dt_status st = DT_OK;
-    while ((e = readdir(d))) {
-        if (step_of(e->d_name) < 0) continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **p = realloc(*paths, sizeof *p * cap);
-            if (!p) {
-                st = dt_error(DT_ERR_NOMEM, "out of memory");
-                break;
-            }
-            *paths = p;
+    char **names;
+    int nn;
+    dt_status st = dt_path_list(dir, &names, &nn);
+    if (st != DT_OK) return st;
+    for (int i = 0; i < nn && st == DT_OK; i++) {
+        if (step_of(names[i]) < 0) continue;
+        if (!*paths && !(*paths = malloc(sizeof **paths * (size_t)nn))) {
+            st = dt_error(DT_ERR_NOMEM, "out of memory");
+            break;
         }
-        size_t l = strlen(dir) + strlen(e->d_name) + 2;
+        size_t l = strlen(dir) + strlen(names[i]) + 2;
         if (!((*paths)[*n] = malloc(l))) {
             st = dt_error(DT_ERR_NOMEM, "out of memory");
             break;
         }
-        snprintf((*paths)[(*n)++], l, "%s/%s", dir, e->d_name);
+        snprintf((*paths)[(*n)++], l, "%s/%s", dir, names[i]);
     }
-    closedir(d);
+    dt_path_list_free(names, nn);
     if (st != DT_OK) {
         for (int i = 0; i < *n; i++) free((*paths)[i]);
         free(*paths);
@@ -1315,11 +1322,14 @@ static void free_list(char **p, int n) {
 dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_state *s, int *found, char *used,
                               size_t nused) {
     *found = 0;
-    struct stat sb;
     char idx[4200];
     snprintf(idx, sizeof idx, "%s/index.json", dir);
+    int kind, has_index = 0;
+    dt_status st = dt_path_kind(dir, &kind, NULL);
+    if (st == DT_OK && kind == 2) st = there(idx, &has_index);
+    if (st != DT_OK) return st;
     // One checkpoint: a file, or a sharded checkpoint's directory.
-    if (stat(dir, &sb) == 0 && (S_ISREG(sb.st_mode) || access(idx, F_OK) == 0)) {
+    if (kind == 1 || has_index) {
         dt_status st = dt_ckpt_read(dir, m, s);
         if (st == DT_OK) {
             *found = 1;
@@ -1329,15 +1339,16 @@ dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_
     }
     char **paths;
     int n;
-    dt_status st = dt_ckpt_list(dir, &paths, &n);
-    if (st != DT_OK) return st;
+    if ((st = dt_ckpt_list(dir, &paths, &n)) != DT_OK) return st;
     int damaged = 0, incomplete = 0;
     for (int i = 0; i < n; i++) {
         // A sharded checkpoint without its COMPLETE marker was being written
         // when the run stopped (a crash, a killed rank): it never was one.
         char done[4400];
         snprintf(done, sizeof done, "%s/COMPLETE", paths[i]);
-        if (stat(paths[i], &sb) == 0 && S_ISDIR(sb.st_mode) && access(done, F_OK) != 0) {
+        int complete = 1;
+        if (is_dir(paths[i]) && (st = there(done, &complete)) != DT_OK) break;
+        if (!complete) {
             incomplete++;
             dt_log(DT_LOG_WARN, "skipping %s: its writing never finished (no COMPLETE marker)%s", paths[i],
                    i + 1 < n ? "; trying an older one" : "");
@@ -1390,6 +1401,8 @@ struct dt_ckpt_writer {
     int pending, busy, quit, started;
     dt_status err;          // first failed write
     char errmsg[1024];
+    int given_up;           // the newest write failed in object storage and was given up (failmsg says why)
+    char failmsg[1024];
     int saves;
     double max_pause, total_pause, max_write;
 };
@@ -1397,29 +1410,42 @@ struct dt_ckpt_writer {
 // Removes a checkpoint: a file, or a sharded checkpoint's directory.
 static void remove_ckpt(const char *path) {
     if (!is_dir(path)) {
-        unlink(path);
+        if (dt_path_remove(path) != DT_OK) dt_log(DT_LOG_WARN, "removing an old checkpoint: %s", dt_last_error());
         return;
     }
-    char p[4400];
+    char p[4400], **names;
+    int n;
     snprintf(p, sizeof p, "%s/COMPLETE", path);
-    unlink(p);  // first: a half-removed checkpoint is never taken for whole
-    DIR *d = opendir(path);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        unlink(p);
+    // first: a half-removed checkpoint is never taken for whole
+    if (dt_path_remove(p) != DT_OK || dt_path_list(path, &names, &n) != DT_OK) {
+        dt_log(DT_LOG_WARN, "removing an old checkpoint: %s", dt_last_error());
+        return;
     }
-    if (d) closedir(d);
-    rmdir(path);
+    for (int i = 0; i < n; i++) {
+        if (names[i][0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", path, names[i]);
+        if (dt_path_remove(p) != DT_OK) dt_log(DT_LOG_WARN, "removing an old checkpoint: %s", dt_last_error());
+    }
+    dt_path_list_free(names, n);
+    dt_path_rmdir(path);
 }
 
-// Deletes all but the newest `keep` checkpoints.
+// Deletes all but the newest `keep` complete checkpoints. An unfinished one
+// (no COMPLETE: a write given up, or abandoned after a rank's death) counts
+// for nothing and goes once a complete one is newer; one whose marker
+// cannot be looked at stays, as if complete.
 static void prune(const char *dir, int keep) {
     char **paths;
-    int n;
+    int n, kept = 0;
     if (dt_ckpt_list(dir, &paths, &n) != DT_OK) return;
-    for (int i = keep; i < n; i++) remove_ckpt(paths[i]);
+    for (int i = 0; i < n; i++) {
+        char done[4400];
+        snprintf(done, sizeof done, "%s/COMPLETE", paths[i]);
+        int complete = 1;
+        if (is_dir(paths[i]) && there(done, &complete) != DT_OK) complete = 1;
+        if (complete && kept < keep) kept++;
+        else if (complete || kept) remove_ckpt(paths[i]);
+    }
     free_list(paths, n);
 }
 
@@ -1435,12 +1461,13 @@ static dt_status finish_sharded(const char *dir, const dt_ckpt_model *m, const d
         int is_own = r >= world, k = is_own ? r - world : r;
         if (is_own) own_path(path, sizeof path, dir, k, own);
         else shard_path(path, sizeof path, dir, k, world);
-        while (access(path, F_OK) != 0) {
+        // (object storage is asked less often: each look is a request)
+        for (int yes; there(path, &yes), !yes;) {
             if (cancel && *cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
             if (dt_now() > deadline)
                 return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path,
                                 is_own ? "worker" : "rank", k, is_own ? "own state" : "shard", timeout);
-            usleep(5000);
+            usleep(dt_path_remote(path) ? 200000 : 5000);
         }
     }
     return write_index(dir, m, s, world);
@@ -1518,6 +1545,16 @@ static void *writer_main(void *arg) {
         dt_log(DT_LOG_DEBUG, "checkpoint %s written in %.1f ms", path, took * 1e3);
         pthread_mutex_lock(&w->mu);
         if (took > w->max_write) w->max_write = took;
+        // Object storage that failed for good (after the client's retries):
+        // this checkpoint is given up (never marked complete), training
+        // goes on and the next save tries again.
+        w->given_up = st != DT_OK && dt_path_remote(w->dir) && (st == DT_ERR_IO || st == DT_ERR_TIMEOUT) && !w->cancel;
+        if (w->given_up) {
+            snprintf(w->failmsg, sizeof w->failmsg, "checkpoint at step %lld not written: %s", (long long)s.step,
+                     dt_last_error());
+            dt_log(DT_LOG_WARN, "%s; training goes on, and the next checkpoint tries again", w->failmsg);
+            st = DT_OK;
+        }
         if (st != DT_OK && w->err == DT_OK) {
             w->err = st;
             snprintf(w->errmsg, sizeof w->errmsg, "checkpoint at step %lld: %s", (long long)s.step, dt_last_error());
@@ -1597,16 +1634,19 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     w->started = 1;
     // Temp files of a writer that was killed mid-write, and sharded
     // checkpoints never completed (before any rank of this run writes).
-    DIR *d = rank == 0 && clean ? opendir(dir) : NULL;
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
+    char **names = NULL;
+    int nn = 0;
+    if (rank == 0 && clean && dt_path_list(dir, &names, &nn) != DT_OK)
+        dt_log(DT_LOG_WARN, "looking for unfinished checkpoints: %s", dt_last_error());
+    for (int i = 0; i < nn; i++) {
         char p[4400], c[4500];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         snprintf(c, sizeof c, "%s/COMPLETE", p);
-        if (strstr(e->d_name, ".safetensors.tmp.")) unlink(p);
-        else if (step_of(e->d_name) >= 0 && is_dir(p) && access(c, F_OK) != 0) remove_ckpt(p);
+        int complete = 1;
+        if (strstr(names[i], ".safetensors.tmp.")) dt_path_remove(p);
+        else if (step_of(names[i]) >= 0 && is_dir(p) && there(c, &complete) == DT_OK && !complete) remove_ckpt(p);
     }
-    if (d) closedir(d);
+    dt_path_list_free(names, nn);
     *out = w;
     return DT_OK;
 }
@@ -1631,16 +1671,16 @@ dt_status dt_ckpt_write_own(const char *dir, const dt_ckpt_model *m, const dt_tr
 dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *parts) {
     if (out) *out = NULL;
     *parts = 0;
-    char p[4500];
-    DIR *d = is_dir(path) ? opendir(path) : NULL;
-    struct dirent *e;
-    int w;
-    while (d && (e = readdir(d)))
-        if (sscanf(e->d_name, "worker-00000-of-%5d.safetensors", &w) == 1 && w > 0) {
-            own_path(p, sizeof p, path, 0, w);
-            if (!strcmp(p + strlen(path) + 1, e->d_name)) *parts = w;
+    char p[4500], **names = NULL;
+    int w, nn = 0;
+    if (is_dir(path)) dt_path_list(path, &names, &nn);
+    for (int i = 0; i < nn; i++)
+        if (sscanf(names[i], "worker-00000-of-%5d.safetensors", &w) == 1 && w > 0) {
+            char want[64];
+            own_path(want, sizeof want, "", 0, w);
+            if (!strcmp(want + 1, names[i])) *parts = w;
         }
-    if (d) closedir(d);
+    dt_path_list_free(names, nn);
     if (part == -1) return DT_OK;
     if (part < 0 || part >= *parts)
         return dt_error(DT_ERR_ARG, "%s: holds the files of %d workers, not worker %d's", path, *parts, part);
@@ -1710,6 +1750,14 @@ dt_status dt_ckpt_writer_wait(dt_ckpt_writer *w) {
     dt_status st = w->err;
     pthread_mutex_unlock(&w->mu);
     return st != DT_OK ? dt_error(st, "%s", w->errmsg) : DT_OK;
+}
+
+int dt_ckpt_writer_failed(dt_ckpt_writer *w, char *msg, size_t n) {
+    pthread_mutex_lock(&w->mu);
+    int failed = w->given_up;
+    if (failed && n) snprintf(msg, n, "%s", w->failmsg);
+    pthread_mutex_unlock(&w->mu);
+    return failed;
 }
 
 int dt_ckpt_writer_idle(dt_ckpt_writer *w) {

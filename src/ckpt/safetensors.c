@@ -25,7 +25,7 @@ typedef struct {
 // reads ranges of it, dt_st_scan streams all of it once.
 struct dt_st_file {
     char *path;            // names it in errors
-    int fd;                // -1: none (a buffer, or a view)
+    dt_rfile *rf;          // NULL: none (a buffer, or a view)
     uint8_t *mem;          // dt_st_parse's copy of the file
     size_t len;            // the file's size
     int n, cap;
@@ -124,7 +124,7 @@ dt_status dt_st_write(const char *path, const dt_st_tensor *tensors, int n, cons
 
 void dt_st_close(dt_st_file *f) {
     if (!f) return;
-    if (f->fd >= 0) close(f->fd);
+    dt_rfile_close(f->rf);
     for (int i = 0; i < f->nkids; i++) dt_st_close(f->kids[i]);
     for (int i = 0; f->names && i < f->n; i++) free(f->names[i]);
     free(f->kids);
@@ -146,7 +146,6 @@ static dt_st_file *file_new(const char *what) {
         f = NULL;
     }
     if (!f) return NULL;
-    f->fd = -1;
     f->first_bad = -1;
     return f;
 }
@@ -176,7 +175,7 @@ static int grow(dt_st_file *f) {
 
 // Bytes [off, off + n) of s's file (its descriptor or its buffer) into dst.
 static dt_status read_src(const dt_st_file *s, uint64_t off, void *dst, size_t n) {
-    if (s->fd < 0) {
+    if (!s->rf) {
         if (off > s->len || n > s->len - off)
             return dt_error(DT_ERR_IO, "%s: bytes [%llu, %llu) are past its end (%zu bytes)", s->path,
                             (unsigned long long)off, (unsigned long long)(off + n), s->len);
@@ -184,7 +183,7 @@ static dt_status read_src(const dt_st_file *s, uint64_t off, void *dst, size_t n
         return DT_OK;
     }
     atomic_fetch_add(&g_read, (uint64_t)n);
-    return dt_read_at(s->fd, off, dst, n, s->path);
+    return dt_rfile_read(s->rf, off, dst, n);
 }
 
 uint64_t dt_st_bytes_read(void) { return atomic_load(&g_read); }
@@ -463,19 +462,17 @@ dt_status dt_st_check_finite(dt_st_file *f, const char *path) {
 
 dt_status dt_st_open(dt_st_file **out, const char *path) {
     *out = NULL;
-    int fd;
-    dt_status st = dt_open_read(path, &fd);
+    dt_rfile *rf;
+    dt_status st = dt_rfile_open(&rf, path);
     if (st != DT_OK) return st;  // (recorded)
-    struct stat sb;
     dt_st_file *f = file_new(path);
     if (!f) {
-        close(fd);
+        dt_rfile_close(rf);
         return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
-    f->fd = fd;
-    if (fstat(fd, &sb) != 0) st = dt_error(DT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    else f->len = (size_t)sb.st_size;
-    if (st == DT_OK) st = load_header(f);
+    f->rf = rf;
+    f->len = (size_t)dt_rfile_size(rf);
+    st = load_header(f);
     if (st != DT_OK) dt_st_close(f);
     else *out = f;
     return st;

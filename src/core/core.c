@@ -3,6 +3,7 @@
 #include "dtrain/core.h"
 #include "core/rng_hd.h"
 #include "version.h"
+#include "core/s3.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -51,8 +52,13 @@ const char *dt_version(void) { return DT_VERSION_STRING; }
 #else
 #define DT_F_CUDA "no"
 #endif
+#ifdef DTRAIN_HAVE_S3
+#define DT_F_S3 "yes"
+#else
+#define DT_F_S3 "no"
+#endif
 const char *dt_build_features(void) {
-    return "oneDNN " DT_F_ONEDNN ", HDF5 " DT_F_HDF5 ", libmicrohttpd " DT_F_MHD ", MPI " DT_F_MPI ", CUDA " DT_F_CUDA;
+    return "oneDNN " DT_F_ONEDNN ", HDF5 " DT_F_HDF5 ", libmicrohttpd " DT_F_MHD ", MPI " DT_F_MPI ", CUDA " DT_F_CUDA ", S3 (libcurl) " DT_F_S3;
 }
 
 // ----------------------------------------------------------------------------
@@ -266,6 +272,8 @@ void dt_alive(void) {
 void dt_free(void *p) { free(p); }
 
 dt_status dt_make_dirs(const char *path) {
+    // Object storage has no directories: the bucket must be there.
+    if (dt_s3_is_url(path)) return dt_s3_check_bucket(path);
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
         return dt_error(DT_ERR_ARG, "%s: path too long", path);

@@ -14,13 +14,39 @@
 #include <string.h>
 #include <unistd.h>
 
+// An object (s3://) read whole into memory and opened as a file image
+// (libhdf5's core driver): the data set is read into memory anyway.
+static dt_status open_object(const char *path, hid_t *f) {
+    dt_rfile *r;
+    dt_status st = dt_rfile_open(&r, path);
+    if (st != DT_OK) return st;
+    uint64_t n = dt_rfile_size(r);
+    void *buf = n && n <= ((uint64_t)1 << 32) ? malloc(n) : NULL;
+    if (!buf) st = n ? dt_error(DT_ERR_NOMEM, "%s: out of memory for its %llu bytes", path, (unsigned long long)n)
+                     : dt_error(DT_ERR_FORMAT, "%s: not an HDF5 file (empty)", path);
+    if (st == DT_OK) st = dt_rfile_read(r, 0, buf, n);
+    dt_rfile_close(r);
+    hid_t fapl = st == DT_OK ? H5Pcreate(H5P_FILE_ACCESS) : -1;
+    if (fapl >= 0 && H5Pset_fapl_core(fapl, 1 << 20, 0) >= 0 && H5Pset_file_image(fapl, buf, n) >= 0)
+        *f = H5Fopen(path, H5F_ACC_RDONLY, fapl);  // (the image is copied: buf goes)
+    if (fapl >= 0) H5Pclose(fapl);
+    free(buf);
+    return st;
+}
+
 static dt_status open_file(const char *path, hid_t *f) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);  // errors come back as statuses, not printed
     *f = -1;
-    int fd;  // (a FIFO or a device would block libhdf5's open)
-    if (dt_open_read(path, &fd) != DT_OK) return DT_ERR_IO;
-    close(fd);
-    if ((*f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0)
+    if (dt_path_remote(path)) {
+        dt_status st = open_object(path, f);
+        if (st != DT_OK) return st;
+    } else {
+        int fd;  // (a FIFO or a device would block libhdf5's open)
+        if (dt_open_read(path, &fd) != DT_OK) return DT_ERR_IO;
+        close(fd);
+        *f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    }
+    if (*f < 0)
         return dt_error(DT_ERR_FORMAT, "%s: not an HDF5 file (or a damaged one): libhdf5 cannot open it", path);
     return DT_OK;
 }

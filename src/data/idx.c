@@ -14,9 +14,11 @@
 static dt_status find_idx(const char *dir, const char *name, char *out, size_t n) {
     if ((size_t)snprintf(out, n, "%s/%s.gz", dir, name) >= n)
         return dt_error(DT_ERR_ARG, "%s/%s.gz: path longer than %zu bytes", dir, name, n - 1);
-    if (access(out, F_OK) == 0) return DT_OK;
+    int kind;  // (a file, or an object: dir s3://BUCKET/PREFIX)
+    dt_status st = dt_path_kind(out, &kind, NULL);
+    if (st != DT_OK || kind) return st;
     snprintf(out, n, "%s/%s", dir, name);
-    if (access(out, F_OK) == 0) return DT_OK;
+    if ((st = dt_path_kind(out, &kind, NULL)) != DT_OK || kind) return st;
     return dt_error(DT_ERR_IO, "%s/%s.gz: cannot open: no such file (nor %s, plain)", dir, name, out);
 }
 

@@ -49,42 +49,26 @@ dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *what, int 
 
 dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab) {
     memset(t, 0, sizeof *t);
-    int fd;
-    if (dt_open_read(path, &fd) != DT_OK)
+    dt_rfile *f;  // (a file, or an object: s3://, read in pieces four at a time)
+    if (dt_rfile_open(&f, path) != DT_OK)
         return dt_error(DT_ERR_IO, "token file %s%s", dt_last_error(),
-                        access(path, F_OK) != 0 ? " (make token files from text with: dtrain prepare-text FILE... -o PREFIX)" : "");
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        close(fd);
-        return dt_error(DT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    size_t len = (size_t)sb.st_size;
+                        !dt_path_remote(path) && access(path, F_OK) != 0
+                            ? " (make token files from text with: dtrain prepare-text FILE... -o PREFIX)" : "");
+    size_t len = (size_t)dt_rfile_size(f);
     if (len < HEADER_BYTES) {
-        close(fd);
+        dt_rfile_close(f);
         return dt_error(DT_ERR_FORMAT, "%s: %zu bytes is shorter than the %d-byte header of a token file (truncated?)",
                         path, len, HEADER_BYTES);
     }
     uint8_t *buf = malloc(len);
     if (!buf) {
-        close(fd);
+        dt_rfile_close(f);
         return dt_error(DT_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, len);
     }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = read(fd, buf + got, len - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = errno;
-            free(buf);
-            close(fd);
-            return r < 0 ? dt_error(DT_ERR_IO, "%s: read failed: %s", path, strerror(e))
-                         : dt_error(DT_ERR_IO, "%s: the file shrank from %zu to %zu bytes while it was read (changed "
-                                               "by another program?)", path, len, got);
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    dt_status st = dt_tokens_parse(buf, len, path, vocab, &t->tokens, &t->n);
+    // A file that shrinks while it is read ends early: the read names it.
+    dt_status st = dt_rfile_read(f, 0, buf, len);
+    dt_rfile_close(f);
+    if (st == DT_OK) st = dt_tokens_parse(buf, len, path, vocab, &t->tokens, &t->n);
     if (st != DT_OK) {
         free(buf);
         return st;

@@ -154,7 +154,8 @@ static dt_status config_changes(void *user, const char *path, const char *stored
         if (!nv) nv = config_value(d, nd, x->name);
         if (!ov) ov = "(none)";
         if (!nv) nv = "(none)";
-        if (!strcmp(ov, nv) || !strncmp(x->name, "checkpoint.", 11)) continue;  // (how it saves: not the run)
+        if (!strcmp(ov, nv) || !strncmp(x->name, "checkpoint.", 11) || !strncmp(x->name, "s3.", 3))
+            continue;  // (how it saves: not the run)
         serious |= changes_the_run(x->name);
         size_t l = strlen(list);
         if (shown < 8 && l < sizeof list - 200)
@@ -288,6 +289,9 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     plain.ckpt_sharded = d.ckpt_sharded;
     plain.ckpt_staging = d.ckpt_staging;
     plain.ckpt_allow_changes = d.ckpt_allow_changes;
+    memcpy(plain.ckpt_dir, d.ckpt_dir, sizeof d.ckpt_dir);
+    memcpy(plain.s3_endpoint, d.s3_endpoint, sizeof d.s3_endpoint);
+    memcpy(plain.s3_region, d.s3_region, sizeof d.s3_region);
     plain.metrics_port = d.metrics_port;
     memcpy(plain.metrics_addr, d.metrics_addr, sizeof d.metrics_addr);
     memcpy(plain.trace, d.trace, sizeof d.trace);
@@ -300,7 +304,7 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     s->rng = rng;
     s->world = W;
     char *dir = r->dir;
-    if (run_dir) snprintf(r->dir, sizeof r->dir, "%s/checkpoints", run_dir);
+    dt_config_ckpt_dir(c, run_dir, r->dir, sizeof r->dir);
 
     dt_status st = DT_OK;
     int found = 0, parts = 1;
@@ -340,7 +344,7 @@ dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_
     r->world = c->ckpt_sharded || sliced(&r->model) || r->model.extra ? W : 1;
     r->state_opt = *r->model.opt_step;
     // a rank that joins starts its writer once it has the state (dt_run_ckpt_share)
-    if (run_dir && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0) && !joining) st = make_writer(r);
+    if (dir[0] && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0) && !joining) st = make_writer(r);
     return st;
 }
 
@@ -404,6 +408,9 @@ dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
             dt_log(DT_LOG_INFO, "%d checkpoint%s; training paused %.1f ms at most (%.1f ms in all) to snapshot "
                                 "them, the writes took up to %.1f ms in the background",
                    saves, saves > 1 ? "s" : "", maxp * 1e3, total * 1e3, maxw * 1e3);
+        char why[1024];
+        if (st == DT_OK && w == DT_OK && dt_ckpt_writer_failed(r->writer, why, sizeof why))
+            w = dt_error(DT_ERR_IO, "the run's last %s", why);  // (the run ended without its final checkpoint)
         if (st == DT_OK) st = w;
         dt_ckpt_writer_free(r->writer);
     }

@@ -513,8 +513,10 @@ dt_status dt_check_disk(const dt_config *c, const char *run_dir) {
     memset(&n, 0, sizeof n);
     if (model_needs(c, DT_MEM_TRAIN, 1, &n) != DT_OK) return DT_OK;  // (the workers report it in full)
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
-    size_t F = sizeof(float), ck = sat_mul(F * (size_t)(1 + optim_states(c)), n.np_whole), k = ckpts_at_once(c, dir);
+    dt_config_ckpt_dir(c, run_dir, dir, sizeof dir);
+    // (checkpoints in object storage take no room here)
+    size_t F = sizeof(float), ck = sat_mul(F * (size_t)(1 + optim_states(c)), n.np_whole),
+           k = dt_path_remote(dir) ? 0 : ckpts_at_once(c, dir);
     if (c->recsys && c->rs_sparse && (c->ps_servers > 0 || dt_tables_on_workers(c)))  // the tables' shards go in them too
         ck = sat_add(ck, dt_rows_shard_bytes(dt_dlrm_total_rows(&c->dlrm), c->dlrm.dim, c->rs_table_optim == 0, 0));
     size_t need = sat_add(sat_mul(ck, k), F * n.np_whole);  // (and the weights file at the end)

@@ -233,6 +233,9 @@ static const field fields[] = {
     {"checkpoint", "staging", F_ENUM, O(ckpt_staging), 0, 0, staging_names},
     {"checkpoint", "allow_changes", F_BOOL, O(ckpt_allow_changes), 0, 1, NULL},
     {"checkpoint", "resume", F_STR, O(resume), 0, 0, NULL},
+    {"checkpoint", "dir", F_STR, O(ckpt_dir), 0, 0, NULL},
+    {"s3", "endpoint", F_STR, O(s3_endpoint), 0, 0, NULL},
+    {"s3", "region", F_STR, O(s3_region), 0, 0, NULL},
     {"compression", "method", F_ENUM, O(comp_method), 0, 0, comp_names},
     {"compression", "ratio", F_FLOAT, O(comp_ratio), 1e-6, 1, NULL},
     {"compression", "levels", F_INT, O(comp_levels), 1, 127, NULL},
@@ -919,6 +922,24 @@ static dt_status finish_recsys(dt_config *c, const char *what) {
     return DT_OK;
 }
 
+// s3:// paths: this build must have the client, and the [s3] keys are
+// where it finds the server when the environment does not say.
+static dt_status finish_paths(const dt_config *c, const char *what) {
+    const struct { const char *key, *path; } paths[] = {
+        {"[checkpoint] dir", c->ckpt_dir}, {"[checkpoint] resume", c->resume}, {"[data] dir", c->data_dir},
+        {"[data] file", c->data_file},     {"[data] train_file", c->train_file}, {"[data] val_file", c->val_file},
+        {"[model] init_from", c->init_from}};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
+        if (dt_path_remote(paths[i].path) && !dt_s3_available())
+            return dt_error(DT_ERR_CONFIG, "%s: %s = %.200s: s3:// paths need libcurl, which this build of dtrain lacks "
+                            "(install libcurl4-openssl-dev and rebuild)", what, paths[i].key, paths[i].path);
+    if (c->s3_endpoint[0] && strncmp(c->s3_endpoint, "http://", 7) && strncmp(c->s3_endpoint, "https://", 8))
+        return dt_error(DT_ERR_CONFIG, "%s: [s3] endpoint: expected a URL http://HOST[:PORT] or https://..., got '%.100s'",
+                        what, c->s3_endpoint);
+    dt_s3_configure(c->s3_endpoint, c->s3_region);
+    return DT_OK;
+}
+
 static dt_status finish(dt_config *c, const char *what) {
     int lm = !strncmp(c->preset, "gpt", 3) || !strncmp(c->preset, "llama", 5) || c->arch == DT_ARCH_LLAMA;
     c->recsys = 0;
@@ -936,6 +957,7 @@ static dt_status finish(dt_config *c, const char *what) {
         return dt_error(DT_ERR_CONFIG, "%s: [parallel] %s: interleaving runs virtual stages of a pipeline, and pipeline is "
                         "%d; set pipeline >= 2 or leave it unset", what,
                         c->pipeline_schedule == 2 ? "schedule = interleaved" : "virtual_stages", c->pipeline);
+    if ((st = finish_paths(c, what)) != DT_OK) return st;
     return finish_compression(c, what);
 }
 
@@ -1089,4 +1111,11 @@ dt_status dt_config_write(const dt_config *c, const char *path) {
     dt_status st = dt_write_atomic(path, parts, sizes, 1);
     free(text);
     return st;
+}
+
+const char *dt_config_ckpt_dir(const dt_config *c, const char *run_dir, char *buf, size_t n) {
+    if (c->ckpt_dir[0]) snprintf(buf, n, "%s", c->ckpt_dir);
+    else if (run_dir) snprintf(buf, n, "%s/checkpoints", run_dir);
+    else if (n) buf[0] = 0;
+    return buf;
 }

@@ -114,6 +114,9 @@ static const char train_help[] =
     "  --keep N        keep the newest N checkpoints (checkpoint.keep, default 3)\n"
     "  --checkpoint-sharded  every worker writes its slice of the state\n"
     "                  (RUN_DIR/checkpoints/step-N/); resumes on any worker count\n"
+    "  --checkpoint-dir DIR  write the checkpoints there instead of\n"
+    "                  RUN_DIR/checkpoints: a directory, or s3://BUCKET/PREFIX\n"
+    "                  (checkpoint.dir; docs/s3.md)\n"
     "  --resume auto|PATH  continue from the newest valid checkpoint of the run\n"
     "                  directory (auto; none there: start at step 0), of another\n"
     "                  directory, or from one checkpoint file (PATH must exist\n"
@@ -250,7 +253,7 @@ typedef struct {
     int max_restarts, spares;
     int plan;                  // --plan auto
     double heartbeat, elastic_retry;
-    char set_buf[9][600];      // --set texts made from the flags that are config fields
+    char set_buf[16][1100];    // --set texts made from the flags that are config fields
 } args_t;
 
 // The value of "--flag V" or "--flag=V" at argv[*i], or NULL if argv[*i] is
@@ -280,7 +283,7 @@ static void warn_oversubscribed(int workers, int threads) {
 // Every option of train and eval, for "did you mean".
 static const char *const train_flags[] = {
     "--workers", "--set", "--run-dir", "--log-format", "--metrics-port", "--metrics-addr", "--trace",
-    "--checkpoint-every", "--checkpoint-seconds", "--keep", "--resume", "--max-restarts", "--spares", "--zero",
+    "--checkpoint-every", "--checkpoint-seconds", "--keep", "--resume", "--checkpoint-dir", "--max-restarts", "--spares", "--zero",
     "--servers", "--precision", "--device", "--memory-limit", "--deterministic", "--checkpoint-sharded", "--heartbeat-timeout",
     "--elastic-retry", "--quiet", "--help", "--checkpoint", "--plan"};
 
@@ -299,6 +302,7 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
             {"--checkpoint-seconds", "checkpoint.every_seconds", 0.001, 1e9, 0},
             {"--keep", "checkpoint.keep", 1, 1e6, 1},
             {"--resume", "checkpoint.resume", 0, 0, 0},
+            {"--checkpoint-dir", "checkpoint.dir", 0, 0, 0},
             {"--metrics-port", "obs.metrics_port", 1, 65535, 1},
             {"--metrics-addr", "obs.metrics_addr", 0, 0, 0},
             {"--trace", "obs.trace", 0, 0, 0},
@@ -317,7 +321,8 @@ static int parse_args(int argc, char **argv, args_t *a, const char *help, int is
                 return cli_error("--precision: expected fp32, bf16 or fp16, got '%s'", v), EXIT_USAGE;
             if (!strcmp(ck[k].flag, "--device") && dt_device_index(v) < -1)
                 return cli_error("--device: expected cpu, cuda or cuda:N (N a GPU's index, from 0), got '%s'", v), EXIT_USAGE;
-            if (a->nsets == MAX_SETS || nbuf == NCK) return cli_error("too many options"), EXIT_USAGE;
+            if (a->nsets == MAX_SETS || nbuf == (int)(sizeof a->set_buf / sizeof a->set_buf[0]))
+                return cli_error("too many options"), EXIT_USAGE;
             snprintf(a->set_buf[nbuf], sizeof a->set_buf[nbuf], "%s=%s", ck[k].field, v);
             a->sets[a->nsets++] = a->set_buf[nbuf++];
             continue;
@@ -472,12 +477,24 @@ static int check_before_start(const args_t *a, const dt_config *c) {
         {"[data] val_file", c->gpt ? c->val_file : ""},
         {"[model] init_from", c->init_from},
     };
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-        if (files[i].path[0] && access(files[i].path, F_OK) != 0)
-            return cli_error("%s: %s: %s%s", files[i].field, files[i].path, strerror(errno),
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        int kind = 1;
+        const char *why = "";
+        if (!files[i].path[0]) continue;
+        if (dt_path_remote(files[i].path)) {  // (an object, or a prefix with objects under it)
+            if (dt_path_kind(files[i].path, &kind, NULL) != DT_OK)
+                return cli_error("%s: %s", files[i].field, dt_last_error()), EXIT_RUNTIME;
+            why = "no such object";
+        } else if (access(files[i].path, F_OK) != 0) {
+            kind = 0;
+            why = strerror(errno);
+        }
+        if (!kind)
+            return cli_error("%s: %s: %s%s", files[i].field, files[i].path, why,
                              strstr(files[i].field, "_file") ? " (make token files from text with: dtrain prepare-text "
                                                                "FILE... -o PREFIX; docs/gpt.md)" : ""),
                    EXIT_RUNTIME;
+    }
     return 0;
 }
 
@@ -488,10 +505,10 @@ static void warm_spare(void *user) {
 }
 
 // The newest checkpoint of the run directory into out ("" when none).
-static void newest_ckpt(const char *run_dir, char *out, size_t len) {
+static void newest_ckpt(const dt_config *c, const char *run_dir, char *out, size_t len) {
     char dir[1100], **list = NULL;
     int n = 0;
-    snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+    dt_config_ckpt_dir(c, run_dir, dir, sizeof dir);
     if (dt_ckpt_list(dir, &list, &n) != DT_OK) n = 0;
     snprintf(out, len, "%s", n ? list[0] : "");
     for (int i = 0; i < n; i++) free(list[i]);
@@ -500,17 +517,17 @@ static void newest_ckpt(const char *run_dir, char *out, size_t len) {
 
 // Rank 0's line after a stop on request: the step, the checkpoint that
 // holds it (the newest in the run directory) and how to go on.
-static void print_stopped(const dt_train_result *r, const char *run_dir) {
+static void print_stopped(const dt_config *c, const dt_train_result *r, const char *run_dir) {
     char ck[1200];
-    newest_ckpt(run_dir, ck, sizeof ck);
+    newest_ckpt(c, run_dir, ck, sizeof ck);
     fprintf(stderr, "stopped at step %lld%s%s%s; continue with --resume auto --run-dir %s\n", (long long)r->steps,
             ck[0] ? " (checkpoint " : "", ck, ck[0] ? ")" : "", run_dir);
 }
 
 // After a failure the supervisor cannot repair: where the run can go on from.
-static int failed_run(const char *run_dir) {
+static int failed_run(const dt_config *c, const char *run_dir) {
     char ck[1200];
-    newest_ckpt(run_dir, ck, sizeof ck);
+    newest_ckpt(c, run_dir, ck, sizeof ck);
     if (ck[0]) dt_log(DT_LOG_INFO, "the newest checkpoint is %s: continue with --resume auto --run-dir %s", ck, run_dir);
     else dt_log(DT_LOG_INFO, "no checkpoint was written in %s (--checkpoint-every N makes them)", run_dir);
     return EXIT_RUNTIME;
@@ -666,7 +683,7 @@ static int supervise(const args_t *a, const dt_config *c) {
         if (restarts >= a->max_restarts) {
             if (a->max_restarts > 0)
                 cli_error("%s %s; giving up after %d restart%s", who, why, restarts, restarts == 1 ? "" : "s");
-            return failed_run(a->run_dir);
+            return failed_run(c, a->run_dir);
         }
         restarts++;
         char at[48] = " before the first step";
@@ -800,7 +817,7 @@ int cmd_train(int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     if (r.stopped) {
-        if (r.rank == 0) print_stopped(&r, a.run_dir);
+        if (r.rank == 0) print_stopped(&c, &r, a.run_dir);
         return DT_EXIT_STOPPED;
     }
     if (a.json) {

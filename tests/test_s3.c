@@ -1,0 +1,553 @@
+/* Checkpoints and data in object storage, against a real S3 server that
+ * the test starts: Ceph's RADOS Gateway on a one-node cluster
+ * (tests/s3_server.sh), reached through a proxy that injects faults on
+ * request (tests/s3_fault_proxy.py). Skipped (exit 77) where radosgw is not
+ * installed or this build has no libcurl.
+ *
+ *   1. The client: objects put and read back by ranges, byte for byte; a
+ *      multipart upload (5 MiB parts); a large read in pieces; listings;
+ *      deletes; a 503 SlowDown retried; a missing object and a missing
+ *      bucket named.
+ *   2. Runs (deterministic, so "the same" is bitwise): whole and sharded
+ *      checkpoints in s3://, keep, a run stopped by a failure and resumed
+ *      on another worker count, equal to the uninterrupted local run; a
+ *      killed worker's group restarted from s3:// (--max-restarts); ZeRO-3
+ *      resumed from s3:// with each rank reading its own slice (summary's
+ *      io.ranks_read_bytes); inspect, export and eval of s3:// checkpoints;
+ *      IDX, HDF5 and token files read from s3:// train the same model as
+ *      the local files; sample from an s3:// checkpoint.
+ *   3. Faults: wrong and missing credentials, a missing bucket (clear
+ *      messages naming the object, exit 1 before training); 503/500 replies
+ *      retried; the gateway killed in the middle of the checkpoints and
+ *      started again (the run goes on, every checkpoint completes, the
+ *      model is the uninterrupted run's); the server unreachable past the
+ *      retries (the checkpoint is given up, never marked complete, the run
+ *      goes on; resume falls back to the one before; a run whose last
+ *      checkpoint is lost exits 1 saying so); truncated objects (inspect
+ *      refuses naming the shard, resume falls back). */
+#include "core/s3.h"
+#include "dtrain/ckpt.h"
+#include "dtrain/gpt.h"
+#include "testlib.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_tmp[256], g_srv[300], g_out[1 << 17];
+static int g_proxy_pid = -1;
+
+static const char *tmp(const char *name) { return tl_path(g_tmp, name); }
+
+// A shell command's output into g_out; its exit status.
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    return tl_run(cmd, g_out, sizeof g_out);
+}
+
+static int free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0) close(s);
+    return port;
+}
+
+static void stop_all(void) {
+    if (g_proxy_pid > 0) kill(g_proxy_pid, SIGTERM);
+    if (g_srv[0]) sh("tests/s3_server.sh stop %s", g_srv);
+}
+
+// The fault proxy's rules (s3_fault_proxy.py), as JSON; "" none.
+static void rules(const char *json) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/rules.json", g_srv);
+    FILE *f = fopen(p, "w");
+    fputs(json, f);
+    fclose(f);
+}
+
+// How many requests the proxy saw whose line holds `what` since the log
+// was last cleared (log_clear).
+static int seen(const char *what) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/proxy.log", g_srv);
+    return tl_count(p, what);
+}
+
+static void log_clear(void) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/proxy.log", g_srv);
+    fclose(fopen(p, "w"));
+}
+
+// Starts the server and the proxy; the environment then points at the
+// proxy. 77: cannot run here.
+static int start(void) {
+    snprintf(g_srv, sizeof g_srv, "%s/srv", g_tmp);
+    int rc = sh("tests/s3_server.sh start %s 2>&1", g_srv);
+    if (rc == 77 || strstr(g_out, "SKIPPED")) {
+        g_srv[0] = 0;
+        tl_skip("%s", g_out);
+        return 77;
+    }
+    if (rc != 0) {
+        CHECK(0, "the S3 server starts: exit %d\n%s", rc, g_out);
+        g_srv[0] = 0;
+        return 1;
+    }
+    atexit(stop_all);
+    int up = -1;
+    for (char *l = strtok(g_out, "\n"); l; l = strtok(NULL, "\n")) {
+        char k[64], v[256];
+        if (sscanf(l, "export %63[^=]=%255s", k, v) != 2) continue;
+        setenv(k, v, 1);
+        if (!strcmp(k, "AWS_ENDPOINT_URL")) sscanf(v, "http://127.0.0.1:%d", &up);
+    }
+    for (const char *b = "ckpt data"; *b; b += strcspn(b, " "), b += *b == ' ') {
+        char name[16];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(b, " "), b);
+        rc = sh("tests/s3_server.sh mb %s %s 2>&1", g_srv, name);
+        CHECK(rc == 0, "bucket %s made: %s", name, g_out);
+    }
+    int port = free_port();
+    rules("[]");
+    log_clear();
+    char pidf[600], url[64];
+    snprintf(pidf, sizeof pidf, "%s/proxy.pid", g_srv);
+    sh("python3 tests/s3_fault_proxy.py %d %d %s/rules.json %s/proxy.log >%s/proxy.out 2>&1 & echo $! >%s", port, up,
+       g_srv, g_srv, g_srv, pidf);
+    char *p = tl_read_file(pidf, NULL);
+    g_proxy_pid = p ? atoi(p) : -1;
+    free(p);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    setenv("AWS_ENDPOINT_URL", url, 1);
+    for (int i = 0; i < 100 && sh("curl -s -o /dev/null -m 1 %s/", url) != 0; i++) usleep(100000);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// 1. the client
+
+static int count_names(void *user, const char *name, uint64_t size, int is_dir) {
+    char *list = user;
+    size_t l = strlen(list);
+    snprintf(list + l, 1024 - l, "%s%s%s:%llu", l ? " " : "", name, is_dir ? "/" : "", (unsigned long long)size);
+    return 0;
+}
+
+static void test_client(void) {
+    const char *u = "s3://data/c/a.bin";
+    CHECK(dt_s3_put(u, "hello object storage", 20) == DT_OK, "put: %s", dt_last_error());
+    int ex;
+    uint64_t size;
+    CHECK(dt_s3_head(u, &ex, &size) == DT_OK && ex && size == 20, "head: %d %llu", ex, (unsigned long long)size);
+    char b[32] = "";
+    CHECK(dt_s3_get(u, 6, 6, b) == DT_OK && !memcmp(b, "object", 6), "ranged get: '%.6s'", b);
+    CHECK(dt_s3_get(u, 15, 10, b) == DT_ERR_IO && strstr(dt_last_error(), "s3://data/c/a.bin: ends at byte 20"),
+          "a read past the end names where it ends: %s", dt_last_error());
+    // 12 MiB in 5 MiB parts (DTRAIN_S3_PART_MB), then read back in 8 MiB pieces
+    size_t n = 12u << 20;
+    uint8_t *big = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) big[i] = (uint8_t)(i * 2654435761u >> 13);
+    int fd = open(tmp("big"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    CHECK(write(fd, big, n) == (ssize_t)n, "staged");
+    log_clear();
+    CHECK(dt_s3_put_fd("s3://data/c/sub/big.bin", fd, n) == DT_OK, "multipart put: %s", dt_last_error());
+    close(fd);
+    CHECK(seen("?uploads=") == 1 && seen("partNumber=3&") == 1 && seen("partNumber=4&") == 0,
+          "a multipart upload of 3 parts: %d, %d", seen("?uploads="), seen("partNumber=3&"));
+    memset(back, 0, n);
+    CHECK(dt_s3_get("s3://data/c/sub/big.bin", 0, n, back) == DT_OK && !memcmp(big, back, n), "read back: %s",
+          dt_last_error());
+    dt_rfile *rf;
+    CHECK(dt_rfile_open(&rf, "s3://data/c/sub/big.bin") == DT_OK && dt_rfile_size(rf) == n, "rfile opens");
+    uint8_t x[100];
+    int ok = 1;
+    log_clear();
+    for (size_t at = 1000; at < 500000; at += 4999) ok &= dt_rfile_read(rf, at, x, 100) == DT_OK && !memcmp(x, big + at, 100);
+    CHECK(ok && seen("GET") == 1, "100 small reads through one 1 MiB block: %d GETs", seen("GET"));
+    dt_rfile_close(rf);
+    free(big);
+    free(back);
+    char list[1024] = "";
+    CHECK(dt_s3_list("s3://data/c", count_names, list) == DT_OK && strstr(list, "a.bin:20") && strstr(list, "sub/:0"),
+          "listing: %s", list);
+    char **names;
+    int nn, kind;
+    CHECK(dt_path_list("s3://data/c/sub", &names, &nn) == DT_OK && nn == 1 && !strcmp(names[0], "big.bin"), "path list");
+    dt_path_list_free(names, nn);
+    CHECK(dt_path_kind("s3://data/c/sub", &kind, NULL) == DT_OK && kind == 2, "a prefix is a directory");
+    CHECK(dt_path_kind("s3://data/c/none", &kind, NULL) == DT_OK && kind == 0, "nothing there");
+    // a 503 SlowDown twice: retried
+    rules("[{\"match\": \"PUT /data/c/retry\", \"count\": 2, \"status\": 503, \"code\": \"SlowDown\"}]");
+    log_clear();
+    CHECK(dt_s3_put("s3://data/c/retry", "x", 1) == DT_OK && seen("PUT /data/c/retry") == 3,
+          "SlowDown retried: %d PUTs: %s", seen("PUT /data/c/retry"), dt_last_error());
+    rules("[]");
+    CHECK(dt_s3_delete(u) == DT_OK && dt_s3_head(u, &ex, NULL) == DT_OK && !ex, "deleted");
+    CHECK(dt_s3_get(u, 0, 1, b) == DT_ERR_IO && strstr(dt_last_error(), "s3://data/c/a.bin: HTTP 404 NoSuchKey"),
+          "a missing object named: %s", dt_last_error());
+    CHECK(dt_s3_put("s3://nosuchbucket/x", "x", 1) == DT_ERR_IO &&
+              strstr(dt_last_error(), "s3://nosuchbucket/x: HTTP 404 NoSuchBucket") &&
+              strstr(dt_last_error(), "no such bucket 'nosuchbucket'"),
+          "a missing bucket named: %s", dt_last_error());
+}
+
+// ---------------------------------------------------------------------------
+// 2. runs
+
+static const char *cfg =
+    "[model]\ninput = 784\nlayer = linear out=1000\nlayer = relu\nlayer = dropout p=0.2\nlayer = linear out=10\n"
+    "[optim]\nname = adamw\nlr = 0.001\n[schedule]\nname = cosine\nwarmup_steps = 5\n"
+    "[train]\nbatch = 40\nepochs = 0\nmax_steps = 30\neval_batch = 100\nseed = 5\nthreads = 1\n"
+    "[parallel]\ndeterministic = true\n";
+
+static int train(const char *name, int N, const char *extra) {
+    return sh("%s train %s --workers %d --quiet --run-dir %s %s 2>&1", tl_dtrain(), tmp("run.ini"), N, tmp(name),
+              extra ? extra : "");
+}
+
+static int same(const char *a, const char *b) {
+    int bw;
+    char x[600], y[600];
+    snprintf(x, sizeof x, "%s/model.safetensors", tmp(a));
+    snprintf(y, sizeof y, "%s/model.safetensors", tmp(b));
+    double d = tl_weights_diff(x, y, &bw);
+    if (!bw) fprintf(stderr, "%s against %s: max relative difference %.3g\n", b, a, d);
+    return bw;
+}
+
+static int there(const char *url) {
+    int kind;
+    return dt_path_kind(url, &kind, NULL) == DT_OK ? kind : -1;
+}
+
+// The local file's bytes as object url.
+static void upload(const char *path, const char *url) {
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    CHECK(fd >= 0 && fstat(fd, &sb) == 0 && dt_s3_put_fd(url, fd, (uint64_t)sb.st_size) == DT_OK, "uploaded %s: %s",
+          path, dt_last_error());
+    if (fd >= 0) close(fd);
+}
+
+static void test_runs(void) {
+    tl_make_images(g_tmp, "train", 243, 1);
+    tl_make_images(g_tmp, "t10k", 100, 2);
+    FILE *f = fopen(tmp("run.ini"), "w");
+    fprintf(f, "%s[data]\ndir = %s\n", cfg, g_tmp);
+    fclose(f);
+    int rc = train("ref", 2, NULL);
+    CHECK(rc == 0, "uninterrupted local run: exit %d\n%s", rc, g_out);
+
+    // whole checkpoints (9.4 MB: multipart), keep 2; failed at step 18, resumed on 3 workers
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    rc = train("whole", 2, "--checkpoint-every 4 --keep 2 --checkpoint-dir s3://ckpt/whole");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1, "failing run: exit %d", rc);
+    CHECK(there("s3://ckpt/whole/step-00000016.safetensors") == 1 && there("s3://ckpt/whole/step-00000012.safetensors") == 1 &&
+              there("s3://ckpt/whole/step-00000008.safetensors") == 0,
+          "keep 2: steps 12 and 16 in s3://ckpt/whole, 8 deleted");
+    rc = train("whole", 3, "--checkpoint-every 4 --keep 2 --checkpoint-dir s3://ckpt/whole --resume auto");
+    CHECK(rc == 0 && same("ref", "whole"), "resumed from s3:// on 3 workers: exit %d, bitwise the uninterrupted run\n%s",
+          rc, g_out);
+    // the credentials are in no file of the run and in none of its output
+    const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
+    rc = sh("cat %s/*.* | grep -c -e '%s' -e '%s'", tmp("whole"), id, secret);
+    CHECK(!strncmp(g_out, "0", 1) && !strstr(g_out, secret), "no credential in the run directory's files: %s", g_out);
+
+    // sharded on 3, resumed on 2
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    rc = train("sharded", 3, "--checkpoint-every 4 --checkpoint-sharded --checkpoint-dir s3://ckpt/sharded");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1 && there("s3://ckpt/sharded/step-00000016/COMPLETE") == 1 &&
+              there("s3://ckpt/sharded/step-00000016/index.json") == 1 &&
+              there("s3://ckpt/sharded/step-00000016/shard-00002-of-00003.safetensors") == 1,
+          "sharded checkpoint in s3://: exit %d\n%s", rc, g_out);
+    rc = sh("%s inspect s3://ckpt/sharded/step-00000016 2>&1", tl_dtrain());
+    CHECK(rc == 0 && strstr(g_out, "checksums: ok (every shard's)") && strstr(g_out, "step            16"),
+          "inspect s3:// sharded: exit %d\n%s", rc, g_out);
+    rc = train("sharded", 2, "--checkpoint-every 4 --checkpoint-sharded --checkpoint-dir s3://ckpt/sharded --resume auto");
+    CHECK(rc == 0 && same("ref", "sharded"), "sharded 3 -> 2 from s3://: exit %d\n%s", rc, g_out);
+
+    // a worker killed, the group restarted from the newest checkpoint in s3://
+    setenv("DTRAIN_FAULT_STEP", "1:18:kill", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("killed-once"), 1);
+    rc = train("restart", 2, "--checkpoint-every 4 --checkpoint-dir s3://ckpt/restart --max-restarts 2");
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    CHECK(rc == 0 && strstr(g_out, "restarting 2 workers from the newest checkpoint") && same("ref", "restart"),
+          "--max-restarts from s3://: exit %d, bitwise the uninterrupted run\n%s", rc, g_out);
+
+    // ZeRO-3: each rank reads its slice
+    rc = train("zref", 2, "--zero 3");
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    rc = train("zero", 2, "--zero 3 --checkpoint-every 8 --checkpoint-dir s3://ckpt/zero");
+    unsetenv("DTRAIN_FAULT_STEP");
+    rc = train("zero", 2, "--zero 3 --checkpoint-every 8 --checkpoint-dir s3://ckpt/zero --resume auto");
+    CHECK(rc == 0 && same("zref", "zero"), "ZeRO-3 resumed from s3://: exit %d\n%s", rc, g_out);
+    char *js = tl_read_file(tl_path(tmp("zero"), "summary.json"), NULL);
+    cJSON *o = js ? cJSON_Parse(js) : NULL, *rr = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "io"), "ranks_read_bytes");
+    double ck = 0;
+    for (int r = 0; r < 2; r++) {
+        char p[200];
+        snprintf(p, sizeof p, "s3://ckpt/zero/step-00000016/shard-%05d-of-00002.safetensors", r);
+        int ex;
+        uint64_t s = 0;
+        dt_s3_head(p, &ex, &s);
+        ck += (double)s;
+    }
+    double r0 = cJSON_GetArraySize(rr) == 2 ? cJSON_GetArrayItem(rr, 0)->valuedouble / ck : -1,
+           r1 = cJSON_GetArraySize(rr) == 2 ? cJSON_GetArrayItem(rr, 1)->valuedouble / ck : -1;
+    CHECK(r0 > 1.3 && r0 < 1.6 && r1 > 0.4 && r1 < 0.6,
+          "ZeRO-3 resume: rank 0 read %.2f of the checkpoint (its verifying pass and its slice), rank 1 %.2f (its slice)",
+          r0, r1);
+    fprintf(stderr, "zero-3 resume from s3://: ranks read %.2f and %.2f of the checkpoint's %.0f bytes\n", r0, r1, ck);
+    cJSON_Delete(o);
+    free(js);
+
+    // readers: export to s3:// and locally, eval from both the same
+    rc = sh("%s export s3://ckpt/sharded/step-00000028 -o s3://ckpt/exported.safetensors 2>&1 && %s export "
+            "s3://ckpt/sharded/step-00000028 -o %s 2>&1", tl_dtrain(), tl_dtrain(), tmp("exported.safetensors"));
+    CHECK(rc == 0, "export from and to s3://: %s", g_out);
+    rc = sh("%s eval %s --checkpoint s3://ckpt/exported.safetensors 2>&1", tl_dtrain(), tmp("run.ini"));
+    char *e1 = strdup(g_out);
+    int rc2 = sh("%s eval %s --checkpoint %s 2>&1", tl_dtrain(), tmp("run.ini"), tmp("exported.safetensors"));
+    CHECK(rc == 0 && rc2 == 0 && strstr(e1, "accuracy") && !strcmp(e1, g_out), "eval of s3:// weights:\n%s\n%s", e1,
+          g_out);
+    free(e1);
+
+    // IDX data from s3://
+    const char *idx[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                         "t10k-labels-idx1-ubyte.gz"};
+    for (int i = 0; i < 4; i++) {
+        char url[200];
+        snprintf(url, sizeof url, "s3://data/idx/%s", idx[i]);
+        upload(tmp(idx[i]), url);
+    }
+    rc = train("idx", 2, "--set data.dir=s3://data/idx");
+    CHECK(rc == 0 && same("ref", "idx"), "IDX data read from s3://: exit %d\n%s", rc, g_out);
+    // HDF5 (where built)
+    if (strstr(dt_build_features(), "HDF5 yes")) {
+        rc = sh("%s convert-data --from idx %s --to %s 2>&1", tl_dtrain(), g_tmp, tmp("d.h5"));
+        upload(tmp("d.h5"), "s3://data/d.h5");
+        rc = train("h5", 2, "--set data.dataset=hdf5 --set data.dir= --set data.file=s3://data/d.h5");
+        rc2 = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.dataset=hdf5 --set data.dir= --set data.file=%s 2>&1",
+                 tl_dtrain(), tmp("run.ini"), tmp("h5local"), tmp("d.h5"));
+        CHECK(rc == 0 && rc2 == 0 && same("h5local", "h5"), "HDF5 data read from s3://: exit %d, %d\n%s", rc, rc2, g_out);
+    }
+}
+
+// GPT: token files from s3://, a checkpoint in s3://, sampled from there
+static void test_gpt(void) {
+    enum { N = 60000 };
+    uint16_t *t = malloc(sizeof *t * N);
+    for (int i = 0; i < N; i++) t[i] = (uint16_t)("the quick brown fox jumps over the lazy dog. "[i % 45]);
+    CHECK(dt_tokens_write(tmp("tok.bin"), t, N) == DT_OK && dt_tokens_write("s3://data/tok.bin", t, N) == DT_OK,
+          "token files written, one to s3://: %s", dt_last_error());
+    free(t);
+    FILE *f = fopen(tmp("gpt.ini"), "w");
+    fprintf(f, "[model]\npreset = gpt-tiny\nblock_size = 32\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n"
+               "[optim]\nname = adamw\nlr = 0.003\n[train]\nbatch = 4\nmax_steps = 6\nthreads = 1\n"
+               "[parallel]\ndeterministic = true\n", tmp("tok.bin"), tmp("tok.bin"));
+    fclose(f);
+    int rc = sh("%s train %s --workers 2 --quiet --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"), tmp("gref"));
+    CHECK(rc == 0, "GPT on local tokens: %s", g_out);
+    rc = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.train_file=s3://data/tok.bin "
+            "--set data.val_file=s3://data/tok.bin --checkpoint-every 3 --checkpoint-dir s3://ckpt/gpt 2>&1",
+            tl_dtrain(), tmp("gpt.ini"), tmp("gs3"));
+    CHECK(rc == 0 && same("gref", "gs3"), "GPT on tokens from s3://: exit %d, bitwise the local run\n%s", rc, g_out);
+    rc = sh("%s sample %s --checkpoint s3://ckpt/gpt/step-00000006.safetensors --prompt 'the ' -n 20 --seed 1 2>&1",
+            tl_dtrain(), tmp("gpt.ini"));
+    char *a = strdup(g_out);
+    int rc2 = sh("%s sample %s --checkpoint %s/model.safetensors --prompt 'the ' -n 20 --seed 1 2>&1", tl_dtrain(),
+                 tmp("gpt.ini"), tmp("gref"));
+    CHECK(rc == 0 && rc2 == 0 && !strcmp(a, g_out), "sample from s3:// is the local model's:\n%s\n%s", a, g_out);
+    free(a);
+}
+
+// ---------------------------------------------------------------------------
+// 3. faults
+
+static void test_credentials(void) {
+    const struct { const char *env, *want; } cases[] = {
+        {"AWS_SECRET_ACCESS_KEY=wrong", "SignatureDoesNotMatch"},
+        {"AWS_ACCESS_KEY_ID=NOSUCHKEY", "InvalidAccessKeyId"},
+        {"AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY=", "no credentials: set AWS_ACCESS_KEY_ID"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = sh("env %s %s train %s --workers 2 --quiet --run-dir %s --checkpoint-every 4 "
+                    "--checkpoint-dir s3://ckpt/creds 2>&1", cases[i].env, tl_dtrain(), tmp("run.ini"), tmp("creds"));
+        CHECK(rc == 1 && strstr(g_out, "s3://ckpt/creds") && strstr(g_out, cases[i].want) &&
+                  access(tl_path(tmp("creds"), "model.safetensors"), F_OK) != 0,
+              "%s: the run refused before training, naming the object and %s: exit %d\n%s", cases[i].env,
+              cases[i].want, rc, g_out);
+        rc = sh("env %s %s inspect s3://ckpt/whole/step-00000030.safetensors 2>&1", cases[i].env, tl_dtrain());
+        CHECK(rc == 1 && strstr(g_out, "s3://ckpt/whole/step-00000030.safetensors") && strstr(g_out, cases[i].want),
+              "%s: inspect refused naming the object: exit %d\n%s", cases[i].env, rc, g_out);
+    }
+    int rc = train("nobucket", 2, "--checkpoint-every 4 --checkpoint-dir s3://nosuchbucket/run");
+    CHECK(rc == 1 && strstr(g_out, "no such bucket 'nosuchbucket'"), "missing bucket: exit %d\n%s", rc, g_out);
+    rc = train("nobucket", 2, "--resume s3://nosuchbucket/run");
+    CHECK(rc == 1 && strstr(g_out, "no such bucket 'nosuchbucket'"), "resume from a missing bucket: exit %d\n%s", rc,
+          g_out);
+    // (a config that names its server)
+    rc = train("nobucket", 2, "--set s3.endpoint=ftp://x --checkpoint-dir s3://ckpt/y");
+    CHECK(rc != 0 && strstr(g_out, "[s3] endpoint: expected a URL"), "a bad [s3] endpoint: exit %d\n%s", rc, g_out);
+}
+
+static void test_replies(void) {
+    // 503 SlowDown on the upload of step 8, 500 on reads while resuming
+    rules("[{\"match\": \"PUT /ckpt/slow/step-00000008\", \"count\": 3, \"status\": 503, \"code\": \"SlowDown\"},"
+          " {\"match\": \"GET /ckpt/slow/step-00000016\", \"count\": 2, \"status\": 500, \"code\": \"InternalError\"}]");
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);
+    int rc = train("slow", 2, "--checkpoint-every 4 --checkpoint-dir s3://ckpt/slow");
+    unsetenv("DTRAIN_FAULT_STEP");
+    CHECK(rc == 1 && strstr(g_out, "HTTP 503 SlowDown") && strstr(g_out, "retrying") &&
+              there("s3://ckpt/slow/step-00000008.safetensors") == 1,
+          "SlowDown retried, the checkpoint written: exit %d\n%s", rc, g_out);
+    rc = train("slow", 2, "--checkpoint-every 4 --checkpoint-dir s3://ckpt/slow --resume auto");
+    CHECK(rc == 0 && strstr(g_out, "HTTP 500 InternalError") && same("ref", "slow"),
+          "500s while resuming retried: exit %d\n%s", rc, g_out);
+    rules("[]");
+}
+
+// The gateway killed while a run checkpoints to it, started again: the run
+// goes on, each checkpoint completes once it is back.
+static void test_server_stopped(void) {
+    log_clear();
+    // (the proxy holds part 2 of step 8's upload for 3 s: it reaches the
+    // gateway once the gateway is gone)
+    rules("[{\"match\": \"PUT /ckpt/stopped/step-00000008.safetensors\\\\?partNumber=2\", \"count\": 1, \"delay\": 3}]");
+    char rcf[600];
+    snprintf(rcf, sizeof rcf, "%s", tmp("stopped.rc"));
+    unlink(rcf);
+    sh("(DTRAIN_SLOW_RANK='*:60' %s train %s --workers 2 --quiet --run-dir %s --checkpoint-every 4 "
+       "--checkpoint-dir s3://ckpt/stopped >%s 2>&1; echo $? >%s) >/dev/null 2>&1 &",
+       tl_dtrain(), tmp("run.ini"), tmp("stopped"), tmp("stopped.log"), rcf);
+    double t0 = dt_now();
+    while (!seen("PUT /ckpt/stopped/step-00000008.safetensors?partNumber=2") && dt_now() - t0 < 120) usleep(2000);
+    int rc = sh("tests/s3_server.sh stop-gw %s 2>&1", g_srv);
+    CHECK(rc == 0 && seen("PUT /ckpt/stopped/step-00000008"), "the gateway killed during the upload of step 8: %s",
+          g_out);
+    sleep(4);
+    rules("[]");
+    rc = sh("tests/s3_server.sh start-gw %s 2>&1", g_srv);
+    CHECK(rc == 0, "the gateway started again: %s", g_out);
+    char *r = NULL;
+    for (t0 = dt_now(); !(r = tl_read_file(rcf, NULL)) && dt_now() - t0 < 240;) usleep(100000);
+    char *out = tl_read_file(tmp("stopped.log"), NULL);
+    CHECK(r && atoi(r) == 0 && out && strstr(out, "retrying") && same("ref", "stopped"),
+          "the run went on through the outage: exit %s, bitwise the uninterrupted run\n%s", r ? r : "(none)",
+          out ? out : "");
+    for (int s = 4; s <= 28; s += 4) {
+        char u[200];
+        snprintf(u, sizeof u, "s3://ckpt/stopped/step-%08d.safetensors", s);
+        if (s >= 24) CHECK(there(u) == 1, "%s written", u);
+    }
+    free(r);
+    free(out);
+}
+
+// The server unreachable for longer than the retries: the checkpoint is
+// given up (never marked complete); the run goes on; resume falls back.
+static void test_gone(void) {
+    setenv("DTRAIN_S3_RETRY_SECONDS", "2", 1);
+    rules("[{\"match\": \"/ckpt/gone/step-000000(12|16)/(index.json|COMPLETE)\", \"count\": 1000, \"drop\": true}]");
+    setenv("DTRAIN_FAULT_STEP", "0:17", 1);
+    int rc = train("gone", 2, "--checkpoint-every 4 --checkpoint-sharded --checkpoint-dir s3://ckpt/gone");
+    unsetenv("DTRAIN_FAULT_STEP");
+    rules("[]");
+    CHECK(rc == 1 && strstr(g_out, "checkpoint at step 12 not written") && strstr(g_out, "training goes on") &&
+              there("s3://ckpt/gone/step-00000012/shard-00000-of-00002.safetensors") == 1 &&
+              there("s3://ckpt/gone/step-00000012/COMPLETE") == 0,
+          "step 12 given up after the retries, never marked complete: exit %d\n%s", rc, g_out);
+    rc = train("gone", 2, "--checkpoint-every 4 --checkpoint-sharded --checkpoint-dir s3://ckpt/gone --resume auto");
+    CHECK(rc == 0 && strstr(g_out, "skipping s3://ckpt/gone/step-00000016: its writing never finished") &&
+              strstr(g_out, "skipping s3://ckpt/gone/step-00000012: its writing never finished") &&
+              same("ref", "gone"),
+          "resume fell back to step 8: exit %d\n%s", rc, g_out);
+    // a run that goes on past a given-up checkpoint: keep counts complete
+    // ones, and the unfinished one goes once a complete one is newer
+    rules("[{\"match\": \"PUT /ckpt/gone2/step-00000012/(index.json|COMPLETE)\", \"count\": 1000, \"drop\": true}]");
+    rc = train("gone2", 2, "--checkpoint-every 4 --checkpoint-sharded --keep 2 --checkpoint-dir s3://ckpt/gone2");
+    rules("[]");
+    CHECK(rc == 0 && strstr(g_out, "checkpoint at step 12 not written") && there("s3://ckpt/gone2/step-00000012") == 0 &&
+              there("s3://ckpt/gone2/step-00000024") == 0 && there("s3://ckpt/gone2/step-00000028/COMPLETE") == 1 &&
+              there("s3://ckpt/gone2/step-00000030/COMPLETE") == 1,
+          "given up at step 12, the run went on; keep 2 left steps 28 and 30: exit %d\n%s", rc, g_out);
+    // the run's last checkpoint lost: exit 1, saying so
+    rules("[{\"match\": \"/ckpt/last/step-00000030\", \"count\": 1000, \"drop\": true}]");
+    rc = train("last", 2, "--checkpoint-every 10 --checkpoint-dir s3://ckpt/last");
+    rules("[]");
+    CHECK(rc == 1 && strstr(g_out, "the run's last checkpoint at step 30 not written: s3://ckpt/last/step-00000030"),
+          "a run whose last checkpoint is lost: exit %d\n%s", rc, g_out);
+    unsetenv("DTRAIN_S3_RETRY_SECONDS");
+}
+
+// An object cut short: refused naming it; resume falls back.
+static void test_truncated(void) {
+    const char *u = "s3://ckpt/sharded/step-00000030/shard-00001-of-00002.safetensors";
+    uint8_t *b;
+    size_t len;
+    CHECK(dt_s3_get_all(u, 1 << 30, &b, &len) == DT_OK && dt_s3_put(u, b, len / 2) == DT_OK, "truncated %s", u);
+    free(b);
+    int rc = sh("%s inspect s3://ckpt/sharded/step-00000030 2>&1", tl_dtrain());
+    CHECK(rc == 1 && strstr(g_out, "s3://ckpt/sharded/step-00000030/index.json") &&
+              strstr(g_out, "shard-00001-of-00002.safetensors has "),
+          "inspect refuses, naming the shard: exit %d\n%s", rc, g_out);
+    rc = train("trunc", 2, "--checkpoint-every 4 --checkpoint-sharded --checkpoint-dir s3://ckpt/sharded --resume auto");
+    CHECK(rc == 0 && strstr(g_out, "skipping damaged checkpoint: s3://ckpt/sharded/step-00000030") &&
+              strstr(g_out, "shard-00001-of-00002.safetensors has ") && same("ref", "trunc"),
+          "resume fell back past the truncated shard (to step 28): exit %d\n%s", rc, g_out);
+    const char *w = "s3://ckpt/whole/step-00000030.safetensors";
+    CHECK(dt_s3_get_all(w, 1 << 30, &b, &len) == DT_OK && dt_s3_put(w, b, len - 100) == DT_OK, "truncated %s", w);
+    free(b);
+    rc = sh("%s eval %s --checkpoint %s 2>&1", tl_dtrain(), tmp("run.ini"), w);
+    CHECK(rc == 1 && strstr(g_out, w), "eval refuses the truncated checkpoint, naming it: exit %d\n%s", rc, g_out);
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-s3-XXXXXX");
+    if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
+    if (!dt_s3_available()) {
+        tl_skip("this build has no libcurl: s3:// paths are refused (install libcurl4-openssl-dev and rebuild)");
+        rmdir(g_tmp);
+        return tl_finish();
+    }
+    setenv("DTRAIN_S3_PART_MB", "5", 1);  // (multipart uploads for objects over 5 MiB)
+    setenv("DTRAIN_S3_RETRY_SECONDS", "90", 1);
+    unsetenv("DTRAIN_FAULT_STEP");
+    if (start() == 0) {
+        test_client();
+        test_runs();
+        test_gpt();
+        test_credentials();
+        test_replies();
+        test_server_stopped();
+        test_gone();
+        test_truncated();
+    }
+    stop_all();
+    g_srv[0] = 0, g_proxy_pid = -1;
+    tl_cleanup(g_tmp);
+    return tl_finish();
+}
