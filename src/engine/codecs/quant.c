@@ -101,19 +101,27 @@ static void decode_add(int method, int levels, const uint8_t *in, size_t len, fl
     }
 }
 
+// Encodes x[0, len) into out with error feedback r (NULL: none): r = x - decoded.
+static void encode_ef(const dt_codec *k, const float *x, size_t len, uint8_t *out, float *r, dt_rng *rng) {
+    int m = k->c->comp_method, L = k->c->comp_levels;
+    encode(m, L, x, len, out, rng);
+    if (!r) return;
+    memcpy(r, x, len * sizeof *r);
+    decode_add(m, L, out, len, -1, r);
+}
+
+// A step's start for piece p: its draws (each rank its own) and the
+// residuals added to g[lo, hi).
+static void begin_piece(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p) {
+    dt_codec_piece_begin(k, p, 0x51u + (uint64_t)k->rank * 0x100000001b3ull);
+    dt_codec_ef_add(k, g, lo, hi);
+}
+
 // This rank's message for g[lo, hi) into out (msg_bytes), error feedback
 // kept.
 static void quant_message(dt_codec *k, float *g, size_t lo, size_t hi, dt_codec_piece *p, uint8_t *out) {
-    int m = k->c->comp_method, L = k->c->comp_levels;
-    size_t len = hi - lo;
-    dt_codec_piece_begin(k, p, 0x51u + (uint64_t)k->rank * 0x100000001b3ull);  // each rank its own draws
-    dt_codec_ef_add(k, g, lo, hi);
-    encode(m, L, g + lo, len, out, &p->rng);
-    if (k->residual) {
-        float *r = k->residual + lo;
-        memcpy(r, g + lo, len * sizeof *r);
-        decode_add(m, L, out, len, -1, r);
-    }
+    begin_piece(k, g, lo, hi, p);
+    encode_ef(k, g + lo, hi - lo, out, k->residual ? k->residual + lo : NULL, &p->rng);
 }
 
 // ---- the two-phase sum (3 ranks or more) ----
@@ -139,15 +147,6 @@ static size_t chunk_bytes(const dt_codec *k, size_t len) {
     return msg_bytes(k->c->comp_method, k->c->comp_levels, (len + (size_t)k->world - 1) / (size_t)k->world);
 }
 
-// Encodes x[0, len) into out with error feedback r (NULL: none): r = x - decoded.
-static void encode_ef(const dt_codec *k, const float *x, size_t len, uint8_t *out, float *r, dt_rng *rng) {
-    int m = k->c->comp_method, L = k->c->comp_levels;
-    encode(m, L, x, len, out, rng);
-    if (!r) return;
-    memcpy(r, x, len * sizeof *r);
-    decode_add(m, L, out, len, -1, r);
-}
-
 // Phase 1: the chunks encoded (buf: W messages out, W in, W sums, B bytes
 // each), chunk j sent to rank j and this rank's chunk received from each.
 static dt_status two_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_request_t *req) {
@@ -158,8 +157,7 @@ static dt_status two_start(dt_codec *k, float *g, size_t lo, size_t hi, dt_reque
     if (p && !p->reqs) p->reqs = calloc(2 * (size_t)W, sizeof *p->reqs);
     if (!buf || !p->reqs) return dt_error(DT_ERR_NOMEM, "gradient codec %s: out of memory", k->ops->name);
     uint8_t *out = buf, *in = buf + B * (size_t)W;
-    dt_codec_piece_begin(k, p, 0x51u + (uint64_t)me * 0x100000001b3ull);  // each rank its own draws
-    dt_codec_ef_add(k, g, lo, hi);
+    begin_piece(k, g, lo, hi, p);
     for (int j = 0; j < W; j++) {
         chunk_of(len, W, j, &a, &b);
         encode_ef(k, g + lo + a, b - a, out + B * (size_t)j, k->residual ? k->residual + lo + a : NULL, &p->rng);
