@@ -997,10 +997,15 @@ dt_status dt_model_set_segments(dt_model *m, int n, const int *len, const float 
     return DT_OK;
 }
 
+// The pieces a training pass over B samples runs in: its segments, or
+// without any the whole batch, piece j being piece_len samples.
+static int pieces(const dt_model *m) { return m->nseg ? m->nseg : 1; }
+static int piece_len(const dt_model *m, int j, int B) { return m->nseg ? m->seg_len[j] : B; }
+
 // Hands g[0, n) of the gradient block, the part of a segment just made, to
-// the segments' function, and zeroes it.
+// the segments' function, and zeroes it (without segments: nothing).
 static void seg_take(dt_model *m, float *g, size_t n) {
-    if (!g || !n) return;
+    if (!m->nseg || !g || !n) return;
     m->seg_fn((size_t)(g - m->grads), n, g, m->seg_user);
     memset(g, 0, sizeof(float) * n);
 }
@@ -1013,55 +1018,46 @@ static size_t conv_numel(const dt_conv_shape *cs, int output) {
     return c * ((cs->H + 2 * cs->P - cs->K) / cs->S + 1) * ((cs->W + 2 * cs->P - cs->K) / cs->S + 1);
 }
 
-// Convolution k of layer i (seg_conv) forward on B samples: at once, or
-// each segment alone with a save of its own.
+// Convolution k of layer i's save for piece j: its own with segments, else save.
+static float *piece_save(const dt_model *m, int i, int k, int j, float *save) {
+    return m->nseg ? m->seg_save + m->seg_off[((size_t)i * 3 + k) * m->nseg + j] : save;
+}
+
+// Convolution k of layer i (seg_conv) forward on B samples, piece by piece.
 static void conv_fwd(dt_model *m, const layer_t *L, int i, int k, float *out, float *save, const float *in,
                      const float *w, const float *b, int B) {
-    dt_conv_shape cs;
+    dt_conv_shape cs = {0};
     seg_conv(L, i, k, B, &cs);
-    if (!m->nseg) {
-        dt_conv_forward(out, save, L[i].aux2, in, w, b, &cs);
-        return;
-    }
     size_t ni = conv_numel(&cs, 0), no = conv_numel(&cs, 1);
-    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++]) {
-        seg_conv(L, i, k, m->seg_len[j], &cs);
-        dt_conv_forward(out + o * no, m->seg_save + m->seg_off[((size_t)i * 3 + k) * m->nseg + j], L[i].aux2,
-                        in + o * ni, w, b, &cs);
+    for (int j = 0, o = 0; j < pieces(m); o += piece_len(m, j++, B)) {
+        seg_conv(L, i, k, piece_len(m, j, B), &cs);
+        dt_conv_forward(out + o * no, piece_save(m, i, k, j, save), L[i].aux2, in + o * ni, w, b, &cs);
     }
 }
 
 // Its backward (dt_conv_backward's arguments); segments: each one's dw and
 // db handed over (seg_take).
 static void conv_bwd(dt_model *m, const layer_t *L, int i, int k, float *din, float *dw, float *db, float *out,
-                     const float *dout, const float *save, const float *w, int B, int set_din) {
-    dt_conv_shape cs;
+                     const float *dout, float *save, const float *w, int B, int set_din) {
+    dt_conv_shape cs = {0};
     seg_conv(L, i, k, B, &cs);
-    if (!m->nseg) {
-        dt_conv_backward(din, dw, db, L[i].aux2, out, dout, save, w, &cs, set_din);
-        return;
-    }
     size_t ni = conv_numel(&cs, 0), no = conv_numel(&cs, 1), nw = (size_t)cs.OC * cs.IC * cs.K * cs.K;
-    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++]) {
-        seg_conv(L, i, k, m->seg_len[j], &cs);
+    for (int j = 0, o = 0; j < pieces(m); o += piece_len(m, j++, B)) {
+        seg_conv(L, i, k, piece_len(m, j, B), &cs);
         dt_conv_backward(din ? din + o * ni : NULL, dw, db, L[i].aux2, out + o * no, dout + o * no,
-                         m->seg_save + m->seg_off[((size_t)i * 3 + k) * m->nseg + j], w, &cs, set_din);
+                         piece_save(m, i, k, j, save), w, &cs, set_din);
         seg_take(m, dw, nw);
         seg_take(m, db, (size_t)cs.OC);
     }
 }
 
 // The linear layer's backward on B rows of C inputs and OC outputs (any of
-// din, dw, inp NULL as dt_linear_backward takes them), by segments.
+// din, dw, inp NULL as dt_linear_backward takes them), piece by piece.
 static void linear_bwd(dt_model *m, float *din, float *dw, float *db, const float *dout, const float *inp,
                        const float *w, int B, int C, int OC) {
-    if (!m->nseg) {
-        dt_linear_backward(din, dw, db, dout, inp, w, B, C, OC);
-        return;
-    }
-    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++]) {
+    for (int j = 0, o = 0; j < pieces(m); o += piece_len(m, j++, B)) {
         dt_linear_backward(din ? din + (size_t)o * C : NULL, dw, db, dout + (size_t)o * OC,
-                           inp ? inp + (size_t)o * C : NULL, w, m->seg_len[j], C, OC);
+                           inp ? inp + (size_t)o * C : NULL, w, piece_len(m, j, B), C, OC);
         seg_take(m, dw, (size_t)C * OC);
         seg_take(m, db, (size_t)OC);
     }
@@ -1162,18 +1158,14 @@ static int bn_dsums(dt_model *m, int64_t *acc, float *dw, const float *dout, con
                     int C, int HW) {
     int64_t *part = m->nseg ? malloc(sizeof(int64_t) * 4 * (size_t)C) : acc;
     size_t per = (size_t)C * HW;
-    int ok = part != NULL, parts = m->nseg ? m->nseg : 1;
+    int ok = part != NULL;
     if (ok && m->nseg) memset(acc, 0, sizeof(int64_t) * 4 * (size_t)C);
-    for (int j = 0, o = 0; j < parts && ok; j++) {
-        int n = m->nseg ? m->seg_len[j] : B;
-        ok = !dt_batchnorm_dsums(part, dout + o * per, x + o * per, ms, ms + C, n, C, HW);
+    for (int j = 0, o = 0; j < pieces(m) && ok; o += piece_len(m, j++, B)) {
+        ok = !dt_batchnorm_dsums(part, dout + o * per, x + o * per, ms, ms + C, piece_len(m, j, B), C, HW);
         for (int c = 0; c < C && ok; c++)
             dw[c] += (float)dt_fixed48_value(part + 2 * ((size_t)C + c)), dw[C + c] += (float)dt_fixed48_value(part + 2 * (size_t)c);
-        if (ok && m->nseg) {
-            seg_take(m, dw, 2 * (size_t)C);
-            for (size_t q = 0; q < 4 * (size_t)C; q++) acc[q] += part[q];
-        }
-        o += n;
+        seg_take(m, dw, 2 * (size_t)C);
+        for (size_t q = 0; ok && m->nseg && q < 4 * (size_t)C; q++) acc[q] += part[q];
     }
     if (part != acc) free(part);
     return ok;
@@ -1343,10 +1335,9 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
         switch (s->kind) {
         case DT_LAYER_LINEAR:
             // row-parallel: the shards' partial outputs are summed, the bias added once
-            for (int j = 0, o = 0; j < (m->nseg ? m->nseg : 1); o += m->nseg ? m->seg_len[j] : 0, j++)
+            for (int j = 0, o = 0; j < pieces(m); o += piece_len(m, j++, B))
                 dt_linear_forward(l->act + (size_t)o * l->out[0], in + (size_t)o * l->in[0], w,
-                                  (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, m->nseg ? m->seg_len[j] : B, l->in[0],
-                                  l->out[0]);
+                                  (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, piece_len(m, j, B), l->in[0], l->out[0]);
             // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
             if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
             break;
@@ -1507,11 +1498,11 @@ static dt_status backward_layers(dt_model *m, layer_t *L, int l0, int l1, const 
             if (din) dt_gelu_backward(din, l->dact, in, n);
             break;
         case DT_LAYER_LAYERNORM:
-            for (int j = 0, o = 0, C = l->in[0]; j < (m->nseg ? m->nseg : 1); o += m->nseg ? m->seg_len[j] : 0, j++) {
+            for (int j = 0, o = 0, C = l->in[0]; j < pieces(m); o += piece_len(m, j++, B)) {
                 dt_layernorm_backward(din ? din + (size_t)o * C : NULL, dw, db, l->dact + (size_t)o * C,
-                                      in + (size_t)o * C, w, l->aux + o, l->aux + max_batch + o,
-                                      m->nseg ? m->seg_len[j] : B, C);
-                if (m->nseg) seg_take(m, dw, (size_t)C), seg_take(m, db, (size_t)C);
+                                      in + (size_t)o * C, w, l->aux + o, l->aux + max_batch + o, piece_len(m, j, B), C);
+                seg_take(m, dw, (size_t)C);
+                seg_take(m, db, (size_t)C);
             }
             break;
         case DT_LAYER_DROPOUT:
@@ -1542,10 +1533,9 @@ dt_status dt_model_backward(dt_model *m) {
     layer_t *last = &m->L[m->nlayers - 1];
     int V = last->out[0];
     memset(last->dact, 0, sizeof(float) * B * out_numel(last));
-    if (!m->nseg) dt_crossentropy_backward(last->dact, m->probs, m->targets, B, V, m->loss_scale);
-    for (int j = 0, o = 0; j < m->nseg; o += m->seg_len[j++])
-        dt_crossentropy_backward(last->dact + (size_t)o * V, m->probs + (size_t)o * V, m->targets + o, m->seg_len[j],
-                                 V, m->seg_scale[j]);
+    for (int j = 0, o = 0; j < pieces(m); o += piece_len(m, j++, B))
+        dt_crossentropy_backward(last->dact + (size_t)o * V, m->probs + (size_t)o * V, m->targets + o,
+                                 piece_len(m, j, B), V, m->nseg ? m->seg_scale[j] : m->loss_scale);
     dt_status st = backward_layers(m, m->L, 0, m->nlayers, m->input, B, m->last_train, m->max_batch, 1);
     m->nseg = 0;
     return st;
