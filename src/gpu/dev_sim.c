@@ -17,7 +17,6 @@
 #include "kernels/kernels.h"
 #include "nn/rows.h"
 
-#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -255,19 +254,7 @@ static dt_status sim_ce_forward(float *probs, double *row_loss, float *loss, con
                                 const int32_t *targets, size_t N, int V, size_t ld) {
     open_dev();
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        const float *l = logits + i * ld;
-        float *p = probs + i * ld, mx = -FLT_MAX;
-        for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-        double s = 0.0;
-        for (int v = 0; v < V; v++) {
-            p[v] = dt_ce_exp(l[v], mx);
-            s += p[v];
-        }
-        float inv = dt_ce_inv(s);
-        for (int v = 0; v < V; v++) p[v] *= inv;
-        row_loss[i] = targets[i] >= 0 && targets[i] < V ? dt_ce_row_loss(mx, s, l[targets[i]]) : NAN;
-    }
+    for (size_t i = 0; i < N; i++) row_loss[i] = dt_ce_row(probs + i * ld, logits + i * ld, V, targets[i]);
     double sum = 0.0;
     for (size_t i = 0; i < N; i++) sum += row_loss[i];
     *loss = N > 0 ? (float)(sum / (double)N) : 0.0f;

@@ -8,7 +8,6 @@
 #include "nn/nn_impl.h"
 #include "nn/rows.h"
 
-#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -307,20 +306,7 @@ float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *
     double *row_loss = malloc(sizeof(double) * (B > 0 ? B : 1));
     if (!row_loss) return NAN;
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < B; i++) {
-        const float *l = logits + (size_t)i * V;
-        float *p = probs + (size_t)i * V;
-        float mx = -FLT_MAX;
-        for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-        double s = 0.0;
-        for (int v = 0; v < V; v++) {
-            p[v] = dt_ce_exp(l[v], mx);
-            s += p[v];
-        }
-        float inv = dt_ce_inv(s);
-        for (int v = 0; v < V; v++) p[v] *= inv;
-        row_loss[i] = dt_ce_row_loss(mx, s, l[targets[i]]);
-    }
+    for (int i = 0; i < B; i++) row_loss[i] = dt_ce_row(probs + (size_t)i * V, logits + (size_t)i * V, V, targets[i]);
     double loss = 0.0;
     for (int i = 0; i < B; i++) loss += row_loss[i];
     free(row_loss);

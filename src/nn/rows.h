@@ -26,6 +26,7 @@
 
 #include "core/hd.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -95,6 +96,20 @@ DT_HD float dt_ce_inv(double sum) { return (float)(1.0 / sum); }
 DT_HD double dt_ce_row_loss(float mx, double sum, float l_target) { return (double)mx + log(sum) - l_target; }
 /* The loss gradient's scale: dloss over the N rows the loss is the mean of. */
 DT_HD float dt_ce_scale(float dloss, float rows) { return dloss / rows; }
+/* One row's softmax p[V] of logits l[V], its sums in order (the CPU's
+ * loop, and the simulated GPU's): its loss at `target`, NaN outside 0..V-1. */
+DT_HD double dt_ce_row(float *p, const float *l, int V, int32_t target) {
+    float mx = -FLT_MAX;
+    for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+    double s = 0.0;
+    for (int v = 0; v < V; v++) {
+        p[v] = dt_ce_exp(l[v], mx);
+        s += p[v];
+    }
+    float inv = dt_ce_inv(s);
+    for (int v = 0; v < V; v++) p[v] *= inv;
+    return target >= 0 && target < V ? dt_ce_row_loss(mx, s, l[target]) : NAN;
+}
 DT_HD float dt_ce_grad(float p, int is_target, float scale) { return (p - (is_target ? 1.0f : 0.0f)) * scale; }
 
 // ---- ReLU
