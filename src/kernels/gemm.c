@@ -210,10 +210,10 @@ void dt_kernels_weights_stats(dt_kernels_wstats *s) {
     pthread_mutex_unlock(&g_wc_lock);
 }
 
-// The stored matrix X[rows, cols] (row stride ld) from the working copy,
-// as pack() gives it (t itself when native, else its fp32 values), when X is
-// a contiguous part of the weights; NULL when it is not.
-static const void *from_copy(tbuf *b, const float *X, int rows, int cols, int ld, dt_dtype t, int native) {
+// The working copy's part that is the stored matrix X[rows, cols] (row
+// stride ld) in t, converted if stale, when X is a contiguous part of the
+// weights; NULL when it is not.
+static const uint16_t *copy_part(const float *X, int rows, int cols, int ld, dt_dtype t) {
     if (!g_wc_on || ld != cols) return NULL;
     pthread_mutex_lock(&g_wc_lock);
     uintptr_t x = (uintptr_t)X, w0 = (uintptr_t)g_wc.w;
@@ -250,11 +250,26 @@ static const void *from_copy(tbuf *b, const float *X, int rows, int cols, int ld
         g_wc.reused += len;
     }
     pthread_mutex_unlock(&g_wc_lock);
-    if (native) return c;
+    return c;
+}
+
+// X from the working copy as pack() gives it (t itself when native, else
+// its fp32 values); NULL when X is not a contiguous part of the weights.
+static const void *from_copy(tbuf *b, const float *X, int rows, int cols, int ld, dt_dtype t, int native) {
+    const uint16_t *c = copy_part(X, rows, cols, ld, t);
+    if (!c || native) return c;
+    size_t len = (size_t)rows * (size_t)cols;
     float *d = room(b, len * sizeof(float));
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && len > 65536)
     for (size_t i = 0; i < len; i += 4096) dt_to_f32(d + i, c + i, len - i < 4096 ? len - i : 4096, t);
     return d;
+}
+
+static _Thread_local tbuf tl_slots[DT_OPERAND_SLOTS];
+
+const void *dt_kernels_operand16(int slot, const float *X, int rows, int cols, int ld, dt_dtype t) {
+    const uint16_t *c = copy_part(X, rows, cols, ld, t);
+    return c ? (const void *)c : pack(&tl_slots[slot], X, rows, cols, ld, t, 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -385,8 +400,10 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
 }
 
 // The stored matrix X[rows, cols] of t's 16-bit values (row stride ld)
-// packed as pack() packs its fp32 values: t itself (native) or widened.
-static void *pack16(tbuf *b, const uint16_t *X, int rows, int cols, int ld, dt_dtype t, int native) {
+// packed as pack() packs its fp32 values: t itself (native: X where it is
+// packed already) or widened.
+static const void *pack16(tbuf *b, const uint16_t *X, int rows, int cols, int ld, dt_dtype t, int native) {
+    if (native && ld == cols) return X;  // packed already
     size_t es = native ? 2 : 4;
     char *d = room(b, (size_t)rows * cols * es);
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && (size_t)rows * cols > 65536)

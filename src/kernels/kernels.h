@@ -60,6 +60,15 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
  * simulated GPU's 16-bit GEMM (gpu/dev_sim.c) is this one. */
 void dt_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                int ldb, float beta, float *C, int ldc);
+/* The stored matrix X[rows, cols] (row stride ld) as an operand of
+ * dt_gemm16 in t (row stride cols): the weights' working copy where X is a
+ * contiguous part of the weight block, else X rounded into this thread's
+ * buffer number `slot` (0 .. DT_OPERAND_SLOTS-1), valid until this thread's
+ * next call with the same slot. For an operand that several GEMMs read
+ * (a layer's output gradient in its backward; attention's q, k and v):
+ * rounded once, the same bits as dt_sgemm's rounding at each call. */
+#define DT_OPERAND_SLOTS 8
+const void *dt_kernels_operand16(int slot, const float *X, int rows, int cols, int ld, dt_dtype t);
 /* The same product by the portable GEMM (gemm_portable.c): what dt_sgemm
  * runs in a build without oneDNN; in every build, for the tests. */
 void dt_sgemm_portable(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,

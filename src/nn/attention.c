@@ -8,6 +8,7 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <string.h>
 
 // ----------------------------------------------------------------------------
@@ -95,33 +96,64 @@ void dt_residual_backward(float *da, float *db, const float *dout, size_t N) {
 
 #define ATT_BLOCK 64
 
+// In a low precision the GEMMs would round their operands at every call: q,
+// k and v once per row block that reads them, a block of A or dS once per
+// GEMM. Here each operand is rounded once (dt_kernels_operand16, into this
+// thread's slots: q, k, v and dy of the (b, h) pair, a block of A, a block
+// of dS) and the GEMMs take it as it is (dt_gemm16): the same rounding, the
+// same results bit for bit. In fp32 the operands are read where they lie.
+enum { SQ, SK, SV, SDY, SA, SD };
+
+// X[rows, cols] (row stride ld) as a GEMM operand in t: X itself in fp32,
+// else rounded into slot; *ldo is the row stride to pass.
+static const void *operand(dt_dtype t, int slot, const float *X, int rows, int cols, int ld, int *ldo) {
+    *ldo = t == DT_F32 ? ld : cols;
+    return t == DT_F32 ? (const void *)X : dt_kernels_operand16(slot, X, rows, cols, ld, t);
+}
+
+// Rows r0.. of an operand made by operand().
+static const void *rows_of(dt_dtype t, const void *X, int r0, int ld) {
+    return t == DT_F32 ? (const void *)((const float *)X + (size_t)r0 * ld)
+                       : (const void *)((const uint16_t *)X + (size_t)r0 * ld);
+}
+
+static void mm(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+               const void *B, int ldb, float beta, float *C, int ldc) {
+    if (t == DT_F32) dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else dt_gemm16(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
+    dt_dtype pt = dt_kernels_precision();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
             float *A = att + ((size_t)b * NH + h) * T * T;
+            int lq, lk, lv, la;
+            const void *q16 = operand(pt, SQ, q, T, hs, C3, &lq), *k16 = operand(pt, SK, k, T, hs, C3, &lk),
+                       *v16 = operand(pt, SV, v, T, hs, C3, &lv);
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int nr = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, nk = r0 + nr;  // rows, keys
                 float *Ab = A + (size_t)r0 * T;
-                dt_sgemm(0, 1, nr, nk, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.0f, Ab, T);
+                mm(pt, 0, 1, nr, nk, hs, scale, rows_of(pt, q16, r0, lq), lq, k16, lk, 0.0f, Ab, T);
                 for (int t = r0; t < r0 + nr; t++) {
-                    float *r = A + (size_t)t * T;
+                    float *a = A + (size_t)t * T;
                     float mx = -FLT_MAX;
-                    for (int j = 0; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
+                    for (int j = 0; j <= t; j++) mx = a[j] > mx ? a[j] : mx;
                     float s = 0.0f;
                     for (int j = 0; j <= t; j++) {
-                        r[j] = dt_att_exp(r[j], mx);
-                        s += r[j];
+                        a[j] = dt_att_exp(a[j], mx);
+                        s += a[j];
                     }
                     float inv = 1.0f / s;
-                    for (int j = 0; j <= t; j++) r[j] *= inv;
-                    for (int j = t + 1; j < T; j++) r[j] = 0.0f;
+                    for (int j = 0; j <= t; j++) a[j] *= inv;
+                    for (int j = t + 1; j < T; j++) a[j] = 0.0f;
                 }
-                dt_sgemm(0, 0, nr, hs, nk, 1.0f, Ab, T, v, C3, 0.0f,
-                         out + ((size_t)b * T + r0) * C + h * hs, C);
+                const void *a16 = operand(pt, SA, Ab, nr, nk, T, &la);
+                mm(pt, 0, 0, nr, hs, nk, 1.0f, a16, la, v16, lv, 0.0f, out + ((size_t)b * T + r0) * C + h * hs, C);
             }
         }
 }
@@ -130,6 +162,7 @@ void dt_attention_backward(float *dqkv, float *datt, const float *dout, const fl
                            const float *att, int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
+    dt_dtype pt = dt_kernels_precision();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
@@ -139,12 +172,17 @@ void dt_attention_backward(float *dqkv, float *datt, const float *dout, const fl
             const float *A = att + ((size_t)b * NH + h) * T * T;
             float *D = datt + ((size_t)b * NH + h) * T * T;
             const float *dy = dout + (size_t)b * T * C + h * hs;
+            int lq, lk, lv, ly, la, ld;
+            const void *q16 = operand(pt, SQ, q, T, hs, C3, &lq), *k16 = operand(pt, SK, k, T, hs, C3, &lk),
+                       *v16 = operand(pt, SV, v, T, hs, C3, &lv), *dy16 = operand(pt, SDY, dy, T, hs, C, &ly);
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int nr = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, nk = r0 + nr;
-                const float *Ab = A + (size_t)r0 * T, *dyb = dy + (size_t)r0 * C;
+                const float *Ab = A + (size_t)r0 * T;
+                const void *dyb = rows_of(pt, dy16, r0, ly);
                 float *Db = D + (size_t)r0 * T;
-                dt_sgemm(0, 1, nr, nk, hs, 1.0f, dyb, C, v, C3, 0.0f, Db, T);     // dA = dy v^T
-                dt_sgemm(1, 0, nk, hs, nr, 1.0f, Ab, T, dyb, C, 1.0f, dv, C3);    // dv += A^T dy
+                mm(pt, 0, 1, nr, nk, hs, 1.0f, dyb, ly, v16, lv, 0.0f, Db, T);  // dA = dy v^T
+                const void *a16 = operand(pt, SA, Ab, nr, nk, T, &la);
+                mm(pt, 1, 0, nk, hs, nr, 1.0f, a16, la, dyb, ly, 1.0f, dv, C3);  // dv += A^T dy
                 for (int t = r0; t < r0 + nr; t++) {
                     float *d = D + (size_t)t * T;
                     const float *a = A + (size_t)t * T;
@@ -153,8 +191,9 @@ void dt_attention_backward(float *dqkv, float *datt, const float *dout, const fl
                     for (int j = 0; j <= t; j++) d[j] = dt_att_grad(a[j], d[j], s, scale);
                     for (int j = t + 1; j < nk; j++) d[j] = 0.0f;
                 }
-                dt_sgemm(0, 0, nr, hs, nk, 1.0f, Db, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);  // dq += dS k
-                dt_sgemm(1, 0, nk, hs, nr, 1.0f, Db, T, q + (size_t)r0 * C3, C3, 1.0f, dk, C3);  // dk += dS^T q
+                const void *d16 = operand(pt, SD, Db, nr, nk, T, &ld);
+                mm(pt, 0, 0, nr, hs, nk, 1.0f, d16, ld, k16, lk, 1.0f, dq + (size_t)r0 * C3, C3);               // dq += dS k
+                mm(pt, 1, 0, nk, hs, nr, 1.0f, d16, ld, rows_of(pt, q16, r0, lq), lq, 1.0f, dk, C3);  // dk += dS^T q
             }
         }
 }

@@ -1101,6 +1101,32 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
     return DT_OK;
 }
 
+// A linear's backward on its input x as the set keeps it: t's 16-bit
+// values (read by the weight gradient's GEMM as they are) or fp32.
+static void linear_back(float *dinp, float *dw, float *db, const float *dout, const void *x, dt_dtype t,
+                        const float *w, int BT, int C, int OC) {
+    if (t != DT_F32) dt_linear_backward16(dinp, dw, db, dout, x, w, BT, C, OC);
+    else dt_linear_backward(dinp, dw, db, dout, x, w, BT, C, OC);
+}
+
+// The backward of the column-parallel linear after a layernorm, its input
+// gradient into dln. Sequence parallel: ln is the shard's rows, widened
+// into dfch_gelu (free until after this) when kept in 16 bits, then
+// gathered into datty.
+static dt_status ln_linear_back(dt_gpt *m, const void *ln, dt_dtype t, const float *dout, float *dw, float *db,
+                                const float *w, int BT, int OC) {
+    int C = m->c.n_embd;
+    if (!m->seq) {
+        linear_back(m->dln, dw, db, dout, ln, t, w, BT, C, OC);
+        return DT_OK;
+    }
+    size_t n = (size_t)stream_rows(m, BT) * C;
+    const float *rows = t != DT_F32 ? dt_widen16(m->dfch_gelu, ln, n, t) : ln, *x;
+    dt_status st = gather_rows(m, rows, m->datty, BT, &x);
+    if (st == DT_OK) dt_linear_backward(m->dln, dw, db, dout, x, w, BT, C, OC);
+    return st;
+}
+
 // dresid carries the gradient of the residual stream down: a residual add
 // passes it through unchanged to both of its inputs, so it is both
 // d(fcproj) and, after the MLP branch adds in, d(residual2).
@@ -1116,7 +1142,7 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
 static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *residual, float *dresid) {
     int B = a->B, T = a->T, C = m->c.n_embd, BT = B * T, ntp = m->ntp, R = stream_rows(m, BT);
     int Cl = C / ntp, NHl = m->c.n_head / ntp, F = 4 * C / ntp, seq = m->seq;
-    size_t sC = (size_t)BT * C, sF = (size_t)BT * F, rC = (size_t)R * C;
+    size_t sC = (size_t)BT * C, sF = (size_t)BT * F;
     layer_acts s = layer_acts_of(a, l);
     layer_params p = layer_params_of(m->p, l, C, ntp), g = layer_params_of(m->g, l, C, ntp);
     // The layernorms' weight gradients: into dlnw [ln2w, ln2b, ln1w, ln1b]
@@ -1124,39 +1150,34 @@ static dt_status layer_backward(dt_gpt *m, dt_gpt_acts *a, int l, const float *r
     float *ln2w = seq ? memset(m->dlnw, 0, sizeof(float) * 4 * C) : g.ln2w, *ln2b = seq ? ln2w + C : g.ln2b;
     float *ln1w = seq ? ln2w + 2 * C : g.ln1w, *ln1b = seq ? ln2w + 3 * C : g.ln1b;
 
-    // A 16-bit matmul input is widened into a scratch buffer that is free
-    // until after its matmul's backward (a sequence-parallel layernorm's
-    // rows into dfch_gelu, then gathered into datty).
+    // A 16-bit matmul input is read by its weight gradient's GEMM as kept;
+    // a sequence-parallel layernorm's rows are widened into a scratch buffer
+    // free until after its matmul's backward (dfch_gelu, then gathered into
+    // datty).
     dt_dtype t = a->store;
-    const float *dout, *ln;
+    const float *dout;
     dt_status st = gather_rows(m, dresid, m->datty, BT, &dout);
     if (st != DT_OK) return st;
-    const float *fchg = t != DT_F32 ? dt_widen16(m->dfch, s.fchg, sF, t) : s.fchg;
     memset(m->dfch_gelu, 0, sizeof(float) * sF);
-    dt_linear_backward(m->dfch_gelu, g.fcprojw, g.fcprojb, dout, fchg, p.fcprojw, BT, F, C);
+    linear_back(m->dfch_gelu, g.fcprojw, g.fcprojb, dout, s.fchg, t, p.fcprojw, BT, F, C);
     grads_final(m, FCPROJW, l);
     memset(m->dfch, 0, sizeof(float) * sF);
     dt_gelu_backward(m->dfch, m->dfch_gelu, s.fch, sF);
-    const float *ln2 = t != DT_F32 ? dt_widen16(m->dfch_gelu, s.ln2, rC, t) : s.ln2;
-    if ((st = gather_rows(m, ln2, m->datty, BT, &ln)) != DT_OK) return st;
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.fcw, g.fcb, m->dfch, ln, p.fcw, BT, C, F);
+    if ((st = ln_linear_back(m, s.ln2, t, m->dfch, g.fcw, g.fcb, p.fcw, BT, F)) != DT_OK) return st;
     grads_final(m, FCW, l);
     if ((st = sum_rows(m, m->dln, m->dln, BT)) != DT_OK) return st;
     dt_layernorm_backward(dresid, ln2w, ln2b, m->dln, s.res2, p.ln2w, s.ln2_mean, s.ln2_rstd, R, C);
     if (!seq) grads_final(m, LN2W, l);
 
     if ((st = gather_rows(m, dresid, m->dln, BT, &dout)) != DT_OK) return st;  // (dln is free again)
-    const float *atty = t != DT_F32 ? dt_widen16(m->dqkv, s.atty, (size_t)BT * Cl, t) : s.atty;
     memset(m->datty, 0, sizeof(float) * (size_t)BT * Cl);
-    dt_linear_backward(m->datty, g.attprojw, g.attprojb, dout, atty, p.attprojw, BT, Cl, C);
+    linear_back(m->datty, g.attprojw, g.attprojb, dout, s.atty, t, p.attprojw, BT, Cl, C);
     if (!seq) grads_final(m, ATTPROJW, l);
     memset(m->dqkv, 0, sizeof(float) * 3 * (size_t)BT * Cl);
     dt_attention_backward(m->dqkv, m->datt, m->datty, s.qkv, s.att, B, T, Cl, NHl);
-    const float *ln1 = t != DT_F32 ? dt_widen16(seq ? m->dfch_gelu : m->datty, s.ln1, rC, t) : s.ln1;
-    if ((st = gather_rows(m, ln1, m->datty, BT, &ln)) != DT_OK) return st;
     memset(m->dln, 0, sizeof(float) * sC);
-    dt_linear_backward(m->dln, g.qkvw, g.qkvb, m->dqkv, ln, p.qkvw, BT, C, 3 * Cl);
+    if ((st = ln_linear_back(m, s.ln1, t, m->dqkv, g.qkvw, g.qkvb, p.qkvw, BT, 3 * Cl)) != DT_OK) return st;
     if (!seq) grads_final(m, QKVW, l);
     if ((st = sum_rows(m, m->dln, m->dln, BT)) != DT_OK) return st;
     dt_layernorm_backward(dresid, ln1w, ln1b, m->dln, residual, p.ln1w, s.ln1_mean, s.ln1_rstd, R, C);

@@ -27,25 +27,51 @@ void dt_linear_forward(float *out, const float *inp, const float *w, const float
     dt_sgemm(0, 1, B, OC, C, 1.0f, inp, C, w, C, b ? 1.0f : 0.0f, out, OC);
 }
 
-void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                        const float *w, int B, int C, int OC) {
-    if (dinp) dt_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);   // dout @ w
-    if (dw) dt_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dw, C);     // dout^T @ inp
-    if (db) {
-        // Column sums of dout: each thread owns a block of columns and walks
-        // the rows in order (contiguous reads; the same sums for any thread
-        // count).
+// dinp += dout @ w and dw += dout^T @ inp; the input either fp32 (inp) or
+// as kept in the kernels' precision (inp16). In a low precision dout is
+// rounded once for both GEMMs and the weights come from their working copy
+// (dt_kernels_operand16): the bits of dt_sgemm's rounding at each call.
+static void linear_grads(float *dinp, float *dw, const float *dout, const float *inp, const void *inp16,
+                         const float *w, int B, int C, int OC) {
+    dt_dtype t = dt_kernels_precision();
+    if (t == DT_F32) {
+        if (dinp) dt_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);  // dout @ w
+        if (dw) dt_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dw, C);    // dout^T @ inp
+        return;
+    }
+    const void *d16 = dt_kernels_operand16(0, dout, B, OC, OC, t);
+    if (dinp) dt_gemm16(t, 0, 0, B, C, OC, 1.0f, d16, OC, dt_kernels_operand16(1, w, OC, C, C, t), C, 1.0f, dinp, C);
+    if (dw) {
+        if (!inp16) inp16 = dt_kernels_operand16(2, inp, B, C, C, t);
+        dt_gemm16(t, 1, 0, OC, C, B, 1.0f, d16, OC, inp16, C, 1.0f, dw, C);
+    }
+}
+
+// Column sums of dout: each thread owns a block of columns and walks the
+// rows in order (contiguous reads; the same sums for any thread count).
+static void bias_grad(float *db, const float *dout, int B, int OC) {
 #pragma omp parallel
-        {
-            int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            int lo = (int)((long)OC * id / nt), hi = (int)((long)OC * (id + 1) / nt);
-            for (int i = 0; i < B; i++) {
-                const float *d = dout + (size_t)i * OC;
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int lo = (int)((long)OC * id / nt), hi = (int)((long)OC * (id + 1) / nt);
+        for (int i = 0; i < B; i++) {
+            const float *d = dout + (size_t)i * OC;
 #pragma omp simd
-                for (int o = lo; o < hi; o++) db[o] += d[o];
-            }
+            for (int o = lo; o < hi; o++) db[o] += d[o];
         }
     }
+}
+
+void dt_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, int B, int C, int OC) {
+    linear_grads(dinp, dw, dout, inp, NULL, w, B, C, OC);
+    if (db) bias_grad(db, dout, B, OC);
+}
+
+void dt_linear_backward16(float *dinp, float *dw, float *db, const float *dout, const void *inp16,
+                          const float *w, int B, int C, int OC) {
+    linear_grads(dinp, dw, dout, NULL, inp16, w, B, C, OC);
+    if (db) bias_grad(db, dout, B, OC);
 }
 
 // ----------------------------------------------------------------------------

@@ -32,6 +32,11 @@ void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size
  * matmul inputs of a layer and the sequential models' linear inputs. */
 void dt_keep16(void *keep, const float *x, size_t n, dt_dtype t);
 const float *dt_widen16(float *room, const void *kept, size_t n, dt_dtype t);
+/* dt_linear_backward with its input as kept by dt_keep16 in the kernels'
+ * precision (inp16), read by the weight gradient's GEMM as it is: the same
+ * bits as widening it first. */
+void dt_linear_backward16(float *dinp, float *dw, float *db, const float *dout, const void *inp16,
+                          const float *w, int B, int C, int OC);
 
 /* Whether models and sets made from now on keep their linear inputs in 16
  * bits in a low precision (on by default; model.c's plan_half), their
