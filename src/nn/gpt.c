@@ -876,6 +876,37 @@ static dt_status row_parallel_sum(dt_gpt *m, float *part, float *out, const floa
     return st;
 }
 
+// A linear's forward on its input x (made in fp32) that the set keeps in
+// t's 16 bits at keep when t is not DT_F32: rounded once, kept, and read
+// by the GEMM as kept (the bits of the GEMM's own rounding).
+static void keep_linear(float *out, const float *x, void *keep, dt_dtype t, const float *w, const float *b, int BT,
+                        int C, int OC) {
+    if (t == DT_F32) {
+        dt_linear_forward(out, x, w, b, BT, C, OC);
+        return;
+    }
+    dt_keep16(keep, x, (size_t)BT * C, t);
+    dt_linear_forward16(out, keep, w, b, BT, C, OC);
+}
+
+// The column-parallel linear after a layernorm, on its output ln (kept at
+// keep). Sequence parallel: ln is the shard's rows, gathered into datty
+// for the matmul, and the rows kept after it.
+static dt_status ln_linear(dt_gpt *m, float *out, const float *ln, void *keep, dt_dtype t, const float *w,
+                           const float *b, int BT, int OC) {
+    int C = m->c.n_embd;
+    if (!m->seq) {
+        keep_linear(out, ln, keep, t, w, b, BT, C, OC);
+        return DT_OK;
+    }
+    const float *x;
+    dt_status st = gather_rows(m, ln, m->datty, BT, &x);
+    if (st != DT_OK) return st;
+    dt_linear_forward(out, x, w, b, BT, C, OC);
+    if (t != DT_F32) dt_keep16(keep, ln, (size_t)stream_rows(m, BT) * C, t);
+    return DT_OK;
+}
+
 // One block: out = x + attn(ln1(x)) + mlp(ln2(...)), x = residual. The
 // projections are written straight into the residual sums (res2, out) and
 // the add is done in place: backward never reads them. In a shard of ntp
@@ -893,32 +924,25 @@ static dt_status layer_forward(dt_gpt *m, dt_gpt_acts *a, int l, const float *re
     layer_acts s = layer_acts_of(a, l);
     layer_params p = layer_params_of(m->p, l, C, ntp);
     // 16-bit matmul inputs are made in fp32 in the backward scratch (free
-    // during a forward), read by the matmul, then kept rounded.
+    // during a forward), kept rounded, and read by the matmul as kept.
     dt_dtype t = a->store;
     float *tmp = m->dfch_gelu;
     float *ln1 = t != DT_F32 ? tmp : s.ln1;
-    const float *in;
     dt_layernorm_forward(ln1, s.ln1_mean, s.ln1_rstd, residual, p.ln1w, p.ln1b, R, C, 1e-5f);
-    dt_status st = gather_rows(m, ln1, m->datty, BT, &in);
+    dt_status st = ln_linear(m, s.qkv, ln1, s.ln1, t, p.qkvw, p.qkvb, BT, 3 * Cl);
     if (st != DT_OK) return st;
-    dt_linear_forward(s.qkv, in, p.qkvw, p.qkvb, BT, C, 3 * Cl);
-    if (t != DT_F32) dt_keep16(s.ln1, tmp, rC, t);
     float *atty = t != DT_F32 ? tmp : s.atty, *proj = m->seq ? m->datty : s.res2;
     dt_attention_forward(atty, s.att, s.qkv, B, T, Cl, NHl);
-    dt_linear_forward(proj, atty, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
-    if (t != DT_F32) dt_keep16(s.atty, tmp, (size_t)BT * Cl, t);
+    keep_linear(proj, atty, s.atty, t, p.attprojw, ntp == 1 ? p.attprojb : NULL, BT, Cl, C);
     if ((st = row_parallel_sum(m, proj, s.res2, p.attprojb, BT, C)) != DT_OK) return st;
     dt_residual_forward(s.res2, residual, s.res2, rC);
     float *ln2 = t != DT_F32 ? tmp : s.ln2;
     dt_layernorm_forward(ln2, s.ln2_mean, s.ln2_rstd, s.res2, p.ln2w, p.ln2b, R, C, 1e-5f);
-    if ((st = gather_rows(m, ln2, m->datty, BT, &in)) != DT_OK) return st;
-    dt_linear_forward(s.fch, in, p.fcw, p.fcb, BT, C, F);
-    if (t != DT_F32) dt_keep16(s.ln2, tmp, rC, t);
+    if ((st = ln_linear(m, s.fch, ln2, s.ln2, t, p.fcw, p.fcb, BT, F)) != DT_OK) return st;
     float *fchg = t != DT_F32 ? tmp : s.fchg;
     proj = m->seq ? m->datty : out;
     dt_gelu_forward(fchg, s.fch, (size_t)BT * F);
-    dt_linear_forward(proj, fchg, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
-    if (t != DT_F32) dt_keep16(s.fchg, tmp, (size_t)BT * F, t);
+    keep_linear(proj, fchg, s.fchg, t, p.fcprojw, ntp == 1 ? p.fcprojb : NULL, BT, F, C);
     if ((st = row_parallel_sum(m, proj, out, p.fcprojb, BT, C)) != DT_OK) return st;
     dt_residual_forward(out, s.res2, out, rC);
     return DT_OK;

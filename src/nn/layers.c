@@ -16,15 +16,24 @@
 // ----------------------------------------------------------------------------
 // linear
 
+// out[B,OC] = inp[B,C] @ w[OC,C]^T (+ b): the bias is written first and
+// the GEMM accumulates onto it.
+static void bias_rows(float *out, const float *b, int B, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B; i++) memcpy(out + (size_t)i * OC, b, sizeof(float) * OC);
+}
+
 void dt_linear_forward(float *out, const float *inp, const float *w, const float *b, int B,
                        int C, int OC) {
-    // out[B,OC] = inp[B,C] @ w[OC,C]^T (+ b): the bias is written first and
-    // the GEMM accumulates onto it.
-    if (b) {
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < B; i++) memcpy(out + (size_t)i * OC, b, sizeof(float) * OC);
-    }
+    if (b) bias_rows(out, b, B, OC);
     dt_sgemm(0, 1, B, OC, C, 1.0f, inp, C, w, C, b ? 1.0f : 0.0f, out, OC);
+}
+
+void dt_linear_forward16(float *out, const void *inp16, const float *w, const float *b, int B, int C, int OC) {
+    dt_dtype t = dt_kernels_precision();
+    if (b) bias_rows(out, b, B, OC);
+    dt_gemm16(t, 0, 1, B, OC, C, 1.0f, inp16, C, dt_kernels_operand16(1, w, OC, C, C, t), C, b ? 1.0f : 0.0f, out,
+              OC);
 }
 
 // dinp += dout @ w and dw += dout^T @ inp; the input either fp32 (inp) or

@@ -32,9 +32,10 @@ void dt_relu_backward_set(float *dinp, const float *dout, const float *inp, size
  * matmul inputs of a layer and the sequential models' linear inputs. */
 void dt_keep16(void *keep, const float *x, size_t n, dt_dtype t);
 const float *dt_widen16(float *room, const void *kept, size_t n, dt_dtype t);
-/* dt_linear_backward with its input as kept by dt_keep16 in the kernels'
- * precision (inp16), read by the weight gradient's GEMM as it is: the same
- * bits as widening it first. */
+/* dt_linear_forward and dt_linear_backward with the input as kept by
+ * dt_keep16 in the kernels' precision (inp16), read by the GEMMs as it is:
+ * the same bits as widening it first. */
+void dt_linear_forward16(float *out, const void *inp16, const float *w, const float *b, int B, int C, int OC);
 void dt_linear_backward16(float *dinp, float *dw, float *db, const float *dout, const void *inp16,
                           const float *w, int B, int C, int OC);
 
