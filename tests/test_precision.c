@@ -323,6 +323,49 @@ static void wc_pass(wc_net *n, float *loss, float *g) {
     }
 }
 
+// The nearest bf16 to the fp32 bits u, ties to even, worked out in double
+// from the two candidates (a NaN: quiet, sign and upper payload kept): the
+// reference for dt_from_f32, whichever loop this CPU (and DTRAIN_ISA) runs.
+static uint16_t bf16_ref(uint32_t u) {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40);
+    if ((u & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(u >> 16);  // infinity
+    uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    if ((lo & 0x7fffffffu) == 0x7f7f0000u) return (uint16_t)((u & 0xffffu) >= 0x8000u ? hi >> 16 : lo >> 16);  // overflow
+    float x, a, b;
+    memcpy(&x, &u, 4), memcpy(&a, &lo, 4), memcpy(&b, &hi, 4);
+    double da = fabs((double)x - a), db = fabs((double)b - x);
+    if (da < db || (da == db && !(lo >> 16 & 1))) return (uint16_t)(lo >> 16);
+    return (uint16_t)(hi >> 16);
+}
+
+// dt_from_f32 to bf16 on lengths 0..80 and 1000 at every offset mod 16 (the
+// vector loops' tails), over ties, subnormals, the largest finite values,
+// infinities and NaNs as well as random bits.
+static void conversions(void) {
+    enum { N = 1096 };
+    static uint32_t u[N];
+    static uint16_t got[N];
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint32_t r = (uint32_t)x, special[] = {0, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x00000001u, 0x807fffffu,
+                                              0x7f7f8000u, 0x7f7fffffu, 0xff7f8000u, 0x7f800000u, 0xff800000u,
+                                              0x7f800001u, 0xffc12345u, 0x7fa00000u, 0x3f80ffffu, 0x00008000u};
+        u[i] = i % 3 ? r : special[(i / 3) % 16];
+        if (i % 5 == 1) u[i] = (r & 0x807fffffu);                // subnormals
+        if (i % 7 == 2) u[i] = (r & 0xffff0000u) | 0x8000u;      // ties
+    }
+    int bad = 0, len[] = {0, 1, 7, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 80, 1000};
+    for (int k = 0; k < (int)(sizeof len / sizeof *len); k++)
+        for (int off = 0; off < 16; off++) {
+            dt_from_f32(got, (const float *)u + off, (size_t)len[k], DT_BF16);
+            for (int i = 0; i < len[k]; i++) bad += got[i] != bf16_ref(u[off + i]);
+        }
+    const dt_cpu *cpu = dt_cpu_get();
+    CHECK(bad == 0, "dt_from_f32 to bf16 (%s loop): %d of the converted elements differ from round-to-nearest-even",
+          cpu->isa >= DT_ISA_AVX512 ? "AVX-512" : "AVX2", bad);
+}
+
 // With the copy the GEMMs give the same bits as rounding at every call; a
 // weight matrix is converted once until the weights change, then read from
 // the copy by the backward's GEMM that needs it (the saved conversion).
@@ -1042,6 +1085,7 @@ static void mlp_run(void) {
 
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
+    conversions();
     portable_gemm();
     kernels();
     working_copy();
