@@ -37,14 +37,23 @@ DT_HD void dt_adamw_elem(float *w, float g, float *m, float *v, const dt_adamw_k
     *w = d - k->step * *m / (sqrtf(*v) * k->rbc2 + k->eps);
 }
 
+/* SGD without momentum, and with its momentum buffer buf. */
+DT_HD void dt_sgd_plain_elem(float *w, float g, const dt_sgd_k *k) {
+    g = g * k->grad_scale + k->wd * *w;
+    *w -= k->lr * g;
+}
+
+DT_HD void dt_sgd_momentum_elem(float *w, float g, float *buf, const dt_sgd_k *k) {
+    g = g * k->grad_scale + k->wd * *w;
+    *buf = k->first ? g : k->mu * *buf + g;
+    g = k->nesterov ? g + k->mu * *buf : *buf;
+    *w -= k->lr * g;
+}
+
 /* buf NULL: no momentum. */
 DT_HD void dt_sgd_elem(float *w, float g, float *buf, const dt_sgd_k *k) {
-    g = g * k->grad_scale + k->wd * *w;
-    if (buf) {
-        *buf = k->first ? g : k->mu * *buf + g;
-        g = k->nesterov ? g + k->mu * *buf : *buf;
-    }
-    *w -= k->lr * g;
+    if (buf) dt_sgd_momentum_elem(w, g, buf, k);
+    else dt_sgd_plain_elem(w, g, k);
 }
 
 #ifdef __cplusplus

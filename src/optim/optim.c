@@ -117,24 +117,38 @@ void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const flo
     if (at < end) update_span(o, at, end - at, params + (at - off), grads + (at - off), lr, grad_scale);
 }
 
+// The loops take their constants by value (each thread its own copy) and
+// their arrays as restrict: otherwise every store through w may change the
+// constants, reloaded at every element, and the loop does not vectorise
+// cleanly; SGD's branches (momentum, the first step, Nesterov) are taken
+// once, outside the loop.
+static void adamw_loop(float *restrict w, const float *restrict g, float *restrict m, float *restrict v, size_t n,
+                       dt_adamw_k k) {
+#pragma omp parallel for simd schedule(static) firstprivate(k)
+    for (size_t i = 0; i < n; i++) dt_adamw_elem(&w[i], g[i], &m[i], &v[i], &k);
+}
+
+// SGD with momentum buffer buf (NULL: none).
+static void sgd_loop(float *restrict w, const float *restrict g, float *restrict buf, size_t n, dt_sgd_k k) {
+    if (!buf) {
+#pragma omp parallel for simd schedule(static) firstprivate(k)
+        for (size_t i = 0; i < n; i++) dt_sgd_plain_elem(&w[i], g[i], &k);
+    } else if (k.first || k.nesterov) {
+#pragma omp parallel for simd schedule(static) firstprivate(k)
+        for (size_t i = 0; i < n; i++) dt_sgd_momentum_elem(&w[i], g[i], &buf[i], &k);
+    } else {  // plain momentum after the first step: the common case, no branch left
+        const dt_sgd_k c = {k.lr, k.mu, k.wd, k.grad_scale, 0, 0};
+#pragma omp parallel for simd schedule(static) firstprivate(c)
+        for (size_t i = 0; i < n; i++) dt_sgd_momentum_elem(&w[i], g[i], &buf[i], &c);
+    }
+}
+
 static void update_span(dt_optim *o, size_t off, size_t n, float *params, const float *grads, float lr,
                         float grad_scale) {
-    if (o->p.kind == DT_OPTIM_ADAMW) {
-        const dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
-        float *m = o->s0 + off, *v = o->s1 + off;
-#pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; i++) dt_adamw_elem(&params[i], grads[i], &m[i], &v[i], &k);
-    } else {
-        const dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
-        float *buf = o->s0 ? o->s0 + off : NULL;
-        if (buf) {
-#pragma omp parallel for simd schedule(static)
-            for (size_t i = 0; i < n; i++) dt_sgd_elem(&params[i], grads[i], &buf[i], &k);
-        } else {
-#pragma omp parallel for simd schedule(static)
-            for (size_t i = 0; i < n; i++) dt_sgd_elem(&params[i], grads[i], NULL, &k);
-        }
-    }
+    if (o->p.kind == DT_OPTIM_ADAMW)
+        adamw_loop(params, grads, o->s0 + off, o->s1 + off, n, dt_optim_adamw_k(o, lr, grad_scale));
+    else
+        sgd_loop(params, grads, o->s0 ? o->s0 + off : NULL, n, dt_optim_sgd_k(o, lr, grad_scale));
 }
 
 void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr, float grad_scale) {
