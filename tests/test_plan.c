@@ -217,11 +217,24 @@ static void test_cache_verify(void) {
     CHECK(rc == 0 && strstr(g_out, "profile from") && !strstr(g_out, "measuring"), "cached profile: exit %d\n%s", rc,
           g_out);
     rc = run("plan %s/cnn.ini --workers 2 --top 2 --recalibrate --run-dir %s/recal", g_tmp, g_tmp);
-    CHECK(rc == 0 && strstr(g_out, "measuring"), "--recalibrate: exit %d\n%s", rc, g_out);
+    CHECK(rc == 0 && strstr(g_out, "measuring the model on 2 workers x 1 thread") &&
+              strstr(g_out, "(times: the model's x "),
+          "--recalibrate: plain data parallel on the 2 workers, the times scaled to it: exit %d\n%s", rc, g_out);
     rc = run("plan %s/mlp.ini --workers 2 --verify 2 --steps 6 --run-dir %s/verify", g_tmp, g_tmp);
     CHECK(rc == 0 && strstr(g_out, "predicted ms  measured ms") && strstr(g_out, "measured fastest: #") &&
               access(tl_path(g_tmp, "verify/verify-2/summary.json"), F_OK) == 0,
           "--verify 2: exit %d\n%s", rc, g_out);
+    // the predicted peak against the measured one (the largest rank's), row by row
+    const char *t = strstr(g_out, "error\n");
+    int rows = 0;
+    for (double ms, mms, mib, mmib; t && (t = strchr(t, '\n')) && t[1]; rows++) {
+        int k;
+        if (sscanf(t + 1, "%d %lf %lf %*f%% %lf %lf", &k, &ms, &mms, &mib, &mmib) != 5) break;
+        CHECK(fabs(mmib / mib - 1) <= 0.15, "--verify #%d: memory predicted %.1f MiB, measured %.1f (within 15%%)", k,
+              mib, mmib);
+        t++;
+    }
+    CHECK(rows == 2, "--verify 2: %d rows of predicted against measured\n%s", rows, g_out);
 }
 
 static void test_bad_input(void) {

@@ -260,9 +260,10 @@ dt_status dt_plan_rank(const dt_config *c, const dt_sim_profile *p, const dt_pla
     int W = s->workers;
     if (W < 1 || s->hosts < 1 || W % s->hosts)
         return dt_error(DT_ERR_ARG, "plan: %d workers cannot be spread evenly over %d hosts", W, s->hosts);
-    int R = W / s->hosts;
-    double k = (double)R * s->threads / s->cores;  // ranks that share a host's cores run slower
-    if (k < 1) k = 1;
+    // Ranks that share a host's cores run slower: by R's load over that of
+    // the profile's run (measured on p->workers ranks of this machine).
+    int R = W / s->hosts, P = p->workers > 0 ? p->workers : 1;
+    double k = fmax(1, (double)R * s->threads / s->cores) / fmax(1, (double)P * s->threads / s->cores);
     plan_t pl = {.c = c, .s = s, .limit = limit, .machine = dt_mem_machine(NULL),
                  .rc = {p->compute_s * k, p->backward_share, p->data_s * k, p->optimizer_s * k, p->params}};
     for (int T = 1; T <= W; T++)

@@ -30,9 +30,10 @@ static const char help[] =
     "1f1b schedule, a GPT's recompute, the gradient bucket, lossy codecs with\n"
     "--lossy) is sized by the formula the start check uses and timed by the\n"
     "simulator from the model's time per sample on this machine, measured once\n"
-    "by a short calibration run on one worker and kept in\n"
+    "by a short calibration run (plain data parallel on the N / H workers of\n"
+    "one host, or one worker where that cannot run) and kept in\n"
     "$XDG_CACHE_HOME/dtrain (default ~/.cache/dtrain), keyed by the model's\n"
-    "shape, batch, precision, optimizer, CPU and threads. Prints the fastest K\n"
+    "shape, batch, precision, optimizer, CPU, workers and threads. Prints the fastest K\n"
     "that fit, each with its predicted step time, memory per worker and the\n"
     "'dtrain train' line that runs it (docs/plan.md).\n"
     "\n"
@@ -117,14 +118,16 @@ static int train_run(const plan_args *a, const char *extra, const char *run_dir,
 // ---- the profile: measured once, cached ----
 
 static double measured_peak(const char *run_dir);
+static double measured_step(const char *run_dir);
 
 // What the measured times depend on, as text: the model's shape, the
-// batch, precision, optimizer, the CPU and the threads.
-static void profile_key(const dt_config *c, int threads, char *key, size_t len) {
+// batch, precision, optimizer, the CPU, the workers and their threads.
+static void profile_key(const dt_config *c, int workers, int threads, char *key, size_t len) {
     const dt_cpu *cpu = dt_cpu_get();
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t o = (size_t)snprintf(key, len, "v1 cpu=%s/%d/%d isa=%d cores=%ld threads=%d batch=%d precision=%d optim=%d",
-                                cpu->name, cpu->family, cpu->model, (int)cpu->isa, cores, threads, c->batch,
+    size_t o = (size_t)snprintf(key, len,
+                                "v2 cpu=%s/%d/%d isa=%d cores=%ld workers=%d threads=%d batch=%d precision=%d optim=%d",
+                                cpu->name, cpu->family, cpu->model, (int)cpu->isa, cores, workers, threads, c->batch,
                                 (int)c->precision, (int)c->optim.kind);
     if (c->gpt)
         snprintf(key + o, len - o, " gpt=%d/%d/%d/%d/%d/%d seq=%d", c->n_layer, c->n_head, c->n_embd, c->block_size,
@@ -158,10 +161,11 @@ static double jnum(const cJSON *j, const char *k) {
     return cJSON_IsNumber(x) ? x->valuedouble : NAN;
 }
 
-// The model's profile and the calibration run's peak resident memory.
+// The model's profile, the calibration run's peak resident memory and its
+// median step.
 typedef struct {
     dt_sim_profile p;
-    double peak;
+    double peak, step_s;
 } profile_t;
 
 // The cached profile for key; 0 when there, -1 when not (or not this key's).
@@ -177,9 +181,12 @@ static int cache_read(const char *path, const char *key, profile_t *pr) {
     if (ok) {
         *p = (dt_sim_profile){.compute_s = jnum(j, "compute_s"), .backward_share = jnum(j, "backward_share"),
                               .data_s = jnum(j, "data_s"), .optimizer_s = jnum(j, "optimizer_s"),
-                              .params = jnum(j, "params"), .batch = (int)jnum(j, "batch"), .workers = 1};
+                              .params = jnum(j, "params"), .batch = (int)jnum(j, "batch"),
+                              .workers = (int)jnum(j, "workers")};
         pr->peak = jnum(j, "peak_bytes");
-        ok = pr->peak > 0 && p->compute_s > 0 && p->params > 0 && p->data_s >= 0 && p->optimizer_s >= 0;
+        pr->step_s = jnum(j, "step_s");
+        ok = pr->peak > 0 && p->compute_s > 0 && p->params > 0 && p->data_s >= 0 && p->optimizer_s >= 0 &&
+             p->workers >= 1 && pr->step_s > 0;
     }
     cJSON_Delete(j);
     return ok ? 0 : -1;
@@ -197,43 +204,51 @@ static void cache_write(const char *path, const char *key, const profile_t *pr) 
     char text[4096];
     int n = snprintf(text, sizeof text,
                      "{\"key\": \"%s\", \"compute_s\": %.9g, \"backward_share\": %.6g, \"data_s\": %.9g, "
-                     "\"optimizer_s\": %.9g, \"params\": %.0f, \"batch\": %d, \"peak_bytes\": %.0f}\n",
-                     key, p->compute_s, p->backward_share, p->data_s, p->optimizer_s, p->params, p->batch, pr->peak);
+                     "\"optimizer_s\": %.9g, \"params\": %.0f, \"batch\": %d, \"workers\": %d, \"peak_bytes\": %.0f, "
+                     "\"step_s\": %.9g}\n",
+                     key, p->compute_s, p->backward_share, p->data_s, p->optimizer_s, p->params, p->batch, p->workers,
+                     pr->peak, pr->step_s);
     const void *parts[1] = {text};
     size_t sizes[1] = {(size_t)n};
     if (dt_write_atomic(path, parts, sizes, 1) != DT_OK)
         dt_log(DT_LOG_WARN, "plan: cannot keep the profile: %s", dt_last_error());
 }
 
-// A short run of the model alone (one worker, `threads` threads, no
-// layout of its own) measures its profile; 0 or an exit code.
-static int calibrate(const plan_args *a, int threads, const char *dir, profile_t *pr) {
+// A short run of the model as plain data parallel on `workers` workers of
+// `threads` threads measures its profile (the compute of a rank among as
+// many as the layouts will run, sharing the cores as they will; the
+// memory a process holds beside the formula, shared-memory buffers
+// included); 0 or an exit code.
+static int calibrate(const plan_args *a, int workers, int threads, const char *dir, profile_t *pr) {
     char extra[512];
     snprintf(extra, sizeof extra,
              "--set parallel.zero=0 --set parallel.tensor=1 --set parallel.pipeline=1 --set compression.method=none "
              "--set train.recompute=none --set checkpoint.every_steps=0 --set checkpoint.every_seconds=0 "
              "--set train.max_steps=12 --set train.epochs=1000000 --set train.threads=%d",
              threads);
-    dt_log(DT_LOG_INFO, "plan: measuring the model on one worker x %d thread%s (12 steps, into %s)", threads,
-           threads > 1 ? "s" : "", dir);
-    int rc = train_run(a, extra, dir, 1, "", 0);
+    dt_log(DT_LOG_INFO, "plan: measuring the model on %d worker%s x %d thread%s (12 steps, into %s)", workers,
+           workers > 1 ? "s" : "", threads, threads > 1 ? "s" : "", dir);
+    int rc = train_run(a, extra, dir, workers, "", 0);
     if (rc != 0) return cli_error("plan: the calibration run (%s) failed with exit code %d", dir, rc), EXIT_RUNTIME;
     if (dt_sim_profile_load(dir, &pr->p) != DT_OK) return cli_error("plan: %s", dt_last_error()), EXIT_RUNTIME;
     pr->peak = measured_peak(dir);
+    pr->step_s = measured_step(dir);
+    if (!(pr->step_s > 0)) return cli_error("plan: the calibration run (%s) recorded no step time", dir), EXIT_RUNTIME;
     return 0;
 }
 
-// The model's profile at `threads` threads: from the cache, else measured
-// into dir and kept.
-static int profile_for(const plan_args *a, const dt_config *c, int threads, const char *dir, profile_t *p) {
+// The model's profile on `workers` x `threads`: from the cache, else
+// measured into dir and kept.
+static int profile_for(const plan_args *a, const dt_config *c, int workers, int threads, const char *dir,
+                       profile_t *p) {
     char key[4096], path[2200];
-    profile_key(c, threads, key, sizeof key);
+    profile_key(c, workers, threads, key, sizeof key);
     cache_path(key, path, sizeof path);
     if (!a->recalibrate && cache_read(path, key, p) == 0) {
         dt_log(DT_LOG_INFO, "plan: the model's profile from %s", path);
         return 0;
     }
-    int rc = calibrate(a, threads, dir, p);
+    int rc = calibrate(a, workers, threads, dir, p);
     if (rc == 0) cache_write(path, key, p);
     return rc;
 }
@@ -267,14 +282,20 @@ static int load(const plan_args *a, dt_config *c) {
     return 0;
 }
 
-// The formula's bytes for the calibration run's layout (one worker, nothing
-// sharded), as this process works it out.
-static size_t calibrated_formula(const dt_config *c) {
+// The calibration run's config: plain data parallel, nothing sharded.
+static dt_config calibration_config(const dt_config *c) {
     dt_config one = *c;
     dt_layout l = {.tensor = 1, .pipeline = 1, .micro_batches = c->micro_batches, .schedule = c->pipeline_schedule,
                    .bucket_kb = c->bucket_kb};
     dt_plan_apply(&one, &l);
-    return dt_memory_worker(&one, 1, NULL);
+    return one;
+}
+
+// The workers the calibration runs on: the ranks of one host (R) when
+// plain data parallel runs on R, else one.
+static int calibration_workers(const dt_config *c, int R) {
+    dt_config one = calibration_config(c);
+    return R > 1 && dt_train_check(&one, R) == DT_OK ? R : 1;
 }
 
 // The worker counts nearest W that some layout runs on, as "; layouts run
@@ -319,6 +340,28 @@ static int nothing_fits(const plan_args *a, const plan_t *pl) {
            EXIT_USAGE;
 }
 
+// What the model leaves out (an oversubscribed rank's waits for the
+// others, the loop's own work) scales every predicted time by the
+// calibration run's measured step over the model's step for it (the same
+// layout on the same ranks): pl->s.step_scale, printed with the plan. Where
+// the plan spans hosts, or the calibration ran on fewer workers than a host's
+// ranks, the times stay the model's.
+static void scale_to_calibration(plan_t *pl, const dt_config *one, int cw, double measured) {
+    int R = pl->s.workers / pl->s.hosts;
+    if (cw != R || pl->s.hosts > 1) return;
+    dt_layout l = {.tensor = 1, .pipeline = 1, .micro_batches = one->micro_batches, .schedule = one->pipeline_schedule,
+                   .bucket_kb = one->bucket_kb};
+    for (int i = 0; i < pl->n; i++)
+        if (!memcmp(&pl->rows[i].l, &l, sizeof l) && pl->rows[i].step_s > 0) {
+            pl->s.step_scale = measured / pl->rows[i].step_s;
+            break;
+        }
+    for (int i = 0; pl->s.step_scale > 0 && i < pl->n; i++) {
+        dt_plan_row *r = &pl->rows[i];
+        r->step_s *= pl->s.step_scale, r->compute_s *= pl->s.step_scale, r->exposed_s *= pl->s.step_scale;
+    }
+}
+
 // The ranking of a's config on its workers; 0 or an exit code (the
 // refusals: nothing runs on W workers, nothing fits the limit).
 static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
@@ -344,10 +387,13 @@ static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
         return cli_error("--workers %d: %s%s", a->workers, err, near), EXIT_USAGE;
     }
     free(probe);
-    if ((rc = profile_for(a, &pl->c, pl->s.threads, calib_dir, &p))) return rc;
-    pl->s.memory_extra = p.peak - (double)calibrated_formula(&pl->c);
+    int cw = calibration_workers(&pl->c, R);
+    if ((rc = profile_for(a, &pl->c, cw, pl->s.threads, calib_dir, &p))) return rc;
+    dt_config one = calibration_config(&pl->c);
+    pl->s.memory_extra = p.peak - (double)dt_memory_worker(&one, cw, NULL);
     if (dt_plan_rank(&pl->c, &p.p, &pl->s, pl->limit, &pl->rows, &pl->n, &pl->nfit) != DT_OK)
         return cli_error("%s", dt_last_error()), EXIT_USAGE;
+    scale_to_calibration(pl, &one, cw, p.step_s);
     return pl->nfit ? 0 : nothing_fits(a, pl);
 }
 
@@ -356,6 +402,9 @@ static void print_rows(const plan_args *a, const plan_t *pl, int k) {
     printf("%d of %d layouts fit%s; the fastest %d on %d worker%s (%d host%s, %d thread%s a worker):\n", pl->nfit,
            pl->n, pl->limit ? " the limit" : "", k, a->workers, a->workers > 1 ? "s" : "", a->hosts,
            a->hosts > 1 ? "s" : "", pl->s.threads, pl->s.threads > 1 ? "s" : "");
+    if (pl->s.step_scale > 0)
+        printf("(times: the model's x %.2f, the calibration run's measured step over the model's step for it)\n",
+               pl->s.step_scale);
     printf("%3s %10s %10s %10s %12s  %s\n", "#", "step ms", "compute", "exposed", "memory/rank", "layout");
     for (int i = 0; i < k; i++) {
         const dt_plan_row *r = &pl->rows[i];
