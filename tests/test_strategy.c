@@ -645,7 +645,10 @@ static void memory_limit(void) {
           state / 1e6, cap_b / 1e6, bw, d, wrote / 1e6);
     printf("offload = disk: %.1f MB of model state under a %.1f MB cap trains, bitwise; %.1f MB read, %.1f MB written\n",
            state / 1e6, cap_b / 1e6, summary_number("off-cap", "disk_read_bytes") / 1e6, wrote / 1e6);
-    rc = train("mem2", cfg, 4, "--zero 2 --set train.max_steps=8 --log-format json");
+    // Stages 2 and 3 give back the pages of the parts a rank does not own
+    // under --memory-limit (without one, on a machine with room, they keep
+    // them: stage 1's memory, dt_memory_zero_held): a generous cap.
+    rc = train("mem2", cfg, 4, "--zero 2 --memory-limit 1G --set train.max_steps=8 --log-format json");
     CHECK(rc == 0, "zero = 2: exit %d\n%s", rc, g_out);
     snprintf(cmd, sizeof cmd, "%s/mem2/summary.json", g_tmp);
     char *sum = tl_read_file(cmd, NULL);
@@ -673,7 +676,7 @@ static void memory_limit(void) {
     CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.6 * (s0 - s2),
           "peak RSS at zero = 0: %.1f MB, at zero = 2: %.1f MB; the model state by the formula: %.1f and %.1f MB", r0 / 1e6,
           r2 / 1e6, s0 / 1e6, s2 / 1e6);
-    rc = train("mem3", cfg, 4, "--zero 3 --set train.max_steps=8");
+    rc = train("mem3", cfg, 4, "--zero 3 --memory-limit 1G --set train.max_steps=8");
     snprintf(cmd, sizeof cmd, "%s/mem3/summary.json", g_tmp);
     char *sum3 = tl_read_file(cmd, NULL);
     const char *p3 = sum3 ? strstr(sum3, "\"peak_rss_bytes\":") : NULL, *m3 = sum3 ? strstr(sum3, "\"model_state_bytes\":") : NULL;
@@ -1409,8 +1412,9 @@ static void memory_rows(void) {
                 {"tensor2-seq", "--set parallel.tensor=2 --set parallel.sequence=true", 2},
                 {"pipeline2", "--set parallel.pipeline=2", 2},
                 {"pipeline2-zero1", "--set parallel.pipeline=2 --zero 1", 4},
-                {"zero3", "--zero 3", 2},
-                {"zero3-recompute", "--zero 3 --set train.recompute=blocks", 2}};
+                {"zero3", "--zero 3 --memory-limit 2G", 2},
+                {"zero3-recompute", "--zero 3 --set train.recompute=blocks --memory-limit 2G", 2},
+                {"zero3-kept", "--zero 3", 2}};  // (no cap, room: the pages kept, stage 1's formula)
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         char small[2048], big[2048], a[64], b[64];
         snprintf(small, sizeof small, model, 4, 16, g_tmp, g_tmp);
@@ -1421,6 +1425,16 @@ static void memory_rows(void) {
         if (rc == 0) rc = tl_train(g_tmp, b, big, rows[i].workers, rows[i].flags, g_out, sizeof g_out);
         CHECK(rc == 0, "memory row %s: exit %d\n%s", rows[i].name, rc, g_out);
         if (rc) continue;
+        if (strstr(rows[i].flags, "--zero 3")) {  // kept without a cap, given back under one
+            char p[4200];
+            snprintf(p, sizeof p, "%s/%s/summary.json", g_tmp, b);
+            char *t = tl_read_file(p, NULL), *k = t ? strstr(t, "\"pages_kept\":") : NULL;
+            int kept = k && strncmp(k + 13 + strspn(k + 13, " \t"), "true", 4) == 0,
+                want_kept = !strstr(rows[i].flags, "--memory-limit");
+            CHECK(k && kept == want_kept, "memory row %s: summary.json's pages_kept %s, expected %s", rows[i].name,
+                  k ? (kept ? "true" : "false") : "missing", want_kept ? "true" : "false");
+            free(t);
+        }
         double fs, fb, ps = mem_peak(a, &fs), pb = mem_peak(b, &fb), want = fb - fs + ps;
         if (fb > 0 && pb > 1.1 * want) {  // measured again once: the lower peak (see above)
             char b2[72];

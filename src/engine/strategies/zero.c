@@ -29,6 +29,15 @@
  *            With offload = disk the slice itself lives in a file-backed
  *            mapping (dt_state_back), as the optimizer state does.
  *
+ * Stages 2 and 3 give back those pages only when memory is short: without
+ * --memory-limit (or offload), on a machine where the workers with stage
+ * 1's model state take at most half the room (dt_memory_zero_held), a rank
+ * keeps them (give = 0): the gradient block is zeroed by the task's
+ * zero_grad as at stage 1, and the parameters outside the slice are left
+ * as they are, each gather overwriting them, so no step refills pages
+ * (the kernel's clear_page and its faults, a quarter of a worker's time).
+ * The collectives are the same either way.
+ *
  * The gradient norm is dt_strategy_norm_sharded: each rank's slice, the
  * value dt_sum_squares gives over the whole block, bitwise.
  *
@@ -61,6 +70,8 @@ typedef struct {
     piece *p;              // this step's reductions, in the order started
     int np, cap, settled;  // p[0, settled) are complete
     size_t rel_lo, rel_hi; // stage 2: settled parts not owned, still to give back
+    int give;              // stages 2, 3: the parts not owned are given back to the kernel (else kept
+                           // resident: zeroed by the task's zero_grad, parameters overwritten by gathers)
     int tight;             // ... every 4 KiB page of them (a worker under a memory cap)
     size_t *counts, *displs;  // every rank's slice, for the allgather
     int64_t *acc;          // deterministic: fixed-point sums of the block
@@ -195,17 +206,17 @@ static void settle(zero *z, int wait) {
     for (int i = z->settled; i < z->np; i++) flight += z->p[i].hi - z->p[i].lo;
     while (z->settled < z->np) {
         piece *p = &z->p[z->settled];
-        int fin = 1, must = wait || (z->stage >= 2 && flight > 2 * z->bucket);
+        int fin = 1, must = wait || (z->give && flight > 2 * z->bucket);
         dt_status st = must ? dt_wait(&p->req) : dt_test(&p->req, &fin);
         flight -= fin ? p->hi - p->lo : 0;
         if (st != DT_OK) fail(z, st);
         if (!fin) break;
         p->req = NULL;
         if (s->wire && p->root == s->rank) dt_to_f32(s->grads + p->lo, s->wire + p->lo, p->hi - p->lo, DT_BF16);
-        if (z->stage >= 2 && p->root != s->rank) release_later(z, p->lo, p->hi, 0);
+        if (z->give && p->root != s->rank) release_later(z, p->lo, p->hi, 0);
         z->settled++;
     }
-    if (wait && z->stage >= 2) release_later(z, 0, 0, 1);
+    if (wait && z->give) release_later(z, 0, 0, 1);
 }
 
 // ---- stage 3 --------------------------------------------------------------
@@ -275,7 +286,7 @@ static dt_status drop_block(zero *z, int l) {
         int no;
         const dt_grad_range *o = order_of(z, &no);
         for (int i = 0; i < no; i++)
-            if (in_block(z, i, b)) {
+            if (z->give && in_block(z, i, b)) {
                 size_t a = o[i].offset, e = a + o[i].len;
                 give_back(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
                 give_back(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
@@ -326,6 +337,7 @@ static dt_status zero_init(dt_strategy *s) {
     int W = s->world;
     dt_shard_range(s->n, s->rank, W, &s->lo, &s->hi);
     z->whole = (dt_grad_range){0, s->n};
+    z->give = z->stage >= 2 && W > 1 && dt_memory_zero_held(s->c, W) >= z->stage;
     int no = s->order ? s->norder : 1;
     const dt_grad_range *o = s->order ? s->order : &z->whole;
     z->bucket = (size_t)s->c->bucket_kb * 1024 / sizeof(float);
@@ -373,7 +385,7 @@ static dt_status zero_init(dt_strategy *s) {
     z->copy_t[0] = z->copy_t[1] = z->prev_t = -1;
     if (s->c->deterministic && !(s->fixed = z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1))))
         return DT_ERR_NOMEM;
-    if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
+    if (z->give) {  // the block starts zero and stays so outside the rank's slice
         release(s->grads, 0, s->lo);
         release(s->grads, s->hi, s->n);
         s->grads_zero = 1;
@@ -479,7 +491,7 @@ static dt_status zero_sync(dt_strategy *s) {
         }
         dt_fixed_to_float(s->grads + s->lo, z->acc + s->lo, s->hi - s->lo);
         memset(z->acc, 0, sizeof(int64_t) * s->n);
-        if (z->stage >= 2) {
+        if (z->give) {
             release(s->grads, 0, s->lo);
             release(s->grads, s->hi, s->n);
         }
@@ -487,7 +499,7 @@ static dt_status zero_sync(dt_strategy *s) {
         reduce_order(z, 0, z->done);
         z->done = 0;
         settle(z, 1);
-        if (z->stage >= 2) {  // (and the edges of what settle gave back a part at a time)
+        if (z->give) {  // (and the edges of what settle gave back a part at a time)
             release(s->grads, 0, s->lo);
             release(s->grads, s->hi, s->n);
         }
