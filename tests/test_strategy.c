@@ -197,6 +197,14 @@ static const row rows[] = {
     {"zero-3", "gpt", 2, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
     {"zero-3", "gpt", 3, 0, "--deterministic --zero 3 --set optim.clip_norm=0.1",
      "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    // Under --memory-limit stages 2 and 3 give back the pages of the parts a
+    // rank does not own (the rows above, without a cap, keep them): bitwise too.
+    {"zero", "gpt", 2, 0, "--zero 2 --memory-limit 1G", "", 0, 2},
+    {"zero", "cnn", 3, 0, "--zero 2 --memory-limit 1G", "", 0, 3},
+    {"zero-3", "mlp", 4, 0, "--zero 3 --memory-limit 1G --set train.grad_accum=4", "--set train.grad_accum=4", 0, 4},
+    {"zero-3", "cnn", 2, 0, "--zero 3 --memory-limit 1G", "", 0, 2},
+    {"zero-3", "gpt", 3, 0, "--zero 3 --memory-limit 1G --set train.grad_accum=4", "--set train.grad_accum=4", 0, 3},
+    {"zero-3", "gpt", 2, 0, "--deterministic --zero 3 --memory-limit 1G", "--deterministic", 0, 0},
     {"zero-deterministic", "mlp", 3, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
     {"zero-deterministic", "cnn", 2, 0, "--deterministic --zero 1", "--deterministic", 0, 0},
     {"zero-deterministic", "cnn", 4, 0, "--deterministic --zero 2", "--deterministic", 0, 0},

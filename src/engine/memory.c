@@ -279,10 +279,13 @@ static void llama_needs(const dt_config *c, dt_mem_use use, int W, int B, int T,
     n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, np, big, W, 0, 0) : 0);
     n->ckpt_pieces = use == DT_MEM_TRAIN && unstaged(c, W, 0) ? max_size(read_need(c, use), ckpt_need(c, np, big, W, 0, 1)) : 0;
     // ZeRO-3, as the GPT's below: three layers gathered and two layers'
-    // gradients in flight, the embedding, the head and the final norm whole twice.
+    // gradients in flight, the embedding, the head and the final norm whole
+    // twice; with the pages kept, stage 1's model state and the pack buffer
+    // of a whole layer its gathers go through.
     size_t block = sizeof(float) * layer / (size_t)W * (size_t)(W - 1);
     size_t ends = sizeof(float) * (t[0].numel + t[10].numel + t[11].numel);
     if (use == DT_MEM_TRAIN && n->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && n->zero < 3 && W > 1) n->model = sat_add(n->model, sizeof(float) * layer);
 }
 
 static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
@@ -333,13 +336,18 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last
     // one kept for backward, and the gradients of two blocks in flight to
-    // their owners.
+    // their owners. With the pages kept (dt_memory_zero_held), stage 1's
+    // model state, and the gathers go through a pack buffer of a whole
+    // block (its 12 tensors are not side by side in the block: one gather
+    // a block, engine/strategies/zero.c).
     // The embedding and the head (wte, wpe, lnf) are gathered whole for the
     // step, and their gradients are whole until the step's reduction: on
     // a rank whose slice holds none of them (the worst), twice their bytes.
     size_t C = (size_t)c->n_embd, block = sizeof(float) * (12 * C * C + 13 * C) / (size_t)W * (size_t)(W - 1);
     size_t ends = sizeof(float) * (t[0].numel + t[1].numel + 2 * C);
     if (use == DT_MEM_TRAIN && n->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && n->zero < 3 && W > 1 && ntp == 1)
+        n->model = sat_add(n->model, sizeof(float) * (12 * C * C + 13 * C));
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
