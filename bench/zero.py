@@ -14,13 +14,16 @@ With --torch, PyTorch's ZeroRedundancyOptimizer (its ZeRO stage 1, Gloo,
 CPU: bench/torch_ddp.py --zero, at its best environment as bench/dp.py
 runs DDP) on the same model, global batch and optimizer is measured in the
 same run, and dtrain's stage 1 over it is printed (goal >= 1.3 on the MLP
-and gpt-small). Run it only on a quiet machine (`uptime` load < 1.5); the
+and gpt-small). --args adds `dtrain train` flags to every stage's runs:
+`--args="--memory-limit 4G"` measures stages 2 and 3 with the pages of
+the parts a rank does not own given back each step, as under a memory cap
+(docs/zero.md); without it they keep them where the machine has room. Run it only on a quiet machine (`uptime` load < 1.5); the
 CPU model is printed first, to go beside the figures.
 
     /usr/bin/python3 bench/zero.py [--dtrain build] [--repeat N] [--torch]
-        [--models mlp,cnn,gpt-small] [--steps N] [--workers N]
+        [--models mlp,cnn,gpt-small] [--steps N] [--workers N] [--args "FLAGS"]
 """
-import argparse, os, subprocess, sys
+import argparse, os, shlex, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -38,9 +41,11 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: bench/dp.py's per model)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--torch", action="store_true", help="also PyTorch's ZeroRedundancyOptimizer")
+    ap.add_argument("--args", default="", help="more `dtrain train` flags for every run, e.g. --args='--memory-limit 4G'")
     a = ap.parse_args()
+    extra = shlex.split(a.args)
     print(cpu.banner())
-    print(f"# {a.workers} workers x 1 thread")
+    print(f"# {a.workers} workers x 1 thread{' with ' + ' '.join(extra) if extra else ''}")
     print(f"{'model':9} {'zero':>4} {'per s':>9} {'/ zero 0':>8} {'comm hidden':>11}")
     for model in a.models.split(","):
         steps = a.steps or dp.STEPS[model]
@@ -48,7 +53,7 @@ def main():
         best = {z: None for z in STAGES}
         for _ in range(a.repeat):
             for z in STAGES:
-                r = dp.run_dtrain(a.dtrain, model, a.workers, 1, steps, ["--zero", str(z)])
+                r = dp.run_dtrain(a.dtrain, model, a.workers, 1, steps, ["--zero", str(z), *extra])
                 if best[z] is None or r[key] > best[z][key]:
                     best[z] = r
         for z in STAGES:

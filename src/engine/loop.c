@@ -382,7 +382,7 @@ static dt_status rebalance(dt_dynbatch *dyn, dt_obs *obs, const dt_task_ops *top
 // sees).
 static int grads_overflow(dt_strategy *s, int64_t step) {
     if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) s->grads[s->lo] = INFINITY;
-    return !isfinite(dt_sum_squares(s->grads + s->lo, s->hi - s->lo));
+    return dt_count_nonfinite(s->grads + s->lo, s->hi - s->lo, DT_F32) != 0;
 }
 
 // The rest of a step: gradients synchronised, the control plane's
