@@ -216,9 +216,10 @@ DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t n
  * "Pages kept or given back"): c->zero, or 1 where a stage-2 or stage-3
  * rank keeps the pages of the parts of the block it does not own resident
  * (zeroed or overwritten, not given back to the kernel): on more than one
- * worker, without --memory-limit (dt_mem_limit) or offload, when W workers
- * needing stage 1's model state (with their activations, data,
- * checkpoints and program) take at most half the machine's room
+ * worker, with [parallel] zero_release = auto and no offload, when a
+ * worker needing stage 1's model state (with its activations, data,
+ * checkpoints and program) takes at most half its --memory-limit
+ * (dt_mem_limit) and W of them at most half the machine's room
  * (dt_mem_machine, read once a process). dt_memory_worker counts that
  * stage; dt_check_memory, the least a run needs, the config's. */
 DT_API int dt_memory_zero_held(const dt_config *c, int W);

@@ -409,14 +409,14 @@ static size_t machine_room(void) {
 }
 
 int dt_memory_zero_held(const dt_config *c, int W) {
-    if (c->zero < 2 || W < 2 || c->offload || c->tensor > 1 || c->pipeline > 1 || dt_mem_limit(NULL)) return c->zero;
+    if (c->zero < 2 || W < 2 || c->offload || c->zero_release || c->tensor > 1 || c->pipeline > 1) return c->zero;
     need_t n;
     memset(&n, 0, sizeof n);
     if (model_needs_at(c, DT_MEM_TRAIN, W, 1, &n) != DT_OK) return c->zero;
-    size_t per = sat_add(sat_add(sat_add(n.act, n.model), sat_add(n.data, n.ckpt)), baseline());
+    size_t per = sat_add(sat_add(sat_add(n.act, n.model), sat_add(n.data, n.ckpt)), baseline()), lim = dt_mem_limit(NULL);
     // (all W workers counted on this machine: a local launch's are; under
     // mpirun, fewer may share it, and this errs towards giving back)
-    return sat_mul(per, (size_t)W) <= machine_room() / 2 ? 1 : c->zero;
+    return (!lim || per <= lim / 2) && sat_mul(per, (size_t)W) <= machine_room() / 2 ? 1 : c->zero;
 }
 
 size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {

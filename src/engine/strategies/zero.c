@@ -29,10 +29,10 @@
  *            With offload = disk the slice itself lives in a file-backed
  *            mapping (dt_state_back), as the optimizer state does.
  *
- * Stages 2 and 3 give back those pages only when memory is short: without
- * --memory-limit (or offload), on a machine where the workers with stage
- * 1's model state take at most half the room (dt_memory_zero_held), a rank
- * keeps them (give = 0): the gradient block is zeroed by the task's
+ * Stages 2 and 3 give back those pages only when memory matters: with
+ * [parallel] zero_release = auto, no offload, and a worker with stage 1's
+ * model state taking at most half of its --memory-limit and of its share
+ * of the machine's room (dt_memory_zero_held), a rank keeps them (give = 0): the gradient block is zeroed by the task's
  * zero_grad as at stage 1, and the parameters outside the slice are left
  * as they are, each gather overwriting them, so no step refills pages
  * (the kernel's clear_page and its faults, a quarter of a worker's time).
