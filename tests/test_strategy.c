@@ -197,6 +197,17 @@ static const row rows[] = {
     {"zero-3", "gpt", 2, 0, "--deterministic --zero 3", "--deterministic", 0, 0},
     {"zero-3", "gpt", 3, 0, "--deterministic --zero 3 --set optim.clip_norm=0.1",
      "--deterministic --set optim.clip_norm=0.1", 0, 0},
+    // With zero_release = always stages 2 and 3 give back the pages of the
+    // parts a rank does not own (the rows above, with room, keep them; the
+    // memory rows have one under a cap that the need kept would take past
+    // its half).
+#define REL "--set parallel.zero_release=always "
+    {"zero", "gpt", 2, 0, "--zero 2 " REL, "", 0, 2},
+    {"zero", "cnn", 3, 0, "--zero 2 " REL, "", 0, 3},
+    {"zero-3", "mlp", 4, 0, "--zero 3 " REL "--set train.grad_accum=4", "--set train.grad_accum=4", 0, 4},
+    {"zero-3", "cnn", 2, 0, "--zero 3 " REL, "", 0, 2},
+    {"zero-3", "gpt", 3, 0, "--zero 3 " REL "--set train.grad_accum=4", "--set train.grad_accum=4", 0, 3},
+    {"zero-3", "gpt", 2, 0, "--deterministic --zero 3 " REL, "--deterministic", 0, 0},
     {"zero-deterministic", "mlp", 3, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
     {"zero-deterministic", "cnn", 2, 0, "--deterministic --zero 1", "--deterministic", 0, 0},
     {"zero-deterministic", "cnn", 4, 0, "--deterministic --zero 2", "--deterministic", 0, 0},
@@ -524,6 +535,20 @@ static void run_row(int i, const row *r) {
     CHECK(rc == 0, "row %d (%s, %s, %d workers%s %s): exit %d\n%s", i, r->strategy, r->model, r->workers,
           r->mpi ? " under mpirun" : "", r->flags, rc, g_out);
     if (rc != 0) return;
+    if (r->workers > 1 && (strstr(r->flags, "--zero 2") || strstr(r->flags, "--zero 3"))) {
+        // The pages of the parts a rank does not own: given back when told
+        // to or with offload; else kept (these models are small).
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s/summary.json", g_tmp, name);
+        char *t = tl_read_file(p, NULL), *k = t ? strstr(t, "\"pages_kept\":") : NULL;
+        int kept = k && strncmp(k + 13 + strspn(k + 13, " \t"), "true", 4) == 0;
+        int want = !strstr(r->flags, "zero_release=always") && !strstr(r->flags, "offload=disk") &&
+                   !strstr(r->flags, "--memory-limit");
+        CHECK(k && kept == want, "row %d (%s, %s, %d workers %s): summary.json's pages_kept %s, expected %s", i,
+              r->strategy, r->model, r->workers, r->flags, k ? (kept ? "true" : "false") : "missing",
+              want ? "true" : "false");
+        free(t);
+    }
     int bw;
     double d = compare(ref, name, &bw);
     if (r->tol == 0)
@@ -645,7 +670,10 @@ static void memory_limit(void) {
           state / 1e6, cap_b / 1e6, bw, d, wrote / 1e6);
     printf("offload = disk: %.1f MB of model state under a %.1f MB cap trains, bitwise; %.1f MB read, %.1f MB written\n",
            state / 1e6, cap_b / 1e6, summary_number("off-cap", "disk_read_bytes") / 1e6, wrote / 1e6);
-    rc = train("mem2", cfg, 4, "--zero 2 --set train.max_steps=8 --log-format json");
+    // Stages 2 and 3 give back the pages of the parts a rank does not own
+    // (with room, zero_release = auto keeps them: stage 1's memory,
+    // dt_memory_zero_held).
+    rc = train("mem2", cfg, 4, "--zero 2 --set parallel.zero_release=always --set train.max_steps=8 --log-format json");
     CHECK(rc == 0, "zero = 2: exit %d\n%s", rc, g_out);
     snprintf(cmd, sizeof cmd, "%s/mem2/summary.json", g_tmp);
     char *sum = tl_read_file(cmd, NULL);
@@ -673,7 +701,7 @@ static void memory_limit(void) {
     CHECK(rc == 0 && r0 > 0 && r2 > 0 && r0 - r2 > 0.6 * (s0 - s2),
           "peak RSS at zero = 0: %.1f MB, at zero = 2: %.1f MB; the model state by the formula: %.1f and %.1f MB", r0 / 1e6,
           r2 / 1e6, s0 / 1e6, s2 / 1e6);
-    rc = train("mem3", cfg, 4, "--zero 3 --set train.max_steps=8");
+    rc = train("mem3", cfg, 4, "--zero 3 --set parallel.zero_release=always --set train.max_steps=8");
     snprintf(cmd, sizeof cmd, "%s/mem3/summary.json", g_tmp);
     char *sum3 = tl_read_file(cmd, NULL);
     const char *p3 = sum3 ? strstr(sum3, "\"peak_rss_bytes\":") : NULL, *m3 = sum3 ? strstr(sum3, "\"model_state_bytes\":") : NULL;
@@ -1403,14 +1431,18 @@ static void memory_rows(void) {
                         "[checkpoint]\nevery_steps = 2\n";
     const struct {
         const char *name, *flags;
-        int workers;
-    } rows[] = {{"one", "", 1},
-                {"tensor2", "--set parallel.tensor=2", 2},
-                {"tensor2-seq", "--set parallel.tensor=2 --set parallel.sequence=true", 2},
-                {"pipeline2", "--set parallel.pipeline=2", 2},
-                {"pipeline2-zero1", "--set parallel.pipeline=2 --zero 1", 4},
-                {"zero3", "--zero 3", 2},
-                {"zero3-recompute", "--zero 3 --set train.recompute=blocks", 2}};
+        int workers, kept;  // kept: zero 3's pages (-1: not zero 3)
+    } rows[] = {{"one", "", 1, -1},
+                {"tensor2", "--set parallel.tensor=2", 2, -1},
+                {"tensor2-seq", "--set parallel.tensor=2 --set parallel.sequence=true", 2, -1},
+                {"pipeline2", "--set parallel.pipeline=2", 2, -1},
+                {"pipeline2-zero1", "--set parallel.pipeline=2 --zero 1", 4, -1},
+                {"zero3", "--zero 3 --set parallel.zero_release=always", 2, 0},
+                {"zero3-recompute", "--zero 3 --set train.recompute=blocks --set parallel.zero_release=always", 2, 0},
+                // far below the cap: the pages kept (stage 1's model state);
+                // a cap under twice the need kept: given back
+                {"zero3-kept", "--zero 3 --memory-limit 2G", 2, 1},
+                {"zero3-cap", "--zero 3 --memory-limit 300M", 2, 0}};
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         char small[2048], big[2048], a[64], b[64];
         snprintf(small, sizeof small, model, 4, 16, g_tmp, g_tmp);
@@ -1421,6 +1453,15 @@ static void memory_rows(void) {
         if (rc == 0) rc = tl_train(g_tmp, b, big, rows[i].workers, rows[i].flags, g_out, sizeof g_out);
         CHECK(rc == 0, "memory row %s: exit %d\n%s", rows[i].name, rc, g_out);
         if (rc) continue;
+        if (rows[i].kept >= 0) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/%s/summary.json", g_tmp, b);
+            char *t = tl_read_file(p, NULL), *k = t ? strstr(t, "\"pages_kept\":") : NULL;
+            int kept = k && strncmp(k + 13 + strspn(k + 13, " \t"), "true", 4) == 0, want_kept = rows[i].kept;
+            CHECK(k && kept == want_kept, "memory row %s: summary.json's pages_kept %s, expected %s", rows[i].name,
+                  k ? (kept ? "true" : "false") : "missing", want_kept ? "true" : "false");
+            free(t);
+        }
         double fs, fb, ps = mem_peak(a, &fs), pb = mem_peak(b, &fb), want = fb - fs + ps;
         if (fb > 0 && pb > 1.1 * want) {  // measured again once: the lower peak (see above)
             char b2[72];

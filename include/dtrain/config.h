@@ -16,7 +16,7 @@
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16),
  *             recompute (none|blocks)
- *   [parallel] bucket_kb, deterministic, micro_shards, zero, offload,
+ *   [parallel] bucket_kb, deterministic, micro_shards, zero, zero_release (auto|always), offload,
  *             offload_dir, pipeline, tensor, sequence, micro_batches, schedule, virtual_stages,
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
  *   [ps]      mode, staleness, backup_workers, staleness_lr, groups, share
@@ -131,6 +131,7 @@ typedef struct {
     char pipeline_split[256];      /* layers per stage, "2,3,3" ("": balanced by pipeline_balance) */
     int pipeline_balance;          /* dt_pipeline_balance_kind: how the stages are balanced without pipeline_split */
     int zero;                      /* ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded */
+    int zero_release;              /* stages 2, 3: 0 auto (give back the pages not owned when memory matters), 1 always */
     int offload;                   /* 0 none, 1 disk: the optimizer state in a file-backed mapping */
     char offload_dir[512];         /* where (offload = disk) */
     int sync_every;                /* local SGD: average parameters every H steps (0: plain dp) */

@@ -77,8 +77,15 @@ DT_API float *dt_optim_state(dt_optim *o, int i);
 DT_API void dt_adagrad_rows(float *table, float *acc, const int64_t *rows, const float *g, size_t n, int dim,
                             float lr, float eps);
 
-/* Sum of squares of g[n], accumulated in double. */
+/* Sum of squares of g[n], accumulated in double: the sums of fixed blocks of
+ * 4096 elements (each in order, as dt_sum_squares_blocks), added in order,
+ * so the result does not depend on the thread count. */
 DT_API double dt_sum_squares(const float *g, size_t n);
+/* out[b] = the sum of squares of g[4096 b, 4096 (b + 1)) for b < nblocks,
+ * each accumulated in double in element order (dt_sum_squares's blocks,
+ * bitwise); several blocks run side by side, so a thread is not bound by
+ * the latency of one addition after another. */
+DT_API void dt_sum_squares_blocks(const float *g, size_t nblocks, double *out);
 
 /* n zeroed floats of optimizer state: dt_alloc'd when dir is NULL, else a
  * shared mapping of a file created in dir and unlinked at once (the kernel

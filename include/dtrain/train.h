@@ -212,12 +212,24 @@ typedef struct {
  * come on top, as activations do). */
 DT_API size_t dt_memory_model_state(const dt_config *c, dt_mem_use use, size_t np, int zero, int W,
                                     dt_memory_kinds *k);
+/* The ZeRO stage whose model state a worker of W holds (docs/zero.md,
+ * "Pages kept or given back"): c->zero, or 1 where a stage-2 or stage-3
+ * rank keeps the pages of the parts of the block it does not own resident
+ * (zeroed or overwritten, not given back to the kernel): on more than one
+ * worker, with [parallel] zero_release = auto and no offload, when a
+ * worker needing stage 1's model state (with its activations, data,
+ * checkpoints and program) takes at most half its --memory-limit
+ * (dt_mem_limit) and W of them at most half the machine's room
+ * (dt_mem_machine, read once a process). dt_memory_worker counts that
+ * stage; dt_check_memory, the least a run needs, the config's. */
+DT_API int dt_memory_zero_held(const dt_config *c, int W);
 /* The bytes of a training worker's activation and scratch buffers (the
  * model's, sized for its largest micro-batch or evaluation share, as
  * dt_check_memory counts them) on W workers; 0 when the data files'
  * headers cannot be read. */
 DT_API size_t dt_memory_activations(const dt_config *c, int W);
-/* The bytes a training worker of W needs by dt_check_memory's formula:
+/* The bytes a training worker of W needs by dt_check_memory's formula
+ * (with the model state of the ZeRO stage it holds, dt_memory_zero_held):
  * activations, model state, checkpoints (the writer's snapshot, a
  * tensor-parallel run's staged slice, the weights file's pieces), data and
  * this process's resident memory now (the program's baseline); the parts

@@ -203,10 +203,12 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     // Rank 0's bytes by kind at its ZeRO stage (docs/zero.md), beside its
     // peak resident memory.
     dt_memory_kinds k;
-    size_t state = dt_memory_model_state(c, DT_MEM_TRAIN, nparams, c->zero, r->workers, &k);
+    int held = dt_memory_zero_held(c, r->workers);
+    size_t state = dt_memory_model_state(c, DT_MEM_TRAIN, nparams, held, r->workers, &k);
     struct rusage ru;
     cJSON *m = cJSON_AddObjectToObject(o, "memory");
     cJSON_AddNumberToObject(m, "zero", c->zero);
+    if (c->zero >= 2) cJSON_AddBoolToObject(m, "pages_kept", held < c->zero);
     cJSON_AddNumberToObject(m, "weights_bytes", (double)k.weights);
     cJSON_AddNumberToObject(m, "gradients_bytes", (double)k.gradients);
     cJSON_AddNumberToObject(m, "optimizer_state_bytes", (double)k.optimizer);
@@ -380,7 +382,7 @@ static dt_status rebalance(dt_dynbatch *dyn, dt_obs *obs, const dt_task_ops *top
 // sees).
 static int grads_overflow(dt_strategy *s, int64_t step) {
     if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) s->grads[s->lo] = INFINITY;
-    return !isfinite(dt_sum_squares(s->grads + s->lo, s->hi - s->lo));
+    return dt_count_nonfinite(s->grads + s->lo, s->hi - s->lo, DT_F32) != 0;
 }
 
 // The rest of a step: gradients synchronised, the control plane's
@@ -565,7 +567,7 @@ static dt_status build(run_state *r) {
     }
     r->split_gen = dt_comm_generation(r->comm);
     dt_memory_kinds mk;
-    dt_memory_model_state(c, DT_MEM_TRAIN, info->nparams, c->zero, r->W, &mk);
+    dt_memory_model_state(c, DT_MEM_TRAIN, info->nparams, dt_memory_zero_held(c, r->W), r->W, &mk);
     dt_obs_set_memory(r->obs, (double[DT_OBS_MEM_KINDS]){(double)mk.weights, (double)mk.gradients,
                                                          (double)mk.optimizer, (double)mk.comm,
                                                          (double)dt_memory_activations(c, r->W)});
@@ -676,6 +678,10 @@ static void describe(const run_state *r, const char *wcopy) {
                : c->zero > 0 && c->tensor <= 1 && c->pipeline <= 1 ? " (written from the live state)"
                                                                    : " (written in pieces)",
                m.data / 1048576.0, m.program / 1048576.0);
+    if (dt_memory_zero_held(c, r->W) < c->zero)
+        dt_log(DT_LOG_INFO, "zero %d: the machine has room, so each worker keeps the pages of the parts it does not "
+                            "own (stage 1's model state, no refill a step); [parallel] zero_release = always gives them back (docs/zero.md)",
+               c->zero);
 }
 
 // What the steps run with: the run's length, dynamic sharing's pieces, the

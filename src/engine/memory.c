@@ -34,6 +34,7 @@ typedef struct {
     size_t self;         // this process's resident memory before the run allocates
     size_t np;           // parameters (the model part is dt_memory_model_state of them)
     size_t np_whole;     // ... of the whole model (what checkpoints and the weights file hold)
+    int zero;            // the ZeRO stage whose model state is counted (model_needs' zero)
     char field[64], value[64];
     char act_what[128], data_what[600];
     int rows;
@@ -213,7 +214,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     else if ((st = dt_model_memory(c->input, c->layers, c->nlayers, 1, &whole, &wact)) != DT_OK) return st;
     n->np = np;
     n->np_whole = whole;
-    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 2;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, n->zero, W, NULL) : sizeof(float) * np * 2;
     n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, whole, whole, W, 0, 0) : 0);
     if (use == DT_MEM_TRAIN && unstaged(c, W, 0))
         n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, whole, whole, W, 0, 1));
@@ -274,14 +275,17 @@ static void llama_needs(const dt_config *c, dt_mem_use use, int W, int B, int T,
     n->np = n->np_whole = np;
     n->act = dt_llama_activation_bytes(&lc, B, T);
     if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);
-    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, c->zero, W, NULL) : sizeof(float) * np * 3;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, np, n->zero, W, NULL) : sizeof(float) * np * 3;
     n->ckpt = max_size(read_need(c, use), use == DT_MEM_TRAIN ? ckpt_need(c, np, big, W, 0, 0) : 0);
     n->ckpt_pieces = use == DT_MEM_TRAIN && unstaged(c, W, 0) ? max_size(read_need(c, use), ckpt_need(c, np, big, W, 0, 1)) : 0;
     // ZeRO-3, as the GPT's below: three layers gathered and two layers'
-    // gradients in flight, the embedding, the head and the final norm whole twice.
+    // gradients in flight, the embedding, the head and the final norm whole
+    // twice; with the pages kept, stage 1's model state and the pack buffer
+    // of a whole layer its gathers go through.
     size_t block = sizeof(float) * layer / (size_t)W * (size_t)(W - 1);
     size_t ends = sizeof(float) * (t[0].numel + t[10].numel + t[11].numel);
-    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+    if (use == DT_MEM_TRAIN && n->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && n->zero < 3 && W > 1) n->model = sat_add(n->model, sizeof(float) * layer);
 }
 
 static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
@@ -316,7 +320,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // while it loads.
     n->np = np;
     n->np_whole = dt_gpt_config_num_params(&gc);
-    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, held_params(c, &gc, ntp, np, W), c->zero, W, NULL)
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, held_params(c, &gc, ntp, np, W), n->zero, W, NULL)
                                    : sizeof(float) * np * 3;
     if (use == DT_MEM_TRAIN && np != held_params(c, &gc, ntp, np, W))  // evaluation: a block, the embedding, the head
         n->model = sat_add(n->model, sizeof(float) * held_params(c, &gc, ntp, 0, W));
@@ -332,13 +336,18 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     // ZeRO-3 gathers a block's parameters at a time, all but the rank's own
     // slice of it: the one running, the next one prefetched and the last
     // one kept for backward, and the gradients of two blocks in flight to
-    // their owners.
+    // their owners. With the pages kept (dt_memory_zero_held), stage 1's
+    // model state, and the gathers go through a pack buffer of a whole
+    // block (its 12 tensors are not side by side in the block: one gather
+    // a block, engine/strategies/zero.c).
     // The embedding and the head (wte, wpe, lnf) are gathered whole for the
     // step, and their gradients are whole until the step's reduction: on
     // a rank whose slice holds none of them (the worst), twice their bytes.
     size_t C = (size_t)c->n_embd, block = sizeof(float) * (12 * C * C + 13 * C) / (size_t)W * (size_t)(W - 1);
     size_t ends = sizeof(float) * (t[0].numel + t[1].numel + 2 * C);
-    if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+    if (use == DT_MEM_TRAIN && n->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
+    if (use == DT_MEM_TRAIN && c->zero >= 3 && n->zero < 3 && W > 1 && ntp == 1)
+        n->model = sat_add(n->model, sizeof(float) * (12 * C * C + 13 * C));
     // Token files are read into memory whole.
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
     n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
@@ -359,7 +368,7 @@ static void recsys_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     size_t mlp = dt_dlrm_mlp_params(d), tables = (size_t)dt_dlrm_total_rows(d) * (size_t)d->dim;
     int remote = (c->ps_servers > 0 && c->rs_sparse) || dt_tables_on_workers(c);
     n->np = n->np_whole = remote ? mlp : mlp + tables;
-    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, n->np, c->zero, W, NULL) : sizeof(float) * n->np;
+    n->model = use == DT_MEM_TRAIN ? dt_memory_model_state(c, use, n->np, n->zero, W, NULL) : sizeof(float) * n->np;
     if (use == DT_MEM_TRAIN && dt_tables_on_workers(c) && !c->offload)  // its shard of the tables, and its snapshot
         n->model = sat_add(n->model, dt_rows_shard_bytes((dt_dlrm_total_rows(d) + W - 1) / W, d->dim,
                                                          c->rs_table_optim == 0, c->ckpt_every_steps > 0 ||
@@ -378,16 +387,42 @@ static void recsys_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
              c->rs_test);
 }
 
-static dt_status model_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
+// zero: the stage whose model state counts (the config's, or the one a
+// rank holds: dt_memory_zero_held).
+static dt_status model_needs_at(const dt_config *c, dt_mem_use use, int W, int zero, need_t *n) {
+    n->zero = zero;
     if (c->recsys) return recsys_needs(c, use, W, n), DT_OK;
     if (c->gpt) return gpt_needs(c, use, W, n), DT_OK;
     return classifier_needs(c, use, W, n);
 }
 
+static dt_status model_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
+    return model_needs_at(c, use, W, c->zero, n);
+}
+
+// The machine's room (dt_mem_machine) at this process's first look, so
+// that its choices below stay the same for the run.
+static size_t machine_room(void) {
+    static size_t m;
+    if (!m) m = dt_mem_machine(NULL);
+    return m;
+}
+
+int dt_memory_zero_held(const dt_config *c, int W) {
+    if (c->zero < 2 || W < 2 || c->offload || c->zero_release || c->tensor > 1 || c->pipeline > 1) return c->zero;
+    need_t n;
+    memset(&n, 0, sizeof n);
+    if (model_needs_at(c, DT_MEM_TRAIN, W, 1, &n) != DT_OK) return c->zero;
+    size_t per = sat_add(sat_add(sat_add(n.act, n.model), sat_add(n.data, n.ckpt)), baseline()), lim = dt_mem_limit(NULL);
+    // (all W workers counted on this machine: a local launch's are; under
+    // mpirun, fewer may share it, and this errs towards giving back)
+    return (!lim || per <= lim / 2) && sat_mul(per, (size_t)W) <= machine_room() / 2 ? 1 : c->zero;
+}
+
 size_t dt_memory_worker(const dt_config *c, int W, dt_memory_need *k) {
     need_t n;
     memset(&n, 0, sizeof n);
-    if (model_needs(c, DT_MEM_TRAIN, W, &n) != DT_OK) return 0;
+    if (model_needs_at(c, DT_MEM_TRAIN, W, dt_memory_zero_held(c, W), &n) != DT_OK) return 0;
     dt_memory_need m = {n.act, n.model, n.ckpt, n.data, baseline(), 0, n.pieces};
     m.total = sat_add(sat_add(sat_add(m.activations, m.model), sat_add(m.data, m.checkpoints)), m.program);
     if (k) *k = m;

@@ -172,23 +172,44 @@ void dt_adagrad_rows(float *table, float *acc, const int64_t *rows, const float 
     }
 }
 
+void dt_sum_squares_blocks(const float *g, size_t nblocks, double *out) {
+    enum { BLK = DT_SUMSQ_BLOCK, SIDE = 8 };  // blocks side by side: independent chains of additions
+    size_t groups = (nblocks + SIDE - 1) / SIDE;
+#pragma omp parallel for schedule(static)
+    for (size_t q = 0; q < groups; q++) {
+        size_t b0 = q * SIDE, nb = nblocks - b0 < SIDE ? nblocks - b0 : SIDE;
+        if (nb < SIDE) {
+            for (size_t b = b0; b < b0 + nb; b++) {
+                double s = 0;
+                for (size_t i = b * BLK; i < (b + 1) * BLK; i++) s += (double)g[i] * g[i];
+                out[b] = s;
+            }
+            continue;
+        }
+        const float *x = g + b0 * BLK;
+        double s[SIDE] = {0};
+        for (size_t i = 0; i < BLK; i++)
+            for (int k = 0; k < SIDE; k++) s[k] += (double)x[(size_t)k * BLK + i] * x[(size_t)k * BLK + i];
+        for (int k = 0; k < SIDE; k++) out[b0 + (size_t)k] = s[k];
+    }
+}
+
 double dt_sum_squares(const float *g, size_t n) {
     // Fixed-size blocks summed in order: the result does not depend on the
     // thread count.
     enum { BLK = DT_SUMSQ_BLOCK };
-    size_t nb = (n + BLK - 1) / BLK;
+    size_t nb = (n + BLK - 1) / BLK, full = n / BLK;
     double *part = malloc(sizeof(double) * (nb ? nb : 1));
     if (!part) {
         double s = 0;
         for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
         return s;
     }
-#pragma omp parallel for schedule(static)
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * BLK, hi = lo + BLK < n ? lo + BLK : n;
+    dt_sum_squares_blocks(g, full, part);
+    if (full < nb) {
         double s = 0;
-        for (size_t i = lo; i < hi; i++) s += (double)g[i] * g[i];
-        part[b] = s;
+        for (size_t i = full * BLK; i < n; i++) s += (double)g[i] * g[i];
+        part[full] = s;
     }
     double s = 0;
     for (size_t b = 0; b < nb; b++) s += part[b];

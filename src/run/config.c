@@ -99,6 +99,7 @@ static const char *const lr_scaling_names[] = {"none", "linear", NULL};
 static const char *const pipeline_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
 static const char *const pipeline_balance_names[] = {"measured", "flops", "count", NULL};  // dt_pipeline_balance_kind
 static const char *const offload_names[] = {"none", "disk", NULL};
+static const char *const zero_release_names[] = {"auto", "always", NULL};
 static const char *const comp_names[] = {"none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd", NULL};
 static const char *const staging_names[] = {"auto", "slice", "pieces", NULL};  // dt_staging
 static const char *const partition_names[] = {"iid", "shards", "dirichlet", NULL};
@@ -175,6 +176,7 @@ static const field fields[] = {
     {"parallel", "pipeline_split", F_STR, O(pipeline_split), 0, 0, NULL},
     {"parallel", "pipeline_balance", F_ENUM, O(pipeline_balance), 0, 0, pipeline_balance_names},
     {"parallel", "zero", F_INT, O(zero), 0, 3, NULL},
+    {"parallel", "zero_release", F_ENUM, O(zero_release), 0, 0, zero_release_names},
     {"parallel", "offload", F_ENUM, O(offload), 0, 0, offload_names},
     {"parallel", "offload_dir", F_STR, O(offload_dir), 0, 0, NULL},
     {"parallel", "sync_every", F_INT, O(sync_every), 0, 1e9, NULL},

@@ -287,9 +287,7 @@ dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt
         if (first_end % B == 0 || first_end == n) mine[k++] = h, carry = 0;
         else carry = h;
         size_t full = (hi - first_end) / B;  // whole blocks after the first
-#pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < full; j++)
-            mine[k + j] = squares(slice, first_end - lo + j * B, first_end - lo + (j + 1) * B, 0);
+        dt_sum_squares_blocks(slice + (first_end - lo), full, mine + k);
         k += full;
         size_t tail = first_end + full * B;
         if (tail < hi) {

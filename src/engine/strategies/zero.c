@@ -29,6 +29,15 @@
  *            With offload = disk the slice itself lives in a file-backed
  *            mapping (dt_state_back), as the optimizer state does.
  *
+ * Stages 2 and 3 give back those pages only when memory matters: with
+ * [parallel] zero_release = auto, no offload, and a worker with stage 1's
+ * model state taking at most half of its --memory-limit and of its share
+ * of the machine's room (dt_memory_zero_held), a rank keeps them (give = 0): the gradient block is zeroed by the task's
+ * zero_grad as at stage 1, and the parameters outside the slice are left
+ * as they are, each gather overwriting them, so no step refills pages
+ * (the kernel's clear_page and its faults, a quarter of a worker's time).
+ * The collectives are the same either way.
+ *
  * The gradient norm is dt_strategy_norm_sharded: each rank's slice, the
  * value dt_sum_squares gives over the whole block, bitwise.
  *
@@ -41,6 +50,7 @@
 #include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +71,8 @@ typedef struct {
     piece *p;              // this step's reductions, in the order started
     int np, cap, settled;  // p[0, settled) are complete
     size_t rel_lo, rel_hi; // stage 2: settled parts not owned, still to give back
+    int give;              // stages 2, 3: the parts not owned are given back to the kernel (else kept
+                           // resident: zeroed by the task's zero_grad, parameters overwritten by gathers)
     int tight;             // ... every 4 KiB page of them (a worker under a memory cap)
     size_t *counts, *displs;  // every rank's slice, for the allgather
     int64_t *acc;          // deterministic: fixed-point sums of the block
@@ -68,8 +80,15 @@ typedef struct {
     // them) are gathered on demand; the rest (embedding, head) at the first
     // forward after an update.
     int L;                 // blocks (the head's layer number)
-    dt_request_t *rq;      // one gather per range of the order
+    size_t *span;          // every block's ranges as spans of the block (pairs lo, hi), block by block
+    int *span_at;          // block l's spans are span[2 span_at[l], 2 span_at[l + 1]); l = L: outside the blocks
+    size_t *pcounts, *pdispls; // per block of several spans: each rank's part of them in the pack buffer
+    float *pack;           // the gather of a block of several spans, packed rank after rank
+    int pack_user;         // the block whose gather holds the pack buffer (-1: none)
+    dt_request_t *srq;     // the gathers in flight: one per span, or a packed block's in its first span's
     char *held;            // per block: 0 released, 1 gather in flight, 2 held
+    long gathers;          // gathers started (summary.json)
+    double gather_wait;    // seconds the compute thread waited for them
     int persist_ok;        // the ranges outside the blocks are whole
     int lmin, lmax;        // the layers the order names
     int nmax;              // the most micro-batches a rank runs this step
@@ -195,17 +214,17 @@ static void settle(zero *z, int wait) {
     for (int i = z->settled; i < z->np; i++) flight += z->p[i].hi - z->p[i].lo;
     while (z->settled < z->np) {
         piece *p = &z->p[z->settled];
-        int fin = 1, must = wait || (z->stage >= 2 && flight > 2 * z->bucket);
+        int fin = 1, must = wait || (z->give && flight > 2 * z->bucket);
         dt_status st = must ? dt_wait(&p->req) : dt_test(&p->req, &fin);
         flight -= fin ? p->hi - p->lo : 0;
         if (st != DT_OK) fail(z, st);
         if (!fin) break;
         p->req = NULL;
         if (s->wire && p->root == s->rank) dt_to_f32(s->grads + p->lo, s->wire + p->lo, p->hi - p->lo, DT_BF16);
-        if (z->stage >= 2 && p->root != s->rank) release_later(z, p->lo, p->hi, 0);
+        if (z->give && p->root != s->rank) release_later(z, p->lo, p->hi, 0);
         z->settled++;
     }
-    if (wait && z->stage >= 2) release_later(z, 0, 0, 1);
+    if (wait && z->give) release_later(z, 0, 0, 1);
 }
 
 // ---- stage 3 --------------------------------------------------------------
@@ -238,29 +257,106 @@ static int in_block(const zero *z, int i, int l) {
     return l < 0 ? ly < 0 || ly >= z->L : ly == l;
 }
 
-static dt_status gather_block(zero *z, int l) {
-    if (l < 0 || l >= z->L || z->held[l]) return DT_OK;
-    int no;
+// Block l's ranges as spans of the parameter block (ranges that touch are
+// one span), from its lowest offset up, into sp (pairs lo, hi); their count.
+static int block_spans(const zero *z, int l, size_t *sp) {
+    int no, n = 0;
     const dt_grad_range *o = order_of(z, &no);
-    for (int i = 0; i < no; i++)
-        if (in_block(z, i, l)) {
-            dt_status st = gather_range(z, o[i].offset, o[i].offset + o[i].len, &z->rq[i]);
-            if (st != DT_OK) return st;
-        }
-    z->held[l] = 1;
-    return DT_OK;
+    for (size_t at = 0;;) {  // the next range at or above `at`, joined with those it touches
+        size_t a = SIZE_MAX, e = 0;
+        for (int i = 0; i < no; i++)
+            if (in_block(z, i, l) && o[i].len && o[i].offset >= at && o[i].offset < a) a = o[i].offset, e = a + o[i].len;
+        if (a == SIZE_MAX) return n;
+        for (int i = 0, more = 1; more;)  // (ranges never overlap)
+            for (more = 0, i = 0; i < no; i++)
+                if (in_block(z, i, l) && o[i].offset == e && o[i].len) e += o[i].len, more = 1;
+        sp[2 * n] = a, sp[2 * n + 1] = e, n++;
+        at = e;
+    }
 }
 
+// Copies block l's spans' parts in rank r's slice between the parameters
+// and the pack buffer, where they lie one after another from rank r's
+// displacement (in: parameters to pack).
+static void pack_copy(zero *z, int l, int r, int in) {
+    dt_strategy *s = &z->base;
+    const size_t *sp = z->span + 2 * z->span_at[l];
+    float *q = z->pack + z->pdispls[(size_t)l * (size_t)s->world + (size_t)r];
+    size_t lo = z->displs[r], hi = lo + z->counts[r];
+    for (int k = 0; k < z->span_at[l + 1] - z->span_at[l]; k++) {
+        size_t a = sp[2 * k] > lo ? sp[2 * k] : lo, e = sp[2 * k + 1] < hi ? sp[2 * k + 1] : hi;
+        if (e <= a) continue;
+        if (in) memcpy(q, s->params + a, sizeof(float) * (e - a));
+        else memcpy(s->params + a, q, sizeof(float) * (e - a));
+        q += e - a;
+    }
+}
+
+// Starts block l's gather: one non-blocking allgatherv of the whole
+// layer. A block that is one span is gathered in place; else each rank's
+// parts of its spans go packed, rank after rank, through the pack buffer
+// (one gather at a time uses it: one in flight is completed first), and
+// are unpacked by wait_block. Without a pack buffer (the pages given back:
+// memory is short) each span is gathered in place, one after another.
+static dt_status wait_block(zero *z, int l);
+
+static dt_status gather_block(zero *z, int l) {
+    dt_strategy *s = &z->base;
+    if (l < 0 || l >= z->L || z->held[l]) return DT_OK;
+    int ns = z->span_at[l + 1] - z->span_at[l];
+    dt_status st = DT_OK;
+    if (ns == 1 || !z->pack) {
+        for (int k = z->span_at[l]; k < z->span_at[l + 1] && st == DT_OK; k++)
+            st = gather_range(z, z->span[2 * k], z->span[2 * k + 1], &z->srq[k]);
+        z->gathers += ns;
+    } else if (ns > 1) {
+        if (z->pack_user >= 0 && (st = wait_block(z, z->pack_user)) != DT_OK) return st;
+        size_t *cnt = z->pcounts + (size_t)l * (size_t)s->world, *dsp = z->pdispls + (size_t)l * (size_t)s->world;
+        pack_copy(z, l, s->rank, 1);
+        st = dt_iallgatherv(z->pack + dsp[s->rank], cnt[s->rank], z->pack, cnt, dsp, DT_F32, s->comm,
+                            &z->srq[z->span_at[l]]);
+        if (st != DT_OK) st = dt_error(st, "parameter gather: %s", dt_last_error());
+        z->pack_user = l;
+        z->gathers++;
+    }
+    z->held[l] = 1;
+    return st;
+}
+
+// Waits for block l's gather (starting it if it is not), and unpacks it.
 static dt_status wait_block(zero *z, int l) {
     dt_status st = gather_block(z, l);
     if (st != DT_OK || l < 0 || l >= z->L || z->held[l] == 2) return st;
-    int no;
-    order_of(z, &no);
-    for (int i = 0; i < no; i++)
-        if (z->rq[i] && in_block(z, i, l) && (st = dt_wait(&z->rq[i])) != DT_OK)
-            return dt_error(st, "parameter gather: %s", dt_last_error());
+    double t0 = dt_now();
+    for (int k = z->span_at[l]; k < z->span_at[l + 1]; k++)
+        if (z->srq[k] && (st = dt_wait(&z->srq[k])) != DT_OK) return dt_error(st, "parameter gather: %s", dt_last_error());
+    if (z->pack_user == l) {
+        for (int r = 0; r < z->base.world; r++)
+            if (r != z->base.rank) pack_copy(z, l, r, 0);
+        z->pack_user = -1;
+    }
+    z->gather_wait += dt_now() - t0;
     z->held[l] = 2;
     return DT_OK;
+}
+
+// The parameters outside the blocks (embedding, head), whole for the step:
+// each of their spans gathered in place, all at once.
+static dt_status gather_persist(zero *z) {
+    int L = z->L, n = z->span_at[L + 1] - z->span_at[L];
+    dt_request_t rq[n > 0 ? n : 1];
+    memset(rq, 0, sizeof rq);
+    dt_status st = DT_OK;
+    double t0 = dt_now();
+    for (int k = 0; k < n && st == DT_OK; k++)
+        st = gather_range(z, z->span[2 * (z->span_at[L] + k)], z->span[2 * (z->span_at[L] + k) + 1], &rq[k]);
+    for (int k = 0; k < n; k++) {
+        dt_status w = dt_wait(&rq[k]);
+        if (st == DT_OK && w != DT_OK) st = dt_error(w, "parameter gather: %s", dt_last_error());
+    }
+    z->gathers += n;
+    z->gather_wait += dt_now() - t0;
+    return st;
 }
 
 // Gives back the parts of block l (l < 0: of every block held) this rank
@@ -272,16 +368,52 @@ static dt_status drop_block(zero *z, int l) {
         if (!z->held[b]) continue;
         dt_status st = wait_block(z, b);
         if (st != DT_OK) return st;
-        int no;
-        const dt_grad_range *o = order_of(z, &no);
-        for (int i = 0; i < no; i++)
-            if (in_block(z, i, b)) {
-                size_t a = o[i].offset, e = a + o[i].len;
-                give_back(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
-                give_back(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
-            }
+        for (int k = z->span_at[b]; z->give && k < z->span_at[b + 1]; k++) {
+            size_t a = z->span[2 * k], e = z->span[2 * k + 1];
+            give_back(s->params, a, e < s->lo ? e : s->lo > a ? s->lo : a);
+            give_back(s->params, s->hi > a ? (s->hi < e ? s->hi : e) : a, e);
+        }
         z->held[b] = 0;
     }
+    return DT_OK;
+}
+
+// Stage 3's tables: every block's spans (index L: the ranges outside the
+// blocks), and for the blocks of more than one span each rank's part of
+// them in the pack buffer, which holds the largest such block; it exists
+// only while the pages are kept (a block more of memory, where the
+// memory is there).
+static dt_status layers_init(zero *z) {
+    dt_strategy *s = &z->base;
+    int no, W = s->world, L = z->L;
+    order_of(z, &no);
+    z->span = malloc(sizeof(size_t) * 2 * (size_t)(no + 1));
+    z->span_at = calloc((size_t)L + 2, sizeof(int));
+    z->pcounts = calloc((size_t)L * (size_t)W * 2 + 1, sizeof(size_t));
+    z->srq = calloc((size_t)no + 1, sizeof *z->srq);
+    if (!z->span || !z->span_at || !z->pcounts || !z->srq) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
+    z->pdispls = z->pcounts + (size_t)L * (size_t)W;
+    z->pack_user = -1;
+    size_t most = 0;
+    for (int l = 0; l <= L; l++) {
+        int n = block_spans(z, l < L ? l : -1, z->span + 2 * z->span_at[l]);
+        z->span_at[l + 1] = z->span_at[l] + n;
+        if (l == L || n < 2) continue;
+        size_t at = 0, *sp = z->span + 2 * z->span_at[l];
+        for (int r = 0; r < W; r++) {
+            size_t lo = z->displs[r], hi = lo + z->counts[r], c = 0;
+            for (int k = 0; k < n; k++) {
+                size_t a = sp[2 * k] > lo ? sp[2 * k] : lo, e = sp[2 * k + 1] < hi ? sp[2 * k + 1] : hi;
+                c += e > a ? e - a : 0;
+            }
+            z->pcounts[(size_t)l * (size_t)W + (size_t)r] = c;
+            z->pdispls[(size_t)l * (size_t)W + (size_t)r] = at;
+            at += c;
+        }
+        most = at > most ? at : most;
+    }
+    if (most && !z->give && !(z->pack = dt_alloc(sizeof(float) * most)))
+        return dt_error(DT_ERR_NOMEM, "zero: out of memory for the gather's pack buffer (%zu bytes)", sizeof(float) * most);
     return DT_OK;
 }
 
@@ -293,10 +425,7 @@ static dt_status zero_params_needed(dt_strategy *s, int layer, int phase) {
     if (s->world == 1) return DT_OK;
     dt_status st = DT_OK;
     if (phase == 0 && !z->persist_ok) {  // the first forward hook after an update: nothing is in flight
-        int no;
-        const dt_grad_range *o = order_of(z, &no);
-        for (int i = 0; i < no && st == DT_OK; i++)
-            if (in_block(z, i, -1)) st = gather_range(z, o[i].offset, o[i].offset + o[i].len, NULL);
+        st = gather_persist(z);
         z->persist_ok = st == DT_OK;
     }
     if (st == DT_OK && phase == 0 && layer < 0) {
@@ -326,6 +455,7 @@ static dt_status zero_init(dt_strategy *s) {
     int W = s->world;
     dt_shard_range(s->n, s->rank, W, &s->lo, &s->hi);
     z->whole = (dt_grad_range){0, s->n};
+    z->give = z->stage >= 2 && W > 1 && dt_memory_zero_held(s->c, W) >= z->stage;
     int no = s->order ? s->norder : 1;
     const dt_grad_range *o = s->order ? s->order : &z->whole;
     z->bucket = (size_t)s->c->bucket_kb * 1024 / sizeof(float);
@@ -354,13 +484,13 @@ static dt_status zero_init(dt_strategy *s) {
             if (s->order_layer[i] < z->lmin) z->lmin = s->order_layer[i];
             if (s->order_layer[i] > z->lmax) z->lmax = s->order_layer[i];
         }
-        z->rq = calloc((size_t)no, sizeof *z->rq);
         z->held = calloc((size_t)(z->L ? z->L : 1), 1);
-        if (!z->rq || !z->held) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
+        if (!z->held) return dt_error(DT_ERR_NOMEM, "zero: out of memory");
         if (W > 1) {
             s->params_sliced = 1;
             for (int l = 0; l < z->L; l++) z->held[l] = 2;
-            dt_status st = drop_block(z, -1);  // and the rest is gathered before the first forward
+            dt_status st = layers_init(z);
+            if (st == DT_OK) st = drop_block(z, -1);  // and the rest is gathered before the first forward
             if (st != DT_OK) return st;
             if (s->c->offload) {  // the slice of the parameters on disk between its uses, like the optimizer state
                 z->backed = dt_state_back(s->params + s->lo, s->hi - s->lo, s->c->offload_dir);
@@ -373,7 +503,7 @@ static dt_status zero_init(dt_strategy *s) {
     z->copy_t[0] = z->copy_t[1] = z->prev_t = -1;
     if (s->c->deterministic && !(s->fixed = z->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1))))
         return DT_ERR_NOMEM;
-    if (z->stage >= 2 && W > 1) {  // the block starts zero and stays so outside the rank's slice
+    if (z->give) {  // the block starts zero and stays so outside the rank's slice
         release(s->grads, 0, s->lo);
         release(s->grads, s->hi, s->n);
         s->grads_zero = 1;
@@ -384,13 +514,13 @@ static dt_status zero_init(dt_strategy *s) {
 static void zero_fini(dt_strategy *s) {
     zero *z = (zero *)s;
     settle(z, 1);
-    if (z->rq) {
-        int no;
-        order_of(z, &no);
-        for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
-    }
+    for (int k = 0; z->srq && k < z->span_at[z->L]; k++) dt_wait(&z->srq[k]);
     if (z->backed && z->backed != SIZE_MAX) dt_state_unback(s->params + s->lo, s->hi - s->lo);
-    free(z->rq);
+    free(z->srq);
+    free(z->span);
+    free(z->span_at);
+    free(z->pcounts);
+    dt_free(z->pack);
     free(z->held);
     free(z->opos);
     free(z->p);
@@ -479,7 +609,7 @@ static dt_status zero_sync(dt_strategy *s) {
         }
         dt_fixed_to_float(s->grads + s->lo, z->acc + s->lo, s->hi - s->lo);
         memset(z->acc, 0, sizeof(int64_t) * s->n);
-        if (z->stage >= 2) {
+        if (z->give) {
             release(s->grads, 0, s->lo);
             release(s->grads, s->hi, s->n);
         }
@@ -487,7 +617,7 @@ static dt_status zero_sync(dt_strategy *s) {
         reduce_order(z, 0, z->done);
         z->done = 0;
         settle(z, 1);
-        if (z->stage >= 2) {  // (and the edges of what settle gave back a part at a time)
+        if (z->give) {  // (and the edges of what settle gave back a part at a time)
             release(s->grads, 0, s->lo);
             release(s->grads, s->hi, s->n);
         }
@@ -595,11 +725,10 @@ static void zero_abandon(dt_strategy *s) {
     zero *z = (zero *)s;
     settle(z, 1);
     z->np = z->settled = 0;
-    if (z->rq) {
-        int no;
-        order_of(z, &no);
-        for (int i = 0; i < no; i++) dt_wait(&z->rq[i]);
+    if (z->srq) {
+        for (int k = 0; k < z->span_at[z->L]; k++) dt_wait(&z->srq[k]);
         memset(z->held, 0, (size_t)(z->L ? z->L : 1));
+        z->pack_user = -1;
     }
     z->persist_ok = 0;
     if (s->params_sliced) {
@@ -686,6 +815,16 @@ static dt_status zero_take_over(dt_strategy *s, int have, int *lost) {
     return DT_OK;
 }
 
+// summary.json (stage 3, rank 0): its parameter gathers, and the seconds
+// its compute thread waited for them (what prefetch did not hide).
+static void zero3_summary(dt_strategy *s, cJSON *o) {
+    zero *z = (zero *)s;
+    if (!s->params_sliced) return;
+    cJSON *g = cJSON_AddObjectToObject(o, "parameter_gathers");
+    cJSON_AddNumberToObject(g, "count", (double)z->gathers);
+    cJSON_AddNumberToObject(g, "wait_seconds", z->gather_wait);
+}
+
 static int zero_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && !c->deterministic; }
 static int zero_det_wants(const dt_config *c) { return c->zero > 0 && c->zero < 3 && c->deterministic; }
 static int zero3_wants(const dt_config *c) { return c->zero == 3; }
@@ -750,6 +889,7 @@ const dt_strategy_ops dt_strategy_zero3 = {
     .grad_norm = dt_strategy_norm_sharded,
     .update = zero_update,
     .params_eval = zero_params_eval,
+    .summary = zero3_summary,
     .abandon = zero_abandon,
     .take_over = zero_take_over,
 };
