@@ -475,6 +475,10 @@ dt_status dt_s3_check_bucket(const char *url) {
     return st;
 }
 
+static _Atomic uint64_t bytes_got;  // the GETs' bytes received (dt_s3_bytes_read)
+
+uint64_t dt_s3_bytes_read(void) { return bytes_got; }
+
 static dt_status get_one(const char *url, uint64_t off, size_t n, void *dst) {
     s3_req q;
     dt_status st = req_init(&q, "GET", url);
@@ -482,6 +486,7 @@ static dt_status get_one(const char *url, uint64_t off, size_t n, void *dst) {
     q.range_len = n;
     q.dst = dst;
     if (st == DT_OK) st = run(&q, 0);
+    bytes_got += q.got;
     if (st != DT_OK && q.code == 416)
         st = dt_error(DT_ERR_IO, "%s: ends before byte %" PRIu64 " (cut short?)", url, off + n);
     else if (st == DT_OK && q.got < n)

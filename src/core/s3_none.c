@@ -11,6 +11,7 @@ static dt_status missing(const char *url) {
 
 int dt_s3_is_url(const char *path) { return path && !strncmp(path, "s3://", 5); }
 int dt_s3_available(void) { return 0; }
+uint64_t dt_s3_bytes_read(void) { return 0; }
 void dt_s3_configure(const char *endpoint, const char *region) { (void)endpoint, (void)region; }
 
 dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {

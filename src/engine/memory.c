@@ -219,10 +219,16 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
         n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, whole, whole, W, 0, 1));
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
+    // Read sharded (dt_config_data_sharded), a rank holds its shard of the
+    // training split (at most its share of every batch, rounded up) and the
+    // loader the shards' order besides the epoch's.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
-    n->data = (size_t)(ntrain + ntest) * per + (size_t)(ntrain > ntest ? ntrain : ntest) * ss;
+    int dw = W / (c->tensor * c->pipeline) > 1 ? W / (c->tensor * c->pipeline) : 1, sharded = dt_config_data_sharded(c);
+    int64_t held = sharded ? min_int(ntrain, ntrain / dw + ntrain / (c->batch > 0 ? c->batch : 1) + 1) : ntrain;
+    n->data = (size_t)(held + ntest) * per + (size_t)(held > ntest ? held : ntest) * ss;
     if (use == DT_MEM_TRAIN)
-        n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
+        n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) +
+                   sizeof(uint32_t) * (size_t)ntrain * (sharded ? 2 : 1);
     if (!strcmp(c->dataset, "hdf5")) snprintf(n->data_what, sizeof n->data_what, "[data] file = %s", c->data_file);
     else snprintf(n->data_what, sizeof n->data_what, "[data] dir = %s", c->data_dir);
     staging(c, n);
@@ -339,9 +345,12 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     size_t C = (size_t)c->n_embd, block = sizeof(float) * (12 * C * C + 13 * C) / (size_t)W * (size_t)(W - 1);
     size_t ends = sizeof(float) * (t[0].numel + t[1].numel + 2 * C);
     if (use == DT_MEM_TRAIN && c->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
-    // Token files are read into memory whole.
+    // Token files are read into memory whole; the training file's shard
+    // alone where it is read sharded (dt_config_data_sharded).
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
-    n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
+    size_t train = file_size(c->train_file);
+    if (dt_config_data_sharded(c) && W > 1) train = train / (size_t)W + 1;
+    n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : train + file_size(c->val_file);
     snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s",
              use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);
