@@ -15,7 +15,10 @@
  *      resumed from s3:// with each rank reading its own slice (summary's
  *      io.ranks_read_bytes); inspect, export and eval of s3:// checkpoints;
  *      IDX, HDF5 and token files read from s3:// train the same model as
- *      the local files; sample from an s3:// checkpoint.
+ *      the local files, each rank reading its shard alone ([data] shard:
+ *      each of 2 ranks half of the training files, each of 4 a quarter of
+ *      a token file, io.ranks_s3_read_bytes), or whole; sample from an
+ *      s3:// checkpoint.
  *   3. Faults: wrong and missing credentials, a missing bucket (clear
  *      messages naming the object, exit 1 before training); 503/500 replies
  *      retried; the gateway killed in the middle of the checkpoints and
@@ -31,6 +34,7 @@
 #include "testlib.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -249,6 +253,78 @@ static void upload(const char *path, const char *url) {
     if (fd >= 0) close(fd);
 }
 
+// A run's summary.json number array io.KEY, into v[n]; how many.
+static int io_numbers(const char *run, const char *key, double *v, int n) {
+    char *js = tl_read_file(tl_path(tmp(run), "summary.json"), NULL);
+    cJSON *o = js ? cJSON_Parse(js) : NULL, *a = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "io"), key);
+    int k = 0;
+    for (; a && k < n && k < cJSON_GetArraySize(a); k++) v[k] = cJSON_GetArrayItem(a, k)->valuedouble;
+    cJSON_Delete(o);
+    free(js);
+    return k;
+}
+
+static uint64_t object_size(const char *url) {
+    int ex;
+    uint64_t size = 0;
+    dt_s3_head(url, &ex, &size);
+    return size;
+}
+
+// Each of 2 ranks reads its half of a 6.3 MB training file from s3://
+// (plain IDX, and HDF5 through the range-reading driver), and trains what
+// the same files read sharded from local disk train: io.ranks_s3_read_bytes
+// less the test split's files (read whole) against the training files.
+static void test_sharded_bytes(void) {
+    char big[300];
+    snprintf(big, sizeof big, "%s/bigset", g_tmp);
+    sh("mkdir -p %s", big);
+    tl_make_images(big, "train", 8000, 3);
+    tl_make_images(big, "t10k", 100, 4);
+    const char *names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                            "t10k-labels-idx1-ubyte"};
+    double sizes[4];
+    for (int i = 0; i < 4; i++) {
+        char path[400], url[200];
+        snprintf(path, sizeof path, "%s/%s.gz", big, names[i]);  // (plain bytes under the .gz name)
+        snprintf(url, sizeof url, "s3://data/big/%s", names[i]);
+        upload(path, url);
+        sizes[i] = (double)object_size(url);
+    }
+    char set[400];
+    snprintf(set, sizeof set, "--set data.dir=%s --set data.shard=ranks", big);
+    int rc = train("bigref", 2, set), rc2 = train("bigs3", 2, "--set data.dir=s3://data/big");
+    CHECK(rc == 0 && rc2 == 0 && same("bigref", "bigs3"), "a 6.3 MB IDX set read sharded from s3://: exit %d, %d, bitwise "
+          "the local files read sharded\n%s", rc, rc2, g_out);
+    double v[2] = {0, 0}, train_bytes = sizes[0] + sizes[1], test_bytes = sizes[2] + sizes[3];
+    int n = io_numbers("bigs3", "ranks_s3_read_bytes", v, 2);
+    double f0 = (v[0] - test_bytes) / train_bytes, f1 = (v[1] - test_bytes) / train_bytes;
+    CHECK(n == 2 && fabs(f0 - 0.5) < 0.005 && fabs(f1 - 0.5) < 0.005,
+          "IDX: each rank read its half of the training files from s3:// (%.4f, %.4f of %.0f bytes; %.0f and %.0f in "
+          "all, the test split's %.0f whole)", f0, f1, train_bytes, v[0], v[1], test_bytes);
+    fprintf(stderr, "sharded IDX from s3://: ranks read %.4f and %.4f of the training files' %.0f bytes\n", f0, f1,
+            train_bytes);
+    if (!strstr(dt_build_features(), "HDF5 yes")) return;
+    char h5[400];
+    snprintf(h5, sizeof h5, "%s/big.h5", g_tmp);
+    rc = sh("%s convert-data --from idx %s --to %s 2>&1", tl_dtrain(), big, h5);
+    upload(h5, "s3://data/big.h5");
+    double h5_bytes = (double)object_size("s3://data/big.h5");
+    rc2 = train("h5", 2, "--set data.dataset=hdf5 --set data.dir= --set data.file=s3://data/big.h5");
+    CHECK(rc == 0 && rc2 == 0 && same("bigref", "h5"), "HDF5 read sharded from s3://: exit %d, %d, bitwise the IDX files "
+          "read sharded\n%s", rc, rc2, g_out);
+    n = io_numbers("h5", "ranks_s3_read_bytes", v, 2);
+    // (of the file: the training rows' half, the test split whole, and the
+    // metadata, which a rank reads in 16 KiB blocks at each of its opens of
+    // the file: a few blocks whatever the file's size)
+    double e0 = v[0] - (train_bytes / 2 + test_bytes), e1 = v[1] - (train_bytes / 2 + test_bytes);
+    CHECK(n == 2 && e0 > 0 && e0 < 200000 && e1 > 0 && e1 < 200000,
+          "HDF5: each rank read its half of the training rows, the test split and under 200 kB of metadata from the "
+          "%.0f-byte file: %.0f and %.0f bytes (%.0f and %.0f beyond the rows)", h5_bytes, v[0], v[1], e0, e1);
+    fprintf(stderr, "sharded HDF5 from s3://: ranks read %.3f and %.3f of the %.0f-byte file (%.0f and %.0f bytes beyond "
+            "their half of the training rows and the test split)\n", v[0] / h5_bytes, v[1] / h5_bytes, h5_bytes, e0, e1);
+}
+
 static void test_runs(void) {
     tl_make_images(g_tmp, "train", 243, 1);
     tl_make_images(g_tmp, "t10k", 100, 2);
@@ -335,25 +411,26 @@ static void test_runs(void) {
           g_out);
     free(e1);
 
-    // IDX data from s3://
+    // IDX data from s3://: read sharded (shard = auto), the same model as
+    // the local files read sharded; read whole (shard = none), the
+    // uninterrupted run's. (The fixture's files are plain bytes: gzip'd for
+    // the bucket, a rank inflating them up to its rows' end.)
     const char *idx[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
                          "t10k-labels-idx1-ubyte.gz"};
     for (int i = 0; i < 4; i++) {
         char url[200];
         snprintf(url, sizeof url, "s3://data/idx/%s", idx[i]);
-        upload(tmp(idx[i]), url);
+        sh("gzip -c %s/%s > %s/real.gz", g_tmp, idx[i], g_tmp);
+        upload(tmp("real.gz"), url);
     }
     rc = train("idx", 2, "--set data.dir=s3://data/idx");
-    CHECK(rc == 0 && same("ref", "idx"), "IDX data read from s3://: exit %d\n%s", rc, g_out);
-    // HDF5 (where built)
-    if (strstr(dt_build_features(), "HDF5 yes")) {
-        rc = sh("%s convert-data --from idx %s --to %s 2>&1", tl_dtrain(), g_tmp, tmp("d.h5"));
-        upload(tmp("d.h5"), "s3://data/d.h5");
-        rc = train("h5", 2, "--set data.dataset=hdf5 --set data.dir= --set data.file=s3://data/d.h5");
-        rc2 = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.dataset=hdf5 --set data.dir= --set data.file=%s 2>&1",
-                 tl_dtrain(), tmp("run.ini"), tmp("h5local"), tmp("d.h5"));
-        CHECK(rc == 0 && rc2 == 0 && same("h5local", "h5"), "HDF5 data read from s3://: exit %d, %d\n%s", rc, rc2, g_out);
-    }
+    rc2 = train("idxref", 2, "--set data.shard=ranks");
+    CHECK(rc == 0 && rc2 == 0 && same("idxref", "idx"),
+          "IDX data read sharded from s3:// (gzip): exit %d, bitwise the local files read sharded\n%s", rc, g_out);
+    rc = train("idxwhole", 2, "--set data.dir=s3://data/idx --set data.shard=none");
+    CHECK(rc == 0 && same("ref", "idxwhole"), "IDX data read whole from s3:// (shard = none): exit %d, bitwise the "
+          "local run\n%s", rc, g_out);
+    test_sharded_bytes();
 }
 
 // GPT: token files from s3://, a checkpoint in s3://, sampled from there
@@ -369,12 +446,14 @@ static void test_gpt(void) {
                "[optim]\nname = adamw\nlr = 0.003\n[train]\nbatch = 4\nmax_steps = 6\nthreads = 1\n"
                "[parallel]\ndeterministic = true\n", tmp("tok.bin"), tmp("tok.bin"));
     fclose(f);
-    int rc = sh("%s train %s --workers 2 --quiet --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"), tmp("gref"));
-    CHECK(rc == 0, "GPT on local tokens: %s", g_out);
+    int rc = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.shard=ranks 2>&1", tl_dtrain(), tmp("gpt.ini"),
+                tmp("gref"));
+    CHECK(rc == 0, "GPT on local tokens, read sharded: %s", g_out);
     rc = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.train_file=s3://data/tok.bin "
             "--set data.val_file=s3://data/tok.bin --checkpoint-every 3 --checkpoint-dir s3://ckpt/gpt 2>&1",
             tl_dtrain(), tmp("gpt.ini"), tmp("gs3"));
-    CHECK(rc == 0 && same("gref", "gs3"), "GPT on tokens from s3://: exit %d, bitwise the local run\n%s", rc, g_out);
+    CHECK(rc == 0 && same("gref", "gs3"), "GPT on tokens read sharded from s3://: exit %d, bitwise the local run\n%s", rc,
+          g_out);
     rc = sh("%s sample %s --checkpoint s3://ckpt/gpt/step-00000006.safetensors --prompt 'the ' -n 20 --seed 1 2>&1",
             tl_dtrain(), tmp("gpt.ini"));
     char *a = strdup(g_out);
@@ -382,6 +461,19 @@ static void test_gpt(void) {
                  tmp("gpt.ini"), tmp("gref"));
     CHECK(rc == 0 && rc2 == 0 && !strcmp(a, g_out), "sample from s3:// is the local model's:\n%s\n%s", a, g_out);
     free(a);
+    // 4 ranks, each reading its quarter of a 1.6 MB token file
+    enum { N4 = 800000 };
+    t = malloc(sizeof *t * N4);
+    for (int i = 0; i < N4; i++) t[i] = (uint16_t)("the quick brown fox jumps over the lazy dog. "[i % 45]);
+    CHECK(dt_tokens_write("s3://data/tok4.bin", t, N4) == DT_OK, "a token file in s3://: %s", dt_last_error());
+    free(t);
+    rc = sh("%s train %s --workers 4 --quiet --run-dir %s --set data.train_file=s3://data/tok4.bin --set data.val_file= "
+            "--set train.max_steps=2 2>&1", tl_dtrain(), tmp("gpt.ini"), tmp("g4"));
+    double v[4] = {0}, size = (double)object_size("s3://data/tok4.bin");
+    int n = io_numbers("g4", "ranks_s3_read_bytes", v, 4), ok = n == 4;
+    for (int r = 0; r < 4; r++) ok &= fabs((v[r] - 1024) / (size - 1024) - 0.25) < 0.001;
+    CHECK(rc == 0 && ok, "4 ranks each read the header and a quarter of the token file from s3://: %.0f %.0f %.0f %.0f of "
+          "%.0f bytes: exit %d\n%s", v[0], v[1], v[2], v[3], size, rc, g_out);
 }
 
 // ---------------------------------------------------------------------------

@@ -20,11 +20,11 @@
 
 // ----------------------------------------------------------------------------
 // the file driver: libhdf5 reads a file or an object (s3://) by ranges,
-// through dt_rfile (an object's small reads come from a 64 KiB read-ahead
-// block: the metadata's; a dataset's rows are one large read, fetched in
+// through dt_rfile (an object's small reads, the metadata's, come from a
+// 16 KiB read-ahead block; a dataset's rows are one large read, fetched in
 // pieces). Read-only; every byte read counts in dt_data_bytes_read.
 
-#define RF_BLOCK ((size_t)64 << 10)
+#define RF_BLOCK ((size_t)16 << 10)
 
 typedef struct {
     H5FD_t pub;  // (libhdf5's part, first)

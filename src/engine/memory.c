@@ -15,6 +15,7 @@
 #include "engine/tables.h"
 #include "engine/worker.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,7 @@ static int optim_states(const dt_config *c) {
 
 // A classifier split's sample count and floats per sample, from the IDX
 // headers (or the HDF5 file's description) alone.
-static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
+static dt_status split_size_of(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
     if (!strcmp(c->dataset, "hdf5")) {
         const char *name = c->h5_names[strcmp(pre, "train") ? 2 : 0];
         snprintf(img, len, "%s: dataset '%s'", c->data_file, name);
@@ -79,6 +80,35 @@ static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, siz
     if (st != DT_OK) return st;
     *n = h.dims[0];
     *ss = h.count / (size_t)h.dims[0];
+    return DT_OK;
+}
+
+// The same, kept: a process asks for each split's size at every estimate,
+// and each look is a request where the data is in object storage (the
+// files do not change under a run).
+static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
+    static struct {
+        char key[1700], img[1100];
+        int64_t n;
+        size_t ss;
+    } kept[2];
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    char key[1700];
+    snprintf(key, sizeof key, "%s|%s|%s|%s|%s|%s", pre, c->dataset, c->data_dir, c->data_file, c->h5_names[0],
+             c->h5_names[2]);
+    int k = strcmp(pre, "train") != 0;
+    pthread_mutex_lock(&mu);
+    int hit = !strcmp(kept[k].key, key);
+    if (hit) *n = kept[k].n, *ss = kept[k].ss, snprintf(img, len, "%s", kept[k].img);
+    pthread_mutex_unlock(&mu);
+    if (hit) return DT_OK;
+    dt_status st = split_size_of(c, pre, n, ss, img, len);
+    if (st != DT_OK) return st;
+    pthread_mutex_lock(&mu);
+    snprintf(kept[k].key, sizeof kept[k].key, "%s", key);
+    snprintf(kept[k].img, sizeof kept[k].img, "%s", img);
+    kept[k].n = *n, kept[k].ss = *ss;
+    pthread_mutex_unlock(&mu);
     return DT_OK;
 }
 
