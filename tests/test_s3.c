@@ -559,6 +559,39 @@ static void test_server_stopped(void) {
     free(out);
 }
 
+// [checkpoint] staging = pieces (a model in parts, tensor parallel, its
+// shards written a piece at a time while training waits): rank 1's shard of
+// step 12 cannot be uploaded past the retries: the checkpoint is given up
+// on every rank, never marked complete, and training goes on (to a failure
+// at step 14); the resume falls back to step 8, and the resumed run, whose
+// last checkpoint is lost too, exits 1 saying so with the uninterrupted
+// run's weights.
+static void test_gone_pieces(void) {
+    const char *tp = "--set parallel.tensor=2 --set checkpoint.staging=pieces --checkpoint-every 4 "
+                     "--checkpoint-dir s3://ckpt/pieces";
+    int rc = train("tpref", 2, "--set parallel.tensor=2");
+    rules("[{\"match\": \"PUT /ckpt/pieces/step-00000012/shard-00001-of-00002\", \"count\": 1000, \"drop\": true}]");
+    setenv("DTRAIN_FAULT_STEP", "0:14", 1);
+    int rc1 = train("pieces", 2, tp);
+    unsetenv("DTRAIN_FAULT_STEP");
+    rules("[]");
+    CHECK(rc == 0 && rc1 == 1 && strstr(g_out, "checkpoint at step 12 not written: s3://ckpt/pieces/step-00000012/shard-00001") &&
+              strstr(g_out, "training goes on") && strstr(g_out, "injected fault (DTRAIN_FAULT_STEP") &&
+              there("s3://ckpt/pieces/step-00000012/COMPLETE") == 0 && there("s3://ckpt/pieces/step-00000008/COMPLETE") == 1,
+          "staging = pieces: rank 1's shard of step 12 lost, the checkpoint given up, training went on: exit %d, %d\n%s", rc,
+          rc1, g_out);
+    char flags[300];
+    snprintf(flags, sizeof flags, "%s --resume auto", tp);
+    rules("[{\"match\": \"PUT /ckpt/pieces/step-00000030/shard-00000\", \"count\": 1000, \"drop\": true}]");
+    rc = train("pieces", 2, flags);
+    rules("[]");
+    CHECK(rc == 1 && strstr(g_out, "skipping s3://ckpt/pieces/step-00000012: its writing never finished") &&
+              strstr(g_out, "the run's last checkpoint at step 30 not written") &&
+              strstr(g_out, "the newest checkpoint is s3://ckpt/pieces/step-00000028:") && same("tpref", "pieces"),
+          "staging = pieces: resumed from step 8, its last checkpoint lost: exit %d, bitwise the uninterrupted run\n%s", rc,
+          g_out);
+}
+
 // The server unreachable for longer than the retries: the checkpoint is
 // given up (never marked complete); the run goes on; resume falls back.
 static void test_gone(void) {
@@ -592,6 +625,7 @@ static void test_gone(void) {
     rules("[]");
     CHECK(rc == 1 && strstr(g_out, "the run's last checkpoint at step 30 not written: s3://ckpt/last/step-00000030"),
           "a run whose last checkpoint is lost: exit %d\n%s", rc, g_out);
+    test_gone_pieces();
     unsetenv("DTRAIN_S3_RETRY_SECONDS");
 }
 

@@ -1548,13 +1548,8 @@ static void *writer_main(void *arg) {
         // Object storage that failed for good (after the client's retries):
         // this checkpoint is given up (never marked complete), training
         // goes on and the next save tries again.
-        w->given_up = st != DT_OK && dt_path_remote(w->dir) && (st == DT_ERR_IO || st == DT_ERR_TIMEOUT) && !w->cancel;
-        if (w->given_up) {
-            snprintf(w->failmsg, sizeof w->failmsg, "checkpoint at step %lld not written: %s", (long long)s.step,
-                     dt_last_error());
-            dt_log(DT_LOG_WARN, "%s; training goes on, and the next checkpoint tries again", w->failmsg);
-            st = DT_OK;
-        }
+        w->given_up = !w->cancel && dt_ckpt_give_up(w->dir, st, s.step, w->failmsg, sizeof w->failmsg);
+        if (w->given_up) st = DT_OK;
         if (st != DT_OK && w->err == DT_OK) {
             w->err = st;
             snprintf(w->errmsg, sizeof w->errmsg, "checkpoint at step %lld: %s", (long long)s.step, dt_last_error());
@@ -1564,6 +1559,13 @@ static void *writer_main(void *arg) {
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
+}
+
+int dt_ckpt_give_up(const char *dir, dt_status st, int64_t step, char *msg, size_t n) {
+    if (st == DT_OK || !dt_path_remote(dir) || (st != DT_ERR_IO && st != DT_ERR_TIMEOUT)) return 0;
+    snprintf(msg, n, "checkpoint at step %lld not written: %s", (long long)step, dt_last_error());
+    dt_log(DT_LOG_WARN, "%s; training goes on, and the next checkpoint tries again", msg);
+    return 1;
 }
 
 static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, const dt_ckpt_model *m, int rank,
@@ -1903,7 +1905,7 @@ dt_status dt_ckpt_pieces_put(dt_ckpt_pieces *w, int j, size_t at, const float *x
     return pieces_feed(w, &w->t[j + 1], sizeof(float) * (at - w->begin), x, sizeof(float) * n);
 }
 
-dt_status dt_ckpt_pieces_close(dt_ckpt_pieces *w, int keep, double timeout) {
+dt_status dt_ckpt_pieces_commit(dt_ckpt_pieces *w) {
     dt_status st = pieces_feed(w, NULL, 0, NULL, 0);  // (what is held in memory, after the last piece)
     if (st == DT_OK && (w->next != w->n || w->done))
         st = dt_error(DT_ERR_INTERNAL, "%s: tensor '%s' incomplete", w->path, w->sorted[w->next]->name);
@@ -1921,7 +1923,12 @@ dt_status dt_ckpt_pieces_close(dt_ckpt_pieces *w, int keep, double timeout) {
         st = dt_atomic_commit(w->f);
         w->f = NULL;
     }
-    if (st == DT_OK && w->rank == 0) {
+    return st;
+}
+
+dt_status dt_ckpt_pieces_finish(dt_ckpt_pieces *w, int keep, double timeout) {
+    dt_status st = DT_OK;
+    if (w->rank == 0) {
         char parent[4200];
         snprintf(parent, sizeof parent, "%s", w->dir);
         *strrchr(parent, '/') = 0;

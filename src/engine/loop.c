@@ -302,9 +302,9 @@ static dt_status lose_start(dt_comm_t comm, int *lost) {
 }
 
 // A checkpoint the strategy's own ranks write (dt_run_ckpt_set_saver).
-static dt_status save_by_strategy(void *user, const dt_train_state *ts) {
+static dt_status save_by_strategy(void *user, const dt_train_state *ts, char *lost, size_t n) {
     dt_strategy *s = user;
-    return s->ops->ckpt_save(s, ts);
+    return s->ops->ckpt_save(s, ts, lost, n);
 }
 
 // A recommender's rows from the strategy's servers (tables_remote).

@@ -158,7 +158,8 @@ static int own_extra(void *user, dt_st_tensor *t, int max) { return dt_codec_sta
 // for worker 0, so that no update comes between. With compression each
 // worker first writes its codec state beside the shards (server 0
 // completes the checkpoint once they are all there).
-dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
+dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts, char *lost, size_t n) {
+    (void)lost, (void)n;  // (the servers' writers give up a checkpoint they cannot write in object storage)
     ps_worker *w = (ps_worker *)s;
     dt_status st = DT_OK;
     if (w->codec) {  // this worker's codec state beside the servers' shards, first (server 0 waits for it)
