@@ -1449,6 +1449,43 @@ static void prune(const char *dir, int keep) {
     free_list(paths, n);
 }
 
+// A rank's file of a sharded checkpoint in object storage that it gave up
+// (its upload failed past the retries): PATH.lost beside it, so that rank 0
+// gives the checkpoint up at once instead of waiting for it (best effort:
+// with the server gone rank 0's looks fail too, and it gives up then).
+static void mark_lost(const char *path) {
+    char lost[4500];
+    snprintf(lost, sizeof lost, "%s.lost", path);
+    const void *parts[] = {"given up\n"};
+    size_t sizes[] = {9};
+    if (dt_write_atomic(lost, parts, sizes, 1) != DT_OK) dt_log(DT_LOG_DEBUG, "%s", dt_last_error());
+}
+
+// Waits for path (a shard, or a worker's own file) until `deadline`; *cancel
+// stops it. In object storage (each look a request: every 10 ms at first,
+// backing off to 200 ms) a look that fails past the client's retries, or a
+// PATH.lost marker (mark_lost), ends the wait with DT_ERR_IO.
+static dt_status wait_file(const char *path, int is_own, int k, double deadline, double timeout,
+                           const _Atomic int *cancel) {
+    const char *who = is_own ? "worker" : "rank";
+    int remote = dt_path_remote(path);
+    char lost[4500];
+    snprintf(lost, sizeof lost, "%s.lost", path);
+    for (useconds_t pause = 10000;; pause = pause * 2 < 200000 ? pause * 2 : 200000) {
+        int yes, gone = 0;
+        dt_status st = there(path, &yes);
+        if (st == DT_OK && !yes && remote) st = there(lost, &gone);
+        if (st != DT_OK && remote) return st;
+        if (yes) return DT_OK;
+        if (gone) return dt_error(DT_ERR_IO, "%s: %s %d gave it up (its upload failed)", path, who, k);
+        if (cancel && *cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
+        if (dt_now() > deadline)
+            return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path, who, k,
+                            is_own ? "own state" : "shard", timeout);
+        usleep(remote ? pause : 5000);
+    }
+}
+
 // Rank 0, its shard written: waits (up to `timeout` seconds; *cancel stops
 // it) for the other ranks' shards of checkpoint dir (a shard's final name
 // appears only once it is durable), then for the workers' own files
@@ -1461,14 +1498,8 @@ static dt_status finish_sharded(const char *dir, const dt_ckpt_model *m, const d
         int is_own = r >= world, k = is_own ? r - world : r;
         if (is_own) own_path(path, sizeof path, dir, k, own);
         else shard_path(path, sizeof path, dir, k, world);
-        // (object storage is asked less often: each look is a request)
-        for (int yes; there(path, &yes), !yes;) {
-            if (cancel && *cancel) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
-            if (dt_now() > deadline)
-                return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path,
-                                is_own ? "worker" : "rank", k, is_own ? "own state" : "shard", timeout);
-            usleep(dt_path_remote(path) ? 200000 : 5000);
-        }
+        dt_status st = wait_file(path, is_own, k, deadline, timeout, cancel);
+        if (st != DT_OK) return st;
     }
     return write_index(dir, m, s, world);
 }
@@ -1549,6 +1580,11 @@ static void *writer_main(void *arg) {
         // this checkpoint is given up (never marked complete), training
         // goes on and the next save tries again.
         w->given_up = !w->cancel && dt_ckpt_give_up(w->dir, st, s.step, w->failmsg, sizeof w->failmsg);
+        if (w->given_up && w->rank != 0 && (w->world > 1 || w->own || w->live.extra)) {  // (its shard: rank 0 waits for it)
+            char shard[4400];
+            shard_path(shard, sizeof shard, path, w->rank, w->world);
+            mark_lost(shard);
+        }
         if (w->given_up) st = DT_OK;
         if (st != DT_OK && w->err == DT_OK) {
             w->err = st;
@@ -1667,7 +1703,14 @@ dt_status dt_ckpt_write_own(const char *dir, const dt_ckpt_model *m, const dt_tr
     if ((st = extra_tensors(m, t + 1, path, &nx)) != DT_OK) return st;
     char shard[128];  // a shard of none of the parameters
     snprintf(shard, sizeof shard, "0:0:%zu:%d:%d", m->nparams, rank, world);
-    return write_ckpt(path, t, 1 + nx, m, s, shard);
+    st = write_ckpt(path, t, 1 + nx, m, s, shard);
+    if (st != DT_OK && dt_path_remote(path)) {  // (server 0 waits for it: told at once)
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        mark_lost(path);
+        dt_error(st, "%s", msg);
+    }
+    return st;
 }
 
 dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *parts) {
