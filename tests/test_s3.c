@@ -18,7 +18,11 @@
  *      the local files, each rank reading its shard alone ([data] shard:
  *      each of 2 ranks half of the training files, each of 4 a quarter of
  *      a token file, io.ranks_s3_read_bytes), or whole; sample from an
- *      s3:// checkpoint.
+ *      s3:// checkpoint. Parameter servers' checkpoints in s3:// (mode
+ *      sync failed and resumed; the recommender's tables on the servers
+ *      resumed on another server count and restarted after a kill:
+ *      bitwise), and in mode async with compression a worker's file and a
+ *      server's shard each lost: given up, the run goes on.
  *   3. Faults: wrong and missing credentials, a missing bucket (clear
  *      messages naming the object, exit 1 before training); 503/500 replies
  *      retried; the gateway killed in the middle of the checkpoints and
@@ -31,6 +35,7 @@
 #include "core/s3.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
+#include "dtrain/recsys.h"
 #include "testlib.h"
 
 #include <arpa/inet.h>
@@ -476,6 +481,104 @@ static void test_gpt(void) {
           "%.0f bytes: exit %d\n%s", v[0], v[1], v[2], v[3], size, rc, g_out);
 }
 
+// Parameter servers' checkpoints in s3://: mode sync (the workers write
+// them) failed and resumed, bitwise one process; the recommender's tables
+// on the servers (the servers write their shards, rows and sums) resumed
+// on 3 servers and restarted after a server was killed, bitwise the
+// uninterrupted run; mode async with compression (the servers' shards and
+// each worker's codec state), a worker's file and a server's shard each
+// lost past the retries: given up, the run goes on.
+static const char *cfg_rs =
+    "[model]\npreset = dlrm\n[recsys]\ntables = 1000,500,200,100\ndim = 8\ndense = 4\nbottom = 16\ntop = 32\n"
+    "train = %s\ntest = %s\ntable_optim = adagrad\ntable_lr = 0.05\n[optim]\nname = adamw\nlr = 0.003\n[train]\n"
+    "batch = 100\nepochs = 2\neval_batch = 1000\nseed = 1\n";
+
+// Checkpoint ckpt's tables.rows, every part's in order (malloc'd; *n floats).
+static float *ckpt_rows(const char *ckpt, size_t *n) {
+    int parts = 0;
+    float *all = NULL;
+    *n = 0;
+    if (dt_ckpt_open_part(ckpt, -1, NULL, &parts) != DT_OK) return NULL;
+    for (int p = 0; p < parts; p++) {
+        dt_st_file *f;
+        if (dt_ckpt_open_part(ckpt, p, &f, &parts) != DT_OK) return free(all), NULL;
+        const dt_st_tensor *t = dt_st_find(f, "tables.rows");
+        if (t) {
+            all = realloc(all, *n * sizeof(float) + t->nbytes);
+            dt_st_read(f, t, 0, t->nbytes / sizeof(float), DT_F32, all + *n);
+            *n += t->nbytes / sizeof(float);
+        }
+        dt_st_close(f);
+    }
+    return all;
+}
+
+static int same_rows(const char *a, const char *b) {
+    size_t na, nb;
+    float *ra = ckpt_rows(a, &na), *rb = ckpt_rows(b, &nb);
+    int same = ra && rb && na == nb && na > 0 && !memcmp(ra, rb, na * sizeof(float));
+    free(ra);
+    free(rb);
+    return same;
+}
+
+static void test_ps(void) {
+    int rc = train("psone", 1, NULL);
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);  // (worker 1)
+    int rc1 = train("ps22", 2, "--servers 2 --checkpoint-every 4 --checkpoint-dir s3://ckpt/ps22");
+    unsetenv("DTRAIN_FAULT_STEP");
+    int rc2 = train("ps22", 2, "--servers 2 --checkpoint-every 4 --checkpoint-dir s3://ckpt/ps22 --resume auto");
+    CHECK(rc == 0 && rc1 == 1 && rc2 == 0 && there("s3://ckpt/ps22/step-00000030.safetensors") == 1 && same("psone", "ps22"),
+          "parameter servers (sync, 2 x 2): failed at step 18, resumed from s3://: exit %d, %d, %d, bitwise one process\n%s",
+          rc, rc1, rc2, g_out);
+
+    dt_clicks_gen g = dt_clicks_gen_default();
+    g.train = 6000, g.test = 2000;
+    CHECK(dt_clicks_generate(&g, tmp("s.bin"), tmp("st.bin"), NULL) == DT_OK, "clicks: %s", dt_last_error());
+    FILE *f = fopen(tmp("rs.ini"), "w");
+    fprintf(f, cfg_rs, tmp("s.bin"), tmp("st.bin"));
+    fclose(f);
+    const char *rs = "%s train %s --workers 2 --quiet --run-dir %s --servers %d --checkpoint-every 25 --checkpoint-dir %s %s 2>&1";
+    rc = sh(rs, tl_dtrain(), tmp("rs.ini"), tmp("rs"), 2, "s3://ckpt/rs", "");
+    CHECK(rc == 0 && there("s3://ckpt/rs/step-00000075/COMPLETE") == 1 &&
+              there("s3://ckpt/rs/step-00000075/shard-00001-of-00002.safetensors") == 1,
+          "the recommender's tables on 2 servers, checkpoints in s3://: exit %d\n%s", rc, g_out);
+    rc = sh(rs, tl_dtrain(), tmp("rs.ini"), tmp("rs3"), 3, "s3://ckpt/rs3", "--resume s3://ckpt/rs/step-00000075");
+    CHECK(rc == 0 && same("rs", "rs3") && same_rows("s3://ckpt/rs/step-00000120", "s3://ckpt/rs3/step-00000120"),
+          "the tables' step 75 in s3:// resumed on 3 servers: exit %d, the MLPs and the rows of step 120 bitwise the "
+          "uninterrupted run's\n%s", rc, g_out);
+    setenv("DTRAIN_FAULT_STEP", "-2:90:kill", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("ps-killed-once"), 1);
+    rc = sh(rs, tl_dtrain(), tmp("rs.ini"), tmp("rsk"), 2, "s3://ckpt/rsk", "--max-restarts 1");
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    CHECK(rc == 0 && strstr(g_out, "from the newest checkpoint") && strstr(g_out, "resumed at step 75") && same("rs", "rsk") &&
+              same_rows("s3://ckpt/rs/step-00000120", "s3://ckpt/rsk/step-00000120"),
+          "server 1 killed after step 90: the group restarted from step 75 in s3://: exit %d, bitwise\n%s", rc, g_out);
+
+    setenv("DTRAIN_S3_RETRY_SECONDS", "2", 1);
+    rules("[{\"match\": \"PUT /ckpt/psa/step-00000012/worker-00001-of-00003\\\\.safetensors($|\\\\?)\", \"count\": 1000, "
+          "\"drop\": true}, {\"match\": \"PUT /ckpt/psa/step-00000020/shard-00001-of-00002\\\\.safetensors($|\\\\?)\", "
+          "\"count\": 1000, \"drop\": true}]");
+    const char *psa = "--servers 2 --set ps.mode=async --set compression.method=int8 --set parallel.deterministic=false "
+                      "--checkpoint-every 4 --keep 10 --checkpoint-dir s3://ckpt/psa";
+    double t0 = dt_now();
+    rc = train("psa", 3, psa);
+    double took = dt_now() - t0;
+    rules("[]");
+    unsetenv("DTRAIN_S3_RETRY_SECONDS");
+    CHECK(rc == 0 && strstr(g_out, "checkpoint at step 12 not written: s3://ckpt/psa/step-00000012/worker-00001-of-00003") &&
+              strstr(g_out, "worker 1 gave it up") &&
+              strstr(g_out, "checkpoint at step 20 not written: s3://ckpt/psa/step-00000020/shard-00001-of-00002") &&
+              strstr(g_out, "rank 1 gave it up") && there("s3://ckpt/psa/step-00000012/COMPLETE") == 0 &&
+              there("s3://ckpt/psa/step-00000020/COMPLETE") == 0 && there("s3://ckpt/psa/step-00000016/COMPLETE") == 1 &&
+              there("s3://ckpt/psa/step-00000030/COMPLETE") == 1 && took < 60,
+          "async with compression: a worker's codec state and a server's shard lost past the retries, both checkpoints "
+          "given up, the run went on (%.0f s): exit %d\n%s", took, rc, g_out);
+    rc = sh("%s inspect s3://ckpt/psa/step-00000016 2>&1", tl_dtrain());
+    CHECK(rc == 0 && strstr(g_out, "checksums: ok"), "the servers' step 16 in s3:// verifies: exit %d\n%s", rc, g_out);
+}
+
 // ---------------------------------------------------------------------------
 // 3. faults
 
@@ -666,6 +769,7 @@ int main(void) {
         test_client();
         test_runs();
         test_gpt();
+        test_ps();
         test_credentials();
         test_replies();
         test_server_stopped();
