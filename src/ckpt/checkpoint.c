@@ -442,6 +442,14 @@ static int is_dir(const char *path) {
     return dt_path_kind(path, &k, NULL) == DT_OK && k == 2;
 }
 
+// Whether a checkpoint of dt_ckpt_list is sharded (a step-N directory) or
+// whole (step-N.safetensors): its name says, with no look (a request each
+// in object storage).
+static int sharded_name(const char *path) {
+    size_t l = strlen(path);
+    return l < 12 || strcmp(path + l - 12, ".safetensors") != 0;
+}
+
 // Whether path is there: *there 1 or 0, or an error when that cannot be
 // told (object storage that does not answer), which is never taken for
 // "not there": nothing is skipped or deleted on a guess.
@@ -1399,6 +1407,7 @@ struct dt_ckpt_writer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int pending, busy, quit, started;
+    int pruning;            // deleting old checkpoints after a save (abandon waits for it: a rollback reads the directory)
     dt_status err;          // first failed write
     char errmsg[1024];
     int given_up;           // the newest write failed in object storage and was given up (failmsg says why)
@@ -1407,9 +1416,10 @@ struct dt_ckpt_writer {
     double max_pause, total_pause, max_write;
 };
 
-// Removes a checkpoint: a file, or a sharded checkpoint's directory.
+// Removes a checkpoint of dt_ckpt_list: a file, or a sharded checkpoint's
+// directory.
 static void remove_ckpt(const char *path) {
-    if (!is_dir(path)) {
+    if (!sharded_name(path)) {
         if (dt_path_remove(path) != DT_OK) dt_log(DT_LOG_WARN, "removing an old checkpoint: %s", dt_last_error());
         return;
     }
@@ -1442,7 +1452,7 @@ static void prune(const char *dir, int keep) {
         char done[4400];
         snprintf(done, sizeof done, "%s/COMPLETE", paths[i]);
         int complete = 1;
-        if (is_dir(paths[i]) && there(done, &complete) != DT_OK) complete = 1;
+        if (sharded_name(paths[i]) && there(done, &complete) != DT_OK) complete = 1;
         if (complete && kept < keep) kept++;
         else if (complete || kept) remove_ckpt(paths[i]);
     }
@@ -1571,27 +1581,41 @@ static void *writer_main(void *arg) {
             snprintf(path, sizeof path, "%s/step-%08lld.safetensors", w->dir, (long long)s.step);
             st = dt_ckpt_write(path, &w->snap, &s);
         }
-        if (st == DT_OK && w->rank == 0) prune(w->dir, w->keep);
+        int written = st == DT_OK;
         double took = dt_now() - t0;
         dt_log(DT_LOG_DEBUG, "checkpoint %s written in %.1f ms", path, took * 1e3);
-        pthread_mutex_lock(&w->mu);
-        if (took > w->max_write) w->max_write = took;
         // Object storage that failed for good (after the client's retries):
         // this checkpoint is given up (never marked complete), training
         // goes on and the next save tries again.
-        w->given_up = !w->cancel && dt_ckpt_give_up(w->dir, st, s.step, w->failmsg, sizeof w->failmsg);
-        if (w->given_up && w->rank != 0 && (w->world > 1 || w->own || w->live.extra)) {  // (its shard: rank 0 waits for it)
+        char failmsg[1024];
+        int given_up = !w->cancel && dt_ckpt_give_up(w->dir, st, s.step, failmsg, sizeof failmsg);
+        if (given_up && w->rank != 0 && (w->world > 1 || w->own || w->live.extra)) {  // (its shard: rank 0 waits for it)
             char shard[4400];
             shard_path(shard, sizeof shard, path, w->rank, w->world);
             mark_lost(shard);
         }
-        if (w->given_up) st = DT_OK;
+        if (given_up) st = DT_OK;
+        pthread_mutex_lock(&w->mu);
+        if (took > w->max_write) w->max_write = took;
+        w->given_up = given_up;
+        if (given_up) snprintf(w->failmsg, sizeof w->failmsg, "%s", failmsg);
         if (st != DT_OK && w->err == DT_OK) {
             w->err = st;
             snprintf(w->errmsg, sizeof w->errmsg, "checkpoint at step %lld: %s", (long long)s.step, dt_last_error());
         }
         w->busy = 0;
         pthread_cond_broadcast(&w->cv);
+        // The old checkpoints go once this one is complete, after the save
+        // is over: nobody waits for the deletes (a parameter server's
+        // SAVED, the next snapshot), and the next write follows them.
+        if (written && w->rank == 0) {
+            w->pruning = 1;
+            pthread_mutex_unlock(&w->mu);
+            prune(w->dir, w->keep);
+            pthread_mutex_lock(&w->mu);
+            w->pruning = 0;
+            pthread_cond_broadcast(&w->cv);
+        }
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
@@ -1682,7 +1706,7 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
         snprintf(c, sizeof c, "%s/COMPLETE", p);
         int complete = 1;
         if (strstr(names[i], ".safetensors.tmp.")) dt_path_remove(p);
-        else if (step_of(names[i]) >= 0 && is_dir(p) && there(c, &complete) == DT_OK && !complete) remove_ckpt(p);
+        else if (step_of(names[i]) >= 0 && sharded_name(p) && there(c, &complete) == DT_OK && !complete) remove_ckpt(p);
     }
     dt_path_list_free(names, nn);
     *out = w;
@@ -1748,7 +1772,7 @@ void dt_ckpt_writer_abandon(dt_ckpt_writer *w) {
     pthread_mutex_lock(&w->mu);
     dt_status before = w->err;
     w->cancel = 1;
-    while (w->pending || w->busy) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->pending || w->busy || w->pruning) pthread_cond_wait(&w->cv, &w->mu);
     w->cancel = 0;
     if (before == DT_OK && w->err != DT_OK) {
         dt_log(DT_LOG_WARN, "%s: given up after a worker's death", w->errmsg);

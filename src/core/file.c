@@ -367,8 +367,8 @@ dt_status dt_path_kind(const char *path, int *kind, uint64_t *size) {
         return DT_OK;
     }
     int exists = 0;
-    const char *key = strchr(path + 5, '/');
-    dt_status st = key && key[1] && key[strlen(key) - 1] != '/' ? dt_s3_head(path, &exists, size) : DT_OK;
+    const char *key = strchr(path + 5, '/');  // (no object: the listing below says if the bucket is missing)
+    dt_status st = key && key[1] && key[strlen(key) - 1] != '/' ? dt_s3_stat(path, &exists, size) : DT_OK;
     if (st != DT_OK || exists) {
         *kind = exists;
         return st;

@@ -435,7 +435,9 @@ static void req_free(s3_req *q) {
 // ----------------------------------------------------------------------------
 // objects
 
-dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
+// A HEAD of url; a 404 is no object (or no bucket: check_bucket then asks
+// which, as a HEAD's reply has no body to say).
+static dt_status head(const char *url, int *exists, uint64_t *size, int check_bucket) {
     *exists = 0;
     if (size) *size = 0;
     s3_req q;
@@ -444,8 +446,9 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     if (st == DT_OK) st = run(&q, 1);
     // A HEAD's 404 or 403 has no body to say why (a missing bucket, a
     // wrong secret): the bucket's listing says.
-    if (st == DT_OK && q.code == 404) st = dt_s3_check_bucket(url);
-    else if (st != DT_OK && q.code == 403) {
+    if (st == DT_OK && q.code == 404) {
+        if (check_bucket) st = dt_s3_check_bucket(url);
+    } else if (st != DT_OK && q.code == 403) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
         dt_status b = dt_s3_check_bucket(url);
@@ -457,6 +460,10 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     req_free(&q);
     return st;
 }
+
+dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) { return head(url, exists, size, 1); }
+
+dt_status dt_s3_stat(const char *url, int *exists, uint64_t *size) { return head(url, exists, size, 0); }
 
 dt_status dt_s3_check_bucket(const char *url) {
     s3_req q;

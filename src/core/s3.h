@@ -32,6 +32,11 @@ int dt_s3_is_url(const char *path);
  * bucket is an error naming it. */
 dt_status dt_s3_head(const char *url, int *exists, uint64_t *size);
 
+/* The same without asking, on a 404, whether the bucket exists (a HEAD's
+ * 404 does not say): for a caller whose next request would say so (a
+ * listing), one request instead of two. */
+dt_status dt_s3_stat(const char *url, int *exists, uint64_t *size);
+
 /* Bytes [off, off + n) of object url into dst: all of them, or DT_ERR_IO
  * saying where the object ends (truncated). */
 dt_status dt_s3_get(const char *url, uint64_t off, size_t n, void *dst);

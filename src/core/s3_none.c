@@ -20,6 +20,8 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     return missing(url);
 }
 
+dt_status dt_s3_stat(const char *url, int *exists, uint64_t *size) { return dt_s3_head(url, exists, size); }
+
 dt_status dt_s3_get(const char *url, uint64_t off, size_t n, void *dst) {
     (void)off, (void)n, (void)dst;
     return missing(url);
