@@ -14,6 +14,8 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1563,6 +1565,10 @@ static dt_status snap_extras(dt_ckpt_writer *w) {
 
 static void *writer_main(void *arg) {
     dt_ckpt_writer *w = arg;
+    // Below the training's threads (nice +10; the threads of an upload
+    // inherit it): a write takes the CPU the steps leave first. (Linux
+    // threads have a nice of their own; raising it needs no privilege.)
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (!w->pending && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
@@ -1671,11 +1677,16 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
     w->snap = *m;
     w->snap.params_lo = w->snap.states_lo = w->begin;
     w->snap.params_hi = w->snap.states_hi = w->end;
-    w->buf = m->stable || m->state_only ? NULL : dt_alloc(sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates));
+    size_t snap_bytes = sizeof(float) * (len ? len : 1) * (size_t)(1 + m->nstates);
+    w->buf = m->stable || m->state_only ? NULL : dt_alloc(snap_bytes);
     if (!w->buf && !m->stable && !m->state_only) {
         free(w);
         return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: out of memory (%zu parameters)", m->nparams);
     }
+    // Its pages touched now, at the start, rather than in the first save's
+    // pause (gpt2-124m's 1.49 GB: 3.5 s of page faults there on this
+    // project's 2-core machine, 0.1 s of copying after).
+    if (w->buf) memset(w->buf, 0, snap_bytes);
     w->snap.params = w->buf;
     for (int j = 0; j < m->nstates && w->buf; j++) w->snap.states[j] = w->buf + len * (size_t)(1 + j);
     if (m->stable && !m->state_only) {  // the live buffers are the snapshot

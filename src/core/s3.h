@@ -54,6 +54,11 @@ dt_status dt_s3_put(const char *url, const void *data, size_t n);
  * object or the whole new one, never a part. */
 dt_status dt_s3_put_fd(const char *url, int fd, uint64_t size);
 
+/* The same from the caller's memory: the object is parts[0..n) one after
+ * another (sizes[i] bytes each), sent from there as curl asks for them (no
+ * copy staged: the parts must not change until it returns). */
+dt_status dt_s3_put_parts(const char *url, const void *const *parts, const size_t *sizes, int n);
+
 /* Removes object url (a missing one too: DT_OK). */
 dt_status dt_s3_delete(const char *url);
 
