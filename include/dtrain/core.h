@@ -298,9 +298,10 @@ DT_API dt_status dt_open_write(const char *path, int flags, int *fd);
 /* ---- files and objects: local paths and s3://BUCKET/KEY -------------------
  *
  * Every path dtrain reads or writes may name an object in S3-compatible
- * storage, "s3://BUCKET/KEY" (docs/s3.md): the atomic writes above upload
- * at commit (the bytes staged in an unlinked file under TMPDIR; a
- * multipart upload when large), dt_open_read and dt_read_file_gz read the
+ * storage, "s3://BUCKET/KEY" (docs/s3.md): dt_write_atomic uploads its
+ * parts from the caller's memory, dt_atomic_open ... dt_atomic_commit at
+ * commit (the bytes staged in an unlinked file under TMPDIR); a multipart
+ * upload when large. dt_open_read and dt_read_file_gz read the
  * whole object, and the calls below see an object as a file and a key
  * prefix ("s3://b/dir/" with objects under it) as a directory. A build
  * without libcurl refuses s3:// paths by name. */
