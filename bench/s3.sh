@@ -15,8 +15,15 @@
 # 3. gpt2-124m trained 30 steps on one worker (2 threads), a checkpoint
 #    at step 15 uploaded in the background while steps 16-30 run (and one
 #    at the end), against the same run with no checkpoints and with local
-#    ones: the step times (metrics' step_seconds, steps 2-30; the save's
-#    own pause, the snapshot, is in its step).
+#    ones, interleaved over ROUNDS rounds (default 3: the machine is
+#    shared, so each round's three runs see the same load): the step times
+#    (metrics' step_seconds: the median and mean of steps 2-30, and the sum
+#    of steps 16-29, the upload's; the save's own pause, the snapshot, is
+#    not in them), the load average before and after, the process's CPU
+#    seconds, and the server daemons' CPU seconds during the run.
+#    SERVER_NICE=19 renices the gateway and the OSD (every thread), so
+#    that their CPU (on other machines in a real deployment) takes what
+#    the training leaves.
 # The server's OSD keeps its objects on disk here (S3_SERVER_STORE=bluestore,
 # a sparse file in WORK_DIR), as local checkpoints are.
 # Prints the figures; needs the Debian packages tests/s3_server.sh names.
@@ -78,13 +85,38 @@ t = [r["step_seconds"] for r in map(json.loads, open(sys.argv[1])) if r.get("typ
 print("%.3f s, mean %.3f s (%d steps; min %.3f, max %.3f)" % (statistics.median(t), statistics.mean(t), len(t), min(t), max(t)))
 PY
 }
-for how in none local s3; do
-    case $how in
-    none) flags="" ;;
-    local) flags="--checkpoint-every 15 --keep 1" ;;
-    s3) flags="--checkpoint-every 15 --keep 1 --checkpoint-dir s3://bench/gpt2" ;;
-    esac
-    rm -rf "$work/run-$how"
-    "$build/dtrain" train "$work/gpt2.ini" --run-dir "$work/run-$how" $flags 2>&1 | grep -E "checkpoints?;|trained" || true
-    echo "$how: median step $(median "$work/run-$how/metrics/rank-00000.jsonl")"
+steps() { python3 - "$1" <<'PY'
+import json, statistics, sys
+r = [x for x in map(json.loads, open(sys.argv[1])) if x.get("type") == "step"]
+t = [x["step_seconds"] for x in r if x["step"] > 1]
+u = [x["step_seconds"] for x in r if 16 <= x["step"] <= 29]
+print("median %.3f s, mean %.3f s (steps 2-30); steps 16-29 %.2f s in all" % (statistics.median(t), statistics.mean(t), sum(u)))
+PY
+}
+daemons_cpu() { for p in $(cat "$work/srv/gw.pid" "$work/srv/osd.pid"); do awk '{print $14 + $15}' /proc/$p/stat; done |
+    awk -v t="$(getconf CLK_TCK)" '{s += $1} END {printf "%.1f", s / t}'; }
+if [ -n "${SERVER_NICE:-}" ]; then
+    for p in $(cat "$work/srv/gw.pid" "$work/srv/osd.pid"); do
+        for t in /proc/$p/task/*; do renice -n "$SERVER_NICE" -p "${t##*/}" >/dev/null; done
+    done
+    echo "(the gateway and the OSD at nice $SERVER_NICE)"
+fi
+for round in $(seq "${ROUNDS:-3}"); do
+    for how in none local s3; do
+        case $how in
+        none) flags="" ;;
+        local) flags="--checkpoint-every 15 --keep 1" ;;
+        s3) flags="--checkpoint-every 15 --keep 1 --checkpoint-dir s3://bench/gpt2" ;;
+        esac
+        rm -rf "$work/run"
+        l0=$(cut -d' ' -f1 /proc/loadavg); d0=$(daemons_cpu)
+        /usr/bin/time -f "%U %S" -o "$work/cpu" "$build/dtrain" train "$work/gpt2.ini" --run-dir "$work/run" $flags \
+            >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+        l1=$(cut -d' ' -f1 /proc/loadavg); d1=$(daemons_cpu)
+        read -r user sys <"$work/cpu"
+        echo "round $round $how: $(steps "$work/run/metrics/rank-00000.jsonl"); load $l0 -> $l1;" \
+             "dtrain's CPU ${user} s user ${sys} s sys, the server's $(awk -v a="$d0" -v b="$d1" 'BEGIN {printf "%.1f", b - a}') s"
+        grep -E "checkpoints?;" "$work/log" | sed 's/^dtrain: info: /    /' || true
+    done
 done
+rm -rf "$work/run"

@@ -21,10 +21,18 @@
  *      rank's share shrank (its metrics records); the same under ZeRO-2 on
  *      2 workers; plain dp on 2 workers against one process within 1e-4;
  *      configs it cannot serve refused.
+ *   7. Sharded reading ([data] shard): the sharded order's every batch
+ *      share of rank r comes from r's shard, each epoch's union is a
+ *      permutation, and one rank's sharded order is the shuffled one,
+ *      bitwise; IDX rows read by range (plain and gzip) and HDF5 rows
+ *      through the range-reading driver are the whole read's rows; a token
+ *      file's shards and the windows drawn from them; configs it cannot
+ *      serve refused.
  *
  * Runs write under a fresh temporary directory, removed unless a check
  * failed or KEEP is set. */
 #include "dtrain/data.h"
+#include "dtrain/gpt.h"
 #include "testlib.h"
 
 #include <math.h>
@@ -427,6 +435,195 @@ static void test_dynamic(void) {
           rc, g_out);
 }
 
+// ---------------------------------------------------------------------------
+// 7. sharded reading
+
+// A set whose label is the sample's index (NS classes): the loader's labels
+// say which samples it gave.
+static void index_set(dt_dataset *ds, int first, int count) {
+    uint8_t px[NS * SS];
+    int64_t y[NS];
+    for (int i = 0; i < count; i++) {
+        y[i] = first + i;
+        for (int k = 0; k < SS; k++) px[i * SS + k] = (uint8_t)(first + i + k);
+    }
+    int shape[3] = {1, 8, 8};
+    CHECK(dt_dataset_from_u8(ds, px, y, count, shape, NS, 0.3f, 0.4f, 1, "index set") == DT_OK, "set: %s",
+          dt_last_error());
+    ds->first = first;
+    ds->total = NS;
+}
+
+static void test_sharded_order(void) {
+    dt_loader_params p = dt_loader_default_params();
+    p.batch = 20;
+    p.prefetch = 0;
+    p.seed = 11;
+    p.shard = 1;
+    enum { W = 3 };
+    dt_dataset part[W], whole;
+    dt_loader *l[W];
+    int first[W], count[W], at = 0;
+    for (int r = 0; r < W; r++) {
+        dt_loader_shard(NS, p.batch, W, r, &first[r], &count[r]);
+        CHECK(first[r] == at, "rank %d's shard starts where rank %d's ends (%d, %d)", r, r - 1, first[r], at);
+        at += count[r];
+        index_set(&part[r], first[r], count[r]);
+        p.rank = r, p.world = W;
+        CHECK(dt_loader_create(&l[r], &part[r], &p) == DT_OK, "sharded loader %d: %s", r, dt_last_error());
+    }
+    CHECK(at == NS && count[0] == 5 * (20 * 1 / 3) + 3 * 1 / 3 && count[2] == 5 * (20 - 20 * 2 / 3) + (3 - 3 * 2 / 3),
+          "the shards cover the %d samples, each rank's share of each batch: %d %d %d", NS, count[0], count[1], count[2]);
+    int32_t seen[2][NS];
+    for (int e = 0; e < 2; e++) {
+        int n = 0, outside = 0;
+        for (int r = 0; r < W; r++) dt_loader_start_epoch(l[r], e, 0);
+        for (dt_batch b; n < NS;) {
+            for (int r = 0; r < W; r++) {
+                if (!dt_loader_next(l[r], &b)) goto done;
+                for (int i = 0; i < b.B; i++) {
+                    outside += b.y[i] < first[r] || b.y[i] >= first[r] + count[r];
+                    seen[e][n++] = b.y[i];
+                }
+            }
+        }
+    done:;
+        int hit[NS] = {0}, dup = 0;
+        for (int i = 0; i < n; i++) dup += hit[seen[e][i]]++ > 0;
+        CHECK(n == NS && !dup && !outside, "epoch %d: %d samples, %d twice, %d outside their rank's shard", e, n, dup, outside);
+    }
+    CHECK(memcmp(seen[0], seen[1], sizeof seen[0]) != 0, "the epochs' orders differ");
+    for (int r = 0; r < W; r++) dt_loader_free(l[r]);
+    int units[3] = {4, 4, 4};
+    p.rank = 0;
+    CHECK(dt_loader_create(&l[0], &part[0], &p) == DT_OK && dt_loader_set_shares(l[0], units, 12) == DT_ERR_ARG &&
+              strstr(dt_last_error(), "shares cannot move"),
+          "moving shares refused in the sharded order: %s", dt_last_error());
+    dt_loader_free(l[0]);
+    CHECK(dt_loader_create(&l[0], &part[1], &p) == DT_ERR_ARG && strstr(dt_last_error(), "not rank's shard"),
+          "a dataset that is not the rank's shard refused: %s", dt_last_error());
+    // One rank: the sharded order is the shuffled one.
+    index_set(&whole, 0, NS);
+    dt_loader_params q = p;
+    q.shard = 0;
+    read_stream(&whole, q, 1, &g_a, NULL, 0);
+    read_stream(&whole, p, 1, &g_b, NULL, 0);
+    CHECK(same(&g_a, &g_b), "one rank: the sharded order is the shuffled order, bitwise");
+    for (int r = 0; r < W; r++) dt_dataset_free(&part[r]);
+    dt_dataset_free(&whole);
+}
+
+// Rows of IDX and HDF5 files read by range against the whole read.
+static void test_rows(void) {
+    char img[512], lab[512], plain[600], gz[600], h5[600];
+    CHECK(dt_idx_find_split(g_tmp, "train", img, lab, sizeof img) == DT_OK, "the IDX split");  // (plain bytes)
+    snprintf(plain, sizeof plain, "%s/plain-images", g_tmp);
+    snprintf(gz, sizeof gz, "%s/gzip-images.gz", g_tmp);
+    char cmd[2600];
+    snprintf(cmd, sizeof cmd, "cp %s %s && gzip -c %s > %s", img, plain, img, gz);
+    CHECK(tl_run(cmd, NULL, 0) == 0, "a plain and a gzip copy of %s", img);
+    dt_dataset all, rows;
+    CHECK(dt_dataset_load_idx(&all, img, lab, 10, 0.2860f, 0.3530f, 0) == DT_OK, "IDX: %s", dt_last_error());
+    const char *files[2] = {gz, plain};
+    for (int k = 0; k < 2; k++) {
+        uint64_t before = dt_data_bytes_read();
+        CHECK(dt_dataset_load_idx_rows(&rows, files[k], lab, 10, 0.2860f, 0.3530f, 0, 50, 70) == DT_OK, "rows: %s",
+              dt_last_error());
+        uint64_t read = dt_data_bytes_read() - before;
+        CHECK(rows.n == 70 && rows.first == 50 && rows.total == 243 && !memcmp(rows.raw, all.raw + 50 * 784, 70 * 784) &&
+                  !memcmp(rows.y, all.y + 50, 70 * sizeof(int32_t)),
+              "%s: rows [50, 120) are the whole read's, bitwise", k ? "plain" : "gzip");
+        if (k) CHECK(read == 16 + 70 * 784 + 8 + 70, "plain: the header and the rows read, nothing else: %llu bytes",
+                     (unsigned long long)read);
+        dt_dataset_free(&rows);
+    }
+    uint8_t *buf;
+    dt_idx out;
+    int64_t total;
+    CHECK(dt_idx_read_rows(plain, 200, 50, &total, &buf, &out) == DT_ERR_ARG && strstr(dt_last_error(), "rows [200, 250) of 243"),
+          "rows past the end refused: %s", dt_last_error());
+    snprintf(cmd, sizeof cmd, "head -c 100000 %s > %s.cut && head -c 50000 %s > %s.cut", plain, plain, gz, gz);
+    CHECK(tl_run(cmd, NULL, 0) == 0, "cut copies");
+    char cut[700];
+    snprintf(cut, sizeof cut, "%s.cut", plain);
+    CHECK(dt_idx_read_rows(cut, 0, 10, &total, &buf, &out) == DT_ERR_FORMAT && strstr(dt_last_error(), "truncated"),
+          "a cut plain file refused by its length: %s", dt_last_error());
+    snprintf(cut, sizeof cut, "%s.cut", gz);
+    CHECK(dt_idx_read_rows(cut, 200, 43, &total, &buf, &out) == DT_ERR_FORMAT && strstr(dt_last_error(), "truncated"),
+          "a cut gzip file's rows past its end refused: %s", dt_last_error());
+    dt_dataset_free(&all);
+
+    snprintf(h5, sizeof h5, "%s/data.h5", g_tmp);  // (test_hdf5's)
+    CHECK(dt_dataset_load_hdf5(&all, h5, "train/images", "train/labels", 10, 0.2860f, 0.3530f, 1) == DT_OK, "HDF5: %s",
+          dt_last_error());
+    uint64_t before = dt_data_bytes_read();
+    CHECK(dt_dataset_load_hdf5_rows(&rows, h5, "train/images", "train/labels", 10, 0.2860f, 0.3530f, 1, 81, 81) == DT_OK,
+          "HDF5 rows: %s", dt_last_error());
+    uint64_t read = dt_data_bytes_read() - before;
+    CHECK(rows.n == 81 && rows.first == 81 && rows.total == 243 &&
+              !memcmp(rows.x, all.x + 81 * 784, 81 * 784 * sizeof(float)) && !memcmp(rows.y, all.y + 81, 81 * sizeof(int32_t)),
+          "HDF5 rows [81, 162) are the whole read's, bitwise");
+    CHECK(read < 81 * 785 + 20000, "HDF5 rows: %llu bytes read for 81 x 785 bytes of samples (the metadata besides)",
+          (unsigned long long)read);
+    dt_dataset_free(&rows);
+    dt_dataset_free(&all);
+}
+
+static void test_token_shards(void) {
+    enum { N = 1000, T = 8, B = 6 };
+    uint16_t t[N];
+    for (int i = 0; i < N; i++) t[i] = (uint16_t)i;  // (a token says where it is)
+    char path[600];
+    snprintf(path, sizeof path, "%s/tok.bin", g_tmp);
+    CHECK(dt_tokens_write(path, t, N) == DT_OK, "token file");
+    dt_tokens whole, sh[3];
+    CHECK(dt_tokens_open(&whole, path, N) == DT_OK, "whole: %s", dt_last_error());
+    int32_t x[3][B * T], y[3][B * T], wx[B * T], wy[B * T];
+    dt_rng r0, r[3];
+    dt_rng_seed(&r0, 5);
+    CHECK(dt_tokens_sample(&whole, &r0, B, T, wx, wy) == DT_OK, "whole windows");
+    for (int k = 0; k < 3; k++) {
+        CHECK(dt_tokens_open_shard(&sh[k], path, N, k, 3) == DT_OK, "shard %d: %s", k, dt_last_error());
+        size_t lo = (size_t)N * k / 3, hi = (size_t)N * (k + 1) / 3;
+        CHECK(sh[k].first == lo && sh[k].n == hi - lo && sh[k].total == N && !memcmp(sh[k].tokens, t + lo, 2 * (hi - lo)),
+              "shard %d holds tokens [%zu, %zu)", k, lo, hi);
+        memset(x[k], 0, sizeof x[k]);
+        dt_rng_seed(&r[k], 5);
+        CHECK(dt_tokens_sample(&sh[k], &r[k], B, T, x[k], y[k]) == DT_OK, "shard %d's windows", k);
+        CHECK(!memcmp(&r[k], &r[0], sizeof r[0]), "every shard's rng moved alike");
+        for (int b = 2 * k; b < 2 * k + 2; b++) {  // (windows [2k, 2k+2) are rank k's)
+            int s0 = x[k][b * T], ok = s0 >= (int)lo && s0 + T < (int)hi;
+            for (int i = 0; i < T; i++) ok &= x[k][b * T + i] == s0 + i && y[k][b * T + i] == s0 + i + 1;
+            CHECK(ok, "shard %d's window %d (from token %d) lies in its tokens [%zu, %zu)", k, b, s0, lo, hi);
+        }
+    }
+    dt_tokens one;
+    dt_rng_seed(&r[0], 5);
+    CHECK(dt_tokens_open_shard(&one, path, N, 0, 1) == DT_OK && dt_tokens_sample(&one, &r[0], B, T, x[0], y[0]) == DT_OK &&
+              !memcmp(x[0], wx, sizeof wx) && !memcmp(y[0], wy, sizeof wy),
+          "shard 0 of 1 draws the whole file's windows");
+    dt_tokens_close(&one);
+    for (int k = 0; k < 3; k++) dt_tokens_close(&sh[k]);
+    dt_tokens_close(&whole);
+}
+
+static void test_shard_config(void) {
+    char data[600];
+    snprintf(data, sizeof data, "dir = %s\n", g_tmp);
+    int rc = train("shard-bal", data, 2, "--set data.shard=ranks --set data.sampler=balanced");
+    CHECK(rc != 0 && strstr(g_out, "[data] shard = ranks: [data] sampler = balanced draws every batch from the whole set"),
+          "shard = ranks with the balanced sampler refused: exit %d\n%s", rc, g_out);
+    rc = train("shard-dyn", data, 2, "--set data.shard=ranks --set train.dynamic_batch=true");
+    CHECK(rc != 0 && strstr(g_out, "[train] dynamic_batch moves samples between the ranks"),
+          "shard = ranks with dynamic batches refused: exit %d\n%s", rc, g_out);
+    rc = train("shard-1", data, 1, "--set data.shard=ranks");
+    CHECK(rc == 0, "shard = ranks on one worker: exit %d\n%s", rc, g_out);
+    CHECK(train("shard-0", data, 1, NULL) == 0, "the same run unsharded");
+    int bw;
+    double d = compare("shard-0", "shard-1", &bw);
+    CHECK(bw, "one worker: shard = ranks trains the unsharded run's weights bitwise (max rel diff %.3g)", d);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-data-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -437,6 +634,10 @@ int main(void) {
     test_balanced();
     test_hdf5();
     test_dynamic();
+    test_sharded_order();
+    test_rows();
+    test_token_shards();
+    test_shard_config();
     tl_cleanup(g_tmp);
     return tl_finish();
 }

@@ -5,7 +5,7 @@
  * installed or this build has no libcurl.
  *
  *   1. The client: objects put and read back by ranges, byte for byte; a
- *      multipart upload (5 MiB parts); a large read in pieces; listings;
+ *      multipart upload (5 MiB parts), from a file and from memory; a large read in pieces; listings;
  *      deletes; a 503 SlowDown retried; a missing object and a missing
  *      bucket named.
  *   2. Runs (deterministic, so "the same" is bitwise): whole and sharded
@@ -15,7 +15,13 @@
  *      resumed from s3:// with each rank reading its own slice (summary's
  *      io.ranks_read_bytes); inspect, export and eval of s3:// checkpoints;
  *      IDX, HDF5 and token files read from s3:// train the same model as
- *      the local files; sample from an s3:// checkpoint.
+ *      the local files, each rank reading its shard alone ([data] shard:
+ *      each of 2 ranks half of the training files, each of 4 a quarter of
+ *      a token file, io.ranks_s3_read_bytes), or whole; sample from an
+ *      s3:// checkpoint. Parameter servers' checkpoints in s3:// (mode
+ *      sync failed and resumed; the recommender's tables on the servers
+ *      resumed on another server count: bitwise), and in mode async with compression a worker's file and a
+ *      server's shard each lost: given up, the run goes on.
  *   3. Faults: wrong and missing credentials, a missing bucket (clear
  *      messages naming the object, exit 1 before training); 503/500 replies
  *      retried; the gateway killed in the middle of the checkpoints and
@@ -28,9 +34,11 @@
 #include "core/s3.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/gpt.h"
+#include "dtrain/recsys.h"
 #include "testlib.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -177,6 +185,20 @@ static void test_client(void) {
     memset(back, 0, n);
     CHECK(dt_s3_get("s3://data/c/sub/big.bin", 0, n, back) == DT_OK && !memcmp(big, back, n), "read back: %s",
           dt_last_error());
+    // the same bytes from memory in 3 pieces of odd sizes (dt_write_atomic: no staging)
+    const void *pieces[3] = {big, big + 777, big + (5u << 20) + 3};
+    size_t sizes[3] = {777, (5u << 20) + 3 - 777, n - (5u << 20) - 3};
+    log_clear();
+    CHECK(dt_write_atomic("s3://data/c/sub/gather.bin", pieces, sizes, 3) == DT_OK, "upload from memory: %s", dt_last_error());
+    memset(back, 0, n);
+    CHECK(seen("?uploads=") == 1 && seen("partNumber=3&") == 1 && dt_s3_get("s3://data/c/sub/gather.bin", 0, n, back) == DT_OK &&
+              !memcmp(big, back, n),
+          "12 MiB uploaded from 3 pieces of memory in 3 parts, read back the same: %s", dt_last_error());
+    CHECK(dt_write_atomic("s3://data/c/sub/small.bin", pieces, sizes, 1) == DT_OK &&
+              dt_s3_get("s3://data/c/sub/small.bin", 0, 777, back) == DT_OK && !memcmp(big, back, 777),
+          "a small object uploaded from memory in one PUT: %s", dt_last_error());
+    dt_s3_delete("s3://data/c/sub/gather.bin");
+    dt_s3_delete("s3://data/c/sub/small.bin");
     dt_rfile *rf;
     CHECK(dt_rfile_open(&rf, "s3://data/c/sub/big.bin") == DT_OK && dt_rfile_size(rf) == n, "rfile opens");
     uint8_t x[100];
@@ -247,6 +269,78 @@ static void upload(const char *path, const char *url) {
     CHECK(fd >= 0 && fstat(fd, &sb) == 0 && dt_s3_put_fd(url, fd, (uint64_t)sb.st_size) == DT_OK, "uploaded %s: %s",
           path, dt_last_error());
     if (fd >= 0) close(fd);
+}
+
+// A run's summary.json number array io.KEY, into v[n]; how many.
+static int io_numbers(const char *run, const char *key, double *v, int n) {
+    char *js = tl_read_file(tl_path(tmp(run), "summary.json"), NULL);
+    cJSON *o = js ? cJSON_Parse(js) : NULL, *a = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "io"), key);
+    int k = 0;
+    for (; a && k < n && k < cJSON_GetArraySize(a); k++) v[k] = cJSON_GetArrayItem(a, k)->valuedouble;
+    cJSON_Delete(o);
+    free(js);
+    return k;
+}
+
+static uint64_t object_size(const char *url) {
+    int ex;
+    uint64_t size = 0;
+    dt_s3_head(url, &ex, &size);
+    return size;
+}
+
+// Each of 2 ranks reads its half of a 6.3 MB training file from s3://
+// (plain IDX, and HDF5 through the range-reading driver), and trains what
+// the same files read sharded from local disk train: io.ranks_s3_read_bytes
+// less the test split's files (read whole) against the training files.
+static void test_sharded_bytes(void) {
+    char big[300];
+    snprintf(big, sizeof big, "%s/bigset", g_tmp);
+    sh("mkdir -p %s", big);
+    tl_make_images(big, "train", 8000, 3);
+    tl_make_images(big, "t10k", 100, 4);
+    const char *names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                            "t10k-labels-idx1-ubyte"};
+    double sizes[4];
+    for (int i = 0; i < 4; i++) {
+        char path[400], url[200];
+        snprintf(path, sizeof path, "%s/%s.gz", big, names[i]);  // (plain bytes under the .gz name)
+        snprintf(url, sizeof url, "s3://data/big/%s", names[i]);
+        upload(path, url);
+        sizes[i] = (double)object_size(url);
+    }
+    char set[400];
+    snprintf(set, sizeof set, "--set data.dir=%s --set data.shard=ranks", big);
+    int rc = train("bigref", 2, set), rc2 = train("bigs3", 2, "--set data.dir=s3://data/big");
+    CHECK(rc == 0 && rc2 == 0 && same("bigref", "bigs3"), "a 6.3 MB IDX set read sharded from s3://: exit %d, %d, bitwise "
+          "the local files read sharded\n%s", rc, rc2, g_out);
+    double v[2] = {0, 0}, train_bytes = sizes[0] + sizes[1], test_bytes = sizes[2] + sizes[3];
+    int n = io_numbers("bigs3", "ranks_s3_read_bytes", v, 2);
+    double f0 = (v[0] - test_bytes) / train_bytes, f1 = (v[1] - test_bytes) / train_bytes;
+    CHECK(n == 2 && fabs(f0 - 0.5) < 0.005 && fabs(f1 - 0.5) < 0.005,
+          "IDX: each rank read its half of the training files from s3:// (%.4f, %.4f of %.0f bytes; %.0f and %.0f in "
+          "all, the test split's %.0f whole)", f0, f1, train_bytes, v[0], v[1], test_bytes);
+    fprintf(stderr, "sharded IDX from s3://: ranks read %.4f and %.4f of the training files' %.0f bytes\n", f0, f1,
+            train_bytes);
+    if (!strstr(dt_build_features(), "HDF5 yes")) return;
+    char h5[400];
+    snprintf(h5, sizeof h5, "%s/big.h5", g_tmp);
+    rc = sh("%s convert-data --from idx %s --to %s 2>&1", tl_dtrain(), big, h5);
+    upload(h5, "s3://data/big.h5");
+    double h5_bytes = (double)object_size("s3://data/big.h5");
+    rc2 = train("h5", 2, "--set data.dataset=hdf5 --set data.dir= --set data.file=s3://data/big.h5");
+    CHECK(rc == 0 && rc2 == 0 && same("bigref", "h5"), "HDF5 read sharded from s3://: exit %d, %d, bitwise the IDX files "
+          "read sharded\n%s", rc, rc2, g_out);
+    n = io_numbers("h5", "ranks_s3_read_bytes", v, 2);
+    // (of the file: the training rows' half, the test split whole, and the
+    // metadata, which a rank reads in 16 KiB blocks at each of its opens of
+    // the file: a few blocks whatever the file's size)
+    double e0 = v[0] - (train_bytes / 2 + test_bytes), e1 = v[1] - (train_bytes / 2 + test_bytes);
+    CHECK(n == 2 && e0 > 0 && e0 < 200000 && e1 > 0 && e1 < 200000,
+          "HDF5: each rank read its half of the training rows, the test split and under 200 kB of metadata from the "
+          "%.0f-byte file: %.0f and %.0f bytes (%.0f and %.0f beyond the rows)", h5_bytes, v[0], v[1], e0, e1);
+    fprintf(stderr, "sharded HDF5 from s3://: ranks read %.3f and %.3f of the %.0f-byte file (%.0f and %.0f bytes beyond "
+            "their half of the training rows and the test split)\n", v[0] / h5_bytes, v[1] / h5_bytes, h5_bytes, e0, e1);
 }
 
 static void test_runs(void) {
@@ -335,25 +429,26 @@ static void test_runs(void) {
           g_out);
     free(e1);
 
-    // IDX data from s3://
+    // IDX data from s3://: read sharded (shard = auto), the same model as
+    // the local files read sharded; read whole (shard = none), the
+    // uninterrupted run's. (The fixture's files are plain bytes: gzip'd for
+    // the bucket, a rank inflating them up to its rows' end.)
     const char *idx[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
                          "t10k-labels-idx1-ubyte.gz"};
     for (int i = 0; i < 4; i++) {
         char url[200];
         snprintf(url, sizeof url, "s3://data/idx/%s", idx[i]);
-        upload(tmp(idx[i]), url);
+        sh("gzip -c %s/%s > %s/real.gz", g_tmp, idx[i], g_tmp);
+        upload(tmp("real.gz"), url);
     }
     rc = train("idx", 2, "--set data.dir=s3://data/idx");
-    CHECK(rc == 0 && same("ref", "idx"), "IDX data read from s3://: exit %d\n%s", rc, g_out);
-    // HDF5 (where built)
-    if (strstr(dt_build_features(), "HDF5 yes")) {
-        rc = sh("%s convert-data --from idx %s --to %s 2>&1", tl_dtrain(), g_tmp, tmp("d.h5"));
-        upload(tmp("d.h5"), "s3://data/d.h5");
-        rc = train("h5", 2, "--set data.dataset=hdf5 --set data.dir= --set data.file=s3://data/d.h5");
-        rc2 = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.dataset=hdf5 --set data.dir= --set data.file=%s 2>&1",
-                 tl_dtrain(), tmp("run.ini"), tmp("h5local"), tmp("d.h5"));
-        CHECK(rc == 0 && rc2 == 0 && same("h5local", "h5"), "HDF5 data read from s3://: exit %d, %d\n%s", rc, rc2, g_out);
-    }
+    rc2 = train("idxref", 2, "--set data.shard=ranks");
+    CHECK(rc == 0 && rc2 == 0 && same("idxref", "idx"),
+          "IDX data read sharded from s3:// (gzip): exit %d, bitwise the local files read sharded\n%s", rc, g_out);
+    rc = train("idxwhole", 2, "--set data.dir=s3://data/idx --set data.shard=none");
+    CHECK(rc == 0 && same("ref", "idxwhole"), "IDX data read whole from s3:// (shard = none): exit %d, bitwise the "
+          "local run\n%s", rc, g_out);
+    test_sharded_bytes();
 }
 
 // GPT: token files from s3://, a checkpoint in s3://, sampled from there
@@ -369,12 +464,14 @@ static void test_gpt(void) {
                "[optim]\nname = adamw\nlr = 0.003\n[train]\nbatch = 4\nmax_steps = 6\nthreads = 1\n"
                "[parallel]\ndeterministic = true\n", tmp("tok.bin"), tmp("tok.bin"));
     fclose(f);
-    int rc = sh("%s train %s --workers 2 --quiet --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"), tmp("gref"));
-    CHECK(rc == 0, "GPT on local tokens: %s", g_out);
+    int rc = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.shard=ranks 2>&1", tl_dtrain(), tmp("gpt.ini"),
+                tmp("gref"));
+    CHECK(rc == 0, "GPT on local tokens, read sharded: %s", g_out);
     rc = sh("%s train %s --workers 2 --quiet --run-dir %s --set data.train_file=s3://data/tok.bin "
             "--set data.val_file=s3://data/tok.bin --checkpoint-every 3 --checkpoint-dir s3://ckpt/gpt 2>&1",
             tl_dtrain(), tmp("gpt.ini"), tmp("gs3"));
-    CHECK(rc == 0 && same("gref", "gs3"), "GPT on tokens from s3://: exit %d, bitwise the local run\n%s", rc, g_out);
+    CHECK(rc == 0 && same("gref", "gs3"), "GPT on tokens read sharded from s3://: exit %d, bitwise the local run\n%s", rc,
+          g_out);
     rc = sh("%s sample %s --checkpoint s3://ckpt/gpt/step-00000006.safetensors --prompt 'the ' -n 20 --seed 1 2>&1",
             tl_dtrain(), tmp("gpt.ini"));
     char *a = strdup(g_out);
@@ -382,6 +479,108 @@ static void test_gpt(void) {
                  tmp("gpt.ini"), tmp("gref"));
     CHECK(rc == 0 && rc2 == 0 && !strcmp(a, g_out), "sample from s3:// is the local model's:\n%s\n%s", a, g_out);
     free(a);
+    // 4 ranks, each reading its quarter of a 1.6 MB token file
+    enum { N4 = 800000 };
+    t = malloc(sizeof *t * N4);
+    for (int i = 0; i < N4; i++) t[i] = (uint16_t)("the quick brown fox jumps over the lazy dog. "[i % 45]);
+    CHECK(dt_tokens_write("s3://data/tok4.bin", t, N4) == DT_OK, "a token file in s3://: %s", dt_last_error());
+    free(t);
+    rc = sh("%s train %s --workers 4 --quiet --run-dir %s --set data.train_file=s3://data/tok4.bin --set data.val_file= "
+            "--set train.max_steps=2 2>&1", tl_dtrain(), tmp("gpt.ini"), tmp("g4"));
+    double v[4] = {0}, size = (double)object_size("s3://data/tok4.bin");
+    int n = io_numbers("g4", "ranks_s3_read_bytes", v, 4), ok = n == 4;
+    for (int r = 0; r < 4; r++) ok &= fabs((v[r] - 1024) / (size - 1024) - 0.25) < 0.001;
+    CHECK(rc == 0 && ok, "4 ranks each read the header and a quarter of the token file from s3://: %.0f %.0f %.0f %.0f of "
+          "%.0f bytes: exit %d\n%s", v[0], v[1], v[2], v[3], size, rc, g_out);
+}
+
+// Parameter servers' checkpoints in s3://: mode sync (the workers write
+// them) failed and resumed, bitwise one process; the recommender's tables
+// on the servers (the servers write their shards, rows and sums) resumed
+// on 3 servers, bitwise the uninterrupted run; mode async with compression (the servers' shards and
+// each worker's codec state), a worker's file and a server's shard each
+// lost past the retries: given up, the run goes on.
+static const char *cfg_rs =
+    "[model]\npreset = dlrm\n[recsys]\ntables = 1000,500,200,100\ndim = 8\ndense = 4\nbottom = 16\ntop = 32\n"
+    "train = %s\ntest = %s\ntable_optim = adagrad\ntable_lr = 0.05\n[optim]\nname = adamw\nlr = 0.003\n[train]\n"
+    "batch = 100\nepochs = 2\neval_batch = 1000\nseed = 1\n";
+
+// Checkpoint ckpt's tables.rows, every part's in order (malloc'd; *n floats).
+static float *ckpt_rows(const char *ckpt, size_t *n) {
+    int parts = 0;
+    float *all = NULL;
+    *n = 0;
+    if (dt_ckpt_open_part(ckpt, -1, NULL, &parts) != DT_OK) return NULL;
+    for (int p = 0; p < parts; p++) {
+        dt_st_file *f;
+        if (dt_ckpt_open_part(ckpt, p, &f, &parts) != DT_OK) return free(all), NULL;
+        const dt_st_tensor *t = dt_st_find(f, "tables.rows");
+        if (t) {
+            all = realloc(all, *n * sizeof(float) + t->nbytes);
+            dt_st_read(f, t, 0, t->nbytes / sizeof(float), DT_F32, all + *n);
+            *n += t->nbytes / sizeof(float);
+        }
+        dt_st_close(f);
+    }
+    return all;
+}
+
+static int same_rows(const char *a, const char *b) {
+    size_t na, nb;
+    float *ra = ckpt_rows(a, &na), *rb = ckpt_rows(b, &nb);
+    int same = ra && rb && na == nb && na > 0 && !memcmp(ra, rb, na * sizeof(float));
+    free(ra);
+    free(rb);
+    return same;
+}
+
+static void test_ps(void) {
+    int rc = train("psone", 1, NULL);
+    setenv("DTRAIN_FAULT_STEP", "1:18", 1);  // (worker 1)
+    int rc1 = train("ps22", 2, "--servers 2 --checkpoint-every 4 --checkpoint-dir s3://ckpt/ps22");
+    unsetenv("DTRAIN_FAULT_STEP");
+    int rc2 = train("ps22", 2, "--servers 2 --checkpoint-every 4 --checkpoint-dir s3://ckpt/ps22 --resume auto");
+    CHECK(rc == 0 && rc1 == 1 && rc2 == 0 && there("s3://ckpt/ps22/step-00000030.safetensors") == 1 && same("psone", "ps22"),
+          "parameter servers (sync, 2 x 2): failed at step 18, resumed from s3://: exit %d, %d, %d, bitwise one process\n%s",
+          rc, rc1, rc2, g_out);
+
+    dt_clicks_gen g = dt_clicks_gen_default();
+    g.train = 6000, g.test = 2000;
+    CHECK(dt_clicks_generate(&g, tmp("s.bin"), tmp("st.bin"), NULL) == DT_OK, "clicks: %s", dt_last_error());
+    FILE *f = fopen(tmp("rs.ini"), "w");
+    fprintf(f, cfg_rs, tmp("s.bin"), tmp("st.bin"));
+    fclose(f);
+    const char *rs = "%s train %s --workers 2 --quiet --run-dir %s --servers %d --checkpoint-every 25 --checkpoint-dir %s %s 2>&1";
+    rc = sh(rs, tl_dtrain(), tmp("rs.ini"), tmp("rs"), 2, "s3://ckpt/rs", "");
+    CHECK(rc == 0 && there("s3://ckpt/rs/step-00000075/COMPLETE") == 1 &&
+              there("s3://ckpt/rs/step-00000075/shard-00001-of-00002.safetensors") == 1,
+          "the recommender's tables on 2 servers, checkpoints in s3://: exit %d\n%s", rc, g_out);
+    rc = sh(rs, tl_dtrain(), tmp("rs.ini"), tmp("rs3"), 3, "s3://ckpt/rs3", "--resume s3://ckpt/rs/step-00000075");
+    CHECK(rc == 0 && same("rs", "rs3") && same_rows("s3://ckpt/rs/step-00000120", "s3://ckpt/rs3/step-00000120"),
+          "the tables' step 75 in s3:// resumed on 3 servers: exit %d, the MLPs and the rows of step 120 bitwise the "
+          "uninterrupted run's\n%s", rc, g_out);
+
+    setenv("DTRAIN_S3_RETRY_SECONDS", "2", 1);
+    rules("[{\"match\": \"PUT /ckpt/psa/step-00000012/worker-00001-of-00003\\\\.safetensors($|\\\\?)\", \"count\": 1000, "
+          "\"drop\": true}, {\"match\": \"PUT /ckpt/psa/step-00000020/shard-00001-of-00002\\\\.safetensors($|\\\\?)\", "
+          "\"count\": 1000, \"drop\": true}]");
+    const char *psa = "--servers 2 --set ps.mode=async --set compression.method=int8 --set parallel.deterministic=false "
+                      "--checkpoint-every 4 --keep 10 --checkpoint-dir s3://ckpt/psa";
+    double t0 = dt_now();
+    rc = train("psa", 3, psa);
+    double took = dt_now() - t0;
+    rules("[]");
+    unsetenv("DTRAIN_S3_RETRY_SECONDS");
+    CHECK(rc == 0 && strstr(g_out, "checkpoint at step 12 not written: s3://ckpt/psa/step-00000012/worker-00001-of-00003") &&
+              strstr(g_out, "worker 1 gave it up") &&
+              strstr(g_out, "checkpoint at step 20 not written: s3://ckpt/psa/step-00000020/shard-00001-of-00002") &&
+              strstr(g_out, "rank 1 gave it up") && there("s3://ckpt/psa/step-00000012/COMPLETE") == 0 &&
+              there("s3://ckpt/psa/step-00000020/COMPLETE") == 0 && there("s3://ckpt/psa/step-00000016/COMPLETE") == 1 &&
+              there("s3://ckpt/psa/step-00000030/COMPLETE") == 1 && took < 60,
+          "async with compression: a worker's codec state and a server's shard lost past the retries, both checkpoints "
+          "given up, the run went on (%.0f s): exit %d\n%s", took, rc, g_out);
+    rc = sh("%s inspect s3://ckpt/psa/step-00000016 2>&1", tl_dtrain());
+    CHECK(rc == 0 && strstr(g_out, "checksums: ok"), "the servers' step 16 in s3:// verifies: exit %d\n%s", rc, g_out);
 }
 
 // ---------------------------------------------------------------------------
@@ -467,6 +666,39 @@ static void test_server_stopped(void) {
     free(out);
 }
 
+// [checkpoint] staging = pieces (a model in parts, tensor parallel, its
+// shards written a piece at a time while training waits): rank 1's shard of
+// step 12 cannot be uploaded past the retries: the checkpoint is given up
+// on every rank, never marked complete, and training goes on (to a failure
+// at step 14); the resume falls back to step 8, and the resumed run, whose
+// last checkpoint is lost too, exits 1 saying so with the uninterrupted
+// run's weights.
+static void test_gone_pieces(void) {
+    const char *tp = "--set parallel.tensor=2 --set checkpoint.staging=pieces --checkpoint-every 4 "
+                     "--checkpoint-dir s3://ckpt/pieces";
+    int rc = train("tpref", 2, "--set parallel.tensor=2");
+    rules("[{\"match\": \"PUT /ckpt/pieces/step-00000012/shard-00001-of-00002\", \"count\": 1000, \"drop\": true}]");
+    setenv("DTRAIN_FAULT_STEP", "0:14", 1);
+    int rc1 = train("pieces", 2, tp);
+    unsetenv("DTRAIN_FAULT_STEP");
+    rules("[]");
+    CHECK(rc == 0 && rc1 == 1 && strstr(g_out, "checkpoint at step 12 not written: s3://ckpt/pieces/step-00000012/shard-00001") &&
+              strstr(g_out, "training goes on") && strstr(g_out, "injected fault (DTRAIN_FAULT_STEP") &&
+              there("s3://ckpt/pieces/step-00000012/COMPLETE") == 0 && there("s3://ckpt/pieces/step-00000008/COMPLETE") == 1,
+          "staging = pieces: rank 1's shard of step 12 lost, the checkpoint given up, training went on: exit %d, %d\n%s", rc,
+          rc1, g_out);
+    char flags[300];
+    snprintf(flags, sizeof flags, "%s --resume auto", tp);
+    rules("[{\"match\": \"PUT /ckpt/pieces/step-00000030/shard-00000\", \"count\": 1000, \"drop\": true}]");
+    rc = train("pieces", 2, flags);
+    rules("[]");
+    CHECK(rc == 1 && strstr(g_out, "skipping s3://ckpt/pieces/step-00000012: its writing never finished") &&
+              strstr(g_out, "the run's last checkpoint at step 30 not written") &&
+              strstr(g_out, "the newest checkpoint is s3://ckpt/pieces/step-00000028:") && same("tpref", "pieces"),
+          "staging = pieces: resumed from step 8, its last checkpoint lost: exit %d, bitwise the uninterrupted run\n%s", rc,
+          g_out);
+}
+
 // The server unreachable for longer than the retries: the checkpoint is
 // given up (never marked complete); the run goes on; resume falls back.
 static void test_gone(void) {
@@ -500,6 +732,7 @@ static void test_gone(void) {
     rules("[]");
     CHECK(rc == 1 && strstr(g_out, "the run's last checkpoint at step 30 not written: s3://ckpt/last/step-00000030"),
           "a run whose last checkpoint is lost: exit %d\n%s", rc, g_out);
+    test_gone_pieces();
     unsetenv("DTRAIN_S3_RETRY_SECONDS");
 }
 
@@ -540,6 +773,7 @@ int main(void) {
         test_client();
         test_runs();
         test_gpt();
+        test_ps();
         test_credentials();
         test_replies();
         test_server_stopped();

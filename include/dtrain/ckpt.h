@@ -268,17 +268,31 @@ DT_API dt_status dt_ckpt_export_weights_as(const char *ckpt, const char *out, dt
  * end) = dt_shard_range(m->nparams, r, world).
  * Pieces come in the checksum's order: each optimizer state's range in
  * turn (j = 0, 1), then the parameters' (j = -1), each from its begin,
- * contiguous; anything else is DT_ERR_INTERNAL. close writes the checksum
- * into the header and commits the file (temp file, fsync, rename); on rank
- * 0 it then waits up to `timeout` seconds for every other shard, writes
- * index.json and COMPLETE, and keeps the newest `keep` checkpoints. It
- * frees w whatever it returns; abort drops an unfinished file. */
+ * contiguous; anything else is DT_ERR_INTERNAL. commit writes the
+ * checksum into the header and commits the file (temp file, fsync,
+ * rename; an object: its upload); finish, once every rank's commit
+ * succeeded (the caller's agreement: no rank waits for a shard that will
+ * not come), waits on rank 0 up to `timeout` seconds for every other
+ * shard, writes index.json and COMPLETE, and keeps the newest `keep`
+ * checkpoints. finish and abort free w whatever they return; abort drops
+ * an unfinished file. */
 typedef struct dt_ckpt_pieces dt_ckpt_pieces;
 DT_API dt_status dt_ckpt_pieces_open(dt_ckpt_pieces **w, const char *dir, const dt_ckpt_model *m,
                                      const dt_train_state *s, int rank, int world);
 DT_API dt_status dt_ckpt_pieces_put(dt_ckpt_pieces *w, int j, size_t at, const float *x, size_t n);
-DT_API dt_status dt_ckpt_pieces_close(dt_ckpt_pieces *w, int keep, double timeout);
+DT_API dt_status dt_ckpt_pieces_commit(dt_ckpt_pieces *w);
+DT_API dt_status dt_ckpt_pieces_finish(dt_ckpt_pieces *w, int keep, double timeout);
 DT_API void dt_ckpt_pieces_abort(dt_ckpt_pieces *w);
+
+/* Whether a checkpoint write that failed with st is given up rather than
+ * stopping the run: a checkpoint in object storage (dir s3://...) whose
+ * requests failed past the client's retries (DT_ERR_IO, DT_ERR_TIMEOUT: the
+ * server gone, a shard that never came). Then the last error's message
+ * becomes msg[n], "checkpoint at step N not written: WHY", said as a
+ * warning ("training goes on, and the next checkpoint tries again"); the
+ * checkpoint is not marked complete, resume skips it, and the newest
+ * complete checkpoint goes on counting for keep. */
+DT_API int dt_ckpt_give_up(const char *dir, dt_status st, int64_t step, char *msg, size_t n);
 
 /* The checkpoints of a directory, newest step first:
  * DIR/step-NNNNNNNN.safetensors files and DIR/step-NNNNNNNN/ sharded ones.

@@ -99,6 +99,7 @@ typedef struct {
     int cache;                     /* keep the decoded samples (else the file's bytes) */
     char data_file[512];           /* dataset = hdf5: the file */
     char h5_names[4][128];         /* its datasets: train images, train labels, test images, test labels */
+    int data_shard;                /* [data] shard: DT_DATA_SHARD_* (dt_config_data_sharded) */
     int dynamic_batch;             /* [train] ranks' shares follow their step times */
     /* [optim] and [schedule] */
     dt_optim_params optim;
@@ -285,6 +286,15 @@ DT_API dt_status dt_config_parse(dt_config *c, const char *text, const char *wha
 DT_API char *dt_config_format(const dt_config *c);
 /* Writes dt_config_format's text to path atomically. */
 DT_API dt_status dt_config_write(const dt_config *c, const char *path);
+/* [data] shard: who reads which part of the training data file. */
+enum { DT_DATA_SHARD_AUTO = 0, DT_DATA_SHARD_NONE = 1, DT_DATA_SHARD_RANKS = 2 };
+/* Whether each data-parallel rank reads only its shard of the training
+ * file (docs/data.md "Sharded reading"): shard = ranks; auto where the file
+ * is an s3:// object and the run reads its data the data-parallel way
+ * (not the balanced sampler, dynamic batches or [ps] share = dynamic; a
+ * language model without tensor or pipeline parallel; not the
+ * recommender); none never. */
+DT_API int dt_config_data_sharded(const dt_config *c);
 /* Where a run's checkpoints go, into buf[n] (returned): [checkpoint] dir
  * when set (a directory, or s3://BUCKET/PREFIX), else RUN_DIR/checkpoints,
  * else (run_dir NULL) "": none. */

@@ -298,9 +298,10 @@ DT_API dt_status dt_open_write(const char *path, int flags, int *fd);
 /* ---- files and objects: local paths and s3://BUCKET/KEY -------------------
  *
  * Every path dtrain reads or writes may name an object in S3-compatible
- * storage, "s3://BUCKET/KEY" (docs/s3.md): the atomic writes above upload
- * at commit (the bytes staged in an unlinked file under TMPDIR; a
- * multipart upload when large), dt_open_read and dt_read_file_gz read the
+ * storage, "s3://BUCKET/KEY" (docs/s3.md): dt_write_atomic uploads its
+ * parts from the caller's memory, dt_atomic_open ... dt_atomic_commit at
+ * commit (the bytes staged in an unlinked file under TMPDIR); a multipart
+ * upload when large. dt_open_read and dt_read_file_gz read the
  * whole object, and the calls below see an object as a file and a key
  * prefix ("s3://b/dir/" with objects under it) as a directory. A build
  * without libcurl refuses s3:// paths by name. */
@@ -332,13 +333,24 @@ DT_API void dt_path_rmdir(const char *path);
 /* A file or object open for reading by ranges: dt_rfile_read gives bytes
  * [off, off + n) (all of them, or DT_ERR_IO naming the path and where it
  * ends). A local file is read with pread; an object by ranged GETs, small
- * reads through a 1 MiB block kept from the last one, large ones in 8 MiB
- * pieces fetched four at a time. Safe to read from several threads. */
+ * reads through a block kept from the last one (the read-ahead: 1 MiB from
+ * the read's offset, or dt_rfile_set_block's), large ones in 8 MiB pieces
+ * fetched four at a time. Safe to read from several threads. */
 typedef struct dt_rfile dt_rfile;
 DT_API dt_status dt_rfile_open(dt_rfile **f, const char *path);
 DT_API uint64_t dt_rfile_size(const dt_rfile *f);
 DT_API dt_status dt_rfile_read(dt_rfile *f, uint64_t off, void *dst, size_t n);
+/* An object's read-ahead: a read of less than a quarter of `bytes` fetches
+ * `bytes` from its offset (fewer at the object's end) and keeps them for
+ * the reads that follow; 0: every read fetches exactly its bytes (a reader
+ * that knows its ranges: a rank's shard of a data file). Default 1 MiB
+ * (a safetensors header's two reads cost one GET). Nothing for a file. */
+DT_API void dt_rfile_set_block(dt_rfile *f, size_t bytes);
 DT_API void dt_rfile_close(dt_rfile *f);
+/* Bytes this process has received from object storage (the bodies of its
+ * GETs, every object's) since it started: summary.json's
+ * io.ranks_s3_read_bytes. 0 in a build without libcurl. */
+DT_API uint64_t dt_s3_bytes_read(void);
 
 /* Reads a whole file, gunzipping it when it is gzip-compressed, up to max
  * bytes uncompressed (what the caller knows the file holds: a header's

@@ -34,6 +34,15 @@ DT_API dt_status dt_idx_read_header(const char *path, dt_idx *out);
  * its header announces (at most 4 GiB): *buf is malloc'ed (caller frees),
  * out->data points into it. */
 DT_API dt_status dt_idx_read(const char *path, uint8_t **buf, dt_idx *out);
+/* Reads rows [first, first + rows) of an IDX file along its first
+ * dimension (*total of them in the file) and nothing else but its header:
+ * a plain file (or object) by ranges, its length checked against the
+ * header; a gzip file inflated from its start up to the rows' end (its
+ * compressed bytes before them are read too), trailing data looked for
+ * when the rows reach the end. out describes what was read (dims[0] =
+ * rows, count its bytes, data in *buf, caller frees). */
+DT_API dt_status dt_idx_read_rows(const char *path, int64_t first, int64_t rows, int64_t *total, uint8_t **buf,
+                                  dt_idx *out);
 
 /* The image and label files of one split of an IDX data set in dir, named
  * the MNIST family's way: DIR/PREFIX-images-idx3-ubyte and
@@ -43,10 +52,17 @@ DT_API dt_status dt_idx_read(const char *path, uint8_t **buf, dt_idx *out);
  * names when neither exists. */
 DT_API dt_status dt_idx_find_split(const char *dir, const char *prefix, char *images, char *labels, size_t n);
 
+/* Bytes this process has read from data files (token, IDX and HDF5 files:
+ * their bytes as stored, compressed or not, headers included) since it
+ * started: summary.json's io.ranks_data_read_bytes. */
+DT_API uint64_t dt_data_bytes_read(void);
+
 /* ---- in-memory datasets ------------------------------------------------------ */
 
 typedef struct {
-    int n;              /* samples */
+    int n;              /* samples held: the file's [first, first + n) */
+    int first;          /* the file's index of the first sample held (0 unless a shard: dt_loader_shard) */
+    int total;          /* samples in the file (n unless a shard) */
     int shape[3];       /* per-sample shape {C, H, W} */
     int classes;
     float *x;           /* n * C*H*W decoded floats (the cache), or NULL when
@@ -62,6 +78,11 @@ typedef struct {
  * cache as for dt_dataset_from_u8. */
 DT_API dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images, const char *labels,
                                      int classes, float mean, float std, int cache);
+/* The same for samples [first, first + rows) alone (a rank's shard,
+ * dt_loader_shard), read by dt_idx_read_rows; ds->first and ds->total say
+ * where they lie in the files. */
+DT_API dt_status dt_dataset_load_idx_rows(dt_dataset *ds, const char *images, const char *labels, int classes,
+                                          float mean, float std, int cache, int first, int rows);
 /* A dataset from n samples of shape[3] bytes each (pixels[n * C*H*W],
  * copied) and their labels[n]: a byte v decodes to (v / 255 - mean) / std.
  * cache = 1 decodes every sample now and keeps the floats (ds->x); cache =
@@ -73,7 +94,8 @@ DT_API dt_status dt_dataset_from_u8(dt_dataset *ds, const uint8_t *pixels, const
                                     const char *what);
 DT_API void dt_dataset_free(dt_dataset *ds);
 DT_API size_t dt_dataset_sample_size(const dt_dataset *ds);
-/* Sample j's dt_dataset_sample_size(ds) floats into out, decoded. */
+/* Sample j's dt_dataset_sample_size(ds) floats into out, decoded (j: the
+ * file's index, first <= j < first + n). */
 DT_API void dt_dataset_sample(const dt_dataset *ds, int j, float *out);
 
 /* ---- HDF5 datasets (libhdf5) ------------------------------------------------- */
@@ -84,6 +106,12 @@ DT_API void dt_dataset_sample(const dt_dataset *ds, int j, float *out);
  * dt_dataset_from_u8 does. Errors name the file and the dataset. */
 DT_API dt_status dt_dataset_load_hdf5(dt_dataset *ds, const char *path, const char *images, const char *labels,
                                       int classes, float mean, float std, int cache);
+/* The same for samples [first, first + rows) alone (a rank's shard,
+ * dt_loader_shard): libhdf5 reads those rows of each dataset (a hyperslab:
+ * a contiguous dataset's bytes of them, a chunked one's chunks that hold
+ * them), through a driver that reads the file or object by ranges. */
+DT_API dt_status dt_dataset_load_hdf5_rows(dt_dataset *ds, const char *path, const char *images, const char *labels,
+                                           int classes, float mean, float std, int cache, int first, int rows);
 /* The shape of the images dataset `images` of the HDF5 file at path, checked
  * as dt_dataset_load_hdf5 checks it: *n samples of *ss bytes each. */
 DT_API dt_status dt_hdf5_images_shape(const char *path, const char *images, int64_t *n, size_t *ss);
@@ -167,9 +195,20 @@ typedef struct {
     int augment[DT_MAX_AUGMENT], naugment;   /* hooks of dt_augment_ops, in order */
     dt_augment_params aug;
     int max_share;    /* the largest share dt_loader_set_shares may give (0: the even split's) */
+    int shard;        /* the sharded order ([data] shard = ranks, docs/data.md): each epoch rank r's shares of
+                         the global batches come from its shard of the file alone (dt_loader_shard), shuffled
+                         within it; the dataset holds that shard. Not with the balanced sampler, nor moving
+                         shares (dt_loader_set_shares) or another rank's part (dt_loader_seek) */
 } dt_loader_params;
 
 DT_API dt_loader_params dt_loader_default_params(void);
+
+/* Rank `rank`'s shard of n samples in the sharded order: samples [*first,
+ * *first + *count) of the file, as many as the even split of an epoch's
+ * global batches of `batch` gives the rank (its share of each, the last,
+ * partial one too), after the shards of ranks 0 .. rank-1. Together the
+ * world's shards are the file, each read by one rank alone. */
+DT_API void dt_loader_shard(int n, int batch, int world, int rank, int *first, int *count);
 
 typedef struct dt_loader dt_loader;
 

@@ -446,10 +446,13 @@ DT_API size_t dt_gpt_config_num_params(const dt_gpt_config *c);
 #define DT_TOKENS_VERSION 1
 
 typedef struct {
-    const uint16_t *tokens;
+    const uint16_t *tokens;  /* the tokens held: the file's [first, first + n) */
     size_t n;
-    void *map;          /* internal: the file's bytes, read into memory */
+    void *map;          /* internal: the bytes read into memory */
     size_t map_len;
+    size_t total;       /* tokens in the file */
+    size_t first;       /* the file's index of tokens[0] */
+    int shard, nshards; /* dt_shard_range(total, shard, nshards) held (0 of 1: the whole file) */
 } dt_tokens;
 
 /* Checks a token-file buffer (magic, version, length = header + 2*ntok and
@@ -461,6 +464,12 @@ DT_API dt_status dt_tokens_parse(const uint8_t *buf, size_t len, const char *wha
  * read, not memory-mapped, so that a file truncated or replaced during a
  * run cannot stop it with SIGBUS: the run goes on with what it read. */
 DT_API dt_status dt_tokens_open(dt_tokens *t, const char *path, int vocab);
+/* Reads shard `shard` of nshards of a token file: its tokens
+ * dt_shard_range(ntok, shard, nshards) alone (with the header: ranged reads
+ * of a file, ranged GETs of an object, 8 MiB pieces four in flight),
+ * checked as dt_tokens_open checks the file (the header, the file's length
+ * against it, every id it reads < vocab). Shard 0 of 1 is dt_tokens_open. */
+DT_API dt_status dt_tokens_open_shard(dt_tokens *t, const char *path, int vocab, int shard, int nshards);
 DT_API void dt_tokens_close(dt_tokens *t);
 /* Writes tokens to path atomically in the format above. */
 DT_API dt_status dt_tokens_write(const char *path, const uint16_t *tokens, size_t n);
@@ -476,7 +485,12 @@ DT_API size_t dt_tokens_writer_count(const dt_tokens_writer *w);
 DT_API dt_status dt_tokens_writer_close(dt_tokens_writer *w, int commit);
 /* B random windows of T+1 tokens: inputs[b,t] = tok[s_b + t],
  * targets[b,t] = tok[s_b + t + 1], starts s_b drawn from rng. The file must
- * hold at least T+1 tokens (DT_ERR_ARG otherwise). */
+ * hold at least T+1 tokens (DT_ERR_ARG otherwise). Of a shard (nshards =
+ * W > 1): window b is the rank's that trains it (windows [B r / W, B (r +
+ * 1) / W) are rank r's, as the tasks split a batch) and starts in that
+ * rank's shard, each shard at least T+1 tokens; every window's start is
+ * drawn (rng moves as on every rank), and the windows of other shards are
+ * left as they are. One shard of one draws what the whole file does. */
 DT_API dt_status dt_tokens_sample(const dt_tokens *t, dt_rng *rng, int B, int T,
                                   int32_t *inputs, int32_t *targets);
 /* Batch i of consecutive windows (for validation): window j = i*B + b starts

@@ -246,6 +246,7 @@ dt_status dt_atomic_commit(dt_atomic_file *f) {
 }
 
 dt_status dt_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int n) {
+    if (dt_s3_is_url(path)) return dt_s3_put_parts(path, parts, sizes, n);  // (from memory: nothing staged)
     dt_atomic_file *f;
     dt_status st = dt_atomic_open(&f, path);
     for (int i = 0; i < n && st == DT_OK; i++) st = dt_atomic_append(f, parts[i], sizes[i]);
@@ -367,8 +368,8 @@ dt_status dt_path_kind(const char *path, int *kind, uint64_t *size) {
         return DT_OK;
     }
     int exists = 0;
-    const char *key = strchr(path + 5, '/');
-    dt_status st = key && key[1] && key[strlen(key) - 1] != '/' ? dt_s3_head(path, &exists, size) : DT_OK;
+    const char *key = strchr(path + 5, '/');  // (no object: the listing below says if the bucket is missing)
+    dt_status st = key && key[1] && key[strlen(key) - 1] != '/' ? dt_s3_stat(path, &exists, size) : DT_OK;
     if (st != DT_OK || exists) {
         *kind = exists;
         return st;
@@ -440,12 +441,13 @@ void dt_path_rmdir(const char *path) {
 // ----------------------------------------------------------------------------
 // reading by ranges
 
-#define BLOCK ((size_t)1 << 20)  // an object's small reads come from one block
+#define BLOCK ((size_t)1 << 20)  // an object's small reads come from one block (dt_rfile_set_block)
 
 struct dt_rfile {
     int fd;                      // a local file's; -1 an object
     char *path;
     uint64_t size;
+    size_t block_size;           // the read-ahead (0: none)
     pthread_mutex_t mu;          // the block:
     uint8_t *block;              //   bytes [block_off, block_off + block_len) of the object
     uint64_t block_off;
@@ -460,6 +462,7 @@ dt_status dt_rfile_open(dt_rfile **out, const char *path) {
         return dt_error(DT_ERR_NOMEM, "%s: out of memory", path);
     }
     f->fd = -1;
+    f->block_size = BLOCK;
     pthread_mutex_init(&f->mu, NULL);
     dt_status st;
     if (dt_s3_is_url(path)) {
@@ -481,18 +484,33 @@ dt_status dt_rfile_open(dt_rfile **out, const char *path) {
 
 uint64_t dt_rfile_size(const dt_rfile *f) { return f->size; }
 
+void dt_rfile_set_block(dt_rfile *f, size_t bytes) {
+    pthread_mutex_lock(&f->mu);
+    if (bytes != f->block_size) {
+        free(f->block);
+        f->block = NULL;
+        f->block_len = 0;
+        f->block_size = bytes;
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
 dt_status dt_rfile_read(dt_rfile *f, uint64_t off, void *dst, size_t n) {
     if (f->fd >= 0) return dt_read_at(f->fd, off, dst, n, f->path);
     if (n == 0) return DT_OK;
     if (off > f->size || n > f->size - off)
         return dt_error(DT_ERR_IO, "%s: ends at byte %" PRIu64 ", before byte %" PRIu64 " (cut short?)", f->path, f->size,
                         off + n);
-    if (n >= BLOCK / 4) return dt_s3_get(f->path, off, n, dst);
     pthread_mutex_lock(&f->mu);
+    size_t bs = f->block_size;
+    if (n >= bs / 4) {
+        pthread_mutex_unlock(&f->mu);
+        return dt_s3_get(f->path, off, n, dst);
+    }
     dt_status st = DT_OK;
     if (!f->block || off < f->block_off || off + n > f->block_off + f->block_len) {
-        size_t len = f->size - off < BLOCK ? (size_t)(f->size - off) : BLOCK;
-        if (!f->block && !(f->block = malloc(BLOCK))) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", f->path);
+        size_t len = f->size - off < bs ? (size_t)(f->size - off) : bs;
+        if (!f->block && !(f->block = malloc(bs))) st = dt_error(DT_ERR_NOMEM, "%s: out of memory", f->path);
         f->block_len = 0;
         if (st == DT_OK && (st = dt_s3_get(f->path, off, len, f->block)) == DT_OK) f->block_off = off, f->block_len = len;
     }

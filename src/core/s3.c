@@ -182,6 +182,26 @@ static int buf_add(buf_t *b, const void *d, size_t n) {
     return 1;
 }
 
+// An object's bytes as the caller holds them: n parts, one after another.
+typedef struct {
+    const void *const *p;
+    const size_t *len;
+    int n;
+} gather_t;
+
+// Bytes [off, off + n) of g into dst.
+static void gather_copy(const gather_t *g, uint64_t off, uint8_t *dst, size_t n) {
+    for (int i = 0; i < g->n && n; i++) {
+        if (off >= g->len[i]) {
+            off -= g->len[i];
+            continue;
+        }
+        size_t k = g->len[i] - off < n ? (size_t)(g->len[i] - off) : n;
+        memcpy(dst, (const uint8_t *)g->p[i] + off, k);
+        dst += k, n -= k, off = 0;
+    }
+}
+
 typedef struct {
     const char *method;             // GET, HEAD, PUT, POST, DELETE
     const char *url;                // s3://... (messages)
@@ -190,6 +210,8 @@ typedef struct {
     uint64_t range_off;             // a ranged GET of range_len bytes (0: none)
     size_t range_len;
     const uint8_t *body;            // PUT/POST body
+    const gather_t *gather;         // ... or a PUT's bytes [gather_off, gather_off + body_len) of these
+    uint64_t gather_off;
     size_t body_len, body_at;
     uint8_t *dst;                   // a ranged GET's bytes (range_len of them)
     size_t got;
@@ -223,7 +245,8 @@ static size_t on_send(char *d, size_t sz, size_t nm, void *user) {
     s3_req *q = user;
     size_t n = sz * nm, left = q->body_len - q->body_at;
     if (n > left) n = left;
-    memcpy(d, q->body + q->body_at, n);
+    if (q->gather) gather_copy(q->gather, q->gather_off + q->body_at, (uint8_t *)d, n);
+    else memcpy(d, q->body + q->body_at, n);
     q->body_at += n;
     return n;
 }
@@ -435,7 +458,9 @@ static void req_free(s3_req *q) {
 // ----------------------------------------------------------------------------
 // objects
 
-dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
+// A HEAD of url; a 404 is no object (or no bucket: check_bucket then asks
+// which, as a HEAD's reply has no body to say).
+static dt_status head(const char *url, int *exists, uint64_t *size, int check_bucket) {
     *exists = 0;
     if (size) *size = 0;
     s3_req q;
@@ -444,8 +469,9 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     if (st == DT_OK) st = run(&q, 1);
     // A HEAD's 404 or 403 has no body to say why (a missing bucket, a
     // wrong secret): the bucket's listing says.
-    if (st == DT_OK && q.code == 404) st = dt_s3_check_bucket(url);
-    else if (st != DT_OK && q.code == 403) {
+    if (st == DT_OK && q.code == 404) {
+        if (check_bucket) st = dt_s3_check_bucket(url);
+    } else if (st != DT_OK && q.code == 403) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
         dt_status b = dt_s3_check_bucket(url);
@@ -457,6 +483,10 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     req_free(&q);
     return st;
 }
+
+dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) { return head(url, exists, size, 1); }
+
+dt_status dt_s3_stat(const char *url, int *exists, uint64_t *size) { return head(url, exists, size, 0); }
 
 dt_status dt_s3_check_bucket(const char *url) {
     s3_req q;
@@ -475,6 +505,10 @@ dt_status dt_s3_check_bucket(const char *url) {
     return st;
 }
 
+static _Atomic uint64_t bytes_got;  // the GETs' bytes received (dt_s3_bytes_read)
+
+uint64_t dt_s3_bytes_read(void) { return bytes_got; }
+
 static dt_status get_one(const char *url, uint64_t off, size_t n, void *dst) {
     s3_req q;
     dt_status st = req_init(&q, "GET", url);
@@ -482,6 +516,7 @@ static dt_status get_one(const char *url, uint64_t off, size_t n, void *dst) {
     q.range_len = n;
     q.dst = dst;
     if (st == DT_OK) st = run(&q, 0);
+    bytes_got += q.got;
     if (st != DT_OK && q.code == 416)
         st = dt_error(DT_ERR_IO, "%s: ends before byte %" PRIu64 " (cut short?)", url, off + n);
     else if (st == DT_OK && q.got < n)
@@ -608,9 +643,12 @@ dt_status dt_s3_delete(const char *url) {
 // ----------------------------------------------------------------------------
 // multipart uploads
 
+// An upload's bytes come from a file (fd, read into a buffer a part at a
+// time) or from the caller's memory (g: curl reads them from there).
 typedef struct {
     const char *url;
     int fd;
+    const gather_t *g;
     uint64_t size;
     size_t part;
     char id_enc[600];         // the upload's id, encoded for a query
@@ -634,14 +672,16 @@ static dt_status put_part(void *user, int k, int slot) {
     upload_t *u = user;
     uint64_t at = (uint64_t)k * u->part;
     size_t n = u->size - at < u->part ? (size_t)(u->size - at) : u->part;
-    dt_status st = read_part(u, at, n, u->bufs[slot]);
+    dt_status st = u->g ? DT_OK : read_part(u, at, n, u->bufs[slot]);
     if (st != DT_OK) return st;
     char query[700];
     snprintf(query, sizeof query, "partNumber=%d&uploadId=%s", k + 1, u->id_enc);
     s3_req q;
     st = req_init(&q, "PUT", u->url);
     q.query = query;
-    q.body = u->bufs[slot];
+    q.body = u->g ? NULL : u->bufs[slot];
+    q.gather = u->g;
+    q.gather_off = at;
     q.body_len = n;
     if (st == DT_OK) st = run(&q, 0);
     if (st == DT_OK && !q.etag[0]) st = dt_error(DT_ERR_IO, "%s: part %d: the server's reply has no ETag", u->url, k + 1);
@@ -699,47 +739,73 @@ static dt_status complete_upload(const upload_t *u, int parts) {
     return st;
 }
 
-dt_status dt_s3_put_fd(const char *url, int fd, uint64_t size) {
-    pthread_once(&S_once, settings_init);
-    upload_t u = {.url = url, .fd = fd, .size = size, .part = S.part};
-    if (size <= u.part) {
-        uint8_t *b = malloc(size ? size : 1);
-        if (!b) return dt_error(DT_ERR_NOMEM, "%s: out of memory for %" PRIu64 " bytes", url, size);
-        dt_status st = read_part(&u, 0, size, b);
-        if (st == DT_OK) st = dt_s3_put(url, b, size);
-        free(b);
-        return st;
-    }
-    uint64_t parts = (size + u.part - 1) / u.part;
+// One PUT of all of u's bytes.
+static dt_status put_whole(upload_t *u) {
+    s3_req q;
+    dt_status st = req_init(&q, "PUT", u->url);
+    uint8_t *b = NULL;
+    if (st == DT_OK && !q.name.key[0]) st = dt_error(DT_ERR_ARG, "%s: names a bucket, not an object", u->url);
+    if (st == DT_OK && !u->g && !(b = malloc(u->size ? u->size : 1)))
+        st = dt_error(DT_ERR_NOMEM, "%s: out of memory for %" PRIu64 " bytes", u->url, u->size);
+    if (st == DT_OK && b) st = read_part(u, 0, u->size, b);
+    q.body = b;
+    q.gather = u->g;
+    q.body_len = u->size;
+    if (st == DT_OK) st = run(&q, 0);
+    req_free(&q);
+    free(b);
+    return st;
+}
+
+// u's bytes as object u->url: one PUT, or a multipart upload in parts of
+// u->part, four at a time, aborted on failure.
+static dt_status upload(upload_t *u) {
+    if (u->size <= u->part) return put_whole(u);
+    uint64_t parts = (u->size + u->part - 1) / u->part;
     if (parts > 10000)
         return dt_error(DT_ERR_ARG, "%s: %" PRIu64 " bytes need %" PRIu64 " parts of %zu MiB, more than S3's 10000 "
-                        "(raise DTRAIN_S3_PART_MB)", url, size, parts, u.part >> 20);
+                        "(raise DTRAIN_S3_PART_MB)", u->url, u->size, parts, u->part >> 20);
     s3_req q;
-    dt_status st = req_init(&q, "POST", url);
+    dt_status st = req_init(&q, "POST", u->url);
     q.query = "uploads=";
     if (st == DT_OK) st = run(&q, 0);
     char id[512] = "";
     if (st == DT_OK && !xml_get((const char *)q.out.p, "UploadId", id, sizeof id))
-        st = dt_error(DT_ERR_IO, "%s: starting a multipart upload: no UploadId in the reply", url);
+        st = dt_error(DT_ERR_IO, "%s: starting a multipart upload: no UploadId in the reply", u->url);
     req_free(&q);
     if (st != DT_OK) return st;
-    encode(u.id_enc, sizeof u.id_enc, id, 0);
+    encode(u->id_enc, sizeof u->id_enc, id, 0);
     int threads = parts < THREADS ? (int)parts : THREADS;
-    u.etags = calloc(parts, sizeof *u.etags);
-    for (int i = 0; i < threads && u.etags; i++)
-        if (!(u.bufs[i] = malloc(u.part))) break;
-    if (!u.etags || !u.bufs[threads - 1]) st = dt_error(DT_ERR_NOMEM, "%s: out of memory for the upload's parts", url);
-    if (st == DT_OK) st = run_jobs(threads, (int)parts, put_part, &u);
-    if (st == DT_OK) st = complete_upload(&u, (int)parts);
+    u->etags = calloc(parts, sizeof *u->etags);
+    for (int i = 0; i < threads && u->etags && !u->g; i++)
+        if (!(u->bufs[i] = malloc(u->part))) break;
+    if (!u->etags || (!u->g && !u->bufs[threads - 1]))
+        st = dt_error(DT_ERR_NOMEM, "%s: out of memory for the upload's parts", u->url);
+    if (st == DT_OK) st = run_jobs(threads, (int)parts, put_part, u);
+    if (st == DT_OK) st = complete_upload(u, (int)parts);
     if (st != DT_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
-        abort_upload(&u);
+        abort_upload(u);
         dt_error(st, "%s", msg);
     }
-    for (int i = 0; i < threads; i++) free(u.bufs[i]);
-    free(u.etags);
+    for (int i = 0; i < threads; i++) free(u->bufs[i]);
+    free(u->etags);
     return st;
+}
+
+dt_status dt_s3_put_fd(const char *url, int fd, uint64_t size) {
+    pthread_once(&S_once, settings_init);
+    upload_t u = {.url = url, .fd = fd, .size = size, .part = S.part};
+    return upload(&u);
+}
+
+dt_status dt_s3_put_parts(const char *url, const void *const *parts, const size_t *sizes, int n) {
+    pthread_once(&S_once, settings_init);
+    gather_t g = {parts, sizes, n};
+    upload_t u = {.url = url, .fd = -1, .g = &g, .part = S.part};
+    for (int i = 0; i < n; i++) u.size += sizes[i];
+    return upload(&u);
 }
 
 // ----------------------------------------------------------------------------

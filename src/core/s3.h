@@ -32,6 +32,11 @@ int dt_s3_is_url(const char *path);
  * bucket is an error naming it. */
 dt_status dt_s3_head(const char *url, int *exists, uint64_t *size);
 
+/* The same without asking, on a 404, whether the bucket exists (a HEAD's
+ * 404 does not say): for a caller whose next request would say so (a
+ * listing), one request instead of two. */
+dt_status dt_s3_stat(const char *url, int *exists, uint64_t *size);
+
 /* Bytes [off, off + n) of object url into dst: all of them, or DT_ERR_IO
  * saying where the object ends (truncated). */
 dt_status dt_s3_get(const char *url, uint64_t off, size_t n, void *dst);
@@ -48,6 +53,11 @@ dt_status dt_s3_put(const char *url, const void *data, size_t n);
  * 16, at least 5) when larger, aborted on failure. Readers see the old
  * object or the whole new one, never a part. */
 dt_status dt_s3_put_fd(const char *url, int fd, uint64_t size);
+
+/* The same from the caller's memory: the object is parts[0..n) one after
+ * another (sizes[i] bytes each), sent from there as curl asks for them (no
+ * copy staged: the parts must not change until it returns). */
+dt_status dt_s3_put_parts(const char *url, const void *const *parts, const size_t *sizes, int n);
 
 /* Removes object url (a missing one too: DT_OK). */
 dt_status dt_s3_delete(const char *url);

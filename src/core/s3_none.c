@@ -11,6 +11,7 @@ static dt_status missing(const char *url) {
 
 int dt_s3_is_url(const char *path) { return path && !strncmp(path, "s3://", 5); }
 int dt_s3_available(void) { return 0; }
+uint64_t dt_s3_bytes_read(void) { return 0; }
 void dt_s3_configure(const char *endpoint, const char *region) { (void)endpoint, (void)region; }
 
 dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
@@ -18,6 +19,8 @@ dt_status dt_s3_head(const char *url, int *exists, uint64_t *size) {
     if (size) *size = 0;
     return missing(url);
 }
+
+dt_status dt_s3_stat(const char *url, int *exists, uint64_t *size) { return dt_s3_head(url, exists, size); }
 
 dt_status dt_s3_get(const char *url, uint64_t off, size_t n, void *dst) {
     (void)off, (void)n, (void)dst;
@@ -38,6 +41,11 @@ dt_status dt_s3_put(const char *url, const void *data, size_t n) {
 
 dt_status dt_s3_put_fd(const char *url, int fd, uint64_t size) {
     (void)fd, (void)size;
+    return missing(url);
+}
+
+dt_status dt_s3_put_parts(const char *url, const void *const *parts, const size_t *sizes, int n) {
+    (void)parts, (void)sizes, (void)n;
     return missing(url);
 }
 

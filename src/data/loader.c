@@ -1,5 +1,6 @@
 /* The loader: a seeded per-epoch order (shuffled, or class-balanced
- * batches), global batches split across ranks (evenly, or by the shares
+ * batches, or sharded: each rank's shares from its own part of the file),
+ * global batches split across ranks (evenly, or by the shares
  * dt_loader_set_shares gives), and loader threads that assemble batch k+1
  * while the caller trains on batch k (two slots, one batch in flight at a
  * time; with T threads each thread decodes and augments every T-th part of
@@ -23,6 +24,7 @@ typedef struct {
 struct dt_loader {
     const dt_dataset *ds;
     dt_loader_params p;
+    int N;                     // samples in the epoch's order: the file's (a shard holds ds->n of them)
     size_t ss;                 // floats per sample
     int per_rank_max;          // largest share of a global batch
     uint32_t *perm;
@@ -38,6 +40,8 @@ struct dt_loader {
         int *count, *start, *cur, *present;
         uint32_t *byc, *order;
     } bal;
+    uint32_t *shards;          // the sharded order's shards, each shuffled (N)
+    size_t *shard_next;        // ... and the next of each to place (world)
     float fill;                // the decoded value of a zero byte
     // loader threads
     pthread_t *threads;
@@ -65,7 +69,7 @@ dt_loader_params dt_loader_default_params(void) {
 // Global batch k's samples in the epoch's order [*g0, *g0 + *gb), and this
 // rank's part of them [*lo, *hi).
 static void layout(const dt_loader *l, int64_t k, size_t *g0, size_t *gb, size_t *lo, size_t *hi) {
-    size_t n = (size_t)l->ds->n;
+    size_t n = (size_t)l->N;
     *g0 = (size_t)k * l->p.batch;
     size_t g1 = *g0 + l->p.batch;
     if (g1 > n) g1 = n;
@@ -90,7 +94,7 @@ static void fill_part(dt_loader *l, int s, size_t lo, size_t a, size_t b) {
         uint32_t j = l->perm[i];
         float *x = l->x[s] + (i - lo) * l->ss;
         dt_dataset_sample(l->ds, (int)j, x);
-        l->y[s][i - lo] = l->ds->y[j];
+        l->y[s][i - lo] = l->ds->y[j - (uint32_t)l->ds->first];
         if (l->p.naugment) {
             dt_rng r;
             dt_rng_seed(&r, (l->p.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)l->epoch) * 0xbf58476d1ce4e5b9ULL + i);
@@ -146,23 +150,36 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
     if (ds->n <= 0) return dt_error(DT_ERR_ARG, "loader: empty dataset");
     if (p->sampler == DT_SAMPLER_BALANCED && ds->classes <= 0)
         return dt_error(DT_ERR_ARG, "loader: the balanced sampler needs the dataset's class count");
+    int N = ds->total > 0 ? ds->total : ds->n, first, count;
+    dt_loader_shard(N, p->batch, p->world, p->rank, &first, &count);
+    if (p->shard && p->sampler == DT_SAMPLER_BALANCED)
+        return dt_error(DT_ERR_ARG, "loader: the balanced sampler draws from the whole data set, not from a rank's shard");
+    if (p->shard ? ds->first != first || ds->n != count : ds->first != 0 || ds->n != N)
+        return dt_error(DT_ERR_ARG, "loader: the dataset holds samples [%d, %d) of %d, not %s [%d, %d)", ds->first,
+                        ds->first + ds->n, N, p->shard ? "rank's shard" : "all of them", p->shard ? first : 0,
+                        p->shard ? first + count : N);
     if (p->naugment && (p->aug.crop_pad < 0 || p->aug.crop_pad >= ds->shape[1] || p->aug.crop_pad >= ds->shape[2]))
         return dt_error(DT_ERR_ARG, "loader: crop_pad %d for %dx%d images (expected 0 to %d)", p->aug.crop_pad,
                         ds->shape[1], ds->shape[2], (ds->shape[1] < ds->shape[2] ? ds->shape[1] : ds->shape[2]) - 1);
     dt_loader *l = calloc(1, sizeof *l);
     if (!l) return dt_error(DT_ERR_NOMEM, "loader: out of memory");
     l->ds = ds;
+    l->N = N;
     l->p = *p;
     l->ss = dt_dataset_sample_size(ds);
     l->fill = ds->shift;  // 0 for a dataset built by hand
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     // A global batch holds at most the dataset: no larger slots than that.
-    int gb = p->batch < ds->n ? p->batch : ds->n;
+    int gb = p->batch < N ? p->batch : N;
     l->per_rank_max = (gb + p->world - 1) / p->world;
     if (p->max_share > l->per_rank_max) l->per_rank_max = p->max_share < gb ? p->max_share : gb;
-    l->steps = p->drop_last ? ds->n / p->batch : (ds->n + p->batch - 1) / p->batch;
-    l->perm = malloc(sizeof(uint32_t) * ds->n);
+    l->steps = p->drop_last ? N / p->batch : (N + p->batch - 1) / p->batch;
+    l->perm = malloc(sizeof(uint32_t) * (size_t)N);
+    if (p->shard) {
+        l->shards = malloc(sizeof(uint32_t) * (size_t)N);
+        l->shard_next = malloc(sizeof(size_t) * (size_t)p->world);
+    }
     l->units = NULL;
     l->part = -1;
     for (int s = 0; s < 2; s++) {
@@ -179,15 +196,14 @@ dt_status dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loade
         l->bal.byc = malloc(sizeof(uint32_t) * (size_t)ds->n);
         l->bal.order = malloc(sizeof(uint32_t) * (size_t)C);
     }
-    if (!l->perm || !l->x[0] || !l->x[1] || !l->y[0] || !l->y[1] ||
+    if (!l->perm || !l->x[0] || !l->x[1] || !l->y[0] || !l->y[1] || (p->shard && (!l->shards || !l->shard_next)) ||
         (bal && (!l->bal.count || !l->bal.start || !l->bal.cur || !l->bal.present || !l->bal.byc || !l->bal.order))) {
         dt_loader_free(l);
         return dt_error(DT_ERR_NOMEM, "loader: out of memory");
     }
     if (l->steps == 0) {
         dt_loader_free(l);
-        return dt_error(DT_ERR_ARG, "loader: %d samples make no full batch of %d with drop_last", ds->n,
-                        p->batch);
+        return dt_error(DT_ERR_ARG, "loader: %d samples make no full batch of %d with drop_last", N, p->batch);
     }
     // Threads when they run in the background (prefetch) or share a batch.
     int nt = p->prefetch || p->threads > 1 ? p->threads : 0;
@@ -223,6 +239,8 @@ void dt_loader_free(dt_loader *l) {
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l->perm);
+    free(l->shards);
+    free(l->shard_next);
     free(l->bal.count);
     free(l->bal.start);
     free(l->bal.cur);
@@ -266,12 +284,14 @@ static void request(dt_loader *l, int64_t k) {
 }
 
 dt_status dt_loader_set_shares(dt_loader *l, const int *units, int nunits) {
+    if (l->p.shard && units)
+        return dt_error(DT_ERR_ARG, "loader: a rank's share comes from its shard of the data; shares cannot move");
     if (!units) {
         free(l->units);
         l->units = NULL;
         return DT_OK;
     }
-    int W = l->p.world, gb = l->p.batch < l->ds->n ? l->p.batch : l->ds->n;
+    int W = l->p.world, gb = l->p.batch < l->N ? l->p.batch : l->N;
     long sum = 0, most = 0;
     for (int r = 0; r < W; r++) {
         if (units[r] < 0) return dt_error(DT_ERR_ARG, "loader: rank %d's share of %d units is negative", r, units[r]);
@@ -297,7 +317,7 @@ dt_status dt_loader_set_shares(dt_loader *l, const int *units, int nunits) {
 // batch's samples are then shuffled so that every rank's share mixes them.
 static void balanced_order(dt_loader *l, dt_rng *r) {
     const dt_dataset *ds = l->ds;
-    int C = ds->classes, n = ds->n, np = 0;
+    int C = ds->classes, n = l->N, np = 0;
     int *count = l->bal.count, *start = l->bal.start, *cur = l->bal.cur, *present = l->bal.present;
     uint32_t *byc = l->bal.byc, *order = l->bal.order;
     memset(count, 0, sizeof(int) * (size_t)C);
@@ -333,6 +353,37 @@ static void balanced_order(dt_loader *l, dt_rng *r) {
     }
 }
 
+void dt_loader_shard(int n, int batch, int world, int rank, int *first, int *count) {
+    int64_t full = batch > 0 ? n / batch : 0, rem = batch > 0 ? n % batch : n, at = 0;
+    for (int r = 0; r <= rank && world > 0; r++) {
+        int64_t c = full * ((int64_t)batch * (r + 1) / world - (int64_t)batch * r / world) +
+                    (rem * (r + 1) / world - rem * r / world);
+        if (r < rank) at += c;
+        else *first = (int)at, *count = (int)c;
+    }
+}
+
+// The sharded order: rank q's shard (dt_loader_shard: in file order after
+// the shards of ranks 0..q-1) shuffled, ranks in order, from the epoch's one
+// generator; then every global batch's share of rank q (the even split)
+// takes the next samples of q's shard. Every rank makes the whole order and
+// reads only its own positions' samples; with one rank it is the shuffled
+// order itself.
+static void sharded_order(dt_loader *l, dt_rng *r) {
+    int W = l->p.world, first, count;
+    for (int q = 0; q < W; q++) {
+        dt_loader_shard(l->N, l->p.batch, W, q, &first, &count);
+        for (int i = 0; i < count; i++) l->shards[first + i] = (uint32_t)(first + i);
+        if (l->p.shuffle) dt_rng_shuffle(r, l->shards + first, (size_t)count);
+        l->shard_next[q] = (size_t)first;
+    }
+    for (size_t g0 = 0; g0 < (size_t)l->N; g0 += (size_t)l->p.batch) {
+        size_t gb = (size_t)l->N - g0 < (size_t)l->p.batch ? (size_t)l->N - g0 : (size_t)l->p.batch;
+        for (int q = 0; q < W; q++)
+            for (size_t i = g0 + gb * q / W; i < g0 + gb * (q + 1) / W; i++) l->perm[i] = l->shards[l->shard_next[q]++];
+    }
+}
+
 void dt_loader_start_epoch(dt_loader *l, int64_t epoch, int64_t start) {
     if (l->threads) {  // let any job of the old epoch finish first
         pthread_mutex_lock(&l->mu);
@@ -343,9 +394,11 @@ void dt_loader_start_epoch(dt_loader *l, int64_t epoch, int64_t start) {
     dt_rng_seed(&r, l->p.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)epoch);
     if (l->p.sampler == DT_SAMPLER_BALANCED) {
         balanced_order(l, &r);
+    } else if (l->p.shard) {
+        sharded_order(l, &r);
     } else {
-        for (int i = 0; i < l->ds->n; i++) l->perm[i] = (uint32_t)i;
-        if (l->p.shuffle) dt_rng_shuffle(&r, l->perm, (size_t)l->ds->n);
+        for (int i = 0; i < l->N; i++) l->perm[i] = (uint32_t)i;
+        if (l->p.shuffle) dt_rng_shuffle(&r, l->perm, (size_t)l->N);
     }
     l->epoch = epoch;
     l->next = start < 0 ? 0 : start;

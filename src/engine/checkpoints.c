@@ -353,7 +353,8 @@ int dt_run_ckpt_vote(const dt_run_ckpt *r) {
            dt_now() - r->last_time >= r->c->ckpt_every_seconds;
 }
 
-void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const dt_train_state *s), void *user) {
+void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const dt_train_state *s, char *lost, size_t n),
+                           void *user) {
     if (r->writer) {
         dt_ckpt_writer_free(r->writer);
         r->writer = NULL;
@@ -369,7 +370,8 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
         r->last_time = dt_now();
         if (!r->dir[0] || !(stop || r->c->ckpt_every_steps > 0 || r->c->ckpt_every_seconds > 0)) return DT_OK;
         dt_obs_begin(r->obs, DT_OBS_CHECKPOINT);
-        dt_status st = r->save(r->save_user, s);
+        r->lost[0] = 0;
+        dt_status st = r->save(r->save_user, s, r->lost, sizeof r->lost);
         dt_obs_end(r->obs, DT_OBS_CHECKPOINT);
         return st;
     }
@@ -394,6 +396,8 @@ dt_status dt_run_ckpt_step(dt_run_ckpt *r, const dt_train_state *s, int end, int
 }
 
 dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
+    if (st == DT_OK && r->save && r->lost[0])  // (the run ended without its final checkpoint)
+        st = dt_error(DT_ERR_IO, "the run's last %s", r->lost);
     if (r->writer) {
         // After a failure, do not wait for other ranks' shards.
         dt_status w = st == DT_OK ? dt_ckpt_writer_wait(r->writer) : DT_OK;

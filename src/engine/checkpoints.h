@@ -31,7 +31,8 @@ typedef struct dt_run_ckpt {
     int rank, world;          /* world > 1: sharded checkpoints */
     char from[4200];          /* the checkpoint resumed, "" none (the same on every rank) */
     int from_parts;           /* the ranks that wrote it (dt_ckpt_open_part) */
-    dt_status (*save)(void *user, const dt_train_state *s);  /* dt_run_ckpt_set_saver */
+    dt_status (*save)(void *user, const dt_train_state *s, char *lost, size_t n);  /* dt_run_ckpt_set_saver */
+    char lost[1024];          /* the saver's last checkpoint, given up: why ("": written) */
     void *save_user;
     int wait;                 /* each save waited for: the model's buffers are the live state, no snapshot
                                  (a ZeRO rank's slice under [checkpoint] staging = pieces) */
@@ -40,10 +41,14 @@ typedef struct dt_run_ckpt {
                                  taken back to it after a failure: dt_run_ckpt_share) */
 } dt_run_ckpt;
 
-/* Saves are made by save(user, s) on every rank (a strategy whose own ranks
- * write the files: parameter servers outside mode sync) instead of this
- * rank's writer, which goes. */
-void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const dt_train_state *s), void *user);
+/* Saves are made by save(user, s, lost, n) on every rank (a strategy whose
+ * own ranks write the files: parameter servers outside mode sync, a model
+ * in parts written a piece at a time) instead of this rank's writer,
+ * which goes. A checkpoint save gave up (object storage: dt_ckpt_give_up)
+ * returns DT_OK with the reason in lost; the run goes on, and ends with
+ * an error when its last checkpoint was given up, as the writer's do. */
+void dt_run_ckpt_set_saver(dt_run_ckpt *r, dt_status (*save)(void *user, const dt_train_state *s, char *lost, size_t n),
+                           void *user);
 
 /* Sets up checkpoints for a loop whose state m describes (m.config is
  * filled in here). run_dir is the run directory on every rank (NULL: no

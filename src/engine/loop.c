@@ -169,6 +169,18 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
     return DT_OK;
 }
 
+// What summary.json reports of each rank: its peak resident memory, and the
+// bytes it read of weights and checkpoint files (tensor data), of data
+// files, and from object storage.
+enum { RANK_FIGURES = 4 };
+static void rank_figures(double *v) {
+    struct rusage ru;
+    v[0] = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0;
+    v[1] = (double)dt_st_bytes_read();
+    v[2] = (double)dt_data_bytes_read();
+    v[3] = (double)dt_s3_bytes_read();
+}
+
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
                                dt_strategy *strat, const dt_train_result *r, size_t nparams, const double *peaks) {
     cJSON *o = cJSON_CreateObject();
@@ -228,14 +240,15 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     }
     cJSON_AddNumberToObject(m, "peak_rss_bytes", getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0);
     cJSON_AddNumberToObject(m, "formula_bytes", (double)dt_memory_worker(c, r->workers, NULL));
-    // (peaks: each rank's peak and bytes read, in pairs; NULL: one rank)
-    double one[2] = {0, (double)dt_st_bytes_read()};
+    // (peaks: each rank's RANK_FIGURES; NULL: one rank)
+    double one[RANK_FIGURES];
+    rank_figures(one);
     const double *v = peaks ? peaks : one;
-    cJSON *rp = peaks ? cJSON_AddArrayToObject(m, "ranks_peak_rss_bytes") : NULL,
-          *rr = cJSON_AddArrayToObject(cJSON_AddObjectToObject(o, "io"), "ranks_read_bytes");
-    for (int i = 0; i < (peaks ? r->workers : 1); i++) {
-        if (rp) cJSON_AddItemToArray(rp, cJSON_CreateNumber(v[2 * i]));
-        if (rr) cJSON_AddItemToArray(rr, cJSON_CreateNumber(v[2 * i + 1]));
+    cJSON *rp = peaks ? cJSON_AddArrayToObject(m, "ranks_peak_rss_bytes") : NULL, *io = cJSON_AddObjectToObject(o, "io");
+    const char *names[RANK_FIGURES] = {NULL, "ranks_read_bytes", "ranks_data_read_bytes", "ranks_s3_read_bytes"};
+    for (int k = 0; k < RANK_FIGURES; k++) {
+        cJSON *a = k ? cJSON_AddArrayToObject(io, names[k]) : rp;
+        for (int i = 0; a && i < (peaks ? r->workers : 1); i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[RANK_FIGURES * i + k]));
     }
     const char *lname;
     if (dt_worker_mem_cap()[0]) {  // --memory-limit, and how the kernel enforces it
@@ -291,9 +304,9 @@ static dt_status lose_start(dt_comm_t comm, int *lost) {
 }
 
 // A checkpoint the strategy's own ranks write (dt_run_ckpt_set_saver).
-static dt_status save_by_strategy(void *user, const dt_train_state *ts) {
+static dt_status save_by_strategy(void *user, const dt_train_state *ts, char *lost, size_t n) {
     dt_strategy *s = user;
-    return s->ops->ckpt_save(s, ts);
+    return s->ops->ckpt_save(s, ts, lost, n);
 }
 
 // A recommender's rows from the strategy's servers (tables_remote).
@@ -1116,10 +1129,9 @@ static dt_status finish(run_state *r) {
     // Every rank's peak resident memory over the run (its steps,
     // evaluations, checkpoints and the weights file), for summary.json.
     // And what it read of weights and checkpoint files.
-    struct rusage ru;
-    double mine[2] = {getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0, (double)dt_st_bytes_read()},
-           *peaks = NULL;
-    if (!r->alone && r->W > 1 && !(peaks = malloc(sizeof(double) * 2 * (size_t)r->W))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    double mine[RANK_FIGURES], *peaks = NULL;
+    rank_figures(mine);
+    if (!r->alone && r->W > 1 && !(peaks = malloc(sizeof mine * (size_t)r->W))) return dt_error(DT_ERR_NOMEM, "out of memory");
     if (peaks && (st = dt_allgather(mine, peaks, sizeof mine, DT_U8, r->comm)) != DT_OK) {
         free(peaks);
         return st;

@@ -15,6 +15,7 @@
 #include "engine/tables.h"
 #include "engine/worker.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +68,7 @@ static int optim_states(const dt_config *c) {
 
 // A classifier split's sample count and floats per sample, from the IDX
 // headers (or the HDF5 file's description) alone.
-static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
+static dt_status split_size_of(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
     if (!strcmp(c->dataset, "hdf5")) {
         const char *name = c->h5_names[strcmp(pre, "train") ? 2 : 0];
         snprintf(img, len, "%s: dataset '%s'", c->data_file, name);
@@ -80,6 +81,35 @@ static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, siz
     if (st != DT_OK) return st;
     *n = h.dims[0];
     *ss = h.count / (size_t)h.dims[0];
+    return DT_OK;
+}
+
+// The same, kept: a process asks for each split's size at every estimate,
+// and each look is a request where the data is in object storage (the
+// files do not change under a run).
+static dt_status split_size(const dt_config *c, const char *pre, int64_t *n, size_t *ss, char *img, size_t len) {
+    static struct {
+        char key[1700], img[1100];
+        int64_t n;
+        size_t ss;
+    } kept[2];
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    char key[1700];
+    snprintf(key, sizeof key, "%s|%s|%s|%s|%s|%s", pre, c->dataset, c->data_dir, c->data_file, c->h5_names[0],
+             c->h5_names[2]);
+    int k = strcmp(pre, "train") != 0;
+    pthread_mutex_lock(&mu);
+    int hit = !strcmp(kept[k].key, key);
+    if (hit) *n = kept[k].n, *ss = kept[k].ss, snprintf(img, len, "%s", kept[k].img);
+    pthread_mutex_unlock(&mu);
+    if (hit) return DT_OK;
+    dt_status st = split_size_of(c, pre, n, ss, img, len);
+    if (st != DT_OK) return st;
+    pthread_mutex_lock(&mu);
+    snprintf(kept[k].key, sizeof kept[k].key, "%s", key);
+    snprintf(kept[k].img, sizeof kept[k].img, "%s", img);
+    kept[k].n = *n, kept[k].ss = *ss;
+    pthread_mutex_unlock(&mu);
     return DT_OK;
 }
 
@@ -220,10 +250,16 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
         n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, whole, whole, W, 0, 1));
     // Data: each split as floats and labels; while a split loads, its file
     // uncompressed; the loader's two slots of a rank's share and its order.
+    // Read sharded (dt_config_data_sharded), a rank holds its shard of the
+    // training split (at most its share of every batch, rounded up) and the
+    // loader the shards' order besides the epoch's.
     size_t per = sizeof(float) * ss + sizeof(int32_t);
-    n->data = (size_t)(ntrain + ntest) * per + (size_t)(ntrain > ntest ? ntrain : ntest) * ss;
+    int dw = W / (c->tensor * c->pipeline) > 1 ? W / (c->tensor * c->pipeline) : 1, sharded = dt_config_data_sharded(c);
+    int64_t held = sharded ? min_int(ntrain, ntrain / dw + ntrain / (c->batch > 0 ? c->batch : 1) + 1) : ntrain;
+    n->data = (size_t)(held + ntest) * per + (size_t)(held > ntest ? held : ntest) * ss;
     if (use == DT_MEM_TRAIN)
-        n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) + sizeof(uint32_t) * (size_t)ntrain;
+        n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) +
+                   sizeof(uint32_t) * (size_t)ntrain * (sharded ? 2 : 1);
     if (!strcmp(c->dataset, "hdf5")) snprintf(n->data_what, sizeof n->data_what, "[data] file = %s", c->data_file);
     else snprintf(n->data_what, sizeof n->data_what, "[data] dir = %s", c->data_dir);
     staging(c, n);
@@ -348,9 +384,12 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     if (use == DT_MEM_TRAIN && n->zero >= 3 && W > 1) n->model = sat_add(n->model, 5 * block + 2 * ends);
     if (use == DT_MEM_TRAIN && c->zero >= 3 && n->zero < 3 && W > 1 && ntp == 1)
         n->model = sat_add(n->model, sizeof(float) * (12 * C * C + 13 * C));
-    // Token files are read into memory whole.
+    // Token files are read into memory whole; the training file's shard
+    // alone where it is read sharded (dt_config_data_sharded).
     const char *val = c->val_file[0] ? c->val_file : c->train_file;
-    n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : file_size(c->train_file) + file_size(c->val_file);
+    size_t train = file_size(c->train_file);
+    if (dt_config_data_sharded(c) && W > 1) train = train / (size_t)W + 1;
+    n->data = use == DT_MEM_SAMPLE ? 0 : use == DT_MEM_EVAL ? file_size(val) : train + file_size(c->val_file);
     snprintf(n->data_what, sizeof n->data_what, "[data] %s = %s",
              use == DT_MEM_EVAL && !c->val_file[0] ? "train_file" : use == DT_MEM_EVAL ? "val_file" : "train_file",
              use == DT_MEM_EVAL ? val : c->train_file);

@@ -114,6 +114,7 @@ static const char *const arch_names[] = {"gpt", "llama", NULL};  // dt_arch
 static const char *const table_optim_names[] = {"adagrad", "sgd", NULL};
 static const char *const placement_names[] = {"range", "hash", NULL};
 static const char *const shard_names[] = {"servers", "workers", NULL};
+static const char *const data_shard_names[] = {"auto", "none", "ranks", NULL};  // DT_DATA_SHARD_*
 
 #define O(f) offsetof(dt_config, f), sizeof(((dt_config *)0)->f)
 static const field fields[] = {
@@ -133,6 +134,7 @@ static const field fields[] = {
     {"data", "crop_pad", F_INT, O(crop_pad), 0, 1024, NULL},
     {"data", "loader_threads", F_INT, O(loader_threads), 1, 256, NULL},
     {"data", "cache", F_BOOL, O(cache), 0, 1, NULL},
+    {"data", "shard", F_ENUM, O(data_shard), 0, 0, data_shard_names},
     {"data", "file", F_STR, O(data_file), 0, 0, NULL},
     {"data", "train_images", F_STR, O(h5_names[0]), 0, 0, NULL},
     {"data", "train_labels", F_STR, O(h5_names[1]), 0, 0, NULL},
@@ -942,6 +944,24 @@ static dt_status finish_paths(const dt_config *c, const char *what) {
     return DT_OK;
 }
 
+// Why the sharded order cannot be had (docs/data.md "Sharded reading"):
+// what reads the data otherwise; NULL: it can.
+static const char *no_shard(const dt_config *c) {
+    if (c->recsys) return "the recommender reads its click logs whole";
+    if (c->gpt && (c->tensor > 1 || c->pipeline > 1))
+        return "a language model under [parallel] tensor or pipeline draws its windows from the whole file";
+    if (!c->gpt && c->sampler == DT_SAMPLER_BALANCED) return "[data] sampler = balanced draws every batch from the whole set";
+    if (c->dynamic_batch) return "[train] dynamic_batch moves samples between the ranks";
+    if (c->ps_share == 1) return "[ps] share = dynamic hands any worker any part of a batch";
+    return NULL;
+}
+
+int dt_config_data_sharded(const dt_config *c) {
+    if (c->data_shard == DT_DATA_SHARD_NONE || no_shard(c)) return 0;
+    if (c->data_shard == DT_DATA_SHARD_RANKS) return 1;
+    return dt_path_remote(c->gpt ? c->train_file : !strcmp(c->dataset, "hdf5") ? c->data_file : c->data_dir);
+}
+
 static dt_status finish(dt_config *c, const char *what) {
     int lm = !strncmp(c->preset, "gpt", 3) || !strncmp(c->preset, "llama", 5) || c->arch == DT_ARCH_LLAMA;
     c->recsys = 0;
@@ -960,6 +980,8 @@ static dt_status finish(dt_config *c, const char *what) {
                         "%d; set pipeline >= 2 or leave it unset", what,
                         c->pipeline_schedule == 2 ? "schedule = interleaved" : "virtual_stages", c->pipeline);
     if ((st = finish_paths(c, what)) != DT_OK) return st;
+    if (c->data_shard == DT_DATA_SHARD_RANKS && no_shard(c))
+        return dt_error(DT_ERR_CONFIG, "%s: [data] shard = ranks: %s; use shard = none (or auto)", what, no_shard(c));
     return finish_compression(c, what);
 }
 

@@ -504,13 +504,22 @@ static void warm_spare(void *user) {
     if (dt_train_warm(user) != DT_OK) dt_log(DT_LOG_DEBUG, "spare: loading ahead: %s", dt_last_error());
 }
 
-// The newest checkpoint of the run directory into out ("" when none).
+// The newest checkpoint of the run directory into out ("" when none): a
+// file, or a sharded one marked complete (one given up or cut short by the
+// failure has no COMPLETE, and a resume skips it).
 static void newest_ckpt(const dt_config *c, const char *run_dir, char *out, size_t len) {
-    char dir[1100], **list = NULL;
-    int n = 0;
+    char dir[1100], done[1300], **list = NULL;
+    int n = 0, kind;
     dt_config_ckpt_dir(c, run_dir, dir, sizeof dir);
     if (dt_ckpt_list(dir, &list, &n) != DT_OK) n = 0;
-    snprintf(out, len, "%s", n ? list[0] : "");
+    out[0] = 0;
+    for (int i = 0; i < n && !out[0]; i++) {
+        size_t l = strlen(list[i]);
+        snprintf(done, sizeof done, "%s/COMPLETE", list[i]);
+        if ((l > 12 && !strcmp(list[i] + l - 12, ".safetensors")) ||
+            (dt_path_kind(done, &kind, NULL) == DT_OK && kind == 1))
+            snprintf(out, len, "%s", list[i]);
+    }
     for (int i = 0; i < n; i++) free(list[i]);
     free(list);
 }

@@ -127,6 +127,7 @@ dt_status dt_federate_check(const dt_config *c, int W) {
         {"[train] max_steps", c->max_steps != d.max_steps},
         {"[train] grad_accum", c->grad_accum != d.grad_accum},
         {"[train] dynamic_batch", c->dynamic_batch != d.dynamic_batch},
+        {"[data] shard = ranks", c->data_shard == DT_DATA_SHARD_RANKS},
     };
     for (size_t i = 0; i < sizeof only / sizeof *only; i++)
         if (only[i].set)
@@ -567,6 +568,7 @@ dt_status dt_federate(const dt_config *cfg, const char *run_dir, dt_progress_fn 
     lc.batch = cfg->fed_local_batch;
     lc.epochs = 1;
     lc.max_steps = 0;
+    lc.data_shard = DT_DATA_SHARD_NONE;  // (the clients' samples come from the whole training set)
     const dt_config *c = &lc;
     fed f = {.c = c, .tops = dt_task_for(c), .C = c->fed_clients, .m = clients_per_round(c)};
     dt_obs *obs = NULL;

@@ -1196,8 +1196,11 @@ static dt_status pp_ckpt_stage(dt_strategy *s) {
 // optimizer state, then the parameters: dt_ckpt_pieces), each piece summed
 // onto its rank, which writes it at its place in its shard file at once:
 // a rank holds two pieces beyond its live state, and the training waits
-// for the save.
-static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
+// for the save. The ranks then agree that every shard is there before rank
+// 0 completes the checkpoint; in object storage one that failed past the
+// retries is given up on every rank (dt_ckpt_give_up), as the background
+// writer's are, and the run goes on.
+static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts, char *lost, size_t n) {
     int nst = dt_optim_num_states(s->opt);
     ckpt_sink k = {NULL, dt_alloc(sizeof(float) * CKPT_PIECE), NULL};
     float *piece = dt_alloc(sizeof(float) * CKPT_PIECE);
@@ -1211,7 +1214,31 @@ static dt_status pp_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
         return dt_error(st, "model parallel: the checkpoint of step %lld in pieces: %s", (long long)ts->step,
                         dt_last_error());
     }
-    return dt_ckpt_pieces_close(k.w, s->c->ckpt_keep, 300);
+    st = dt_ckpt_pieces_commit(k.w);
+    char why[1024] = "";
+    if (st != DT_OK) snprintf(why, sizeof why, "%s", dt_last_error());
+    int64_t ok = st == DT_OK;
+    dt_status ag = dt_allreduce(&ok, &ok, 1, DT_I64, DT_MIN, s->comm);
+    if (ag != DT_OK) {
+        dt_ckpt_pieces_abort(k.w);
+        return dt_error(ag, "model parallel: the checkpoint of step %lld in pieces, agreeing that every shard is "
+                        "written: %s", (long long)ts->step, dt_last_error());
+    }
+    if (ok) st = dt_ckpt_pieces_finish(k.w, s->c->ckpt_keep, 300);
+    else {
+        dt_ckpt_pieces_abort(k.w);
+        if (st == DT_OK) st = dt_error(DT_ERR_IO, "%s/step-%08lld: another rank's shard was not written", s->ckpt_dir,
+                                       (long long)ts->step);
+        else dt_error(st, "%s", why);
+    }
+    if (st == DT_OK) return DT_OK;
+    // (a rank whose own upload failed says why, rank 0 that the checkpoint is lost; the others keep it quiet)
+    int quiet = why[0] == 0 && s->rank != 0;
+    if (quiet && dt_path_remote(s->ckpt_dir)) {
+        snprintf(lost, n, "checkpoint at step %lld not written: another rank's shard was not written", (long long)ts->step);
+        return DT_OK;
+    }
+    return dt_ckpt_give_up(s->ckpt_dir, st, ts->step, lost, n) ? DT_OK : st;
 }
 
 // After a resume the whole block is spread a piece at a time: each piece

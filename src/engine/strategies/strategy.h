@@ -150,8 +150,10 @@ typedef struct dt_strategy_ops {
     int (*alone_from)(const dt_config *c);
     /* Optional: the checkpoint of the loop's state *ts, written by the
      * strategy's own ranks instead of the loop's writer (when
-     * s->ckpt_saves), called on every rank at the same steps. */
-    dt_status (*ckpt_save)(dt_strategy *s, const dt_train_state *ts);
+     * s->ckpt_saves), called on every rank at the same steps. A checkpoint
+     * given up (object storage failing past its retries: dt_ckpt_give_up)
+     * is DT_OK with the reason in lost[n]; lost[0] = 0: written. */
+    dt_status (*ckpt_save)(dt_strategy *s, const dt_train_state *ts, char *lost, size_t n);
     /* A recommender's tables held by the strategy's servers (task.h's
      * tables_remote; docs/recommender.md): rows_pull fills vals[n, dim]
      * with rows ids[n] (global numbers, sorted, distinct) as of this

@@ -55,9 +55,44 @@ static struct {
     dt_dataset ds[2];
 } g_warm;
 
-static dt_status load_split(const dt_config *c, const char *split, dt_dataset *ds) {
+// The loader's place: this rank among the data-parallel world (a model
+// parallel replica's ranks take their share together, docs/model-parallel.md's
+// layout).
+static void loader_place(const dt_config *c, dt_comm_t comm, int *rank, int *world) {
+    *rank = dt_comm_rank(comm);
+    *world = dt_comm_size(comm);
+    if (c->pipeline > 1 || c->tensor > 1) {
+        *world /= c->pipeline * c->tensor;
+        *rank = *rank / c->tensor % *world;
+    }
+}
+
+// The training split's shard of rank r of W (dt_loader_shard), where the
+// data is read sharded (dt_config_data_sharded); *first = -1: the whole.
+static dt_status shard_of(const dt_config *c, const char *img, int r, int W, int *first, int *count) {
+    *first = *count = -1;
+    if (W < 1 || !dt_config_data_sharded(c)) return DT_OK;
+    int64_t n = 0;
+    size_t ss;
+    dt_idx h;
+    dt_status st = !strcmp(c->dataset, "hdf5") ? dt_hdf5_images_shape(c->data_file, c->h5_names[0], &n, &ss)
+                                               : dt_idx_read_header(img, &h);
+    if (st != DT_OK) return st;
+    if (strcmp(c->dataset, "hdf5")) n = h.dims[0];
+    if (n > 0x7fffffff) return dt_error(DT_ERR_FORMAT, "%s: %lld samples, at most 2^31 - 1 are read", img, (long long)n);
+    dt_loader_shard((int)n, c->batch, W, r, first, count);
+    if (r == 0 && W > 1)
+        dt_log(DT_LOG_INFO, "data: each of %d ranks reads its shard of %s ([data] shard = %s): rank 0 samples [0, %d) "
+                            "of %lld", W, !strcmp(c->dataset, "hdf5") ? c->data_file : c->data_dir,
+               c->data_shard == DT_DATA_SHARD_RANKS ? "ranks" : "auto, for s3:// data", *count, (long long)n);
+    return DT_OK;
+}
+
+// A split of the data; the training split rank r of W's shard of it where
+// it is read sharded (W 0: whole).
+static dt_status load_split(const dt_config *c, const char *split, int r, int W, dt_dataset *ds) {
     char img[1024], lab[1024];
-    int train = !strcmp(split, "train"), cache = train ? c->cache : 1;
+    int train = !strcmp(split, "train"), cache = train ? c->cache : 1, first, count;
     if (g_warm.c == c && g_warm.have[!train]) {
         *ds = g_warm.ds[!train];
         g_warm.have[!train] = 0;
@@ -66,11 +101,18 @@ static dt_status load_split(const dt_config *c, const char *split, dt_dataset *d
     dt_status st;
     if (!strcmp(c->dataset, "hdf5")) {
         snprintf(img, sizeof img, "%s: dataset '%s'", c->data_file, c->h5_names[train ? 0 : 2]);
-        st = dt_dataset_load_hdf5(ds, c->data_file, c->h5_names[train ? 0 : 2], c->h5_names[train ? 1 : 3], 10,
-                                  c->mean, c->std, cache);
+        st = shard_of(c, img, r, train ? W : 0, &first, &count);
+        if (st == DT_OK && first < 0)
+            st = dt_dataset_load_hdf5(ds, c->data_file, c->h5_names[train ? 0 : 2], c->h5_names[train ? 1 : 3], 10,
+                                      c->mean, c->std, cache);
+        else if (st == DT_OK)
+            st = dt_dataset_load_hdf5_rows(ds, c->data_file, c->h5_names[0], c->h5_names[1], 10, c->mean, c->std, cache,
+                                           first, count);
     } else {
         st = dt_idx_find_split(c->data_dir, train ? "train" : "t10k", img, lab, sizeof img);
-        if (st == DT_OK) st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std, cache);
+        if (st == DT_OK) st = shard_of(c, img, r, train ? W : 0, &first, &count);
+        if (st == DT_OK && first < 0) st = dt_dataset_load_idx(ds, img, lab, 10, c->mean, c->std, cache);
+        else if (st == DT_OK) st = dt_dataset_load_idx_rows(ds, img, lab, 10, c->mean, c->std, cache, first, count);
     }
     if (st != DT_OK) return st;
     int want = c->input[0] * c->input[1] * c->input[2];
@@ -131,7 +173,7 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
     dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, &rows);
     if (st == DT_OK) st = dt_model_create(&m, c->input, c->layers, c->nlayers, rows);
     if (st == DT_OK) st = dt_model_load(m, weights);
-    if (st == DT_OK) st = load_split(c, "test", &test);
+    if (st == DT_OK) st = load_split(c, "test", 0, 0, &test);
     if (st == DT_OK) st = dt_evaluate(m, &test, c->eval_batch, loss, accuracy);
     if (n) *n = test.n;
     dt_model_free(m);
@@ -156,10 +198,11 @@ static dt_status cls_warm(const dt_config *c) {
         if (g_warm.have[k]) dt_dataset_free(&g_warm.ds[k]);
     memset(&g_warm, 0, sizeof g_warm);
     if (!c) return DT_OK;
-    dt_status st = load_split(c, "train", &g_warm.ds[0]);
+    // (a shard of the training split is known once the rank is: loaded then)
+    dt_status st = dt_config_data_sharded(c) ? DT_OK : load_split(c, "train", 0, 0, &g_warm.ds[0]);
     if (st != DT_OK) return st;
-    g_warm.have[0] = 1;
-    if ((st = load_split(c, "test", &g_warm.ds[1])) != DT_OK) return st;
+    g_warm.have[0] = !dt_config_data_sharded(c);
+    if ((st = load_split(c, "test", 0, 0, &g_warm.ds[1])) != DT_OK) return st;
     g_warm.have[1] = 1;
     g_warm.c = c;
     return DT_OK;
@@ -274,12 +317,8 @@ static dt_status cls_loader(dt_task *t, const dt_config *c, dt_comm_t comm) {
     lp.threads = c->loader_threads;
     lp.sampler = c->sampler;
     lp.seed = c->seed;
-    lp.rank = dt_comm_rank(comm);
-    lp.world = dt_comm_size(comm);
-    if (c->pipeline > 1 || t->ntp > 1) {  // a replica's ranks take its share together (docs/model-parallel.md's layout)
-        lp.world /= c->pipeline * c->tensor;
-        lp.rank = lp.rank / c->tensor % lp.world;
-    }
+    loader_place(c, comm, &lp.rank, &lp.world);
+    lp.shard = dt_config_data_sharded(c);
     lp.aug.crop_pad = c->crop_pad;
     dt_status st = dt_augment_parse(c->augment, lp.augment, &lp.naugment);
     if (st != DT_OK) return st;
@@ -357,7 +396,7 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
                  (double)t->act_bytes / (1 << 20), (double)t->act_saved / (1 << 20),
                  c->precision == DT_F16 ? "fp16" : "bf16");
     snprintf(info->describe, sizeof info->describe, "%zu parameters%s, %d train / %d test samples%s",
-             dt_model_whole_params(t->m), shard, t->train.n, t->test.n, acts);
+             dt_model_whole_params(t->m), shard, t->train.total, t->test.n, acts);
 }
 
 static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
@@ -366,8 +405,10 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     if (!(*out = t)) return dt_error(DT_ERR_NOMEM, "out of memory");
     t->c = c;
     dt_status st;
-    DT_TRY(load_split(c, "train", &t->train), done);
-    DT_TRY(load_split(c, "test", &t->test), done);
+    int r, W;
+    loader_place(c, comm, &r, &W);
+    DT_TRY(load_split(c, "train", r, W, &t->train), done);
+    DT_TRY(load_split(c, "test", 0, 0, &t->test), done);
     DT_TRY(cls_model(t, c, comm, model_rows), done);
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);

@@ -123,18 +123,13 @@ static struct {
     dt_tokens tk[2];
 } g_warm;
 
-static dt_status open_tokens(dt_tokens *tk, const char *path, const dt_config *c) {
-    int k = path == c->val_file;
-    if (g_warm.c == c && g_warm.have[k]) {
-        *tk = g_warm.tk[k];
-        g_warm.have[k] = 0;
+static dt_status open_tokens(dt_tokens *tk, const dt_config *c, int train, int r, int W) {
+    if (g_warm.c == c && g_warm.have[!train]) {
+        *tk = g_warm.tk[!train];
+        g_warm.have[!train] = 0;
         return DT_OK;
     }
-    dt_status st = dt_tokens_open(tk, path, c->vocab_size);
-    if (st == DT_OK && tk->n < (size_t)c->seq_len + 1)
-        st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d", path,
-                      tk->n, c->seq_len + 1);
-    return st;
+    return dt_task_open_tokens(tk, c, train, r, W);
 }
 
 static dt_status gpt_warm(const dt_config *c) {
@@ -142,11 +137,12 @@ static dt_status gpt_warm(const dt_config *c) {
         if (g_warm.have[k]) dt_tokens_close(&g_warm.tk[k]);
     memset(&g_warm, 0, sizeof g_warm);
     if (!c) return DT_OK;
-    dt_status st = open_tokens(&g_warm.tk[0], c->train_file, c);
+    // (a shard of the training file is known once the rank is: read then)
+    dt_status st = dt_config_data_sharded(c) ? DT_OK : open_tokens(&g_warm.tk[0], c, 1, 0, 1);
     if (st != DT_OK) return st;
-    g_warm.have[0] = 1;
+    g_warm.have[0] = !dt_config_data_sharded(c);
     if (c->val_file[0]) {
-        if ((st = open_tokens(&g_warm.tk[1], c->val_file, c)) != DT_OK) return st;
+        if ((st = open_tokens(&g_warm.tk[1], c, 0, 0, 1)) != DT_OK) return st;
         g_warm.have[1] = 1;
     }
     g_warm.c = c;
@@ -260,7 +256,7 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
                  c->precision == DT_F16 ? "fp16" : "bf16");
     snprintf(info->describe, sizeof info->describe,
              "GPT L%d H%d C%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d%s", t->gc.n_layer,
-             t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, dt_gpt_config_num_params(&t->gc), shard, t->train.n,
+             t->gc.n_head, t->gc.n_embd, t->gc.vocab_size, dt_gpt_config_num_params(&t->gc), shard, t->train.total,
              t->val.n, t->B, t->T, acts);
 }
 
@@ -286,8 +282,8 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
     dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     if (st != DT_OK) goto done;
-    DT_TRY(open_tokens(&t->train, c->train_file, c), done);
-    if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
+    DT_TRY(open_tokens(&t->train, c, 1, rank, W), done);
+    if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c, 0, 0, 1), done);
     DT_TRY(tensor_groups(t, comm), done);
     dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
     DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);

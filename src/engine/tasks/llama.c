@@ -63,14 +63,6 @@ static void llama_destroy(dt_task *t) {
     free(t);
 }
 
-static dt_status open_tokens(dt_tokens *tk, const char *path, const dt_config *c) {
-    dt_status st = dt_tokens_open(tk, path, c->vocab_size);
-    if (st == DT_OK && tk->n < (size_t)c->seq_len + 1)
-        st = dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d", path,
-                      tk->n, c->seq_len + 1);
-    return st;
-}
-
 // The weights file's metadata: the sizes (as dt_llama_save_hf's).
 static int weights_meta(dt_task *t) {
     const dt_llama_config *c = &t->lc;
@@ -157,7 +149,7 @@ static void llama_info(dt_task *t, const dt_config *c, const dt_grad_range *orde
     snprintf(info->describe, sizeof info->describe,
              "Llama L%d H%d KV%d C%d F%d V%d, %zu parameters%s; %zu train / %zu val tokens; B=%d T=%d", t->lc.n_layer,
              t->lc.n_head, t->lc.n_kv_head, t->lc.n_embd, t->lc.ffn_hidden, t->lc.vocab_size, info->nwhole, shard,
-             t->train.n, t->val.n, t->B, t->T);
+             t->train.total, t->val.n, t->B, t->T);
 }
 
 static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
@@ -171,8 +163,8 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     t->share = (int)((long)t->B * (rank + 1) / W) - t->first;
     dt_status st = (t->history = cJSON_CreateArray()) ? DT_OK : dt_error(DT_ERR_NOMEM, "out of memory");
     if (st != DT_OK) goto done;
-    DT_TRY(open_tokens(&t->train, c->train_file, c), done);
-    if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c->val_file, c), done);
+    DT_TRY(dt_task_open_tokens(&t->train, c, 1, rank, W), done);
+    if (c->val_file[0]) DT_TRY(dt_task_open_tokens(&t->val, c, 0, 0, 1), done);
     DT_TRY(dt_task_shard_groups(comm, c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest), done);
     DT_TRY(dt_llama_create_shard(&t->m, &t->lc, t->Bm, t->T, t->tp, t->ntp), done);
     if (t->ntp > 1) dt_llama_set_reduce(t->m, tp_reduce, t);

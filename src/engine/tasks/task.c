@@ -71,6 +71,24 @@ dt_status dt_task_val_loss(dt_task_lm_fn fwd, void *user, const dt_tokens *val, 
     return DT_OK;
 }
 
+dt_status dt_task_open_tokens(dt_tokens *tk, const dt_config *c, int train, int r, int W) {
+    const char *path = train ? c->train_file : c->val_file;
+    int shard = train && W > 1 && dt_config_data_sharded(c);
+    dt_status st = dt_tokens_open_shard(tk, path, c->vocab_size, shard ? r : 0, shard ? W : 1);
+    size_t least = st == DT_OK ? tk->total / (size_t)tk->nshards : 0;  // (the smallest shard)
+    if (st == DT_OK && least < (size_t)c->seq_len + 1)
+        st = shard ? dt_error(DT_ERR_CONFIG, "%s: %zu tokens in %d shards ([data] shard): %zu in the smallest, fewer than "
+                              "one window of [train] seq_len + 1 = %d", path, tk->total, W, least, c->seq_len + 1)
+                   : dt_error(DT_ERR_CONFIG, "%s: %zu tokens, fewer than one window of [train] seq_len + 1 = %d", path,
+                              tk->n, c->seq_len + 1);
+    if (st == DT_OK && shard && r == 0)
+        dt_log(DT_LOG_INFO, "data: each of %d ranks reads its shard of %s ([data] shard = %s): rank 0 tokens [0, %zu) "
+                            "of %zu", W, path, c->data_shard == DT_DATA_SHARD_RANKS ? "ranks" : "auto, for s3:// data",
+               tk->n, tk->total);
+    if (st != DT_OK) dt_tokens_close(tk);
+    return st;
+}
+
 dt_status dt_task_eval_tokens(const dt_config *c, dt_task_lm_fn fwd, void *user, float *loss, float *acc, int *n) {
     const char *file = c->val_file[0] ? c->val_file : c->train_file;
     int B = c->batch, T = c->seq_len;

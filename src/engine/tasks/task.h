@@ -263,6 +263,11 @@ typedef struct {
  * this rank's alone). */
 dt_status dt_task_val_loss(dt_task_lm_fn fwd, void *user, const dt_tokens *val, int windows, int Bc, int T, int V,
                            int32_t *x, int32_t *y, dt_comm_t comm, const dt_task_hook *hook, float *loss, float *acc);
+/* A language model's token file: [data] train_file (train = 1) or
+ * val_file, checked against [train] seq_len; the training file's shard of
+ * rank r of W alone where the data is read sharded (dt_config_data_sharded:
+ * each rank's windows come from its own shard, dt_tokens_sample). */
+dt_status dt_task_open_tokens(dt_tokens *tk, const dt_config *c, int train, int r, int W);
 /* `dtrain eval` of a language model (built and loaded by the caller): its
  * loss and next-token accuracy through fwd over eval_batches batches of
  * [data] val_file's windows (train_file's where there is none); *n the

@@ -158,16 +158,21 @@ static int own_extra(void *user, dt_st_tensor *t, int max) { return dt_codec_sta
 // for worker 0, so that no update comes between. With compression each
 // worker first writes its codec state beside the shards (server 0
 // completes the checkpoint once they are all there).
-dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts) {
+// (In object storage a server's writer gives up a shard it cannot upload,
+// and a worker its codec state's file: lost says so, and server 0 gives the
+// checkpoint up, told by the file's .lost marker; the run goes on.)
+dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts, char *lost, size_t n) {
     ps_worker *w = (ps_worker *)s;
     dt_status st = DT_OK;
     if (w->codec) {  // this worker's codec state beside the servers' shards, first (server 0 waits for it)
         dt_ckpt_model m = *s->ckpt_model;
         m.extra = own_extra;
         m.extra_user = w->codec;
-        if ((st = dt_ckpt_write_own(s->ckpt_dir, &m, ts, s->rank, s->world)) != DT_OK)
+        st = dt_ckpt_write_own(s->ckpt_dir, &m, ts, s->rank, s->world);
+        if (st != DT_OK && !dt_ckpt_give_up(s->ckpt_dir, st, ts->step, lost, n))
             return dt_error(st, "worker %d, its codec state in the checkpoint of step %lld: %s", s->rank,
                             (long long)ts->step, dt_last_error());
+        st = DT_OK;
     }
     int64_t v[TS_N];
     ts_pack(ts, v);

@@ -244,7 +244,7 @@ void ps_desc_free(model_desc *d);
 dt_status ps_desc_decode(model_desc *d, char *text, size_t len, int me);
 dt_status ps_desc_of(ps_worker *w, char **b, size_t *len);
 dt_status ps_send_desc(ps_worker *w, int j);
-dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts);
+dt_status ps_ckpt_save(dt_strategy *s, const dt_train_state *ts, char *lost, size_t n);
 int ps_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max);
 dt_status ps_take_desc(server *sv, int wi);
 dt_status ps_make_writer(server *sv);
