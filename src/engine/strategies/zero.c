@@ -19,9 +19,10 @@
  *            left zero for the next step, which then skips the task's
  *            zero_grad (it would touch every page again).
  *   stage 3: as stage 2, and only the slice of the parameters is kept
- *            between steps: a layer's tensors are gathered (non-blocking
- *            allgatherv) before its forward and backward through the
- *            model's layer hook, the next layer's gather is started ahead
+ *            between steps: a layer is gathered (one non-blocking
+ *            allgatherv; tensors that lie apart packed through a buffer)
+ *            before its forward and backward through the model's layer
+ *            hook, the next layer's gather is started ahead
  *            and the one behind released; the ranges outside the gathered
  *            layers (embedding, head) are gathered at the first forward
  *            after an update. Every rank runs the hooks of as many
@@ -32,11 +33,12 @@
  * Stages 2 and 3 give back those pages only when memory matters: with
  * [parallel] zero_release = auto, no offload, and a worker with stage 1's
  * model state taking at most half of its --memory-limit and of its share
- * of the machine's room (dt_memory_zero_held), a rank keeps them (give = 0): the gradient block is zeroed by the task's
- * zero_grad as at stage 1, and the parameters outside the slice are left
- * as they are, each gather overwriting them, so no step refills pages
- * (the kernel's clear_page and its faults, a quarter of a worker's time).
- * The collectives are the same either way.
+ * of the machine's room (dt_memory_zero_held), a rank keeps them (give =
+ * 0): the gradient block is zeroed by the task's zero_grad as at stage 1,
+ * and the parameters outside the slice are left as they are, each gather
+ * overwriting them, so no step refills pages (the kernel's clear_page and
+ * its faults, a quarter of a worker's time). The collectives are the
+ * same either way.
  *
  * The gradient norm is dt_strategy_norm_sharded: each rank's slice, the
  * value dt_sum_squares gives over the whole block, bitwise.
@@ -88,7 +90,7 @@ typedef struct {
     dt_request_t *srq;     // the gathers in flight: one per span, or a packed block's in its first span's
     char *held;            // per block: 0 released, 1 gather in flight, 2 held
     long gathers;          // gathers started (summary.json)
-    double gather_wait;    // seconds the compute thread waited for them
+    double gather_wait;    // seconds the compute thread spent on them once started (waiting, unpacking)
     int persist_ok;        // the ranges outside the blocks are whole
     int lmin, lmax;        // the layers the order names
     int nmax;              // the most micro-batches a rank runs this step
@@ -267,9 +269,11 @@ static int block_spans(const zero *z, int l, size_t *sp) {
         for (int i = 0; i < no; i++)
             if (in_block(z, i, l) && o[i].len && o[i].offset >= at && o[i].offset < a) a = o[i].offset, e = a + o[i].len;
         if (a == SIZE_MAX) return n;
-        for (int i = 0, more = 1; more;)  // (ranges never overlap)
-            for (more = 0, i = 0; i < no; i++)
+        for (int more = 1; more;) {  // (ranges never overlap)
+            more = 0;
+            for (int i = 0; i < no; i++)
                 if (in_block(z, i, l) && o[i].offset == e && o[i].len) e += o[i].len, more = 1;
+        }
         sp[2 * n] = a, sp[2 * n + 1] = e, n++;
         at = e;
     }
@@ -816,7 +820,8 @@ static dt_status zero_take_over(dt_strategy *s, int have, int *lost) {
 }
 
 // summary.json (stage 3, rank 0): its parameter gathers, and the seconds
-// its compute thread waited for them (what prefetch did not hide).
+// its compute thread spent on them once started, waiting and unpacking
+// (what prefetch did not hide).
 static void zero3_summary(dt_strategy *s, cJSON *o) {
     zero *z = (zero *)s;
     if (!s->params_sliced) return;
