@@ -264,11 +264,15 @@ static dt_status note_unused(const char *path) {
     return DT_OK;
 }
 
-// Rank 0's writer, or every rank's when checkpoints are sharded.
+// Rank 0's writer, or every rank's when checkpoints are sharded. A
+// restarted process's writer leaves the directory as it is (rejoin): a
+// checkpoint its predecessor's save began may still be being completed by
+// the others (a parameter server's), and only a run's first start clears
+// unfinished ones.
 static dt_status make_writer(dt_run_ckpt *r) {
     if (r->world == 1 && r->rank != 0) return DT_OK;
-    return dt_ckpt_writer_create(&r->writer, r->dir, r->c->ckpt_keep, &r->model, r->world > 1 ? r->rank : 0,
-                                 r->world, 300);
+    return (dt_comm_incarnation(r->comm) > 0 ? dt_ckpt_writer_rejoin : dt_ckpt_writer_create)(
+        &r->writer, r->dir, r->c->ckpt_keep, &r->model, r->world > 1 ? r->rank : 0, r->world, 300);
 }
 
 dt_status dt_run_ckpt_begin(dt_run_ckpt *r, const dt_config *c, const char *run_dir, dt_comm_t comm,
