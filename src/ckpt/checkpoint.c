@@ -1684,8 +1684,8 @@ static dt_status writer_create(dt_ckpt_writer **out, const char *dir, int keep, 
         return dt_error(DT_ERR_NOMEM, "checkpoint snapshot: out of memory (%zu parameters)", m->nparams);
     }
     // Its pages touched now, at the start, rather than in the first save's
-    // pause (gpt2-124m's 1.49 GB: 3.5 s of page faults there on this
-    // project's 2-core machine, 0.1 s of copying after).
+    // pause (gpt2-124m's 1.49 GB: that pause took 3.3-3.6 s under the
+    // project's machine's memory pressure, the later saves' 0.1-0.2 s).
     if (w->buf) memset(w->buf, 0, snap_bytes);
     w->snap.params = w->buf;
     for (int j = 0; j < m->nstates && w->buf; j++) w->snap.states[j] = w->buf + len * (size_t)(1 + j);
