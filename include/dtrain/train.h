@@ -371,8 +371,6 @@ typedef struct {
     int lossy;             /* also the lossy gradient codecs fp16, bf16 and int8 */
     double memory_extra;   /* bytes a worker holds beyond the formula (measured: the calibration
                               run's peak less its formula), added to every layout's */
-    double step_scale;     /* the calibration run's measured step over the model's (dtrain plan
-                              scales its rows by it; 0: not known) */
 } dt_plan_params;
 
 /* W workers on one host of this machine's cores, one thread a core

@@ -120,8 +120,8 @@ void dt_optim_update(dt_optim *o, size_t off, size_t n, float *params, const flo
 // The loops take their constants by value (each thread its own copy) and
 // their arrays as restrict: otherwise every store through w may change the
 // constants, reloaded at every element, and the loop does not vectorise
-// cleanly; SGD's branches (momentum, the first step, Nesterov) are taken
-// once, outside the loop.
+// cleanly; SGD with and without momentum are two loops (no per-element
+// test of the momentum pointer).
 static void adamw_loop(float *restrict w, const float *restrict g, float *restrict m, float *restrict v, size_t n,
                        dt_adamw_k k) {
 #pragma omp parallel for simd schedule(static) firstprivate(k)
@@ -133,13 +133,9 @@ static void sgd_loop(float *restrict w, const float *restrict g, float *restrict
     if (!buf) {
 #pragma omp parallel for simd schedule(static) firstprivate(k)
         for (size_t i = 0; i < n; i++) dt_sgd_plain_elem(&w[i], g[i], &k);
-    } else if (k.first || k.nesterov) {
+    } else {
 #pragma omp parallel for simd schedule(static) firstprivate(k)
         for (size_t i = 0; i < n; i++) dt_sgd_momentum_elem(&w[i], g[i], &buf[i], &k);
-    } else {  // plain momentum after the first step: the common case, no branch left
-        const dt_sgd_k c = {k.lr, k.mu, k.wd, k.grad_scale, 0, 0};
-#pragma omp parallel for simd schedule(static) firstprivate(c)
-        for (size_t i = 0; i < n; i++) dt_sgd_momentum_elem(&w[i], g[i], &buf[i], &c);
     }
 }
 

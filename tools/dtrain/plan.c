@@ -270,6 +270,7 @@ typedef struct {
     dt_plan_row *rows;
     int n, nfit;
     size_t limit, machine_share;  // the worker's own limit (0: none); this machine's free memory a rank
+    double step_scale;            // the calibration run's measured step over the model's (0: times not scaled)
 } plan_t;
 
 static int load(const plan_args *a, dt_config *c) {
@@ -282,11 +283,16 @@ static int load(const plan_args *a, dt_config *c) {
     return 0;
 }
 
-// The calibration run's config: plain data parallel, nothing sharded.
+// The calibration run's layout: plain data parallel, nothing sharded.
+static dt_layout calibration_layout(const dt_config *c) {
+    return (dt_layout){.tensor = 1, .pipeline = 1, .micro_batches = c->micro_batches,
+                       .schedule = c->pipeline_schedule, .bucket_kb = c->bucket_kb};
+}
+
+// The calibration run's config.
 static dt_config calibration_config(const dt_config *c) {
     dt_config one = *c;
-    dt_layout l = {.tensor = 1, .pipeline = 1, .micro_batches = c->micro_batches, .schedule = c->pipeline_schedule,
-                   .bucket_kb = c->bucket_kb};
+    dt_layout l = calibration_layout(c);
     dt_plan_apply(&one, &l);
     return one;
 }
@@ -343,22 +349,21 @@ static int nothing_fits(const plan_args *a, const plan_t *pl) {
 // What the model leaves out (an oversubscribed rank's waits for the
 // others, the loop's own work) scales every predicted time by the
 // calibration run's measured step over the model's step for it (the same
-// layout on the same ranks): pl->s.step_scale, printed with the plan. Where
+// layout on the same ranks): pl->step_scale, printed with the plan. Where
 // the plan spans hosts, or the calibration ran on fewer workers than a host's
 // ranks, the times stay the model's.
 static void scale_to_calibration(plan_t *pl, const dt_config *one, int cw, double measured) {
     int R = pl->s.workers / pl->s.hosts;
     if (cw != R || pl->s.hosts > 1) return;
-    dt_layout l = {.tensor = 1, .pipeline = 1, .micro_batches = one->micro_batches, .schedule = one->pipeline_schedule,
-                   .bucket_kb = one->bucket_kb};
+    dt_layout l = calibration_layout(one);
     for (int i = 0; i < pl->n; i++)
         if (!memcmp(&pl->rows[i].l, &l, sizeof l) && pl->rows[i].step_s > 0) {
-            pl->s.step_scale = measured / pl->rows[i].step_s;
+            pl->step_scale = measured / pl->rows[i].step_s;
             break;
         }
-    for (int i = 0; pl->s.step_scale > 0 && i < pl->n; i++) {
+    for (int i = 0; pl->step_scale > 0 && i < pl->n; i++) {
         dt_plan_row *r = &pl->rows[i];
-        r->step_s *= pl->s.step_scale, r->compute_s *= pl->s.step_scale, r->exposed_s *= pl->s.step_scale;
+        r->step_s *= pl->step_scale, r->compute_s *= pl->step_scale, r->exposed_s *= pl->step_scale;
     }
 }
 
@@ -402,9 +407,9 @@ static void print_rows(const plan_args *a, const plan_t *pl, int k) {
     printf("%d of %d layouts fit%s; the fastest %d on %d worker%s (%d host%s, %d thread%s a worker):\n", pl->nfit,
            pl->n, pl->limit ? " the limit" : "", k, a->workers, a->workers > 1 ? "s" : "", a->hosts,
            a->hosts > 1 ? "s" : "", pl->s.threads, pl->s.threads > 1 ? "s" : "");
-    if (pl->s.step_scale > 0)
+    if (pl->step_scale > 0)
         printf("(times: the model's x %.2f, the calibration run's measured step over the model's step for it)\n",
-               pl->s.step_scale);
+               pl->step_scale);
     printf("%3s %10s %10s %10s %12s  %s\n", "#", "step ms", "compute", "exposed", "memory/rank", "layout");
     for (int i = 0; i < k; i++) {
         const dt_plan_row *r = &pl->rows[i];
