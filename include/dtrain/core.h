@@ -180,6 +180,11 @@ DT_API void dt_alive(void);
  * layers), where dt_zero_pages's cleared edges, up to a huge page each
  * side, add up to much of what was to be given back. */
 DT_API void dt_give_pages(void *p, size_t bytes);
+/* Maps the pages of p[0, bytes) that were given back, in one call
+ * (madvise MADV_POPULATE_WRITE, Linux 5.14), so that writing them takes
+ * no page faults; where the kernel cannot, they fault in as they are
+ * written, as without it. */
+DT_API void dt_take_pages(void *p, size_t bytes);
 /* A dt_alloc'd block of `count` elements of `size` bytes of which only the
  * ranges keep[n] (element offsets and lengths, ascending) will be used:
  * the rest gets no huge pages (madvise MADV_NOHUGEPAGE), so that touching

@@ -260,6 +260,15 @@ void dt_give_pages(void *p, size_t bytes) {
     if (!drop_pages(p, bytes, (uintptr_t)sysconf(_SC_PAGESIZE), 1)) memset(p, 0, bytes);
 }
 
+void dt_take_pages(void *p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t g = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p / g * g, b = ((uintptr_t)p + bytes + g - 1) / g * g;
+    if (bytes) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 static void (*_Atomic g_alive)(void);
 
 void dt_set_alive_hook(void (*fn)(void)) { g_alive = fn; }

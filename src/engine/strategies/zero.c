@@ -309,6 +309,12 @@ static dt_status gather_block(zero *z, int l) {
     if (l < 0 || l >= z->L || z->held[l]) return DT_OK;
     int ns = z->span_at[l + 1] - z->span_at[l];
     dt_status st = DT_OK;
+    for (int k = z->span_at[l]; z->give && k < z->span_at[l + 1]; k++) {  // (what drop_block gave back)
+        size_t a = z->span[2 * k], e = z->span[2 * k + 1], x = e < s->lo ? e : s->lo > a ? s->lo : a,
+               y = s->hi > a ? (s->hi < e ? s->hi : e) : a;
+        if (x > a) dt_take_pages(s->params + a, sizeof(float) * (x - a));
+        if (e > y) dt_take_pages(s->params + y, sizeof(float) * (e - y));
+    }
     if (ns == 1 || !z->pack) {
         for (int k = z->span_at[l]; k < z->span_at[l + 1] && st == DT_OK; k++)
             st = gather_range(z, z->span[2 * k], z->span[2 * k + 1], &z->srq[k]);
