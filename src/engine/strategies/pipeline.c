@@ -81,7 +81,6 @@
 #include <string.h>
 
 #define MAX_STAGES 1024
-#define MEASURE_REPS 5  // forwards and backwards a layer is timed, measured balance (the median counts)
 
 typedef struct {
     dt_task_stage *st;
@@ -382,7 +381,7 @@ static void print_stages(pipe *p) {
         snprintf(same, sizeof same, " (layers 0, 1 and %d timed, the others cost layer 1's: the blocks are alike)", L - 1);
     dt_log(DT_LOG_INFO,
            "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s%s",
-           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc, same);
+           DT_TASK_TIME_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc, same);
 }
 
 // A step's order of work on stage s (Megatron's schedules). gpipe: every
@@ -714,76 +713,24 @@ static dt_status holder(dt_comm_t c, int have, int *root) {
 }
 
 // Measured balance, before the model's parameters are set (pp_layout):
-// every rank times each layer (a GPT three of them: timed_as), a stage of
-// the task's for that layer alone on a scratch micro-batch of the largest
-// size (the task's scratch_batch; the layer's input and its output's
-// gradient zeros), forward then backward, MEASURE_REPS times, and takes
-// the median forward + median backward. The first layer's includes the
-// embedding (the images), the last one's the head and the loss, which stay
-// on the end stages. Only one layer's activations exist at a time, on the
-// layer's own (unset: untouched) parameters, and the gradients the
-// measurement leaves are given back (their pages too): the scratch is one
-// layer's. The ranks agree on the largest of each layer's figures (an
-// int64 allreduce max of nanoseconds: exact, so every rank cuts the same
-// stages from the same numbers). Tensor-parallel shards of one copy run
-// the same layers together (their sums inside the layers match).
-static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int l, int len, double *f, double *b) {
-    dt_strategy *s = &p->base;
-    dt_task_stage *st = NULL;
-    float *in, *out, *d = NULL, *din;
-    size_t inc, outc;
-    dt_status rc = tops->stage_create(task, l, l + 1, len, &st);
-    for (int r = 0; r < MEASURE_REPS && rc == DT_OK; r++) {
-        rc = tops->stage_begin(task, st, 0, 0, len, 1.0f / (float)len, &in, &inc, &out, &outc);
-        if (rc == DT_OK && !d && !(d = calloc(outc > inc ? outc : inc, sizeof(float))))
-            rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
-        if (rc != DT_OK) break;
-        if (l > 0) memset(in, 0, sizeof(float) * inc);
-        double t0 = dt_now();
-        float loss;
-        rc = tops->stage_forward(task, st, &loss);
-        dt_fault_slow_layer(s->rank, l);
-        f[r] = dt_now() - t0;
-        memset(d, 0, sizeof(float) * outc);
-        t0 = dt_now();
-        if (rc == DT_OK) rc = tops->stage_backward(task, st, d, &din);
-        b[r] = dt_now() - t0;
-    }
-    if (st) tops->stage_free(st);
-    free(d);
-    return rc;
-}
-
-// The layer whose time stands for layer l's: l itself, but for a GPT,
-// whose blocks all cost the same: its first layer (with the embedding),
-// its last (with the head) and the second (a block alone), which stands
-// for the others. Three stages of one block are timed, not L.
-static int timed_as(const dt_config *c, int l) {
-    int L = model_layers(c);
-    return !c->gpt || l == 0 || l == L - 1 ? l : 1;
-}
-
+// every rank times each layer through the task's stages, on the layer's
+// own (unset: untouched) parameters, and the ranks agree on the largest
+// figures (dt_task_time_layers: exact, so every rank cuts the same stages
+// from the same numbers); a layer's cost is its forward + backward. The
+// first layer's includes the embedding (the images), the last one's the
+// head and the loss, which stay on the end stages. Tensor-parallel shards
+// of one copy run the same layers together (their sums inside the layers
+// match).
 static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task) {
     dt_strategy *s = &p->base;
-    int L = model_layers(s->c), len = pp_max_micro(s->c, s->world);
-    double f[MEASURE_REPS], b[MEASURE_REPS];
-    int64_t *ns = calloc((size_t)L, sizeof *ns);
-    p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost);
-    dt_status rc = ns && p->layer_cost && tops->scratch_batch ? DT_OK
-                   : dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
-    if (rc == DT_OK) rc = tops->scratch_batch(task, len);
-    for (int l = 0; l < L && rc == DT_OK; l++) {
-        if (timed_as(s->c, l) != l) continue;
-        if ((rc = time_layer(p, tops, task, l, len, f, b)) == DT_OK)
-            ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
-        dt_zero_pages(s->grads, sizeof(float) * s->n);  // (the layer's, at once: one layer's at a time)
-    }
-    // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
-    dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;
-    if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "pipeline: agreeing on the layers' costs: %s", dt_last_error());
-    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[timed_as(s->c, l)] * 1e-9;
-    free(ns);
-    return rc;
+    int L = model_layers(s->c);
+    dt_task_layer_times t;
+    dt_status rc = dt_task_time_layers(tops, task, s->c, s->comm, pp_max_micro(s->c, s->world), s->grads, s->n, &t);
+    if (rc == DT_OK && !(p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost)))
+        rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
+    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = t.forward[l] + t.backward[l];
+    dt_task_layer_times_free(&t);
+    return rc == DT_OK ? DT_OK : dt_error(rc, "pipeline: measuring the layers: %s", dt_last_error());
 }
 
 // The cut (bounds, whether measured, the layers' costs) from the lowest
