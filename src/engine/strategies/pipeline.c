@@ -153,9 +153,7 @@ static int micro_batches(const dt_config *c, int W) {
     }
     return c->micro_batches > 0 ? c->micro_batches : c->pipeline;
 }
-// The layers the stages divide: the GPT's blocks, a sequential model's
-// [model] layers.
-static int model_layers(const dt_config *c) { return c->gpt ? c->n_layer : c->nlayers; }
+// The field that gives the layers the stages divide (dt_task_layers).
 static const char *layers_field(const dt_config *c) { return c->gpt ? "[model] n_layer" : "[model] layer = ... lines"; }
 static int virtual_stages(const dt_config *c) { return c->pipeline_schedule == 2 ? c->virtual_stages : 1; }
 
@@ -210,7 +208,7 @@ static const char *balance_name(const dt_config *c, int measured) {
 // the GPT's blocks, which cost the same) or a sequential model's layers by
 // their forward FLOPs (dt_model_layer_costs).
 static dt_status stage_bounds(const dt_config *c, const double *measured, int *bounds) {
-    int P = c->pipeline * virtual_stages(c), L = model_layers(c);
+    int P = c->pipeline * virtual_stages(c), L = dt_task_layers(c);
     if (!c->pipeline_split[0] && measured) return dt_pipeline_balance(measured, L, P, bounds);
     if (!c->pipeline_split[0] && (c->gpt || c->pipeline_balance == DT_BALANCE_COUNT)) {
         for (int s = 0; s <= P; s++) bounds[s] = (int)((long)L * s / P);
@@ -254,7 +252,7 @@ static dt_status stage_bounds(const dt_config *c, const double *measured, int *b
 static int pp_wants(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
 
 static dt_status pp_check(const dt_config *c, int W) {
-    int T = c->tensor, P = c->pipeline, M = micro_batches(c, W), L = model_layers(c);
+    int T = c->tensor, P = c->pipeline, M = micro_batches(c, W), L = dt_task_layers(c);
     const char *what = P > 1 ? "[parallel] pipeline" : "[parallel] tensor";
     int v = P > 1 ? P : T;
     const char *mname = c->deterministic ? "micro_shards / data-parallel replicas" : "micro_batches";
@@ -347,7 +345,7 @@ static void print_layout(pipe *p) {
 static void print_stages(pipe *p) {
     const int *bounds = p->bounds;
     const dt_config *c = p->base.c;
-    int L = model_layers(c), S = p->P * p->V;
+    int L = dt_task_layers(c), S = p->P * p->V;
     const char *how = balance_name(c, p->layer_cost != NULL);
     if (S > 1) dt_obs_pipeline_split(p->base.obs, how, bounds, S, p->layer_cost, L);
     if (p->base.rank != 0) return;
@@ -723,7 +721,7 @@ static dt_status holder(dt_comm_t c, int have, int *root) {
 // match).
 static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task) {
     dt_strategy *s = &p->base;
-    int L = model_layers(s->c);
+    int L = dt_task_layers(s->c);
     dt_task_layer_times t;
     dt_status rc = dt_task_time_layers(tops, task, s->c, s->comm, pp_max_micro(s->c, s->world), s->grads, s->n, &t);
     if (rc == DT_OK && !(p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost)))
@@ -738,7 +736,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task)
 // in its layout as they meet it in their regroup.
 static dt_status share_cut(pipe *p, int have) {
     dt_strategy *s = &p->base;
-    int L = model_layers(s->c), nb = p->P * p->V + 1, root;
+    int L = dt_task_layers(s->c), nb = p->P * p->V + 1, root;
     dt_status st = holder(s->comm, have, &root);
     if (st == DT_OK && root < 0) st = dt_error(DT_ERR_INTERNAL, "model parallel: no worker holds the stages' cut");
     int64_t m = p->layer_cost != NULL;
@@ -785,7 +783,7 @@ static dt_status keep_all(pipe *p, const dt_task_ops *tops, dt_task *task, int j
 // into the replicas' slices (zero_units).
 static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int joining) {
     pipe *p = (pipe *)s;
-    int L = model_layers(s->c);
+    int L = dt_task_layers(s->c);
     dt_status st = DT_OK;
     if (joining) st = share_cut(p, 0);
     else if (p->measure) st = measure_layers(p, tops, task);
@@ -964,7 +962,7 @@ static int sole_holder(const pipe *p, int i) {
     const dt_strategy *s = &p->base;
     if (p->T > 1 && !(s->order_split && s->order_split[i]) && p->t != 0) return 0;
     if (!p->held) return p->stage == 0;
-    int l = s->order_layer ? s->order_layer[i] : 0, L = model_layers(s->c);
+    int l = s->order_layer ? s->order_layer[i] : 0, L = dt_task_layers(s->c);
     l = l < 0 ? 0 : l >= L ? L - 1 : l;  // (the embedding with block 0, the head with the last)
     for (int v = 0; v < p->V; v++)
         if (l >= p->ch[v].l0 && l < p->ch[v].l1) return 1;
@@ -1029,7 +1027,7 @@ static int keeps(const pipe *p, size_t off) {
 }
 
 static int owner(const pipe *p, int layer) {
-    int L = model_layers(p->base.c), l = layer < 0 ? 0 : layer >= L ? L - 1 : layer;
+    int L = dt_task_layers(p->base.c), l = layer < 0 ? 0 : layer >= L ? L - 1 : layer;
     for (int k = 0; k < p->P * p->V; k++)
         if (l >= p->bounds[k] && l < p->bounds[k + 1]) return k % p->P;
     return 0;
@@ -1052,7 +1050,7 @@ static dt_status eval_layer(pipe *p, int layer, int get) {
 
 static dt_status pp_params_needed(dt_strategy *s, int layer, int phase) {
     pipe *p = (pipe *)s;
-    int L = model_layers(s->c), block = layer >= 0 && layer < L;
+    int L = dt_task_layers(s->c), block = layer >= 0 && layer < L;
     if (!p->evaluating || phase != 0) return DT_OK;
     if (!block && (layer < 0 ? p->evaluating & 2 : p->evaluating & 4)) return DT_OK;  // (kept)
     dt_status st = eval_layer(p, layer, 1);
@@ -1066,7 +1064,7 @@ static dt_status pp_params_eval(dt_strategy *s, int begin) {
     pipe *p = (pipe *)s;
     if (!p->held || s->world == 1) return DT_OK;
     if (!begin) {
-        int L = model_layers(s->c);
+        int L = dt_task_layers(s->c);
         if (p->gathered >= 0) eval_layer(p, p->gathered, 0);
         if (p->evaluating & 2) eval_layer(p, -1, 0);  // (the embedding: the layer hook's -1)
         if (p->evaluating & 4) eval_layer(p, L, 0);
@@ -1250,7 +1248,7 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
 static void pp_summary(dt_strategy *s, struct cJSON *o) {
     pipe *p = (pipe *)s;
     const dt_config *c = s->c;
-    int S = p->P * p->V, L = model_layers(c);
+    int S = p->P * p->V, L = dt_task_layers(c);
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
     if (!j) return;
     cJSON_AddNumberToObject(j, "tensor", p->T);

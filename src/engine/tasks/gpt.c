@@ -48,11 +48,11 @@ struct dt_task {
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save),
-// or with sign -1 one freed.
-static void count_acts(dt_task *t, const dt_gpt_acts *a, int sign) {
+// or with made = 0 takes a freed one out.
+static void count_acts(dt_task *t, const dt_gpt_acts *a, int made) {
     if (!a) return;
-    t->act_bytes += (size_t)sign * dt_gpt_acts_bytes(a);
-    t->act_saved += (size_t)sign * dt_gpt_acts_saved(a);
+    if (made) t->act_bytes += dt_gpt_acts_bytes(a), t->act_saved += dt_gpt_acts_saved(a);
+    else t->act_bytes -= dt_gpt_acts_bytes(a), t->act_saved -= dt_gpt_acts_saved(a);
 }
 
 // The evaluation's forward (dt_task_val_loss): in set a, else the default.
@@ -413,7 +413,7 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
 static void gpt_stage_free(dt_task_stage *st) {
     if (!st) return;
     if (st->lent) st->t->lent = 0;
-    else count_acts(st->t, st->a, -1), dt_gpt_acts_free(st->a);
+    else count_acts(st->t, st->a, 0), dt_gpt_acts_free(st->a);
     free(st);
 }
 
