@@ -15,7 +15,7 @@
  *   [schedule] name (constant|cosine|linear), warmup_steps, min_lr
  *   [train]   batch, epochs, max_steps, seed, threads, eval_batch, log_every,
  *             grad_accum, straggler_margin, straggler_steps, dynamic_batch, precision (fp32|bf16|fp16),
- *             recompute (none|blocks)
+ *             recompute (none|blocks), time_layers
  *   [parallel] bucket_kb, deterministic, micro_shards, zero, zero_release (auto|always), offload,
  *             offload_dir, pipeline, tensor, sequence, micro_batches, schedule, virtual_stages,
  *             pipeline_split, pipeline_balance (measured|flops|count), sync_every, sync_warmup, servers, grad_dtype (fp32|bf16)
@@ -118,6 +118,8 @@ typedef struct {
     int base_batch;
     int precision;                 /* dt_dtype of the matmuls and convolutions: DT_F32, DT_BF16, DT_F16 (docs/mixed-precision.md) */
     int recompute;                 /* [train] recompute: 0 none, 1 blocks (a GPT keeps only each block's input; docs/model-parallel.md) */
+    int time_layers;               /* [train] time_layers: each layer's forward and backward timed before the first step,
+                                      into summary.json's layer_times (what dtrain plan's calibration sets; docs/plan.md) */
     /* [parallel] (data-parallel workers) */
     int bucket_kb;                 /* gradient bucket size for the allreduce */
     int deterministic;             /* bitwise identical results for any worker count */

@@ -282,6 +282,7 @@ DT_API dt_status dt_report_html(const char *run_dir, const char *out_path);
  *                      .link_latency_s = 5e-6, .host_bytes_per_s = 5e9};
  *   dt_sim_point o;
  *   dt_sim_predict(&p, &s, &o);                    // o.step_s, o.samples_per_s */
+#define DT_SIM_MAX_LAYERS 512
 typedef struct {
     double compute_s;      /* forward + backward seconds per sample on one rank */
     double backward_share; /* backward's part of compute_s (what buckets overlap) */
@@ -290,11 +291,19 @@ typedef struct {
     double params;         /* parameter count (f32 gradients of 4 bytes) */
     int batch, workers;    /* the profiled run's global batch and ranks */
     double bucket_bytes;   /* its gradient bucket ([parallel] bucket_kb) */
+    int layers;            /* the layers timed one by one (0: none; the planner then splits
+                              compute_s by FLOPs) */
+    double layer_forward_s[DT_SIM_MAX_LAYERS], layer_backward_s[DT_SIM_MAX_LAYERS];
+                           /* [layers]: each layer's seconds per sample, alone on a micro-batch
+                              (a GPT's first with the embedding, its last with the head and loss) */
 } dt_sim_profile;
 
 /* Reads the profile from run_dir: the median per-phase times of rank 0's
  * step records (metrics/rank-00000.jsonl, after two warm-up steps),
- * summary.json's params, batch and workers, config.ini's bucket_kb. */
+ * summary.json's params, batch and workers and, where the run timed its
+ * layers ([train] time_layers), their times over the samples they ran
+ * (layer_times; none where there are more than DT_SIM_MAX_LAYERS),
+ * config.ini's bucket_kb. */
 DT_API dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out);
 
 typedef struct {
@@ -345,7 +354,8 @@ DT_API dt_status dt_sim_html(const char *path, const char *title, const char *bo
  * check's) and its step time by the simulator (dt_sim_predict for the
  * data-parallel exchange, on top of a model of tensor and pipeline
  * parallelism from the profile's measured per-sample time, split over the
- * layers by their FLOPs; docs/plan.md):
+ * layers by their measured times, or by their FLOPs where the profile has
+ * none; docs/plan.md):
  *
  *   dt_plan_params s = dt_plan_default_params(4);   // 4 workers on this host
  *   dt_plan_row *rows; int n, nfit;
@@ -393,7 +403,8 @@ typedef struct {
  * strategies accept, the *nfit that fit in `limit` bytes a worker first,
  * fastest first, then the rest, smallest first. limit 0: no limit of the
  * worker's own. p: the model's profile, its per-sample times measured with
- * s->threads threads. DT_ERR_CONFIG, naming why, when no layout is
+ * s->threads threads; its layer times count where it has as many as the
+ * model's layers (a GPT's n_layer blocks, a sequential model's layers). DT_ERR_CONFIG, naming why, when no layout is
  * accepted on that many workers (a batch they cannot divide, say). */
 DT_API dt_status dt_plan_rank(const dt_config *c, const dt_sim_profile *p, const dt_plan_params *s, size_t limit,
                               dt_plan_row **rows, int *n, int *nfit);

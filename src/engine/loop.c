@@ -181,8 +181,22 @@ static void rank_figures(double *v) {
     v[3] = (double)dt_s3_bytes_read();
 }
 
+// summary.json's "layer_times" ([train] time_layers): the samples they were
+// measured on and each layer's forward and backward seconds.
+static void add_layer_times(cJSON *o, const dt_task_layer_times *t) {
+    if (t->layers < 1) return;
+    cJSON *j = cJSON_AddObjectToObject(o, "layer_times");
+    cJSON_AddNumberToObject(j, "samples", t->samples);
+    cJSON *f = cJSON_AddArrayToObject(j, "forward_seconds"), *b = cJSON_AddArrayToObject(j, "backward_seconds");
+    for (int l = 0; l < t->layers; l++) {
+        cJSON_AddItemToArray(f, cJSON_CreateNumber(t->forward[l]));
+        cJSON_AddItemToArray(b, cJSON_CreateNumber(t->backward[l]));
+    }
+}
+
 static dt_status write_summary(const char *path, const dt_config *c, const dt_task_ops *tops, dt_task *task,
-                               dt_strategy *strat, const dt_train_result *r, size_t nparams, const double *peaks) {
+                               dt_strategy *strat, const dt_train_result *r, size_t nparams, const double *peaks,
+                               const dt_task_layer_times *layers) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "dtrain_version", dt_version());
@@ -212,6 +226,7 @@ static dt_status write_summary(const char *path, const dt_config *c, const dt_ta
     tops->summary(task, o, r);
     dt_json_add_parallel(o, r);
     if (strat->ops->summary) strat->ops->summary(strat, o);
+    add_layer_times(o, layers);
     // Rank 0's bytes by kind at its ZeRO stage (docs/zero.md), beside its
     // peak resident memory.
     dt_memory_kinds k;
@@ -489,6 +504,7 @@ typedef struct {
     int over;  // this rank's part ended early: a server ran its own loop, or its predecessor had finished
     uint64_t split_gen;  // the generation the task's and the strategy's sub-communicators were split in
     recovery rec;
+    dt_task_layer_times layers;  // [train] time_layers: the layers' measured times (layers = 0: none)
     // the position and the figures of the steps
     dt_train_state ts;  // at the last meeting, or as resumed or shared
     dt_rng rng;         // the data's stream
@@ -549,6 +565,40 @@ static dt_status join(run_state *r) {
     return dt_worker_run_dir(c, r->run_dir);
 }
 
+// [train] time_layers: each layer's forward and backward timed once the
+// model is made, before the strategy touches it (dt_task_time_layers, on
+// the largest micro-batch), for summary.json; batch norm's running
+// statistics, which the scratch batch moves, are put back. Not on a rank
+// that replaces another (the others are past it), nor where the model has
+// no stages or trains on a GPU.
+static dt_status time_layers(run_state *r) {
+    const dt_task_info *info = &r->info;
+    if (!r->c->time_layers || r->rec.place != DT_PLACE_START || r->rec.lost_start) return DT_OK;
+    if (!r->tops->stage_create || info->device) {
+        if (r->rank == 0)
+            dt_log(DT_LOG_WARN, "[train] time_layers: the layers are not timed (%s)",
+                   info->device ? "not on a GPU" : "the model has no stages to time them by");
+        return DT_OK;
+    }
+    size_t nf = 0, o = 0;
+    for (int i = 0; i < info->nfrozen; i++) nf += info->frozen[i].len;
+    float *keep = nf ? malloc(sizeof(float) * nf) : NULL;
+    if (nf && !keep) return dt_error(DT_ERR_NOMEM, "[train] time_layers: out of memory");
+    for (int i = 0; i < info->nfrozen; o += info->frozen[i++].len)
+        memcpy(keep + o, info->params + info->frozen[i].offset, sizeof(float) * info->frozen[i].len);
+    dt_status st = dt_task_time_layers(r->tops, r->task, r->c, r->comm, r->sops->max_micro(r->c, r->W), info->grads,
+                                       info->nparams, &r->layers);
+    o = 0;
+    for (int i = 0; i < info->nfrozen; o += info->frozen[i++].len)
+        memcpy(info->params + info->frozen[i].offset, keep + o, sizeof(float) * info->frozen[i].len);
+    free(keep);
+    if (st != DT_OK) return dt_error(st, "[train] time_layers: %s", dt_last_error());
+    if (r->rank == 0)
+        dt_log(DT_LOG_INFO, "timed the %d layers' forward and backward on %d samples (summary.json's layer_times)",
+               r->layers.layers, r->layers.samples);
+    return DT_OK;
+}
+
 // The model and its data, every rank from rank 0's parameters, and the
 // strategy over them. A rank let in alone skips the start's collectives,
 // which the others made long ago with its predecessor: it gets the weights
@@ -567,6 +617,7 @@ static dt_status build(run_state *r) {
         if (dt_worker_recoverable(st)) st = lose_start(r->comm, &rec->lost_start);
         if (st != DT_OK) return dt_error(st, "broadcast of the initial parameters: %s", dt_last_error());
     }
+    if ((st = time_layers(r)) != DT_OK) return st;
     dt_strategy_args sa = {c, r->comm, info->params, info->grads, info->nparams, info->order, info->norder, r->obs,
                            info->order_layer, r->all, info->order_split, info->nwhole, info->part_fill,
                            info->part_take, info->part_user, info->replicas, info->tensor_group, info->matrices,
@@ -1138,7 +1189,7 @@ static dt_status finish(run_state *r) {
     }
     if (r->run_dir) {
         snprintf(path, sizeof path, "%s/summary.json", r->run_dir);
-        st = write_summary(path, r->c, r->tops, r->task, s, res, r->info.nparams, peaks);
+        st = write_summary(path, r->c, r->tops, r->task, s, res, r->info.nparams, peaks, &r->layers);
     }
     free(peaks);
     return st;
@@ -1183,6 +1234,7 @@ static dt_status tear_down(run_state *r, dt_status st) {
     st = dt_worker_exit(r->all, st);
     st = dt_run_ckpt_end(&r->ck, st);
     if (r->task) r->tops->destroy(r->task);
+    dt_task_layer_times_free(&r->layers);
     return st;
 }
 

@@ -3,8 +3,9 @@
  * check's formula (dt_memory_worker) and timed by the simulator
  * (dt_sim_predict: the data-parallel exchange over the replicas) on top of
  * a model of one replica's step: the profile's measured time per sample,
- * split over the layers by their FLOPs, divided by tensor parallelism and
- * cut into pipeline stages with their bubble, plus the tensor-parallel
+ * split over the layers by their measured forward + backward times (by
+ * their FLOPs where the profile has none), divided by tensor parallelism
+ * and cut into pipeline stages with their bubble, plus the tensor-parallel
  * allreduces and the pipeline's transfers (dt_sim_allreduce). What `dtrain
  * plan` prints and `dtrain train --plan auto` trains (docs/plan.md). */
 #include "dtrain/gpt.h"
@@ -17,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAXL 512  // layers whose costs a pipeline is cut by
+#define MAXL DT_SIM_MAX_LAYERS  // layers whose costs a pipeline is cut by
 
 dt_plan_params dt_plan_default_params(int workers) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -43,6 +44,37 @@ static int layer_costs(const dt_config *c, double *f) {
     if (c->gpt) return gpt_costs(c, f);
     if (c->nlayers > MAXL || dt_model_layer_costs(c->input, c->layers, c->nlayers, f) != DT_OK) return 0;
     return c->nlayers;
+}
+
+// The replica's layers as a pipeline cuts them: the weight of each in the
+// step's compute, and the forward that recompute runs again as a share of
+// that compute.
+typedef struct {
+    int n;             // layers (0: none known; the compute is one piece)
+    double cost[MAXL]; // measured forward + backward per sample, else forward FLOPs
+    double refwd;      // recompute: the blocks' forwards again, over the whole compute
+} layers_t;
+
+// From the profile's measured per-layer times where it has the model's
+// layers (a GPT's blocks are alike: the cheapest forward, the one without
+// the embedding or the head, stands for each block's in recompute's);
+// else each layer's forward FLOPs, recompute one forward of the whole
+// (1 - the backward's share of the step).
+static void layer_model(const dt_config *c, const dt_sim_profile *p, layers_t *ly) {
+    int L = c->gpt ? c->n_layer : c->nlayers;
+    if (p->layers != L || L > MAXL) {
+        ly->n = layer_costs(c, ly->cost);
+        ly->refwd = 1 - p->backward_share;
+        return;
+    }
+    double total = 0, fwd = INFINITY;
+    for (int l = 0; l < L; l++) {
+        ly->cost[l] = p->layer_forward_s[l] + p->layer_backward_s[l];
+        total += ly->cost[l];
+        fwd = fmin(fwd, p->layer_forward_s[l]);
+    }
+    ly->n = L;
+    ly->refwd = total > 0 ? L * fwd / total : 1 - p->backward_share;
 }
 
 // The busiest of P stages cut from f[0..n) in contiguous runs, as a share
@@ -112,21 +144,21 @@ typedef struct {
 // The replica's step without its data-parallel exchange: its compute
 // (bubbles included) and the tensor-parallel and pipeline transfers.
 static double replica_step(const dt_config *c, const dt_layout *l, const dt_plan_params *s, const rank_cost *rc,
-                           double b, double *share) {
-    double f[MAXL], tp_share = 1.0 / l->tensor, floats = 0;
-    int n = layer_costs(c, f), T = l->tensor, P = l->pipeline, M = P > 1 ? l->micro_batches : 1;
+                           const layers_t *ly, double b, double *share) {
+    double tp_share = 1.0 / l->tensor, floats = 0;
+    int T = l->tensor, P = l->pipeline, M = P > 1 ? l->micro_batches : 1;
     if (M < 1) M = P;
     int nar = 0;  // allreduces each way per micro-batch
-    double stage = stage_share(f, n, P);
+    double stage = stage_share(ly->cost, ly->n, P);
     if (c->gpt) {
         nar = 2 * ((c->n_layer + P - 1) / P);
         floats = (double)c->seq_len * c->n_embd;
-    } else if (T > 1 && n) {
-        nar = classifier_tp(c, f, T, &tp_share, &floats);
+    } else if (T > 1 && ly->n) {
+        nar = classifier_tp(c, ly->cost, T, &tp_share, &floats);
         if (nar) floats /= nar;
     }
     *share = stage * tp_share;
-    double comp = rc->comp_s * (l->recompute ? 1 + (1 - rc->bwd_share) : 1);
+    double comp = rc->comp_s * (l->recompute ? 1 + ly->refwd : 1);
     double per_micro = b / M * comp * stage * tp_share;
     int R = s->workers / s->hosts;
     dt_sim_params grp = {.hosts = T > R ? (T + R - 1) / R : 1, .ranks_per_host = T > R ? R : T,
@@ -145,10 +177,10 @@ static double replica_step(const dt_config *c, const dt_layout *l, const dt_plan
 // The step of layout l: the replica's, then the simulator's exchange of
 // its gradients over the D replicas.
 static void predict(const dt_config *c, const dt_layout *l, const dt_plan_params *s, const rank_cost *rc,
-                    dt_plan_row *row) {
+                    const layers_t *ly, dt_plan_row *row) {
     int W = s->workers, R = W / s->hosts, TP = l->tensor * l->pipeline, D = W / TP;
     double b = (double)c->batch / D, share;
-    double rep = replica_step(c, l, s, rc, b, &share);
+    double rep = replica_step(c, l, s, rc, ly, b, &share);
     double ratio = l->codec == DT_COMP_INT8 ? 0.25 : l->codec ? 0.5 : 1;  // (fp16, bf16)
     int hd = D * l->tensor > R ? (D * l->tensor + R - 1) / R : 1;  // hosts a replica group spans
     if (hd > D) hd = D;
@@ -176,6 +208,7 @@ typedef struct {
     const dt_config *c;
     const dt_plan_params *s;
     rank_cost rc;
+    layers_t ly;
     size_t limit, machine;
     dt_plan_row *rows;
     int n, cap;
@@ -209,7 +242,7 @@ static void consider(plan_t *pl, const dt_layout *l) {
         pl->rows = r, pl->cap = cap;
     }
     dt_plan_row *row = &pl->rows[pl->n];
-    predict(&cc, l, pl->s, &pl->rc, row);
+    predict(&cc, l, pl->s, &pl->rc, &pl->ly, row);
     row->formula = dt_memory_worker(&cc, W, NULL);
     if (row->formula == 0) return;  // (the data files' headers could not be read)
     row->memory = row->formula + (size_t)(pl->s->memory_extra > 0 ? pl->s->memory_extra : 0);
@@ -266,6 +299,7 @@ dt_status dt_plan_rank(const dt_config *c, const dt_sim_profile *p, const dt_pla
     double k = fmax(1, (double)R * s->threads / s->cores) / fmax(1, (double)P * s->threads / s->cores);
     plan_t pl = {.c = c, .s = s, .limit = limit, .machine = dt_mem_machine(NULL),
                  .rc = {p->compute_s * k, p->backward_share, p->data_s * k, p->optimizer_s * k, p->params}};
+    layer_model(c, p, &pl.ly);
     for (int T = 1; T <= W; T++)
         for (int P = 1; T * P <= W; P++) {
             if (W % (T * P)) continue;

@@ -88,7 +88,8 @@ dt_schedule dt_worker_schedule(const dt_config *c, int64_t total);
  *   DTRAIN_FAULT_OVERFLOW=R:S  rank R finds an inf among its gradients at
  *       step S (fp16's loss scaling, which every rank must then skip);
  *   DTRAIN_SLOW_LAYER=R:L:MS  rank R sleeps MS milliseconds in each timed
- *       forward of layer L while a pipeline measures its layers (one rank
+ *       forward of layer L while the layers are timed (dt_task_time_layers: a
+ *       pipeline's measured balance, [train] time_layers; one rank
  *       seeing a layer slower than the others do: dt_fault_slow_layer). */
 dt_status dt_fault_step(int rank, int64_t step);
 dt_status dt_fault_at(int rank, int64_t step, const char *place);

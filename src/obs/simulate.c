@@ -12,8 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+// j's number `key` (key NULL: j itself); NaN when it is not one.
 static double num(const cJSON *j, const char *key) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    const cJSON *x = key ? cJSON_GetObjectItemCaseSensitive(j, key) : j;
     return cJSON_IsNumber(x) ? x->valuedouble : NAN;
 }
 
@@ -33,6 +34,23 @@ static double bucket_kb(const char *run_dir, double def) {
     return v;
 }
 
+// summary.json's layer_times ([train] time_layers) per sample into p
+// (p->layers 0 when absent, too many, negative or all zero).
+static void layer_times(const cJSON *j, dt_sim_profile *p) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "layer_times");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "forward_seconds");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(t, "backward_seconds");
+    double samples = num(t, "samples"), sum = 0;
+    int L = cJSON_GetArraySize(f), ok = samples >= 1 && L >= 1 && L <= DT_SIM_MAX_LAYERS && cJSON_GetArraySize(b) == L;
+    for (int l = 0; ok && l < L; l++) {
+        double x = num(cJSON_GetArrayItem(f, l), NULL), y = num(cJSON_GetArrayItem(b, l), NULL);
+        ok = x >= 0 && y >= 0;  // (NaN: not a number)
+        p->layer_forward_s[l] = x / samples, p->layer_backward_s[l] = y / samples;
+        sum += x + y;
+    }
+    p->layers = ok && sum > 0 ? L : 0;
+}
+
 dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
     double med[6];
     dt_status st = dt_report_phase_medians(run_dir, med);
@@ -49,9 +67,11 @@ dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
         return dt_error(DT_ERR_FORMAT, "%s: expected a JSON object", path);
     }
     double params = num(j, "params"), batch = num(j, "batch"), workers = num(j, "workers");
-    cJSON_Delete(j);
     const char *bad = !(params > 0) ? "params" : !(batch >= 1) ? "batch" : !(workers >= 1) ? "workers" : NULL;
-    if (bad) return dt_error(DT_ERR_FORMAT, "%s: expected a positive number \"%s\"", path, bad);
+    if (bad) {
+        cJSON_Delete(j);
+        return dt_error(DT_ERR_FORMAT, "%s: expected a positive number \"%s\"", path, bad);
+    }
     double per_rank = batch / workers;
     *out = (dt_sim_profile){
         .data_s = med[0] / per_rank,
@@ -63,6 +83,8 @@ dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
         .workers = (int)workers,
         .bucket_bytes = bucket_kb(run_dir, 2048) * 1024,
     };
+    layer_times(j, out);
+    cJSON_Delete(j);
     return DT_OK;
 }
 

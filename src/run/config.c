@@ -141,6 +141,7 @@ static const field fields[] = {
     {"data", "test_images", F_STR, O(h5_names[2]), 0, 0, NULL},
     {"data", "test_labels", F_STR, O(h5_names[3]), 0, 0, NULL},
     {"train", "dynamic_batch", F_BOOL, O(dynamic_batch), 0, 1, NULL},
+    {"train", "time_layers", F_BOOL, O(time_layers), 0, 1, NULL},
     {"optim", "name", F_ENUM, O(optim.kind), 0, 0, optim_names},
     {"optim", "lr", F_FLOAT, O(optim.lr), 1e-12, 1e3, NULL},
     {"optim", "momentum", F_FLOAT, O(optim.momentum), 0, 0.999999, NULL},

@@ -29,13 +29,13 @@ static const char help[] =
     "parallel T, pipeline P with 1, 2 or 4 micro-batches a stage and the gpipe or\n"
     "1f1b schedule, a GPT's recompute, the gradient bucket, lossy codecs with\n"
     "--lossy) is sized by the formula the start check uses and timed by the\n"
-    "simulator from the model's time per sample on this machine, measured once\n"
-    "by a short calibration run (plain data parallel on the N / H workers of\n"
-    "one host, or one worker where that cannot run) and kept in\n"
-    "$XDG_CACHE_HOME/dtrain (default ~/.cache/dtrain), keyed by the model's\n"
-    "shape, batch, precision, optimizer, CPU, workers and threads. Prints the fastest K\n"
-    "that fit, each with its predicted step time, memory per worker and the\n"
-    "'dtrain train' line that runs it (docs/plan.md).\n"
+    "simulator from the model's time per sample and each layer's on this\n"
+    "machine, measured once by a short calibration run (plain data parallel on\n"
+    "the N / H workers of one host, or one worker where that cannot run) and\n"
+    "kept in $XDG_CACHE_HOME/dtrain (default ~/.cache/dtrain), keyed by the\n"
+    "model's shape, batch, precision, optimizer, CPU, workers and threads.\n"
+    "Prints the fastest K that fit, each with its predicted step time, memory\n"
+    "per worker and the 'dtrain train' line that runs it (docs/plan.md).\n"
     "\n"
     "options:\n"
     "  --workers N     the workers (ranks) to plan for (required)\n"
@@ -126,7 +126,7 @@ static void profile_key(const dt_config *c, int workers, int threads, char *key,
     const dt_cpu *cpu = dt_cpu_get();
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     size_t o = (size_t)snprintf(key, len,
-                                "v2 cpu=%s/%d/%d isa=%d cores=%ld workers=%d threads=%d batch=%d precision=%d optim=%d",
+                                "v3 cpu=%s/%d/%d isa=%d cores=%ld workers=%d threads=%d batch=%d precision=%d optim=%d",
                                 cpu->name, cpu->family, cpu->model, (int)cpu->isa, cores, workers, threads, c->batch,
                                 (int)c->precision, (int)c->optim.kind);
     if (c->gpt)
@@ -168,6 +168,21 @@ typedef struct {
     double peak, step_s;
 } profile_t;
 
+// The profile's per-layer times per sample from the cache file's arrays
+// (none where they are absent or do not pair up).
+static void cache_layers(const cJSON *j, dt_sim_profile *p) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "layer_forward_s");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "layer_backward_s");
+    int L = cJSON_GetArraySize(f), ok = L <= DT_SIM_MAX_LAYERS && cJSON_GetArraySize(b) == L;
+    for (int l = 0; ok && l < L; l++) {
+        const cJSON *x = cJSON_GetArrayItem(f, l), *y = cJSON_GetArrayItem(b, l);
+        ok = cJSON_IsNumber(x) && cJSON_IsNumber(y) && x->valuedouble >= 0 && y->valuedouble >= 0;
+        p->layer_forward_s[l] = ok ? x->valuedouble : 0;
+        p->layer_backward_s[l] = ok ? y->valuedouble : 0;
+    }
+    p->layers = ok ? L : 0;
+}
+
 // The cached profile for key; 0 when there, -1 when not (or not this key's).
 static int cache_read(const char *path, const char *key, profile_t *pr) {
     dt_sim_profile *p = &pr->p;
@@ -183,6 +198,7 @@ static int cache_read(const char *path, const char *key, profile_t *pr) {
                               .data_s = jnum(j, "data_s"), .optimizer_s = jnum(j, "optimizer_s"),
                               .params = jnum(j, "params"), .batch = (int)jnum(j, "batch"),
                               .workers = (int)jnum(j, "workers")};
+        cache_layers(j, p);
         pr->peak = jnum(j, "peak_bytes");
         pr->step_s = jnum(j, "step_s");
         ok = pr->peak > 0 && p->compute_s > 0 && p->params > 0 && p->data_s >= 0 && p->optimizer_s >= 0 &&
@@ -201,17 +217,24 @@ static void cache_write(const char *path, const char *key, const profile_t *pr) 
         dt_log(DT_LOG_WARN, "plan: cannot keep the profile in %s: %s", dir, dt_last_error());
         return;
     }
-    char text[4096];
-    int n = snprintf(text, sizeof text,
-                     "{\"key\": \"%s\", \"compute_s\": %.9g, \"backward_share\": %.6g, \"data_s\": %.9g, "
-                     "\"optimizer_s\": %.9g, \"params\": %.0f, \"batch\": %d, \"workers\": %d, \"peak_bytes\": %.0f, "
-                     "\"step_s\": %.9g}\n",
-                     key, p->compute_s, p->backward_share, p->data_s, p->optimizer_s, p->params, p->batch, p->workers,
-                     pr->peak, pr->step_s);
-    const void *parts[1] = {text};
-    size_t sizes[1] = {(size_t)n};
-    if (dt_write_atomic(path, parts, sizes, 1) != DT_OK)
-        dt_log(DT_LOG_WARN, "plan: cannot keep the profile: %s", dt_last_error());
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "key", key);
+    const char *names[] = {"compute_s", "backward_share", "data_s", "optimizer_s", "params", "batch", "workers",
+                           "peak_bytes", "step_s"};
+    double v[] = {p->compute_s, p->backward_share, p->data_s, p->optimizer_s, p->params, p->batch, p->workers,
+                  pr->peak, pr->step_s};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) cJSON_AddNumberToObject(j, names[i], v[i]);
+    if (p->layers > 0) {  // (seconds per sample of each layer alone, [train] time_layers)
+        cJSON_AddItemToObject(j, "layer_forward_s", cJSON_CreateDoubleArray(p->layer_forward_s, p->layers));
+        cJSON_AddItemToObject(j, "layer_backward_s", cJSON_CreateDoubleArray(p->layer_backward_s, p->layers));
+    }
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    const void *parts[2] = {text, "\n"};
+    size_t sizes[2] = {text ? strlen(text) : 0, 1};
+    if (!text || dt_write_atomic(path, parts, sizes, 2) != DT_OK)
+        dt_log(DT_LOG_WARN, "plan: cannot keep the profile: %s", text ? dt_last_error() : "out of memory");
+    free(text);
 }
 
 // A short run of the model as plain data parallel on `workers` workers of
@@ -224,7 +247,7 @@ static int calibrate(const plan_args *a, int workers, int threads, const char *d
     snprintf(extra, sizeof extra,
              "--set parallel.zero=0 --set parallel.tensor=1 --set parallel.pipeline=1 --set compression.method=none "
              "--set train.recompute=none --set checkpoint.every_steps=0 --set checkpoint.every_seconds=0 "
-             "--set train.max_steps=12 --set train.epochs=1000000 --set train.threads=%d",
+             "--set train.max_steps=12 --set train.epochs=1000000 --set train.threads=%d --set train.time_layers=true",
              threads);
     dt_log(DT_LOG_INFO, "plan: measuring the model on %d worker%s x %d thread%s (12 steps, into %s)", workers,
            workers > 1 ? "s" : "", threads, threads > 1 ? "s" : "", dir);
@@ -238,7 +261,9 @@ static int calibrate(const plan_args *a, int workers, int threads, const char *d
 }
 
 // The model's profile on `workers` x `threads`: from the cache, else
-// measured into dir and kept.
+// measured into dir and kept; said where it has no per-layer times (a
+// model without stages to time them by, a GPU run): the planner then
+// splits the step by the layers' FLOPs.
 static int profile_for(const plan_args *a, const dt_config *c, int workers, int threads, const char *dir,
                        profile_t *p) {
     char key[4096], path[2200];
@@ -246,11 +271,15 @@ static int profile_for(const plan_args *a, const dt_config *c, int workers, int 
     cache_path(key, path, sizeof path);
     if (!a->recalibrate && cache_read(path, key, p) == 0) {
         dt_log(DT_LOG_INFO, "plan: the model's profile from %s", path);
-        return 0;
+    } else {
+        int rc = calibrate(a, workers, threads, dir, p);
+        if (rc) return rc;
+        cache_write(path, key, p);
     }
-    int rc = calibrate(a, workers, threads, dir, p);
-    if (rc == 0) cache_write(path, key, p);
-    return rc;
+    if (p->p.layers != (c->gpt ? c->n_layer : c->nlayers))
+        dt_log(DT_LOG_INFO, "plan: the profile has no per-layer times; the layers' shares of the step are their "
+                            "forward FLOPs");
+    return 0;
 }
 
 // 1536 -> "1.5 KiB"

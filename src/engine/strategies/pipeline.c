@@ -81,7 +81,6 @@
 #include <string.h>
 
 #define MAX_STAGES 1024
-#define MEASURE_REPS 5  // forwards and backwards a layer is timed, measured balance (the median counts)
 
 typedef struct {
     dt_task_stage *st;
@@ -154,9 +153,7 @@ static int micro_batches(const dt_config *c, int W) {
     }
     return c->micro_batches > 0 ? c->micro_batches : c->pipeline;
 }
-// The layers the stages divide: the GPT's blocks, a sequential model's
-// [model] layers.
-static int model_layers(const dt_config *c) { return c->gpt ? c->n_layer : c->nlayers; }
+// The field that gives the layers the stages divide (dt_task_layers).
 static const char *layers_field(const dt_config *c) { return c->gpt ? "[model] n_layer" : "[model] layer = ... lines"; }
 static int virtual_stages(const dt_config *c) { return c->pipeline_schedule == 2 ? c->virtual_stages : 1; }
 
@@ -211,7 +208,7 @@ static const char *balance_name(const dt_config *c, int measured) {
 // the GPT's blocks, which cost the same) or a sequential model's layers by
 // their forward FLOPs (dt_model_layer_costs).
 static dt_status stage_bounds(const dt_config *c, const double *measured, int *bounds) {
-    int P = c->pipeline * virtual_stages(c), L = model_layers(c);
+    int P = c->pipeline * virtual_stages(c), L = dt_task_layers(c);
     if (!c->pipeline_split[0] && measured) return dt_pipeline_balance(measured, L, P, bounds);
     if (!c->pipeline_split[0] && (c->gpt || c->pipeline_balance == DT_BALANCE_COUNT)) {
         for (int s = 0; s <= P; s++) bounds[s] = (int)((long)L * s / P);
@@ -255,7 +252,7 @@ static dt_status stage_bounds(const dt_config *c, const double *measured, int *b
 static int pp_wants(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
 
 static dt_status pp_check(const dt_config *c, int W) {
-    int T = c->tensor, P = c->pipeline, M = micro_batches(c, W), L = model_layers(c);
+    int T = c->tensor, P = c->pipeline, M = micro_batches(c, W), L = dt_task_layers(c);
     const char *what = P > 1 ? "[parallel] pipeline" : "[parallel] tensor";
     int v = P > 1 ? P : T;
     const char *mname = c->deterministic ? "micro_shards / data-parallel replicas" : "micro_batches";
@@ -348,7 +345,7 @@ static void print_layout(pipe *p) {
 static void print_stages(pipe *p) {
     const int *bounds = p->bounds;
     const dt_config *c = p->base.c;
-    int L = model_layers(c), S = p->P * p->V;
+    int L = dt_task_layers(c), S = p->P * p->V;
     const char *how = balance_name(c, p->layer_cost != NULL);
     if (S > 1) dt_obs_pipeline_split(p->base.obs, how, bounds, S, p->layer_cost, L);
     if (p->base.rank != 0) return;
@@ -382,7 +379,7 @@ static void print_stages(pipe *p) {
         snprintf(same, sizeof same, " (layers 0, 1 and %d timed, the others cost layer 1's: the blocks are alike)", L - 1);
     dt_log(DT_LOG_INFO,
            "model parallel: measured forward + backward of one micro-batch, ms (median of %d, the largest over the %d ranks); layers %s; %sstages %s%s",
-           MEASURE_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc, same);
+           DT_TASK_TIME_REPS, p->base.world, lc, p->V > 1 ? "virtual " : "", sc, same);
 }
 
 // A step's order of work on stage s (Megatron's schedules). gpipe: every
@@ -714,76 +711,24 @@ static dt_status holder(dt_comm_t c, int have, int *root) {
 }
 
 // Measured balance, before the model's parameters are set (pp_layout):
-// every rank times each layer (a GPT three of them: timed_as), a stage of
-// the task's for that layer alone on a scratch micro-batch of the largest
-// size (the task's scratch_batch; the layer's input and its output's
-// gradient zeros), forward then backward, MEASURE_REPS times, and takes
-// the median forward + median backward. The first layer's includes the
-// embedding (the images), the last one's the head and the loss, which stay
-// on the end stages. Only one layer's activations exist at a time, on the
-// layer's own (unset: untouched) parameters, and the gradients the
-// measurement leaves are given back (their pages too): the scratch is one
-// layer's. The ranks agree on the largest of each layer's figures (an
-// int64 allreduce max of nanoseconds: exact, so every rank cuts the same
-// stages from the same numbers). Tensor-parallel shards of one copy run
-// the same layers together (their sums inside the layers match).
-static dt_status time_layer(pipe *p, const dt_task_ops *tops, dt_task *task, int l, int len, double *f, double *b) {
-    dt_strategy *s = &p->base;
-    dt_task_stage *st = NULL;
-    float *in, *out, *d = NULL, *din;
-    size_t inc, outc;
-    dt_status rc = tops->stage_create(task, l, l + 1, len, &st);
-    for (int r = 0; r < MEASURE_REPS && rc == DT_OK; r++) {
-        rc = tops->stage_begin(task, st, 0, 0, len, 1.0f / (float)len, &in, &inc, &out, &outc);
-        if (rc == DT_OK && !d && !(d = calloc(outc > inc ? outc : inc, sizeof(float))))
-            rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
-        if (rc != DT_OK) break;
-        if (l > 0) memset(in, 0, sizeof(float) * inc);
-        double t0 = dt_now();
-        float loss;
-        rc = tops->stage_forward(task, st, &loss);
-        dt_fault_slow_layer(s->rank, l);
-        f[r] = dt_now() - t0;
-        memset(d, 0, sizeof(float) * outc);
-        t0 = dt_now();
-        if (rc == DT_OK) rc = tops->stage_backward(task, st, d, &din);
-        b[r] = dt_now() - t0;
-    }
-    if (st) tops->stage_free(st);
-    free(d);
-    return rc;
-}
-
-// The layer whose time stands for layer l's: l itself, but for a GPT,
-// whose blocks all cost the same: its first layer (with the embedding),
-// its last (with the head) and the second (a block alone), which stands
-// for the others. Three stages of one block are timed, not L.
-static int timed_as(const dt_config *c, int l) {
-    int L = model_layers(c);
-    return !c->gpt || l == 0 || l == L - 1 ? l : 1;
-}
-
+// every rank times each layer through the task's stages, on the layer's
+// own (unset: untouched) parameters, and the ranks agree on the largest
+// figures (dt_task_time_layers: exact, so every rank cuts the same stages
+// from the same numbers); a layer's cost is its forward + backward. The
+// first layer's includes the embedding (the images), the last one's the
+// head and the loss, which stay on the end stages. Tensor-parallel shards
+// of one copy run the same layers together (their sums inside the layers
+// match).
 static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task) {
     dt_strategy *s = &p->base;
-    int L = model_layers(s->c), len = pp_max_micro(s->c, s->world);
-    double f[MEASURE_REPS], b[MEASURE_REPS];
-    int64_t *ns = calloc((size_t)L, sizeof *ns);
-    p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost);
-    dt_status rc = ns && p->layer_cost && tops->scratch_batch ? DT_OK
-                   : dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
-    if (rc == DT_OK) rc = tops->scratch_batch(task, len);
-    for (int l = 0; l < L && rc == DT_OK; l++) {
-        if (timed_as(s->c, l) != l) continue;
-        if ((rc = time_layer(p, tops, task, l, len, f, b)) == DT_OK)
-            ns[l] = (int64_t)llround((dt_median(f, MEASURE_REPS) + dt_median(b, MEASURE_REPS)) * 1e9);
-        dt_zero_pages(s->grads, sizeof(float) * s->n);  // (the layer's, at once: one layer's at a time)
-    }
-    // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
-    dt_status ar = ns ? dt_allreduce(ns, ns, (size_t)L, DT_I64, DT_MAX, s->comm) : DT_ERR_NOMEM;
-    if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "pipeline: agreeing on the layers' costs: %s", dt_last_error());
-    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = (double)ns[timed_as(s->c, l)] * 1e-9;
-    free(ns);
-    return rc;
+    int L = dt_task_layers(s->c);
+    dt_task_layer_times t;
+    dt_status rc = dt_task_time_layers(tops, task, s->c, s->comm, pp_max_micro(s->c, s->world), s->grads, s->n, &t);
+    if (rc == DT_OK && !(p->layer_cost = calloc((size_t)L, sizeof *p->layer_cost)))
+        rc = dt_error(DT_ERR_NOMEM, "pipeline: out of memory measuring the layers");
+    for (int l = 0; l < L && rc == DT_OK; l++) p->layer_cost[l] = t.forward[l] + t.backward[l];
+    dt_task_layer_times_free(&t);
+    return rc == DT_OK ? DT_OK : dt_error(rc, "pipeline: measuring the layers: %s", dt_last_error());
 }
 
 // The cut (bounds, whether measured, the layers' costs) from the lowest
@@ -791,7 +736,7 @@ static dt_status measure_layers(pipe *p, const dt_task_ops *tops, dt_task *task)
 // in its layout as they meet it in their regroup.
 static dt_status share_cut(pipe *p, int have) {
     dt_strategy *s = &p->base;
-    int L = model_layers(s->c), nb = p->P * p->V + 1, root;
+    int L = dt_task_layers(s->c), nb = p->P * p->V + 1, root;
     dt_status st = holder(s->comm, have, &root);
     if (st == DT_OK && root < 0) st = dt_error(DT_ERR_INTERNAL, "model parallel: no worker holds the stages' cut");
     int64_t m = p->layer_cost != NULL;
@@ -838,7 +783,7 @@ static dt_status keep_all(pipe *p, const dt_task_ops *tops, dt_task *task, int j
 // into the replicas' slices (zero_units).
 static dt_status pp_layout(dt_strategy *s, const dt_task_ops *tops, dt_task *task, int joining) {
     pipe *p = (pipe *)s;
-    int L = model_layers(s->c);
+    int L = dt_task_layers(s->c);
     dt_status st = DT_OK;
     if (joining) st = share_cut(p, 0);
     else if (p->measure) st = measure_layers(p, tops, task);
@@ -1017,7 +962,7 @@ static int sole_holder(const pipe *p, int i) {
     const dt_strategy *s = &p->base;
     if (p->T > 1 && !(s->order_split && s->order_split[i]) && p->t != 0) return 0;
     if (!p->held) return p->stage == 0;
-    int l = s->order_layer ? s->order_layer[i] : 0, L = model_layers(s->c);
+    int l = s->order_layer ? s->order_layer[i] : 0, L = dt_task_layers(s->c);
     l = l < 0 ? 0 : l >= L ? L - 1 : l;  // (the embedding with block 0, the head with the last)
     for (int v = 0; v < p->V; v++)
         if (l >= p->ch[v].l0 && l < p->ch[v].l1) return 1;
@@ -1082,7 +1027,7 @@ static int keeps(const pipe *p, size_t off) {
 }
 
 static int owner(const pipe *p, int layer) {
-    int L = model_layers(p->base.c), l = layer < 0 ? 0 : layer >= L ? L - 1 : layer;
+    int L = dt_task_layers(p->base.c), l = layer < 0 ? 0 : layer >= L ? L - 1 : layer;
     for (int k = 0; k < p->P * p->V; k++)
         if (l >= p->bounds[k] && l < p->bounds[k + 1]) return k % p->P;
     return 0;
@@ -1105,7 +1050,7 @@ static dt_status eval_layer(pipe *p, int layer, int get) {
 
 static dt_status pp_params_needed(dt_strategy *s, int layer, int phase) {
     pipe *p = (pipe *)s;
-    int L = model_layers(s->c), block = layer >= 0 && layer < L;
+    int L = dt_task_layers(s->c), block = layer >= 0 && layer < L;
     if (!p->evaluating || phase != 0) return DT_OK;
     if (!block && (layer < 0 ? p->evaluating & 2 : p->evaluating & 4)) return DT_OK;  // (kept)
     dt_status st = eval_layer(p, layer, 1);
@@ -1119,7 +1064,7 @@ static dt_status pp_params_eval(dt_strategy *s, int begin) {
     pipe *p = (pipe *)s;
     if (!p->held || s->world == 1) return DT_OK;
     if (!begin) {
-        int L = model_layers(s->c);
+        int L = dt_task_layers(s->c);
         if (p->gathered >= 0) eval_layer(p, p->gathered, 0);
         if (p->evaluating & 2) eval_layer(p, -1, 0);  // (the embedding: the layer hook's -1)
         if (p->evaluating & 4) eval_layer(p, L, 0);
@@ -1303,7 +1248,7 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
 static void pp_summary(dt_strategy *s, struct cJSON *o) {
     pipe *p = (pipe *)s;
     const dt_config *c = s->c;
-    int S = p->P * p->V, L = model_layers(c);
+    int S = p->P * p->V, L = dt_task_layers(c);
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
     if (!j) return;
     cJSON_AddNumberToObject(j, "tensor", p->T);

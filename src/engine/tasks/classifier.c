@@ -494,6 +494,8 @@ static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
 
 struct dt_task_stage {
     dt_model_acts *a;
+    dt_task *t;
+    size_t bytes, saved;  // counted in the task's act_bytes, act_saved while the stage lives
     int l0, l1, off, len;
     int64_t step;
     float scale;
@@ -502,21 +504,23 @@ struct dt_task_stage {
 static dt_status cls_stage_create(dt_task *t, int l0, int l1, int max_len, dt_task_stage **out) {
     dt_task_stage *st = calloc(1, sizeof *st);
     if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
-    *st = (dt_task_stage){.l0 = l0, .l1 = l1};
+    *st = (dt_task_stage){.t = t, .l0 = l0, .l1 = l1};
     dt_status s = dt_model_acts_create(&st->a, t->m, l0, l1, max_len);
     if (s != DT_OK) {
         free(st);
         *out = NULL;
         return s;
     }
-    size_t saved;
-    t->act_bytes += dt_model_acts_bytes(st->a, &saved);
-    t->act_saved += saved;
+    st->bytes = dt_model_acts_bytes(st->a, &st->saved);
+    t->act_bytes += st->bytes;
+    t->act_saved += st->saved;
     return s;
 }
 
 static void cls_stage_free(dt_task_stage *st) {
     if (!st) return;
+    st->t->act_bytes -= st->bytes;
+    st->t->act_saved -= st->saved;
     dt_model_acts_free(st->a);
     free(st);
 }

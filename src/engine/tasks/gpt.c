@@ -47,11 +47,12 @@ struct dt_task {
     dt_status dev_err;            // ... the last backward's failure, returned by the next forward
 };
 
-// Counts a set made (its bytes, and those its 16-bit matmul inputs save).
-static void count_acts(dt_task *t, const dt_gpt_acts *a) {
+// Counts a set made (its bytes, and those its 16-bit matmul inputs save),
+// or with made = 0 takes a freed one out.
+static void count_acts(dt_task *t, const dt_gpt_acts *a, int made) {
     if (!a) return;
-    t->act_bytes += dt_gpt_acts_bytes(a);
-    t->act_saved += dt_gpt_acts_saved(a);
+    if (made) t->act_bytes += dt_gpt_acts_bytes(a), t->act_saved += dt_gpt_acts_saved(a);
+    else t->act_bytes -= dt_gpt_acts_bytes(a), t->act_saved -= dt_gpt_acts_saved(a);
 }
 
 // The evaluation's forward (dt_task_val_loss): in set a, else the default.
@@ -248,7 +249,7 @@ static void gpt_info(dt_task *t, const dt_config *c, const dt_grad_range *order,
     if (t->ntp > 1)
         snprintf(shard, sizeof shard, " (%zu on each of %d tensor-parallel ranks%s)", info->nparams, t->ntp,
                  c->sequence ? ", sequence parallel" : "");
-    count_acts(t, dt_gpt_default_acts(t->m));
+    count_acts(t, dt_gpt_default_acts(t->m), 1);
     char acts[96] = "";
     if (t->act_saved)
         snprintf(acts, sizeof acts, "; activations %.1f MiB (%.1f MiB saved: matmul inputs kept in %s)",
@@ -401,7 +402,7 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
     }
     dt_gpt_acts_params ap = acts_params(t, max_len, l0, l1);
     dt_status st_ = dt_gpt_acts_create_with(&st->a, &t->gc, &ap);
-    if (st_ == DT_OK) count_acts(t, st->a);
+    if (st_ == DT_OK) count_acts(t, st->a, 1);
     if (st_ != DT_OK) {
         free(st);
         *out = NULL;
@@ -412,7 +413,7 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
 static void gpt_stage_free(dt_task_stage *st) {
     if (!st) return;
     if (st->lent) st->t->lent = 0;
-    else dt_gpt_acts_free(st->a);
+    else count_acts(st->t, st->a, 0), dt_gpt_acts_free(st->a);
     free(st);
 }
 
@@ -465,7 +466,7 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
         ap.recompute = 0;
         ap.forward_only = 1;
         if ((st = dt_gpt_acts_create_with(&t->eval, &t->gc, &ap)) != DT_OK) return st;
-        count_acts(t, t->eval);
+        count_acts(t, t->eval, 1);
     }
     // Tensor parallel: the shards of one model run the same windows.
     gpt_fwd f = {t->m, t->eval};

@@ -1,10 +1,12 @@
 /* What the model tables share (task.h): a tensor-parallel model's shard
  * groups, an evaluation's split over the ranks, a language model's
- * validation loss, the weights file. */
+ * validation loss, the weights file, the layers' times. */
 #include "dtrain/launch.h"
 #include "engine/tasks/task.h"
 #include "engine/checkpoints.h"
+#include "engine/worker.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,4 +137,81 @@ dt_status dt_task_write_weights(const char *path, const dt_tensor_info *tensors,
     held h = {params, lo, hi, fill, user};
     dt_status st = dt_run_weights_write(path, tensors, n, meta, nmeta, comm, fill_held, &h);
     return st == DT_OK ? DT_OK : dt_error(st, "saving the model: %s", dt_last_error());
+}
+
+// ---- the layers' times -------------------------------------------------------
+
+int dt_task_layers(const dt_config *c) { return c->gpt ? c->n_layer : c->nlayers; }
+
+// Layer l alone, DT_TASK_TIME_REPS times: its forwards' seconds into f, its
+// backwards' into b (the layer's input and its output's gradient zeros).
+static dt_status time_layer(const dt_task_ops *tops, dt_task *task, int rank, int l, int len, double *f, double *b) {
+    dt_task_stage *st = NULL;
+    float *in, *out, *d = NULL, *din;
+    size_t inc, outc;
+    dt_status rc = tops->stage_create(task, l, l + 1, len, &st);
+    for (int r = 0; r < DT_TASK_TIME_REPS && rc == DT_OK; r++) {
+        rc = tops->stage_begin(task, st, 0, 0, len, 1.0f / (float)len, &in, &inc, &out, &outc);
+        if (rc == DT_OK && !d && !(d = calloc(outc > inc ? outc : inc, sizeof(float))))
+            rc = dt_error(DT_ERR_NOMEM, "timing the layers: out of memory");
+        if (rc != DT_OK) break;
+        if (l > 0) memset(in, 0, sizeof(float) * inc);
+        double t0 = dt_now();
+        float loss;
+        rc = tops->stage_forward(task, st, &loss);
+        dt_fault_slow_layer(rank, l);
+        f[r] = dt_now() - t0;
+        memset(d, 0, sizeof(float) * outc);
+        t0 = dt_now();
+        if (rc == DT_OK) rc = tops->stage_backward(task, st, d, &din);
+        b[r] = dt_now() - t0;
+    }
+    if (st) tops->stage_free(st);
+    free(d);
+    return rc;
+}
+
+// The layer whose time stands for layer l's: l itself, but for a GPT,
+// whose blocks all cost the same: its first layer (with the embedding),
+// its last (with the head) and the second (a block alone), which stands
+// for the others.
+static int timed_as(const dt_config *c, int l) {
+    return !c->gpt || l == 0 || l == dt_task_layers(c) - 1 ? l : 1;
+}
+
+dt_status dt_task_time_layers(const dt_task_ops *tops, dt_task *task, const dt_config *c, dt_comm_t comm,
+                              int samples, float *grads, size_t n, dt_task_layer_times *out) {
+    int L = dt_task_layers(c), rank = dt_comm_rank(comm);
+    double f[DT_TASK_TIME_REPS], b[DT_TASK_TIME_REPS];
+    int64_t *ns = calloc(2 * (size_t)L, sizeof *ns);  // [forward, backward] of each layer
+    *out = (dt_task_layer_times){.layers = L, .samples = samples, .forward = calloc((size_t)L, sizeof(double)),
+                                 .backward = calloc((size_t)L, sizeof(double))};
+    dt_status rc = L < 1 || samples < 1 || !tops->stage_create || !tops->scratch_batch
+                       ? dt_error(DT_ERR_ARG, "timing the layers: the %s model has no layers to time", tops->name)
+                   : ns && out->forward && out->backward ? DT_OK
+                                                         : dt_error(DT_ERR_NOMEM, "timing the layers: out of memory");
+    if (rc == DT_OK) rc = tops->scratch_batch(task, samples);
+    for (int l = 0; l < L && rc == DT_OK; l++) {
+        if (timed_as(c, l) != l) continue;
+        if ((rc = time_layer(tops, task, rank, l, samples, f, b)) != DT_OK) break;
+        ns[2 * l] = (int64_t)llround(dt_median(f, DT_TASK_TIME_REPS) * 1e9);
+        ns[2 * l + 1] = (int64_t)llround(dt_median(b, DT_TASK_TIME_REPS) * 1e9);
+        dt_zero_pages(grads, sizeof(float) * n);  // (the layer's, at once: one layer's at a time)
+    }
+    // (every rank reaches the allreduce, with its error after it: none waits for one that failed)
+    dt_status ar = ns ? dt_allreduce(ns, ns, 2 * (size_t)L, DT_I64, DT_MAX, comm) : DT_ERR_NOMEM;
+    if (rc == DT_OK && ar != DT_OK) rc = dt_error(ar, "timing the layers: agreeing on them: %s", dt_last_error());
+    for (int l = 0; l < L && rc == DT_OK; l++) {
+        out->forward[l] = (double)ns[2 * timed_as(c, l)] * 1e-9;
+        out->backward[l] = (double)ns[2 * timed_as(c, l) + 1] * 1e-9;
+    }
+    free(ns);
+    if (rc != DT_OK) dt_task_layer_times_free(out);
+    return rc;
+}
+
+void dt_task_layer_times_free(dt_task_layer_times *t) {
+    free(t->forward);
+    free(t->backward);
+    *t = (dt_task_layer_times){0};
 }

@@ -285,6 +285,35 @@ dt_status dt_task_write_weights(const char *path, const dt_tensor_info *tensors,
                                 int nmeta, const float *params, dt_part_fill_fn fill, void *user, dt_comm_t comm,
                                 size_t lo, size_t hi);
 
+/* The layers a model's stages count (stage_create's l0, l1): a language
+ * model's blocks, a sequential model's [model] layers. */
+int dt_task_layers(const dt_config *c);
+
+/* Each layer's measured forward and backward seconds on a micro-batch of
+ * `samples` samples (each the median of DT_TASK_TIME_REPS). */
+#define DT_TASK_TIME_REPS 5
+typedef struct {
+    int layers, samples;
+    double *forward, *backward; /* [layers] each (malloc'd: dt_task_layer_times_free) */
+} dt_task_layer_times;
+
+/* Times each layer alone before the first step, on every rank of comm at
+ * once: a stage of the task's for that layer (stage_create; the first
+ * layer's with the embedding or the images, the last one's with the head
+ * and the loss) on a scratch batch of `samples` samples (scratch_batch:
+ * zeros; the next next_batch replaces it), forward then backward,
+ * DT_TASK_TIME_REPS times, the median of each. A GPT's blocks cost the
+ * same: its first, second (a block alone) and last layers are timed, the
+ * others take the second's. The ranks agree on the largest of each figure
+ * (an int64 allreduce max of nanoseconds: exact, so every rank has the
+ * same numbers); every rank reaches it, with its error after it. Only one
+ * layer's activations exist at a time, and the gradients the measurement
+ * leaves in grads[n] are given back (their pages too). What a pipeline's
+ * measured balance cuts by and `[train] time_layers` reports. */
+dt_status dt_task_time_layers(const dt_task_ops *tops, dt_task *task, const dt_config *c, dt_comm_t comm,
+                              int samples, float *grads, size_t n, dt_task_layer_times *out);
+void dt_task_layer_times_free(dt_task_layer_times *t);
+
 extern const dt_task_ops dt_task_classifier; /* engine/tasks/classifier.c */
 extern const dt_task_ops dt_task_gpt;        /* engine/tasks/gpt.c */
 extern const dt_task_ops dt_task_llama;      /* engine/tasks/llama.c */
