@@ -393,9 +393,11 @@ static void test_cache_verify(void) {
               access(tl_path(g_tmp, "verify/verify-2/summary.json"), F_OK) == 0,
           "--verify 2: exit %d\n%s", rc, g_out);
     // the predicted peak against the measured one (the largest rank's), row
-    // by row: within 20% (the MLP's fastest are tensor-parallel, whose ranks
-    // hold 16-17% more than the formula plus the data-parallel calibration's
-    // extra: docs/plan.md)
+    // by row: within 20% (the MLP's fastest are tensor-parallel: their
+    // sub-communicators' shared-memory pages, which the data-parallel
+    // calibration's extra does not have, and what the collectives touch of
+    // them varies from run to run: 30.3 to 33.6 MiB measured for the same
+    // layout against 28.6 to 30.6 predicted; docs/plan.md)
     const char *t = strstr(g_out, "error\n");
     int rows = 0;
     for (double ms, mms, mib, mmib; t && (t = strchr(t, '\n')) && t[1]; rows++) {
