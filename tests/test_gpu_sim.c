@@ -179,7 +179,7 @@ static void test_table(void) {
                          "gelu_backward", "crossentropy_forward", "crossentropy_backward", "adamw", "sgd",
                          "encoder_forward", "encoder_backward", "residual_forward", "residual_backward",
                          "attention_forward", "attention_backward", "relu_forward", "relu_backward", "bias_forward",
-                         "bias_backward", "sumsq", "scale", "fixed_add", "fixed_to_float", NULL};
+                         "bias_backward", "sumsq", "sumsq_parts", "scale", "fixed_add", "fixed_to_float", NULL};
     const char *op = dt_dev_lacks(&dt_dev_cuda, all);
     CHECK(op == NULL, "the CUDA device has every op: lacks %s", op ? op : "none");
     dt_dev without = dt_dev_cuda;
@@ -204,6 +204,38 @@ static void test_table(void) {
     CHECK(dt_dev_take(&a, DT_DEV_WEIGHTS, 600 << 10) == a.base && dt_dev_take(&a, DT_DEV_ACTS, 600 << 10) ==
           a.base + (600 << 10) && a.used[DT_DEV_ACTS] == 600 << 10, "the second pass takes the planned blocks");
     dt_dev_arena_close(&a);
+}
+
+// The sharded norm's pieces (sumsq_parts) of every rank's slice of n over
+// W, each slice's first piece from the carry the slice before left: the
+// closed pieces added in order are dt_sum_squares's bits.
+static void test_sumsq_parts(size_t n, int W) {
+    const dt_dev *d = &dt_dev_sim;
+    float *x = malloc(sizeof(float) * n), *dx = NULL;
+    double *part = malloc(sizeof(double) * (n / DT_SUMSQ_BLOCK + 2 * (size_t)W)), *dp = NULL, carry = 0, sum = 0;
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i * 7919) % 1000) / 97.0f - 5.0f;
+    dt_status st = d->alloc((void **)&dx, sizeof(float) * n);
+    if (st == DT_OK) st = d->alloc((void **)&dp, sizeof(double) * (n / DT_SUMSQ_BLOCK + 2));
+    if (st == DT_OK) st = d->to_device(dx, x, sizeof(float) * n);
+    for (int r = 0; r < W && st == DT_OK; r++) {
+        size_t lo, hi, np = 0;
+        dt_shard_range(n, r, W, &lo, &hi);
+        if (hi > lo) {
+            np = dt_sum_squares_parts(x + lo, hi - lo, lo % DT_SUMSQ_BLOCK, carry, part);
+            st = d->sumsq_parts(dp, dx + lo, hi - lo, lo % DT_SUMSQ_BLOCK, carry);
+        }
+        double got[np ? np : 1];
+        if (st == DT_OK && np) st = d->to_host(got, dp, sizeof(double) * np);
+        CHECK(st == DT_OK && (!np || !memcmp(got, part, sizeof(double) * np)),
+              "sumsq_parts n %zu rank %d of %d: the device's pieces are the CPU's", n, r, W);
+        int open = np && hi % DT_SUMSQ_BLOCK && hi != n;
+        for (size_t k = 0; k + (size_t)open < np; k++) sum += part[k];
+        carry = open ? part[np - 1] : np ? 0 : carry;
+    }
+    double want = dt_sum_squares(x, n);
+    CHECK(st == DT_OK && !memcmp(&sum, &want, sizeof sum), "sumsq_parts n %zu over %d slices: the pieces add to "
+          "dt_sum_squares's bits: %.17g, %.17g", n, W, sum, want);
+    d->free(dx), d->free(dp), free(x), free(part);
 }
 
 // ---- runs ------------------------------------------------------------------------
@@ -869,6 +901,8 @@ int main(int argc, char **argv) {
     test_ce_padded();
     test_gemm16();
     test_table();
+    const size_t sq[][2] = {{1, 1}, {4095, 2}, {4097, 3}, {39202, 3}, {100003, 2}, {100003, 7}, {5, 7}};
+    for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq_parts(sq[i][0], (int)sq[i][1]);
     make_data();
     test_mlp();
     test_gpt();
