@@ -25,7 +25,8 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->params = dt_dev_take(a, DT_DEV_WEIGHTS, n);
     b->w16 = b->t != DT_F32 ? dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2) : NULL;
     b->grads = dt_dev_take(a, DT_DEV_GRADS, n);
-    for (int j = 0; j < 2; j++) b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
+    for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
+        b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
     b->sumsq = dt_dev_take(a, DT_DEV_WORK, sizeof(double));
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));

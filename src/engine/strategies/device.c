@@ -188,8 +188,6 @@ static void dev_micro_end(dt_strategy *s, int k) {
 enum { SUM_ALL, SUM_TO, FROM };
 
 static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt_dtype t, int root) {
-    static const char *const what[] = {"gradient allreduce", "gradient reduce to the slice's owner",
-                                       "parameter broadcast from the slice's owner"};
     size_t es = dt_dtype_size(t), per = (size_t)d->base.c->bucket_kb * 1024 / es;
     if (per == 0) per = 1;
     for (; lo < hi; lo += per) {
@@ -198,7 +196,10 @@ static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt
         dt_status st = how == SUM_ALL ? dt_allreduce(p, p, len, t, DT_SUM, d->gpus)
                        : how == SUM_TO ? dt_reduce(p, p, len, t, DT_SUM, root, d->gpus)
                                        : dt_broadcast(p, p, len, t, root, d->gpus);
-        if (st != DT_OK) return dt_error(st, "%s on the GPUs (rank %d): %s", what[how], root, dt_last_error());
+        if (st != DT_OK && how == SUM_ALL) return dt_error(st, "gradient allreduce on the GPUs: %s", dt_last_error());
+        if (st != DT_OK)
+            return dt_error(st, "%s rank %d's slice on the GPUs: %s",
+                            how == SUM_TO ? "gradient reduce to" : "parameter broadcast from", root, dt_last_error());
     }
     return DT_OK;
 }
@@ -264,8 +265,8 @@ static dt_status dev_nonfinite(dt_strategy *s, int64_t step, int *nonfinite) {
     dt_dev_blocks *b = s->device;
     static const float inf = INFINITY;
     double sumsq = 0;
-    dt_status st = s->hi > s->lo && dt_fault_overflow(s->rank, step) ? b->d->to_device(b->grads + s->lo, &inf, sizeof inf)
-                                                                      : DT_OK;
+    dt_status st = DT_OK;
+    if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) st = b->d->to_device(b->grads + s->lo, &inf, sizeof inf);
     if (st == DT_OK && d->zero && s->world > 1) {
         st = dt_norm_sharded_by(slice_parts, d, s->n, s->lo, s->hi, s->comm, &d->norm);
     } else if (st == DT_OK) {
