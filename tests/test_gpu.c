@@ -673,6 +673,28 @@ static void test_sumsq(size_t n) {
     free(x), dt_gpu_free(gx), dt_gpu_free(gs), dt_gpu_free(gd);
 }
 
+// The sharded norm's pieces of each rank's slice of n over W (ZeRO on a
+// device): the CPU's dt_sum_squares_parts bits, each slice's first piece
+// from the carry of the slice before.
+static void test_sumsq_parts(size_t n, int W) {
+    float *x = randoms(n, 20, 83), *gx = upload(x, n);
+    size_t most = n / DT_SUMSQ_BLOCK + 2;
+    double *want = malloc(sizeof(double) * most), *got = malloc(sizeof(double) * most), carry = 0;
+    void *gd = NULL;
+    dt_status st = gx ? dt_gpu_alloc(&gd, sizeof(double) * most) : DT_ERR_INTERNAL;
+    for (int r = 0; r < W && st == DT_OK; r++) {
+        size_t lo, hi, np = 0;
+        dt_shard_range(n, r, W, &lo, &hi);
+        if (hi > lo) np = dt_sum_squares_parts(x + lo, hi - lo, lo % DT_SUMSQ_BLOCK, carry, want);
+        if (np) st = dt_gpu_sumsq_parts(gd, gx + lo, hi - lo, lo % DT_SUMSQ_BLOCK, carry);
+        if (st == DT_OK && np) st = dt_gpu_to_host(got, gd, sizeof(double) * np);
+        CHECK(st == DT_OK && (!np || !memcmp(got, want, sizeof(double) * np)), "sum of squares' pieces n %zu, rank %d "
+              "of %d: the CPU's bits%s%s", n, r, W, GPU_ERR(st));
+        carry = np && hi % DT_SUMSQ_BLOCK && hi != n ? want[np - 1] : np ? 0 : carry;
+    }
+    free(x), free(want), free(got), dt_gpu_free(gx), dt_gpu_free(gd);
+}
+
 // Deterministic mode's fixed point: two gradients into the sums, then back
 // to floats, the CPU's bits (core/fixed.h), clamping and ties included.
 static void test_fixed(size_t n) {
@@ -787,6 +809,7 @@ static void test_gpt_ops(void) {
     }
     const size_t sq[] = {0, 1, 4095, 4097, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i]);
+    for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq_parts(sq[i], 3);
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_fixed(sq[i]);
     test_stream();
     test_convert(DT_BF16);

@@ -179,7 +179,7 @@ static void test_table(void) {
                          "gelu_backward", "crossentropy_forward", "crossentropy_backward", "adamw", "sgd",
                          "encoder_forward", "encoder_backward", "residual_forward", "residual_backward",
                          "attention_forward", "attention_backward", "relu_forward", "relu_backward", "bias_forward",
-                         "bias_backward", "sumsq", "scale", "fixed_add", "fixed_to_float", NULL};
+                         "bias_backward", "sumsq", "sumsq_parts", "scale", "fixed_add", "fixed_to_float", NULL};
     const char *op = dt_dev_lacks(&dt_dev_cuda, all);
     CHECK(op == NULL, "the CUDA device has every op: lacks %s", op ? op : "none");
     dt_dev without = dt_dev_cuda;
@@ -204,6 +204,38 @@ static void test_table(void) {
     CHECK(dt_dev_take(&a, DT_DEV_WEIGHTS, 600 << 10) == a.base && dt_dev_take(&a, DT_DEV_ACTS, 600 << 10) ==
           a.base + (600 << 10) && a.used[DT_DEV_ACTS] == 600 << 10, "the second pass takes the planned blocks");
     dt_dev_arena_close(&a);
+}
+
+// The sharded norm's pieces (sumsq_parts) of every rank's slice of n over
+// W, each slice's first piece from the carry the slice before left: the
+// closed pieces added in order are dt_sum_squares's bits.
+static void test_sumsq_parts(size_t n, int W) {
+    const dt_dev *d = &dt_dev_sim;
+    float *x = malloc(sizeof(float) * n), *dx = NULL;
+    double *part = malloc(sizeof(double) * (n / DT_SUMSQ_BLOCK + 2 * (size_t)W)), *dp = NULL, carry = 0, sum = 0;
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i * 7919) % 1000) / 97.0f - 5.0f;
+    dt_status st = d->alloc((void **)&dx, sizeof(float) * n);
+    if (st == DT_OK) st = d->alloc((void **)&dp, sizeof(double) * (n / DT_SUMSQ_BLOCK + 2));
+    if (st == DT_OK) st = d->to_device(dx, x, sizeof(float) * n);
+    for (int r = 0; r < W && st == DT_OK; r++) {
+        size_t lo, hi, np = 0;
+        dt_shard_range(n, r, W, &lo, &hi);
+        if (hi > lo) {
+            np = dt_sum_squares_parts(x + lo, hi - lo, lo % DT_SUMSQ_BLOCK, carry, part);
+            st = d->sumsq_parts(dp, dx + lo, hi - lo, lo % DT_SUMSQ_BLOCK, carry);
+        }
+        double got[np ? np : 1];
+        if (st == DT_OK && np) st = d->to_host(got, dp, sizeof(double) * np);
+        CHECK(st == DT_OK && (!np || !memcmp(got, part, sizeof(double) * np)),
+              "sumsq_parts n %zu rank %d of %d: the device's pieces are the CPU's", n, r, W);
+        int open = np && hi % DT_SUMSQ_BLOCK && hi != n;
+        for (size_t k = 0; k + (size_t)open < np; k++) sum += part[k];
+        carry = open ? part[np - 1] : np ? 0 : carry;
+    }
+    double want = dt_sum_squares(x, n);
+    CHECK(st == DT_OK && !memcmp(&sum, &want, sizeof sum), "sumsq_parts n %zu over %d slices: the pieces add to "
+          "dt_sum_squares's bits: %.17g, %.17g", n, W, sum, want);
+    d->free(dx), d->free(dp), free(x), free(part);
 }
 
 // ---- runs ------------------------------------------------------------------------
@@ -507,7 +539,54 @@ static const dev_row dev_rows[] = {
     {"gpt", 2, "--precision bf16", 0},
     {"mlp", 2, "--precision fp16", 0},
     {"mlp", 3, "--deterministic --precision bf16", 1},
+    // ZeRO stage 1: each rank's slice reduced to it, the norm sharded, the
+    // slices broadcast after the update (engine/strategies/device.c)
+    {"mlp", 2, "--zero 1", 0},
+    {"mlp", 3, "--zero 1 --set train.grad_accum=2", 0},
+    {"gpt", 2, "--zero 1", 0},
+    {"gpt", 3, "--zero 1 --set parallel.bucket_kb=4", 0},
+    {"mlp", 3, "--deterministic --zero 1", 1},
+    {"gpt", 2, "--deterministic --zero 1", 1},
+    {"gpt", 3, "--deterministic --zero 1 --set parallel.bucket_kb=4", 1},
+    {"gpt", 2, "--zero 1 --precision bf16", 0},
+    {"mlp", 2, "--zero 1 --precision fp16", 0},
 };
+
+// The index of dev_rows' row {model, workers, flags}.
+static size_t dev_row_of(const char *model, int workers, const char *flags) {
+    size_t i = 0;
+    while (i < sizeof dev_rows / sizeof *dev_rows &&
+           (strcmp(dev_rows[i].model, model) || dev_rows[i].workers != workers || strcmp(dev_rows[i].flags, flags)))
+        i++;
+    CHECK(i < sizeof dev_rows / sizeof *dev_rows, "dev_rows has {%s, %d, %s}", model, workers, flags);
+    return i;
+}
+
+// The device's memory under ZeRO (summary.json, rank 0's): the optimizer
+// state of its slice, 1/W of the replicated run's (each of AdamW's two
+// state blocks aligned to 256 bytes in the arena), the rest unchanged.
+static void zero_memory(void) {
+    struct {
+        const char *model;
+        int workers;
+    } z[] = {{"gpt", 2}, {"gpt", 3}, {"mlp", 2}};
+    const char *rflags[] = {"", "--set parallel.bucket_kb=4", ""},
+               *zflags[] = {"--zero 1", "--zero 1 --set parallel.bucket_kb=4", "--zero 1"};
+    for (int i = 0; i < 3; i++) {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/row%zu-dev/summary.json", g_tmp, dev_row_of(z[i].model, z[i].workers, rflags[i]));
+        snprintf(b, sizeof b, "%s/row%zu-dev/summary.json", g_tmp, dev_row_of(z[i].model, z[i].workers, zflags[i]));
+        double full = tl_json_number(a, "optimizer_state_bytes"), mine = tl_json_number(b, "optimizer_state_bytes");
+        CHECK(full > 0 && mine > 0 && fabs(mine * z[i].workers - full) <= 2 * 256 * z[i].workers &&
+                  tl_json_number(a, "weights_bytes") == tl_json_number(b, "weights_bytes") &&
+                  tl_json_number(a, "gradients_bytes") == tl_json_number(b, "gradients_bytes") &&
+                  tl_count(b, "\"strategy\":\t\"device-zero\"") == 1,
+              "%s x %d --zero 1 on the device: the optimizer state %g bytes, 1/%d of the replicated %g; the weights "
+              "and gradients as replicated; strategy device-zero", z[i].model, z[i].workers, mine, z[i].workers, full);
+        printf("%s x %d: the device's optimizer state %g bytes under --zero 1, %g replicated\n", z[i].model,
+               z[i].workers, mine, full);
+    }
+}
 
 static void test_ranks(void) {
     char text[4096], flags[600], name[64], ref[64], one[64];
@@ -542,6 +621,7 @@ static void test_ranks(void) {
           "ranks sharing the GPU: the staging logged with why: exit %d\n%s", rc, g_out);
     snprintf(sum, sizeof sum, "%s/summary.json", tmp("said"));
     CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1, "summary.json: the GPUs' collectives staged");
+    zero_memory();
 }
 
 // A checkpoint of 2 ranks on the device resumed by 2 CPU workers, and the
@@ -564,6 +644,45 @@ static void test_ranks_resume(void) {
                    tl_runs_diff(g_tmp, "ck2-cpu", "from2-cpu", &bw[2])};
     CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
           "2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
+}
+
+// ZeRO stage 1 on the device: a checkpoint of 2 ranks at step 10 resumed by
+// 2 CPU workers under --zero 1 and under no ZeRO, and the CPU's resumed on
+// the device: the uninterrupted CPU --zero 1 run's weights bitwise; the
+// device's checkpoint shards hold the CPU's tensors (the parameters, the
+// optimizer state's slices) bitwise.
+static void test_zero_resume(void) {
+    char ck[4096], flags[1200];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
+    CHECK(tl_train(g_tmp, "ckz-dev", ck, 2, "--zero 1 --device cuda", g_out, sizeof g_out) == 0, "2 ranks on the "
+          "device, --zero 1, checkpoints: %s", g_out);
+    CHECK(tl_train(g_tmp, "ckz-cpu", ck, 2, "--zero 1", g_out, sizeof g_out) == 0, "2 CPU workers, --zero 1: %s", g_out);
+    struct {
+        const char *name, *flags, *from;
+    } runs[] = {
+        {"fromz-dev", "--zero 1", "ckz-dev"},
+        {"fromz-dev0", "", "ckz-dev"},
+        {"fromz-cpu", "--zero 1 --device cuda", "ckz-cpu"},
+    };
+    for (int i = 0; i < 3; i++) {
+        snprintf(flags, sizeof flags, "%s --set checkpoint.resume=%s/%s/checkpoints/step-00000010", runs[i].flags,
+                 g_tmp, runs[i].from);
+        int rc = tl_train(g_tmp, runs[i].name, ck, 2, flags, g_out, sizeof g_out), bw = 0;
+        double d = tl_runs_diff(g_tmp, "ckz-cpu", runs[i].name, &bw);
+        CHECK(rc == 0 && d == 0 && bw, "%s (%s) resumes %s's step 10: the uninterrupted run's weights bitwise (exit %d, "
+              "diff %g)\n%s", runs[i].name, runs[i].flags, runs[i].from, rc, d, g_out);
+    }
+    int bw = 0;
+    double d = tl_runs_diff(g_tmp, "ckz-cpu", "ckz-dev", &bw);
+    CHECK(d == 0 && bw, "--zero 1 x 2 on the device: the CPU's weights bitwise (diff %g)", d);
+    for (int r = 0; r < 2; r++) {
+        char a[700], b[700];
+        int same = 0;
+        snprintf(a, sizeof a, "%s/ckz-dev/checkpoints/step-00000020/shard-%05d-of-00002.safetensors", g_tmp, r);
+        snprintf(b, sizeof b, "%s/ckz-cpu/checkpoints/step-00000020/shard-%05d-of-00002.safetensors", g_tmp, r);
+        d = tl_weights_diff(a, b, &same);
+        CHECK(d == 0 && same, "--zero 1: the device's checkpoint shard %d holds the CPU's tensors bitwise (%g)", r, d);
+    }
 }
 
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
@@ -688,7 +807,9 @@ static void test_refusals(void) {
         const char *cfg, *flags, *says;
     } no[] = {
         {cfg_mlp_full, "--device cuda --workers 2 --spares 1", "--spares with [train] device = cuda: a spare joining"},
-        {cfg_mlp_full, "--device cuda --set parallel.zero=1", "with [parallel] zero (ZeRO): not in this dtrain yet"},
+        {cfg_mlp_full, "--device cuda --set parallel.zero=2", "with [parallel] zero = 2 or 3 (ZeRO's stages past 1): "
+         "not in this dtrain yet"},
+        {cfg_mlp_full, "--device cuda --workers 2 --zero 3", "with [parallel] zero = 2 or 3"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
         {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
@@ -780,6 +901,8 @@ int main(int argc, char **argv) {
     test_ce_padded();
     test_gemm16();
     test_table();
+    const size_t sq[][2] = {{1, 1}, {4095, 2}, {4097, 3}, {39202, 3}, {100003, 2}, {100003, 7}, {5, 7}};
+    for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq_parts(sq[i][0], (int)sq[i][1]);
     make_data();
     test_mlp();
     test_gpt();
@@ -789,6 +912,7 @@ int main(int argc, char **argv) {
     test_resume();
     test_ranks();
     test_ranks_resume();
+    test_zero_resume();
     test_nccl_rows();
     test_nccl_faults();
     test_nccl_refusals();

@@ -86,6 +86,13 @@ DT_API double dt_sum_squares(const float *g, size_t n);
  * bitwise); several blocks run side by side, so a thread is not bound by
  * the latency of one addition after another. */
 DT_API void dt_sum_squares_blocks(const float *g, size_t nblocks, double *out);
+/* The sums of squares of a slice x[n] of a larger block, x[0] lying
+ * `first` elements into one of dt_sum_squares's blocks of 4096: part[k]
+ * for each piece of x that one block holds, in order (the first piece,
+ * when first > 0, starts from `carry`, the rest from 0), each in element
+ * order: the pieces of dt_sum_squares's blocks, bitwise. Returns the
+ * number of pieces, (first + n + 4095) / 4096 (0 when n = 0). */
+DT_API size_t dt_sum_squares_parts(const float *x, size_t n, size_t first, double carry, double *part);
 
 /* n zeroed floats of optimizer state: dt_alloc'd when dir is NULL, else a
  * shared mapping of a file created in dir and unlinked at once (the kernel

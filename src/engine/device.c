@@ -20,17 +20,20 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
                                       "residual_forward", "residual_backward", "gelu_forward", "gelu_backward",
                                       "bias_forward", "bias_backward", "crossentropy_forward",
                                       "crossentropy_backward", "sumsq", NULL};
-// ... and in bf16 or fp16 (the GEMMs on 16-bit operands).
+// ... and in bf16 or fp16 (the GEMMs on 16-bit operands); under ZeRO (the
+// sharded norm's pieces).
 static const char *const half_ops[] = {"gemm16", "to16", NULL};
+static const char *const zero_ops[] = {"sumsq_parts", NULL};
 
-// What trains on a device: data parallel (plain or deterministic), in fp32,
-// bf16 or fp16, a GPT or a sequential model (dense, convolution, pooling
-// and dropout layers); the rest refused by name.
+// What trains on a device: data parallel (plain or deterministic, ZeRO
+// stage 1 or not), in fp32, bf16 or fp16, a GPT or a sequential model
+// (dense, convolution, pooling and dropout layers); the rest refused by
+// name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
                      : c->tensor > 1   ? "[parallel] tensor"
-                     : c->zero > 0     ? "[parallel] zero (ZeRO)"
+                     : c->zero > 1     ? "[parallel] zero = 2 or 3 (ZeRO's stages past 1)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE ? "[compression] method"
                      : c->grad_dtype     ? "[parallel] grad_dtype = bf16"
@@ -41,7 +44,8 @@ static dt_status supported(const dt_config *c) {
                                                           : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
-                        "plain or deterministic, a GPT or a sequential model; docs/gpu.md)", c->device, no);
+                        "plain or deterministic, ZeRO stage 1 or not, a GPT or a sequential model; docs/gpu.md)",
+                        c->device, no);
     return DT_OK;
 }
 
@@ -61,7 +65,8 @@ dt_status dt_train_check_device(const dt_config *c) {
     char who[400];
     snprintf(who, sizeof who, "[train] device = %s (%s)", c->device, what);
     st = dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
-    return st == DT_OK && c->precision != DT_F32 ? dt_dev_require(d, half_ops, who) : st;
+    if (st == DT_OK && c->precision != DT_F32) st = dt_dev_require(d, half_ops, who);
+    return st == DT_OK && c->zero > 0 ? dt_dev_require(d, zero_ops, who) : st;
 }
 
 dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, char *shared, size_t n) {
@@ -90,6 +95,11 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
                       dt_last_error());
     if (st == DT_OK) dt_log(DT_LOG_DEBUG, "rank %d trains on cuda:%d%s%s", dt_comm_rank(comm), index, *shared ? ": " : "", shared);
     return st;
+}
+
+void dt_train_device_shard(const dt_config *c, dt_comm_t comm, int *shard, int *shards) {
+    *shard = c->zero > 0 ? dt_comm_rank(comm) : 0;
+    *shards = c->zero > 0 ? dt_comm_size(comm) : 1;
 }
 
 void dt_device_report(char *out, size_t n) {

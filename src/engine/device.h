@@ -17,5 +17,9 @@ dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, ch
 /* The same, made this process's device (the seam's use), before anything
  * is allocated on it. A CPU run: nothing. */
 dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
+/* The slice of the optimizer's state a rank keeps on its device: under
+ * [parallel] zero its dt_shard_range slice over comm (*shard of *shards),
+ * else the whole (0 of 1). */
+void dt_train_device_shard(const dt_config *c, dt_comm_t comm, int *shard, int *shards);
 
 #endif

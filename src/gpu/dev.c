@@ -50,6 +50,7 @@ const dt_dev dt_dev_cuda = {
     .bias_forward = dt_gpu_bias_forward,
     .bias_backward = dt_gpu_bias_backward,
     .sumsq = dt_gpu_sumsq,
+    .sumsq_parts = dt_gpu_sumsq_parts,
     .scale = dt_gpu_scale,
     .im2col = dt_gpu_im2col,
     .col2im = dt_gpu_col2im,
@@ -76,7 +77,7 @@ static const struct {
            OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
            OP(encoder_forward), OP(encoder_backward), OP(residual_forward), OP(residual_backward),
            OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),
-           OP(bias_backward), OP(sumsq), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),
+           OP(bias_backward), OP(sumsq), OP(sumsq_parts), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),
            OP(maxpool_backward), OP(dropout_forward), OP(dropout_backward), OP(fixed_add), OP(fixed_to_float)};
 
 const char *dt_dev_lacks(const dt_dev *d, const char *const *names) {

@@ -102,6 +102,9 @@ typedef struct dt_dev {
     dt_status (*bias_forward)(float *out, const float *b, size_t N, int OC);
     dt_status (*bias_backward)(float *db, const float *dout, size_t N, int OC);
     dt_status (*sumsq)(double *out_dev, const float *x, size_t n);
+    /* sumsq_parts: dt_sum_squares_parts on a slice x[n] into part_dev (one
+     * device double a piece; ZeRO's sharded norm). */
+    dt_status (*sumsq_parts)(double *part_dev, const float *x, size_t n, size_t first, double carry);
     dt_status (*scale)(float *x, size_t n, const float *s_dev);
     /* The CNN's (gpu.h's dt_gpu_im2col and the rest; cnn_hd.h's arithmetic). */
     dt_status (*im2col)(float *col, const float *x, size_t B, const dt_im2col_t *g);

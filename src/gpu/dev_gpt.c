@@ -98,8 +98,8 @@ static void gpt_take(dt_dev_gpt *g) {
     g->targets = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
 }
 
-dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
-                            dt_dtype t) {
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates, int shard,
+                            int shards, dt_dtype t) {
     dt_dev_gpt *g = calloc(1, sizeof *g);
     const dt_gpt_config *c = dt_gpt_get_config(m);
     layer_acts *la = calloc((size_t)c->n_layer, sizeof *la);
@@ -109,7 +109,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
         *out = NULL;
         return dt_error(DT_ERR_NOMEM, "out of memory");
     }
-    *g = (dt_dev_gpt){.b = {.d = d, .arena = {.d = d}, .t = t, .n = dt_gpt_num_params(m), .nstates = nstates}, .c = *c,
+    *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, shard, shards), .c = *c,
                       .maxB = B, .maxT = T, .la = la};
     for (int i = 0; i < NPT; i++) g->off[i] = dt_gpt_tensor(m, i)->offset;
     *out = g;

@@ -13,13 +13,20 @@
         if (st_ != DT_OK) return st_;                                                                              \
     } while (0)
 
+dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, int shard, int shards) {
+    size_t lo, hi;
+    dt_shard_range(n, shard, shards, &lo, &hi);
+    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .t = t, .n = n, .nstates = nstates, .slo = lo, .sn = hi - lo};
+}
+
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     dt_dev_arena *a = &b->arena;
     size_t n = b->n * sizeof(float);
     b->params = dt_dev_take(a, DT_DEV_WEIGHTS, n);
     b->w16 = b->t != DT_F32 ? dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2) : NULL;
     b->grads = dt_dev_take(a, DT_DEV_GRADS, n);
-    for (int j = 0; j < 2; j++) b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, n) : NULL;
+    for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
+        b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
     b->sumsq = dt_dev_take(a, DT_DEV_WORK, sizeof(double));
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
@@ -37,22 +44,21 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     dt_dev_arena_close(&b->arena);
 }
 
-// The parameters' 16-bit copy, after they changed.
-static dt_status weights16(dt_dev_blocks *b) {
+dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
     return b->t != DT_F32 ? b->d->to16(b->w16, b->params, b->n, b->t) : DT_OK;
 }
 
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states) {
-    size_t n = b->n * sizeof(float);
-    TRY(b->d->to_device(b->params, params, n));
-    for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_device(b->state[j], states[j], n));
-    return weights16(b);
+    size_t sn = b->sn * sizeof(float);
+    TRY(b->d->to_device(b->params, params, b->n * sizeof(float)));
+    for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_device(b->state[j], states[j], sn));
+    return dt_dev_blocks_changed(b);
 }
 
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states) {
-    size_t n = b->n * sizeof(float);
-    TRY(b->d->to_host(params, b->params, n));
-    for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_host(states[j], b->state[j], n));
+    size_t sn = b->sn * sizeof(float);
+    TRY(b->d->to_host(params, b->params, b->n * sizeof(float)));
+    for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_host(states[j], b->state[j], sn));
     return DT_OK;
 }
 
@@ -65,14 +71,14 @@ dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out) {
 
 dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale) {
     if (dt_optim_skipping(o)) return DT_OK;
+    float *w = b->params + b->slo;
+    const float *g = b->grads + b->slo;
     if (dt_optim_kind_of(o) == DT_OPTIM_ADAMW) {
         dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
-        TRY(b->d->adamw(b->params, b->grads, b->state[0], b->state[1], b->n, &k));
-    } else {
-        dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
-        TRY(b->d->sgd(b->params, b->grads, b->nstates ? b->state[0] : NULL, b->n, &k));
+        return b->d->adamw(w, g, b->state[0], b->state[1], b->sn, &k);
     }
-    return weights16(b);
+    dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
+    return b->d->sgd(w, g, b->nstates ? b->state[0] : NULL, b->sn, &k);
 }
 
 dt_status dt_dev_gemm(const dt_dev_blocks *b, int ta, int tb, int M, int N, int K, float alpha, dt_dev_x A, int lda,
@@ -187,7 +193,7 @@ static void mlp_take(dt_dev_mlp *dm) {
 }
 
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
-                            dt_dtype t, uint64_t seed) {
+                            int shard, int shards, dt_dtype t, uint64_t seed) {
     dt_dev_mlp *dm = calloc(1, sizeof *dm);
     int nl = dt_model_num_layers(m);
     if (dm) {
@@ -199,7 +205,7 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
         return dt_dev_mlp_free(dm), *out = NULL, dt_error(DT_ERR_NOMEM, "out of memory");
     dm->dact = dm->act + nl;
     dm->keep = dm->act + 2 * nl;
-    *dm = (dt_dev_mlp){.b = {.d = d, .arena = {.d = d}, .t = t, .n = dt_model_num_params(m), .nstates = nstates},
+    *dm = (dt_dev_mlp){.b = dt_dev_blocks_of(d, t, dt_model_num_params(m), nstates, shard, shards),
                        .nl = nl, .max_batch = max_batch, .in = dt_model_input_size(m), .V = dt_model_num_classes(m),
                        .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep,
                        .in16 = dm->in16};

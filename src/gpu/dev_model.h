@@ -32,6 +32,8 @@ typedef struct {
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
     int nstates;              /* the optimizer's state blocks (AdamW 2, SGD with momentum 1) */
+    size_t slo, sn;           /* ... each of sn floats: the state of parameters [slo, slo + sn) (ZeRO: a
+                                 rank's dt_shard_range slice; else the whole block, 0 and n) */
     float *params, *grads, *state[2];
     void *w16;                /* t 16-bit: the parameters in t (n values), converted after each change */
     float *loss;              /* the last forward's loss (one float) */
@@ -41,23 +43,32 @@ typedef struct {
     size_t pinned_bytes;
 } dt_dev_blocks;
 
+/* The blocks' description before planning: n floats, nstates state blocks
+ * over slice `shard` of `shards` (dt_shard_range; 0 of 1: the whole
+ * block), GEMMs in precision t. */
+dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, int shard, int shards);
 /* Planning pass (arena base NULL: counts) and taking pass alike: the
  * blocks of n floats, nstates state blocks, the parameters' 16-bit copy
  * (t 16-bit), the scalars, rows for the cross-entropy of up to `rows` rows. */
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows);
-/* The host's blocks (params[n], states[nstates][n]) onto the device (and
- * the parameters' 16-bit copy made), and back (params alone when states is
- * NULL), a copy each. */
+/* The host's blocks (params[n], states[nstates][sn]: the state's slice)
+ * onto the device (and the parameters' 16-bit copy made), and back (params
+ * alone when states is NULL), a copy each. */
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states);
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
 /* The gradient's sum of squares, computed on the device, read back (one
  * double). */
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
-/* One optimizer step on the device: o's constants for this step (after
- * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale);
- * then the parameters' 16-bit copy made again. */
+/* One optimizer step on the device over the state's slice [slo, slo + sn)
+ * of the parameters: o's constants for this step (after
+ * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale).
+ * The caller then calls dt_dev_blocks_changed (ZeRO: after the slices'
+ * gather). */
 dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale);
+/* After the parameters changed on the device: their 16-bit copy made
+ * again (nothing in fp32). */
+dt_status dt_dev_blocks_changed(dt_dev_blocks *b);
 /* A GEMM operand in the blocks' precision: fp32 (f) when b->t is DT_F32,
  * else t's 16-bit values (h). */
 typedef struct {
@@ -91,10 +102,11 @@ void dt_dev_blocks_close(dt_dev_blocks *b);
 typedef struct dt_dev_mlp dt_dev_mlp;
 /* The device's twin of the sequential model m (its plan and blocks'
  * layout; m stays the host copy) for batches of up to max_batch, with
- * nstates optimizer blocks, its GEMMs in precision t (DT_F32, DT_BF16,
- * DT_F16: the run's); seed: dropout's, as dt_model_init's. */
+ * nstates optimizer blocks over slice `shard` of `shards` (dt_dev_blocks_of),
+ * its GEMMs in precision t (DT_F32, DT_BF16, DT_F16: the run's); seed:
+ * dropout's, as dt_model_init's. */
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
-                            dt_dtype t, uint64_t seed);
+                            int shard, int shards, dt_dtype t, uint64_t seed);
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
@@ -105,10 +117,11 @@ dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
 dt_status dt_dev_mlp_backward(dt_dev_mlp *dm);
 
 typedef struct dt_dev_gpt dt_dev_gpt;
-/* The device's twin of m for B x T tokens, nstates optimizer blocks, its
- * GEMMs and the attention's products in precision t. */
-dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
-                            dt_dtype t);
+/* The device's twin of m for B x T tokens, nstates optimizer blocks over
+ * slice `shard` of `shards`, its GEMMs and the attention's products in
+ * precision t. */
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates, int shard,
+                            int shards, dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
 /* dt_gpt_forward on tokens inputs, targets [B, T] (host). */

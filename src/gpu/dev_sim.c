@@ -368,6 +368,12 @@ static dt_status sim_sumsq(double *out, const float *x, size_t n) {
     return shut();
 }
 
+static dt_status sim_sumsq_parts(double *part, const float *x, size_t n, size_t first, double carry) {
+    open_dev();
+    dt_sum_squares_parts(x, n, first, carry, part);
+    return shut();
+}
+
 static dt_status sim_scale(float *x, size_t n, const float *s) {
     open_dev();
     float k = *s;
@@ -490,6 +496,7 @@ const dt_dev dt_dev_sim = {
     .bias_forward = sim_bias_forward,
     .bias_backward = sim_bias_backward,
     .sumsq = sim_sumsq,
+    .sumsq_parts = sim_sumsq_parts,
     .scale = sim_scale,
     .im2col = sim_im2col,
     .col2im = sim_col2im,

@@ -168,6 +168,10 @@ dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const 
  * order, so the CPU's bits. Its partial sums in scratch from the stream's
  * pool. */
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n);
+/* The pieces of a slice x[n] that begins `first` into one of those blocks
+ * into part_dev (a device double each, the first from carry): the CPU's
+ * dt_sum_squares_parts, bitwise. */
+dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t first, double carry);
 /* x[n] *= *s_dev (a float on the device, such as the clipping factor): no
  * wait for the host. */
 dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev);

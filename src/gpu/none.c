@@ -150,6 +150,9 @@ dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const 
            no_gpu();
 }
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) { return (void)out_dev, (void)x, (void)n, no_gpu(); }
+dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t first, double carry) {
+    return (void)part_dev, (void)x, (void)n, (void)first, (void)carry, no_gpu();
+}
 dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev) { return (void)x, (void)n, (void)s_dev, no_gpu(); }
 dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
                         const void *B, int ldb, float beta, float *C, int ldc) {

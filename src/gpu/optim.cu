@@ -70,6 +70,28 @@ dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) {
     return st;
 }
 
+// A thread a piece of the slice x[n] that starts `first` into a block:
+// piece 0 the rest of that block (from carry), then whole blocks, the
+// last cut by the slice's end.
+__global__ static void sumsq_parts_kernel(double *part, const float *x, size_t n, size_t first, double carry,
+                                          size_t pieces) {
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < pieces; k += (size_t)gridDim.x * blockDim.x) {
+        size_t lo = k ? k * DT_SUMSQ_BLOCK - first : 0, hi = (k + 1) * DT_SUMSQ_BLOCK - first;
+        double s = k == 0 && first ? carry : 0.0;
+        for (size_t i = lo; i < hi && i < n; i++) s += (double)x[i] * x[i];
+        part[k] = s;
+    }
+}
+
+dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t first, double carry) {
+    first %= DT_SUMSQ_BLOCK;
+    size_t pieces = n ? (first + n + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK : 0;
+    if (pieces == 0) return DT_OK;
+    sumsq_parts_kernel<<<dt_launch_blocks(pieces, DT_THREADS), DT_THREADS>>>(part_dev, x, n, first, carry, pieces);
+    DT_LAUNCHED(sumsq_parts_kernel);
+    return DT_OK;
+}
+
 __global__ static void scale_by_kernel(float *x, size_t n, const float *s) {
     float k = *s;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= k;

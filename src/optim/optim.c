@@ -190,6 +190,26 @@ void dt_sum_squares_blocks(const float *g, size_t nblocks, double *out) {
     }
 }
 
+size_t dt_sum_squares_parts(const float *x, size_t n, size_t first, double carry, double *part) {
+    enum { BLK = DT_SUMSQ_BLOCK };
+    size_t i = 0, k = 0;
+    first %= BLK;
+    if (n && first) {  // the rest of a block begun before x
+        double s = carry;
+        for (size_t e = BLK - first < n ? BLK - first : n; i < e; i++) s += (double)x[i] * x[i];
+        part[k++] = s;
+    }
+    size_t full = (n - i) / BLK;
+    dt_sum_squares_blocks(x + i, full, part + k);
+    k += full, i += full * BLK;
+    if (i < n) {  // a block that goes on after x
+        double s = 0;
+        for (; i < n; i++) s += (double)x[i] * x[i];
+        part[k++] = s;
+    }
+    return k;
+}
+
 double dt_sum_squares(const float *g, size_t n) {
     // Fixed-size blocks summed in order: the result does not depend on the
     // thread count.

@@ -21,7 +21,20 @@
  * The host's blocks (s->params, the optimizer's state) are the copy that
  * evaluations, checkpoints and the weights file read: params_sync and
  * params_eval bring them up to date, ckpt_restore puts them (the fresh
- * start's, or a checkpoint's) onto the device. */
+ * start's, or a checkpoint's) onto the device.
+ *
+ * "device-zero" ([parallel] zero = 1 on a device; docs/zero.md) is the same
+ * strategy over a rank's slice [lo, hi) = dt_shard_range(n, rank, W), as
+ * zero.c's stage 1 on the CPU: the optimizer's state on the device is only
+ * that slice's (dt_dev_blocks' slo, sn: 1/W of it), and so is the host's
+ * copy, which checkpoints read (the CPU ZeRO's tensors). After backward
+ * each rank's slice of the gradients (or of the fixed-point sums) is
+ * reduced to it, bucket by bucket (a reduce-scatter into the slices); the
+ * norm is the sharded one (dt_norm_sharded_by over the slice's pieces of
+ * the sum of squares, made on the device and read back once a step: the
+ * bits of dt_sum_squares over the whole block); each rank updates its
+ * slice, and each slice is then broadcast from its owner, bucket by bucket
+ * (the parameters' allgather; NCCL gathers only equal blocks). */
 #include "comm/device.h"
 #include "engine/device.h"
 #include "engine/strategies/strategy.h"
@@ -32,19 +45,24 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
     dt_strategy base;
-    double sumsq;  // this step's, from grads_nonfinite
-    int have_sumsq;
+    double norm;   // this step's, from grads_nonfinite
+    int have_norm;
+    int zero;      // device-zero: the state is this rank's slice [lo, hi)
+    size_t *counts, *displs;  // ... every rank's (zero)
+    double *parts;      // ... the slice's pieces of the norm's sum of squares, on the device (zero, W > 1)
     dt_comm_t gpus;     // the GPUs' communicator (several ranks)
     int64_t *acc;       // deterministic mode's fixed-point sums, on the device
     dt_status err;      // a micro-batch's fixed-point sum that failed (micro_end cannot say)
     char errmsg[512];
 } devs;
 
-static int dev_wants(const dt_config *c) { return dt_device_index(c->device) >= 0; }
+static int dev_wants(const dt_config *c) { return dt_device_index(c->device) >= 0 && c->zero == 0; }
+static int dev_zero_wants(const dt_config *c) { return dt_device_index(c->device) >= 0 && c->zero > 0; }
 
 static dt_status dev_check(const dt_config *c, int W) {
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
@@ -75,28 +93,57 @@ static dt_status open_gpus(dt_strategy *s) {
     return DT_OK;
 }
 
-static dt_status dev_init(dt_strategy *s) {
+// device-zero: this rank's slice, every rank's, and the device's room for
+// the slice's pieces of the norm.
+static dt_status zero_init(devs *d) {
+    dt_strategy *s = &d->base;
+    int W = s->world;
+    dt_shard_range(s->n, s->rank, W, &s->lo, &s->hi);
+    if (s->device->slo != s->lo || s->device->sn != s->hi - s->lo)
+        return dt_error(DT_ERR_INTERNAL, "device-zero: the device's optimizer state is of [%zu, %zu), the rank's "
+                        "slice [%zu, %zu)", s->device->slo, s->device->slo + s->device->sn, s->lo, s->hi);
+    if (!(d->counts = malloc(sizeof(size_t) * 2 * (size_t)W))) return dt_error(DT_ERR_NOMEM, "out of memory");
+    d->displs = d->counts + W;
+    for (int r = 0; r < W; r++) {
+        size_t a, e;
+        dt_shard_range(s->n, r, W, &a, &e);
+        d->displs[r] = a, d->counts[r] = e - a;
+    }
+    size_t pieces = (s->lo % DT_SUMSQ_BLOCK + (s->hi - s->lo) + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK;
+    return W > 1 ? s->device->d->alloc((void **)&d->parts, sizeof(double) * (pieces ? pieces : 1)) : DT_OK;
+}
+
+// The log's line on the device's memory, and the metrics' figures.
+static void memory_said(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
-    if (!b) return dt_error(DT_ERR_CONFIG, "[train] device = %s: this model has no device step", s->c->device);
-    if (b->n != s->n) return dt_error(DT_ERR_INTERNAL, "device blocks of %zu floats, the model's %zu", b->n, s->n);
     size_t k[DT_DEV_KINDS];
     dt_dev_blocks_kinds(b, k);
     dt_gpu_set_tf32(s->c->tf32);  // (the CUDA GEMM's; the simulated GPU's is the CPU's fp32)
     double g[DT_DEV_KINDS];
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
-    char half[160] = "";
+    char half[160] = "", slice[80] = "";
+    if (((devs *)s)->zero && s->world > 1) snprintf(slice, sizeof slice, " (this rank's slice: 1/%d)", s->world);
     if (b->t != DT_F32)
         snprintf(half, sizeof half, "; GEMMs on %s operands with fp32 sums (the weights hold the parameters' %s copy, "
                  "%.1f MiB)", b->t == DT_BF16 ? "bf16" : "fp16", b->t == DT_BF16 ? "bf16" : "fp16",
                  (double)b->n * 2 / 1048576.0);
     if (s->rank == 0)
         dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
-               "state %.1f + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory%s",
+               "state %.1f%s + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory%s",
                b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
-               k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
+               slice, k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
+}
+
+static dt_status dev_init(dt_strategy *s) {
+    dt_dev_blocks *b = s->device;
     devs *d = (devs *)s;
-    dt_status st = DT_OK;
+    if (!b) return dt_error(DT_ERR_CONFIG, "[train] device = %s: this model has no device step", s->c->device);
+    if (b->n != s->n) return dt_error(DT_ERR_INTERNAL, "device blocks of %zu floats, the model's %zu", b->n, s->n);
+    d->zero = s->ops == &dt_strategy_device_zero;
+    dt_status st = d->zero ? zero_init(d) : DT_OK;
+    if (st != DT_OK) return st;
+    memory_said(s);
     if (s->c->deterministic) {  // (outside the arena: the strategy's, 8 bytes a parameter)
         DT_TRY(b->d->alloc((void **)&d->acc, sizeof(int64_t) * (s->n ? s->n : 1)), done);
         DT_TRY(b->d->memset0(d->acc, sizeof(int64_t) * s->n), done);
@@ -110,10 +157,12 @@ static void dev_fini(dt_strategy *s) {
     devs *d = (devs *)s;
     dt_comm_destroy(d->gpus);
     if (d->acc) s->device->d->free(d->acc);
+    if (d->parts) s->device->d->free(d->parts);
+    free(d->counts);
 }
 
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
-    ((devs *)s)->have_sumsq = 0;
+    ((devs *)s)->have_norm = 0;
     if (s->c->deterministic) return dt_strategy_plan_shards(s, first, share, global);
     return dt_strategy_plan_accum(s, first, share, global);
 }
@@ -133,16 +182,42 @@ static void dev_micro_end(dt_strategy *s, int k) {
     }
 }
 
-// The block summed over the ranks in buckets of [parallel] bucket_kb.
-static dt_status sum_buckets(devs *d, void *block, size_t n, dt_dtype t) {
+// The collectives over the GPUs, in place on block[lo, hi) of type t, in
+// buckets of [parallel] bucket_kb: summed on every rank, summed on rank
+// `root` alone, or broadcast from it.
+enum { SUM_ALL, SUM_TO, FROM };
+
+static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt_dtype t, int root) {
     size_t es = dt_dtype_size(t), per = (size_t)d->base.c->bucket_kb * 1024 / es;
     if (per == 0) per = 1;
-    for (size_t lo = 0; lo < n; lo += per) {
-        size_t len = n - lo < per ? n - lo : per;
-        dt_status st = dt_allreduce((char *)block + lo * es, (char *)block + lo * es, len, t, DT_SUM, d->gpus);
-        if (st != DT_OK) return dt_error(st, "gradient allreduce on the GPUs: %s", dt_last_error());
+    for (; lo < hi; lo += per) {
+        size_t len = hi - lo < per ? hi - lo : per;
+        char *p = (char *)block + lo * es;
+        dt_status st = how == SUM_ALL ? dt_allreduce(p, p, len, t, DT_SUM, d->gpus)
+                       : how == SUM_TO ? dt_reduce(p, p, len, t, DT_SUM, root, d->gpus)
+                                       : dt_broadcast(p, p, len, t, root, d->gpus);
+        if (st != DT_OK && how == SUM_ALL) return dt_error(st, "gradient allreduce on the GPUs: %s", dt_last_error());
+        if (st != DT_OK)
+            return dt_error(st, "%s rank %d's slice on the GPUs: %s",
+                            how == SUM_TO ? "gradient reduce to" : "parameter broadcast from", root, dt_last_error());
     }
     return DT_OK;
+}
+
+// Every rank's slice of block, summed to it (zero) or broadcast from it
+// (its update, to the others).
+static dt_status by_owner(devs *d, int how, void *block, dt_dtype t) {
+    dt_status st = DT_OK;
+    for (int r = 0; r < d->base.world && st == DT_OK; r++)
+        st = buckets(d, how, block, d->displs[r], d->displs[r] + d->counts[r], t, r);
+    return st;
+}
+
+// The gradients' (or the fixed-point sums') exchange after backward: the
+// whole block summed on every rank, or (zero) each slice on its owner.
+static dt_status exchange(devs *d, void *block, dt_dtype t) {
+    if (d->base.world == 1) return DT_OK;
+    return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
 }
 
 static dt_status dev_sync(dt_strategy *s) {
@@ -155,12 +230,12 @@ static dt_status dev_sync(dt_strategy *s) {
     }
     double t0 = dt_now();
     dt_status st = DT_OK;
-    if (s->c->deterministic) {
-        if (s->world > 1) st = sum_buckets(d, d->acc, s->n, DT_I64);
-        if (st == DT_OK) st = b->d->fixed_to_float(b->grads, d->acc, s->n);
+    if (s->c->deterministic) {  // (the rank's slice: the whole block but under zero)
+        st = exchange(d, d->acc, DT_I64);
+        if (st == DT_OK) st = b->d->fixed_to_float(b->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
         if (st == DT_OK) st = b->d->memset0(d->acc, sizeof(int64_t) * s->n);
-    } else if (s->world > 1) {
-        st = sum_buckets(d, b->grads, s->n, DT_F32);
+    } else {
+        st = exchange(d, b->grads, DT_F32);
     }
     if (s->world > 1) {  // all of it exposed: nothing overlaps backward
         s->comm_seconds += dt_now() - t0;
@@ -169,31 +244,60 @@ static dt_status dev_sync(dt_strategy *s) {
     return st;
 }
 
-// The gradient's sum of squares, made on the device and read once a step:
-// the NaN/Inf check (fp16's loss scaler skips the step and halves its
-// scale on it), the norm and the clipping come from it.
-// DTRAIN_FAULT_OVERFLOW=RANK:STEP puts an inf among the gradients first.
+// device-zero's norm (dt_norm_parts_fn): the slice's pieces of the sum of
+// squares, made on the device, read back.
+static dt_status slice_parts(void *user, size_t n, size_t first, double carry, double *part) {
+    devs *d = user;
+    dt_dev_blocks *b = d->base.device;
+    size_t pieces = (first + n + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK;
+    dt_status st = b->d->sumsq_parts(d->parts, b->grads + d->base.lo, n, first, carry);
+    return st == DT_OK ? b->d->to_host(part, d->parts, sizeof(double) * pieces) : st;
+}
+
+// The gradient's norm from its sum of squares, made on the device and read
+// once a step (the whole block's; under zero with several ranks the
+// slice's pieces, a collective): the NaN/Inf check (fp16's loss scaler
+// skips the step and halves its scale on it), the norm and the clipping
+// come from it. DTRAIN_FAULT_OVERFLOW=RANK:STEP puts an inf at the start of
+// the rank's slice first.
 static dt_status dev_nonfinite(dt_strategy *s, int64_t step, int *nonfinite) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
     static const float inf = INFINITY;
-    dt_status st = b->n && dt_fault_overflow(s->rank, step) ? b->d->to_device(b->grads, &inf, sizeof inf) : DT_OK;
-    if (st == DT_OK) st = dt_dev_blocks_sumsq(b, &d->sumsq);
-    d->have_sumsq = st == DT_OK;
-    *nonfinite = st == DT_OK && !isfinite(d->sumsq);
+    double sumsq = 0;
+    dt_status st = DT_OK;
+    if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) st = b->d->to_device(b->grads + s->lo, &inf, sizeof inf);
+    if (st == DT_OK && d->zero && s->world > 1) {
+        st = dt_norm_sharded_by(slice_parts, d, s->n, s->lo, s->hi, s->comm, &d->norm);
+    } else if (st == DT_OK) {
+        st = dt_dev_blocks_sumsq(b, &sumsq);
+        d->norm = sqrt(sumsq);
+    }
+    d->have_norm = st == DT_OK;
+    *nonfinite = st == DT_OK && !isfinite(d->norm);
     return st;
 }
 
 static dt_status dev_norm(dt_strategy *s, double *norm) {
     devs *d = (devs *)s;
-    dt_status st = d->have_sumsq ? DT_OK : dev_nonfinite(s, 0, &(int){0});
-    *norm = sqrt(d->sumsq);
+    dt_status st = d->have_norm ? DT_OK : dev_nonfinite(s, 0, &(int){0});
+    *norm = d->norm;
     return st;
 }
 
+// The update of the rank's slice (the whole block but under zero), each
+// slice then broadcast from its owner (zero), the 16-bit copy made again.
 static dt_status dev_update(dt_strategy *s, float lr, float scale) {
+    devs *d = (devs *)s;
     dt_optim_begin_step(s->opt);
-    return dt_dev_blocks_update(s->device, s->opt, lr, scale);
+    dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale);
+    double t0 = dt_now();
+    if (st == DT_OK && d->zero && s->world > 1) {
+        st = by_owner(d, FROM, s->device->params, DT_F32);
+        s->comm_seconds += dt_now() - t0;
+        s->comm_exposed_seconds += dt_now() - t0;
+    }
+    return st == DT_OK ? dt_dev_blocks_changed(s->device) : st;
 }
 
 // The host's copy: the parameters before an evaluation, with the
@@ -260,4 +364,26 @@ const dt_strategy_ops dt_strategy_device = {
     .ckpt_restore = dev_restore,
     .summary = dev_summary,
     .replicated = 1,
+};
+
+// [parallel] zero = 1 on a device: the same operations over the rank's
+// slice (dev_init reads which table it was made with).
+const dt_strategy_ops dt_strategy_device_zero = {
+    .name = "device-zero",
+    .size = sizeof(devs),
+    .wants = dev_zero_wants,
+    .check = dev_check,
+    .max_micro = dev_max_micro,
+    .init = dev_init,
+    .fini = dev_fini,
+    .plan = dev_plan,
+    .micro_end = dev_micro_end,
+    .sync = dev_sync,
+    .grad_norm = dev_norm,
+    .grads_nonfinite = dev_nonfinite,
+    .update = dev_update,
+    .params_eval = dev_params_eval,
+    .params_sync = dev_params_sync,
+    .ckpt_restore = dev_restore,
+    .summary = dev_summary,
 };

@@ -8,6 +8,7 @@
 
 // The one registry: the first strategy that wants the config runs it.
 static const dt_strategy_ops *const strategies[] = {
+    &dt_strategy_device_zero,
     &dt_strategy_device,
     &dt_strategy_ps,
     &dt_strategy_pipeline,
@@ -241,27 +242,33 @@ void dt_fixed_to_float(float *g, const int64_t *acc, size_t n) {
 // dt_sum_squares's blocks (optim.c), summed here slice by slice.
 enum { NORM_BLOCK = 4096 };
 
-static double squares(const float *g, size_t lo, size_t hi, double s) {
-    for (size_t i = lo; i < hi; i++) s += (double)g[i] * g[i];
-    return s;
-}
-
 dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm) {
     if (s->world == 1) return dt_strategy_norm_replicated(s, norm);
     return dt_norm_sharded(s->grads + s->lo, s->n, s->lo, s->hi, s->comm, norm);
 }
 
+// The host's slice's pieces (dt_norm_parts_fn).
+static dt_status host_parts(void *slice, size_t n, size_t first, double carry, double *part) {
+    dt_sum_squares_parts(slice, n, first, carry, part);
+    return DT_OK;
+}
+
 dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt_comm_t comm, double *norm) {
-    size_t B = NORM_BLOCK, nb = (n + B - 1) / B;
-    int W = dt_comm_size(comm), r = dt_comm_rank(comm);
-    *norm = 0;
-    if (W == 1) {
+    if (dt_comm_size(comm) == 1) {
         *norm = sqrt(dt_sum_squares(slice, n));
         return DT_OK;
     }
+    return dt_norm_sharded_by(host_parts, (void *)slice, n, lo, hi, comm, norm);
+}
+
+dt_status dt_norm_sharded_by(dt_norm_parts_fn parts, void *user, size_t n, size_t lo, size_t hi, dt_comm_t comm,
+                             double *norm) {
+    size_t B = NORM_BLOCK, nb = (n + B - 1) / B;
+    int W = dt_comm_size(comm), r = dt_comm_rank(comm);
+    *norm = 0;
     // Blocks each rank closes (holds the last element of), in rank order.
     size_t *counts = malloc(sizeof(size_t) * 2 * (size_t)W);
-    double *part = malloc(sizeof(double) * (nb ? nb : 1));
+    double *part = malloc(sizeof(double) * (nb + 1));
     dt_status st = DT_OK;
     if (!counts || !part) {
         st = dt_error(DT_ERR_NOMEM, "gradient norm: out of memory");
@@ -279,23 +286,10 @@ dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt
     // double sent as its 8 bytes: no reduction touches it).
     double carry = 0;
     if (lo < n && lo % B && (st = dt_recv(&carry, 1, DT_I64, r - 1, comm)) != DT_OK) goto comm;
-    double *mine = part + displs[r];
-    size_t first_end = (lo / B + 1) * B < hi ? (lo / B + 1) * B : hi;  // the first block's end in the slice
-    size_t k = 0;
-    if (hi > lo) {
-        double h = squares(slice, 0, first_end - lo, carry);
-        if (first_end % B == 0 || first_end == n) mine[k++] = h, carry = 0;
-        else carry = h;
-        size_t full = (hi - first_end) / B;  // whole blocks after the first
-        dt_sum_squares_blocks(slice + (first_end - lo), full, mine + k);
-        k += full;
-        size_t tail = first_end + full * B;
-        if (tail < hi) {
-            double t = squares(slice, tail - lo, hi - lo, 0);
-            if (hi == n) mine[k++] = t;
-            else carry = t;
-        }
-    }
+    double *mine = part + displs[r];  // (an open last piece is sent on, not gathered)
+    size_t np = hi > lo ? (lo % B + (hi - lo) + B - 1) / B : 0;
+    if (np && (st = parts(user, hi - lo, lo % B, carry, mine)) != DT_OK) goto done;
+    if (np) carry = hi % B && hi != n ? mine[np - 1] : 0;
     if (hi < n && hi % B && (st = dt_send(&carry, 1, DT_I64, r + 1, comm)) != DT_OK) goto comm;
     if ((st = dt_allgatherv(mine, counts[r], part, counts, displs, DT_I64, comm)) != DT_OK) goto comm;
     double sum = 0;

@@ -379,6 +379,12 @@ dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm);
 /* The same over comm's ranks, each holding slice = block[lo, hi) of a
  * block of n (its dt_shard_range slice over comm). */
 dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt_comm_t comm, double *norm);
+/* The same where the slice is not the host's (a device's): parts(user,
+ * hi - lo, first, carry, part) fills the host's part[] with the slice's
+ * pieces, as dt_sum_squares_parts does (the device strategies' ZeRO). */
+typedef dt_status (*dt_norm_parts_fn)(void *user, size_t n, size_t first, double carry, double *part);
+dt_status dt_norm_sharded_by(dt_norm_parts_fn parts, void *user, size_t n, size_t lo, size_t hi, dt_comm_t comm,
+                             double *norm);
 /* Deterministic mode's fixed point (core/fixed.h's rules, which the GPU
  * shares): gradients go in with dt_fixed_add(acc, g, n, DT_FIXED_SCALE)
  * and come back as g[i] = acc[i] / 2^32. Integer sums do not depend on
@@ -399,5 +405,6 @@ extern const dt_strategy_ops dt_strategy_zero3;            /* engine/strategies/
 extern const dt_strategy_ops dt_strategy_local_sgd;        /* engine/strategies/localsgd.c */
 extern const dt_strategy_ops dt_strategy_ps;               /* engine/strategies/ps/ */
 extern const dt_strategy_ops dt_strategy_device;           /* engine/strategies/device.c */
+extern const dt_strategy_ops dt_strategy_device_zero;      /* engine/strategies/device.c */
 
 #endif

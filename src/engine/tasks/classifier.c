@@ -7,6 +7,7 @@
 #include "dtrain/train.h"
 #include "engine/dynbatch.h"
 #include "engine/codecs/codec.h"
+#include "engine/device.h"
 #include "engine/tasks/task.h"
 #include "gpu/dev_model.h"
 
@@ -412,9 +413,11 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_model(t, c, comm, model_rows), done);
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
+    int shard, shards;
+    dt_train_device_shard(c, comm, &shard, &shards);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim),
-                                 (dt_dtype)c->precision, c->seed),
+        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim), shard,
+                                 shards, (dt_dtype)c->precision, c->seed),
                done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;

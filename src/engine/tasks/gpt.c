@@ -12,6 +12,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/train.h"
 #include "engine/codecs/codec.h"
+#include "engine/device.h"
 #include "engine/tasks/task.h"
 
 #include <stdio.h>
@@ -306,9 +307,11 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     DT_TRY(gpt_order(t, norder), done);
+    int shard, shards;
+    dt_train_device_shard(c, comm, &shard, &shards);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim),
-                                 (dt_dtype)c->precision), done);
+        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim), shard,
+                                 shards, (dt_dtype)c->precision), done);
     gpt_info(t, c, order, norder, info);
     info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
 done:
