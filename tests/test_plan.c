@@ -154,6 +154,23 @@ static void test_library(void) {
     }
     CHECK(exposed[0] >= 0 && exposed[1] > exposed[0] + 0.5, "4 hosts at 1 MB/s: exposed %g s, one host %g s",
           exposed[1], exposed[0]);
+    // 4 ranks filling the cores: each bucket's fixed cost but the last's is
+    // paid (2 x the host's latency), not hidden; with cores to spare, none
+    double busy[2] = {-1, -1};
+    for (int b = 0; b < 2; b++) {
+        s = dt_plan_default_params(4);
+        s.threads = 1, s.cores = b ? 4 : 64;
+        CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_OK, "cores %d", s.cores);
+        for (int i = 0; rows && i < n; i++)
+            if (rows[i].l.zero == 0 && rows[i].l.tensor == 1 && rows[i].l.pipeline == 1 && !rows[i].l.recompute &&
+                rows[i].l.bucket_kb == 256)
+                busy[b] = rows[i].exposed_s;
+        free(rows);
+    }
+    double nb = ceil(4.0 * p.params / (256 * 1024)), want = (nb - 1) * 2 * s.host_latency_s;
+    CHECK(busy[0] >= 0 && nb == 4 && fabs(busy[1] - busy[0] - want) < 1e-12,
+          "256 KiB buckets on 4 busy cores: exposed %.9g s, with cores to spare %.9g s, want %.9g more", busy[1],
+          busy[0], want);
     // a batch that 300 workers cannot share: refused naming why
     s = dt_plan_default_params(300);
     CHECK(dt_plan_rank(&c, &p, &s, 0, &rows, &n, &nfit) == DT_ERR_CONFIG && strstr(dt_last_error(), "300 workers") &&

@@ -196,6 +196,11 @@ static void predict(const dt_config *c, const dt_layout *l, const dt_plan_params
     if (l->zero >= 3 && D > 1)  // every layer's parameters gathered for forward and again for backward
         extra = dt_sim_allreduce(S, &sp, NULL) + 2 * (c->gpt ? c->n_layer : c->nlayers) * s->host_latency_s;
     if (l->codec && D > 1) extra += 3 * S / s->host_bytes_per_s;  // encode, decode, error feedback
+    // With no core idle (the host's ranks' threads fill its cores) a
+    // bucket's fixed cost is CPU time taken from the compute, not hidden
+    // behind backward: every bucket's but the last (exposed already).
+    if (D > 1 && hd == 1 && R * s->threads >= s->cores)
+        extra += (ceil(S * ratio / q.bucket_bytes) - 1) * 2 * s->host_latency_s;
     row->l = *l;
     row->compute_s = o.compute_s;
     row->exposed_s = o.exposed_s + extra;
