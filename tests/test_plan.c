@@ -81,6 +81,11 @@ static void make_configs(void) {
     // 3.2 M parameters: 51 MB of AdamW state a worker replicated, 13 MB at ZeRO-3 on 4
     snprintf(t, sizeof t, gpt, 256, g_tmp, g_tmp);
     write_cfg("big.ini", t);
+    // gpt-small (10.8 M parameters: L6 C384 H6, vocabulary 256), on sequences of 64
+    snprintf(t, sizeof t, "[model]\npreset = gpt-small\n[data]\ndataset = tokens\ntrain_file = %s/tok_train.bin\n"
+             "val_file = %s/tok_val.bin\n[optim]\nname = adamw\n[train]\nbatch = 8\nseq_len = 64\nmax_steps = 3\n"
+             "eval_batches = 1\nthreads = 1\n", g_tmp, g_tmp);
+    write_cfg("gpt-small.ini", t);
 }
 
 // ---- the library ----
@@ -274,6 +279,7 @@ static void test_models(void) {
     plan_auto("cnn.ini", 2, "200M", (size_t)200 << 20, 0);
     plan_auto("gpt.ini", 2, NULL, 0, 0);
     plan_auto("gpt.ini", 4, "150M", (size_t)150 << 20, 0);
+    plan_auto("gpt-small.ini", 2, "400M", (size_t)400 << 20, 0);
     // the big GPT replicated does not fit in 75M a worker on 4 workers; sharded it does
     int rc = plan("%s/big.ini --workers 4 --top 100", g_tmp);
     CHECK(rc == 0 && strstr(g_out, "  zero 0, tensor 1, pipeline 1, bucket"), "big.ini, no cap: exit %d\n%s", rc, g_out);
