@@ -4,7 +4,8 @@
  * GPT on the simulated device against the CPU's on the same data (the
  * first step's loss within 1e-5, the 20th's within 1e-4, and, since the
  * simulated GPU runs the CPU's own kernels, the same weights bitwise; the
- * CNN's convolutions within tolerances), in fp32, bf16 and fp16 (the loss
+ * CNN's convolutions within tolerances; the evaluations, run on the
+ * device, the CPU's numbers bitwise), in fp32, bf16 and fp16 (the loss
  * scaler's skipped step too); checkpoints resumed across the two; several
  * ranks; the refusals. `test_gpu_sim gpu`: the same runs on a GPU against
  * the CPU's losses shipped in tests/fixtures/gpu-train-losses.txt. */
