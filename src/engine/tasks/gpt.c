@@ -44,7 +44,7 @@ struct dt_task {
     int deferred;                 // the parameters come at hold (a pipeline stage's layers)
     int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
     dt_gpt_acts *eval;            // a pipeline's evaluation set: forwards alone (made at the first)
-    dt_dev_gpt *dg;               // [train] device = cuda: the model's steps and evaluations on the device (m: the host copy)
+    dt_dev_gpt *dg;               // [train] device = cuda: the model's steps and evaluations on the device (m: host)
     dt_status dev_err;            // ... the last backward's failure, returned by the next forward
 };
 
