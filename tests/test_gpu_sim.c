@@ -4,7 +4,8 @@
  * GPT on the simulated device against the CPU's on the same data (the
  * first step's loss within 1e-5, the 20th's within 1e-4, and, since the
  * simulated GPU runs the CPU's own kernels, the same weights bitwise; the
- * CNN's convolutions within tolerances), in fp32, bf16 and fp16 (the loss
+ * CNN's convolutions within tolerances; the evaluations, run on the
+ * device, the CPU's numbers bitwise), in fp32, bf16 and fp16 (the loss
  * scaler's skipped step too); checkpoints resumed across the two; several
  * ranks; the refusals. `test_gpu_sim gpu`: the same runs on a GPU against
  * the CPU's losses shipped in tests/fixtures/gpu-train-losses.txt. */
@@ -319,6 +320,55 @@ static void check_fixture(const char *name, const char *dir, int cpu) {
                cpu && !half_run(name) ? "equal" : "within tolerance of");
 }
 
+// The evaluations run dir's rank 0 logged, as text: each "eval" record's
+// step and its numbers (train_loss, loss, accuracy; not its times), a line
+// each.
+static void evals_of(const char *dir, char *out, size_t n) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/metrics/rank-00000.jsonl", dir);
+    char *s = tl_read_file(path, NULL), *at = s;
+    size_t len = 0;
+    out[0] = 0;
+    while (at && (at = strstr(at, "{\"type\":\"eval\",")) != NULL) {
+        char *step = strstr(at, "\"step\":"), *e = strstr(at, "\"epoch\":"), *end = strstr(at, ",\"seconds\":");
+        if (!step || !e || !end) break;
+        len += (size_t)snprintf(out + len, len < n ? n - len : 0, "%.*s %.*s\n", (int)strcspn(step, ","), step,
+                                (int)(end - e), e);
+        at = end;
+    }
+    free(s);
+}
+
+// The evaluations of run dirs a (the CPU's) and b (the device's): the
+// metrics' "eval" records the same text, summary.json's test_loss and
+// test_accuracy (the GPT's val_loss) the same bits (cJSON writes them with
+// 17 digits); or (tol > 0) the same steps evaluated and the summary's
+// numbers within tol (relative).
+static void same_evals(const char *a, const char *b, const char *what, double tol, int min_evals) {
+    static char ea[8192], eb[8192];
+    char sa[700], sb[700];
+    evals_of(a, ea, sizeof ea);
+    evals_of(b, eb, sizeof eb);
+    int na = 0;
+    for (const char *p = ea; (p = strchr(p, '\n')) != NULL; p++) na++;
+    CHECK(na >= min_evals, "%s: %d evaluations logged, at least %d expected", what, na, min_evals);
+    if (tol == 0)
+        CHECK(!strcmp(ea, eb), "%s: the device's evaluations are the CPU's:\n%s-- the device's:\n%s", what, ea, eb);
+    snprintf(sa, sizeof sa, "%s/summary.json", a);
+    snprintf(sb, sizeof sb, "%s/summary.json", b);
+    const char *keys[] = {"test_loss", "test_accuracy", "val_loss"};
+    int found = 0;
+    for (int k = 0; k < 3; k++) {
+        double x = tl_json_number(sa, keys[k]), y = tl_json_number(sb, keys[k]);
+        if (x == -1 && y == -1) continue;
+        found++;
+        CHECK(tol == 0 ? x == y : fabs(x - y) <= tol * fabs(x), "%s: summary.json's %s: the device's %.17g, the CPU's "
+              "%.17g (%s)", what, keys[k], y, x, tol == 0 ? "bitwise" : "within tolerance");
+    }
+    CHECK(found >= 1, "%s: summary.json has the evaluation's numbers", what);
+    if (tol == 0) printf("%s: %d evaluations on the device, the CPU's numbers bitwise\n", what, na);
+}
+
 // name (CPU) and name-dev (the simulated GPU) trained on text with the
 // flags extra (a precision); their losses and weights compared: bitwise
 // where the simulated GPU runs the CPU's kernels, else (tol: the
@@ -329,9 +379,9 @@ static void compare_runs(const char *name, const char *text, const char *what, c
                          double ltol) {
     char dev[64], flags[600];
     snprintf(dev, sizeof dev, "%s-dev", name);
-    snprintf(flags, sizeof flags, "--set train.log_every=1 %s", extra);
+    snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.eval_every=10 %s", extra);
     CHECK(tl_train(g_tmp, name, text, 1, flags, g_out, sizeof g_out) == 0, "%s on the CPU: %s", what, g_out);
-    snprintf(flags, sizeof flags, "--set train.log_every=1 --device cuda %s", extra);
+    snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.eval_every=10 --device cuda %s", extra);
     CHECK(tl_train(g_tmp, dev, text, 1, flags, g_out, sizeof g_out) == 0, "%s on the device: %s", what, g_out);
     char a[600], b[600], msg[128];
     snprintf(a, sizeof a, "%s", tmp(name));
@@ -351,6 +401,7 @@ static void compare_runs(const char *name, const char *text, const char *what, c
         CHECK(diff >= 0 && diff <= tol, "%s: the simulated GPU's weights within %g of the CPU's: max rel diff %g", what,
               tol, diff);
     printf("%s: the simulated GPU against the CPU after %d steps: weights' max rel diff %g\n", what, STEPS, diff);
+    same_evals(a, b, what, tol, 2);
     char sum[700];
     snprintf(sum, sizeof sum, "%s/summary.json", b);
     CHECK(tl_count(sum, "\"strategy\":\t\"device\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
@@ -604,6 +655,11 @@ static void test_ranks(void) {
         double diff = tl_runs_diff(g_tmp, ref, name, &bw);
         CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s: the device's weights are the CPU's on %d workers bitwise "
               "(diff %g)", r->model, r->workers, r->flags, r->workers, diff);
+        char ra[600], rb[600], w[160];
+        snprintf(ra, sizeof ra, "%s", tmp(ref));
+        snprintf(rb, sizeof rb, "%s", tmp(name));
+        snprintf(w, sizeof w, "%s x %d %s", r->model, r->workers, r->flags);
+        same_evals(ra, rb, w, 0, 1);
         if (!r->ref1) continue;
         CHECK(tl_train(g_tmp, one, cfg, 1, r->flags, g_out, sizeof g_out) == 0, "one CPU process");
         diff = tl_runs_diff(g_tmp, one, name, &bw);

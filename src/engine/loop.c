@@ -983,6 +983,7 @@ static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl
     // (a staged view is the writer's snapshot: staged again only after its write)
     if (here && dt_run_ckpt_due(&r->ck, tc.step, last, r->stop, save) && r->ck.dir[0] &&
         (dt_heartbeat_phase(DT_PHASE_CKPT), (st = dt_strategy_params_sync(r->strat)) != DT_OK ||
+         (st = dt_strategy_params_host(r->strat)) != DT_OK ||
          (r->ck.model.stable && r->ck.writer && (st = dt_ckpt_writer_wait(r->ck.writer)) != DT_OK) ||
          (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
         return st;
@@ -1165,7 +1166,8 @@ static dt_status finish(run_state *r) {
     res->loss_scale = r->fp16 ? r->scaler.scale : 0;
     res->skipped_steps = r->scaler.skipped;
     res->bytes_sent = r->bytes_sent;
-    if (!r->stop && (st = dt_strategy_params_sync(s)) != DT_OK) return st;
+    if (!r->stop && ((st = dt_strategy_params_sync(s)) != DT_OK || (st = dt_strategy_params_host(s)) != DT_OK))
+        return st;
     if (!r->stop && (st = dt_fault_at(r->rank, r->step, "end")) != DT_OK) return st;  // (a test's fault)
     if (r->run_dir) snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
     dt_heartbeat_phase(DT_PHASE_WEIGHTS);
@@ -1208,7 +1210,7 @@ static void last_weights(run_state *r) {
     if (access(path, F_OK) == 0) return;
     char err[1024];
     snprintf(err, sizeof err, "%s", dt_last_error());  // (the failure's message stays the one reported)
-    if (r->tops->save(r->task, path, NULL, 0, s->n) == DT_OK)
+    if (dt_strategy_params_host(s) == DT_OK && r->tops->save(r->task, path, NULL, 0, s->n) == DT_OK)
         dt_log(DT_LOG_WARN, "the run failed after its last step; rank 0 wrote the trained weights of step %lld to %s",
                (long long)r->step, path);
     dt_error(DT_ERR_INTERNAL, "%s", err);

@@ -122,6 +122,8 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
 struct dt_dev_mlp {
     dt_dev_blocks b;
     int nl, max_batch, in, V, B;
+    int train;             // the forward's mode: 0 (evaluation) runs dropout as the identity
+    size_t px_n;           // the pinned buffer's floats before the targets: max_batch x max(in, V)
     float loss_scale;
     uint64_t seed, step;   // dropout's key (dt_dev_mlp_forward's step and first sample)
     int64_t first;
@@ -211,7 +213,9 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
                        .in16 = dm->in16};
     for (int i = 0; i < nl; i++) dt_model_layer(m, i, &dm->L[i]);
     mlp_take(dm);  // (counting)
-    size_t pinned = ((size_t)max_batch * dm->in + 1) * sizeof(float) + (size_t)max_batch * sizeof(int32_t);
+    // the pinned buffer: a batch's samples (or, read back, its probabilities), then its targets
+    dm->px_n = (size_t)max_batch * (size_t)(dm->in > dm->V ? dm->in : dm->V);
+    size_t pinned = (dm->px_n + 1) * sizeof(float) + (size_t)max_batch * sizeof(int32_t);
     dt_status st = dt_dev_blocks_open(&dm->b, pinned, "the device model");
     if (st != DT_OK) {
         dt_dev_mlp_free(dm);
@@ -283,7 +287,7 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     case DT_LAYER_MAXPOOL:
         return d->maxpool_forward(act, (int32_t *)dm->keep[i], in, (size_t)B * g.C, g.H, g.W, g.K, g.S);
     case DT_LAYER_DROPOUT:
-        if (l->spec.p <= 0.0f) return d->copy(act, in, n * sizeof(float));
+        if (l->spec.p <= 0.0f || !dm->train) return d->copy(act, in, n * sizeof(float));
         return d->dropout_forward(act, dm->keep[i], in, B, l->out, l->spec.p, dm->seed, dm->step, dm->first, i);
     case DT_LAYER_RELU: return d->relu_forward(act, in, n);
     case DT_LAYER_GELU: return d->gelu_forward(act, in, n);
@@ -294,23 +298,22 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     }
 }
 
-dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
-                             uint64_t step, int64_t first, float *loss) {
+// The forward of B samples in mode train (dt_model_forward's), the batch
+// through the pinned buffer; *loss read back.
+static dt_status mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, int train, float *loss) {
     const dt_dev *d = dm->b.d;
     if (B <= 0 || B > dm->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, dm->max_batch);
     for (int i = 0; i < B; i++)
         if (y[i] < 0 || y[i] >= dm->V)
             return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)y[i], i, dm->V - 1);
-    // the batch through the pinned buffer
     size_t nx = (size_t)B * dm->in;
     float *px = dm->b.pinned;
-    int32_t *py = (int32_t *)(px + (size_t)dm->max_batch * dm->in);
+    int32_t *py = (int32_t *)(px + dm->px_n);
     memcpy(px, x, nx * sizeof(float));
     memcpy(py, y, (size_t)B * sizeof(int32_t));
     TRY(d->to_device(dm->x, px, nx * sizeof(float)));
     TRY(d->to_device(dm->y, py, (size_t)B * sizeof(int32_t)));
-    dm->step = step;
-    dm->first = first;
+    dm->train = train;
     const float *in = dm->x;
     for (int i = 0; i < dm->nl; i++) {
         TRY(layer_forward(dm, i, in, B));
@@ -319,12 +322,31 @@ dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
     TRY(d->crossentropy_forward(dm->probs, dm->b.row_loss, dm->b.loss, in, dm->y, (size_t)B, dm->V, (size_t)dm->V));
     float l;
     TRY(d->to_host(&l, dm->b.loss, sizeof l));
-    dm->B = B;
-    dm->loss_scale = loss_scale;
     *loss = l;
     if (!isfinite(l))
         return dt_error(DT_ERR_NUMERIC, "model: loss is %s (diverged: lower the learning rate or clip gradients)",
                         isnan(l) ? "NaN" : "Inf");
+    return DT_OK;
+}
+
+dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
+                             uint64_t step, int64_t first, float *loss) {
+    dm->B = 0;
+    dm->step = step;
+    dm->first = first;
+    TRY(mlp_forward(dm, x, y, B, 1, loss));
+    dm->B = B;
+    dm->loss_scale = loss_scale;
+    return DT_OK;
+}
+
+dt_status dt_dev_mlp_evaluate(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float *loss,
+                              float *probs) {
+    dm->B = 0;  // (no backward after it)
+    TRY(mlp_forward(dm, x, y, B, 0, loss));
+    size_t n = (size_t)B * dm->V;
+    TRY(dm->b.d->to_host(dm->b.pinned, dm->probs, n * sizeof(float)));
+    memcpy(probs, dm->b.pinned, n * sizeof(float));
     return DT_OK;
 }
 

@@ -101,7 +101,8 @@ void dt_dev_blocks_close(dt_dev_blocks *b);
 
 typedef struct dt_dev_mlp dt_dev_mlp;
 /* The device's twin of the sequential model m (its plan and blocks'
- * layout; m stays the host copy) for batches of up to max_batch, with
+ * layout; m stays the host copy) for batches of up to max_batch (the
+ * training's micro-batches and the evaluation's batches), with
  * nstates optimizer blocks over slice `shard` of `shards` (dt_dev_blocks_of),
  * its GEMMs in precision t (DT_F32, DT_BF16, DT_F16: the run's); seed:
  * dropout's, as dt_model_init's. */
@@ -114,6 +115,12 @@ dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
  * and first: dropout's key (dt_model_set_dropout_key's). */
 dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
                              uint64_t step, int64_t first, float *loss);
+/* dt_model_forward in inference (train = 0: dropout the identity) on B
+ * samples (host), for an evaluation: *loss (the batch's mean) and the
+ * probabilities probs[B, classes] (host) read back through the pinned
+ * buffer. A backward does not follow it. */
+dt_status dt_dev_mlp_evaluate(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float *loss,
+                              float *probs);
 dt_status dt_dev_mlp_backward(dt_dev_mlp *dm);
 
 typedef struct dt_dev_gpt dt_dev_gpt;

@@ -19,9 +19,10 @@
  * come from it, the clipping scale goes into the update, which runs there
  * too, the step's constants from the host's optimizer (its step count).
  * The host's blocks (s->params, the optimizer's state) are the copy that
- * evaluations, checkpoints and the weights file read: params_sync and
- * params_eval bring them up to date, ckpt_restore puts them (the fresh
- * start's, or a checkpoint's) onto the device.
+ * checkpoints and the weights file read: params_host brings them up to
+ * date, ckpt_restore puts them (the fresh start's, or a checkpoint's) onto
+ * the device. Evaluations run on the device's blocks (the task's
+ * evaluate), so nothing is copied for them.
  *
  * "device-zero" ([parallel] zero = 1 on a device; docs/zero.md) is the same
  * strategy over a rank's slice [lo, hi) = dt_shard_range(n, rank, W), as
@@ -300,13 +301,9 @@ static dt_status dev_update(dt_strategy *s, float lr, float scale) {
     return st == DT_OK ? dt_dev_blocks_changed(s->device) : st;
 }
 
-// The host's copy: the parameters before an evaluation, with the
-// optimizer's state before a checkpoint and the weights file.
-static dt_status dev_params_eval(dt_strategy *s, int begin) {
-    return begin ? dt_dev_blocks_get(s->device, s->params, NULL) : DT_OK;
-}
-
-static dt_status dev_params_sync(dt_strategy *s) {
+// The host's copy, parameters and optimizer state, before a checkpoint
+// and the weights file (evaluations run on the device's blocks).
+static dt_status dev_params_host(dt_strategy *s) {
     float *st[2];
     states(s, st);
     return dt_dev_blocks_get(s->device, s->params, st);
@@ -359,8 +356,7 @@ const dt_strategy_ops dt_strategy_device = {
     .grad_norm = dev_norm,
     .grads_nonfinite = dev_nonfinite,
     .update = dev_update,
-    .params_eval = dev_params_eval,
-    .params_sync = dev_params_sync,
+    .params_host = dev_params_host,
     .ckpt_restore = dev_restore,
     .summary = dev_summary,
     .replicated = 1,
@@ -382,8 +378,7 @@ const dt_strategy_ops dt_strategy_device_zero = {
     .grad_norm = dev_norm,
     .grads_nonfinite = dev_nonfinite,
     .update = dev_update,
-    .params_eval = dev_params_eval,
-    .params_sync = dev_params_sync,
+    .params_host = dev_params_host,
     .ckpt_restore = dev_restore,
     .summary = dev_summary,
 };

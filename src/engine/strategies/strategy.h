@@ -21,6 +21,7 @@
  *     dt_strategy_update(s, lr, scale)     the optimizer over the rank's slice
  *   dt_strategy_params_eval(s, 1 / 0)     around an evaluation (which gathers through the layer hook)
  *   dt_strategy_params_sync(s)             before an evaluation, a checkpoint, the final weights
+ *   dt_strategy_params_host(s)             before a checkpoint and the final weights (a device's host copy)
  *   dt_strategy_ckpt_stage(s)              before a checkpoint
  *   dt_strategy_ckpt_view(s, &m)           what this rank holds, for checkpoints
  *   dt_strategy_ckpt_restore(s, path, W0)  its own state from the checkpoint resumed
@@ -125,6 +126,11 @@ typedef struct dt_strategy_ops {
      * checkpoint and the final weights; NULL when they always are (every
      * peer but local SGD). */
     dt_status (*params_sync)(dt_strategy *s);
+    /* Brings the host's blocks (s->params, the optimizer's state) up to
+     * date where the live ones are elsewhere (a device's), before a
+     * checkpoint and the final weights file read them; evaluations do not
+     * read them. NULL: the host's blocks are the live ones. */
+    dt_status (*params_host)(dt_strategy *s);
     /* Before a checkpoint is saved: makes what the checkpoint view shows
      * current (a model in parts assembles this rank's slice of the whole
      * model); a collective. NULL: the view is the live state. */
@@ -323,6 +329,9 @@ static inline dt_status dt_strategy_params_eval(dt_strategy *s, int begin) {
 }
 static inline dt_status dt_strategy_params_sync(dt_strategy *s) {
     return s->ops->params_sync ? s->ops->params_sync(s) : DT_OK;
+}
+static inline dt_status dt_strategy_params_host(dt_strategy *s) {
+    return s->ops->params_host ? s->ops->params_host(s) : DT_OK;
 }
 static inline dt_status dt_strategy_ckpt_stage(dt_strategy *s) {
     return s->ops->ckpt_stage ? s->ops->ckpt_stage(s) : DT_OK;

@@ -41,7 +41,9 @@ struct dt_task {
                                    // their own: the strategy's may be busy with gradients meanwhile)
     unsigned char *order_split;    // the order's ranges divided among the shards
     size_t act_bytes, act_saved;   // the activation sets made, and what 16-bit linear inputs save in them
-    dt_dev_mlp *dm;                // [train] device = cuda: the model's steps on the device (m: the host copy)
+    dt_dev_mlp *dm;                // [train] device = cuda: the model's steps and evaluations on the device (m:
+                                   // the host copy)
+    float *probs;                  // ... an evaluation batch's probabilities, read back
     dt_status dev_err;             // ... the last backward's failure, returned by the next forward
 };
 
@@ -128,9 +130,11 @@ static dt_status load_split(const dt_config *c, const char *split, int r, int W,
     return DT_OK;
 }
 
-// Sums the loss and counts correct predictions over samples [lo, hi).
-static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, int batch, double *loss_sum,
-                            long *correct) {
+// Sums the loss and counts correct predictions over samples [lo, hi): on
+// the CPU's model m, or (dm) on the device's, whose probabilities are read
+// back into probs [batch, classes] (host) batch by batch.
+static dt_status eval_range(dt_model *m, dt_dev_mlp *dm, float *probs, const dt_dataset *ds, int lo, int hi,
+                            int batch, double *loss_sum, long *correct) {
     size_t ss = dt_dataset_sample_size(ds);
     int V = dt_model_num_classes(m);
     *loss_sum = 0;
@@ -139,10 +143,11 @@ static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, i
         int B = hi - i < batch ? hi - i : batch;
         float l;
         dt_heartbeat(-1);
-        dt_status st = dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
+        dt_status st = dm ? dt_dev_mlp_evaluate(dm, ds->x + (size_t)i * ss, ds->y + i, B, &l, probs)
+                          : dt_model_forward(m, ds->x + (size_t)i * ss, ds->y + i, B, 0, &l);
         if (st != DT_OK) return st;
         *loss_sum += (double)l * B;
-        const float *p = dt_model_probs(m);
+        const float *p = dm ? probs : dt_model_probs(m);
         for (int b = 0; b < B; b++) {
             int arg = 0;
             for (int v = 1; v < V; v++)
@@ -156,7 +161,7 @@ static dt_status eval_range(dt_model *m, const dt_dataset *ds, int lo, int hi, i
 dt_status dt_evaluate(dt_model *m, const dt_dataset *ds, int batch, float *loss, float *accuracy) {
     double sum;
     long correct;
-    dt_status st = eval_range(m, ds, 0, ds->n, batch, &sum, &correct);
+    dt_status st = eval_range(m, NULL, NULL, ds, 0, ds->n, batch, &sum, &correct);
     if (st != DT_OK) return st;
     if (loss) *loss = ds->n ? (float)(sum / ds->n) : 0.0f;
     if (accuracy) *accuracy = ds->n ? (float)correct / ds->n : 0.0f;
@@ -218,6 +223,7 @@ static void cls_destroy(dt_task *t) {
     free(t->order_layer);
     free(t->mats);
     dt_dev_mlp_free(t->dm);
+    free(t->probs);
     dt_loader_free(t->subl);
     dt_dataset_free(&t->sub);
     dt_loader_free(t->full);
@@ -400,6 +406,18 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
              dt_model_whole_params(t->m), shard, t->train.total, t->test.n, acts);
 }
 
+// The device's model (the run on a device): its batches are the
+// micro-batches and the evaluation's (at most eval_batch of the test
+// split), and the evaluation's probabilities come back into t->probs.
+static dt_status dev_model(dt_task *t, const dt_config *c, int max_micro, int shard, int shards) {
+    int eb = c->eval_batch < t->test.n ? c->eval_batch : t->test.n, rows = eb > max_micro ? eb : max_micro;
+    size_t V = (size_t)dt_model_num_classes(t->m);
+    if (!(t->probs = malloc(sizeof(float) * V * (size_t)(eb > 0 ? eb : 1))))
+        return dt_error(DT_ERR_NOMEM, "out of memory");
+    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_optim_params_states(&c->optim), shard, shards,
+                             (dt_dtype)c->precision, c->seed);
+}
+
 static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, int max_micro, int model_rows,
                             dt_task_info *info) {
     dt_task *t = calloc(1, sizeof *t);
@@ -416,9 +434,7 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     int shard, shards;
     dt_train_device_shard(c, comm, &shard, &shards);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, max_micro, dt_optim_params_states(&c->optim), shard,
-                                 shards, (dt_dtype)c->precision, c->seed),
-               done);
+        DT_TRY(dev_model(t, c, max_micro, shard, shards), done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;
 done:
@@ -575,7 +591,7 @@ static dt_status cls_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     dt_task_eval_share(ds->n, r, W, t->c->eval_batch, &lo, &hi, &extra);
     double sum;
     long correct;
-    dt_status st = eval_range(t->m, ds, lo, hi, t->c->eval_batch, &sum, &correct);
+    dt_status st = eval_range(t->m, t->dm, t->probs, ds, lo, hi, t->c->eval_batch, &sum, &correct);
     if (st == DT_OK) st = dt_task_replay(t->layer_fn, t->layer_user, 0, t->c->nlayers - 1, extra);
     if (st != DT_OK) return st;
     float v[2] = {(float)sum, (float)correct};

@@ -44,7 +44,7 @@ struct dt_task {
     int deferred;                 // the parameters come at hold (a pipeline stage's layers)
     int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
     dt_gpt_acts *eval;            // a pipeline's evaluation set: forwards alone (made at the first)
-    dt_dev_gpt *dg;               // [train] device = cuda: the model's steps on the device (m: the host copy)
+    dt_dev_gpt *dg;               // [train] device = cuda: the model's steps and evaluations on the device (m: host)
     dt_status dev_err;            // ... the last backward's failure, returned by the next forward
 };
 
@@ -56,15 +56,21 @@ static void count_acts(dt_task *t, const dt_gpt_acts *a, int made) {
     else t->act_bytes -= dt_gpt_acts_bytes(a), t->act_saved -= dt_gpt_acts_saved(a);
 }
 
-// The evaluation's forward (dt_task_val_loss): in set a, else the default.
+// The evaluation's forward (dt_task_val_loss): on the device's model dg (a
+// run on a device), else the CPU's in set a, else in the default set.
 typedef struct {
     dt_gpt *m;
     dt_gpt_acts *a;
+    dt_dev_gpt *dg;  // a run on a device: the forward on its blocks
 } gpt_fwd;
 
 static dt_status gpt_lm_forward(void *user, const int32_t *x, const int32_t *y, int n, int T, float *loss,
                                 const float **logits) {
     gpt_fwd *f = user;
+    if (f->dg) {  // (its logits stay on the device: the GPT's evaluation reads the loss alone)
+        *logits = NULL;
+        return dt_dev_gpt_forward(f->dg, x, y, n, T, 1.0f, loss);
+    }
     dt_status st = f->a ? dt_gpt_forward_with(f->m, f->a, x, y, n, T, loss) : dt_gpt_forward(f->m, x, y, n, T, loss);
     *logits = f->a ? dt_gpt_acts_logits(f->a) : dt_gpt_logits(f->m);
     return st;
@@ -78,7 +84,7 @@ dt_status dt_gpt_eval_checkpoint(const dt_config *c, const char *weights, float 
     dt_status st = dt_check_memory(c, DT_MEM_EVAL, 1, 0, NULL);
     if (st == DT_OK) st = dt_gpt_create(&m, &gc, c->batch, c->seq_len);
     if (st == DT_OK) st = dt_gpt_load(m, weights);
-    gpt_fwd f = {m, NULL};
+    gpt_fwd f = {m, NULL, NULL};
     if (st == DT_OK) st = dt_task_eval_tokens(c, gpt_lm_forward, &f, loss, accuracy, n);
     dt_gpt_free(m);
     return st;
@@ -472,7 +478,7 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
         count_acts(t, t->eval, 1);
     }
     // Tensor parallel: the shards of one model run the same windows.
-    gpt_fwd f = {t->m, t->eval};
+    gpt_fwd f = {t->m, t->eval, t->dg};
     dt_task_hook hook = {t->layer_fn, t->layer_user, DT_GPT_EMBED, t->gc.n_layer};
     st = dt_task_val_loss(gpt_lm_forward, &f, &t->val, t->c->eval_batches * t->B, t->Bm, t->T, t->gc.vocab_size, t->x,
                           t->y, t->ntp > 1 ? t->rest : comm, &hook, loss, NULL);
