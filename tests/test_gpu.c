@@ -26,6 +26,8 @@
  *                   vocabulary-sized table), residual, ReLU, bias, the
  *                   sum of squares and the scale, bf16 and fp16 conversions,
  *                   deterministic mode's fixed point: the CPU's bits;
+ *                   error feedback's rounding to bf16 and fp16
+ *                   (dt_gpu_from_f32_ef): dt_from_f32_ef's bits;
  *                   the communication stream (after the kernels, done); attention (T = 1, 37, 70, 257; head
  *                   sizes 1 to 512) within 1e-5 (normwise where sums
  *                   cancel), the upper triangles zeros, and with its
@@ -781,6 +783,34 @@ static void test_convert(dt_dtype t) {
     dt_gpu_free(gx), dt_gpu_free(gback), dt_gpu_free(gh), dt_gpu_free(gb16);
 }
 
+// Error feedback's rounding on the device (dt_gpu_from_f32_ef): two steps
+// on one residual, the 16-bit values, the gradient with the residual added
+// and the residual bitwise dt_from_f32_ef's (finite values: no NaN payload
+// to set fp16 apart).
+static void test_convert_ef(dt_dtype t, size_t n) {
+    const char *tn = t == DT_BF16 ? "bf16" : "fp16";
+    float *g[2] = {randoms(n, t == DT_BF16 ? 1e4f : 1e3f, 97), randoms(n, 1e-2f, 98)};
+    float *res = calloc(n ? n : 1, sizeof(float)), *gres = upload(res, n);
+    uint16_t *h = malloc(sizeof(uint16_t) * (n ? n : 1)), *gh16 = malloc(sizeof(uint16_t) * (n ? n : 1));
+    void *dh = NULL;
+    dt_status st = gres ? dt_gpu_alloc(&dh, sizeof(uint16_t) * (n ? n : 1)) : DT_ERR_INTERNAL;
+    size_t bad = 0;
+    for (int k = 0; k < 2 && st == DT_OK; k++) {
+        float *gg = upload(g[k], n);
+        st = gg ? dt_gpu_from_f32_ef(dh, gg, gres, n, t) : DT_ERR_INTERNAL;
+        dt_from_f32_ef(h, g[k], res, n, t);
+        if (st == DT_OK) st = dt_gpu_to_host(gh16, dh, sizeof(uint16_t) * n);
+        for (size_t i = 0; i < n && st == DT_OK; i++) bad += h[i] != gh16[i];
+        if (st == DT_OK) bad += differ(g[k], gg, n) + differ(res, gres, n);
+        dt_gpu_free(gg);
+    }
+    size_t nz = 0;
+    for (size_t i = 0; i < n; i++) nz += res[i] != 0;
+    CHECK(st == DT_OK && bad == 0 && (n < 100 || nz > n / 2), "%s error feedback, n %zu, 2 steps: %zu values differ "
+          "from the CPU's bits (0); %zu residuals not zero%s%s", tn, n, bad, nz, GPU_ERR(st));
+    free(g[0]), free(g[1]), free(res), free(h), free(gh16), dt_gpu_free(gres), dt_gpu_free(dh);
+}
+
 static void test_gpt_ops(void) {
     // Repeated tokens (V 7 against B T 74), a vocabulary-sized table, T = 1.
     test_encoder(2, 37, 97, 7);
@@ -814,6 +844,7 @@ static void test_gpt_ops(void) {
     test_stream();
     test_convert(DT_BF16);
     test_convert(DT_F16);
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_convert_ef(DT_BF16, ns[i]), test_convert_ef(DT_F16, ns[i]);
 }
 
 // The CNN's ops against their host loops over cnn_hd.h's elements (the

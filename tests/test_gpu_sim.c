@@ -601,6 +601,17 @@ static const dev_row dev_rows[] = {
     {"gpt", 3, "--deterministic --zero 1 --set parallel.bucket_kb=4", 1},
     {"gpt", 2, "--zero 1 --precision bf16", 0},
     {"mlp", 2, "--zero 1 --precision fp16", 0},
+    // gradients summed in 16 bits: each bucket rounded on the device (with
+    // error feedback under a method), one allreduce in that type, widened
+    // back: the CPU's codec (engine/codecs/cast.c), whose pieces are cut
+    // otherwise (the GPT's by its gradient order, from the block's end)
+    {"mlp", 2, "--set parallel.grad_dtype=bf16", 0},
+    {"gpt", 2, "--set parallel.grad_dtype=bf16", 0},
+    {"gpt", 3, "--set parallel.grad_dtype=bf16 --set parallel.bucket_kb=4", 0},
+    {"mlp", 2, "--set compression.method=fp16", 0},
+    {"gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", 0},
+    {"mlp", 3, "--set compression.method=bf16 --set train.grad_accum=2", 0},
+    {"gpt", 2, "--set compression.method=fp16 --precision bf16", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -700,6 +711,41 @@ static void test_ranks_resume(void) {
                    tl_runs_diff(g_tmp, "ck2-cpu", "from2-cpu", &bw[2])};
     CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
           "2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
+}
+
+// Error feedback on the device: a checkpoint of 2 ranks at step 10 (each
+// rank's residual, read back from the device, in its shard) resumed by 2
+// CPU workers, and the CPU's resumed on the device: the uninterrupted CPU
+// run's weights bitwise; the device's shards hold the CPU's codec state
+// bitwise.
+static void test_codec_resume(void) {
+    char ck[4096], flags[1200], a[700], b[700];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n[compression]\nmethod = bf16\n", cfg_gpt);
+    CHECK(tl_train(g_tmp, "ckc-dev", ck, 2, "--device cuda", g_out, sizeof g_out) == 0, "2 ranks on the device, "
+          "method = bf16, checkpoints: %s", g_out);
+    CHECK(tl_train(g_tmp, "ckc-cpu", ck, 2, "", g_out, sizeof g_out) == 0, "2 CPU workers, method = bf16: %s", g_out);
+    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ckc-dev/checkpoints/step-00000010"));
+    CHECK(tl_train(g_tmp, "fromc-dev", ck, 2, flags, g_out, sizeof g_out) == 0, "2 CPU workers resume the device's "
+          "step 10: %s", g_out);
+    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
+             tmp("ckc-cpu/checkpoints/step-00000010"));
+    CHECK(tl_train(g_tmp, "fromc-cpu", ck, 2, flags, g_out, sizeof g_out) == 0, "2 ranks on the device resume the "
+          "CPU's step 10: %s", g_out);
+    int bw[3] = {0};
+    double d[3] = {tl_runs_diff(g_tmp, "ckc-cpu", "ckc-dev", &bw[0]), tl_runs_diff(g_tmp, "ckc-cpu", "fromc-dev", &bw[1]),
+                   tl_runs_diff(g_tmp, "ckc-cpu", "fromc-cpu", &bw[2])};
+    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
+          "method = bf16, 2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1],
+          d[2]);
+    int n = 0;
+    for (int r = 0; r < 2; r++) {  // each rank's shard (the CPU's has codec.bf16.residual and .step: the same names)
+        snprintf(a, sizeof a, "%s/checkpoints/step-00000010/shard-0000%d-of-00002.safetensors", tmp("ckc-dev"), r);
+        snprintf(b, sizeof b, "%s/checkpoints/step-00000010/shard-0000%d-of-00002.safetensors", tmp("ckc-cpu"), r);
+        int same = 0;
+        double diff = tl_weights_diff(a, b, &same);
+        n += diff == 0 && same;
+    }
+    CHECK(n == 2, "the device's checkpoint shards hold the CPU's codec state (residuals, step) bitwise: %d of 2", n);
 }
 
 // ZeRO stage 1 on the device: a checkpoint of 2 ranks at step 10 resumed by
@@ -968,6 +1014,7 @@ int main(int argc, char **argv) {
     test_resume();
     test_ranks();
     test_ranks_resume();
+    test_codec_resume();
     test_zero_resume();
     test_nccl_rows();
     test_nccl_faults();

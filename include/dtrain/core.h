@@ -50,6 +50,10 @@ DT_API void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
 /* dst[i] = src[i] rounded to the nearest value of type t (DT_F16 or DT_BF16),
  * kept as fp32 (dst may be src): what dt_from_f32 then dt_to_f32 gives. */
 DT_API void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t);
+/* Error feedback's rounding to 16 bits (the fp16/bf16 gradient codecs):
+ * g[i] += res[i], dst[i] = g[i] by dt_from_f32, res[i] = g[i] - dst[i]
+ * widened (what the 16-bit value lost). The CPU twin of the GPU's ef16. */
+DT_API void dt_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype t);
 
 /* The slice [*begin, *end) of n elements that rank `rank` of `world` holds:
  * contiguous, in rank order, sizes differing by at most one. Every sharded

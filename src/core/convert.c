@@ -122,6 +122,18 @@ void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t) {
         for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(f32_to_f16(src[i]));
 }
 
+void dt_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype t) {
+    enum { PIECE = 1024 };
+    float w[PIECE];
+    for (size_t a = 0; a < n; a += PIECE) {
+        size_t m = n - a < PIECE ? n - a : PIECE;
+        for (size_t i = a; i < a + m; i++) g[i] += res[i];
+        dt_from_f32((uint16_t *)dst + a, g + a, m, t);
+        dt_to_f32(w, (uint16_t *)dst + a, m, t);
+        for (size_t i = 0; i < m; i++) res[a + i] = g[a + i] - w[i];
+    }
+}
+
 void dt_shard_range(size_t n, int rank, int world, size_t *begin, size_t *end) {
     *begin = (size_t)((unsigned __int128)n * (unsigned)rank / (unsigned)world);
     *end = (size_t)((unsigned __int128)n * (unsigned)(rank + 1) / (unsigned)world);

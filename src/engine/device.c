@@ -24,19 +24,30 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
 // sharded norm's pieces).
 static const char *const half_ops[] = {"gemm16", "to16", NULL};
 static const char *const zero_ops[] = {"sumsq_parts", NULL};
+// ... and gradients exchanged in 16 bits, with error feedback or not.
+static const char *const wire_ops[] = {"to16", "from16", NULL};
+static const char *const ef_ops[] = {"ef16", NULL};
+
+// Whether c's gradients go over the wire in 16 bits ([parallel] grad_dtype
+// = bf16, [compression] method = fp16 or bf16).
+static int wire16(const dt_config *c) {
+    return c->grad_dtype || c->comp_method == DT_COMP_FP16 || c->comp_method == DT_COMP_BF16;
+}
 
 // What trains on a device: data parallel (plain or deterministic, ZeRO
 // stage 1 or not), in fp32, bf16 or fp16, a GPT or a sequential model
-// (dense, convolution, pooling and dropout layers); the rest refused by
-// name.
+// (dense, convolution, pooling and dropout layers), its gradients summed in
+// fp32 or (plain data parallel) in 16 bits; the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
                      : c->tensor > 1   ? "[parallel] tensor"
                      : c->zero > 1     ? "[parallel] zero = 2 or 3 (ZeRO's stages past 1)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
-                     : c->comp_method != DT_COMP_NONE ? "[compression] method"
-                     : c->grad_dtype     ? "[parallel] grad_dtype = bf16"
+                     : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
+                     : wire16(c) && c->zero ? "[parallel] grad_dtype = bf16 or [compression] method = fp16|bf16 "
+                                              "under [parallel] zero = 1"
+                     : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"
                      : c->offload        ? "[parallel] offload"
                      : c->dynamic_batch  ? "[train] dynamic_batch"
                      : c->recompute      ? "[train] recompute"
@@ -44,7 +55,8 @@ static dt_status supported(const dt_config *c) {
                                                           : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
-                        "plain or deterministic, ZeRO stage 1 or not, a GPT or a sequential model; docs/gpu.md)",
+                        "plain or deterministic, ZeRO stage 1 or not, a GPT or a sequential model, gradients in fp32 "
+                        "or, plain data parallel, bf16/fp16; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
 }
@@ -66,6 +78,9 @@ dt_status dt_train_check_device(const dt_config *c) {
     snprintf(who, sizeof who, "[train] device = %s (%s)", c->device, what);
     st = dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
     if (st == DT_OK && c->precision != DT_F32) st = dt_dev_require(d, half_ops, who);
+    if (st == DT_OK && wire16(c)) st = dt_dev_require(d, wire_ops, who);
+    if (st == DT_OK && wire16(c) && c->comp_method != DT_COMP_NONE && c->comp_error_feedback)
+        st = dt_dev_require(d, ef_ops, who);
     return st == DT_OK && c->zero > 0 ? dt_dev_require(d, zero_ops, who) : st;
 }
 

@@ -26,6 +26,18 @@ template <bool BF16> __global__ static void from_f32_kernel(uint16_t *dst, const
         dst[i] = narrow<BF16>(src[i]);
 }
 
+// Error feedback (dt_from_f32_ef): the sum and the difference are single
+// fp32 operations, so nothing is contracted into an FMA.
+template <bool BF16> __global__ static void from_f32_ef_kernel(uint16_t *dst, float *g, float *res, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = __fadd_rn(g[i], res[i]);
+        uint16_t h = narrow<BF16>(v);
+        g[i] = v;
+        dst[i] = h;
+        res[i] = __fsub_rn(v, widen<BF16>(h));
+    }
+}
+
 static dt_status sixteen(dt_dtype t) {
     if (t == DT_BF16 || t == DT_F16) return DT_OK;
     return dt_error(DT_ERR_ARG, "GPU conversion: type %s is not a 16-bit float (BF16 or F16 only)", dt_dtype_name(t));
@@ -53,6 +65,19 @@ dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
     } else {
         from_f32_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>((uint16_t *)dst, src, n);
         DT_LAUNCHED(from_f32_kernel<fp16>);
+    }
+    return DT_OK;
+}
+
+dt_status dt_gpu_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype t) {
+    dt_status st = sixteen(t);
+    if (st != DT_OK || n == 0) return st;
+    if (t == DT_BF16) {
+        from_f32_ef_kernel<true><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>((uint16_t *)dst, g, res, n);
+        DT_LAUNCHED(from_f32_ef_kernel<bf16>);
+    } else {
+        from_f32_ef_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>((uint16_t *)dst, g, res, n);
+        DT_LAUNCHED(from_f32_ef_kernel<fp16>);
     }
     return DT_OK;
 }

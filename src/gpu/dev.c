@@ -31,6 +31,8 @@ const dt_dev dt_dev_cuda = {
     .sgemm = dt_gpu_sgemm,
     .gemm16 = dt_gpu_gemm16,
     .to16 = dt_gpu_from_f32,
+    .from16 = dt_gpu_to_f32,
+    .ef16 = dt_gpu_from_f32_ef,
     .layernorm_forward = dt_gpu_layernorm_forward,
     .layernorm_backward = dt_gpu_layernorm_backward,
     .gelu_forward = dt_gpu_gelu_forward,
@@ -73,7 +75,7 @@ const dt_dev *dt_dev_get(void) {
 static const struct {
     const char *name;
     size_t off;
-} ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(layernorm_forward), OP(layernorm_backward), OP(gelu_forward),
+} ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward), OP(gelu_forward),
            OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
            OP(encoder_forward), OP(encoder_backward), OP(residual_forward), OP(residual_backward),
            OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),

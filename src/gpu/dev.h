@@ -70,6 +70,11 @@ typedef struct dt_dev {
     dt_status (*gemm16)(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
                         const void *B, int ldb, float beta, float *C, int ldc);
     dt_status (*to16)(void *dst, const float *src, size_t n, dt_dtype t);
+    /* from16: dst[n] = src widened (dt_to_f32's). ef16: to16 with error
+     * feedback, dt_from_f32_ef (g += res, dst = g rounded, res = what dst
+     * lost). The fp16/bf16 gradient exchange (docs/gpu.md). */
+    dt_status (*from16)(float *dst, const void *src, size_t n, dt_dtype t);
+    dt_status (*ef16)(void *dst, float *g, float *res, size_t n, dt_dtype t);
     dt_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps);
     dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,

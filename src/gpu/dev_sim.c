@@ -223,6 +223,24 @@ static dt_status sim_to16(void *dst, const float *src, size_t n, dt_dtype t) {
     return shut();
 }
 
+static dt_status sim_from16(float *dst, const void *src, size_t n, dt_dtype t) {
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "simulated GPU's conversion: type %s is not a 16-bit float (BF16 or F16 only)",
+                        dt_dtype_name(t));
+    open_dev();
+    dt_to_f32(dst, src, n, t);
+    return shut();
+}
+
+static dt_status sim_ef16(void *dst, float *g, float *res, size_t n, dt_dtype t) {
+    if (t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "simulated GPU's error feedback: type %s is not a 16-bit float (BF16 or F16 only)",
+                        dt_dtype_name(t));
+    open_dev();
+    dt_from_f32_ef(dst, g, res, n, t);
+    return shut();
+}
+
 static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                 const float *b, size_t N, int C, float eps) {
     open_dev();
@@ -477,6 +495,8 @@ const dt_dev dt_dev_sim = {
     .sgemm = sim_sgemm,
     .gemm16 = sim_gemm16,
     .to16 = sim_to16,
+    .from16 = sim_from16,
+    .ef16 = sim_ef16,
     .layernorm_forward = sim_ln_forward,
     .layernorm_backward = sim_ln_backward,
     .gelu_forward = sim_gelu_forward,

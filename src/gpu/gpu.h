@@ -192,6 +192,10 @@ dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float a
  * a NaN's payload); another t is DT_ERR_ARG. */
 dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t);
 dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+/* dt_from_f32_ef on device blocks (the same types and bits as
+ * dt_gpu_from_f32): g[n] += res, dst = g rounded to t, res = g - dst
+ * widened. */
+dt_status dt_gpu_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype t);
 
 /* cuBLASLt, cuDNN and NCCL, loaded at run time (never linked;
  * src/gpu/dl.c, every build): `which` "cublaslt" (libcublasLt.so.<the

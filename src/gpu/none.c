@@ -165,3 +165,6 @@ dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
 dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
     return (void)dst, (void)src, (void)n, (void)t, no_gpu();
 }
+dt_status dt_gpu_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype t) {
+    return (void)dst, (void)g, (void)res, (void)n, (void)t, no_gpu();
+}

@@ -24,6 +24,7 @@
  *   abort  rank R's process aborts (SIGABRT) in its call of op K.
  * DTRAIN_FAKE_NCCL_VERSION: the version it reports (default 22809). */
 #include "comm/nccl/nccl_api.h"
+#include "core/bf16.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -181,16 +182,48 @@ static size_t send_bytes(ncclComm_t c) {
         ((T *)out)[i] = op == ncclAvg ? (T)(a / (T)c->n) : a;                                       \
     }
 
+// A 16-bit float widened, and an fp32 rounded to it (nearest even): bf16
+// by core/bf16.h's bits, fp16 by the compiler's _Float16 (IEEE binary16).
+static float wide16(uint16_t h, int bf) {
+    if (bf) return dt_bf16_to_f32(h);
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+
+static uint16_t narrow16(float f, int bf) {
+    if (bf) return dt_f32_to_bf16(f);
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+
+// 16-bit floats summed as the host's communicator sums them (comm/reduce.c):
+// accumulated in fp32 in rank order, the sum rounded once (real NCCL rounds
+// each step of its ring: the same bits at 2 ranks).
+static ncclResult_t reduce16(ncclComm_t c, void *out, size_t off, size_t len, int bf) {
+    if (c->c.op != ncclSum) return fail(c, ncclInvalidArgument, "this fake sums 16-bit floats only");
+    for (size_t i = 0; i < len; i++) {
+        float a = wide16(((const uint16_t *)(slot(c, 0) + off))[i], bf);
+        for (int p = 1; p < c->n; p++) a += wide16(((const uint16_t *)(slot(c, p) + off))[i], bf);
+        ((uint16_t *)out)[i] = narrow16(a, bf);
+    }
+    return ncclSuccess;
+}
+
 // out[len] = the ranks' elements [off, off + len bytes) reduced in rank order.
 static ncclResult_t reduce(ncclComm_t c, void *out, size_t off, size_t len) {
     ncclRedOp_t op = c->c.op;
     switch (c->c.t) {
+    case ncclBfloat16: return reduce16(c, out, off, len, 1);
+    case ncclFloat16: return reduce16(c, out, off, len, 0);
     case ncclFloat32: REDUCE(float) break;
     case ncclFloat64: REDUCE(double) break;
     case ncclInt64: REDUCE(int64_t) break;
     case ncclInt32: REDUCE(int32_t) break;
     case ncclUint8: REDUCE(uint8_t) break;
-    default: return fail(c, ncclInvalidArgument, "this fake reduces float32, float64, int64, int32 and uint8 only");
+    default: return fail(c, ncclInvalidArgument, "this fake reduces float32, float64, int64, int32, uint8, bf16 and fp16 only");
     }
     return ncclSuccess;
 }

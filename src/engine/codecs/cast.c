@@ -23,13 +23,8 @@ static uint8_t *cast_message(dt_codec *k, float *g, size_t lo, size_t hi) {
     uint8_t *buf = p ? dt_codec_buf(p, len * 2) : NULL;
     if (!buf) return NULL;
     dt_codec_piece_begin(k, p, 0);
-    dt_codec_ef_add(k, g, lo, hi);
-    dt_from_f32(buf, g + lo, len, type_of(k));
-    if (k->residual) {  // what the rank's 16-bit values lost
-        float *r = k->residual + lo;
-        dt_to_f32(r, buf, len, type_of(k));
-        for (size_t i = 0; i < len; i++) r[i] = g[lo + i] - r[i];
-    }
+    if (k->residual) dt_from_f32_ef(buf, g + lo, k->residual + lo, len, type_of(k));  // (what the values lost)
+    else dt_from_f32(buf, g + lo, len, type_of(k));
     return buf;
 }
 

@@ -12,6 +12,17 @@
  * communicator; which one, and why, is logged. The buckets are summed
  * after backward, one after the other (nothing overlaps backward yet).
  *
+ * In 16 bits ([parallel] grad_dtype = bf16, [compression] method = fp16 or
+ * bf16; plain data parallel): each bucket rounded on the device (the
+ * seam's to16, or with error feedback its ef16: the rank's residual, on the
+ * device, added first and what the 16-bit values lost kept), summed by one
+ * allreduce in that type, widened back (from16): cast.c's arithmetic, each
+ * gradient's result its own, so the bits of the CPU's codec however either
+ * cuts its pieces (checked at 2 ranks, tests/test_gpu_sim.c). The CPU codec
+ * itself (engine/codecs) is kept as the host's copy of its state for the
+ * checkpoints: the residual read back into it before one is written, put
+ * onto the device after a resume, and its steps counted per bucket.
+ *
  * The task's steps run on the device's blocks (dt_dev_blocks: parameters,
  * gradients, the optimizer's state, in the CPU's layout); the gradient's
  * sum of squares is made there and read back once a step (one double,
@@ -37,6 +48,7 @@
  * slice, and each slice is then broadcast from its owner, bucket by bucket
  * (the parameters' allgather; NCCL gathers only equal blocks). */
 #include "comm/device.h"
+#include "engine/codecs/codec.h"
 #include "engine/device.h"
 #include "engine/strategies/strategy.h"
 #include "engine/worker.h"
@@ -58,6 +70,10 @@ typedef struct {
     double *parts;      // ... the slice's pieces of the norm's sum of squares, on the device (zero, W > 1)
     dt_comm_t gpus;     // the GPUs' communicator (several ranks)
     int64_t *acc;       // deterministic mode's fixed-point sums, on the device
+    dt_dtype wire;      // the gradients' type in the exchange: DT_F32, or DT_BF16/DT_F16 (16-bit, several ranks)
+    void *w16;          // ... one bucket's 16-bit values, on the device
+    float *res;         // ... error feedback's residual, on the device (NULL: off)
+    dt_codec *codec;    // ... the CPU codec: the host's copy of the residual and the steps, for checkpoints
     dt_status err;      // a micro-batch's fixed-point sum that failed (micro_end cannot say)
     char errmsg[512];
 } devs;
@@ -136,6 +152,29 @@ static void memory_said(dt_strategy *s) {
                slice, k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
 }
 
+// The gradients in 16 bits (several ranks, plain data parallel): the
+// bucket's buffer and the residual on the device, the CPU codec on the host.
+static size_t bucket_floats(const dt_config *c) {
+    size_t per = (size_t)c->bucket_kb * 1024 / sizeof(float);
+    return per ? per : 1;
+}
+
+static dt_status wire_init(devs *d) {
+    dt_strategy *s = &d->base;
+    const dt_config *c = s->c;
+    d->wire = c->comp_method == DT_COMP_FP16 ? DT_F16
+              : c->comp_method == DT_COMP_BF16 || c->grad_dtype ? DT_BF16
+                                                                : DT_F32;
+    if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
+    const dt_dev *dv = s->device->d;
+    size_t per = bucket_floats(c) < s->n ? bucket_floats(c) : s->n;
+    dt_status st = dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
+    if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
+    if (st == DT_OK && d->codec->residual && (st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK)
+        st = dv->memset0(d->res, sizeof(float) * s->n);
+    return st;
+}
+
 static dt_status dev_init(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
     devs *d = (devs *)s;
@@ -150,6 +189,7 @@ static dt_status dev_init(dt_strategy *s) {
         DT_TRY(b->d->memset0(d->acc, sizeof(int64_t) * s->n), done);
     }
     if (s->world > 1) st = open_gpus(s);
+    if (st == DT_OK) st = wire_init(d);
 done:
     return st;
 }
@@ -159,6 +199,9 @@ static void dev_fini(dt_strategy *s) {
     dt_comm_destroy(d->gpus);
     if (d->acc) s->device->d->free(d->acc);
     if (d->parts) s->device->d->free(d->parts);
+    if (d->w16) s->device->d->free(d->w16);
+    if (d->res) s->device->d->free(d->res);
+    dt_codec_free(d->codec);
     free(d->counts);
 }
 
@@ -221,6 +264,29 @@ static dt_status exchange(devs *d, void *block, dt_dtype t) {
     return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
 }
 
+// The gradients summed in 16 bits, bucket by bucket: rounded on the device
+// (error feedback kept there), one allreduce in that type, widened back.
+static dt_status exchange16(devs *d) {
+    dt_strategy *s = &d->base;
+    const dt_dev *dv = s->device->d;
+    float *g = s->device->grads;
+    size_t per = bucket_floats(s->c);
+    for (size_t lo = 0; lo < s->n; lo += per) {
+        size_t len = s->n - lo < per ? s->n - lo : per;
+        dt_codec_piece *p = dt_codec_piece_at(d->codec, lo, lo + len);
+        if (!p) return DT_ERR_NOMEM;
+        dt_codec_piece_begin(d->codec, p, 0);  // (the steps the checkpoint's codec state counts)
+        dt_status st = d->res ? dv->ef16(d->w16, g + lo, d->res + lo, len, d->wire)
+                              : dv->to16(d->w16, g + lo, len, d->wire);
+        if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
+        if ((st = dt_allreduce(d->w16, d->w16, len, d->wire, DT_SUM, d->gpus)) != DT_OK)
+            return dt_error(st, "gradient allreduce in %s on the GPUs: %s", dt_dtype_name(d->wire), dt_last_error());
+        if ((st = dv->from16(g + lo, d->w16, len, d->wire)) != DT_OK)
+            return dt_error(st, "gradients from %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
+    }
+    return DT_OK;
+}
+
 static dt_status dev_sync(dt_strategy *s) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
@@ -235,6 +301,8 @@ static dt_status dev_sync(dt_strategy *s) {
         st = exchange(d, d->acc, DT_I64);
         if (st == DT_OK) st = b->d->fixed_to_float(b->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
         if (st == DT_OK) st = b->d->memset0(d->acc, sizeof(int64_t) * s->n);
+    } else if (d->codec) {
+        st = exchange16(d);
     } else {
         st = exchange(d, b->grads, DT_F32);
     }
@@ -312,10 +380,23 @@ static dt_status dev_params_host(dt_strategy *s) {
 // After the start or a resume: the host's blocks (initial, or read from
 // the checkpoint) onto the device.
 static dt_status dev_restore(dt_strategy *s, const char *path, int parts) {
-    (void)path, (void)parts;
+    devs *d = (devs *)s;
     float *st[2];
     states(s, st);
-    return dt_dev_blocks_put(s->device, s->params, st);
+    dt_status e = dt_dev_blocks_put(s->device, s->params, st);
+    if (e == DT_OK && d->codec) e = dt_codec_restore(d->codec, path, parts);
+    if (e == DT_OK && d->res) e = s->device->d->to_device(d->res, d->codec->residual, sizeof(float) * s->n);
+    return e;
+}
+
+// The codec's state in checkpoints (16-bit gradients, several ranks): the
+// CPU codec's tensors, the residual read back from the device first.
+static int dev_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
+    devs *d = (devs *)s;
+    if (!d->codec) return 0;
+    if (max > 0 && d->res && s->device->d->to_host(d->codec->residual, d->res, sizeof(float) * s->n) != DT_OK)
+        return dt_error(DT_ERR_IO, "error feedback's residual from the device: %s", dt_last_error()), -1;
+    return dt_codec_state(d->codec, t, max);
 }
 
 static void dev_summary(dt_strategy *s, cJSON *o) {
@@ -357,6 +438,7 @@ const dt_strategy_ops dt_strategy_device = {
     .grads_nonfinite = dev_nonfinite,
     .update = dev_update,
     .params_host = dev_params_host,
+    .ckpt_extra = dev_ckpt_extra,
     .ckpt_restore = dev_restore,
     .summary = dev_summary,
     .replicated = 1,
