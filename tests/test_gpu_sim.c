@@ -732,7 +732,8 @@ static void test_codec_resume(void) {
     CHECK(tl_train(g_tmp, "fromc-cpu", ck, 2, flags, g_out, sizeof g_out) == 0, "2 ranks on the device resume the "
           "CPU's step 10: %s", g_out);
     int bw[3] = {0};
-    double d[3] = {tl_runs_diff(g_tmp, "ckc-cpu", "ckc-dev", &bw[0]), tl_runs_diff(g_tmp, "ckc-cpu", "fromc-dev", &bw[1]),
+    double d[3] = {tl_runs_diff(g_tmp, "ckc-cpu", "ckc-dev", &bw[0]),
+                   tl_runs_diff(g_tmp, "ckc-cpu", "fromc-dev", &bw[1]),
                    tl_runs_diff(g_tmp, "ckc-cpu", "fromc-cpu", &bw[2])};
     CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
           "method = bf16, 2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1],
@@ -912,7 +913,12 @@ static void test_refusals(void) {
         {cfg_mlp_full, "--device cuda --set parallel.zero=2", "with [parallel] zero = 2 or 3 (ZeRO's stages past 1): "
          "not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --workers 2 --zero 3", "with [parallel] zero = 2 or 3"},
-        {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method"},
+        {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method (other than fp16, "
+         "bf16): not in this dtrain yet"},
+        {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --set parallel.grad_dtype=bf16", "with [parallel] grad_dtype "
+         "= bf16 or [compression] method = fp16|bf16 under [parallel] zero = 1: not in this dtrain yet"},
+        {cfg_mlp_full, "--device cuda --workers 2 --set compression.method=bf16 --set compression.min_bytes=64",
+         "with [compression] min_bytes (pieces sent as fp32): not in this dtrain yet"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
         {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
         {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},

@@ -75,8 +75,8 @@ const dt_dev *dt_dev_get(void) {
 static const struct {
     const char *name;
     size_t off;
-} ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward), OP(gelu_forward),
-           OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
+} ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward),
+           OP(gelu_forward), OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
            OP(encoder_forward), OP(encoder_backward), OP(residual_forward), OP(residual_backward),
            OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),
            OP(bias_backward), OP(sumsq), OP(sumsq_parts), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),

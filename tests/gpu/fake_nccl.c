@@ -223,7 +223,8 @@ static ncclResult_t reduce(ncclComm_t c, void *out, size_t off, size_t len) {
     case ncclInt64: REDUCE(int64_t) break;
     case ncclInt32: REDUCE(int32_t) break;
     case ncclUint8: REDUCE(uint8_t) break;
-    default: return fail(c, ncclInvalidArgument, "this fake reduces float32, float64, int64, int32, uint8, bf16 and fp16 only");
+    default:
+        return fail(c, ncclInvalidArgument, "this fake reduces float32, float64, int64, int32, uint8, bf16 and fp16 only");
     }
     return ncclSuccess;
 }

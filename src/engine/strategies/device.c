@@ -278,7 +278,8 @@ static dt_status exchange16(devs *d) {
         dt_codec_piece_begin(d->codec, p, 0);  // (the steps the checkpoint's codec state counts)
         dt_status st = d->res ? dv->ef16(d->w16, g + lo, d->res + lo, len, d->wire)
                               : dv->to16(d->w16, g + lo, len, d->wire);
-        if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
+        if (st != DT_OK)
+            return dt_error(st, "gradients to %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
         if ((st = dt_allreduce(d->w16, d->w16, len, d->wire, DT_SUM, d->gpus)) != DT_OK)
             return dt_error(st, "gradient allreduce in %s on the GPUs: %s", dt_dtype_name(d->wire), dt_last_error());
         if ((st = dv->from16(g + lo, d->w16, len, d->wire)) != DT_OK)
