@@ -536,31 +536,48 @@ static void test_fp16_skip(void) {
 
 // A checkpoint of the device resumed on the CPU, and the other way: the
 // uninterrupted run's weights bitwise.
-static void test_resume(void) {
-    char ck[4096], flags[1200];
-    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
-    CHECK(tl_train(g_tmp, "ck-dev", ck, 1, "--device cuda", g_out, sizeof g_out) == 0, "the device, checkpoints: %s",
-          g_out);
-    CHECK(tl_train(g_tmp, "ck-cpu", ck, 1, "", g_out, sizeof g_out) == 0, "the CPU, checkpoints: %s", g_out);
-    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ck-dev/checkpoints/step-00000010.safetensors"));
-    CHECK(tl_train(g_tmp, "from-dev", ck, 1, flags, g_out, sizeof g_out) == 0, "the CPU resumes the device's step 10: "
-          "%s", g_out);
-    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
-             tmp("ck-cpu/checkpoints/step-00000010.safetensors"));
-    CHECK(tl_train(g_tmp, "from-cpu", ck, 1, flags, g_out, sizeof g_out) == 0, "the device resumes the CPU's step 10: "
-          "%s", g_out);
-    int bw[3] = {0};
-    double d[3] = {tl_runs_diff(g_tmp, "gpt", "ck-dev", &bw[0]), tl_runs_diff(g_tmp, "gpt", "from-dev", &bw[1]),
-                   tl_runs_diff(g_tmp, "gpt", "from-cpu", &bw[2])};
-    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
-          "resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
-    // (its tensors: the metadata names the run and its config, which differ)
-    char a[600];
-    int same = 0;
-    snprintf(a, sizeof a, "%s", tmp("ck-dev/checkpoints/step-00000020.safetensors"));
-    double dc = tl_weights_diff(a, tmp("ck-cpu/checkpoints/step-00000020.safetensors"), &same);
-    CHECK(dc == 0 && same, "the device's checkpoint holds the CPU's tensors (weights, optimizer state) bitwise: %g", dc);
+// A checkpoint across devices: cfg (with [checkpoint] every_steps = 10
+// added) on W ranks with flags, on the device (P-dev) and on the CPU
+// (P-cpu); each one's step-10 checkpoint (file: a step's path below
+// checkpoints/) resumed by the other side (P-from-dev, P-from-cpu). The
+// uninterrupted CPU run's weights, bitwise, for the device's run and both
+// resumed ones; the two runs' step-`step` checkpoint files (shards: 0 for
+// a whole file) hold the same tensors bitwise (the metadata names the run
+// and its config, which differ).
+static void crosswise(const char *P, const char *extra, int W, const char *flags, const char *file, int step,
+                      int shards) {
+    char ck[4096], f[1200], run[4][64], a[700], b[700];
+    const char *side[4] = {"dev", "cpu", "from-dev", "from-cpu"};
+    for (int i = 0; i < 4; i++) snprintf(run[i], sizeof run[i], "%s-%s", P, side[i]);
+    snprintf(ck, sizeof ck, "%s%s[checkpoint]\nevery_steps = 10\n", cfg_gpt, extra);
+    snprintf(f, sizeof f, "%s --device cuda", flags);
+    CHECK(tl_train(g_tmp, run[0], ck, W, f, g_out, sizeof g_out) == 0, "%s: on the device: %s", P, g_out);
+    CHECK(tl_train(g_tmp, run[1], ck, W, flags, g_out, sizeof g_out) == 0, "%s: on the CPU: %s", P, g_out);
+    for (int i = 2; i < 4; i++) {  // (the device's checkpoint on the CPU, the CPU's on the device)
+        snprintf(f, sizeof f, "%s%s --set checkpoint.resume=%s/%s/checkpoints/%s", flags, i == 3 ? " --device cuda" : "",
+                 g_tmp, run[i - 2], file);
+        CHECK(tl_train(g_tmp, run[i], ck, W, f, g_out, sizeof g_out) == 0, "%s: %s: %s", P, run[i], g_out);
+    }
+    for (int i = 0; i < 4; i++) {
+        int bw = 0;
+        double d = i == 1 ? 0 : tl_runs_diff(g_tmp, run[1], run[i], &bw);
+        CHECK(i == 1 || (d == 0 && bw), "%s x %d %s: %s, the uninterrupted CPU run's weights bitwise (diff %g)", P, W,
+              flags, run[i], d);
+    }
+    for (int r = 0; r < (shards ? shards : 1); r++) {
+        char name[80];
+        if (shards) snprintf(name, sizeof name, "step-%08d/shard-%05d-of-%05d.safetensors", step, r, shards);
+        else snprintf(name, sizeof name, "step-%08d.safetensors", step);
+        snprintf(a, sizeof a, "%s/%s/checkpoints/%s", g_tmp, run[0], name);
+        snprintf(b, sizeof b, "%s/%s/checkpoints/%s", g_tmp, run[1], name);
+        int same = 0;
+        double d = tl_weights_diff(a, b, &same);
+        CHECK(d == 0 && same, "%s: the device's checkpoint %s holds the CPU's tensors bitwise (%g)", P, name, d);
+    }
 }
+
+// One process: a device checkpoint resumed on the CPU and the other way.
+static void test_resume(void) { crosswise("ck", "", 1, "", "step-00000010.safetensors", 20, 0); }
 
 // ---- several ranks on the device ------------------------------------------------
 
@@ -691,62 +708,11 @@ static void test_ranks(void) {
     zero_memory();
 }
 
-// A checkpoint of 2 ranks on the device resumed by 2 CPU workers, and the
-// other way: the uninterrupted runs' weights bitwise.
+// 2 ranks (data parallel; error feedback's residuals read back into the
+// shards, method = bf16): the same across devices.
 static void test_ranks_resume(void) {
-    char ck[4096], flags[1200];
-    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
-    CHECK(tl_train(g_tmp, "ck2-dev", ck, 2, "--device cuda", g_out, sizeof g_out) == 0, "2 ranks on the device, "
-          "checkpoints");
-    CHECK(tl_train(g_tmp, "ck2-cpu", ck, 2, "", g_out, sizeof g_out) == 0, "2 CPU workers, checkpoints");
-    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ck2-dev/checkpoints/step-00000010.safetensors"));
-    CHECK(tl_train(g_tmp, "from2-dev", ck, 2, flags, g_out, sizeof g_out) == 0, "2 CPU workers resume the device's "
-          "step 10");
-    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
-             tmp("ck2-cpu/checkpoints/step-00000010.safetensors"));
-    CHECK(tl_train(g_tmp, "from2-cpu", ck, 2, flags, g_out, sizeof g_out) == 0, "2 ranks on the device resume the "
-          "CPU's step 10");
-    int bw[3] = {0};
-    double d[3] = {tl_runs_diff(g_tmp, "ck2-cpu", "ck2-dev", &bw[0]), tl_runs_diff(g_tmp, "ck2-cpu", "from2-dev", &bw[1]),
-                   tl_runs_diff(g_tmp, "ck2-cpu", "from2-cpu", &bw[2])};
-    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
-          "2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1], d[2]);
-}
-
-// Error feedback on the device: a checkpoint of 2 ranks at step 10 (each
-// rank's residual, read back from the device, in its shard) resumed by 2
-// CPU workers, and the CPU's resumed on the device: the uninterrupted CPU
-// run's weights bitwise; the device's shards hold the CPU's codec state
-// bitwise.
-static void test_codec_resume(void) {
-    char ck[4096], flags[1200], a[700], b[700];
-    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n[compression]\nmethod = bf16\n", cfg_gpt);
-    CHECK(tl_train(g_tmp, "ckc-dev", ck, 2, "--device cuda", g_out, sizeof g_out) == 0, "2 ranks on the device, "
-          "method = bf16, checkpoints: %s", g_out);
-    CHECK(tl_train(g_tmp, "ckc-cpu", ck, 2, "", g_out, sizeof g_out) == 0, "2 CPU workers, method = bf16: %s", g_out);
-    snprintf(flags, sizeof flags, "--set checkpoint.resume=%s", tmp("ckc-dev/checkpoints/step-00000010"));
-    CHECK(tl_train(g_tmp, "fromc-dev", ck, 2, flags, g_out, sizeof g_out) == 0, "2 CPU workers resume the device's "
-          "step 10: %s", g_out);
-    snprintf(flags, sizeof flags, "--device cuda --set checkpoint.resume=%s",
-             tmp("ckc-cpu/checkpoints/step-00000010"));
-    CHECK(tl_train(g_tmp, "fromc-cpu", ck, 2, flags, g_out, sizeof g_out) == 0, "2 ranks on the device resume the "
-          "CPU's step 10: %s", g_out);
-    int bw[3] = {0};
-    double d[3] = {tl_runs_diff(g_tmp, "ckc-cpu", "ckc-dev", &bw[0]),
-                   tl_runs_diff(g_tmp, "ckc-cpu", "fromc-dev", &bw[1]),
-                   tl_runs_diff(g_tmp, "ckc-cpu", "fromc-cpu", &bw[2])};
-    CHECK(d[0] == 0 && bw[0] && d[1] == 0 && bw[1] && d[2] == 0 && bw[2],
-          "method = bf16, 2 ranks resumed across devices: the uninterrupted run's weights (diff %g, %g, %g)", d[0], d[1],
-          d[2]);
-    int n = 0;
-    for (int r = 0; r < 2; r++) {  // each rank's shard (the CPU's has codec.bf16.residual and .step: the same names)
-        snprintf(a, sizeof a, "%s/checkpoints/step-00000010/shard-0000%d-of-00002.safetensors", tmp("ckc-dev"), r);
-        snprintf(b, sizeof b, "%s/checkpoints/step-00000010/shard-0000%d-of-00002.safetensors", tmp("ckc-cpu"), r);
-        int same = 0;
-        double diff = tl_weights_diff(a, b, &same);
-        n += diff == 0 && same;
-    }
-    CHECK(n == 2, "the device's checkpoint shards hold the CPU's codec state (residuals, step) bitwise: %d of 2", n);
+    crosswise("ck2", "", 2, "", "step-00000010.safetensors", 20, 0);
+    crosswise("ckc", "[compression]\nmethod = bf16\n", 2, "", "step-00000010", 10, 2);
 }
 
 // ZeRO stage 1 on the device: a checkpoint of 2 ranks at step 10 resumed by
@@ -1020,7 +986,6 @@ int main(int argc, char **argv) {
     test_resume();
     test_ranks();
     test_ranks_resume();
-    test_codec_resume();
     test_zero_resume();
     test_nccl_rows();
     test_nccl_faults();
