@@ -249,14 +249,17 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     if (use == DT_MEM_TRAIN && unstaged(c, W, 0))
         n->ckpt_pieces = max_size(read_need(c, use), ckpt_need(c, whole, whole, W, 0, 1));
     // Data: each split as floats and labels; while a split loads, its file
-    // uncompressed; the loader's two slots of a rank's share and its order.
+    // uncompressed (see below); the loader's two slots of a rank's share and its order.
     // Read sharded (dt_config_data_sharded), a rank holds its shard of the
     // training split (at most its share of every batch, rounded up) and the
     // loader the shards' order besides the epoch's.
+    // The file is freed before the first step: it counts only beyond what
+    // the steps add then (activations, checkpoints).
     size_t per = sizeof(float) * ss + sizeof(int32_t);
     int dw = W / (c->tensor * c->pipeline) > 1 ? W / (c->tensor * c->pipeline) : 1, sharded = dt_config_data_sharded(c);
     int64_t held = sharded ? min_int(ntrain, ntrain / dw + ntrain / (c->batch > 0 ? c->batch : 1) + 1) : ntrain;
-    n->data = (size_t)(held + ntest) * per + (size_t)(held > ntest ? held : ntest) * ss;
+    size_t loading = (size_t)(held > ntest ? held : ntest) * ss, later = sat_add(n->act, n->ckpt);
+    n->data = (size_t)(held + ntest) * per + (loading > later ? loading - later : 0);
     if (use == DT_MEM_TRAIN)
         n->data += 2 * per * (size_t)((min_int(c->batch, ntrain) + W - 1) / W) +
                    sizeof(uint32_t) * (size_t)ntrain * (sharded ? 2 : 1);
