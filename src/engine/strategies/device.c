@@ -58,7 +58,6 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -66,7 +65,6 @@ typedef struct {
     double norm;   // this step's, from grads_nonfinite
     int have_norm;
     int zero;      // device-zero: the state is this rank's slice [lo, hi)
-    size_t *counts, *displs;  // ... every rank's (zero)
     double *parts;      // ... the slice's pieces of the norm's sum of squares, on the device (zero, W > 1)
     dt_comm_t gpus;     // the GPUs' communicator (several ranks)
     int64_t *acc;       // deterministic mode's fixed-point sums, on the device
@@ -110,8 +108,8 @@ static dt_status open_gpus(dt_strategy *s) {
     return DT_OK;
 }
 
-// device-zero: this rank's slice, every rank's, and the device's room for
-// the slice's pieces of the norm.
+// device-zero: this rank's slice and the device's room for the slice's
+// pieces of the norm.
 static dt_status zero_init(devs *d) {
     dt_strategy *s = &d->base;
     int W = s->world;
@@ -119,13 +117,6 @@ static dt_status zero_init(devs *d) {
     if (s->device->slo != s->lo || s->device->sn != s->hi - s->lo)
         return dt_error(DT_ERR_INTERNAL, "device-zero: the device's optimizer state is of [%zu, %zu), the rank's "
                         "slice [%zu, %zu)", s->device->slo, s->device->slo + s->device->sn, s->lo, s->hi);
-    if (!(d->counts = malloc(sizeof(size_t) * 2 * (size_t)W))) return dt_error(DT_ERR_NOMEM, "out of memory");
-    d->displs = d->counts + W;
-    for (int r = 0; r < W; r++) {
-        size_t a, e;
-        dt_shard_range(s->n, r, W, &a, &e);
-        d->displs[r] = a, d->counts[r] = e - a;
-    }
     size_t pieces = (s->lo % DT_SUMSQ_BLOCK + (s->hi - s->lo) + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK;
     return W > 1 ? s->device->d->alloc((void **)&d->parts, sizeof(double) * (pieces ? pieces : 1)) : DT_OK;
 }
@@ -152,12 +143,14 @@ static void memory_said(dt_strategy *s) {
                slice, k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
 }
 
-// The gradients in 16 bits (several ranks, plain data parallel): the
-// bucket's buffer and the residual on the device, the CPU codec on the host.
-static size_t bucket_floats(const dt_config *c) {
-    size_t per = (size_t)c->bucket_kb * 1024 / sizeof(float);
+// Elements of es bytes in a bucket of [parallel] bucket_kb (at least one).
+static size_t bucket_elems(const dt_config *c, size_t es) {
+    size_t per = (size_t)c->bucket_kb * 1024 / es;
     return per ? per : 1;
 }
+
+// The gradients in 16 bits (several ranks, plain data parallel): the
+// bucket's buffer and the residual on the device, the CPU codec on the host.
 
 static dt_status wire_init(devs *d) {
     dt_strategy *s = &d->base;
@@ -167,7 +160,7 @@ static dt_status wire_init(devs *d) {
                                                                 : DT_F32;
     if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
     const dt_dev *dv = s->device->d;
-    size_t per = bucket_floats(c) < s->n ? bucket_floats(c) : s->n;
+    size_t per = bucket_elems(c, sizeof(float)) < s->n ? bucket_elems(c, sizeof(float)) : s->n;
     dt_status st = dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
     if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
     if (st == DT_OK && d->codec->residual && (st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK)
@@ -202,7 +195,6 @@ static void dev_fini(dt_strategy *s) {
     if (d->w16) s->device->d->free(d->w16);
     if (d->res) s->device->d->free(d->res);
     dt_codec_free(d->codec);
-    free(d->counts);
 }
 
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
@@ -232,8 +224,7 @@ static void dev_micro_end(dt_strategy *s, int k) {
 enum { SUM_ALL, SUM_TO, FROM };
 
 static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt_dtype t, int root) {
-    size_t es = dt_dtype_size(t), per = (size_t)d->base.c->bucket_kb * 1024 / es;
-    if (per == 0) per = 1;
+    size_t es = dt_dtype_size(t), per = bucket_elems(d->base.c, es);
     for (; lo < hi; lo += per) {
         size_t len = hi - lo < per ? hi - lo : per;
         char *p = (char *)block + lo * es;
@@ -252,8 +243,11 @@ static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt
 // (its update, to the others).
 static dt_status by_owner(devs *d, int how, void *block, dt_dtype t) {
     dt_status st = DT_OK;
-    for (int r = 0; r < d->base.world && st == DT_OK; r++)
-        st = buckets(d, how, block, d->displs[r], d->displs[r] + d->counts[r], t, r);
+    for (int r = 0; r < d->base.world && st == DT_OK; r++) {
+        size_t lo, hi;
+        dt_shard_range(d->base.n, r, d->base.world, &lo, &hi);
+        st = buckets(d, how, block, lo, hi, t, r);
+    }
     return st;
 }
 
@@ -270,7 +264,7 @@ static dt_status exchange16(devs *d) {
     dt_strategy *s = &d->base;
     const dt_dev *dv = s->device->d;
     float *g = s->device->grads;
-    size_t per = bucket_floats(s->c);
+    size_t per = bucket_elems(s->c, sizeof(float));
     for (size_t lo = 0; lo < s->n; lo += per) {
         size_t len = s->n - lo < per ? s->n - lo : per;
         dt_codec_piece *p = dt_codec_piece_at(d->codec, lo, lo + len);

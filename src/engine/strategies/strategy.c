@@ -1,6 +1,7 @@
 /* The strategy registry and what the peers share (strategy.h). */
 #include "engine/strategies/strategy.h"
 #include "dtrain/train.h"
+#include "optim/elem.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -239,8 +240,8 @@ void dt_fixed_to_float(float *g, const int64_t *acc, size_t n) {
     for (size_t i = 0; i < n; i++) g[i] = dt_fixed_value(acc[i]);
 }
 
-// dt_sum_squares's blocks (optim.c), summed here slice by slice.
-enum { NORM_BLOCK = 4096 };
+// dt_sum_squares's blocks (DT_SUMSQ_BLOCK, optim.c) are summed here slice
+// by slice.
 
 dt_status dt_strategy_norm_sharded(dt_strategy *s, double *norm) {
     if (s->world == 1) return dt_strategy_norm_replicated(s, norm);
@@ -263,7 +264,7 @@ dt_status dt_norm_sharded(const float *slice, size_t n, size_t lo, size_t hi, dt
 
 dt_status dt_norm_sharded_by(dt_norm_parts_fn parts, void *user, size_t n, size_t lo, size_t hi, dt_comm_t comm,
                              double *norm) {
-    size_t B = NORM_BLOCK, nb = (n + B - 1) / B;
+    size_t B = DT_SUMSQ_BLOCK, nb = (n + B - 1) / B;
     int W = dt_comm_size(comm), r = dt_comm_rank(comm);
     *norm = 0;
     // Blocks each rank closes (holds the last element of), in rank order.
