@@ -15,6 +15,7 @@
 #include "dtrain/train.h"
 #include "gpu/dev.h"
 #include "gpu/dev_model.h"
+#include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
 
@@ -768,6 +769,22 @@ static int run_env(const char *name, int workers, const char *env, const char *f
     return rc;
 }
 
+// One rank with DTRAIN_GPU_COMM=nccl: its gradients through an NCCL
+// communicator of one rank (what a machine of one GPU can run of NCCL),
+// the weights one CPU process's bitwise; said in the log and summary.json.
+static void nccl_alone(void) {
+    char text[4096], sum[700];
+    CHECK(tl_train(g_tmp, "alone-cpu", model_text("mlp", text, sizeof text), 1, "", g_out, sizeof g_out) == 0,
+          "the MLP on one CPU process");
+    int rc = run_env("alone-nccl", 1, "DTRAIN_GPU_COMM=nccl", "", NULL), bw = 0;
+    double diff = tl_runs_diff(g_tmp, "alone-cpu", "alone-nccl", &bw);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("alone-nccl"));
+    CHECK(rc == 0 && diff == 0 && bw && strstr(g_out, "gradients summed on the GPUs by NCCL 2.28.9") &&
+              tl_count(sum, "\"collectives\":\t\"nccl\"") == 1,
+          "one rank, DTRAIN_GPU_COMM=nccl: through NCCL, one CPU process's weights bitwise (exit %d, diff %g)\n%s", rc,
+          diff, g_out);
+}
+
 // With as many simulated GPUs as ranks and the fake NCCL, the rows above
 // run on the nccl backend: the CPU's weights bitwise (the fake reduces in
 // rank order, as the host's communicator does).
@@ -800,6 +817,7 @@ static void test_nccl_rows(void) {
     double diff = tl_runs_diff(g_tmp, "row0-cpu", "forced-staging", &bw);
     CHECK(rc == 0 && diff == 0 && bw, "DTRAIN_GPU_COMM=staging beside NCCL: staged, the same weights (exit %d, "
           "diff %g)\n%s", rc, diff, g_out);
+    nccl_alone();
 }
 
 // Faults in NCCL, each ending the run with a non-zero exit and an error
@@ -939,6 +957,26 @@ static void make_data(void) {
              train, tmp("val.bin"));
 }
 
+// On a GPU machine, NCCL itself with one rank (where it is found): the
+// MLP's gradients through a communicator of one GPU, the weights the run's
+// without it bitwise (a sum over one rank is its values).
+static void gpu_nccl_alone(const char *text) {
+    dt_gpu_lib l;
+    if (dt_gpu_lib_open("nccl", &l) != DT_OK) {
+        printf("skipped: NCCL with one rank: %s\n", dt_last_error());
+        return;
+    }
+    dt_gpu_lib_close(&l);
+    setenv("DTRAIN_GPU_COMM", "nccl", 1);
+    int rc = tl_train(g_tmp, "mlp-nccl", text, 1, "--set train.log_every=1 --set train.tf32=false --device cuda",
+                      g_out, sizeof g_out), bw = 0;
+    unsetenv("DTRAIN_GPU_COMM");
+    double diff = tl_runs_diff(g_tmp, "mlp", "mlp-nccl", &bw);
+    CHECK(rc == 0 && strstr(g_out, "gradients summed on the GPUs by NCCL") && diff == 0 && bw,
+          "the MLP on one GPU through NCCL with one rank: the run's weights without it bitwise (exit %d, diff %g)\n%s",
+          rc, diff, g_out);
+}
+
 // On a GPU machine: the device's runs against the CPU's shipped losses.
 static int on_gpu(void) {
     unsetenv("DTRAIN_GPU");
@@ -960,6 +998,7 @@ static int on_gpu(void) {
         CHECK(rc == 0, "%s on the GPU: exit %d\n%s", name, rc, g_out);
         if (rc == 0) check_fixture(name, tmp(name), 0);
     }
+    gpu_nccl_alone(model_text("mlp", text, sizeof text));
     tl_cleanup(g_tmp);
     return tl_finish();
 }

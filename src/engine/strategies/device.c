@@ -58,6 +58,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -89,6 +90,14 @@ static int dev_max_micro(const dt_config *c, int W) {
 
 static void states(dt_strategy *s, float *st[2]) {
     for (int j = 0; j < 2; j++) st[j] = j < dt_optim_num_states(s->opt) ? dt_optim_state(s->opt, j) : NULL;
+}
+
+// One rank has no GPUs' communicator unless DTRAIN_GPU_COMM names a
+// backend: then its gradients go through it alone (NCCL with one rank: the
+// library's own path on a machine of one GPU).
+static int wants_gpus(const dt_strategy *s) {
+    const char *want = getenv("DTRAIN_GPU_COMM");
+    return s->world > 1 || (want && *want && strcmp(want, "auto"));
 }
 
 // The GPUs' communicator over the ranks (a collective), and the log's line
@@ -181,7 +190,7 @@ static dt_status dev_init(dt_strategy *s) {
         DT_TRY(b->d->alloc((void **)&d->acc, sizeof(int64_t) * (s->n ? s->n : 1)), done);
         DT_TRY(b->d->memset0(d->acc, sizeof(int64_t) * s->n), done);
     }
-    if (s->world > 1) st = open_gpus(s);
+    if (wants_gpus(s)) st = open_gpus(s);
     if (st == DT_OK) st = wire_init(d);
 done:
     return st;
@@ -254,7 +263,7 @@ static dt_status by_owner(devs *d, int how, void *block, dt_dtype t) {
 // The gradients' (or the fixed-point sums') exchange after backward: the
 // whole block summed on every rank, or (zero) each slice on its owner.
 static dt_status exchange(devs *d, void *block, dt_dtype t) {
-    if (d->base.world == 1) return DT_OK;
+    if (!d->gpus) return DT_OK;
     return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
 }
 
@@ -301,7 +310,7 @@ static dt_status dev_sync(dt_strategy *s) {
     } else {
         st = exchange(d, b->grads, DT_F32);
     }
-    if (s->world > 1) {  // all of it exposed: nothing overlaps backward
+    if (d->gpus) {  // all of it exposed: nothing overlaps backward
         s->comm_seconds += dt_now() - t0;
         s->comm_exposed_seconds += dt_now() - t0;
     }
