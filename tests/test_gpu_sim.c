@@ -755,6 +755,37 @@ static void test_zero_resume(void) {
     }
 }
 
+// Spares on the device (--spares 1): rank R killed at step S (fault
+// "R:S:kill"), its place taken by a spare that gets a surviving replica's
+// state onto its GPU (with a codec's residuals every rank goes back to the
+// newest checkpoint); the run ends with the weights of dev_rows' row
+// {model, W, rflags} on the CPU, bitwise.
+static void spares(const char *model, int W, const char *rflags, const char *fault, const char *extra,
+                   const char *tag) {
+    char text[4096], flags[700], name[64], once[64], ref[64];
+    snprintf(ref, sizeof ref, "row%zu-cpu", dev_row_of(model, W, rflags));
+    snprintf(name, sizeof name, "spare-%s", tag);
+    snprintf(once, sizeof once, "once-%s", tag);
+    snprintf(flags, sizeof flags, "%s --device cuda --spares 1 %s", rflags, extra);
+    setenv("DTRAIN_FAULT_STEP", fault, 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp(once), 1);
+    int rc = tl_train(g_tmp, name, model_text(model, text, sizeof text), W, flags, g_out, sizeof g_out), bw = 0;
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    double diff = tl_runs_diff(g_tmp, ref, name, &bw);
+    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && strstr(g_out, "0 steps lost") &&
+              diff == 0 && bw,
+          "%s x %d %s on the device, fault %s, a spare in its place: the CPU's weights bitwise (exit %d, diff %g)\n%s",
+          model, W, rflags, fault, rc, diff, g_out);
+}
+
+static void test_spares(void) {
+    spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp");
+    spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0");
+    spares("gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", "1:12:kill", "--checkpoint-every 5",
+           "codec");
+}
+
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
 
 // A run of the MLP on the device with the environment env ("NAME=VALUE
@@ -818,6 +849,7 @@ static void test_nccl_rows(void) {
     CHECK(rc == 0 && diff == 0 && bw, "DTRAIN_GPU_COMM=staging beside NCCL: staged, the same weights (exit %d, "
           "diff %g)\n%s", rc, diff, g_out);
     nccl_alone();
+    spares("mlp", 3, "--set train.grad_accum=2", "2:7:kill", "", "nccl");  // (NCCL's wait ends on the death)
 }
 
 // Faults in NCCL, each ending the run with a non-zero exit and an error
@@ -893,7 +925,8 @@ static void test_refusals(void) {
     struct {
         const char *cfg, *flags, *says;
     } no[] = {
-        {cfg_mlp_full, "--device cuda --workers 2 --spares 1", "--spares with [train] device = cuda: a spare joining"},
+        {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --spares 1", "--spares with [parallel] zero = 1 on [train] "
+         "device = cuda: each rank's slice of the optimizer state is on its GPU alone; use --max-restarts"},
         {cfg_mlp_full, "--device cuda --set parallel.zero=2", "with [parallel] zero = 2 or 3 (ZeRO's stages past 1): "
          "not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --workers 2 --zero 3", "with [parallel] zero = 2 or 3"},
@@ -1026,6 +1059,7 @@ int main(int argc, char **argv) {
     test_ranks();
     test_ranks_resume();
     test_zero_resume();
+    test_spares();
     test_nccl_rows();
     test_nccl_faults();
     test_nccl_refusals();

@@ -185,6 +185,11 @@ DT_API dt_status dt_comm_get_async_error(dt_comm_t c);
 enum { DT_PEER_RUNNING = 0, DT_PEER_RESTARTING = 1, DT_PEER_GONE = 2 };
 DT_API void dt_comm_set_peer_faults(dt_comm_t c, int tolerate);
 DT_API int dt_comm_peer_state(dt_comm_t c, int peer, int *incarnation);
+/* dt_comm_replaced: the rank of c whose place a new process took (a spare,
+ * --spares) since c last joined, or -1 (none, or a backend that replaces
+ * none). Never blocks: a wait outside c's own collectives (NCCL's) ends on
+ * such a death with it. */
+DT_API int dt_comm_replaced(dt_comm_t c);
 DT_API dt_status dt_comm_peer_reset(dt_comm_t c, int peer);
 DT_API dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers);
 DT_API int dt_comm_peer_ready(dt_comm_t c, int peer);

@@ -115,9 +115,14 @@ int dt_nccl_usable(const dt_comm_device_params *p, char *why, size_t n) {
 
 // ---- waiting -------------------------------------------------------------------
 
-// The first rank of the host communicator that the launcher saw exit, or -1.
-static int first_gone(nccl_state *s) {
-    for (int p = 0; p < dt_comm_size(s->parent); p++)
+// The first rank of the host communicator that the launcher saw exit, or
+// whose place a new process took (a spare), or -1; *how says which.
+static int first_gone(nccl_state *s, const char **how) {
+    int p = dt_comm_replaced(s->parent);
+    *how = "died and a new process took its place";
+    if (p >= 0) return p;
+    *how = "exited";
+    for (p = 0; p < dt_comm_size(s->parent); p++)
         if (p != dt_comm_rank(s->parent) && dt_comm_peer_state(s->parent, p, NULL) == DT_PEER_GONE) return p;
     return -1;
 }
@@ -181,9 +186,10 @@ static dt_status await(dt_comm_t c, const dt_coll_args *a, void *stream) {
         if (!dt_waiter_step(&w)) continue;
         if (a->kind != DT_COLL_COUNT_) dt_waiter_note(a, -1);
         describe(a, what, sizeof what);
-        int gone = first_gone(s);
+        const char *how;
+        int gone = first_gone(s, &how);
         if (gone >= 0)
-            return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d exited; ranks not arrived: %d", what, c->rank, gone,
+            return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d %s; ranks not arrived: %d", what, c->rank, gone, how,
                             gone);
         if (dt_waiter_expired(&w)) {
             behind(s, a->kind == DT_COLL_COUNT_ ? 0 : (int64_t)a->seq, why, sizeof why);

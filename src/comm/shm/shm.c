@@ -1321,6 +1321,15 @@ static dt_status record_members(const char *name, const int *members, int n, int
     return DT_OK;
 }
 
+static int shm_replaced(dt_comm_t c) {
+    shm_state *s = ST(c);
+    if (!g_world_hdr || atomic_load(&g_world_hdr->gen) <= s->gen) return -1;
+    int w = atomic_load(&g_world_hdr->replaced_rank);
+    for (int q = 0; q < c->size; q++)
+        if (s->world[q] == w) return q;
+    return -1;
+}
+
 static int shm_peer_state(dt_comm_t c, int peer, int *incarnation) {
     shm_state *s = ST(c);
     int w = s->world[peer];
@@ -1571,6 +1580,7 @@ const struct dt_comm_ops dt_shm_ops = {
     .rejoin = shm_rejoin,
     .destroy = shm_destroy,
     .peer_state = shm_peer_state,
+    .replaced = shm_replaced,
     .peer_reset = shm_peer_reset,
     .rejoin_peers = shm_rejoin_peers,
     .peer_ready = shm_peer_ready,

@@ -383,14 +383,59 @@ static dt_status dev_params_host(dt_strategy *s) {
 
 // After the start or a resume: the host's blocks (initial, or read from
 // the checkpoint) onto the device.
-static dt_status dev_restore(dt_strategy *s, const char *path, int parts) {
-    devs *d = (devs *)s;
+static dt_status put_state(dt_strategy *s) {
     float *st[2];
     states(s, st);
-    dt_status e = dt_dev_blocks_put(s->device, s->params, st);
+    return dt_dev_blocks_put(s->device, s->params, st);
+}
+
+static dt_status dev_restore(dt_strategy *s, const char *path, int parts) {
+    devs *d = (devs *)s;
+    dt_status e = put_state(s);
     if (e == DT_OK && d->codec) e = dt_codec_restore(d->codec, path, parts);
     if (e == DT_OK && d->res) e = s->device->d->to_device(d->res, d->codec->residual, sizeof(float) * s->n);
     return e;
+}
+
+// ---- spares: a dead rank's place (--spares; engine/loop.c's take_state) --------
+//
+// The ranks hold the whole state (replicated), the live one the device's:
+// a failed step drops what it left, the GPUs' communicator goes and the
+// host's copy is made the device's (abandon), from which dt_run_ckpt_share
+// gives the furthest replica's state to every rank; the communicator is
+// made again over the new generation (regroup, as a spare's init makes
+// it), and every rank puts the state it was given onto its device
+// (take_over).
+
+static void dev_abandon(dt_strategy *s) {
+    devs *d = (devs *)s;
+    d->have_norm = 0;
+    d->err = DT_OK;
+    if (d->gpus) dt_comm_abort(d->gpus, "a worker died: the step is redone");
+    dt_comm_destroy(d->gpus);
+    d->gpus = NULL;
+    dt_status st = d->acc ? s->device->d->memset0(d->acc, sizeof(int64_t) * s->n) : DT_OK;
+    if (st == DT_OK) st = dev_params_host(s);
+    if (st != DT_OK) {  // (regroup, which comes next, says it)
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "the device's state to the host, for a spare: %s", dt_last_error());
+    }
+}
+
+static dt_status dev_regroup(dt_strategy *s) {
+    devs *d = (devs *)s;
+    if (d->err != DT_OK) {
+        dt_status e = d->err;
+        d->err = DT_OK;
+        return dt_error(e, "%s", d->errmsg);
+    }
+    return wants_gpus(s) ? open_gpus(s) : DT_OK;
+}
+
+static dt_status dev_take_over(dt_strategy *s, int have, int *lost) {
+    (void)have;
+    *lost = 0;
+    return put_state(s);
 }
 
 // The codec's state in checkpoints (16-bit gradients, several ranks): the
@@ -445,6 +490,9 @@ const dt_strategy_ops dt_strategy_device = {
     .ckpt_extra = dev_ckpt_extra,
     .ckpt_restore = dev_restore,
     .summary = dev_summary,
+    .abandon = dev_abandon,
+    .take_over = dev_take_over,
+    .regroup = dev_regroup,
     .replicated = 1,
 };
 
