@@ -16,6 +16,8 @@
 #      autocast and TF32), dtrain itself (--device cuda, TF32) and llm.c
 #      (BUILD/llmc/train_gpt2cu, built here by bench/llmc_gpu.sh, where it
 #      was carried) on GPT-2 124M, B=16, T=1024
+#   7. ranks: that GPT on 1, 2 and 4 ranks sharing the GPU (bench/gpu_ranks.py:
+#      the staging's share of the step)
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
@@ -64,6 +66,9 @@ bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
 printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
     "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
 stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "$out/dtrain-tf32"
+# 1, 2 and 4 ranks sharing the GPU (staged through host memory): the staging's share of the step
+stage ranks 420 python3 bench/gpu_ranks.py --dtrain "$build/dtrain" --config "$out/gpt2-124m-gpu.ini" \
+    --ranks 1,2,4 --steps 5 --out "$out/ranks" --json "$out/ranks.json"
 if [ -x "$build/llmc/train_gpt2cu" ]; then
     stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
 else

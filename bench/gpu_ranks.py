@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""Ranks sharing one GPU: 1, 2 and 4 ranks of `dtrain train --device cuda`
+on the same global batch, each rank's gradients staged through pinned host
+memory and summed by the host's communicator (docs/gpu.md, "Several
+ranks"). Prints, per rank count, the median step, tokens or samples per
+second, and the staging's cost as a fraction of the step: rank 0's
+exposed exchange (metrics' comm_exposed_seconds: the copies to the host,
+the host's allreduce, the copies back) over its step time.
+
+    python3 bench/gpu_ranks.py --dtrain BUILD/dtrain --config RUN.ini
+        [--ranks 1,2,4] [--steps N] [--out DIR] [--json FILE]
+
+The config's [train] batch is the global batch (split over the ranks);
+the first 3 steps are warm-up, left out of the medians. Only the standard
+library: it runs on the GPU machine as it is.
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+WARMUP = 3
+
+
+def records(run_dir):
+    """Rank 0's step records after the warm-up."""
+    path = os.path.join(run_dir, "metrics", "rank-00000.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if r.get("type") == "step" and r["step"] > WARMUP]
+
+
+def one(args, ranks):
+    run_dir = os.path.join(args.out, "ranks-%d" % ranks)
+    cmd = [args.dtrain, "train", args.config, "--workers", str(ranks), "--device", "cuda", "--run-dir", run_dir,
+           "--set", "train.max_steps=%d" % (args.steps + WARMUP), "--set", "train.log_every=1", "--quiet"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        return {"ranks": ranks, "error": "exit %d" % p.returncode}
+    rows = records(run_dir)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    step = statistics.median(r["step_seconds"] for r in rows)
+    comm = statistics.median(r["comm_exposed_seconds"] for r in rows)
+    return {"ranks": ranks, "step_seconds": step, "exchange_seconds": comm, "exchange_share": comm / step,
+            "rate": statistics.median(r["samples_per_sec"] for r in rows),
+            "collectives": summary.get("gpu", {}).get("collectives", "?")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtrain", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps after %d of warm-up" % WARMUP)
+    ap.add_argument("--out", default="gpu-ranks")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows = [one(args, int(r)) for r in args.ranks.split(",")]
+    print("| ranks on one GPU | collectives | step (ms) | samples/s (a GPT: sequences) | exchange exposed (ms) | share of the step |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print("| %d | %s | | | | |" % (r["ranks"], r["error"]))
+            continue
+        print("| %d | %s | %.1f | %.1f | %.1f | %.0f%% |" % (r["ranks"], r["collectives"], r["step_seconds"] * 1e3,
+                                                          r["rate"], r["exchange_seconds"] * 1e3,
+                                                          100 * r["exchange_share"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
