@@ -577,8 +577,44 @@ static void crosswise(const char *P, const char *extra, int W, const char *flags
     }
 }
 
-// One process: a device checkpoint resumed on the CPU and the other way.
-static void test_resume(void) { crosswise("ck", "", 1, "", "step-00000010.safetensors", 20, 0); }
+// Checkpoint a resumed with flags fa and checkpoint b with fb (below
+// g_tmp), on W workers (runs name-a, name-b): the same weights, bitwise.
+static void same_resumed(const char *name, const char *ck, int W, const char *fa, const char *a, const char *fb,
+                         const char *b) {
+    char f[1200], run[2][80];
+    const char *from[2] = {a, b}, *flags[2] = {fa, fb};
+    for (int i = 0; i < 2; i++) {
+        snprintf(run[i], sizeof run[i], "%s-%c", name, 'a' + i);
+        snprintf(f, sizeof f, "%s --set checkpoint.resume=%s/%s", flags[i], g_tmp, from[i]);
+        CHECK(tl_train(g_tmp, run[i], ck, W, f, g_out, sizeof g_out) == 0, "%s: %s: %s", name, run[i], g_out);
+    }
+    int bw = 0;
+    double d = tl_runs_diff(g_tmp, run[0], run[1], &bw);
+    CHECK(d == 0 && bw, "%s: %s (%s) and %s (%s) on %d workers resumed to the same weights bitwise (diff %g)", name, a,
+          fa, b, fb, W, d);
+}
+
+// One process: a device checkpoint resumed on the CPU and the other way;
+// then under the CPU's other layouts: the device's step-10 checkpoint on 2
+// CPU workers in a pipeline of 2 stages, in tensor shards, under ZeRO 3, as
+// the CPU's own is; and a checkpoint the CPU wrote in a pipeline of 2
+// stages (a shard a stage) on the device, as on one CPU process.
+static void test_resume(void) {
+    crosswise("ck", "", 1, "", "step-00000010.safetensors", 20, 0);
+    char ck[4096];
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
+    const char *layouts[] = {"--set parallel.pipeline=2", "--set parallel.tensor=2", "--zero 3"};
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "layout%d", i);
+        same_resumed(name, ck, 2, layouts[i], "ck-dev/checkpoints/step-00000010.safetensors", layouts[i],
+                     "ck-cpu/checkpoints/step-00000010.safetensors");
+    }
+    CHECK(tl_train(g_tmp, "ckpp-cpu", ck, 2, "--set parallel.pipeline=2", g_out, sizeof g_out) == 0,
+          "a pipeline of 2 stages on the CPU, checkpoints: %s", g_out);
+    same_resumed("from-pp", ck, 1, "--device cuda", "ckpp-cpu/checkpoints/step-00000010", "",
+                 "ckpp-cpu/checkpoints/step-00000010");
+}
 
 // ---- several ranks on the device ------------------------------------------------
 
