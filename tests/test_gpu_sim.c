@@ -666,6 +666,9 @@ static const dev_row dev_rows[] = {
     {"gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", 0},
     {"mlp", 3, "--set compression.method=bf16 --set train.grad_accum=2", 0},
     {"gpt", 2, "--set compression.method=fp16 --precision bf16", 0},
+    // ZeRO's slices reduced in bf16 (zero.c's grad_dtype)
+    {"mlp", 2, "--zero 1 --set parallel.grad_dtype=bf16", 0},
+    {"gpt", 3, "--zero 1 --set parallel.grad_dtype=bf16 --set parallel.bucket_kb=4", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -968,8 +971,8 @@ static void test_refusals(void) {
         {cfg_mlp_full, "--device cuda --workers 2 --zero 3", "with [parallel] zero = 2 or 3"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method (other than fp16, "
          "bf16): not in this dtrain yet"},
-        {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --set parallel.grad_dtype=bf16", "with [parallel] grad_dtype "
-         "= bf16 or [compression] method = fp16|bf16 under [parallel] zero = 1: not in this dtrain yet"},
+        {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --set compression.method=bf16", "[compression] method works "
+         "with plain data parallel and parameter servers only"},
         {cfg_mlp_full, "--device cuda --workers 2 --set compression.method=bf16 --set compression.min_bytes=64",
          "with [compression] min_bytes (pieces sent as fp32): not in this dtrain yet"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},

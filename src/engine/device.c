@@ -45,8 +45,6 @@ static dt_status supported(const dt_config *c) {
                      : c->zero > 1     ? "[parallel] zero = 2 or 3 (ZeRO's stages past 1)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
-                     : wire16(c) && c->zero ? "[parallel] grad_dtype = bf16 or [compression] method = fp16|bf16 "
-                                              "under [parallel] zero = 1"
                      : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"
                      : c->offload        ? "[parallel] offload"
                      : c->dynamic_batch  ? "[train] dynamic_batch"
@@ -56,7 +54,7 @@ static dt_status supported(const dt_config *c) {
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
                         "plain or deterministic, ZeRO stage 1 or not, a GPT or a sequential model, gradients in fp32 "
-                        "or, plain data parallel, bf16/fp16; docs/gpu.md)",
+                        "or bf16/fp16; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
 }

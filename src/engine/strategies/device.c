@@ -13,7 +13,7 @@
  * after backward, one after the other (nothing overlaps backward yet).
  *
  * In 16 bits ([parallel] grad_dtype = bf16, [compression] method = fp16 or
- * bf16; plain data parallel): each bucket rounded on the device (the
+ * bf16, plain data parallel): each bucket rounded on the device (the
  * seam's to16, or with error feedback its ef16: the rank's residual, on the
  * device, added first and what the 16-bit values lost kept), summed by one
  * allreduce in that type, widened back (from16): cast.c's arithmetic, each
@@ -46,7 +46,9 @@
  * the sum of squares, made on the device and read back once a step: the
  * bits of dt_sum_squares over the whole block); each rank updates its
  * slice, and each slice is then broadcast from its owner, bucket by bucket
- * (the parameters' allgather; NCCL gathers only equal blocks). */
+ * (the parameters' allgather; NCCL gathers only equal blocks). Under
+ * [parallel] grad_dtype = bf16 each slice goes in bf16 (rounded on the
+ * device, reduced in that type, widened back on its owner), as zero.c's. */
 #include "comm/device.h"
 #include "engine/codecs/codec.h"
 #include "engine/device.h"
@@ -158,8 +160,9 @@ static size_t bucket_elems(const dt_config *c, size_t es) {
     return per ? per : 1;
 }
 
-// The gradients in 16 bits (several ranks, plain data parallel): the
-// bucket's buffer and the residual on the device, the CPU codec on the host.
+// The gradients in 16 bits (several ranks): the bucket's buffer on the
+// device; plain data parallel also the residual there and the CPU codec on
+// the host (ZeRO keeps none: grad_dtype alone, as the CPU's).
 
 static dt_status wire_init(devs *d) {
     dt_strategy *s = &d->base;
@@ -170,9 +173,9 @@ static dt_status wire_init(devs *d) {
     if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
     const dt_dev *dv = s->device->d;
     size_t per = bucket_elems(c, sizeof(float)) < s->n ? bucket_elems(c, sizeof(float)) : s->n;
-    dt_status st = dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
+    dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
     if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
-    if (st == DT_OK && d->codec->residual && (st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK)
+    if (st == DT_OK && d->codec && d->codec->residual && (st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK)
         st = dv->memset0(d->res, sizeof(float) * s->n);
     return st;
 }
@@ -267,28 +270,45 @@ static dt_status exchange(devs *d, void *block, dt_dtype t) {
     return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
 }
 
-// The gradients summed in 16 bits, bucket by bucket: rounded on the device
-// (error feedback kept there), one allreduce in that type, widened back.
-static dt_status exchange16(devs *d) {
+// The gradients [lo, hi) summed in 16 bits, bucket by bucket: rounded on
+// the device (error feedback kept there), summed in that type on every rank
+// (root < 0) or on rank root alone (ZeRO: its slice), widened back there.
+static dt_status buckets16(devs *d, size_t lo, size_t hi, int root) {
     dt_strategy *s = &d->base;
     const dt_dev *dv = s->device->d;
     float *g = s->device->grads;
+    const char *t = dt_dtype_name(d->wire);
     size_t per = bucket_elems(s->c, sizeof(float));
-    for (size_t lo = 0; lo < s->n; lo += per) {
-        size_t len = s->n - lo < per ? s->n - lo : per;
-        dt_codec_piece *p = dt_codec_piece_at(d->codec, lo, lo + len);
-        if (!p) return DT_ERR_NOMEM;
-        dt_codec_piece_begin(d->codec, p, 0);  // (the steps the checkpoint's codec state counts)
+    for (; lo < hi; lo += per) {
+        size_t len = hi - lo < per ? hi - lo : per;
+        dt_codec_piece *p = d->codec ? dt_codec_piece_at(d->codec, lo, lo + len) : NULL;
+        if (d->codec && !p) return DT_ERR_NOMEM;
+        if (p) dt_codec_piece_begin(d->codec, p, 0);  // (the steps the checkpoint's codec state counts)
         dt_status st = d->res ? dv->ef16(d->w16, g + lo, d->res + lo, len, d->wire)
                               : dv->to16(d->w16, g + lo, len, d->wire);
+        if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", t, dt_last_error());
+        st = root < 0 ? dt_allreduce(d->w16, d->w16, len, d->wire, DT_SUM, d->gpus)
+                      : dt_reduce(d->w16, d->w16, len, d->wire, DT_SUM, root, d->gpus);
+        if (st != DT_OK && root < 0) return dt_error(st, "gradient allreduce in %s on the GPUs: %s", t, dt_last_error());
         if (st != DT_OK)
-            return dt_error(st, "gradients to %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
-        if ((st = dt_allreduce(d->w16, d->w16, len, d->wire, DT_SUM, d->gpus)) != DT_OK)
-            return dt_error(st, "gradient allreduce in %s on the GPUs: %s", dt_dtype_name(d->wire), dt_last_error());
-        if ((st = dv->from16(g + lo, d->w16, len, d->wire)) != DT_OK)
-            return dt_error(st, "gradients from %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
+            return dt_error(st, "gradient reduce in %s to rank %d's slice on the GPUs: %s", t, root, dt_last_error());
+        if ((root < 0 || root == s->rank) && (st = dv->from16(g + lo, d->w16, len, d->wire)) != DT_OK)
+            return dt_error(st, "gradients from %s on the device: %s", t, dt_last_error());
     }
     return DT_OK;
+}
+
+// The gradients' exchange in 16 bits: the whole block on every rank, or
+// (zero) each slice on its owner.
+static dt_status exchange16(devs *d) {
+    dt_status st = DT_OK;
+    if (!d->zero) return buckets16(d, 0, d->base.n, -1);
+    for (int r = 0; r < d->base.world && st == DT_OK; r++) {
+        size_t lo, hi;
+        dt_shard_range(d->base.n, r, d->base.world, &lo, &hi);
+        st = buckets16(d, lo, hi, r);
+    }
+    return st;
 }
 
 static dt_status dev_sync(dt_strategy *s) {
@@ -305,7 +325,7 @@ static dt_status dev_sync(dt_strategy *s) {
         st = exchange(d, d->acc, DT_I64);
         if (st == DT_OK) st = b->d->fixed_to_float(b->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
         if (st == DT_OK) st = b->d->memset0(d->acc, sizeof(int64_t) * s->n);
-    } else if (d->codec) {
+    } else if (d->w16) {
         st = exchange16(d);
     } else {
         st = exchange(d, b->grads, DT_F32);
