@@ -121,8 +121,8 @@ static void test_gemm16(void) {
         B[i] = A[i] * 1.7f - 0.1f;
     }
     for (int i = 0; i < M * LD; i++) C0[i] = (float)(i % 13) / 7.0f;
-    void *dA, *dB, *hA, *hB;
-    float *dC;
+    void *dA = NULL, *dB = NULL, *hA = NULL, *hB = NULL;
+    float *dC = NULL;
     CHECK(d->alloc(&dA, sizeof A) == DT_OK && d->alloc(&dB, sizeof B) == DT_OK &&
               d->alloc(&hA, sizeof A / 2) == DT_OK && d->alloc(&hB, sizeof B / 2) == DT_OK &&
               d->alloc((void **)&dC, sizeof C) == DT_OK,

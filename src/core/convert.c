@@ -4,6 +4,7 @@
  * shard function (core.h). The bf16 element is core/bf16.h's, which the
  * GPU's conversions share. */
 #include "core/bf16.h"
+#include "core/f16.h"
 #include "dtrain/core.h"
 
 #include <stdatomic.h>
@@ -12,52 +13,6 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__FLT16_MAX__)
-static inline float f16_to_f32(uint16_t h) {
-    _Float16 x;
-    memcpy(&x, &h, 2);
-    return (float)x;
-}
-static inline uint16_t f32_to_f16(float f) {
-    _Float16 x = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
-}
-#else
-/* Portable IEEE binary16 conversions for compilers without _Float16. */
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
-    else if (e) u = s | ((e + 112) << 23) | (m << 13);
-    else if (!m) u = s;
-    else {
-        e = 113;
-        while (!(m & 0x400)) { m <<= 1; e--; }
-        u = s | (e << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t s = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00);
-    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00); /* overflow (after rounding) */
-    if (a < 0x38800000u) {                               /* subnormal or zero */
-        if (a < 0x33000000u) return (uint16_t)s;
-        uint32_t e = a >> 23, m = (a & 0x7fffff) | 0x800000, sh = 126 - e;
-        uint32_t r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return (uint16_t)(s | r);
-    }
-    uint32_t r = a - 0x38000000u; /* rebias exponent 127 -> 15 */
-    r += 0xfffu + ((r >> 13) & 1u);
-    return (uint16_t)(s | (r >> 13));
-}
-#endif
 
 void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
     const uint16_t *s = src;
@@ -65,7 +20,7 @@ void dt_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
 #pragma omp simd
         for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(s[i]);
     else
-        for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+        for (size_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(s[i]);
 }
 
 static void bf16_from_f32(uint16_t *d, const float *s, size_t n) {
@@ -111,7 +66,7 @@ void dt_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
     uint16_t *d = dst;
     if (t == DT_BF16) bf16_for_cpu()(d, src, n);
     else
-        for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+        for (size_t i = 0; i < n; i++) d[i] = dt_f32_to_f16(src[i]);
 }
 
 void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t) {
@@ -119,7 +74,7 @@ void dt_round_f32(float *dst, const float *src, size_t n, dt_dtype t) {
 #pragma omp simd
         for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(dt_f32_to_bf16(src[i]));
     else
-        for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+        for (size_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(dt_f32_to_f16(src[i]));
 }
 
 void dt_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype t) {

@@ -58,7 +58,7 @@ static void detect(void) {
         if (fam >= 6) mod |= (a >> 16 & 15) << 4;
         cpu.family = fam, cpu.model = mod;
     }
-    if (__get_cpuid_max(0x80000000, NULL) >= 0x80000004) {
+    if ((unsigned)__get_cpuid_max(0x80000000, NULL) >= 0x80000004u) {
         for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002 + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
         char brand[49] = {0};
         memcpy(brand, r, 48);

@@ -25,6 +25,7 @@
  * DTRAIN_FAKE_NCCL_VERSION: the version it reports (default 22809). */
 #include "comm/nccl/nccl_api.h"
 #include "core/bf16.h"
+#include "core/f16.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -183,21 +184,10 @@ static size_t send_bytes(ncclComm_t c) {
     }
 
 // A 16-bit float widened, and an fp32 rounded to it (nearest even): bf16
-// by core/bf16.h's bits, fp16 by the compiler's _Float16 (IEEE binary16).
-static float wide16(uint16_t h, int bf) {
-    if (bf) return dt_bf16_to_f32(h);
-    _Float16 x;
-    memcpy(&x, &h, 2);
-    return (float)x;
-}
+// by core/bf16.h's bits, fp16 by core/f16.h's (IEEE binary16).
+static float wide16(uint16_t h, int bf) { return bf ? dt_bf16_to_f32(h) : dt_f16_to_f32(h); }
 
-static uint16_t narrow16(float f, int bf) {
-    if (bf) return dt_f32_to_bf16(f);
-    _Float16 x = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
-}
+static uint16_t narrow16(float f, int bf) { return bf ? dt_f32_to_bf16(f) : dt_f32_to_f16(f); }
 
 // 16-bit floats summed as the host's communicator sums them (comm/reduce.c):
 // accumulated in fp32 in rank order, the sum rounded once (real NCCL rounds
