@@ -133,8 +133,9 @@ int dt_train_alone_from(const dt_config *c) {
 
 dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
     if (spares > 0 && dt_device_index(c->device) >= 0 && c->zero > 0)
-        return dt_error(DT_ERR_CONFIG, "--spares with [parallel] zero = %d on [train] device = %s: each rank's slice of "
-                                       "the optimizer state is on its GPU alone; use --max-restarts", c->zero, c->device);
+        return dt_error(DT_ERR_CONFIG, "--spares with [parallel] zero = %d on [train] device = %s: each rank's slice "
+                                       "of the optimizer state is on its GPU alone; use --max-restarts",
+                        c->zero, c->device);
     if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
     if (dt_tables_on_workers(c))
         return dt_error(DT_ERR_CONFIG, "--spares with [recsys] shard = workers: each worker's shard of the tables is on "

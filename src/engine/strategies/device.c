@@ -175,8 +175,8 @@ static dt_status wire_init(devs *d) {
     size_t per = bucket_elems(c, sizeof(float)) < s->n ? bucket_elems(c, sizeof(float)) : s->n;
     dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
     if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
-    if (st == DT_OK && d->codec && d->codec->residual && (st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK)
-        st = dv->memset0(d->res, sizeof(float) * s->n);
+    if (st != DT_OK || !d->codec || !d->codec->residual) return st;
+    if ((st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK) st = dv->memset0(d->res, sizeof(float) * s->n);
     return st;
 }
 
@@ -289,7 +289,8 @@ static dt_status buckets16(devs *d, size_t lo, size_t hi, int root) {
         if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", t, dt_last_error());
         st = root < 0 ? dt_allreduce(d->w16, d->w16, len, d->wire, DT_SUM, d->gpus)
                       : dt_reduce(d->w16, d->w16, len, d->wire, DT_SUM, root, d->gpus);
-        if (st != DT_OK && root < 0) return dt_error(st, "gradient allreduce in %s on the GPUs: %s", t, dt_last_error());
+        if (st != DT_OK && root < 0)
+            return dt_error(st, "gradient allreduce in %s on the GPUs: %s", t, dt_last_error());
         if (st != DT_OK)
             return dt_error(st, "gradient reduce in %s to rank %d's slice on the GPUs: %s", t, root, dt_last_error());
         if ((root < 0 || root == s->rank) && (st = dv->from16(g + lo, d->w16, len, d->wire)) != DT_OK)
