@@ -176,8 +176,8 @@ static dt_status wire_init(devs *d) {
     dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
     if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
     if (st != DT_OK || !d->codec || !d->codec->residual) return st;
-    if ((st = dv->alloc((void **)&d->res, sizeof(float) * s->n)) == DT_OK) st = dv->memset0(d->res, sizeof(float) * s->n);
-    return st;
+    st = dv->alloc((void **)&d->res, sizeof(float) * s->n);
+    return st == DT_OK ? dv->memset0(d->res, sizeof(float) * s->n) : st;
 }
 
 static dt_status dev_init(dt_strategy *s) {
