@@ -183,6 +183,20 @@ static void test_attention_rows(void) {
     for (int i = 0; i < 6; i++)
         CHECK(dt_sumsq_chunks(ns[i]) == want[i], "sum of squares over %zu: %zu chunks (%zu)", ns[i],
               dt_sumsq_chunks(ns[i]), want[i]);
+    // the column sums' chunks of rows: DT_COLSUM_ROWS rows, more where the
+    // grid's y would pass DT_MAX_GRID_Y; every row in one chunk
+    const size_t N = (size_t)DT_MAX_GRID_Y * DT_COLSUM_ROWS;
+    const size_t rows[] = {0, 1, 255, 256, 257, N, N + 1, (size_t)1 << 33};
+    const size_t want_rows[] = {256, 256, 256, 256, 256, 256, 257, ((size_t)1 << 33) / DT_MAX_GRID_Y + 1};
+    const unsigned want_chunks[] = {0, 1, 1, 1, 2, DT_MAX_GRID_Y, 65281, DT_MAX_GRID_Y};
+    for (int i = 0; i < 8; i++) {
+        size_t r = dt_colsum_rows(rows[i]);
+        unsigned k = dt_colsum_chunks(rows[i]);
+        CHECK(r == want_rows[i] && k == want_chunks[i] && k <= DT_MAX_GRID_Y && (size_t)k * r >= rows[i] &&
+                  (k == 0 || (size_t)(k - 1) * r < rows[i]),
+              "column sums over %zu rows: %u chunks of %zu rows (%u of %zu)", rows[i], k, r, want_chunks[i],
+              want_rows[i]);
+    }
 }
 
 int main(void) {

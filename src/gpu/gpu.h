@@ -138,8 +138,9 @@ dt_status dt_gpu_dropout_backward(float *dx, const float *dout, const float *mas
 /* ReLU over N elements (backward accumulates). */
 dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N);
 dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp, size_t N);
-/* out[N,OC] += b[OC]; db[OC] += the column sums of dout[N,OC], each column's
- * rows in order (the CPU linear layer's bits). */
+/* out[N,OC] += b[OC] (the CPU's bits); db[OC] += the column sums of
+ * dout[N,OC], in chunks of rows across the GPU in a fixed order (launch.h:
+ * the same bits every run; the CPU's to rounding). */
 dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC);
 dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC);
 /* The linear layer, dt_linear_*'s contract (dtrain/nn.h): out[B,OC] =

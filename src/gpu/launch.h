@@ -63,6 +63,24 @@ DT_HD dt_att_row dt_att_row_of(size_t r, int T, int C, int NH) {
     return a;
 }
 
+/* Column sums over N rows of C columns (the bias's and layernorm's weight
+ * gradients): the rows cut into chunks of dt_colsum_rows(N) (DT_COLSUM_ROWS,
+ * or more where N would need more chunks than the grid's DT_MAX_GRID_Y),
+ * a block of 32 columns x DT_THREADS / 32 row lanes for each (column tile,
+ * chunk): each lane sums its rows of the chunk in order, then the lanes
+ * are added in order, into partial sums [chunk][C]; a thread a column then
+ * adds the chunks in order. A fixed order: the same bits every run. */
+#define DT_COLSUM_ROWS 256
+#define DT_MAX_GRID_Y 65535u
+static inline size_t dt_colsum_rows(size_t N) {
+    size_t r = N / DT_MAX_GRID_Y + (N % DT_MAX_GRID_Y != 0);
+    return r > DT_COLSUM_ROWS ? r : DT_COLSUM_ROWS;
+}
+static inline unsigned dt_colsum_chunks(size_t N) {
+    size_t r = dt_colsum_rows(N);
+    return (unsigned)(N / r + (N % r != 0));
+}
+
 /* The sum of squares (dt_gpu_sumsq): dt_sum_squares's blocks of
  * DT_SUMSQ_BLOCK elements (optim/elem.h), a thread each, into partial
  * sums; then one thread sums those in order. */

@@ -79,19 +79,71 @@ __global__ static void __launch_bounds__(DT_THREADS)
     }
 }
 
-// The weights' gradients: a thread a channel, the rows in order (as the CPU).
-__global__ static void ln_params_kernel(float *dw, float *db, const float *dout, const float *inp, const float *mean,
-                                        const float *rstd, size_t N, int C) {
-    for (size_t c = blockIdx.x * (size_t)blockDim.x + threadIdx.x; c < (size_t)C; c += (size_t)gridDim.x * blockDim.x) {
-        float gw = dw ? dw[c] : 0.0f, gb = db ? db[c] : 0.0f;
-        for (size_t r = 0; r < N; r++) {
+// ---- column sums (launch.h): the bias's and layernorm's weight gradients
+
+// One (column tile, chunk of `rows` rows): lane y of the block's
+// DT_THREADS / 32 sums rows y, y + lanes, ... of the chunk in order, then
+// lane 0 adds the lanes' sums in order, into part[chunk][C]; LN: also the
+// sum of the normalised input times dout, into part2.
+template <bool LN>
+__global__ static void __launch_bounds__(DT_THREADS)
+colsum_kernel(float *part, float *part2, const float *dout, const float *inp, const float *mean, const float *rstd,
+              size_t N, int C, size_t rows) {
+    __shared__ float sh[DT_THREADS], sh2[LN ? DT_THREADS : 1];
+    const unsigned lanes = DT_THREADS / 32, x = threadIdx.x % 32, y = threadIdx.x / 32;
+    size_t c = blockIdx.x * (size_t)32 + x, r0 = blockIdx.y * rows, r1 = r0 + rows < N ? r0 + rows : N;
+    float a = 0.0f, b = 0.0f;
+    if (c < (size_t)C)
+        for (size_t r = r0 + y; r < r1; r += lanes) {
             float d = dout[r * C + c];
-            gw += dt_ln_norm(inp[r * C + c], mean[r], rstd[r]) * d;
-            gb += d;
+            a += d;
+            if (LN) b += dt_ln_norm(inp[r * C + c], mean[r], rstd[r]) * d;
         }
-        if (dw) dw[c] = gw;
-        if (db) db[c] = gb;
+    sh[threadIdx.x] = a;
+    if (LN) sh2[threadIdx.x] = b;
+    __syncthreads();
+    if (y != 0 || c >= (size_t)C) return;
+    for (unsigned k = 1; k < lanes; k++) {
+        a += sh[k * 32 + x];
+        if (LN) b += sh2[k * 32 + x];
     }
+    part[blockIdx.y * (size_t)C + c] = a;
+    if (LN) part2[blockIdx.y * (size_t)C + c] = b;
+}
+
+// out[c] += the chunks' partial sums of column c, in order.
+__global__ static void colsum_total_kernel(float *out, const float *part, size_t chunks, int C) {
+    for (size_t c = blockIdx.x * (size_t)blockDim.x + threadIdx.x; c < (size_t)C; c += (size_t)gridDim.x * blockDim.x) {
+        float acc = out[c];
+        for (size_t k = 0; k < chunks; k++) acc += part[k * C + c];
+        out[c] = acc;
+    }
+}
+
+// out += dout's column sums (N rows, C columns; NULL: skipped) and, LN,
+// out2 += the column sums of the normalised input times dout (layernorm's
+// weights), in a fixed order; the partial sums in the stream's scratch.
+template <bool LN>
+static dt_status colsum(float *out, float *out2, const float *dout, const float *inp, const float *mean,
+                        const float *rstd, size_t N, int C) {
+    if (N == 0 || C <= 0 || (!out && !out2)) return DT_OK;
+    unsigned chunks = dt_colsum_chunks(N);
+    float *part = NULL;
+    dt_status st = dt_gpu_scratch((void **)&part, sizeof(float) * chunks * (size_t)C * (LN ? 2 : 1));
+    if (st != DT_OK) return st;
+    float *part2 = LN ? part + (size_t)chunks * C : NULL;
+    colsum_kernel<LN><<<dim3(dt_launch_blocks((size_t)C, 32), chunks), DT_THREADS>>>(part, part2, dout, inp, mean,
+                                                                                        rstd, N, C, dt_colsum_rows(N));
+    st = dt_gpu_launched("colsum_kernel");
+    const float *from[2] = {part, part2};
+    float *to[2] = {out, out2};
+    for (int i = 0; i < 2 && st == DT_OK; i++) {
+        if (!to[i]) continue;
+        colsum_total_kernel<<<dt_launch_blocks((size_t)C, DT_THREADS), DT_THREADS>>>(to[i], from[i], chunks, C);
+        st = dt_gpu_launched("colsum_total_kernel");
+    }
+    dt_gpu_scratch_free(part);
+    return st;
 }
 
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
@@ -109,11 +161,7 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
         ln_backward_kernel<<<dt_launch_rows(N), DT_THREADS>>>(dinp, dout, inp, w, mean, rstd, N, C);
         DT_LAUNCHED(ln_backward_kernel);
     }
-    if (dw || db) {
-        ln_params_kernel<<<dt_launch_blocks((size_t)C, DT_THREADS), DT_THREADS>>>(dw, db, dout, inp, mean, rstd, N, C);
-        DT_LAUNCHED(ln_params_kernel);
-    }
-    return DT_OK;
+    return colsum<true>(db, dw, dout, inp, mean, rstd, N, C);
 }
 
 // ---- GELU
@@ -246,16 +294,6 @@ __global__ static void bias_forward_kernel(float *out, const float *b, size_t n,
         out[i] += b[i % OC];
 }
 
-// A thread a column, the rows in order (the CPU's sums; adjacent threads
-// read adjacent columns).
-__global__ static void bias_backward_kernel(float *db, const float *dout, size_t N, int OC) {
-    for (size_t c = blockIdx.x * (size_t)blockDim.x + threadIdx.x; c < (size_t)OC; c += (size_t)gridDim.x * blockDim.x) {
-        float acc = db[c];
-        for (size_t r = 0; r < N; r++) acc += dout[r * OC + c];
-        db[c] = acc;
-    }
-}
-
 dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
     if (N == 0 || OC <= 0) return DT_OK;
     bias_forward_kernel<<<dt_launch_blocks(N * OC, DT_THREADS), DT_THREADS>>>(out, b, N * OC, OC);
@@ -264,8 +302,5 @@ dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
 }
 
 dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC) {
-    if (N == 0 || OC <= 0) return DT_OK;
-    bias_backward_kernel<<<dt_launch_blocks((size_t)OC, DT_THREADS), DT_THREADS>>>(db, dout, N, OC);
-    DT_LAUNCHED(bias_backward_kernel);
-    return DT_OK;
+    return colsum<false>(db, NULL, dout, NULL, NULL, NULL, N, OC);
 }

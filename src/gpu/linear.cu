@@ -6,7 +6,7 @@
  * which cuBLASLt wants a multiple of 8. Where an epilogue does not fit (or
  * cuBLASLt has no algorithm for it), the plain GEMM and the kernels of
  * layers.cu do the same. The bias's gradient is always
- * dt_gpu_bias_backward's (the CPU's order of sums). Nothing here has run
+ * dt_gpu_bias_backward's (column sums in a fixed order). Nothing here has run
  * on a GPU yet (docs/gpu.md). */
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
