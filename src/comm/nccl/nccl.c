@@ -10,9 +10,9 @@
  * included), so no NCCL call waits: a collective is queued on the
  * communication stream (after the kernels queued so far: the seam's
  * stream_after_compute; or, dt_iallreduce_after, after those its caller's
- * event marked: a gradient bucket during backward) and the host polls, until the communicator's
- * state (ncclCommGetAsyncError) is no longer ncclInProgress and the
- * stream is done (stream_query). Every ~10-50 ms of a wait it also looks
+ * event marked: a gradient bucket during backward) and the host polls,
+ * until the communicator's state (ncclCommGetAsyncError) is no longer
+ * ncclInProgress and the stream is done (stream_query). Every ~10-50 ms of a wait it also looks
  * at the host's peers (a rank the launcher saw exit: the error names it)
  * and at the deadline, the host communicator's timeout. On expiry it asks
  * the host split which ranks had issued the collective (the others are
