@@ -28,7 +28,8 @@
  *                   deterministic mode's fixed point: the CPU's bits;
  *                   error feedback's rounding to bf16 and fp16
  *                   (dt_gpu_from_f32_ef): dt_from_f32_ef's bits;
- *                   the communication stream (after the kernels, done); attention (T = 1, 37, 70, 257; head
+ *                   the communication stream (after the kernels, or
+ *                   after an event recorded twice: done); attention (T = 1, 37, 70, 257; head
  *                   sizes 1 to 512) within 1e-5 (normwise where sums
  *                   cancel), the upper triangles zeros, and with its
  *                   products in bf16 and fp16 against the CPU's in that
@@ -734,18 +735,27 @@ static void test_fixed(size_t n) {
         dt_gpu_free(gacc);
 }
 
-// The communication stream: after the kernels queued so far, then done.
-static void test_stream(void) {
-    void *s = NULL;
+// The communication stream: after the kernels queued so far (ev NULL), or
+// after an event recorded after them, twice (reused), then done.
+static void test_stream(int event) {
+    void *s = NULL, *ev = NULL;
     float x[1000];
     for (int i = 0; i < 1000; i++) x[i] = (float)i;
     float *gx = upload(x, 1000);
     dt_status st = gx ? dt_gpu_stream_create(&s) : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_gelu_forward(gx, gx, 1000);
-    if (st == DT_OK) st = dt_gpu_stream_after_compute(s);
+    if (st == DT_OK && event) st = dt_gpu_event_create(&ev);
     int done = 0;
-    for (double until = dt_now() + 10; st == DT_OK && !done && dt_now() < until;) st = dt_gpu_stream_query(s, &done);
-    CHECK(st == DT_OK && done, "a communication stream after the kernels: done %d%s%s", done, GPU_ERR(st));
+    for (int round = 0; round < (event ? 2 : 1) && st == DT_OK; round++) {
+        st = dt_gpu_gelu_forward(gx, gx, 1000);
+        if (st == DT_OK) st = event ? dt_gpu_event_record(ev) : dt_gpu_stream_after_compute(s);
+        if (st == DT_OK && event) st = dt_gpu_stream_wait_event(s, ev);
+        done = 0;
+        for (double until = dt_now() + 10; st == DT_OK && !done && dt_now() < until;)
+            st = dt_gpu_stream_query(s, &done);
+    }
+    CHECK(st == DT_OK && done, "a communication stream after the kernels%s: done %d%s%s",
+          event ? " (an event, recorded twice)" : "", done, GPU_ERR(st));
+    dt_gpu_event_destroy(ev);
     dt_gpu_stream_destroy(s);
     dt_gpu_free(gx);
 }
@@ -852,7 +862,8 @@ static void test_gpt_ops(void) {
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i]);
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq_parts(sq[i], 3);
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_fixed(sq[i]);
-    test_stream();
+    test_stream(0);
+    test_stream(1);
     test_convert(DT_BF16);
     test_convert(DT_F16);
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_convert_ef(DT_BF16, ns[i]), test_convert_ef(DT_F16, ns[i]);

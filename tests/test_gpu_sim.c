@@ -634,6 +634,7 @@ typedef struct {
 
 static const dev_row dev_rows[] = {
     {"mlp", 2, "", 0},
+    {"mlp", 2, "--set parallel.bucket_kb=4", 0},  // (buckets summed during backward: buckets_said)
     {"mlp", 3, "--set train.grad_accum=2", 0},
     {"gpt", 2, "", 0},
     {"gpt", 3, "--set parallel.bucket_kb=4", 0},
@@ -707,6 +708,43 @@ static void zero_memory(void) {
     }
 }
 
+// summary.json's buckets (rank 0's, over the 20 steps): plain data
+// parallel in fp32 sums each as soon as backward has queued its gradients'
+// kernels (engine/strategies/device.c's grad hook), the others after
+// backward. The MLP's 39202 gradients in buckets of 1024 from the block's
+// end: the last bucket is final once the two last linears and the
+// layernorm are (before the first layer's backward), 38 more with the first
+// layer; in one bucket, with the first layer. The GPT's 8768 (wte's 128
+// rows, the vocabulary padded, first) in its gradient order: 9 buckets, 6
+// final before the embedding's backward, 3 with it (wte, wpe and layer 0's
+// first 448). Deterministic mode's int64 sums, after backward: 77 buckets
+// of 512.
+static void buckets_said(const char *dir, const dev_row *r) {
+    static const struct {
+        const char *model;
+        int workers;
+        const char *flags;
+        double in, after;
+    } want[] = {
+        {"mlp", 2, "", 0, 20},
+        {"mlp", 2, "--set parallel.bucket_kb=4", 20, 760},
+        {"gpt", 3, "--set parallel.bucket_kb=4", 120, 60},
+        {"gpt", 2, "--precision bf16", 0, 20},
+        {"mlp", 3, "--deterministic --set parallel.bucket_kb=4", 0, 20 * 77},
+    };
+    char sum[700];
+    snprintf(sum, sizeof sum, "%s/summary.json", dir);
+    double in = tl_json_number(sum, "buckets_in_backward"), after = tl_json_number(sum, "buckets_after_backward");
+    int plain = !strstr(r->flags, "--deterministic") && !strstr(r->flags, "--zero") && !strstr(r->flags, "grad_dtype") &&
+                !strstr(r->flags, "compression");
+    CHECK(plain || (in == 0 && after > 0), "%s x %d %s: its buckets summed after backward (%g during, %g after)",
+          r->model, r->workers, r->flags, in, after);
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        if (!strcmp(want[i].model, r->model) && want[i].workers == r->workers && !strcmp(want[i].flags, r->flags))
+            CHECK(in == want[i].in && after == want[i].after, "%s x %d %s (%s): %g buckets begun during backward, %g "
+                  "after (want %g, %g)", r->model, r->workers, r->flags, dir, in, after, want[i].in, want[i].after);
+}
+
 static void test_ranks(void) {
     char text[4096], flags[600], name[64], ref[64], one[64];
     for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
@@ -728,6 +766,7 @@ static void test_ranks(void) {
         snprintf(rb, sizeof rb, "%s", tmp(name));
         snprintf(w, sizeof w, "%s x %d %s", r->model, r->workers, r->flags);
         same_evals(ra, rb, w, 0, 1);
+        buckets_said(rb, r);
         if (!r->ref1) continue;
         CHECK(tl_train(g_tmp, one, cfg, 1, r->flags, g_out, sizeof g_out) == 0, "one CPU process");
         diff = tl_runs_diff(g_tmp, one, name, &bw);
@@ -872,6 +911,7 @@ static void test_nccl_rows(void) {
         double diff = tl_runs_diff(g_tmp, ref, name, &bw);
         CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s on NCCL: the CPU's weights on %d workers bitwise (exit %d, "
               "diff %g)", r->model, r->workers, r->flags, r->workers, rc, diff);
+        buckets_said(tmp(name), r);
     }
     char cmd[2048], sum[700];
     snprintf(cmd, sizeof cmd, "%s train %s --workers 2 --device cuda --run-dir %s 2>&1", tl_dtrain(), tmp("gpt.ini"),
@@ -896,32 +936,37 @@ static void test_nccl_rows(void) {
 // (2 s) and the launcher's stop: never a silent hang.
 static void test_nccl_faults(void) {
     struct {
-        const char *env, *says[2];
+        const char *env, *says[2], *flags;
     } f[] = {
         // rank 1's part of allreduce 5 never comes: every rank times out, each had issued it
         {"DTRAIN_FAKE_NCCL_FAULT=hang:5:1",
          {"NCCL allreduce (seq 5, 39202 x F32) on rank 0: timed out after 2 s; ranks not arrived: none (every rank "
-          "issued seq 5: stuck inside NCCL)", "exited with status 1"}},
+          "issued seq 5: stuck inside NCCL)", "exited with status 1"}, ""},
+        // ... and in buckets of 1024: allreduce 40, step 2's first bucket, begun during backward
+        {"DTRAIN_FAKE_NCCL_FAULT=hang:40:1",
+         {"gradient allreduce on the GPUs: NCCL allreduce (seq 40, 1024 x F32) on rank 0: timed out after 2 s; ranks "
+          "not arrived: none (every rank issued seq 40: stuck inside NCCL)", "exited with status 1"},
+         "--set parallel.bucket_kb=4"},
         // NCCL's asynchronous error on rank 1, by name
         {"DTRAIN_FAKE_NCCL_FAULT=error:5:1",
          {"NCCL allreduce (seq 5, 39202 x F32) on rank 1: NCCL's asynchronous error: unhandled system error "
-          "(ncclResult 2): fake NCCL: an error injected at op 5 on rank 1", "rank 1 (pid"}},
+          "(ncclResult 2): fake NCCL: an error injected at op 5 on rank 1", "rank 1 (pid"}, ""},
         // rank 1 dies inside NCCL
-        {"DTRAIN_FAKE_NCCL_FAULT=abort:5:1", {"rank 1 aborts in op 5", "killed by signal 6"}},
+        {"DTRAIN_FAKE_NCCL_FAULT=abort:5:1", {"rank 1 aborts in op 5", "killed by signal 6"}, ""},
         // rank 1 never joins the communicator's init
         {"DTRAIN_FAKE_NCCL_FAULT=hang:0:1",
          {"NCCL's communicator init on rank 0: timed out after 2 s; ranks not arrived: none (every rank began it: "
-          "stuck inside NCCL)", "exited with status 1"}},
+          "stuck inside NCCL)", "exited with status 1"}, ""},
         // rank 1 stopped before its step 5: rank 0 waits in NCCL, and the host names rank 1
         {"DTRAIN_FAULT_STEP=1:5:stop",
          {"NCCL allreduce (seq 5, 39202 x F32) on rank 0: timed out after 2 s; ranks not arrived: unknown to NCCL; "
-          "the host communicator, asked:", "ranks not arrived: 1"}},
+          "the host communicator, asked:", "ranks not arrived: 1"}, ""},
     };
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         char env[300];
         double secs = 0;
         snprintf(env, sizeof env, "DTRAIN_COMM_TIMEOUT=2 %s", f[i].env);
-        int rc = run_env("fault", 2, env, "", &secs);
+        int rc = run_env("fault", 2, env, f[i].flags, &secs);
         CHECK(rc != 0 && strstr(g_out, f[i].says[0]) && strstr(g_out, f[i].says[1]) && secs < 60,
               "%s: exit %d after %.1f s, '%s' and '%s'\n%s", f[i].env, rc, secs, f[i].says[0], f[i].says[1], g_out);
     }

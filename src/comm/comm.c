@@ -746,6 +746,8 @@ static dt_status submit(dt_comm_t c, dt_coll_args *a, dt_request_t *req) {
     return run_blocking(c, a);
 }
 
+dt_status dt_comm_submit(dt_comm_t c, dt_coll_args *a, dt_request_t *req) { return submit(c, a, req); }
+
 dt_status dt_allreduce(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op,
                        dt_comm_t c) {
     dt_coll_args a = {.kind = DT_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count,

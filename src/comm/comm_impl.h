@@ -57,9 +57,17 @@ typedef struct {
     uint64_t seq;          /* 1, 2, ... per communicator (user-visible ops) */
     int check_of;          /* internal allgather of check mode: kind + 1 of the
                               collective being checked, for error messages */
+    void *after;           /* device communicators: an event of the kernels'
+                              stream (gpu/dev.h) the collective starts after;
+                              NULL: after every kernel queued when it is issued */
 } dt_coll_args;
 
 DT_HIDDEN const char *dt_coll_name(dt_coll k);
+
+/* Numbers a and runs it (req NULL), or queues it for the progress thread
+ * (*req: dt_wait's), as the public calls do; for the device communicators'
+ * own entries (comm/device.h). */
+DT_HIDDEN dt_status dt_comm_submit(dt_comm_t c, dt_coll_args *a, dt_request_t *req);
 
 /* A point-to-point transfer in flight (dt_isend/dt_irecv, and the blocking
  * dt_send/dt_recv, which wait for one at once). */

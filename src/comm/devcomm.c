@@ -75,3 +75,11 @@ dt_status dt_comm_init_device(dt_comm_t host, const dt_comm_device_params *p, dt
     *out = c;
     return DT_OK;
 }
+
+dt_status dt_iallreduce_after(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op, void *event,
+                              dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "iallreduce: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
+                      .op = op, .after = event};
+    return dt_comm_submit(c, &a, req);
+}

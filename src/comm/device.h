@@ -36,4 +36,13 @@ typedef struct {
  * use is refused on every rank, naming the rank and why. */
 dt_status dt_comm_init_device(dt_comm_t host, const dt_comm_device_params *p, dt_comm_t *out, char *why, size_t n);
 
+/* dt_iallreduce on device communicator c whose input is final once the
+ * kernels marked by `event` (dev.h's event_record, taken by the caller when
+ * they were queued) have run: NCCL queues it on its stream after that
+ * event, not after every kernel queued by the time the progress thread
+ * issues it. The staging backend's copies are the kernels' stream's own,
+ * after every kernel queued before them, which covers it. */
+dt_status dt_iallreduce_after(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op, void *event,
+                              dt_comm_t c, dt_request_t *req);
+
 #endif

@@ -54,6 +54,16 @@ typedef struct dt_dev {
     void (*stream_destroy)(void *stream);
     dt_status (*stream_after_compute)(void *stream);
     dt_status (*stream_query)(void *stream, int *done);
+    /* Events of the kernels' stream, reused: event_record marks the kernels
+     * queued so far (again each time: the mark of the last record counts);
+     * stream_wait_event: what is queued on stream from now on starts after
+     * the kernels the event's last record marked. A gradient bucket is
+     * summed after its own kernels, not after those queued since. Tokens on
+     * the simulated GPU (done at once). */
+    dt_status (*event_create)(void **event);
+    void (*event_destroy)(void *event);
+    dt_status (*event_record)(void *event);
+    dt_status (*stream_wait_event)(void *stream, void *event);
     /* The simulated GPU only (NULL on cuda): opens (on = 1) its memory to
      * the calling thread's host code until the matching on = 0, as an op
      * does, for a library that stands in for one of the device's own: the

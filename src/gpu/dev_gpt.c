@@ -35,7 +35,9 @@ typedef struct {  // one layer's saved activations; in 16 bits ln1, atty, ln2, f
 struct dt_dev_gpt {
     dt_dev_blocks b;
     dt_gpt_config c;
-    size_t off[NPT];  // the tensors' offsets in the blocks
+    size_t off[NPT], len[NPT];  // the tensors' offsets in the blocks, their floats
+    dt_grad_ready_fn hook;      // the backward's grad hook (NULL: none)
+    void *hook_user;
     int maxB, maxT, B, T;
     float loss_scale;
     float *resid;  // [L + 1, B, T, C]
@@ -111,7 +113,10 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     }
     *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, shard, shards), .c = *c,
                       .maxB = B, .maxT = T, .la = la};
-    for (int i = 0; i < NPT; i++) g->off[i] = dt_gpt_tensor(m, i)->offset;
+    for (int i = 0; i < NPT; i++) {
+        g->off[i] = dt_gpt_tensor(m, i)->offset;
+        g->len[i] = dt_gpt_tensor(m, i)->numel;
+    }
     *out = g;
     gpt_take(g);  // (counting)
     size_t pinned = 2 * sizeof(int32_t) * (size_t)B * T;
@@ -211,6 +216,17 @@ dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t
     return DT_OK;
 }
 
+// The grad hook, after layer l's gradient kernels of the tensors from k (in
+// block order) on are queued: the gradient order (dt_gpt_grad_order) is
+// final from that slice to its end (nn/gpt.c's grads_final; k = LNFW, l =
+// L - 1: lnfw's).
+static void grads_final(dt_dev_gpt *g, int k, int l) {
+    if (!g->hook) return;
+    size_t pos = g->len[WTE] + g->len[WPE];
+    for (int i = LN1W; i <= FCPROJB; i++) pos += (size_t)(i < k ? l + 1 : l) * (g->len[i] / g->c.n_layer);
+    g->hook(pos, g->hook_user);
+}
+
 static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
@@ -224,26 +240,33 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     TRY(d->memset0(g->dfchg, f * sF));
     TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l, 4 * uC * uC), gr + at(g, FCPROJB, l, uC), g->dresid, h,
                                fchg, BT, F, C));
+    grads_final(g, FCPROJW, l);
     TRY(d->memset0(g->dfch, f * sF));
     TRY(d->gelu_backward(g->dfch, g->dfchg, s->fch, sF));
     TRY(d->memset0(g->dln, f * sC));
     TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l, 4 * uC * uC), gr + at(g, FCB, l, 4 * uC), g->dfch, h, ln2, BT,
                                C, F));
+    grads_final(g, FCW, l);
     TRY(d->layernorm_backward(g->dresid, gr + at(g, LN2W, l, uC), gr + at(g, LN2B, l, uC), g->dln, s->res2,
                               p + at(g, LN2W, l, uC), s->ln2_mean, s->ln2_rstd, (size_t)BT, C));
+    grads_final(g, LN2W, l);
     TRY(d->memset0(g->datty, f * sC));
     TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l, uC * uC), gr + at(g, ATTPROJB, l, uC), g->dresid, h,
                                atty, BT, C, C));
+    grads_final(g, ATTPROJW, l);
     TRY(d->memset0(g->dqkv, f * 3 * sC));
     TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, B, T, C, g->c.n_head, b->t));
     TRY(d->memset0(g->dln, f * sC));
     TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l, 3 * uC * uC), gr + at(g, QKVB, l, 3 * uC), g->dqkv, h, ln1,
                                BT, C, 3 * C));
-    return d->layernorm_backward(g->dresid, gr + at(g, LN1W, l, uC), gr + at(g, LN1B, l, uC), g->dln, residual,
-                                 p + at(g, LN1W, l, uC), s->ln1_mean, s->ln1_rstd, (size_t)BT, C);
+    grads_final(g, QKVW, l);
+    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN1W, l, uC), gr + at(g, LN1B, l, uC), g->dln, residual,
+                              p + at(g, LN1W, l, uC), s->ln1_mean, s->ln1_rstd, (size_t)BT, C));
+    grads_final(g, LN1W, l);
+    return DT_OK;
 }
 
-dt_status dt_dev_gpt_backward(dt_dev_gpt *g) {
+dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) {
     const dt_dev *d = g->b.d;
     int B = g->B, T = g->T, C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = B * T;
     if (!B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
@@ -258,8 +281,14 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g) {
     TRY(d->memset0(g->dresid, f * sC));
     TRY(d->layernorm_backward(g->dresid, gr + g->off[LNFW], gr + g->off[LNFB], g->dln, g->resid + L * sC,
                               p + g->off[LNFW], g->lnf_mean, g->lnf_rstd, (size_t)BT, C));
-    for (int l = L - 1; l >= 0; l--) TRY(layer_backward(g, l, g->resid + l * sC));
-    TRY(d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, B, T, C));
+    g->hook = hook;
+    g->hook_user = user;
+    grads_final(g, LNFW, L - 1);
+    dt_status st = DT_OK;
+    for (int l = L - 1; l >= 0 && st == DT_OK; l--) st = layer_backward(g, l, g->resid + l * sC);
+    if (st == DT_OK) st = d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, B, T, C);
+    if (st == DT_OK && hook) hook(0, user);
+    g->hook = NULL;
     g->B = 0;
-    return DT_OK;
+    return st;
 }

@@ -377,14 +377,17 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     }
 }
 
-dt_status dt_dev_mlp_backward(dt_dev_mlp *dm) {
+dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user) {
     const dt_dev *d = dm->b.d;
     int B = dm->B;
     if (!B) return dt_error(DT_ERR_ARG, "device model: backward needs a forward first");
     for (int i = 0; i < dm->nl; i++) TRY(d->memset0(dm->dact[i], sizeof(float) * (size_t)B * dm->L[i].out));
     TRY(d->crossentropy_backward(dm->dact[dm->nl - 1], dm->probs, dm->y, (size_t)B, dm->V, (size_t)dm->V,
                                  dm->loss_scale));
-    for (int i = dm->nl - 1; i >= 0; i--) TRY(layer_backward(dm, i, B));
+    for (int i = dm->nl - 1; i >= 0; i--) {
+        TRY(layer_backward(dm, i, B));
+        if (hook && (dm->L[i].w_n || dm->L[i].b_n)) hook(dm->L[i].w_off, user);
+    }
     dm->B = 0;
     return DT_OK;
 }

@@ -121,7 +121,12 @@ dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
  * buffer. A backward does not follow it. */
 dt_status dt_dev_mlp_evaluate(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float *loss,
                               float *probs);
-dt_status dt_dev_mlp_backward(dt_dev_mlp *dm);
+/* dt_model_backward on the device. hook (NULL: none) is called as
+ * dt_model_set_grad_hook's, after each layer with parameters has its
+ * gradient kernels queued: the gradients at offsets >= pos of the block
+ * are final once the kernels queued so far have run (the caller marks them
+ * with an event: dev.h's event_record). */
+dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user);
 
 typedef struct dt_dev_gpt dt_dev_gpt;
 /* The device's twin of m for B x T tokens, nstates optimizer blocks over
@@ -134,6 +139,9 @@ dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
 /* dt_gpt_forward on tokens inputs, targets [B, T] (host). */
 dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T,
                              float loss_scale, float *loss);
-dt_status dt_dev_gpt_backward(dt_dev_gpt *g);
+/* dt_gpt_backward on the device; hook (NULL: none) as dt_gpt_set_grad_hook's
+ * (positions in dt_gpt_grad_order), called when the kernels are queued, as
+ * dt_dev_mlp_backward's. */
+dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user);
 
 #endif

@@ -157,7 +157,8 @@ static dt_status sim_copy(void *to, const void *from, size_t bytes) {
 
 static dt_status sim_sync(void) { return DT_OK; }
 
-// Every op is done when it returns: a stream is a token, always done.
+// Every op is done when it returns: a stream or an event is a token, always
+// done.
 static char g_stream_token;
 
 static dt_status sim_stream_create(void **stream) {
@@ -174,6 +175,15 @@ static dt_status sim_stream_query(void *stream, int *done) {
     *done = 1;
     return DT_OK;
 }
+
+static dt_status sim_event_create(void **event) {
+    *event = &g_stream_token;
+    return DT_OK;
+}
+
+static void sim_event_destroy(void *event) { (void)event; }
+static dt_status sim_event_record(void *event) { return (void)event, DT_OK; }
+static dt_status sim_stream_wait_event(void *stream, void *event) { return (void)stream, (void)event, DT_OK; }
 
 static void sim_host_open(int on) {
     if (on) open_dev();
@@ -491,6 +501,10 @@ const dt_dev dt_dev_sim = {
     .stream_destroy = sim_stream_destroy,
     .stream_after_compute = sim_stream_after_compute,
     .stream_query = sim_stream_query,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .stream_wait_event = sim_stream_wait_event,
     .host_open = sim_host_open,
     .sgemm = sim_sgemm,
     .gemm16 = sim_gemm16,

@@ -123,6 +123,28 @@ dt_status dt_gpu_stream_query(void *stream, int *done) {
     return DT_OK;
 }
 
+dt_status dt_gpu_event_create(void **event) {
+    cudaEvent_t ev = NULL;
+    *event = NULL;
+    DT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    *event = (void *)ev;
+    return DT_OK;
+}
+
+void dt_gpu_event_destroy(void *event) {
+    if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
+dt_status dt_gpu_event_record(void *event) {
+    DT_CUDA(cudaEventRecord((cudaEvent_t)event, 0));
+    return DT_OK;
+}
+
+dt_status dt_gpu_stream_wait_event(void *stream, void *event) {
+    DT_CUDA(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
+    return DT_OK;
+}
+
 // DTRAIN_CUDA_SYNC=1: every launch waited for (read once; cuda_check.h).
 static int sync_each(void) {
     static int on = -1;  // (a race here writes the same value)

@@ -51,6 +51,12 @@ dt_status dt_gpu_stream_create(void **stream);
 void dt_gpu_stream_destroy(void *stream);
 dt_status dt_gpu_stream_after_compute(void *stream);
 dt_status dt_gpu_stream_query(void *stream, int *done);
+/* CUDA events (timing off) of the current device: record on the default
+ * stream; a stream made to wait for the last record (dev.h's). */
+dt_status dt_gpu_event_create(void **event);
+void dt_gpu_event_destroy(void *event);
+dt_status dt_gpu_event_record(void *event);
+dt_status dt_gpu_stream_wait_event(void *stream, void *event);
 
 /* The optimizers over n elements of device blocks, the CPU's rules
  * (optim/elem.h) with the constants the host computed. m, v, buf: the

@@ -9,9 +9,10 @@
  * The communicator is non-blocking (ncclConfig_t.blocking = 0, its init
  * included), so no NCCL call waits: a collective is queued on the
  * communication stream (after the kernels queued so far: the seam's
- * stream_after_compute) and the host polls, until the communicator's
- * state (ncclCommGetAsyncError) is no longer ncclInProgress and the
- * stream is done (stream_query). Every ~10-50 ms of a wait it also looks
+ * stream_after_compute; or, dt_iallreduce_after, after those its caller's
+ * event marked: a gradient bucket during backward) and the host polls,
+ * until the communicator's state (ncclCommGetAsyncError) is no longer
+ * ncclInProgress and the stream is done (stream_query). Every ~10-50 ms of a wait it also looks
  * at the host's peers (a rank the launcher saw exit: the error names it)
  * and at the deadline, the host communicator's timeout. On expiry it asks
  * the host split which ranks had issued the collective (the others are
@@ -212,11 +213,14 @@ static ncclRedOp_t nccl_op(dt_redop op) {
 }
 
 // Before a collective is queued: it reads what the kernels queued so far
-// wrote (on this rank's GPU, whichever thread calls: a non-blocking twin
-// runs on the front end's thread).
+// wrote, or those a->after marked (on this rank's GPU, whichever thread
+// calls: a non-blocking twin runs on the front end's progress thread,
+// later than its caller queued them).
 static dt_status before(dt_comm_t c, const dt_coll_args *a) {
-    dt_status st = NS(c)->d->use(NS(c)->device);
-    if (st == DT_OK) st = NS(c)->d->stream_after_compute(NS(c)->stream);
+    nccl_state *s = NS(c);
+    dt_status st = s->d->use(s->device);
+    if (st == DT_OK)
+        st = a->after ? s->d->stream_wait_event(s->stream, a->after) : s->d->stream_after_compute(s->stream);
     if (st == DT_OK) return DT_OK;
     return dt_error(DT_ERR_COMM, "NCCL %s (seq %llu) on rank %d: %s", dt_coll_name(a->kind),
                     (unsigned long long)a->seq, c->rank, dt_last_error());

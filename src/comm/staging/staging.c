@@ -6,7 +6,11 @@
  * its numbering is its own: shm or MPI, their timeouts and their errors
  * naming the missing ranks) and copies the result back to the device.
  * One collective at a time (the front end runs a communicator's calls in
- * order), so one buffer, grown to the largest. */
+ * order), so one buffer, grown to the largest. A non-blocking twin runs on
+ * the front end's progress thread while the caller goes on queuing kernels
+ * (a gradient bucket during backward): its copies wait for every kernel
+ * queued before them, the bucket's among them (an event passed is not
+ * needed). */
 #include "comm/staging/staging.h"
 
 #include <stdio.h>
@@ -14,6 +18,7 @@
 
 typedef struct {
     const dt_dev *d;
+    int device;         /* this rank's GPU, taken by whichever thread copies */
     dt_comm_t host;     /* the split of the host communicator */
     char *buf;          /* pinned */
     size_t cap;
@@ -44,13 +49,17 @@ static dt_status copy_failed(const dt_coll_args *a, const char *way, dt_status s
                     (unsigned long long)a->seq, way, dt_last_error());
 }
 
+// (The copies are the kernels' stream's: after every kernel queued before
+// them, on this rank's GPU from the progress thread too.)
 static dt_status to_host(staging *s, const dt_coll_args *a, void *h, const void *dev, size_t bytes) {
-    dt_status st = bytes ? s->d->to_host(h, dev, bytes) : DT_OK;
+    dt_status st = bytes ? s->d->use(s->device) : DT_OK;
+    if (st == DT_OK && bytes) st = s->d->to_host(h, dev, bytes);
     return st == DT_OK ? DT_OK : copy_failed(a, "to", st);
 }
 
 static dt_status to_device(staging *s, const dt_coll_args *a, void *dev, const void *h, size_t bytes) {
-    dt_status st = bytes ? s->d->to_device(dev, h, bytes) : DT_OK;
+    dt_status st = bytes ? s->d->use(s->device) : DT_OK;
+    if (st == DT_OK && bytes) st = s->d->to_device(dev, h, bytes);
     return st == DT_OK ? DT_OK : copy_failed(a, "from", st);
 }
 
@@ -155,6 +164,7 @@ dt_status dt_staging_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_para
     staging *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "staging through host memory: out of memory");
     s->d = p->d;
+    s->device = p->device;
     c->be = s;
     c->ops = &staging_ops;
     dt_status st = dt_comm_split(host, 0, dt_comm_rank(host), &s->host);

@@ -9,8 +9,17 @@
  * buckets of [parallel] bucket_kb by the GPUs' communicator
  * (comm/device.h): NCCL where every rank has a GPU of its own and NCCL is
  * found, else staged through pinned host memory and the host's
- * communicator; which one, and why, is logged. The buckets are summed
- * after backward, one after the other (nothing overlaps backward yet).
+ * communicator; which one, and why, is logged. Plain data parallel in fp32
+ * overlaps them with backward as dp.c does on the CPU: the buckets are cut
+ * from the end of the model's gradient order (dt_grad_buckets_cut), and
+ * during the last micro-batch's backward the device model's grad hook
+ * (called once a layer's gradient kernels are queued) starts each bucket
+ * that became final, non-blocking (dt_iallreduce_after: after an event
+ * recorded then, one a bucket, reused each step once its sum was waited
+ * for), while the host goes on queuing the earlier layers' kernels; sync
+ * starts the rest and waits for them all. Deterministic mode, the 16-bit
+ * exchange and device-zero sum their buckets after backward, one after the
+ * other.
  *
  * In 16 bits ([parallel] grad_dtype = bf16, [compression] method = fp16 or
  * bf16, plain data parallel): each bucket rounded on the device (the
@@ -75,7 +84,12 @@ typedef struct {
     void *w16;          // ... one bucket's 16-bit values, on the device
     float *res;         // ... error feedback's residual, on the device (NULL: off)
     dt_codec *codec;    // ... the CPU codec: the host's copy of the residual and the steps, for checkpoints
-    dt_status err;      // a micro-batch's fixed-point sum that failed (micro_end cannot say)
+    dt_grad_buckets g;  // plain data parallel in fp32 (several ranks): the order's buckets, from its end
+    void **ev;          // ... an event a bucket: its gradients' kernels (re-recorded after its wait)
+    int next;           // ... the next bucket to start this step
+    double t_first;     // ... when this step's first started
+    int64_t early, late; // the buckets summed, begun before the backward's last layer and not (summary.json)
+    dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
     char errmsg[512];
 } devs;
 
@@ -180,6 +194,20 @@ static dt_status wire_init(devs *d) {
     return st == DT_OK ? dv->memset0(d->res, sizeof(float) * s->n) : st;
 }
 
+// Plain data parallel in fp32 on several ranks: the buckets, summed as
+// backward makes them final (the grad hook), each after an event of its own.
+static dt_status overlap_init(devs *d) {
+    dt_strategy *s = &d->base;
+    if (s->world == 1 || s->c->deterministic || d->zero || d->wire != DT_F32 || !s->n) return DT_OK;
+    dt_status st = dt_grad_buckets_cut(&d->g, s, bucket_elems(s->c, sizeof(float)), "data parallel on the GPUs");
+    if (st == DT_OK && !(d->ev = calloc((size_t)d->g.nb, sizeof *d->ev)))
+        st = dt_error(DT_ERR_NOMEM, "data parallel on the GPUs: out of memory");
+    for (int i = 0; st == DT_OK && i < d->g.nb; i++)
+        if ((st = s->device->d->event_create(&d->ev[i])) != DT_OK)
+            st = dt_error(st, "data parallel on the GPUs: a bucket's event: %s", dt_last_error());
+    return st;
+}
+
 static dt_status dev_init(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
     devs *d = (devs *)s;
@@ -195,12 +223,19 @@ static dt_status dev_init(dt_strategy *s) {
     }
     if (wants_gpus(s)) st = open_gpus(s);
     if (st == DT_OK) st = wire_init(d);
+    if (st == DT_OK) st = overlap_init(d);
 done:
     return st;
 }
 
 static void dev_fini(dt_strategy *s) {
     devs *d = (devs *)s;
+    for (int i = 0; i < d->g.np; i++)
+        if (d->g.p[i].req) dt_wait(&d->g.p[i].req);
+    for (int i = 0; d->ev && i < d->g.nb; i++)
+        if (d->ev[i]) s->device->d->event_destroy(d->ev[i]);
+    free(d->ev);
+    dt_grad_buckets_free(&d->g);
     dt_comm_destroy(d->gpus);
     if (d->acc) s->device->d->free(d->acc);
     if (d->parts) s->device->d->free(d->parts);
@@ -210,7 +245,10 @@ static void dev_fini(dt_strategy *s) {
 }
 
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
-    ((devs *)s)->have_norm = 0;
+    devs *d = (devs *)s;
+    d->have_norm = 0;
+    d->next = 0;
+    d->t_first = 0;
     if (s->c->deterministic) return dt_strategy_plan_shards(s, first, share, global);
     return dt_strategy_plan_accum(s, first, share, global);
 }
@@ -230,6 +268,58 @@ static void dev_micro_end(dt_strategy *s, int k) {
     }
 }
 
+// ---- the buckets overlapped with backward -------------------------------------
+
+// Bucket i's sum begun (early: before the backward's last layer), after
+// the event marking its gradients' kernels, which are queued by now; the
+// host goes on queuing the backward's (a failure kept for sync).
+static void start(devs *d, int i, int early) {
+    const dt_dev *dv = d->base.device->d;
+    float *g = d->base.device->grads;
+    dt_grad_bucket *b = &d->g.b[i];
+    if (!d->t_first) d->t_first = dt_now();
+    *(early ? &d->early : &d->late) += 1;
+    dt_status st = d->err != DT_OK ? d->err : dv->event_record(d->ev[i]);
+    for (dt_grad_piece *p = d->g.p + b->first; p < d->g.p + b->first + b->n && st == DT_OK; p++)
+        st = dt_iallreduce_after(g + p->lo, g + p->lo, p->hi - p->lo, DT_F32, DT_SUM, d->ev[i], d->gpus, &p->req);
+    if (st != DT_OK && d->err == DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "gradient allreduce on the GPUs: %s", dt_last_error());
+    }
+}
+
+// The grad hook: gradients at positions >= pos of the order are final once
+// the kernels queued so far have run.
+static void ready(size_t pos, void *user) {
+    devs *d = user;
+    while (d->next < d->g.nb && d->g.b[d->next].pos >= pos) start(d, d->next++, pos > 0);
+}
+
+static dt_grad_ready_fn dev_grad_hook(dt_strategy *s, int k, void **user) {
+    *user = s;
+    return ((devs *)s)->g.nb && k == s->nmicro - 1 ? ready : NULL;
+}
+
+// After backward: the buckets not begun yet, then every one waited for
+// (the first failure kept); exposed is what is left after backward.
+static void finish(devs *d) {
+    dt_strategy *s = &d->base;
+    double t_end = dt_now();
+    while (d->next < d->g.nb) start(d, d->next++, 0);
+    for (int i = 0; i < d->g.np; i++) {
+        dt_status st = d->g.p[i].req ? dt_wait(&d->g.p[i].req) : DT_OK;
+        if (st != DT_OK && d->err == DT_OK) {
+            d->err = st;
+            snprintf(d->errmsg, sizeof d->errmsg, "gradient allreduce on the GPUs: %s", dt_last_error());
+        }
+    }
+    double done = dt_now();
+    s->comm_seconds += done - d->t_first;
+    s->comm_exposed_seconds += done - (t_end > d->t_first ? t_end : d->t_first);
+}
+
+// ---- the exchanges after backward ----------------------------------------------
+
 // The collectives over the GPUs, in place on block[lo, hi) of type t, in
 // buckets of [parallel] bucket_kb: summed on every rank, summed on rank
 // `root` alone, or broadcast from it.
@@ -240,6 +330,7 @@ static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt
     for (; lo < hi; lo += per) {
         size_t len = hi - lo < per ? hi - lo : per;
         char *p = (char *)block + lo * es;
+        d->late += how != FROM;
         dt_status st = how == SUM_ALL ? dt_allreduce(p, p, len, t, DT_SUM, d->gpus)
                        : how == SUM_TO ? dt_reduce(p, p, len, t, DT_SUM, root, d->gpus)
                                        : dt_broadcast(p, p, len, t, root, d->gpus);
@@ -284,6 +375,7 @@ static dt_status buckets16(devs *d, size_t lo, size_t hi, int root) {
         dt_codec_piece *p = d->codec ? dt_codec_piece_at(d->codec, lo, lo + len) : NULL;
         if (d->codec && !p) return DT_ERR_NOMEM;
         if (p) dt_codec_piece_begin(d->codec, p, 0);  // (the steps the checkpoint's codec state counts)
+        d->late++;
         dt_status st = d->res ? dv->ef16(d->w16, g + lo, d->res + lo, len, d->wire)
                               : dv->to16(d->w16, g + lo, len, d->wire);
         if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", t, dt_last_error());
@@ -315,11 +407,13 @@ static dt_status exchange16(devs *d) {
 static dt_status dev_sync(dt_strategy *s) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
+    if (d->g.nb) finish(d);
     if (d->err != DT_OK) {
         dt_status e = d->err;
         d->err = DT_OK;
         return dt_error(e, "%s", d->errmsg);
     }
+    if (d->g.nb) return DT_OK;
     double t0 = dt_now();
     dt_status st = DT_OK;
     if (s->c->deterministic) {  // (the rank's slice: the whole block but under zero)
@@ -433,6 +527,8 @@ static void dev_abandon(dt_strategy *s) {
     d->have_norm = 0;
     d->err = DT_OK;
     if (d->gpus) dt_comm_abort(d->gpus, "a worker died: the step is redone");
+    for (int i = 0; i < d->g.np; i++)  // (the buckets begun in backward: over at once, the communicator aborted)
+        if (d->g.p[i].req) dt_wait(&d->g.p[i].req);
     dt_comm_destroy(d->gpus);
     d->gpus = NULL;
     dt_status st = d->acc ? s->device->d->memset0(d->acc, sizeof(int64_t) * s->n) : DT_OK;
@@ -491,6 +587,8 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
     devs *d = (devs *)s;
     cJSON_AddStringToObject(g, "collectives", d->gpus ? dt_comm_backend(d->gpus) : "none");
+    cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
+    cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
 }
 
 const dt_strategy_ops dt_strategy_device = {
@@ -503,6 +601,7 @@ const dt_strategy_ops dt_strategy_device = {
     .fini = dev_fini,
     .plan = dev_plan,
     .micro_end = dev_micro_end,
+    .grad_hook = dev_grad_hook,
     .sync = dev_sync,
     .grad_norm = dev_norm,
     .grads_nonfinite = dev_nonfinite,

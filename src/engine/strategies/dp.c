@@ -33,22 +33,9 @@
 #include <string.h>
 
 typedef struct {
-    size_t lo, hi;      // a contiguous part of the gradient block
-    dt_request_t req;
-} piece;
-
-typedef struct {
-    size_t pos;         // where the bucket starts in the gradient order
-    int first, n;       // its pieces
-} bucket;
-
-typedef struct {
     dt_strategy base;
     dt_codec *codec;
-    int nb;
-    bucket *b;          // b[0] is the END of the order (done first)
-    piece *p;           // one per bucket when the order is the block itself
-    int np;
+    dt_grad_buckets g;  // the order's buckets, g.b[0] its END (done first)
     int next;           // next bucket to start
     int armed;          // buckets are started during this step's last backward
     dt_status err;
@@ -57,30 +44,6 @@ typedef struct {
     dt_tp_tables *tables;  // [recsys] shard = workers: this rank's shard of the tables (NULL: none)
 } dp;
 
-// Cuts the order into buckets [pos, pos + bucket_floats) from its end, and
-// each bucket into the parts of the ranges it covers (merged where they
-// touch in the block).
-static void cut(dp *d, size_t n, size_t bucket_floats, const dt_grad_range *order, int norder) {
-    int r = norder - 1;                 // the range holding position `at - 1`
-    size_t start = n - order[r].len;    // its position in the order
-    for (int i = 0; i < d->nb; i++) {
-        size_t hi = n - (size_t)i * bucket_floats, lo = hi > bucket_floats ? hi - bucket_floats : 0;
-        bucket *b = &d->b[i];
-        b->pos = lo;
-        b->first = d->np;
-        for (size_t at = hi; at > lo;) {
-            while (start >= at) start -= order[--r].len;
-            size_t from = lo > start ? lo : start;
-            size_t plo = order[r].offset + (from - start), phi = order[r].offset + (at - start);
-            if (d->np > b->first && d->p[d->np - 1].lo == phi) d->p[d->np - 1].lo = plo;
-            else d->p[d->np++] = (piece){plo, phi, NULL};
-            at = from;
-        }
-        b->n = d->np - b->first;
-    }
-}
-
-
 static dt_status dp_init(dt_strategy *s) {
     dp *d = (dp *)s;
     if (dt_tables_on_workers(s->c)) {  // (one rank: all the rows)
@@ -88,35 +51,17 @@ static dt_status dp_init(dt_strategy *s) {
         if (st != DT_OK) return st;
     }
     if (s->world == 1) return DT_OK;  // one rank: nothing to sum
-    size_t n = s->n, bucket_floats = (size_t)s->c->bucket_kb * 1024 / sizeof(float);
-    dt_grad_range whole = {0, n};
-    const dt_grad_range *order = s->order;
-    int norder = s->norder;
-    if (!order || norder < 1) {
-        order = &whole;
-        norder = 1;
-    }
-    size_t covered = 0;
-    for (int i = 0; i < norder; i++) covered += order[i].len;
-    if (covered != n)
-        return dt_error(DT_ERR_ARG, "data parallel: the gradient order covers %zu of the %zu gradients", covered, n);
-    if (bucket_floats == 0) bucket_floats = 1;
-    d->nb = n ? (int)((n + bucket_floats - 1) / bucket_floats) : 0;
-    d->b = calloc(d->nb ? d->nb : 1, sizeof *d->b);
-    d->p = calloc((size_t)d->nb + (size_t)norder, sizeof *d->p);  // a range boundary adds a piece
-    if (!d->b || !d->p) return dt_error(DT_ERR_NOMEM, "data parallel: out of memory");
-    cut(d, n, bucket_floats, order, norder);
-    return dt_codec_create(&d->codec, s->c, s->comm, n, s->matrices, s->nmatrices);
+    dt_status st = dt_grad_buckets_cut(&d->g, s, (size_t)s->c->bucket_kb * 1024 / sizeof(float), "data parallel");
+    return st == DT_OK ? dt_codec_create(&d->codec, s->c, s->comm, s->n, s->matrices, s->nmatrices) : st;
 }
 
 static void dp_fini(dt_strategy *s) {
     dp *d = (dp *)s;
-    for (int i = 0; i < d->np; i++)
-        if (d->p[i].req) dt_wait(&d->p[i].req);
+    for (int i = 0; i < d->g.np; i++)
+        if (d->g.p[i].req) dt_wait(&d->g.p[i].req);
     dt_codec_free(d->codec);
     dt_tp_tables_free(d->tables);
-    free(d->b);
-    free(d->p);
+    dt_grad_buckets_free(&d->g);
 }
 
 static int dp_plan(dt_strategy *s, int first, int share, int global) {
@@ -127,9 +72,9 @@ static int dp_plan(dt_strategy *s, int first, int share, int global) {
     return dt_strategy_plan_accum(s, first, share, global);
 }
 
-static void start(dp *d, const bucket *b) {
+static void start(dp *d, const dt_grad_bucket *b) {
     if (!d->t_first) d->t_first = dt_now();
-    for (piece *p = d->p + b->first; p < d->p + b->first + b->n && d->err == DT_OK; p++) {
+    for (dt_grad_piece *p = d->g.p + b->first; p < d->g.p + b->first + b->n && d->err == DT_OK; p++) {
         dt_status st = d->codec->ops->start(d->codec, d->base.grads, p->lo, p->hi, &p->req);
         if (st != DT_OK) {
             d->err = st;
@@ -142,7 +87,7 @@ static void start(dp *d, const bucket *b) {
 // The model's grad hook: gradients at positions >= pos of the order are final.
 static void ready(size_t pos, void *user) {
     dp *d = user;
-    while (d->next < d->nb && d->b[d->next].pos >= pos) start(d, &d->b[d->next++]);
+    while (d->next < d->g.nb && d->g.b[d->next].pos >= pos) start(d, &d->g.b[d->next++]);
 }
 
 static dt_grad_ready_fn dp_grad_hook(dt_strategy *s, int k, void **user) {
@@ -154,11 +99,12 @@ static dt_status dp_sync(dt_strategy *s) {
     dp *d = (dp *)s;
     if (s->world == 1) return DT_OK;
     d->t_backward_end = dt_now();
-    while (d->next < d->nb) start(d, &d->b[d->next++]);
-    for (int i = 0; i < d->np; i++) {
-        if (!d->p[i].req) continue;
-        dt_status st = d->codec->ops->finish(d->codec, s->grads, d->p[i].lo, d->p[i].hi, &d->p[i].req);
-        d->p[i].req = NULL;
+    while (d->next < d->g.nb) start(d, &d->g.b[d->next++]);
+    for (int i = 0; i < d->g.np; i++) {
+        dt_grad_piece *p = &d->g.p[i];
+        if (!p->req) continue;
+        dt_status st = d->codec->ops->finish(d->codec, s->grads, p->lo, p->hi, &p->req);
+        p->req = NULL;
         if (st != DT_OK && d->err == DT_OK) {
             d->err = st;
             snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());

@@ -304,3 +304,53 @@ done:
     free(part);
     return st;
 }
+
+// Bucket i is [pos, pos + bucket_floats) of the order, from its end; each
+// is cut into the parts of the ranges it covers (merged where they touch in
+// the block).
+static void cut(dt_grad_buckets *g, size_t n, size_t bucket_floats, const dt_grad_range *order, int norder) {
+    int r = norder - 1;                 // the range holding position `at - 1`
+    size_t start = n - order[r].len;    // its position in the order
+    for (int i = 0; i < g->nb; i++) {
+        size_t hi = n - (size_t)i * bucket_floats, lo = hi > bucket_floats ? hi - bucket_floats : 0;
+        dt_grad_bucket *b = &g->b[i];
+        b->pos = lo;
+        b->first = g->np;
+        for (size_t at = hi; at > lo;) {
+            while (start >= at) start -= order[--r].len;
+            size_t from = lo > start ? lo : start;
+            size_t plo = order[r].offset + (from - start), phi = order[r].offset + (at - start);
+            if (g->np > b->first && g->p[g->np - 1].lo == phi) g->p[g->np - 1].lo = plo;
+            else g->p[g->np++] = (dt_grad_piece){plo, phi, NULL};
+            at = from;
+        }
+        b->n = g->np - b->first;
+    }
+}
+
+dt_status dt_grad_buckets_cut(dt_grad_buckets *g, const dt_strategy *s, size_t bucket_floats, const char *who) {
+    size_t n = s->n;
+    dt_grad_range whole = {0, n};
+    const dt_grad_range *order = s->order;
+    int norder = s->norder;
+    if (!order || norder < 1) {
+        order = &whole;
+        norder = 1;
+    }
+    size_t covered = 0;
+    for (int i = 0; i < norder; i++) covered += order[i].len;
+    if (covered != n) return dt_error(DT_ERR_ARG, "%s: the gradient order covers %zu of the %zu gradients", who, covered, n);
+    if (bucket_floats == 0) bucket_floats = 1;
+    *g = (dt_grad_buckets){.nb = n ? (int)((n + bucket_floats - 1) / bucket_floats) : 0};
+    g->b = calloc(g->nb ? g->nb : 1, sizeof *g->b);
+    g->p = calloc((size_t)g->nb + (size_t)norder, sizeof *g->p);  // a range boundary adds a piece
+    if (!g->b || !g->p) return dt_error(DT_ERR_NOMEM, "%s: out of memory", who);
+    cut(g, n, bucket_floats, order, norder);
+    return DT_OK;
+}
+
+void dt_grad_buckets_free(dt_grad_buckets *g) {
+    free(g->b);
+    free(g->p);
+    *g = (dt_grad_buckets){0};
+}

@@ -377,6 +377,29 @@ uint16_t *dt_strategy_wire(dt_strategy *s);
  * = bf16 sent as bf16 and summed in fp32 by the comm layer. `who` names
  * the strategy in an error. */
 dt_status dt_strategy_sum_grads(dt_strategy *s, dt_comm_t comm, const char *who);
+/* The gradient order (s->order; NULL: the block itself) cut into buckets
+ * of bucket_floats, from its end towards its start (dp.c, device.c): b[0]
+ * holds the END of the order (final first) and starts at position b[0].pos
+ * of it; bucket i is the pieces p[b[i].first .. b[i].first + b[i].n) of the
+ * block, merged where they touch. During the last micro-batch's backward a
+ * bucket can be sent once the grad hook's pos is <= its pos. */
+typedef struct {
+    size_t lo, hi;      /* a contiguous part of the gradient block */
+    dt_request_t req;   /* its collective in flight (NULL: none) */
+} dt_grad_piece;
+typedef struct {
+    size_t pos;         /* where the bucket starts in the gradient order */
+    int first, n;       /* its pieces */
+} dt_grad_bucket;
+typedef struct {
+    int nb, np;
+    dt_grad_bucket *b;
+    dt_grad_piece *p;
+} dt_grad_buckets;
+/* Cuts s's order of s->n gradients (DT_ERR_ARG, naming `who`, where it does
+ * not cover them). */
+dt_status dt_grad_buckets_cut(dt_grad_buckets *g, const dt_strategy *s, size_t bucket_floats, const char *who);
+void dt_grad_buckets_free(dt_grad_buckets *g);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 /* The norm of a gradient block of which each rank holds only its slice

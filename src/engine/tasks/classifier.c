@@ -494,7 +494,7 @@ static dt_status cls_segments(dt_task *t, int n, const int *len, const float *sc
 
 static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     if (t->dm) {
-        if (t->dev_err == DT_OK) t->dev_err = dt_dev_mlp_backward(t->dm);
+        if (t->dev_err == DT_OK) t->dev_err = dt_dev_mlp_backward(t->dm, hook, user);
         return;
     }
     dt_model_set_grad_hook(t->m, hook, user);

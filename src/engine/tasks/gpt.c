@@ -368,7 +368,7 @@ static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float l
 
 static void gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     if (t->dg) {
-        if (t->dev_err == DT_OK) t->dev_err = dt_dev_gpt_backward(t->dg);
+        if (t->dev_err == DT_OK) t->dev_err = dt_dev_gpt_backward(t->dg, hook, user);
         return;
     }
     dt_gpt_set_grad_hook(t->m, hook, user);
