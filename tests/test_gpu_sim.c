@@ -428,6 +428,12 @@ static void test_mlp(void) {
     char text[4096];
     snprintf(text, sizeof text, "%s%s", cfg_mlp_full, opt_adamw);
     compare_runs("mlp", text, "the MLP (AdamW, clipping)", "", 0, 0);
+    // the host's memory formula counts no activations: they are the GPU's
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/summary.json", tmp("mlp-dev"));
+    snprintf(b, sizeof b, "%s/summary.json", tmp("mlp"));
+    CHECK(tl_count(a, "\"activations_bytes\":\t0,") == 1 && tl_count(b, "\"activations_bytes\":\t0,") == 0,
+          "summary.json's memory.activations_bytes: 0 on the device's run (the host keeps none), not 0 on the CPU's");
     snprintf(text, sizeof text, "%s%s", cfg_mlp_full, opt_sgd);
     compare_runs("mlp-sgd", text, "the MLP (SGD, Nesterov)", "", 0, 0);
 }

@@ -209,6 +209,13 @@ static void staging(const dt_config *c, need_t *n) {
     if (n->pieces) n->ckpt = n->ckpt_pieces;
 }
 
+// Training on a GPU: the activations are the device's (their bytes checked
+// against the GPU's before the start, dt_train_check_device); the host
+// keeps the batch alone.
+static int on_device(const dt_config *c, dt_mem_use use) {
+    return use == DT_MEM_TRAIN && dt_device_index(c->device) >= 0;
+}
+
 static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
     char img[1100];
     int64_t ntest, ntrain = 0;
@@ -240,6 +247,7 @@ static dt_status classifier_needs(const dt_config *c, dt_mem_use use, int W, nee
     int ntp = c->tensor > 1 && W >= c->tensor ? c->tensor : 1;
     size_t np, whole, wact;
     if ((st = dt_model_shard_memory(c->input, c->layers, c->nlayers, n->rows, ntp, &np, &n->act)) != DT_OK) return st;
+    if (on_device(c, use)) n->act = 0;
     if (ntp == 1) whole = np;
     else if ((st = dt_model_memory(c->input, c->layers, c->nlayers, 1, &whole, &wact)) != DT_OK) return st;
     n->np = np;
@@ -346,6 +354,7 @@ static void gpt_needs(const dt_config *c, dt_mem_use use, int W, need_t *n) {
         n->act = n->act - dt_gpt_acts_size(&gc, &ap) + dt_gpt_acts_size(&gc, &fw);
     }
     if (use == DT_MEM_TRAIN) n->act = sat_add(n->act, stage_sets(c, &gc, &ap));
+    if (on_device(c, use)) n->act = 0;
     if (use != DT_MEM_SAMPLE) n->act = sat_add(n->act, 2 * sizeof(int32_t) * (size_t)c->batch * T);  // the global batch
     if (use == DT_MEM_SAMPLE) {
         snprintf(n->field, sizeof n->field, "model.block_size");

@@ -13,7 +13,7 @@
 #      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt
 #      (test_gpu_sim gpu; the CPU's path never runs there)
 #   6. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
-#      autocast and TF32), dtrain itself (--device cuda, TF32) and llm.c
+#      autocast and TF32), dtrain itself (--device cuda, bf16 and TF32) and llm.c
 #      (BUILD/llmc/train_gpt2cu, built here by bench/llmc_gpu.sh, where it
 #      was carried) on GPT-2 124M, B=16, T=1024
 #   7. ranks: that GPT on 1, 2 and 4 ranks sharing the GPU (bench/gpu_ranks.py:
@@ -21,7 +21,9 @@
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
-#   [BUILD=build-gpu] tests/gpu/run.sh OUT_DIR
+#   [BUILD=build-gpu] [STAGES=ops,train,...] tests/gpu/run.sh OUT_DIR
+# STAGES (comma-separated names, default every stage) runs only those, so
+# that minutes on a GPU go where they are wanted first.
 # Exit status: 0 when every stage that ran passed; the summary is
 # OUT_DIR/summary.txt, one line a stage.
 set -uo pipefail
@@ -37,6 +39,7 @@ fails=0
 stage() {  # stage NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
+    case ",${STAGES:-$name}," in *",$name,"*) ;; *) return 0 ;; esac
     local t0=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
@@ -61,10 +64,11 @@ peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --s
 stage torch-bf16 300 $peer --autocast
 stage torch-bf16-compile 420 $peer --autocast --compile
 stage torch-tf32 300 $peer --tf32
-# dtrain itself on the same model and tokens (fp32 with TF32: bf16 on the GPU is not there yet)
+# dtrain itself on the same model and tokens: bf16 (llm.c's and PyTorch's autocast's setting), fp32 with TF32
 bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
 printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
     "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
+stage dtrain-bf16 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision bf16 --run-dir "$out/dtrain-bf16"
 stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "$out/dtrain-tf32"
 # 1, 2 and 4 ranks sharing the GPU (staged through host memory): the staging's share of the step
 stage ranks 420 python3 bench/gpu_ranks.py --dtrain "$build/dtrain" --config "$out/gpt2-124m-gpu.ini" \

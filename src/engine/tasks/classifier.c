@@ -428,7 +428,8 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     loader_place(c, comm, &r, &W);
     DT_TRY(load_split(c, "train", r, W, &t->train), done);
     DT_TRY(load_split(c, "test", 0, 0, &t->test), done);
-    DT_TRY(cls_model(t, c, comm, model_rows), done);
+    // (a run on a GPU: the activations are the device's, the host's model one row's)
+    DT_TRY(cls_model(t, c, comm, dt_device_index(c->device) >= 0 ? 1 : model_rows), done);
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
     int shard, shards;

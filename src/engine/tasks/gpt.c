@@ -294,6 +294,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     if (c->val_file[0]) DT_TRY(open_tokens(&t->val, c, 0, 0, 1), done);
     DT_TRY(tensor_groups(t, comm), done);
     dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
+    if (dt_device_index(c->device) >= 0) ap.B = ap.T = 0;  // (the activations are the device's: none on the host)
     DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);
     if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
     // A pipeline's stage keeps its layers alone: their parameters come when
