@@ -16,6 +16,8 @@
 #      autocast and TF32), dtrain itself (--device cuda, TF32) and llm.c
 #      (BUILD/llmc/train_gpt2cu, built here by bench/llmc_gpu.sh, where it
 #      was carried) on GPT-2 124M, B=16, T=1024
+#   7. forecast: dtrain simulate on dtrain's measured GPT-2 124M step
+#      (the run of stage 6): 124M and 1.3B on 8 GPUs x 1..64 hosts
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
@@ -64,6 +66,15 @@ bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
 printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
     "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
 stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "$out/dtrain-tf32"
+# the forecast of GPT-2 124M and 1.3B on 8 GPUs x 1..64 hosts from that measured step (docs/gpu.md)
+if [ -s "$out/dtrain-tf32/summary.json" ]; then
+    fc="$build/dtrain simulate $out/dtrain-tf32 --gpus-per-host 8 --hosts 1..64 --weak --strategy dp,zero"
+    stage forecast-124m 60 $fc
+    stage forecast-1.3b 60 $fc --model-params 1313722368
+    stage forecast-1.3b-bf16 60 $fc --model-params 1313722368 --grad-bytes 2
+else
+    echo "forecast: not run (no measured run in $out/dtrain-tf32)" | tee -a "$out/summary.txt"
+fi
 if [ -x "$build/llmc/train_gpt2cu" ]; then
     stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
 else
