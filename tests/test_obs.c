@@ -609,6 +609,17 @@ static void test_endpoint(void) {
 
 static int near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(1, fabs(b)); }
 
+// `dtrain simulate RUN_DIR FLAGS` for each bad[i] = {FLAGS, the error's text}: exit 2 and the text.
+static void simulate_refused(const char *dir, const char *const (*bad)[2], size_t n) {
+    char cmd[2048];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "simulate %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1],
+              g_out);
+    }
+}
+
 static void test_simulate(void) {
     // 1e6 params = 4 MB of gradients; 1 ms compute per sample, 60% backward
     dt_sim_profile p = {.compute_s = 1e-3, .backward_share = 0.6, .data_s = 0, .optimizer_s = 2e-3,
@@ -715,12 +726,7 @@ static void test_simulate(void) {
         {"--allreduce 1M", "--allreduce takes no RUN_DIR"}, {"--batch 0", "--batch"},
         {"--compute-scale 0", "--compute-scale"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
-        rc = tl_run(cmd, g_out, sizeof g_out);
-        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "simulate %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1],
-              g_out);
-    }
+    simulate_refused(dir, bad, sizeof bad / sizeof bad[0]);
     snprintf(cmd, sizeof cmd, "%s simulate %s/nope", tl_dtrain(), g_tmp);
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "/nope: no such run directory"), "simulate, missing run: exit %d\n%s", rc, g_out);
@@ -789,9 +795,10 @@ static void test_simulate_gpu_model(void) {
           o2.compute_s, o2.comm_s);
 }
 
-// A device run's profile: the whole step less the exchange (its phases
-// are launch times), from a made-up log and from the MLP on the simulated
-// GPU; `dtrain simulate` on GPU hosts and without a run; the refusals.
+// A device run's profile: its whole step (its phases are launch times),
+// from a made-up log and from the MLP on the simulated GPU, one of 2
+// ranks refused; `dtrain simulate` on GPU hosts and without a run; the
+// refusals.
 static void test_simulate_gpu_cli(void) {
     char dir[512], cmd[2048], path[600];
     snprintf(dir, sizeof dir, "%s/devlog", g_tmp);
@@ -810,8 +817,13 @@ static void test_simulate_gpu_cli(void) {
     fputs("{\"params\":1000000,\"batch\":16,\"workers\":2,\"gpu\":{\"device\":\"cuda\"}}\n", f);
     fclose(f);
     dt_sim_profile p;
+    CHECK(dt_sim_profile_load(dir, &p) == DT_ERR_FORMAT && strstr(dt_last_error(), "/devlog: a run on the GPU of 2 "
+          "ranks: its exchange waits for the device's backward"), "device profile of 2 ranks: %s", dt_last_error());
+    f = fopen(path, "w");
+    fputs("{\"params\":1000000,\"batch\":8,\"workers\":1,\"gpu\":{\"device\":\"cuda\"}}\n", f);
+    fclose(f);
     CHECK(dt_sim_profile_load(dir, &p) == DT_OK, "device profile: %s", dt_last_error());
-    CHECK(p.device == 1 && near(p.compute_s, (0.11 - 0.01) / 8) && near(p.backward_share, 2.0 / 3) &&
+    CHECK(p.device == 1 && near(p.compute_s, 0.11 / 8) && near(p.backward_share, 2.0 / 3) &&
               p.data_s == 0 && p.optimizer_s == 0 && p.params == 1e6 && p.layers == 0,
           "device profile: device %d, compute %g s a sample, backward %g, data %g, optimizer %g", p.device,
           p.compute_s, p.backward_share, p.data_s, p.optimizer_s);
@@ -831,8 +843,8 @@ static void test_simulate_gpu_cli(void) {
     double b = 0, comp = 0, comm = 0;
     int got = row ? sscanf(row, " 2 16 %lf %lf %lf", &b, &comp, &comm) : 0;
     CHECK(rc == 0 && got == 3 && b == 1 &&
-              fabs(comp - 12.5) <= 1e-3 && fabs(comm - (14 * 0.25e6 / 4e9 + 0.25e6 / 1e9) * 1e3) <= 1e-3 &&
-              strstr(g_out, "a GPU run: its step less the exchange") && strstr(g_out, "8 GPUs a host"),
+              fabs(comp - 13.75) <= 1e-3 && fabs(comm - (14 * 0.25e6 / 4e9 + 0.25e6 / 1e9) * 1e3) <= 1e-3 &&
+              strstr(g_out, "a GPU run: its whole step") && strstr(g_out, "8 GPUs a host"),
           "simulate a device run on GPU hosts: exit %d, batch %g, compute %g ms, comm %g ms\n%s", rc, b, comp, comm,
           g_out);
     // No run: 1e6 params, 1 ms a sample, as a model of 1e7 (x 10), 64 samples on 8 GPUs x 1 host:
@@ -857,12 +869,7 @@ static void test_simulate_gpu_cli(void) {
         {"--bucket-kb 1", "--bucket-kb"},
         {"--params 1e6", "not with RUN_DIR"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
-        rc = tl_run(cmd, g_out, sizeof g_out);
-        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "simulate %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1],
-              g_out);
-    }
+    simulate_refused(dir, bad, sizeof bad / sizeof bad[0]);
     snprintf(cmd, sizeof cmd, "%s simulate --params 1e6 --compute-ms-per-sample 1", tl_dtrain());
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 2 && strstr(g_out, "needs --params, --compute-ms-per-sample and --batch (missing --batch)"),

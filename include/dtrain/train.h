@@ -293,7 +293,7 @@ typedef struct {
     double params;         /* parameter count */
     int batch, workers;    /* the profiled run's global batch and ranks */
     double bucket_bytes;   /* its gradient bucket ([parallel] bucket_kb) */
-    int device;            /* 1: a device run's (compute_s is its step less the exchange) */
+    int device;            /* 1: a device run's (compute_s is its whole step) */
     int layers;            /* the layers timed one by one (0: none; the planner then splits
                               compute_s by FLOPs) */
     double layer_forward_s[DT_SIM_MAX_LAYERS], layer_backward_s[DT_SIM_MAX_LAYERS];
@@ -307,9 +307,11 @@ typedef struct {
  * layers ([train] time_layers), their times over the samples they ran
  * (layer_times; none where there are more than DT_SIM_MAX_LAYERS),
  * config.ini's bucket_kb. A device run's (summary.json's "gpu") phases
- * are the host's launch times, so its compute_s is the whole step less
- * the exposed exchange (optimizer and data in it: optimizer_s and data_s
- * 0) and its backward_share 2/3, backward's FLOPs. */
+ * are the host's launch times, so its compute_s is its whole step
+ * (step_seconds; optimizer and data in it: optimizer_s and data_s 0) and
+ * its backward_share 2/3, backward's FLOPs; one of several ranks is
+ * refused (DT_ERR_FORMAT: its exchange, which waits for backward's
+ * kernels, cannot be told from its compute). */
 DT_API dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out);
 
 /* The profile of a model of `params` parameters from p's of another:

@@ -85,13 +85,18 @@ dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
     };
     if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "gpu"))) {
         // the device's kernels run behind the host's launches: its phases
-        // are launch times, its step (which waits for them) is not
-        out->compute_s = fmax(med[6] - med[3], 0) / per_rank;
+        // are launch times (the first wait holds what came before it), its
+        // step (which waits for them) is not
+        out->compute_s = med[6] / per_rank;
         out->backward_share = 2.0 / 3, out->data_s = 0, out->optimizer_s = 0, out->device = 1;
     } else {
         layer_times(j, out);
     }
     cJSON_Delete(j);
+    if (out->device && out->workers > 1)
+        return dt_error(DT_ERR_FORMAT, "%s: a run on the GPU of %d ranks: its exchange waits for the device's "
+                        "backward, so the host's clocks cannot tell them apart; profile a run of one rank",
+                        run_dir, out->workers);
     return DT_OK;
 }
 

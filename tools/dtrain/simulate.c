@@ -23,9 +23,9 @@ static const char help[] =
     "Predicts the step time and scaling efficiency of data-parallel training on\n"
     "many hosts. The compute profile comes from RUN_DIR, a finished 'dtrain train'\n"
     "run of the model (rank 0's median forward, backward, data and optimizer\n"
-    "times per step, summary.json's parameter count and batch; from a run on a\n"
-    "GPU, whose phases are the host's launch times, its whole step less the\n"
-    "exchange, 2/3 of it backward), or from --params, --compute-ms-per-sample\n"
+    "times per step, summary.json's parameter count and batch; from a run on\n"
+    "one GPU, whose phases are the host's launch times, its whole step, 2/3 of\n"
+    "it backward), or from --params, --compute-ms-per-sample\n"
     "and --optimizer-ms; the gradient exchange from an alpha-beta model of the\n"
     "collectives, hidden behind backward except the last bucket:\n"
     "  CPU hosts (the default): shared memory inside a host (reduce to a leader,\n"
@@ -163,7 +163,7 @@ static int check_args(sim_args *a) {
     if (!gpu && a->nvlink) return cli_error("--nvlink needs --gpus-per-host (GPU hosts)"), EXIT_USAGE;
     if (!isnan(a->grad_bytes) && a->grad_bytes == 3)
         return cli_error("--grad-bytes: expected 4 (fp32) or 2 (bf16, fp16), got 3"), EXIT_USAGE;
-    if (a->sizes && (a->dir || model)) return cli_error("--allreduce takes no RUN_DIR nor a model"), EXIT_USAGE;
+    if (a->sizes && (a->dir || model)) return cli_error("--allreduce takes no RUN_DIR and no model"), EXIT_USAGE;
     if (a->dir && model)
         return cli_error("--params, --compute-ms-per-sample and --optimizer-ms describe a model instead of a run: "
                          "not with RUN_DIR"), EXIT_USAGE;
@@ -243,7 +243,7 @@ static int load_profile(const sim_args *a, dt_sim_profile *p) {
            "optimizer %.2f ms per step%s%s\n",
            a->dir ? a->dir : "(--params, no run)", p->params, p->batch, p->workers, 1e3 * p->compute_s,
            1e3 * p->data_s, 1e3 * p->optimizer_s, a->scale != 1 ? " (scaled by --compute-scale)" : "",
-           p->device ? " (a GPU run: its step less the exchange, optimizer and data in it, 2/3 backward)" : "");
+           p->device ? " (a GPU run: its whole step, optimizer and data in it, 2/3 backward)" : "");
     if (!isnan(a->model_params)) {
         double was = p->params;
         dt_sim_profile_scale(p, a->model_params);
