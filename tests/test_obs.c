@@ -796,10 +796,9 @@ static void test_simulate_gpu_model(void) {
 }
 
 // A device run's profile: its whole step (its phases are launch times),
-// from a made-up log and from the MLP on the simulated GPU, one of 2
-// ranks refused; `dtrain simulate` on GPU hosts and without a run; the
-// refusals.
-static void test_simulate_gpu_cli(void) {
+// from a made-up log (left in g_tmp/devlog) and from the MLP on the
+// simulated GPU; one of 2 ranks refused.
+static void test_simulate_device_profile(void) {
     char dir[512], cmd[2048], path[600];
     snprintf(dir, sizeof dir, "%s/devlog", g_tmp);
     snprintf(path, sizeof path, "mkdir -p %s/metrics", dir);
@@ -834,11 +833,18 @@ static void test_simulate_gpu_cli(void) {
     snprintf(path, sizeof path, "%s/devrun", g_tmp);
     CHECK(rc == 0 && dt_sim_profile_load(path, &p) == DT_OK && p.device == 1 && p.compute_s > 0,
           "the simulated GPU's run: exit %d, device %d, compute %g\n%s", rc, p.device, p.compute_s, g_out);
-    // 8 GPUs x 2 hosts on that log, 2-byte gradients, links with no latency:
+}
+
+// `dtrain simulate` on GPU hosts (the made-up device log; no run; one
+// allreduce) and its refusals.
+static void test_simulate_gpu_cli(void) {
+    char dir[512], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/devlog", g_tmp);
+    // 8 GPUs x 2 hosts, a sample each (0.11 s / 8 = 13.75 ms), 2-byte gradients, links with no latency:
     // one bucket of 2 MB, 14 x 250 KB / 4 GB/s + 2 x 1/2 x 250 KB / 1 GB/s = 1.125 ms
     snprintf(cmd, sizeof cmd, "%s simulate %s --gpus-per-host 8 --hosts 2 --nvlink 32gbit,0us --link 8gbit,0us "
              "--grad-bytes 2 --batch 16", tl_dtrain(), dir);
-    rc = tl_run(cmd, g_out, sizeof g_out);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
     const char *row = strstr(g_out, "\n     2     16 ");
     double b = 0, comp = 0, comm = 0;
     int got = row ? sscanf(row, " 2 16 %lf %lf %lf", &b, &comp, &comm) : 0;
@@ -895,6 +901,7 @@ int main(void) {
     test_report();
     test_simulate();
     test_simulate_gpu_model();
+    test_simulate_device_profile();
     test_simulate_gpu_cli();
     test_cpu();
     test_bad_flags();
