@@ -21,7 +21,10 @@
  *      (ring, halving-doubling and tree between hosts, shm inside, overlap
  *      with backward, ZeRO, weak and strong scaling), its profile from the
  *      2-worker run, `dtrain simulate` on it (table, HTML chart) and on bad
- *      flags. */
+ *      flags; GPU hosts (NVLink inside, a NIC a GPU) against the formulas,
+ *      16-bit gradients, a bigger model's profile, a device run's profile
+ *      (made up, and the MLP's on the simulated GPU), a model without a
+ *      run, their refusals. */
 #include "dtrain/comm.h"
 #include "dtrain/train.h"
 #include "obs/prom.h"
@@ -606,6 +609,17 @@ static void test_endpoint(void) {
 
 static int near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(1, fabs(b)); }
 
+// `dtrain simulate RUN_DIR FLAGS` for each bad[i] = {FLAGS, the error's text}: exit 2 and the text.
+static void simulate_refused(const char *dir, const char *const (*bad)[2], size_t n) {
+    char cmd[2048];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
+        int rc = tl_run(cmd, g_out, sizeof g_out);
+        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "simulate %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1],
+              g_out);
+    }
+}
+
 static void test_simulate(void) {
     // 1e6 params = 4 MB of gradients; 1 ms compute per sample, 60% backward
     dt_sim_profile p = {.compute_s = 1e-3, .backward_share = 0.6, .data_s = 0, .optimizer_s = 2e-3,
@@ -712,12 +726,7 @@ static void test_simulate(void) {
         {"--allreduce 1M", "--allreduce takes no RUN_DIR"}, {"--batch 0", "--batch"},
         {"--compute-scale 0", "--compute-scale"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s simulate %s %s", tl_dtrain(), dir, bad[i][0]);
-        rc = tl_run(cmd, g_out, sizeof g_out);
-        CHECK(rc == 2 && strstr(g_out, bad[i][1]), "simulate %s: exit %d, want '%s'\n%s", bad[i][0], rc, bad[i][1],
-              g_out);
-    }
+    simulate_refused(dir, bad, sizeof bad / sizeof bad[0]);
     snprintf(cmd, sizeof cmd, "%s simulate %s/nope", tl_dtrain(), g_tmp);
     rc = tl_run(cmd, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "/nope: no such run directory"), "simulate, missing run: exit %d\n%s", rc, g_out);
@@ -738,6 +747,148 @@ static void test_simulate(void) {
           g_out);
 }
 
+// GPU hosts: NCCL's hierarchy (a ring reduce-scatter and allgather over
+// NVLink, each GPU's 1/G between hosts on its own NIC), 16-bit gradients,
+// a bigger model's profile; each against the formula written out here.
+static void test_simulate_gpu_model(void) {
+    const double nv = 450e9, anv = 1e-6, nic = 50e9, a = 5e-6;
+    dt_sim_params s = {.hosts = 4, .gpus_per_host = 8, .nvlink_bytes_per_s = nv, .nvlink_latency_s = anv,
+                       .link_bytes_per_s = nic, .link_latency_s = a, .ranks_per_host = 3, .host_bytes_per_s = 1};
+    const char *algo = NULL;
+    // 8 GPUs x 4 hosts, 1 GB: 14 NVLink steps of 1/8 GB; 125 MB a NIC, rhd's 4 alphas beat ring's 6
+    double t = dt_sim_allreduce(1e9, &s, &algo), want = 14 * (anv + 1.25e8 / nv) + 4 * a + 1.5 * 1.25e8 / nic;
+    CHECK(near(t, want) && !strcmp(algo, "rhd"), "GPU allreduce, 8 x 4, 1 GB: %g s (%s), want %g", t, algo, want);
+    // 4 GPUs x 3 hosts, 64 MB: ring and rhd tie (4 alphas each), ring kept
+    s.gpus_per_host = 4, s.hosts = 3;
+    t = dt_sim_allreduce(64e6, &s, &algo), want = 6 * (anv + 16e6 / nv) + 4 * a + 2.0 * 2 / 3 * 16e6 / nic;
+    CHECK(near(t, want) && !strcmp(algo, "ring"), "GPU allreduce, 4 x 3, 64 MB: %g s (%s), want %g", t, algo, want);
+    // one host: NVLink alone (ranks_per_host and host_bytes_per_s unused)
+    s.gpus_per_host = 8, s.hosts = 1;
+    t = dt_sim_allreduce(1e9, &s, &algo), want = 14 * (anv + 1.25e8 / nv);
+    CHECK(near(t, want) && !strcmp(algo, "none"), "GPU allreduce, one host: %g s (%s), want %g", t, algo, want);
+    // one GPU a host: the whole gradient on the NIC, no NVLink
+    s.gpus_per_host = 1, s.hosts = 2;
+    t = dt_sim_allreduce(1e9, &s, &algo), want = 2 * a + 1e9 / nic;
+    CHECK(near(t, want), "GPU allreduce, 1 GPU x 2 hosts: %g s, want %g", t, want);
+
+    // a step: 1e6 params, 1 ms a sample (2/3 backward), 64 samples, buckets of 1 MB, no latency
+    dt_sim_profile p = {.compute_s = 1e-3, .backward_share = 2.0 / 3, .optimizer_s = 2e-3, .params = 1e6,
+                        .batch = 64, .workers = 1, .bucket_bytes = 1e6};
+    s = (dt_sim_params){.hosts = 2, .gpus_per_host = 8, .nvlink_bytes_per_s = 1e9, .link_bytes_per_s = 1e8};
+    dt_sim_point o4, o2;
+    dt_sim_predict(&p, &s, &o4);
+    // 4 MB in 4 buckets: 4 x (2 x 7/8 x 1 MB / 1 GB/s + 2 x 1/2 x 125 KB / 100 MB/s) = 4 x 3 ms; 4 samples
+    CHECK(o4.ranks == 16 && near(o4.local_batch, 4) && near(o4.comm_s, 12e-3) &&
+              near(o4.exposed_s, 12e-3 - 4e-3 * 2 / 3) && near(o4.step_s, 4e-3 + o4.exposed_s + 2e-3),
+          "GPU step, fp32: %d ranks, comm %g, exposed %g, step %g", o4.ranks, o4.comm_s, o4.exposed_s, o4.step_s);
+    s.grad_bytes = 2;  // half the bytes, half the buckets
+    dt_sim_predict(&p, &s, &o2);
+    CHECK(near(o2.comm_s, 6e-3) && near(o2.comm_s, o4.comm_s / 2), "GPU step, 2-byte gradients: comm %g (fp32 %g)",
+          o2.comm_s, o4.comm_s);
+    // 1e7 params: compute and optimizer x 10, 10 x the bytes (20 MB in 2 bytes: 20 buckets of 1 MB)
+    dt_sim_profile q = p;
+    dt_sim_profile_scale(&q, 1e7);
+    dt_sim_predict(&q, &s, &o2);
+    CHECK(near(q.compute_s, 1e-2) && near(q.optimizer_s, 2e-2) && q.params == 1e7 && near(q.backward_share, 2.0 / 3) &&
+              near(o2.compute_s, 4e-2) && near(o2.comm_s, 20 * (14 * 1e6 / 8 / 1e9 + 2 * 0.5 * 1e6 / 8 / 1e8)),
+          "--model-params 1e7: compute %g, optimizer %g, step compute %g, comm %g", q.compute_s, q.optimizer_s,
+          o2.compute_s, o2.comm_s);
+}
+
+// A device run's profile: its whole step (its phases are launch times),
+// from a made-up log (left in g_tmp/devlog) and from the MLP on the
+// simulated GPU; one of 2 ranks refused.
+static void test_simulate_device_profile(void) {
+    char dir[512], cmd[2048], path[600];
+    snprintf(dir, sizeof dir, "%s/devlog", g_tmp);
+    snprintf(path, sizeof path, "mkdir -p %s/metrics", dir);
+    CHECK(system(path) == 0, "mkdir %s", dir);
+    snprintf(path, sizeof path, "%s/metrics/rank-00000.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    const double step_s[] = {0.5, 0.5, 0.10, 0.12, 0.11};  // after the 2 warm-up steps: median 0.11
+    for (int i = 0; i < 5; i++)
+        fprintf(f, "{\"type\":\"step\",\"step\":%d,\"time\":%d,\"loss\":1,\"step_seconds\":%g,\"data_seconds\":0.001,"
+                   "\"forward_seconds\":0.002,\"backward_seconds\":0.003,\"comm_exposed_seconds\":0.01,"
+                   "\"optimizer_seconds\":0.004}\n", i + 1, i + 1, step_s[i]);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    f = fopen(path, "w");
+    fputs("{\"params\":1000000,\"batch\":16,\"workers\":2,\"gpu\":{\"device\":\"cuda\"}}\n", f);
+    fclose(f);
+    dt_sim_profile p;
+    CHECK(dt_sim_profile_load(dir, &p) == DT_ERR_FORMAT && strstr(dt_last_error(), "/devlog: a run on the GPU of 2 "
+          "ranks: its exchange waits for the device's backward"), "device profile of 2 ranks: %s", dt_last_error());
+    f = fopen(path, "w");
+    fputs("{\"params\":1000000,\"batch\":8,\"workers\":1,\"gpu\":{\"device\":\"cuda\"}}\n", f);
+    fclose(f);
+    CHECK(dt_sim_profile_load(dir, &p) == DT_OK, "device profile: %s", dt_last_error());
+    CHECK(p.device == 1 && near(p.compute_s, 0.11 / 8) && near(p.backward_share, 2.0 / 3) &&
+              p.data_s == 0 && p.optimizer_s == 0 && p.params == 1e6 && p.layers == 0,
+          "device profile: device %d, compute %g s a sample, backward %g, data %g, optimizer %g", p.device,
+          p.compute_s, p.backward_share, p.data_s, p.optimizer_s);
+    // The MLP on the simulated GPU: summary.json's "gpu" read as a device run.
+    snprintf(cmd, sizeof cmd, "DTRAIN_GPU=sim %s train %s/mlp.ini --device cuda --run-dir %s/devrun "
+             "--set train.max_steps=6 --set train.straggler_steps=0 2>&1", tl_dtrain(), g_tmp, g_tmp);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    snprintf(path, sizeof path, "%s/devrun", g_tmp);
+    CHECK(rc == 0 && dt_sim_profile_load(path, &p) == DT_OK && p.device == 1 && p.compute_s > 0,
+          "the simulated GPU's run: exit %d, device %d, compute %g\n%s", rc, p.device, p.compute_s, g_out);
+}
+
+// `dtrain simulate` on GPU hosts (the made-up device log; no run; one
+// allreduce) and its refusals.
+static void test_simulate_gpu_cli(void) {
+    char dir[512], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/devlog", g_tmp);
+    // 8 GPUs x 2 hosts, a sample each (0.11 s / 8 = 13.75 ms), 2-byte gradients, links with no latency:
+    // one bucket of 2 MB, 14 x 250 KB / 4 GB/s + 2 x 1/2 x 250 KB / 1 GB/s = 1.125 ms
+    snprintf(cmd, sizeof cmd, "%s simulate %s --gpus-per-host 8 --hosts 2 --nvlink 32gbit,0us --link 8gbit,0us "
+             "--grad-bytes 2 --batch 16", tl_dtrain(), dir);
+    int rc = tl_run(cmd, g_out, sizeof g_out);
+    const char *row = strstr(g_out, "\n     2     16 ");
+    double b = 0, comp = 0, comm = 0;
+    int got = row ? sscanf(row, " 2 16 %lf %lf %lf", &b, &comp, &comm) : 0;
+    CHECK(rc == 0 && got == 3 && b == 1 &&
+              fabs(comp - 13.75) <= 1e-3 && fabs(comm - (14 * 0.25e6 / 4e9 + 0.25e6 / 1e9) * 1e3) <= 1e-3 &&
+              strstr(g_out, "a GPU run: its whole step") && strstr(g_out, "8 GPUs a host"),
+          "simulate a device run on GPU hosts: exit %d, batch %g, compute %g ms, comm %g ms\n%s", rc, b, comp, comm,
+          g_out);
+    // No run: 1e6 params, 1 ms a sample, as a model of 1e7 (x 10), 64 samples on 8 GPUs x 1 host:
+    // 8 samples x 10 ms; 40 MB in 20 buckets (2 MiB at most): 20 x 14 x 2 MB / 8 / 4 GB/s = 17.5 ms
+    snprintf(cmd, sizeof cmd, "%s simulate --params 1e6 --compute-ms-per-sample 1 --optimizer-ms 2 --batch 64 "
+             "--model-params 1e7 --gpus-per-host 8 --nvlink 32gbit,0us --hosts 1", tl_dtrain());
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    row = strstr(g_out, "\n     1      8 ");
+    got = row ? sscanf(row, " 1 8 %lf %lf %lf", &b, &comp, &comm) : 0;
+    CHECK(rc == 0 && got == 3 && b == 8 &&
+              fabs(comp - 80) <= 1e-3 && fabs(comm - 17.5) <= 1e-3 && strstr(g_out, "optimizer 20.00 ms per step"),
+          "simulate --params --model-params: exit %d, compute %g ms, comm %g ms\n%s", rc, comp, comm, g_out);
+    static const char *const bad[][2] = {
+        {"--gpus-per-host 8 --ranks-per-host 2", "--ranks-per-host and --host-bw are the CPU hosts'"},
+        {"--gpus-per-host 8 --host-bw 3", "--gpus-per-host: a rank a GPU"},
+        {"--nvlink 3600gbit,1us", "--nvlink needs --gpus-per-host"},
+        {"--gpus-per-host 8 --nvlink 450GB,1us", "--nvlink: expected BW,LATENCY"},
+        {"--gpus-per-host 0", "--gpus-per-host"},
+        {"--grad-bytes 3", "--grad-bytes: expected 4 (fp32) or 2"},
+        {"--grad-bytes 8", "--grad-bytes"},
+        {"--model-params 0", "--model-params"},
+        {"--bucket-kb 1", "--bucket-kb"},
+        {"--params 1e6", "not with RUN_DIR"},
+    };
+    simulate_refused(dir, bad, sizeof bad / sizeof bad[0]);
+    snprintf(cmd, sizeof cmd, "%s simulate --params 1e6 --compute-ms-per-sample 1", tl_dtrain());
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 2 && strstr(g_out, "needs --params, --compute-ms-per-sample and --batch (missing --batch)"),
+          "simulate --params without --batch: exit %d\n%s", rc, g_out);
+    snprintf(cmd, sizeof cmd, "%s simulate --allreduce 1G --hosts 1,4 --gpus-per-host 8 --nvlink 3600gbit,0us "
+             "--link 400gbit,0us", tl_dtrain());
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    // 1 GiB, 1 host: 14 x 1/8 GiB / 450 GB/s = 4175.7 us, busbw 450; 4 hosts: + 1.5 x 1/8 GiB / 50 GB/s
+    CHECK(rc == 0 && strstr(g_out, "     1      8   1073741824       4175.7    450.000   none") &&
+              strstr(g_out, "     4     32   1073741824       8202.2"),
+          "simulate --allreduce on GPU hosts: exit %d\n%s", rc, g_out);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-obs-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -749,6 +900,9 @@ int main(void) {
     test_run();
     test_report();
     test_simulate();
+    test_simulate_gpu_model();
+    test_simulate_device_profile();
+    test_simulate_gpu_cli();
     test_cpu();
     test_bad_flags();
     test_endpoint();

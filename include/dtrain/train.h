@@ -274,7 +274,9 @@ DT_API dt_status dt_report_html(const char *run_dir, const char *out_path);
 
 /* ---- the scaling simulator (dtrain simulate) -------------------------------
  * Predicts the step time of data-parallel training on many hosts from a
- * profiled run and an alpha-beta model of the collectives:
+ * profiled run and an alpha-beta model of the collectives, on CPU hosts
+ * (ranks over shared memory) or GPU hosts (gpus_per_host > 0: NVLink
+ * inside, a NIC a GPU between hosts):
  *
  *   dt_sim_profile p;
  *   dt_sim_profile_load("runs/gpt", &p);          // a finished dtrain train run
@@ -288,9 +290,10 @@ typedef struct {
     double backward_share; /* backward's part of compute_s (what buckets overlap) */
     double data_s;         /* data loading seconds per sample */
     double optimizer_s;    /* optimizer seconds per step, all parameters */
-    double params;         /* parameter count (f32 gradients of 4 bytes) */
+    double params;         /* parameter count */
     int batch, workers;    /* the profiled run's global batch and ranks */
     double bucket_bytes;   /* its gradient bucket ([parallel] bucket_kb) */
+    int device;            /* 1: a device run's (compute_s is its whole step) */
     int layers;            /* the layers timed one by one (0: none; the planner then splits
                               compute_s by FLOPs) */
     double layer_forward_s[DT_SIM_MAX_LAYERS], layer_backward_s[DT_SIM_MAX_LAYERS];
@@ -303,14 +306,30 @@ typedef struct {
  * summary.json's params, batch and workers and, where the run timed its
  * layers ([train] time_layers), their times over the samples they ran
  * (layer_times; none where there are more than DT_SIM_MAX_LAYERS),
- * config.ini's bucket_kb. */
+ * config.ini's bucket_kb. A device run's (summary.json's "gpu") phases
+ * are the host's launch times, so its compute_s is its whole step
+ * (step_seconds; optimizer and data in it: optimizer_s and data_s 0) and
+ * its backward_share 2/3, backward's FLOPs; one of several ranks is
+ * refused (DT_ERR_FORMAT: its exchange, which waits for backward's
+ * kernels, cannot be told from its compute). */
 DT_API dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out);
+
+/* The profile of a model of `params` parameters from p's of another:
+ * compute per sample times params / p->params (6 x params FLOPs a token,
+ * attention's sequence-length term left out), the optimizer too, and the
+ * exchange of params gradients. */
+DT_API void dt_sim_profile_scale(dt_sim_profile *p, double params);
 
 typedef struct {
     int hosts, ranks_per_host;
-    double link_bytes_per_s, link_latency_s; /* each host's link */
+    double link_bytes_per_s, link_latency_s; /* each host's link (GPU hosts: each GPU's NIC) */
     double host_bytes_per_s;                 /* shared memory inside a host */
     double host_latency_s;                   /* each collective's fixed cost inside a host (0: none) */
+    int gpus_per_host;                       /* G > 0: GPU hosts, a rank a GPU (ranks_per_host, host_*
+                                                unused); 0: CPU hosts */
+    double nvlink_bytes_per_s;               /* GPU hosts: each GPU's NVLink rate, one direction */
+    double nvlink_latency_s;                 /* ... and a ring step's latency on it */
+    int grad_bytes;                          /* bytes a gradient on the wire: 4 (fp32, also 0) or 2 */
     int zero;                                /* 1: ZeRO (reduce-scatter + allgather,
                                                 optimizer on 1/N); 0: dp (allreduce) */
     int weak;                                /* keep the profiled batch per rank;
@@ -328,16 +347,20 @@ typedef struct {
 } dt_sim_point;
 
 /* The predicted step: compute scales with the local batch; the allreduce
- * of 4 x params bytes costs 2 x (host_latency_s + bytes / host_bytes_per_s) inside a host
- * (reduce to the leader, broadcast back) plus the cheapest of ring
- * (2(h-1) alpha + 2(h-1)/h S/beta), recursive halving-doubling
- * (2 log2 h alpha + 2(h-1)/h S/beta) and tree (2 log2 h (alpha + S/beta))
- * between h hosts, once per gradient bucket; buckets hide it behind
- * backward except the last. */
+ * of grad_bytes x params bytes (dt_sim_allreduce) once per gradient
+ * bucket; buckets hide it behind backward except the last. */
 DT_API void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *out);
 
-/* The model's time of one hier allreduce of `bytes` over s's hosts and
- * ranks (what dt_sim_predict charges for the gradients); *algo (if not
+/* The model's time of one allreduce of S = `bytes` over s's hosts and
+ * ranks (what dt_sim_predict charges for the gradients). Between h hosts
+ * the cheapest of ring (2(h-1) alpha + 2(h-1)/h S/beta), recursive
+ * halving-doubling (2 log2 h alpha + 2(h-1)/h S/beta) and tree
+ * (2 log2 h (alpha + S/beta)) on the link. CPU hosts (hier): that on S,
+ * plus 2 x (host_latency_s + S / host_bytes_per_s) inside a host (reduce
+ * to the leader, broadcast back). GPU hosts (NCCL's hierarchy): a ring
+ * reduce-scatter and allgather over NVLink inside a host, 2(G-1)
+ * (alpha_nv + S / (G beta_nv)), and between hosts the cheapest of the
+ * three on each GPU's S/G over its own NIC, all G at once. *algo (if not
  * NULL) gets the algorithm between hosts ("none" for one host). */
 DT_API double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo);
 

@@ -31,7 +31,7 @@ typedef struct {  // a growable array of doubles
 } vec;
 
 typedef struct {
-    vec step, time, loss, rate, trate, compute, ph[NPH], sent, recv, peak;
+    vec step, time, loss, rate, trate, compute, ph[NPH], sent, recv, peak, secs;
     vec eval_step, eval_loss, eval_acc;
     cJSON *sched;  // the last "schedule" record (model parallel), or NULL
 } rank_log;
@@ -66,7 +66,8 @@ static int push(vec *a, double x) {
 
 // The vectors with one entry per step record.
 static int step_vecs(rank_log *r, vec **v) {
-    vec *all[] = {&r->step, &r->time, &r->loss, &r->rate, &r->trate, &r->compute, &r->sent, &r->recv, &r->peak};
+    vec *all[] = {&r->step, &r->time, &r->loss, &r->rate, &r->trate, &r->compute, &r->sent, &r->recv, &r->peak,
+                  &r->secs};
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) v[n++] = all[i];
     for (int p = 0; p < NPH; p++) v[n++] = &r->ph[p];
@@ -145,7 +146,7 @@ static dt_status read_log(const char *path, run_data *d, rank_log *r) {
                        push(&r->loss, get(j, "loss", 0)) | push(&r->rate, get(j, "samples_per_sec", 0)) |
                        push(&r->trate, get(j, "tokens_per_sec", 0)) | push(&r->compute, c) |
                        push(&r->sent, get(j, "bytes_sent", 0)) | push(&r->recv, get(j, "bytes_recv", 0)) |
-                       push(&r->peak, get(j, "peak_rss_bytes", 0));
+                       push(&r->peak, get(j, "peak_rss_bytes", 0)) | push(&r->secs, get(j, "step_seconds", 0));
                 for (int p = 0; p < NPH; p++) oom |= push(&r->ph[p], ph[p]);
             }
         } else if (!strcmp(t, "eval")) {
@@ -811,7 +812,7 @@ dt_status dt_report_html(const char *run_dir, const char *out_path) {
 // ----------------------------------------------------------------------------
 // for the simulator (report.h)
 
-dt_status dt_report_phase_medians(const char *run_dir, double med[6]) {
+dt_status dt_report_phase_medians(const char *run_dir, double med[NPH + 1]) {
     run_data d = {0};
     dt_status st = read_run(run_dir, &d);
     if (st == DT_OK) {
@@ -819,9 +820,9 @@ dt_status dt_report_phase_medians(const char *run_dir, double med[6]) {
         int n = r0->step.n, skip = n >= 5 ? 2 : 0;
         double *v = malloc(sizeof *v * (size_t)n);
         if (!v) st = dt_error(DT_ERR_NOMEM, "out of memory");
-        for (int p = 0; v && p < NPH; p++) {
+        for (int p = 0; v && p <= NPH; p++) {
             int m = n - skip;
-            memcpy(v, r0->ph[p].v + skip, sizeof *v * (size_t)m);
+            memcpy(v, (p < NPH ? &r0->ph[p] : &r0->secs)->v + skip, sizeof *v * (size_t)m);
             med[p] = dt_median(v, m);
         }
         free(v);

@@ -6,9 +6,10 @@
 
 /* Rank 0's median seconds per step of each phase, over its step records
  * after the first two (warm-up; all of them when there are fewer than 5):
- * data, forward, backward, comm exposed, comm hidden, optimizer. Errors
- * name the run directory or the log and line. */
-dt_status dt_report_phase_medians(const char *run_dir, double med[6]);
+ * data, forward, backward, comm exposed, comm hidden, optimizer, and the
+ * whole step (step_seconds). Errors name the run directory or the log and
+ * line. */
+dt_status dt_report_phase_medians(const char *run_dir, double med[7]);
 
 /* One self-contained HTML page at path: a title, a paragraph and a table
  * given as HTML (the caller escapes what it puts there), and a line chart

@@ -1,7 +1,7 @@
 /* dt_sim_* (train.h): predicted step time of data-parallel training on
- * many hosts, from a profiled run (its per-phase times) and an alpha-beta
- * model of the collectives (a message of S bytes costs alpha + S / beta on
- * a link). What `dtrain simulate` prints. */
+ * many CPU or GPU hosts, from a profiled run (its per-phase times) and an
+ * alpha-beta model of the collectives (a message of S bytes costs alpha +
+ * S / beta on a link). What `dtrain simulate` prints. */
 #include "dtrain/train.h"
 
 #include "obs/report.h"
@@ -52,7 +52,7 @@ static void layer_times(const cJSON *j, dt_sim_profile *p) {
 }
 
 dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
-    double med[6];
+    double med[7];
     dt_status st = dt_report_phase_medians(run_dir, med);
     if (st != DT_OK) return st;
     char path[4096];
@@ -83,9 +83,29 @@ dt_status dt_sim_profile_load(const char *run_dir, dt_sim_profile *out) {
         .workers = (int)workers,
         .bucket_bytes = bucket_kb(run_dir, 2048) * 1024,
     };
-    layer_times(j, out);
+    if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "gpu"))) {
+        // the device's kernels run behind the host's launches: its phases
+        // are launch times (the first wait holds what came before it), its
+        // step (which waits for them) is not
+        out->compute_s = med[6] / per_rank;
+        out->backward_share = 2.0 / 3, out->data_s = 0, out->optimizer_s = 0, out->device = 1;
+    } else {
+        layer_times(j, out);
+    }
     cJSON_Delete(j);
+    if (out->device && out->workers > 1)
+        return dt_error(DT_ERR_FORMAT, "%s: a run on the GPU of %d ranks: its exchange waits for the device's "
+                        "backward, so the host's clocks cannot tell them apart; profile a run of one rank",
+                        run_dir, out->workers);
     return DT_OK;
+}
+
+void dt_sim_profile_scale(dt_sim_profile *p, double params) {
+    double r = params / p->params;
+    p->compute_s *= r;
+    p->optimizer_s *= r;
+    p->params = params;
+    p->layers = 0;  // (the other model's)
 }
 
 /* Between h hosts, S bytes allreduced: the best of ring, recursive halving
@@ -104,20 +124,33 @@ static double inter_allreduce(double S, int h, double a, double b, const char **
     return best;
 }
 
+// The ranks on each host: a GPU each on GPU hosts.
+static int host_ranks(const dt_sim_params *s) {
+    int R = s->gpus_per_host > 0 ? s->gpus_per_host : s->ranks_per_host;
+    return R > 0 ? R : 1;
+}
+
 double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo) {
-    int R = s->ranks_per_host > 0 ? s->ranks_per_host : 1, H = s->hosts > 0 ? s->hosts : 1;
-    // inside a host (hier): reduce to the leader and broadcast back, over shm
-    double intra = R > 1 ? 2 * (s->host_latency_s + bytes / s->host_bytes_per_s) : 0;
+    int R = host_ranks(s), H = s->hosts > 0 ? s->hosts : 1;
+    double intra, share = bytes;
+    if (s->gpus_per_host > 0) {
+        // NCCL's hierarchy: a ring reduce-scatter and allgather over NVLink,
+        // each GPU's share allreduced between hosts over its own NIC
+        share = bytes / R;
+        intra = R > 1 ? 2 * (R - 1) * (s->nvlink_latency_s + share / s->nvlink_bytes_per_s) : 0;
+    } else {  // hier: reduce to the leader and broadcast back, over shm
+        intra = R > 1 ? 2 * (s->host_latency_s + bytes / s->host_bytes_per_s) : 0;
+    }
     const char *a;
-    double inter = inter_allreduce(bytes, H, s->link_latency_s, s->link_bytes_per_s, &a);
+    double inter = inter_allreduce(share, H, s->link_latency_s, s->link_bytes_per_s, &a);
     if (algo) *algo = a;
     return intra + inter;
 }
 
 void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *o) {
-    int R = s->ranks_per_host > 0 ? s->ranks_per_host : 1, H = s->hosts > 0 ? s->hosts : 1, N = H * R;
+    int H = s->hosts > 0 ? s->hosts : 1, N = H * host_ranks(s);
     double local = s->weak ? (double)p->batch / p->workers : (double)p->batch / N;
-    double S = 4 * p->params;  // f32 gradients
+    double S = (s->grad_bytes > 0 ? s->grad_bytes : 4) * p->params;
     memset(o, 0, sizeof *o);
     o->ranks = N;
     o->local_batch = local;

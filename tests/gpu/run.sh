@@ -18,6 +18,8 @@
 #      was carried) on GPT-2 124M, B=16, T=1024
 #   7. ranks: that GPT on 1, 2 and 4 ranks sharing the GPU (bench/gpu_ranks.py:
 #      the staging's share of the step)
+#   8. forecast: dtrain simulate on dtrain's measured GPT-2 124M step
+#      (stage 6's, bf16 where it ran): 124M and 1.3B on 8 GPUs x 1..64 hosts
 # Run from the source tree on the GPU machine, with BUILD (default build/)
 # built here and carried, and BUILD/gpu-libs/ (scripts/gpu-bundle.sh: the
 # shared libraries the binaries need that the GPU machine lacks):
@@ -73,6 +75,17 @@ stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "
 # 1, 2 and 4 ranks sharing the GPU (staged through host memory): the staging's share of the step
 stage ranks 420 python3 bench/gpu_ranks.py --dtrain "$build/dtrain" --config "$out/gpt2-124m-gpu.ini" \
     --ranks 1,2,4 --steps 5 --out "$out/ranks" --json "$out/ranks.json"
+# the forecast of GPT-2 124M and 1.3B on 8 GPUs x 1..64 hosts from that measured step (docs/gpu.md)
+measured=$out/dtrain-bf16
+[ -s "$measured/summary.json" ] || measured=$out/dtrain-tf32
+if [ -s "$measured/summary.json" ]; then
+    fc="$build/dtrain simulate $measured --gpus-per-host 8 --hosts 1..64 --weak --strategy dp,zero"
+    stage forecast-124m 60 $fc
+    stage forecast-1.3b 60 $fc --model-params 1313722368
+    stage forecast-1.3b-bf16 60 $fc --model-params 1313722368 --grad-bytes 2
+else
+    echo "forecast: not run (no measured run in $out/dtrain-bf16 or $out/dtrain-tf32)" | tee -a "$out/summary.txt"
+fi
 if [ -x "$build/llmc/train_gpt2cu" ]; then
     stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
 else

@@ -100,11 +100,11 @@ static int parse_time(const char *v, double *out) {
     return 0;
 }
 
-int cli_parse_link(const char *link, double *bytes_per_s, double *latency_s) {
+int cli_parse_link(const char *flag, const char *link, double *bytes_per_s, double *latency_s) {
     const char *comma = strchr(link, ',');
     if (comma && !parse_rate(link, (size_t)(comma - link), bytes_per_s) && !parse_time(comma + 1, latency_s)) return 0;
-    cli_error("--link: expected BW,LATENCY such as 100gbit,5us or 1gbit,0.1ms (rates in gbit, mbit, kbit or bit "
-              "a second; latencies in s, ms, us or ns), got '%s'", link);
+    cli_error("%s: expected BW,LATENCY such as 100gbit,5us or 1gbit,0.1ms (rates in gbit, mbit, kbit or bit "
+              "a second; latencies in s, ms, us or ns), got '%s'", flag, link);
     return -1;
 }
 

@@ -54,10 +54,11 @@ int cli_from_to(int argc, char **argv, const char *help, const char *in_name, co
  * prints the error naming the flag and returns -1. */
 int parse_number(const char *flag, const char *v, double lo, double hi, int whole, double *out);
 
-/* --link BW,LATENCY ("10gbit,50us": a rate in gbit, mbit, kbit or bit a
- * second, a one-way latency in s, ms, us or ns): *bytes_per_s and
- * *latency_s. Returns 0, or prints the error and returns -1. */
-int cli_parse_link(const char *link, double *bytes_per_s, double *latency_s);
+/* The value of a link's flag (--link BW,LATENCY: "10gbit,50us", a rate in
+ * gbit, mbit, kbit or bit a second, a one-way latency in s, ms, us or ns):
+ * *bytes_per_s and *latency_s. Returns 0, or prints the error naming flag
+ * and returns -1. */
+int cli_parse_link(const char *flag, const char *link, double *bytes_per_s, double *latency_s);
 
 /* dtrain train --plan auto: the fastest layout of CONFIG (with the --set
  * options) on `workers` workers that fits the memory limit

@@ -407,7 +407,7 @@ static int rank_layouts(const plan_args *a, plan_t *pl, const char *calib_dir) {
     int R = a->workers / a->hosts;
     pl->s.threads = pl->s.cores / R > 1 ? pl->s.cores / R : 1;
     if (pl->c.threads > 0) pl->s.threads = pl->c.threads;
-    if (cli_parse_link(a->link, &pl->s.link_bytes_per_s, &pl->s.link_latency_s)) return EXIT_USAGE;
+    if (cli_parse_link("--link", a->link, &pl->s.link_bytes_per_s, &pl->s.link_latency_s)) return EXIT_USAGE;
     pl->limit = dt_mem_limit(NULL);
     pl->machine_share = dt_mem_machine(NULL) / (size_t)R;
     profile_t p;
