@@ -9,7 +9,7 @@
  * buckets of [parallel] bucket_kb by the GPUs' communicator
  * (comm/device.h): NCCL where every rank has a GPU of its own and NCCL is
  * found, else staged through pinned host memory and the host's
- * communicator; which one, and why, is logged. Plain data parallel in fp32
+ * communicator; which one, and why, is logged. Plain data parallel
  * overlaps them with backward as dp.c does on the CPU: the buckets are cut
  * from the end of the model's gradient order (dt_grad_buckets_cut), and
  * during the last micro-batch's backward the device model's grad hook
@@ -17,14 +17,14 @@
  * that became final, non-blocking (dt_iallreduce_after: after an event
  * recorded then, one a bucket, reused each step once its sum was waited
  * for), while the host goes on queuing the earlier layers' kernels; sync
- * starts the rest and waits for them all. Deterministic mode, the 16-bit
- * exchange and device-zero sum their buckets after backward, one after the
- * other.
+ * starts the rest and waits for them all. Deterministic mode and
+ * device-zero sum their buckets after backward, one after the other.
  *
  * In 16 bits ([parallel] grad_dtype = bf16, [compression] method = fp16 or
  * bf16, plain data parallel): each bucket rounded on the device (the
  * seam's to16, or with error feedback its ef16: the rank's residual, on the
- * device, added first and what the 16-bit values lost kept), summed by one
+ * device, added first and what the 16-bit values lost kept; overlapped,
+ * into the bucket's part of a 16-bit copy of the block), summed by one
  * allreduce in that type, widened back (from16): cast.c's arithmetic, each
  * gradient's result its own, so the bits of the CPU's codec however either
  * cuts its pieces (checked at 2 ranks, tests/test_gpu_sim.c). The CPU codec
@@ -174,10 +174,18 @@ static size_t bucket_elems(const dt_config *c, size_t es) {
     return per ? per : 1;
 }
 
-// The gradients in 16 bits (several ranks): the bucket's buffer on the
-// device; plain data parallel also the residual there and the CPU codec on
-// the host (ZeRO keeps none: grad_dtype alone, as the CPU's).
+// Whether the buckets are summed during backward: plain data parallel on
+// several ranks (deterministic mode's sums and ZeRO's slices after it).
+static int overlapped(const devs *d) {
+    const dt_strategy *s = &d->base;
+    return s->world > 1 && !s->c->deterministic && !d->zero && s->n;
+}
 
+// The gradients in 16 bits (several ranks): their 16-bit room on the
+// device (the whole block's where the buckets overlap backward, each in
+// flight its own part; else one bucket's); plain data parallel also the
+// residual there and the CPU codec on the host (ZeRO keeps none:
+// grad_dtype alone, as the CPU's).
 static dt_status wire_init(devs *d) {
     dt_strategy *s = &d->base;
     const dt_config *c = s->c;
@@ -186,7 +194,7 @@ static dt_status wire_init(devs *d) {
                                                                 : DT_F32;
     if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
     const dt_dev *dv = s->device->d;
-    size_t per = bucket_elems(c, sizeof(float)) < s->n ? bucket_elems(c, sizeof(float)) : s->n;
+    size_t per = bucket_elems(c, sizeof(float)) < s->n && !overlapped(d) ? bucket_elems(c, sizeof(float)) : s->n;
     dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
     if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
     if (st != DT_OK || !d->codec || !d->codec->residual) return st;
@@ -194,11 +202,11 @@ static dt_status wire_init(devs *d) {
     return st == DT_OK ? dv->memset0(d->res, sizeof(float) * s->n) : st;
 }
 
-// Plain data parallel in fp32 on several ranks: the buckets, summed as
-// backward makes them final (the grad hook), each after an event of its own.
+// Plain data parallel on several ranks: the buckets, summed as backward
+// makes them final (the grad hook), each after an event of its own.
 static dt_status overlap_init(devs *d) {
     dt_strategy *s = &d->base;
-    if (s->world == 1 || s->c->deterministic || d->zero || d->wire != DT_F32 || !s->n) return DT_OK;
+    if (!overlapped(d)) return DT_OK;
     dt_status st = dt_grad_buckets_cut(&d->g, s, bucket_elems(s->c, sizeof(float)), "data parallel on the GPUs");
     if (st == DT_OK && !(d->ev = calloc((size_t)d->g.nb, sizeof *d->ev)))
         st = dt_error(DT_ERR_NOMEM, "data parallel on the GPUs: out of memory");
@@ -270,21 +278,46 @@ static void dev_micro_end(dt_strategy *s, int k) {
 
 // ---- the buckets overlapped with backward -------------------------------------
 
+// Gradients [lo, hi) rounded to the wire's 16 bits into w on the device
+// (error feedback kept in the residual), the codec's piece counted (the
+// steps its checkpoint state holds).
+static dt_status to_wire(devs *d, void *w, size_t lo, size_t hi) {
+    const dt_dev *dv = d->base.device->d;
+    float *g = d->base.device->grads;
+    dt_codec_piece *p = d->codec ? dt_codec_piece_at(d->codec, lo, hi) : NULL;
+    if (d->codec && !p) return dt_error(DT_ERR_NOMEM, "the codec's pieces: out of memory");
+    if (p) dt_codec_piece_begin(d->codec, p, 0);
+    dt_status st = d->res ? dv->ef16(w, g + lo, d->res + lo, hi - lo, d->wire) : dv->to16(w, g + lo, hi - lo, d->wire);
+    if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", dt_dtype_name(d->wire), dt_last_error());
+    return DT_OK;
+}
+
+// The block the buckets are summed in: the gradients', or their 16-bit copy.
+static char *wire_block(devs *d) { return d->wire == DT_F32 ? (char *)d->base.device->grads : (char *)d->w16; }
+
 // Bucket i's sum begun (early: before the backward's last layer), after
 // the event marking its gradients' kernels, which are queued by now; the
 // host goes on queuing the backward's (a failure kept for sync).
 static void start(devs *d, int i, int early) {
     const dt_dev *dv = d->base.device->d;
-    float *g = d->base.device->grads;
     dt_grad_bucket *b = &d->g.b[i];
+    dt_grad_piece *p0 = d->g.p + b->first, *end = p0 + b->n, *p;
+    char *w = wire_block(d);
+    size_t es = dt_dtype_size(d->wire);
     if (!d->t_first) d->t_first = dt_now();
     *(early ? &d->early : &d->late) += 1;
-    dt_status st = d->err != DT_OK ? d->err : dv->event_record(d->ev[i]);
-    for (dt_grad_piece *p = d->g.p + b->first; p < d->g.p + b->first + b->n && st == DT_OK; p++)
-        st = dt_iallreduce_after(g + p->lo, g + p->lo, p->hi - p->lo, DT_F32, DT_SUM, d->ev[i], d->gpus, &p->req);
-    if (st != DT_OK && d->err == DT_OK) {
+    if (d->err != DT_OK) return;
+    dt_status st = DT_OK;
+    for (p = p0; p < end && st == DT_OK && d->wire != DT_F32; p++) st = to_wire(d, w + p->lo * es, p->lo, p->hi);
+    if (st == DT_OK && (st = dv->event_record(d->ev[i])) != DT_OK)
+        st = dt_error(st, "a bucket's event on the device: %s", dt_last_error());
+    for (p = p0; p < end && st == DT_OK; p++)
+        if ((st = dt_iallreduce_after(w + p->lo * es, w + p->lo * es, p->hi - p->lo, d->wire, DT_SUM, d->ev[i],
+                                      d->gpus, &p->req)) != DT_OK)
+            st = dt_error(st, "gradient allreduce in %s on the GPUs: %s", dt_dtype_name(d->wire), dt_last_error());
+    if (st != DT_OK) {
         d->err = st;
-        snprintf(d->errmsg, sizeof d->errmsg, "gradient allreduce on the GPUs: %s", dt_last_error());
+        snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
     }
 }
 
@@ -312,6 +345,13 @@ static void finish(devs *d) {
             d->err = st;
             snprintf(d->errmsg, sizeof d->errmsg, "gradient allreduce on the GPUs: %s", dt_last_error());
         }
+    }
+    const dt_dev *dv = s->device->d;
+    for (int i = 0; i < d->g.np && d->err == DT_OK && d->wire != DT_F32; i++) {  // the 16-bit sums widened back
+        dt_grad_piece *p = &d->g.p[i];
+        if ((d->err = dv->from16(s->device->grads + p->lo, (uint16_t *)d->w16 + p->lo, p->hi - p->lo, d->wire)))
+            snprintf(d->errmsg, sizeof d->errmsg, "gradients from %s on the device: %s", dt_dtype_name(d->wire),
+                     dt_last_error());
     }
     double done = dt_now();
     s->comm_seconds += done - d->t_first;
@@ -361,45 +401,32 @@ static dt_status exchange(devs *d, void *block, dt_dtype t) {
     return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
 }
 
-// The gradients [lo, hi) summed in 16 bits, bucket by bucket: rounded on
-// the device (error feedback kept there), summed in that type on every rank
-// (root < 0) or on rank root alone (ZeRO: its slice), widened back there.
-static dt_status buckets16(devs *d, size_t lo, size_t hi, int root) {
+// ZeRO's slice [lo, hi) of rank root in 16 bits, bucket by bucket: rounded
+// on the device, reduced in that type to root, widened back there.
+static dt_status slice16(devs *d, size_t lo, size_t hi, int root) {
     dt_strategy *s = &d->base;
-    const dt_dev *dv = s->device->d;
-    float *g = s->device->grads;
     const char *t = dt_dtype_name(d->wire);
     size_t per = bucket_elems(s->c, sizeof(float));
     for (; lo < hi; lo += per) {
         size_t len = hi - lo < per ? hi - lo : per;
-        dt_codec_piece *p = d->codec ? dt_codec_piece_at(d->codec, lo, lo + len) : NULL;
-        if (d->codec && !p) return DT_ERR_NOMEM;
-        if (p) dt_codec_piece_begin(d->codec, p, 0);  // (the steps the checkpoint's codec state counts)
         d->late++;
-        dt_status st = d->res ? dv->ef16(d->w16, g + lo, d->res + lo, len, d->wire)
-                              : dv->to16(d->w16, g + lo, len, d->wire);
-        if (st != DT_OK) return dt_error(st, "gradients to %s on the device: %s", t, dt_last_error());
-        st = root < 0 ? dt_allreduce(d->w16, d->w16, len, d->wire, DT_SUM, d->gpus)
-                      : dt_reduce(d->w16, d->w16, len, d->wire, DT_SUM, root, d->gpus);
-        if (st != DT_OK && root < 0)
-            return dt_error(st, "gradient allreduce in %s on the GPUs: %s", t, dt_last_error());
-        if (st != DT_OK)
+        dt_status st = to_wire(d, d->w16, lo, lo + len);
+        if (st != DT_OK) return st;
+        if ((st = dt_reduce(d->w16, d->w16, len, d->wire, DT_SUM, root, d->gpus)) != DT_OK)
             return dt_error(st, "gradient reduce in %s to rank %d's slice on the GPUs: %s", t, root, dt_last_error());
-        if ((root < 0 || root == s->rank) && (st = dv->from16(g + lo, d->w16, len, d->wire)) != DT_OK)
+        if (root == s->rank && (st = s->device->d->from16(s->device->grads + lo, d->w16, len, d->wire)) != DT_OK)
             return dt_error(st, "gradients from %s on the device: %s", t, dt_last_error());
     }
     return DT_OK;
 }
 
-// The gradients' exchange in 16 bits: the whole block on every rank, or
-// (zero) each slice on its owner.
+// ZeRO's gradients in 16 bits: each slice on its owner.
 static dt_status exchange16(devs *d) {
     dt_status st = DT_OK;
-    if (!d->zero) return buckets16(d, 0, d->base.n, -1);
     for (int r = 0; r < d->base.world && st == DT_OK; r++) {
         size_t lo, hi;
         dt_shard_range(d->base.n, r, d->base.world, &lo, &hi);
-        st = buckets16(d, lo, hi, r);
+        st = slice16(d, lo, hi, r);
     }
     return st;
 }
