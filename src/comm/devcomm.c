@@ -83,3 +83,11 @@ dt_status dt_iallreduce_after(const void *send, void *recv, size_t count, dt_dty
                       .op = op, .after = event};
     return dt_comm_submit(c, &a, req);
 }
+
+dt_status dt_ireduce_after(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op, int root,
+                           void *event, dt_comm_t c, dt_request_t *req) {
+    if (!req) return dt_error(DT_ERR_ARG, "ireduce: req is NULL");
+    dt_coll_args a = {.kind = DT_COLL_REDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
+                      .op = op, .root = root, .after = event};
+    return dt_comm_submit(c, &a, req);
+}

@@ -44,5 +44,8 @@ dt_status dt_comm_init_device(dt_comm_t host, const dt_comm_device_params *p, dt
  * after every kernel queued before them, which covers it. */
 dt_status dt_iallreduce_after(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op, void *event,
                               dt_comm_t c, dt_request_t *req);
+/* dt_ireduce (to rank root) after the kernels marked by `event`, as above. */
+dt_status dt_ireduce_after(const void *send, void *recv, size_t count, dt_dtype dtype, dt_redop op, int root,
+                           void *event, dt_comm_t c, dt_request_t *req);
 
 #endif

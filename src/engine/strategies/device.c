@@ -17,8 +17,9 @@
  * that became final, non-blocking (dt_iallreduce_after: after an event
  * recorded then, one a bucket, reused each step once its sum was waited
  * for), while the host goes on queuing the earlier layers' kernels; sync
- * starts the rest and waits for them all. Deterministic mode and
- * device-zero sum their buckets after backward, one after the other.
+ * starts the rest and waits for them all (device-zero too, each piece
+ * reduced to its slice's owner). Deterministic mode sums its buckets after
+ * backward, one after the other.
  *
  * In 16 bits ([parallel] grad_dtype = bf16, [compression] method = fp16 or
  * bf16, plain data parallel): each bucket rounded on the device (the
@@ -48,9 +49,10 @@
  * strategy over a rank's slice [lo, hi) = dt_shard_range(n, rank, W), as
  * zero.c's stage 1 on the CPU: the optimizer's state on the device is only
  * that slice's (dt_dev_blocks' slo, sn: 1/W of it), and so is the host's
- * copy, which checkpoints read (the CPU ZeRO's tensors). After backward
- * each rank's slice of the gradients (or of the fixed-point sums) is
- * reduced to it, bucket by bucket (a reduce-scatter into the slices); the
+ * copy, which checkpoints read (the CPU ZeRO's tensors). Each rank's slice
+ * of the gradients is reduced to it in the overlapped buckets, their
+ * pieces cut where a slice ends (deterministic mode: the fixed-point sums
+ * after backward, bucket by bucket): a reduce-scatter into the slices; the
  * norm is the sharded one (dt_norm_sharded_by over the slice's pieces of
  * the sum of squares, made on the device and read back once a step: the
  * bits of dt_sum_squares over the whole block); each rank updates its
@@ -174,17 +176,51 @@ static size_t bucket_elems(const dt_config *c, size_t es) {
     return per ? per : 1;
 }
 
-// Whether the buckets are summed during backward: plain data parallel on
-// several ranks (deterministic mode's sums and ZeRO's slices after it).
+// Whether the buckets are summed during backward: on several ranks, but
+// deterministic mode's fixed-point sums (after it).
 static int overlapped(const devs *d) {
     const dt_strategy *s = &d->base;
-    return s->world > 1 && !s->c->deterministic && !d->zero && s->n;
+    return s->world > 1 && !s->c->deterministic && s->n;
 }
 
-// The gradients in 16 bits (several ranks): their 16-bit room on the
-// device (the whole block's where the buckets overlap backward, each in
-// flight its own part; else one bucket's); plain data parallel also the
-// residual there and the CPU codec on the host (ZeRO keeps none:
+// The rank whose slice holds element i (zero).
+static int owner(const devs *d, size_t i) {
+    for (int r = 0; r < d->base.world; r++) {
+        size_t lo, hi;
+        dt_shard_range(d->base.n, r, d->base.world, &lo, &hi);
+        if (i < hi) return r;
+    }
+    return d->base.world - 1;
+}
+
+// ZeRO: the buckets' pieces cut again where a slice ends, so that each is
+// reduced to one owner (the W - 1 ends add at most W - 1 pieces).
+static dt_status split_at_slices(devs *d) {
+    dt_grad_buckets *g = &d->g;
+    dt_grad_piece *p = calloc((size_t)g->np + (size_t)d->base.world, sizeof *p);
+    if (!p) return dt_error(DT_ERR_NOMEM, "ZeRO on the GPUs: out of memory");
+    int np = 0;
+    for (int i = 0; i < g->nb; i++) {
+        int first = np;
+        for (int k = g->b[i].first; k < g->b[i].first + g->b[i].n; k++)
+            for (size_t lo = g->p[k].lo, hi = g->p[k].hi, e; lo < hi; lo = e) {
+                size_t slo, shi;
+                dt_shard_range(d->base.n, owner(d, lo), d->base.world, &slo, &shi);
+                e = shi < hi ? shi : hi;
+                p[np++] = (dt_grad_piece){lo, e, NULL};
+            }
+        g->b[i].first = first;
+        g->b[i].n = np - first;
+    }
+    free(g->p);
+    g->p = p;
+    g->np = np;
+    return DT_OK;
+}
+
+// The gradients in 16 bits (several ranks): a 16-bit copy of the block on
+// the device (each bucket in flight its own part); plain data parallel
+// also the residual there and the CPU codec on the host (ZeRO keeps none:
 // grad_dtype alone, as the CPU's).
 static dt_status wire_init(devs *d) {
     dt_strategy *s = &d->base;
@@ -194,20 +230,21 @@ static dt_status wire_init(devs *d) {
                                                                 : DT_F32;
     if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
     const dt_dev *dv = s->device->d;
-    size_t per = bucket_elems(c, sizeof(float)) < s->n && !overlapped(d) ? bucket_elems(c, sizeof(float)) : s->n;
     dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
-    if (st == DT_OK) st = dv->alloc(&d->w16, per * 2);
+    if (st == DT_OK) st = dv->alloc(&d->w16, s->n * 2);
     if (st != DT_OK || !d->codec || !d->codec->residual) return st;
     st = dv->alloc((void **)&d->res, sizeof(float) * s->n);
     return st == DT_OK ? dv->memset0(d->res, sizeof(float) * s->n) : st;
 }
 
-// Plain data parallel on several ranks: the buckets, summed as backward
-// makes them final (the grad hook), each after an event of its own.
+// Several ranks: the buckets, summed as backward makes them final (the
+// grad hook), each after an event of its own; under zero each piece to its
+// slice's owner.
 static dt_status overlap_init(devs *d) {
     dt_strategy *s = &d->base;
     if (!overlapped(d)) return DT_OK;
     dt_status st = dt_grad_buckets_cut(&d->g, s, bucket_elems(s->c, sizeof(float)), "data parallel on the GPUs");
+    if (st == DT_OK && d->zero) st = split_at_slices(d);
     if (st == DT_OK && !(d->ev = calloc((size_t)d->g.nb, sizeof *d->ev)))
         st = dt_error(DT_ERR_NOMEM, "data parallel on the GPUs: out of memory");
     for (int i = 0; st == DT_OK && i < d->g.nb; i++)
@@ -311,10 +348,15 @@ static void start(devs *d, int i, int early) {
     for (p = p0; p < end && st == DT_OK && d->wire != DT_F32; p++) st = to_wire(d, w + p->lo * es, p->lo, p->hi);
     if (st == DT_OK && (st = dv->event_record(d->ev[i])) != DT_OK)
         st = dt_error(st, "a bucket's event on the device: %s", dt_last_error());
-    for (p = p0; p < end && st == DT_OK; p++)
-        if ((st = dt_iallreduce_after(w + p->lo * es, w + p->lo * es, p->hi - p->lo, d->wire, DT_SUM, d->ev[i],
-                                      d->gpus, &p->req)) != DT_OK)
-            st = dt_error(st, "gradient allreduce in %s on the GPUs: %s", dt_dtype_name(d->wire), dt_last_error());
+    for (p = p0; p < end && st == DT_OK; p++) {
+        char *at = w + p->lo * es;
+        int root = d->zero ? owner(d, p->lo) : -1;
+        st = root < 0 ? dt_iallreduce_after(at, at, p->hi - p->lo, d->wire, DT_SUM, d->ev[i], d->gpus, &p->req)
+                      : dt_ireduce_after(at, at, p->hi - p->lo, d->wire, DT_SUM, root, d->ev[i], d->gpus, &p->req);
+        if (st != DT_OK)
+            st = dt_error(st, "gradient %s in %s on the GPUs: %s", root < 0 ? "allreduce" : "reduce to its owner",
+                          dt_dtype_name(d->wire), dt_last_error());
+    }
     if (st != DT_OK) {
         d->err = st;
         snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
@@ -349,6 +391,7 @@ static void finish(devs *d) {
     const dt_dev *dv = s->device->d;
     for (int i = 0; i < d->g.np && d->err == DT_OK && d->wire != DT_F32; i++) {  // the 16-bit sums widened back
         dt_grad_piece *p = &d->g.p[i];
+        if (d->zero && owner(d, p->lo) != s->rank) continue;  // (another rank's sum)
         if ((d->err = dv->from16(s->device->grads + p->lo, (uint16_t *)d->w16 + p->lo, p->hi - p->lo, d->wire)))
             snprintf(d->errmsg, sizeof d->errmsg, "gradients from %s on the device: %s", dt_dtype_name(d->wire),
                      dt_last_error());
@@ -401,36 +444,6 @@ static dt_status exchange(devs *d, void *block, dt_dtype t) {
     return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
 }
 
-// ZeRO's slice [lo, hi) of rank root in 16 bits, bucket by bucket: rounded
-// on the device, reduced in that type to root, widened back there.
-static dt_status slice16(devs *d, size_t lo, size_t hi, int root) {
-    dt_strategy *s = &d->base;
-    const char *t = dt_dtype_name(d->wire);
-    size_t per = bucket_elems(s->c, sizeof(float));
-    for (; lo < hi; lo += per) {
-        size_t len = hi - lo < per ? hi - lo : per;
-        d->late++;
-        dt_status st = to_wire(d, d->w16, lo, lo + len);
-        if (st != DT_OK) return st;
-        if ((st = dt_reduce(d->w16, d->w16, len, d->wire, DT_SUM, root, d->gpus)) != DT_OK)
-            return dt_error(st, "gradient reduce in %s to rank %d's slice on the GPUs: %s", t, root, dt_last_error());
-        if (root == s->rank && (st = s->device->d->from16(s->device->grads + lo, d->w16, len, d->wire)) != DT_OK)
-            return dt_error(st, "gradients from %s on the device: %s", t, dt_last_error());
-    }
-    return DT_OK;
-}
-
-// ZeRO's gradients in 16 bits: each slice on its owner.
-static dt_status exchange16(devs *d) {
-    dt_status st = DT_OK;
-    for (int r = 0; r < d->base.world && st == DT_OK; r++) {
-        size_t lo, hi;
-        dt_shard_range(d->base.n, r, d->base.world, &lo, &hi);
-        st = slice16(d, lo, hi, r);
-    }
-    return st;
-}
-
 static dt_status dev_sync(dt_strategy *s) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
@@ -447,8 +460,6 @@ static dt_status dev_sync(dt_strategy *s) {
         st = exchange(d, d->acc, DT_I64);
         if (st == DT_OK) st = b->d->fixed_to_float(b->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
         if (st == DT_OK) st = b->d->memset0(d->acc, sizeof(int64_t) * s->n);
-    } else if (d->w16) {
-        st = exchange16(d);
     } else {
         st = exchange(d, b->grads, DT_F32);
     }
@@ -655,6 +666,7 @@ const dt_strategy_ops dt_strategy_device_zero = {
     .fini = dev_fini,
     .plan = dev_plan,
     .micro_end = dev_micro_end,
+    .grad_hook = dev_grad_hook,
     .sync = dev_sync,
     .grad_norm = dev_norm,
     .grads_nonfinite = dev_nonfinite,
