@@ -18,8 +18,9 @@
  * recorded then, one a bucket, reused each step once its sum was waited
  * for), while the host goes on queuing the earlier layers' kernels; sync
  * starts the rest and waits for them all (device-zero too, each piece
- * reduced to its slice's owner). Deterministic mode sums its buckets after
- * backward, one after the other.
+ * reduced to its slice's owner). Deterministic mode sums the buckets of its
+ * int64 fixed-point sums so, the last shard's gradient added to them
+ * bucket by bucket from the hook.
  *
  * In 16 bits ([parallel] grad_dtype = bf16, [compression] method = fp16 or
  * bf16, plain data parallel): each bucket rounded on the device (the
@@ -51,8 +52,8 @@
  * that slice's (dt_dev_blocks' slo, sn: 1/W of it), and so is the host's
  * copy, which checkpoints read (the CPU ZeRO's tensors). Each rank's slice
  * of the gradients is reduced to it in the overlapped buckets, their
- * pieces cut where a slice ends (deterministic mode: the fixed-point sums
- * after backward, bucket by bucket): a reduce-scatter into the slices; the
+ * pieces cut where a slice ends (deterministic mode: of the fixed-point
+ * sums): a reduce-scatter into the slices; the
  * norm is the sharded one (dt_norm_sharded_by over the slice's pieces of
  * the sum of squares, made on the device and read back once a step: the
  * bits of dt_sum_squares over the whole block); each rank updates its
@@ -176,11 +177,10 @@ static size_t bucket_elems(const dt_config *c, size_t es) {
     return per ? per : 1;
 }
 
-// Whether the buckets are summed during backward: on several ranks, but
-// deterministic mode's fixed-point sums (after it).
+// Whether the buckets are summed during backward: on several ranks.
 static int overlapped(const devs *d) {
     const dt_strategy *s = &d->base;
-    return s->world > 1 && !s->c->deterministic && s->n;
+    return s->world > 1 && s->n;
 }
 
 // The rank whose slice holds element i (zero).
@@ -299,12 +299,12 @@ static int dev_plan(dt_strategy *s, int first, int share, int global) {
 }
 
 // Deterministic mode: each shard's gradient into the fixed-point sums, and
-// the gradient block zero again for the next.
+// the gradient block zero again for the next (the last's, overlapped, goes
+// in bucket by bucket from the grad hook).
 static void dev_micro_end(dt_strategy *s, int k) {
-    (void)k;
     devs *d = (devs *)s;
     const dt_dev *dv = s->device->d;
-    if (!s->c->deterministic || d->err != DT_OK) return;
+    if (!s->c->deterministic || d->err != DT_OK || (d->g.nb && k == s->nmicro - 1)) return;
     dt_status st = dv->fixed_add(d->acc, s->device->grads, s->n);
     if (st == DT_OK) st = dv->memset0(s->device->grads, sizeof(float) * s->n);
     if (st != DT_OK) {
@@ -329,8 +329,22 @@ static dt_status to_wire(devs *d, void *w, size_t lo, size_t hi) {
     return DT_OK;
 }
 
-// The block the buckets are summed in: the gradients', or their 16-bit copy.
-static char *wire_block(devs *d) { return d->wire == DT_F32 ? (char *)d->base.device->grads : (char *)d->w16; }
+// What the buckets sum and in which type: the gradients, their 16-bit copy,
+// or deterministic mode's int64 fixed-point sums.
+static dt_dtype wire_type(const devs *d) { return d->base.c->deterministic ? DT_I64 : d->wire; }
+static char *wire_block(devs *d) {
+    return d->base.c->deterministic ? (char *)d->acc : d->wire == DT_F32 ? (char *)d->base.device->grads : d->w16;
+}
+
+// Bucket pieces [lo, hi) made ready to sum: the last shard's gradients
+// added to deterministic mode's fixed-point sums, or rounded to 16 bits.
+static dt_status to_sum(devs *d, size_t lo, size_t hi) {
+    const dt_dev *dv = d->base.device->d;
+    if (!d->base.c->deterministic)
+        return d->wire == DT_F32 ? DT_OK : to_wire(d, (uint16_t *)d->w16 + lo, lo, hi);
+    dt_status st = dv->fixed_add(d->acc + lo, d->base.device->grads + lo, hi - lo);
+    return st == DT_OK ? DT_OK : dt_error(st, "deterministic mode's sums on the device: %s", dt_last_error());
+}
 
 // Bucket i's sum begun (early: before the backward's last layer), after
 // the event marking its gradients' kernels, which are queued by now; the
@@ -340,22 +354,23 @@ static void start(devs *d, int i, int early) {
     dt_grad_bucket *b = &d->g.b[i];
     dt_grad_piece *p0 = d->g.p + b->first, *end = p0 + b->n, *p;
     char *w = wire_block(d);
-    size_t es = dt_dtype_size(d->wire);
+    dt_dtype t = wire_type(d);
+    size_t es = dt_dtype_size(t);
     if (!d->t_first) d->t_first = dt_now();
     *(early ? &d->early : &d->late) += 1;
     if (d->err != DT_OK) return;
     dt_status st = DT_OK;
-    for (p = p0; p < end && st == DT_OK && d->wire != DT_F32; p++) st = to_wire(d, w + p->lo * es, p->lo, p->hi);
+    for (p = p0; p < end && st == DT_OK; p++) st = to_sum(d, p->lo, p->hi);
     if (st == DT_OK && (st = dv->event_record(d->ev[i])) != DT_OK)
         st = dt_error(st, "a bucket's event on the device: %s", dt_last_error());
     for (p = p0; p < end && st == DT_OK; p++) {
         char *at = w + p->lo * es;
         int root = d->zero ? owner(d, p->lo) : -1;
-        st = root < 0 ? dt_iallreduce_after(at, at, p->hi - p->lo, d->wire, DT_SUM, d->ev[i], d->gpus, &p->req)
-                      : dt_ireduce_after(at, at, p->hi - p->lo, d->wire, DT_SUM, root, d->ev[i], d->gpus, &p->req);
+        st = root < 0 ? dt_iallreduce_after(at, at, p->hi - p->lo, t, DT_SUM, d->ev[i], d->gpus, &p->req)
+                      : dt_ireduce_after(at, at, p->hi - p->lo, t, DT_SUM, root, d->ev[i], d->gpus, &p->req);
         if (st != DT_OK)
             st = dt_error(st, "gradient %s in %s on the GPUs: %s", root < 0 ? "allreduce" : "reduce to its owner",
-                          dt_dtype_name(d->wire), dt_last_error());
+                          dt_dtype_name(t), dt_last_error());
     }
     if (st != DT_OK) {
         d->err = st;
@@ -375,6 +390,27 @@ static dt_grad_ready_fn dev_grad_hook(dt_strategy *s, int k, void **user) {
     return ((devs *)s)->g.nb && k == s->nmicro - 1 ? ready : NULL;
 }
 
+// The sums back into the gradients (this rank's slice under zero): deterministic
+// mode's fixed-point sums (and the sums zero again), or the 16-bit ones.
+static void widen(devs *d) {
+    dt_strategy *s = &d->base;
+    const dt_dev *dv = s->device->d;
+    dt_status st = DT_OK;
+    if (s->c->deterministic) {
+        st = dv->fixed_to_float(s->device->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
+        if (st == DT_OK) st = dv->memset0(d->acc, sizeof(int64_t) * s->n);
+    }
+    for (int i = 0; i < d->g.np && st == DT_OK && wire_type(d) != DT_F32 && !s->c->deterministic; i++) {
+        dt_grad_piece *p = &d->g.p[i];
+        if (!d->zero || owner(d, p->lo) == s->rank)  // (under zero another rank's sum is not here)
+            st = dv->from16(s->device->grads + p->lo, (uint16_t *)d->w16 + p->lo, p->hi - p->lo, d->wire);
+    }
+    if (st != DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "the sums back into the gradients on the device: %s", dt_last_error());
+    }
+}
+
 // After backward: the buckets not begun yet, then every one waited for
 // (the first failure kept); exposed is what is left after backward.
 static void finish(devs *d) {
@@ -388,14 +424,7 @@ static void finish(devs *d) {
             snprintf(d->errmsg, sizeof d->errmsg, "gradient allreduce on the GPUs: %s", dt_last_error());
         }
     }
-    const dt_dev *dv = s->device->d;
-    for (int i = 0; i < d->g.np && d->err == DT_OK && d->wire != DT_F32; i++) {  // the 16-bit sums widened back
-        dt_grad_piece *p = &d->g.p[i];
-        if (d->zero && owner(d, p->lo) != s->rank) continue;  // (another rank's sum)
-        if ((d->err = dv->from16(s->device->grads + p->lo, (uint16_t *)d->w16 + p->lo, p->hi - p->lo, d->wire)))
-            snprintf(d->errmsg, sizeof d->errmsg, "gradients from %s on the device: %s", dt_dtype_name(d->wire),
-                     dt_last_error());
-    }
+    if (d->err == DT_OK) widen(d);
     double done = dt_now();
     s->comm_seconds += done - d->t_first;
     s->comm_exposed_seconds += done - (t_end > d->t_first ? t_end : d->t_first);
