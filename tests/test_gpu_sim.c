@@ -846,10 +846,11 @@ static void test_zero_resume(void) {
 // Spares on the device (--spares 1): rank R killed at step S (fault
 // "R:S:kill"), its place taken by a spare that gets a surviving replica's
 // state onto its GPU (with a codec's residuals every rank goes back to the
-// newest checkpoint); the run ends with the weights of dev_rows' row
-// {model, W, rflags} on the CPU, bitwise.
+// newest checkpoint); the launcher's recovery line says `lost` (the first
+// step after it, the steps done again); the run ends with the weights of
+// dev_rows' row {model, W, rflags} on the CPU, bitwise.
 static void spares(const char *model, int W, const char *rflags, const char *fault, const char *extra,
-                   const char *tag) {
+                   const char *tag, const char *lost) {
     char text[4096], flags[700], name[64], once[64], ref[64];
     snprintf(ref, sizeof ref, "row%zu-cpu", dev_row_of(model, W, rflags));
     snprintf(name, sizeof name, "spare-%s", tag);
@@ -861,17 +862,18 @@ static void spares(const char *model, int W, const char *rflags, const char *fau
     unsetenv("DTRAIN_FAULT_STEP");
     unsetenv("DTRAIN_FAULT_ONCE");
     double diff = tl_runs_diff(g_tmp, ref, name, &bw);
-    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && strstr(g_out, "0 steps lost") &&
+    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && strstr(g_out, lost) &&
               diff == 0 && bw,
-          "%s x %d %s on the device, fault %s, a spare in its place: the CPU's weights bitwise (exit %d, diff %g)\n%s",
-          model, W, rflags, fault, rc, diff, g_out);
+          "%s x %d %s on the device, fault %s, a spare in its place ('%s'): the CPU's weights bitwise (exit %d, diff "
+          "%g)\n%s", model, W, rflags, fault, lost, rc, diff, g_out);
 }
 
 static void test_spares(void) {
-    spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp");
-    spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0");
+    spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp", "step 13); 0 steps lost");
+    spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0", "step 9); 0 steps lost");
+    // (a codec's residuals: back to step 10's checkpoint, step 11 done again)
     spares("gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", "1:12:kill", "--checkpoint-every 5",
-           "codec");
+           "codec", "step 11); 1 step lost");
 }
 
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
@@ -938,7 +940,7 @@ static void test_nccl_rows(void) {
     CHECK(rc == 0 && diff == 0 && bw, "DTRAIN_GPU_COMM=staging beside NCCL: staged, the same weights (exit %d, "
           "diff %g)\n%s", rc, diff, g_out);
     nccl_alone();
-    spares("mlp", 3, "--set train.grad_accum=2", "2:7:kill", "", "nccl");  // (NCCL's wait ends on the death)
+    spares("mlp", 3, "--set train.grad_accum=2", "2:7:kill", "", "nccl", "step 7); 0 steps lost");  // (NCCL's wait ends on the death)
 }
 
 // Faults in NCCL, each ending the run with a non-zero exit and an error
@@ -954,7 +956,7 @@ static void test_nccl_faults(void) {
           "issued seq 5: stuck inside NCCL)", "exited with status 1"}, ""},
         // ... and in buckets of 1024: allreduce 40, step 2's first bucket, begun during backward
         {"DTRAIN_FAKE_NCCL_FAULT=hang:40:1",
-         {"gradient allreduce on the GPUs: NCCL allreduce (seq 40, 1024 x F32) on rank 0: timed out after 2 s; ranks "
+         {"the gradients' exchange on the GPUs: NCCL allreduce (seq 40, 1024 x F32) on rank 0: timed out after 2 s; ranks "
           "not arrived: none (every rank issued seq 40: stuck inside NCCL)", "exited with status 1"},
          "--set parallel.bucket_kb=4"},
         // NCCL's asynchronous error on rank 1, by name

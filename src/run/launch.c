@@ -339,6 +339,7 @@ typedef struct {
     pid_t self, *pids;        // pids[n + k], alive[n + k]: spare k while it is idle
     int *alive;
     double *replaced_at;      // when a rank's place was taken, until its new process's first step
+    int64_t *died_after;      // ... the last step the dead rank had finished
     int *started;             // a rank that reported a step (a process in its place skips the run's start)
     int nalive, nspare;       // ranks, idle spares
     int first_fail;           // the first rank that failed the group (-1: none)
@@ -364,6 +365,7 @@ static void sup_close(sup *s) {
     free(s->pids);
     free(s->alive);
     free(s->replaced_at);
+    free(s->died_after);
     free(s->started);
 }
 
@@ -399,8 +401,9 @@ static dt_status sup_open(sup *s) {
     s->pids = calloc((size_t)(n + K), sizeof *s->pids);
     s->alive = calloc((size_t)(n + K), sizeof *s->alive);
     s->replaced_at = calloc((size_t)n, sizeof *s->replaced_at);
+    s->died_after = calloc((size_t)n, sizeof *s->died_after);
     s->started = calloc((size_t)n, sizeof *s->started);
-    if (!s->pids || !s->alive || !s->replaced_at || !s->started)
+    if (!s->pids || !s->alive || !s->replaced_at || !s->died_after || !s->started)
         return dt_error(DT_ERR_NOMEM, "dtrain run: out of memory");
     return DT_OK;
 }
@@ -451,9 +454,12 @@ static void note_progress(sup *s) {
         int64_t s0 = atomic_load(&s->beats[r].start_step), s1 = atomic_load(&s->beats[r].step);
         if (s1 >= 0) s->started[r] = 1;
         if (s->replaced_at[r] && s0 >= 0 && s1 > s0) {
+            // (the group goes on from s0 + 1: steps the dead rank had finished
+            // past s0 are lost, done again, as after going back to a checkpoint)
+            long long lost = s->died_after[r] > s0 ? (long long)(s->died_after[r] - s0) : 0;
             dt_log(DT_LOG_INFO, "run: rank %d recovered in %.2f s (its death to its replacement's first step, step "
-                                "%lld); 0 steps lost",
-                   r, dt_now() - s->replaced_at[r], (long long)s0 + 1);
+                                "%lld); %lld step%s lost",
+                   r, dt_now() - s->replaced_at[r], (long long)s0 + 1, lost, lost == 1 ? "" : "s");
             s->replaced_at[r] = 0;
         }
     }
@@ -556,6 +562,7 @@ static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
         spare_set(&s->beats[s->n + k], SPARE_ASSIGNED);
         res->replaced++;
         s->replaced_at[r] = dt_now();
+        s->died_after[r] = last;
         snprintf(who, sizeof who, "spare %d (pid %d) takes its place%s (%d spare%s left)", k, (int)s->pids[r],
                  alone ? " alone" : "", s->nspare, s->nspare == 1 ? "" : "s");
     }

@@ -357,8 +357,8 @@ static void start(devs *d, int i, int early) {
     dt_dtype t = wire_type(d);
     size_t es = dt_dtype_size(t);
     if (!d->t_first) d->t_first = dt_now();
-    *(early ? &d->early : &d->late) += 1;
     if (d->err != DT_OK) return;
+    *(early ? &d->early : &d->late) += 1;
     dt_status st = DT_OK;
     for (p = p0; p < end && st == DT_OK; p++) st = to_sum(d, p->lo, p->hi);
     if (st == DT_OK && (st = dv->event_record(d->ev[i])) != DT_OK)
@@ -421,7 +421,7 @@ static void finish(devs *d) {
         dt_status st = d->g.p[i].req ? dt_wait(&d->g.p[i].req) : DT_OK;
         if (st != DT_OK && d->err == DT_OK) {
             d->err = st;
-            snprintf(d->errmsg, sizeof d->errmsg, "gradient allreduce on the GPUs: %s", dt_last_error());
+            snprintf(d->errmsg, sizeof d->errmsg, "the gradients' exchange on the GPUs: %s", dt_last_error());
         }
     }
     if (d->err == DT_OK) widen(d);
@@ -593,9 +593,12 @@ static void dev_abandon(dt_strategy *s) {
     devs *d = (devs *)s;
     d->have_norm = 0;
     d->err = DT_OK;
-    if (d->gpus) dt_comm_abort(d->gpus, "a worker died: the step is redone");
-    for (int i = 0; i < d->g.np; i++)  // (the buckets begun in backward: over at once, the communicator aborted)
+    // The buckets begun in backward first (each ends on the death it meets,
+    // or at the timeout): the communicator's progress thread is then out of
+    // it when it is aborted.
+    for (int i = 0; i < d->g.np; i++)
         if (d->g.p[i].req) dt_wait(&d->g.p[i].req);
+    if (d->gpus) dt_comm_abort(d->gpus, "a worker died: the step is redone");
     dt_comm_destroy(d->gpus);
     d->gpus = NULL;
     dt_status st = d->acc ? s->device->d->memset0(d->acc, sizeof(int64_t) * s->n) : DT_OK;
