@@ -781,16 +781,27 @@ static void test_simulate_gpu_model(void) {
     CHECK(o4.ranks == 16 && near(o4.local_batch, 4) && near(o4.comm_s, 12e-3) &&
               near(o4.exposed_s, 12e-3 - 4e-3 * 2 / 3) && near(o4.step_s, 4e-3 + o4.exposed_s + 2e-3),
           "GPU step, fp32: %d ranks, comm %g, exposed %g, step %g", o4.ranks, o4.comm_s, o4.exposed_s, o4.step_s);
-    s.grad_bytes = 2;  // half the bytes, half the buckets
+    s.grad_bytes = 2;  // half the bytes in as many buckets (cut in fp32 elements)
     dt_sim_predict(&p, &s, &o2);
     CHECK(near(o2.comm_s, 6e-3) && near(o2.comm_s, o4.comm_s / 2), "GPU step, 2-byte gradients: comm %g (fp32 %g)",
           o2.comm_s, o4.comm_s);
-    // 1e7 params: compute and optimizer x 10, 10 x the bytes (20 MB in 2 bytes: 20 buckets of 1 MB)
+    // with latencies (1 us an NVLink step, 5 us a NIC's): each of the 4
+    // buckets pays 14 x 1 us + 2 x 5 us whatever its bytes, so 2-byte
+    // gradients save the bandwidth's half alone
+    s.nvlink_latency_s = 1e-6, s.link_latency_s = 5e-6;
+    dt_sim_predict(&p, &s, &o2);
+    s.grad_bytes = 4;
+    dt_sim_predict(&p, &s, &o4);
+    CHECK(near(o4.comm_s, 4 * (24e-6 + 3e-3)) && near(o2.comm_s, 4 * (24e-6 + 1.5e-3)),
+          "GPU step with latencies: comm fp32 %g (want %g), 2-byte %g (want %g)", o4.comm_s, 4 * (24e-6 + 3e-3),
+          o2.comm_s, 4 * (24e-6 + 1.5e-3));
+    s.nvlink_latency_s = s.link_latency_s = 0, s.grad_bytes = 2;
+    // 1e7 params: compute and optimizer x 10, 10 x the bytes (20 MB in 2 bytes: 40 buckets of 0.5 MB, cut in fp32)
     dt_sim_profile q = p;
     dt_sim_profile_scale(&q, 1e7);
     dt_sim_predict(&q, &s, &o2);
     CHECK(near(q.compute_s, 1e-2) && near(q.optimizer_s, 2e-2) && q.params == 1e7 && near(q.backward_share, 2.0 / 3) &&
-              near(o2.compute_s, 4e-2) && near(o2.comm_s, 20 * (14 * 1e6 / 8 / 1e9 + 2 * 0.5 * 1e6 / 8 / 1e8)),
+              near(o2.compute_s, 4e-2) && near(o2.comm_s, 40 * (14 * 0.5e6 / 8 / 1e9 + 2 * 0.5 * 0.5e6 / 8 / 1e8)),
           "--model-params 1e7: compute %g, optimizer %g, step compute %g, comm %g", q.compute_s, q.optimizer_s,
           o2.compute_s, o2.comm_s);
 }

@@ -156,9 +156,10 @@ void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_poin
     o->local_batch = local;
     o->compute_s = local * (p->compute_s + p->data_s);
     double bwd = local * p->compute_s * p->backward_share;
-    // one allreduce per bucket (each pays the latency terms); buckets overlap
-    // backward, the last never does
-    double nb = p->bucket_bytes > 0 ? ceil(S / p->bucket_bytes) : 1;
+    // one allreduce per bucket (each pays the latency terms), the buckets
+    // cut in fp32 elements whatever the gradients' bytes on the wire (as
+    // dtrain cuts them); buckets overlap backward, the last never does
+    double nb = p->bucket_bytes > 0 ? ceil(4 * p->params / p->bucket_bytes) : 1;
     o->comm_s = nb * dt_sim_allreduce(S / nb, s, &o->algo);
     double last = o->comm_s / nb;
     double opt = p->optimizer_s;
