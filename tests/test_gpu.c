@@ -23,9 +23,11 @@
  *                   relative (floors by op), padding never written.
  *                   The bf16 and fp16 GEMMs (the GEMM's cases, 1e-4). The GPT's
  *                   other ops: the embedding (repeated tokens, a
- *                   vocabulary-sized table), residual, ReLU, bias, the
- *                   sum of squares and the scale, bf16 and fp16 conversions,
- *                   deterministic mode's fixed point: the CPU's bits;
+ *                   vocabulary-sized table), residual, ReLU, the bias's
+ *                   forward, the sum of squares and the scale, bf16 and
+ *                   fp16 conversions, deterministic mode's fixed point: the
+ *                   CPU's bits; the bias's gradient within 1e-5 of each
+ *                   column's sum of |terms|, the same bits twice;
  *                   error feedback's rounding to bf16 and fp16
  *                   (dt_gpu_from_f32_ef): dt_from_f32_ef's bits;
  *                   the communication stream (after the kernels, or
@@ -592,7 +594,7 @@ static void test_bias(size_t N, int OC) {
 
 // The linear layer against dt_linear_* (each element within tol of its
 // sum of |terms|, the CPU's linear layer on absolute values), the bias's
-// gradient bitwise; backward accumulating.
+// gradient too; backward accumulating.
 static void test_linear(int B, int C, int OC, int bias) {
     size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
     float *inp = randoms(ni, 2, 61), *w = randoms(nw, 2, 62), *b = bias ? randoms(OC, 2, 63) : NULL;
