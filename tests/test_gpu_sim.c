@@ -843,14 +843,28 @@ static void test_zero_resume(void) {
     }
 }
 
+// The launcher's recovery line in g_out for fault "R:S:kill": the group
+// went on from step F with L steps lost, F + L = S (the dead rank had
+// finished S - 1); L = 0 but where the run went back to a checkpoint (back).
+static int recovered(const char *fault, int back) {
+    int r, S, F, L;
+    char want[64];
+    if (sscanf(fault, "%d:%d", &r, &S) != 2) return 0;
+    snprintf(want, sizeof want, "run: rank %d recovered in ", r);
+    const char *p = strstr(g_out, want);
+    p = p ? strstr(p, "first step, step ") : NULL;
+    if (!p || sscanf(p, "first step, step %d); %d step", &F, &L) != 2) return 0;
+    return F + L == S && (back ? L > 0 : L == 0);
+}
+
 // Spares on the device (--spares 1): rank R killed at step S (fault
 // "R:S:kill"), its place taken by a spare that gets a surviving replica's
 // state onto its GPU (with a codec's residuals every rank goes back to the
-// newest checkpoint); the launcher's recovery line says `lost` (the first
-// step after it, the steps done again); the run ends with the weights of
+// newest checkpoint: back); the launcher's recovery line says so
+// (recovered); the run ends with the weights of
 // dev_rows' row {model, W, rflags} on the CPU, bitwise.
 static void spares(const char *model, int W, const char *rflags, const char *fault, const char *extra,
-                   const char *tag, const char *lost) {
+                   const char *tag, int back) {
     char text[4096], flags[700], name[64], once[64], ref[64];
     snprintf(ref, sizeof ref, "row%zu-cpu", dev_row_of(model, W, rflags));
     snprintf(name, sizeof name, "spare-%s", tag);
@@ -862,18 +876,19 @@ static void spares(const char *model, int W, const char *rflags, const char *fau
     unsetenv("DTRAIN_FAULT_STEP");
     unsetenv("DTRAIN_FAULT_ONCE");
     double diff = tl_runs_diff(g_tmp, ref, name, &bw);
-    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && strstr(g_out, lost) &&
+    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && recovered(fault, back) &&
               diff == 0 && bw,
-          "%s x %d %s on the device, fault %s, a spare in its place ('%s'): the CPU's weights bitwise (exit %d, diff "
-          "%g)\n%s", model, W, rflags, fault, lost, rc, diff, g_out);
+          "%s x %d %s on the device, fault %s, a spare in its place (%s): the CPU's weights bitwise (exit %d, diff "
+          "%g)\n%s", model, W, rflags, fault, back ? "back to a checkpoint" : "no step lost", rc, diff, g_out);
 }
 
 static void test_spares(void) {
-    spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp", "step 13); 0 steps lost");
-    spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0", "step 9); 0 steps lost");
-    // (a codec's residuals: back to step 10's checkpoint, step 11 done again)
+    spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp", 0);
+    spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0", 0);
+    // (a codec's residuals: back to the newest checkpoint, step 10's or, its
+    // write still under way, step 5's)
     spares("gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", "1:12:kill", "--checkpoint-every 5",
-           "codec", "step 11); 1 step lost");
+           "codec", 1);
 }
 
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
@@ -940,7 +955,7 @@ static void test_nccl_rows(void) {
     CHECK(rc == 0 && diff == 0 && bw, "DTRAIN_GPU_COMM=staging beside NCCL: staged, the same weights (exit %d, "
           "diff %g)\n%s", rc, diff, g_out);
     nccl_alone();
-    spares("mlp", 3, "--set train.grad_accum=2", "2:7:kill", "", "nccl", "step 7); 0 steps lost");  // (NCCL's wait ends on the death)
+    spares("mlp", 3, "--set train.grad_accum=2", "2:7:kill", "", "nccl", 0);  // (NCCL's wait ends on the death)
 }
 
 // Faults in NCCL, each ending the run with a non-zero exit and an error
@@ -1036,7 +1051,7 @@ static void test_refusals(void) {
         {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
         {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},
     };
-    char text[2048];
+    char text[4096];
     for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
         const char *cfg = no[i].cfg;
         if (cfg == tl_cfg_cnn) snprintf(text, sizeof text, "%s[data]\ndir = %s\n[train]\nbatch = 16\n", cfg, g_tmp);
@@ -1052,6 +1067,19 @@ static void test_refusals(void) {
     CHECK(rc != 0 && strstr(g_out, "bytes of GPU memory (weights 0.") && strstr(g_out, "free of 65536") &&
               !strstr(g_out, "step 1"),
           "a model larger than the device refused naming the bytes: exit %d\n%s", rc, g_out);
+    // room for the arena but not for the exchange's own buffers beside it
+    // (deterministic mode's sums, 8 bytes a parameter): refused naming them
+    char sum[700], mem[32];
+    snprintf(sum, sizeof sum, "%s/row%zu-dev/summary.json", g_tmp, dev_row_of("mlp", 2, "--deterministic"));
+    snprintf(mem, sizeof mem, "%.0f", tl_json_number(sum, "arena_bytes") + 4096);
+    setenv("DTRAIN_GPU_SIM_MEM", mem, 1);
+    rc = tl_train(g_tmp, "small2", model_text("mlp", text, sizeof text), 2, "--device cuda --deterministic", g_out,
+                  sizeof g_out);
+    unsetenv("DTRAIN_GPU_SIM_MEM");
+    CHECK(rc != 0 && strstr(g_out, "deterministic mode's fixed-point sums on the GPU: 313616 bytes") &&
+              !strstr(g_out, "step 1"),
+          "the exchange's buffers beside the arena refused by name and bytes (GPU of %s bytes): exit %d\n%s", mem, rc,
+          g_out);
     // no simulated GPU asked for: the CUDA device (none here, or one that lacks ops), never the CPU
     unsetenv("DTRAIN_GPU");
     rc = tl_train(g_tmp, "nogpu", cfg_mlp_full, 1, "--device cuda", g_out, sizeof g_out);

@@ -92,6 +92,7 @@ typedef struct {
     int next;           // ... the next bucket to start this step
     double t_first;     // ... when this step's first started
     int64_t early, late; // the buckets summed, begun before the backward's last layer and not (summary.json)
+    size_t own;          // device bytes of the strategy's own, outside the arena (the exchange's)
     dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
     char errmsg[512];
 } devs;
@@ -136,6 +137,20 @@ static dt_status open_gpus(dt_strategy *s) {
     return DT_OK;
 }
 
+// Device memory of the strategy's own, outside the model's arena (the
+// exchange's buffers): what and how much named where the GPU lacks it.
+static dt_status own_alloc(devs *d, const char *what, void **p, size_t bytes) {
+    const dt_dev *dv = d->base.device->d;
+    size_t avail = 0, total = 0;
+    if (dv->mem_info(&avail, &total) == DT_OK && bytes > avail)
+        return dt_error(DT_ERR_NOMEM, "%s on the GPU: %zu bytes, and the GPU has %zu free of %zu: use a smaller model "
+                        "or fewer ranks a GPU", what, bytes, avail, total);
+    dt_status st = dv->alloc(p, bytes);
+    if (st != DT_OK) return dt_error(st, "%s on the GPU (%zu bytes): %s", what, bytes, dt_last_error());
+    d->own += bytes;
+    return DT_OK;
+}
+
 // device-zero: this rank's slice and the device's room for the slice's
 // pieces of the norm.
 static dt_status zero_init(devs *d) {
@@ -146,7 +161,8 @@ static dt_status zero_init(devs *d) {
         return dt_error(DT_ERR_INTERNAL, "device-zero: the device's optimizer state is of [%zu, %zu), the rank's "
                         "slice [%zu, %zu)", s->device->slo, s->device->slo + s->device->sn, s->lo, s->hi);
     size_t pieces = (s->lo % DT_SUMSQ_BLOCK + (s->hi - s->lo) + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK;
-    return W > 1 ? s->device->d->alloc((void **)&d->parts, sizeof(double) * (pieces ? pieces : 1)) : DT_OK;
+    return W > 1 ? own_alloc(d, "the sharded norm's pieces", (void **)&d->parts, sizeof(double) * (pieces ? pieces : 1))
+                 : DT_OK;
 }
 
 // The log's line on the device's memory, and the metrics' figures.
@@ -231,9 +247,9 @@ static dt_status wire_init(devs *d) {
     if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
     const dt_dev *dv = s->device->d;
     dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
-    if (st == DT_OK) st = dv->alloc(&d->w16, s->n * 2);
+    if (st == DT_OK) st = own_alloc(d, "the gradients' 16-bit copy", &d->w16, s->n * 2);
     if (st != DT_OK || !d->codec || !d->codec->residual) return st;
-    st = dv->alloc((void **)&d->res, sizeof(float) * s->n);
+    st = own_alloc(d, "error feedback's residual", (void **)&d->res, sizeof(float) * s->n);
     return st == DT_OK ? dv->memset0(d->res, sizeof(float) * s->n) : st;
 }
 
@@ -263,12 +279,16 @@ static dt_status dev_init(dt_strategy *s) {
     if (st != DT_OK) return st;
     memory_said(s);
     if (s->c->deterministic) {  // (outside the arena: the strategy's, 8 bytes a parameter)
-        DT_TRY(b->d->alloc((void **)&d->acc, sizeof(int64_t) * (s->n ? s->n : 1)), done);
+        DT_TRY(own_alloc(d, "deterministic mode's fixed-point sums", (void **)&d->acc,
+                         sizeof(int64_t) * (s->n ? s->n : 1)), done);
         DT_TRY(b->d->memset0(d->acc, sizeof(int64_t) * s->n), done);
     }
     if (wants_gpus(s)) st = open_gpus(s);
     if (st == DT_OK) st = wire_init(d);
     if (st == DT_OK) st = overlap_init(d);
+    if (st == DT_OK && d->own && s->rank == 0)
+        dt_log(DT_LOG_INFO, "GPU memory beside the arena: %.1f MiB for the gradients' exchange (summary.json's "
+               "gpu.exchange_bytes)", (double)d->own / 1048576.0);
 done:
     return st;
 }
@@ -657,6 +677,7 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
     devs *d = (devs *)s;
     cJSON_AddStringToObject(g, "collectives", d->gpus ? dt_comm_backend(d->gpus) : "none");
+    cJSON_AddNumberToObject(g, "exchange_bytes", (double)d->own);
     cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
     cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
 }
