@@ -38,10 +38,17 @@ export LD_LIBRARY_PATH="$root/$build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 # cuBLASLt, which the GPU's GEMM loads at its first call: the machine's CUDA toolkit's
 [ -d /usr/local/cuda/lib64 ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 fails=0
+asked() {  # asked NAME: STAGES names it (or is unset)
+    case ",${STAGES:-$1}," in *",$1,"*) return 0 ;; *) return 1 ;; esac
+}
+said_not_run() {  # said_not_run NAME WHY: in the summary, where the stage was asked for
+    asked "$1" && echo "$1: not run ($2)" | tee -a "$out/summary.txt"
+    return 0
+}
 stage() {  # stage NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
-    case ",${STAGES:-$name}," in *",$name,"*) ;; *) return 0 ;; esac
+    asked "$name" || return 0
     local t0=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
@@ -59,7 +66,7 @@ if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_gpu" ops
     stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 "$build/tests/test_gpu" ops
 else
-    echo "memcheck: not run (no compute-sanitizer here)" | tee -a "$out/summary.txt"
+    said_not_run memcheck "no compute-sanitizer here"
 fi
 NVIDIA_TF32_OVERRIDE=0 stage train 300 "$build/tests/test_gpu_sim" gpu
 peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --seq 1024 --steps 20 --warmup 3"
@@ -78,17 +85,18 @@ stage ranks 420 python3 bench/gpu_ranks.py --dtrain "$build/dtrain" --config "$o
 # the forecast of GPT-2 124M and 1.3B on 8 GPUs x 1..64 hosts from that measured step (docs/gpu.md)
 measured=$out/dtrain-bf16
 [ -s "$measured/summary.json" ] || measured=$out/dtrain-tf32
+fc=("$build/dtrain" simulate "$measured" --gpus-per-host 8 --hosts 1..64 --weak --strategy dp,zero)
+for f in forecast-124m forecast-1.3b forecast-1.3b-bf16; do
+    [ -s "$measured/summary.json" ] || said_not_run $f "no measured run in $out/dtrain-bf16 or $out/dtrain-tf32"
+done
 if [ -s "$measured/summary.json" ]; then
-    fc="$build/dtrain simulate $measured --gpus-per-host 8 --hosts 1..64 --weak --strategy dp,zero"
-    stage forecast-124m 60 $fc
-    stage forecast-1.3b 60 $fc --model-params 1313722368
-    stage forecast-1.3b-bf16 60 $fc --model-params 1313722368 --grad-bytes 2
-else
-    echo "forecast: not run (no measured run in $out/dtrain-bf16 or $out/dtrain-tf32)" | tee -a "$out/summary.txt"
+    stage forecast-124m 60 "${fc[@]}"
+    stage forecast-1.3b 60 "${fc[@]}" --model-params 1313722368
+    stage forecast-1.3b-bf16 60 "${fc[@]}" --model-params 1313722368 --grad-bytes 2
 fi
 if [ -x "$build/llmc/train_gpt2cu" ]; then
     stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
 else
-    echo "llmc-bf16: not run ($build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build)" | tee -a "$out/summary.txt"
+    said_not_run llmc-bf16 "$build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build"
 fi
 exit $((fails > 0))
