@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 // The functions of cuBLASLt dtrain calls, resolved from the library.
 #define LT_FUNCS(X)                                                                                     \
@@ -84,6 +85,59 @@ struct lt_call {
     cublasLtMatmulPreference_t pref;
 };
 
+// cuBLASLt's algorithm kept per call shape: the heuristic's answer for the
+// same descriptors and preferences is the same, and asking it costs more
+// than a small GEMM (a launch-bound model asks hundreds of times a step).
+// The key is everything the descriptors are made of (the layouts, types,
+// epilogue, TF32, whether there is a bias or aux, the pointers'
+// alignments); LT_CACHE shapes are kept, more are asked each time.
+typedef struct {
+    dt_cm_gemm g;
+    int ab, epilogue, tf32, bias, aux, aux_ld;
+    uint32_t al[3];
+} lt_key;
+typedef struct {
+    lt_key key;
+    int found;
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+enum { LT_CACHE = 512 };
+static lt_entry lt_cache[LT_CACHE];
+static int lt_cached;
+static pthread_mutex_t lt_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static lt_key key_of(const dt_lt_op *o, const uint32_t al[3]) {
+    lt_key k;
+    memset(&k, 0, sizeof k);  // (padding compared too)
+    k.g = *o->g;
+    k.ab = (int)o->ab, k.epilogue = (int)o->epilogue, k.tf32 = g_tf32, k.bias = o->bias != NULL,
+    k.aux = o->aux != NULL, k.aux_ld = o->aux ? o->aux_ld : 0;
+    for (int i = 0; i < 3; i++) k.al[i] = al[i];
+    return k;
+}
+
+// The kept answer for k (1), or 0.
+static int cache_find(const lt_key *k, int *found, cublasLtMatmulAlgo_t *algo) {
+    pthread_mutex_lock(&lt_cache_lock);
+    int hit = 0;
+    for (int i = 0; i < lt_cached && !hit; i++)
+        if (!memcmp(&lt_cache[i].key, k, sizeof *k)) {
+            *found = lt_cache[i].found, *algo = lt_cache[i].algo;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&lt_cache_lock);
+    return hit;
+}
+
+static void cache_keep(const lt_key *k, int found, const cublasLtMatmulAlgo_t *algo) {
+    pthread_mutex_lock(&lt_cache_lock);
+    if (lt_cached < LT_CACHE) {
+        lt_entry *e = &lt_cache[lt_cached++];
+        e->key = *k, e->found = found, e->algo = *algo;
+    }
+    pthread_mutex_unlock(&lt_cache_lock);
+}
+
 // The alignment of a device pointer, as cuBLASLt's preferences take it:
 // the largest power of two up to 256 dividing its address (cuBLASLt assumes
 // 256 unless told; a block inside a larger one may be aligned to 4 bytes,
@@ -122,13 +176,21 @@ static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof *al));
     cublasLtMatmulHeuristicResult_t h;
-    // (no algorithm for this epilogue or layout: NOT_SUPPORTED, or none found)
-    cublasStatus_t hs = lt.cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h, found);
-    if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && *found > 0 && h.state != CUBLAS_STATUS_SUCCESS))
-        *found = 0;
-    else if (hs != CUBLAS_STATUS_SUCCESS)
-        return dt_error(DT_ERR_INTERNAL, "GPU: cublasLtMatmulAlgoGetHeuristic: %s (%s)", lt.cublasLtGetStatusString(hs),
-                        lt.cublasLtGetStatusName(hs));
+    memset(&h, 0, sizeof h);
+    lt_key key = key_of(o, al);
+    if (!cache_find(&key, found, &h.algo)) {
+        // (no algorithm for this epilogue or layout: NOT_SUPPORTED, or none found)
+        cublasStatus_t hs = lt.cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h,
+                                                              found);
+        if (hs == CUBLAS_STATUS_NOT_SUPPORTED ||
+            (hs == CUBLAS_STATUS_SUCCESS && *found > 0 && h.state != CUBLAS_STATUS_SUCCESS))
+            *found = 0;
+        else if (hs != CUBLAS_STATUS_SUCCESS)
+            return dt_error(DT_ERR_INTERNAL, "GPU: cublasLtMatmulAlgoGetHeuristic: %s (%s)",
+                            lt.cublasLtGetStatusString(hs), lt.cublasLtGetStatusName(hs));
+        *found = *found > 0;
+        cache_keep(&key, *found, &h.algo);
+    }
     if (*found < 1) return DT_OK;
     DT_LT(cublasLtMatmul(lt.handle, x->op, &o->alpha, o->first, x->a, o->second, x->b, &o->beta, o->C, x->c, o->C, x->c,
                          &h.algo, lt.workspace, WORKSPACE, 0));
