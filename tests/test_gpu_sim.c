@@ -755,6 +755,39 @@ static void buckets_said(const char *dir, const dev_row *r) {
                   "after (want %g, %g)", r->model, r->workers, r->flags, dir, in, after, want[i].in, want[i].after);
 }
 
+// --trace shows the device's buckets on the communication row: the MLP on
+// 2 ranks in buckets of 4 KiB, each rank's 38 full buckets a step (1024
+// floats: 8192 bytes sent and received) over 20 steps; how many began
+// inside their step's backward is printed (timing, not asserted).
+static void trace_buckets(void) {
+    char text[4096], flags[700], path[600];
+    snprintf(path, sizeof path, "%s", tmp("buckets.trace.json"));
+    snprintf(flags, sizeof flags, "--set parallel.bucket_kb=4 --device cuda --trace %s", path);
+    int rc = tl_train(g_tmp, "traced", model_text("mlp", text, sizeof text), 2, flags, g_out, sizeof g_out);
+    int n = tl_count(path, "\"cat\":\"comm\",\"ph\":\"X\""), full = tl_count(path, "\"bytes\":8192}");
+    CHECK(rc == 0 && full == 2 * 38 * 20 && n > full, "--trace on the device: %d bucket collectives of 8192 bytes "
+          "(want %d) among %d on the communication row (exit %d)\n%s", full, 2 * 38 * 20, n, rc, g_out);
+    // rank 0's backward spans, then its buckets' starts inside one of them
+    char *t = tl_read_file(path, NULL);
+    double bw[2][64];
+    int nb = 0, inside = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (char *line = t, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+            if ((nl = strchr(line, '\n'))) *nl = 0;
+            double ts = 0, dur = 0;
+            const char *q = strstr(line, "\"ts\":");
+            int mine = q && strstr(line, "\"pid\":0,") && sscanf(q, "\"ts\":%lf,\"dur\":%lf", &ts, &dur) == 2;
+            if (mine && pass == 0 && strstr(line, "\"name\":\"backward\"") && nb < 64)
+                bw[0][nb] = ts, bw[1][nb++] = ts + dur;
+            for (int k = 0; mine && pass == 1 && strstr(line, "\"bytes\":8192}") && k < nb; k++)
+                inside += ts >= bw[0][k] && ts < bw[1][k];
+            if (nl) *nl = '\n';
+        }
+    free(t);
+    printf("--trace: rank 0's full buckets begun inside their step's backward: %d of %d (the hook begins one a "
+           "step before the first layer's backward)\n", inside, full / 2);
+}
+
 static void test_ranks(void) {
     char text[4096], flags[600], name[64], ref[64], one[64];
     for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
@@ -795,6 +828,7 @@ static void test_ranks(void) {
     snprintf(sum, sizeof sum, "%s/summary.json", tmp("said"));
     CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1, "summary.json: the GPUs' collectives staged");
     zero_memory();
+    trace_buckets();
 }
 
 // 2 ranks (data parallel; error feedback's residuals read back into the

@@ -141,6 +141,10 @@ static void on_collective(const char *op, uint64_t seq, uint64_t bytes, double s
     span(user, op, "comm", DT_TRACE_COMM, start, end, args);
 }
 
+void dt_obs_trace_comm(dt_obs *o, dt_comm_t c) {
+    if (o && o->trace) dt_comm_set_observer(c, on_collective, o);
+}
+
 // ----------------------------------------------------------------------------
 // the Prometheus endpoint's page (server thread)
 

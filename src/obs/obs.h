@@ -86,6 +86,9 @@ dt_status dt_obs_create(dt_obs **out, const dt_config *c, const char *run_dir, d
  * server's, over which the pushes go): its bytes and busy time count in
  * this rank's records too. */
 void dt_obs_set_all(dt_obs *o, dt_comm_t all);
+/* Another communicator of this rank's whose collectives go into the trace
+ * (--trace) on the communication row, as the run's do (the GPUs'). */
+void dt_obs_trace_comm(dt_obs *o, dt_comm_t c);
 /* This rank ends without the others (a replacement for one that had
  * finished): dt_obs_close then skips the trace's closing barrier, which
  * its predecessor made. */

@@ -130,6 +130,7 @@ static dt_status open_gpus(dt_strategy *s) {
     if (st != DT_OK) return st;
     dt_comm_device_params p = {s->device->d, index, shared[0] ? shared : NULL};
     if ((st = dt_comm_init_device(s->comm, &p, &d->gpus, why, sizeof why)) != DT_OK) return st;
+    dt_obs_trace_comm(s->obs, d->gpus);  // (the buckets on the trace's communication row)
     if (s->rank == 0 && !strcmp(dt_comm_backend(d->gpus), "staging"))
         dt_log(DT_LOG_INFO, "gradients staged through host memory (%s)", why);
     else if (s->rank == 0)
