@@ -194,11 +194,9 @@ static size_t bucket_elems(const dt_config *c, size_t es) {
     return per ? per : 1;
 }
 
-// Whether the buckets are summed during backward: on several ranks.
-static int overlapped(const devs *d) {
-    const dt_strategy *s = &d->base;
-    return s->world > 1 && s->n;
-}
+// Whether the buckets are summed (during backward): wherever there is a
+// GPUs' communicator (several ranks, or one that DTRAIN_GPU_COMM names).
+static int overlapped(const devs *d) { return d->gpus && d->base.n; }
 
 // The rank whose slice holds element i (zero).
 static int owner(const devs *d, size_t i) {
@@ -242,10 +240,11 @@ static dt_status split_at_slices(devs *d) {
 static dt_status wire_init(devs *d) {
     dt_strategy *s = &d->base;
     const dt_config *c = s->c;
-    d->wire = c->comp_method == DT_COMP_FP16 ? DT_F16
+    d->wire = s->world == 1 || !s->n                                   ? DT_F32
+              : c->comp_method == DT_COMP_FP16                          ? DT_F16
               : c->comp_method == DT_COMP_BF16 || c->grad_dtype ? DT_BF16
                                                                 : DT_F32;
-    if (d->wire == DT_F32 || s->world == 1 || !s->n) return DT_OK;
+    if (d->wire == DT_F32) return DT_OK;
     const dt_dev *dv = s->device->d;
     dt_status st = d->zero ? DT_OK : dt_codec_create(&d->codec, c, s->comm, s->n, NULL, 0);
     if (st == DT_OK) st = own_alloc(d, "the gradients' 16-bit copy", &d->w16, s->n * 2);
@@ -421,7 +420,7 @@ static void widen(devs *d) {
         st = dv->fixed_to_float(s->device->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
         if (st == DT_OK) st = dv->memset0(d->acc, sizeof(int64_t) * s->n);
     }
-    for (int i = 0; i < d->g.np && st == DT_OK && wire_type(d) != DT_F32 && !s->c->deterministic; i++) {
+    for (int i = 0; i < d->g.np && st == DT_OK && !s->c->deterministic && d->wire != DT_F32; i++) {
         dt_grad_piece *p = &d->g.p[i];
         if (!d->zero || owner(d, p->lo) == s->rank)  // (under zero another rank's sum is not here)
             st = dv->from16(s->device->grads + p->lo, (uint16_t *)d->w16 + p->lo, p->hi - p->lo, d->wire);
@@ -451,47 +450,25 @@ static void finish(devs *d) {
     s->comm_exposed_seconds += done - (t_end > d->t_first ? t_end : d->t_first);
 }
 
-// ---- the exchanges after backward ----------------------------------------------
+// ---- the parameters' slices after the update (zero) ---------------------------
 
-// The collectives over the GPUs, in place on block[lo, hi) of type t, in
-// buckets of [parallel] bucket_kb: summed on every rank, summed on rank
-// `root` alone, or broadcast from it.
-enum { SUM_ALL, SUM_TO, FROM };
-
-static dt_status buckets(devs *d, int how, void *block, size_t lo, size_t hi, dt_dtype t, int root) {
-    size_t es = dt_dtype_size(t), per = bucket_elems(d->base.c, es);
-    for (; lo < hi; lo += per) {
-        size_t len = hi - lo < per ? hi - lo : per;
-        char *p = (char *)block + lo * es;
-        d->late += how != FROM;
-        dt_status st = how == SUM_ALL ? dt_allreduce(p, p, len, t, DT_SUM, d->gpus)
-                       : how == SUM_TO ? dt_reduce(p, p, len, t, DT_SUM, root, d->gpus)
-                                       : dt_broadcast(p, p, len, t, root, d->gpus);
-        if (st != DT_OK && how == SUM_ALL) return dt_error(st, "gradient allreduce on the GPUs: %s", dt_last_error());
-        if (st != DT_OK)
-            return dt_error(st, "%s rank %d's slice on the GPUs: %s",
-                            how == SUM_TO ? "gradient reduce to" : "parameter broadcast from", root, dt_last_error());
-    }
-    return DT_OK;
-}
-
-// Every rank's slice of block, summed to it (zero) or broadcast from it
-// (its update, to the others).
-static dt_status by_owner(devs *d, int how, void *block, dt_dtype t) {
-    dt_status st = DT_OK;
-    for (int r = 0; r < d->base.world && st == DT_OK; r++) {
+// Every rank's slice of the parameters broadcast from it, bucket by bucket
+// of [parallel] bucket_kb (the parameters' allgather: NCCL gathers only
+// equal blocks).
+static dt_status broadcast_slices(devs *d) {
+    float *w = d->base.device->params;
+    size_t per = bucket_elems(d->base.c, sizeof(float));
+    for (int r = 0; r < d->base.world; r++) {
         size_t lo, hi;
         dt_shard_range(d->base.n, r, d->base.world, &lo, &hi);
-        st = buckets(d, how, block, lo, hi, t, r);
+        for (; lo < hi; lo += per) {
+            size_t len = hi - lo < per ? hi - lo : per;
+            dt_status st = dt_broadcast(w + lo, w + lo, len, DT_F32, r, d->gpus);
+            if (st != DT_OK)
+                return dt_error(st, "parameter broadcast from rank %d's slice on the GPUs: %s", r, dt_last_error());
+        }
     }
-    return st;
-}
-
-// The gradients' (or the fixed-point sums') exchange after backward: the
-// whole block summed on every rank, or (zero) each slice on its owner.
-static dt_status exchange(devs *d, void *block, dt_dtype t) {
-    if (!d->gpus) return DT_OK;
-    return d->zero ? by_owner(d, SUM_TO, block, t) : buckets(d, SUM_ALL, block, 0, d->base.n, t, -1);
+    return DT_OK;
 }
 
 static dt_status dev_sync(dt_strategy *s) {
@@ -503,19 +480,11 @@ static dt_status dev_sync(dt_strategy *s) {
         d->err = DT_OK;
         return dt_error(e, "%s", d->errmsg);
     }
-    if (d->g.nb) return DT_OK;
-    double t0 = dt_now();
+    // one rank without a communicator: deterministic mode's sums are its gradient
     dt_status st = DT_OK;
-    if (s->c->deterministic) {  // (the rank's slice: the whole block but under zero)
-        st = exchange(d, d->acc, DT_I64);
-        if (st == DT_OK) st = b->d->fixed_to_float(b->grads + s->lo, d->acc + s->lo, s->hi - s->lo);
+    if (!d->g.nb && s->c->deterministic) {
+        st = b->d->fixed_to_float(b->grads, d->acc, s->n);
         if (st == DT_OK) st = b->d->memset0(d->acc, sizeof(int64_t) * s->n);
-    } else {
-        st = exchange(d, b->grads, DT_F32);
-    }
-    if (d->gpus) {  // all of it exposed: nothing overlaps backward
-        s->comm_seconds += dt_now() - t0;
-        s->comm_exposed_seconds += dt_now() - t0;
     }
     return st;
 }
@@ -569,7 +538,7 @@ static dt_status dev_update(dt_strategy *s, float lr, float scale) {
     dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale);
     double t0 = dt_now();
     if (st == DT_OK && d->zero && s->world > 1) {
-        st = by_owner(d, FROM, s->device->params, DT_F32);
+        st = broadcast_slices(d);
         s->comm_seconds += dt_now() - t0;
         s->comm_exposed_seconds += dt_now() - t0;
     }
