@@ -363,6 +363,8 @@ DT_API void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_s
  * three on each GPU's S/G over its own NIC, all G at once. *algo (if not
  * NULL) gets the algorithm between hosts ("none" for one host). */
 DT_API double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo);
+/* The ranks of one of s's hosts: its GPUs, else ranks_per_host (at least 1). */
+DT_API int dt_sim_host_ranks(const dt_sim_params *s);
 
 /* An HTML page at path (written atomically): title, body_html (the caller
  * escapes what it puts there; a table, say) and a line chart of ns <= 10

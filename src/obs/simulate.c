@@ -125,13 +125,13 @@ static double inter_allreduce(double S, int h, double a, double b, const char **
 }
 
 // The ranks on each host: a GPU each on GPU hosts.
-static int host_ranks(const dt_sim_params *s) {
+int dt_sim_host_ranks(const dt_sim_params *s) {
     int R = s->gpus_per_host > 0 ? s->gpus_per_host : s->ranks_per_host;
     return R > 0 ? R : 1;
 }
 
 double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo) {
-    int R = host_ranks(s), H = s->hosts > 0 ? s->hosts : 1;
+    int R = dt_sim_host_ranks(s), H = s->hosts > 0 ? s->hosts : 1;
     double intra, share = bytes;
     if (s->gpus_per_host > 0) {
         // NCCL's hierarchy: a ring reduce-scatter and allgather over NVLink,
@@ -148,7 +148,7 @@ double dt_sim_allreduce(double bytes, const dt_sim_params *s, const char **algo)
 }
 
 void dt_sim_predict(const dt_sim_profile *p, const dt_sim_params *s, dt_sim_point *o) {
-    int H = s->hosts > 0 ? s->hosts : 1, N = H * host_ranks(s);
+    int H = s->hosts > 0 ? s->hosts : 1, N = H * dt_sim_host_ranks(s);
     double local = s->weak ? (double)p->batch / p->workers : (double)p->batch / N;
     double S = (s->grad_bytes > 0 ? s->grad_bytes : 4) * p->params;
     memset(o, 0, sizeof *o);

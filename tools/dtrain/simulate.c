@@ -194,8 +194,6 @@ static int sim_params(const sim_args *a, dt_sim_params *sp) {
     return 0;
 }
 
-static int host_ranks(const dt_sim_params *sp) { return sp->gpus_per_host ? sp->gpus_per_host : sp->ranks_per_host; }
-
 // --allreduce: the model's time of each size on each host count
 static int allreduce_table(const sim_args *a, dt_sim_params sp) {
     double sz[32];
@@ -214,7 +212,7 @@ static int allreduce_table(const sim_args *a, dt_sim_params sp) {
             sp.hosts = a->hosts[i];
             const char *algo;
             double t = dt_sim_allreduce(sz[k], &sp, &algo);
-            int N = a->hosts[i] * host_ranks(&sp);
+            int N = a->hosts[i] * dt_sim_host_ranks(&sp);
             double busbw = t > 0 ? sz[k] / t * 2.0 * (N - 1) / N / 1e9 : 0;
             printf("%6d %6d %12.0f %12.1f %10.3f %6s\n", a->hosts[i], N, sz[k], t * 1e6, busbw, algo);
         }
@@ -300,7 +298,7 @@ static void strategy_table(const sim_args *a, const dt_sim_profile *p, dt_sim_pa
         }
     }
     fputs("</table>\n", b);
-    if (!a->weak && H * host_ranks(&sp) > p->batch)
+    if (!a->weak && H * dt_sim_host_ranks(&sp) > p->batch)
         printf("  * fewer than one sample per rank: the global batch (%d) is too small for this many ranks\n",
                p->batch);
 }
@@ -314,7 +312,7 @@ static int tables(const sim_args *a, const dt_sim_profile *p, const dt_sim_param
     FILE *b = open_memstream(&body, &blen);
     if (!b) return cli_error("out of memory"), EXIT_RUNTIME;
     fprintf(b, "<p>Profile <code>%s</code>; links %s, %d rank(s) per host, %s scaling.</p>\n",
-            a->dir ? a->dir : "(--params)", a->link, host_ranks(sp), a->weak ? "weak" : "strong");
+            a->dir ? a->dir : "(--params)", a->link, dt_sim_host_ranks(sp), a->weak ? "weak" : "strong");
     const char *names[2];
     for (int k = 0; k < ns; k++) {
         dt_sim_params s = *sp;
