@@ -11,19 +11,30 @@
 #include <unistd.h>
 
 int tl_passed, tl_failed;
+// The first failures' first lines, said again by tl_finish: a long test's
+// output is often read from its end.
+static char tl_said[8][240];
 
 void tl_check(int ok, const char *file, int line, const char *fmt, ...) {
     if (ok) {
         tl_passed++;
         return;
     }
-    tl_failed++;
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "FAIL %s:%d: ", file, line);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+    if (tl_failed < 8) {
+        char *o = tl_said[tl_failed];
+        int k = snprintf(o, sizeof tl_said[0], "FAIL %s:%d: ", file, line);
+        va_start(ap, fmt);
+        if (k > 0 && (size_t)k < sizeof tl_said[0]) vsnprintf(o + k, sizeof tl_said[0] - (size_t)k, fmt, ap);
+        va_end(ap);
+        o[strcspn(o, "\n")] = 0;
+    }
+    tl_failed++;
 }
 
 double tl_rel(double a, double b, double floor) {
@@ -154,6 +165,9 @@ int tl_finish(void) {
     for (int i = 0; i < tl_nbufs; i++) free(tl_bufs[i]);
     free(tl_bufs);
     tl_bufs = NULL, tl_nbufs = 0;
+    fflush(stdout);
+    for (int i = 0; i < tl_failed && i < 8; i++) fprintf(stderr, "%s\n", tl_said[i]);
+    if (tl_failed > 8) fprintf(stderr, "(and %d more failures above)\n", tl_failed - 8);
     printf("%d passed, %d failed%s\n", tl_passed, tl_failed, tl_skipped ? ", skipped" : "");
     return tl_failed ? 1 : tl_skipped ? 77 : 0;
 }
