@@ -50,6 +50,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
+#include "gpu/dev.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
@@ -737,6 +738,37 @@ static void test_fixed(size_t n) {
         dt_gpu_free(gacc);
 }
 
+// A block backed on demand (CUDA's virtual memory management, ZeRO stage
+// 2's gradients): three chunks of the driver's granularity reserved, the
+// middle one backed (zeroed) and written, the free memory falling by it,
+// given back (rising again), the first backed again: zero.
+static void test_vm(void) {
+    dt_dev_vm v;
+    size_t f0 = 0, f1 = 0, f2 = 0, total = 0;
+    dt_status st = dt_dev_vm_open(&v, &dt_dev_cuda, 0, "vm");
+    size_t gran = v.gran;
+    dt_dev_vm_close(&v);
+    if (st == DT_OK) st = dt_dev_vm_open(&v, &dt_dev_cuda, 3 * gran, "vm");
+    float one[4] = {1, 2, 3, 4}, got[4] = {9, 9, 9, 9};
+    if (st == DT_OK) st = dt_gpu_mem_info(&f0, &total);
+    if (st == DT_OK) st = dt_dev_vm_back(&v, gran, 16);
+    if (st == DT_OK) st = dt_gpu_to_host(got, v.base + gran, sizeof got);
+    int zeroed = st == DT_OK && got[0] == 0 && got[3] == 0;
+    if (st == DT_OK) st = dt_gpu_to_device(v.base + gran, one, sizeof one);
+    if (st == DT_OK) st = dt_gpu_to_host(got, v.base + gran, sizeof got);
+    int kept = st == DT_OK && !memcmp(got, one, sizeof one);
+    if (st == DT_OK) st = dt_gpu_mem_info(&f1, &total);
+    if (st == DT_OK) st = dt_dev_vm_unused(&v, gran, gran);
+    if (st == DT_OK) st = dt_gpu_mem_info(&f2, &total);
+    if (st == DT_OK) st = dt_dev_vm_back(&v, 0, gran);
+    if (st == DT_OK) st = dt_gpu_to_host(got, v.base, sizeof got);
+    CHECK(st == DT_OK && gran >= 4096 && zeroed && kept && f0 - f1 >= gran && f2 > f1 && got[0] == 0 && got[3] == 0 &&
+              v.peak == gran && !v.mapped[1],
+          "memory backed on demand (chunks of %zu bytes): backed zeroed %d, written %d, free %zu -> %zu -> %zu%s%s",
+          gran, zeroed, kept, f0, f1, f2, GPU_ERR(st));
+    dt_dev_vm_close(&v);
+}
+
 // The communication stream: after the kernels queued so far (ev NULL), or
 // after an event recorded after them, twice (reused), then done.
 static void test_stream(int event) {
@@ -969,6 +1001,7 @@ static void test_ops(void) {
     test_gemm();
     test_layers();
     test_gpt_ops();
+    test_vm();
     CHECK(dt_gpu_sync() == DT_OK, "no error left on the device: %s", dt_last_error());
 }
 

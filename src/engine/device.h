@@ -7,6 +7,7 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/config.h"
+#include "gpu/dev_model.h"
 
 #include <stddef.h>
 
@@ -17,9 +18,10 @@ dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, ch
 /* The same, made this process's device (the seam's use), before anything
  * is allocated on it. A CPU run: nothing. */
 dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
-/* The slice of the optimizer's state a rank keeps on its device: under
- * [parallel] zero its dt_shard_range slice over comm (*shard of *shards),
- * else the whole (0 of 1). */
-void dt_train_device_shard(const dt_config *c, dt_comm_t comm, int *shard, int *shards);
+/* The part of the state a rank keeps on its device: under [parallel] zero
+ * the optimizer's state of its dt_shard_range slice over comm (else the
+ * whole: 0 of 1), and at zero = 2 with several ranks the gradients backed on
+ * demand. */
+dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
 
 #endif

@@ -378,10 +378,11 @@ static dt_status micro_steps(const dt_task_ops *tops, dt_task *task, dt_strategy
         void *user;
         dt_grad_ready_fn hook = dt_strategy_grad_hook(s, k, &user);
         dt_obs_begin(obs, DT_OBS_BACKWARD);
-        tops->backward(task, hook, user);
-        dt_strategy_micro_end(s, k);
+        st = tops->backward(task, hook, user);
+        if (st == DT_OK) dt_strategy_micro_end(s, k);
         dt_fault_slow(s->rank, dt_now() - t0);
         dt_obs_end(obs, DT_OBS_BACKWARD);
+        if (st != DT_OK) return st;
         *loss_sum += (double)loss * s->len[k];
     }
     return tops->micro_pad ? tops->micro_pad(task, nm) : DT_OK;

@@ -20,6 +20,10 @@ const dt_dev dt_dev_cuda = {
     .host_alloc = dt_gpu_host_alloc,
     .host_free = dt_gpu_host_free,
     .memset0 = dt_gpu_memset0,
+    .vm_reserve = dt_gpu_vm_reserve,
+    .vm_map = dt_gpu_vm_map,
+    .vm_unmap = dt_gpu_vm_unmap,
+    .vm_free = dt_gpu_vm_free,
     .to_device = dt_gpu_to_device,
     .to_host = dt_gpu_to_host,
     .copy = dt_gpu_copy,
@@ -152,4 +156,87 @@ dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what) {
 void dt_dev_arena_close(dt_dev_arena *a) {
     if (a->base) a->d->free(a->base);
     a->base = NULL;
+}
+
+// ---- a block backed on demand ------------------------------------------------
+
+dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char *what) {
+    *v = (dt_dev_vm){.d = d};
+    if (!d->vm_reserve) return dt_error(DT_ERR_CONFIG, "%s: the GPU's vm_reserve is not in this dtrain yet", what);
+    void *p;
+    size_t gran;
+    dt_status st = d->vm_reserve(&p, bytes ? bytes : 1, &gran);
+    if (st != DT_OK) return dt_error(st, "%s: %s", what, dt_last_error());
+    v->base = p, v->bytes = bytes, v->gran = gran;
+    v->nchunks = (bytes + gran - 1) / gran;
+    v->mapped = calloc(v->nchunks ? v->nchunks : 1, 1);
+    v->unused = calloc(v->nchunks ? v->nchunks : 1, sizeof *v->unused);
+    if (!v->mapped || !v->unused) {
+        dt_dev_vm_close(v);
+        return dt_error(DT_ERR_NOMEM, "%s: out of host memory", what);
+    }
+    return DT_OK;
+}
+
+void dt_dev_vm_close(dt_dev_vm *v) {
+    for (size_t i = 0; v->base && i < v->nchunks; i++)
+        if (v->mapped[i]) v->d->vm_unmap(v->base + i * v->gran, v->gran);
+    if (v->base) v->d->vm_free(v->base, v->nchunks * v->gran);
+    free(v->mapped);
+    free(v->unused);
+    *v = (dt_dev_vm){0};
+}
+
+dt_status dt_dev_vm_back(dt_dev_vm *v, size_t off, size_t len) {
+    if (!len) return DT_OK;
+    for (size_t i = off / v->gran; i <= (off + len - 1) / v->gran && i < v->nchunks; i++) {
+        if (v->mapped[i]) continue;
+        while (v->budget && v->now + v->gran > v->budget && v->room && v->room(v->room_user)) {
+        }
+        size_t free_b = 0, total = 0;
+        dt_status st = v->d->vm_map(v->base + i * v->gran, v->gran);
+        if (st != DT_OK) {
+            v->d->mem_info(&free_b, &total);
+            return dt_error(st, "gradients backed on demand (ZeRO stage 2): %zu bytes more with %zu backed, and the "
+                            "GPU has %zu free of %zu: %s", v->gran, v->now, free_b, total, dt_last_error());
+        }
+        v->mapped[i] = 1;
+        v->now += v->gran;
+        v->peak = v->now > v->peak ? v->now : v->peak;
+        if ((st = v->d->memset0(v->base + i * v->gran, v->gran)) != DT_OK) return st;
+    }
+    return DT_OK;
+}
+
+// The bytes of chunk i inside the block (the last may be short).
+static size_t chunk_bytes(const dt_dev_vm *v, size_t i) {
+    size_t lo = i * v->gran, hi = lo + v->gran < v->bytes ? lo + v->gran : v->bytes;
+    return hi - lo;
+}
+
+dt_status dt_dev_vm_unused(dt_dev_vm *v, size_t off, size_t len) {
+    for (size_t i = off / v->gran; len && i <= (off + len - 1) / v->gran && i < v->nchunks; i++) {
+        size_t lo = i * v->gran > off ? i * v->gran : off, end = (i + 1) * v->gran;
+        size_t hi = end < off + len ? end : off + len;
+        v->unused[i] += hi - lo;
+        if (v->unused[i] < chunk_bytes(v, i) || !v->mapped[i]) continue;
+        dt_status st = v->d->vm_unmap(v->base + i * v->gran, v->gran);
+        if (st != DT_OK) return dt_error(st, "gradients given back (ZeRO stage 2): %s", dt_last_error());
+        v->mapped[i] = 0;
+        v->now -= v->gran;
+    }
+    return DT_OK;
+}
+
+dt_status dt_dev_vm_zero(dt_dev_vm *v) {
+    for (size_t i = 0; i < v->nchunks; i++) {
+        v->unused[i] = 0;
+        if (!v->mapped[i]) continue;
+        size_t j = i;  // (a run of backed chunks: one memset)
+        while (j + 1 < v->nchunks && v->mapped[j + 1]) v->unused[++j] = 0;
+        dt_status st = v->d->memset0(v->base + i * v->gran, (j - i + 1) * v->gran);
+        if (st != DT_OK) return st;
+        i = j;
+    }
+    return DT_OK;
 }

@@ -40,6 +40,18 @@ typedef struct dt_dev {
     dt_status (*host_alloc)(void **host, size_t bytes);
     void (*host_free)(void *host);
     dt_status (*memset0)(void *dev, size_t bytes);
+    /* Memory backed on demand (ZeRO's gradients, dt_dev_vm): vm_reserve
+     * takes an address range of `bytes` and no memory yet, *gran its
+     * granularity (a power of two; the ranges vm_map and vm_unmap take are
+     * multiples of it, aligned); vm_map backs [dev, dev + bytes) with
+     * memory (its contents undefined: NaNs on the simulated GPU), vm_unmap
+     * gives it back, once nothing queued uses it; vm_free the whole range.
+     * A kernel that touches memory not backed dies (an illegal address;
+     * SIGSEGV on the simulated GPU). */
+    dt_status (*vm_reserve)(void **dev, size_t bytes, size_t *gran);
+    dt_status (*vm_map)(void *dev, size_t bytes);
+    dt_status (*vm_unmap)(void *dev, size_t bytes);
+    void (*vm_free)(void *dev, size_t bytes);
     dt_status (*to_device)(void *dev, const void *host, size_t bytes);
     dt_status (*to_host)(void *host, const void *dev, size_t bytes);
     dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
@@ -167,5 +179,40 @@ typedef struct {
 void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes);
 dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what);
 void dt_dev_arena_close(dt_dev_arena *a);
+
+/* ---- a block backed on demand, chunk by chunk (ZeRO stage 2's gradients) ---- */
+
+typedef struct {
+    const dt_dev *d;
+    char *base;           /* the block: bytes of address range */
+    size_t bytes, gran;   /* ... backed in chunks of gran (the device's vm_reserve) */
+    size_t nchunks;
+    unsigned char *mapped; /* per chunk: backed */
+    size_t *unused;        /* per chunk: bytes said unused this step (dt_dev_vm_unused) */
+    size_t now, peak;      /* bytes backed, now and the most at once */
+    /* The owner's bound (0: none): before a chunk is backed past `budget`
+     * bytes, room(room_user) is called until it is back under it or room
+     * returns 0 (nothing more to wait for): it waits for work using the
+     * block to end, to give chunks back. The host is so kept at most a
+     * budget ahead of the device. */
+    size_t budget;
+    int (*room)(void *user);
+    void *room_user;
+} dt_dev_vm;
+
+/* A block of `bytes` with no memory yet. */
+dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char *what);
+void dt_dev_vm_close(dt_dev_vm *v);
+/* Bytes [off, off + len) of the block backed (the chunks not yet backed
+ * mapped and zeroed): before a kernel writes them. An out-of-memory names
+ * the bytes. */
+dt_status dt_dev_vm_back(dt_dev_vm *v, size_t off, size_t len);
+/* Bytes [off, off + len) are not needed again this step (nothing queued
+ * reads or writes them any more): every chunk all of whose bytes are so is
+ * given back. */
+dt_status dt_dev_vm_unused(dt_dev_vm *v, size_t off, size_t len);
+/* Every chunk backed zeroed, and the step's unused counts cleared: the
+ * block zero for the next step, wherever it is backed. */
+dt_status dt_dev_vm_zero(dt_dev_vm *v);
 
 #endif

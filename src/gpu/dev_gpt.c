@@ -100,8 +100,8 @@ static void gpt_take(dt_dev_gpt *g) {
     g->targets = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
 }
 
-dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates, int shard,
-                            int shards, dt_dtype t) {
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
+                            dt_dev_part part, dt_dtype t) {
     dt_dev_gpt *g = calloc(1, sizeof *g);
     const dt_gpt_config *c = dt_gpt_get_config(m);
     layer_acts *la = calloc((size_t)c->n_layer, sizeof *la);
@@ -111,11 +111,13 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
         *out = NULL;
         return dt_error(DT_ERR_NOMEM, "out of memory");
     }
-    *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, shard, shards), .c = *c,
+    *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, part), .c = *c,
                       .maxB = B, .maxT = T, .la = la};
     for (int i = 0; i < NPT; i++) {
         g->off[i] = dt_gpt_tensor(m, i)->offset;
         g->len[i] = dt_gpt_tensor(m, i)->numel;
+        size_t one = i >= LN1W && i <= FCPROJB ? g->len[i] / (size_t)c->n_layer : g->len[i];  // (a layer's)
+        g->b.largest = one > g->b.largest ? one : g->b.largest;
     }
     *out = g;
     gpt_take(g);  // (counting)
@@ -227,6 +229,16 @@ static void grads_final(dt_dev_gpt *g, int k, int l) {
     g->hook(pos, g->hook_user);
 }
 
+// Layer l's gradients backed before its backward writes them (ZeRO stage
+// 2's block backed on demand; else nothing to do).
+static dt_status back_layer(dt_dev_gpt *g, int l) {
+    for (int i = LN1W; i <= FCPROJB; i++) {
+        size_t per = g->len[i] / (size_t)g->c.n_layer;
+        TRY(dt_dev_blocks_back(&g->b, at(g, i, l, per), per));
+    }
+    return DT_OK;
+}
+
 static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
@@ -237,6 +249,7 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     void *h = g->dout16;
     dt_dev_x fchg = {s->fchg, s->fchg16}, ln2 = {s->ln2, s->ln2_16}, atty = {s->atty, s->atty16},
              ln1 = {s->ln1, s->ln1_16};
+    TRY(back_layer(g, l));
     TRY(d->memset0(g->dfchg, f * sF));
     TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l, 4 * uC * uC), gr + at(g, FCPROJB, l, uC), g->dresid, h,
                                fchg, BT, F, C));
@@ -273,6 +286,8 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) 
     size_t sC = (size_t)BT * C, f = sizeof(float);
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
     dt_dev_x lnf = {g->lnf, g->lnf16};
+    static const int outer[] = {WTE, WPE, LNFW, LNFB};  // (the layers' tensors: back_layer)
+    for (int i = 0; i < 4; i++) TRY(dt_dev_blocks_back(&g->b, g->off[outer[i]], g->len[outer[i]]));
     TRY(d->memset0(dlogits, f * (size_t)BT * V));
     TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, V, (size_t)V, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));

@@ -13,10 +13,11 @@
         if (st_ != DT_OK) return st_;                                                                              \
     } while (0)
 
-dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, int shard, int shards) {
+dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, dt_dev_part part) {
     size_t lo, hi;
-    dt_shard_range(n, shard, shards, &lo, &hi);
-    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .t = t, .n = n, .nstates = nstates, .slo = lo, .sn = hi - lo};
+    dt_shard_range(n, part.shard, part.shards, &lo, &hi);
+    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .grads_vm = part.grads_vm, .t = t, .n = n,
+                           .nstates = nstates, .slo = lo, .sn = hi - lo};
 }
 
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
@@ -24,7 +25,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     size_t n = b->n * sizeof(float);
     b->params = dt_dev_take(a, DT_DEV_WEIGHTS, n);
     b->w16 = b->t != DT_F32 ? dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2) : NULL;
-    b->grads = dt_dev_take(a, DT_DEV_GRADS, n);
+    b->grads = b->grads_vm ? (float *)b->gvm.base : dt_dev_take(a, DT_DEV_GRADS, n);
     for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
         b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
@@ -32,8 +33,28 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
 }
 
+size_t dt_dev_blocks_kept(const dt_dev_blocks *b) {
+    size_t gran = b->gvm.gran;
+    return gran ? (b->sn * sizeof(float) + gran - 1) / gran * gran + 2 * gran : 0;
+}
+
+// grads_vm: the gradient block reserved, and the slice's chunks within the
+// GPU's room beside the arena.
+static dt_status grads_vm_open(dt_dev_blocks *b, const char *what) {
+    size_t free_b = 0, total = 0, need;
+    TRY(dt_dev_vm_open(&b->gvm, b->d, b->n * sizeof(float), what));
+    need = dt_dev_blocks_kept(b);
+    TRY(b->d->mem_info(&free_b, &total));
+    if (need > free_b)
+        return dt_error(DT_ERR_NOMEM, "%s: this rank's slice of the gradients needs %zu bytes of GPU memory beside the "
+                        "arena, and the GPU has %zu free of %zu: use a smaller model or more ranks", what, need,
+                        free_b, total);
+    return DT_OK;
+}
+
 dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what) {
     TRY(dt_dev_arena_open(&b->arena, what));
+    if (b->grads_vm) TRY(grads_vm_open(b, what));
     b->pinned_bytes = pinned_bytes;
     return b->d->host_alloc(&b->pinned, pinned_bytes);
 }
@@ -42,6 +63,7 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     if (b->pinned) b->d->host_free(b->pinned);
     b->pinned = NULL;
     dt_dev_arena_close(&b->arena);
+    if (b->grads_vm) dt_dev_vm_close(&b->gvm);
 }
 
 dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
@@ -62,7 +84,13 @@ dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *state
     return DT_OK;
 }
 
-dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b) { return b->d->memset0(b->grads, b->n * sizeof(float)); }
+dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b) {
+    return b->grads_vm ? dt_dev_vm_zero(&b->gvm) : b->d->memset0(b->grads, b->n * sizeof(float));
+}
+
+dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n) {
+    return b->grads_vm ? dt_dev_vm_back(&b->gvm, off * sizeof(float), n * sizeof(float)) : DT_OK;
+}
 
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out) {
     TRY(b->d->sumsq(b->sumsq, b->grads, b->n));
@@ -112,6 +140,7 @@ dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_of
 
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     for (int i = 0; i < DT_DEV_KINDS; i++) bytes[i] = b->arena.planned[i];
+    bytes[DT_DEV_GRADS] += b->grads_vm ? dt_dev_blocks_kept(b) : 0;  // (beside the arena: the slice's, kept backed)
 }
 
 // ---- the sequential model --------------------------------------------------------
@@ -195,7 +224,7 @@ static void mlp_take(dt_dev_mlp *dm) {
 }
 
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
-                            int shard, int shards, dt_dtype t, uint64_t seed) {
+                            dt_dev_part part, dt_dtype t, uint64_t seed) {
     dt_dev_mlp *dm = calloc(1, sizeof *dm);
     int nl = dt_model_num_layers(m);
     if (dm) {
@@ -207,11 +236,15 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
         return dt_dev_mlp_free(dm), *out = NULL, dt_error(DT_ERR_NOMEM, "out of memory");
     dm->dact = dm->act + nl;
     dm->keep = dm->act + 2 * nl;
-    *dm = (dt_dev_mlp){.b = dt_dev_blocks_of(d, t, dt_model_num_params(m), nstates, shard, shards),
+    *dm = (dt_dev_mlp){.b = dt_dev_blocks_of(d, t, dt_model_num_params(m), nstates, part),
                        .nl = nl, .max_batch = max_batch, .in = dt_model_input_size(m), .V = dt_model_num_classes(m),
                        .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep,
                        .in16 = dm->in16};
-    for (int i = 0; i < nl; i++) dt_model_layer(m, i, &dm->L[i]);
+    for (int i = 0; i < nl; i++) {
+        dt_model_layer(m, i, &dm->L[i]);
+        size_t big = dm->L[i].w_n > dm->L[i].b_n ? dm->L[i].w_n : dm->L[i].b_n;
+        dm->b.largest = big > dm->b.largest ? big : dm->b.largest;
+    }
     mlp_take(dm);  // (counting)
     // the pinned buffer: a batch's samples (or, read back, its probabilities), then its targets
     dm->px_n = (size_t)max_batch * (size_t)(dm->in > dm->V ? dm->in : dm->V);
@@ -359,6 +392,8 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     int C = (int)l->in, OC = (int)l->out;
     dt_im2col_t g = geometry(l);
     dt_dev_x x = {in, dm->in16[i]};
+    TRY(dt_dev_blocks_back(&dm->b, l->w_off, l->w_n));
+    TRY(dt_dev_blocks_back(&dm->b, l->b_off, l->b_n));
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:
         return dt_dev_linear_backward(&dm->b, din, l->w_off, l->b_n ? db : NULL, dout, dm->g16, x, B, C, OC);

@@ -26,11 +26,23 @@
 #include "dtrain/optim.h"
 #include "gpu/dev.h"
 
+/* Which part of the state a rank's device holds: the optimizer's state over
+ * slice `shard` of `shards` (dt_shard_range; 0 of 1: the whole block:
+ * ZeRO's stage 1 and up), and with grads_vm (stage 2) the gradient block
+ * outside the arena, backed on demand (dt_dev_vm): each tensor's chunks
+ * before backward writes it, given back by the strategy once reduced. */
+typedef struct {
+    int shard, shards, grads_vm;
+} dt_dev_part;
+
 typedef struct {
     const dt_dev *d;
     dt_dev_arena arena;
+    dt_dev_vm gvm;            /* grads_vm: the gradient block's memory (grads is its base) */
+    int grads_vm;
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
+    size_t largest;           /* floats of the largest tensor (the model's) */
     int nstates;              /* the optimizer's state blocks (AdamW 2, SGD with momentum 1) */
     size_t slo, sn;           /* ... each of sn floats: the state of parameters [slo, slo + sn) (ZeRO: a
                                  rank's dt_shard_range slice; else the whole block, 0 and n) */
@@ -44,9 +56,8 @@ typedef struct {
 } dt_dev_blocks;
 
 /* The blocks' description before planning: n floats, nstates state blocks
- * over slice `shard` of `shards` (dt_shard_range; 0 of 1: the whole
- * block), GEMMs in precision t. */
-dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, int shard, int shards);
+ * over the part's slice, GEMMs in precision t. */
+dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, dt_dev_part part);
 /* Planning pass (arena base NULL: counts) and taking pass alike: the
  * blocks of n floats, nstates state blocks, the parameters' 16-bit copy
  * (t 16-bit), the scalars, rows for the cross-entropy of up to `rows` rows. */
@@ -56,7 +67,14 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows);
  * alone when states is NULL), a copy each. */
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states);
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
+/* The gradient block zero (grads_vm: wherever it is backed). */
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
+/* Gradients [off, off + n) (floats) about to be written by backward:
+ * backed first (grads_vm; else nothing to do). */
+dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n);
+/* grads_vm: the bytes of the chunks the slice's gradients span, at most
+ * (they stay backed: the reduced gradients the update reads); else 0. */
+size_t dt_dev_blocks_kept(const dt_dev_blocks *b);
 /* The gradient's sum of squares, computed on the device, read back (one
  * double). */
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
@@ -92,7 +110,8 @@ dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, dt_dev_x in,
                                 int C, int OC);
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
                                  void *dout16, dt_dev_x in, int N, int C, int OC);
-/* The bytes of each kind (dev.h's order) the arena holds. */
+/* The bytes of each kind (dev.h's order) the arena holds, and with grads_vm
+ * the chunks of the slice's gradients beside it (kept backed). */
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]);
 /* Opens the arena after the planning pass (refusing, with the bytes by
  * kind, a plan the device cannot hold) and the pinned buffer. */
@@ -103,11 +122,11 @@ typedef struct dt_dev_mlp dt_dev_mlp;
 /* The device's twin of the sequential model m (its plan and blocks'
  * layout; m stays the host copy) for batches of up to max_batch (the
  * training's micro-batches and the evaluation's batches), with
- * nstates optimizer blocks over slice `shard` of `shards` (dt_dev_blocks_of),
+ * nstates optimizer blocks over the part's slice (dt_dev_blocks_of),
  * its GEMMs in precision t (DT_F32, DT_BF16, DT_F16: the run's); seed:
  * dropout's, as dt_model_init's. */
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
-                            int shard, int shards, dt_dtype t, uint64_t seed);
+                            dt_dev_part part, dt_dtype t, uint64_t seed);
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
@@ -130,10 +149,9 @@ dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user)
 
 typedef struct dt_dev_gpt dt_dev_gpt;
 /* The device's twin of m for B x T tokens, nstates optimizer blocks over
- * slice `shard` of `shards`, its GEMMs and the attention's products in
- * precision t. */
-dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates, int shard,
-                            int shards, dt_dtype t);
+ * the part's slice, its GEMMs and the attention's products in precision t. */
+dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
+                            dt_dev_part part, dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
 /* dt_gpt_forward on tokens inputs, targets [B, T] (host). */

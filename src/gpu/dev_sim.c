@@ -26,16 +26,41 @@
 
 enum { MAX_REGIONS = 64 };
 
+// Memory backed on demand (vm_reserve) comes in chunks of VM_GRAN bytes
+// (CUDA's is the driver's granularity, 2 MiB on an H100: smaller here so
+// that small models show it).
+enum { VM_GRAN = 64 << 10 };
+
 static struct {
     pthread_mutex_t mu;
     void *at[MAX_REGIONS];
     size_t len[MAX_REGIONS];
+    unsigned char *vm[MAX_REGIONS];  // a vm_reserve's: per chunk, backed (else NULL)
     int open;  // ops inside one another (a twin that calls another op)
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+// Region i opened (prot) or shut; a vm_reserve's chunks not backed stay
+// shut, so that a kernel touching them dies.
+static void protect_region(int i, int prot) {
+    if (!g.vm[i] || prot == PROT_NONE) {
+        if (mprotect(g.at[i], g.len[i], prot) != 0) abort();  // (a region of ours: cannot fail)
+        return;
+    }
+    for (size_t c = 0, n = g.len[i] / VM_GRAN; c < n; c++)
+        if (g.vm[i][c] && mprotect((char *)g.at[i] + c * VM_GRAN, VM_GRAN, prot) != 0) abort();
+}
+
 static void protect(int prot) {
     for (int i = 0; i < MAX_REGIONS; i++)
-        if (g.at[i] && mprotect(g.at[i], g.len[i], prot) != 0) abort();  // (a region of ours: cannot fail)
+        if (g.at[i]) protect_region(i, prot);
+}
+
+// The bytes region i holds in memory (a vm_reserve's: its chunks backed).
+static size_t held(int i) {
+    if (!g.vm[i]) return g.len[i];
+    size_t b = 0;
+    for (size_t c = 0; c < g.len[i] / VM_GRAN; c++) b += g.vm[i][c] ? VM_GRAN : 0;
+    return b;
 }
 
 // An op's bracket: the device memory is the host's between open and shut.
@@ -83,7 +108,7 @@ static dt_status sim_use(int index) { return sim_index(index); }
 static dt_status sim_mem_info(size_t *free_b, size_t *total) {
     size_t used = 0;
     pthread_mutex_lock(&g.mu);
-    for (int i = 0; i < MAX_REGIONS; i++) used += g.at[i] ? g.len[i] : 0;
+    for (int i = 0; i < MAX_REGIONS; i++) used += g.at[i] ? held(i) : 0;
     pthread_mutex_unlock(&g.mu);
     *total = mem_bytes();
     *free_b = *total > used ? *total - used : 0;
@@ -119,10 +144,59 @@ static void sim_free(void *dev) {
     for (int i = 0; i < MAX_REGIONS; i++)
         if (g.at[i] == dev) {
             munmap(dev, g.len[i]);
-            g.at[i] = NULL;
+            free(g.vm[i]);
+            g.at[i] = NULL, g.vm[i] = NULL;
         }
     pthread_mutex_unlock(&g.mu);
 }
+
+static dt_status sim_vm_reserve(void **dev, size_t bytes, size_t *gran) {
+    *gran = VM_GRAN;
+    size_t chunks = (bytes + VM_GRAN - 1) / VM_GRAN;
+    unsigned char *map = calloc(chunks ? chunks : 1, 1);
+    dt_status st = map ? sim_alloc(dev, chunks * VM_GRAN) : dt_error(DT_ERR_NOMEM, "simulated GPU: out of host memory");
+    if (st != DT_OK) return free(map), st;
+    pthread_mutex_lock(&g.mu);
+    for (int i = 0; i < MAX_REGIONS; i++)
+        if (g.at[i] == *dev) {
+            g.vm[i] = map;
+            if (g.open) protect_region(i, PROT_NONE);  // (nothing backed yet)
+        }
+    pthread_mutex_unlock(&g.mu);
+    return DT_OK;
+}
+
+// Chunks [p, p + bytes) of a vm_reserve's region backed (on = 1: NaNs in
+// them, the undefined contents) or given back (their pages freed).
+static dt_status vm_set(void *p, size_t bytes, int on) {
+    pthread_mutex_lock(&g.mu);
+    int i = 0;
+    while (i < MAX_REGIONS && !(g.vm[i] && (char *)p >= (char *)g.at[i] && (char *)p < (char *)g.at[i] + g.len[i])) i++;
+    size_t off = i < MAX_REGIONS ? (size_t)((char *)p - (char *)g.at[i]) : 0;
+    if (i == MAX_REGIONS || off % VM_GRAN || bytes % VM_GRAN || off + bytes > g.len[i]) {
+        pthread_mutex_unlock(&g.mu);
+        return dt_error(DT_ERR_INTERNAL, "simulated GPU: vm_%s of %zu bytes at %p: not whole chunks of a reserved "
+                        "range", on ? "map" : "unmap", bytes, p);
+    }
+    size_t used = 0;
+    for (int r = 0; on && r < MAX_REGIONS; r++) used += g.at[r] ? held(r) : 0;
+    if (on && used + bytes > mem_bytes()) {
+        pthread_mutex_unlock(&g.mu);
+        return dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory (%zu bytes held, %zu more asked, %zu in all)", used,
+                        bytes, mem_bytes());
+    }
+    if (!on) madvise(p, bytes, MADV_DONTNEED);
+    if (on && mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) abort();
+    if (on) memset(p, 0xff, bytes);
+    if ((on && !g.open) || !on) mprotect(p, bytes, PROT_NONE);
+    for (size_t c = off / VM_GRAN; c < (off + bytes) / VM_GRAN; c++) g.vm[i][c] = (unsigned char)on;
+    pthread_mutex_unlock(&g.mu);
+    return DT_OK;
+}
+
+static dt_status sim_vm_map(void *dev, size_t bytes) { return vm_set(dev, bytes, 1); }
+static dt_status sim_vm_unmap(void *dev, size_t bytes) { return vm_set(dev, bytes, 0); }
+static void sim_vm_free(void *dev, size_t bytes) { (void)bytes, sim_free(dev); }
 
 static dt_status sim_host_alloc(void **host, size_t bytes) {
     *host = dt_alloc(bytes ? bytes : 1);
@@ -493,6 +567,10 @@ const dt_dev dt_dev_sim = {
     .host_alloc = sim_host_alloc,
     .host_free = sim_host_free,
     .memset0 = sim_memset0,
+    .vm_reserve = sim_vm_reserve,
+    .vm_map = sim_vm_map,
+    .vm_unmap = sim_vm_unmap,
+    .vm_free = sim_vm_free,
     .to_device = sim_to_device,
     .to_host = sim_to_host,
     .copy = sim_copy,

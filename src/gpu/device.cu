@@ -176,3 +176,102 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
 void dt_gpu_scratch_free(void *p) {
     if (p) cudaFreeAsync(p, 0);
 }
+
+// ---- memory backed on demand: CUDA's virtual memory management ----------------
+//
+// The driver's cuMem* calls, reached through the runtime
+// (cudaGetDriverEntryPointByVersion), so that the binary links no libcuda
+// of its own. A range is reserved; each vm_map creates physical memory on
+// the current device, maps it and lets the device read and write it, the
+// handle released at once (the memory goes with its mapping's vm_unmap).
+
+#include <cuda.h>
+
+static struct {
+    int ok;
+    CUresult (*gran)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*addr_free)(CUdeviceptr, size_t);
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+} vmm;
+
+static dt_status vmm_find(void) {
+    if (vmm.ok) return DT_OK;
+    const char *names[] = {"cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate",
+                           "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
+    void **slots[] = {(void **)&vmm.gran, (void **)&vmm.reserve, (void **)&vmm.addr_free, (void **)&vmm.create,
+                      (void **)&vmm.map, (void **)&vmm.access, (void **)&vmm.unmap, (void **)&vmm.release};
+    for (int i = 0; i < 8; i++) {
+        cudaDriverEntryPointQueryResult q;
+        cudaError_t e = cudaGetDriverEntryPointByVersion(names[i], slots[i], 12000, cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !*slots[i])
+            return dt_error(DT_ERR_INTERNAL, "GPU: the driver's %s (virtual memory management) was not found: %s",
+                            names[i], cudaGetErrorString(e));
+    }
+    vmm.ok = 1;
+    return DT_OK;
+}
+
+static dt_status vmm_prop(CUmemAllocationProp *p) {
+    int dev = 0;
+    DT_CUDA(cudaGetDevice(&dev));
+    memset(p, 0, sizeof *p);
+    p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->location.id = dev;
+    return DT_OK;
+}
+
+#define DT_CU(call, what)                                                                              \
+    do {                                                                                               \
+        CUresult r_ = (call);                                                                          \
+        if (r_ != CUDA_SUCCESS)                                                                        \
+            return dt_error(r_ == CUDA_ERROR_OUT_OF_MEMORY ? DT_ERR_NOMEM : DT_ERR_INTERNAL,           \
+                            "GPU: %s (%zu bytes): CUDA driver error %d", what, bytes, (int)r_);        \
+    } while (0)
+
+dt_status dt_gpu_vm_reserve(void **dev, size_t bytes, size_t *gran) {
+    CUmemAllocationProp p;
+    CUdeviceptr at = 0;
+    *dev = NULL;
+    dt_status st = vmm_find();
+    if (st == DT_OK) st = vmm_prop(&p);
+    if (st != DT_OK) return st;
+    DT_CU(vmm.gran(gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+    size_t len = (bytes + *gran - 1) / *gran * *gran;
+    DT_CU(vmm.reserve(&at, len, *gran, 0, 0), "cuMemAddressReserve");
+    *dev = (void *)at;
+    return DT_OK;
+}
+
+dt_status dt_gpu_vm_map(void *dev, size_t bytes) {
+    CUmemAllocationProp p;
+    CUmemGenericAllocationHandle h;
+    dt_status st = vmm_prop(&p);
+    if (st != DT_OK) return st;
+    DT_CU(vmm.create(&h, bytes, &p, 0), "cuMemCreate");
+    CUresult r = vmm.map((CUdeviceptr)dev, bytes, 0, h, 0);
+    vmm.release(h);  // (the memory lives on in its mapping)
+    DT_CU(r, "cuMemMap");
+    CUmemAccessDesc a = {};
+    a.location = p.location;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    DT_CU(vmm.access((CUdeviceptr)dev, bytes, &a, 1), "cuMemSetAccess");
+    return DT_OK;
+}
+
+dt_status dt_gpu_vm_unmap(void *dev, size_t bytes) {
+    DT_CU(vmm.unmap((CUdeviceptr)dev, bytes), "cuMemUnmap");
+    return DT_OK;
+}
+
+void dt_gpu_vm_free(void *dev, size_t bytes) {
+    size_t gran = 0;
+    CUmemAllocationProp p;
+    if (!dev || vmm_prop(&p) != DT_OK || vmm.gran(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return;
+    vmm.addr_free((CUdeviceptr)dev, (bytes + gran - 1) / gran * gran);
+}

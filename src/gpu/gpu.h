@@ -37,6 +37,13 @@ dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes);
 dt_status dt_gpu_memset0(void *dev, size_t bytes);
 /* The current device's free and total memory. */
 dt_status dt_gpu_mem_info(size_t *free_bytes, size_t *total);
+/* Memory backed on demand (dev.h's vm_*): CUDA's virtual memory management
+ * (cuMemAddressReserve, cuMemCreate + cuMemMap, cuMemUnmap), the driver's
+ * calls found through the runtime; the granularity the driver's minimum. */
+dt_status dt_gpu_vm_reserve(void **dev, size_t bytes, size_t *gran);
+dt_status dt_gpu_vm_map(void *dev, size_t bytes);
+dt_status dt_gpu_vm_unmap(void *dev, size_t bytes);
+void dt_gpu_vm_free(void *dev, size_t bytes);
 /* Page-locked host memory (cudaMallocHost): the copies' pinned buffers. */
 dt_status dt_gpu_host_alloc(void **host, size_t bytes);
 void dt_gpu_host_free(void *host);

@@ -34,6 +34,10 @@ dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes) {
 }
 dt_status dt_gpu_memset0(void *dev, size_t bytes) { return (void)dev, (void)bytes, no_gpu(); }
 dt_status dt_gpu_mem_info(size_t *free_bytes, size_t *total) { return *free_bytes = *total = 0, no_gpu(); }
+dt_status dt_gpu_vm_reserve(void **dev, size_t bytes, size_t *gran) { return (void)bytes, *dev = NULL, *gran = 1, no_gpu(); }
+dt_status dt_gpu_vm_map(void *dev, size_t bytes) { return (void)dev, (void)bytes, no_gpu(); }
+dt_status dt_gpu_vm_unmap(void *dev, size_t bytes) { return (void)dev, (void)bytes, no_gpu(); }
+void dt_gpu_vm_free(void *dev, size_t bytes) { (void)dev, (void)bytes; }
 dt_status dt_gpu_host_alloc(void **host, size_t bytes) { return (void)bytes, *host = NULL, no_gpu(); }
 void dt_gpu_host_free(void *host) { (void)host; }
 dt_status dt_gpu_sync(void) { return no_gpu(); }

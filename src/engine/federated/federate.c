@@ -214,7 +214,7 @@ static dt_status train_client(fed *f, int r, int k, float *loss_out) {
             // Dropout keyed by round, client and local step.
             int64_t key = ((int64_t)r << 40) ^ ((int64_t)k << 20) ^ local++;
             if ((st = f->tops->forward(f->task, key, 0, b.share, 1.0f, &loss)) != DT_OK) break;
-            f->tops->backward(f->task, NULL, NULL);
+            if ((st = f->tops->backward(f->task, NULL, NULL)) != DT_OK) break;
             if (c->fed_mu > 0) {  // FedProx: the gradient of mu/2 |w - w_global|^2
                 float mu = c->fed_mu;
 #pragma omp parallel for schedule(static)

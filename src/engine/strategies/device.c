@@ -60,7 +60,19 @@
  * slice, and each slice is then broadcast from its owner, bucket by bucket
  * (the parameters' allgather; NCCL gathers only equal blocks). Under
  * [parallel] grad_dtype = bf16 each slice goes in bf16 (rounded on the
- * device, reduced in that type, widened back on its owner), as zero.c's. */
+ * device, reduced in that type, widened back on its owner), as zero.c's.
+ *
+ * At [parallel] zero = 2 (several ranks) the same, and the gradient block
+ * is backed on demand (dt_dev_blocks' grads_vm: a dt_dev_vm outside the
+ * arena): backward backs each layer's chunks before writing them, and each
+ * piece another rank owns is given back once its reduction is done
+ * (settle_one: polled at the grad hook, waited for after backward, and
+ * whenever backing would pass the block's budget, so that the host, which
+ * queues a GPU's backward far ahead, backs at most the slice, two buckets
+ * and two of the largest tensor ahead of what the device has reduced).
+ * The slice's chunks stay: the reduced gradients the norm and the update
+ * read, zeroed by the next step's zero_grad. [parallel] zero_release is
+ * the CPU's: a device always gives them back. */
 #include "comm/device.h"
 #include "engine/codecs/codec.h"
 #include "engine/device.h"
@@ -87,9 +99,10 @@ typedef struct {
     void *w16;          // ... one bucket's 16-bit values, on the device
     float *res;         // ... error feedback's residual, on the device (NULL: off)
     dt_codec *codec;    // ... the CPU codec: the host's copy of the residual and the steps, for checkpoints
-    dt_grad_buckets g;  // plain data parallel in fp32 (several ranks): the order's buckets, from its end
+    dt_grad_buckets g;  // several ranks: the order's buckets, from its end
     void **ev;          // ... an event a bucket: its gradients' kernels (re-recorded after its wait)
     int next;           // ... the next bucket to start this step
+    int settled;        // ... pieces [0, settled) are done, their gradients given back (ZeRO stage 2)
     double t_first;     // ... when this step's first started
     int64_t early, late; // the buckets summed, begun before the backward's last layer and not (summary.json)
     size_t own;          // device bytes of the strategy's own, outside the arena (the exchange's)
@@ -175,17 +188,21 @@ static void memory_said(dt_strategy *s) {
     double g[DT_DEV_KINDS];
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
-    char half[160] = "", slice[80] = "";
+    char half[160] = "", slice[80] = "", vm[200] = "";
     if (((devs *)s)->zero && s->world > 1) snprintf(slice, sizeof slice, " (this rank's slice: 1/%d)", s->world);
+    if (b->grads_vm)
+        snprintf(vm, sizeof vm, " (beside the arena, ZeRO stage 2: backed on demand in chunks of %zu KiB, the slice's kept; each "
+                 "other given back once reduced)", b->gvm.gran >> 10);
     if (b->t != DT_F32)
         snprintf(half, sizeof half, "; GEMMs on %s operands with fp32 sums (the weights hold the parameters' %s copy, "
                  "%.1f MiB)", b->t == DT_BF16 ? "bf16" : "fp16", b->t == DT_BF16 ? "bf16" : "fp16",
                  (double)b->n * 2 / 1048576.0);
     if (s->rank == 0)
-        dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f + optimizer "
-               "state %.1f%s + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned host memory%s",
-               b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0, k[2] / 1048576.0,
-               slice, k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0, half);
+        dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f%s + "
+               "optimizer state %.1f%s + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned "
+               "host memory%s", b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0,
+               vm, k[2] / 1048576.0, slice, k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0,
+               half);
 }
 
 // Elements of es bytes in a bucket of [parallel] bucket_kb (at least one).
@@ -269,6 +286,48 @@ static dt_status overlap_init(devs *d) {
     return st;
 }
 
+// ---- ZeRO stage 2: the gradients backed on demand ------------------------------
+//
+// A piece begun and done: nothing uses its gradients again this step (its
+// sum is on its owner, and every kernel that wrote or read them came before
+// its start's event), so on a rank that does not own it they are given
+// back (the chunks wholly so: dt_dev_vm_unused). The block's budget (room)
+// keeps the host from backing more than this rank's slice, two buckets and
+// two of the largest tensor ahead: past it, backing a chunk waits for the
+// oldest piece in flight first.
+
+// The oldest piece begun and not settled, settled (wait: waited for, else
+// only if done): 1 if it was.
+static int settle_one(devs *d, int wait) {
+    dt_strategy *s = &d->base;
+    const dt_grad_bucket *last = d->next ? &d->g.b[d->next - 1] : NULL;
+    int done = 1;
+    if (!last || d->settled >= last->first + last->n || d->err != DT_OK) return 0;
+    dt_grad_piece *p = &d->g.p[d->settled];
+    dt_status st = wait ? dt_wait(&p->req) : dt_test(&p->req, &done);
+    if (st == DT_OK && !done) return 0;
+    if (st != DT_OK)
+        st = dt_error(st, "the gradients' exchange on the GPUs: %s", dt_last_error());
+    else if (owner(d, p->lo) != s->rank)
+        st = dt_dev_vm_unused(&s->device->gvm, p->lo * sizeof(float), (p->hi - p->lo) * sizeof(float));
+    if (st != DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
+    }
+    d->settled++;
+    return 1;
+}
+
+static int room(void *user) { return settle_one(user, 1); }
+
+static void vm_init(devs *d) {
+    dt_dev_blocks *b = d->base.device;
+    size_t ahead = 2 * (bucket_elems(d->base.c, sizeof(float)) + b->largest) * sizeof(float);
+    b->gvm.budget = dt_dev_blocks_kept(b) + ahead + 4 * b->gvm.gran;
+    b->gvm.room = room;
+    b->gvm.room_user = d;
+}
+
 static dt_status dev_init(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
     devs *d = (devs *)s;
@@ -286,6 +345,7 @@ static dt_status dev_init(dt_strategy *s) {
     if (wants_gpus(s)) st = open_gpus(s);
     if (st == DT_OK) st = wire_init(d);
     if (st == DT_OK) st = overlap_init(d);
+    if (st == DT_OK && b->grads_vm) vm_init(d);
     if (st == DT_OK && d->own && s->rank == 0)
         dt_log(DT_LOG_INFO, "GPU memory beside the arena: %.1f MiB for the gradients' exchange (summary.json's "
                "gpu.exchange_bytes)", (double)d->own / 1048576.0);
@@ -312,7 +372,7 @@ static void dev_fini(dt_strategy *s) {
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
     devs *d = (devs *)s;
     d->have_norm = 0;
-    d->next = 0;
+    d->next = d->settled = 0;
     d->t_first = 0;
     if (s->c->deterministic) return dt_strategy_plan_shards(s, first, share, global);
     return dt_strategy_plan_accum(s, first, share, global);
@@ -326,7 +386,7 @@ static void dev_micro_end(dt_strategy *s, int k) {
     const dt_dev *dv = s->device->d;
     if (!s->c->deterministic || d->err != DT_OK || (d->g.nb && k == s->nmicro - 1)) return;
     dt_status st = dv->fixed_add(d->acc, s->device->grads, s->n);
-    if (st == DT_OK) st = dv->memset0(s->device->grads, sizeof(float) * s->n);
+    if (st == DT_OK) st = dt_dev_blocks_zero_grad(s->device);
     if (st != DT_OK) {
         d->err = st;
         snprintf(d->errmsg, sizeof d->errmsg, "deterministic mode's sums on the device: %s", dt_last_error());
@@ -403,6 +463,9 @@ static void start(devs *d, int i, int early) {
 static void ready(size_t pos, void *user) {
     devs *d = user;
     while (d->next < d->g.nb && d->g.b[d->next].pos >= pos) start(d, d->next++, pos > 0);
+    if (d->base.device->grads_vm)
+        while (settle_one(d, 0)) {
+        }
 }
 
 static dt_grad_ready_fn dev_grad_hook(dt_strategy *s, int k, void **user) {
@@ -437,6 +500,9 @@ static void finish(devs *d) {
     dt_strategy *s = &d->base;
     double t_end = dt_now();
     while (d->next < d->g.nb) start(d, d->next++, 0);
+    if (s->device->grads_vm)
+        while (settle_one(d, 1)) {
+        }
     for (int i = 0; i < d->g.np; i++) {
         dt_status st = d->g.p[i].req ? dt_wait(&d->g.p[i].req) : DT_OK;
         if (st != DT_OK && d->err == DT_OK) {
@@ -650,6 +716,10 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddNumberToObject(g, "exchange_bytes", (double)d->own);
     cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
     cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
+    if (b->grads_vm) {  // ZeRO stage 2: the gradients' memory, backed on demand
+        cJSON_AddNumberToObject(g, "gradients_backed_peak_bytes", (double)b->gvm.peak);
+        cJSON_AddNumberToObject(g, "gradients_backed_chunk_bytes", (double)b->gvm.gran);
+    }
 }
 
 const dt_strategy_ops dt_strategy_device = {

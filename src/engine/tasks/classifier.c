@@ -409,12 +409,12 @@ static void cls_info(dt_task *t, const dt_config *c, int nt, dt_task_info *info)
 // The device's model (the run on a device): its batches are the
 // micro-batches and the evaluation's (at most eval_batch of the test
 // split), and the evaluation's probabilities come back into t->probs.
-static dt_status dev_model(dt_task *t, const dt_config *c, int max_micro, int shard, int shards) {
+static dt_status dev_model(dt_task *t, const dt_config *c, int max_micro, dt_dev_part part) {
     int eb = c->eval_batch < t->test.n ? c->eval_batch : t->test.n, rows = eb > max_micro ? eb : max_micro;
     size_t V = (size_t)dt_model_num_classes(t->m);
     if (!(t->probs = malloc(sizeof(float) * V * (size_t)(eb > 0 ? eb : 1))))
         return dt_error(DT_ERR_NOMEM, "out of memory");
-    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_optim_params_states(&c->optim), shard, shards,
+    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_optim_params_states(&c->optim), part,
                              (dt_dtype)c->precision, c->seed);
 }
 
@@ -432,10 +432,7 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_model(t, c, comm, dt_device_index(c->device) >= 0 ? 1 : model_rows), done);
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
-    int shard, shards;
-    dt_train_device_shard(c, comm, &shard, &shards);
-    if (dt_device_index(c->device) >= 0)
-        DT_TRY(dev_model(t, c, max_micro, shard, shards), done);
+    if (dt_device_index(c->device) >= 0) DT_TRY(dev_model(t, c, max_micro, dt_train_device_part(c, comm)), done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;
 done:
@@ -493,13 +490,11 @@ static dt_status cls_segments(dt_task *t, int n, const int *len, const float *sc
     return dt_model_set_segments(t->m, n, len, scale, fn, user);
 }
 
-static void cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
-    if (t->dm) {
-        if (t->dev_err == DT_OK) t->dev_err = dt_dev_mlp_backward(t->dm, hook, user);
-        return;
-    }
+static dt_status cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+    if (t->dm) return t->dev_err == DT_OK ? (t->dev_err = dt_dev_mlp_backward(t->dm, hook, user)) : t->dev_err;
     dt_model_set_grad_hook(t->m, hook, user);
     dt_model_backward(t->m);
+    return DT_OK;
 }
 
 static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {

@@ -295,7 +295,7 @@ static dt_status rs_forward(dt_task *t, int64_t step, int off, int len, float lo
 // The rows' gradients: into the pulled rows' (remote), or the block's
 // tables (local); the MLPs' into the block. The hook hears the whole
 // block final at once.
-static void rs_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+static dt_status rs_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     dt_dlrm_backward(t->m, t->demb, t->scale);
     const int32_t *pos = t->pos + (size_t)t->off * t->T;
     for (int k = 0; k < t->len * t->T; k++) {
@@ -308,6 +308,7 @@ static void rs_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
         memcpy(t->grads, mg, sizeof(float) * t->mlp);
     }
     if (hook) hook(0, user);
+    return DT_OK;
 }
 
 static void rs_rows(dt_task *t, const int64_t **ids, size_t *n, float **vals, float **grads) {

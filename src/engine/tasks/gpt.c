@@ -314,11 +314,9 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_gpt_param_shapes(&t->gc, t->tinfo);  // the whole model's, for checkpoints
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     DT_TRY(gpt_order(t, norder), done);
-    int shard, shards;
-    dt_train_device_shard(c, comm, &shard, &shards);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim), shard,
-                                 shards, (dt_dtype)c->precision), done);
+        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim),
+                                 dt_train_device_part(c, comm), (dt_dtype)c->precision), done);
     gpt_info(t, c, order, norder, info);
     info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
 done:
@@ -367,13 +365,11 @@ static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float l
     return dt_gpt_forward(t->m, t->x + o, t->y + o, len, t->T, loss);
 }
 
-static void gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
-    if (t->dg) {
-        if (t->dev_err == DT_OK) t->dev_err = dt_dev_gpt_backward(t->dg, hook, user);
-        return;
-    }
+static dt_status gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+    if (t->dg) return t->dev_err == DT_OK ? (t->dev_err = dt_dev_gpt_backward(t->dg, hook, user)) : t->dev_err;
     dt_gpt_set_grad_hook(t->m, hook, user);
     dt_gpt_backward(t->m);
+    return DT_OK;
 }
 
 static dt_status layer_hook(int layer, dt_gpt_phase phase, void *user) {

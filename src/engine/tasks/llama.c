@@ -213,9 +213,10 @@ static dt_status llama_forward(dt_task *t, int64_t step, int off, int len, float
     return dt_llama_forward(t->m, t->x + o, t->y + o, len, t->T, loss);
 }
 
-static void llama_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
+static dt_status llama_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
     dt_llama_set_grad_hook(t->m, hook, user);
     dt_llama_backward(t->m);
+    return DT_OK;
 }
 
 static dt_status layer_hook(int layer, int phase, void *user) {

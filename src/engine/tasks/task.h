@@ -131,7 +131,10 @@ typedef struct dt_task_ops {
     /* Forward over samples [off, off + len) of the share, the loss scaled by
      * loss_scale in the backward that follows; step keys dropout. */
     dt_status (*forward)(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss);
-    void (*backward)(dt_task *t, dt_grad_ready_fn hook, void *user);
+    /* Backward of the last forward, the hook called as gradients become
+     * final; an error only on a device (the step then stops: its buckets
+     * would read gradients never written). */
+    dt_status (*backward)(dt_task *t, dt_grad_ready_fn hook, void *user);
     /* After a step's `done` micro-batches on this rank (0 for an empty
      * share): a model whose forward and backward sum over the workers
      * (synchronized batch norm) makes the sums of the micro-batches other
