@@ -727,6 +727,14 @@ static const dev_row dev_rows[] = {
     {"gpt", 3, "--zero 2 --set parallel.bucket_kb=4", 0},
     {"mlp", 3, "--deterministic --zero 2 --set parallel.bucket_kb=4", 1},
     {"gpt", 2, "--zero 2 --precision bf16 --set parallel.grad_dtype=bf16 --set parallel.bucket_kb=4", 0},
+    // ZeRO stage 3: stage 2, and each layer's parameters gathered before its
+    // forward and backward, evaluations too (zero3_memory)
+    {"mlp", 2, "--zero 3", 0},
+    {"mlp", 3, "--zero 3 --set train.grad_accum=2 --set parallel.bucket_kb=4", 0},
+    {"gpt", 3, "--zero 3 --set parallel.bucket_kb=4", 0},
+    {"mlp", 3, "--deterministic --zero 3 --set parallel.bucket_kb=4", 1},
+    {"gpt", 2, "--deterministic --zero 3", 1},
+    {"gpt", 2, "--zero 3 --set parallel.grad_dtype=bf16", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -840,7 +848,7 @@ static void trace_buckets(void) {
            "step before the first layer's backward)\n", inside, full / 2);
 }
 
-// ZeRO stage 2's gradients on the device (summary.json, rank 0's): a deep
+// ZeRO stages 2 and 3's memory on the device (summary.json, rank 0's): a deep
 // MLP (747554 parameters, 11 linears of 256 x 256) on 4 ranks in buckets
 // of 64 KiB. The block is backed in chunks of 64 KiB as backward writes
 // it; what another rank owns is given back once reduced, and backing waits
@@ -849,7 +857,10 @@ static void trace_buckets(void) {
 // the largest tensor ahead, and a chunk's rounding at four ends. The peak
 // within that formula, computed here, and under the whole block (2.99 MB;
 // measured 1.84 MB); the weights bitwise the CPU's ZeRO 2 and the device's
-// ZeRO 1 (the same exchange).
+// ZeRO 1 (the same exchange). At stage 3 the parameters too: the slice's
+// chunks, the layer in use (the largest 65792 floats), the ranges outside
+// the layers (the last linear, 2570) and four chunks' rounding at most
+// (measured 1.18 MB); the weights the same bits.
 static void zero2_memory(void) {
     char text[4096], layers[1024] = "layer = linear out=16\nlayer = relu\n";
     for (int i = 0; i < 12; i++) strcat(layers, "layer = linear out=256\nlayer = relu\n");
@@ -857,9 +868,10 @@ static void zero2_memory(void) {
     char cfg[8192];
     snprintf(cfg, sizeof cfg, "%.*s%s%s", (int)(at - base), base, layers, at + strlen("layer = linear out=48\n"));
     const char *flags[] = {"--zero 2 --set parallel.bucket_kb=64 --device cuda",
-                           "--zero 1 --set parallel.bucket_kb=64 --device cuda", "--zero 2 --set parallel.bucket_kb=64"};
-    const char *names[] = {"deep-z2-dev", "deep-z1-dev", "deep-z2-cpu"};
-    for (int i = 0; i < 3; i++)
+                           "--zero 1 --set parallel.bucket_kb=64 --device cuda", "--zero 2 --set parallel.bucket_kb=64",
+                           "--zero 3 --set parallel.bucket_kb=64 --device cuda"};
+    const char *names[] = {"deep-z2-dev", "deep-z1-dev", "deep-z2-cpu", "deep-z3-dev"};
+    for (int i = 0; i < 4; i++)
         CHECK(tl_train(g_tmp, names[i], cfg, 4, flags[i], g_out, sizeof g_out) == 0, "the deep MLP, %s: %s", flags[i],
               g_out);
     char sum[700];
@@ -879,6 +891,15 @@ static void zero2_memory(void) {
     CHECK(d1 == 0 && bw, "--zero 2 on the device: the CPU's ZeRO 2 weights bitwise (diff %g)", d1);
     d2 = tl_runs_diff(g_tmp, "deep-z1-dev", "deep-z2-dev", &bw);
     CHECK(d2 == 0 && bw, "--zero 2 on the device: its ZeRO 1 weights bitwise (diff %g)", d2);
+    d2 = tl_runs_diff(g_tmp, "deep-z3-dev", "deep-z2-dev", &bw);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("deep-z3-dev"));
+    double wpeak = tl_json_number(sum, "weights_backed_peak_bytes"), wform = kept + (65792 + 2570) * 4 + 4 * gran;
+    CHECK(d2 == 0 && bw && wpeak > 0 && wpeak <= wform && tl_json_number(sum, "gradients_backed_peak_bytes") <= budget,
+          "--zero 3 on the device: its ZeRO 2 weights bitwise (diff %g); the parameters backed at most %g bytes, the "
+          "formula %g", d2, wpeak, wform);
+    printf("--zero 3 on the device, the same: parameters backed at most %.2f MB (formula %.2f MB), gradients %.2f MB\n",
+           wpeak / 1e6, wform / 1e6, tl_json_number(sum, "gradients_backed_peak_bytes") / 1e6);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("deep-z2-dev"));
     printf("--zero 2 on the device, the deep MLP on 4 ranks: gradients backed at most %.2f MB (formula %.2f MB; the "
            "block %.2f MB)\n", peak / 1e6, budget / 1e6, n * 4 / 1e6);
     // A GPU with room for the arena, the exchange and the slice's chunks
@@ -948,43 +969,54 @@ static void test_ranks_resume(void) {
     crosswise("ckc", "[compression]\nmethod = bf16\n", 2, "", "step-00000010", 10, 2);
 }
 
-// ZeRO stage 1 on the device: a checkpoint of 2 ranks at step 10 resumed by
-// 2 CPU workers under --zero 1 and under no ZeRO, and the CPU's resumed on
-// the device: the uninterrupted CPU --zero 1 run's weights bitwise; the
-// device's checkpoint shards hold the CPU's tensors (the parameters, the
-// optimizer state's slices) bitwise.
-static void test_zero_resume(void) {
-    char ck[4096], flags[1200];
+// ZeRO stage 1 (and 3) on the device: a checkpoint of 2 ranks at step 10
+// resumed by 2 CPU workers under --zero 1 (3) and under no ZeRO, and the
+// CPU's resumed on the device: the uninterrupted CPU run's weights bitwise;
+// the device's checkpoint shards hold the CPU's tensors (the parameters,
+// the optimizer state's slices) bitwise.
+static void zero_resume(int stage) {
+    char ck[4096], flags[1200], zf[32], zd[48], dev[32], cpu[32];
     snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", cfg_gpt);
-    CHECK(tl_train(g_tmp, "ckz-dev", ck, 2, "--zero 1 --device cuda", g_out, sizeof g_out) == 0, "2 ranks on the "
-          "device, --zero 1, checkpoints: %s", g_out);
-    CHECK(tl_train(g_tmp, "ckz-cpu", ck, 2, "--zero 1", g_out, sizeof g_out) == 0, "2 CPU workers, --zero 1: %s", g_out);
+    snprintf(zf, sizeof zf, "--zero %d", stage);
+    snprintf(zd, sizeof zd, "--zero %d --device cuda", stage);
+    snprintf(dev, sizeof dev, "ckz%d-dev", stage);
+    snprintf(cpu, sizeof cpu, "ckz%d-cpu", stage);
+    CHECK(tl_train(g_tmp, dev, ck, 2, zd, g_out, sizeof g_out) == 0, "2 ranks on the device, %s, checkpoints: %s", zf,
+          g_out);
+    CHECK(tl_train(g_tmp, cpu, ck, 2, zf, g_out, sizeof g_out) == 0, "2 CPU workers, %s: %s", zf, g_out);
     struct {
         const char *name, *flags, *from;
     } runs[] = {
-        {"fromz-dev", "--zero 1", "ckz-dev"},
-        {"fromz-dev0", "", "ckz-dev"},
-        {"fromz-cpu", "--zero 1 --device cuda", "ckz-cpu"},
+        {"fromz-dev", zf, dev},
+        {"fromz-dev0", "", dev},
+        {"fromz-cpu", zd, cpu},
     };
     for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s%d", runs[i].name, stage);
         snprintf(flags, sizeof flags, "%s --set checkpoint.resume=%s/%s/checkpoints/step-00000010", runs[i].flags,
                  g_tmp, runs[i].from);
-        int rc = tl_train(g_tmp, runs[i].name, ck, 2, flags, g_out, sizeof g_out), bw = 0;
-        double d = tl_runs_diff(g_tmp, "ckz-cpu", runs[i].name, &bw);
+        int rc = tl_train(g_tmp, name, ck, 2, flags, g_out, sizeof g_out), bw = 0;
+        double d = tl_runs_diff(g_tmp, cpu, name, &bw);
         CHECK(rc == 0 && d == 0 && bw, "%s (%s) resumes %s's step 10: the uninterrupted run's weights bitwise (exit %d, "
-              "diff %g)\n%s", runs[i].name, runs[i].flags, runs[i].from, rc, d, g_out);
+              "diff %g)\n%s", name, runs[i].flags, runs[i].from, rc, d, g_out);
     }
     int bw = 0;
-    double d = tl_runs_diff(g_tmp, "ckz-cpu", "ckz-dev", &bw);
-    CHECK(d == 0 && bw, "--zero 1 x 2 on the device: the CPU's weights bitwise (diff %g)", d);
+    double d = tl_runs_diff(g_tmp, cpu, dev, &bw);
+    CHECK(d == 0 && bw, "%s x 2 on the device: the CPU's weights bitwise (diff %g)", zf, d);
     for (int r = 0; r < 2; r++) {
         char a[700], b[700];
         int same = 0;
-        snprintf(a, sizeof a, "%s/ckz-dev/checkpoints/step-00000020/shard-%05d-of-00002.safetensors", g_tmp, r);
-        snprintf(b, sizeof b, "%s/ckz-cpu/checkpoints/step-00000020/shard-%05d-of-00002.safetensors", g_tmp, r);
+        snprintf(a, sizeof a, "%s/%s/checkpoints/step-00000020/shard-%05d-of-00002.safetensors", g_tmp, dev, r);
+        snprintf(b, sizeof b, "%s/%s/checkpoints/step-00000020/shard-%05d-of-00002.safetensors", g_tmp, cpu, r);
         d = tl_weights_diff(a, b, &same);
-        CHECK(d == 0 && same, "--zero 1: the device's checkpoint shard %d holds the CPU's tensors bitwise (%g)", r, d);
+        CHECK(d == 0 && same, "%s: the device's checkpoint shard %d holds the CPU's tensors bitwise (%g)", zf, r, d);
     }
+}
+
+static void test_zero_resume(void) {
+    zero_resume(1);
+    zero_resume(3);
 }
 
 // The launcher's recovery line in g_out for fault "R:S:kill": the group
@@ -1182,8 +1214,8 @@ static void test_refusals(void) {
     } no[] = {
         {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --spares 1", "--spares with [parallel] zero = 1 on [train] "
          "device = cuda: each rank's slice of the optimizer state is on its GPU alone; use --max-restarts"},
-        {cfg_mlp_full, "--device cuda --set parallel.zero=3", "with [parallel] zero = 3 (ZeRO's stage 3): not in this "
-         "dtrain yet"},
+        {cfg_mlp_full, "--device cuda --set parallel.zero=3 --precision bf16", "with [parallel] zero = 3 in [train] "
+         "precision bf16 or fp16 (stage 3 on a GPU is fp32's): not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --workers 2 --zero 2 --spares 1", "--spares with [parallel] zero = 2 on [train] "
          "device = cuda"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method (other than fp16, "

@@ -35,14 +35,15 @@ static int wire16(const dt_config *c) {
 }
 
 // What trains on a device: data parallel (plain or deterministic, ZeRO
-// stage 1 or 2 or not), in fp32, bf16 or fp16, a GPT or a sequential model
+// stage 1, 2 or 3 (fp32) or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
 // fp32 or (plain data parallel) in 16 bits; the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
                      : c->tensor > 1   ? "[parallel] tensor"
-                     : c->zero > 2     ? "[parallel] zero = 3 (ZeRO's stage 3)"
+                     : c->zero > 2 && c->precision != DT_F32 ? "[parallel] zero = 3 in [train] precision bf16 or fp16 "
+                                                               "(stage 3 on a GPU is fp32's)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
                      : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"
@@ -53,7 +54,7 @@ static dt_status supported(const dt_config *c) {
                                                           : NULL;
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
-                        "plain or deterministic, ZeRO stage 1 or 2 or not, a GPT or a sequential model, gradients in fp32 "
+                        "plain or deterministic, ZeRO stages 1 to 3 or not, a GPT or a sequential model, gradients in fp32 "
                         "or bf16/fp16; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
@@ -112,7 +113,8 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
 
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm) {
     int W = dt_comm_size(comm);
-    return (dt_dev_part){c->zero > 0 ? dt_comm_rank(comm) : 0, c->zero > 0 ? W : 1, c->zero == 2 && W > 1};
+    return (dt_dev_part){c->zero > 0 ? dt_comm_rank(comm) : 0, c->zero > 0 ? W : 1, c->zero >= 2 && W > 1,
+                         c->zero == 3 && W > 1};
 }
 
 void dt_device_report(char *out, size_t n) {

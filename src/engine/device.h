@@ -20,8 +20,8 @@ dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, ch
 dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
 /* The part of the state a rank keeps on its device: under [parallel] zero
  * the optimizer's state of its dt_shard_range slice over comm (else the
- * whole: 0 of 1), and at zero = 2 with several ranks the gradients backed on
- * demand. */
+ * whole: 0 of 1), and at zero = 2 and 3 with several ranks the gradients
+ * backed on demand, at 3 the parameters too. */
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
 
 #endif

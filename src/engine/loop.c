@@ -744,7 +744,7 @@ static void describe(const run_state *r, const char *wcopy) {
                : c->zero > 0 && c->tensor <= 1 && c->pipeline <= 1 ? " (written from the live state)"
                                                                    : " (written in pieces)",
                m.data / 1048576.0, m.program / 1048576.0);
-    if (dt_memory_zero_held(c, r->W) < c->zero)
+    if (dt_memory_zero_held(c, r->W) < c->zero && dt_device_index(c->device) < 0)  // (a GPU's: docs/gpu.md)
         dt_log(DT_LOG_INFO, "zero %d: the machine has room, so each worker keeps the pages of the parts it does not "
                             "own (stage 1's model state, no refill a step); [parallel] zero_release = always gives them back (docs/zero.md)",
                c->zero);

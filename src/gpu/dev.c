@@ -187,6 +187,15 @@ void dt_dev_vm_close(dt_dev_vm *v) {
     *v = (dt_dev_vm){0};
 }
 
+// Chunk i given back.
+static dt_status unmap(dt_dev_vm *v, size_t i) {
+    dt_status st = v->d->vm_unmap(v->base + i * v->gran, v->gran);
+    if (st != DT_OK) return dt_error(st, "device memory backed on demand, given back: %s", dt_last_error());
+    v->mapped[i] = 0;
+    v->now -= v->gran;
+    return DT_OK;
+}
+
 dt_status dt_dev_vm_back(dt_dev_vm *v, size_t off, size_t len) {
     if (!len) return DT_OK;
     for (size_t i = off / v->gran; i <= (off + len - 1) / v->gran && i < v->nchunks; i++) {
@@ -201,6 +210,7 @@ dt_status dt_dev_vm_back(dt_dev_vm *v, size_t off, size_t len) {
                             "GPU has %zu free of %zu: %s", v->gran, v->now, free_b, total, dt_last_error());
         }
         v->mapped[i] = 1;
+        v->unused[i] = 0;  // (backed again within a step: its bytes in use again)
         v->now += v->gran;
         v->peak = v->now > v->peak ? v->now : v->peak;
         if ((st = v->d->memset0(v->base + i * v->gran, v->gran)) != DT_OK) return st;
@@ -220,11 +230,18 @@ dt_status dt_dev_vm_unused(dt_dev_vm *v, size_t off, size_t len) {
         size_t hi = end < off + len ? end : off + len;
         v->unused[i] += hi - lo;
         if (v->unused[i] < chunk_bytes(v, i) || !v->mapped[i]) continue;
-        dt_status st = v->d->vm_unmap(v->base + i * v->gran, v->gran);
-        if (st != DT_OK) return dt_error(st, "gradients given back (ZeRO stage 2): %s", dt_last_error());
-        v->mapped[i] = 0;
-        v->now -= v->gran;
+        dt_status st = unmap(v, i);
+        if (st != DT_OK) return st;
     }
+    return DT_OK;
+}
+
+dt_status dt_dev_vm_give(dt_dev_vm *v, size_t off, size_t len) {
+    for (size_t i = (off + v->gran - 1) / v->gran; (i + 1) * v->gran <= off + len && i < v->nchunks; i++)
+        if (v->mapped[i]) {
+            dt_status st = unmap(v, i);
+            if (st != DT_OK) return st;
+        }
     return DT_OK;
 }
 

@@ -214,5 +214,8 @@ dt_status dt_dev_vm_unused(dt_dev_vm *v, size_t off, size_t len);
 /* Every chunk backed zeroed, and the step's unused counts cleared: the
  * block zero for the next step, wherever it is backed. */
 dt_status dt_dev_vm_zero(dt_dev_vm *v);
+/* Every chunk wholly inside bytes [off, off + len) given back at once (its
+ * owner knows nothing uses it; ZeRO stage 3's parameters). */
+dt_status dt_dev_vm_give(dt_dev_vm *v, size_t off, size_t len);
 
 #endif

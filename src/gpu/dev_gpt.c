@@ -202,8 +202,13 @@ dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t
     g->T = T;
     float *p = g->b.params;
     size_t rC = (size_t)BT * C;
+    TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 0));
     TRY(d->encoder_forward(g->resid, g->inputs, p + g->off[WTE], p + g->off[WPE], B, T, C));
-    for (int l = 0; l < L; l++) TRY(layer_forward(g, l, g->resid + l * rC, g->resid + (l + 1) * rC));
+    for (int l = 0; l < L; l++) {
+        TRY(dt_dev_blocks_layer(&g->b, l, 0));
+        TRY(layer_forward(g, l, g->resid + l * rC, g->resid + (l + 1) * rC));
+    }
+    TRY(dt_dev_blocks_layer(&g->b, L, 0));
     TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, g->resid + L * rC, p + g->off[LNFW], p + g->off[LNFB],
                              (size_t)BT, C, 1e-5f));
     dt_dev_x in;
@@ -286,6 +291,7 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) 
     size_t sC = (size_t)BT * C, f = sizeof(float);
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
     dt_dev_x lnf = {g->lnf, g->lnf16};
+    TRY(dt_dev_blocks_layer(&g->b, L, 1));
     static const int outer[] = {WTE, WPE, LNFW, LNFB};  // (the layers' tensors: back_layer)
     for (int i = 0; i < 4; i++) TRY(dt_dev_blocks_back(&g->b, g->off[outer[i]], g->len[outer[i]]));
     TRY(d->memset0(dlogits, f * (size_t)BT * V));
@@ -300,7 +306,9 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) 
     g->hook_user = user;
     grads_final(g, LNFW, L - 1);
     dt_status st = DT_OK;
-    for (int l = L - 1; l >= 0 && st == DT_OK; l--) st = layer_backward(g, l, g->resid + l * sC);
+    for (int l = L - 1; l >= 0 && st == DT_OK; l--)
+        if ((st = dt_dev_blocks_layer(&g->b, l, 1)) == DT_OK) st = layer_backward(g, l, g->resid + l * sC);
+    if (st == DT_OK) st = dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 1);
     if (st == DT_OK) st = d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, B, T, C);
     if (st == DT_OK && hook) hook(0, user);
     g->hook = NULL;

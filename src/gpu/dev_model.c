@@ -16,14 +16,14 @@
 dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, dt_dev_part part) {
     size_t lo, hi;
     dt_shard_range(n, part.shard, part.shards, &lo, &hi);
-    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .grads_vm = part.grads_vm, .t = t, .n = n,
-                           .nstates = nstates, .slo = lo, .sn = hi - lo};
+    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .grads_vm = part.grads_vm, .params_vm = part.params_vm,
+                           .t = t, .n = n, .nstates = nstates, .slo = lo, .sn = hi - lo};
 }
 
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     dt_dev_arena *a = &b->arena;
     size_t n = b->n * sizeof(float);
-    b->params = dt_dev_take(a, DT_DEV_WEIGHTS, n);
+    b->params = b->params_vm ? (float *)b->pvm.base : dt_dev_take(a, DT_DEV_WEIGHTS, n);
     b->w16 = b->t != DT_F32 ? dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2) : NULL;
     b->grads = b->grads_vm ? (float *)b->gvm.base : dt_dev_take(a, DT_DEV_GRADS, n);
     for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
@@ -33,28 +33,30 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
 }
 
-size_t dt_dev_blocks_kept(const dt_dev_blocks *b) {
-    size_t gran = b->gvm.gran;
+size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v) {
+    size_t gran = v->gran;
     return gran ? (b->sn * sizeof(float) + gran - 1) / gran * gran + 2 * gran : 0;
 }
 
-// grads_vm: the gradient block reserved, and the slice's chunks within the
-// GPU's room beside the arena.
-static dt_status grads_vm_open(dt_dev_blocks *b, const char *what) {
-    size_t free_b = 0, total = 0, need;
-    TRY(dt_dev_vm_open(&b->gvm, b->d, b->n * sizeof(float), what));
-    need = dt_dev_blocks_kept(b);
+// The blocks backed on demand reserved (params_vm: the slice's chunks of
+// the parameters backed), their slices' chunks within the GPU's room
+// beside the arena.
+static dt_status vm_open(dt_dev_blocks *b, const char *what) {
+    size_t free_b = 0, total = 0, need = 0, f = sizeof(float);
+    if (b->grads_vm) TRY(dt_dev_vm_open(&b->gvm, b->d, b->n * f, what));
+    if (b->params_vm) TRY(dt_dev_vm_open(&b->pvm, b->d, b->n * f, what));
+    need = dt_dev_blocks_kept(b, &b->gvm) + dt_dev_blocks_kept(b, &b->pvm);
     TRY(b->d->mem_info(&free_b, &total));
     if (need > free_b)
-        return dt_error(DT_ERR_NOMEM, "%s: this rank's slice of the gradients needs %zu bytes of GPU memory beside the "
-                        "arena, and the GPU has %zu free of %zu: use a smaller model or more ranks", what, need,
-                        free_b, total);
-    return DT_OK;
+        return dt_error(DT_ERR_NOMEM, "%s: this rank's slices of the gradients%s need %zu bytes of GPU memory beside "
+                        "the arena, and the GPU has %zu free of %zu: use a smaller model or more ranks", what,
+                        b->params_vm ? " and the parameters" : "", need, free_b, total);
+    return b->params_vm ? dt_dev_vm_back(&b->pvm, b->slo * f, b->sn * f) : DT_OK;
 }
 
 dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what) {
     TRY(dt_dev_arena_open(&b->arena, what));
-    if (b->grads_vm) TRY(grads_vm_open(b, what));
+    if (b->grads_vm || b->params_vm) TRY(vm_open(b, what));
     b->pinned_bytes = pinned_bytes;
     return b->d->host_alloc(&b->pinned, pinned_bytes);
 }
@@ -64,28 +66,41 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     b->pinned = NULL;
     dt_dev_arena_close(&b->arena);
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
+    if (b->params_vm) dt_dev_vm_close(&b->pvm);
 }
 
 dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
     return b->t != DT_F32 ? b->d->to16(b->w16, b->params, b->n, b->t) : DT_OK;
 }
 
+// The parameters the device keeps between steps: [lo, lo + n) (floats).
+static void kept_params(const dt_dev_blocks *b, size_t *lo, size_t *n) {
+    *lo = b->params_vm ? b->slo : 0;
+    *n = b->params_vm ? b->sn : b->n;
+}
+
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states) {
-    size_t sn = b->sn * sizeof(float);
-    TRY(b->d->to_device(b->params, params, b->n * sizeof(float)));
+    size_t sn = b->sn * sizeof(float), lo, n;
+    kept_params(b, &lo, &n);
+    TRY(b->d->to_device(b->params + lo, params + lo, n * sizeof(float)));
     for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_device(b->state[j], states[j], sn));
     return dt_dev_blocks_changed(b);
 }
 
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states) {
-    size_t sn = b->sn * sizeof(float);
-    TRY(b->d->to_host(params, b->params, b->n * sizeof(float)));
+    size_t sn = b->sn * sizeof(float), lo, n;
+    kept_params(b, &lo, &n);
+    TRY(b->d->to_host(params + lo, b->params + lo, n * sizeof(float)));
     for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_host(states[j], b->state[j], sn));
     return DT_OK;
 }
 
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b) {
     return b->grads_vm ? dt_dev_vm_zero(&b->gvm) : b->d->memset0(b->grads, b->n * sizeof(float));
+}
+
+dt_status dt_dev_blocks_layer(const dt_dev_blocks *b, int layer, int phase) {
+    return b->layer_fn ? b->layer_fn(layer, phase, b->layer_user) : DT_OK;
 }
 
 dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n) {
@@ -140,7 +155,8 @@ dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_of
 
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     for (int i = 0; i < DT_DEV_KINDS; i++) bytes[i] = b->arena.planned[i];
-    bytes[DT_DEV_GRADS] += b->grads_vm ? dt_dev_blocks_kept(b) : 0;  // (beside the arena: the slice's, kept backed)
+    bytes[DT_DEV_GRADS] += b->grads_vm ? dt_dev_blocks_kept(b, &b->gvm) : 0;  // (beside the arena: the slices', kept)
+    bytes[DT_DEV_WEIGHTS] += b->params_vm ? dt_dev_blocks_kept(b, &b->pvm) : 0;
 }
 
 // ---- the sequential model --------------------------------------------------------
@@ -349,6 +365,7 @@ static dt_status mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
     dm->train = train;
     const float *in = dm->x;
     for (int i = 0; i < dm->nl; i++) {
+        TRY(dt_dev_blocks_layer(&dm->b, i, 0));
         TRY(layer_forward(dm, i, in, B));
         in = dm->act[i];
     }
@@ -420,6 +437,7 @@ dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user)
     TRY(d->crossentropy_backward(dm->dact[dm->nl - 1], dm->probs, dm->y, (size_t)B, dm->V, (size_t)dm->V,
                                  dm->loss_scale));
     for (int i = dm->nl - 1; i >= 0; i--) {
+        TRY(dt_dev_blocks_layer(&dm->b, i, 1));
         TRY(layer_backward(dm, i, B));
         if (hook && (dm->L[i].w_n || dm->L[i].b_n)) hook(dm->L[i].w_off, user);
     }

@@ -28,18 +28,21 @@
 
 /* Which part of the state a rank's device holds: the optimizer's state over
  * slice `shard` of `shards` (dt_shard_range; 0 of 1: the whole block:
- * ZeRO's stage 1 and up), and with grads_vm (stage 2) the gradient block
+ * ZeRO's stage 1 and up), with grads_vm (stage 2) the gradient block
  * outside the arena, backed on demand (dt_dev_vm): each tensor's chunks
- * before backward writes it, given back by the strategy once reduced. */
+ * before backward writes it, given back by the strategy once reduced; with
+ * params_vm (stage 3, fp32) the parameter block too: the slice's chunks
+ * backed throughout, the rest by the strategy while a layer needs them. */
 typedef struct {
-    int shard, shards, grads_vm;
+    int shard, shards, grads_vm, params_vm;
 } dt_dev_part;
 
 typedef struct {
     const dt_dev *d;
     dt_dev_arena arena;
     dt_dev_vm gvm;            /* grads_vm: the gradient block's memory (grads is its base) */
-    int grads_vm;
+    dt_dev_vm pvm;            /* params_vm: the parameter block's (params is its base) */
+    int grads_vm, params_vm;
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
     size_t largest;           /* floats of the largest tensor (the model's) */
@@ -53,7 +56,16 @@ typedef struct {
     double *row_loss;         /* the cross-entropy's rows (workspace) */
     void *pinned;             /* host staging of pinned_bytes */
     size_t pinned_bytes;
+    /* Called before each layer's forward (phase 0) and backward (phase 1),
+     * training and evaluation alike, as the CPU models' layer hooks are
+     * (the same layer numbers: the GPT's -1 embedding, L head); NULL: none.
+     * ZeRO stage 3 gathers a layer's parameters there. */
+    dt_status (*layer_fn)(int layer, int phase, void *user);
+    void *layer_user;
 } dt_dev_blocks;
+
+/* The blocks' layer hook, called (DT_OK without one). */
+dt_status dt_dev_blocks_layer(const dt_dev_blocks *b, int layer, int phase);
 
 /* The blocks' description before planning: n floats, nstates state blocks
  * over the part's slice, GEMMs in precision t. */
@@ -64,7 +76,8 @@ dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstate
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows);
 /* The host's blocks (params[n], states[nstates][sn]: the state's slice)
  * onto the device (and the parameters' 16-bit copy made), and back (params
- * alone when states is NULL), a copy each. */
+ * alone when states is NULL), a copy each; with params_vm the parameters'
+ * slice alone. */
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states);
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
 /* The gradient block zero (grads_vm: wherever it is backed). */
@@ -72,9 +85,10 @@ dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
 /* Gradients [off, off + n) (floats) about to be written by backward:
  * backed first (grads_vm; else nothing to do). */
 dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n);
-/* grads_vm: the bytes of the chunks the slice's gradients span, at most
- * (they stay backed: the reduced gradients the update reads); else 0. */
-size_t dt_dev_blocks_kept(const dt_dev_blocks *b);
+/* The bytes of the chunks the slice spans in v, at most (they stay backed:
+ * the reduced gradients the update reads, the parameters it updates); 0
+ * for a block in the arena. */
+size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v);
 /* The gradient's sum of squares, computed on the device, read back (one
  * double). */
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);

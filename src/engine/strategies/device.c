@@ -72,7 +72,13 @@
  * and two of the largest tensor ahead of what the device has reduced).
  * The slice's chunks stay: the reduced gradients the norm and the update
  * read, zeroed by the next step's zero_grad. [parallel] zero_release is
- * the CPU's: a device always gives them back. */
+ * the CPU's: a device always gives them back.
+ *
+ * At zero = 3 (several ranks, fp32) the parameter block is backed on
+ * demand too: a layer's parameters are gathered before its forward and
+ * its backward (params_needed, through the device models' layer hooks)
+ * and given back when the next layer is needed; see "ZeRO stage 3"
+ * below. */
 #include "comm/device.h"
 #include "engine/codecs/codec.h"
 #include "engine/device.h"
@@ -106,6 +112,16 @@ typedef struct {
     double t_first;     // ... when this step's first started
     int64_t early, late; // the buckets summed, begun before the backward's last layer and not (summary.json)
     size_t own;          // device bytes of the strategy's own, outside the arena (the exchange's)
+    // ZeRO stage 3 (the parameters backed on demand): blocks 0..L-1 (the
+    // ranges of the order whose layer is one of them) gathered while their
+    // layer runs, the rest (L: the embedding, the head) for the step from
+    // its first forward (persist)
+    int L;
+    size_t *span;        // ... every block's spans (pairs lo, hi), block by block (dt_layer_spans)
+    int *span_at;        // ... block l's are span[2 span_at[l], 2 span_at[l + 1])
+    char *held;          // ... per block: gathered
+    int persist;         // ... the ranges outside the blocks are gathered
+    long gathers;        // ... spans gathered (summary.json)
     dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
     char errmsg[512];
 } devs;
@@ -323,9 +339,143 @@ static int room(void *user) { return settle_one(user, 1); }
 static void vm_init(devs *d) {
     dt_dev_blocks *b = d->base.device;
     size_t ahead = 2 * (bucket_elems(d->base.c, sizeof(float)) + b->largest) * sizeof(float);
-    b->gvm.budget = dt_dev_blocks_kept(b) + ahead + 4 * b->gvm.gran;
+    b->gvm.budget = dt_dev_blocks_kept(b, &b->gvm) + ahead + 4 * b->gvm.gran;
     b->gvm.room = room;
     b->gvm.room_user = d;
+}
+
+// ---- ZeRO stage 3: the parameters gathered while a layer needs them ------------
+//
+// The parameter block is backed on demand too (params_vm): the slice's
+// chunks throughout, a layer's spans from their owners before its forward
+// and its backward (the layer hook: params_needed), broadcast from each
+// rank's part of them on the GPUs' communicator (NCCL gathers only equal
+// blocks), and given back once the next layer is needed; the ranges outside
+// the layers (the embedding, the head: the GPT's tied wte is both) are
+// gathered at the first forward after an update and kept for the step.
+// After the update every chunk but the slice's goes.
+
+// Block l's spans (l == L: outside the blocks).
+static size_t *spans(const devs *d, int l, int *n) {
+    *n = d->span_at[l + 1] - d->span_at[l];
+    return d->span + 2 * d->span_at[l];
+}
+
+static dt_status stage3_init(devs *d) {
+    dt_strategy *s = &d->base;
+    if (!s->order || !s->order_layer)
+        return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3: the model has no layers to gather");
+    for (int i = 0; i < s->norder; i++) d->L = s->order_layer[i] > d->L ? s->order_layer[i] : d->L;
+    d->span = malloc(sizeof(size_t) * 2 * ((size_t)s->norder + (size_t)d->L + 2));
+    d->span_at = calloc((size_t)d->L + 2, sizeof(int));
+    d->held = calloc((size_t)d->L + 1, 1);
+    if (!d->span || !d->span_at || !d->held) return dt_error(DT_ERR_NOMEM, "ZeRO stage 3 on the GPUs: out of memory");
+    for (int l = 0; l <= d->L; l++)
+        d->span_at[l + 1] = d->span_at[l] + dt_layer_spans(s->order, s->norder, s->order_layer, d->L, l < d->L ? l : -1,
+                                                             d->span + 2 * d->span_at[l]);
+    s->params_sliced = 1;
+    return DT_OK;
+}
+
+// Parameters [a, e) backed and broadcast from each rank's part of them.
+static dt_status gather_span(devs *d, size_t a, size_t e) {
+    dt_strategy *s = &d->base;
+    float *w = s->device->params;
+    dt_status st = dt_dev_vm_back(&s->device->pvm, a * sizeof(float), (e - a) * sizeof(float));
+    for (int r = 0; r < s->world && st == DT_OK; r++) {
+        size_t lo, hi;
+        dt_shard_range(s->n, r, s->world, &lo, &hi);
+        lo = lo > a ? lo : a, hi = hi < e ? hi : e;
+        if (hi > lo && (st = dt_broadcast(w + lo, w + lo, hi - lo, DT_F32, r, d->gpus)) != DT_OK)
+            st = dt_error(st, "parameter gather from rank %d on the GPUs: %s", r, dt_last_error());
+    }
+    d->gathers++;
+    return st;
+}
+
+static dt_status gather_block(devs *d, int l) {
+    int n;
+    size_t *sp = spans(d, l, &n);
+    dt_status st = DT_OK;
+    for (int k = 0; k < n && st == DT_OK; k++) st = gather_span(d, sp[2 * k], sp[2 * k + 1]);
+    if (l < d->L) d->held[l] = st == DT_OK;
+    else d->persist = st == DT_OK;
+    return st;
+}
+
+// Whether any of [a, e) is kept: the slice, a block held, the persistent
+// ranges while gathered.
+static int kept(const devs *d, size_t a, size_t e) {
+    const dt_strategy *s = &d->base;
+    if (a < s->hi && e > s->lo) return 1;
+    for (int l = 0; l <= d->L; l++) {
+        if (l < d->L ? !d->held[l] : !d->persist) continue;
+        int n;
+        size_t *sp = spans(d, l, &n);
+        for (int k = 0; k < n; k++)
+            if (a < sp[2 * k + 1] && e > sp[2 * k]) return 1;
+    }
+    return 0;
+}
+
+// Block l (l == L: the persistent ranges) no longer held, and every chunk
+// of its spans that nothing kept touches given back.
+static dt_status drop_block(devs *d, int l) {
+    dt_dev_vm *v = &d->base.device->pvm;
+    size_t per = v->gran / sizeof(float);
+    int n;
+    size_t *sp = spans(d, l, &n);
+    if (l < d->L) d->held[l] = 0;
+    else d->persist = 0;
+    for (int k = 0; k < n; k++)
+        for (size_t c = sp[2 * k] / per; c * per < sp[2 * k + 1]; c++) {
+            dt_status st = kept(d, c * per, (c + 1) * per) ? DT_OK : dt_dev_vm_give(v, c * v->gran, v->gran);
+            if (st != DT_OK) return st;
+        }
+    return DT_OK;
+}
+
+static dt_status drop_held(devs *d, int but) {
+    dt_status st = DT_OK;
+    for (int l = 0; l < d->L && st == DT_OK; l++)
+        if (d->held[l] && l != but) st = drop_block(d, l);
+    return st;
+}
+
+// Before layer `layer`'s forward (phase 0) or backward (1): the ranges
+// outside the blocks at the first forward after an update, the layer's
+// block (the one held before it given back); after the embedding's
+// backward every block goes.
+static dt_status dev_params_needed(dt_strategy *s, int layer, int phase) {
+    devs *d = (devs *)s;
+    dt_status st = DT_OK;
+    if (!s->device->params_vm) return DT_OK;
+    if (phase == 0 && !d->persist) st = gather_block(d, d->L);
+    if (st == DT_OK && layer >= 0 && layer < d->L && !d->held[layer]) {
+        st = drop_held(d, layer);
+        if (st == DT_OK) st = gather_block(d, layer);
+    }
+    if (st == DT_OK && phase == 1 && layer < 0) st = drop_held(d, -1);
+    return st;
+}
+
+// After an evaluation (which gathers through the layer hook as a forward
+// does): the blocks it left held go.
+static dt_status dev_params_eval(dt_strategy *s, int begin) {
+    devs *d = (devs *)s;
+    return s->device->params_vm && !begin ? drop_held(d, -1) : DT_OK;
+}
+
+// After the update: every chunk but the slice's goes (the blocks and the
+// persistent ranges are gathered again, updated).
+static dt_status params_updated(devs *d) {
+    dt_strategy *s = &d->base;
+    dt_dev_vm *v = &s->device->pvm;
+    size_t per = v->gran / sizeof(float), first = s->lo / per, last = (s->hi + per - 1) / per;
+    memset(d->held, 0, (size_t)d->L);
+    d->persist = 0;
+    dt_status st = s->hi > s->lo ? dt_dev_vm_give(v, 0, first * v->gran) : dt_dev_vm_give(v, 0, v->nchunks * v->gran);
+    return st == DT_OK && s->hi > s->lo ? dt_dev_vm_give(v, last * v->gran, (v->nchunks - last) * v->gran) : st;
 }
 
 static dt_status dev_init(dt_strategy *s) {
@@ -346,6 +496,7 @@ static dt_status dev_init(dt_strategy *s) {
     if (st == DT_OK) st = wire_init(d);
     if (st == DT_OK) st = overlap_init(d);
     if (st == DT_OK && b->grads_vm) vm_init(d);
+    if (st == DT_OK && b->params_vm) st = stage3_init(d);
     if (st == DT_OK && d->own && s->rank == 0)
         dt_log(DT_LOG_INFO, "GPU memory beside the arena: %.1f MiB for the gradients' exchange (summary.json's "
                "gpu.exchange_bytes)", (double)d->own / 1048576.0);
@@ -367,6 +518,9 @@ static void dev_fini(dt_strategy *s) {
     if (d->w16) s->device->d->free(d->w16);
     if (d->res) s->device->d->free(d->res);
     dt_codec_free(d->codec);
+    free(d->span);
+    free(d->span_at);
+    free(d->held);
 }
 
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
@@ -603,7 +757,9 @@ static dt_status dev_update(dt_strategy *s, float lr, float scale) {
     dt_optim_begin_step(s->opt);
     dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale);
     double t0 = dt_now();
-    if (st == DT_OK && d->zero && s->world > 1) {
+    if (st == DT_OK && s->device->params_vm) {
+        st = params_updated(d);
+    } else if (st == DT_OK && d->zero && s->world > 1) {
         st = broadcast_slices(d);
         s->comm_seconds += dt_now() - t0;
         s->comm_exposed_seconds += dt_now() - t0;
@@ -720,6 +876,10 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
         cJSON_AddNumberToObject(g, "gradients_backed_peak_bytes", (double)b->gvm.peak);
         cJSON_AddNumberToObject(g, "gradients_backed_chunk_bytes", (double)b->gvm.gran);
     }
+    if (b->params_vm) {  // stage 3: the parameters' too
+        cJSON_AddNumberToObject(g, "weights_backed_peak_bytes", (double)b->pvm.peak);
+        cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);
+    }
 }
 
 const dt_strategy_ops dt_strategy_device = {
@@ -767,4 +927,6 @@ const dt_strategy_ops dt_strategy_device_zero = {
     .params_host = dev_params_host,
     .ckpt_restore = dev_restore,
     .summary = dev_summary,
+    .params_needed = dev_params_needed,
+    .params_eval = dev_params_eval,
 };

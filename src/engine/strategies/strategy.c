@@ -354,3 +354,26 @@ void dt_grad_buckets_free(dt_grad_buckets *g) {
     free(g->p);
     *g = (dt_grad_buckets){0};
 }
+
+static int in_block(const int *order_layer, int L, int i, int l) {
+    int ly = order_layer[i];
+    return l < 0 ? ly < 0 || ly >= L : ly == l;
+}
+
+int dt_layer_spans(const dt_grad_range *o, int no, const int *order_layer, int L, int l, size_t *sp) {
+    int n = 0;
+    for (size_t at = 0;;) {  // the next range at or above `at`, joined with those it touches
+        size_t a = SIZE_MAX, e = 0;
+        for (int i = 0; i < no; i++)
+            if (in_block(order_layer, L, i, l) && o[i].len && o[i].offset >= at && o[i].offset < a)
+                a = o[i].offset, e = a + o[i].len;
+        if (a == SIZE_MAX) return n;
+        for (int more = 1; more;) {  // (ranges never overlap)
+            more = 0;
+            for (int i = 0; i < no; i++)
+                if (in_block(order_layer, L, i, l) && o[i].offset == e && o[i].len) e += o[i].len, more = 1;
+        }
+        sp[2 * n] = a, sp[2 * n + 1] = e, n++;
+        at = e;
+    }
+}

@@ -400,6 +400,12 @@ typedef struct {
  * not cover them). */
 dt_status dt_grad_buckets_cut(dt_grad_buckets *g, const dt_strategy *s, size_t bucket_floats, const char *who);
 void dt_grad_buckets_free(dt_grad_buckets *g);
+/* ZeRO stage 3's blocks: the ranges of order o[no] (order_layer: each
+ * one's layer) of block l (its layer l; l < 0: those of no layer in
+ * [0, L), the embedding's and the head's) as spans of the parameter block
+ * (ranges that touch are one span), from the lowest offset up, into sp
+ * (pairs lo, hi; room for no + 1 pairs); their count. */
+int dt_layer_spans(const dt_grad_range *o, int no, const int *order_layer, int L, int l, size_t *sp);
 /* One optimizer step over [lo, hi) of the parameter block. */
 dt_status dt_strategy_update_slice(dt_strategy *s, float lr, float scale);
 /* The norm of a gradient block of which each rank holds only its slice

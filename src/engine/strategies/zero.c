@@ -254,29 +254,11 @@ static dt_status gather_range(zero *z, size_t a, size_t b, dt_request_t *req) {
     return st != DT_OK ? dt_error(st, "parameter gather: %s", dt_last_error()) : DT_OK;
 }
 
-static int in_block(const zero *z, int i, int l) {
-    int ly = z->base.order_layer[i];
-    return l < 0 ? ly < 0 || ly >= z->L : ly == l;
-}
-
-// Block l's ranges as spans of the parameter block (ranges that touch are
-// one span), from its lowest offset up, into sp (pairs lo, hi); their count.
+// Block l's ranges as spans of the parameter block (dt_layer_spans).
 static int block_spans(const zero *z, int l, size_t *sp) {
-    int no, n = 0;
+    int no;
     const dt_grad_range *o = order_of(z, &no);
-    for (size_t at = 0;;) {  // the next range at or above `at`, joined with those it touches
-        size_t a = SIZE_MAX, e = 0;
-        for (int i = 0; i < no; i++)
-            if (in_block(z, i, l) && o[i].len && o[i].offset >= at && o[i].offset < a) a = o[i].offset, e = a + o[i].len;
-        if (a == SIZE_MAX) return n;
-        for (int more = 1; more;) {  // (ranges never overlap)
-            more = 0;
-            for (int i = 0; i < no; i++)
-                if (in_block(z, i, l) && o[i].offset == e && o[i].len) e += o[i].len, more = 1;
-        }
-        sp[2 * n] = a, sp[2 * n + 1] = e, n++;
-        at = e;
-    }
+    return dt_layer_spans(o, no, z->base.order_layer, z->L, l, sp);
 }
 
 // Copies block l's spans' parts in rank r's slice between the parameters

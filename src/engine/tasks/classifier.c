@@ -501,6 +501,7 @@ static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
     t->layer_fn = fn;
     t->layer_user = user;
     dt_model_set_layer_hook(t->m, fn, user);
+    if (t->dm) dt_dev_mlp_blocks(t->dm)->layer_fn = fn, dt_dev_mlp_blocks(t->dm)->layer_user = user;
 }
 
 // ----------------------------------------------------------------------------

@@ -381,6 +381,7 @@ static void gpt_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
     t->layer_fn = fn;
     t->layer_user = user;
     dt_gpt_set_layer_hook(t->m, fn ? layer_hook : NULL, t);
+    if (t->dg) dt_dev_gpt_blocks(t->dg)->layer_fn = fn, dt_dev_gpt_blocks(t->dg)->layer_user = user;
 }
 
 // ----------------------------------------------------------------------------
