@@ -116,7 +116,7 @@ static void run_path(result *o, int portable, const dt_conv_shape *s, const floa
         dt_conv_portable_backward(o->dx, NULL, NULL, scr, NULL, dy, save, w, s, 0);
         dt_conv_portable_backward(o->dxs, o->dw, o->db, scr, NULL, dy, save, w, s, 1);
     } else {
-        dt_conv_forward(o->y, save, scr, x, w, b, s);
+        dt_conv_forward(o->y, NULL, save, scr, x, w, b, s);
         dt_conv_backward(o->dx, NULL, NULL, scr, NULL, dy, save, w, s, 0);
         dt_conv_backward(o->dxs, o->dw, o->db, scr, NULL, dy, save, w, s, 1);
     }
@@ -242,7 +242,7 @@ static void routed_bits(const dt_conv_shape *s, int path) {
     for (int k = 0; k < 2; k++) {
         y[k] = malloc(4 * no), dw[k] = calloc(nw + s->OC, 4);
         if (k) dt_conv_portable_forward(y[k], save, scr, x, w, b, s);
-        else dt_conv_forward(y[k], save, scr, x, w, b, s);
+        else dt_conv_forward(y[k], NULL, save, scr, x, w, b, s);
         if (k) dt_conv_portable_backward(NULL, dw[k], dw[k] + nw, scr, NULL, dy, save, w, s, 1);
         else dt_conv_backward(NULL, dw[k], dw[k] + nw, scr, NULL, dy, save, w, s, 1);
     }
@@ -303,7 +303,7 @@ static void job_run(const job *j, float *y, float *dx, float *dw, float *db) {
     dt_conv_size(s, &sv, &sc);
     float *save = malloc(4 * sv + 4), *scr = malloc(4 * sc + 4);
     memset(dw, 0, 4 * nw), memset(db, 0, 4 * s->OC);
-    dt_conv_forward(y, save, scr, j->x, j->w, j->b, s);
+    dt_conv_forward(y, NULL, save, scr, j->x, j->w, j->b, s);
     dt_conv_backward(dx, dw, db, scr, NULL, j->dy, save, j->w, s, 1);
     free(save), free(scr);
 }
