@@ -29,7 +29,7 @@ static void pass(const bufs *u, int which) {
     const dt_conv_shape *s = u->s;
     if (which == 0) {
         if (u->portable == 1) dt_conv_portable_forward(u->y, u->save, u->scratch, u->x, u->w, u->b, s);
-        else dt_conv_forward(u->y, u->save, u->scratch, u->x, u->w, u->b, s);
+        else dt_conv_forward(u->y, NULL, u->save, u->scratch, u->x, u->w, u->b, s);
         return;
     }
     float *dx = which == 1 ? u->dx : NULL, *dw = which == 2 ? u->dw : NULL, *db = which == 2 ? u->db : NULL;

@@ -116,7 +116,7 @@ static void run_path(result *o, int portable, const dt_conv_shape *s, const floa
         dt_conv_portable_backward(o->dx, NULL, NULL, scr, NULL, dy, save, w, s, 0);
         dt_conv_portable_backward(o->dxs, o->dw, o->db, scr, NULL, dy, save, w, s, 1);
     } else {
-        dt_conv_forward(o->y, save, scr, x, w, b, s);
+        dt_conv_forward(o->y, NULL, save, scr, x, w, b, s);
         dt_conv_backward(o->dx, NULL, NULL, scr, NULL, dy, save, w, s, 0);
         dt_conv_backward(o->dxs, o->dw, o->db, scr, NULL, dy, save, w, s, 1);
     }
@@ -163,6 +163,37 @@ static void blocked_case(const dt_conv_shape *plain, const result *want, const f
     free(xb), free(dyb), free(wy), free(wdx), free(save), free(scr), free(y), free(dx), free(dw), free(db);
 }
 
+#ifdef DTRAIN_HAVE_ONEDNN
+// oneDNN's plan of s (its layouts; x, dy in them) with out_room (the
+// output-sized copies in the caller's room, dinp set in place, a rounded
+// plan's backward weights first) gives the bits of the plan without it.
+static void room_case(dt_conv_shape s, const float *x, const float *w, const float *b, const float *dy) {
+    int CI = s.src_blocked ? (s.IC + 15) / 16 * 16 : s.IC, CO = s.dst_blocked ? (s.OC + 15) / 16 * 16 : s.OC;
+    size_t ni = (size_t)s.B * CI * s.H * s.W, nw = (size_t)s.OC * s.IC * s.K * s.K,
+           no = (size_t)s.B * CO * out_dim(s.H, &s) * out_dim(s.W, &s), sv, sc;
+    float *y[2], *dx[2], *dw[2], *db[2];
+    for (int k = 0; k < 2; k++) {
+        s.out_room = k;
+        dt_conv_size(&s, &sv, &sc);
+        float *save = malloc(4 * sv + 4), *scr = malloc(4 * sc + 4), *room = malloc(4 * no), *out = malloc(4 * no);
+        y[k] = malloc(4 * no), dx[k] = calloc(ni, 4), dw[k] = malloc(4 * nw), db[k] = malloc(4 * s.OC);
+        for (size_t i = 0; i < no; i++) room[i] = NAN;
+        for (size_t i = 0; i < nw; i++) dw[k][i] = 0.5f;
+        for (int i = 0; i < s.OC; i++) db[k][i] = 0.5f;
+        dt_conv_forward(out, k ? room : NULL, save, scr, x, w, b, &s);
+        memcpy(y[k], out, 4 * no);
+        dt_conv_backward(dx[k], dw[k], db[k], scr, out, dy, save, w, &s, 1);
+        free(save), free(scr), free(room), free(out);
+    }
+    int oy = !memcmp(y[0], y[1], 4 * no), ox = !memcmp(dx[0], dx[1], 4 * ni), ow = !memcmp(dw[0], dw[1], 4 * nw),
+        ob = !memcmp(db[0], db[1], 4 * s.OC);
+    CHECK(oy && ox && ow && ob, "conv B=%d IC=%d %dx%d OC=%d K=%d S=%d P=%d blocked %d: with the output's room the "
+          "results differ (y %d dx %d dw %d db %d)", s.B, s.IC, s.H, s.W, s.OC, s.K, s.S, s.P, s.src_blocked, oy, ox,
+          ow, ob);
+    for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]), free(dw[k]), free(db[k]);
+}
+#endif
+
 static void shape_case(dt_conv_shape s, dt_dtype t) {
     int OH = out_dim(s.H, &s), OW = out_dim(s.W, &s);
     size_t ni = (size_t)s.B * s.IC * s.H * s.W, nw = (size_t)s.OC * s.IC * s.K * s.K, no = (size_t)s.B * s.OC * OH * OW;
@@ -198,6 +229,16 @@ static void shape_case(dt_conv_shape s, dt_dtype t) {
               "set %.3g, dw %.3g, db %.3g", portable ? "portable" : "oneDNN", dt_dtype_name(t), s.B, s.IC, s.H, s.W,
               s.OC, s.K, s.S, s.P, s.relu, ey, ed, es, ew, eb);
         if (portable) blocked_case(&s, &o, x, w, b, dy);
+#ifdef DTRAIN_HAVE_ONEDNN
+        else {
+            dt_conv_shape sb = s;
+            sb.src_blocked = sb.dst_blocked = 1;
+            float *xb = to_blocked(x, s.B, s.IC, s.H * s.W), *dyb = to_blocked(dy, s.B, s.OC, OH * OW);
+            room_case(s, x, w, b, dy);
+            room_case(sb, xb, w, b, dyb);
+            free(xb), free(dyb);
+        }
+#endif
         free_result(&o);
     }
     dt_conv_set_routing(1);
@@ -216,7 +257,8 @@ static void paths(void) {
     dt_dtype ts[3] = {DT_F32, DT_BF16, DT_F16};
     for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) shape_case(shapes[i], ts[k]);
-    printf("paths: %zu shapes x fp32/bf16/fp16 within the bounds\n", sizeof shapes / sizeof *shapes);
+    printf("paths: %zu shapes x fp32/bf16/fp16 within the bounds (oneDNN's the same bits with the output's room, "
+           "plain and blocked)\n", sizeof shapes / sizeof *shapes);
 }
 
 // ----------------------------------------------------------------------------
@@ -242,7 +284,7 @@ static void routed_bits(const dt_conv_shape *s, int path) {
     for (int k = 0; k < 2; k++) {
         y[k] = malloc(4 * no), dw[k] = calloc(nw + s->OC, 4);
         if (k) dt_conv_portable_forward(y[k], save, scr, x, w, b, s);
-        else dt_conv_forward(y[k], save, scr, x, w, b, s);
+        else dt_conv_forward(y[k], NULL, save, scr, x, w, b, s);
         if (k) dt_conv_portable_backward(NULL, dw[k], dw[k] + nw, scr, NULL, dy, save, w, s, 1);
         else dt_conv_backward(NULL, dw[k], dw[k] + nw, scr, NULL, dy, save, w, s, 1);
     }
@@ -303,7 +345,7 @@ static void job_run(const job *j, float *y, float *dx, float *dw, float *db) {
     dt_conv_size(s, &sv, &sc);
     float *save = malloc(4 * sv + 4), *scr = malloc(4 * sc + 4);
     memset(dw, 0, 4 * nw), memset(db, 0, 4 * s->OC);
-    dt_conv_forward(y, save, scr, j->x, j->w, j->b, s);
+    dt_conv_forward(y, NULL, save, scr, j->x, j->w, j->b, s);
     dt_conv_backward(dx, dw, db, scr, NULL, j->dy, save, j->w, s, 1);
     free(save), free(scr);
 }

@@ -12,8 +12,14 @@
  * for backward, the input in the primitives' layout; the rest (the weights'
  * and the output gradient's copies, results in the primitives' layouts) is
  * `scratch`, free again when a call returns, so that one scratch serves all
- * the convolutions of a model in turn; the output gradient's copies go in
- * the forward's output buffer instead when the caller offers it (out_room).
+ * the convolutions of a model in turn. When the caller offers room
+ * (out_room), the tensors of the output's size go there instead: the
+ * forward's output in the primitive's layout in `room` (a buffer free until
+ * the backward), and backward's copies of the output gradient and its input
+ * gradient in the primitive's layout in the forward's output buffer. Those
+ * copies are what takes the most where the primitives' layouts are not the
+ * caller's (on AMX, oneDNN's bf16 convolutions run channels-last, nhwc, and
+ * the model's activations stay NCHW).
  * oneDNN's own scratchpad is in `scratch` too (scratchpad mode "user"): in
  * its default mode a primitive's scratchpad is one buffer per primitive,
  * shared by concurrent calls, and for some implementations (the GEMM-based
@@ -52,8 +58,9 @@ int dt_conv_path(const dt_conv_shape *s, const char **impls) {
     if (impls) *impls = "no oneDNN in this build";
     return DT_CONV_PORTABLE;
 }
-void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
-                     const dt_conv_shape *s) {
+void dt_conv_forward(float *out, float *room, float *save, float *scratch, const float *inp, const float *w,
+                     const float *b, const dt_conv_shape *s) {
+    (void)room;
     dt_conv_portable_forward(out, save, scratch, inp, w, b, s);
 }
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
@@ -78,7 +85,7 @@ typedef struct {
     dnnl_memory_desc_t md;
     dnnl_primitive_t in, out, set;
     size_t off;
-    int room;  // off is into the forward's output buffer (out_room), else into the area named
+    int room;  // off is into the caller's room (out_room; forward: room, backward: out), else the area named
 } view;
 
 typedef struct plan {
@@ -92,13 +99,17 @@ typedef struct plan {
     dnnl_primitive_t fwd, bwd_data, bwd_weights;
     // In `save`: the input as backward weights reads it (round == DT_F32),
     // or its 16-bit copy (keep_n elements in `round`; then src is the
-    // forward's fp32 copy in scratch, and wsrc where backward widens it).
+    // forward's fp32 copy in scratch or room, and wsrc where backward
+    // widens it: in scratch, or with wsrc_dinp in dinp, backward weights
+    // then running before backward data overwrites dinp).
     // In `scratch`, forward: the weights, the output in the primitive's
     // layout and (when b is NULL) a zero bias; backward: the rest.
     view src, fwei, fdst;
     size_t zero_bias, save_size, keep_n, wsrc;
+    int wsrc_dinp;
     view ddst, bwei, dsrc, wddst, dwei;
-    size_t dbias, pad, scratch_size;  // pad: oneDNN's scratchpad, for every primitive in turn
+    size_t dbias, scratch_size;
+    size_t fpad, dpad, wpad;  // oneDNN's scratchpad in forward, backward data, backward weights
 } plan;
 
 static pthread_mutex_t g_plans_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -160,12 +171,12 @@ static void place(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q,
     }
 }
 
-// As place (dir 1), for a copy of the output gradient: in the forward's
-// output buffer (`cap` floats, 0: not offered) from *rtop when it fits.
-static void place_dout(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q, const dnnl_memory_desc_t *plain,
-                       int always, size_t *top, size_t *rtop, size_t cap) {
+// As place, for a tensor of the output's size or less: in the caller's
+// room (`cap` floats, 0: not offered) from *rtop when it fits.
+static void place_room(view *v, const_dnnl_primitive_desc_t pd, dnnl_query_t q, const dnnl_memory_desc_t *plain,
+                       int dir, int always, size_t *top, size_t *rtop, size_t cap) {
     size_t t = 0;
-    place(v, pd, q, plain, 1, always, &t);
+    place(v, pd, q, plain, dir, always, &t);
     v->room = 0;
     if (v->off == (size_t)-1) return;
     if (*rtop + dnnl_memory_desc_get_size(&v->md) / sizeof(float) <= cap) {
@@ -215,18 +226,31 @@ static size_t pad_size(dnnl_primitive_t prim) {
     return dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
 }
 
-// The floats of the largest scratchpad of the plan's primitives.
-static size_t pad_floats(const plan *p) {
-    const view *vs[] = {&p->src, &p->fwei, &p->fdst, &p->ddst, &p->bwei, &p->dsrc, &p->wddst, &p->dwei};
-    size_t m = pad_size(p->fwd);
-    if (pad_size(p->bwd_data) > m) m = pad_size(p->bwd_data);
-    if (pad_size(p->bwd_weights) > m) m = pad_size(p->bwd_weights);
-    for (size_t i = 0; i < sizeof vs / sizeof *vs; i++) {
+// The floats of the largest scratchpad of one pass's primitive and its
+// reorders (n views).
+static size_t pad_floats(dnnl_primitive_t prim, const view *const *vs, int n) {
+    size_t m = pad_size(prim);
+    for (int i = 0; i < n; i++) {
         dnnl_primitive_t r[3] = {vs[i]->in, vs[i]->out, vs[i]->set};
         for (int k = 0; k < 3; k++)
             if (pad_size(r[k]) > m) m = pad_size(r[k]);
     }
     return (m / sizeof(float) + 15) & ~(size_t)15;
+}
+
+// Places each pass's scratchpad after the tensors that pass has in scratch
+// (ftop, dtop, wtop floats): the passes run one after another, so a
+// pass's scratchpad may take the room of another pass's tensors (one
+// implementation's scratchpad is large where another's tensors are).
+static void place_pads(plan *p, size_t ftop, size_t dtop, size_t wtop) {
+    const view *f[] = {&p->src, &p->fwei, &p->fdst}, *d[] = {&p->ddst, &p->bwei, &p->dsrc},
+               *w[] = {&p->wddst, &p->dwei};
+    p->fpad = ftop, p->dpad = dtop, p->wpad = wtop;
+    size_t ends[3] = {ftop + pad_floats(p->fwd, f, 3), dtop + pad_floats(p->bwd_data, d, 3),
+                      wtop + pad_floats(p->bwd_weights, w, 2)};
+    p->scratch_size = 0;
+    for (int i = 0; i < 3; i++)
+        if (ends[i] > p->scratch_size) p->scratch_size = ends[i];
 }
 
 // lt: the type of the operands the primitives take (dnnl_f32, or bf16
@@ -302,40 +326,48 @@ static plan *make_plan(const dt_conv_shape *s, const int key[18], dnnl_data_type
 
     p->src16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0), &src16);
     p->dst16 = dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(fpd, dnnl_query_dst_md, 0), &dst16);
-    // save: the input backward weights reads (in 16 bits when rounded)
-    size_t top = 0, ftop = 0;
-    int k16 = p->round != DT_F32 && !s->keep32;
-    place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, k16 ? &ftop : &top);
-    p->keep_n = k16 ? dnnl_memory_desc_get_size(&p->src.md) / sizeof(float) : 0;
-    p->save_size = k16 ? ((p->keep_n + 1) / 2 + 15) & ~(size_t)15 : top;
-
-    // scratch, forward
+    // scratch (and the room), forward: the output's copy first in the room
+    // (the larger), then the input's when it is rounded
+    size_t top = 0, ftop = 0, rtop = 0;
+    size_t cap = s->out_room ? dnnl_memory_desc_get_size(&p->plain_dst) / sizeof(float) : 0;
     place(&p->fwei, fpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &ftop);
-    place(&p->fdst, fpd, dnnl_query_dst_md, &p->plain_dst, 0, 0, &ftop);
+    place_room(&p->fdst, fpd, dnnl_query_dst_md, &p->plain_dst, 0, 0, &ftop, &rtop, cap);
     if (p->fdst.off != (size_t)-1) p->fdst.out = make_reorder(&p->fdst.md, &p->plain_dst, 0);
     p->zero_bias = ftop;
     ftop += floats(&p->bias_md);
+    // save: the input backward weights reads (in 16 bits when rounded)
+    int k16 = p->round != DT_F32 && !s->keep32;
+    if (k16) place_room(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, &ftop, &rtop, cap);
+    else place(&p->src, fpd, dnnl_query_src_md, &p->plain_src, 1, 1, &top);
+    p->keep_n = k16 ? dnnl_memory_desc_get_size(&p->src.md) / sizeof(float) : 0;
+    p->save_size = k16 ? ((p->keep_n + 1) / 2 + 15) & ~(size_t)15 : top;
 
     // scratch (and the output's room), backward
-    size_t rtop = 0, cap = s->out_room ? dnnl_memory_desc_get_size(&p->plain_dst) / sizeof(float) : 0;
+    rtop = 0;
     top = 0;
     memset(&p->ddst, 0, sizeof p->ddst);
     memset(&p->bwei, 0, sizeof p->bwei);
     memset(&p->dsrc, 0, sizeof p->dsrc);
     p->ddst.off = p->bwei.off = p->dsrc.off = (size_t)-1;
     if (!s->no_dinp) {
-        place_dout(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, always, &top, &rtop, cap);
+        place_room(&p->ddst, bdpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top, &rtop, cap);
         place(&p->bwei, bdpd, dnnl_query_weights_md, &p->plain_wei, 1, always, &top);
-        place(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top);
+        // With out_room backward overwrites dinp: in the plain layout, in place.
+        if (s->out_room && dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(bdpd, dnnl_query_diff_src_md, 0),
+                                                  &p->plain_src))
+            p->dsrc.md = p->plain_src;
+        else
+            place_room(&p->dsrc, bdpd, dnnl_query_diff_src_md, &p->plain_src, 2, 0, &top, &rtop, cap);
     }
-    // Backward weights runs after backward data is done, so its tensors
-    // take backward data's room again, all but the output gradient's copy:
+    // Backward weights runs when backward data is done (or before it
+    // starts, wsrc_dinp), so its tensors take backward data's room again,
+    // all but the output gradient's copy:
     // when it has the layout of backward data's, backward weights reads
     // that copy (with dinp; without it that copy is not made).
     size_t dtop = top;
     top = 0;
     rtop = 0;
-    place_dout(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, always, &top, &rtop, cap);
+    place_room(&p->wddst, bwpd, dnnl_query_diff_dst_md, &p->plain_dst, 1, always, &top, &rtop, cap);
     if (p->ddst.off != (size_t)-1 && p->wddst.off != (size_t)-1 && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md)) {
         p->wddst.off = p->ddst.off;  // ddst is the first in its area
         p->wddst.room = p->ddst.room;
@@ -344,12 +376,16 @@ static plan *make_plan(const dt_conv_shape *s, const int key[18], dnnl_data_type
     place(&p->dwei, bwpd, dnnl_query_diff_weights_md, &p->plain_wei, 2, 0, &top);
     p->dbias = top;
     top += floats(&p->bias_md);
-    if (p->keep_n) {
+    // The widened input in dinp where backward overwrites it in place (it
+    // is free until backward data runs; backward weights, run first, must
+    // then make no copy where backward data's is), else in scratch.
+    p->wsrc_dinp = p->keep_n && p->path == DT_CONV_ONEDNN && !s->no_dinp && p->dsrc.off == (size_t)-1 &&
+                   dnnl_memory_desc_get_size(&p->src.md) <= dnnl_memory_desc_get_size(&p->plain_src) &&
+                   (p->ddst.off == (size_t)-1 || dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md));
+    if (p->keep_n && !p->wsrc_dinp) {
         p->wsrc = top;
         top += floats(&p->src.md);
     }
-    if (dtop > top) top = dtop;
-    p->scratch_size = top > ftop ? top : ftop;
 
     p->fwd = primitive(fpd);
     p->bwd_data = primitive(bdpd);
@@ -357,9 +393,8 @@ static plan *make_plan(const dt_conv_shape *s, const int key[18], dnnl_data_type
     dnnl_primitive_desc_destroy(fpd);
     dnnl_primitive_desc_destroy(bdpd);
     dnnl_primitive_desc_destroy(bwpd);
-    // oneDNN's scratchpad after the rest; the sizes cover the portable path too
-    p->pad = p->scratch_size;
-    p->scratch_size += pad_floats(p);
+    // oneDNN's scratchpads after the rest; the sizes cover the portable path too
+    place_pads(p, ftop, dtop, top);
     size_t psave, pscratch;
     dt_conv_portable_size(s, &psave, &pscratch);
     if (psave > p->save_size) p->save_size = psave;
@@ -478,23 +513,24 @@ static void keep16(uint16_t *save, float *x, size_t n, dt_dtype t, int to16) {
     }
 }
 
-void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
-                     const dt_conv_shape *s) {
+void dt_conv_forward(float *out, float *room, float *save, float *scratch, const float *inp, const float *w,
+                     const float *b, const dt_conv_shape *s) {
     plan *p = get_plan(s);
+    if (s->out_room && !room) dt_onednn_check(dnnl_invalid_arguments, "convolution forward");
     if (p->path == DT_CONV_PORTABLE) {
         dt_conv_portable_forward(out, save, scratch, inp, w, b, s);
         return;
     }
-    exec ex = {NULL, scratch + p->pad};
+    exec ex = {NULL, scratch + p->fpad};
     dt_onednn_check(dnnl_stream_create(&ex.st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
-    const float *src = bring_in(p, &p->src, &ex, &p->plain_src, inp, p->keep_n ? scratch : save, NULL);
+    const float *src = bring_in(p, &p->src, &ex, &p->plain_src, inp, p->keep_n ? scratch : save, room);
     if (p->keep_n) keep16((uint16_t *)save, (float *)src, p->keep_n, p->round, 1);
     const float *wei = bring_in(p, &p->fwei, &ex, &p->plain_wei, w, scratch, NULL);
     if (!b) {
         memset(scratch + p->zero_bias, 0, sizeof(float) * s->OC);
         b = scratch + p->zero_bias;
     }
-    float *dst = p->fdst.off == (size_t)-1 ? out : scratch + p->fdst.off;
+    float *dst = p->fdst.off == (size_t)-1 ? out : (p->fdst.room ? room : scratch) + p->fdst.off;
     dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mw = dt_onednn_memory(&p->fwei.md, wei), mb = dt_onednn_memory(&p->bias_md, b),
                   md = dt_onednn_memory(&p->fdst.md, dst);
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb},
@@ -509,63 +545,78 @@ void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, 
     dnnl_stream_destroy(ex.st);
 }
 
+// Backward data into dinp from dd, the output gradient's copy.
+static void backward_data(const plan *p, exec *ex, float *dinp, const float *dd, const float *w, float *scratch,
+                          float *out, int set_dinp) {
+    ex->pad = scratch + p->dpad;
+    const float *wei = bring_in(p, &p->bwei, ex, &p->plain_wei, w, scratch, NULL);
+    // Overwriting a tensor already in the primitive's layout: in place.
+    int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
+    float *ds = direct ? dinp : (p->dsrc.room ? out : scratch) + p->dsrc.off;
+    dnnl_memory_t mdd = dt_onednn_memory(&p->ddst.md, dd), mw = dt_onednn_memory(&p->bwei.md, wei),
+                  mds = dt_onednn_memory(&p->dsrc.md, ds);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DIFF_SRC, mds}};
+    run(p->bwd_data, ex, 3, args);
+    if (!direct) reorder(set_dinp ? p->dsrc.set : p->dsrc.out, ex, &p->dsrc.md, ds, &p->plain_src, dinp);
+    dt_onednn_check(dnnl_stream_wait(ex->st), "stream wait");
+    dnnl_memory_destroy(mdd);
+    dnnl_memory_destroy(mw);
+    dnnl_memory_destroy(mds);
+}
+
+// Backward weights; dd: backward data's copy of the output gradient (NULL:
+// none made), wsrc: where the 16-bit saved input is widened.
+static void backward_weights(const plan *p, exec *ex, float *dw, float *db, const float *dd, const float *dout,
+                             const float *save, float *scratch, float *out, float *wsrc, int OC) {
+    ex->pad = scratch + p->wpad;  // (where backward data's tensors are)
+    // The same layout as backward data's diff_dst reuses that copy.
+    if (!dd || !dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))
+        dd = bring_in(p, &p->wddst, ex, &p->plain_dst, dout, scratch, out);
+    float *dbias = scratch + p->dbias;
+    const float *src = save + p->src.off;
+    if (p->keep_n) {
+        dt_onednn_check(dnnl_stream_wait(ex->st), "stream wait");
+        keep16((uint16_t *)save, wsrc, p->keep_n, p->round, 0);
+        src = wsrc;
+    }
+    dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mdd = dt_onednn_memory(&p->wddst.md, dd),
+                  mdw = dt_onednn_memory(&p->dwei.md, scratch + p->dwei.off), mdb = dt_onednn_memory(&p->bias_md, dbias);
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
+                              {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};
+    run(p->bwd_weights, ex, 4, args);
+    if (dw) reorder(p->dwei.out, ex, &p->dwei.md, scratch + p->dwei.off, &p->plain_wei, dw);
+    dt_onednn_check(dnnl_stream_wait(ex->st), "stream wait");
+    if (db)
+        for (int o = 0; o < OC; o++) db[o] += dbias[o];
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(mdd);
+    dnnl_memory_destroy(mdw);
+    dnnl_memory_destroy(mdb);
+}
+
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp) {
     plan *p = get_plan(s);
-    if ((dinp && s->no_dinp) || (s->out_room && !out)) dt_onednn_check(dnnl_invalid_arguments, "convolution backward");
+    if ((dinp && s->no_dinp) || (s->out_room && (!out || (dinp && !set_dinp))) ||
+        (p->wsrc_dinp && !dinp && (dw || db)))
+        dt_onednn_check(dnnl_invalid_arguments, "convolution backward");
     if (p->path == DT_CONV_PORTABLE) {
         dt_conv_portable_backward(dinp, dw, db, scratch, out, dout, save, w, s, set_dinp);
         return;
     }
-    exec ex = {NULL, scratch + p->pad};
+    exec ex = {NULL, scratch + p->dpad};
     dt_onednn_check(dnnl_stream_create(&ex.st, dt_onednn_engine(), dnnl_stream_default_flags), "stream");
-    if (dinp) {
-        const float *dd = bring_in(p, &p->ddst, &ex, &p->plain_dst, dout, scratch, out);
-        const float *wei = bring_in(p, &p->bwei, &ex, &p->plain_wei, w, scratch, NULL);
-        // Overwriting a tensor already in the primitive's layout: in place.
-        int direct = set_dinp && dnnl_memory_desc_equal(&p->dsrc.md, &p->plain_src);
-        float *ds = direct ? dinp : scratch + p->dsrc.off;
-        dnnl_memory_t mdd = dt_onednn_memory(&p->ddst.md, dd), mw = dt_onednn_memory(&p->bwei.md, wei),
-                      mds = dt_onednn_memory(&p->dsrc.md, ds);
-        dnnl_exec_arg_t args[] = {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw},
-                                  {DNNL_ARG_DIFF_SRC, mds}};
-        run(p->bwd_data, &ex, 3, args);
-        if (!direct)
-            reorder(set_dinp ? p->dsrc.set : p->dsrc.out, &ex, &p->dsrc.md, ds, &p->plain_src, dinp);
-        dnnl_memory_destroy(mdd);
-        dnnl_memory_destroy(mw);
-        dnnl_memory_destroy(mds);
-    }
+    // The output gradient's copy first: both passes may read it.
+    const float *dd = dinp ? bring_in(p, &p->ddst, &ex, &p->plain_dst, dout, scratch, out) : NULL;
+    // Backward weights before backward data when it widens the input in
+    // dinp (the results are the same: neither pass reads the other's).
+    int wfirst = p->wsrc_dinp && (dw || db);
+    if (wfirst) backward_weights(p, &ex, dw, db, dd, dout, save, scratch, out, dinp, s->OC);
+    if (dinp) backward_data(p, &ex, dinp, dd, w, scratch, out, set_dinp);
     if ((dw || db) && p->path == DT_CONV_MIXED) {  // (from the input forward saved plain)
-        dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
         dt_conv_portable_backward(NULL, dw, db, scratch, out, dout, save, w, s, 0);
-    } else if (dw || db) {
-        // The same layout as backward data's diff_dst reuses that copy.
-        const float *dd;
-        if (dinp && dnnl_memory_desc_equal(&p->wddst.md, &p->ddst.md))
-            dd = p->ddst.off == (size_t)-1 ? dout : (p->ddst.room ? out : scratch) + p->ddst.off;
-        else
-            dd = bring_in(p, &p->wddst, &ex, &p->plain_dst, dout, scratch, out);
-        float *dbias = scratch + p->dbias;
-        const float *src = save + p->src.off;
-        if (p->keep_n) {  // into room backward data may have used
-            dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
-            keep16((uint16_t *)save, scratch + p->wsrc, p->keep_n, p->round, 0);
-            src = scratch + p->wsrc;
-        }
-        dnnl_memory_t ms = dt_onednn_memory(&p->src.md, src), mdd = dt_onednn_memory(&p->wddst.md, dd),
-                      mdw = dt_onednn_memory(&p->dwei.md, scratch + p->dwei.off), mdb = dt_onednn_memory(&p->bias_md, dbias);
-        dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd},
-                                  {DNNL_ARG_DIFF_WEIGHTS, mdw}, {DNNL_ARG_DIFF_BIAS, mdb}};
-        run(p->bwd_weights, &ex, 4, args);
-        if (dw) reorder(p->dwei.out, &ex, &p->dwei.md, scratch + p->dwei.off, &p->plain_wei, dw);
-        dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
-        if (db)
-            for (int o = 0; o < s->OC; o++) db[o] += dbias[o];
-        dnnl_memory_destroy(ms);
-        dnnl_memory_destroy(mdd);
-        dnnl_memory_destroy(mdw);
-        dnnl_memory_destroy(mdb);
+    } else if ((dw || db) && !wfirst) {
+        backward_weights(p, &ex, dw, db, dd, dout, save, scratch, out, scratch + p->wsrc, s->OC);
     }
     dt_onednn_check(dnnl_stream_wait(ex.st), "stream wait");
     dnnl_stream_destroy(ex.st);

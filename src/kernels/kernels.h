@@ -89,9 +89,11 @@ void dt_sgemm_portable(int ta, int tb, int M, int N, int K, float alpha, const f
  * paths, so the sizes for B serve every smaller batch whichever path it
  * takes. Backward ADDS into dw and db, and into dinp unless set_dinp (then
  * it overwrites dinp); any of the three may be NULL (dinp must be with
- * no_dinp). With out_room, backward may also use `out`, the forward's
- * output buffer, as room for its copies of dout (the caller no longer needs
- * the output then). Deterministic for a fixed thread count; the plan of each
+ * no_dinp). With out_room, forward may use `room` (a buffer of out's size
+ * the caller does not need until the backward; NULL without out_room) for
+ * its output in the primitive's layout, and backward may use `out`, the
+ * forward's output buffer, for its copies of dout and dinp (the caller no
+ * longer needs the output then). Deterministic for a fixed thread count; the plan of each
  * shape (its path, oneDNN's primitives) is made on first use and kept.
  * Reentrant: every call writes only the caller's buffers, so calls from
  * several threads at once are safe (each with its own save and scratch). */
@@ -103,7 +105,7 @@ typedef struct {
     int src_blocked, dst_blocked;
     int relu;      // forward applies ReLU to its output (after the bias)
     int no_dinp;   // backward is never asked for dinp (no room planned for it)
-    int out_room;  // backward may overwrite out (above)
+    int out_room;  // forward may use room and backward out (above)
     int keep32;    // save the input in fp32 as the fp32 primitives read it (rounded values), not in
                    // 16 bits: the reference tests compare the 16-bit one with
 } dt_conv_shape;
@@ -113,8 +115,8 @@ void dt_conv_size(const dt_conv_shape *s, size_t *save, size_t *scratch);
  * inputs and outputs: where they do, a caller gains by keeping tensors
  * blocked between convolutions (never on the portable path). */
 void dt_conv_prefers_blocked(const dt_conv_shape *s, int *src, int *dst);
-void dt_conv_forward(float *out, float *save, float *scratch, const float *inp, const float *w, const float *b,
-                     const dt_conv_shape *s);
+void dt_conv_forward(float *out, float *room, float *save, float *scratch, const float *inp, const float *w,
+                     const float *b, const dt_conv_shape *s);
 void dt_conv_backward(float *dinp, float *dw, float *db, float *scratch, float *out, const float *dout,
                       const float *save, const float *w, const dt_conv_shape *s, int set_dinp);
 /* The path that runs shape s: DT_CONV_ONEDNN, DT_CONV_PORTABLE or

@@ -100,7 +100,7 @@ void dt_conv2d_forward(float *out, float *col, const float *inp, const float *w,
     dt_conv_shape s = {B, IC, H, W, OC, K, S, P, 0, 0, 0, 0, 0, 0};
     size_t save, scratch;
     dt_conv_size(&s, &save, &scratch);
-    dt_conv_forward(out, col, col + save, inp, w, b, &s);
+    dt_conv_forward(out, NULL, col, col + save, inp, w, b, &s);
 }
 
 void dt_conv2d_backward(float *dinp, float *dw, float *db, float *dcol, const float *dout,

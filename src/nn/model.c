@@ -28,7 +28,7 @@ typedef struct {
     float *aux2;           // conv: the scratch all the convolutions of the set share (not owned)
     int drop;              // act lives in dact: only the convolution after it reads it, in its forward,
                            // and it keeps its own copy (plan_drop)
-    int room;              // conv: its backward may use act as room (kernels.h out_room)
+    int room;              // conv: its forward may use dact as room, its backward act (kernels.h out_room)
     int keep32;            // conv: saves its input in fp32 (dt_model_set_acts16(0): the reference)
     int32_t *argmax;       // maxpool
     int blk;               // act is blocked by blk channels (kernels.h), 0: NCHW
@@ -403,7 +403,8 @@ static void plan_half(layer_t *L, int l0, int l1, dt_dtype t) {
 // backward reads). And which convolutions' outputs their backward may use
 // as room (room): an output the layers after it have read by then, so not
 // a dropped one (it is the gradient), nor the stage's output stream or the
-// logits (its own, or the fused relu's after it).
+// logits (its own, or the fused relu's after it); their forward uses their
+// gradient buffer (free until the backward, and not the output's then).
 static void plan_drop(layer_t *L, int l0, int l1) {
     for (int i = 0; i < l1; i++) {
         L[i].keep32 = !g_acts16;
@@ -1023,15 +1024,17 @@ static float *piece_save(const dt_model *m, int i, int k, int j, float *save) {
     return m->nseg ? m->seg_save + m->seg_off[((size_t)i * 3 + k) * m->nseg + j] : save;
 }
 
-// Convolution k of layer i (seg_conv) forward on B samples, piece by piece.
-static void conv_fwd(dt_model *m, const layer_t *L, int i, int k, float *out, float *save, const float *in,
-                     const float *w, const float *b, int B) {
+// Convolution k of layer i (seg_conv) forward on B samples, piece by piece
+// (room: dt_conv_forward's, NULL unless the convolution has room).
+static void conv_fwd(dt_model *m, const layer_t *L, int i, int k, float *out, float *room, float *save,
+                     const float *in, const float *w, const float *b, int B) {
     dt_conv_shape cs = {0};
     seg_conv(L, i, k, B, &cs);
     size_t ni = conv_numel(&cs, 0), no = conv_numel(&cs, 1);
     for (int j = 0, o = 0; j < pieces(m); o += piece_len(m, j++, B)) {
         seg_conv(L, i, k, piece_len(m, j, B), &cs);
-        dt_conv_forward(out + o * no, piece_save(m, i, k, j, save), L[i].aux2, in + o * ni, w, b, &cs);
+        dt_conv_forward(out + o * no, room ? room + o * no : NULL, piece_save(m, i, k, j, save), L[i].aux2,
+                        in + o * ni, w, b, &cs);
     }
 }
 
@@ -1268,16 +1271,16 @@ static dt_status block_forward(dt_model *m, layer_t *L, int i, const float *in, 
     float *w = m->params + l->w_off;
     int C = l->out[0], P = l->out[1] * l->out[2];
     size_t n = (size_t)B * C * P;
-    conv_fwd(m, L, i, 0, b.y1, b.s1, in, w + p.c1, NULL, B);
+    conv_fwd(m, L, i, 0, b.y1, NULL, b.s1, in, w + p.c1, NULL, B);
     dt_status st = bn_forward(m, i, b.r1, b.y1, w + p.bn1, b.st, &l->cnt[0], B, C, P, &l->spec, train);
     if (st != DT_OK) return st;
     relu_inplace(b.r1, n);
-    conv_fwd(m, L, i, 1, b.y2, b.s2, b.r1, w + p.c2, NULL, B);
+    conv_fwd(m, L, i, 1, b.y2, NULL, b.s2, b.r1, w + p.c2, NULL, B);
     if ((st = bn_forward(m, i, l->act, b.y2, w + p.bn2, b.st + 2 * C, &l->cnt[1], B, C, P, &l->spec, train)) != DT_OK)
         return st;
     const float *short_cut = in;
     if (p.proj) {
-        conv_fwd(m, L, i, 2, b.yd, b.sd, in, w + p.cd, NULL, B);
+        conv_fwd(m, L, i, 2, b.yd, NULL, b.sd, in, w + p.cd, NULL, B);
         st = bn_forward(m, i, b.g2, b.yd, w + p.bnd, b.st + 4 * C, &l->cnt[2], B, C, P, &l->spec, train);
         if (st != DT_OK) return st;
         short_cut = b.g2;
@@ -1341,8 +1344,8 @@ static dt_status forward_layers(dt_model *m, layer_t *L, int l0, int l1, const f
             // its input, made in fp32 in the gradient buffer, kept in 16 bits for the backward
             if (i > 0 && L[i - 1].t16) dt_keep16(L[i - 1].act16, in, (size_t)B * l->in[0], L[i - 1].t16);
             break;
-        case DT_LAYER_CONV2D:  // (row-parallel: as the linear layer's)
-            conv_fwd(m, L, i, 0, l->act, l->aux, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, B);
+        case DT_LAYER_CONV2D:  // (row-parallel: as the linear layer's; with room, its gradient buffer is it)
+            conv_fwd(m, L, i, 0, l->act, l->room ? l->dact : NULL, l->aux, in, w, (l->tp == 2 && m->tp) || !l->b_n ? NULL : b, B);
             break;
         case DT_LAYER_BATCHNORM:
             st = bn_forward(m, i, l->act, in, m->params + l->w_off, l->aux, &l->cnt[0], B, l->in[0],
