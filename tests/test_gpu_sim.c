@@ -735,6 +735,8 @@ static const dev_row dev_rows[] = {
     {"mlp", 3, "--deterministic --zero 3 --set parallel.bucket_kb=4", 1},
     {"gpt", 2, "--deterministic --zero 3", 1},
     {"gpt", 2, "--zero 3 --set parallel.grad_dtype=bf16", 0},
+    {"gpt", 3, "--zero 3 --precision bf16 --set parallel.bucket_kb=4", 0},
+    {"mlp", 2, "--zero 3 --precision fp16", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -1214,8 +1216,6 @@ static void test_refusals(void) {
     } no[] = {
         {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --spares 1", "--spares with [parallel] zero = 1 on [train] "
          "device = cuda: each rank's slice of the optimizer state is on its GPU alone; use --max-restarts"},
-        {cfg_mlp_full, "--device cuda --set parallel.zero=3 --precision bf16", "with [parallel] zero = 3 in [train] "
-         "precision bf16 or fp16 (stage 3 on a GPU is fp32's): not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --workers 2 --zero 2 --spares 1", "--spares with [parallel] zero = 2 on [train] "
          "device = cuda"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method (other than fp16, "

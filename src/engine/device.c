@@ -35,15 +35,13 @@ static int wire16(const dt_config *c) {
 }
 
 // What trains on a device: data parallel (plain or deterministic, ZeRO
-// stage 1, 2 or 3 (fp32) or not), in fp32, bf16 or fp16, a GPT or a sequential model
+// stage 1, 2 or 3 or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
 // fp32 or (plain data parallel) in 16 bits; the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
                      : c->pipeline > 1 ? "[parallel] pipeline"
                      : c->tensor > 1   ? "[parallel] tensor"
-                     : c->zero > 2 && c->precision != DT_F32 ? "[parallel] zero = 3 in [train] precision bf16 or fp16 "
-                                                               "(stage 3 on a GPU is fp32's)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
                      : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"

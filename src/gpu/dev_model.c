@@ -24,7 +24,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     dt_dev_arena *a = &b->arena;
     size_t n = b->n * sizeof(float);
     b->params = b->params_vm ? (float *)b->pvm.base : dt_dev_take(a, DT_DEV_WEIGHTS, n);
-    b->w16 = b->t != DT_F32 ? dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2) : NULL;
+    b->w16 = b->t == DT_F32 ? NULL : b->params_vm ? b->hvm.base : dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2);
     b->grads = b->grads_vm ? (float *)b->gvm.base : dt_dev_take(a, DT_DEV_GRADS, n);
     for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
         b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
@@ -33,9 +33,9 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
 }
 
-size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v) {
+size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v, size_t es) {
     size_t gran = v->gran;
-    return gran ? (b->sn * sizeof(float) + gran - 1) / gran * gran + 2 * gran : 0;
+    return gran ? (b->sn * es + gran - 1) / gran * gran + 2 * gran : 0;
 }
 
 // The blocks backed on demand reserved (params_vm: the slice's chunks of
@@ -45,13 +45,15 @@ static dt_status vm_open(dt_dev_blocks *b, const char *what) {
     size_t free_b = 0, total = 0, need = 0, f = sizeof(float);
     if (b->grads_vm) TRY(dt_dev_vm_open(&b->gvm, b->d, b->n * f, what));
     if (b->params_vm) TRY(dt_dev_vm_open(&b->pvm, b->d, b->n * f, what));
-    need = dt_dev_blocks_kept(b, &b->gvm) + dt_dev_blocks_kept(b, &b->pvm);
+    if (b->params_vm && b->t != DT_F32) TRY(dt_dev_vm_open(&b->hvm, b->d, b->n * 2, what));
+    need = dt_dev_blocks_kept(b, &b->gvm, f) + dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     TRY(b->d->mem_info(&free_b, &total));
     if (need > free_b)
         return dt_error(DT_ERR_NOMEM, "%s: this rank's slices of the gradients%s need %zu bytes of GPU memory beside "
                         "the arena, and the GPU has %zu free of %zu: use a smaller model or more ranks", what,
                         b->params_vm ? " and the parameters" : "", need, free_b, total);
-    return b->params_vm ? dt_dev_vm_back(&b->pvm, b->slo * f, b->sn * f) : DT_OK;
+    if (b->params_vm) TRY(dt_dev_vm_back(&b->pvm, b->slo * f, b->sn * f));
+    return b->hvm.base ? dt_dev_vm_back(&b->hvm, b->slo * 2, b->sn * 2) : DT_OK;
 }
 
 dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what) {
@@ -67,10 +69,12 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     dt_dev_arena_close(&b->arena);
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
     if (b->params_vm) dt_dev_vm_close(&b->pvm);
+    if (b->hvm.base) dt_dev_vm_close(&b->hvm);
 }
 
 dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
-    return b->t != DT_F32 ? b->d->to16(b->w16, b->params, b->n, b->t) : DT_OK;
+    size_t lo = b->params_vm ? b->slo : 0, n = b->params_vm ? b->sn : b->n;
+    return b->t != DT_F32 ? b->d->to16((uint16_t *)b->w16 + lo, b->params + lo, n, b->t) : DT_OK;
 }
 
 // The parameters the device keeps between steps: [lo, lo + n) (floats).
@@ -155,8 +159,9 @@ dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_of
 
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     for (int i = 0; i < DT_DEV_KINDS; i++) bytes[i] = b->arena.planned[i];
-    bytes[DT_DEV_GRADS] += b->grads_vm ? dt_dev_blocks_kept(b, &b->gvm) : 0;  // (beside the arena: the slices', kept)
-    bytes[DT_DEV_WEIGHTS] += b->params_vm ? dt_dev_blocks_kept(b, &b->pvm) : 0;
+    size_t f = sizeof(float);  // (beside the arena: the slices', kept)
+    bytes[DT_DEV_GRADS] += dt_dev_blocks_kept(b, &b->gvm, f);
+    bytes[DT_DEV_WEIGHTS] += dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
 }
 
 // ---- the sequential model --------------------------------------------------------

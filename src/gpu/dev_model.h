@@ -31,8 +31,9 @@
  * ZeRO's stage 1 and up), with grads_vm (stage 2) the gradient block
  * outside the arena, backed on demand (dt_dev_vm): each tensor's chunks
  * before backward writes it, given back by the strategy once reduced; with
- * params_vm (stage 3, fp32) the parameter block too: the slice's chunks
- * backed throughout, the rest by the strategy while a layer needs them. */
+ * params_vm (stage 3) the parameter block (and its 16-bit copy) too: the
+ * slice's chunks backed throughout, the rest by the strategy while a layer
+ * needs them. */
 typedef struct {
     int shard, shards, grads_vm, params_vm;
 } dt_dev_part;
@@ -42,6 +43,7 @@ typedef struct {
     dt_dev_arena arena;
     dt_dev_vm gvm;            /* grads_vm: the gradient block's memory (grads is its base) */
     dt_dev_vm pvm;            /* params_vm: the parameter block's (params is its base) */
+    dt_dev_vm hvm;            /* ... and in bf16/fp16 their 16-bit copy's (w16 is its base) */
     int grads_vm, params_vm;
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
@@ -85,10 +87,10 @@ dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
 /* Gradients [off, off + n) (floats) about to be written by backward:
  * backed first (grads_vm; else nothing to do). */
 dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n);
-/* The bytes of the chunks the slice spans in v, at most (they stay backed:
- * the reduced gradients the update reads, the parameters it updates); 0
- * for a block in the arena. */
-size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v);
+/* The bytes of the chunks the slice spans in v (of es-byte elements), at
+ * most (they stay backed: the reduced gradients the update reads, the
+ * parameters it updates); 0 for a block in the arena. */
+size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v, size_t es);
 /* The gradient's sum of squares, computed on the device, read back (one
  * double). */
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
@@ -99,7 +101,7 @@ dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
  * gather). */
 dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale);
 /* After the parameters changed on the device: their 16-bit copy made
- * again (nothing in fp32). */
+ * again (nothing in fp32; params_vm: the slice's). */
 dt_status dt_dev_blocks_changed(dt_dev_blocks *b);
 /* A GEMM operand in the blocks' precision: fp32 (f) when b->t is DT_F32,
  * else t's 16-bit values (h). */

@@ -188,7 +188,7 @@ static dt_status vm_set(void *p, size_t bytes, int on) {
     if (!on) madvise(p, bytes, MADV_DONTNEED);
     if (on && mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) abort();
     if (on) memset(p, 0xff, bytes);
-    if ((on && !g.open) || !on) mprotect(p, bytes, PROT_NONE);
+    mprotect(p, bytes, PROT_NONE);  // (no op is open: it holds the lock; each opens what is backed)
     for (size_t c = off / VM_GRAN; c < (off + bytes) / VM_GRAN; c++) g.vm[i][c] = (unsigned char)on;
     pthread_mutex_unlock(&g.mu);
     return DT_OK;

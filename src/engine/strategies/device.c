@@ -74,8 +74,8 @@
  * read, zeroed by the next step's zero_grad. [parallel] zero_release is
  * the CPU's: a device always gives them back.
  *
- * At zero = 3 (several ranks, fp32) the parameter block is backed on
- * demand too: a layer's parameters are gathered before its forward and
+ * At zero = 3 (several ranks) the parameter block (and in 16 bits its
+ * copy) is backed on demand too: a layer's parameters are gathered before its forward and
  * its backward (params_needed, through the device models' layer hooks)
  * and given back when the next layer is needed; see "ZeRO stage 3"
  * below. */
@@ -204,21 +204,23 @@ static void memory_said(dt_strategy *s) {
     double g[DT_DEV_KINDS];
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(s->obs, g);
-    char half[160] = "", slice[80] = "", vm[200] = "";
+    char half[160] = "", slice[80] = "", vm[200] = "", wvm[160] = "";
     if (((devs *)s)->zero && s->world > 1) snprintf(slice, sizeof slice, " (this rank's slice: 1/%d)", s->world);
     if (b->grads_vm)
-        snprintf(vm, sizeof vm, " (beside the arena, ZeRO stage 2: backed on demand in chunks of %zu KiB, the slice's kept; each "
-                 "other given back once reduced)", b->gvm.gran >> 10);
+        snprintf(vm, sizeof vm, " (beside the arena: backed on demand in chunks of %zu KiB, the slice's kept, the "
+                 "rest given back once reduced)", b->gvm.gran >> 10);
+    if (b->params_vm)
+        snprintf(wvm, sizeof wvm, " (beside the arena: the slice's chunks, and each layer's while it runs)");
     if (b->t != DT_F32)
         snprintf(half, sizeof half, "; GEMMs on %s operands with fp32 sums (the weights hold the parameters' %s copy, "
                  "%.1f MiB)", b->t == DT_BF16 ? "bf16" : "fp16", b->t == DT_BF16 ? "bf16" : "fp16",
                  (double)b->n * 2 / 1048576.0);
     if (s->rank == 0)
-        dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f + gradients %.1f%s + "
+        dt_log(DT_LOG_INFO, "GPU memory (%s device): %.1f MiB in one arena = weights %.1f%s + gradients %.1f%s + "
                "optimizer state %.1f%s + activations %.1f + workspace %.1f MiB; batches through %.1f MiB of pinned "
-               "host memory%s", b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, k[1] / 1048576.0,
-               vm, k[2] / 1048576.0, slice, k[3] / 1048576.0, k[4] / 1048576.0, (double)b->pinned_bytes / 1048576.0,
-               half);
+               "host memory%s", b->d->name, (double)b->arena.size / 1048576.0, k[0] / 1048576.0, wvm,
+               k[1] / 1048576.0, vm, k[2] / 1048576.0, slice, k[3] / 1048576.0, k[4] / 1048576.0,
+               (double)b->pinned_bytes / 1048576.0, half);
 }
 
 // Elements of es bytes in a bucket of [parallel] bucket_kb (at least one).
@@ -339,7 +341,7 @@ static int room(void *user) { return settle_one(user, 1); }
 static void vm_init(devs *d) {
     dt_dev_blocks *b = d->base.device;
     size_t ahead = 2 * (bucket_elems(d->base.c, sizeof(float)) + b->largest) * sizeof(float);
-    b->gvm.budget = dt_dev_blocks_kept(b, &b->gvm) + ahead + 4 * b->gvm.gran;
+    b->gvm.budget = dt_dev_blocks_kept(b, &b->gvm, sizeof(float)) + ahead + 4 * b->gvm.gran;
     b->gvm.room = room;
     b->gvm.room_user = d;
 }
@@ -377,11 +379,14 @@ static dt_status stage3_init(devs *d) {
     return DT_OK;
 }
 
-// Parameters [a, e) backed and broadcast from each rank's part of them.
+// Parameters [a, e) backed and broadcast from each rank's part of them
+// (in 16 bits their copy made there too).
 static dt_status gather_span(devs *d, size_t a, size_t e) {
     dt_strategy *s = &d->base;
-    float *w = s->device->params;
-    dt_status st = dt_dev_vm_back(&s->device->pvm, a * sizeof(float), (e - a) * sizeof(float));
+    dt_dev_blocks *b = s->device;
+    float *w = b->params;
+    double t0 = dt_now();
+    dt_status st = dt_dev_vm_back(&b->pvm, a * sizeof(float), (e - a) * sizeof(float));
     for (int r = 0; r < s->world && st == DT_OK; r++) {
         size_t lo, hi;
         dt_shard_range(s->n, r, s->world, &lo, &hi);
@@ -389,7 +394,11 @@ static dt_status gather_span(devs *d, size_t a, size_t e) {
         if (hi > lo && (st = dt_broadcast(w + lo, w + lo, hi - lo, DT_F32, r, d->gpus)) != DT_OK)
             st = dt_error(st, "parameter gather from rank %d on the GPUs: %s", r, dt_last_error());
     }
+    if (st == DT_OK && b->w16 && (st = dt_dev_vm_back(&b->hvm, a * 2, (e - a) * 2)) == DT_OK)
+        st = b->d->to16((uint16_t *)b->w16 + a, w + a, e - a, b->t);
     d->gathers++;
+    s->comm_seconds += dt_now() - t0;  // (waited for before the layer's kernels: exposed)
+    s->comm_exposed_seconds += dt_now() - t0;
     return st;
 }
 
@@ -418,21 +427,31 @@ static int kept(const devs *d, size_t a, size_t e) {
     return 0;
 }
 
+// The chunks of v (es-byte elements) over elements [a, e) that nothing
+// kept touches, given back.
+static dt_status give_unkept(const devs *d, dt_dev_vm *v, size_t es, size_t a, size_t e) {
+    if (!v->base) return DT_OK;  // (not backed on demand: fp32's 16-bit copy)
+    size_t per = v->gran / es;
+    for (size_t c = a / per; c * per < e; c++) {
+        dt_status st = kept(d, c * per, (c + 1) * per) ? DT_OK : dt_dev_vm_give(v, c * v->gran, v->gran);
+        if (st != DT_OK) return st;
+    }
+    return DT_OK;
+}
+
 // Block l (l == L: the persistent ranges) no longer held, and every chunk
 // of its spans that nothing kept touches given back.
 static dt_status drop_block(devs *d, int l) {
-    dt_dev_vm *v = &d->base.device->pvm;
-    size_t per = v->gran / sizeof(float);
+    dt_dev_blocks *b = d->base.device;
     int n;
     size_t *sp = spans(d, l, &n);
     if (l < d->L) d->held[l] = 0;
     else d->persist = 0;
-    for (int k = 0; k < n; k++)
-        for (size_t c = sp[2 * k] / per; c * per < sp[2 * k + 1]; c++) {
-            dt_status st = kept(d, c * per, (c + 1) * per) ? DT_OK : dt_dev_vm_give(v, c * v->gran, v->gran);
-            if (st != DT_OK) return st;
-        }
-    return DT_OK;
+    dt_status st = DT_OK;
+    for (int k = 0; k < n && st == DT_OK; k++)
+        if ((st = give_unkept(d, &b->pvm, sizeof(float), sp[2 * k], sp[2 * k + 1])) == DT_OK)
+            st = give_unkept(d, &b->hvm, 2, sp[2 * k], sp[2 * k + 1]);
+    return st;
 }
 
 static dt_status drop_held(devs *d, int but) {
@@ -469,13 +488,11 @@ static dt_status dev_params_eval(dt_strategy *s, int begin) {
 // After the update: every chunk but the slice's goes (the blocks and the
 // persistent ranges are gathered again, updated).
 static dt_status params_updated(devs *d) {
-    dt_strategy *s = &d->base;
-    dt_dev_vm *v = &s->device->pvm;
-    size_t per = v->gran / sizeof(float), first = s->lo / per, last = (s->hi + per - 1) / per;
+    dt_dev_blocks *b = d->base.device;
     memset(d->held, 0, (size_t)d->L);
     d->persist = 0;
-    dt_status st = s->hi > s->lo ? dt_dev_vm_give(v, 0, first * v->gran) : dt_dev_vm_give(v, 0, v->nchunks * v->gran);
-    return st == DT_OK && s->hi > s->lo ? dt_dev_vm_give(v, last * v->gran, (v->nchunks - last) * v->gran) : st;
+    dt_status st = give_unkept(d, &b->pvm, sizeof(float), 0, b->n);
+    return st == DT_OK ? give_unkept(d, &b->hvm, 2, 0, b->n) : st;
 }
 
 static dt_status dev_init(dt_strategy *s) {
@@ -878,6 +895,7 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     }
     if (b->params_vm) {  // stage 3: the parameters' too
         cJSON_AddNumberToObject(g, "weights_backed_peak_bytes", (double)b->pvm.peak);
+        if (b->hvm.base) cJSON_AddNumberToObject(g, "weights_16bit_backed_peak_bytes", (double)b->hvm.peak);
         cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);
     }
 }
