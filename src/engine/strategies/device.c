@@ -122,6 +122,9 @@ typedef struct {
     char *held;          // ... per block: gathered
     int persist;         // ... the ranges outside the blocks are gathered
     long gathers;        // ... spans gathered (summary.json)
+    int nmax;            // ... the most micro-batches a rank runs this step (the others replay the hooks of theirs)
+    size_t *lpos;        // ... per layer lmin..lmax: the lowest gradient-order position of its ranges
+    int lmin, lmax;      // ... the layers the order names
     dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
     char errmsg[512];
 } devs;
@@ -375,6 +378,19 @@ static dt_status stage3_init(devs *d) {
     for (int l = 0; l <= d->L; l++)
         d->span_at[l + 1] = d->span_at[l] + dt_layer_spans(s->order, s->norder, s->order_layer, d->L, l < d->L ? l : -1,
                                                              d->span + 2 * d->span_at[l]);
+    d->lmin = d->lmax = s->order_layer[0];
+    for (int i = 0; i < s->norder; i++) {
+        d->lmin = s->order_layer[i] < d->lmin ? s->order_layer[i] : d->lmin;
+        d->lmax = s->order_layer[i] > d->lmax ? s->order_layer[i] : d->lmax;
+    }
+    if (!(d->lpos = malloc(sizeof(size_t) * (size_t)(d->lmax - d->lmin + 1))))
+        return dt_error(DT_ERR_NOMEM, "ZeRO stage 3 on the GPUs: out of memory");
+    for (int l = 0; l <= d->lmax - d->lmin; l++) d->lpos[l] = SIZE_MAX;
+    size_t at = 0;  // (range i's position in the order)
+    for (int i = 0; i < s->norder; at += s->order[i++].len) {
+        size_t *lp = &d->lpos[s->order_layer[i] - d->lmin];
+        *lp = at < *lp ? at : *lp;
+    }
     s->params_sliced = 1;
     return DT_OK;
 }
@@ -538,6 +554,7 @@ static void dev_fini(dt_strategy *s) {
     free(d->span);
     free(d->span_at);
     free(d->held);
+    free(d->lpos);
 }
 
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
@@ -545,8 +562,21 @@ static int dev_plan(dt_strategy *s, int first, int share, int global) {
     d->have_norm = 0;
     d->next = d->settled = 0;
     d->t_first = 0;
-    if (s->c->deterministic) return dt_strategy_plan_shards(s, first, share, global);
-    return dt_strategy_plan_accum(s, first, share, global);
+    int k = s->c->deterministic ? dt_strategy_plan_shards(s, first, share, global)
+                                : dt_strategy_plan_accum(s, first, share, global);
+    d->nmax = k;  // stage 3: every rank's layer hooks (gathers) and buckets as the busiest's
+    dt_status st = s->device->params_vm ? dt_allreduce(&d->nmax, &d->nmax, 1, DT_I32, DT_MAX, s->comm) : DT_OK;
+    if (st != DT_OK && d->err == DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "micro-batch count: %s", dt_last_error());
+    }
+    return k;
+}
+
+// Whether micro-batch k's backward sums the buckets (its grad hook): the
+// last of this rank's, under stage 3 the last of the busiest's.
+static int hooked(const devs *d, int k) {
+    return d->g.nb && k == (d->base.device->params_vm ? d->nmax : d->base.nmicro) - 1;
 }
 
 // Deterministic mode: each shard's gradient into the fixed-point sums, and
@@ -555,7 +585,7 @@ static int dev_plan(dt_strategy *s, int first, int share, int global) {
 static void dev_micro_end(dt_strategy *s, int k) {
     devs *d = (devs *)s;
     const dt_dev *dv = s->device->d;
-    if (!s->c->deterministic || d->err != DT_OK || (d->g.nb && k == s->nmicro - 1)) return;
+    if (!s->c->deterministic || d->err != DT_OK || hooked(d, k)) return;
     dt_status st = dv->fixed_add(d->acc, s->device->grads, s->n);
     if (st == DT_OK) st = dt_dev_blocks_zero_grad(s->device);
     if (st != DT_OK) {
@@ -611,7 +641,8 @@ static void start(devs *d, int i, int early) {
     if (d->err != DT_OK) return;
     *(early ? &d->early : &d->late) += 1;
     dt_status st = DT_OK;
-    for (p = p0; p < end && st == DT_OK; p++) st = to_sum(d, p->lo, p->hi);
+    for (p = p0; p < end && st == DT_OK; p++)  // (backed, zero, where no backward wrote: a rank without samples)
+        if ((st = dt_dev_blocks_back(d->base.device, p->lo, p->hi - p->lo)) == DT_OK) st = to_sum(d, p->lo, p->hi);
     if (st == DT_OK && (st = dv->event_record(d->ev[i])) != DT_OK)
         st = dt_error(st, "a bucket's event on the device: %s", dt_last_error());
     for (p = p0; p < end && st == DT_OK; p++) {
@@ -641,7 +672,25 @@ static void ready(size_t pos, void *user) {
 
 static dt_grad_ready_fn dev_grad_hook(dt_strategy *s, int k, void **user) {
     *user = s;
-    return ((devs *)s)->g.nb && k == s->nmicro - 1 ? ready : NULL;
+    return hooked((devs *)s, k) ? ready : NULL;
+}
+
+// Stage 3: a micro-batch this rank does not have, as the busiest runs it:
+// its layer hooks (the gathers), and for the last the grad hook's
+// positions after each layer's backward (the buckets, of what this rank
+// accumulated).
+static void replay(devs *d, int last) {
+    dt_strategy *s = &d->base;
+    dt_status st = DT_OK;
+    for (int l = d->lmin; l <= d->lmax && st == DT_OK; l++) st = dev_params_needed(s, l, 0);
+    for (int l = d->lmax; l >= d->lmin && st == DT_OK; l--) {
+        st = dev_params_needed(s, l, 1);
+        if (st == DT_OK && last && d->lpos[l - d->lmin] != SIZE_MAX) ready(d->lpos[l - d->lmin], d);
+    }
+    if (st != DT_OK && d->err == DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
+    }
 }
 
 // The sums back into the gradients (this rank's slice under zero): deterministic
@@ -711,6 +760,7 @@ static dt_status broadcast_slices(devs *d) {
 static dt_status dev_sync(dt_strategy *s) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
+    for (int k = s->nmicro; b->params_vm && k < d->nmax && d->err == DT_OK; k++) replay(d, k == d->nmax - 1);
     if (d->g.nb) finish(d);
     if (d->err != DT_OK) {
         dt_status e = d->err;

@@ -606,6 +606,7 @@ static dt_status zero_sync(dt_strategy *s) {
             release(s->grads, s->hi, s->n);
         }
     } else {
+        ready(0, z);  // (a rank without samples ran no backward: its buckets cut as the others')
         reduce_order(z, 0, z->done);
         z->done = 0;
         settle(z, 1);
