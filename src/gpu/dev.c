@@ -35,6 +35,7 @@ const dt_dev dt_dev_cuda = {
     .event_create = dt_gpu_event_create,
     .event_destroy = dt_gpu_event_destroy,
     .event_record = dt_gpu_event_record,
+    .event_query = dt_gpu_event_query,
     .stream_wait_event = dt_gpu_stream_wait_event,
     .sgemm = dt_gpu_sgemm,
     .gemm16 = dt_gpu_gemm16,
@@ -179,6 +180,7 @@ dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char
 }
 
 void dt_dev_vm_close(dt_dev_vm *v) {
+    if (v->base) v->d->sync();  // (nothing queued may use what goes)
     for (size_t i = 0; v->base && i < v->nchunks; i++)
         if (v->mapped[i]) v->d->vm_unmap(v->base + i * v->gran, v->gran);
     if (v->base) v->d->vm_free(v->base, v->nchunks * v->gran);

@@ -76,6 +76,9 @@ typedef struct dt_dev {
     void (*event_destroy)(void *event);
     dt_status (*event_record)(void *event);
     dt_status (*stream_wait_event)(void *stream, void *event);
+    /* *done = 1 once the kernels the event's last record marked have run
+     * (never blocks; a kernel's error is returned). */
+    dt_status (*event_query)(void *event, int *done);
     /* The simulated GPU only (NULL on cuda): opens (on = 1) its memory to
      * the calling thread's host code until the matching on = 0, as an op
      * does, for a library that stands in for one of the device's own: the

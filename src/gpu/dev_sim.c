@@ -257,6 +257,7 @@ static dt_status sim_event_create(void **event) {
 
 static void sim_event_destroy(void *event) { (void)event; }
 static dt_status sim_event_record(void *event) { return (void)event, DT_OK; }
+static dt_status sim_event_query(void *event, int *done) { return (void)event, *done = 1, DT_OK; }
 static dt_status sim_stream_wait_event(void *stream, void *event) { return (void)stream, (void)event, DT_OK; }
 
 static void sim_host_open(int on) {
@@ -582,6 +583,7 @@ const dt_dev dt_dev_sim = {
     .event_create = sim_event_create,
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,
+    .event_query = sim_event_query,
     .stream_wait_event = sim_stream_wait_event,
     .host_open = sim_host_open,
     .sgemm = sim_sgemm,

@@ -140,6 +140,14 @@ dt_status dt_gpu_event_record(void *event) {
     return DT_OK;
 }
 
+dt_status dt_gpu_event_query(void *event, int *done) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    *done = e == cudaSuccess;
+    if (e == cudaErrorNotReady) return DT_OK;
+    DT_CUDA(e);
+    return DT_OK;
+}
+
 dt_status dt_gpu_stream_wait_event(void *stream, void *event) {
     DT_CUDA(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
     return DT_OK;

@@ -63,6 +63,8 @@ dt_status dt_gpu_stream_query(void *stream, int *done);
 dt_status dt_gpu_event_create(void **event);
 void dt_gpu_event_destroy(void *event);
 dt_status dt_gpu_event_record(void *event);
+/* cudaEventQuery: *done once the event's work has run (never blocks). */
+dt_status dt_gpu_event_query(void *event, int *done);
 dt_status dt_gpu_stream_wait_event(void *stream, void *event);
 
 /* The optimizers over n elements of device blocks, the CPU's rules

@@ -48,6 +48,7 @@ dt_status dt_gpu_stream_query(void *stream, int *done) { return (void)stream, *d
 dt_status dt_gpu_event_create(void **event) { return *event = NULL, no_gpu(); }
 void dt_gpu_event_destroy(void *event) { (void)event; }
 dt_status dt_gpu_event_record(void *event) { return (void)event, no_gpu(); }
+dt_status dt_gpu_event_query(void *event, int *done) { return (void)event, *done = 0, no_gpu(); }
 dt_status dt_gpu_stream_wait_event(void *stream, void *event) { return (void)stream, (void)event, no_gpu(); }
 dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n) { return (void)acc, (void)g, (void)n, no_gpu(); }
 dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n) {

@@ -92,6 +92,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     dt_strategy base;
@@ -123,6 +124,10 @@ typedef struct {
     int persist;         // ... the ranges outside the blocks are gathered
     long gathers;        // ... spans gathered (summary.json)
     int nmax;            // ... the most micro-batches a rank runs this step (the others replay the hooks of theirs)
+    size_t *give[2];     // ... chunks to give back (2 i, 2 i + 1: the 16-bit copy's chunk i): [0] those found
+    int ngive[2];        // ... since the last hook, [1] those found before, waiting for drop_ev
+    unsigned char *queued; // ... per entry (2 i, 2 i + 1): in give[0] or give[1]
+    void *drop_ev;       // ... the kernels queued when give[1]'s chunks were found
     size_t *lpos;        // ... per layer lmin..lmax: the lowest gradient-order position of its ranges
     int lmin, lmax;      // ... the layers the order names
     dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
@@ -358,7 +363,10 @@ static void vm_init(devs *d) {
 // blocks), and given back once the next layer is needed; the ranges outside
 // the layers (the embedding, the head: the GPT's tied wte is both) are
 // gathered at the first forward after an update and kept for the step.
-// After the update every chunk but the slice's goes.
+// After the update every chunk but the slice's goes. A chunk found unused
+// is given back one hook later, once the kernels queued when it was found
+// have run (an event; on a GPU the host queues ahead of them), unless it is
+// in use again by then.
 
 // Block l's spans (l == L: outside the blocks).
 static size_t *spans(const devs *d, int l, int *n) {
@@ -383,8 +391,16 @@ static dt_status stage3_init(devs *d) {
         d->lmin = s->order_layer[i] < d->lmin ? s->order_layer[i] : d->lmin;
         d->lmax = s->order_layer[i] > d->lmax ? s->order_layer[i] : d->lmax;
     }
-    if (!(d->lpos = malloc(sizeof(size_t) * (size_t)(d->lmax - d->lmin + 1))))
+    dt_dev_blocks *b = s->device;
+    size_t chunks = 2 * (b->pvm.nchunks > b->hvm.nchunks ? b->pvm.nchunks : b->hvm.nchunks) + 2;
+    d->lpos = malloc(sizeof(size_t) * (size_t)(d->lmax - d->lmin + 1));
+    d->give[0] = malloc(sizeof(size_t) * chunks);
+    d->give[1] = malloc(sizeof(size_t) * chunks);
+    d->queued = calloc(chunks, 1);
+    if (!d->lpos || !d->give[0] || !d->give[1] || !d->queued)
         return dt_error(DT_ERR_NOMEM, "ZeRO stage 3 on the GPUs: out of memory");
+    dt_status st = b->d->event_create(&d->drop_ev);
+    if (st != DT_OK) return dt_error(st, "ZeRO stage 3 on the GPUs: an event: %s", dt_last_error());
     for (int l = 0; l <= d->lmax - d->lmin; l++) d->lpos[l] = SIZE_MAX;
     size_t at = 0;  // (range i's position in the order)
     for (int i = 0; i < s->norder; at += s->order[i++].len) {
@@ -443,16 +459,53 @@ static int kept(const devs *d, size_t a, size_t e) {
     return 0;
 }
 
-// The chunks of v (es-byte elements) over elements [a, e) that nothing
-// kept touches, given back.
-static dt_status give_unkept(const devs *d, dt_dev_vm *v, size_t es, size_t a, size_t e) {
-    if (!v->base) return DT_OK;  // (not backed on demand: fp32's 16-bit copy)
-    size_t per = v->gran / es;
+// The chunks of v (es-byte elements; the 16-bit copy's: h) over elements
+// [a, e) that nothing kept touches, to give back.
+static void give_unkept(devs *d, dt_dev_vm *v, int h, size_t a, size_t e) {
+    if (!v->base) return;  // (not backed on demand: fp32's 16-bit copy)
+    size_t per = v->gran / (h ? 2 : sizeof(float));
     for (size_t c = a / per; c * per < e; c++) {
-        dt_status st = kept(d, c * per, (c + 1) * per) ? DT_OK : dt_dev_vm_give(v, c * v->gran, v->gran);
-        if (st != DT_OK) return st;
+        size_t k = 2 * c + (size_t)h;
+        if (!v->mapped[c] || d->queued[k] || kept(d, c * per, (c + 1) * per)) continue;
+        d->give[0][d->ngive[0]++] = k;
+        d->queued[k] = 1;
     }
-    return DT_OK;
+}
+
+// The kernels drop_ev marked, run (a poll, within the communicator's
+// timeout).
+static dt_status drop_wait(devs *d) {
+    const dt_dev *dv = d->base.device->d;
+    double t0 = dt_now(), limit = dt_comm_timeout(d->base.comm);
+    for (int done = 0;;) {
+        dt_status st = dv->event_query(d->drop_ev, &done);
+        if (st != DT_OK || done) return st;
+        if (limit > 0 && dt_now() - t0 > limit)
+            return dt_error(DT_ERR_TIMEOUT, "ZeRO stage 3 on the GPU: the kernels of the layers before have not run "
+                            "in %.0f s", limit);
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+// At each hook: the chunks found the hook before given back (their kernels
+// waited for; not those in use again since), and those found now left for
+// the next, after an event.
+static dt_status give_back(devs *d) {
+    dt_dev_blocks *b = d->base.device;
+    dt_status st = d->ngive[1] ? drop_wait(d) : DT_OK;
+    for (int i = 0; i < d->ngive[1] && st == DT_OK; i++) {
+        size_t c = d->give[1][i] / 2;
+        d->queued[d->give[1][i]] = 0;
+        dt_dev_vm *v = d->give[1][i] % 2 ? &b->hvm : &b->pvm;
+        size_t per = v->gran / (v == &b->hvm ? 2 : sizeof(float));
+        if (v->mapped[c] && !kept(d, c * per, (c + 1) * per)) st = dt_dev_vm_give(v, c * v->gran, v->gran);
+    }
+    size_t *t = d->give[1];
+    d->give[1] = d->give[0], d->give[0] = t;
+    d->ngive[1] = st == DT_OK ? d->ngive[0] : 0;
+    d->ngive[0] = 0;
+    return st == DT_OK && d->ngive[1] ? b->d->event_record(d->drop_ev) : st;
 }
 
 // Block l (l == L: the persistent ranges) no longer held, and every chunk
@@ -463,11 +516,11 @@ static dt_status drop_block(devs *d, int l) {
     size_t *sp = spans(d, l, &n);
     if (l < d->L) d->held[l] = 0;
     else d->persist = 0;
-    dt_status st = DT_OK;
-    for (int k = 0; k < n && st == DT_OK; k++)
-        if ((st = give_unkept(d, &b->pvm, sizeof(float), sp[2 * k], sp[2 * k + 1])) == DT_OK)
-            st = give_unkept(d, &b->hvm, 2, sp[2 * k], sp[2 * k + 1]);
-    return st;
+    for (int k = 0; k < n; k++) {
+        give_unkept(d, &b->pvm, 0, sp[2 * k], sp[2 * k + 1]);
+        give_unkept(d, &b->hvm, 1, sp[2 * k], sp[2 * k + 1]);
+    }
+    return DT_OK;
 }
 
 static dt_status drop_held(devs *d, int but) {
@@ -491,14 +544,15 @@ static dt_status dev_params_needed(dt_strategy *s, int layer, int phase) {
         if (st == DT_OK) st = gather_block(d, layer);
     }
     if (st == DT_OK && phase == 1 && layer < 0) st = drop_held(d, -1);
-    return st;
+    return st == DT_OK ? give_back(d) : st;
 }
 
 // After an evaluation (which gathers through the layer hook as a forward
 // does): the blocks it left held go.
 static dt_status dev_params_eval(dt_strategy *s, int begin) {
     devs *d = (devs *)s;
-    return s->device->params_vm && !begin ? drop_held(d, -1) : DT_OK;
+    dt_status st = s->device->params_vm && !begin ? drop_held(d, -1) : DT_OK;
+    return st == DT_OK && s->device->params_vm && !begin ? give_back(d) : st;
 }
 
 // After the update: every chunk but the slice's goes (the blocks and the
@@ -507,8 +561,9 @@ static dt_status params_updated(devs *d) {
     dt_dev_blocks *b = d->base.device;
     memset(d->held, 0, (size_t)d->L);
     d->persist = 0;
-    dt_status st = give_unkept(d, &b->pvm, sizeof(float), 0, b->n);
-    return st == DT_OK ? give_unkept(d, &b->hvm, 2, 0, b->n) : st;
+    give_unkept(d, &b->pvm, 0, 0, b->n);
+    give_unkept(d, &b->hvm, 1, 0, b->n);
+    return give_back(d);
 }
 
 static dt_status dev_init(dt_strategy *s) {
@@ -555,6 +610,10 @@ static void dev_fini(dt_strategy *s) {
     free(d->span_at);
     free(d->held);
     free(d->lpos);
+    free(d->give[0]);
+    free(d->give[1]);
+    free(d->queued);
+    if (d->drop_ev) s->device->d->event_destroy(d->drop_ev);
 }
 
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
