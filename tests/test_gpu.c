@@ -745,10 +745,10 @@ static void test_fixed(size_t n) {
 static void test_vm(void) {
     dt_dev_vm v;
     size_t f0 = 0, f1 = 0, f2 = 0, total = 0;
-    dt_status st = dt_dev_vm_open(&v, &dt_dev_cuda, 0, "vm");
+    dt_status st = dt_dev_vm_open(&v, &dt_dev_cuda, 0, "test", "vm");
     size_t gran = v.gran;
     dt_dev_vm_close(&v);
-    if (st == DT_OK) st = dt_dev_vm_open(&v, &dt_dev_cuda, 3 * gran, "vm");
+    if (st == DT_OK) st = dt_dev_vm_open(&v, &dt_dev_cuda, 3 * gran, "test", "vm");
     float one[4] = {1, 2, 3, 4}, got[4] = {9, 9, 9, 9};
     if (st == DT_OK) st = dt_gpu_mem_info(&f0, &total);
     if (st == DT_OK) st = dt_dev_vm_back(&v, gran, 16);

@@ -161,8 +161,8 @@ void dt_dev_arena_close(dt_dev_arena *a) {
 
 // ---- a block backed on demand ------------------------------------------------
 
-dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char *what) {
-    *v = (dt_dev_vm){.d = d};
+dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char *name, const char *what) {
+    *v = (dt_dev_vm){.d = d, .name = name};
     if (!d->vm_reserve) return dt_error(DT_ERR_CONFIG, "%s: the GPU's vm_reserve is not in this dtrain yet", what);
     void *p;
     size_t gran;
@@ -181,7 +181,7 @@ dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char
 
 void dt_dev_vm_close(dt_dev_vm *v) {
     if (v->base) v->d->sync();  // (nothing queued may use what goes)
-    for (size_t i = 0; v->base && i < v->nchunks; i++)
+    for (size_t i = 0; v->base && v->mapped && i < v->nchunks; i++)
         if (v->mapped[i]) v->d->vm_unmap(v->base + i * v->gran, v->gran);
     if (v->base) v->d->vm_free(v->base, v->nchunks * v->gran);
     free(v->mapped);
@@ -208,8 +208,8 @@ dt_status dt_dev_vm_back(dt_dev_vm *v, size_t off, size_t len) {
         dt_status st = v->d->vm_map(v->base + i * v->gran, v->gran);
         if (st != DT_OK) {
             v->d->mem_info(&free_b, &total);
-            return dt_error(st, "gradients backed on demand (ZeRO stage 2): %zu bytes more with %zu backed, and the "
-                            "GPU has %zu free of %zu: %s", v->gran, v->now, free_b, total, dt_last_error());
+            return dt_error(st, "%s backed on demand (ZeRO): %zu bytes more with %zu backed, and the GPU has %zu free "
+                            "of %zu: %s", v->name, v->gran, v->now, free_b, total, dt_last_error());
         }
         v->mapped[i] = 1;
         v->unused[i] = 0;  // (backed again within a step: its bytes in use again)

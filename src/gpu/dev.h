@@ -45,7 +45,8 @@ typedef struct dt_dev {
      * granularity (a power of two; the ranges vm_map and vm_unmap take are
      * multiples of it, aligned); vm_map backs [dev, dev + bytes) with
      * memory (its contents undefined: NaNs on the simulated GPU), vm_unmap
-     * gives it back, once nothing queued uses it; vm_free the whole range.
+     * gives it back at once (it does not wait for work queued: the caller
+     * makes sure nothing queued uses it); vm_free the whole range.
      * A kernel that touches memory not backed dies (an illegal address;
      * SIGSEGV on the simulated GPU). */
     dt_status (*vm_reserve)(void **dev, size_t bytes, size_t *gran);
@@ -187,6 +188,7 @@ void dt_dev_arena_close(dt_dev_arena *a);
 
 typedef struct {
     const dt_dev *d;
+    const char *name;     /* what it holds, for errors ("gradients", ...) */
     char *base;           /* the block: bytes of address range */
     size_t bytes, gran;   /* ... backed in chunks of gran (the device's vm_reserve) */
     size_t nchunks;
@@ -203,8 +205,9 @@ typedef struct {
     void *room_user;
 } dt_dev_vm;
 
-/* A block of `bytes` with no memory yet. */
-dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char *what);
+/* A block of `bytes` with no memory yet, holding `name` (a string that
+ * outlives it; errors say it); what: the run, for the refusal. */
+dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char *name, const char *what);
 void dt_dev_vm_close(dt_dev_vm *v);
 /* Bytes [off, off + len) of the block backed (the chunks not yet backed
  * mapped and zeroed): before a kernel writes them. An out-of-memory names

@@ -43,9 +43,10 @@ size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v, size_t es)
 // beside the arena.
 static dt_status vm_open(dt_dev_blocks *b, const char *what) {
     size_t free_b = 0, total = 0, need = 0, f = sizeof(float);
-    if (b->grads_vm) TRY(dt_dev_vm_open(&b->gvm, b->d, b->n * f, what));
-    if (b->params_vm) TRY(dt_dev_vm_open(&b->pvm, b->d, b->n * f, what));
-    if (b->params_vm && b->t != DT_F32) TRY(dt_dev_vm_open(&b->hvm, b->d, b->n * 2, what));
+    if (b->grads_vm) TRY(dt_dev_vm_open(&b->gvm, b->d, b->n * f, "gradients", what));
+    if (b->params_vm) TRY(dt_dev_vm_open(&b->pvm, b->d, b->n * f, "parameters", what));
+    if (b->params_vm && b->t != DT_F32)
+        TRY(dt_dev_vm_open(&b->hvm, b->d, b->n * 2, "the parameters' 16-bit copy", what));
     need = dt_dev_blocks_kept(b, &b->gvm, f) + dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     TRY(b->d->mem_info(&free_b, &total));
     if (need > free_b)

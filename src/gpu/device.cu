@@ -215,7 +215,11 @@ static dt_status vmm_find(void) {
                       (void **)&vmm.map, (void **)&vmm.access, (void **)&vmm.unmap, (void **)&vmm.release};
     for (int i = 0; i < 8; i++) {
         cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
         cudaError_t e = cudaGetDriverEntryPointByVersion(names[i], slots[i], 12000, cudaEnableDefault, &q);
+#else
+        cudaError_t e = cudaGetDriverEntryPoint(names[i], slots[i], cudaEnableDefault, &q);
+#endif
         if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !*slots[i])
             return dt_error(DT_ERR_INTERNAL, "GPU: the driver's %s (virtual memory management) was not found: %s",
                             names[i], cudaGetErrorString(e));
@@ -268,7 +272,9 @@ dt_status dt_gpu_vm_map(void *dev, size_t bytes) {
     CUmemAccessDesc a = {};
     a.location = p.location;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    DT_CU(vmm.access((CUdeviceptr)dev, bytes, &a, 1), "cuMemSetAccess");
+    r = vmm.access((CUdeviceptr)dev, bytes, &a, 1);
+    if (r != CUDA_SUCCESS) vmm.unmap((CUdeviceptr)dev, bytes);  // (backed but unusable: not left mapped)
+    DT_CU(r, "cuMemSetAccess");
     return DT_OK;
 }
 

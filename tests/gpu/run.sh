@@ -10,7 +10,8 @@
 #      (test_gpu fault; its faults are meant, so never under the sanitizer)
 #   4. memcheck and initcheck: compute-sanitizer over the op tests
 #   5. train: the MLP and a tiny GPT trained 20 steps on the GPU against the
-#      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt
+#      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt, and the
+#      MLP on 2 ranks sharing the GPU under ZeRO 2 and 3
 #      (test_gpu_sim gpu; the CPU's path never runs there)
 #   6. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
 #      autocast and TF32), dtrain itself (--device cuda, bf16 and TF32) and llm.c

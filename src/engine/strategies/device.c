@@ -110,6 +110,7 @@ typedef struct {
     void **ev;          // ... an event a bucket: its gradients' kernels (re-recorded after its wait)
     int next;           // ... the next bucket to start this step
     int settled;        // ... pieces [0, settled) are done, their gradients given back (ZeRO stage 2)
+    int issued;         // ... pieces [0, issued) have their collective begun
     double t_first;     // ... when this step's first started
     int64_t early, late; // the buckets summed, begun before the backward's last layer and not (summary.json)
     size_t own;          // device bytes of the strategy's own, outside the arena (the exchange's)
@@ -326,9 +327,8 @@ static dt_status overlap_init(devs *d) {
 // only if done): 1 if it was.
 static int settle_one(devs *d, int wait) {
     dt_strategy *s = &d->base;
-    const dt_grad_bucket *last = d->next ? &d->g.b[d->next - 1] : NULL;
     int done = 1;
-    if (!last || d->settled >= last->first + last->n || d->err != DT_OK) return 0;
+    if (d->settled >= d->issued || d->err != DT_OK) return 0;
     dt_grad_piece *p = &d->g.p[d->settled];
     dt_status st = wait ? dt_wait(&p->req) : dt_test(&p->req, &done);
     if (st == DT_OK && !done) return 0;
@@ -619,7 +619,7 @@ static void dev_fini(dt_strategy *s) {
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
     devs *d = (devs *)s;
     d->have_norm = 0;
-    d->next = d->settled = 0;
+    d->next = d->settled = d->issued = 0;
     d->t_first = 0;
     int k = s->c->deterministic ? dt_strategy_plan_shards(s, first, share, global)
                                 : dt_strategy_plan_accum(s, first, share, global);
@@ -712,6 +712,8 @@ static void start(devs *d, int i, int early) {
         if (st != DT_OK)
             st = dt_error(st, "gradient %s in %s on the GPUs: %s", root < 0 ? "allreduce" : "reduce to its owner",
                           dt_dtype_name(t), dt_last_error());
+        else
+            d->issued = (int)(p - d->g.p) + 1;  // (settle_one waits for no piece before this)
     }
     if (st != DT_OK) {
         d->err = st;
@@ -912,6 +914,7 @@ static dt_status put_state(dt_strategy *s) {
 static dt_status dev_restore(dt_strategy *s, const char *path, int parts) {
     devs *d = (devs *)s;
     dt_status e = put_state(s);
+    if (e == DT_OK && s->device->params_vm) e = params_updated(d);  // (stage 3: nothing held is current)
     if (e == DT_OK && d->codec) e = dt_codec_restore(d->codec, path, parts);
     if (e == DT_OK && d->res) e = s->device->d->to_device(d->res, d->codec->residual, sizeof(float) * s->n);
     return e;
