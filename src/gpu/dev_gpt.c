@@ -119,6 +119,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
         size_t one = i >= LN1W && i <= FCPROJB ? g->len[i] / (size_t)c->n_layer : g->len[i];  // (a layer's)
         g->b.largest = one > g->b.largest ? one : g->b.largest;
     }
+    g->b.kinds = FCPROJB - LN1W + 1;
     *out = g;
     gpt_take(g);  // (counting)
     size_t pinned = 2 * sizeof(int32_t) * (size_t)B * T;

@@ -262,6 +262,7 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
                        .nl = nl, .max_batch = max_batch, .in = dt_model_input_size(m), .V = dt_model_num_classes(m),
                        .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep,
                        .in16 = dm->in16};
+    dm->b.kinds = 1;
     for (int i = 0; i < nl; i++) {
         dt_model_layer(m, i, &dm->L[i]);
         size_t big = dm->L[i].w_n > dm->L[i].b_n ? dm->L[i].w_n : dm->L[i].b_n;

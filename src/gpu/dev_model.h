@@ -48,6 +48,8 @@ typedef struct {
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
     size_t largest;           /* floats of the largest tensor (the model's) */
+    int kinds;                /* the tensors a layer has, each beside the other layers' same tensor in the block
+                                 (the GPT's twelve; 1: a layer's tensors lie together) */
     int nstates;              /* the optimizer's state blocks (AdamW 2, SGD with momentum 1) */
     size_t slo, sn;           /* ... each of sn floats: the state of parameters [slo, slo + sn) (ZeRO: a
                                  rank's dt_shard_range slice; else the whole block, 0 and n) */

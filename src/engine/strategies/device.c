@@ -121,7 +121,9 @@ typedef struct {
     int L;
     size_t *span;        // ... every block's spans (pairs lo, hi), block by block (dt_layer_spans)
     int *span_at;        // ... block l's are span[2 span_at[l], 2 span_at[l + 1])
-    char *held;          // ... per block: gathered
+    char *held;          // ... per block: 1 its gather in flight (the next layer's, ahead), 2 gathered
+    dt_request_t *frq;   // ... the gather in flight: its broadcasts (nfrq), and its block (fblock, -1: none)
+    int nfrq, fblock;
     int persist;         // ... the ranges outside the blocks are gathered
     long gathers;        // ... spans gathered (summary.json)
     int nmax;            // ... the most micro-batches a rank runs this step (the others replay the hooks of theirs)
@@ -321,7 +323,9 @@ static dt_status overlap_init(devs *d) {
 // back (the chunks wholly so: dt_dev_vm_unused). The block's budget (room)
 // keeps the host from backing more than this rank's slice, two buckets and
 // two of the largest tensor ahead: past it, backing a chunk waits for the
-// oldest piece in flight first.
+// oldest piece in flight first. Chunks at the ends of what is reduced stay
+// while part of them is not: four, and where a layer's tensors lie apart
+// (the GPT's kinds, each beside the other layers' same tensor) two a kind.
 
 // The oldest piece begun and not settled, settled (wait: waited for, else
 // only if done): 1 if it was.
@@ -349,7 +353,8 @@ static int room(void *user) { return settle_one(user, 1); }
 static void vm_init(devs *d) {
     dt_dev_blocks *b = d->base.device;
     size_t ahead = 2 * (bucket_elems(d->base.c, sizeof(float)) + b->largest) * sizeof(float);
-    b->gvm.budget = dt_dev_blocks_kept(b, &b->gvm, sizeof(float)) + ahead + 4 * b->gvm.gran;
+    size_t ends = 4 + (b->kinds > 1 ? 2 * (size_t)b->kinds : 0);
+    b->gvm.budget = dt_dev_blocks_kept(b, &b->gvm, sizeof(float)) + ahead + ends * b->gvm.gran;
     b->gvm.room = room;
     b->gvm.room_user = d;
 }
@@ -360,7 +365,8 @@ static void vm_init(devs *d) {
 // chunks throughout, a layer's spans from their owners before its forward
 // and its backward (the layer hook: params_needed), broadcast from each
 // rank's part of them on the GPUs' communicator (NCCL gathers only equal
-// blocks), and given back once the next layer is needed; the ranges outside
+// blocks; non-blocking, begun a layer ahead), and given back once the next
+// layer is needed; the ranges outside
 // the layers (the embedding, the head: the GPT's tied wte is both) are
 // gathered at the first forward after an update and kept for the step.
 // After the update every chunk but the slice's goes. A chunk found unused
@@ -397,7 +403,10 @@ static dt_status stage3_init(devs *d) {
     d->give[0] = malloc(sizeof(size_t) * chunks);
     d->give[1] = malloc(sizeof(size_t) * chunks);
     d->queued = calloc(chunks, 1);
-    if (!d->lpos || !d->give[0] || !d->give[1] || !d->queued)
+    int most = 0;  // (the most spans a block has: its broadcasts in flight at most most x W)
+    for (int l = 0; l < d->L; l++) most = d->span_at[l + 1] - d->span_at[l] > most ? d->span_at[l + 1] - d->span_at[l] : most;
+    d->frq = calloc((size_t)(most ? most : 1) * (size_t)s->world, sizeof *d->frq);
+    if (!d->lpos || !d->give[0] || !d->give[1] || !d->queued || !d->frq)
         return dt_error(DT_ERR_NOMEM, "ZeRO stage 3 on the GPUs: out of memory");
     dt_status st = b->d->event_create(&d->drop_ev);
     if (st != DT_OK) return dt_error(st, "ZeRO stage 3 on the GPUs: an event: %s", dt_last_error());
@@ -411,37 +420,59 @@ static dt_status stage3_init(devs *d) {
     return DT_OK;
 }
 
-// Parameters [a, e) backed and broadcast from each rank's part of them
-// (in 16 bits their copy made there too).
+// Parameters [a, e) backed and their broadcasts from each rank's part of
+// them begun (into frq).
 static dt_status gather_span(devs *d, size_t a, size_t e) {
     dt_strategy *s = &d->base;
     dt_dev_blocks *b = s->device;
     float *w = b->params;
-    double t0 = dt_now();
     dt_status st = dt_dev_vm_back(&b->pvm, a * sizeof(float), (e - a) * sizeof(float));
     for (int r = 0; r < s->world && st == DT_OK; r++) {
         size_t lo, hi;
         dt_shard_range(s->n, r, s->world, &lo, &hi);
         lo = lo > a ? lo : a, hi = hi < e ? hi : e;
-        if (hi > lo && (st = dt_broadcast(w + lo, w + lo, hi - lo, DT_F32, r, d->gpus)) != DT_OK)
+        if (hi > lo && (st = dt_ibroadcast(w + lo, w + lo, hi - lo, DT_F32, r, d->gpus, &d->frq[d->nfrq++])) != DT_OK)
             st = dt_error(st, "parameter gather from rank %d on the GPUs: %s", r, dt_last_error());
     }
-    if (st == DT_OK && b->w16 && (st = dt_dev_vm_back(&b->hvm, a * 2, (e - a) * 2)) == DT_OK)
-        st = b->d->to16((uint16_t *)b->w16 + a, w + a, e - a, b->t);
     d->gathers++;
-    s->comm_seconds += dt_now() - t0;  // (waited for before the layer's kernels: exposed)
+    return st;
+}
+
+// The gather in flight waited for, and in 16 bits its spans' copy made (a
+// failure after every broadcast is waited for).
+static dt_status gather_wait(devs *d) {
+    dt_strategy *s = &d->base;
+    dt_dev_blocks *b = s->device;
+    double t0 = dt_now();
+    dt_status st = DT_OK;
+    for (int i = 0; i < d->nfrq; i++) {
+        dt_status w = dt_wait(&d->frq[i]);
+        if (w != DT_OK && st == DT_OK) st = dt_error(w, "parameter gather on the GPUs: %s", dt_last_error());
+    }
+    int l = d->fblock, n;
+    size_t *sp = l >= 0 ? spans(d, l, &n) : NULL;
+    for (int k = 0; sp && k < n && st == DT_OK && b->w16; k++)
+        if ((st = dt_dev_vm_back(&b->hvm, sp[2 * k] * 2, (sp[2 * k + 1] - sp[2 * k]) * 2)) == DT_OK)
+            st = b->d->to16((uint16_t *)b->w16 + sp[2 * k], b->params + sp[2 * k], sp[2 * k + 1] - sp[2 * k], b->t);
+    if (l >= 0 && l < d->L) d->held[l] = st == DT_OK ? 2 : 0;
+    else if (l == d->L) d->persist = st == DT_OK;
+    d->nfrq = 0, d->fblock = -1;
+    s->comm_seconds += dt_now() - t0;  // (what was not hidden behind the layer before: exposed)
     s->comm_exposed_seconds += dt_now() - t0;
     return st;
 }
 
-static dt_status gather_block(devs *d, int l) {
+// Block l's gather begun (l == L: the ranges outside the blocks), the one
+// in flight waited for first; wait: this one too.
+static dt_status gather_block(devs *d, int l, int wait) {
     int n;
     size_t *sp = spans(d, l, &n);
-    dt_status st = DT_OK;
+    dt_status st = d->fblock >= 0 ? gather_wait(d) : DT_OK;
+    d->fblock = l;
+    if (l < d->L) d->held[l] = 1;
     for (int k = 0; k < n && st == DT_OK; k++) st = gather_span(d, sp[2 * k], sp[2 * k + 1]);
-    if (l < d->L) d->held[l] = st == DT_OK;
-    else d->persist = st == DT_OK;
-    return st;
+    dt_status w = st != DT_OK || wait ? gather_wait(d) : DT_OK;
+    return st != DT_OK ? st : w;
 }
 
 // Whether any of [a, e) is kept: the slice, a block held, the persistent
@@ -514,6 +545,8 @@ static dt_status drop_block(devs *d, int l) {
     dt_dev_blocks *b = d->base.device;
     int n;
     size_t *sp = spans(d, l, &n);
+    dt_status st = d->fblock == l ? gather_wait(d) : DT_OK;  // (never while its broadcasts write it)
+    if (st != DT_OK) return st;
     if (l < d->L) d->held[l] = 0;
     else d->persist = 0;
     for (int k = 0; k < n; k++) {
@@ -531,20 +564,26 @@ static dt_status drop_held(devs *d, int but) {
 }
 
 // Before layer `layer`'s forward (phase 0) or backward (1): the ranges
-// outside the blocks at the first forward after an update, the layer's
-// block (the one held before it given back); after the embedding's
-// backward every block goes.
+// outside the blocks at the first forward after an update; the layer's
+// block (waited for where its gather began ahead), the one held before it
+// given back, and the next layer's gather begun (forward: the layer
+// after, backward: the one before; the embedding's forward begins block
+// 0's), to run beside this layer's kernels; after the embedding's backward
+// every block goes.
 static dt_status dev_params_needed(dt_strategy *s, int layer, int phase) {
     devs *d = (devs *)s;
     dt_status st = DT_OK;
     if (!s->device->params_vm) return DT_OK;
-    if (phase == 0 && !d->persist) st = gather_block(d, d->L);
-    if (st == DT_OK && layer >= 0 && layer < d->L && !d->held[layer]) {
-        st = drop_held(d, layer);
-        if (st == DT_OK) st = gather_block(d, layer);
+    if (phase == 0 && !d->persist) st = gather_block(d, d->L, 1);
+    int next = layer < 0 && phase == 0 ? 0 : layer >= 0 && layer < d->L ? layer + (phase ? -1 : 1) : -1;
+    if (st == DT_OK && layer >= 0 && layer < d->L) {
+        st = d->held[layer] == 2 ? DT_OK : d->held[layer] == 1 ? gather_wait(d) : gather_block(d, layer, 1);
+        if (st == DT_OK) st = drop_held(d, layer);
     }
     if (st == DT_OK && phase == 1 && layer < 0) st = drop_held(d, -1);
-    return st == DT_OK ? give_back(d) : st;
+    if (st == DT_OK) st = give_back(d);  // (before the next layer's chunks are backed)
+    if (st == DT_OK && next >= 0 && next < d->L && !d->held[next]) st = gather_block(d, next, 0);
+    return st;
 }
 
 // After an evaluation (which gathers through the layer hook as a forward
@@ -559,6 +598,8 @@ static dt_status dev_params_eval(dt_strategy *s, int begin) {
 // persistent ranges are gathered again, updated).
 static dt_status params_updated(devs *d) {
     dt_dev_blocks *b = d->base.device;
+    dt_status st = d->fblock >= 0 ? gather_wait(d) : DT_OK;
+    if (st != DT_OK) return st;
     memset(d->held, 0, (size_t)d->L);
     d->persist = 0;
     give_unkept(d, &b->pvm, 0, 0, b->n);
@@ -572,6 +613,7 @@ static dt_status dev_init(dt_strategy *s) {
     if (!b) return dt_error(DT_ERR_CONFIG, "[train] device = %s: this model has no device step", s->c->device);
     if (b->n != s->n) return dt_error(DT_ERR_INTERNAL, "device blocks of %zu floats, the model's %zu", b->n, s->n);
     d->zero = s->ops == &dt_strategy_device_zero;
+    d->fblock = -1;  // (stage 3: no gather in flight)
     dt_status st = d->zero ? zero_init(d) : DT_OK;
     if (st != DT_OK) return st;
     memory_said(s);
@@ -610,6 +652,8 @@ static void dev_fini(dt_strategy *s) {
     free(d->span_at);
     free(d->held);
     free(d->lpos);
+    if (d->frq && d->fblock >= 0) gather_wait(d);
+    free(d->frq);
     free(d->give[0]);
     free(d->give[1]);
     free(d->queued);
