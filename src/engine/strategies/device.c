@@ -403,8 +403,8 @@ static dt_status stage3_init(devs *d) {
     d->give[0] = malloc(sizeof(size_t) * chunks);
     d->give[1] = malloc(sizeof(size_t) * chunks);
     d->queued = calloc(chunks, 1);
-    int most = 0;  // (the most spans a block has: its broadcasts in flight at most most x W)
-    for (int l = 0; l < d->L; l++) most = d->span_at[l + 1] - d->span_at[l] > most ? d->span_at[l + 1] - d->span_at[l] : most;
+    int most = 0;  // (the most spans a block has, the ranges outside them too: most x W broadcasts in flight)
+    for (int l = 0; l <= d->L; l++) most = d->span_at[l + 1] - d->span_at[l] > most ? d->span_at[l + 1] - d->span_at[l] : most;
     d->frq = calloc((size_t)(most ? most : 1) * (size_t)s->world, sizeof *d->frq);
     if (!d->lpos || !d->give[0] || !d->give[1] || !d->queued || !d->frq)
         return dt_error(DT_ERR_NOMEM, "ZeRO stage 3 on the GPUs: out of memory");
