@@ -855,6 +855,21 @@ static void trace_buckets(void) {
            "step before the first layer's backward)\n", inside, full / 2);
 }
 
+// Rank 0 of 4's figures in run's summary.json (ZeRO 2 and 3 on the
+// device): the parameters, the gradients' peak backed and the chunk; the
+// bytes of its slice's chunks (the slice rounded up, and one chunk at
+// either end).
+static double slice_chunks(const char *run, double *n, double *peak, double *gran) {
+    char sum[700];
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp(run));
+    *n = tl_json_number(sum, "params");
+    *peak = tl_json_number(sum, "gradients_backed_peak_bytes");
+    *gran = tl_json_number(sum, "gradients_backed_chunk_bytes");
+    size_t lo, hi;
+    dt_shard_range((size_t)*n, 0, 4, &lo, &hi);
+    return (ceil((double)(hi - lo) * 4 / *gran) + 2) * *gran;
+}
+
 // A GPT's gradients under --zero 2 on the device: its block laid out tensor
 // by tensor (each of a layer's 12 beside the other layers' same one), a
 // chunk goes once every layer's piece in it is reduced, which the budget
@@ -875,13 +890,8 @@ static void zero2_gpt(void) {
     }
     int rc = tl_train(g_tmp, "gpt-z2-big", cfg, 4, "--zero 2 --device cuda --set parallel.bucket_kb=256", g_out,
                       sizeof g_out);
-    char sum[700];
-    snprintf(sum, sizeof sum, "%s/summary.json", tmp("gpt-z2-big"));
-    double n = tl_json_number(sum, "params"), peak = tl_json_number(sum, "gradients_backed_peak_bytes");
-    double gran = tl_json_number(sum, "gradients_backed_chunk_bytes");
-    size_t lo, hi;
-    dt_shard_range((size_t)n, 0, 4, &lo, &hi);
-    double budget = (ceil((double)(hi - lo) * 4 / gran) + 2) * gran + 2 * (256 * 1024 + 262144 * 4) + (4 + 24) * gran;
+    double n, peak, gran, budget = slice_chunks("gpt-z2-big", &n, &peak, &gran) + 2 * (256 * 1024 + 262144 * 4) +
+                                   (4 + 24) * gran;
     CHECK(rc == 0 && n == 4773888 && peak > 0 && peak <= budget && peak < 0.6 * n * 4, "--zero 2, the GPT on 4 "
           "ranks: gradients backed at most %g bytes, the budget %g, the block %g (exit %d)", peak, budget, n * 4, rc);
     printf("--zero 2 on the device, a GPT of %g parameters on 4 ranks: gradients backed at most %.2f MB (budget %.2f "
@@ -917,11 +927,7 @@ static void zero2_memory(void) {
               g_out);
     char sum[700];
     snprintf(sum, sizeof sum, "%s/summary.json", tmp("deep-z2-dev"));
-    double n = tl_json_number(sum, "params"), peak = tl_json_number(sum, "gradients_backed_peak_bytes");
-    double gran = tl_json_number(sum, "gradients_backed_chunk_bytes");
-    size_t lo, hi;
-    dt_shard_range((size_t)n, 0, 4, &lo, &hi);
-    double kept = (ceil((double)(hi - lo) * 4 / gran) + 2) * gran;
+    double n, peak, gran, kept = slice_chunks("deep-z2-dev", &n, &peak, &gran);
     double budget = kept + 2 * (64 * 1024 + 256 * 256 * 4) + 4 * gran;
     CHECK(n == 747554 && peak > 0 && peak <= budget && peak < 0.7 * n * 4, "--zero 2 on the device: rank 0's "
           "gradients backed at most %g bytes, the formula %g, the block %g", peak, budget, n * 4);
