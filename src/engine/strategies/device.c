@@ -46,7 +46,7 @@
  * the device. Evaluations run on the device's blocks (the task's
  * evaluate), so nothing is copied for them.
  *
- * "device-zero" ([parallel] zero = 1 on a device; docs/zero.md) is the same
+ * "device-zero" ([parallel] zero = 1, 2, 3 on a device; docs/zero.md) is the same
  * strategy over a rank's slice [lo, hi) = dt_shard_range(n, rank, W), as
  * zero.c's stage 1 on the CPU: the optimizer's state on the device is only
  * that slice's (dt_dev_blocks' slo, sn: 1/W of it), and so is the host's
@@ -1081,8 +1081,9 @@ const dt_strategy_ops dt_strategy_device = {
     .replicated = 1,
 };
 
-// [parallel] zero = 1 on a device: the same operations over the rank's
-// slice (dev_init reads which table it was made with).
+// [parallel] zero = 1, 2 or 3 on a device: the same operations over the
+// rank's slice (dev_init reads which table it was made with), and stage
+// 3's layer hooks.
 const dt_strategy_ops dt_strategy_device_zero = {
     .name = "device-zero",
     .size = sizeof(devs),
