@@ -1106,7 +1106,30 @@ static void spares(const char *model, int W, const char *rflags, const char *fau
           "%g)\n%s", model, W, rflags, fault, back ? "back to a checkpoint" : "no step lost", rc, diff, g_out);
 }
 
+// Under ZeRO (no spares: each slice is on one GPU alone) --max-restarts
+// restarts every rank from the newest checkpoint: the MLP on 3 ranks at
+// stage 3, rank 1 killed at step 12 (named), back to step 10 (1 step
+// lost), the weights those of the CPU's uninterrupted --zero 3 run on 3
+// workers bitwise.
+static void zero_restart(void) {
+    char text[4096];
+    setenv("DTRAIN_FAULT_STEP", "1:12:kill", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("once-z3"), 1);
+    int rc = tl_train(g_tmp, "restart-z3", model_text("mlp", text, sizeof text), 3,
+                      "--zero 3 --device cuda --max-restarts 1 --checkpoint-every 5", g_out, sizeof g_out), bw = 0;
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    CHECK(tl_train(g_tmp, "restart-z3-cpu", text, 3, "--zero 3", g_out + strlen(g_out),
+                   sizeof g_out - strlen(g_out)) == 0, "the CPU's --zero 3 run");
+    double diff = tl_runs_diff(g_tmp, "restart-z3-cpu", "restart-z3", &bw);
+    CHECK(rc == 0 && strstr(g_out, "rank 1 (pid") && strstr(g_out, "killed by signal 9") &&
+              strstr(g_out, "resumed at step 10, 1 step lost") && diff == 0 && bw,
+          "--zero 3 on the device, rank 1 killed at step 12, --max-restarts 1: back to step 10, the CPU's weights "
+          "bitwise (exit %d, diff %g)\n%s", rc, diff, g_out);
+}
+
 static void test_spares(void) {
+    zero_restart();
     spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp", 0);
     spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0", 0);
     // (a codec's residuals: back to the newest checkpoint, step 10's or, its
