@@ -29,17 +29,36 @@ def records(run_dir):
     return [r for r in rows if r.get("type") == "step" and r["step"] > WARMUP]
 
 
-def one(args, ranks):
-    run_dir = os.path.join(args.out, "ranks-%d" % ranks)
-    cmd = [args.dtrain, "train", args.config, "--workers", str(ranks), "--device", "cuda", "--run-dir", run_dir,
-           "--set", "train.max_steps=%d" % (args.steps + WARMUP), "--set", "train.log_every=1", "--quiet"]
+def train(args, name, ranks, flags=()):
+    """`dtrain train` of the config on `ranks` ranks on the GPU, its run
+    directory OUT/name, for the warm-up and the timed steps: rank 0's step
+    records after the warm-up and summary.json, or (None, "exit N")."""
+    run_dir = os.path.join(args.out, name)
+    cmd = [args.dtrain, "train", args.config, "--workers", str(ranks), "--device", "cuda", *flags, "--run-dir",
+           run_dir, "--set", "train.max_steps=%d" % (args.steps + WARMUP), "--set", "train.log_every=1", "--quiet"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stdout + p.stderr)
-        return {"ranks": ranks, "error": "exit %d" % p.returncode}
-    rows = records(run_dir)
+        return None, "exit %d" % p.returncode
     with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
+        return records(run_dir), json.load(f)
+
+
+def arguments(doc, out):
+    """The options both GPU benchmarks take (a script adds its own)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--dtrain", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps after %d of warm-up" % WARMUP)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--json")
+    return ap
+
+
+def one(args, ranks):
+    rows, summary = train(args, "ranks-%d" % ranks, ranks)
+    if rows is None:
+        return {"ranks": ranks, "error": summary}
     step = statistics.median(r["step_seconds"] for r in rows)
     comm = statistics.median(r["comm_exposed_seconds"] for r in rows)
     return {"ranks": ranks, "step_seconds": step, "wait_after_backward_seconds": comm,
@@ -48,13 +67,8 @@ def one(args, ranks):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dtrain", required=True)
-    ap.add_argument("--config", required=True)
+    ap = arguments(__doc__, "gpu-ranks")
     ap.add_argument("--ranks", default="1,2,4")
-    ap.add_argument("--steps", type=int, default=8, help="timed steps after %d of warm-up" % WARMUP)
-    ap.add_argument("--out", default="gpu-ranks")
-    ap.add_argument("--json")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = [one(args, int(r)) for r in args.ranks.split(",")]

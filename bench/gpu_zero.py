@@ -15,25 +15,18 @@ The config's [train] batch is the global batch; the first 3 steps are
 warm-up, left out of the medians (bench/gpu_ranks.py's records). Only the
 standard library: it runs on the GPU machine as it is.
 """
-import argparse, json, os, statistics, subprocess, sys
+import json, os, statistics, sys
 
-from gpu_ranks import WARMUP, records
+from gpu_ranks import arguments, train
 
 MIB = 1048576.0
 
 
 def one(args, stage):
-    run_dir = os.path.join(args.out, "zero-%d" % stage)
-    cmd = [args.dtrain, "train", args.config, "--workers", str(args.ranks), "--device", "cuda", "--zero", str(stage),
-           "--run-dir", run_dir, "--set", "train.max_steps=%d" % (args.steps + WARMUP), "--set", "train.log_every=1",
-           "--quiet"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout + p.stderr)
-        return {"zero": stage, "error": "exit %d" % p.returncode}
-    rows = records(run_dir)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        gpu = json.load(f).get("gpu", {})
+    rows, summary = train(args, "zero-%d" % stage, args.ranks, ("--zero", str(stage)))
+    if rows is None:
+        return {"zero": stage, "error": summary}
+    gpu = summary.get("gpu", {})
     return {"zero": stage, "step_seconds": statistics.median(r["step_seconds"] for r in rows),
             "rate": statistics.median(r["samples_per_sec"] for r in rows),
             "arena_bytes": gpu.get("arena_bytes", 0), "optimizer_state_bytes": gpu.get("optimizer_state_bytes", 0),
@@ -43,14 +36,9 @@ def one(args, stage):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dtrain", required=True)
-    ap.add_argument("--config", required=True)
+    ap = arguments(__doc__, "gpu-zero")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--stages", default="0,1,2,3")
-    ap.add_argument("--steps", type=int, default=8, help="timed steps after %d of warm-up" % WARMUP)
-    ap.add_argument("--out", default="gpu-zero")
-    ap.add_argument("--json")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = [one(args, int(z)) for z in args.stages.split(",")]
