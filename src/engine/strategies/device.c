@@ -131,8 +131,8 @@ typedef struct {
     int ngive[2];        // ... since the last hook, [1] those found before, waiting for drop_ev
     unsigned char *queued; // ... per entry (2 i, 2 i + 1): in give[0] or give[1]
     void *drop_ev;       // ... the kernels queued when give[1]'s chunks were found
-    size_t *lpos;        // ... per layer lmin..lmax: the lowest gradient-order position of its ranges
-    int lmin, lmax;      // ... the layers the order names
+    size_t *lpos;        // ... per layer lmin..L: the lowest gradient-order position of its ranges
+    int lmin;            // ... the lowest layer the order names (L: the highest)
     dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
     char errmsg[512];
 } devs;
@@ -384,7 +384,10 @@ static dt_status stage3_init(devs *d) {
     dt_strategy *s = &d->base;
     if (!s->order || !s->order_layer)
         return dt_error(DT_ERR_CONFIG, "[parallel] zero = 3: the model has no layers to gather");
-    for (int i = 0; i < s->norder; i++) d->L = s->order_layer[i] > d->L ? s->order_layer[i] : d->L;
+    for (int i = 0; i < s->norder; i++) {
+        d->L = s->order_layer[i] > d->L ? s->order_layer[i] : d->L;
+        d->lmin = s->order_layer[i] < d->lmin ? s->order_layer[i] : d->lmin;
+    }
     d->span = malloc(sizeof(size_t) * 2 * ((size_t)s->norder + (size_t)d->L + 2));
     d->span_at = calloc((size_t)d->L + 2, sizeof(int));
     d->held = calloc((size_t)d->L + 1, 1);
@@ -392,14 +395,9 @@ static dt_status stage3_init(devs *d) {
     for (int l = 0; l <= d->L; l++)
         d->span_at[l + 1] = d->span_at[l] + dt_layer_spans(s->order, s->norder, s->order_layer, d->L, l < d->L ? l : -1,
                                                              d->span + 2 * d->span_at[l]);
-    d->lmin = d->lmax = s->order_layer[0];
-    for (int i = 0; i < s->norder; i++) {
-        d->lmin = s->order_layer[i] < d->lmin ? s->order_layer[i] : d->lmin;
-        d->lmax = s->order_layer[i] > d->lmax ? s->order_layer[i] : d->lmax;
-    }
     dt_dev_blocks *b = s->device;
     size_t chunks = 2 * (b->pvm.nchunks > b->hvm.nchunks ? b->pvm.nchunks : b->hvm.nchunks) + 2;
-    d->lpos = malloc(sizeof(size_t) * (size_t)(d->lmax - d->lmin + 1));
+    d->lpos = malloc(sizeof(size_t) * (size_t)(d->L - d->lmin + 1));
     d->give[0] = malloc(sizeof(size_t) * chunks);
     d->give[1] = malloc(sizeof(size_t) * chunks);
     d->queued = calloc(chunks, 1);
@@ -410,7 +408,7 @@ static dt_status stage3_init(devs *d) {
         return dt_error(DT_ERR_NOMEM, "ZeRO stage 3 on the GPUs: out of memory");
     dt_status st = b->d->event_create(&d->drop_ev);
     if (st != DT_OK) return dt_error(st, "ZeRO stage 3 on the GPUs: an event: %s", dt_last_error());
-    for (int l = 0; l <= d->lmax - d->lmin; l++) d->lpos[l] = SIZE_MAX;
+    for (int l = 0; l <= d->L - d->lmin; l++) d->lpos[l] = SIZE_MAX;
     size_t at = 0;  // (range i's position in the order)
     for (int i = 0; i < s->norder; at += s->order[i++].len) {
         size_t *lp = &d->lpos[s->order_layer[i] - d->lmin];
@@ -787,8 +785,8 @@ static dt_grad_ready_fn dev_grad_hook(dt_strategy *s, int k, void **user) {
 static void replay(devs *d, int last) {
     dt_strategy *s = &d->base;
     dt_status st = DT_OK;
-    for (int l = d->lmin; l <= d->lmax && st == DT_OK; l++) st = dev_params_needed(s, l, 0);
-    for (int l = d->lmax; l >= d->lmin && st == DT_OK; l--) {
+    for (int l = d->lmin; l <= d->L && st == DT_OK; l++) st = dev_params_needed(s, l, 0);
+    for (int l = d->L; l >= d->lmin && st == DT_OK; l--) {
         st = dev_params_needed(s, l, 1);
         if (st == DT_OK && last && d->lpos[l - d->lmin] != SIZE_MAX) ready(d->lpos[l - d->lmin], d);
     }
