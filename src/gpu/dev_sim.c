@@ -46,8 +46,17 @@ static void protect_region(int i, int prot) {
         if (mprotect(g.at[i], g.len[i], prot) != 0) abort();  // (a region of ours: cannot fail)
         return;
     }
-    for (size_t c = 0, n = g.len[i] / VM_GRAN; c < n; c++)
-        if (g.vm[i][c] && mprotect((char *)g.at[i] + c * VM_GRAN, VM_GRAN, prot) != 0) abort();
+    size_t n = g.len[i] / VM_GRAN;
+    for (size_t c = 0; c < n;) {
+        if (!g.vm[i][c]) {
+            c++;
+            continue;
+        }
+        size_t e = c;  // (a run of backed chunks: one call)
+        while (e < n && g.vm[i][e]) e++;
+        if (mprotect((char *)g.at[i] + c * VM_GRAN, (e - c) * VM_GRAN, prot) != 0) abort();
+        c = e;
+    }
 }
 
 static void protect(int prot) {
