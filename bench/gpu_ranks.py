@@ -55,6 +55,14 @@ def arguments(doc, out):
     return ap
 
 
+def finish(args, rows):
+    """The rows into --json's file; the exit status: 1 if a run failed."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if any("error" in r for r in rows) else 0
+
+
 def one(args, ranks):
     rows, summary = train(args, "ranks-%d" % ranks, ranks)
     if rows is None:
@@ -85,10 +93,7 @@ def main():
         share = "%.0f%%" % (100 * r["staging_share"]) if base else "(no one-rank run)"
         print("| %d | %s | %.1f | %.1f | %s | %.1f |" % (r["ranks"], r["collectives"], r["step_seconds"] * 1e3,
                                                         r["rate"], share, r["wait_after_backward_seconds"] * 1e3))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 1 if any("error" in r for r in rows) else 0
+    return finish(args, rows)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ The config's [train] batch is the global batch; the first 3 steps are
 warm-up, left out of the medians (bench/gpu_ranks.py's records). Only the
 standard library: it runs on the GPU machine as it is.
 """
-import json, os, statistics, sys
+import os, statistics, sys
 
-from gpu_ranks import arguments, train
+from gpu_ranks import arguments, finish, train
 
 MIB = 1048576.0
 
@@ -54,10 +54,7 @@ def main():
         print("| %d | %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %d |" % (
             r["zero"], r["collectives"], r["step_seconds"] * 1e3, against, r["rate"], r["arena_bytes"] / MIB,
             r["optimizer_state_bytes"] / MIB, r["gradients_bytes"] / MIB, r["weights_bytes"] / MIB, r["gathers"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 1 if any("error" in r for r in rows) else 0
+    return finish(args, rows)
 
 
 if __name__ == "__main__":
