@@ -742,6 +742,19 @@ static const dev_row dev_rows[] = {
     // backward wrote), at stage 3 their gathers those of the busiest
     {"mlp", 3, "--zero 2 --set train.batch=21 --set parallel.bucket_kb=4", 0},
     {"mlp", 3, "--zero 3 --set train.batch=21 --set parallel.bucket_kb=4", 0},
+    // a pipeline's stages on the device, the update on the host
+    // (engine/strategies/pipeline.c): 1f1b, gpipe and interleaved, with
+    // data parallel and ZeRO 1 outside, deterministic, in bf16; evaluations
+    // gather the other stages' layers onto the device
+    {"mlp", 2, "--set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
+    {"mlp", 4, "--set parallel.pipeline=2 --set parallel.pipeline_split=3,5 --set parallel.schedule=gpipe "
+               "--set parallel.micro_batches=4", 0},
+    {"mlp", 3, "--set parallel.pipeline=3 --set parallel.pipeline_balance=count --set parallel.micro_batches=5", 0},
+    {"mlp", 2, "--set parallel.pipeline=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2 "
+               "--set parallel.pipeline_balance=count", 0},
+    {"mlp", 4, "--zero 1 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
+    {"mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
+    {"mlp", 2, "--precision bf16 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -780,6 +793,18 @@ static void zero_memory(void) {
     }
 }
 
+// A pipeline's run on the device: summary.json says the stages ran there,
+// their activations beside the arena, the update on the host.
+static void pipeline_said(const char *dir, const dev_row *r) {
+    char sum[700];
+    snprintf(sum, sizeof sum, "%s/summary.json", dir);
+    CHECK(tl_count(sum, "\"strategy\":\t\"model-parallel\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
+              tl_count(sum, "\"update\":\t\"host\"") == 1 && tl_json_number(sum, "activations_bytes") > 0 &&
+              tl_json_number(sum, "optimizer_state_bytes") == 0,
+          "%s x %d %s: summary.json says the stages ran on the device, the update on the host", r->model, r->workers,
+          r->flags);
+}
+
 // summary.json's buckets (rank 0's, over the 20 steps): plain data
 // parallel (in fp32 or 16 bits, ZeRO's and deterministic mode's too) sums
 // each as soon as backward has queued its gradients' kernels
@@ -811,6 +836,7 @@ static void buckets_said(const char *dir, const dev_row *r) {
         {"gpt", 3, "--zero 1 --set parallel.grad_dtype=bf16 --set parallel.bucket_kb=4", 120, 60},
         {"gpt", 3, "--zero 2 --set parallel.bucket_kb=4", 120, 60},
     };
+    if (strstr(r->flags, "pipeline=")) return pipeline_said(dir, r);  // (no buckets: the host sums its gradients)
     char sum[700];
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
     double in = tl_json_number(sum, "buckets_in_backward"), after = tl_json_number(sum, "buckets_after_backward");
@@ -1106,8 +1132,8 @@ static void spares(const char *model, int W, const char *rflags, const char *fau
           "%g)\n%s", model, W, rflags, fault, back ? "back to a checkpoint" : "no step lost", rc, diff, g_out);
 }
 
-// Under ZeRO (no spares: each slice is on one GPU alone) --max-restarts
-// restarts every rank from the newest checkpoint: the MLP on 3 ranks at
+// Under ZeRO --max-restarts restarts every rank from the newest
+// checkpoint: the MLP on 3 ranks at
 // stage 3, rank 1 killed at step 12 (named), back to step 10 (1 step
 // lost), the weights those of the CPU's uninterrupted --zero 3 run on 3
 // workers bitwise.
@@ -1136,6 +1162,16 @@ static void test_spares(void) {
     // write still under way, step 5's)
     spares("gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", "1:12:kill", "--checkpoint-every 5",
            "codec", 1);
+    // (ZeRO: each slice of the optimizer state is on one GPU alone, so
+    // every rank goes back to the newest checkpoint, the spare reading the
+    // dead rank's slice; stage 3 with its gathers in flight)
+    spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "0:12:kill", "--checkpoint-every 5", "zero1", 1);
+    spares("gpt", 3, "--zero 2 --set parallel.bucket_kb=4", "2:13:kill", "--checkpoint-every 5", "zero2", 1);
+    spares("mlp", 3, "--zero 3 --set train.grad_accum=2 --set parallel.bucket_kb=4", "1:12:kill",
+           "--checkpoint-every 5", "zero3", 1);
+    // (a pipeline's stage: its layers from the twin in the other replica)
+    spares("mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", "3:12:kill",
+           "", "pipe", 0);
 }
 
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
@@ -1283,10 +1319,9 @@ static void test_refusals(void) {
     struct {
         const char *cfg, *flags, *says;
     } no[] = {
-        {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --spares 1", "--spares with [parallel] zero = 1 on [train] "
-         "device = cuda: each rank's slice of the optimizer state is on its GPU alone; use --max-restarts"},
-        {cfg_mlp_full, "--device cuda --workers 2 --zero 2 --spares 1", "--spares with [parallel] zero = 2 on [train] "
-         "device = cuda"},
+        {cfg_mlp_full, "--device cuda --workers 2 --zero 2 --spares 1", "--spares with [parallel] zero on a GPU: each "
+         "rank's slice of the optimizer state (on its GPU alone) is its own, so after a death every rank goes back to "
+         "the newest checkpoint and redoes the steps since; checkpoints are off (add --checkpoint-every N)"},
         {cfg_mlp_full, "--device cuda --set compression.method=int8", "with [compression] method (other than fp16, "
          "bf16): not in this dtrain yet"},
         {cfg_mlp_full, "--device cuda --workers 2 --zero 1 --set compression.method=bf16", "[compression] method works "
@@ -1295,6 +1330,8 @@ static void test_refusals(void) {
          "with [compression] min_bytes (pieces sent as fp32): not in this dtrain yet"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
         {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
+        {cfg_gpt, "--device cuda --workers 2 --set parallel.pipeline=2", "with [parallel] pipeline with a GPT: not in "
+         "this dtrain yet"},
         {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},
     };
     char text[4096];

@@ -5,7 +5,9 @@
 #include "engine/device.h"
 #include "gpu/dev.h"
 #include "gpu/gpu.h"
+#include "obs/obs.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,10 +39,12 @@ static int wire16(const dt_config *c) {
 // What trains on a device: data parallel (plain or deterministic, ZeRO
 // stage 1, 2 or 3 or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
-// fp32 or (plain data parallel) in 16 bits; the rest refused by name.
+// fp32 or (plain data parallel) in 16 bits; a sequential model's pipeline
+// (the model-parallel strategy, its stages on the device); the rest
+// refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
-                     : c->pipeline > 1 ? "[parallel] pipeline"
+                     : c->pipeline > 1 && c->gpt ? "[parallel] pipeline with a GPT"
                      : c->tensor > 1   ? "[parallel] tensor"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
@@ -53,7 +57,7 @@ static dt_status supported(const dt_config *c) {
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
                         "plain or deterministic, ZeRO stages 1 to 3 or not, a GPT or a sequential model, gradients in fp32 "
-                        "or bf16/fp16; docs/gpu.md)",
+                        "or bf16/fp16, and a sequential model's pipeline; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
 }
@@ -105,14 +109,47 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
     if (st == DT_OK && (st = dt_dev_get()->use(index)) != DT_OK)
         st = dt_error(st, "[train] device = %s: cuda:%d on rank %d: %s", c->device, index, dt_comm_rank(comm),
                       dt_last_error());
+    dt_gpu_set_tf32(c->tf32);  // (the CUDA GEMM's; the simulated GPU's is the CPU's fp32)
     if (st == DT_OK) dt_log(DT_LOG_DEBUG, "rank %d trains on cuda:%d%s%s", dt_comm_rank(comm), index, *shared ? ": " : "", shared);
     return st;
 }
 
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm) {
-    int W = dt_comm_size(comm);
-    return (dt_dev_part){c->zero > 0 ? dt_comm_rank(comm) : 0, c->zero > 0 ? W : 1, c->zero >= 2 && W > 1,
-                         c->zero == 3 && W > 1};
+    int W = dt_comm_size(comm), z = c->pipeline > 1 ? 0 : c->zero;  // (a pipeline's ZeRO is the host's)
+    return (dt_dev_part){z > 0 ? dt_comm_rank(comm) : 0, z > 0 ? W : 1, z >= 2 && W > 1, z == 3 && W > 1};
+}
+
+int dt_train_device_states(const dt_config *c) {
+    return c->pipeline > 1 ? 0 : dt_optim_params_states(&c->optim);
+}
+
+void dt_train_device_metrics(dt_obs *obs, const dt_dev_blocks *b) {
+    size_t k[DT_DEV_KINDS];
+    double g[DT_DEV_KINDS];
+    dt_dev_blocks_kinds(b, k);
+    for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
+    dt_obs_set_gpu_memory(obs, g);
+}
+
+cJSON *dt_train_device_summary(cJSON *o, const dt_config *c, const dt_dev_blocks *b) {
+    size_t k[DT_DEV_KINDS];
+    char what[300] = "";
+    dt_dev_blocks_kinds(b, k);
+    b->d->describe(dt_device_index(c->device), what, sizeof what);
+    cJSON *g = cJSON_AddObjectToObject(o, "gpu");
+    cJSON_AddStringToObject(g, "device", c->device);
+    cJSON_AddStringToObject(g, "implementation", b->d->name);
+    cJSON_AddStringToObject(g, "name", what);
+    cJSON_AddBoolToObject(g, "tf32", c->tf32 && !strcmp(b->d->name, "cuda") && b->t == DT_F32);
+    cJSON_AddStringToObject(g, "gemm_operands", b->t == DT_BF16 ? "bf16" : b->t == DT_F16 ? "fp16" : "fp32");
+    cJSON_AddNumberToObject(g, "arena_bytes", (double)b->arena.size);
+    for (int i = 0; i < DT_DEV_KINDS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s_bytes", dt_dev_kind_names[i]);
+        cJSON_AddNumberToObject(g, key, (double)k[i]);
+    }
+    cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
+    return g;
 }
 
 void dt_device_report(char *out, size_t n) {

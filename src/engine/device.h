@@ -23,5 +23,17 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
  * whole: 0 of 1), and at zero = 2 and 3 with several ranks the gradients
  * backed on demand, at 3 the parameters too. */
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
+/* The optimizer's state blocks a rank keeps on its device: the optimizer's
+ * (dt_optim_params_states), none where the host updates the parameters (a
+ * pipeline's stages: docs/gpu.md). */
+int dt_train_device_states(const dt_config *c);
+/* The device's memory by kind (dt_dev_blocks_kinds) into the metrics. */
+struct dt_obs;
+void dt_train_device_metrics(struct dt_obs *obs, const dt_dev_blocks *b);
+/* summary.json's "gpu" object in o, with what every device run has (the
+ * device, its name, the GEMMs' operands, the memory by kind), returned for
+ * the strategy's own fields. */
+struct cJSON;
+struct cJSON *dt_train_device_summary(struct cJSON *o, const dt_config *c, const dt_dev_blocks *b);
 
 #endif

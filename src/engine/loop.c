@@ -132,10 +132,6 @@ int dt_train_alone_from(const dt_config *c) {
 }
 
 dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
-    if (spares > 0 && dt_device_index(c->device) >= 0 && c->zero > 0)
-        return dt_error(DT_ERR_CONFIG, "--spares with [parallel] zero = %d on [train] device = %s: each rank's slice "
-                                       "of the optimizer state is on its GPU alone; use --max-restarts",
-                        c->zero, c->device);
     if (spares <= 0 || dt_train_alone_from(c) >= 0) return DT_OK;  // (a spare there is a restart that is ready)
     if (dt_tables_on_workers(c))
         return dt_error(DT_ERR_CONFIG, "--spares with [recsys] shard = workers: each worker's shard of the tables is on "
@@ -155,15 +151,20 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
                                        "from a surviving replica (data parallel: dp, dp-deterministic) or its slice "
                                        "from a buddy rank's copy (ZeRO: zero, zero-deterministic, zero-3), or is let "
                                        "in alone by its peers (parameter servers outside [ps] mode = sync), or every "
-                                       "rank goes back to the newest checkpoint (local SGD, compression); use "
+                                       "rank goes back to the newest checkpoint (local SGD, compression, ZeRO on "
+                                       "a GPU); use "
                                        "--max-restarts",
                         s->name);
     if (own && c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0)
         return dt_error(DT_ERR_CONFIG, "--spares with %s: each rank's %s is its own, so after a death every rank goes "
                                        "back to the newest checkpoint and redoes the steps since; checkpoints are off "
                                        "(add --checkpoint-every N)",
-                        c->comp_method != DT_COMP_NONE ? "[compression] method" : "[parallel] sync_every (local SGD)",
-                        c->comp_method != DT_COMP_NONE ? "codec state (residuals)" : "drift since the last average");
+                        c->comp_method != DT_COMP_NONE ? "[compression] method"
+                        : c->zero > 0                  ? "[parallel] zero on a GPU"
+                                                       : "[parallel] sync_every (local SGD)",
+                        c->comp_method != DT_COMP_NONE ? "codec state (residuals)"
+                        : c->zero > 0                  ? "slice of the optimizer state (on its GPU alone)"
+                                                       : "drift since the last average");
     if (c->ckpt_sharded && s->replicated)  // ZeRO's own shards: a missing one is given up (dt_ckpt_writer_abandon)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
                                        "checkpoint being written would never come; use whole checkpoints");

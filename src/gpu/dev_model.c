@@ -163,6 +163,7 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     size_t f = sizeof(float);  // (beside the arena: the slices', kept)
     bytes[DT_DEV_GRADS] += dt_dev_blocks_kept(b, &b->gvm, f);
     bytes[DT_DEV_WEIGHTS] += dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
+    bytes[DT_DEV_ACTS] += b->stage_bytes;
 }
 
 // ---- the sequential model --------------------------------------------------------
@@ -215,15 +216,19 @@ static size_t keep_bytes(const dt_model_layer_plan *l, size_t mb, size_t es, siz
     }
 }
 
-// Both passes of the arena: counting (base NULL), then taking.
-static void mlp_take(dt_dev_mlp *dm) {
-    dt_dev_arena *a = &dm->b.arena;
+// The activations of layers [l0, l1) from arena a, both passes (counting:
+// base NULL, then taking): the input x (l0 > 0: the stream from layer l0
+// - 1, which is then that layer's act, and its gradient that layer's
+// dact), with the last layer the targets and the probabilities; work: the
+// shared workspace too (a stage shares its model's).
+static void acts_take(dt_dev_mlp *dm, dt_dev_arena *a, int l0, int l1, int work) {
     int half = dm->b.t != DT_F32;
     size_t mb = (size_t)dm->max_batch, rows = 0, cols = 0, g16 = 0, r, c;
-    dt_dev_blocks_take(&dm->b, dm->max_batch);
-    dm->x = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->in);
-    dm->y = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * mb);
-    for (int i = 0; i < dm->nl; i++) {
+    size_t in = l0 ? dm->L[l0 - 1].out : (size_t)dm->in;
+    dm->x = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * in);
+    dm->y = l1 == dm->nl ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * mb) : NULL;
+    if (l0) dm->act[l0 - 1] = dm->x, dm->dact[l0 - 1] = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * in);
+    for (int i = l0; i < l1; i++) {
         const dt_model_layer_plan *l = &dm->L[i];
         size_t o = sizeof(float) * mb * l->out, k = keep_bytes(l, mb, half ? 2 : sizeof(float), &r, &c);
         int linear = l->spec.kind == DT_LAYER_LINEAR;
@@ -239,10 +244,18 @@ static void mlp_take(dt_dev_mlp *dm) {
         rows = r > rows ? r : rows;
         cols = c > cols ? c : cols;
     }
-    dm->rows = rows ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * rows) : NULL;
-    dm->dcol = cols ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * cols) : NULL;
-    dm->g16 = half && g16 ? dt_dev_take(a, DT_DEV_WORK, 2 * g16) : NULL;
-    dm->probs = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->V);
+    if (work) {
+        dm->rows = rows ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * rows) : NULL;
+        dm->dcol = cols ? dt_dev_take(a, DT_DEV_WORK, sizeof(float) * cols) : NULL;
+        dm->g16 = half && g16 ? dt_dev_take(a, DT_DEV_WORK, 2 * g16) : NULL;
+    }
+    dm->probs = l1 == dm->nl ? dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * (size_t)dm->V) : NULL;
+}
+
+// Both passes of the model's arena.
+static void mlp_take(dt_dev_mlp *dm) {
+    dt_dev_blocks_take(&dm->b, dm->max_batch);
+    acts_take(dm, &dm->b.arena, 0, dm->nl, 1);
 }
 
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
@@ -354,29 +367,20 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     }
 }
 
-// The forward of B samples in mode train (dt_model_forward's), the batch
-// through the pinned buffer; *loss read back.
-static dt_status mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, int train, float *loss) {
-    const dt_dev *d = dm->b.d;
-    if (B <= 0 || B > dm->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, dm->max_batch);
-    for (int i = 0; i < B; i++)
-        if (y[i] < 0 || y[i] >= dm->V)
-            return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)y[i], i, dm->V - 1);
-    size_t nx = (size_t)B * dm->in;
-    float *px = dm->b.pinned;
-    int32_t *py = (int32_t *)(px + dm->px_n);
-    memcpy(px, x, nx * sizeof(float));
-    memcpy(py, y, (size_t)B * sizeof(int32_t));
-    TRY(d->to_device(dm->x, px, nx * sizeof(float)));
-    TRY(d->to_device(dm->y, py, (size_t)B * sizeof(int32_t)));
-    dm->train = train;
-    const float *in = dm->x;
-    for (int i = 0; i < dm->nl; i++) {
+// Layers [l0, l1) forward on B samples from x.
+static dt_status layers_forward(dt_dev_mlp *dm, int l0, int l1, int B) {
+    for (int i = l0; i < l1; i++) {
         TRY(dt_dev_blocks_layer(&dm->b, i, 0));
-        TRY(layer_forward(dm, i, in, B));
-        in = dm->act[i];
+        TRY(layer_forward(dm, i, i ? dm->act[i - 1] : dm->x, B));
     }
-    TRY(d->crossentropy_forward(dm->probs, dm->b.row_loss, dm->b.loss, in, dm->y, (size_t)B, dm->V, (size_t)dm->V));
+    return DT_OK;
+}
+
+// The cross-entropy of the last layer's output, *loss read back.
+static dt_status loss_forward(dt_dev_mlp *dm, int B, float *loss) {
+    const dt_dev *d = dm->b.d;
+    TRY(d->crossentropy_forward(dm->probs, dm->b.row_loss, dm->b.loss, dm->act[dm->nl - 1], dm->y, (size_t)B, dm->V,
+                                (size_t)dm->V));
     float l;
     TRY(d->to_host(&l, dm->b.loss, sizeof l));
     *loss = l;
@@ -384,6 +388,31 @@ static dt_status mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, i
         return dt_error(DT_ERR_NUMERIC, "model: loss is %s (diverged: lower the learning rate or clip gradients)",
                         isnan(l) ? "NaN" : "Inf");
     return DT_OK;
+}
+
+// The targets y[B] checked and put on the device.
+static dt_status targets(dt_dev_mlp *dm, const int32_t *y, int B) {
+    for (int i = 0; i < B; i++)
+        if (y[i] < 0 || y[i] >= dm->V)
+            return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)y[i], i, dm->V - 1);
+    int32_t *py = (int32_t *)((float *)dm->b.pinned + dm->px_n);
+    memcpy(py, y, (size_t)B * sizeof(int32_t));
+    return dm->b.d->to_device(dm->y, py, (size_t)B * sizeof(int32_t));
+}
+
+// The forward of B samples in mode train (dt_model_forward's), the batch
+// through the pinned buffer; *loss read back.
+static dt_status mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, int train, float *loss) {
+    const dt_dev *d = dm->b.d;
+    if (B <= 0 || B > dm->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, dm->max_batch);
+    TRY(targets(dm, y, B));
+    size_t nx = (size_t)B * dm->in;
+    float *px = dm->b.pinned;
+    memcpy(px, x, nx * sizeof(float));
+    TRY(d->to_device(dm->x, px, nx * sizeof(float)));
+    dm->train = train;
+    TRY(layers_forward(dm, 0, dm->nl, B));
+    return loss_forward(dm, B, loss);
 }
 
 dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
@@ -436,18 +465,118 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     }
 }
 
-dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user) {
+// Layers [l0, l1) backward from the gradient of layer l1 - 1's output
+// (the last layer's: the loss's; else dout, host) into their parameters'
+// gradients and, l0 > 0, the gradient of x.
+static dt_status layers_backward(dt_dev_mlp *dm, int l0, int l1, const float *dout, dt_grad_ready_fn hook,
+                                 void *user) {
     const dt_dev *d = dm->b.d;
     int B = dm->B;
     if (!B) return dt_error(DT_ERR_ARG, "device model: backward needs a forward first");
-    for (int i = 0; i < dm->nl; i++) TRY(d->memset0(dm->dact[i], sizeof(float) * (size_t)B * dm->L[i].out));
-    TRY(d->crossentropy_backward(dm->dact[dm->nl - 1], dm->probs, dm->y, (size_t)B, dm->V, (size_t)dm->V,
-                                 dm->loss_scale));
-    for (int i = dm->nl - 1; i >= 0; i--) {
+    for (int i = l0 ? l0 - 1 : 0; i < l1; i++) TRY(d->memset0(dm->dact[i], sizeof(float) * (size_t)B * dm->L[i].out));
+    if (l1 == dm->nl)
+        TRY(d->crossentropy_backward(dm->dact[dm->nl - 1], dm->probs, dm->y, (size_t)B, dm->V, (size_t)dm->V,
+                                     dm->loss_scale));
+    else
+        TRY(d->to_device(dm->dact[l1 - 1], dout, sizeof(float) * (size_t)B * dm->L[l1 - 1].out));
+    for (int i = l1 - 1; i >= l0; i--) {
         TRY(dt_dev_blocks_layer(&dm->b, i, 1));
         TRY(layer_backward(dm, i, B));
         if (hook && (dm->L[i].w_n || dm->L[i].b_n)) hook(dm->L[i].w_off, user);
     }
     dm->B = 0;
     return DT_OK;
+}
+
+dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user) {
+    return layers_backward(dm, 0, dm->nl, NULL, hook, user);
+}
+
+// ---- pipeline stages: layers [l0, l1) on activations of their own ----------
+// A stage is a twin of the model: the same blocks (parameters, gradients,
+// scalars) and workspace, its own activation set in an arena of its own,
+// layer l0 - 1's output and gradient its input x and dx (dact[l0 - 1]),
+// so that its layers run as the whole model's do; the streams in and out
+// (and the gradient of in) through pinned host buffers of its own.
+
+struct dt_dev_mlp_stage {
+    dt_dev_mlp m;            // the twin
+    dt_dev_blocks *owner;    // the model's blocks (their stage_bytes count this arena)
+    dt_dev_arena arena;      // its activations
+    int l0, l1;
+    float *pin, *pout, *pdin; // pinned: the stream in, out, the gradient of in (max_batch samples each)
+    size_t in, out;          // floats a sample of the streams
+};
+
+static size_t stream_floats(const dt_dev_mlp *dm, int l) { return l ? dm->L[l - 1].out : (size_t)dm->in; }
+
+dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_stage **out) {
+    dt_dev_mlp_stage *s = calloc(1, sizeof *s);
+    float **arrays = calloc((size_t)dm->nl * 3, sizeof(float *));
+    void **in16 = calloc((size_t)dm->nl, sizeof(void *));
+    *out = NULL;
+    if (!s || !arrays || !in16) {
+        free(s), free(arrays), free(in16);
+        return dt_error(DT_ERR_NOMEM, "pipeline stage on the device: out of memory");
+    }
+    s->m = *dm;  // (the blocks, the layers' plan, the workspace: the model's)
+    s->m.act = arrays, s->m.dact = arrays + dm->nl, s->m.keep = arrays + 2 * dm->nl, s->m.in16 = in16;
+    s->arena = (dt_dev_arena){.d = dm->b.d};
+    s->l0 = l0, s->l1 = l1, s->in = stream_floats(dm, l0), s->out = stream_floats(dm, l1);
+    acts_take(&s->m, &s->arena, l0, l1, 0);  // (counting)
+    size_t mb = (size_t)dm->max_batch, pinned = sizeof(float) * mb * (2 * s->in + s->out);
+    dt_status st = dt_dev_arena_open(&s->arena, "a pipeline stage's activations on the device");
+    if (st == DT_OK) st = dm->b.d->host_alloc((void **)&s->pin, pinned);
+    if (st != DT_OK) {
+        dt_dev_mlp_stage_free(s);
+        return st;
+    }
+    acts_take(&s->m, &s->arena, l0, l1, 0);
+    s->owner = &dm->b;
+    dm->b.stage_bytes += s->arena.size;
+    s->pout = s->pin + mb * s->in;
+    s->pdin = s->pout + mb * s->out;
+    *out = s;
+    return DT_OK;
+}
+
+void dt_dev_mlp_stage_free(dt_dev_mlp_stage *s) {
+    if (!s) return;
+    if (s->owner) s->owner->stage_bytes -= s->arena.size;
+    dt_dev_arena_close(&s->arena);
+    if (s->pin) s->m.b.d->host_free(s->pin);
+    free(s->m.act);
+    free(s->m.in16);
+    free(s);
+}
+
+void dt_dev_mlp_stage_streams(dt_dev_mlp_stage *s, float **in, size_t *in_floats, float **out, size_t *out_floats) {
+    *in = s->pin, *in_floats = s->in;
+    *out = s->pout, *out_floats = s->out;
+}
+
+dt_status dt_dev_mlp_stage_forward(dt_dev_mlp_stage *s, const float *x, const int32_t *y, int B, float loss_scale,
+                                   uint64_t step, int64_t first, float *loss) {
+    dt_dev_mlp *m = &s->m;
+    const dt_dev *d = m->b.d;
+    if (B <= 0 || B > m->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, m->max_batch);
+    m->B = 0;
+    m->train = 1, m->step = step, m->first = first, m->loss_scale = loss_scale;
+    size_t nx = (size_t)B * s->in;
+    if (s->l0 == 0) memcpy(s->pin, x, nx * sizeof(float));  // (else the stream in is there already)
+    TRY(d->to_device(m->x, s->pin, nx * sizeof(float)));
+    if (s->l1 == m->nl) TRY(targets(m, y, B));
+    TRY(layers_forward(m, s->l0, s->l1, B));
+    if (s->l1 == m->nl) TRY(loss_forward(m, B, loss));
+    else TRY(d->to_host(s->pout, m->act[s->l1 - 1], sizeof(float) * (size_t)B * s->out));
+    m->B = B;
+    return DT_OK;
+}
+
+dt_status dt_dev_mlp_stage_backward(dt_dev_mlp_stage *s, const float *dout, float **din) {
+    dt_dev_mlp *m = &s->m;
+    int B = m->B;
+    TRY(layers_backward(m, s->l0, s->l1, dout, NULL, NULL));
+    *din = s->l0 ? s->pdin : NULL;
+    return s->l0 ? m->b.d->to_host(s->pdin, m->dact[s->l0 - 1], sizeof(float) * (size_t)B * s->in) : DT_OK;
 }

@@ -60,6 +60,7 @@ typedef struct {
     double *row_loss;         /* the cross-entropy's rows (workspace) */
     void *pinned;             /* host staging of pinned_bytes */
     size_t pinned_bytes;
+    size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */
     /* Called before each layer's forward (phase 0) and backward (phase 1),
      * training and evaluation alike, as the CPU models' layer hooks are
      * (the same layer numbers: the GPT's -1 embedding, L head); NULL: none.
@@ -128,8 +129,9 @@ dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, dt_dev_x in,
                                 int C, int OC);
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
                                  void *dout16, dt_dev_x in, int N, int C, int OC);
-/* The bytes of each kind (dev.h's order) the arena holds, and with grads_vm
- * the chunks of the slice's gradients beside it (kept backed). */
+/* The bytes of each kind (dev.h's order) the arena holds, and beside it
+ * with grads_vm the chunks of the slice's gradients (kept backed), with
+ * params_vm the parameters', and the pipeline stages' activations. */
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]);
 /* Opens the arena after the planning pass (refusing, with the bytes by
  * kind, a plan the device cannot hold) and the pinned buffer. */
@@ -164,6 +166,28 @@ dt_status dt_dev_mlp_evaluate(dt_dev_mlp *dm, const float *x, const int32_t *y, 
  * are final once the kernels queued so far have run (the caller marks them
  * with an event: dev.h's event_record). */
 dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user);
+/* A pipeline stage of dm: layers [l0, l1) on an activation set of their
+ * own for up to dm's max_batch samples (device memory beside the arena,
+ * taken now), over dm's blocks (dt_model_forward_range's and
+ * dt_model_backward_range's, kernel for kernel). The streams between
+ * stages are host memory (pinned): stage_streams gives the buffer the
+ * stream in is written into before a forward (unused where l0 = 0) and the
+ * one the stream out is in after it (unused where l1 is the last layer),
+ * and their floats a sample. */
+typedef struct dt_dev_mlp_stage dt_dev_mlp_stage;
+dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_stage **out);
+void dt_dev_mlp_stage_free(dt_dev_mlp_stage *s);
+void dt_dev_mlp_stage_streams(dt_dev_mlp_stage *s, float **in, size_t *in_floats, float **out, size_t *out_floats);
+/* Forward of B samples in training mode: x[B, in] (host; l0 = 0) or the
+ * stream in, targets y[B] (host; the last stage, which sets *loss);
+ * loss_scale for the backward; step and first: dropout's key. */
+dt_status dt_dev_mlp_stage_forward(dt_dev_mlp_stage *s, const float *x, const int32_t *y, int B, float loss_scale,
+                                   uint64_t step, int64_t first, float *loss);
+/* Its backward from dout (host: the gradient of the stream out; unused on
+ * the last stage), parameter gradients accumulating; *din: the gradient of
+ * the stream in (host, pinned, valid until the next backward; NULL where
+ * l0 = 0). */
+dt_status dt_dev_mlp_stage_backward(dt_dev_mlp_stage *s, const float *dout, float **din);
 
 typedef struct dt_dev_gpt dt_dev_gpt;
 /* The device's twin of m for B x T tokens, nstates optimizer blocks over

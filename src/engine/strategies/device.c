@@ -137,8 +137,10 @@ typedef struct {
     char errmsg[512];
 } devs;
 
-static int dev_wants(const dt_config *c) { return dt_device_index(c->device) >= 0 && c->zero == 0; }
-static int dev_zero_wants(const dt_config *c) { return dt_device_index(c->device) >= 0 && c->zero > 0; }
+// (a pipeline's stages on a device: the model-parallel strategy's, pipeline.c)
+static int on_device(const dt_config *c) { return dt_device_index(c->device) >= 0 && c->pipeline <= 1; }
+static int dev_wants(const dt_config *c) { return on_device(c) && c->zero == 0; }
+static int dev_zero_wants(const dt_config *c) { return on_device(c) && c->zero > 0; }
 
 static dt_status dev_check(const dt_config *c, int W) {
     return c->deterministic ? dt_strategy_dp_deterministic.check(c, W) : dt_strategy_dp.check(c, W);
@@ -211,10 +213,7 @@ static void memory_said(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
     size_t k[DT_DEV_KINDS];
     dt_dev_blocks_kinds(b, k);
-    dt_gpu_set_tf32(s->c->tf32);  // (the CUDA GEMM's; the simulated GPU's is the CPU's fp32)
-    double g[DT_DEV_KINDS];
-    for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
-    dt_obs_set_gpu_memory(s->obs, g);
+    dt_train_device_metrics(s->obs, b);
     char half[160] = "", slice[80] = "", vm[200] = "", wvm[160] = "";
     if (((devs *)s)->zero && s->world > 1) snprintf(slice, sizeof slice, " (this rank's slice: 1/%d)", s->world);
     if (b->grads_vm)
@@ -970,22 +969,33 @@ static dt_status dev_restore(dt_strategy *s, const char *path, int parts) {
 // gives the furthest replica's state to every rank; the communicator is
 // made again over the new generation (regroup, as a spare's init makes
 // it), and every rank puts the state it was given onto its device
-// (take_over).
+// (take_over). Under ZeRO each slice of the optimizer state is on one GPU
+// alone (own_state): after abandon and regroup every rank goes back to the
+// newest checkpoint, its slice put onto its device by ckpt_restore.
 
 static void dev_abandon(dt_strategy *s) {
     devs *d = (devs *)s;
+    dt_dev_blocks *b = s->device;
     d->have_norm = 0;
     d->err = DT_OK;
-    // The buckets begun in backward first (each ends on the death it meets,
-    // or at the timeout): the communicator's progress thread is then out of
-    // it when it is aborted.
+    // The buckets begun in backward first, and stage 3's gather (each ends
+    // on the death it meets, or at the timeout): the communicator's
+    // progress thread is then out of it when it is aborted.
     for (int i = 0; i < d->g.np; i++)
         if (d->g.p[i].req) dt_wait(&d->g.p[i].req);
+    for (int i = 0; i < d->nfrq; i++) dt_wait(&d->frq[i]);
+    d->nfrq = 0, d->fblock = -1;
+    if (d->held) memset(d->held, 0, (size_t)d->L);  // (the restore gives their chunks back: params_updated)
+    d->persist = 0;
     if (d->gpus) dt_comm_abort(d->gpus, "a worker died: the step is redone");
     dt_comm_destroy(d->gpus);
     d->gpus = NULL;
-    dt_status st = d->acc ? s->device->d->memset0(d->acc, sizeof(int64_t) * s->n) : DT_OK;
-    if (st == DT_OK) st = dev_params_host(s);
+    dt_status st = d->acc ? b->d->memset0(d->acc, sizeof(int64_t) * s->n) : DT_OK;
+    if (st == DT_OK && b->grads_vm) {  // (stage 2: the pieces the step left backed outside the slice)
+        st = dt_dev_vm_give(&b->gvm, 0, s->lo * sizeof(float));
+        if (st == DT_OK) st = dt_dev_vm_give(&b->gvm, s->hi * sizeof(float), (s->n - s->hi) * sizeof(float));
+    }
+    if (st == DT_OK && !d->zero) st = dev_params_host(s);  // (ZeRO goes back to the newest checkpoint)
     if (st != DT_OK) {  // (regroup, which comes next, says it)
         d->err = st;
         snprintf(d->errmsg, sizeof d->errmsg, "the device's state to the host, for a spare: %s", dt_last_error());
@@ -1020,24 +1030,7 @@ static int dev_ckpt_extra(dt_strategy *s, dt_st_tensor *t, int max) {
 
 static void dev_summary(dt_strategy *s, cJSON *o) {
     dt_dev_blocks *b = s->device;
-    size_t k[DT_DEV_KINDS];
-    dt_dev_blocks_kinds(b, k);
-    char what[300] = "";
-    int idx = dt_device_index(s->c->device);
-    b->d->describe(idx, what, sizeof what);
-    cJSON *g = cJSON_AddObjectToObject(o, "gpu");
-    cJSON_AddStringToObject(g, "device", s->c->device);
-    cJSON_AddStringToObject(g, "implementation", b->d->name);
-    cJSON_AddStringToObject(g, "name", what);
-    cJSON_AddBoolToObject(g, "tf32", s->c->tf32 && !strcmp(b->d->name, "cuda") && b->t == DT_F32);
-    cJSON_AddStringToObject(g, "gemm_operands", b->t == DT_BF16 ? "bf16" : b->t == DT_F16 ? "fp16" : "fp32");
-    cJSON_AddNumberToObject(g, "arena_bytes", (double)b->arena.size);
-    for (int i = 0; i < DT_DEV_KINDS; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "%s_bytes", dt_dev_kind_names[i]);
-        cJSON_AddNumberToObject(g, key, (double)k[i]);
-    }
-    cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
+    cJSON *g = dt_train_device_summary(o, s->c, b);
     devs *d = (devs *)s;
     cJSON_AddStringToObject(g, "collectives", d->gpus ? dt_comm_backend(d->gpus) : "none");
     cJSON_AddNumberToObject(g, "exchange_bytes", (double)d->own);
@@ -1102,4 +1095,7 @@ const dt_strategy_ops dt_strategy_device_zero = {
     .summary = dev_summary,
     .params_needed = dev_params_needed,
     .params_eval = dev_params_eval,
+    .abandon = dev_abandon,
+    .regroup = dev_regroup,
+    .own_state = 1,
 };

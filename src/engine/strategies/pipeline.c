@@ -71,6 +71,7 @@
  * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
  * an int64 allreduce: bitwise the same for any D and schedule. */
 #include "dtrain/llama.h"
+#include "engine/device.h"
 #include "engine/strategies/strategy.h"
 #include "engine/worker.h"
 
@@ -188,10 +189,11 @@ dt_status dt_pipeline_balance(const double *costs, int L, int P, int *bounds) {
 
 // Measured balance: used unless pipeline_split lists the stages, and not in
 // deterministic mode, whose results must not depend on a run's timings (the
-// FLOPs / count cut stands in: the same in every run).
+// FLOPs / count cut stands in: the same in every run), nor on a GPU (whose
+// layers are not timed before the start).
 static int measured_balance(const dt_config *c) {
     return c->pipeline_balance == DT_BALANCE_MEASURED && !c->pipeline_split[0] && !c->deterministic &&
-           c->pipeline * virtual_stages(c) > 1;
+           c->pipeline * virtual_stages(c) > 1 && dt_device_index(c->device) < 0;
 }
 
 // How the stages were cut, for the start lines, the metrics log and summary.json.
@@ -537,6 +539,61 @@ static const dt_grad_range *kept(const pipe *p, int *n) {
     return p->held ? p->held : &p->all;
 }
 
+// ---- on a GPU ([train] device = cuda; docs/gpu.md, "Pipeline parallel") ----
+// The task's stages run on the device (their activations there, the
+// streams between stages through pinned host memory and the host's
+// communicators); the parameters, their update, the gradients' sums and
+// the norm stay the host's, as on the CPU: a step's last backward over,
+// the gradients of the ranges this rank keeps come to the host (dev_grads;
+// deterministic mode: each micro-batch's), and after each change of the
+// host's parameters (the start or a resume, an update, a spare's
+// take-over, a layer an evaluation gathers) they go to the device
+// (dev_put).
+
+// Once the stages are made: the device's memory in the metrics and the log.
+static void dev_said(pipe *p) {
+    dt_strategy *s = &p->base;
+    dt_dev_blocks *b = s->device;
+    size_t k[DT_DEV_KINDS];
+    dt_dev_blocks_kinds(b, k);
+    dt_train_device_metrics(s->obs, b);
+    if (s->rank == 0)
+        dt_log(DT_LOG_INFO, "pipeline stages on the GPU (%s device): weights %.1f + gradients %.1f + activations %.1f "
+               "(the stage's sets %.1f) + workspace %.1f MiB; the update, the gradients' sums and the norm on the host",
+               b->d->name, k[DT_DEV_WEIGHTS] / 1048576.0, k[DT_DEV_GRADS] / 1048576.0, k[DT_DEV_ACTS] / 1048576.0,
+               b->stage_bytes / 1048576.0, k[DT_DEV_WORK] / 1048576.0);
+}
+
+static dt_status dev_put(pipe *p, const dt_grad_range *r, int n) {
+    dt_strategy *s = &p->base;
+    dt_dev_blocks *b = s->device;
+    dt_status st = DT_OK;
+    for (int i = 0; i < n && st == DT_OK && b; i++)
+        st = b->d->to_device(b->params + r[i].offset, s->params + r[i].offset, sizeof(float) * r[i].len);
+    if (st == DT_OK && b) st = dt_dev_blocks_changed(b);
+    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: the parameters onto the GPU: %s", dt_last_error());
+}
+
+static dt_status dev_put_kept(pipe *p) {
+    int n;
+    const dt_grad_range *r = kept(p, &n);
+    return dev_put(p, r, n);
+}
+
+// The kept ranges' gradients to the host (zero: and zero on the device).
+static dt_status dev_grads(pipe *p, int zero) {
+    dt_strategy *s = &p->base;
+    dt_dev_blocks *b = s->device;
+    int n;
+    const dt_grad_range *r = kept(p, &n);
+    dt_status st = DT_OK;
+    for (int i = 0; i < n && st == DT_OK && b; i++) {
+        st = b->d->to_host(s->grads + r[i].offset, b->grads + r[i].offset, sizeof(float) * r[i].len);
+        if (st == DT_OK && zero) st = b->d->memset0(b->grads + r[i].offset, sizeof(float) * r[i].len);
+    }
+    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: the gradients from the GPU: %s", dt_last_error());
+}
+
 // ---- ZeRO stage 1: the units' slices over the replicas ----
 
 // Slice r of unit u: dt_shard_range of its length over the D replicas.
@@ -694,6 +751,7 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
     // fixed point, whose sums do not depend on their order (dp_det.c).
     int n;
     const dt_grad_range *r = kept(p, &n);
+    if (st == DT_OK && p->acc) st = dev_grads(p, 1);
     for (int i = 0; st == DT_OK && p->acc && i < n; i++) {
         dt_fixed_add(p->acc + r[i].offset, p->base.grads + r[i].offset, r[i].len, DT_FIXED_SCALE);
         memset(p->base.grads + r[i].offset, 0, sizeof(float) * r[i].len);
@@ -849,6 +907,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
                 dt_status st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
                 if (st != DT_OK) return st;
             }
+        if (s->device) dev_said(p);
     }
     p->alive = 0;
     dt_status st = DT_OK;
@@ -864,6 +923,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
             st = wait_timed(p, &p->ch[v].slots[i].send_out, "sending activations to", next_stage(p));
             if (st == DT_OK) st = wait_timed(p, &p->ch[v].slots[i].send_d, "sending gradients to", prev_stage(p));
         }
+    if (st == DT_OK && !p->acc) st = dev_grads(p, 0);
     p->steps++;
     // The schedule as it ran, at the second step (the first after the
     // set-up) and every log_every steps: dtrain report's timeline.
@@ -947,7 +1007,8 @@ static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     for (int i = 0; i < n; i++)
         if (k[i].len) dt_optim_update(s->opt, k[i].offset, k[i].len, s->params + k[i].offset, s->grads + k[i].offset, lr, scale);
     dt_status st = p->units ? gather_units(p, s->params) : DT_OK;
-    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
+    if (st != DT_OK) return dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
+    return dev_put_kept(p);
 }
 
 // The whole model's gradient norm from the parts: each rank sums the
@@ -1042,8 +1103,8 @@ static dt_status eval_layer(pipe *p, int layer, int get) {
     for (int i = 0; i < s->norder && st == DT_OK; i++) {
         if (s->order_layer[i] != layer) continue;
         float *w = s->params + s->order[i].offset;
-        if (get) st = dt_broadcast(w, w, s->order[i].len, DT_F32, root, p->pp);
-        else if (!keeps(p, s->order[i].offset)) dt_zero_pages(w, sizeof(float) * s->order[i].len);
+        if (get && (st = dt_broadcast(w, w, s->order[i].len, DT_F32, root, p->pp)) == DT_OK) st = dev_put(p, &s->order[i], 1);
+        else if (!get && !keeps(p, s->order[i].offset)) dt_zero_pages(w, sizeof(float) * s->order[i].len);
     }
     return st == DT_OK ? DT_OK : dt_error(st, "pipeline: evaluation: gathering layer %d: %s", layer, dt_last_error());
 }
@@ -1222,8 +1283,7 @@ static dt_status spread(dt_strategy *s, dt_st_file *f, const char *path, float *
     return st;
 }
 
-static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
-    (void)parts;
+static dt_status ckpt_spread(dt_strategy *s, const char *path) {
     pipe *p = (pipe *)s;
     int pieces = s->ckpt_pieces != 0;
     if (!path[0] || (!pieces && !s->ckpt_params)) return DT_OK;
@@ -1243,12 +1303,22 @@ static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: spreading the checkpoint %s: %s", path, dt_last_error());
 }
 
+// After the start or a resume (the checkpoint's parts spread): the kept
+// ranges onto a GPU.
+static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
+    (void)parts;
+    dt_status st = ckpt_spread(s, path);
+    return st == DT_OK ? dev_put_kept((pipe *)s) : st;
+}
+
 // summary.json's "pipeline": the grid, how the stages were cut, each
 // (virtual) stage's layers and, measured, the layers' and stages' seconds.
 static void pp_summary(dt_strategy *s, struct cJSON *o) {
     pipe *p = (pipe *)s;
     const dt_config *c = s->c;
     int S = p->P * p->V, L = dt_task_layers(c);
+    if (s->device)  // (its stages' activations beside the arena: rank 0's)
+        cJSON_AddStringToObject(dt_train_device_summary(o, c, s->device), "update", "host");
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
     if (!j) return;
     cJSON_AddNumberToObject(j, "tensor", p->T);
@@ -1321,7 +1391,7 @@ static dt_status pp_regroup(dt_strategy *s) {
 static dt_status pp_take_over(dt_strategy *s, int have, int *lost) {
     pipe *p = (pipe *)s;
     *lost = 0;
-    if (p->T == 1 && !p->held) return DT_OK;
+    if (p->T == 1 && !p->held) return dev_put_kept(p);  // (the whole block came with the loop's state)
     dt_comm_t twins = p->held ? p->dp : p->shard;
     int root, n;
     dt_status st = holder(twins, have, &root);
@@ -1339,7 +1409,7 @@ static dt_status pp_take_over(dt_strategy *s, int have, int *lost) {
             st = dt_broadcast(o, o, k[i].len, DT_F32, root, twins);
         }
     }
-    return st;
+    return st == DT_OK ? dev_put_kept(p) : st;
 }
 
 const dt_strategy_ops dt_strategy_pipeline = {

@@ -175,7 +175,8 @@ typedef struct dt_strategy_ops {
     int replicated;
     /* 1: each rank holds state between steps that no other rank has a copy
      * of (local SGD's drift since the last average, its own optimizer
-     * state), so after a spare took a dead rank's place every rank goes
+     * state; ZeRO on a GPU: its slice of the optimizer state, on the
+     * device alone), so after a spare took a dead rank's place every rank goes
      * back to the newest checkpoint (dt_run_ckpt_rollback), as it does for
      * a gradient codec's residuals; abandon (below) drops what the failed
      * steps left. */

@@ -44,7 +44,7 @@ struct dt_task {
     dt_dev_mlp *dm;                // [train] device = cuda: the model's steps and evaluations on the device (m:
                                    // the host copy)
     float *probs;                  // ... an evaluation batch's probabilities, read back
-    dt_status dev_err;             // ... the last backward's failure, returned by the next forward
+    dt_status dev_err;             // ... the step's zero_grad's failure, returned by its forward
 };
 
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
@@ -414,7 +414,7 @@ static dt_status dev_model(dt_task *t, const dt_config *c, int max_micro, dt_dev
     size_t V = (size_t)dt_model_num_classes(t->m);
     if (!(t->probs = malloc(sizeof(float) * V * (size_t)(eb > 0 ? eb : 1))))
         return dt_error(DT_ERR_NOMEM, "out of memory");
-    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_optim_params_states(&c->optim), part,
+    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_train_device_states(c), part,
                              (dt_dtype)c->precision, c->seed);
 }
 
@@ -459,7 +459,7 @@ static dt_status cls_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *
 
 static void cls_zero_grad(dt_task *t) {
     if (!t->dm) dt_model_zero_grad(t->m);
-    else if (t->dev_err == DT_OK) t->dev_err = dt_dev_blocks_zero_grad(dt_dev_mlp_blocks(t->dm));
+    else t->dev_err = dt_dev_blocks_zero_grad(dt_dev_mlp_blocks(t->dm));
 }
 
 static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
@@ -491,7 +491,7 @@ static dt_status cls_segments(dt_task *t, int n, const int *len, const float *sc
 }
 
 static dt_status cls_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
-    if (t->dm) return t->dev_err == DT_OK ? (t->dev_err = dt_dev_mlp_backward(t->dm, hook, user)) : t->dev_err;
+    if (t->dm) return dt_dev_mlp_backward(t->dm, hook, user);
     dt_model_set_grad_hook(t->m, hook, user);
     dt_model_backward(t->m);
     return DT_OK;
@@ -506,10 +506,12 @@ static void cls_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
 
 // ----------------------------------------------------------------------------
 // pipeline stages: layers [l0, l1) of the model on activations of their own
-// (dt_model_acts); the share in flight is the replica's
+// (dt_model_acts; on a device the device model's, dt_dev_mlp_stage); the
+// share in flight is the replica's
 
 struct dt_task_stage {
     dt_model_acts *a;
+    dt_dev_mlp_stage *ds;  // on a device: its activations there (a NULL)
     dt_task *t;
     size_t bytes, saved;  // counted in the task's act_bytes, act_saved while the stage lives
     int l0, l1, off, len;
@@ -521,6 +523,11 @@ static dt_status cls_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
     dt_task_stage *st = calloc(1, sizeof *st);
     if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
     *st = (dt_task_stage){.t = t, .l0 = l0, .l1 = l1};
+    if (t->dm) {
+        dt_status s = dt_dev_mlp_stage_create(t->dm, l0, l1, &st->ds);
+        if (s != DT_OK) free(st), *out = NULL;
+        return s;
+    }
     dt_status s = dt_model_acts_create(&st->a, t->m, l0, l1, max_len);
     if (s != DT_OK) {
         free(st);
@@ -535,6 +542,7 @@ static dt_status cls_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
 
 static void cls_stage_free(dt_task_stage *st) {
     if (!st) return;
+    dt_dev_mlp_stage_free(st->ds);
     st->t->act_bytes -= st->bytes;
     st->t->act_saved -= st->saved;
     dt_model_acts_free(st->a);
@@ -550,6 +558,11 @@ static dt_status cls_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
     st->len = len;
     st->step = step;
     st->scale = loss_scale;
+    if (st->ds) {
+        dt_dev_mlp_stage_streams(st->ds, in, in_count, out, out_count);
+        *in_count *= (size_t)len, *out_count *= (size_t)len;
+        return DT_OK;
+    }
     *in = dt_model_acts_input(st->a);
     *out = dt_model_acts_output(st->a);
     *in_count = (size_t)len * dt_model_stream_size(t->m, st->l0);
@@ -559,12 +572,16 @@ static dt_status cls_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
 
 static dt_status cls_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     size_t ss = dt_dataset_sample_size(&t->train);
+    if (st->ds)
+        return dt_dev_mlp_stage_forward(st->ds, t->b.x + (size_t)st->off * ss, t->b.y + st->off, st->len, st->scale,
+                                        (uint64_t)st->step, (int64_t)t->b.first + st->off, loss);
     dt_model_set_dropout_key(t->m, (uint64_t)st->step, (int64_t)t->b.first + st->off);
     return dt_model_forward_range(t->m, st->a, st->l0 == 0 ? t->b.x + (size_t)st->off * ss : NULL, t->b.y + st->off,
                                   st->len, 1, loss);
 }
 
 static dt_status cls_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
+    if (st->ds) return dt_dev_mlp_stage_backward(st->ds, d, din);
     dt_model_set_loss_scale(t->m, st->scale);
     return dt_model_backward_range(t->m, st->a, d, din);
 }

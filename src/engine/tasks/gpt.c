@@ -45,7 +45,7 @@ struct dt_task {
     int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
     dt_gpt_acts *eval;            // a pipeline's evaluation set: forwards alone (made at the first)
     dt_dev_gpt *dg;               // [train] device = cuda: the model's steps and evaluations on the device (m: host)
-    dt_status dev_err;            // ... the last backward's failure, returned by the next forward
+    dt_status dev_err;            // ... the step's zero_grad's failure, returned by its forward
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save),
@@ -315,7 +315,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     DT_TRY(gpt_order(t, norder), done);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim),
+        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_train_device_states(c),
                                  dt_train_device_part(c, comm), (dt_dtype)c->precision), done);
     gpt_info(t, c, order, norder, info);
     info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
@@ -353,7 +353,7 @@ static dt_status gpt_next_batch(dt_task *t, dt_rng *rng, dt_task_batch *b, int *
 
 static void gpt_zero_grad(dt_task *t) {
     if (!t->dg) dt_gpt_zero_grad(t->m);
-    else if (t->dev_err == DT_OK) t->dev_err = dt_dev_blocks_zero_grad(dt_dev_gpt_blocks(t->dg));
+    else t->dev_err = dt_dev_blocks_zero_grad(dt_dev_gpt_blocks(t->dg));
 }
 
 static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float loss_scale, float *loss) {
@@ -366,7 +366,7 @@ static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float l
 }
 
 static dt_status gpt_backward(dt_task *t, dt_grad_ready_fn hook, void *user) {
-    if (t->dg) return t->dev_err == DT_OK ? (t->dev_err = dt_dev_gpt_backward(t->dg, hook, user)) : t->dev_err;
+    if (t->dg) return dt_dev_gpt_backward(t->dg, hook, user);
     dt_gpt_set_grad_hook(t->m, hook, user);
     dt_gpt_backward(t->m);
     return DT_OK;
