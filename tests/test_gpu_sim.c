@@ -744,8 +744,9 @@ static const dev_row dev_rows[] = {
     {"mlp", 3, "--zero 3 --set train.batch=21 --set parallel.bucket_kb=4", 0},
     // a pipeline's stages on the device, the update on the host
     // (engine/strategies/pipeline.c): 1f1b, gpipe and interleaved, with
-    // data parallel and ZeRO 1 outside, deterministic, in bf16; evaluations
-    // gather the other stages' layers onto the device
+    // data parallel and ZeRO 1 outside, deterministic, in bf16, the MLP and
+    // the GPT (its tied embedding on both end stages); evaluations gather
+    // the other stages' layers onto the device
     {"mlp", 2, "--set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"mlp", 4, "--set parallel.pipeline=2 --set parallel.pipeline_split=3,5 --set parallel.schedule=gpipe "
                "--set parallel.micro_batches=4", 0},
@@ -755,6 +756,11 @@ static const dev_row dev_rows[] = {
     {"mlp", 4, "--zero 1 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"mlp", 2, "--precision bf16 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
+    {"gpt", 2, "--set parallel.pipeline=2", 0},
+    {"gpt", 4, "--set parallel.pipeline=2 --set parallel.schedule=gpipe --set parallel.micro_batches=3", 0},
+    {"gpt", 4, "--zero 1 --set parallel.pipeline=2", 0},
+    {"gpt", 2, "--deterministic --set parallel.pipeline=2 --set parallel.micro_shards=6", 0},
+    {"gpt", 2, "--precision bf16 --set parallel.pipeline=2", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -1330,8 +1336,6 @@ static void test_refusals(void) {
          "with [compression] min_bytes (pieces sent as fp32): not in this dtrain yet"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
         {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
-        {cfg_gpt, "--device cuda --workers 2 --set parallel.pipeline=2", "with [parallel] pipeline with a GPT: not in "
-         "this dtrain yet"},
         {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},
     };
     char text[4096];

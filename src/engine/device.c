@@ -39,12 +39,11 @@ static int wire16(const dt_config *c) {
 // What trains on a device: data parallel (plain or deterministic, ZeRO
 // stage 1, 2 or 3 or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
-// fp32 or (plain data parallel) in 16 bits; a sequential model's pipeline
-// (the model-parallel strategy, its stages on the device); the rest
-// refused by name.
+// fp32 or (plain data parallel) in 16 bits; pipeline parallel (the
+// model-parallel strategy, its stages on the device); the rest refused by
+// name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
-                     : c->pipeline > 1 && c->gpt ? "[parallel] pipeline with a GPT"
                      : c->tensor > 1   ? "[parallel] tensor"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
@@ -57,7 +56,7 @@ static dt_status supported(const dt_config *c) {
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
                         "plain or deterministic, ZeRO stages 1 to 3 or not, a GPT or a sequential model, gradients in fp32 "
-                        "or bf16/fp16, and a sequential model's pipeline; docs/gpu.md)",
+                        "or bf16/fp16, and pipeline parallel; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
 }

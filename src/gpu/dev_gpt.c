@@ -40,7 +40,8 @@ struct dt_dev_gpt {
     void *hook_user;
     int maxB, maxT, B, T;
     float loss_scale;
-    float *resid;  // [L + 1, B, T, C]
+    float *resid;  // [L + 1, B, T, C] (a stage's: its slots r0 .. r0 + its layers)
+    int r0;
     layer_acts *la;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
     void *lnf16;
@@ -50,54 +51,72 @@ struct dt_dev_gpt {
     void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, 4C]; datt's room)
 };
 
-// A kept activation: fp32 (per layer), or in 16 bits made in x32 and kept
-// in t.
-static float *kept(dt_dev_gpt *g, void **h, size_t n) {
-    dt_dev_arena *a = &g->b.arena;
+// A kept activation from a: fp32 (per layer), or in 16 bits made in x32
+// and kept in t.
+static float *kept(dt_dev_gpt *g, dt_dev_arena *a, void **h, size_t n) {
     if (g->b.t == DT_F32) return *h = NULL, dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * n);
     *h = dt_dev_take(a, DT_DEV_ACTS, 2 * n);
     return g->x32;
 }
 
-static void gpt_take(dt_dev_gpt *g) {
-    dt_dev_arena *a = &g->b.arena;
+// The activations of blocks [l0, l1) from arena a, both passes (counting:
+// base NULL, then taking): the residual stream's slots l0 .. l1, with the
+// embedding (l0 = 0) the tokens, with the head (l1 = L) its activations and
+// the targets; work: the backward's scratch too, first (a stage shares its
+// model's): x32 is dfchg (the backward's, free in the forward), dout16
+// datt's room (the attention's backward's, free in the linears' backward).
+static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) {
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, V = (size_t)g->c.vocab_size, f = sizeof(float);
     size_t att = f * g->maxB * g->c.n_head * g->maxT * g->maxT, h16 = g->b.t != DT_F32 ? 2 * BT * 4 * C : 0;
-    dt_dev_blocks_take(&g->b, (int)BT);
-    // the backward's scratch first: x32 is dfchg (the backward's, free in the forward), dout16 datt's room
-    // (the attention's backward's, free in the linears' backward)
-    g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-    g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-    g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-    g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * C);
-    g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
-    g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
-    g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
-    g->x32 = h16 ? g->dfchg : NULL;
-    g->dout16 = h16 ? g->datt : NULL;
-    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(g->c.n_layer + 1));
-    for (int l = 0; l < g->c.n_layer; l++) {
+    if (work) {
+        g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+        g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+        g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+        g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * C);
+        g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
+        g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
+        g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
+        g->x32 = h16 ? g->dfchg : NULL;
+        g->dout16 = h16 ? g->datt : NULL;
+    }
+    int L = g->c.n_layer;
+    g->r0 = l0;
+    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(l1 - l0 + 1));
+    for (int l = l0; l < l1; l++) {
         layer_acts *s = &g->la[l];
-        s->ln1 = kept(g, &s->ln1_16, BT * C);
+        s->ln1 = kept(g, a, &s->ln1_16, BT * C);
         s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * C);
-        s->atty = kept(g, &s->atty16, BT * C);
+        s->atty = kept(g, a, &s->atty16, BT * C);
         s->att = dt_dev_take(a, DT_DEV_ACTS, att);
         s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-        s->ln2 = kept(g, &s->ln2_16, BT * C);
+        s->ln2 = kept(g, a, &s->ln2_16, BT * C);
         s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->ln2_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->fch = dt_dev_take(a, DT_DEV_ACTS, f * BT * 4 * C);
-        s->fchg = kept(g, &s->fchg16, BT * 4 * C);
+        s->fchg = kept(g, a, &s->fchg16, BT * 4 * C);
     }
-    g->lnf = kept(g, &g->lnf16, BT * C);
-    g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-    g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-    g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
-    g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
-    g->inputs = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
-    g->targets = dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT);
+    if (l1 == L) {
+        g->lnf = kept(g, a, &g->lnf16, BT * C);
+        g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
+        g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
+    }
+    g->inputs = l0 == 0 ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT) : NULL;
+    g->targets = l1 == L ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT) : NULL;
+}
+
+// Both passes of the model's arena.
+static void gpt_take(dt_dev_gpt *g) {
+    dt_dev_blocks_take(&g->b, g->maxB * g->maxT);
+    acts_take(g, &g->b.arena, 0, g->c.n_layer, 1);
+}
+
+// The residual stream's slot l (the input of block l; L: the last's output).
+static float *resid(const dt_dev_gpt *g, int l) {
+    return g->resid + (size_t)(l - g->r0) * g->B * g->T * g->c.n_embd;
 }
 
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
@@ -186,34 +205,50 @@ static dt_status check_tokens(const int32_t *tok, int n, int V, const char *what
     return DT_OK;
 }
 
-dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T,
-                             float loss_scale, float *loss) {
+// The tokens' checks and upload (through the pinned buffer; NULL: none)
+// for a batch of B x T.
+static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T) {
     const dt_dev *d = g->b.d;
-    int C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = B * T;
+    int V = g->c.vocab_size, BT = B * T;
     if (B < 1 || B > g->maxB || T < 1 || T > g->maxT)
         return dt_error(DT_ERR_ARG, "device gpt: batch %d x %d outside 1..%d x 1..%d", B, T, g->maxB, g->maxT);
-    TRY(check_tokens(inputs, BT, V, "input"));
-    TRY(check_tokens(targets, BT, V, "target"));
+    if (inputs) TRY(check_tokens(inputs, BT, V, "input"));
+    if (targets) TRY(check_tokens(targets, BT, V, "target"));
     int32_t *pin = g->b.pinned;
-    memcpy(pin, inputs, sizeof(int32_t) * (size_t)BT);
-    memcpy(pin + BT, targets, sizeof(int32_t) * (size_t)BT);
-    TRY(d->to_device(g->inputs, pin, sizeof(int32_t) * (size_t)BT));
-    TRY(d->to_device(g->targets, pin + BT, sizeof(int32_t) * (size_t)BT));
+    if (inputs) memcpy(pin, inputs, sizeof(int32_t) * (size_t)BT);
+    if (targets) memcpy(pin + BT, targets, sizeof(int32_t) * (size_t)BT);
+    if (inputs) TRY(d->to_device(g->inputs, pin, sizeof(int32_t) * (size_t)BT));
+    if (targets) TRY(d->to_device(g->targets, pin + BT, sizeof(int32_t) * (size_t)BT));
     g->B = B;
     g->T = T;
+    return DT_OK;
+}
+
+// The embedding into slot 0, blocks [l0, l1), the head and its loss (read
+// back into *loss), each after its layer hook.
+static dt_status embed_forward(dt_dev_gpt *g) {
     float *p = g->b.params;
-    size_t rC = (size_t)BT * C;
     TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 0));
-    TRY(d->encoder_forward(g->resid, g->inputs, p + g->off[WTE], p + g->off[WPE], B, T, C));
-    for (int l = 0; l < L; l++) {
+    return g->b.d->encoder_forward(resid(g, 0), g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, g->c.n_embd);
+}
+
+static dt_status blocks_forward(dt_dev_gpt *g, int l0, int l1) {
+    for (int l = l0; l < l1; l++) {
         TRY(dt_dev_blocks_layer(&g->b, l, 0));
-        TRY(layer_forward(g, l, g->resid + l * rC, g->resid + (l + 1) * rC));
+        TRY(layer_forward(g, l, resid(g, l), resid(g, l + 1)));
     }
+    return DT_OK;
+}
+
+static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
+    const dt_dev *d = g->b.d;
+    int C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = g->B * g->T;
+    float *p = g->b.params;
     TRY(dt_dev_blocks_layer(&g->b, L, 0));
-    TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, g->resid + L * rC, p + g->off[LNFW], p + g->off[LNFB],
+    TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, resid(g, L), p + g->off[LNFW], p + g->off[LNFB],
                              (size_t)BT, C, 1e-5f));
     dt_dev_x in;
-    TRY(input(g, &in, g->lnf, g->lnf16, rC));
+    TRY(input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
     TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, V));  // the tied head
     TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
     float l;
@@ -222,6 +257,14 @@ dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t
     *loss = l;
     if (!isfinite(l)) return dt_error(DT_ERR_NUMERIC, "gpt forward: loss is %g", l);
     return DT_OK;
+}
+
+dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+                             float loss_scale, float *loss) {
+    TRY(tokens(g, inputs, targets, B, T));
+    TRY(embed_forward(g));
+    TRY(blocks_forward(g, 0, g->c.n_layer));
+    return head_forward(g, loss_scale, loss);
 }
 
 // The grad hook, after layer l's gradient kernels of the tensors from k (in
@@ -285,10 +328,12 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     return DT_OK;
 }
 
-dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) {
+// The head's backward into dresid (its gradients backed first, and the
+// embedding's: the layers' are back_layer's), the grad hook's first
+// position.
+static dt_status head_backward(dt_dev_gpt *g) {
     const dt_dev *d = g->b.d;
-    int B = g->B, T = g->T, C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = B * T;
-    if (!B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
+    int C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = g->B * g->T;
     size_t sC = (size_t)BT * C, f = sizeof(float);
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
     dt_dev_x lnf = {g->lnf, g->lnf16};
@@ -301,18 +346,124 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) 
     // (the head's output gradient in 16 bits: in the probabilities' room, read by now)
     TRY(dt_dev_linear_backward(&g->b, g->dln, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, V));
     TRY(d->memset0(g->dresid, f * sC));
-    TRY(d->layernorm_backward(g->dresid, gr + g->off[LNFW], gr + g->off[LNFB], g->dln, g->resid + L * sC,
+    TRY(d->layernorm_backward(g->dresid, gr + g->off[LNFW], gr + g->off[LNFB], g->dln, resid(g, L),
                               p + g->off[LNFW], g->lnf_mean, g->lnf_rstd, (size_t)BT, C));
+    grads_final(g, LNFW, L - 1);
+    return DT_OK;
+}
+
+// Blocks [l0, l1) backward from dresid, then the embedding's (wte, wpe).
+static dt_status blocks_backward(dt_dev_gpt *g, int l0, int l1) {
+    for (int l = l1 - 1; l >= l0; l--) {
+        TRY(dt_dev_blocks_layer(&g->b, l, 1));
+        TRY(layer_backward(g, l, resid(g, l)));
+    }
+    return DT_OK;
+}
+
+static dt_status embed_backward(dt_dev_gpt *g) {
+    float *gr = g->b.grads;
+    TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 1));
+    TRY(g->b.d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T, g->c.n_embd));
+    if (g->hook) g->hook(0, g->hook_user);
+    return DT_OK;
+}
+
+dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) {
+    if (!g->B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
     g->hook = hook;
     g->hook_user = user;
-    grads_final(g, LNFW, L - 1);
-    dt_status st = DT_OK;
-    for (int l = L - 1; l >= 0 && st == DT_OK; l--)
-        if ((st = dt_dev_blocks_layer(&g->b, l, 1)) == DT_OK) st = layer_backward(g, l, g->resid + l * sC);
-    if (st == DT_OK) st = dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 1);
-    if (st == DT_OK) st = d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, B, T, C);
-    if (st == DT_OK && hook) hook(0, user);
+    dt_status st = head_backward(g);
+    if (st == DT_OK) st = blocks_backward(g, 0, g->c.n_layer);
+    if (st == DT_OK) st = embed_backward(g);
     g->hook = NULL;
+    g->B = 0;
+    return st;
+}
+
+// ---- pipeline stages: blocks [l0, l1) on activations of their own ----------
+// As the sequential model's (dev_model.c): a twin of the model over its
+// blocks and workspace, with the residual stream's slots l0 .. l1 and its
+// blocks' activations (the embedding's tokens on the first stage, the
+// head's on the last) in an arena of its own, the streams between stages
+// (the residual stream, [B, T, C], and its gradient) through pinned host
+// buffers of its own.
+
+struct dt_dev_gpt_stage {
+    dt_dev_gpt g;            // the twin
+    dt_dev_blocks *owner;    // the model's blocks (their stage_bytes count this arena)
+    dt_dev_arena arena;
+    int l0, l1;
+    float *pin, *pout, *pdin; // pinned: the stream in, out, the gradient of in ([maxB, maxT, C] each)
+};
+
+dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stage **out) {
+    dt_dev_gpt_stage *s = calloc(1, sizeof *s);
+    layer_acts *la = calloc((size_t)g->c.n_layer, sizeof *la);
+    *out = NULL;
+    if (!s || !la) {
+        free(s), free(la);
+        return dt_error(DT_ERR_NOMEM, "pipeline stage on the device: out of memory");
+    }
+    s->g = *g;  // (the blocks, the tensors' places, the backward's scratch: the model's)
+    s->g.la = la;
+    s->arena = (dt_dev_arena){.d = g->b.d};
+    s->l0 = l0, s->l1 = l1;
+    acts_take(&s->g, &s->arena, l0, l1, 0);  // (counting)
+    size_t n = (size_t)g->maxB * g->maxT * g->c.n_embd;
+    dt_status st = dt_dev_arena_open(&s->arena, "a pipeline stage's activations on the device");
+    if (st == DT_OK) st = g->b.d->host_alloc((void **)&s->pin, 3 * n * sizeof(float));
+    if (st != DT_OK) {
+        dt_dev_gpt_stage_free(s);
+        return st;
+    }
+    acts_take(&s->g, &s->arena, l0, l1, 0);
+    s->owner = &g->b;
+    g->b.stage_bytes += s->arena.size;
+    s->pout = s->pin + n;
+    s->pdin = s->pout + n;
+    *out = s;
+    return DT_OK;
+}
+
+void dt_dev_gpt_stage_free(dt_dev_gpt_stage *s) {
+    if (!s) return;
+    if (s->owner) s->owner->stage_bytes -= s->arena.size;
+    dt_dev_arena_close(&s->arena);
+    if (s->pin) s->g.b.d->host_free(s->pin);
+    free(s->g.la);
+    free(s);
+}
+
+void dt_dev_gpt_stage_streams(dt_dev_gpt_stage *s, float **in, float **out) {
+    *in = s->pin;
+    *out = s->pout;
+}
+
+dt_status dt_dev_gpt_stage_forward(dt_dev_gpt_stage *s, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                   float loss_scale, float *loss) {
+    dt_dev_gpt *g = &s->g;
+    const dt_dev *d = g->b.d;
+    int L = g->c.n_layer;
+    g->B = 0;
+    TRY(tokens(g, s->l0 == 0 ? inputs : NULL, s->l1 == L ? targets : NULL, B, T));
+    size_t bytes = sizeof(float) * (size_t)B * T * g->c.n_embd;
+    if (s->l0 == 0) TRY(embed_forward(g));
+    else TRY(d->to_device(resid(g, s->l0), s->pin, bytes));
+    TRY(blocks_forward(g, s->l0, s->l1));
+    if (s->l1 == L) return head_forward(g, loss_scale, loss);
+    return d->to_host(s->pout, resid(g, s->l1), bytes);
+}
+
+dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, const float *dout, float **din) {
+    dt_dev_gpt *g = &s->g;
+    const dt_dev *d = g->b.d;
+    if (!g->B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
+    size_t bytes = sizeof(float) * (size_t)g->B * g->T * g->c.n_embd;
+    dt_status st = s->l1 == g->c.n_layer ? head_backward(g) : d->to_device(g->dresid, dout, bytes);
+    if (st == DT_OK) st = blocks_backward(g, s->l0, s->l1);
+    if (st == DT_OK) st = s->l0 == 0 ? embed_backward(g) : d->to_host(s->pdin, g->dresid, bytes);
+    *din = s->l0 == 0 ? NULL : s->pdin;
     g->B = 0;
     return st;
 }

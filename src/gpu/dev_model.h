@@ -203,5 +203,23 @@ dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t
  * (positions in dt_gpt_grad_order), called when the kernels are queued, as
  * dt_dev_mlp_backward's. */
 dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user);
+/* A pipeline stage of g: blocks [l0, l1) (with the embedding where l0 = 0,
+ * the head and the loss where l1 is the last), as dt_dev_mlp_stage's: an
+ * activation set of its own for up to g's batch, the streams (the
+ * residual stream [B, T, C] in and out, and its gradients) through pinned
+ * host buffers stage_streams gives, nn/gpt.c's stage calls kernel for
+ * kernel. */
+typedef struct dt_dev_gpt_stage dt_dev_gpt_stage;
+dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stage **out);
+void dt_dev_gpt_stage_free(dt_dev_gpt_stage *s);
+void dt_dev_gpt_stage_streams(dt_dev_gpt_stage *s, float **in, float **out);
+/* Forward of B x T tokens: inputs (host; the first stage) or the stream
+ * in, targets (host; the last stage, which sets *loss). */
+dt_status dt_dev_gpt_stage_forward(dt_dev_gpt_stage *s, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                   float loss_scale, float *loss);
+/* Its backward from dout (host: the gradient of the stream out; unused on
+ * the last stage); *din the gradient of the stream in (host, pinned; NULL
+ * on the first stage). */
+dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, const float *dout, float **din);
 
 #endif

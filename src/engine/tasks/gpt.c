@@ -389,6 +389,7 @@ static void gpt_set_layer_hook(dt_task *t, dt_task_layer_fn fn, void *user) {
 
 struct dt_task_stage {
     dt_gpt_acts *a;
+    dt_dev_gpt_stage *ds;  // on a device: its activations there (a NULL)
     dt_task *t;
     int lent;  // a is the model's default set (the stages of one stage are the whole model)
     int l0, l1, off, len;
@@ -401,6 +402,11 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
     dt_task_stage *st = calloc(1, sizeof *st);
     if (!(*out = st)) return dt_error(DT_ERR_NOMEM, "pipeline stage: out of memory");
     *st = (dt_task_stage){.t = t, .l0 = l0, .l1 = l1};
+    if (t->dg) {
+        dt_status s = dt_dev_gpt_stage_create(t->dg, l0, l1, &st->ds);
+        if (s != DT_OK) free(st), *out = NULL;
+        return s;
+    }
     dt_gpt_set_grad_hook(t->m, NULL, NULL);
     if (l0 == 0 && l1 == t->gc.n_layer && max_len <= t->Bm && !t->lent) {
         st->a = dt_gpt_default_acts(t->m);
@@ -419,7 +425,8 @@ static dt_status gpt_stage_create(dt_task *t, int l0, int l1, int max_len, dt_ta
 
 static void gpt_stage_free(dt_task_stage *st) {
     if (!st) return;
-    if (st->lent) st->t->lent = 0;
+    if (st->ds) dt_dev_gpt_stage_free(st->ds);
+    else if (st->lent) st->t->lent = 0;
     else count_acts(st->t, st->a, 0), dt_gpt_acts_free(st->a);
     free(st);
 }
@@ -430,9 +437,12 @@ static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
     st->off = off;
     st->len = len;
     st->scale = loss_scale;
-    dt_status s = dt_gpt_acts_set_shape(st->a, len, t->T);  // (the streams' places depend on the shape)
-    *in = dt_gpt_acts_resid(st->a, st->l0);
-    *out = dt_gpt_acts_resid(st->a, st->l1);
+    dt_status s = DT_OK;
+    if (st->ds) dt_dev_gpt_stage_streams(st->ds, in, out);
+    else if ((s = dt_gpt_acts_set_shape(st->a, len, t->T)) == DT_OK) {  // (the streams' places depend on the shape)
+        *in = dt_gpt_acts_resid(st->a, st->l0);
+        *out = dt_gpt_acts_resid(st->a, st->l1);
+    }
     // (sequence parallel: the shard's rows of the stream)
     *in_count = *out_count = (size_t)len * t->T * t->gc.n_embd / (t->ntp > 1 && t->c->sequence ? t->ntp : 1);
     return s;
@@ -440,6 +450,7 @@ static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
 
 static dt_status gpt_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     size_t o = (size_t)st->off * t->T;
+    if (st->ds) return dt_dev_gpt_stage_forward(st->ds, t->x + o, t->y + o, st->len, t->T, st->scale, loss);
     float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
     dt_status s = DT_OK;
     if (st->l0 == 0) s = dt_gpt_embed_forward(t->m, st->a, t->x + o, in);
@@ -450,6 +461,7 @@ static dt_status gpt_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
 
 // (in place: the residual stream's gradient has the same size at both ends)
 static dt_status gpt_stage_backward(dt_task *t, dt_task_stage *st, float *d, float **din) {
+    if (st->ds) return dt_dev_gpt_stage_backward(st->ds, d, din);
     *din = d;
     float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
     dt_status s = DT_OK;
@@ -466,9 +478,10 @@ static dt_status gpt_evaluate(dt_task *t, dt_comm_t comm, int64_t step, float tr
     // A pipeline's stages train in sets of their own layers: its whole
     // forwards run in a forward-only set (two streams and one block's
     // activations), never touching the default set's every layer. Others
-    // train in the default set, which the evaluation then reuses.
+    // train in the default set, which the evaluation then reuses; on a
+    // device the device model's forward runs them.
     dt_status st = DT_OK;
-    if (t->c->pipeline > 1 && !t->eval) {
+    if (t->c->pipeline > 1 && !t->eval && !t->dg) {
         dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
         ap.recompute = 0;
         ap.forward_only = 1;
