@@ -998,6 +998,24 @@ static void zero2_memory(void) {
           "--zero 2 on a GPU of %s bytes: the out-of-memory named, exit %d\n%s", mem, rc, g_out);
 }
 
+// The CNN's pipeline on the device (3 stages, each a convolution's or the
+// dense layers'): the CPU's run within the CNN's tolerance (its
+// convolutions are im2col and a GEMM, the CPU's oneDNN's: compare_runs).
+static void pipeline_cnn(void) {
+    const char *flags = "--set parallel.pipeline=3 --set parallel.pipeline_split=3,3,4";
+    char dflags[200], a[600], b[600];
+    snprintf(dflags, sizeof dflags, "%s --device cuda", flags);
+    CHECK(tl_train(g_tmp, "pp-cnn", cfg_cnn_full, 3, flags, g_out, sizeof g_out) == 0, "the CNN's pipeline on the CPU");
+    int rc = tl_train(g_tmp, "pp-cnn-dev", cfg_cnn_full, 3, dflags, g_out, sizeof g_out), bw = 0;
+    double diff = tl_runs_diff(g_tmp, "pp-cnn", "pp-cnn-dev", &bw);
+    CHECK(rc == 0 && diff >= 0 && diff <= 1e-3, "the CNN in 3 stages on the device: the CPU's weights within 1e-3 (exit "
+          "%d, max rel diff %g)\n%s", rc, diff, g_out);
+    snprintf(a, sizeof a, "%s", tmp("pp-cnn"));
+    snprintf(b, sizeof b, "%s", tmp("pp-cnn-dev"));
+    same_evals(a, b, "the CNN in 3 stages", 1e-3, 1);
+    printf("the CNN in 3 stages on the device: weights' max rel diff %g from the CPU's\n", diff);
+}
+
 static void test_ranks(void) {
     char text[4096], flags[600], name[64], ref[64], one[64];
     for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
@@ -1040,6 +1058,7 @@ static void test_ranks(void) {
     zero_memory();
     zero2_memory();
     trace_buckets();
+    pipeline_cnn();
 }
 
 // 2 ranks (data parallel; error feedback's residuals read back into the
