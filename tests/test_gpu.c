@@ -941,12 +941,13 @@ static void test_cnn_ops(int B, int C, int H, int W, int K, int S, int P) {
     if (st == DT_OK) st = dt_gpu_maxpool_backward(gdx, gdy, garg, (size_t)B * C, H, W, K, K);
     size_t d4 = st == DT_OK ? differ(out, gout, no) : SIZE_MAX, d5 = st == DT_OK ? differ(dx, gdx, nx) : SIZE_MAX;
     size_t per = (size_t)C * H * W;
-    for (int j = 0; j < B; j++) {
+    for (int j = 0; j < B; j++) {  // (each sample's mask after 7 draws: a tensor-parallel shard's part)
         dt_rng r;
         dt_rng_seed(&r, dt_dropout_seed(5, 9, (uint64_t)(40 + j), 3));
+        for (int k = 0; k < 7; k++) dt_rng_uniform(&r);
         dt_dropout_forward(out + (size_t)j * per, mask + (size_t)j * per, x + (size_t)j * per, per, 0.3f, &r);
     }
-    if (st == DT_OK) st = dt_gpu_dropout_forward(gdrop, gmask, gx, B, per, 0.3f, 5, 9, 40, 3);
+    if (st == DT_OK) st = dt_gpu_dropout_forward(gdrop, gmask, gx, B, per, 0.3f, 5, 9, 40, 3, 7);
     size_t d6 = st == DT_OK ? differ(mask, gmask, nx) : SIZE_MAX, d7 = st == DT_OK ? differ(out, gdrop, nx) : SIZE_MAX;
     CHECK(d4 == 0 && d5 == 0 && d6 == 0 && d7 == 0, "max pooling and dropout B %d C %d %dx%d K %d: elements differing "
           "from the CPU's bits: pooled %zu, its gradient %zu, masks %zu, dropped %zu (0)%s%s", B, C, H, W, K, d4, d5, d6,

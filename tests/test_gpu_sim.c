@@ -756,11 +756,18 @@ static const dev_row dev_rows[] = {
     {"mlp", 4, "--zero 1 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"mlp", 2, "--precision bf16 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
+    {"mlp", 2, "--precision fp16 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"gpt", 2, "--set parallel.pipeline=2", 0},
     {"gpt", 4, "--set parallel.pipeline=2 --set parallel.schedule=gpipe --set parallel.micro_batches=3", 0},
     {"gpt", 4, "--zero 1 --set parallel.pipeline=2", 0},
     {"gpt", 2, "--deterministic --set parallel.pipeline=2 --set parallel.micro_shards=6", 0},
     {"gpt", 2, "--precision bf16 --set parallel.pipeline=2", 0},
+    // a sequential model's tensor parallel: its shards' sums through the
+    // host (the task's), alone, with data parallel, with a pipeline
+    {"mlp", 2, "--set parallel.tensor=2", 0},
+    {"mlp", 4, "--set parallel.tensor=2", 0},
+    {"mlp", 4, "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
+    {"mlp", 2, "--precision bf16 --set parallel.tensor=2", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -799,8 +806,8 @@ static void zero_memory(void) {
     }
 }
 
-// A pipeline's run on the device: summary.json says the stages ran there,
-// their activations beside the arena, the update on the host.
+// Model parallel's run on the device: summary.json says the stages ran
+// there, their activations beside the arena, the update on the host.
 static void pipeline_said(const char *dir, const dev_row *r) {
     char sum[700];
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
@@ -842,7 +849,8 @@ static void buckets_said(const char *dir, const dev_row *r) {
         {"gpt", 3, "--zero 1 --set parallel.grad_dtype=bf16 --set parallel.bucket_kb=4", 120, 60},
         {"gpt", 3, "--zero 2 --set parallel.bucket_kb=4", 120, 60},
     };
-    if (strstr(r->flags, "pipeline=")) return pipeline_said(dir, r);  // (no buckets: the host sums its gradients)
+    if (strstr(r->flags, "pipeline=") || strstr(r->flags, "tensor="))  // (no buckets: the host sums its gradients)
+        return pipeline_said(dir, r);
     char sum[700];
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
     double in = tl_json_number(sum, "buckets_in_backward"), after = tl_json_number(sum, "buckets_after_backward");
@@ -998,22 +1006,37 @@ static void zero2_memory(void) {
           "--zero 2 on a GPU of %s bytes: the out-of-memory named, exit %d\n%s", mem, rc, g_out);
 }
 
-// The CNN's pipeline on the device (3 stages, each a convolution's or the
-// dense layers'): the CPU's run within the CNN's tolerance (its
+// The CNN's model parallel on the device: 3 stages (each a convolution's
+// or the dense layers'); 2 tensor shards (its convolutions and linears
+// split over channels, dropout p = 0.3 on a shard's part of the mask),
+// with 2 stages: the CPU's run within the CNN's tolerance (its
 // convolutions are im2col and a GEMM, the CPU's oneDNN's: compare_runs).
 static void pipeline_cnn(void) {
-    const char *flags = "--set parallel.pipeline=3 --set parallel.pipeline_split=3,3,4";
-    char dflags[200], a[600], b[600];
-    snprintf(dflags, sizeof dflags, "%s --device cuda", flags);
-    CHECK(tl_train(g_tmp, "pp-cnn", cfg_cnn_full, 3, flags, g_out, sizeof g_out) == 0, "the CNN's pipeline on the CPU");
-    int rc = tl_train(g_tmp, "pp-cnn-dev", cfg_cnn_full, 3, dflags, g_out, sizeof g_out), bw = 0;
-    double diff = tl_runs_diff(g_tmp, "pp-cnn", "pp-cnn-dev", &bw);
-    CHECK(rc == 0 && diff >= 0 && diff <= 1e-3, "the CNN in 3 stages on the device: the CPU's weights within 1e-3 (exit "
-          "%d, max rel diff %g)\n%s", rc, diff, g_out);
-    snprintf(a, sizeof a, "%s", tmp("pp-cnn"));
-    snprintf(b, sizeof b, "%s", tmp("pp-cnn-dev"));
-    same_evals(a, b, "the CNN in 3 stages", 1e-3, 1);
-    printf("the CNN in 3 stages on the device: weights' max rel diff %g from the CPU's\n", diff);
+    static const struct {
+        int workers;
+        const char *flags, *what;
+    } rows[] = {
+        {3, "--set parallel.pipeline=3 --set parallel.pipeline_split=3,3,4", "the CNN in 3 stages"},
+        {2, "--set parallel.tensor=2", "the CNN in 2 tensor shards"},
+        {4, "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.pipeline_split=5,5",
+         "the CNN in 2 shards x 2 stages"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        char dflags[200], a[600], b[600], name[64], dev[64];
+        snprintf(dflags, sizeof dflags, "%s --device cuda", rows[i].flags);
+        snprintf(name, sizeof name, "mp-cnn%zu", i);
+        snprintf(dev, sizeof dev, "mp-cnn%zu-dev", i);
+        CHECK(tl_train(g_tmp, name, cfg_cnn_full, rows[i].workers, rows[i].flags, g_out, sizeof g_out) == 0,
+              "%s on the CPU", rows[i].what);
+        int rc = tl_train(g_tmp, dev, cfg_cnn_full, rows[i].workers, dflags, g_out, sizeof g_out), bw = 0;
+        double diff = tl_runs_diff(g_tmp, name, dev, &bw);
+        CHECK(rc == 0 && diff >= 0 && diff <= 1e-3, "%s on the device: the CPU's weights within 1e-3 (exit %d, max rel "
+              "diff %g)\n%s", rows[i].what, rc, diff, g_out);
+        snprintf(a, sizeof a, "%s", tmp(name));
+        snprintf(b, sizeof b, "%s", tmp(dev));
+        same_evals(a, b, rows[i].what, 1e-3, 1);
+        printf("%s on the device: weights' max rel diff %g from the CPU's\n", rows[i].what, diff);
+    }
 }
 
 static void test_ranks(void) {
@@ -1066,6 +1089,8 @@ static void test_ranks(void) {
 static void test_ranks_resume(void) {
     crosswise("ck2", "", 2, "", "step-00000010.safetensors", 20, 0);
     crosswise("ckc", "[compression]\nmethod = bf16\n", 2, "", "step-00000010", 10, 2);
+    // (a pipeline's: each stage's slice of the whole model's tensors)
+    crosswise("ckp", "", 2, "--set parallel.pipeline=2", "step-00000010", 10, 2);
 }
 
 // ZeRO stage 1 (and 3) on the device: a checkpoint of 2 ranks at step 10
@@ -1197,6 +1222,7 @@ static void test_spares(void) {
     // (a pipeline's stage: its layers from the twin in the other replica)
     spares("mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", "3:12:kill",
            "", "pipe", 0);
+    spares("mlp", 4, "--set parallel.tensor=2", "2:12:kill", "", "tensor", 0);  // (its shard from its twin)
 }
 
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------

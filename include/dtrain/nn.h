@@ -212,11 +212,17 @@ DT_API int dt_model_num_tensors(const dt_model *m);
 /* Layer i's plan (0 <= i < dt_model_num_layers): its spec, its per-sample
  * input and output sizes and where its weight and bias lie in the blocks
  * (w_n, b_n floats; 0: none). A device's step over the same blocks reads
- * it (gpu/dev_model.c). */
+ * it (gpu/dev_model.c). A tensor-parallel shard's (dt_model_create_shard)
+ * layers say their part: tp 1 column-parallel (the input's gradient is
+ * summed over the shards), 2 row-parallel (the output is; its bias added
+ * by shard 0 alone: add_bias), 0 neither; a dropout's mask of the shard's
+ * part of the whole layer's comes after drop_skip draws a sample. */
 typedef struct {
     dt_layer_spec spec;
     size_t in, out, w_off, b_off, w_n, b_n;
     int in_shape[3], out_shape[3];  /* {C, H, W} a sample */
+    int tp, add_bias;
+    size_t drop_skip;
 } dt_model_layer_plan;
 DT_API int dt_model_num_layers(const dt_model *m);
 DT_API void dt_model_layer(const dt_model *m, int i, dt_model_layer_plan *out);

@@ -39,12 +39,12 @@ static int wire16(const dt_config *c) {
 // What trains on a device: data parallel (plain or deterministic, ZeRO
 // stage 1, 2 or 3 or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
-// fp32 or (plain data parallel) in 16 bits; pipeline parallel (the
-// model-parallel strategy, its stages on the device); the rest refused by
-// name.
+// fp32 or (plain data parallel) in 16 bits; pipeline parallel and a
+// sequential model's tensor parallel (the model-parallel strategy, its
+// stages on the device); the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
-                     : c->tensor > 1   ? "[parallel] tensor"
+                     : c->tensor > 1 && c->gpt ? "[parallel] tensor with a GPT"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
                      : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"
@@ -56,7 +56,7 @@ static dt_status supported(const dt_config *c) {
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
                         "plain or deterministic, ZeRO stages 1 to 3 or not, a GPT or a sequential model, gradients in fp32 "
-                        "or bf16/fp16, and pipeline parallel; docs/gpu.md)",
+                        "or bf16/fp16, pipeline parallel, and a sequential model's tensor parallel; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
 }
@@ -113,13 +113,17 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
     return st;
 }
 
+// Model parallel on a device: the host updates the parameters (its ZeRO
+// too).
+static int host_updates(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
+
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm) {
-    int W = dt_comm_size(comm), z = c->pipeline > 1 ? 0 : c->zero;  // (a pipeline's ZeRO is the host's)
+    int W = dt_comm_size(comm), z = host_updates(c) ? 0 : c->zero;
     return (dt_dev_part){z > 0 ? dt_comm_rank(comm) : 0, z > 0 ? W : 1, z >= 2 && W > 1, z == 3 && W > 1};
 }
 
 int dt_train_device_states(const dt_config *c) {
-    return c->pipeline > 1 ? 0 : dt_optim_params_states(&c->optim);
+    return host_updates(c) ? 0 : dt_optim_params_states(&c->optim);
 }
 
 void dt_train_device_metrics(dt_obs *obs, const dt_dev_blocks *b) {

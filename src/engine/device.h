@@ -24,8 +24,8 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
  * backed on demand, at 3 the parameters too. */
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
 /* The optimizer's state blocks a rank keeps on its device: the optimizer's
- * (dt_optim_params_states), none where the host updates the parameters (a
- * pipeline's stages: docs/gpu.md). */
+ * (dt_optim_params_states), none where the host updates the parameters
+ * (model parallel: docs/gpu.md). */
 int dt_train_device_states(const dt_config *c);
 /* The device's memory by kind (dt_dev_blocks_kinds) into the metrics. */
 struct dt_obs;

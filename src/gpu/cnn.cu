@@ -36,8 +36,8 @@ __global__ static void maxpool_backward_kernel(float *dx, const float *dout, con
 }
 
 __global__ static void dropout_mask_kernel(float *mask, int B, size_t n, float p, uint64_t seed, uint64_t step,
-                                           int64_t first, int layer) {
-    EACH(j, (size_t)B) dt_dropout_mask(mask + j * n, n, p, seed, step, (uint64_t)(first + (int64_t)j), layer);
+                                           int64_t first, int layer, size_t skip) {
+    EACH(j, (size_t)B) dt_dropout_mask(mask + j * n, n, p, seed, step, (uint64_t)(first + (int64_t)j), layer, skip);
 }
 
 __global__ static void mul_kernel(float *out, const float *x, const float *mask, size_t n, int add) {
@@ -79,10 +79,10 @@ dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *a
 }
 
 dt_status dt_gpu_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
-                                 uint64_t step, int64_t first, int layer) {
+                                 uint64_t step, int64_t first, int layer, size_t skip) {
     if (B <= 0 || n == 0) return DT_OK;
     dropout_mask_kernel<<<dt_launch_blocks((size_t)B, DT_THREADS), DT_THREADS>>>(mask, B, n, p, seed, step, first,
-                                                                                  layer);
+                                                                                  layer, skip);
     DT_LAUNCHED(dropout_mask_kernel);
     LAUNCH(mul_kernel, (size_t)B * n, out, x, mask, (size_t)B * n, 0);
     return DT_OK;

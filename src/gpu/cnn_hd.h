@@ -93,12 +93,14 @@ DT_HD float dt_maxpool_grad_at(const float *dout, const int32_t *arg, int H, int
 }
 
 /* Sample j's dropout mask over its n values (mask[n], keep = 1 / (1 - p)
- * or 0): its own stream, nn/model.c's, drawn in order. */
+ * or 0): its own stream, nn/model.c's, drawn in order after `skip` draws
+ * (a tensor-parallel shard's part of the whole layer's mask). */
 DT_HD void dt_dropout_mask(float *mask, size_t n, float p, uint64_t seed, uint64_t step, uint64_t sample,
-                           int layer) {
+                           int layer, size_t skip) {
     uint64_t s[4];
     float keep = 1.0f / (1.0f - p);
     dt_xoshiro_seed(s, dt_dropout_seed(seed, step, sample, layer));
+    for (size_t i = 0; i < skip; i++) dt_xoshiro_uniform(s);
     for (size_t i = 0; i < n; i++) mask[i] = dt_xoshiro_uniform(s) < p ? 0.0f : keep;
 }
 

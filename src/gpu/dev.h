@@ -145,7 +145,7 @@ typedef struct dt_dev {
     dt_status (*maxpool_backward)(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
                                   int S);
     dt_status (*dropout_forward)(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
-                                 uint64_t step, int64_t first, int layer);
+                                 uint64_t step, int64_t first, int layer, size_t skip);
     dt_status (*dropout_backward)(float *dx, const float *dout, const float *mask, size_t N);
     /* Deterministic mode's fixed point (core/fixed.h): acc[n] +=
      * round(g x 2^32); g[n] = acc / 2^32. */

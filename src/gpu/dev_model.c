@@ -188,6 +188,9 @@ struct dt_dev_mlp {
                                      // in 16 bits dcol is also the forward's fp32 columns before they are kept)
     void *g16;                    // in 16 bits: a GEMM's output gradient in t (a linear's, a convolution's rows)
     int32_t *y;
+    dt_dev_reduce_fn reduce;      // a tensor-parallel shard's sums over the shards (NULL: a whole model)
+    void *reduce_user;
+    float *red;                   // ... through this pinned host buffer (the largest layer's values)
 };
 
 // Layer i's convolution geometry (a conv2d's, or for max pooling its
@@ -295,8 +298,18 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
     return DT_OK;
 }
 
+dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user) {
+    size_t most = 0;
+    for (int i = 0; i < dm->nl; i++) most = dm->L[i].out > most ? dm->L[i].out : most;
+    if (!dm->red) TRY(dm->b.d->host_alloc((void **)&dm->red, sizeof(float) * most * (size_t)dm->max_batch));
+    dm->reduce = fn;
+    dm->reduce_user = user;
+    return DT_OK;
+}
+
 void dt_dev_mlp_free(dt_dev_mlp *dm) {
     if (!dm) return;
+    if (dm->red) dm->b.d->host_free(dm->red);
     dt_dev_blocks_close(&dm->b);
     free(dm->L);
     free(dm->act);
@@ -319,7 +332,7 @@ static dt_status conv_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     TRY(d->im2col(cols, in, (size_t)B, &g));
     if (dm->b.t != DT_F32) TRY(d->to16(dm->keep[i], cols, (size_t)ckk * N, dm->b.t));
     TRY(dt_dev_gemm(&dm->b, 1, 1, N, OC, ckk, 1.0f, c, N, dt_dev_weights(&dm->b, l->w_off), ckk, 0.0f, dm->rows, OC));
-    if (l->b_n) TRY(d->bias_forward(dm->rows, dm->b.params + l->b_off, (size_t)N, OC));
+    if (l->add_bias) TRY(d->bias_forward(dm->rows, dm->b.params + l->b_off, (size_t)N, OC));
     return d->transpose(dm->act[i], dm->rows, (size_t)B, (size_t)g.OH * g.OW, (size_t)OC);
 }
 
@@ -351,13 +364,14 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:  // (in 16 bits its input kept in t for the backward)
         if (dm->in16[i]) TRY(d->to16(dm->in16[i], in, (size_t)B * l->in, dm->b.t));
-        return dt_dev_linear_forward(&dm->b, act, x, l->w_off, l->b_n ? b : NULL, B, (int)l->in, (int)l->out);
+        return dt_dev_linear_forward(&dm->b, act, x, l->w_off, l->add_bias ? b : NULL, B, (int)l->in, (int)l->out);
     case DT_LAYER_CONV2D: return conv_forward(dm, i, in, B);
     case DT_LAYER_MAXPOOL:
         return d->maxpool_forward(act, (int32_t *)dm->keep[i], in, (size_t)B * g.C, g.H, g.W, g.K, g.S);
     case DT_LAYER_DROPOUT:
         if (l->spec.p <= 0.0f || !dm->train) return d->copy(act, in, n * sizeof(float));
-        return d->dropout_forward(act, dm->keep[i], in, B, l->out, l->spec.p, dm->seed, dm->step, dm->first, i);
+        return d->dropout_forward(act, dm->keep[i], in, B, l->out, l->spec.p, dm->seed, dm->step, dm->first, i,
+                                  l->drop_skip);
     case DT_LAYER_RELU: return d->relu_forward(act, in, n);
     case DT_LAYER_GELU: return d->gelu_forward(act, in, n);
     case DT_LAYER_LAYERNORM:
@@ -367,11 +381,21 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     }
 }
 
-// Layers [l0, l1) forward on B samples from x.
+// A tensor-parallel shard's n values x summed over the shards (through
+// the host: the task's sum, as the CPU model's).
+static dt_status reduce(dt_dev_mlp *dm, float *x, size_t n) {
+    TRY(dm->b.d->to_host(dm->red, x, sizeof(float) * n));
+    TRY(dm->reduce(dm->red, n, dm->reduce_user));
+    return dm->b.d->to_device(x, dm->red, sizeof(float) * n);
+}
+
+// Layers [l0, l1) forward on B samples from x (a row-parallel layer's
+// output summed over the shards).
 static dt_status layers_forward(dt_dev_mlp *dm, int l0, int l1, int B) {
     for (int i = l0; i < l1; i++) {
         TRY(dt_dev_blocks_layer(&dm->b, i, 0));
         TRY(layer_forward(dm, i, i ? dm->act[i - 1] : dm->x, B));
+        if (dm->L[i].tp == 2 && dm->reduce) TRY(reduce(dm, dm->act[i], (size_t)B * dm->L[i].out));
     }
     return DT_OK;
 }
@@ -482,6 +506,8 @@ static dt_status layers_backward(dt_dev_mlp *dm, int l0, int l1, const float *do
     for (int i = l1 - 1; i >= l0; i--) {
         TRY(dt_dev_blocks_layer(&dm->b, i, 1));
         TRY(layer_backward(dm, i, B));
+        if (dm->L[i].tp == 1 && i > 0 && dm->reduce)  // (a column-parallel layer's input gradient: summed)
+            TRY(reduce(dm, dm->dact[i - 1], (size_t)B * dm->L[i - 1].out));
         if (hook && (dm->L[i].w_n || dm->L[i].b_n)) hook(dm->L[i].w_off, user);
     }
     dm->B = 0;

@@ -147,6 +147,12 @@ typedef struct dt_dev_mlp dt_dev_mlp;
  * dropout's, as dt_model_init's. */
 dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m, int max_batch, int nstates,
                             dt_dev_part part, dt_dtype t, uint64_t seed);
+/* A tensor-parallel shard's sums over the shards (m a shard: its
+ * row-parallel layers' outputs, its column-parallel ones' input
+ * gradients), fn (the CPU model's dt_model_set_reduce's) on host values,
+ * through a pinned buffer; before the stages are made. */
+typedef dt_status (*dt_dev_reduce_fn)(float *buf, size_t n, void *user);
+dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user);
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]

@@ -536,11 +536,11 @@ static dt_status sim_maxpool_backward(float *dx, const float *dout, const int32_
 }
 
 static dt_status sim_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
-                                     uint64_t step, int64_t first, int layer) {
+                                     uint64_t step, int64_t first, int layer, size_t skip) {
     open_dev();
 #pragma omp parallel for schedule(static)
     for (int j = 0; j < B; j++) {
-        dt_dropout_mask(mask + (size_t)j * n, n, p, seed, step, (uint64_t)(first + j), layer);
+        dt_dropout_mask(mask + (size_t)j * n, n, p, seed, step, (uint64_t)(first + j), layer, skip);
         for (size_t i = (size_t)j * n; i < (size_t)(j + 1) * n; i++) out[i] = x[i] * mask[i];
     }
     return shut();

@@ -138,8 +138,8 @@ dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout,
  * columns' dcol; out[nb, C, R] = each of the nb matrices of in[nb, R, C]
  * transposed; K x K max pooling, stride S, over `images` images of H x W
  * (out and arg [images, OH, OW]; dx += the gradient); dropout of B samples
- * of n values with the CPU's masks (dt_dropout_mask: mask[B, n]; backward
- * dx += dout mask). */
+ * of n values with the CPU's masks (dt_dropout_mask: mask[B, n], each
+ * sample's after skip draws; backward dx += dout mask). */
 dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g);
 dt_status dt_gpu_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);
 dt_status dt_gpu_transpose(float *out, const float *in, size_t nb, size_t R, size_t C);
@@ -147,7 +147,7 @@ dt_status dt_gpu_maxpool_forward(float *out, int32_t *arg, const float *x, size_
 dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
                                   int S);
 dt_status dt_gpu_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
-                                 uint64_t step, int64_t first, int layer);
+                                 uint64_t step, int64_t first, int layer, size_t skip);
 dt_status dt_gpu_dropout_backward(float *dx, const float *dout, const float *mask, size_t N);
 
 /* ReLU over N elements (backward accumulates). */

@@ -125,9 +125,9 @@ dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *a
     return (void)dx, (void)dout, (void)arg, (void)images, (void)H, (void)W, (void)K, (void)S, no_gpu();
 }
 dt_status dt_gpu_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
-                                 uint64_t step, int64_t first, int layer) {
+                                 uint64_t step, int64_t first, int layer, size_t skip) {
     return (void)out, (void)mask, (void)x, (void)B, (void)n, (void)p, (void)seed, (void)step, (void)first, (void)layer,
-           no_gpu();
+           (void)skip, no_gpu();
 }
 dt_status dt_gpu_dropout_backward(float *dx, const float *dout, const float *mask, size_t N) {
     return (void)dx, (void)dout, (void)mask, (void)N, no_gpu();

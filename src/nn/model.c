@@ -929,8 +929,19 @@ int dt_model_num_tensors(const dt_model *m) { return m->ntensors; }
 int dt_model_num_layers(const dt_model *m) { return m->nlayers; }
 void dt_model_layer(const dt_model *m, int i, dt_model_layer_plan *out) {
     const layer_t *l = &m->L[i];
-    *out = (dt_model_layer_plan){l->spec,    numel3(l->in), numel3(l->out), l->w_off, l->b_off, l->w_n, l->b_n,
-                                 {l->in[0], l->in[1], l->in[2]}, {l->out[0], l->out[1], l->out[2]}};
+    int tp = m->ntp > 1 ? l->tp : 0;
+    *out = (dt_model_layer_plan){l->spec,
+                                 numel3(l->in),
+                                 numel3(l->out),
+                                 l->w_off,
+                                 l->b_off,
+                                 l->w_n,
+                                 l->b_n,
+                                 {l->in[0], l->in[1], l->in[2]},
+                                 {l->out[0], l->out[1], l->out[2]},
+                                 tp,
+                                 l->b_n && !(tp == 2 && m->tp),
+                                 l->part ? (size_t)m->tp * numel3(l->out) : 0};
 }
 const dt_tensor_info *dt_model_tensor(const dt_model *m, int i) {
     return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;

@@ -137,8 +137,10 @@ typedef struct {
     char errmsg[512];
 } devs;
 
-// (a pipeline's stages on a device: the model-parallel strategy's, pipeline.c)
-static int on_device(const dt_config *c) { return dt_device_index(c->device) >= 0 && c->pipeline <= 1; }
+// (model parallel on a device: the model-parallel strategy's, pipeline.c)
+static int on_device(const dt_config *c) {
+    return dt_device_index(c->device) >= 0 && c->pipeline <= 1 && c->tensor <= 1;
+}
 static int dev_wants(const dt_config *c) { return on_device(c) && c->zero == 0; }
 static int dev_zero_wants(const dt_config *c) { return on_device(c) && c->zero > 0; }
 

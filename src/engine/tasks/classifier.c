@@ -433,6 +433,7 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
     if (dt_device_index(c->device) >= 0) DT_TRY(dev_model(t, c, max_micro, dt_train_device_part(c, comm)), done);
+    if (t->dm && t->ntp > 1) DT_TRY(dt_dev_mlp_set_reduce(t->dm, tp_reduce, t), done);
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;
 done:
