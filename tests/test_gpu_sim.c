@@ -1039,6 +1039,36 @@ static void pipeline_cnn(void) {
     }
 }
 
+// A pipeline's memory on the device: the deep MLP of zero2_memory (747554
+// parameters) in 4 stages of 8, 8, 8 and 9 layers; stage 0 (rank 0's
+// summary.json) keeps flatten, linear 16, relu and linear 256 (x 2, and
+// relus): 12560 + 4352 + 2 x 65792 = 148496 floats, whose chunks are all
+// it backs of the parameters and the gradients after the run (the
+// evaluation's gathered layers given back); the evaluation's peak below
+// half the whole block. The CPU's weights bitwise.
+static void pipeline_memory(void) {
+    char text[4096], layers[1024] = "layer = linear out=16\nlayer = relu\n", cfg[8192], sum[700];
+    for (int i = 0; i < 12; i++) strcat(layers, "layer = linear out=256\nlayer = relu\n");
+    const char *base = model_text("mlp", text, sizeof text), *at = strstr(base, "layer = linear out=48\n");
+    snprintf(cfg, sizeof cfg, "%.*s%s%s", (int)(at - base), base, layers, at + strlen("layer = linear out=48\n"));
+    const char *flags = "--set parallel.pipeline=4 --set parallel.pipeline_balance=count";
+    char dflags[200];
+    snprintf(dflags, sizeof dflags, "%s --device cuda", flags);
+    CHECK(tl_train(g_tmp, "deep-pp-cpu", cfg, 4, flags, g_out, sizeof g_out) == 0, "the deep MLP's pipeline: %s", g_out);
+    int rc = tl_train(g_tmp, "deep-pp-dev", cfg, 4, dflags, g_out, sizeof g_out), bw = 0;
+    double diff = tl_runs_diff(g_tmp, "deep-pp-cpu", "deep-pp-dev", &bw);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("deep-pp-dev"));
+    double gran = tl_json_number(sum, "gradients_backed_chunk_bytes"), whole = 747554 * 4.0;
+    double held = gran > 0 ? ceil(148496 * 4.0 / gran) * gran : -1, w = tl_json_number(sum, "weights_bytes");
+    double g = tl_json_number(sum, "gradients_bytes"), peak = tl_json_number(sum, "weights_backed_peak_bytes");
+    CHECK(rc == 0 && diff == 0 && bw && w == held && g == held && peak >= held && peak < whole / 2,
+          "the deep MLP in 4 stages on the device: the CPU's weights bitwise (exit %d, diff %g); stage 0 backs its "
+          "layers' chunks alone: weights %g and gradients %g bytes (want %g), the evaluation's peak %g (below %g)", rc,
+          diff, w, g, held, peak, whole / 2);
+    printf("the deep MLP in 4 stages on the device: stage 0 backs %g bytes of parameters and of gradients (the whole "
+           "block %g), %g at the evaluation's peak\n", held, whole, peak);
+}
+
 static void test_ranks(void) {
     char text[4096], flags[600], name[64], ref[64], one[64];
     for (size_t i = 0; i < sizeof dev_rows / sizeof *dev_rows; i++) {
@@ -1082,6 +1112,7 @@ static void test_ranks(void) {
     zero2_memory();
     trace_buckets();
     pipeline_cnn();
+    pipeline_memory();
 }
 
 // 2 ranks (data parallel; error feedback's residuals read back into the

@@ -119,7 +119,8 @@ static int host_updates(const dt_config *c) { return c->pipeline > 1 || c->tenso
 
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm) {
     int W = dt_comm_size(comm), z = host_updates(c) ? 0 : c->zero;
-    return (dt_dev_part){z > 0 ? dt_comm_rank(comm) : 0, z > 0 ? W : 1, z >= 2 && W > 1, z == 3 && W > 1};
+    return (dt_dev_part){z > 0 ? dt_comm_rank(comm) : 0, z > 0 ? W : 1, z >= 2 && W > 1, z == 3 && W > 1,
+                         host_updates(c)};
 }
 
 int dt_train_device_states(const dt_config *c) {
@@ -152,6 +153,14 @@ cJSON *dt_train_device_summary(cJSON *o, const dt_config *c, const dt_dev_blocks
         cJSON_AddNumberToObject(g, key, (double)k[i]);
     }
     cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
+    if (b->grads_vm) {  // (ZeRO stage 2, model parallel: the gradients backed on demand)
+        cJSON_AddNumberToObject(g, "gradients_backed_peak_bytes", (double)b->gvm.peak);
+        cJSON_AddNumberToObject(g, "gradients_backed_chunk_bytes", (double)b->gvm.gran);
+    }
+    if (b->params_vm) {  // (stage 3, model parallel: the parameters too)
+        cJSON_AddNumberToObject(g, "weights_backed_peak_bytes", (double)b->pvm.peak);
+        if (b->hvm.base) cJSON_AddNumberToObject(g, "weights_16bit_backed_peak_bytes", (double)b->hvm.peak);
+    }
     return g;
 }
 

@@ -21,7 +21,8 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
 /* The part of the state a rank keeps on its device: under [parallel] zero
  * the optimizer's state of its dt_shard_range slice over comm (else the
  * whole: 0 of 1), and at zero = 2 and 3 with several ranks the gradients
- * backed on demand, at 3 the parameters too. */
+ * backed on demand, at 3 the parameters too; model parallel: held (the
+ * ranges a stage keeps backed, by the strategy). */
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
 /* The optimizer's state blocks a rank keeps on its device: the optimizer's
  * (dt_optim_params_states), none where the host updates the parameters

@@ -14,10 +14,11 @@
     } while (0)
 
 dt_dev_blocks dt_dev_blocks_of(const dt_dev *d, dt_dtype t, size_t n, int nstates, dt_dev_part part) {
-    size_t lo, hi;
-    dt_shard_range(n, part.shard, part.shards, &lo, &hi);
-    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .grads_vm = part.grads_vm, .params_vm = part.params_vm,
-                           .t = t, .n = n, .nstates = nstates, .slo = lo, .sn = hi - lo};
+    size_t lo = 0, hi = 0;
+    if (!part.held) dt_shard_range(n, part.shard, part.shards, &lo, &hi);
+    return (dt_dev_blocks){.d = d, .arena = {.d = d}, .grads_vm = part.grads_vm || part.held,
+                           .params_vm = part.params_vm || part.held, .held = part.held, .t = t, .n = n,
+                           .nstates = nstates, .slo = lo, .sn = hi - lo};
 }
 
 void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
@@ -100,6 +101,36 @@ dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *state
     return DT_OK;
 }
 
+dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, size_t off, size_t n, int grads) {
+    size_t f = sizeof(float);
+    if (b->held) TRY(dt_dev_vm_back(&b->pvm, off * f, n * f));
+    if (b->held && b->hvm.base) TRY(dt_dev_vm_back(&b->hvm, off * 2, n * 2));
+    if (b->held && grads) TRY(dt_dev_vm_back(&b->gvm, off * f, n * f));
+    TRY(b->d->to_device(b->params + off, params + off, n * f));
+    return b->t != DT_F32 ? b->d->to16((uint16_t *)b->w16 + off, b->params + off, n, b->t) : DT_OK;
+}
+
+dt_status dt_dev_blocks_drop_range(dt_dev_blocks *b, size_t off, size_t n) {
+    if (!b->held) return DT_OK;
+    TRY(dt_dev_vm_give(&b->pvm, off * sizeof(float), n * sizeof(float)));
+    return b->hvm.base ? dt_dev_vm_give(&b->hvm, off * 2, n * 2) : DT_OK;
+}
+
+dt_status dt_dev_blocks_keep_only(dt_dev_blocks *b, const dt_grad_range *ranges, int n) {
+    dt_dev_vm *vs[2] = {&b->pvm, &b->hvm};
+    for (int k = 0; k < 2 && b->held; k++) {
+        dt_dev_vm *v = vs[k];
+        size_t per = v->gran / (k ? 2 : sizeof(float));  // (floats a chunk)
+        for (size_t c = 0; v->base && c < v->nchunks; c++) {
+            int keep = !v->mapped[c];
+            for (int r = 0; r < n && !keep; r++)
+                keep = c * per < ranges[r].offset + ranges[r].len && (c + 1) * per > ranges[r].offset;
+            if (!keep) TRY(dt_dev_vm_give(v, c * v->gran, v->gran));
+        }
+    }
+    return DT_OK;
+}
+
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b) {
     return b->grads_vm ? dt_dev_vm_zero(&b->gvm) : b->d->memset0(b->grads, b->n * sizeof(float));
 }
@@ -160,9 +191,10 @@ dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_of
 
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     for (int i = 0; i < DT_DEV_KINDS; i++) bytes[i] = b->arena.planned[i];
-    size_t f = sizeof(float);  // (beside the arena: the slices', kept)
-    bytes[DT_DEV_GRADS] += dt_dev_blocks_kept(b, &b->gvm, f);
-    bytes[DT_DEV_WEIGHTS] += dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
+    size_t f = sizeof(float);  // (beside the arena: the slices', kept; held: what is backed now)
+    bytes[DT_DEV_GRADS] += b->held ? b->gvm.now : dt_dev_blocks_kept(b, &b->gvm, f);
+    bytes[DT_DEV_WEIGHTS] += b->held ? b->pvm.now + b->hvm.now
+                                     : dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     bytes[DT_DEV_ACTS] += b->stage_bytes;
 }
 

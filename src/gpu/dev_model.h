@@ -33,9 +33,11 @@
  * before backward writes it, given back by the strategy once reduced; with
  * params_vm (stage 3) the parameter block (and its 16-bit copy) too: the
  * slice's chunks backed throughout, the rest by the strategy while a layer
- * needs them. */
+ * needs them. held (model parallel, whose host updates the parameters):
+ * both blocks backed on demand and no slice, the ranges the strategy keeps
+ * backed by it (dt_dev_blocks_put_range). */
 typedef struct {
-    int shard, shards, grads_vm, params_vm;
+    int shard, shards, grads_vm, params_vm, held;
 } dt_dev_part;
 
 typedef struct {
@@ -44,7 +46,7 @@ typedef struct {
     dt_dev_vm gvm;            /* grads_vm: the gradient block's memory (grads is its base) */
     dt_dev_vm pvm;            /* params_vm: the parameter block's (params is its base) */
     dt_dev_vm hvm;            /* ... and in bf16/fp16 their 16-bit copy's (w16 is its base) */
-    int grads_vm, params_vm;
+    int grads_vm, params_vm, held;
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
     size_t largest;           /* floats of the largest tensor (the model's) */
@@ -85,6 +87,16 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows);
  * slice alone. */
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states);
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
+/* Parameters [off, off + n) from the host's params (the same offsets)
+ * onto the device, and their 16-bit copy made; with held blocks backed
+ * first, and with grads their gradients too (the ranges a stage keeps). */
+dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, size_t off, size_t n, int grads);
+/* Held blocks: the parameters' chunks wholly inside [off, off + n) given
+ * back (a layer an evaluation gathered, which the rank does not keep; a
+ * chunk it shares with another range stays), and after the evaluation
+ * every chunk that touches none of the n ranges the rank keeps. */
+dt_status dt_dev_blocks_drop_range(dt_dev_blocks *b, size_t off, size_t n);
+dt_status dt_dev_blocks_keep_only(dt_dev_blocks *b, const dt_grad_range *ranges, int n);
 /* The gradient block zero (grads_vm: wherever it is backed). */
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
 /* Gradients [off, off + n) (floats) about to be written by backward:

@@ -1038,15 +1038,7 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddNumberToObject(g, "exchange_bytes", (double)d->own);
     cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
     cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
-    if (b->grads_vm) {  // ZeRO stage 2: the gradients' memory, backed on demand
-        cJSON_AddNumberToObject(g, "gradients_backed_peak_bytes", (double)b->gvm.peak);
-        cJSON_AddNumberToObject(g, "gradients_backed_chunk_bytes", (double)b->gvm.gran);
-    }
-    if (b->params_vm) {  // stage 3: the parameters' too
-        cJSON_AddNumberToObject(g, "weights_backed_peak_bytes", (double)b->pvm.peak);
-        if (b->hvm.base) cJSON_AddNumberToObject(g, "weights_16bit_backed_peak_bytes", (double)b->hvm.peak);
-        cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);
-    }
+    if (b->params_vm) cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);  // (stage 3)
 }
 
 const dt_strategy_ops dt_strategy_device = {

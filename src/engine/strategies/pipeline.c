@@ -564,20 +564,21 @@ static void dev_said(pipe *p) {
                b->stage_bytes / 1048576.0, k[DT_DEV_WORK] / 1048576.0);
 }
 
-static dt_status dev_put(pipe *p, const dt_grad_range *r, int n) {
+// Ranges r[n] of the parameters onto the device (kept: the ranges this
+// rank keeps, whose gradients are backed too; else an evaluation's).
+static dt_status dev_put(pipe *p, const dt_grad_range *r, int n, int kept) {
     dt_strategy *s = &p->base;
     dt_dev_blocks *b = s->device;
     dt_status st = DT_OK;
     for (int i = 0; i < n && st == DT_OK && b; i++)
-        st = b->d->to_device(b->params + r[i].offset, s->params + r[i].offset, sizeof(float) * r[i].len);
-    if (st == DT_OK && b) st = dt_dev_blocks_changed(b);
+        st = dt_dev_blocks_put_range(b, s->params, r[i].offset, r[i].len, kept);
     return st == DT_OK ? DT_OK : dt_error(st, "pipeline: the parameters onto the GPU: %s", dt_last_error());
 }
 
 static dt_status dev_put_kept(pipe *p) {
     int n;
     const dt_grad_range *r = kept(p, &n);
-    return dev_put(p, r, n);
+    return dev_put(p, r, n, 1);
 }
 
 // The kept ranges' gradients to the host (zero: and zero on the device).
@@ -1103,8 +1104,12 @@ static dt_status eval_layer(pipe *p, int layer, int get) {
     for (int i = 0; i < s->norder && st == DT_OK; i++) {
         if (s->order_layer[i] != layer) continue;
         float *w = s->params + s->order[i].offset;
-        if (get && (st = dt_broadcast(w, w, s->order[i].len, DT_F32, root, p->pp)) == DT_OK) st = dev_put(p, &s->order[i], 1);
-        else if (!get && !keeps(p, s->order[i].offset)) dt_zero_pages(w, sizeof(float) * s->order[i].len);
+        if (get && (st = dt_broadcast(w, w, s->order[i].len, DT_F32, root, p->pp)) == DT_OK)
+            st = dev_put(p, &s->order[i], 1, 0);
+        else if (!get && !keeps(p, s->order[i].offset)) {
+            dt_zero_pages(w, sizeof(float) * s->order[i].len);
+            if (s->device) st = dt_dev_blocks_drop_range(s->device, s->order[i].offset, s->order[i].len);
+        }
     }
     return st == DT_OK ? DT_OK : dt_error(st, "pipeline: evaluation: gathering layer %d: %s", layer, dt_last_error());
 }
@@ -1124,15 +1129,18 @@ static dt_status pp_params_needed(dt_strategy *s, int layer, int phase) {
 static dt_status pp_params_eval(dt_strategy *s, int begin) {
     pipe *p = (pipe *)s;
     if (!p->held || s->world == 1) return DT_OK;
+    dt_status st = DT_OK;
     if (!begin) {
-        int L = dt_task_layers(s->c);
+        int L = dt_task_layers(s->c), n;
         if (p->gathered >= 0) eval_layer(p, p->gathered, 0);
         if (p->evaluating & 2) eval_layer(p, -1, 0);  // (the embedding: the layer hook's -1)
         if (p->evaluating & 4) eval_layer(p, L, 0);
+        const dt_grad_range *k = kept(p, &n);  // (on a GPU: the chunks the layers shared too)
+        if (s->device) st = dt_dev_blocks_keep_only(s->device, k, n);
     }
     p->evaluating = begin;
     p->gathered = -2;
-    return DT_OK;
+    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: after the evaluation, the GPU's chunks: %s", dt_last_error());
 }
 
 // ---- checkpoints of a model in parts (tensor parallel) ----
