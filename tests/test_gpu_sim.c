@@ -1500,18 +1500,24 @@ static void gpu_nccl_alone(const char *text) {
 // On a GPU machine: the device's runs against the CPU's shipped losses.
 // ZeRO stages 2 and 3 with 2 ranks sharing one GPU (staged; on a GPU:
 // CUDA's memory backed on demand, and the parameters given back after
-// their kernels' event), each step's loss against the one-process CPU
-// losses shipped for the MLP, within the GPU's tolerances (here, on the
-// simulated GPU, the same check).
+// their kernels' event), 2 pipeline stages and 2 tensor shards (the
+// stages' memory backed on demand, the streams and the shards' sums
+// through pinned host memory), each step's loss against the one-process
+// CPU losses shipped for the MLP, within the GPU's tolerances (here, on
+// the simulated GPU, the same check).
 static void zero_gpu_rows(void) {
-    char text[4096], flags[600], name[32];
-    for (int z = 2; z <= 3; z++) {
-        snprintf(name, sizeof name, "mlp-zero%d", z);
-        snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.tf32=false --device cuda --zero %d "
-                 "--set parallel.bucket_kb=64", z);
-        int rc = tl_train(g_tmp, name, model_text("mlp", text, sizeof text), 2, flags, g_out, sizeof g_out);
-        CHECK(rc == 0, "%s: 2 ranks on the GPU: exit %d\n%s", name, rc, g_out);
-        if (rc == 0) check_fixture("mlp", tmp(name), 0);
+    static const char *const rows[][2] = {
+        {"mlp-zero2", "--zero 2 --set parallel.bucket_kb=64"},
+        {"mlp-zero3", "--zero 3 --set parallel.bucket_kb=64"},
+        {"mlp-pipeline2", "--set parallel.pipeline=2 --set parallel.pipeline_balance=flops"},
+        {"mlp-tensor2", "--set parallel.tensor=2"},
+    };
+    char text[4096], flags[600];
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.tf32=false --device cuda %s", rows[i][1]);
+        int rc = tl_train(g_tmp, rows[i][0], model_text("mlp", text, sizeof text), 2, flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "%s: 2 ranks on the GPU: exit %d\n%s", rows[i][0], rc, g_out);
+        if (rc == 0) check_fixture("mlp", tmp(rows[i][0]), 0);
     }
 }
 
