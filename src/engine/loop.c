@@ -160,10 +160,10 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
                                        "back to the newest checkpoint and redoes the steps since; checkpoints are off "
                                        "(add --checkpoint-every N)",
                         c->comp_method != DT_COMP_NONE ? "[compression] method"
-                        : c->zero > 0                  ? "[parallel] zero on a GPU"
+                        : dt_device_index(c->device) >= 0 && c->zero > 0 ? "[parallel] zero on a GPU"
                                                        : "[parallel] sync_every (local SGD)",
                         c->comp_method != DT_COMP_NONE ? "codec state (residuals)"
-                        : c->zero > 0                  ? "slice of the optimizer state (on its GPU alone)"
+                        : dt_device_index(c->device) >= 0 && c->zero > 0 ? "slice of the optimizer state (on its GPU alone)"
                                                        : "drift since the last average");
     if (c->ckpt_sharded && s->replicated)  // ZeRO's own shards: a missing one is given up (dt_ckpt_writer_abandon)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "

@@ -328,9 +328,9 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     return DT_OK;
 }
 
-// The head's backward into dresid (its gradients backed first, and the
-// embedding's: the layers' are back_layer's), the grad hook's first
-// position.
+// The head's backward into dresid (its gradients backed first: the tied
+// wte's and the final layernorm's; the layers' are back_layer's, wpe's
+// embed_backward's), the grad hook's first position.
 static dt_status head_backward(dt_dev_gpt *g) {
     const dt_dev *d = g->b.d;
     int C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = g->B * g->T;
@@ -338,8 +338,8 @@ static dt_status head_backward(dt_dev_gpt *g) {
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
     dt_dev_x lnf = {g->lnf, g->lnf16};
     TRY(dt_dev_blocks_layer(&g->b, L, 1));
-    static const int outer[] = {WTE, WPE, LNFW, LNFB};  // (the layers' tensors: back_layer)
-    for (int i = 0; i < 4; i++) TRY(dt_dev_blocks_back(&g->b, g->off[outer[i]], g->len[outer[i]]));
+    static const int head[] = {WTE, LNFW, LNFB};
+    for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
     TRY(d->memset0(dlogits, f * (size_t)BT * V));
     TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, V, (size_t)V, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));
@@ -364,6 +364,8 @@ static dt_status blocks_backward(dt_dev_gpt *g, int l0, int l1) {
 static dt_status embed_backward(dt_dev_gpt *g) {
     float *gr = g->b.grads;
     TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 1));
+    TRY(dt_dev_blocks_back(&g->b, g->off[WTE], g->len[WTE]));  // (the head backed wte already where it ran)
+    TRY(dt_dev_blocks_back(&g->b, g->off[WPE], g->len[WPE]));
     TRY(g->b.d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T, g->c.n_embd));
     if (g->hook) g->hook(0, g->hook_user);
     return DT_OK;

@@ -112,12 +112,14 @@ dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, size_t 
 
 dt_status dt_dev_blocks_drop_range(dt_dev_blocks *b, size_t off, size_t n) {
     if (!b->held) return DT_OK;
+    TRY(b->d->sync());  // (the kernels queued may still read them: a GPU unmaps at once)
     TRY(dt_dev_vm_give(&b->pvm, off * sizeof(float), n * sizeof(float)));
     return b->hvm.base ? dt_dev_vm_give(&b->hvm, off * 2, n * 2) : DT_OK;
 }
 
 dt_status dt_dev_blocks_keep_only(dt_dev_blocks *b, const dt_grad_range *ranges, int n) {
     dt_dev_vm *vs[2] = {&b->pvm, &b->hvm};
+    if (b->held) TRY(b->d->sync());  // (as drop_range)
     for (int k = 0; k < 2 && b->held; k++) {
         dt_dev_vm *v = vs[k];
         size_t per = v->gran / (k ? 2 : sizeof(float));  // (floats a chunk)
@@ -139,8 +141,8 @@ dt_status dt_dev_blocks_layer(const dt_dev_blocks *b, int layer, int phase) {
     return b->layer_fn ? b->layer_fn(layer, phase, b->layer_user) : DT_OK;
 }
 
-dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n) {
-    return b->grads_vm ? dt_dev_vm_back(&b->gvm, off * sizeof(float), n * sizeof(float)) : DT_OK;
+dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n) {  // (held: the strategy backs them)
+    return b->grads_vm && !b->held ? dt_dev_vm_back(&b->gvm, off * sizeof(float), n * sizeof(float)) : DT_OK;
 }
 
 dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out) {

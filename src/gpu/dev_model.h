@@ -100,7 +100,8 @@ dt_status dt_dev_blocks_keep_only(dt_dev_blocks *b, const dt_grad_range *ranges,
 /* The gradient block zero (grads_vm: wherever it is backed). */
 dt_status dt_dev_blocks_zero_grad(dt_dev_blocks *b);
 /* Gradients [off, off + n) (floats) about to be written by backward:
- * backed first (grads_vm; else nothing to do). */
+ * backed first (grads_vm; else, or held, whose strategy backs the ranges
+ * it keeps, nothing to do). */
 dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n);
 /* The bytes of the chunks the slice spans in v (of es-byte elements), at
  * most (they stay backed: the reduced gradients the update reads, the

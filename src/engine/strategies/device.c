@@ -1000,7 +1000,8 @@ static void dev_abandon(dt_strategy *s) {
     if (st == DT_OK && !d->zero) st = dev_params_host(s);  // (ZeRO goes back to the newest checkpoint)
     if (st != DT_OK) {  // (regroup, which comes next, says it)
         d->err = st;
-        snprintf(d->errmsg, sizeof d->errmsg, "the device's state to the host, for a spare: %s", dt_last_error());
+        snprintf(d->errmsg, sizeof d->errmsg, "%s: %s", d->zero ? "a failed step's state dropped on the device, for a spare"
+                 : "the device's state to the host, for a spare", dt_last_error());
     }
 }
 

@@ -1111,7 +1111,9 @@ static dt_status eval_layer(pipe *p, int layer, int get) {
             if (s->device) st = dt_dev_blocks_drop_range(s->device, s->order[i].offset, s->order[i].len);
         }
     }
-    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: evaluation: gathering layer %d: %s", layer, dt_last_error());
+    return st == DT_OK ? DT_OK
+                       : dt_error(st, "pipeline: evaluation: %s layer %d: %s", get ? "gathering" : "giving back", layer,
+                                  dt_last_error());
 }
 
 static dt_status pp_params_needed(dt_strategy *s, int layer, int phase) {
@@ -1132,15 +1134,16 @@ static dt_status pp_params_eval(dt_strategy *s, int begin) {
     dt_status st = DT_OK;
     if (!begin) {
         int L = dt_task_layers(s->c), n;
-        if (p->gathered >= 0) eval_layer(p, p->gathered, 0);
-        if (p->evaluating & 2) eval_layer(p, -1, 0);  // (the embedding: the layer hook's -1)
-        if (p->evaluating & 4) eval_layer(p, L, 0);
+        if (p->gathered >= 0) st = eval_layer(p, p->gathered, 0);
+        if (st == DT_OK && p->evaluating & 2) st = eval_layer(p, -1, 0);  // (the embedding: the layer hook's -1)
+        if (st == DT_OK && p->evaluating & 4) st = eval_layer(p, L, 0);
         const dt_grad_range *k = kept(p, &n);  // (on a GPU: the chunks the layers shared too)
-        if (s->device) st = dt_dev_blocks_keep_only(s->device, k, n);
+        if (st == DT_OK && s->device && (st = dt_dev_blocks_keep_only(s->device, k, n)) != DT_OK)
+            st = dt_error(st, "pipeline: after the evaluation, the GPU's chunks: %s", dt_last_error());
     }
     p->evaluating = begin;
     p->gathered = -2;
-    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: after the evaluation, the GPU's chunks: %s", dt_last_error());
+    return st;
 }
 
 // ---- checkpoints of a model in parts (tensor parallel) ----

@@ -44,7 +44,7 @@ struct dt_task {
     dt_dev_mlp *dm;                // [train] device = cuda: the model's steps and evaluations on the device (m:
                                    // the host copy)
     float *probs;                  // ... an evaluation batch's probabilities, read back
-    dt_status dev_err;             // ... the step's zero_grad's failure, returned by its forward
+    dt_status dev_err;             // ... the step's zero_grad's failure, returned by its forward (or a stage's)
 };
 
 // A split of the classifier's data: IDX files in [data] dir, or datasets of
@@ -573,6 +573,7 @@ static dt_status cls_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
 
 static dt_status cls_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     size_t ss = dt_dataset_sample_size(&t->train);
+    if (st->ds && t->dev_err != DT_OK) return t->dev_err;
     if (st->ds)
         return dt_dev_mlp_stage_forward(st->ds, t->b.x + (size_t)st->off * ss, t->b.y + st->off, st->len, st->scale,
                                         (uint64_t)st->step, (int64_t)t->b.first + st->off, loss);

@@ -45,7 +45,7 @@ struct dt_task {
     int sliced, rank, W;          // ZeRO-3: create made rank's slice of W alone (info's sliced)
     dt_gpt_acts *eval;            // a pipeline's evaluation set: forwards alone (made at the first)
     dt_dev_gpt *dg;               // [train] device = cuda: the model's steps and evaluations on the device (m: host)
-    dt_status dev_err;            // ... the step's zero_grad's failure, returned by its forward
+    dt_status dev_err;            // ... the step's zero_grad's failure, returned by its forward (or a stage's)
 };
 
 // Counts a set made (its bytes, and those its 16-bit matmul inputs save),
@@ -450,6 +450,7 @@ static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
 
 static dt_status gpt_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     size_t o = (size_t)st->off * t->T;
+    if (st->ds && t->dev_err != DT_OK) return t->dev_err;
     if (st->ds) return dt_dev_gpt_stage_forward(st->ds, t->x + o, t->y + o, st->len, t->T, st->scale, loss);
     float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
     dt_status s = DT_OK;
