@@ -393,10 +393,9 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) 
 
 struct dt_dev_gpt_stage {
     dt_dev_gpt g;            // the twin
-    dt_dev_blocks *owner;    // the model's blocks (their stage_bytes count this arena)
-    dt_dev_arena arena;
+    dt_dev_stage_mem mem;    // its activations' arena; pinned: the stream in, out, the gradient of in
     int l0, l1;
-    float *pin, *pout, *pdin; // pinned: the stream in, out, the gradient of in ([maxB, maxT, C] each)
+    float *pout, *pdin;      // (in mem.pin, [maxB, maxT, C] each)
 };
 
 dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stage **out) {
@@ -409,20 +408,17 @@ dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stag
     }
     s->g = *g;  // (the blocks, the tensors' places, the backward's scratch: the model's)
     s->g.la = la;
-    s->arena = (dt_dev_arena){.d = g->b.d};
+    s->mem.arena = (dt_dev_arena){.d = g->b.d};
     s->l0 = l0, s->l1 = l1;
-    acts_take(&s->g, &s->arena, l0, l1, 0);  // (counting)
+    acts_take(&s->g, &s->mem.arena, l0, l1, 0);  // (counting)
     size_t n = (size_t)g->maxB * g->maxT * g->c.n_embd;
-    dt_status st = dt_dev_arena_open(&s->arena, "a pipeline stage's activations on the device");
-    if (st == DT_OK) st = g->b.d->host_alloc((void **)&s->pin, 3 * n * sizeof(float));
+    dt_status st = dt_dev_stage_mem_open(&s->mem, &g->b, 3 * n * sizeof(float));
     if (st != DT_OK) {
         dt_dev_gpt_stage_free(s);
         return st;
     }
-    acts_take(&s->g, &s->arena, l0, l1, 0);
-    s->owner = &g->b;
-    g->b.stage_bytes += s->arena.size;
-    s->pout = s->pin + n;
+    acts_take(&s->g, &s->mem.arena, l0, l1, 0);
+    s->pout = s->mem.pin + n;
     s->pdin = s->pout + n;
     *out = s;
     return DT_OK;
@@ -430,15 +426,13 @@ dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stag
 
 void dt_dev_gpt_stage_free(dt_dev_gpt_stage *s) {
     if (!s) return;
-    if (s->owner) s->owner->stage_bytes -= s->arena.size;
-    dt_dev_arena_close(&s->arena);
-    if (s->pin) s->g.b.d->host_free(s->pin);
+    dt_dev_stage_mem_close(&s->mem);
     free(s->g.la);
     free(s);
 }
 
 void dt_dev_gpt_stage_streams(dt_dev_gpt_stage *s, float **in, float **out) {
-    *in = s->pin;
+    *in = s->mem.pin;
     *out = s->pout;
 }
 
@@ -451,7 +445,7 @@ dt_status dt_dev_gpt_stage_forward(dt_dev_gpt_stage *s, const int32_t *inputs, c
     TRY(tokens(g, s->l0 == 0 ? inputs : NULL, s->l1 == L ? targets : NULL, B, T));
     size_t bytes = sizeof(float) * (size_t)B * T * g->c.n_embd;
     if (s->l0 == 0) TRY(embed_forward(g));
-    else TRY(d->to_device(resid(g, s->l0), s->pin, bytes));
+    else TRY(d->to_device(resid(g, s->l0), s->mem.pin, bytes));
     TRY(blocks_forward(g, s->l0, s->l1));
     if (s->l1 == L) return head_forward(g, loss_scale, loss);
     return d->to_host(s->pout, resid(g, s->l1), bytes);

@@ -559,12 +559,26 @@ dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user)
 // so that its layers run as the whole model's do; the streams in and out
 // (and the gradient of in) through pinned host buffers of its own.
 
+dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner, size_t pinned_bytes) {
+    TRY(dt_dev_arena_open(&m->arena, "a pipeline stage's activations on the device"));
+    TRY(owner->d->host_alloc((void **)&m->pin, pinned_bytes));
+    m->owner = owner;
+    owner->stage_bytes += m->arena.size;
+    return DT_OK;
+}
+
+void dt_dev_stage_mem_close(dt_dev_stage_mem *m) {
+    if (m->owner) m->owner->stage_bytes -= m->arena.size;
+    dt_dev_arena_close(&m->arena);
+    if (m->pin) m->arena.d->host_free(m->pin);
+    m->owner = NULL, m->pin = NULL;
+}
+
 struct dt_dev_mlp_stage {
     dt_dev_mlp m;            // the twin
-    dt_dev_blocks *owner;    // the model's blocks (their stage_bytes count this arena)
-    dt_dev_arena arena;      // its activations
+    dt_dev_stage_mem mem;    // its activations' arena; pinned: the stream in, out, the gradient of in
     int l0, l1;
-    float *pin, *pout, *pdin; // pinned: the stream in, out, the gradient of in (max_batch samples each)
+    float *pout, *pdin;      // (in mem.pin, max_batch samples each)
     size_t in, out;          // floats a sample of the streams
 };
 
@@ -581,20 +595,17 @@ dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_sta
     }
     s->m = *dm;  // (the blocks, the layers' plan, the workspace: the model's)
     s->m.act = arrays, s->m.dact = arrays + dm->nl, s->m.keep = arrays + 2 * dm->nl, s->m.in16 = in16;
-    s->arena = (dt_dev_arena){.d = dm->b.d};
+    s->mem.arena = (dt_dev_arena){.d = dm->b.d};
     s->l0 = l0, s->l1 = l1, s->in = stream_floats(dm, l0), s->out = stream_floats(dm, l1);
-    acts_take(&s->m, &s->arena, l0, l1, 0);  // (counting)
-    size_t mb = (size_t)dm->max_batch, pinned = sizeof(float) * mb * (2 * s->in + s->out);
-    dt_status st = dt_dev_arena_open(&s->arena, "a pipeline stage's activations on the device");
-    if (st == DT_OK) st = dm->b.d->host_alloc((void **)&s->pin, pinned);
+    acts_take(&s->m, &s->mem.arena, l0, l1, 0);  // (counting)
+    size_t mb = (size_t)dm->max_batch;
+    dt_status st = dt_dev_stage_mem_open(&s->mem, &dm->b, sizeof(float) * mb * (2 * s->in + s->out));
     if (st != DT_OK) {
         dt_dev_mlp_stage_free(s);
         return st;
     }
-    acts_take(&s->m, &s->arena, l0, l1, 0);
-    s->owner = &dm->b;
-    dm->b.stage_bytes += s->arena.size;
-    s->pout = s->pin + mb * s->in;
+    acts_take(&s->m, &s->mem.arena, l0, l1, 0);
+    s->pout = s->mem.pin + mb * s->in;
     s->pdin = s->pout + mb * s->out;
     *out = s;
     return DT_OK;
@@ -602,16 +613,14 @@ dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_sta
 
 void dt_dev_mlp_stage_free(dt_dev_mlp_stage *s) {
     if (!s) return;
-    if (s->owner) s->owner->stage_bytes -= s->arena.size;
-    dt_dev_arena_close(&s->arena);
-    if (s->pin) s->m.b.d->host_free(s->pin);
+    dt_dev_stage_mem_close(&s->mem);
     free(s->m.act);
     free(s->m.in16);
     free(s);
 }
 
 void dt_dev_mlp_stage_streams(dt_dev_mlp_stage *s, float **in, size_t *in_floats, float **out, size_t *out_floats) {
-    *in = s->pin, *in_floats = s->in;
+    *in = s->mem.pin, *in_floats = s->in;
     *out = s->pout, *out_floats = s->out;
 }
 
@@ -623,8 +632,8 @@ dt_status dt_dev_mlp_stage_forward(dt_dev_mlp_stage *s, const float *x, const in
     m->B = 0;
     m->train = 1, m->step = step, m->first = first, m->loss_scale = loss_scale;
     size_t nx = (size_t)B * s->in;
-    if (s->l0 == 0) memcpy(s->pin, x, nx * sizeof(float));  // (else the stream in is there already)
-    TRY(d->to_device(m->x, s->pin, nx * sizeof(float)));
+    if (s->l0 == 0) memcpy(s->mem.pin, x, nx * sizeof(float));  // (else the stream in is there already)
+    TRY(d->to_device(m->x, s->mem.pin, nx * sizeof(float)));
     if (s->l1 == m->nl) TRY(targets(m, y, B));
     TRY(layers_forward(m, s->l0, s->l1, B));
     if (s->l1 == m->nl) TRY(loss_forward(m, B, loss));

@@ -151,6 +151,18 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]);
 dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what);
 void dt_dev_blocks_close(dt_dev_blocks *b);
 
+/* A pipeline stage's own memory (dt_dev_mlp_stage's, dt_dev_gpt_stage's):
+ * the arena of its activations, counted in its model's blocks'
+ * stage_bytes while it lives, and a pinned host buffer. open: after the
+ * arena's counting pass (arena.d set), before its taking pass. */
+typedef struct {
+    dt_dev_blocks *owner;
+    dt_dev_arena arena;
+    float *pin;
+} dt_dev_stage_mem;
+dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner, size_t pinned_bytes);
+void dt_dev_stage_mem_close(dt_dev_stage_mem *m);
+
 typedef struct dt_dev_mlp dt_dev_mlp;
 /* The device's twin of the sequential model m (its plan and blocks'
  * layout; m stays the host copy) for batches of up to max_batch (the
