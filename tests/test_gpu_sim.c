@@ -1247,6 +1247,8 @@ static void test_spares(void) {
     // every rank goes back to the newest checkpoint, the spare reading the
     // dead rank's slice; stage 3 with its gathers in flight)
     spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "0:12:kill", "--checkpoint-every 5", "zero1", 1);
+    // (a death before the first scheduled checkpoint: back to the one of step 0)
+    spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "1:3:kill", "--checkpoint-every 5", "zero1-early", 1);
     spares("gpt", 3, "--zero 2 --set parallel.bucket_kb=4", "2:13:kill", "--checkpoint-every 5", "zero2", 1);
     spares("mlp", 3, "--zero 3 --set train.grad_accum=2 --set parallel.bucket_kb=4", "1:12:kill",
            "--checkpoint-every 5", "zero3", 1);

@@ -957,6 +957,21 @@ static dt_status evaluate(run_state *r, int e, int redo) {
     return DT_OK;
 }
 
+// The checkpoint of state tc where it is due (the end of the run: last;
+// the votes: save): the strategy's parameters made equal and brought to
+// the host, its view staged (a staged view is the writer's snapshot:
+// staged again only after its write), then written.
+static dt_status checkpoint(run_state *r, dt_train_state *tc, int last, int save) {
+    dt_status st;
+    if (dt_run_ckpt_due(&r->ck, tc->step, last, r->stop, save) && r->ck.dir[0] &&
+        (dt_heartbeat_phase(DT_PHASE_CKPT), (st = dt_strategy_params_sync(r->strat)) != DT_OK ||
+         (st = dt_strategy_params_host(r->strat)) != DT_OK ||
+         (r->ck.model.stable && r->ck.writer && (st = dt_ckpt_writer_wait(r->ck.writer)) != DT_OK) ||
+         (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
+        return st;
+    return dt_run_ckpt_step(&r->ck, tc, last, r->stop, save);
+}
+
 // The meeting after step r->step: the evaluation at the end of the epoch
 // and of the run and every eval_every steps, then the checkpoint that the
 // schedule, the votes (ctl) or a stop ask for, and the heartbeat.
@@ -983,14 +998,7 @@ static dt_status meet(run_state *r, int e, int64_t ebatch, const dt_control *ctl
         r->ck.last_step = tc.step - 1;  // (not due by a count of steps)
         save |= ke > 0 && (e + 1) % ke == 0;
     }
-    // (a staged view is the writer's snapshot: staged again only after its write)
-    if (here && dt_run_ckpt_due(&r->ck, tc.step, last, r->stop, save) && r->ck.dir[0] &&
-        (dt_heartbeat_phase(DT_PHASE_CKPT), (st = dt_strategy_params_sync(r->strat)) != DT_OK ||
-         (st = dt_strategy_params_host(r->strat)) != DT_OK ||
-         (r->ck.model.stable && r->ck.writer && (st = dt_ckpt_writer_wait(r->ck.writer)) != DT_OK) ||
-         (st = dt_strategy_ckpt_stage(r->strat)) != DT_OK))
-        return st;
-    if (here && (st = dt_run_ckpt_step(&r->ck, &tc, last, r->stop, save)) != DT_OK) return st;
+    if (here && (st = checkpoint(r, &tc, last, save)) != DT_OK) return st;
     dt_heartbeat(r->step);
     dt_heartbeat_phase(DT_PHASE_STEP);
     return DT_OK;
@@ -1132,9 +1140,27 @@ static dt_status recover(run_state *r) {
 // The steps, from the start or the resumed state, with every recovery
 // that spares make on the way; a spare (or every rank after a death in the
 // start) begins with one.
+// A run with spares whose recoveries go back to the newest checkpoint
+// (by_checkpoint) saves one before its first step, where checkpoints are
+// on, and waits for it: a death before the first scheduled one goes back
+// to the start. (After a barrier: rank 0's writer clears what an earlier
+// run left unfinished before any rank writes.)
+static dt_status save_start(run_state *r) {
+    if (dt_worker_spares() <= 0 || !by_checkpoint(r) || r->ts.step != 0 || r->rec.place != DT_PLACE_START ||
+        r->rec.lost_start || !r->ck.dir[0])
+        return DT_OK;
+    dt_train_state tc = r->ts;
+    r->ck.last_step = -1;  // (due at step 0)
+    dt_status st = dt_barrier(r->comm);
+    if (st == DT_OK) st = checkpoint(r, &tc, 0, 1);
+    if (st == DT_OK && r->ck.writer) st = dt_ckpt_writer_wait(r->ck.writer);
+    dt_heartbeat_phase(DT_PHASE_STEP);
+    return st == DT_OK ? DT_OK : dt_error(st, "rank %d, the checkpoint of step 0: %s", r->rank, dt_last_error());
+}
+
 static dt_status steps(run_state *r) {
     dt_heartbeat_phase(DT_PHASE_STEP);
-    dt_status st = r->rec.have_state && !r->rec.lost_start ? DT_OK : recover(r);
+    dt_status st = r->rec.have_state && !r->rec.lost_start ? save_start(r) : recover(r);
     while (st == DT_OK) {
         st = epochs(r);
         if (st == DT_OK || !r->rec.repair) break;
