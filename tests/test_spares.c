@@ -192,6 +192,15 @@ static void test_replaced(void) {
         CHECK(same_as(restarted, spared), "%s, rank 1 replaced: bitwise equal to the restart from the checkpoint",
               own[i].name);
     }
+    // A death before the first scheduled checkpoint: back to the one such
+    // a run makes before its first step.
+    faults("1:3:kill", "once-s-early");
+    rc = train("spare-int8-early", "--spares 1 --checkpoint-every 5 --set parallel.deterministic=false "
+                                   "--set compression.method=int8");
+    no_faults();
+    CHECK(rc == 0 && strstr(g_out, "step-00000000 (step 0) in ") && same_as("restart-int8", "spare-int8-early"),
+          "int8, rank 1 killed at step 3, a spare: every rank back to step 0, bitwise equal to the restarted run: "
+          "exit %d\n%s", rc, g_out);
 
     // fp16: the loss scale (and its count of clean steps) comes with the
     // state; an overflow at step 4 halved it before the kill.
