@@ -20,7 +20,10 @@
 #   7. ranks: that GPT on 1, 2 and 4 ranks sharing the GPU (bench/gpu_ranks.py:
 #      the staging's share of the step); zero: on 2 ranks at ZeRO 0 to 3
 #      (bench/gpu_zero.py: the GPU memory each stage keeps, and what backing
-#      chunks on demand and gathering layers cost the step)
+#      chunks on demand and gathering layers cost the step); model-parallel:
+#      on 2 ranks in data parallel and in 2 pipeline stages
+#      (bench/gpu_model_parallel.py: a stage's memory, and what its host
+#      update costs the step)
 #   8. forecast: dtrain simulate on dtrain's measured GPT-2 124M step
 #      (stage 6's, bf16 where it ran): 124M and 1.3B on 8 GPUs x 1..64 hosts
 # Run from the source tree on the GPU machine, with BUILD (default build/)
@@ -88,6 +91,9 @@ stage ranks 420 python3 bench/gpu_ranks.py --dtrain "$build/dtrain" --config "$o
 # ZeRO 0 to 3 on 2 ranks sharing the GPU: each stage's GPU memory and step
 stage zero 420 python3 bench/gpu_zero.py --dtrain "$build/dtrain" --config "$out/gpt2-124m-gpu.ini" \
     --ranks 2 --steps 5 --out "$out/zero" --json "$out/zero.json"
+# data parallel against 2 pipeline stages on 2 ranks sharing the GPU: a stage's memory and step
+stage model-parallel 420 python3 bench/gpu_model_parallel.py --dtrain "$build/dtrain" \
+    --config "$out/gpt2-124m-gpu.ini" --ranks 2 --steps 5 --out "$out/model-parallel" --json "$out/model-parallel.json"
 # the forecast of GPT-2 124M and 1.3B on 8 GPUs x 1..64 hosts from that measured step (docs/gpu.md)
 measured=$out/dtrain-bf16
 [ -s "$measured/summary.json" ] || measured=$out/dtrain-tf32

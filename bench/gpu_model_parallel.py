@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Model parallel on GPUs: N ranks (2 by default, sharing one GPU where the
+machine has one) of `dtrain train --device cuda` in data parallel and in
+N pipeline stages on the same global batch (docs/gpu.md, "Model parallel
+(pipeline and tensor)"). Prints, per layout, the median step, samples per
+second, the step against data parallel's, and rank 0's GPU memory from
+summary.json: the weights and gradients it backs (a stage: its layers'),
+its activations (a stage: its micro-batches' sets beside the arena) and
+where the update runs. A stage moves its gradients to the host and its
+parameters back each step and updates on the host: what that costs shows
+in the step.
+
+    python3 bench/gpu_model_parallel.py --dtrain BUILD/dtrain --config RUN.ini
+        [--ranks 2] [--steps N] [--out DIR] [--json FILE]
+
+The config's [train] batch is the global batch; the first 3 steps are
+warm-up, left out of the medians (bench/gpu_ranks.py's records). Only the
+standard library: it runs on the GPU machine as it is.
+"""
+import os, statistics, sys
+
+from gpu_ranks import arguments, finish, train
+
+MIB = 1048576.0
+
+
+def one(args, name, flags):
+    rows, summary = train(args, name, args.ranks, flags)
+    if rows is None:
+        return {"layout": name, "error": summary}
+    gpu = summary.get("gpu", {})
+    return {"layout": name, "step_seconds": statistics.median(r["step_seconds"] for r in rows),
+            "rate": statistics.median(r["samples_per_sec"] for r in rows),
+            "weights_bytes": gpu.get("weights_bytes", 0), "gradients_bytes": gpu.get("gradients_bytes", 0),
+            "activations_bytes": gpu.get("activations_bytes", 0), "update": gpu.get("update", "device")}
+
+
+def main():
+    ap = arguments(__doc__, "gpu-model-parallel")
+    ap.add_argument("--ranks", type=int, default=2)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    layouts = [("data-parallel", ()),
+               ("pipeline-%d" % args.ranks, ("--set", "parallel.pipeline=%d" % args.ranks,
+                                             "--set", "parallel.micro_batches=%d" % (2 * args.ranks)))]
+    rows = [one(args, name, flags) for name, flags in layouts]
+    base = next((r["step_seconds"] for r in rows if r["layout"] == "data-parallel" and "error" not in r), None)
+    print("| %d ranks | step (ms) | against data parallel | samples/s | weights (MiB) | gradients (MiB) | "
+          "activations (MiB) | update |" % args.ranks)
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        if "error" in r:
+            print("| %s | %s | | | | | | |" % (r["layout"], r["error"]))
+            continue
+        against = "%.2fx" % (r["step_seconds"] / base) if base else "(no data-parallel run)"
+        print("| %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %s |" % (
+            r["layout"], r["step_seconds"] * 1e3, against, r["rate"], r["weights_bytes"] / MIB,
+            r["gradients_bytes"] / MIB, r["activations_bytes"] / MIB, r["update"]))
+    return finish(args, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
