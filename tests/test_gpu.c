@@ -482,6 +482,71 @@ static void test_encoder(int B, int T, int C, int V) {
         dt_gpu_free(gdwpe);
 }
 
+// A tensor-parallel shard's embedding (wte's rows [v0, v0 + Vl) of a
+// vocabulary of V; the other tokens zeros, their rows untouched): the
+// CPU's bits.
+static void test_encoder_split(int B, int T, int C, int V, int v0, int Vl) {
+    size_t BT = (size_t)B * T, n = BT * C, nw = (size_t)Vl * C;
+    int32_t *inp = malloc(sizeof(int32_t) * BT);
+    uint64_t x = 41;
+    for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)((draw(&x) + 0.5f) * V) % V;
+    float *wte = randoms(nw, 2, 42), *wpe = randoms((size_t)T * C, 2, 43), *out = randoms(n, 1, 44);
+    float *dout = randoms(n, 1, 45), *dwte = randoms(nw, 0.1f, 46), *dwpe = randoms((size_t)T * C, 0.1f, 47);
+    int32_t *gi = upload_i32(inp, BT);
+    float *gwte = upload(wte, nw), *gwpe = upload(wpe, (size_t)T * C), *gout = upload(out, n), *gdout = upload(dout, n);
+    float *gdwte = upload(dwte, nw), *gdwpe = upload(dwpe, (size_t)T * C);
+    dt_status st = gi && gwte && gwpe && gout && gdout && gdwte && gdwpe ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_encoder_split_forward(gout, gi, gwte, gwpe, B, T, C, v0, Vl);
+    if (st == DT_OK) st = dt_gpu_encoder_split_backward(gdwte, gdwpe, gdout, gi, B, T, C, v0, Vl);
+    dt_encoder_split_forward(out, inp, wte, wpe, B, T, C, v0, Vl);
+    dt_encoder_split_backward(dwte, dwpe, dout, inp, B, T, C, v0, Vl);
+    size_t bo = st == DT_OK ? differ(out, gout, n) : SIZE_MAX, bt = st == DT_OK ? differ(dwte, gdwte, nw) : SIZE_MAX;
+    size_t bp = st == DT_OK ? differ(dwpe, gdwpe, (size_t)T * C) : SIZE_MAX;
+    CHECK(bo == 0 && bt == 0 && bp == 0, "encoder of a shard B %d T %d C %d V %d rows [%d, %d): elements differing from "
+          "the CPU's bits: out %zu, dwte %zu, dwpe %zu (0)%s%s", B, T, C, V, v0, v0 + Vl, bo, bt, bp, GPU_ERR(st));
+    free(inp), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    dt_gpu_free(gi), dt_gpu_free(gwte), dt_gpu_free(gwpe), dt_gpu_free(gout), dt_gpu_free(gdout), dt_gpu_free(gdwte),
+        dt_gpu_free(gdwpe);
+}
+
+// The vocabulary-parallel cross-entropy's three parts on one shard's N rows
+// of V columns (targets shifted: some outside 0..V-1), against the CPU's:
+// the maxima bitwise, the sums, the target logits, the probabilities and
+// the loss within 1e-5 (the rows' sums in a block's tree).
+static void test_ce_split(size_t N, int V) {
+    size_t n = N * (size_t)V;
+    float *l = randoms(n, 8.0f, 51), *p = malloc(sizeof(float) * n), *mx = malloc(sizeof(float) * 3 * N);
+    float *sums = mx + N, *back = malloc(sizeof(float) * (n > 3 * N ? n : 3 * N));
+    double *row = malloc(sizeof(double) * N);
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    uint64_t x = 53;
+    for (size_t i = 0; i < N; i++) t[i] = (int32_t)((draw(&x) + 0.5f) * 2 * V) % (2 * V) - V / 2;
+    float *gl = upload(l, n), *gp = upload(l, n), *gm = upload(l, 3 * N), *gloss = upload(l, 1), loss_h = NAN;
+    void *gt = NULL, *grow = NULL;
+    dt_status st = gl && gp && gm && gloss ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_alloc(&gt, sizeof(int32_t) * N);
+    if (st == DT_OK) st = dt_gpu_alloc(&grow, sizeof(double) * N);
+    if (st == DT_OK) st = dt_gpu_to_device(gt, t, sizeof(int32_t) * N);
+    if (st == DT_OK) st = dt_gpu_ce_split_max(gm, gl, N, V);
+    dt_ce_split_max(mx, l, (int)N, V);
+    size_t dm = st == DT_OK ? differ(mx, gm, N) : SIZE_MAX;
+    if (st == DT_OK) st = dt_gpu_ce_split_exp(gp, gm + N, gl, gm, gt, N, V);
+    dt_ce_split_exp(p, sums, l, mx, t, (int)N, V);
+    if (st == DT_OK) st = dt_gpu_to_host(back, gm + N, sizeof(float) * 2 * N);
+    double ds = st == DT_OK ? tl_max_rel(sums, back, 2 * N, 1e-6) : INFINITY;
+    if (st == DT_OK) st = dt_gpu_to_device(gm + N, sums, sizeof(float) * 2 * N);  // (the CPU's on both sides)
+    if (st == DT_OK) st = dt_gpu_ce_split_finish(gp, grow, gloss, gm, gm + N, N, V);
+    float loss = dt_ce_split_finish(p, row, mx, sums, (int)N, V);
+    if (st == DT_OK) st = dt_gpu_to_host(back, gp, sizeof(float) * n);
+    if (st == DT_OK) st = dt_gpu_to_host(&loss_h, gloss, sizeof(float));
+    double dp = st == DT_OK ? tl_max_rel(p, back, n, 1e-30) : INFINITY, dl = tl_rel(loss, loss_h, 1e-6);
+    CHECK(dm == 0 && ds <= 1e-5 && dp <= 1e-5 && dl <= 1e-5, "vocabulary-parallel cross-entropy N %zu V %d: maxima "
+          "differing %zu (0), sums %.3g, probs %.3g, loss %.9g against %.9g (%.3g; <= 1e-5)%s%s", N, V, dm, ds, dp,
+          loss_h, loss, dl, GPU_ERR(st));
+    free(l), free(p), free(mx), free(back), free(row), free(t);
+    dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gm), dt_gpu_free(gloss), dt_gpu_free(gt), dt_gpu_free(grow);
+}
+
 // Residual add and ReLU: the CPU's bits (backward accumulating).
 static void test_elementwise(size_t n) {
     float *a = randoms(n, 2, 31), *b = randoms(n, 2, 32), *out = randoms(n, 1, 33), *dout = randoms(n, 1, 34);
@@ -874,6 +939,10 @@ static void test_gpt_ops(void) {
     test_encoder(2, 37, 97, 7);
     test_encoder(3, 65, 64, 50257);
     test_encoder(1, 1, 1, 1);
+    test_encoder_split(2, 37, 97, 50, 25, 25);
+    test_encoder_split(3, 65, 64, 50257, 0, 25152);
+    test_ce_split(2 * 37, 25152);
+    test_ce_split(5, 1000);
     const size_t ns[] = {1, 255, 257, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_elementwise(ns[i]);
     // (B, T, C, NH): T not a multiple of 32, past a block's 256 threads and

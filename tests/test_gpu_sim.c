@@ -768,6 +768,15 @@ static const dev_row dev_rows[] = {
     {"mlp", 4, "--set parallel.tensor=2", 0},
     {"mlp", 4, "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", 0},
     {"mlp", 2, "--precision bf16 --set parallel.tensor=2", 0},
+    // the GPT's: its heads, MLP units and vocabulary rows split, the
+    // embedding and the loss vocabulary-parallel (with a padded vocabulary
+    // of 96, shard 1's head holds no column of the 32 words)
+    {"gpt", 2, "--set parallel.tensor=2", 0},
+    {"gpt", 4, "--set parallel.tensor=2 --set parallel.pipeline=2", 0},
+    {"gpt", 4, "--set parallel.tensor=2", 0},
+    {"gpt", 2, "--set parallel.tensor=2 --set model.padded_vocab_size=96", 0},
+    {"gpt", 2, "--precision bf16 --set parallel.tensor=2", 0},
+    {"gpt", 2, "--deterministic --set parallel.tensor=2 --set parallel.micro_shards=6", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -1256,6 +1265,7 @@ static void test_spares(void) {
     spares("mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", "3:12:kill",
            "", "pipe", 0);
     spares("mlp", 4, "--set parallel.tensor=2", "2:12:kill", "", "tensor", 0);  // (its shard from its twin)
+    spares("gpt", 4, "--set parallel.tensor=2", "1:12:kill", "", "gpt-tensor", 0);
 }
 
 // ---- NCCL: the fake one over shared memory (tests/gpu/fake_nccl.c) ---------------
@@ -1413,7 +1423,8 @@ static void test_refusals(void) {
         {cfg_mlp_full, "--device cuda --workers 2 --set compression.method=bf16 --set compression.min_bytes=64",
          "with [compression] min_bytes (pieces sent as fp32): not in this dtrain yet"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
-        {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2", "with [parallel] tensor"},
+        {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2 --set parallel.sequence=true",
+         "with [parallel] sequence (sequence parallel): not in this dtrain yet"},
         {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},
     };
     char text[4096];

@@ -66,6 +66,29 @@ DT_API void dt_encoder_forward(float *out, const int32_t *inp, const float *wte,
 DT_API void dt_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                 const int32_t *inp, int B, int T, int C);
 
+/* Vocabulary parallel (a tensor-parallel shard holding wte's rows [v0,
+ * v0 + V) as its rows 0..V-1): forward out[b,t] = wte[inp - v0] + wpe[t]
+ * where the shard holds the token, else zeros (the shards' outputs summed
+ * are the whole embedding); backward dwte[inp - v0] += dout for those
+ * tokens (positions in order), dwpe as dt_encoder_backward's (every
+ * token). */
+DT_API void dt_encoder_split_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
+                                     int C, int v0, int V);
+DT_API void dt_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                                      int C, int v0, int V);
+/* Softmax cross-entropy over logits [N, V] that the shards hold in columns
+ * (targets shifted to this shard's: outside 0..V-1 another's), in three
+ * parts with a collective over the shards after each of the first two:
+ * max: mx[N] the rows' maxima (then maxed over the shards); exp: probs =
+ * exp(l - mx), sums[N] their sums (each row's in double, in order, as a
+ * float) and sums[N + i] the target's logit or 0 (the 2N then summed);
+ * finish: probs /= sums, row_loss[N] (doubles), returned: their mean (in
+ * order). */
+DT_API void dt_ce_split_max(float *mx, const float *logits, int N, int V);
+DT_API void dt_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                            int N, int V);
+DT_API float dt_ce_split_finish(float *probs, double *row_loss, const float *mx, const float *sums, int N, int V);
+
 /* out[N] = a[N] + b[N];  backward: da += dout, db += dout. */
 DT_API void dt_residual_forward(float *out, const float *a, const float *b, size_t N);
 DT_API void dt_residual_backward(float *da, float *db, const float *dout, size_t N);

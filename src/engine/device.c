@@ -25,6 +25,9 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
 // ... and in bf16 or fp16 (the GEMMs on 16-bit operands); under ZeRO (the
 // sharded norm's pieces).
 static const char *const half_ops[] = {"gemm16", "to16", NULL};
+// ... a GPT's tensor-parallel shards (the vocabulary-parallel embedding and loss).
+static const char *const split_ops[] = {"encoder_split_forward", "encoder_split_backward", "ce_split_max",
+                                        "ce_split_exp", "ce_split_finish", NULL};
 static const char *const zero_ops[] = {"sumsq_parts", NULL};
 // ... and gradients exchanged in 16 bits, with error feedback or not.
 static const char *const wire_ops[] = {"to16", "from16", NULL};
@@ -39,12 +42,12 @@ static int wire16(const dt_config *c) {
 // What trains on a device: data parallel (plain or deterministic, ZeRO
 // stage 1, 2 or 3 or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
-// fp32 or (plain data parallel) in 16 bits; pipeline parallel and a
-// sequential model's tensor parallel (the model-parallel strategy, its
-// stages on the device); the rest refused by name.
+// fp32 or (plain data parallel) in 16 bits; pipeline and tensor parallel
+// (the model-parallel strategy, its stages on the device; not sequence
+// parallel); the rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
-                     : c->tensor > 1 && c->gpt ? "[parallel] tensor with a GPT"
+                     : c->tensor > 1 && c->sequence ? "[parallel] sequence (sequence parallel)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
                      : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"
@@ -56,7 +59,7 @@ static dt_status supported(const dt_config *c) {
     if (no)
         return dt_error(DT_ERR_CONFIG, "[train] device = %s with %s: not in this dtrain yet (GPUs train data parallel, "
                         "plain or deterministic, ZeRO stages 1 to 3 or not, a GPT or a sequential model, gradients in fp32 "
-                        "or bf16/fp16, pipeline parallel, and a sequential model's tensor parallel; docs/gpu.md)",
+                        "or bf16/fp16, pipeline and tensor parallel; docs/gpu.md)",
                         c->device, no);
     return DT_OK;
 }
@@ -78,6 +81,7 @@ dt_status dt_train_check_device(const dt_config *c) {
     snprintf(who, sizeof who, "[train] device = %s (%s)", c->device, what);
     st = dt_dev_require(d, c->gpt ? gpt_ops : mlp_ops, who);
     if (st == DT_OK && c->precision != DT_F32) st = dt_dev_require(d, half_ops, who);
+    if (st == DT_OK && c->gpt && c->tensor > 1) st = dt_dev_require(d, split_ops, who);
     if (st == DT_OK && wire16(c)) st = dt_dev_require(d, wire_ops, who);
     if (st == DT_OK && wire16(c) && c->comp_method != DT_COMP_NONE && c->comp_error_feedback)
         st = dt_dev_require(d, ef_ops, who);

@@ -52,6 +52,11 @@ const dt_dev dt_dev_cuda = {
     .sgd = dt_gpu_sgd,
     .encoder_forward = dt_gpu_encoder_forward,
     .encoder_backward = dt_gpu_encoder_backward,
+    .encoder_split_forward = dt_gpu_encoder_split_forward,
+    .encoder_split_backward = dt_gpu_encoder_split_backward,
+    .ce_split_max = dt_gpu_ce_split_max,
+    .ce_split_exp = dt_gpu_ce_split_exp,
+    .ce_split_finish = dt_gpu_ce_split_finish,
     .residual_forward = dt_gpu_residual_forward,
     .residual_backward = dt_gpu_residual_backward,
     .attention_forward = dt_gpu_attention_forward,
@@ -86,7 +91,8 @@ static const struct {
     size_t off;
 } ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward),
            OP(gelu_forward), OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
-           OP(encoder_forward), OP(encoder_backward), OP(residual_forward), OP(residual_backward),
+           OP(encoder_forward), OP(encoder_backward), OP(encoder_split_forward), OP(encoder_split_backward),
+           OP(ce_split_max), OP(ce_split_exp), OP(ce_split_finish), OP(residual_forward), OP(residual_backward),
            OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),
            OP(bias_backward), OP(sumsq), OP(sumsq_parts), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),
            OP(maxpool_backward), OP(dropout_forward), OP(dropout_backward), OP(fixed_add), OP(fixed_to_float)};

@@ -121,6 +121,18 @@ typedef struct dt_dev {
                                  int C);
     dt_status (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
                                   int C);
+    /* A GPT's tensor-parallel shard (gpu.h's dt_gpu_encoder_split_forward
+     * and the rest: dtrain/gpt.h's vocabulary-parallel embedding and
+     * cross-entropy). */
+    dt_status (*encoder_split_forward)(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                                       int T, int C, int v0, int V);
+    dt_status (*encoder_split_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                                        int T, int C, int v0, int V);
+    dt_status (*ce_split_max)(float *mx, const float *logits, size_t N, int V);
+    dt_status (*ce_split_exp)(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                              size_t N, int V);
+    dt_status (*ce_split_finish)(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
+                                 size_t N, int V);
     dt_status (*residual_forward)(float *out, const float *a, const float *b, size_t N);
     dt_status (*residual_backward)(float *da, float *db, const float *dout, size_t N);
     /* The attention's products in precision t (DT_F32; DT_BF16, DT_F16:

@@ -11,7 +11,15 @@
  * dfchg, unused in the forward) and converted; the output gradients are
  * converted into dout16 (the attention backward's scratch datt, unused by
  * the linears' backward; the head's, [BT, V], into the probabilities'
- * buffer, which the cross-entropy's backward has read by then). */
+ * buffer, which the cross-entropy's backward has read by then).
+ *
+ * A tensor-parallel shard (dt_gpt_create_shard's model; not sequence
+ * parallel) runs nn/gpt.c's shard: its heads, MLP units and vocabulary
+ * rows (Cl = C / ntp, F = 4C / ntp, wte's rows [v0, v0 + Vl)), the
+ * row-parallel projections' outputs and the column-parallel linears' and
+ * the head's input gradients summed over the shards, the embedding and the
+ * cross-entropy vocabulary-parallel, each sum through a pinned host buffer
+ * by the model's own collective (dt_dev_gpt_set_reduce). */
 #include "gpu/dev_model.h"
 
 #include <math.h>
@@ -35,6 +43,12 @@ typedef struct {  // one layer's saved activations; in 16 bits ln1, atty, ln2, f
 struct dt_dev_gpt {
     dt_dev_blocks b;
     dt_gpt_config c;
+    int tp, ntp;                // this shard of ntp (0 of 1: the whole model)
+    int Cl, NHl, F, Vl, Vv, v0; // its channels, heads, MLP units, head's columns (and those below V), first row
+    dt_gpt_reduce_fn reduce;    // the shards' collectives (ntp > 1), on host values
+    void *reduce_user;
+    float *red;                 // ... through this pinned buffer (max(B T C, 2 B T) floats)
+    float *mx, *sums;           // ... the vocabulary-parallel cross-entropy's rows' maxima and sums [2 B T]
     size_t off[NPT], len[NPT];  // the tensors' offsets in the blocks, their floats
     dt_grad_ready_fn hook;      // the backward's grad hook (NULL: none)
     void *hook_user;
@@ -66,18 +80,22 @@ static float *kept(dt_dev_gpt *g, dt_dev_arena *a, void **h, size_t n) {
 // model's): x32 is dfchg (the backward's, free in the forward), dout16
 // datt's room (the attention's backward's, free in the linears' backward).
 static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) {
-    size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, V = (size_t)g->c.vocab_size, f = sizeof(float);
-    size_t att = f * g->maxB * g->c.n_head * g->maxT * g->maxT, h16 = g->b.t != DT_F32 ? 2 * BT * 4 * C : 0;
+    size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, f = sizeof(float);
+    size_t Cl = (size_t)g->Cl, F = (size_t)g->F, V = g->ntp > 1 ? (size_t)g->Vl : (size_t)g->c.vocab_size;
+    size_t CF = C > F ? C : F, wide = CF > 3 * Cl ? CF : 3 * Cl;  // (x32 holds C or F; dout16 C, F or 3 Cl)
+    size_t att = f * g->maxB * g->NHl * g->maxT * g->maxT, h16 = g->b.t != DT_F32 ? 2 * BT * wide : 0;
     if (work) {
         g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
         g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-        g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
-        g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * C);
-        g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
-        g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * 4 * C);
+        g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * Cl);
+        g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * Cl);
+        g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * F);
+        g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * (h16 ? CF : F));
         g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
         g->x32 = h16 ? g->dfchg : NULL;
         g->dout16 = h16 ? g->datt : NULL;
+        g->mx = g->ntp > 1 ? dt_dev_take(a, DT_DEV_WORK, f * 3 * BT) : NULL;
+        g->sums = g->mx ? g->mx + BT : NULL;
     }
     int L = g->c.n_layer;
     g->r0 = l0;
@@ -87,15 +105,15 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         s->ln1 = kept(g, a, &s->ln1_16, BT * C);
         s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * C);
-        s->atty = kept(g, a, &s->atty16, BT * C);
+        s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * Cl);
+        s->atty = kept(g, a, &s->atty16, BT * Cl);
         s->att = dt_dev_take(a, DT_DEV_ACTS, att);
         s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
         s->ln2 = kept(g, a, &s->ln2_16, BT * C);
         s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->ln2_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->fch = dt_dev_take(a, DT_DEV_ACTS, f * BT * 4 * C);
-        s->fchg = kept(g, a, &s->fchg16, BT * 4 * C);
+        s->fch = dt_dev_take(a, DT_DEV_ACTS, f * BT * F);
+        s->fchg = kept(g, a, &s->fchg16, BT * F);
     }
     if (l1 == L) {
         g->lnf = kept(g, a, &g->lnf16, BT * C);
@@ -132,6 +150,11 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     }
     *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, part), .c = *c,
                       .maxB = B, .maxT = T, .la = la};
+    g->tp = dt_gpt_shard(m, &g->ntp);
+    g->Cl = c->n_embd / g->ntp, g->NHl = c->n_head / g->ntp, g->F = 4 * c->n_embd / g->ntp;
+    g->Vl = c->padded_vocab_size / g->ntp, g->v0 = g->tp * g->Vl;
+    int left = c->vocab_size - g->v0;  // (the head's columns below the vocabulary: nn/gpt.c's head_vocab)
+    g->Vv = g->ntp == 1 ? c->vocab_size : left < 0 ? 0 : left < g->Vl ? left : g->Vl;
     for (int i = 0; i < NPT; i++) {
         g->off[i] = dt_gpt_tensor(m, i)->offset;
         g->len[i] = dt_gpt_tensor(m, i)->numel;
@@ -152,8 +175,36 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     return DT_OK;
 }
 
+dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
+    size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, n = BT * (C > 2 ? C : 2);
+    if (!g->red) TRY(g->b.d->host_alloc((void **)&g->red, sizeof(float) * n));
+    g->reduce = fn;
+    g->reduce_user = user;
+    return DT_OK;
+}
+
+// x[n] summed (max: maxed) over the shards in place, through the host.
+static dt_status reduce(dt_dev_gpt *g, float *x, size_t n, int max) {
+    if (g->ntp == 1) return DT_OK;
+    if (!g->reduce)
+        return dt_error(DT_ERR_ARG, "device gpt: tensor-parallel shard %d of %d has no collective (dt_dev_gpt_set_reduce)",
+                        g->tp, g->ntp);
+    TRY(g->b.d->to_host(g->red, x, sizeof(float) * n));
+    TRY(g->reduce(max ? DT_GPT_MAX : DT_GPT_SUM, g->red, g->red, n, g->reduce_user));
+    return g->b.d->to_device(x, g->red, sizeof(float) * n);
+}
+
+// A row-parallel projection's partial output out[BT, C] summed over the
+// shards, then its bias added (the whole model's GEMM adds it first).
+static dt_status row_parallel(dt_dev_gpt *g, float *out, const float *bias, int BT) {
+    if (g->ntp == 1) return DT_OK;
+    TRY(reduce(g, out, (size_t)BT * g->c.n_embd, 0));
+    return g->b.d->bias_forward(out, bias, (size_t)BT, g->c.n_embd);
+}
+
 void dt_dev_gpt_free(dt_dev_gpt *g) {
     if (!g) return;
+    if (g->red) g->b.d->host_free(g->red);
     dt_dev_blocks_close(&g->b);
     free(g->la);
     free(g);
@@ -161,9 +212,9 @@ void dt_dev_gpt_free(dt_dev_gpt *g) {
 
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g) { return &g->b; }
 
-// A tensor's layer l slice: its offset in the blocks; per-layer tensors are
-// [L, rows of `per` floats].
-static size_t at(const dt_dev_gpt *g, int i, int l, size_t per) { return g->off[i] + l * per; }
+// A tensor's layer l slice: its offset in the blocks (per-layer tensors are
+// [L, ...], a shard's its part).
+static size_t at(const dt_dev_gpt *g, int i, int l) { return g->off[i] + (size_t)l * (g->len[i] / g->c.n_layer); }
 
 // x (fp32, [n]) as a GEMM's input: in 16 bits converted into the kept h.
 static dt_status input(dt_dev_gpt *g, dt_dev_x *in, const float *x, void *h, size_t n) {
@@ -171,29 +222,34 @@ static dt_status input(dt_dev_gpt *g, dt_dev_x *in, const float *x, void *h, siz
     return g->b.t != DT_F32 ? g->b.d->to16(h, x, n, g->b.t) : DT_OK;
 }
 
+// One block (nn/gpt.c's layer_forward): a shard's qkv and fc linears
+// column-parallel, its two projections row-parallel (summed, then their
+// biases).
 static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, float *out) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
-    int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = 4 * C;
-    size_t rC = (size_t)BT * C, uC = (size_t)C;
+    int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl, whole = g->ntp == 1;
+    size_t rC = (size_t)BT * C;
     layer_acts *s = &g->la[l];
     float *p = g->b.params;
     dt_dev_x in;
-    TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l, uC),
-                             p + at(g, LN1B, l, uC), (size_t)BT, C, 1e-5f));
+    TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l), p + at(g, LN1B, l),
+                             (size_t)BT, C, 1e-5f));
     TRY(input(g, &in, s->ln1, s->ln1_16, rC));
-    TRY(dt_dev_linear_forward(b, s->qkv, in, at(g, QKVW, l, 3 * uC * uC), p + at(g, QKVB, l, 3 * uC), BT, C, 3 * C));
-    TRY(d->attention_forward(s->atty, s->att, s->qkv, B, T, C, g->c.n_head, b->t));
-    TRY(input(g, &in, s->atty, s->atty16, rC));
-    TRY(dt_dev_linear_forward(b, s->res2, in, at(g, ATTPROJW, l, uC * uC), p + at(g, ATTPROJB, l, uC), BT, C, C));
+    TRY(dt_dev_linear_forward(b, s->qkv, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
+    TRY(d->attention_forward(s->atty, s->att, s->qkv, B, T, Cl, g->NHl, b->t));
+    TRY(input(g, &in, s->atty, s->atty16, (size_t)BT * Cl));
+    TRY(dt_dev_linear_forward(b, s->res2, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
+    TRY(row_parallel(g, s->res2, p + at(g, ATTPROJB, l), BT));
     TRY(d->residual_forward(s->res2, residual, s->res2, rC));
-    TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, p + at(g, LN2W, l, uC),
-                             p + at(g, LN2B, l, uC), (size_t)BT, C, 1e-5f));
+    TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, p + at(g, LN2W, l), p + at(g, LN2B, l),
+                             (size_t)BT, C, 1e-5f));
     TRY(input(g, &in, s->ln2, s->ln2_16, rC));
-    TRY(dt_dev_linear_forward(b, s->fch, in, at(g, FCW, l, 4 * uC * uC), p + at(g, FCB, l, 4 * uC), BT, C, F));
+    TRY(dt_dev_linear_forward(b, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
     TRY(d->gelu_forward(s->fchg, s->fch, (size_t)BT * F));
     TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
-    TRY(dt_dev_linear_forward(b, out, in, at(g, FCPROJW, l, 4 * uC * uC), p + at(g, FCPROJB, l, uC), BT, F, C));
+    TRY(dt_dev_linear_forward(b, out, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
+    TRY(row_parallel(g, out, p + at(g, FCPROJB, l), BT));
     return d->residual_forward(out, s->res2, out, rC);
 }
 
@@ -216,7 +272,7 @@ static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *tar
     if (targets) TRY(check_tokens(targets, BT, V, "target"));
     int32_t *pin = g->b.pinned;
     if (inputs) memcpy(pin, inputs, sizeof(int32_t) * (size_t)BT);
-    if (targets) memcpy(pin + BT, targets, sizeof(int32_t) * (size_t)BT);
+    for (int i = 0; targets && i < BT; i++) pin[BT + i] = targets[i] - g->v0;  // (a shard's columns: nn/gpt.c's)
     if (inputs) TRY(d->to_device(g->inputs, pin, sizeof(int32_t) * (size_t)BT));
     if (targets) TRY(d->to_device(g->targets, pin + BT, sizeof(int32_t) * (size_t)BT));
     g->B = B;
@@ -228,8 +284,12 @@ static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *tar
 // back into *loss), each after its layer hook.
 static dt_status embed_forward(dt_dev_gpt *g) {
     float *p = g->b.params;
+    int C = g->c.n_embd;
     TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 0));
-    return g->b.d->encoder_forward(resid(g, 0), g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, g->c.n_embd);
+    if (g->ntp == 1) return g->b.d->encoder_forward(resid(g, 0), g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, C);
+    TRY(g->b.d->encoder_split_forward(resid(g, 0), g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, C, g->v0,
+                                      g->Vl));
+    return reduce(g, resid(g, 0), (size_t)g->B * g->T * C, 0);
 }
 
 static dt_status blocks_forward(dt_dev_gpt *g, int l0, int l1) {
@@ -249,8 +309,16 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
                              (size_t)BT, C, 1e-5f));
     dt_dev_x in;
     TRY(input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
-    TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, V));  // the tied head
-    TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
+    if (g->Vv > 0) TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, g->Vv));  // the tied head
+    if (g->ntp == 1) {
+        TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
+    } else {  // vocabulary-parallel: the rows' maxima, then their sums, over the shards
+        TRY(d->ce_split_max(g->mx, g->logits, (size_t)BT, g->Vv));
+        TRY(reduce(g, g->mx, (size_t)BT, 1));
+        TRY(d->ce_split_exp(g->probs, g->sums, g->logits, g->mx, g->targets, (size_t)BT, g->Vv));
+        TRY(reduce(g, g->sums, 2 * (size_t)BT, 0));
+        TRY(d->ce_split_finish(g->probs, g->b.row_loss, g->b.loss, g->mx, g->sums, (size_t)BT, g->Vv));
+    }
     float l;
     TRY(d->to_host(&l, g->b.loss, sizeof l));
     g->loss_scale = loss_scale;
@@ -281,18 +349,17 @@ static void grads_final(dt_dev_gpt *g, int k, int l) {
 // Layer l's gradients backed before its backward writes them (ZeRO stage
 // 2's block backed on demand; else nothing to do).
 static dt_status back_layer(dt_dev_gpt *g, int l) {
-    for (int i = LN1W; i <= FCPROJB; i++) {
-        size_t per = g->len[i] / (size_t)g->c.n_layer;
-        TRY(dt_dev_blocks_back(&g->b, at(g, i, l, per), per));
-    }
+    for (int i = LN1W; i <= FCPROJB; i++) TRY(dt_dev_blocks_back(&g->b, at(g, i, l), g->len[i] / g->c.n_layer));
     return DT_OK;
 }
 
+// Its backward: a shard's column-parallel linears' input gradients summed
+// over the shards before their layernorms' backward.
 static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
-    int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = 4 * C;
-    size_t sC = (size_t)BT * C, sF = (size_t)BT * F, uC = (size_t)C, f = sizeof(float);
+    int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl;
+    size_t sC = (size_t)BT * C, sF = (size_t)BT * F, f = sizeof(float);
     layer_acts *s = &g->la[l];
     float *p = g->b.params, *gr = g->b.grads;
     void *h = g->dout16;
@@ -300,30 +367,29 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
              ln1 = {s->ln1, s->ln1_16};
     TRY(back_layer(g, l));
     TRY(d->memset0(g->dfchg, f * sF));
-    TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l, 4 * uC * uC), gr + at(g, FCPROJB, l, uC), g->dresid, h,
-                               fchg, BT, F, C));
+    TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l), gr + at(g, FCPROJB, l), g->dresid, h, fchg, BT, F, C));
     grads_final(g, FCPROJW, l);
     TRY(d->memset0(g->dfch, f * sF));
     TRY(d->gelu_backward(g->dfch, g->dfchg, s->fch, sF));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l, 4 * uC * uC), gr + at(g, FCB, l, 4 * uC), g->dfch, h, ln2, BT,
-                               C, F));
+    TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l), gr + at(g, FCB, l), g->dfch, h, ln2, BT, C, F));
     grads_final(g, FCW, l);
-    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN2W, l, uC), gr + at(g, LN2B, l, uC), g->dln, s->res2,
-                              p + at(g, LN2W, l, uC), s->ln2_mean, s->ln2_rstd, (size_t)BT, C));
+    TRY(reduce(g, g->dln, sC, 0));
+    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN2W, l), gr + at(g, LN2B, l), g->dln, s->res2,
+                              p + at(g, LN2W, l), s->ln2_mean, s->ln2_rstd, (size_t)BT, C));
     grads_final(g, LN2W, l);
-    TRY(d->memset0(g->datty, f * sC));
-    TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l, uC * uC), gr + at(g, ATTPROJB, l, uC), g->dresid, h,
-                               atty, BT, C, C));
+    TRY(d->memset0(g->datty, f * (size_t)BT * Cl));
+    TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), g->dresid, h, atty, BT, Cl,
+                               C));
     grads_final(g, ATTPROJW, l);
-    TRY(d->memset0(g->dqkv, f * 3 * sC));
-    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, B, T, C, g->c.n_head, b->t));
+    TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
+    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, B, T, Cl, g->NHl, b->t));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l, 3 * uC * uC), gr + at(g, QKVB, l, 3 * uC), g->dqkv, h, ln1,
-                               BT, C, 3 * C));
+    TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, ln1, BT, C, 3 * Cl));
     grads_final(g, QKVW, l);
-    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN1W, l, uC), gr + at(g, LN1B, l, uC), g->dln, residual,
-                              p + at(g, LN1W, l, uC), s->ln1_mean, s->ln1_rstd, (size_t)BT, C));
+    TRY(reduce(g, g->dln, sC, 0));
+    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN1W, l), gr + at(g, LN1B, l), g->dln, residual,
+                              p + at(g, LN1W, l), s->ln1_mean, s->ln1_rstd, (size_t)BT, C));
     grads_final(g, LN1W, l);
     return DT_OK;
 }
@@ -333,18 +399,20 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
 // embed_backward's), the grad hook's first position.
 static dt_status head_backward(dt_dev_gpt *g) {
     const dt_dev *d = g->b.d;
-    int C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = g->B * g->T;
+    int C = g->c.n_embd, L = g->c.n_layer, BT = g->B * g->T;
     size_t sC = (size_t)BT * C, f = sizeof(float);
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
     dt_dev_x lnf = {g->lnf, g->lnf16};
     TRY(dt_dev_blocks_layer(&g->b, L, 1));
     static const int head[] = {WTE, LNFW, LNFB};
     for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
-    TRY(d->memset0(dlogits, f * (size_t)BT * V));
-    TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, V, (size_t)V, g->loss_scale));
+    int Vv = g->Vv;  // (a shard's columns: nn/gpt.c's head backward)
+    TRY(d->memset0(dlogits, f * (size_t)BT * Vv));
+    if (Vv > 0) TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));
     // (the head's output gradient in 16 bits: in the probabilities' room, read by now)
-    TRY(dt_dev_linear_backward(&g->b, g->dln, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, V));
+    if (Vv > 0) TRY(dt_dev_linear_backward(&g->b, g->dln, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, Vv));
+    TRY(reduce(g, g->dln, sC, 0));
     TRY(d->memset0(g->dresid, f * sC));
     TRY(d->layernorm_backward(g->dresid, gr + g->off[LNFW], gr + g->off[LNFB], g->dln, resid(g, L),
                               p + g->off[LNFW], g->lnf_mean, g->lnf_rstd, (size_t)BT, C));
@@ -366,7 +434,11 @@ static dt_status embed_backward(dt_dev_gpt *g) {
     TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 1));
     TRY(dt_dev_blocks_back(&g->b, g->off[WTE], g->len[WTE]));  // (the head backed wte already where it ran)
     TRY(dt_dev_blocks_back(&g->b, g->off[WPE], g->len[WPE]));
-    TRY(g->b.d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T, g->c.n_embd));
+    if (g->ntp == 1)
+        TRY(g->b.d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T, g->c.n_embd));
+    else
+        TRY(g->b.d->encoder_split_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T,
+                                           g->c.n_embd, g->v0, g->Vl));
     if (g->hook) g->hook(0, g->hook_user);
     return DT_OK;
 }

@@ -226,6 +226,11 @@ typedef struct dt_dev_gpt dt_dev_gpt;
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
                             dt_dev_part part, dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
+/* A tensor-parallel shard's collectives over the shards (m a shard:
+ * dt_gpt_create_shard; not sequence parallel): fn, the CPU model's
+ * dt_gpt_set_reduce's, on host values through a pinned buffer; before the
+ * stages are made. */
+dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user);
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
 /* dt_gpt_forward on tokens inputs, targets [B, T] (host). */
 dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T,

@@ -416,6 +416,40 @@ static dt_status sim_encoder_backward(float *dwte, float *dwpe, const float *dou
     return shut();
 }
 
+static dt_status sim_encoder_split_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                                           int T, int C, int v0, int V) {
+    open_dev();
+    dt_encoder_split_forward(out, inp, wte, wpe, B, T, C, v0, V);
+    return shut();
+}
+
+static dt_status sim_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                                            int T, int C, int v0, int V) {
+    open_dev();
+    dt_encoder_split_backward(dwte, dwpe, dout, inp, B, T, C, v0, V);
+    return shut();
+}
+
+static dt_status sim_ce_split_max(float *mx, const float *logits, size_t N, int V) {
+    open_dev();
+    dt_ce_split_max(mx, logits, (int)N, V);
+    return shut();
+}
+
+static dt_status sim_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx,
+                                  const int32_t *targets, size_t N, int V) {
+    open_dev();
+    dt_ce_split_exp(probs, sums, logits, mx, targets, (int)N, V);
+    return shut();
+}
+
+static dt_status sim_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
+                                     size_t N, int V) {
+    open_dev();
+    *loss = dt_ce_split_finish(probs, row_loss, mx, sums, (int)N, V);
+    return shut();
+}
+
 static dt_status sim_residual_forward(float *out, const float *a, const float *b, size_t N) {
     open_dev();
     dt_residual_forward(out, a, b, N);
@@ -610,6 +644,11 @@ const dt_dev dt_dev_sim = {
     .sgd = sim_sgd,
     .encoder_forward = sim_encoder_forward,
     .encoder_backward = sim_encoder_backward,
+    .encoder_split_forward = sim_encoder_split_forward,
+    .encoder_split_backward = sim_encoder_split_backward,
+    .ce_split_max = sim_ce_split_max,
+    .ce_split_exp = sim_ce_split_exp,
+    .ce_split_finish = sim_ce_split_finish,
     .residual_forward = sim_residual_forward,
     .residual_backward = sim_residual_backward,
     .attention_forward = sim_attention_forward,

@@ -2,8 +2,10 @@
  * arithmetic and order of sums (nn/attention.c), so the CPU's bits. The
  * embedding's backward groups the positions by token with a stable radix
  * sort (CUB) and gives each token's row to one block, which adds the
- * positions in order as the CPU does: no float atomics. Nothing here has
- * run on a GPU yet (docs/gpu.md). */
+ * positions in order as the CPU does: no float atomics. A tensor-parallel
+ * shard's (vocabulary parallel: wte's rows [v0, v0 + V)) are the same
+ * kernels given its rows. Nothing here has run on a GPU yet
+ * (docs/gpu.md). */
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
@@ -12,12 +14,15 @@
 
 // ---- encoder: token + position embedding
 
+// (a tensor-parallel shard's: the tokens of wte's rows [v0, v0 + V), zeros
+// for the others; the whole model's: v0 0, V every token)
 __global__ static void encoder_forward_kernel(float *out, const int32_t *inp, const float *wte, const float *wpe,
-                                              size_t BT, int T, int C) {
+                                              size_t BT, int T, int C, int v0, int V) {
     size_t n = BT * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C, c = i % C, t = bt % T;
-        out[i] = wte[(size_t)inp[bt] * C + c] + wpe[t * C + c];
+        int32_t tok = inp[bt];
+        out[i] = tok >= v0 && tok - v0 < V ? wte[(size_t)(tok - v0) * C + c] + wpe[t * C + c] : 0.0f;
     }
 }
 
@@ -31,11 +36,13 @@ __global__ static void iota_kernel(int32_t *p, size_t n) {
 // block at the first position of a token's run owns that token's row of
 // dwte and adds the run's gradients to it in order (the CPU's order).
 __global__ static void __launch_bounds__(DT_THREADS)
-    wte_grad_kernel(float *dwte, const float *dout, const int32_t *tok, const int32_t *pos, size_t n, int C) {
+    wte_grad_kernel(float *dwte, const float *dout, const int32_t *tok, const int32_t *pos, size_t n, int C, int v0,
+                    int V) {
     for (size_t i = blockIdx.x; i < n; i += gridDim.x) {
         int32_t t = tok[i];
         if (i > 0 && tok[i - 1] == t) continue;  // (the whole block: not a run's start)
-        float *d = dwte + (size_t)t * C;
+        if (t < v0 || t - v0 >= V) continue;     // (another shard's row)
+        float *d = dwte + (size_t)(t - v0) * C;
         for (int c = threadIdx.x; c < C; c += DT_THREADS) {
             float acc = d[c];
             for (size_t j = i; j < n && tok[j] == t; j++) acc += dout[(size_t)pos[j] * C + c];
@@ -54,17 +61,23 @@ __global__ static void wpe_grad_kernel(float *dwpe, const float *dout, int B, in
     }
 }
 
-dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
-                                 int C) {
+dt_status dt_gpu_encoder_split_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                                       int T, int C, int v0, int V) {
     if (B <= 0 || T <= 0 || C <= 0) return DT_OK;
     size_t BT = (size_t)B * T;
-    encoder_forward_kernel<<<dt_launch_blocks(BT * C, DT_THREADS), DT_THREADS>>>(out, inp, wte, wpe, BT, T, C);
+    encoder_forward_kernel<<<dt_launch_blocks(BT * C, DT_THREADS), DT_THREADS>>>(out, inp, wte, wpe, BT, T, C, v0, V);
     DT_LAUNCHED(encoder_forward_kernel);
     return DT_OK;
 }
 
-// dwte's part: the positions sorted by token in scratch, then one block a run.
-static dt_status wte_grad(float *dwte, const float *dout, const int32_t *inp, size_t n, int C) {
+dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
+                                 int C) {
+    return dt_gpu_encoder_split_forward(out, inp, wte, wpe, B, T, C, 0, INT32_MAX);
+}
+
+// dwte's part (rows [v0, v0 + V) of the tokens): the positions sorted by
+// token in scratch, then one block a run.
+static dt_status wte_grad(float *dwte, const float *dout, const int32_t *inp, size_t n, int C, int v0, int V) {
     if (n > INT32_MAX) return dt_error(DT_ERR_ARG, "GPU encoder backward: %zu positions (at most 2^31 - 1)", n);
     size_t sort_bytes = 0;
     cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, inp, (int32_t *)NULL, (const int32_t *)NULL,
@@ -84,17 +97,18 @@ static dt_status wte_grad(float *dwte, const float *dout, const int32_t *inp, si
         if (e != cudaSuccess) st = dt_error(DT_ERR_INTERNAL, "GPU encoder backward: the sort: %s", cudaGetErrorString(e));
     }
     if (st == DT_OK) {
-        wte_grad_kernel<<<dt_launch_rows(n), DT_THREADS>>>(dwte, dout, tok, pos, n, C);
+        wte_grad_kernel<<<dt_launch_rows(n), DT_THREADS>>>(dwte, dout, tok, pos, n, C, v0, V);
         st = dt_gpu_launched("wte_grad_kernel");
     }
     dt_gpu_scratch_free(scratch);
     return st;
 }
 
-dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C) {
+dt_status dt_gpu_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                                        int C, int v0, int V) {
     if (B <= 0 || T <= 0 || C <= 0) return DT_OK;
     if (dwte) {
-        dt_status st = wte_grad(dwte, dout, inp, (size_t)B * T, C);
+        dt_status st = wte_grad(dwte, dout, inp, (size_t)B * T, C, v0, V);
         if (st != DT_OK) return st;
     }
     if (dwpe) {
@@ -102,6 +116,10 @@ dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, c
         DT_LAUNCHED(wpe_grad_kernel);
     }
     return DT_OK;
+}
+
+dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C) {
+    return dt_gpu_encoder_split_backward(dwte, dwpe, dout, inp, B, T, C, 0, INT32_MAX);
 }
 
 // ---- residual

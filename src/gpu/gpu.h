@@ -116,6 +116,23 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
 dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
                                  int C);
 dt_status dt_gpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C);
+/* A GPT's tensor-parallel shard holding wte's rows [v0, v0 + V) (dtrain/gpt.h's
+ * dt_encoder_split_forward, _backward; the backward's dwte rows summed over
+ * their positions in order, no float atomics, as dt_gpu_encoder_backward's)
+ * and the vocabulary-parallel cross-entropy over logits [N, V] of the
+ * shard's columns (dt_ce_split_max, _exp, _finish: mx[N], sums[2N] and
+ * row_loss[N] device buffers, *loss one device float; the rows' sums on the
+ * device in a block's tree, so to rounding of the CPU's, and the mean in
+ * order). */
+dt_status dt_gpu_encoder_split_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                                       int T, int C, int v0, int V);
+dt_status dt_gpu_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                                        int C, int v0, int V);
+dt_status dt_gpu_ce_split_max(float *mx, const float *logits, size_t N, int V);
+dt_status dt_gpu_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                              size_t N, int V);
+dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
+                                 size_t N, int V);
 /* out = a + b; backward: da += dout, db += dout (either NULL: skipped). */
 dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N);
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N);

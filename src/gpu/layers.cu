@@ -237,6 +237,78 @@ __global__ static void ce_backward_kernel(float *dlogits, const float *probs, co
     }
 }
 
+// The vocabulary-parallel cross-entropy (dtrain/gpt.h's dt_ce_split_*): a
+// block a row, its sums in a block's tree.
+__global__ static void __launch_bounds__(DT_THREADS) ce_split_max_kernel(float *mx, const float *logits, size_t N, int V) {
+    __shared__ float shf[DT_THREADS];
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *l = logits + r * V;
+        float m = -FLT_MAX;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) m = l[v] > m ? l[v] : m;
+        m = block_max(m, shf);
+        if (threadIdx.x == 0) mx[r] = m;
+    }
+}
+
+__global__ static void __launch_bounds__(DT_THREADS)
+    ce_split_exp_kernel(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                        size_t N, int V) {
+    __shared__ double shd[DT_THREADS];
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        const float *l = logits + r * V;
+        float *p = probs + r * V;
+        double s = 0.0;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) {
+            float e = dt_ce_exp(l[v], mx[r]);
+            p[v] = e;
+            s += e;
+        }
+        s = block_sum(s, shd);
+        if (threadIdx.x == 0) {
+            int32_t t = targets[r];
+            sums[r] = (float)s;
+            sums[N + r] = t >= 0 && t < V ? l[t] : 0.0f;
+        }
+    }
+}
+
+__global__ static void __launch_bounds__(DT_THREADS)
+    ce_split_finish_kernel(float *probs, double *row_loss, const float *mx, const float *sums, size_t N, int V) {
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        float inv = 1.0f / sums[r], *p = probs + r * V;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) p[v] *= inv;
+        if (threadIdx.x == 0) row_loss[r] = dt_ce_row_loss(mx[r], (double)sums[r], sums[N + r]);
+    }
+}
+
+dt_status dt_gpu_ce_split_max(float *mx, const float *logits, size_t N, int V) {
+    if (N == 0) return DT_OK;
+    ce_split_max_kernel<<<dt_launch_rows(N), DT_THREADS>>>(mx, logits, N, V);
+    DT_LAUNCHED(ce_split_max_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                              size_t N, int V) {
+    if (N == 0) return DT_OK;
+    ce_split_exp_kernel<<<dt_launch_rows(N), DT_THREADS>>>(probs, sums, logits, mx, targets, N, V);
+    DT_LAUNCHED(ce_split_exp_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
+                                 size_t N, int V) {
+    if (N == 0) {
+        DT_CUDA(cudaMemset(loss, 0, sizeof(float)));
+        return DT_OK;
+    }
+    ce_split_finish_kernel<<<dt_launch_rows(N), DT_THREADS>>>(probs, row_loss, mx, sums, N, V);
+    DT_LAUNCHED(ce_split_finish_kernel);
+    ce_mean_kernel<<<1, 1>>>(loss, row_loss, N);
+    DT_LAUNCHED(ce_mean_kernel);
+    return DT_OK;
+}
+
 dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *loss, const float *logits,
                                       const int32_t *targets, size_t N, int V, size_t ld) {
     if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);

@@ -55,6 +55,31 @@ void dt_encoder_backward(float *dwte, float *dwpe, const float *dout, const int3
     }
 }
 
+void dt_encoder_split_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
+                              int C, int v0, int V) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B * T; i++) {
+        float *o = out + (size_t)i * C;
+        const float *pe = wpe + (size_t)(i % T) * C;
+        if (inp[i] >= v0 && inp[i] < v0 + V) {
+            const float *we = wte + (size_t)(inp[i] - v0) * C;
+            for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+        } else {
+            memset(o, 0, sizeof(float) * C);
+        }
+    }
+}
+
+void dt_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                               int C, int v0, int V) {
+    for (int i = 0; i < B * T; i++)
+        if (inp[i] >= v0 && inp[i] < v0 + V) {
+            float *d = dwte + (size_t)(inp[i] - v0) * C;
+            for (int c = 0; c < C; c++) d[c] += dout[(size_t)i * C + c];
+        }
+    dt_encoder_backward(NULL, dwpe, dout, inp, B, T, C);
+}
+
 // ----------------------------------------------------------------------------
 // residual
 

@@ -842,17 +842,7 @@ dt_status dt_gpt_embed_forward(dt_gpt *m, dt_gpt_acts *a, const int32_t *inputs,
         // (sequence parallel: every row made, then reduce-scattered into the shard's)
         int C = m->c.n_embd, Vl = m->c.padded_vocab_size / m->ntp, v0 = m->tp * Vl;
         float *part = m->seq ? m->datty : resid_out;
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < BT; i++) {
-            float *o = part + (size_t)i * C;
-            const float *pe = m->p[WPE] + (size_t)(i % a->T) * C;
-            if (inputs[i] >= v0 && inputs[i] < v0 + Vl) {
-                const float *we = m->p[WTE] + (size_t)(inputs[i] - v0) * C;
-                for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
-            } else {
-                memset(o, 0, sizeof(float) * C);
-            }
-        }
+        dt_encoder_split_forward(part, inputs, m->p[WTE], m->p[WPE], a->B, a->T, C, v0, Vl);
         if ((st = sum_rows(m, part, resid_out, BT)) != DT_OK) return st;
     }
     a->have_inputs = 1;
@@ -990,35 +980,11 @@ static dt_status parallel_crossentropy(dt_gpt *m, float *probs, const float *log
     float *mx = malloc(sizeof(float) * 3 * (size_t)N), *sum = mx + N;  // sum[N], target logit[N]
     double *row = malloc(sizeof(double) * (size_t)N);
     dt_status st = mx && row ? DT_OK : dt_error(DT_ERR_NOMEM, "gpt forward: out of memory");
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < (st == DT_OK ? N : 0); i++) {
-        float v = -FLT_MAX;
-        for (int j = 0; j < Vl; j++) v = logits[(size_t)i * Vl + j] > v ? logits[(size_t)i * Vl + j] : v;
-        mx[i] = v;
-    }
+    if (st == DT_OK) dt_ce_split_max(mx, logits, N, Vl);
     if (st == DT_OK) st = tp_reduce(m, mx, (size_t)N, 1);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < (st == DT_OK ? N : 0); i++) {
-        const float *l = logits + (size_t)i * Vl;
-        float *p = probs + (size_t)i * Vl;
-        double s = 0;
-        for (int j = 0; j < Vl; j++) {
-            p[j] = dt_ce_exp(l[j], mx[i]);
-            s += p[j];
-        }
-        sum[i] = (float)s;
-        sum[N + i] = targets[i] >= 0 && targets[i] < Vl ? l[targets[i]] : 0.0f;
-    }
+    if (st == DT_OK) dt_ce_split_exp(probs, sum, logits, mx, targets, N, Vl);
     if (st == DT_OK) st = tp_reduce(m, sum, 2 * (size_t)N, 0);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < (st == DT_OK ? N : 0); i++) {
-        float inv = 1.0f / sum[i];
-        for (int j = 0; j < Vl; j++) probs[(size_t)i * Vl + j] *= inv;
-        row[i] = (double)mx[i] + log((double)sum[i]) - sum[N + i];
-    }
-    double total = 0;
-    for (int i = 0; i < (st == DT_OK ? N : 0); i++) total += row[i];
-    *loss = N > 0 ? (float)(total / N) : 0.0f;
+    if (st == DT_OK) *loss = dt_ce_split_finish(probs, row, mx, sum, N, Vl);
     free(mx);
     free(row);
     return st;
@@ -1254,13 +1220,8 @@ dt_status dt_gpt_embed_backward(dt_gpt *m, dt_gpt_acts *a, const float *dresid) 
     if (st != DT_OK) return st;
     if (m->ntp == 1) dt_encoder_backward(m->g[WTE], m->g[WPE], dresid, a->inputs, a->B, a->T, m->c.n_embd);
     else {  // this shard's rows of wte; wpe whole
-        int C = m->c.n_embd, BT = a->B * a->T, Vl = m->c.padded_vocab_size / m->ntp, v0 = m->tp * Vl;
-        for (int i = 0; i < BT; i++)
-            if (a->inputs[i] >= v0 && a->inputs[i] < v0 + Vl) {
-                float *d = m->g[WTE] + (size_t)(a->inputs[i] - v0) * C;
-                for (int c = 0; c < C; c++) d[c] += dresid[(size_t)i * C + c];
-            }
-        dt_encoder_backward(NULL, m->g[WPE], dresid, a->inputs, a->B, a->T, C);
+        int Vl = m->c.padded_vocab_size / m->ntp;
+        dt_encoder_split_backward(m->g[WTE], m->g[WPE], dresid, a->inputs, a->B, a->T, m->c.n_embd, m->tp * Vl, Vl);
     }
     if (m->hook) m->hook(0, m->hook_user);
     return DT_OK;

@@ -3,6 +3,7 @@
  * samples or rows are split across OpenMP threads with a static schedule, and
  * every reduction runs in a fixed order, so results depend only on the
  * thread count. */
+#include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "kernels/kernels.h"
 #include "nn/nn_impl.h"
@@ -346,6 +347,43 @@ float dt_crossentropy_forward(float *probs, const float *logits, const int32_t *
     for (int i = 0; i < B; i++) loss += row_loss[i];
     free(row_loss);
     return B > 0 ? (float)(loss / B) : 0.0f;
+}
+
+void dt_ce_split_max(float *mx, const float *logits, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float v = -FLT_MAX;
+        for (int j = 0; j < V; j++) v = logits[(size_t)i * V + j] > v ? logits[(size_t)i * V + j] : v;
+        mx[i] = v;
+    }
+}
+
+void dt_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                     int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * V;
+        float *p = probs + (size_t)i * V;
+        double s = 0;
+        for (int j = 0; j < V; j++) {
+            p[j] = dt_ce_exp(l[j], mx[i]);
+            s += p[j];
+        }
+        sums[i] = (float)s;
+        sums[N + i] = targets[i] >= 0 && targets[i] < V ? l[targets[i]] : 0.0f;
+    }
+}
+
+float dt_ce_split_finish(float *probs, double *row_loss, const float *mx, const float *sums, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float inv = 1.0f / sums[i];
+        for (int j = 0; j < V; j++) probs[(size_t)i * V + j] *= inv;
+        row_loss[i] = dt_ce_row_loss(mx[i], (double)sums[i], sums[N + i]);
+    }
+    double total = 0;
+    for (int i = 0; i < N; i++) total += row_loss[i];
+    return N > 0 ? (float)(total / N) : 0.0f;
 }
 
 void dt_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, int B,

@@ -317,6 +317,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     if (dt_device_index(c->device) >= 0)
         DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_train_device_states(c),
                                  dt_train_device_part(c, comm), (dt_dtype)c->precision), done);
+    if (t->dg && t->ntp > 1) DT_TRY(dt_dev_gpt_set_reduce(t->dg, tp_reduce, t), done);
     gpt_info(t, c, order, norder, info);
     info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
 done:
