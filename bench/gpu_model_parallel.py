@@ -17,22 +17,19 @@ The config's [train] batch is the global batch; the first 3 steps are
 warm-up, left out of the medians (bench/gpu_ranks.py's records). Only the
 standard library: it runs on the GPU machine as it is.
 """
-import os, statistics, sys
+import os, sys
 
-from gpu_ranks import arguments, finish, train
+from gpu_ranks import arguments, finish, measured, table
 
 MIB = 1048576.0
 
 
 def one(args, name, flags):
-    rows, summary = train(args, name, args.ranks, flags)
-    if rows is None:
-        return {"layout": name, "error": summary}
-    gpu = summary.get("gpu", {})
-    return {"layout": name, "step_seconds": statistics.median(r["step_seconds"] for r in rows),
-            "rate": statistics.median(r["samples_per_sec"] for r in rows),
-            "weights_bytes": gpu.get("weights_bytes", 0), "gradients_bytes": gpu.get("gradients_bytes", 0),
-            "activations_bytes": gpu.get("activations_bytes", 0), "update": gpu.get("update", "device")}
+    row, gpu = measured(args, "layout", name, name, args.ranks, flags)
+    if gpu is not None:
+        row.update({"weights_bytes": gpu.get("weights_bytes", 0), "gradients_bytes": gpu.get("gradients_bytes", 0),
+                    "activations_bytes": gpu.get("activations_bytes", 0), "update": gpu.get("update", "device")})
+    return row
 
 
 def main():
@@ -45,17 +42,12 @@ def main():
                                              "--set", "parallel.micro_batches=%d" % (2 * args.ranks)))]
     rows = [one(args, name, flags) for name, flags in layouts]
     base = next((r["step_seconds"] for r in rows if r["layout"] == "data-parallel" and "error" not in r), None)
-    print("| %d ranks | step (ms) | against data parallel | samples/s | weights (MiB) | gradients (MiB) | "
-          "activations (MiB) | update |" % args.ranks)
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        if "error" in r:
-            print("| %s | %s | | | | | | |" % (r["layout"], r["error"]))
-            continue
-        against = "%.2fx" % (r["step_seconds"] / base) if base else "(no data-parallel run)"
-        print("| %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %s |" % (
-            r["layout"], r["step_seconds"] * 1e3, against, r["rate"], r["weights_bytes"] / MIB,
-            r["gradients_bytes"] / MIB, r["activations_bytes"] / MIB, r["update"]))
+    table(["%d ranks" % args.ranks, "step (ms):", "against data parallel:", "samples/s:", "weights (MiB):",
+           "gradients (MiB):", "activations (MiB):", "update"], rows, lambda r: r["layout"],
+          lambda r: ["%.1f" % (r["step_seconds"] * 1e3),
+                     "%.2fx" % (r["step_seconds"] / base) if base else "(no data-parallel run)", "%.1f" % r["rate"],
+                     "%.1f" % (r["weights_bytes"] / MIB), "%.1f" % (r["gradients_bytes"] / MIB),
+                     "%.1f" % (r["activations_bytes"] / MIB), r["update"]])
     return finish(args, rows)
 
 

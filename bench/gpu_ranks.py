@@ -44,6 +44,17 @@ def train(args, name, ranks, flags=()):
         return records(run_dir), json.load(f)
 
 
+def measured(args, key, value, name, ranks, flags=()):
+    """A run of `train`: its row ({key: value}, the median step and rate
+    after the warm-up) and summary.json's "gpu" object; the row says its
+    error and the object is None where the run failed."""
+    rows, summary = train(args, name, ranks, flags)
+    if rows is None:
+        return {key: value, "error": summary}, None
+    return {key: value, "step_seconds": statistics.median(r["step_seconds"] for r in rows),
+            "rate": statistics.median(r["samples_per_sec"] for r in rows)}, summary.get("gpu", {})
+
+
 def arguments(doc, out):
     """The options both GPU benchmarks take (a script adds its own)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -55,6 +66,17 @@ def arguments(doc, out):
     return ap
 
 
+def table(header, rows, label, cells):
+    """A markdown table: header (column names; a name ending in ':' is
+    right-aligned, the colon dropped), then a line a row: label(r) and
+    cells(r), or label(r) and r's error."""
+    print("| " + " | ".join(h.rstrip(":") for h in header) + " |")
+    print("|" + "|".join("---:" if h.endswith(":") else "---" for h in header) + "|")
+    for r in rows:
+        rest = [r["error"]] + [""] * (len(header) - 2) if "error" in r else cells(r)
+        print("| " + " | ".join([label(r)] + rest) + " |")
+
+
 def finish(args, rows):
     """The rows into --json's file; the exit status: 1 if a run failed."""
     if args.json:
@@ -64,14 +86,12 @@ def finish(args, rows):
 
 
 def one(args, ranks):
-    rows, summary = train(args, "ranks-%d" % ranks, ranks)
-    if rows is None:
-        return {"ranks": ranks, "error": summary}
-    step = statistics.median(r["step_seconds"] for r in rows)
-    comm = statistics.median(r["comm_exposed_seconds"] for r in rows)
-    return {"ranks": ranks, "step_seconds": step, "wait_after_backward_seconds": comm,
-            "rate": statistics.median(r["samples_per_sec"] for r in rows),
-            "collectives": summary.get("gpu", {}).get("collectives", "?")}
+    row, gpu = measured(args, "ranks", ranks, "ranks-%d" % ranks, ranks)
+    if gpu is not None:
+        rows = records(os.path.join(args.out, "ranks-%d" % ranks))
+        row["wait_after_backward_seconds"] = statistics.median(r["comm_exposed_seconds"] for r in rows)
+        row["collectives"] = gpu.get("collectives", "?")
+    return row
 
 
 def main():
@@ -81,18 +101,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     rows = [one(args, int(r)) for r in args.ranks.split(",")]
     base = next((r["step_seconds"] for r in rows if r["ranks"] == 1 and "error" not in r), None)
-    print("| ranks on one GPU | collectives | step (ms) | samples/s (a GPT: sequences) | staging's share of the step "
-          "(over the one-rank step) | wait after backward queued (ms) |")
-    print("|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        if "error" in r:
-            print("| %d | %s | | | | |" % (r["ranks"], r["error"]))
-            continue
-        if base:
+        if base and "error" not in r:
             r["staging_share"] = max(0.0, r["step_seconds"] - base) / r["step_seconds"]
-        share = "%.0f%%" % (100 * r["staging_share"]) if base else "(no one-rank run)"
-        print("| %d | %s | %.1f | %.1f | %s | %.1f |" % (r["ranks"], r["collectives"], r["step_seconds"] * 1e3,
-                                                        r["rate"], share, r["wait_after_backward_seconds"] * 1e3))
+    table(["ranks on one GPU:", "collectives", "step (ms):", "samples/s (a GPT: sequences):",
+           "staging's share of the step (over the one-rank step):", "wait after backward queued (ms):"], rows,
+          lambda r: "%d" % r["ranks"],
+          lambda r: [r["collectives"], "%.1f" % (r["step_seconds"] * 1e3), "%.1f" % r["rate"],
+                     "%.0f%%" % (100 * r["staging_share"]) if base else "(no one-rank run)",
+                     "%.1f" % (r["wait_after_backward_seconds"] * 1e3)])
     return finish(args, rows)
 
 

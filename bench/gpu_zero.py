@@ -15,24 +15,22 @@ The config's [train] batch is the global batch; the first 3 steps are
 warm-up, left out of the medians (bench/gpu_ranks.py's records). Only the
 standard library: it runs on the GPU machine as it is.
 """
-import os, statistics, sys
+import os, sys
 
-from gpu_ranks import arguments, finish, train
+from gpu_ranks import arguments, finish, measured, table
 
 MIB = 1048576.0
 
 
 def one(args, stage):
-    rows, summary = train(args, "zero-%d" % stage, args.ranks, ("--zero", str(stage)))
-    if rows is None:
-        return {"zero": stage, "error": summary}
-    gpu = summary.get("gpu", {})
-    return {"zero": stage, "step_seconds": statistics.median(r["step_seconds"] for r in rows),
-            "rate": statistics.median(r["samples_per_sec"] for r in rows),
-            "arena_bytes": gpu.get("arena_bytes", 0), "optimizer_state_bytes": gpu.get("optimizer_state_bytes", 0),
-            "gradients_bytes": gpu.get("gradients_backed_peak_bytes", gpu.get("gradients_bytes", 0)),
-            "weights_bytes": gpu.get("weights_backed_peak_bytes", gpu.get("weights_bytes", 0)),
-            "gathers": gpu.get("parameter_gathers", 0), "collectives": gpu.get("collectives", "?")}
+    row, gpu = measured(args, "zero", stage, "zero-%d" % stage, args.ranks, ("--zero", str(stage)))
+    if gpu is not None:
+        row.update({"arena_bytes": gpu.get("arena_bytes", 0),
+                    "optimizer_state_bytes": gpu.get("optimizer_state_bytes", 0),
+                    "gradients_bytes": gpu.get("gradients_backed_peak_bytes", gpu.get("gradients_bytes", 0)),
+                    "weights_bytes": gpu.get("weights_backed_peak_bytes", gpu.get("weights_bytes", 0)),
+                    "gathers": gpu.get("parameter_gathers", 0), "collectives": gpu.get("collectives", "?")})
+    return row
 
 
 def main():
@@ -43,17 +41,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     rows = [one(args, int(z)) for z in args.stages.split(",")]
     base = next((r["step_seconds"] for r in rows if r["zero"] == 0 and "error" not in r), None)
-    print("| zero (%d ranks) | collectives | step (ms) | against zero 0 | samples/s | arena (MiB) | optimizer state "
-          "(MiB) | gradients' peak (MiB) | weights' peak (MiB) | gathers |" % args.ranks)
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        if "error" in r:
-            print("| %d | %s | | | | | | | | |" % (r["zero"], r["error"]))
-            continue
-        against = "%.2fx" % (r["step_seconds"] / base) if base else "(no zero 0 run)"
-        print("| %d | %s | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %d |" % (
-            r["zero"], r["collectives"], r["step_seconds"] * 1e3, against, r["rate"], r["arena_bytes"] / MIB,
-            r["optimizer_state_bytes"] / MIB, r["gradients_bytes"] / MIB, r["weights_bytes"] / MIB, r["gathers"]))
+    table(["zero (%d ranks):" % args.ranks, "collectives", "step (ms):", "against zero 0:", "samples/s:",
+           "arena (MiB):", "optimizer state (MiB):", "gradients' peak (MiB):", "weights' peak (MiB):", "gathers:"], rows,
+          lambda r: "%d" % r["zero"],
+          lambda r: [r["collectives"], "%.1f" % (r["step_seconds"] * 1e3),
+                     "%.2fx" % (r["step_seconds"] / base) if base else "(no zero 0 run)", "%.1f" % r["rate"],
+                     "%.1f" % (r["arena_bytes"] / MIB), "%.1f" % (r["optimizer_state_bytes"] / MIB),
+                     "%.1f" % (r["gradients_bytes"] / MIB), "%.1f" % (r["weights_bytes"] / MIB), "%d" % r["gathers"]])
     return finish(args, rows)
 
 
