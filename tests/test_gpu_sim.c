@@ -1244,7 +1244,29 @@ static void zero_restart(void) {
           "bitwise (exit %d, diff %g)\n%s", rc, diff, g_out);
 }
 
+// fp16 under ZeRO with a spare: an overflow at step 2 halves the loss
+// scale, rank 1 dies at step 4, every rank goes back to the step-0
+// checkpoint (its scale the starting one) and redoes the steps: the
+// uninterrupted run's weights bitwise (the same overflow in it).
+static void spare_fp16(void) {
+    char text[4096];
+    const char *flags = "--zero 1 --precision fp16 --device cuda --spares 1 --checkpoint-every 5";
+    setenv("DTRAIN_FAULT_OVERFLOW", "0:2", 1);
+    int rc0 = tl_train(g_tmp, "fp16-spare-ref", model_text("mlp", text, sizeof text), 3, flags, g_out, sizeof g_out);
+    setenv("DTRAIN_FAULT_STEP", "1:4:kill", 1);
+    setenv("DTRAIN_FAULT_ONCE", tmp("once-fp16-spare"), 1);
+    int rc = tl_train(g_tmp, "fp16-spare", text, 3, flags, g_out, sizeof g_out), bw = 0;
+    unsetenv("DTRAIN_FAULT_STEP");
+    unsetenv("DTRAIN_FAULT_ONCE");
+    unsetenv("DTRAIN_FAULT_OVERFLOW");
+    double diff = tl_runs_diff(g_tmp, "fp16-spare-ref", "fp16-spare", &bw);
+    CHECK(rc0 == 0 && rc == 0 && recovered("1:4:kill", 1) && diff == 0 && bw, "fp16 under --zero 1 on the device, "
+          "an overflow at step 2, rank 1 killed at step 4: back to step 0, the uninterrupted run's weights bitwise "
+          "(exit %d, %d, diff %g)\n%s", rc0, rc, diff, g_out);
+}
+
 static void test_spares(void) {
+    spare_fp16();
     zero_restart();
     spares("mlp", 3, "--set train.grad_accum=2", "1:13:kill", "", "mlp", 0);
     spares("gpt", 2, "--deterministic", "0:9:kill", "--checkpoint-every 5", "gpt0", 0);

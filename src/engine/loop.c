@@ -1140,16 +1140,17 @@ static dt_status recover(run_state *r) {
 // The steps, from the start or the resumed state, with every recovery
 // that spares make on the way; a spare (or every rank after a death in the
 // start) begins with one.
-// A run with spares whose recoveries go back to the newest checkpoint
-// (by_checkpoint) saves one before its first step, where checkpoints are
-// on, and waits for it: a death before the first scheduled one goes back
-// to the start. (After a barrier: rank 0's writer clears what an earlier
-// run left unfinished before any rank writes.)
+// A fresh run with spares whose recoveries go back to the newest
+// checkpoint (by_checkpoint) saves one before its first step, where
+// checkpoints are on, and waits for it: a death before the first
+// scheduled one goes back to the start. (After a barrier: rank 0's writer
+// clears what an earlier run left unfinished before any rank writes.)
 static dt_status save_start(run_state *r) {
+    const dt_config *c = r->c;
     if (dt_worker_spares() <= 0 || !by_checkpoint(r) || r->ts.step != 0 || r->rec.place != DT_PLACE_START ||
-        r->rec.lost_start || !r->ck.dir[0])
+        r->rec.lost_start || !r->ck.dir[0] || r->ck.from[0] || (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0))
         return DT_OK;
-    dt_train_state tc = r->ts;
+    dt_train_state tc = state_at(r, (int)r->ts.epoch, r->ts.epoch_batch);  // (fp16: the loss scale too)
     r->ck.last_step = -1;  // (due at step 0)
     dt_status st = dt_barrier(r->comm);
     if (st == DT_OK) st = checkpoint(r, &tc, 0, 1);

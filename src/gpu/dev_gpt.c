@@ -177,7 +177,10 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
 
 dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, n = BT * (C > 2 ? C : 2);
-    if (!g->red) TRY(g->b.d->host_alloc((void **)&g->red, sizeof(float) * n));
+    if (!g->red) {
+        TRY(g->b.d->host_alloc((void **)&g->red, sizeof(float) * n));
+        g->b.pinned_bytes += sizeof(float) * n;
+    }
     g->reduce = fn;
     g->reduce_user = user;
     return DT_OK;

@@ -335,7 +335,10 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
 dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user) {
     size_t most = 0;
     for (int i = 0; i < dm->nl; i++) most = dm->L[i].out > most ? dm->L[i].out : most;
-    if (!dm->red) TRY(dm->b.d->host_alloc((void **)&dm->red, sizeof(float) * most * (size_t)dm->max_batch));
+    if (!dm->red) {
+        TRY(dm->b.d->host_alloc((void **)&dm->red, sizeof(float) * most * (size_t)dm->max_batch));
+        dm->b.pinned_bytes += sizeof(float) * most * (size_t)dm->max_batch;
+    }
     dm->reduce = fn;
     dm->reduce_user = user;
     return DT_OK;
