@@ -152,8 +152,7 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
                                        "from a buddy rank's copy (ZeRO: zero, zero-deterministic, zero-3), or is let "
                                        "in alone by its peers (parameter servers outside [ps] mode = sync), or every "
                                        "rank goes back to the newest checkpoint (local SGD, compression, ZeRO on "
-                                       "a GPU); use "
-                                       "--max-restarts",
+                                       "a GPU); use --max-restarts",
                         s->name);
     if (own && c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0)
         return dt_error(DT_ERR_CONFIG, "--spares with %s: each rank's %s is its own, so after a death every rank goes "
@@ -1137,9 +1136,6 @@ static dt_status recover(run_state *r) {
     return DT_OK;
 }
 
-// The steps, from the start or the resumed state, with every recovery
-// that spares make on the way; a spare (or every rank after a death in the
-// start) begins with one.
 // A fresh run with spares whose recoveries go back to the newest
 // checkpoint (by_checkpoint) saves one before its first step, where
 // checkpoints are on, and waits for it: a death before the first
@@ -1159,6 +1155,9 @@ static dt_status save_start(run_state *r) {
     return st == DT_OK ? DT_OK : dt_error(st, "rank %d, the checkpoint of step 0: %s", r->rank, dt_last_error());
 }
 
+// The steps, from the start or the resumed state, with every recovery
+// that spares make on the way; a spare (or every rank after a death in the
+// start) begins with one.
 static dt_status steps(run_state *r) {
     dt_heartbeat_phase(DT_PHASE_STEP);
     dt_status st = r->rec.have_state && !r->rec.lost_start ? save_start(r) : recover(r);
