@@ -539,7 +539,7 @@ static const dt_grad_range *kept(const pipe *p, int *n) {
     return p->held ? p->held : &p->all;
 }
 
-// ---- on a GPU ([train] device = cuda; docs/gpu.md, "Pipeline parallel") ----
+// ---- on a GPU ([train] device = cuda; docs/gpu.md, "Model parallel") -------
 // The task's stages run on the device (their activations there, the
 // streams between stages through pinned host memory and the host's
 // communicators); the parameters, their update, the gradients' sums and
