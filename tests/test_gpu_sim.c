@@ -1076,6 +1076,21 @@ static void pipeline_memory(void) {
           diff, w, g, held, peak, whole / 2);
     printf("the deep MLP in 4 stages on the device: stage 0 backs %g bytes of parameters and of gradients (the whole "
            "block %g), %g at the evaluation's peak\n", held, whole, peak);
+    // The GPT's own activations under model parallel serve evaluations
+    // alone: one block's and two slots of the stream, as many bytes at 2
+    // layers as at 6 (the stages' sets beside them grow with the layers).
+    double own[2], sets[2];
+    for (int i = 0; i < 2; i++) {
+        char name[32], f[200];
+        snprintf(name, sizeof name, "gpt-pp-layers%d", 2 + 4 * i);
+        snprintf(f, sizeof f, "--device cuda --set parallel.pipeline=2 --set model.n_layer=%d", 2 + 4 * i);
+        rc = tl_train(g_tmp, name, cfg_gpt, 2, f, g_out, sizeof g_out);
+        snprintf(sum, sizeof sum, "%s/summary.json", tmp(name));
+        sets[i] = tl_json_number(sum, "stage_activations_bytes");
+        own[i] = rc == 0 ? tl_json_number(sum, "activations_bytes") - sets[i] : -1;
+    }
+    CHECK(own[0] > 0 && own[0] == own[1] && sets[1] > sets[0], "the GPT in 2 stages on the device: its own activations "
+          "(evaluations') %g bytes at 2 layers, %g at 6; the stages' sets %g and %g", own[0], own[1], sets[0], sets[1]);
 }
 
 static void test_ranks(void) {

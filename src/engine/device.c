@@ -157,6 +157,8 @@ cJSON *dt_train_device_summary(cJSON *o, const dt_config *c, const dt_dev_blocks
         cJSON_AddNumberToObject(g, key, (double)k[i]);
     }
     cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
+    if (b->stage_bytes)  // (model parallel: its pipeline stages' activation sets, in activations_bytes)
+        cJSON_AddNumberToObject(g, "stage_activations_bytes", (double)b->stage_bytes);
     if (b->grads_vm) {  // (ZeRO stage 2, model parallel: the gradients backed on demand)
         cJSON_AddNumberToObject(g, "gradients_backed_peak_bytes", (double)b->gvm.peak);
         cJSON_AddNumberToObject(g, "gradients_backed_chunk_bytes", (double)b->gvm.gran);

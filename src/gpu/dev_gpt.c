@@ -54,8 +54,10 @@ struct dt_dev_gpt {
     void *hook_user;
     int maxB, maxT, B, T;
     float loss_scale;
-    float *resid;  // [L + 1, B, T, C] (a stage's: its slots r0 .. r0 + its layers)
+    float *resid;  // [L + 1, B, T, C] (a stage's: its slots r0 .. r0 + its layers; forward-only: 2, in turn)
     int r0;
+    int fwd_only;  // the model's own activations serve evaluations alone (model parallel: the stages train):
+                   // one block's for every block, two slots of the stream
     layer_acts *la;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
     void *lnf16;
@@ -99,9 +101,13 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
     }
     int L = g->c.n_layer;
     g->r0 = l0;
-    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(l1 - l0 + 1));
+    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(g->fwd_only ? 2 : l1 - l0 + 1));
     for (int l = l0; l < l1; l++) {
         layer_acts *s = &g->la[l];
+        if (g->fwd_only && l > l0) {
+            *s = g->la[l0];
+            continue;
+        }
         s->ln1 = kept(g, a, &s->ln1_16, BT * C);
         s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
@@ -134,7 +140,7 @@ static void gpt_take(dt_dev_gpt *g) {
 
 // The residual stream's slot l (the input of block l; L: the last's output).
 static float *resid(const dt_dev_gpt *g, int l) {
-    return g->resid + (size_t)(l - g->r0) * g->B * g->T * g->c.n_embd;
+    return g->resid + (size_t)(g->fwd_only ? l % 2 : l - g->r0) * g->B * g->T * g->c.n_embd;
 }
 
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
@@ -149,7 +155,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
         return dt_error(DT_ERR_NOMEM, "out of memory");
     }
     *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, part), .c = *c,
-                      .maxB = B, .maxT = T, .la = la};
+                      .maxB = B, .maxT = T, .la = la, .fwd_only = part.held};
     g->tp = dt_gpt_shard(m, &g->ntp);
     g->Cl = c->n_embd / g->ntp, g->NHl = c->n_head / g->ntp, g->F = 4 * c->n_embd / g->ntp;
     g->Vl = c->padded_vocab_size / g->ntp, g->v0 = g->tp * g->Vl;
@@ -447,6 +453,8 @@ static dt_status embed_backward(dt_dev_gpt *g) {
 }
 
 dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) {
+    if (g->fwd_only)
+        return dt_error(DT_ERR_ARG, "device gpt: its own activations are forward-only (model parallel trains in stages)");
     if (!g->B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
     g->hook = hook;
     g->hook_user = user;
@@ -483,6 +491,7 @@ dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stag
     }
     s->g = *g;  // (the blocks, the tensors' places, the backward's scratch: the model's)
     s->g.la = la;
+    s->g.fwd_only = 0;
     s->mem.arena = (dt_dev_arena){.d = g->b.d};
     s->l0 = l0, s->l1 = l1;
     acts_take(&s->g, &s->mem.arena, l0, l1, 0);  // (counting)

@@ -222,7 +222,10 @@ dt_status dt_dev_mlp_stage_backward(dt_dev_mlp_stage *s, const float *dout, floa
 
 typedef struct dt_dev_gpt dt_dev_gpt;
 /* The device's twin of m for B x T tokens, nstates optimizer blocks over
- * the part's slice, its GEMMs and the attention's products in precision t. */
+ * the part's slice, its GEMMs and the attention's products in precision t.
+ * A held part (model parallel, whose stages train: dt_dev_gpt_stage) keeps
+ * one block's activations for the evaluations' forwards (backward
+ * refused). */
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
                             dt_dev_part part, dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
