@@ -961,12 +961,18 @@ static void zero2_gpt(void) {
 // hook later, and the next, gathered ahead: the largest 65792 floats), the
 // ranges outside the layers (the last linear, 2570) and six chunks'
 // rounding at most (measured 1.44 MB); the weights the same bits.
-static void zero2_memory(void) {
+// The deep MLP (747554 parameters): the MLP's config with its linear of 48
+// made a linear of 16 and twelve linears of 256, each with a relu.
+static void deep_mlp(char *cfg, size_t n) {
     char text[4096], layers[1024] = "layer = linear out=16\nlayer = relu\n";
     for (int i = 0; i < 12; i++) strcat(layers, "layer = linear out=256\nlayer = relu\n");
     const char *base = model_text("mlp", text, sizeof text), *at = strstr(base, "layer = linear out=48\n");
+    snprintf(cfg, n, "%.*s%s%s", (int)(at - base), base, layers, at + strlen("layer = linear out=48\n"));
+}
+
+static void zero2_memory(void) {
     char cfg[8192];
-    snprintf(cfg, sizeof cfg, "%.*s%s%s", (int)(at - base), base, layers, at + strlen("layer = linear out=48\n"));
+    deep_mlp(cfg, sizeof cfg);
     const char *flags[] = {"--zero 2 --set parallel.bucket_kb=64 --device cuda",
                            "--zero 1 --set parallel.bucket_kb=64 --device cuda", "--zero 2 --set parallel.bucket_kb=64",
                            "--zero 3 --set parallel.bucket_kb=64 --device cuda"};
@@ -1056,10 +1062,8 @@ static void pipeline_cnn(void) {
 // evaluation's gathered layers given back); the evaluation's peak below
 // half the whole block. The CPU's weights bitwise.
 static void pipeline_memory(void) {
-    char text[4096], layers[1024] = "layer = linear out=16\nlayer = relu\n", cfg[8192], sum[700];
-    for (int i = 0; i < 12; i++) strcat(layers, "layer = linear out=256\nlayer = relu\n");
-    const char *base = model_text("mlp", text, sizeof text), *at = strstr(base, "layer = linear out=48\n");
-    snprintf(cfg, sizeof cfg, "%.*s%s%s", (int)(at - base), base, layers, at + strlen("layer = linear out=48\n"));
+    char cfg[8192], sum[700];
+    deep_mlp(cfg, sizeof cfg);
     const char *flags = "--set parallel.pipeline=4 --set parallel.pipeline_balance=count";
     char dflags[200];
     snprintf(dflags, sizeof dflags, "%s --device cuda", flags);

@@ -366,6 +366,10 @@ DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const
  * cannot be saved (dt_gpt_save: copy its part into a whole block instead,
  * dt_gpt_part_fill); dt_gpt_load gives it its part. */
 DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
+/* The head's vocabulary on m's shard: *v0 its first row of wte, returned
+ * how many of its rows are below vocab_size (the whole model: 0 and
+ * vocab_size). */
+DT_API int dt_gpt_head_vocab(const dt_gpt *m, int *v0);
 /* The elements [lo, hi) of a whole model's block that model m (a shard,
  * or a model that keeps some blocks: dt_gpt_set_held) holds in its block
  * `local` (its parameters, gradients, or an optimizer state laid out as

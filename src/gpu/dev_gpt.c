@@ -63,8 +63,8 @@ struct dt_dev_gpt {
     void *lnf16;
     int32_t *inputs, *targets;
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
-    float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, 4C]; dfchg's room)
-    void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, 4C]; datt's room)
+    float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, max(C, F)]; dfchg's room)
+    void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, max(C, F, 3 Cl)]; datt's room)
 };
 
 // A kept activation from a: fp32 (per layer), or in 16 bits made in x32
@@ -158,9 +158,8 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
                       .maxB = B, .maxT = T, .la = la, .fwd_only = part.held};
     g->tp = dt_gpt_shard(m, &g->ntp);
     g->Cl = c->n_embd / g->ntp, g->NHl = c->n_head / g->ntp, g->F = 4 * c->n_embd / g->ntp;
-    g->Vl = c->padded_vocab_size / g->ntp, g->v0 = g->tp * g->Vl;
-    int left = c->vocab_size - g->v0;  // (the head's columns below the vocabulary: nn/gpt.c's head_vocab)
-    g->Vv = g->ntp == 1 ? c->vocab_size : left < 0 ? 0 : left < g->Vl ? left : g->Vl;
+    g->Vl = c->padded_vocab_size / g->ntp;
+    g->Vv = dt_gpt_head_vocab(m, &g->v0);
     for (int i = 0; i < NPT; i++) {
         g->off[i] = dt_gpt_tensor(m, i)->offset;
         g->len[i] = dt_gpt_tensor(m, i)->numel;

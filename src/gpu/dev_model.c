@@ -74,15 +74,16 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     if (b->hvm.base) dt_dev_vm_close(&b->hvm);
 }
 
-dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
-    size_t lo = b->params_vm ? b->slo : 0, n = b->params_vm ? b->sn : b->n;
-    return b->t != DT_F32 ? b->d->to16((uint16_t *)b->w16 + lo, b->params + lo, n, b->t) : DT_OK;
-}
-
 // The parameters the device keeps between steps: [lo, lo + n) (floats).
 static void kept_params(const dt_dev_blocks *b, size_t *lo, size_t *n) {
     *lo = b->params_vm ? b->slo : 0;
     *n = b->params_vm ? b->sn : b->n;
+}
+
+dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
+    size_t lo, n;
+    kept_params(b, &lo, &n);
+    return b->t != DT_F32 ? b->d->to16((uint16_t *)b->w16 + lo, b->params + lo, n, b->t) : DT_OK;
 }
 
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states) {

@@ -963,9 +963,7 @@ dt_status dt_gpt_forward_range(dt_gpt *m, dt_gpt_acts *a, int l0, int l1, const 
     return DT_OK;
 }
 
-// The head's vocabulary on this shard: *v0 its first row, returns how many
-// of its rows are below vocab_size.
-static int head_vocab(const dt_gpt *m, int *v0) {
+int dt_gpt_head_vocab(const dt_gpt *m, int *v0) {
     int Vl = m->c.padded_vocab_size / m->ntp, left = m->c.vocab_size - m->tp * Vl;
     *v0 = m->tp * Vl;
     return left < 0 ? 0 : left < Vl ? left : Vl;
@@ -1006,7 +1004,7 @@ dt_status dt_gpt_head_forward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in, 
     // (sequence parallel: gathered).
     const float *lnf;
     if ((st = gather_rows(m, a->lnf, m->datty, BT, &lnf)) != DT_OK) return st;
-    int v0, Vv = head_vocab(m, &v0);
+    int v0, Vv = dt_gpt_head_vocab(m, &v0);
     if (Vv > 0) dt_linear_forward(a->logits, lnf, m->p[WTE], NULL, BT, C, Vv);
     if (targets) {
         // The targets as this shard's columns (outside [0, Vv): another's).
@@ -1073,7 +1071,7 @@ dt_status dt_gpt_head_backward(dt_gpt *m, dt_gpt_acts *a, const float *resid_in,
     int R = stream_rows(m, BT);
     // dlogits overwrites the logits (no longer needed).
     float *dlogits = a->logits;
-    int v0, Vv = head_vocab(m, &v0);
+    int v0, Vv = dt_gpt_head_vocab(m, &v0);
     const float *lnf;
     if ((st = gather_rows(m, a->lnf, m->datty, BT, &lnf)) != DT_OK) return st;
     memset(dlogits, 0, sizeof(float) * BT * Vv);
