@@ -55,11 +55,13 @@ def measured(args, key, value, name, ranks, flags=()):
             "rate": statistics.median(r["samples_per_sec"] for r in rows)}, summary.get("gpu", {})
 
 
-def arguments(doc, out):
-    """The options both GPU benchmarks take (a script adds its own)."""
+def arguments(doc, out, config=True):
+    """The options the GPU benchmarks take (a script adds its own; --config
+    where the script is given the run's config rather than writing it)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--dtrain", required=True)
-    ap.add_argument("--config", required=True)
+    if config:
+        ap.add_argument("--config", required=True)
     ap.add_argument("--steps", type=int, default=8, help="timed steps after %d of warm-up" % WARMUP)
     ap.add_argument("--out", default=out)
     ap.add_argument("--json")

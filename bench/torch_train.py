@@ -60,29 +60,34 @@ def main():
     ap.add_argument("--autocast", action="store_true", help="CPU autocast in bf16 (bench/precision.py)")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--width", type=int, default=16, help="resnet18: the first stage's channels")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu_train.py)")
     a = ap.parse_args()
     cnn = a.model in ("cnn", "resnet18")
     batch = a.batch or (64 if cnn else 256)
     steps = a.steps or (20 if a.model == "resnet18" else 60 if cnn else 200)
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    m = make(a.model, a.width)
+    m = make(a.model, a.width).to(a.device)
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 1, 28, 28)
-    y = torch.randint(0, 10, (batch,))
+    x = torch.randn(batch, 1, 28, 28, device=a.device)
+    y = torch.randint(0, 10, (batch,), device=a.device)
+    cuda = a.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     lossf = nn.CrossEntropyLoss()
     warm = steps // 5 + 2
     for s in range(warm + steps):
         if s == warm:
+            sync()
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=a.autocast):
+        with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=a.autocast):
             loss = lossf(m(x).float(), y)
         loss.backward()
         opt.step()
+    sync()
     dt = time.perf_counter() - t0
     print(json.dumps({"impl": "pytorch", "version": torch.__version__, "model": a.model,
-                      "batch": batch, "threads": a.threads, "steps": steps,
+                      "batch": batch, "threads": a.threads, "device": a.device, "steps": steps,
                       "precision": "autocast-bf16" if a.autocast else "fp32",
                       "samples_per_sec": round(steps * batch / dt, 1),
                       "ms_per_step": round(1e3 * dt / steps, 3)}))

@@ -1157,6 +1157,7 @@ static void test_fault(void) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // each line in the log as it comes (a stage may be stopped at its limit)
     if (argc > 1 && !strcmp(argv[1], "fault-child")) return fault_child();
     if (argc > 1 && !strcmp(argv[1], "fault")) test_fault();
     else if (argc > 1 && !strcmp(argv[1], "ops")) test_ops();

@@ -16,11 +16,18 @@ int tl_passed, tl_failed;
 static char tl_said[8][240];
 
 void tl_check(int ok, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
     if (ok) {
         tl_passed++;
+        if (getenv("TL_VERBOSE")) {  // each passed check's figures too (tests/gpu/run.sh's op table)
+            printf("ok %s:%d: ", file, line);
+            va_start(ap, fmt);
+            vprintf(fmt, ap);
+            va_end(ap);
+            putchar('\n');
+        }
         return;
     }
-    va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "FAIL %s:%d: ", file, line);
     vfprintf(stderr, fmt, ap);

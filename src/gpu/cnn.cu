@@ -41,7 +41,7 @@ __global__ static void dropout_mask_kernel(float *mask, int B, size_t n, float p
 }
 
 __global__ static void mul_kernel(float *out, const float *x, const float *mask, size_t n, int add) {
-    EACH(i, n) out[i] = (add ? out[i] : 0.0f) + x[i] * mask[i];
+    EACH(i, n) out[i] = add ? fmaf(x[i], mask[i], out[i]) : x[i] * mask[i];  // (0 + -0 is +0: not the CPU's bits)
 }
 
 #define LAUNCH(kernel, n, ...)                                                                                    \

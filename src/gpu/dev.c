@@ -175,7 +175,7 @@ dt_status dt_dev_vm_open(dt_dev_vm *v, const dt_dev *d, size_t bytes, const char
     dt_status st = d->vm_reserve(&p, bytes ? bytes : 1, &gran);
     if (st != DT_OK) return dt_error(st, "%s: %s", what, dt_last_error());
     v->base = p, v->bytes = bytes, v->gran = gran;
-    v->nchunks = (bytes + gran - 1) / gran;
+    v->nchunks = ((bytes ? bytes : 1) + gran - 1) / gran;  // what was reserved (freed whole: CUDA takes no part)
     v->mapped = calloc(v->nchunks ? v->nchunks : 1, 1);
     v->unused = calloc(v->nchunks ? v->nchunks : 1, sizeof *v->unused);
     if (!v->mapped || !v->unused) {

@@ -379,7 +379,7 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
     float scale = dt_ce_scale(dloss, (float)N);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++)
-        for (int v = 0; v < V; v++) dlogits[i * ld + v] += dt_ce_grad(probs[i * ld + v], v == targets[i], scale);
+        for (int v = 0; v < V; v++) dlogits[i * ld + v] = dt_ce_grad(dlogits[i * ld + v], probs[i * ld + v], v == targets[i], scale);
     return shut();
 }
 

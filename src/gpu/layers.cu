@@ -173,7 +173,7 @@ __global__ static void gelu_forward_kernel(float *out, const float *inp, size_t 
 
 __global__ static void gelu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dinp[i] += dt_gelu_grad(inp[i]) * dout[i];
+        dinp[i] = fmaf(dt_gelu_grad(inp[i]), dout[i], dinp[i]);
 }
 
 dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) {
@@ -233,7 +233,7 @@ __global__ static void ce_backward_kernel(float *dlogits, const float *probs, co
     size_t n = N * (size_t)V;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / V, v = i % V;
-        dlogits[r * ld + v] += dt_ce_grad(probs[r * ld + v], (int64_t)v == targets[r], scale);
+        dlogits[r * ld + v] = dt_ce_grad(dlogits[r * ld + v], probs[r * ld + v], (int64_t)v == targets[r], scale);
     }
 }
 

@@ -246,7 +246,7 @@ void dt_gelu_forward(float *out, const float *inp, size_t N) {
 void dt_gelu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < N; i++) {
-        dinp[i] += dt_gelu_grad(inp[i]) * dout[i];
+        dinp[i] = fmaf(dt_gelu_grad(inp[i]), dout[i], dinp[i]);
     }
 }
 
@@ -328,7 +328,7 @@ void dt_dropout_forward(float *out, float *mask, const float *inp, size_t N, flo
 
 void dt_dropout_backward(float *dinp, const float *dout, const float *mask, size_t N) {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < N; i++) dinp[i] += dout[i] * mask[i];
+    for (size_t i = 0; i < N; i++) dinp[i] = fmaf(dout[i], mask[i], dinp[i]);
 }
 
 // ----------------------------------------------------------------------------
@@ -393,6 +393,6 @@ void dt_crossentropy_backward(float *dlogits, const float *probs, const int32_t 
     for (int i = 0; i < B; i++) {
         float *d = dlogits + (size_t)i * V;
         const float *p = probs + (size_t)i * V;
-        for (int v = 0; v < V; v++) d[v] += dt_ce_grad(p[v], v == targets[i], scale);
+        for (int v = 0; v < V; v++) d[v] = dt_ce_grad(d[v], p[v], v == targets[i], scale);
     }
 }

@@ -72,20 +72,21 @@ DT_HD float dt_gelu_tanh(float u) {
     union { int32_t i; float f; } sc = {bits};
     float scale = sc.f;
 #endif
-    float e = p * scale;
-    return copysignf((1.0f - e) / (1.0f + e), u);
+    return copysignf(fmaf(-p, scale, 1.0f) / fmaf(p, scale, 1.0f), u);  // e = p scale
 }
 
-DT_HD float dt_gelu(float x) {
-    return 0.5f * x * (1.0f + dt_gelu_tanh(DT_GELU_SCALE * (x + 0.044715f * x * x * x)));
-}
+/* GELU's tanh argument. Here and below every product that feeds a sum is
+ * an explicit fmaf and no other product does, so that gcc's and nvcc's
+ * contractions (each their own) leave the CPU's and the GPU's bits equal. */
+DT_HD float dt_gelu_arg(float x) { return DT_GELU_SCALE * fmaf(0.044715f * x * x, x, x); }
+
+DT_HD float dt_gelu(float x) { return 0.5f * x * (1.0f + dt_gelu_tanh(dt_gelu_arg(x))); }
 
 /* d gelu(x) / dx: the backward adds it times dout. */
 DT_HD float dt_gelu_grad(float x) {
-    float u = DT_GELU_SCALE * (x + 0.044715f * x * x * x);
-    float t = dt_gelu_tanh(u);
-    float sech2 = 1.0f - t * t;
-    return 0.5f * (1.0f + t) + 0.5f * x * sech2 * DT_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+    float t = dt_gelu_tanh(dt_gelu_arg(x));
+    float sech2 = fmaf(-t, t, 1.0f);
+    return fmaf(0.5f * x * sech2 * DT_GELU_SCALE, fmaf(3.0f * 0.044715f * x, x, 1.0f), 0.5f * (1.0f + t));
 }
 
 // ---- softmax cross-entropy
@@ -110,7 +111,7 @@ DT_HD double dt_ce_row(float *p, const float *l, int V, int32_t target) {
     for (int v = 0; v < V; v++) p[v] *= inv;
     return target >= 0 && target < V ? dt_ce_row_loss(mx, s, l[target]) : NAN;
 }
-DT_HD float dt_ce_grad(float p, int is_target, float scale) { return (p - (is_target ? 1.0f : 0.0f)) * scale; }
+DT_HD float dt_ce_grad(float d, float p, int is_target, float scale) { return fmaf(p - (is_target ? 1.0f : 0.0f), scale, d); }
 
 // ---- ReLU
 

@@ -14,9 +14,12 @@
 #      MLP on 2 ranks sharing the GPU under ZeRO 2 and 3
 #      (test_gpu_sim gpu; the CPU's path never runs there)
 #   6. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
-#      autocast and TF32), dtrain itself (--device cuda, bf16 and TF32) and llm.c
-#      (BUILD/llmc/train_gpt2cu, built here by bench/llmc_gpu.sh, where it
-#      was carried) on GPT-2 124M, B=16, T=1024
+#      autocast and TF32), llm.c (BUILD/llmc/train_gpt2cu, built here by
+#      bench/llmc_gpu.sh, where it was carried) and dtrain itself (--device
+#      cuda, bf16 and TF32) on GPT-2 124M, B=16, T=1024
+#   6b. mlp-cnn: the MLP and the CNN against PyTorch eager (bench/gpu_train.py);
+#      profile: each kernel's share of dtrain's bf16 GPT step (ncu,
+#      bench/gpu_profile.py)
 #   7. ranks: that GPT on 1, 2 and 4 ranks sharing the GPU (bench/gpu_ranks.py:
 #      the staging's share of the step); zero: on 2 ranks at ZeRO 0 to 3
 #      (bench/gpu_zero.py: the GPU memory each stage keeps, and what backing
@@ -40,9 +43,19 @@ mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=${BUILD:-build}
-export LD_LIBRARY_PATH="$root/$build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# cuBLASLt, which the GPU's GEMM loads at its first call: the machine's CUDA toolkit's
+# The machine's own libraries before the carried ones (BUILD/gpu-libs), which
+# fill only what it lacks: a newer libstdc++ there serves dtrain and PyTorch
+# both, where the carried one would break PyTorch's import
+sys_libs=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$sys_libs:$root/$build/gpu-libs"
+# cuBLASLt, cuDNN and NCCL, which dtrain loads at their first use: the CUDA
+# toolkit's, else those in PyTorch's packages (nvidia/*/lib)
 [ -d /usr/local/cuda/lib64 ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
+for d in $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib")))' 2>/dev/null); do
+    LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+done
+# the dtrain that test_gpu_sim and the benchmarks start
+export DTRAIN_BIN=${DTRAIN_BIN:-$root/$build/dtrain}
 fails=0
 asked() {  # asked NAME: STAGES names it (or is unset)
     case ",${STAGES:-$1}," in *",$1,"*) return 0 ;; *) return 1 ;; esac
@@ -65,8 +78,9 @@ stage() {  # stage NAME SECONDS COMMAND...
     echo "$name: $what in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
 }
 : >"$out/summary.txt"
-stage device 60 sh -c 'nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv'
-DTRAIN_CUDA_SYNC=1 CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
+stage device 60 sh -c 'nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv &&
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" && { command -v compute-sanitizer || true; } && nproc' 
+TL_VERBOSE=1 DTRAIN_CUDA_SYNC=1 CUDA_LAUNCH_BLOCKING=1 stage ops 120 "$build/tests/test_gpu" ops
 stage fault 60 "$build/tests/test_gpu" fault
 if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_gpu" ops
@@ -74,17 +88,35 @@ if command -v compute-sanitizer >/dev/null; then
 else
     said_not_run memcheck "no compute-sanitizer here"
 fi
-NVIDIA_TF32_OVERRIDE=0 stage train 300 "$build/tests/test_gpu_sim" gpu
+TL_VERBOSE=1 NVIDIA_TF32_OVERRIDE=0 stage train 300 "$build/tests/test_gpu_sim" gpu
 peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --seq 1024 --steps 20 --warmup 3"
 stage torch-bf16 300 $peer --autocast
 stage torch-bf16-compile 420 $peer --autocast --compile
 stage torch-tf32 300 $peer --tf32
+if [ -x "$build/llmc/train_gpt2cu" ]; then
+    stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
+else
+    said_not_run llmc-bf16 "$build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build"
+fi
+# the MLP (batch 256) and the CNN (64, 512) against PyTorch eager on the GPU
+stage mlp-cnn 300 python3 bench/gpu_train.py --dtrain "$build/dtrain" --out "$out/mlp-cnn" --json "$out/mlp-cnn.json"
 # dtrain itself on the same model and tokens: bf16 (llm.c's and PyTorch's autocast's setting), fp32 with TF32
 bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
 printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
     "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
 stage dtrain-bf16 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision bf16 --run-dir "$out/dtrain-bf16"
 stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "$out/dtrain-tf32"
+# where dtrain's bf16 step spends the GPU's time: each kernel's duration by
+# Nsight Compute over 2 steps, summed by kernel name (bench/gpu_profile.py)
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+if [ -n "$ncu" ]; then
+    stage profile 300 sh -c '"$0" --clock-control none --metrics gpu__time_duration.sum --csv "$1" train "$2" \
+        --precision bf16 --set train.max_steps=2 --quiet --run-dir "$3/profile-run" >"$3/profile.csv" &&
+        python3 bench/gpu_profile.py "$3/profile.csv" --steps 2 --json "$3/profile.json"' \
+        "$ncu" "$build/dtrain" "$out/gpt2-124m-gpu.ini" "$out"
+else
+    said_not_run profile "no ncu here"
+fi
 # 1, 2 and 4 ranks sharing the GPU (staged through host memory): the staging's share of the step
 stage ranks 420 python3 bench/gpu_ranks.py --dtrain "$build/dtrain" --config "$out/gpt2-124m-gpu.ini" \
     --ranks 1,2,4 --steps 5 --out "$out/ranks" --json "$out/ranks.json"
@@ -105,10 +137,5 @@ if [ -s "$measured/summary.json" ]; then
     stage forecast-124m 60 "${fc[@]}"
     stage forecast-1.3b 60 "${fc[@]}" --model-params 1313722368
     stage forecast-1.3b-bf16 60 "${fc[@]}" --model-params 1313722368 --grad-bytes 2
-fi
-if [ -x "$build/llmc/train_gpt2cu" ]; then
-    stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
-else
-    said_not_run llmc-bf16 "$build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build"
 fi
 exit $((fails > 0))
