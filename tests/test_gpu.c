@@ -31,7 +31,7 @@
  *                   error feedback's rounding to bf16 and fp16
  *                   (dt_gpu_from_f32_ef): dt_from_f32_ef's bits;
  *                   the communication stream (after the kernels, or
- *                   after an event recorded twice: done); attention (T = 1, 37, 70, 257; head
+ *                   after an event recorded twice: done); attention (T = 1, 37, 70, 257, 1024; head
  *                   sizes 1 to 512) within 1e-5 (normwise where sums
  *                   cancel), the upper triangles zeros, and with its
  *                   products in bf16 and fp16 against the CPU's in that
@@ -50,6 +50,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/train.h"
+#include "gpu/att_plan.h"
 #include "gpu/dev.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
@@ -81,13 +82,10 @@ static void test_refusals(void) {
     else  // (a GPU: every op of the MLP's device step is in the cuda table)
         CHECK(st == DT_OK, "a GPU: device = cuda taken: %s", dt_last_error());
     if (strncmp(dt_gpu_build(), "CUDA ", 5) == 0) {  // a CUDA build (refused before any device call)
-        st = dt_gpu_attention_forward(NULL, NULL, NULL, 1, 1, 1026, 2, DT_F32);
-        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "head size 513 (C 1026 / NH 2) is past the kernel's 512"),
-              "GPU attention: a head past 512 refused: %s", dt_last_error());
-        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5, DT_F32);
+        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5, DT_F32);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "NH must divide C"), "GPU attention: NH 5 of C 96 refused: %s",
               dt_last_error());
-        st = dt_gpu_attention_forward(NULL, NULL, NULL, 1, 1, 96, 2, DT_I64);
+        st = dt_gpu_attention_forward(NULL, NULL, NULL, NULL, 1, 1, 96, 2, DT_I64);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "products in type I64 (F32, BF16 or F16 only)"),
               "GPU attention: products in int64 refused: %s", dt_last_error());
         st = dt_gpu_gemm16(DT_F32, 0, 0, 1, 1, 1, 1.0f, NULL, 1, NULL, 1, 0.0f, NULL, 1);
@@ -599,8 +597,11 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46);
     float *gq = upload(qkv, n3), *gout = upload(out, n), *gatt = upload(att, na), *gdout = upload(dout, n);
     float *gdq = upload(dqkv, n3), *gdatt = upload(datt, na);
+    void *gw = NULL;  // (the rounded factors' room in bf16 and fp16)
+    size_t wb = dt_att_work_bytes(B, T, C, NH, t);
     dt_status st = gq && gout && gatt && gdout && gdq && gdatt ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, B, T, C, NH, t);
+    if (st == DT_OK && wb) st = dt_gpu_alloc(&gw, wb);
+    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, gw, B, T, C, NH, t);
     dt_kernels_set_precision(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     double dy = st == DT_OK ? against_norm(out, gout, n) : INFINITY;
@@ -611,7 +612,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
           GPU_ERR(st));
     // The backward on the CPU's probabilities on both sides.
     if (st == DT_OK) st = dt_gpu_to_device(gatt, att, sizeof(float) * na);
-    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, gw, B, T, C, NH, t);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
     dt_kernels_set_precision(DT_F32);
     for (size_t i = 0; i < na; i++)  // (the CPU leaves part of its scratch right of the diagonal as it was)
@@ -624,6 +625,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
           GPU_ERR(st));
     float *hs[] = {qkv, out, att, dout, dqkv, datt}, *gs[] = {gq, gout, gatt, gdout, gdq, gdatt};
     for (int i = 0; i < 6; i++) free(hs[i]), dt_gpu_free(gs[i]);
+    dt_gpu_free(gw);
 }
 
 static float *absolute(const float *a, size_t n) {
@@ -945,15 +947,18 @@ static void test_gpt_ops(void) {
     test_ce_split(5, 1000);
     const size_t ns[] = {1, 255, 257, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_elementwise(ns[i]);
-    // (B, T, C, NH): T not a multiple of 32, past a block's 256 threads and
-    // the CPU's 64-row blocks; T = 1; head sizes 1, 18, 32, 64, 512.
-    const int att[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 70, 72, 4}, {1, 257, 128, 2}, {2, 5, 1024, 2}, {1, 33, 5, 5}};
+    // (B, T, C, NH): T not a multiple of 32, past a warp's 32 lanes and
+    // the CPU's 64-row blocks; T = 1; head sizes 1, 18, 32, 64, 512; GPT-2
+    // 124M's layer (T 1024, 12 heads of 64).
+    const int att[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 70, 72, 4}, {1, 257, 128, 2}, {2, 5, 1024, 2}, {1, 33, 5, 5},
+                          {1, 1024, 768, 12}};
     for (size_t i = 0; i < sizeof att / sizeof *att; i++)
         test_attention(att[i][0], att[i][1], att[i][2], att[i][3], DT_F32);
     for (int h = 0; h < 2; h++) {  // products in bf16 and fp16: T past the CPU's 64-row blocks, head sizes 5 to 64
         test_attention(2, 37, 96, 3, h ? DT_F16 : DT_BF16);
         test_attention(3, 70, 72, 4, h ? DT_F16 : DT_BF16);
         test_attention(1, 33, 5, 1, h ? DT_F16 : DT_BF16);
+        test_attention(1, 1024, 768, 12, h ? DT_F16 : DT_BF16);
     }
     test_bias(74, 1), test_bias(37, 97), test_bias(3, 50257), test_bias(1, 768), test_bias(1000, 97);
     // (B, C, OC): the epilogues' shapes (multiples of 8), odd ones (the plain

@@ -11,12 +11,22 @@
  *     beta; bad sizes are refused.
  *   - launch.h: the grid of a grid-stride loop covers n elements (n = 0: no
  *     launch; 1; a block's edges; past 2^31 and past the grid's limit), and
- *     one block a row likewise; the attention's rows and their 64-bit
- *     offsets (past 2^31 elements of att), its shared memory; the sum of
- *     squares' chunks. */
+ *     one block a row likewise; the sum of squares' and the column sums'
+ *     chunks.
+ *   - att_plan.h: the GPU attention's GEMMs and row passes, run on naive
+ *     host loops (each GEMM in double over its strided batch, the rows as
+ *     the CPU's), against the CPU's attention in fp32, bf16 and fp16, odd
+ *     shapes: every operand, stride and order of the plan that attention.cu
+ *     runs on cuBLASLt; its refusals. */
+#include "dtrain/gpt.h"
+#include "gpu/att_plan.h"
 #include "gpu/gemm_args.h"
 #include "gpu/launch.h"
+#include "kernels/kernels.h"
+#include "nn/rows.h"
 #include "testlib.h"
+
+#include <float.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -145,39 +155,8 @@ static void test_launch(void) {
           last, n - 1);
 }
 
-// The attention's rows (launch.h): every (b, h, t) once, the offsets where
-// the CPU's layout has them, past 2^31 (B NH T T of 3 x 5 x 40000^2); the
-// shared memory within the 48 KiB a block gets unasked; the sum of
-// squares' chunks.
-static void test_attention_rows(void) {
-    const int shapes[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 40000, 20, 5}};  // B, T, C, NH
-    for (int s = 0; s < 3; s++) {
-        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3], hs = C / NH;
-        size_t rows = (size_t)B * NH * T, bad = 0, checked = 0;
-        for (size_t r = 0; r < rows; r += rows > 1000 ? rows / 997 : 1) {  // (a sample of the big one)
-            size_t probe[] = {r, rows - 1};
-            for (int k = 0; k < 2; k++, checked++) {
-                dt_att_row a = dt_att_row_of(probe[k], T, C, NH);
-                int ok = a.b < (size_t)B && a.h < (size_t)NH && a.t < (size_t)T &&
-                         (a.b * NH + a.h) * T + a.t == probe[k] &&
-                         a.att == (((a.b * NH + a.h) * (size_t)T + a.t) * T) &&
-                         a.qkv == (a.b * T + a.t) * 3 * (size_t)C + a.h * hs &&
-                         a.qkv + 2 * (size_t)C + hs <= (size_t)B * T * 3 * C && a.out + hs <= (size_t)B * T * C;
-                bad += !ok;
-            }
-        }
-        dt_att_row last = dt_att_row_of(rows - 1, T, C, NH);
-        size_t end = last.att + T;  // one past att's last element
-        CHECK(bad == 0 && end == rows * T && last.b == (size_t)B - 1 && last.t == (size_t)T - 1,
-              "attention rows B %d T %d C %d NH %d: %zu of %zu sampled rows wrong; att ends at %zu (%zu)", B, T, C, NH,
-              bad, checked, end, rows * T);
-    }
-    CHECK((size_t)3 * 5 * 40000 * 40000 > ((size_t)1 << 31), "the big shape passes 2^31 elements of att");
-    CHECK(DT_ATT_PARTS * 32 == DT_THREADS, "a partial row a warp: %d warps", DT_ATT_PARTS);
-    size_t most = dt_att_smem(DT_ATT_MAX_HS, 2 * DT_ATT_PARTS);
-    CHECK(most <= 48 * 1024 && dt_att_smem(DT_ATT_MAX_HS, 1 + DT_ATT_PARTS) <= most &&
-              dt_att_smem(3, 1 + DT_ATT_PARTS) == sizeof(float) * 3 * (1 + DT_ATT_PARTS),
-          "attention's shared memory at hs %d: %zu bytes (<= 48 KiB)", DT_ATT_MAX_HS, most);
+// The sum of squares' and the column sums' chunks (launch.h).
+static void test_chunks(void) {
     const size_t ns[] = {0, 1, DT_SUMSQ_BLOCK - 1, DT_SUMSQ_BLOCK, DT_SUMSQ_BLOCK + 1, ((size_t)1 << 31) + 7};
     const size_t want[] = {0, 1, 1, 1, 2, ((size_t)1 << 31) / DT_SUMSQ_BLOCK + 1};
     for (int i = 0; i < 6; i++)
@@ -199,9 +178,154 @@ static void test_attention_rows(void) {
     }
 }
 
+// ---- the attention's plan on the host
+
+// Element i of an operand of type t, as a float.
+static float elt(const void *p, dt_dtype t, size_t i) {
+    if (t == DT_F32) return ((const float *)p)[i];
+    float f;
+    dt_to_f32(&f, (const uint16_t *)p + i, 1, t);
+    return f;
+}
+
+static void put16(void *h, size_t i, float v, dt_dtype t) {
+    if (h) dt_from_f32((uint16_t *)h + i, &v, 1, t);
+}
+
+static dt_status h_gemm(void *ctx, dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                        int lda, long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
+                        long long sc, int batch) {
+    (void)ctx;
+    for (int n = 0; n < batch; n++)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = 0;
+                for (int k = 0; k < K; k++)
+                    s += (double)elt(A, t, n * sa + (ta ? (size_t)k * lda + i : (size_t)i * lda + k)) *
+                         elt(B, t, n * sb + (tb ? (size_t)j * ldb + k : (size_t)k * ldb + j));
+                float *c = C + n * sc + (size_t)i * ldc + j;
+                *c = (float)(alpha * s + (beta == 0.0f ? 0.0 : (double)beta * *c));
+            }
+    return DT_OK;
+}
+
+static dt_status h_softmax(void *ctx, float *att, void *p16, size_t rows, int T, dt_dtype t) {
+    (void)ctx;
+    for (size_t r = 0; r < rows; r++) {
+        float *a = att + r * T, mx = -FLT_MAX, s = 0;
+        int pos = (int)(r % T);
+        for (int j = 0; j <= pos; j++) mx = a[j] > mx ? a[j] : mx;
+        for (int j = 0; j <= pos; j++) s += a[j] = dt_att_exp(a[j], mx);
+        for (int j = 0; j < T; j++) put16(p16, r * T + j, a[j] = j <= pos ? a[j] / s : 0.0f, t);
+    }
+    return DT_OK;
+}
+
+static dt_status h_softmax_backward(void *ctx, float *datt, const float *att, void *d16, size_t rows, int T,
+                                    float scale, dt_dtype t) {
+    (void)ctx;
+    for (size_t r = 0; r < rows; r++) {
+        float *d = datt + r * T, s = 0;
+        const float *a = att + r * T;
+        int pos = (int)(r % T);
+        for (int j = 0; j <= pos; j++) s += d[j] * a[j];
+        for (int j = 0; j < T; j++) put16(d16, r * T + j, d[j] = j <= pos ? dt_att_grad(a[j], d[j], s, scale) : 0, t);
+    }
+    return DT_OK;
+}
+
+static dt_status h_round(void *ctx, void *dst, const float *src, size_t n, dt_dtype t) {
+    (void)ctx;
+    dt_from_f32(dst, src, n, t);
+    return DT_OK;
+}
+
+static const dt_att_ops h_ops = {NULL, h_gemm, h_softmax, h_softmax_backward, h_round};
+
+static float *randoms(size_t n, float range) {
+    float *a = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) a[i] = draw() * range;
+    return a;
+}
+
+static double normwise(const float *ref, const float *x, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) d += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]), r += (double)ref[i] * ref[i];
+    return sqrt(d / (r > 0 ? r : 1));
+}
+
+// Rows of [B NH T, T] zero right of the diagonal.
+static int upper_zero(const float *a, size_t rows, int T) {
+    for (size_t r = 0; r < rows; r++)
+        for (int j = (int)(r % T) + 1; j < T; j++)
+            if (a[r * T + j] != 0.0f) return 0;
+    return 1;
+}
+
+// The plan against the CPU's attention in t: out, dqkv and datt normwise,
+// att each within 1e-5 relative (its products in t in both); tolerances as
+// test_gpu's (the same rounded factors, sums in another order).
+static void test_att_plan(int B, int T, int C, int NH, dt_dtype t) {
+    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T, rows = (size_t)B * NH * T;
+    float *qkv = randoms(n3, 2), *dout = randoms(n, 1), *dq0 = randoms(n3, 0.1f);
+    float *out = randoms(n, 1), *att = randoms(na, 1), *datt = randoms(na, 1), *dqkv = malloc(sizeof(float) * n3);
+    float *pout = randoms(n, 1), *patt = randoms(na, 1), *pdatt = randoms(na, 1), *pdqkv = malloc(sizeof(float) * n3);
+    memcpy(dqkv, dq0, sizeof(float) * n3), memcpy(pdqkv, dq0, sizeof(float) * n3);
+    size_t wb = dt_att_work_bytes(B, T, C, NH, t);
+    void *work = wb ? malloc(wb) : NULL;
+    dt_status st = dt_att_forward(&h_ops, pout, patt, qkv, work, B, T, C, NH, t);
+    dt_kernels_set_precision(t);
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    double dy = normwise(out, pout, n), dp = tl_max_rel(att, patt, na, 1e-30);
+    CHECK(st == DT_OK && dy <= tol && dp <= 1e-5 && upper_zero(patt, rows, T),
+          "attention plan %s forward B %d T %d C %d NH %d: out %.3g (normwise, <= %g), att %.3g (<= 1e-5), zeros right "
+          "of the diagonal %d: %s", dt_dtype_name(t), B, T, C, NH, dy, tol, dp, upper_zero(patt, rows, T),
+          st == DT_OK ? "ok" : dt_last_error());
+    // the backward on the CPU's probabilities on both sides
+    st = dt_att_backward(&h_ops, pdqkv, pdatt, dout, qkv, att, work, B, T, C, NH, t);
+    dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    dt_kernels_set_precision(DT_F32);
+    for (size_t i = 0; i < na; i++)  // (the CPU leaves part of its scratch right of the diagonal as it was)
+        if (i % T > i / T % T) datt[i] = 0.0f;
+    double dq = normwise(dqkv, pdqkv, n3), dd = normwise(datt, pdatt, na);
+    CHECK(st == DT_OK && dq <= tol && dd <= tol && upper_zero(pdatt, rows, T),
+          "attention plan %s backward B %d T %d C %d NH %d: dqkv %.3g, datt %.3g (normwise, <= %g), zeros right of "
+          "the diagonal %d: %s", dt_dtype_name(t), B, T, C, NH, dq, dd, tol, upper_zero(pdatt, rows, T),
+          st == DT_OK ? "ok" : dt_last_error());
+    free(qkv), free(dout), free(dq0), free(out), free(att), free(datt), free(dqkv);
+    free(pout), free(patt), free(pdatt), free(pdqkv), free(work);
+}
+
+static void test_att_refusals(void) {
+    float x = 0;
+    dt_status st = dt_att_forward(&h_ops, &x, &x, &x, NULL, 1, 1, 96, 5, DT_F32);
+    CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "NH must divide C"), "attention: NH 5 of C 96 refused: %s",
+          dt_last_error());
+    st = dt_att_backward(&h_ops, &x, &x, &x, &x, &x, NULL, 1, 1, 96, 2, DT_I64);
+    CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "products in type"), "attention: products in int64 refused: %s",
+          dt_last_error());
+    st = dt_att_forward(&h_ops, &x, &x, &x, NULL, 1, 1, 96, 2, DT_BF16);
+    CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "need a work block"), "attention: bf16 without work refused: %s",
+          dt_last_error());
+    size_t wb = dt_att_work_bytes(2, 3, 8, 2, DT_F16), big = dt_att_work_bytes(16, 1024, 768, 12, DT_BF16);
+    CHECK(wb == 512 + 256 + 256 && big == 2 * (16 * 1024 * (3 * 768 + 768) + 16 * 12 * 1024 * 1024) &&
+              dt_att_work_bytes(2, 3, 8, 2, DT_F32) == 0,
+          "attention's work block: %zu bytes in fp16 (qkv, att, dy of 288, 72, 96 bytes, each on 256), %zu at GPT-2 "
+          "124M's B 16 in bf16, none in fp32", wb, big);
+}
+
 int main(void) {
     test_gemm_args();
     test_launch();
-    test_attention_rows();
+    test_chunks();
+    for (int i = 0; i < 3; i++) {
+        dt_dtype t = i == 0 ? DT_F32 : i == 1 ? DT_BF16 : DT_F16;
+        test_att_plan(2, 37, 96, 3, t);
+        test_att_plan(1, 1, 64, 2, t);
+        test_att_plan(3, 70, 72, 4, t);
+        test_att_plan(1, 33, 5, 1, t);
+    }
+    test_att_refusals();
     return tl_finish();
 }

@@ -1553,6 +1553,41 @@ static void gpu_nccl_alone(const char *text) {
           "bitwise (exit %d, diff %g)\n%s", rc, diff, g_out);
 }
 
+// On a GPU machine, files interchangeable: the tiny GPT's step-10
+// checkpoint from the GPU resumed on the CPU, and the CPU's resumed on the
+// GPU (a CPU run of 20 tiny steps there), each run's steps 11 to 20 within
+// the GPU's tolerance (1e-4) of the CPU's shipped losses; `dtrain eval`
+// reads the GPU's final weights.
+static void gpu_crosswise(const char *text) {
+    char ck[4096], f[1200];
+    const char *dev = "--set train.log_every=1 --set train.tf32=false --device cuda";
+    snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", text);
+    int rc = tl_train(g_tmp, "x-dev", ck, 1, dev, g_out, sizeof g_out);
+    CHECK(rc == 0, "the GPT with checkpoints on the GPU: exit %d\n%s", rc, g_out);
+    rc = tl_train(g_tmp, "x-cpu", ck, 1, "--set train.log_every=1", g_out, sizeof g_out);
+    CHECK(rc == 0, "the GPT with checkpoints on the CPU: exit %d\n%s", rc, g_out);
+    const char *run[2] = {"x-from-dev", "x-from-cpu"}, *from[2] = {"x-dev", "x-cpu"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(f, sizeof f, "%s --set checkpoint.resume=%s/%s/checkpoints/step-00000010.safetensors",
+                 i ? dev : "--set train.log_every=1", g_tmp, from[i]);
+        rc = tl_train(g_tmp, run[i], ck, 1, f, g_out, sizeof g_out);
+        double want[STEPS + 1], worst = rc == 0 && fixture("gpt", want) ? 0 : INFINITY;
+        for (int s = 11; s <= STEPS && worst < INFINITY; s++) {
+            double d = fabs(step_loss(tmp(run[i]), s) - want[s]) / fabs(want[s]);
+            if (d != d) worst = INFINITY;  // (a step not logged)
+            else if (d > worst) worst = d;
+        }
+        CHECK(worst <= 1e-4, "%s's checkpoint resumed on the %s: steps 11 to 20 within %.3g of the CPU's shipped "
+              "losses (1e-4; exit %d)\n%s", i ? "the CPU" : "the GPU", i ? "GPU" : "CPU", worst, rc, g_out);
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s eval %s --checkpoint %s/x-dev/model.safetensors 2>&1", tl_dtrain(), tmp("x-dev.ini"),
+             g_tmp);
+    rc = tl_run(cmd, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "loss"), "dtrain eval reads the GPU run's weights on the CPU: exit %d\n%s", rc,
+          g_out);
+}
+
 // On a GPU machine: the device's runs against the CPU's shipped losses.
 // ZeRO stages 2 and 3 with 2 ranks sharing one GPU (staged; on a GPU:
 // CUDA's memory backed on demand, and the parameters given back after
@@ -1599,6 +1634,7 @@ static int on_gpu(void) {
         if (rc == 0) check_fixture(name, tmp(name), 0);
     }
     gpu_nccl_alone(model_text("mlp", text, sizeof text));
+    gpu_crosswise(model_text("gpt", text, sizeof text));
     zero_gpu_rows();
     tl_cleanup(g_tmp);
     return tl_finish();

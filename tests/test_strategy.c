@@ -225,8 +225,10 @@ static const row rows[] = {
     {"pipeline", "gpt", 4, 0, "--set parallel.pipeline=2 --set parallel.micro_batches=3 --set parallel.schedule=1f1b", "", 1e-5, 0},
     {"pipeline", "gpt", 4, 1, "--set parallel.pipeline=2 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
     {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=4 --set parallel.schedule=gpipe", "", 1e-5, 0},
-    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 1e-5, 0},
-    {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 1e-5, 0},
+    // (the batch of 40's gradient summed in 6 or 5 micro-batches' parts, each rounded: 1.2e-5 and 1.0e-5
+    // measured on Intel AMX once the elementwise rules took explicit FMAs)
+    {"pipeline", "gpt4", 4, 0, "--set parallel.pipeline=4 --set parallel.micro_batches=6 --set parallel.schedule=1f1b", "", 2e-5, 0},
+    {"pipeline", "gpt4", 3, 0, "--set parallel.pipeline=3 --set parallel.micro_batches=5 --set parallel.pipeline_split=1,2,1", "", 2e-5, 0},
     // pipelines of the sequential models (the MLP's 5 layers, the CNN's 10),
     // stages balanced by FLOPs or split by hand, 20 steps
     {"pipeline-seq", "mlp", 2, 0, SEQ20 PP2 GPIPE "--set parallel.micro_batches=4", SEQ20, 1e-5, 0},

@@ -136,10 +136,13 @@ typedef struct dt_dev {
     dt_status (*residual_forward)(float *out, const float *a, const float *b, size_t N);
     dt_status (*residual_backward)(float *da, float *db, const float *dout, size_t N);
     /* The attention's products in precision t (DT_F32; DT_BF16, DT_F16:
-     * their operands rounded to t, fp32 sums, as the CPU's attention in t). */
-    dt_status (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
+     * their operands rounded to t, fp32 sums, as the CPU's attention in t);
+     * work: dt_att_work_bytes (gpu/att_plan.h) of room for the rounded
+     * copies (NULL in fp32; the simulated GPU's CPU attention needs none). */
+    dt_status (*attention_forward)(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
+                                   dt_dtype t);
     dt_status (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH, dt_dtype t);
+                                    void *work, int B, int T, int C, int NH, dt_dtype t);
     dt_status (*relu_forward)(float *out, const float *inp, size_t N);
     dt_status (*relu_backward)(float *dinp, const float *dout, const float *inp, size_t N);
     dt_status (*bias_forward)(float *out, const float *b, size_t N, int OC);

@@ -20,6 +20,7 @@
  * the head's input gradients summed over the shards, the embedding and the
  * cross-entropy vocabulary-parallel, each sum through a pinned host buffer
  * by the model's own collective (dt_dev_gpt_set_reduce). */
+#include "gpu/att_plan.h"
 #include "gpu/dev_model.h"
 
 #include <math.h>
@@ -65,6 +66,7 @@ struct dt_dev_gpt {
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
     float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, max(C, F)]; dfchg's room)
     void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, max(C, F, 3 Cl)]; datt's room)
+    void *attw;    // in 16 bits: the attention's rounded factors (dt_att_work_bytes), both passes'
 };
 
 // A kept activation from a: fp32 (per layer), or in 16 bits made in x32
@@ -96,6 +98,7 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
         g->x32 = h16 ? g->dfchg : NULL;
         g->dout16 = h16 ? g->datt : NULL;
+        g->attw = h16 ? dt_dev_take(a, DT_DEV_WORK, dt_att_work_bytes(g->maxB, g->maxT, g->Cl, g->NHl, g->b.t)) : NULL;
         g->mx = g->ntp > 1 ? dt_dev_take(a, DT_DEV_WORK, f * 3 * BT) : NULL;
         g->sums = g->mx ? g->mx + BT : NULL;
     }
@@ -245,7 +248,7 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
                              (size_t)BT, C, 1e-5f));
     TRY(input(g, &in, s->ln1, s->ln1_16, rC));
     TRY(dt_dev_linear_forward(b, s->qkv, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
-    TRY(d->attention_forward(s->atty, s->att, s->qkv, B, T, Cl, g->NHl, b->t));
+    TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(input(g, &in, s->atty, s->atty16, (size_t)BT * Cl));
     TRY(dt_dev_linear_forward(b, s->res2, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
     TRY(row_parallel(g, s->res2, p + at(g, ATTPROJB, l), BT));
@@ -391,7 +394,7 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
                                C));
     grads_final(g, ATTPROJW, l);
     TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
-    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, B, T, Cl, g->NHl, b->t));
+    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(d->memset0(g->dln, f * sC));
     TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, ln1, BT, C, 3 * Cl));
     grads_final(g, QKVW, l);

@@ -462,8 +462,9 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
     return shut();
 }
 
-static dt_status sim_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                                       dt_dtype t) {
+static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C,
+                                       int NH, dt_dtype t) {
+    (void)work;
     open_dev();
     dt_dtype was = products_in(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
@@ -472,7 +473,8 @@ static dt_status sim_attention_forward(float *out, float *att, const float *qkv,
 }
 
 static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                        const float *att, int B, int T, int C, int NH, dt_dtype t) {
+                                        const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
+    (void)work;
     open_dev();
     dt_dtype was = products_in(t);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);

@@ -22,7 +22,8 @@
 #define LT_FUNCS(X)                                                                                     \
     X(cublasLtGetVersion) X(cublasLtGetStatusName) X(cublasLtGetStatusString) X(cublasLtCreate)         \
     X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)          \
-    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)      \
+    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute)   \
+    X(cublasLtMatmulPreferenceCreate)                                                                   \
     X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                         \
     X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
 
@@ -91,10 +92,11 @@ struct lt_call {
 // The key is everything the descriptors are made of (the layouts, types,
 // epilogue, TF32, whether there is a bias or aux, the pointers'
 // alignments); LT_CACHE shapes are kept, more are asked each time.
-typedef struct {
+typedef struct {  // (no padding the compiler may leave unset: the key is compared with memcmp)
     dt_cm_gemm g;
-    int ab, epilogue, tf32, bias, aux, aux_ld;
-    uint32_t al[3];
+    int ab, epilogue, tf32, bias, aux, aux_ld, batch, pad0;
+    long long strides[3];
+    uint32_t al[3], pad1;
 } lt_key;
 typedef struct {
     lt_key key;
@@ -111,7 +113,8 @@ static lt_key key_of(const dt_lt_op *o, const uint32_t al[3]) {
     memset(&k, 0, sizeof k);  // (padding compared too)
     k.g = *o->g;
     k.ab = (int)o->ab, k.epilogue = (int)o->epilogue, k.tf32 = g_tf32, k.bias = o->bias != NULL,
-    k.aux = o->aux != NULL, k.aux_ld = o->aux ? o->aux_ld : 0;
+    k.aux = o->aux != NULL, k.aux_ld = o->aux ? o->aux_ld : 0, k.batch = o->batch > 1 ? o->batch : 1;
+    k.strides[0] = o->stride_first, k.strides[1] = o->stride_second, k.strides[2] = o->stride_c;
     for (int i = 0; i < 3; i++) k.al[i] = al[i];
     return k;
 }
@@ -141,11 +144,22 @@ static void cache_keep(const lt_key *k, int found, const cublasLtMatmulAlgo_t *a
 // The alignment of a device pointer, as cuBLASLt's preferences take it:
 // the largest power of two up to 256 dividing its address (cuBLASLt assumes
 // 256 unless told; a block inside a larger one may be aligned to 4 bytes,
-// a bf16 one to 2).
-static uint32_t alignment(const void *p) {
+// a bf16 one to 2), and of every matrix of a strided batch (stride bytes
+// apart) after it.
+static uint32_t alignment(const void *p, long long stride_bytes) {
     uint32_t a = 256;
-    while (a > 2 && (uintptr_t)p % a) a /= 2;
+    while (a > 2 && ((uintptr_t)p % a || (unsigned long long)stride_bytes % a)) a /= 2;
     return a;
+}
+
+// A layout of a strided batch (o->batch > 1): its count and stride.
+static dt_status batched(cublasLtMatrixLayout_t l, int batch, long long stride) {
+    if (batch <= 1) return DT_OK;
+    int32_t n = batch;
+    int64_t s = stride;
+    DT_LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n));
+    DT_LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s));
+    return DT_OK;
 }
 
 static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
@@ -167,10 +181,16 @@ static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
     DT_LT(cublasLtMatrixLayoutCreate(&x->a, o->ab, g->a.rows, g->a.cols, g->a.ld));
     DT_LT(cublasLtMatrixLayoutCreate(&x->b, o->ab, g->b.rows, g->b.cols, g->b.ld));
     DT_LT(cublasLtMatrixLayoutCreate(&x->c, CUDA_R_32F, g->c.rows, g->c.cols, g->c.ld));
+    dt_status bst = batched(x->a, o->batch, o->stride_first);
+    if (bst == DT_OK) bst = batched(x->b, o->batch, o->stride_second);
+    if (bst == DT_OK) bst = batched(x->c, o->batch, o->stride_c);
+    if (bst != DT_OK) return bst;
     DT_LT(cublasLtMatmulPreferenceCreate(&x->pref));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WORKSPACE,
                                                sizeof WORKSPACE));
-    uint32_t al[3] = {alignment(o->first), alignment(o->second), alignment(o->C)};
+    long long eb = o->ab == CUDA_R_32F ? 4 : 2;  // (the operands' element bytes; C's 4)
+    uint32_t al[3] = {alignment(o->first, eb * o->stride_first), alignment(o->second, eb * o->stride_second),
+                      alignment(o->C, 4 * o->stride_c)};
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
@@ -224,17 +244,19 @@ dt_status dt_gpu_lt_run(const dt_lt_op *o, int *found) {
     return st;
 }
 
-// The plain GEMM (no epilogue) of g on operands of type ab: an error when
-// cuBLASLt has no algorithm for it.
+// The plain GEMM (no epilogue) of g on operands of type ab, over a strided
+// batch of `batch` (dtrain's strides: sa of A, sb of B, sc of C): an error
+// when cuBLASLt has no algorithm for it.
 static dt_status lt_gemm(const dt_cm_gemm *g, cudaDataType_t ab, float alpha, const void *A, const void *B, float beta,
-                         float *C) {
-    dt_lt_op o = {g, ab, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, alpha, beta, g->b_first ? B : A, g->b_first ? A : B, C};
+                         float *C, int batch, long long sa, long long sb, long long sc) {
+    dt_lt_op o = {g, ab, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, alpha, beta, g->b_first ? B : A, g->b_first ? A : B, C,
+                  batch, g->b_first ? sb : sa, g->b_first ? sa : sb, sc};
     int found = 0;
     dt_status st = dt_gpu_lt_run(&o, &found);
     if (st == DT_OK && !found)
-        return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the %s GEMM m %d n %d k %d (transa %d, transb %d)",
-                        ab == CUDA_R_16BF ? "bf16" : ab == CUDA_R_16F ? "fp16" : "fp32", g->m, g->n, g->k, g->transa,
-                        g->transb);
+        return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the %s GEMM m %d n %d k %d (transa %d, "
+                        "transb %d, batch %d)", ab == CUDA_R_16BF ? "bf16" : ab == CUDA_R_16F ? "fp16" : "fp32", g->m,
+                        g->n, g->k, g->transa, g->transb, batch);
     return st;
 }
 
@@ -273,7 +295,7 @@ dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const f
     int done;
     dt_status st = prepare("sgemm", ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
     if (st != DT_OK || done) return st;
-    return lt_gemm(&g, CUDA_R_32F, alpha, A, B, beta, C);
+    return lt_gemm(&g, CUDA_R_32F, alpha, A, B, beta, C, 1, 0, 0, 0);
 }
 
 dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
@@ -285,5 +307,22 @@ dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float a
     const char *what = t == DT_BF16 ? "bf16 GEMM" : "fp16 GEMM";
     dt_status st = prepare(what, ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
     if (st != DT_OK || done) return st;
-    return lt_gemm(&g, t == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F, alpha, A, B, beta, C);
+    return lt_gemm(&g, t == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F, alpha, A, B, beta, C, 1, 0, 0, 0);
+}
+
+dt_status dt_gpu_gemm_batched(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                              long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
+                              long long sc, int batch) {
+    if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU batched GEMM: operands of type %s (F32, BF16 or F16 only)", dt_dtype_name(t));
+    if (batch < 0 || sa < 0 || sb < 0 || sc < 0)
+        return dt_error(DT_ERR_ARG, "GPU batched GEMM: batch %d, strides %lld %lld %lld", batch, sa, sb, sc);
+    dt_cm_gemm g;
+    int done = 1;
+    dt_status st = DT_OK;
+    for (int i = 0; i < (K == 0 ? batch : 1) && st == DT_OK; i++)  // (K = 0: C = beta C, a matrix at a time)
+        st = prepare("batched GEMM", ta, tb, M, N, K, lda, ldb, beta, C + i * sc, ldc, &g, &done);
+    if (st != DT_OK || done || batch == 0) return st;
+    cudaDataType_t ab = t == DT_BF16 ? CUDA_R_16BF : t == DT_F16 ? CUDA_R_16F : CUDA_R_32F;
+    return lt_gemm(&g, ab, alpha, A, B, beta, C, batch, sa, sb, sc);
 }

@@ -136,19 +136,22 @@ dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, co
 /* out = a + b; backward: da += dout, db += dout (either NULL: skipped). */
 dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N);
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N);
-/* Causal multi-head attention over qkv [B,T,3C], NH heads of hs = C / NH:
- * out [B,T,C], att [B,NH,T,T] the probabilities (zeros right of the
- * diagonal), as the CPU's; backward: dqkv += the gradient, datt [B,NH,T,T]
- * scratch (written whole: the softmax's gradient, zeros right of the
- * diagonal). One block a row (b, h, t); sums in fixed trees, so the same
- * bits every run, the CPU's to rounding. hs at most DT_ATT_MAX_HS
- * (launch.h; else DT_ERR_ARG), NH dividing C. t: the precision of its
- * products, as the CPU's attention's GEMMs in t: DT_F32, or DT_BF16 /
- * DT_F16, each product's two factors (q, k, v, the probabilities; in
- * backward dout and the softmax's gradient) rounded to t, fp32 sums. */
-dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
+/* Causal multi-head attention over qkv [B,T,3C], NH heads of hs = C / NH
+ * (NH dividing C): out [B,T,C], att [B,NH,T,T] the probabilities (zeros
+ * right of the diagonal), as the CPU's; backward: dqkv += the gradient,
+ * datt [B,NH,T,T] scratch (written whole: the softmax's gradient, zeros
+ * right of the diagonal). att_plan.h's GEMMs (cuBLASLt, a strided batch
+ * of the heads per batch row) and row passes (a warp a row); the same bits
+ * every run, the CPU's to rounding. t: the precision of its products, as
+ * the CPU's attention's GEMMs in t: DT_F32 (TF32 as dt_gpu_set_tf32 says),
+ * or DT_BF16 / DT_F16, each product's two factors (q, k, v, the
+ * probabilities; in backward dout and the softmax's gradient) rounded to t,
+ * fp32 sums, the rounded copies in work (dt_att_work_bytes of room; NULL
+ * in fp32). */
+dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
+                                   dt_dtype t);
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH, dt_dtype t);
+                                    void *work, int B, int T, int C, int NH, dt_dtype t);
 
 /* The CNN's layers (gpu/cnn_hd.h's arithmetic, docs/gpu.md): the columns
  * col[C K K, B OH OW] of x[B, C, H, W]; dx += the input's gradient from the
@@ -219,6 +222,13 @@ dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n);
  * and C (cuBLASLt's CUBLAS_COMPUTE_32F): dt_gemm16's contract. */
 dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
                         const void *B, int ldb, float beta, float *C, int ldc);
+/* The same over a strided batch: for i < batch, C + i sc = alpha op(A + i
+ * sa) op(B + i sb) + beta (C + i sc), strides in elements; A and B of type
+ * t (DT_F32: dt_gpu_sgemm's, TF32 as dt_gpu_set_tf32 says; DT_BF16,
+ * DT_F16: dt_gpu_gemm16's), C fp32. */
+dt_status dt_gpu_gemm_batched(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                              long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
+                              long long sc, int batch);
 /* dt_to_f32 / dt_from_f32 on device blocks, t DT_BF16 (round to nearest
  * even, NaN kept quiet: core/bf16.h's bits, the CPU's) or DT_F16 (CUDA's
  * round-to-nearest-even conversions: IEEE binary16, the CPU's bits but for

@@ -31,38 +31,6 @@ static inline unsigned dt_launch_rows(size_t rows) {
     return (unsigned)(rows > DT_MAX_BLOCKS ? DT_MAX_BLOCKS : rows);
 }
 
-/* The attention's kernels (attention.cu): one block of DT_THREADS a row
- * (b, h, t), its DT_ATT_PARTS warps each summing every DT_ATT_PARTS-th
- * position into a partial row of hs in shared memory, the partials then
- * added in order. Dynamic shared memory: `rows` rows of hs floats (the
- * row's own vector and DT_ATT_PARTS partial rows for the forward and the
- * backward's row pass; 2 DT_ATT_PARTS partial rows for its column pass);
- * within the 48 KiB every GPU gives a block unasked up to hs =
- * DT_ATT_MAX_HS. */
-#define DT_ATT_PARTS (DT_THREADS / 32)
-#define DT_ATT_MAX_HS 512
-static inline size_t dt_att_smem(int hs, int rows) { return sizeof(float) * (size_t)hs * rows; }
-
-/* Row r of the B NH T rows of att: its (b, h, t) and, 64-bit, the offsets
- * of its query in qkv [B,T,3C], of its row in att [B,NH,T,T], and of its
- * output (dout) in [B,T,C]. The column pass reads att[b, h, t, j] for
- * its row r = (b, h, j) at (r - j + t) T + j. */
-typedef struct {
-    size_t b, h, t, qkv, att, out;
-} dt_att_row;
-
-DT_HD dt_att_row dt_att_row_of(size_t r, int T, int C, int NH) {
-    dt_att_row a;
-    a.t = r % T;
-    a.h = r / T % NH;
-    a.b = r / ((size_t)T * NH);
-    size_t hs = (size_t)(C / NH);
-    a.qkv = (a.b * T + a.t) * 3 * (size_t)C + a.h * hs;
-    a.att = r * T;
-    a.out = (a.b * T + a.t) * C + a.h * hs;
-    return a;
-}
-
 /* Column sums over N rows of C columns (the bias's and layernorm's weight
  * gradients): the rows cut into chunks of dt_colsum_rows(N) (DT_COLSUM_ROWS,
  * or more where N would need more chunks than the grid's DT_MAX_GRID_Y),

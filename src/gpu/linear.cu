@@ -29,7 +29,7 @@ static dt_status linear_lt(float *out, const float *inp, const float *w, int B, 
     dt_cm_gemm g;
     if (dt_gemm_colmajor(0, 1, B, OC, C, C, C, OC, &g) != 0)
         return dt_error(DT_ERR_ARG, "GPU linear: B %d, C %d, OC %d", B, C, OC);
-    dt_lt_op o = {&g, CUDA_R_32F, epi, bias, aux, OC, 1.0f, 0.0f, w, inp, out};
+    dt_lt_op o = {&g, CUDA_R_32F, epi, bias, aux, OC, 1.0f, 0.0f, w, inp, out, 1, 0, 0, 0};
     return dt_gpu_lt_run(&o, found);
 }
 
@@ -79,7 +79,7 @@ static dt_status dgelu_grad(float *dpre, const float *dout, const float *w, cons
         dt_cm_gemm g;
         if (dt_gemm_colmajor(0, 0, B, C, OC, OC, C, C, &g) != 0)
             return dt_error(DT_ERR_ARG, "GPU linear backward: B %d, C %d, OC %d", B, C, OC);
-        dt_lt_op o = {&g, CUDA_R_32F, CUBLASLT_EPILOGUE_DGELU, NULL, (float *)pre, C, 1.0f, 0.0f, w, dout, dpre};
+        dt_lt_op o = {&g, CUDA_R_32F, CUBLASLT_EPILOGUE_DGELU, NULL, (float *)pre, C, 1.0f, 0.0f, w, dout, dpre, 1, 0, 0, 0};
         int found = 0;
         dt_status st = dt_gpu_lt_run(&o, &found);
         if (st != DT_OK || found) return st;

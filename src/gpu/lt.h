@@ -14,7 +14,9 @@
  * accumulation and output; first and second of type ab (CUDA_R_32F,
  * TF32 after dt_gpu_set_tf32(1), or CUDA_R_16BF). bias [g->m]: the BIAS
  * epilogues' vector, added to every column; aux (aux_ld apart, a multiple
- * of 8): GELU_AUX's output, DGELU's input, shaped as C. */
+ * of 8): GELU_AUX's output, DGELU's input, shaped as C. batch > 1: a
+ * strided batch, matrix i at first + i stride_first elements (second's
+ * and C's likewise; no epilogue). */
 typedef struct {
     const dt_cm_gemm *g;
     cudaDataType_t ab;
@@ -25,6 +27,8 @@ typedef struct {
     float alpha, beta;
     const void *first, *second;
     float *C;
+    int batch;
+    long long stride_first, stride_second, stride_c;
 } dt_lt_op;
 
 /* Runs o; *found 0 (and nothing run, DT_OK) when cuBLASLt has no algorithm

@@ -119,13 +119,14 @@ dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, si
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N) {
     return (void)da, (void)db, (void)dout, (void)N, no_gpu();
 }
-dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
-    return (void)out, (void)att, (void)qkv, (void)B, (void)T, (void)C, (void)NH, (void)t, no_gpu();
+dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
+                                   dt_dtype t) {
+    return (void)out, (void)att, (void)qkv, (void)work, (void)B, (void)T, (void)C, (void)NH, (void)t, no_gpu();
 }
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    int B, int T, int C, int NH, dt_dtype t) {
-    return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)B, (void)T, (void)C, (void)NH, (void)t,
-           no_gpu();
+                                    void *work, int B, int T, int C, int NH, dt_dtype t) {
+    return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)work, (void)B, (void)T, (void)C, (void)NH,
+           (void)t, no_gpu();
 }
 dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g) {
     return (void)col, (void)x, (void)B, (void)g, no_gpu();
@@ -186,6 +187,12 @@ dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float a
                         const void *B, int ldb, float beta, float *C, int ldc) {
     return (void)t, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
            (void)beta, (void)C, (void)ldc, no_gpu();
+}
+dt_status dt_gpu_gemm_batched(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+                              long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
+                              long long sc, int batch) {
+    return (void)t, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)sa, (void)B,
+           (void)ldb, (void)sb, (void)beta, (void)C, (void)ldc, (void)sc, (void)batch, no_gpu();
 }
 dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
     return (void)dst, (void)src, (void)n, (void)t, no_gpu();

@@ -1,0 +1,66 @@
+/* The GPU's causal attention as GEMMs and row passes, in plain C in every
+ * build: attention.cu runs it on cuBLASLt and its kernels, and
+ * tests/test_gpu_host.c on naive host loops against the CPU's attention,
+ * so that the part most easily got wrong (every GEMM's operands, strides
+ * and order) is checked without a GPU.
+ *
+ * The CPU's contract (dtrain/gpt.h, gpu.h): qkv [B,T,3C], NH heads of
+ * hs = C / NH; out [B,T,C]; att [B,NH,T,T] the probabilities, zeros right
+ * of the diagonal; backward: dqkv += the gradient, datt scratch written
+ * whole (the softmax's gradient, zeros right of the diagonal). Per batch
+ * row b, its NH heads one strided batch of GEMMs (a head's slice is hs
+ * columns along qkv's rows, its att block T T along):
+ *   forward   S = q k^T / sqrt(hs) into att; att = causal_softmax(S) in
+ *             place; out = att v
+ *   backward  dv += att^T dy; datt = dy v^T; datt = the softmax's gradient
+ *             in place; dq += datt k; dk += datt^T q
+ * The whole T x T square is multiplied (the zeros right of the diagonal
+ * keep the sums causal). In bf16 or fp16 the products' factors are those
+ * of the CPU's attention in that type (q, k, v, the probabilities, dy and
+ * the softmax's gradient rounded to it, fp32 sums): copies rounded into
+ * the caller's work block (dt_att_work_bytes) and 16-bit GEMMs. */
+#ifndef DT_GPU_ATT_PLAN_H
+#define DT_GPU_ATT_PLAN_H
+
+#include "dtrain/core.h"
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What runs the plan. gemm: C[i] = alpha op(A[i]) op(B[i]) + beta C[i]
+ * for i < batch (dt_sgemm's row-major terms; A[i] = A + i sa elements,
+ * ...), A and B of type t (DT_F32, DT_BF16 or DT_F16), C fp32. softmax:
+ * each of `rows` rows of att [rows, T] (row r's position t = r % T) in
+ * place, the causal softmax over 0..t and zeros after; p16 (NULL in fp32)
+ * the same rows rounded to t. softmax_backward: datt's rows from dp to the
+ * softmax's gradient att (dp - sum dp att) scale over 0..t, zeros after;
+ * d16 likewise. round: dst[n] = src rounded to t (16-bit). */
+typedef struct {
+    void *ctx;
+    dt_status (*gemm)(void *ctx, dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                      int lda, long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
+                      long long sc, int batch);
+    dt_status (*softmax)(void *ctx, float *att, void *p16, size_t rows, int T, dt_dtype t);
+    dt_status (*softmax_backward)(void *ctx, float *datt, const float *att, void *d16, size_t rows, int T,
+                                  float scale, dt_dtype t);
+    dt_status (*round)(void *ctx, void *dst, const float *src, size_t n, dt_dtype t);
+} dt_att_ops;
+
+/* Bytes of the work block for products in t: 0 in fp32; in bf16 or fp16
+ * the rounded copies of qkv, att and dy (2 bytes an element), each
+ * starting on 256 bytes. */
+size_t dt_att_work_bytes(int B, int T, int C, int NH, dt_dtype t);
+
+/* The plan's forward and backward (work: dt_att_work_bytes of room). */
+dt_status dt_att_forward(const dt_att_ops *x, float *out, float *att, const float *qkv, void *work, int B, int T,
+                         int C, int NH, dt_dtype t);
+dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const float *dout, const float *qkv,
+                          const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
