@@ -3,7 +3,7 @@
 kernel a `dtrain train --device cuda` run launched, summed by kernel name.
 tests/gpu/run.sh's profile stage runs
 
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
+    ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \\
         dtrain train RUN.ini ... >PROFILE.csv
 
 and then

@@ -192,10 +192,9 @@ static void put16(void *h, size_t i, float v, dt_dtype t) {
     if (h) dt_from_f32((uint16_t *)h + i, &v, 1, t);
 }
 
-static dt_status h_gemm(void *ctx, dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+static dt_status h_gemm(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A,
                         int lda, long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
                         long long sc, int batch) {
-    (void)ctx;
     for (int n = 0; n < batch; n++)
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
@@ -209,8 +208,7 @@ static dt_status h_gemm(void *ctx, dt_dtype t, int ta, int tb, int M, int N, int
     return DT_OK;
 }
 
-static dt_status h_softmax(void *ctx, float *att, void *p16, size_t rows, int T, dt_dtype t) {
-    (void)ctx;
+static dt_status h_softmax(float *att, void *p16, size_t rows, int T, dt_dtype t) {
     for (size_t r = 0; r < rows; r++) {
         float *a = att + r * T, mx = -FLT_MAX, s = 0;
         int pos = (int)(r % T);
@@ -221,9 +219,8 @@ static dt_status h_softmax(void *ctx, float *att, void *p16, size_t rows, int T,
     return DT_OK;
 }
 
-static dt_status h_softmax_backward(void *ctx, float *datt, const float *att, void *d16, size_t rows, int T,
+static dt_status h_softmax_backward(float *datt, const float *att, void *d16, size_t rows, int T,
                                     float scale, dt_dtype t) {
-    (void)ctx;
     for (size_t r = 0; r < rows; r++) {
         float *d = datt + r * T, s = 0;
         const float *a = att + r * T;
@@ -234,13 +231,12 @@ static dt_status h_softmax_backward(void *ctx, float *datt, const float *att, vo
     return DT_OK;
 }
 
-static dt_status h_round(void *ctx, void *dst, const float *src, size_t n, dt_dtype t) {
-    (void)ctx;
+static dt_status h_round(void *dst, const float *src, size_t n, dt_dtype t) {
     dt_from_f32(dst, src, n, t);
     return DT_OK;
 }
 
-static const dt_att_ops h_ops = {NULL, h_gemm, h_softmax, h_softmax_backward, h_round};
+static const dt_att_ops h_ops = {h_gemm, h_softmax, h_softmax_backward, h_round};
 
 static float *randoms(size_t n, float range) {
     float *a = malloc(sizeof(float) * (n ? n : 1));

@@ -1244,8 +1244,8 @@ static void spares(const char *model, int W, const char *rflags, const char *fau
 // Under ZeRO --max-restarts restarts every rank from the newest
 // checkpoint: the MLP on 3 ranks at
 // stage 3, rank 1 killed at step 12 (named), back to step 10 (1 step
-// lost), the weights those of the CPU's uninterrupted --zero 3 run on 3
-// workers bitwise.
+// lost; or to step 5 where step 10's was not finished), the weights those
+// of the CPU's uninterrupted --zero 3 run on 3 workers bitwise.
 static void zero_restart(void) {
     char text[4096];
     setenv("DTRAIN_FAULT_STEP", "1:12:kill", 1);
@@ -1257,8 +1257,11 @@ static void zero_restart(void) {
     CHECK(tl_train(g_tmp, "restart-z3-cpu", text, 3, "--zero 3", g_out + strlen(g_out),
                    sizeof g_out - strlen(g_out)) == 0, "the CPU's --zero 3 run");
     double diff = tl_runs_diff(g_tmp, "restart-z3-cpu", "restart-z3", &bw);
-    CHECK(rc == 0 && strstr(g_out, "rank 1 (pid") && strstr(g_out, "killed by signal 9") &&
-              strstr(g_out, "resumed at step 10, 1 step lost") && diff == 0 && bw,
+    // (step 10's checkpoint is written in the background: on a loaded
+    // machine it may still be unfinished at step 12, and step 5's is taken)
+    int back = strstr(g_out, "resumed at step 10, 1 step lost") ||
+               (strstr(g_out, "its writing never finished") && strstr(g_out, "resumed at step 5, 6 steps lost"));
+    CHECK(rc == 0 && strstr(g_out, "rank 1 (pid") && strstr(g_out, "killed by signal 9") && back && diff == 0 && bw,
           "--zero 3 on the device, rank 1 killed at step 12, --max-restarts 1: back to step 10, the CPU's weights "
           "bitwise (exit %d, diff %g)\n%s", rc, diff, g_out);
 }

@@ -39,19 +39,19 @@ dt_status dt_att_forward(const dt_att_ops *x, float *out, float *att, const floa
     void *p16 = NULL;
     if (t != DT_F32) {
         p16 = (char *)work + up256(2 * n3);
-        if ((st = x->round(x->ctx, work, qkv, n3, t)) != DT_OK) return st;
+        if ((st = x->round(work, qkv, n3, t)) != DT_OK) return st;
         q = work;
     }
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B && st == DT_OK; b++) {  // S = q k^T scale
         const void *qb = at(q, t, (size_t)b * T * C3);
-        st = x->gemm(x->ctx, t, 0, 1, T, T, hs, scale, qb, C3, hs, at(qb, t, (size_t)C), C3, hs, 0.0f,
+        st = x->gemm(t, 0, 1, T, T, hs, scale, qb, C3, hs, at(qb, t, (size_t)C), C3, hs, 0.0f,
                      att + (size_t)b * NH * TT, T, TT, NH);
     }
-    if (st == DT_OK) st = x->softmax(x->ctx, att, p16, rows, T, t);
+    if (st == DT_OK) st = x->softmax(att, p16, rows, T, t);
     const void *p = t == DT_F32 ? (const void *)att : p16;
     for (int b = 0; b < B && st == DT_OK; b++)  // out = att v
-        st = x->gemm(x->ctx, t, 0, 0, T, hs, T, 1.0f, at(p, t, (size_t)b * NH * TT), T, TT,
+        st = x->gemm(t, 0, 0, T, hs, T, 1.0f, at(p, t, (size_t)b * NH * TT), T, TT,
                      at(q, t, (size_t)b * T * C3 + 2 * (size_t)C), C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
     return st;
 }
@@ -67,8 +67,8 @@ dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const f
     void *d16 = NULL;
     if (t != DT_F32) {
         void *p16 = (char *)work + up256(2 * n3), *dy16 = (char *)p16 + up256(2 * na);
-        if ((st = x->round(x->ctx, work, qkv, n3, t)) == DT_OK && (st = x->round(x->ctx, p16, att, na, t)) == DT_OK)
-            st = x->round(x->ctx, dy16, dout, (size_t)B * T * C, t);
+        if ((st = x->round(work, qkv, n3, t)) == DT_OK && (st = x->round(p16, att, na, t)) == DT_OK)
+            st = x->round(dy16, dout, (size_t)B * T * C, t);
         if (st != DT_OK) return st;
         q = work, p = p16, dy = dy16;
         d16 = p16;  // (the softmax's gradient rounded where att's copy was, once dv has it)
@@ -76,21 +76,21 @@ dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const f
     for (int b = 0; b < B && st == DT_OK; b++) {  // dv += att^T dy, then datt = dy v^T
         size_t qo = (size_t)b * T * C3;
         const void *dyb = at(dy, t, (size_t)b * T * C);
-        st = x->gemm(x->ctx, t, 1, 0, T, hs, T, 1.0f, at(p, t, (size_t)b * NH * TT), T, TT, dyb, C, hs, 1.0f,
+        st = x->gemm(t, 1, 0, T, hs, T, 1.0f, at(p, t, (size_t)b * NH * TT), T, TT, dyb, C, hs, 1.0f,
                      dqkv + qo + 2 * (size_t)C, C3, hs, NH);
         if (st == DT_OK)
-            st = x->gemm(x->ctx, t, 0, 1, T, T, hs, 1.0f, dyb, C, hs, at(q, t, qo + 2 * (size_t)C), C3, hs, 0.0f,
+            st = x->gemm(t, 0, 1, T, T, hs, 1.0f, dyb, C, hs, at(q, t, qo + 2 * (size_t)C), C3, hs, 0.0f,
                          datt + (size_t)b * NH * TT, T, TT, NH);
     }
-    if (st == DT_OK) st = x->softmax_backward(x->ctx, datt, att, d16, rows, T, 1.0f / sqrtf((float)hs), t);
+    if (st == DT_OK) st = x->softmax_backward(datt, att, d16, rows, T, 1.0f / sqrtf((float)hs), t);
     const void *d = t == DT_F32 ? (const void *)datt : d16;
     for (int b = 0; b < B && st == DT_OK; b++) {  // dq += datt k, dk += datt^T q
         size_t qo = (size_t)b * T * C3;
         const void *db = at(d, t, (size_t)b * NH * TT);
-        st = x->gemm(x->ctx, t, 0, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo + (size_t)C), C3, hs, 1.0f, dqkv + qo, C3,
+        st = x->gemm(t, 0, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo + (size_t)C), C3, hs, 1.0f, dqkv + qo, C3,
                      hs, NH);
         if (st == DT_OK)
-            st = x->gemm(x->ctx, t, 1, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo), C3, hs, 1.0f,
+            st = x->gemm(t, 1, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo), C3, hs, 1.0f,
                          dqkv + qo + (size_t)C, C3, hs, NH);
     }
     return st;

@@ -39,14 +39,13 @@ extern "C" {
  * softmax's gradient att (dp - sum dp att) scale over 0..t, zeros after;
  * d16 likewise. round: dst[n] = src rounded to t (16-bit). */
 typedef struct {
-    void *ctx;
-    dt_status (*gemm)(void *ctx, dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+    dt_status (*gemm)(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A,
                       int lda, long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
                       long long sc, int batch);
-    dt_status (*softmax)(void *ctx, float *att, void *p16, size_t rows, int T, dt_dtype t);
-    dt_status (*softmax_backward)(void *ctx, float *datt, const float *att, void *d16, size_t rows, int T,
-                                  float scale, dt_dtype t);
-    dt_status (*round)(void *ctx, void *dst, const float *src, size_t n, dt_dtype t);
+    dt_status (*softmax)(float *att, void *p16, size_t rows, int T, dt_dtype t);
+    dt_status (*softmax_backward)(float *datt, const float *att, void *d16, size_t rows, int T, float scale,
+                                  dt_dtype t);
+    dt_status (*round)(void *dst, const float *src, size_t n, dt_dtype t);
 } dt_att_ops;
 
 /* Bytes of the work block for products in t: 0 in fp32; in bf16 or fp16

@@ -88,8 +88,7 @@ __global__ static void softmax_backward_kernel(float *datt, const float *att, ui
 
 static unsigned row_blocks(size_t rows) { return dt_launch_blocks(rows, DT_THREADS / 32); }
 
-static dt_status softmax(void *ctx, float *att, void *p16, size_t rows, int T, dt_dtype t) {
-    (void)ctx;
+static dt_status softmax(float *att, void *p16, size_t rows, int T, dt_dtype t) {
     uint16_t *h = (uint16_t *)p16;
     if (t == DT_BF16) softmax_kernel<1><<<row_blocks(rows), DT_THREADS>>>(att, h, rows, T);
     else if (t == DT_F16) softmax_kernel<2><<<row_blocks(rows), DT_THREADS>>>(att, h, rows, T);
@@ -98,9 +97,8 @@ static dt_status softmax(void *ctx, float *att, void *p16, size_t rows, int T, d
     return DT_OK;
 }
 
-static dt_status softmax_backward(void *ctx, float *datt, const float *att, void *d16, size_t rows, int T, float scale,
+static dt_status softmax_backward(float *datt, const float *att, void *d16, size_t rows, int T, float scale,
                                   dt_dtype t) {
-    (void)ctx;
     uint16_t *h = (uint16_t *)d16;
     if (t == DT_BF16) softmax_backward_kernel<1><<<row_blocks(rows), DT_THREADS>>>(datt, att, h, rows, T, scale);
     else if (t == DT_F16) softmax_backward_kernel<2><<<row_blocks(rows), DT_THREADS>>>(datt, att, h, rows, T, scale);
@@ -109,19 +107,7 @@ static dt_status softmax_backward(void *ctx, float *datt, const float *att, void
     return DT_OK;
 }
 
-static dt_status gemm(void *ctx, dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
-                      long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc, long long sc,
-                      int batch) {
-    (void)ctx;
-    return dt_gpu_gemm_batched(t, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
-}
-
-static dt_status round16(void *ctx, void *dst, const float *src, size_t n, dt_dtype t) {
-    (void)ctx;
-    return dt_gpu_from_f32(dst, src, n, t);
-}
-
-static const dt_att_ops g_ops = {NULL, gemm, softmax, softmax_backward, round16};
+static const dt_att_ops g_ops = {dt_gpu_gemm_batched, softmax, softmax_backward, dt_gpu_from_f32};
 
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
                                    dt_dtype t) {

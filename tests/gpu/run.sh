@@ -110,7 +110,7 @@ stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "
 # Nsight Compute over 2 steps, summed by kernel name (bench/gpu_profile.py)
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 if [ -n "$ncu" ]; then
-    stage profile 300 sh -c '"$0" --clock-control none --metrics gpu__time_duration.sum --csv "$1" train "$2" \
+    stage profile 300 sh -c '"$0" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv "$1" train "$2" \
         --precision bf16 --set train.max_steps=2 --quiet --run-dir "$3/profile-run" >"$3/profile.csv" &&
         python3 bench/gpu_profile.py "$3/profile.csv" --steps 2 --json "$3/profile.json"' \
         "$ncu" "$build/dtrain" "$out/gpt2-124m-gpu.ini" "$out"
