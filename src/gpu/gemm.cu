@@ -245,19 +245,26 @@ dt_status dt_gpu_lt_run(const dt_lt_op *o, int *found) {
 }
 
 // The plain GEMM (no epilogue) of g on operands of type ab, over a strided
-// batch of `batch` (dtrain's strides: sa of A, sb of B, sc of C): an error
-// when cuBLASLt has no algorithm for it.
+// batch of `batch` (dtrain's strides: sa of A, sb of B, sc of C; where
+// cuBLASLt has no algorithm for the batch, a call a matrix): an error when
+// cuBLASLt has no algorithm for it.
 static dt_status lt_gemm(const dt_cm_gemm *g, cudaDataType_t ab, float alpha, const void *A, const void *B, float beta,
                          float *C, int batch, long long sa, long long sb, long long sc) {
     dt_lt_op o = {g, ab, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0, alpha, beta, g->b_first ? B : A, g->b_first ? A : B, C,
                   batch, g->b_first ? sb : sa, g->b_first ? sa : sb, sc};
     int found = 0;
     dt_status st = dt_gpu_lt_run(&o, &found);
-    if (st == DT_OK && !found)
-        return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the %s GEMM m %d n %d k %d (transa %d, "
-                        "transb %d, batch %d)", ab == CUDA_R_16BF ? "bf16" : ab == CUDA_R_16F ? "fp16" : "fp32", g->m,
-                        g->n, g->k, g->transa, g->transb, batch);
-    return st;
+    if (st != DT_OK || found) return st;
+    if (batch > 1) {  // (no algorithm for the batch: a call a matrix)
+        size_t eb = ab == CUDA_R_32F ? 4 : 2;
+        for (int i = 0; i < batch && st == DT_OK; i++)
+            st = lt_gemm(g, ab, alpha, (const char *)A + i * sa * eb, (const char *)B + i * sb * eb, beta, C + i * sc,
+                         1, 0, 0, 0);
+        return st;
+    }
+    return dt_error(DT_ERR_INTERNAL, "GPU: cuBLASLt has no algorithm for the %s GEMM m %d n %d k %d (transa %d, transb %d)",
+                    ab == CUDA_R_16BF ? "bf16" : ab == CUDA_R_16F ? "fp16" : "fp32", g->m, g->n, g->k, g->transa,
+                    g->transb);
 }
 
 // C = beta C over M rows of N (beta 0: zeros, C not read): a product over K = 0.

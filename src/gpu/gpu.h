@@ -225,7 +225,8 @@ dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float a
 /* The same over a strided batch: for i < batch, C + i sc = alpha op(A + i
  * sa) op(B + i sb) + beta (C + i sc), strides in elements; A and B of type
  * t (DT_F32: dt_gpu_sgemm's, TF32 as dt_gpu_set_tf32 says; DT_BF16,
- * DT_F16: dt_gpu_gemm16's), C fp32. */
+ * DT_F16: dt_gpu_gemm16's), C fp32; one cuBLASLt call, or one a matrix
+ * where cuBLASLt has no algorithm for the batch (its strides' alignment). */
 dt_status dt_gpu_gemm_batched(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
                               long long sa, const void *B, int ldb, long long sb, float beta, float *C, int ldc,
                               long long sc, int batch);
