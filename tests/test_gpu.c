@@ -88,6 +88,12 @@ static void test_refusals(void) {
         st = dt_gpu_attention_forward(NULL, NULL, NULL, NULL, 1, 1, 96, 2, DT_I64);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "products in type I64 (F32, BF16 or F16 only)"),
               "GPU attention: products in int64 refused: %s", dt_last_error());
+        st = dt_gpu_gemm_batched(DT_I64, 0, 0, 1, 1, 1, 1.0f, NULL, 1, 0, NULL, 1, 0, 0.0f, NULL, 1, 0, 2);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "batched GEMM: operands of type I64"),
+              "GPU batched GEMM: int64 operands refused: %s", dt_last_error());
+        st = dt_gpu_gemm_batched(DT_F32, 0, 0, 1, 1, 1, 1.0f, NULL, 1, -1, NULL, 1, 0, 0.0f, NULL, 1, 0, 2);
+        CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "batched GEMM: batch 2, strides -1 0 0"),
+              "GPU batched GEMM: a negative stride refused: %s", dt_last_error());
         st = dt_gpu_gemm16(DT_F32, 0, 0, 1, 1, 1, 1.0f, NULL, 1, NULL, 1, 0.0f, NULL, 1);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "16-bit GEMM: operands of type F32 (BF16 or F16 only)"),
               "GPU 16-bit GEMM: fp32 operands refused: %s", dt_last_error());
