@@ -131,10 +131,8 @@ int dt_train_device_states(const dt_config *c) {
     return host_updates(c) ? 0 : dt_optim_params_states(&c->optim);
 }
 
-void dt_train_device_metrics(dt_obs *obs, const dt_dev_blocks *b) {
-    size_t k[DT_DEV_KINDS];
+void dt_train_device_metrics(dt_obs *obs, const size_t k[DT_DEV_KINDS]) {
     double g[DT_DEV_KINDS];
-    dt_dev_blocks_kinds(b, k);
     for (int i = 0; i < DT_DEV_KINDS; i++) g[i] = (double)k[i];
     dt_obs_set_gpu_memory(obs, g);
 }

@@ -28,9 +28,9 @@ dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
  * (dt_optim_params_states), none where the host updates the parameters
  * (model parallel: docs/gpu.md). */
 int dt_train_device_states(const dt_config *c);
-/* The device's memory by kind (dt_dev_blocks_kinds) into the metrics. */
+/* The device's memory by kind (k: dt_dev_blocks_kinds') into the metrics. */
 struct dt_obs;
-void dt_train_device_metrics(struct dt_obs *obs, const dt_dev_blocks *b);
+void dt_train_device_metrics(struct dt_obs *obs, const size_t k[DT_DEV_KINDS]);
 /* summary.json's "gpu" object in o, with what every device run has (the
  * device, its name, the GEMMs' operands, the memory by kind), returned for
  * the strategy's own fields. */

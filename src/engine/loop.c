@@ -154,16 +154,16 @@ dt_status dt_train_check_spares(const dt_config *c, int W, int spares) {
                                        "rank goes back to the newest checkpoint (local SGD, compression, ZeRO on "
                                        "a GPU); use --max-restarts",
                         s->name);
-    if (own && c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0)
+    if (own && c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0) {
+        int codec = c->comp_method != DT_COMP_NONE, gpu_zero = dt_device_index(c->device) >= 0 && c->zero > 0;
         return dt_error(DT_ERR_CONFIG, "--spares with %s: each rank's %s is its own, so after a death every rank goes "
                                        "back to the newest checkpoint and redoes the steps since; checkpoints are off "
                                        "(add --checkpoint-every N)",
-                        c->comp_method != DT_COMP_NONE ? "[compression] method"
-                        : dt_device_index(c->device) >= 0 && c->zero > 0 ? "[parallel] zero on a GPU"
-                                                       : "[parallel] sync_every (local SGD)",
-                        c->comp_method != DT_COMP_NONE ? "codec state (residuals)"
-                        : dt_device_index(c->device) >= 0 && c->zero > 0 ? "slice of the optimizer state (on its GPU alone)"
-                                                       : "drift since the last average");
+                        codec ? "[compression] method" : gpu_zero ? "[parallel] zero on a GPU"
+                                                                  : "[parallel] sync_every (local SGD)",
+                        codec ? "codec state (residuals)" : gpu_zero ? "slice of the optimizer state (on its GPU alone)"
+                                                                     : "drift since the last average");
+    }
     if (c->ckpt_sharded && s->replicated)  // ZeRO's own shards: a missing one is given up (dt_ckpt_writer_abandon)
         return dt_error(DT_ERR_CONFIG, "--spares with [checkpoint] sharded = true: a dead worker's shard of a "
                                        "checkpoint being written would never come; use whole checkpoints");

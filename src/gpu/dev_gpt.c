@@ -48,7 +48,6 @@ struct dt_dev_gpt {
     int Cl, NHl, F, Vl, Vv, v0; // its channels, heads, MLP units, head's columns (and those below V), first row
     dt_gpt_reduce_fn reduce;    // the shards' collectives (ntp > 1), on host values
     void *reduce_user;
-    float *red;                 // ... through this pinned buffer (max(B T C, 2 B T) floats)
     float *mx, *sums;           // ... the vocabulary-parallel cross-entropy's rows' maxima and sums [2 B T]
     size_t off[NPT], len[NPT];  // the tensors' offsets in the blocks, their floats
     dt_grad_ready_fn hook;      // the backward's grad hook (NULL: none)
@@ -184,11 +183,8 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
 }
 
 dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
-    size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, n = BT * (C > 2 ? C : 2);
-    if (!g->red) {
-        TRY(g->b.d->host_alloc((void **)&g->red, sizeof(float) * n));
-        g->b.pinned_bytes += sizeof(float) * n;
-    }
+    size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd;
+    TRY(dt_dev_blocks_red(&g->b, BT * (C > 2 ? C : 2)));  // (through the blocks' pinned buffer)
     g->reduce = fn;
     g->reduce_user = user;
     return DT_OK;
@@ -200,9 +196,9 @@ static dt_status reduce(dt_dev_gpt *g, float *x, size_t n, int max) {
     if (!g->reduce)
         return dt_error(DT_ERR_ARG, "device gpt: tensor-parallel shard %d of %d has no collective (dt_dev_gpt_set_reduce)",
                         g->tp, g->ntp);
-    TRY(g->b.d->to_host(g->red, x, sizeof(float) * n));
-    TRY(g->reduce(max ? DT_GPT_MAX : DT_GPT_SUM, g->red, g->red, n, g->reduce_user));
-    return g->b.d->to_device(x, g->red, sizeof(float) * n);
+    TRY(g->b.d->to_host(g->b.red, x, sizeof(float) * n));
+    TRY(g->reduce(max ? DT_GPT_MAX : DT_GPT_SUM, g->b.red, g->b.red, n, g->reduce_user));
+    return g->b.d->to_device(x, g->b.red, sizeof(float) * n);
 }
 
 // A row-parallel projection's partial output out[BT, C] summed over the
@@ -215,7 +211,6 @@ static dt_status row_parallel(dt_dev_gpt *g, float *out, const float *bias, int 
 
 void dt_dev_gpt_free(dt_dev_gpt *g) {
     if (!g) return;
-    if (g->red) g->b.d->host_free(g->red);
     dt_dev_blocks_close(&g->b);
     free(g->la);
     free(g);

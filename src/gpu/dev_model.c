@@ -65,9 +65,17 @@ dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *
     return b->d->host_alloc(&b->pinned, pinned_bytes);
 }
 
+dt_status dt_dev_blocks_red(dt_dev_blocks *b, size_t n) {
+    if (b->red) return DT_OK;
+    TRY(b->d->host_alloc((void **)&b->red, sizeof(float) * n));
+    b->pinned_bytes += sizeof(float) * n;
+    return DT_OK;
+}
+
 void dt_dev_blocks_close(dt_dev_blocks *b) {
     if (b->pinned) b->d->host_free(b->pinned);
-    b->pinned = NULL;
+    if (b->red) b->d->host_free(b->red);
+    b->pinned = NULL, b->red = NULL;
     dt_dev_arena_close(&b->arena);
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
     if (b->params_vm) dt_dev_vm_close(&b->pvm);
@@ -225,7 +233,6 @@ struct dt_dev_mlp {
     int32_t *y;
     dt_dev_reduce_fn reduce;      // a tensor-parallel shard's sums over the shards (NULL: a whole model)
     void *reduce_user;
-    float *red;                   // ... through this pinned host buffer (the largest layer's values)
 };
 
 // Layer i's convolution geometry (a conv2d's, or for max pooling its
@@ -334,12 +341,9 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
 }
 
 dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user) {
-    size_t most = 0;
+    size_t most = 0;  // (through the blocks' pinned buffer: the largest layer's values)
     for (int i = 0; i < dm->nl; i++) most = dm->L[i].out > most ? dm->L[i].out : most;
-    if (!dm->red) {
-        TRY(dm->b.d->host_alloc((void **)&dm->red, sizeof(float) * most * (size_t)dm->max_batch));
-        dm->b.pinned_bytes += sizeof(float) * most * (size_t)dm->max_batch;
-    }
+    TRY(dt_dev_blocks_red(&dm->b, most * (size_t)dm->max_batch));
     dm->reduce = fn;
     dm->reduce_user = user;
     return DT_OK;
@@ -347,7 +351,6 @@ dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user)
 
 void dt_dev_mlp_free(dt_dev_mlp *dm) {
     if (!dm) return;
-    if (dm->red) dm->b.d->host_free(dm->red);
     dt_dev_blocks_close(&dm->b);
     free(dm->L);
     free(dm->act);
@@ -422,9 +425,9 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
 // A tensor-parallel shard's n values x summed over the shards (through
 // the host: the task's sum, as the CPU model's).
 static dt_status reduce(dt_dev_mlp *dm, float *x, size_t n) {
-    TRY(dm->b.d->to_host(dm->red, x, sizeof(float) * n));
-    TRY(dm->reduce(dm->red, n, dm->reduce_user));
-    return dm->b.d->to_device(x, dm->red, sizeof(float) * n);
+    TRY(dm->b.d->to_host(dm->b.red, x, sizeof(float) * n));
+    TRY(dm->reduce(dm->b.red, n, dm->reduce_user));
+    return dm->b.d->to_device(x, dm->b.red, sizeof(float) * n);
 }
 
 // Layers [l0, l1) forward on B samples from x (a row-parallel layer's

@@ -61,6 +61,7 @@ typedef struct {
     double *sumsq;            /* the gradient's sum of squares (one double) */
     double *row_loss;         /* the cross-entropy's rows (workspace) */
     void *pinned;             /* host staging of pinned_bytes */
+    float *red;               /* a tensor-parallel shard's sums through the host (dt_dev_blocks_red) */
     size_t pinned_bytes;
     size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */
     /* Called before each layer's forward (phase 0) and backward (phase 1),
@@ -70,6 +71,11 @@ typedef struct {
     dt_status (*layer_fn)(int layer, int phase, void *user);
     void *layer_user;
 } dt_dev_blocks;
+
+/* b->red made, pinned host room for n floats of a tensor-parallel shard's
+ * sums through the host (once: counted in pinned_bytes, freed with the
+ * blocks). */
+dt_status dt_dev_blocks_red(dt_dev_blocks *b, size_t n);
 
 /* The blocks' layer hook, called (DT_OK without one). */
 dt_status dt_dev_blocks_layer(const dt_dev_blocks *b, int layer, int phase);

@@ -215,7 +215,7 @@ static void memory_said(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
     size_t k[DT_DEV_KINDS];
     dt_dev_blocks_kinds(b, k);
-    dt_train_device_metrics(s->obs, b);
+    dt_train_device_metrics(s->obs, k);
     char half[160] = "", slice[80] = "", vm[200] = "", wvm[160] = "";
     if (((devs *)s)->zero && s->world > 1) snprintf(slice, sizeof slice, " (this rank's slice: 1/%d)", s->world);
     if (b->grads_vm)

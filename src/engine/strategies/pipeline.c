@@ -556,7 +556,7 @@ static void dev_said(pipe *p) {
     dt_dev_blocks *b = s->device;
     size_t k[DT_DEV_KINDS];
     dt_dev_blocks_kinds(b, k);
-    dt_train_device_metrics(s->obs, b);
+    dt_train_device_metrics(s->obs, k);
     if (s->rank == 0)
         dt_log(DT_LOG_INFO, "pipeline stages on the GPU (%s device): weights %.1f + gradients %.1f + activations %.1f "
                "(the stage's sets %.1f) + workspace %.1f MiB; the update, the gradients' sums and the norm on the host",
