@@ -403,7 +403,8 @@ dt_status dt_run_ckpt_end(dt_run_ckpt *r, dt_status st) {
     if (st == DT_OK && r->save && r->lost[0])  // (the run ended without its final checkpoint)
         st = dt_error(DT_ERR_IO, "the run's last %s", r->lost);
     if (r->writer) {
-        // After a failure, do not wait for other ranks' shards.
+        // After a failure, no waiting for the other ranks' shards here: the
+        // free finishes this rank's write (rank 0's lingers for the others').
         dt_status w = st == DT_OK ? dt_ckpt_writer_wait(r->writer) : DT_OK;
         int saves;
         double maxp, total, maxw;
