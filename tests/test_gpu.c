@@ -763,6 +763,51 @@ static void test_sumsq(size_t n) {
     free(x), dt_gpu_free(gx), dt_gpu_free(gs), dt_gpu_free(gd);
 }
 
+// The step's losses summed on the device (loss_add: the host loop's bits,
+// product and sum unfused), and batches uploaded without waiting from two
+// pinned slots, each refilled once its event has run (dt_dev_blocks_stage's
+// pattern): every batch arrives whole.
+static void test_loss_upload(void) {
+    const float losses[] = {2.302585f, 1.9999999f, 0.1234567f, 7.5f};
+    const int lens[] = {7, 3, 16, 1};
+    double want = 0, got = NAN, *acc = NULL;
+    float *gl = NULL;
+    dt_status st = dt_gpu_alloc((void **)&acc, sizeof(double));
+    if (st == DT_OK) st = dt_gpu_alloc((void **)&gl, sizeof(float) * 4);
+    if (st == DT_OK) st = dt_gpu_memset0(acc, sizeof(double));
+    for (int k = 0; k < 4 && st == DT_OK; k++) {
+        want += (double)losses[k] * lens[k];
+        st = dt_gpu_to_device(gl + k, &losses[k], sizeof(float));
+        if (st == DT_OK) st = dt_gpu_loss_add(acc, gl + k, (double)lens[k]);
+    }
+    if (st == DT_OK) st = dt_gpu_to_host(&got, acc, sizeof got);
+    CHECK(st == DT_OK && memcmp(&got, &want, sizeof got) == 0, "loss_add: %.17g against the host's %.17g "
+          "(bitwise)%s%s", got, want, GPU_ERR(st));
+    enum { N = 1 << 20, BATCHES = 6 };
+    int32_t *slot[2] = {NULL, NULL}, *dev = NULL;
+    void *ev[2] = {NULL, NULL};
+    for (int k = 0; k < 2 && st == DT_OK; k++) st = dt_gpu_host_alloc((void **)&slot[k], sizeof(int32_t) * N);
+    for (int k = 0; k < 2 && st == DT_OK; k++) st = dt_gpu_event_create(&ev[k]);
+    if (st == DT_OK) st = dt_gpu_alloc((void **)&dev, sizeof(int32_t) * N * BATCHES);
+    for (int b = 0; b < BATCHES && st == DT_OK; b++) {
+        int k = b % 2, done = 0;
+        for (double until = dt_now() + 10; st == DT_OK && !done && dt_now() < until;) st = dt_gpu_event_query(ev[k], &done);
+        if (st == DT_OK && !done) st = dt_error(DT_ERR_TIMEOUT, "slot %d's event not done in 10 s", k);
+        for (int i = 0; i < N && st == DT_OK; i++) slot[k][i] = b * N + i;
+        if (st == DT_OK) st = dt_gpu_to_device_async(dev + (size_t)b * N, slot[k], sizeof(int32_t) * N);
+        if (st == DT_OK) st = dt_gpu_event_record(ev[k]);
+    }
+    int32_t *back = malloc(sizeof(int32_t) * N * BATCHES);
+    size_t bad = 0;
+    if (st == DT_OK) st = dt_gpu_to_host(back, dev, sizeof(int32_t) * N * BATCHES);
+    for (size_t i = 0; st == DT_OK && i < (size_t)N * BATCHES; i++) bad += back[i] != (int32_t)i;
+    CHECK(st == DT_OK && bad == 0, "%d batches of %d values uploaded without waiting through 2 pinned slots: %zu "
+          "values wrong%s%s", BATCHES, N, bad, GPU_ERR(st));
+    free(back);
+    for (int k = 0; k < 2; k++) dt_gpu_host_free(slot[k]), dt_gpu_event_destroy(ev[k]);
+    dt_gpu_free(dev), dt_gpu_free(acc), dt_gpu_free(gl);
+}
+
 // The sharded norm's pieces of each rank's slice of n over W (ZeRO on a
 // device): the CPU's dt_sum_squares_parts bits, each slice's first piece
 // from the carry of the slice before.
@@ -1055,6 +1100,7 @@ static void test_layers(void) {
     test_crossentropy(3, 257, 260);
     test_crossentropy(5, 1000, 1000);
     test_crossentropy(4, 1, 1);
+    test_loss_upload();
 }
 
 static void test_ops(void) {

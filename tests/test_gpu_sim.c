@@ -452,6 +452,8 @@ static void compare_runs(const char *name, const char *text, const char *what, c
     CHECK(tl_count(sum, "\"strategy\":\t\"device\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
               tl_json_number(sum, "weights_bytes") > 0,
           "%s: summary.json says the device and its memory by kind", what);
+    CHECK(tl_json_number(sum, "reads_per_step") == 1, "%s: one read from the device a step (the loss and the "
+          "gradient's sum of squares together): %g", what, tl_json_number(sum, "reads_per_step"));
     snprintf(sum, sizeof sum, "%s/metrics/rank-00000.jsonl", b);
     CHECK(tl_count(sum, "\"gpu_memory_bytes\":{\"weights\":") >= 20, "%s: every step's metrics record has the GPU's "
           "memory by kind", what);
@@ -499,6 +501,30 @@ static void test_gpt(void) {
     int rc2 = tl_run(cmd, out2, sizeof out2);
     CHECK(rc == 0 && rc2 == 0 && !strcmp(g_out, out2), "dtrain eval reads the device run's weights: exit %d\n%s\n%s",
           rc, g_out, out2);
+}
+
+// Several micro-batches a step: their losses summed on the device, read
+// with the norm in the step's one read; the runs bitwise the CPU's.
+static void one_read(void) {
+    const char *rows[][3] = {{"gpt", "--set train.grad_accum=3", "a tiny GPT, 3 micro-batches a step"},
+                             {"mlp", "--set train.grad_accum=4", "the MLP, 4 micro-batches a step"}};
+    for (int i = 0; i < 2; i++) {
+        char text[4096], a[64], b[64], flags[300], sum[700], suma[700];
+        snprintf(text, sizeof text, "%s%s", i ? cfg_mlp_full : cfg_gpt, i ? opt_adamw : "");
+        snprintf(a, sizeof a, "%s-accum", rows[i][0]);
+        snprintf(b, sizeof b, "%s-accum-dev", rows[i][0]);
+        CHECK(tl_train(g_tmp, a, text, 1, rows[i][1], g_out, sizeof g_out) == 0, "%s on the CPU: %s", rows[i][2], g_out);
+        snprintf(flags, sizeof flags, "%s --device cuda", rows[i][1]);
+        CHECK(tl_train(g_tmp, b, text, 1, flags, g_out, sizeof g_out) == 0, "%s on the device: %s", rows[i][2], g_out);
+        int bitwise = 0;
+        double diff = tl_runs_diff(g_tmp, a, b, &bitwise);
+        snprintf(sum, sizeof sum, "%s/%s/summary.json", g_tmp, b);
+        snprintf(suma, sizeof suma, "%s/%s/summary.json", g_tmp, a);
+        CHECK(diff == 0 && bitwise && tl_json_number(sum, "reads_per_step") == 1 &&
+                  tl_json_number(sum, "final_train_loss") == tl_json_number(suma, "final_train_loss"),
+              "%s: the CPU's weights and losses bitwise, one read a step: diff %g, %g reads a step", rows[i][2], diff,
+              tl_json_number(sum, "reads_per_step"));
+    }
 }
 
 // A model's config text: "mlp" (AdamW, clipping), "mlp-sgd" (Nesterov),
@@ -1660,6 +1686,7 @@ int main(int argc, char **argv) {
     make_data();
     test_mlp();
     test_gpt();
+    one_read();
     test_cnn();
     test_half();
     test_fp16_skip();

@@ -432,8 +432,9 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     dt_status st = dt_strategy_sync(s);
     int watch = scaler || (s->opt && s->c->ps_servers == 0);
     int overflow = 0;
-    if (watch && st == DT_OK && s->ops->grads_nonfinite) st = s->ops->grads_nonfinite(s, step + 1, &overflow);
+    if (st == DT_OK && s->ops->grads_nonfinite) st = s->ops->grads_nonfinite(s, step + 1, &loss_sum, &overflow);
     else if (watch && st == DT_OK) overflow = grads_overflow(s, step + 1);
+    overflow &= watch;
     if (st == DT_OK && s->own_pace) dt_control_local(loss_sum, s->loss_denom, vote, overflow, ctl);
     else if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, overflow, ctl);
     dt_obs_end(obs, DT_OBS_COMM);

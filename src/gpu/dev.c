@@ -25,6 +25,8 @@ const dt_dev dt_dev_cuda = {
     .vm_unmap = dt_gpu_vm_unmap,
     .vm_free = dt_gpu_vm_free,
     .to_device = dt_gpu_to_device,
+    .to_device_async = dt_gpu_to_device_async,
+    .reads = dt_gpu_reads,
     .to_host = dt_gpu_to_host,
     .copy = dt_gpu_copy,
     .sync = dt_gpu_sync,
@@ -67,6 +69,7 @@ const dt_dev dt_dev_cuda = {
     .bias_backward = dt_gpu_bias_backward,
     .sumsq = dt_gpu_sumsq,
     .sumsq_parts = dt_gpu_sumsq_parts,
+    .loss_add = dt_gpu_loss_add,
     .scale = dt_gpu_scale,
     .im2col = dt_gpu_im2col,
     .col2im = dt_gpu_col2im,
@@ -94,7 +97,7 @@ static const struct {
            OP(encoder_forward), OP(encoder_backward), OP(encoder_split_forward), OP(encoder_split_backward),
            OP(ce_split_max), OP(ce_split_exp), OP(ce_split_finish), OP(residual_forward), OP(residual_backward),
            OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),
-           OP(bias_backward), OP(sumsq), OP(sumsq_parts), OP(scale), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),
+           OP(bias_backward), OP(sumsq), OP(sumsq_parts), OP(scale), OP(loss_add), OP(im2col), OP(col2im), OP(transpose), OP(maxpool_forward),
            OP(maxpool_backward), OP(dropout_forward), OP(dropout_backward), OP(fixed_add), OP(fixed_to_float)};
 
 const char *dt_dev_lacks(const dt_dev *d, const char *const *names) {

@@ -55,6 +55,15 @@ typedef struct dt_dev {
     void (*vm_free)(void *dev, size_t bytes);
     dt_status (*to_device)(void *dev, const void *host, size_t bytes);
     dt_status (*to_host)(void *host, const void *dev, size_t bytes);
+    /* to_device queued on the kernels' stream from pinned host memory
+     * (host_alloc's), the host not waiting: it must not write `host` again
+     * before an event recorded after it has run (dt_dev_blocks_stage).
+     * to_device and to_host wait for the copy (and for every kernel queued
+     * before it). Synchronous on the simulated GPU. */
+    dt_status (*to_device_async)(void *dev, const void *host, size_t bytes);
+    /* to_host's calls so far in this process: the host's waits for the
+     * device (summary.json's gpu.reads_per_step). */
+    uint64_t (*reads)(void);
     dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
     dt_status (*sync)(void);
     /* A stream for communication (NCCL's): work queued on it runs beside
@@ -152,6 +161,11 @@ typedef struct dt_dev {
      * device double a piece; ZeRO's sharded norm). */
     dt_status (*sumsq_parts)(double *part_dev, const float *x, size_t n, size_t first, double carry);
     dt_status (*scale)(float *x, size_t n, const float *s_dev);
+    /* acc[0] += (double)loss[0] * w on the device, a product then a sum
+     * (not fused): the host loop's sum of the micro-batches' losses
+     * weighted by their sizes, the same bits, kept there until the step's
+     * one read (dt_dev_blocks_step_values). */
+    dt_status (*loss_add)(double *acc, const float *loss, double w);
     /* The CNN's (gpu.h's dt_gpu_im2col and the rest; cnn_hd.h's arithmetic). */
     dt_status (*im2col)(float *col, const float *x, size_t B, const dt_im2col_t *g);
     dt_status (*col2im)(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);

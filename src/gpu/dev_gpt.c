@@ -267,7 +267,7 @@ static dt_status check_tokens(const int32_t *tok, int n, int V, const char *what
     return DT_OK;
 }
 
-// The tokens' checks and upload (through the pinned buffer; NULL: none)
+// The tokens' checks and upload (through a pinned slot; NULL: none)
 // for a batch of B x T.
 static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T) {
     const dt_dev *d = g->b.d;
@@ -276,11 +276,13 @@ static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *tar
         return dt_error(DT_ERR_ARG, "device gpt: batch %d x %d outside 1..%d x 1..%d", B, T, g->maxB, g->maxT);
     if (inputs) TRY(check_tokens(inputs, BT, V, "input"));
     if (targets) TRY(check_tokens(targets, BT, V, "target"));
-    int32_t *pin = g->b.pinned;
+    int32_t *pin;
+    TRY(dt_dev_blocks_stage(&g->b, (void **)&pin));
     if (inputs) memcpy(pin, inputs, sizeof(int32_t) * (size_t)BT);
     for (int i = 0; targets && i < BT; i++) pin[BT + i] = targets[i] - g->v0;  // (a shard's columns: nn/gpt.c's)
-    if (inputs) TRY(d->to_device(g->inputs, pin, sizeof(int32_t) * (size_t)BT));
-    if (targets) TRY(d->to_device(g->targets, pin + BT, sizeof(int32_t) * (size_t)BT));
+    if (inputs) TRY(d->to_device_async(g->inputs, pin, sizeof(int32_t) * (size_t)BT));
+    if (targets) TRY(d->to_device_async(g->targets, pin + BT, sizeof(int32_t) * (size_t)BT));
+    TRY(dt_dev_blocks_staged(&g->b));
     g->B = B;
     g->T = T;
     return DT_OK;
@@ -325,9 +327,10 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
         TRY(reduce(g, g->sums, 2 * (size_t)BT, 0));
         TRY(d->ce_split_finish(g->probs, g->b.row_loss, g->b.loss, g->mx, g->sums, (size_t)BT, g->Vv));
     }
+    g->loss_scale = loss_scale;
+    if (!loss) return DT_OK;  // (left on the device: dt_dev_loss_out)
     float l;
     TRY(d->to_host(&l, g->b.loss, sizeof l));
-    g->loss_scale = loss_scale;
     *loss = l;
     if (!isfinite(l)) return dt_error(DT_ERR_NUMERIC, "gpt forward: loss is %g", l);
     return DT_OK;

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TRY(call)                                                                                                  \
     do {                                                                                                           \
@@ -30,7 +31,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
         b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
-    b->sumsq = dt_dev_take(a, DT_DEV_WORK, sizeof(double));
+    b->sumsq = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(double));
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
 }
 
@@ -58,11 +59,41 @@ static dt_status vm_open(dt_dev_blocks *b, const char *what) {
     return b->hvm.base ? dt_dev_vm_back(&b->hvm, b->slo * 2, b->sn * 2) : DT_OK;
 }
 
-dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what) {
+dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t slot_bytes, const char *what) {
     TRY(dt_dev_arena_open(&b->arena, what));
     if (b->grads_vm || b->params_vm) TRY(vm_open(b, what));
-    b->pinned_bytes = pinned_bytes;
-    return b->d->host_alloc(&b->pinned, pinned_bytes);
+    b->slot_bytes = slot_bytes;
+    b->pinned_bytes = 2 * slot_bytes;
+    for (int k = 0; k < 2; k++) TRY(b->d->host_alloc(&b->slot[k], slot_bytes));
+    b->pinned = b->slot[0];
+    for (int k = 0; k < 2; k++) TRY(b->d->event_create(&b->slot_ev[k]));
+    return DT_OK;
+}
+
+dt_status dt_dev_event_wait(const dt_dev *d, void *event, double limit, const char *what) {
+    double t0 = dt_now();
+    for (int done = 0;;) {
+        TRY(d->event_query(event, &done));
+        if (done) return DT_OK;
+        if (limit > 0 && dt_now() - t0 > limit)
+            return dt_error(DT_ERR_TIMEOUT, "the GPU: %s has not run in %.0f s (a kernel hung?)", what, limit);
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+dt_status dt_dev_blocks_stage(dt_dev_blocks *b, void **host) {
+    int k = b->next_slot;
+    if (b->slot_ev[k])  // (an event never recorded has run)
+        TRY(dt_dev_event_wait(b->d, b->slot_ev[k], DT_DEV_STAGE_WAIT, "the batch copied two batches ago"));
+    *host = b->slot[k];
+    return DT_OK;
+}
+
+dt_status dt_dev_blocks_staged(dt_dev_blocks *b) {
+    int k = b->next_slot;
+    b->next_slot = 1 - k;
+    return b->d->event_record(b->slot_ev[k]);
 }
 
 dt_status dt_dev_blocks_red(dt_dev_blocks *b, size_t n) {
@@ -73,7 +104,11 @@ dt_status dt_dev_blocks_red(dt_dev_blocks *b, size_t n) {
 }
 
 void dt_dev_blocks_close(dt_dev_blocks *b) {
-    if (b->pinned) b->d->host_free(b->pinned);
+    for (int k = 0; k < 2; k++) {
+        if (b->slot[k]) b->d->host_free(b->slot[k]);
+        if (b->slot_ev[k]) b->d->event_destroy(b->slot_ev[k]);
+        b->slot[k] = b->slot_ev[k] = NULL;
+    }
     if (b->red) b->d->host_free(b->red);
     b->pinned = NULL, b->red = NULL;
     dt_dev_arena_close(&b->arena);
@@ -154,9 +189,19 @@ dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n) {  // (held
     return b->grads_vm && !b->held ? dt_dev_vm_back(&b->gvm, off * sizeof(float), n * sizeof(float)) : DT_OK;
 }
 
-dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out) {
-    TRY(b->d->sumsq(b->sumsq, b->grads, b->n));
-    return b->d->to_host(out, b->sumsq, sizeof *out);
+dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double *sumsq, double *loss_sum) {
+    double v[2];
+    if (sumsq) TRY(b->d->sumsq(b->sumsq, b->grads, b->n));
+    TRY(b->d->to_host(sumsq ? v : v + 1, sumsq ? b->sumsq : b->sumsq + 1, sumsq ? sizeof v : sizeof(double)));
+    if (sumsq) *sumsq = v[0];
+    *loss_sum = v[1];
+    return DT_OK;
+}
+
+float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss) {
+    if (!b->defer_loss) return loss;
+    *loss = 0;
+    return NULL;
 }
 
 dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale) {
@@ -441,11 +486,13 @@ static dt_status layers_forward(dt_dev_mlp *dm, int l0, int l1, int B) {
     return DT_OK;
 }
 
-// The cross-entropy of the last layer's output, *loss read back.
+// The cross-entropy of the last layer's output, *loss read back (loss
+// NULL: left on the device, dt_dev_loss_out).
 static dt_status loss_forward(dt_dev_mlp *dm, int B, float *loss) {
     const dt_dev *d = dm->b.d;
     TRY(d->crossentropy_forward(dm->probs, dm->b.row_loss, dm->b.loss, dm->act[dm->nl - 1], dm->y, (size_t)B, dm->V,
                                 (size_t)dm->V));
+    if (!loss) return DT_OK;
     float l;
     TRY(d->to_host(&l, dm->b.loss, sizeof l));
     *loss = l;
@@ -455,26 +502,30 @@ static dt_status loss_forward(dt_dev_mlp *dm, int B, float *loss) {
     return DT_OK;
 }
 
-// The targets y[B] checked and put on the device.
-static dt_status targets(dt_dev_mlp *dm, const int32_t *y, int B) {
+// The samples x[B] (NULL: none) and their targets y[B] checked and put on
+// the device through the next pinned slot, without waiting
+// (dt_dev_blocks_stage).
+static dt_status batch_in(dt_dev_mlp *dm, const float *x, const int32_t *y, int B) {
+    const dt_dev *d = dm->b.d;
     for (int i = 0; i < B; i++)
         if (y[i] < 0 || y[i] >= dm->V)
             return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)y[i], i, dm->V - 1);
-    int32_t *py = (int32_t *)((float *)dm->b.pinned + dm->px_n);
+    float *px;
+    TRY(dt_dev_blocks_stage(&dm->b, (void **)&px));
+    int32_t *py = (int32_t *)(px + dm->px_n);
+    size_t nx = (size_t)B * dm->in;
+    if (x) memcpy(px, x, nx * sizeof(float));
     memcpy(py, y, (size_t)B * sizeof(int32_t));
-    return dm->b.d->to_device(dm->y, py, (size_t)B * sizeof(int32_t));
+    if (x) TRY(d->to_device_async(dm->x, px, nx * sizeof(float)));
+    TRY(d->to_device_async(dm->y, py, (size_t)B * sizeof(int32_t)));
+    return dt_dev_blocks_staged(&dm->b);
 }
 
 // The forward of B samples in mode train (dt_model_forward's), the batch
-// through the pinned buffer; *loss read back.
+// through a pinned slot; *loss read back (NULL: left on the device).
 static dt_status mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, int train, float *loss) {
-    const dt_dev *d = dm->b.d;
     if (B <= 0 || B > dm->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, dm->max_batch);
-    TRY(targets(dm, y, B));
-    size_t nx = (size_t)B * dm->in;
-    float *px = dm->b.pinned;
-    memcpy(px, x, nx * sizeof(float));
-    TRY(d->to_device(dm->x, px, nx * sizeof(float)));
+    TRY(batch_in(dm, x, y, B));
     dm->train = train;
     TRY(layers_forward(dm, 0, dm->nl, B));
     return loss_forward(dm, B, loss);
@@ -641,7 +692,7 @@ dt_status dt_dev_mlp_stage_forward(dt_dev_mlp_stage *s, const float *x, const in
     size_t nx = (size_t)B * s->in;
     if (s->l0 == 0) memcpy(s->mem.pin, x, nx * sizeof(float));  // (else the stream in is there already)
     TRY(d->to_device(m->x, s->mem.pin, nx * sizeof(float)));
-    if (s->l1 == m->nl) TRY(targets(m, y, B));
+    if (s->l1 == m->nl) TRY(batch_in(m, NULL, y, B));
     TRY(layers_forward(m, s->l0, s->l1, B));
     if (s->l1 == m->nl) TRY(loss_forward(m, B, loss));
     else TRY(d->to_host(s->pout, m->act[s->l1 - 1], sizeof(float) * (size_t)B * s->out));

@@ -4,8 +4,9 @@
  * (dev.h) planned at the start; every kernel through the seam.
  *
  *   dt_dev_blocks  what every device model keeps: the blocks, the
- *                  optimizer's state, the step's two scalars (the loss, the
- *                  gradient's sum of squares), a pinned host buffer that
+ *                  optimizer's state, the step's scalars (the loss, the
+ *                  gradient's sum of squares, the step's weighted sum of
+ *                  losses), a pinned host buffer that
  *                  batches go through and, in bf16 or fp16, the
  *                  parameters' 16-bit copy that the GEMMs read.
  *   dt_dev_mlp     a sequential dt_model (linear, conv2d, maxpool, relu,
@@ -58,11 +59,18 @@ typedef struct {
     float *params, *grads, *state[2];
     void *w16;                /* t 16-bit: the parameters in t (n values), converted after each change */
     float *loss;              /* the last forward's loss (one float) */
-    double *sumsq;            /* the gradient's sum of squares (one double) */
+    double *sumsq;            /* two doubles: the gradient's sum of squares, the step's losses summed
+                                 (loss_add; with defer_loss), read together (dt_dev_blocks_step_values) */
+    int defer_loss;           /* a training forward leaves its loss on the device (dt_dev_loss_out): the
+                                 strategy sums it there and reads it once a step */
     double *row_loss;         /* the cross-entropy's rows (workspace) */
-    void *pinned;             /* host staging of pinned_bytes */
+    void *pinned;             /* host staging: slot[0] (an evaluation's reads come back through it too) */
+    void *slot[2];            /* the batches' two pinned slots of slot_bytes (dt_dev_blocks_stage) */
+    void *slot_ev[2];         /* ... an event a slot: marks its last copies (NULL: none yet) */
+    int next_slot;
+    size_t slot_bytes;
     float *red;               /* a tensor-parallel shard's sums through the host (dt_dev_blocks_red) */
-    size_t pinned_bytes;
+    size_t pinned_bytes;      /* every pinned buffer's bytes (the slots', red's) */
     size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */
     /* Called before each layer's forward (phase 0) and backward (phase 1),
      * training and evaluation alike, as the CPU models' layer hooks are
@@ -113,9 +121,15 @@ dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n);
  * most (they stay backed: the reduced gradients the update reads, the
  * parameters it updates); 0 for a block in the arena. */
 size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v, size_t es);
-/* The gradient's sum of squares, computed on the device, read back (one
- * double). */
-dt_status dt_dev_blocks_sumsq(dt_dev_blocks *b, double *out);
+/* The step's one read: the gradient's sum of squares, computed on the
+ * device (sumsq NULL: not computed, not read), and the sum of its
+ * micro-batches' losses that loss_add kept there (*loss_sum; its user zeroes
+ * it at a step's start), 16 bytes from the device at most. */
+dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double *sumsq, double *loss_sum);
+/* Where a training forward puts its loss: loss itself (read back at once),
+ * or with b->defer_loss NULL (left on the device, *loss 0 until the step's
+ * read). */
+float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss);
 /* One optimizer step on the device over the state's slice [slo, slo + sn)
  * of the parameters: o's constants for this step (after
  * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale).
@@ -153,9 +167,22 @@ dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_of
  * params_vm the parameters', and the pipeline stages' activations. */
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]);
 /* Opens the arena after the planning pass (refusing, with the bytes by
- * kind, a plan the device cannot hold) and the pinned buffer. */
-dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t pinned_bytes, const char *what);
+ * kind, a plan the device cannot hold) and the two pinned slots of
+ * slot_bytes each. */
+dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t slot_bytes, const char *what);
 void dt_dev_blocks_close(dt_dev_blocks *b);
+/* A batch's way to the device, double-buffered: *host the next of the two
+ * pinned slots, once the device has taken what was staged there two
+ * batches before (its event polled, within DT_DEV_STAGE_WAIT seconds, a
+ * hung kernel's error naming it). The host fills it, queues its copies
+ * (to_device_async) and marks them (dt_dev_blocks_staged): so it stages a
+ * micro-batch while the device runs the one before, without waiting. */
+#define DT_DEV_STAGE_WAIT 600.0
+dt_status dt_dev_blocks_stage(dt_dev_blocks *b, void **host);
+dt_status dt_dev_blocks_staged(dt_dev_blocks *b);
+/* Polls the event until it has run, within `limit` seconds (0: none), else DT_ERR_TIMEOUT naming
+ * `what`. */
+dt_status dt_dev_event_wait(const dt_dev *d, void *event, double limit, const char *what);
 
 /* A pipeline stage's own memory (dt_dev_mlp_stage's, dt_dev_gpt_stage's):
  * the arena of its activations, counted in its model's blocks'

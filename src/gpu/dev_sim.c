@@ -226,7 +226,12 @@ static dt_status sim_to_device(void *dev, const void *host, size_t bytes) {
     return shut();
 }
 
+static _Atomic uint64_t g_reads;
+
+static uint64_t sim_reads(void) { return g_reads; }
+
 static dt_status sim_to_host(void *host, const void *dev, size_t bytes) {
+    g_reads++;
     open_dev();
     memcpy(host, dev, bytes);
     return shut();
@@ -522,6 +527,12 @@ static dt_status sim_sumsq_parts(double *part, const float *x, size_t n, size_t 
     return shut();
 }
 
+static dt_status sim_loss_add(double *acc, const float *loss, double w) {
+    open_dev();
+    *acc += (double)*loss * w;  // (C11 without contraction: loop.c's sum)
+    return shut();
+}
+
 static dt_status sim_scale(float *x, size_t n, const float *s) {
     open_dev();
     float k = *s;
@@ -618,6 +629,8 @@ const dt_dev dt_dev_sim = {
     .vm_unmap = sim_vm_unmap,
     .vm_free = sim_vm_free,
     .to_device = sim_to_device,
+    .to_device_async = sim_to_device,
+    .reads = sim_reads,
     .to_host = sim_to_host,
     .copy = sim_copy,
     .sync = sim_sync,
@@ -661,6 +674,7 @@ const dt_dev dt_dev_sim = {
     .bias_backward = sim_bias_backward,
     .sumsq = sim_sumsq,
     .sumsq_parts = sim_sumsq_parts,
+    .loss_add = sim_loss_add,
     .scale = sim_scale,
     .im2col = sim_im2col,
     .col2im = sim_col2im,

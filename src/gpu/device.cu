@@ -53,7 +53,17 @@ dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
     return DT_OK;
 }
 
+dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes) {
+    DT_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, 0));
+    return DT_OK;
+}
+
+static unsigned long long g_reads;  // (to_host's calls; the host thread's alone)
+
+uint64_t dt_gpu_reads(void) { return __atomic_load_n(&g_reads, __ATOMIC_RELAXED); }
+
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
+    __atomic_fetch_add(&g_reads, 1ULL, __ATOMIC_RELAXED);
     DT_CUDA(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
     return DT_OK;
 }

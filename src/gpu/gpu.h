@@ -33,6 +33,8 @@ dt_status dt_gpu_alloc(void **dev, size_t bytes);
 void dt_gpu_free(void *dev);
 dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes);
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes);
+dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes);
+uint64_t dt_gpu_reads(void);
 dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes);
 dt_status dt_gpu_memset0(void *dev, size_t bytes);
 /* The current device's free and total memory. */
@@ -211,6 +213,9 @@ dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t 
 /* x[n] *= *s_dev (a float on the device, such as the clipping factor): no
  * wait for the host. */
 dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev);
+/* acc[0] += (double)loss[0] * w: one thread, __dmul_rn then __dadd_rn (no
+ * contraction: the host's bits). */
+dt_status dt_gpu_loss_add(double *acc, const float *loss, double w);
 
 /* Deterministic mode's fixed point (core/fixed.h's rules, the CPU's
  * bits): acc[n] += round(g x 2^32) clamped; g[n] = acc / 2^32. */

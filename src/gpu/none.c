@@ -26,6 +26,10 @@ void dt_gpu_free(void *dev) { (void)dev; }
 dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
     return (void)dev, (void)host, (void)bytes, no_gpu();
 }
+uint64_t dt_gpu_reads(void) { return 0; }
+dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes) {
+    return (void)dev, (void)host, (void)bytes, no_gpu();
+}
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
     return (void)host, (void)dev, (void)bytes, no_gpu();
 }
@@ -179,6 +183,7 @@ dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const 
            no_gpu();
 }
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) { return (void)out_dev, (void)x, (void)n, no_gpu(); }
+dt_status dt_gpu_loss_add(double *acc, const float *loss, double w) { return (void)acc, (void)loss, (void)w, no_gpu(); }
 dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t first, double carry) {
     return (void)part_dev, (void)x, (void)n, (void)first, (void)carry, no_gpu();
 }

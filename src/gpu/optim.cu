@@ -104,6 +104,16 @@ dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev) {
     return DT_OK;
 }
 
+__global__ static void loss_add_kernel(double *acc, const float *loss, double w) {
+    *acc = __dadd_rn(*acc, __dmul_rn((double)*loss, w));
+}
+
+dt_status dt_gpu_loss_add(double *acc, const float *loss, double w) {
+    loss_add_kernel<<<1, 1>>>(acc, loss, w);
+    DT_LAUNCHED(loss_add_kernel);
+    return DT_OK;
+}
+
 // ---- deterministic mode's fixed point (core/fixed.h: the CPU's bits)
 
 __global__ static void fixed_add_kernel(int64_t *acc, const float *g, size_t n) {

@@ -98,6 +98,7 @@ typedef struct {
     dt_strategy base;
     double norm;   // this step's, from grads_nonfinite
     int have_norm;
+    uint64_t reads0, reads, steps;  // the device's reads (dev.h's reads) at this step's start; in the steps, and steps
     int zero;      // device-zero: the state is this rank's slice [lo, hi)
     double *parts;      // ... the slice's pieces of the norm's sum of squares, on the device (zero, W > 1)
     dt_comm_t gpus;     // the GPUs' communicator (several ranks)
@@ -505,17 +506,8 @@ static void give_unkept(devs *d, dt_dev_vm *v, int h, size_t a, size_t e) {
 // The kernels drop_ev marked, run (a poll, within the communicator's
 // timeout).
 static dt_status drop_wait(devs *d) {
-    const dt_dev *dv = d->base.device->d;
-    double t0 = dt_now(), limit = dt_comm_timeout(d->base.comm);
-    for (int done = 0;;) {
-        dt_status st = dv->event_query(d->drop_ev, &done);
-        if (st != DT_OK || done) return st;
-        if (limit > 0 && dt_now() - t0 > limit)
-            return dt_error(DT_ERR_TIMEOUT, "ZeRO stage 3 on the GPU: the kernels of the layers before have not run "
-                            "in %.0f s", limit);
-        struct timespec ts = {0, 50000};
-        nanosleep(&ts, NULL);
-    }
+    return dt_dev_event_wait(d->base.device->d, d->drop_ev, dt_comm_timeout(d->base.comm),
+                             "ZeRO stage 3's kernels of the layers before");
 }
 
 // At each hook: the chunks found the hook before given back (their kernels
@@ -616,6 +608,7 @@ static dt_status dev_init(dt_strategy *s) {
     dt_status st = d->zero ? zero_init(d) : DT_OK;
     if (st != DT_OK) return st;
     memory_said(s);
+    b->defer_loss = 1;  // (the step's losses summed on the device, micro_end; read with the norm)
     if (s->c->deterministic) {  // (outside the arena: the strategy's, 8 bytes a parameter)
         DT_TRY(own_alloc(d, "deterministic mode's fixed-point sums", (void **)&d->acc,
                          sizeof(int64_t) * (s->n ? s->n : 1)), done);
@@ -662,12 +655,18 @@ static void dev_fini(dt_strategy *s) {
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
     devs *d = (devs *)s;
     d->have_norm = 0;
+    d->reads0 = s->device->d->reads();
+    dt_status st = s->device->d->memset0(s->device->sumsq + 1, sizeof(double));  // (the step's losses' sum)
+    if (st != DT_OK && d->err == DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "the step's losses on the device: %s", dt_last_error());
+    }
     d->next = d->settled = d->issued = 0;
     d->t_first = 0;
     int k = s->c->deterministic ? dt_strategy_plan_shards(s, first, share, global)
                                 : dt_strategy_plan_accum(s, first, share, global);
     d->nmax = k;  // stage 3: every rank's layer hooks (gathers) and buckets as the busiest's
-    dt_status st = s->device->params_vm ? dt_allreduce(&d->nmax, &d->nmax, 1, DT_I32, DT_MAX, s->comm) : DT_OK;
+    st = s->device->params_vm ? dt_allreduce(&d->nmax, &d->nmax, 1, DT_I32, DT_MAX, s->comm) : DT_OK;
     if (st != DT_OK && d->err == DT_OK) {
         d->err = st;
         snprintf(d->errmsg, sizeof d->errmsg, "micro-batch count: %s", dt_last_error());
@@ -681,14 +680,22 @@ static int hooked(const devs *d, int k) {
     return d->g.nb && k == (d->base.device->params_vm ? d->nmax : d->base.nmicro) - 1;
 }
 
-// Deterministic mode: each shard's gradient into the fixed-point sums, and
-// the gradient block zero again for the next (the last's, overlapped, goes
-// in bucket by bucket from the grad hook).
+// Micro-batch k's loss into the step's sum on the device (the loop's
+// loss x len[k], read once with the norm). Deterministic mode: each
+// shard's gradient into the fixed-point sums, and the gradient block zero
+// again for the next (the last's, overlapped, goes in bucket by bucket from
+// the grad hook).
 static void dev_micro_end(dt_strategy *s, int k) {
     devs *d = (devs *)s;
     const dt_dev *dv = s->device->d;
+    if (d->err != DT_OK) return;
+    dt_status st = dv->loss_add(s->device->sumsq + 1, s->device->loss, (double)s->len[k]);
+    if (st != DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "the step's losses on the device: %s", dt_last_error());
+    }
     if (!s->c->deterministic || d->err != DT_OK || hooked(d, k)) return;
-    dt_status st = dv->fixed_add(d->acc, s->device->grads, s->n);
+    st = dv->fixed_add(d->acc, s->device->grads, s->n);
     if (st == DT_OK) st = dt_dev_blocks_zero_grad(s->device);
     if (st != DT_OK) {
         d->err = st;
@@ -890,33 +897,37 @@ static dt_status slice_parts(void *user, size_t n, size_t first, double carry, d
     return st == DT_OK ? b->d->to_host(part, d->parts, sizeof(double) * pieces) : st;
 }
 
-// The gradient's norm from its sum of squares, made on the device and read
-// once a step (the whole block's; under zero with several ranks the
-// slice's pieces, a collective): the NaN/Inf check (fp16's loss scaler
-// skips the step and halves its scale on it), the norm and the clipping
-// come from it. DTRAIN_FAULT_OVERFLOW=RANK:STEP puts an inf at the start of
-// the rank's slice first.
-static dt_status dev_nonfinite(dt_strategy *s, int64_t step, int *nonfinite) {
+// The step's one read from the device (dt_dev_blocks_step_values): the
+// gradient's sum of squares, made there, and the micro-batches' losses
+// summed there (*loss_sum; a non-finite one is the run's error, as the
+// CPU's forward says). Under zero with several ranks the norm is the
+// slice's pieces', a collective, and the losses a read of their own. The
+// NaN/Inf check (fp16's loss scaler skips the step and halves its scale on
+// it), the norm and the clipping come from it. DTRAIN_FAULT_OVERFLOW=
+// RANK:STEP puts an inf at the start of the rank's slice first.
+static dt_status dev_nonfinite(dt_strategy *s, int64_t step, double *loss_sum, int *nonfinite) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
     static const float inf = INFINITY;
-    double sumsq = 0;
+    double sumsq = 0, lsum = 0;
     dt_status st = DT_OK;
     if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) st = b->d->to_device(b->grads + s->lo, &inf, sizeof inf);
-    if (st == DT_OK && d->zero && s->world > 1) {
-        st = dt_norm_sharded_by(slice_parts, d, s->n, s->lo, s->hi, s->comm, &d->norm);
-    } else if (st == DT_OK) {
-        st = dt_dev_blocks_sumsq(b, &sumsq);
-        d->norm = sqrt(sumsq);
-    }
+    int sharded = d->zero && s->world > 1;
+    if (st == DT_OK && sharded) st = dt_norm_sharded_by(slice_parts, d, s->n, s->lo, s->hi, s->comm, &d->norm);
+    if (st == DT_OK) st = dt_dev_blocks_step_values(b, sharded ? NULL : &sumsq, &lsum);
+    if (st == DT_OK && !sharded) d->norm = sqrt(sumsq);
+    if (st == DT_OK && !isfinite(lsum))
+        st = dt_error(DT_ERR_NUMERIC, "the loss is %s (diverged: lower the learning rate or clip gradients)",
+                      isnan(lsum) ? "NaN" : "Inf");
     d->have_norm = st == DT_OK;
+    if (st == DT_OK) *loss_sum = lsum;
     *nonfinite = st == DT_OK && !isfinite(d->norm);
     return st;
 }
 
 static dt_status dev_norm(dt_strategy *s, double *norm) {
     devs *d = (devs *)s;
-    dt_status st = d->have_norm ? DT_OK : dev_nonfinite(s, 0, &(int){0});
+    dt_status st = d->have_norm ? DT_OK : dev_nonfinite(s, 0, &(double){0}, &(int){0});
     *norm = d->norm;
     return st;
 }
@@ -935,7 +946,10 @@ static dt_status dev_update(dt_strategy *s, float lr, float scale) {
         s->comm_seconds += dt_now() - t0;
         s->comm_exposed_seconds += dt_now() - t0;
     }
-    return st == DT_OK ? dt_dev_blocks_changed(s->device) : st;
+    if (st == DT_OK) st = dt_dev_blocks_changed(s->device);
+    d->reads += s->device->d->reads() - d->reads0;
+    d->steps++;
+    return st;
 }
 
 // The host's copy, parameters and optimizer state, before a checkpoint
@@ -1037,6 +1051,7 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     devs *d = (devs *)s;
     cJSON_AddStringToObject(g, "collectives", d->gpus ? dt_comm_backend(d->gpus) : "none");
     cJSON_AddNumberToObject(g, "exchange_bytes", (double)d->own);
+    cJSON_AddNumberToObject(g, "reads_per_step", d->steps ? (double)d->reads / (double)d->steps : 0.0);
     cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
     cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
     if (b->params_vm) cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);  // (stage 3)

@@ -113,8 +113,12 @@ typedef struct dt_strategy_ops {
     /* The synchronised gradient's check for NaN and Inf (*nonfinite),
      * where its blocks are not the host's (a device's); NULL: the loop
      * sums the squares of grads[lo, hi) itself. step: the step's number
-     * (from 1), for DTRAIN_FAULT_OVERFLOW (dt_fault_overflow). */
-    dt_status (*grads_nonfinite)(dt_strategy *s, int64_t step, int *nonfinite);
+     * (from 1), for DTRAIN_FAULT_OVERFLOW (dt_fault_overflow). *loss_sum:
+     * the micro-batches' losses summed by the loop (loss times len[k]),
+     * which a strategy that keeps the losses on the device (a device's:
+     * the task's forward returned 0 for each) replaces with its own sum,
+     * read in the same single read as the check. */
+    dt_status (*grads_nonfinite)(dt_strategy *s, int64_t step, double *loss_sum, int *nonfinite);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
     /* Around an evaluation (begin = 1 before, 0 after), which runs whole
      * forwards through the layer hook (params_needed): a strategy whose

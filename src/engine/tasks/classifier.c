@@ -468,7 +468,7 @@ static dt_status cls_forward(dt_task *t, int64_t step, int off, int len, float l
     if (t->dm && t->dev_err != DT_OK) return t->dev_err;
     if (t->dm)
         return dt_dev_mlp_forward(t->dm, t->b.x + (size_t)off * ss, t->b.y + off, len, loss_scale, (uint64_t)step,
-                                  (int64_t)t->b.first + off, loss);
+                                  (int64_t)t->b.first + off, dt_dev_loss_out(dt_dev_mlp_blocks(t->dm), loss));
     dt_model_set_dropout_key(t->m, (uint64_t)step, (int64_t)t->b.first + off);
     dt_model_set_loss_scale(t->m, loss_scale);
     return dt_model_forward(t->m, t->b.x + (size_t)off * ss, t->b.y + off, len, 1, loss);
