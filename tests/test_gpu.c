@@ -125,7 +125,8 @@ static void test_refusals(void) {
           "--device cuda: refused before a step, never a CPU run: exit %d\n%s", rc, g_out);
 }
 
-// The CPU's optimizer and the GPU's on the same values for `steps` steps;
+// The CPU's optimizer and the GPU's on the same values for `steps` steps
+// (steps 2 and 3 through a guard: step_scale's skip, then its scale);
 // the largest relative difference of the weights and the state.
 static double compare(const dt_optim_params *p, size_t n, int steps) {
     dt_optim *o;
@@ -133,8 +134,12 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
     float *w = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n), *gw = malloc(sizeof(float) * n);
     float *gs0 = malloc(sizeof(float) * n), *gs1 = malloc(sizeof(float) * n);
     void *dw = NULL, *dg = NULL, *d0 = NULL, *d1 = NULL;
+    float *dguard = NULL;
+    double *dsq = NULL;
     int ns = dt_optim_num_states(o);
     dt_status st = dt_gpu_alloc(&dw, sizeof(float) * n);
+    if (st == DT_OK) st = dt_gpu_alloc((void **)&dguard, sizeof(float) * 2);
+    if (st == DT_OK) st = dt_gpu_alloc((void **)&dsq, sizeof(double));
     if (st == DT_OK) st = dt_gpu_alloc(&dg, sizeof(float) * n);
     if (st == DT_OK && ns > 0) st = dt_gpu_alloc(&d0, sizeof(float) * n);
     if (st == DT_OK && ns > 1) st = dt_gpu_alloc(&d1, sizeof(float) * n);
@@ -156,16 +161,25 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
             g[i] = (float)((double)(x >> 11) / 9007199254740992.0 - 0.5) * 0.1f;
         }
         dt_optim_begin_step(o);
-        float lr = 1e-3f * (float)(s + 1), scale = 0.5f;
+        float lr = 1e-3f * (float)(s + 1), scale = 0.5f, gn;
+        // steps 2 and 3 through a guard (the step's end on the device): a
+        // non-finite sum of squares skips the update, a finite one (norm 2)
+        // gives dt_step_scale's scale (clipped to 0.3 after unscale 0.5)
+        double sumsq = s == 2 ? INFINITY : 4.0;
+        float *guard = s == 2 || s == 3 ? dguard : NULL;
         if ((st = dt_gpu_to_device(dg, g, sizeof(float) * n)) != DT_OK) break;
+        if (guard) st = dt_gpu_to_device(dsq, &sumsq, sizeof sumsq);
+        if (guard && st == DT_OK) st = dt_gpu_step_scale(guard, dsq, 0.5f, 0.3f);
         if (p->kind == DT_OPTIM_ADAMW) {
             dt_adamw_k k = dt_optim_adamw_k(o, lr, scale);
-            st = dt_gpu_adamw(dw, dg, d0, d1, n, &k);
+            if (st == DT_OK) st = dt_gpu_adamw(dw, dg, d0, d1, n, &k, guard);
         } else {
             dt_sgd_k k = dt_optim_sgd_k(o, lr, scale);
-            st = dt_gpu_sgd(dw, dg, d0, n, &k);
+            if (st == DT_OK) st = dt_gpu_sgd(dw, dg, d0, n, &k, guard);
         }
-        dt_optim_update(o, 0, n, w, g, lr, scale);
+        if (s == 3) scale = dt_step_scale(2.0, 0.5f, 0.3f, &gn);
+        if (s == 2) dt_optim_unstep(o);
+        else dt_optim_update(o, 0, n, w, g, lr, scale);
     }
     double worst = st == DT_OK ? 0 : INFINITY;
     if (st == DT_OK && (st = dt_gpu_to_host(gw, dw, sizeof(float) * n)) == DT_OK) worst = tl_max_rel(w, gw, n, 1e-6);
@@ -175,7 +189,7 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
         worst = d > worst || isnan(d) ? d : worst;
     }
     if (st != DT_OK) printf("GPU: %s\n", dt_last_error());
-    dt_gpu_free(dw), dt_gpu_free(dg), dt_gpu_free(d0), dt_gpu_free(d1);
+    dt_gpu_free(dw), dt_gpu_free(dg), dt_gpu_free(d0), dt_gpu_free(d1), dt_gpu_free(dguard), dt_gpu_free(dsq);
     free(w), free(g), free(gw), free(gs0), free(gs1);
     dt_optim_free(o);
     return worst;

@@ -452,8 +452,9 @@ static void compare_runs(const char *name, const char *text, const char *what, c
     CHECK(tl_count(sum, "\"strategy\":\t\"device\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
               tl_json_number(sum, "weights_bytes") > 0,
           "%s: summary.json says the device and its memory by kind", what);
-    CHECK(tl_json_number(sum, "reads_per_step") == 1, "%s: one read from the device a step (the loss and the "
-          "gradient's sum of squares together): %g", what, tl_json_number(sum, "reads_per_step"));
+    CHECK(tl_json_number(sum, "reads_per_step") == 1 && tl_count(sum, "\"step_end\":\t\"device\"") == 1,
+          "%s: one read from the device a step (the losses and the gradient's sum of squares together, after the "
+          "update made its clipping and skip there): %g reads", what, tl_json_number(sum, "reads_per_step"));
     snprintf(sum, sizeof sum, "%s/metrics/rank-00000.jsonl", b);
     CHECK(tl_count(sum, "\"gpu_memory_bytes\":{\"weights\":") >= 20, "%s: every step's metrics record has the GPU's "
           "memory by kind", what);
@@ -1161,7 +1162,8 @@ static void test_ranks(void) {
                                    "rank)"),
           "ranks sharing the GPU: the staging logged with why: exit %d\n%s", rc, g_out);
     snprintf(sum, sizeof sum, "%s/summary.json", tmp("said"));
-    CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1, "summary.json: the GPUs' collectives staged");
+    CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1 && tl_count(sum, "\"step_end\":\t\"host\"") == 1,
+          "summary.json: the GPUs' collectives staged, the step's end on the host (the ranks agree on a skip first)");
     zero_memory();
     zero2_memory();
     trace_buckets();

@@ -24,6 +24,7 @@
 #include "kernels/kernels.h"
 #include "obs/json.h"
 #include "obs/obs.h"
+#include "optim/elem.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -415,6 +416,46 @@ static int grads_overflow(dt_strategy *s, int64_t step) {
     return dt_count_nonfinite(s->grads + s->lo, s->hi - s->lo, DT_F32) != 0;
 }
 
+// The step's skip, once every rank agreed on whether it overflowed: fp16's
+// loss scaler halves its scale (or grows it) and says, or a non-finite
+// gradient is logged and counted in *skipped. 1: the step is skipped.
+static int overflow_skips(dt_strategy *s, dt_loss_scaler *scaler, int overflow, int64_t step, int64_t *skipped) {
+    if (scaler) {
+        int skip = !dt_loss_scaler_update(scaler, overflow);
+        s->loss_scale = scaler->scale;
+        return skip;
+    }
+    if (!overflow) return 0;
+    (*skipped)++;
+    if (s->rank == 0)
+        dt_log(DT_LOG_WARN, "step %lld: the gradient holds NaN or Inf after the gradients' exchange: the step is "
+               "skipped (%lld so far)", (long long)step + 1, (long long)*skipped);
+    return 1;
+}
+
+// One rank on a device (the strategy's update_end): the norm, the clipping
+// and the skip made on the device and the update queued behind them, the
+// host's one read last; then the control plane and the skip's bookkeeping.
+static dt_status finish_on_device(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, float lr, int64_t step,
+                                  double loss_sum, int global, dt_loss_scaler *scaler, dt_control *ctl, float *gnorm,
+                                  int64_t *skipped) {
+    int vote = dt_run_ckpt_vote(ck), overflow = 0;
+    float unscale = 1.0f / s->loss_scale;
+    double norm = 0;
+    dt_obs_begin(obs, DT_OBS_COMM);
+    dt_status st = dt_strategy_sync(s);
+    dt_obs_end(obs, DT_OBS_COMM);
+    dt_obs_begin(obs, DT_OBS_OPTIMIZER);
+    if (st == DT_OK)
+        st = s->ops->update_end(s, step + 1, lr, s->c->optim.clip_norm, unscale, &loss_sum, &norm, &overflow);
+    dt_obs_end(obs, DT_OBS_OPTIMIZER);
+    if (st == DT_OK) st = dt_control_agree(obs, s->comm, loss_sum, global, vote, overflow, ctl);
+    if (st != DT_OK) return st;
+    dt_step_scale(norm, unscale, 0, gnorm);
+    overflow_skips(s, scaler, ctl->overflow, step, skipped);  // (the device skipped it already)
+    return DT_OK;
+}
+
 // The rest of a step: gradients synchronised, the control plane's
 // agreement, then the norm, clipping, the schedule and the update. With a
 // loss scaler (fp16) the gradients are the loss scale's multiple: the norm
@@ -423,10 +464,14 @@ static int grads_overflow(dt_strategy *s, int64_t step) {
 // holds NaN or Inf on any rank (a worker's faulty gradient, which the
 // allreduce spread: it cannot tell whose) is skipped by all, logged and
 // counted in *skipped; parameter servers screen the pushes themselves
-// (ps/robust.c).
+// (ps/robust.c). One rank on a device ends its step there
+// (finish_on_device).
 static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const dt_schedule *sched, int64_t step,
                              double loss_sum, int global, dt_loss_scaler *scaler, dt_control *ctl, float *lr,
                              float *gnorm, int64_t *skipped) {
+    *lr = dt_schedule_lr(sched, step);
+    if (dt_strategy_ends_on_device(s))
+        return finish_on_device(s, ck, obs, *lr, step, loss_sum, global, scaler, ctl, gnorm, skipped);
     int vote = dt_run_ckpt_vote(ck);
     dt_obs_begin(obs, DT_OBS_COMM);
     dt_status st = dt_strategy_sync(s);
@@ -443,19 +488,8 @@ static dt_status finish_step(dt_strategy *s, dt_run_ckpt *ck, dt_obs *obs, const
     double norm;
     float unscale = 1.0f / s->loss_scale;
     st = dt_strategy_grad_norm(s, &norm);
-    *gnorm = (float)(norm * unscale);
-    float clip = s->c->optim.clip_norm, scale = (clip > 0 ? dt_clip_scale(*gnorm, clip) : 1.0f) * unscale;
-    *lr = dt_schedule_lr(sched, step);
-    if (scaler) {
-        dt_optim_set_skip(s->opt, !dt_loss_scaler_update(scaler, ctl->overflow));
-        s->loss_scale = scaler->scale;
-    } else if (watch && ctl->overflow) {
-        dt_optim_set_skip(s->opt, 1);
-        (*skipped)++;
-        if (s->rank == 0)
-            dt_log(DT_LOG_WARN, "step %lld: the gradient holds NaN or Inf after the gradients' exchange: the step is "
-                   "skipped (%lld so far)", (long long)step + 1, (long long)*skipped);
-    }
+    float scale = dt_step_scale(norm, unscale, s->c->optim.clip_norm, gnorm);
+    dt_optim_set_skip(s->opt, overflow_skips(s, scaler, watch && ctl->overflow, step, skipped));
     if (st == DT_OK) st = dt_strategy_update(s, *lr, scale);
     dt_optim_set_skip(s->opt, 0);
     dt_obs_end(obs, DT_OBS_OPTIMIZER);

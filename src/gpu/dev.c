@@ -52,6 +52,7 @@ const dt_dev dt_dev_cuda = {
     .crossentropy_backward = dt_gpu_crossentropy_backward,
     .adamw = dt_gpu_adamw,
     .sgd = dt_gpu_sgd,
+    .step_scale = dt_gpu_step_scale,
     .encoder_forward = dt_gpu_encoder_forward,
     .encoder_backward = dt_gpu_encoder_backward,
     .encoder_split_forward = dt_gpu_encoder_split_forward,
@@ -93,7 +94,7 @@ static const struct {
     const char *name;
     size_t off;
 } ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward),
-           OP(gelu_forward), OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd),
+           OP(gelu_forward), OP(gelu_backward), OP(crossentropy_forward), OP(crossentropy_backward), OP(adamw), OP(sgd), OP(step_scale),
            OP(encoder_forward), OP(encoder_backward), OP(encoder_split_forward), OP(encoder_split_backward),
            OP(ce_split_max), OP(ce_split_exp), OP(ce_split_finish), OP(residual_forward), OP(residual_backward),
            OP(attention_forward), OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward),

@@ -120,8 +120,16 @@ typedef struct dt_dev {
                                       const int32_t *targets, size_t N, int V, size_t ld);
     dt_status (*crossentropy_backward)(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
                                        size_t ld, float dloss);
-    dt_status (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k);
-    dt_status (*sgd)(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k);
+    /* guard (NULL: k's grad_scale, always applied): two device floats,
+     * step_scale's, the gradient scale in place of k's, and a non-zero
+     * second that skips the update (nothing written). */
+    dt_status (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
+                       const float *guard);
+    dt_status (*sgd)(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard);
+    /* guard[0] = optim/elem.h's dt_step_scale(sqrt(*sumsq), unscale, clip),
+     * guard[1] = 1 where that norm is NaN or Inf (else 0): the step's end
+     * on the device (its update skips itself), no wait for the host. */
+    dt_status (*step_scale)(float *guard, const double *sumsq, float unscale, float clip);
     /* The CPU twins' argument lists (dtrain/gpt.h, dtrain/nn.h) on device
      * pointers; bias: out[N,OC] += b, db += the column sums of dout (rows in
      * order); sumsq: the sum of squares of x[n] into one device double (as

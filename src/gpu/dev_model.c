@@ -32,6 +32,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
         b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
     b->sumsq = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(double));
+    b->guard = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(float));
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
 }
 
@@ -189,13 +190,8 @@ dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n) {  // (held
     return b->grads_vm && !b->held ? dt_dev_vm_back(&b->gvm, off * sizeof(float), n * sizeof(float)) : DT_OK;
 }
 
-dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double *sumsq, double *loss_sum) {
-    double v[2];
-    if (sumsq) TRY(b->d->sumsq(b->sumsq, b->grads, b->n));
-    TRY(b->d->to_host(sumsq ? v : v + 1, sumsq ? b->sumsq : b->sumsq + 1, sumsq ? sizeof v : sizeof(double)));
-    if (sumsq) *sumsq = v[0];
-    *loss_sum = v[1];
-    return DT_OK;
+dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double v[2]) {
+    return b->d->to_host(v, b->sumsq, 2 * sizeof(double));
 }
 
 float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss) {
@@ -204,16 +200,16 @@ float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss) {
     return NULL;
 }
 
-dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale) {
+dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard) {
     if (dt_optim_skipping(o)) return DT_OK;
     float *w = b->params + b->slo;
     const float *g = b->grads + b->slo;
     if (dt_optim_kind_of(o) == DT_OPTIM_ADAMW) {
         dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
-        return b->d->adamw(w, g, b->state[0], b->state[1], b->sn, &k);
+        return b->d->adamw(w, g, b->state[0], b->state[1], b->sn, &k, guard);
     }
     dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
-    return b->d->sgd(w, g, b->nstates ? b->state[0] : NULL, b->sn, &k);
+    return b->d->sgd(w, g, b->nstates ? b->state[0] : NULL, b->sn, &k, guard);
 }
 
 dt_status dt_dev_gemm(const dt_dev_blocks *b, int ta, int tb, int M, int N, int K, float alpha, dt_dev_x A, int lda,

@@ -61,6 +61,7 @@ typedef struct {
     float *loss;              /* the last forward's loss (one float) */
     double *sumsq;            /* two doubles: the gradient's sum of squares, the step's losses summed
                                  (loss_add; with defer_loss), read together (dt_dev_blocks_step_values) */
+    float *guard;             /* two floats: the step's end on the device (step_scale: the update's scale, skip) */
     int defer_loss;           /* a training forward leaves its loss on the device (dt_dev_loss_out): the
                                  strategy sums it there and reads it once a step */
     double *row_loss;         /* the cross-entropy's rows (workspace) */
@@ -121,21 +122,23 @@ dt_status dt_dev_blocks_back(dt_dev_blocks *b, size_t off, size_t n);
  * most (they stay backed: the reduced gradients the update reads, the
  * parameters it updates); 0 for a block in the arena. */
 size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v, size_t es);
-/* The step's one read: the gradient's sum of squares, computed on the
- * device (sumsq NULL: not computed, not read), and the sum of its
- * micro-batches' losses that loss_add kept there (*loss_sum; its user zeroes
- * it at a step's start), 16 bytes from the device at most. */
-dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double *sumsq, double *loss_sum);
+/* The step's one read, 16 bytes: v[0] the gradient's sum of squares as
+ * the seam's sumsq last left it in b->sumsq (its caller queued it, or
+ * ignores it), v[1] the sum of the micro-batches' losses that loss_add
+ * kept beside it (its user zeroes it at a step's start). */
+dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double v[2]);
 /* Where a training forward puts its loss: loss itself (read back at once),
  * or with b->defer_loss NULL (left on the device, *loss 0 until the step's
  * read). */
 float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss);
 /* One optimizer step on the device over the state's slice [slo, slo + sn)
  * of the parameters: o's constants for this step (after
- * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale).
+ * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale),
+ * or with guard (b->guard after step_scale) the scale and the skip made on
+ * the device.
  * The caller then calls dt_dev_blocks_changed (ZeRO: after the slices'
  * gather). */
-dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale);
+dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard);
 /* After the parameters changed on the device: their 16-bit copy made
  * again (nothing in fp32; params_vm: the slice's). */
 dt_status dt_dev_blocks_changed(dt_dev_blocks *b);

@@ -71,9 +71,12 @@ dt_status dt_gpu_stream_wait_event(void *stream, void *event);
 
 /* The optimizers over n elements of device blocks, the CPU's rules
  * (optim/elem.h) with the constants the host computed. m, v, buf: the
- * state (buf NULL: SGD without momentum). */
-dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k);
-dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k);
+ * state (buf NULL: SGD without momentum); guard: dev.h's (NULL: none). */
+dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
+                       const float *guard);
+dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard);
+/* dev.h's step_scale: one thread. */
+dt_status dt_gpu_step_scale(float *guard, const double *sumsq, float unscale, float clip);
 
 /* C = alpha op(A) op(B) + beta C on device blocks: dt_sgemm's row-major
  * contract (ta, tb: A, B transposed; lda, ldb, ldc the row strides), by

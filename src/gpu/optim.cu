@@ -6,26 +6,34 @@
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 
-__global__ static void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, dt_adamw_k k) {
+// A guard (the step's end on the device, step_scale): its scale in place
+// of k's, or no update at all.
+__global__ static void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, dt_adamw_k k,
+                                    const float *guard) {
+    if (guard && guard[1] != 0.0f) return;
+    if (guard) k.grad_scale = guard[0];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dt_adamw_elem(&w[i], g[i], &m[i], &v[i], &k);
 }
 
-__global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n, dt_sgd_k k) {
+__global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n, dt_sgd_k k, const float *guard) {
+    if (guard && guard[1] != 0.0f) return;
+    if (guard) k.grad_scale = guard[0];
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dt_sgd_elem(&w[i], g[i], buf ? &buf[i] : NULL, &k);
 }
 
-dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k) {
+dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
+                       const float *guard) {
     if (n == 0) return DT_OK;
-    adamw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(w, g, m, v, n, *k);
+    adamw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(w, g, m, v, n, *k, guard);
     DT_LAUNCHED(adamw_kernel);
     return DT_OK;
 }
 
-dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k) {
+dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard) {
     if (n == 0) return DT_OK;
-    sgd_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(w, g, buf, n, *k);
+    sgd_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(w, g, buf, n, *k, guard);
     DT_LAUNCHED(sgd_kernel);
     return DT_OK;
 }
@@ -89,6 +97,19 @@ dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t 
     if (pieces == 0) return DT_OK;
     sumsq_parts_kernel<<<dt_launch_blocks(pieces, DT_THREADS), DT_THREADS>>>(part_dev, x, n, first, carry, pieces);
     DT_LAUNCHED(sumsq_parts_kernel);
+    return DT_OK;
+}
+
+__global__ static void step_scale_kernel(float *guard, const double *sumsq, float unscale, float clip) {
+    double norm = sqrt(*sumsq);
+    float gnorm;
+    guard[0] = dt_step_scale(norm, unscale, clip, &gnorm);
+    guard[1] = isfinite(norm) ? 0.0f : 1.0f;
+}
+
+dt_status dt_gpu_step_scale(float *guard, const double *sumsq, float unscale, float clip) {
+    step_scale_kernel<<<1, 1>>>(guard, sumsq, unscale, clip);
+    DT_LAUNCHED(step_scale_kernel);
     return DT_OK;
 }
 

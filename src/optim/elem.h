@@ -60,9 +60,29 @@ DT_HD void dt_sgd_elem(float *w, float g, float *buf, const dt_sgd_k *k) {
     else dt_sgd_plain_elem(w, g, k);
 }
 
+/* dt_clip_scale's rule: the factor that brings a gradient of this norm
+ * down to clip (1 when clip <= 0 or the norm is within it). */
+DT_HD float dt_clip_rule(double norm, float clip) {
+    if (clip <= 0.0f || !(norm > clip)) return 1.0f;
+    return (float)(clip / (norm + 1e-6));
+}
+
+/* The update's gradient scale from the gradient's norm before the loss
+ * scale is divided out: the clipping on the unscaled norm (*gnorm, as
+ * logged), times unscale. The loop's on the host and a device's step end
+ * (step_scale) alike: the same bits (no product feeds a sum). */
+DT_HD float dt_step_scale(double norm, float unscale, float clip, float *gnorm) {
+    *gnorm = (float)(norm * unscale);
+    return dt_clip_rule(*gnorm, clip) * unscale;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* The step begun (dt_optim_begin_step) was skipped after all, by a device
+ * that found the gradient not finite (the device's step end): the step
+ * count as before it. */
+void dt_optim_unstep(dt_optim *o);
 /* o's constants for its next update (after dt_optim_begin_step). */
 dt_adamw_k dt_optim_adamw_k(const dt_optim *o, float lr, float grad_scale);
 dt_sgd_k dt_optim_sgd_k(const dt_optim *o, float lr, float grad_scale);

@@ -233,9 +233,10 @@ double dt_sum_squares(const float *g, size_t n) {
     return s;
 }
 
-float dt_clip_scale(double norm, float clip_norm) {
-    if (clip_norm <= 0.0f || !(norm > clip_norm)) return 1.0f;
-    return (float)(clip_norm / (norm + 1e-6));
+float dt_clip_scale(double norm, float clip_norm) { return dt_clip_rule(norm, clip_norm); }
+
+void dt_optim_unstep(dt_optim *o) {
+    if (o->t > 0) o->t--;
 }
 
 // ----------------------------------------------------------------------------

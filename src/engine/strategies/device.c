@@ -897,30 +897,53 @@ static dt_status slice_parts(void *user, size_t n, size_t first, double carry, d
     return st == DT_OK ? b->d->to_host(part, d->parts, sizeof(double) * pieces) : st;
 }
 
+// DTRAIN_FAULT_OVERFLOW=RANK:STEP: an inf at the start of the rank's slice
+// of the gradients (a test aid: fp16's overflow, a faulty gradient).
+static dt_status fault_overflow(dt_strategy *s, int64_t step) {
+    static const float inf = INFINITY;
+    dt_dev_blocks *b = s->device;
+    return s->hi > s->lo && dt_fault_overflow(s->rank, step) ? b->d->to_device(b->grads + s->lo, &inf, sizeof inf)
+                                                             : DT_OK;
+}
+
 // The step's one read from the device (dt_dev_blocks_step_values): the
-// gradient's sum of squares, made there, and the micro-batches' losses
-// summed there (*loss_sum; a non-finite one is the run's error, as the
-// CPU's forward says). Under zero with several ranks the norm is the
-// slice's pieces', a collective, and the losses a read of their own. The
-// NaN/Inf check (fp16's loss scaler skips the step and halves its scale on
-// it), the norm and the clipping come from it. DTRAIN_FAULT_OVERFLOW=
-// RANK:STEP puts an inf at the start of the rank's slice first.
+// micro-batches' losses summed there (*loss_sum; a non-finite one is the
+// run's error, as the CPU's forward says) and, with norm_too, the norm
+// from the sum of squares queued before it.
+static dt_status read_values(devs *d, int norm_too, double *loss_sum) {
+    double v[2];
+    dt_status st = dt_dev_blocks_step_values(d->base.device, v);
+    if (st != DT_OK) return st;
+    if (!isfinite(v[1]))
+        return dt_error(DT_ERR_NUMERIC, "the loss is %s (diverged: lower the learning rate or clip gradients)",
+                        isnan(v[1]) ? "NaN" : "Inf");
+    if (norm_too) d->norm = sqrt(v[0]);
+    d->have_norm = 1;
+    *loss_sum = v[1];
+    return DT_OK;
+}
+
+// The reads from the device between the step's start and its end
+// (summary.json's gpu.reads_per_step).
+static void count_reads(devs *d) {
+    d->reads += d->base.device->d->reads() - d->reads0;
+    d->steps++;
+}
+
+// Several ranks (the loop's order: they agree on a skip before the
+// update): the step's one read, the gradient's sum of squares made on the
+// device (under zero with several ranks the norm is the slice's pieces', a
+// collective, and the losses a read of their own). The NaN/Inf check
+// (fp16's loss scaler skips the step and halves its scale on it), the
+// norm and the clipping come from it.
 static dt_status dev_nonfinite(dt_strategy *s, int64_t step, double *loss_sum, int *nonfinite) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
-    static const float inf = INFINITY;
-    double sumsq = 0, lsum = 0;
-    dt_status st = DT_OK;
-    if (s->hi > s->lo && dt_fault_overflow(s->rank, step)) st = b->d->to_device(b->grads + s->lo, &inf, sizeof inf);
+    dt_status st = fault_overflow(s, step);
     int sharded = d->zero && s->world > 1;
     if (st == DT_OK && sharded) st = dt_norm_sharded_by(slice_parts, d, s->n, s->lo, s->hi, s->comm, &d->norm);
-    if (st == DT_OK) st = dt_dev_blocks_step_values(b, sharded ? NULL : &sumsq, &lsum);
-    if (st == DT_OK && !sharded) d->norm = sqrt(sumsq);
-    if (st == DT_OK && !isfinite(lsum))
-        st = dt_error(DT_ERR_NUMERIC, "the loss is %s (diverged: lower the learning rate or clip gradients)",
-                      isnan(lsum) ? "NaN" : "Inf");
-    d->have_norm = st == DT_OK;
-    if (st == DT_OK) *loss_sum = lsum;
+    else if (st == DT_OK) st = b->d->sumsq(b->sumsq, b->grads, b->n);
+    if (st == DT_OK) st = read_values(d, !sharded, loss_sum);
     *nonfinite = st == DT_OK && !isfinite(d->norm);
     return st;
 }
@@ -933,11 +956,12 @@ static dt_status dev_norm(dt_strategy *s, double *norm) {
 }
 
 // The update of the rank's slice (the whole block but under zero), each
-// slice then broadcast from its owner (zero), the 16-bit copy made again.
-static dt_status dev_update(dt_strategy *s, float lr, float scale) {
-    devs *d = (devs *)s;
+// slice then broadcast from its owner (zero), the 16-bit copy made again;
+// guard: the scale and the skip made on the device (dt_dev_blocks_update).
+static dt_status update_queue(devs *d, float lr, float scale, const float *guard) {
+    dt_strategy *s = &d->base;
     dt_optim_begin_step(s->opt);
-    dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale);
+    dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale, guard);
     double t0 = dt_now();
     if (st == DT_OK && s->device->params_vm) {
         st = params_updated(d);
@@ -946,9 +970,33 @@ static dt_status dev_update(dt_strategy *s, float lr, float scale) {
         s->comm_seconds += dt_now() - t0;
         s->comm_exposed_seconds += dt_now() - t0;
     }
-    if (st == DT_OK) st = dt_dev_blocks_changed(s->device);
-    d->reads += s->device->d->reads() - d->reads0;
-    d->steps++;
+    return st == DT_OK ? dt_dev_blocks_changed(s->device) : st;
+}
+
+static dt_status dev_update(dt_strategy *s, float lr, float scale) {
+    dt_status st = update_queue((devs *)s, lr, scale, NULL);
+    count_reads((devs *)s);
+    return st;
+}
+
+// One rank: the step's end on the device, its one read last. The sum of
+// squares, the clipping scale and the NaN/Inf skip made there
+// (step_scale), the update queued behind them, skipping itself on a
+// non-finite gradient (the host's optimizer step then taken back), then the
+// read of the norm and the losses.
+static dt_status dev_update_end(dt_strategy *s, int64_t step, float lr, float clip, float unscale, double *loss_sum,
+                                double *norm, int *nonfinite) {
+    devs *d = (devs *)s;
+    dt_dev_blocks *b = s->device;
+    dt_status st = fault_overflow(s, step);
+    if (st == DT_OK) st = b->d->sumsq(b->sumsq, b->grads, b->n);
+    if (st == DT_OK) st = b->d->step_scale(b->guard, b->sumsq, unscale, clip);
+    if (st == DT_OK) st = update_queue(d, lr, 1.0f, b->guard);
+    if (st == DT_OK) st = read_values(d, 1, loss_sum);
+    *norm = d->norm;
+    *nonfinite = st == DT_OK && !isfinite(d->norm);
+    if (*nonfinite) dt_optim_unstep(s->opt);
+    count_reads(d);
     return st;
 }
 
@@ -1052,6 +1100,7 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddStringToObject(g, "collectives", d->gpus ? dt_comm_backend(d->gpus) : "none");
     cJSON_AddNumberToObject(g, "exchange_bytes", (double)d->own);
     cJSON_AddNumberToObject(g, "reads_per_step", d->steps ? (double)d->reads / (double)d->steps : 0.0);
+    cJSON_AddStringToObject(g, "step_end", dt_strategy_ends_on_device(s) ? "device" : "host");
     cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
     cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
     if (b->params_vm) cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);  // (stage 3)
@@ -1071,6 +1120,7 @@ const dt_strategy_ops dt_strategy_device = {
     .sync = dev_sync,
     .grad_norm = dev_norm,
     .grads_nonfinite = dev_nonfinite,
+    .update_end = dev_update_end,
     .update = dev_update,
     .params_host = dev_params_host,
     .ckpt_extra = dev_ckpt_extra,
@@ -1099,6 +1149,7 @@ const dt_strategy_ops dt_strategy_device_zero = {
     .sync = dev_sync,
     .grad_norm = dev_norm,
     .grads_nonfinite = dev_nonfinite,
+    .update_end = dev_update_end,
     .update = dev_update,
     .params_host = dev_params_host,
     .ckpt_restore = dev_restore,

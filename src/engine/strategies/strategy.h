@@ -120,6 +120,16 @@ typedef struct dt_strategy_ops {
      * read in the same single read as the check. */
     dt_status (*grads_nonfinite)(dt_strategy *s, int64_t step, double *loss_sum, int *nonfinite);
     dt_status (*update)(dt_strategy *s, float lr, float grad_scale);
+    /* One rank whose blocks are a device's (NULL: the loop's order, sync,
+     * grads_nonfinite, grad_norm, update): the step's end made there,
+     * the host reading once, after the update is queued. The norm, the
+     * clipping scale (optim/elem.h's dt_step_scale of clip and unscale,
+     * 1 / the loss scale) and the NaN/Inf skip computed on the device, the
+     * update (lr) skipping itself there; then *loss_sum (as
+     * grads_nonfinite's), *norm (before unscale) and *nonfinite (the step
+     * was skipped, the optimizer's step count as before it). */
+    dt_status (*update_end)(dt_strategy *s, int64_t step, float lr, float clip, float unscale, double *loss_sum,
+                            double *norm, int *nonfinite);
     /* Around an evaluation (begin = 1 before, 0 after), which runs whole
      * forwards through the layer hook (params_needed): a strategy whose
      * ranks keep parts of the model gathers the others' there, and gives
@@ -326,6 +336,11 @@ static inline void dt_strategy_micro_end(dt_strategy *s, int k) {
 }
 static inline dt_status dt_strategy_sync(dt_strategy *s) { return s->ops->sync(s); }
 static inline dt_status dt_strategy_grad_norm(dt_strategy *s, double *norm) { return s->ops->grad_norm(s, norm); }
+/* Whether the step ends on the device (update_end: one rank), else in the
+ * loop's order. */
+static inline int dt_strategy_ends_on_device(const dt_strategy *s) {
+    return s->ops->update_end && s->world == 1 && !s->own_pace;
+}
 static inline dt_status dt_strategy_update(dt_strategy *s, float lr, float scale) {
     return s->ops->update(s, lr, scale);
 }
