@@ -1096,7 +1096,49 @@ static void test_cnn_ops(int B, int C, int H, int W, int K, int S, int P) {
     dt_gpu_free(gmask), dt_gpu_free(gdrop), dt_gpu_free(garg);
 }
 
+// A convolution whole by cuDNN (fp32, FMA math: TF32 off) against the
+// CPU's dt_conv2d_forward / _backward: the output, and the input's, the
+// filters' and the bias's gradients added to what was there.
+static void test_conv(int B, int C, int H, int W, int OC, int K, int S, int P) {
+    char why[600];
+    if (!dt_gpu_conv2d_ready(why, sizeof why)) {
+        CHECK(0, "cuDNN for the convolutions: %s", why);
+        return;
+    }
+    dt_im2col_t g = {C, H, W, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1};
+    size_t nx = (size_t)B * C * H * W, nw = (size_t)OC * C * K * K, ny = (size_t)B * OC * g.OH * g.OW;
+    size_t ncol = dt_conv2d_col_size(B, C, H, W, OC, K, S, P);
+    float *x = randoms(nx, 2, 71), *w = randoms(nw, 1, 72), *b = randoms(OC, 1, 73), *dy = randoms(ny, 1, 74);
+    float *dx = randoms(nx, 1, 75), *dw = randoms(nw, 1, 76), *db = randoms(OC, 1, 77), *y = calloc(ny, sizeof(float));
+    float *col = calloc(ncol, sizeof(float)), *dcol = calloc(ncol, sizeof(float));
+    float *gx = upload(x, nx), *gw = upload(w, nw), *gb = upload(b, OC), *gdy = upload(dy, ny), *gdx = upload(dx, nx);
+    float *gdw = upload(dw, nw), *gdb = upload(db, OC), *gy = upload(y, ny);
+    dt_status st = gx && gw && gb && gdy && gdx && gdw && gdb && gy ? DT_OK : DT_ERR_INTERNAL;
+    dt_gpu_set_tf32(0);
+    dt_conv2d_forward(y, col, x, w, b, B, C, H, W, OC, K, S, P);
+    dt_conv2d_backward(dx, dw, db, dcol, dy, col, w, B, C, H, W, OC, K, S, P);
+    if (st == DT_OK) st = dt_gpu_conv2d_forward(gy, gx, gw, gb, (size_t)B, &g, OC);
+    if (st == DT_OK) st = dt_gpu_conv2d_backward(gdx, gdw, gdb, gdy, gx, gw, (size_t)B, &g, OC);
+    float *back = malloc(sizeof(float) * (nx > nw ? nx : nw) + sizeof(float) * ny);
+    double e[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
+    const float *want[4] = {y, dx, dw, db}, *got[4] = {gy, gdx, gdw, gdb};
+    size_t n[4] = {ny, nx, nw, (size_t)OC};
+    for (int k = 0; k < 4 && st == DT_OK; k++)
+        if ((st = dt_gpu_to_host(back, got[k], sizeof(float) * n[k])) == DT_OK) e[k] = tl_max_rel(want[k], back, n[k], 1e-3);
+    CHECK(st == DT_OK && e[0] <= 1e-5 && e[1] <= 1e-5 && e[2] <= 1e-5 && e[3] <= 1e-5,
+          "cuDNN's convolution B %d C %d %dx%d OC %d K %d S %d P %d against the CPU's: output %.3g, input gradient "
+          "%.3g, filters' %.3g, bias's %.3g (max rel, 1e-5)%s%s", B, C, H, W, OC, K, S, P, e[0], e[1], e[2], e[3],
+          GPU_ERR(st));
+    free(x), free(w), free(b), free(dy), free(dx), free(dw), free(db), free(y), free(col), free(dcol), free(back);
+    dt_gpu_free(gx), dt_gpu_free(gw), dt_gpu_free(gb), dt_gpu_free(gdy), dt_gpu_free(gdx), dt_gpu_free(gdw);
+    dt_gpu_free(gdb), dt_gpu_free(gy);
+}
+
 static void test_layers(void) {
+    test_conv(3, 5, 13, 11, 7, 3, 2, 1);
+    test_conv(2, 6, 28, 28, 16, 5, 1, 2);
+    test_conv(1, 1, 7, 9, 3, 2, 1, 0);
+    test_conv(64, 32, 16, 16, 64, 3, 1, 1);
     test_cnn_ops(3, 5, 13, 11, 3, 2, 1);
     test_cnn_ops(2, 6, 28, 28, 5, 1, 2);
     test_cnn_ops(1, 1, 7, 9, 2, 1, 0);

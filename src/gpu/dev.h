@@ -178,6 +178,17 @@ typedef struct dt_dev {
     dt_status (*im2col)(float *col, const float *x, size_t B, const dt_im2col_t *g);
     dt_status (*col2im)(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);
     dt_status (*transpose)(float *out, const float *in, size_t nb, size_t R, size_t C);
+    /* A convolution whole, in fp32 (dt_conv2d_forward's and _backward's
+     * contract in NCHW, without their scratch: inp is the layer's input,
+     * kept by the caller; b, db, dinp NULL: none): cuDNN's on cuda (its
+     * deterministic algorithms), im2col and a GEMM on the simulated GPU.
+     * conv2d_ready: 1 where they can run (cuDNN found), else 0 and why; the
+     * device model then makes its convolutions of im2col and a GEMM. */
+    int (*conv2d_ready)(char *why, size_t n);
+    dt_status (*conv2d_forward)(float *out, const float *inp, const float *w, const float *b, size_t B,
+                                const dt_im2col_t *g, int OC);
+    dt_status (*conv2d_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, size_t B, const dt_im2col_t *g, int OC);
     dt_status (*maxpool_forward)(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K, int S);
     dt_status (*maxpool_backward)(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
                                   int S);

@@ -251,14 +251,17 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
 }
 
 // ---- the sequential model --------------------------------------------------------
-// Its layers as nn/model.c has them, in NCHW: a convolution is im2col (its
-// columns kept for the backward) and a GEMM into NHWC rows, where the bias
-// is a row bias, then transposed to NCHW; pooling and dropout cnn_hd.h's.
+// Its layers as nn/model.c has them, in NCHW: a convolution in fp32 is the
+// seam's conv2d (cuDNN's; `direct`), else (16 bits, or no cuDNN) im2col
+// (its columns kept for the backward) and a GEMM into NHWC rows, where the
+// bias is a row bias, then transposed to NCHW; pooling and dropout
+// cnn_hd.h's.
 
 struct dt_dev_mlp {
     dt_dev_blocks b;
     int nl, max_batch, in, V, B;
     int train;             // the forward's mode: 0 (evaluation) runs dropout as the identity
+    int direct;            // convolutions by the seam's conv2d (fp32, conv2d_ready), else im2col and a GEMM
     size_t px_n;           // the pinned buffer's floats before the targets: max_batch x max(in, V)
     float loss_scale;
     uint64_t seed, step;   // dropout's key (dt_dev_mlp_forward's step and first sample)
@@ -288,14 +291,18 @@ static dt_im2col_t geometry(const dt_model_layer_plan *l) {
 
 // Bytes of layer i's kept buffer (es: a convolution's columns' element
 // size), and the floats of the shared rows and column gradients it needs
-// (*rows, *cols), for batches of mb.
-static size_t keep_bytes(const dt_model_layer_plan *l, size_t mb, size_t es, size_t *rows, size_t *cols) {
+// (*rows, *cols), for batches of mb; direct: a convolution needs none of
+// them (the seam's conv2d reads the layer's input).
+static size_t keep_bytes(const dt_model_layer_plan *l, size_t mb, size_t es, int direct, size_t *rows, size_t *cols) {
     dt_im2col_t g = geometry(l);
     size_t ckk = (size_t)g.C * g.K * g.K, n = mb * g.OH * g.OW, f = sizeof(float);
     *rows = *cols = 0;
     switch (l->spec.kind) {
     case DT_LAYER_LAYERNORM: return f * 2 * mb;
-    case DT_LAYER_CONV2D: *rows = n * (size_t)l->out_shape[0], *cols = ckk * n; return es * ckk * n;
+    case DT_LAYER_CONV2D:
+        if (direct) return 0;
+        *rows = n * (size_t)l->out_shape[0], *cols = ckk * n;
+        return es * ckk * n;
     case DT_LAYER_MAXPOOL: return sizeof(int32_t) * mb * l->out;
     case DT_LAYER_DROPOUT: return l->spec.p > 0 ? f * mb * l->out : 0;
     default: return 0;
@@ -316,7 +323,7 @@ static void acts_take(dt_dev_mlp *dm, dt_dev_arena *a, int l0, int l1, int work)
     if (l0) dm->act[l0 - 1] = dm->x, dm->dact[l0 - 1] = dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * mb * in);
     for (int i = l0; i < l1; i++) {
         const dt_model_layer_plan *l = &dm->L[i];
-        size_t o = sizeof(float) * mb * l->out, k = keep_bytes(l, mb, half ? 2 : sizeof(float), &r, &c);
+        size_t o = sizeof(float) * mb * l->out, k = keep_bytes(l, mb, half ? 2 : sizeof(float), dm->direct, &r, &c);
         int linear = l->spec.kind == DT_LAYER_LINEAR;
         int to_linear = i + 1 < dm->nl && dm->L[i + 1].spec.kind == DT_LAYER_LINEAR;
         dm->dact[i] = dt_dev_take(a, DT_DEV_ACTS, o);
@@ -362,11 +369,17 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
                        .seed = seed, .L = dm->L, .act = dm->act, .dact = dm->dact, .keep = dm->keep,
                        .in16 = dm->in16};
     dm->b.kinds = 1;
+    int convs = 0;
     for (int i = 0; i < nl; i++) {
         dt_model_layer(m, i, &dm->L[i]);
         size_t big = dm->L[i].w_n > dm->L[i].b_n ? dm->L[i].w_n : dm->L[i].b_n;
         dm->b.largest = big > dm->b.largest ? big : dm->b.largest;
+        convs += dm->L[i].spec.kind == DT_LAYER_CONV2D;
     }
+    char why[600] = "";
+    dm->direct = convs && t == DT_F32 && d->conv2d_ready(why, sizeof why);
+    if (convs && t == DT_F32 && !dm->direct)
+        dt_log(DT_LOG_INFO, "the device's convolutions as im2col and a GEMM: no cuDNN (%s)", why);
     mlp_take(dm);  // (counting)
     // the pinned buffer: a batch's samples (or, read back, its probabilities), then its targets
     dm->px_n = (size_t)max_batch * (size_t)(dm->in > dm->V ? dm->in : dm->V);
@@ -401,14 +414,17 @@ void dt_dev_mlp_free(dt_dev_mlp *dm) {
 
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm) { return &dm->b; }
 
-// A convolution: the columns, out rows [B OH OW, OC] = columns^T w^T (+ b),
-// transposed into act [B, OC, OH OW]. In 16 bits the columns are made in
-// the shared dcol and kept in t.
+// A convolution: direct, the seam's conv2d; else the columns, out rows
+// [B OH OW, OC] = columns^T w^T (+ b), transposed into act [B, OC, OH OW].
+// In 16 bits the columns are made in the shared dcol and kept in t.
 static dt_status conv_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     const dt_dev *d = dm->b.d;
     const dt_model_layer_plan *l = &dm->L[i];
     dt_im2col_t g = geometry(l);
     int OC = l->out_shape[0], ckk = g.C * g.K * g.K, N = B * g.OH * g.OW;
+    if (dm->direct)
+        return d->conv2d_forward(dm->act[i], in, dm->b.params + l->w_off, l->add_bias ? dm->b.params + l->b_off : NULL,
+                                 (size_t)B, &g, OC);
     float *cols = dm->b.t == DT_F32 ? dm->keep[i] : dm->dcol;
     dt_dev_x c = {cols, dm->keep[i]};
     TRY(d->im2col(cols, in, (size_t)B, &g));
@@ -418,13 +434,16 @@ static dt_status conv_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     return d->transpose(dm->act[i], dm->rows, (size_t)B, (size_t)g.OH * g.OW, (size_t)OC);
 }
 
-// Its backward: dout to NHWC rows; db, dw += from them; din += the columns'
-// gradient gathered back.
-static dt_status conv_backward(dt_dev_mlp *dm, int i, float *din, int B) {
+// Its backward: direct, the seam's conv2d; else dout to NHWC rows; db, dw
+// += from them; din += the columns' gradient gathered back.
+static dt_status conv_backward(dt_dev_mlp *dm, int i, const float *in, float *din, int B) {
     const dt_dev *d = dm->b.d;
     const dt_model_layer_plan *l = &dm->L[i];
     dt_im2col_t g = geometry(l);
     int OC = l->out_shape[0], ckk = g.C * g.K * g.K, N = B * g.OH * g.OW;
+    if (dm->direct)
+        return d->conv2d_backward(din, dm->b.grads + l->w_off, l->b_n ? dm->b.grads + l->b_off : NULL, dm->dact[i], in,
+                                  dm->b.params + l->w_off, (size_t)B, &g, OC);
     dt_dev_x r = {dm->rows, dm->g16}, c = {dm->keep[i], dm->keep[i]};
     TRY(d->transpose(dm->rows, dm->dact[i], (size_t)B, (size_t)OC, (size_t)g.OH * g.OW));
     if (l->b_n) TRY(d->bias_backward(dm->b.grads + l->b_off, dm->rows, (size_t)N, OC));
@@ -562,7 +581,7 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:
         return dt_dev_linear_backward(&dm->b, din, l->w_off, l->b_n ? db : NULL, dout, dm->g16, x, B, C, OC);
-    case DT_LAYER_CONV2D: return conv_backward(dm, i, din, B);
+    case DT_LAYER_CONV2D: return conv_backward(dm, i, in, din, B);
     case DT_LAYER_MAXPOOL:
         return din ? d->maxpool_backward(din, dout, (const int32_t *)dm->keep[i], (size_t)B * g.C, g.H, g.W, g.K, g.S)
                    : DT_OK;

@@ -276,6 +276,7 @@ __global__ static void scale_kernel(float *C, size_t M, size_t N, size_t ldc, fl
 }
 
 void dt_gpu_set_tf32(int on) { g_tf32 = on != 0; }
+int dt_gpu_tf32(void) { return g_tf32; }
 
 // dt_sgemm's arguments checked and made column-major; *done when nothing
 // is left for cuBLASLt (an empty C; K = 0: C = beta C).

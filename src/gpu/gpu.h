@@ -86,6 +86,7 @@ dt_status dt_gpu_step_scale(float *guard, const double *sumsq, float unscale, fl
 dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc);
 void dt_gpu_set_tf32(int on);
+int dt_gpu_tf32(void);
 
 /* The GPT's layers on device blocks, the CPU's contracts (dtrain/nn.h:
  * backward accumulates with +=) over N rows, each element's arithmetic
@@ -168,6 +169,13 @@ dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout,
 dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g);
 dt_status dt_gpu_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);
 dt_status dt_gpu_transpose(float *out, const float *in, size_t nb, size_t R, size_t C);
+/* dev.h's conv2d ops by cuDNN (conv.cu): loaded at the first call;
+ * dt_gpu_conv2d_ready says whether it was, else why. */
+int dt_gpu_conv2d_ready(char *why, size_t n);
+dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,
+                                const dt_im2col_t *g, int OC);
+dt_status dt_gpu_conv2d_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, size_t B, const dt_im2col_t *g, int OC);
 dt_status dt_gpu_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K, int S);
 dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W, int K,
                                   int S);

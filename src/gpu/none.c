@@ -74,6 +74,7 @@ dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const f
            (void)beta, (void)C, (void)ldc, no_gpu();
 }
 void dt_gpu_set_tf32(int on) { (void)on; }
+int dt_gpu_tf32(void) { return 0; }
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps) {
     return (void)out, (void)mean, (void)rstd, (void)inp, (void)w, (void)b, (void)N, (void)C, (void)eps, no_gpu();
@@ -141,6 +142,18 @@ dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t 
 }
 dt_status dt_gpu_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g) {
     return (void)dx, (void)dcol, (void)B, (void)g, no_gpu();
+}
+int dt_gpu_conv2d_ready(char *why, size_t n) {
+    if (n) snprintf(why, n, "this dtrain was built without CUDA");
+    return 0;
+}
+dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,
+                                const dt_im2col_t *g, int OC) {
+    return (void)out, (void)inp, (void)w, (void)b, (void)B, (void)g, (void)OC, no_gpu();
+}
+dt_status dt_gpu_conv2d_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, size_t B, const dt_im2col_t *g, int OC) {
+    return (void)dinp, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)B, (void)g, (void)OC, no_gpu();
 }
 dt_status dt_gpu_transpose(float *out, const float *in, size_t nb, size_t R, size_t C) {
     return (void)out, (void)in, (void)nb, (void)R, (void)C, no_gpu();
