@@ -487,8 +487,23 @@ static void test_mlp(void) {
 
 // The CNN (convolutions with padding and stride, max pooling, dropout p =
 // 0.3 with the CPU's masks): the losses within the GPU's tolerances of the
-// CPU's.
-static void test_cnn(void) { compare_runs("cnn", cfg_cnn_full, "the CNN (conv2d, maxpool, dropout)", "", 1e-3, 0); }
+// CPU's; its convolutions the seam's conv2d (cuDNN's on a GPU), and again
+// as a GPU without cuDNN makes them (im2col and a GEMM of the device
+// model's own), said in the log.
+static void test_cnn(void) {
+    compare_runs("cnn", cfg_cnn_full, "the CNN (conv2d, maxpool, dropout)", "", 1e-3, 0);
+    CHECK(!strstr(g_out, "as im2col and a GEMM"), "the CNN's convolutions by the seam's conv2d:\n%s", g_out);
+    setenv("DTRAIN_GPU_SIM_CONV", "im2col", 1);
+    int rc = tl_train(g_tmp, "cnn-im2col", cfg_cnn_full, 1, "--device cuda", g_out, sizeof g_out);
+    unsetenv("DTRAIN_GPU_SIM_CONV");
+    int bw = 0;
+    double diff = rc == 0 ? tl_runs_diff(g_tmp, "cnn", "cnn-im2col", &bw) : -1;
+    CHECK(rc == 0 && diff >= 0 && diff <= 1e-3 &&
+              strstr(g_out, "the device's convolutions as im2col and a GEMM (slower, more memory): no cuDNN "
+                     "(DTRAIN_GPU_SIM_CONV=im2col)"),
+          "the CNN without cuDNN: im2col and a GEMM, said; weights within 1e-3 of the CPU's: exit %d, diff %g\n%s", rc,
+          diff, g_out);
+}
 
 static void test_gpt(void) {
     compare_runs("gpt", cfg_gpt, "a tiny GPT", "", 0, 0);

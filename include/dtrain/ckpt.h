@@ -365,9 +365,10 @@ DT_API int dt_ckpt_writer_idle(dt_ckpt_writer *w);
 DT_API void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause,
                                  double *total_pause, double *max_write);
 /* Finishes the write in flight (after a failure too: this rank's own file
- * is written); a sharded one on rank 0 waits up to DT_CKPT_LINGER seconds
- * more for the other ranks' shards, which their writers are finishing the
- * same way, before it leaves the checkpoint without COMPLETE. */
+ * is written); a sharded one on rank 0, its own shard written, waits up to
+ * DT_CKPT_LINGER seconds more for the other ranks' shards, which their
+ * writers are finishing the same way, before it leaves the checkpoint
+ * without COMPLETE. */
 #define DT_CKPT_LINGER 2.0
 DT_API void dt_ckpt_writer_free(dt_ckpt_writer *w);
 

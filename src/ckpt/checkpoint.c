@@ -1387,6 +1387,11 @@ dt_status dt_ckpt_load_newest(const char *dir, const dt_ckpt_model *m, dt_train_
 // ----------------------------------------------------------------------------
 // background writer
 
+typedef struct {
+    _Atomic double at;   // stop from then on (0: not set)
+    _Atomic int linger;  // ... DT_CKPT_LINGER seconds after the first look that sees it
+} wait_stop;
+
 struct dt_ckpt_writer {
     char dir[4096];
     int keep;
@@ -1394,7 +1399,7 @@ struct dt_ckpt_writer {
     int own;                // the workers' own files rank 0 waits for (dt_ckpt_writer_expect_own): sharded too
     double shard_timeout;
     size_t begin, end;      // this rank's slice
-    _Atomic double cancel_at;  // stop waiting for the other shards from then on (0: never)
+    wait_stop stop;         // rank 0's waits for the other shards stopped (wait_stopped)
     dt_ckpt_model live;     // the training buffers
     dt_ckpt_model snap;     // copies the thread writes from
     float *buf;             // params + states of the snapshot
@@ -1473,12 +1478,20 @@ static void mark_lost(const char *path) {
     if (dt_write_atomic(lost, parts, sizes, 1) != DT_OK) dt_log(DT_LOG_DEBUG, "%s", dt_last_error());
 }
 
+// Whether rank 0's waits for the other shards are to stop: from `at` on
+// (abandon: at once), or with `linger` (a free after a failure)
+// DT_CKPT_LINGER seconds after the first look that sees it.
+static int wait_stopped(wait_stop *w) {
+    if (w->linger && w->at == 0) w->at = dt_now() + DT_CKPT_LINGER;
+    return w->at > 0 && dt_now() >= w->at;
+}
+
 // Waits for path (a shard, or a worker's own file) until `deadline`, or
-// until *cancel_at if that is set (wait_cancelled). In object storage (each look a request: every 10 ms at first,
-// backing off to 200 ms) a look that fails past the client's retries, or a
-// PATH.lost marker (mark_lost), ends the wait with DT_ERR_IO.
-static dt_status wait_file(const char *path, int is_own, int k, double deadline, double timeout,
-                           const _Atomic double *cancel_at) {
+// until stop says (wait_stopped). In object storage (each look a request:
+// every 10 ms at first, backing off to 200 ms) a look that fails past the
+// client's retries, or a PATH.lost marker (mark_lost), ends the wait with
+// DT_ERR_IO.
+static dt_status wait_file(const char *path, int is_own, int k, double deadline, double timeout, wait_stop *stop) {
     const char *who = is_own ? "worker" : "rank";
     int remote = dt_path_remote(path);
     char lost[4500];
@@ -1490,7 +1503,7 @@ static dt_status wait_file(const char *path, int is_own, int k, double deadline,
         if (st != DT_OK && remote) return st;
         if (yes) return DT_OK;
         if (gone) return dt_error(DT_ERR_IO, "%s: %s %d gave it up (its upload failed)", path, who, k);
-        if (cancel_at && *cancel_at > 0 && dt_now() >= *cancel_at) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
+        if (stop && wait_stopped(stop)) return dt_error(DT_ERR_IO, "%s: not written (the run stopped)", path);
         if (dt_now() > deadline)
             return dt_error(DT_ERR_TIMEOUT, "%s: %s %d's %s not written within %.0f s", path, who, k,
                             is_own ? "own state" : "shard", timeout);
@@ -1499,18 +1512,18 @@ static dt_status wait_file(const char *path, int is_own, int k, double deadline,
 }
 
 // Rank 0, its shard written: waits (up to `timeout` seconds, or until
-// *cancel_at) for the other ranks' shards of checkpoint dir (a shard's final name
+// stop says) for the other ranks' shards of checkpoint dir (a shard's final name
 // appears only once it is durable), then for the workers' own files
 // (dt_ckpt_write_own, `own` of them), and marks the checkpoint complete.
 static dt_status finish_sharded(const char *dir, const dt_ckpt_model *m, const dt_train_state *s, int world, int own,
-                                double timeout, const _Atomic double *cancel_at) {
+                                double timeout, wait_stop *stop) {
     char path[4400];
     double deadline = dt_now() + timeout;
     for (int r = 1; r < world + own; r++) {
         int is_own = r >= world, k = is_own ? r - world : r;
         if (is_own) own_path(path, sizeof path, dir, k, own);
         else shard_path(path, sizeof path, dir, k, world);
-        dt_status st = wait_file(path, is_own, k, deadline, timeout, cancel_at);
+        dt_status st = wait_file(path, is_own, k, deadline, timeout, stop);
         if (st != DT_OK) return st;
     }
     return write_index(dir, m, s, world);
@@ -1524,7 +1537,7 @@ static dt_status write_sharded(dt_ckpt_writer *w, const char *dir, const dt_trai
     shard_path(path, sizeof path, dir, w->rank, w->world);
     if (st == DT_OK) st = write_shard(path, &w->snap, s, w->begin, w->end, w->rank, w->world);
     if (st != DT_OK || w->rank != 0) return st;
-    return finish_sharded(dir, &w->live, s, w->world, w->own, w->shard_timeout, &w->cancel_at);
+    return finish_sharded(dir, &w->live, s, w->world, w->own, w->shard_timeout, &w->stop);
 }
 
 // The snapshot's extra tensors: the model's extra() for the writer thread.
@@ -1594,7 +1607,7 @@ static void *writer_main(void *arg) {
         // this checkpoint is given up (never marked complete), training
         // goes on and the next save tries again.
         char failmsg[1024];
-        int given_up = w->cancel_at == 0 && dt_ckpt_give_up(w->dir, st, s.step, failmsg, sizeof failmsg);
+        int given_up = w->stop.at == 0 && !w->stop.linger && dt_ckpt_give_up(w->dir, st, s.step, failmsg, sizeof failmsg);
         if (given_up && w->rank != 0 && (w->world > 1 || w->own || w->live.extra)) {  // (its shard: rank 0 waits for it)
             char shard[4400];
             shard_path(shard, sizeof shard, path, w->rank, w->world);
@@ -1782,9 +1795,9 @@ dt_status dt_ckpt_open_own(const char *path, int part, dt_st_file **out, int *pa
 void dt_ckpt_writer_abandon(dt_ckpt_writer *w) {
     pthread_mutex_lock(&w->mu);
     dt_status before = w->err;
-    w->cancel_at = dt_now();
+    w->stop.at = dt_now();
     while (w->pending || w->busy || w->pruning) pthread_cond_wait(&w->cv, &w->mu);
-    w->cancel_at = 0;
+    w->stop.at = 0;
     if (before == DT_OK && w->err != DT_OK) {
         dt_log(DT_LOG_WARN, "%s: given up after a worker's death", w->errmsg);
         w->err = DT_OK;
@@ -1863,7 +1876,7 @@ void dt_ckpt_writer_stats(const dt_ckpt_writer *w, int *saves, double *max_pause
 
 void dt_ckpt_writer_free(dt_ckpt_writer *w) {
     if (!w) return;
-    w->cancel_at = dt_now() + DT_CKPT_LINGER;
+    w->stop.linger = 1;
     if (w->started) {
         pthread_mutex_lock(&w->mu);
         w->quit = 1;

@@ -1,18 +1,19 @@
 /* The CNN's convolutions on the GPU by cuDNN (gpu.h's dt_gpu_conv2d_*):
- * cuDNN's convolutions in NCHW fp32 through its legacy API, loaded at the
- * first use (dt_gpu_lib_open, dl.c: libcudnn.so.9), with the deterministic
+ * cuDNN's convolutions in NCHW fp32 through its legacy API (declared in
+ * cudnn_api.h: no cuDNN header needed to build), loaded at the first use (dt_gpu_lib_open, dl.c: libcudnn.so.9), with the deterministic
  * algorithms only (forward IMPLICIT_PRECOMP_GEMM, backward data and filter
  * ALGO_1: no atomics, the same bits every run), TF32 tensor cores where
  * dt_gpu_set_tf32 says (else FMA math: no TF32); the bias and its gradient
- * our own kernels (a thread a channel's row of output positions, the
- * channel's sum a block's, in a fixed order). The workspace comes from
+ * our own kernels (a thread an element; a block a channel's sum, in a
+ * fixed order). One device: the handle is the device's current at the
+ * first use. The workspace comes from
  * the stream's pool. Where cuDNN cannot be loaded dt_gpu_conv2d_ready says
  * why, and the device model keeps im2col and a GEMM (cnn.cu). */
 #include "gpu/cuda_check.h"
+#include "gpu/cudnn_api.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 
-#include <cudnn.h>
 #include <pthread.h>
 #include <stdio.h>
 
@@ -26,10 +27,11 @@
     X(cudnnGetConvolutionBackwardFilterWorkspaceSize) X(cudnnConvolutionBackwardFilter)
 
 static struct {
-#define DNN_FIELD(f) decltype(&::f) f;
+#define DNN_FIELD(f) f##_fn f;
     DNN_FUNCS(DNN_FIELD)
 #undef DNN_FIELD
     cudnnHandle_t handle;
+    int device;    // the device current at the first use: the handle's
     dt_status st;  // of the first use: DT_OK, or the error, kept in why
     char why[512];
 } dnn;
@@ -43,12 +45,17 @@ static void dnn_load(void) {
         return;
     }
 #define DNN_SYM(f)                                                                                               \
-    if (!(dnn.f = (decltype(&::f))dt_gpu_lib_sym(&lib, #f))) {                                                   \
+    if (!(dnn.f = (f##_fn)dt_gpu_lib_sym(&lib, #f))) {                                                   \
         snprintf(dnn.why, sizeof dnn.why, "%.400s has no %s", lib.path, #f);                                     \
         return;                                                                                                  \
     }
     DNN_FUNCS(DNN_SYM)
 #undef DNN_SYM
+    cudaError_t e = cudaGetDevice(&dnn.device);
+    if (e != cudaSuccess) {
+        snprintf(dnn.why, sizeof dnn.why, "cudaGetDevice: %s", cudaGetErrorString(e));
+        return;
+    }
     cudnnStatus_t s = dnn.cudnnCreate(&dnn.handle);
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(dnn.why, sizeof dnn.why, "cudnnCreate: %s", dnn.cudnnGetErrorString(s));
@@ -90,7 +97,11 @@ static void descs_free(descs *d) {
 static dt_status descs_make(descs *d, size_t B, const dt_im2col_t *g, int OC) {
     dt_status st = DT_OK;
     *d = descs{};
+    int dev = -1;
     if (!dt_gpu_conv2d_ready(NULL, 0)) return dt_error(DT_ERR_CONFIG, "GPU: convolutions need cuDNN: %s", dnn.why);
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != dnn.device)
+        return dt_error(DT_ERR_INTERNAL, "GPU: cuDNN's handle is device %d's, the convolution's device %d", dnn.device,
+                        dev);
     if (B > (size_t)INT32_MAX) return dt_error(DT_ERR_ARG, "GPU: a convolution of %zu samples", B);
     DT_DNN(cudnnCreateTensorDescriptor(&d->x));
     DT_DNN(cudnnCreateTensorDescriptor(&d->y));
@@ -138,7 +149,7 @@ dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, co
     descs d;
     dt_status st = descs_make(&d, B, g, OC);
     if (st != DT_OK) return st;
-    const cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+    const int algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
     size_t ws_bytes = 0, n = B * (size_t)OC * g->OH * g->OW;
     void *ws = NULL;
     const float one = 1.0f, zero = 0.0f;
@@ -161,8 +172,7 @@ dt_status dt_gpu_conv2d_backward(float *dinp, float *dw, float *db, const float 
     descs d;
     dt_status st = descs_make(&d, B, g, OC);
     if (st != DT_OK) return st;
-    const cudnnConvolutionBwdDataAlgo_t da = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    const cudnnConvolutionBwdFilterAlgo_t fa = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    const int da = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, fa = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     size_t wd = 0, wf = 0;
     void *ws = NULL;
     const float one = 1.0f;

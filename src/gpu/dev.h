@@ -126,10 +126,12 @@ typedef struct dt_dev {
     dt_status (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
                        const float *guard);
     dt_status (*sgd)(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard);
-    /* guard[0] = optim/elem.h's dt_step_scale(sqrt(*sumsq), unscale, clip),
-     * guard[1] = 1 where that norm is NaN or Inf (else 0): the step's end
-     * on the device (its update skips itself), no wait for the host. */
-    dt_status (*step_scale)(float *guard, const double *sumsq, float unscale, float clip);
+    /* vals: two device doubles, the gradient's sum of squares and the
+     * step's summed loss (dt_dev_blocks' sumsq). guard[0] = optim/elem.h's
+     * dt_step_scale(sqrt(vals[0]), unscale, clip), guard[1] = 1 where that
+     * norm or the loss is NaN or Inf (else 0): the step's end on the device
+     * (its update skips itself), no wait for the host. */
+    dt_status (*step_scale)(float *guard, const double *vals, float unscale, float clip);
     /* The CPU twins' argument lists (dtrain/gpt.h, dtrain/nn.h) on device
      * pointers; bias: out[N,OC] += b, db += the column sums of dout (rows in
      * order); sumsq: the sum of squares of x[n] into one device double (as

@@ -379,7 +379,7 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
     char why[600] = "";
     dm->direct = convs && t == DT_F32 && d->conv2d_ready(why, sizeof why);
     if (convs && t == DT_F32 && !dm->direct)
-        dt_log(DT_LOG_INFO, "the device's convolutions as im2col and a GEMM: no cuDNN (%s)", why);
+        dt_log(DT_LOG_WARN, "the device's convolutions as im2col and a GEMM (slower, more memory): no cuDNN (%s)", why);
     mlp_take(dm);  // (counting)
     // the pinned buffer: a batch's samples (or, read back, its probabilities), then its targets
     dm->px_n = (size_t)max_batch * (size_t)(dm->in > dm->V ? dm->in : dm->V);

@@ -406,12 +406,12 @@ static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t
     return shut();
 }
 
-static dt_status sim_step_scale(float *guard, const double *sumsq, float unscale, float clip) {
+static dt_status sim_step_scale(float *guard, const double *vals, float unscale, float clip) {
     open_dev();
-    double norm = sqrt(*sumsq);
+    double norm = sqrt(vals[0]);
     float gnorm;
     guard[0] = dt_step_scale(norm, unscale, clip, &gnorm);
-    guard[1] = isfinite(norm) ? 0.0f : 1.0f;
+    guard[1] = isfinite(norm) && isfinite(vals[1]) ? 0.0f : 1.0f;
     return shut();
 }
 
@@ -593,7 +593,14 @@ static dt_status sim_transpose(float *out, const float *in, size_t nb, size_t R,
 // A convolution whole, as the device model's im2col path makes it (the
 // same arithmetic, so the same bits): the columns and the NHWC rows in host
 // scratch, the columns made again from the input for the backward.
-static int sim_conv2d_ready(char *why, size_t n) { return (void)why, (void)n, 1; }
+// DTRAIN_GPU_SIM_CONV=im2col: as a GPU without cuDNN (the device model's
+// own im2col path, tested so).
+static int sim_conv2d_ready(char *why, size_t n) {
+    const char *e = getenv("DTRAIN_GPU_SIM_CONV");
+    if (!e || strcmp(e, "im2col") != 0) return 1;
+    if (n) snprintf(why, n, "DTRAIN_GPU_SIM_CONV=im2col");
+    return 0;
+}
 
 static float *columns(const float *inp, size_t B, const dt_im2col_t *g) {
     size_t ncol = B * g->OH * g->OW, n = (size_t)g->C * g->K * g->K * ncol;

@@ -76,7 +76,7 @@ dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, c
                        const float *guard);
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard);
 /* dev.h's step_scale: one thread. */
-dt_status dt_gpu_step_scale(float *guard, const double *sumsq, float unscale, float clip);
+dt_status dt_gpu_step_scale(float *guard, const double *vals, float unscale, float clip);
 
 /* C = alpha op(A) op(B) + beta C on device blocks: dt_sgemm's row-major
  * contract (ta, tb: A, B transposed; lda, ldb, ldc the row strides), by

@@ -65,8 +65,8 @@ dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, c
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard) {
     return (void)w, (void)g, (void)buf, (void)n, (void)k, (void)guard, no_gpu();
 }
-dt_status dt_gpu_step_scale(float *guard, const double *sumsq, float unscale, float clip) {
-    return (void)guard, (void)sumsq, (void)unscale, (void)clip, no_gpu();
+dt_status dt_gpu_step_scale(float *guard, const double *vals, float unscale, float clip) {
+    return (void)guard, (void)vals, (void)unscale, (void)clip, no_gpu();
 }
 dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc) {

@@ -100,15 +100,15 @@ dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t 
     return DT_OK;
 }
 
-__global__ static void step_scale_kernel(float *guard, const double *sumsq, float unscale, float clip) {
-    double norm = sqrt(*sumsq);
+__global__ static void step_scale_kernel(float *guard, const double *vals, float unscale, float clip) {
+    double norm = sqrt(vals[0]);
     float gnorm;
     guard[0] = dt_step_scale(norm, unscale, clip, &gnorm);
-    guard[1] = isfinite(norm) ? 0.0f : 1.0f;
+    guard[1] = isfinite(norm) && isfinite(vals[1]) ? 0.0f : 1.0f;
 }
 
-dt_status dt_gpu_step_scale(float *guard, const double *sumsq, float unscale, float clip) {
-    step_scale_kernel<<<1, 1>>>(guard, sumsq, unscale, clip);
+dt_status dt_gpu_step_scale(float *guard, const double *vals, float unscale, float clip) {
+    step_scale_kernel<<<1, 1>>>(guard, vals, unscale, clip);
     DT_LAUNCHED(step_scale_kernel);
     return DT_OK;
 }

@@ -982,8 +982,9 @@ static dt_status dev_update(dt_strategy *s, float lr, float scale) {
 // One rank: the step's end on the device, its one read last. The sum of
 // squares, the clipping scale and the NaN/Inf skip made there
 // (step_scale), the update queued behind them, skipping itself on a
-// non-finite gradient (the host's optimizer step then taken back), then the
-// read of the norm and the losses.
+// non-finite gradient (the host's optimizer step then taken back) or loss
+// (the run's error after the read), then the read of the norm and the
+// losses.
 static dt_status dev_update_end(dt_strategy *s, int64_t step, float lr, float clip, float unscale, double *loss_sum,
                                 double *norm, int *nonfinite) {
     devs *d = (devs *)s;
