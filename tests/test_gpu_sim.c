@@ -1658,6 +1658,24 @@ static void zero_gpu_rows(void) {
     }
 }
 
+// On a GPU machine: the same run again gives the same weights bitwise (no
+// floating-point atomics in the reductions, cuDNN's deterministic
+// algorithms), in fp32 and bf16.
+static void gpu_repeat(void) {
+    const char *rows[][3] = {{"mlp", "mlp", ""}, {"gpt", "gpt", ""}, {"cnn", "cnn", ""},
+                             {"gpt-bf16", "gpt", "--precision bf16"}};
+    char text[4096], flags[600], again[64];
+    for (int i = 0; i < 4; i++) {
+        snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.tf32=false --device cuda %s", rows[i][2]);
+        snprintf(again, sizeof again, "%s-again", rows[i][0]);
+        int rc = tl_train(g_tmp, again, model_text(rows[i][1], text, sizeof text), 1, flags, g_out, sizeof g_out);
+        int bw = 0;
+        double diff = rc == 0 ? tl_runs_diff(g_tmp, rows[i][0], again, &bw) : -1;
+        CHECK(rc == 0 && diff == 0 && bw, "%s on the GPU again: the same weights bitwise (exit %d, diff %g)", rows[i][0],
+              rc, diff);
+    }
+}
+
 static int on_gpu(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each line in the log as it comes (a stage may be stopped at its limit)
     unsetenv("DTRAIN_GPU");
@@ -1679,6 +1697,7 @@ static int on_gpu(void) {
         CHECK(rc == 0, "%s on the GPU: exit %d\n%s", name, rc, g_out);
         if (rc == 0) check_fixture(name, tmp(name), 0);
     }
+    gpu_repeat();
     gpu_nccl_alone(model_text("mlp", text, sizeof text));
     gpu_crosswise(model_text("gpt", text, sizeof text));
     zero_gpu_rows();
