@@ -519,6 +519,24 @@ static void test_gpt(void) {
           rc, g_out, out2);
 }
 
+// A run that diverges (SGD with momentum 0.99 at lr 1000): on the device
+// the NaN loss, summed there and read at the step's end, stops the run at
+// the CPU's step with its words.
+static void diverged(void) {
+    char text[4096], out2[4096];
+    snprintf(text, sizeof text, "%s[optim]\nname = sgd\nlr = 1000\nmomentum = 0.99\n[schedule]\nname = constant\n",
+             cfg_mlp_full);
+    const char *more = "--set train.batch=4 --set train.max_steps=100";
+    int a = tl_train(g_tmp, "nan-cpu", text, 1, more, out2, sizeof out2);
+    char flags[200];
+    snprintf(flags, sizeof flags, "%s --device cuda", more);
+    int b = tl_train(g_tmp, "nan-dev", text, 1, flags, g_out, sizeof g_out);
+    const char *sa = strstr(out2, "step "), *sb = strstr(g_out, "step ");
+    CHECK(a == 1 && b == 1 && sa && sb && atoi(sa + 5) == atoi(sb + 5) && strstr(g_out, "the loss is NaN (diverged"),
+          "a diverging run on the device stops at the CPU's step, naming the NaN loss: exit %d and %d\n%s\n%s", a, b,
+          out2, g_out);
+}
+
 // Several micro-batches a step: their losses summed on the device, read
 // with the norm in the step's one read; the runs bitwise the CPU's.
 static void one_read(void) {
@@ -1723,6 +1741,7 @@ int main(int argc, char **argv) {
     test_mlp();
     test_gpt();
     one_read();
+    diverged();
     test_cnn();
     test_half();
     test_fp16_skip();
