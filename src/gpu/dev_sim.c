@@ -590,9 +590,9 @@ static dt_status sim_transpose(float *out, const float *in, size_t nb, size_t R,
     return shut();
 }
 
-// A convolution whole, as the device model's im2col path makes it (the
-// same arithmetic, so the same bits): the columns and the NHWC rows in host
-// scratch, the columns made again from the input for the backward.
+// A convolution whole, as the device model's im2col path makes it (its
+// ops, so the same bits), the columns and the NHWC rows in host scratch,
+// the columns made again from the input for the backward.
 // DTRAIN_GPU_SIM_CONV=im2col: as a GPU without cuDNN (the device model's
 // own im2col path, tested so).
 static int sim_conv2d_ready(char *why, size_t n) {
@@ -602,51 +602,36 @@ static int sim_conv2d_ready(char *why, size_t n) {
     return 0;
 }
 
-static float *columns(const float *inp, size_t B, const dt_im2col_t *g) {
-    size_t ncol = B * g->OH * g->OW, n = (size_t)g->C * g->K * g->K * ncol;
-    float *col = malloc(sizeof(float) * (n ? n : 1));
-    if (!col) return NULL;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) col[i] = dt_im2col_at(inp, g, i / ncol, i % ncol);
-    return col;
-}
-
 static dt_status sim_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,
                                     const dt_im2col_t *g, int OC) {
-    int N = (int)(B * g->OH * g->OW), ckk = g->C * g->K * g->K;
-    open_dev();
-    float *col = columns(inp, B, g), *rows = malloc(sizeof(float) * ((size_t)N * OC + 1));
-    if (!col || !rows) return free(col), free(rows), shut(), dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
-    dt_dtype was = products_in(DT_F32);
-    dt_sgemm(1, 1, N, OC, ckk, 1.0f, col, N, w, ckk, 0.0f, rows, OC);
-    dt_kernels_set_precision(was);
-    for (size_t i = 0; b && i < (size_t)N; i++)
-        for (int o = 0; o < OC; o++) rows[i * OC + o] += b[o];
-    size_t R = (size_t)g->OH * g->OW;
-    for (size_t i = 0; i < B * R * OC; i++) out[i] = rows[dt_transpose_src(i, R, (size_t)OC)];
+    size_t R = (size_t)g->OH * g->OW, N = B * R;
+    int ckk = g->C * g->K * g->K;
+    float *col = malloc(sizeof(float) * (ckk * N + 1)), *rows = malloc(sizeof(float) * (N * OC + 1));
+    if (!col || !rows) return free(col), free(rows), dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
+    sim_im2col(col, inp, B, g);
+    sim_sgemm(1, 1, (int)N, OC, ckk, 1.0f, col, (int)N, w, ckk, 0.0f, rows, OC);
+    if (b) sim_bias_forward(rows, b, N, OC);
+    sim_transpose(out, rows, B, R, (size_t)OC);
     free(col), free(rows);
-    return shut();
+    return DT_OK;
 }
 
 static dt_status sim_conv2d_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                      const float *w, size_t B, const dt_im2col_t *g, int OC) {
-    int N = (int)(B * g->OH * g->OW), ckk = g->C * g->K * g->K;
-    size_t R = (size_t)g->OH * g->OW;
-    open_dev();
-    float *col = columns(inp, B, g), *rows = malloc(sizeof(float) * ((size_t)N * OC + 1));
-    float *dcol = dinp ? malloc(sizeof(float) * ((size_t)ckk * N + 1)) : NULL;
+    size_t R = (size_t)g->OH * g->OW, N = B * R;
+    int ckk = g->C * g->K * g->K;
+    float *col = malloc(sizeof(float) * (ckk * N + 1)), *rows = malloc(sizeof(float) * (N * OC + 1));
+    float *dcol = dinp ? malloc(sizeof(float) * (ckk * N + 1)) : NULL;
     if (!col || !rows || (dinp && !dcol))
-        return free(col), free(rows), free(dcol), shut(), dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
-    for (size_t i = 0; i < B * R * OC; i++) rows[i] = dout[dt_transpose_src(i, (size_t)OC, R)];
-    for (size_t i = 0; db && i < (size_t)N; i++)
-        for (int o = 0; o < OC; o++) db[o] += rows[i * OC + o];
-    dt_dtype was = products_in(DT_F32);
-    dt_sgemm(1, 1, OC, ckk, N, 1.0f, rows, OC, col, N, 1.0f, dw, ckk);
-    if (dinp) dt_sgemm(1, 1, ckk, N, OC, 1.0f, w, ckk, rows, OC, 0.0f, dcol, N);
-    dt_kernels_set_precision(was);
-    for (size_t i = 0; dinp && i < B * g->C * g->H * g->W; i++) dinp[i] += dt_col2im_at(dcol, g, B, i);
+        return free(col), free(rows), free(dcol), dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
+    sim_im2col(col, inp, B, g);
+    sim_transpose(rows, dout, B, (size_t)OC, R);
+    if (db) sim_bias_backward(db, rows, N, OC);
+    sim_sgemm(1, 1, OC, ckk, (int)N, 1.0f, rows, OC, col, (int)N, 1.0f, dw, ckk);
+    if (dinp) sim_sgemm(1, 1, ckk, (int)N, OC, 1.0f, w, ckk, rows, OC, 0.0f, dcol, (int)N);
+    if (dinp) sim_col2im(dinp, dcol, B, g);
     free(col), free(rows), free(dcol);
-    return shut();
+    return DT_OK;
 }
 
 static dt_status sim_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K,
