@@ -63,10 +63,8 @@ static dt_status vm_open(dt_dev_blocks *b, const char *what) {
 dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t slot_bytes, const char *what) {
     TRY(dt_dev_arena_open(&b->arena, what));
     if (b->grads_vm || b->params_vm) TRY(vm_open(b, what));
-    b->slot_bytes = slot_bytes;
     b->pinned_bytes = 2 * slot_bytes;
     for (int k = 0; k < 2; k++) TRY(b->d->host_alloc(&b->slot[k], slot_bytes));
-    b->pinned = b->slot[0];
     for (int k = 0; k < 2; k++) TRY(b->d->event_create(&b->slot_ev[k]));
     return DT_OK;
 }
@@ -84,9 +82,8 @@ dt_status dt_dev_event_wait(const dt_dev *d, void *event, double limit, const ch
 }
 
 dt_status dt_dev_blocks_stage(dt_dev_blocks *b, void **host) {
-    int k = b->next_slot;
-    if (b->slot_ev[k])  // (an event never recorded has run)
-        TRY(dt_dev_event_wait(b->d, b->slot_ev[k], DT_DEV_STAGE_WAIT, "the batch copied two batches ago"));
+    int k = b->next_slot;  // (an event never recorded has run)
+    TRY(dt_dev_event_wait(b->d, b->slot_ev[k], DT_DEV_STAGE_WAIT, "the batch copied two batches ago"));
     *host = b->slot[k];
     return DT_OK;
 }
@@ -111,7 +108,7 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
         b->slot[k] = b->slot_ev[k] = NULL;
     }
     if (b->red) b->d->host_free(b->red);
-    b->pinned = NULL, b->red = NULL;
+    b->red = NULL;
     dt_dev_arena_close(&b->arena);
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
     if (b->params_vm) dt_dev_vm_close(&b->pvm);
@@ -562,8 +559,8 @@ dt_status dt_dev_mlp_evaluate(dt_dev_mlp *dm, const float *x, const int32_t *y, 
     dm->B = 0;  // (no backward after it)
     TRY(mlp_forward(dm, x, y, B, 0, loss));
     size_t n = (size_t)B * dm->V;
-    TRY(dm->b.d->to_host(dm->b.pinned, dm->probs, n * sizeof(float)));
-    memcpy(probs, dm->b.pinned, n * sizeof(float));
+    TRY(dm->b.d->to_host(dm->b.slot[0], dm->probs, n * sizeof(float)));
+    memcpy(probs, dm->b.slot[0], n * sizeof(float));
     return DT_OK;
 }
 

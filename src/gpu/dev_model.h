@@ -6,7 +6,7 @@
  *   dt_dev_blocks  what every device model keeps: the blocks, the
  *                  optimizer's state, the step's scalars (the loss, the
  *                  gradient's sum of squares, the step's weighted sum of
- *                  losses), a pinned host buffer that
+ *                  losses), two pinned host slots that
  *                  batches go through and, in bf16 or fp16, the
  *                  parameters' 16-bit copy that the GEMMs read.
  *   dt_dev_mlp     a sequential dt_model (linear, conv2d, maxpool, relu,
@@ -65,11 +65,10 @@ typedef struct {
     int defer_loss;           /* a training forward leaves its loss on the device (dt_dev_loss_out): the
                                  strategy sums it there and reads it once a step */
     double *row_loss;         /* the cross-entropy's rows (workspace) */
-    void *pinned;             /* host staging: slot[0] (an evaluation's reads come back through it too) */
-    void *slot[2];            /* the batches' two pinned slots of slot_bytes (dt_dev_blocks_stage) */
-    void *slot_ev[2];         /* ... an event a slot: marks its last copies (NULL: none yet) */
+    void *slot[2];            /* the batches' two pinned slots (dt_dev_blocks_stage; an evaluation's
+                                 reads come back through slot[0]) */
+    void *slot_ev[2];         /* ... an event a slot: marks its last copies */
     int next_slot;
-    size_t slot_bytes;
     float *red;               /* a tensor-parallel shard's sums through the host (dt_dev_blocks_red) */
     size_t pinned_bytes;      /* every pinned buffer's bytes (the slots', red's) */
     size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */
@@ -183,8 +182,8 @@ void dt_dev_blocks_close(dt_dev_blocks *b);
 #define DT_DEV_STAGE_WAIT 600.0
 dt_status dt_dev_blocks_stage(dt_dev_blocks *b, void **host);
 dt_status dt_dev_blocks_staged(dt_dev_blocks *b);
-/* Polls the event until it has run, within `limit` seconds (0: none), else DT_ERR_TIMEOUT naming
- * `what`. */
+/* Polls the event until it has run, within `limit` seconds (0: none),
+ * else DT_ERR_TIMEOUT naming `what`. */
 dt_status dt_dev_event_wait(const dt_dev *d, void *event, double limit, const char *what);
 
 /* A pipeline stage's own memory (dt_dev_mlp_stage's, dt_dev_gpt_stage's):
@@ -217,8 +216,9 @@ dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user)
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
- * (host): through the pinned buffer to the device; *loss read back. step
- * and first: dropout's key (dt_model_set_dropout_key's). */
+ * (host): through a pinned slot to the device; *loss read back (NULL:
+ * left on the device, dt_dev_loss_out). step and first: dropout's key
+ * (dt_model_set_dropout_key's). */
 dt_status dt_dev_mlp_forward(dt_dev_mlp *dm, const float *x, const int32_t *y, int B, float loss_scale,
                              uint64_t step, int64_t first, float *loss);
 /* dt_model_forward in inference (train = 0: dropout the identity) on B
@@ -271,7 +271,8 @@ void dt_dev_gpt_free(dt_dev_gpt *g);
  * stages are made. */
 dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user);
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
-/* dt_gpt_forward on tokens inputs, targets [B, T] (host). */
+/* dt_gpt_forward on tokens inputs, targets [B, T] (host); loss NULL: left
+ * on the device (dt_dev_loss_out). */
 dt_status dt_dev_gpt_forward(dt_dev_gpt *g, const int32_t *inputs, const int32_t *targets, int B, int T,
                              float loss_scale, float *loss);
 /* dt_gpt_backward on the device; hook (NULL: none) as dt_gpt_set_grad_hook's

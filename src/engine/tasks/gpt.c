@@ -361,7 +361,9 @@ static dt_status gpt_forward(dt_task *t, int64_t step, int off, int len, float l
     (void)step;
     size_t o = (size_t)(t->first + off) * t->T;
     if (t->dg && t->dev_err != DT_OK) return t->dev_err;
-    if (t->dg) return dt_dev_gpt_forward(t->dg, t->x + o, t->y + o, len, t->T, loss_scale, dt_dev_loss_out(dt_dev_gpt_blocks(t->dg), loss));
+    if (t->dg)
+        return dt_dev_gpt_forward(t->dg, t->x + o, t->y + o, len, t->T, loss_scale,
+                                  dt_dev_loss_out(dt_dev_gpt_blocks(t->dg), loss));
     dt_gpt_set_loss_scale(t->m, loss_scale);
     return dt_gpt_forward(t->m, t->x + o, t->y + o, len, t->T, loss);
 }
