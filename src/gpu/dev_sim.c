@@ -388,19 +388,11 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
     return shut();
 }
 
-// The constants with a guard's scale (0: the update skipped).
-static int guarded(const float *guard, float *grad_scale) {
-    if (!guard) return 1;
-    if (guard[1] != 0.0f) return 0;
-    *grad_scale = guard[0];
-    return 1;
-}
-
 static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k0,
                            const float *guard) {
     open_dev();
     dt_adamw_k k[1] = {*k0};
-    if (!guarded(guard, &k->grad_scale)) return shut();
+    if (!dt_guard_scale(guard, &k->grad_scale)) return shut();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dt_adamw_elem(&w[i], gr[i], &m[i], &v[i], k);
     return shut();
@@ -408,17 +400,14 @@ static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t
 
 static dt_status sim_step_scale(float *guard, const double *vals, float unscale, float clip) {
     open_dev();
-    double norm = sqrt(vals[0]);
-    float gnorm;
-    guard[0] = dt_step_scale(norm, unscale, clip, &gnorm);
-    guard[1] = isfinite(norm) && isfinite(vals[1]) ? 0.0f : 1.0f;
+    dt_step_guard(guard, vals, unscale, clip);
     return shut();
 }
 
 static dt_status sim_sgd(float *w, const float *gr, float *buf, size_t n, const dt_sgd_k *k0, const float *guard) {
     open_dev();
     dt_sgd_k k[1] = {*k0};
-    if (!guarded(guard, &k->grad_scale)) return shut();
+    if (!dt_guard_scale(guard, &k->grad_scale)) return shut();
     if (buf) {
 #pragma omp parallel for simd schedule(static)
         for (size_t i = 0; i < n; i++) dt_sgd_elem(&w[i], gr[i], &buf[i], k);

@@ -10,15 +10,13 @@
 // of k's, or no update at all.
 __global__ static void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, dt_adamw_k k,
                                     const float *guard) {
-    if (guard && guard[1] != 0.0f) return;
-    if (guard) k.grad_scale = guard[0];
+    if (!dt_guard_scale(guard, &k.grad_scale)) return;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dt_adamw_elem(&w[i], g[i], &m[i], &v[i], &k);
 }
 
 __global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n, dt_sgd_k k, const float *guard) {
-    if (guard && guard[1] != 0.0f) return;
-    if (guard) k.grad_scale = guard[0];
+    if (!dt_guard_scale(guard, &k.grad_scale)) return;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dt_sgd_elem(&w[i], g[i], buf ? &buf[i] : NULL, &k);
 }
@@ -101,10 +99,7 @@ dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t 
 }
 
 __global__ static void step_scale_kernel(float *guard, const double *vals, float unscale, float clip) {
-    double norm = sqrt(vals[0]);
-    float gnorm;
-    guard[0] = dt_step_scale(norm, unscale, clip, &gnorm);
-    guard[1] = isfinite(norm) && isfinite(vals[1]) ? 0.0f : 1.0f;
+    dt_step_guard(guard, vals, unscale, clip);
 }
 
 dt_status dt_gpu_step_scale(float *guard, const double *vals, float unscale, float clip) {

@@ -76,6 +76,26 @@ DT_HD float dt_step_scale(double norm, float unscale, float clip, float *gnorm) 
     return dt_clip_rule(*gnorm, clip) * unscale;
 }
 
+/* The step's end on a device (dev.h's step_scale; the simulated GPU's and
+ * the CUDA kernel's): vals the gradient's sum of squares and the step's
+ * summed loss; guard[0] the update's scale, guard[1] 1 where the norm or the
+ * loss is NaN or Inf (the update skipped), else 0. */
+DT_HD void dt_step_guard(float *guard, const double *vals, float unscale, float clip) {
+    double norm = sqrt(vals[0]);
+    float gnorm;
+    guard[0] = dt_step_scale(norm, unscale, clip, &gnorm);
+    guard[1] = isfinite(norm) && isfinite(vals[1]) ? 0.0f : 1.0f;
+}
+
+/* An update's gradient scale under a guard (NULL: *grad_scale as it is):
+ * 0 where the guard skips the update. */
+DT_HD int dt_guard_scale(const float *guard, float *grad_scale) {
+    if (!guard) return 1;
+    if (guard[1] != 0.0f) return 0;
+    *grad_scale = guard[0];
+    return 1;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
