@@ -9,6 +9,7 @@
  * first use. The workspace comes from
  * the stream's pool. Where cuDNN cannot be loaded dt_gpu_conv2d_ready says
  * why, and the device model keeps im2col and a GEMM (cnn.cu). */
+#include "gpu/block.h"
 #include "gpu/cuda_check.h"
 #include "gpu/cudnn_api.h"
 #include "gpu/gpu.h"
@@ -126,7 +127,7 @@ __global__ static void bias_nchw_kernel(float *out, const float *bias, size_t n,
 
 // db[c] += the sum of dout[b, c, :] over b and the positions: a block a
 // channel, each thread a strided part of every sample's row in order, the
-// parts then added in a fixed tree.
+// parts then added in the block's fixed tree.
 __global__ static void __launch_bounds__(DT_THREADS)
     bias_nchw_grad_kernel(float *db, const float *dout, size_t B, size_t hw, int OC) {
     __shared__ float sh[DT_THREADS];
@@ -134,13 +135,8 @@ __global__ static void __launch_bounds__(DT_THREADS)
     float s = 0.0f;
     for (size_t b = 0; b < B; b++)
         for (size_t p = threadIdx.x; p < hw; p += DT_THREADS) s += dout[(b * OC + c) * hw + p];
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned k = DT_THREADS / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) db[c] += sh[0];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) db[c] += s;
 }
 
 dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,

@@ -2,43 +2,15 @@
  * ReLU and the bias, each element's arithmetic nn/rows.h's (the CPU's).
  * Kept simple: one block of DT_THREADS a row, a row's sums reduced in a
  * fixed tree (the same result every run), 64-bit indices everywhere (rows x
- * columns may pass 2^31); launch configurations from launch.h. Nothing here
- * has run on a GPU yet (docs/gpu.md): tests/test_gpu.c's `ops` compares each
- * with the CPU's. */
+ * columns may pass 2^31); launch configurations from launch.h, the block's
+ * sums block.h's. tests/test_gpu.c's `ops` compares each with the CPU's. */
+#include "gpu/block.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 #include "nn/rows.h"
 
 #include <float.h>
-
-// The block's sum of v (every thread gets it): sh holds DT_THREADS values,
-// blockDim.x == DT_THREADS (a power of two). Every thread of the block
-// must call it.
-template <typename T> __device__ static T block_sum(T v, T *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = DT_THREADS / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    T r = sh[0];
-    __syncthreads();  // (before sh is written again)
-    return r;
-}
-
-// The block's maximum, as the CPU's loop: a NaN never wins.
-__device__ static float block_max(float v, float *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = DT_THREADS / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] = sh[threadIdx.x + s] > sh[threadIdx.x] ? sh[threadIdx.x + s] : sh[threadIdx.x];
-        __syncthreads();
-    }
-    float r = sh[0];
-    __syncthreads();
-    return r;
-}
 
 // ---- layernorm
 
