@@ -1595,6 +1595,10 @@ static void make_data(void) {
              train, tmp("val.bin"));
 }
 
+// A run on the GPU machine: every step logged, TF32 off (the comparisons
+// with the CPU's shipped losses).
+#define ON_GPU "--set train.log_every=1 --set train.tf32=false --device cuda"
+
 // On a GPU machine, NCCL itself with one rank (where it is found): the
 // MLP's gradients through a communicator of one GPU, the weights the run's
 // without it bitwise (a sum over one rank is its values).
@@ -1606,8 +1610,7 @@ static void gpu_nccl_alone(const char *text) {
     }
     dt_gpu_lib_close(&l);
     setenv("DTRAIN_GPU_COMM", "nccl", 1);
-    int rc = tl_train(g_tmp, "mlp-nccl", text, 1, "--set train.log_every=1 --set train.tf32=false --device cuda",
-                      g_out, sizeof g_out), bw = 0;
+    int rc = tl_train(g_tmp, "mlp-nccl", text, 1, ON_GPU, g_out, sizeof g_out), bw = 0;
     unsetenv("DTRAIN_GPU_COMM");
     double diff = tl_runs_diff(g_tmp, "mlp", "mlp-nccl", &bw);
     char sum[700];
@@ -1624,7 +1627,7 @@ static void gpu_nccl_alone(const char *text) {
 // reads the GPU's final weights.
 static void gpu_crosswise(const char *text) {
     char ck[4096], f[1200];
-    const char *dev = "--set train.log_every=1 --set train.tf32=false --device cuda";
+    const char *dev = ON_GPU;
     snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", text);
     int rc = tl_train(g_tmp, "x-dev", ck, 1, dev, g_out, sizeof g_out);
     CHECK(rc == 0, "the GPT with checkpoints on the GPU: exit %d\n%s", rc, g_out);
@@ -1669,7 +1672,7 @@ static void zero_gpu_rows(void) {
     };
     char text[4096], flags[600];
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-        snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.tf32=false --device cuda %s", rows[i][1]);
+        snprintf(flags, sizeof flags, ON_GPU " %s", rows[i][1]);
         int rc = tl_train(g_tmp, rows[i][0], model_text("mlp", text, sizeof text), 2, flags, g_out, sizeof g_out);
         CHECK(rc == 0, "%s: 2 ranks on the GPU: exit %d\n%s", rows[i][0], rc, g_out);
         if (rc == 0) check_fixture("mlp", tmp(rows[i][0]), 0);
@@ -1684,7 +1687,7 @@ static void gpu_repeat(void) {
                              {"gpt-bf16", "gpt", "--precision bf16"}};
     char text[4096], flags[600], again[64];
     for (int i = 0; i < 4; i++) {
-        snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.tf32=false --device cuda %s", rows[i][2]);
+        snprintf(flags, sizeof flags, ON_GPU " %s", rows[i][2]);
         snprintf(again, sizeof again, "%s-again", rows[i][0]);
         int rc = tl_train(g_tmp, again, model_text(rows[i][1], text, sizeof text), 1, flags, g_out, sizeof g_out);
         int bw = 0;
@@ -1709,8 +1712,7 @@ static int on_gpu(void) {
     char text[4096], flags[600];
     for (size_t i = 0; i < 4 + nh; i++) {
         const char *name = i < 4 ? names[i] : half_rows[i - 4].name, *model = i < 4 ? names[i] : half_rows[i - 4].model;
-        snprintf(flags, sizeof flags, "--set train.log_every=1 --set train.tf32=false --device cuda %s",
-                 i < 4 ? "" : half_rows[i - 4].extra);
+        snprintf(flags, sizeof flags, ON_GPU " %s", i < 4 ? "" : half_rows[i - 4].extra);
         int rc = tl_train(g_tmp, name, model_text(model, text, sizeof text), 1, flags, g_out, sizeof g_out);
         CHECK(rc == 0, "%s on the GPU: exit %d\n%s", name, rc, g_out);
         if (rc == 0) check_fixture(name, tmp(name), 0);
