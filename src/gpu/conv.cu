@@ -1,14 +1,16 @@
 /* The CNN's convolutions on the GPU by cuDNN (gpu.h's dt_gpu_conv2d_*):
  * cuDNN's convolutions in NCHW fp32 through its legacy API (declared in
- * cudnn_api.h: no cuDNN header needed to build), loaded at the first use (dt_gpu_lib_open, dl.c: libcudnn.so.9), with the deterministic
+ * cudnn_api.h: no cuDNN header needed to build), loaded at the first use
+ * (dt_gpu_lib_open, dl.c: libcudnn.so.9), with the deterministic
  * algorithms only (forward IMPLICIT_PRECOMP_GEMM, backward data and filter
  * ALGO_1: no atomics, the same bits every run), TF32 tensor cores where
  * dt_gpu_set_tf32 says (else FMA math: no TF32); the bias and its gradient
  * our own kernels (a thread an element; a block a channel's sum, in a
  * fixed order). One device: the handle is the device's current at the
- * first use. The workspace comes from
- * the stream's pool. Where cuDNN cannot be loaded dt_gpu_conv2d_ready says
- * why, and the device model keeps im2col and a GEMM (cnn.cu). */
+ * first use. Each shape's descriptors and workspace sizes are made once and
+ * kept; the workspace comes from the stream's pool. Where cuDNN cannot be
+ * loaded dt_gpu_conv2d_ready says why, and the device model keeps im2col
+ * and a GEMM (cnn.cu). */
 #include "gpu/block.h"
 #include "gpu/cuda_check.h"
 #include "gpu/cudnn_api.h"
@@ -17,6 +19,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #define DNN_FUNCS(X)                                                                                             \
     X(cudnnGetErrorString) X(cudnnCreate) X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor)          \
@@ -80,42 +83,96 @@ int dt_gpu_conv2d_ready(char *why, size_t n) {
         }                                                                                                        \
     } while (0)
 
-// One convolution's descriptors: the input x [B, C, H, W], the filters
-// [OC, C, K, K], the output y [B, OC, OH, OW].
+// The algorithms: cuDNN's deterministic ones.
+enum {
+    FWD = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+    BWD_DATA = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+    BWD_FILTER = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+};
+
+// A convolution's shape: the input [B, C, H, W], the filters [OC, C, K,
+// K], the output [B, OC, OH, OW], the math. (No padding: compared with
+// memcmp.)
 typedef struct {
+    size_t B;
+    dt_im2col_t g;
+    int OC, tf32;
+} conv_key;
+
+// Its descriptors (x, y the input and output, w the filters) and the
+// algorithms' workspace bytes.
+typedef struct {
+    conv_key key;
     cudnnTensorDescriptor_t x, y;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
-} descs;
+    size_t ws_fwd, ws_data, ws_filter;
+} conv_shape;
 
-static void descs_free(descs *d) {
-    if (d->x) dnn.cudnnDestroyTensorDescriptor(d->x);
-    if (d->y) dnn.cudnnDestroyTensorDescriptor(d->y);
-    if (d->w) dnn.cudnnDestroyFilterDescriptor(d->w);
-    if (d->conv) dnn.cudnnDestroyConvolutionDescriptor(d->conv);
+static void shape_free(conv_shape *c) {
+    if (c->x) dnn.cudnnDestroyTensorDescriptor(c->x);
+    if (c->y) dnn.cudnnDestroyTensorDescriptor(c->y);
+    if (c->w) dnn.cudnnDestroyFilterDescriptor(c->w);
+    if (c->conv) dnn.cudnnDestroyConvolutionDescriptor(c->conv);
 }
 
-static dt_status descs_make(descs *d, size_t B, const dt_im2col_t *g, int OC) {
+static dt_status shape_make(conv_shape *c, const conv_key *k) {
     dt_status st = DT_OK;
-    *d = descs{};
+    const dt_im2col_t *g = &k->g;
+    int B = (int)k->B;
+    *c = conv_shape{};
+    c->key = *k;
+    DT_DNN(cudnnCreateTensorDescriptor(&c->x));
+    DT_DNN(cudnnCreateTensorDescriptor(&c->y));
+    DT_DNN(cudnnCreateFilterDescriptor(&c->w));
+    DT_DNN(cudnnCreateConvolutionDescriptor(&c->conv));
+    DT_DNN(cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, g->C, g->H, g->W));
+    DT_DNN(cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, k->OC, g->OH, g->OW));
+    DT_DNN(cudnnSetFilter4dDescriptor(c->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k->OC, g->C, g->K, g->K));
+    DT_DNN(cudnnSetConvolution2dDescriptor(c->conv, g->P, g->P, g->S, g->S, 1, 1, CUDNN_CROSS_CORRELATION,
+                                           CUDNN_DATA_FLOAT));
+    DT_DNN(cudnnSetConvolutionMathType(c->conv, k->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    DT_DNN(cudnnGetConvolutionForwardWorkspaceSize(dnn.handle, c->x, c->w, c->conv, c->y, FWD, &c->ws_fwd));
+    DT_DNN(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn.handle, c->w, c->y, c->conv, c->x, BWD_DATA, &c->ws_data));
+    DT_DNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn.handle, c->x, c->y, c->conv, c->w, BWD_FILTER,
+                                                          &c->ws_filter));
+done:
+    if (st != DT_OK) shape_free(c);
+    return st;
+}
+
+// The shapes made so far, kept (a step's forward and backward, and every
+// step, take the same ones); past CONV_CACHE a shape is made for its call
+// alone, the way gemm.cu keeps cuBLASLt's algorithms.
+enum { CONV_CACHE = 64 };
+static conv_shape conv_cache[CONV_CACHE];
+static int conv_cached;
+static pthread_mutex_t conv_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// *out: the shape of a convolution of B samples, kept, or made into
+// *spare (the caller frees it with shape_free when *out == spare).
+static dt_status shape_of(size_t B, const dt_im2col_t *g, int OC, conv_shape *spare, const conv_shape **out) {
     int dev = -1;
+    *out = NULL;
     if (!dt_gpu_conv2d_ready(NULL, 0)) return dt_error(DT_ERR_CONFIG, "GPU: convolutions need cuDNN: %s", dnn.why);
     if (cudaGetDevice(&dev) != cudaSuccess || dev != dnn.device)
         return dt_error(DT_ERR_INTERNAL, "GPU: cuDNN's handle is device %d's, the convolution's device %d", dnn.device,
                         dev);
     if (B > (size_t)INT32_MAX) return dt_error(DT_ERR_ARG, "GPU: a convolution of %zu samples", B);
-    DT_DNN(cudnnCreateTensorDescriptor(&d->x));
-    DT_DNN(cudnnCreateTensorDescriptor(&d->y));
-    DT_DNN(cudnnCreateFilterDescriptor(&d->w));
-    DT_DNN(cudnnCreateConvolutionDescriptor(&d->conv));
-    DT_DNN(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)B, g->C, g->H, g->W));
-    DT_DNN(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)B, OC, g->OH, g->OW));
-    DT_DNN(cudnnSetFilter4dDescriptor(d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, OC, g->C, g->K, g->K));
-    DT_DNN(cudnnSetConvolution2dDescriptor(d->conv, g->P, g->P, g->S, g->S, 1, 1, CUDNN_CROSS_CORRELATION,
-                                           CUDNN_DATA_FLOAT));
-    DT_DNN(cudnnSetConvolutionMathType(d->conv, dt_gpu_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
-done:
-    if (st != DT_OK) descs_free(d);
+    conv_key k;
+    memset(&k, 0, sizeof k);
+    k.B = B, k.g = *g, k.OC = OC, k.tf32 = dt_gpu_tf32();
+    pthread_mutex_lock(&conv_lock);
+    for (int i = 0; i < conv_cached && !*out; i++)
+        if (!memcmp(&conv_cache[i].key, &k, sizeof k)) *out = &conv_cache[i];
+    dt_status st = DT_OK;
+    if (!*out) {
+        conv_shape *c = conv_cached < CONV_CACHE ? &conv_cache[conv_cached] : spare;
+        st = shape_make(c, &k);
+        if (st == DT_OK && c != spare) conv_cached++;
+        if (st == DT_OK) *out = c;
+    }
+    pthread_mutex_unlock(&conv_lock);
     return st;
 }
 
@@ -142,49 +199,49 @@ __global__ static void __launch_bounds__(DT_THREADS)
 dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,
                                 const dt_im2col_t *g, int OC) {
     if (B == 0) return DT_OK;
-    descs d;
-    dt_status st = descs_make(&d, B, g, OC);
+    conv_shape spare;
+    const conv_shape *c;
+    dt_status st = shape_of(B, g, OC, &spare, &c);
     if (st != DT_OK) return st;
-    const int algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-    size_t ws_bytes = 0, n = B * (size_t)OC * g->OH * g->OW;
+    size_t n = B * (size_t)OC * g->OH * g->OW;
     void *ws = NULL;
     const float one = 1.0f, zero = 0.0f;
-    DT_DNN(cudnnGetConvolutionForwardWorkspaceSize(dnn.handle, d.x, d.w, d.conv, d.y, algo, &ws_bytes));
-    if (ws_bytes && (st = dt_gpu_scratch(&ws, ws_bytes)) != DT_OK) goto done;
-    DT_DNN(cudnnConvolutionForward(dnn.handle, &one, d.x, inp, d.w, w, d.conv, algo, ws, ws_bytes, &zero, d.y, out));
+    if (c->ws_fwd && (st = dt_gpu_scratch(&ws, c->ws_fwd)) != DT_OK) goto done;
+    DT_DNN(cudnnConvolutionForward(dnn.handle, &one, c->x, inp, c->w, w, c->conv, FWD, ws, c->ws_fwd, &zero, c->y,
+                                   out));
     if (b) {
         bias_nchw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(out, b, n, (size_t)g->OH * g->OW, OC);
         st = dt_gpu_launched("bias_nchw_kernel");
     }
 done:
     if (ws) dt_gpu_scratch_free(ws);
-    descs_free(&d);
+    if (c == &spare) shape_free(&spare);
     return st;
 }
 
 dt_status dt_gpu_conv2d_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, size_t B, const dt_im2col_t *g, int OC) {
     if (B == 0) return DT_OK;
-    descs d;
-    dt_status st = descs_make(&d, B, g, OC);
+    conv_shape spare;
+    const conv_shape *c;
+    dt_status st = shape_of(B, g, OC, &spare, &c);
     if (st != DT_OK) return st;
-    const int da = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, fa = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    size_t wd = 0, wf = 0;
+    size_t wd = dinp ? c->ws_data : 0, room = wd > c->ws_filter ? wd : c->ws_filter;
     void *ws = NULL;
     const float one = 1.0f;
-    DT_DNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn.handle, d.x, d.y, d.conv, d.w, fa, &wf));
-    if (dinp) DT_DNN(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn.handle, d.w, d.y, d.conv, d.x, da, &wd));
-    if ((wd > wf ? wd : wf) && (st = dt_gpu_scratch(&ws, wd > wf ? wd : wf)) != DT_OK) goto done;
+    if (room && (st = dt_gpu_scratch(&ws, room)) != DT_OK) goto done;
     if (db) {
         bias_nchw_grad_kernel<<<(unsigned)OC, DT_THREADS>>>(db, dout, B, (size_t)g->OH * g->OW, OC);
         if ((st = dt_gpu_launched("bias_nchw_grad_kernel")) != DT_OK) goto done;
     }
     // (beta 1: both gradients accumulate, as the CPU's backward does)
-    DT_DNN(cudnnConvolutionBackwardFilter(dnn.handle, &one, d.x, inp, d.y, dout, d.conv, fa, ws, wf, &one, d.w, dw));
+    DT_DNN(cudnnConvolutionBackwardFilter(dnn.handle, &one, c->x, inp, c->y, dout, c->conv, BWD_FILTER, ws,
+                                         c->ws_filter, &one, c->w, dw));
     if (dinp)
-        DT_DNN(cudnnConvolutionBackwardData(dnn.handle, &one, d.w, w, d.y, dout, d.conv, da, ws, wd, &one, d.x, dinp));
+        DT_DNN(cudnnConvolutionBackwardData(dnn.handle, &one, c->w, w, c->y, dout, c->conv, BWD_DATA, ws, wd, &one,
+                                           c->x, dinp));
 done:
     if (ws) dt_gpu_scratch_free(ws);
-    descs_free(&d);
+    if (c == &spare) shape_free(&spare);
     return st;
 }
