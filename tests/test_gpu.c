@@ -32,8 +32,9 @@
  *                   (dt_gpu_from_f32_ef): dt_from_f32_ef's bits;
  *                   the communication stream (after the kernels, or
  *                   after an event recorded twice: done); attention (T = 1, 37, 70, 257, 1024; head
- *                   sizes 1 to 512) within 1e-5 (normwise where sums
- *                   cancel), the upper triangles zeros, and with its
+ *                   sizes 1 to 128 fused, the same bits twice; 258 and
+ *                   512 on GEMMs, the upper triangles zeros) within 1e-5
+ *                   (normwise where sums cancel), and with its
  *                   products in bf16 and fp16 against the CPU's in that
  *                   precision (1e-2, 2e-3 normwise); the linear layer
  *                   with and without bias and with GELU (cuBLASLt's
@@ -603,49 +604,64 @@ static int upper_zero(const float *d, size_t BH, int T) {
     return ok;
 }
 
-// Attention forward and backward: out and dqkv normwise within 1e-5, the
-// probabilities each within 1e-5 relative, datt normwise; the upper
-// triangles zeros. Products in t: against the CPU's attention in t (its
-// GEMMs' precision), out, dqkv and datt normwise within 1e-2 (bf16) or
-// 2e-3 (fp16): the same rounded operands, but a sum made in another order
-// may move a probability or a gradient across a 16-bit rounding boundary,
-// an ulp (2^-8, 2^-11) of one factor.
+// Attention forward and backward: out and dqkv normwise within 1e-5; where
+// the heads take the GEMM plan (past DT_ATT_FUSED_HS columns) the
+// probabilities each within 1e-5 relative, datt normwise, the upper
+// triangles zeros, and the backward runs on the CPU's probabilities; fused,
+// on the forward's own saved rows, and a second run gives the same bits.
+// Products in t: against the CPU's attention in t (its GEMMs' precision),
+// out and dqkv (and datt) normwise within 1e-2 (bf16) or 2e-3 (fp16): the
+// same rounded operands, but a sum made in another order (or the fused
+// kernels' unnormalised probabilities) may move a factor across a 16-bit
+// rounding boundary, an ulp (2^-8, 2^-11) of it.
 static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
-    const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : "";
+    const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : "", *how = dt_att_fused(C, NH) ? "fused" : "GEMMs";
+    int fused = dt_att_fused(C, NH);
+    dt_att_room room = dt_att_room_of(B, T, C, NH, t);
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    size_t ns = room.saved / sizeof(float), nd = room.scratch / sizeof(float);
     float *qkv = randoms(n3, 2, 41), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *dout = randoms(n, 1, 44);
-    float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46);
-    float *gq = upload(qkv, n3), *gout = upload(out, n), *gatt = upload(att, na), *gdout = upload(dout, n);
-    float *gdq = upload(dqkv, n3), *gdatt = upload(datt, na);
-    void *gw = NULL;  // (the rounded factors' room in bf16 and fp16)
-    size_t wb = dt_att_work_bytes(B, T, C, NH, t);
-    dt_status st = gq && gout && gatt && gdout && gdq && gdatt ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK && wb) st = dt_gpu_alloc(&gw, wb);
+    float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46), *saved = randoms(ns, 1, 47);
+    float *scratch = randoms(nd, 1, 48), *again = malloc(sizeof(float) * n3);
+    float *gq = upload(qkv, n3), *gout = upload(out, n), *gatt = upload(saved, ns), *gdout = upload(dout, n);
+    float *gdq = upload(dqkv, n3), *gdq2 = upload(dqkv, n3), *gdatt = upload(scratch, nd);
+    void *gw = NULL;  // (the plan's rounded factors in bf16 and fp16)
+    dt_status st = gq && gout && gatt && gdout && gdq && gdq2 && gdatt ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK && room.work) st = dt_gpu_alloc(&gw, room.work);
     if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, gw, B, T, C, NH, t);
     dt_kernels_set_precision(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     double dy = st == DT_OK ? against_norm(out, gout, n) : INFINITY;
-    double dp = st == DT_OK ? against(att, gatt, na, 1e-30) : INFINITY;
-    int z = st == DT_OK && upper_zero(gatt, (size_t)B * NH, T);
-    CHECK(dy <= tol && dp <= 1e-5 && z, "attention%s forward B %d T %d C %d NH %d: out %.3g (normwise, <= %g), att "
-          "%.3g (<= 1e-5), right of the diagonal %s%s%s", tn, B, T, C, NH, dy, tol, dp, z ? "zeros" : "NOT ZEROS",
-          GPU_ERR(st));
-    // The backward on the CPU's probabilities on both sides.
-    if (st == DT_OK) st = dt_gpu_to_device(gatt, att, sizeof(float) * na);
+    double dp = st == DT_OK && !fused ? against(att, gatt, na, 1e-30) : 0.0;
+    int z = st == DT_OK && (fused || upper_zero(gatt, (size_t)B * NH, T));
+    CHECK(dy <= tol && dp <= 1e-5 && z, "attention%s (%s) forward B %d T %d C %d NH %d: out %.3g (normwise, <= %g), "
+          "att %.3g (<= 1e-5), right of the diagonal %s%s%s", tn, how, B, T, C, NH, dy, tol, dp,
+          z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
+    if (st == DT_OK && !fused) st = dt_gpu_to_device(gatt, att, sizeof(float) * na);
     if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, gw, B, T, C, NH, t);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
     dt_kernels_set_precision(DT_F32);
     for (size_t i = 0; i < na; i++)  // (the CPU leaves part of its scratch right of the diagonal as it was)
         if (i % T > i / T % T) datt[i] = 0.0f;
     double dq = st == DT_OK ? against_norm(dqkv, gdq, n3) : INFINITY;
-    double dd = st == DT_OK ? against_norm(datt, gdatt, na) : INFINITY;
-    z = st == DT_OK && upper_zero(gdatt, (size_t)B * NH, T);
-    CHECK(dq <= tol && dd <= tol && z, "attention%s backward B %d T %d C %d NH %d: dqkv %.3g, datt %.3g (normwise, <= "
-          "%g), datt right of the diagonal %s%s%s", tn, B, T, C, NH, dq, dd, tol, z ? "zeros" : "NOT ZEROS",
-          GPU_ERR(st));
-    float *hs[] = {qkv, out, att, dout, dqkv, datt}, *gs[] = {gq, gout, gatt, gdout, gdq, gdatt};
-    for (int i = 0; i < 6; i++) free(hs[i]), dt_gpu_free(gs[i]);
+    double dd = st == DT_OK && !fused ? against_norm(datt, gdatt, na) : 0.0;
+    z = st == DT_OK && (fused || upper_zero(gdatt, (size_t)B * NH, T));
+    CHECK(dq <= tol && dd <= tol && z, "attention%s (%s) backward B %d T %d C %d NH %d: dqkv %.3g, datt %.3g "
+          "(normwise, <= %g), datt right of the diagonal %s%s%s", tn, how, B, T, C, NH, dq, dd, tol,
+          z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
+    if (fused) {  // deterministic: the same gradient's bits again
+        if (st == DT_OK) st = dt_gpu_attention_backward(gdq2, gdatt, gdout, gq, gatt, gw, B, T, C, NH, t);
+        float *first = malloc(sizeof(float) * n3);
+        int same = st == DT_OK && dt_gpu_to_host(first, gdq, sizeof(float) * n3) == DT_OK &&
+                   dt_gpu_to_host(again, gdq2, sizeof(float) * n3) == DT_OK && !memcmp(first, again, sizeof(float) * n3);
+        CHECK(same, "attention%s (fused) backward B %d T %d C %d NH %d: a second run the same bits%s%s", tn, B, T, C,
+              NH, GPU_ERR(st));
+        free(first);
+    }
+    float *hs[] = {qkv, out, att, dout, dqkv, datt, saved, scratch, again}, *gs[] = {gq, gout, gatt, gdout, gdq, gdq2, gdatt};
+    for (int i = 0; i < 9; i++) free(hs[i]);
+    for (int i = 0; i < 7; i++) dt_gpu_free(gs[i]);
     dt_gpu_free(gw);
 }
 
@@ -1013,16 +1029,19 @@ static void test_gpt_ops(void) {
     const size_t ns[] = {1, 255, 257, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_elementwise(ns[i]);
     // (B, T, C, NH): T not a multiple of 32, past a warp's 32 lanes and
-    // the CPU's 64-row blocks; T = 1; head sizes 1, 18, 32, 64, 512; GPT-2
-    // 124M's layer (T 1024, 12 heads of 64).
+    // the CPU's 64-row blocks; T = 1; head sizes 1, 18, 32, 64, 100, 128
+    // (the fused kernels' 1, 2 and 4 columns a lane), 258 and 512 (the
+    // GEMM plan); GPT-2 124M's layer (T 1024, 12 heads of 64).
     const int att[][4] = {{2, 37, 96, 3}, {1, 1, 64, 2}, {3, 70, 72, 4}, {1, 257, 128, 2}, {2, 5, 1024, 2}, {1, 33, 5, 5},
-                          {1, 1024, 768, 12}};
+                          {2, 100, 256, 2}, {1, 45, 300, 3}, {1, 40, 258, 1}, {1, 1024, 768, 12}};
     for (size_t i = 0; i < sizeof att / sizeof *att; i++)
         test_attention(att[i][0], att[i][1], att[i][2], att[i][3], DT_F32);
     for (int h = 0; h < 2; h++) {  // products in bf16 and fp16: T past the CPU's 64-row blocks, head sizes 5 to 64
         test_attention(2, 37, 96, 3, h ? DT_F16 : DT_BF16);
         test_attention(3, 70, 72, 4, h ? DT_F16 : DT_BF16);
         test_attention(1, 33, 5, 1, h ? DT_F16 : DT_BF16);
+        test_attention(2, 100, 256, 2, h ? DT_F16 : DT_BF16);
+        test_attention(1, 40, 258, 1, h ? DT_F16 : DT_BF16);
         test_attention(1, 1024, 768, 12, h ? DT_F16 : DT_BF16);
     }
     test_bias(74, 1), test_bias(37, 97), test_bias(3, 50257), test_bias(1, 768), test_bias(1000, 97);

@@ -13,12 +13,26 @@ size_t dt_att_work_bytes(int B, int T, int C, int NH, dt_dtype t) {
     return up256(2 * BT * 3 * (size_t)C) + up256(2 * (size_t)B * NH * T * (size_t)T) + up256(2 * BT * (size_t)C);
 }
 
-static dt_status check(const char *what, int B, int T, int C, int NH, dt_dtype t, const void *work) {
+int dt_att_fused(int C, int NH) { return NH > 0 && C > 0 && C % NH == 0 && C / NH <= DT_ATT_FUSED_HS; }
+
+dt_att_room dt_att_room_of(int B, int T, int C, int NH, dt_dtype t) {
+    size_t f = sizeof(float), rows = (size_t)B * NH * T;
+    if (dt_att_fused(C, NH)) return (dt_att_room){f * (rows + (size_t)B * T * C), f * rows, 0};
+    return (dt_att_room){f * rows * T, f * rows * T, dt_att_work_bytes(B, T, C, NH, t)};
+}
+
+dt_status dt_att_args(const char *what, int B, int T, int C, int NH, dt_dtype t) {
     if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
         return dt_error(DT_ERR_ARG, "GPU attention %s: B %d, T %d, C %d, NH %d (NH must divide C)", what, B, T, C, NH);
     if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_ARG, "GPU attention %s: products in type %s (F32, BF16 or F16 only)", what,
                         dt_dtype_name(t));
+    return DT_OK;
+}
+
+static dt_status check(const char *what, int B, int T, int C, int NH, dt_dtype t, const void *work) {
+    dt_status st = dt_att_args(what, B, T, C, NH, t);
+    if (st != DT_OK) return st;
     if (t != DT_F32 && !work && B > 0 && T > 0)
         return dt_error(DT_ERR_ARG, "GPU attention %s: products in %s need a work block (dt_att_work_bytes)", what,
                         dt_dtype_name(t));

@@ -48,6 +48,25 @@ typedef struct {
     dt_status (*round)(void *dst, const float *src, size_t n, dt_dtype t);
 } dt_att_ops;
 
+/* The attention's room on the device. Heads of up to DT_ATT_FUSED_HS
+ * (GPT-2's 64, Llama's 128) take the fused kernels (flash.cu: the T x T
+ * scores never leave the chip), larger ones this plan. saved: what the
+ * forward keeps for the backward (gpu.h's att): fused, each row's
+ * log-sum-exp [B,NH,T] and the output's copy [B,T,C]; the plan, the
+ * probabilities [B,NH,T,T]. scratch: the backward's (datt): fused, each
+ * row's dout . out [B,NH,T]; the plan, [B,NH,T,T]. work: the plan's rounded
+ * factors in 16 bits (dt_att_work_bytes; 0 fused). Bytes. */
+#define DT_ATT_FUSED_HS 128
+typedef struct {
+    size_t saved, scratch, work;
+} dt_att_room;
+int dt_att_fused(int C, int NH);
+dt_att_room dt_att_room_of(int B, int T, int C, int NH, dt_dtype t);
+
+/* B, T, C, NH and t as the attention takes them (NH dividing C; t F32,
+ * BF16 or F16), else DT_ERR_ARG naming what (forward, backward). */
+dt_status dt_att_args(const char *what, int B, int T, int C, int NH, dt_dtype t);
+
 /* Bytes of the work block for products in t: 0 in fp32; in bf16 or fp16
  * the rounded copies of qkv, att and dy (2 bytes an element), each
  * starting on 256 bytes. */
@@ -58,6 +77,12 @@ dt_status dt_att_forward(const dt_att_ops *x, float *out, float *att, const floa
                          int C, int NH, dt_dtype t);
 dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const float *dout, const float *qkv,
                           const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
+
+/* The fused kernels (flash.cu, CUDA builds; heads of up to
+ * DT_ATT_FUSED_HS): saved and scratch as dt_att_room_of says. */
+dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
+dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
+                                int B, int T, int C, int NH, dt_dtype t);
 
 #ifdef __cplusplus
 }

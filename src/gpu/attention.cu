@@ -1,5 +1,7 @@
 /* Causal multi-head attention on the GPU, the CPU's layout and contract
- * (nn/attention.c, dtrain/gpt.h, gpu.h): att_plan.c's GEMMs and row passes
+ * (nn/attention.c, dtrain/gpt.h, gpu.h): heads of up to DT_ATT_FUSED_HS
+ * columns on flash.cu's fused kernels, larger ones on att_plan.c's GEMMs
+ * and row passes (att_plan.h's room says which). The plan's GEMMs and passes
  * run on cuBLASLt (dt_gpu_gemm_batched: a batch row's heads one strided
  * batch) and the two kernels here, a warp a row of att: the causal softmax
  * and its gradient, each row's maximum and sums by butterflies over the
@@ -8,38 +10,17 @@
  * arithmetic nn/rows.h's (dt_att_exp, dt_att_grad). In bf16 or fp16 the
  * kernels also write their rows rounded to the type, the next GEMMs'
  * factors. Indices 64-bit (B NH T T may pass 2^31). */
-#include "core/bf16.h"
 #include "gpu/att_plan.h"
+#include "gpu/block.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 #include "nn/rows.h"
 
-#include <cuda_fp16.h>
 #include <float.h>
 #include <math.h>
 
-// x rounded to the 16-bit type (1 bf16, 2 fp16: dt_gpu_from_f32's bits).
-template <int H> __device__ static uint16_t narrow(float x) {
-    return H == 1 ? dt_f32_to_bf16(x) : __half_as_ushort(__float2half_rn(x));
-}
-
-// The sum (or maximum) of v over the warp's lanes, every lane the same
-// bits (a butterfly: each step combines the same two values on both sides).
-template <bool MAX> __device__ static float warp_all(float v) {
-    for (int m = 16; m > 0; m >>= 1) {
-        float o = __shfl_xor_sync(0xffffffffu, v, m);
-        v = MAX ? (o > v ? o : v) : v + o;
-    }
-    return v;
-}
-
 static_assert(DT_THREADS % 32 == 0, "a block of whole warps (a warp a row)");
-
-// Each warp's rows: r = its index, then a grid's warps apart.
-#define EACH_ROW(r, rows)                                                                                  \
-    for (size_t r = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; r < (rows);                      \
-         r += (size_t)gridDim.x * blockDim.x / 32)
 
 // Row r of att [rows, T] (position t = r % T): the softmax over 0..t in
 // place, zeros after; h16 (H != 0) the row rounded.
@@ -111,10 +92,12 @@ static const dt_att_ops g_ops = {dt_gpu_gemm_batched, softmax, softmax_backward,
 
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
                                    dt_dtype t) {
+    if (dt_att_fused(C, NH)) return dt_gpu_flash_forward(out, att, qkv, B, T, C, NH, t);
     return dt_att_forward(&g_ops, out, att, qkv, work, B, T, C, NH, t);
 }
 
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                                     void *work, int B, int T, int C, int NH, dt_dtype t) {
+    if (dt_att_fused(C, NH)) return dt_gpu_flash_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, t);
     return dt_att_backward(&g_ops, dqkv, datt, dout, qkv, att, work, B, T, C, NH, t);
 }

@@ -1,9 +1,13 @@
-/* A block's reductions for the kernels (C++, nvcc only): a fixed tree
- * over the block's DT_THREADS threads, so the same bits every run. */
+/* A block's and a warp's reductions for the kernels (C++, nvcc only): a
+ * fixed tree over the block's DT_THREADS threads or a warp's lanes, so the
+ * same bits every run; and the rounding to a 16-bit type. */
 #ifndef DT_GPU_BLOCK_H
 #define DT_GPU_BLOCK_H
 
+#include "core/bf16.h"
 #include "gpu/launch.h"
+
+#include <cuda_fp16.h>
 
 // The block's sum of v (every thread gets it): sh holds DT_THREADS values,
 // blockDim.x == DT_THREADS (a power of two). Every thread of the block
@@ -32,5 +36,34 @@ __device__ static inline float block_max(float v, float *sh) {
     __syncthreads();
     return r;
 }
+
+// The sum (or maximum) of v over the warp's lanes, every lane the same
+// bits (a butterfly: each step combines the same two values on both sides).
+template <bool MAX> __device__ static inline float warp_all(float v) {
+    for (int m = 16; m > 0; m >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, m);
+        v = MAX ? (o > v ? o : v) : v + o;
+    }
+    return v;
+}
+
+// Each warp's rows of a grid of whole warps: r = its index, then a grid's
+// warps apart.
+#define EACH_ROW(r, rows)                                                                                  \
+    for (size_t r = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; r < (rows);                      \
+         r += (size_t)gridDim.x * blockDim.x / 32)
+
+// x rounded to a 16-bit type (H 1: bf16, 2: fp16; dt_gpu_from_f32's bits).
+template <int H> __device__ static inline uint16_t narrow(float x) {
+    return H == 1 ? dt_f32_to_bf16(x) : __half_as_ushort(__float2half_rn(x));
+}
+
+// A 16-bit value of type H as a float.
+template <int H> __device__ static inline float widen(uint16_t h) {
+    return H == 1 ? dt_bf16_to_f32(h) : __half2float(__ushort_as_half(h));
+}
+
+// x rounded to the products' type, as a float (H 0: fp32, x itself).
+template <int H> __device__ static inline float rounded(float x) { return H ? widen<H>(narrow<H>(x)) : x; }
 
 #endif

@@ -1,29 +1,23 @@
 /* fp32 <-> 16-bit floats on the GPU (gpu.h): bf16 by core/bf16.h's element,
  * the CPU's bits; fp16 by CUDA's round-to-nearest-even conversions (IEEE
  * binary16, as the CPU's: the same bits but for a NaN's payload). */
-#include "core/bf16.h"
+#include "gpu/block.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 
-#include <cuda_fp16.h>
 
-template <bool BF16> __device__ static float widen(uint16_t h) {
-    return BF16 ? dt_bf16_to_f32(h) : __half2float(__ushort_as_half(h));
-}
-
-template <bool BF16> __device__ static uint16_t narrow(float f) {
-    return BF16 ? dt_f32_to_bf16(f) : __half_as_ushort(__float2half_rn(f));
-}
+// (block.h's narrow and widen: H 1 bf16, 2 fp16)
+#define H16 (BF16 ? 1 : 2)
 
 template <bool BF16> __global__ static void to_f32_kernel(float *dst, const uint16_t *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = widen<BF16>(src[i]);
+        dst[i] = widen<H16>(src[i]);
 }
 
 template <bool BF16> __global__ static void from_f32_kernel(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = narrow<BF16>(src[i]);
+        dst[i] = narrow<H16>(src[i]);
 }
 
 // Error feedback (dt_from_f32_ef): the sum and the difference are single
@@ -31,10 +25,10 @@ template <bool BF16> __global__ static void from_f32_kernel(uint16_t *dst, const
 template <bool BF16> __global__ static void from_f32_ef_kernel(uint16_t *dst, float *g, float *res, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = __fadd_rn(g[i], res[i]);
-        uint16_t h = narrow<BF16>(v);
+        uint16_t h = narrow<H16>(v);
         g[i] = v;
         dst[i] = h;
-        res[i] = __fsub_rn(v, widen<BF16>(h));
+        res[i] = __fsub_rn(v, widen<H16>(h));
     }
 }
 

@@ -65,7 +65,7 @@ struct dt_dev_gpt {
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
     float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, max(C, F)]; dfchg's room)
     void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, max(C, F, 3 Cl)]; datt's room)
-    void *attw;    // in 16 bits: the attention's rounded factors (dt_att_work_bytes), both passes'
+    void *attw;    // the attention's work (dt_att_room_of: large heads' rounded factors in 16 bits), both passes'
 };
 
 // A kept activation from a: fp32 (per layer), or in 16 bits made in x32
@@ -86,7 +86,8 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, f = sizeof(float);
     size_t Cl = (size_t)g->Cl, F = (size_t)g->F, V = g->ntp > 1 ? (size_t)g->Vl : (size_t)g->c.vocab_size;
     size_t CF = C > F ? C : F, wide = CF > 3 * Cl ? CF : 3 * Cl;  // (x32 holds C or F; dout16 C, F or 3 Cl)
-    size_t att = f * g->maxB * g->NHl * g->maxT * g->maxT, h16 = g->b.t != DT_F32 ? 2 * BT * wide : 0;
+    size_t h16 = g->b.t != DT_F32 ? 2 * BT * wide : 0;
+    dt_att_room att = dt_att_room_of(g->maxB, g->maxT, g->Cl, g->NHl, g->b.t);
     if (work) {
         g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
         g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
@@ -94,10 +95,10 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * Cl);
         g->dfch = dt_dev_take(a, DT_DEV_WORK, f * BT * F);
         g->dfchg = dt_dev_take(a, DT_DEV_WORK, f * BT * (h16 ? CF : F));
-        g->datt = dt_dev_take(a, DT_DEV_WORK, att > h16 ? att : h16);
+        g->datt = dt_dev_take(a, DT_DEV_WORK, att.scratch > h16 ? att.scratch : h16);
         g->x32 = h16 ? g->dfchg : NULL;
         g->dout16 = h16 ? g->datt : NULL;
-        g->attw = h16 ? dt_dev_take(a, DT_DEV_WORK, dt_att_work_bytes(g->maxB, g->maxT, g->Cl, g->NHl, g->b.t)) : NULL;
+        g->attw = att.work ? dt_dev_take(a, DT_DEV_WORK, att.work) : NULL;
         g->mx = g->ntp > 1 ? dt_dev_take(a, DT_DEV_WORK, f * 3 * BT) : NULL;
         g->sums = g->mx ? g->mx + BT : NULL;
     }
@@ -115,7 +116,7 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
         s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * Cl);
         s->atty = kept(g, a, &s->atty16, BT * Cl);
-        s->att = dt_dev_take(a, DT_DEV_ACTS, att);
+        s->att = dt_dev_take(a, DT_DEV_ACTS, att.saved);
         s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
         s->ln2 = kept(g, a, &s->ln2_16, BT * C);
         s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);

@@ -13,6 +13,7 @@
 #include "dtrain/gpt.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "gpu/att_plan.h"
 #include "gpu/dev.h"
 #include "kernels/kernels.h"
 #include "nn/rows.h"
@@ -478,13 +479,28 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
     return shut();
 }
 
+/* The CPU's attention. Where the device's kernels are fused
+ * (dt_att_fused: att and datt hold per-row values only), the probabilities
+ * [B,NH,T,T] and their gradient live in host scratch of the call's own:
+ * the forward keeps the output's copy where the fused kernels do (att's
+ * log-sum-exp is left 0), and the backward makes the probabilities again
+ * (the same bits) before the CPU's backward. */
 static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C,
                                        int NH, dt_dtype t) {
     (void)work;
     open_dev();
+    int fused = dt_att_fused(C, NH);
+    size_t rows = (size_t)B * NH * T, n = (size_t)B * T * C;
+    float *p = fused ? malloc(sizeof(float) * (rows * T + 1)) : att;
+    if (!p) return shut(), dt_error(DT_ERR_NOMEM, "simulated GPU: attention's probabilities (%zu floats)", rows * T);
     dt_dtype was = products_in(t);
-    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    dt_attention_forward(out, p, qkv, B, T, C, NH);
     dt_kernels_set_precision(was);
+    if (fused) {
+        memset(att, 0, sizeof(float) * rows);
+        memcpy(att + rows, out, sizeof(float) * n);
+        free(p);
+    }
     return shut();
 }
 
@@ -492,9 +508,15 @@ static dt_status sim_attention_backward(float *dqkv, float *datt, const float *d
                                         const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
     (void)work;
     open_dev();
+    int fused = dt_att_fused(C, NH);
+    size_t na = (size_t)B * NH * T * T, n = (size_t)B * T * C;
+    float *p = fused ? malloc(sizeof(float) * (2 * na + n + 1)) : NULL;
+    if (fused && !p) return shut(), dt_error(DT_ERR_NOMEM, "simulated GPU: attention's backward (%zu floats)", 2 * na + n);
     dt_dtype was = products_in(t);
-    dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    if (fused) dt_attention_forward(p + 2 * na, p, qkv, B, T, C, NH);
+    dt_attention_backward(dqkv, fused ? p + na : datt, dout, qkv, fused ? p : att, B, T, C, NH);
     dt_kernels_set_precision(was);
+    free(p);
     return shut();
 }
 

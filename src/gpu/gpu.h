@@ -143,17 +143,20 @@ dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, co
 dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N);
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N);
 /* Causal multi-head attention over qkv [B,T,3C], NH heads of hs = C / NH
- * (NH dividing C): out [B,T,C], att [B,NH,T,T] the probabilities (zeros
- * right of the diagonal), as the CPU's; backward: dqkv += the gradient,
- * datt [B,NH,T,T] scratch (written whole: the softmax's gradient, zeros
- * right of the diagonal). att_plan.h's GEMMs (cuBLASLt, a strided batch
- * of the heads per batch row) and row passes (a warp a row); the same bits
- * every run, the CPU's to rounding. t: the precision of its products, as
- * the CPU's attention's GEMMs in t: DT_F32 (TF32 as dt_gpu_set_tf32 says),
- * or DT_BF16 / DT_F16, each product's two factors (q, k, v, the
- * probabilities; in backward dout and the softmax's gradient) rounded to t,
- * fp32 sums, the rounded copies in work (dt_att_work_bytes of room; NULL
- * in fp32). */
+ * (NH dividing C): out [B,T,C], as the CPU's; backward: dqkv += the
+ * gradient. att: what the forward keeps for the backward, datt the
+ * backward's scratch, work the rounded factors' room, each of the bytes
+ * gpu/att_plan.h's dt_att_room_of says: heads of up to DT_ATT_FUSED_HS
+ * columns on flash.cu's fused kernels (att each row's log-sum-exp and the
+ * output's copy; work unused), larger ones on att_plan.h's GEMMs (cuBLASLt,
+ * a strided batch of the heads per batch row) and row passes (att the
+ * probabilities [B,NH,T,T], zeros right of the diagonal; datt the softmax's
+ * gradient, likewise). The same bits every run, the CPU's to rounding. t:
+ * the precision of its products, as the CPU's attention's GEMMs in t:
+ * DT_F32 (the plan's GEMMs TF32 as dt_gpu_set_tf32 says; the fused kernels
+ * fp32 always), or DT_BF16 / DT_F16, each product's two factors (q, k, v,
+ * the probabilities; in backward dout and the softmax's gradient) rounded to
+ * t, fp32 sums. */
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
                                    dt_dtype t);
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,

@@ -1,0 +1,319 @@
+/* Causal attention fused, flash attention's scheme (att_plan.h's room,
+ * gpu.h's contract): the T x T scores and probabilities never leave the
+ * chip. A block is 8 warps, 32 rows of one head (b, h): a warp owns 4 of
+ * them; the other side comes in tiles of 32 rows through shared memory, a
+ * lane a row of the tile for the dot products (scores, dp = dout . v), a
+ * lane 1 to 4 of the head's columns for the sums kept in registers.
+ *
+ *   forward     per query row, over the key tiles up to the diagonal: the
+ *               scores, the running maximum and sum (online softmax) and
+ *               the output's sum rescaled; out = sum / l. Saved: each
+ *               row's log-sum-exp m + log l and the output's copy.
+ *   backward    D = dout . out per row (fa_dot); then per key tile, over
+ *               the query tiles from the diagonal on, dv += p dout and
+ *               dk += ds q (fa_kv); per query tile, over the key tiles up
+ *               to the diagonal, dq += ds k (fa_q); p = exp(s - lse) and
+ *               ds = p (dp - D) / sqrt(hs) made again in each, the same
+ *               bits. Each gradient element is one thread's, added in a
+ *               fixed order: no atomics, the same bits every run.
+ *
+ * Each element's arithmetic is nn/rows.h's (dt_att_exp, dt_att_grad). In
+ * bf16 or fp16 each product's factors are rounded to the type as the CPU's
+ * attention rounds them (q, k, v, the probabilities, dout and the
+ * softmax's gradient; fp32 sums), except that the probabilities rounded
+ * for p v are the unnormalised exp(s - m) (the sum divided at the end).
+ * The CPU's numbers to rounding, not bitwise (another order of sums).
+ * Heads of up to DT_ATT_FUSED_HS columns; indices 64-bit. */
+#include "gpu/att_plan.h"
+#include "gpu/block.h"
+#include "gpu/cuda_check.h"
+#include "nn/rows.h"
+
+#include <float.h>
+#include <math.h>
+
+#define FA_W 8                 // warps a block
+#define FA_R 4                 // rows a warp
+#define FA_TILE (FA_W * FA_R)  // a block's rows, and a tile of the other side: a lane a row
+static_assert(FA_TILE == 32, "a tile has a row for each lane");
+static_assert(DT_ATT_FUSED_HS <= 4 * 32, "a lane holds at most 4 columns of a row");
+
+// Rows r0 .. r0 + 31 of one head's hs columns of src (row stride `stride`)
+// into shared s at row stride ld, rounded to the products' type; rows past
+// T zeros.
+template <int H>
+__device__ static void load_tile(float *s, int ld, const float *src, size_t stride, int r0, int T, int hs) {
+    for (int i = threadIdx.x; i < FA_TILE * hs; i += blockDim.x) {
+        int r = i / hs, d = i % hs;
+        s[r * ld + d] = r0 + r < T ? rounded<H>(src[(size_t)(r0 + r) * stride + d]) : 0.0f;
+    }
+}
+
+// a . b over hs columns, in order (one fmaf chain: every kernel's bits).
+__device__ static float dot(const float *a, const float *b, int hs) {
+    float s = 0.0f;
+    for (int d = 0; d < hs; d++) s = fmaf(a[d], b[d], s);
+    return s;
+}
+
+// acc[n] (column lane + 32 n of a row) += w * row[...], for columns < hs.
+template <int NC> __device__ static void axpy(float *acc, float w, const float *row, int hs) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+        if (lane + 32 * n < hs) acc[n] = fmaf(w, row[lane + 32 * n], acc[n]);
+}
+
+// dst[column lane + 32 n] += acc[n] (or = where `set`), columns < hs.
+template <int NC> __device__ static void store(float *dst, const float *acc, float mul, int hs, bool set) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+        if (lane + 32 * n < hs) dst[lane + 32 * n] = set ? acc[n] * mul : dst[lane + 32 * n] + acc[n];
+}
+
+// The tile of 32 query rows (the longest first) of head (b, h) = blockIdx.x.
+template <int H, int NC>
+__global__ static void __launch_bounds__(FA_W * 32)
+    fa_forward(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
+    extern __shared__ float sm[];
+    int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
+    size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE);
+    float *Q = sm, *K = Q + FA_TILE * hs, *V = K + FA_TILE * ld;
+    const float *x = qkv + b * T * C3 + (size_t)h * hs;
+    float m[FA_R], l[FA_R], o[FA_R][NC];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        m[r] = -FLT_MAX, l[r] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NC; n++) o[r][n] = 0.0f;
+    }
+    load_tile<H>(Q, hs, x, C3, q0, T, hs);
+    for (int k0 = 0; k0 < qe; k0 += FA_TILE) {
+        __syncthreads();  // (the last tile read)
+        load_tile<H>(K, ld, x + C, C3, k0, T, hs);
+        load_tile<H>(V, hs, x + 2 * C, C3, k0, T, hs);
+        __syncthreads();
+        int j = k0 + lane;
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) {
+            int t = q0 + warp * FA_R + r;
+            bool ok = j <= t && t < T;
+            float s = dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs) * scale;
+            float mx = fmaxf(m[r], warp_all<true>(ok ? s : -FLT_MAX));
+            float p = ok ? dt_att_exp(s, mx) : 0.0f, c = dt_att_exp(m[r], mx);
+            l[r] = l[r] * c + warp_all<false>(p);
+            m[r] = mx;
+#pragma unroll
+            for (int n = 0; n < NC; n++) o[r][n] *= c;
+            float pr = rounded<H>(p);
+            int je = t < T ? min(FA_TILE, t + 1 - k0) : 0;  // (the warp's row: the same on every lane)
+            for (int jj = 0; jj < je; jj++) axpy<NC>(o[r], __shfl_sync(0xffffffffu, pr, jj), V + jj * hs, hs);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        int t = q0 + warp * FA_R + r;
+        if (t >= T) continue;
+        size_t at = (b * T + t) * C + (size_t)h * hs;
+        store<NC>(out + at, o[r], 1.0f / l[r], hs, true);
+        store<NC>(o32 + at, o[r], 1.0f / l[r], hs, true);
+        if (lane == 0) lse[bh * T + t] = m[r] + logf(l[r]);
+    }
+}
+
+// D[b, h, t] = dout . out over the head's columns (dout rounded as the
+// products take it), a warp a row r = (b T + t) NH + h.
+template <int H>
+__global__ static void fa_dot(float *D, const float *dout, const float *o32, size_t rows, int T, int C, int NH) {
+    int hs = C / NH, lane = threadIdx.x % 32;
+    EACH_ROW(r, rows) {
+        size_t bt = r / NH, b = bt / T;
+        int h = (int)(r % NH), t = (int)(bt % T);
+        const float *dy = dout + bt * C + (size_t)h * hs, *o = o32 + bt * C + (size_t)h * hs;
+        float s = 0.0f;
+        for (int d = lane; d < hs; d += 32) s = fmaf(rounded<H>(dy[d]), o[d], s);
+        s = warp_all<false>(s);
+        if (lane == 0) D[(b * NH + h) * T + t] = s;
+    }
+}
+
+// The tile of 32 key rows blockIdx.y of head blockIdx.x: dk and dv over
+// the query tiles from the diagonal on.
+template <int H, int NC>
+__global__ static void __launch_bounds__(FA_W * 32)
+    fa_kv(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
+          float scale) {
+    extern __shared__ float sm[];
+    int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
+    size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
+    int k0 = blockIdx.y * FA_TILE;
+    float *K = sm, *V = K + FA_TILE * hs, *Q = V + FA_TILE * hs, *dY = Q + FA_TILE * ld, *Ls = dY + FA_TILE * ld,
+          *Ds = Ls + FA_TILE;
+    const float *x = qkv + b * T * C3 + (size_t)h * hs, *dy = dout + b * T * C + (size_t)h * hs;
+    float dk[FA_R][NC], dv[FA_R][NC];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++)
+#pragma unroll
+        for (int n = 0; n < NC; n++) dk[r][n] = dv[r][n] = 0.0f;
+    load_tile<H>(K, hs, x + C, C3, k0, T, hs);
+    load_tile<H>(V, hs, x + 2 * C, C3, k0, T, hs);
+    for (int q0 = k0; q0 < T; q0 += FA_TILE) {
+        __syncthreads();
+        load_tile<H>(Q, ld, x, C3, q0, T, hs);
+        load_tile<H>(dY, ld, dy, C, q0, T, hs);
+        if (threadIdx.x < FA_TILE) {
+            int i = q0 + threadIdx.x;
+            Ls[threadIdx.x] = i < T ? lse[bh * T + i] : 0.0f;
+            Ds[threadIdx.x] = i < T ? D[bh * T + i] : 0.0f;
+        }
+        __syncthreads();
+        int i = q0 + lane, ie = min(FA_TILE, T - q0);
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) {
+            int j = k0 + warp * FA_R + r;
+            bool ok = i < T && j <= i;
+            float s = dot(Q + lane * ld, K + (warp * FA_R + r) * hs, hs) * scale;
+            float p = ok ? dt_att_exp(s, Ls[lane]) : 0.0f;
+            float dp = dot(dY + lane * ld, V + (warp * FA_R + r) * hs, hs);
+            float pr = rounded<H>(p), dsr = rounded<H>(ok ? dt_att_grad(p, dp, Ds[lane], scale) : 0.0f);
+            for (int ii = 0; ii < ie; ii++) {
+                axpy<NC>(dv[r], __shfl_sync(0xffffffffu, pr, ii), dY + ii * ld, hs);
+                axpy<NC>(dk[r], __shfl_sync(0xffffffffu, dsr, ii), Q + ii * ld, hs);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        int j = k0 + warp * FA_R + r;
+        if (j >= T) continue;
+        float *g = dqkv + (b * T + j) * C3 + (size_t)h * hs;
+        store<NC>(g + C, dk[r], 1.0f, hs, false);
+        store<NC>(g + 2 * C, dv[r], 1.0f, hs, false);
+    }
+}
+
+// The tile of 32 query rows (the longest first) of head blockIdx.x: dq
+// over the key tiles up to the diagonal.
+template <int H, int NC>
+__global__ static void __launch_bounds__(FA_W * 32)
+    fa_q(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
+         float scale) {
+    extern __shared__ float sm[];
+    int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
+    size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE);
+    float *Q = sm, *dY = Q + FA_TILE * hs, *K = dY + FA_TILE * hs, *V = K + FA_TILE * ld;
+    const float *x = qkv + b * T * C3 + (size_t)h * hs, *dy = dout + b * T * C + (size_t)h * hs;
+    float L[FA_R], Dr[FA_R], dq[FA_R][NC];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        int i = q0 + warp * FA_R + r;
+        L[r] = i < T ? lse[bh * T + i] : 0.0f, Dr[r] = i < T ? D[bh * T + i] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < NC; n++) dq[r][n] = 0.0f;
+    }
+    load_tile<H>(Q, hs, x, C3, q0, T, hs);
+    load_tile<H>(dY, hs, dy, C, q0, T, hs);
+    for (int k0 = 0; k0 < qe; k0 += FA_TILE) {
+        __syncthreads();
+        load_tile<H>(K, ld, x + C, C3, k0, T, hs);
+        load_tile<H>(V, ld, x + 2 * C, C3, k0, T, hs);
+        __syncthreads();
+        int j = k0 + lane;
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) {
+            int i = q0 + warp * FA_R + r;
+            bool ok = i < T && j <= i;
+            float s = dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs) * scale;
+            float p = ok ? dt_att_exp(s, L[r]) : 0.0f;
+            float dp = dot(dY + (warp * FA_R + r) * hs, V + lane * ld, hs);
+            float dsr = rounded<H>(ok ? dt_att_grad(p, dp, Dr[r], scale) : 0.0f);
+            int je = i < T ? min(FA_TILE, i + 1 - k0) : 0;
+            for (int jj = 0; jj < je; jj++) axpy<NC>(dq[r], __shfl_sync(0xffffffffu, dsr, jj), K + jj * ld, hs);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        int i = q0 + warp * FA_R + r;
+        if (i < T) store<NC>(dqkv + (b * T + i) * C3 + (size_t)h * hs, dq[r], 1.0f, hs, false);
+    }
+}
+
+// A kernel's dynamic shared memory past the default 48 KiB is asked for.
+template <typename K> static dt_status shared_bytes(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024) DT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return DT_OK;
+}
+
+// The grid: the heads along x, the tiles of 32 rows along y.
+static dt_status grid_of(dim3 *g, int B, int T, int NH) {
+    size_t heads = (size_t)B * NH, tiles = ((size_t)T + FA_TILE - 1) / FA_TILE;
+    if (heads > DT_MAX_BLOCKS || tiles > DT_MAX_GRID_Y)
+        return dt_error(DT_ERR_ARG, "GPU attention: B %d x NH %d heads, T %d (at most %u heads and %u rows)", B, NH,
+                        T, DT_MAX_BLOCKS, DT_MAX_GRID_Y * FA_TILE);
+    *g = dim3((unsigned)heads, (unsigned)tiles);
+    return DT_OK;
+}
+
+template <int H, int NC>
+static dt_status forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dim3 g) {
+    int hs = C / NH;
+    size_t sh = sizeof(float) * FA_TILE * (3 * hs + 1);
+    dt_status st = shared_bytes(fa_forward<H, NC>, sh);
+    if (st != DT_OK) return st;
+    float *lse = saved, *o32 = saved + (size_t)B * NH * T;
+    fa_forward<H, NC><<<g, FA_W * 32, sh>>>(out, lse, o32, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
+    DT_LAUNCHED(fa_forward);
+    return DT_OK;
+}
+
+template <int H, int NC>
+static dt_status backward(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
+                          int T, int C, int NH, dim3 g) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t rows = (size_t)B * T * NH, sh = sizeof(float) * FA_TILE * (4 * hs + 2 + 2);
+    const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
+    dt_status st = shared_bytes(fa_kv<H, NC>, sh);
+    if (st == DT_OK) st = shared_bytes(fa_q<H, NC>, sh);
+    if (st != DT_OK) return st;
+    fa_dot<H><<<dt_launch_blocks(rows, FA_W), FA_W * 32>>>(D, dout, o32, rows, T, C, NH);
+    DT_LAUNCHED(fa_dot);
+    fa_kv<H, NC><<<g, FA_W * 32, sh>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    DT_LAUNCHED(fa_kv);
+    fa_q<H, NC><<<g, FA_W * 32, sh>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    DT_LAUNCHED(fa_q);
+    return DT_OK;
+}
+
+// H from t, NC from the head's size (columns a lane holds).
+#define FA_DISPATCH(fn, t, hs, ...)                                                                        \
+    ((t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__) : (t) == DT_F16 ? FA_NC(fn, 2, hs, __VA_ARGS__)        \
+                                                    : FA_NC(fn, 0, hs, __VA_ARGS__))
+#define FA_NC(fn, H, hs, ...)                                                                              \
+    ((hs) <= 32 ? fn<H, 1>(__VA_ARGS__) : (hs) <= 64 ? fn<H, 2>(__VA_ARGS__) : fn<H, 4>(__VA_ARGS__))
+
+static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dtype t, dim3 *g) {
+    dt_status st = dt_att_args(what, B, T, C, NH, t);
+    if (st == DT_OK && !dt_att_fused(C, NH))
+        return dt_error(DT_ERR_ARG, "GPU attention %s: heads of %d columns (the fused kernels take up to %d)", what,
+                        C / NH, DT_ATT_FUSED_HS);
+    return st == DT_OK && B > 0 && T > 0 ? grid_of(g, B, T, NH) : st;
+}
+
+dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
+    dim3 g;
+    dt_status st = fused_args("forward", B, T, C, NH, t, &g);
+    if (st != DT_OK || B == 0 || T == 0) return st;
+    return FA_DISPATCH(forward, t, C / NH, out, saved, qkv, B, T, C, NH, g);
+}
+
+dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
+                                int B, int T, int C, int NH, dt_dtype t) {
+    dim3 g;
+    dt_status st = fused_args("backward", B, T, C, NH, t, &g);
+    if (st != DT_OK || B == 0 || T == 0) return st;
+    return FA_DISPATCH(backward, t, C / NH, dqkv, scratch, dout, qkv, saved, B, T, C, NH, g);
+}
