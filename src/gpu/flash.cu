@@ -21,7 +21,9 @@
  * bf16 or fp16 each product's factors are rounded to the type as the CPU's
  * attention rounds them (q, k, v, the probabilities, dout and the
  * softmax's gradient; fp32 sums), except that the probabilities rounded
- * for p v are the unnormalised exp(s - m) (the sum divided at the end).
+ * for p v are the unnormalised exp(s - m) (the sum divided at the end),
+ * and D is dout . out, out made of those rounded factors (the CPU sums
+ * dp p over fp32 probabilities).
  * The CPU's numbers to rounding, not bitwise (another order of sums).
  * Heads of up to DT_ATT_FUSED_HS columns; indices 64-bit. */
 #include "gpu/att_plan.h"
@@ -49,7 +51,9 @@ __device__ static void load_tile(float *s, int ld, const float *src, size_t stri
     }
 }
 
-// a . b over hs columns, in order (one fmaf chain: every kernel's bits).
+// a . b over hs columns, in order (one fmaf chain: every kernel's bits;
+// the callers scale it by __fmul_rn, which nvcc never contracts into the
+// next subtraction, so a score is the same bits in all three kernels).
 __device__ static float dot(const float *a, const float *b, int hs) {
     float s = 0.0f;
     for (int d = 0; d < hs; d++) s = fmaf(a[d], b[d], s);
@@ -74,7 +78,7 @@ template <int NC> __device__ static void store(float *dst, const float *acc, flo
 
 // The tile of 32 query rows (the longest first) of head (b, h) = blockIdx.x.
 template <int H, int NC>
-__global__ static void __launch_bounds__(FA_W * 32)
+__global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_forward(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
     extern __shared__ float sm[];
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
@@ -100,7 +104,7 @@ __global__ static void __launch_bounds__(FA_W * 32)
         for (int r = 0; r < FA_R; r++) {
             int t = q0 + warp * FA_R + r;
             bool ok = j <= t && t < T;
-            float s = dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs) * scale;
+            float s = __fmul_rn(dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs), scale);
             float mx = fmaxf(m[r], warp_all<true>(ok ? s : -FLT_MAX));
             float p = ok ? dt_att_exp(s, mx) : 0.0f, c = dt_att_exp(m[r], mx);
             l[r] = l[r] * c + warp_all<false>(p);
@@ -142,7 +146,7 @@ __global__ static void fa_dot(float *D, const float *dout, const float *o32, siz
 // The tile of 32 key rows blockIdx.y of head blockIdx.x: dk and dv over
 // the query tiles from the diagonal on.
 template <int H, int NC>
-__global__ static void __launch_bounds__(FA_W * 32)
+__global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_kv(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
           float scale) {
     extern __shared__ float sm[];
@@ -174,7 +178,7 @@ __global__ static void __launch_bounds__(FA_W * 32)
         for (int r = 0; r < FA_R; r++) {
             int j = k0 + warp * FA_R + r;
             bool ok = i < T && j <= i;
-            float s = dot(Q + lane * ld, K + (warp * FA_R + r) * hs, hs) * scale;
+            float s = __fmul_rn(dot(Q + lane * ld, K + (warp * FA_R + r) * hs, hs), scale);
             float p = ok ? dt_att_exp(s, Ls[lane]) : 0.0f;
             float dp = dot(dY + lane * ld, V + (warp * FA_R + r) * hs, hs);
             float pr = rounded<H>(p), dsr = rounded<H>(ok ? dt_att_grad(p, dp, Ds[lane], scale) : 0.0f);
@@ -197,7 +201,7 @@ __global__ static void __launch_bounds__(FA_W * 32)
 // The tile of 32 query rows (the longest first) of head blockIdx.x: dq
 // over the key tiles up to the diagonal.
 template <int H, int NC>
-__global__ static void __launch_bounds__(FA_W * 32)
+__global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_q(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
          float scale) {
     extern __shared__ float sm[];
@@ -226,7 +230,7 @@ __global__ static void __launch_bounds__(FA_W * 32)
         for (int r = 0; r < FA_R; r++) {
             int i = q0 + warp * FA_R + r;
             bool ok = i < T && j <= i;
-            float s = dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs) * scale;
+            float s = __fmul_rn(dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs), scale);
             float p = ok ? dt_att_exp(s, L[r]) : 0.0f;
             float dp = dot(dY + (warp * FA_R + r) * hs, V + lane * ld, hs);
             float dsr = rounded<H>(ok ? dt_att_grad(p, dp, Dr[r], scale) : 0.0f);
