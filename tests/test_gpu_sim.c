@@ -1283,7 +1283,9 @@ static int recovered(const char *fault, int back) {
 // "R:S:kill"), its place taken by a spare that gets a surviving replica's
 // state onto its GPU (with a codec's residuals every rank goes back to the
 // newest checkpoint: back); the launcher's recovery line says so
-// (recovered); the run ends with the weights of
+// (recovered; a death in the checkpoint of step 0, place save0: every
+// rank from the start's state, step 1 the first); the run ends with the
+// weights of
 // dev_rows' row {model, W, rflags} on the CPU, bitwise.
 static void spares(const char *model, int W, const char *rflags, const char *fault, const char *extra,
                    const char *tag, int back) {
@@ -1298,8 +1300,9 @@ static void spares(const char *model, int W, const char *rflags, const char *fau
     unsetenv("DTRAIN_FAULT_STEP");
     unsetenv("DTRAIN_FAULT_ONCE");
     double diff = tl_runs_diff(g_tmp, ref, name, &bw);
-    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && recovered(fault, back) &&
-              diff == 0 && bw,
+    int went = strstr(fault, ":save0") ? strstr(g_out, "replacement's first step, step 1); 0 steps lost") != NULL
+                                       : recovered(fault, back);
+    CHECK(rc == 0 && strstr(g_out, "takes its place (0 spares left)") && went && diff == 0 && bw,
           "%s x %d %s on the device, fault %s, a spare in its place (%s): the CPU's weights bitwise (exit %d, diff "
           "%g)\n%s", model, W, rflags, fault, back ? "back to a checkpoint" : "no step lost", rc, diff, g_out);
 }
@@ -1365,6 +1368,11 @@ static void test_spares(void) {
     spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "0:12:kill", "--checkpoint-every 5", "zero1", 1);
     // (a death before the first scheduled checkpoint: back to the one of step 0)
     spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "1:3:kill", "--checkpoint-every 5", "zero1-early", 1);
+    // (a death in that checkpoint of step 0, its write in flight: no
+    // checkpoint yet, every rank from the start's state, the save again)
+    spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "0:0:kill:save0", "--checkpoint-every 5", "zero1-save0", 1);
+    spares("gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", "1:0:kill:save0",
+           "--checkpoint-every 5", "codec-save0", 1);
     spares("gpt", 3, "--zero 2 --set parallel.bucket_kb=4", "2:13:kill", "--checkpoint-every 5", "zero2", 1);
     spares("mlp", 3, "--zero 3 --set train.grad_accum=2 --set parallel.bucket_kb=4", "1:12:kill",
            "--checkpoint-every 5", "zero3", 1);

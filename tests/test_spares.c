@@ -201,6 +201,26 @@ static void test_replaced(void) {
     CHECK(rc == 0 && strstr(g_out, "step-00000000 (step 0) in ") && same_as("restart-int8", "spare-int8-early"),
           "int8, rank 1 killed at step 3, a spare: every rank back to step 0, bitwise equal to the restarted run: "
           "exit %d\n%s", rc, g_out);
+    // A death in that checkpoint of step 0, its write in flight (rank 0's,
+    // the writer's, or rank 2's shard of the barrier): no checkpoint yet, so
+    // every rank goes on from the start's state, the save is made again,
+    // and a second death at step 3 goes back to it.
+    for (int k = 0; k < 2; k++) {
+        char fault[64], name[32], once[32];
+        snprintf(fault, sizeof fault, "%d:0:kill:save0%s", 2 * k, k ? ",1:3:kill" : "");
+        snprintf(name, sizeof name, "spare-int8-save0-%d", 2 * k);
+        snprintf(once, sizeof once, "once-save0-%d", k);
+        faults(fault, once);
+        rc = train(name, k ? "--spares 2 --checkpoint-every 5 --set parallel.deterministic=false "
+                             "--set compression.method=int8"
+                           : "--spares 1 --checkpoint-every 5 --set parallel.deterministic=false "
+                             "--set compression.method=int8");
+        no_faults();
+        CHECK(rc == 0 && strstr(g_out, "went back to the start (no checkpoint yet) (step 0) in ") &&
+                  (!k || strstr(g_out, "step-00000000 (step 0) in ")) && same_as("restart-int8", name),
+              "int8, rank %d killed in the checkpoint of step 0%s, a spare: every rank from the start, bitwise equal "
+              "to the restarted run: exit %d\n%s", 2 * k, k ? " and rank 1 at step 3" : "", rc, g_out);
+    }
 
     // fp16: the loss scale (and its count of clean steps) comes with the
     // state; an overflow at step 4 halved it before the kill.

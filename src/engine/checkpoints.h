@@ -83,8 +83,11 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
  * missing a shard is given up); rank 0 finds it and shares it as a resume
  * does (the training state, the path in r->from for the strategy's restore
  * of each rank's own part, the replicated blocks); the steps since are
- * then redone. A rank that joined (have = 0) starts its writer. A
- * collective; DT_ERR_IO on rank 0 when there is no checkpoint yet. */
+ * then redone. A rank that joined (have = 0) starts its writer. Where no
+ * rank has made a step yet (a death in the start or in the checkpoint of
+ * step 0) and there is none, every rank goes on from the start's state,
+ * its own (r->from empty: nothing to restore). A collective; DT_ERR_IO on
+ * rank 0 when there is no checkpoint after a step. */
 dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have);
 /* Rank 0's vote for a save by time (T seconds since the last one): the
  * control plane sums the votes (engine/control.h), so that all ranks save at

@@ -1117,9 +1117,9 @@ static dt_status take_state(run_state *r, int *from, int *again) {
     rec->lost_start = 0;  // (rejoined in the start)
     if (dt_comm_generation(r->comm) != r->split_gen && (st = regroup(r)) != DT_OK)
         return dt_error(st, "rank %d, splitting the workers again: %s", r->rank, dt_last_error());
-    if (by_checkpoint(r)) {  // each rank's own state, as the newest checkpoint has it
+    if (by_checkpoint(r)) {  // each rank's own state, as the newest checkpoint has it (none: the start's)
         *from = 0;
-        if ((st = dt_run_ckpt_rollback(&r->ck, &r->ts, have)) == DT_OK)
+        if ((st = dt_run_ckpt_rollback(&r->ck, &r->ts, have)) == DT_OK && r->ck.from[0])
             st = dt_strategy_ckpt_restore(r->strat, r->ck.from, r->ck.from_parts);
         if (st != DT_OK) st = dt_error(st, "rank %d, going back to the newest checkpoint: %s", r->rank, dt_last_error());
     } else if ((st = dt_run_ckpt_share(&r->ck, &r->ts, have, from)) != DT_OK)
@@ -1161,7 +1161,8 @@ static dt_status recover(run_state *r) {
     if (r->rank == 0 && by_checkpoint(r))
         dt_log(DT_LOG_INFO, "spares: every worker rejoined and went back to %s (step %lld) in %.2f s; redoing the "
                             "steps from %lld",
-               r->ck.from, (long long)r->step, dt_now() - rec->failed_at, (long long)r->step + 1);
+               r->ck.from[0] ? r->ck.from : "the start (no checkpoint yet)", (long long)r->step,
+               dt_now() - rec->failed_at, (long long)r->step + 1);
     else if (r->rank == 0)
         dt_log(DT_LOG_INFO, "spares: every worker rejoined and took rank %d's state at step %lld in %.2f s; "
                             "redoing step %lld",
@@ -1171,22 +1172,48 @@ static dt_status recover(run_state *r) {
     return DT_OK;
 }
 
+// Waits for this rank's writer (rank 0's: with the others' files) outside
+// any collective, so watching the others: a rank that the launcher saw
+// exit, or whose place a spare took, ends the wait with DT_ERR_COMM (the
+// recovery follows); the heartbeat goes on meanwhile.
+static dt_status wait_saved(run_state *r) {
+    while (!dt_ckpt_writer_idle(r->ck.writer)) {
+        int p = dt_comm_replaced(r->comm);
+        for (int q = 0; q < r->W && p < 0; q++)
+            if (q != r->rank && dt_comm_peer_state(r->comm, q, NULL) == DT_PEER_GONE) p = q;
+        if (p >= 0) return dt_error(DT_ERR_COMM, "rank %d died while the checkpoint was written", p);
+        dt_heartbeat(r->step);
+        usleep(5000);
+    }
+    return dt_ckpt_writer_wait(r->ck.writer);
+}
+
 // A fresh run with spares whose recoveries go back to the newest
 // checkpoint (by_checkpoint) saves one before its first step, where
 // checkpoints are on, and waits for it: a death before the first
-// scheduled one goes back to the start. (After a barrier: rank 0's writer
-// clears what an earlier run left unfinished before any rank writes.)
+// scheduled one goes back to the start. A death in the start or in this
+// save itself is recovered as any other, from the start's state, which
+// every rank still has (a barrier ends the save: none has begun a step;
+// there is no checkpoint yet: dt_run_ckpt_rollback), and the save made
+// again: so
+// every rank asks after each recovery, on what every rank has then (the
+// step and the checkpoint gone back to). (After a barrier: rank 0's
+// writer clears what an earlier run left unfinished before any rank
+// writes.)
 static dt_status save_start(run_state *r) {
     const dt_config *c = r->c;
-    if (dt_worker_spares() <= 0 || !by_checkpoint(r) || r->ts.step != 0 || r->rec.place != DT_PLACE_START ||
-        r->rec.lost_start || !r->ck.dir[0] || r->ck.from[0] || (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0))
+    if (dt_worker_spares() <= 0 || !by_checkpoint(r) || r->ts.step != 0 || r->rec.place == DT_PLACE_ALONE ||
+        !r->ck.dir[0] || r->ck.from[0] || (c->ckpt_every_steps <= 0 && c->ckpt_every_seconds <= 0))
         return DT_OK;
     dt_train_state tc = state_at(r, (int)r->ts.epoch, r->ts.epoch_batch);  // (fp16: the loss scale too)
     r->ck.last_step = -1;  // (due at step 0)
     dt_status st = dt_barrier(r->comm);
     if (st == DT_OK) st = checkpoint(r, &tc, 0, 1);
-    if (st == DT_OK && r->ck.writer) st = dt_ckpt_writer_wait(r->ck.writer);
+    if (st == DT_OK) st = dt_fault_at(r->rank, 0, "save0");  // (a test's fault: its write in flight)
+    if (st == DT_OK && r->ck.writer) st = wait_saved(r);
+    if (st == DT_OK) st = dt_barrier(r->comm);  // (no rank goes on while one may die in it: all at the start's state)
     dt_heartbeat_phase(DT_PHASE_STEP);
+    r->rec.repair = dt_worker_recoverable(st);
     return st == DT_OK ? DT_OK : dt_error(st, "rank %d, the checkpoint of step 0: %s", r->rank, dt_last_error());
 }
 
@@ -1195,9 +1222,9 @@ static dt_status save_start(run_state *r) {
 // start) begins with one.
 static dt_status steps(run_state *r) {
     dt_heartbeat_phase(DT_PHASE_STEP);
-    dt_status st = r->rec.have_state && !r->rec.lost_start ? save_start(r) : recover(r);
+    dt_status st = r->rec.have_state && !r->rec.lost_start ? DT_OK : recover(r);
     while (st == DT_OK) {
-        st = epochs(r);
+        if ((st = save_start(r)) == DT_OK) st = epochs(r);
         if (st == DT_OK || !r->rec.repair) break;
         st = recover(r);
     }

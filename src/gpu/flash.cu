@@ -2,8 +2,12 @@
  * gpu.h's contract): the T x T scores and probabilities never leave the
  * chip. A block is 8 warps, 32 rows of one head (b, h): a warp owns 4 of
  * them; the other side comes in tiles of 32 rows through shared memory, a
- * lane a row of the tile for the dot products (scores, dp = dout . v), a
- * lane 1 to 4 of the head's columns for the sums kept in registers.
+ * lane a row of the tile for the dot products (scores, dp = dout . v: the
+ * warp's 4 rows in one pass over the columns, their tile transposed so a
+ * column's 4 values are one float4), a lane 1 to 4 of the head's columns
+ * for the sums kept in registers (the 4 rows' values at each row of the
+ * tile one float4 from the warp's slots in shared memory: every value
+ * loaded feeds 4 FMAs, and no shuffles).
  *
  *   forward     per query row, over the key tiles up to the diagonal: the
  *               scores, the running maximum and sum (online softmax) and
@@ -41,34 +45,44 @@ static_assert(FA_TILE == 32, "a tile has a row for each lane");
 static_assert(DT_ATT_FUSED_HS <= 4 * 32, "a lane holds at most 4 columns of a row");
 
 // Rows r0 .. r0 + 31 of one head's hs columns of src (row stride `stride`)
-// into shared s at row stride ld, rounded to the products' type; rows past
-// T zeros.
-template <int H>
+// into shared s, rounded to the products' type; rows past T zeros. By rows
+// (T 0: s[r ld + d]) or transposed (T 1: s[d 32 + r], a warp's FA_R rows
+// of a column one float4).
+template <int H, int TR>
 __device__ static void load_tile(float *s, int ld, const float *src, size_t stride, int r0, int T, int hs) {
     for (int i = threadIdx.x; i < FA_TILE * hs; i += blockDim.x) {
         int r = i / hs, d = i % hs;
-        s[r * ld + d] = r0 + r < T ? rounded<H>(src[(size_t)(r0 + r) * stride + d]) : 0.0f;
+        s[TR ? d * FA_TILE + r : r * ld + d] = r0 + r < T ? rounded<H>(src[(size_t)(r0 + r) * stride + d]) : 0.0f;
     }
 }
 
-// a . b over hs columns, in order (one fmaf chain: every kernel's bits;
-// the callers scale it by __fmul_rn, which nvcc never contracts into the
-// next subtraction, so a score is the same bits in all three kernels).
-__device__ static float dot(const float *a, const float *b, int hs) {
-    float s = 0.0f;
-    for (int d = 0; d < hs; d++) s = fmaf(a[d], b[d], s);
-    return s;
+// The warp's FA_R rows' dot products with the lane's row: out[r] = a_r . b
+// over hs columns, in order (an fmaf chain: a score is the same bits in
+// every kernel), a_r from a transposed tile (at its warp's rows), b a row.
+__device__ static void dots(float *out, const float *at, const float *b, int hs) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int d = 0; d < hs; d++) {
+        float4 a = *(const float4 *)(at + d * FA_TILE);
+        float x = b[d];
+        s0 = fmaf(a.x, x, s0), s1 = fmaf(a.y, x, s1), s2 = fmaf(a.z, x, s2), s3 = fmaf(a.w, x, s3);
+    }
+    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
+static_assert(FA_R == 4, "a warp's rows are a float4");
 
-// acc[n] (column lane + 32 n of a row) += w * row[...], for columns < hs.
-template <int NC> __device__ static void axpy(float *acc, float w, const float *row, int hs) {
+// acc[r][n] (row r's column lane + 32 n) += w.r * row[...], for columns < hs.
+template <int NC> __device__ static void axpy4(float (*acc)[NC], float4 w, const float *row, int hs) {
     int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int n = 0; n < NC; n++)
-        if (lane + 32 * n < hs) acc[n] = fmaf(w, row[lane + 32 * n], acc[n]);
+    for (int n = 0; n < NC; n++) {
+        if (lane + 32 * n >= hs) continue;
+        float v = row[lane + 32 * n];
+        acc[0][n] = fmaf(w.x, v, acc[0][n]), acc[1][n] = fmaf(w.y, v, acc[1][n]);
+        acc[2][n] = fmaf(w.z, v, acc[2][n]), acc[3][n] = fmaf(w.w, v, acc[3][n]);
+    }
 }
 
-// dst[column lane + 32 n] += acc[n] (or = where `set`), columns < hs.
+// dst[column lane + 32 n] += acc[n] (or = acc[n] mul where `set`), columns < hs.
 template <int NC> __device__ static void store(float *dst, const float *acc, float mul, int hs, bool set) {
     int lane = threadIdx.x % 32;
 #pragma unroll
@@ -76,15 +90,33 @@ template <int NC> __device__ static void store(float *dst, const float *acc, flo
         if (lane + 32 * n < hs) dst[lane + 32 * n] = set ? acc[n] * mul : dst[lane + 32 * n] + acc[n];
 }
 
+// A warp's rows' values of its lane's key (or query) into its slot of w
+// ([FA_W][32][FA_R]: a row of the other side's FA_R values one float4).
+__device__ static void put4(float *w, const float *v) {
+    *(float4 *)(w + ((threadIdx.x / 32) * 32 + threadIdx.x % 32) * FA_R) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ static float4 get4(const float *w, int j) {
+    return *(const float4 *)(w + ((threadIdx.x / 32) * 32 + j) * FA_R);
+}
+#define FA_SLOTS (FA_W * 32 * FA_R)  // floats of a put4/get4 block
+
+// The last row of the warp's FA_R rows (from r0) that is below T, and the
+// count of the other side's rows from k0 it reaches in a tile (causal: up
+// to that row; 0 where the warp has none).
+__device__ static int reach(int r0, int k0, int T) {
+    int last = min(r0 + FA_R - 1, T - 1);
+    return last < r0 ? 0 : min(FA_TILE, last + 1 - k0);
+}
+
 // The tile of 32 query rows (the longest first) of head (b, h) = blockIdx.x.
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_forward(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) float sm[];  // (float4 reads)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE);
-    float *Q = sm, *K = Q + FA_TILE * hs, *V = K + FA_TILE * ld;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE), t0 = q0 + warp * FA_R;
+    float *Qt = sm, *K = Qt + FA_TILE * hs, *V = K + FA_TILE * ld, *P = V + FA_TILE * hs;
     const float *x = qkv + b * T * C3 + (size_t)h * hs;
     float m[FA_R], l[FA_R], o[FA_R][NC];
 #pragma unroll
@@ -93,32 +125,36 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
 #pragma unroll
         for (int n = 0; n < NC; n++) o[r][n] = 0.0f;
     }
-    load_tile<H>(Q, hs, x, C3, q0, T, hs);
+    load_tile<H, 1>(Qt, 0, x, C3, q0, T, hs);
     for (int k0 = 0; k0 < qe; k0 += FA_TILE) {
         __syncthreads();  // (the last tile read)
-        load_tile<H>(K, ld, x + C, C3, k0, T, hs);
-        load_tile<H>(V, hs, x + 2 * C, C3, k0, T, hs);
+        load_tile<H, 0>(K, ld, x + C, C3, k0, T, hs);
+        load_tile<H, 0>(V, hs, x + 2 * C, C3, k0, T, hs);
         __syncthreads();
         int j = k0 + lane;
+        float s[FA_R], p[FA_R];
+        dots(s, Qt + warp * FA_R, K + lane * ld, hs);
 #pragma unroll
         for (int r = 0; r < FA_R; r++) {
-            int t = q0 + warp * FA_R + r;
+            int t = t0 + r;
             bool ok = j <= t && t < T;
-            float s = __fmul_rn(dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs), scale);
-            float mx = fmaxf(m[r], warp_all<true>(ok ? s : -FLT_MAX));
-            float p = ok ? dt_att_exp(s, mx) : 0.0f, c = dt_att_exp(m[r], mx);
-            l[r] = l[r] * c + warp_all<false>(p);
+            float sc = __fmul_rn(s[r], scale);
+            float mx = fmaxf(m[r], warp_all<true>(ok ? sc : -FLT_MAX));
+            float e = ok ? dt_att_exp(sc, mx) : 0.0f, c = dt_att_exp(m[r], mx);
+            l[r] = l[r] * c + warp_all<false>(e);
             m[r] = mx;
 #pragma unroll
             for (int n = 0; n < NC; n++) o[r][n] *= c;
-            float pr = rounded<H>(p);
-            int je = t < T ? min(FA_TILE, t + 1 - k0) : 0;  // (the warp's row: the same on every lane)
-            for (int jj = 0; jj < je; jj++) axpy<NC>(o[r], __shfl_sync(0xffffffffu, pr, jj), V + jj * hs, hs);
+            p[r] = rounded<H>(e);
         }
+        put4(P, p);
+        __syncwarp();
+        for (int jj = 0, je = reach(t0, k0, T); jj < je; jj++) axpy4<NC>(o, get4(P, jj), V + jj * hs, hs);
+        __syncwarp();  // (P read before the next tile's rows)
     }
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
-        int t = q0 + warp * FA_R + r;
+        int t = t0 + r;
         if (t >= T) continue;
         size_t at = (b * T + t) * C + (size_t)h * hs;
         store<NC>(out + at, o[r], 1.0f / l[r], hs, true);
@@ -144,53 +180,58 @@ __global__ static void fa_dot(float *D, const float *dout, const float *o32, siz
 }
 
 // The tile of 32 key rows blockIdx.y of head blockIdx.x: dk and dv over
-// the query tiles from the diagonal on.
+// the query tiles from the diagonal on; a lane a query of the tile.
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_kv(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
           float scale) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) float sm[];  // (float4 reads)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
-    int k0 = blockIdx.y * FA_TILE;
-    float *K = sm, *V = K + FA_TILE * hs, *Q = V + FA_TILE * hs, *dY = Q + FA_TILE * ld, *Ls = dY + FA_TILE * ld,
-          *Ds = Ls + FA_TILE;
+    int k0 = blockIdx.y * FA_TILE, j0 = k0 + warp * FA_R;
+    float *Kt = sm, *Vt = Kt + FA_TILE * hs, *Q = Vt + FA_TILE * hs, *dY = Q + FA_TILE * ld, *Ls = dY + FA_TILE * ld,
+          *Ds = Ls + FA_TILE, *P = Ds + FA_TILE, *dS = P + FA_SLOTS;
     const float *x = qkv + b * T * C3 + (size_t)h * hs, *dy = dout + b * T * C + (size_t)h * hs;
     float dk[FA_R][NC], dv[FA_R][NC];
 #pragma unroll
     for (int r = 0; r < FA_R; r++)
 #pragma unroll
         for (int n = 0; n < NC; n++) dk[r][n] = dv[r][n] = 0.0f;
-    load_tile<H>(K, hs, x + C, C3, k0, T, hs);
-    load_tile<H>(V, hs, x + 2 * C, C3, k0, T, hs);
+    load_tile<H, 1>(Kt, 0, x + C, C3, k0, T, hs);
+    load_tile<H, 1>(Vt, 0, x + 2 * C, C3, k0, T, hs);
     for (int q0 = k0; q0 < T; q0 += FA_TILE) {
         __syncthreads();
-        load_tile<H>(Q, ld, x, C3, q0, T, hs);
-        load_tile<H>(dY, ld, dy, C, q0, T, hs);
+        load_tile<H, 0>(Q, ld, x, C3, q0, T, hs);
+        load_tile<H, 0>(dY, ld, dy, C, q0, T, hs);
         if (threadIdx.x < FA_TILE) {
             int i = q0 + threadIdx.x;
             Ls[threadIdx.x] = i < T ? lse[bh * T + i] : 0.0f;
             Ds[threadIdx.x] = i < T ? D[bh * T + i] : 0.0f;
         }
         __syncthreads();
-        int i = q0 + lane, ie = min(FA_TILE, T - q0);
+        int i = q0 + lane;
+        float s[FA_R], dp[FA_R], p[FA_R], ds[FA_R];
+        dots(s, Kt + warp * FA_R, Q + lane * ld, hs);
+        dots(dp, Vt + warp * FA_R, dY + lane * ld, hs);
 #pragma unroll
         for (int r = 0; r < FA_R; r++) {
-            int j = k0 + warp * FA_R + r;
-            bool ok = i < T && j <= i;
-            float s = __fmul_rn(dot(Q + lane * ld, K + (warp * FA_R + r) * hs, hs), scale);
-            float p = ok ? dt_att_exp(s, Ls[lane]) : 0.0f;
-            float dp = dot(dY + lane * ld, V + (warp * FA_R + r) * hs, hs);
-            float pr = rounded<H>(p), dsr = rounded<H>(ok ? dt_att_grad(p, dp, Ds[lane], scale) : 0.0f);
-            for (int ii = 0; ii < ie; ii++) {
-                axpy<NC>(dv[r], __shfl_sync(0xffffffffu, pr, ii), dY + ii * ld, hs);
-                axpy<NC>(dk[r], __shfl_sync(0xffffffffu, dsr, ii), Q + ii * ld, hs);
-            }
+            bool ok = i < T && j0 + r <= i;
+            float e = ok ? dt_att_exp(__fmul_rn(s[r], scale), Ls[lane]) : 0.0f;
+            p[r] = rounded<H>(e);
+            ds[r] = rounded<H>(ok ? dt_att_grad(e, dp[r], Ds[lane], scale) : 0.0f);
         }
+        put4(P, p);
+        put4(dS, ds);
+        __syncwarp();
+        for (int ii = 0, ie = min(FA_TILE, T - q0); ii < ie; ii++) {
+            axpy4<NC>(dv, get4(P, ii), dY + ii * ld, hs);
+            axpy4<NC>(dk, get4(dS, ii), Q + ii * ld, hs);
+        }
+        __syncwarp();
     }
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
-        int j = k0 + warp * FA_R + r;
+        int j = j0 + r;
         if (j >= T) continue;
         float *g = dqkv + (b * T + j) * C3 + (size_t)h * hs;
         store<NC>(g + C, dk[r], 1.0f, hs, false);
@@ -199,48 +240,50 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
 }
 
 // The tile of 32 query rows (the longest first) of head blockIdx.x: dq
-// over the key tiles up to the diagonal.
+// over the key tiles up to the diagonal; a lane a key of the tile.
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_q(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
          float scale) {
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) float sm[];  // (float4 reads)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE);
-    float *Q = sm, *dY = Q + FA_TILE * hs, *K = dY + FA_TILE * hs, *V = K + FA_TILE * ld;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE), i0 = q0 + warp * FA_R;
+    float *Qt = sm, *dYt = Qt + FA_TILE * hs, *K = dYt + FA_TILE * hs, *V = K + FA_TILE * ld, *dS = V + FA_TILE * ld;
     const float *x = qkv + b * T * C3 + (size_t)h * hs, *dy = dout + b * T * C + (size_t)h * hs;
     float L[FA_R], Dr[FA_R], dq[FA_R][NC];
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
-        int i = q0 + warp * FA_R + r;
+        int i = i0 + r;
         L[r] = i < T ? lse[bh * T + i] : 0.0f, Dr[r] = i < T ? D[bh * T + i] : 0.0f;
 #pragma unroll
         for (int n = 0; n < NC; n++) dq[r][n] = 0.0f;
     }
-    load_tile<H>(Q, hs, x, C3, q0, T, hs);
-    load_tile<H>(dY, hs, dy, C, q0, T, hs);
+    load_tile<H, 1>(Qt, 0, x, C3, q0, T, hs);
+    load_tile<H, 1>(dYt, 0, dy, C, q0, T, hs);
     for (int k0 = 0; k0 < qe; k0 += FA_TILE) {
         __syncthreads();
-        load_tile<H>(K, ld, x + C, C3, k0, T, hs);
-        load_tile<H>(V, ld, x + 2 * C, C3, k0, T, hs);
+        load_tile<H, 0>(K, ld, x + C, C3, k0, T, hs);
+        load_tile<H, 0>(V, ld, x + 2 * C, C3, k0, T, hs);
         __syncthreads();
         int j = k0 + lane;
+        float s[FA_R], dp[FA_R], ds[FA_R];
+        dots(s, Qt + warp * FA_R, K + lane * ld, hs);
+        dots(dp, dYt + warp * FA_R, V + lane * ld, hs);
 #pragma unroll
         for (int r = 0; r < FA_R; r++) {
-            int i = q0 + warp * FA_R + r;
-            bool ok = i < T && j <= i;
-            float s = __fmul_rn(dot(Q + (warp * FA_R + r) * hs, K + lane * ld, hs), scale);
-            float p = ok ? dt_att_exp(s, L[r]) : 0.0f;
-            float dp = dot(dY + (warp * FA_R + r) * hs, V + lane * ld, hs);
-            float dsr = rounded<H>(ok ? dt_att_grad(p, dp, Dr[r], scale) : 0.0f);
-            int je = i < T ? min(FA_TILE, i + 1 - k0) : 0;
-            for (int jj = 0; jj < je; jj++) axpy<NC>(dq[r], __shfl_sync(0xffffffffu, dsr, jj), K + jj * ld, hs);
+            bool ok = i0 + r < T && j <= i0 + r;
+            float e = ok ? dt_att_exp(__fmul_rn(s[r], scale), L[r]) : 0.0f;
+            ds[r] = rounded<H>(ok ? dt_att_grad(e, dp[r], Dr[r], scale) : 0.0f);
         }
+        put4(dS, ds);
+        __syncwarp();
+        for (int jj = 0, je = reach(i0, k0, T); jj < je; jj++) axpy4<NC>(dq, get4(dS, jj), K + jj * ld, hs);
+        __syncwarp();
     }
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
-        int i = q0 + warp * FA_R + r;
+        int i = i0 + r;
         if (i < T) store<NC>(dqkv + (b * T + i) * C3 + (size_t)h * hs, dq[r], 1.0f, hs, false);
     }
 }
@@ -264,7 +307,7 @@ static dt_status grid_of(dim3 *g, int B, int T, int NH) {
 template <int H, int NC>
 static dt_status forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dim3 g) {
     int hs = C / NH;
-    size_t sh = sizeof(float) * FA_TILE * (3 * hs + 1);
+    size_t sh = sizeof(float) * (FA_TILE * (3 * hs + 1) + FA_SLOTS);
     dt_status st = shared_bytes(fa_forward<H, NC>, sh);
     if (st != DT_OK) return st;
     float *lse = saved, *o32 = saved + (size_t)B * NH * T;
@@ -278,7 +321,7 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
                           int T, int C, int NH, dim3 g) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    size_t rows = (size_t)B * T * NH, sh = sizeof(float) * FA_TILE * (4 * hs + 2 + 2);
+    size_t rows = (size_t)B * T * NH, sh = sizeof(float) * (FA_TILE * (4 * hs + 4) + 2 * FA_SLOTS);
     const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
     dt_status st = shared_bytes(fa_kv<H, NC>, sh);
     if (st == DT_OK) st = shared_bytes(fa_q<H, NC>, sh);
