@@ -8,7 +8,9 @@
 #      error names its kernel
 #   3. fault: a kernel's fault named with it under DTRAIN_CUDA_SYNC=1
 #      (test_gpu fault; its faults are meant, so never under the sanitizer)
-#   4. memcheck and initcheck: compute-sanitizer over the op tests
+#   4. memcheck and initcheck: compute-sanitizer over the op tests;
+#      racecheck and synccheck over the fused attention's (test_gpu
+#      attention: its shared memory and barriers, small shapes)
 #   5. train: the MLP and a tiny GPT trained 20 steps on the GPU against the
 #      CPU's losses shipped in tests/fixtures/gpu-train-losses.txt, and the
 #      MLP on 2 ranks sharing the GPU under ZeRO 2 and 3
@@ -85,6 +87,8 @@ stage fault 60 "$build/tests/test_gpu" fault
 if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_gpu" ops
     stage initcheck 300 compute-sanitizer --tool initcheck --error-exitcode 9 "$build/tests/test_gpu" ops
+    stage racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tests/test_gpu" attention
+    stage synccheck 300 compute-sanitizer --tool synccheck --error-exitcode 9 "$build/tests/test_gpu" attention
 else
     said_not_run memcheck "no compute-sanitizer here"
 fi
