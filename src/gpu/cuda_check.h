@@ -23,6 +23,11 @@
                             cudaGetErrorName(dt_e_));                                                   \
     } while (0)
 
+/* Launches kernel k (a __global__ function or a pointer to one) on grid
+ * g, blocks b, sh bytes of dynamic shared memory: k<<<g, b, sh>>>(...);
+ * the form that tests/gpu/cuda_emu.h runs on CPU threads too. */
+#define DT_RUN(k, g, b, sh, ...) k<<<g, b, sh>>>(__VA_ARGS__)
+
 /* The check after a launch of `kernel` (its name): DT_OK, or the error
  * recorded naming it (device.cu). */
 dt_status dt_gpu_launched(const char *kernel);

@@ -30,9 +30,13 @@
  * dp p over fp32 probabilities).
  * The CPU's numbers to rounding, not bitwise (another order of sums).
  * Heads of up to DT_ATT_FUSED_HS columns; indices 64-bit. */
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#else
+#include "gpu/cuda_check.h"
+#endif
 #include "gpu/att_plan.h"
 #include "gpu/block.h"
-#include "gpu/cuda_check.h"
 #include "nn/rows.h"
 
 #include <float.h>
@@ -310,8 +314,9 @@ static dt_status forward(float *out, float *saved, const float *qkv, int B, int 
     size_t sh = sizeof(float) * (FA_TILE * (3 * hs + 1) + FA_SLOTS);
     dt_status st = shared_bytes(fa_forward<H, NC>, sh);
     if (st != DT_OK) return st;
-    float *lse = saved, *o32 = saved + (size_t)B * NH * T;
-    fa_forward<H, NC><<<g, FA_W * 32, sh>>>(out, lse, o32, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
+    float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)hs);
+    auto k = fa_forward<H, NC>;
+    DT_RUN(k, g, FA_W * 32, sh, out, lse, o32, qkv, T, C, NH, scale);
     DT_LAUNCHED(fa_forward);
     return DT_OK;
 }
@@ -326,11 +331,13 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
     dt_status st = shared_bytes(fa_kv<H, NC>, sh);
     if (st == DT_OK) st = shared_bytes(fa_q<H, NC>, sh);
     if (st != DT_OK) return st;
-    fa_dot<H><<<dt_launch_blocks(rows, FA_W), FA_W * 32>>>(D, dout, o32, rows, T, C, NH);
+    auto kd = fa_dot<H>;
+    auto kkv = fa_kv<H, NC>, kq = fa_q<H, NC>;
+    DT_RUN(kd, dt_launch_blocks(rows, FA_W), FA_W * 32, 0, D, dout, o32, rows, T, C, NH);
     DT_LAUNCHED(fa_dot);
-    fa_kv<H, NC><<<g, FA_W * 32, sh>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    DT_RUN(kkv, g, FA_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
     DT_LAUNCHED(fa_kv);
-    fa_q<H, NC><<<g, FA_W * 32, sh>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    DT_RUN(kq, g, FA_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
     DT_LAUNCHED(fa_q);
     return DT_OK;
 }

@@ -1,0 +1,94 @@
+/* The fused attention's CUDA kernels (src/gpu/flash.cu) run on CPU threads
+ * (cuda_emu.h: each block's threads real threads, its barriers and
+ * shuffles real barriers), against the CPU's attention: every build with
+ * the CUDA toolkit runs it, so that the kernels' indexing, masks, tiles
+ * and barriers are checked where no GPU is (a GPU runs the same rows in
+ * test_gpu ops). out and dqkv normwise within 1e-5 in fp32, 1e-2 with the
+ * products in bf16, 2e-3 in fp16 (test_gpu's tolerances); the backward run
+ * twice gives the same bits; the saved rows' output copy is out's; shared
+ * memory a kernel reads before any thread wrote it would be NaN (the
+ * emulator fills it so) and fail the comparison; a barrier in divergent
+ * code aborts with its name. */
+#include "dtrain/gpt.h"
+#include "gpu/att_plan.h"
+#include "kernels/kernels.h"
+#include "testlib.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_status dt_emu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
+dt_status dt_emu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
+                                int B, int T, int C, int NH, dt_dtype t);
+
+static float *randoms(size_t n, float r, uint64_t seed) {
+    float *a = malloc(sizeof(float) * (n ? n : 1));
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        a[i] = ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * r;
+    }
+    return a;
+}
+
+// max |c - g| / max |c| (NaN anywhere: INFINITY).
+static double normwise(const float *c, const float *g, size_t n) {
+    double big = 1e-30, diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)c[i] - g[i]);
+        if (isnan(e)) return INFINITY;
+        big = fmax(big, fabs(c[i]));
+        diff = fmax(diff, e);
+    }
+    return diff / big;
+}
+
+static void test_flash(int B, int T, int C, int NH, dt_dtype t) {
+    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
+    const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : "fp32";
+    dt_att_room room = dt_att_room_of(B, T, C, NH, t);
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    size_t ns = room.saved / sizeof(float), nd = room.scratch / sizeof(float), rows = (size_t)B * NH * T;
+    float *qkv = randoms(n3, 2, 41), *dout = randoms(n, 1, 44), *dq0 = randoms(n3, 0.1f, 45);
+    float *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *datt = randoms(na, 1, 46), *dqkv = malloc(sizeof(float) * n3);
+    float *eout = randoms(n, 1, 47), *saved = randoms(ns, 1, 48), *scratch = randoms(nd, 1, 49);
+    float *edq = malloc(sizeof(float) * n3), *edq2 = malloc(sizeof(float) * n3);
+    memcpy(dqkv, dq0, sizeof(float) * n3), memcpy(edq, dq0, sizeof(float) * n3), memcpy(edq2, dq0, sizeof(float) * n3);
+    dt_status st = dt_emu_flash_forward(eout, saved, qkv, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_emu_flash_backward(edq, scratch, dout, qkv, saved, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_emu_flash_backward(edq2, scratch, dout, qkv, saved, B, T, C, NH, t);
+    dt_kernels_set_precision(t);
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    dt_kernels_set_precision(DT_F32);
+    double dy = normwise(out, eout, n), dq = normwise(dqkv, edq, n3);
+    int copy = !memcmp(saved + rows, eout, sizeof(float) * n), same = !memcmp(edq, edq2, sizeof(float) * n3);
+    CHECK(st == DT_OK && dy <= tol && dq <= tol && copy && same,
+          "fused attention %s on emulated threads, B %d T %d C %d NH %d (heads of %d): out %.3g, dqkv %.3g "
+          "(normwise, <= %g); the output's copy kept %s; a second backward %s%s%s", tn, B, T, C, NH, C / NH, dy, dq,
+          tol, copy ? "the same" : "DIFFERENT", same ? "the same bits" : "OTHER BITS", st == DT_OK ? "" : ": ",
+          st == DT_OK ? "" : dt_last_error());
+    float *f[] = {qkv, dout, dq0, out, att, datt, dqkv, eout, saved, scratch, edq, edq2};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+}
+
+int main(void) {
+    // (B, T, C, NH): T = 1, T not a multiple of the 32-row tiles, past
+    // several tiles; heads of 1, 18, 32, 64, 100, 128 columns (a lane's 1,
+    // 2 and 4 columns, the last partly filled).
+    const int rows[][4] = {{1, 1, 64, 2}, {2, 37, 96, 3}, {3, 70, 72, 4}, {1, 33, 5, 5},
+                           {1, 100, 128, 2}, {1, 45, 300, 3}, {1, 66, 256, 2}};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        test_flash(rows[i][0], rows[i][1], rows[i][2], rows[i][3], DT_F32);
+    for (int h = 0; h < 2; h++) {
+        test_flash(2, 37, 96, 3, h ? DT_F16 : DT_BF16);
+        test_flash(1, 33, 5, 1, h ? DT_F16 : DT_BF16);
+        test_flash(1, 66, 256, 2, h ? DT_F16 : DT_BF16);
+    }
+    dt_status st = dt_emu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
+    CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "heads of 258 columns"),
+          "a head of 258 columns refused by the fused kernels: %s", dt_last_error());
+    return tl_finish();
+}
