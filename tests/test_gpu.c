@@ -1287,7 +1287,8 @@ static void test_fault(void) {
 }
 
 // The fused attention's rows on small shapes alone (every column count a
-// lane holds, T past a tile, fp32 and bf16), for compute-sanitizer's
+// lane holds, T past a tile, fp32 and bf16, the tensor cores' kernels at
+// heads of 64), for compute-sanitizer's
 // racecheck and synccheck over its shared memory and barriers, which are
 // too slow for the whole table.
 static void test_attention_small(void) {
@@ -1301,6 +1302,7 @@ static void test_attention_small(void) {
     test_attention(1, 33, 5, 5, DT_F32);
     test_attention(2, 70, 256, 2, DT_F32);
     test_attention(1, 45, 300, 3, DT_BF16);
+    test_attention(1, 70, 128, 2, DT_BF16);  // (the tensor cores')
 }
 
 int main(int argc, char **argv) {

@@ -29,7 +29,10 @@
  * and D is dout . out, out made of those rounded factors (the CPU sums
  * dp p over fp32 probabilities).
  * The CPU's numbers to rounding, not bitwise (another order of sums).
- * Heads of up to DT_ATT_FUSED_HS columns; indices 64-bit. */
+ * Heads of up to DT_ATT_FUSED_HS columns; indices 64-bit. With 16-bit
+ * products and heads of 64 or 128 columns the same scheme runs on the
+ * tensor cores (flash_tc.cuh); tests/gpu/test_gpu_emu.c runs both on CPU
+ * threads. */
 #ifdef DT_CUDA_EMU
 #include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
 #else
@@ -116,7 +119,7 @@ __device__ static int reach(int r0, int k0, int T) {
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_forward(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
-    extern __shared__ __align__(16) float sm[];  // (float4 reads)
+    extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE), t0 = q0 + warp * FA_R;
@@ -189,7 +192,7 @@ template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_kv(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
           float scale) {
-    extern __shared__ __align__(16) float sm[];  // (float4 reads)
+    extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int k0 = blockIdx.y * FA_TILE, j0 = k0 + warp * FA_R;
@@ -249,7 +252,7 @@ template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_q(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
          float scale) {
-    extern __shared__ __align__(16) float sm[];  // (float4 reads)
+    extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE), i0 = q0 + warp * FA_R;
@@ -292,27 +295,40 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
     }
 }
 
+#include "gpu/flash_tc.cuh"
+
 // A kernel's dynamic shared memory past the default 48 KiB is asked for.
 template <typename K> static dt_status shared_bytes(K kernel, size_t bytes) {
     if (bytes > 48 * 1024) DT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return DT_OK;
 }
 
-// The grid: the heads along x, the tiles of 32 rows along y.
-static dt_status grid_of(dim3 *g, int B, int T, int NH) {
-    size_t heads = (size_t)B * NH, tiles = ((size_t)T + FA_TILE - 1) / FA_TILE;
+// The grid: the heads along x, the tiles of `rows` rows along y.
+static dt_status grid_of(dim3 *g, int B, int T, int NH, int rows) {
+    size_t heads = (size_t)B * NH, tiles = ((size_t)T + rows - 1) / rows;
     if (heads > DT_MAX_BLOCKS || tiles > DT_MAX_GRID_Y)
         return dt_error(DT_ERR_ARG, "GPU attention: B %d x NH %d heads, T %d (at most %u heads and %u rows)", B, NH,
-                        T, DT_MAX_BLOCKS, DT_MAX_GRID_Y * FA_TILE);
+                        T, DT_MAX_BLOCKS, DT_MAX_GRID_Y * rows);
     *g = dim3((unsigned)heads, (unsigned)tiles);
     return DT_OK;
 }
 
+// D = dout . out a row (fa_dot), before either backward.
+template <int H> static dt_status row_dots(float *D, const float *dout, const float *o32, int B, int T, int C, int NH) {
+    size_t rows = (size_t)B * T * NH;
+    auto k = fa_dot<H>;
+    DT_RUN(k, dt_launch_blocks(rows, FA_W), FA_W * 32, 0, D, dout, o32, rows, T, C, NH);
+    DT_LAUNCHED(fa_dot);
+    return DT_OK;
+}
+
 template <int H, int NC>
-static dt_status forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dim3 g) {
+static dt_status forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH;
     size_t sh = sizeof(float) * (FA_TILE * (3 * hs + 1) + FA_SLOTS);
-    dt_status st = shared_bytes(fa_forward<H, NC>, sh);
+    dim3 g;
+    dt_status st = grid_of(&g, B, T, NH, FA_TILE);
+    if (st == DT_OK) st = shared_bytes(fa_forward<H, NC>, sh);
     if (st != DT_OK) return st;
     float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)hs);
     auto k = fa_forward<H, NC>;
@@ -323,18 +339,18 @@ static dt_status forward(float *out, float *saved, const float *qkv, int B, int 
 
 template <int H, int NC>
 static dt_status backward(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
-                          int T, int C, int NH, dim3 g) {
+                          int T, int C, int NH) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    size_t rows = (size_t)B * T * NH, sh = sizeof(float) * (FA_TILE * (4 * hs + 4) + 2 * FA_SLOTS);
+    size_t sh = sizeof(float) * (FA_TILE * (4 * hs + 4) + 2 * FA_SLOTS);
     const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
-    dt_status st = shared_bytes(fa_kv<H, NC>, sh);
+    dim3 g;
+    dt_status st = grid_of(&g, B, T, NH, FA_TILE);
+    if (st == DT_OK) st = shared_bytes(fa_kv<H, NC>, sh);
     if (st == DT_OK) st = shared_bytes(fa_q<H, NC>, sh);
+    if (st == DT_OK) st = row_dots<H>(D, dout, o32, B, T, C, NH);
     if (st != DT_OK) return st;
-    auto kd = fa_dot<H>;
     auto kkv = fa_kv<H, NC>, kq = fa_q<H, NC>;
-    DT_RUN(kd, dt_launch_blocks(rows, FA_W), FA_W * 32, 0, D, dout, o32, rows, T, C, NH);
-    DT_LAUNCHED(fa_dot);
     DT_RUN(kkv, g, FA_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
     DT_LAUNCHED(fa_kv);
     DT_RUN(kq, g, FA_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
@@ -342,32 +358,73 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
     return DT_OK;
 }
 
-// H from t, NC from the head's size (columns a lane holds).
+// The tensor cores' (flash_tc.cuh): H 1 or 2, heads of HS = 64 or 128.
+template <int H, int HS>
+static dt_status forward_tc(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
+    dim3 g;
+    dt_status st = grid_of(&g, B, T, NH, TC_ROWS);
+    if (st == DT_OK) st = shared_bytes(fa_forward_tc<H, HS>, tc_layout<HS>::FORWARD);
+    if (st != DT_OK) return st;
+    float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)HS);
+    auto k = fa_forward_tc<H, HS>;
+    DT_RUN(k, g, TC_W * 32, tc_layout<HS>::FORWARD, out, lse, o32, qkv, T, C, NH, scale);
+    DT_LAUNCHED(fa_forward_tc);
+    return DT_OK;
+}
+
+template <int H, int HS>
+static dt_status backward_tc(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
+                             int T, int C, int NH) {
+    size_t sh = tc_layout<HS>::BACKWARD;
+    float scale = 1.0f / sqrtf((float)HS);
+    const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
+    dim3 g;
+    dt_status st = grid_of(&g, B, T, NH, TC_ROWS);
+    if (st == DT_OK) st = shared_bytes(fa_kv_tc<H, HS>, sh);
+    if (st == DT_OK) st = shared_bytes(fa_q_tc<H, HS>, sh);
+    if (st == DT_OK) st = row_dots<H>(D, dout, o32, B, T, C, NH);
+    if (st != DT_OK) return st;
+    auto kkv = fa_kv_tc<H, HS>, kq = fa_q_tc<H, HS>;
+    DT_RUN(kkv, g, TC_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    DT_LAUNCHED(fa_kv_tc);
+    DT_RUN(kq, g, TC_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    DT_LAUNCHED(fa_q_tc);
+    return DT_OK;
+}
+
+// The kernels for t and the head's size: on the tensor cores where the
+// products are 16-bit and the head 64 or 128 columns wide (tc), else on
+// the CUDA cores with NC columns a lane (1, 2, 4 for heads up to 32, 64,
+// 128).
+static int on_tensor_cores(int hs, dt_dtype t) { return t != DT_F32 && (hs == 64 || hs == 128); }
 #define FA_DISPATCH(fn, t, hs, ...)                                                                        \
-    ((t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__) : (t) == DT_F16 ? FA_NC(fn, 2, hs, __VA_ARGS__)        \
-                                                    : FA_NC(fn, 0, hs, __VA_ARGS__))
+    (on_tensor_cores(hs, t) ? FA_TC(fn##_tc, (t) == DT_BF16 ? 1 : 2, hs, __VA_ARGS__)                      \
+                            : (t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__)                               \
+                            : (t) == DT_F16  ? FA_NC(fn, 2, hs, __VA_ARGS__)                               \
+                                             : FA_NC(fn, 0, hs, __VA_ARGS__))
 #define FA_NC(fn, H, hs, ...)                                                                              \
     ((hs) <= 32 ? fn<H, 1>(__VA_ARGS__) : (hs) <= 64 ? fn<H, 2>(__VA_ARGS__) : fn<H, 4>(__VA_ARGS__))
+#define FA_TC(fn, h, hs, ...)                                                                              \
+    ((h) == 1 ? ((hs) == 64 ? fn<1, 64>(__VA_ARGS__) : fn<1, 128>(__VA_ARGS__))                             \
+              : ((hs) == 64 ? fn<2, 64>(__VA_ARGS__) : fn<2, 128>(__VA_ARGS__)))
 
-static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dtype t, dim3 *g) {
+static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dtype t) {
     dt_status st = dt_att_args(what, B, T, C, NH, t);
     if (st == DT_OK && !dt_att_fused(C, NH))
         return dt_error(DT_ERR_ARG, "GPU attention %s: heads of %d columns (the fused kernels take up to %d)", what,
                         C / NH, DT_ATT_FUSED_HS);
-    return st == DT_OK && B > 0 && T > 0 ? grid_of(g, B, T, NH) : st;
+    return st;
 }
 
 dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
-    dim3 g;
-    dt_status st = fused_args("forward", B, T, C, NH, t, &g);
+    dt_status st = fused_args("forward", B, T, C, NH, t);
     if (st != DT_OK || B == 0 || T == 0) return st;
-    return FA_DISPATCH(forward, t, C / NH, out, saved, qkv, B, T, C, NH, g);
+    return FA_DISPATCH(forward, t, C / NH, out, saved, qkv, B, T, C, NH);
 }
 
 dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
                                 int B, int T, int C, int NH, dt_dtype t) {
-    dim3 g;
-    dt_status st = fused_args("backward", B, T, C, NH, t, &g);
+    dt_status st = fused_args("backward", B, T, C, NH, t);
     if (st != DT_OK || B == 0 || T == 0) return st;
-    return FA_DISPATCH(backward, t, C / NH, dqkv, scratch, dout, qkv, saved, B, T, C, NH, g);
+    return FA_DISPATCH(backward, t, C / NH, dqkv, scratch, dout, qkv, saved, B, T, C, NH);
 }

@@ -17,8 +17,10 @@
 
 #include "dtrain/core.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>  // (host versions of the conversions; host_defines.h: __device__ and the rest empty)
 #include <functional>
+#include <type_traits>
 #include <vector_functions.h>
 #include <vector_types.h>
 
@@ -39,6 +41,64 @@ static inline int min(int a, int b) { return a < b ? a : b; }
 /* Runs fn as the kernel of grid g, blocks of b.x threads (a multiple of 32;
  * b.y = b.z = 1), `shared` bytes of dynamic shared memory. */
 void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &fn);
+
+/* nvcuda::wmma's 16 x 16 x 16 fragments, each lane holding the whole
+ * tile in fp32 (the values of its 16-bit elements exactly): a load reads
+ * it all, mma_sync computes it all (sums in k order, fp32), a store is
+ * lane 0's between two warp barriers. Warp-collective as on a GPU: every
+ * lane of the warp must call them. */
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
+    float v[16][16];
+};
+static inline float as_float(float x) { return x; }
+static inline float as_float(__half x) { return __half2float(x); }
+static inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename Use, typename T, typename Layout> void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, float x) {
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.v[r][c] = x;
+}
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout> &f, const T *p, unsigned ldm) {
+    bool rows = std::is_same<Layout, row_major>::value;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.v[r][c] = as_float(rows ? p[r * ldm + c] : p[c * ldm + r]);
+}
+static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm,
+                                    layout_t l) {
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.v[r][c] = l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
+                                     layout_t l) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0)
+        for (int r = 0; r < 16; r++)
+            for (int c = 0; c < 16; c++) (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.v[r][c];
+    __syncwarp();
+}
+template <typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
+              const fragment<matrix_b, 16, 16, 16, T, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c) {
+    float out[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            float s = c.v[r][n];
+            for (int k = 0; k < 16; k++) s += a.v[r][k] * b.v[k][n];
+            out[r][n] = s;
+        }
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) d.v[r][n] = out[r][n];
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 #define DT_RUN(k, g, b, sh, ...) dt_emu_launch(g, b, sh, [=] { k(__VA_ARGS__); })
 #define DT_LAUNCHED(kernel) ((void)0)

@@ -1,0 +1,266 @@
+/* The fused attention on tensor cores (included by flash.cu): products in
+ * bf16 or fp16, heads of 64 or 128 columns (GPT-2's, Llama's), the same
+ * scheme and contract as flash.cu's kernels on the CUDA cores, each
+ * product a warp's 16 x 16 x 16 matrix multiply-accumulates (nvcuda::wmma:
+ * 16-bit factors, fp32 sums). A block is 4 warps and 64 rows of one head,
+ * a warp 16 of them; the other side comes in tiles of 64 rows, its
+ * factors rounded to the type as they are loaded into shared memory.
+ *
+ *   forward  per key tile: S = Q K^T (a warp's 16 x 64 scores into its
+ *            shared rows), the online softmax there (a lane half a row:
+ *            the row's maximum and sum over the lane pair), the
+ *            unnormalised probabilities rounded into 16-bit rows and the
+ *            output's sums (kept in the warp's shared rows, rescaled by
+ *            each row's correction) += P V.
+ *   fa_kv_tc per query tile from the diagonal on: S^T = K Q^T and
+ *            dP^T = V dY^T, then P and dS rounded, dV += P^T dY and
+ *            dK += dS^T Q in fragments kept across the tiles.
+ *   fa_q_tc  per key tile up to the diagonal: S, dP, dS again, dQ += dS K.
+ *
+ * The factors are those flash.cu's kernels round (q, k, v, dout, the
+ * probabilities, the softmax's gradient); the sums are the tensor cores'
+ * (fp32, in their own order): the CPU's numbers to rounding, the same bits
+ * every run (no atomics). Every wmma pointer is 32-byte aligned (each
+ * region a multiple of 32 bytes, tiles 16 rows of LD 16-bit elements,
+ * LD a multiple of 8). */
+#ifndef DT_CUDA_EMU
+#include <cuda_bf16.h>
+#include <mma.h>
+#endif
+#include <type_traits>
+
+using namespace nvcuda;
+
+#define TC_W 4            // warps a block
+#define TC_ROWS 64        // a block's rows, and a tile of the other side
+#define TC_SUB 16         // wmma's tile
+static_assert(TC_W * TC_SUB == TC_ROWS, "a warp's 16 rows of the block's 64");
+
+template <int H> struct tc_type;
+template <> struct tc_type<1> {
+    typedef __nv_bfloat16 t;
+};
+template <> struct tc_type<2> {
+    typedef __half t;
+};
+
+// The shared memory of head size HS: rows' strides (elements) and regions' bytes.
+template <int HS> struct tc_layout {
+    static constexpr int LD = HS + 8;         // a 16-bit tile's row
+    static constexpr int SLD = TC_ROWS + 4;   // a warp's fp32 scores' row
+    static constexpr int PLD = TC_ROWS + 8;   // a warp's 16-bit products' row
+    static constexpr int OLD = HS + 4;        // a warp's fp32 sums' row
+    static constexpr size_t TILE = 2 * TC_ROWS * LD, SW = 4 * TC_SUB * SLD, PW = 2 * TC_SUB * PLD,
+                            OW = 4 * TC_SUB * OLD, STATS = 4 * 2 * TC_ROWS;
+    static constexpr size_t FORWARD = 3 * TILE + TC_W * (SW + PW + OW);
+    static constexpr size_t BACKWARD = 4 * TILE + STATS + TC_W * (2 * SW + 2 * PW + OW);
+    static_assert(TILE % 32 == 0 && SW % 32 == 0 && PW % 32 == 0 && OW % 32 == 0 && STATS % 32 == 0,
+                  "every region 32-byte aligned");
+};
+
+// Rows r0 .. r0 + 63 of one head's HS columns of src (row stride `stride`)
+// rounded to the 16-bit type into s (row stride LD); rows past T zeros.
+template <int H, int HS>
+__device__ static void tc_load(uint16_t *s, const float *src, size_t stride, int r0, int T) {
+    for (int i = threadIdx.x; i < TC_ROWS * HS; i += blockDim.x) {
+        int r = i / HS, d = i % HS;
+        s[r * tc_layout<HS>::LD + d] = r0 + r < T ? narrow<H>(src[(size_t)(r0 + r) * stride + d]) : (uint16_t)0;
+    }
+}
+
+typedef wmma::fragment<wmma::accumulator, TC_SUB, TC_SUB, TC_SUB, float> tc_acc;
+
+// acc (+)= A B over k = 16 kk .. for `steps` steps of 16: A's 16 rows from
+// a (row-major, stride lda), B from b: col_major (B[k][n] = b[n ldb + k],
+// a transposed tile's rows) or row-major (b[k ldb + n]).
+template <typename T16, typename BL>
+__device__ static void tc_mma(tc_acc &acc, const uint16_t *a, int lda, const uint16_t *b, int ldb, int steps) {
+    for (int kk = 0; kk < steps; kk++) {
+        wmma::fragment<wmma::matrix_a, TC_SUB, TC_SUB, TC_SUB, T16, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, TC_SUB, TC_SUB, TC_SUB, T16, BL> fb;
+        wmma::load_matrix_sync(fa, (const T16 *)a + kk * TC_SUB, lda);
+        const uint16_t *bk = std::is_same<BL, wmma::col_major>::value ? b + kk * TC_SUB : b + kk * TC_SUB * ldb;
+        wmma::load_matrix_sync(fb, (const T16 *)bk, ldb);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+// out[16 x 64] (fp32, stride SLD) = A B^T: A the warp's 16 rows of a
+// (stride LD), B^T's columns the 64 rows of tile b (stride LD), over HS.
+template <typename T16, int HS>
+__device__ static void tc_scores(float *out, const uint16_t *a, const uint16_t *b) {
+    typedef tc_layout<HS> Y;
+    for (int n = 0; n < TC_ROWS / TC_SUB; n++) {
+        tc_acc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        tc_mma<T16, wmma::col_major>(acc, a, Y::LD, b + n * TC_SUB * Y::LD, Y::LD, HS / TC_SUB);
+        wmma::store_matrix_sync(out + n * TC_SUB, acc, Y::SLD, wmma::mem_row_major);
+    }
+    __syncwarp();  // (the lanes read each other's stores)
+}
+
+// dst[16 x HS] rows (fp32, stride OLD) of fragments f[HS / 16] added into
+// global rows row(r) (row r < n of the 16 this warp holds), through o.
+template <int HS>
+__device__ static void tc_add_rows(float *o, tc_acc *f, float *dst, size_t stride, int n) {
+    typedef tc_layout<HS> Y;
+    for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::store_matrix_sync(o + nb * TC_SUB, f[nb], Y::OLD, wmma::mem_row_major);
+    __syncwarp();
+    int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+    if (r < n)
+        for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); d++) dst[(size_t)r * stride + d] += o[r * Y::OLD + d];
+    __syncwarp();
+}
+
+template <int H, int HS>
+__global__ static void __launch_bounds__(TC_W * 32)
+    fa_forward_tc(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
+    extern __shared__ __align__(128) float sm[];  // (32-byte aligned regions)
+    typedef typename tc_type<H>::t T16;
+    typedef tc_layout<HS> Y;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH, r = lane / 2, half = lane % 2;
+    size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS, qe = min(T, q0 + TC_ROWS), t = q0 + warp * TC_SUB + r;
+    char *base = (char *)sm, *mine = base + 3 * Y::TILE + warp * (Y::SW + Y::PW + Y::OW);
+    uint16_t *Q = (uint16_t *)base, *K = (uint16_t *)(base + Y::TILE), *V = (uint16_t *)(base + 2 * Y::TILE);
+    float *S = (float *)mine, *O = (float *)(mine + Y::SW + Y::PW);
+    uint16_t *P = (uint16_t *)(mine + Y::SW);
+    const float *x = qkv + b * T * C3 + (size_t)h * HS;
+    tc_load<H, HS>(Q, x, C3, q0, T);
+    for (int i = lane; i < TC_SUB * Y::OLD; i += 32) O[i] = 0.0f;
+    float m = -FLT_MAX, l = 0.0f;
+    for (int k0 = 0; k0 < qe; k0 += TC_ROWS) {
+        __syncthreads();  // (the last tile read)
+        tc_load<H, HS>(K, x + C, C3, k0, T);
+        tc_load<H, HS>(V, x + 2 * C, C3, k0, T);
+        __syncthreads();
+        tc_scores<T16, HS>(S, Q + warp * TC_SUB * Y::LD, K);
+        float mx = -FLT_MAX, sum = 0.0f, *s = S + r * Y::SLD;
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            s[c] = __fmul_rn(s[c], scale);
+            if (k0 + c <= t && t < T) mx = fmaxf(mx, s[c]);
+        }
+        float mnew = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            float e = k0 + c <= t && t < T ? dt_att_exp(s[c], mnew) : 0.0f;
+            sum += e;
+            P[r * Y::PLD + c] = narrow<H>(e);
+        }
+        float corr = dt_att_exp(m, mnew);
+        l = l * corr + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+        m = mnew;
+        for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); d++) O[r * Y::OLD + d] *= corr;
+        __syncwarp();
+        for (int nb = 0; nb < HS / TC_SUB; nb++) {  // O += P V
+            tc_acc acc;
+            wmma::load_matrix_sync(acc, O + nb * TC_SUB, Y::OLD, wmma::mem_row_major);
+            tc_mma<T16, wmma::row_major>(acc, P, Y::PLD, V + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
+            wmma::store_matrix_sync(O + nb * TC_SUB, acc, Y::OLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (t < T) {
+        size_t at = (b * T + t) * C + (size_t)h * HS;
+        for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); d++) {
+            float v = O[r * Y::OLD + d] * (1.0f / l);
+            out[at + d] = v;
+            o32[at + d] = v;
+        }
+        if (half == 0) lse[bh * T + t] = m + logf(l);
+    }
+}
+
+// The tile of 64 key rows blockIdx.y of head blockIdx.x: dK and dV over
+// the query tiles from the diagonal on (a lane half a key row's queries).
+template <int H, int HS>
+__global__ static void __launch_bounds__(TC_W * 32)
+    fa_kv_tc(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
+             float scale) {
+    extern __shared__ __align__(128) float sm[];
+    typedef typename tc_type<H>::t T16;
+    typedef tc_layout<HS> Y;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH, r = lane / 2, half = lane % 2;
+    size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
+    int k0 = blockIdx.y * TC_ROWS, j = k0 + warp * TC_SUB + r;
+    char *base = (char *)sm, *mine = base + 4 * Y::TILE + Y::STATS + warp * (2 * Y::SW + 2 * Y::PW + Y::OW);
+    uint16_t *K = (uint16_t *)base, *V = (uint16_t *)(base + Y::TILE), *Q = (uint16_t *)(base + 2 * Y::TILE),
+             *dY = (uint16_t *)(base + 3 * Y::TILE);
+    float *Ls = (float *)(base + 4 * Y::TILE), *Ds = Ls + TC_ROWS, *S = (float *)mine, *dP = (float *)(mine + Y::SW);
+    uint16_t *P = (uint16_t *)(mine + 2 * Y::SW), *dS = (uint16_t *)(mine + 2 * Y::SW + Y::PW);
+    float *O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
+    const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
+    tc_acc dK[HS / TC_SUB], dV[HS / TC_SUB];
+    for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::fill_fragment(dK[nb], 0.0f), wmma::fill_fragment(dV[nb], 0.0f);
+    tc_load<H, HS>(K, x + C, C3, k0, T);
+    tc_load<H, HS>(V, x + 2 * C, C3, k0, T);
+    for (int q0 = k0; q0 < T; q0 += TC_ROWS) {
+        __syncthreads();
+        tc_load<H, HS>(Q, x, C3, q0, T);
+        tc_load<H, HS>(dY, dy, C, q0, T);
+        if (threadIdx.x < TC_ROWS) {
+            int i = q0 + threadIdx.x;
+            Ls[threadIdx.x] = i < T ? lse[bh * T + i] : 0.0f;
+            Ds[threadIdx.x] = i < T ? D[bh * T + i] : 0.0f;
+        }
+        __syncthreads();
+        tc_scores<T16, HS>(S, K + warp * TC_SUB * Y::LD, Q);    // S^T: the warp's keys x the tile's queries
+        tc_scores<T16, HS>(dP, V + warp * TC_SUB * Y::LD, dY);  // dP^T
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            bool ok = q0 + c < T && j <= q0 + c;
+            float e = ok ? dt_att_exp(__fmul_rn(S[r * Y::SLD + c], scale), Ls[c]) : 0.0f;
+            P[r * Y::PLD + c] = narrow<H>(e);
+            dS[r * Y::PLD + c] = narrow<H>(ok ? dt_att_grad(e, dP[r * Y::SLD + c], Ds[c], scale) : 0.0f);
+        }
+        __syncwarp();
+        for (int nb = 0; nb < HS / TC_SUB; nb++) {
+            tc_mma<T16, wmma::row_major>(dV[nb], P, Y::PLD, dY + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
+            tc_mma<T16, wmma::row_major>(dK[nb], dS, Y::PLD, Q + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
+        }
+    }
+    int n = min(TC_SUB, T - (k0 + warp * TC_SUB));
+    float *g = dqkv + (b * T + k0 + warp * TC_SUB) * C3 + (size_t)h * HS;
+    tc_add_rows<HS>(O, dK, g + C, C3, n);
+    tc_add_rows<HS>(O, dV, g + 2 * C, C3, n);
+}
+
+// The tile of 64 query rows (the longest first) of head blockIdx.x: dQ
+// over the key tiles up to the diagonal (a lane half a query row's keys).
+template <int H, int HS>
+__global__ static void __launch_bounds__(TC_W * 32)
+    fa_q_tc(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
+            float scale) {
+    extern __shared__ __align__(128) float sm[];
+    typedef typename tc_type<H>::t T16;
+    typedef tc_layout<HS> Y;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH, r = lane / 2, half = lane % 2;
+    size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS, qe = min(T, q0 + TC_ROWS), i = q0 + warp * TC_SUB + r;
+    char *base = (char *)sm, *mine = base + 4 * Y::TILE + Y::STATS + warp * (2 * Y::SW + 2 * Y::PW + Y::OW);
+    uint16_t *Q = (uint16_t *)base, *dY = (uint16_t *)(base + Y::TILE), *K = (uint16_t *)(base + 2 * Y::TILE),
+             *V = (uint16_t *)(base + 3 * Y::TILE), *dS = (uint16_t *)(mine + 2 * Y::SW);
+    float *S = (float *)mine, *dP = (float *)(mine + Y::SW), *O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
+    const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
+    float Li = i < T ? lse[bh * T + i] : 0.0f, Di = i < T ? D[bh * T + i] : 0.0f;
+    tc_acc dQ[HS / TC_SUB];
+    for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::fill_fragment(dQ[nb], 0.0f);
+    tc_load<H, HS>(Q, x, C3, q0, T);
+    tc_load<H, HS>(dY, dy, C, q0, T);
+    for (int k0 = 0; k0 < qe; k0 += TC_ROWS) {
+        __syncthreads();
+        tc_load<H, HS>(K, x + C, C3, k0, T);
+        tc_load<H, HS>(V, x + 2 * C, C3, k0, T);
+        __syncthreads();
+        tc_scores<T16, HS>(S, Q + warp * TC_SUB * Y::LD, K);
+        tc_scores<T16, HS>(dP, dY + warp * TC_SUB * Y::LD, V);
+        for (int c = half * 32; c < half * 32 + 32; c++) {
+            bool ok = i < T && k0 + c <= i;
+            float e = ok ? dt_att_exp(__fmul_rn(S[r * Y::SLD + c], scale), Li) : 0.0f;
+            dS[r * Y::PLD + c] = narrow<H>(ok ? dt_att_grad(e, dP[r * Y::SLD + c], Di, scale) : 0.0f);
+        }
+        __syncwarp();
+        for (int nb = 0; nb < HS / TC_SUB; nb++)
+            tc_mma<T16, wmma::row_major>(dQ[nb], dS, Y::PLD, K + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
+    }
+    int n = min(TC_SUB, T - (q0 + warp * TC_SUB));
+    tc_add_rows<HS>(O, dQ, dqkv + (b * T + q0 + warp * TC_SUB) * C3 + (size_t)h * HS, C3, n);
+}
