@@ -48,14 +48,23 @@ void wait_at(barrier *b, const char *what) {
 
 struct job {
     const std::function<void()> *fn;
-    unsigned x, y, tid;
+    unsigned tid;
 };
 
+// A thread of every block in turn: thread 0 fills the shared memory with
+// NaNs between two barriers, then the block runs.
 void *run_thread(void *arg) {
     job *j = (job *)arg;
     threadIdx = dim3(j->tid, 0, 0);
-    blockIdx = dim3(j->x, j->y, 0);
-    (*j->fn)();
+    for (unsigned y = 0; y < gridDim.y; y++)
+        for (unsigned x = 0; x < gridDim.x; x++) {
+            if (j->tid == 0)
+                for (size_t i = 0; i < DT_EMU_SHARED_FLOATS; i++) sm[i] = NAN;
+            wait_at(&g_block, "the start of a block");
+            blockIdx = dim3(x, y, 0);
+            (*j->fn)();
+            wait_at(&g_block, "the end of a block");
+        }
     return NULL;
 }
 
@@ -89,16 +98,12 @@ void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &f
     for (unsigned w = 0; w < b.x / 32; w++) g_warp[w].n = 32;
     static pthread_t th[MAX_THREADS];
     static job jobs[MAX_THREADS];
-    for (unsigned y = 0; y < g.y; y++)
-        for (unsigned x = 0; x < g.x; x++) {
-            for (size_t i = 0; i < DT_EMU_SHARED_FLOATS; i++) sm[i] = NAN;
-            for (unsigned t = 0; t < b.x; t++) {
-                jobs[t] = job{&fn, x, y, t};
-                if (pthread_create(&th[t], NULL, run_thread, &jobs[t])) {
-                    perror("emulated GPU: pthread_create");
-                    abort();
-                }
-            }
-            for (unsigned t = 0; t < b.x; t++) pthread_join(th[t], NULL);
+    for (unsigned t = 0; t < b.x; t++) {
+        jobs[t] = job{&fn, t};
+        if (pthread_create(&th[t], NULL, run_thread, &jobs[t])) {
+            perror("emulated GPU: pthread_create");
+            abort();
         }
+    }
+    for (unsigned t = 0; t < b.x; t++) pthread_join(th[t], NULL);
 }

@@ -1,10 +1,11 @@
 /* CUDA kernels on CPU threads, for tests on machines without a GPU
  * (tests/gpu/test_gpu_emu.c): a kernel source compiled as C++ with
  * DT_CUDA_EMU defined includes this header in place of gpu/cuda_check.h.
- * A launch (DT_RUN) runs the grid's blocks one after another, each as
- * blockDim.x threads of its own (pthreads) sharing one block of shared
- * memory (`extern __shared__ ... sm[]`, filled with NaNs before each
- * block, so a read of a value no thread wrote shows); __syncthreads and
+ * A launch (DT_RUN) runs the grid's blocks one after another on
+ * blockDim.x threads (pthreads, a barrier between blocks), which share one
+ * block of shared memory (`extern __shared__ ... sm[]`, filled with NaNs
+ * before each block, so a read of a value no thread wrote shows);
+ * __syncthreads and
  * __syncwarp are barriers over the block's and the warp's threads, a
  * shuffle an exchange through the warp's slots between two warp barriers.
  * A barrier some thread never reaches (a __syncthreads or a shuffle in
