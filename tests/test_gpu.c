@@ -1305,12 +1305,58 @@ static void test_attention_small(void) {
     test_attention(1, 70, 128, 2, DT_BF16);  // (the tensor cores')
 }
 
+// The attention's forward and backward alone at GPT-2 124M's layer (B 16,
+// T 1024, 12 heads of 64), fp32 (the CUDA cores' fused kernels) and bf16
+// (the tensor cores'): milliseconds a call, after warm-up, each timed over
+// 10 calls ended by a wait; one JSON line (tests/gpu/run.sh's attention
+// stage, beside bench/torch_attention.py's PyTorch figures). A benchmark,
+// not a check: it asserts nothing but that the calls succeed.
+static void bench_attention(void) {
+    char why[512];
+    if (dt_gpu_count(why, sizeof why) == 0) {
+        tl_skip("no GPU to time the attention on: %s", why);
+        return;
+    }
+    CHECK(dt_gpu_use(0) == DT_OK, "GPU 0: %s", dt_last_error());
+    const int B = 16, T = 1024, C = 768, NH = 12, reps = 10;
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C;
+    float *h = randoms(n3, 2, 7), *gq = upload(h, n3), *gdq = upload(h, n3), *gout = upload(h, n), *gdy = upload(h, n);
+    printf("{\"B\": %d, \"T\": %d, \"C\": %d, \"NH\": %d", B, T, C, NH);
+    for (int k = 0; k < 2; k++) {
+        dt_dtype t = k ? DT_BF16 : DT_F32;
+        dt_att_room room = dt_att_room_of(B, T, C, NH, t);
+        void *saved = NULL, *scratch = NULL;
+        dt_status st = gq && gdq && gout && gdy ? dt_gpu_alloc(&saved, room.saved) : DT_ERR_NOMEM;
+        if (st == DT_OK) st = dt_gpu_alloc(&scratch, room.scratch);
+        double ms[2] = {0, 0};
+        for (int pass = 0; pass < 2 && st == DT_OK; pass++)  // forward, backward
+            for (int r = -3; r < reps && st == DT_OK; r++) {
+                if (r == 0) st = dt_gpu_sync(), ms[pass] = dt_now();
+                if (st != DT_OK) break;
+                st = pass ? dt_gpu_attention_backward(gdq, scratch, gdy, gq, saved, NULL, B, T, C, NH, t)
+                          : dt_gpu_attention_forward(gout, saved, gq, NULL, B, T, C, NH, t);
+                if (st == DT_OK && r == reps - 1 && (st = dt_gpu_sync()) == DT_OK)
+                    ms[pass] = (dt_now() - ms[pass]) * 1e3 / reps;
+            }
+        CHECK(st == DT_OK, "attention %s at B %d T %d C %d NH %d timed: %s", dt_dtype_name(t), B, T, C, NH,
+              st == DT_OK ? "ok" : dt_last_error());
+        printf(", \"%s_forward_ms\": %.3f, \"%s_backward_ms\": %.3f", k ? "bf16" : "fp32", ms[0], k ? "bf16" : "fp32",
+               ms[1]);
+        dt_gpu_free(saved), dt_gpu_free(scratch);
+    }
+    printf("}\n");
+    free(h);
+    float *g[] = {gq, gdq, gout, gdy};
+    for (int i = 0; i < 4; i++) dt_gpu_free(g[i]);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each line in the log as it comes (a stage may be stopped at its limit)
     if (argc > 1 && !strcmp(argv[1], "fault-child")) return fault_child();
     if (argc > 1 && !strcmp(argv[1], "fault")) test_fault();
     else if (argc > 1 && !strcmp(argv[1], "ops")) test_ops();
     else if (argc > 1 && !strcmp(argv[1], "attention")) test_attention_small();
+    else if (argc > 1 && !strcmp(argv[1], "bench-attention")) bench_attention();
     else test_refusals(), test_libs();
     return tl_finish();
 }

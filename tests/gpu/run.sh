@@ -19,7 +19,9 @@
 #      autocast and TF32), llm.c (BUILD/llmc/train_gpt2cu, built here by
 #      bench/llmc_gpu.sh, where it was carried) and dtrain itself (--device
 #      cuda, bf16 and TF32) on GPT-2 124M, B=16, T=1024
-#   6b. mlp-cnn: the MLP and the CNN against PyTorch eager (bench/gpu_train.py);
+#   6b. attention: the fused attention alone (test_gpu bench-attention)
+#      against PyTorch's scaled_dot_product_attention (bench/torch_attention.py);
+#      mlp-cnn: the MLP and the CNN against PyTorch eager (bench/gpu_train.py);
 #      profile: each kernel's share of dtrain's bf16 GPT step (ncu,
 #      bench/gpu_profile.py)
 #   7. ranks: that GPT on 1, 2 and 4 ranks sharing the GPU (bench/gpu_ranks.py:
@@ -102,6 +104,9 @@ if [ -x "$build/llmc/train_gpt2cu" ]; then
 else
     said_not_run llmc-bf16 "$build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build"
 fi
+# the attention alone at GPT-2 124M's layer: dtrain's fused kernels against PyTorch's SDPA
+stage attention 120 sh -c '"$0" bench-attention | tee "$2/attention-dtrain.log" &&
+    python3 bench/torch_attention.py | tee "$2/attention-torch.json"' "$build/tests/test_gpu" "$out"
 # the MLP (batch 256) and the CNN (64, 512) against PyTorch eager on the GPU
 stage mlp-cnn 300 python3 bench/gpu_train.py --dtrain "$build/dtrain" --out "$out/mlp-cnn" --json "$out/mlp-cnn.json"
 # dtrain itself on the same model and tokens: bf16 (llm.c's and PyTorch's autocast's setting), fp32 with TF32
