@@ -837,6 +837,15 @@ static const dev_row dev_rows[] = {
     {"gpt", 2, "--set parallel.tensor=2 --set model.padded_vocab_size=96", 0},
     {"gpt", 2, "--precision bf16 --set parallel.tensor=2", 0},
     {"gpt", 2, "--deterministic --set parallel.tensor=2 --set parallel.micro_shards=6", 0},
+    // sequence parallel: the stream, the layernorms and the residual adds
+    // divided along the tokens, the shards' rows gathered before each
+    // column-parallel linear and reduce-scattered after each row-parallel
+    // one (fp32, bf16; with a pipeline: the stream between stages the
+    // shard's rows; with data parallel)
+    {"gpt", 2, "--set parallel.tensor=2 --set parallel.sequence=true", 0},
+    {"gpt", 2, "--precision bf16 --set parallel.tensor=2 --set parallel.sequence=true", 0},
+    {"gpt", 4, "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence=true", 0},
+    {"gpt", 4, "--set parallel.tensor=2 --set parallel.sequence=true", 0},
 };
 
 // The index of dev_rows' row {model, workers, flags}.
@@ -873,6 +882,23 @@ static void zero_memory(void) {
         printf("%s x %d: the device's optimizer state %g bytes under --zero 1, %g replicated\n", z[i].model,
                z[i].workers, mine, full);
     }
+}
+
+// Sequence parallel's memory on the device (rank 0's summary.json): the
+// GPT's activations in 2 tensor shards smaller with it (the stream, the
+// layernorms and the residual adds a shard's half of the rows) than
+// without, beside the same weights.
+static void sequence_memory(void) {
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/row%zu-dev/summary.json", g_tmp, dev_row_of("gpt", 2, "--set parallel.tensor=2"));
+    snprintf(b, sizeof b, "%s/row%zu-dev/summary.json", g_tmp,
+             dev_row_of("gpt", 2, "--set parallel.tensor=2 --set parallel.sequence=true"));
+    double whole = tl_json_number(a, "activations_bytes"), seq = tl_json_number(b, "activations_bytes");
+    CHECK(whole > 0 && seq > 0 && seq < whole && tl_json_number(a, "weights_bytes") == tl_json_number(b, "weights_bytes"),
+          "the GPT in 2 tensor shards on the device: activations %g bytes with sequence parallel, %g without; the same "
+          "weights", seq, whole);
+    printf("the GPT in 2 tensor shards on the device: activations %g bytes with sequence parallel, %g without\n", seq,
+           whole);
 }
 
 // Model parallel's run on the device: summary.json says the stages ran
@@ -1200,6 +1226,7 @@ static void test_ranks(void) {
     CHECK(tl_count(sum, "\"collectives\":\t\"staging\"") == 1 && tl_count(sum, "\"step_end\":\t\"host\"") == 1,
           "summary.json: the GPUs' collectives staged, the step's end on the host (the ranks agree on a skip first)");
     zero_memory();
+    sequence_memory();
     zero2_memory();
     trace_buckets();
     pipeline_cnn();
@@ -1538,8 +1565,6 @@ static void test_refusals(void) {
         {cfg_mlp_full, "--device cuda --workers 2 --set compression.method=bf16 --set compression.min_bytes=64",
          "with [compression] min_bytes (pieces sent as fp32): not in this dtrain yet"},
         {cfg_gpt, "--device cuda --set train.recompute=blocks", "with [train] recompute"},
-        {cfg_gpt, "--device cuda --workers 2 --set parallel.tensor=2 --set parallel.sequence=true",
-         "with [parallel] sequence (sequence parallel): not in this dtrain yet"},
         {tl_cfg_cnn, "--device cuda:1", "device = cuda:1: this machine has 1 GPU (cuda:0)"},
     };
     char text[4096];

@@ -366,6 +366,8 @@ DT_API dt_status dt_gpt_create_shard(dt_gpt **out, const dt_gpt_config *c, const
  * cannot be saved (dt_gpt_save: copy its part into a whole block instead,
  * dt_gpt_part_fill); dt_gpt_load gives it its part. */
 DT_API int dt_gpt_shard(const dt_gpt *m, int *ntp);
+/* 1 where the shard runs sequence parallel (acts->seq), else 0. */
+DT_API int dt_gpt_seq(const dt_gpt *m);
 /* The head's vocabulary on m's shard: *v0 its first row of wte, returned
  * how many of its rows are below vocab_size (the whole model: 0 and
  * vocab_size). */

@@ -42,12 +42,11 @@ static int wire16(const dt_config *c) {
 // What trains on a device: data parallel (plain or deterministic, ZeRO
 // stage 1, 2 or 3 or not), in fp32, bf16 or fp16, a GPT or a sequential model
 // (dense, convolution, pooling and dropout layers), its gradients summed in
-// fp32 or (plain data parallel) in 16 bits; pipeline and tensor parallel
-// (the model-parallel strategy, its stages on the device; not sequence
-// parallel); the rest refused by name.
+// fp32 or (plain data parallel) in 16 bits; pipeline, tensor and sequence
+// parallel (the model-parallel strategy, its stages on the device); the
+// rest refused by name.
 static dt_status supported(const dt_config *c) {
     const char *no = c->ps_servers > 0 ? "[parallel] servers (parameter servers)"
-                     : c->tensor > 1 && c->sequence ? "[parallel] sequence (sequence parallel)"
                      : c->sync_every > 0 ? "[parallel] sync_every (local SGD)"
                      : c->comp_method != DT_COMP_NONE && !wire16(c) ? "[compression] method (other than fp16, bf16)"
                      : wire16(c) && c->comp_min_bytes > 0 ? "[compression] min_bytes (pieces sent as fp32)"

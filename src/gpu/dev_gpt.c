@@ -44,7 +44,7 @@ typedef struct {  // one layer's saved activations; in 16 bits ln1, atty, ln2, f
 struct dt_dev_gpt {
     dt_dev_blocks b;
     dt_gpt_config c;
-    int tp, ntp;                // this shard of ntp (0 of 1: the whole model)
+    int tp, ntp, seq;           // this shard of ntp (0 of 1: the whole model); seq: sequence parallel
     int Cl, NHl, F, Vl, Vv, v0; // its channels, heads, MLP units, head's columns (and those below V), first row
     dt_gpt_reduce_fn reduce;    // the shards' collectives (ntp > 1), on host values
     void *reduce_user;
@@ -66,6 +66,9 @@ struct dt_dev_gpt {
     float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, max(C, F)]; dfchg's room)
     void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, max(C, F, 3 Cl)]; datt's room)
     void *attw;    // the attention's work (dt_att_room_of: large heads' rounded factors in 16 bits), both passes'
+    float *gath;   // sequence parallel: every shard's rows gathered ([BT, C]), or a projection's before its scatter
+    void *gath16;  // ... and gath in 16 bits (a column-parallel linear's input)
+    float *dlnw;   // ... the layernorms' weight gradients of the shard's rows ([4 C]), summed over the shards
 };
 
 // A kept activation from a: fp32 (per layer), or in 16 bits made in x32
@@ -84,12 +87,13 @@ static float *kept(dt_dev_gpt *g, dt_dev_arena *a, void **h, size_t n) {
 // datt's room (the attention's backward's, free in the linears' backward).
 static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) {
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, f = sizeof(float);
+    size_t R = g->seq ? BT / (size_t)g->ntp : BT;  // the stream's rows (sequence parallel: the shard's)
     size_t Cl = (size_t)g->Cl, F = (size_t)g->F, V = g->ntp > 1 ? (size_t)g->Vl : (size_t)g->c.vocab_size;
     size_t CF = C > F ? C : F, wide = CF > 3 * Cl ? CF : 3 * Cl;  // (x32 holds C or F; dout16 C, F or 3 Cl)
     size_t h16 = g->b.t != DT_F32 ? 2 * BT * wide : 0;
     dt_att_room att = dt_att_room_of(g->maxB, g->maxT, g->Cl, g->NHl, g->b.t);
     if (work) {
-        g->dresid = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
+        g->dresid = dt_dev_take(a, DT_DEV_WORK, f * R * C);
         g->dln = dt_dev_take(a, DT_DEV_WORK, f * BT * C);
         g->datty = dt_dev_take(a, DT_DEV_WORK, f * BT * Cl);
         g->dqkv = dt_dev_take(a, DT_DEV_WORK, f * BT * 3 * Cl);
@@ -101,33 +105,37 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         g->attw = att.work ? dt_dev_take(a, DT_DEV_WORK, att.work) : NULL;
         g->mx = g->ntp > 1 ? dt_dev_take(a, DT_DEV_WORK, f * 3 * BT) : NULL;
         g->sums = g->mx ? g->mx + BT : NULL;
+        g->gath = g->seq ? dt_dev_take(a, DT_DEV_WORK, f * BT * C) : NULL;
+        g->gath16 = g->seq && h16 ? dt_dev_take(a, DT_DEV_WORK, 2 * BT * C) : NULL;
+        g->dlnw = g->seq ? dt_dev_take(a, DT_DEV_WORK, f * 4 * C) : NULL;
     }
     int L = g->c.n_layer;
     g->r0 = l0;
-    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * BT * C * (size_t)(g->fwd_only ? 2 : l1 - l0 + 1));
+    g->resid = dt_dev_take(a, DT_DEV_ACTS, f * R * C * (size_t)(g->fwd_only ? 2 : l1 - l0 + 1));
     for (int l = l0; l < l1; l++) {
         layer_acts *s = &g->la[l];
         if (g->fwd_only && l > l0) {
             *s = g->la[l0];
             continue;
         }
-        s->ln1 = kept(g, a, &s->ln1_16, BT * C);
-        s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        s->ln1 = kept(g, a, &s->ln1_16, R * C);
+        s->ln1_mean = dt_dev_take(a, DT_DEV_ACTS, f * R);
+        s->ln1_rstd = dt_dev_take(a, DT_DEV_ACTS, f * R);
         s->qkv = dt_dev_take(a, DT_DEV_ACTS, f * BT * 3 * Cl);
         s->atty = kept(g, a, &s->atty16, BT * Cl);
         s->att = dt_dev_take(a, DT_DEV_ACTS, att.saved);
-        s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * BT * C);
-        s->ln2 = kept(g, a, &s->ln2_16, BT * C);
-        s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        s->ln2_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+        s->res2 = dt_dev_take(a, DT_DEV_ACTS, f * R * C);
+        s->ln2 = kept(g, a, &s->ln2_16, R * C);
+        s->ln2_mean = dt_dev_take(a, DT_DEV_ACTS, f * R);
+        s->ln2_rstd = dt_dev_take(a, DT_DEV_ACTS, f * R);
         s->fch = dt_dev_take(a, DT_DEV_ACTS, f * BT * F);
         s->fchg = kept(g, a, &s->fchg16, BT * F);
     }
-    if (l1 == L) {
-        g->lnf = kept(g, a, &g->lnf16, BT * C);
-        g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * BT);
-        g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * BT);
+    if (l1 == L) {  // (sequence parallel: lnf's rows kept in fp32, gathered for the head both ways, as nn/gpt.c)
+        if (g->seq) g->lnf16 = NULL, g->lnf = dt_dev_take(a, DT_DEV_ACTS, f * R * C);
+        else g->lnf = kept(g, a, &g->lnf16, BT * C);
+        g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * R);
+        g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * R);
         g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
         g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
     }
@@ -141,13 +149,23 @@ static void gpt_take(dt_dev_gpt *g) {
     acts_take(g, &g->b.arena, 0, g->c.n_layer, 1);
 }
 
+// Sequence parallel: the rows of the B T tokens this shard holds (all of
+// them without).
+static int rows_of(const dt_dev_gpt *g, int BT) { return g->seq ? BT / g->ntp : BT; }
+
 // The residual stream's slot l (the input of block l; L: the last's output).
 static float *resid(const dt_dev_gpt *g, int l) {
-    return g->resid + (size_t)(g->fwd_only ? l % 2 : l - g->r0) * g->B * g->T * g->c.n_embd;
+    return g->resid + (size_t)(g->fwd_only ? l % 2 : l - g->r0) * rows_of(g, g->B * g->T) * g->c.n_embd;
 }
 
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
                             dt_dev_part part, dt_dtype t) {
+    int ntp;
+    dt_gpt_shard(m, &ntp);
+    *out = NULL;
+    if (dt_gpt_seq(m) && ((size_t)B * T) % (size_t)ntp)
+        return dt_error(DT_ERR_ARG, "device gpt: sequence parallel: %d shards do not divide the batch's %d x %d tokens",
+                        ntp, B, T);
     dt_dev_gpt *g = calloc(1, sizeof *g);
     const dt_gpt_config *c = dt_gpt_get_config(m);
     layer_acts *la = calloc((size_t)c->n_layer, sizeof *la);
@@ -160,6 +178,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     *g = (dt_dev_gpt){.b = dt_dev_blocks_of(d, t, dt_gpt_num_params(m), nstates, part), .c = *c,
                       .maxB = B, .maxT = T, .la = la, .fwd_only = part.held};
     g->tp = dt_gpt_shard(m, &g->ntp);
+    g->seq = dt_gpt_seq(m);
     g->Cl = c->n_embd / g->ntp, g->NHl = c->n_head / g->ntp, g->F = 4 * c->n_embd / g->ntp;
     g->Vl = c->padded_vocab_size / g->ntp;
     g->Vv = dt_gpt_head_vocab(m, &g->v0);
@@ -185,29 +204,71 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
 
 dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd;
-    TRY(dt_dev_blocks_red(&g->b, BT * (C > 2 ? C : 2)));  // (through the blocks' pinned buffer)
+    // (through the blocks' pinned buffer; sequence parallel: a gather's rows and their whole beside them)
+    TRY(dt_dev_blocks_red(&g->b, (g->seq ? 2 : 1) * BT * (C > 2 ? C : 2)));
     g->reduce = fn;
     g->reduce_user = user;
     return DT_OK;
 }
 
-// x[n] summed (max: maxed) over the shards in place, through the host.
-static dt_status reduce(dt_dev_gpt *g, float *x, size_t n, int max) {
-    if (g->ntp == 1) return DT_OK;
+// The shards' collective op (nn/gpt.c's dt_gpt_coll) on the pinned buffer
+// red: send = red, recv = red + at.
+static dt_status coll(dt_dev_gpt *g, dt_gpt_coll op, size_t at, size_t n) {
     if (!g->reduce)
         return dt_error(DT_ERR_ARG, "device gpt: tensor-parallel shard %d of %d has no collective (dt_dev_gpt_set_reduce)",
                         g->tp, g->ntp);
+    return g->reduce(op, g->b.red, g->b.red + at, n, g->reduce_user);
+}
+
+// x[n] summed (max: maxed) over the shards in place, through the host.
+static dt_status reduce(dt_dev_gpt *g, float *x, size_t n, int max) {
+    if (g->ntp == 1) return DT_OK;
     TRY(g->b.d->to_host(g->b.red, x, sizeof(float) * n));
-    TRY(g->reduce(max ? DT_GPT_MAX : DT_GPT_SUM, g->b.red, g->b.red, n, g->reduce_user));
+    TRY(coll(g, max ? DT_GPT_MAX : DT_GPT_SUM, 0, n));
     return g->b.d->to_device(x, g->b.red, sizeof(float) * n);
 }
 
-// A row-parallel projection's partial output out[BT, C] summed over the
-// shards, then its bias added (the whole model's GEMM adds it first).
-static dt_status row_parallel(dt_dev_gpt *g, float *out, const float *bias, int BT) {
+// Sequence parallel: every shard's rows[R, C] gathered into gath[BT, C].
+static dt_status gather(dt_dev_gpt *g, const float *rows, int BT) {
+    size_t C = g->c.n_embd, n = (size_t)rows_of(g, BT) * C;
+    TRY(g->b.d->to_host(g->b.red, rows, sizeof(float) * n));
+    TRY(coll(g, DT_GPT_ALLGATHER, n, n));
+    return g->b.d->to_device(g->gath, g->b.red + n, sizeof(float) * (size_t)BT * C);
+}
+
+// The shards' partial sums part[BT, C] (a row-parallel linear's output, a
+// column-parallel one's input gradient) summed: in place over every row,
+// or sequence-parallel reduce-scattered into this shard's rows rows[R, C]
+// (rows may be part).
+static dt_status sum_rows(dt_dev_gpt *g, float *part, float *rows, int BT) {
+    size_t C = g->c.n_embd, n = (size_t)rows_of(g, BT) * C;
+    if (!g->seq) return reduce(g, part, (size_t)BT * C, 0);
+    TRY(g->b.d->to_host(g->b.red, part, sizeof(float) * (size_t)BT * C));
+    TRY(coll(g, DT_GPT_REDUCE_SCATTER, 0, n));
+    return g->b.d->to_device(rows, g->b.red, sizeof(float) * n);
+}
+
+// A row-parallel projection's partial output part[BT, C] summed over the
+// shards into out (the shard's rows of the sum; out = part without
+// sequence parallel), then its bias added (the whole model's GEMM adds it
+// first).
+static dt_status row_parallel(dt_dev_gpt *g, float *part, float *out, const float *bias, int BT) {
     if (g->ntp == 1) return DT_OK;
-    TRY(reduce(g, out, (size_t)BT * g->c.n_embd, 0));
-    return g->b.d->bias_forward(out, bias, (size_t)BT, g->c.n_embd);
+    TRY(sum_rows(g, part, out, BT));
+    return g->b.d->bias_forward(out, bias, (size_t)rows_of(g, BT), g->c.n_embd);
+}
+
+// Sequence parallel: the layernorms' weight gradients of the shard's rows
+// (dlnw [n], n = 2 C a layernorm) summed over the shards and added to the
+// gradients at offsets off[n / C] (C floats each), as nn/gpt.c's add_ln_grads.
+static dt_status add_ln_grads(dt_dev_gpt *g, const size_t *off, int n) {
+    size_t C = g->c.n_embd;
+    TRY(reduce(g, g->dlnw, (size_t)n, 0));
+    for (int k = 0; k < n / (int)C; k++) {
+        float *gr = g->b.grads + off[k];
+        TRY(g->b.d->residual_forward(gr, gr, g->dlnw + k * C, C));
+    }
+    return DT_OK;
 }
 
 void dt_dev_gpt_free(dt_dev_gpt *g) {
@@ -229,34 +290,51 @@ static dt_status input(dt_dev_gpt *g, dt_dev_x *in, const float *x, void *h, siz
     return g->b.t != DT_F32 ? g->b.d->to16(h, x, n, g->b.t) : DT_OK;
 }
 
+// The column-parallel linear's input after a layernorm, its rows ln
+// (fp32; in 16 bits made in x32, kept at h): in fp32 or 16 bits as input()
+// makes it; sequence parallel (nn/gpt.c's ln_linear): the shard's rows
+// kept, every shard's gathered into gath for the matmul (in 16 bits
+// converted into gath16).
+static dt_status ln_input(dt_dev_gpt *g, dt_dev_x *in, const float *ln, void *h, int BT) {
+    size_t C = g->c.n_embd;
+    if (!g->seq) return input(g, in, ln, h, (size_t)BT * C);
+    if (g->b.t != DT_F32) TRY(g->b.d->to16(h, ln, (size_t)rows_of(g, BT) * C, g->b.t));
+    TRY(gather(g, ln, BT));
+    return input(g, in, g->gath, g->gath16, (size_t)BT * C);
+}
+
 // One block (nn/gpt.c's layer_forward): a shard's qkv and fc linears
 // column-parallel, its two projections row-parallel (summed, then their
-// biases).
+// biases). Sequence parallel: the stream, the layernorms and res2 are the
+// shard's R rows; each layernorm's rows gathered for its linear, each
+// projection made whole in gath and reduce-scattered into the rows.
 static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, float *out) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
     int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl, whole = g->ntp == 1;
-    size_t rC = (size_t)BT * C;
+    int R = rows_of(g, BT);
+    size_t rC = (size_t)R * C;
     layer_acts *s = &g->la[l];
-    float *p = g->b.params;
+    float *p = g->b.params, *proj = g->seq ? g->gath : s->res2;
     dt_dev_x in;
     TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l), p + at(g, LN1B, l),
-                             (size_t)BT, C, 1e-5f));
-    TRY(input(g, &in, s->ln1, s->ln1_16, rC));
+                             (size_t)R, C, 1e-5f));
+    TRY(ln_input(g, &in, s->ln1, s->ln1_16, BT));
     TRY(dt_dev_linear_forward(b, s->qkv, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
     TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(input(g, &in, s->atty, s->atty16, (size_t)BT * Cl));
-    TRY(dt_dev_linear_forward(b, s->res2, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
-    TRY(row_parallel(g, s->res2, p + at(g, ATTPROJB, l), BT));
+    TRY(dt_dev_linear_forward(b, proj, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
+    TRY(row_parallel(g, proj, s->res2, p + at(g, ATTPROJB, l), BT));
     TRY(d->residual_forward(s->res2, residual, s->res2, rC));
     TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, p + at(g, LN2W, l), p + at(g, LN2B, l),
-                             (size_t)BT, C, 1e-5f));
-    TRY(input(g, &in, s->ln2, s->ln2_16, rC));
+                             (size_t)R, C, 1e-5f));
+    TRY(ln_input(g, &in, s->ln2, s->ln2_16, BT));
     TRY(dt_dev_linear_forward(b, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
     TRY(d->gelu_forward(s->fchg, s->fch, (size_t)BT * F));
     TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
-    TRY(dt_dev_linear_forward(b, out, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
-    TRY(row_parallel(g, out, p + at(g, FCPROJB, l), BT));
+    proj = g->seq ? g->gath : out;
+    TRY(dt_dev_linear_forward(b, proj, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
+    TRY(row_parallel(g, proj, out, p + at(g, FCPROJB, l), BT));
     return d->residual_forward(out, s->res2, out, rC);
 }
 
@@ -275,6 +353,9 @@ static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *tar
     int V = g->c.vocab_size, BT = B * T;
     if (B < 1 || B > g->maxB || T < 1 || T > g->maxT)
         return dt_error(DT_ERR_ARG, "device gpt: batch %d x %d outside 1..%d x 1..%d", B, T, g->maxB, g->maxT);
+    if (g->seq && BT % g->ntp)
+        return dt_error(DT_ERR_ARG, "device gpt: sequence parallel: %d shards do not divide the batch's %d x %d tokens",
+                        g->ntp, B, T);
     if (inputs) TRY(check_tokens(inputs, BT, V, "input"));
     if (targets) TRY(check_tokens(targets, BT, V, "target"));
     int32_t *pin;
@@ -296,9 +377,10 @@ static dt_status embed_forward(dt_dev_gpt *g) {
     int C = g->c.n_embd;
     TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 0));
     if (g->ntp == 1) return g->b.d->encoder_forward(resid(g, 0), g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, C);
-    TRY(g->b.d->encoder_split_forward(resid(g, 0), g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, C, g->v0,
-                                      g->Vl));
-    return reduce(g, resid(g, 0), (size_t)g->B * g->T * C, 0);
+    // vocabulary-parallel: summed over the shards (sequence parallel: every row made, then reduce-scattered)
+    float *part = g->seq ? g->gath : resid(g, 0);
+    TRY(g->b.d->encoder_split_forward(part, g->inputs, p + g->off[WTE], p + g->off[WPE], g->B, g->T, C, g->v0, g->Vl));
+    return sum_rows(g, part, resid(g, 0), g->B * g->T);
 }
 
 static dt_status blocks_forward(dt_dev_gpt *g, int l0, int l1) {
@@ -315,9 +397,10 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
     float *p = g->b.params;
     TRY(dt_dev_blocks_layer(&g->b, L, 0));
     TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, resid(g, L), p + g->off[LNFW], p + g->off[LNFB],
-                             (size_t)BT, C, 1e-5f));
-    dt_dev_x in;
-    TRY(input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
+                             (size_t)rows_of(g, BT), C, 1e-5f));
+    dt_dev_x in;  // (sequence parallel: every token's row, gathered)
+    if (g->seq) TRY(gather(g, g->lnf, BT));
+    TRY(g->seq ? input(g, &in, g->gath, g->gath16, (size_t)BT * C) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
     if (g->Vv > 0) TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, g->Vv));  // the tied head
     if (g->ntp == 1) {
         TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
@@ -363,69 +446,128 @@ static dt_status back_layer(dt_dev_gpt *g, int l) {
     return DT_OK;
 }
 
+// The column-parallel linear's input as its weight gradient reads it, the
+// layernorm's rows x as the forward kept them: without sequence parallel
+// x itself; sequence parallel (nn/gpt.c's ln_linear_back), the rows (in 16
+// bits widened into wide, free until after the linear's backward) gathered
+// into gath, in 16 bits converted into gath16.
+static dt_status ln_x(dt_dev_gpt *g, dt_dev_x *x, dt_dev_x rows, float *wide, int BT) {
+    size_t C = g->c.n_embd, n = (size_t)rows_of(g, BT) * C;
+    *x = rows;
+    if (!g->seq) return DT_OK;
+    const float *r = rows.f;
+    if (g->b.t != DT_F32) {
+        TRY(g->b.d->from16(wide, rows.h, n, g->b.t));
+        r = wide;
+    }
+    TRY(gather(g, r, BT));
+    return input(g, x, g->gath, g->gath16, (size_t)BT * C);
+}
+
+// The row-parallel linear's output gradient: dresid (the shard's rows
+// gathered into gath, sequence parallel).
+static dt_status out_grad(dt_dev_gpt *g, const float **dout, int BT) {
+    *dout = g->dresid;
+    if (!g->seq) return DT_OK;
+    *dout = g->gath;
+    return gather(g, g->dresid, BT);
+}
+
 // Its backward: a shard's column-parallel linears' input gradients summed
-// over the shards before their layernorms' backward.
+// over the shards before their layernorms' backward. Sequence parallel
+// (nn/gpt.c's layer_backward): dresid and the layernorms are the shard's
+// rows, the row-parallel linears read every row's output gradient
+// (gathered), the column-parallel weight gradients every row of their input
+// (gathered again), the input gradients' sums are reduce-scattered into the
+// rows, and the layernorms' weight gradients (the shard's rows', in dlnw:
+// ln2w, ln2b, ln1w, ln1b) are summed over the shards at the layer's end,
+// their grad hooks after it.
 static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
-    int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl;
+    int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl, seq = g->seq, R = rows_of(g, BT);
     size_t sC = (size_t)BT * C, sF = (size_t)BT * F, f = sizeof(float);
     layer_acts *s = &g->la[l];
     float *p = g->b.params, *gr = g->b.grads;
     void *h = g->dout16;
-    dt_dev_x fchg = {s->fchg, s->fchg16}, ln2 = {s->ln2, s->ln2_16}, atty = {s->atty, s->atty16},
-             ln1 = {s->ln1, s->ln1_16};
+    const float *dout;
+    dt_dev_x fchg = {s->fchg, s->fchg16}, atty = {s->atty, s->atty16}, x;
+    float *ln2w = seq ? g->dlnw : gr + at(g, LN2W, l), *ln2b = seq ? g->dlnw + C : gr + at(g, LN2B, l);
+    float *ln1w = seq ? g->dlnw + 2 * C : gr + at(g, LN1W, l), *ln1b = seq ? g->dlnw + 3 * C : gr + at(g, LN1B, l);
     TRY(back_layer(g, l));
+    if (seq) TRY(d->memset0(g->dlnw, f * 4 * C));
+    TRY(out_grad(g, &dout, BT));
     TRY(d->memset0(g->dfchg, f * sF));
-    TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l), gr + at(g, FCPROJB, l), g->dresid, h, fchg, BT, F, C));
+    TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l), gr + at(g, FCPROJB, l), dout, h, fchg, BT, F, C));
     grads_final(g, FCPROJW, l);
     TRY(d->memset0(g->dfch, f * sF));
     TRY(d->gelu_backward(g->dfch, g->dfchg, s->fch, sF));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l), gr + at(g, FCB, l), g->dfch, h, ln2, BT, C, F));
+    TRY(ln_x(g, &x, (dt_dev_x){s->ln2, s->ln2_16}, g->dfchg, BT));
+    TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l), gr + at(g, FCB, l), g->dfch, h, x, BT, C, F));
     grads_final(g, FCW, l);
-    TRY(reduce(g, g->dln, sC, 0));
-    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN2W, l), gr + at(g, LN2B, l), g->dln, s->res2,
-                              p + at(g, LN2W, l), s->ln2_mean, s->ln2_rstd, (size_t)BT, C));
-    grads_final(g, LN2W, l);
+    TRY(sum_rows(g, g->dln, g->dln, BT));
+    TRY(d->layernorm_backward(g->dresid, ln2w, ln2b, g->dln, s->res2, p + at(g, LN2W, l), s->ln2_mean, s->ln2_rstd,
+                              (size_t)R, C));
+    if (!seq) grads_final(g, LN2W, l);
+    TRY(out_grad(g, &dout, BT));
     TRY(d->memset0(g->datty, f * (size_t)BT * Cl));
-    TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), g->dresid, h, atty, BT, Cl,
-                               C));
-    grads_final(g, ATTPROJW, l);
+    TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), dout, h, atty, BT, Cl, C));
+    if (!seq) grads_final(g, ATTPROJW, l);
     TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
     TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(d->memset0(g->dln, f * sC));
-    TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, ln1, BT, C, 3 * Cl));
-    grads_final(g, QKVW, l);
-    TRY(reduce(g, g->dln, sC, 0));
-    TRY(d->layernorm_backward(g->dresid, gr + at(g, LN1W, l), gr + at(g, LN1B, l), g->dln, residual,
-                              p + at(g, LN1W, l), s->ln1_mean, s->ln1_rstd, (size_t)BT, C));
+    TRY(ln_x(g, &x, (dt_dev_x){s->ln1, s->ln1_16}, g->dfchg, BT));
+    TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, x, BT, C, 3 * Cl));
+    if (!seq) grads_final(g, QKVW, l);
+    TRY(sum_rows(g, g->dln, g->dln, BT));
+    TRY(d->layernorm_backward(g->dresid, ln1w, ln1b, g->dln, residual, p + at(g, LN1W, l), s->ln1_mean, s->ln1_rstd,
+                              (size_t)R, C));
+    if (seq) {
+        const size_t off[4] = {at(g, LN2W, l), at(g, LN2B, l), at(g, LN1W, l), at(g, LN1B, l)};
+        TRY(add_ln_grads(g, off, 4 * C));
+        grads_final(g, LN2W, l);
+        grads_final(g, ATTPROJW, l);
+        grads_final(g, QKVW, l);
+    }
     grads_final(g, LN1W, l);
     return DT_OK;
 }
 
 // The head's backward into dresid (its gradients backed first: the tied
 // wte's and the final layernorm's; the layers' are back_layer's, wpe's
-// embed_backward's), the grad hook's first position.
+// embed_backward's), the grad hook's first position. Sequence parallel:
+// lnf's rows gathered for the head's weight gradient, its input gradient
+// reduce-scattered into the rows, lnf's weight gradients summed over the
+// shards.
 static dt_status head_backward(dt_dev_gpt *g) {
     const dt_dev *d = g->b.d;
-    int C = g->c.n_embd, L = g->c.n_layer, BT = g->B * g->T;
+    int C = g->c.n_embd, L = g->c.n_layer, BT = g->B * g->T, R = rows_of(g, BT), seq = g->seq;
     size_t sC = (size_t)BT * C, f = sizeof(float);
     float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
     dt_dev_x lnf = {g->lnf, g->lnf16};
     TRY(dt_dev_blocks_layer(&g->b, L, 1));
     static const int head[] = {WTE, LNFW, LNFB};
     for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
+    if (seq) {
+        TRY(gather(g, g->lnf, BT));
+        TRY(input(g, &lnf, g->gath, g->gath16, sC));
+    }
     int Vv = g->Vv;  // (a shard's columns: nn/gpt.c's head backward)
     TRY(d->memset0(dlogits, f * (size_t)BT * Vv));
     if (Vv > 0) TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));
     // (the head's output gradient in 16 bits: in the probabilities' room, read by now)
     if (Vv > 0) TRY(dt_dev_linear_backward(&g->b, g->dln, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, Vv));
-    TRY(reduce(g, g->dln, sC, 0));
-    TRY(d->memset0(g->dresid, f * sC));
-    TRY(d->layernorm_backward(g->dresid, gr + g->off[LNFW], gr + g->off[LNFB], g->dln, resid(g, L),
-                              p + g->off[LNFW], g->lnf_mean, g->lnf_rstd, (size_t)BT, C));
+    TRY(sum_rows(g, g->dln, g->dln, BT));
+    TRY(d->memset0(g->dresid, f * (size_t)R * C));
+    if (seq) TRY(d->memset0(g->dlnw, f * 2 * C));
+    TRY(d->layernorm_backward(g->dresid, seq ? g->dlnw : gr + g->off[LNFW], seq ? g->dlnw + C : gr + g->off[LNFB],
+                              g->dln, resid(g, L), p + g->off[LNFW], g->lnf_mean, g->lnf_rstd, (size_t)R, C));
+    if (seq) {
+        const size_t off[2] = {g->off[LNFW], g->off[LNFB]};
+        TRY(add_ln_grads(g, off, 2 * C));
+    }
     grads_final(g, LNFW, L - 1);
     return DT_OK;
 }
@@ -444,10 +586,12 @@ static dt_status embed_backward(dt_dev_gpt *g) {
     TRY(dt_dev_blocks_layer(&g->b, DT_GPT_EMBED, 1));
     TRY(dt_dev_blocks_back(&g->b, g->off[WTE], g->len[WTE]));  // (the head backed wte already where it ran)
     TRY(dt_dev_blocks_back(&g->b, g->off[WPE], g->len[WPE]));
+    const float *dout;  // (sequence parallel: every token's row of the gradient, gathered)
+    TRY(out_grad(g, &dout, g->B * g->T));
     if (g->ntp == 1)
-        TRY(g->b.d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T, g->c.n_embd));
+        TRY(g->b.d->encoder_backward(gr + g->off[WTE], gr + g->off[WPE], dout, g->inputs, g->B, g->T, g->c.n_embd));
     else
-        TRY(g->b.d->encoder_split_backward(gr + g->off[WTE], gr + g->off[WPE], g->dresid, g->inputs, g->B, g->T,
+        TRY(g->b.d->encoder_split_backward(gr + g->off[WTE], gr + g->off[WPE], dout, g->inputs, g->B, g->T,
                                            g->c.n_embd, g->v0, g->Vl));
     if (g->hook) g->hook(0, g->hook_user);
     return DT_OK;
@@ -528,7 +672,7 @@ dt_status dt_dev_gpt_stage_forward(dt_dev_gpt_stage *s, const int32_t *inputs, c
     int L = g->c.n_layer;
     g->B = 0;
     TRY(tokens(g, s->l0 == 0 ? inputs : NULL, s->l1 == L ? targets : NULL, B, T));
-    size_t bytes = sizeof(float) * (size_t)B * T * g->c.n_embd;
+    size_t bytes = sizeof(float) * (size_t)rows_of(g, B * T) * g->c.n_embd;  // (the stream: the shard's rows)
     if (s->l0 == 0) TRY(embed_forward(g));
     else TRY(d->to_device(resid(g, s->l0), s->mem.pin, bytes));
     TRY(blocks_forward(g, s->l0, s->l1));
@@ -540,7 +684,7 @@ dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, const float *dout, floa
     dt_dev_gpt *g = &s->g;
     const dt_dev *d = g->b.d;
     if (!g->B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
-    size_t bytes = sizeof(float) * (size_t)g->B * g->T * g->c.n_embd;
+    size_t bytes = sizeof(float) * (size_t)rows_of(g, g->B * g->T) * g->c.n_embd;
     dt_status st = s->l1 == g->c.n_layer ? head_backward(g) : d->to_device(g->dresid, dout, bytes);
     if (st == DT_OK) st = blocks_backward(g, s->l0, s->l1);
     if (st == DT_OK) st = s->l0 == 0 ? embed_backward(g) : d->to_host(s->pdin, g->dresid, bytes);

@@ -695,6 +695,8 @@ int dt_gpt_shard(const dt_gpt *m, int *ntp) {
     return m->tp;
 }
 
+int dt_gpt_seq(const dt_gpt *m) { return m->seq; }
+
 void dt_gpt_set_reduce(dt_gpt *m, dt_gpt_reduce_fn fn, void *user) {
     m->reduce = fn;
     m->reduce_user = user;
