@@ -13,13 +13,16 @@
  * the linears' backward; the head's, [BT, V], into the probabilities'
  * buffer, which the cross-entropy's backward has read by then).
  *
- * A tensor-parallel shard (dt_gpt_create_shard's model; not sequence
- * parallel) runs nn/gpt.c's shard: its heads, MLP units and vocabulary
- * rows (Cl = C / ntp, F = 4C / ntp, wte's rows [v0, v0 + Vl)), the
- * row-parallel projections' outputs and the column-parallel linears' and
- * the head's input gradients summed over the shards, the embedding and the
- * cross-entropy vocabulary-parallel, each sum through a pinned host buffer
- * by the model's own collective (dt_dev_gpt_set_reduce). */
+ * A tensor-parallel shard (dt_gpt_create_shard's model) runs nn/gpt.c's
+ * shard: its heads, MLP units and vocabulary rows (Cl = C / ntp, F = 4C /
+ * ntp, wte's rows [v0, v0 + Vl)), the row-parallel projections' outputs
+ * and the column-parallel linears' and the head's input gradients summed
+ * over the shards, the embedding and the cross-entropy
+ * vocabulary-parallel, each sum through a pinned host buffer by the
+ * model's own collective (dt_dev_gpt_set_reduce). Sequence parallel
+ * (dt_gpt_seq): the stream, the layernorms and the residual adds are the
+ * shard's rows, gathered and reduce-scattered around the linears as
+ * nn/gpt.c's are. */
 #include "gpu/att_plan.h"
 #include "gpu/dev_model.h"
 

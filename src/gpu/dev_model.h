@@ -266,7 +266,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
                             dt_dev_part part, dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
 /* A tensor-parallel shard's collectives over the shards (m a shard:
- * dt_gpt_create_shard; not sequence parallel): fn, the CPU model's
+ * dt_gpt_create_shard, sequence parallel or not): fn, the CPU model's
  * dt_gpt_set_reduce's, on host values through a pinned buffer; before the
  * stages are made. */
 dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user);
