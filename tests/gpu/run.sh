@@ -95,12 +95,15 @@ else
     said_not_run memcheck "no compute-sanitizer here"
 fi
 TL_VERBOSE=1 NVIDIA_TF32_OVERRIDE=0 stage train 300 "$build/tests/test_gpu_sim" gpu
-peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch 16 --seq 1024 --steps 20 --warmup 3"
+# GPT-2 124M's batch for the peers' comparison: the largest of 8/16/32 that fits (an H100's 80 GB and an H200's
+# 141 GB hold 32 on every side); the other stages keep 16 (several ranks share the GPU there)
+batch=${GPT_BATCH:-32}
+peer="python3 bench/torch_gpt.py --device cuda --preset gpt2-124m --batch $batch --seq 1024 --steps 20 --warmup 3"
 stage torch-bf16 300 $peer --autocast
 stage torch-bf16-compile 420 $peer --autocast --compile
 stage torch-tf32 300 $peer --tf32
 if [ -x "$build/llmc/train_gpt2cu" ]; then
-    stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" 16 1024 20
+    stage llmc-bf16 300 bench/llmc_gpu.sh run "$build/llmc" "$batch" 1024 20
 else
     said_not_run llmc-bf16 "$build/llmc/train_gpt2cu not built: bench/llmc_gpu.sh build"
 fi
@@ -113,8 +116,9 @@ stage mlp-cnn 300 python3 bench/gpu_train.py --dtrain "$build/dtrain" --out "$ou
 bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
 printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
     "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
-stage dtrain-bf16 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision bf16 --run-dir "$out/dtrain-bf16"
-stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --run-dir "$out/dtrain-tf32"
+stage dtrain-bf16 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision bf16 --set train.batch="$batch" \
+    --run-dir "$out/dtrain-bf16"
+stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --set train.batch="$batch" --run-dir "$out/dtrain-tf32"
 # where dtrain's bf16 step spends the GPU's time: each kernel's duration by
 # Nsight Compute over 2 steps, summed by kernel name (bench/gpu_profile.py)
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
