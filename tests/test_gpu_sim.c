@@ -1400,6 +1400,8 @@ static void test_spares(void) {
     spares("mlp", 3, "--zero 1 --set train.grad_accum=2", "0:0:kill:save0", "--checkpoint-every 5", "zero1-save0", 1);
     spares("gpt", 2, "--set compression.method=bf16 --set parallel.bucket_kb=4", "1:0:kill:save0",
            "--checkpoint-every 5", "codec-save0", 1);
+    spares("mlp", 3, "--zero 3 --set train.grad_accum=2 --set parallel.bucket_kb=4", "2:0:kill:save0",
+           "--checkpoint-every 5", "zero3-save0", 1);
     spares("gpt", 3, "--zero 2 --set parallel.bucket_kb=4", "2:13:kill", "--checkpoint-every 5", "zero2", 1);
     spares("mlp", 3, "--zero 3 --set train.grad_accum=2 --set parallel.bucket_kb=4", "1:12:kill",
            "--checkpoint-every 5", "zero3", 1);

@@ -201,10 +201,10 @@ static void test_replaced(void) {
     CHECK(rc == 0 && strstr(g_out, "step-00000000 (step 0) in ") && same_as("restart-int8", "spare-int8-early"),
           "int8, rank 1 killed at step 3, a spare: every rank back to step 0, bitwise equal to the restarted run: "
           "exit %d\n%s", rc, g_out);
-    // A death in that checkpoint of step 0, its write in flight (rank 0's,
-    // the writer's, or rank 2's shard of the barrier): no checkpoint yet, so
-    // every rank goes on from the start's state, the save is made again,
-    // and a second death at step 3 goes back to it.
+    // A death in that checkpoint of step 0, its write in flight (rank 0,
+    // the writer, or rank 2): no checkpoint yet, so every rank goes on from
+    // the start's state and the save is made again; a second death, at
+    // step 3, goes back to that new checkpoint.
     for (int k = 0; k < 2; k++) {
         char fault[64], name[32], once[32];
         snprintf(fault, sizeof fault, "%d:0:kill:save0%s", 2 * k, k ? ",1:3:kill" : "");

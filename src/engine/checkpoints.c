@@ -217,8 +217,9 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
     return broadcast_blocks(r, root);
 }
 
-// Before any step with no checkpoint yet: the start's state from a rank
-// that has it (a spare has made its own), as a share from a replica does.
+// Before any step with no checkpoint yet: the start's training state and
+// replicated blocks from rank `root`, which has them (a spare has made its
+// own), as a share from a replica does.
 static dt_status start_state(dt_run_ckpt *r, dt_train_state *s, int root) {
     if (root < 0 || root >= dt_comm_size(r->comm))
         return dt_error(DT_ERR_INTERNAL, "going back to the start: no rank holds its state");
@@ -230,19 +231,21 @@ static dt_status start_state(dt_run_ckpt *r, dt_train_state *s, int root) {
     return sliced(&r->model) ? DT_OK : broadcast_blocks(r, root);  // (slices: each rank's own, seeded)
 }
 
-dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have) {
+dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have, int begun) {
     int found = 0, parts = 1;
     char used[4200] = "";
     if (have && r->writer) dt_ckpt_writer_abandon(r->writer);
-    // The furthest step and the lowest rank with state (W - rank at most);
-    // also the barrier: every rank's write in flight is over before rank 0 looks.
+    // Whether any rank has begun a step, and the lowest rank with state (W -
+    // rank at most); also the barrier: every rank's write in flight is over
+    // before rank 0 looks.
     int W = dt_comm_size(r->comm), rank = dt_comm_rank(r->comm);
-    int64_t most[2] = {have ? s->step : 0, have ? W - rank : 0};
+    int64_t most[2] = {begun || (have && s->step > 0), have ? W - rank : 0};
     dt_status st = dt_allreduce(most, most, 2, DT_I64, DT_MAX, r->comm);
-    int64_t furthest = most[0];
+    dt_train_state mine = *s;  // (the start's, where the rollback goes back to it)
+    int64_t opt_mine = *r->model.opt_step;
     if (st == DT_OK && rank == 0) {
         st = r->dir[0] ? dt_ckpt_load_newest(r->dir, &r->model, s, &found, used, sizeof used) : DT_OK;
-        if (st == DT_OK && !found && furthest > 0)
+        if (st == DT_OK && !found && most[0])
             st = dt_error(DT_ERR_IO, "going back to the newest checkpoint: there is none yet in %s",
                           r->dir[0] ? r->dir : "(no run directory)");
         if (st == DT_OK && found) st = dt_ckpt_open_part(used, -1, NULL, &parts);
@@ -250,7 +253,10 @@ dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have) {
     }
     // (a failure on rank 0 reaches the others through the abort that follows)
     if (st == DT_OK) st = broadcast_state(r, s, &found, &parts, used, sizeof used);
-    if (st == DT_OK && !found) st = start_state(r, s, W - (int)most[1]);
+    if (st == DT_OK && !found) {  // (broadcast_state gave rank 0's, perhaps a spare's: the holder's instead)
+        *s = mine, *r->model.opt_step = opt_mine;
+        st = start_state(r, s, W - (int)most[1]);
+    }
     if (st != DT_OK) return st;
     snprintf(r->from, sizeof r->from, "%s", used);
     r->from_parts = parts;

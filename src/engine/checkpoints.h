@@ -84,11 +84,13 @@ dt_status dt_run_ckpt_share(dt_run_ckpt *r, dt_train_state *s, int have, int *fr
  * does (the training state, the path in r->from for the strategy's restore
  * of each rank's own part, the replicated blocks); the steps since are
  * then redone. A rank that joined (have = 0) starts its writer. Where no
- * rank has made a step yet (a death in the start or in the checkpoint of
- * step 0) and there is none, every rank goes on from the start's state,
- * its own (r->from empty: nothing to restore). A collective; DT_ERR_IO on
- * rank 0 when there is no checkpoint after a step. */
-dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have);
+ * rank has begun a step (begun: this one has; a death in the start or in
+ * the checkpoint of step 0) and there is none, every rank goes on from the
+ * start's state: the training state and the replicated blocks of the
+ * lowest rank that has one (r->from empty: the strategy's restore makes a
+ * fresh start). A collective; DT_ERR_IO on rank 0 when there is no
+ * checkpoint and some rank has begun a step. */
+dt_status dt_run_ckpt_rollback(dt_run_ckpt *r, dt_train_state *s, int have, int begun);
 /* Rank 0's vote for a save by time (T seconds since the last one): the
  * control plane sums the votes (engine/control.h), so that all ranks save at
  * the same step. */

@@ -518,6 +518,8 @@ typedef struct {
     int lost_start;    // a death broke the start's collectives: the rest of the start was skipped
     int owed;          // let in alone: the meeting after its predecessor's last step comes first
     int repair;        // the failure just returned is one a spare repairs: recover, then go on
+    int begun;         // this process has begun a training step (a recovery with no checkpoint cannot go
+                       // back to the start then)
     double failed_at;  // when the step being recovered failed (0: none is)
 } recovery;
 
@@ -888,6 +890,7 @@ static dt_status train_step(run_state *r, int e, int64_t *ebatch, dt_control *ct
     if (r->pieces && s->unit < 0) return *end = 1, DT_OK;  // this epoch's pieces are all out
     int64_t piece = r->pieces ? s->unit % s->units : -1, at = r->step;  // at: the schedule's step
     double t0 = dt_now();
+    r->rec.begun = 1;
     dt_task_batch b;
     int more;
     dt_obs_begin(r->obs, DT_OBS_DATA);
@@ -1119,8 +1122,8 @@ static dt_status take_state(run_state *r, int *from, int *again) {
         return dt_error(st, "rank %d, splitting the workers again: %s", r->rank, dt_last_error());
     if (by_checkpoint(r)) {  // each rank's own state, as the newest checkpoint has it (none: the start's)
         *from = 0;
-        if ((st = dt_run_ckpt_rollback(&r->ck, &r->ts, have)) == DT_OK && r->ck.from[0])
-            st = dt_strategy_ckpt_restore(r->strat, r->ck.from, r->ck.from_parts);
+        if ((st = dt_run_ckpt_rollback(&r->ck, &r->ts, have, rec->begun)) == DT_OK)
+            st = dt_strategy_ckpt_restore(r->strat, r->ck.from, r->ck.from_parts);  // ("": the start's)
         if (st != DT_OK) st = dt_error(st, "rank %d, going back to the newest checkpoint: %s", r->rank, dt_last_error());
     } else if ((st = dt_run_ckpt_share(&r->ck, &r->ts, have, from)) != DT_OK)
         st = dt_error(st, "rank %d, taking the state of a replica: %s", r->rank, dt_last_error());
@@ -1194,10 +1197,9 @@ static dt_status wait_saved(run_state *r) {
 // scheduled one goes back to the start. A death in the start or in this
 // save itself is recovered as any other, from the start's state, which
 // every rank still has (a barrier ends the save: none has begun a step;
-// there is no checkpoint yet: dt_run_ckpt_rollback), and the save made
-// again: so
-// every rank asks after each recovery, on what every rank has then (the
-// step and the checkpoint gone back to). (After a barrier: rank 0's
+// there is no checkpoint yet: dt_run_ckpt_rollback), and the save is made
+// again: every rank asks after each recovery, on what every rank has then
+// (the step and the checkpoint gone back to). (After a barrier: rank 0's
 // writer clears what an earlier run left unfinished before any rank
 // writes.)
 static dt_status save_start(run_state *r) {

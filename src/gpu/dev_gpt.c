@@ -152,6 +152,14 @@ static void gpt_take(dt_dev_gpt *g) {
     acts_take(g, &g->b.arena, 0, g->c.n_layer, 1);
 }
 
+// Sequence parallel (seq) divides a batch's B T tokens over ntp shards.
+static dt_status seq_divides(int seq, int ntp, int B, int T) {
+    if (seq && ((size_t)B * T) % (size_t)ntp)
+        return dt_error(DT_ERR_ARG, "device gpt: sequence parallel: %d shards do not divide the batch's %d x %d tokens",
+                        ntp, B, T);
+    return DT_OK;
+}
+
 // Sequence parallel: the rows of the B T tokens this shard holds (all of
 // them without).
 static int rows_of(const dt_dev_gpt *g, int BT) { return g->seq ? BT / g->ntp : BT; }
@@ -166,9 +174,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     int ntp;
     dt_gpt_shard(m, &ntp);
     *out = NULL;
-    if (dt_gpt_seq(m) && ((size_t)B * T) % (size_t)ntp)
-        return dt_error(DT_ERR_ARG, "device gpt: sequence parallel: %d shards do not divide the batch's %d x %d tokens",
-                        ntp, B, T);
+    TRY(seq_divides(dt_gpt_seq(m), ntp, B, T));
     dt_dev_gpt *g = calloc(1, sizeof *g);
     const dt_gpt_config *c = dt_gpt_get_config(m);
     layer_acts *la = calloc((size_t)c->n_layer, sizeof *la);
@@ -356,9 +362,7 @@ static dt_status tokens(dt_dev_gpt *g, const int32_t *inputs, const int32_t *tar
     int V = g->c.vocab_size, BT = B * T;
     if (B < 1 || B > g->maxB || T < 1 || T > g->maxT)
         return dt_error(DT_ERR_ARG, "device gpt: batch %d x %d outside 1..%d x 1..%d", B, T, g->maxB, g->maxT);
-    if (g->seq && BT % g->ntp)
-        return dt_error(DT_ERR_ARG, "device gpt: sequence parallel: %d shards do not divide the batch's %d x %d tokens",
-                        g->ntp, B, T);
+    TRY(seq_divides(g->seq, g->ntp, B, T));
     if (inputs) TRY(check_tokens(inputs, BT, V, "input"));
     if (targets) TRY(check_tokens(targets, BT, V, "target"));
     int32_t *pin;

@@ -392,11 +392,29 @@ static dt_status backward_tc(float *dqkv, float *D, const float *dout, const flo
     return DT_OK;
 }
 
+// Whether this GPU runs the tensor cores' kernels at heads of hs: bf16
+// fragments from compute capability 8.0, and their backward's shared
+// memory within what a block may ask for (227 KiB on an H100 or H200;
+// 99 KiB on some GPUs: the CUDA cores' kernels there).
+static int tc_usable(int hs) {
+#ifdef DT_CUDA_EMU
+    (void)hs;
+    return 1;
+#else
+    int dev, major = 0, optin = 0;
+    size_t need = hs == 64 ? tc_layout<64>::BACKWARD : tc_layout<128>::BACKWARD;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+        return 0;
+    return major >= 8 && (size_t)optin >= need;
+#endif
+}
+
 // The kernels for t and the head's size: on the tensor cores where the
 // products are 16-bit and the head 64 or 128 columns wide (tc), else on
 // the CUDA cores with NC columns a lane (1, 2, 4 for heads up to 32, 64,
 // 128).
-static int on_tensor_cores(int hs, dt_dtype t) { return t != DT_F32 && (hs == 64 || hs == 128); }
+static int on_tensor_cores(int hs, dt_dtype t) { return t != DT_F32 && (hs == 64 || hs == 128) && tc_usable(hs); }
 #define FA_DISPATCH(fn, t, hs, ...)                                                                        \
     (on_tensor_cores(hs, t) ? FA_TC(fn##_tc, (t) == DT_BF16 ? 1 : 2, hs, __VA_ARGS__)                      \
                             : (t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__)                               \

@@ -70,6 +70,15 @@ __device__ static void tc_load(uint16_t *s, const float *src, size_t stride, int
 
 typedef wmma::fragment<wmma::accumulator, TC_SUB, TC_SUB, TC_SUB, float> tc_acc;
 
+// bf16 fragments need compute capability 8.0: a build for an older GPU
+// gets kernels that trap (TC_OLD), which flash.cu's tc_usable never
+// launches there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define TC_OLD 1
+#else
+#define TC_OLD 0
+#endif
+
 // acc (+)= A B over k = 16 kk .. for `steps` steps of 16: A's 16 rows from
 // a (row-major, stride lda), B from b: col_major (B[k][n] = b[n ldb + k],
 // a transposed tile's rows) or row-major (b[k ldb + n]).
@@ -104,6 +113,7 @@ __device__ static void tc_scores(float *out, const uint16_t *a, const uint16_t *
 template <int HS>
 __device__ static void tc_add_rows(float *o, tc_acc *f, float *dst, size_t stride, int n) {
     typedef tc_layout<HS> Y;
+#pragma unroll
     for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::store_matrix_sync(o + nb * TC_SUB, f[nb], Y::OLD, wmma::mem_row_major);
     __syncwarp();
     int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
@@ -115,6 +125,9 @@ __device__ static void tc_add_rows(float *o, tc_acc *f, float *dst, size_t strid
 template <int H, int HS>
 __global__ static void __launch_bounds__(TC_W * 32)
     fa_forward_tc(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
+#if TC_OLD
+    __trap();
+#else
     extern __shared__ __align__(128) float sm[];  // (32-byte aligned regions)
     typedef typename tc_type<H>::t T16;
     typedef tc_layout<HS> Y;
@@ -168,6 +181,7 @@ __global__ static void __launch_bounds__(TC_W * 32)
         }
         if (half == 0) lse[bh * T + t] = m + logf(l);
     }
+#endif
 }
 
 // The tile of 64 key rows blockIdx.y of head blockIdx.x: dK and dV over
@@ -176,6 +190,9 @@ template <int H, int HS>
 __global__ static void __launch_bounds__(TC_W * 32)
     fa_kv_tc(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
              float scale) {
+#if TC_OLD
+    __trap();
+#else
     extern __shared__ __align__(128) float sm[];
     typedef typename tc_type<H>::t T16;
     typedef tc_layout<HS> Y;
@@ -189,7 +206,8 @@ __global__ static void __launch_bounds__(TC_W * 32)
     uint16_t *P = (uint16_t *)(mine + 2 * Y::SW), *dS = (uint16_t *)(mine + 2 * Y::SW + Y::PW);
     float *O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
     const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
-    tc_acc dK[HS / TC_SUB], dV[HS / TC_SUB];
+    tc_acc dK[HS / TC_SUB], dV[HS / TC_SUB];  // (registers: every loop over them unrolled)
+#pragma unroll
     for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::fill_fragment(dK[nb], 0.0f), wmma::fill_fragment(dV[nb], 0.0f);
     tc_load<H, HS>(K, x + C, C3, k0, T);
     tc_load<H, HS>(V, x + 2 * C, C3, k0, T);
@@ -212,6 +230,7 @@ __global__ static void __launch_bounds__(TC_W * 32)
             dS[r * Y::PLD + c] = narrow<H>(ok ? dt_att_grad(e, dP[r * Y::SLD + c], Ds[c], scale) : 0.0f);
         }
         __syncwarp();
+#pragma unroll
         for (int nb = 0; nb < HS / TC_SUB; nb++) {
             tc_mma<T16, wmma::row_major>(dV[nb], P, Y::PLD, dY + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
             tc_mma<T16, wmma::row_major>(dK[nb], dS, Y::PLD, Q + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
@@ -221,6 +240,7 @@ __global__ static void __launch_bounds__(TC_W * 32)
     float *g = dqkv + (b * T + k0 + warp * TC_SUB) * C3 + (size_t)h * HS;
     tc_add_rows<HS>(O, dK, g + C, C3, n);
     tc_add_rows<HS>(O, dV, g + 2 * C, C3, n);
+#endif
 }
 
 // The tile of 64 query rows (the longest first) of head blockIdx.x: dQ
@@ -229,6 +249,9 @@ template <int H, int HS>
 __global__ static void __launch_bounds__(TC_W * 32)
     fa_q_tc(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
             float scale) {
+#if TC_OLD
+    __trap();
+#else
     extern __shared__ __align__(128) float sm[];
     typedef typename tc_type<H>::t T16;
     typedef tc_layout<HS> Y;
@@ -241,7 +264,8 @@ __global__ static void __launch_bounds__(TC_W * 32)
     float *S = (float *)mine, *dP = (float *)(mine + Y::SW), *O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
     const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
     float Li = i < T ? lse[bh * T + i] : 0.0f, Di = i < T ? D[bh * T + i] : 0.0f;
-    tc_acc dQ[HS / TC_SUB];
+    tc_acc dQ[HS / TC_SUB];  // (registers: every loop over them unrolled)
+#pragma unroll
     for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::fill_fragment(dQ[nb], 0.0f);
     tc_load<H, HS>(Q, x, C3, q0, T);
     tc_load<H, HS>(dY, dy, C, q0, T);
@@ -258,9 +282,11 @@ __global__ static void __launch_bounds__(TC_W * 32)
             dS[r * Y::PLD + c] = narrow<H>(ok ? dt_att_grad(e, dP[r * Y::SLD + c], Di, scale) : 0.0f);
         }
         __syncwarp();
+#pragma unroll
         for (int nb = 0; nb < HS / TC_SUB; nb++)
             tc_mma<T16, wmma::row_major>(dQ[nb], dS, Y::PLD, K + nb * TC_SUB, Y::LD, TC_ROWS / TC_SUB);
     }
     int n = min(TC_SUB, T - (q0 + warp * TC_SUB));
     tc_add_rows<HS>(O, dQ, dqkv + (b * T + q0 + warp * TC_SUB) * C3 + (size_t)h * HS, C3, n);
+#endif
 }

@@ -10,7 +10,7 @@
 
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
-alignas(16) float sm[DT_EMU_SHARED_FLOATS];
+alignas(128) float sm[DT_EMU_SHARED_FLOATS];
 
 namespace {
 
@@ -69,6 +69,17 @@ void *run_thread(void *arg) {
 }
 
 }  // namespace
+
+void dt_emu_wmma_check(const void *p, unsigned ldm, size_t elem) {
+    const char *c = (const char *)p, *base = (const char *)sm;
+    int shared = c >= base && c < base + sizeof(float) * DT_EMU_SHARED_FLOATS;
+    if ((shared && (c - base) % 32) || (ldm * elem) % 16) {
+        fprintf(stderr, "emulated GPU: block (%u, %u), thread %u: a wmma pointer %s%zu bytes into shared memory (not "
+                "32-byte aligned) or a stride of %u elements of %zu bytes (not a multiple of 16)\n", blockIdx.x,
+                blockIdx.y, threadIdx.x, shared ? "" : "outside it, ", shared ? (size_t)(c - base) : 0, ldm, elem);
+        abort();
+    }
+}
 
 void __syncthreads() { wait_at(&g_block, "__syncthreads"); }
 void __syncwarp(unsigned) { wait_at(&g_warp[threadIdx.x / 32], "a warp's barrier (__syncwarp or a shuffle)"); }

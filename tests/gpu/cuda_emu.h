@@ -43,11 +43,17 @@ static inline int min(int a, int b) { return a < b ? a : b; }
  * b.y = b.z = 1), `shared` bytes of dynamic shared memory. */
 void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &fn);
 
+void dt_emu_wmma_check(const void *p, unsigned ldm, size_t elem);
+
 /* nvcuda::wmma's 16 x 16 x 16 fragments, each lane holding the whole
  * tile in fp32 (the values of its 16-bit elements exactly): a load reads
  * it all, mma_sync computes it all (sums in k order, fp32), a store is
- * lane 0's between two warp barriers. Warp-collective as on a GPU: every
- * lane of the warp must call them. */
+ * lane 0's after a warp barrier (every lane done with what it loaded
+ * before, as on a GPU, where the warp runs them together) and before none
+ * (the kernel's own __syncwarp must come before other lanes read it).
+ * Every lane of the warp must call them. A pointer into shared memory not
+ * 32-byte aligned, or a stride (ldm) not a multiple of 16 bytes, aborts,
+ * as wmma requires. */
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};
@@ -68,22 +74,24 @@ template <typename Use, typename T, typename Layout> void fill_fragment(fragment
 }
 template <typename Use, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout> &f, const T *p, unsigned ldm) {
+    dt_emu_wmma_check(p, ldm, sizeof(T));
     bool rows = std::is_same<Layout, row_major>::value;
     for (int r = 0; r < 16; r++)
         for (int c = 0; c < 16; c++) f.v[r][c] = as_float(rows ? p[r * ldm + c] : p[c * ldm + r]);
 }
 static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm,
                                     layout_t l) {
+    dt_emu_wmma_check(p, ldm, sizeof(float));
     for (int r = 0; r < 16; r++)
         for (int c = 0; c < 16; c++) f.v[r][c] = l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
 }
 static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
                                      layout_t l) {
+    dt_emu_wmma_check(p, ldm, sizeof(float));
     __syncwarp();
     if (threadIdx.x % 32 == 0)
         for (int r = 0; r < 16; r++)
             for (int c = 0; c < 16; c++) (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.v[r][c];
-    __syncwarp();
 }
 template <typename T, typename LA, typename LB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
