@@ -322,74 +322,72 @@ template <int H> static dt_status row_dots(float *D, const float *dout, const fl
     return DT_OK;
 }
 
+// A family's launches (the CUDA cores' or the tensor cores'): its tiles of
+// `rows` rows, `threads` a block, sh bytes of shared memory, names for the
+// errors. forward: k; backward: D (row_dots), then the key tiles' kernel
+// kv, then the query tiles' q.
+typedef struct {
+    int rows, threads;
+    size_t sh;
+    const char *names[3];
+} fa_family;
+
+template <typename K>
+static dt_status forward_on(const fa_family *f, K k, float *out, float *saved, const float *qkv, int B, int T, int C,
+                            int NH) {
+    dim3 g;
+    dt_status st = grid_of(&g, B, T, NH, f->rows);
+    if (st == DT_OK) st = shared_bytes(k, f->sh);
+    if (st != DT_OK) return st;
+    float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)(C / NH));
+    DT_RUN(k, g, f->threads, f->sh, out, lse, o32, qkv, T, C, NH, scale);
+    return dt_gpu_launched(f->names[0]);
+}
+
+template <int H, typename KV, typename KQ>
+static dt_status backward_on(const fa_family *f, KV kv, KQ kq, float *dqkv, float *D, const float *dout,
+                             const float *qkv, const float *saved, int B, int T, int C, int NH) {
+    const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    dim3 g;
+    dt_status st = grid_of(&g, B, T, NH, f->rows);
+    if (st == DT_OK) st = shared_bytes(kv, f->sh);
+    if (st == DT_OK) st = shared_bytes(kq, f->sh);
+    if (st == DT_OK) st = row_dots<H>(D, dout, o32, B, T, C, NH);
+    if (st != DT_OK) return st;
+    DT_RUN(kv, g, f->threads, f->sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    if ((st = dt_gpu_launched(f->names[1])) != DT_OK) return st;
+    DT_RUN(kq, g, f->threads, f->sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
+    return dt_gpu_launched(f->names[2]);
+}
+
+// The CUDA cores' kernels, NC columns a lane.
 template <int H, int NC>
 static dt_status forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH;
-    size_t sh = sizeof(float) * (FA_TILE * (3 * hs + 1) + FA_SLOTS);
-    dim3 g;
-    dt_status st = grid_of(&g, B, T, NH, FA_TILE);
-    if (st == DT_OK) st = shared_bytes(fa_forward<H, NC>, sh);
-    if (st != DT_OK) return st;
-    float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)hs);
-    auto k = fa_forward<H, NC>;
-    DT_RUN(k, g, FA_W * 32, sh, out, lse, o32, qkv, T, C, NH, scale);
-    DT_LAUNCHED(fa_forward);
-    return DT_OK;
+    fa_family f = {FA_TILE, FA_W * 32, sizeof(float) * (FA_TILE * (3 * (C / NH) + 1) + FA_SLOTS), {"fa_forward"}};
+    return forward_on(&f, fa_forward<H, NC>, out, saved, qkv, B, T, C, NH);
 }
 
 template <int H, int NC>
 static dt_status backward(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
                           int T, int C, int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    size_t sh = sizeof(float) * (FA_TILE * (4 * hs + 4) + 2 * FA_SLOTS);
-    const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
-    dim3 g;
-    dt_status st = grid_of(&g, B, T, NH, FA_TILE);
-    if (st == DT_OK) st = shared_bytes(fa_kv<H, NC>, sh);
-    if (st == DT_OK) st = shared_bytes(fa_q<H, NC>, sh);
-    if (st == DT_OK) st = row_dots<H>(D, dout, o32, B, T, C, NH);
-    if (st != DT_OK) return st;
-    auto kkv = fa_kv<H, NC>, kq = fa_q<H, NC>;
-    DT_RUN(kkv, g, FA_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-    DT_LAUNCHED(fa_kv);
-    DT_RUN(kq, g, FA_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-    DT_LAUNCHED(fa_q);
-    return DT_OK;
+    fa_family f = {FA_TILE, FA_W * 32, sizeof(float) * (FA_TILE * (4 * (C / NH) + 4) + 2 * FA_SLOTS),
+                   {NULL, "fa_kv", "fa_q"}};
+    return backward_on<H>(&f, fa_kv<H, NC>, fa_q<H, NC>, dqkv, D, dout, qkv, saved, B, T, C, NH);
 }
 
 // The tensor cores' (flash_tc.cuh): H 1 or 2, heads of HS = 64 or 128.
 template <int H, int HS>
 static dt_status forward_tc(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
-    dim3 g;
-    dt_status st = grid_of(&g, B, T, NH, TC_ROWS);
-    if (st == DT_OK) st = shared_bytes(fa_forward_tc<H, HS>, tc_layout<HS>::FORWARD);
-    if (st != DT_OK) return st;
-    float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)HS);
-    auto k = fa_forward_tc<H, HS>;
-    DT_RUN(k, g, TC_W * 32, tc_layout<HS>::FORWARD, out, lse, o32, qkv, T, C, NH, scale);
-    DT_LAUNCHED(fa_forward_tc);
-    return DT_OK;
+    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS>::FORWARD, {"fa_forward_tc"}};
+    return forward_on(&f, fa_forward_tc<H, HS>, out, saved, qkv, B, T, C, NH);
 }
 
 template <int H, int HS>
 static dt_status backward_tc(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
                              int T, int C, int NH) {
-    size_t sh = tc_layout<HS>::BACKWARD;
-    float scale = 1.0f / sqrtf((float)HS);
-    const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
-    dim3 g;
-    dt_status st = grid_of(&g, B, T, NH, TC_ROWS);
-    if (st == DT_OK) st = shared_bytes(fa_kv_tc<H, HS>, sh);
-    if (st == DT_OK) st = shared_bytes(fa_q_tc<H, HS>, sh);
-    if (st == DT_OK) st = row_dots<H>(D, dout, o32, B, T, C, NH);
-    if (st != DT_OK) return st;
-    auto kkv = fa_kv_tc<H, HS>, kq = fa_q_tc<H, HS>;
-    DT_RUN(kkv, g, TC_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-    DT_LAUNCHED(fa_kv_tc);
-    DT_RUN(kq, g, TC_W * 32, sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
-    DT_LAUNCHED(fa_q_tc);
-    return DT_OK;
+    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS>::BACKWARD, {NULL, "fa_kv_tc", "fa_q_tc"}};
+    return backward_on<H>(&f, fa_kv_tc<H, HS>, fa_q_tc<H, HS>, dqkv, D, dout, qkv, saved, B, T, C, NH);
 }
 
 // Whether this GPU runs the tensor cores' kernels at heads of hs: bf16

@@ -184,6 +184,26 @@ __global__ static void __launch_bounds__(TC_W * 32)
 #endif
 }
 
+// The backward kernels' shared memory (tc_layout's BACKWARD): four 16-bit
+// tiles (t: the block's own two rows' factors, then the other side's
+// two), the query tile's statistics (Ls, Ds: fa_kv_tc's), and this warp's
+// rows: S and dP (fp32), P and dS (16-bit), O (fp32 sums).
+struct tc_back {
+    uint16_t *t[4], *P, *dS;
+    float *Ls, *Ds, *S, *dP, *O;
+};
+template <int HS> __device__ static tc_back tc_back_of() {
+    typedef tc_layout<HS> Y;
+    extern __shared__ __align__(128) float sm[];
+    char *base = (char *)sm, *mine = base + 4 * Y::TILE + Y::STATS + threadIdx.x / 32 * (2 * Y::SW + 2 * Y::PW + Y::OW);
+    tc_back m;
+    for (int k = 0; k < 4; k++) m.t[k] = (uint16_t *)(base + k * Y::TILE);
+    m.Ls = (float *)(base + 4 * Y::TILE), m.Ds = m.Ls + TC_ROWS;
+    m.S = (float *)mine, m.dP = (float *)(mine + Y::SW), m.O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
+    m.P = (uint16_t *)(mine + 2 * Y::SW), m.dS = (uint16_t *)(mine + 2 * Y::SW + Y::PW);
+    return m;
+}
+
 // The tile of 64 key rows blockIdx.y of head blockIdx.x: dK and dV over
 // the query tiles from the diagonal on (a lane half a key row's queries).
 template <int H, int HS>
@@ -193,18 +213,14 @@ __global__ static void __launch_bounds__(TC_W * 32)
 #if TC_OLD
     __trap();
 #else
-    extern __shared__ __align__(128) float sm[];
     typedef typename tc_type<H>::t T16;
     typedef tc_layout<HS> Y;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH, r = lane / 2, half = lane % 2;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int k0 = blockIdx.y * TC_ROWS, j = k0 + warp * TC_SUB + r;
-    char *base = (char *)sm, *mine = base + 4 * Y::TILE + Y::STATS + warp * (2 * Y::SW + 2 * Y::PW + Y::OW);
-    uint16_t *K = (uint16_t *)base, *V = (uint16_t *)(base + Y::TILE), *Q = (uint16_t *)(base + 2 * Y::TILE),
-             *dY = (uint16_t *)(base + 3 * Y::TILE);
-    float *Ls = (float *)(base + 4 * Y::TILE), *Ds = Ls + TC_ROWS, *S = (float *)mine, *dP = (float *)(mine + Y::SW);
-    uint16_t *P = (uint16_t *)(mine + 2 * Y::SW), *dS = (uint16_t *)(mine + 2 * Y::SW + Y::PW);
-    float *O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
+    tc_back m = tc_back_of<HS>();
+    uint16_t *K = m.t[0], *V = m.t[1], *Q = m.t[2], *dY = m.t[3], *P = m.P, *dS = m.dS;
+    float *Ls = m.Ls, *Ds = m.Ds, *S = m.S, *dP = m.dP, *O = m.O;
     const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
     tc_acc dK[HS / TC_SUB], dV[HS / TC_SUB];  // (registers: every loop over them unrolled)
 #pragma unroll
@@ -252,16 +268,14 @@ __global__ static void __launch_bounds__(TC_W * 32)
 #if TC_OLD
     __trap();
 #else
-    extern __shared__ __align__(128) float sm[];
     typedef typename tc_type<H>::t T16;
     typedef tc_layout<HS> Y;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH, r = lane / 2, half = lane % 2;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int q0 = (gridDim.y - 1 - blockIdx.y) * TC_ROWS, qe = min(T, q0 + TC_ROWS), i = q0 + warp * TC_SUB + r;
-    char *base = (char *)sm, *mine = base + 4 * Y::TILE + Y::STATS + warp * (2 * Y::SW + 2 * Y::PW + Y::OW);
-    uint16_t *Q = (uint16_t *)base, *dY = (uint16_t *)(base + Y::TILE), *K = (uint16_t *)(base + 2 * Y::TILE),
-             *V = (uint16_t *)(base + 3 * Y::TILE), *dS = (uint16_t *)(mine + 2 * Y::SW);
-    float *S = (float *)mine, *dP = (float *)(mine + Y::SW), *O = (float *)(mine + 2 * Y::SW + 2 * Y::PW);
+    tc_back m = tc_back_of<HS>();
+    uint16_t *Q = m.t[0], *dY = m.t[1], *K = m.t[2], *V = m.t[3], *dS = m.dS;
+    float *S = m.S, *dP = m.dP, *O = m.O;
     const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
     float Li = i < T ? lse[bh * T + i] : 0.0f, Di = i < T ? D[bh * T + i] : 0.0f;
     tc_acc dQ[HS / TC_SUB];  // (registers: every loop over them unrolled)

@@ -111,6 +111,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix
 
 #define DT_RUN(k, g, b, sh, ...) dt_emu_launch(g, b, sh, [=] { k(__VA_ARGS__); })
 #define DT_LAUNCHED(kernel) ((void)0)
+static inline dt_status dt_gpu_launched(const char *kernel) { return (void)kernel, DT_OK; }
 #define DT_CUDA(call) ((void)0)
 
 #endif
