@@ -615,8 +615,9 @@ static int upper_zero(const float *d, size_t BH, int T) {
 // kernels' unnormalised probabilities) may move a factor across a 16-bit
 // rounding boundary, an ulp (2^-8, 2^-11) of it.
 static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
-    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
-    const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : "", *how = dt_att_fused(C, NH) ? "fused" : "GEMMs";
+    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
+    const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : dt_gpu_tf32() ? " tf32" : "",
+               *how = dt_att_fused(C, NH) ? "fused" : "GEMMs";
     int fused = dt_att_fused(C, NH);
     dt_att_room room = dt_att_room_of(B, T, C, NH, t);
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
@@ -1044,6 +1045,11 @@ static void test_gpt_ops(void) {
         test_attention(1, 40, 258, 1, h ? DT_F16 : DT_BF16);
         test_attention(1, 1024, 768, 12, h ? DT_F16 : DT_BF16);
     }
+    dt_gpu_set_tf32(1);  // fp32 with TF32: heads of 64 on the tensor cores (5e-3), others on the CUDA cores
+    test_attention(2, 100, 128, 2, DT_F32);
+    test_attention(1, 1024, 768, 12, DT_F32);
+    test_attention(1, 45, 300, 3, DT_F32);
+    dt_gpu_set_tf32(0);
     test_bias(74, 1), test_bias(37, 97), test_bias(3, 50257), test_bias(1, 768), test_bias(1000, 97);
     // (B, C, OC): the epilogues' shapes (multiples of 8), odd ones (the plain
     // path), a vocabulary-wide one, one of each.

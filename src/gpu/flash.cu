@@ -40,6 +40,7 @@
 #endif
 #include "gpu/att_plan.h"
 #include "gpu/block.h"
+#include "gpu/gpu.h"
 #include "nn/rows.h"
 
 #include <float.h>
@@ -376,31 +377,40 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
     return backward_on<H>(&f, fa_kv<H, NC>, fa_q<H, NC>, dqkv, D, dout, qkv, saved, B, T, C, NH);
 }
 
-// The tensor cores' (flash_tc.cuh): H 1 or 2, heads of HS = 64 or 128.
+// The tensor cores' (flash_tc.cuh): H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64).
 template <int H, int HS>
 static dt_status forward_tc(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
-    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS>::FORWARD, {"fa_forward_tc"}};
+    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::FORWARD, {"fa_forward_tc"}};
     return forward_on(&f, fa_forward_tc<H, HS>, out, saved, qkv, B, T, C, NH);
 }
 
 template <int H, int HS>
 static dt_status backward_tc(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
                              int T, int C, int NH) {
-    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS>::BACKWARD, {NULL, "fa_kv_tc", "fa_q_tc"}};
+    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::BACKWARD, {NULL, "fa_kv_tc", "fa_q_tc"}};
     return backward_on<H>(&f, fa_kv_tc<H, HS>, fa_q_tc<H, HS>, dqkv, D, dout, qkv, saved, B, T, C, NH);
 }
 
-// Whether this GPU runs the tensor cores' kernels at heads of hs: bf16
-// fragments from compute capability 8.0, and their backward's shared
-// memory within what a block may ask for (227 KiB on an H100 or H200;
-// 99 KiB on some GPUs: the CUDA cores' kernels there).
-static int tc_usable(int hs) {
+// The tensor cores' products for t at heads of hs, where they take them
+// (0: none): 1 bf16, 2 fp16 (heads of 64 or 128), 3 tf32 (fp32 where
+// dt_gpu_set_tf32 says, heads of 64: at 128 its backward outgrows a
+// block's shared memory).
+static int tc_kind(int hs, dt_dtype t) {
+    if (t == DT_BF16 || t == DT_F16) return hs == 64 || hs == 128 ? (t == DT_BF16 ? 1 : 2) : 0;
+    return t == DT_F32 && hs == 64 && dt_gpu_tf32() ? 3 : 0;
+}
+
+// Whether this GPU runs the tensor cores' kernels of kind h at heads of
+// hs: bf16 and tf32 fragments from compute capability 8.0, and their
+// backward's shared memory within what a block may ask for (227 KiB on an
+// H100 or H200; 99 KiB on some GPUs: the CUDA cores' kernels there).
+static int tc_usable(int hs, int h) {
 #ifdef DT_CUDA_EMU
-    (void)hs;
+    (void)hs, (void)h;
     return 1;
 #else
     int dev, major = 0, optin = 0;
-    size_t need = hs == 64 ? tc_layout<64>::BACKWARD : tc_layout<128>::BACKWARD;
+    size_t need = h == 3 ? tc_layout<64, 3>::BACKWARD : hs == 64 ? tc_layout<64, 1>::BACKWARD : tc_layout<128, 1>::BACKWARD;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
         return 0;
@@ -408,21 +418,24 @@ static int tc_usable(int hs) {
 #endif
 }
 
-// The kernels for t and the head's size: on the tensor cores where the
-// products are 16-bit and the head 64 or 128 columns wide (tc), else on
-// the CUDA cores with NC columns a lane (1, 2, 4 for heads up to 32, 64,
-// 128).
-static int on_tensor_cores(int hs, dt_dtype t) { return t != DT_F32 && (hs == 64 || hs == 128) && tc_usable(hs); }
+// The kernels for t and the head's size: on the tensor cores (kind h, where
+// tc_kind and tc_usable say), else on the CUDA cores with NC columns a lane
+// (1, 2, 4 for heads up to 32, 64, 128).
+static int on_tensor_cores(int hs, dt_dtype t) {
+    int h = tc_kind(hs, t);
+    return h && tc_usable(hs, h) ? h : 0;
+}
 #define FA_DISPATCH(fn, t, hs, ...)                                                                        \
-    (on_tensor_cores(hs, t) ? FA_TC(fn##_tc, (t) == DT_BF16 ? 1 : 2, hs, __VA_ARGS__)                      \
+    (on_tensor_cores(hs, t) ? FA_TC(fn##_tc, on_tensor_cores(hs, t), hs, __VA_ARGS__)                     \
                             : (t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__)                               \
                             : (t) == DT_F16  ? FA_NC(fn, 2, hs, __VA_ARGS__)                               \
                                              : FA_NC(fn, 0, hs, __VA_ARGS__))
 #define FA_NC(fn, H, hs, ...)                                                                              \
     ((hs) <= 32 ? fn<H, 1>(__VA_ARGS__) : (hs) <= 64 ? fn<H, 2>(__VA_ARGS__) : fn<H, 4>(__VA_ARGS__))
 #define FA_TC(fn, h, hs, ...)                                                                              \
-    ((h) == 1 ? ((hs) == 64 ? fn<1, 64>(__VA_ARGS__) : fn<1, 128>(__VA_ARGS__))                             \
-              : ((hs) == 64 ? fn<2, 64>(__VA_ARGS__) : fn<2, 128>(__VA_ARGS__)))
+    ((h) == 3 ? fn<3, 64>(__VA_ARGS__)                                                                     \
+     : (h) == 1 ? ((hs) == 64 ? fn<1, 64>(__VA_ARGS__) : fn<1, 128>(__VA_ARGS__))                          \
+                : ((hs) == 64 ? fn<2, 64>(__VA_ARGS__) : fn<2, 128>(__VA_ARGS__)))
 
 static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dtype t) {
     dt_status st = dt_att_args(what, B, T, C, NH, t);

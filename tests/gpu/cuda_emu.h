@@ -21,6 +21,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>  // (host versions of the conversions; host_defines.h: __device__ and the rest empty)
 #include <functional>
+#include <stdint.h>
+#include <string.h>
 #include <type_traits>
 #include <vector_functions.h>
 #include <vector_types.h>
@@ -61,46 +63,76 @@ struct matrix_b {};
 struct accumulator {};
 struct row_major {};
 struct col_major {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
 enum layout_t { mem_row_major, mem_col_major };
-template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
-    float v[16][16];
+// The tile's rows and columns: matrix_a M x K, matrix_b K x N, accumulator M x N.
+template <typename Use, int M, int N, int K> struct dims {
+    enum { R = std::is_same<Use, matrix_b>::value ? K : M, C = std::is_same<Use, matrix_a>::value ? K : N };
 };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
+    enum { R = dims<Use, M, N, K>::R, CC = dims<Use, M, N, K>::C, num_elements = R * CC };
+    float v[R][CC];
+    float *const x = &v[0][0];  // (elementwise access: the whole tile, each lane's own copy)
+    fragment() {}
+    fragment(const fragment &o) { *this = o; }
+    fragment &operator=(const fragment &o) {
+        for (int i = 0; i < num_elements; i++) x[i] = o.x[i];
+        return *this;
+    }
+};
+// TF32: the value rounded to 10 bits of mantissa (to nearest, ties away), as a float.
+static inline float __float_to_tf32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static inline float as_float(float x) { return x; }
 static inline float as_float(__half x) { return __half2float(x); }
 static inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename Use, typename T, typename Layout> void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, float x) {
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) f.v[r][c] = x;
+template <typename Use, int K, typename T, typename Layout>
+void fill_fragment(fragment<Use, 16, 16, K, T, Layout> &f, float x) {
+    for (int i = 0; i < f.num_elements; i++) f.x[i] = x;
 }
-template <typename Use, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout> &f, const T *p, unsigned ldm) {
-    dt_emu_wmma_check(p, ldm, sizeof(T));
+// (a tf32 fragment is loaded from floats)
+template <typename T> struct stored {
+    typedef T t;
+};
+template <> struct stored<precision::tf32> {
+    typedef float t;
+};
+template <typename Use, int K, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, K, T, Layout> &f, const typename stored<T>::t *p, unsigned ldm) {
+    dt_emu_wmma_check(p, ldm, sizeof *p);
     bool rows = std::is_same<Layout, row_major>::value;
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) f.v[r][c] = as_float(rows ? p[r * ldm + c] : p[c * ldm + r]);
+    for (int r = 0; r < f.R; r++)
+        for (int c = 0; c < f.CC; c++) f.v[r][c] = as_float(rows ? p[r * ldm + c] : p[c * ldm + r]);
 }
-static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm,
-                                    layout_t l) {
+template <int K>
+void load_matrix_sync(fragment<accumulator, 16, 16, K, float> &f, const float *p, unsigned ldm, layout_t l) {
     dt_emu_wmma_check(p, ldm, sizeof(float));
     for (int r = 0; r < 16; r++)
         for (int c = 0; c < 16; c++) f.v[r][c] = l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
 }
-static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
-                                     layout_t l) {
+template <int K>
+void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, K, float> &f, unsigned ldm, layout_t l) {
     dt_emu_wmma_check(p, ldm, sizeof(float));
     __syncwarp();
     if (threadIdx.x % 32 == 0)
         for (int r = 0; r < 16; r++)
             for (int c = 0; c < 16; c++) (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.v[r][c];
 }
-template <typename T, typename LA, typename LB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
-              const fragment<matrix_b, 16, 16, 16, T, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c) {
+template <int K, typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, K, float> &d, const fragment<matrix_a, 16, 16, K, T, LA> &a,
+              const fragment<matrix_b, 16, 16, K, T, LB> &b, const fragment<accumulator, 16, 16, K, float> &c) {
     float out[16][16];
     for (int r = 0; r < 16; r++)
         for (int n = 0; n < 16; n++) {
             float s = c.v[r][n];
-            for (int k = 0; k < 16; k++) s += a.v[r][k] * b.v[k][n];
+            for (int k = 0; k < K; k++) s += a.v[r][k] * b.v[k][n];
             out[r][n] = s;
         }
     for (int r = 0; r < 16; r++)

@@ -3,14 +3,16 @@
  * shuffles real barriers), against the CPU's attention: every build with
  * the CUDA toolkit runs it, so that the kernels' indexing, masks, tiles
  * and barriers are checked where no GPU is (a GPU runs the same rows in
- * test_gpu ops). out and dqkv normwise within 1e-5 in fp32, 1e-2 with the
- * products in bf16, 2e-3 in fp16 (test_gpu's tolerances); the backward run
+ * test_gpu ops). out and dqkv normwise within 1e-5 in fp32 (5e-3 with
+ * TF32), 1e-2 with the products in bf16, 2e-3 in fp16 (test_gpu's
+ * tolerances); the backward run
  * twice gives the same bits; the saved rows' output copy is out's; shared
  * memory a kernel reads before any thread wrote it would be NaN (the
  * emulator fills it so) and fail the comparison; a barrier in divergent
  * code aborts with its name. */
 #include "dtrain/gpt.h"
 #include "gpu/att_plan.h"
+#include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
 
@@ -46,8 +48,8 @@ static double normwise(const float *c, const float *g, size_t n) {
 }
 
 static void test_flash(int B, int T, int C, int NH, dt_dtype t) {
-    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
-    const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : "fp32";
+    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
+    const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : dt_gpu_tf32() ? "fp32 with TF32" : "fp32";
     dt_att_room room = dt_att_room_of(B, T, C, NH, t);
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     size_t ns = room.saved / sizeof(float), nd = room.scratch / sizeof(float), rows = (size_t)B * NH * T;
@@ -92,6 +94,13 @@ int main(void) {
     test_flash(1, 1, 64, 1, DT_BF16);
     test_flash(2, 37, 96, 3, DT_F16);
     test_flash(2, 70, 128, 2, DT_F16);
+    // fp32 with TF32 on: heads of 64 on the tensor cores (tf32 fragments,
+    // k steps of 8), against the CPU's fp32 within 5e-3 (10 bits of
+    // mantissa a factor); other heads stay on the CUDA cores (fp32 bits).
+    dt_gpu_set_tf32(1);
+    test_flash(2, 70, 128, 2, DT_F32);
+    test_flash(1, 37, 96, 3, DT_F32);
+    dt_gpu_set_tf32(0);
     dt_status st = dt_emu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
     CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "heads of 258 columns"),
           "a head of 258 columns refused by the fused kernels: %s", dt_last_error());
