@@ -425,11 +425,12 @@ static int on_tensor_cores(int hs, dt_dtype t) {
     int h = tc_kind(hs, t);
     return h && tc_usable(hs, h) ? h : 0;
 }
-#define FA_DISPATCH(fn, t, hs, ...)                                                                        \
-    (on_tensor_cores(hs, t) ? FA_TC(fn##_tc, on_tensor_cores(hs, t), hs, __VA_ARGS__)                     \
-                            : (t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__)                               \
-                            : (t) == DT_F16  ? FA_NC(fn, 2, hs, __VA_ARGS__)                               \
-                                             : FA_NC(fn, 0, hs, __VA_ARGS__))
+// (tc: on_tensor_cores's answer, asked once a call: it queries the GPU)
+#define FA_DISPATCH(fn, t, hs, tc, ...)                                                                    \
+    ((tc) ? FA_TC(fn##_tc, tc, hs, __VA_ARGS__)                                                            \
+          : (t) == DT_BF16 ? FA_NC(fn, 1, hs, __VA_ARGS__)                                                 \
+          : (t) == DT_F16  ? FA_NC(fn, 2, hs, __VA_ARGS__)                                                 \
+                           : FA_NC(fn, 0, hs, __VA_ARGS__))
 #define FA_NC(fn, H, hs, ...)                                                                              \
     ((hs) <= 32 ? fn<H, 1>(__VA_ARGS__) : (hs) <= 64 ? fn<H, 2>(__VA_ARGS__) : fn<H, 4>(__VA_ARGS__))
 #define FA_TC(fn, h, hs, ...)                                                                              \
@@ -448,12 +449,13 @@ static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dt
 dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
     dt_status st = fused_args("forward", B, T, C, NH, t);
     if (st != DT_OK || B == 0 || T == 0) return st;
-    return FA_DISPATCH(forward, t, C / NH, out, saved, qkv, B, T, C, NH);
+    return FA_DISPATCH(forward, t, C / NH, on_tensor_cores(C / NH, t), out, saved, qkv, B, T, C, NH);
 }
 
 dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
                                 int B, int T, int C, int NH, dt_dtype t) {
     dt_status st = fused_args("backward", B, T, C, NH, t);
     if (st != DT_OK || B == 0 || T == 0) return st;
-    return FA_DISPATCH(backward, t, C / NH, dqkv, scratch, dout, qkv, saved, B, T, C, NH);
+    return FA_DISPATCH(backward, t, C / NH, on_tensor_cores(C / NH, t), dqkv, scratch, dout, qkv, saved, B, T, C,
+                       NH);
 }

@@ -1,15 +1,17 @@
 /* The fused attention on tensor cores (included by flash.cu): products in
- * bf16 or fp16, heads of 64 or 128 columns (GPT-2's, Llama's), the same
- * scheme and contract as flash.cu's kernels on the CUDA cores, each
- * product a warp's 16 x 16 x 16 matrix multiply-accumulates (nvcuda::wmma:
- * 16-bit factors, fp32 sums). A block is 4 warps and 64 rows of one head,
+ * bf16 or fp16 at heads of 64 or 128 columns (GPT-2's, Llama's), and in
+ * fp32 with TF32 at heads of 64; the same scheme and contract as flash.cu's
+ * kernels on the CUDA cores, each product a warp's 16 x 16 x k matrix
+ * multiply-accumulates (nvcuda::wmma: 16-bit factors, k = 16; tf32
+ * factors, k = 8; fp32 sums). A block is 4 warps and 64 rows of one head,
  * a warp 16 of them; the other side comes in tiles of 64 rows, its
- * factors rounded to the type as they are loaded into shared memory.
+ * factors rounded to the 16-bit type as they are loaded into shared memory
+ * (tf32: kept as floats and rounded as they are loaded into fragments).
  *
  *   forward  per key tile: S = Q K^T (a warp's 16 x 64 scores into its
  *            shared rows), the online softmax there (a lane half a row:
  *            the row's maximum and sum over the lane pair), the
- *            unnormalised probabilities rounded into 16-bit rows and the
+ *            unnormalised probabilities kept as the factors are and the
  *            output's sums (kept in the warp's shared rows, rescaled by
  *            each row's correction) += P V.
  *   fa_kv_tc per query tile from the diagonal on: S^T = K Q^T and
@@ -21,8 +23,8 @@
  * probabilities, the softmax's gradient); the sums are the tensor cores'
  * (fp32, in their own order): the CPU's numbers to rounding, the same bits
  * every run (no atomics). Every wmma pointer is 32-byte aligned (each
- * region a multiple of 32 bytes, tiles 16 rows of LD 16-bit elements,
- * LD a multiple of 8). */
+ * region a multiple of 32 bytes, tiles 16 rows of LD elements, LD a
+ * multiple of 16 bytes). */
 #ifndef DT_CUDA_EMU
 #include <cuda_bf16.h>
 #include <mma.h>
