@@ -299,6 +299,13 @@ static dt_status input(dt_dev_gpt *g, dt_dev_x *in, const float *x, void *h, siz
     return g->b.t != DT_F32 ? g->b.d->to16(h, x, n, g->b.t) : DT_OK;
 }
 
+// Sequence parallel: every shard's rows gathered (gather) as a GEMM's
+// input (in 16 bits converted into gath16).
+static dt_status gathered(dt_dev_gpt *g, dt_dev_x *x, const float *rows, int BT) {
+    TRY(gather(g, rows, BT));
+    return input(g, x, g->gath, g->gath16, (size_t)BT * g->c.n_embd);
+}
+
 // The column-parallel linear's input after a layernorm, its rows ln
 // (fp32; in 16 bits made in x32, kept at h): in fp32 or 16 bits as input()
 // makes it; sequence parallel (nn/gpt.c's ln_linear): the shard's rows
@@ -308,8 +315,7 @@ static dt_status ln_input(dt_dev_gpt *g, dt_dev_x *in, const float *ln, void *h,
     size_t C = g->c.n_embd;
     if (!g->seq) return input(g, in, ln, h, (size_t)BT * C);
     if (g->b.t != DT_F32) TRY(g->b.d->to16(h, ln, (size_t)rows_of(g, BT) * C, g->b.t));
-    TRY(gather(g, ln, BT));
-    return input(g, in, g->gath, g->gath16, (size_t)BT * C);
+    return gathered(g, in, ln, BT);
 }
 
 // One block (nn/gpt.c's layer_forward): a shard's qkv and fc linears
@@ -406,8 +412,7 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
     TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, resid(g, L), p + g->off[LNFW], p + g->off[LNFB],
                              (size_t)rows_of(g, BT), C, 1e-5f));
     dt_dev_x in;  // (sequence parallel: every token's row, gathered)
-    if (g->seq) TRY(gather(g, g->lnf, BT));
-    TRY(g->seq ? input(g, &in, g->gath, g->gath16, (size_t)BT * C) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
+    TRY(g->seq ? gathered(g, &in, g->lnf, BT) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
     if (g->Vv > 0) TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, g->Vv));  // the tied head
     if (g->ntp == 1) {
         TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
@@ -467,8 +472,7 @@ static dt_status ln_x(dt_dev_gpt *g, dt_dev_x *x, dt_dev_x rows, float *wide, in
         TRY(g->b.d->from16(wide, rows.h, n, g->b.t));
         r = wide;
     }
-    TRY(gather(g, r, BT));
-    return input(g, x, g->gath, g->gath16, (size_t)BT * C);
+    return gathered(g, x, r, BT);
 }
 
 // The row-parallel linear's output gradient: dresid (the shard's rows
@@ -556,10 +560,7 @@ static dt_status head_backward(dt_dev_gpt *g) {
     TRY(dt_dev_blocks_layer(&g->b, L, 1));
     static const int head[] = {WTE, LNFW, LNFB};
     for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
-    if (seq) {
-        TRY(gather(g, g->lnf, BT));
-        TRY(input(g, &lnf, g->gath, g->gath16, sC));
-    }
+    if (seq) TRY(gathered(g, &lnf, g->lnf, BT));
     int Vv = g->Vv;  // (a shard's columns: nn/gpt.c's head backward)
     TRY(d->memset0(dlogits, f * (size_t)BT * Vv));
     if (Vv > 0) TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
