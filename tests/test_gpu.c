@@ -432,20 +432,11 @@ static size_t differ(const float *c, const float *d, size_t n) {
     return bad;
 }
 
-// The GPU's block d against the CPU's c, normwise: max |difference| over
-// max |c|; INFINITY when the read failed.
+// The GPU's block d against the CPU's c, normwise (tl_normwise: max
+// |difference| over max |c|); INFINITY when the read failed.
 static double against_norm(const float *c, const float *d, size_t n) {
     float *g = malloc(sizeof(float) * (n ? n : 1));
-    double r = INFINITY;
-    if (d && dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK) {
-        double big = 1e-30, diff = 0;
-        for (size_t i = 0; i < n; i++) {
-            big = fmax(big, fabs(c[i]));
-            double e = fabs((double)c[i] - g[i]);
-            diff = e > diff || isnan(e) ? e : diff;
-        }
-        r = diff / big;
-    }
+    double r = d && dt_gpu_to_host(g, d, sizeof(float) * n) == DT_OK ? tl_normwise(c, g, n) : INFINITY;
     free(g);
     return r;
 }

@@ -59,6 +59,17 @@ double tl_max_rel(const float *a, const float *b, size_t n, double floor) {
     return worst;
 }
 
+double tl_normwise(const float *a, const float *b, size_t n) {
+    double big = 1e-30, diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        if (isnan(e)) return INFINITY;
+        big = fmax(big, fabs(a[i]));
+        diff = fmax(diff, e);
+    }
+    return diff / big;
+}
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TL_SANITIZED 1
 #elif defined(__has_feature)

@@ -17,6 +17,9 @@ void tl_check(int ok, const char *file, int line, const char *fmt, ...)
 double tl_rel(double a, double b, double floor);
 /* Largest relative difference over n elements. */
 double tl_max_rel(const float *a, const float *b, size_t n, double floor);
+/* Normwise relative difference of b from a: max |a - b| / max |a| (the
+ * largest |a| at least 1e-30); INFINITY where any difference is NaN. */
+double tl_normwise(const float *a, const float *b, size_t n);
 /* Runs a shell command, captures stdout+stderr into out (NUL-terminated),
  * returns the exit status (or -1). */
 int tl_run(const char *cmd, char *out, size_t n);

@@ -35,18 +35,6 @@ static float *randoms(size_t n, float r, uint64_t seed) {
     return a;
 }
 
-// max |c - g| / max |c| (NaN anywhere: INFINITY).
-static double normwise(const float *c, const float *g, size_t n) {
-    double big = 1e-30, diff = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)c[i] - g[i]);
-        if (isnan(e)) return INFINITY;
-        big = fmax(big, fabs(c[i]));
-        diff = fmax(diff, e);
-    }
-    return diff / big;
-}
-
 static void test_flash(int B, int T, int C, int NH, dt_dtype t) {
     double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
     const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : dt_gpu_tf32() ? "fp32 with TF32" : "fp32";
@@ -65,7 +53,7 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t) {
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
     dt_kernels_set_precision(DT_F32);
-    double dy = normwise(out, eout, n), dq = normwise(dqkv, edq, n3);
+    double dy = tl_normwise(out, eout, n), dq = tl_normwise(dqkv, edq, n3);
     int copy = !memcmp(saved + rows, eout, sizeof(float) * n), same = !memcmp(edq, edq2, sizeof(float) * n3);
     CHECK(st == DT_OK && dy <= tol && dq <= tol && copy && same,
           "fused attention %s on emulated threads, B %d T %d C %d NH %d (heads of %d): out %.3g, dqkv %.3g "
