@@ -1173,13 +1173,21 @@ static void test_layers(void) {
     test_loss_upload();
 }
 
-static void test_ops(void) {
-    char why[512], what[200] = "";
+// GPU 0 taken for `what` (1), or the test skipped where there is none (0).
+static int gpu0(const char *what) {
+    char why[512];
     if (dt_gpu_count(why, sizeof why) == 0) {
-        tl_skip("no GPU to run the ops on: %s", why);
-        return;
+        tl_skip("no GPU to %s: %s", what, why);
+        return 0;
     }
-    CHECK(dt_gpu_use(0) == DT_OK && dt_gpu_describe(0, what, sizeof what) == DT_OK, "GPU 0: %s", dt_last_error());
+    CHECK(dt_gpu_use(0) == DT_OK, "GPU 0: %s", dt_last_error());
+    return 1;
+}
+
+static void test_ops(void) {
+    char what[200] = "";
+    if (!gpu0("run the ops on")) return;
+    CHECK(dt_gpu_describe(0, what, sizeof what) == DT_OK, "GPU 0: %s", dt_last_error());
     printf("GPU 0: %s (%s)\n", what, dt_gpu_build());
     const size_t sizes[] = {1, 255, 257, 100003, (1u << 20) + 7};
     struct { const char *name; dt_optim_kind kind; float momentum, wd; int nesterov; } opts[] = {
@@ -1289,12 +1297,7 @@ static void test_fault(void) {
 // racecheck and synccheck over its shared memory and barriers, which are
 // too slow for the whole table.
 static void test_attention_small(void) {
-    char why[512];
-    if (dt_gpu_count(why, sizeof why) == 0) {
-        tl_skip("no GPU to run the attention on: %s", why);
-        return;
-    }
-    CHECK(dt_gpu_use(0) == DT_OK, "GPU 0: %s", dt_last_error());
+    if (!gpu0("run the attention on")) return;
     test_attention(2, 37, 96, 3, DT_F32);
     test_attention(1, 33, 5, 5, DT_F32);
     test_attention(2, 70, 256, 2, DT_F32);
@@ -1309,12 +1312,7 @@ static void test_attention_small(void) {
 // stage, beside bench/torch_attention.py's PyTorch figures). A benchmark,
 // not a check: it asserts nothing but that the calls succeed.
 static void bench_attention(void) {
-    char why[512];
-    if (dt_gpu_count(why, sizeof why) == 0) {
-        tl_skip("no GPU to time the attention on: %s", why);
-        return;
-    }
-    CHECK(dt_gpu_use(0) == DT_OK, "GPU 0: %s", dt_last_error());
+    if (!gpu0("time the attention on")) return;
     const int B = 16, T = 1024, C = 768, NH = 12, reps = 10;
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C;
     float *h = randoms(n3, 2, 7), *gq = upload(h, n3), *gdq = upload(h, n3), *gout = upload(h, n), *gdy = upload(h, n);
