@@ -902,15 +902,20 @@ static void sequence_memory(void) {
 }
 
 // Model parallel's run on the device: summary.json says the stages ran
-// there, their activations beside the arena, the update on the host.
+// there, their activations beside the arena, the update on the host, and
+// the streams between stages on the GPUs' communicators: NCCL where each
+// rank has a simulated GPU of its own (dir's run on the fake NCCL, 3 GPUs),
+// else staged through host memory; none without stages.
 static void pipeline_said(const char *dir, const dev_row *r) {
-    char sum[700];
+    char sum[700], streams[64];
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
+    snprintf(streams, sizeof streams, "\"streams\":\t\"%s\"",
+             !strstr(r->flags, "pipeline=") ? "none" : strstr(dir, "-nccl") && r->workers <= 3 ? "nccl" : "staging");
     CHECK(tl_count(sum, "\"strategy\":\t\"model-parallel\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
               tl_count(sum, "\"update\":\t\"host\"") == 1 && tl_json_number(sum, "activations_bytes") > 0 &&
-              tl_json_number(sum, "optimizer_state_bytes") == 0,
-          "%s x %d %s: summary.json says the stages ran on the device, the update on the host", r->model, r->workers,
-          r->flags);
+              tl_json_number(sum, "optimizer_state_bytes") == 0 && tl_count(sum, streams) == 1,
+          "%s x %d %s: summary.json says the stages ran on the device, the update on the host, the streams %s", r->model,
+          r->workers, r->flags, streams);
 }
 
 // summary.json's buckets (rank 0's, over the 20 steps): plain data
@@ -1477,11 +1482,19 @@ static void test_nccl_rows(void) {
           "diff %g)\n%s", rc, diff, g_out);
     nccl_alone();
     spares("mlp", 3, "--set train.grad_accum=2", "2:7:kill", "", "nccl", 0);  // (NCCL's wait ends on the death)
+    // a pipeline's streams on NCCL: the pairs' communicators aborted and made again over the new generation
+    setenv("DTRAIN_GPU_SIM_DEVICES", "5", 1);
+    spares("mlp", 4, "--deterministic --set parallel.pipeline=2 --set parallel.pipeline_balance=flops", "3:12:kill", "",
+           "pp-nccl", 0);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("spare-pp-nccl"));
+    CHECK(tl_count(sum, "\"streams\":\t\"nccl\"") == 1, "the spare's run: the streams on NCCL");
+    setenv("DTRAIN_GPU_SIM_DEVICES", "3", 1);
 }
 
 // Faults in NCCL, each ending the run with a non-zero exit and an error
-// naming the op, its sequence number and the ranks, within the timeout
-// (2 s) and the launcher's stop: never a silent hang.
+// naming the op, its sequence number (a collective's) and the ranks, within
+// the timeout (2 s) and the launcher's stop: never a silent hang.
+#define PP2 "--set parallel.pipeline=2 --set parallel.pipeline_balance=flops"
 static void test_nccl_faults(void) {
     struct {
         const char *env, *says[2], *flags;
@@ -1509,6 +1522,19 @@ static void test_nccl_faults(void) {
         {"DTRAIN_FAULT_STEP=1:5:stop",
          {"NCCL allreduce (seq 5, 39202 x F32) on rank 0: timed out after 2 s; ranks not arrived: unknown to NCCL; "
           "the host communicator, asked:", "ranks not arrived: 1"}, ""},
+        // a pipeline's streams (a communicator a way, of 2 ranks): stage 1's receive of step 3's first
+        // activations never comes (the fake's op 5 of the activations' communicator)
+        {"DTRAIN_FAKE_NCCL_FAULT=hang:5:1",
+         {"rank 1, step 3: pipeline stage 1: receiving activations from stage 0: recv (384 x F32, peer 0) on rank 1: "
+          "timed out after 2 s", "exited with status 1"}, PP2},
+        {"DTRAIN_FAKE_NCCL_FAULT=error:5:1",
+         {"pipeline stage 1: receiving activations from stage 0: NCCL recv (384 x F32, peer 0) on rank 1: NCCL's "
+          "asynchronous error: unhandled system error (ncclResult 2): fake NCCL: an error injected at op 5", "rank 1 "
+          "(pid"}, PP2},
+        // stage 0 dies inside NCCL: stage 1 names it at once
+        {"DTRAIN_FAKE_NCCL_FAULT=abort:7:0",
+         {"pipeline stage 1: receiving activations from stage 0: NCCL recv (384 x F32, peer 0) on rank 1: rank 0 exited",
+          "killed by signal 6"}, PP2},
     };
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         char env[300];

@@ -14,8 +14,12 @@
  *
  * A device communicator is a dt_comm_t: the front end numbers its
  * collectives, times them out, keeps its sticky error and its
- * non-blocking twins; it has no split, point to point, rejoin or check
- * mode (the staging's host communicator checks its own). */
+ * non-blocking twins, and moves its point-to-point transfers (dt_isend,
+ * dt_irecv: NCCL's send waits on the GPU for its receive, and one
+ * communicator's transfers run in order, so a caller with transfers both
+ * ways between two ranks keeps a communicator a way: the pipeline's
+ * dev_links); it has no split, rejoin or check mode (the staging's host
+ * communicator checks its own). */
 #ifndef DT_COMM_DEVICE_H
 #define DT_COMM_DEVICE_H
 

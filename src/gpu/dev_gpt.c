@@ -164,9 +164,12 @@ static dt_status seq_divides(int seq, int ntp, int B, int T) {
 // them without).
 static int rows_of(const dt_dev_gpt *g, int BT) { return g->seq ? BT / g->ntp : BT; }
 
-// The residual stream's slot l (the input of block l; L: the last's output).
+// The residual stream's slot l (the input of block l; L: the last's
+// output), each slot the room of the largest batch: a place that does not
+// depend on the batch (a pipeline stage's stream is received into it
+// before its forward).
 static float *resid(const dt_dev_gpt *g, int l) {
-    return g->resid + (size_t)(g->fwd_only ? l % 2 : l - g->r0) * rows_of(g, g->B * g->T) * g->c.n_embd;
+    return g->resid + (size_t)(g->fwd_only ? l % 2 : l - g->r0) * rows_of(g, g->maxB * g->maxT) * g->c.n_embd;
 }
 
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
@@ -623,15 +626,14 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user) 
 // As the sequential model's (dev_model.c): a twin of the model over its
 // blocks and workspace, with the residual stream's slots l0 .. l1 and its
 // blocks' activations (the embedding's tokens on the first stage, the
-// head's on the last) in an arena of its own, the streams between stages
-// (the residual stream, [B, T, C], and its gradient) through pinned host
-// buffers of its own.
+// head's on the last) in an arena of its own; the streams between stages
+// (the residual stream, [B, T, C]) are its slots l0 and l1, on the device,
+// and the gradients of the streams the caller's (in place, as nn/gpt.c's).
 
 struct dt_dev_gpt_stage {
     dt_dev_gpt g;            // the twin
-    dt_dev_stage_mem mem;    // its activations' arena; pinned: the stream in, out, the gradient of in
+    dt_dev_stage_mem mem;    // its activations' arena
     int l0, l1;
-    float *pout, *pdin;      // (in mem.pin, [maxB, maxT, C] each)
 };
 
 dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stage **out) {
@@ -648,15 +650,12 @@ dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stag
     s->mem.arena = (dt_dev_arena){.d = g->b.d};
     s->l0 = l0, s->l1 = l1;
     acts_take(&s->g, &s->mem.arena, l0, l1, 0);  // (counting)
-    size_t n = (size_t)g->maxB * g->maxT * g->c.n_embd;
-    dt_status st = dt_dev_stage_mem_open(&s->mem, &g->b, 3 * n * sizeof(float));
+    dt_status st = dt_dev_stage_mem_open(&s->mem, &g->b);
     if (st != DT_OK) {
         dt_dev_gpt_stage_free(s);
         return st;
     }
     acts_take(&s->g, &s->mem.arena, l0, l1, 0);
-    s->pout = s->mem.pin + n;
-    s->pdin = s->pout + n;
     *out = s;
     return DT_OK;
 }
@@ -669,34 +668,30 @@ void dt_dev_gpt_stage_free(dt_dev_gpt_stage *s) {
 }
 
 void dt_dev_gpt_stage_streams(dt_dev_gpt_stage *s, float **in, float **out) {
-    *in = s->mem.pin;
-    *out = s->pout;
+    *in = resid(&s->g, s->l0);
+    *out = resid(&s->g, s->l1);
 }
 
 dt_status dt_dev_gpt_stage_forward(dt_dev_gpt_stage *s, const int32_t *inputs, const int32_t *targets, int B, int T,
                                    float loss_scale, float *loss) {
     dt_dev_gpt *g = &s->g;
-    const dt_dev *d = g->b.d;
     int L = g->c.n_layer;
     g->B = 0;
     TRY(tokens(g, s->l0 == 0 ? inputs : NULL, s->l1 == L ? targets : NULL, B, T));
-    size_t bytes = sizeof(float) * (size_t)rows_of(g, B * T) * g->c.n_embd;  // (the stream: the shard's rows)
-    if (s->l0 == 0) TRY(embed_forward(g));
-    else TRY(d->to_device(resid(g, s->l0), s->mem.pin, bytes));
+    if (s->l0 == 0) TRY(embed_forward(g));  // (else the stream in is in its slot already)
     TRY(blocks_forward(g, s->l0, s->l1));
-    if (s->l1 == L) return head_forward(g, loss_scale, loss);
-    return d->to_host(s->pout, resid(g, s->l1), bytes);
+    return s->l1 == L ? head_forward(g, loss_scale, loss) : DT_OK;
 }
 
-dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, const float *dout, float **din) {
+dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, float *d, float **din) {
     dt_dev_gpt *g = &s->g;
-    const dt_dev *d = g->b.d;
+    const dt_dev *dv = g->b.d;
     if (!g->B) return dt_error(DT_ERR_ARG, "device gpt: backward needs a forward first");
-    size_t bytes = sizeof(float) * (size_t)rows_of(g, g->B * g->T) * g->c.n_embd;
-    dt_status st = s->l1 == g->c.n_layer ? head_backward(g) : d->to_device(g->dresid, dout, bytes);
+    size_t bytes = sizeof(float) * (size_t)rows_of(g, g->B * g->T) * g->c.n_embd;  // (the stream: the shard's rows)
+    dt_status st = s->l1 == g->c.n_layer ? head_backward(g) : dv->copy(g->dresid, d, bytes);
     if (st == DT_OK) st = blocks_backward(g, s->l0, s->l1);
-    if (st == DT_OK) st = s->l0 == 0 ? embed_backward(g) : d->to_host(s->pdin, g->dresid, bytes);
-    *din = s->l0 == 0 ? NULL : s->pdin;
+    if (st == DT_OK) st = s->l0 == 0 ? embed_backward(g) : dv->copy(d, g->dresid, bytes);
+    *din = s->l0 == 0 ? NULL : d;  // (dresid is the model's scratch: the gradient in d, which the caller keeps)
     g->B = 0;
     return st;
 }

@@ -322,7 +322,8 @@ static void acts_take(dt_dev_mlp *dm, dt_dev_arena *a, int l0, int l1, int work)
         const dt_model_layer_plan *l = &dm->L[i];
         size_t o = sizeof(float) * mb * l->out, k = keep_bytes(l, mb, half ? 2 : sizeof(float), dm->direct, &r, &c);
         int linear = l->spec.kind == DT_LAYER_LINEAR;
-        int to_linear = i + 1 < dm->nl && dm->L[i + 1].spec.kind == DT_LAYER_LINEAR;
+        // (a stage's last output is its stream out, sent while its backward writes the gradients: its own)
+        int to_linear = i + 1 < l1 && dm->L[i + 1].spec.kind == DT_LAYER_LINEAR;
         dm->dact[i] = dt_dev_take(a, DT_DEV_ACTS, o);
         // (an output only the next linear reads: in 16 bits made in its gradient's room, unused until the
         // backward, and kept in the linear's in16, as nn/model.c's plan_half)
@@ -519,7 +520,7 @@ static dt_status loss_forward(dt_dev_mlp *dm, int B, float *loss) {
 // (dt_dev_blocks_stage).
 static dt_status batch_in(dt_dev_mlp *dm, const float *x, const int32_t *y, int B) {
     const dt_dev *d = dm->b.d;
-    for (int i = 0; i < B; i++)
+    for (int i = 0; y && i < B; i++)
         if (y[i] < 0 || y[i] >= dm->V)
             return dt_error(DT_ERR_ARG, "model: target %d of sample %d outside 0..%d", (int)y[i], i, dm->V - 1);
     float *px;
@@ -527,9 +528,9 @@ static dt_status batch_in(dt_dev_mlp *dm, const float *x, const int32_t *y, int 
     int32_t *py = (int32_t *)(px + dm->px_n);
     size_t nx = (size_t)B * dm->in;
     if (x) memcpy(px, x, nx * sizeof(float));
-    memcpy(py, y, (size_t)B * sizeof(int32_t));
+    if (y) memcpy(py, y, (size_t)B * sizeof(int32_t));
     if (x) TRY(d->to_device_async(dm->x, px, nx * sizeof(float)));
-    TRY(d->to_device_async(dm->y, py, (size_t)B * sizeof(int32_t)));
+    if (y) TRY(d->to_device_async(dm->y, py, (size_t)B * sizeof(int32_t)));
     return dt_dev_blocks_staged(&dm->b);
 }
 
@@ -594,7 +595,7 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
 }
 
 // Layers [l0, l1) backward from the gradient of layer l1 - 1's output
-// (the last layer's: the loss's; else dout, host) into their parameters'
+// (the last layer's: the loss's; else dout, on the device) into their parameters'
 // gradients and, l0 > 0, the gradient of x.
 static dt_status layers_backward(dt_dev_mlp *dm, int l0, int l1, const float *dout, dt_grad_ready_fn hook,
                                  void *user) {
@@ -606,7 +607,7 @@ static dt_status layers_backward(dt_dev_mlp *dm, int l0, int l1, const float *do
         TRY(d->crossentropy_backward(dm->dact[dm->nl - 1], dm->probs, dm->y, (size_t)B, dm->V, (size_t)dm->V,
                                      dm->loss_scale));
     else
-        TRY(d->to_device(dm->dact[l1 - 1], dout, sizeof(float) * (size_t)B * dm->L[l1 - 1].out));
+        TRY(d->copy(dm->dact[l1 - 1], dout, sizeof(float) * (size_t)B * dm->L[l1 - 1].out));
     for (int i = l1 - 1; i >= l0; i--) {
         TRY(dt_dev_blocks_layer(&dm->b, i, 1));
         TRY(layer_backward(dm, i, B));
@@ -627,11 +628,11 @@ dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user)
 // scalars) and workspace, its own activation set in an arena of its own,
 // layer l0 - 1's output and gradient its input x and dx (dact[l0 - 1]),
 // so that its layers run as the whole model's do; the streams in and out
-// (and the gradient of in) through pinned host buffers of its own.
+// (x and layer l1 - 1's output) and the gradient of in (dx) are those
+// buffers, on the device.
 
-dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner, size_t pinned_bytes) {
+dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner) {
     TRY(dt_dev_arena_open(&m->arena, "a pipeline stage's activations on the device"));
-    TRY(owner->d->host_alloc((void **)&m->pin, pinned_bytes));
     m->owner = owner;
     owner->stage_bytes += m->arena.size;
     return DT_OK;
@@ -640,15 +641,13 @@ dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner, size_
 void dt_dev_stage_mem_close(dt_dev_stage_mem *m) {
     if (m->owner) m->owner->stage_bytes -= m->arena.size;
     dt_dev_arena_close(&m->arena);
-    if (m->pin) m->arena.d->host_free(m->pin);
-    m->owner = NULL, m->pin = NULL;
+    m->owner = NULL;
 }
 
 struct dt_dev_mlp_stage {
     dt_dev_mlp m;            // the twin
-    dt_dev_stage_mem mem;    // its activations' arena; pinned: the stream in, out, the gradient of in
+    dt_dev_stage_mem mem;    // its activations' arena
     int l0, l1;
-    float *pout, *pdin;      // (in mem.pin, max_batch samples each)
     size_t in, out;          // floats a sample of the streams
 };
 
@@ -668,15 +667,12 @@ dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_sta
     s->mem.arena = (dt_dev_arena){.d = dm->b.d};
     s->l0 = l0, s->l1 = l1, s->in = stream_floats(dm, l0), s->out = stream_floats(dm, l1);
     acts_take(&s->m, &s->mem.arena, l0, l1, 0);  // (counting)
-    size_t mb = (size_t)dm->max_batch;
-    dt_status st = dt_dev_stage_mem_open(&s->mem, &dm->b, sizeof(float) * mb * (2 * s->in + s->out));
+    dt_status st = dt_dev_stage_mem_open(&s->mem, &dm->b);
     if (st != DT_OK) {
         dt_dev_mlp_stage_free(s);
         return st;
     }
     acts_take(&s->m, &s->mem.arena, l0, l1, 0);
-    s->pout = s->mem.pin + mb * s->in;
-    s->pdin = s->pout + mb * s->out;
     *out = s;
     return DT_OK;
 }
@@ -690,32 +686,26 @@ void dt_dev_mlp_stage_free(dt_dev_mlp_stage *s) {
 }
 
 void dt_dev_mlp_stage_streams(dt_dev_mlp_stage *s, float **in, size_t *in_floats, float **out, size_t *out_floats) {
-    *in = s->mem.pin, *in_floats = s->in;
-    *out = s->pout, *out_floats = s->out;
+    *in = s->m.x, *in_floats = s->in;
+    *out = s->m.act[s->l1 - 1], *out_floats = s->out;
 }
 
 dt_status dt_dev_mlp_stage_forward(dt_dev_mlp_stage *s, const float *x, const int32_t *y, int B, float loss_scale,
                                    uint64_t step, int64_t first, float *loss) {
     dt_dev_mlp *m = &s->m;
-    const dt_dev *d = m->b.d;
     if (B <= 0 || B > m->max_batch) return dt_error(DT_ERR_ARG, "device model: batch %d outside 1..%d", B, m->max_batch);
     m->B = 0;
     m->train = 1, m->step = step, m->first = first, m->loss_scale = loss_scale;
-    size_t nx = (size_t)B * s->in;
-    if (s->l0 == 0) memcpy(s->mem.pin, x, nx * sizeof(float));  // (else the stream in is there already)
-    TRY(d->to_device(m->x, s->mem.pin, nx * sizeof(float)));
-    if (s->l1 == m->nl) TRY(batch_in(m, NULL, y, B));
+    // (the stream in, l0 > 0, is in x already)
+    if (s->l0 == 0 || s->l1 == m->nl) TRY(batch_in(m, s->l0 == 0 ? x : NULL, s->l1 == m->nl ? y : NULL, B));
     TRY(layers_forward(m, s->l0, s->l1, B));
     if (s->l1 == m->nl) TRY(loss_forward(m, B, loss));
-    else TRY(d->to_host(s->pout, m->act[s->l1 - 1], sizeof(float) * (size_t)B * s->out));
     m->B = B;
     return DT_OK;
 }
 
 dt_status dt_dev_mlp_stage_backward(dt_dev_mlp_stage *s, const float *dout, float **din) {
-    dt_dev_mlp *m = &s->m;
-    int B = m->B;
-    TRY(layers_backward(m, s->l0, s->l1, dout, NULL, NULL));
-    *din = s->l0 ? s->pdin : NULL;
-    return s->l0 ? m->b.d->to_host(s->pdin, m->dact[s->l0 - 1], sizeof(float) * (size_t)B * s->in) : DT_OK;
+    TRY(layers_backward(&s->m, s->l0, s->l1, dout, NULL, NULL));
+    *din = s->l0 ? s->m.dact[s->l0 - 1] : NULL;
+    return DT_OK;
 }

@@ -188,14 +188,13 @@ dt_status dt_dev_event_wait(const dt_dev *d, void *event, double limit, const ch
 
 /* A pipeline stage's own memory (dt_dev_mlp_stage's, dt_dev_gpt_stage's):
  * the arena of its activations, counted in its model's blocks'
- * stage_bytes while it lives, and a pinned host buffer. open: after the
- * arena's counting pass (arena.d set), before its taking pass. */
+ * stage_bytes while it lives. open: after the arena's counting pass
+ * (arena.d set), before its taking pass. */
 typedef struct {
     dt_dev_blocks *owner;
     dt_dev_arena arena;
-    float *pin;
 } dt_dev_stage_mem;
-dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner, size_t pinned_bytes);
+dt_status dt_dev_stage_mem_open(dt_dev_stage_mem *m, dt_dev_blocks *owner);
 void dt_dev_stage_mem_close(dt_dev_stage_mem *m);
 
 typedef struct dt_dev_mlp dt_dev_mlp;
@@ -237,10 +236,10 @@ dt_status dt_dev_mlp_backward(dt_dev_mlp *dm, dt_grad_ready_fn hook, void *user)
  * own for up to dm's max_batch samples (device memory beside the arena,
  * taken now), over dm's blocks (dt_model_forward_range's and
  * dt_model_backward_range's, kernel for kernel). The streams between
- * stages are host memory (pinned): stage_streams gives the buffer the
- * stream in is written into before a forward (unused where l0 = 0) and the
- * one the stream out is in after it (unused where l1 is the last layer),
- * and their floats a sample. */
+ * stages are device memory of the stage's own: stage_streams gives the
+ * buffer the stream in is written into before a forward (unused where l0
+ * = 0) and the one the stream out is in after it, until the next forward
+ * (unused where l1 is the last layer), and their floats a sample. */
 typedef struct dt_dev_mlp_stage dt_dev_mlp_stage;
 dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_stage **out);
 void dt_dev_mlp_stage_free(dt_dev_mlp_stage *s);
@@ -250,10 +249,10 @@ void dt_dev_mlp_stage_streams(dt_dev_mlp_stage *s, float **in, size_t *in_floats
  * loss_scale for the backward; step and first: dropout's key. */
 dt_status dt_dev_mlp_stage_forward(dt_dev_mlp_stage *s, const float *x, const int32_t *y, int B, float loss_scale,
                                    uint64_t step, int64_t first, float *loss);
-/* Its backward from dout (host: the gradient of the stream out; unused on
- * the last stage), parameter gradients accumulating; *din: the gradient of
- * the stream in (host, pinned, valid until the next backward; NULL where
- * l0 = 0). */
+/* Its backward from dout (device: the gradient of the stream out; unused
+ * on the last stage), parameter gradients accumulating; *din: the
+ * gradient of the stream in (device, the stage's own, valid until the next
+ * backward; NULL where l0 = 0). */
 dt_status dt_dev_mlp_stage_backward(dt_dev_mlp_stage *s, const float *dout, float **din);
 
 typedef struct dt_dev_gpt dt_dev_gpt;
@@ -282,9 +281,9 @@ dt_status dt_dev_gpt_backward(dt_dev_gpt *g, dt_grad_ready_fn hook, void *user);
 /* A pipeline stage of g: blocks [l0, l1) (with the embedding where l0 = 0,
  * the head and the loss where l1 is the last), as dt_dev_mlp_stage's: an
  * activation set of its own for up to g's batch, the streams (the
- * residual stream [B, T, C] in and out, and its gradients) through pinned
- * host buffers stage_streams gives, nn/gpt.c's stage calls kernel for
- * kernel. */
+ * residual stream [B, T, C] in and out: the shard's rows under sequence
+ * parallel) in its own device memory, stage_streams's places (which do not
+ * depend on the batch), nn/gpt.c's stage calls kernel for kernel. */
 typedef struct dt_dev_gpt_stage dt_dev_gpt_stage;
 dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stage **out);
 void dt_dev_gpt_stage_free(dt_dev_gpt_stage *s);
@@ -293,9 +292,9 @@ void dt_dev_gpt_stage_streams(dt_dev_gpt_stage *s, float **in, float **out);
  * in, targets (host; the last stage, which sets *loss). */
 dt_status dt_dev_gpt_stage_forward(dt_dev_gpt_stage *s, const int32_t *inputs, const int32_t *targets, int B, int T,
                                    float loss_scale, float *loss);
-/* Its backward from dout (host: the gradient of the stream out; unused on
- * the last stage); *din the gradient of the stream in (host, pinned; NULL
+/* Its backward from d (device: the gradient of the stream out; unused on
+ * the last stage); *din the gradient of the stream in, written over d (NULL
  * on the first stage). */
-dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, const float *dout, float **din);
+dt_status dt_dev_gpt_stage_backward(dt_dev_gpt_stage *s, float *d, float **din);
 
 #endif

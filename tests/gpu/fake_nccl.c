@@ -14,7 +14,11 @@
  * rank has posted k, it computes its result from the slots, reducing in
  * rank order (the shm communicator's order, so the staging path's bits),
  * and says it is done (done = k). Init completes once every rank has
- * attached.
+ * attached. ncclSend and ncclRecv are such ops too, on a communicator of
+ * two ranks (all a pipeline's streams use): the sender's post is its
+ * message, the receiver's result a copy of it, so neither finishes before
+ * the other has reached it (NCCL's send waits for its receive); the two
+ * must match (send against recv, the count, the peer), else both fail.
  *
  * DTRAIN_FAKE_NCCL_FAULT=KIND:K[:R] breaks op K on rank R (default: the
  * last rank):
@@ -45,12 +49,15 @@ enum { MAX_RANKS = 64, SLOT = 64 << 20 };  // (slots are sparse: only what a tes
 typedef struct {
     _Atomic int joined;
     _Atomic uint64_t posted[MAX_RANKS], done[MAX_RANKS];
+    int kind[MAX_RANKS];      // each rank's op as posted: its kind, count, root (a send's or recv's peer)
+    size_t count[MAX_RANKS];
+    int root[MAX_RANKS];
 } header;
 
 typedef enum { IDLE, INIT, WAIT_SLOT, WAIT_PEERS, FAILED } phase;
 
 typedef struct {
-    int kind;  // 0 allreduce, 1 reduce_scatter, 2 allgather, 3 broadcast, 4 reduce
+    int kind;  // 0 allreduce, 1 reduce_scatter, 2 allgather, 3 broadcast, 4 reduce, 5 send, 6 recv
     const void *send;
     void *recv;
     size_t count;
@@ -170,7 +177,7 @@ static const char *slot(ncclComm_t c, int p) { return c->slots + (size_t)p * SLO
 
 static size_t send_bytes(ncclComm_t c) {
     size_t b = c->c.count * tsize(c->c.t);
-    return c->c.kind == 1 ? b * (size_t)c->n : c->c.kind == 3 && c->rank != c->c.root ? 0 : b;
+    return c->c.kind == 1 ? b * (size_t)c->n : (c->c.kind == 3 && c->rank != c->c.root) || c->c.kind == 6 ? 0 : b;
 }
 
 #define REDUCE(T)                                                                                   \
@@ -219,8 +226,20 @@ static ncclResult_t reduce(ncclComm_t c, void *out, size_t off, size_t len) {
     return ncclSuccess;
 }
 
+// A send or recv against its peer's post: the other of the pair, to this
+// rank, of the same count.
+static ncclResult_t matched(ncclComm_t c) {
+    int q = c->c.root, want = c->c.kind == 5 ? 6 : 5;
+    if (c->h->kind[q] == want && c->h->root[q] == c->rank && c->h->count[q] == c->c.count) return ncclSuccess;
+    char msg[200];
+    snprintf(msg, sizeof msg, "rank %d's %s of %zu to rank %d met rank %d's op %d of %zu with rank %d", c->rank,
+             c->c.kind == 5 ? "send" : "recv", c->c.count, q, q, c->h->kind[q], c->h->count[q], c->h->root[q]);
+    return fail(c, ncclInvalidUsage, msg);
+}
+
 static ncclResult_t finish(ncclComm_t c) {
     size_t es = tsize(c->c.t), b = c->c.count * es;
+    if (c->c.kind >= 5 && matched(c) != ncclSuccess) return c->err;
     switch (c->c.kind) {
     case 0: return reduce(c, c->c.recv, 0, c->c.count);
     case 1: return reduce(c, c->c.recv, (size_t)c->rank * b, c->c.count);
@@ -228,6 +247,8 @@ static ncclResult_t finish(ncclComm_t c) {
         for (int p = 0; p < c->n; p++) memcpy((char *)c->c.recv + (size_t)p * b, slot(c, p), b);
         return ncclSuccess;
     case 3: memcpy(c->c.recv, slot(c, c->c.root), b); return ncclSuccess;
+    case 5: return ncclSuccess;
+    case 6: memcpy(c->c.recv, slot(c, c->c.root), b); return ncclSuccess;
     default: return c->rank == c->c.root ? reduce(c, c->c.recv, 0, c->c.count) : ncclSuccess;
     }
 }
@@ -240,6 +261,7 @@ static void progress(ncclComm_t c) {
     }
     if (c->ph == WAIT_SLOT && all_at_least(c->h->done, c->n, c->op - 1) && !fault_at(c, "hang")) {
         if (send_bytes(c)) memcpy(c->slots + (size_t)c->rank * SLOT, c->c.send, send_bytes(c));
+        c->h->kind[c->rank] = c->c.kind, c->h->count[c->rank] = c->c.count, c->h->root[c->rank] = c->c.root;
         atomic_store(&c->h->posted[c->rank], c->op);
         c->ph = WAIT_PEERS;
     }
@@ -309,6 +331,25 @@ API ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclData
                             ncclComm_t c, cudaStream_t_ stream) {
     (void)stream;
     return enqueue(c, (coll){4, send, recv, count, t, op, root});
+}
+
+// A send's or recv's peer: the other rank of a communicator of two.
+static ncclResult_t p2p(ncclComm_t c, coll k) {
+    if (!c) return ncclInvalidArgument;
+    if (c->n != 2 || k.root != 1 - c->rank)
+        return fail(c, ncclInvalidArgument, "this fake sends and receives between the two ranks of a communicator of 2");
+    return enqueue(c, k);
+}
+
+API ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
+                          cudaStream_t_ stream) {
+    (void)stream;
+    return p2p(c, (coll){5, send, NULL, count, t, ncclSum, peer});
+}
+
+API ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t_ stream) {
+    (void)stream;
+    return p2p(c, (coll){6, NULL, recv, count, t, ncclSum, peer});
 }
 
 static ncclResult_t release(ncclComm_t c) {

@@ -45,6 +45,8 @@ typedef struct {
     nccl_all_gather_fn all_gather;
     nccl_broadcast_fn broadcast;
     nccl_reduce_fn reduce;
+    nccl_send_fn send;
+    nccl_recv_fn recv;
     ncclComm_t comm;
     const dt_dev *d;
     int device;           /* this rank's GPU */
@@ -93,6 +95,8 @@ static dt_status load(nccl_state *s) {
     SYM(all_gather, "ncclAllGather");
     SYM(broadcast, "ncclBroadcast");
     SYM(reduce, "ncclReduce");
+    SYM(send, "ncclSend");
+    SYM(recv, "ncclRecv");
     need = 0;
     SYM(last_error, "ncclGetLastError");
     return DT_OK;
@@ -155,6 +159,9 @@ static void behind(nccl_state *s, int64_t seq, char *out, size_t n) {
 
 static void describe(const dt_coll_args *a, char *out, size_t n) {
     if (a->kind == DT_COLL_COUNT_) snprintf(out, n, "NCCL's communicator init");
+    else if (a->kind == DT_COLL_SEND || a->kind == DT_COLL_RECV)
+        snprintf(out, n, "NCCL %s (%zu x %s, peer %d)", dt_coll_name(a->kind), a->count, dt_dtype_name(a->dtype),
+                 a->root);
     else snprintf(out, n, "NCCL %s (seq %llu, %zu x %s)", dt_coll_name(a->kind), (unsigned long long)a->seq,
                   a->count, dt_dtype_name(a->dtype));
 }
@@ -303,6 +310,72 @@ static dt_status nc_barrier(dt_comm_t c, const dt_coll_args *a) {
     return issued(c, a, r);
 }
 
+// ---- point to point ------------------------------------------------------------------
+// ncclSend and ncclRecv wait on the GPU for their peer's match, and a
+// communicator's operations run in the order issued: the front end hands
+// over a (direction, peer)'s transfers one at a time, and a caller that
+// has transfers both ways (a pipeline stage's streams) keeps each way on a
+// communicator of its own, so that no transfer waits behind one its peer
+// has not reached. A transfer is queued on the communication stream after
+// the kernels queued so far (those that wrote what it sends, and those
+// that read what it receives into), then polled: NCCL's state and the
+// stream, never blocking; the front end owns the deadline.
+
+static dt_status nc_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
+    nccl_state *s = NS(c);
+    const dt_coll_args *a = &p->args;
+    char what[160], why[600];
+    ncclResult_t r;
+    if (!p->started) {
+        dt_status st = before(c, a);
+        if (st != DT_OK) return st;
+        if (a->kind == DT_COLL_SEND)
+            NCCL(s, r, s->send(a->send, a->count, nccl_type(a->dtype), a->root, s->comm, s->stream));
+        else
+            NCCL(s, r, s->recv(a->recv, a->count, nccl_type(a->dtype), a->root, s->comm, s->stream));
+        p->started = 1;
+        *moved = 1;
+        if (r != ncclSuccess && r != ncclInProgress) {
+            describe(a, what, sizeof what);
+            words(s, r, why, sizeof why);
+            return dt_error(DT_ERR_COMM, "%s on rank %d: %s", what, c->rank, why);
+        }
+    }
+    ncclResult_t state = ncclInProgress;
+    NCCL(s, r, s->get_async_error(s->comm, &state));
+    if (r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+        describe(a, what, sizeof what);
+        words(s, state, why, sizeof why);
+        return dt_error(DT_ERR_COMM, "%s on rank %d: NCCL's asynchronous error: %s", what, c->rank, why);
+    }
+    int done = 0;
+    if (state == ncclSuccess && s->d->stream_query(s->stream, &done) != DT_OK) {
+        describe(a, what, sizeof what);
+        return dt_error(DT_ERR_COMM, "%s on rank %d: its stream: %s", what, c->rank, dt_last_error());
+    }
+    if (done) {
+        p->done = 1;
+        *moved = 1;
+        return DT_OK;
+    }
+    const char *how;
+    int gone = slow ? first_gone(s, &how) : -1;
+    if (gone >= 0) {
+        describe(a, what, sizeof what);
+        p->peer_gone = gone == a->root;
+        return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d %s; ranks not arrived: %d", what, c->rank, gone, how,
+                        gone);
+    }
+    return DT_OK;
+}
+
+// (the communicator is aborted with the error: nothing of one transfer to undo)
+static void nc_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    (void)c;
+    (void)p;
+}
+
 static void nc_abort(dt_comm_t c, const char *reason) {
     nccl_state *s = NS(c);
     if (s->comm) {  // (NCCL frees it)
@@ -338,6 +411,8 @@ static const struct dt_comm_ops nccl_ops = {
     .broadcast = nc_broadcast,
     .reduce = nc_reduce,
     .barrier = nc_barrier,
+    .p2p_progress = nc_p2p_progress,
+    .p2p_cancel = nc_p2p_cancel,
     .abort = nc_abort,
     .destroy = nc_destroy,
 };

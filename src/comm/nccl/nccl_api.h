@@ -80,4 +80,9 @@ typedef ncclResult_t (*nccl_broadcast_fn)(const void *send, void *recv, size_t c
 typedef ncclResult_t (*nccl_reduce_fn)(const void *send, void *recv, size_t count, ncclDataType_t t,
                                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t_ stream);
 
+typedef ncclResult_t (*nccl_send_fn)(const void *send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                                     cudaStream_t_ stream);
+typedef ncclResult_t (*nccl_recv_fn)(void *recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                                     cudaStream_t_ stream);
+
 #endif

@@ -10,32 +10,55 @@
  * the front end's progress thread while the caller goes on queuing kernels
  * (a gradient bucket during backward): its copies wait for every kernel
  * queued before them, the bucket's among them (an event passed is not
- * needed). */
+ * needed). Point to point likewise: a send copied to a pinned buffer and
+ * sent by the host communicator's dt_isend, a receive received into one
+ * and copied to the device; one send and one receive in flight at a time,
+ * each through its own buffer (a later one waits, not started, for the
+ * buffer). */
 #include "comm/staging/staging.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 typedef struct {
+    char *buf;  /* pinned */
+    size_t cap;
+} pinned;
+
+typedef struct {
     const dt_dev *d;
     int device;         /* this rank's GPU, taken by whichever thread copies */
     dt_comm_t host;     /* the split of the host communicator */
-    char *buf;          /* pinned */
+    char *buf;          /* pinned: the collectives' */
     size_t cap;
+    pinned way[2];      /* point to point's: the send's, the receive's */
+    dt_p2p *using[2];   /* the transfer each way's buffer serves (NULL: free) */
 } staging;
+
+/* A transfer's host request, in its dt_p2p's backend handle. */
+typedef struct {
+    dt_request_t req;
+} st_p2p;
 
 #define ST(c) ((staging *)(c)->be)
 
-static dt_status room(staging *s, size_t bytes) {
-    if (bytes <= s->cap) return DT_OK;
-    size_t want = s->cap * 2 > bytes ? s->cap * 2 : bytes;
+static dt_status grow(const dt_dev *d, pinned *b, size_t bytes) {
+    if (bytes <= b->cap) return DT_OK;
+    size_t want = b->cap * 2 > bytes ? b->cap * 2 : bytes;
     void *p = NULL;
-    dt_status st = s->d->host_alloc(&p, want);
+    dt_status st = d->host_alloc(&p, want);
     if (st != DT_OK) return dt_error(st, "staging through host memory: %s", dt_last_error());
-    s->d->host_free(s->buf);
-    s->buf = p;
-    s->cap = want;
+    if (b->buf) d->host_free(b->buf);
+    b->buf = p;
+    b->cap = want;
     return DT_OK;
+}
+
+static dt_status room(staging *s, size_t bytes) {
+    pinned b = {s->buf, s->cap};
+    dt_status st = grow(s->d, &b, bytes);
+    s->buf = b.buf, s->cap = b.cap;
+    return st;
 }
 
 // The host collective's failure, as this communicator's (the front end
@@ -137,6 +160,52 @@ static dt_status st_barrier(dt_comm_t c, const dt_coll_args *a) {
     return st == DT_OK ? DT_OK : host_failed(st);
 }
 
+// ---- point to point ----
+
+static dt_status st_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
+    staging *s = ST(c);
+    const dt_coll_args *a = &p->args;
+    int w = a->kind == DT_COLL_RECV;
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    st_p2p *h = (st_p2p *)p->be;
+    dt_status st;
+    (void)slow;  // (the host communicator watches its peers in its own waits)
+    if (!p->started) {
+        if (s->using[w]) return DT_OK;  // (its buffer serves another transfer yet)
+        DT_TRY(grow(s->d, &s->way[w], bytes), done);
+        if (!w) DT_TRY(to_host(s, a, s->way[w].buf, a->send, bytes), done);
+        st = w ? dt_irecv(s->way[w].buf, a->count, a->dtype, a->root, s->host, &h->req)
+               : dt_isend(s->way[w].buf, a->count, a->dtype, a->root, s->host, &h->req);
+        if (st != DT_OK) return host_failed(st);
+        s->using[w] = p;
+        p->started = 1;
+        *moved = 1;
+    }
+    int fin = 0;
+    if ((st = dt_test(&h->req, &fin)) != DT_OK) {
+        s->using[w] = NULL;
+        return host_failed(st);
+    }
+    if (!fin) return DT_OK;
+    s->using[w] = NULL;
+    st = w ? to_device(s, a, a->recv, s->way[w].buf, bytes) : DT_OK;
+    p->done = st == DT_OK;
+    *moved = 1;
+done:
+    return st;
+}
+
+// A transfer given up: the host's ended too (its communicator aborted: the
+// device's is broken with it).
+static void st_p2p_cancel(dt_comm_t c, dt_p2p *p) {
+    staging *s = ST(c);
+    st_p2p *h = (st_p2p *)p->be;
+    if (!h->req) return;
+    dt_comm_abort(s->host, "a transfer through host memory failed");
+    dt_wait(&h->req);
+    s->using[p->args.kind == DT_COLL_RECV] = NULL;
+}
+
 static void st_abort(dt_comm_t c, const char *reason) { dt_comm_abort(ST(c)->host, reason); }
 
 static void st_destroy(dt_comm_t c) {
@@ -144,6 +213,8 @@ static void st_destroy(dt_comm_t c) {
     if (!s) return;
     dt_comm_destroy(s->host);
     if (s->buf) s->d->host_free(s->buf);
+    for (int w = 0; w < 2; w++)
+        if (s->way[w].buf) s->d->host_free(s->way[w].buf);
     free(s);
     c->be = NULL;
 }
@@ -156,6 +227,8 @@ static const struct dt_comm_ops staging_ops = {
     .broadcast = st_broadcast,
     .reduce = st_reduce,
     .barrier = st_barrier,
+    .p2p_progress = st_p2p_progress,
+    .p2p_cancel = st_p2p_cancel,
     .abort = st_abort,
     .destroy = st_destroy,
 };

@@ -70,6 +70,7 @@
  * fixed pieces (micro_shards / D a replica), each one's gradient goes into
  * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
  * an int64 allreduce: bitwise the same for any D and schedule. */
+#include "comm/device.h"
 #include "dtrain/llama.h"
 #include "engine/device.h"
 #include "engine/strategies/strategy.h"
@@ -99,6 +100,17 @@ typedef struct {
     slot *slots;
 } chunk;
 
+// The four ways of a stage's streams: activations to the next stage and
+// from the previous one, gradients to the previous one and from the next.
+// Each a communicator and the peer's rank in it: on the CPU the pipeline's
+// (pp, ppb); on a device one of the GPUs' communicators of a pair of
+// stages, a way each (dev_links).
+enum { ACT_OUT, ACT_IN, GRAD_OUT, GRAD_IN, WAYS };
+typedef struct {
+    dt_comm_t c;
+    int peer;
+} way;
+
 // A step's work on this rank, in order: forward (fwd = 1) or backward of
 // micro-batch mb on chunk v.
 typedef struct {
@@ -116,6 +128,9 @@ typedef struct {
     dt_comm_t rep;         // this replica's T x P ranks, which hold one copy of the model (checkpoints, the norm)
     dt_comm_t dp;          // the ranks of this (stage, t): the replicas, which hold the same layers
     dt_comm_t tie;         // P > 1, the first and the last stage of (replica, t): the tied embedding's two parts
+    way ways[WAYS];        // the streams' transfers (ACT_OUT, ...)
+    dt_comm_t pair[2];     // on a device: the pairs of stages this rank is in (host communicators) ...
+    dt_comm_t gpus[WAYS];  // ... and the GPUs' communicators over them, a way each
     int tied;              // both keep the order's first range (a tied head's, s->tied): summed over tie
     const dt_grad_range *held; // the layers' ranges of the block this rank keeps (the task's hold), nheld;
     int nheld;             // NULL: the whole block
@@ -408,6 +423,79 @@ static void plan_ops(pipe *p) {
 #undef BWD
 }
 
+// On a device (P > 1): the streams between stages on the GPUs'
+// communicators (comm/device.h: NCCL where every rank has a GPU of its own,
+// else staged through pinned host memory), a way each. Pair j is stages j
+// and j + 1 (mod P: the last and the first, interleaved's only), j its
+// first rank, the sender of activations. NCCL's send waits on the GPU for
+// its receive and a communicator's transfers run in order, so each way has
+// a communicator of its own: none waits behind a transfer of another way
+// that its peer reaches later. Each rank makes its pairs in the order of
+// j, so every pair's two inits meet.
+static dt_status dev_links(pipe *p) {
+    dt_strategy *s = &p->base;
+    int P = p->P, pairs = p->V > 1 ? P : P - 1, index, k = 0;
+    char shared[128], why[1024] = "";
+    dt_status st = dt_train_device_for(s->c, s->comm, &index, shared, sizeof shared);
+    dt_comm_device_params dp = {s->device->d, index, shared[0] ? shared : NULL};
+    for (int j = 0; j < pairs && st == DT_OK; j++) {
+        int a = j, b = (j + 1) % P, in = p->stage == a || p->stage == b, first = p->stage == a;
+        dt_comm_t h = NULL;
+        st = dt_comm_split(p->pp, in ? 0 : DT_COMM_UNDEFINED, first ? 0 : 1, &h);
+        if (st != DT_OK || !in) continue;
+        p->pair[k++] = h;
+        int act = first ? ACT_OUT : ACT_IN, grad = first ? GRAD_IN : GRAD_OUT;
+        if ((st = dt_comm_init_device(h, &dp, &p->gpus[act], why, sizeof why)) == DT_OK)
+            st = dt_comm_init_device(h, &dp, &p->gpus[grad], why, sizeof why);
+        p->ways[act] = (way){p->gpus[act], 1 - dt_comm_rank(h)};
+        p->ways[grad] = (way){p->gpus[grad], 1 - dt_comm_rank(h)};
+    }
+    if (st != DT_OK) return dt_error(st, "pipeline: the streams between stages on the GPUs: %s", dt_last_error());
+    if (s->rank == 0)
+        dt_log(DT_LOG_INFO, "pipeline streams between stages %s (%s)",
+               strcmp(dt_comm_backend(p->gpus[ACT_OUT]), "staging") ? "on the GPUs" : "staged through host memory",
+               why);
+    return DT_OK;
+}
+
+// The stages' GPUs' communicators and their pairs gone.
+static void dev_links_close(pipe *p) {
+    for (int w = 0; w < WAYS; w++) {
+        dt_comm_destroy(p->gpus[w]);
+        p->gpus[w] = NULL;
+    }
+    for (int k = 0; k < 2; k++) {
+        dt_comm_destroy(p->pair[k]);
+        p->pair[k] = NULL;
+    }
+}
+
+// One of the streams' transfers started: way w's (ACT_OUT, ...), n floats at x.
+static dt_status transfer(pipe *p, int w, float *x, size_t n, dt_request_t *r) {
+    const way *y = &p->ways[w];
+    if (w == ACT_IN || w == GRAD_IN) return dt_irecv(x, n, DT_F32, y->peer, y->c, r);
+    return dt_isend(x, n, DT_F32, y->peer, y->c, r);
+}
+
+// Slot sl's room for the gradient of its stream out, n floats (0: given
+// back): host memory, or on a device the device's (the stage's streams are
+// there), counted with the stages' memory.
+static dt_status grad_room(pipe *p, slot *sl, size_t n) {
+    dt_dev_blocks *b = p->base.device;
+    if (b && sl->d) b->d->free(sl->d), b->stage_bytes -= sizeof(float) * sl->cap;
+    else free(sl->d);
+    sl->d = NULL, sl->cap = 0;
+    if (!n) return DT_OK;
+    dt_status st = DT_OK;
+    if (b) st = b->d->alloc((void **)&sl->d, sizeof(float) * n);
+    else if (!(sl->d = malloc(sizeof(float) * n))) st = DT_ERR_NOMEM;
+    if (st != DT_OK) return dt_error(st, "pipeline: room for a stream's gradient (%zu floats%s): %s", n,
+                                     b ? " on the GPU" : "", st == DT_ERR_NOMEM ? "out of memory" : dt_last_error());
+    if (b) b->stage_bytes += sizeof(float) * n;
+    sl->cap = n;
+    return DT_OK;
+}
+
 // The P ranks of (replica, t): one pipeline (V > 1: twice, the gradients
 // on their own). Tensor parallel: the task made the shard groups (the
 // model's sums run on them), in the same layout.
@@ -422,6 +510,10 @@ static dt_status split_pipelines(pipe *p) {
         st = dt_comm_split(s->comm, ends ? p->replica * p->T + p->t : DT_COMM_UNDEFINED, p->stage, &p->tie);
     if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
     if (!p->ppb) p->ppb = p->pp;
+    int next = (p->stage + 1) % p->P, prev = (p->stage + p->P - 1) % p->P;
+    p->ways[ACT_OUT] = (way){p->pp, next}, p->ways[ACT_IN] = (way){p->pp, prev};
+    p->ways[GRAD_OUT] = (way){p->ppb, prev}, p->ways[GRAD_IN] = (way){p->ppb, next};
+    if (s->device && p->P > 1 && (st = dev_links(p)) != DT_OK) return st;
     p->shard = s->replicas;
     p->tp = s->tensor_group;
     // (every stage keeping its shard's whole block: one copy is a shard group's)
@@ -500,7 +592,7 @@ static void pp_fini(dt_strategy *s) {
             dt_wait(&sl->send_out);
             dt_wait(&sl->send_d);
             if (p->tops) p->tops->stage_free(sl->st);
-            free(sl->d);
+            grad_room(p, sl, 0);
         }
     if (p->steps > 0 && p->P > 1 && p->replica == 0 && p->t == 0 && p->ch) {
         double all = p->t_compute + p->t_wait;
@@ -514,6 +606,7 @@ static void pp_fini(dt_strategy *s) {
                all > 0 ? 100 * p->t_wait / all : 0, p->V > 1 ? "V" : "", 100.0 * (p->P - 1) / (p->V * p->M + p->P - 1),
                p->peak, p->peak == 1 ? "" : "s");
     }
+    dev_links_close(p);
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
     dt_comm_destroy(p->rep);
@@ -541,8 +634,7 @@ static const dt_grad_range *kept(const pipe *p, int *n) {
 
 // ---- on a GPU ([train] device = cuda; docs/gpu.md, "Model parallel") -------
 // The task's stages run on the device (their activations there, the
-// streams between stages through pinned host memory and the host's
-// communicators); the parameters, their update, the gradients' sums and
+// streams between stages on the GPUs' communicators: dev_links); the parameters, their update, the gradients' sums and
 // the norm stay the host's, as on the CPU: a step's last backward over,
 // the gradients of the ranges this rank keeps come to the host (dev_grads;
 // deterministic mode: each micro-batch's), and after each change of the
@@ -701,7 +793,7 @@ static dt_status forward(pipe *p, dt_task *task, int64_t step, int v, int k, dt_
                                   &sl->in_count, &sl->out, &sl->out_count);
     if (st == DT_OK && ch->vstage > 0) {
         dt_request_t r = NULL;
-        st = dt_irecv(sl->in, sl->in_count, DT_F32, prev_stage(p), p->pp, &r);
+        st = transfer(p, ACT_IN, sl->in, sl->in_count, &r);
         if (st == DT_OK) st = wait_timed(p, &r, "receiving activations from", prev_stage(p));
     }
     if (st != DT_OK) return st;
@@ -714,7 +806,7 @@ static dt_status forward(pipe *p, dt_task *task, int64_t step, int v, int k, dt_
     p->t_compute += sp->t1 - t0;
     if (st != DT_OK) return st;
     if (last) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
-    else st = dt_isend(sl->out, sl->out_count, DT_F32, next_stage(p), p->pp, &sl->send_out);
+    else st = transfer(p, ACT_OUT, sl->out, sl->out_count, &sl->send_out);
     if (++p->alive > p->peak) p->peak = p->alive;
     return st;
 }
@@ -728,15 +820,10 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
         return DT_OK;
     }
     dt_status st = wait_timed(p, &sl->send_d, "sending gradients to", prev_stage(p));
-    if (st == DT_OK && sl->cap < sl->out_count) {
-        free(sl->d);
-        sl->cap = 0;
-        if (!(sl->d = malloc(sizeof(float) * sl->out_count))) return dt_error(DT_ERR_NOMEM, "pipeline: out of memory");
-        sl->cap = sl->out_count;
-    }
+    if (st == DT_OK && sl->cap < sl->out_count) st = grad_room(p, sl, sl->out_count);
     if (st == DT_OK && !last) {
         dt_request_t r = NULL;
-        st = dt_irecv(sl->d, sl->out_count, DT_F32, next_stage(p), p->ppb, &r);
+        st = transfer(p, GRAD_IN, sl->d, sl->out_count, &r);
         if (st == DT_OK) st = wait_timed(p, &r, "receiving gradients from", next_stage(p));
     }
     if (st != DT_OK) return st;
@@ -747,7 +834,7 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
     *sp = (dt_obs_span){0, k, v, t0, dt_now()};
     p->t_compute += sp->t1 - t0;
     if (st == DT_OK && ch->vstage > 0)
-        st = dt_isend(sl->din, sl->in_count, DT_F32, prev_stage(p), p->ppb, &sl->send_d);
+        st = transfer(p, GRAD_OUT, sl->din, sl->in_count, &sl->send_d);
     // Deterministic: each micro-batch's gradient on its own into int64
     // fixed point, whose sums do not depend on their order (dp_det.c).
     int n;
@@ -1328,8 +1415,12 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
     pipe *p = (pipe *)s;
     const dt_config *c = s->c;
     int S = p->P * p->V, L = dt_task_layers(c);
-    if (s->device)  // (its stages' activations beside the arena: rank 0's)
-        cJSON_AddStringToObject(dt_train_device_summary(o, c, s->device), "update", "host");
+    if (s->device) {  // (its stages' activations beside the arena: rank 0's)
+        cJSON *g = dt_train_device_summary(o, c, s->device);
+        dt_comm_t w = p->gpus[ACT_OUT] ? p->gpus[ACT_OUT] : p->gpus[ACT_IN];
+        cJSON_AddStringToObject(g, "update", "host");
+        cJSON_AddStringToObject(g, "streams", w ? dt_comm_backend(w) : "none");
+    }
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
     if (!j) return;
     cJSON_AddNumberToObject(j, "tensor", p->T);
@@ -1375,11 +1466,14 @@ static void pp_abandon(dt_strategy *s) {
     if (p->acc) memset(p->acc, 0, sizeof(int64_t) * s->n);
     if (p->pp) dt_comm_abort(p->pp, "a worker died: the step is redone");
     if (p->ppb && p->ppb != p->pp) dt_comm_abort(p->ppb, "a worker died: the step is redone");
+    for (int w = 0; w < WAYS; w++)
+        if (p->gpus[w]) dt_comm_abort(p->gpus[w], "a worker died: the step is redone");
     for (int v = 0; v < p->V && p->ch; v++)
         for (int i = 0; i < p->ch[v].nslots && p->ch[v].slots; i++) {
             dt_wait(&p->ch[v].slots[i].send_out);
             dt_wait(&p->ch[v].slots[i].send_d);
         }
+    dev_links_close(p);
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
     dt_comm_destroy(p->rep);
