@@ -903,19 +903,23 @@ static void sequence_memory(void) {
 
 // Model parallel's run on the device: summary.json says the stages ran
 // there, their activations beside the arena, the update on the host, and
-// the streams between stages on the GPUs' communicators: NCCL where each
-// rank has a simulated GPU of its own (dir's run on the fake NCCL, 3 GPUs),
-// else staged through host memory; none without stages.
+// the streams between stages and a tensor-parallel shard's sums on the
+// GPUs' communicators: NCCL where each rank has a simulated GPU of its own
+// (dir's run on the fake NCCL, 3 GPUs), else staged through host memory
+// (streams: none without stages; shards: absent without shards).
 static void pipeline_said(const char *dir, const dev_row *r) {
-    char sum[700], streams[64];
+    char sum[700], streams[64], shards[64];
+    const char *way = strstr(dir, "-nccl") && r->workers <= 3 ? "nccl" : "staging";
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
-    snprintf(streams, sizeof streams, "\"streams\":\t\"%s\"",
-             !strstr(r->flags, "pipeline=") ? "none" : strstr(dir, "-nccl") && r->workers <= 3 ? "nccl" : "staging");
+    snprintf(streams, sizeof streams, "\"streams\":\t\"%s\"", strstr(r->flags, "pipeline=") ? way : "none");
+    snprintf(shards, sizeof shards, "\"shards\":\t\"%s\"", way);
+    int tensor = strstr(r->flags, "tensor=") != NULL;
     CHECK(tl_count(sum, "\"strategy\":\t\"model-parallel\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
               tl_count(sum, "\"update\":\t\"host\"") == 1 && tl_json_number(sum, "activations_bytes") > 0 &&
-              tl_json_number(sum, "optimizer_state_bytes") == 0 && tl_count(sum, streams) == 1,
-          "%s x %d %s: summary.json says the stages ran on the device, the update on the host, the streams %s", r->model,
-          r->workers, r->flags, streams);
+              tl_json_number(sum, "optimizer_state_bytes") == 0 && tl_count(sum, streams) == 1 &&
+              tl_count(sum, "\"shards\"") == tensor && (!tensor || tl_count(sum, shards) == 1),
+          "%s x %d %s: summary.json says the stages ran on the device, the update on the host, the streams %s, the "
+          "shards' sums %s", r->model, r->workers, r->flags, streams, tensor ? shards : "none");
 }
 
 // summary.json's buckets (rank 0's, over the 20 steps): plain data
@@ -1488,6 +1492,10 @@ static void test_nccl_rows(void) {
            "pp-nccl", 0);
     snprintf(sum, sizeof sum, "%s/summary.json", tmp("spare-pp-nccl"));
     CHECK(tl_count(sum, "\"streams\":\t\"nccl\"") == 1, "the spare's run: the streams on NCCL");
+    // a tensor-parallel shard's sums on NCCL: the shards' communicator made again over the new generation
+    spares("gpt", 4, "--set parallel.tensor=2", "1:12:kill", "", "tp-nccl", 0);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("spare-tp-nccl"));
+    CHECK(tl_count(sum, "\"shards\":\t\"nccl\"") == 1, "the spare's run: the shards' sums on NCCL");
     setenv("DTRAIN_GPU_SIM_DEVICES", "3", 1);
 }
 
@@ -1531,6 +1539,10 @@ static void test_nccl_faults(void) {
          {"pipeline stage 1: receiving activations from stage 0: NCCL recv (384 x F32, peer 0) on rank 1: NCCL's "
           "asynchronous error: unhandled system error (ncclResult 2): fake NCCL: an error injected at op 5", "rank 1 "
           "(pid"}, PP2},
+        // a tensor-parallel shard's sums on NCCL: step 3's first never ends
+        {"DTRAIN_FAKE_NCCL_FAULT=hang:5:1",
+         {"rank 0, step 3: tensor-parallel allreduce: NCCL allreduce (seq 5, 160 x F32) on rank 0: timed out after 2 s",
+          "exited with status 1"}, "--set parallel.tensor=2"},
         // stage 0 dies inside NCCL: stage 1 names it at once
         {"DTRAIN_FAKE_NCCL_FAULT=abort:7:0",
          {"pipeline stage 1: receiving activations from stage 0: NCCL recv (384 x F32, peer 0) on rank 1: rank 0 exited",

@@ -1,6 +1,7 @@
 /* [train] device against this build and this machine (docs/gpu.md), through
  * the device seam (gpu/dev.h: the CUDA device, or dtrain's simulated GPU
  * under DTRAIN_GPU=sim). */
+#include "comm/device.h"
 #include "dtrain/train.h"
 #include "engine/device.h"
 #include "gpu/dev.h"
@@ -103,6 +104,20 @@ dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, ch
     return DT_OK;
 }
 
+dt_status dt_train_device_comm(const dt_config *c, dt_comm_t world, dt_comm_t over, dt_comm_t *out, char *why,
+                               size_t n) {
+    int index;
+    char shared[128];
+    dt_status st = dt_train_device_for(c, world, &index, shared, sizeof shared);
+    dt_comm_device_params p = {dt_dev_get(), index, shared[0] ? shared : NULL};
+    return st == DT_OK ? dt_comm_init_device(over, &p, out, why, n) : st;
+}
+
+void dt_train_device_comm_said(const char *what, dt_comm_t c, const char *why) {
+    int staged = !strcmp(dt_comm_backend(c), "staging");
+    dt_log(DT_LOG_INFO, "%s %s (%s)", what, staged ? "staged through host memory" : "on the GPUs", why);
+}
+
 dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
     if (dt_device_index(c->device) < 0) return DT_OK;
     int index;
@@ -154,6 +169,8 @@ cJSON *dt_train_device_summary(cJSON *o, const dt_config *c, const dt_dev_blocks
         cJSON_AddNumberToObject(g, key, (double)k[i]);
     }
     cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
+    if (b->shards)  // (tensor parallel: the shards' sums on a GPUs' communicator of this backend)
+        cJSON_AddStringToObject(g, "shards", b->shards);
     if (b->stage_bytes)  // (model parallel: its pipeline stages' activation sets, in activations_bytes)
         cJSON_AddNumberToObject(g, "stage_activations_bytes", (double)b->stage_bytes);
     if (b->grads_vm) {  // (ZeRO stage 2, model parallel: the gradients backed on demand)

@@ -15,6 +15,15 @@
  * when no other rank of this host uses it, else why ("2 ranks of this host
  * on 1 GPU"). */
 dt_status dt_train_device_for(const dt_config *c, dt_comm_t comm, int *index, char *shared, size_t n);
+/* A GPUs' communicator (comm/device.h) over the ranks of `over` (a
+ * collective over them), this rank's GPU and whether it shares it as
+ * dt_train_device_for says over world; why[n]: its backend and why. */
+dt_status dt_train_device_comm(const dt_config *c, dt_comm_t world, dt_comm_t over, dt_comm_t *out, char *why,
+                               size_t n);
+/* Logs (info) how `what` travels on c, made by dt_train_device_comm with
+ * why: "<what> on the GPUs (<why>)" or "<what> staged through host memory
+ * (<why>)". */
+void dt_train_device_comm_said(const char *what, dt_comm_t c, const char *why);
 /* The same, made this process's device (the seam's use), before anything
  * is allocated on it. A CPU run: nothing. */
 dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);

@@ -18,8 +18,9 @@
  * ntp, wte's rows [v0, v0 + Vl)), the row-parallel projections' outputs
  * and the column-parallel linears' and the head's input gradients summed
  * over the shards, the embedding and the cross-entropy
- * vocabulary-parallel, each sum through a pinned host buffer by the
- * model's own collective (dt_dev_gpt_set_reduce). Sequence parallel
+ * vocabulary-parallel, each sum on the device's buffers by the task's
+ * collective over the shards (dt_dev_gpt_set_reduce: a GPUs'
+ * communicator's). Sequence parallel
  * (dt_gpt_seq): the stream, the layernorms and the residual adds are the
  * shard's rows, gathered and reduce-scattered around the linears as
  * nn/gpt.c's are. */
@@ -49,7 +50,7 @@ struct dt_dev_gpt {
     dt_gpt_config c;
     int tp, ntp, seq;           // this shard of ntp (0 of 1: the whole model); seq: sequence parallel
     int Cl, NHl, F, Vl, Vv, v0; // its channels, heads, MLP units, head's columns (and those below V), first row
-    dt_gpt_reduce_fn reduce;    // the shards' collectives (ntp > 1), on host values
+    dt_gpt_reduce_fn reduce;    // the shards' collectives (ntp > 1), on device values
     void *reduce_user;
     float *mx, *sums;           // ... the vocabulary-parallel cross-entropy's rows' maxima and sums [2 B T]
     size_t off[NPT], len[NPT];  // the tensors' offsets in the blocks, their floats
@@ -214,38 +215,27 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     return DT_OK;
 }
 
-dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
-    size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd;
-    // (through the blocks' pinned buffer; sequence parallel: a gather's rows and their whole beside them)
-    TRY(dt_dev_blocks_red(&g->b, (g->seq ? 2 : 1) * BT * (C > 2 ? C : 2)));
+void dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
     g->reduce = fn;
     g->reduce_user = user;
-    return DT_OK;
 }
 
-// The shards' collective op (nn/gpt.c's dt_gpt_coll) on the pinned buffer
-// red: send = red, recv = red + at.
-static dt_status coll(dt_dev_gpt *g, dt_gpt_coll op, size_t at, size_t n) {
+// The shards' collective op (nn/gpt.c's dt_gpt_coll) on device buffers.
+static dt_status coll(dt_dev_gpt *g, dt_gpt_coll op, const float *send, float *recv, size_t n) {
     if (!g->reduce)
         return dt_error(DT_ERR_ARG, "device gpt: tensor-parallel shard %d of %d has no collective (dt_dev_gpt_set_reduce)",
                         g->tp, g->ntp);
-    return g->reduce(op, g->b.red, g->b.red + at, n, g->reduce_user);
+    return g->reduce(op, send, recv, n, g->reduce_user);
 }
 
-// x[n] summed (max: maxed) over the shards in place, through the host.
+// x[n] summed (max: maxed) over the shards in place.
 static dt_status reduce(dt_dev_gpt *g, float *x, size_t n, int max) {
-    if (g->ntp == 1) return DT_OK;
-    TRY(g->b.d->to_host(g->b.red, x, sizeof(float) * n));
-    TRY(coll(g, max ? DT_GPT_MAX : DT_GPT_SUM, 0, n));
-    return g->b.d->to_device(x, g->b.red, sizeof(float) * n);
+    return g->ntp == 1 ? DT_OK : coll(g, max ? DT_GPT_MAX : DT_GPT_SUM, x, x, n);
 }
 
 // Sequence parallel: every shard's rows[R, C] gathered into gath[BT, C].
 static dt_status gather(dt_dev_gpt *g, const float *rows, int BT) {
-    size_t C = g->c.n_embd, n = (size_t)rows_of(g, BT) * C;
-    TRY(g->b.d->to_host(g->b.red, rows, sizeof(float) * n));
-    TRY(coll(g, DT_GPT_ALLGATHER, n, n));
-    return g->b.d->to_device(g->gath, g->b.red + n, sizeof(float) * (size_t)BT * C);
+    return coll(g, DT_GPT_ALLGATHER, rows, g->gath, (size_t)rows_of(g, BT) * g->c.n_embd);
 }
 
 // The shards' partial sums part[BT, C] (a row-parallel linear's output, a
@@ -255,9 +245,9 @@ static dt_status gather(dt_dev_gpt *g, const float *rows, int BT) {
 static dt_status sum_rows(dt_dev_gpt *g, float *part, float *rows, int BT) {
     size_t C = g->c.n_embd, n = (size_t)rows_of(g, BT) * C;
     if (!g->seq) return reduce(g, part, (size_t)BT * C, 0);
-    TRY(g->b.d->to_host(g->b.red, part, sizeof(float) * (size_t)BT * C));
-    TRY(coll(g, DT_GPT_REDUCE_SCATTER, 0, n));
-    return g->b.d->to_device(rows, g->b.red, sizeof(float) * n);
+    float *mine = part + (size_t)g->tp * n;  // (in place as NCCL has it: this shard's block of part)
+    TRY(coll(g, DT_GPT_REDUCE_SCATTER, part, mine, n));
+    return rows == mine ? DT_OK : g->b.d->copy(rows, mine, sizeof(float) * n);
 }
 
 // A row-parallel projection's partial output part[BT, C] summed over the

@@ -94,21 +94,12 @@ dt_status dt_dev_blocks_staged(dt_dev_blocks *b) {
     return b->d->event_record(b->slot_ev[k]);
 }
 
-dt_status dt_dev_blocks_red(dt_dev_blocks *b, size_t n) {
-    if (b->red) return DT_OK;
-    TRY(b->d->host_alloc((void **)&b->red, sizeof(float) * n));
-    b->pinned_bytes += sizeof(float) * n;
-    return DT_OK;
-}
-
 void dt_dev_blocks_close(dt_dev_blocks *b) {
     for (int k = 0; k < 2; k++) {
         if (b->slot[k]) b->d->host_free(b->slot[k]);
         if (b->slot_ev[k]) b->d->event_destroy(b->slot_ev[k]);
         b->slot[k] = b->slot_ev[k] = NULL;
     }
-    if (b->red) b->d->host_free(b->red);
-    b->red = NULL;
     dt_dev_arena_close(&b->arena);
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
     if (b->params_vm) dt_dev_vm_close(&b->pvm);
@@ -272,7 +263,7 @@ struct dt_dev_mlp {
                                      // in 16 bits dcol is also the forward's fp32 columns before they are kept)
     void *g16;                    // in 16 bits: a GEMM's output gradient in t (a linear's, a convolution's rows)
     int32_t *y;
-    dt_dev_reduce_fn reduce;      // a tensor-parallel shard's sums over the shards (NULL: a whole model)
+    dt_dev_reduce_fn reduce;      // a tensor-parallel shard's sums over the shards, on device values (NULL: a whole model)
     void *reduce_user;
 };
 
@@ -392,13 +383,9 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
     return DT_OK;
 }
 
-dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user) {
-    size_t most = 0;  // (through the blocks' pinned buffer: the largest layer's values)
-    for (int i = 0; i < dm->nl; i++) most = dm->L[i].out > most ? dm->L[i].out : most;
-    TRY(dt_dev_blocks_red(&dm->b, most * (size_t)dm->max_batch));
+void dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user) {
     dm->reduce = fn;
     dm->reduce_user = user;
-    return DT_OK;
 }
 
 void dt_dev_mlp_free(dt_dev_mlp *dm) {
@@ -482,11 +469,7 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
 
 // A tensor-parallel shard's n values x summed over the shards (through
 // the host: the task's sum, as the CPU model's).
-static dt_status reduce(dt_dev_mlp *dm, float *x, size_t n) {
-    TRY(dm->b.d->to_host(dm->b.red, x, sizeof(float) * n));
-    TRY(dm->reduce(dm->b.red, n, dm->reduce_user));
-    return dm->b.d->to_device(x, dm->b.red, sizeof(float) * n);
-}
+static dt_status reduce(dt_dev_mlp *dm, float *x, size_t n) { return dm->reduce(x, n, dm->reduce_user); }
 
 // Layers [l0, l1) forward on B samples from x (a row-parallel layer's
 // output summed over the shards).

@@ -69,8 +69,8 @@ typedef struct {
                                  reads come back through slot[0]) */
     void *slot_ev[2];         /* ... an event a slot: marks its last copies */
     int next_slot;
-    float *red;               /* a tensor-parallel shard's sums through the host (dt_dev_blocks_red) */
-    size_t pinned_bytes;      /* every pinned buffer's bytes (the slots', red's) */
+    const char *shards;       /* a tensor-parallel shard's collectives: their GPUs' communicator's backend (NULL: none) */
+    size_t pinned_bytes;      /* every pinned buffer's bytes (the slots') */
     size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */
     /* Called before each layer's forward (phase 0) and backward (phase 1),
      * training and evaluation alike, as the CPU models' layer hooks are
@@ -79,11 +79,6 @@ typedef struct {
     dt_status (*layer_fn)(int layer, int phase, void *user);
     void *layer_user;
 } dt_dev_blocks;
-
-/* b->red made, pinned host room for n floats of a tensor-parallel shard's
- * sums through the host (once: counted in pinned_bytes, freed with the
- * blocks). */
-dt_status dt_dev_blocks_red(dt_dev_blocks *b, size_t n);
 
 /* The blocks' layer hook, called (DT_OK without one). */
 dt_status dt_dev_blocks_layer(const dt_dev_blocks *b, int layer, int phase);
@@ -208,10 +203,11 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
                             dt_dev_part part, dt_dtype t, uint64_t seed);
 /* A tensor-parallel shard's sums over the shards (m a shard: its
  * row-parallel layers' outputs, its column-parallel ones' input
- * gradients), fn (the CPU model's dt_model_set_reduce's) on host values,
- * through a pinned buffer; before the stages are made. */
+ * gradients): fn on its device buffers (the task's, on a GPUs'
+ * communicator over the shards: comm/device.h); before the stages are
+ * made. */
 typedef dt_status (*dt_dev_reduce_fn)(float *buf, size_t n, void *user);
-dt_status dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user);
+void dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user);
 void dt_dev_mlp_free(dt_dev_mlp *dm);
 dt_dev_blocks *dt_dev_mlp_blocks(dt_dev_mlp *dm);
 /* dt_model_forward (train = 1) on B samples x[B, in] (host), targets y[B]
@@ -265,10 +261,10 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
                             dt_dev_part part, dt_dtype t);
 void dt_dev_gpt_free(dt_dev_gpt *g);
 /* A tensor-parallel shard's collectives over the shards (m a shard:
- * dt_gpt_create_shard, sequence parallel or not): fn, the CPU model's
- * dt_gpt_set_reduce's, on host values through a pinned buffer; before the
- * stages are made. */
-dt_status dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user);
+ * dt_gpt_create_shard, sequence parallel or not: nn/gpt.c's sums, maxima,
+ * reduce-scatters and allgathers): fn on its device buffers, as
+ * dt_dev_mlp_set_reduce's; before the stages are made. */
+void dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user);
 dt_dev_blocks *dt_dev_gpt_blocks(dt_dev_gpt *g);
 /* dt_gpt_forward on tokens inputs, targets [B, T] (host); loss NULL: left
  * on the device (dt_dev_loss_out). */

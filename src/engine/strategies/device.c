@@ -169,12 +169,9 @@ static int wants_gpus(const dt_strategy *s) {
 // on how the gradients travel.
 static dt_status open_gpus(dt_strategy *s) {
     devs *d = (devs *)s;
-    int index;
-    char shared[128], why[1024];
-    dt_status st = dt_train_device_for(s->c, s->comm, &index, shared, sizeof shared);
+    char why[1024];
+    dt_status st = dt_train_device_comm(s->c, s->comm, s->comm, &d->gpus, why, sizeof why);
     if (st != DT_OK) return st;
-    dt_comm_device_params p = {s->device->d, index, shared[0] ? shared : NULL};
-    if ((st = dt_comm_init_device(s->comm, &p, &d->gpus, why, sizeof why)) != DT_OK) return st;
     dt_obs_trace_comm(s->obs, d->gpus);  // (the buckets on the trace's communication row)
     if (s->rank == 0 && !strcmp(dt_comm_backend(d->gpus), "staging"))
         dt_log(DT_LOG_INFO, "gradients staged through host memory (%s)", why);

@@ -70,7 +70,6 @@
  * fixed pieces (micro_shards / D a replica), each one's gradient goes into
  * int64 fixed point on its own (dp_det.c's sums) and sync() adds them with
  * an int64 allreduce: bitwise the same for any D and schedule. */
-#include "comm/device.h"
 #include "dtrain/llama.h"
 #include "engine/device.h"
 #include "engine/strategies/strategy.h"
@@ -434,10 +433,9 @@ static void plan_ops(pipe *p) {
 // j, so every pair's two inits meet.
 static dt_status dev_links(pipe *p) {
     dt_strategy *s = &p->base;
-    int P = p->P, pairs = p->V > 1 ? P : P - 1, index, k = 0;
-    char shared[128], why[1024] = "";
-    dt_status st = dt_train_device_for(s->c, s->comm, &index, shared, sizeof shared);
-    dt_comm_device_params dp = {s->device->d, index, shared[0] ? shared : NULL};
+    int P = p->P, pairs = p->V > 1 ? P : P - 1, k = 0;
+    char why[1024] = "";
+    dt_status st = DT_OK;
     for (int j = 0; j < pairs && st == DT_OK; j++) {
         int a = j, b = (j + 1) % P, in = p->stage == a || p->stage == b, first = p->stage == a;
         dt_comm_t h = NULL;
@@ -445,16 +443,13 @@ static dt_status dev_links(pipe *p) {
         if (st != DT_OK || !in) continue;
         p->pair[k++] = h;
         int act = first ? ACT_OUT : ACT_IN, grad = first ? GRAD_IN : GRAD_OUT;
-        if ((st = dt_comm_init_device(h, &dp, &p->gpus[act], why, sizeof why)) == DT_OK)
-            st = dt_comm_init_device(h, &dp, &p->gpus[grad], why, sizeof why);
+        if ((st = dt_train_device_comm(s->c, s->comm, h, &p->gpus[act], why, sizeof why)) == DT_OK)
+            st = dt_train_device_comm(s->c, s->comm, h, &p->gpus[grad], why, sizeof why);
         p->ways[act] = (way){p->gpus[act], 1 - dt_comm_rank(h)};
         p->ways[grad] = (way){p->gpus[grad], 1 - dt_comm_rank(h)};
     }
     if (st != DT_OK) return dt_error(st, "pipeline: the streams between stages on the GPUs: %s", dt_last_error());
-    if (s->rank == 0)
-        dt_log(DT_LOG_INFO, "pipeline streams between stages %s (%s)",
-               strcmp(dt_comm_backend(p->gpus[ACT_OUT]), "staging") ? "on the GPUs" : "staged through host memory",
-               why);
+    if (s->rank == 0) dt_train_device_comm_said("pipeline streams between stages", p->gpus[ACT_OUT], why);
     return DT_OK;
 }
 

@@ -37,6 +37,7 @@ struct dt_task {
     void *layer_user;
     int tp, ntp;
     dt_comm_t tpc, rest;           // its shard's group (tensor innermost), the ranks of its shard
+    dt_comm_t tpg;                 // on a device: a GPUs' communicator over tpc (the device model's sums)
     dt_comm_t bnc;                 // batch norm's sums over the data-parallel workers (a communicator of
                                    // their own: the strategy's may be busy with gradients meanwhile)
     unsigned char *order_split;    // the order's ranges divided among the shards
@@ -193,10 +194,11 @@ dt_status dt_eval_checkpoint(const dt_config *c, const char *weights, float *los
 static int cls_wants(const dt_config *c) { return !c->gpt; }
 
 static void cls_close(dt_task *t) {
+    dt_comm_destroy(t->tpg);
     dt_comm_destroy(t->tpc);
     dt_comm_destroy(t->rest);
     dt_comm_destroy(t->bnc);
-    t->tpc = t->rest = t->bnc = NULL;
+    t->tpc = t->rest = t->bnc = t->tpg = NULL;
 }
 
 static dt_status cls_warm(const dt_config *c) {
@@ -233,10 +235,11 @@ static void cls_destroy(dt_task *t) {
     free(t);
 }
 
-// The model's sums over the tensor-parallel shards (dt_model_set_reduce).
+// The model's sums over the tensor-parallel shards (dt_model_set_reduce,
+// dt_dev_mlp_set_reduce) on the communicator *user (the task's tpc, or on
+// a device tpg).
 static dt_status tp_reduce(float *buf, size_t n, void *user) {
-    dt_task *t = user;
-    dt_status st = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, t->tpc);
+    dt_status st = dt_allreduce(buf, buf, n, DT_F32, DT_SUM, *(dt_comm_t *)user);
     return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel allreduce: %s", dt_last_error());
 }
 
@@ -262,7 +265,7 @@ static dt_status bn_sum(int64_t *buf, size_t n, void *user) {
 // config refuses batch norm with model parallelism and parameter servers,
 // so every rank is a data-parallel worker).
 static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
-    dt_status st = dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
+    dt_status st = dt_task_shard_groups(comm, t->c, &t->ntp, &t->tp, &t->tpc, &t->rest, &t->tpg);
     if (st != DT_OK || !dt_layers_have_batchnorm(t->c->layers, t->c->nlayers) || dt_comm_size(comm) < 2) return st;
     dt_comm_destroy(t->bnc);
     t->bnc = NULL;
@@ -293,7 +296,7 @@ static dt_status cls_model(dt_task *t, const dt_config *c, dt_comm_t comm, int m
     if (dt_model_num_classes(t->m) != t->train.classes)
         return dt_error(DT_ERR_CONFIG, "[model]: the last layer has %d outputs but the dataset has %d classes",
                         dt_model_num_classes(t->m), t->train.classes);
-    if (t->ntp > 1) dt_model_set_reduce(t->m, tp_reduce, t);
+    if (t->ntp > 1) dt_model_set_reduce(t->m, tp_reduce, &t->tpc);
     if (t->bnc) dt_model_set_batch_sum(t->m, bn_sum, t, c->sync_bn);
     // A pipeline's stage keeps its layers alone: their parameters come when
     // the strategy has cut the stages (hold), under ZeRO-1 too.
@@ -433,7 +436,10 @@ static dt_status cls_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     DT_TRY(cls_loader(t, c, comm), done);
     DT_TRY(cls_tensors(t, dt_model_num_tensors(t->m)), done);
     if (dt_device_index(c->device) >= 0) DT_TRY(dev_model(t, c, max_micro, dt_train_device_part(c, comm)), done);
-    if (t->dm && t->ntp > 1) DT_TRY(dt_dev_mlp_set_reduce(t->dm, tp_reduce, t), done);
+    if (t->dm && t->ntp > 1) {
+        dt_dev_mlp_set_reduce(t->dm, tp_reduce, &t->tpg);
+        dt_dev_mlp_blocks(t->dm)->shards = dt_comm_backend(t->tpg);
+    }
     cls_info(t, c, dt_model_num_tensors(t->m), info);
     info->device = t->dm ? dt_dev_mlp_blocks(t->dm) : NULL;
 done:

@@ -27,6 +27,7 @@ struct dt_task {
     int nmats;
     int tp, ntp;                 // [parallel] tensor: this rank's shard of ntp (0 of 1: the whole model)
     dt_comm_t tpc, rest;         // its shard's group (tensor innermost), and the ranks of its shard
+    dt_comm_t tpg;               // on a device: a GPUs' communicator over tpc (the device model's sums)
     dt_gpt_config gc;
     dt_tokens train, val;
     dt_gpt *m;
@@ -118,9 +119,10 @@ static void gpt_destroy(dt_task *t) {
 }
 
 static void gpt_close(dt_task *t) {
+    dt_comm_destroy(t->tpg);
     dt_comm_destroy(t->tpc);
     dt_comm_destroy(t->rest);
-    t->tpc = t->rest = NULL;
+    t->tpc = t->rest = t->tpg = NULL;
 }
 
 // The token files a spare loaded ahead (gpt_warm): [0] train, [1] val, for
@@ -157,14 +159,16 @@ static dt_status gpt_warm(const dt_config *c) {
     return DT_OK;
 }
 
-// The model's collectives over the tensor-parallel shards (dt_gpt_set_reduce):
-// sums and maxes, and sequence parallel's reduce-scatters and allgathers.
+// The model's collectives over the tensor-parallel shards (dt_gpt_set_reduce,
+// dt_dev_gpt_set_reduce): sums and maxes, and sequence parallel's
+// reduce-scatters and allgathers, on the communicator *user (the task's
+// tpc, or on a device tpg).
 static dt_status tp_reduce(dt_gpt_coll op, const float *send, float *recv, size_t n, void *user) {
-    dt_task *t = user;
+    dt_comm_t c = *(dt_comm_t *)user;
     const char *what = op == DT_GPT_REDUCE_SCATTER ? "reduce-scatter" : op == DT_GPT_ALLGATHER ? "allgather" : "allreduce";
-    dt_status st = op == DT_GPT_REDUCE_SCATTER ? dt_reduce_scatter(send, recv, n, DT_F32, DT_SUM, t->tpc)
-                   : op == DT_GPT_ALLGATHER    ? dt_allgather(send, recv, n, DT_F32, t->tpc)
-                                               : dt_allreduce(send, recv, n, DT_F32, op == DT_GPT_MAX ? DT_MAX : DT_SUM, t->tpc);
+    dt_status st = op == DT_GPT_REDUCE_SCATTER ? dt_reduce_scatter(send, recv, n, DT_F32, DT_SUM, c)
+                   : op == DT_GPT_ALLGATHER    ? dt_allgather(send, recv, n, DT_F32, c)
+                                               : dt_allreduce(send, recv, n, DT_F32, op == DT_GPT_MAX ? DT_MAX : DT_SUM, c);
     return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel %s: %s", what, dt_last_error());
 }
 
@@ -172,7 +176,7 @@ static dt_status tp_reduce(dt_gpt_coll op, const float *send, float *recv, size_
 // the T shards of one copy of the model (tensor innermost in the layout of
 // docs/model-parallel.md); the ranks of the same shard evaluate together.
 static dt_status tensor_groups(dt_task *t, dt_comm_t comm) {
-    return dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
+    return dt_task_shard_groups(comm, t->c, &t->ntp, &t->tp, &t->tpc, &t->rest, &t->tpg);
 }
 
 static dt_status gpt_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
@@ -296,7 +300,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     dt_gpt_acts_params ap = acts_params(t, t->Bm, 0, t->gc.n_layer);
     if (dt_device_index(c->device) >= 0) ap.B = ap.T = 0;  // (the activations are the device's: none on the host)
     DT_TRY(dt_gpt_create_shard(&t->m, &t->gc, &ap, t->tp), done);
-    if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, t);
+    if (t->ntp > 1) dt_gpt_set_reduce(t->m, tp_reduce, &t->tpc);
     // A pipeline's stage keeps its layers alone: their parameters come when
     // the strategy has cut the stages (hold), under ZeRO-1 too.
     t->deferred = c->pipeline > 1;
@@ -317,7 +321,10 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     if (dt_device_index(c->device) >= 0)
         DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_train_device_states(c),
                                  dt_train_device_part(c, comm), (dt_dtype)c->precision), done);
-    if (t->dg && t->ntp > 1) DT_TRY(dt_dev_gpt_set_reduce(t->dg, tp_reduce, t), done);
+    if (t->dg && t->ntp > 1) {
+        dt_dev_gpt_set_reduce(t->dg, tp_reduce, &t->tpg);
+        dt_dev_gpt_blocks(t->dg)->shards = dt_comm_backend(t->tpg);
+    }
     gpt_info(t, c, order, norder, info);
     info->device = t->dg ? dt_dev_gpt_blocks(t->dg) : NULL;
 done:

@@ -110,7 +110,7 @@ static dt_status tp_reduce(float *buf, size_t n, void *user) {
 }
 
 static dt_status llama_regroup(dt_task *t, dt_comm_t comm, dt_comm_t *replicas, dt_comm_t *tensor_group) {
-    dt_status st = dt_task_shard_groups(comm, t->c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest);
+    dt_status st = dt_task_shard_groups(comm, t->c, &t->ntp, &t->tp, &t->tpc, &t->rest, NULL);
     *replicas = t->rest;
     *tensor_group = t->tpc;
     return st;
@@ -165,7 +165,7 @@ static dt_status llama_create(dt_task **out, const dt_config *c, dt_comm_t comm,
     if (st != DT_OK) goto done;
     DT_TRY(dt_task_open_tokens(&t->train, c, 1, rank, W), done);
     if (c->val_file[0]) DT_TRY(dt_task_open_tokens(&t->val, c, 0, 0, 1), done);
-    DT_TRY(dt_task_shard_groups(comm, c->tensor, &t->ntp, &t->tp, &t->tpc, &t->rest), done);
+    DT_TRY(dt_task_shard_groups(comm, c, &t->ntp, &t->tp, &t->tpc, &t->rest, NULL), done);
     DT_TRY(dt_llama_create_shard(&t->m, &t->lc, t->Bm, t->T, t->tp, t->ntp), done);
     if (t->ntp > 1) dt_llama_set_reduce(t->m, tp_reduce, t);
     // ZeRO-3 keeps a rank's slice of the parameters alone (each its own

@@ -4,23 +4,33 @@
 #include "dtrain/launch.h"
 #include "engine/tasks/task.h"
 #include "engine/checkpoints.h"
+#include "engine/device.h"
 #include "engine/worker.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest) {
+dt_status dt_task_shard_groups(dt_comm_t comm, const dt_config *c, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest,
+                               dt_comm_t *gpus) {
     int rank = dt_comm_rank(comm);
+    if (gpus) dt_comm_destroy(*gpus);  // (made over tpc: gone first)
     dt_comm_destroy(*tpc);
     dt_comm_destroy(*rest);
     *tpc = *rest = NULL;
-    *ntp = tensor > 1 ? tensor : 1;
+    if (gpus) *gpus = NULL;
+    *ntp = c->tensor > 1 ? c->tensor : 1;
     *tp = rank % *ntp;
     if (*ntp == 1) return DT_OK;
+    char why[1024];
     dt_status st = dt_comm_split(comm, rank / *ntp, *tp, tpc);
     if (st == DT_OK) st = dt_comm_split(comm, *tp, rank, rest);
-    return st == DT_OK ? DT_OK : dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+    if (st != DT_OK) return dt_error(st, "tensor parallel: splitting the workers: %s", dt_last_error());
+    if (!gpus || dt_device_index(c->device) < 0) return DT_OK;
+    if ((st = dt_train_device_comm(c, comm, *tpc, gpus, why, sizeof why)) != DT_OK)
+        return dt_error(st, "tensor parallel: the shards' sums on the GPUs: %s", dt_last_error());
+    if (rank == 0) dt_train_device_comm_said("tensor-parallel sums", *gpus, why);
+    return DT_OK;
 }
 
 void dt_task_eval_share(long n, int r, int W, int chunk, int *lo, int *hi, int *extra) {

@@ -233,9 +233,13 @@ const dt_task_ops *dt_task_for(const dt_config *c);
  * the T consecutive ranks from rank - rank % T hold one copy's T shards
  * (*tpc, whose sums the model runs), the ranks of the same shard evaluate
  * and sum their gradients together (*rest); *tp is this rank's shard of
- * *ntp. The groups there were go (the task's regroup after a rejoin), new
- * ones are split from comm; with T <= 1 there are none. */
-dt_status dt_task_shard_groups(dt_comm_t comm, int tensor, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest);
+ * *ntp. gpus (NULL: a model without a device twin): on a device
+ * ([train] device = cuda), a GPUs' communicator over *tpc (comm/device.h),
+ * on which the device model's sums run. The groups there were go (the
+ * task's regroup after a rejoin), new ones are split from comm; with T <=
+ * 1 there are none. */
+dt_status dt_task_shard_groups(dt_comm_t comm, const dt_config *c, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest,
+                               dt_comm_t *gpus);
 
 /* An evaluation of n items split over W ranks: rank r takes [*lo, *hi) =
  * [n r / W, n (r + 1) / W) in chunks of up to `chunk`; *extra is how many
