@@ -22,7 +22,7 @@
 #include <string.h>
 
 #define DNN_FUNCS(X)                                                                                             \
-    X(cudnnGetErrorString) X(cudnnCreate) X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor)          \
+    X(cudnnGetErrorString) X(cudnnCreate) X(cudnnSetStream) X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor)          \
     X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor) X(cudnnSetFilter4dDescriptor)                \
     X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor) X(cudnnSetConvolution2dDescriptor)      \
     X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)                                         \
@@ -61,6 +61,7 @@ static void dnn_load(void) {
         return;
     }
     cudnnStatus_t s = dnn.cudnnCreate(&dnn.handle);
+    if (s == CUDNN_STATUS_SUCCESS) s = dnn.cudnnSetStream(dnn.handle, dt_cu_stream);  // (the kernels' stream)
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(dnn.why, sizeof dnn.why, "cudnnCreate: %s", dnn.cudnnGetErrorString(s));
         return;
@@ -210,7 +211,7 @@ dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, co
     DT_DNN(cudnnConvolutionForward(dnn.handle, &one, c->x, inp, c->w, w, c->conv, FWD, ws, c->ws_fwd, &zero, c->y,
                                    out));
     if (b) {
-        bias_nchw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS>>>(out, b, n, (size_t)g->OH * g->OW, OC);
+        bias_nchw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, b, n, (size_t)g->OH * g->OW, OC);
         st = dt_gpu_launched("bias_nchw_kernel");
     }
 done:
@@ -231,7 +232,7 @@ dt_status dt_gpu_conv2d_backward(float *dinp, float *dw, float *db, const float 
     const float one = 1.0f;
     if (room && (st = dt_gpu_scratch(&ws, room)) != DT_OK) goto done;
     if (db) {
-        bias_nchw_grad_kernel<<<(unsigned)OC, DT_THREADS>>>(db, dout, B, (size_t)g->OH * g->OW, OC);
+        bias_nchw_grad_kernel<<<(unsigned)OC, DT_THREADS, 0, dt_cu_stream>>>(db, dout, B, (size_t)g->OH * g->OW, OC);
         if ((st = dt_gpu_launched("bias_nchw_grad_kernel")) != DT_OK) goto done;
     }
     // (beta 1: both gradients accumulate, as the CPU's backward does)

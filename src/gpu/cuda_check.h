@@ -23,10 +23,19 @@
                             cudaGetErrorName(dt_e_));                                                   \
     } while (0)
 
+/* The kernels' stream: every kernel, copy, memset and library call of
+ * the device goes to it (made with the device at dt_gpu_use; the legacy
+ * default stream, 0, before), from whichever thread, in the order queued.
+ * It waits for the legacy default stream and the other way (a blocking
+ * stream), so nothing queued there by a library escapes its order; a step
+ * is captured from it as a CUDA graph (dt_gpu_graph_*). */
+extern cudaStream_t dt_cu_stream;
+
 /* Launches kernel k (a __global__ function or a pointer to one) on grid
- * g, blocks b, sh bytes of dynamic shared memory: k<<<g, b, sh>>>(...);
- * the form that tests/gpu/cuda_emu.h runs on CPU threads too. */
-#define DT_RUN(k, g, b, sh, ...) k<<<g, b, sh>>>(__VA_ARGS__)
+ * g, blocks b, sh bytes of dynamic shared memory, on the kernels' stream:
+ * k<<<g, b, sh, dt_cu_stream>>>(...); the form that tests/gpu/cuda_emu.h
+ * runs on CPU threads too. */
+#define DT_RUN(k, g, b, sh, ...) k<<<g, b, sh, dt_cu_stream>>>(__VA_ARGS__)
 
 /* The check after a launch of `kernel` (its name): DT_OK, or the error
  * recorded naming it (device.cu). */
@@ -38,7 +47,7 @@ dt_status dt_gpu_launched(const char *kernel);
         if (dt_l_ != DT_OK) return dt_l_;                                                               \
     } while (0)
 
-/* Scratch for a call's own use, from the default stream's pool
+/* Scratch for a call's own use, from the kernels' stream's pool
  * (cudaMallocAsync: no wait), given back with dt_gpu_scratch_free once the
  * call's kernels are launched (they run before any later use of it). */
 dt_status dt_gpu_scratch(void **p, size_t bytes);

@@ -27,6 +27,7 @@ enum {
 
 typedef const char *(*cudnnGetErrorString_fn)(cudnnStatus_t);
 typedef cudnnStatus_t (*cudnnCreate_fn)(cudnnHandle_t *);
+typedef cudnnStatus_t (*cudnnSetStream_fn)(cudnnHandle_t, cudaStream_t);
 typedef cudnnStatus_t (*cudnnCreateTensorDescriptor_fn)(cudnnTensorDescriptor_t *);
 typedef cudnnStatus_t (*cudnnSetTensor4dDescriptor_fn)(cudnnTensorDescriptor_t, int format, int type, int n, int c,
                                                        int h, int w);

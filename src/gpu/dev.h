@@ -67,7 +67,7 @@ typedef struct dt_dev {
     dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
     dt_status (*sync)(void);
     /* A stream for communication (NCCL's): work queued on it runs beside
-     * the kernels, which all go to one stream (the default one).
+     * the kernels, which all go to one stream (the device's own).
      * stream_after_compute: what is queued on it from now on starts after
      * every kernel queued so far. stream_query: *done = 1 once everything
      * queued on it has finished (never blocks). On the simulated GPU every

@@ -2,6 +2,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/gpu.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,20 @@ dt_status dt_gpu_describe(int index, char *out, size_t n) {
     return DT_OK;
 }
 
+cudaStream_t dt_cu_stream;
+
+// The kernels' stream of each device, made at its first use (the
+// process's threads all use the device its main thread took).
 dt_status dt_gpu_use(int index) {
+    static cudaStream_t made[64];
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    if (index < 0 || index >= 64) return dt_error(DT_ERR_ARG, "GPU: cuda:%d: at most 64 GPUs", index);
     DT_CUDA(cudaSetDevice(index));
+    pthread_mutex_lock(&mu);
+    cudaError_t e = made[index] ? cudaSuccess : cudaStreamCreateWithFlags(&made[index], cudaStreamDefault);
+    if (e == cudaSuccess) dt_cu_stream = made[index];
+    pthread_mutex_unlock(&mu);
+    DT_CUDA(e);
     return DT_OK;
 }
 
@@ -49,12 +62,13 @@ void dt_gpu_free(void *dev) {
 }
 
 dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
-    DT_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    DT_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, dt_cu_stream));
+    DT_CUDA(cudaStreamSynchronize(dt_cu_stream));
     return DT_OK;
 }
 
 dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes) {
-    DT_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, 0));
+    DT_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, dt_cu_stream));
     return DT_OK;
 }
 
@@ -64,17 +78,18 @@ uint64_t dt_gpu_reads(void) { return __atomic_load_n(&g_reads, __ATOMIC_RELAXED)
 
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
     __atomic_fetch_add(&g_reads, 1ULL, __ATOMIC_RELAXED);
-    DT_CUDA(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    DT_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, dt_cu_stream));
+    DT_CUDA(cudaStreamSynchronize(dt_cu_stream));
     return DT_OK;
 }
 
 dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes) {
-    DT_CUDA(cudaMemcpy(dev_to, dev_from, bytes, cudaMemcpyDeviceToDevice));
+    DT_CUDA(cudaMemcpyAsync(dev_to, dev_from, bytes, cudaMemcpyDeviceToDevice, dt_cu_stream));
     return DT_OK;
 }
 
 dt_status dt_gpu_memset0(void *dev, size_t bytes) {
-    DT_CUDA(cudaMemset(dev, 0, bytes));
+    DT_CUDA(cudaMemsetAsync(dev, 0, bytes, dt_cu_stream));
     return DT_OK;
 }
 
@@ -101,7 +116,7 @@ dt_status dt_gpu_sync(void) {
     return DT_OK;
 }
 
-// The communication stream: non-blocking, so it waits for the default
+// The communication stream: non-blocking, so it waits for the kernels'
 // stream only where told (an event: the gradients' kernels queued so far).
 dt_status dt_gpu_stream_create(void **stream) {
     cudaStream_t s = NULL;
@@ -118,7 +133,7 @@ void dt_gpu_stream_destroy(void *stream) {
 dt_status dt_gpu_stream_after_compute(void *stream) {
     cudaEvent_t ev;
     DT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    cudaError_t e = cudaEventRecord(ev, 0);
+    cudaError_t e = cudaEventRecord(ev, dt_cu_stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)stream, ev, 0);
     cudaEventDestroy(ev);  // (released once the wait queued on it is done)
     DT_CUDA(e);
@@ -146,7 +161,7 @@ void dt_gpu_event_destroy(void *event) {
 }
 
 dt_status dt_gpu_event_record(void *event) {
-    DT_CUDA(cudaEventRecord((cudaEvent_t)event, 0));
+    DT_CUDA(cudaEventRecord((cudaEvent_t)event, dt_cu_stream));
     return DT_OK;
 }
 
@@ -184,7 +199,7 @@ dt_status dt_gpu_launched(const char *kernel) {
 
 dt_status dt_gpu_scratch(void **p, size_t bytes) {
     *p = NULL;
-    cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, 0);
+    cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, dt_cu_stream);
     if (e != cudaSuccess)
         return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
                         "GPU: scratch of %zu bytes (cudaMallocAsync): %s", bytes, cudaGetErrorString(e));
@@ -192,7 +207,7 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
 }
 
 void dt_gpu_scratch_free(void *p) {
-    if (p) cudaFreeAsync(p, 0);
+    if (p) cudaFreeAsync(p, dt_cu_stream);
 }
 
 // ---- memory backed on demand: CUDA's virtual memory management ----------------
