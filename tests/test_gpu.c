@@ -135,13 +135,14 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
     if (dt_optim_create(&o, p, n) != DT_OK) return INFINITY;
     float *w = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n), *gw = malloc(sizeof(float) * n);
     float *gs0 = malloc(sizeof(float) * n), *gs1 = malloc(sizeof(float) * n);
-    void *dw = NULL, *dg = NULL, *d0 = NULL, *d1 = NULL;
+    void *dw = NULL, *dg = NULL, *d0 = NULL, *d1 = NULL, *dk = NULL;
     float *dguard = NULL;
     double *dsq = NULL;
     int ns = dt_optim_num_states(o);
     dt_status st = dt_gpu_alloc(&dw, sizeof(float) * n);
     if (st == DT_OK) st = dt_gpu_alloc((void **)&dguard, sizeof(float) * 2);
     if (st == DT_OK) st = dt_gpu_alloc((void **)&dsq, 2 * sizeof(double));
+    if (st == DT_OK) st = dt_gpu_alloc(&dk, sizeof(dt_optim_k));
     if (st == DT_OK) st = dt_gpu_alloc(&dg, sizeof(float) * n);
     if (st == DT_OK && ns > 0) st = dt_gpu_alloc(&d0, sizeof(float) * n);
     if (st == DT_OK && ns > 1) st = dt_gpu_alloc(&d1, sizeof(float) * n);
@@ -172,13 +173,14 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
         if ((st = dt_gpu_to_device(dg, g, sizeof(float) * n)) != DT_OK) break;
         if (guard) st = dt_gpu_to_device(dsq, sumsq, sizeof sumsq);
         if (guard && st == DT_OK) st = dt_gpu_step_scale(guard, dsq, 0.5f, 0.3f);
-        if (p->kind == DT_OPTIM_ADAMW) {
-            dt_adamw_k k = dt_optim_adamw_k(o, lr, scale);
-            if (st == DT_OK) st = dt_gpu_adamw(dw, dg, d0, d1, n, &k, guard);
-        } else {
-            dt_sgd_k k = dt_optim_sgd_k(o, lr, scale);
-            if (st == DT_OK) st = dt_gpu_sgd(dw, dg, d0, n, &k, guard);
-        }
+        dt_optim_k k;  // (the constants in device memory, as the update reads them)
+        if (p->kind == DT_OPTIM_ADAMW) k.adamw = dt_optim_adamw_k(o, lr, scale);
+        else k.sgd = dt_optim_sgd_k(o, lr, scale);
+        if (st == DT_OK) st = dt_gpu_to_device(dk, &k, sizeof k);
+        if (st == DT_OK && p->kind == DT_OPTIM_ADAMW)
+            st = dt_gpu_adamw(dw, dg, d0, d1, n, (const dt_adamw_k *)dk, guard);
+        else if (st == DT_OK)
+            st = dt_gpu_sgd(dw, dg, d0, n, (const dt_sgd_k *)dk, guard);
         if (s == 3) scale = dt_step_scale(2.0, 0.5f, 0.3f, &gn);
         if (s == 2) dt_optim_unstep(o);
         else dt_optim_update(o, 0, n, w, g, lr, scale);
@@ -192,6 +194,7 @@ static double compare(const dt_optim_params *p, size_t n, int steps) {
     }
     if (st != DT_OK) printf("GPU: %s\n", dt_last_error());
     dt_gpu_free(dw), dt_gpu_free(dg), dt_gpu_free(d0), dt_gpu_free(d1), dt_gpu_free(dguard), dt_gpu_free(dsq);
+    dt_gpu_free(dk);
     free(w), free(g), free(gw), free(gs0), free(gs1);
     dt_optim_free(o);
     return worst;

@@ -120,7 +120,8 @@ typedef struct dt_dev {
                                       const int32_t *targets, size_t N, int V, size_t ld);
     dt_status (*crossentropy_backward)(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
                                        size_t ld, float dloss);
-    /* guard (NULL: k's grad_scale, always applied): two device floats,
+    /* k: the constants, in device memory (dt_dev_blocks' k). guard (NULL:
+     * k's grad_scale, always applied): two device floats,
      * step_scale's, the gradient scale in place of k's, and a non-zero
      * second that skips the update (nothing written). */
     dt_status (*adamw)(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,

@@ -33,6 +33,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
     b->sumsq = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(double));
     b->guard = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(float));
+    b->k = dt_dev_take(a, DT_DEV_WORK, sizeof(dt_optim_k));
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
 }
 
@@ -63,10 +64,11 @@ static dt_status vm_open(dt_dev_blocks *b, const char *what) {
 dt_status dt_dev_blocks_open(dt_dev_blocks *b, size_t slot_bytes, const char *what) {
     TRY(dt_dev_arena_open(&b->arena, what));
     if (b->grads_vm || b->params_vm) TRY(vm_open(b, what));
-    b->pinned_bytes = 2 * slot_bytes;
+    b->pinned_bytes = 2 * slot_bytes + sizeof(dt_optim_k);
     for (int k = 0; k < 2; k++) TRY(b->d->host_alloc(&b->slot[k], slot_bytes));
     for (int k = 0; k < 2; k++) TRY(b->d->event_create(&b->slot_ev[k]));
-    return DT_OK;
+    TRY(b->d->host_alloc(&b->kpin, sizeof(dt_optim_k)));
+    return b->d->event_create(&b->k_ev);
 }
 
 dt_status dt_dev_event_wait(const dt_dev *d, void *event, double limit, const char *what) {
@@ -100,6 +102,9 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
         if (b->slot_ev[k]) b->d->event_destroy(b->slot_ev[k]);
         b->slot[k] = b->slot_ev[k] = NULL;
     }
+    if (b->kpin) b->d->host_free(b->kpin);
+    if (b->k_ev) b->d->event_destroy(b->k_ev);
+    b->kpin = b->k_ev = NULL;
     dt_dev_arena_close(&b->arena);
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
     if (b->params_vm) dt_dev_vm_close(&b->pvm);
@@ -188,16 +193,24 @@ float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss) {
     return NULL;
 }
 
+// The update's constants (the step's: its learning rate, AdamW's bias
+// corrections) go to the device through the pinned kpin, queued: the
+// kernel reads them there, so that a step captured as a CUDA graph takes
+// each step's own when replayed (the host writes kpin before the graph
+// runs; the copy is the graph's).
 dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard) {
     if (dt_optim_skipping(o)) return DT_OK;
     float *w = b->params + b->slo;
     const float *g = b->grads + b->slo;
-    if (dt_optim_kind_of(o) == DT_OPTIM_ADAMW) {
-        dt_adamw_k k = dt_optim_adamw_k(o, lr, grad_scale);
-        return b->d->adamw(w, g, b->state[0], b->state[1], b->sn, &k, guard);
-    }
-    dt_sgd_k k = dt_optim_sgd_k(o, lr, grad_scale);
-    return b->d->sgd(w, g, b->nstates ? b->state[0] : NULL, b->sn, &k, guard);
+    dt_optim_k *k = b->kpin;
+    TRY(dt_dev_event_wait(b->d, b->k_ev, DT_DEV_STAGE_WAIT, "the last update's constants"));
+    int adamw = dt_optim_kind_of(o) == DT_OPTIM_ADAMW;
+    if (adamw) k->adamw = dt_optim_adamw_k(o, lr, grad_scale);
+    else k->sgd = dt_optim_sgd_k(o, lr, grad_scale);
+    TRY(b->d->to_device_async(b->k, k, sizeof *k));
+    TRY(b->d->event_record(b->k_ev));
+    if (adamw) return b->d->adamw(w, g, b->state[0], b->state[1], b->sn, b->k, guard);
+    return b->d->sgd(w, g, b->nstates ? b->state[0] : NULL, b->sn, b->k, guard);
 }
 
 dt_status dt_dev_gemm(const dt_dev_blocks *b, int ta, int tb, int M, int N, int K, float alpha, dt_dev_x A, int lda,

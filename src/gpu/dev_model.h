@@ -69,6 +69,9 @@ typedef struct {
                                  reads come back through slot[0]) */
     void *slot_ev[2];         /* ... an event a slot: marks its last copies */
     int next_slot;
+    void *k, *kpin, *k_ev;    /* the update's constants (dt_adamw_k or dt_sgd_k): on the device, which the
+                                 update reads; their pinned copy, written by the host each update; an event
+                                 that marks its copy's upload */
     const char *shards;       /* a tensor-parallel shard's collectives: their GPUs' communicator's backend (NULL: none) */
     size_t pinned_bytes;      /* every pinned buffer's bytes (the slots') */
     size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */

@@ -70,8 +70,9 @@ dt_status dt_gpu_event_query(void *event, int *done);
 dt_status dt_gpu_stream_wait_event(void *stream, void *event);
 
 /* The optimizers over n elements of device blocks, the CPU's rules
- * (optim/elem.h) with the constants the host computed. m, v, buf: the
- * state (buf NULL: SGD without momentum); guard: dev.h's (NULL: none). */
+ * (optim/elem.h) with the constants the host computed, k in device
+ * memory. m, v, buf: the state (buf NULL: SGD without momentum); guard:
+ * dev.h's (NULL: none). */
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
                        const float *guard);
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard);

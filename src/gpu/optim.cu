@@ -8,14 +8,18 @@
 
 // A guard (the step's end on the device, step_scale): its scale in place
 // of k's, or no update at all.
-__global__ static void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, dt_adamw_k k,
+// (k: the constants, in device memory)
+__global__ static void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *kd,
                                     const float *guard) {
+    dt_adamw_k k = *kd;
     if (!dt_guard_scale(guard, &k.grad_scale)) return;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dt_adamw_elem(&w[i], g[i], &m[i], &v[i], &k);
 }
 
-__global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n, dt_sgd_k k, const float *guard) {
+__global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *kd,
+                                  const float *guard) {
+    dt_sgd_k k = *kd;
     if (!dt_guard_scale(guard, &k.grad_scale)) return;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dt_sgd_elem(&w[i], g[i], buf ? &buf[i] : NULL, &k);
@@ -24,14 +28,14 @@ __global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
                        const float *guard) {
     if (n == 0) return DT_OK;
-    adamw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(w, g, m, v, n, *k, guard);
+    adamw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(w, g, m, v, n, k, guard);
     DT_LAUNCHED(adamw_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard) {
     if (n == 0) return DT_OK;
-    sgd_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(w, g, buf, n, *k, guard);
+    sgd_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(w, g, buf, n, k, guard);
     DT_LAUNCHED(sgd_kernel);
     return DT_OK;
 }

@@ -29,6 +29,12 @@ typedef struct {
     int nesterov, first;
 } dt_sgd_k;
 
+/* Either's room (a device's copy of a step's constants). */
+typedef union {
+    dt_adamw_k adamw;
+    dt_sgd_k sgd;
+} dt_optim_k;
+
 /* In these rules every product that feeds a sum is an explicit fmaf, and
  * no other product does: a compiler contracts a * b + c into one rounding
  * where it sees fit (gcc and nvcc each their own way), so left to them the
