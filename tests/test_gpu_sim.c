@@ -1800,6 +1800,52 @@ static int on_gpu(void) {
     return tl_finish();
 }
 
+// One rank's step as a CUDA graph ([train] cuda_graph, on by default;
+// docs/gpu.md "A step as a CUDA graph"): on the simulated GPU a graph is
+// its captured calls, run again at each replay with the captured
+// arguments, a replayed step's calls compared with them (an op or an
+// argument that differs is an error), so a graph that would replay stale
+// values shows here. The weights those of the run that queues every
+// step's calls, bitwise: the MLP with evaluations between steps and an
+// epoch's short last batch (another shape: queued one by one), the GPT in
+// bf16. Not taken where the calls change from step to step (dropout's key,
+// fp16's loss scale) or off.
+static void graph_run(const char *name, const char *text, const char *flags, int eligible) {
+    char sum[700], off[128], all[700];
+    snprintf(all, sizeof all, "--device cuda %s", flags);
+    CHECK(tl_train(g_tmp, name, text, 1, all, g_out, sizeof g_out) == 0, "%s: %s", name, g_out);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp(name));
+    int yes = tl_count(sum, "\"eligible\":\ttrue") == 1;
+    double at = tl_json_number(sum, "captured_at_step"), replays = tl_json_number(sum, "replayed_steps");
+    CHECK(yes == eligible && (eligible ? at == 2 && replays > 0 : at == 0 && replays == 0),
+          "%s %s: the step as a graph %s (eligible %d, captured at step %g, %g replays)", name, flags,
+          eligible ? "captured at step 2 and replayed" : "not taken", yes, at, replays);
+    if (!eligible) return;
+    snprintf(off, sizeof off, "%s-off", name);
+    snprintf(all, sizeof all, "--device cuda %s --set train.cuda_graph=false", flags);
+    CHECK(tl_train(g_tmp, off, text, 1, all, g_out, sizeof g_out) == 0, "%s: %s", off, g_out);
+    int bw = 0;
+    double diff = tl_runs_diff(g_tmp, off, name, &bw);
+    CHECK(diff == 0 && bw, "%s %s: replayed as a graph, the weights of the steps queued call by call bitwise (diff %g)",
+          name, flags, diff);
+}
+
+static void test_graph(void) {
+    char text[4096], drop[4096], sum[700];
+    snprintf(text, sizeof text, "%s%s", cfg_mlp_full, opt_adamw);
+    graph_run("graph-mlp", text, "--set train.batch=48 --set train.eval_every=5", 1);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("graph-mlp"));
+    CHECK(tl_json_number(sum, "steps_of_another_shape") > 0, "the MLP in batches of 48: the epoch's last, of 16, "
+          "queued call by call (%g)", tl_json_number(sum, "steps_of_another_shape"));
+    const char *p = strstr(text, "dropout p=0\n");
+    CHECK(p != NULL, "the MLP's config has its dropout layer");
+    snprintf(drop, sizeof drop, "%.*sdropout p=0.2%s", p ? (int)(p - text) : 0, text, p ? p + 11 : "");
+    graph_run("graph-dropout", drop, "", 0);
+    graph_run("graph-fp16", text, "--precision fp16", 0);
+    graph_run("graph-off", text, "--set train.cuda_graph=false", 0);
+    graph_run("graph-gpt", cfg_gpt, "--precision bf16 --set train.eval_every=10", 1);
+}
+
 int main(int argc, char **argv) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dtrain-test-gpu-sim-XXXXXX");
     if (!mkdtemp(g_tmp)) return perror("mkdtemp"), 1;
@@ -1817,6 +1863,7 @@ int main(int argc, char **argv) {
     make_data();
     test_mlp();
     test_gpt();
+    test_graph();
     one_read();
     diverged();
     test_cnn();

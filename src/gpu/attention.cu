@@ -71,9 +71,9 @@ static unsigned row_blocks(size_t rows) { return dt_launch_blocks(rows, DT_THREA
 
 static dt_status softmax(float *att, void *p16, size_t rows, int T, dt_dtype t) {
     uint16_t *h = (uint16_t *)p16;
-    if (t == DT_BF16) softmax_kernel<1><<<row_blocks(rows), DT_THREADS, 0, dt_cu_stream>>>(att, h, rows, T);
-    else if (t == DT_F16) softmax_kernel<2><<<row_blocks(rows), DT_THREADS, 0, dt_cu_stream>>>(att, h, rows, T);
-    else softmax_kernel<0><<<row_blocks(rows), DT_THREADS, 0, dt_cu_stream>>>(att, NULL, rows, T);
+    if (t == DT_BF16) DT_RUN(softmax_kernel<1>, row_blocks(rows), DT_THREADS, 0, att, h, rows, T);
+    else if (t == DT_F16) DT_RUN(softmax_kernel<2>, row_blocks(rows), DT_THREADS, 0, att, h, rows, T);
+    else DT_RUN(softmax_kernel<0>, row_blocks(rows), DT_THREADS, 0, att, NULL, rows, T);
     DT_LAUNCHED(softmax_kernel);
     return DT_OK;
 }
@@ -81,9 +81,10 @@ static dt_status softmax(float *att, void *p16, size_t rows, int T, dt_dtype t) 
 static dt_status softmax_backward(float *datt, const float *att, void *d16, size_t rows, int T, float scale,
                                   dt_dtype t) {
     uint16_t *h = (uint16_t *)d16;
-    if (t == DT_BF16) softmax_backward_kernel<1><<<row_blocks(rows), DT_THREADS, 0, dt_cu_stream>>>(datt, att, h, rows, T, scale);
-    else if (t == DT_F16) softmax_backward_kernel<2><<<row_blocks(rows), DT_THREADS, 0, dt_cu_stream>>>(datt, att, h, rows, T, scale);
-    else softmax_backward_kernel<0><<<row_blocks(rows), DT_THREADS, 0, dt_cu_stream>>>(datt, att, NULL, rows, T, scale);
+    unsigned g = row_blocks(rows);
+    if (t == DT_BF16) DT_RUN(softmax_backward_kernel<1>, g, DT_THREADS, 0, datt, att, h, rows, T, scale);
+    else if (t == DT_F16) DT_RUN(softmax_backward_kernel<2>, g, DT_THREADS, 0, datt, att, h, rows, T, scale);
+    else DT_RUN(softmax_backward_kernel<0>, g, DT_THREADS, 0, datt, att, NULL, rows, T, scale);
     DT_LAUNCHED(softmax_backward_kernel);
     return DT_OK;
 }

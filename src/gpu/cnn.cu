@@ -47,7 +47,7 @@ __global__ static void mul_kernel(float *out, const float *x, const float *mask,
 #define LAUNCH(kernel, n, ...)                                                                                    \
     do {                                                                                                          \
         if ((n) == 0) return DT_OK;                                                                               \
-        kernel<<<dt_launch_blocks((n), DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(__VA_ARGS__);                                   \
+        DT_RUN(kernel, dt_launch_blocks((n), DT_THREADS), DT_THREADS, 0, __VA_ARGS__);                            \
         DT_LAUNCHED(kernel);                                                                                      \
     } while (0)
 
@@ -81,8 +81,8 @@ dt_status dt_gpu_maxpool_backward(float *dx, const float *dout, const int32_t *a
 dt_status dt_gpu_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
                                  uint64_t step, int64_t first, int layer, size_t skip) {
     if (B <= 0 || n == 0) return DT_OK;
-    dropout_mask_kernel<<<dt_launch_blocks((size_t)B, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(mask, B, n, p, seed, step, first,
-                                                                                  layer, skip);
+    DT_RUN(dropout_mask_kernel, dt_launch_blocks((size_t)B, DT_THREADS), DT_THREADS, 0, mask, B, n, p, seed, step,
+           first, layer, skip);
     DT_LAUNCHED(dropout_mask_kernel);
     LAUNCH(mul_kernel, (size_t)B * n, out, x, mask, (size_t)B * n, 0);
     return DT_OK;

@@ -22,10 +22,10 @@
 #include <string.h>
 
 #define DNN_FUNCS(X)                                                                                             \
-    X(cudnnGetErrorString) X(cudnnCreate) X(cudnnSetStream) X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor)          \
-    X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor) X(cudnnSetFilter4dDescriptor)                \
-    X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor) X(cudnnSetConvolution2dDescriptor)      \
-    X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)                                         \
+    X(cudnnGetErrorString) X(cudnnCreate) X(cudnnSetStream) X(cudnnCreateTensorDescriptor)                      \
+    X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)                \
+    X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)           \
+    X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)      \
     X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnConvolutionForward)                                       \
     X(cudnnGetConvolutionBackwardDataWorkspaceSize) X(cudnnConvolutionBackwardData)                             \
     X(cudnnGetConvolutionBackwardFilterWorkspaceSize) X(cudnnConvolutionBackwardFilter)
@@ -82,6 +82,13 @@ int dt_gpu_conv2d_ready(char *why, size_t n) {
             st = dt_error(DT_ERR_INTERNAL, "GPU: %s: %s", #call, dnn.cudnnGetErrorString(dt_s_));               \
             goto done;                                                                                           \
         }                                                                                                        \
+    } while (0)
+
+// A cuDNN call that queues work on the kernels' stream: not while a step's
+// graph is replayed.
+#define DT_DNN_RUN(call)                                                                                         \
+    do {                                                                                                         \
+        if (!dt_gpu_skipping) DT_DNN(call);                                                                      \
     } while (0)
 
 // The algorithms: cuDNN's deterministic ones.
@@ -208,10 +215,10 @@ dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, co
     void *ws = NULL;
     const float one = 1.0f, zero = 0.0f;
     if (c->ws_fwd && (st = dt_gpu_scratch(&ws, c->ws_fwd)) != DT_OK) goto done;
-    DT_DNN(cudnnConvolutionForward(dnn.handle, &one, c->x, inp, c->w, w, c->conv, FWD, ws, c->ws_fwd, &zero, c->y,
+    DT_DNN_RUN(cudnnConvolutionForward(dnn.handle, &one, c->x, inp, c->w, w, c->conv, FWD, ws, c->ws_fwd, &zero, c->y,
                                    out));
     if (b) {
-        bias_nchw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, b, n, (size_t)g->OH * g->OW, OC);
+        DT_RUN(bias_nchw_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, out, b, n, (size_t)g->OH * g->OW, OC);
         st = dt_gpu_launched("bias_nchw_kernel");
     }
 done:
@@ -232,14 +239,14 @@ dt_status dt_gpu_conv2d_backward(float *dinp, float *dw, float *db, const float 
     const float one = 1.0f;
     if (room && (st = dt_gpu_scratch(&ws, room)) != DT_OK) goto done;
     if (db) {
-        bias_nchw_grad_kernel<<<(unsigned)OC, DT_THREADS, 0, dt_cu_stream>>>(db, dout, B, (size_t)g->OH * g->OW, OC);
+        DT_RUN(bias_nchw_grad_kernel, (unsigned)OC, DT_THREADS, 0, db, dout, B, (size_t)g->OH * g->OW, OC);
         if ((st = dt_gpu_launched("bias_nchw_grad_kernel")) != DT_OK) goto done;
     }
     // (beta 1: both gradients accumulate, as the CPU's backward does)
-    DT_DNN(cudnnConvolutionBackwardFilter(dnn.handle, &one, c->x, inp, c->y, dout, c->conv, BWD_FILTER, ws,
+    DT_DNN_RUN(cudnnConvolutionBackwardFilter(dnn.handle, &one, c->x, inp, c->y, dout, c->conv, BWD_FILTER, ws,
                                          c->ws_filter, &one, c->w, dw));
     if (dinp)
-        DT_DNN(cudnnConvolutionBackwardData(dnn.handle, &one, c->w, w, c->y, dout, c->conv, BWD_DATA, ws, wd, &one,
+        DT_DNN_RUN(cudnnConvolutionBackwardData(dnn.handle, &one, c->w, w, c->y, dout, c->conv, BWD_DATA, ws, wd, &one,
                                            c->x, dinp));
 done:
     if (ws) dt_gpu_scratch_free(ws);

@@ -41,10 +41,10 @@ dt_status dt_gpu_to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
     dt_status st = sixteen(t);
     if (st != DT_OK || n == 0) return st;
     if (t == DT_BF16) {
-        to_f32_kernel<true><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dst, (const uint16_t *)src, n);
+        DT_RUN(to_f32_kernel<true>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dst, (const uint16_t *)src, n);
         DT_LAUNCHED(to_f32_kernel<bf16>);
     } else {
-        to_f32_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dst, (const uint16_t *)src, n);
+        DT_RUN(to_f32_kernel<false>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dst, (const uint16_t *)src, n);
         DT_LAUNCHED(to_f32_kernel<fp16>);
     }
     return DT_OK;
@@ -54,10 +54,10 @@ dt_status dt_gpu_from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
     dt_status st = sixteen(t);
     if (st != DT_OK || n == 0) return st;
     if (t == DT_BF16) {
-        from_f32_kernel<true><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>((uint16_t *)dst, src, n);
+        DT_RUN(from_f32_kernel<true>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, (uint16_t *)dst, src, n);
         DT_LAUNCHED(from_f32_kernel<bf16>);
     } else {
-        from_f32_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>((uint16_t *)dst, src, n);
+        DT_RUN(from_f32_kernel<false>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, (uint16_t *)dst, src, n);
         DT_LAUNCHED(from_f32_kernel<fp16>);
     }
     return DT_OK;
@@ -67,10 +67,10 @@ dt_status dt_gpu_from_f32_ef(void *dst, float *g, float *res, size_t n, dt_dtype
     dt_status st = sixteen(t);
     if (st != DT_OK || n == 0) return st;
     if (t == DT_BF16) {
-        from_f32_ef_kernel<true><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>((uint16_t *)dst, g, res, n);
+        DT_RUN(from_f32_ef_kernel<true>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, (uint16_t *)dst, g, res, n);
         DT_LAUNCHED(from_f32_ef_kernel<bf16>);
     } else {
-        from_f32_ef_kernel<false><<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>((uint16_t *)dst, g, res, n);
+        DT_RUN(from_f32_ef_kernel<false>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, (uint16_t *)dst, g, res, n);
         DT_LAUNCHED(from_f32_ef_kernel<fp16>);
     }
     return DT_OK;

@@ -31,11 +31,27 @@
  * is captured from it as a CUDA graph (dt_gpu_graph_*). */
 extern cudaStream_t dt_cu_stream;
 
+/* Set while a step captured as a CUDA graph is replayed (gpu.h's
+ * dt_gpu_graph_replay): nothing is queued on the kernels' stream (the
+ * graph has it all); every launch, copy, memset and library call that
+ * queues work there checks it (DT_RUN, DT_QUEUE, the library calls). */
+extern int dt_gpu_skipping;
+
 /* Launches kernel k (a __global__ function or a pointer to one) on grid
- * g, blocks b, sh bytes of dynamic shared memory, on the kernels' stream:
- * k<<<g, b, sh, dt_cu_stream>>>(...); the form that tests/gpu/cuda_emu.h
- * runs on CPU threads too. */
-#define DT_RUN(k, g, b, sh, ...) k<<<g, b, sh, dt_cu_stream>>>(__VA_ARGS__)
+ * g, blocks b, sh bytes of dynamic shared memory, on the kernels' stream
+ * (not while replaying): k<<<g, b, sh, dt_cu_stream>>>(...); the form that
+ * tests/gpu/cuda_emu.h runs on CPU threads too. */
+#define DT_RUN(k, g, b, sh, ...)                                                                        \
+    do {                                                                                                \
+        if (!dt_gpu_skipping) k<<<g, b, sh, dt_cu_stream>>>(__VA_ARGS__);                               \
+    } while (0)
+
+/* DT_CUDA(call) for a call that queues work on the kernels' stream: not
+ * made while replaying. */
+#define DT_QUEUE(call)                                                                                  \
+    do {                                                                                                \
+        if (!dt_gpu_skipping) DT_CUDA(call);                                                            \
+    } while (0)
 
 /* The check after a launch of `kernel` (its name): DT_OK, or the error
  * recorded naming it (device.cu). */

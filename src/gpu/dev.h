@@ -89,6 +89,23 @@ typedef struct dt_dev {
     /* *done = 1 once the kernels the event's last record marked have run
      * (never blocks; a kernel's error is returned). */
     dt_status (*event_query)(void *event, int *done);
+    /* A step as a graph (CUDA graphs; docs/gpu.md, "A step as a CUDA
+     * graph"), one at a time. graph_capture: the ops from now on are
+     * recorded into a new graph, not run, until graph_run; graph_replay:
+     * the ops from now on are neither run nor recorded (the graph has
+     * them: the host makes the same calls with the same arguments as in the
+     * captured step, and writes the pinned memory the graph's copies read
+     * before graph_run), until graph_run; graph_run: ends either (the
+     * first makes the graph) and queues the graph's run, which reads the
+     * pinned memory then. Inside either, a call that waits for the device
+     * (to_host, to_device, sync) is an error, event_record marks nothing.
+     * graph_drop: the graph and a capture under way given up. The simulated
+     * GPU keeps the captured calls and runs them again at each graph_run
+     * (their arguments the captured ones), as a graph does. */
+    dt_status (*graph_capture)(void);
+    dt_status (*graph_replay)(void);
+    dt_status (*graph_run)(void);
+    void (*graph_drop)(void);
     /* The simulated GPU only (NULL on cuda): opens (on = 1) its memory to
      * the calling thread's host code until the matching on = 0, as an op
      * does, for a library that stands in for one of the device's own: the

@@ -377,6 +377,7 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
         size_t big = dm->L[i].w_n > dm->L[i].b_n ? dm->L[i].w_n : dm->L[i].b_n;
         dm->b.largest = big > dm->b.largest ? big : dm->b.largest;
         convs += dm->L[i].spec.kind == DT_LAYER_CONV2D;
+        dm->b.step_values |= dm->L[i].spec.kind == DT_LAYER_DROPOUT && dm->L[i].spec.p > 0.0f;
     }
     char why[600] = "";
     dm->direct = convs && t == DT_F32 && d->conv2d_ready(why, sizeof why);

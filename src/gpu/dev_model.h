@@ -48,6 +48,8 @@ typedef struct {
     dt_dev_vm pvm;            /* params_vm: the parameter block's (params is its base) */
     dt_dev_vm hvm;            /* ... and in bf16/fp16 their 16-bit copy's (w16 is its base) */
     int grads_vm, params_vm, held;
+    int step_values;          /* a training step's kernels take values of the step's own (dropout's key): its
+                                 calls differ from step to step, so it is not replayed as a graph */
     dt_dtype t;               /* the GEMMs' operands: DT_F32, or DT_BF16 / DT_F16 (16-bit operands) */
     size_t n;                 /* floats of each block */
     size_t largest;           /* floats of the largest tensor (the model's) */

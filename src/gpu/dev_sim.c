@@ -17,6 +17,7 @@
 #include "gpu/dev.h"
 #include "kernels/kernels.h"
 #include "nn/rows.h"
+#include "gpu/dev_sim_rec.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -73,8 +74,115 @@ static size_t held(int i) {
     return b;
 }
 
+// ---- a step as a graph (dev.h's graph_capture and the rest) ---------------
+// Each op that queues work starts with REC(op, its arguments): while a
+// step is captured, the call is kept (its arguments in dev_sim_rec.h's
+// struct, scripts/sim_rec.py's) instead of run; while one is replayed, it
+// is compared with the call kept at its place and skipped: another op or
+// other arguments is an error (a CUDA graph would run the captured ones;
+// an argument that points to host memory, a geometry, is compared by its
+// address: its contents must not change from step to step);
+// graph_run runs the kept calls in order, as a CUDA graph does (a copy
+// reads its pinned host memory then). Any other op inside either (one
+// without REC) aborts: it would run at once, which a graph's does not.
+enum { REC_NONE, REC_CAPTURE, REC_REPLAY };
+typedef struct {
+    const char *op;
+    dt_status (*run)(const void *args);
+    void *args;
+    size_t size;
+} rec_call;
+static struct {
+    int mode, running;  // running: graph_run's calls, run as they come
+    rec_call *calls;
+    size_t n, cap, at;  // at: the replay's place among the n kept
+} g_rec;
+
+static void rec_free(void) {
+    for (size_t i = 0; i < g_rec.n; i++) free(g_rec.calls[i].args);
+    free(g_rec.calls);
+    g_rec = (__typeof__(g_rec)){0};
+}
+
+static dt_status rec_keep(const char *op, dt_status (*run)(const void *), const void *args, size_t size) {
+    if (g_rec.mode == REC_REPLAY) {
+        const rec_call *c = g_rec.at < g_rec.n ? &g_rec.calls[g_rec.at] : NULL;
+        if (!c || strcmp(c->op, op) || c->size != size || memcmp(c->args, args, size))
+            return dt_error(DT_ERR_INTERNAL, "simulated GPU: op %zu of a step replayed as a graph is %s, %s (a CUDA "
+                            "graph would run the captured call)", g_rec.at + 1, op,
+                            !c ? "past the captured step's ops" : strcmp(c->op, op) ? "not the captured op" :
+                            "with other arguments than the captured step's");
+        g_rec.at++;
+        return DT_OK;
+    }
+    if (g_rec.n == g_rec.cap) {
+        size_t cap = g_rec.cap ? 2 * g_rec.cap : 64;
+        rec_call *c = realloc(g_rec.calls, cap * sizeof *c);
+        if (!c) return dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory keeping a graph's calls");
+        g_rec.calls = c, g_rec.cap = cap;
+    }
+    void *a = malloc(size);
+    if (!a) return dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory keeping a graph's calls");
+    memcpy(a, args, size);
+    g_rec.calls[g_rec.n++] = (rec_call){op, run, a, size};
+    return DT_OK;
+}
+
+#define REC(op, ...)                                                                                    \
+    do {                                                                                                \
+        if (g_rec.mode && !g_rec.running) {                                                             \
+            op##_a a_;                                                                                  \
+            memset(&a_, 0, sizeof a_);                                                                  \
+            op##_set(&a_, __VA_ARGS__);                                                                 \
+            return rec_keep(#op, op##_run, &a_, sizeof a_);                                             \
+        }                                                                                               \
+    } while (0)
+
+// A call that waits for the device inside a captured or replayed step.
+#define TRY_UNGRAPHED(what)                                                                             \
+    do {                                                                                                \
+        if (g_rec.mode && !g_rec.running)                                                               \
+            return dt_error(DT_ERR_INTERNAL, "simulated GPU: %s inside a step %s as a graph", what,       \
+                            g_rec.mode == REC_CAPTURE ? "being captured" : "replayed");                 \
+    } while (0)
+
+static void sim_graph_drop(void) { rec_free(); }
+
+static dt_status sim_graph_capture(void) {
+    rec_free();
+    g_rec.mode = REC_CAPTURE;
+    return DT_OK;
+}
+
+static dt_status sim_graph_replay(void) {
+    if (g_rec.mode || !g_rec.n)
+        return dt_error(DT_ERR_INTERNAL, "simulated GPU: a replay of a step's graph %s",
+                        g_rec.mode ? "inside another" : "never made");
+    g_rec.mode = REC_REPLAY;
+    g_rec.at = 0;
+    return DT_OK;
+}
+
+static dt_status sim_graph_run(void) {
+    int mode = g_rec.mode;
+    g_rec.mode = REC_NONE;
+    if (mode == REC_NONE) return dt_error(DT_ERR_INTERNAL, "simulated GPU: a step's graph run outside a capture or a replay");
+    if (mode == REC_REPLAY && g_rec.at != g_rec.n)
+        return dt_error(DT_ERR_INTERNAL, "simulated GPU: a step replayed as a graph made %zu of the captured step's %zu "
+                        "ops", g_rec.at, g_rec.n);
+    dt_status st = DT_OK;
+    g_rec.running = 1;
+    for (size_t i = 0; i < g_rec.n && st == DT_OK; i++) st = g_rec.calls[i].run(g_rec.calls[i].args);
+    g_rec.running = 0;
+    return st;
+}
+
 // An op's bracket: the device memory is the host's between open and shut.
 static void open_dev(void) {
+    if (g_rec.mode && !g_rec.running) {
+        fprintf(stderr, "simulated GPU: an op without REC inside a step captured or replayed as a graph\n");
+        abort();
+    }
     pthread_mutex_lock(&g.mu);
     if (g.open++ == 0) protect(PROT_READ | PROT_WRITE);
 }
@@ -216,12 +324,22 @@ static dt_status sim_host_alloc(void **host, size_t bytes) {
 static void sim_host_free(void *host) { dt_free(host); }
 
 static dt_status sim_memset0(void *dev, size_t bytes) {
+    REC(memset0, dev, bytes);
     open_dev();
     memset(dev, 0, bytes);
     return shut();
 }
 
 static dt_status sim_to_device(void *dev, const void *host, size_t bytes) {
+    TRY_UNGRAPHED("a copy to the device that waits for it (to_device)");
+    open_dev();
+    memcpy(dev, host, bytes);
+    return shut();
+}
+
+// (a graph's copy reads `host` when it runs, as CUDA's does)
+static dt_status sim_to_device_async(void *dev, const void *host, size_t bytes) {
+    REC(to_device_async, dev, host, bytes);
     open_dev();
     memcpy(dev, host, bytes);
     return shut();
@@ -232,6 +350,7 @@ static _Atomic uint64_t g_reads;
 static uint64_t sim_reads(void) { return g_reads; }
 
 static dt_status sim_to_host(void *host, const void *dev, size_t bytes) {
+    TRY_UNGRAPHED("a read from the device (to_host)");
     g_reads++;
     open_dev();
     memcpy(host, dev, bytes);
@@ -239,12 +358,16 @@ static dt_status sim_to_host(void *host, const void *dev, size_t bytes) {
 }
 
 static dt_status sim_copy(void *to, const void *from, size_t bytes) {
+    REC(copy, to, from, bytes);
     open_dev();
     memmove(to, from, bytes);
     return shut();
 }
 
-static dt_status sim_sync(void) { return DT_OK; }
+static dt_status sim_sync(void) {
+    TRY_UNGRAPHED("a wait for the device (sync)");
+    return DT_OK;
+}
 
 // Every op is done when it returns: a stream or an event is a token, always
 // done.
@@ -296,6 +419,7 @@ static dt_dtype products_in(dt_dtype t) {
 
 static dt_status sim_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                            const float *B, int ldb, float beta, float *C, int ldc) {
+    REC(sgemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     open_dev();
     dt_dtype was = products_in(DT_F32);
     dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -305,6 +429,7 @@ static dt_status sim_sgemm(int ta, int tb, int M, int N, int K, float alpha, con
 
 static dt_status sim_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
                             const void *B, int ldb, float beta, float *C, int ldc) {
+    REC(gemm16, t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_ARG, "simulated GPU's 16-bit GEMM: operands of type %s (BF16 or F16 only)",
                         dt_dtype_name(t));
@@ -314,6 +439,7 @@ static dt_status sim_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, flo
 }
 
 static dt_status sim_to16(void *dst, const float *src, size_t n, dt_dtype t) {
+    REC(to16, dst, src, n, t);
     if (t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_ARG, "simulated GPU's conversion: type %s is not a 16-bit float (BF16 or F16 only)",
                         dt_dtype_name(t));
@@ -324,6 +450,7 @@ static dt_status sim_to16(void *dst, const float *src, size_t n, dt_dtype t) {
 }
 
 static dt_status sim_from16(float *dst, const void *src, size_t n, dt_dtype t) {
+    REC(from16, dst, src, n, t);
     if (t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_ARG, "simulated GPU's conversion: type %s is not a 16-bit float (BF16 or F16 only)",
                         dt_dtype_name(t));
@@ -333,6 +460,7 @@ static dt_status sim_from16(float *dst, const void *src, size_t n, dt_dtype t) {
 }
 
 static dt_status sim_ef16(void *dst, float *g, float *res, size_t n, dt_dtype t) {
+    REC(ef16, dst, g, res, n, t);
     if (t != DT_BF16 && t != DT_F16)
         return dt_error(DT_ERR_ARG, "simulated GPU's error feedback: type %s is not a 16-bit float (BF16 or F16 only)",
                         dt_dtype_name(t));
@@ -343,6 +471,7 @@ static dt_status sim_ef16(void *dst, float *g, float *res, size_t n, dt_dtype t)
 
 static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                 const float *b, size_t N, int C, float eps) {
+    REC(ln_forward, out, mean, rstd, inp, w, b, N, C, eps);
     open_dev();
     dt_layernorm_forward(out, mean, rstd, inp, w, b, (int)N, C, eps);
     return shut();
@@ -350,18 +479,21 @@ static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const floa
 
 static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, const float *mean, const float *rstd, size_t N, int C) {
+    REC(ln_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     open_dev();
     dt_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, (int)N, C);
     return shut();
 }
 
 static dt_status sim_gelu_forward(float *out, const float *inp, size_t n) {
+    REC(gelu_forward, out, inp, n);
     open_dev();
     dt_gelu_forward(out, inp, n);
     return shut();
 }
 
 static dt_status sim_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+    REC(gelu_backward, dinp, dout, inp, n);
     open_dev();
     dt_gelu_backward(dinp, dout, inp, n);
     return shut();
@@ -370,6 +502,7 @@ static dt_status sim_gelu_backward(float *dinp, const float *dout, const float *
 // dt_crossentropy_forward over rows stored ld apart (nn/rows.h's steps).
 static dt_status sim_ce_forward(float *probs, double *row_loss, float *loss, const float *logits,
                                 const int32_t *targets, size_t N, int V, size_t ld) {
+    REC(ce_forward, probs, row_loss, loss, logits, targets, N, V, ld);
     open_dev();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) row_loss[i] = dt_ce_row(probs + i * ld, logits + i * ld, V, targets[i]);
@@ -381,6 +514,7 @@ static dt_status sim_ce_forward(float *probs, double *row_loss, float *loss, con
 
 static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
                                  size_t ld, float dloss) {
+    REC(ce_backward, dlogits, probs, targets, N, V, ld, dloss);
     open_dev();
     float scale = dt_ce_scale(dloss, (float)N);
 #pragma omp parallel for schedule(static)
@@ -391,6 +525,7 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
 
 static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k0,
                            const float *guard) {
+    REC(adamw, w, gr, m, v, n, k0, guard);
     open_dev();
     dt_adamw_k k[1] = {*k0};
     if (!dt_guard_scale(guard, &k->grad_scale)) return shut();
@@ -400,12 +535,14 @@ static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t
 }
 
 static dt_status sim_step_scale(float *guard, const double *vals, float unscale, float clip) {
+    REC(step_scale, guard, vals, unscale, clip);
     open_dev();
     dt_step_guard(guard, vals, unscale, clip);
     return shut();
 }
 
 static dt_status sim_sgd(float *w, const float *gr, float *buf, size_t n, const dt_sgd_k *k0, const float *guard) {
+    REC(sgd, w, gr, buf, n, k0, guard);
     open_dev();
     dt_sgd_k k[1] = {*k0};
     if (!dt_guard_scale(guard, &k->grad_scale)) return shut();
@@ -421,6 +558,7 @@ static dt_status sim_sgd(float *w, const float *gr, float *buf, size_t n, const 
 
 static dt_status sim_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
                                      int T, int C) {
+    REC(encoder_forward, out, inp, wte, wpe, B, T, C);
     open_dev();
     dt_encoder_forward(out, inp, wte, wpe, B, T, C);
     return shut();
@@ -428,6 +566,7 @@ static dt_status sim_encoder_forward(float *out, const int32_t *inp, const float
 
 static dt_status sim_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
                                       int C) {
+    REC(encoder_backward, dwte, dwpe, dout, inp, B, T, C);
     open_dev();
     dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
     return shut();
@@ -435,6 +574,7 @@ static dt_status sim_encoder_backward(float *dwte, float *dwpe, const float *dou
 
 static dt_status sim_encoder_split_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
                                            int T, int C, int v0, int V) {
+    REC(encoder_split_forward, out, inp, wte, wpe, B, T, C, v0, V);
     open_dev();
     dt_encoder_split_forward(out, inp, wte, wpe, B, T, C, v0, V);
     return shut();
@@ -442,12 +582,14 @@ static dt_status sim_encoder_split_forward(float *out, const int32_t *inp, const
 
 static dt_status sim_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
                                             int T, int C, int v0, int V) {
+    REC(encoder_split_backward, dwte, dwpe, dout, inp, B, T, C, v0, V);
     open_dev();
     dt_encoder_split_backward(dwte, dwpe, dout, inp, B, T, C, v0, V);
     return shut();
 }
 
 static dt_status sim_ce_split_max(float *mx, const float *logits, size_t N, int V) {
+    REC(ce_split_max, mx, logits, N, V);
     open_dev();
     dt_ce_split_max(mx, logits, (int)N, V);
     return shut();
@@ -455,6 +597,7 @@ static dt_status sim_ce_split_max(float *mx, const float *logits, size_t N, int 
 
 static dt_status sim_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx,
                                   const int32_t *targets, size_t N, int V) {
+    REC(ce_split_exp, probs, sums, logits, mx, targets, N, V);
     open_dev();
     dt_ce_split_exp(probs, sums, logits, mx, targets, (int)N, V);
     return shut();
@@ -462,18 +605,21 @@ static dt_status sim_ce_split_exp(float *probs, float *sums, const float *logits
 
 static dt_status sim_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
                                      size_t N, int V) {
+    REC(ce_split_finish, probs, row_loss, loss, mx, sums, N, V);
     open_dev();
     *loss = dt_ce_split_finish(probs, row_loss, mx, sums, (int)N, V);
     return shut();
 }
 
 static dt_status sim_residual_forward(float *out, const float *a, const float *b, size_t N) {
+    REC(residual_forward, out, a, b, N);
     open_dev();
     dt_residual_forward(out, a, b, N);
     return shut();
 }
 
 static dt_status sim_residual_backward(float *da, float *db, const float *dout, size_t N) {
+    REC(residual_backward, da, db, dout, N);
     open_dev();
     dt_residual_backward(da, db, dout, N);
     return shut();
@@ -487,6 +633,7 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
  * (the same bits) before the CPU's backward. */
 static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C,
                                        int NH, dt_dtype t) {
+    REC(attention_forward, out, att, qkv, work, B, T, C, NH, t);
     (void)work;
     open_dev();
     int fused = dt_att_fused(C, NH);
@@ -506,6 +653,7 @@ static dt_status sim_attention_forward(float *out, float *att, const float *qkv,
 
 static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                                         const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
+    REC(attention_backward, dqkv, datt, dout, qkv, att, work, B, T, C, NH, t);
     (void)work;
     open_dev();
     int fused = dt_att_fused(C, NH);
@@ -521,18 +669,21 @@ static dt_status sim_attention_backward(float *dqkv, float *datt, const float *d
 }
 
 static dt_status sim_relu_forward(float *out, const float *inp, size_t N) {
+    REC(relu_forward, out, inp, N);
     open_dev();
     dt_relu_forward(out, inp, N);
     return shut();
 }
 
 static dt_status sim_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
+    REC(relu_backward, dinp, dout, inp, N);
     open_dev();
     dt_relu_backward(dinp, dout, inp, N);
     return shut();
 }
 
 static dt_status sim_bias_forward(float *out, const float *b, size_t N, int OC) {
+    REC(bias_forward, out, b, N, OC);
     open_dev();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++)
@@ -542,6 +693,7 @@ static dt_status sim_bias_forward(float *out, const float *b, size_t N, int OC) 
 
 // The column sums with the rows in order, as dt_linear_backward's.
 static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
+    REC(bias_backward, db, dout, N, OC);
     open_dev();
     for (size_t i = 0; i < N; i++)
         for (int o = 0; o < OC; o++) db[o] += dout[i * OC + o];
@@ -549,24 +701,28 @@ static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int O
 }
 
 static dt_status sim_sumsq(double *out, const float *x, size_t n) {
+    REC(sumsq, out, x, n);
     open_dev();
     *out = dt_sum_squares(x, n);
     return shut();
 }
 
 static dt_status sim_sumsq_parts(double *part, const float *x, size_t n, size_t first, double carry) {
+    REC(sumsq_parts, part, x, n, first, carry);
     open_dev();
     dt_sum_squares_parts(x, n, first, carry, part);
     return shut();
 }
 
 static dt_status sim_loss_add(double *acc, const float *loss, double w) {
+    REC(loss_add, acc, loss, w);
     open_dev();
     *acc += (double)*loss * w;  // (C11 without contraction: loop.c's sum)
     return shut();
 }
 
 static dt_status sim_scale(float *x, size_t n, const float *s) {
+    REC(scale, x, n, s);
     open_dev();
     float k = *s;
 #pragma omp parallel for simd schedule(static)
@@ -579,6 +735,7 @@ static dt_status sim_scale(float *x, size_t n, const float *s) {
 // kernels run them; max pooling the CPU's own; dropout's masks cnn_hd.h's
 // streams, which nn/model.c's draws equal.
 static dt_status sim_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g) {
+    REC(im2col, col, x, B, g);
     open_dev();
     size_t ncol = B * g->OH * g->OW, n = (size_t)g->C * g->K * g->K * ncol;
 #pragma omp parallel for schedule(static)
@@ -587,6 +744,7 @@ static dt_status sim_im2col(float *col, const float *x, size_t B, const dt_im2co
 }
 
 static dt_status sim_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g) {
+    REC(col2im, dx, dcol, B, g);
     open_dev();
     size_t n = B * g->C * g->H * g->W;
 #pragma omp parallel for schedule(static)
@@ -595,6 +753,7 @@ static dt_status sim_col2im(float *dx, const float *dcol, size_t B, const dt_im2
 }
 
 static dt_status sim_transpose(float *out, const float *in, size_t nb, size_t R, size_t C) {
+    REC(transpose, out, in, nb, R, C);
     open_dev();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < nb * R * C; i++) out[i] = in[dt_transpose_src(i, R, C)];
@@ -615,6 +774,7 @@ static int sim_conv2d_ready(char *why, size_t n) {
 
 static dt_status sim_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,
                                     const dt_im2col_t *g, int OC) {
+    REC(conv2d_forward, out, inp, w, b, B, g, OC);
     size_t R = (size_t)g->OH * g->OW, N = B * R;
     int ckk = g->C * g->K * g->K;
     float *col = malloc(sizeof(float) * (ckk * N + 1)), *rows = malloc(sizeof(float) * (N * OC + 1));
@@ -629,6 +789,7 @@ static dt_status sim_conv2d_forward(float *out, const float *inp, const float *w
 
 static dt_status sim_conv2d_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                      const float *w, size_t B, const dt_im2col_t *g, int OC) {
+    REC(conv2d_backward, dinp, dw, db, dout, inp, w, B, g, OC);
     size_t R = (size_t)g->OH * g->OW, N = B * R;
     int ckk = g->C * g->K * g->K;
     float *col = malloc(sizeof(float) * (ckk * N + 1)), *rows = malloc(sizeof(float) * (N * OC + 1));
@@ -647,6 +808,7 @@ static dt_status sim_conv2d_backward(float *dinp, float *dw, float *db, const fl
 
 static dt_status sim_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K,
                                      int S) {
+    REC(maxpool_forward, out, arg, x, images, H, W, K, S);
     open_dev();
     dt_maxpool_forward(out, arg, x, 1, (int)images, H, W, K, S);
     return shut();
@@ -654,6 +816,7 @@ static dt_status sim_maxpool_forward(float *out, int32_t *arg, const float *x, s
 
 static dt_status sim_maxpool_backward(float *dx, const float *dout, const int32_t *arg, size_t images, int H, int W,
                                       int K, int S) {
+    REC(maxpool_backward, dx, dout, arg, images, H, W, K, S);
     open_dev();
     dt_maxpool_backward(dx, dout, arg, 1, (int)images, H, W, K, S);
     return shut();
@@ -661,6 +824,7 @@ static dt_status sim_maxpool_backward(float *dx, const float *dout, const int32_
 
 static dt_status sim_dropout_forward(float *out, float *mask, const float *x, int B, size_t n, float p, uint64_t seed,
                                      uint64_t step, int64_t first, int layer, size_t skip) {
+    REC(dropout_forward, out, mask, x, B, n, p, seed, step, first, layer, skip);
     open_dev();
 #pragma omp parallel for schedule(static)
     for (int j = 0; j < B; j++) {
@@ -671,12 +835,14 @@ static dt_status sim_dropout_forward(float *out, float *mask, const float *x, in
 }
 
 static dt_status sim_dropout_backward(float *dx, const float *dout, const float *mask, size_t N) {
+    REC(dropout_backward, dx, dout, mask, N);
     open_dev();
     dt_dropout_backward(dx, dout, mask, N);
     return shut();
 }
 
 static dt_status sim_fixed_add(int64_t *acc, const float *gr, size_t n) {
+    REC(fixed_add, acc, gr, n);
     open_dev();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) acc[i] += dt_fixed_of(gr[i], DT_FIXED_SCALE);
@@ -684,6 +850,7 @@ static dt_status sim_fixed_add(int64_t *acc, const float *gr, size_t n) {
 }
 
 static dt_status sim_fixed_to_float(float *gr, const int64_t *acc, size_t n) {
+    REC(fixed_to_float, gr, acc, n);
     open_dev();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) gr[i] = dt_fixed_value(acc[i]);
@@ -706,7 +873,7 @@ const dt_dev dt_dev_sim = {
     .vm_unmap = sim_vm_unmap,
     .vm_free = sim_vm_free,
     .to_device = sim_to_device,
-    .to_device_async = sim_to_device,
+    .to_device_async = sim_to_device_async,
     .reads = sim_reads,
     .to_host = sim_to_host,
     .copy = sim_copy,
@@ -720,6 +887,10 @@ const dt_dev dt_dev_sim = {
     .event_record = sim_event_record,
     .event_query = sim_event_query,
     .stream_wait_event = sim_stream_wait_event,
+    .graph_capture = sim_graph_capture,
+    .graph_replay = sim_graph_replay,
+    .graph_run = sim_graph_run,
+    .graph_drop = sim_graph_drop,
     .host_open = sim_host_open,
     .sgemm = sim_sgemm,
     .gemm16 = sim_gemm16,

@@ -32,6 +32,77 @@ dt_status dt_gpu_describe(int index, char *out, size_t n) {
 }
 
 cudaStream_t dt_cu_stream;
+int dt_gpu_skipping;
+
+// ---- a step as a CUDA graph (gpu.h) ----------------------------------------------
+// mode: 0 none, CAPTURING (the stream captured into graph), REPLAYING (the
+// launch sites skip: dt_gpu_skipping); exec: the graph made at the first
+// run, launched at each.
+enum { CAPTURING = 1, REPLAYING = 2 };
+static struct {
+    int mode;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+} g_graph;
+
+// A call that waits for the GPU is an error inside a captured or replayed
+// step (CUDA refuses it while capturing; replayed, it would wait for work
+// not yet queued).
+#define TRY_UNGRAPHED(what)                                                                             \
+    do {                                                                                                \
+        if (g_graph.mode)                                                                               \
+            return dt_error(DT_ERR_INTERNAL, "GPU: %s inside a step %s as a CUDA graph", what,            \
+                            g_graph.mode == CAPTURING ? "being captured" : "replayed");                 \
+    } while (0)
+
+void dt_gpu_graph_drop(void) {
+    if (g_graph.mode == CAPTURING) {  // (a capture given up: ended, its graph freed)
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(dt_cu_stream, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+    }
+    if (g_graph.exec) cudaGraphExecDestroy(g_graph.exec);
+    if (g_graph.graph) cudaGraphDestroy(g_graph.graph);
+    g_graph.exec = NULL, g_graph.graph = NULL, g_graph.mode = 0;
+    dt_gpu_skipping = 0;
+}
+
+dt_status dt_gpu_graph_capture(void) {
+    dt_gpu_graph_drop();
+    DT_CUDA(cudaStreamBeginCapture(dt_cu_stream, cudaStreamCaptureModeRelaxed));
+    g_graph.mode = CAPTURING;
+    return DT_OK;
+}
+
+dt_status dt_gpu_graph_replay(void) {
+    if (g_graph.mode || !g_graph.exec)
+        return dt_error(DT_ERR_INTERNAL, "GPU: a replay of a step's graph %s", g_graph.mode ? "inside another" : "never made");
+    g_graph.mode = REPLAYING;
+    dt_gpu_skipping = 1;
+    return DT_OK;
+}
+
+// The capture's end (its graph made: an error names CUDA's reason, the
+// capture dropped) or the replay's, then the graph queued.
+dt_status dt_gpu_graph_run(void) {
+    int mode = g_graph.mode;
+    g_graph.mode = 0;
+    dt_gpu_skipping = 0;
+    if (mode == CAPTURING) {
+        cudaError_t e = cudaStreamEndCapture(dt_cu_stream, &g_graph.graph);
+        if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&g_graph.exec, g_graph.graph, 0);
+        if (e != cudaSuccess) {
+            dt_gpu_graph_drop();
+            return dt_error(DT_ERR_INTERNAL, "GPU: the step's capture as a CUDA graph: %s (%s)", cudaGetErrorString(e),
+                            cudaGetErrorName(e));
+        }
+    } else if (mode != REPLAYING || !g_graph.exec) {
+        return dt_error(DT_ERR_INTERNAL, "GPU: a step's graph run outside a capture or a replay");
+    }
+    DT_CUDA(cudaGraphLaunch(g_graph.exec, dt_cu_stream));
+    return DT_OK;
+}
 
 // The kernels' stream of each device, made at its first use (the
 // process's threads all use the device its main thread took).
@@ -62,13 +133,14 @@ void dt_gpu_free(void *dev) {
 }
 
 dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
+    TRY_UNGRAPHED("a copy to the GPU that waits for it (to_device)");
     DT_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, dt_cu_stream));
     DT_CUDA(cudaStreamSynchronize(dt_cu_stream));
     return DT_OK;
 }
 
 dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes) {
-    DT_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, dt_cu_stream));
+    DT_QUEUE(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, dt_cu_stream));
     return DT_OK;
 }
 
@@ -77,6 +149,7 @@ static unsigned long long g_reads;  // (to_host's calls; the host thread's alone
 uint64_t dt_gpu_reads(void) { return __atomic_load_n(&g_reads, __ATOMIC_RELAXED); }
 
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
+    TRY_UNGRAPHED("a read from the GPU (to_host)");
     __atomic_fetch_add(&g_reads, 1ULL, __ATOMIC_RELAXED);
     DT_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, dt_cu_stream));
     DT_CUDA(cudaStreamSynchronize(dt_cu_stream));
@@ -84,12 +157,12 @@ dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes) {
 }
 
 dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes) {
-    DT_CUDA(cudaMemcpyAsync(dev_to, dev_from, bytes, cudaMemcpyDeviceToDevice, dt_cu_stream));
+    DT_QUEUE(cudaMemcpyAsync(dev_to, dev_from, bytes, cudaMemcpyDeviceToDevice, dt_cu_stream));
     return DT_OK;
 }
 
 dt_status dt_gpu_memset0(void *dev, size_t bytes) {
-    DT_CUDA(cudaMemsetAsync(dev, 0, bytes, dt_cu_stream));
+    DT_QUEUE(cudaMemsetAsync(dev, 0, bytes, dt_cu_stream));
     return DT_OK;
 }
 
@@ -112,6 +185,7 @@ void dt_gpu_host_free(void *host) {
 }
 
 dt_status dt_gpu_sync(void) {
+    TRY_UNGRAPHED("a wait for the GPU (sync)");
     DT_CUDA(cudaDeviceSynchronize());
     return DT_OK;
 }
@@ -160,7 +234,10 @@ void dt_gpu_event_destroy(void *event) {
     if (event) cudaEventDestroy((cudaEvent_t)event);
 }
 
+// (not inside a captured or replayed step: its host waits are the step's
+// end; the event keeps its last mark, which has run by then)
 dt_status dt_gpu_event_record(void *event) {
+    if (g_graph.mode) return DT_OK;
     DT_CUDA(cudaEventRecord((cudaEvent_t)event, dt_cu_stream));
     return DT_OK;
 }
@@ -190,7 +267,7 @@ static int sync_each(void) {
 
 dt_status dt_gpu_launched(const char *kernel) {
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && sync_each()) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess && sync_each() && !g_graph.mode) e = cudaDeviceSynchronize();  // (a graph's: at its run)
     if (e != cudaSuccess)
         return dt_error(DT_ERR_INTERNAL, "GPU: %s%s: %s (%s)", kernel, sync_each() ? " (DTRAIN_CUDA_SYNC)" : "",
                         cudaGetErrorString(e), cudaGetErrorName(e));
@@ -199,6 +276,7 @@ dt_status dt_gpu_launched(const char *kernel) {
 
 dt_status dt_gpu_scratch(void **p, size_t bytes) {
     *p = NULL;
+    if (dt_gpu_skipping) return DT_OK;  // (*p NULL: read only by the calls the replay skips)
     cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, dt_cu_stream);
     if (e != cudaSuccess)
         return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
@@ -207,7 +285,7 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
 }
 
 void dt_gpu_scratch_free(void *p) {
-    if (p) cudaFreeAsync(p, dt_cu_stream);
+    if (p && !dt_gpu_skipping) cudaFreeAsync(p, dt_cu_stream);
 }
 
 // ---- memory backed on demand: CUDA's virtual memory management ----------------

@@ -65,7 +65,7 @@ dt_status dt_gpu_encoder_split_forward(float *out, const int32_t *inp, const flo
                                        int T, int C, int v0, int V) {
     if (B <= 0 || T <= 0 || C <= 0) return DT_OK;
     size_t BT = (size_t)B * T;
-    encoder_forward_kernel<<<dt_launch_blocks(BT * C, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, inp, wte, wpe, BT, T, C, v0, V);
+    DT_RUN(encoder_forward_kernel, dt_launch_blocks(BT * C, DT_THREADS), DT_THREADS, 0, out, inp, wte, wpe, BT, T, C, v0, V);
     DT_LAUNCHED(encoder_forward_kernel);
     return DT_OK;
 }
@@ -89,15 +89,15 @@ static dt_status wte_grad(float *dwte, const float *dout, const int32_t *inp, si
     dt_status st = dt_gpu_scratch(&scratch, sizeof(int32_t) * ints + sort_bytes);
     if (st != DT_OK) return st;
     int32_t *tok = (int32_t *)scratch, *pos = tok + n, *seq = pos + n;
-    iota_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(seq, n);
+    DT_RUN(iota_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, seq, n);
     st = dt_gpu_launched("iota_kernel");
-    if (st == DT_OK) {
+    if (st == DT_OK && !dt_gpu_skipping) {
         e = cub::DeviceRadixSort::SortPairs((int32_t *)scratch + ints, sort_bytes, inp, tok, seq, pos, (int)n, 0, 32,
                                             dt_cu_stream);
         if (e != cudaSuccess) st = dt_error(DT_ERR_INTERNAL, "GPU encoder backward: the sort: %s", cudaGetErrorString(e));
     }
     if (st == DT_OK) {
-        wte_grad_kernel<<<dt_launch_rows(n), DT_THREADS, 0, dt_cu_stream>>>(dwte, dout, tok, pos, n, C, v0, V);
+        DT_RUN(wte_grad_kernel, dt_launch_rows(n), DT_THREADS, 0, dwte, dout, tok, pos, n, C, v0, V);
         st = dt_gpu_launched("wte_grad_kernel");
     }
     dt_gpu_scratch_free(scratch);
@@ -112,7 +112,7 @@ dt_status dt_gpu_encoder_split_backward(float *dwte, float *dwpe, const float *d
         if (st != DT_OK) return st;
     }
     if (dwpe) {
-        wpe_grad_kernel<<<dt_launch_blocks((size_t)T * C, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dwpe, dout, B, T, C);
+        DT_RUN(wpe_grad_kernel, dt_launch_blocks((size_t)T * C, DT_THREADS), DT_THREADS, 0, dwpe, dout, B, T, C);
         DT_LAUNCHED(wpe_grad_kernel);
     }
     return DT_OK;
@@ -138,14 +138,14 @@ __global__ static void residual_backward_kernel(float *da, float *db, const floa
 
 dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N) {
     if (N == 0) return DT_OK;
-    residual_forward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, a, b, N);
+    DT_RUN(residual_forward_kernel, dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, out, a, b, N);
     DT_LAUNCHED(residual_forward_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N) {
     if (N == 0 || (!da && !db)) return DT_OK;
-    residual_backward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(da, db, dout, N);
+    DT_RUN(residual_backward_kernel, dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, da, db, dout, N);
     DT_LAUNCHED(residual_backward_kernel);
     return DT_OK;
 }

@@ -68,6 +68,13 @@ dt_status dt_gpu_event_record(void *event);
 /* cudaEventQuery: *done once the event's work has run (never blocks). */
 dt_status dt_gpu_event_query(void *event, int *done);
 dt_status dt_gpu_stream_wait_event(void *stream, void *event);
+/* A step as a CUDA graph (dev.h's graph_capture and the rest): the
+ * kernels' stream captured, or its work skipped while the graph made of it
+ * is replayed; run ends either and launches the graph. */
+dt_status dt_gpu_graph_capture(void);
+dt_status dt_gpu_graph_replay(void);
+dt_status dt_gpu_graph_run(void);
+void dt_gpu_graph_drop(void);
 
 /* The optimizers over n elements of device blocks, the CPU's rules
  * (optim/elem.h) with the constants the host computed, k in device

@@ -104,14 +104,14 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
     dt_status st = dt_gpu_scratch((void **)&part, sizeof(float) * chunks * (size_t)C * (LN ? 2 : 1));
     if (st != DT_OK) return st;
     float *part2 = LN ? part + (size_t)chunks * C : NULL;
-    colsum_kernel<LN><<<dim3(dt_launch_blocks((size_t)C, 32), chunks), DT_THREADS, 0, dt_cu_stream>>>(part, part2, dout, inp, mean,
+    DT_RUN(colsum_kernel<LN>, dim3(dt_launch_blocks((size_t)C, 32), chunks), DT_THREADS, 0, part, part2, dout, inp, mean,
                                                                                         rstd, N, C, dt_colsum_rows(N));
     st = dt_gpu_launched("colsum_kernel");
     const float *from[2] = {part, part2};
     float *to[2] = {out, out2};
     for (int i = 0; i < 2 && st == DT_OK; i++) {
         if (!to[i]) continue;
-        colsum_total_kernel<<<dt_launch_blocks((size_t)C, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(to[i], from[i], chunks, C);
+        DT_RUN(colsum_total_kernel, dt_launch_blocks((size_t)C, DT_THREADS), DT_THREADS, 0, to[i], from[i], chunks, C);
         st = dt_gpu_launched("colsum_total_kernel");
     }
     dt_gpu_scratch_free(part);
@@ -121,7 +121,7 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
-    ln_forward_kernel<<<dt_launch_rows(N), DT_THREADS, 0, dt_cu_stream>>>(out, mean, rstd, inp, w, b, N, C, eps);
+    DT_RUN(ln_forward_kernel, dt_launch_rows(N), DT_THREADS, 0, out, mean, rstd, inp, w, b, N, C, eps);
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
@@ -130,7 +130,7 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
                                     const float *w, const float *mean, const float *rstd, size_t N, int C) {
     if (N == 0 || C <= 0) return DT_OK;
     if (dinp) {
-        ln_backward_kernel<<<dt_launch_rows(N), DT_THREADS, 0, dt_cu_stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+        DT_RUN(ln_backward_kernel, dt_launch_rows(N), DT_THREADS, 0, dinp, dout, inp, w, mean, rstd, N, C);
         DT_LAUNCHED(ln_backward_kernel);
     }
     return colsum<true>(db, dw, dout, inp, mean, rstd, N, C);
@@ -150,14 +150,14 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *dout, cons
 
 dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) {
     if (n == 0) return DT_OK;
-    gelu_forward_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, inp, n);
+    DT_RUN(gelu_forward_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, out, inp, n);
     DT_LAUNCHED(gelu_forward_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
     if (n == 0) return DT_OK;
-    gelu_backward_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dinp, dout, inp, n);
+    DT_RUN(gelu_backward_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dinp, dout, inp, n);
     DT_LAUNCHED(gelu_backward_kernel);
     return DT_OK;
 }
@@ -255,7 +255,7 @@ __global__ static void __launch_bounds__(DT_THREADS)
 
 dt_status dt_gpu_ce_split_max(float *mx, const float *logits, size_t N, int V) {
     if (N == 0) return DT_OK;
-    ce_split_max_kernel<<<dt_launch_rows(N), DT_THREADS, 0, dt_cu_stream>>>(mx, logits, N, V);
+    DT_RUN(ce_split_max_kernel, dt_launch_rows(N), DT_THREADS, 0, mx, logits, N, V);
     DT_LAUNCHED(ce_split_max_kernel);
     return DT_OK;
 }
@@ -263,7 +263,7 @@ dt_status dt_gpu_ce_split_max(float *mx, const float *logits, size_t N, int V) {
 dt_status dt_gpu_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
                               size_t N, int V) {
     if (N == 0) return DT_OK;
-    ce_split_exp_kernel<<<dt_launch_rows(N), DT_THREADS, 0, dt_cu_stream>>>(probs, sums, logits, mx, targets, N, V);
+    DT_RUN(ce_split_exp_kernel, dt_launch_rows(N), DT_THREADS, 0, probs, sums, logits, mx, targets, N, V);
     DT_LAUNCHED(ce_split_exp_kernel);
     return DT_OK;
 }
@@ -271,12 +271,12 @@ dt_status dt_gpu_ce_split_exp(float *probs, float *sums, const float *logits, co
 dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
                                  size_t N, int V) {
     if (N == 0) {
-        DT_CUDA(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
+        DT_QUEUE(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
         return DT_OK;
     }
-    ce_split_finish_kernel<<<dt_launch_rows(N), DT_THREADS, 0, dt_cu_stream>>>(probs, row_loss, mx, sums, N, V);
+    DT_RUN(ce_split_finish_kernel, dt_launch_rows(N), DT_THREADS, 0, probs, row_loss, mx, sums, N, V);
     DT_LAUNCHED(ce_split_finish_kernel);
-    ce_mean_kernel<<<1, 1, 0, dt_cu_stream>>>(loss, row_loss, N);
+    DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
 }
@@ -285,12 +285,12 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
                                       const int32_t *targets, size_t N, int V, size_t ld) {
     if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
     if (N == 0) {
-        DT_CUDA(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
+        DT_QUEUE(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
         return DT_OK;
     }
-    ce_forward_kernel<<<dt_launch_rows(N), DT_THREADS, 0, dt_cu_stream>>>(probs, row_loss, logits, targets, N, V, ld);
+    DT_RUN(ce_forward_kernel, dt_launch_rows(N), DT_THREADS, 0, probs, row_loss, logits, targets, N, V, ld);
     DT_LAUNCHED(ce_forward_kernel);
-    ce_mean_kernel<<<1, 1, 0, dt_cu_stream>>>(loss, row_loss, N);
+    DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
 }
@@ -299,7 +299,7 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
                                        size_t ld, float dloss) {
     if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
     if (N == 0) return DT_OK;
-    ce_backward_kernel<<<dt_launch_blocks(N * (size_t)V, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dlogits, probs, targets, N, V, ld,
+    DT_RUN(ce_backward_kernel, dt_launch_blocks(N * (size_t)V, DT_THREADS), DT_THREADS, 0, dlogits, probs, targets, N, V, ld,
                                                                                      dt_ce_scale(dloss, (float)N));
     DT_LAUNCHED(ce_backward_kernel);
     return DT_OK;
@@ -319,14 +319,14 @@ __global__ static void relu_backward_kernel(float *dinp, const float *dout, cons
 
 dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N) {
     if (N == 0) return DT_OK;
-    relu_forward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, inp, N);
+    DT_RUN(relu_forward_kernel, dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, out, inp, N);
     DT_LAUNCHED(relu_forward_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp, size_t N) {
     if (N == 0) return DT_OK;
-    relu_backward_kernel<<<dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dinp, dout, inp, N);
+    DT_RUN(relu_backward_kernel, dt_launch_blocks(N, DT_THREADS), DT_THREADS, 0, dinp, dout, inp, N);
     DT_LAUNCHED(relu_backward_kernel);
     return DT_OK;
 }
@@ -340,7 +340,7 @@ __global__ static void bias_forward_kernel(float *out, const float *b, size_t n,
 
 dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
     if (N == 0 || OC <= 0) return DT_OK;
-    bias_forward_kernel<<<dt_launch_blocks(N * OC, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(out, b, N * OC, OC);
+    DT_RUN(bias_forward_kernel, dt_launch_blocks(N * OC, DT_THREADS), DT_THREADS, 0, out, b, N * OC, OC);
     DT_LAUNCHED(bias_forward_kernel);
     return DT_OK;
 }

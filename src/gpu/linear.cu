@@ -87,7 +87,7 @@ static dt_status dgelu_grad(float *dpre, const float *dout, const float *w, cons
     dt_status st = dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
     if (st != DT_OK) return st;
     size_t n = (size_t)B * C;
-    dgelu_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(dpre, pre, n);
+    DT_RUN(dgelu_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dpre, pre, n);
     DT_LAUNCHED(dgelu_kernel);
     return DT_OK;
 }

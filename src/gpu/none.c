@@ -54,6 +54,10 @@ void dt_gpu_event_destroy(void *event) { (void)event; }
 dt_status dt_gpu_event_record(void *event) { return (void)event, no_gpu(); }
 dt_status dt_gpu_event_query(void *event, int *done) { return (void)event, *done = 0, no_gpu(); }
 dt_status dt_gpu_stream_wait_event(void *stream, void *event) { return (void)stream, (void)event, no_gpu(); }
+dt_status dt_gpu_graph_capture(void) { return no_gpu(); }
+dt_status dt_gpu_graph_replay(void) { return no_gpu(); }
+dt_status dt_gpu_graph_run(void) { return no_gpu(); }
+void dt_gpu_graph_drop(void) {}
 dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n) { return (void)acc, (void)g, (void)n, no_gpu(); }
 dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n) {
     return (void)g, (void)acc, (void)n, no_gpu();

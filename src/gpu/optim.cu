@@ -28,14 +28,14 @@ __global__ static void sgd_kernel(float *w, const float *g, float *buf, size_t n
 dt_status dt_gpu_adamw(float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k,
                        const float *guard) {
     if (n == 0) return DT_OK;
-    adamw_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(w, g, m, v, n, k, guard);
+    DT_RUN(adamw_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, w, g, m, v, n, k, guard);
     DT_LAUNCHED(adamw_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_sgd(float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard) {
     if (n == 0) return DT_OK;
-    sgd_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(w, g, buf, n, k, guard);
+    DT_RUN(sgd_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, w, g, buf, n, k, guard);
     DT_LAUNCHED(sgd_kernel);
     return DT_OK;
 }
@@ -64,16 +64,16 @@ __global__ static void sumsq_total_kernel(double *out, const double *part, size_
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) {
     size_t chunks = dt_sumsq_chunks(n);
     if (chunks == 0) {
-        DT_CUDA(cudaMemsetAsync(out_dev, 0, sizeof(double), dt_cu_stream));
+        DT_QUEUE(cudaMemsetAsync(out_dev, 0, sizeof(double), dt_cu_stream));
         return DT_OK;
     }
     void *part = NULL;
     dt_status st = dt_gpu_scratch(&part, sizeof(double) * chunks);
     if (st != DT_OK) return st;
-    sumsq_chunks_kernel<<<dt_launch_blocks(chunks, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>((double *)part, x, n, chunks);
+    DT_RUN(sumsq_chunks_kernel, dt_launch_blocks(chunks, DT_THREADS), DT_THREADS, 0, (double *)part, x, n, chunks);
     st = dt_gpu_launched("sumsq_chunks_kernel");
     if (st == DT_OK) {
-        sumsq_total_kernel<<<1, 1, 0, dt_cu_stream>>>(out_dev, (const double *)part, chunks);
+        DT_RUN(sumsq_total_kernel, 1, 1, 0, out_dev, (const double *)part, chunks);
         st = dt_gpu_launched("sumsq_total_kernel");
     }
     dt_gpu_scratch_free(part);
@@ -97,7 +97,7 @@ dt_status dt_gpu_sumsq_parts(double *part_dev, const float *x, size_t n, size_t 
     first %= DT_SUMSQ_BLOCK;
     size_t pieces = n ? (first + n + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK : 0;
     if (pieces == 0) return DT_OK;
-    sumsq_parts_kernel<<<dt_launch_blocks(pieces, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(part_dev, x, n, first, carry, pieces);
+    DT_RUN(sumsq_parts_kernel, dt_launch_blocks(pieces, DT_THREADS), DT_THREADS, 0, part_dev, x, n, first, carry, pieces);
     DT_LAUNCHED(sumsq_parts_kernel);
     return DT_OK;
 }
@@ -107,7 +107,7 @@ __global__ static void step_scale_kernel(float *guard, const double *vals, float
 }
 
 dt_status dt_gpu_step_scale(float *guard, const double *vals, float unscale, float clip) {
-    step_scale_kernel<<<1, 1, 0, dt_cu_stream>>>(guard, vals, unscale, clip);
+    DT_RUN(step_scale_kernel, 1, 1, 0, guard, vals, unscale, clip);
     DT_LAUNCHED(step_scale_kernel);
     return DT_OK;
 }
@@ -119,7 +119,7 @@ __global__ static void scale_by_kernel(float *x, size_t n, const float *s) {
 
 dt_status dt_gpu_scale(float *x, size_t n, const float *s_dev) {
     if (n == 0) return DT_OK;
-    scale_by_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(x, n, s_dev);
+    DT_RUN(scale_by_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, x, n, s_dev);
     DT_LAUNCHED(scale_by_kernel);
     return DT_OK;
 }
@@ -129,7 +129,7 @@ __global__ static void loss_add_kernel(double *acc, const float *loss, double w)
 }
 
 dt_status dt_gpu_loss_add(double *acc, const float *loss, double w) {
-    loss_add_kernel<<<1, 1, 0, dt_cu_stream>>>(acc, loss, w);
+    DT_RUN(loss_add_kernel, 1, 1, 0, acc, loss, w);
     DT_LAUNCHED(loss_add_kernel);
     return DT_OK;
 }
@@ -148,14 +148,14 @@ __global__ static void fixed_to_float_kernel(float *g, const int64_t *acc, size_
 
 dt_status dt_gpu_fixed_add(int64_t *acc, const float *g, size_t n) {
     if (n == 0) return DT_OK;
-    fixed_add_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(acc, g, n);
+    DT_RUN(fixed_add_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, acc, g, n);
     DT_LAUNCHED(fixed_add_kernel);
     return DT_OK;
 }
 
 dt_status dt_gpu_fixed_to_float(float *g, const int64_t *acc, size_t n) {
     if (n == 0) return DT_OK;
-    fixed_to_float_kernel<<<dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dt_cu_stream>>>(g, acc, n);
+    DT_RUN(fixed_to_float_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, g, acc, n);
     DT_LAUNCHED(fixed_to_float_kernel);
     return DT_OK;
 }

@@ -167,6 +167,7 @@ static const field fields[] = {
     {"train", "precision", F_ENUM, O(precision), 0, 0, precision_names},
     {"train", "device", F_STR, O(device), 0, 0, NULL},
     {"train", "tf32", F_BOOL, O(tf32), 0, 1, NULL},
+    {"train", "cuda_graph", F_BOOL, O(cuda_graph), 0, 1, NULL},
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},
@@ -323,6 +324,7 @@ void dt_config_defaults(dt_config *c) {
     c->shuffle = 1;
     c->prefetch = 1;
     c->tf32 = 1;
+    c->cuda_graph = 1;
     c->crop_pad = 4;
     c->loader_threads = 1;
     c->cache = 1;

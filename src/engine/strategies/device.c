@@ -34,6 +34,11 @@
  * checkpoints: the residual read back into it before one is written, put
  * onto the device after a resume, and its steps counted per bucket.
  *
+ * One rank's step (forwards to update) is captured as a CUDA graph at its
+ * second step and replayed at each step of that shape after (graph_begin,
+ * graph_end; [train] cuda_graph), where its calls are the same from step to
+ * step (graph_eligible).
+ *
  * The task's steps run on the device's blocks (dt_dev_blocks: parameters,
  * gradients, the optimizer's state, in the CPU's layout); the gradient's
  * sum of squares is made there and read back once a step (one double,
@@ -136,6 +141,12 @@ typedef struct {
     int lmin;            // ... the lowest layer the order names (L: the highest)
     dt_status err;      // a micro-batch's fixed-point sum, or a bucket's start, that failed (no status to say it)
     char errmsg[512];
+    // One rank: its step captured as a graph and replayed (graph_begin):
+    // graph 0 never, 1 none made yet, 2 made; now this step's (0 its kernels
+    // queued one by one, 1 captured, 2 replayed); shape: the made graph's
+    // micro-batches (their count, their sizes); the steps so, for summary.json.
+    int graph, graph_now, shape[3];
+    int64_t captured_at, replayed, other_shape;
 } devs;
 
 // (model parallel on a device: the model-parallel strategy's, pipeline.c)
@@ -595,6 +606,8 @@ static dt_status params_updated(devs *d) {
     return give_back(d);
 }
 
+static int graph_eligible(const devs *d);
+
 static dt_status dev_init(dt_strategy *s) {
     dt_dev_blocks *b = s->device;
     devs *d = (devs *)s;
@@ -619,12 +632,14 @@ static dt_status dev_init(dt_strategy *s) {
     if (st == DT_OK && d->own && s->rank == 0)
         dt_log(DT_LOG_INFO, "GPU memory beside the arena: %.1f MiB for the gradients' exchange (summary.json's "
                "gpu.exchange_bytes)", (double)d->own / 1048576.0);
+    d->graph = graph_eligible(d);
 done:
     return st;
 }
 
 static void dev_fini(dt_strategy *s) {
     devs *d = (devs *)s;
+    if (d->graph && s->device) s->device->d->graph_drop();
     for (int i = 0; i < d->g.np; i++)
         if (d->g.p[i].req) dt_wait(&d->g.p[i].req);
     for (int i = 0; d->ev && i < d->g.nb; i++)
@@ -649,8 +664,73 @@ static void dev_fini(dt_strategy *s) {
     if (d->drop_ev) s->device->d->event_destroy(d->drop_ev);
 }
 
+// ---- one rank's step as a CUDA graph (docs/gpu.md, "A step as a CUDA graph") ----
+// Where a step's calls are the same each step (their arguments: one rank
+// without a GPUs' communicator, no ZeRO blocks backed on demand, no dropout key, no fp16 loss scale,
+// which changes) and [train] cuda_graph is on. The optimizer's constants
+// and the batches go through pinned memory the graph's copies read.
+static int graph_eligible(const devs *d) {
+    const dt_strategy *s = &d->base;
+    const dt_dev_blocks *b = s->device;
+    return s->c->cuda_graph && s->world == 1 && !d->gpus && !d->zero && b->d->graph_capture && !b->step_values &&
+           !b->grads_vm && !b->params_vm && s->c->precision != DT_F16 &&
+           !getenv("DTRAIN_FAULT_OVERFLOW");  // (the test aid writes the gradients from the host mid-step)
+}
+
+// This step's graph, once planned (k micro-batches): the process's first
+// step queues its kernels one by one (the libraries' first calls: their
+// heuristics, the scratch pool), the second is captured, each after of the
+// captured shape is replayed; another shape (an epoch's short last batch,
+// more micro-batches than the two pinned slots) is queued one by one.
+static void graph_begin(devs *d, int k) {
+    dt_strategy *s = &d->base;
+    const dt_dev *dv = s->device->d;
+    int same = d->shape[0] == k && d->shape[1] == s->len[0] && (k < 2 || d->shape[2] == s->len[1]);
+    d->graph_now = 0;
+    if (!d->graph || d->err != DT_OK || d->steps < 1 || k > 2 || (d->graph == 2 && !same)) {
+        d->other_shape += d->graph == 2;
+        return;
+    }
+    s->device->next_slot = 0;  // (the batches through the captured step's pinned slots)
+    dt_status st = d->graph == 2 ? dv->graph_replay() : dv->graph_capture();
+    if (st != DT_OK) {
+        d->err = st;
+        snprintf(d->errmsg, sizeof d->errmsg, "the step as a CUDA graph: %s", dt_last_error());
+        return;
+    }
+    d->graph_now = d->graph;
+    if (d->graph == 1) d->shape[0] = k, d->shape[1] = s->len[0], d->shape[2] = k > 1 ? s->len[1] : 0;
+}
+
+// The captured step's graph made, or the replayed one's end: either
+// queued, before the step's one read.
+static dt_status graph_end(devs *d) {
+    if (!d->graph_now) return DT_OK;
+    int captured = d->graph_now == 1;
+    d->graph_now = 0;
+    dt_status st = d->base.device->d->graph_run();
+    if (st != DT_OK) return dt_error(st, "the step as a CUDA graph: %s", dt_last_error());
+    if (captured && d->base.rank == 0)
+        dt_log(DT_LOG_INFO, "the training step captured as a CUDA graph at step %lld (%d micro-batch%s of %d): "
+               "replayed at each step of that shape", (long long)d->steps + 1, d->shape[0], d->shape[0] > 1 ? "es" : "",
+               d->shape[1]);
+    if (captured) d->graph = 2, d->captured_at = d->steps + 1;
+    else d->replayed++;
+    return DT_OK;
+}
+
+// A step that failed inside its capture or replay: the capture given up
+// (a replay has nothing of its own), the graph made again at the next.
+static void graph_abandon(devs *d) {
+    if (!d->graph_now) return;
+    d->base.device->d->graph_drop();
+    d->graph_now = 0;
+    d->graph = 1;
+}
+
 static int dev_plan(dt_strategy *s, int first, int share, int global) {
     devs *d = (devs *)s;
+    graph_abandon(d);
     d->have_norm = 0;
     d->reads0 = s->device->d->reads();
     dt_status st = s->device->d->memset0(s->device->sumsq + 1, sizeof(double));  // (the step's losses' sum)
@@ -668,6 +748,7 @@ static int dev_plan(dt_strategy *s, int first, int share, int global) {
         d->err = st;
         snprintf(d->errmsg, sizeof d->errmsg, "micro-batch count: %s", dt_last_error());
     }
+    graph_begin(d, k);
     return k;
 }
 
@@ -990,6 +1071,8 @@ static dt_status dev_update_end(dt_strategy *s, int64_t step, float lr, float cl
     if (st == DT_OK) st = b->d->sumsq(b->sumsq, b->grads, b->n);
     if (st == DT_OK) st = b->d->step_scale(b->guard, b->sumsq, unscale, clip);
     if (st == DT_OK) st = update_queue(d, lr, 1.0f, b->guard);
+    if (st == DT_OK) st = graph_end(d);
+    else graph_abandon(d);
     if (st == DT_OK) st = read_values(d, 1, loss_sum);
     *norm = d->norm;
     *nonfinite = st == DT_OK && !isfinite(d->norm);
@@ -1038,6 +1121,7 @@ static dt_status dev_restore(dt_strategy *s, const char *path, int parts) {
 static void dev_abandon(dt_strategy *s) {
     devs *d = (devs *)s;
     dt_dev_blocks *b = s->device;
+    graph_abandon(d);
     d->have_norm = 0;
     d->err = DT_OK;
     // The buckets begun in backward first, and stage 3's gather (each ends
@@ -1101,6 +1185,11 @@ static void dev_summary(dt_strategy *s, cJSON *o) {
     cJSON_AddStringToObject(g, "step_end", dt_strategy_ends_on_device(s) ? "device" : "host");
     cJSON_AddNumberToObject(g, "buckets_in_backward", (double)d->early);
     cJSON_AddNumberToObject(g, "buckets_after_backward", (double)d->late);
+    cJSON *gr = cJSON_AddObjectToObject(g, "graph");  // (one rank's step as a CUDA graph)
+    cJSON_AddBoolToObject(gr, "eligible", d->graph != 0);
+    cJSON_AddNumberToObject(gr, "captured_at_step", (double)d->captured_at);
+    cJSON_AddNumberToObject(gr, "replayed_steps", (double)d->replayed);
+    cJSON_AddNumberToObject(gr, "steps_of_another_shape", (double)d->other_shape);
     if (b->params_vm) cJSON_AddNumberToObject(g, "parameter_gathers", (double)d->gathers);  // (stage 3)
 }
 
