@@ -3,7 +3,9 @@
 simulated GPU that queues work (those whose body starts with REC(op, ...)),
 a struct of its arguments, a setter and a thunk that runs it again, which
 the simulated GPU's graphs keep and replay (dev_sim.c, "A step as a
-graph"). Run it after changing the parameters of such an op:
+graph"). An argument that points to a host struct the op reads at its call
+(HOST_STRUCTS: a convolution's geometry, which CUDA's launch copies) is
+kept by value. Run it after changing the parameters of such an op:
 
     python3 scripts/sim_rec.py
 """
@@ -35,6 +37,9 @@ def params(text):
     return res
 
 
+HOST_STRUCTS = {"const dt_im2col_t *"}
+
+
 def main():
     src = open(SRC).read()
     fns = re.finditer(r"static dt_status sim_(\w+)\(([^)]*)\)\s*\{\s*REC\((\w+)", src)
@@ -46,11 +51,14 @@ def main():
         assert m.group(3) == name, name
         decl = ", ".join(f"{t} {n}" if not t.endswith("*") else f"{t}{n}" for t, n in ps)
         parts.append(f"\nstatic dt_status sim_{name}({decl});")
-        parts.append("typedef struct {\n" + "".join(
-            f"    {t} {n};\n" if not t.endswith("*") else f"    {t}{n};\n" for t, n in ps) + f"}} {name}_a;")
-        sets = "".join(f"    r_->{n} = {n};\n" for t, n in ps)
+        def field(t, n):
+            if t in HOST_STRUCTS:
+                return f"    {t[len('const '):-1].strip()} {n};\n"
+            return f"    {t} {n};\n" if not t.endswith("*") else f"    {t}{n};\n"
+        parts.append("typedef struct {\n" + "".join(field(t, n) for t, n in ps) + f"}} {name}_a;")
+        sets = "".join(f"    r_->{n} = *{n};\n" if t in HOST_STRUCTS else f"    r_->{n} = {n};\n" for t, n in ps)
         parts.append(f"static void {name}_set({name}_a *r_, {decl}) {{\n{sets}}}")
-        call = ", ".join(f"r_->{n}" for t, n in ps)
+        call = ", ".join(f"&r_->{n}" if t in HOST_STRUCTS else f"r_->{n}" for t, n in ps)
         parts.append(f"static dt_status {name}_run(const void *p_) {{\n    const {name}_a *r_ = p_;\n"
                      f"    return sim_{name}({call});\n}}")
     parts.append("\n#endif\n")

@@ -316,12 +316,52 @@ static dt_status sim_vm_map(void *dev, size_t bytes) { return vm_set(dev, bytes,
 static dt_status sim_vm_unmap(void *dev, size_t bytes) { return vm_set(dev, bytes, 0); }
 static void sim_vm_free(void *dev, size_t bytes) { (void)bytes, sim_free(dev); }
 
+// The "pinned" host buffers, so that an asynchronous copy from any other
+// host memory is refused, as CUDA's graphs refuse it (and CUDA's
+// asynchronous copies from pageable memory wait).
+typedef struct pinned {
+    struct pinned *next;
+    char *at;
+    size_t len;
+} pinned;
+static pinned *g_pinned;
+
 static dt_status sim_host_alloc(void **host, size_t bytes) {
-    *host = dt_alloc(bytes ? bytes : 1);
-    return *host ? DT_OK : dt_error(DT_ERR_NOMEM, "simulated GPU: out of host memory for %zu bytes", bytes);
+    pinned *p = malloc(sizeof *p);
+    *host = p ? dt_alloc(bytes ? bytes : 1) : NULL;
+    if (!*host) {
+        free(p);
+        return dt_error(DT_ERR_NOMEM, "simulated GPU: out of host memory for %zu bytes", bytes);
+    }
+    pthread_mutex_lock(&g.mu);
+    *p = (pinned){g_pinned, *host, bytes};
+    g_pinned = p;
+    pthread_mutex_unlock(&g.mu);
+    return DT_OK;
 }
 
-static void sim_host_free(void *host) { dt_free(host); }
+static void sim_host_free(void *host) {
+    pthread_mutex_lock(&g.mu);
+    for (pinned **p = &g_pinned; *p; p = &(*p)->next)
+        if ((*p)->at == host) {
+            pinned *q = *p;
+            *p = q->next;
+            free(q);
+            break;
+        }
+    pthread_mutex_unlock(&g.mu);
+    dt_free(host);
+}
+
+// Whether host[bytes] lies inside one pinned buffer.
+static int is_pinned(const void *host, size_t bytes) {
+    const char *h = host;
+    int in = 0;
+    pthread_mutex_lock(&g.mu);
+    for (pinned *p = g_pinned; p && !in; p = p->next) in = h >= p->at && h + bytes <= p->at + p->len;
+    pthread_mutex_unlock(&g.mu);
+    return in;
+}
 
 static dt_status sim_memset0(void *dev, size_t bytes) {
     REC(memset0, dev, bytes);
@@ -339,6 +379,9 @@ static dt_status sim_to_device(void *dev, const void *host, size_t bytes) {
 
 // (a graph's copy reads `host` when it runs, as CUDA's does)
 static dt_status sim_to_device_async(void *dev, const void *host, size_t bytes) {
+    if (!is_pinned(host, bytes))
+        return dt_error(DT_ERR_INTERNAL, "simulated GPU: to_device_async of %zu bytes from host memory that no "
+                        "host_alloc gave (an asynchronous copy needs pinned memory)", bytes);
     REC(to_device_async, dev, host, bytes);
     open_dev();
     memcpy(dev, host, bytes);

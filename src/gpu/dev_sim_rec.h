@@ -795,17 +795,17 @@ typedef struct {
     float *col;
     const float *x;
     size_t B;
-    const dt_im2col_t *g;
+    dt_im2col_t g;
 } im2col_a;
 static void im2col_set(im2col_a *r_, float *col, const float *x, size_t B, const dt_im2col_t *g) {
     r_->col = col;
     r_->x = x;
     r_->B = B;
-    r_->g = g;
+    r_->g = *g;
 }
 static dt_status im2col_run(const void *p_) {
     const im2col_a *r_ = p_;
-    return sim_im2col(r_->col, r_->x, r_->B, r_->g);
+    return sim_im2col(r_->col, r_->x, r_->B, &r_->g);
 }
 
 static dt_status sim_col2im(float *dx, const float *dcol, size_t B, const dt_im2col_t *g);
@@ -813,17 +813,17 @@ typedef struct {
     float *dx;
     const float *dcol;
     size_t B;
-    const dt_im2col_t *g;
+    dt_im2col_t g;
 } col2im_a;
 static void col2im_set(col2im_a *r_, float *dx, const float *dcol, size_t B, const dt_im2col_t *g) {
     r_->dx = dx;
     r_->dcol = dcol;
     r_->B = B;
-    r_->g = g;
+    r_->g = *g;
 }
 static dt_status col2im_run(const void *p_) {
     const col2im_a *r_ = p_;
-    return sim_col2im(r_->dx, r_->dcol, r_->B, r_->g);
+    return sim_col2im(r_->dx, r_->dcol, r_->B, &r_->g);
 }
 
 static dt_status sim_transpose(float *out, const float *in, size_t nb, size_t R, size_t C);
@@ -853,7 +853,7 @@ typedef struct {
     const float *w;
     const float *b;
     size_t B;
-    const dt_im2col_t *g;
+    dt_im2col_t g;
     int OC;
 } conv2d_forward_a;
 static void conv2d_forward_set(conv2d_forward_a *r_, float *out, const float *inp, const float *w, const float *b, size_t B, const dt_im2col_t *g, int OC) {
@@ -862,12 +862,12 @@ static void conv2d_forward_set(conv2d_forward_a *r_, float *out, const float *in
     r_->w = w;
     r_->b = b;
     r_->B = B;
-    r_->g = g;
+    r_->g = *g;
     r_->OC = OC;
 }
 static dt_status conv2d_forward_run(const void *p_) {
     const conv2d_forward_a *r_ = p_;
-    return sim_conv2d_forward(r_->out, r_->inp, r_->w, r_->b, r_->B, r_->g, r_->OC);
+    return sim_conv2d_forward(r_->out, r_->inp, r_->w, r_->b, r_->B, &r_->g, r_->OC);
 }
 
 static dt_status sim_conv2d_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, size_t B, const dt_im2col_t *g, int OC);
@@ -879,7 +879,7 @@ typedef struct {
     const float *inp;
     const float *w;
     size_t B;
-    const dt_im2col_t *g;
+    dt_im2col_t g;
     int OC;
 } conv2d_backward_a;
 static void conv2d_backward_set(conv2d_backward_a *r_, float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, size_t B, const dt_im2col_t *g, int OC) {
@@ -890,12 +890,12 @@ static void conv2d_backward_set(conv2d_backward_a *r_, float *dinp, float *dw, f
     r_->inp = inp;
     r_->w = w;
     r_->B = B;
-    r_->g = g;
+    r_->g = *g;
     r_->OC = OC;
 }
 static dt_status conv2d_backward_run(const void *p_) {
     const conv2d_backward_a *r_ = p_;
-    return sim_conv2d_backward(r_->dinp, r_->dw, r_->db, r_->dout, r_->inp, r_->w, r_->B, r_->g, r_->OC);
+    return sim_conv2d_backward(r_->dinp, r_->dw, r_->db, r_->dout, r_->inp, r_->w, r_->B, &r_->g, r_->OC);
 }
 
 static dt_status sim_maxpool_forward(float *out, int32_t *arg, const float *x, size_t images, int H, int W, int K, int S);

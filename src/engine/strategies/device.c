@@ -144,8 +144,9 @@ typedef struct {
     // One rank: its step captured as a graph and replayed (graph_begin):
     // graph 0 never, 1 none made yet, 2 made; now this step's (0 its kernels
     // queued one by one, 1 captured, 2 replayed); shape: the made graph's
-    // micro-batches (their count, their sizes); the steps so, for summary.json.
-    int graph, graph_now, shape[3];
+    // micro-batches (their count, their sizes), last the last step's; the
+    // steps so, for summary.json.
+    int graph, graph_now, shape[3], last[3];
     int64_t captured_at, replayed, other_shape;
 } devs;
 
@@ -677,20 +678,26 @@ static int graph_eligible(const devs *d) {
            !getenv("DTRAIN_FAULT_OVERFLOW");  // (the test aid writes the gradients from the host mid-step)
 }
 
-// This step's graph, once planned (k micro-batches): the process's first
-// step queues its kernels one by one (the libraries' first calls: their
-// heuristics, the scratch pool), the second is captured, each after of the
-// captured shape is replayed; another shape (an epoch's short last batch,
-// more micro-batches than the two pinned slots) is queued one by one.
+// This step's graph, once planned (k micro-batches): a step of the shape
+// of the one before it (the first of a shape queues its kernels one by
+// one: the libraries' first calls, their heuristics, the scratch pool) is
+// captured, unless the graph is of that shape, when it is replayed; a
+// graph of another shape is dropped then (a new steady shape: an epoch's
+// short last batch is not one). More micro-batches than the two pinned
+// slots: queued one by one.
 static void graph_begin(devs *d, int k) {
     dt_strategy *s = &d->base;
     const dt_dev *dv = s->device->d;
-    int same = d->shape[0] == k && d->shape[1] == s->len[0] && (k < 2 || d->shape[2] == s->len[1]);
+    int now[3] = {k, s->len[0], k > 1 ? s->len[1] : 0};
+    int same = !memcmp(now, d->shape, sizeof now), again = !memcmp(now, d->last, sizeof now);
+    memcpy(d->last, now, sizeof now);
     d->graph_now = 0;
-    if (!d->graph || d->err != DT_OK || d->steps < 1 || k > 2 || (d->graph == 2 && !same)) {
+    int replay = d->graph == 2 && same;
+    if (!d->graph || d->err != DT_OK || k > 2 || (!replay && !again)) {
         d->other_shape += d->graph == 2;
         return;
     }
+    if (d->graph == 2 && !same) dv->graph_drop(), d->graph = 1;
     s->device->next_slot = 0;  // (the batches through the captured step's pinned slots)
     dt_status st = d->graph == 2 ? dv->graph_replay() : dv->graph_capture();
     if (st != DT_OK) {
@@ -699,7 +706,7 @@ static void graph_begin(devs *d, int k) {
         return;
     }
     d->graph_now = d->graph;
-    if (d->graph == 1) d->shape[0] = k, d->shape[1] = s->len[0], d->shape[2] = k > 1 ? s->len[1] : 0;
+    if (d->graph == 1) memcpy(d->shape, now, sizeof now);
 }
 
 // The captured step's graph made, or the replayed one's end: either
@@ -711,9 +718,9 @@ static dt_status graph_end(devs *d) {
     dt_status st = d->base.device->d->graph_run();
     if (st != DT_OK) return dt_error(st, "the step as a CUDA graph: %s", dt_last_error());
     if (captured && d->base.rank == 0)
-        dt_log(DT_LOG_INFO, "the training step captured as a CUDA graph at step %lld (%d micro-batch%s of %d): "
-               "replayed at each step of that shape", (long long)d->steps + 1, d->shape[0], d->shape[0] > 1 ? "es" : "",
-               d->shape[1]);
+        dt_log(DT_LOG_INFO, "the training step captured as a CUDA graph at this run's step %lld (%d micro-batch%s "
+               "of %d): replayed at each step of that shape", (long long)d->steps + 1, d->shape[0],
+               d->shape[0] > 1 ? "es" : "", d->shape[1]);
     if (captured) d->graph = 2, d->captured_at = d->steps + 1;
     else d->replayed++;
     return DT_OK;
