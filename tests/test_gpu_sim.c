@@ -1807,8 +1807,8 @@ static int on_gpu(void) {
 // argument that differs is an error), so a graph that would replay stale
 // values shows here. The weights those of the run that queues every
 // step's calls, bitwise: the MLP with evaluations between steps and an
-// epoch's short last batch (another shape: queued one by one), the GPT in
-// bf16. Not taken where the calls change from step to step (dropout's key,
+// epoch's short last batch (another shape: queued one by one), the CNN in
+// bf16 (its dropout off), the GPT in bf16. Not taken where the calls change from step to step (dropout's key,
 // fp16's loss scale) or off.
 static void graph_run(const char *name, const char *text, const char *flags, int eligible) {
     char sum[700], off[128], all[700];
@@ -1840,6 +1840,12 @@ static void test_graph(void) {
     const char *p = strstr(text, "dropout p=0\n");
     CHECK(p != NULL, "the MLP's config has its dropout layer");
     snprintf(drop, sizeof drop, "%.*sdropout p=0.2%s", p ? (int)(p - text) : 0, text, p ? p + 11 : "");
+    // the CNN without its dropout (its convolutions' geometry kept by value in the graph's calls)
+    char cnn[4096];
+    const char *q = strstr(cfg_cnn_full, "dropout p=0.3\n");
+    CHECK(q != NULL, "the CNN's config has its dropout layer");
+    snprintf(cnn, sizeof cnn, "%.*sdropout p=0%s", q ? (int)(q - cfg_cnn_full) : 0, cfg_cnn_full, q ? q + 13 : "");
+    graph_run("graph-cnn", cnn, "--precision bf16", 1);
     graph_run("graph-dropout", drop, "", 0);
     graph_run("graph-fp16", text, "--precision fp16", 0);
     graph_run("graph-off", text, "--set train.cuda_graph=false", 0);
