@@ -84,7 +84,7 @@ static void test_refusals(void) {
     else  // (a GPU: every op of the MLP's device step is in the cuda table)
         CHECK(st == DT_OK, "a GPU: device = cuda taken: %s", dt_last_error());
     if (strncmp(dt_gpu_build(), "CUDA ", 5) == 0) {  // a CUDA build (refused before any device call)
-        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5, DT_F32);
+        st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5, DT_F32);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "NH must divide C"), "GPU attention: NH 5 of C 96 refused: %s",
               dt_last_error());
         st = dt_gpu_attention_forward(NULL, NULL, NULL, NULL, 1, 1, 96, 2, DT_I64);
@@ -602,7 +602,8 @@ static int upper_zero(const float *d, size_t BH, int T) {
 // the heads take the GEMM plan (past DT_ATT_FUSED_HS columns) the
 // probabilities each within 1e-5 relative, datt normwise, the upper
 // triangles zeros, and the backward runs on the CPU's probabilities; fused,
-// on the forward's own saved rows, and a second run gives the same bits.
+// on the forward's own saved rows and its output as the GPT's layer keeps
+// it (in 16 bits, rounded to t), and a second run gives the same bits.
 // Products in t: against the CPU's attention in t (its GEMMs' precision),
 // out and dqkv (and datt) normwise within 1e-2 (bf16) or 2e-3 (fp16): the
 // same rounded operands, but a sum made in another order (or the fused
@@ -634,7 +635,10 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
           "att %.3g (<= 1e-5), right of the diagonal %s%s%s", tn, how, B, T, C, NH, dy, tol, dp,
           z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
     if (st == DT_OK && !fused) st = dt_gpu_to_device(gatt, att, sizeof(float) * na);
-    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, gatt, gw, B, T, C, NH, t);
+    void *g16 = NULL;  // (the output as kept in 16 bits)
+    if (st == DT_OK && t != DT_F32 && (st = dt_gpu_alloc(&g16, 2 * n)) == DT_OK) st = dt_gpu_from_f32(g16, gout, n, t);
+    const void *kept = t == DT_F32 ? (const void *)gout : g16;
+    if (st == DT_OK) st = dt_gpu_attention_backward(gdq, gdatt, gdout, gq, kept, gatt, gw, B, T, C, NH, t);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
     dt_kernels_set_precision(DT_F32);
     for (size_t i = 0; i < na; i++)  // (the CPU leaves part of its scratch right of the diagonal as it was)
@@ -646,7 +650,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
           "(normwise, <= %g), datt right of the diagonal %s%s%s", tn, how, B, T, C, NH, dq, dd, tol,
           z ? "zeros" : "NOT ZEROS", GPU_ERR(st));
     if (fused) {  // deterministic: the same gradient's bits again
-        if (st == DT_OK) st = dt_gpu_attention_backward(gdq2, gdatt, gdout, gq, gatt, gw, B, T, C, NH, t);
+        if (st == DT_OK) st = dt_gpu_attention_backward(gdq2, gdatt, gdout, gq, kept, gatt, gw, B, T, C, NH, t);
         float *first = malloc(sizeof(float) * n3);
         int same = st == DT_OK && dt_gpu_to_host(first, gdq, sizeof(float) * n3) == DT_OK &&
                    dt_gpu_to_host(again, gdq2, sizeof(float) * n3) == DT_OK && !memcmp(first, again, sizeof(float) * n3);
@@ -658,6 +662,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     for (int i = 0; i < 9; i++) free(hs[i]);
     for (int i = 0; i < 7; i++) dt_gpu_free(gs[i]);
     dt_gpu_free(gw);
+    dt_gpu_free(g16);
 }
 
 static float *absolute(const float *a, size_t n) {
@@ -1331,7 +1336,7 @@ static void bench_attention(void) {
             for (int r = -3; r < reps && st == DT_OK; r++) {
                 if (r == 0) st = dt_gpu_sync(), ms[pass] = dt_now();
                 if (st != DT_OK) break;
-                st = pass ? dt_gpu_attention_backward(gdq, scratch, gdy, gq, saved, NULL, B, T, C, NH, t)
+                st = pass ? dt_gpu_attention_backward(gdq, scratch, gdy, gq, gout, saved, NULL, B, T, C, NH, t)
                           : dt_gpu_attention_forward(gout, saved, gq, NULL, B, T, C, NH, t);
                 if (st == DT_OK && r == reps - 1 && (st = dt_gpu_sync()) == DT_OK)
                     ms[pass] = (dt_now() - ms[pass]) * 1e3 / reps;

@@ -17,7 +17,7 @@ int dt_att_fused(int C, int NH) { return NH > 0 && C > 0 && C % NH == 0 && C / N
 
 dt_att_room dt_att_room_of(int B, int T, int C, int NH, dt_dtype t) {
     size_t f = sizeof(float), rows = (size_t)B * NH * T;
-    if (dt_att_fused(C, NH)) return (dt_att_room){f * (rows + (size_t)B * T * C), f * rows, 0};
+    if (dt_att_fused(C, NH)) return (dt_att_room){f * rows, f * rows, 0};
     return (dt_att_room){f * rows * T, f * rows * T, dt_att_work_bytes(B, T, C, NH, t)};
 }
 

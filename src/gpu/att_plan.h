@@ -52,8 +52,8 @@ typedef struct {
  * (GPT-2's 64, Llama's 128) take the fused kernels (flash.cu: the T x T
  * scores never leave the chip), larger ones this plan. saved: what the
  * forward keeps for the backward (gpu.h's att): fused, each row's
- * log-sum-exp [B,NH,T] and the output's copy [B,T,C]; the plan, the
- * probabilities [B,NH,T,T]. scratch: the backward's (datt): fused, each
+ * log-sum-exp [B,NH,T] (the backward takes the layer's output too, as the
+ * layer keeps it); the plan, the probabilities [B,NH,T,T]. scratch: the backward's (datt): fused, each
  * row's dout . out [B,NH,T]; the plan, [B,NH,T,T]. work: the plan's rounded
  * factors in 16 bits (dt_att_work_bytes; 0 fused). Bytes. */
 #define DT_ATT_FUSED_HS 128
@@ -79,10 +79,11 @@ dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const f
                           const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
 
 /* The fused kernels (flash.cu, CUDA builds; heads of up to
- * DT_ATT_FUSED_HS): saved and scratch as dt_att_room_of says. */
+ * DT_ATT_FUSED_HS): saved and scratch as dt_att_room_of says; out, the
+ * backward's: the forward's output, fp32 (t DT_F32) or its copy in t. */
 dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
-dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
-                                int B, int T, int C, int NH, dt_dtype t);
+dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const void *out,
+                                const float *saved, int B, int T, int C, int NH, dt_dtype t);
 
 #ifdef __cplusplus
 }

@@ -97,8 +97,8 @@ dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, voi
     return dt_att_forward(&g_ops, out, att, qkv, work, B, T, C, NH, t);
 }
 
-dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    void *work, int B, int T, int C, int NH, dt_dtype t) {
-    if (dt_att_fused(C, NH)) return dt_gpu_flash_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, t);
+dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
+                                    const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
+    if (dt_att_fused(C, NH)) return dt_gpu_flash_backward(dqkv, datt, dout, qkv, out, att, B, T, C, NH, t);
     return dt_att_backward(&g_ops, dqkv, datt, dout, qkv, att, work, B, T, C, NH, t);
 }

@@ -63,7 +63,11 @@ template <int H> __device__ static inline float widen(uint16_t h) {
     return H == 1 ? dt_bf16_to_f32(h) : __half2float(__ushort_as_half(h));
 }
 
-// x rounded to the products' type, as a float (H 0: fp32, x itself).
-template <int H> __device__ static inline float rounded(float x) { return H ? widen<H>(narrow<H>(x)) : x; }
+// x rounded to the products' type, as a float (H 1, 2: 16 bits; H 0, fp32,
+// and 3, tf32, whose fragments round their elements as they are loaded:
+// x itself).
+template <int H> __device__ static inline float rounded(float x) {
+    return H == 1 || H == 2 ? widen<H>(narrow<H>(x)) : x;
+}
 
 #endif

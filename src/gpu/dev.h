@@ -175,11 +175,13 @@ typedef struct dt_dev {
     /* The attention's products in precision t (DT_F32; DT_BF16, DT_F16:
      * their operands rounded to t, fp32 sums, as the CPU's attention in t);
      * work: dt_att_work_bytes (gpu/att_plan.h) of room for the rounded
-     * copies (NULL in fp32; the simulated GPU's CPU attention needs none). */
+     * copies (NULL in fp32; the simulated GPU's CPU attention needs none).
+     * The backward's out: the forward's output as the layer keeps it,
+     * fp32 (t DT_F32) or its copy in t (the fused kernels' row dots). */
     dt_status (*attention_forward)(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
                                    dt_dtype t);
-    dt_status (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    void *work, int B, int T, int C, int NH, dt_dtype t);
+    dt_status (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
+                                    const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
     dt_status (*relu_forward)(float *out, const float *inp, size_t N);
     dt_status (*relu_backward)(float *dinp, const float *dout, const float *inp, size_t N);
     dt_status (*bias_forward)(float *out, const float *b, size_t N, int OC);

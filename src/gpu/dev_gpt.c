@@ -519,7 +519,8 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), dout, h, atty, BT, Cl, C));
     if (!seq) grads_final(g, ATTPROJW, l);
     TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
-    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, s->att, g->attw, B, T, Cl, g->NHl, b->t));
+    const void *out = b->t == DT_F32 ? (const void *)s->atty : s->atty16;  // (the attention's output as kept)
+    TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, out, s->att, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(d->memset0(g->dln, f * sC));
     TRY(ln_x(g, &x, (dt_dev_x){s->ln1, s->ln1_16}, g->dfchg, BT));
     TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, x, BT, C, 3 * Cl));

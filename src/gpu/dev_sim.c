@@ -671,33 +671,33 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
 /* The CPU's attention. Where the device's kernels are fused
  * (dt_att_fused: att and datt hold per-row values only), the probabilities
  * [B,NH,T,T] and their gradient live in host scratch of the call's own:
- * the forward keeps the output's copy where the fused kernels do (att's
- * log-sum-exp is left 0), and the backward makes the probabilities again
- * (the same bits) before the CPU's backward. */
+ * the forward leaves att's rows (the fused kernels' log-sum-exp) 0, and the
+ * backward makes the probabilities again (the same bits) before the CPU's
+ * backward. */
 static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C,
                                        int NH, dt_dtype t) {
     REC(attention_forward, out, att, qkv, work, B, T, C, NH, t);
     (void)work;
     open_dev();
     int fused = dt_att_fused(C, NH);
-    size_t rows = (size_t)B * NH * T, n = (size_t)B * T * C;
+    size_t rows = (size_t)B * NH * T;
     float *p = fused ? malloc(sizeof(float) * (rows * T + 1)) : att;
     if (!p) return shut(), dt_error(DT_ERR_NOMEM, "simulated GPU: attention's probabilities (%zu floats)", rows * T);
     dt_dtype was = products_in(t);
     dt_attention_forward(out, p, qkv, B, T, C, NH);
     dt_kernels_set_precision(was);
-    if (fused) {
+    if (fused) {  // (the room of the rows' log-sum-exp, which the backward here does not read)
         memset(att, 0, sizeof(float) * rows);
-        memcpy(att + rows, out, sizeof(float) * n);
         free(p);
     }
     return shut();
 }
 
-static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+// (out unused: the probabilities made again, the CPU's)
+static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
                                         const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
-    REC(attention_backward, dqkv, datt, dout, qkv, att, work, B, T, C, NH, t);
-    (void)work;
+    REC(attention_backward, dqkv, datt, dout, qkv, out, att, work, B, T, C, NH, t);
+    (void)work, (void)out;
     open_dev();
     int fused = dt_att_fused(C, NH);
     size_t na = (size_t)B * NH * T * T, n = (size_t)B * T * C;

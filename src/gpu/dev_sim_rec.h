@@ -620,12 +620,13 @@ static dt_status attention_forward_run(const void *p_) {
     return sim_attention_forward(r_->out, r_->att, r_->qkv, r_->work, r_->B, r_->T, r_->C, r_->NH, r_->t);
 }
 
-static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
+static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out, const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
 typedef struct {
     float *dqkv;
     float *datt;
     const float *dout;
     const float *qkv;
+    const void *out;
     const float *att;
     void *work;
     int B;
@@ -634,11 +635,12 @@ typedef struct {
     int NH;
     dt_dtype t;
 } attention_backward_a;
-static void attention_backward_set(attention_backward_a *r_, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
+static void attention_backward_set(attention_backward_a *r_, float *dqkv, float *datt, const float *dout, const float *qkv, const void *out, const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
     r_->dqkv = dqkv;
     r_->datt = datt;
     r_->dout = dout;
     r_->qkv = qkv;
+    r_->out = out;
     r_->att = att;
     r_->work = work;
     r_->B = B;
@@ -649,7 +651,7 @@ static void attention_backward_set(attention_backward_a *r_, float *dqkv, float 
 }
 static dt_status attention_backward_run(const void *p_) {
     const attention_backward_a *r_ = p_;
-    return sim_attention_backward(r_->dqkv, r_->datt, r_->dout, r_->qkv, r_->att, r_->work, r_->B, r_->T, r_->C, r_->NH, r_->t);
+    return sim_attention_backward(r_->dqkv, r_->datt, r_->dout, r_->qkv, r_->out, r_->att, r_->work, r_->B, r_->T, r_->C, r_->NH, r_->t);
 }
 
 static dt_status sim_relu_forward(float *out, const float *inp, size_t N);

@@ -12,8 +12,10 @@
  *   forward     per query row, over the key tiles up to the diagonal: the
  *               scores, the running maximum and sum (online softmax) and
  *               the output's sum rescaled; out = sum / l. Saved: each
- *               row's log-sum-exp m + log l and the output's copy.
- *   backward    D = dout . out per row (fa_dot); then per key tile, over
+ *               row's log-sum-exp m + log l.
+ *   backward    D = dout . out per row (fa_dot, out as the layer keeps it:
+ *               fp32, or in 16 bits its copy in the products' type); then
+ *               per key tile, over
  *               the query tiles from the diagonal on, dv += p dout and
  *               dk += ds q (fa_kv); per query tile, over the key tiles up
  *               to the diagonal, dq += ds k (fa_q); p = exp(s - lse) and
@@ -26,8 +28,8 @@
  * attention rounds them (q, k, v, the probabilities, dout and the
  * softmax's gradient; fp32 sums), except that the probabilities rounded
  * for p v are the unnormalised exp(s - m) (the sum divided at the end),
- * and D is dout . out, out made of those rounded factors (the CPU sums
- * dp p over fp32 probabilities).
+ * and D is dout . out, out made of those rounded factors and itself
+ * rounded to the type (the CPU sums dp p over fp32 probabilities).
  * The CPU's numbers to rounding, not bitwise (another order of sums).
  * Heads of up to DT_ATT_FUSED_HS columns; indices 64-bit. With 16-bit
  * products and heads of 64 or 128 columns the same scheme runs on the
@@ -119,7 +121,7 @@ __device__ static int reach(int r0, int k0, int T) {
 // The tile of 32 query rows (the longest first) of head (b, h) = blockIdx.x.
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
-    fa_forward(float *out, float *lse, float *o32, const float *qkv, int T, int C, int NH, float scale) {
+    fa_forward(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale) {
     extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
@@ -166,22 +168,29 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
         if (t >= T) continue;
         size_t at = (b * T + t) * C + (size_t)h * hs;
         store<NC>(out + at, o[r], 1.0f / l[r], hs, true);
-        store<NC>(o32 + at, o[r], 1.0f / l[r], hs, true);
         if (lane == 0) lse[bh * T + t] = m[r] + logf(l[r]);
     }
 }
 
+// The layer's output element i as kept: fp32, or (H 1, 2) in 16 bits.
+template <int H> __device__ static inline float kept_out(const void *out, size_t i) {
+    if (H == 1 || H == 2) return widen<H>(((const uint16_t *)out)[i]);
+    return ((const float *)out)[i];
+}
+
 // D[b, h, t] = dout . out over the head's columns (dout rounded as the
-// products take it), a warp a row r = (b T + t) NH + h.
+// products take it, out as the layer keeps it), a warp a row r = (b T +
+// t) NH + h.
 template <int H>
-__global__ static void fa_dot(float *D, const float *dout, const float *o32, size_t rows, int T, int C, int NH) {
+__global__ static void fa_dot(float *D, const float *dout, const void *out, size_t rows, int T, int C, int NH) {
     int hs = C / NH, lane = threadIdx.x % 32;
     EACH_ROW(r, rows) {
         size_t bt = r / NH, b = bt / T;
         int h = (int)(r % NH), t = (int)(bt % T);
-        const float *dy = dout + bt * C + (size_t)h * hs, *o = o32 + bt * C + (size_t)h * hs;
+        const float *dy = dout + bt * C + (size_t)h * hs;
+        size_t o = bt * C + (size_t)h * hs;
         float s = 0.0f;
-        for (int d = lane; d < hs; d += 32) s = fmaf(rounded<H>(dy[d]), o[d], s);
+        for (int d = lane; d < hs; d += 32) s = fmaf(rounded<H>(dy[d]), kept_out<H>(out, o + d), s);
         s = warp_all<false>(s);
         if (lane == 0) D[(b * NH + h) * T + t] = s;
     }
@@ -315,10 +324,10 @@ static dt_status grid_of(dim3 *g, int B, int T, int NH, int rows) {
 }
 
 // D = dout . out a row (fa_dot), before either backward.
-template <int H> static dt_status row_dots(float *D, const float *dout, const float *o32, int B, int T, int C, int NH) {
+template <int H> static dt_status row_dots(float *D, const float *dout, const void *out, int B, int T, int C, int NH) {
     size_t rows = (size_t)B * T * NH;
     auto k = fa_dot<H>;
-    DT_RUN(k, dt_launch_blocks(rows, FA_W), FA_W * 32, 0, D, dout, o32, rows, T, C, NH);
+    DT_RUN(k, dt_launch_blocks(rows, FA_W), FA_W * 32, 0, D, dout, out, rows, T, C, NH);
     DT_LAUNCHED(fa_dot);
     return DT_OK;
 }
@@ -340,21 +349,20 @@ static dt_status forward_on(const fa_family *f, K k, float *out, float *saved, c
     dt_status st = grid_of(&g, B, T, NH, f->rows);
     if (st == DT_OK) st = shared_bytes(k, f->sh);
     if (st != DT_OK) return st;
-    float *lse = saved, *o32 = saved + (size_t)B * NH * T, scale = 1.0f / sqrtf((float)(C / NH));
-    DT_RUN(k, g, f->threads, f->sh, out, lse, o32, qkv, T, C, NH, scale);
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    DT_RUN(k, g, f->threads, f->sh, out, saved, qkv, T, C, NH, scale);
     return dt_gpu_launched(f->names[0]);
 }
 
 template <int H, typename KV, typename KQ>
 static dt_status backward_on(const fa_family *f, KV kv, KQ kq, float *dqkv, float *D, const float *dout,
-                             const float *qkv, const float *saved, int B, int T, int C, int NH) {
-    const float *lse = saved, *o32 = saved + (size_t)B * NH * T;
+                             const float *qkv, const void *out, const float *lse, int B, int T, int C, int NH) {
     float scale = 1.0f / sqrtf((float)(C / NH));
     dim3 g;
     dt_status st = grid_of(&g, B, T, NH, f->rows);
     if (st == DT_OK) st = shared_bytes(kv, f->sh);
     if (st == DT_OK) st = shared_bytes(kq, f->sh);
-    if (st == DT_OK) st = row_dots<H>(D, dout, o32, B, T, C, NH);
+    if (st == DT_OK) st = row_dots<H>(D, dout, out, B, T, C, NH);
     if (st != DT_OK) return st;
     DT_RUN(kv, g, f->threads, f->sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
     if ((st = dt_gpu_launched(f->names[1])) != DT_OK) return st;
@@ -370,11 +378,11 @@ static dt_status forward(float *out, float *saved, const float *qkv, int B, int 
 }
 
 template <int H, int NC>
-static dt_status backward(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
-                          int T, int C, int NH) {
+static dt_status backward(float *dqkv, float *D, const float *dout, const float *qkv, const void *out,
+                          const float *saved, int B, int T, int C, int NH) {
     fa_family f = {FA_TILE, FA_W * 32, sizeof(float) * (FA_TILE * (4 * (C / NH) + 4) + 2 * FA_SLOTS),
                    {NULL, "fa_kv", "fa_q"}};
-    return backward_on<H>(&f, fa_kv<H, NC>, fa_q<H, NC>, dqkv, D, dout, qkv, saved, B, T, C, NH);
+    return backward_on<H>(&f, fa_kv<H, NC>, fa_q<H, NC>, dqkv, D, dout, qkv, out, saved, B, T, C, NH);
 }
 
 // The tensor cores' (flash_tc.cuh): H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64).
@@ -385,10 +393,10 @@ static dt_status forward_tc(float *out, float *saved, const float *qkv, int B, i
 }
 
 template <int H, int HS>
-static dt_status backward_tc(float *dqkv, float *D, const float *dout, const float *qkv, const float *saved, int B,
-                             int T, int C, int NH) {
+static dt_status backward_tc(float *dqkv, float *D, const float *dout, const float *qkv, const void *out,
+                             const float *saved, int B, int T, int C, int NH) {
     fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::BACKWARD, {NULL, "fa_kv_tc", "fa_q_tc"}};
-    return backward_on<H>(&f, fa_kv_tc<H, HS>, fa_q_tc<H, HS>, dqkv, D, dout, qkv, saved, B, T, C, NH);
+    return backward_on<H>(&f, fa_kv_tc<H, HS>, fa_q_tc<H, HS>, dqkv, D, dout, qkv, out, saved, B, T, C, NH);
 }
 
 // The tensor cores' products for t at heads of hs, where they take them
@@ -452,10 +460,10 @@ dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B
     return FA_DISPATCH(forward, t, C / NH, on_tensor_cores(C / NH, t), out, saved, qkv, B, T, C, NH);
 }
 
-dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *saved,
-                                int B, int T, int C, int NH, dt_dtype t) {
+dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const void *out,
+                                const float *saved, int B, int T, int C, int NH, dt_dtype t) {
     dt_status st = fused_args("backward", B, T, C, NH, t);
     if (st != DT_OK || B == 0 || T == 0) return st;
-    return FA_DISPATCH(backward, t, C / NH, on_tensor_cores(C / NH, t), dqkv, scratch, dout, qkv, saved, B, T, C,
-                       NH);
+    return FA_DISPATCH(backward, t, C / NH, on_tensor_cores(C / NH, t), dqkv, scratch, dout, qkv, out, saved, B, T,
+                       C, NH);
 }

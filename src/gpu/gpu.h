@@ -167,8 +167,8 @@ dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size
  * t, fp32 sums. */
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
                                    dt_dtype t);
-dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    void *work, int B, int T, int C, int NH, dt_dtype t);
+dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
+                                    const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
 
 /* The CNN's layers (gpu/cnn_hd.h's arithmetic, docs/gpu.md): the columns
  * col[C K K, B OH OW] of x[B, C, H, W]; dx += the input's gradient from the

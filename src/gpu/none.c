@@ -136,10 +136,10 @@ dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, voi
                                    dt_dtype t) {
     return (void)out, (void)att, (void)qkv, (void)work, (void)B, (void)T, (void)C, (void)NH, (void)t, no_gpu();
 }
-dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                    void *work, int B, int T, int C, int NH, dt_dtype t) {
-    return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)att, (void)work, (void)B, (void)T, (void)C, (void)NH,
-           (void)t, no_gpu();
+dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
+                                    const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {
+    return (void)dqkv, (void)datt, (void)dout, (void)qkv, (void)out, (void)att, (void)work, (void)B, (void)T, (void)C,
+           (void)NH, (void)t, no_gpu();
 }
 dt_status dt_gpu_im2col(float *col, const float *x, size_t B, const dt_im2col_t *g) {
     return (void)col, (void)x, (void)B, (void)g, no_gpu();
