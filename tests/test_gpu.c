@@ -38,8 +38,9 @@
  *                   products in bf16 and fp16 against the CPU's in that
  *                   precision (1e-2, 2e-3 normwise); the linear layer
  *                   with and without bias and with GELU (cuBLASLt's
- *                   epilogues, or the plain path) within 1e-5 of each
- *                   element's sum of |terms| (1e-3 for cuBLASLt's GELU).
+ *                   epilogues, or the plain path), on fp32 and on bf16
+ *                   and fp16 operands, within 1e-5 of each element's sum
+ *                   of |terms| (1e-3 for cuBLASLt's GELU).
  *                   Reported skipped
  *                   (exit 77, the reason said) where no GPU can be used.
  *   test_gpu fault  (ctest test_gpu_fault): DTRAIN_CUDA_SYNC=1 names the
@@ -710,7 +711,7 @@ static void test_linear(int B, int C, int OC, int bias) {
     float *gi = upload(inp, ni), *gw = upload(w, nw), *gb = b ? upload(b, OC) : NULL, *gout = upload(out, no);
     float *gdout = upload(dout, no), *gdi = upload(dinp, ni), *gdw = upload(dw, nw), *gdb = upload(db, OC);
     dt_status st = gi && gw && (gb || !b) && gout && gdout && gdi && gdw && gdb ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_linear_forward(gout, gi, gw, gb, B, C, OC);
+    if (st == DT_OK) st = dt_gpu_linear_forward(gout, NULL, gi, gw, gb, B, C, OC, DT_F32);
     if (st == DT_OK) st = dt_gpu_linear_backward(gdi, gdw, gdb, gdout, gi, gw, B, C, OC);
     dt_linear_forward(out, inp, w, b, B, C, OC);
     dt_linear_forward(mo, ai, aw, ab, B, C, OC);
@@ -730,6 +731,43 @@ static void test_linear(int B, int C, int OC, int bias) {
     for (int i = 0; i < 8; i++) dt_gpu_free(gs[i]);
 }
 
+// The linear layer on 16-bit operands (t: the device model's bf16 and fp16
+// steps), with the bias and with GELU after it (cuBLASLt's BIAS and
+// GELU_AUX_BIAS epilogues on 16-bit factors, fp32 sums): against
+// dt_linear_forward in fp32 on the factors rounded to t (their products
+// exact in fp32), within 1e-5 of the sum of |terms| (GELU's output: 1e-3,
+// cuBLASLt's own GELU).
+static void test_linear16(int B, int C, int OC, dt_dtype t) {
+    size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
+    float *inp = randoms(ni, 2, 81), *w = randoms(nw, 2, 82), *b = randoms(OC, 2, 83), *pre = malloc(sizeof(float) * no);
+    float *out = malloc(sizeof(float) * no), *mo = malloc(sizeof(float) * no), *o1 = malloc(sizeof(float) * no);
+    uint16_t *i16 = malloc(2 * ni), *w16 = malloc(2 * nw);
+    dt_from_f32(i16, inp, ni, t), dt_from_f32(w16, w, nw, t);
+    dt_to_f32(inp, i16, ni, t), dt_to_f32(w, w16, nw, t);  // (the factors as the device has them)
+    float *ai = absolute(inp, ni), *aw = absolute(w, nw), *ab = absolute(b, OC);
+    void *gi = NULL, *gw = NULL;
+    float *gb = upload(b, OC), *gpre = upload(out, no), *gout = upload(out, no), *go1 = upload(out, no);
+    dt_status st = gb && gpre && gout && go1 ? dt_gpu_alloc(&gi, 2 * ni) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_alloc(&gw, 2 * nw);
+    if (st == DT_OK) st = dt_gpu_to_device(gi, i16, 2 * ni);
+    if (st == DT_OK) st = dt_gpu_to_device(gw, w16, 2 * nw);
+    if (st == DT_OK) st = dt_gpu_linear_forward(go1, NULL, gi, gw, gb, B, C, OC, t);
+    if (st == DT_OK) st = dt_gpu_linear_forward(gout, gpre, gi, gw, gb, B, C, OC, t);
+    dt_linear_forward(pre, inp, w, b, B, C, OC);
+    dt_gelu_forward(out, pre, no);
+    dt_linear_forward(mo, ai, aw, ab, B, C, OC);
+    double e1 = st == DT_OK ? against_mag(pre, go1, mo, no) : INFINITY;
+    double ep = st == DT_OK ? against_mag(pre, gpre, mo, no) : INFINITY;
+    double eo = st == DT_OK ? against_mag(out, gout, mo, no) : INFINITY;
+    double tf = OC % 8 == 0 ? 1e-3 : 2e-5;
+    CHECK(e1 <= 1e-5 && ep <= 1e-5 && eo <= tf, "linear on %s operands B %d C %d OC %d: out %.3g, with GELU pre %.3g "
+          "(<= 1e-5), out %.3g (<= %g)%s%s", dt_dtype_name(t), B, C, OC, e1, ep, eo, tf, GPU_ERR(st));
+    float *hs[] = {inp, w, b, pre, out, mo, o1, ai, aw, ab}, *gs[] = {gb, gpre, gout, go1};
+    for (int i = 0; i < 10; i++) free(hs[i]);
+    for (int i = 0; i < 4; i++) dt_gpu_free(gs[i]);
+    free(i16), free(w16), dt_gpu_free(gi), dt_gpu_free(gw);
+}
+
 // The linear layer with GELU after it (forward) and before it (backward:
 // dpre written): against dt_linear_* and dt_gelu_*. cuBLASLt's epilogues
 // (OC, C multiples of 8) bring their own GELU: within 1e-3 of the sum of
@@ -741,7 +779,7 @@ static void test_linear_gelu(int B, int C, int OC) {
     float *ai = absolute(inp, ni), *aw = absolute(w, nw), *ab = absolute(b, OC);
     float *gi = upload(inp, ni), *gw = upload(w, nw), *gb = upload(b, OC), *gpre = upload(pre, no), *gout = upload(out, no);
     dt_status st = gi && gw && gb && gpre && gout ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_linear_gelu_forward(gout, gpre, gi, gw, gb, B, C, OC);
+    if (st == DT_OK) st = dt_gpu_linear_forward(gout, gpre, gi, gw, gb, B, C, OC, DT_F32);
     dt_linear_forward(pre, inp, w, b, B, C, OC);
     dt_gelu_forward(out, pre, no);
     dt_linear_forward(mo, ai, aw, ab, B, C, OC);
@@ -1057,6 +1095,7 @@ static void test_gpt_ops(void) {
         test_linear(lin[i][0], lin[i][1], lin[i][2], 1);
         test_linear(lin[i][0], lin[i][1], lin[i][2], 0);
         test_linear_gelu(lin[i][0], lin[i][1], lin[i][2]);
+        test_linear16(lin[i][0], lin[i][1], lin[i][2], i % 2 ? DT_F16 : DT_BF16);
     }
     const size_t sq[] = {0, 1, 4095, 4097, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i]);

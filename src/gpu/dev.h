@@ -127,6 +127,14 @@ typedef struct dt_dev {
      * lost). The fp16/bf16 gradient exchange (docs/gpu.md). */
     dt_status (*from16)(float *dst, const void *src, size_t n, dt_dtype t);
     dt_status (*ef16)(void *dst, float *g, float *res, size_t n, dt_dtype t);
+    /* The linear layer (gpu.h's dt_gpu_linear_forward: cuBLASLt's BIAS and
+     * GELU_AUX_BIAS epilogues): inp [N,C] and w [OC,C] of type t (DT_F32,
+     * or 16-bit as gemm16's), b (NULL: none); pre NULL: out = inp w^T + b;
+     * else pre = inp w^T + b, out = gelu(pre). The simulated GPU: the
+     * bias written, the GEMM adding onto it, GELU after (the CPU's
+     * dt_linear_forward and dt_gelu_forward). */
+    dt_status (*linear_forward)(float *out, float *pre, const void *inp, const void *w, const float *b, int N, int C,
+                                int OC, dt_dtype t);
     dt_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps);
     dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,

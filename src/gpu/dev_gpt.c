@@ -328,20 +328,19 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
     TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l), p + at(g, LN1B, l),
                              (size_t)R, C, 1e-5f));
     TRY(ln_input(g, &in, s->ln1, s->ln1_16, BT));
-    TRY(dt_dev_linear_forward(b, s->qkv, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
+    TRY(dt_dev_linear_forward(b, s->qkv, NULL, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
     TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(input(g, &in, s->atty, s->atty16, (size_t)BT * Cl));
-    TRY(dt_dev_linear_forward(b, proj, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
+    TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
     TRY(row_parallel(g, proj, s->res2, p + at(g, ATTPROJB, l), BT));
     TRY(d->residual_forward(s->res2, residual, s->res2, rC));
     TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, p + at(g, LN2W, l), p + at(g, LN2B, l),
                              (size_t)R, C, 1e-5f));
     TRY(ln_input(g, &in, s->ln2, s->ln2_16, BT));
-    TRY(dt_dev_linear_forward(b, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
-    TRY(d->gelu_forward(s->fchg, s->fch, (size_t)BT * F));
+    TRY(dt_dev_linear_forward(b, s->fchg, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
     TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
     proj = g->seq ? g->gath : out;
-    TRY(dt_dev_linear_forward(b, proj, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
+    TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
     TRY(row_parallel(g, proj, out, p + at(g, FCPROJB, l), BT));
     return d->residual_forward(out, s->res2, out, rC);
 }
@@ -406,7 +405,7 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
                              (size_t)rows_of(g, BT), C, 1e-5f));
     dt_dev_x in;  // (sequence parallel: every token's row, gathered)
     TRY(g->seq ? gathered(g, &in, g->lnf, BT) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
-    if (g->Vv > 0) TRY(dt_dev_linear_forward(&g->b, g->logits, in, g->off[WTE], NULL, BT, C, g->Vv));  // the tied head
+    if (g->Vv > 0) TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));  // the tied head
     if (g->ntp == 1) {
         TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
     } else {  // vocabulary-parallel: the rows' maxima, then their sums, over the shards

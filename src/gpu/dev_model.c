@@ -224,13 +224,11 @@ dt_dev_x dt_dev_weights(const dt_dev_blocks *b, size_t w_off) {
     return x;
 }
 
-dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, dt_dev_x in, size_t w_off, const float *bias, int N,
-                                int C, int OC) {
-    if (bias) {
-        TRY(b->d->memset0(out, sizeof(float) * (size_t)N * OC));
-        TRY(b->d->bias_forward(out, bias, (size_t)N, OC));
-    }
-    return dt_dev_gemm(b, 0, 1, N, OC, C, 1.0f, in, C, dt_dev_weights(b, w_off), C, bias ? 1.0f : 0.0f, out, OC);
+dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, dt_dev_x in, size_t w_off,
+                                const float *bias, int N, int C, int OC) {
+    dt_dev_x w = dt_dev_weights(b, w_off);
+    if (b->t == DT_F32) return b->d->linear_forward(out, pre, in.f, w.f, bias, N, C, OC, DT_F32);
+    return b->d->linear_forward(out, pre, in.h, w.h, bias, N, C, OC, b->t);
 }
 
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
@@ -464,7 +462,7 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:  // (in 16 bits its input kept in t for the backward)
         if (dm->in16[i]) TRY(d->to16(dm->in16[i], in, (size_t)B * l->in, dm->b.t));
-        return dt_dev_linear_forward(&dm->b, act, x, l->w_off, l->add_bias ? b : NULL, B, (int)l->in, (int)l->out);
+        return dt_dev_linear_forward(&dm->b, act, NULL, x, l->w_off, l->add_bias ? b : NULL, B, (int)l->in, (int)l->out);
     case DT_LAYER_CONV2D: return conv_forward(dm, i, in, B);
     case DT_LAYER_MAXPOOL:
         return d->maxpool_forward(act, (int32_t *)dm->keep[i], in, (size_t)B * g.C, g.H, g.W, g.K, g.S);

@@ -734,6 +734,20 @@ static dt_status sim_bias_forward(float *out, const float *b, size_t N, int OC) 
     return shut();
 }
 
+// The linear layer (dev.h): the bias written first, the GEMM in t adding
+// onto it, GELU after (dt_linear_forward's order, then dt_gelu_forward's).
+static dt_status sim_linear_forward(float *out, float *pre, const void *inp, const void *w, const float *b, int N,
+                                    int C, int OC, dt_dtype t) {
+    REC(linear_forward, out, pre, inp, w, b, N, C, OC, t);
+    float *y = pre ? pre : out;
+    dt_status st = b ? sim_memset0(y, sizeof(float) * (size_t)N * OC) : DT_OK;
+    if (st == DT_OK && b) st = sim_bias_forward(y, b, (size_t)N, OC);
+    float beta = b ? 1.0f : 0.0f;
+    if (st == DT_OK && t == DT_F32) st = sim_sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, y, OC);
+    else if (st == DT_OK) st = sim_gemm16(t, 0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, y, OC);
+    return st == DT_OK && pre ? sim_gelu_forward(out, pre, (size_t)N * OC) : st;
+}
+
 // The column sums with the rows in order, as dt_linear_backward's.
 static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
     REC(bias_backward, db, dout, N, OC);
@@ -946,6 +960,7 @@ const dt_dev dt_dev_sim = {
     .gelu_backward = sim_gelu_backward,
     .crossentropy_forward = sim_ce_forward,
     .crossentropy_backward = sim_ce_backward,
+    .linear_forward = sim_linear_forward,
     .adamw = sim_adamw,
     .sgd = sim_sgd,
     .step_scale = sim_step_scale,

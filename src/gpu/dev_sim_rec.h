@@ -706,6 +706,34 @@ static dt_status bias_forward_run(const void *p_) {
     return sim_bias_forward(r_->out, r_->b, r_->N, r_->OC);
 }
 
+static dt_status sim_linear_forward(float *out, float *pre, const void *inp, const void *w, const float *b, int N, int C, int OC, dt_dtype t);
+typedef struct {
+    float *out;
+    float *pre;
+    const void *inp;
+    const void *w;
+    const float *b;
+    int N;
+    int C;
+    int OC;
+    dt_dtype t;
+} linear_forward_a;
+static void linear_forward_set(linear_forward_a *r_, float *out, float *pre, const void *inp, const void *w, const float *b, int N, int C, int OC, dt_dtype t) {
+    r_->out = out;
+    r_->pre = pre;
+    r_->inp = inp;
+    r_->w = w;
+    r_->b = b;
+    r_->N = N;
+    r_->C = C;
+    r_->OC = OC;
+    r_->t = t;
+}
+static dt_status linear_forward_run(const void *p_) {
+    const linear_forward_a *r_ = p_;
+    return sim_linear_forward(r_->out, r_->pre, r_->inp, r_->w, r_->b, r_->N, r_->C, r_->OC, r_->t);
+}
+
 static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC);
 typedef struct {
     float *db;

@@ -316,7 +316,7 @@ dt_status dt_gpu_gemm16(dt_dtype t, int ta, int tb, int M, int N, int K, float a
     const char *what = t == DT_BF16 ? "bf16 GEMM" : "fp16 GEMM";
     dt_status st = prepare(what, ta, tb, M, N, K, lda, ldb, beta, C, ldc, &g, &done);
     if (st != DT_OK || done) return st;
-    return lt_gemm(&g, t == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F, alpha, A, B, beta, C, 1, 0, 0, 0);
+    return lt_gemm(&g, dt_lt_type(t), alpha, A, B, beta, C, 1, 0, 0, 0);
 }
 
 dt_status dt_gpu_gemm_batched(dt_dtype t, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
@@ -332,6 +332,5 @@ dt_status dt_gpu_gemm_batched(dt_dtype t, int ta, int tb, int M, int N, int K, f
     for (int i = 0; i < (K == 0 ? batch : 1) && st == DT_OK; i++)  // (K = 0: C = beta C, a matrix at a time)
         st = prepare("batched GEMM", ta, tb, M, N, K, lda, ldb, beta, C + i * sc, ldc, &g, &done);
     if (st != DT_OK || done || batch == 0) return st;
-    cudaDataType_t ab = t == DT_BF16 ? CUDA_R_16BF : t == DT_F16 ? CUDA_R_16F : CUDA_R_32F;
-    return lt_gemm(&g, ab, alpha, A, B, beta, C, batch, sa, sb, sc);
+    return lt_gemm(&g, dt_lt_type(t), alpha, A, B, beta, C, batch, sa, sb, sc);
 }

@@ -202,19 +202,19 @@ dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp,
  * the same bits every run; the CPU's to rounding). */
 dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC);
 dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC);
-/* The linear layer, dt_linear_*'s contract (dtrain/nn.h): out[B,OC] =
- * inp[B,C] w[OC,C]^T + b (b NULL: none; the bias added by cuBLASLt's BIAS
- * epilogue); backward dinp, dw, db += (each NULL: skipped; db by
+/* The linear layer, dt_linear_*'s contract (dtrain/nn.h), its operands
+ * inp[B,C] and w[OC,C] of type t (DT_F32; DT_BF16, DT_F16: 16-bit, fp32
+ * sums), out fp32: pre NULL: out[B,OC] = inp w^T + b (b NULL: none; the
+ * bias added by cuBLASLt's BIAS epilogue); pre: the linear layer followed
+ * by GELU, pre = inp w^T + b and out = gelu(pre), fused where cuBLASLt can
+ * (OC a multiple of 8: GELU_AUX(_BIAS), with cuBLASLt's own GELU).
+ * Elsewhere the GEMM, dt_gpu_bias_forward and dt_gpu_gelu_forward.
+ * Backward dinp, dw, db += (each NULL: skipped; db by
  * dt_gpu_bias_backward). */
-dt_status dt_gpu_linear_forward(float *out, const float *inp, const float *w, const float *b, int B, int C, int OC);
+dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const void *w, const float *b, int B, int C,
+                                int OC, dt_dtype t);
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, int B, int C, int OC);
-/* The linear layer followed by GELU, fused where cuBLASLt can (OC a
- * multiple of 8: GELU_AUX_BIAS, with cuBLASLt's own GELU):
- * pre[B,OC] = inp w^T + b, out = gelu(pre). Elsewhere the linear layer and
- * dt_gpu_gelu_forward. */
-dt_status dt_gpu_linear_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b, int B,
-                                     int C, int OC);
 /* The backward of a linear layer whose input is gelu(pre) (pre [B,C]):
  * dpre = gelu'(pre) (dout w), WRITTEN, not accumulated (C a multiple of 8:
  * cuBLASLt's DGELU epilogue; elsewhere the GEMM and nn/rows.h's GELU

@@ -22,14 +22,14 @@ __global__ static void dgelu_kernel(float *dpre, const float *pre, size_t n) {
         dpre[i] = dt_gelu_grad(pre[i]) * dpre[i];
 }
 
-// out (+)= inp w^T through cuBLASLt with `epi` (bias, aux as lt.h says);
-// *found 0 when it has no algorithm (nothing run).
-static dt_status linear_lt(float *out, const float *inp, const float *w, int B, int C, int OC, cublasLtEpilogue_t epi,
-                           const float *bias, float *aux, int *found) {
+// out (+)= inp w^T, operands of type t, through cuBLASLt with `epi` (bias,
+// aux as lt.h says); *found 0 when it has no algorithm (nothing run).
+static dt_status linear_lt(float *out, const void *inp, const void *w, int B, int C, int OC, dt_dtype t,
+                           cublasLtEpilogue_t epi, const float *bias, float *aux, int *found) {
     dt_cm_gemm g;
     if (dt_gemm_colmajor(0, 1, B, OC, C, C, C, OC, &g) != 0)
         return dt_error(DT_ERR_ARG, "GPU linear: B %d, C %d, OC %d", B, C, OC);
-    dt_lt_op o = {&g, CUDA_R_32F, epi, bias, aux, OC, 1.0f, 0.0f, w, inp, out, 1, 0, 0, 0};
+    dt_lt_op o = {&g, dt_lt_type(t), epi, bias, aux, OC, 1.0f, 0.0f, w, inp, out, 1, 0, 0, 0};
     return dt_gpu_lt_run(&o, found);
 }
 
@@ -37,16 +37,34 @@ static dt_status linear_lt(float *out, const float *inp, const float *w, int B, 
 // matrix are given in dtrain's blocks; cuBLASLt asks no less of them).
 static int aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-dt_status dt_gpu_linear_forward(float *out, const float *inp, const float *w, const float *b, int B, int C, int OC) {
-    if (B <= 0 || OC <= 0) return DT_OK;
+// y = inp w^T + b: BIAS's epilogue, else the GEMM and the bias's kernel.
+static dt_status linear(float *y, const void *inp, const void *w, const float *b, int B, int C, int OC, dt_dtype t) {
     if (b && C > 0 && aligned16(b)) {
         int found = 0;
-        dt_status st = linear_lt(out, inp, w, B, C, OC, CUBLASLT_EPILOGUE_BIAS, b, NULL, &found);
+        dt_status st = linear_lt(y, inp, w, B, C, OC, t, CUBLASLT_EPILOGUE_BIAS, b, NULL, &found);
         if (st != DT_OK || found) return st;
     }
-    dt_status st = dt_gpu_sgemm(0, 1, B, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
-    if (st == DT_OK && b) st = dt_gpu_bias_forward(out, b, (size_t)B, OC);
+    dt_status st = t == DT_F32 ? dt_gpu_sgemm(0, 1, B, OC, C, 1.0f, (const float *)inp, C, (const float *)w, C, 0.0f,
+                                              y, OC)
+                               : dt_gpu_gemm16(t, 0, 1, B, OC, C, 1.0f, inp, C, w, C, 0.0f, y, OC);
+    if (st == DT_OK && b) st = dt_gpu_bias_forward(y, b, (size_t)B, OC);
     return st;
+}
+
+dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const void *w, const float *b, int B, int C,
+                                int OC, dt_dtype t) {
+    if (B <= 0 || OC <= 0) return DT_OK;
+    if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU linear: operands of type %s", dt_dtype_name(t));
+    if (!pre) return linear(out, inp, w, b, B, C, OC, t);
+    if (OC % 8 == 0 && C > 0 && aligned16(pre) && (!b || aligned16(b))) {
+        int found = 0;
+        dt_status st = linear_lt(out, inp, w, B, C, OC, t,
+                                 b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, b, pre, &found);
+        if (st != DT_OK || found) return st;
+    }
+    dt_status st = linear(pre, inp, w, b, B, C, OC, t);
+    return st == DT_OK ? dt_gpu_gelu_forward(out, pre, (size_t)B * OC) : st;
 }
 
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
@@ -55,20 +73,6 @@ dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float 
     if (dinp) st = dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);  // dout w
     if (st == DT_OK && dw) st = dt_gpu_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dw, C);  // dout^T inp
     if (st == DT_OK && db && B > 0) st = dt_gpu_bias_backward(db, dout, (size_t)B, OC);
-    return st;
-}
-
-dt_status dt_gpu_linear_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b, int B,
-                                     int C, int OC) {
-    if (B <= 0 || OC <= 0) return DT_OK;
-    if (OC % 8 == 0 && C > 0 && aligned16(pre) && (!b || aligned16(b))) {
-        int found = 0;
-        dt_status st = linear_lt(out, inp, w, B, C, OC, b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
-                                 b, pre, &found);
-        if (st != DT_OK || found) return st;
-    }
-    dt_status st = dt_gpu_linear_forward(pre, inp, w, b, B, C, OC);
-    if (st == DT_OK) st = dt_gpu_gelu_forward(out, pre, (size_t)B * OC);
     return st;
 }
 

@@ -31,6 +31,11 @@ typedef struct {
     long long stride_first, stride_second, stride_c;
 } dt_lt_op;
 
+/* The operands' cuBLASLt type for t (DT_F32, DT_BF16, DT_F16). */
+static inline cudaDataType_t dt_lt_type(dt_dtype t) {
+    return t == DT_BF16 ? CUDA_R_16BF : t == DT_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
 /* Runs o; *found 0 (and nothing run, DT_OK) when cuBLASLt has no algorithm
  * for it (its heuristic finds none or answers NOT_SUPPORTED: an epilogue
  * with this layout), for the caller's plain path. */

@@ -187,18 +187,14 @@ dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
 dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC) {
     return (void)db, (void)dout, (void)N, (void)OC, no_gpu();
 }
-dt_status dt_gpu_linear_forward(float *out, const float *inp, const float *w, const float *b, int B, int C, int OC) {
-    return (void)out, (void)inp, (void)w, (void)b, (void)B, (void)C, (void)OC, no_gpu();
+dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const void *w, const float *b, int B, int C,
+                                int OC, dt_dtype t) {
+    return (void)out, (void)pre, (void)inp, (void)w, (void)b, (void)B, (void)C, (void)OC, (void)t, no_gpu();
 }
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, int B, int C, int OC) {
     return (void)dinp, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)B, (void)C, (void)OC, no_gpu();
-}
-dt_status dt_gpu_linear_gelu_forward(float *out, float *pre, const float *inp, const float *w, const float *b, int B,
-                                     int C, int OC) {
-    return (void)out, (void)pre, (void)inp, (void)w, (void)b, (void)B, (void)C, (void)OC, no_gpu();
-}
-dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
+}dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
                                        const float *w, const float *pre, int B, int C, int OC) {
     return (void)dpre, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)pre, (void)B, (void)C, (void)OC,
            no_gpu();
