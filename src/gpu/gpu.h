@@ -207,7 +207,8 @@ dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC);
  * sums), out fp32: pre NULL: out[B,OC] = inp w^T + b (b NULL: none; the
  * bias added by cuBLASLt's BIAS epilogue); pre: the linear layer followed
  * by GELU, pre = inp w^T + b and out = gelu(pre), fused where cuBLASLt can
- * (OC a multiple of 8: GELU_AUX(_BIAS), with cuBLASLt's own GELU).
+ * (OC a multiple of 8: GELU_AUX(_BIAS), with cuBLASLt's own GELU) and the
+ * products are not exact fp32 (16-bit operands, or TF32 on).
  * Elsewhere the GEMM, dt_gpu_bias_forward and dt_gpu_gelu_forward.
  * Backward dinp, dw, db += (each NULL: skipped; db by
  * dt_gpu_bias_backward). */
