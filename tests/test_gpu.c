@@ -797,7 +797,8 @@ static void test_linear_gelu(int B, int C, int OC) {
     float *gp = upload(p, ni), *gx = upload(x, ni), *gdout = upload(dout, no), *gdw = upload(dw, nw), *gdb = upload(db, OC);
     float *gdp = upload(dp, ni), *ax = absolute(x, ni);
     if (st == DT_OK) st = gp && gx && gdout && gdw && gdb && gdp ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_linear_backward_dgelu(gdp, gdw, gdb, gdout, gx, gw, gp, B, C, OC);
+    if (st == DT_OK) st = dt_gpu_linear_dgelu(gdp, gdout, gw, gp, B, C, OC, DT_F32);
+    if (st == DT_OK) st = dt_gpu_linear_backward(NULL, gdw, gdb, gdout, gx, gw, B, C, OC);
     float *mdb = absolute(db, OC);
     dt_linear_backward(tmp, dw, db, dout, x, w, B, C, OC);
     dt_gelu_backward(dp, tmp, p, ni);

@@ -1772,6 +1772,8 @@ static void gpu_repeat(void) {
     }
 }
 
+static void test_graph(void);
+
 static int on_gpu(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each line in the log as it comes (a stage may be stopped at its limit)
     unsetenv("DTRAIN_GPU");
@@ -1795,6 +1797,7 @@ static int on_gpu(void) {
     gpu_repeat();
     gpu_nccl_alone(model_text("mlp", text, sizeof text));
     gpu_crosswise(model_text("gpt", text, sizeof text));
+    test_graph();
     zero_gpu_rows();
     tl_cleanup(g_tmp);
     return tl_finish();
@@ -1808,8 +1811,10 @@ static int on_gpu(void) {
 // values shows here. The weights those of the run that queues every
 // step's calls, bitwise: the MLP with evaluations between steps and an
 // epoch's short last batch (another shape: queued one by one), the CNN in
-// bf16 (its dropout off), the GPT in bf16. Not taken where the calls change from step to step (dropout's key,
-// fp16's loss scale) or off.
+// bf16 (its dropout off), the GPT in bf16. Not taken where the calls
+// change from step to step (dropout's key, fp16's loss scale) or off. On
+// a GPU (test_gpu_sim gpu) the same: CUDA's graphs against the steps'
+// kernels queued one by one, bitwise.
 static void graph_run(const char *name, const char *text, const char *flags, int eligible) {
     char sum[700], off[128], all[700];
     snprintf(all, sizeof all, "--device cuda %s", flags);

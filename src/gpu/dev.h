@@ -135,6 +135,12 @@ typedef struct dt_dev {
      * dt_linear_forward and dt_gelu_forward). */
     dt_status (*linear_forward)(float *out, float *pre, const void *inp, const void *w, const float *b, int N, int C,
                                 int OC, dt_dtype t);
+    /* Its input gradient where its input was gelu(pre) (gpu.h's
+     * dt_gpu_linear_dgelu: the DGELU epilogue): dpre[N,C] = gelu'(pre)
+     * (g w), WRITTEN, g [N,OC] and w [OC,C] of type t. The simulated GPU:
+     * g w into zeros, then the CPU's GELU gradient into zeros. */
+    dt_status (*linear_dgelu)(float *dpre, const void *g, const void *w, const float *pre, int N, int C, int OC,
+                              dt_dtype t);
     dt_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps);
     dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,

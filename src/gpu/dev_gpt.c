@@ -405,7 +405,8 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
                              (size_t)rows_of(g, BT), C, 1e-5f));
     dt_dev_x in;  // (sequence parallel: every token's row, gathered)
     TRY(g->seq ? gathered(g, &in, g->lnf, BT) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
-    if (g->Vv > 0) TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));  // the tied head
+    if (g->Vv > 0)  // (the tied head)
+        TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));
     if (g->ntp == 1) {
         TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
     } else {  // vocabulary-parallel: the rows' maxima, then their sums, over the shards
@@ -489,7 +490,7 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
     int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl, seq = g->seq, R = rows_of(g, BT);
-    size_t sC = (size_t)BT * C, sF = (size_t)BT * F, f = sizeof(float);
+    size_t sC = (size_t)BT * C, f = sizeof(float);
     layer_acts *s = &g->la[l];
     float *p = g->b.params, *gr = g->b.grads;
     void *h = g->dout16;
@@ -500,14 +501,12 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     TRY(back_layer(g, l));
     if (seq) TRY(d->memset0(g->dlnw, f * 4 * C));
     TRY(out_grad(g, &dout, BT));
-    TRY(d->memset0(g->dfchg, f * sF));
-    TRY(dt_dev_linear_backward(b, g->dfchg, at(g, FCPROJW, l), gr + at(g, FCPROJB, l), dout, h, fchg, BT, F, C));
+    TRY(dt_dev_linear_backward(b, g->dfch, s->fch, at(g, FCPROJW, l), gr + at(g, FCPROJB, l), dout, h, fchg, BT, F,
+                               C));  // (through GELU: dfch written)
     grads_final(g, FCPROJW, l);
-    TRY(d->memset0(g->dfch, f * sF));
-    TRY(d->gelu_backward(g->dfch, g->dfchg, s->fch, sF));
     TRY(d->memset0(g->dln, f * sC));
     TRY(ln_x(g, &x, (dt_dev_x){s->ln2, s->ln2_16}, g->dfchg, BT));
-    TRY(dt_dev_linear_backward(b, g->dln, at(g, FCW, l), gr + at(g, FCB, l), g->dfch, h, x, BT, C, F));
+    TRY(dt_dev_linear_backward(b, g->dln, NULL, at(g, FCW, l), gr + at(g, FCB, l), g->dfch, h, x, BT, C, F));
     grads_final(g, FCW, l);
     TRY(sum_rows(g, g->dln, g->dln, BT));
     TRY(d->layernorm_backward(g->dresid, ln2w, ln2b, g->dln, s->res2, p + at(g, LN2W, l), s->ln2_mean, s->ln2_rstd,
@@ -515,14 +514,15 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     if (!seq) grads_final(g, LN2W, l);
     TRY(out_grad(g, &dout, BT));
     TRY(d->memset0(g->datty, f * (size_t)BT * Cl));
-    TRY(dt_dev_linear_backward(b, g->datty, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), dout, h, atty, BT, Cl, C));
+    TRY(dt_dev_linear_backward(b, g->datty, NULL, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), dout, h, atty, BT, Cl,
+                               C));
     if (!seq) grads_final(g, ATTPROJW, l);
     TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
     const void *out = b->t == DT_F32 ? (const void *)s->atty : s->atty16;  // (the attention's output as kept)
     TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, out, s->att, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(d->memset0(g->dln, f * sC));
     TRY(ln_x(g, &x, (dt_dev_x){s->ln1, s->ln1_16}, g->dfchg, BT));
-    TRY(dt_dev_linear_backward(b, g->dln, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, x, BT, C, 3 * Cl));
+    TRY(dt_dev_linear_backward(b, g->dln, NULL, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, x, BT, C, 3 * Cl));
     if (!seq) grads_final(g, QKVW, l);
     TRY(sum_rows(g, g->dln, g->dln, BT));
     TRY(d->layernorm_backward(g->dresid, ln1w, ln1b, g->dln, residual, p + at(g, LN1W, l), s->ln1_mean, s->ln1_rstd,
@@ -559,7 +559,8 @@ static dt_status head_backward(dt_dev_gpt *g) {
     if (Vv > 0) TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));
     // (the head's output gradient in 16 bits: in the probabilities' room, read by now)
-    if (Vv > 0) TRY(dt_dev_linear_backward(&g->b, g->dln, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, Vv));
+    if (Vv > 0)
+        TRY(dt_dev_linear_backward(&g->b, g->dln, NULL, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, Vv));
     TRY(sum_rows(g, g->dln, g->dln, BT));
     TRY(d->memset0(g->dresid, f * (size_t)R * C));
     if (seq) TRY(d->memset0(g->dlnw, f * 2 * C));

@@ -231,11 +231,13 @@ dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, 
     return b->d->linear_forward(out, pre, in.h, w.h, bias, N, C, OC, b->t);
 }
 
-dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
-                                 void *dout16, dt_dev_x in, int N, int C, int OC) {
-    dt_dev_x g = {dout, dout16};
-    if (b->t != DT_F32) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
-    if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, dt_dev_weights(b, w_off), C, 1.0f, din, C));
+dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, const float *pre, size_t w_off, float *db,
+                                 const float *dout, void *dout16, dt_dev_x in, int N, int C, int OC) {
+    dt_dev_x g = {dout, dout16}, w = dt_dev_weights(b, w_off);
+    int half = b->t != DT_F32;
+    if (half) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
+    if (din && pre) TRY(b->d->linear_dgelu(din, half ? g.h : g.f, half ? w.h : w.f, pre, N, C, OC, b->t));
+    else if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, w, C, 1.0f, din, C));
     TRY(dt_dev_gemm(b, 1, 0, OC, C, N, 1.0f, g, OC, in, C, 1.0f, b->grads + w_off, C));
     return db ? b->d->bias_backward(db, dout, (size_t)N, OC) : DT_OK;
 }
@@ -274,7 +276,7 @@ struct dt_dev_mlp {
                                      // in 16 bits dcol is also the forward's fp32 columns before they are kept)
     void *g16;                    // in 16 bits: a GEMM's output gradient in t (a linear's, a convolution's rows)
     int32_t *y;
-    dt_dev_reduce_fn reduce;      // a tensor-parallel shard's sums over the shards, on device values (NULL: a whole model)
+    dt_dev_reduce_fn reduce;      // a tensor-parallel shard's sums over the shards, on device values (NULL: none)
     void *reduce_user;
 };
 
@@ -462,7 +464,8 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:  // (in 16 bits its input kept in t for the backward)
         if (dm->in16[i]) TRY(d->to16(dm->in16[i], in, (size_t)B * l->in, dm->b.t));
-        return dt_dev_linear_forward(&dm->b, act, NULL, x, l->w_off, l->add_bias ? b : NULL, B, (int)l->in, (int)l->out);
+        return dt_dev_linear_forward(&dm->b, act, NULL, x, l->w_off, l->add_bias ? b : NULL, B, (int)l->in,
+                                     (int)l->out);
     case DT_LAYER_CONV2D: return conv_forward(dm, i, in, B);
     case DT_LAYER_MAXPOOL:
         return d->maxpool_forward(act, (int32_t *)dm->keep[i], in, (size_t)B * g.C, g.H, g.W, g.K, g.S);
@@ -573,7 +576,7 @@ static dt_status layer_backward(dt_dev_mlp *dm, int i, int B) {
     TRY(dt_dev_blocks_back(&dm->b, l->b_off, l->b_n));
     switch (l->spec.kind) {
     case DT_LAYER_LINEAR:
-        return dt_dev_linear_backward(&dm->b, din, l->w_off, l->b_n ? db : NULL, dout, dm->g16, x, B, C, OC);
+        return dt_dev_linear_backward(&dm->b, din, NULL, l->w_off, l->b_n ? db : NULL, dout, dm->g16, x, B, C, OC);
     case DT_LAYER_CONV2D: return conv_backward(dm, i, in, din, B);
     case DT_LAYER_MAXPOOL:
         return din ? d->maxpool_backward(din, dout, (const int32_t *)dm->keep[i], (size_t)B * g.C, g.H, g.W, g.K, g.S)

@@ -74,7 +74,8 @@ typedef struct {
     void *k, *kpin, *k_ev;    /* the update's constants (dt_adamw_k or dt_sgd_k): on the device, which the
                                  update reads; their pinned copy, written by the host each update; an event
                                  that marks its copy's upload */
-    const char *shards;       /* a tensor-parallel shard's collectives: their GPUs' communicator's backend (NULL: none) */
+    const char *shards;       /* a tensor-parallel shard's collectives: their GPUs' communicator's backend
+                                 (NULL: none) */
     size_t pinned_bytes;      /* every pinned buffer's bytes (the slots') */
     size_t stage_bytes;       /* the activations of pipeline stages alive, beside the arena (dt_dev_mlp_stage) */
     /* Called before each layer's forward (phase 0) and backward (phase 1),
@@ -157,14 +158,16 @@ dt_dev_x dt_dev_weights(const dt_dev_blocks *b, size_t w_off);
 /* dt_linear_forward / _backward on the device, as the CPU's: out[N,OC] =
  * in w^T (+ bias; the seam's linear_forward: cuBLASLt's epilogues), w the
  * matrix [OC,C] at w_off; pre (NULL: none): GELU after it, pre = in w^T +
- * bias and out = gelu(pre); backward din (NULL: not computed), the weights'
+ * bias and out = gelu(pre); backward din (NULL: not computed; pre: the
+ * layer's input was gelu(pre), din the gradient through it, WRITTEN: the
+ * seam's linear_dgelu), the weights'
  * gradient at w_off of the gradients, db (NULL: no bias) +=. In 16 bits,
  * in is the input in t and dout (fp32) is converted first into dout16 (room
  * for N OC 16-bit values), which both GEMMs read. */
 dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, dt_dev_x in, size_t w_off,
                                 const float *bias, int N, int C, int OC);
-dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, size_t w_off, float *db, const float *dout,
-                                 void *dout16, dt_dev_x in, int N, int C, int OC);
+dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, const float *pre, size_t w_off, float *db,
+                                 const float *dout, void *dout16, dt_dev_x in, int N, int C, int OC);
 /* The bytes of each kind (dev.h's order) the arena holds, and beside it
  * with grads_vm the chunks of the slice's gradients (kept backed), with
  * params_vm the parameters', and the pipeline stages' activations. */

@@ -166,10 +166,11 @@ static dt_status sim_graph_replay(void) {
 static dt_status sim_graph_run(void) {
     int mode = g_rec.mode;
     g_rec.mode = REC_NONE;
-    if (mode == REC_NONE) return dt_error(DT_ERR_INTERNAL, "simulated GPU: a step's graph run outside a capture or a replay");
+    if (mode == REC_NONE)
+        return dt_error(DT_ERR_INTERNAL, "simulated GPU: a step's graph run outside a capture or a replay");
     if (mode == REC_REPLAY && g_rec.at != g_rec.n)
-        return dt_error(DT_ERR_INTERNAL, "simulated GPU: a step replayed as a graph made %zu of the captured step's %zu "
-                        "ops", g_rec.at, g_rec.n);
+        return dt_error(DT_ERR_INTERNAL, "simulated GPU: a step replayed as a graph made %zu of the captured step's "
+                        "%zu ops", g_rec.at, g_rec.n);
     dt_status st = DT_OK;
     g_rec.running = 1;
     for (size_t i = 0; i < g_rec.n && st == DT_OK; i++) st = g_rec.calls[i].run(g_rec.calls[i].args);
@@ -748,6 +749,23 @@ static dt_status sim_linear_forward(float *out, float *pre, const void *inp, con
     return st == DT_OK && pre ? sim_gelu_forward(out, pre, (size_t)N * OC) : st;
 }
 
+// The input gradient through GELU (dev.h): g w into zeros (the room of a
+// call of its own), then the CPU's GELU gradient into dpre's zeros, the
+// device model's former calls.
+static dt_status sim_linear_dgelu(float *dpre, const void *g, const void *w, const float *pre, int N, int C, int OC,
+                                  dt_dtype t) {
+    REC(linear_dgelu, dpre, g, w, pre, N, C, OC, t);
+    size_t n = (size_t)N * C;
+    float *tmp = calloc(n ? n : 1, sizeof(float));
+    if (!tmp) return dt_error(DT_ERR_NOMEM, "simulated GPU: the GELU's input gradient (%zu floats)", n);
+    dt_status st = t == DT_F32 ? sim_sgemm(0, 0, N, C, OC, 1.0f, g, OC, w, C, 1.0f, tmp, C)
+                               : sim_gemm16(t, 0, 0, N, C, OC, 1.0f, g, OC, w, C, 1.0f, tmp, C);
+    if (st == DT_OK) st = sim_memset0(dpre, sizeof(float) * n);
+    if (st == DT_OK) st = sim_gelu_backward(dpre, tmp, pre, n);
+    free(tmp);
+    return st;
+}
+
 // The column sums with the rows in order, as dt_linear_backward's.
 static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
     REC(bias_backward, db, dout, N, OC);
@@ -961,6 +979,7 @@ const dt_dev dt_dev_sim = {
     .crossentropy_forward = sim_ce_forward,
     .crossentropy_backward = sim_ce_backward,
     .linear_forward = sim_linear_forward,
+    .linear_dgelu = sim_linear_dgelu,
     .adamw = sim_adamw,
     .sgd = sim_sgd,
     .step_scale = sim_step_scale,

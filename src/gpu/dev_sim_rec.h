@@ -734,6 +734,32 @@ static dt_status linear_forward_run(const void *p_) {
     return sim_linear_forward(r_->out, r_->pre, r_->inp, r_->w, r_->b, r_->N, r_->C, r_->OC, r_->t);
 }
 
+static dt_status sim_linear_dgelu(float *dpre, const void *g, const void *w, const float *pre, int N, int C, int OC, dt_dtype t);
+typedef struct {
+    float *dpre;
+    const void *g;
+    const void *w;
+    const float *pre;
+    int N;
+    int C;
+    int OC;
+    dt_dtype t;
+} linear_dgelu_a;
+static void linear_dgelu_set(linear_dgelu_a *r_, float *dpre, const void *g, const void *w, const float *pre, int N, int C, int OC, dt_dtype t) {
+    r_->dpre = dpre;
+    r_->g = g;
+    r_->w = w;
+    r_->pre = pre;
+    r_->N = N;
+    r_->C = C;
+    r_->OC = OC;
+    r_->t = t;
+}
+static dt_status linear_dgelu_run(const void *p_) {
+    const linear_dgelu_a *r_ = p_;
+    return sim_linear_dgelu(r_->dpre, r_->g, r_->w, r_->pre, r_->N, r_->C, r_->OC, r_->t);
+}
+
 static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC);
 typedef struct {
     float *db;

@@ -216,13 +216,14 @@ dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const v
                                 int OC, dt_dtype t);
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, int B, int C, int OC);
-/* The backward of a linear layer whose input is gelu(pre) (pre [B,C]):
- * dpre = gelu'(pre) (dout w), WRITTEN, not accumulated (C a multiple of 8:
- * cuBLASLt's DGELU epilogue; elsewhere the GEMM and nn/rows.h's GELU
- * gradient); dw, db += as dt_gpu_linear_backward. inp = gelu(pre) is the
- * layer's input, for dw. */
-dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
-                                       const float *w, const float *pre, int B, int C, int OC);
+/* The input gradient of a linear layer whose input is gelu(pre) (pre
+ * [B,C]): dpre = gelu'(pre) (dout w), WRITTEN, not accumulated, dout
+ * [B,OC] and w [OC,C] of type t (C a multiple of 8 and the products not
+ * exact fp32: cuBLASLt's DGELU epilogue; elsewhere the GEMM and
+ * nn/rows.h's GELU gradient). The weights' and bias's gradients are
+ * dt_gpu_linear_backward's (dinp NULL). */
+dt_status dt_gpu_linear_dgelu(float *dpre, const void *dout, const void *w, const float *pre, int B, int C, int OC,
+                              dt_dtype t);
 
 /* The global norm's sum of squares of x[n] into *out_dev (one device
  * double): dt_sum_squares's blocks of 4096 summed in order, each block in

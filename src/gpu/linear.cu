@@ -78,29 +78,29 @@ dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float 
     return st;
 }
 
-// dpre = gelu'(pre) (dout w): the GEMM [B,OC] x [OC,C] with the DGELU
-// epilogue (aux pre, ld C), or the GEMM and dgelu_kernel.
-static dt_status dgelu_grad(float *dpre, const float *dout, const float *w, const float *pre, int B, int C, int OC) {
-    if (C % 8 == 0 && OC > 0 && aligned16(pre)) {
+// dpre = gelu'(pre) (dout w), operands of type t: the GEMM [B,OC] x
+// [OC,C] with the DGELU epilogue (aux pre, ld C) where the products are
+// not exact fp32 (as the forward's GELU), or the GEMM and dgelu_kernel.
+dt_status dt_gpu_linear_dgelu(float *dpre, const void *dout, const void *w, const float *pre, int B, int C, int OC,
+                              dt_dtype t) {
+    if (B <= 0 || C <= 0) return DT_OK;
+    int approx = t != DT_F32 || dt_gpu_tf32();
+    if (approx && C % 8 == 0 && OC > 0 && aligned16(pre)) {
         dt_cm_gemm g;
         if (dt_gemm_colmajor(0, 0, B, C, OC, OC, C, C, &g) != 0)
             return dt_error(DT_ERR_ARG, "GPU linear backward: B %d, C %d, OC %d", B, C, OC);
-        dt_lt_op o = {&g, CUDA_R_32F, CUBLASLT_EPILOGUE_DGELU, NULL, (float *)pre, C, 1.0f, 0.0f, w, dout, dpre, 1, 0, 0, 0};
+        dt_lt_op o = {&g, dt_lt_type(t), CUBLASLT_EPILOGUE_DGELU, NULL, (float *)pre, C, 1.0f, 0.0f, w, dout, dpre,
+                      1, 0, 0, 0};
         int found = 0;
         dt_status st = dt_gpu_lt_run(&o, &found);
         if (st != DT_OK || found) return st;
     }
-    dt_status st = dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
+    dt_status st = t == DT_F32 ? dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, (const float *)dout, OC, (const float *)w, C, 0.0f,
+                                              dpre, C)
+                               : dt_gpu_gemm16(t, 0, 0, B, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
     if (st != DT_OK) return st;
     size_t n = (size_t)B * C;
     DT_RUN(dgelu_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dpre, pre, n);
     DT_LAUNCHED(dgelu_kernel);
     return DT_OK;
-}
-
-dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
-                                       const float *w, const float *pre, int B, int C, int OC) {
-    if (B <= 0 || C <= 0) return DT_OK;
-    dt_status st = dgelu_grad(dpre, dout, w, pre, B, C, OC);
-    return st == DT_OK ? dt_gpu_linear_backward(NULL, dw, db, dout, inp, w, B, C, OC) : st;
 }

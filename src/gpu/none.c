@@ -194,10 +194,10 @@ dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const v
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, int B, int C, int OC) {
     return (void)dinp, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)B, (void)C, (void)OC, no_gpu();
-}dt_status dt_gpu_linear_backward_dgelu(float *dpre, float *dw, float *db, const float *dout, const float *inp,
-                                       const float *w, const float *pre, int B, int C, int OC) {
-    return (void)dpre, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)pre, (void)B, (void)C, (void)OC,
-           no_gpu();
+}
+dt_status dt_gpu_linear_dgelu(float *dpre, const void *dout, const void *w, const float *pre, int B, int C, int OC,
+                              dt_dtype t) {
+    return (void)dpre, (void)dout, (void)w, (void)pre, (void)B, (void)C, (void)OC, (void)t, no_gpu();
 }
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) { return (void)out_dev, (void)x, (void)n, no_gpu(); }
 dt_status dt_gpu_loss_add(double *acc, const float *loss, double w) { return (void)acc, (void)loss, (void)w, no_gpu(); }

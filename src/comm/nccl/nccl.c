@@ -166,30 +166,38 @@ static void describe(const dt_coll_args *a, char *out, size_t n) {
                   a->count, dt_dtype_name(a->dtype));
 }
 
-// Polls until the communicator is no longer in progress and the stream
-// (NULL: none, the init) is done; the deadline is c's timeout.
+// One look at a's progress (never blocking): *done once the communicator
+// is no longer in progress and the stream (NULL: none, the init) is done;
+// NCCL's asynchronous error or the stream's, named.
+static dt_status poll(dt_comm_t c, const dt_coll_args *a, void *stream, int *done) {
+    nccl_state *s = NS(c);
+    char what[160], why[600];
+    ncclResult_t r, state = ncclInProgress;
+    NCCL(s, r, s->get_async_error(s->comm, &state));
+    if (r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+        describe(a, what, sizeof what);
+        words(s, state, why, sizeof why);
+        return dt_error(DT_ERR_COMM, "%s on rank %d: NCCL's asynchronous error: %s", what, c->rank, why);
+    }
+    *done = state == ncclSuccess && !stream;
+    if (state == ncclSuccess && stream && s->d->stream_query(stream, done) != DT_OK) {
+        describe(a, what, sizeof what);
+        return dt_error(DT_ERR_COMM, "%s on rank %d: its stream: %s", what, c->rank, dt_last_error());
+    }
+    return DT_OK;
+}
+
+// Polls until a is done (poll); the deadline is c's timeout.
 static dt_status await(dt_comm_t c, const dt_coll_args *a, void *stream) {
     nccl_state *s = NS(c);
     char what[160], why[600];
     dt_waiter w;
     dt_waiter_init(&w, c->timeout, c->local_size);
     for (;;) {
-        ncclResult_t r, state = ncclInProgress;
-        NCCL(s, r, s->get_async_error(s->comm, &state));
-        if (r != ncclSuccess) state = r;
-        if (state != ncclSuccess && state != ncclInProgress) {
-            describe(a, what, sizeof what);
-            words(s, state, why, sizeof why);
-            return dt_error(DT_ERR_COMM, "%s on rank %d: NCCL's asynchronous error: %s", what, c->rank, why);
-        }
-        int done = state == ncclSuccess && !stream;
-        if (state == ncclSuccess && stream) {
-            dt_status st = s->d->stream_query(stream, &done);
-            if (st != DT_OK) {
-                describe(a, what, sizeof what);
-                return dt_error(DT_ERR_COMM, "%s on rank %d: its stream: %s", what, c->rank, dt_last_error());
-            }
-        }
+        int done = 0;
+        dt_status st = poll(c, a, stream, &done);
+        if (st != DT_OK) return st;
         if (done) return DT_OK;
         if (!dt_waiter_step(&w)) continue;
         if (a->kind != DT_COLL_COUNT_) dt_waiter_note(a, -1);
@@ -341,19 +349,9 @@ static dt_status nc_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
             return dt_error(DT_ERR_COMM, "%s on rank %d: %s", what, c->rank, why);
         }
     }
-    ncclResult_t state = ncclInProgress;
-    NCCL(s, r, s->get_async_error(s->comm, &state));
-    if (r != ncclSuccess) state = r;
-    if (state != ncclSuccess && state != ncclInProgress) {
-        describe(a, what, sizeof what);
-        words(s, state, why, sizeof why);
-        return dt_error(DT_ERR_COMM, "%s on rank %d: NCCL's asynchronous error: %s", what, c->rank, why);
-    }
     int done = 0;
-    if (state == ncclSuccess && s->d->stream_query(s->stream, &done) != DT_OK) {
-        describe(a, what, sizeof what);
-        return dt_error(DT_ERR_COMM, "%s on rank %d: its stream: %s", what, c->rank, dt_last_error());
-    }
+    dt_status st = poll(c, a, s->stream, &done);
+    if (st != DT_OK) return st;
     if (done) {
         p->done = 1;
         *moved = 1;

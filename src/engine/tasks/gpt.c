@@ -168,7 +168,7 @@ static dt_status tp_reduce(dt_gpt_coll op, const float *send, float *recv, size_
     const char *what = op == DT_GPT_REDUCE_SCATTER ? "reduce-scatter" : op == DT_GPT_ALLGATHER ? "allgather" : "allreduce";
     dt_status st = op == DT_GPT_REDUCE_SCATTER ? dt_reduce_scatter(send, recv, n, DT_F32, DT_SUM, c)
                    : op == DT_GPT_ALLGATHER    ? dt_allgather(send, recv, n, DT_F32, c)
-                                               : dt_allreduce(send, recv, n, DT_F32, op == DT_GPT_MAX ? DT_MAX : DT_SUM, c);
+                   : dt_allreduce(send, recv, n, DT_F32, op == DT_GPT_MAX ? DT_MAX : DT_SUM, c);
     return st == DT_OK ? DT_OK : dt_error(st, "tensor-parallel %s: %s", what, dt_last_error());
 }
 
