@@ -176,6 +176,8 @@ static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
             int64_t ld = o->aux_ld;
             DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o->aux, sizeof o->aux));
             DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+            cudaDataType_t at = CUDA_R_32F;  // (fp32 whatever the operands: the plain path's kernels read it too)
+            DT_LT(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at));
         }
     }
     DT_LT(cublasLtMatrixLayoutCreate(&x->a, o->ab, g->a.rows, g->a.cols, g->a.ld));

@@ -28,6 +28,7 @@
 #include "comm/nccl/nccl_api.h"
 #include "gpu/gpu.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,23 +56,31 @@ typedef struct {
     dt_comm_t host;       /* the split: the unique id, who is behind */
     dt_comm_t parent;     /* the host communicator: its peers' liveness */
     int64_t issued;       /* the last collective this rank handed to NCCL (0: the init, -1: none) */
+    pthread_mutex_t mu;   /* every call into NCCL: an abort (another thread's) never frees comm under one */
 } nccl_state;
 
 #define NS(c) ((nccl_state *)(c)->be)
 
-// A call into NCCL; on the simulated GPU its memory open around it.
-#define NCCL(s, r, call)                                        \
+// A call into NCCL, under the state's lock; on the simulated GPU its
+// memory open around it. NCCL_RUN: any call; NCCL: one on comm, which an
+// abort made NULL gives ncclInvalidUsage.
+#define NCCL_RUN(s, r, call)                                    \
     do {                                                        \
+        pthread_mutex_lock(&(s)->mu);                           \
         if ((s)->d->host_open) (s)->d->host_open(1);            \
         (r) = (call);                                           \
         if ((s)->d->host_open) (s)->d->host_open(0);            \
+        pthread_mutex_unlock(&(s)->mu);                         \
     } while (0)
+#define NCCL(s, r, call) NCCL_RUN(s, r, (s)->comm ? (call) : ncclInvalidUsage)
 
 // NCCL's words for r, and its last error's where it has one.
 static void words(nccl_state *s, ncclResult_t r, char *out, size_t n) {
+    pthread_mutex_lock(&s->mu);
     const char *last = s->last_error && s->comm ? s->last_error(s->comm) : NULL;
     snprintf(out, n, "%s (%s %d)%s%s", s->error_string ? s->error_string(r) : "?", "ncclResult", (int)r,
              last && *last ? ": " : "", last && *last ? last : "");
+    pthread_mutex_unlock(&s->mu);
 }
 
 #define SYM(field, name)                                                                               \
@@ -374,29 +383,29 @@ static void nc_p2p_cancel(dt_comm_t c, dt_p2p *p) {
     (void)p;
 }
 
+// (NCCL frees comm; a thread polling it meanwhile finds it gone: NCCL's lock)
 static void nc_abort(dt_comm_t c, const char *reason) {
     nccl_state *s = NS(c);
-    if (s->comm) {  // (NCCL frees it)
-        ncclResult_t r;
-        NCCL(s, r, s->abort(s->comm));
-        (void)r;
-        s->comm = NULL;
-    }
+    ncclResult_t r;
+    NCCL(s, r, s->abort(s->comm));
+    (void)r;
+    pthread_mutex_lock(&s->mu);
+    s->comm = NULL;
+    pthread_mutex_unlock(&s->mu);
     if (s->host) dt_comm_abort(s->host, reason);
 }
 
 static void nc_destroy(dt_comm_t c) {
     nccl_state *s = NS(c);
     if (!s) return;
-    if (s->comm) {
-        ncclResult_t r;
-        NCCL(s, r, (atomic_load(&c->err) != DT_OK ? s->abort : s->destroy)(s->comm));
-        (void)r;
-    }
+    ncclResult_t r;
+    NCCL(s, r, (atomic_load(&c->err) != DT_OK ? s->abort : s->destroy)(s->comm));
+    (void)r;
     if (s->word) s->d->free(s->word);
     if (s->stream) s->d->stream_destroy(s->stream);
     dt_comm_destroy(s->host);
     dt_gpu_lib_close(&s->lib);
+    pthread_mutex_destroy(&s->mu);
     free(s);
     c->be = NULL;
 }
@@ -422,7 +431,7 @@ static dt_status share_id(dt_comm_t c, nccl_state *s, ncclUniqueId *id) {
     unsigned char msg[1 + sizeof *id] = {0};
     ncclResult_t r = ncclSuccess;
     if (c->rank == 0) {
-        NCCL(s, r, s->get_unique_id(id));
+        NCCL_RUN(s, r, s->get_unique_id(id));
         msg[0] = r == ncclSuccess;
         memcpy(msg + 1, id, sizeof *id);
     }
@@ -440,6 +449,7 @@ static dt_status share_id(dt_comm_t c, nccl_state *s, ncclUniqueId *id) {
 dt_status dt_nccl_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_params *p) {
     nccl_state *s = calloc(1, sizeof *s);
     if (!s) return dt_error(DT_ERR_NOMEM, "NCCL: out of memory");
+    pthread_mutex_init(&s->mu, NULL);
     s->d = p->d;
     s->device = p->device;
     s->parent = host;
@@ -458,7 +468,7 @@ dt_status dt_nccl_init(dt_comm_t c, dt_comm_t host, const dt_comm_device_params 
     dt_nccl_config cfg = {sizeof cfg, DT_NCCL_CONFIG_MAGIC, DT_NCCL_CONFIG_VERSION, 0, DT_NCCL_UNDEF_INT,
                           DT_NCCL_UNDEF_INT, DT_NCCL_UNDEF_INT, NULL, DT_NCCL_UNDEF_INT};
     ncclResult_t r;
-    NCCL(s, r, s->init_rank_config(&s->comm, c->size, id, c->rank, &cfg));
+    NCCL_RUN(s, r, s->init_rank_config(&s->comm, c->size, id, c->rank, &cfg));
     s->issued = 0;
     dt_coll_args init = {.kind = DT_COLL_COUNT_};
     if (r != ncclSuccess && r != ncclInProgress) {

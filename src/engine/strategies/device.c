@@ -667,7 +667,7 @@ static void dev_fini(dt_strategy *s) {
 
 // ---- one rank's step as a CUDA graph (docs/gpu.md, "A step as a CUDA graph") ----
 // Where a step's calls are the same each step (their arguments: one rank
-// without a GPUs' communicator, no ZeRO blocks backed on demand, no dropout key, no fp16 loss scale,
+// without a GPUs' communicator, not under ZeRO, no dropout key, no fp16 loss scale,
 // which changes) and [train] cuda_graph is on. The optimizer's constants
 // and the batches go through pinned memory the graph's copies read.
 static int graph_eligible(const devs *d) {

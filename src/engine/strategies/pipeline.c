@@ -429,20 +429,23 @@ static void plan_ops(pipe *p) {
 // first rank, the sender of activations. NCCL's send waits on the GPU for
 // its receive and a communicator's transfers run in order, so each way has
 // a communicator of its own: none waits behind a transfer of another way
-// that its peer reaches later. Each rank makes its pairs in the order of
-// j, so every pair's two inits meet.
+// that its peer reaches later. The pairs are split first (collectives over
+// the pipeline), then each rank makes its pairs' communicators in the
+// order of j, so every pair's two inits meet.
 static dt_status dev_links(pipe *p) {
     dt_strategy *s = &p->base;
-    int P = p->P, pairs = p->V > 1 ? P : P - 1, k = 0;
+    int P = p->P, pairs = p->V > 1 ? P : P - 1, k = 0, js[2];
     char why[1024] = "";
     dt_status st = DT_OK;
     for (int j = 0; j < pairs && st == DT_OK; j++) {
-        int a = j, b = (j + 1) % P, in = p->stage == a || p->stage == b, first = p->stage == a;
+        int in = p->stage == j || p->stage == (j + 1) % P;
         dt_comm_t h = NULL;
-        st = dt_comm_split(p->pp, in ? 0 : DT_COMM_UNDEFINED, first ? 0 : 1, &h);
-        if (st != DT_OK || !in) continue;
-        p->pair[k++] = h;
-        int act = first ? ACT_OUT : ACT_IN, grad = first ? GRAD_IN : GRAD_OUT;
+        st = dt_comm_split(p->pp, in ? 0 : DT_COMM_UNDEFINED, p->stage == j ? 0 : 1, &h);
+        if (st == DT_OK && in) js[k] = j, p->pair[k++] = h;
+    }
+    for (int i = 0; i < k && st == DT_OK; i++) {
+        dt_comm_t h = p->pair[i];
+        int first = p->stage == js[i], act = first ? ACT_OUT : ACT_IN, grad = first ? GRAD_IN : GRAD_OUT;
         if ((st = dt_train_device_comm(s->c, s->comm, h, &p->gpus[act], why, sizeof why)) == DT_OK)
             st = dt_train_device_comm(s->c, s->comm, h, &p->gpus[grad], why, sizeof why);
         p->ways[act] = (way){p->gpus[act], 1 - dt_comm_rank(h)};
@@ -815,7 +818,9 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
         return DT_OK;
     }
     dt_status st = wait_timed(p, &sl->send_d, "sending gradients to", prev_stage(p));
-    if (st == DT_OK && sl->cap < sl->out_count) st = grad_room(p, sl, sl->out_count);
+    // (the room for the largest micro-batch, once: a device's free would wait for the transfers in flight)
+    if (st == DT_OK && sl->cap < sl->out_count)
+        st = grad_room(p, sl, sl->out_count / (size_t)p->len[k] * (size_t)pp_max_micro(p->base.c, p->base.world));
     if (st == DT_OK && !last) {
         dt_request_t r = NULL;
         st = transfer(p, GRAD_IN, sl->d, sl->out_count, &r);

@@ -14,7 +14,10 @@
 dt_status dt_task_shard_groups(dt_comm_t comm, const dt_config *c, int *ntp, int *tp, dt_comm_t *tpc, dt_comm_t *rest,
                                dt_comm_t *gpus) {
     int rank = dt_comm_rank(comm);
-    if (gpus) dt_comm_destroy(*gpus);  // (made over tpc: gone first)
+    if (gpus && *gpus) {  // (made over tpc: gone first; a regroup's, aborted: a peer may be dead)
+        dt_comm_abort(*gpus, "the tensor-parallel groups are made again");
+        dt_comm_destroy(*gpus);
+    }
     dt_comm_destroy(*tpc);
     dt_comm_destroy(*rest);
     *tpc = *rest = NULL;
