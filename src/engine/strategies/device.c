@@ -34,10 +34,10 @@
  * checkpoints: the residual read back into it before one is written, put
  * onto the device after a resume, and its steps counted per bucket.
  *
- * One rank's step (forwards to update) is captured as a CUDA graph at its
- * second step and replayed at each step of that shape after (graph_begin,
- * graph_end; [train] cuda_graph), where its calls are the same from step to
- * step (graph_eligible).
+ * One rank's step (forwards to update) is captured as a CUDA graph at the
+ * second step in a row of a shape and replayed at each step of that shape
+ * after (graph_begin, graph_end; [train] cuda_graph), where its calls are
+ * the same from step to step (graph_eligible).
  *
  * The task's steps run on the device's blocks (dt_dev_blocks: parameters,
  * gradients, the optimizer's state, in the CPU's layout); the gradient's
@@ -667,8 +667,8 @@ static void dev_fini(dt_strategy *s) {
 
 // ---- one rank's step as a CUDA graph (docs/gpu.md, "A step as a CUDA graph") ----
 // Where a step's calls are the same each step (their arguments: one rank
-// without a GPUs' communicator, not under ZeRO, no dropout key, no fp16 loss scale,
-// which changes) and [train] cuda_graph is on. The optimizer's constants
+// without a GPUs' communicator, not under ZeRO, no dropout key, no fp16
+// loss scale, which changes) and [train] cuda_graph is on. The optimizer's constants
 // and the batches go through pinned memory the graph's copies read.
 static int graph_eligible(const devs *d) {
     const dt_strategy *s = &d->base;
