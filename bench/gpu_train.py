@@ -51,7 +51,8 @@ def one(args, data, model, batch):
     args.config = os.path.join(args.out, name + ".ini")
     with open(args.config, "w") as f:
         f.write("[model]\npreset = %s\n[data]\ndir = %s\n[optim]\nname = sgd\nlr = 0.01\nmomentum = 0.9\n"
-                "[train]\nbatch = %d\nseed = 1\n" % (model, data, batch))
+                "[train]\nbatch = %d\nseed = 1\ncuda_graph = %s\n"
+                % (model, data, batch, os.environ.get("CUDA_GRAPH", "true")))
     row, _ = gpu_ranks.measured(args, "case", name, name, 1)
     row["pytorch_rate"] = torch_rate(model, batch, args.steps)
     if "error" not in row and row["pytorch_rate"]:

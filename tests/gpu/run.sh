@@ -60,6 +60,8 @@ for d in $(python3 -c 'import glob, site; print(" ".join(d for p in site.getsite
 done
 # the dtrain that test_gpu_sim and the benchmarks start
 export DTRAIN_BIN=${DTRAIN_BIN:-$root/$build/dtrain}
+# one rank's step as a CUDA graph in the benchmarks ([train] cuda_graph): CUDA_GRAPH=false runs them without it
+export CUDA_GRAPH=${CUDA_GRAPH:-true}
 fails=0
 asked() {  # asked NAME: STAGES names it (or is unset)
     case ",${STAGES:-$1}," in *",$1,"*) return 0 ;; *) return 1 ;; esac
@@ -117,8 +119,9 @@ bench/llmc_gpu.sh data "$out/tokens" >/dev/null 2>&1
 printf '[model]\npreset = gpt2-124m\n[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n[optim]\nname = adamw\nlr = 3e-4\nweight_decay = 0.1\n[train]\nbatch = 16\nseq_len = 1024\nmax_steps = 23\neval_every = 0\nlog_every = 1\ndevice = cuda\n' \
     "$out/tokens/tok_train.bin" "$out/tokens/tok_val.bin" >"$out/gpt2-124m-gpu.ini"
 stage dtrain-bf16 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision bf16 --set train.batch="$batch" \
-    --run-dir "$out/dtrain-bf16"
-stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --set train.batch="$batch" --run-dir "$out/dtrain-tf32"
+    --set train.cuda_graph="$CUDA_GRAPH" --run-dir "$out/dtrain-bf16"
+stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --set train.batch="$batch" \
+    --set train.cuda_graph="$CUDA_GRAPH" --run-dir "$out/dtrain-tf32"
 # where dtrain's bf16 step spends the GPU's time: each kernel's duration by
 # Nsight Compute over 2 steps, summed by kernel name (bench/gpu_profile.py)
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
