@@ -52,9 +52,9 @@ void dt_gpu_host_free(void *host);
 /* Waits for every launch so far; an error a kernel raised is named here. */
 dt_status dt_gpu_sync(void);
 /* A stream of the current device (a cudaStream_t, as NCCL takes it) that
- * does not wait for the default stream by itself; after_compute: what is
- * queued on it from now on waits for what the default stream has queued
- * so far (an event); query: *done once it has run everything queued
+ * does not wait for the kernels' stream (cuda_check.h's dt_cu_stream) by
+ * itself; after_compute: what is queued on it from now on waits for what
+ * the kernels' stream has queued so far (an event); query: *done once it has run everything queued
  * (cudaStreamQuery, never blocks; an error a kernel raised is named). */
 dt_status dt_gpu_stream_create(void **stream);
 void dt_gpu_stream_destroy(void *stream);
