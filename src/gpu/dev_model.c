@@ -224,19 +224,20 @@ dt_dev_x dt_dev_weights(const dt_dev_blocks *b, size_t w_off) {
     return x;
 }
 
+// x as the blocks' GEMMs take it: fp32, or its 16-bit copy.
+static const void *operand(const dt_dev_blocks *b, dt_dev_x x) { return b->t == DT_F32 ? (const void *)x.f : x.h; }
+
 dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, dt_dev_x in, size_t w_off,
                                 const float *bias, int N, int C, int OC) {
-    dt_dev_x w = dt_dev_weights(b, w_off);
-    if (b->t == DT_F32) return b->d->linear_forward(out, pre, in.f, w.f, bias, N, C, OC, DT_F32);
-    return b->d->linear_forward(out, pre, in.h, w.h, bias, N, C, OC, b->t);
+    const void *w = operand(b, dt_dev_weights(b, w_off));
+    return b->d->linear_forward(out, pre, operand(b, in), w, bias, N, C, OC, b->t);
 }
 
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, const float *pre, size_t w_off, float *db,
                                  const float *dout, void *dout16, dt_dev_x in, int N, int C, int OC) {
     dt_dev_x g = {dout, dout16}, w = dt_dev_weights(b, w_off);
-    int half = b->t != DT_F32;
-    if (half) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
-    if (din && pre) TRY(b->d->linear_dgelu(din, half ? g.h : g.f, half ? w.h : w.f, pre, N, C, OC, b->t));
+    if (b->t != DT_F32) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
+    if (din && pre) TRY(b->d->linear_dgelu(din, operand(b, g), operand(b, w), pre, N, C, OC, b->t));
     else if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, w, C, 1.0f, din, C));
     TRY(dt_dev_gemm(b, 1, 0, OC, C, N, 1.0f, g, OC, in, C, 1.0f, b->grads + w_off, C));
     return db ? b->d->bias_backward(db, dout, (size_t)N, OC) : DT_OK;

@@ -33,6 +33,10 @@ static dt_status linear_lt(float *out, const void *inp, const void *w, int B, in
     return dt_gpu_lt_run(&o, found);
 }
 
+// Whether products of type t are not exact fp32 anyway (16-bit operands,
+// or TF32 on): where cuBLASLt's own GELU may stand in for nn/rows.h's.
+static int approx(dt_dtype t) { return t != DT_F32 || dt_gpu_tf32(); }
+
 // Whether p is aligned to 16 bytes (what the epilogues' vectors and aux
 // matrix are given in dtrain's blocks; cuBLASLt asks no less of them).
 static int aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
@@ -58,8 +62,7 @@ dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const v
         return dt_error(DT_ERR_ARG, "GPU linear: operands of type %s", dt_dtype_name(t));
     if (!pre) return linear(out, inp, w, b, B, C, OC, t);
     // (exact fp32, TF32 off, keeps nn/rows.h's GELU: the comparisons with the CPU are made so)
-    int approx = t != DT_F32 || dt_gpu_tf32();
-    if (approx && OC % 8 == 0 && C > 0 && aligned16(pre) && (!b || aligned16(b))) {
+    if (approx(t) && OC % 8 == 0 && C > 0 && aligned16(pre) && (!b || aligned16(b))) {
         int found = 0;
         dt_status st = linear_lt(out, inp, w, B, C, OC, t,
                                  b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, b, pre, &found);
@@ -84,8 +87,7 @@ dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float 
 dt_status dt_gpu_linear_dgelu(float *dpre, const void *dout, const void *w, const float *pre, int B, int C, int OC,
                               dt_dtype t) {
     if (B <= 0 || C <= 0) return DT_OK;
-    int approx = t != DT_F32 || dt_gpu_tf32();
-    if (approx && C % 8 == 0 && OC > 0 && aligned16(pre)) {
+    if (approx(t) && C % 8 == 0 && OC > 0 && aligned16(pre)) {
         dt_cm_gemm g;
         if (dt_gemm_colmajor(0, 0, B, C, OC, OC, C, C, &g) != 0)
             return dt_error(DT_ERR_ARG, "GPU linear backward: B %d, C %d, OC %d", B, C, OC);

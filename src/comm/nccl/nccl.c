@@ -383,15 +383,19 @@ static void nc_p2p_cancel(dt_comm_t c, dt_p2p *p) {
     (void)p;
 }
 
-// (NCCL frees comm; a thread polling it meanwhile finds it gone: NCCL's lock)
+// NCCL's communicator aborted (abort) or destroyed, and gone: called under
+// NCCL's lock, so a thread polling it meanwhile finds it NULL.
+static ncclResult_t release(nccl_state *s, int abort) {
+    ncclResult_t r = (abort ? s->abort : s->destroy)(s->comm);
+    s->comm = NULL;
+    return r;
+}
+
 static void nc_abort(dt_comm_t c, const char *reason) {
     nccl_state *s = NS(c);
     ncclResult_t r;
-    NCCL(s, r, s->abort(s->comm));
+    NCCL(s, r, release(s, 1));
     (void)r;
-    pthread_mutex_lock(&s->mu);
-    s->comm = NULL;
-    pthread_mutex_unlock(&s->mu);
     if (s->host) dt_comm_abort(s->host, reason);
 }
 
@@ -399,7 +403,7 @@ static void nc_destroy(dt_comm_t c) {
     nccl_state *s = NS(c);
     if (!s) return;
     ncclResult_t r;
-    NCCL(s, r, (atomic_load(&c->err) != DT_OK ? s->abort : s->destroy)(s->comm));
+    NCCL(s, r, release(s, atomic_load(&c->err) != DT_OK));
     (void)r;
     if (s->word) s->d->free(s->word);
     if (s->stream) s->d->stream_destroy(s->stream);

@@ -29,8 +29,7 @@ typedef struct {
     const dt_dev *d;
     int device;         /* this rank's GPU, taken by whichever thread copies */
     dt_comm_t host;     /* the split of the host communicator */
-    char *buf;          /* pinned: the collectives' */
-    size_t cap;
+    pinned coll;        /* the collectives' */
     pinned way[2];      /* point to point's: the send's, the receive's */
     dt_p2p *using[2];   /* the transfer each way's buffer serves (NULL: free) */
 } staging;
@@ -54,12 +53,7 @@ static dt_status grow(const dt_dev *d, pinned *b, size_t bytes) {
     return DT_OK;
 }
 
-static dt_status room(staging *s, size_t bytes) {
-    pinned b = {s->buf, s->cap};
-    dt_status st = grow(s->d, &b, bytes);
-    s->buf = b.buf, s->cap = b.cap;
-    return st;
-}
+static dt_status room(staging *s, size_t bytes) { return grow(s->d, &s->coll, bytes); }
 
 // The host collective's failure, as this communicator's (the front end
 // marks it broken on DT_ERR_COMM / DT_ERR_TIMEOUT).
@@ -91,9 +85,10 @@ static dt_status st_allreduce(dt_comm_t c, const dt_coll_args *a) {
     size_t bytes = a->count * dt_dtype_size(a->dtype);
     dt_status st;
     DT_TRY(room(s, bytes), done);
-    DT_TRY(to_host(s, a, s->buf, a->send, bytes), done);
-    if ((st = dt_allreduce(s->buf, s->buf, a->count, a->dtype, a->op, s->host)) != DT_OK) return host_failed(st);
-    st = to_device(s, a, a->recv, s->buf, bytes);
+    DT_TRY(to_host(s, a, s->coll.buf, a->send, bytes), done);
+    if ((st = dt_allreduce(s->coll.buf, s->coll.buf, a->count, a->dtype, a->op, s->host)) != DT_OK)
+        return host_failed(st);
+    st = to_device(s, a, a->recv, s->coll.buf, bytes);
 done:
     return st;
 }
@@ -103,10 +98,10 @@ static dt_status st_reduce(dt_comm_t c, const dt_coll_args *a) {
     size_t bytes = a->count * dt_dtype_size(a->dtype);
     dt_status st;
     DT_TRY(room(s, bytes), done);
-    DT_TRY(to_host(s, a, s->buf, a->send, bytes), done);
-    if ((st = dt_reduce(s->buf, s->buf, a->count, a->dtype, a->op, a->root, s->host)) != DT_OK)
+    DT_TRY(to_host(s, a, s->coll.buf, a->send, bytes), done);
+    if ((st = dt_reduce(s->coll.buf, s->coll.buf, a->count, a->dtype, a->op, a->root, s->host)) != DT_OK)
         return host_failed(st);
-    st = c->rank == a->root ? to_device(s, a, a->recv, s->buf, bytes) : DT_OK;
+    st = c->rank == a->root ? to_device(s, a, a->recv, s->coll.buf, bytes) : DT_OK;
 done:
     return st;
 }
@@ -117,10 +112,10 @@ static dt_status st_reduce_scatter(dt_comm_t c, const dt_coll_args *a) {
     size_t es = dt_dtype_size(a->dtype), bytes = a->count * es, all = bytes * (size_t)c->size;
     dt_status st;
     DT_TRY(room(s, all + bytes), done);
-    DT_TRY(to_host(s, a, s->buf, a->send, all), done);
-    if ((st = dt_reduce_scatter(s->buf, s->buf + all, a->count, a->dtype, a->op, s->host)) != DT_OK)
+    DT_TRY(to_host(s, a, s->coll.buf, a->send, all), done);
+    if ((st = dt_reduce_scatter(s->coll.buf, s->coll.buf + all, a->count, a->dtype, a->op, s->host)) != DT_OK)
         return host_failed(st);
-    st = to_device(s, a, a->recv, s->buf + all, bytes);
+    st = to_device(s, a, a->recv, s->coll.buf + all, bytes);
 done:
     return st;
 }
@@ -134,10 +129,10 @@ static dt_status st_allgatherv(dt_comm_t c, const dt_coll_args *a) {
     total *= es;
     dt_status st;
     DT_TRY(room(s, total + mine), done);
-    DT_TRY(to_host(s, a, s->buf + total, a->send, mine), done);
-    st = dt_allgatherv(s->buf + total, a->count, s->buf, a->counts, a->displs, a->dtype, s->host);
+    DT_TRY(to_host(s, a, s->coll.buf + total, a->send, mine), done);
+    st = dt_allgatherv(s->coll.buf + total, a->count, s->coll.buf, a->counts, a->displs, a->dtype, s->host);
     if (st != DT_OK) return host_failed(st);
-    st = to_device(s, a, a->recv, s->buf, total);
+    st = to_device(s, a, a->recv, s->coll.buf, total);
 done:
     return st;
 }
@@ -147,9 +142,10 @@ static dt_status st_broadcast(dt_comm_t c, const dt_coll_args *a) {
     size_t bytes = a->count * dt_dtype_size(a->dtype);
     dt_status st;
     DT_TRY(room(s, bytes), done);
-    if (c->rank == a->root) DT_TRY(to_host(s, a, s->buf, a->send, bytes), done);
-    if ((st = dt_broadcast(s->buf, s->buf, a->count, a->dtype, a->root, s->host)) != DT_OK) return host_failed(st);
-    st = to_device(s, a, a->recv, s->buf, bytes);
+    if (c->rank == a->root) DT_TRY(to_host(s, a, s->coll.buf, a->send, bytes), done);
+    if ((st = dt_broadcast(s->coll.buf, s->coll.buf, a->count, a->dtype, a->root, s->host)) != DT_OK)
+        return host_failed(st);
+    st = to_device(s, a, a->recv, s->coll.buf, bytes);
 done:
     return st;
 }
@@ -212,7 +208,7 @@ static void st_destroy(dt_comm_t c) {
     staging *s = ST(c);
     if (!s) return;
     dt_comm_destroy(s->host);
-    if (s->buf) s->d->host_free(s->buf);
+    if (s->coll.buf) s->d->host_free(s->coll.buf);
     for (int w = 0; w < 2; w++)
         if (s->way[w].buf) s->d->host_free(s->way[w].buf);
     free(s);
