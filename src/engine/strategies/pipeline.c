@@ -422,6 +422,11 @@ static void plan_ops(pipe *p) {
 #undef BWD
 }
 
+// The stages before and after this one's chunk in the chain of P x V
+// virtual stages (virtual stage j runs on stage j mod P).
+static int prev_stage(const pipe *p) { return (p->stage + p->P - 1) % p->P; }
+static int next_stage(const pipe *p) { return (p->stage + 1) % p->P; }
+
 // On a device (P > 1): the streams between stages on the GPUs'
 // communicators (comm/device.h: NCCL where every rank has a GPU of its own,
 // else staged through pinned host memory), a way each. Pair j is stages j
@@ -508,9 +513,8 @@ static dt_status split_pipelines(pipe *p) {
         st = dt_comm_split(s->comm, ends ? p->replica * p->T + p->t : DT_COMM_UNDEFINED, p->stage, &p->tie);
     if (st != DT_OK) return dt_error(st, "model parallel: splitting the workers: %s", dt_last_error());
     if (!p->ppb) p->ppb = p->pp;
-    int next = (p->stage + 1) % p->P, prev = (p->stage + p->P - 1) % p->P;
-    p->ways[ACT_OUT] = (way){p->pp, next}, p->ways[ACT_IN] = (way){p->pp, prev};
-    p->ways[GRAD_OUT] = (way){p->ppb, prev}, p->ways[GRAD_IN] = (way){p->ppb, next};
+    p->ways[ACT_OUT] = (way){p->pp, next_stage(p)}, p->ways[ACT_IN] = (way){p->pp, prev_stage(p)};
+    p->ways[GRAD_OUT] = (way){p->ppb, prev_stage(p)}, p->ways[GRAD_IN] = (way){p->ppb, next_stage(p)};
     if (s->device && p->P > 1 && (st = dev_links(p)) != DT_OK) return st;
     p->shard = s->replicas;
     p->tp = s->tensor_group;
@@ -632,8 +636,9 @@ static const dt_grad_range *kept(const pipe *p, int *n) {
 
 // ---- on a GPU ([train] device = cuda; docs/gpu.md, "Model parallel") -------
 // The task's stages run on the device (their activations there, the
-// streams between stages on the GPUs' communicators: dev_links); the parameters, their update, the gradients' sums and
-// the norm stay the host's, as on the CPU: a step's last backward over,
+// streams between stages on the GPUs' communicators: dev_links); the
+// parameters, their update, the gradients' sums and the norm stay the
+// host's, as on the CPU: a step's last backward over,
 // the gradients of the ranges this rank keeps come to the host (dev_grads;
 // deterministic mode: each micro-batch's), and after each change of the
 // host's parameters (the start or a resume, an update, a spare's
@@ -770,11 +775,6 @@ static dt_status wait_timed(pipe *p, dt_request_t *req, const char *what, int pe
         return dt_error(st, "pipeline stage %d: %s stage %d: %s", p->stage, what, peer, dt_last_error());
     return DT_OK;
 }
-
-// The stages before and after this one's chunk in the chain of P x V
-// virtual stages (virtual stage j runs on stage j mod P).
-static int prev_stage(const pipe *p) { return (p->stage + p->P - 1) % p->P; }
-static int next_stage(const pipe *p) { return (p->stage + 1) % p->P; }
 
 static dt_status forward(pipe *p, dt_task *task, int64_t step, int v, int k, dt_obs_span *sp, double *loss_sum) {
     chunk *ch = &p->ch[v];
