@@ -902,24 +902,27 @@ static void sequence_memory(void) {
 }
 
 // Model parallel's run on the device: summary.json says the stages ran
-// there, their activations beside the arena, the update on the host, and
-// the streams between stages and a tensor-parallel shard's sums on the
-// GPUs' communicators: NCCL where each rank has a simulated GPU of its own
-// (dir's run on the fake NCCL, 3 GPUs), else staged through host memory
-// (streams: none without stages; shards: absent without shards).
+// there, their activations beside the arena, the update there (with the
+// optimizer's state), and the streams between stages, the gradients' sums
+// and a tensor-parallel shard's sums on the GPUs' communicators: NCCL
+// where each rank has a simulated GPU of its own (dir's run on the fake
+// NCCL, 3 GPUs), else staged through host memory (streams: none without
+// stages; shards: absent without shards).
 static void pipeline_said(const char *dir, const dev_row *r) {
-    char sum[700], streams[64], shards[64];
+    char sum[700], streams[64], shards[64], sums[64];
     const char *way = strstr(dir, "-nccl") && r->workers <= 3 ? "nccl" : "staging";
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
     snprintf(streams, sizeof streams, "\"streams\":\t\"%s\"", strstr(r->flags, "pipeline=") ? way : "none");
     snprintf(shards, sizeof shards, "\"shards\":\t\"%s\"", way);
+    snprintf(sums, sizeof sums, "\"sums\":\t\"%s\"", way);
     int tensor = strstr(r->flags, "tensor=") != NULL;
     CHECK(tl_count(sum, "\"strategy\":\t\"model-parallel\"") == 1 && tl_count(sum, "\"implementation\":\t\"sim\"") == 1 &&
-              tl_count(sum, "\"update\":\t\"host\"") == 1 && tl_json_number(sum, "activations_bytes") > 0 &&
-              tl_json_number(sum, "optimizer_state_bytes") == 0 && tl_count(sum, streams) == 1 &&
-              tl_count(sum, "\"shards\"") == tensor && (!tensor || tl_count(sum, shards) == 1),
-          "%s x %d %s: summary.json says the stages ran on the device, the update on the host, the streams %s, the "
-          "shards' sums %s", r->model, r->workers, r->flags, streams, tensor ? shards : "none");
+              tl_count(sum, "\"update\":\t\"device\"") == 1 && tl_json_number(sum, "activations_bytes") > 0 &&
+              tl_json_number(sum, "optimizer_state_bytes") > 0 && tl_count(sum, streams) == 1 &&
+              tl_count(sum, sums) == 1 && tl_count(sum, "\"shards\"") == tensor && (!tensor || tl_count(sum, shards) == 1),
+          "%s x %d %s: summary.json says the stages ran on the device, the update there, the streams %s, the "
+          "gradients' sums %s, the shards' sums %s", r->model, r->workers, r->flags, streams, sums,
+          tensor ? shards : "none");
 }
 
 // summary.json's buckets (rank 0's, over the 20 steps): plain data
@@ -1169,12 +1172,13 @@ static void pipeline_memory(void) {
     double gran = tl_json_number(sum, "gradients_backed_chunk_bytes"), whole = 747554 * 4.0;
     double held = gran > 0 ? ceil(148496 * 4.0 / gran) * gran : -1, w = tl_json_number(sum, "weights_bytes");
     double g = tl_json_number(sum, "gradients_bytes"), peak = tl_json_number(sum, "weights_backed_peak_bytes");
-    CHECK(rc == 0 && diff == 0 && bw && w == held && g == held && peak >= held && peak < whole / 2,
+    double o = tl_json_number(sum, "optimizer_state_bytes");
+    CHECK(rc == 0 && diff == 0 && bw && w == held && g == held && o == 2 * held && peak >= held && peak < whole / 2,
           "the deep MLP in 4 stages on the device: the CPU's weights bitwise (exit %d, diff %g); stage 0 backs its "
-          "layers' chunks alone: weights %g and gradients %g bytes (want %g), the evaluation's peak %g (below %g)", rc,
-          diff, w, g, held, peak, whole / 2);
-    printf("the deep MLP in 4 stages on the device: stage 0 backs %g bytes of parameters and of gradients (the whole "
-           "block %g), %g at the evaluation's peak\n", held, whole, peak);
+          "layers' chunks alone: weights %g, gradients %g and AdamW's state %g bytes (want %g, %g, %g), the "
+          "evaluation's peak %g (below %g)", rc, diff, w, g, o, held, held, 2 * held, peak, whole / 2);
+    printf("the deep MLP in 4 stages on the device: stage 0 backs %g bytes of parameters, of gradients and of each "
+           "AdamW state (the whole block %g), %g at the evaluation's peak\n", held, whole, peak);
     // The GPT's own activations under model parallel serve evaluations
     // alone: one block's and two slots of the stream, as many bytes at 2
     // layers as at 6 (the stages' sets beside them grow with the layers).

@@ -190,6 +190,12 @@ DT_API int dt_comm_peer_state(dt_comm_t c, int peer, int *incarnation);
  * none). Never blocks: a wait outside c's own collectives (NCCL's) ends on
  * such a death with it. */
 DT_API int dt_comm_replaced(dt_comm_t c);
+/* dt_comm_regrouped: 1 when the world (c, or the communicator it was
+ * split from) began a new generation since c last joined: a new process
+ * took a dead rank's place, one of c's or not, and c's ranks left its
+ * collectives for the recovery. Never blocks; 0 on a backend that
+ * replaces none. */
+DT_API int dt_comm_regrouped(dt_comm_t c);
 DT_API dt_status dt_comm_peer_reset(dt_comm_t c, int peer);
 DT_API dt_status dt_comm_rejoin_peers(dt_comm_t c, const int *peers, int npeers);
 DT_API int dt_comm_peer_ready(dt_comm_t c, int peer);

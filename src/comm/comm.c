@@ -914,6 +914,8 @@ void dt_comm_set_peer_faults(dt_comm_t c, int tolerate) {
 
 int dt_comm_replaced(dt_comm_t c) { return c && c->ops->replaced ? c->ops->replaced(c) : -1; }
 
+int dt_comm_regrouped(dt_comm_t c) { return c && c->ops->regrouped ? c->ops->regrouped(c) : 0; }
+
 int dt_comm_peer_state(dt_comm_t c, int peer, int *incarnation) {
     if (incarnation) *incarnation = 0;
     if (!c || peer < 0 || peer >= c->size || !c->ops->peer_state) return DT_PEER_RUNNING;

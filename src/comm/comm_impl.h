@@ -117,6 +117,7 @@ struct dt_comm_ops {
      * wait for those; and its place in a split made before it started. */
     int (*peer_state)(dt_comm_t c, int peer, int *incarnation);
     int (*replaced)(dt_comm_t c);
+    int (*regrouped)(dt_comm_t c);
     dt_status (*peer_reset)(dt_comm_t c, int peer);
     dt_status (*rejoin_peers)(dt_comm_t c, const int *peers, int npeers);
     int (*peer_ready)(dt_comm_t c, int peer);

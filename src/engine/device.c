@@ -131,18 +131,14 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
     return st;
 }
 
-// Model parallel on a device: the host updates the parameters (its ZeRO
-// too).
-static int host_updates(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
+// Model parallel on a device: the blocks held, the strategy backing the
+// ranges a stage keeps (its ZeRO its own).
+static int model_parallel(const dt_config *c) { return c->pipeline > 1 || c->tensor > 1; }
 
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm) {
-    int W = dt_comm_size(comm), z = host_updates(c) ? 0 : c->zero;
+    int W = dt_comm_size(comm), z = model_parallel(c) ? 0 : c->zero;
     return (dt_dev_part){z > 0 ? dt_comm_rank(comm) : 0, z > 0 ? W : 1, z >= 2 && W > 1, z == 3 && W > 1,
-                         host_updates(c)};
-}
-
-int dt_train_device_states(const dt_config *c) {
-    return host_updates(c) ? 0 : dt_optim_params_states(&c->optim);
+                         model_parallel(c)};
 }
 
 void dt_train_device_metrics(dt_obs *obs, const size_t k[DT_DEV_KINDS]) {

@@ -31,12 +31,9 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm);
  * the optimizer's state of its dt_shard_range slice over comm (else the
  * whole: 0 of 1), and at zero = 2 and 3 with several ranks the gradients
  * backed on demand, at 3 the parameters too; model parallel: held (the
- * ranges a stage keeps backed, by the strategy). */
+ * ranges a stage keeps backed, by the strategy, the optimizer's state
+ * too). */
 dt_dev_part dt_train_device_part(const dt_config *c, dt_comm_t comm);
-/* The optimizer's state blocks a rank keeps on its device: the optimizer's
- * (dt_optim_params_states), none where the host updates the parameters
- * (model parallel: docs/gpu.md). */
-int dt_train_device_states(const dt_config *c);
 /* The device's memory by kind (k: dt_dev_blocks_kinds') into the metrics. */
 struct dt_obs;
 void dt_train_device_metrics(struct dt_obs *obs, const size_t k[DT_DEV_KINDS]);

@@ -28,8 +28,10 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->params = b->params_vm ? (float *)b->pvm.base : dt_dev_take(a, DT_DEV_WEIGHTS, n);
     b->w16 = b->t == DT_F32 ? NULL : b->params_vm ? b->hvm.base : dt_dev_take(a, DT_DEV_WEIGHTS, b->n * 2);
     b->grads = b->grads_vm ? (float *)b->gvm.base : dt_dev_take(a, DT_DEV_GRADS, n);
-    for (int j = 0; j < 2; j++)  // (the slice's: sn floats)
-        b->state[j] = j < b->nstates ? dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float)) : NULL;
+    for (int j = 0; j < 2; j++)  // (the slice's: sn floats; held: n backed on demand)
+        b->state[j] = j >= b->nstates ? NULL
+                      : b->held       ? (float *)b->svm[j].base
+                                      : dt_dev_take(a, DT_DEV_OPTIM, b->sn * sizeof(float));
     b->loss = dt_dev_take(a, DT_DEV_WORK, sizeof(float));
     b->sumsq = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(double));
     b->guard = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(float));
@@ -51,6 +53,8 @@ static dt_status vm_open(dt_dev_blocks *b, const char *what) {
     if (b->params_vm) TRY(dt_dev_vm_open(&b->pvm, b->d, b->n * f, "parameters", what));
     if (b->params_vm && b->t != DT_F32)
         TRY(dt_dev_vm_open(&b->hvm, b->d, b->n * 2, "the parameters' 16-bit copy", what));
+    for (int j = 0; b->held && j < b->nstates; j++)
+        TRY(dt_dev_vm_open(&b->svm[j], b->d, b->n * f, "the optimizer's state", what));
     need = dt_dev_blocks_kept(b, &b->gvm, f) + dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     TRY(b->d->mem_info(&free_b, &total));
     if (need > free_b)
@@ -109,6 +113,8 @@ void dt_dev_blocks_close(dt_dev_blocks *b) {
     if (b->grads_vm) dt_dev_vm_close(&b->gvm);
     if (b->params_vm) dt_dev_vm_close(&b->pvm);
     if (b->hvm.base) dt_dev_vm_close(&b->hvm);
+    for (int j = 0; j < 2; j++)
+        if (b->svm[j].base) dt_dev_vm_close(&b->svm[j]);
 }
 
 // The parameters the device keeps between steps: [lo, lo + n) (floats).
@@ -117,10 +123,13 @@ static void kept_params(const dt_dev_blocks *b, size_t *lo, size_t *n) {
     *n = b->params_vm ? b->sn : b->n;
 }
 
-dt_status dt_dev_blocks_changed(dt_dev_blocks *b) {
-    size_t lo, n;
-    kept_params(b, &lo, &n);
-    return b->t != DT_F32 ? b->d->to16((uint16_t *)b->w16 + lo, b->params + lo, n, b->t) : DT_OK;
+dt_status dt_dev_blocks_changed(dt_dev_blocks *b, const dt_grad_range *r, int nr) {
+    dt_grad_range all;
+    kept_params(b, &all.offset, &all.len);
+    if (!r) r = &all, nr = 1;
+    for (int i = 0; i < nr && b->t != DT_F32; i++)
+        TRY(b->d->to16((uint16_t *)b->w16 + r[i].offset, b->params + r[i].offset, r[i].len, b->t));
+    return DT_OK;
 }
 
 dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const *states) {
@@ -128,7 +137,7 @@ dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const 
     kept_params(b, &lo, &n);
     TRY(b->d->to_device(b->params + lo, params + lo, n * sizeof(float)));
     for (int j = 0; states && j < b->nstates; j++) TRY(b->d->to_device(b->state[j], states[j], sn));
-    return dt_dev_blocks_changed(b);
+    return dt_dev_blocks_changed(b, NULL, 0);
 }
 
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states) {
@@ -139,13 +148,27 @@ dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *state
     return DT_OK;
 }
 
-dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, size_t off, size_t n, int grads) {
+// A state's element `off` on the device (its blocks hold the slice's).
+static float *state_at(const dt_dev_blocks *b, int j, size_t off) { return b->state[j] + (off - b->slo); }
+
+dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, float *const *states, size_t off, size_t n,
+                                  int grads) {
     size_t f = sizeof(float);
     if (b->held) TRY(dt_dev_vm_back(&b->pvm, off * f, n * f));
     if (b->held && b->hvm.base) TRY(dt_dev_vm_back(&b->hvm, off * 2, n * 2));
     if (b->held && grads) TRY(dt_dev_vm_back(&b->gvm, off * f, n * f));
+    for (int j = 0; states && j < b->nstates; j++) {
+        if (b->held) TRY(dt_dev_vm_back(&b->svm[j], off * f, n * f));
+        TRY(b->d->to_device(state_at(b, j, off), states[j] + off, n * f));
+    }
     TRY(b->d->to_device(b->params + off, params + off, n * f));
     return b->t != DT_F32 ? b->d->to16((uint16_t *)b->w16 + off, b->params + off, n, b->t) : DT_OK;
+}
+
+dt_status dt_dev_blocks_get_range(dt_dev_blocks *b, float *params, float *const *states, size_t off, size_t n) {
+    for (int j = 0; states && j < b->nstates; j++)
+        TRY(b->d->to_host(states[j] + off, state_at(b, j, off), n * sizeof(float)));
+    return b->d->to_host(params + off, b->params + off, n * sizeof(float));
 }
 
 dt_status dt_dev_blocks_drop_range(dt_dev_blocks *b, size_t off, size_t n) {
@@ -198,10 +221,11 @@ float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss) {
 // kernel reads them there, so that a step captured as a CUDA graph takes
 // each step's own when replayed (the host writes kpin before the graph
 // runs; the copy is the graph's).
-dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard) {
+dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard,
+                               const dt_grad_range *r, int nr) {
     if (dt_optim_skipping(o)) return DT_OK;
-    float *w = b->params + b->slo;
-    const float *g = b->grads + b->slo;
+    dt_grad_range slice = {b->slo, b->sn};
+    if (!r) r = &slice, nr = 1;
     dt_optim_k *k = b->kpin;
     TRY(dt_dev_event_wait(b->d, b->k_ev, DT_DEV_STAGE_WAIT, "the last update's constants"));
     int adamw = dt_optim_kind_of(o) == DT_OPTIM_ADAMW;
@@ -209,8 +233,14 @@ dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, fl
     else k->sgd = dt_optim_sgd_k(o, lr, grad_scale);
     TRY(b->d->to_device_async(b->k, k, sizeof *k));
     TRY(b->d->event_record(b->k_ev));
-    if (adamw) return b->d->adamw(w, g, b->state[0], b->state[1], b->sn, b->k, guard);
-    return b->d->sgd(w, g, b->nstates ? b->state[0] : NULL, b->sn, b->k, guard);
+    for (int i = 0; i < nr; i++) {
+        size_t a = r[i].offset;
+        float *w = b->params + a, *s0 = b->nstates ? state_at(b, 0, a) : NULL;
+        const float *g = b->grads + a;
+        if (adamw) TRY(b->d->adamw(w, g, s0, state_at(b, 1, a), r[i].len, b->k, guard));
+        else TRY(b->d->sgd(w, g, s0, r[i].len, b->k, guard));
+    }
+    return DT_OK;
 }
 
 dt_status dt_dev_gemm(const dt_dev_blocks *b, int ta, int tb, int M, int N, int K, float alpha, dt_dev_x A, int lda,
@@ -250,6 +280,7 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
     bytes[DT_DEV_WEIGHTS] += b->held ? b->pvm.now + b->hvm.now
                                      : dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     bytes[DT_DEV_ACTS] += b->stage_bytes;
+    for (int j = 0; b->held && j < b->nstates; j++) bytes[DT_DEV_OPTIM] += b->svm[j].now;
 }
 
 // ---- the sequential model --------------------------------------------------------

@@ -34,9 +34,9 @@
  * before backward writes it, given back by the strategy once reduced; with
  * params_vm (stage 3) the parameter block (and its 16-bit copy) too: the
  * slice's chunks backed throughout, the rest by the strategy while a layer
- * needs them. held (model parallel, whose host updates the parameters):
- * both blocks backed on demand and no slice, the ranges the strategy keeps
- * backed by it (dt_dev_blocks_put_range). */
+ * needs them. held (model parallel): both blocks and the optimizer's
+ * state backed on demand, over the whole block's offsets, and no slice:
+ * the ranges the strategy keeps backed by it (dt_dev_blocks_put_range). */
 typedef struct {
     int shard, shards, grads_vm, params_vm, held;
 } dt_dev_part;
@@ -47,6 +47,7 @@ typedef struct {
     dt_dev_vm gvm;            /* grads_vm: the gradient block's memory (grads is its base) */
     dt_dev_vm pvm;            /* params_vm: the parameter block's (params is its base) */
     dt_dev_vm hvm;            /* ... and in bf16/fp16 their 16-bit copy's (w16 is its base) */
+    dt_dev_vm svm[2];         /* held: the optimizer's state blocks' (state[j] is svm[j]'s base) */
     int grads_vm, params_vm, held;
     int step_values;          /* a training step's kernels take values of the step's own (dropout's key): its
                                  calls differ from step to step, so it is not replayed as a graph */
@@ -57,7 +58,8 @@ typedef struct {
                                  (the GPT's twelve; 1: a layer's tensors lie together) */
     int nstates;              /* the optimizer's state blocks (AdamW 2, SGD with momentum 1) */
     size_t slo, sn;           /* ... each of sn floats: the state of parameters [slo, slo + sn) (ZeRO: a
-                                 rank's dt_shard_range slice; else the whole block, 0 and n) */
+                                 rank's dt_shard_range slice; else the whole block, 0 and n; held: 0 and 0,
+                                 the state blocks of n floats backed on demand) */
     float *params, *grads, *state[2];
     void *w16;                /* t 16-bit: the parameters in t (n values), converted after each change */
     float *loss;              /* the last forward's loss (one float) */
@@ -104,8 +106,13 @@ dt_status dt_dev_blocks_put(dt_dev_blocks *b, const float *params, float *const 
 dt_status dt_dev_blocks_get(dt_dev_blocks *b, float *params, float *const *states);
 /* Parameters [off, off + n) from the host's params (the same offsets)
  * onto the device, and their 16-bit copy made; with held blocks backed
- * first, and with grads their gradients too (the ranges a stage keeps). */
-dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, size_t off, size_t n, int grads);
+ * first, with grads their gradients too (the ranges a stage keeps), with
+ * states (NULL: none; the host's, laid out as params) the optimizer's
+ * state of them. get_range: the parameters (and states) back to the
+ * host. */
+dt_status dt_dev_blocks_put_range(dt_dev_blocks *b, const float *params, float *const *states, size_t off, size_t n,
+                                  int grads);
+dt_status dt_dev_blocks_get_range(dt_dev_blocks *b, float *params, float *const *states, size_t off, size_t n);
 /* Held blocks: the parameters' chunks wholly inside [off, off + n) given
  * back (a layer an evaluation gathered, which the rank does not keep; a
  * chunk it shares with another range stays), and after the evaluation
@@ -131,17 +138,19 @@ dt_status dt_dev_blocks_step_values(dt_dev_blocks *b, double v[2]);
  * or with b->defer_loss NULL (left on the device, *loss 0 until the step's
  * read). */
 float *dt_dev_loss_out(const dt_dev_blocks *b, float *loss);
-/* One optimizer step on the device over the state's slice [slo, slo + sn)
- * of the parameters: o's constants for this step (after
- * dt_optim_begin_step), lr and the gradient scale (clipping, loss scale),
- * or with guard (b->guard after step_scale) the scale and the skip made on
- * the device.
+/* One optimizer step on the device over parameters r[nr] (NULL: the
+ * state's slice [slo, slo + sn); held blocks: ranges whose state the
+ * strategy put), o's constants for this step (after dt_optim_begin_step),
+ * lr and the gradient scale (clipping, loss scale), or with guard
+ * (b->guard after step_scale) the scale and the skip made on the device.
  * The caller then calls dt_dev_blocks_changed (ZeRO: after the slices'
  * gather). */
-dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard);
-/* After the parameters changed on the device: their 16-bit copy made
- * again (nothing in fp32; params_vm: the slice's). */
-dt_status dt_dev_blocks_changed(dt_dev_blocks *b);
+dt_status dt_dev_blocks_update(dt_dev_blocks *b, const dt_optim *o, float lr, float grad_scale, const float *guard,
+                               const dt_grad_range *r, int nr);
+/* After parameters r[nr] changed on the device (NULL: the whole block, or
+ * with params_vm the slice's): their 16-bit copy made again (nothing in
+ * fp32). */
+dt_status dt_dev_blocks_changed(dt_dev_blocks *b, const dt_grad_range *r, int nr);
 /* A GEMM operand in the blocks' precision: fp32 (f) when b->t is DT_F32,
  * else t's 16-bit values (h). */
 typedef struct {

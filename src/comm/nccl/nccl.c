@@ -129,16 +129,22 @@ int dt_nccl_usable(const dt_comm_device_params *p, char *why, size_t n) {
 
 // ---- waiting -------------------------------------------------------------------
 
-// The first rank of the host communicator that the launcher saw exit, or
-// whose place a new process took (a spare), or -1; *how says which.
-static int first_gone(nccl_state *s, const char **how) {
+// Whether what a wait waits for will not come: a rank of the host
+// communicator that the launcher saw exit, or whose place a new process
+// took (a spare; *rank that rank), or the world's regrouping after another
+// rank's death (every rank left for the recovery; *rank -1); why[n] says
+// which.
+static int gone(nccl_state *s, int *rank, char *why, size_t n) {
     int p = dt_comm_replaced(s->parent);
-    *how = "died and a new process took its place";
-    if (p >= 0) return p;
-    *how = "exited";
+    if (p >= 0) return *rank = p, snprintf(why, n, "rank %d died and a new process took its place; ranks not arrived: "
+                                           "%d", p, p), 1;
     for (p = 0; p < dt_comm_size(s->parent); p++)
-        if (p != dt_comm_rank(s->parent) && dt_comm_peer_state(s->parent, p, NULL) == DT_PEER_GONE) return p;
-    return -1;
+        if (p != dt_comm_rank(s->parent) && dt_comm_peer_state(s->parent, p, NULL) == DT_PEER_GONE)
+            return *rank = p, snprintf(why, n, "rank %d exited; ranks not arrived: %d", p, p), 1;
+    *rank = -1;
+    if (!dt_comm_regrouped(s->parent)) return 0;
+    snprintf(why, n, "a rank of the world died and a new process took its place: the ranks left it for the recovery");
+    return 1;
 }
 
 // After a timeout: the ranks that had not issued collective seq (0: the
@@ -211,11 +217,8 @@ static dt_status await(dt_comm_t c, const dt_coll_args *a, void *stream) {
         if (!dt_waiter_step(&w)) continue;
         if (a->kind != DT_COLL_COUNT_) dt_waiter_note(a, -1);
         describe(a, what, sizeof what);
-        const char *how;
-        int gone = first_gone(s, &how);
-        if (gone >= 0)
-            return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d %s; ranks not arrived: %d", what, c->rank, gone, how,
-                            gone);
+        int who;
+        if (gone(s, &who, why, sizeof why)) return dt_error(DT_ERR_COMM, "%s on rank %d: %s", what, c->rank, why);
         if (dt_waiter_expired(&w)) {
             behind(s, a->kind == DT_COLL_COUNT_ ? 0 : (int64_t)a->seq, why, sizeof why);
             return dt_error(DT_ERR_TIMEOUT, "%s on rank %d: timed out after %.3g s; ranks not arrived: %s", what,
@@ -366,13 +369,11 @@ static dt_status nc_p2p_progress(dt_comm_t c, dt_p2p *p, int slow, int *moved) {
         *moved = 1;
         return DT_OK;
     }
-    const char *how;
-    int gone = slow ? first_gone(s, &how) : -1;
-    if (gone >= 0) {
+    int who;
+    if (slow && gone(s, &who, why, sizeof why)) {
         describe(a, what, sizeof what);
-        p->peer_gone = gone == a->root;
-        return dt_error(DT_ERR_COMM, "%s on rank %d: rank %d %s; ranks not arrived: %d", what, c->rank, gone, how,
-                        gone);
+        p->peer_gone = who == a->root;
+        return dt_error(DT_ERR_COMM, "%s on rank %d: %s", what, c->rank, why);
     }
     return DT_OK;
 }

@@ -1330,6 +1330,8 @@ static int shm_replaced(dt_comm_t c) {
     return -1;
 }
 
+static int shm_regrouped(dt_comm_t c) { return g_world_hdr && atomic_load(&g_world_hdr->gen) > ST(c)->gen; }
+
 static int shm_peer_state(dt_comm_t c, int peer, int *incarnation) {
     shm_state *s = ST(c);
     int w = s->world[peer];
@@ -1581,6 +1583,7 @@ const struct dt_comm_ops dt_shm_ops = {
     .destroy = shm_destroy,
     .peer_state = shm_peer_state,
     .replaced = shm_replaced,
+    .regrouped = shm_regrouped,
     .peer_reset = shm_peer_reset,
     .rejoin_peers = shm_rejoin_peers,
     .peer_ready = shm_peer_ready,

@@ -1046,7 +1046,7 @@ static dt_status dev_norm(dt_strategy *s, double *norm) {
 static dt_status update_queue(devs *d, float lr, float scale, const float *guard) {
     dt_strategy *s = &d->base;
     dt_optim_begin_step(s->opt);
-    dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale, guard);
+    dt_status st = dt_dev_blocks_update(s->device, s->opt, lr, scale, guard, NULL, 0);
     double t0 = dt_now();
     if (st == DT_OK && s->device->params_vm) {
         st = params_updated(d);
@@ -1055,7 +1055,7 @@ static dt_status update_queue(devs *d, float lr, float scale, const float *guard
         s->comm_seconds += dt_now() - t0;
         s->comm_exposed_seconds += dt_now() - t0;
     }
-    return st == DT_OK ? dt_dev_blocks_changed(s->device) : st;
+    return st == DT_OK ? dt_dev_blocks_changed(s->device, NULL, 0) : st;
 }
 
 static dt_status dev_update(dt_strategy *s, float lr, float scale) {

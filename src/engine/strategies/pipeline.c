@@ -145,7 +145,8 @@ typedef struct {
     double t_compute, t_wait;
     int alive, peak;
     int64_t steps;
-    int64_t *acc;          // deterministic: the fixed-point sums of this rank's micro-batches' gradients
+    int64_t *acc;          // deterministic: the fixed-point sums of this rank's micro-batches' gradients (on a
+                           // device: dacc's base, the device's)
     int *bounds;           // [P V + 1]: the first layer of each virtual stage
     int measure;           // the cut waits for the layers' times, measured at the first step
     double *layer_cost;    // [layers]: each layer's measured seconds (when measured)
@@ -157,6 +158,17 @@ typedef struct {
     int nunits;
     size_t *zc, *zd;       // [D] each: one unit's slices, for its allgatherv
     uint64_t grad_bytes;   // what the gradient sums (sync) sent so far
+    // On a device (dev_sums): the gradients' sums over GPUs' communicators
+    // made over sum_over()'s and tie's ranks, deterministic mode's
+    // fixed-point sums and grad_dtype's bf16 copy of the gradients (blocks
+    // backed on the kept ranges), the norm's pieces' sums of squares.
+    dt_comm_t gsum, gtie;
+    dt_dev_vm dacc, dwire;
+    double *dsq;           // [norder x (nunits or 1)] device doubles
+    double norm;           // the norm grads_nonfinite made (have_norm), which grad_norm returns
+    int have_norm;
+    dt_status err;         // abandon's failure, said by regroup (errmsg)
+    char errmsg[512];
 } pipe;
 
 // Deterministic mode cuts the global batch into micro_shards fixed pieces,
@@ -550,8 +562,9 @@ static dt_status pp_init(dt_strategy *s) {
     p->spans = malloc(sizeof(dt_obs_span) * 2 * (size_t)p->M * (size_t)p->V);
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
-    if (c->deterministic) p->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1));
-    if (!p->ch || !p->ops || !p->spans || !p->off || !p->len || (c->deterministic && !p->acc))
+    int host_acc = c->deterministic && !s->device;  // (a device's: dev_sums)
+    if (host_acc) p->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1));
+    if (!p->ch || !p->ops || !p->spans || !p->off || !p->len || (host_acc && !p->acc))
         return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     plan_ops(p);
     // Each chunk's sets: as many as the schedule has alive on it at once
@@ -586,6 +599,8 @@ static dt_status pp_init(dt_strategy *s) {
     return DT_OK;
 }
 
+static void dev_sums_close(pipe *p, const char *why);
+
 static void pp_fini(dt_strategy *s) {
     pipe *p = (pipe *)s;
     for (int v = 0; v < p->V && p->ch; v++)
@@ -609,6 +624,10 @@ static void pp_fini(dt_strategy *s) {
                p->peak, p->peak == 1 ? "" : "s");
     }
     dev_links_close(p);
+    dev_sums_close(p, NULL);
+    if (p->dacc.base) dt_dev_vm_close(&p->dacc);
+    if (p->dwire.base) dt_dev_vm_close(&p->dwire);
+    if (p->dsq) s->device->d->free(p->dsq);
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
     dt_comm_destroy(p->rep);
@@ -620,7 +639,7 @@ static void pp_fini(dt_strategy *s) {
     free(p->spans);
     free(p->off);
     free(p->len);
-    dt_free(p->acc);
+    if (!s->device) dt_free(p->acc);
     free(p->units);
     free(p->mine);
     free(p->zc);
@@ -634,16 +653,30 @@ static const dt_grad_range *kept(const pipe *p, int *n) {
     return p->held ? p->held : &p->all;
 }
 
+// The ranges whose optimizer state this rank keeps and updates: its slices
+// of the units under ZeRO-1, else the kept ranges.
+static const dt_grad_range *updated(const pipe *p, int *n) {
+    if (!p->units) return kept(p, n);
+    *n = p->nunits;
+    return p->mine;
+}
+
+// The optimizer's state blocks (the host's), st[2].
+static void host_states(const pipe *p, float *st[2]) {
+    for (int j = 0; j < 2; j++)
+        st[j] = j < dt_optim_num_states(p->base.opt) ? dt_optim_state(p->base.opt, j) : NULL;
+}
+
 // ---- on a GPU ([train] device = cuda; docs/gpu.md, "Model parallel") -------
 // The task's stages run on the device (their activations there, the
-// streams between stages on the GPUs' communicators: dev_links); the
-// parameters, their update, the gradients' sums and the norm stay the
-// host's, as on the CPU: a step's last backward over,
-// the gradients of the ranges this rank keeps come to the host (dev_grads;
-// deterministic mode: each micro-batch's), and after each change of the
-// host's parameters (the start or a resume, an update, a spare's
-// take-over, a layer an evaluation gathers) they go to the device
-// (dev_put).
+// streams between stages on the GPUs' communicators: dev_links), and so do
+// the gradients' sums over the replicas and the tied embedding's pair
+// (dev_sums), the norm's sums of squares and the update, over the ranges
+// the stage keeps, whose parameters, gradients and optimizer state are
+// backed on the device (dev_put_kept, at the start, a resume and a spare's
+// take-over). The host's blocks are the copy that checkpoints, the
+// weights file, an evaluation's gathered layers and a spare's state read:
+// brought up to date before them (dev_get_kept).
 
 // Once the stages are made: the device's memory in the metrics and the log.
 static void dev_said(pipe *p) {
@@ -653,41 +686,147 @@ static void dev_said(pipe *p) {
     dt_dev_blocks_kinds(b, k);
     dt_train_device_metrics(s->obs, k);
     if (s->rank == 0)
-        dt_log(DT_LOG_INFO, "pipeline stages on the GPU (%s device): weights %.1f + gradients %.1f + activations %.1f "
-               "(the stage's sets %.1f) + workspace %.1f MiB; the update, the gradients' sums and the norm on the host",
-               b->d->name, k[DT_DEV_WEIGHTS] / 1048576.0, k[DT_DEV_GRADS] / 1048576.0, k[DT_DEV_ACTS] / 1048576.0,
-               b->stage_bytes / 1048576.0, k[DT_DEV_WORK] / 1048576.0);
+        dt_log(DT_LOG_INFO, "pipeline stages on the GPU (%s device): weights %.1f + gradients %.1f + optimizer %.1f + "
+               "activations %.1f (the stage's sets %.1f) + workspace %.1f MiB", b->d->name,
+               k[DT_DEV_WEIGHTS] / 1048576.0, k[DT_DEV_GRADS] / 1048576.0, k[DT_DEV_OPTIM] / 1048576.0,
+               k[DT_DEV_ACTS] / 1048576.0, b->stage_bytes / 1048576.0, k[DT_DEV_WORK] / 1048576.0);
 }
 
 // Ranges r[n] of the parameters onto the device (kept: the ranges this
-// rank keeps, whose gradients are backed too; else an evaluation's).
-static dt_status dev_put(pipe *p, const dt_grad_range *r, int n, int kept) {
+// rank keeps, whose gradients are backed too; states: with the host's
+// optimizer state of them; else an evaluation's).
+static dt_status dev_put(pipe *p, const dt_grad_range *r, int n, int kept, float *const *states) {
     dt_strategy *s = &p->base;
     dt_dev_blocks *b = s->device;
     dt_status st = DT_OK;
     for (int i = 0; i < n && st == DT_OK && b; i++)
-        st = dt_dev_blocks_put_range(b, s->params, r[i].offset, r[i].len, kept);
+        st = dt_dev_blocks_put_range(b, s->params, states, r[i].offset, r[i].len, kept);
     return st == DT_OK ? DT_OK : dt_error(st, "pipeline: the parameters onto the GPU: %s", dt_last_error());
 }
 
+// The kept ranges onto the device, with the optimizer state of the
+// ranges this rank updates.
 static dt_status dev_put_kept(pipe *p) {
-    int n;
-    const dt_grad_range *r = kept(p, &n);
-    return dev_put(p, r, n, 1);
+    int n, nu;
+    const dt_grad_range *r = kept(p, &n), *u = updated(p, &nu);
+    float *st[2];
+    host_states(p, st);
+    dt_status e = p->units ? dev_put(p, r, n, 1, NULL) : DT_OK;
+    return e == DT_OK ? dev_put(p, u, nu, 1, st) : e;
 }
 
-// The kept ranges' gradients to the host (zero: and zero on the device).
-static dt_status dev_grads(pipe *p, int zero) {
+// The host's copy made the device's: the kept ranges' parameters, with
+// states the updated ranges' optimizer state too.
+static dt_status dev_get_kept(pipe *p, int states) {
+    dt_dev_blocks *b = p->base.device;
+    int n, nu;
+    const dt_grad_range *r = kept(p, &n), *u = updated(p, &nu);
+    float *st[2];
+    host_states(p, st);
+    dt_status e = DT_OK;
+    for (int i = 0; i < n && e == DT_OK && b; i++)
+        e = dt_dev_blocks_get_range(b, p->base.params, NULL, r[i].offset, r[i].len);
+    for (int i = 0; i < nu && e == DT_OK && b && states; i++)
+        e = dt_dev_blocks_get_range(b, p->base.params, st, u[i].offset, u[i].len);
+    return e == DT_OK ? DT_OK : dt_error(e, "pipeline: the parameters from the GPU: %s", dt_last_error());
+}
+
+// The ranks the gradients are summed over: the stage's replicas where it
+// keeps its layers, else the whole block's shard (or every rank).
+static dt_comm_t sum_over(const pipe *p) { return p->held ? p->dp : p->shard ? p->shard : p->base.comm; }
+
+// At the first step after the layout (or a regroup): the sums' GPUs'
+// communicators, and deterministic mode's and grad_dtype's blocks, backed
+// on the kept ranges.
+static dt_status dev_sums(pipe *p) {
     dt_strategy *s = &p->base;
     dt_dev_blocks *b = s->device;
+    char why[1024] = "";
+    int n;
+    const dt_grad_range *r = kept(p, &n);
+    if (!b || p->gsum) return DT_OK;
+    dt_status st = dt_train_device_comm(s->c, s->comm, sum_over(p), &p->gsum, why, sizeof why);
+    if (st == DT_OK && p->tie) st = dt_train_device_comm(s->c, s->comm, p->tie, &p->gtie, why, sizeof why);
+    if (st == DT_OK && s->rank == 0) dt_train_device_comm_said("model parallel: gradient sums", p->gsum, why);
+    if (st == DT_OK && s->c->deterministic && !p->dacc.base)
+        st = dt_dev_vm_open(&p->dacc, b->d, s->n * 8, "the fixed-point sums", "model parallel");
+    if (st == DT_OK && s->c->grad_dtype && !p->dwire.base)
+        st = dt_dev_vm_open(&p->dwire, b->d, s->n * 2, "the gradients' bf16 copy", "model parallel");
+    if (st == DT_OK) p->acc = p->dacc.base ? (int64_t *)p->dacc.base : p->acc;
+    if (st == DT_OK && !p->dsq) {
+        size_t m = (size_t)s->norder * (size_t)(p->nunits > 1 ? p->nunits : 1) + 1;
+        st = b->d->alloc((void **)&p->dsq, sizeof(double) * m);
+    }
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        if (p->dacc.base) st = dt_dev_vm_back(&p->dacc, r[i].offset * 8, r[i].len * 8);
+        if (st == DT_OK && p->dwire.base) st = dt_dev_vm_back(&p->dwire, r[i].offset * 2, r[i].len * 2);
+    }
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the gradients' sums on the GPUs: %s", dt_last_error());
+}
+
+static void dev_sums_close(pipe *p, const char *why) {
+    dt_comm_t *c[2] = {&p->gsum, &p->gtie};
+    for (int i = 0; i < 2; i++) {
+        if (*c[i] && why) dt_comm_abort(*c[i], why);
+        dt_comm_destroy(*c[i]);
+        *c[i] = NULL;
+    }
+}
+
+// The gradients: the device's, or the host's.
+static float *grads_of(const pipe *p) { return p->base.device ? p->base.device->grads : p->base.grads; }
+
+// Gradients g[n] into bf16 w[n] (narrow) or back (widen), where they are.
+static dt_status narrow(const pipe *p, uint16_t *w, const float *g, size_t n) {
+    dt_dev_blocks *b = p->base.device;
+    if (b) return b->d->to16(w, g, n, DT_BF16);
+    dt_from_f32(w, g, n, DT_BF16);
+    return DT_OK;
+}
+
+static dt_status widen(const pipe *p, float *g, const uint16_t *w, size_t n) {
+    dt_dev_blocks *b = p->base.device;
+    if (b) return b->d->from16(g, w, n, DT_BF16);
+    dt_to_f32(g, w, n, DT_BF16);
+    return DT_OK;
+}
+
+// grad_dtype's bf16 copy of the block (NULL: out of memory).
+static uint16_t *wire_of(pipe *p) { return p->base.device ? (uint16_t *)p->dwire.base : dt_strategy_wire(&p->base); }
+
+// Deterministic: the kept ranges' gradients added to the fixed-point sums
+// and zeroed (each micro-batch's), or the sums made the gradients and
+// zeroed (sync's end).
+static dt_status fixed_in(pipe *p) {
+    dt_dev_blocks *b = p->base.device;
     int n;
     const dt_grad_range *r = kept(p, &n);
     dt_status st = DT_OK;
-    for (int i = 0; i < n && st == DT_OK && b; i++) {
-        st = b->d->to_host(s->grads + r[i].offset, b->grads + r[i].offset, sizeof(float) * r[i].len);
-        if (st == DT_OK && zero) st = b->d->memset0(b->grads + r[i].offset, sizeof(float) * r[i].len);
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        size_t a = r[i].offset, m = r[i].len;
+        if (b && (st = b->d->fixed_add(p->acc + a, b->grads + a, m)) == DT_OK)
+            st = b->d->memset0(b->grads + a, sizeof(float) * m);
+        if (b) continue;
+        dt_fixed_add(p->acc + a, p->base.grads + a, m, DT_FIXED_SCALE);
+        memset(p->base.grads + a, 0, sizeof(float) * m);
     }
-    return st == DT_OK ? DT_OK : dt_error(st, "pipeline: the gradients from the GPU: %s", dt_last_error());
+    return st;
+}
+
+static dt_status fixed_out(pipe *p) {
+    dt_dev_blocks *b = p->base.device;
+    int n;
+    const dt_grad_range *r = kept(p, &n);
+    dt_status st = DT_OK;
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        size_t a = r[i].offset, m = r[i].len;
+        if (b && (st = b->d->fixed_to_float(b->grads + a, p->acc + a, m)) == DT_OK)
+            st = b->d->memset0(p->acc + a, sizeof(int64_t) * m);
+        if (b) continue;
+        dt_fixed_to_float(p->base.grads + a, p->acc + a, m);
+        memset(p->acc + a, 0, sizeof(int64_t) * m);
+    }
+    return st;
 }
 
 // ---- ZeRO stage 1: the units' slices over the replicas ----
@@ -751,18 +890,18 @@ static dt_status gather_units(pipe *p, float *x) {
 }
 
 // Slice g of the gradients summed over the replicas onto replica `root`
-// (a reduce; [parallel] grad_dtype = bf16: sent in bf16, as sum_range).
-static dt_status reduce_slice(pipe *p, dt_grad_range g, int root) {
+// (a reduce over c; [parallel] grad_dtype = bf16: sent in bf16, as
+// sum_range).
+static dt_status reduce_slice(pipe *p, dt_grad_range g, int root, dt_comm_t c) {
     dt_strategy *s = &p->base;
     int me = root == p->replica;
-    float *x = s->grads + g.offset;
-    if (!s->c->grad_dtype) return dt_reduce(x, me ? x : NULL, g.len, DT_F32, DT_SUM, root, p->dp);
-    uint16_t *w = dt_strategy_wire(s);
+    float *x = grads_of(p) + g.offset;
+    if (!s->c->grad_dtype) return dt_reduce(x, me ? x : NULL, g.len, DT_F32, DT_SUM, root, c);
+    uint16_t *w = wire_of(p);
     if (!w) return DT_ERR_NOMEM;
-    dt_from_f32(w + g.offset, x, g.len, DT_BF16);
-    dt_status st = dt_reduce(w + g.offset, me ? w + g.offset : NULL, g.len, DT_BF16, DT_SUM, root, p->dp);
-    if (st == DT_OK && me) dt_to_f32(x, w + g.offset, g.len, DT_BF16);
-    return st;
+    dt_status st = narrow(p, w + g.offset, x, g.len);
+    if (st == DT_OK) st = dt_reduce(w + g.offset, me ? w + g.offset : NULL, g.len, DT_BF16, DT_SUM, root, c);
+    return st == DT_OK && me ? widen(p, x, w + g.offset, g.len) : st;
 }
 
 // Waits for a transfer, the time counted as the stage waiting.
@@ -837,13 +976,7 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
         st = transfer(p, GRAD_OUT, sl->din, sl->in_count, &sl->send_d);
     // Deterministic: each micro-batch's gradient on its own into int64
     // fixed point, whose sums do not depend on their order (dp_det.c).
-    int n;
-    const dt_grad_range *r = kept(p, &n);
-    if (st == DT_OK && p->acc) st = dev_grads(p, 1);
-    for (int i = 0; st == DT_OK && p->acc && i < n; i++) {
-        dt_fixed_add(p->acc + r[i].offset, p->base.grads + r[i].offset, r[i].len, DT_FIXED_SCALE);
-        memset(p->base.grads + r[i].offset, 0, sizeof(float) * r[i].len);
-    }
+    if (st == DT_OK && p->acc) st = fixed_in(p);
     p->alive--;
     return st;
 }
@@ -903,8 +1036,8 @@ static dt_status share_cut(pipe *p, int have) {
 // and the tied embedding's pair).
 static uint64_t grad_sent(const pipe *p) {
     dt_comm_stats a, b;
-    dt_comm_get_stats(p->dp, &a);
-    dt_comm_get_stats(p->tie, &b);
+    dt_comm_get_stats(p->base.device ? p->gsum : p->dp, &a);
+    dt_comm_get_stats(p->base.device ? p->gtie : p->tie, &b);
     return a.bytes_sent + b.bytes_sent;
 }
 
@@ -975,7 +1108,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     // The replica's share in M micro-batches; deterministic: the global
     // batch's fixed pieces replica x M ... (replica + 1) x M - 1 of M x D.
     for (int k = 0; k < p->M; k++) {
-        if (p->acc) {
+        if (s->c->deterministic) {
             long j = (long)p->replica * p->M + k, n = (long)p->M * p->D;
             p->off[k] = (int)(b->global * j / n);
             p->len[k] = (int)(b->global * (j + 1) / n) - p->off[k];
@@ -986,19 +1119,20 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     }
     s->nmicro = p->M;
     s->global = b->global;
+    dt_status st = dev_sums(p);
+    if (st != DT_OK) return st;
     if (!p->tops) {  // at the first step: the activation sets
         if (!tops->stage_create)
             return dt_error(DT_ERR_CONFIG, "strategy model-parallel: the %s model has no stages", tops->name);
         p->tops = tops;
         for (int v = 0; v < p->V; v++)
             for (int i = 0; i < p->ch[v].nslots; i++) {
-                dt_status st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
+                st = tops->stage_create(task, p->ch[v].l0, p->ch[v].l1, max_len, &p->ch[v].slots[i].st);
                 if (st != DT_OK) return st;
             }
         if (s->device) dev_said(p);
     }
     p->alive = 0;
-    dt_status st = DT_OK;
     for (int i = 0; i < 2 * p->M * p->V && st == DT_OK; i++) {
         if (i == p->warm) st = dt_fault_step(s->rank, step + 1);
         if (st != DT_OK) break;
@@ -1011,7 +1145,6 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
             st = wait_timed(p, &p->ch[v].slots[i].send_out, "sending activations to", next_stage(p));
             if (st == DT_OK) st = wait_timed(p, &p->ch[v].slots[i].send_d, "sending gradients to", prev_stage(p));
         }
-    if (st == DT_OK && !p->acc) st = dev_grads(p, 0);
     p->steps++;
     // The schedule as it ran, at the second step (the first after the
     // set-up) and every log_every steps: dtrain report's timeline.
@@ -1032,50 +1165,46 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
 static dt_status sum_range(pipe *p, size_t off, size_t len, dt_comm_t c) {
     dt_strategy *s = &p->base;
     if (p->acc) return dt_allreduce(p->acc + off, p->acc + off, len, DT_I64, DT_SUM, c);
-    float *g = s->grads + off;
+    float *g = grads_of(p) + off;
     if (!s->c->grad_dtype) return dt_allreduce(g, g, len, DT_F32, DT_SUM, c);
-    uint16_t *w = dt_strategy_wire(s);
+    uint16_t *w = wire_of(p);
     if (!w) return DT_ERR_NOMEM;
-    dt_from_f32(w + off, g, len, DT_BF16);
-    dt_status st = dt_allreduce(w + off, w + off, len, DT_BF16, DT_SUM, c);
-    if (st == DT_OK) dt_to_f32(g, w + off, len, DT_BF16);
-    return st;
+    dt_status st = narrow(p, w + off, g, len);
+    if (st == DT_OK) st = dt_allreduce(w + off, w + off, len, DT_BF16, DT_SUM, c);
+    return st == DT_OK ? widen(p, g, w + off, len) : st;
 }
 
 // ZeRO-1 (not deterministic): each unit's slices reduced onto their
 // replicas (a reduce-scatter of the stage's own ranges), then the tied
 // range's slice between the end stages.
-static dt_status zero_sum(pipe *p) {
+static dt_status zero_sum(pipe *p, dt_comm_t c, dt_comm_t tie) {
     dt_status st = DT_OK;
     int tu = -1;
     for (int u = 0; u < p->nunits && st == DT_OK; u++) {
         if (p->tied && p->units[u].offset == p->base.order[0].offset) tu = u;
         for (int r = 0; r < p->D && st == DT_OK; r++) {
             dt_grad_range g = unit_slice(p, u, r);
-            if (g.len) st = reduce_slice(p, g, r);
+            if (g.len) st = reduce_slice(p, g, r, c);
         }
     }
-    if (st == DT_OK && tu >= 0 && p->mine[tu].len) st = sum_range(p, p->mine[tu].offset, p->mine[tu].len, p->tie);
+    if (st == DT_OK && tu >= 0 && p->mine[tu].len) st = sum_range(p, p->mine[tu].offset, p->mine[tu].len, tie);
     return st;
 }
 
 static dt_status pp_sync(dt_strategy *s) {
     pipe *p = (pipe *)s;
-    if (!p->held && !p->acc && !p->units) return dt_strategy_sum_grads(s, p->shard ? p->shard : s->comm, "model parallel");
     double t0 = dt_now();
     uint64_t sent = grad_sent(p);
     int n, scatter = p->units && !p->acc;
     const dt_grad_range *k = kept(p, &n);
-    dt_comm_t c = p->held ? p->dp : p->shard ? p->shard : s->comm;
+    dt_comm_t c = s->device ? p->gsum : sum_over(p), tie = s->device ? p->gtie : p->tie;
     dt_status st = DT_OK;
-    if (scatter) st = zero_sum(p);
+    p->have_norm = 0;
+    if (scatter) st = zero_sum(p, c, tie);
     for (int i = 0; i < n && st == DT_OK && !scatter; i++) st = sum_range(p, k[i].offset, k[i].len, c);
     // (the order's first range is wte: the embedding's, and the head's on the last stage)
-    if (st == DT_OK && p->tied && !scatter) st = sum_range(p, s->order[0].offset, s->order[0].len, p->tie);
-    for (int i = 0; i < n && p->acc; i++) {
-        dt_fixed_to_float(s->grads + k[i].offset, p->acc + k[i].offset, k[i].len);
-        memset(p->acc + k[i].offset, 0, sizeof(int64_t) * k[i].len);
-    }
+    if (st == DT_OK && p->tied && !scatter) st = sum_range(p, s->order[0].offset, s->order[0].len, tie);
+    if (st == DT_OK && p->acc) st = fixed_out(p);
     p->grad_bytes += grad_sent(p) - sent;
     s->comm_seconds += dt_now() - t0;
     s->comm_exposed_seconds += dt_now() - t0;
@@ -1083,20 +1212,37 @@ static dt_status pp_sync(dt_strategy *s) {
     return DT_OK;
 }
 
+// On a device, ZeRO-1's gather of the parameters: each unit's slices
+// broadcast from their replicas (NCCL gathers only equal blocks).
+static dt_status dev_gather_params(pipe *p) {
+    dt_status st = DT_OK;
+    for (int u = 0; u < p->nunits && st == DT_OK && p->D > 1; u++)
+        for (int r = 0; r < p->D && st == DT_OK; r++) {
+            dt_grad_range g = unit_slice(p, u, r);
+            float *w = p->base.device->params + g.offset;
+            if (g.len) st = dt_broadcast(w, w, g.len, DT_F32, r, p->gsum);
+        }
+    return st;
+}
+
 // The update of the ranges this rank keeps: its layers' (or the whole
 // block); under [parallel] zero = 1 its slices of them, and every
-// replica's slices then go to every replica (gather_units).
+// replica's slices then go to every replica (gather_units). On a device
+// there, the 16-bit copy of the kept ranges made again after.
 static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     pipe *p = (pipe *)s;
-    int n;
-    const dt_grad_range *k = p->units ? p->mine : kept(p, &n);
-    if (p->units) n = p->nunits;
+    dt_dev_blocks *b = s->device;
+    int n, nk;
+    const dt_grad_range *u = updated(p, &n), *k = kept(p, &nk);
     dt_optim_begin_step(s->opt);
-    for (int i = 0; i < n; i++)
-        if (k[i].len) dt_optim_update(s->opt, k[i].offset, k[i].len, s->params + k[i].offset, s->grads + k[i].offset, lr, scale);
-    dt_status st = p->units ? gather_units(p, s->params) : DT_OK;
+    dt_status st = b ? dt_dev_blocks_update(b, s->opt, lr, scale, NULL, u, n) : DT_OK;
+    for (int i = 0; i < n && !b; i++)
+        if (u[i].len) dt_optim_update(s->opt, u[i].offset, u[i].len, s->params + u[i].offset, s->grads + u[i].offset, lr, scale);
+    if (st != DT_OK) return dt_error(st, "model parallel: the update on the GPU: %s", dt_last_error());
+    st = !p->units ? DT_OK : b ? dev_gather_params(p) : gather_units(p, s->params);
     if (st != DT_OK) return dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
-    return dev_put_kept(p);
+    st = b ? dt_dev_blocks_changed(b, k, nk) : DT_OK;
+    return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the parameters' 16-bit copy: %s", dt_last_error());
 }
 
 // The whole model's gradient norm from the parts: each rank sums the
@@ -1118,29 +1264,66 @@ static int sole_holder(const pipe *p, int i) {
     return 0;
 }
 
-// Squares of range i of the order, in this rank's slices.
-static double slice_squares(const pipe *p, int i) {
-    const dt_grad_range *o = &p->base.order[i];
-    double sum = 0;
-    for (int u = 0; u < p->nunits; u++) {
-        size_t a = p->mine[u].offset, b = a + p->mine[u].len;
-        a = a > o->offset ? a : o->offset;
-        b = b < o->offset + o->len ? b : o->offset + o->len;
-        if (a < b) sum += dt_sum_squares(p->base.grads + a, b - a);
+// This rank's pieces of the norm, in order, into r (room for norder x
+// (nunits or 1)), each with the order's range it is of (grp): the ranges it
+// is the sole holder of, under ZeRO-1 their parts in its slices. Every
+// layer kept (T = 1): the whole block, one piece.
+static int norm_pieces(const pipe *p, dt_grad_range *r, int *grp) {
+    const dt_strategy *s = &p->base;
+    int k = 0, sliced = p->units && !p->acc;
+    if (p->T == 1 && !p->held) return r[0] = p->all, grp[0] = 0, 1;
+    for (int i = 0; i < s->norder; i++) {
+        const dt_grad_range *o = &s->order[i];
+        for (int u = 0; sole_holder(p, i) && u < (sliced ? p->nunits : 1); u++) {
+            size_t a = sliced ? p->mine[u].offset : o->offset, b = sliced ? a + p->mine[u].len : a + o->len;
+            a = a > o->offset ? a : o->offset;
+            b = b < o->offset + o->len ? b : o->offset + o->len;
+            if (a < b) r[k] = (dt_grad_range){a, b - a}, grp[k++] = i;
+        }
     }
-    return sum;
+    return k;
 }
 
-static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
-    pipe *p = (pipe *)s;
-    if (p->T == 1 && !p->held) return dt_strategy_norm_replicated(s, norm);
+// This rank's squares: each range's pieces summed, the ranges' sums added
+// in order (on a device each piece's sum of squares made there, the
+// dt_sum_squares bits, read back at once).
+static dt_status my_squares(pipe *p, double *mine) {
+    dt_strategy *s = &p->base;
+    dt_dev_blocks *b = s->device;
+    size_t m = (size_t)s->norder * (size_t)(p->nunits > 1 ? p->nunits : 1) + 1;
+    dt_grad_range *r = malloc(sizeof *r * m);
+    int *grp = malloc(sizeof(int) * m);
+    double *sq = malloc(sizeof(double) * m);
+    dt_status st = r && grp && sq ? DT_OK : dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    int n = st == DT_OK ? norm_pieces(p, r, grp) : 0;
+    for (int j = 0; j < n && st == DT_OK; j++)
+        if (b) st = b->d->sumsq(p->dsq + j, b->grads + r[j].offset, r[j].len);
+        else sq[j] = dt_sum_squares(s->grads + r[j].offset, r[j].len);
+    if (st == DT_OK && b && n) st = b->d->to_host(sq, p->dsq, sizeof(double) * (size_t)n);
+    *mine = 0;
+    for (int j = 0; j < n && st == DT_OK;) {
+        double sum = 0;
+        int i = grp[j];
+        for (; j < n && grp[j] == i; j++) sum += sq[j];
+        *mine += sum;
+    }
+    free(r), free(grp), free(sq);
+    return st;
+}
+
+// The norm (see above), made once a step: by grads_nonfinite, whose check
+// it is (a non-finite norm), and which grad_norm then returns.
+static dt_status make_norm(pipe *p) {
     int G = p->T * p->P, sliced = p->units && !p->acc;
     double mine = 0, *all = malloc(sizeof(double) * (size_t)(G > p->D ? G : p->D));
-    if (!all) return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
-    for (int i = 0; i < s->norder; i++)
-        if (sole_holder(p, i)) mine += sliced ? slice_squares(p, i) : dt_sum_squares(s->grads + s->order[i].offset, s->order[i].len);
+    dt_status st = all ? my_squares(p, &mine) : dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    if (st == DT_OK && p->T == 1 && !p->held) {
+        free(all);
+        p->norm = sqrt(mine), p->have_norm = 1;
+        return DT_OK;
+    }
     // (doubles moved as their 8 bytes: no reduction touches them)
-    dt_status st = sliced && p->D > 1 ? dt_allgather(&mine, all, 1, DT_I64, p->dp) : DT_OK;
+    if (st == DT_OK && sliced && p->D > 1) st = dt_allgather(&mine, all, 1, DT_I64, p->dp);
     if (sliced && p->D > 1 && st == DT_OK) {
         mine = 0;
         for (int r = 0; r < p->D; r++) mine += all[r];
@@ -1150,8 +1333,25 @@ static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
     for (int r = 0; r < G && st == DT_OK; r++) sum += all[r];
     free(all);
     if (st != DT_OK) return dt_error(st, "model parallel: gradient norm: %s", dt_last_error());
-    *norm = sqrt(sum);
+    p->norm = sqrt(sum), p->have_norm = 1;
     return DT_OK;
+}
+
+// The synchronised gradient's check: a NaN or an Inf makes the norm so
+// (DTRAIN_FAULT_OVERFLOW: this rank says it saw one).
+static dt_status pp_grads_nonfinite(dt_strategy *s, int64_t step, double *loss_sum, int *nonfinite) {
+    pipe *p = (pipe *)s;
+    (void)loss_sum;
+    dt_status st = make_norm(p);
+    *nonfinite = st == DT_OK && (!isfinite(p->norm) || dt_fault_overflow(s->rank, step));
+    return st;
+}
+
+static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
+    pipe *p = (pipe *)s;
+    dt_status st = p->have_norm ? DT_OK : make_norm(p);
+    *norm = p->norm;
+    return st;
 }
 
 // ---- evaluation of stages that keep only their layers ----
@@ -1192,7 +1392,7 @@ static dt_status eval_layer(pipe *p, int layer, int get) {
         if (s->order_layer[i] != layer) continue;
         float *w = s->params + s->order[i].offset;
         if (get && (st = dt_broadcast(w, w, s->order[i].len, DT_F32, root, p->pp)) == DT_OK)
-            st = dev_put(p, &s->order[i], 1, 0);
+            st = dev_put(p, &s->order[i], 1, 0, NULL);
         else if (!get && !keeps(p, s->order[i].offset)) {
             dt_zero_pages(w, sizeof(float) * s->order[i].len);
             if (s->device) st = dt_dev_blocks_drop_range(s->device, s->order[i].offset, s->order[i].len);
@@ -1218,7 +1418,7 @@ static dt_status pp_params_needed(dt_strategy *s, int layer, int phase) {
 static dt_status pp_params_eval(dt_strategy *s, int begin) {
     pipe *p = (pipe *)s;
     if (!p->held || s->world == 1) return DT_OK;
-    dt_status st = DT_OK;
+    dt_status st = begin ? dev_get_kept(p, 0) : DT_OK;  // (on a GPU: the layers the others gather from the host)
     if (!begin) {
         int L = dt_task_layers(s->c), n;
         if (p->gathered >= 0) st = eval_layer(p, p->gathered, 0);
@@ -1402,12 +1602,16 @@ static dt_status ckpt_spread(dt_strategy *s, const char *path) {
 }
 
 // After the start or a resume (the checkpoint's parts spread): the kept
-// ranges onto a GPU.
+// ranges and their optimizer state onto a GPU.
 static dt_status pp_ckpt_restore(dt_strategy *s, const char *path, int parts) {
     (void)parts;
     dt_status st = ckpt_spread(s, path);
     return st == DT_OK ? dev_put_kept((pipe *)s) : st;
 }
+
+// Before a checkpoint and the weights file, on a GPU: the host's copy of
+// the kept ranges and their optimizer state made the device's.
+static dt_status pp_params_host(dt_strategy *s) { return dev_get_kept((pipe *)s, 1); }
 
 // summary.json's "pipeline": the grid, how the stages were cut, each
 // (virtual) stage's layers and, measured, the layers' and stages' seconds.
@@ -1418,7 +1622,8 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
     if (s->device) {  // (its stages' activations beside the arena: rank 0's)
         cJSON *g = dt_train_device_summary(o, c, s->device);
         dt_comm_t w = p->gpus[ACT_OUT] ? p->gpus[ACT_OUT] : p->gpus[ACT_IN];
-        cJSON_AddStringToObject(g, "update", "host");
+        cJSON_AddStringToObject(g, "update", "device");
+        cJSON_AddStringToObject(g, "sums", p->gsum ? dt_comm_backend(p->gsum) : "none");
         cJSON_AddStringToObject(g, "streams", w ? dt_comm_backend(w) : "none");
     }
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
@@ -1461,9 +1666,9 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
 // A failed step: the pipelines' transfers end (their communicators aborted,
 // so no wait lasts) and the communicators go; what the step summed of its
 // micro-batches is dropped.
-static void pp_abandon(dt_strategy *s) {
-    pipe *p = (pipe *)s;
-    if (p->acc) memset(p->acc, 0, sizeof(int64_t) * s->n);
+static void leave_step(pipe *p) {
+    p->have_norm = 0;
+    if (p->acc && !p->base.device) memset(p->acc, 0, sizeof(int64_t) * p->base.n);
     if (p->pp) dt_comm_abort(p->pp, "a worker died: the step is redone");
     if (p->ppb && p->ppb != p->pp) dt_comm_abort(p->ppb, "a worker died: the step is redone");
     for (int w = 0; w < WAYS; w++)
@@ -1474,6 +1679,7 @@ static void pp_abandon(dt_strategy *s) {
             dt_wait(&p->ch[v].slots[i].send_d);
         }
     dev_links_close(p);
+    dev_sums_close(p, "a worker died: the step is redone");
     if (p->ppb != p->pp) dt_comm_destroy(p->ppb);
     dt_comm_destroy(p->pp);
     dt_comm_destroy(p->rep);
@@ -1482,10 +1688,29 @@ static void pp_abandon(dt_strategy *s) {
     p->pp = p->ppb = p->rep = p->dp = p->tie = NULL;
 }
 
+// A rank that holds its state: the step left, and on a GPU the step's
+// fixed-point sums dropped there and the host's copy made the device's
+// (the state a spare's twin gives, or the loop shares).
+static void pp_abandon(dt_strategy *s) {
+    pipe *p = (pipe *)s;
+    leave_step(p);
+    dt_status st = p->dacc.base ? dt_dev_vm_zero(&p->dacc) : DT_OK;
+    if (st == DT_OK && s->device) st = dev_get_kept(p, 1);
+    p->err = st;
+    if (st != DT_OK)  // (regroup, which comes next, says it)
+        snprintf(p->errmsg, sizeof p->errmsg, "the device's state to the host, for a spare: %s", dt_last_error());
+}
+
 static dt_status pp_regroup(dt_strategy *s) {
-    pp_abandon(s);  // (what a try before this one left)
-    dt_status st = split_pipelines((pipe *)s);
-    return st == DT_OK ? share_cut((pipe *)s, 1) : st;  // (as a replacement's layout takes it)
+    pipe *p = (pipe *)s;
+    if (p->err != DT_OK) {
+        dt_status e = p->err;
+        p->err = DT_OK;
+        return dt_error(e, "%s", p->errmsg);
+    }
+    leave_step(p);  // (what a try before this one left)
+    dt_status st = split_pipelines(p);
+    return st == DT_OK ? share_cut(p, 1) : st;  // (as a replacement's layout takes it)
 }
 
 // After a spare took a dead rank's place (every rank regrouped; the cut
@@ -1528,7 +1753,9 @@ const dt_strategy_ops dt_strategy_pipeline = {
     .run_step = pp_run_step,
     .sync = pp_sync,
     .grad_norm = pp_grad_norm,
+    .grads_nonfinite = pp_grads_nonfinite,
     .update = pp_update,
+    .params_host = pp_params_host,
     .ckpt_stage = pp_ckpt_stage,
     .ckpt_save = pp_ckpt_save,
     .params_needed = pp_params_needed,

@@ -417,7 +417,7 @@ static dt_status dev_model(dt_task *t, const dt_config *c, int max_micro, dt_dev
     size_t V = (size_t)dt_model_num_classes(t->m);
     if (!(t->probs = malloc(sizeof(float) * V * (size_t)(eb > 0 ? eb : 1))))
         return dt_error(DT_ERR_NOMEM, "out of memory");
-    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_train_device_states(c), part,
+    return dt_dev_mlp_create(&t->dm, dt_dev_get(), t->m, rows, dt_optim_params_states(&c->optim), part,
                              (dt_dtype)c->precision, c->seed);
 }
 

@@ -319,7 +319,7 @@ static dt_status gpt_create(dt_task **out, const dt_config *c, dt_comm_t comm, i
     const dt_grad_range *order = dt_gpt_grad_order(t->m, &norder);
     DT_TRY(gpt_order(t, norder), done);
     if (dt_device_index(c->device) >= 0)
-        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_train_device_states(c),
+        DT_TRY(dt_dev_gpt_create(&t->dg, dt_dev_get(), t->m, t->Bm, t->T, dt_optim_params_states(&c->optim),
                                  dt_train_device_part(c, comm), (dt_dtype)c->precision), done);
     if (t->dg && t->ntp > 1) {
         dt_dev_gpt_set_reduce(t->dg, tp_reduce, &t->tpg);
