@@ -606,43 +606,46 @@ static void test_half(void) {
 
 // fp16's loss scaler on the device: an overflow at step 5 (DTRAIN_FAULT_OVERFLOW
 // puts an inf among the device's gradients, read back with the sum of
-// squares) skips the step and halves the scale, as on the CPU: the same
-// weights bitwise, one skipped step and a scale of 2^15 in the summaries.
-// Then each run's checkpoint of step 10 (the scaler in it) resumed on the
-// other: the uninterrupted run's weights, scale and count.
-static void test_fp16_skip(void) {
-    char text[4096], ck[4096], flags[1200];
+// squares; in a pipeline rank 0 says it saw one) skips the step and halves
+// the scale, as on the CPU: the same weights bitwise, one skipped step and
+// a scale of 2^15 in the summaries. Then each run's checkpoint of step 10
+// (the scaler in it) resumed on the other: the uninterrupted run's
+// weights, scale and count. On one worker, and in 2 pipeline stages
+// (their update on the device).
+static void fp16_skip(const char *tag, int W, const char *layout) {
+    char text[4096], ck[4096], flags[1200], name[4][64], ref[64];
     snprintf(ck, sizeof ck, "%s[checkpoint]\nevery_steps = 10\n", model_text("gpt", text, sizeof text));
-    struct {
-        const char *name, *flags, *resume;
-    } runs[] = {
-        {"skip-cpu", "", NULL},
-        {"skip-dev", "--device cuda", NULL},
-        {"skip-from-dev", "", "skip-dev"},
-        {"skip-from-cpu", "--device cuda", "skip-cpu"},
-    };
+    const char *what[] = {"cpu", "dev", "from-dev", "from-cpu"}, *dev[] = {"", "--device cuda", "", "--device cuda"};
+    for (int i = 0; i < 4; i++) snprintf(name[i], sizeof name[i], "skip%s-%s", tag, what[i]);
+    snprintf(ref, sizeof ref, "%s", name[0]);
     setenv("DTRAIN_FAULT_OVERFLOW", "0:5", 1);
     for (int i = 0; i < 4; i++) {
-        int k = snprintf(flags, sizeof flags, "--precision fp16 %s", runs[i].flags);
-        if (runs[i].resume) {
+        int k = snprintf(flags, sizeof flags, "--precision fp16 %s %s", layout, dev[i]);
+        if (i >= 2) {
             char from[300];
-            snprintf(from, sizeof from, "%s/checkpoints/step-00000010.safetensors", runs[i].resume);
+            snprintf(from, sizeof from, "%s/checkpoints/step-00000010%s", name[i == 2 ? 1 : 0],
+                     W > 1 ? "" : ".safetensors");  // (several ranks: a directory of shards)
             snprintf(flags + k, sizeof flags - k, " --set checkpoint.resume=%s", tmp(from));
         }
-        int rc = tl_train(g_tmp, runs[i].name, ck, 1, flags, g_out, sizeof g_out);
-        CHECK(rc == 0, "fp16 with an overflow at step 5, %s: exit %d\n%s", runs[i].name, rc, g_out);
+        int rc = tl_train(g_tmp, name[i], ck, W, flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "fp16 with an overflow at step 5, %s: exit %d\n%s", name[i], rc, g_out);
         char sum[700];
-        snprintf(sum, sizeof sum, "%s/summary.json", tmp(runs[i].name));
+        snprintf(sum, sizeof sum, "%s/summary.json", tmp(name[i]));
         CHECK(tl_json_number(sum, "skipped_steps") == 1 && tl_json_number(sum, "loss_scale") == 32768,
-              "fp16, %s: one step skipped, the scale halved to 32768: skipped %g, scale %g", runs[i].name,
+              "fp16, %s: one step skipped, the scale halved to 32768: skipped %g, scale %g", name[i],
               tl_json_number(sum, "skipped_steps"), tl_json_number(sum, "loss_scale"));
         if (i == 0) continue;
         int bw = 0;
-        double diff = tl_runs_diff(g_tmp, "skip-cpu", runs[i].name, &bw);
+        double diff = tl_runs_diff(g_tmp, ref, name[i], &bw);
         CHECK(diff == 0 && bw, "fp16, a step skipped: %s's weights are the CPU's uninterrupted run's bitwise (diff %g)",
-              runs[i].name, diff);
+              name[i], diff);
     }
     unsetenv("DTRAIN_FAULT_OVERFLOW");
+}
+
+static void test_fp16_skip(void) {
+    fp16_skip("", 1, "");
+    fp16_skip("-pp", 2, "--set parallel.pipeline=2");
 }
 
 // A checkpoint of the device resumed on the CPU, and the other way: the
