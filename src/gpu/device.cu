@@ -62,8 +62,10 @@ void dt_gpu_graph_drop(void) {
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
     }
+    int dev = -1, had = g_graph.exec != NULL;
     if (g_graph.exec) cudaGraphExecDestroy(g_graph.exec);
     if (g_graph.graph) cudaGraphDestroy(g_graph.graph);
+    if (had && cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGraphMemTrim(dev);  // (its scratch's memory given back)
     g_graph.exec = NULL, g_graph.graph = NULL, g_graph.mode = 0;
     dt_gpu_skipping = 0;
 }
@@ -93,6 +95,7 @@ dt_status dt_gpu_graph_run(void) {
         cudaError_t e = cudaStreamEndCapture(dt_cu_stream, &g_graph.graph);
         if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&g_graph.exec, g_graph.graph, 0);
         if (e != cudaSuccess) {
+            cudaGetLastError();  // (said here, not by the next call's check)
             dt_gpu_graph_drop();
             return dt_error(DT_ERR_INTERNAL, "GPU: the step's capture as a CUDA graph: %s (%s)", cudaGetErrorString(e),
                             cudaGetErrorName(e));
@@ -104,6 +107,8 @@ dt_status dt_gpu_graph_run(void) {
     return DT_OK;
 }
 
+#define SCRATCH_KEPT ((uint64_t)256 << 20)
+
 // The kernels' stream of each device, made at its first use (the
 // process's threads all use the device its main thread took).
 dt_status dt_gpu_use(int index) {
@@ -113,6 +118,11 @@ dt_status dt_gpu_use(int index) {
     DT_CUDA(cudaSetDevice(index));
     pthread_mutex_lock(&mu);
     cudaError_t e = made[index] ? cudaSuccess : cudaStreamCreateWithFlags(&made[index], cudaStreamDefault);
+    // (the scratch's pool keeps up to SCRATCH_KEPT freed bytes across a sync, not mapped again each step)
+    cudaMemPool_t pool;
+    uint64_t kept = SCRATCH_KEPT;
+    if (e == cudaSuccess && (e = cudaDeviceGetDefaultMemPool(&pool, index)) == cudaSuccess)
+        e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &kept);
     if (e == cudaSuccess) dt_cu_stream = made[index];
     pthread_mutex_unlock(&mu);
     DT_CUDA(e);

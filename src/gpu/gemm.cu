@@ -162,8 +162,19 @@ static dt_status batched(cublasLtMatrixLayout_t l, int batch, long long stride) 
     return DT_OK;
 }
 
+// One call: its algorithm from the cache (else cuBLASLt's heuristic, then
+// kept), the call queued; a replayed graph step's (dt_gpu_skipping) ends at
+// the cache, which its capture filled: no descriptor is made again.
 static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
     const dt_cm_gemm *g = o->g;
+    long long eb = o->ab == CUDA_R_32F ? 4 : 2;  // (the operands' element bytes; C's 4)
+    uint32_t al[3] = {alignment(o->first, eb * o->stride_first), alignment(o->second, eb * o->stride_second),
+                      alignment(o->C, 4 * o->stride_c)};
+    cublasLtMatmulHeuristicResult_t h;
+    memset(&h, 0, sizeof h);
+    lt_key key = key_of(o, al);
+    int cached = cache_find(&key, found, &h.algo);
+    if (cached && (dt_gpu_skipping || *found < 1)) return DT_OK;
     DT_LT(cublasLtMatmulDescCreate(&x->op, g_tf32 && o->ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                                    CUDA_R_32F));
     cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -190,17 +201,11 @@ static dt_status lt_matmul(lt_call *x, const dt_lt_op *o, int *found) {
     DT_LT(cublasLtMatmulPreferenceCreate(&x->pref));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WORKSPACE,
                                                sizeof WORKSPACE));
-    long long eb = o->ab == CUDA_R_32F ? 4 : 2;  // (the operands' element bytes; C's 4)
-    uint32_t al[3] = {alignment(o->first, eb * o->stride_first), alignment(o->second, eb * o->stride_second),
-                      alignment(o->C, 4 * o->stride_c)};
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof *al));
     DT_LT(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof *al));
-    cublasLtMatmulHeuristicResult_t h;
-    memset(&h, 0, sizeof h);
-    lt_key key = key_of(o, al);
-    if (!cache_find(&key, found, &h.algo)) {
+    if (!cached) {
         // (no algorithm for this epilogue or layout: NOT_SUPPORTED, or none found)
         cublasStatus_t hs = lt.cublasLtMatmulAlgoGetHeuristic(lt.handle, x->op, x->a, x->b, x->c, x->c, x->pref, 1, &h,
                                                               found);
