@@ -959,7 +959,7 @@ static void buckets_said(const char *dir, const dev_row *r) {
         {"gpt", 3, "--zero 1 --set parallel.grad_dtype=bf16 --set parallel.bucket_kb=4", 120, 60},
         {"gpt", 3, "--zero 2 --set parallel.bucket_kb=4", 120, 60},
     };
-    if (strstr(r->flags, "pipeline=") || strstr(r->flags, "tensor="))  // (no buckets: the host sums its gradients)
+    if (strstr(r->flags, "pipeline=") || strstr(r->flags, "tensor="))  // (no buckets: the strategy sums its kept ranges)
         return pipeline_said(dir, r);
     char sum[700];
     snprintf(sum, sizeof sum, "%s/summary.json", dir);
@@ -1818,7 +1818,8 @@ static int on_gpu(void) {
 // values shows here. The weights those of the run that queues every
 // step's calls, bitwise: the MLP with evaluations between steps and an
 // epoch's short last batch (another shape: queued one by one), the CNN in
-// bf16 (its dropout off), the GPT in bf16. Not taken where the calls
+// bf16 and in fp32 (its dropout off; in fp32 its convolutions cuDNN's on
+// a GPU), the GPT in bf16. Not taken where the calls
 // change from step to step (dropout's key, fp16's loss scale) or off. On
 // a GPU (test_gpu_sim gpu) the same: CUDA's graphs against the steps'
 // kernels queued one by one, bitwise.
@@ -1858,6 +1859,7 @@ static void test_graph(void) {
     CHECK(q != NULL, "the CNN's config has its dropout layer");
     snprintf(cnn, sizeof cnn, "%.*sdropout p=0%s", q ? (int)(q - cfg_cnn_full) : 0, cfg_cnn_full, q ? q + 13 : "");
     graph_run("graph-cnn", cnn, "--precision bf16", 1);
+    graph_run("graph-cnn32", cnn, "", 1);  // (fp32: the seam's conv2d, cuDNN's on a GPU, in the graph)
     graph_run("graph-dropout", drop, "", 0);
     graph_run("graph-fp16", text, "--precision fp16", 0);
     graph_run("graph-off", text, "--set train.cuda_graph=false", 0);

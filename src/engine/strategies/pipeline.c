@@ -724,7 +724,7 @@ static dt_status dev_get_kept(pipe *p, int states) {
     float *st[2];
     host_states(p, st);
     dt_status e = DT_OK;
-    for (int i = 0; i < n && e == DT_OK && b; i++)
+    for (int i = 0; i < n && e == DT_OK && b && (p->units || !states); i++)  // (else the loop below's)
         e = dt_dev_blocks_get_range(b, p->base.params, NULL, r[i].offset, r[i].len);
     for (int i = 0; i < nu && e == DT_OK && b && states; i++)
         e = dt_dev_blocks_get_range(b, p->base.params, st, u[i].offset, u[i].len);
@@ -746,7 +746,7 @@ static dt_status dev_sums(pipe *p) {
     const dt_grad_range *r = kept(p, &n);
     if (!b || p->gsum) return DT_OK;
     dt_status st = dt_train_device_comm(s->c, s->comm, sum_over(p), &p->gsum, why, sizeof why);
-    if (st == DT_OK && p->tie) st = dt_train_device_comm(s->c, s->comm, p->tie, &p->gtie, why, sizeof why);
+    if (st == DT_OK && p->tied) st = dt_train_device_comm(s->c, s->comm, p->tie, &p->gtie, why, sizeof why);
     if (st == DT_OK && s->rank == 0) dt_train_device_comm_said("model parallel: gradient sums", p->gsum, why);
     if (st == DT_OK && s->c->deterministic && !p->dacc.base)
         st = dt_dev_vm_open(&p->dacc, b->d, s->n * 8, "the fixed-point sums", "model parallel");
@@ -761,6 +761,7 @@ static dt_status dev_sums(pipe *p) {
         if (p->dacc.base) st = dt_dev_vm_back(&p->dacc, r[i].offset * 8, r[i].len * 8);
         if (st == DT_OK && p->dwire.base) st = dt_dev_vm_back(&p->dwire, r[i].offset * 2, r[i].len * 2);
     }
+    if (st != DT_OK) dev_sums_close(p, "the gradients' sums could not be set up");  // (made again at the next try)
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the gradients' sums on the GPUs: %s", dt_last_error());
 }
 
@@ -1036,7 +1037,7 @@ static dt_status share_cut(pipe *p, int have) {
 // and the tied embedding's pair).
 static uint64_t grad_sent(const pipe *p) {
     dt_comm_stats a, b;
-    dt_comm_get_stats(p->base.device ? p->gsum : p->dp, &a);
+    dt_comm_get_stats(p->base.device ? p->gsum : sum_over(p), &a);
     dt_comm_get_stats(p->base.device ? p->gtie : p->tie, &b);
     return a.bytes_sent + b.bytes_sent;
 }
