@@ -63,9 +63,13 @@ dt_status dt_gpu_launched(const char *kernel);
         if (dt_l_ != DT_OK) return dt_l_;                                                               \
     } while (0)
 
-/* Scratch for a call's own use, from the kernels' stream's pool
- * (cudaMallocAsync: no wait), given back with dt_gpu_scratch_free once the
- * call's kernels are launched (they run before any later use of it). */
+/* Scratch for a call's own use: the device's one scratch buffer (the
+ * calls' kernels all run on the kernels' stream, each call's before the
+ * next call's, so every call can have all of it), made larger (outside a
+ * graph's capture) when a call asks for more than any before; given back
+ * with dt_gpu_scratch_free once the call's kernels are queued. A second
+ * call's while the first holds it (another thread) comes from the
+ * stream's pool (cudaMallocAsync). */
 dt_status dt_gpu_scratch(void **p, size_t bytes);
 void dt_gpu_scratch_free(void *p);
 

@@ -27,6 +27,7 @@ const dt_dev dt_dev_cuda = {
     .to_device = dt_gpu_to_device,
     .to_device_async = dt_gpu_to_device_async,
     .reads = dt_gpu_reads,
+    .scratch_bytes = dt_gpu_scratch_bytes,
     .to_host = dt_gpu_to_host,
     .copy = dt_gpu_copy,
     .sync = dt_gpu_sync,

@@ -64,6 +64,12 @@ typedef struct dt_dev {
     /* to_host's calls so far in this process: the host's waits for the
      * device (summary.json's gpu.reads_per_step). */
     uint64_t (*reads)(void);
+    /* The bytes of the ops' own scratch (the embedding's sort, the sums
+     * of squares' and the column sums' partial sums, cuDNN's workspaces):
+     * one buffer of the device's, sized by the largest call so far (the
+     * first step of a shape, an evaluation's first batch) and reused by
+     * every call after; 0 on the simulated GPU, whose ops need none. */
+    size_t (*scratch_bytes)(void);
     dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
     dt_status (*sync)(void);
     /* A stream for communication (NCCL's): work queued on it runs beside

@@ -281,6 +281,7 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
                                      : dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     bytes[DT_DEV_ACTS] += b->stage_bytes;
     for (int j = 0; b->held && j < b->nstates; j++) bytes[DT_DEV_OPTIM] += b->svm[j].now;
+    bytes[DT_DEV_WORK] += b->d->scratch_bytes();  // (the ops' own scratch: the device's, beside the arena)
 }
 
 // ---- the sequential model --------------------------------------------------------

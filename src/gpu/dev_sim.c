@@ -390,6 +390,7 @@ static dt_status sim_to_device_async(void *dev, const void *host, size_t bytes) 
 static _Atomic uint64_t g_reads;
 
 static uint64_t sim_reads(void) { return g_reads; }
+static size_t sim_scratch_bytes(void) { return 0; }
 
 static dt_status sim_to_host(void *host, const void *dev, size_t bytes) {
     TRY_UNGRAPHED("a read from the device (to_host)");
@@ -948,6 +949,7 @@ const dt_dev dt_dev_sim = {
     .to_device = sim_to_device,
     .to_device_async = sim_to_device_async,
     .reads = sim_reads,
+    .scratch_bytes = sim_scratch_bytes,
     .to_host = sim_to_host,
     .copy = sim_copy,
     .sync = sim_sync,

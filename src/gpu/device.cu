@@ -55,6 +55,8 @@ static struct {
                             g_graph.mode == CAPTURING ? "being captured" : "replayed");                 \
     } while (0)
 
+static void scratch_retired_free(void);
+
 void dt_gpu_graph_drop(void) {
     if (g_graph.mode == CAPTURING) {  // (a capture given up: ended, its graph freed)
         cudaGraph_t g = NULL;
@@ -62,10 +64,9 @@ void dt_gpu_graph_drop(void) {
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
     }
-    int dev = -1, had = g_graph.exec != NULL;
     if (g_graph.exec) cudaGraphExecDestroy(g_graph.exec);
     if (g_graph.graph) cudaGraphDestroy(g_graph.graph);
-    if (had && cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGraphMemTrim(dev);  // (its scratch's memory given back)
+    scratch_retired_free();
     g_graph.exec = NULL, g_graph.graph = NULL, g_graph.mode = 0;
     dt_gpu_skipping = 0;
 }
@@ -107,8 +108,6 @@ dt_status dt_gpu_graph_run(void) {
     return DT_OK;
 }
 
-#define SCRATCH_KEPT ((uint64_t)256 << 20)
-
 // The kernels' stream of each device, made at its first use (the
 // process's threads all use the device its main thread took).
 dt_status dt_gpu_use(int index) {
@@ -118,11 +117,6 @@ dt_status dt_gpu_use(int index) {
     DT_CUDA(cudaSetDevice(index));
     pthread_mutex_lock(&mu);
     cudaError_t e = made[index] ? cudaSuccess : cudaStreamCreateWithFlags(&made[index], cudaStreamDefault);
-    // (the scratch's pool keeps up to SCRATCH_KEPT freed bytes across a sync, not mapped again each step)
-    cudaMemPool_t pool;
-    uint64_t kept = SCRATCH_KEPT;
-    if (e == cudaSuccess && (e = cudaDeviceGetDefaultMemPool(&pool, index)) == cudaSuccess)
-        e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &kept);
     if (e == cudaSuccess) dt_cu_stream = made[index];
     pthread_mutex_unlock(&mu);
     DT_CUDA(e);
@@ -284,9 +278,54 @@ dt_status dt_gpu_launched(const char *kernel) {
     return DT_OK;
 }
 
+// The device's scratch buffer (one device a process: dt_gpu_use's first,
+// which every thread uses). A buffer made too small is kept while a graph
+// may still point into it (given back with the graph: dt_gpu_graph_drop).
+static struct {
+    pthread_mutex_t mu;
+    void *p, *old[16];
+    size_t cap;
+    int held, nold;
+} g_scratch = {PTHREAD_MUTEX_INITIALIZER, NULL, {NULL}, 0, 0, 0};
+
+size_t dt_gpu_scratch_bytes(void) { return g_scratch.cap; }
+
+// (the graph's memory given back: the buffers it may point into too)
+static void scratch_retired_free(void) {
+    pthread_mutex_lock(&g_scratch.mu);
+    for (int i = 0; i < g_scratch.nold; i++) cudaFree(g_scratch.old[i]);
+    g_scratch.nold = 0;
+    pthread_mutex_unlock(&g_scratch.mu);
+}
+
+// The buffer made `bytes` long (outside a capture; the old one given back
+// once the kernels queued have run, or kept for a graph that may use it).
+static dt_status scratch_grow(size_t bytes) {
+    if (g_graph.mode == CAPTURING)
+        return dt_error(DT_ERR_INTERNAL, "GPU: %zu bytes of scratch asked for inside a step's capture as a CUDA "
+                        "graph (the buffer has %zu: the step's first run should have made it)", bytes, g_scratch.cap);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess)
+        return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
+                        "GPU: scratch of %zu bytes (cudaMalloc): %s", bytes, cudaGetErrorString(e));
+    if (g_scratch.p && g_graph.exec && g_scratch.nold < 16) g_scratch.old[g_scratch.nold++] = g_scratch.p;
+    else if (g_scratch.p) cudaFree(g_scratch.p);  // (waits for the kernels queued)
+    g_scratch.p = p, g_scratch.cap = bytes;
+    return DT_OK;
+}
+
 dt_status dt_gpu_scratch(void **p, size_t bytes) {
     *p = NULL;
     if (dt_gpu_skipping) return DT_OK;  // (*p NULL: read only by the calls the replay skips)
+    pthread_mutex_lock(&g_scratch.mu);
+    dt_status st = DT_OK;
+    if (!g_scratch.held) {
+        if (bytes > g_scratch.cap) st = scratch_grow((bytes + 255) / 256 * 256);
+        if (st == DT_OK) *p = g_scratch.p, g_scratch.held = 1;
+    }
+    pthread_mutex_unlock(&g_scratch.mu);
+    if (st != DT_OK || *p) return st;
     cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, dt_cu_stream);
     if (e != cudaSuccess)
         return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
@@ -295,7 +334,12 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
 }
 
 void dt_gpu_scratch_free(void *p) {
-    if (p && !dt_gpu_skipping) cudaFreeAsync(p, dt_cu_stream);
+    if (!p || dt_gpu_skipping) return;
+    pthread_mutex_lock(&g_scratch.mu);
+    int mine = p == g_scratch.p && g_scratch.held;
+    if (mine) g_scratch.held = 0;
+    pthread_mutex_unlock(&g_scratch.mu);
+    if (!mine) cudaFreeAsync(p, dt_cu_stream);
 }
 
 // ---- memory backed on demand: CUDA's virtual memory management ----------------

@@ -35,6 +35,7 @@ dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes);
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes);
 dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes);
 uint64_t dt_gpu_reads(void);
+size_t dt_gpu_scratch_bytes(void);
 dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes);
 dt_status dt_gpu_memset0(void *dev, size_t bytes);
 /* The current device's free and total memory. */

@@ -27,6 +27,7 @@ dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
     return (void)dev, (void)host, (void)bytes, no_gpu();
 }
 uint64_t dt_gpu_reads(void) { return 0; }
+size_t dt_gpu_scratch_bytes(void) { return 0; }
 dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes) {
     return (void)dev, (void)host, (void)bytes, no_gpu();
 }
