@@ -309,7 +309,7 @@ static dt_status scratch_grow(size_t bytes) {
     if (e != cudaSuccess)
         return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
                         "GPU: scratch of %zu bytes (cudaMalloc): %s", bytes, cudaGetErrorString(e));
-    if (g_scratch.p && g_graph.exec && g_scratch.nold < 16) g_scratch.old[g_scratch.nold++] = g_scratch.p;
+    if (g_scratch.p && g_graph.exec) g_scratch.old[g_scratch.nold++] = g_scratch.p;
     else if (g_scratch.p) cudaFree(g_scratch.p);  // (waits for the kernels queued)
     g_scratch.p = p, g_scratch.cap = bytes;
     return DT_OK;
@@ -320,7 +320,8 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
     if (dt_gpu_skipping) return DT_OK;  // (*p NULL: read only by the calls the replay skips)
     pthread_mutex_lock(&g_scratch.mu);
     dt_status st = DT_OK;
-    if (!g_scratch.held) {
+    // (the buffer's, unless another call holds it, or a graph keeps as many old ones as it may)
+    if (!g_scratch.held && (bytes <= g_scratch.cap || !g_graph.exec || g_scratch.nold < 16)) {
         if (bytes > g_scratch.cap) st = scratch_grow((bytes + 255) / 256 * 256);
         if (st == DT_OK) *p = g_scratch.p, g_scratch.held = 1;
     }
