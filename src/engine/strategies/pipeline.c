@@ -796,36 +796,21 @@ static dt_status widen(const pipe *p, float *g, const uint16_t *w, size_t n) {
 static uint16_t *wire_of(pipe *p) { return p->base.device ? (uint16_t *)p->dwire.base : dt_strategy_wire(&p->base); }
 
 // Deterministic: the kept ranges' gradients added to the fixed-point sums
-// and zeroed (each micro-batch's), or the sums made the gradients and
-// zeroed (sync's end).
-static dt_status fixed_in(pipe *p) {
+// and zeroed (in: each micro-batch's), or the sums made the gradients and
+// zeroed (sync's end), where they are.
+static dt_status fixed_move(pipe *p, int in) {
     dt_dev_blocks *b = p->base.device;
+    float *g = grads_of(p);
     int n;
     const dt_grad_range *r = kept(p, &n);
     dt_status st = DT_OK;
     for (int i = 0; i < n && st == DT_OK; i++) {
-        size_t a = r[i].offset, m = r[i].len;
-        if (b && (st = b->d->fixed_add(p->acc + a, b->grads + a, m)) == DT_OK)
-            st = b->d->memset0(b->grads + a, sizeof(float) * m);
-        if (b) continue;
-        dt_fixed_add(p->acc + a, p->base.grads + a, m, DT_FIXED_SCALE);
-        memset(p->base.grads + a, 0, sizeof(float) * m);
-    }
-    return st;
-}
-
-static dt_status fixed_out(pipe *p) {
-    dt_dev_blocks *b = p->base.device;
-    int n;
-    const dt_grad_range *r = kept(p, &n);
-    dt_status st = DT_OK;
-    for (int i = 0; i < n && st == DT_OK; i++) {
-        size_t a = r[i].offset, m = r[i].len;
-        if (b && (st = b->d->fixed_to_float(b->grads + a, p->acc + a, m)) == DT_OK)
-            st = b->d->memset0(p->acc + a, sizeof(int64_t) * m);
-        if (b) continue;
-        dt_fixed_to_float(p->base.grads + a, p->acc + a, m);
-        memset(p->acc + a, 0, sizeof(int64_t) * m);
+        size_t a = r[i].offset, m = r[i].len, zb = in ? sizeof(float) * m : sizeof(int64_t) * m;
+        void *z = in ? (void *)(g + a) : (void *)(p->acc + a);
+        if (b) st = in ? b->d->fixed_add(p->acc + a, g + a, m) : b->d->fixed_to_float(g + a, p->acc + a, m);
+        else if (in) dt_fixed_add(p->acc + a, g + a, m, DT_FIXED_SCALE);
+        else dt_fixed_to_float(g + a, p->acc + a, m);
+        if (st == DT_OK) st = b ? b->d->memset0(z, zb) : (memset(z, 0, zb), DT_OK);
     }
     return st;
 }
@@ -977,7 +962,7 @@ static dt_status backward(pipe *p, dt_task *task, int v, int k, dt_obs_span *sp)
         st = transfer(p, GRAD_OUT, sl->din, sl->in_count, &sl->send_d);
     // Deterministic: each micro-batch's gradient on its own into int64
     // fixed point, whose sums do not depend on their order (dp_det.c).
-    if (st == DT_OK && p->acc) st = fixed_in(p);
+    if (st == DT_OK && p->acc) st = fixed_move(p, 1);
     p->alive--;
     return st;
 }
@@ -1205,7 +1190,7 @@ static dt_status pp_sync(dt_strategy *s) {
     for (int i = 0; i < n && st == DT_OK && !scatter; i++) st = sum_range(p, k[i].offset, k[i].len, c);
     // (the order's first range is wte: the embedding's, and the head's on the last stage)
     if (st == DT_OK && p->tied && !scatter) st = sum_range(p, s->order[0].offset, s->order[0].len, tie);
-    if (st == DT_OK && p->acc) st = fixed_out(p);
+    if (st == DT_OK && p->acc) st = fixed_move(p, 0);
     p->grad_bytes += grad_sent(p) - sent;
     s->comm_seconds += dt_now() - t0;
     s->comm_exposed_seconds += dt_now() - t0;
