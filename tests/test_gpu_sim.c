@@ -1217,9 +1217,14 @@ static void test_ranks(void) {
         double diff = tl_runs_diff(g_tmp, ref, name, &bw);
         CHECK(rc == 0 && diff == 0 && bw, "%s x %d %s: the device's weights are the CPU's on %d workers bitwise "
               "(diff %g)", r->model, r->workers, r->flags, r->workers, diff);
-        char ra[600], rb[600], w[160];
+        char ra[600], rb[600], w[160], sa[700], sb[700];
         snprintf(ra, sizeof ra, "%s", tmp(ref));
         snprintf(rb, sizeof rb, "%s", tmp(name));
+        snprintf(sa, sizeof sa, "%s/summary.json", ra);
+        snprintf(sb, sizeof sb, "%s/summary.json", rb);
+        double la = tl_json_number(sa, "final_train_loss"), lb = tl_json_number(sb, "final_train_loss");
+        CHECK(la > 0 && la == lb, "%s x %d %s: the training loss the device summed is the CPU's (%.9g, %.9g)", r->model,
+              r->workers, r->flags, lb, la);
         snprintf(w, sizeof w, "%s x %d %s", r->model, r->workers, r->flags);
         same_evals(ra, rb, w, 0, 1);
         buckets_said(rb, r);

@@ -164,7 +164,8 @@ typedef struct {
     // backed on the kept ranges), the norm's pieces' sums of squares.
     dt_comm_t gsum, gtie;
     dt_dev_vm dacc, dwire;
-    double *dsq;           // [norder x (nunits or 1)] device doubles
+    double *dsq;           // [1 + norder x (nunits or 1)] device doubles: the step's losses (the last stage's,
+                           // loss_add), the norm's pieces after them, read together
     double norm;           // the norm grads_nonfinite made (have_norm), which grad_norm returns
     int have_norm;
     dt_status err;         // abandon's failure, said by regroup (errmsg)
@@ -563,6 +564,7 @@ static dt_status pp_init(dt_strategy *s) {
     p->off = malloc(sizeof(int) * (size_t)p->M);
     p->len = malloc(sizeof(int) * (size_t)p->M);
     int host_acc = c->deterministic && !s->device;  // (a device's: dev_sums)
+    if (s->device) s->device->defer_loss = 1;  // (the last stage's losses summed there: forward, make_norm)
     if (host_acc) p->acc = dt_alloc(sizeof(int64_t) * (s->n ? s->n : 1));
     if (!p->ch || !p->ops || !p->spans || !p->off || !p->len || (host_acc && !p->acc))
         return dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
@@ -754,7 +756,7 @@ static dt_status dev_sums(pipe *p) {
         st = dt_dev_vm_open(&p->dwire, b->d, s->n * 2, "the gradients' bf16 copy", "model parallel");
     if (st == DT_OK) p->acc = p->dacc.base ? (int64_t *)p->dacc.base : p->acc;
     if (st == DT_OK && !p->dsq) {
-        size_t m = (size_t)s->norder * (size_t)(p->nunits > 1 ? p->nunits : 1) + 1;
+        size_t m = 1 + (size_t)s->norder * (size_t)(p->nunits > 1 ? p->nunits : 1);
         st = b->d->alloc((void **)&p->dsq, sizeof(double) * m);
     }
     for (int i = 0; i < n && st == DT_OK; i++) {
@@ -928,7 +930,9 @@ static dt_status forward(pipe *p, dt_task *task, int64_t step, int v, int k, dt_
     *sp = (dt_obs_span){1, k, v, t0, dt_now()};
     p->t_compute += sp->t1 - t0;
     if (st != DT_OK) return st;
-    if (last) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
+    dt_dev_blocks *b = p->base.device;  // (on a device the loss stays there: summed, read by make_norm)
+    if (last && b && p->t == 0) st = b->d->loss_add(p->dsq, b->loss, (double)p->len[k]);
+    else if (last) *loss_sum += p->t == 0 ? (double)loss * p->len[k] : 0;
     else st = transfer(p, ACT_OUT, sl->out, sl->out_count, &sl->send_out);
     if (++p->alive > p->peak) p->peak = p->alive;
     return st;
@@ -1106,6 +1110,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     s->nmicro = p->M;
     s->global = b->global;
     dt_status st = dev_sums(p);
+    if (st == DT_OK && p->dsq) st = s->device->d->memset0(p->dsq, sizeof(double));  // (the step's losses)
     if (st != DT_OK) return st;
     if (!p->tops) {  // at the first step: the activation sets
         if (!tops->stage_create)
@@ -1272,20 +1277,22 @@ static int norm_pieces(const pipe *p, dt_grad_range *r, int *grp) {
 
 // This rank's squares: each range's pieces summed, the ranges' sums added
 // in order (on a device each piece's sum of squares made there, the
-// dt_sum_squares bits, read back at once).
-static dt_status my_squares(pipe *p, double *mine) {
+// dt_sum_squares bits, read back at once with the step's losses there,
+// *losses; else 0).
+static dt_status my_squares(pipe *p, double *mine, double *losses) {
     dt_strategy *s = &p->base;
     dt_dev_blocks *b = s->device;
     size_t m = (size_t)s->norder * (size_t)(p->nunits > 1 ? p->nunits : 1) + 1;
     dt_grad_range *r = malloc(sizeof *r * m);
     int *grp = malloc(sizeof(int) * m);
-    double *sq = malloc(sizeof(double) * m);
-    dt_status st = r && grp && sq ? DT_OK : dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    double *v = malloc(sizeof(double) * (m + 1)), *sq = v ? v + 1 : NULL;
+    dt_status st = r && grp && v ? DT_OK : dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     int n = st == DT_OK ? norm_pieces(p, r, grp) : 0;
     for (int j = 0; j < n && st == DT_OK; j++)
-        if (b) st = b->d->sumsq(p->dsq + j, b->grads + r[j].offset, r[j].len);
+        if (b) st = b->d->sumsq(p->dsq + 1 + j, b->grads + r[j].offset, r[j].len);
         else sq[j] = dt_sum_squares(s->grads + r[j].offset, r[j].len);
-    if (st == DT_OK && b && n) st = b->d->to_host(sq, p->dsq, sizeof(double) * (size_t)n);
+    if (st == DT_OK && b) st = b->d->to_host(v, p->dsq, sizeof(double) * (size_t)(n + 1));
+    *losses = st == DT_OK && b ? v[0] : 0;
     *mine = 0;
     for (int j = 0; j < n && st == DT_OK;) {
         double sum = 0;
@@ -1293,16 +1300,16 @@ static dt_status my_squares(pipe *p, double *mine) {
         for (; j < n && grp[j] == i; j++) sum += sq[j];
         *mine += sum;
     }
-    free(r), free(grp), free(sq);
+    free(r), free(grp), free(v);
     return st;
 }
 
 // The norm (see above), made once a step: by grads_nonfinite, whose check
 // it is (a non-finite norm), and which grad_norm then returns.
-static dt_status make_norm(pipe *p) {
+static dt_status make_norm(pipe *p, double *losses) {
     int G = p->T * p->P, sliced = p->units && !p->acc;
     double mine = 0, *all = malloc(sizeof(double) * (size_t)(G > p->D ? G : p->D));
-    dt_status st = all ? my_squares(p, &mine) : dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
+    dt_status st = all ? my_squares(p, &mine, losses) : dt_error(DT_ERR_NOMEM, "model parallel: out of memory");
     if (st == DT_OK && p->T == 1 && !p->held) {
         free(all);
         p->norm = sqrt(mine), p->have_norm = 1;
@@ -1324,18 +1331,24 @@ static dt_status make_norm(pipe *p) {
 }
 
 // The synchronised gradient's check: a NaN or an Inf makes the norm so
-// (DTRAIN_FAULT_OVERFLOW: this rank says it saw one).
+// (DTRAIN_FAULT_OVERFLOW: this rank says it saw one). On a device the
+// step's losses come back in the same read: *loss_sum (a non-finite one
+// is the run's error, as the CPU's forward says).
 static dt_status pp_grads_nonfinite(dt_strategy *s, int64_t step, double *loss_sum, int *nonfinite) {
     pipe *p = (pipe *)s;
-    (void)loss_sum;
-    dt_status st = make_norm(p);
+    double losses = 0;
+    dt_status st = make_norm(p, &losses);
+    if (st == DT_OK && s->device) *loss_sum = losses;
+    if (st == DT_OK && !isfinite(*loss_sum))
+        st = dt_error(DT_ERR_NUMERIC, "the loss is %s (diverged: lower the learning rate or clip gradients)",
+                      isnan(*loss_sum) ? "NaN" : "Inf");
     *nonfinite = st == DT_OK && (!isfinite(p->norm) || dt_fault_overflow(s->rank, step));
     return st;
 }
 
 static dt_status pp_grad_norm(dt_strategy *s, double *norm) {
     pipe *p = (pipe *)s;
-    dt_status st = p->have_norm ? DT_OK : make_norm(p);
+    dt_status st = p->have_norm ? DT_OK : make_norm(p, &(double){0});
     *norm = p->norm;
     return st;
 }

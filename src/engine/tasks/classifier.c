@@ -582,7 +582,8 @@ static dt_status cls_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     if (st->ds && t->dev_err != DT_OK) return t->dev_err;
     if (st->ds)
         return dt_dev_mlp_stage_forward(st->ds, t->b.x + (size_t)st->off * ss, t->b.y + st->off, st->len, st->scale,
-                                        (uint64_t)st->step, (int64_t)t->b.first + st->off, loss);
+                                        (uint64_t)st->step, (int64_t)t->b.first + st->off,
+                                        dt_dev_loss_out(dt_dev_mlp_blocks(t->dm), loss));
     dt_model_set_dropout_key(t->m, (uint64_t)st->step, (int64_t)t->b.first + st->off);
     return dt_model_forward_range(t->m, st->a, st->l0 == 0 ? t->b.x + (size_t)st->off * ss : NULL, t->b.y + st->off,
                                   st->len, 1, loss);

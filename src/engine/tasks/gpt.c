@@ -461,7 +461,9 @@ static dt_status gpt_stage_begin(dt_task *t, dt_task_stage *st, int64_t step, in
 static dt_status gpt_stage_forward(dt_task *t, dt_task_stage *st, float *loss) {
     size_t o = (size_t)st->off * t->T;
     if (st->ds && t->dev_err != DT_OK) return t->dev_err;
-    if (st->ds) return dt_dev_gpt_stage_forward(st->ds, t->x + o, t->y + o, st->len, t->T, st->scale, loss);
+    if (st->ds)
+        return dt_dev_gpt_stage_forward(st->ds, t->x + o, t->y + o, st->len, t->T, st->scale,
+                                        dt_dev_loss_out(dt_dev_gpt_blocks(t->dg), loss));
     float *in = dt_gpt_acts_resid(st->a, st->l0), *out = dt_gpt_acts_resid(st->a, st->l1);
     dt_status s = DT_OK;
     if (st->l0 == 0) s = dt_gpt_embed_forward(t->m, st->a, t->x + o, in);
