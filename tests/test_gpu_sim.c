@@ -910,7 +910,8 @@ static void sequence_memory(void) {
 // and a tensor-parallel shard's sums on the GPUs' communicators: NCCL
 // where each rank has a simulated GPU of its own (dir's run on the fake
 // NCCL, 3 GPUs), else staged through host memory (streams: none without
-// stages; shards: absent without shards).
+// stages; shards: absent without shards); and on NCCL one read from the
+// device a step.
 static void pipeline_said(const char *dir, const dev_row *r) {
     char sum[700], streams[64], shards[64], sums[64];
     const char *way = strstr(dir, "-nccl") && r->workers <= 3 ? "nccl" : "staging";
@@ -926,6 +927,10 @@ static void pipeline_said(const char *dir, const dev_row *r) {
           "%s x %d %s: summary.json says the stages ran on the device, the update there, the streams %s, the "
           "gradients' sums %s, the shards' sums %s", r->model, r->workers, r->flags, streams, sums,
           tensor ? shards : "none");
+    // (on NCCL one read from the device a step: the losses and the norm's pieces; staged, the copies add theirs)
+    double reads = tl_json_number(sum, "reads_per_step");
+    CHECK(strcmp(way, "nccl") ? reads >= 1 : reads == 1, "%s x %d %s (%s): %g reads from the device a step", r->model,
+          r->workers, r->flags, way, reads);
 }
 
 // summary.json's buckets (rank 0's, over the 20 steps): plain data

@@ -166,6 +166,8 @@ typedef struct {
     dt_dev_vm dacc, dwire;
     double *dsq;           // [1 + norder x (nunits or 1)] device doubles: the step's losses (the last stage's,
                            // loss_add), the norm's pieces after them, read together
+    uint64_t reads0, reads; // the device's reads at this step's start, and between steps' starts and updates
+    int64_t updates;
     double norm;           // the norm grads_nonfinite made (have_norm), which grad_norm returns
     int have_norm;
     dt_status err;         // abandon's failure, said by regroup (errmsg)
@@ -1111,6 +1113,7 @@ static dt_status pp_run_step(dt_strategy *s, const dt_task_ops *tops, dt_task *t
     s->global = b->global;
     dt_status st = dev_sums(p);
     if (st == DT_OK && p->dsq) st = s->device->d->memset0(p->dsq, sizeof(double));  // (the step's losses)
+    if (s->device) p->reads0 = s->device->d->reads();
     if (st != DT_OK) return st;
     if (!p->tops) {  // at the first step: the activation sets
         if (!tops->stage_create)
@@ -1233,6 +1236,7 @@ static dt_status pp_update(dt_strategy *s, float lr, float scale) {
     st = !p->units ? DT_OK : b ? dev_gather_params(p) : gather_units(p, s->params);
     if (st != DT_OK) return dt_error(st, "model parallel: parameter allgather: %s", dt_last_error());
     st = b ? dt_dev_blocks_changed(b, k, nk) : DT_OK;
+    if (b) p->reads += b->d->reads() - p->reads0, p->updates++;
     return st == DT_OK ? DT_OK : dt_error(st, "model parallel: the parameters' 16-bit copy: %s", dt_last_error());
 }
 
@@ -1623,6 +1627,7 @@ static void pp_summary(dt_strategy *s, struct cJSON *o) {
         dt_comm_t w = p->gpus[ACT_OUT] ? p->gpus[ACT_OUT] : p->gpus[ACT_IN];
         cJSON_AddStringToObject(g, "update", "device");
         cJSON_AddStringToObject(g, "sums", p->gsum ? dt_comm_backend(p->gsum) : "none");
+        cJSON_AddNumberToObject(g, "reads_per_step", p->updates ? (double)p->reads / (double)p->updates : 0.0);
         cJSON_AddStringToObject(g, "streams", w ? dt_comm_backend(w) : "none");
     }
     cJSON *j = cJSON_AddObjectToObject(o, "pipeline");
