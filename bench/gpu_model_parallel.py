@@ -4,11 +4,11 @@ machine has one) of `dtrain train --device cuda` in data parallel and in
 N pipeline stages on the same global batch (docs/gpu.md, "Model parallel
 (pipeline and tensor)"). Prints, per layout, the median step, samples per
 second, the step against data parallel's, and rank 0's GPU memory from
-summary.json: the weights and gradients it backs (a stage: its layers'),
-its activations (a stage: its micro-batches' sets beside the arena) and
-where the update runs. A stage moves its gradients to the host and its
-parameters back each step and updates on the host: what that costs shows
-in the step.
+summary.json: the weights, gradients and optimizer state it backs (a
+stage: its layers'), its activations (a stage: its micro-batches' sets
+beside the arena), where the update runs and the reads from the device a
+step. A stage sums, clips and updates its layers on the device; what its
+streams between stages and its bubble cost shows in the step.
 
     python3 bench/gpu_model_parallel.py --dtrain BUILD/dtrain --config RUN.ini
         [--ranks 2] [--steps N] [--out DIR] [--json FILE]
@@ -28,7 +28,9 @@ def one(args, name, flags):
     row, gpu = measured(args, "layout", name, name, args.ranks, flags)
     if gpu is not None:
         row.update({"weights_bytes": gpu.get("weights_bytes", 0), "gradients_bytes": gpu.get("gradients_bytes", 0),
-                    "activations_bytes": gpu.get("activations_bytes", 0), "update": gpu.get("update", "device")})
+                    "optimizer_bytes": gpu.get("optimizer_state_bytes", 0),
+                    "activations_bytes": gpu.get("activations_bytes", 0), "update": gpu.get("update", "device"),
+                    "reads": gpu.get("reads_per_step", 0)})
     return row
 
 
@@ -43,11 +45,13 @@ def main():
     rows = [one(args, name, flags) for name, flags in layouts]
     base = next((r["step_seconds"] for r in rows if r["layout"] == "data-parallel" and "error" not in r), None)
     table(["%d ranks" % args.ranks, "step (ms):", "against data parallel:", "samples/s:", "weights (MiB):",
-           "gradients (MiB):", "activations (MiB):", "update"], rows, lambda r: r["layout"],
+           "gradients (MiB):", "optimizer (MiB):", "activations (MiB):", "update", "reads a step:"], rows,
+          lambda r: r["layout"],
           lambda r: ["%.1f" % (r["step_seconds"] * 1e3),
                      "%.2fx" % (r["step_seconds"] / base) if base else "(no data-parallel run)", "%.1f" % r["rate"],
                      "%.1f" % (r["weights_bytes"] / MIB), "%.1f" % (r["gradients_bytes"] / MIB),
-                     "%.1f" % (r["activations_bytes"] / MIB), r["update"]])
+                     "%.1f" % (r["optimizer_bytes"] / MIB), "%.1f" % (r["activations_bytes"] / MIB), r["update"],
+                     "%g" % r["reads"]])
     return finish(args, rows)
 
 

@@ -29,8 +29,8 @@
 #      (bench/gpu_zero.py: the GPU memory each stage keeps, and what backing
 #      chunks on demand and gathering layers cost the step); model-parallel:
 #      on 2 ranks in data parallel and in 2 pipeline stages
-#      (bench/gpu_model_parallel.py: a stage's memory, and what its host
-#      update costs the step)
+#      (bench/gpu_model_parallel.py: a stage's memory, its update on the
+#      device, and what its streams and bubble cost the step)
 #   8. forecast: dtrain simulate on dtrain's measured GPT-2 124M step
 #      (stage 6's, bf16 where it ran): 124M and 1.3B on 8 GPUs x 1..64 hosts
 # Run from the source tree on the GPU machine, with BUILD (default build/)
