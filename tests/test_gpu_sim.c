@@ -1264,8 +1264,12 @@ static void test_ranks(void) {
 static void test_ranks_resume(void) {
     crosswise("ck2", "", 2, "", "step-00000010.safetensors", 20, 0);
     crosswise("ckc", "[compression]\nmethod = bf16\n", 2, "", "step-00000010", 10, 2);
-    // (a pipeline's: each stage's slice of the whole model's tensors)
+    // (a pipeline's: each stage's slice of the whole model's tensors, its
+    // optimizer state the device's; under --zero 1 each replica's slices of
+    // it; tensor shards' too)
     crosswise("ckp", "", 2, "--set parallel.pipeline=2", "step-00000010", 10, 2);
+    crosswise("ckpz", "", 4, "--zero 1 --set parallel.pipeline=2", "step-00000010", 10, 4);
+    crosswise("ckt", "", 2, "--set parallel.tensor=2", "step-00000010", 10, 2);
 }
 
 // ZeRO stage 1 (and 3) on the device: a checkpoint of 2 ranks at step 10
