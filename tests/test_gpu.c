@@ -426,6 +426,48 @@ static void test_crossentropy(size_t N, int V, size_t ld) {
     dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gloss), dt_gpu_free(gd), dt_gpu_free(gt), dt_gpu_free(grow);
 }
 
+// The loss and its gradient in one pass (dt_gpu_crossentropy_fused, the
+// GPT head's): against the CPU's forward and its backward onto zeros
+// within 1e-5, and against the GPU's own two ops (forward, backward onto
+// zeros) bitwise, the padding kept.
+static void test_crossentropy_fused(size_t N, int V, size_t ld) {
+    size_t n = N * V, nl = N * ld;
+    float *l = randoms(n, 8.0f, 25), *p = malloc(sizeof(float) * n), *d = calloc(n, sizeof(float));
+    float *pl = malloc(sizeof(float) * nl), *zero = calloc(nl, sizeof(float));
+    float *back = malloc(sizeof(float) * nl), *two = malloc(sizeof(float) * nl), *rows = malloc(sizeof(float) * n);
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    uint64_t x = 27;
+    for (size_t i = 0; i < N; i++) t[i] = (int32_t)((draw(&x) + 0.5f) * V) % V;
+    for (size_t i = 0; i < nl; i++) pl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f;
+    float *gl = upload(pl, nl), *gp = upload(pl, nl), *gd = upload(zero, nl), *gloss = upload(zero, 2);
+    void *gt = NULL, *grow = NULL;
+    dt_status st = gl && gp && gd && gloss ? DT_OK : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_alloc(&gt, sizeof(int32_t) * N);
+    if (st == DT_OK) st = dt_gpu_alloc(&grow, sizeof(double) * N);
+    if (st == DT_OK) st = dt_gpu_to_device(gt, t, sizeof(int32_t) * N);
+    // the GPU's two ops: probs (over the copy gp of the logits), then the gradient onto zeros
+    if (st == DT_OK) st = dt_gpu_crossentropy_forward(gp, grow, gloss + 1, gl, gt, N, V, ld);
+    if (st == DT_OK) st = dt_gpu_crossentropy_backward(gd, gp, gt, N, V, ld, 0.75f);
+    if (st == DT_OK) st = dt_gpu_crossentropy_fused(gl, grow, gloss, gt, N, V, ld, 0.75f);
+    float loss = dt_crossentropy_forward(p, l, t, (int)N, V), gls[2] = {NAN, NAN};
+    dt_crossentropy_backward(d, p, t, (int)N, V, 0.75f);
+    if (st == DT_OK) st = dt_gpu_to_host(back, gl, sizeof(float) * nl);
+    if (st == DT_OK) st = dt_gpu_to_host(two, gd, sizeof(float) * nl);
+    if (st == DT_OK) st = dt_gpu_to_host(gls, gloss, sizeof gls);
+    int kept = 1, same = memcmp(gls, gls + 1, sizeof(float)) == 0;
+    for (size_t i = 0; i < nl && st == DT_OK; i++)
+        if (i % ld < (size_t)V) rows[i / ld * V + i % ld] = back[i], same &= memcmp(&back[i], &two[i], 4) == 0;
+        else kept &= back[i] == -7.0f;
+    double dd = st == DT_OK ? tl_max_rel(d, rows, n, 1e-6) : INFINITY;
+    double dl = st == DT_OK ? tl_rel(loss, gls[0], 1e-6) : INFINITY;
+    CHECK(dd <= 1e-5 && dl <= 1e-5 && kept && same, "crossentropy fused N %zu V %d ld %zu: dlogits %.3g, loss %.9g "
+          "against %.9g (%.3g; <= 1e-5), padding %s, the two ops' bits %s%s%s", N, V, ld, dd, gls[0], loss, dl,
+          kept ? "kept" : "WRITTEN", same ? "the same" : "NOT the same", st == DT_OK ? "" : ": ",
+          st == DT_OK ? "" : dt_last_error());
+    free(l), free(p), free(d), free(pl), free(zero), free(back), free(two), free(rows), free(t);
+    dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gd), dt_gpu_free(gloss), dt_gpu_free(gt), dt_gpu_free(grow);
+}
+
 // The elements of the GPU's block d (n floats) that differ in their bits
 // from the CPU's c; SIZE_MAX when the read failed.
 static size_t differ(const float *c, const float *d, size_t n) {
@@ -1218,6 +1260,8 @@ static void test_layers(void) {
     test_crossentropy(2 * 37, 50257, 50304);
     test_crossentropy(3, 257, 260);
     test_crossentropy(5, 1000, 1000);
+    test_crossentropy_fused(2 * 37, 50257, 50304);
+    test_crossentropy_fused(3, 257, 260);
     test_crossentropy(4, 1, 1);
     test_loss_upload();
 }

@@ -22,7 +22,7 @@ static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backw
                                       "layernorm_backward", "attention_forward", "attention_backward",
                                       "residual_forward", "residual_backward", "gelu_forward", "gelu_backward",
                                       "bias_forward", "bias_backward", "crossentropy_forward",
-                                      "crossentropy_backward", "sumsq", NULL};
+                                      "crossentropy_backward", "crossentropy_fused", "sumsq", NULL};
 // ... and in bf16 or fp16 (the GEMMs on 16-bit operands); under ZeRO (the
 // sharded norm's pieces).
 static const char *const half_ops[] = {"gemm16", "to16", NULL};

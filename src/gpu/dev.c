@@ -55,6 +55,7 @@ const dt_dev dt_dev_cuda = {
     .gelu_backward = dt_gpu_gelu_backward,
     .crossentropy_forward = dt_gpu_crossentropy_forward,
     .crossentropy_backward = dt_gpu_crossentropy_backward,
+    .crossentropy_fused = dt_gpu_crossentropy_fused,
     .linear_forward = dt_gpu_linear_forward,
     .linear_dgelu = dt_gpu_linear_dgelu,
     .adamw = dt_gpu_adamw,
@@ -105,8 +106,8 @@ static const struct {
     size_t off;
 } ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward),
            OP(gelu_forward), OP(gelu_backward), OP(linear_forward), OP(linear_dgelu), OP(crossentropy_forward),
-           OP(crossentropy_backward), OP(adamw), OP(sgd), OP(step_scale), OP(encoder_forward), OP(encoder_backward),
-           OP(encoder_split_forward), OP(encoder_split_backward), OP(ce_split_max), OP(ce_split_exp),
+           OP(crossentropy_backward), OP(crossentropy_fused), OP(adamw), OP(sgd), OP(step_scale), OP(encoder_forward),
+           OP(encoder_backward), OP(encoder_split_forward), OP(encoder_split_backward), OP(ce_split_max), OP(ce_split_exp),
            OP(ce_split_finish), OP(residual_forward), OP(residual_backward), OP(attention_forward),
            OP(attention_backward), OP(relu_forward), OP(relu_backward), OP(bias_forward), OP(bias_backward),
            OP(sumsq), OP(sumsq_parts), OP(scale), OP(loss_add), OP(im2col), OP(col2im), OP(transpose),

@@ -157,6 +157,12 @@ typedef struct dt_dev {
                                       const int32_t *targets, size_t N, int V, size_t ld);
     dt_status (*crossentropy_backward)(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
                                        size_t ld, float dloss);
+    /* Both in one pass, no probabilities kept (gpu.h's
+     * dt_gpu_crossentropy_fused: the GPT's head over its vocabulary): the
+     * loss as crossentropy_forward's, the logits replaced by
+     * crossentropy_backward's gradient onto zeros. */
+    dt_status (*crossentropy_fused)(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
+                                    int V, size_t ld, float dloss);
     /* k: the constants, in device memory (dt_dev_blocks' k). guard (NULL:
      * k's grad_scale, always applied): two device floats,
      * step_scale's, the gradient scale in place of k's, and a non-zero

@@ -64,6 +64,7 @@ struct dt_dev_gpt {
                    // one block's for every block, two slots of the stream
     layer_acts *la;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
+    void *dlogits16;  // in 16 bits: the head's output gradient's copy (the shard's: in probs' room)
     void *lnf16;
     int32_t *inputs, *targets;
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
@@ -140,8 +141,11 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         else g->lnf = kept(g, a, &g->lnf16, BT * C);
         g->lnf_mean = dt_dev_take(a, DT_DEV_ACTS, f * R);
         g->lnf_rstd = dt_dev_take(a, DT_DEV_ACTS, f * R);
+        // (the probabilities: a shard's vocabulary-parallel loss alone; else the loss and its gradient are one
+        // pass over the logits, crossentropy_fused)
         g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
-        g->probs = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
+        g->probs = g->ntp > 1 ? dt_dev_take(a, DT_DEV_ACTS, f * BT * V) : NULL;
+        g->dlogits16 = g->b.t == DT_F32 ? NULL : g->probs ? (void *)g->probs : dt_dev_take(a, DT_DEV_ACTS, 2 * BT * V);
     }
     g->inputs = l0 == 0 ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT) : NULL;
     g->targets = l1 == L ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT) : NULL;
@@ -408,7 +412,8 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
     if (g->Vv > 0)  // (the tied head)
         TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));
     if (g->ntp == 1) {
-        TRY(d->crossentropy_forward(g->probs, g->b.row_loss, g->b.loss, g->logits, g->targets, (size_t)BT, V, (size_t)V));
+        TRY(d->crossentropy_fused(g->logits, g->b.row_loss, g->b.loss, g->targets, (size_t)BT, V, (size_t)V,
+                                  loss_scale));
     } else {  // vocabulary-parallel: the rows' maxima, then their sums, over the shards
         TRY(d->ce_split_max(g->mx, g->logits, (size_t)BT, g->Vv));
         TRY(reduce(g, g->mx, (size_t)BT, 1));
@@ -548,19 +553,20 @@ static dt_status head_backward(dt_dev_gpt *g) {
     const dt_dev *d = g->b.d;
     int C = g->c.n_embd, L = g->c.n_layer, BT = g->B * g->T, R = rows_of(g, BT), seq = g->seq;
     size_t sC = (size_t)BT * C, f = sizeof(float);
-    float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits are no longer needed)
+    float *p = g->b.params, *gr = g->b.grads, *dlogits = g->logits;  // (the logits, or already their gradient)
     dt_dev_x lnf = {g->lnf, g->lnf16};
     TRY(dt_dev_blocks_layer(&g->b, L, 1));
     static const int head[] = {WTE, LNFW, LNFB};
     for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
     if (seq) TRY(gathered(g, &lnf, g->lnf, BT));
     int Vv = g->Vv;  // (a shard's columns: nn/gpt.c's head backward)
-    TRY(d->memset0(dlogits, f * (size_t)BT * Vv));
-    if (Vv > 0) TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
+    if (g->ntp > 1) TRY(d->memset0(dlogits, f * (size_t)BT * Vv));  // (else the forward's crossentropy_fused made it)
+    if (g->ntp > 1 && Vv > 0)
+        TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));
-    // (the head's output gradient in 16 bits: in the probabilities' room, read by now)
+    // (the head's output gradient in 16 bits: a shard's in the probabilities' room, read by now)
     if (Vv > 0)
-        TRY(dt_dev_linear_backward(&g->b, g->dln, NULL, g->off[WTE], NULL, dlogits, g->probs, lnf, BT, C, Vv));
+        TRY(dt_dev_linear_backward(&g->b, g->dln, NULL, g->off[WTE], NULL, dlogits, g->dlogits16, lnf, BT, C, Vv));
     TRY(sum_rows(g, g->dln, g->dln, BT));
     TRY(d->memset0(g->dresid, f * (size_t)R * C));
     if (seq) TRY(d->memset0(g->dlnw, f * 2 * C));

@@ -566,6 +566,26 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
     return shut();
 }
 
+// Both: dt_ce_row's probabilities in a row of the host's, then
+// dt_ce_grad's onto zero over the logits (the two ops' arithmetic).
+static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V,
+                              size_t ld, float dloss) {
+    REC(ce_fused, logits, row_loss, loss, targets, N, V, ld, dloss);
+    float *p = malloc(sizeof(float) * (size_t)(V > 0 ? V : 1)), scale = dt_ce_scale(dloss, (float)N);
+    if (!p) return dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
+    open_dev();
+    double sum = 0.0;
+    for (size_t i = 0; i < N; i++) {
+        float *l = logits + i * ld;
+        row_loss[i] = dt_ce_row(p, l, V, targets[i]);
+        sum += row_loss[i];
+        for (int v = 0; v < V; v++) l[v] = dt_ce_grad(0.0f, p[v], v == targets[i], scale);
+    }
+    *loss = N > 0 ? (float)(sum / (double)N) : 0.0f;
+    free(p);
+    return shut();
+}
+
 static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k0,
                            const float *guard) {
     REC(adamw, w, gr, m, v, n, k0, guard);
@@ -978,6 +998,7 @@ const dt_dev dt_dev_sim = {
     .gelu_backward = sim_gelu_backward,
     .crossentropy_forward = sim_ce_forward,
     .crossentropy_backward = sim_ce_backward,
+    .crossentropy_fused = sim_ce_fused,
     .linear_forward = sim_linear_forward,
     .linear_dgelu = sim_linear_dgelu,
     .adamw = sim_adamw,

@@ -322,6 +322,32 @@ static dt_status ce_backward_run(const void *p_) {
     return sim_ce_backward(r_->dlogits, r_->probs, r_->targets, r_->N, r_->V, r_->ld, r_->dloss);
 }
 
+static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V, size_t ld, float dloss);
+typedef struct {
+    float *logits;
+    double *row_loss;
+    float *loss;
+    const int32_t *targets;
+    size_t N;
+    int V;
+    size_t ld;
+    float dloss;
+} ce_fused_a;
+static void ce_fused_set(ce_fused_a *r_, float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V, size_t ld, float dloss) {
+    r_->logits = logits;
+    r_->row_loss = row_loss;
+    r_->loss = loss;
+    r_->targets = targets;
+    r_->N = N;
+    r_->V = V;
+    r_->ld = ld;
+    r_->dloss = dloss;
+}
+static dt_status ce_fused_run(const void *p_) {
+    const ce_fused_a *r_ = p_;
+    return sim_ce_fused(r_->logits, r_->row_loss, r_->loss, r_->targets, r_->N, r_->V, r_->ld, r_->dloss);
+}
+
 static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k0, const float *guard);
 typedef struct {
     float *w;

@@ -118,6 +118,13 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
                                       const int32_t *targets, size_t N, int V, size_t ld);
 dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
                                        size_t ld, float dloss);
+/* Forward and backward in one pass (llm.c's fused classifier): row_loss
+ * and *loss as the forward's, each logit then replaced by its gradient as
+ * the backward gives it onto zeros (dloss / N its scale); the
+ * probabilities never stored (each recomputed from the row's maximum and
+ * sum), so the head keeps one [N, V] block, not two. */
+dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
+                                    int V, size_t ld, float dloss);
 
 /* The GPT's embedding, residual add and attention on device blocks,
  * dtrain/gpt.h's contracts and argument lists. The encoder is the CPU's

@@ -193,6 +193,32 @@ __global__ static void __launch_bounds__(DT_THREADS)
     }
 }
 
+// Forward and backward in one pass (dt_gpu_crossentropy_fused), a block a
+// row: its maximum and sum as ce_forward_kernel's, its loss (the target's
+// logit read before any is overwritten), then each logit replaced by
+// ce_backward_kernel's gradient onto zero of its probability, recomputed
+// (the product rounded on its own, as the stored probability was).
+__global__ static void __launch_bounds__(DT_THREADS)
+    ce_fused_kernel(float *logits, double *row_loss, const int32_t *targets, size_t N, int V, size_t ld, float scale) {
+    __shared__ float shf[DT_THREADS];
+    __shared__ double shd[DT_THREADS];
+    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+        float *l = logits + r * ld;
+        float mx = -FLT_MAX;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) mx = l[v] > mx ? l[v] : mx;
+        mx = block_max(mx, shf);
+        double s = 0.0;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) s += dt_ce_exp(l[v], mx);
+        s = block_sum(s, shd);
+        float inv = dt_ce_inv(s);
+        int32_t t = targets[r];
+        if (threadIdx.x == 0) row_loss[r] = t >= 0 && t < V ? dt_ce_row_loss(mx, s, l[t]) : (double)NAN;
+        __syncthreads();
+        for (int v = threadIdx.x; v < V; v += DT_THREADS)
+            l[v] = dt_ce_grad(0.0f, __fmul_rn(dt_ce_exp(l[v], mx), inv), v == t, scale);
+    }
+}
+
 // The mean of the rows' losses, summed in order (as the CPU): one thread.
 __global__ static void ce_mean_kernel(float *loss, const double *row_loss, size_t N) {
     double s = 0.0;
@@ -290,6 +316,21 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
     }
     DT_RUN(ce_forward_kernel, dt_launch_rows(N), DT_THREADS, 0, probs, row_loss, logits, targets, N, V, ld);
     DT_LAUNCHED(ce_forward_kernel);
+    DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
+    DT_LAUNCHED(ce_mean_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
+                                    int V, size_t ld, float dloss) {
+    if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
+    if (N == 0) {
+        DT_QUEUE(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
+        return DT_OK;
+    }
+    DT_RUN(ce_fused_kernel, dt_launch_rows(N), DT_THREADS, 0, logits, row_loss, targets, N, V, ld,
+           dt_ce_scale(dloss, (float)N));
+    DT_LAUNCHED(ce_fused_kernel);
     DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
