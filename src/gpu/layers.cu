@@ -3,9 +3,14 @@
  * Kept simple: one block of DT_THREADS a row, a row's sums reduced in a
  * fixed tree (the same result every run), 64-bit indices everywhere (rows x
  * columns may pass 2^31); launch configurations from launch.h, the block's
- * sums block.h's. tests/test_gpu.c's `ops` compares each with the CPU's. */
-#include "gpu/block.h"
+ * sums block.h's. tests/test_gpu.c's `ops` compares each with the CPU's;
+ * tests/gpu/test_gpu_emu.c runs the cross-entropy's on CPU threads. */
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#else
 #include "gpu/cuda_check.h"
+#endif
+#include "gpu/block.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 #include "nn/rows.h"

@@ -98,7 +98,7 @@ float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 }
 
 void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &fn) {
-    if (b.x == 0 || b.x % 32 || b.x > MAX_THREADS || b.y != 1 || b.z != 1 || g.z != 1 ||
+    if (b.x == 0 || (b.x % 32 && b.x != 1) || b.x > MAX_THREADS || b.y != 1 || b.z != 1 || g.z != 1 ||
         shared > sizeof(float) * DT_EMU_SHARED_FLOATS) {
         fprintf(stderr, "emulated GPU: launch of blocks of %u x %u x %u threads with %zu bytes of shared memory: "
                 "not emulated\n", b.x, b.y, b.z, shared);

@@ -41,8 +41,9 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 
-/* Runs fn as the kernel of grid g, blocks of b.x threads (a multiple of 32;
- * b.y = b.z = 1), `shared` bytes of dynamic shared memory. */
+/* Runs fn as the kernel of grid g, blocks of b.x threads (a multiple of 32,
+ * or one thread, which has no warp; b.y = b.z = 1), `shared` bytes of
+ * dynamic shared memory. */
 void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &fn);
 
 void dt_emu_wmma_check(const void *p, unsigned ldm, size_t elem);

@@ -27,6 +27,13 @@ dt_status dt_emu_flash_forward(float *out, float *saved, const float *qkv, int B
 dt_status dt_emu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const void *out,
                                 const float *saved, int B, int T, int C, int NH, dt_dtype t);
 
+dt_status dt_emu_crossentropy_forward(float *probs, double *row_loss, float *loss, const float *logits,
+                                      const int32_t *targets, size_t N, int V, size_t ld);
+dt_status dt_emu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
+                                       size_t ld, float dloss);
+dt_status dt_emu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
+                                    int V, size_t ld, float dloss);
+
 static float *randoms(size_t n, float r, uint64_t seed) {
     float *a = malloc(sizeof(float) * (n ? n : 1));
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -71,7 +78,61 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
 }
 
+// The cross-entropy's kernels (src/gpu/layers.cu) on emulated threads, N
+// rows of V logits ld apart (the padding -7, never written): the forward
+// (probabilities, the loss) and the backward onto zeros against the CPU's
+// within 1e-5, and the fused pass (dt_gpu_crossentropy_fused: the
+// gradient written over the logits) the two kernels' bits; a target
+// outside the row a NaN loss.
+static void test_ce(size_t N, int V, size_t ld) {
+    size_t n = N * (size_t)V, nl = N * ld;
+    float *l = randoms(n, 8.0f, 7), *p = malloc(sizeof(float) * n), *d = calloc(n, sizeof(float));
+    float *pl = malloc(sizeof(float) * nl), *fl = malloc(sizeof(float) * nl), *ep = malloc(sizeof(float) * nl);
+    float *ed = malloc(sizeof(float) * nl), loss2[2];
+    double *rows = malloc(sizeof(double) * N), *rows2 = malloc(sizeof(double) * N);
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    for (size_t i = 0; i < N; i++) t[i] = (int32_t)((i * 7919 + 3) % (size_t)V);
+    for (size_t i = 0; i < nl; i++) {
+        pl[i] = fl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f;
+        ep[i] = -7.0f, ed[i] = i % ld < (size_t)V ? 0.0f : -7.0f;
+    }
+    dt_status st = dt_emu_crossentropy_forward(ep, rows, &loss2[0], pl, t, N, V, ld);
+    if (st == DT_OK) st = dt_emu_crossentropy_backward(ed, ep, t, N, V, ld, 0.75f);
+    if (st == DT_OK) st = dt_emu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
+    float loss = dt_crossentropy_forward(p, l, t, (int)N, V);
+    dt_crossentropy_backward(d, p, t, (int)N, V, 0.75f);
+    float *gp = malloc(sizeof(float) * n), *gd = malloc(sizeof(float) * n);
+    int kept = 1, same = !memcmp(&loss2[0], &loss2[1], sizeof(float)) && !memcmp(rows, rows2, sizeof(double) * N);
+    for (size_t i = 0; i < nl; i++)
+        if (i % ld < (size_t)V) {
+            gp[i / ld * V + i % ld] = ep[i], gd[i / ld * V + i % ld] = fl[i];
+            same &= !memcmp(&fl[i], &ed[i], sizeof(float));
+        } else {
+            kept &= ep[i] == -7.0f && fl[i] == -7.0f && ed[i] == -7.0f;
+        }
+    double dp = tl_max_rel(p, gp, n, 1e-30), dd = tl_max_rel(d, gd, n, 1e-6), dl = tl_rel(loss, loss2[0], 1e-6);
+    CHECK(st == DT_OK && dp <= 1e-5 && dd <= 1e-5 && dl <= 1e-5 && kept && same,
+          "cross-entropy on emulated threads, N %zu V %d ld %zu: probabilities %.3g, the fused pass's gradient %.3g, "
+          "the loss %.3g (<= 1e-5); the fused pass %s the two kernels' bits; padding %s%s%s", N, V, ld, dp, dd, dl,
+          same ? "has" : "DOES NOT HAVE", kept ? "kept" : "WRITTEN", st == DT_OK ? "" : ": ",
+          st == DT_OK ? "" : dt_last_error());
+    t[0] = V;  // (outside the row)
+    for (size_t i = 0; i < nl; i++) fl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f;
+    st = dt_emu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
+    CHECK(st == DT_OK && isnan(rows2[0]) && isnan(loss2[1]) && (N < 2 || !isnan(rows2[1])),
+          "cross-entropy fused on emulated threads: a target outside the row a NaN loss (row 0 %g, loss %g)", rows2[0],
+          loss2[1]);
+    float *f[] = {l, p, d, pl, fl, ep, ed, gp, gd};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+    free(rows), free(rows2), free(t);
+}
+
 int main(void) {
+    // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
+    // GPT-2's 50257 padded to 50304.
+    test_ce(3, 257, 260);
+    test_ce(5, 1000, 1000);
+    test_ce(2, 50257, 50304);
     // (B, T, C, NH): T = 1, T not a multiple of the 32-row tiles, past
     // several tiles; heads of 1, 18, 32, 64, 100, 128 columns (a lane's 1,
     // 2 and 4 columns, the last partly filled).

@@ -1,0 +1,36 @@
+/* The GPT's layers' CUDA kernels (src/gpu/layers.cu) on CPU threads
+ * (cuda_emu.h), under names of their own beside the library's. A kernel's
+ * __shared__ arrays are statics here, one for all the threads of the
+ * block, as on a GPU (the blocks run one at a time); scratch and memsets
+ * are the host's. */
+#define DT_CUDA_EMU 1
+#include "cuda_emu.h"
+
+#include <stdlib.h>
+
+#undef __shared__
+#define __shared__ static
+#define DT_QUEUE(call) (void)(call)
+#define cudaMemsetAsync(p, v, n, stream) memset(p, v, n)
+static void *const dt_cu_stream = NULL;
+static dt_status dt_gpu_scratch(void **p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? DT_OK : DT_ERR_NOMEM;
+}
+static void dt_gpu_scratch_free(void *p) { free(p); }
+
+#define dt_gpu_layernorm_forward dt_emu_layernorm_forward
+#define dt_gpu_layernorm_backward dt_emu_layernorm_backward
+#define dt_gpu_gelu_forward dt_emu_gelu_forward
+#define dt_gpu_gelu_backward dt_emu_gelu_backward
+#define dt_gpu_ce_split_max dt_emu_ce_split_max
+#define dt_gpu_ce_split_exp dt_emu_ce_split_exp
+#define dt_gpu_ce_split_finish dt_emu_ce_split_finish
+#define dt_gpu_crossentropy_forward dt_emu_crossentropy_forward
+#define dt_gpu_crossentropy_fused dt_emu_crossentropy_fused
+#define dt_gpu_crossentropy_backward dt_emu_crossentropy_backward
+#define dt_gpu_relu_forward dt_emu_relu_forward
+#define dt_gpu_relu_backward dt_emu_relu_backward
+#define dt_gpu_bias_forward dt_emu_bias_forward
+#define dt_gpu_bias_backward dt_emu_bias_backward
+#include "gpu/layers.cu"
