@@ -34,6 +34,12 @@ dt_status dt_emu_crossentropy_backward(float *dlogits, const float *probs, const
 dt_status dt_emu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
                                     int V, size_t ld, float dloss);
 
+dt_status dt_emu_ce_split_max(float *mx, const float *logits, size_t N, int V);
+dt_status dt_emu_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
+                              size_t N, int V);
+dt_status dt_emu_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
+                                 size_t N, int V);
+
 static float *randoms(size_t n, float r, uint64_t seed) {
     float *a = malloc(sizeof(float) * (n ? n : 1));
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -127,12 +133,46 @@ static void test_ce(size_t N, int V, size_t ld) {
     free(rows), free(rows2), free(t);
 }
 
+// A tensor-parallel shard's cross-entropy (the ce_split kernels, a GPU's
+// only in the GPT's vocabulary-parallel head), targets partly outside the
+// shard's V columns: the rows' maxima the CPU's bits, the sums and
+// probabilities within 1e-5, the finish (on the CPU's sums) the CPU's
+// bits.
+static void test_ce_split(size_t N, int V) {
+    size_t n = N * (size_t)V;
+    float *l = randoms(n, 8.0f, 9), *p = malloc(sizeof(float) * n), *ep = malloc(sizeof(float) * n);
+    float *mx = malloc(sizeof(float) * N), *emx = malloc(sizeof(float) * N), *sums = malloc(sizeof(float) * 2 * N);
+    float *esums = malloc(sizeof(float) * 2 * N), eloss = 0;
+    double *rows = malloc(sizeof(double) * N), *erows = malloc(sizeof(double) * N);
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    for (size_t i = 0; i < N; i++) t[i] = (int32_t)((i * 7919 + 3) % (size_t)(2 * V)) - V / 2;  // (some outside)
+    dt_status st = dt_emu_ce_split_max(emx, l, N, V);
+    dt_ce_split_max(mx, l, (int)N, V);
+    if (st == DT_OK) st = dt_emu_ce_split_exp(ep, esums, l, mx, t, N, V);
+    dt_ce_split_exp(p, sums, l, mx, t, (int)N, V);
+    int same = !memcmp(mx, emx, sizeof(float) * N) && !memcmp(sums + N, esums + N, sizeof(float) * N);
+    double dp = tl_max_rel(p, ep, n, 1e-30), ds = tl_max_rel(sums, esums, N, 1e-30);
+    memcpy(ep, p, sizeof(float) * n);
+    if (st == DT_OK) st = dt_emu_ce_split_finish(ep, erows, &eloss, mx, sums, N, V);
+    dt_ce_split_finish(p, rows, mx, sums, (int)N, V);
+    same &= !memcmp(p, ep, sizeof(float) * n) && !memcmp(rows, erows, sizeof(double) * N);
+    CHECK(st == DT_OK && same && dp <= 1e-5 && ds <= 1e-5, "vocabulary-parallel cross-entropy on emulated threads, N "
+          "%zu V %d: the maxima, the targets' logits and the finish %s; probabilities %.3g, sums %.3g (<= 1e-5)%s%s",
+          N, V, same ? "the CPU's bits" : "NOT the CPU's bits", dp, ds, st == DT_OK ? "" : ": ",
+          st == DT_OK ? "" : dt_last_error());
+    float *f[] = {l, p, ep, mx, emx, sums, esums};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+    free(rows), free(erows), free(t);
+}
+
 int main(void) {
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
     test_ce(3, 257, 260);
     test_ce(5, 1000, 1000);
     test_ce(2, 50257, 50304);
+    test_ce_split(5, 1000);
+    test_ce_split(2, 25152);
     // (B, T, C, NH): T = 1, T not a multiple of the 32-row tiles, past
     // several tiles; heads of 1, 18, 32, 64, 100, 128 columns (a lane's 1,
     // 2 and 4 columns, the last partly filled).
