@@ -145,7 +145,10 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         // pass over the logits, crossentropy_fused)
         g->logits = dt_dev_take(a, DT_DEV_ACTS, f * BT * V);
         g->probs = g->ntp > 1 ? dt_dev_take(a, DT_DEV_ACTS, f * BT * V) : NULL;
-        g->dlogits16 = g->b.t == DT_F32 ? NULL : g->probs ? (void *)g->probs : dt_dev_take(a, DT_DEV_ACTS, 2 * BT * V);
+        // (a shard's in the probabilities' room; none for the forwards alone of evaluations: g->fwd_only)
+        g->dlogits16 = g->b.t == DT_F32 || g->fwd_only ? NULL
+                       : g->ntp > 1                    ? (void *)g->probs
+                                                       : dt_dev_take(a, DT_DEV_ACTS, 2 * BT * V);
     }
     g->inputs = l0 == 0 ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT) : NULL;
     g->targets = l1 == L ? dt_dev_take(a, DT_DEV_ACTS, sizeof(int32_t) * BT) : NULL;

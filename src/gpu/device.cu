@@ -301,9 +301,6 @@ static void scratch_retired_free(void) {
 // The buffer made `bytes` long (outside a capture; the old one given back
 // once the kernels queued have run, or kept for a graph that may use it).
 static dt_status scratch_grow(size_t bytes) {
-    if (g_graph.mode == CAPTURING)
-        return dt_error(DT_ERR_INTERNAL, "GPU: %zu bytes of scratch asked for inside a step's capture as a CUDA "
-                        "graph (the buffer has %zu: the step's first run should have made it)", bytes, g_scratch.cap);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess)
@@ -318,16 +315,19 @@ static dt_status scratch_grow(size_t bytes) {
 dt_status dt_gpu_scratch(void **p, size_t bytes) {
     *p = NULL;
     if (dt_gpu_skipping) return DT_OK;  // (*p NULL: read only by the calls the replay skips)
+    bytes = bytes ? bytes : 1;
     pthread_mutex_lock(&g_scratch.mu);
     dt_status st = DT_OK;
-    // (the buffer's, unless another call holds it, or a graph keeps as many old ones as it may)
-    if (!g_scratch.held && (bytes <= g_scratch.cap || !g_graph.exec || g_scratch.nold < 16)) {
-        if (bytes > g_scratch.cap) st = scratch_grow((bytes + 255) / 256 * 256);
+    // (the buffer's, unless another call holds it, or it would grow inside a capture (the stream's pool's
+    // then: the graph's own allocation), or a graph keeps as many old ones as it may)
+    int grow = bytes > g_scratch.cap;
+    if (!g_scratch.held && (!grow || (g_graph.mode != CAPTURING && (!g_graph.exec || g_scratch.nold < 16)))) {
+        if (grow) st = scratch_grow((bytes + 255) / 256 * 256);
         if (st == DT_OK) *p = g_scratch.p, g_scratch.held = 1;
     }
     pthread_mutex_unlock(&g_scratch.mu);
     if (st != DT_OK || *p) return st;
-    cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, dt_cu_stream);
+    cudaError_t e = cudaMallocAsync(p, bytes, dt_cu_stream);
     if (e != cudaSuccess)
         return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_NOMEM : DT_ERR_INTERNAL,
                         "GPU: scratch of %zu bytes (cudaMallocAsync): %s", bytes, cudaGetErrorString(e));
@@ -335,12 +335,12 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
 }
 
 void dt_gpu_scratch_free(void *p) {
-    if (!p || dt_gpu_skipping) return;
+    if (!p) return;
     pthread_mutex_lock(&g_scratch.mu);
     int mine = p == g_scratch.p && g_scratch.held;
     if (mine) g_scratch.held = 0;
     pthread_mutex_unlock(&g_scratch.mu);
-    if (!mine) cudaFreeAsync(p, dt_cu_stream);
+    if (!mine && !dt_gpu_skipping) cudaFreeAsync(p, dt_cu_stream);
 }
 
 // ---- memory backed on demand: CUDA's virtual memory management ----------------
