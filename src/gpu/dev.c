@@ -155,6 +155,19 @@ void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes) {
 
 static void mib(char *out, size_t n, size_t bytes) { snprintf(out, n, "%.1f MiB", (double)bytes / (1 << 20)); }
 
+dt_status dt_dev_arena_check(const dt_dev_arena *a, const char *what) {
+    int same = a->at == a->size;
+    for (int i = 0; i < DT_DEV_KINDS; i++) same &= a->used[i] == a->planned[i];
+    if (same) return DT_OK;
+    char line[512];
+    int k = snprintf(line, sizeof line, "%s: the arena's taking pass took %zu bytes of the %zu planned (", what, a->at,
+                     a->size);
+    for (int i = 0; i < DT_DEV_KINDS && k < (int)sizeof line; i++)
+        k += snprintf(line + k, sizeof line - k, "%s%s %zu of %zu", i ? ", " : "", dt_dev_kind_names[i], a->used[i],
+                      a->planned[i]);
+    return dt_error(DT_ERR_INTERNAL, "%s)", line);
+}
+
 dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what) {
     size_t free_b = 0, total = 0;
     dt_status st = a->d->mem_info(&free_b, &total);

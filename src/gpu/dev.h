@@ -278,6 +278,10 @@ typedef struct {
  * by kind; a second pass of the same takes hands out the blocks. */
 void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes);
 dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what);
+/* After the taking pass: DT_OK when it took every block the counting pass
+ * planned, kind by kind, else an internal error naming `what` and the
+ * kinds (the two passes must make the same takes). */
+dt_status dt_dev_arena_check(const dt_dev_arena *a, const char *what);
 void dt_dev_arena_close(dt_dev_arena *a);
 
 /* ---- a block backed on demand, chunk by chunk (ZeRO stage 2's gradients) ---- */

@@ -219,7 +219,11 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
         return st;
     }
     gpt_take(g);
-    return DT_OK;
+    if ((st = dt_dev_arena_check(&g->b.arena, "the device model")) != DT_OK) {
+        dt_dev_gpt_free(g);
+        *out = NULL;
+    }
+    return st;
 }
 
 void dt_dev_gpt_set_reduce(dt_dev_gpt *g, dt_gpt_reduce_fn fn, void *user) {
@@ -656,6 +660,10 @@ dt_status dt_dev_gpt_stage_create(dt_dev_gpt *g, int l0, int l1, dt_dev_gpt_stag
         return st;
     }
     acts_take(&s->g, &s->mem.arena, l0, l1, 0);
+    if ((st = dt_dev_arena_check(&s->mem.arena, "a pipeline stage's activations")) != DT_OK) {
+        dt_dev_gpt_stage_free(s);
+        return st;
+    }
     *out = s;
     return DT_OK;
 }

@@ -427,7 +427,11 @@ dt_status dt_dev_mlp_create(dt_dev_mlp **out, const dt_dev *d, const dt_model *m
         return st;
     }
     mlp_take(dm);
-    return DT_OK;
+    if ((st = dt_dev_arena_check(&dm->b.arena, "the device model")) != DT_OK) {
+        dt_dev_mlp_free(dm);
+        *out = NULL;
+    }
+    return st;
 }
 
 void dt_dev_mlp_set_reduce(dt_dev_mlp *dm, dt_dev_reduce_fn fn, void *user) {
@@ -704,6 +708,10 @@ dt_status dt_dev_mlp_stage_create(dt_dev_mlp *dm, int l0, int l1, dt_dev_mlp_sta
         return st;
     }
     acts_take(&s->m, &s->mem.arena, l0, l1, 0);
+    if ((st = dt_dev_arena_check(&s->mem.arena, "a pipeline stage's activations")) != DT_OK) {
+        dt_dev_mlp_stage_free(s);
+        return st;
+    }
     *out = s;
     return DT_OK;
 }
