@@ -19,18 +19,5 @@ static dt_status dt_gpu_scratch(void **p, size_t bytes) {
 }
 static void dt_gpu_scratch_free(void *p) { free(p); }
 
-#define dt_gpu_layernorm_forward dt_emu_layernorm_forward
-#define dt_gpu_layernorm_backward dt_emu_layernorm_backward
-#define dt_gpu_gelu_forward dt_emu_gelu_forward
-#define dt_gpu_gelu_backward dt_emu_gelu_backward
-#define dt_gpu_ce_split_max dt_emu_ce_split_max
-#define dt_gpu_ce_split_exp dt_emu_ce_split_exp
-#define dt_gpu_ce_split_finish dt_emu_ce_split_finish
-#define dt_gpu_crossentropy_forward dt_emu_crossentropy_forward
-#define dt_gpu_crossentropy_fused dt_emu_crossentropy_fused
-#define dt_gpu_crossentropy_backward dt_emu_crossentropy_backward
-#define dt_gpu_relu_forward dt_emu_relu_forward
-#define dt_gpu_relu_backward dt_emu_relu_backward
-#define dt_gpu_bias_forward dt_emu_bias_forward
-#define dt_gpu_bias_backward dt_emu_bias_backward
+#include "emu_names.h"
 #include "gpu/layers.cu"

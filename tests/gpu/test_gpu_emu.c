@@ -12,6 +12,7 @@
  * memory a kernel reads before any thread wrote it would be NaN (the
  * emulator fills it so) and fail the comparison; a barrier in divergent
  * code aborts with its name. */
+#include "emu_names.h"  // (before gpu.h: the emulated kernels' names, declared there)
 #include "dtrain/gpt.h"
 #include "gpu/att_plan.h"
 #include "gpu/gpu.h"
@@ -22,23 +23,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-dt_status dt_emu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
-dt_status dt_emu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const void *out,
-                                const float *saved, int B, int T, int C, int NH, dt_dtype t);
-
-dt_status dt_emu_crossentropy_forward(float *probs, double *row_loss, float *loss, const float *logits,
-                                      const int32_t *targets, size_t N, int V, size_t ld);
-dt_status dt_emu_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
-                                       size_t ld, float dloss);
-dt_status dt_emu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
-                                    int V, size_t ld, float dloss);
-
-dt_status dt_emu_ce_split_max(float *mx, const float *logits, size_t N, int V);
-dt_status dt_emu_ce_split_exp(float *probs, float *sums, const float *logits, const float *mx, const int32_t *targets,
-                              size_t N, int V);
-dt_status dt_emu_ce_split_finish(float *probs, double *row_loss, float *loss, const float *mx, const float *sums,
-                                 size_t N, int V);
 
 static float *randoms(size_t n, float r, uint64_t seed) {
     float *a = malloc(sizeof(float) * (n ? n : 1));
@@ -63,11 +47,11 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     float *edq = malloc(sizeof(float) * n3), *edq2 = malloc(sizeof(float) * n3);
     memcpy(dqkv, dq0, sizeof(float) * n3), memcpy(edq, dq0, sizeof(float) * n3), memcpy(edq2, dq0, sizeof(float) * n3);
     uint16_t *o16 = malloc(2 * n);  // (the output as kept in 16 bits)
-    dt_status st = dt_emu_flash_forward(eout, saved, qkv, B, T, C, NH, t);
+    dt_status st = dt_gpu_flash_forward(eout, saved, qkv, B, T, C, NH, t);
     if (t != DT_F32) dt_from_f32(o16, eout, n, t);
     const void *kept = t == DT_F32 ? (const void *)eout : o16;
-    if (st == DT_OK) st = dt_emu_flash_backward(edq, scratch, dout, qkv, kept, saved, B, T, C, NH, t);
-    if (st == DT_OK) st = dt_emu_flash_backward(edq2, scratch, dout, qkv, kept, saved, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_gpu_flash_backward(edq, scratch, dout, qkv, kept, saved, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_gpu_flash_backward(edq2, scratch, dout, qkv, kept, saved, B, T, C, NH, t);
     dt_kernels_set_precision(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
@@ -102,9 +86,9 @@ static void test_ce(size_t N, int V, size_t ld) {
         pl[i] = fl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f;
         ep[i] = -7.0f, ed[i] = i % ld < (size_t)V ? 0.0f : -7.0f;
     }
-    dt_status st = dt_emu_crossentropy_forward(ep, rows, &loss2[0], pl, t, N, V, ld);
-    if (st == DT_OK) st = dt_emu_crossentropy_backward(ed, ep, t, N, V, ld, 0.75f);
-    if (st == DT_OK) st = dt_emu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
+    dt_status st = dt_gpu_crossentropy_forward(ep, rows, &loss2[0], pl, t, N, V, ld);
+    if (st == DT_OK) st = dt_gpu_crossentropy_backward(ed, ep, t, N, V, ld, 0.75f);
+    if (st == DT_OK) st = dt_gpu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
     float loss = dt_crossentropy_forward(p, l, t, (int)N, V);
     dt_crossentropy_backward(d, p, t, (int)N, V, 0.75f);
     float *gp = malloc(sizeof(float) * n), *gd = malloc(sizeof(float) * n);
@@ -124,7 +108,7 @@ static void test_ce(size_t N, int V, size_t ld) {
           st == DT_OK ? "" : dt_last_error());
     t[0] = V;  // (outside the row)
     for (size_t i = 0; i < nl; i++) fl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f;
-    st = dt_emu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
+    st = dt_gpu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
     CHECK(st == DT_OK && isnan(rows2[0]) && isnan(loss2[1]) && (N < 2 || !isnan(rows2[1])),
           "cross-entropy fused on emulated threads: a target outside the row a NaN loss (row 0 %g, loss %g)", rows2[0],
           loss2[1]);
@@ -146,14 +130,14 @@ static void test_ce_split(size_t N, int V) {
     double *rows = malloc(sizeof(double) * N), *erows = malloc(sizeof(double) * N);
     int32_t *t = malloc(sizeof(int32_t) * N);
     for (size_t i = 0; i < N; i++) t[i] = (int32_t)((i * 7919 + 3) % (size_t)(2 * V)) - V / 2;  // (some outside)
-    dt_status st = dt_emu_ce_split_max(emx, l, N, V);
+    dt_status st = dt_gpu_ce_split_max(emx, l, N, V);
     dt_ce_split_max(mx, l, (int)N, V);
-    if (st == DT_OK) st = dt_emu_ce_split_exp(ep, esums, l, mx, t, N, V);
+    if (st == DT_OK) st = dt_gpu_ce_split_exp(ep, esums, l, mx, t, N, V);
     dt_ce_split_exp(p, sums, l, mx, t, (int)N, V);
     int same = !memcmp(mx, emx, sizeof(float) * N) && !memcmp(sums + N, esums + N, sizeof(float) * N);
     double dp = tl_max_rel(p, ep, n, 1e-30), ds = tl_max_rel(sums, esums, N, 1e-30);
     memcpy(ep, p, sizeof(float) * n);
-    if (st == DT_OK) st = dt_emu_ce_split_finish(ep, erows, &eloss, mx, sums, N, V);
+    if (st == DT_OK) st = dt_gpu_ce_split_finish(ep, erows, &eloss, mx, sums, N, V);
     dt_ce_split_finish(p, rows, mx, sums, (int)N, V);
     same &= !memcmp(p, ep, sizeof(float) * n) && !memcmp(rows, erows, sizeof(double) * N);
     CHECK(st == DT_OK && same && dp <= 1e-5 && ds <= 1e-5, "vocabulary-parallel cross-entropy on emulated threads, N "
@@ -198,7 +182,7 @@ int main(void) {
     test_flash(2, 70, 128, 2, DT_F32, 1e-6f);
     test_flash(1, 37, 96, 3, DT_F32, 1);
     dt_gpu_set_tf32(0);
-    dt_status st = dt_emu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
+    dt_status st = dt_gpu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
     CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "heads of 258 columns"),
           "a head of 258 columns refused by the fused kernels: %s", dt_last_error());
     return tl_finish();
