@@ -149,6 +149,37 @@ static void test_ce_split(size_t N, int V) {
     free(rows), free(erows), free(t);
 }
 
+// Layernorm's kernels (src/gpu/layers.cu: a block a row; the weights'
+// gradients as column sums over chunks of rows, a grid of column tiles x
+// chunks) on emulated threads against the CPU's, forward and backward,
+// within 1e-5 (relative, absolute below 1, as test_gpu ops); the backward
+// adds onto what dinp, dw and db held.
+static void test_layernorm(size_t N, int C) {
+    size_t n = N * (size_t)C;
+    float *x = randoms(n, 4.0f, 31), *w = randoms((size_t)C, 2.0f, 32), *b = randoms((size_t)C, 1.0f, 33);
+    float *dout = randoms(n, 1.0f, 34), *out = malloc(sizeof(float) * n), *eout = malloc(sizeof(float) * n);
+    float *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N), *em = malloc(sizeof(float) * N);
+    float *er = malloc(sizeof(float) * N), *dx = randoms(n, 0.1f, 35), *edx = malloc(sizeof(float) * n);
+    float *dw = randoms((size_t)C, 0.1f, 36), *db = randoms((size_t)C, 0.1f, 37);
+    float *edw = malloc(sizeof(float) * C), *edb = malloc(sizeof(float) * C);
+    memcpy(edx, dx, sizeof(float) * n), memcpy(edw, dw, sizeof(float) * C), memcpy(edb, db, sizeof(float) * C);
+    dt_status st = dt_gpu_layernorm_forward(eout, em, er, x, w, b, N, C, 1e-5f);
+    dt_layernorm_forward(out, mean, rstd, x, w, b, (int)N, C, 1e-5f);
+    if (st == DT_OK) st = dt_gpu_layernorm_backward(edx, edw, edb, dout, x, w, mean, rstd, N, C);
+    dt_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, (int)N, C);
+    // (relative, absolute below 1: test_gpu ops' measure)
+    double d[6] = {tl_max_rel(out, eout, n, 1.0), tl_max_rel(mean, em, N, 1.0), tl_max_rel(rstd, er, N, 1.0),
+                   tl_max_rel(dx, edx, n, 1.0),   tl_max_rel(dw, edw, (size_t)C, 1.0),
+                   tl_max_rel(db, edb, (size_t)C, 1.0)};
+    double worst = 0;
+    for (int i = 0; i < 6; i++) worst = d[i] > worst ? d[i] : worst;
+    CHECK(st == DT_OK && worst <= 1e-5, "layernorm on emulated threads, N %zu C %d: out %.3g, mean %.3g, rstd %.3g, "
+          "dinp %.3g, dw %.3g, db %.3g (<= 1e-5)%s%s", N, C, d[0], d[1], d[2], d[3], d[4], d[5],
+          st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    float *f[] = {x, w, b, dout, out, eout, mean, rstd, em, er, dx, edx, dw, db, edw, edb};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+}
+
 int main(void) {
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
@@ -157,6 +188,11 @@ int main(void) {
     test_ce(2, 50257, 50304);
     test_ce_split(5, 1000);
     test_ce_split(2, 25152);
+    // Layernorm's: C of 1, 97 (a column tile partly filled) and 256 (whole
+    // tiles), rows past one chunk of the column sums.
+    test_layernorm(3, 1);
+    test_layernorm(37, 97);
+    test_layernorm(70, 256);
     // (B, T, C, NH): T = 1, T not a multiple of the 32-row tiles, past
     // several tiles; heads of 1, 18, 32, 64, 100, 128 columns (a lane's 1,
     // 2 and 4 columns, the last partly filled).
