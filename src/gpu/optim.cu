@@ -1,8 +1,13 @@
 /* The optimizers' kernels over flat device blocks: the CPU's per-element
  * rules (optim/elem.h), a grid-stride loop with 64-bit indices; the global
- * norm's sum of squares (dt_sum_squares's bits) and the clipping scale. */
+ * norm's sum of squares (dt_sum_squares's bits) and the clipping scale.
+ * tests/gpu/test_gpu_emu.c runs the sums of squares on CPU threads. */
 #include "core/fixed.h"
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#else
 #include "gpu/cuda_check.h"
+#endif
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 

@@ -1,5 +1,5 @@
 /* The emulated kernels' entry points (tests/gpu/flash_emu.cpp,
- * layers_emu.cpp): the library's names (gpu/gpu.h, gpu/att_plan.h) made
+ * layers_emu.cpp, optim_emu.cpp): the library's names (gpu/gpu.h, gpu/att_plan.h) made
  * names of their own, so that they stand beside the library's. Included
  * before those headers, which then declare them under these names. */
 #ifndef DT_TESTS_EMU_NAMES_H
@@ -21,5 +21,14 @@
 #define dt_gpu_relu_backward dt_emu_relu_backward
 #define dt_gpu_bias_forward dt_emu_bias_forward
 #define dt_gpu_bias_backward dt_emu_bias_backward
+#define dt_gpu_adamw dt_emu_adamw
+#define dt_gpu_sgd dt_emu_sgd
+#define dt_gpu_sumsq dt_emu_sumsq
+#define dt_gpu_sumsq_parts dt_emu_sumsq_parts
+#define dt_gpu_step_scale dt_emu_step_scale
+#define dt_gpu_scale dt_emu_scale
+#define dt_gpu_loss_add dt_emu_loss_add
+#define dt_gpu_fixed_add dt_emu_fixed_add
+#define dt_gpu_fixed_to_float dt_emu_fixed_to_float
 
 #endif

@@ -13,7 +13,9 @@
  * emulator fills it so) and fail the comparison; a barrier in divergent
  * code aborts with its name. */
 #include "emu_names.h"  // (before gpu.h: the emulated kernels' names, declared there)
+#include "core/fixed.h"
 #include "dtrain/gpt.h"
+#include "dtrain/optim.h"
 #include "gpu/att_plan.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
@@ -180,6 +182,35 @@ static void test_layernorm(size_t N, int C) {
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
 }
 
+// The norm's sums of squares (src/gpu/optim.cu) on emulated threads:
+// the whole block's (dt_gpu_sumsq) and a slice's pieces from `first` into
+// a block with its carry (dt_gpu_sumsq_parts, ZeRO's sharded norm), the
+// CPU's dt_sum_squares and dt_sum_squares_parts bitwise; and deterministic
+// mode's fixed point (fixed_add twice, fixed_to_float) core/fixed.h's
+// element by element.
+static void test_sumsq(size_t n, size_t first) {
+    float *x = randoms(n, 3.0f, 41), *back = malloc(sizeof(float) * (n ? n : 1));
+    size_t np = (first % DT_SUMSQ_BLOCK + n + DT_SUMSQ_BLOCK - 1) / DT_SUMSQ_BLOCK + 1;
+    double *part = calloc(np, sizeof(double)), *epart = calloc(np, sizeof(double)), whole = -1;
+    int64_t *acc = calloc(n ? n : 1, sizeof(int64_t));
+    dt_status st = dt_gpu_sumsq(&whole, x, n);
+    size_t k = dt_sum_squares_parts(x, n, first, 0.25, part);
+    if (st == DT_OK) st = dt_gpu_sumsq_parts(epart, x, n, first, 0.25);
+    int same = !memcmp(&(double){dt_sum_squares(x, n)}, &whole, sizeof(double)) &&
+               !memcmp(part, epart, sizeof(double) * np) && (n == 0 || k == np - 1);
+    for (int r = 0; r < 2 && st == DT_OK; r++) st = dt_gpu_fixed_add(acc, x, n);
+    if (st == DT_OK) st = dt_gpu_fixed_to_float(back, acc, n);
+    for (size_t i = 0; i < n; i++) {
+        int64_t want = dt_fixed_of(x[i], DT_FIXED_SCALE) * 2;
+        float v = dt_fixed_value(want);
+        same &= acc[i] == want && !memcmp(&v, &back[i], sizeof v);
+    }
+    CHECK(st == DT_OK && same, "sums of squares on emulated threads, n %zu, a slice %zu into its block: the whole "
+          "block's, the slice's %zu pieces and the fixed point %s%s%s", n, first % DT_SUMSQ_BLOCK, k,
+          same ? "the CPU's bits" : "NOT the CPU's bits", st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    free(x), free(back), free(part), free(epart), free(acc);
+}
+
 int main(void) {
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
@@ -193,6 +224,11 @@ int main(void) {
     test_layernorm(3, 1);
     test_layernorm(37, 97);
     test_layernorm(70, 256);
+    // The sums of squares: a block of 4096 (DT_SUMSQ_BLOCK) less one, one,
+    // and one more; several blocks; slices that begin inside a block.
+    const size_t sq[][2] = {{1, 0}, {4095, 0}, {4096, 0}, {4097, 0}, {5 * 4096 + 3, 0}, {10, 4090},
+                            {3 * 4096, 1}, {2 * 4096 + 7, 4095}, {4096, 2048}};
+    for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i][0], sq[i][1]);
     // (B, T, C, NH): T = 1, T not a multiple of the 32-row tiles, past
     // several tiles; heads of 1, 18, 32, 64, 100, 128 columns (a lane's 1,
     // 2 and 4 columns, the last partly filled).

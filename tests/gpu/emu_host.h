@@ -1,0 +1,22 @@
+/* What a kernel source compiled on the emulator (cuda_emu.h) takes from
+ * the CUDA build besides its kernels, on the host: a kernel's __shared__
+ * arrays are statics, one for all the threads of the block, as on a GPU
+ * (the blocks run one at a time); scratch is malloc's, a memset the
+ * host's. Included after cuda_emu.h, before the source. */
+#ifndef DT_TESTS_EMU_HOST_H
+#define DT_TESTS_EMU_HOST_H
+
+#include <stdlib.h>
+
+#undef __shared__
+#define __shared__ static
+#define DT_QUEUE(call) (void)(call)
+#define cudaMemsetAsync(p, v, n, stream) memset(p, v, n)
+static void *const dt_cu_stream = NULL;
+static dt_status dt_gpu_scratch(void **p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? DT_OK : DT_ERR_NOMEM;
+}
+static void dt_gpu_scratch_free(void *p) { free(p); }
+
+#endif
