@@ -16,6 +16,7 @@
 #include "core/fixed.h"
 #include "dtrain/gpt.h"
 #include "dtrain/optim.h"
+#include "optim/elem.h"
 #include "gpu/att_plan.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
@@ -211,6 +212,38 @@ static void test_sumsq(size_t n, size_t first) {
     free(x), free(back), free(part), free(epart), free(acc);
 }
 
+// The optimizers' kernels (src/gpu/optim.cu) on emulated threads: three
+// steps of AdamW (weight decay, a gradient scale) and of SGD with
+// Nesterov momentum, with the host's optimizer's constants for each step
+// (dt_optim_adamw_k, dt_optim_sgd_k, as the device's update takes them),
+// against the CPU's optimizer over the same block: the parameters and the
+// state the CPU's bits.
+static void test_optim(dt_optim_kind kind, size_t n) {
+    dt_optim_params op = {kind, 0.01f, 0.1f, 0.9f, 1, 0.9f, 0.95f, 1e-8f, 0};
+    dt_optim *o = NULL;
+    float *w = randoms(n, 1.0f, 51), *ew = malloc(sizeof(float) * n), *g = randoms(n, 0.5f, 52);
+    float *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
+    memcpy(ew, w, sizeof(float) * n);
+    dt_status st = dt_optim_create(&o, &op, n);
+    int adamw = kind == DT_OPTIM_ADAMW, same = st == DT_OK;
+    for (int step = 0; step < 3 && st == DT_OK; step++) {
+        dt_optim_begin_step(o);
+        dt_optim_k k;
+        if (adamw) k.adamw = dt_optim_adamw_k(o, 0.01f, 0.5f);
+        else k.sgd = dt_optim_sgd_k(o, 0.01f, 0.5f);
+        st = adamw ? dt_gpu_adamw(ew, g, m, v, n, &k.adamw, NULL) : dt_gpu_sgd(ew, g, m, n, &k.sgd, NULL);
+        dt_optim_update(o, 0, n, w, g, 0.01f, 0.5f);
+    }
+    for (int j = 0; st == DT_OK && j < dt_optim_num_states(o); j++)
+        same &= !memcmp(dt_optim_state(o, j), j ? v : m, sizeof(float) * n);
+    same &= st == DT_OK && !memcmp(w, ew, sizeof(float) * n);
+    CHECK(st == DT_OK && same, "%s on emulated threads, n %zu, 3 steps: the parameters and the state %s%s%s",
+          adamw ? "AdamW" : "SGD with Nesterov momentum", n, same ? "the CPU's bits" : "NOT the CPU's bits",
+          st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    dt_optim_free(o);
+    free(w), free(ew), free(g), free(m), free(v);
+}
+
 int main(void) {
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
@@ -229,6 +262,8 @@ int main(void) {
     const size_t sq[][2] = {{1, 0}, {4095, 0}, {4096, 0}, {4097, 0}, {5 * 4096 + 3, 0}, {10, 4090},
                             {3 * 4096, 1}, {2 * 4096 + 7, 4095}, {4096, 2048}};
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i][0], sq[i][1]);
+    test_optim(DT_OPTIM_ADAMW, 1000);
+    test_optim(DT_OPTIM_SGD, 1000);
     // (B, T, C, NH): T = 1, T not a multiple of the 32-row tiles, past
     // several tiles; heads of 1, 18, 32, 64, 100, 128 columns (a lane's 1,
     // 2 and 4 columns, the last partly filled).
