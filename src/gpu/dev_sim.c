@@ -566,24 +566,22 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
     return shut();
 }
 
-// Both: dt_ce_row's probabilities in a row of the host's, then
-// dt_ce_grad's onto zero over the logits (the two ops' arithmetic).
+// Both ops (dev.h): the forward's probabilities in host rows of the
+// call's own, the logits' columns zeroed, then the backward onto them.
 static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V,
                               size_t ld, float dloss) {
     REC(ce_fused, logits, row_loss, loss, targets, N, V, ld, dloss);
-    float *p = malloc(sizeof(float) * (size_t)(V > 0 ? V : 1)), scale = dt_ce_scale(dloss, (float)N);
-    if (!p) return dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
-    open_dev();
-    double sum = 0.0;
-    for (size_t i = 0; i < N; i++) {
-        float *l = logits + i * ld;
-        row_loss[i] = dt_ce_row(p, l, V, targets[i]);
-        sum += row_loss[i];
-        for (int v = 0; v < V; v++) l[v] = dt_ce_grad(0.0f, p[v], v == targets[i], scale);
+    float *p = malloc(sizeof(float) * (N * ld > 0 ? N * ld : 1));
+    if (!p) return dt_error(DT_ERR_NOMEM, "simulated GPU: the cross-entropy's probabilities (%zu floats)", N * ld);
+    dt_status st = sim_ce_forward(p, row_loss, loss, logits, targets, N, V, ld);
+    if (st == DT_OK) {
+        open_dev();
+        for (size_t i = 0; i < N; i++) memset(logits + i * ld, 0, sizeof(float) * (size_t)V);
+        st = shut();
     }
-    *loss = N > 0 ? (float)(sum / (double)N) : 0.0f;
+    if (st == DT_OK) st = sim_ce_backward(logits, p, targets, N, V, ld, dloss);
     free(p);
-    return shut();
+    return st;
 }
 
 static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k0,

@@ -41,6 +41,15 @@ static int approx(dt_dtype t) { return t != DT_F32 || dt_gpu_tf32(); }
 // matrix are given in dtrain's blocks; cuBLASLt asks no less of them).
 static int aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
+// C = A op(B) (tb: B transposed; alpha 1, beta 0), operands of type t:
+// dt_gpu_sgemm in fp32, dt_gpu_gemm16 in 16 bits.
+static dt_status gemm_t(dt_dtype t, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
+                        float *C, int ldc) {
+    if (t == DT_F32)
+        return dt_gpu_sgemm(0, tb, M, N, K, 1.0f, (const float *)A, lda, (const float *)B, ldb, 0.0f, C, ldc);
+    return dt_gpu_gemm16(t, 0, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
 // y = inp w^T + b: BIAS's epilogue, else the GEMM and the bias's kernel.
 static dt_status linear(float *y, const void *inp, const void *w, const float *b, int B, int C, int OC, dt_dtype t) {
     if (b && C > 0 && aligned16(b)) {
@@ -48,9 +57,7 @@ static dt_status linear(float *y, const void *inp, const void *w, const float *b
         dt_status st = linear_lt(y, inp, w, B, C, OC, t, CUBLASLT_EPILOGUE_BIAS, b, NULL, &found);
         if (st != DT_OK || found) return st;
     }
-    dt_status st = t == DT_F32 ? dt_gpu_sgemm(0, 1, B, OC, C, 1.0f, (const float *)inp, C, (const float *)w, C, 0.0f,
-                                              y, OC)
-                               : dt_gpu_gemm16(t, 0, 1, B, OC, C, 1.0f, inp, C, w, C, 0.0f, y, OC);
+    dt_status st = gemm_t(t, 1, B, OC, C, inp, C, w, C, y, OC);
     if (st == DT_OK && b) st = dt_gpu_bias_forward(y, b, (size_t)B, OC);
     return st;
 }
@@ -97,9 +104,7 @@ dt_status dt_gpu_linear_dgelu(float *dpre, const void *dout, const void *w, cons
         dt_status st = dt_gpu_lt_run(&o, &found);
         if (st != DT_OK || found) return st;
     }
-    dt_status st = t == DT_F32 ? dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, (const float *)dout, OC, (const float *)w, C, 0.0f,
-                                              dpre, C)
-                               : dt_gpu_gemm16(t, 0, 0, B, C, OC, 1.0f, dout, OC, w, C, 0.0f, dpre, C);
+    dt_status st = gemm_t(t, 0, B, C, OC, dout, OC, w, C, dpre, C);
     if (st != DT_OK) return st;
     size_t n = (size_t)B * C;
     DT_RUN(dgelu_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, dpre, pre, n);
