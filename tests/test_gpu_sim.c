@@ -414,6 +414,14 @@ static void same_evals(const char *a, const char *b, const char *what, double to
     if (tol == 0) printf("%s: %d evaluations on the device, the CPU's numbers bitwise\n", what, na);
 }
 
+// summary.json's ops' scratch: made before the first step as the plan
+// asked, never grown after (the steps and evaluations allocated none).
+static void planned_scratch(const char *sum, const char *what) {
+    CHECK(tl_json_number(sum, "scratch_bytes") > 0 && tl_json_number(sum, "scratch_allocations") == 0,
+          "%s: the ops' scratch planned before the first step (%g bytes) and no call past it (%g allocations)", what,
+          tl_json_number(sum, "scratch_bytes"), tl_json_number(sum, "scratch_allocations"));
+}
+
 // name (CPU) and name-dev (the simulated GPU) trained on text with the
 // flags extra (a precision); their losses and weights compared: bitwise
 // where the simulated GPU runs the CPU's kernels, else (tol: the
@@ -455,6 +463,7 @@ static void compare_runs(const char *name, const char *text, const char *what, c
     CHECK(tl_json_number(sum, "reads_per_step") == 1 && tl_count(sum, "\"step_end\":\t\"device\"") == 1,
           "%s: one read from the device a step (the losses and the gradient's sum of squares together, after the "
           "update made its clipping and skip there): %g reads", what, tl_json_number(sum, "reads_per_step"));
+    planned_scratch(sum, what);
     snprintf(sum, sizeof sum, "%s/metrics/rank-00000.jsonl", b);
     CHECK(tl_count(sum, "\"gpu_memory_bytes\":{\"weights\":") >= 20, "%s: every step's metrics record has the GPU's "
           "memory by kind", what);
@@ -1232,6 +1241,7 @@ static void test_ranks(void) {
               r->workers, r->flags, lb, la);
         snprintf(w, sizeof w, "%s x %d %s", r->model, r->workers, r->flags);
         same_evals(ra, rb, w, 0, 1);
+        planned_scratch(sb, w);
         buckets_said(rb, r);
         if (!r->ref1) continue;
         CHECK(tl_train(g_tmp, one, cfg, 1, r->flags, g_out, sizeof g_out) == 0, "one CPU process");
@@ -1814,6 +1824,9 @@ static int on_gpu(void) {
         int rc = tl_train(g_tmp, name, model_text(model, text, sizeof text), 1, flags, g_out, sizeof g_out);
         CHECK(rc == 0, "%s on the GPU: exit %d\n%s", name, rc, g_out);
         if (rc == 0) check_fixture(name, tmp(name), 0);
+        char sum[700];  // (CUDA's scratch: cub's sort and cuDNN's workspaces asked for too)
+        snprintf(sum, sizeof sum, "%s/summary.json", tmp(name));
+        if (rc == 0) planned_scratch(sum, name);
     }
     gpu_repeat();
     gpu_nccl_alone(model_text("mlp", text, sizeof text));
@@ -1847,6 +1860,7 @@ static void graph_run(const char *name, const char *text, const char *flags, int
     CHECK(yes == eligible && (eligible ? at == 2 && replays > 0 : at == 0 && replays == 0),
           "%s %s: the step as a graph %s (eligible %d, captured at step %g, %g replays)", name, flags,
           eligible ? "captured at step 2 and replayed" : "not taken", yes, at, replays);
+    planned_scratch(sum, name);
     if (!eligible) return;
     snprintf(off, sizeof off, "%s-off", name);
     snprintf(all, sizeof all, "--device cuda %s --set train.cuda_graph=false", flags);

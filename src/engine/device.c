@@ -165,6 +165,9 @@ cJSON *dt_train_device_summary(cJSON *o, const dt_config *c, const dt_dev_blocks
         cJSON_AddNumberToObject(g, key, (double)k[i]);
     }
     cJSON_AddNumberToObject(g, "pinned_host_bytes", (double)b->pinned_bytes);
+    uint64_t allocs = 0;  // (the ops' scratch, planned before the first step: in workspace_bytes)
+    cJSON_AddNumberToObject(g, "scratch_bytes", (double)b->d->scratch_bytes(&allocs));
+    cJSON_AddNumberToObject(g, "scratch_allocations", (double)allocs);
     if (b->shards)  // (tensor parallel: the shards' sums on a GPUs' communicator of this backend)
         cJSON_AddStringToObject(g, "shards", b->shards);
     if (b->stage_bytes)  // (model parallel: its pipeline stages' activation sets, in activations_bytes)

@@ -204,6 +204,16 @@ __global__ static void __launch_bounds__(DT_THREADS)
     if (threadIdx.x == 0) db[c] += s;
 }
 
+size_t dt_gpu_conv2d_scratch(size_t B, const dt_im2col_t *g, int OC) {
+    conv_shape spare;
+    const conv_shape *c;
+    if (B == 0 || shape_of(B, g, OC, &spare, &c) != DT_OK) return 0;  // (the call says why)
+    size_t n = c->ws_fwd > c->ws_data ? c->ws_fwd : c->ws_data;
+    n = n > c->ws_filter ? n : c->ws_filter;
+    if (c == &spare) shape_free(&spare);
+    return n;
+}
+
 dt_status dt_gpu_conv2d_forward(float *out, const float *inp, const float *w, const float *b, size_t B,
                                 const dt_im2col_t *g, int OC) {
     if (B == 0) return DT_OK;

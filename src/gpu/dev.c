@@ -2,10 +2,24 @@
  * and the simulated GPU, and the one arena a run's blocks come from. */
 #include "gpu/dev.h"
 #include "gpu/gpu.h"
+#include "gpu/launch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+// The bytes of scratch a call of CUDA's asks for (its sizes: launch.h's,
+// cub's, cuDNN's).
+static size_t gpu_scratch_of(const dt_dev_scratch_ask *q) {
+    switch (q->op) {
+    case DT_ASK_ENCODER: return dt_gpu_encoder_scratch(q->n);
+    case DT_ASK_COLSUM: return dt_colsum_scratch(q->n, q->C, 0);
+    case DT_ASK_LAYERNORM: return dt_colsum_scratch(q->n, q->C, 1);
+    case DT_ASK_SUMSQ: return dt_sumsq_scratch(q->n);
+    case DT_ASK_CONV: return dt_gpu_conv2d_scratch(q->n, q->g, q->C);
+    }
+    return 0;
+}
 
 // A kernel whose CUDA version is not written yet stays NULL (dt_dev_lacks
 // names it); each dt_gpu_<name> that lands is wired in by one line here.
@@ -27,6 +41,8 @@ const dt_dev dt_dev_cuda = {
     .to_device = dt_gpu_to_device,
     .to_device_async = dt_gpu_to_device_async,
     .reads = dt_gpu_reads,
+    .scratch_of = gpu_scratch_of,
+    .scratch_reserve = dt_gpu_scratch_reserve,
     .scratch_bytes = dt_gpu_scratch_bytes,
     .to_host = dt_gpu_to_host,
     .copy = dt_gpu_copy,
@@ -153,6 +169,12 @@ void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes) {
     return p;
 }
 
+void dt_dev_ask_scratch(dt_dev_arena *a, dt_dev_ask_op op, size_t n, int C, const dt_im2col_t *g) {
+    dt_dev_scratch_ask q = {op, n, C, g};
+    size_t bytes = a->d->scratch_of(&q);
+    a->scratch = bytes > a->scratch ? bytes : a->scratch;
+}
+
 static void mib(char *out, size_t n, size_t bytes) { snprintf(out, n, "%.1f MiB", (double)bytes / (1 << 20)); }
 
 dt_status dt_dev_arena_check(const dt_dev_arena *a, const char *what) {
@@ -168,15 +190,19 @@ dt_status dt_dev_arena_check(const dt_dev_arena *a, const char *what) {
     return dt_error(DT_ERR_INTERNAL, "%s)", line);
 }
 
+// The arena and the scratch its plan asks beyond the device's buffer
+// allocated, or refused naming the bytes by kind (the scratch's as
+// workspace) where the GPU has not that much free.
 dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what) {
-    size_t free_b = 0, total = 0;
+    size_t free_b = 0, total = 0, have = a->d->scratch_bytes(NULL);
+    size_t more = a->scratch > have ? a->scratch - have : 0;
     dt_status st = a->d->mem_info(&free_b, &total);
     if (st != DT_OK) return st;
-    if (a->size > free_b) {
+    if (a->size + more > free_b) {
         char line[512], m[32];
-        int k = snprintf(line, sizeof line, "%s: the run needs %zu bytes of GPU memory (", what, a->size);
+        int k = snprintf(line, sizeof line, "%s: the run needs %zu bytes of GPU memory (", what, a->size + more);
         for (int i = 0; i < DT_DEV_KINDS && k < (int)sizeof line; i++) {
-            mib(m, sizeof m, a->planned[i]);
+            mib(m, sizeof m, a->planned[i] + (i == DT_DEV_WORK ? more : 0));
             k += snprintf(line + k, sizeof line - k, "%s%s %s", i ? ", " : "", dt_dev_kind_names[i], m);
         }
         return dt_error(DT_ERR_NOMEM, "%s) and the GPU has %zu free of %zu: use a smaller model or batch", line,
@@ -184,6 +210,10 @@ dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what) {
     }
     void *p;
     if ((st = a->d->alloc(&p, a->size)) != DT_OK) return dt_error(st, "%s: %s", what, dt_last_error());
+    if ((st = a->d->scratch_reserve(a->scratch)) != DT_OK) {
+        a->d->free(p);
+        return dt_error(st, "%s: the ops' scratch: %s", what, dt_last_error());
+    }
     a->base = p;
     a->at = 0;
     memset(a->used, 0, sizeof a->used);

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct dt_dev_scratch_ask;
+
 typedef struct dt_dev {
     const char *name;                                  /* "cuda" or "sim" */
     int (*count)(char *why, size_t n);                 /* usable devices, 0 with the reason */
@@ -64,12 +66,20 @@ typedef struct dt_dev {
     /* to_host's calls so far in this process: the host's waits for the
      * device (summary.json's gpu.reads_per_step). */
     uint64_t (*reads)(void);
-    /* The bytes of the ops' own scratch (the embedding's sort, the sums
-     * of squares' and the column sums' partial sums, cuDNN's workspaces):
-     * one buffer of the device's, sized by the largest call so far (the
-     * first step of a shape, an evaluation's first batch) and reused by
-     * every call after; 0 on the simulated GPU, whose ops need none. */
-    size_t (*scratch_bytes)(void);
+    /* The ops' own scratch (the embedding's sort, the sums of squares' and
+     * the column sums' partial sums, cuDNN's workspaces): one buffer of the
+     * device's, reused by every call. scratch_of: the bytes one call asks
+     * for; scratch_reserve: the buffer made at least `bytes` long, by a
+     * run's plan before its first step (dt_dev_arena_open), so that no step
+     * allocates; scratch_bytes: the buffer's bytes, and in *allocs (non-NULL)
+     * the calls since a reservation that allocated (a shape no plan counted:
+     * summary.json's gpu.scratch_allocations, 0 in a planned run). The
+     * simulated GPU's ops take none, yet count what CUDA's would ask (its
+     * sort's room and cuDNN's workspaces aside) so that its runs check the
+     * plans. */
+    size_t (*scratch_of)(const struct dt_dev_scratch_ask *q);
+    dt_status (*scratch_reserve)(size_t bytes);
+    size_t (*scratch_bytes)(uint64_t *allocs);
     dt_status (*copy)(void *dev_to, const void *dev_from, size_t bytes);
     dt_status (*sync)(void);
     /* A stream for communication (NCCL's): work queued on it runs beside
@@ -263,13 +273,26 @@ dt_status dt_dev_require(const dt_dev *d, const char *const *ops, const char *wh
 
 /* ---- one arena: every block a run keeps on the device, planned at start ---- */
 
+/* A call's scratch (scratch_of): the encoder's backward (whole or split) of
+ * n positions; the column sums of n rows of C (bias_backward); layernorm's
+ * backward of n rows of C; sumsq of n floats; a convolution (conv2d_forward
+ * or _backward) of n samples of geometry g into C filters. */
+typedef enum { DT_ASK_ENCODER, DT_ASK_COLSUM, DT_ASK_LAYERNORM, DT_ASK_SUMSQ, DT_ASK_CONV } dt_dev_ask_op;
+typedef struct dt_dev_scratch_ask {
+    dt_dev_ask_op op;
+    size_t n;
+    int C;
+    const dt_im2col_t *g;
+} dt_dev_scratch_ask;
+
 enum { DT_DEV_WEIGHTS, DT_DEV_GRADS, DT_DEV_OPTIM, DT_DEV_ACTS, DT_DEV_WORK, DT_DEV_KINDS };
 extern const char *const dt_dev_kind_names[DT_DEV_KINDS]; /* "weights", "gradients", ... */
 
 typedef struct {
     const dt_dev *d;
     size_t planned[DT_DEV_KINDS], used[DT_DEV_KINDS], size, at;
-    char *base;  /* device memory, NULL while planning */
+    size_t scratch; /* the most scratch one call of its plan asks for (dt_dev_ask_scratch) */
+    char *base;     /* device memory, NULL while planning */
 } dt_dev_arena;
 
 /* Planning: dt_dev_take with base NULL counts the bytes (each block 256-byte
@@ -277,6 +300,10 @@ typedef struct {
  * once, refusing a plan larger than the device's free memory with the bytes
  * by kind; a second pass of the same takes hands out the blocks. */
 void *dt_dev_take(dt_dev_arena *a, int kind, size_t bytes);
+/* Planning too: a call the blocks' ops will make, its scratch counted
+ * (the device's buffer, beside the arena: dt_dev_arena_open checks that
+ * it fits with the arena and reserves it). */
+void dt_dev_ask_scratch(dt_dev_arena *a, dt_dev_ask_op op, size_t n, int C, const dt_im2col_t *g);
 dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what);
 /* After the taking pass: DT_OK when it took every block the counting pass
  * planned, kind by kind, else an internal error naming `what` and the

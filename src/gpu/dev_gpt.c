@@ -113,6 +113,11 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
         g->gath = g->seq ? dt_dev_take(a, DT_DEV_WORK, f * BT * C) : NULL;
         g->gath16 = g->seq && h16 ? dt_dev_take(a, DT_DEV_WORK, 2 * BT * C) : NULL;
         g->dlnw = g->seq ? dt_dev_take(a, DT_DEV_WORK, f * 4 * C) : NULL;
+        // (the ops' scratch: the biases' column sums over BT rows of 3 Cl, C or F, layernorm's over the
+        // stream's rows, the embedding's sort)
+        dt_dev_ask_scratch(a, DT_ASK_COLSUM, BT, (int)wide, NULL);
+        dt_dev_ask_scratch(a, DT_ASK_LAYERNORM, R, (int)C, NULL);
+        dt_dev_ask_scratch(a, DT_ASK_ENCODER, BT, 0, NULL);
     }
     int L = g->c.n_layer;
     g->r0 = l0;

@@ -37,6 +37,7 @@ void dt_dev_blocks_take(dt_dev_blocks *b, int rows) {
     b->guard = dt_dev_take(a, DT_DEV_WORK, 2 * sizeof(float));
     b->k = dt_dev_take(a, DT_DEV_WORK, sizeof(dt_optim_k));
     b->row_loss = dt_dev_take(a, DT_DEV_WORK, sizeof(double) * (size_t)(rows > 0 ? rows : 1));
+    dt_dev_ask_scratch(a, DT_ASK_SUMSQ, b->n, 0, NULL);  // (the norm's, over the block or a part of it)
 }
 
 size_t dt_dev_blocks_kept(const dt_dev_blocks *b, const dt_dev_vm *v, size_t es) {
@@ -281,7 +282,7 @@ void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
                                      : dt_dev_blocks_kept(b, &b->pvm, f) + dt_dev_blocks_kept(b, &b->hvm, 2);
     bytes[DT_DEV_ACTS] += b->stage_bytes;
     for (int j = 0; b->held && j < b->nstates; j++) bytes[DT_DEV_OPTIM] += b->svm[j].now;
-    bytes[DT_DEV_WORK] += b->d->scratch_bytes();  // (the ops' own scratch: the device's, beside the arena)
+    bytes[DT_DEV_WORK] += b->d->scratch_bytes(NULL);  // (the ops' own scratch: the device's, beside the arena)
 }
 
 // ---- the sequential model --------------------------------------------------------
@@ -343,6 +344,23 @@ static size_t keep_bytes(const dt_model_layer_plan *l, size_t mb, size_t es, int
     }
 }
 
+// The scratch layer l's backward asks for at batches of mb (a bias's
+// column sums, layernorm's, a convolution's workspace).
+static void scratch_asks(const dt_dev_mlp *dm, dt_dev_arena *a, const dt_model_layer_plan *l, size_t mb) {
+    dt_im2col_t g = geometry(l);
+    switch (l->spec.kind) {
+    case DT_LAYER_LINEAR:
+        if (l->b_n) dt_dev_ask_scratch(a, DT_ASK_COLSUM, mb, (int)l->out, NULL);
+        break;
+    case DT_LAYER_CONV2D:
+        if (dm->direct) dt_dev_ask_scratch(a, DT_ASK_CONV, mb, l->out_shape[0], &g);
+        else if (l->b_n) dt_dev_ask_scratch(a, DT_ASK_COLSUM, mb * g.OH * g.OW, l->out_shape[0], NULL);
+        break;
+    case DT_LAYER_LAYERNORM: dt_dev_ask_scratch(a, DT_ASK_LAYERNORM, mb, (int)l->in, NULL); break;
+    default: break;
+    }
+}
+
 // The activations of layers [l0, l1) from arena a, both passes (counting:
 // base NULL, then taking): the input x (l0 > 0: the stream from layer l0
 // - 1, which is then that layer's act, and its gradient that layer's
@@ -367,6 +385,7 @@ static void acts_take(dt_dev_mlp *dm, dt_dev_arena *a, int l0, int l1, int work)
         dm->act[i] = half && to_linear ? dm->dact[i] : dt_dev_take(a, DT_DEV_ACTS, o);
         dm->keep[i] = k ? dt_dev_take(a, DT_DEV_ACTS, k) : NULL;
         dm->in16[i] = half && linear ? dt_dev_take(a, DT_DEV_ACTS, 2 * mb * l->in) : NULL;
+        scratch_asks(dm, a, l, mb);
         size_t gn = linear ? mb * l->out : r;  // (a convolution's rows: its output gradient)
         g16 = gn > g16 ? gn : g16;
         rows = r > rows ? r : rows;

@@ -15,6 +15,7 @@
 #include "dtrain/optim.h"
 #include "gpu/att_plan.h"
 #include "gpu/dev.h"
+#include "gpu/launch.h"
 #include "kernels/kernels.h"
 #include "nn/rows.h"
 #include "gpu/dev_sim_rec.h"
@@ -390,7 +391,55 @@ static dt_status sim_to_device_async(void *dev, const void *host, size_t bytes) 
 static _Atomic uint64_t g_reads;
 
 static uint64_t sim_reads(void) { return g_reads; }
-static size_t sim_scratch_bytes(void) { return 0; }
+
+// ---- the ops' scratch (dev.h's scratch_*) ----------------------------------
+// None is taken (the ops use the host's memory), but the bytes CUDA's calls
+// would ask for are counted as CUDA's buffer is (cub's sort and cuDNN's
+// workspaces aside, which only they can size), so that a run whose plan
+// missed a call says so (scratch_bytes' allocs) here too.
+static struct {
+    pthread_mutex_t mu;
+    size_t cap;
+    int reserved;
+    uint64_t allocs;
+} g_scratch = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+
+static size_t sim_scratch_of(const dt_dev_scratch_ask *q) {
+    switch (q->op) {
+    case DT_ASK_ENCODER: return sizeof(int32_t) * dt_encoder_scratch_ints(q->n);
+    case DT_ASK_COLSUM: return dt_colsum_scratch(q->n, q->C, 0);
+    case DT_ASK_LAYERNORM: return dt_colsum_scratch(q->n, q->C, 1);
+    case DT_ASK_SUMSQ: return dt_sumsq_scratch(q->n);
+    case DT_ASK_CONV: return 0;
+    }
+    return 0;
+}
+
+static dt_status sim_scratch_reserve(size_t bytes) {
+    pthread_mutex_lock(&g_scratch.mu);
+    g_scratch.cap = bytes > g_scratch.cap ? bytes : g_scratch.cap;
+    g_scratch.reserved = 1;
+    pthread_mutex_unlock(&g_scratch.mu);
+    return DT_OK;
+}
+
+static size_t sim_scratch_bytes(uint64_t *allocs) {
+    pthread_mutex_lock(&g_scratch.mu);
+    size_t cap = g_scratch.cap;
+    if (allocs) *allocs = g_scratch.allocs;
+    pthread_mutex_unlock(&g_scratch.mu);
+    return cap;
+}
+
+// A call's scratch, as CUDA's dt_gpu_scratch: the buffer grown to it, an
+// allocation counted after a reservation.
+static void scratch_take(dt_dev_ask_op op, size_t n, int C) {
+    dt_dev_scratch_ask q = {op, n, C, NULL};
+    size_t bytes = sim_scratch_of(&q);
+    pthread_mutex_lock(&g_scratch.mu);
+    if (bytes > g_scratch.cap) g_scratch.cap = bytes, g_scratch.allocs += g_scratch.reserved;
+    pthread_mutex_unlock(&g_scratch.mu);
+}
 
 static dt_status sim_to_host(void *host, const void *dev, size_t bytes) {
     TRY_UNGRAPHED("a read from the device (to_host)");
@@ -523,6 +572,7 @@ static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const floa
 static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, const float *mean, const float *rstd, size_t N, int C) {
     REC(ln_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    if (dw || db) scratch_take(DT_ASK_LAYERNORM, N, C);
     open_dev();
     dt_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, (int)N, C);
     return shut();
@@ -628,6 +678,7 @@ static dt_status sim_encoder_forward(float *out, const int32_t *inp, const float
 static dt_status sim_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
                                       int C) {
     REC(encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+    scratch_take(DT_ASK_ENCODER, (size_t)B * T, 0);
     open_dev();
     dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
     return shut();
@@ -644,6 +695,7 @@ static dt_status sim_encoder_split_forward(float *out, const int32_t *inp, const
 static dt_status sim_encoder_split_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
                                             int T, int C, int v0, int V) {
     REC(encoder_split_backward, dwte, dwpe, dout, inp, B, T, C, v0, V);
+    scratch_take(DT_ASK_ENCODER, (size_t)B * T, 0);
     open_dev();
     dt_encoder_split_backward(dwte, dwpe, dout, inp, B, T, C, v0, V);
     return shut();
@@ -784,16 +836,22 @@ static dt_status sim_linear_dgelu(float *dpre, const void *g, const void *w, con
 }
 
 // The column sums with the rows in order, as dt_linear_backward's.
-static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
-    REC(bias_backward, db, dout, N, OC);
+static dt_status bias_sums(float *db, const float *dout, size_t N, int OC) {
     open_dev();
     for (size_t i = 0; i < N; i++)
         for (int o = 0; o < OC; o++) db[o] += dout[i * OC + o];
     return shut();
 }
 
+static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
+    REC(bias_backward, db, dout, N, OC);
+    scratch_take(DT_ASK_COLSUM, N, OC);
+    return bias_sums(db, dout, N, OC);
+}
+
 static dt_status sim_sumsq(double *out, const float *x, size_t n) {
     REC(sumsq, out, x, n);
+    scratch_take(DT_ASK_SUMSQ, n, 0);
     open_dev();
     *out = dt_sum_squares(x, n);
     return shut();
@@ -890,7 +948,7 @@ static dt_status sim_conv2d_backward(float *dinp, float *dw, float *db, const fl
         return free(col), free(rows), free(dcol), dt_error(DT_ERR_NOMEM, "simulated GPU: out of memory");
     sim_im2col(col, inp, B, g);
     sim_transpose(rows, dout, B, (size_t)OC, R);
-    if (db) sim_bias_backward(db, rows, N, OC);
+    if (db) bias_sums(db, rows, N, OC);  // (cuDNN's: no column sums' scratch)
     sim_sgemm(1, 1, OC, ckk, (int)N, 1.0f, rows, OC, col, (int)N, 1.0f, dw, ckk);
     if (dinp) sim_sgemm(1, 1, ckk, (int)N, OC, 1.0f, w, ckk, rows, OC, 0.0f, dcol, (int)N);
     if (dinp) sim_col2im(dinp, dcol, B, g);
@@ -967,6 +1025,8 @@ const dt_dev dt_dev_sim = {
     .to_device = sim_to_device,
     .to_device_async = sim_to_device_async,
     .reads = sim_reads,
+    .scratch_of = sim_scratch_of,
+    .scratch_reserve = sim_scratch_reserve,
     .scratch_bytes = sim_scratch_bytes,
     .to_host = sim_to_host,
     .copy = sim_copy,

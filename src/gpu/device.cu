@@ -279,16 +279,23 @@ dt_status dt_gpu_launched(const char *kernel) {
 }
 
 // The device's scratch buffer (one device a process: dt_gpu_use's first,
-// which every thread uses). A buffer made too small is kept while a graph
-// may still point into it (given back with the graph: dt_gpu_graph_drop).
+// which every thread uses), made as large as a run's plan asks before its
+// first step (dt_gpu_scratch_reserve). A buffer made too small is kept
+// while a graph may still point into it (given back with the graph:
+// dt_gpu_graph_drop). allocs: the calls since a reservation that allocated
+// (a shape the plan did not count, or a second thread's call).
 static struct {
     pthread_mutex_t mu;
     void *p, *old[16];
     size_t cap;
-    int held, nold;
-} g_scratch = {PTHREAD_MUTEX_INITIALIZER, NULL, {NULL}, 0, 0, 0};
+    int held, nold, reserved;
+    uint64_t allocs;
+} g_scratch = {PTHREAD_MUTEX_INITIALIZER, NULL, {NULL}, 0, 0, 0, 0, 0};
 
-size_t dt_gpu_scratch_bytes(void) { return g_scratch.cap; }
+size_t dt_gpu_scratch_bytes(uint64_t *allocs) {
+    if (allocs) *allocs = g_scratch.allocs;
+    return g_scratch.cap;
+}
 
 // (the graph's memory given back: the buffers it may point into too)
 static void scratch_retired_free(void) {
@@ -312,6 +319,19 @@ static dt_status scratch_grow(size_t bytes) {
     return DT_OK;
 }
 
+dt_status dt_gpu_scratch_reserve(size_t bytes) {
+    pthread_mutex_lock(&g_scratch.mu);
+    dt_status st = DT_OK;
+    if (bytes > g_scratch.cap && (g_scratch.held || g_graph.mode == CAPTURING || (g_graph.exec && g_scratch.nold >= 16)))
+        st = dt_error(DT_ERR_INTERNAL, "GPU: scratch of %zu bytes reserved while a call holds it or a graph is made",
+                      bytes);
+    else if (bytes > g_scratch.cap)
+        st = scratch_grow((bytes + 255) / 256 * 256);
+    if (st == DT_OK) g_scratch.reserved = 1;
+    pthread_mutex_unlock(&g_scratch.mu);
+    return st;
+}
+
 dt_status dt_gpu_scratch(void **p, size_t bytes) {
     *p = NULL;
     if (dt_gpu_skipping) return DT_OK;  // (*p NULL: read only by the calls the replay skips)
@@ -325,6 +345,7 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
         if (grow) st = scratch_grow((bytes + 255) / 256 * 256);
         if (st == DT_OK) *p = g_scratch.p, g_scratch.held = 1;
     }
+    g_scratch.allocs += g_scratch.reserved && (grow || !*p);  // (an allocation after the plan's)
     pthread_mutex_unlock(&g_scratch.mu);
     if (st != DT_OK || *p) return st;
     cudaError_t e = cudaMallocAsync(p, bytes, dt_cu_stream);

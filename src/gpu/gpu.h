@@ -35,7 +35,15 @@ dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes);
 dt_status dt_gpu_to_host(void *host, const void *dev, size_t bytes);
 dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes);
 uint64_t dt_gpu_reads(void);
-size_t dt_gpu_scratch_bytes(void);
+/* The ops' scratch (dev.h's scratch_*): the buffer's bytes and the calls
+ * that allocated after a reservation; the buffer made at least `bytes`
+ * long; the bytes the encoder's backward of n positions and a convolution
+ * (its forward's or backward's, the larger) ask for (0 where they cannot
+ * say: their call then does). */
+size_t dt_gpu_scratch_bytes(uint64_t *allocs);
+dt_status dt_gpu_scratch_reserve(size_t bytes);
+size_t dt_gpu_encoder_scratch(size_t n);
+size_t dt_gpu_conv2d_scratch(size_t B, const dt_im2col_t *g, int OC);
 dt_status dt_gpu_copy(void *dev_to, const void *dev_from, size_t bytes);
 dt_status dt_gpu_memset0(void *dev, size_t bytes);
 /* The current device's free and total memory. */

@@ -106,7 +106,7 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
     if (N == 0 || C <= 0 || (!out && !out2)) return DT_OK;
     unsigned chunks = dt_colsum_chunks(N);
     float *part = NULL;
-    dt_status st = dt_gpu_scratch((void **)&part, sizeof(float) * chunks * (size_t)C * (LN ? 2 : 1));
+    dt_status st = dt_gpu_scratch((void **)&part, dt_colsum_scratch(N, C, LN));
     if (st != DT_OK) return st;
     float *part2 = LN ? part + (size_t)chunks * C : NULL;
     DT_RUN(colsum_kernel<LN>, dim3(dt_launch_blocks((size_t)C, 32), chunks), DT_THREADS, 0, part, part2, dout, inp, mean,

@@ -27,7 +27,10 @@ dt_status dt_gpu_to_device(void *dev, const void *host, size_t bytes) {
     return (void)dev, (void)host, (void)bytes, no_gpu();
 }
 uint64_t dt_gpu_reads(void) { return 0; }
-size_t dt_gpu_scratch_bytes(void) { return 0; }
+size_t dt_gpu_scratch_bytes(uint64_t *allocs) { return allocs ? *allocs = 0 : 0; }
+dt_status dt_gpu_scratch_reserve(size_t bytes) { return (void)bytes, no_gpu(); }
+size_t dt_gpu_encoder_scratch(size_t n) { return (void)n, 0; }
+size_t dt_gpu_conv2d_scratch(size_t B, const dt_im2col_t *g, int OC) { return (void)B, (void)g, (void)OC, 0; }
 dt_status dt_gpu_to_device_async(void *dev, const void *host, size_t bytes) {
     return (void)dev, (void)host, (void)bytes, no_gpu();
 }

@@ -73,7 +73,7 @@ dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) {
         return DT_OK;
     }
     void *part = NULL;
-    dt_status st = dt_gpu_scratch(&part, sizeof(double) * chunks);
+    dt_status st = dt_gpu_scratch(&part, dt_sumsq_scratch(n));
     if (st != DT_OK) return st;
     DT_RUN(sumsq_chunks_kernel, dt_launch_blocks(chunks, DT_THREADS), DT_THREADS, 0, (double *)part, x, n, chunks);
     st = dt_gpu_launched("sumsq_chunks_kernel");
