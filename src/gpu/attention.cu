@@ -9,10 +9,15 @@
  * the row, so the bits are the CPU's to rounding), each element's
  * arithmetic nn/rows.h's (dt_att_exp, dt_att_grad). In bf16 or fp16 the
  * kernels also write their rows rounded to the type, the next GEMMs'
- * factors. Indices 64-bit (B NH T T may pass 2^31). */
+ * factors. Indices 64-bit (B NH T T may pass 2^31). tests/gpu/test_gpu_emu.c
+ * runs the kernels on CPU threads. */
 #include "gpu/att_plan.h"
 #include "gpu/block.h"
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#else
 #include "gpu/cuda_check.h"
+#endif
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 #include "nn/rows.h"

@@ -6,7 +6,11 @@
  * here has run on a GPU yet (docs/gpu.md): tests/test_gpu.c's `ops`
  * compares each with the CPU's. */
 #include "gpu/cnn_hd.h"
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#else
 #include "gpu/cuda_check.h"
+#endif
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 

@@ -2,7 +2,11 @@
  * the CPU's bits; fp16 by CUDA's round-to-nearest-even conversions (IEEE
  * binary16, as the CPU's: the same bits but for a NaN's payload). */
 #include "gpu/block.h"
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#else
 #include "gpu/cuda_check.h"
+#endif
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 

@@ -4,13 +4,18 @@
  * sort (CUB) and gives each token's row to one block, which adds the
  * positions in order as the CPU does: no float atomics. A tensor-parallel
  * shard's (vocabulary parallel: wte's rows [v0, v0 + V)) are the same
- * kernels given its rows. Nothing here has run on a GPU yet
- * (docs/gpu.md). */
+ * kernels given its rows. tests/gpu/test_gpu_emu.c runs them on CPU
+ * threads (cub's sort a stable sort on the host there). */
+#ifdef DT_CUDA_EMU
+#include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
+#include "emu_cub.h"
+#else
 #include "gpu/cuda_check.h"
-#include "gpu/gpu.h"
-#include "gpu/launch.h"
 
 #include <cub/device/device_radix_sort.cuh>
+#endif
+#include "gpu/gpu.h"
+#include "gpu/launch.h"
 
 // ---- encoder: token + position embedding
 

@@ -4,7 +4,7 @@
  * fixed tree (the same result every run), 64-bit indices everywhere (rows x
  * columns may pass 2^31); launch configurations from launch.h, the block's
  * sums block.h's. tests/test_gpu.c's `ops` compares each with the CPU's;
- * tests/gpu/test_gpu_emu.c runs the cross-entropy's on CPU threads. */
+ * tests/gpu/test_gpu_emu.c runs them on CPU threads. */
 #ifdef DT_CUDA_EMU
 #include "cuda_emu.h"  // (tests/gpu: these kernels on CPU threads, test_gpu_emu)
 #else

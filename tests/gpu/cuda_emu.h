@@ -39,6 +39,8 @@ void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_sync(unsigned mask, float v, int lane);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline int min(int a, int b) { return a < b ? a : b; }

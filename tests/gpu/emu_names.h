@@ -1,5 +1,5 @@
-/* The emulated kernels' entry points (tests/gpu/flash_emu.cpp,
- * layers_emu.cpp, optim_emu.cpp): the library's names (gpu/gpu.h, gpu/att_plan.h) made
+/* The emulated kernels' entry points (the tests/gpu sources named
+ * <kernel source>_emu.cpp): the library's names (gpu/gpu.h, gpu/att_plan.h) made
  * names of their own, so that they stand beside the library's. Included
  * before those headers, which then declare them under these names. */
 #ifndef DT_TESTS_EMU_NAMES_H
@@ -30,5 +30,25 @@
 #define dt_gpu_loss_add dt_emu_loss_add
 #define dt_gpu_fixed_add dt_emu_fixed_add
 #define dt_gpu_fixed_to_float dt_emu_fixed_to_float
+#define dt_gpu_encoder_forward dt_emu_encoder_forward
+#define dt_gpu_encoder_backward dt_emu_encoder_backward
+#define dt_gpu_encoder_split_forward dt_emu_encoder_split_forward
+#define dt_gpu_encoder_split_backward dt_emu_encoder_split_backward
+#define dt_gpu_encoder_scratch dt_emu_encoder_scratch
+#define dt_gpu_residual_forward dt_emu_residual_forward
+#define dt_gpu_residual_backward dt_emu_residual_backward
+#define dt_gpu_to_f32 dt_emu_to_f32
+#define dt_gpu_from_f32 dt_emu_from_f32
+#define dt_gpu_from_f32_ef dt_emu_from_f32_ef
+#define dt_gpu_im2col dt_emu_im2col
+#define dt_gpu_col2im dt_emu_col2im
+#define dt_gpu_transpose dt_emu_transpose
+#define dt_gpu_maxpool_forward dt_emu_maxpool_forward
+#define dt_gpu_maxpool_backward dt_emu_maxpool_backward
+#define dt_gpu_dropout_forward dt_emu_dropout_forward
+#define dt_gpu_dropout_backward dt_emu_dropout_backward
+#define dt_gpu_attention_forward dt_emu_attention_forward
+#define dt_gpu_attention_backward dt_emu_attention_backward
+#define dt_gpu_gemm_batched dt_emu_gemm_batched
 
 #endif

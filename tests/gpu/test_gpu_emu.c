@@ -19,6 +19,7 @@
 #include "optim/elem.h"
 #include "gpu/att_plan.h"
 #include "gpu/gpu.h"
+#include "dtrain/nn.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
 
@@ -36,6 +37,21 @@ static float *randoms(size_t n, float r, uint64_t seed) {
     }
     return a;
 }
+
+static float *dup(const float *a, size_t n) {
+    float *b = malloc(sizeof(float) * (n ? n : 1));
+    memcpy(b, a, sizeof(float) * n);
+    return b;
+}
+
+// The elements of a and b whose bits differ.
+static size_t differ(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+#define EMU_ERR(st) (st) == DT_OK ? "" : ": ", (st) == DT_OK ? "" : dt_last_error()
 
 // gs: dout's scale.
 static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
@@ -244,6 +260,227 @@ static void test_optim(dt_optim_kind kind, size_t n) {
     free(w), free(ew), free(g), free(m), free(v);
 }
 
+// The embedding's kernels (src/gpu/gpt.cu: the positions sorted by token,
+// cub's stable sort on a GPU, a host sort here; a block a token's run) on
+// emulated threads: forward, and backward onto what the gradients held,
+// the CPU's bits; Vl > 0: a tensor-parallel shard's rows [v0, v0 + Vl) of
+// a vocabulary of V (other tokens zeros, their rows untouched).
+static void test_encoder(int B, int T, int C, int V, int v0, int Vl) {
+    size_t BT = (size_t)B * T, n = BT * C, nw = (size_t)(Vl ? Vl : V) * C, np = (size_t)T * C;
+    int32_t *inp = malloc(sizeof(int32_t) * BT);
+    float *r = randoms(BT, 1.0f, 21);
+    for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)((r[i] + 0.5f) * (float)V) % V;  // (repeated tokens)
+    float *wte = randoms(nw, 2, 24), *wpe = randoms(np, 2, 25), *out = randoms(n, 1, 26), *dout = randoms(n, 1, 27);
+    float *dwte = randoms(nw, 0.1f, 28), *dwpe = randoms(np, 0.1f, 29);
+    float *eout = dup(out, n), *edwte = dup(dwte, nw), *edwpe = dup(dwpe, np);
+    dt_status st;
+    if (Vl) {
+        st = dt_gpu_encoder_split_forward(eout, inp, wte, wpe, B, T, C, v0, Vl);
+        if (st == DT_OK) st = dt_gpu_encoder_split_backward(edwte, edwpe, dout, inp, B, T, C, v0, Vl);
+        dt_encoder_split_forward(out, inp, wte, wpe, B, T, C, v0, Vl);
+        dt_encoder_split_backward(dwte, dwpe, dout, inp, B, T, C, v0, Vl);
+    } else {
+        st = dt_gpu_encoder_forward(eout, inp, wte, wpe, B, T, C);
+        if (st == DT_OK) st = dt_gpu_encoder_backward(edwte, edwpe, dout, inp, B, T, C);
+        dt_encoder_forward(out, inp, wte, wpe, B, T, C);
+        dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+    }
+    size_t d[3] = {differ(out, eout, n), differ(dwte, edwte, nw), differ(dwpe, edwpe, np)};
+    CHECK(st == DT_OK && !d[0] && !d[1] && !d[2], "the embedding on emulated threads, B %d T %d C %d V %d, rows [%d, "
+          "%d): elements differing from the CPU's bits: out %zu, dwte %zu, dwpe %zu (0)%s%s", B, T, C, V, v0,
+          Vl ? v0 + Vl : V, d[0], d[1], d[2], EMU_ERR(st));
+    float *f[] = {r, wte, wpe, out, dout, dwte, dwpe, eout, edwte, edwpe};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+    free(inp);
+}
+
+// The elementwise kernels (gpt.cu's residual, layers.cu's ReLU, GELU and
+// bias) on emulated threads: the CPU's bits (GELU: within 1e-5 as test_gpu
+// ops, its bits said); the bias's gradient (column sums over chunks of
+// rows) within 1e-5 of each column's sum of |terms|, the same bits twice.
+static void test_elementwise(size_t n, int OC) {
+    size_t N = n / (size_t)OC;
+    float *a = randoms(n, 12, 31), *b = randoms(n, 2, 32), *dout = randoms(n, 1, 34), *bias = randoms((size_t)OC, 2, 35);
+    float *out = randoms(n, 1, 33), *da = randoms(n, 1, 36), *db = randoms(n, 1, 37), *db2 = randoms((size_t)OC, 1, 38);
+    float *e[6], *c[6], *cdb = dup(db, n);
+    for (int i = 0; i < 6; i++) c[i] = dup(i < 3 ? out : da, n), e[i] = dup(c[i], n);
+    dt_status st = dt_gpu_residual_forward(e[0], a, b, n);
+    if (st == DT_OK) st = dt_gpu_relu_forward(e[1], a, n);
+    if (st == DT_OK) st = dt_gpu_gelu_forward(e[2], a, n);
+    if (st == DT_OK) st = dt_gpu_residual_backward(e[3], db, dout, n);
+    if (st == DT_OK) st = dt_gpu_relu_backward(e[4], dout, a, n);
+    if (st == DT_OK) st = dt_gpu_gelu_backward(e[5], dout, a, n);
+    dt_residual_forward(c[0], a, b, n);
+    dt_relu_forward(c[1], a, n);
+    dt_gelu_forward(c[2], a, n);
+    dt_residual_backward(c[3], cdb, dout, n);
+    dt_relu_backward(c[4], dout, a, n);
+    dt_gelu_backward(c[5], dout, a, n);
+    size_t d[6];
+    for (int i = 0; i < 6; i++) d[i] = differ(c[i], e[i], n);
+    size_t dres = differ(cdb, db, n);  // (the emulated residual backward added dout to db too)
+    double g[2] = {tl_max_rel(c[2], e[2], n, 1.0), tl_max_rel(c[5], e[5], n, 1.0)};
+    CHECK(st == DT_OK && !d[0] && !d[1] && !d[3] && !d[4] && !dres && g[0] <= 1e-5 && g[1] <= 1e-5,
+          "residual, ReLU, GELU on emulated threads, n %zu: elements differing from the CPU's bits: residual %zu, its "
+          "backward %zu and %zu, ReLU %zu, its backward %zu (0); GELU %.3g, backward %.3g (<= 1e-5; %zu and %zu "
+          "elements not the CPU's bits)%s%s", n, d[0], d[3], dres, d[1], d[4], g[0], g[1], d[2], d[5], EMU_ERR(st));
+    // the bias: out += b, db += dout's column sums (twice from the same start: the same bits)
+    float *eo = dup(out, N * OC), *edb = dup(db2, (size_t)OC), *edb2 = dup(db2, (size_t)OC), *mag = calloc((size_t)OC, 4);
+    if (st == DT_OK) st = dt_gpu_bias_forward(eo, bias, N, OC);
+    if (st == DT_OK) st = dt_gpu_bias_backward(edb, dout, N, OC);
+    if (st == DT_OK) st = dt_gpu_bias_backward(edb2, dout, N, OC);
+    double worst = 0;
+    size_t bo = 0;
+    for (size_t i = 0; i < N * OC; i++) {
+        float x = out[i] + bias[i % OC];
+        bo += memcmp(&x, &eo[i], sizeof x) != 0;
+        db2[i % OC] += dout[i], mag[i % OC] += fabsf(dout[i]);
+    }
+    for (int o = 0; o < OC; o++) {
+        double r = fabs((double)edb[o] - db2[o]) / (mag[o] + 1e-30);
+        worst = r > worst ? r : worst;
+    }
+    CHECK(st == DT_OK && bo == 0 && worst <= 1e-5 && !differ(edb, edb2, (size_t)OC), "the bias on emulated threads, N "
+          "%zu OC %d: forward %zu elements not the CPU's bits (0); its gradient %.3g (|diff| / sum |terms| <= 1e-5), "
+          "%s twice%s%s", N, OC, bo, worst, differ(edb, edb2, (size_t)OC) ? "OTHER BITS" : "the same bits", EMU_ERR(st));
+    float *f[] = {a, b, dout, bias, out, da, db, db2, cdb, eo, edb, edb2, mag};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+    for (int i = 0; i < 6; i++) free(e[i]), free(c[i]);
+}
+
+// The 16-bit conversions (src/gpu/convert.cu) on emulated threads: to t
+// and back, and error feedback's rounding twice on one residual,
+// dt_from_f32's, dt_to_f32's and dt_from_f32_ef's bits (specials: zeros,
+// ties, the largest finite, infinities, NaNs (any NaN for a NaN),
+// subnormals).
+static void test_convert(dt_dtype t, size_t n) {
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u,
+                                0xff800000u, 0x7fc00000u, 0x00000001u, 0x807fffffu, 0x477fe000u, 0x477ff000u,
+                                0x33000000u, 0x33000001u, 0x387fc000u, 0x3f801000u};
+    size_t ns = sizeof special / sizeof *special;
+    float *x = randoms(n + ns, t == DT_BF16 ? 1e4f : 1e3f, 91), *back = malloc(sizeof(float) * (n + ns));
+    float *eback = malloc(sizeof(float) * (n + ns));
+    memcpy(x, special, sizeof special);
+    uint16_t *h = malloc(2 * (n + ns)), *eh = malloc(2 * (n + ns));
+    dt_status st = dt_gpu_from_f32(eh, x, n + ns, t);
+    dt_from_f32(h, x, n + ns, t);
+    if (st == DT_OK) st = dt_gpu_to_f32(eback, h, n + ns, t);
+    dt_to_f32(back, h, n + ns, t);
+    size_t bh = 0, bb = 0;
+    for (size_t i = 0; i < n + ns; i++) {
+        bh += h[i] != eh[i] && !(isnan(back[i]) && (t == DT_BF16 ? (eh[i] & 0x7fff) > 0x7f80 : (eh[i] & 0x7fff) > 0x7c00));
+        bb += memcmp(&back[i], &eback[i], 4) && !(isnan(back[i]) && isnan(eback[i]));
+    }
+    float *g[2] = {randoms(n, t == DT_BF16 ? 1e4f : 1e3f, 97), randoms(n, 1e-2f, 98)};
+    float *res = calloc(n, sizeof(float)), *eres = calloc(n, sizeof(float));
+    size_t bad = 0;
+    for (int k = 0; k < 2 && st == DT_OK; k++) {
+        float *eg = dup(g[k], n);
+        st = dt_gpu_from_f32_ef(eh, eg, eres, n, t);
+        dt_from_f32_ef(h, g[k], res, n, t);
+        for (size_t i = 0; i < n; i++) bad += h[i] != eh[i];
+        bad += differ(g[k], eg, n) + differ(res, eres, n);
+        free(eg);
+    }
+    const char *tn = t == DT_BF16 ? "bf16" : "fp16";
+    CHECK(st == DT_OK && !bh && !bb && !bad, "%s conversions on emulated threads, %zu values (%zu special): to %s %zu "
+          "differ, back %zu differ, error feedback's two steps %zu differ (0)%s%s", tn, n + ns, ns, tn, bh, bb, bad,
+          EMU_ERR(st));
+    free(x), free(back), free(eback), free(h), free(eh), free(g[0]), free(g[1]), free(res), free(eres);
+}
+
+// The CNN's kernels (src/gpu/cnn.cu) on emulated threads: im2col, col2im
+// (adding), a transpose, max pooling (K x K, stride K) forward and
+// backward, dropout p = 0.3 (each sample's stream, after 7 draws: a
+// tensor-parallel shard's part) and its backward, the CPU's bits.
+static void test_cnn(int B, int C, int H, int W, int K, int S, int P) {
+    dt_im2col_t g = {C, H, W, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1};
+    size_t nx = (size_t)B * C * H * W, ncol = (size_t)B * g.OH * g.OW, ck = (size_t)C * K * K, nc = ck * ncol;
+    float *x = randoms(nx, 2, 61), *col = calloc(nc, 4), *ecol = calloc(nc, 4), *dx = randoms(nx, 1, 62);
+    float *edx = dup(dx, nx), *t = calloc(nc, 4), *et = calloc(nc, 4);
+    for (size_t i = 0; i < nc; i++) col[i] = dt_im2col_at(x, &g, i / ncol, i % ncol);
+    dt_status st = dt_gpu_im2col(ecol, x, (size_t)B, &g);
+    for (size_t i = 0; i < nx; i++) dx[i] += dt_col2im_at(col, &g, (size_t)B, i);
+    if (st == DT_OK) st = dt_gpu_col2im(edx, col, (size_t)B, &g);
+    for (size_t i = 0; i < nc; i++) t[i] = col[dt_transpose_src(i, ck, ncol)];
+    if (st == DT_OK) st = dt_gpu_transpose(et, col, 1, ck, ncol);
+    size_t d[7] = {differ(col, ecol, nc), differ(dx, edx, nx), differ(t, et, nc)};
+    int OH = (H - K) / K + 1, OW = (W - K) / K + 1;
+    size_t no = (size_t)B * C * OH * OW, per = (size_t)C * H * W;
+    float *out = calloc(no, 4), *eout = calloc(no, 4), *dy = randoms(no, 1, 63), *px = randoms(nx, 1, 64);
+    float *epx = dup(px, nx), *mask = calloc(nx, 4), *emask = calloc(nx, 4), *dr = calloc(nx, 4), *edr = calloc(nx, 4);
+    float *bx = randoms(nx, 1, 65), *ebx = dup(bx, nx);
+    int32_t *arg = calloc(no, 4), *earg = calloc(no, 4);
+    dt_maxpool_forward(out, arg, x, B, C, H, W, K, K);
+    dt_maxpool_backward(px, dy, arg, B, C, H, W, K, K);
+    if (st == DT_OK) st = dt_gpu_maxpool_forward(eout, earg, x, (size_t)B * C, H, W, K, K);
+    if (st == DT_OK) st = dt_gpu_maxpool_backward(epx, dy, earg, (size_t)B * C, H, W, K, K);
+    d[3] = differ(out, eout, no) + (size_t)(memcmp(arg, earg, 4 * no) != 0), d[4] = differ(px, epx, nx);
+    for (int j = 0; j < B; j++) {
+        dt_rng r;
+        dt_rng_seed(&r, dt_dropout_seed(5, 9, (uint64_t)(40 + j), 3));
+        for (int k = 0; k < 7; k++) dt_rng_uniform(&r);
+        dt_dropout_forward(dr + (size_t)j * per, mask + (size_t)j * per, x + (size_t)j * per, per, 0.3f, &r);
+    }
+    if (st == DT_OK) st = dt_gpu_dropout_forward(edr, emask, x, B, per, 0.3f, 5, 9, 40, 3, 7);
+    if (st == DT_OK) st = dt_gpu_dropout_backward(ebx, dx, emask, nx);
+    dt_dropout_backward(bx, dx, mask, nx);
+    d[5] = differ(mask, emask, nx) + differ(dr, edr, nx), d[6] = differ(bx, ebx, nx);
+    CHECK(st == DT_OK && !d[0] && !d[1] && !d[2] && !d[3] && !d[4] && !d[5] && !d[6], "the CNN's kernels on emulated "
+          "threads, B %d C %d %dx%d K %d S %d P %d: elements differing from the CPU's bits: columns %zu, their gradient "
+          "back %zu, transposed %zu, pooled %zu, its gradient %zu, dropout %zu, its gradient %zu (0)%s%s", B, C, H, W, K,
+          S, P, d[0], d[1], d[2], d[3], d[4], d[5], d[6], EMU_ERR(st));
+    float *f[] = {x, col, ecol, dx, edx, t, et, out, eout, dy, px, epx, mask, emask, dr, edr, bx, ebx};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+    free(arg), free(earg);
+}
+
+// The attention of heads too large for the fused kernels
+// (src/gpu/attention.cu: att_plan.c's GEMMs, the CPU's GEMMs here, and the
+// softmax's kernels, a warp a row) on emulated threads against the CPU's:
+// out and dqkv normwise within 1e-5 in fp32 (1e-2 bf16, 2e-3 fp16, on the
+// CPU's attention in that precision), the probabilities each within 1e-5
+// and datt normwise, the entries right of the diagonal zeros; the backward
+// on the CPU's probabilities.
+static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
+    double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : 1e-5;
+    dt_att_room room = dt_att_room_of(B, T, C, NH, t);
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float *qkv = randoms(n3, 2, 41), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *dout = randoms(n, 1, 44);
+    float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46), *eatt = randoms(room.saved / 4 + na, 1, 47);
+    float *eout = dup(out, n), *edq = dup(dqkv, n3), *edatt = randoms(room.scratch / 4 + na, 1, 48);
+    void *work = malloc(room.work + 1);
+    uint16_t *o16 = malloc(2 * n);
+    dt_status st = dt_att_fused(C, NH) ? DT_ERR_ARG : DT_OK;
+    if (st == DT_OK) st = dt_gpu_attention_forward(eout, eatt, qkv, work, B, T, C, NH, t);
+    dt_kernels_set_precision(t);
+    dt_attention_forward(out, att, qkv, B, T, C, NH);
+    dt_kernels_set_precision(DT_F32);
+    double dy = tl_normwise(out, eout, n), dp = tl_max_rel(att, eatt, na, 1e-30);
+    size_t upper = 0;
+    for (size_t i = 0; i < na; i++) upper += i % T > i / T % T && eatt[i] != 0.0f;
+    memcpy(eatt, att, sizeof(float) * na);
+    if (t != DT_F32) dt_from_f32(o16, eout, n, t);
+    if (st == DT_OK)
+        st = dt_gpu_attention_backward(edq, edatt, dout, qkv, t == DT_F32 ? (const void *)eout : o16, eatt, work, B, T,
+                                       C, NH, t);
+    dt_kernels_set_precision(t);
+    dt_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    dt_kernels_set_precision(DT_F32);
+    for (size_t i = 0; i < na; i++) {  // (the CPU leaves its scratch right of the diagonal as it was)
+        if (i % T > i / T % T) upper += edatt[i] != 0.0f, datt[i] = 0.0f;
+    }
+    double dq = tl_normwise(dqkv, edq, n3), dd = tl_normwise(datt, edatt, na);
+    const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : "fp32";
+    CHECK(st == DT_OK && dy <= tol && dp <= 1e-5 && dq <= tol && dd <= tol && !upper, "the attention's GEMM plan (%s) "
+          "on emulated threads, B %d T %d C %d NH %d (heads of %d): out %.3g, dqkv %.3g, datt %.3g (normwise, <= %g), "
+          "att %.3g (<= 1e-5), %zu entries right of the diagonal not zero (0)%s%s", tn, B, T, C, NH, C / NH, dy, dq, dd,
+          tol, dp, upper, EMU_ERR(st));
+    float *f[] = {qkv, out, att, dout, dqkv, datt, eatt, eout, edq, edatt};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
+    free(work), free(o16);
+}
+
 int main(void) {
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
@@ -289,6 +526,30 @@ int main(void) {
     test_flash(2, 70, 128, 2, DT_F32, 1e-6f);
     test_flash(1, 37, 96, 3, DT_F32, 1);
     dt_gpu_set_tf32(0);
+    // The embedding: tokens repeated (a vocabulary of 50 over 2 x 37), one
+    // position, a shard's rows at either end and inside.
+    test_encoder(2, 37, 24, 50, 0, 0);
+    test_encoder(1, 1, 7, 3, 0, 0);
+    test_encoder(2, 37, 24, 50, 0, 17);
+    test_encoder(2, 37, 24, 50, 17, 17);
+    test_encoder(3, 19, 9, 40, 20, 20);
+    // The elementwise kernels: a block's 256 less one, more than one block
+    // (grid-stride), columns of the bias 1, 3 and 97 (rows past a chunk).
+    test_elementwise(255, 1);
+    test_elementwise(3 * 1031, 3);
+    test_elementwise(97 * 300, 97);
+    test_convert(DT_BF16, 5000);
+    test_convert(DT_F16, 5000);
+    test_cnn(3, 5, 13, 11, 3, 2, 1);
+    test_cnn(2, 3, 12, 12, 5, 1, 2);
+    test_cnn(1, 1, 7, 9, 2, 1, 0);
+    // The attention past the fused kernels' heads: heads of 258 and 300,
+    // T = 1, 37 (rows of a warp not multiples of 32) and 70.
+    test_attention(1, 37, 258, 1, DT_F32);
+    test_attention(2, 1, 516, 2, DT_F32);
+    test_attention(1, 70, 600, 2, DT_F32);
+    test_attention(1, 37, 258, 1, DT_BF16);
+    test_attention(1, 37, 258, 1, DT_F16);
     dt_status st = dt_gpu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
     CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "heads of 258 columns"),
           "a head of 258 columns refused by the fused kernels: %s", dt_last_error());
