@@ -512,6 +512,35 @@ static int32_t *upload_i32(const int32_t *h, size_t n) {
 
 #define GPU_ERR(st) ((st) == DT_OK ? "" : ": "), ((st) == DT_OK ? "" : dt_last_error())
 
+// The residual add and the layernorm of its sum in one pass
+// (dt_gpu_layernorm_residual, in place: res is b) against the two kernels
+// one after the other: the same bits (sum, out, mean, rstd).
+static void test_layernorm_residual(size_t N, int C) {
+    size_t n = N * C;
+    float *a = randoms(n, 4.0f, 11), *b = randoms(n, 4.0f, 12), *w = randoms(C, 2.0f, 13), *bias = randoms(C, 1.0f, 14);
+    float *h[4] = {malloc(sizeof(float) * n), malloc(sizeof(float) * n), malloc(sizeof(float) * N),
+                   malloc(sizeof(float) * N)};
+    float *ga = upload(a, n), *gb = upload(b, n), *gb2 = upload(b, n), *gw = upload(w, C), *gbias = upload(bias, C);
+    float *g1[3] = {upload(a, n), upload(a, N), upload(a, N)}, *g2[3] = {upload(a, n), upload(a, N), upload(a, N)};
+    dt_status st = ga && gb && gb2 && gw && gbias && g1[0] && g1[1] && g1[2] && g2[0] && g2[1] && g2[2] ? DT_OK
+                                                                                                         : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_residual_forward(gb, ga, gb, n);
+    if (st == DT_OK) st = dt_gpu_layernorm_forward(g1[0], g1[1], g1[2], gb, gw, gbias, N, C, 1e-5f);
+    float *got[4] = {gb, g1[0], g1[1], g1[2]};
+    size_t sz[4] = {n, n, N, N}, d[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+    for (int i = 0; i < 4 && st == DT_OK; i++) st = dt_gpu_to_host(h[i], got[i], sizeof(float) * sz[i]);
+    if (st == DT_OK) st = dt_gpu_layernorm_residual(g2[0], g2[1], g2[2], gb2, ga, gb2, gw, gbias, N, C, 1e-5f);
+    float *fused[4] = {gb2, g2[0], g2[1], g2[2]};
+    for (int i = 0; i < 4 && st == DT_OK; i++) d[i] = differ(h[i], fused[i], sz[i]);
+    CHECK(st == DT_OK && !d[0] && !d[1] && !d[2] && !d[3], "layernorm with the residual N %zu C %d: elements "
+          "differing from the two kernels' (sum %zu, out %zu, mean %zu, rstd %zu; 0)%s%s", N, C, d[0], d[1], d[2],
+          d[3], GPU_ERR(st));
+    float *gs[] = {ga, gb, gb2, gw, gbias, g1[0], g1[1], g1[2], g2[0], g2[1], g2[2]};
+    for (size_t i = 0; i < sizeof gs / sizeof *gs; i++) dt_gpu_free(gs[i]);
+    for (int i = 0; i < 4; i++) free(h[i]);
+    free(a), free(b), free(w), free(bias);
+}
+
 // Tokens of a vocabulary of V (repeated: V small against B T) and the
 // embedding, forward and backward: the CPU's bits.
 static void test_encoder(int B, int T, int C, int V) {
@@ -1253,6 +1282,8 @@ static void test_layers(void) {
     for (size_t i = 0; i < sizeof Cs / sizeof *Cs; i++) test_layernorm(2 * 37, Cs[i]);
     test_layernorm(1, 771);
     test_layernorm(600, 96);  // (chunks of rows: the column sums' partials)
+    test_layernorm_residual(2 * 37, 771);
+    test_layernorm_residual(3, 1);
     const size_t ns[] = {1, 255, 257, 100003, (1u << 20) + 7};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) test_gelu(ns[i]);
     // GPT-2's vocabulary padded as the GPT pads it (50257 to 50304), a small

@@ -19,7 +19,8 @@ static const char *const mlp_ops[] = {"sgemm", "bias_forward", "bias_backward", 
                                       "transpose", "maxpool_forward", "maxpool_backward", "dropout_forward",
                                       "dropout_backward", NULL};
 static const char *const gpt_ops[] = {"sgemm", "encoder_forward", "encoder_backward", "layernorm_forward",
-                                      "layernorm_backward", "attention_forward", "attention_backward",
+                                      "layernorm_residual", "layernorm_backward", "attention_forward",
+                                      "attention_backward",
                                       "residual_forward", "residual_backward", "gelu_forward", "gelu_backward",
                                       "bias_forward", "bias_backward", "crossentropy_forward",
                                       "crossentropy_backward", "crossentropy_fused", "sumsq", NULL};

@@ -67,6 +67,7 @@ const dt_dev dt_dev_cuda = {
     .ef16 = dt_gpu_from_f32_ef,
     .layernorm_forward = dt_gpu_layernorm_forward,
     .layernorm_backward = dt_gpu_layernorm_backward,
+    .layernorm_residual = dt_gpu_layernorm_residual,
     .gelu_forward = dt_gpu_gelu_forward,
     .gelu_backward = dt_gpu_gelu_backward,
     .crossentropy_forward = dt_gpu_crossentropy_forward,
@@ -121,6 +122,7 @@ static const struct {
     const char *name;
     size_t off;
 } ops[] = {OP(sgemm), OP(gemm16), OP(to16), OP(from16), OP(ef16), OP(layernorm_forward), OP(layernorm_backward),
+           OP(layernorm_residual),
            OP(gelu_forward), OP(gelu_backward), OP(linear_forward), OP(linear_dgelu), OP(crossentropy_forward),
            OP(crossentropy_backward), OP(crossentropy_fused), OP(adamw), OP(sgd), OP(step_scale), OP(encoder_forward),
            OP(encoder_backward), OP(encoder_split_forward), OP(encoder_split_backward), OP(ce_split_max), OP(ce_split_exp),

@@ -161,6 +161,11 @@ typedef struct dt_dev {
                                    const float *b, size_t N, int C, float eps);
     dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                     const float *w, const float *mean, const float *rstd, size_t N, int C);
+    /* residual_forward(res, a, b) and layernorm_forward of res into out in
+     * one pass over the rows (gpu.h's dt_gpu_layernorm_residual): the two
+     * ops' bits; res may be a or b. */
+    dt_status (*layernorm_residual)(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
+                                    const float *w, const float *bias, size_t N, int C, float eps);
     dt_status (*gelu_forward)(float *out, const float *inp, size_t n);
     dt_status (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
     dt_status (*crossentropy_forward)(float *probs, double *row_loss, float *loss, const float *logits,

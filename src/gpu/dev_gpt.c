@@ -331,8 +331,11 @@ static dt_status ln_input(dt_dev_gpt *g, dt_dev_x *in, const float *ln, void *h,
 // column-parallel, its two projections row-parallel (summed, then their
 // biases). Sequence parallel: the stream, the layernorms and res2 are the
 // shard's R rows; each layernorm's rows gathered for its linear, each
-// projection made whole in gath and reduce-scattered into the rows.
-static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, float *out) {
+// projection made whole in gath and reduce-scattered into the rows. Each
+// residual add makes the next layernorm in the same pass
+// (layernorm_residual): its own ln2, and with `next` block l + 1's ln1,
+// which that block's forward then takes as made (made).
+static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, float *out, int made, int next) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
     int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl, whole = g->ntp == 1;
@@ -341,24 +344,27 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
     layer_acts *s = &g->la[l];
     float *p = g->b.params, *proj = g->seq ? g->gath : s->res2;
     dt_dev_x in;
-    TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l), p + at(g, LN1B, l),
-                             (size_t)R, C, 1e-5f));
+    if (!made)
+        TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l), p + at(g, LN1B, l),
+                                 (size_t)R, C, 1e-5f));
     TRY(ln_input(g, &in, s->ln1, s->ln1_16, BT));
     TRY(dt_dev_linear_forward(b, s->qkv, NULL, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
     TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(input(g, &in, s->atty, s->atty16, (size_t)BT * Cl));
     TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
     TRY(row_parallel(g, proj, s->res2, p + at(g, ATTPROJB, l), BT));
-    TRY(d->residual_forward(s->res2, residual, s->res2, rC));
-    TRY(d->layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, p + at(g, LN2W, l), p + at(g, LN2B, l),
-                             (size_t)R, C, 1e-5f));
+    TRY(d->layernorm_residual(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, residual, s->res2, p + at(g, LN2W, l),
+                              p + at(g, LN2B, l), (size_t)R, C, 1e-5f));
     TRY(ln_input(g, &in, s->ln2, s->ln2_16, BT));
     TRY(dt_dev_linear_forward(b, s->fchg, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
     TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
     proj = g->seq ? g->gath : out;
     TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
     TRY(row_parallel(g, proj, out, p + at(g, FCPROJB, l), BT));
-    return d->residual_forward(out, s->res2, out, rC);
+    if (!next) return d->residual_forward(out, s->res2, out, rC);
+    layer_acts *n = &g->la[l + 1];
+    return d->layernorm_residual(n->ln1, n->ln1_mean, n->ln1_rstd, out, s->res2, out, p + at(g, LN1W, l + 1),
+                                 p + at(g, LN1B, l + 1), (size_t)R, C, 1e-5f);
 }
 
 static dt_status check_tokens(const int32_t *tok, int n, int V, const char *what) {
@@ -404,10 +410,14 @@ static dt_status embed_forward(dt_dev_gpt *g) {
     return sum_rows(g, part, resid(g, 0), g->B * g->T);
 }
 
+// Blocks [l0, l1), each after its layer hook; a block's last residual add
+// makes the next block's first layernorm too where no hook comes between
+// (a hook may gather the next block's parameters: ZeRO stage 3).
 static dt_status blocks_forward(dt_dev_gpt *g, int l0, int l1) {
+    int ahead = !g->b.layer_fn;
     for (int l = l0; l < l1; l++) {
         TRY(dt_dev_blocks_layer(&g->b, l, 0));
-        TRY(layer_forward(g, l, resid(g, l), resid(g, l + 1)));
+        TRY(layer_forward(g, l, resid(g, l), resid(g, l + 1), ahead && l > l0, ahead && l + 1 < l1));
     }
     return DT_OK;
 }

@@ -569,6 +569,15 @@ static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const floa
     return shut();
 }
 
+static dt_status sim_ln_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
+                                 const float *w, const float *bias, size_t N, int C, float eps) {
+    REC(ln_residual, out, mean, rstd, res, a, b, w, bias, N, C, eps);
+    open_dev();
+    dt_residual_forward(res, a, b, N * (size_t)C);
+    dt_layernorm_forward(out, mean, rstd, res, w, bias, (int)N, C, eps);
+    return shut();
+}
+
 static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                  const float *w, const float *mean, const float *rstd, size_t N, int C) {
     REC(ln_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
@@ -1052,6 +1061,7 @@ const dt_dev dt_dev_sim = {
     .ef16 = sim_ef16,
     .layernorm_forward = sim_ln_forward,
     .layernorm_backward = sim_ln_backward,
+    .layernorm_residual = sim_ln_residual,
     .gelu_forward = sim_gelu_forward,
     .gelu_backward = sim_gelu_backward,
     .crossentropy_forward = sim_ce_forward,

@@ -208,6 +208,38 @@ static dt_status ln_forward_run(const void *p_) {
     return sim_ln_forward(r_->out, r_->mean, r_->rstd, r_->inp, r_->w, r_->b, r_->N, r_->C, r_->eps);
 }
 
+static dt_status sim_ln_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b, const float *w, const float *bias, size_t N, int C, float eps);
+typedef struct {
+    float *out;
+    float *mean;
+    float *rstd;
+    float *res;
+    const float *a;
+    const float *b;
+    const float *w;
+    const float *bias;
+    size_t N;
+    int C;
+    float eps;
+} ln_residual_a;
+static void ln_residual_set(ln_residual_a *r_, float *out, float *mean, float *rstd, float *res, const float *a, const float *b, const float *w, const float *bias, size_t N, int C, float eps) {
+    r_->out = out;
+    r_->mean = mean;
+    r_->rstd = rstd;
+    r_->res = res;
+    r_->a = a;
+    r_->b = b;
+    r_->w = w;
+    r_->bias = bias;
+    r_->N = N;
+    r_->C = C;
+    r_->eps = eps;
+}
+static dt_status ln_residual_run(const void *p_) {
+    const ln_residual_a *r_ = p_;
+    return sim_ln_residual(r_->out, r_->mean, r_->rstd, r_->res, r_->a, r_->b, r_->w, r_->bias, r_->N, r_->C, r_->eps);
+}
+
 static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, const float *mean, const float *rstd, size_t N, int C);
 typedef struct {
     float *dinp;

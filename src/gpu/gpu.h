@@ -114,6 +114,11 @@ dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const f
                                    const float *b, size_t N, int C, float eps);
 dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                     const float *w, const float *mean, const float *rstd, size_t N, int C);
+/* The residual add and the layernorm of its sum in one pass: res = a + b
+ * (dt_gpu_residual_forward's bits; res may be a or b), then
+ * dt_gpu_layernorm_forward of res (its bits) into out (not res). */
+dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
+                                    const float *w, const float *bias, size_t N, int C, float eps);
 /* GELU (tanh approximation) over n elements. */
 dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n);
 dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);

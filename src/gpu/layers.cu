@@ -19,14 +19,23 @@
 
 // ---- layernorm
 
+// A block a row; RES: the row's input made first, res = a + b (the
+// residual add's bits; res may be a or b), its sum taken on the way, the
+// rest read back from res (block_sum's barrier makes the block's writes
+// seen), so the two kernels' bits in one pass over the row.
+template <bool RES>
 __global__ static void __launch_bounds__(DT_THREADS)
-    ln_forward_kernel(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, size_t N,
-                      int C, float eps) {
+    ln_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *inp, const float *a2,
+                      const float *w, const float *b, size_t N, int C, float eps) {
     __shared__ float sh[DT_THREADS];
     for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
-        const float *x = inp + r * C;
+        const float *x = RES ? res + r * C : inp + r * C;
         float s = 0.0f;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS) s += x[c];
+        for (int c = threadIdx.x; c < C; c += DT_THREADS) {
+            float v = RES ? inp[r * C + c] + a2[r * C + c] : x[c];
+            if (RES) res[r * C + c] = v;
+            s += v;
+        }
         float m = dt_ln_mean(block_sum(s, sh), C);
         float q = 0.0f;
         for (int c = threadIdx.x; c < C; c += DT_THREADS) q += dt_ln_sq(x[c], m);
@@ -126,7 +135,16 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel, dt_launch_rows(N), DT_THREADS, 0, out, mean, rstd, inp, w, b, N, C, eps);
+    DT_RUN(ln_forward_kernel<false>, dt_launch_rows(N), DT_THREADS, 0, out, mean, rstd, NULL, inp, NULL, w, b, N, C,
+           eps);
+    DT_LAUNCHED(ln_forward_kernel);
+    return DT_OK;
+}
+
+dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
+                                    const float *w, const float *bias, size_t N, int C, float eps) {
+    if (N == 0 || C <= 0) return DT_OK;
+    DT_RUN(ln_forward_kernel<true>, dt_launch_rows(N), DT_THREADS, 0, out, mean, rstd, res, a, b, w, bias, N, C, eps);
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }

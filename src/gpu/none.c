@@ -87,6 +87,11 @@ dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const f
                                    const float *b, size_t N, int C, float eps) {
     return (void)out, (void)mean, (void)rstd, (void)inp, (void)w, (void)b, (void)N, (void)C, (void)eps, no_gpu();
 }
+dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
+                                    const float *w, const float *bias, size_t N, int C, float eps) {
+    return (void)out, (void)mean, (void)rstd, (void)res, (void)a, (void)b, (void)w, (void)bias, (void)N, (void)C,
+           (void)eps, no_gpu();
+}
 dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                     const float *w, const float *mean, const float *rstd, size_t N, int C) {
     return (void)dinp, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)mean, (void)rstd, (void)N, (void)C,

@@ -9,6 +9,7 @@
 #define dt_gpu_flash_backward dt_emu_flash_backward
 #define dt_gpu_layernorm_forward dt_emu_layernorm_forward
 #define dt_gpu_layernorm_backward dt_emu_layernorm_backward
+#define dt_gpu_layernorm_residual dt_emu_layernorm_residual
 #define dt_gpu_gelu_forward dt_emu_gelu_forward
 #define dt_gpu_gelu_backward dt_emu_gelu_backward
 #define dt_gpu_ce_split_max dt_emu_ce_split_max
