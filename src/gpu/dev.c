@@ -192,12 +192,12 @@ dt_status dt_dev_arena_check(const dt_dev_arena *a, const char *what) {
     return dt_error(DT_ERR_INTERNAL, "%s)", line);
 }
 
-// The arena and the scratch its plan asks beyond the device's buffer
-// allocated, or refused naming the bytes by kind (the scratch's as
-// workspace) where the GPU has not that much free.
+// The arena and the scratch its plan asks for (where the device's buffer
+// is smaller, a new one, made before the old goes) allocated, or refused
+// naming the bytes by kind (the scratch's as workspace) where the GPU has
+// not that much free.
 dt_status dt_dev_arena_open(dt_dev_arena *a, const char *what) {
-    size_t free_b = 0, total = 0, have = a->d->scratch_bytes(NULL);
-    size_t more = a->scratch > have ? a->scratch - have : 0;
+    size_t free_b = 0, total = 0, more = a->scratch > a->d->scratch_bytes(NULL) ? a->scratch : 0;
     dt_status st = a->d->mem_info(&free_b, &total);
     if (st != DT_OK) return st;
     if (a->size + more > free_b) {

@@ -293,8 +293,11 @@ static struct {
 } g_scratch = {PTHREAD_MUTEX_INITIALIZER, NULL, {NULL}, 0, 0, 0, 0, 0};
 
 size_t dt_gpu_scratch_bytes(uint64_t *allocs) {
+    pthread_mutex_lock(&g_scratch.mu);
+    size_t cap = g_scratch.cap;
     if (allocs) *allocs = g_scratch.allocs;
-    return g_scratch.cap;
+    pthread_mutex_unlock(&g_scratch.mu);
+    return cap;
 }
 
 // (the graph's memory given back: the buffers it may point into too)

@@ -55,11 +55,17 @@ static inline unsigned dt_colsum_chunks(size_t N) {
 static inline size_t dt_sumsq_chunks(size_t n) { return n / DT_SUMSQ_BLOCK + (n % DT_SUMSQ_BLOCK != 0); }
 
 /* The scratch (bytes) these ops ask of the device's buffer (dt_gpu_scratch):
- * the column sums' partial sums [chunks][C] (layernorm's: two sets), the
- * sum of squares' [chunks] doubles, and the embedding's backward's three
- * int32 arrays of n positions (64-aligned) before the sort's own room. */
+ * the column sums' partial sums [chunks][C] (layernorm's: two sets), room
+ * for min(ceil(N / DT_COLSUM_ROWS), DT_MAX_GRID_Y) chunks, which is
+ * dt_colsum_chunks(N) or more and never less for more rows (the chunks
+ * themselves are fewer just past DT_COLSUM_ROWS x DT_MAX_GRID_Y rows, so a
+ * plan at the largest batch covers every smaller one); the sum of squares'
+ * [chunks] doubles; the embedding's backward's three int32 arrays of n
+ * positions (64-aligned) before the sort's own room. */
 static inline size_t dt_colsum_scratch(size_t N, int C, int layernorm) {
-    return N == 0 || C <= 0 ? 0 : sizeof(float) * dt_colsum_chunks(N) * (size_t)C * (layernorm ? 2 : 1);
+    size_t chunks = N / DT_COLSUM_ROWS + (N % DT_COLSUM_ROWS != 0);
+    chunks = chunks < DT_MAX_GRID_Y ? chunks : DT_MAX_GRID_Y;
+    return C <= 0 ? 0 : sizeof(float) * chunks * (size_t)C * (layernorm ? 2 : 1);
 }
 static inline size_t dt_sumsq_scratch(size_t n) { return sizeof(double) * dt_sumsq_chunks(n); }
 static inline size_t dt_encoder_scratch_ints(size_t n) { return (3 * n + 63) / 64 * 64; }

@@ -21,8 +21,8 @@
 
 // A block a row; RES: the row's input made first, res = a + b (the
 // residual add's bits; res may be a or b), its sum taken on the way, the
-// rest read back from res (block_sum's barrier makes the block's writes
-// seen), so the two kernels' bits in one pass over the row.
+// rest read back from res (each thread its own columns, the ones it
+// wrote), so the two kernels' bits in one pass over the row.
 template <bool RES>
 __global__ static void __launch_bounds__(DT_THREADS)
     ln_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *inp, const float *a2,

@@ -1,71 +1,92 @@
-/* CUDA kernels on CPU threads (cuda_emu.h). */
+/* CUDA kernels on CPU threads (cuda_emu.h): a block's threads are fibers
+ * (ucontext) of the launching thread, each run until it waits at a barrier
+ * or ends, then the next in turn, thread 0 first. */
 #include "cuda_emu.h"
 
-#include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include <ucontext.h>
 
-thread_local dim3 threadIdx, blockIdx;
+dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 alignas(128) float sm[DT_EMU_SHARED_FLOATS];
 
 namespace {
 
-struct barrier {
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    unsigned n = 0, count = 0, gen = 0;
+enum { MAX_THREADS = 1024, STACK = 256 << 10 };
+enum { READY, WAITING, DONE };
+
+struct fiber {
+    ucontext_t ctx;
+    char *stack = nullptr;
+    int state = DONE;
+    const char *at = nullptr;  // the barrier it waits at
 };
 
-enum { MAX_THREADS = 1024 };
+// A barrier over n threads: count of them there now.
+struct barrier {
+    unsigned n = 0, count = 0;
+};
+
+fiber g_f[MAX_THREADS];
+ucontext_t g_main;
+unsigned g_cur;
 barrier g_block, g_warp[MAX_THREADS / 32];
 float g_lanes[MAX_THREADS];  // a shuffle's values, a slot a thread
+const std::function<void()> *g_fn;
 
-void wait_at(barrier *b, const char *what) {
-    pthread_mutex_lock(&b->mu);
-    unsigned gen = b->gen;
-    if (++b->count == b->n) {
+// Back to the block's scheduler until every thread of b (the first of
+// them at index first, n of them) has come.
+void wait_at(barrier *b, unsigned first, const char *what) {
+    if (++b->count == b->n) {  // the last one: the others go on
         b->count = 0;
-        b->gen++;
-        pthread_cond_broadcast(&b->cv);
-    } else {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 20;
-        while (gen == b->gen)
-            if (pthread_cond_timedwait(&b->cv, &b->mu, &until) == ETIMEDOUT) {
-                fprintf(stderr, "emulated GPU: block (%u, %u), thread %u: %s not reached by every thread in 20 s "
-                        "(%u of %u there): a barrier in divergent code\n", blockIdx.x, blockIdx.y, threadIdx.x, what,
-                        b->count, b->n);
-                abort();
-            }
+        for (unsigned t = first; t < first + b->n; t++)
+            if (t != g_cur) g_f[t].state = READY;
+        return;
     }
-    pthread_mutex_unlock(&b->mu);
+    g_f[g_cur].state = WAITING, g_f[g_cur].at = what;
+    swapcontext(&g_f[g_cur].ctx, &g_main);
 }
 
-struct job {
-    const std::function<void()> *fn;
-    unsigned tid;
-};
+void thread_main() {
+    (*g_fn)();
+    g_f[g_cur].state = DONE;  // (uc_link: back to the scheduler)
+}
 
-// A thread of every block in turn: thread 0 fills the shared memory with
-// NaNs between two barriers, then the block runs.
-void *run_thread(void *arg) {
-    job *j = (job *)arg;
-    threadIdx = dim3(j->tid, 0, 0);
-    for (unsigned y = 0; y < gridDim.y; y++)
-        for (unsigned x = 0; x < gridDim.x; x++) {
-            if (j->tid == 0)
-                for (size_t i = 0; i < DT_EMU_SHARED_FLOATS; i++) sm[i] = NAN;
-            wait_at(&g_block, "the start of a block");
-            blockIdx = dim3(x, y, 0);
-            (*j->fn)();
-            wait_at(&g_block, "the end of a block");
+// One block: its threads made fibers, run in turn until all are done; a
+// round in which none can run is a barrier some thread never reaches.
+void run_block(unsigned nt) {
+    for (unsigned t = 0; t < nt; t++) {
+        fiber *f = &g_f[t];
+        if (!f->stack && !(f->stack = (char *)malloc(STACK))) {
+            perror("emulated GPU: a thread's stack");
+            abort();
         }
-    return NULL;
+        getcontext(&f->ctx);
+        f->ctx.uc_stack.ss_sp = f->stack, f->ctx.uc_stack.ss_size = STACK, f->ctx.uc_link = &g_main;
+        makecontext(&f->ctx, thread_main, 0);
+        f->state = READY;
+    }
+    for (unsigned done = 0; done < nt;) {
+        int ran = 0;
+        done = 0;
+        for (unsigned t = 0; t < nt; t++) {
+            if (g_f[t].state == READY) {
+                g_cur = t, threadIdx = dim3(t, 0, 0), ran = 1;
+                swapcontext(&g_main, &g_f[t].ctx);
+            }
+            done += g_f[t].state == DONE;
+        }
+        if (!ran && done < nt) {
+            unsigned w = 0;
+            while (g_f[w].state != WAITING) w++;
+            fprintf(stderr, "emulated GPU: block (%u, %u), thread %u: %s not reached by every thread (%u of %u "
+                    "finished without it): a barrier in divergent code\n", blockIdx.x, blockIdx.y, w, g_f[w].at, done,
+                    nt);
+            abort();
+        }
+    }
 }
 
 }  // namespace
@@ -81,12 +102,15 @@ void dt_emu_wmma_check(const void *p, unsigned ldm, size_t elem) {
     }
 }
 
-void __syncthreads() { wait_at(&g_block, "__syncthreads"); }
-void __syncwarp(unsigned) { wait_at(&g_warp[threadIdx.x / 32], "a warp's barrier (__syncwarp or a shuffle)"); }
+void __syncthreads() { wait_at(&g_block, 0, "__syncthreads"); }
+void __syncwarp(unsigned) {
+    unsigned w = threadIdx.x / 32;
+    wait_at(&g_warp[w], w * 32, "a warp's barrier (__syncwarp or a shuffle)");
+}
 
 float __shfl_sync(unsigned, float v, int lane) {
-    unsigned w = threadIdx.x / 32 * 32;
-    g_lanes[threadIdx.x] = v;
+    unsigned w = threadIdx.x / 32 * 32, me = threadIdx.x;
+    g_lanes[me] = v;
     __syncwarp();
     float r = g_lanes[w + (lane & 31)];
     __syncwarp();
@@ -104,17 +128,14 @@ void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &f
                 "not emulated\n", b.x, b.y, b.z, shared);
         abort();
     }
-    blockDim = b, gridDim = g;
-    g_block.n = b.x;
-    for (unsigned w = 0; w < b.x / 32; w++) g_warp[w].n = 32;
-    static pthread_t th[MAX_THREADS];
-    static job jobs[MAX_THREADS];
-    for (unsigned t = 0; t < b.x; t++) {
-        jobs[t] = job{&fn, t};
-        if (pthread_create(&th[t], NULL, run_thread, &jobs[t])) {
-            perror("emulated GPU: pthread_create");
-            abort();
+    blockDim = b, gridDim = g, g_fn = &fn;
+    g_block.n = b.x, g_block.count = 0;
+    for (unsigned w = 0; w < b.x / 32; w++) g_warp[w].n = 32, g_warp[w].count = 0;
+    size_t floats = (shared + sizeof(float) - 1) / sizeof(float);
+    for (unsigned y = 0; y < g.y; y++)
+        for (unsigned x = 0; x < g.x; x++) {
+            for (size_t i = 0; i < floats; i++) sm[i] = NAN;  // (a value read before any thread wrote it shows)
+            blockIdx = dim3(x, y, 0);
+            run_block(b.x);
         }
-    }
-    for (unsigned t = 0; t < b.x; t++) pthread_join(th[t], NULL);
 }

@@ -1,18 +1,21 @@
 /* CUDA kernels on CPU threads, for tests on machines without a GPU
  * (tests/gpu/test_gpu_emu.c): a kernel source compiled as C++ with
  * DT_CUDA_EMU defined includes this header in place of gpu/cuda_check.h.
- * A launch (DT_RUN) runs the grid's blocks one after another on
- * blockDim.x threads (pthreads, a barrier between blocks), which share one
- * block of shared memory (`extern __shared__ ... sm[]`, filled with NaNs
- * before each block, so a read of a value no thread wrote shows);
- * __syncthreads and
- * __syncwarp are barriers over the block's and the warp's threads, a
- * shuffle an exchange through the warp's slots between two warp barriers.
- * A barrier some thread never reaches (a __syncthreads or a shuffle in
- * divergent code) is named and the process aborted after 20 s instead of
- * hanging. What it does not find: data races (the threads run truly
- * concurrently, so one may show as a wrong number, or not), and anything
- * about the GPU's own arithmetic (libm's expf is not CUDA's). */
+ * A launch (DT_RUN) runs the grid's blocks one after another, each on
+ * blockDim.x threads that are fibers of the launching thread (ucontext):
+ * each runs until it waits at a barrier or ends, then the next in turn,
+ * thread 0 first. They share one block of shared memory (`extern __shared__
+ * ... sm[]`, the launch's bytes of it filled with NaNs before each block,
+ * so a read of a value no thread wrote shows); __syncthreads and __syncwarp
+ * are barriers over the block's and the warp's threads, a shuffle an
+ * exchange through the warp's slots between two warp barriers. A barrier
+ * some thread never reaches (a __syncthreads or a shuffle in divergent
+ * code) is named and the process aborted, at once. Since a thread runs to
+ * its next barrier before the next starts, a thread that reads what a
+ * later thread writes without a barrier between reads it unwritten (NaN
+ * in shared memory); the other way round goes unseen (racecheck on a GPU
+ * finds those); nor anything about the GPU's own arithmetic (libm's expf
+ * is not CUDA's). */
 #ifndef DT_TESTS_CUDA_EMU_H
 #define DT_TESTS_CUDA_EMU_H
 
@@ -29,7 +32,7 @@
 
 #define __launch_bounds__(...)
 
-extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 extern float sm[];  // the block's dynamic shared memory (blocks run one at a time)
 #define DT_EMU_SHARED_FLOATS (1u << 16)

@@ -1,6 +1,6 @@
-/* The fused attention's CUDA kernels (src/gpu/flash.cu) run on CPU threads
- * (cuda_emu.h: each block's threads real threads, its barriers and
- * shuffles real barriers), against the CPU's attention: every build with
+/* The fused attention's CUDA kernels (src/gpu/flash.cu) run on emulated
+ * threads (cuda_emu.h: a block's threads fibers run from barrier to
+ * barrier), against the CPU's attention: every build with
  * the CUDA toolkit runs it, so that the kernels' indexing, masks, tiles
  * and barriers are checked where no GPU is (a GPU runs the same rows in
  * test_gpu ops). out and dqkv normwise within 1e-5 in fp32 (5e-3 with
@@ -195,17 +195,19 @@ static void test_layernorm(size_t N, int C) {
     CHECK(st == DT_OK && worst <= 1e-5, "layernorm on emulated threads, N %zu C %d: out %.3g, mean %.3g, rstd %.3g, "
           "dinp %.3g, dw %.3g, db %.3g (<= 1e-5)%s%s", N, C, d[0], d[1], d[2], d[3], d[4], d[5],
           st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
-    // with the residual in the same pass, in place (res is dout here): the two kernels' bits
+    // with the residual in the same pass, in place (res is b, then a): the two kernels' bits
     float *sum = dup(dout, n), *fo = malloc(sizeof(float) * n), *fm = malloc(sizeof(float) * N);
-    float *fr = malloc(sizeof(float) * N), *res = dup(dout, n);
+    float *fr = malloc(sizeof(float) * N), *res = dup(dout, n), *res2 = dup(x, n);
     if (st == DT_OK) st = dt_gpu_residual_forward(sum, x, sum, n);
     if (st == DT_OK) st = dt_gpu_layernorm_forward(eout, em, er, sum, w, b, N, C, 1e-5f);
     if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res, x, res, w, b, N, C, 1e-5f);
     size_t f4[4] = {differ(sum, res, n), differ(eout, fo, n), differ(em, fm, N), differ(er, fr, N)};
+    if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res2, res2, dout, w, b, N, C, 1e-5f);
+    f4[0] += differ(sum, res2, n), f4[1] += differ(eout, fo, n), f4[2] += differ(em, fm, N), f4[3] += differ(er, fr, N);
     CHECK(st == DT_OK && !f4[0] && !f4[1] && !f4[2] && !f4[3], "layernorm with the residual on emulated threads, N %zu "
           "C %d: elements differing from the two kernels' (sum %zu, out %zu, mean %zu, rstd %zu; 0)%s%s", N, C, f4[0],
           f4[1], f4[2], f4[3], EMU_ERR(st));
-    free(sum), free(fo), free(fm), free(fr), free(res);
+    free(sum), free(fo), free(fm), free(fr), free(res), free(res2);
     float *f[] = {x, w, b, dout, out, eout, mean, rstd, em, er, dx, edx, dw, db, edw, edb};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
 }
