@@ -60,6 +60,7 @@ struct dt_dev_gpt {
     float loss_scale;
     float *resid;  // [L + 1, B, T, C] (a stage's: its slots r0 .. r0 + its layers; forward-only: 2, in turn)
     int r0;
+    int lnf_made;  // the final layernorm made by the last block's forward (blocks_forward), not head_forward
     int fwd_only;  // the model's own activations serve evaluations alone (model parallel: the stages train):
                    // one block's for every block, two slots of the stream
     layer_acts *la;
@@ -334,7 +335,8 @@ static dt_status ln_input(dt_dev_gpt *g, dt_dev_x *in, const float *ln, void *h,
 // projection made whole in gath and reduce-scattered into the rows. Each
 // residual add makes the next layernorm in the same pass
 // (layernorm_residual): its own ln2, and with `next` block l + 1's ln1,
-// which that block's forward then takes as made (made).
+// which that block's forward then takes as made (made), or after the last
+// block the final layernorm (head_forward's, then lnf_made).
 static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, float *out, int made, int next) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
@@ -362,6 +364,9 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
     TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
     TRY(row_parallel(g, proj, out, p + at(g, FCPROJB, l), BT));
     if (!next) return d->residual_forward(out, s->res2, out, rC);
+    if (l + 1 == g->c.n_layer)  // (the final layernorm's, head_forward's)
+        return d->layernorm_residual(g->lnf, g->lnf_mean, g->lnf_rstd, out, s->res2, out, p + g->off[LNFW],
+                                     p + g->off[LNFB], (size_t)R, C, 1e-5f);
     layer_acts *n = &g->la[l + 1];
     return d->layernorm_residual(n->ln1, n->ln1_mean, n->ln1_rstd, out, s->res2, out, p + at(g, LN1W, l + 1),
                                  p + at(g, LN1B, l + 1), (size_t)R, C, 1e-5f);
@@ -411,13 +416,17 @@ static dt_status embed_forward(dt_dev_gpt *g) {
 }
 
 // Blocks [l0, l1), each after its layer hook; a block's last residual add
-// makes the next block's first layernorm too where no hook comes between
-// (a hook may gather the next block's parameters: ZeRO stage 3).
+// makes the next layernorm too (the next block's first, or after the last
+// block the head's, which always follows it) where no hook comes between
+// (a hook may gather the next layer's parameters: ZeRO stage 3).
 static dt_status blocks_forward(dt_dev_gpt *g, int l0, int l1) {
-    int ahead = !g->b.layer_fn;
+    int ahead = !g->b.layer_fn, L = g->c.n_layer;
+    g->lnf_made = 0;
     for (int l = l0; l < l1; l++) {
         TRY(dt_dev_blocks_layer(&g->b, l, 0));
-        TRY(layer_forward(g, l, resid(g, l), resid(g, l + 1), ahead && l > l0, ahead && l + 1 < l1));
+        int next = ahead && (l + 1 < l1 || l + 1 == L);
+        TRY(layer_forward(g, l, resid(g, l), resid(g, l + 1), ahead && l > l0, next));
+        g->lnf_made = next && l + 1 == L;
     }
     return DT_OK;
 }
@@ -427,8 +436,9 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
     int C = g->c.n_embd, V = g->c.vocab_size, L = g->c.n_layer, BT = g->B * g->T;
     float *p = g->b.params;
     TRY(dt_dev_blocks_layer(&g->b, L, 0));
-    TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, resid(g, L), p + g->off[LNFW], p + g->off[LNFB],
-                             (size_t)rows_of(g, BT), C, 1e-5f));
+    if (!g->lnf_made)
+        TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, resid(g, L), p + g->off[LNFW], p + g->off[LNFB],
+                                 (size_t)rows_of(g, BT), C, 1e-5f));
     dt_dev_x in;  // (sequence parallel: every token's row, gathered)
     TRY(g->seq ? gathered(g, &in, g->lnf, BT) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
     if (g->Vv > 0)  // (the tied head)
