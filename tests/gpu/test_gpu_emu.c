@@ -531,6 +531,8 @@ int main(void) {
     test_flash(1, 1, 64, 1, DT_BF16, 1);
     test_flash(2, 37, 96, 3, DT_F16, 1);
     test_flash(2, 70, 128, 2, DT_F16, 1);
+    // GPT-2's heads (12 of 64 columns) over 4 tiles of rows and a partial fifth
+    test_flash(1, 300, 768, 12, DT_BF16, 1);
     // fp32 with TF32 on: heads of 64 on the tensor cores (tf32 fragments,
     // k steps of 8), against the CPU's fp32 within 5e-3 (10 bits of
     // mantissa a factor); other heads stay on the CUDA cores (fp32 bits).
@@ -538,6 +540,7 @@ int main(void) {
     test_flash(2, 70, 128, 2, DT_F32, 1);
     test_flash(2, 70, 128, 2, DT_F32, 1e-6f);
     test_flash(1, 37, 96, 3, DT_F32, 1);
+    test_flash(1, 300, 768, 12, DT_F32, 1);
     dt_gpu_set_tf32(0);
     // The embedding: tokens repeated (a vocabulary of 50 over 2 x 37), one
     // position, a shard's rows at either end and inside.
