@@ -1,7 +1,8 @@
 /* The GPT's layers on the GPU: layernorm, GELU, softmax cross-entropy,
  * ReLU and the bias, each element's arithmetic nn/rows.h's (the CPU's).
- * Kept simple: one block of DT_THREADS a row, a row's sums reduced in a
- * fixed tree (the same result every run), 64-bit indices everywhere (rows x
+ * A row a block of DT_THREADS (the cross-entropy's long rows) or a warp
+ * (layernorm's), a row's sums reduced in a fixed tree or butterfly (the
+ * same result every run), 64-bit indices everywhere (rows x
  * columns may pass 2^31); launch configurations from launch.h, the block's
  * sums block.h's. tests/test_gpu.c's `ops` compares each with the CPU's;
  * tests/gpu/test_gpu_emu.c runs them on CPU threads. */
@@ -19,49 +20,52 @@
 
 // ---- layernorm
 
-// A block a row; RES: the row's input made first, res = a + b (the
+// A warp a row (rows of a few hundred columns: a block's barriers would
+// cost more than the row's arithmetic), lane l its columns l, l + 32, ...,
+// the sums by butterflies over the lanes (warp_all: the same bits on every
+// lane, every run); RES: the row's input made first, res = a + b (the
 // residual add's bits; res may be a or b), its sum taken on the way, the
-// rest read back from res (each thread its own columns, the ones it
-// wrote), so the two kernels' bits in one pass over the row.
+// rest read back from res (each lane its own columns, the ones it wrote),
+// so the two kernels' bits in one pass over the row.
 template <bool RES>
 __global__ static void __launch_bounds__(DT_THREADS)
     ln_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *inp, const float *a2,
                       const float *w, const float *b, size_t N, int C, float eps) {
-    __shared__ float sh[DT_THREADS];
-    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+    int lane = threadIdx.x % 32;
+    EACH_ROW(r, N) {
         const float *x = RES ? res + r * C : inp + r * C;
         float s = 0.0f;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS) {
+        for (int c = lane; c < C; c += 32) {
             float v = RES ? inp[r * C + c] + a2[r * C + c] : x[c];
             if (RES) res[r * C + c] = v;
             s += v;
         }
-        float m = dt_ln_mean(block_sum(s, sh), C);
+        float m = dt_ln_mean(warp_all<false>(s), C);
         float q = 0.0f;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS) q += dt_ln_sq(x[c], m);
-        float rs = dt_ln_rstd(block_sum(q, sh), C, eps);
+        for (int c = lane; c < C; c += 32) q += dt_ln_sq(x[c], m);
+        float rs = dt_ln_rstd(warp_all<false>(q), C, eps);
         float *o = out + r * C;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS) o[c] = dt_ln_out(x[c], m, rs, w[c], b[c]);
-        if (threadIdx.x == 0) mean[r] = m, rstd[r] = rs;
+        for (int c = lane; c < C; c += 32) o[c] = dt_ln_out(x[c], m, rs, w[c], b[c]);
+        if (lane == 0) mean[r] = m, rstd[r] = rs;
     }
 }
 
+// The same warp a row: dinp += the row's gradient.
 __global__ static void __launch_bounds__(DT_THREADS)
     ln_backward_kernel(float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
                        const float *rstd, size_t N, int C) {
-    __shared__ float sh[DT_THREADS];
-    for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
+    int lane = threadIdx.x % 32;
+    EACH_ROW(r, N) {
         const float *x = inp + r * C, *d = dout + r * C;
         float m = mean[r], s = rstd[r], a = 0.0f, an = 0.0f;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS) {
+        for (int c = lane; c < C; c += 32) {
             float dn = w[c] * d[c];
             a += dn;
             an += dn * dt_ln_norm(x[c], m, s);
         }
-        float dn_mean = dt_ln_mean(block_sum(a, sh), C), dnn_mean = dt_ln_mean(block_sum(an, sh), C);
+        float dn_mean = dt_ln_mean(warp_all<false>(a), C), dnn_mean = dt_ln_mean(warp_all<false>(an), C);
         float *dx = dinp + r * C;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS)
-            dx[c] += dt_ln_dx(w[c] * d[c], dt_ln_norm(x[c], m, s), dn_mean, dnn_mean, s);
+        for (int c = lane; c < C; c += 32) dx[c] += dt_ln_dx(w[c] * d[c], dt_ln_norm(x[c], m, s), dn_mean, dnn_mean, s);
     }
 }
 
@@ -132,11 +136,13 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
     return st;
 }
 
+// Blocks of DT_THREADS / 32 warps for N rows, a warp a row.
+static unsigned ln_blocks(size_t N) { return dt_launch_blocks(N, DT_THREADS / 32); }
+
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel<false>, dt_launch_rows(N), DT_THREADS, 0, out, mean, rstd, NULL, inp, NULL, w, b, N, C,
-           eps);
+    DT_RUN(ln_forward_kernel<false>, ln_blocks(N), DT_THREADS, 0, out, mean, rstd, NULL, inp, NULL, w, b, N, C, eps);
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
@@ -144,7 +150,7 @@ dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const f
 dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
                                     const float *w, const float *bias, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel<true>, dt_launch_rows(N), DT_THREADS, 0, out, mean, rstd, res, a, b, w, bias, N, C, eps);
+    DT_RUN(ln_forward_kernel<true>, ln_blocks(N), DT_THREADS, 0, out, mean, rstd, res, a, b, w, bias, N, C, eps);
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
@@ -153,7 +159,7 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
                                     const float *w, const float *mean, const float *rstd, size_t N, int C) {
     if (N == 0 || C <= 0) return DT_OK;
     if (dinp) {
-        DT_RUN(ln_backward_kernel, dt_launch_rows(N), DT_THREADS, 0, dinp, dout, inp, w, mean, rstd, N, C);
+        DT_RUN(ln_backward_kernel, ln_blocks(N), DT_THREADS, 0, dinp, dout, inp, w, mean, rstd, N, C);
         DT_LAUNCHED(ln_backward_kernel);
     }
     return colsum<true>(db, dw, dout, inp, mean, rstd, N, C);
