@@ -111,9 +111,13 @@ const dt_dev dt_dev_cuda = {
     .fixed_to_float = dt_gpu_fixed_to_float,
 };
 
+static const dt_dev *g_table;  // (dt_dev_set's)
+
+void dt_dev_set(const dt_dev *d) { g_table = d; }
+
 const dt_dev *dt_dev_get(void) {
     const char *e = getenv("DTRAIN_GPU");
-    return e && !strcmp(e, "sim") ? &dt_dev_sim : &dt_dev_cuda;
+    return g_table ? g_table : e && !strcmp(e, "sim") ? &dt_dev_sim : &dt_dev_cuda;
 }
 
 // The kernels by name, for dt_dev_lacks.

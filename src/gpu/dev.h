@@ -270,6 +270,14 @@ extern const dt_dev dt_dev_sim;  /* gpu/dev_sim.c */
 /* The device this process trains on: the simulated GPU when DTRAIN_GPU=sim,
  * else the CUDA device. */
 const dt_dev *dt_dev_get(void);
+/* A table of the program's own in place of that choice, NULL back to it
+ * (tests/gpu/test_gpu_emu.c: the simulated GPU with the CUDA kernels on
+ * emulated threads). */
+void dt_dev_set(const dt_dev *d);
+/* The simulated GPU's bracket around code of another's that reads and
+ * writes its device memory (open 1, then 0): the memory is the host's
+ * between the two, as inside one of its own ops. */
+void dt_dev_sim_bracket(int open);
 /* The first of the NULL-terminated op names (as the table's fields: "sgemm",
  * "bias_forward", ...) that d lacks, or NULL when it has them all. */
 const char *dt_dev_lacks(const dt_dev *d, const char *const *ops);

@@ -195,6 +195,11 @@ static dt_status shut(void) {
     return DT_OK;
 }
 
+void dt_dev_sim_bracket(int open) {
+    if (open) open_dev();
+    else shut();
+}
+
 static size_t mem_bytes(void) {
     const char *e = getenv("DTRAIN_GPU_SIM_MEM");
     size_t b;

@@ -1,9 +1,10 @@
-/* The fused attention's CUDA kernels (src/gpu/flash.cu) run on emulated
- * threads (cuda_emu.h: a block's threads fibers run from barrier to
- * barrier), against the CPU's attention: every build with
- * the CUDA toolkit runs it, so that the kernels' indexing, masks, tiles
- * and barriers are checked where no GPU is (a GPU runs the same rows in
- * test_gpu ops). out and dqkv normwise within 1e-5 in fp32 (5e-3 with
+/* dtrain's own CUDA kernels run on emulated threads (cuda_emu.h: a
+ * block's threads fibers run from barrier to barrier) against the CPU's
+ * ops, each op alone on awkward shapes, then whole training runs with
+ * every op the kernel (emu_device.c) against the CPU's run: every build
+ * with the CUDA toolkit runs it, so that the kernels' indexing, masks,
+ * tiles and barriers are checked where no GPU is (a GPU runs the same rows
+ * in test_gpu ops). The fused attention's (src/gpu/flash.cu): out and dqkv normwise within 1e-5 in fp32 (5e-3 with
  * TF32), 1e-2 with the products in bf16, 2e-3 in fp16 (test_gpu's
  * tolerances), the backward on the output as the GPT's layer keeps it (in
  * 16 bits rounded to the type), and with TF32 on gradients of 1e-6
@@ -19,14 +20,21 @@
 #include "optim/elem.h"
 #include "gpu/att_plan.h"
 #include "gpu/gpu.h"
+#include "gpu/dev.h"
+#include "dtrain/config.h"
 #include "dtrain/nn.h"
+#include "dtrain/train.h"
 #include "kernels/kernels.h"
 #include "testlib.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+const dt_dev *dt_emu_device(void);  // (emu_device.c)
 
 static float *randoms(size_t n, float r, uint64_t seed) {
     float *a = malloc(sizeof(float) * (n ? n : 1));
@@ -38,7 +46,7 @@ static float *randoms(size_t n, float r, uint64_t seed) {
     return a;
 }
 
-static float *dup(const float *a, size_t n) {
+static float *fdup(const float *a, size_t n) {
     float *b = malloc(sizeof(float) * (n ? n : 1));
     memcpy(b, a, sizeof(float) * n);
     return b;
@@ -196,8 +204,8 @@ static void test_layernorm(size_t N, int C) {
           "dinp %.3g, dw %.3g, db %.3g (<= 1e-5)%s%s", N, C, d[0], d[1], d[2], d[3], d[4], d[5],
           st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
     // with the residual in the same pass, in place (res is b, then a): the two kernels' bits
-    float *sum = dup(dout, n), *fo = malloc(sizeof(float) * n), *fm = malloc(sizeof(float) * N);
-    float *fr = malloc(sizeof(float) * N), *res = dup(dout, n), *res2 = dup(x, n);
+    float *sum = fdup(dout, n), *fo = malloc(sizeof(float) * n), *fm = malloc(sizeof(float) * N);
+    float *fr = malloc(sizeof(float) * N), *res = fdup(dout, n), *res2 = fdup(x, n);
     if (st == DT_OK) st = dt_gpu_residual_forward(sum, x, sum, n);
     if (st == DT_OK) st = dt_gpu_layernorm_forward(eout, em, er, sum, w, b, N, C, 1e-5f);
     if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res, x, res, w, b, N, C, 1e-5f);
@@ -285,7 +293,7 @@ static void test_encoder(int B, int T, int C, int V, int v0, int Vl) {
     for (size_t i = 0; i < BT; i++) inp[i] = (int32_t)((r[i] + 0.5f) * (float)V) % V;  // (repeated tokens)
     float *wte = randoms(nw, 2, 24), *wpe = randoms(np, 2, 25), *out = randoms(n, 1, 26), *dout = randoms(n, 1, 27);
     float *dwte = randoms(nw, 0.1f, 28), *dwpe = randoms(np, 0.1f, 29);
-    float *eout = dup(out, n), *edwte = dup(dwte, nw), *edwpe = dup(dwpe, np);
+    float *eout = fdup(out, n), *edwte = fdup(dwte, nw), *edwpe = fdup(dwpe, np);
     dt_status st;
     if (Vl) {
         st = dt_gpu_encoder_split_forward(eout, inp, wte, wpe, B, T, C, v0, Vl);
@@ -315,8 +323,8 @@ static void test_elementwise(size_t n, int OC) {
     size_t N = n / (size_t)OC;
     float *a = randoms(n, 12, 31), *b = randoms(n, 2, 32), *dout = randoms(n, 1, 34), *bias = randoms((size_t)OC, 2, 35);
     float *out = randoms(n, 1, 33), *da = randoms(n, 1, 36), *db = randoms(n, 1, 37), *db2 = randoms((size_t)OC, 1, 38);
-    float *e[6], *c[6], *cdb = dup(db, n);
-    for (int i = 0; i < 6; i++) c[i] = dup(i < 3 ? out : da, n), e[i] = dup(c[i], n);
+    float *e[6], *c[6], *cdb = fdup(db, n);
+    for (int i = 0; i < 6; i++) c[i] = fdup(i < 3 ? out : da, n), e[i] = fdup(c[i], n);
     dt_status st = dt_gpu_residual_forward(e[0], a, b, n);
     if (st == DT_OK) st = dt_gpu_relu_forward(e[1], a, n);
     if (st == DT_OK) st = dt_gpu_gelu_forward(e[2], a, n);
@@ -338,7 +346,7 @@ static void test_elementwise(size_t n, int OC) {
           "backward %zu and %zu, ReLU %zu, its backward %zu (0); GELU %.3g, backward %.3g (<= 1e-5; %zu and %zu "
           "elements not the CPU's bits)%s%s", n, d[0], d[3], dres, d[1], d[4], g[0], g[1], d[2], d[5], EMU_ERR(st));
     // the bias: out += b, db += dout's column sums (twice from the same start: the same bits)
-    float *eo = dup(out, N * OC), *edb = dup(db2, (size_t)OC), *edb2 = dup(db2, (size_t)OC), *mag = calloc((size_t)OC, 4);
+    float *eo = fdup(out, N * OC), *edb = fdup(db2, (size_t)OC), *edb2 = fdup(db2, (size_t)OC), *mag = calloc((size_t)OC, 4);
     if (st == DT_OK) st = dt_gpu_bias_forward(eo, bias, N, OC);
     if (st == DT_OK) st = dt_gpu_bias_backward(edb, dout, N, OC);
     if (st == DT_OK) st = dt_gpu_bias_backward(edb2, dout, N, OC);
@@ -388,7 +396,7 @@ static void test_convert(dt_dtype t, size_t n) {
     float *res = calloc(n, sizeof(float)), *eres = calloc(n, sizeof(float));
     size_t bad = 0;
     for (int k = 0; k < 2 && st == DT_OK; k++) {
-        float *eg = dup(g[k], n);
+        float *eg = fdup(g[k], n);
         st = dt_gpu_from_f32_ef(eh, eg, eres, n, t);
         dt_from_f32_ef(h, g[k], res, n, t);
         for (size_t i = 0; i < n; i++) bad += h[i] != eh[i];
@@ -410,7 +418,7 @@ static void test_cnn(int B, int C, int H, int W, int K, int S, int P) {
     dt_im2col_t g = {C, H, W, K, S, P, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1};
     size_t nx = (size_t)B * C * H * W, ncol = (size_t)B * g.OH * g.OW, ck = (size_t)C * K * K, nc = ck * ncol;
     float *x = randoms(nx, 2, 61), *col = calloc(nc, 4), *ecol = calloc(nc, 4), *dx = randoms(nx, 1, 62);
-    float *edx = dup(dx, nx), *t = calloc(nc, 4), *et = calloc(nc, 4);
+    float *edx = fdup(dx, nx), *t = calloc(nc, 4), *et = calloc(nc, 4);
     for (size_t i = 0; i < nc; i++) col[i] = dt_im2col_at(x, &g, i / ncol, i % ncol);
     dt_status st = dt_gpu_im2col(ecol, x, (size_t)B, &g);
     for (size_t i = 0; i < nx; i++) dx[i] += dt_col2im_at(col, &g, (size_t)B, i);
@@ -421,8 +429,8 @@ static void test_cnn(int B, int C, int H, int W, int K, int S, int P) {
     int OH = (H - K) / K + 1, OW = (W - K) / K + 1;
     size_t no = (size_t)B * C * OH * OW, per = (size_t)C * H * W;
     float *out = calloc(no, 4), *eout = calloc(no, 4), *dy = randoms(no, 1, 63), *px = randoms(nx, 1, 64);
-    float *epx = dup(px, nx), *mask = calloc(nx, 4), *emask = calloc(nx, 4), *dr = calloc(nx, 4), *edr = calloc(nx, 4);
-    float *bx = randoms(nx, 1, 65), *ebx = dup(bx, nx);
+    float *epx = fdup(px, nx), *mask = calloc(nx, 4), *emask = calloc(nx, 4), *dr = calloc(nx, 4), *edr = calloc(nx, 4);
+    float *bx = randoms(nx, 1, 65), *ebx = fdup(bx, nx);
     int32_t *arg = calloc(no, 4), *earg = calloc(no, 4);
     dt_maxpool_forward(out, arg, x, B, C, H, W, K, K);
     dt_maxpool_backward(px, dy, arg, B, C, H, W, K, K);
@@ -461,7 +469,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     float *qkv = randoms(n3, 2, 41), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *dout = randoms(n, 1, 44);
     float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46), *eatt = randoms(room.saved / 4 + na, 1, 47);
-    float *eout = dup(out, n), *edq = dup(dqkv, n3), *edatt = randoms(room.scratch / 4 + na, 1, 48);
+    float *eout = fdup(out, n), *edq = fdup(dqkv, n3), *edatt = randoms(room.scratch / 4 + na, 1, 48);
     void *work = malloc(room.work + 1);
     uint16_t *o16 = malloc(2 * n);
     dt_status st = dt_att_fused(C, NH) ? DT_ERR_ARG : DT_OK;
@@ -494,6 +502,108 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     free(work), free(o16);
 }
 
+// ---- whole runs on the kernels: the device model's steps, each op the CUDA
+// kernel (emu_device.c), against the CPU's run in this process ----------------
+
+enum { RUN_STEPS = 20 };
+static char g_dir[64];
+
+static void step_loss(const dt_progress *p, void *user) {
+    if (p->step >= 1 && p->step <= RUN_STEPS) ((double *)user)[p->step] = p->loss;
+}
+
+// A run of the config `text` (with extra "section.key=value"s) on the CPU
+// or (emulated) on the kernels; its steps' losses in loss[1..].
+static dt_status run(const char *text, const char *const *extra, int n, int emulated, double *loss) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/run.ini", g_dir);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f)) return dt_error(DT_ERR_IO, "%s: cannot write", path);
+    const char *over[8] = {emulated ? "train.device=cuda" : "train.device=cpu", "train.cuda_graph=false"};
+    for (int i = 0; i < n && i < 6; i++) over[2 + i] = extra[i];
+    dt_config c;
+    dt_status st = dt_config_load(&c, path, over, 2 + n);
+    if (st != DT_OK) return st;
+    dt_dev_set(emulated ? dt_emu_device() : NULL);
+    dt_train_result r;
+    st = dt_train(&c, NULL, step_loss, loss, &r);
+    dt_dev_set(NULL);
+    return st;
+}
+
+// The run on the kernels against the CPU's: every step's loss within tol
+// of the CPU's (step 1 within 1e-5, as the GPU's runs are held to). The
+// GEMMs are the CPU's here, so the differences are the kernels' sums'
+// order: fp32 held to 1e-5 (measured: 0 for the GPT and the CNN, 1.2e-7
+// for the MLP), bf16 to the GPU's 1e-2 (2.1e-4).
+static void train_on_kernels(const char *what, const char *text, const char *const *extra, int n, double tol) {
+    double a[RUN_STEPS + 1] = {0}, b[RUN_STEPS + 1] = {0}, worst = 0, t0 = dt_now();
+    dt_status sa = run(text, extra, n, 0, a);
+    double t1 = dt_now();
+    char err[300] = "";
+    if (sa != DT_OK) snprintf(err, sizeof err, "the CPU's run: %s", dt_last_error());
+    dt_status sb = sa == DT_OK ? run(text, extra, n, 1, b) : sa;
+    double t2 = dt_now();
+    if (sa == DT_OK && sb != DT_OK) snprintf(err, sizeof err, "the kernels' run: %s", dt_last_error());
+    int s1 = fabs(b[1] - a[1]) <= 1e-5 * fabs(a[1]);
+    for (int s = 1; s <= RUN_STEPS; s++) {
+        double r = fabs(b[s] - a[s]) / fabs(a[s]);
+        worst = r > worst ? r : worst;
+    }
+    CHECK(sb == DT_OK && a[RUN_STEPS] > 0 && s1 && worst <= tol, "%s, %d steps on the CUDA kernels (emulated threads) "
+          "against the CPU: step 1's loss %.9g and %.9g (within 1e-5), the worst step's relative difference %.3g (<= %g)"
+          "%s%s", what, RUN_STEPS, b[1], a[1], worst, tol, *err ? ": " : "", err);
+    printf("%s on the kernels: step 1's loss %.9g (the CPU's %.9g), step %d's %.9g (%.9g); the worst step's relative "
+           "difference %.3g (%.1f s, the CPU's %.1f s)\n", what, b[1], a[1], RUN_STEPS, b[RUN_STEPS], a[RUN_STEPS], worst,
+           t2 - t1, t1 - t0);
+}
+
+static void test_training(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/dtrain-test-gpu-emu-XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        CHECK(0, "mkdtemp: %s", g_dir);
+        return;
+    }
+    enum { N = 4000 };
+    uint16_t *t = malloc(sizeof(uint16_t) * N);
+    float *u = randoms(N, 1.0f, 71);
+    t[0] = 0;  // (a learnable sequence with noise)
+    for (size_t i = 1; i < N; i++)
+        t[i] = u[i] > -0.3f ? (uint16_t)((5 * t[i - 1] + 3) % 32) : (uint16_t)((u[i] + 0.5f) * 64.0f) % 32;
+    char train[128], val[128], text[2048];
+    snprintf(train, sizeof train, "%s/train.bin", g_dir);
+    snprintf(val, sizeof val, "%s/val.bin", g_dir);
+    CHECK(dt_tokens_write(train, t, N) == DT_OK && dt_tokens_write(val, t, 1000) == DT_OK, "token files: %s",
+          dt_last_error());
+    free(t), free(u);
+    snprintf(text, sizeof text,
+             "[model]\npreset = gpt\nn_layer = 2\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 32\n"
+             "[data]\ndataset = tokens\ntrain_file = %s\nval_file = %s\n"
+             "[optim]\nname = adamw\nlr = 0.01\nclip_norm = 1.0\n[schedule]\nname = cosine\nwarmup_steps = 5\n"
+             "[train]\nbatch = 6\nseq_len = 8\nmax_steps = %d\neval_every = 10\neval_batches = 1\nseed = 5\n",
+             train, val, RUN_STEPS);
+    train_on_kernels("a tiny GPT (AdamW, clipping)", text, NULL, 0, 1e-5);
+    const char *bf16[] = {"train.precision=bf16"};
+    train_on_kernels("a tiny GPT in bf16", text, bf16, 1, 1e-2);
+    // heads of 130: the attention's GEMM plan (a smaller step: at 0.01 this width's losses jump about from step
+    // to step, and a last bit's difference grows to percents in 20 steps, on the CPU's kernels too)
+    const char *wide[] = {"model.n_embd=260", "model.n_layer=1", "optim.lr=0.0005"};
+    train_on_kernels("a GPT of heads of 130", text, wide, 3, 1e-5);
+    tl_make_images(g_dir, "train", 400, 1);
+    tl_make_images(g_dir, "t10k", 64, 2);
+    snprintf(text, sizeof text,
+             "[model]\nlayer = flatten\nlayer = linear out=48\nlayer = relu\nlayer = layernorm\nlayer = linear "
+             "out=24\nlayer = gelu\nlayer = dropout p=0\nlayer = linear out=10\n"
+             "[train]\nbatch = 16\nepochs = 1\nmax_steps = %d\nseed = 3\n"
+             "[optim]\nname = adamw\nlr = 0.003\nweight_decay = 0.01\nclip_norm = 0.5\n[data]\ndir = %s\n",
+             RUN_STEPS, g_dir);
+    train_on_kernels("the MLP (AdamW, clipping)", text, NULL, 0, 1e-5);
+    snprintf(text, sizeof text, "%s[data]\ndir = %s\n[train]\nbatch = 16\nmax_steps = %d\nseed = 7\n", tl_cfg_cnn,
+             g_dir, RUN_STEPS);
+    train_on_kernels("the CNN (im2col, max pooling, dropout)", text, NULL, 0, 1e-5);
+    tl_cleanup(g_dir);
+}
+
 int main(void) {
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
@@ -507,6 +617,7 @@ int main(void) {
     test_layernorm(3, 1);
     test_layernorm(37, 97);
     test_layernorm(70, 256);
+    test_layernorm(48, 516);
     // The sums of squares: a block of 4096 (DT_SUMSQ_BLOCK) less one, one,
     // and one more; several blocks; slices that begin inside a block.
     const size_t sq[][2] = {{1, 0}, {4095, 0}, {4096, 0}, {4097, 0}, {5 * 4096 + 3, 0}, {10, 4090},
@@ -549,11 +660,13 @@ int main(void) {
     test_encoder(2, 37, 24, 50, 0, 17);
     test_encoder(2, 37, 24, 50, 17, 17);
     test_encoder(3, 19, 9, 40, 20, 20);
+    test_encoder(6, 8, 516, 32, 0, 0);
     // The elementwise kernels: a block's 256 less one, more than one block
     // (grid-stride), columns of the bias 1, 3 and 97 (rows past a chunk).
     test_elementwise(255, 1);
     test_elementwise(3 * 1031, 3);
     test_elementwise(97 * 300, 97);
+    test_elementwise(1548 * 48, 1548);
     test_convert(DT_BF16, 5000);
     test_convert(DT_F16, 5000);
     test_cnn(3, 5, 13, 11, 3, 2, 1);
@@ -566,6 +679,7 @@ int main(void) {
     test_attention(1, 70, 600, 2, DT_F32);
     test_attention(1, 37, 258, 1, DT_BF16);
     test_attention(1, 37, 258, 1, DT_F16);
+    test_training();
     dt_status st = dt_gpu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
     CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "heads of 258 columns"),
           "a head of 258 columns refused by the fused kernels: %s", dt_last_error());
