@@ -1,12 +1,17 @@
 /* CUDA kernels on CPU threads (cuda_emu.h): a block's threads are fibers
- * (ucontext) of the launching thread, each run until it waits at a barrier
- * or ends, then the next in turn, thread 0 first. */
+ * of the launching thread, each run until it waits at a barrier or ends,
+ * then the next in turn, thread 0 first. On x86-64 a switch is a few
+ * instructions (the callee-saved registers and the stack pointer);
+ * elsewhere ucontext's (whose signal mask costs two system calls a
+ * switch). */
 #include "cuda_emu.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
@@ -17,8 +22,14 @@ namespace {
 enum { MAX_THREADS = 1024, STACK = 256 << 10 };
 enum { READY, WAITING, DONE };
 
+#if defined(__x86_64__)
+typedef void *context;  // the stack pointer, the callee-saved registers pushed there
+#else
+typedef ucontext_t context;
+#endif
+
 struct fiber {
-    ucontext_t ctx;
+    context ctx;
     char *stack = nullptr;
     int state = DONE;
     const char *at = nullptr;  // the barrier it waits at
@@ -30,11 +41,41 @@ struct barrier {
 };
 
 fiber g_f[MAX_THREADS];
-ucontext_t g_main;
+context g_main;
 unsigned g_cur;
 barrier g_block, g_warp[MAX_THREADS / 32];
 float g_lanes[MAX_THREADS];  // a shuffle's values, a slot a thread
 const std::function<void()> *g_fn;
+
+#if defined(__x86_64__)
+}  // namespace
+// The callee-saved registers pushed, the stack pointer saved in *from, to's
+// taken and its registers popped.
+extern "C" void dt_emu_switch(void **from, void *to);
+asm(".text\n.globl dt_emu_switch\n.type dt_emu_switch, @function\ndt_emu_switch:\n"
+    "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+    "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+    "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+    ".size dt_emu_switch, .-dt_emu_switch\n");
+namespace {
+
+// A context that starts entry (which never returns) on the stack [lo, lo + n).
+void make(context *c, char *lo, size_t n, void (*entry)()) {
+    void **sp = (void **)(((uintptr_t)(lo + n)) & ~(uintptr_t)15);
+    *--sp = nullptr;         // (entry's return address: none)
+    *--sp = (void *)entry;   // (the switch's ret)
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    *c = sp;
+}
+void to(context *from, context *c) { dt_emu_switch(from, *c); }
+#else
+void make(context *c, char *lo, size_t n, void (*entry)()) {
+    getcontext(c);
+    c->uc_stack.ss_sp = lo, c->uc_stack.ss_size = n, c->uc_link = nullptr;
+    makecontext(c, entry, 0);
+}
+void to(context *from, context *c) { swapcontext(from, c); }
+#endif
 
 // Back to the block's scheduler until every thread of b (the first of
 // them at index first, n of them) has come.
@@ -46,12 +87,14 @@ void wait_at(barrier *b, unsigned first, const char *what) {
         return;
     }
     g_f[g_cur].state = WAITING, g_f[g_cur].at = what;
-    swapcontext(&g_f[g_cur].ctx, &g_main);
+    to(&g_f[g_cur].ctx, &g_main);
 }
 
 void thread_main() {
     (*g_fn)();
-    g_f[g_cur].state = DONE;  // (uc_link: back to the scheduler)
+    g_f[g_cur].state = DONE;
+    to(&g_f[g_cur].ctx, &g_main);  // (never resumed: a block's threads start again from make)
+    abort();
 }
 
 // One block: its threads made fibers, run in turn until all are done; a
@@ -59,13 +102,16 @@ void thread_main() {
 void run_block(unsigned nt) {
     for (unsigned t = 0; t < nt; t++) {
         fiber *f = &g_f[t];
-        if (!f->stack && !(f->stack = (char *)malloc(STACK))) {
-            perror("emulated GPU: a thread's stack");
-            abort();
+        if (!f->stack) {  // (a page below it never mapped: an overflow faults, not a write into the heap)
+            size_t guard = (size_t)sysconf(_SC_PAGESIZE);
+            void *p = mmap(NULL, guard + STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED || mprotect(p, guard, PROT_NONE)) {
+                perror("emulated GPU: a thread's stack");
+                abort();
+            }
+            f->stack = (char *)p + guard;
         }
-        getcontext(&f->ctx);
-        f->ctx.uc_stack.ss_sp = f->stack, f->ctx.uc_stack.ss_size = STACK, f->ctx.uc_link = &g_main;
-        makecontext(&f->ctx, thread_main, 0);
+        make(&f->ctx, f->stack, STACK, thread_main);
         f->state = READY;
     }
     for (unsigned done = 0; done < nt;) {
@@ -74,7 +120,7 @@ void run_block(unsigned nt) {
         for (unsigned t = 0; t < nt; t++) {
             if (g_f[t].state == READY) {
                 g_cur = t, threadIdx = dim3(t, 0, 0), ran = 1;
-                swapcontext(&g_main, &g_f[t].ctx);
+                to(&g_main, &g_f[t].ctx);
             }
             done += g_f[t].state == DONE;
         }
@@ -130,7 +176,7 @@ void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &f
     }
     blockDim = b, gridDim = g, g_fn = &fn;
     g_block.n = b.x, g_block.count = 0;
-    for (unsigned w = 0; w < b.x / 32; w++) g_warp[w].n = 32, g_warp[w].count = 0;
+    for (unsigned w = 0; w < (b.x + 31) / 32; w++) g_warp[w].n = b.x < 32 ? b.x : 32, g_warp[w].count = 0;
     size_t floats = (shared + sizeof(float) - 1) / sizeof(float);
     for (unsigned y = 0; y < g.y; y++)
         for (unsigned x = 0; x < g.x; x++) {

@@ -2,7 +2,7 @@
  * (tests/gpu/test_gpu_emu.c): a kernel source compiled as C++ with
  * DT_CUDA_EMU defined includes this header in place of gpu/cuda_check.h.
  * A launch (DT_RUN) runs the grid's blocks one after another, each on
- * blockDim.x threads that are fibers of the launching thread (ucontext):
+ * blockDim.x threads that are fibers of the launching thread:
  * each runs until it waits at a barrier or ends, then the next in turn,
  * thread 0 first. They share one block of shared memory (`extern __shared__
  * ... sm[]`, the launch's bytes of it filled with NaNs before each block,
@@ -15,7 +15,8 @@
  * later thread writes without a barrier between reads it unwritten (NaN
  * in shared memory); the other way round goes unseen (racecheck on a GPU
  * finds those); nor anything about the GPU's own arithmetic (libm's expf
- * is not CUDA's). */
+ * is not CUDA's). A thread that spins waiting for another's write with no
+ * barrier would spin for ever here (dtrain's kernels have none). */
 #ifndef DT_TESTS_CUDA_EMU_H
 #define DT_TESTS_CUDA_EMU_H
 

@@ -520,7 +520,8 @@ static dt_status run(const char *text, const char *const *extra, int n, int emul
     FILE *f = fopen(path, "w");
     if (!f || fputs(text, f) < 0 || fclose(f)) return dt_error(DT_ERR_IO, "%s: cannot write", path);
     const char *over[8] = {emulated ? "train.device=cuda" : "train.device=cpu", "train.cuda_graph=false"};
-    for (int i = 0; i < n && i < 6; i++) over[2 + i] = extra[i];
+    n = n < 6 ? n : 6;
+    for (int i = 0; i < n; i++) over[2 + i] = extra[i];
     dt_config c;
     dt_status st = dt_config_load(&c, path, over, 2 + n);
     if (st != DT_OK) return st;
@@ -598,6 +599,8 @@ static void test_training(void) {
              "[optim]\nname = adamw\nlr = 0.003\nweight_decay = 0.01\nclip_norm = 0.5\n[data]\ndir = %s\n",
              RUN_STEPS, g_dir);
     train_on_kernels("the MLP (AdamW, clipping)", text, NULL, 0, 1e-5);
+    const char *sgd[] = {"optim.name=sgd", "optim.lr=0.05", "optim.momentum=0.9", "optim.nesterov=true"};
+    train_on_kernels("the MLP (SGD, Nesterov momentum)", text, sgd, 4, 1e-5);
     snprintf(text, sizeof text, "%s[data]\ndir = %s\n[train]\nbatch = 16\nmax_steps = %d\nseed = 7\n", tl_cfg_cnn,
              g_dir, RUN_STEPS);
     train_on_kernels("the CNN (im2col, max pooling, dropout)", text, NULL, 0, 1e-5);
