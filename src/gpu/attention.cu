@@ -72,13 +72,11 @@ __global__ static void softmax_backward_kernel(float *datt, const float *att, ui
     }
 }
 
-static unsigned row_blocks(size_t rows) { return dt_launch_blocks(rows, DT_THREADS / 32); }
-
 static dt_status softmax(float *att, void *p16, size_t rows, int T, dt_dtype t) {
     uint16_t *h = (uint16_t *)p16;
-    if (t == DT_BF16) DT_RUN(softmax_kernel<1>, row_blocks(rows), DT_THREADS, 0, att, h, rows, T);
-    else if (t == DT_F16) DT_RUN(softmax_kernel<2>, row_blocks(rows), DT_THREADS, 0, att, h, rows, T);
-    else DT_RUN(softmax_kernel<0>, row_blocks(rows), DT_THREADS, 0, att, NULL, rows, T);
+    if (t == DT_BF16) DT_RUN(softmax_kernel<1>, dt_launch_warp_rows(rows), DT_THREADS, 0, att, h, rows, T);
+    else if (t == DT_F16) DT_RUN(softmax_kernel<2>, dt_launch_warp_rows(rows), DT_THREADS, 0, att, h, rows, T);
+    else DT_RUN(softmax_kernel<0>, dt_launch_warp_rows(rows), DT_THREADS, 0, att, NULL, rows, T);
     DT_LAUNCHED(softmax_kernel);
     return DT_OK;
 }
@@ -86,7 +84,7 @@ static dt_status softmax(float *att, void *p16, size_t rows, int T, dt_dtype t) 
 static dt_status softmax_backward(float *datt, const float *att, void *d16, size_t rows, int T, float scale,
                                   dt_dtype t) {
     uint16_t *h = (uint16_t *)d16;
-    unsigned g = row_blocks(rows);
+    unsigned g = dt_launch_warp_rows(rows);
     if (t == DT_BF16) DT_RUN(softmax_backward_kernel<1>, g, DT_THREADS, 0, datt, att, h, rows, T, scale);
     else if (t == DT_F16) DT_RUN(softmax_backward_kernel<2>, g, DT_THREADS, 0, datt, att, h, rows, T, scale);
     else DT_RUN(softmax_backward_kernel<0>, g, DT_THREADS, 0, datt, att, NULL, rows, T, scale);

@@ -8,17 +8,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-// The bytes of scratch a call of CUDA's asks for (its sizes: launch.h's,
-// cub's, cuDNN's).
-static size_t gpu_scratch_of(const dt_dev_scratch_ask *q) {
+size_t dt_dev_scratch_kernels(const dt_dev_scratch_ask *q) {
     switch (q->op) {
-    case DT_ASK_ENCODER: return dt_gpu_encoder_scratch(q->n);
+    case DT_ASK_ENCODER: return sizeof(int32_t) * dt_encoder_scratch_ints(q->n);
     case DT_ASK_COLSUM: return dt_colsum_scratch(q->n, q->C, 0);
     case DT_ASK_LAYERNORM: return dt_colsum_scratch(q->n, q->C, 1);
     case DT_ASK_SUMSQ: return dt_sumsq_scratch(q->n);
-    case DT_ASK_CONV: return dt_gpu_conv2d_scratch(q->n, q->g, q->C);
+    case DT_ASK_CONV: return 0;
     }
     return 0;
+}
+
+// The bytes of scratch a call of CUDA's asks for: launch.h's, with cub's
+// sort's room and cuDNN's workspaces.
+static size_t gpu_scratch_of(const dt_dev_scratch_ask *q) {
+    if (q->op == DT_ASK_ENCODER) return dt_gpu_encoder_scratch(q->n);
+    if (q->op == DT_ASK_CONV) return dt_gpu_conv2d_scratch(q->n, q->g, q->C);
+    return dt_dev_scratch_kernels(q);
 }
 
 // A kernel whose CUDA version is not written yet stays NULL (dt_dev_lacks

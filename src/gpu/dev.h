@@ -297,6 +297,10 @@ typedef struct dt_dev_scratch_ask {
     int C;
     const dt_im2col_t *g;
 } dt_dev_scratch_ask;
+/* The bytes launch.h's formulas give a call (those of dtrain's own
+ * kernels; the encoder's without its sort's room, a convolution none):
+ * the simulated GPU's scratch_of, the CUDA device's but for those two. */
+size_t dt_dev_scratch_kernels(const dt_dev_scratch_ask *q);
 
 enum { DT_DEV_WEIGHTS, DT_DEV_GRADS, DT_DEV_OPTIM, DT_DEV_ACTS, DT_DEV_WORK, DT_DEV_KINDS };
 extern const char *const dt_dev_kind_names[DT_DEV_KINDS]; /* "weights", "gradients", ... */

@@ -15,7 +15,6 @@
 #include "dtrain/optim.h"
 #include "gpu/att_plan.h"
 #include "gpu/dev.h"
-#include "gpu/launch.h"
 #include "kernels/kernels.h"
 #include "nn/rows.h"
 #include "gpu/dev_sim_rec.h"
@@ -412,17 +411,6 @@ static struct {
     uint64_t allocs;
 } g_scratch = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
 
-static size_t sim_scratch_of(const dt_dev_scratch_ask *q) {
-    switch (q->op) {
-    case DT_ASK_ENCODER: return sizeof(int32_t) * dt_encoder_scratch_ints(q->n);
-    case DT_ASK_COLSUM: return dt_colsum_scratch(q->n, q->C, 0);
-    case DT_ASK_LAYERNORM: return dt_colsum_scratch(q->n, q->C, 1);
-    case DT_ASK_SUMSQ: return dt_sumsq_scratch(q->n);
-    case DT_ASK_CONV: return 0;
-    }
-    return 0;
-}
-
 static dt_status sim_scratch_reserve(size_t bytes) {
     pthread_mutex_lock(&g_scratch.mu);
     g_scratch.cap = bytes > g_scratch.cap ? bytes : g_scratch.cap;
@@ -443,7 +431,7 @@ static size_t sim_scratch_bytes(uint64_t *allocs) {
 // allocation counted after a reservation.
 static void scratch_take(dt_dev_ask_op op, size_t n, int C) {
     dt_dev_scratch_ask q = {op, n, C, NULL};
-    size_t bytes = sim_scratch_of(&q);
+    size_t bytes = dt_dev_scratch_kernels(&q);
     pthread_mutex_lock(&g_scratch.mu);
     if (bytes > g_scratch.cap) g_scratch.cap = bytes, g_scratch.allocs += g_scratch.reserved;
     pthread_mutex_unlock(&g_scratch.mu);
@@ -1042,7 +1030,7 @@ const dt_dev dt_dev_sim = {
     .to_device = sim_to_device,
     .to_device_async = sim_to_device_async,
     .reads = sim_reads,
-    .scratch_of = sim_scratch_of,
+    .scratch_of = dt_dev_scratch_kernels,
     .scratch_reserve = sim_scratch_reserve,
     .scratch_bytes = sim_scratch_bytes,
     .to_host = sim_to_host,

@@ -322,10 +322,17 @@ static dt_status scratch_grow(size_t bytes) {
     return DT_OK;
 }
 
+// Whether the buffer may be made larger now (its lock held): no call holds
+// it, no capture is on (a grown buffer there would be the graph's own
+// allocation), and a graph keeps fewer old ones than it may.
+static int scratch_may_grow(void) {
+    return !g_scratch.held && g_graph.mode != CAPTURING && (!g_graph.exec || g_scratch.nold < 16);
+}
+
 dt_status dt_gpu_scratch_reserve(size_t bytes) {
     pthread_mutex_lock(&g_scratch.mu);
     dt_status st = DT_OK;
-    if (bytes > g_scratch.cap && (g_scratch.held || g_graph.mode == CAPTURING || (g_graph.exec && g_scratch.nold >= 16)))
+    if (bytes > g_scratch.cap && !scratch_may_grow())
         st = dt_error(DT_ERR_INTERNAL, "GPU: scratch of %zu bytes reserved while a call holds it or a graph is made",
                       bytes);
     else if (bytes > g_scratch.cap)
@@ -341,10 +348,9 @@ dt_status dt_gpu_scratch(void **p, size_t bytes) {
     bytes = bytes ? bytes : 1;
     pthread_mutex_lock(&g_scratch.mu);
     dt_status st = DT_OK;
-    // (the buffer's, unless another call holds it, or it would grow inside a capture (the stream's pool's
-    // then: the graph's own allocation), or a graph keeps as many old ones as it may)
+    // (the buffer's, unless another call holds it or it cannot grow now: the stream's pool's then)
     int grow = bytes > g_scratch.cap;
-    if (!g_scratch.held && (!grow || (g_graph.mode != CAPTURING && (!g_graph.exec || g_scratch.nold < 16)))) {
+    if (grow ? scratch_may_grow() : !g_scratch.held) {
         if (grow) st = scratch_grow((bytes + 255) / 256 * 256);
         if (st == DT_OK) *p = g_scratch.p, g_scratch.held = 1;
     }

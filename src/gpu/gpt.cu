@@ -80,30 +80,33 @@ dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wt
     return dt_gpu_encoder_split_forward(out, inp, wte, wpe, B, T, C, 0, INT32_MAX);
 }
 
-// The room cub's sort of n (token, position) pairs asks for.
-static cudaError_t sort_room(size_t n, size_t *bytes) {
-    *bytes = 0;
-    return cub::DeviceRadixSort::SortPairs(NULL, *bytes, (const int32_t *)NULL, (int32_t *)NULL, (const int32_t *)NULL,
-                                           (int32_t *)NULL, (int)n, 0, 32, dt_cu_stream);
+// The backward's scratch for n positions in *bytes: its three int arrays,
+// then the room cub's sort of n (token, position) pairs asks for (*sort).
+static cudaError_t encoder_room(size_t n, size_t *sort, size_t *bytes) {
+    *sort = *bytes = 0;
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, *sort, (const int32_t *)NULL, (int32_t *)NULL,
+                                                    (const int32_t *)NULL, (int32_t *)NULL, (int)n, 0, 32, dt_cu_stream);
+    *bytes = sizeof(int32_t) * dt_encoder_scratch_ints(n) + *sort;
+    return e;
 }
 
 size_t dt_gpu_encoder_scratch(size_t n) {
-    size_t sort_bytes = 0;
-    if (n == 0 || n > INT32_MAX || sort_room(n, &sort_bytes) != cudaSuccess) return 0;  // (the call says why)
-    return sizeof(int32_t) * dt_encoder_scratch_ints(n) + sort_bytes;
+    size_t sort = 0, bytes = 0;
+    if (n == 0 || n > INT32_MAX || encoder_room(n, &sort, &bytes) != cudaSuccess) return 0;  // (the call says why)
+    return bytes;
 }
 
 // dwte's part (rows [v0, v0 + V) of the tokens): the positions sorted by
 // token in scratch, then one block a run.
 static dt_status wte_grad(float *dwte, const float *dout, const int32_t *inp, size_t n, int C, int v0, int V) {
     if (n > INT32_MAX) return dt_error(DT_ERR_ARG, "GPU encoder backward: %zu positions (at most 2^31 - 1)", n);
-    size_t sort_bytes = 0;
-    cudaError_t e = sort_room(n, &sort_bytes);
+    size_t sort_bytes = 0, bytes = 0;
+    cudaError_t e = encoder_room(n, &sort_bytes, &bytes);
     if (e != cudaSuccess)
         return dt_error(DT_ERR_INTERNAL, "GPU encoder backward: the sort's size: %s", cudaGetErrorString(e));
     size_t ints = dt_encoder_scratch_ints(n);  // (the sort's scratch 256-byte aligned after them)
     void *scratch = NULL;
-    dt_status st = dt_gpu_scratch(&scratch, sizeof(int32_t) * ints + sort_bytes);  // (dt_gpu_encoder_scratch's)
+    dt_status st = dt_gpu_scratch(&scratch, bytes);
     if (st != DT_OK) return st;
     int32_t *tok = (int32_t *)scratch, *pos = tok + n, *seq = pos + n;
     DT_RUN(iota_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, seq, n);

@@ -31,6 +31,9 @@ static inline unsigned dt_launch_rows(size_t rows) {
     return (unsigned)(rows > DT_MAX_BLOCKS ? DT_MAX_BLOCKS : rows);
 }
 
+/* One warp per row (block.h's EACH_ROW): blocks of DT_THREADS / 32 rows. */
+static inline unsigned dt_launch_warp_rows(size_t rows) { return dt_launch_blocks(rows, DT_THREADS / 32); }
+
 /* Column sums over N rows of C columns (the bias's and layernorm's weight
  * gradients): the rows cut into chunks of dt_colsum_rows(N) (DT_COLSUM_ROWS,
  * or more where N would need more chunks than the grid's DT_MAX_GRID_Y),

@@ -136,13 +136,11 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
     return st;
 }
 
-// Blocks of DT_THREADS / 32 warps for N rows, a warp a row.
-static unsigned ln_blocks(size_t N) { return dt_launch_blocks(N, DT_THREADS / 32); }
-
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                    const float *b, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel<false>, ln_blocks(N), DT_THREADS, 0, out, mean, rstd, NULL, inp, NULL, w, b, N, C, eps);
+    DT_RUN(ln_forward_kernel<false>, dt_launch_warp_rows(N), DT_THREADS, 0, out, mean, rstd, NULL, inp, NULL, w, b, N,
+           C, eps);
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
@@ -150,7 +148,8 @@ dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const f
 dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
                                     const float *w, const float *bias, size_t N, int C, float eps) {
     if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel<true>, ln_blocks(N), DT_THREADS, 0, out, mean, rstd, res, a, b, w, bias, N, C, eps);
+    DT_RUN(ln_forward_kernel<true>, dt_launch_warp_rows(N), DT_THREADS, 0, out, mean, rstd, res, a, b, w, bias, N, C,
+           eps);
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
@@ -159,7 +158,7 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
                                     const float *w, const float *mean, const float *rstd, size_t N, int C) {
     if (N == 0 || C <= 0) return DT_OK;
     if (dinp) {
-        DT_RUN(ln_backward_kernel, ln_blocks(N), DT_THREADS, 0, dinp, dout, inp, w, mean, rstd, N, C);
+        DT_RUN(ln_backward_kernel, dt_launch_warp_rows(N), DT_THREADS, 0, dinp, dout, inp, w, mean, rstd, N, C);
         DT_LAUNCHED(ln_backward_kernel);
     }
     return colsum<true>(db, dw, dout, inp, mean, rstd, N, C);
