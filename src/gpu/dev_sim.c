@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,10 +243,28 @@ static dt_status sim_mem_info(size_t *free_b, size_t *total) {
     return DT_OK;
 }
 
-static dt_status sim_alloc(void **dev, size_t bytes) {
+// len bytes of PROT_NONE address space; huge: on 2 MiB boundaries and
+// backed by huge pages where the kernel has them, so that an op's flips
+// of a large region change a PMD per 2 MiB instead of 512 PTEs (the
+// simulated GPU's runs spent most of their time in mprotect); a region
+// flipped in parts (a vm_reserve's chunks) stays on small pages.
+enum { HUGE = 2 << 20 };
+static void *sim_map(size_t len, int huge) {
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    if (!huge || len < HUGE) return mmap(NULL, len, PROT_NONE, flags, -1, 0);
+    char *p = mmap(NULL, len + HUGE, PROT_NONE, flags, -1, 0);
+    if (p == MAP_FAILED) return p;
+    char *a = (char *)(((uintptr_t)p + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));
+    munmap(a + len, (size_t)(p + HUGE - a));
+    madvise(a, len, MADV_HUGEPAGE);  // (a hint: where refused, small pages)
+    return a;
+}
+
+static dt_status sim_region(void **dev, size_t bytes, int huge) {
     *dev = NULL;
     size_t len = bytes ? bytes : 1;
-    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *p = sim_map(len, huge);
     if (p == MAP_FAILED) return dt_error(DT_ERR_NOMEM, "simulated GPU: mmap of %zu bytes failed", bytes);
     pthread_mutex_lock(&g.mu);
     int i = 0;
@@ -265,6 +284,8 @@ static dt_status sim_alloc(void **dev, size_t bytes) {
     return DT_OK;
 }
 
+static dt_status sim_alloc(void **dev, size_t bytes) { return sim_region(dev, bytes, 1); }
+
 static void sim_free(void *dev) {
     if (!dev) return;
     pthread_mutex_lock(&g.mu);
@@ -281,7 +302,7 @@ static dt_status sim_vm_reserve(void **dev, size_t bytes, size_t *gran) {
     *gran = VM_GRAN;
     size_t chunks = (bytes + VM_GRAN - 1) / VM_GRAN;
     unsigned char *map = calloc(chunks ? chunks : 1, 1);
-    dt_status st = map ? sim_alloc(dev, chunks * VM_GRAN) : dt_error(DT_ERR_NOMEM, "simulated GPU: out of host memory");
+    dt_status st = map ? sim_region(dev, chunks * VM_GRAN, 0) : dt_error(DT_ERR_NOMEM, "simulated GPU: out of host memory");
     if (st != DT_OK) return free(map), st;
     pthread_mutex_lock(&g.mu);
     for (int i = 0; i < MAX_REGIONS; i++)
