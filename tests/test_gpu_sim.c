@@ -514,6 +514,35 @@ static void test_cnn(void) {
           diff, g_out);
 }
 
+// [train] attention: the tiny GPT's heads (8 columns) on the GEMM plan
+// (its probabilities kept: B NH T T floats a layer more) train to the
+// CPU's weights bitwise (the simulated GPU's attention is the CPU's either
+// way; the plan's own kernels are test_gpu_emu's and test_gpu's), and
+// summary.json says which; fused asked for heads the fused kernels do not
+// take is refused at the start, naming them.
+static void attention_choice(void) {
+    char sum[700], fused[700];
+    int rc = tl_train(g_tmp, "gpt-gemm", cfg_gpt, 1, "--device cuda --set train.attention=gemm", g_out, sizeof g_out),
+        bw = 0;
+    double diff = tl_runs_diff(g_tmp, "gpt", "gpt-gemm", &bw);
+    snprintf(sum, sizeof sum, "%s/summary.json", tmp("gpt-gemm"));
+    snprintf(fused, sizeof fused, "%s/summary.json", tmp("gpt-dev"));
+    double more = tl_json_number(sum, "activations_bytes") - tl_json_number(fused, "activations_bytes");
+    CHECK(rc == 0 && diff == 0 && bw && tl_count(sum, "\"attention\":\t\"gemm\"") == 1 &&
+              tl_count(fused, "\"attention\":\t\"fused\"") == 1,
+          "attention = gemm: the CPU's weights bitwise, summary.json says gemm (and fused by default): exit %d, diff "
+          "%g\n%s", rc, diff, g_out);
+    // (2 layers of B 6 x NH 2 x T 8 rows: T floats a row kept, 3072 bytes, instead of a log-sum-exp, 384 bytes
+    // taken as 512: the arena's takes start on 256 bytes)
+    CHECK(more == 2 * (3072 - 512), "attention = gemm keeps each layer's probabilities: %g bytes of activations more "
+          "than the fused kernels' (want %d)", more, 2 * (3072 - 512));
+    rc = tl_train(g_tmp, "gpt-wide", cfg_gpt, 1, "--device cuda --set train.attention=fused --set model.n_head=1 "
+                  "--set model.n_embd=160", g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "[train] attention = fused: heads of 160 columns (n_embd 160 / n_head 1); the fused "
+                            "kernels take heads of up to 128"),
+          "attention = fused with heads of 160: refused, naming them (exit %d)\n%s", rc, g_out);
+}
+
 static void test_gpt(void) {
     compare_runs("gpt", cfg_gpt, "a tiny GPT", "", 0, 0);
     char cmd[2048];
@@ -526,6 +555,7 @@ static void test_gpt(void) {
     int rc2 = tl_run(cmd, out2, sizeof out2);
     CHECK(rc == 0 && rc2 == 0 && !strcmp(g_out, out2), "dtrain eval reads the device run's weights: exit %d\n%s\n%s",
           rc, g_out, out2);
+    attention_choice();
 }
 
 // A run that diverges (SGD with momentum 0.99 at lr 1000): on the device
@@ -1827,6 +1857,17 @@ static int on_gpu(void) {
         char sum[700];  // (CUDA's scratch: cub's sort and cuDNN's workspaces asked for too)
         snprintf(sum, sizeof sum, "%s/summary.json", tmp(name));
         if (rc == 0) planned_scratch(sum, name);
+    }
+    // the GPT with its attention on the GEMM plan ([train] attention = gemm: cuBLASLt's strided batches and the
+    // softmax's row kernels at heads of 8), against the same CPU losses
+    const char *gemm[][2] = {{"gpt", ""}, {"gpt-bf16", "--precision bf16"}};
+    for (int i = 0; i < 2; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s-gemm", gemm[i][0]);
+        snprintf(flags, sizeof flags, ON_GPU " --set train.attention=gemm %s", gemm[i][1]);
+        int rc = tl_train(g_tmp, name, cfg_gpt, 1, flags, g_out, sizeof g_out);
+        CHECK(rc == 0, "%s on the GPU: exit %d\n%s", name, rc, g_out);
+        if (rc == 0) check_fixture(gemm[i][0], tmp(name), 0);
     }
     gpu_repeat();
     gpu_nccl_alone(model_text("mlp", text, sizeof text));

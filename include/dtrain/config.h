@@ -181,6 +181,7 @@ typedef struct {
     char trace[512];               /* Chrome trace-event JSON file ("" : none) */
     char device[16];               /* [train] device: "cpu", "cuda" or "cuda:N" (docs/gpu.md) */
     int tf32;                      /* [train] tf32: a GPU's fp32 matmuls on TF32 tensor cores (default 1) */
+    int attention;                 /* [train] attention: a GPU's causal attention, dt_att_choice (0 auto, 1 fused, 2 gemm) */
     int cuda_graph;                /* [train] cuda_graph: one rank's step captured as a CUDA graph and replayed (default 1) */
     /* [checkpoint] (RUN_DIR/checkpoints, docs/checkpoints.md) */
     int64_t ckpt_every_steps;      /* 0 = not by steps */

@@ -4,6 +4,7 @@
 #include "comm/device.h"
 #include "dtrain/train.h"
 #include "engine/device.h"
+#include "gpu/att_plan.h"
 #include "gpu/dev.h"
 #include "gpu/gpu.h"
 #include "obs/obs.h"
@@ -128,6 +129,7 @@ dt_status dt_train_device_use(const dt_config *c, dt_comm_t comm) {
         st = dt_error(st, "[train] device = %s: cuda:%d on rank %d: %s", c->device, index, dt_comm_rank(comm),
                       dt_last_error());
     dt_gpu_set_tf32(c->tf32);  // (the CUDA GEMM's; the simulated GPU's is the CPU's fp32)
+    dt_att_choose((dt_att_choice)c->attention);
     if (st == DT_OK) dt_log(DT_LOG_DEBUG, "rank %d trains on cuda:%d%s%s", dt_comm_rank(comm), index, *shared ? ": " : "", shared);
     return st;
 }
@@ -169,6 +171,7 @@ cJSON *dt_train_device_summary(cJSON *o, const dt_config *c, const dt_dev_blocks
     uint64_t allocs = 0;  // (the ops' scratch, planned before the first step: in workspace_bytes)
     cJSON_AddNumberToObject(g, "scratch_bytes", (double)b->d->scratch_bytes(&allocs));
     cJSON_AddNumberToObject(g, "scratch_allocations", (double)allocs);
+    if (b->attention) cJSON_AddStringToObject(g, "attention", b->attention);
     if (b->shards)  // (tensor parallel: the shards' sums on a GPUs' communicator of this backend)
         cJSON_AddStringToObject(g, "shards", b->shards);
     if (b->stage_bytes)  // (model parallel: its pipeline stages' activation sets, in activations_bytes)

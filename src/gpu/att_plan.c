@@ -13,7 +13,20 @@ size_t dt_att_work_bytes(int B, int T, int C, int NH, dt_dtype t) {
     return up256(2 * BT * 3 * (size_t)C) + up256(2 * (size_t)B * NH * T * (size_t)T) + up256(2 * BT * (size_t)C);
 }
 
-int dt_att_fused(int C, int NH) { return NH > 0 && C > 0 && C % NH == 0 && C / NH <= DT_ATT_FUSED_HS; }
+static dt_att_choice g_choice;  // (per process: its runs' [train] attention)
+
+void dt_att_choose(dt_att_choice c) { g_choice = c; }
+
+static int fits(int C, int NH) { return NH > 0 && C > 0 && C % NH == 0 && C / NH <= DT_ATT_FUSED_HS; }
+
+int dt_att_fused(int C, int NH) { return g_choice != DT_ATT_GEMM && fits(C, NH); }
+
+dt_status dt_att_choice_check(int C, int NH) {
+    if (g_choice != DT_ATT_FUSED || fits(C, NH)) return DT_OK;
+    return dt_error(DT_ERR_CONFIG, "[train] attention = fused: heads of %d columns (n_embd %d / n_head %d); the fused "
+                    "kernels take heads of up to %d: attention = auto (the GEMMs for larger heads) or gemm", C / NH, C,
+                    NH, DT_ATT_FUSED_HS);
+}
 
 dt_att_room dt_att_room_of(int B, int T, int C, int NH, dt_dtype t) {
     size_t f = sizeof(float), rows = (size_t)B * NH * T;

@@ -60,7 +60,19 @@ typedef struct {
 typedef struct {
     size_t saved, scratch, work;
 } dt_att_room;
+
+/* Which of the two this process's attention takes ([train] attention,
+ * set at a run's start, dt_train_device_use): AUTO the fused kernels for
+ * heads of up to DT_ATT_FUSED_HS columns and the plan for larger ones;
+ * FUSED the kernels (larger heads refused by dt_att_choice_check); GEMM
+ * the plan for every head (its probabilities kept: B NH T T floats a
+ * layer). dt_att_fused: whether heads of C / NH take the fused kernels. */
+typedef enum { DT_ATT_AUTO, DT_ATT_FUSED, DT_ATT_GEMM } dt_att_choice;
+void dt_att_choose(dt_att_choice c);
 int dt_att_fused(int C, int NH);
+/* DT_OK, or DT_ERR_CONFIG naming the heads where FUSED was asked for
+ * heads the fused kernels do not take. */
+dt_status dt_att_choice_check(int C, int NH);
 dt_att_room dt_att_room_of(int B, int T, int C, int NH, dt_dtype t);
 
 /* B, T, C, NH and t as the attention takes them (NH dividing C; t F32,

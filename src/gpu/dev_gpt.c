@@ -189,11 +189,12 @@ static float *resid(const dt_dev_gpt *g, int l) {
 dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, int B, int T, int nstates,
                             dt_dev_part part, dt_dtype t) {
     int ntp;
+    const dt_gpt_config *c = dt_gpt_get_config(m);
     dt_gpt_shard(m, &ntp);
     *out = NULL;
     TRY(seq_divides(dt_gpt_seq(m), ntp, B, T));
+    TRY(dt_att_choice_check(c->n_embd / ntp, c->n_head / ntp));
     dt_dev_gpt *g = calloc(1, sizeof *g);
-    const dt_gpt_config *c = dt_gpt_get_config(m);
     layer_acts *la = calloc((size_t)c->n_layer, sizeof *la);
     if (!g || !la) {
         free(g);
@@ -207,6 +208,7 @@ dt_status dt_dev_gpt_create(dt_dev_gpt **out, const dt_dev *d, const dt_gpt *m, 
     g->seq = dt_gpt_seq(m);
     g->Cl = c->n_embd / g->ntp, g->NHl = c->n_head / g->ntp, g->F = 4 * c->n_embd / g->ntp;
     g->Vl = c->padded_vocab_size / g->ntp;
+    g->b.attention = dt_att_fused(g->Cl, g->NHl) ? "fused" : "gemm";
     g->Vv = dt_gpt_head_vocab(m, &g->v0);
     for (int i = 0; i < NPT; i++) {
         g->off[i] = dt_gpt_tensor(m, i)->offset;

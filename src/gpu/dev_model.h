@@ -76,6 +76,7 @@ typedef struct {
     void *k, *kpin, *k_ev;    /* the update's constants (dt_adamw_k or dt_sgd_k): on the device, which the
                                  update reads; their pinned copy, written by the host each update; an event
                                  that marks its copy's upload */
+    const char *attention;    /* the GPT's causal attention: "fused" or "gemm" (att_plan.h; NULL: none) */
     const char *shards;       /* a tensor-parallel shard's collectives: their GPUs' communicator's backend
                                  (NULL: none) */
     size_t pinned_bytes;      /* every pinned buffer's bytes (the slots') */

@@ -448,7 +448,7 @@ static int on_tensor_cores(int hs, dt_dtype t) {
 
 static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dtype t) {
     dt_status st = dt_att_args(what, B, T, C, NH, t);
-    if (st == DT_OK && !dt_att_fused(C, NH))
+    if (st == DT_OK && C / NH > DT_ATT_FUSED_HS)
         return dt_error(DT_ERR_ARG, "GPU attention %s: heads of %d columns (the fused kernels take up to %d)", what,
                         C / NH, DT_ATT_FUSED_HS);
     return st;

@@ -108,6 +108,7 @@ static const char *const ps_mode_names[] = {"sync", "async", "ssp", "backup", NU
 static const char *const aggregator_names[] = {"mean", "median", "trimmed", "krum", "clip", NULL};  // dt_agg_kind
 static const char *const ps_share_names[] = {"fixed", "dynamic", NULL};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16", NULL};  // index = dt_dtype
+static const char *const attention_names[] = {"auto", "fused", "gemm", NULL};  // index = dt_att_choice
 static const char *const grad_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const recompute_names[] = {"none", "blocks", NULL};
 static const char *const arch_names[] = {"gpt", "llama", NULL};  // dt_arch
@@ -168,6 +169,7 @@ static const field fields[] = {
     {"train", "device", F_STR, O(device), 0, 0, NULL},
     {"train", "tf32", F_BOOL, O(tf32), 0, 1, NULL},
     {"train", "cuda_graph", F_BOOL, O(cuda_graph), 0, 1, NULL},
+    {"train", "attention", F_ENUM, O(attention), 0, 0, attention_names},
     {"parallel", "bucket_kb", F_INT, O(bucket_kb), 4, 1 << 22, NULL},
     {"parallel", "deterministic", F_BOOL, O(deterministic), 0, 1, NULL},
     {"parallel", "micro_shards", F_INT, O(micro_shards), 1, 1 << 16, NULL},

@@ -18,7 +18,8 @@
 #   6. peers: PyTorch (bench/torch_gpt.py: eager and torch.compile, bf16
 #      autocast and TF32), llm.c (BUILD/llmc/train_gpt2cu, built here by
 #      bench/llmc_gpu.sh, where it was carried) and dtrain itself (--device
-#      cuda, bf16 and TF32) on GPT-2 124M, B=16, T=1024
+#      cuda, bf16 and TF32; bf16 again with [train] attention = gemm) on GPT-2
+#      124M, T=1024
 #   6b. attention: the fused attention alone (test_gpu bench-attention)
 #      against PyTorch's scaled_dot_product_attention (bench/torch_attention.py);
 #      mlp-cnn: the MLP and the CNN against PyTorch eager (bench/gpu_train.py);
@@ -122,6 +123,10 @@ stage dtrain-bf16 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision
     --set train.cuda_graph="$CUDA_GRAPH" --run-dir "$out/dtrain-bf16"
 stage dtrain-tf32 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --set train.batch="$batch" \
     --set train.cuda_graph="$CUDA_GRAPH" --run-dir "$out/dtrain-tf32"
+# bf16 again with the attention as GEMMs ([train] attention = gemm: cuBLASLt's batches and the softmax's row
+# kernels, the probabilities kept) in place of the fused kernels: which of the two is faster here
+stage dtrain-bf16-gemm 420 "$build/dtrain" train "$out/gpt2-124m-gpu.ini" --precision bf16 --set train.batch="$batch" \
+    --set train.cuda_graph="$CUDA_GRAPH" --set train.attention=gemm --run-dir "$out/dtrain-bf16-gemm"
 # where dtrain's bf16 step spends the GPU's time: each kernel's duration by
 # Nsight Compute over 2 steps, summed by kernel name (bench/gpu_profile.py)
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)

@@ -586,6 +586,10 @@ static void test_training(void) {
     train_on_kernels("a tiny GPT (AdamW, clipping)", text, NULL, 0, 1e-5);
     const char *bf16[] = {"train.precision=bf16"};
     train_on_kernels("a tiny GPT in bf16", text, bf16, 1, 1e-2);
+    // its heads of 8 on the GEMM plan ([train] attention = gemm), in fp32 and bf16 (the plan's rounded copies)
+    const char *gemm[] = {"train.attention=gemm", "train.precision=bf16"};
+    train_on_kernels("a tiny GPT, attention = gemm", text, gemm, 1, 1e-5);
+    train_on_kernels("a tiny GPT in bf16, attention = gemm", text, gemm, 2, 1e-2);
     // heads of 130: the attention's GEMM plan (a smaller step: at 0.01 this width's losses jump about from step
     // to step, and a last bit's difference grows to percents in 20 steps, on the CPU's kernels too)
     const char *wide[] = {"model.n_embd=260", "model.n_layer=1", "optim.lr=0.0005"};
