@@ -611,7 +611,72 @@ static void test_training(void) {
     tl_cleanup(g_dir);
 }
 
-int main(void) {
+// Past 2^31 elements (the kernels' indices are 64-bit: docs/gpu.md), by
+// hand only (`test_gpu_emu large`: 13 GB of memory, minutes of one core):
+// GPT-2's head at 42800 rows (B T past 41 x 1024) of 50257 logits 50304
+// apart, 2.153e9 floats, through the fused cross-entropy; the rows that
+// hold element 2^31, the next and the last each against the same kernel
+// on that row alone (its bits: a row read or written at a wrapped index
+// differs), every row's loss in the mean (summed in order on the host,
+// its bits), the padding untouched; then the gradient's 2.153e9 floats
+// rounded to bf16 (about 2^31 and at the end against the CPU's bits) and
+// their sum of squares (the CPU's dt_sum_squares's bits).
+static void test_large(void) {
+    enum { V = 50257 };
+    const size_t N = 42800, ld = 50304, nl = N * ld, two31 = (size_t)1 << 31;
+    const size_t pick[3] = {two31 / ld, two31 / ld + 1, N - 1};
+    float *l = malloc(sizeof(float) * nl), *one[3];
+    double *rows = malloc(sizeof(double) * N);
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    uint16_t *h = malloc(2 * nl), *hc = malloc(2 * 4096);
+    if (!l || !rows || !t || !h || !hc) {
+        CHECK(0, "past 2^31: %zu bytes of host memory", 6 * nl);
+        return;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < nl; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        l[i] = i % ld < V ? ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * 8.0f : -7.0f;
+    }
+    for (size_t r = 0; r < N; r++) t[r] = (int32_t)((r * 7919 + 3) % V);
+    for (int k = 0; k < 3; k++) one[k] = fdup(l + pick[k] * ld, ld);
+    float loss = 0, l1;
+    double r1, s = 0;
+    dt_status st = dt_gpu_crossentropy_fused(l, rows, &loss, t, N, V, ld, 0.75f);
+    int same = st == DT_OK, pad = 1;
+    for (int k = 0; k < 3 && same; k++) {  // (dloss so that the row's scale is the call's, 0.75 / N: nn/rows.h's dt_ce_scale)
+        st = dt_gpu_crossentropy_fused(one[k], &r1, &l1, t + pick[k], 1, V, ld, 0.75f / (float)N);
+        same &= st == DT_OK && !memcmp(one[k], l + pick[k] * ld, sizeof(float) * V) && !memcmp(&r1, &rows[pick[k]], 8);
+    }
+    for (size_t r = 0; r < N; r++) s += rows[r];
+    for (size_t r = 0; r < N; r += 997) pad &= l[r * ld + V] == -7.0f && l[r * ld + ld - 1] == -7.0f;
+    pad &= l[nl - 1] == -7.0f;
+    CHECK(same && pad && (float)(s / N) == loss, "past 2^31: the fused cross-entropy over %zu rows of %d (%zu floats): "
+          "rows %zu, %zu and %zu the row alone's bits %s, the loss %.9g the rows' mean %s, padding %s%s%s", N, V, nl,
+          pick[0], pick[1], pick[2], same ? "yes" : "NO", loss, (float)(s / N) == loss ? "yes" : "NO",
+          pad ? "kept" : "WRITTEN", EMU_ERR(st));
+    st = dt_gpu_from_f32(h, l, nl, DT_BF16);
+    const size_t at[2] = {two31 - 2048, nl - 4096};
+    for (int k = 0; k < 2 && st == DT_OK; k++) {
+        dt_from_f32(hc, l + at[k], 4096, DT_BF16);
+        same &= !memcmp(hc, h + at[k], 2 * 4096);
+    }
+    double whole = -1, want = dt_sum_squares(l, nl);
+    if (st == DT_OK) st = dt_gpu_sumsq(&whole, l, nl);
+    CHECK(st == DT_OK && same && !memcmp(&whole, &want, sizeof want), "past 2^31: %zu floats rounded to bf16 (the "
+          "CPU's bits about 2^31 and at the end: %s) and their sum of squares %.17g (the CPU's %.17g)%s%s", nl,
+          same ? "yes" : "NO", whole, want, EMU_ERR(st));
+    for (int k = 0; k < 3; k++) free(one[k]);
+    free(l), free(rows), free(t), free(h), free(hc);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "large")) {
+        double t0 = dt_now();
+        test_large();
+        printf("past 2^31: %.0f s\n", dt_now() - t0);
+        return tl_finish();
+    }
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304.
     test_ce(3, 257, 260);
