@@ -16,6 +16,9 @@
 dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 alignas(128) float sm[DT_EMU_SHARED_FLOATS];
+// The kernels' fixed-size __shared__ arrays (emu_host.h), bounds the
+// linker makes for the section (weak: a binary may have none).
+extern "C" char __start_dt_emu_shared[] __attribute__((weak)), __stop_dt_emu_shared[] __attribute__((weak));
 
 namespace {
 
@@ -181,6 +184,8 @@ void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &f
     for (unsigned y = 0; y < g.y; y++)
         for (unsigned x = 0; x < g.x; x++) {
             for (size_t i = 0; i < floats; i++) sm[i] = NAN;  // (a value read before any thread wrote it shows)
+            if (__start_dt_emu_shared)  // (all bits set: a NaN as a float or a double)
+                memset(__start_dt_emu_shared, 0xff, (size_t)(__stop_dt_emu_shared - __start_dt_emu_shared));
             blockIdx = dim3(x, y, 0);
             run_block(b.x);
         }

@@ -6,7 +6,8 @@
  * each runs until it waits at a barrier or ends, then the next in turn,
  * thread 0 first. They share one block of shared memory (`extern __shared__
  * ... sm[]`, the launch's bytes of it filled with NaNs before each block,
- * so a read of a value no thread wrote shows); __syncthreads and __syncwarp
+ * and so are the kernels' fixed-size __shared__ arrays, so a read of a
+ * value no thread of the block wrote shows); __syncthreads and __syncwarp
  * are barriers over the block's and the warp's threads, a shuffle an
  * exchange through the warp's slots between two warp barriers. A barrier
  * some thread never reaches (a __syncthreads or a shuffle in divergent
@@ -37,6 +38,7 @@ extern dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 extern float sm[];  // the block's dynamic shared memory (blocks run one at a time)
 #define DT_EMU_SHARED_FLOATS (1u << 16)
+#define DT_EMU_SHARED_SECTION "dt_emu_shared"  // (the kernels' fixed-size __shared__ arrays: emu_host.h)
 
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);

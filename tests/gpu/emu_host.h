@@ -1,15 +1,17 @@
 /* What a kernel source compiled on the emulator (cuda_emu.h) takes from
  * the CUDA build besides its kernels, on the host: a kernel's __shared__
  * arrays are statics, one for all the threads of the block, as on a GPU
- * (the blocks run one at a time); scratch is malloc's, a memset the
- * host's. Included after cuda_emu.h, before the source. */
+ * (the blocks run one at a time), in a section of their own
+ * (DT_EMU_SHARED_SECTION) that each block starts with filled with NaNs,
+ * as the dynamic shared memory (cuda_emu.cpp); scratch is malloc's, a
+ * memset the host's. Included after cuda_emu.h, before the source. */
 #ifndef DT_TESTS_EMU_HOST_H
 #define DT_TESTS_EMU_HOST_H
 
 #include <stdlib.h>
 
 #undef __shared__
-#define __shared__ static
+#define __shared__ __attribute__((section(DT_EMU_SHARED_SECTION))) static
 #define DT_QUEUE(call) (void)(call)
 #define cudaMemsetAsync(p, v, n, stream) memset(p, v, n)
 static void *const dt_cu_stream = NULL;
