@@ -426,10 +426,36 @@ static void test_crossentropy(size_t N, int V, size_t ld) {
     dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gloss), dt_gpu_free(gd), dt_gpu_free(gt), dt_gpu_free(grow);
 }
 
+// The fused pass with its gradient in 16 bits (type t) into room of its
+// own: the in-place pass's gradient (grad, on the host, rows ld apart)
+// rounded to t bitwise, the room's padding and the logits pl untouched.
+static void fused16(const float *pl, const int32_t *gt, const float *grad, size_t N, int V, size_t ld, dt_dtype t) {
+    size_t nl = N * ld;
+    uint16_t *h = malloc(2 * nl), *want = malloc(2 * nl);
+    float *back = malloc(sizeof(float) * nl), *gl = upload(pl, nl), *gloss = upload(pl, 1);
+    void *gh = NULL, *grow = NULL;
+    for (size_t i = 0; i < nl; i++) h[i] = 0xabcd;
+    dt_status st = gl && gloss ? dt_gpu_alloc(&gh, 2 * nl) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_alloc(&grow, sizeof(double) * N);
+    if (st == DT_OK) st = dt_gpu_to_device(gh, h, 2 * nl);
+    if (st == DT_OK) st = dt_gpu_crossentropy_fused(gl, grow, gloss, gt, N, V, ld, 0.75f, gh, t);
+    if (st == DT_OK) st = dt_gpu_to_host(h, gh, 2 * nl);
+    if (st == DT_OK) st = dt_gpu_to_host(back, gl, sizeof(float) * nl);
+    dt_from_f32(want, grad, nl, t);
+    int ok = st == DT_OK && !memcmp(back, pl, sizeof(float) * nl);
+    for (size_t i = 0; i < nl && ok; i++) ok = i % ld < (size_t)V ? h[i] == want[i] : h[i] == 0xabcd;
+    CHECK(ok, "crossentropy fused N %zu V %d ld %zu, its gradient in %s: the in-place gradient's bits rounded, the "
+          "padding and the logits untouched%s%s", N, V, ld, dt_dtype_name(t), st == DT_OK ? "" : ": ",
+          st == DT_OK ? "" : dt_last_error());
+    free(h), free(want), free(back);
+    dt_gpu_free(gl), dt_gpu_free(gloss), dt_gpu_free(gh), dt_gpu_free(grow);
+}
+
 // The loss and its gradient in one pass (dt_gpu_crossentropy_fused, the
 // GPT head's): against the CPU's forward and its backward onto zeros
 // within 1e-5, and against the GPU's own two ops (forward, backward onto
-// zeros) bitwise, the padding kept.
+// zeros) bitwise, the padding kept; and with its gradient in bf16 and fp16
+// (fused16).
 static void test_crossentropy_fused(size_t N, int V, size_t ld) {
     size_t n = N * V, nl = N * ld;
     float *l = randoms(n, 8.0f, 25), *p = malloc(sizeof(float) * n), *d = calloc(n, sizeof(float));
@@ -448,7 +474,7 @@ static void test_crossentropy_fused(size_t N, int V, size_t ld) {
     // the GPU's two ops: probs (over the copy gp of the logits), then the gradient onto zeros
     if (st == DT_OK) st = dt_gpu_crossentropy_forward(gp, grow, gloss + 1, gl, gt, N, V, ld);
     if (st == DT_OK) st = dt_gpu_crossentropy_backward(gd, gp, gt, N, V, ld, 0.75f);
-    if (st == DT_OK) st = dt_gpu_crossentropy_fused(gl, grow, gloss, gt, N, V, ld, 0.75f);
+    if (st == DT_OK) st = dt_gpu_crossentropy_fused(gl, grow, gloss, gt, N, V, ld, 0.75f, NULL, DT_F32);
     float loss = dt_crossentropy_forward(p, l, t, (int)N, V), gls[2] = {NAN, NAN};
     dt_crossentropy_backward(d, p, t, (int)N, V, 0.75f);
     if (st == DT_OK) st = dt_gpu_to_host(back, gl, sizeof(float) * nl);
@@ -464,6 +490,7 @@ static void test_crossentropy_fused(size_t N, int V, size_t ld) {
           "against %.9g (%.3g; <= 1e-5), padding %s, the two ops' bits %s%s%s", N, V, ld, dd, gls[0], loss, dl,
           kept ? "kept" : "WRITTEN", same ? "the same" : "NOT the same", st == DT_OK ? "" : ": ",
           st == DT_OK ? "" : dt_last_error());
+    if (st == DT_OK) fused16(pl, gt, back, N, V, ld, DT_BF16), fused16(pl, gt, back, N, V, ld, DT_F16);
     free(l), free(p), free(d), free(pl), free(zero), free(back), free(two), free(rows), free(t);
     dt_gpu_free(gl), dt_gpu_free(gp), dt_gpu_free(gd), dt_gpu_free(gloss), dt_gpu_free(gt), dt_gpu_free(grow);
 }

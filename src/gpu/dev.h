@@ -175,9 +175,11 @@ typedef struct dt_dev {
     /* Both in one pass, no probabilities kept (gpu.h's
      * dt_gpu_crossentropy_fused: the GPT's head over its vocabulary): the
      * loss as crossentropy_forward's, the logits replaced by
-     * crossentropy_backward's gradient onto zeros. */
+     * crossentropy_backward's gradient onto zeros; or, d16 given, that
+     * gradient rounded to t (16-bit) into d16's rows (ld apart, V columns
+     * each) and the logits left as they were. */
     dt_status (*crossentropy_fused)(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
-                                    int V, size_t ld, float dloss);
+                                    int V, size_t ld, float dloss, void *d16, dt_dtype t);
     /* k: the constants, in device memory (dt_dev_blocks' k). guard (NULL:
      * k's grad_scale, always applied): two device floats,
      * step_scale's, the gradient scale in place of k's, and a non-zero

@@ -445,9 +445,9 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
     TRY(g->seq ? gathered(g, &in, g->lnf, BT) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
     if (g->Vv > 0)  // (the tied head)
         TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));
-    if (g->ntp == 1) {
+    if (g->ntp == 1) {  // (in 16 bits the gradient made in dlogits16, for the head's GEMMs: head_backward)
         TRY(d->crossentropy_fused(g->logits, g->b.row_loss, g->b.loss, g->targets, (size_t)BT, V, (size_t)V,
-                                  loss_scale));
+                                  loss_scale, g->dlogits16, g->b.t));
     } else {  // vocabulary-parallel: the rows' maxima, then their sums, over the shards
         TRY(d->ce_split_max(g->mx, g->logits, (size_t)BT, g->Vv));
         TRY(reduce(g, g->mx, (size_t)BT, 1));
@@ -594,7 +594,10 @@ static dt_status head_backward(dt_dev_gpt *g) {
     for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
     if (seq) TRY(gathered(g, &lnf, g->lnf, BT));
     int Vv = g->Vv;  // (a shard's columns: nn/gpt.c's head backward)
-    if (g->ntp > 1) TRY(d->memset0(dlogits, f * (size_t)BT * Vv));  // (else the forward's crossentropy_fused made it)
+    // (a whole head's gradient the forward's crossentropy_fused made: over the logits, or in 16 bits in dlogits16
+    // alone, which the GEMMs read with no fp32 copy)
+    if (g->ntp > 1) TRY(d->memset0(dlogits, f * (size_t)BT * Vv));
+    if (g->ntp == 1 && g->dlogits16) dlogits = NULL;
     if (g->ntp > 1 && Vv > 0)
         TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
     TRY(d->memset0(g->dln, f * sC));

@@ -643,20 +643,30 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
 }
 
 // Both ops (dev.h): the forward's probabilities in host rows of the
-// call's own, the logits' columns zeroed, then the backward onto them.
+// call's own, the gradient's rows zeroed, then the backward onto them:
+// the logits', or with d16 host rows of the call's own, rounded into d16.
 static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V,
-                              size_t ld, float dloss) {
-    REC(ce_fused, logits, row_loss, loss, targets, N, V, ld, dloss);
-    float *p = malloc(sizeof(float) * (N * ld > 0 ? N * ld : 1));
-    if (!p) return dt_error(DT_ERR_NOMEM, "simulated GPU: the cross-entropy's probabilities (%zu floats)", N * ld);
+                              size_t ld, float dloss, void *d16, dt_dtype t) {
+    REC(ce_fused, logits, row_loss, loss, targets, N, V, ld, dloss, d16, t);
+    size_t n = N * ld > 0 ? N * ld : 1;
+    float *p = malloc(sizeof(float) * n), *g = d16 ? malloc(sizeof(float) * n) : logits;
+    if (!p || !g) {
+        free(p), free(d16 ? g : NULL);
+        return dt_error(DT_ERR_NOMEM, "simulated GPU: the cross-entropy's probabilities (%zu floats)", N * ld);
+    }
     dt_status st = sim_ce_forward(p, row_loss, loss, logits, targets, N, V, ld);
     if (st == DT_OK) {
         open_dev();
-        for (size_t i = 0; i < N; i++) memset(logits + i * ld, 0, sizeof(float) * (size_t)V);
+        for (size_t i = 0; i < N; i++) memset(g + i * ld, 0, sizeof(float) * (size_t)V);
         st = shut();
     }
-    if (st == DT_OK) st = sim_ce_backward(logits, p, targets, N, V, ld, dloss);
-    free(p);
+    if (st == DT_OK) st = sim_ce_backward(g, p, targets, N, V, ld, dloss);
+    if (st == DT_OK && d16) {
+        open_dev();
+        for (size_t i = 0; i < N; i++) dt_from_f32((uint16_t *)d16 + i * ld, g + i * ld, (size_t)V, t);
+        st = shut();
+    }
+    free(p), free(d16 ? g : NULL);
     return st;
 }
 

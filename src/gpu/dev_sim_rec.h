@@ -354,7 +354,7 @@ static dt_status ce_backward_run(const void *p_) {
     return sim_ce_backward(r_->dlogits, r_->probs, r_->targets, r_->N, r_->V, r_->ld, r_->dloss);
 }
 
-static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V, size_t ld, float dloss);
+static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V, size_t ld, float dloss, void *d16, dt_dtype t);
 typedef struct {
     float *logits;
     double *row_loss;
@@ -364,8 +364,10 @@ typedef struct {
     int V;
     size_t ld;
     float dloss;
+    void *d16;
+    dt_dtype t;
 } ce_fused_a;
-static void ce_fused_set(ce_fused_a *r_, float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V, size_t ld, float dloss) {
+static void ce_fused_set(ce_fused_a *r_, float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V, size_t ld, float dloss, void *d16, dt_dtype t) {
     r_->logits = logits;
     r_->row_loss = row_loss;
     r_->loss = loss;
@@ -374,10 +376,12 @@ static void ce_fused_set(ce_fused_a *r_, float *logits, double *row_loss, float 
     r_->V = V;
     r_->ld = ld;
     r_->dloss = dloss;
+    r_->d16 = d16;
+    r_->t = t;
 }
 static dt_status ce_fused_run(const void *p_) {
     const ce_fused_a *r_ = p_;
-    return sim_ce_fused(r_->logits, r_->row_loss, r_->loss, r_->targets, r_->N, r_->V, r_->ld, r_->dloss);
+    return sim_ce_fused(r_->logits, r_->row_loss, r_->loss, r_->targets, r_->N, r_->V, r_->ld, r_->dloss, r_->d16, r_->t);
 }
 
 static dt_status sim_adamw(float *w, const float *gr, float *m, float *v, size_t n, const dt_adamw_k *k0, const float *guard);

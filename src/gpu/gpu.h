@@ -135,9 +135,13 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
  * and *loss as the forward's, each logit then replaced by its gradient as
  * the backward gives it onto zeros (dloss / N its scale); the
  * probabilities never stored (each recomputed from the row's maximum and
- * sum), so the head keeps one [N, V] block, not two. */
+ * sum), so the head keeps one [N, V] block, not two. d16 non-NULL (t
+ * DT_BF16 or DT_F16): the gradient goes there instead, rounded to t
+ * (dt_gpu_from_f32's bits), rows ld apart, and the logits stay as they
+ * were: in 16 bits the head's output gradient made for its GEMMs with no
+ * fp32 copy written or read again. */
 dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
-                                    int V, size_t ld, float dloss);
+                                    int V, size_t ld, float dloss, void *d16, dt_dtype t);
 
 /* The GPT's embedding, residual add and attention on device blocks,
  * dtrain/gpt.h's contracts and argument lists. The encoder is the CPU's

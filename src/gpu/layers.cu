@@ -225,9 +225,13 @@ __global__ static void __launch_bounds__(DT_THREADS)
 // row: its maximum and sum as ce_forward_kernel's, its loss (the target's
 // logit read before any is overwritten), then each logit replaced by
 // ce_backward_kernel's gradient onto zero of its probability, recomputed
-// (the product rounded on its own, as the stored probability was).
-__global__ static void __launch_bounds__(DT_THREADS)
-    ce_fused_kernel(float *logits, double *row_loss, const int32_t *targets, size_t N, int V, size_t ld, float scale) {
+// (the product rounded on its own, as the stored probability was); H 1
+// or 2: the gradient rounded to bf16 or fp16 into d16 instead (block.h's
+// narrow, the conversion's bits), the logits only read.
+template <int H>
+__global__ static void __launch_bounds__(DT_THREADS) ce_fused_kernel(float *logits, uint16_t *d16, double *row_loss,
+                                                                     const int32_t *targets, size_t N, int V, size_t ld,
+                                                                     float scale) {
     __shared__ float shf[DT_THREADS];
     __shared__ double shd[DT_THREADS];
     for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
@@ -242,8 +246,12 @@ __global__ static void __launch_bounds__(DT_THREADS)
         int32_t t = targets[r];
         if (threadIdx.x == 0) row_loss[r] = t >= 0 && t < V ? dt_ce_row_loss(mx, s, l[t]) : (double)NAN;
         __syncthreads();
-        for (int v = threadIdx.x; v < V; v += DT_THREADS)
-            l[v] = dt_ce_grad(0.0f, __fmul_rn(dt_ce_exp(l[v], mx), inv), v == t, scale);
+        uint16_t *h = H ? d16 + r * ld : NULL;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) {
+            float gv = dt_ce_grad(0.0f, __fmul_rn(dt_ce_exp(l[v], mx), inv), v == t, scale);
+            if (H) h[v] = narrow<H>(gv);
+            else l[v] = gv;
+        }
     }
 }
 
@@ -350,14 +358,24 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
 }
 
 dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
-                                    int V, size_t ld, float dloss) {
+                                    int V, size_t ld, float dloss, void *d16, dt_dtype t) {
     if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
+    if (d16 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU cross-entropy: a 16-bit gradient of type %s (BF16 or F16 only)",
+                        dt_dtype_name(t));
     if (N == 0) {
         DT_QUEUE(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
         return DT_OK;
     }
-    DT_RUN(ce_fused_kernel, dt_launch_rows(N), DT_THREADS, 0, logits, row_loss, targets, N, V, ld,
-           dt_ce_scale(dloss, (float)N));
+    uint16_t *h = (uint16_t *)d16;
+    float s = dt_ce_scale(dloss, (float)N);
+    if (!d16) {
+        DT_RUN(ce_fused_kernel<0>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N, V, ld, s);
+    } else if (t == DT_BF16) {
+        DT_RUN(ce_fused_kernel<1>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N, V, ld, s);
+    } else {
+        DT_RUN(ce_fused_kernel<2>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N, V, ld, s);
+    }
     DT_LAUNCHED(ce_fused_kernel);
     DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);

@@ -110,8 +110,9 @@ dt_status dt_gpu_crossentropy_backward(float *dlogits, const float *probs, const
     return (void)dlogits, (void)probs, (void)targets, (void)N, (void)V, (void)ld, (void)dloss, no_gpu();
 }
 dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
-                                    int V, size_t ld, float dloss) {
-    return (void)logits, (void)row_loss, (void)loss, (void)targets, (void)N, (void)V, (void)ld, (void)dloss, no_gpu();
+                                    int V, size_t ld, float dloss, void *d16, dt_dtype t) {
+    return (void)logits, (void)row_loss, (void)loss, (void)targets, (void)N, (void)V, (void)ld, (void)dloss, (void)d16,
+           (void)t, no_gpu();
 }
 dt_status dt_gpu_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T,
                                  int C) {

@@ -37,8 +37,8 @@ EMU(crossentropy_backward, (float *dlogits, const float *probs, const int32_t *t
                             float dloss),
     dt_gpu_crossentropy_backward(dlogits, probs, targets, N, V, ld, dloss))
 EMU(crossentropy_fused, (float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V,
-                         size_t ld, float dloss),
-    dt_gpu_crossentropy_fused(logits, row_loss, loss, targets, N, V, ld, dloss))
+                         size_t ld, float dloss, void *d16, dt_dtype t),
+    dt_gpu_crossentropy_fused(logits, row_loss, loss, targets, N, V, ld, dloss, d16, t))
 EMU(adamw, (float *w, const float *g, float *m, float *v, size_t n, const dt_adamw_k *k, const float *guard),
     dt_gpu_adamw(w, g, m, v, n, k, guard))
 EMU(sgd, (float *w, const float *g, float *buf, size_t n, const dt_sgd_k *k, const float *guard),

@@ -99,8 +99,10 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
 // rows of V logits ld apart (the padding -7, never written): the forward
 // (probabilities, the loss) and the backward onto zeros against the CPU's
 // within 1e-5, and the fused pass (dt_gpu_crossentropy_fused: the
-// gradient written over the logits) the two kernels' bits; a target
-// outside the row a NaN loss.
+// gradient written over the logits) the two kernels' bits, and with its
+// gradient in bf16 and fp16 (room of its own) that gradient's bits
+// rounded, the logits and the room's padding untouched; a target outside
+// the row a NaN loss.
 static void test_ce(size_t N, int V, size_t ld) {
     size_t n = N * (size_t)V, nl = N * ld;
     float *l = randoms(n, 8.0f, 7), *p = malloc(sizeof(float) * n), *d = calloc(n, sizeof(float));
@@ -115,7 +117,7 @@ static void test_ce(size_t N, int V, size_t ld) {
     }
     dt_status st = dt_gpu_crossentropy_forward(ep, rows, &loss2[0], pl, t, N, V, ld);
     if (st == DT_OK) st = dt_gpu_crossentropy_backward(ed, ep, t, N, V, ld, 0.75f);
-    if (st == DT_OK) st = dt_gpu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
+    if (st == DT_OK) st = dt_gpu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f, NULL, DT_F32);
     float loss = dt_crossentropy_forward(p, l, t, (int)N, V);
     dt_crossentropy_backward(d, p, t, (int)N, V, 0.75f);
     float *gp = malloc(sizeof(float) * n), *gd = malloc(sizeof(float) * n);
@@ -133,9 +135,24 @@ static void test_ce(size_t N, int V, size_t ld) {
           "the loss %.3g (<= 1e-5); the fused pass %s the two kernels' bits; padding %s%s%s", N, V, ld, dp, dd, dl,
           same ? "has" : "DOES NOT HAVE", kept ? "kept" : "WRITTEN", st == DT_OK ? "" : ": ",
           st == DT_OK ? "" : dt_last_error());
+    uint16_t *h = malloc(2 * nl), *want = malloc(2 * nl);
+    float *l2 = fdup(pl, nl), loss3;
+    for (int k = 0; k < 2; k++) {
+        dt_dtype t16 = k ? DT_F16 : DT_BF16;
+        for (size_t i = 0; i < nl; i++) h[i] = 0xabcd;
+        st = dt_gpu_crossentropy_fused(l2, rows, &loss3, t, N, V, ld, 0.75f, h, t16);
+        dt_from_f32(want, fl, nl, t16);
+        int ok = st == DT_OK && !memcmp(l2, pl, sizeof(float) * nl) && !memcmp(rows, rows2, sizeof(double) * N) &&
+                 !memcmp(&loss3, &loss2[1], sizeof loss3);
+        for (size_t i = 0; i < nl && ok; i++) ok = i % ld < (size_t)V ? h[i] == want[i] : h[i] == 0xabcd;
+        CHECK(ok, "cross-entropy fused on emulated threads, N %zu V %d ld %zu, its gradient in %s: the fused pass's "
+              "bits rounded, the losses the same, the logits and the padding untouched%s%s", N, V, ld,
+              dt_dtype_name(t16), EMU_ERR(st));
+    }
+    free(h), free(want), free(l2);
     t[0] = V;  // (outside the row)
     for (size_t i = 0; i < nl; i++) fl[i] = i % ld < (size_t)V ? l[i / ld * V + i % ld] : -7.0f;
-    st = dt_gpu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f);
+    st = dt_gpu_crossentropy_fused(fl, rows2, &loss2[1], t, N, V, ld, 0.75f, NULL, DT_F32);
     CHECK(st == DT_OK && isnan(rows2[0]) && isnan(loss2[1]) && (N < 2 || !isnan(rows2[1])),
           "cross-entropy fused on emulated threads: a target outside the row a NaN loss (row 0 %g, loss %g)", rows2[0],
           loss2[1]);
@@ -642,10 +659,10 @@ static void test_large(void) {
     for (int k = 0; k < 3; k++) one[k] = fdup(l + pick[k] * ld, ld);
     float loss = 0, l1;
     double r1, s = 0;
-    dt_status st = dt_gpu_crossentropy_fused(l, rows, &loss, t, N, V, ld, 0.75f);
+    dt_status st = dt_gpu_crossentropy_fused(l, rows, &loss, t, N, V, ld, 0.75f, NULL, DT_F32);
     int same = st == DT_OK, pad = 1;
     for (int k = 0; k < 3 && same; k++) {  // (dloss so that the row's scale is the call's, 0.75 / N: nn/rows.h's dt_ce_scale)
-        st = dt_gpu_crossentropy_fused(one[k], &r1, &l1, t + pick[k], 1, V, ld, 0.75f / (float)N);
+        st = dt_gpu_crossentropy_fused(one[k], &r1, &l1, t + pick[k], 1, V, ld, 0.75f / (float)N, NULL, DT_F32);
         same &= st == DT_OK && !memcmp(one[k], l + pick[k] * ld, sizeof(float) * V) && !memcmp(&r1, &rows[pick[k]], 8);
     }
     for (size_t r = 0; r < N; r++) s += rows[r];
