@@ -340,7 +340,7 @@ static void test_layernorm(size_t N, int C) {
           *gdb = upload(db, C);
     dt_layernorm_forward(out, mean, rstd, x, w, b, (int)N, C, 1e-5f);
     dt_status st = gx && gw && gb && gout && gmean && grstd && gdout && gdx && gdw && gdb ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
+    if (st == DT_OK) st = dt_gpu_layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f, NULL, DT_F32);
     double dof = st == DT_OK ? against(out, gout, n, 1.0) : INFINITY;
     double dm = st == DT_OK ? against(mean, gmean, N, 1.0) : INFINITY;
     double dr = st == DT_OK ? against(rstd, grstd, N, 1.0) : INFINITY;
@@ -539,9 +539,37 @@ static int32_t *upload_i32(const int32_t *h, size_t n) {
 
 #define GPU_ERR(st) ((st) == DT_OK ? "" : ": "), ((st) == DT_OK ? "" : dt_last_error())
 
+// Both layernorms with their output in t (out16): out (the fp32 output,
+// on the host) rounded, bitwise; a + b their input (host), sum its fp32
+// sum (host; gsum the device's).
+static void layernorm16(const float *out, const float *a, const float *b, const float *sum, const float *gsum,
+                        const float *gw, const float *gbias, size_t N, int C, dt_dtype t) {
+    size_t n = N * C, bad = 0;
+    uint16_t *h = malloc(2 * n), *want = malloc(2 * n);
+    float *ga = upload(a, n), *gb = upload(b, n), *gres = upload(a, n), *gm = upload(a, N), *gr = upload(a, N);
+    void *gh = NULL;
+    dt_from_f32(want, out, n, t);
+    dt_status st = ga && gb && gres && gm && gr ? dt_gpu_alloc(&gh, 2 * n) : DT_ERR_INTERNAL;
+    for (int res = 0; res < 2 && st == DT_OK; res++) {
+        st = res ? dt_gpu_layernorm_residual(NULL, gm, gr, gres, ga, gb, gw, gbias, N, C, 1e-5f, gh, t)
+                 : dt_gpu_layernorm_forward(NULL, gm, gr, gsum, gw, gbias, N, C, 1e-5f, gh, t);
+        if (st == DT_OK) st = dt_gpu_to_host(h, gh, 2 * n);
+        for (size_t i = 0; i < n && st == DT_OK; i++) bad += h[i] != want[i];
+    }
+    size_t ds = st == DT_OK ? differ(sum, gres, n) : 0;
+    bad += ds == SIZE_MAX ? 1 : ds;
+    CHECK(st == DT_OK && !bad, "layernorm N %zu C %d, its output in %s (alone, with the residual): the fp32 "
+          "output's bits rounded, the sum the same: %zu elements wrong%s%s", N, C, dt_dtype_name(t), bad, GPU_ERR(st));
+    free(h), free(want);
+    float *gs[] = {ga, gb, gres, gm, gr};
+    for (int i = 0; i < 5; i++) dt_gpu_free(gs[i]);
+    dt_gpu_free(gh);
+}
+
 // The residual add and the layernorm of its sum in one pass
 // (dt_gpu_layernorm_residual, in place: res is b) against the two kernels
-// one after the other: the same bits (sum, out, mean, rstd).
+// one after the other: the same bits (sum, out, mean, rstd); and with its
+// output in bf16 and fp16 (layernorm16).
 static void test_layernorm_residual(size_t N, int C) {
     size_t n = N * C;
     float *a = randoms(n, 4.0f, 11), *b = randoms(n, 4.0f, 12), *w = randoms(C, 2.0f, 13), *bias = randoms(C, 1.0f, 14);
@@ -552,16 +580,19 @@ static void test_layernorm_residual(size_t N, int C) {
     dt_status st = ga && gb && gb2 && gw && gbias && g1[0] && g1[1] && g1[2] && g2[0] && g2[1] && g2[2] ? DT_OK
                                                                                                          : DT_ERR_INTERNAL;
     if (st == DT_OK) st = dt_gpu_residual_forward(gb, ga, gb, n);
-    if (st == DT_OK) st = dt_gpu_layernorm_forward(g1[0], g1[1], g1[2], gb, gw, gbias, N, C, 1e-5f);
+    if (st == DT_OK) st = dt_gpu_layernorm_forward(g1[0], g1[1], g1[2], gb, gw, gbias, N, C, 1e-5f, NULL, DT_F32);
     float *got[4] = {gb, g1[0], g1[1], g1[2]};
     size_t sz[4] = {n, n, N, N}, d[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     for (int i = 0; i < 4 && st == DT_OK; i++) st = dt_gpu_to_host(h[i], got[i], sizeof(float) * sz[i]);
-    if (st == DT_OK) st = dt_gpu_layernorm_residual(g2[0], g2[1], g2[2], gb2, ga, gb2, gw, gbias, N, C, 1e-5f);
+    if (st == DT_OK)
+        st = dt_gpu_layernorm_residual(g2[0], g2[1], g2[2], gb2, ga, gb2, gw, gbias, N, C, 1e-5f, NULL, DT_F32);
     float *fused[4] = {gb2, g2[0], g2[1], g2[2]};
     for (int i = 0; i < 4 && st == DT_OK; i++) d[i] = differ(h[i], fused[i], sz[i]);
     CHECK(st == DT_OK && !d[0] && !d[1] && !d[2] && !d[3], "layernorm with the residual N %zu C %d: elements "
           "differing from the two kernels' (sum %zu, out %zu, mean %zu, rstd %zu; 0)%s%s", N, C, d[0], d[1], d[2],
           d[3], GPU_ERR(st));
+    for (int k = 0; k < 2 && st == DT_OK; k++)  // (h[0] the sum, h[1] the layernorm's output: the two kernels')
+        layernorm16(h[1], a, b, h[0], gb, gw, gbias, N, C, k ? DT_F16 : DT_BF16);
     float *gs[] = {ga, gb, gb2, gw, gbias, g1[0], g1[1], g1[2], g2[0], g2[1], g2[2]};
     for (size_t i = 0; i < sizeof gs / sizeof *gs; i++) dt_gpu_free(gs[i]);
     for (int i = 0; i < 4; i++) free(h[i]);

@@ -157,15 +157,19 @@ typedef struct dt_dev {
      * g w into zeros, then the CPU's GELU gradient into zeros. */
     dt_status (*linear_dgelu)(float *dpre, const void *g, const void *w, const float *pre, int N, int C, int OC,
                               dt_dtype t);
+    /* out16 non-NULL (layernorm_residual's too): the output rounded to t
+     * (16-bit) there instead of out (not written: NULL will do), the
+     * bits of out converted by to16. */
     dt_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                   const float *b, size_t N, int C, float eps);
+                                   const float *b, size_t N, int C, float eps, void *out16, dt_dtype t);
     dt_status (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                     const float *w, const float *mean, const float *rstd, size_t N, int C);
     /* residual_forward(res, a, b) and layernorm_forward of res into out in
      * one pass over the rows (gpu.h's dt_gpu_layernorm_residual): the two
      * ops' bits; res may be a or b. */
     dt_status (*layernorm_residual)(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
-                                    const float *w, const float *bias, size_t N, int C, float eps);
+                                    const float *w, const float *bias, size_t N, int C, float eps, void *out16,
+                                    dt_dtype t);
     dt_status (*gelu_forward)(float *out, const float *inp, size_t n);
     dt_status (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
     dt_status (*crossentropy_forward)(float *probs, double *row_loss, float *loss, const float *logits,

@@ -318,14 +318,19 @@ static dt_status gathered(dt_dev_gpt *g, dt_dev_x *x, const float *rows, int BT)
     return input(g, x, g->gath, g->gath16, (size_t)BT * g->c.n_embd);
 }
 
+// Where a layernorm writes its 16-bit output itself (its out16): the kept
+// h, in 16 bits but for sequence parallel (whose rows are gathered in
+// fp32); else NULL (fp32, made in ln).
+static void *ln16(const dt_dev_gpt *g, void *h) { return g->b.t != DT_F32 && !g->seq ? h : NULL; }
+
 // The column-parallel linear's input after a layernorm, its rows ln
-// (fp32; in 16 bits made in x32, kept at h): in fp32 or 16 bits as input()
-// makes it; sequence parallel (nn/gpt.c's ln_linear): the shard's rows
-// kept, every shard's gathered into gath for the matmul (in 16 bits
-// converted into gath16).
+// (fp32; in 16 bits made at h itself, ln16); sequence parallel (nn/gpt.c's
+// ln_linear): the shard's rows made in ln (x32 in 16 bits) and kept
+// (converted into h), every shard's gathered into gath for the matmul (in
+// 16 bits converted into gath16).
 static dt_status ln_input(dt_dev_gpt *g, dt_dev_x *in, const float *ln, void *h, int BT) {
     size_t C = g->c.n_embd;
-    if (!g->seq) return input(g, in, ln, h, (size_t)BT * C);
+    if (!g->seq) return *in = (dt_dev_x){ln, h}, DT_OK;
     if (g->b.t != DT_F32) TRY(g->b.d->to16(h, ln, (size_t)rows_of(g, BT) * C, g->b.t));
     return gathered(g, in, ln, BT);
 }
@@ -350,7 +355,7 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
     dt_dev_x in;
     if (!made)
         TRY(d->layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, residual, p + at(g, LN1W, l), p + at(g, LN1B, l),
-                                 (size_t)R, C, 1e-5f));
+                                 (size_t)R, C, 1e-5f, ln16(g, s->ln1_16), b->t));
     TRY(ln_input(g, &in, s->ln1, s->ln1_16, BT));
     TRY(dt_dev_linear_forward(b, s->qkv, NULL, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
     TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t));
@@ -358,7 +363,7 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
     TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
     TRY(row_parallel(g, proj, s->res2, p + at(g, ATTPROJB, l), BT));
     TRY(d->layernorm_residual(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, residual, s->res2, p + at(g, LN2W, l),
-                              p + at(g, LN2B, l), (size_t)R, C, 1e-5f));
+                              p + at(g, LN2B, l), (size_t)R, C, 1e-5f, ln16(g, s->ln2_16), b->t));
     TRY(ln_input(g, &in, s->ln2, s->ln2_16, BT));
     TRY(dt_dev_linear_forward(b, s->fchg, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
     TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
@@ -368,10 +373,10 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
     if (!next) return d->residual_forward(out, s->res2, out, rC);
     if (l + 1 == g->c.n_layer)  // (the final layernorm's, head_forward's)
         return d->layernorm_residual(g->lnf, g->lnf_mean, g->lnf_rstd, out, s->res2, out, p + g->off[LNFW],
-                                     p + g->off[LNFB], (size_t)R, C, 1e-5f);
+                                     p + g->off[LNFB], (size_t)R, C, 1e-5f, ln16(g, g->lnf16), b->t);
     layer_acts *n = &g->la[l + 1];
     return d->layernorm_residual(n->ln1, n->ln1_mean, n->ln1_rstd, out, s->res2, out, p + at(g, LN1W, l + 1),
-                                 p + at(g, LN1B, l + 1), (size_t)R, C, 1e-5f);
+                                 p + at(g, LN1B, l + 1), (size_t)R, C, 1e-5f, ln16(g, n->ln1_16), b->t);
 }
 
 static dt_status check_tokens(const int32_t *tok, int n, int V, const char *what) {
@@ -440,9 +445,9 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
     TRY(dt_dev_blocks_layer(&g->b, L, 0));
     if (!g->lnf_made)
         TRY(d->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, resid(g, L), p + g->off[LNFW], p + g->off[LNFB],
-                                 (size_t)rows_of(g, BT), C, 1e-5f));
-    dt_dev_x in;  // (sequence parallel: every token's row, gathered)
-    TRY(g->seq ? gathered(g, &in, g->lnf, BT) : input(g, &in, g->lnf, g->lnf16, (size_t)BT * C));
+                                 (size_t)rows_of(g, BT), C, 1e-5f, ln16(g, g->lnf16), g->b.t));
+    dt_dev_x in = {g->lnf, g->lnf16};  // (in 16 bits made there; sequence parallel: every token's row, gathered)
+    if (g->seq) TRY(gathered(g, &in, g->lnf, BT));
     if (g->Vv > 0)  // (the tied head)
         TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));
     if (g->ntp == 1) {  // (in 16 bits the gradient made in dlogits16, for the head's GEMMs: head_backward)

@@ -578,21 +578,32 @@ static dt_status sim_ef16(void *dst, float *g, float *res, size_t n, dt_dtype t)
     return shut();
 }
 
-static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                const float *b, size_t N, int C, float eps) {
-    REC(ln_forward, out, mean, rstd, inp, w, b, N, C, eps);
+// The CPU's layernorm of inp (res = a + b first where a is non-NULL) into
+// out, or with out16 into host rows of the call's own, rounded into out16.
+static dt_status sim_ln(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
+                        const float *inp, const float *w, const float *bias, size_t N, int C, float eps, void *out16,
+                        dt_dtype t) {
+    float *o = out16 ? malloc(sizeof(float) * (N * (size_t)C > 0 ? N * (size_t)C : 1)) : out;
+    if (!o) return dt_error(DT_ERR_NOMEM, "simulated GPU: layernorm's rows (%zu floats)", N * C);
     open_dev();
-    dt_layernorm_forward(out, mean, rstd, inp, w, b, (int)N, C, eps);
+    if (a) dt_residual_forward(res, a, b, N * (size_t)C);
+    dt_layernorm_forward(o, mean, rstd, inp, w, bias, (int)N, C, eps);
+    if (out16) dt_from_f32(out16, o, N * (size_t)C, t);
+    if (out16) free(o);
     return shut();
 }
 
+static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                const float *b, size_t N, int C, float eps, void *out16, dt_dtype t) {
+    REC(ln_forward, out, mean, rstd, inp, w, b, N, C, eps, out16, t);
+    return sim_ln(out, mean, rstd, NULL, NULL, NULL, inp, w, b, N, C, eps, out16, t);
+}
+
 static dt_status sim_ln_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
-                                 const float *w, const float *bias, size_t N, int C, float eps) {
-    REC(ln_residual, out, mean, rstd, res, a, b, w, bias, N, C, eps);
-    open_dev();
-    dt_residual_forward(res, a, b, N * (size_t)C);
-    dt_layernorm_forward(out, mean, rstd, res, w, bias, (int)N, C, eps);
-    return shut();
+                                 const float *w, const float *bias, size_t N, int C, float eps, void *out16,
+                                 dt_dtype t) {
+    REC(ln_residual, out, mean, rstd, res, a, b, w, bias, N, C, eps, out16, t);
+    return sim_ln(out, mean, rstd, res, a, b, res, w, bias, N, C, eps, out16, t);
 }
 
 static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,

@@ -180,7 +180,7 @@ static dt_status ef16_run(const void *p_) {
     return sim_ef16(r_->dst, r_->g, r_->res, r_->n, r_->t);
 }
 
-static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, size_t N, int C, float eps);
+static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, size_t N, int C, float eps, void *out16, dt_dtype t);
 typedef struct {
     float *out;
     float *mean;
@@ -191,8 +191,10 @@ typedef struct {
     size_t N;
     int C;
     float eps;
+    void *out16;
+    dt_dtype t;
 } ln_forward_a;
-static void ln_forward_set(ln_forward_a *r_, float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, size_t N, int C, float eps) {
+static void ln_forward_set(ln_forward_a *r_, float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, size_t N, int C, float eps, void *out16, dt_dtype t) {
     r_->out = out;
     r_->mean = mean;
     r_->rstd = rstd;
@@ -202,13 +204,15 @@ static void ln_forward_set(ln_forward_a *r_, float *out, float *mean, float *rst
     r_->N = N;
     r_->C = C;
     r_->eps = eps;
+    r_->out16 = out16;
+    r_->t = t;
 }
 static dt_status ln_forward_run(const void *p_) {
     const ln_forward_a *r_ = p_;
-    return sim_ln_forward(r_->out, r_->mean, r_->rstd, r_->inp, r_->w, r_->b, r_->N, r_->C, r_->eps);
+    return sim_ln_forward(r_->out, r_->mean, r_->rstd, r_->inp, r_->w, r_->b, r_->N, r_->C, r_->eps, r_->out16, r_->t);
 }
 
-static dt_status sim_ln_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b, const float *w, const float *bias, size_t N, int C, float eps);
+static dt_status sim_ln_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b, const float *w, const float *bias, size_t N, int C, float eps, void *out16, dt_dtype t);
 typedef struct {
     float *out;
     float *mean;
@@ -221,8 +225,10 @@ typedef struct {
     size_t N;
     int C;
     float eps;
+    void *out16;
+    dt_dtype t;
 } ln_residual_a;
-static void ln_residual_set(ln_residual_a *r_, float *out, float *mean, float *rstd, float *res, const float *a, const float *b, const float *w, const float *bias, size_t N, int C, float eps) {
+static void ln_residual_set(ln_residual_a *r_, float *out, float *mean, float *rstd, float *res, const float *a, const float *b, const float *w, const float *bias, size_t N, int C, float eps, void *out16, dt_dtype t) {
     r_->out = out;
     r_->mean = mean;
     r_->rstd = rstd;
@@ -234,10 +240,12 @@ static void ln_residual_set(ln_residual_a *r_, float *out, float *mean, float *r
     r_->N = N;
     r_->C = C;
     r_->eps = eps;
+    r_->out16 = out16;
+    r_->t = t;
 }
 static dt_status ln_residual_run(const void *p_) {
     const ln_residual_a *r_ = p_;
-    return sim_ln_residual(r_->out, r_->mean, r_->rstd, r_->res, r_->a, r_->b, r_->w, r_->bias, r_->N, r_->C, r_->eps);
+    return sim_ln_residual(r_->out, r_->mean, r_->rstd, r_->res, r_->a, r_->b, r_->w, r_->bias, r_->N, r_->C, r_->eps, r_->out16, r_->t);
 }
 
 static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, const float *mean, const float *rstd, size_t N, int C);

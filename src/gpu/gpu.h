@@ -109,16 +109,20 @@ int dt_gpu_tf32(void);
  * backward accumulates with +=) over N rows, each element's arithmetic
  * nn/rows.h's; a row's sums in a block's fixed tree (the CPU's in order).
  * Layernorm over rows of C (mean, rstd [N]); dinp, dw or db NULL: not
- * computed. */
+ * computed. out16 non-NULL (t DT_BF16 or DT_F16): the output rounded to t
+ * there (dt_gpu_from_f32's bits) instead of out, which is not written
+ * (the linears' 16-bit input made with no fp32 copy). */
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                   const float *b, size_t N, int C, float eps);
+                                   const float *b, size_t N, int C, float eps, void *out16, dt_dtype t);
 dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                     const float *w, const float *mean, const float *rstd, size_t N, int C);
 /* The residual add and the layernorm of its sum in one pass: res = a + b
  * (dt_gpu_residual_forward's bits; res may be a or b), then
- * dt_gpu_layernorm_forward of res (its bits) into out (not res). */
+ * dt_gpu_layernorm_forward of res (its bits) into out (not res), or
+ * out16. */
 dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
-                                    const float *w, const float *bias, size_t N, int C, float eps);
+                                    const float *w, const float *bias, size_t N, int C, float eps, void *out16,
+                                    dt_dtype t);
 /* GELU (tanh approximation) over n elements. */
 dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n);
 dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);

@@ -26,11 +26,12 @@
 // lane, every run); RES: the row's input made first, res = a + b (the
 // residual add's bits; res may be a or b), its sum taken on the way, the
 // rest read back from res (each lane its own columns, the ones it wrote),
-// so the two kernels' bits in one pass over the row.
-template <bool RES>
+// so the two kernels' bits in one pass over the row. H 1 or 2: the output
+// rounded to bf16 or fp16 into out16 (block.h's narrow) instead of out.
+template <bool RES, int H>
 __global__ static void __launch_bounds__(DT_THREADS)
-    ln_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *inp, const float *a2,
-                      const float *w, const float *b, size_t N, int C, float eps) {
+    ln_forward_kernel(float *out, uint16_t *out16, float *mean, float *rstd, float *res, const float *inp,
+                      const float *a2, const float *w, const float *b, size_t N, int C, float eps) {
     int lane = threadIdx.x % 32;
     EACH_ROW(r, N) {
         const float *x = RES ? res + r * C : inp + r * C;
@@ -44,8 +45,13 @@ __global__ static void __launch_bounds__(DT_THREADS)
         float q = 0.0f;
         for (int c = lane; c < C; c += 32) q += dt_ln_sq(x[c], m);
         float rs = dt_ln_rstd(warp_all<false>(q), C, eps);
-        float *o = out + r * C;
-        for (int c = lane; c < C; c += 32) o[c] = dt_ln_out(x[c], m, rs, w[c], b[c]);
+        float *o = H ? NULL : out + r * C;
+        uint16_t *h = H ? out16 + r * C : NULL;
+        for (int c = lane; c < C; c += 32) {
+            float v = dt_ln_out(x[c], m, rs, w[c], b[c]);
+            if (H) h[c] = narrow<H>(v);
+            else o[c] = v;
+        }
         if (lane == 0) mean[r] = m, rstd[r] = rs;
     }
 }
@@ -136,22 +142,38 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
     return st;
 }
 
-dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                   const float *b, size_t N, int C, float eps) {
+// Either layernorm's launch: its output in fp32 (out16 NULL) or rounded to t.
+template <bool RES>
+static dt_status ln_forward(float *out, void *out16, dt_dtype t, float *mean, float *rstd, float *res,
+                            const float *inp, const float *a2, const float *w, const float *b, size_t N, int C,
+                            float eps) {
+    if (out16 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU layernorm: a 16-bit output of type %s (BF16 or F16 only)", dt_dtype_name(t));
     if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel<false>, dt_launch_warp_rows(N), DT_THREADS, 0, out, mean, rstd, NULL, inp, NULL, w, b, N,
-           C, eps);
+    uint16_t *h = (uint16_t *)out16;
+    if (!out16) {
+        DT_RUN((ln_forward_kernel<RES, 0>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd, res, inp, a2, w,
+               b, N, C, eps);
+    } else if (t == DT_BF16) {
+        DT_RUN((ln_forward_kernel<RES, 1>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd, res, inp, a2, w,
+               b, N, C, eps);
+    } else {
+        DT_RUN((ln_forward_kernel<RES, 2>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd, res, inp, a2, w,
+               b, N, C, eps);
+    }
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
 
+dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                   const float *b, size_t N, int C, float eps, void *out16, dt_dtype t) {
+    return ln_forward<false>(out, out16, t, mean, rstd, NULL, inp, NULL, w, b, N, C, eps);
+}
+
 dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
-                                    const float *w, const float *bias, size_t N, int C, float eps) {
-    if (N == 0 || C <= 0) return DT_OK;
-    DT_RUN(ln_forward_kernel<true>, dt_launch_warp_rows(N), DT_THREADS, 0, out, mean, rstd, res, a, b, w, bias, N, C,
-           eps);
-    DT_LAUNCHED(ln_forward_kernel);
-    return DT_OK;
+                                    const float *w, const float *bias, size_t N, int C, float eps, void *out16,
+                                    dt_dtype t) {
+    return ln_forward<true>(out, out16, t, mean, rstd, res, a, b, w, bias, N, C, eps);
 }
 
 dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,

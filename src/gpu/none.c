@@ -84,13 +84,15 @@ dt_status dt_gpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const f
 void dt_gpu_set_tf32(int on) { (void)on; }
 int dt_gpu_tf32(void) { return 0; }
 dt_status dt_gpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                   const float *b, size_t N, int C, float eps) {
-    return (void)out, (void)mean, (void)rstd, (void)inp, (void)w, (void)b, (void)N, (void)C, (void)eps, no_gpu();
+                                   const float *b, size_t N, int C, float eps, void *out16, dt_dtype t) {
+    return (void)out, (void)mean, (void)rstd, (void)inp, (void)w, (void)b, (void)N, (void)C, (void)eps, (void)out16,
+           (void)t, no_gpu();
 }
 dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
-                                    const float *w, const float *bias, size_t N, int C, float eps) {
+                                    const float *w, const float *bias, size_t N, int C, float eps, void *out16,
+                                    dt_dtype t) {
     return (void)out, (void)mean, (void)rstd, (void)res, (void)a, (void)b, (void)w, (void)bias, (void)N, (void)C,
-           (void)eps, no_gpu();
+           (void)eps, (void)out16, (void)t, no_gpu();
 }
 dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                     const float *w, const float *mean, const float *rstd, size_t N, int C) {

@@ -21,13 +21,14 @@ EMU(to16, (void *dst, const float *src, size_t n, dt_dtype t), dt_gpu_from_f32(d
 EMU(from16, (float *dst, const void *src, size_t n, dt_dtype t), dt_gpu_to_f32(dst, src, n, t))
 EMU(ef16, (void *dst, float *g, float *res, size_t n, dt_dtype t), dt_gpu_from_f32_ef(dst, g, res, n, t))
 EMU(layernorm_forward, (float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                        size_t N, int C, float eps), dt_gpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps))
+                        size_t N, int C, float eps, void *out16, dt_dtype t),
+    dt_gpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, out16, t))
 EMU(layernorm_backward, (float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                          const float *mean, const float *rstd, size_t N, int C),
     dt_gpu_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C))
 EMU(layernorm_residual, (float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
-                         const float *w, const float *bias, size_t N, int C, float eps),
-    dt_gpu_layernorm_residual(out, mean, rstd, res, a, b, w, bias, N, C, eps))
+                         const float *w, const float *bias, size_t N, int C, float eps, void *out16, dt_dtype t),
+    dt_gpu_layernorm_residual(out, mean, rstd, res, a, b, w, bias, N, C, eps, out16, t))
 EMU(gelu_forward, (float *out, const float *inp, size_t n), dt_gpu_gelu_forward(out, inp, n))
 EMU(gelu_backward, (float *dinp, const float *dout, const float *inp, size_t n), dt_gpu_gelu_backward(dinp, dout, inp, n))
 EMU(crossentropy_forward, (float *probs, double *row_loss, float *loss, const float *logits, const int32_t *targets,

@@ -193,11 +193,39 @@ static void test_ce_split(size_t N, int V) {
     free(rows), free(erows), free(t);
 }
 
+// Layernorm's outputs in 16 bits (out16; alone and with the residual):
+// the fp32 output's bits rounded to t, the fp32 out not written, the sum
+// the same.
+static void layernorm16(const float *x, const float *w, const float *b, const float *dout, size_t N, int C,
+                        dt_dtype t) {
+    size_t n = N * (size_t)C, bad = 0;
+    float *o = malloc(sizeof(float) * n), *m = malloc(sizeof(float) * N), *r = malloc(sizeof(float) * N);
+    float *r1 = fdup(dout, n), *r2 = fdup(dout, n);
+    uint16_t *h = malloc(2 * n), *want = malloc(2 * n);
+    dt_status st = DT_OK;
+    for (int res = 0; res < 2 && st == DT_OK; res++) {
+        st = res ? dt_gpu_layernorm_residual(o, m, r, r1, x, r1, w, b, N, C, 1e-5f, NULL, DT_F32)
+                 : dt_gpu_layernorm_forward(o, m, r, x, w, b, N, C, 1e-5f, NULL, DT_F32);
+        dt_from_f32(want, o, n, t);
+        for (size_t i = 0; i < n; i++) o[i] = 7.0f;
+        if (st == DT_OK)
+            st = res ? dt_gpu_layernorm_residual(o, m, r, r2, x, r2, w, b, N, C, 1e-5f, h, t)
+                     : dt_gpu_layernorm_forward(o, m, r, x, w, b, N, C, 1e-5f, h, t);
+        for (size_t i = 0; i < n; i++) bad += h[i] != want[i] || o[i] != 7.0f;
+    }
+    bad += differ(r1, r2, n);
+    CHECK(st == DT_OK && !bad, "layernorm on emulated threads, N %zu C %d, its output in %s (alone, with the "
+          "residual): the fp32 output's bits rounded, out not written, the sum the same: %zu elements wrong%s%s", N, C,
+          dt_dtype_name(t), bad, EMU_ERR(st));
+    free(o), free(m), free(r), free(r1), free(r2), free(h), free(want);
+}
+
 // Layernorm's kernels (src/gpu/layers.cu: a block a row; the weights'
 // gradients as column sums over chunks of rows, a grid of column tiles x
 // chunks) on emulated threads against the CPU's, forward and backward,
 // within 1e-5 (relative, absolute below 1, as test_gpu ops); the backward
-// adds onto what dinp, dw and db held.
+// adds onto what dinp, dw and db held; the output in bf16 and fp16
+// (layernorm16).
 static void test_layernorm(size_t N, int C) {
     size_t n = N * (size_t)C;
     float *x = randoms(n, 4.0f, 31), *w = randoms((size_t)C, 2.0f, 32), *b = randoms((size_t)C, 1.0f, 33);
@@ -207,7 +235,7 @@ static void test_layernorm(size_t N, int C) {
     float *dw = randoms((size_t)C, 0.1f, 36), *db = randoms((size_t)C, 0.1f, 37);
     float *edw = malloc(sizeof(float) * C), *edb = malloc(sizeof(float) * C);
     memcpy(edx, dx, sizeof(float) * n), memcpy(edw, dw, sizeof(float) * C), memcpy(edb, db, sizeof(float) * C);
-    dt_status st = dt_gpu_layernorm_forward(eout, em, er, x, w, b, N, C, 1e-5f);
+    dt_status st = dt_gpu_layernorm_forward(eout, em, er, x, w, b, N, C, 1e-5f, NULL, DT_F32);
     dt_layernorm_forward(out, mean, rstd, x, w, b, (int)N, C, 1e-5f);
     if (st == DT_OK) st = dt_gpu_layernorm_backward(edx, edw, edb, dout, x, w, mean, rstd, N, C);
     dt_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, (int)N, C);
@@ -224,15 +252,17 @@ static void test_layernorm(size_t N, int C) {
     float *sum = fdup(dout, n), *fo = malloc(sizeof(float) * n), *fm = malloc(sizeof(float) * N);
     float *fr = malloc(sizeof(float) * N), *res = fdup(dout, n), *res2 = fdup(x, n);
     if (st == DT_OK) st = dt_gpu_residual_forward(sum, x, sum, n);
-    if (st == DT_OK) st = dt_gpu_layernorm_forward(eout, em, er, sum, w, b, N, C, 1e-5f);
-    if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res, x, res, w, b, N, C, 1e-5f);
+    if (st == DT_OK) st = dt_gpu_layernorm_forward(eout, em, er, sum, w, b, N, C, 1e-5f, NULL, DT_F32);
+    if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res, x, res, w, b, N, C, 1e-5f, NULL, DT_F32);
     size_t f4[4] = {differ(sum, res, n), differ(eout, fo, n), differ(em, fm, N), differ(er, fr, N)};
-    if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res2, res2, dout, w, b, N, C, 1e-5f);
+    if (st == DT_OK) st = dt_gpu_layernorm_residual(fo, fm, fr, res2, res2, dout, w, b, N, C, 1e-5f, NULL, DT_F32);
     f4[0] += differ(sum, res2, n), f4[1] += differ(eout, fo, n), f4[2] += differ(em, fm, N), f4[3] += differ(er, fr, N);
     CHECK(st == DT_OK && !f4[0] && !f4[1] && !f4[2] && !f4[3], "layernorm with the residual on emulated threads, N %zu "
           "C %d: elements differing from the two kernels' (sum %zu, out %zu, mean %zu, rstd %zu; 0)%s%s", N, C, f4[0],
           f4[1], f4[2], f4[3], EMU_ERR(st));
     free(sum), free(fo), free(fm), free(fr), free(res), free(res2);
+    layernorm16(x, w, b, dout, N, C, DT_BF16);
+    layernorm16(x, w, b, dout, N, C, DT_F16);
     float *f[] = {x, w, b, dout, out, eout, mean, rstd, em, er, dx, edx, dw, db, edw, edb};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
 }
