@@ -803,7 +803,9 @@ static float *absolute(const float *a, size_t n) {
 
 // The bias: out += b (the CPU's bits of that sum) and its gradient against
 // dt_linear_backward's db, within 1e-5 of each column's sum of |terms| (the
-// GPU sums chunks of rows in parallel); the same bits on a second run.
+// GPU sums chunks of rows in parallel); the same bits on a second run, and
+// on runs that round dout to bf16 and fp16 on the way (dout16: to16's
+// bits).
 static void test_bias(size_t N, int OC) {
     size_t n = N * OC;
     float *out = randoms(n, 2, 51), *b = randoms(OC, 2, 52), *dout = randoms(n, 1, 53), *db = randoms(OC, 1, 54);
@@ -811,18 +813,34 @@ static void test_bias(size_t N, int OC) {
     float *gout = upload(out, n), *gb = upload(b, OC), *gdout = upload(dout, n), *gdb = upload(db, OC);
     dt_status st = gout && gb && gdout && gdb ? DT_OK : DT_ERR_INTERNAL;
     if (st == DT_OK) st = dt_gpu_bias_forward(gout, gb, N, OC);
-    if (st == DT_OK) st = dt_gpu_bias_backward(gdb, gdout, N, OC);
+    if (st == DT_OK) st = dt_gpu_bias_backward(gdb, gdout, N, OC, NULL, DT_F32);
     if (st == DT_OK) st = dt_gpu_to_host(once, gdb, sizeof(float) * OC);
+    uint16_t *h = malloc(2 * n), *want = malloc(2 * n);
+    void *gh = NULL;
+    size_t wrong16 = 0;
+    if (st == DT_OK) st = dt_gpu_alloc(&gh, 2 * n);
+    for (int k = 0; k < 2 && st == DT_OK; k++) {  // (again from the same start, rounding dout to bf16, fp16)
+        dt_dtype t = k ? DT_F16 : DT_BF16;
+        st = dt_gpu_to_device(gdb, db, sizeof(float) * OC);
+        if (st == DT_OK) st = dt_gpu_bias_backward(gdb, gdout, N, OC, gh, t);
+        if (st == DT_OK) st = dt_gpu_to_host(h, gh, 2 * n);
+        dt_from_f32(want, dout, n, t);
+        for (size_t i = 0; i < n && st == DT_OK; i++) wrong16 += h[i] != want[i];
+        size_t d = st == DT_OK ? differ(once, gdb, OC) : SIZE_MAX;
+        wrong16 += d == SIZE_MAX ? 1 : d;
+    }
+    free(h), free(want), dt_gpu_free(gh);
     if (st == DT_OK) st = dt_gpu_to_device(gdb, db, sizeof(float) * OC);  // (again from the same start)
-    if (st == DT_OK) st = dt_gpu_bias_backward(gdb, gdout, N, OC);
+    if (st == DT_OK) st = dt_gpu_bias_backward(gdb, gdout, N, OC, NULL, DT_F32);
     for (size_t i = 0; i < n; i++) out[i] += b[i % OC];
     dt_linear_backward(NULL, NULL, db, dout, NULL, NULL, (int)N, 1, OC);
     dt_linear_backward(NULL, NULL, mdb, ad, NULL, NULL, (int)N, 1, OC);
     size_t bo = st == DT_OK ? differ(out, gout, n) : SIZE_MAX, again = st == DT_OK ? differ(once, gdb, OC) : SIZE_MAX;
     double eb = st == DT_OK ? against_mag(db, gdb, mdb, OC) : INFINITY;
-    CHECK(bo == 0 && eb <= 1e-5 && again == 0, "bias N %zu OC %d: forward: %zu elements differ from the CPU's bits (0); "
-          "db %.3g (|diff| / sum |terms| <= 1e-5), %zu elements differ between two runs (0)%s%s", N, OC, bo, eb, again,
-          GPU_ERR(st));
+    CHECK(bo == 0 && eb <= 1e-5 && again == 0 && wrong16 == 0, "bias N %zu OC %d: forward: %zu elements differ from "
+          "the CPU's bits (0); db %.3g (|diff| / sum |terms| <= 1e-5), %zu elements differ between two runs (0), %zu "
+          "between the runs rounding dout to bf16 and fp16 and their roundings from to16's (0)%s%s", N, OC, bo, eb, again,
+          wrong16, GPU_ERR(st));
     free(out), free(b), free(dout), free(db), free(mdb), free(ad), free(once);
     dt_gpu_free(gout), dt_gpu_free(gb), dt_gpu_free(gdout), dt_gpu_free(gdb);
 }

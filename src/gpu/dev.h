@@ -232,7 +232,9 @@ typedef struct dt_dev {
     dt_status (*relu_forward)(float *out, const float *inp, size_t N);
     dt_status (*relu_backward)(float *dinp, const float *dout, const float *inp, size_t N);
     dt_status (*bias_forward)(float *out, const float *b, size_t N, int OC);
-    dt_status (*bias_backward)(float *db, const float *dout, size_t N, int OC);
+    /* dout16 non-NULL: dout rounded to t (16-bit) there too, in the same
+     * pass (to16's bits: the linears' output gradients in 16 bits). */
+    dt_status (*bias_backward)(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t);
     dt_status (*sumsq)(double *out_dev, const float *x, size_t n);
     /* sumsq_parts: dt_sum_squares_parts on a slice x[n] into part_dev (one
      * device double a piece; ZeRO's sharded norm). */

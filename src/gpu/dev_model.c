@@ -267,11 +267,13 @@ dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, 
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, const float *pre, size_t w_off, float *db,
                                  const float *dout, void *dout16, dt_dev_x in, int N, int C, int OC) {
     dt_dev_x g = {dout, dout16}, w = dt_dev_weights(b, w_off);
-    if (b->t != DT_F32 && dout) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
+    int half = b->t != DT_F32 && dout;  // (dout converted: with a bias, by its column sums' pass)
+    if (half && db) TRY(b->d->bias_backward(db, dout, (size_t)N, OC, dout16, b->t));
+    else if (half) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
     if (din && pre) TRY(b->d->linear_dgelu(din, operand(b, g), operand(b, w), pre, N, C, OC, b->t));
     else if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, w, C, 1.0f, din, C));
     TRY(dt_dev_gemm(b, 1, 0, OC, C, N, 1.0f, g, OC, in, C, 1.0f, b->grads + w_off, C));
-    return db ? b->d->bias_backward(db, dout, (size_t)N, OC) : DT_OK;
+    return db && !half ? b->d->bias_backward(db, dout, (size_t)N, OC, NULL, DT_F32) : DT_OK;
 }
 
 void dt_dev_blocks_kinds(const dt_dev_blocks *b, size_t bytes[DT_DEV_KINDS]) {
@@ -501,8 +503,9 @@ static dt_status conv_backward(dt_dev_mlp *dm, int i, const float *in, float *di
                                   dm->b.params + l->w_off, (size_t)B, &g, OC);
     dt_dev_x r = {dm->rows, dm->g16}, c = {dm->keep[i], dm->keep[i]};
     TRY(d->transpose(dm->rows, dm->dact[i], (size_t)B, (size_t)OC, (size_t)g.OH * g.OW));
-    if (l->b_n) TRY(d->bias_backward(dm->b.grads + l->b_off, dm->rows, (size_t)N, OC));
-    if (dm->b.t != DT_F32) TRY(d->to16(dm->g16, dm->rows, (size_t)N * OC, dm->b.t));
+    void *g16 = dm->b.t != DT_F32 ? dm->g16 : NULL;  // (the rows in 16 bits: by the bias's pass where there is one)
+    if (l->b_n) TRY(d->bias_backward(dm->b.grads + l->b_off, dm->rows, (size_t)N, OC, g16, dm->b.t));
+    else if (g16) TRY(d->to16(g16, dm->rows, (size_t)N * OC, dm->b.t));
     TRY(dt_dev_gemm(&dm->b, 1, 1, OC, ckk, N, 1.0f, r, OC, c, N, 1.0f, dm->b.grads + l->w_off, ckk));
     if (!din) return DT_OK;
     TRY(dt_dev_gemm(&dm->b, 1, 1, ckk, N, OC, 1.0f, dt_dev_weights(&dm->b, l->w_off), ckk, r, OC, 0.0f, dm->dcol, N));

@@ -890,10 +890,14 @@ static dt_status bias_sums(float *db, const float *dout, size_t N, int OC) {
     return shut();
 }
 
-static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC) {
-    REC(bias_backward, db, dout, N, OC);
+static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t) {
+    REC(bias_backward, db, dout, N, OC, dout16, t);
     scratch_take(DT_ASK_COLSUM, N, OC);
-    return bias_sums(db, dout, N, OC);
+    dt_status st = bias_sums(db, dout, N, OC);
+    if (st != DT_OK || !dout16) return st;
+    open_dev();
+    dt_from_f32(dout16, dout, N * (size_t)OC, t);
+    return shut();
 }
 
 static dt_status sim_sumsq(double *out, const float *x, size_t n) {

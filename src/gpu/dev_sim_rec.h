@@ -830,22 +830,26 @@ static dt_status linear_dgelu_run(const void *p_) {
     return sim_linear_dgelu(r_->dpre, r_->g, r_->w, r_->pre, r_->N, r_->C, r_->OC, r_->t);
 }
 
-static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC);
+static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t);
 typedef struct {
     float *db;
     const float *dout;
     size_t N;
     int OC;
+    void *dout16;
+    dt_dtype t;
 } bias_backward_a;
-static void bias_backward_set(bias_backward_a *r_, float *db, const float *dout, size_t N, int OC) {
+static void bias_backward_set(bias_backward_a *r_, float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t) {
     r_->db = db;
     r_->dout = dout;
     r_->N = N;
     r_->OC = OC;
+    r_->dout16 = dout16;
+    r_->t = t;
 }
 static dt_status bias_backward_run(const void *p_) {
     const bias_backward_a *r_ = p_;
-    return sim_bias_backward(r_->db, r_->dout, r_->N, r_->OC);
+    return sim_bias_backward(r_->db, r_->dout, r_->N, r_->OC, r_->dout16, r_->t);
 }
 
 static dt_status sim_sumsq(double *out, const float *x, size_t n);

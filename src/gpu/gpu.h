@@ -228,9 +228,11 @@ dt_status dt_gpu_relu_forward(float *out, const float *inp, size_t N);
 dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp, size_t N);
 /* out[N,OC] += b[OC] (the CPU's bits); db[OC] += the column sums of
  * dout[N,OC], in chunks of rows across the GPU in a fixed order (launch.h:
- * the same bits every run; the CPU's to rounding). */
+ * the same bits every run; the CPU's to rounding); dout16 non-NULL (t
+ * DT_BF16 or DT_F16): dout rounded to t there in the same pass
+ * (dt_gpu_from_f32's bits), dout read once for both. */
 dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC);
-dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC);
+dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t);
 /* The linear layer, dt_linear_*'s contract (dtrain/nn.h), its operands
  * inp[B,C] and w[OC,C] of type t (DT_F32; DT_BF16, DT_F16: 16-bit, fp32
  * sums), out fp32: pre NULL: out[B,OC] = inp w^T + b (b NULL: none; the

@@ -80,11 +80,13 @@ __global__ static void __launch_bounds__(DT_THREADS)
 // One (column tile, chunk of `rows` rows): lane y of the block's
 // DT_THREADS / 32 sums rows y, y + lanes, ... of the chunk in order, then
 // lane 0 adds the lanes' sums in order, into part[chunk][C]; LN: also the
-// sum of the normalised input times dout, into part2.
-template <bool LN>
+// sum of the normalised input times dout, into part2; H 1 or 2: each
+// element of dout read also rounded to bf16 or fp16 into d16 (block.h's
+// narrow), every element being one thread's.
+template <bool LN, int H>
 __global__ static void __launch_bounds__(DT_THREADS)
-colsum_kernel(float *part, float *part2, const float *dout, const float *inp, const float *mean, const float *rstd,
-              size_t N, int C, size_t rows) {
+colsum_kernel(float *part, float *part2, uint16_t *d16, const float *dout, const float *inp, const float *mean,
+              const float *rstd, size_t N, int C, size_t rows) {
     __shared__ float sh[DT_THREADS], sh2[LN ? DT_THREADS : 1];
     const unsigned lanes = DT_THREADS / 32, x = threadIdx.x % 32, y = threadIdx.x / 32;
     size_t c = blockIdx.x * (size_t)32 + x, r0 = blockIdx.y * rows, r1 = r0 + rows < N ? r0 + rows : N;
@@ -92,6 +94,7 @@ colsum_kernel(float *part, float *part2, const float *dout, const float *inp, co
     if (c < (size_t)C)
         for (size_t r = r0 + y; r < r1; r += lanes) {
             float d = dout[r * C + c];
+            if (H) d16[r * C + c] = narrow<H>(d);
             a += d;
             if (LN) b += dt_ln_norm(inp[r * C + c], mean[r], rstd[r]) * d;
         }
@@ -118,18 +121,27 @@ __global__ static void colsum_total_kernel(float *out, const float *part, size_t
 
 // out += dout's column sums (N rows, C columns; NULL: skipped) and, LN,
 // out2 += the column sums of the normalised input times dout (layernorm's
-// weights), in a fixed order; the partial sums in the stream's scratch.
+// weights), in a fixed order; the partial sums in the stream's scratch;
+// d16 non-NULL (t 16-bit; not with LN): dout rounded to t there on the way.
 template <bool LN>
 static dt_status colsum(float *out, float *out2, const float *dout, const float *inp, const float *mean,
-                        const float *rstd, size_t N, int C) {
+                        const float *rstd, size_t N, int C, void *d16 = NULL, dt_dtype t = DT_F32) {
     if (N == 0 || C <= 0 || (!out && !out2)) return DT_OK;
     unsigned chunks = dt_colsum_chunks(N);
     float *part = NULL;
     dt_status st = dt_gpu_scratch((void **)&part, dt_colsum_scratch(N, C, LN));
     if (st != DT_OK) return st;
     float *part2 = LN ? part + (size_t)chunks * C : NULL;
-    DT_RUN(colsum_kernel<LN>, dim3(dt_launch_blocks((size_t)C, 32), chunks), DT_THREADS, 0, part, part2, dout, inp, mean,
-                                                                                        rstd, N, C, dt_colsum_rows(N));
+    uint16_t *h = (uint16_t *)d16;
+    dim3 grid(dt_launch_blocks((size_t)C, 32), chunks);
+    size_t rows = dt_colsum_rows(N);
+    if (!d16 || LN) {
+        DT_RUN((colsum_kernel<LN, 0>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N, C, rows);
+    } else if (t == DT_BF16) {
+        DT_RUN((colsum_kernel<LN, 1>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N, C, rows);
+    } else {
+        DT_RUN((colsum_kernel<LN, 2>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N, C, rows);
+    }
     st = dt_gpu_launched("colsum_kernel");
     const float *from[2] = {part, part2};
     float *to[2] = {out, out2};
@@ -454,6 +466,8 @@ dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
     return DT_OK;
 }
 
-dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC) {
-    return colsum<false>(db, NULL, dout, NULL, NULL, NULL, N, OC);
+dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t) {
+    if (dout16 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU bias gradient: a 16-bit copy of type %s (BF16 or F16 only)", dt_dtype_name(t));
+    return colsum<false>(db, NULL, dout, NULL, NULL, NULL, N, OC, dout16, t);
 }

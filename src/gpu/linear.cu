@@ -84,7 +84,7 @@ dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float 
     dt_status st = DT_OK;
     if (dinp) st = dt_gpu_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);  // dout w
     if (st == DT_OK && dw) st = dt_gpu_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dw, C);  // dout^T inp
-    if (st == DT_OK && db && B > 0) st = dt_gpu_bias_backward(db, dout, (size_t)B, OC);
+    if (st == DT_OK && db && B > 0) st = dt_gpu_bias_backward(db, dout, (size_t)B, OC, NULL, DT_F32);
     return st;
 }
 

@@ -200,8 +200,8 @@ dt_status dt_gpu_relu_backward(float *dinp, const float *dout, const float *inp,
 dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
     return (void)out, (void)b, (void)N, (void)OC, no_gpu();
 }
-dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC) {
-    return (void)db, (void)dout, (void)N, (void)OC, no_gpu();
+dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t) {
+    return (void)db, (void)dout, (void)N, (void)OC, (void)dout16, (void)t, no_gpu();
 }
 dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const void *w, const float *b, int B, int C,
                                 int OC, dt_dtype t) {

@@ -72,7 +72,8 @@ EMU(attention_backward, (float *dqkv, float *datt, const float *dout, const floa
 EMU(relu_forward, (float *out, const float *inp, size_t N), dt_gpu_relu_forward(out, inp, N))
 EMU(relu_backward, (float *dinp, const float *dout, const float *inp, size_t N), dt_gpu_relu_backward(dinp, dout, inp, N))
 EMU(bias_forward, (float *out, const float *b, size_t N, int OC), dt_gpu_bias_forward(out, b, N, OC))
-EMU(bias_backward, (float *db, const float *dout, size_t N, int OC), dt_gpu_bias_backward(db, dout, N, OC))
+EMU(bias_backward, (float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t),
+    dt_gpu_bias_backward(db, dout, N, OC, dout16, t))
 EMU(sumsq, (double *out, const float *x, size_t n), dt_gpu_sumsq(out, x, n))
 EMU(sumsq_parts, (double *part, const float *x, size_t n, size_t first, double carry),
     dt_gpu_sumsq_parts(part, x, n, first, carry))

@@ -392,11 +392,26 @@ static void test_elementwise(size_t n, int OC) {
           "residual, ReLU, GELU on emulated threads, n %zu: elements differing from the CPU's bits: residual %zu, its "
           "backward %zu and %zu, ReLU %zu, its backward %zu (0); GELU %.3g, backward %.3g (<= 1e-5; %zu and %zu "
           "elements not the CPU's bits)%s%s", n, d[0], d[3], dres, d[1], d[4], g[0], g[1], d[2], d[5], EMU_ERR(st));
-    // the bias: out += b, db += dout's column sums (twice from the same start: the same bits)
+    // the bias: out += b, db += dout's column sums (twice from the same start: the same bits; and rounding dout
+    // to bf16 and fp16 on the way: to16's bits)
     float *eo = fdup(out, N * OC), *edb = fdup(db2, (size_t)OC), *edb2 = fdup(db2, (size_t)OC), *mag = calloc((size_t)OC, 4);
     if (st == DT_OK) st = dt_gpu_bias_forward(eo, bias, N, OC);
-    if (st == DT_OK) st = dt_gpu_bias_backward(edb, dout, N, OC);
-    if (st == DT_OK) st = dt_gpu_bias_backward(edb2, dout, N, OC);
+    if (st == DT_OK) st = dt_gpu_bias_backward(edb, dout, N, OC, NULL, DT_F32);
+    if (st == DT_OK) st = dt_gpu_bias_backward(edb2, dout, N, OC, NULL, DT_F32);
+    uint16_t *h = malloc(2 * N * OC), *want = malloc(2 * N * OC);
+    size_t wrong16 = 0;
+    for (int k = 0; k < 2 && st == DT_OK; k++) {
+        dt_dtype t = k ? DT_F16 : DT_BF16;
+        float *edb3 = fdup(db2, (size_t)OC);
+        st = dt_gpu_bias_backward(edb3, dout, N, OC, h, t);
+        dt_from_f32(want, dout, N * OC, t);
+        wrong16 += differ(edb, edb3, (size_t)OC);
+        for (size_t i = 0; i < N * OC; i++) wrong16 += h[i] != want[i];
+        free(edb3);
+    }
+    free(h), free(want);
+    CHECK(st == DT_OK && wrong16 == 0, "the bias's gradient on emulated threads, N %zu OC %d, rounding dout to bf16 "
+          "and fp16 on the way: %zu elements of db or of the roundings differ (0)%s%s", N, OC, wrong16, EMU_ERR(st));
     double worst = 0;
     size_t bo = 0;
     for (size_t i = 0; i < N * OC; i++) {
