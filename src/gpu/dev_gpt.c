@@ -7,11 +7,15 @@
  * operands, as the CPU's GPT in that precision: the four inputs of a
  * layer's linears (ln1, the attention's output, ln2, the GELU's output) and
  * the final layernorm's output are kept in 16 bits (nn/gpt.c keeps the
- * four so too), each made in fp32 in one buffer (x32: the backward's
- * dfchg, unused in the forward) and converted; the output gradients are
- * converted into dout16 (the attention backward's scratch datt, unused by
- * the linears' backward; the head's, [BT, V], into the probabilities'
- * buffer, which the cross-entropy's backward has read by then).
+ * four so too): the layernorms write theirs in 16 bits themselves (ln16;
+ * under sequence parallelism, as the attention's and the GELU's, made in
+ * fp32 in one buffer, x32: the backward's dfchg, unused in the forward,
+ * and converted); the output gradients are converted into dout16 (the
+ * attention backward's scratch datt, unused by the linears' backward; by
+ * the bias gradient's pass where there is a bias), the head's [BT, V] made
+ * in 16 bits by the forward's fused cross-entropy (a vocabulary-parallel
+ * shard's converted into the probabilities' buffer, which its
+ * cross-entropy's backward has read by then).
  *
  * A tensor-parallel shard (dt_gpt_create_shard's model) runs nn/gpt.c's
  * shard: its heads, MLP units and vocabulary rows (Cl = C / ntp, F = 4C /

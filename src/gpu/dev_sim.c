@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 enum { MAX_REGIONS = 64 };
 
@@ -254,9 +255,11 @@ static void *sim_map(size_t len, int huge) {
     if (!huge || len < HUGE) return mmap(NULL, len, PROT_NONE, flags, -1, 0);
     char *p = mmap(NULL, len + HUGE, PROT_NONE, flags, -1, 0);
     if (p == MAP_FAILED) return p;
+    // (the mapping is [p, p + whole + HUGE), whole = len in pages: kept [a, a + whole))
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), whole = (len + page - 1) / page * page;
     char *a = (char *)(((uintptr_t)p + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
     if (a > p) munmap(p, (size_t)(a - p));
-    munmap(a + len, (size_t)(p + HUGE - a));
+    munmap(a + whole, (size_t)(p + HUGE - a));
     madvise(a, len, MADV_HUGEPAGE);  // (a hint: where refused, small pages)
     return a;
 }

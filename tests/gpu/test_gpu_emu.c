@@ -676,7 +676,8 @@ static void test_training(void) {
 // Past 2^31 elements (the kernels' indices are 64-bit: docs/gpu.md), by
 // hand only (`test_gpu_emu large`: 13 GB of memory, minutes of one core):
 // GPT-2's head at 42800 rows (B T past 41 x 1024) of 50257 logits 50304
-// apart, 2.153e9 floats, through the fused cross-entropy; the rows that
+// apart, 2.153e9 floats, through the fused cross-entropy, its gradient
+// first in bf16 into room of its own, then over the logits; the rows that
 // hold element 2^31, the next and the last each against the same kernel
 // on that row alone (its bits: a row read or written at a wrapped index
 // differs), every row's loss in the mean (summed in order on the host,
@@ -704,7 +705,18 @@ static void test_large(void) {
     for (int k = 0; k < 3; k++) one[k] = fdup(l + pick[k] * ld, ld);
     float loss = 0, l1;
     double r1, s = 0;
-    dt_status st = dt_gpu_crossentropy_fused(l, rows, &loss, t, N, V, ld, 0.75f, NULL, DT_F32);
+    uint16_t *h1 = malloc(2 * ld);
+    dt_status st = dt_gpu_crossentropy_fused(l, rows, &loss, t, N, V, ld, 0.75f, h, DT_BF16);
+    int same16 = st == DT_OK;
+    for (int k = 0; k < 3 && same16; k++) {  // (the logits untouched, each row's gradient the row alone's bits)
+        st = dt_gpu_crossentropy_fused(one[k], &r1, &l1, t + pick[k], 1, V, ld, 0.75f / (float)N, h1, DT_BF16);
+        same16 &= st == DT_OK && !memcmp(one[k], l + pick[k] * ld, sizeof(float) * V) &&
+                  !memcmp(h1, h + pick[k] * ld, 2 * (size_t)V);
+    }
+    free(h1);
+    CHECK(same16, "past 2^31: the fused cross-entropy's gradient in bf16 over %zu rows of %d: rows %zu, %zu and %zu "
+          "the row alone's bits, the logits untouched%s%s", N, V, pick[0], pick[1], pick[2], EMU_ERR(st));
+    if (st == DT_OK) st = dt_gpu_crossentropy_fused(l, rows, &loss, t, N, V, ld, 0.75f, NULL, DT_F32);
     int same = st == DT_OK, pad = 1;
     for (int k = 0; k < 3 && same; k++) {  // (dloss so that the row's scale is the call's, 0.75 / N: nn/rows.h's dt_ce_scale)
         st = dt_gpu_crossentropy_fused(one[k], &r1, &l1, t + pick[k], 1, V, ld, 0.75f / (float)N, NULL, DT_F32);
