@@ -88,7 +88,7 @@ static void test_refusals(void) {
         st = dt_gpu_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 96, 5, DT_F32);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "NH must divide C"), "GPU attention: NH 5 of C 96 refused: %s",
               dt_last_error());
-        st = dt_gpu_attention_forward(NULL, NULL, NULL, NULL, 1, 1, 96, 2, DT_I64);
+        st = dt_gpu_attention_forward(NULL, NULL, NULL, NULL, 1, 1, 96, 2, DT_I64, NULL);
         CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "products in type I64 (F32, BF16 or F16 only)"),
               "GPU attention: products in int64 refused: %s", dt_last_error());
         st = dt_gpu_gemm_batched(DT_I64, 0, 0, 1, 1, 1, 1.0f, NULL, 1, 0, NULL, 1, 0, 0.0f, NULL, 1, 0, 2);
@@ -329,6 +329,8 @@ static double against(const float *c, const float *d, size_t n, double floor) {
     return r;
 }
 
+#define GPU_ERR(st) ((st) == DT_OK ? "" : ": "), ((st) == DT_OK ? "" : dt_last_error())
+
 static void test_layernorm(size_t N, int C) {
     size_t n = N * C;
     float *x = randoms(n, 4.0f, 1), *w = randoms(C, 2.0f, 2), *b = randoms(C, 1.0f, 3), *out = randoms(n, 1, 4);
@@ -364,7 +366,7 @@ static void test_gelu(size_t n) {
     float *x = randoms(n, 12.0f, 11), *out = randoms(n, 1, 12), *dout = randoms(n, 1, 13), *dx = randoms(n, 1, 14);
     float *gx = upload(x, n), *gout = upload(out, n), *gdout = upload(dout, n), *gdx = upload(dx, n);
     dt_status st = gx && gout && gdout && gdx ? DT_OK : DT_ERR_INTERNAL;
-    if (st == DT_OK) st = dt_gpu_gelu_forward(gout, gx, n);
+    if (st == DT_OK) st = dt_gpu_gelu_forward(gout, gx, n, NULL, DT_F32);
     if (st == DT_OK) st = dt_gpu_gelu_backward(gdx, gdout, gx, n);
     dt_gelu_forward(out, x, n);
     dt_gelu_backward(dx, dout, x, n);
@@ -372,6 +374,23 @@ static void test_gelu(size_t n) {
     double db = st == DT_OK ? against(dx, gdx, n, 1e-3) : INFINITY;
     CHECK(df <= 1e-5 && db <= 1e-5, "gelu n %zu (x in [-6, 6)): forward %.3g, backward %.3g (<= 1e-5)%s%s", n, df, db,
           st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+    // its output in bf16 and fp16 (out16): the fp32 output's bits rounded
+    uint16_t *h = malloc(2 * n), *want = malloc(2 * n);
+    float *back = malloc(sizeof(float) * n);
+    void *gh = NULL;
+    size_t wrong = 0;
+    if (st == DT_OK) st = dt_gpu_to_host(back, gout, sizeof(float) * n);
+    if (st == DT_OK) st = dt_gpu_alloc(&gh, 2 * n);
+    for (int k = 0; k < 2 && st == DT_OK; k++) {
+        dt_dtype t = k ? DT_F16 : DT_BF16;
+        st = dt_gpu_gelu_forward(NULL, gx, n, gh, t);
+        if (st == DT_OK) st = dt_gpu_to_host(h, gh, 2 * n);
+        dt_from_f32(want, back, n, t);
+        for (size_t i = 0; i < n && st == DT_OK; i++) wrong += h[i] != want[i];
+    }
+    CHECK(st == DT_OK && !wrong, "gelu n %zu, its output in bf16 and fp16: %zu elements not the fp32 output's bits "
+          "rounded (0)%s%s", n, wrong, GPU_ERR(st));
+    free(h), free(want), free(back), dt_gpu_free(gh);
     free(x), free(out), free(dout), free(dx);
     dt_gpu_free(gx), dt_gpu_free(gout), dt_gpu_free(gdout), dt_gpu_free(gdx);
 }
@@ -537,7 +556,6 @@ static int32_t *upload_i32(const int32_t *h, size_t n) {
     return d;
 }
 
-#define GPU_ERR(st) ((st) == DT_OK ? "" : ": "), ((st) == DT_OK ? "" : dt_last_error())
 
 // Both layernorms with their output in t (out16): out (the fp32 output,
 // on the host) rounded, bitwise; a + b their input (host), sum its fp32
@@ -739,6 +757,26 @@ static int upper_zero(const float *d, size_t BH, int T) {
 // same rounded operands, but a sum made in another order (or the fused
 // kernels' unnormalised probabilities) may move a factor across a 16-bit
 // rounding boundary, an ulp (2^-8, 2^-11) of it.
+// The attention's forward again with its output in t (out16, 16-bit):
+// the fp32 output gout's bits rounded (the same call's: its bits repeat).
+static dt_status out16_same(const float *gout, float *gatt, const float *gq, void *gw, int B, int T, int C, int NH,
+                            dt_dtype t) {
+    size_t n = (size_t)B * T * C, wrong = 0;
+    float *back = malloc(sizeof(float) * n), *room = upload(back, n);
+    uint16_t *h = malloc(2 * n), *want = malloc(2 * n);
+    void *gh = NULL;
+    dt_status st = room ? dt_gpu_alloc(&gh, 2 * n) : DT_ERR_INTERNAL;
+    if (st == DT_OK) st = dt_gpu_to_host(back, gout, sizeof(float) * n);
+    if (st == DT_OK) st = dt_gpu_attention_forward(room, gatt, gq, gw, B, T, C, NH, t, gh);
+    if (st == DT_OK) st = dt_gpu_to_host(h, gh, 2 * n);
+    dt_from_f32(want, back, n, t);
+    for (size_t i = 0; i < n && st == DT_OK; i++) wrong += h[i] != want[i];
+    CHECK(st == DT_OK && !wrong, "attention %s forward B %d T %d C %d NH %d, its output made in 16 bits: %zu elements "
+          "not the fp32 output's bits rounded (0)%s%s", dt_dtype_name(t), B, T, C, NH, wrong, GPU_ERR(st));
+    free(back), free(h), free(want), dt_gpu_free(room), dt_gpu_free(gh);
+    return st;
+}
+
 static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
     const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : dt_gpu_tf32() ? " tf32" : "",
@@ -755,7 +793,8 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     void *gw = NULL;  // (the plan's rounded factors in bf16 and fp16)
     dt_status st = gq && gout && gatt && gdout && gdq && gdq2 && gdatt ? DT_OK : DT_ERR_INTERNAL;
     if (st == DT_OK && room.work) st = dt_gpu_alloc(&gw, room.work);
-    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, gw, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_gpu_attention_forward(gout, gatt, gq, gw, B, T, C, NH, t, NULL);
+    if (st == DT_OK && t != DT_F32) st = out16_same(gout, gatt, gq, gw, B, T, C, NH, t);
     dt_kernels_set_precision(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     double dy = st == DT_OK ? against_norm(out, gout, n) : INFINITY;
@@ -1115,7 +1154,7 @@ static void test_stream(int event) {
     if (st == DT_OK && event) st = dt_gpu_event_create(&ev);
     int done = 0;
     for (int round = 0; round < (event ? 2 : 1) && st == DT_OK; round++) {
-        st = dt_gpu_gelu_forward(gx, gx, 1000);
+        st = dt_gpu_gelu_forward(gx, gx, 1000, NULL, DT_F32);
         if (st == DT_OK) st = event ? dt_gpu_event_record(ev) : dt_gpu_stream_after_compute(s);
         if (st == DT_OK && event) st = dt_gpu_stream_wait_event(s, ev);
         done = 0;
@@ -1529,7 +1568,7 @@ static void bench_attention(void) {
                 if (r == 0) st = dt_gpu_sync(), ms[pass] = dt_now();
                 if (st != DT_OK) break;
                 st = pass ? dt_gpu_attention_backward(gdq, scratch, gdy, gq, gout, saved, NULL, B, T, C, NH, t)
-                          : dt_gpu_attention_forward(gout, saved, gq, NULL, B, T, C, NH, t);
+                          : dt_gpu_attention_forward(gout, saved, gq, NULL, B, T, C, NH, t, NULL);
                 if (st == DT_OK && r == reps - 1 && (st = dt_gpu_sync()) == DT_OK)
                     ms[pass] = (dt_now() - ms[pass]) * 1e3 / reps;
             }

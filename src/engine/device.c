@@ -4,7 +4,6 @@
 #include "comm/device.h"
 #include "dtrain/train.h"
 #include "engine/device.h"
-#include "gpu/att_plan.h"
 #include "gpu/dev.h"
 #include "gpu/gpu.h"
 #include "obs/obs.h"

@@ -1,5 +1,6 @@
 /* The GPU's causal attention as GEMMs and row passes (att_plan.h). */
 #include "gpu/att_plan.h"
+#include "gpu/dev.h"
 
 #include <math.h>
 

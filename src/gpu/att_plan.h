@@ -61,14 +61,8 @@ typedef struct {
     size_t saved, scratch, work;
 } dt_att_room;
 
-/* Which of the two this process's attention takes ([train] attention,
- * set at a run's start, dt_train_device_use): AUTO the fused kernels for
- * heads of up to DT_ATT_FUSED_HS columns and the plan for larger ones;
- * FUSED the kernels (larger heads refused by dt_att_choice_check); GEMM
- * the plan for every head (its probabilities kept: B NH T T floats a
- * layer). dt_att_fused: whether heads of C / NH take the fused kernels. */
-typedef enum { DT_ATT_AUTO, DT_ATT_FUSED, DT_ATT_GEMM } dt_att_choice;
-void dt_att_choose(dt_att_choice c);
+/* Whether heads of C / NH take the fused kernels, as this process's
+ * choice (dev.h's dt_att_choose) says. */
 int dt_att_fused(int C, int NH);
 /* DT_OK, or DT_ERR_CONFIG naming the heads where FUSED was asked for
  * heads the fused kernels do not take. */
@@ -91,9 +85,12 @@ dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const f
                           const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
 
 /* The fused kernels (flash.cu, CUDA builds; heads of up to
- * DT_ATT_FUSED_HS): saved and scratch as dt_att_room_of says; out, the
- * backward's: the forward's output, fp32 (t DT_F32) or its copy in t. */
-dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t);
+ * DT_ATT_FUSED_HS): saved and scratch as dt_att_room_of says; out16
+ * non-NULL (t 16-bit): the forward's output rounded to t there instead of
+ * out (not written); out, the backward's: the forward's output, fp32 (t
+ * DT_F32) or its copy in t. */
+dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t,
+                               void *out16);
 dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const void *out,
                                 const float *saved, int B, int T, int C, int NH, dt_dtype t);
 

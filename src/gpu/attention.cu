@@ -95,9 +95,10 @@ static dt_status softmax_backward(float *datt, const float *att, void *d16, size
 static const dt_att_ops g_ops = {dt_gpu_gemm_batched, softmax, softmax_backward, dt_gpu_from_f32};
 
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
-                                   dt_dtype t) {
-    if (dt_att_fused(C, NH)) return dt_gpu_flash_forward(out, att, qkv, B, T, C, NH, t);
-    return dt_att_forward(&g_ops, out, att, qkv, work, B, T, C, NH, t);
+                                   dt_dtype t, void *out16) {
+    if (dt_att_fused(C, NH)) return dt_gpu_flash_forward(out, att, qkv, B, T, C, NH, t, out16);
+    dt_status st = dt_att_forward(&g_ops, out, att, qkv, work, B, T, C, NH, t);  // (the plan's GEMM into out, rounded)
+    return st == DT_OK && out16 ? dt_gpu_from_f32(out16, out, (size_t)B * T * C, t) : st;
 }
 
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,

@@ -28,6 +28,15 @@
 
 struct dt_dev_scratch_ask;
 
+/* Which way this process's GPT attention takes on a device ([train]
+ * attention, set at a run's start by dt_train_device_use; gpu/att_plan.c):
+ * AUTO the fused kernels for heads of up to 128 columns (att_plan.h's
+ * DT_ATT_FUSED_HS) and the GEMM plan for larger ones; FUSED the kernels
+ * (larger heads refused at the model's start); GEMM the plan for every
+ * head (its probabilities kept: B NH T T floats a layer). */
+typedef enum { DT_ATT_AUTO, DT_ATT_FUSED, DT_ATT_GEMM } dt_att_choice;
+void dt_att_choose(dt_att_choice c);
+
 typedef struct dt_dev {
     const char *name;                                  /* "cuda" or "sim" */
     int (*count)(char *why, size_t n);                 /* usable devices, 0 with the reason */
@@ -170,7 +179,9 @@ typedef struct dt_dev {
     dt_status (*layernorm_residual)(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
                                     const float *w, const float *bias, size_t N, int C, float eps, void *out16,
                                     dt_dtype t);
-    dt_status (*gelu_forward)(float *out, const float *inp, size_t n);
+    /* out16 non-NULL: the output rounded to t (16-bit) there instead of
+     * out (not written), the bits of out converted by to16. */
+    dt_status (*gelu_forward)(float *out, const float *inp, size_t n, void *out16, dt_dtype t);
     dt_status (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
     dt_status (*crossentropy_forward)(float *probs, double *row_loss, float *loss, const float *logits,
                                       const int32_t *targets, size_t N, int V, size_t ld);
@@ -224,9 +235,11 @@ typedef struct dt_dev {
      * work: dt_att_work_bytes (gpu/att_plan.h) of room for the rounded
      * copies (NULL in fp32; the simulated GPU's CPU attention needs none).
      * The backward's out: the forward's output as the layer keeps it,
-     * fp32 (t DT_F32) or its copy in t (the fused kernels' row dots). */
+     * fp32 (t DT_F32) or its copy in t (the fused kernels' row dots).
+     * out16 non-NULL (t 16-bit): the forward's output rounded to t there
+     * (to16's bits), out room it may write. */
     dt_status (*attention_forward)(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
-                                   dt_dtype t);
+                                   dt_dtype t, void *out16);
     dt_status (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
                                     const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
     dt_status (*relu_forward)(float *out, const float *inp, size_t N);

@@ -7,10 +7,12 @@
  * operands, as the CPU's GPT in that precision: the four inputs of a
  * layer's linears (ln1, the attention's output, ln2, the GELU's output) and
  * the final layernorm's output are kept in 16 bits (nn/gpt.c keeps the
- * four so too): the layernorms write theirs in 16 bits themselves (ln16;
- * under sequence parallelism, as the attention's and the GELU's, made in
- * fp32 in one buffer, x32: the backward's dfchg, unused in the forward,
- * and converted); the output gradients are converted into dout16 (the
+ * four so too), each written in 16 bits by the kernel that makes it: the
+ * layernorms, the attention, GELU (its own kernel after the fc linear's
+ * GEMM, in place of cuBLASLt's GELU epilogue); x32 (the backward's dfchg,
+ * unused in the forward) the fp32 room of the attention's GEMM plan and,
+ * under sequence parallelism, of the layernorms' rows (gathered in fp32,
+ * then converted); the output gradients are converted into dout16 (the
  * attention backward's scratch datt, unused by the linears' backward; by
  * the bias gradient's pass where there is a bias), the head's [BT, V] made
  * in 16 bits by the forward's fused cross-entropy (a vocabulary-parallel
@@ -44,7 +46,8 @@
 enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
        NPT };
 
-typedef struct {  // one layer's saved activations; in 16 bits ln1, atty, ln2, fchg are x32 and *16 are kept
+typedef struct {  // one layer's saved activations; in 16 bits ln1, atty, ln2, fchg are x32 (unwritten where
+                  // made in 16 bits) and *16 are kept
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg;
     void *ln1_16, *atty16, *ln2_16, *fchg16;
 } layer_acts;
@@ -362,15 +365,22 @@ static dt_status layer_forward(dt_dev_gpt *g, int l, const float *residual, floa
                                  (size_t)R, C, 1e-5f, ln16(g, s->ln1_16), b->t));
     TRY(ln_input(g, &in, s->ln1, s->ln1_16, BT));
     TRY(dt_dev_linear_forward(b, s->qkv, NULL, in, at(g, QKVW, l), p + at(g, QKVB, l), BT, C, 3 * Cl));
-    TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t));
-    TRY(input(g, &in, s->atty, s->atty16, (size_t)BT * Cl));
+    // (in 16 bits its output made in atty16: atty, x32, the GEMM plan's room)
+    TRY(d->attention_forward(s->atty, s->att, s->qkv, g->attw, B, T, Cl, g->NHl, b->t, s->atty16));
+    in = (dt_dev_x){s->atty, s->atty16};
     TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, ATTPROJW, l), whole ? p + at(g, ATTPROJB, l) : NULL, BT, Cl, C));
     TRY(row_parallel(g, proj, s->res2, p + at(g, ATTPROJB, l), BT));
     TRY(d->layernorm_residual(s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, residual, s->res2, p + at(g, LN2W, l),
                               p + at(g, LN2B, l), (size_t)R, C, 1e-5f, ln16(g, s->ln2_16), b->t));
     TRY(ln_input(g, &in, s->ln2, s->ln2_16, BT));
-    TRY(dt_dev_linear_forward(b, s->fchg, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
-    TRY(input(g, &in, s->fchg, s->fchg16, (size_t)BT * F));
+    if (b->t == DT_F32) {
+        TRY(dt_dev_linear_forward(b, s->fchg, s->fch, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
+        in = (dt_dev_x){s->fchg, NULL};
+    } else {  // (GELU's output rounded into the kept fchg16 by its own kernel: no fp32 copy)
+        TRY(dt_dev_linear_forward(b, s->fch, NULL, in, at(g, FCW, l), p + at(g, FCB, l), BT, C, F));
+        TRY(d->gelu_forward(NULL, s->fch, (size_t)BT * F, s->fchg16, b->t));
+        in = (dt_dev_x){s->fchg, s->fchg16};
+    }
     proj = g->seq ? g->gath : out;
     TRY(dt_dev_linear_forward(b, proj, NULL, in, at(g, FCPROJW, l), whole ? p + at(g, FCPROJB, l) : NULL, BT, F, C));
     TRY(row_parallel(g, proj, out, p + at(g, FCPROJB, l), BT));

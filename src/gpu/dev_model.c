@@ -533,7 +533,7 @@ static dt_status layer_forward(dt_dev_mlp *dm, int i, const float *in, int B) {
         return d->dropout_forward(act, dm->keep[i], in, B, l->out, l->spec.p, dm->seed, dm->step, dm->first, i,
                                   l->drop_skip);
     case DT_LAYER_RELU: return d->relu_forward(act, in, n);
-    case DT_LAYER_GELU: return d->gelu_forward(act, in, n);
+    case DT_LAYER_GELU: return d->gelu_forward(act, in, n, NULL, DT_F32);
     case DT_LAYER_LAYERNORM:
         return d->layernorm_forward(act, dm->keep[i], dm->keep[i] + dm->max_batch, in, w, b, (size_t)B, (int)l->in,
                                     l->spec.eps > 0 ? l->spec.eps : 1e-5f, NULL, DT_F32);

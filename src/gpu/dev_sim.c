@@ -618,10 +618,15 @@ static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float 
     return shut();
 }
 
-static dt_status sim_gelu_forward(float *out, const float *inp, size_t n) {
-    REC(gelu_forward, out, inp, n);
+// The CPU's GELU into out, or with out16 into host room of the call's
+// own, rounded into out16.
+static dt_status sim_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t) {
+    REC(gelu_forward, out, inp, n, out16, t);
+    float *o = out16 ? malloc(sizeof(float) * (n ? n : 1)) : out;
+    if (!o) return dt_error(DT_ERR_NOMEM, "simulated GPU: GELU's output (%zu floats)", n);
     open_dev();
-    dt_gelu_forward(out, inp, n);
+    dt_gelu_forward(o, inp, n);
+    if (out16) dt_from_f32(out16, o, n, t), free(o);
     return shut();
 }
 
@@ -795,8 +800,8 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
  * backward makes the probabilities again (the same bits) before the CPU's
  * backward. */
 static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C,
-                                       int NH, dt_dtype t) {
-    REC(attention_forward, out, att, qkv, work, B, T, C, NH, t);
+                                       int NH, dt_dtype t, void *out16) {
+    REC(attention_forward, out, att, qkv, work, B, T, C, NH, t, out16);
     (void)work;
     open_dev();
     int fused = dt_att_fused(C, NH);
@@ -806,6 +811,7 @@ static dt_status sim_attention_forward(float *out, float *att, const float *qkv,
     dt_dtype was = products_in(t);
     dt_attention_forward(out, p, qkv, B, T, C, NH);
     dt_kernels_set_precision(was);
+    if (out16) dt_from_f32(out16, out, (size_t)B * T * C, t);  // (out the op's room, written)
     if (fused) {  // (the room of the rows' log-sum-exp, which the backward here does not read)
         memset(att, 0, sizeof(float) * rows);
         free(p);
@@ -865,7 +871,7 @@ static dt_status sim_linear_forward(float *out, float *pre, const void *inp, con
     float beta = b ? 1.0f : 0.0f;
     if (st == DT_OK && t == DT_F32) st = sim_sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, y, OC);
     else if (st == DT_OK) st = sim_gemm16(t, 0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, y, OC);
-    return st == DT_OK && pre ? sim_gelu_forward(out, pre, (size_t)N * OC) : st;
+    return st == DT_OK && pre ? sim_gelu_forward(out, pre, (size_t)N * OC, NULL, DT_F32) : st;
 }
 
 // The input gradient through GELU (dev.h): g w into zeros (the room of a

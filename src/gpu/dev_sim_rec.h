@@ -278,20 +278,24 @@ static dt_status ln_backward_run(const void *p_) {
     return sim_ln_backward(r_->dinp, r_->dw, r_->db, r_->dout, r_->inp, r_->w, r_->mean, r_->rstd, r_->N, r_->C);
 }
 
-static dt_status sim_gelu_forward(float *out, const float *inp, size_t n);
+static dt_status sim_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t);
 typedef struct {
     float *out;
     const float *inp;
     size_t n;
+    void *out16;
+    dt_dtype t;
 } gelu_forward_a;
-static void gelu_forward_set(gelu_forward_a *r_, float *out, const float *inp, size_t n) {
+static void gelu_forward_set(gelu_forward_a *r_, float *out, const float *inp, size_t n, void *out16, dt_dtype t) {
     r_->out = out;
     r_->inp = inp;
     r_->n = n;
+    r_->out16 = out16;
+    r_->t = t;
 }
 static dt_status gelu_forward_run(const void *p_) {
     const gelu_forward_a *r_ = p_;
-    return sim_gelu_forward(r_->out, r_->inp, r_->n);
+    return sim_gelu_forward(r_->out, r_->inp, r_->n, r_->out16, r_->t);
 }
 
 static dt_status sim_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
@@ -662,7 +666,7 @@ static dt_status residual_backward_run(const void *p_) {
     return sim_residual_backward(r_->da, r_->db, r_->dout, r_->N);
 }
 
-static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t);
+static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t, void *out16);
 typedef struct {
     float *out;
     float *att;
@@ -673,8 +677,9 @@ typedef struct {
     int C;
     int NH;
     dt_dtype t;
+    void *out16;
 } attention_forward_a;
-static void attention_forward_set(attention_forward_a *r_, float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t) {
+static void attention_forward_set(attention_forward_a *r_, float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t, void *out16) {
     r_->out = out;
     r_->att = att;
     r_->qkv = qkv;
@@ -684,10 +689,11 @@ static void attention_forward_set(attention_forward_a *r_, float *out, float *at
     r_->C = C;
     r_->NH = NH;
     r_->t = t;
+    r_->out16 = out16;
 }
 static dt_status attention_forward_run(const void *p_) {
     const attention_forward_a *r_ = p_;
-    return sim_attention_forward(r_->out, r_->att, r_->qkv, r_->work, r_->B, r_->T, r_->C, r_->NH, r_->t);
+    return sim_attention_forward(r_->out, r_->att, r_->qkv, r_->work, r_->B, r_->T, r_->C, r_->NH, r_->t, r_->out16);
 }
 
 static dt_status sim_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out, const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);

@@ -100,6 +100,15 @@ template <int NC> __device__ static void store(float *dst, const float *acc, flo
         if (lane + 32 * n < hs) dst[lane + 32 * n] = set ? acc[n] * mul : dst[lane + 32 * n] + acc[n];
 }
 
+// dst[column lane + 32 n] = acc[n] mul rounded to 16 bits (H 1 bf16, 2
+// fp16: block.h's narrow), columns < hs.
+template <int NC, int H> __device__ static void store16(uint16_t *dst, const float *acc, float mul, int hs) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+        if (lane + 32 * n < hs) dst[lane + 32 * n] = narrow<H>(acc[n] * mul);
+}
+
 // A warp's rows' values of its lane's key (or query) into its slot of w
 // ([FA_W][32][FA_R]: a row of the other side's FA_R values one float4).
 __device__ static void put4(float *w, const float *v) {
@@ -121,7 +130,7 @@ __device__ static int reach(int r0, int k0, int T) {
 // The tile of 32 query rows (the longest first) of head (b, h) = blockIdx.x.
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
-    fa_forward(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale) {
+    fa_forward(float *out, uint16_t *out16, float *lse, const float *qkv, int T, int C, int NH, float scale) {
     extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
@@ -167,7 +176,8 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
         int t = t0 + r;
         if (t >= T) continue;
         size_t at = (b * T + t) * C + (size_t)h * hs;
-        store<NC>(out + at, o[r], 1.0f / l[r], hs, true);
+        if (out16) store16<NC, H>(out16 + at, o[r], 1.0f / l[r], hs);
+        else store<NC>(out + at, o[r], 1.0f / l[r], hs, true);
         if (lane == 0) lse[bh * T + t] = m[r] + logf(l[r]);
     }
 }
@@ -343,14 +353,14 @@ typedef struct {
 } fa_family;
 
 template <typename K>
-static dt_status forward_on(const fa_family *f, K k, float *out, float *saved, const float *qkv, int B, int T, int C,
-                            int NH) {
+static dt_status forward_on(const fa_family *f, K k, float *out, uint16_t *out16, float *saved, const float *qkv, int B,
+                            int T, int C, int NH) {
     dim3 g;
     dt_status st = grid_of(&g, B, T, NH, f->rows);
     if (st == DT_OK) st = shared_bytes(k, f->sh);
     if (st != DT_OK) return st;
     float scale = 1.0f / sqrtf((float)(C / NH));
-    DT_RUN(k, g, f->threads, f->sh, out, saved, qkv, T, C, NH, scale);
+    DT_RUN(k, g, f->threads, f->sh, out, out16, saved, qkv, T, C, NH, scale);
     return dt_gpu_launched(f->names[0]);
 }
 
@@ -372,9 +382,9 @@ static dt_status backward_on(const fa_family *f, KV kv, KQ kq, float *dqkv, floa
 
 // The CUDA cores' kernels, NC columns a lane.
 template <int H, int NC>
-static dt_status forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
+static dt_status forward(float *out, uint16_t *out16, float *saved, const float *qkv, int B, int T, int C, int NH) {
     fa_family f = {FA_TILE, FA_W * 32, sizeof(float) * (FA_TILE * (3 * (C / NH) + 1) + FA_SLOTS), {"fa_forward"}};
-    return forward_on(&f, fa_forward<H, NC>, out, saved, qkv, B, T, C, NH);
+    return forward_on(&f, fa_forward<H, NC>, out, out16, saved, qkv, B, T, C, NH);
 }
 
 template <int H, int NC>
@@ -387,9 +397,9 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
 
 // The tensor cores' (flash_tc.cuh): H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64).
 template <int H, int HS>
-static dt_status forward_tc(float *out, float *saved, const float *qkv, int B, int T, int C, int NH) {
+static dt_status forward_tc(float *out, uint16_t *out16, float *saved, const float *qkv, int B, int T, int C, int NH) {
     fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::FORWARD, {"fa_forward_tc"}};
-    return forward_on(&f, fa_forward_tc<H, HS>, out, saved, qkv, B, T, C, NH);
+    return forward_on(&f, fa_forward_tc<H, HS>, out, out16, saved, qkv, B, T, C, NH);
 }
 
 template <int H, int HS>
@@ -454,10 +464,14 @@ static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dt
     return st;
 }
 
-dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t) {
+dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t,
+                               void *out16) {
     dt_status st = fused_args("forward", B, T, C, NH, t);
+    if (st == DT_OK && out16 && t == DT_F32)
+        return dt_error(DT_ERR_ARG, "GPU attention forward: a 16-bit output with fp32 products");
     if (st != DT_OK || B == 0 || T == 0) return st;
-    return FA_DISPATCH(forward, t, C / NH, on_tensor_cores(C / NH, t), out, saved, qkv, B, T, C, NH);
+    uint16_t *h = (uint16_t *)out16;
+    return FA_DISPATCH(forward, t, C / NH, on_tensor_cores(C / NH, t), out, h, saved, qkv, B, T, C, NH);
 }
 
 dt_status dt_gpu_flash_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const void *out,

@@ -163,7 +163,7 @@ __device__ static void tc_add_rows(float *o, tc_acc<H> *f, float *dst, size_t st
 
 template <int H, int HS>
 __global__ static void __launch_bounds__(TC_W * 32)
-    fa_forward_tc(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale) {
+    fa_forward_tc(float *out, uint16_t *out16, float *lse, const float *qkv, int T, int C, int NH, float scale) {
 #if TC_OLD
     __trap();
 #else
@@ -213,7 +213,9 @@ __global__ static void __launch_bounds__(TC_W * 32)
     if (t < T) {
         size_t at = (b * T + t) * C + (size_t)h * HS;
         for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); d++) {
-            out[at + d] = O[r * Y::OLD + d] * (1.0f / l);
+            float v = O[r * Y::OLD + d] * (1.0f / l);
+            if (out16) out16[at + d] = narrow<H>(v);
+            else out[at + d] = v;
         }
         if (half == 0) lse[bh * T + t] = m + logf(l);
     }

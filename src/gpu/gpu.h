@@ -123,8 +123,10 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
 dt_status dt_gpu_layernorm_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
                                     const float *w, const float *bias, size_t N, int C, float eps, void *out16,
                                     dt_dtype t);
-/* GELU (tanh approximation) over n elements. */
-dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n);
+/* GELU (tanh approximation) over n elements; out16 non-NULL (t DT_BF16 or
+ * DT_F16): the output rounded to t there (dt_gpu_from_f32's bits) instead
+ * of out, which is not written. */
+dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t);
 dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
 /* Softmax cross-entropy over N rows of V logits stored ld apart (ld >= V: a
  * padded vocabulary's columns past V are neither read nor written): probs
@@ -193,9 +195,11 @@ dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size
  * DT_F32 (the plan's GEMMs TF32 as dt_gpu_set_tf32 says; the fused kernels
  * fp32 always), or DT_BF16 / DT_F16, each product's two factors (q, k, v,
  * the probabilities; in backward dout and the softmax's gradient) rounded to
- * t, fp32 sums. */
+ * t, fp32 sums. out16 non-NULL (t 16-bit): the output rounded to t there
+ * (dt_gpu_from_f32's bits); out then room the op may write (the fused
+ * kernels do not; the GEMM plan's output is made there and rounded). */
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
-                                   dt_dtype t);
+                                   dt_dtype t, void *out16);
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
                                     const float *att, void *work, int B, int T, int C, int NH, dt_dtype t);
 

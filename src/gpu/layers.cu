@@ -200,9 +200,14 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
 
 // ---- GELU
 
-__global__ static void gelu_forward_kernel(float *out, const float *inp, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = dt_gelu(inp[i]);
+// H 1 or 2: the output rounded to bf16 or fp16 into out16 (block.h's
+// narrow) instead of out.
+template <int H> __global__ static void gelu_forward_kernel(float *out, uint16_t *out16, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = dt_gelu(inp[i]);
+        if (H) out16[i] = narrow<H>(v);
+        else out[i] = v;
+    }
 }
 
 __global__ static void gelu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
@@ -210,9 +215,19 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *dout, cons
         dinp[i] = fmaf(dt_gelu_grad(inp[i]), dout[i], dinp[i]);
 }
 
-dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) {
+dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t) {
+    if (out16 && t != DT_BF16 && t != DT_F16)
+        return dt_error(DT_ERR_ARG, "GPU GELU: a 16-bit output of type %s (BF16 or F16 only)", dt_dtype_name(t));
     if (n == 0) return DT_OK;
-    DT_RUN(gelu_forward_kernel, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, out, inp, n);
+    uint16_t *h = (uint16_t *)out16;
+    unsigned blocks = dt_launch_blocks(n, DT_THREADS);
+    if (!out16) {
+        DT_RUN(gelu_forward_kernel<0>, blocks, DT_THREADS, 0, out, h, inp, n);
+    } else if (t == DT_BF16) {
+        DT_RUN(gelu_forward_kernel<1>, blocks, DT_THREADS, 0, out, h, inp, n);
+    } else {
+        DT_RUN(gelu_forward_kernel<2>, blocks, DT_THREADS, 0, out, h, inp, n);
+    }
     DT_LAUNCHED(gelu_forward_kernel);
     return DT_OK;
 }

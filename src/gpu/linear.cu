@@ -76,7 +76,7 @@ dt_status dt_gpu_linear_forward(float *out, float *pre, const void *inp, const v
         if (st != DT_OK || found) return st;
     }
     dt_status st = linear(pre, inp, w, b, B, C, OC, t);
-    return st == DT_OK ? dt_gpu_gelu_forward(out, pre, (size_t)B * OC) : st;
+    return st == DT_OK ? dt_gpu_gelu_forward(out, pre, (size_t)B * OC, NULL, DT_F32) : st;
 }
 
 dt_status dt_gpu_linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,

@@ -99,7 +99,9 @@ dt_status dt_gpu_layernorm_backward(float *dinp, float *dw, float *db, const flo
     return (void)dinp, (void)dw, (void)db, (void)dout, (void)inp, (void)w, (void)mean, (void)rstd, (void)N, (void)C,
            no_gpu();
 }
-dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n) { return (void)out, (void)inp, (void)n, no_gpu(); }
+dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t) {
+    return (void)out, (void)inp, (void)n, (void)out16, (void)t, no_gpu();
+}
 dt_status dt_gpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
     return (void)dinp, (void)dout, (void)inp, (void)n, no_gpu();
 }
@@ -149,8 +151,9 @@ dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size
     return (void)da, (void)db, (void)dout, (void)N, no_gpu();
 }
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
-                                   dt_dtype t) {
-    return (void)out, (void)att, (void)qkv, (void)work, (void)B, (void)T, (void)C, (void)NH, (void)t, no_gpu();
+                                   dt_dtype t, void *out16) {
+    return (void)out, (void)att, (void)qkv, (void)work, (void)B, (void)T, (void)C, (void)NH, (void)t, (void)out16,
+           no_gpu();
 }
 dt_status dt_gpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
                                     const float *att, void *work, int B, int T, int C, int NH, dt_dtype t) {

@@ -29,7 +29,8 @@ EMU(layernorm_backward, (float *dinp, float *dw, float *db, const float *dout, c
 EMU(layernorm_residual, (float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
                          const float *w, const float *bias, size_t N, int C, float eps, void *out16, dt_dtype t),
     dt_gpu_layernorm_residual(out, mean, rstd, res, a, b, w, bias, N, C, eps, out16, t))
-EMU(gelu_forward, (float *out, const float *inp, size_t n), dt_gpu_gelu_forward(out, inp, n))
+EMU(gelu_forward, (float *out, const float *inp, size_t n, void *out16, dt_dtype t),
+    dt_gpu_gelu_forward(out, inp, n, out16, t))
 EMU(gelu_backward, (float *dinp, const float *dout, const float *inp, size_t n), dt_gpu_gelu_backward(dinp, dout, inp, n))
 EMU(crossentropy_forward, (float *probs, double *row_loss, float *loss, const float *logits, const int32_t *targets,
                            size_t N, int V, size_t ld),
@@ -64,8 +65,9 @@ EMU(ce_split_finish, (float *probs, double *row_loss, float *loss, const float *
     dt_gpu_ce_split_finish(probs, row_loss, loss, mx, sums, N, V))
 EMU(residual_forward, (float *out, const float *a, const float *b, size_t N), dt_gpu_residual_forward(out, a, b, N))
 EMU(residual_backward, (float *da, float *db, const float *dout, size_t N), dt_gpu_residual_backward(da, db, dout, N))
-EMU(attention_forward, (float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t),
-    dt_gpu_attention_forward(out, att, qkv, work, B, T, C, NH, t))
+EMU(attention_forward, (float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t,
+                        void *out16),
+    dt_gpu_attention_forward(out, att, qkv, work, B, T, C, NH, t, out16))
 EMU(attention_backward, (float *dqkv, float *datt, const float *dout, const float *qkv, const void *out,
                          const float *att, void *work, int B, int T, int C, int NH, dt_dtype t),
     dt_gpu_attention_backward(dqkv, datt, dout, qkv, out, att, work, B, T, C, NH, t))

@@ -61,6 +61,22 @@ static size_t differ(const float *a, const float *b, size_t n) {
 
 #define EMU_ERR(st) (st) == DT_OK ? "" : ": ", (st) == DT_OK ? "" : dt_last_error()
 
+// The attention's forward again with its output in t (out16, 16-bit;
+// fused: the kernels alone, out NULL, else the seam's op with room for
+// the plan's fp32 output): want's bits (the fp32 output rounded).
+static size_t attention16(const uint16_t *want, const float *qkv, void *work, int B, int T, int C, int NH, dt_dtype t,
+                          int fused, dt_status *st) {
+    size_t n = (size_t)B * T * C, bad = 0;
+    dt_att_room room = dt_att_room_of(B, T, C, NH, t);
+    float *saved = malloc(room.saved + 4), *out = fused ? NULL : malloc(sizeof(float) * n);
+    uint16_t *h = malloc(2 * n);
+    *st = fused ? dt_gpu_flash_forward(NULL, saved, qkv, B, T, C, NH, t, h)
+                : dt_gpu_attention_forward(out, saved, qkv, work, B, T, C, NH, t, h);
+    for (size_t i = 0; i < n && *st == DT_OK; i++) bad += h[i] != want[i];
+    free(saved), free(out), free(h);
+    return bad;
+}
+
 // gs: dout's scale.
 static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
@@ -74,8 +90,9 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     float *edq = malloc(sizeof(float) * n3), *edq2 = malloc(sizeof(float) * n3);
     memcpy(dqkv, dq0, sizeof(float) * n3), memcpy(edq, dq0, sizeof(float) * n3), memcpy(edq2, dq0, sizeof(float) * n3);
     uint16_t *o16 = malloc(2 * n);  // (the output as kept in 16 bits)
-    dt_status st = dt_gpu_flash_forward(eout, saved, qkv, B, T, C, NH, t);
+    dt_status st = dt_gpu_flash_forward(eout, saved, qkv, B, T, C, NH, t, NULL);
     if (t != DT_F32) dt_from_f32(o16, eout, n, t);
+    size_t bad16 = st == DT_OK && t != DT_F32 ? attention16(o16, qkv, NULL, B, T, C, NH, t, 1, &st) : 0;
     const void *kept = t == DT_F32 ? (const void *)eout : o16;
     if (st == DT_OK) st = dt_gpu_flash_backward(edq, scratch, dout, qkv, kept, saved, B, T, C, NH, t);
     if (st == DT_OK) st = dt_gpu_flash_backward(edq2, scratch, dout, qkv, kept, saved, B, T, C, NH, t);
@@ -86,10 +103,11 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     double dy = tl_normwise(out, eout, n), dq = tl_normwise(dqkv, edq, n3);
     int same = !memcmp(edq, edq2, sizeof(float) * n3);
     (void)rows;
-    CHECK(st == DT_OK && dy <= tol && dq <= tol && same,
+    CHECK(st == DT_OK && dy <= tol && dq <= tol && same && !bad16,
           "fused attention %s on emulated threads, B %d T %d C %d NH %d (heads of %d), gradients of %g: out %.3g, "
-          "dqkv %.3g (normwise, <= %g); a second backward %s%s%s", tn, B, T, C, NH, C / NH, gs, dy, dq, tol,
-          same ? "the same bits" : "OTHER BITS", st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
+          "dqkv %.3g (normwise, <= %g); a second backward %s; out made in 16 bits: %zu elements not its bits rounded"
+          "%s%s", tn, B, T, C, NH, C / NH, gs, dy, dq, tol, same ? "the same bits" : "OTHER BITS", bad16,
+          st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
     free(o16);
     float *f[] = {qkv, dout, dq0, out, att, datt, dqkv, eout, saved, scratch, edq, edq2};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
@@ -374,7 +392,7 @@ static void test_elementwise(size_t n, int OC) {
     for (int i = 0; i < 6; i++) c[i] = fdup(i < 3 ? out : da, n), e[i] = fdup(c[i], n);
     dt_status st = dt_gpu_residual_forward(e[0], a, b, n);
     if (st == DT_OK) st = dt_gpu_relu_forward(e[1], a, n);
-    if (st == DT_OK) st = dt_gpu_gelu_forward(e[2], a, n);
+    if (st == DT_OK) st = dt_gpu_gelu_forward(e[2], a, n, NULL, DT_F32);
     if (st == DT_OK) st = dt_gpu_residual_backward(e[3], db, dout, n);
     if (st == DT_OK) st = dt_gpu_relu_backward(e[4], dout, a, n);
     if (st == DT_OK) st = dt_gpu_gelu_backward(e[5], dout, a, n);
@@ -392,6 +410,20 @@ static void test_elementwise(size_t n, int OC) {
           "residual, ReLU, GELU on emulated threads, n %zu: elements differing from the CPU's bits: residual %zu, its "
           "backward %zu and %zu, ReLU %zu, its backward %zu (0); GELU %.3g, backward %.3g (<= 1e-5; %zu and %zu "
           "elements not the CPU's bits)%s%s", n, d[0], d[3], dres, d[1], d[4], g[0], g[1], d[2], d[5], EMU_ERR(st));
+    // GELU's output in bf16 and fp16 (out16): the fp32 output's bits rounded, out not written
+    uint16_t *h16 = malloc(2 * n), *w16 = malloc(2 * n);
+    float *o7 = malloc(sizeof(float) * n);
+    size_t wrong = 0;
+    for (int k = 0; k < 2 && st == DT_OK; k++) {
+        dt_dtype t = k ? DT_F16 : DT_BF16;
+        for (size_t i = 0; i < n; i++) o7[i] = 7.0f;
+        st = dt_gpu_gelu_forward(o7, a, n, h16, t);
+        dt_from_f32(w16, e[2], n, t);
+        for (size_t i = 0; i < n; i++) wrong += h16[i] != w16[i] || o7[i] != 7.0f;
+    }
+    CHECK(st == DT_OK && !wrong, "GELU on emulated threads, n %zu, its output in bf16 and fp16: %zu elements not the "
+          "fp32 output's bits rounded, or out written (0)%s%s", n, wrong, EMU_ERR(st));
+    free(h16), free(w16), free(o7);
     // the bias: out += b, db += dout's column sums (twice from the same start: the same bits; and rounding dout
     // to bf16 and fp16 on the way: to16's bits)
     float *eo = fdup(out, N * OC), *edb = fdup(db2, (size_t)OC), *edb2 = fdup(db2, (size_t)OC), *mag = calloc((size_t)OC, 4);
@@ -535,7 +567,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     void *work = malloc(room.work + 1);
     uint16_t *o16 = malloc(2 * n);
     dt_status st = dt_att_fused(C, NH) ? DT_ERR_ARG : DT_OK;
-    if (st == DT_OK) st = dt_gpu_attention_forward(eout, eatt, qkv, work, B, T, C, NH, t);
+    if (st == DT_OK) st = dt_gpu_attention_forward(eout, eatt, qkv, work, B, T, C, NH, t, NULL);
     dt_kernels_set_precision(t);
     dt_attention_forward(out, att, qkv, B, T, C, NH);
     dt_kernels_set_precision(DT_F32);
@@ -544,6 +576,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     for (size_t i = 0; i < na; i++) upper += i % T > i / T % T && eatt[i] != 0.0f;
     memcpy(eatt, att, sizeof(float) * na);
     if (t != DT_F32) dt_from_f32(o16, eout, n, t);
+    size_t bad16 = st == DT_OK && t != DT_F32 ? attention16(o16, qkv, work, B, T, C, NH, t, 0, &st) : 0;
     if (st == DT_OK)
         st = dt_gpu_attention_backward(edq, edatt, dout, qkv, t == DT_F32 ? (const void *)eout : o16, eatt, work, B, T,
                                        C, NH, t);
@@ -555,10 +588,11 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     }
     double dq = tl_normwise(dqkv, edq, n3), dd = tl_normwise(datt, edatt, na);
     const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : "fp32";
-    CHECK(st == DT_OK && dy <= tol && dp <= 1e-5 && dq <= tol && dd <= tol && !upper, "the attention's GEMM plan (%s) "
-          "on emulated threads, B %d T %d C %d NH %d (heads of %d): out %.3g, dqkv %.3g, datt %.3g (normwise, <= %g), "
-          "att %.3g (<= 1e-5), %zu entries right of the diagonal not zero (0)%s%s", tn, B, T, C, NH, C / NH, dy, dq, dd,
-          tol, dp, upper, EMU_ERR(st));
+    CHECK(st == DT_OK && dy <= tol && dp <= 1e-5 && dq <= tol && dd <= tol && !upper && !bad16, "the attention's "
+          "GEMM plan (%s) on emulated threads, B %d T %d C %d NH %d (heads of %d): out %.3g, dqkv %.3g, datt %.3g "
+          "(normwise, <= %g), att %.3g (<= 1e-5), %zu entries right of the diagonal not zero (0); out made in 16 "
+          "bits: %zu elements not its bits rounded (0)%s%s", tn, B, T, C, NH, C / NH, dy, dq, dd, tol, dp, upper,
+          bad16, EMU_ERR(st));
     float *f[] = {qkv, out, att, dout, dqkv, datt, eatt, eout, edq, edatt};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
     free(work), free(o16);
@@ -826,7 +860,7 @@ int main(int argc, char **argv) {
     test_attention(1, 37, 258, 1, DT_BF16);
     test_attention(1, 37, 258, 1, DT_F16);
     test_training();
-    dt_status st = dt_gpu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32);
+    dt_status st = dt_gpu_flash_forward(NULL, NULL, NULL, 1, 4, 258, 1, DT_F32, NULL);
     CHECK(st == DT_ERR_ARG && strstr(dt_last_error(), "heads of 258 columns"),
           "a head of 258 columns refused by the fused kernels: %s", dt_last_error());
     return tl_finish();
