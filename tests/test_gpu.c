@@ -746,23 +746,12 @@ static int upper_zero(const float *d, size_t BH, int T) {
     return ok;
 }
 
-// Attention forward and backward: out and dqkv normwise within 1e-5; where
-// the heads take the GEMM plan (past DT_ATT_FUSED_HS columns) the
-// probabilities each within 1e-5 relative, datt normwise, the upper
-// triangles zeros, and the backward runs on the CPU's probabilities; fused,
-// on the forward's own saved rows and its output as the GPT's layer keeps
-// it (in 16 bits, rounded to t), and a second run gives the same bits.
-// Products in t: against the CPU's attention in t (its GEMMs' precision),
-// out and dqkv (and datt) normwise within 1e-2 (bf16) or 2e-3 (fp16): the
-// same rounded operands, but a sum made in another order (or the fused
-// kernels' unnormalised probabilities) may move a factor across a 16-bit
-// rounding boundary, an ulp (2^-8, 2^-11) of it.
 // The attention's forward again with its output in t (out16, 16-bit):
 // the fp32 output gout's bits rounded (the same call's: its bits repeat).
 static dt_status out16_same(const float *gout, float *gatt, const float *gq, void *gw, int B, int T, int C, int NH,
                             dt_dtype t) {
     size_t n = (size_t)B * T * C, wrong = 0;
-    float *back = malloc(sizeof(float) * n), *room = upload(back, n);
+    float *back = calloc(n, sizeof(float)), *room = upload(back, n);
     uint16_t *h = malloc(2 * n), *want = malloc(2 * n);
     void *gh = NULL;
     dt_status st = room ? dt_gpu_alloc(&gh, 2 * n) : DT_ERR_INTERNAL;
@@ -777,6 +766,17 @@ static dt_status out16_same(const float *gout, float *gatt, const float *gq, voi
     return st;
 }
 
+// Attention forward and backward: out and dqkv normwise within 1e-5; where
+// the heads take the GEMM plan (past DT_ATT_FUSED_HS columns) the
+// probabilities each within 1e-5 relative, datt normwise, the upper
+// triangles zeros, and the backward runs on the CPU's probabilities; fused,
+// on the forward's own saved rows and its output as the GPT's layer keeps
+// it (in 16 bits, rounded to t), and a second run gives the same bits.
+// Products in t: against the CPU's attention in t (its GEMMs' precision),
+// out and dqkv (and datt) normwise within 1e-2 (bf16) or 2e-3 (fp16): the
+// same rounded operands, but a sum made in another order (or the fused
+// kernels' unnormalised probabilities) may move a factor across a 16-bit
+// rounding boundary, an ulp (2^-8, 2^-11) of it.
 static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
     const char *tn = t == DT_BF16 ? " bf16" : t == DT_F16 ? " fp16" : dt_gpu_tf32() ? " tf32" : "",

@@ -249,6 +249,11 @@ static void test_table(void) {
     CHECK(dt_dev_arena_open(&a, "x") == DT_OK && a.base, "the same plan on a larger device: %s", dt_last_error());
     CHECK(dt_dev_take(&a, DT_DEV_WEIGHTS, 600 << 10) == a.base && dt_dev_take(&a, DT_DEV_ACTS, 600 << 10) ==
           a.base + (600 << 10) && a.used[DT_DEV_ACTS] == 600 << 10, "the second pass takes the planned blocks");
+    // a 16-bit output of another type refused, as CUDA's ops refuse it
+    float *x = (float *)a.base;
+    dt_status st = dt_dev_sim.gelu_forward(NULL, x, 4, x + 4, DT_F32);
+    CHECK(st == DT_ERR_ARG && !strcmp(dt_last_error(), "simulated GPU: GELU: a 16-bit output of type F32 (BF16 or F16 "
+                                                     "only)"), "GELU's 16-bit output in F32 refused: %s", dt_last_error());
     dt_dev_arena_close(&a);
 }
 

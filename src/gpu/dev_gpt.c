@@ -76,7 +76,8 @@ struct dt_dev_gpt {
     void *lnf16;
     int32_t *inputs, *targets;
     float *dresid, *dln, *datty, *dqkv, *dfch, *dfchg, *datt;  // backward's scratch, one layer's
-    float *x32;    // in 16 bits: the linears' inputs in fp32 before they are kept ([BT, max(C, F)]; dfchg's room)
+    float *x32;    // in 16 bits: fp32 room, dfchg's, for the attention's GEMM plan's output ([BT, Cl]) and under
+                   // sequence parallelism the layernorms' rows ([R, C]) before they are kept
     void *dout16;  // in 16 bits: a linear's output gradient in t ([BT, max(C, F, 3 Cl)]; datt's room)
     void *attw;    // the attention's work (dt_att_room_of: large heads' rounded factors in 16 bits), both passes'
     float *gath;   // sequence parallel: every shard's rows gathered ([BT, C]), or a projection's before its scatter
@@ -84,8 +85,8 @@ struct dt_dev_gpt {
     float *dlnw;   // ... the layernorms' weight gradients of the shard's rows ([4 C]), summed over the shards
 };
 
-// A kept activation from a: fp32 (per layer), or in 16 bits made in x32
-// and kept in t.
+// A kept activation from a: fp32 (per layer), or in 16 bits kept in t (its
+// fp32 pointer x32, the room where it is made in fp32 first, if at all).
 static float *kept(dt_dev_gpt *g, dt_dev_arena *a, void **h, size_t n) {
     if (g->b.t == DT_F32) return *h = NULL, dt_dev_take(a, DT_DEV_ACTS, sizeof(float) * n);
     *h = dt_dev_take(a, DT_DEV_ACTS, 2 * n);
@@ -102,7 +103,7 @@ static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) 
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, f = sizeof(float);
     size_t R = g->seq ? BT / (size_t)g->ntp : BT;  // the stream's rows (sequence parallel: the shard's)
     size_t Cl = (size_t)g->Cl, F = (size_t)g->F, V = g->ntp > 1 ? (size_t)g->Vl : (size_t)g->c.vocab_size;
-    size_t CF = C > F ? C : F, wide = CF > 3 * Cl ? CF : 3 * Cl;  // (x32 holds C or F; dout16 C, F or 3 Cl)
+    size_t CF = C > F ? C : F, wide = CF > 3 * Cl ? CF : 3 * Cl;  // (dout16 holds C, F or 3 Cl)
     size_t h16 = g->b.t != DT_F32 ? 2 * BT * wide : 0;
     dt_att_room att = dt_att_room_of(g->maxB, g->maxT, g->Cl, g->NHl, g->b.t);
     if (work) {
