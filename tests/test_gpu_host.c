@@ -153,6 +153,13 @@ static void test_launch(void) {
     size_t last = (size_t)(b - 1) * DT_THREADS + (DT_THREADS - 1);
     CHECK(last >= n - 1 && last - (n - 1) < DT_THREADS, "2^31 + 7 elements: the last thread's index %zu reaches %zu",
           last, n - 1);
+    // A 16-bit output's kind (the kernels' H): none, bf16, fp16; another type refused by name.
+    char room[2];
+    int h[4] = {dt_launch_h16("x", NULL, DT_F32), dt_launch_h16("x", room, DT_BF16), dt_launch_h16("x", room, DT_F16),
+                dt_launch_h16("GPU op", room, DT_F32)};
+    CHECK(h[0] == 0 && h[1] == 1 && h[2] == 2 && h[3] == -1 &&
+              !strcmp(dt_last_error(), "GPU op: a 16-bit output of type F32 (BF16 or F16 only)"),
+          "16-bit outputs' kinds: %d %d %d %d (0 1 2 -1), %s", h[0], h[1], h[2], h[3], dt_last_error());
 }
 
 // The sum of squares' and the column sums' chunks (launch.h).

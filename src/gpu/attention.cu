@@ -96,8 +96,7 @@ static const dt_att_ops g_ops = {dt_gpu_gemm_batched, softmax, softmax_backward,
 
 dt_status dt_gpu_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C, int NH,
                                    dt_dtype t, void *out16) {
-    if (out16 && t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_ARG, "GPU attention forward: a 16-bit output with products in %s", dt_dtype_name(t));
+    if (dt_launch_h16("GPU attention forward", out16, t) < 0) return DT_ERR_ARG;
     if (dt_att_fused(C, NH)) return dt_gpu_flash_forward(out, att, qkv, B, T, C, NH, t, out16);
     dt_status st = dt_att_forward(&g_ops, out, att, qkv, work, B, T, C, NH, t);  // (the plan's GEMM into out, rounded)
     return st == DT_OK && out16 ? dt_gpu_from_f32(out16, out, (size_t)B * T * C, t) : st;

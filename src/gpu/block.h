@@ -8,6 +8,7 @@
 #include "gpu/launch.h"
 
 #include <cuda_fp16.h>
+#include <type_traits>
 
 // The block's sum of v (every thread gets it): sh holds DT_THREADS values,
 // blockDim.x == DT_THREADS (a power of two). Every thread of the block
@@ -61,6 +62,15 @@ template <int H> __device__ static inline uint16_t narrow(float x) {
 // A 16-bit value of type H as a float.
 template <int H> __device__ static inline float widen(uint16_t h) {
     return H == 1 ? dt_bf16_to_f32(h) : __half2float(__ushort_as_half(h));
+}
+
+// fn(std::integral_constant<int, H>()) for h, launch.h's dt_launch_h16's
+// H (0, 1 or 2): a kernel template launched at its 16-bit output's type,
+// `DT_RUN((k<decltype(H)::value>), ...)` in fn.
+template <typename F> static inline void dt_with_h16(int h, F fn) {
+    if (h == 1) fn(std::integral_constant<int, 1>());
+    else if (h == 2) fn(std::integral_constant<int, 2>());
+    else fn(std::integral_constant<int, 0>());
 }
 
 // x rounded to the products' type, as a float (H 1, 2: 16 bits; H 0, fp32,

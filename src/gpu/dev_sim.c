@@ -15,6 +15,7 @@
 #include "dtrain/optim.h"
 #include "gpu/att_plan.h"
 #include "gpu/dev.h"
+#include "gpu/launch.h"
 #include "kernels/kernels.h"
 #include "nn/rows.h"
 #include "gpu/dev_sim_rec.h"
@@ -581,14 +582,6 @@ static dt_status sim_ef16(void *dst, float *g, float *res, size_t n, dt_dtype t)
     return shut();
 }
 
-// Whether a 16-bit output is given (out16 non-NULL) of a type other than
-// BF16 or F16, which CUDA's ops refuse: the error set, naming op.
-static int bad16(const char *op, const void *out16, dt_dtype t) {
-    if (!out16 || t == DT_BF16 || t == DT_F16) return 0;
-    dt_error(DT_ERR_ARG, "simulated GPU: %s: a 16-bit output of type %s (BF16 or F16 only)", op, dt_dtype_name(t));
-    return 1;
-}
-
 // The CPU's layernorm of inp (res = a + b first where a is non-NULL) into
 // out, or with out16 into host rows of the call's own, rounded into out16.
 static dt_status sim_ln(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
@@ -606,7 +599,7 @@ static dt_status sim_ln(float *out, float *mean, float *rstd, float *res, const 
 
 static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                 const float *b, size_t N, int C, float eps, void *out16, dt_dtype t) {
-    if (bad16("layernorm", out16, t)) return DT_ERR_ARG;
+    if (dt_launch_h16("simulated GPU: layernorm", out16, t) < 0) return DT_ERR_ARG;
     REC(ln_forward, out, mean, rstd, inp, w, b, N, C, eps, out16, t);
     return sim_ln(out, mean, rstd, NULL, NULL, NULL, inp, w, b, N, C, eps, out16, t);
 }
@@ -614,7 +607,7 @@ static dt_status sim_ln_forward(float *out, float *mean, float *rstd, const floa
 static dt_status sim_ln_residual(float *out, float *mean, float *rstd, float *res, const float *a, const float *b,
                                  const float *w, const float *bias, size_t N, int C, float eps, void *out16,
                                  dt_dtype t) {
-    if (bad16("layernorm", out16, t)) return DT_ERR_ARG;
+    if (dt_launch_h16("simulated GPU: layernorm", out16, t) < 0) return DT_ERR_ARG;
     REC(ln_residual, out, mean, rstd, res, a, b, w, bias, N, C, eps, out16, t);
     return sim_ln(out, mean, rstd, res, a, b, res, w, bias, N, C, eps, out16, t);
 }
@@ -631,7 +624,7 @@ static dt_status sim_ln_backward(float *dinp, float *dw, float *db, const float 
 // The CPU's GELU into out, or with out16 into host room of the call's
 // own, rounded into out16.
 static dt_status sim_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t) {
-    if (bad16("GELU", out16, t)) return DT_ERR_ARG;
+    if (dt_launch_h16("simulated GPU: GELU", out16, t) < 0) return DT_ERR_ARG;
     REC(gelu_forward, out, inp, n, out16, t);
     float *o = out16 ? malloc(sizeof(float) * (n ? n : 1)) : out;
     if (!o) return dt_error(DT_ERR_NOMEM, "simulated GPU: GELU's output (%zu floats)", n);
@@ -677,7 +670,7 @@ static dt_status sim_ce_backward(float *dlogits, const float *probs, const int32
 // the logits', or with d16 host rows of the call's own, rounded into d16.
 static dt_status sim_ce_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N, int V,
                               size_t ld, float dloss, void *d16, dt_dtype t) {
-    if (bad16("cross-entropy", d16, t)) return DT_ERR_ARG;
+    if (dt_launch_h16("simulated GPU: cross-entropy", d16, t) < 0) return DT_ERR_ARG;
     REC(ce_fused, logits, row_loss, loss, targets, N, V, ld, dloss, d16, t);
     size_t n = N * ld > 0 ? N * ld : 1;
     float *p = malloc(sizeof(float) * n), *g = d16 ? malloc(sizeof(float) * n) : logits;
@@ -813,7 +806,7 @@ static dt_status sim_residual_backward(float *da, float *db, const float *dout, 
  * backward. */
 static dt_status sim_attention_forward(float *out, float *att, const float *qkv, void *work, int B, int T, int C,
                                        int NH, dt_dtype t, void *out16) {
-    if (bad16("attention", out16, t)) return DT_ERR_ARG;
+    if (dt_launch_h16("simulated GPU: attention", out16, t) < 0) return DT_ERR_ARG;
     REC(attention_forward, out, att, qkv, work, B, T, C, NH, t, out16);
     (void)work;
     open_dev();
@@ -913,7 +906,7 @@ static dt_status bias_sums(float *db, const float *dout, size_t N, int OC) {
 }
 
 static dt_status sim_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t) {
-    if (bad16("bias gradient", dout16, t)) return DT_ERR_ARG;
+    if (dt_launch_h16("simulated GPU: bias gradient", dout16, t) < 0) return DT_ERR_ARG;
     REC(bias_backward, db, dout, N, OC, dout16, t);
     scratch_take(DT_ASK_COLSUM, N, OC);
     dt_status st = bias_sums(db, dout, N, OC);

@@ -467,8 +467,7 @@ static dt_status fused_args(const char *what, int B, int T, int C, int NH, dt_dt
 dt_status dt_gpu_flash_forward(float *out, float *saved, const float *qkv, int B, int T, int C, int NH, dt_dtype t,
                                void *out16) {
     dt_status st = fused_args("forward", B, T, C, NH, t);
-    if (st == DT_OK && out16 && t == DT_F32)
-        return dt_error(DT_ERR_ARG, "GPU attention forward: a 16-bit output with fp32 products");
+    if (st == DT_OK && dt_launch_h16("GPU attention forward", out16, t) < 0) return DT_ERR_ARG;
     if (st != DT_OK || B == 0 || T == 0) return st;
     uint16_t *h = (uint16_t *)out16;
     return FA_DISPATCH(forward, t, C / NH, on_tensor_cores(C / NH, t), out, h, saved, qkv, B, T, C, NH);

@@ -12,6 +12,7 @@
 #define DT_GPU_LAUNCH_H
 
 #include "core/hd.h"
+#include "dtrain/core.h"
 #include "optim/elem.h"
 
 #include <stddef.h>
@@ -29,6 +30,17 @@ static inline unsigned dt_launch_blocks(size_t n, unsigned threads) {
 /* One block per row: rows, at most DT_MAX_BLOCKS; 0 for none. */
 static inline unsigned dt_launch_rows(size_t rows) {
     return (unsigned)(rows > DT_MAX_BLOCKS ? DT_MAX_BLOCKS : rows);
+}
+
+/* An op's 16-bit output out16 of type t as its kernels' template argument
+ * H (block.h's narrow; dt_with_h16 launches them): 0 where there is none
+ * (out16 NULL), 1 bf16, 2 fp16; -1 for any other type, DT_ERR_ARG's
+ * error set naming `what` (the simulated GPU's ops ask the same). */
+static inline int dt_launch_h16(const char *what, const void *out16, dt_dtype t) {
+    if (!out16) return 0;
+    if (t == DT_BF16 || t == DT_F16) return t == DT_BF16 ? 1 : 2;
+    dt_error(DT_ERR_ARG, "%s: a 16-bit output of type %s (BF16 or F16 only)", what, dt_dtype_name(t));
+    return -1;
 }
 
 /* One warp per row (block.h's EACH_ROW): blocks of DT_THREADS / 32 rows. */

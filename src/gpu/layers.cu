@@ -122,10 +122,11 @@ __global__ static void colsum_total_kernel(float *out, const float *part, size_t
 // out += dout's column sums (N rows, C columns; NULL: skipped) and, LN,
 // out2 += the column sums of the normalised input times dout (layernorm's
 // weights), in a fixed order; the partial sums in the stream's scratch;
-// d16 non-NULL (t 16-bit; not with LN): dout rounded to t there on the way.
+// d16 non-NULL (h its type, dt_launch_h16's; not with LN): dout rounded
+// to it there on the way.
 template <bool LN>
 static dt_status colsum(float *out, float *out2, const float *dout, const float *inp, const float *mean,
-                        const float *rstd, size_t N, int C, void *d16 = NULL, dt_dtype t = DT_F32) {
+                        const float *rstd, size_t N, int C, void *d16 = NULL, int h16 = 0) {
     if (N == 0 || C <= 0 || (!out && !out2)) return DT_OK;
     unsigned chunks = dt_colsum_chunks(N);
     float *part = NULL;
@@ -135,13 +136,10 @@ static dt_status colsum(float *out, float *out2, const float *dout, const float 
     uint16_t *h = (uint16_t *)d16;
     dim3 grid(dt_launch_blocks((size_t)C, 32), chunks);
     size_t rows = dt_colsum_rows(N);
-    if (!d16 || LN) {
-        DT_RUN((colsum_kernel<LN, 0>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N, C, rows);
-    } else if (t == DT_BF16) {
-        DT_RUN((colsum_kernel<LN, 1>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N, C, rows);
-    } else {
-        DT_RUN((colsum_kernel<LN, 2>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N, C, rows);
-    }
+    dt_with_h16(LN ? 0 : h16, [&](auto H) {
+        DT_RUN((colsum_kernel<LN, decltype(H)::value>), grid, DT_THREADS, 0, part, part2, h, dout, inp, mean, rstd, N,
+               C, rows);
+    });
     st = dt_gpu_launched("colsum_kernel");
     const float *from[2] = {part, part2};
     float *to[2] = {out, out2};
@@ -159,20 +157,14 @@ template <bool RES>
 static dt_status ln_forward(float *out, void *out16, dt_dtype t, float *mean, float *rstd, float *res,
                             const float *inp, const float *a2, const float *w, const float *b, size_t N, int C,
                             float eps) {
-    if (out16 && t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_ARG, "GPU layernorm: a 16-bit output of type %s (BF16 or F16 only)", dt_dtype_name(t));
+    int kind = dt_launch_h16("GPU layernorm", out16, t);
+    if (kind < 0) return DT_ERR_ARG;
     if (N == 0 || C <= 0) return DT_OK;
     uint16_t *h = (uint16_t *)out16;
-    if (!out16) {
-        DT_RUN((ln_forward_kernel<RES, 0>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd, res, inp, a2, w,
-               b, N, C, eps);
-    } else if (t == DT_BF16) {
-        DT_RUN((ln_forward_kernel<RES, 1>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd, res, inp, a2, w,
-               b, N, C, eps);
-    } else {
-        DT_RUN((ln_forward_kernel<RES, 2>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd, res, inp, a2, w,
-               b, N, C, eps);
-    }
+    dt_with_h16(kind, [&](auto H) {
+        DT_RUN((ln_forward_kernel<RES, decltype(H)::value>), dt_launch_warp_rows(N), DT_THREADS, 0, out, h, mean, rstd,
+               res, inp, a2, w, b, N, C, eps);
+    });
     DT_LAUNCHED(ln_forward_kernel);
     return DT_OK;
 }
@@ -216,18 +208,13 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *dout, cons
 }
 
 dt_status dt_gpu_gelu_forward(float *out, const float *inp, size_t n, void *out16, dt_dtype t) {
-    if (out16 && t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_ARG, "GPU GELU: a 16-bit output of type %s (BF16 or F16 only)", dt_dtype_name(t));
+    int kind = dt_launch_h16("GPU GELU", out16, t);
+    if (kind < 0) return DT_ERR_ARG;
     if (n == 0) return DT_OK;
     uint16_t *h = (uint16_t *)out16;
-    unsigned blocks = dt_launch_blocks(n, DT_THREADS);
-    if (!out16) {
-        DT_RUN(gelu_forward_kernel<0>, blocks, DT_THREADS, 0, out, h, inp, n);
-    } else if (t == DT_BF16) {
-        DT_RUN(gelu_forward_kernel<1>, blocks, DT_THREADS, 0, out, h, inp, n);
-    } else {
-        DT_RUN(gelu_forward_kernel<2>, blocks, DT_THREADS, 0, out, h, inp, n);
-    }
+    dt_with_h16(kind, [&](auto H) {
+        DT_RUN(gelu_forward_kernel<decltype(H)::value>, dt_launch_blocks(n, DT_THREADS), DT_THREADS, 0, out, h, inp, n);
+    });
     DT_LAUNCHED(gelu_forward_kernel);
     return DT_OK;
 }
@@ -409,22 +396,18 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
 dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss, const int32_t *targets, size_t N,
                                     int V, size_t ld, float dloss, void *d16, dt_dtype t) {
     if (V <= 0 || ld < (size_t)V) return dt_error(DT_ERR_ARG, "GPU cross-entropy: V %d, row stride %zu", V, ld);
-    if (d16 && t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_ARG, "GPU cross-entropy: a 16-bit gradient of type %s (BF16 or F16 only)",
-                        dt_dtype_name(t));
+    int kind = dt_launch_h16("GPU cross-entropy", d16, t);
+    if (kind < 0) return DT_ERR_ARG;
     if (N == 0) {
         DT_QUEUE(cudaMemsetAsync(loss, 0, sizeof(float), dt_cu_stream));
         return DT_OK;
     }
     uint16_t *h = (uint16_t *)d16;
     float s = dt_ce_scale(dloss, (float)N);
-    if (!d16) {
-        DT_RUN(ce_fused_kernel<0>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N, V, ld, s);
-    } else if (t == DT_BF16) {
-        DT_RUN(ce_fused_kernel<1>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N, V, ld, s);
-    } else {
-        DT_RUN(ce_fused_kernel<2>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N, V, ld, s);
-    }
+    dt_with_h16(kind, [&](auto H) {
+        DT_RUN(ce_fused_kernel<decltype(H)::value>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N,
+               V, ld, s);
+    });
     DT_LAUNCHED(ce_fused_kernel);
     DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
@@ -482,7 +465,7 @@ dt_status dt_gpu_bias_forward(float *out, const float *b, size_t N, int OC) {
 }
 
 dt_status dt_gpu_bias_backward(float *db, const float *dout, size_t N, int OC, void *dout16, dt_dtype t) {
-    if (dout16 && t != DT_BF16 && t != DT_F16)
-        return dt_error(DT_ERR_ARG, "GPU bias gradient: a 16-bit copy of type %s (BF16 or F16 only)", dt_dtype_name(t));
-    return colsum<false>(db, NULL, dout, NULL, NULL, NULL, N, OC, dout16, t);
+    int kind = dt_launch_h16("GPU bias gradient", dout16, t);
+    if (kind < 0) return DT_ERR_ARG;
+    return colsum<false>(db, NULL, dout, NULL, NULL, NULL, N, OC, dout16, kind);
 }
