@@ -1,9 +1,10 @@
 /*
  * launch.c - start N local ranks, supervise them, stop them together.
  *
- * The supervisor is a polling loop (waitpid(WNOHANG) every 5 ms) rather than
+ * The supervisor is a polling loop (waitid(WNOHANG) every 5 ms) rather than
  * a SIGCHLD handler: it keeps the signal handlers trivial (they only set a
- * flag) and makes the escalation timers easy to read.
+ * flag) and makes the escalation timers easy to read. A dead child is
+ * reaped only after the segment says what became of its rank (`next_exit`).
  */
 #include "dtrain/launch.h"
 #include "comm/shm/shm_host.h"
@@ -532,8 +533,6 @@ static int take_place(sup *s, int r, pid_t pid, int st, int hung) {
     int k = ready_spare(s->beats, s->pids, s->alive, s->n, s->K);
     if (k < 0 && !(alone && res->respawns < p->max_respawns)) return 0;
     int64_t last = atomic_load(&s->beats[r].step);
-    // the segment first: the survivors' errors name the replacement
-    if (!alone) dt_shm_mark_rank(s->base, r, 2, WTERMSIG(st));
     char why[320], who[128], at[96] = "";
     if (!hung) where(at, sizeof at, &s->beats[r]);  // (before the slot is reset for the new process)
     else if (last >= 0 && alone) snprintf(at, sizeof at, " at step %lld", (long long)last);
@@ -729,6 +728,20 @@ static void pass_signals(sup *s, double now) {
     }
 }
 
+/* A child that ended, left unreaped (WNOWAIT), and its wait status: 0
+ * when none did, -1 when no child is left. Until it is reaped its PID
+ * stays taken (kill(pid, 0) finds the zombie), so a survivor asking about
+ * the rank sees it alive until `reap` marks the segment: its error names
+ * what the launcher decided (a new process in the place, or the death),
+ * never a moment in between. */
+static pid_t next_exit(int *st) {
+    siginfo_t si = {0};
+    if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == EINTR ? 0 : -1;
+    if (!si.si_pid) return 0;
+    *st = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status & 0xff, 0) : W_EXITCODE(0, si.si_status) | (si.si_code == CLD_DUMPED ? 0x80 : 0);
+    return si.si_pid;
+}
+
 // The supervisor's loop: every 5 ms, until no rank or spare is left.
 static void supervise(sup *s) {
     s->t_start = dt_now();
@@ -736,13 +749,14 @@ static void supervise(sup *s) {
     while (s->nalive > 0 || s->nspare > 0) {
         release_spares(s);
         note_progress(s);
-        int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
+        int st = 0;
+        pid_t pid = next_exit(&st);
         if (pid > 0) {
             reap(s, pid, st);
+            waitpid(pid, NULL, 0); /* already ended: returns at once */
             continue;
         }
-        if (pid < 0 && errno != EINTR) break; /* no children left */
+        if (pid < 0) break; /* no children left */
         /* once every rank has mapped the segment its name is not needed:
          * unlink it now, so that nothing is left even if we are killed */
         int spares_mapped = 1;
