@@ -548,8 +548,29 @@ static void attention_choice(void) {
           "attention = fused with heads of 160: refused, naming them (exit %d)\n%s", rc, g_out);
 }
 
+// The head over a padded vocabulary (32 tokens, 40 rows of wte): on the
+// device the logits' rows 40 apart (head_ld), the padding's columns neither
+// written nor read; fp32 and bf16 bitwise the CPU's (its rows 32 apart).
+static void padded_head(void) {
+    const char *prec[] = {"", "--precision bf16"};
+    for (int i = 0; i < 2; i++) {
+        char a[64], b[64], flags[300];
+        snprintf(a, sizeof a, "gpt-pad%d", i);
+        snprintf(b, sizeof b, "gpt-pad%d-dev", i);
+        snprintf(flags, sizeof flags, "--set model.padded_vocab_size=40 %s", prec[i]);
+        CHECK(tl_train(g_tmp, a, cfg_gpt, 1, flags, g_out, sizeof g_out) == 0, "padded head on the CPU: %s", g_out);
+        snprintf(flags, sizeof flags, "--set model.padded_vocab_size=40 --device cuda %s", prec[i]);
+        CHECK(tl_train(g_tmp, b, cfg_gpt, 1, flags, g_out, sizeof g_out) == 0, "padded head on the device: %s", g_out);
+        int bitwise = 0;
+        double diff = tl_runs_diff(g_tmp, a, b, &bitwise);
+        CHECK(diff == 0 && bitwise, "a tiny GPT's head over a padded vocabulary%s: the simulated GPU's weights are the "
+              "CPU's bitwise: diff %g", i ? " in bf16" : "", diff);
+    }
+}
+
 static void test_gpt(void) {
     compare_runs("gpt", cfg_gpt, "a tiny GPT", "", 0, 0);
+    padded_head();
     char cmd[2048];
     // the device run's weights evaluated (on the CPU): the CPU run's numbers
     snprintf(cmd, sizeof cmd, "%s eval %s --checkpoint %s 2>&1", tl_dtrain(), tmp("gpt.ini"),

@@ -102,7 +102,7 @@ static float *kept(dt_dev_gpt *g, dt_dev_arena *a, void **h, size_t n) {
 static void acts_take(dt_dev_gpt *g, dt_dev_arena *a, int l0, int l1, int work) {
     size_t BT = (size_t)g->maxB * g->maxT, C = (size_t)g->c.n_embd, f = sizeof(float);
     size_t R = g->seq ? BT / (size_t)g->ntp : BT;  // the stream's rows (sequence parallel: the shard's)
-    size_t Cl = (size_t)g->Cl, F = (size_t)g->F, V = g->ntp > 1 ? (size_t)g->Vl : (size_t)g->c.vocab_size;
+    size_t Cl = (size_t)g->Cl, F = (size_t)g->F, V = (size_t)g->Vl;  // (the head's rows: head_ld)
     size_t CF = C > F ? C : F, wide = CF > 3 * Cl ? CF : 3 * Cl;  // (dout16 holds C, F or 3 Cl)
     size_t h16 = g->b.t != DT_F32 ? 2 * BT * wide : 0;
     dt_att_room att = dt_att_room_of(g->maxB, g->maxT, g->Cl, g->NHl, g->b.t);
@@ -437,6 +437,13 @@ static dt_status embed_forward(dt_dev_gpt *g) {
     return sum_rows(g, part, resid(g, 0), g->B * g->T);
 }
 
+// The row stride of the head's logits and their gradient: the padded
+// vocabulary where one rank holds the head (its rows 16-byte aligned for
+// the GEMMs, which cuBLASLt's fastest kernels want; the columns from V on
+// never written nor read), a shard's columns under tensor parallelism (the
+// vocabulary-parallel ops' rows).
+static int head_ld(const dt_dev_gpt *g) { return g->ntp > 1 ? g->Vv : g->Vl; }
+
 // Blocks [l0, l1), each after its layer hook; a block's last residual add
 // makes the next layernorm too (the next block's first, or after the last
 // block the head's, which always follows it) where no hook comes between
@@ -463,10 +470,12 @@ static dt_status head_forward(dt_dev_gpt *g, float loss_scale, float *loss) {
                                  (size_t)rows_of(g, BT), C, 1e-5f, ln16(g, g->lnf16), g->b.t));
     dt_dev_x in = {g->lnf, g->lnf16};  // (in 16 bits made there; sequence parallel: every token's row, gathered)
     if (g->seq) TRY(gathered(g, &in, g->lnf, BT));
-    if (g->Vv > 0)  // (the tied head)
-        TRY(dt_dev_linear_forward(&g->b, g->logits, NULL, in, g->off[WTE], NULL, BT, C, g->Vv));
+    int ld = head_ld(g);
+    if (g->Vv > 0)  // (the tied head: logits [BT, Vv], rows ld apart)
+        TRY(dt_dev_gemm(&g->b, 0, 1, BT, g->Vv, C, 1.0f, in, C, dt_dev_weights(&g->b, g->off[WTE]), C, 0.0f,
+                        g->logits, ld));
     if (g->ntp == 1) {  // (in 16 bits the gradient made in dlogits16, for the head's GEMMs: head_backward)
-        TRY(d->crossentropy_fused(g->logits, g->b.row_loss, g->b.loss, g->targets, (size_t)BT, V, (size_t)V,
+        TRY(d->crossentropy_fused(g->logits, g->b.row_loss, g->b.loss, g->targets, (size_t)BT, V, (size_t)ld,
                                   loss_scale, g->dlogits16, g->b.t));
     } else {  // vocabulary-parallel: the rows' maxima, then their sums, over the shards
         TRY(d->ce_split_max(g->mx, g->logits, (size_t)BT, g->Vv));
@@ -549,7 +558,7 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     const dt_dev *d = g->b.d;
     const dt_dev_blocks *b = &g->b;
     int B = g->B, T = g->T, C = g->c.n_embd, BT = B * T, F = g->F, Cl = g->Cl, seq = g->seq, R = rows_of(g, BT);
-    size_t sC = (size_t)BT * C, f = sizeof(float);
+    size_t f = sizeof(float);
     layer_acts *s = &g->la[l];
     float *p = g->b.params, *gr = g->b.grads;
     void *h = g->dout16;
@@ -563,7 +572,6 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     TRY(dt_dev_linear_backward(b, g->dfch, s->fch, at(g, FCPROJW, l), gr + at(g, FCPROJB, l), dout, h, fchg, BT, F,
                                C));  // (through GELU: dfch written)
     grads_final(g, FCPROJW, l);
-    TRY(d->memset0(g->dln, f * sC));
     TRY(ln_x(g, &x, (dt_dev_x){s->ln2, s->ln2_16}, g->dfchg, BT));
     TRY(dt_dev_linear_backward(b, g->dln, NULL, at(g, FCW, l), gr + at(g, FCB, l), g->dfch, h, x, BT, C, F));
     grads_final(g, FCW, l);
@@ -572,14 +580,12 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
                               (size_t)R, C));
     if (!seq) grads_final(g, LN2W, l);
     TRY(out_grad(g, &dout, BT));
-    TRY(d->memset0(g->datty, f * (size_t)BT * Cl));
     TRY(dt_dev_linear_backward(b, g->datty, NULL, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), dout, h, atty, BT, Cl,
                                C));
     if (!seq) grads_final(g, ATTPROJW, l);
     TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
     const void *out = b->t == DT_F32 ? (const void *)s->atty : s->atty16;  // (the attention's output as kept)
     TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, out, s->att, g->attw, B, T, Cl, g->NHl, b->t));
-    TRY(d->memset0(g->dln, f * sC));
     TRY(ln_x(g, &x, (dt_dev_x){s->ln1, s->ln1_16}, g->dfchg, BT));
     TRY(dt_dev_linear_backward(b, g->dln, NULL, at(g, QKVW, l), gr + at(g, QKVB, l), g->dqkv, h, x, BT, C, 3 * Cl));
     if (!seq) grads_final(g, QKVW, l);
@@ -613,17 +619,22 @@ static dt_status head_backward(dt_dev_gpt *g) {
     static const int head[] = {WTE, LNFW, LNFB};
     for (int i = 0; i < 3; i++) TRY(dt_dev_blocks_back(&g->b, g->off[head[i]], g->len[head[i]]));
     if (seq) TRY(gathered(g, &lnf, g->lnf, BT));
-    int Vv = g->Vv;  // (a shard's columns: nn/gpt.c's head backward)
+    int Vv = g->Vv, ld = head_ld(g);  // (a shard's columns: nn/gpt.c's head backward)
     // (a whole head's gradient the forward's crossentropy_fused made: over the logits, or in 16 bits in dlogits16
     // alone, which the GEMMs read with no fp32 copy)
     if (g->ntp > 1) TRY(d->memset0(dlogits, f * (size_t)BT * Vv));
     if (g->ntp == 1 && g->dlogits16) dlogits = NULL;
     if (g->ntp > 1 && Vv > 0)
         TRY(d->crossentropy_backward(dlogits, g->probs, g->targets, (size_t)BT, Vv, (size_t)Vv, g->loss_scale));
-    TRY(d->memset0(g->dln, f * sC));
-    // (the head's output gradient in 16 bits: a shard's in the probabilities' room, read by now)
-    if (Vv > 0)
-        TRY(dt_dev_linear_backward(&g->b, g->dln, NULL, g->off[WTE], NULL, dlogits, g->dlogits16, lnf, BT, C, Vv));
+    // (a shard's in 16 bits converted, into the probabilities' room, read by now)
+    if (g->dlogits16 && dlogits) TRY(d->to16(g->dlogits16, dlogits, (size_t)BT * Vv, g->b.t));
+    dt_dev_x dl = {dlogits, g->dlogits16}, w = dt_dev_weights(&g->b, g->off[WTE]);
+    if (Vv > 0) {  // (the tied head's GEMMs: dln = dlogits wte, wte's gradient += dlogits^T lnf)
+        TRY(dt_dev_gemm(&g->b, 0, 0, BT, C, Vv, 1.0f, dl, ld, w, C, 0.0f, g->dln, C));
+        TRY(dt_dev_gemm(&g->b, 1, 0, Vv, C, BT, 1.0f, dl, ld, lnf, C, 1.0f, gr + g->off[WTE], C));
+    } else {
+        TRY(d->memset0(g->dln, f * sC));
+    }
     TRY(sum_rows(g, g->dln, g->dln, BT));
     TRY(d->memset0(g->dresid, f * (size_t)R * C));
     if (seq) TRY(d->memset0(g->dlnw, f * 2 * C));

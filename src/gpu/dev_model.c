@@ -267,11 +267,11 @@ dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, 
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, const float *pre, size_t w_off, float *db,
                                  const float *dout, void *dout16, dt_dev_x in, int N, int C, int OC) {
     dt_dev_x g = {dout, dout16}, w = dt_dev_weights(b, w_off);
-    int half = b->t != DT_F32 && dout;  // (dout converted: with a bias, by its column sums' pass)
+    int half = b->t != DT_F32;  // (dout converted: with a bias, by its column sums' pass)
     if (half && db) TRY(b->d->bias_backward(db, dout, (size_t)N, OC, dout16, b->t));
     else if (half) TRY(b->d->to16(dout16, dout, (size_t)N * OC, b->t));
     if (din && pre) TRY(b->d->linear_dgelu(din, operand(b, g), operand(b, w), pre, N, C, OC, b->t));
-    else if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, w, C, 1.0f, din, C));
+    else if (din) TRY(dt_dev_gemm(b, 0, 0, N, C, OC, 1.0f, g, OC, w, C, 0.0f, din, C));
     TRY(dt_dev_gemm(b, 1, 0, OC, C, N, 1.0f, g, OC, in, C, 1.0f, b->grads + w_off, C));
     return db && !half ? b->d->bias_backward(db, dout, (size_t)N, OC, NULL, DT_F32) : DT_OK;
 }

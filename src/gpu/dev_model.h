@@ -168,13 +168,12 @@ dt_dev_x dt_dev_weights(const dt_dev_blocks *b, size_t w_off);
 /* dt_linear_forward / _backward on the device, as the CPU's: out[N,OC] =
  * in w^T (+ bias; the seam's linear_forward: cuBLASLt's epilogues), w the
  * matrix [OC,C] at w_off; pre (NULL: none): GELU after it, pre = in w^T +
- * bias and out = gelu(pre); backward din (NULL: not computed; pre: the
- * layer's input was gelu(pre), din the gradient through it, WRITTEN: the
- * seam's linear_dgelu), the weights'
- * gradient at w_off of the gradients, db (NULL: no bias) +=. In 16 bits,
- * in is the input in t and dout (fp32) is converted first into dout16 (room
- * for N OC 16-bit values), which both GEMMs read; dout NULL (16 bits, no
- * bias): dout16 holds it already (the GPT's head: the cross-entropy's). */
+ * bias and out = gelu(pre); backward din WRITTEN (NULL: not computed;
+ * pre: the layer's input was gelu(pre), din the gradient through it: the
+ * seam's linear_dgelu), the weights' gradient at w_off of the gradients
+ * and db (NULL: no bias) +=. In 16 bits, in is the input in t and dout
+ * (fp32) is converted first into dout16 (room for N OC 16-bit values),
+ * which both GEMMs read. */
 dt_status dt_dev_linear_forward(const dt_dev_blocks *b, float *out, float *pre, dt_dev_x in, size_t w_off,
                                 const float *bias, int N, int C, int OC);
 dt_status dt_dev_linear_backward(const dt_dev_blocks *b, float *din, const float *pre, size_t w_off, float *db,
