@@ -53,6 +53,24 @@ extern int dt_gpu_skipping;
         if (!dt_gpu_skipping) DT_CUDA(call);                                                            \
     } while (0)
 
+/* The dynamic shared memory a block may ask for on this GPU (its opt-in
+ * limit: 227 KiB on an H100 or H200; 0 where it cannot be asked), and a
+ * kernel's launches let have `bytes` of it (past the default 48 KiB it is
+ * asked for first). A kernel's dynamic shared array is declared
+ * `DT_DYN_SHARED float sm[];` (the emulator's is a host array). */
+static inline size_t dt_shared_optin(void) {
+    int dev, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return (size_t)optin;
+}
+template <typename K> static inline dt_status dt_shared_bytes(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024) DT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return DT_OK;
+}
+#define DT_DYN_SHARED extern __shared__
+
 /* The check after a launch of `kernel` (its name): DT_OK, or the error
  * recorded naming it (device.cu). */
 dt_status dt_gpu_launched(const char *kernel);

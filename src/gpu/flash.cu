@@ -131,7 +131,7 @@ __device__ static int reach(int r0, int k0, int T) {
 template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_forward(float *out, uint16_t *out16, float *lse, const float *qkv, int T, int C, int NH, float scale) {
-    extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
+    DT_DYN_SHARED __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE), t0 = q0 + warp * FA_R;
@@ -212,7 +212,7 @@ template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_kv(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
           float scale) {
-    extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
+    DT_DYN_SHARED __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int k0 = blockIdx.y * FA_TILE, j0 = k0 + warp * FA_R;
@@ -272,7 +272,7 @@ template <int H, int NC>
 __global__ static void __launch_bounds__(FA_W * 32, 2)
     fa_q(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
          float scale) {
-    extern __shared__ __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
+    DT_DYN_SHARED __align__(128) float sm[];  // (float4 reads; flash_tc.cuh: wmma's 32 bytes)
     int hs = C / NH, ld = hs + 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH;
     size_t bh = blockIdx.x, b = bh / NH, C3 = 3 * (size_t)C;
     int q0 = (gridDim.y - 1 - blockIdx.y) * FA_TILE, qe = min(T, q0 + FA_TILE), i0 = q0 + warp * FA_R;
@@ -317,12 +317,6 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
 
 #include "gpu/flash_tc.cuh"
 
-// A kernel's dynamic shared memory past the default 48 KiB is asked for.
-template <typename K> static dt_status shared_bytes(K kernel, size_t bytes) {
-    if (bytes > 48 * 1024) DT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    return DT_OK;
-}
-
 // The grid: the heads along x, the tiles of `rows` rows along y.
 static dt_status grid_of(dim3 *g, int B, int T, int NH, int rows) {
     size_t heads = (size_t)B * NH, tiles = ((size_t)T + rows - 1) / rows;
@@ -357,7 +351,7 @@ static dt_status forward_on(const fa_family *f, K k, float *out, uint16_t *out16
                             int T, int C, int NH) {
     dim3 g;
     dt_status st = grid_of(&g, B, T, NH, f->rows);
-    if (st == DT_OK) st = shared_bytes(k, f->sh);
+    if (st == DT_OK) st = dt_shared_bytes(k, f->sh);
     if (st != DT_OK) return st;
     float scale = 1.0f / sqrtf((float)(C / NH));
     DT_RUN(k, g, f->threads, f->sh, out, out16, saved, qkv, T, C, NH, scale);
@@ -370,8 +364,8 @@ static dt_status backward_on(const fa_family *f, KV kv, KQ kq, float *dqkv, floa
     float scale = 1.0f / sqrtf((float)(C / NH));
     dim3 g;
     dt_status st = grid_of(&g, B, T, NH, f->rows);
-    if (st == DT_OK) st = shared_bytes(kv, f->sh);
-    if (st == DT_OK) st = shared_bytes(kq, f->sh);
+    if (st == DT_OK) st = dt_shared_bytes(kv, f->sh);
+    if (st == DT_OK) st = dt_shared_bytes(kq, f->sh);
     if (st == DT_OK) st = row_dots<H>(D, dout, out, B, T, C, NH);
     if (st != DT_OK) return st;
     DT_RUN(kv, g, f->threads, f->sh, dqkv, dout, qkv, lse, D, T, C, NH, scale);
@@ -427,12 +421,11 @@ static int tc_usable(int hs, int h) {
     (void)hs, (void)h;
     return 1;
 #else
-    int dev, major = 0, optin = 0;
+    int dev, major = 0;
     size_t need = h == 3 ? tc_layout<64, 3>::BACKWARD : hs == 64 ? tc_layout<64, 1>::BACKWARD : tc_layout<128, 1>::BACKWARD;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev))
         return 0;
-    return major >= 8 && (size_t)optin >= need;
+    return major >= 8 && dt_shared_optin() >= need;
 #endif
 }
 

@@ -167,7 +167,7 @@ __global__ static void __launch_bounds__(TC_W * 32)
 #if TC_OLD
     __trap();
 #else
-    extern __shared__ __align__(128) float sm[];  // (32-byte aligned regions)
+    DT_DYN_SHARED __align__(128) float sm[];  // (32-byte aligned regions)
     typedef tc_layout<HS, H> Y;
     typedef typename tc_t<H>::elem E;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.x % NH, r = lane / 2, half = lane % 2;
@@ -233,7 +233,7 @@ template <int H> struct tc_back {
 template <int H, int HS> __device__ static tc_back<H> tc_back_of() {
     typedef tc_layout<HS, H> Y;
     typedef typename tc_t<H>::elem E;
-    extern __shared__ __align__(128) float sm[];
+    DT_DYN_SHARED __align__(128) float sm[];
     char *base = (char *)sm, *mine = base + 4 * Y::TILE + Y::STATS + threadIdx.x / 32 * (2 * Y::SW + 2 * Y::PW + Y::OW);
     tc_back<H> m;
     for (int k = 0; k < 4; k++) m.t[k] = (E *)(base + k * Y::TILE);

@@ -263,39 +263,60 @@ __global__ static void __launch_bounds__(DT_THREADS)
 // ce_backward_kernel's gradient onto zero of its probability, recomputed
 // (the product rounded on its own, as the stored probability was); H 1
 // or 2: the gradient rounded to bf16 or fp16 into d16 instead (block.h's
-// narrow, the conversion's bits), the logits only read.
-template <int H>
+// narrow, the conversion's bits), the logits only read. STAGE: the row
+// kept in the block's shared memory (V floats) by the first pass, which
+// the other two read there: the logits read from memory once, not three
+// times (a GPT-2 row is 201 KB: the rows of the blocks in flight are far
+// more than an L2 holds); the same bits.
+template <int H, bool STAGE>
 __global__ static void __launch_bounds__(DT_THREADS) ce_fused_kernel(float *logits, uint16_t *d16, double *row_loss,
                                                                      const int32_t *targets, size_t N, int V, size_t ld,
                                                                      float scale) {
     __shared__ float shf[DT_THREADS];
     __shared__ double shd[DT_THREADS];
+    DT_DYN_SHARED float sm[];  // (STAGE: the row)
     for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
         float *l = logits + r * ld;
+        const float *x = STAGE ? sm : l;  // (each thread reads there the columns it wrote)
         float mx = -FLT_MAX;
-        for (int v = threadIdx.x; v < V; v += DT_THREADS) mx = l[v] > mx ? l[v] : mx;
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) {
+            float e = l[v];
+            if (STAGE) sm[v] = e;
+            mx = e > mx ? e : mx;
+        }
         mx = block_max(mx, shf);
         double s = 0.0;
-        for (int v = threadIdx.x; v < V; v += DT_THREADS) s += dt_ce_exp(l[v], mx);
+        for (int v = threadIdx.x; v < V; v += DT_THREADS) s += dt_ce_exp(x[v], mx);
         s = block_sum(s, shd);
         float inv = dt_ce_inv(s);
         int32_t t = targets[r];
-        if (threadIdx.x == 0) row_loss[r] = t >= 0 && t < V ? dt_ce_row_loss(mx, s, l[t]) : (double)NAN;
+        if (threadIdx.x == 0) row_loss[r] = t >= 0 && t < V ? dt_ce_row_loss(mx, s, x[t]) : (double)NAN;
         __syncthreads();
         uint16_t *h = H ? d16 + r * ld : NULL;
         for (int v = threadIdx.x; v < V; v += DT_THREADS) {
-            float gv = dt_ce_grad(0.0f, __fmul_rn(dt_ce_exp(l[v], mx), inv), v == t, scale);
+            float gv = dt_ce_grad(0.0f, __fmul_rn(dt_ce_exp(x[v], mx), inv), v == t, scale);
             if (H) h[v] = narrow<H>(gv);
             else l[v] = gv;
         }
     }
 }
 
-// The mean of the rows' losses, summed in order (as the CPU): one thread.
-__global__ static void ce_mean_kernel(float *loss, const double *row_loss, size_t N) {
+// The mean of the rows' losses, summed in order (as the CPU) by thread 0,
+// from a block's shared memory its threads fill DT_THREADS rows at a time
+// (a single thread's reads of memory, one after another, wait each its
+// own latency).
+__global__ static void __launch_bounds__(DT_THREADS) ce_mean_kernel(float *loss, const double *row_loss, size_t N) {
+    __shared__ double sh[DT_THREADS];
     double s = 0.0;
-    for (size_t r = 0; r < N; r++) s += row_loss[r];
-    *loss = (float)(s / N);
+    for (size_t r0 = 0; r0 < N; r0 += DT_THREADS) {
+        size_t n = N - r0 < DT_THREADS ? N - r0 : DT_THREADS;
+        if (threadIdx.x < n) sh[threadIdx.x] = row_loss[r0 + threadIdx.x];
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (size_t i = 0; i < n; i++) s += sh[i];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *loss = (float)(s / N);
 }
 
 __global__ static void ce_backward_kernel(float *dlogits, const float *probs, const int32_t *targets, size_t N, int V,
@@ -374,7 +395,7 @@ dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, co
     }
     DT_RUN(ce_split_finish_kernel, dt_launch_rows(N), DT_THREADS, 0, probs, row_loss, mx, sums, N, V);
     DT_LAUNCHED(ce_split_finish_kernel);
-    DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
+    DT_RUN(ce_mean_kernel, 1, DT_THREADS, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
 }
@@ -388,7 +409,7 @@ dt_status dt_gpu_crossentropy_forward(float *probs, double *row_loss, float *los
     }
     DT_RUN(ce_forward_kernel, dt_launch_rows(N), DT_THREADS, 0, probs, row_loss, logits, targets, N, V, ld);
     DT_LAUNCHED(ce_forward_kernel);
-    DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
+    DT_RUN(ce_mean_kernel, 1, DT_THREADS, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
 }
@@ -404,12 +425,20 @@ dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss
     }
     uint16_t *h = (uint16_t *)d16;
     float s = dt_ce_scale(dloss, (float)N);
+    size_t row = sizeof(float) * (size_t)V;  // (staged where a block may have it beside its sums' arrays)
+    bool stage = row + DT_THREADS * (sizeof(float) + sizeof(double)) <= dt_shared_optin();
+    dt_status st = DT_OK;
     dt_with_h16(kind, [&](auto H) {
-        DT_RUN(ce_fused_kernel<decltype(H)::value>, dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss, targets, N,
-               V, ld, s);
+        if (stage && (st = dt_shared_bytes(ce_fused_kernel<decltype(H)::value, true>, row)) == DT_OK)
+            DT_RUN((ce_fused_kernel<decltype(H)::value, true>), dt_launch_rows(N), DT_THREADS, row, logits, h, row_loss,
+                   targets, N, V, ld, s);
+        else if (!stage)
+            DT_RUN((ce_fused_kernel<decltype(H)::value, false>), dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss,
+                   targets, N, V, ld, s);
     });
+    if (st != DT_OK) return st;
     DT_LAUNCHED(ce_fused_kernel);
-    DT_RUN(ce_mean_kernel, 1, 1, 0, loss, row_loss, N);
+    DT_RUN(ce_mean_kernel, 1, DT_THREADS, 0, loss, row_loss, N);
     DT_LAUNCHED(ce_mean_kernel);
     return DT_OK;
 }

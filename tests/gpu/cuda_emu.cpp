@@ -170,6 +170,8 @@ float __shfl_xor_sync(unsigned, float v, int lane_mask) {
     return __shfl_sync(0xffffffffu, v, (int)(threadIdx.x % 32) ^ lane_mask);
 }
 
+size_t dt_emu_optin = sizeof(float) * DT_EMU_SHARED_FLOATS;  // (cuda_emu.h: C linkage)
+
 void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &fn) {
     if (b.x == 0 || (b.x % 32 && b.x != 1) || b.x > MAX_THREADS || b.y != 1 || b.z != 1 || g.z != 1 ||
         shared > sizeof(float) * DT_EMU_SHARED_FLOATS) {

@@ -156,5 +156,11 @@ void mma_sync(fragment<accumulator, 16, 16, K, float> &d, const fragment<matrix_
 #define DT_LAUNCHED(kernel) ((void)0)
 static inline dt_status dt_gpu_launched(const char *kernel) { return (void)kernel, DT_OK; }
 #define DT_CUDA(call) ((void)0)
+/* The dynamic shared memory a block may ask for: the emulator's, or less
+ * (a test's, for a kernel's path where a GPU has less). */
+extern "C" size_t dt_emu_optin;
+static inline size_t dt_shared_optin(void) { return dt_emu_optin; }
+template <typename K> static inline dt_status dt_shared_bytes(K, size_t) { return DT_OK; }
+#define DT_DYN_SHARED extern  // (sm[], above)
 
 #endif
