@@ -38,6 +38,23 @@ __device__ static inline float block_max(float v, float *sh) {
     return r;
 }
 
+// s + x[0] + x[1] + ... + x[n - 1], added in that order (the CPU's loop)
+// by thread 0, which alone gets it, from sh (DT_THREADS doubles) that the
+// block's threads fill DT_THREADS values at a time (one thread's reads of
+// memory, one after another, would each wait their own latency). Every
+// thread of the block must call it.
+__device__ static inline double ordered_sum(const double *x, size_t n, double s, double *sh) {
+    for (size_t i0 = 0; i0 < n; i0 += DT_THREADS) {
+        size_t k = n - i0 < DT_THREADS ? n - i0 : DT_THREADS;
+        if (threadIdx.x < k) sh[threadIdx.x] = x[i0 + threadIdx.x];
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (size_t i = 0; i < k; i++) s += sh[i];
+        __syncthreads();
+    }
+    return s;
+}
+
 // The sum (or maximum) of v over the warp's lanes, every lane the same
 // bits (a butterfly: each step combines the same two values on both sides).
 template <bool MAX> __device__ static inline float warp_all(float v) {

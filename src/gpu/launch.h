@@ -66,7 +66,8 @@ static inline unsigned dt_colsum_chunks(size_t N) {
 
 /* The sum of squares (dt_gpu_sumsq): dt_sum_squares's blocks of
  * DT_SUMSQ_BLOCK elements (optim/elem.h), a thread each, into partial
- * sums; then one thread sums those in order. */
+ * sums; then a block's thread 0 sums those in order (block.h's
+ * ordered_sum). */
 static inline size_t dt_sumsq_chunks(size_t n) { return n / DT_SUMSQ_BLOCK + (n % DT_SUMSQ_BLOCK != 0); }
 
 /* The scratch (bytes) these ops ask of the device's buffer (dt_gpu_scratch):

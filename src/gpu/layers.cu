@@ -301,21 +301,10 @@ __global__ static void __launch_bounds__(DT_THREADS) ce_fused_kernel(float *logi
     }
 }
 
-// The mean of the rows' losses, summed in order (as the CPU) by thread 0,
-// from a block's shared memory its threads fill DT_THREADS rows at a time
-// (a single thread's reads of memory, one after another, wait each its
-// own latency).
+// The mean of the rows' losses, summed in order (as the CPU): a block.
 __global__ static void __launch_bounds__(DT_THREADS) ce_mean_kernel(float *loss, const double *row_loss, size_t N) {
     __shared__ double sh[DT_THREADS];
-    double s = 0.0;
-    for (size_t r0 = 0; r0 < N; r0 += DT_THREADS) {
-        size_t n = N - r0 < DT_THREADS ? N - r0 : DT_THREADS;
-        if (threadIdx.x < n) sh[threadIdx.x] = row_loss[r0 + threadIdx.x];
-        __syncthreads();
-        if (threadIdx.x == 0)
-            for (size_t i = 0; i < n; i++) s += sh[i];
-        __syncthreads();
-    }
+    double s = ordered_sum(row_loss, N, 0.0, sh);
     if (threadIdx.x == 0) *loss = (float)(s / N);
 }
 

@@ -8,6 +8,7 @@
 #else
 #include "gpu/cuda_check.h"
 #endif
+#include "gpu/block.h"
 #include "gpu/gpu.h"
 #include "gpu/launch.h"
 
@@ -59,11 +60,11 @@ __global__ static void sumsq_chunks_kernel(double *part, const float *x, size_t 
     }
 }
 
-// The chunks' sums in order, one thread (as the CPU).
-__global__ static void sumsq_total_kernel(double *out, const double *part, size_t chunks) {
-    double s = 0.0;
-    for (size_t b = 0; b < chunks; b++) s += part[b];
-    *out = s;
+// The chunks' sums in order (as the CPU): a block.
+__global__ static void __launch_bounds__(DT_THREADS) sumsq_total_kernel(double *out, const double *part, size_t chunks) {
+    __shared__ double sh[DT_THREADS];
+    double s = ordered_sum(part, chunks, 0.0, sh);
+    if (threadIdx.x == 0) *out = s;
 }
 
 dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) {
@@ -78,7 +79,7 @@ dt_status dt_gpu_sumsq(double *out_dev, const float *x, size_t n) {
     DT_RUN(sumsq_chunks_kernel, dt_launch_blocks(chunks, DT_THREADS), DT_THREADS, 0, (double *)part, x, n, chunks);
     st = dt_gpu_launched("sumsq_chunks_kernel");
     if (st == DT_OK) {
-        DT_RUN(sumsq_total_kernel, 1, 1, 0, out_dev, (const double *)part, chunks);
+        DT_RUN(sumsq_total_kernel, 1, DT_THREADS, 0, out_dev, (const double *)part, chunks);
         st = dt_gpu_launched("sumsq_total_kernel");
     }
     dt_gpu_scratch_free(part);

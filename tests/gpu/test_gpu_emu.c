@@ -788,12 +788,14 @@ int main(int argc, char **argv) {
         return tl_finish();
     }
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
-    // GPT-2's 50257 padded to 50304; the fused pass with each row in
+    // GPT-2's 50257 padded to 50304, 300 of 33 (the rows' losses added
+    // 256 at a time); the fused pass with each row in
     // shared memory, then where a block may not have that much (read from
     // memory in each of its passes).
     test_ce(3, 257, 260);
     test_ce(5, 1000, 1000);
     test_ce(2, 50257, 50304);
+    test_ce(300, 33, 36);
     size_t optin = dt_emu_optin;
     dt_emu_optin = 0;
     test_ce(3, 257, 260);
@@ -808,9 +810,10 @@ int main(int argc, char **argv) {
     test_layernorm(70, 256);
     test_layernorm(48, 516);
     // The sums of squares: a block of 4096 (DT_SUMSQ_BLOCK) less one, one,
-    // and one more; several blocks; slices that begin inside a block.
-    const size_t sq[][2] = {{1, 0}, {4095, 0}, {4096, 0}, {4097, 0}, {5 * 4096 + 3, 0}, {10, 4090},
-                            {3 * 4096, 1}, {2 * 4096 + 7, 4095}, {4096, 2048}};
+    // and one more; several blocks, more than a thread block's (the blocks'
+    // sums added 256 at a time); slices that begin inside a block.
+    const size_t sq[][2] = {{1, 0}, {4095, 0}, {4096, 0}, {4097, 0}, {5 * 4096 + 3, 0}, {300 * 4096 + 5, 0},
+                            {10, 4090}, {3 * 4096, 1}, {2 * 4096 + 7, 4095}, {4096, 2048}};
     for (size_t i = 0; i < sizeof sq / sizeof *sq; i++) test_sumsq(sq[i][0], sq[i][1]);
     test_optim(DT_OPTIM_ADAMW, 1000);
     test_optim(DT_OPTIM_SGD, 1000);
