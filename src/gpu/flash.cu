@@ -316,6 +316,7 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
 }
 
 #include "gpu/flash_tc.cuh"
+#include "gpu/flash_mma.cuh"
 
 // The grid: the heads along x, the tiles of `rows` rows along y.
 static dt_status grid_of(dim3 *g, int B, int T, int NH, int rows) {
@@ -389,11 +390,25 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
     return backward_on<H>(&f, fa_kv<H, NC>, fa_q<H, NC>, dqkv, D, dout, qkv, out, saved, B, T, C, NH);
 }
 
-// The tensor cores' (flash_tc.cuh): H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64).
+// The tensor cores' (flash_tc.cuh): H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64); the forward in 16 bits
+// flash_mma.cuh's, a block a head's query tile (a grid of one dimension).
 template <int H, int HS>
 static dt_status forward_tc(float *out, uint16_t *out16, float *saved, const float *qkv, int B, int T, int C, int NH) {
-    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::FORWARD, {"fa_forward_tc"}};
-    return forward_on(&f, fa_forward_tc<H, HS>, out, out16, saved, qkv, B, T, C, NH);
+    if constexpr (H == 3) {
+        fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::FORWARD, {"fa_forward_tc"}};
+        return forward_on(&f, fa_forward_tc<H, HS>, out, out16, saved, qkv, B, T, C, NH);
+    } else {
+        size_t tiles = ((size_t)T + MMA_ROWS - 1) / MMA_ROWS, blocks = (size_t)B * NH * tiles;
+        if (blocks > DT_MAX_BLOCKS)
+            return dt_error(DT_ERR_ARG, "GPU attention: B %d x NH %d heads of T %d rows: more than %u blocks", B, NH, T,
+                            DT_MAX_BLOCKS);
+        auto k = fa_forward_mma<H, HS>;
+        dt_status st = dt_shared_bytes(k, mma_layout<HS>::FORWARD);
+        if (st != DT_OK) return st;
+        DT_RUN(k, (unsigned)blocks, MMA_W * 32, mma_layout<HS>::FORWARD, out, out16, saved, qkv, T, C, NH,
+               1.0f / sqrtf((float)HS), (unsigned)tiles);
+        return dt_gpu_launched("fa_forward_mma");
+    }
 }
 
 template <int H, int HS>

@@ -8,7 +8,9 @@
  * factors rounded to the 16-bit type as they are loaded into shared memory
  * (tf32: kept as floats and rounded as they are loaded into fragments).
  *
- *   forward  per key tile: S = Q K^T (a warp's 16 x 64 scores into its
+ *   forward  (tf32; in 16 bits flash_mma.cuh's fa_forward_mma, the
+ *            same arithmetic in registers)
+ *            per key tile: S = Q K^T (a warp's 16 x 64 scores into its
  *            shared rows), the online softmax there (a lane half a row:
  *            the row's maximum and sum over the lane pair), the
  *            unnormalised probabilities kept as the factors are and the

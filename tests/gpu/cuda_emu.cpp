@@ -5,6 +5,7 @@
  * elsewhere ucontext's (whose signal mask costs two system calls a
  * switch). */
 #include "cuda_emu.h"
+#include "core/bf16.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -164,6 +165,39 @@ float __shfl_sync(unsigned, float v, int lane) {
     float r = g_lanes[w + (lane & 31)];
     __syncwarp();
     return r;
+}
+
+static uint32_t g_frags[MAX_THREADS][6];  // (a lane's mma fragments: A's 4 registers, B's 2)
+
+// A 16-bit factor of an mma fragment's register (its low half first).
+static float factor(uint32_t r, int half, int h) {
+    uint16_t v = (uint16_t)(r >> (16 * half));
+    return h == 1 ? dt_bf16_to_f32(v) : __half2float(__ushort_as_half(v));
+}
+
+void dt_emu_mma16816(float d[4], const uint32_t a[4], const uint32_t b[2], int h) {
+    unsigned w = threadIdx.x / 32 * 32, lane = threadIdx.x % 32;
+    for (int i = 0; i < 4; i++) g_frags[threadIdx.x][i] = a[i];
+    g_frags[threadIdx.x][4] = b[0], g_frags[threadIdx.x][5] = b[1];
+    __syncwarp();
+    float A[16][16], B[16][8];
+    for (unsigned L = 0; L < 32; L++) {
+        const uint32_t *f = g_frags[w + L];
+        unsigned g = L / 4, c = L % 4;
+        for (int e = 0; e < 2; e++) {
+            A[g][2 * c + e] = factor(f[0], e, h), A[g + 8][2 * c + e] = factor(f[1], e, h);
+            A[g][8 + 2 * c + e] = factor(f[2], e, h), A[g + 8][8 + 2 * c + e] = factor(f[3], e, h);
+            B[2 * c + e][g] = factor(f[4], e, h), B[8 + 2 * c + e][g] = factor(f[5], e, h);
+        }
+    }
+    __syncwarp();
+    unsigned g = lane / 4, c = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + 8 * (i / 2), col = 2 * c + i % 2;
+        float s = d[i];
+        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        d[i] = s;
+    }
 }
 
 float __shfl_xor_sync(unsigned, float v, int lane_mask) {

@@ -44,6 +44,12 @@ void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_sync(unsigned mask, float v, int lane);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
+/* mma.sync.aligned.m16n8k16.row.col.f32 on 16-bit factors (h 1: bf16, 2:
+ * fp16; src/gpu/flash_mma.cuh): each lane gives its fragments of A and B in
+ * PTX's layouts, the warp's are exchanged between two warp barriers (as a
+ * shuffle), and each lane's four elements of D get A B added, the products
+ * summed in k order in fp32. */
+void dt_emu_mma16816(float d[4], const uint32_t a[4], const uint32_t b[2], int h);
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
