@@ -390,23 +390,31 @@ static dt_status backward(float *dqkv, float *D, const float *dout, const float 
     return backward_on<H>(&f, fa_kv<H, NC>, fa_q<H, NC>, dqkv, D, dout, qkv, out, saved, B, T, C, NH);
 }
 
-// The tensor cores' (flash_tc.cuh): H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64); the forward in 16 bits
-// flash_mma.cuh's, a block a head's query tile (a grid of one dimension).
+// flash_mma.cuh's grid: a block a head's tile of 64 rows, in one dimension.
+static dt_status mma_grid(unsigned *blocks, unsigned *tiles, int B, int T, int NH) {
+    size_t t = ((size_t)T + MMA_ROWS - 1) / MMA_ROWS, n = (size_t)B * NH * t;
+    if (n > DT_MAX_BLOCKS)
+        return dt_error(DT_ERR_ARG, "GPU attention: B %d x NH %d heads of T %d rows: more than %u blocks", B, NH, T,
+                        DT_MAX_BLOCKS);
+    *blocks = (unsigned)n, *tiles = (unsigned)t;
+    return DT_OK;
+}
+
+// The tensor cores': H 1 or 2 (heads of HS = 64 or 128), 3 (tf32: 64); in 16 bits flash_mma.cuh's (the backward
+// at heads of 64), else flash_tc.cuh's.
 template <int H, int HS>
 static dt_status forward_tc(float *out, uint16_t *out16, float *saved, const float *qkv, int B, int T, int C, int NH) {
     if constexpr (H == 3) {
         fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::FORWARD, {"fa_forward_tc"}};
         return forward_on(&f, fa_forward_tc<H, HS>, out, out16, saved, qkv, B, T, C, NH);
     } else {
-        size_t tiles = ((size_t)T + MMA_ROWS - 1) / MMA_ROWS, blocks = (size_t)B * NH * tiles;
-        if (blocks > DT_MAX_BLOCKS)
-            return dt_error(DT_ERR_ARG, "GPU attention: B %d x NH %d heads of T %d rows: more than %u blocks", B, NH, T,
-                            DT_MAX_BLOCKS);
+        unsigned blocks = 0, tiles = 0;
         auto k = fa_forward_mma<H, HS>;
-        dt_status st = dt_shared_bytes(k, mma_layout<HS>::FORWARD);
+        dt_status st = mma_grid(&blocks, &tiles, B, T, NH);
+        if (st == DT_OK) st = dt_shared_bytes(k, mma_layout<HS>::FORWARD);
         if (st != DT_OK) return st;
-        DT_RUN(k, (unsigned)blocks, MMA_W * 32, mma_layout<HS>::FORWARD, out, out16, saved, qkv, T, C, NH,
-               1.0f / sqrtf((float)HS), (unsigned)tiles);
+        DT_RUN(k, blocks, MMA_W * 32, mma_layout<HS>::FORWARD, out, out16, saved, qkv, T, C, NH,
+               1.0f / sqrtf((float)HS), tiles);
         return dt_gpu_launched("fa_forward_mma");
     }
 }
@@ -414,8 +422,25 @@ static dt_status forward_tc(float *out, uint16_t *out16, float *saved, const flo
 template <int H, int HS>
 static dt_status backward_tc(float *dqkv, float *D, const float *dout, const float *qkv, const void *out,
                              const float *saved, int B, int T, int C, int NH) {
-    fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::BACKWARD, {NULL, "fa_kv_tc", "fa_q_tc"}};
-    return backward_on<H>(&f, fa_kv_tc<H, HS>, fa_q_tc<H, HS>, dqkv, D, dout, qkv, out, saved, B, T, C, NH);
+    if constexpr (H == 3 || HS != 64) {
+        fa_family f = {TC_ROWS, TC_W * 32, tc_layout<HS, H>::BACKWARD, {NULL, "fa_kv_tc", "fa_q_tc"}};
+        return backward_on<H>(&f, fa_kv_tc<H, HS>, fa_q_tc<H, HS>, dqkv, D, dout, qkv, out, saved, B, T, C, NH);
+    } else {
+        typedef mma_layout<HS> Y;
+        unsigned blocks = 0, tiles = 0;
+        auto kv = fa_kv_mma<H, HS>;
+        auto kq = fa_q_mma<H, HS>;
+        float scale = 1.0f / sqrtf((float)HS);
+        dt_status st = mma_grid(&blocks, &tiles, B, T, NH);
+        if (st == DT_OK) st = dt_shared_bytes(kv, Y::KV);
+        if (st == DT_OK) st = dt_shared_bytes(kq, Y::Q);
+        if (st == DT_OK) st = row_dots<H>(D, dout, out, B, T, C, NH);
+        if (st != DT_OK) return st;
+        DT_RUN(kv, blocks, MMA_W * 32, Y::KV, dqkv, dout, qkv, saved, D, T, C, NH, scale, tiles);
+        if ((st = dt_gpu_launched("fa_kv_mma")) != DT_OK) return st;
+        DT_RUN(kq, blocks, MMA_W * 32, Y::Q, dqkv, dout, qkv, saved, D, T, C, NH, scale, tiles);
+        return dt_gpu_launched("fa_q_mma");
+    }
 }
 
 // The tensor cores' products for t at heads of hs, where they take them
