@@ -790,6 +790,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     float *scratch = randoms(nd, 1, 48), *again = malloc(sizeof(float) * n3);
     float *gq = upload(qkv, n3), *gout = upload(out, n), *gatt = upload(saved, ns), *gdout = upload(dout, n);
     float *gdq = upload(dqkv, n3), *gdq2 = upload(dqkv, n3), *gdatt = upload(scratch, nd);
+    memset(dqkv, 0, sizeof(float) * n3);  // (the GPU writes gdq whole; the CPU's op adds into zeros)
     void *gw = NULL;  // (the plan's rounded factors in bf16 and fp16)
     dt_status st = gq && gout && gatt && gdout && gdq && gdq2 && gdatt ? DT_OK : DT_ERR_INTERNAL;
     if (st == DT_OK && room.work) st = dt_gpu_alloc(&gw, room.work);

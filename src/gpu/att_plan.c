@@ -101,10 +101,10 @@ dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const f
         q = work, p = p16, dy = dy16;
         d16 = p16;  // (the softmax's gradient rounded where att's copy was, once dv has it)
     }
-    for (int b = 0; b < B && st == DT_OK; b++) {  // dv += att^T dy, then datt = dy v^T
+    for (int b = 0; b < B && st == DT_OK; b++) {  // dv = att^T dy, then datt = dy v^T
         size_t qo = (size_t)b * T * C3;
         const void *dyb = at(dy, t, (size_t)b * T * C);
-        st = x->gemm(t, 1, 0, T, hs, T, 1.0f, at(p, t, (size_t)b * NH * TT), T, TT, dyb, C, hs, 1.0f,
+        st = x->gemm(t, 1, 0, T, hs, T, 1.0f, at(p, t, (size_t)b * NH * TT), T, TT, dyb, C, hs, 0.0f,
                      dqkv + qo + 2 * (size_t)C, C3, hs, NH);
         if (st == DT_OK)
             st = x->gemm(t, 0, 1, T, T, hs, 1.0f, dyb, C, hs, at(q, t, qo + 2 * (size_t)C), C3, hs, 0.0f,
@@ -112,13 +112,13 @@ dt_status dt_att_backward(const dt_att_ops *x, float *dqkv, float *datt, const f
     }
     if (st == DT_OK) st = x->softmax_backward(datt, att, d16, rows, T, 1.0f / sqrtf((float)hs), t);
     const void *d = t == DT_F32 ? (const void *)datt : d16;
-    for (int b = 0; b < B && st == DT_OK; b++) {  // dq += datt k, dk += datt^T q
+    for (int b = 0; b < B && st == DT_OK; b++) {  // dq = datt k, dk = datt^T q
         size_t qo = (size_t)b * T * C3;
         const void *db = at(d, t, (size_t)b * NH * TT);
-        st = x->gemm(t, 0, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo + (size_t)C), C3, hs, 1.0f, dqkv + qo, C3,
+        st = x->gemm(t, 0, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo + (size_t)C), C3, hs, 0.0f, dqkv + qo, C3,
                      hs, NH);
         if (st == DT_OK)
-            st = x->gemm(t, 1, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo), C3, hs, 1.0f,
+            st = x->gemm(t, 1, 0, T, hs, T, 1.0f, db, T, TT, at(q, t, qo), C3, hs, 0.0f,
                          dqkv + qo + (size_t)C, C3, hs, NH);
     }
     return st;

@@ -6,14 +6,15 @@
  *
  * The CPU's contract (dtrain/gpt.h, gpu.h): qkv [B,T,3C], NH heads of
  * hs = C / NH; out [B,T,C]; att [B,NH,T,T] the probabilities, zeros right
- * of the diagonal; backward: dqkv += the gradient, datt scratch written
+ * of the diagonal; backward: dqkv the gradient, WRITTEN (every element;
+ * the CPU's op adds it to what is there), datt scratch written
  * whole (the softmax's gradient, zeros right of the diagonal). Per batch
  * row b, its NH heads one strided batch of GEMMs (a head's slice is hs
  * columns along qkv's rows, its att block T T along):
  *   forward   S = q k^T / sqrt(hs) into att; att = causal_softmax(S) in
  *             place; out = att v
- *   backward  dv += att^T dy; datt = dy v^T; datt = the softmax's gradient
- *             in place; dq += datt k; dk += datt^T q
+ *   backward  dv = att^T dy; datt = dy v^T; datt = the softmax's gradient
+ *             in place; dq = datt k; dk = datt^T q
  * The whole T x T square is multiplied (the zeros right of the diagonal
  * keep the sums causal). In bf16 or fp16 the products' factors are those
  * of the CPU's attention in that type (q, k, v, the probabilities, dy and

@@ -234,6 +234,8 @@ typedef struct dt_dev {
      * their operands rounded to t, fp32 sums, as the CPU's attention in t);
      * work: dt_att_work_bytes (gpu/att_plan.h) of room for the rounded
      * copies (NULL in fp32; the simulated GPU's CPU attention needs none).
+     * The backward writes dqkv whole (the CPU's op adds into it; the
+     * device's keeps no memset before it).
      * The backward's out: the forward's output as the layer keeps it,
      * fp32 (t DT_F32) or its copy in t (the fused kernels' row dots).
      * out16 non-NULL (t 16-bit): the forward's output rounded to t there

@@ -583,7 +583,6 @@ static dt_status layer_backward(dt_dev_gpt *g, int l, const float *residual) {
     TRY(dt_dev_linear_backward(b, g->datty, NULL, at(g, ATTPROJW, l), gr + at(g, ATTPROJB, l), dout, h, atty, BT, Cl,
                                C));
     if (!seq) grads_final(g, ATTPROJW, l);
-    TRY(d->memset0(g->dqkv, f * 3 * (size_t)BT * Cl));
     const void *out = b->t == DT_F32 ? (const void *)s->atty : s->atty16;  // (the attention's output as kept)
     TRY(d->attention_backward(g->dqkv, g->datt, g->datty, s->qkv, out, s->att, g->attw, B, T, Cl, g->NHl, b->t));
     TRY(ln_x(g, &x, (dt_dev_x){s->ln1, s->ln1_16}, g->dfchg, BT));

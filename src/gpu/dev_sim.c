@@ -836,6 +836,7 @@ static dt_status sim_attention_backward(float *dqkv, float *datt, const float *d
     float *p = fused ? malloc(sizeof(float) * (2 * na + n + 1)) : NULL;
     if (fused && !p) return shut(), dt_error(DT_ERR_NOMEM, "simulated GPU: attention's backward (%zu floats)", 2 * na + n);
     dt_dtype was = products_in(t);
+    memset(dqkv, 0, sizeof(float) * 3 * n);  // (written: the CPU's op adds)
     if (fused) dt_attention_forward(p + 2 * na, p, qkv, B, T, C, NH);
     dt_attention_backward(dqkv, fused ? p + na : datt, dout, qkv, fused ? p : att, B, T, C, NH);
     dt_kernels_set_precision(was);

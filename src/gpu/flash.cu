@@ -92,12 +92,12 @@ template <int NC> __device__ static void axpy4(float (*acc)[NC], float4 w, const
     }
 }
 
-// dst[column lane + 32 n] += acc[n] (or = acc[n] mul where `set`), columns < hs.
-template <int NC> __device__ static void store(float *dst, const float *acc, float mul, int hs, bool set) {
+// dst[column lane + 32 n] = acc[n] mul, columns < hs.
+template <int NC> __device__ static void store(float *dst, const float *acc, float mul, int hs) {
     int lane = threadIdx.x % 32;
 #pragma unroll
     for (int n = 0; n < NC; n++)
-        if (lane + 32 * n < hs) dst[lane + 32 * n] = set ? acc[n] * mul : dst[lane + 32 * n] + acc[n];
+        if (lane + 32 * n < hs) dst[lane + 32 * n] = acc[n] * mul;
 }
 
 // dst[column lane + 32 n] = acc[n] mul rounded to 16 bits (H 1 bf16, 2
@@ -177,7 +177,7 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
         if (t >= T) continue;
         size_t at = (b * T + t) * C + (size_t)h * hs;
         if (out16) store16<NC, H>(out16 + at, o[r], 1.0f / l[r], hs);
-        else store<NC>(out + at, o[r], 1.0f / l[r], hs, true);
+        else store<NC>(out + at, o[r], 1.0f / l[r], hs);
         if (lane == 0) lse[bh * T + t] = m[r] + logf(l[r]);
     }
 }
@@ -261,8 +261,8 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
         int j = j0 + r;
         if (j >= T) continue;
         float *g = dqkv + (b * T + j) * C3 + (size_t)h * hs;
-        store<NC>(g + C, dk[r], 1.0f, hs, false);
-        store<NC>(g + 2 * C, dv[r], 1.0f, hs, false);
+        store<NC>(g + C, dk[r], 1.0f, hs);
+        store<NC>(g + 2 * C, dv[r], 1.0f, hs);
     }
 }
 
@@ -311,7 +311,7 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
         int i = i0 + r;
-        if (i < T) store<NC>(dqkv + (b * T + i) * C3 + (size_t)h * hs, dq[r], 1.0f, hs, false);
+        if (i < T) store<NC>(dqkv + (b * T + i) * C3 + (size_t)h * hs, dq[r], 1.0f, hs);
     }
 }
 

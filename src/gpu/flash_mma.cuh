@@ -149,10 +149,10 @@ __device__ static void mma_load(uint16_t *s, uint16_t *t, const float *src, size
     }
 }
 
-// acc (a warp's 16 rows r0 .., HS columns as C fragments) added into the
-// rows of dst (row stride `stride`) below T.
+// acc (a warp's 16 rows r0 .., HS columns as C fragments) written into
+// the rows of dst (row stride `stride`) below T.
 template <int HS>
-__device__ static void mma_add_rows(float *dst, size_t stride, const float (*acc)[4], int r0, int T) {
+__device__ static void mma_set_rows(float *dst, size_t stride, const float (*acc)[4], int r0, int T) {
     int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
@@ -160,7 +160,7 @@ __device__ static void mma_add_rows(float *dst, size_t stride, const float (*acc
         if (r >= T) continue;
         float *o = dst + (size_t)r * stride + 2 * c;
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++) o[n * 8] += acc[n][2 * j], o[n * 8 + 1] += acc[n][2 * j + 1];
+        for (int n = 0; n < HS / 8; n++) *(float2 *)(o + n * 8) = make_float2(acc[n][2 * j], acc[n][2 * j + 1]);
     }
 }
 
@@ -296,8 +296,8 @@ __global__ static void __launch_bounds__(MMA_W * 32)
         mma_acc<H, HS>(dk, dp, Qt);  // dK += dS^T Q
     }
     float *at = dqkv + b * T * C3 + (size_t)h * HS;
-    mma_add_rows<HS>(at + C, C3, dk, j0, T);
-    mma_add_rows<HS>(at + 2 * C, C3, dv, j0, T);
+    mma_set_rows<HS>(at + C, C3, dk, j0, T);
+    mma_set_rows<HS>(at + 2 * C, C3, dv, j0, T);
 #endif
 }
 
@@ -349,6 +349,6 @@ __global__ static void __launch_bounds__(MMA_W * 32)
             }
         mma_acc<H, HS>(dq, dp, Kt);  // dQ += dS K
     }
-    mma_add_rows<HS>(dqkv + b * T * C3 + (size_t)h * HS, C3, dq, i0, T);
+    mma_set_rows<HS>(dqkv + b * T * C3 + (size_t)h * HS, C3, dq, i0, T);
 #endif
 }

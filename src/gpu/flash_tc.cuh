@@ -149,17 +149,18 @@ __device__ static void tc_scores(float *out, const typename tc_t<H>::elem *a, co
     __syncwarp();  // (the lanes read each other's stores)
 }
 
-// dst[16 x HS] rows (fp32, stride OLD) of fragments f[HS / 16] added into
-// global rows row(r) (row r < n of the 16 this warp holds), through o.
+// The 16 x HS rows of fragments f[HS / 16] written into global rows
+// dst + r stride (row r < n of the 16 this warp holds), through o (fp32,
+// stride OLD).
 template <int H, int HS>
-__device__ static void tc_add_rows(float *o, tc_acc<H> *f, float *dst, size_t stride, int n) {
+__device__ static void tc_set_rows(float *o, tc_acc<H> *f, float *dst, size_t stride, int n) {
     typedef tc_layout<HS, H> Y;
 #pragma unroll
     for (int nb = 0; nb < HS / TC_SUB; nb++) wmma::store_matrix_sync(o + nb * TC_SUB, f[nb], Y::OLD, wmma::mem_row_major);
     __syncwarp();
     int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
     if (r < n)
-        for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); d++) dst[(size_t)r * stride + d] += o[r * Y::OLD + d];
+        for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); d++) dst[(size_t)r * stride + d] = o[r * Y::OLD + d];
     __syncwarp();
 }
 
@@ -294,8 +295,8 @@ __global__ static void __launch_bounds__(TC_W * 32)
     }
     int n = min(TC_SUB, T - (k0 + warp * TC_SUB));
     float *g = dqkv + (b * T + k0 + warp * TC_SUB) * C3 + (size_t)h * HS;
-    tc_add_rows<H, HS>(O, dK, g + C, C3, n);
-    tc_add_rows<H, HS>(O, dV, g + 2 * C, C3, n);
+    tc_set_rows<H, HS>(O, dK, g + C, C3, n);
+    tc_set_rows<H, HS>(O, dV, g + 2 * C, C3, n);
 #endif
 }
 
@@ -340,6 +341,6 @@ __global__ static void __launch_bounds__(TC_W * 32)
             tc_mma<H, wmma::row_major>(dQ[nb], dS, Y::PLD, K + nb * TC_SUB, Y::LD, TC_ROWS);
     }
     int n = min(TC_SUB, T - (q0 + warp * TC_SUB));
-    tc_add_rows<H, HS>(O, dQ, dqkv + (b * T + q0 + warp * TC_SUB) * C3 + (size_t)h * HS, C3, n);
+    tc_set_rows<H, HS>(O, dQ, dqkv + (b * T + q0 + warp * TC_SUB) * C3 + (size_t)h * HS, C3, n);
 #endif
 }

@@ -182,8 +182,8 @@ dt_status dt_gpu_ce_split_finish(float *probs, double *row_loss, float *loss, co
 dt_status dt_gpu_residual_forward(float *out, const float *a, const float *b, size_t N);
 dt_status dt_gpu_residual_backward(float *da, float *db, const float *dout, size_t N);
 /* Causal multi-head attention over qkv [B,T,3C], NH heads of hs = C / NH
- * (NH dividing C): out [B,T,C], as the CPU's; backward: dqkv += the
- * gradient. att: what the forward keeps for the backward, datt the
+ * (NH dividing C): out [B,T,C], as the CPU's; backward: dqkv the
+ * gradient, written whole (the CPU's op adds it). att: what the forward keeps for the backward, datt the
  * backward's scratch, work the rounded factors' room, each of the bytes
  * gpu/att_plan.h's dt_att_room_of says: heads of up to DT_ATT_FUSED_HS
  * columns on flash.cu's fused kernels (att each row's log-sum-exp and the

@@ -89,7 +89,8 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     float *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *datt = randoms(na, 1, 46), *dqkv = malloc(sizeof(float) * n3);
     float *eout = randoms(n, 1, 47), *saved = randoms(ns, 1, 48), *scratch = randoms(nd, 1, 49);
     float *edq = malloc(sizeof(float) * n3), *edq2 = malloc(sizeof(float) * n3);
-    memcpy(dqkv, dq0, sizeof(float) * n3), memcpy(edq, dq0, sizeof(float) * n3), memcpy(edq2, dq0, sizeof(float) * n3);
+    // (the kernels write dqkv whole: their room starts as garbage, the CPU's op adds into zeros)
+    memset(dqkv, 0, sizeof(float) * n3), memcpy(edq, dq0, sizeof(float) * n3), memcpy(edq2, dq0, sizeof(float) * n3);
     uint16_t *o16 = malloc(2 * n);  // (the output as kept in 16 bits)
     dt_status st = dt_gpu_flash_forward(eout, saved, qkv, B, T, C, NH, t, NULL);
     if (t != DT_F32) dt_from_f32(o16, eout, n, t);
@@ -566,6 +567,7 @@ static void test_attention(int B, int T, int C, int NH, dt_dtype t) {
     float *qkv = randoms(n3, 2, 41), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *dout = randoms(n, 1, 44);
     float *dqkv = randoms(n3, 0.1f, 45), *datt = randoms(na, 1, 46), *eatt = randoms(room.saved / 4 + na, 1, 47);
     float *eout = fdup(out, n), *edq = fdup(dqkv, n3), *edatt = randoms(room.scratch / 4 + na, 1, 48);
+    memset(dqkv, 0, sizeof(float) * n3);  // (the plan writes edq whole; the CPU's op adds into zeros)
     void *work = malloc(room.work + 1);
     uint16_t *o16 = malloc(2 * n);
     dt_status st = dt_att_fused(C, NH) ? DT_ERR_ARG : DT_OK;
