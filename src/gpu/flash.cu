@@ -455,14 +455,15 @@ static int tc_kind(int hs, dt_dtype t) {
 // Whether this GPU runs the tensor cores' kernels of kind h at heads of
 // hs: bf16 and tf32 fragments from compute capability 8.0, and their
 // backward's shared memory within what a block may ask for (227 KiB on an
-// H100 or H200; 99 KiB on some GPUs: the CUDA cores' kernels there).
+// H100 or H200; 99 KiB on some GPUs: there the 16-bit kernels at heads of
+// 64, mma.sync's 37 KiB, and the CUDA cores' for the others).
 static int tc_usable(int hs, int h) {
 #ifdef DT_CUDA_EMU
     (void)hs, (void)h;
     return 1;
 #else
     int dev, major = 0;
-    size_t need = h == 3 ? tc_layout<64, 3>::BACKWARD : hs == 64 ? tc_layout<64, 1>::BACKWARD : tc_layout<128, 1>::BACKWARD;
+    size_t need = h == 3 ? tc_layout<64, 3>::BACKWARD : hs == 64 ? mma_layout<64>::KV : tc_layout<128, 1>::BACKWARD;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev))
         return 0;
     return major >= 8 && dt_shared_optin() >= need;

@@ -267,19 +267,32 @@ __global__ static void __launch_bounds__(DT_THREADS)
 // kept in the block's shared memory (V floats) by the first pass, which
 // the other two read there: the logits read from memory once, not three
 // times (a GPT-2 row is 201 KB: the rows of the blocks in flight are far
-// more than an L2 holds); the same bits.
+// more than an L2 holds); the same bits. Its first pass reads 16 bytes a
+// load where the row allows (as one block of this size fits an SM, each
+// thread keeps several loads in flight); the maximum is exact whichever
+// thread finds it, and the sums come after block_max's barriers.
 template <int H, bool STAGE>
 __global__ static void __launch_bounds__(DT_THREADS) ce_fused_kernel(float *logits, uint16_t *d16, double *row_loss,
                                                                      const int32_t *targets, size_t N, int V, size_t ld,
                                                                      float scale) {
     __shared__ float shf[DT_THREADS];
     __shared__ double shd[DT_THREADS];
-    DT_DYN_SHARED float sm[];  // (STAGE: the row)
+    DT_DYN_SHARED __align__(16) float sm[];  // (STAGE: the row)
     for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
         float *l = logits + r * ld;
         const float *x = STAGE ? sm : l;  // (each thread reads there the columns it wrote)
         float mx = -FLT_MAX;
-        for (int v = threadIdx.x; v < V; v += DT_THREADS) {
+        int v0 = 0;  // (the columns from v0 on: one at a time)
+        if (STAGE && (uintptr_t)l % 16 == 0) {
+            v0 = V / 4 * 4;
+#pragma unroll 4
+            for (int v = 4 * threadIdx.x; v < v0; v += 4 * DT_THREADS) {
+                float4 e = *(const float4 *)(l + v);
+                *(float4 *)(sm + v) = e;
+                mx = fmaxf(mx, fmaxf(fmaxf(e.x, e.y), fmaxf(e.z, e.w)));
+            }
+        }
+        for (int v = v0 + threadIdx.x; v < V; v += DT_THREADS) {
             float e = l[v];
             if (STAGE) sm[v] = e;
             mx = e > mx ? e : mx;

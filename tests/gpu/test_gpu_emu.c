@@ -791,13 +791,14 @@ int main(int argc, char **argv) {
     }
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304, 300 of 33 (the rows' losses added
-    // 256 at a time); the fused pass with each row in
+    // 256 at a time), 3 of 257 unpadded; the fused pass with each row in
     // shared memory, then where a block may not have that much (read from
     // memory in each of its passes).
     test_ce(3, 257, 260);
     test_ce(5, 1000, 1000);
     test_ce(2, 50257, 50304);
     test_ce(300, 33, 36);
+    test_ce(3, 257, 257);  // (rows past the first not 16-byte aligned: staged a float at a time)
     size_t optin = dt_emu_optin;
     dt_emu_optin = 0;
     test_ce(3, 257, 260);
@@ -827,8 +828,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
         test_flash(rows[i][0], rows[i][1], rows[i][2], rows[i][3], DT_F32, 1);
     // Products in bf16: heads of 32 and 5 on the CUDA cores, of 64 and 128
-    // on the tensor cores (wmma, emulated), T = 1 and past two 64-row
-    // tiles; in fp16 one of each kind.
+    // on the tensor cores (mma.sync and wmma, emulated), T = 1 and past two
+    // 64-row tiles; in fp16 one of each kind, and a tile's T exactly.
     test_flash(2, 37, 96, 3, DT_BF16, 1);
     test_flash(1, 33, 5, 1, DT_BF16, 1);
     test_flash(2, 70, 128, 2, DT_BF16, 1);
@@ -836,6 +837,8 @@ int main(int argc, char **argv) {
     test_flash(1, 1, 64, 1, DT_BF16, 1);
     test_flash(2, 37, 96, 3, DT_F16, 1);
     test_flash(2, 70, 128, 2, DT_F16, 1);
+    test_flash(1, 64, 256, 2, DT_F16, 1);   // (heads of 128, T a whole tile)
+    test_flash(1, 1, 128, 1, DT_BF16, 1);
     // GPT-2's heads (12 of 64 columns) over 4 tiles of rows and a partial fifth
     test_flash(1, 300, 768, 12, DT_BF16, 1);
     // fp32 with TF32 on: heads of 64 on the tensor cores (tf32 fragments,
