@@ -164,9 +164,25 @@ __device__ static void mma_set_rows(float *dst, size_t stride, const float (*acc
     }
 }
 
-// Block blockIdx.x: head blockIdx.x / tiles, its query tile from the end
-// (the longest first), a head's tiles one after another (they share its
-// keys and values in the L2).
+// Where a block and a lane are: block blockIdx.x is head bh = (b, h) =
+// blockIdx.x / tiles, a head's tiles one after another (they share its
+// rows in the L2), its tile's first row r0 counted from the start or
+// (from_end) from the end; the warp's first row w0, the lane's group g of
+// 4 lanes and place c in it (PTX's fragments').
+struct mma_at {
+    size_t bh, b;
+    int h, r0, w0, g, c;
+};
+__device__ static inline mma_at mma_where(int NH, unsigned tiles, bool from_end) {
+    mma_at a;
+    unsigned k = blockIdx.x % tiles;
+    a.bh = blockIdx.x / tiles, a.b = a.bh / NH, a.h = (int)(a.bh % NH);
+    a.r0 = (int)(from_end ? tiles - 1 - k : k) * MMA_ROWS, a.w0 = a.r0 + (int)threadIdx.x / 32 * 16;
+    a.g = (int)threadIdx.x % 32 / 4, a.c = (int)threadIdx.x % 4;
+    return a;
+}
+
+// A query tile (the longest first).
 template <int H, int HS>
 __global__ static void __launch_bounds__(MMA_W * 32)
     fa_forward_mma(float *out, uint16_t *out16, float *lse, const float *qkv, int T, int C, int NH, float scale,
@@ -176,13 +192,12 @@ __global__ static void __launch_bounds__(MMA_W * 32)
 #else
     DT_DYN_SHARED __align__(128) float sm[];
     uint16_t *Ks = (uint16_t *)sm, *Vt = Ks + mma_layout<HS>::KS;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    size_t bh = blockIdx.x / tiles, b = bh / NH, C3 = 3 * (size_t)C;
-    int h = (int)(bh % NH), q0 = (int)(tiles - 1 - blockIdx.x % tiles) * MMA_ROWS, qe = min(T, q0 + MMA_ROWS);
-    int t[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};  // this lane's two rows
-    const float *x = qkv + b * T * C3 + (size_t)h * HS;
+    mma_at a = mma_where(NH, tiles, true);
+    size_t bh = a.bh, b = a.b, C3 = 3 * (size_t)C;
+    int c = a.c, qe = min(T, a.r0 + MMA_ROWS), t[2] = {a.w0 + a.g, a.w0 + a.g + 8};  // (this lane's two rows)
+    const float *x = qkv + b * T * C3 + (size_t)a.h * HS;
     uint32_t qa[HS / 16][4];  // the rows' query factors
-    mma_a_rows<H, HS>(qa, x, C3, q0 + warp * 16, T);
+    mma_a_rows<H, HS>(qa, x, C3, a.w0, T);
     float o[HS / 8][4], m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -231,7 +246,7 @@ __global__ static void __launch_bounds__(MMA_W * 32)
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         if (t[j] >= T) continue;
-        size_t at = (b * T + t[j]) * C + (size_t)h * HS + 2 * c;
+        size_t at = (b * T + t[j]) * C + (size_t)a.h * HS + 2 * c;
         float inv = 1.0f / l[j];
 #pragma unroll
         for (int n = 0; n < HS / 8; n++) {
@@ -244,8 +259,8 @@ __global__ static void __launch_bounds__(MMA_W * 32)
 #endif
 }
 
-// Block blockIdx.x: head blockIdx.x / tiles, its key tile from the start
-// (the longest first): dK and dV over the query tiles from the diagonal on.
+// A key tile (the longest first, from the start): dK and dV over the
+// query tiles from the diagonal on.
 template <int H, int HS>
 __global__ static void __launch_bounds__(MMA_W * 32)
     fa_kv_mma(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
@@ -257,10 +272,10 @@ __global__ static void __launch_bounds__(MMA_W * 32)
     typedef mma_layout<HS> Y;
     uint16_t *Qs = (uint16_t *)sm, *dYs = Qs + Y::KS, *Qt = dYs + Y::KS, *dYt = Qt + Y::VS;
     float *Ls = (float *)(dYt + Y::VS), *Ds = Ls + MMA_ROWS;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    size_t bh = blockIdx.x / tiles, b = bh / NH, C3 = 3 * (size_t)C;
-    int h = (int)(bh % NH), k0 = (int)(blockIdx.x % tiles) * MMA_ROWS, j0 = k0 + warp * 16;
-    const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
+    mma_at a = mma_where(NH, tiles, false);
+    size_t bh = a.bh, C3 = 3 * (size_t)C;
+    int g = a.g, c = a.c, k0 = a.r0, j0 = a.w0;
+    const float *x = qkv + a.b * T * C3 + (size_t)a.h * HS, *dy = dout + a.b * T * C + (size_t)a.h * HS;
     uint32_t ka[HS / 16][4], va[HS / 16][4];  // the rows' key and value factors
     mma_a_rows<H, HS>(ka, x + C, C3, j0, T);
     mma_a_rows<H, HS>(va, x + 2 * C, C3, j0, T);
@@ -295,14 +310,14 @@ __global__ static void __launch_bounds__(MMA_W * 32)
         mma_acc<H, HS>(dv, s, dYt);  // dV += P^T dY
         mma_acc<H, HS>(dk, dp, Qt);  // dK += dS^T Q
     }
-    float *at = dqkv + b * T * C3 + (size_t)h * HS;
+    float *at = dqkv + a.b * T * C3 + (size_t)a.h * HS;
     mma_set_rows<HS>(at + C, C3, dk, j0, T);
     mma_set_rows<HS>(at + 2 * C, C3, dv, j0, T);
 #endif
 }
 
-// Block blockIdx.x: head blockIdx.x / tiles, its query tile from the end
-// (the longest first): dQ over the key tiles up to the diagonal.
+// A query tile (the longest first): dQ over the key tiles up to the
+// diagonal.
 template <int H, int HS>
 __global__ static void __launch_bounds__(MMA_W * 32)
     fa_q_mma(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D, int T, int C, int NH,
@@ -313,11 +328,10 @@ __global__ static void __launch_bounds__(MMA_W * 32)
     DT_DYN_SHARED __align__(128) float sm[];
     typedef mma_layout<HS> Y;
     uint16_t *Ks = (uint16_t *)sm, *Vs = Ks + Y::KS, *Kt = Vs + Y::KS;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    size_t bh = blockIdx.x / tiles, b = bh / NH, C3 = 3 * (size_t)C;
-    int h = (int)(bh % NH), q0 = (int)(tiles - 1 - blockIdx.x % tiles) * MMA_ROWS, qe = min(T, q0 + MMA_ROWS);
-    int i0 = q0 + warp * 16, t[2] = {i0 + g, i0 + g + 8};  // this lane's two rows
-    const float *x = qkv + b * T * C3 + (size_t)h * HS, *dy = dout + b * T * C + (size_t)h * HS;
+    mma_at a = mma_where(NH, tiles, true);
+    size_t bh = a.bh, C3 = 3 * (size_t)C;
+    int c = a.c, qe = min(T, a.r0 + MMA_ROWS), i0 = a.w0, t[2] = {i0 + a.g, i0 + a.g + 8};  // (this lane's two rows)
+    const float *x = qkv + a.b * T * C3 + (size_t)a.h * HS, *dy = dout + a.b * T * C + (size_t)a.h * HS;
     float L[2], Dr[2];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
@@ -349,6 +363,6 @@ __global__ static void __launch_bounds__(MMA_W * 32)
             }
         mma_acc<H, HS>(dq, dp, Kt);  // dQ += dS K
     }
-    mma_set_rows<HS>(dqkv + b * T * C3 + (size_t)h * HS, C3, dq, i0, T);
+    mma_set_rows<HS>(dqkv + a.b * T * C3 + (size_t)a.h * HS, C3, dq, i0, T);
 #endif
 }
