@@ -280,7 +280,7 @@ __global__ static void __launch_bounds__(DT_THREADS) ce_fused_kernel(float *logi
     DT_DYN_SHARED __align__(16) float sm[];  // (STAGE: the row)
     for (size_t r = blockIdx.x; r < N; r += gridDim.x) {
         float *l = logits + r * ld;
-        const float *x = STAGE ? sm : l;  // (each thread reads there the columns it wrote)
+        const float *x = STAGE ? sm : l;  // (read there after block_max's barriers)
         float mx = -FLT_MAX;
         int v0 = 0;  // (the columns from v0 on: one at a time)
         if (STAGE && (uintptr_t)l % 16 == 0) {
