@@ -39,19 +39,32 @@ __global__ static void iota_kernel(int32_t *p, size_t n) {
 
 // tok[n], pos[n]: the positions sorted by token, ascending within one. A
 // block at the first position of a token's run owns that token's row of
-// dwte and adds the run's gradients to it in order (the CPU's order).
+// dwte and adds the run's gradients to it in order (the CPU's order), the
+// run's positions read DT_THREADS at a time into shared memory by the
+// block's threads, so that a thread's reads of the gradients' rows do not
+// wait on the run's end one position at a time (a frequent token's run of
+// text is hundreds of positions long).
 __global__ static void __launch_bounds__(DT_THREADS)
     wte_grad_kernel(float *dwte, const float *dout, const int32_t *tok, const int32_t *pos, size_t n, int C, int v0,
                     int V) {
+    __shared__ int32_t sp[DT_THREADS];
     for (size_t i = blockIdx.x; i < n; i += gridDim.x) {
         int32_t t = tok[i];
         if (i > 0 && tok[i - 1] == t) continue;  // (the whole block: not a run's start)
         if (t < v0 || t - v0 >= V) continue;     // (another shard's row)
         float *d = dwte + (size_t)(t - v0) * C;
-        for (int c = threadIdx.x; c < C; c += DT_THREADS) {
-            float acc = d[c];
-            for (size_t j = i; j < n && tok[j] == t; j++) acc += dout[(size_t)pos[j] * C + c];
-            d[c] = acc;
+        for (size_t j0 = i, m = DT_THREADS; m == DT_THREADS; j0 += DT_THREADS) {
+            size_t j = j0 + threadIdx.x;
+            int in = j < n && tok[j] == t;  // (the run is a prefix of the chunk)
+            if (in) sp[threadIdx.x] = pos[j];
+            m = (size_t)__syncthreads_count(in);
+            for (int c = threadIdx.x; c < C; c += DT_THREADS) {
+                float acc = d[c];
+#pragma unroll 8
+                for (size_t k = 0; k < m; k++) acc += dout[(size_t)sp[k] * C + c];
+                d[c] = acc;
+            }
+            __syncthreads();  // (sp read before the next chunk's)
         }
     }
 }

@@ -153,6 +153,16 @@ void dt_emu_wmma_check(const void *p, unsigned ldm, size_t elem) {
 }
 
 void __syncthreads() { wait_at(&g_block, 0, "__syncthreads"); }
+
+int __syncthreads_count(int predicate) {
+    static int preds[MAX_THREADS];
+    preds[threadIdx.x] = predicate != 0;
+    __syncthreads();
+    int n = 0;
+    for (unsigned t = 0; t < blockDim.x; t++) n += preds[t];
+    __syncthreads();  // (every thread has counted before any writes its next predicate)
+    return n;
+}
 void __syncwarp(unsigned) {
     unsigned w = threadIdx.x / 32;
     wait_at(&g_warp[w], w * 32, "a warp's barrier (__syncwarp or a shuffle)");

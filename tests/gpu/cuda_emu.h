@@ -41,6 +41,7 @@ extern float sm[];  // the block's dynamic shared memory (blocks run one at a ti
 #define DT_EMU_SHARED_SECTION "dt_emu_shared"  // (the kernels' fixed-size __shared__ arrays: emu_host.h)
 
 void __syncthreads();
+int __syncthreads_count(int predicate);  // (the block's threads with predicate non-zero)
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_sync(unsigned mask, float v, int lane);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);

@@ -858,6 +858,7 @@ int main(int argc, char **argv) {
     test_encoder(2, 37, 24, 50, 17, 17);
     test_encoder(3, 19, 9, 40, 20, 20);
     test_encoder(6, 8, 516, 32, 0, 0);
+    test_encoder(2, 400, 300, 2, 0, 0);  // (runs of about 400 positions: a block's positions in chunks of 256)
     // The elementwise kernels: a block's 256 less one, more than one block
     // (grid-stride), columns of the bias 1, 3 and 97 (rows past a chunk).
     test_elementwise(255, 1);
