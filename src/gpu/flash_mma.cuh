@@ -137,10 +137,26 @@ template <int H, int HS> __device__ static void mma_acc(float acc[HS / 8][4], co
 
 // The 64 rows from r0 of src (row stride `stride`, HS columns) rounded
 // into s by rows and into t transposed (either may be NULL); rows past T
-// zeros.
+// zeros. Where the rows are 16-byte aligned, 4 columns a load: a warp's
+// 32 loads 16 rows x 8 columns, so that its stores into t (the 16 rows'
+// halves of 8 words in each of 2 banks' groups) and into s (8 bytes
+// each) meet no bank twice but in pairs of one word.
 template <int H, int HS>
 __device__ static void mma_load(uint16_t *s, uint16_t *t, const float *src, size_t stride, int r0, int T) {
     typedef mma_layout<HS> Y;
+    if ((uintptr_t)src % 16 == 0 && stride % 4 == 0) {
+        const int CH = HS / 4;  // (a row's 4-column pieces)
+        for (int u = threadIdx.x; u < MMA_ROWS * CH; u += blockDim.x) {
+            int j = u / (16 * CH) * 16 + u % 16, d = u / 16 % CH * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r0 + j < T) v = *(const float4 *)(src + (size_t)(r0 + j) * stride + d);
+            uint16_t e[4] = {narrow<H>(v.x), narrow<H>(v.y), narrow<H>(v.z), narrow<H>(v.w)};
+            if (s) *(uint2 *)(s + j * Y::KLD + d) = make_uint2(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16);
+#pragma unroll
+            for (int k = 0; t && k < 4; k++) t[(d + k) * Y::VLD + j] = e[k];
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < MMA_ROWS * HS; i += blockDim.x) {
         int j = i / HS, d = i % HS;
         uint16_t v = narrow<H>(r0 + j < T ? src[(size_t)(r0 + j) * stride + d] : 0.0f);
@@ -160,7 +176,7 @@ __device__ static void mma_set_rows(float *dst, size_t stride, const float (*acc
         if (r >= T) continue;
         float *o = dst + (size_t)r * stride + 2 * c;
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++) *(float2 *)(o + n * 8) = make_float2(acc[n][2 * j], acc[n][2 * j + 1]);
+        for (int n = 0; n < HS / 8; n++) o[n * 8] = acc[n][2 * j], o[n * 8 + 1] = acc[n][2 * j + 1];
     }
 }
 
@@ -251,7 +267,7 @@ __global__ static void __launch_bounds__(MMA_W * 32)
 #pragma unroll
         for (int n = 0; n < HS / 8; n++) {
             float v0 = o[n][2 * j] * inv, v1 = o[n][2 * j + 1] * inv;
-            if (out16) *(uint32_t *)(out16 + at + n * 8) = (uint32_t)narrow<H>(v0) | (uint32_t)narrow<H>(v1) << 16;
+            if (out16) out16[at + n * 8] = narrow<H>(v0), out16[at + n * 8 + 1] = narrow<H>(v1);
             else out[at + n * 8] = v0, out[at + n * 8 + 1] = v1;
         }
         if (c == 0) lse[bh * T + t[j]] = m[j] + logf(l[j]);

@@ -78,15 +78,18 @@ static size_t attention16(const uint16_t *want, const float *qkv, void *work, in
     return bad;
 }
 
-// gs: dout's scale.
+// gs: dout's scale; qkv g_qkv_off floats into its allocation (1: its rows
+// not 16-byte aligned, which the tile loads take a float at a time).
+static int g_qkv_off;
 static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     double tol = t == DT_BF16 ? 1e-2 : t == DT_F16 ? 2e-3 : dt_gpu_tf32() ? 5e-3 : 1e-5;
     const char *tn = t == DT_BF16 ? "bf16" : t == DT_F16 ? "fp16" : dt_gpu_tf32() ? "fp32 with TF32" : "fp32";
     dt_att_room room = dt_att_room_of(B, T, C, NH, t);
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     size_t ns = room.saved / sizeof(float), nd = room.scratch / sizeof(float), rows = (size_t)B * NH * T;
-    float *qkv = randoms(n3, 2, 41), *dout = randoms(n, gs, 44), *dq0 = randoms(n3, 0.1f * gs, 45);
-    float *out = randoms(n, 1, 42), *att = randoms(na, 1, 43), *datt = randoms(na, 1, 46), *dqkv = malloc(sizeof(float) * n3);
+    float *qkv0 = randoms(n3 + 1, 2, 41), *qkv = qkv0 + g_qkv_off, *dout = randoms(n, gs, 44);
+    float *dq0 = randoms(n3, 0.1f * gs, 45), *out = randoms(n, 1, 42), *att = randoms(na, 1, 43);
+    float *datt = randoms(na, 1, 46), *dqkv = malloc(sizeof(float) * n3);
     float *eout = randoms(n, 1, 47), *saved = randoms(ns, 1, 48), *scratch = randoms(nd, 1, 49);
     float *edq = malloc(sizeof(float) * n3), *edq2 = malloc(sizeof(float) * n3);
     // (the kernels write dqkv whole: their room starts as garbage, the CPU's op adds into zeros)
@@ -106,12 +109,13 @@ static void test_flash(int B, int T, int C, int NH, dt_dtype t, float gs) {
     int same = !memcmp(edq, edq2, sizeof(float) * n3);
     (void)rows;
     CHECK(st == DT_OK && dy <= tol && dq <= tol && same && !bad16,
-          "fused attention %s on emulated threads, B %d T %d C %d NH %d (heads of %d), gradients of %g: out %.3g, "
+          "fused attention %s on emulated threads, B %d T %d C %d NH %d (heads of %d%s), gradients of %g: out %.3g, "
           "dqkv %.3g (normwise, <= %g); a second backward %s; out made in 16 bits: %zu elements not its bits rounded"
-          "%s%s", tn, B, T, C, NH, C / NH, gs, dy, dq, tol, same ? "the same bits" : "OTHER BITS", bad16,
+          "%s%s", tn, B, T, C, NH, C / NH, g_qkv_off ? ", rows not 16-byte aligned" : "", gs, dy, dq, tol,
+          same ? "the same bits" : "OTHER BITS", bad16,
           st == DT_OK ? "" : ": ", st == DT_OK ? "" : dt_last_error());
     free(o16);
-    float *f[] = {qkv, dout, dq0, out, att, datt, dqkv, eout, saved, scratch, edq, edq2};
+    float *f[] = {qkv0, dout, dq0, out, att, datt, dqkv, eout, saved, scratch, edq, edq2};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) free(f[i]);
 }
 
@@ -839,6 +843,9 @@ int main(int argc, char **argv) {
     test_flash(2, 70, 128, 2, DT_F16, 1);
     test_flash(1, 64, 256, 2, DT_F16, 1);   // (heads of 128, T a whole tile)
     test_flash(1, 1, 128, 1, DT_BF16, 1);
+    g_qkv_off = 1;
+    test_flash(2, 70, 128, 2, DT_BF16, 1);
+    g_qkv_off = 0;
     // GPT-2's heads (12 of 64 columns) over 4 tiles of rows and a partial fifth
     test_flash(1, 300, 768, 12, DT_BF16, 1);
     // fp32 with TF32 on: heads of 64 on the tensor cores (tf32 fragments,
