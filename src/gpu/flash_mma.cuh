@@ -138,9 +138,9 @@ template <int H, int HS> __device__ static void mma_acc(float acc[HS / 8][4], co
 // The 64 rows from r0 of src (row stride `stride`, HS columns) rounded
 // into s by rows and into t transposed (either may be NULL); rows past T
 // zeros. Where the rows are 16-byte aligned, 4 columns a load: a warp's
-// 32 loads 16 rows x 8 columns, so that its stores into t (the 16 rows'
-// halves of 8 words in each of 2 banks' groups) and into s (8 bytes
-// each) meet no bank twice but in pairs of one word.
+// 32 loads 16 rows x 8 columns, so that its 16-bit stores into t meet
+// each bank at one word (two rows' halves of it) and its 8-byte stores
+// into s no bank twice in a half-warp.
 template <int H, int HS>
 __device__ static void mma_load(uint16_t *s, uint16_t *t, const float *src, size_t stride, int r0, int T) {
     typedef mma_layout<HS> Y;
