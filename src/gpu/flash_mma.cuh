@@ -140,7 +140,7 @@ template <int H, int HS> __device__ static void mma_acc(float acc[HS / 8][4], co
 // zeros. Where the rows are 16-byte aligned, 4 columns a load: a warp's
 // 32 loads 16 rows x 8 columns, so that its 16-bit stores into t meet
 // each bank at one word (two rows' halves of it) and its 8-byte stores
-// into s no bank twice in a half-warp.
+// into s meet a bank at most twice.
 template <int H, int HS>
 __device__ static void mma_load(uint16_t *s, uint16_t *t, const float *src, size_t stride, int r0, int T) {
     typedef mma_layout<HS> Y;
