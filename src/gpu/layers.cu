@@ -429,14 +429,12 @@ dt_status dt_gpu_crossentropy_fused(float *logits, double *row_loss, float *loss
     float s = dt_ce_scale(dloss, (float)N);
     size_t row = sizeof(float) * (size_t)V;  // (staged where a block may have it beside its sums' arrays)
     bool stage = row + DT_THREADS * (sizeof(float) + sizeof(double)) <= dt_shared_optin();
+    size_t sh = stage ? row : 0;
     dt_status st = DT_OK;
     dt_with_h16(kind, [&](auto H) {
-        if (stage && (st = dt_shared_bytes(ce_fused_kernel<decltype(H)::value, true>, row)) == DT_OK)
-            DT_RUN((ce_fused_kernel<decltype(H)::value, true>), dt_launch_rows(N), DT_THREADS, row, logits, h, row_loss,
-                   targets, N, V, ld, s);
-        else if (!stage)
-            DT_RUN((ce_fused_kernel<decltype(H)::value, false>), dt_launch_rows(N), DT_THREADS, 0, logits, h, row_loss,
-                   targets, N, V, ld, s);
+        auto k = stage ? ce_fused_kernel<decltype(H)::value, true> : ce_fused_kernel<decltype(H)::value, false>;
+        if ((st = dt_shared_bytes(k, sh)) == DT_OK)
+            DT_RUN(k, dt_launch_rows(N), DT_THREADS, sh, logits, h, row_loss, targets, N, V, ld, s);
     });
     if (st != DT_OK) return st;
     DT_LAUNCHED(ce_fused_kernel);

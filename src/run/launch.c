@@ -738,7 +738,8 @@ static pid_t next_exit(int *st) {
     siginfo_t si = {0};
     if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == EINTR ? 0 : -1;
     if (!si.si_pid) return 0;
-    *st = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status & 0xff, 0) : W_EXITCODE(0, si.si_status) | (si.si_code == CLD_DUMPED ? 0x80 : 0);
+    if (si.si_code == CLD_EXITED) *st = W_EXITCODE(si.si_status & 0xff, 0);
+    else *st = W_EXITCODE(0, si.si_status) | (si.si_code == CLD_DUMPED ? 0x80 : 0);  // (killed; dumped core)
     return si.si_pid;
 }
 
