@@ -169,8 +169,7 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
         put4(P, p);
         __syncwarp();
         for (int jj = 0, je = reach(t0, k0, T); jj < je; jj++) axpy4<NC>(o, get4(P, jj), V + jj * hs, hs);
-        __syncwarp();  // (P read before the next tile's rows)
-    }
+    }  // (P read before the next tile's: the loop's first barrier)
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
         int t = t0 + r;
@@ -254,8 +253,7 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
             axpy4<NC>(dv, get4(P, ii), dY + ii * ld, hs);
             axpy4<NC>(dk, get4(dS, ii), Q + ii * ld, hs);
         }
-        __syncwarp();
-    }
+    }  // (P and dS read before the next tile's: the loop's first barrier)
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
         int j = j0 + r;
@@ -306,8 +304,7 @@ __global__ static void __launch_bounds__(FA_W * 32, 2)
         put4(dS, ds);
         __syncwarp();
         for (int jj = 0, je = reach(i0, k0, T); jj < je; jj++) axpy4<NC>(dq, get4(dS, jj), K + jj * ld, hs);
-        __syncwarp();
-    }
+    }  // (dS read before the next tile's: the loop's first barrier)
 #pragma unroll
     for (int r = 0; r < FA_R; r++) {
         int i = i0 + r;

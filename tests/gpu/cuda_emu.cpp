@@ -1,6 +1,6 @@
 /* CUDA kernels on CPU threads (cuda_emu.h): a block's threads are fibers
  * of the launching thread, each run until it waits at a barrier or ends,
- * then the next in turn, thread 0 first. On x86-64 a switch is a few
+ * then the next in turn, thread 0 first (or the last: dt_emu_reversed). On x86-64 a switch is a few
  * instructions (the callee-saved registers and the stack pointer);
  * elsewhere ucontext's (whose signal mask costs two system calls a
  * switch). */
@@ -47,6 +47,7 @@ struct barrier {
 fiber g_f[MAX_THREADS];
 context g_main;
 unsigned g_cur;
+unsigned g_low;  // the lowest place in the order (below) of threads a barrier let go since the scheduler's last look
 barrier g_block, g_warp[MAX_THREADS / 32];
 float g_lanes[MAX_THREADS];  // a shuffle's values, a slot a thread
 const std::function<void()> *g_fn;
@@ -81,16 +82,23 @@ void make(context *c, char *lo, size_t n, void (*entry)()) {
 void to(context *from, context *c) { swapcontext(from, c); }
 #endif
 
+// Thread t's place in the order the scheduler takes them (and the thread
+// at place p): thread 0 first, or the last (dt_emu_reversed).
+unsigned place(unsigned t) { return dt_emu_reversed ? blockDim.x - 1 - t : t; }
+
 // Back to the block's scheduler until every thread of b (the first of
-// them at index first, n of them) has come.
+// them at index first, n of them) has come. The last one to come goes
+// back too, so that the threads go on past the barrier in the scheduler's
+// order, not the last one first.
 void wait_at(barrier *b, unsigned first, const char *what) {
-    if (++b->count == b->n) {  // the last one: the others go on
+    if (++b->count == b->n) {
         b->count = 0;
-        for (unsigned t = first; t < first + b->n; t++)
-            if (t != g_cur) g_f[t].state = READY;
-        return;
+        for (unsigned t = first; t < first + b->n; t++) g_f[t].state = READY;
+        unsigned low = place(dt_emu_reversed ? first + b->n - 1 : first);
+        if (low < g_low) g_low = low;
+    } else {
+        g_f[g_cur].state = WAITING, g_f[g_cur].at = what;
     }
-    g_f[g_cur].state = WAITING, g_f[g_cur].at = what;
     to(&g_f[g_cur].ctx, &g_main);
 }
 
@@ -101,8 +109,12 @@ void thread_main() {
     abort();
 }
 
-// One block: its threads made fibers, run in turn until all are done; a
-// round in which none can run is a barrier some thread never reaches.
+// One block: its threads made fibers; the first one in the order that
+// can run runs until it waits or ends, and so on until all are done (so
+// thread 0's warp goes as far as it can before the next starts, and a
+// block barrier's absence shows as the others read what it wrote after
+// it); none that can run while some are not done is a barrier some thread
+// never reaches.
 void run_block(unsigned nt) {
     for (unsigned t = 0; t < nt; t++) {
         fiber *f = &g_f[t];
@@ -118,24 +130,22 @@ void run_block(unsigned nt) {
         make(&f->ctx, f->stack, STACK, thread_main);
         f->state = READY;
     }
-    for (unsigned done = 0; done < nt;) {
-        int ran = 0;
-        done = 0;
-        for (unsigned t = 0; t < nt; t++) {
-            if (g_f[t].state == READY) {
-                g_cur = t, threadIdx = dim3(t, 0, 0), ran = 1;
-                to(&g_main, &g_f[t].ctx);
-            }
-            done += g_f[t].state == DONE;
-        }
-        if (!ran && done < nt) {
-            unsigned w = 0;
-            while (g_f[w].state != WAITING) w++;
-            fprintf(stderr, "emulated GPU: block (%u, %u), thread %u: %s not reached by every thread (%u of %u "
-                    "finished without it): a barrier in divergent code\n", blockIdx.x, blockIdx.y, w, g_f[w].at, done,
-                    nt);
-            abort();
-        }
+    for (unsigned p = 0;;) {  // (p: no thread at a place below it can run)
+        while (p < nt && g_f[place(p)].state != READY) p++;
+        if (p == nt) break;
+        unsigned t = place(p);
+        g_cur = t, threadIdx = dim3(t, 0, 0), g_low = nt;
+        to(&g_main, &g_f[t].ctx);
+        if (g_low < p) p = g_low;
+    }
+    unsigned done = 0;
+    for (unsigned t = 0; t < nt; t++) done += g_f[t].state == DONE;
+    if (done < nt) {
+        unsigned w = 0;
+        while (g_f[w].state != WAITING) w++;
+        fprintf(stderr, "emulated GPU: block (%u, %u), thread %u: %s not reached by every thread (%u of %u "
+                "finished without it): a barrier in divergent code\n", blockIdx.x, blockIdx.y, w, g_f[w].at, done, nt);
+        abort();
     }
 }
 
@@ -215,6 +225,7 @@ float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 }
 
 size_t dt_emu_optin = sizeof(float) * DT_EMU_SHARED_FLOATS;  // (cuda_emu.h: C linkage)
+int dt_emu_reversed;
 
 void dt_emu_launch(dim3 g, dim3 b, size_t shared, const std::function<void()> &fn) {
     if (b.x == 0 || (b.x % 32 && b.x != 1) || b.x > MAX_THREADS || b.y != 1 || b.z != 1 || g.z != 1 ||

@@ -14,8 +14,12 @@
  * code) is named and the process aborted, at once. Since a thread runs to
  * its next barrier before the next starts, a thread that reads what a
  * later thread writes without a barrier between reads it unwritten (NaN
- * in shared memory); the other way round goes unseen (racecheck on a GPU
- * finds those); nor anything about the GPU's own arithmetic (libm's expf
+ * in shared memory), and one that reads what an earlier thread overwrites
+ * reads the new value; the other way round shows with the threads taken
+ * from the last (dt_emu_reversed: test_gpu_emu's `reversed` run), so the
+ * two orders between them catch a missing barrier between any two of a
+ * block's threads (that the results differ from the CPU's; racecheck on a
+ * GPU names them). Nothing about the GPU's own arithmetic (libm's expf
  * is not CUDA's). A thread that spins waiting for another's write with no
  * barrier would spin for ever here (dtrain's kernels have none). */
 #ifndef DT_TESTS_CUDA_EMU_H
@@ -166,6 +170,9 @@ static inline dt_status dt_gpu_launched(const char *kernel) { return (void)kerne
 /* The dynamic shared memory a block may ask for: the emulator's, or less
  * (a test's, for a kernel's path where a GPU has less). */
 extern "C" size_t dt_emu_optin;
+/* Non-zero: a block's threads run in turn from the last, not from thread 0
+ * (the other order of each pair of threads: above). */
+extern "C" int dt_emu_reversed;
 static inline size_t dt_shared_optin(void) { return dt_emu_optin; }
 template <typename K> static inline dt_status dt_shared_bytes(K, size_t) { return DT_OK; }
 #define DT_DYN_SHARED extern  // (sm[], above)

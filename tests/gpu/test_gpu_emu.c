@@ -36,6 +36,7 @@
 
 const dt_dev *dt_emu_device(void);  // (emu_device.c)
 extern size_t dt_emu_optin;         // (cuda_emu.cpp: the shared memory a block may ask for)
+extern int dt_emu_reversed;         // (cuda_emu.cpp: a block's threads run from the last)
 
 static float *randoms(size_t n, float r, uint64_t seed) {
     float *a = malloc(sizeof(float) * (n ? n : 1));
@@ -793,6 +794,10 @@ int main(int argc, char **argv) {
         printf("past 2^31: %.0f s\n", dt_now() - t0);
         return tl_finish();
     }
+    // `reversed`: the whole table again with a block's threads taken from
+    // the last (a missing barrier between two threads shows in one order
+    // or the other: cuda_emu.h).
+    if (argc > 1 && !strcmp(argv[1], "reversed")) dt_emu_reversed = 1;
     // The cross-entropy's: 3 rows of 257 padded to 260, 5 of 1000, 2 of
     // GPT-2's 50257 padded to 50304, 300 of 33 (the rows' losses added
     // 256 at a time), 3 of 257 unpadded; the fused pass with each row in
