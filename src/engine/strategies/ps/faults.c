@@ -23,14 +23,27 @@ int ps_server_lost(ps_worker *w, int j) {
     return state != DT_PEER_RUNNING || inc > w->sinc[j];
 }
 
+// This worker's pieces of the step for server j that may still be in
+// flight (pushed during backward: the recommender's rows' exchange after
+// it finds j dead before ps_sync waits for them) waited for, whatever
+// their outcome (they went to the dead server): none may be left for the
+// communicator's progress to write into the channels that
+// dt_comm_peer_reset empties, where the replacement would read a PUSH
+// before this worker's HELLO.
+static void settle(ps_worker *w, int j) {
+    for (int i = 0; i < w->np; i++)
+        if (w->p[i].server == j) (void)ps_wait_all(&w->req[2 * i], 2);
+}
+
 // Server j died and the launcher restarts it alone from its range of the
-// newest checkpoint: this worker empties the channels between the two for
-// the replacement, waits for it (bounded) and tells it its step and what
-// the checkpoints say about the model (HELLO; the first to arrive makes
-// the server take its range), taking the version of the range it now
-// holds.
+// newest checkpoint: this worker settles what it had in flight to it,
+// empties the channels between the two for the replacement, waits for it
+// (bounded) and tells it its step and what the checkpoints say about the
+// model (HELLO; the first to arrive makes the server take its range),
+// taking the version of the range it now holds.
 dt_status ps_server_back(ps_worker *w, int j) {
     dt_strategy *s = &w->base;
+    settle(w, j);
     double t0 = dt_now(), T = ps_timeout(s->all);
     int inc = 0, state = dt_comm_peer_state(s->all, j, &inc);
     for (; inc <= w->sinc[j]; state = dt_comm_peer_state(s->all, j, &inc)) {
@@ -87,11 +100,9 @@ dt_status ps_server_back(ps_worker *w, int j) {
 dt_status ps_back_if_lost(ps_worker *w, int j) { return ps_server_lost(w, j) ? ps_server_back(w, j) : DT_OK; }
 
 // This step's pieces for server j again (blocking), to a restarted server
-// (those sent to its predecessor first waited for: they failed, or went
-// to a channel the restart emptied).
+// (after ps_server_back, which settled those sent to its predecessor: they
+// failed, or went to a channel the restart emptied).
 dt_status ps_repush(ps_worker *w, int j) {
-    for (int i = 0; i < w->np; i++)
-        if (w->p[i].server == j) (void)ps_wait_all(&w->req[2 * i], 2);
     w->err = DT_OK;
     for (int i = 0; i < w->np; i++)
         if (w->p[i].server == j) ps_push(w, i);
