@@ -1,6 +1,7 @@
 /* CUDA kernels on CPU threads (cuda_emu.h): a block's threads are fibers
  * of the launching thread, each run until it waits at a barrier or ends,
- * then the next in turn, thread 0 first (or the last: dt_emu_reversed). On x86-64 a switch is a few
+ * then the first in order that can run (from thread 0, or from the last:
+ * dt_emu_reversed). On x86-64 a switch is a few
  * instructions (the callee-saved registers and the stack pointer);
  * elsewhere ucontext's (whose signal mask costs two system calls a
  * switch). */

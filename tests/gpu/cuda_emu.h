@@ -3,8 +3,9 @@
  * DT_CUDA_EMU defined includes this header in place of gpu/cuda_check.h.
  * A launch (DT_RUN) runs the grid's blocks one after another, each on
  * blockDim.x threads that are fibers of the launching thread:
- * each runs until it waits at a barrier or ends, then the next in turn,
- * thread 0 first. They share one block of shared memory (`extern __shared__
+ * each runs until it waits at a barrier or ends, then the first in order
+ * that can run (from thread 0, or from the last: dt_emu_reversed), so a
+ * block's first warp goes as far as it can before the next. They share one block of shared memory (`extern __shared__
  * ... sm[]`, the launch's bytes of it filled with NaNs before each block,
  * and so are the kernels' fixed-size __shared__ arrays, so a read of a
  * value no thread of the block wrote shows); __syncthreads and __syncwarp
@@ -18,8 +19,8 @@
  * reads the new value; the other way round shows with the threads taken
  * from the last (dt_emu_reversed: test_gpu_emu's `reversed` run), so the
  * two orders between them catch a missing barrier between any two of a
- * block's threads (that the results differ from the CPU's; racecheck on a
- * GPU names them). Nothing about the GPU's own arithmetic (libm's expf
+ * block's threads where it changes the results (racecheck on a GPU names
+ * the rest). Nothing about the GPU's own arithmetic (libm's expf
  * is not CUDA's). A thread that spins waiting for another's write with no
  * barrier would spin for ever here (dtrain's kernels have none). */
 #ifndef DT_TESTS_CUDA_EMU_H
